@@ -1,0 +1,383 @@
+"""What every rlspeed algorithm shares: config validation, the learn loop (logging, evaluation, target, timing),
+predict, save and load. An algorithm file holds only its own maths: `_setup`, `_train_iteration`, `policy`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import time
+import typing
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlspeed import __version__
+from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+from rlspeed.device import configure_threads, resolve_device
+from rlspeed.envs import BatchedEnv, RunningMeanStd, env_spec, make_env, resolve_backend
+from rlspeed.envs.base import EnvSpec
+from rlspeed.errors import UserError
+from rlspeed.logging import ProgressBar, RunLogger
+
+
+def build_config(config_cls: type, overrides: dict) -> typing.Any:
+    """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    hints = typing.get_type_hints(config_cls)
+    values = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
+            raise UserError(f"Unknown hyperparameter '{key}' for {config_cls.__name__}.{hint}")
+        values[key] = _coerce(key, value, hints[key])
+    config = config_cls(**values)
+    config.validate()
+    return config
+
+
+def _coerce(key: str, value, hint):
+    """Accept YAML/CLI values: ints for floats, lists for tuples; reject the wrong kind with a clear sentence."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if value is None and type(None) in args:
+        return None
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        hint = next(a for a in args if a is not type(None))
+        origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError
+                return value.lower() in ("true", "1", "yes")
+            return bool(value)
+        if hint is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if hint is float:
+            return float(value)
+        if origin in (tuple, list):
+            return tuple(int(v) for v in value)
+        if hint is str:
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        return value
+    raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid {getattr(hint, '__name__', hint)}.")
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise UserError(message) unless condition holds (for config validation)."""
+    if not condition:
+        raise UserError(message)
+
+
+def space_to_json(space: gym.Space) -> dict:
+    if isinstance(space, gym.spaces.Discrete):
+        return {"type": "discrete", "n": int(space.n)}
+    if isinstance(space, gym.spaces.Box):
+        return {"type": "box", "shape": list(space.shape), "low": space.low.tolist(), "high": space.high.tolist()}
+    raise UserError(f"Unsupported action space {space}.")
+
+
+def space_from_json(data: dict) -> gym.Space:
+    if data["type"] == "discrete":
+        return gym.spaces.Discrete(data["n"])
+    return gym.spaces.Box(np.array(data["low"], dtype=np.float32), np.array(data["high"], dtype=np.float32),
+                          tuple(data["shape"]), dtype=np.float32)
+
+
+@dataclasses.dataclass
+class LearnResult:
+    """What `learn` measured; `summary.json` is built from it."""
+
+    total_timesteps: int = 0
+    train_wall_s: float = 0.0
+    sps: float = 0.0
+    target_return: float | None = None
+    time_to_target_s: float | None = None
+    steps_to_target: int | None = None
+    evaluations: list = dataclasses.field(default_factory=list)
+
+
+class Algorithm:
+    """Base of rlspeed algorithms (SB3-like API: `learn`, `predict`, `save`, `load`)."""
+
+    name: str = ""
+    config_cls: type
+
+    def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *, device: str | torch.device = "auto",
+                 seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
+                 accelerate: str = "off", **hyperparameters):
+        configure_threads(num_threads)
+        self.config = build_config(self.config_cls, hyperparameters)
+        self.device = resolve_device(device)
+        self.seed = seed
+        self.accelerate = accelerate
+        if accelerate not in ("auto", "off"):
+            raise UserError(f"--accelerate must be auto or off, got '{accelerate}'.")
+        self._env: BatchedEnv | None = None
+        if isinstance(env, str):
+            self.env_id = env
+            self.spec = env_spec(env)
+            self.env_backend = resolve_backend(env, env_backend)
+        else:
+            if isinstance(env, gym.vector.VectorEnv):
+                env = make_env(env, device=self.device)
+            self._env = env
+            self.env_id = env.spec.env_id
+            self.spec = env.spec
+            self.env_backend = env.backend
+        self._check_action_space(self.spec)
+        if seed is not None:
+            torch.manual_seed(seed)
+        self.obs_rms: RunningMeanStd | None = None
+        self.num_timesteps = 0
+        self.result = LearnResult()
+        self._setup()
+
+    # --- algorithm-specific -------------------------------------------------------------------------------
+    supports_discrete = True
+    supports_continuous = True
+    policy: torch.nn.Module
+
+    def _setup(self) -> None:
+        """Build networks and optimisers (called once from __init__, env not built yet)."""
+        raise NotImplementedError
+
+    def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        """Prepare a learn() call: buffers, first observation."""
+        raise NotImplementedError
+
+    def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """Collect and update once; returns (env steps taken, metrics as device tensors)."""
+        raise NotImplementedError
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        """Actions of the policy for already-normalised observations, as the env expects them."""
+        raise NotImplementedError
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {}
+
+    # --- shared ---------------------------------------------------------------------------------------------
+    def _check_action_space(self, spec: EnvSpec) -> None:
+        space = spec.action_space
+        if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
+            raise UserError(f"{self.name.upper()} needs continuous (Box) actions, but {spec.env_id} has discrete "
+                            "actions; use ppo or dqn.")
+        if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
+            raise UserError(f"{self.name.upper()} needs discrete actions, but {spec.env_id} has continuous "
+                            "actions; use ppo, sac, td3 or ddpg.")
+        if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
+            raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete "
+                            "and Box.")
+
+    def make_training_env(self) -> BatchedEnv:
+        """The training env: built from the env id on first use, with the config's normalisation."""
+        if self._env is None:
+            cfg = self.config
+            self._env = make_env(self.env_id, num_envs=cfg.num_envs, device=self.device, seed=self.seed,
+                                 backend=self.env_backend, normalize_obs=getattr(cfg, "normalize_obs", False),
+                                 normalize_reward=getattr(cfg, "normalize_reward", False),
+                                 gamma=getattr(cfg, "gamma", 0.99))
+            rms = getattr(self._env, "obs_rms", None)
+            if rms is not None:
+                if self.obs_rms is not None:  # resuming: continue from the saved statistics
+                    rms.load_state_dict(self.obs_rms.state_dict())
+                self.obs_rms = rms
+        return self._env
+
+    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+        """Actions for raw observations (a tensor on the model's device), as the env expects them."""
+        with torch.no_grad():
+            if self.obs_rms is not None:
+                obs = self.obs_rms.normalize(obs)
+            return self._policy_actions(obs, deterministic)
+
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
+        """SB3-style: actions for one observation or a batch. Returns (actions, None).
+
+        Accepts numpy arrays, lists or tensors; numpy in gives numpy out, a tensor in gives a tensor out.
+        """
+        as_numpy = not isinstance(observation, torch.Tensor)
+        obs = torch.as_tensor(np.asarray(observation, dtype=np.float32) if as_numpy else observation,
+                              device=self.device, dtype=torch.float32)
+        single = obs.dim() == len(self.spec.observation_shape)
+        if single:
+            obs = obs.unsqueeze(0)
+        actions = self.act(obs, deterministic=deterministic)
+        if single:
+            actions = actions[0]
+        return (actions.cpu().numpy() if as_numpy else actions), None
+
+    def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
+              target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
+              run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None):
+        """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
+
+        `callback(locals_dict)` is called once per iteration; returning False stops training. With a target,
+        the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every `eval_freq` steps,
+        with evaluation time excluded from the training clock. Results land in `self.result`.
+        """
+        if total_timesteps <= 0:
+            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        env = self.make_training_env()
+        logger = RunLogger(run_dir) if run_dir is not None else None
+        self._total_timesteps = self.num_timesteps + int(total_timesteps)
+        self._start(env, int(total_timesteps))
+        if eval_freq is None:
+            eval_freq = max(2048, int(total_timesteps) // 40)
+        result = self.result = LearnResult(target_return=target_return)
+        bar = ProgressBar(int(total_timesteps), enabled=progress_bar, desc=f"{self.name} {self.env_id}")
+        sums: dict[str, torch.Tensor] = {}
+        iterations = 0
+        start_steps = self.num_timesteps
+        next_eval = self.num_timesteps + eval_freq
+        next_checkpoint = self.num_timesteps + checkpoint_freq if checkpoint_freq else None
+        last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
+        train_clock = 0.0
+        clock_start = time.perf_counter()
+        recent_return = math.nan
+        stop = False
+        try:
+            while self.num_timesteps < self._total_timesteps and not stop:
+                steps, metrics = self._train_iteration()
+                self.num_timesteps += steps
+                iterations += 1
+                for key, value in metrics.items():
+                    sums[key] = sums[key] + value if key in sums else value
+                now = time.perf_counter()
+                finished = self.num_timesteps >= self._total_timesteps
+                eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
+                if now - last_log_time >= log_interval_s or eval_due or finished:
+                    row = self._read_metrics(sums, iterations)  # the one host sync per log interval
+                    recent_return = row.get("episode_return", recent_return)
+                    train_clock += now - clock_start
+                    sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
+                    row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
+                    if eval_due:
+                        next_eval = self.num_timesteps + eval_freq
+                        evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
+                        row["eval_mean"] = evaluation["mean"]
+                        result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
+                        if evaluation["mean"] >= target_return:
+                            result.time_to_target_s = train_clock
+                            result.steps_to_target = self.num_timesteps - start_steps
+                            stop = True
+                    bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"), eval=row.get("eval_mean"))
+                    if logger is not None:
+                        logger.log(row)
+                    sums, iterations = {}, 0
+                    last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
+                    clock_start = time.perf_counter()
+                if next_checkpoint is not None and self.num_timesteps >= next_checkpoint and run_dir is not None:
+                    next_checkpoint = self.num_timesteps + checkpoint_freq
+                    self.save(Path(run_dir) / "checkpoint.safetensors")
+                if callback is not None and callback(locals()) is False:
+                    stop = True
+            train_clock += time.perf_counter() - clock_start if iterations else 0.0
+        finally:
+            bar.close()
+            if logger is not None:
+                logger.close()
+        result.total_timesteps = self.num_timesteps - start_steps
+        result.train_wall_s = train_clock
+        result.sps = result.total_timesteps / max(train_clock, 1e-9)
+        return self
+
+    def _eval_seed(self) -> int:
+        return (self.seed if self.seed is not None else 0) + 100_000 + self.num_timesteps
+
+    def _read_metrics(self, sums: dict[str, torch.Tensor], iterations: int) -> dict:
+        """Average the device-side metric sums of a log interval, reading them back in one transfer."""
+        if not sums:
+            return {}
+        keys = list(sums)
+        values = torch.stack([sums[k].to(torch.float32).reshape(()) for k in keys]).cpu().tolist()  # ok-sync
+        row = dict(zip(keys, values))
+        count = row.pop("episode_count", 0.0)
+        total = row.pop("episode_return_sum", math.nan)
+        row["episode_return"] = total / count if count > 0 else math.nan
+        for key in keys:
+            if key in row and key not in ("episode_return",):
+                row[key] = row[key] / max(iterations, 1)
+        return row
+
+    def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None) -> dict:
+        """Deterministic evaluation on a separate env (see `rlspeed.evaluate`)."""
+        from rlspeed.evaluation import evaluate
+
+        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed,
+                        backend=self.env_backend if self.env_backend in ("torch", "gymnasium") else "auto")
+
+    # --- checkpoints ------------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON)."""
+        tensors = {f"policy.{k}": v for k, v in self.policy.state_dict().items()}
+        if self.obs_rms is not None:
+            tensors.update({f"obs_rms.{k}": v for k, v in self.obs_rms.state_dict().items()})
+        optim_meta = {}
+        for name, optimizer in self._optimizers().items():
+            state = optimizer.state_dict()
+            for index, entries in state["state"].items():
+                for key, value in entries.items():
+                    tensors[f"optim.{name}.{index}.{key}"] = torch.as_tensor(value)
+            optim_meta[name] = state["param_groups"]
+        metadata = {"algo": self.name, "env_id": self.env_id, "env_backend": self.env_backend,
+                    "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
+                    "seed": self.seed, "observation_shape": list(self.spec.observation_shape),
+                    "action_space": space_to_json(self.spec.action_space),
+                    "max_episode_steps": self.spec.max_episode_steps,
+                    "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
+                    "rlspeed_version": __version__, "torch_version": torch.__version__}
+        return save_checkpoint(path, tensors, metadata)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, **overrides):
+        """Rebuild a saved model on `device` (no unpickling). `env` is optional: without it, `learn` builds one."""
+        device = resolve_device(device)
+        tensors, meta = load_checkpoint(path, device=device)
+        if meta.get("algo") != cls.name:
+            raise UserError(f"'{path}' holds a {meta.get('algo')} model, not {cls.name}; "
+                            f"load it with rlspeed.{str(meta.get('algo')).upper()}.load.")
+        config = {**meta["config"], **overrides}
+        model = cls.__new__(cls)
+        model.device = device
+        model.seed = meta.get("seed")
+        model.accelerate = "off"
+        model.config = build_config(cls.config_cls, config)
+        model.env_id = meta["env_id"]
+        model.env_backend = meta.get("env_backend", "auto")
+        model.spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
+                             meta.get("max_episode_steps"), meta.get("reward_threshold"))
+        model._env = None
+        model.obs_rms = None
+        model.num_timesteps = meta.get("num_timesteps", 0)
+        model.result = LearnResult()
+        if env is not None:
+            model._env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
+        model._setup()
+        model.policy.load_state_dict({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+        rms_state = {k[len("obs_rms."):]: v for k, v in tensors.items() if k.startswith("obs_rms.")}
+        if rms_state:
+            model.obs_rms = RunningMeanStd(model.spec.observation_shape, device=device)
+            model.obs_rms.load_state_dict(rms_state)
+        for name, optimizer in model._optimizers().items():
+            if name not in meta.get("optimizers", {}):
+                continue
+            state: dict = {}
+            prefix = f"optim.{name}."
+            for key, value in tensors.items():
+                if key.startswith(prefix):
+                    index, field = key[len(prefix):].split(".", 1)
+                    state.setdefault(int(index), {})[field] = value
+            optimizer.load_state_dict({"state": state, "param_groups": meta["optimizers"][name]})
+        return model

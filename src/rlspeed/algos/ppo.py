@@ -1,0 +1,186 @@
+"""Proximal Policy Optimization (Schulman et al., 2017) with the rollout, GAE and update on the device.
+
+Readable top to bottom: collect `num_steps` steps from `num_envs` envs into preallocated storage, compute GAE in
+one vectorised pass (truncated episodes bootstrapped from `final_obs`), then `n_epochs` passes of clipped-objective
+minibatch updates. No host sync inside; metrics are device tensors read once per log interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlspeed.algos.base import Algorithm, require
+from rlspeed.buffers import RolloutBuffer, gae
+from rlspeed.envs import BatchedEnv
+from rlspeed.nn import ActorCritic, make_adam
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters (names follow Stable-Baselines3 where it has one)."""
+
+    num_envs: int = 8
+    num_steps: int = 128  # rollout length per env (SB3: n_steps)
+    batch_size: int = 256  # minibatch size
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True  # linear decay of the learning rate to 0 over total_timesteps
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    anneal_clip: bool = False  # linear decay of clip_range to 0
+    clip_range_vf: float | None = None  # value clipping (off by default)
+    normalize_advantage: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    log_std_init: float = 0.0
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+
+    def validate(self) -> None:
+        require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
+        require(self.num_steps >= 1, f"num_steps must be >= 1, got {self.num_steps}.")
+        require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}.")
+        require(self.n_epochs >= 1, f"n_epochs must be >= 1, got {self.n_epochs}.")
+        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}.")
+        require(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}.")
+        require(0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}.")
+        require(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}.")
+        require(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf must be > 0 or null.")
+        require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
+        require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
+        rollout = self.num_envs * self.num_steps
+        require(rollout % self.batch_size == 0 or self.batch_size >= rollout,
+                f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}).")
+
+
+class PPO(Algorithm):
+    """PPO for Discrete and Box action spaces.
+
+    >>> model = PPO("CartPole-v1", seed=0).learn(100_000)
+    >>> action, _ = model.predict(obs, deterministic=True)
+    """
+
+    name = "ppo"
+    config_cls = PPOConfig
+    config: PPOConfig
+
+    def _setup(self) -> None:
+        cfg, spec = self.config, self.spec
+        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        self.policy = ActorCritic(obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
+                                  cfg.log_std_init).to(self.device)
+        self.optimizer = make_adam(self.policy.parameters(), cfg.learning_rate, self.device)
+        if not spec.discrete:
+            box = spec.action_space
+            self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
+            self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
+
+    def _optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        actions, _, _ = self.policy.act(obs.flatten(1), deterministic=deterministic)
+        return self._to_env(actions)
+
+    def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        if self.spec.discrete:
+            return actions
+        return torch.maximum(torch.minimum(actions, self._action_high), self._action_low)
+
+    def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        cfg = self.config
+        action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
+        action_dtype = torch.int64 if self.spec.discrete else torch.float32
+        self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_shape, action_shape,
+                                    action_dtype, self.device)
+        self._obs, _ = env.reset()
+        self._learn_start = self.num_timesteps
+
+    def _progress_remaining(self) -> float:
+        span = max(self._total_timesteps - self._learn_start, 1)
+        return max(1.0 - (self.num_timesteps - self._learn_start) / span, 0.0)
+
+    def _train_iteration(self):
+        cfg, env, buf, policy = self.config, self._env, self.buffer, self.policy
+        remaining = self._progress_remaining()
+        if cfg.anneal_lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = cfg.learning_rate * remaining
+        clip_range = cfg.clip_range * remaining if cfg.anneal_clip else cfg.clip_range
+
+        # 1. Rollout: everything stays on the device.
+        episode_return_sum = torch.zeros((), device=self.device)
+        episode_count = torch.zeros((), device=self.device)
+        obs = self._obs
+        with torch.no_grad():
+            for step in range(cfg.num_steps):
+                flat_obs = obs.flatten(1)
+                actions, log_probs, values = policy.act(flat_obs)
+                next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
+                dones = terminated | truncated
+                buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones)
+                episode_return_sum += torch.where(dones, info["episode_return"], 0.0).sum()
+                episode_count += dones.sum()
+                obs = next_obs
+            self._obs = obs
+            # 2. GAE, bootstrapping every step from V(final_obs); termination cuts the bootstrap, truncation not.
+            next_values = policy.value(buf.next_obs.flatten(2).flatten(0, 1)).view_as(buf.values)
+            advantages, returns = gae(buf.rewards, buf.values, next_values, buf.terminated, buf.dones,
+                                      cfg.gamma, cfg.gae_lambda)
+
+        # 3. Clipped-objective updates over shuffled minibatches.
+        batch_obs = buf.obs.flatten(2).flatten(0, 1)
+        batch_actions = buf.actions.flatten(0, 1)
+        batch_log_probs = buf.log_probs.flatten()
+        batch_values = buf.values.flatten()
+        batch_advantages = advantages.flatten()
+        batch_returns = returns.flatten()
+        batch_size = batch_obs.shape[0]
+        minibatch = min(cfg.batch_size, batch_size)
+        stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
+        updates = 0
+        for _epoch in range(cfg.n_epochs):
+            order = torch.randperm(batch_size, device=self.device)
+            for start in range(0, batch_size - minibatch + 1, minibatch):
+                index = order[start:start + minibatch]
+                new_log_probs, entropy, new_values = policy.evaluate(batch_obs[index], batch_actions[index])
+                log_ratio = new_log_probs - batch_log_probs[index]
+                ratio = log_ratio.exp()
+                mb_advantages = batch_advantages[index]
+                if cfg.normalize_advantage and minibatch > 1:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                policy_loss = torch.max(-mb_advantages * ratio,
+                                        -mb_advantages * ratio.clamp(1 - clip_range, 1 + clip_range)).mean()
+                if cfg.clip_range_vf is None:
+                    value_loss = 0.5 * (new_values - batch_returns[index]).square().mean()
+                else:
+                    old_values = batch_values[index]
+                    clipped = old_values + (new_values - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
+                    value_loss = 0.5 * torch.max((new_values - batch_returns[index]).square(),
+                                                 (clipped - batch_returns[index]).square()).mean()
+                entropy_loss = entropy.mean()
+                loss = policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss
+
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm, foreach=True)
+                self.optimizer.step()
+
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - log_ratio).mean()
+                    clipfrac = ((ratio - 1.0).abs() > clip_range).float().mean()
+                    stats += torch.stack((policy_loss, value_loss, entropy_loss, approx_kl, clipfrac)).detach()
+                updates += 1
+        stats /= max(updates, 1)
+        metrics = {"episode_return_sum": episode_return_sum, "episode_count": episode_count,
+                   "policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],
+                   "clipfrac": stats[4]}
+        return cfg.num_steps * env.num_envs, metrics
+

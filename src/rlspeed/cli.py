@@ -1,0 +1,203 @@
+"""The `rlspeed` command: train, eval, doctor.
+
+Errors the user can cause print one sentence and exit with code 2 (`--debug` shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from rlspeed.errors import UserError
+
+
+def _parse_set(pairs: list[str]) -> dict:
+    """`key=value` pairs, values read as YAML scalars/lists (`lr=1e-3`, `net_arch=[64,64]`, `x=null`)."""
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UserError(f"--set expects key=value, got '{pair}'.")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--set {key}: cannot read value '{value}'.") from None
+    return out
+
+
+def _algorithm(name: str):
+    from rlspeed.algos import ALGORITHMS
+
+    key = name.lower()
+    if key not in ALGORITHMS:
+        close = difflib.get_close_matches(key, list(ALGORITHMS), n=2)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UserError(f"Unknown algorithm '{name}': available are {', '.join(ALGORITHMS)}.{hint}")
+    return ALGORITHMS[key]
+
+
+def _target(arg: str | None, spec) -> float | None:
+    if arg is None:
+        return spec.reward_threshold
+    if arg.lower() in ("none", "off", "null"):
+        return None
+    try:
+        return float(arg)
+    except ValueError:
+        raise UserError(f"--target-return must be a number or 'none', got '{arg}'.") from None
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlspeed.presets import load_preset, split_run_settings
+
+    algo_cls = _algorithm(args.algo)
+    preset = load_preset(algo_cls.name, args.env_id)
+    run_settings, hyper = split_run_settings(preset)
+    overrides = _parse_set(args.set or [])
+    run_overrides, hyper_overrides = split_run_settings(overrides)
+    run_settings.update(run_overrides)
+    hyper.update(hyper_overrides)
+    if args.num_envs is not None:
+        hyper["num_envs"] = args.num_envs
+    total = args.total_timesteps or int(run_settings.get("total_timesteps", 1_000_000))
+    model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
+                     accelerate=args.accelerate, num_threads=args.threads, **hyper)
+    target = _target(args.target_return if args.target_return is not None
+                     else (str(run_settings["target_return"]) if "target_return" in run_settings else None),
+                     model.spec)
+    eval_freq = args.eval_freq or run_settings.get("eval_freq")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.out or f"runs/{algo_cls.name}-{args.env_id.replace('/', '_')}-{args.seed}-{stamp}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
+              "env_backend": model.env_backend, "total_timesteps": total, "target_return": target,
+              "eval_freq": eval_freq, "accelerate": args.accelerate, "hyperparameters": _plain(model.config)}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    print(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
+          f"device {model.device}), up to {total:,} steps"
+          + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
+                run_dir=run_dir, checkpoint_freq=args.checkpoint_freq)
+    model.save(run_dir / "model.safetensors")
+    final = model.evaluate(episodes=10, seed=args.seed + 1_000_000)
+    result = model.result
+    summary = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
+               "env_backend": model.env_backend, "total_timesteps": result.total_timesteps,
+               "train_wall_s": round(result.train_wall_s, 4), "sps": round(result.sps, 1),
+               "target_return": target,
+               "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
+               "steps_to_target": result.steps_to_target,
+               "final_eval": {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"]},
+               "accelerate": {"precision": "fp32", "compile": "off"}}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    reached = ""
+    if target is not None:
+        reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
+                   f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
+                   else f"; target {target:g} not reached")
+    print(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
+          f"{reached}")
+    print(f"rlspeed: final evaluation (deterministic, 10 episodes): {final['mean']:.1f} +/- {final['std']:.1f}")
+    print(f"rlspeed: run directory {run_dir}")
+    return 0
+
+
+def _plain(config) -> dict:
+    import dataclasses
+
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.checkpoint import load_checkpoint
+
+    _, meta = load_checkpoint(args.checkpoint)
+    algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
+    if algo_cls is None:
+        raise UserError(f"'{args.checkpoint}' holds an unknown algorithm '{meta.get('algo')}'.")
+    model = algo_cls.load(args.checkpoint, device=args.device)
+    env_id = args.env or model.env_id
+    backend = args.env_backend if args.env_backend != "auto" else "auto"
+    from rlspeed.evaluation import evaluate
+
+    result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=backend)
+    print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes: "
+          f"{result['mean']:.1f} +/- {result['std']:.1f}")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from rlspeed.diagnostics.doctor import run_doctor
+
+    return run_doctor(device=args.device)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train an agent (presets per algorithm and env)")
+    train.add_argument("algo", help="ppo")
+    train.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
+    train.add_argument("--total-timesteps", type=int, default=None, help="env steps (default: preset)")
+    train.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
+    train.add_argument("--out", default=None, help="run directory (default runs/<algo>-<env>-<seed>-<time>)")
+    train.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
+    train.add_argument("--accelerate", default="off", choices=["auto", "off"])
+    train.add_argument("--target-return", default=None,
+                       help="stop when evaluation reaches it (default: the env's reward_threshold; 'none' = off)")
+    train.add_argument("--eval-freq", type=int, default=None, help="env steps between evaluations")
+    train.add_argument("--checkpoint-freq", type=int, default=None, help="env steps between checkpoints")
+    train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    train.set_defaults(func=cmd_train)
+
+    ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
+    ev.add_argument("checkpoint")
+    ev.add_argument("--env", default=None, help="env id (default: the one it was trained on)")
+    ev.add_argument("--episodes", type=int, default=10)
+    ev.add_argument("--seed", type=int, default=None)
+    ev.add_argument("--device", default="auto")
+    ev.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium"])
+    ev.add_argument("--json", action="store_true", help="also print the result as JSON")
+    ev.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    ev.set_defaults(func=cmd_eval)
+
+    doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
+    doctor.add_argument("--device", default="auto")
+    doctor.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    doctor.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as error:
+        if args.debug:
+            raise
+        print(f"rlspeed: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rlspeed: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Choosing and describing devices, and the per-backend rules the rest of rlspeed follows.
+
+`resolve_device("auto")` picks npu > cuda > xpu > mps > cpu. Everything else in the package asks this module
+about a device (which integer dtype its kernels like, how to synchronise it, how much memory is free) instead of
+branching on the device type itself.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import torch
+
+from rlspeed.errors import UserError
+
+ACCELERATOR_ORDER = ("npu", "cuda", "xpu", "mps")
+
+
+def _npu_available() -> bool:
+    """True when the torch_npu plugin imports and at least one Ascend device is visible."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        importlib.import_module("torch_npu")
+        return bool(torch.npu.is_available() and torch.npu.device_count() > 0)  # type: ignore[attr-defined]
+    except Exception:
+        return False
+
+
+def is_available(kind: str) -> bool:
+    """Whether a device type (``"cpu"``, ``"cuda"``, ``"npu"``, ``"xpu"``, ``"mps"``) can be used here."""
+    if kind == "cpu":
+        return True
+    if kind == "npu":
+        return _npu_available()
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "xpu":
+        return hasattr(torch, "xpu") and torch.xpu.is_available()
+    if kind == "mps":
+        return hasattr(torch.backends, "mps") and torch.backends.mps.is_available()
+    return False
+
+
+def device_count(kind: str) -> int:
+    """Number of visible devices of a type (1 for cpu and mps)."""
+    if not is_available(kind):
+        return 0
+    if kind in ("cpu", "mps"):
+        return 1
+    return int(getattr(torch, kind).device_count())
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """Turn ``auto|cpu|cuda[:i]|npu[:i]|xpu[:i]|mps`` (or a torch.device) into a usable torch.device.
+
+    Raises UserError with one sentence when the device is not there.
+    """
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        forced = os.environ.get("RLSPEED_DEVICE")
+        if forced:
+            return resolve_device(forced)
+        for kind in ACCELERATOR_ORDER:
+            if is_available(kind):
+                return torch.device(kind, 0) if kind != "mps" else torch.device("mps")
+        return torch.device("cpu")
+    kind, _, index = spec.partition(":")
+    if kind not in ("cpu",) + ACCELERATOR_ORDER:
+        raise UserError(f"Unknown device '{spec}': use auto, cpu, cuda[:i], npu[:i], xpu[:i] or mps.")
+    if not is_available(kind):
+        raise UserError(f"Device '{spec}' is not available on this machine; run `rlspeed doctor` to see why, "
+                        "or use --device auto.")
+    if index:
+        if not index.isdigit():
+            raise UserError(f"Device index in '{spec}' must be a number.")
+        if int(index) >= device_count(kind):
+            raise UserError(f"Device '{spec}' does not exist: {device_count(kind)} {kind} device(s) visible.")
+        return torch.device(kind, int(index))
+    if kind in ("cpu", "mps"):
+        return torch.device(kind)
+    return torch.device(kind, 0)
+
+
+@dataclass(frozen=True)
+class DeviceRules:
+    """What kernels on a backend support, so that device maths uses dtypes that run there."""
+
+    index_dtype: torch.dtype  # dtype for integer actions / indices kept on the device
+    mask_dtype: torch.dtype  # dtype for masks used in arithmetic
+    supports_compile: bool
+    supports_graphs: bool
+
+
+def rules(device: torch.device) -> DeviceRules:
+    """Per-backend rules. On NPU, AI Core kernels lack int64 and bool maths: use int32 and float32 there."""
+    if device.type == "npu":
+        return DeviceRules(torch.int32, torch.float32, supports_compile=True, supports_graphs=False)
+    if device.type == "mps":
+        return DeviceRules(torch.int64, torch.float32, supports_compile=False, supports_graphs=False)
+    if device.type == "cuda":
+        return DeviceRules(torch.int64, torch.float32, supports_compile=True, supports_graphs=True)
+    return DeviceRules(torch.int64, torch.float32, supports_compile=True, supports_graphs=False)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for all queued work on the device (for timing; never call it in a hot loop)."""
+    if device.type == "cpu":
+        return
+    module = getattr(torch, device.type, None)
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize()
+
+
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory on the device in bytes, or None when the backend cannot tell."""
+    if device.type == "cpu":
+        try:
+            pages = os.sysconf("SC_AVPHYS_PAGES")
+            return int(pages * os.sysconf("SC_PAGE_SIZE"))
+        except (ValueError, OSError, AttributeError):
+            return None
+    module = getattr(torch, device.type, None)
+    if module is not None and hasattr(module, "mem_get_info"):
+        try:
+            free, _total = module.mem_get_info(device)
+            return int(free)
+        except Exception:
+            return None
+    return None
+
+
+def describe(device: torch.device) -> str:
+    """A short human-readable name for the device, e.g. ``cuda:0 (NVIDIA H200)``."""
+    if device.type == "cpu":
+        return f"cpu ({torch.get_num_threads()} threads)"
+    module = getattr(torch, device.type, None)
+    name = None
+    if module is not None and hasattr(module, "get_device_name"):
+        try:
+            name = module.get_device_name(device.index or 0)
+        except Exception:
+            name = None
+    return f"{device} ({name})" if name else str(device)
+
+
+def autocast_device_type(device: torch.device) -> str:
+    """The device_type string torch.amp.autocast expects for this device."""
+    return device.type
+
+
+def configure_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads deliberately: small RL models lose time to thread hand-offs.
+
+    Default: ``RLSPEED_NUM_THREADS`` if set, else 1 thread (the fastest for MLPs of RL size on a few
+    cores, measured here), never more than the cores visible. Returns the value set.
+    """
+    if num_threads is None:
+        num_threads = int(os.environ.get("RLSPEED_NUM_THREADS", "1"))
+    num_threads = max(1, min(num_threads, os.cpu_count() or 1))
+    torch.set_num_threads(num_threads)
+    return num_threads

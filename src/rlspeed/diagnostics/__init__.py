@@ -1,0 +1,1 @@
+"""Diagnostics: `rlspeed doctor` and the profiler."""

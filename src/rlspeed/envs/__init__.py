@@ -1,0 +1,91 @@
+"""Batched envs: `make_env` gives N envs of any Gymnasium id (or a device-native version) as tensors."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+
+from rlspeed.device import resolve_device
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics
+from rlspeed.envs.cartpole import CartPole
+from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
+from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
+from rlspeed.errors import UserError
+
+#: Device-native implementations, by Gymnasium id.
+NATIVE_ENVS: dict[str, type[NativeEnv]] = {"CartPole-v1": CartPole}
+
+BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
+
+
+def resolve_backend(env_id: str, backend: str = "auto") -> str:
+    """Which backend `make_env` will use: `auto` picks the native env whenever one exists for the id."""
+    if backend not in BACKENDS:
+        raise UserError(f"Unknown env backend '{backend}': use one of {', '.join(BACKENDS)}.")
+    if backend == "auto":
+        return "torch" if env_id in NATIVE_ENVS else "gymnasium"
+    if backend == "torch" and env_id not in NATIVE_ENVS:
+        raise UserError(f"No device-native version of '{env_id}' exists (native: {', '.join(NATIVE_ENVS)}); "
+                        "use --env-backend gymnasium.")
+    return backend
+
+
+def env_spec(env_id: str) -> EnvSpec:
+    """The EnvSpec of an id without building N envs (validates the id)."""
+    if env_id in NATIVE_ENVS:
+        return NATIVE_ENVS[env_id].spec
+    spec = gym_spec(env_id)
+    env = gym.make(spec.id)
+    try:
+        return EnvSpec(env_id, tuple(env.observation_space.shape), env.action_space, spec.max_episode_steps,
+                       spec.reward_threshold)
+    finally:
+        env.close()
+
+
+def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str | torch.device = "auto",
+             seed: int | None = None, backend: str = "auto", normalize_obs: bool = False,
+             normalize_reward: bool = False, gamma: float = 0.99, **native_kwargs) -> BatchedEnv:
+    """Make `num_envs` copies of an env as one batched env on `device` (see DESIGN.md for the contract).
+
+    `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset. `backend` is
+    `auto` (native torch env when one exists, else Gymnasium), `torch`, `gymnasium` (in-process) or
+    `gymnasium-async` (one subprocess per env). The returned env reports raw episode returns in
+    `info["episode_return"]` where `info["done"]`, and is seeded by `seed` on its first `reset()`.
+    """
+    if num_envs < 1:
+        raise UserError(f"num_envs must be at least 1, got {num_envs}.")
+    device = resolve_device(device)
+    if isinstance(env_id, gym.vector.VectorEnv):
+        env: BatchedEnv = GymnasiumEnv(vector_env=env_id, device=device)
+    else:
+        chosen = resolve_backend(env_id, backend)
+        if chosen == "torch":
+            env = NATIVE_ENVS[env_id](num_envs=num_envs, device=device, seed=seed, **native_kwargs)
+        else:
+            vectorization = "async" if chosen == "gymnasium-async" else "sync"
+            env = GymnasiumEnv(env_id, num_envs=num_envs, device=device, vectorization=vectorization)
+    env = _SeedOnFirstReset(EpisodeStatistics(env), seed)
+    if normalize_obs:
+        env = NormalizeObservation(env)
+    if normalize_reward:
+        env = NormalizeReward(env, gamma=gamma)
+    return env
+
+
+class _SeedOnFirstReset(EnvWrapper):
+    """Applies the seed given to `make_env` on the first `reset()` that does not pass one itself."""
+
+    def __init__(self, env: BatchedEnv, seed: int | None):
+        super().__init__(env)
+        self._pending_seed = seed
+
+    def reset(self, seed: int | None = None):
+        if seed is None:
+            seed, self._pending_seed = self._pending_seed, None
+        return self.env.reset(seed=seed)
+
+
+__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "CartPole", "NormalizeObservation",
+           "NormalizeReward", "RunningMeanStd", "NATIVE_ENVS", "make_env", "env_spec", "resolve_backend"]

@@ -1,0 +1,134 @@
+"""The batched env contract every rlspeed env and wrapper follows (see DESIGN.md, "Batched env").
+
+`reset(seed=None) -> (obs, info)` and `step(actions) -> (obs, reward, terminated, truncated, info)`, all torch
+tensors on `env.device`: obs float32 `[N, ...]`, reward float32 `[N]`, terminated/truncated bool `[N]`.
+Autoreset is SAME_STEP: a finished row is already reset in the returned `obs`, and `info["final_obs"]` is a
+float32 `[N, ...]` tensor holding, for every row, the observation the action led to: the true last observation
+for finished rows, the same as `obs` for the others. Bootstrapping a truncated episode reads it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What algorithms need to know about an env, independent of its backend."""
+
+    env_id: str
+    observation_shape: tuple[int, ...]
+    action_space: gym.Space
+    max_episode_steps: int | None
+    reward_threshold: float | None
+
+    @property
+    def discrete(self) -> bool:
+        return isinstance(self.action_space, gym.spaces.Discrete)
+
+    @property
+    def action_dim(self) -> int:
+        """Number of discrete actions, or the size of a Box action."""
+        if self.discrete:
+            return int(self.action_space.n)
+        return int(torch.Size(self.action_space.shape).numel())
+
+
+class BatchedEnv:
+    """Base class of batched envs: N copies of one task stepped together, tensors in and out on `device`."""
+
+    spec: EnvSpec
+    num_envs: int
+    device: torch.device
+    backend: str
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release subprocesses or other resources (no-op by default)."""
+
+    @property
+    def single_observation_space(self) -> gym.Space:
+        return gym.spaces.Box(-float("inf"), float("inf"), self.spec.observation_shape)
+
+    @property
+    def single_action_space(self) -> gym.Space:
+        return self.spec.action_space
+
+    @property
+    def unwrapped(self) -> BatchedEnv:
+        return self
+
+    def __enter__(self) -> BatchedEnv:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class EnvWrapper(BatchedEnv):
+    """A batched env that forwards to an inner one; subclasses change obs, reward or info."""
+
+    def __init__(self, env: BatchedEnv):
+        self.env = env
+        self.spec = env.spec
+        self.num_envs = env.num_envs
+        self.device = env.device
+        self.backend = env.backend
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        return self.env.reset(seed=seed)
+
+    def step(self, actions: torch.Tensor):
+        return self.env.step(actions)
+
+    def close(self) -> None:
+        self.env.close()
+
+    @property
+    def unwrapped(self) -> BatchedEnv:
+        return self.env.unwrapped
+
+    def __getattr__(self, name: str):
+        # Only called when normal lookup fails: expose the inner env's extras (e.g. `state`).
+        if name == "env":
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+class EpisodeStatistics(EnvWrapper):
+    """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards.
+
+    Applied innermost by `make_env`, so returns are the env's own, before any reward normalisation.
+    Everything stays on the device; nothing is read back to the host.
+    """
+
+    def __init__(self, env: BatchedEnv):
+        super().__init__(env)
+        self._return = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+        self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+
+    def reset(self, seed: int | None = None):
+        self._return.zero_()
+        self._length.zero_()
+        return self.env.reset(seed=seed)
+
+    def step(self, actions: torch.Tensor):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self._return += reward
+        self._length += 1.0
+        done = terminated | truncated
+        info["done"] = done
+        info["episode_return"] = self._return.clone()
+        info["episode_length"] = self._length.clone()
+        keep = (~done).to(self._return.dtype)
+        self._return.mul_(keep)
+        self._length.mul_(keep)
+        return obs, reward, terminated, truncated, info

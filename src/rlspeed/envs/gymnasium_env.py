@@ -1,0 +1,109 @@
+"""Adapter from Gymnasium (any registered id, or a user's Gymnasium/SB3 vector env) to the batched contract.
+
+This is the only place where numpy meets torch for Gymnasium envs: actions go to the host once per step, and
+observations, rewards and flags come back as one tensor each.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.errors import UserError
+
+
+def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """Gymnasium's registry entry for an id; UserError naming close ids when it does not exist."""
+    try:
+        return gym.spec(env_id)
+    except Exception:
+        ids = list(gym.registry.keys())
+        close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else " Run `python -c \"import gymnasium; " \
+            "print(list(gymnasium.registry))\"` to list them."
+        raise UserError(f"Unknown env id '{env_id}'.{hint}") from None
+
+
+def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
+    array = actions.detach().cpu().numpy()
+    if isinstance(space, gym.spaces.Discrete):
+        return array.astype(np.int64).reshape(-1)
+    if isinstance(space, gym.spaces.Box):
+        return array.astype(space.dtype).reshape((-1,) + space.shape)
+    return array
+
+
+class GymnasiumEnv(BatchedEnv):
+    """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset."""
+
+    backend = "gymnasium"
+
+    def __init__(self, env_id: str | None = None, num_envs: int = 1, device: torch.device | str = "cpu",
+                 vectorization: str = "sync", vector_env: gym.vector.VectorEnv | None = None,
+                 env_kwargs: dict | None = None):
+        self.device = torch.device(device)
+        if vector_env is None:
+            if env_id is None:
+                raise ValueError("GymnasiumEnv needs env_id or vector_env")
+            spec = gym_spec(env_id)
+            if vectorization not in ("sync", "async"):
+                raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
+            try:
+                vector_env = gym.make_vec(
+                    env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **(env_kwargs or {}))
+            except gym.error.DependencyNotInstalled as error:
+                raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
+            max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
+        else:
+            env_id = env_id or getattr(getattr(vector_env, "spec", None), "id", None) or "user-vector-env"
+            mode = vector_env.metadata.get("autoreset_mode")
+            if mode is not None and mode != gym.vector.AutoresetMode.SAME_STEP:
+                raise UserError("Pass a Gymnasium vector env made with autoreset_mode=AutoresetMode.SAME_STEP "
+                                f"(this one uses {mode}).")
+            spec = getattr(vector_env, "spec", None)
+            max_steps = getattr(spec, "max_episode_steps", None)
+            threshold = getattr(spec, "reward_threshold", None)
+        self.vector_env = vector_env
+        self.num_envs = vector_env.num_envs
+        obs_space = vector_env.single_observation_space
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise UserError(f"Env '{env_id}' has a {type(obs_space).__name__} observation space; rlspeed "
+                            "supports Box observations (flatten others with a Gymnasium wrapper).")
+        self.spec = EnvSpec(env_id, tuple(obs_space.shape), vector_env.single_action_space, max_steps, threshold)
+        self._last_obs: torch.Tensor | None = None
+
+    def _obs(self, array) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(array, dtype=np.float32), device=self.device)
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        obs, _ = self.vector_env.reset(seed=seed)
+        self._last_obs = self._obs(obs)
+        return self._last_obs, {}
+
+    def step(self, actions: torch.Tensor):
+        obs, reward, terminated, truncated, info = self.vector_env.step(
+            _to_numpy_actions(actions, self.spec.action_space))
+        obs_np = np.asarray(obs, dtype=np.float32)
+        final_np = obs_np
+        if "_final_obs" in info:
+            mask = np.asarray(info["_final_obs"], dtype=bool)
+            if mask.any():
+                final_np = obs_np.copy()
+                for row in np.flatnonzero(mask):
+                    final_np[row] = info["final_obs"][row]
+        obs_t = torch.as_tensor(obs_np, device=self.device)
+        final_t = obs_t if final_np is obs_np else torch.as_tensor(final_np, device=self.device)
+        out_info = {"final_obs": final_t}
+        return (obs_t,
+                torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
+                torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),
+                torch.as_tensor(np.asarray(truncated, dtype=bool), device=self.device),
+                out_info)
+
+    def close(self) -> None:
+        self.vector_env.close()

@@ -1,0 +1,77 @@
+"""Shared machinery of the device-native envs: N copies stepped with batched tensor ops, SAME_STEP autoreset.
+
+A native env subclass states its constants and three pure tensor functions (`sample_state`, `dynamics`,
+`observe`); this base does time limits, autoreset, `final_obs` and seeding with no Python loop over envs and no
+host sync in `step`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlspeed.envs.base import BatchedEnv, EnvSpec
+
+
+class NativeEnv(BatchedEnv):
+    """Base of torch-native batched envs. `state` is settable, `[N, k]`, in gymnasium's `unwrapped.state` layout.
+
+    `state_dtype=torch.float64` gives bit-for-bit the same arithmetic as Gymnasium's float64 numpy code
+    (for parity checks); the float32 default is faster. Observations are always float32.
+    """
+
+    backend = "torch"
+    spec: EnvSpec
+    state_size: int
+
+    def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None,
+                 state_dtype: torch.dtype = torch.float32):
+        self.num_envs = int(num_envs)
+        self.device = torch.device(device)
+        self.state_dtype = state_dtype
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
+        self.state = torch.zeros(self.num_envs, self.state_size, device=self.device, dtype=state_dtype)
+        self.elapsed_steps = torch.zeros(self.num_envs, device=self.device, dtype=torch.int32)
+        max_steps = self.spec.max_episode_steps
+        self._max_steps = max_steps if max_steps is not None else 2**31 - 1
+
+    # --- what a subclass provides -------------------------------------------------------------------
+    def sample_state(self, num: int) -> torch.Tensor:
+        """Fresh initial states `[num, k]` drawn with `self.generator`."""
+        raise NotImplementedError
+
+    def dynamics(self, state: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step: returns (next_state, reward in state dtype, terminated bool)."""
+        raise NotImplementedError
+
+    def observe(self, state: torch.Tensor) -> torch.Tensor:
+        """Observation float32 `[N, ...]` of a state."""
+        return state.to(torch.float32)
+
+    # --- the contract ---------------------------------------------------------------------------------
+    def uniform(self, num: int, low, high) -> torch.Tensor:
+        """Uniform samples `[num, k]` in [low, high) (broadcast), in the state dtype, from this env's generator."""
+        low = torch.as_tensor(low, dtype=self.state_dtype, device=self.device)
+        high = torch.as_tensor(high, dtype=self.state_dtype, device=self.device)
+        size = (num, self.state_size)
+        noise = torch.rand(size, generator=self.generator, device=self.device, dtype=self.state_dtype)
+        return low + (high - low) * noise
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        if seed is not None:
+            self.generator.manual_seed(int(seed))
+        self.state = self.sample_state(self.num_envs)
+        self.elapsed_steps.zero_()
+        return self.observe(self.state), {}
+
+    def step(self, actions: torch.Tensor):
+        next_state, reward, terminated = self.dynamics(self.state, actions)
+        elapsed = self.elapsed_steps + 1
+        truncated = elapsed >= self._max_steps
+        done = terminated | truncated
+        final_obs = self.observe(next_state)
+        fresh = self.sample_state(self.num_envs)
+        self.state = torch.where(done.unsqueeze(-1), fresh, next_state)
+        self.elapsed_steps = torch.where(done, torch.zeros_like(elapsed), elapsed)
+        obs = self.observe(self.state)
+        return obs, reward.to(torch.float32), terminated, truncated, {"final_obs": final_obs}

@@ -1,0 +1,86 @@
+"""Observation and reward normalisation for batched envs, with running statistics kept on the device."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlspeed.envs.base import BatchedEnv, EnvWrapper
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance (parallel Welford update) as module buffers, so checkpoints carry them."""
+
+    def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4, device: torch.device | str = "cpu"):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape, device=device, dtype=torch.float32))
+        self.register_buffer("var", torch.ones(shape, device=device, dtype=torch.float32))
+        self.register_buffer("count", torch.full((), epsilon, device=device, dtype=torch.float32))
+
+    @torch.no_grad()
+    def update(self, batch: torch.Tensor) -> None:
+        """Fold a batch `[B, *shape]` into the statistics (pure tensor ops: no host sync)."""
+        batch = batch.to(torch.float32)
+        batch_mean = batch.mean(0)
+        batch_var = batch.var(0, unbiased=False)
+        batch_count = float(batch.shape[0])
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean.add_(delta * (batch_count / total))
+        m2 = self.var * self.count + batch_var * batch_count + delta.square() * (self.count * batch_count / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip)
+
+
+class NormalizeObservation(EnvWrapper):
+    """Normalises observations (and `info["final_obs"]`) by running statistics updated on every step.
+
+    Set `training = False` to freeze the statistics (for evaluation). `obs_rms` is the statistics module.
+    """
+
+    def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: RunningMeanStd | None = None):
+        super().__init__(env)
+        self.obs_rms = obs_rms or RunningMeanStd(env.spec.observation_shape, device=env.device)
+        self.clip = clip
+        self.training = True
+
+    def reset(self, seed: int | None = None):
+        obs, info = self.env.reset(seed=seed)
+        if self.training:
+            self.obs_rms.update(obs)
+        return self.obs_rms.normalize(obs, self.clip), info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if self.training:
+            self.obs_rms.update(obs)
+        info["final_obs"] = self.obs_rms.normalize(info["final_obs"], self.clip)
+        return self.obs_rms.normalize(obs, self.clip), reward, terminated, truncated, info
+
+
+class NormalizeReward(EnvWrapper):
+    """Scales rewards by the running standard deviation of the discounted return (as SB3's VecNormalize)."""
+
+    def __init__(self, env: BatchedEnv, gamma: float = 0.99, clip: float = 10.0):
+        super().__init__(env)
+        self.return_rms = RunningMeanStd((), device=env.device)
+        self.gamma = gamma
+        self.clip = clip
+        self.training = True
+        self._returns = torch.zeros(env.num_envs, device=env.device, dtype=torch.float32)
+
+    def reset(self, seed: int | None = None):
+        self._returns.zero_()
+        return self.env.reset(seed=seed)
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if self.training:
+            self._returns.mul_(self.gamma).add_(reward)
+            self.return_rms.update(self._returns)
+            self._returns.mul_((~(terminated | truncated)).to(torch.float32))
+        scaled = (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip)
+        return obs, scaled, terminated, truncated, info

@@ -1,0 +1,44 @@
+"""Evaluation: a deterministic policy on an env separate from training, N episodes run side by side."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlspeed.envs import make_env
+
+
+def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
+             deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
+             max_steps: int | None = None) -> dict:
+    """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
+
+    Returns ``{"mean", "std", "episodes", "returns"}``. The env is new (seeded with `seed`), not the training
+    env, and rewards are the env's own (no normalisation). Observations are normalised by the model's frozen
+    statistics when it was trained with observation normalisation.
+    """
+    env_id = env_id or model.env_id
+    device = device if device is not None else model.device
+    env = make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend)
+    limit = max_steps or env.spec.max_episode_steps or 10_000
+    returns = torch.zeros(episodes, device=env.device)
+    finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
+    try:
+        obs, _ = env.reset()
+        check_every = 64 if env.backend == "torch" else 1
+        for step in range(1, limit + 1):
+            actions = model.act(obs, deterministic=deterministic)
+            obs, _reward, _terminated, _truncated, info = env.step(actions)
+            newly_done = info["done"] & ~finished
+            returns = torch.where(newly_done, info["episode_return"], returns)
+            finished |= info["done"]
+            # Device-native envs are checked every few steps only, to avoid a host sync per step.
+            if step % check_every == 0 and bool(finished.all()):
+                break
+    finally:
+        env.close()
+    values = returns.cpu().tolist()
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    return {"mean": mean, "std": std, "episodes": episodes, "returns": values}

@@ -1,0 +1,85 @@
+"""Run logging: progress bar, metrics.csv, TensorBoard (when installed) and the learning-curve plot."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+
+class ProgressBar:
+    """A tqdm bar over env steps showing steps/s and the recent episode return."""
+
+    def __init__(self, total: int, enabled: bool = True, desc: str = "train"):
+        self.bar = tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not enabled,
+                        dynamic_ncols=True, leave=True)
+
+    def update(self, steps: int, **postfix) -> None:
+        shown = {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in postfix.items()
+                 if v is not None and not (isinstance(v, float) and math.isnan(v))}
+        if shown:
+            self.bar.set_postfix(shown, refresh=False)
+        self.bar.update(steps)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class RunLogger:
+    """Writes one row per log interval to `metrics.csv` (and TensorBoard), and plots the curve at the end."""
+
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict] = []
+        self._fields: list[str] = []
+        self._writer = None
+        if tensorboard and importlib.util.find_spec("tensorboard") is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def log(self, row: dict) -> None:
+        self.rows.append(dict(row))
+        for key in row:
+            if key not in self._fields:
+                self._fields.append(key)
+        if self._writer is not None:
+            step = int(row.get("timesteps", len(self.rows)))
+            for key, value in row.items():
+                if key != "timesteps" and isinstance(value, (int, float)) and not math.isnan(float(value)):
+                    self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        with open(self.run_dir / "metrics.csv", "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self._fields)
+            writer.writeheader()
+            writer.writerows(self.rows)
+        if self._writer is not None:
+            self._writer.close()
+        self.plot()
+
+    def plot(self) -> None:
+        """Save `learning_curve.png`: training episode return and evaluation mean against env steps."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key, label in (("episode_return", "training episodes"), ("eval_mean", "evaluation (deterministic)")):
+            points = [(r["timesteps"], r[key]) for r in self.rows
+                      if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
+            if points:
+                ax.plot(*zip(*points), marker="o" if key == "eval_mean" else None, label=label)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("episode return")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(self.run_dir / "learning_curve.png", dpi=100)
+        plt.close(fig)
