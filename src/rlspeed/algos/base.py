@@ -272,7 +272,8 @@ class Algorithm:
                             result.time_to_target_s = train_clock
                             result.steps_to_target = self.num_timesteps - start_steps
                             stop = True
-                    bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"), eval=row.get("eval_mean"))
+                    bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
+                               eval=row.get("eval_mean"))
                     if logger is not None:
                         logger.log(row)
                     sums, iterations = {}, 0
