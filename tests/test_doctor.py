@@ -1,0 +1,131 @@
+"""`rlspeed doctor`: one PASS/WARN/FAIL line per check, advice on problems, exit code 1 only when something failed."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlspeed.diagnostics import doctor
+
+
+@pytest.fixture(autouse=True)
+def _fast(monkeypatch):
+    """Skip the compile check (seconds of inductor) and shorten the matmul timing."""
+    monkeypatch.setenv(doctor.SKIP_COMPILE_ENV, "1")
+    monkeypatch.setattr(doctor, "MATMUL_SECONDS", 0.02)
+
+
+def _lines(text: str, name: str) -> list[str]:
+    """Output lines of the check called `name` (the second column)."""
+    return [line for line in text.splitlines() if line[6 : 6 + doctor.NAME_WIDTH].strip() == name]
+
+
+def test_doctor_on_cpu_passes(capsys):
+    assert doctor.run_doctor(device="cpu") == 0
+    out = capsys.readouterr().out
+    assert _lines(out, "torch")[0].startswith("PASS") and torch.__version__ in _lines(out, "torch")[0]
+    device_line = _lines(out, "device")[0]
+    assert device_line.startswith("PASS") and "tensor on cpu" in device_line
+    assert _lines(out, "matmul fp32")[0].startswith("PASS") and "GFLOP/s" in _lines(out, "matmul fp32")[0]
+    assert "skipped" in _lines(out, "torch.compile")[0]
+    for line in out.splitlines()[1:-1]:
+        assert line[:4] in ("PASS", "WARN"), line
+    assert out.splitlines()[-1].endswith(" 0 failed")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_doctor_on_missing_cuda_fails_with_one_line(capsys):
+    assert doctor.run_doctor(device="cuda") == 1
+    captured = capsys.readouterr()
+    device_line = _lines(captured.out, "device")[0]
+    assert device_line.startswith("FAIL") and "cuda" in device_line and "->" in device_line
+    assert "Traceback" not in captured.out + captured.err
+    assert not _lines(captured.out, "matmul fp32")  # nothing to time without a device
+    assert captured.out.splitlines()[-1].endswith(" 1 failed")
+
+
+def test_cli_doctor_exits_zero_on_cpu():
+    env = dict(os.environ, **{doctor.SKIP_COMPILE_ENV: "1"})
+    result = subprocess.run([sys.executable, "-m", "rlspeed", "doctor", "--device", "cpu"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "tensor on cpu" in result.stdout
+    assert result.stdout.splitlines()[-1].endswith(" 0 failed")
+
+
+@pytest.mark.skipif(bool(torch.version.cuda), reason="torch here has a CUDA build")
+def test_cpu_wheel_beside_nvidia_driver_says_which_pip_command(monkeypatch):
+    monkeypatch.setattr(doctor.shutil, "which", lambda tool: f"/usr/bin/{tool}" if tool == "nvidia-smi" else None)
+    monkeypatch.setattr(doctor, "_driver_cuda_version", lambda: (12, 4))
+    check = doctor.check_cuda()
+    assert check.status == doctor.WARN
+    assert "CPU-only" in check.detail
+    assert check.advice.endswith("--index-url https://download.pytorch.org/whl/cu124")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None, reason="torch_npu is installed")
+def test_ascend_toolkit_without_torch_npu_warns(monkeypatch):
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
+    check = doctor.check_npu()
+    assert check.status == doctor.WARN
+    assert "torch_npu not installed" in check.detail and "torch-npu" in check.advice
+
+
+def test_no_ascend_software_is_not_a_warning(monkeypatch):
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed")
+    for name in doctor.ASCEND_ENV_VARS + ("LD_LIBRARY_PATH",):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(doctor.shutil, "which", lambda tool: None)
+    assert doctor.check_npu().status == doctor.PASS
+
+
+def test_more_threads_than_cores_warns(monkeypatch):
+    monkeypatch.setattr(doctor, "usable_cores", lambda: 2)
+    monkeypatch.setattr(doctor.torch, "get_num_threads", lambda: 8)
+    check = doctor.check_threads()
+    assert check.status == doctor.WARN and "OMP_NUM_THREADS=2" in check.advice
+    monkeypatch.setattr(doctor.torch, "get_num_threads", lambda: 2)
+    assert doctor.check_threads().status == doctor.PASS
+
+
+def test_missing_safetensors_fails(monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # makes the import raise ImportError
+    check = {check.name: check for check in doctor.check_packages()}["safetensors"]
+    assert check.status == doctor.FAIL and "pip install" in check.advice
+
+
+def test_env_families_one_line_each():
+    checks = doctor.check_env_families()
+    assert [check.name for check in checks] == ["env classic", "env box2d", "env mujoco"]
+    assert checks[0].status == doctor.PASS
+    box2d = checks[1]
+    if importlib.util.find_spec("Box2D") is None:
+        assert box2d.status == doctor.WARN and box2d.advice == 'pip install "rlspeed[box2d]"'
+    else:
+        assert box2d.status == doctor.PASS
+
+
+def test_compile_crash_and_hang_are_warnings(monkeypatch):
+    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV)
+    monkeypatch.setattr(doctor, "COMPILE_SCRIPT", "raise SystemExit('inductor exploded')")
+    crashed = doctor.check_compile(torch.device("cpu"))
+    assert crashed.status == doctor.WARN and "inductor exploded" in crashed.detail and "eager" in crashed.advice
+    monkeypatch.setattr(doctor, "COMPILE_SCRIPT", "import time; time.sleep(60)")
+    hung = doctor.check_compile(torch.device("cpu"), timeout_s=1)
+    assert hung.status == doctor.WARN and "no answer within 1 s" in hung.detail
+
+
+def test_compile_check_reads_the_child_answer(monkeypatch):
+    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV)
+    answer = "print('{\"compile_s\": 2.5, \"max_abs_error\": 0.0}')"
+    monkeypatch.setattr(doctor, "COMPILE_SCRIPT", answer)
+    check = doctor.check_compile(torch.device("cpu"))
+    assert check.status == doctor.PASS and "2.5 s" in check.detail
+    monkeypatch.setattr(doctor, "COMPILE_SCRIPT", answer.replace("0.0", "0.5"))
+    assert doctor.check_compile(torch.device("cpu")).status == doctor.WARN
