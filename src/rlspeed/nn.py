@@ -37,28 +37,69 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
-class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs over a flat observation.
+class EnsembleMLP(nn.Module):
+    """K MLPs of the same shape evaluated together: each layer is one batched matmul (`baddbmm`) for all K.
 
-    Discrete actions: the actor gives logits. Box actions: the actor gives the Gaussian mean and `log_std` is a
-    state-independent parameter. `act` samples; `evaluate` gives log-prob, entropy and value of stored actions.
+    For small RL networks the cost is per kernel launch, not per FLOP, so K networks cost about as much as one.
+    Input `[B, in]` (shared by all members) or `[K, B, in]`; output `[K, B, out]`. Member k is initialised like
+    `mlp(...)` with `out_gains[k]` on its last layer.
+    """
+
+    def __init__(self, num_members: int, in_dim: int, hidden: Sequence[int], out_dim: int, activation: str = "tanh",
+                 out_gains: Sequence[float] | None = None):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise UserError(f"Unknown activation '{activation}': use one of {', '.join(ACTIVATIONS)}.")
+        self.num_members = num_members
+        self.activation = ACTIVATIONS[activation]()
+        out_gains = list(out_gains) if out_gains is not None else [1.0] * num_members
+        dims = [in_dim, *[int(w) for w in hidden], out_dim]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for layer, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+            last = layer == len(dims) - 2
+            weight = torch.empty(num_members, fan_in, fan_out)
+            for k in range(num_members):
+                # orthogonal_ on the [out, in] view, as nn.Linear would be initialised
+                nn.init.orthogonal_(weight[k].T, out_gains[k] if last else math.sqrt(2))
+            self.weights.append(nn.Parameter(weight))
+            self.biases.append(nn.Parameter(torch.zeros(num_members, 1, fan_out)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:
+            x = x.unsqueeze(0).expand(self.num_members, -1, -1)
+        last = len(self.weights) - 1
+        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias, x, weight)
+            if layer < last:
+                x = self.activation(x)
+        return x
+
+
+class ActorCritic(nn.Module):
+    """Actor and critic MLPs (same hidden sizes, separate weights) evaluated as one two-member ensemble.
+
+    Discrete actions: the actor gives logits. Box actions: the actor gives the Gaussian mean and `log_std` is
+    a state-independent parameter. `act` samples; `evaluate` gives log-prob, entropy and value of stored actions.
     """
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: Sequence[int] = (64, 64),
                  activation: str = "tanh", log_std_init: float = 0.0):
         super().__init__()
         self.discrete = discrete
-        self.actor = mlp(obs_dim, hidden, action_dim, activation, out_gain=0.01)
-        self.critic = mlp(obs_dim, hidden, 1, activation, out_gain=1.0)
+        self.action_dim = action_dim
+        # member 0 = actor (small last-layer gain: near-uniform initial policy), member 1 = critic
+        self.body = EnsembleMLP(2, obs_dim, hidden, action_dim, activation, out_gains=(0.01, 1.0))
         if not discrete:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return self(obs)[1]
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actor output, value): logits or Gaussian mean, and V(obs)."""
-        return self.actor(obs), self.value(obs)
+        """(actor output, value): logits or Gaussian mean `[B, A]`, and V(obs) `[B]`."""
+        out = self.body(obs)
+        return out[0], out[1, :, 0]
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Sample actions. Returns (actions, log_probs, values)."""
@@ -102,3 +143,15 @@ def make_adam(params, lr: float, device: torch.device, eps: float = 1e-5) -> tor
         except (RuntimeError, TypeError):
             pass
     return torch.optim.Adam(params, lr=lr, eps=eps, foreach=True)
+
+
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale gradients so their global L2 norm is at most `max_norm`; returns the norm before clipping.
+
+    The same maths as `torch.nn.utils.clip_grad_norm_` in a handful of foreach kernels and no host sync
+    (the library version spends dozens of small ops grouping tensors by device and dtype).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total

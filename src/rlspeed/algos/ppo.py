@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import ActorCritic, make_adam
+from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
 
 
 @dataclass
@@ -76,7 +75,8 @@ class PPO(Algorithm):
         obs_dim = int(torch.Size(spec.observation_shape).numel())
         self.policy = ActorCritic(obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
                                   cfg.log_std_init).to(self.device)
-        self.optimizer = make_adam(self.policy.parameters(), cfg.learning_rate, self.device)
+        self._params = list(self.policy.parameters())
+        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         if not spec.discrete:
             box = spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
@@ -147,9 +147,10 @@ class PPO(Algorithm):
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
         for _epoch in range(cfg.n_epochs):
-            order = torch.randperm(batch_size, device=self.device)
+            # One minibatch covering the whole batch needs no shuffle: its gradient does not depend on order.
+            order = torch.randperm(batch_size, device=self.device) if minibatch < batch_size else None
             for start in range(0, batch_size - minibatch + 1, minibatch):
-                index = order[start:start + minibatch]
+                index = order[start:start + minibatch] if order is not None else slice(None)
                 new_log_probs, entropy, new_values = policy.evaluate(batch_obs[index], batch_actions[index])
                 log_ratio = new_log_probs - batch_log_probs[index]
                 ratio = log_ratio.exp()
@@ -170,7 +171,7 @@ class PPO(Algorithm):
 
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm, foreach=True)
+                clip_grad_norm(self._params, cfg.max_grad_norm)
                 self.optimizer.step()
 
                 with torch.no_grad():
