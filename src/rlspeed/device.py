@@ -111,6 +111,12 @@ def synchronize(device: torch.device) -> None:
     """Wait for all queued work on the device (for timing; never call it in a hot loop)."""
     if device.type == "cpu":
         return
+    accelerator = getattr(torch, "accelerator", None)  # device-generic API (torch >= 2.6)
+    if accelerator is not None and hasattr(accelerator, "synchronize"):
+        current = accelerator.current_accelerator() if accelerator.is_available() else None
+        if current is not None and current.type == device.type:
+            accelerator.synchronize(device)
+            return
     module = getattr(torch, device.type, None)
     if module is not None and hasattr(module, "synchronize"):
         module.synchronize()

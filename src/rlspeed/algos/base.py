@@ -216,7 +216,7 @@ class Algorithm:
         actions = self.act(obs, deterministic=deterministic)
         if single:
             actions = actions[0]
-        return (actions.cpu().numpy() if as_numpy else actions), None
+        return (actions.cpu().numpy() if as_numpy else actions), None  # ok-sync: predict returns to the host
 
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,

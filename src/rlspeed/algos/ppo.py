@@ -13,6 +13,7 @@ import torch
 
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import RolloutBuffer, gae
+from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
 from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
 
@@ -97,7 +98,7 @@ class PPO(Algorithm):
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
         action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
-        action_dtype = torch.int64 if self.spec.discrete else torch.float32
+        action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_shape, action_shape,
                                     action_dtype, self.device)
         self._obs, _ = env.reset()

@@ -1,5 +1,6 @@
-"""Device-resident storage: rollout storage with GAE for on-policy algorithms."""
+"""Device-resident storage: rollout storage with GAE (on-policy) and a replay buffer (off-policy)."""
 
+from rlspeed.buffers.replay import ReplayBuffer
 from rlspeed.buffers.rollout import RolloutBuffer, gae
 
-__all__ = ["RolloutBuffer", "gae"]
+__all__ = ["ReplayBuffer", "RolloutBuffer", "gae"]

@@ -1,0 +1,190 @@
+"""Shared helpers for the benchmark scripts: machine description, interleaved runs, median/range, Markdown output.
+
+Every script compares rlspeed with a reference library side by side in one process, interleaving the runs seed by
+seed so that a slow patch on the machine hits both, and reports medians with min-max ranges.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCHMARKS_DIR / "results"
+README = BENCHMARKS_DIR / "README.md"
+
+README_INTRO = """# rlspeed benchmarks
+
+Each script runs rlspeed and a reference library (Stable-Baselines3) side by side in one process, interleaving
+the runs seed by seed (seed 0 rlspeed, seed 0 reference, seed 1 rlspeed, ...) so that both see the same machine.
+It prints a Markdown table, writes raw per-seed results to `benchmarks/results/<name>.json` and rewrites its own
+section of this file. The numbers in a section come from one run on one machine, described in that section;
+compare the columns of one table with each other (as ratios), not with numbers from another machine.
+
+How to run (from the repository root, with `pip install -e .[bench]`):
+
+```
+python benchmarks/ppo_cartpole.py            # full run (a few minutes per seed on one core)
+python benchmarks/ppo_cartpole.py --quick    # smoke run: tiny settings, numbers mean nothing
+python benchmarks/ppo_cartpole.py --help     # --seeds, --steps, --budget, --threads, --skip-sb3, ...
+```
+"""
+
+
+def set_threads(num_threads: int) -> int:
+    """Set torch's intra-op threads for the process (both libraries share them); returns the value in effect."""
+    torch.set_num_threads(num_threads)
+    return torch.get_num_threads()
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else whatever `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine_description(packages: Iterable[str] = ("rlspeed", "torch", "gymnasium", "numpy",
+                                                      "stable-baselines3")) -> dict:
+    """What a reader needs to judge the numbers: CPU, cores, OS, Python, library versions, torch threads."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "usable_cores": usable,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {name: _version(name) for name in packages},
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+    }
+
+
+def machine_block(machine: dict) -> str:
+    """The machine description as a fenced block for the README."""
+    versions = ", ".join(f"{name} {version}" for name, version in machine["versions"].items())
+    lines = [
+        f"CPU:      {machine['cpu']} ({machine['logical_cores']} logical cores, {machine['usable_cores']} usable)",
+        f"OS:       {machine['os']}, Python {machine['python']}",
+        f"Versions: {versions}",
+        f"Threads:  torch.set_num_threads({machine['torch_threads']}) for every run",
+        f"CUDA:     {'available' if machine['cuda_available'] else 'not available'}",
+        f"Run:      {machine['command']} on {machine['date_utc']}",
+    ]
+    return "```\n" + "\n".join(lines) + "\n```"
+
+
+def interleave(seeds: Sequence[int], runners: dict[str, Callable[[int], dict]]) -> list[dict]:
+    """Run every runner for seed 0, then every runner for seed 1, ...; one result dict per (seed, runner).
+
+    Each result gets `name` and `seed` added. A garbage collection before each run keeps one run's garbage out of
+    the next one's clock.
+    """
+    results = []
+    for seed in seeds:
+        for name, run in runners.items():
+            gc.collect()
+            started = time.perf_counter()
+            result = {"name": name, "seed": seed, **run(seed)}
+            print(f"  seed {seed} {name}: {brief(result)} ({time.perf_counter() - started:.1f}s)", flush=True)
+            results.append(result)
+    return results
+
+
+def brief(result: dict) -> str:
+    """A one-line progress note for a run result."""
+    if "sps" in result and "reached" not in result:
+        return f"{result['sps']:,.0f} steps/s"
+    if result.get("reached"):
+        return f"target at {result['steps_to_target']:,} steps, {result['time_to_target_s']:.2f}s"
+    return f"target not reached in {result.get('steps', 0):,} steps"
+
+
+def spread(values: Sequence[float | None]) -> dict:
+    """Median and min-max of the values that exist; `None` entries (e.g. target not reached) count as never.
+
+    The median treats a missing value as +inf, so a setting that fails on most seeds has no median; min and max
+    are over the values that exist.
+    """
+    present = [float(v) for v in values if v is not None]
+    padded = present + [math.inf] * (len(values) - len(present))
+    median = statistics.median(padded) if padded else math.inf
+    return {"median": None if math.isinf(median) else median,
+            "min": min(present) if present else None,
+            "max": max(present) if present else None,
+            "count": len(present), "of": len(values)}
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator == 0:
+        return None
+    return numerator / denominator
+
+
+def fmt(value: float | None, spec: str = ",.0f", missing: str = "—") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def fmt_range(summary: dict, spec: str = ",.0f") -> str:
+    if summary["min"] is None:
+        return "—"
+    return f"{format(summary['min'], spec)} – {format(summary['max'], spec)}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(name: str, data: dict) -> Path:
+    """Write `benchmarks/results/<name>.json` (raw per-seed results) and return its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+def update_readme(name: str, section: str, readme: Path = README) -> Path:
+    """Replace the text between `<!-- name:start -->` and `<!-- name:end -->` in the README (creating the README
+    with the shared intro, or appending the section, when either is missing)."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    block = f"{start}\n{section.strip()}\n{end}"
+    text = readme.read_text() if readme.exists() else README_INTRO
+    if start in text and end in text and text.index(start) < text.index(end):
+        before, rest = text.split(start, 1)
+        after = rest.split(end, 1)[1]
+        text = before + block + after
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    readme.write_text(text)
+    return readme

@@ -1,0 +1,320 @@
+"""PPO on CartPole-v1: rlspeed against Stable-Baselines3, side by side in one process, seeds interleaved.
+
+(a) Throughput: env steps per second of training at identical RL-Zoo hyperparameters (8 envs, n_steps 32, batch
+    256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip linear from 1e-3 and 0.2, ent_coef 0, [64, 64] tanh,
+    separate actor and critic, orthogonal init) for a fixed budget without evaluation. Gymnasium envs for both
+    (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native torch CartPole.
+(b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches a mean
+    return of 475, each library at its own best settings (rlspeed: its shipped CartPole preset, env backend auto;
+    SB3: the RL-Zoo CartPole settings above), both evaluated every `eval_freq` env steps, evaluation time excluded
+    from the training clock of both.
+
+torch.set_num_threads(--threads, default 1) holds for every run of both libraries. Only `learn` is timed (model
+and env construction are not). Usage: python benchmarks/ppo_cartpole.py [--quick] [--seeds N] [--skip-sb3] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+import torch
+
+import rlspeed
+from rlspeed.presets import load_preset, split_run_settings
+
+ENV_ID = "CartPole-v1"
+TARGET_RETURN = 475.0
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+
+# RL-Zoo's PPO CartPole-v1 hyperparameters (rl-baselines3-zoo hyperparams/ppo.yml), in each library's names.
+ZOO_RLSPEED = dict(num_envs=8, num_steps=32, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8,
+                   learning_rate=1e-3, anneal_lr=True, clip_range=0.2, anneal_clip=True, ent_coef=0.0,
+                   net_arch=(64, 64), activation="tanh")
+ZOO_NUM_ENVS = 8
+
+
+def linear(initial: float):
+    """RL-Zoo's `lin_<value>` schedule: decays linearly from `initial` to 0 over training (SB3's progress_remaining)."""
+
+    def schedule(progress_remaining: float) -> float:
+        return progress_remaining * initial
+
+    return schedule
+
+
+def zoo_sb3_kwargs() -> dict:
+    return dict(n_steps=32, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8, learning_rate=linear(1e-3),
+                clip_range=linear(0.2), ent_coef=0.0)  # MlpPolicy default: pi [64, 64], vf [64, 64], tanh, ortho init
+
+
+# --- (a) throughput ----------------------------------------------------------------------------------------------
+def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
+    model = rlspeed.PPO(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
+                        **ZOO_RLSPEED)
+    model.make_training_env()  # built outside the timed region, like SB3's env (built by make_vec_env)
+    started = time.perf_counter()
+    model.learn(steps, progress_bar=False)
+    learn_wall_s = time.perf_counter() - started
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "sps": result.sps,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+def sb3_throughput(seed: int, steps: int, args) -> dict:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(ENV_ID, n_envs=ZOO_NUM_ENVS, seed=seed)  # DummyVecEnv
+    model = PPO("MlpPolicy", env, device="cpu", seed=seed, **zoo_sb3_kwargs())
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    model.learn(steps)
+    learn_wall_s = time.perf_counter() - started
+    env.close()
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+# --- (b) time to target ------------------------------------------------------------------------------------------
+def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+    _run, hyperparameters = split_run_settings(load_preset("ppo", ENV_ID))
+    model = rlspeed.PPO(ENV_ID, env_backend="auto", device=args.device, seed=seed, num_threads=args.threads,
+                        **hyperparameters)
+    model.learn(budget, target_return=TARGET_RETURN, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
+                progress_bar=False)
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
+            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
+            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
+            "threads": torch.get_num_threads()}
+
+
+def make_target_callback(eval_env, eval_freq: int, eval_seed: int):
+    """An SB3 callback that evaluates like rlspeed's learn(target_return=...) and stops training at the target.
+
+    After each PPO update that takes the step count past the next evaluation point (checked at the start of the
+    next rollout, so the evaluated policy has been updated on every step counted), it pauses the clock, runs a
+    deterministic `EVAL_EPISODES`-episode evaluation on `eval_env` (reseeded with `eval_seed + steps`, as rlspeed
+    does), resumes the clock and asks SB3 to stop once the mean reaches the target. Training that runs out of
+    budget gets a final evaluation, as in rlspeed.
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    class TimeToTarget(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.clock_start = 0.0
+            self.eval_s = 0.0
+            self.next_eval = eval_freq
+            self.last_eval_steps = -1
+            self.time_to_target_s: float | None = None
+            self.steps_to_target: int | None = None
+            self.evaluations: list[list] = []
+
+        def start_clock(self) -> None:
+            self.clock_start = time.perf_counter()
+
+        def train_clock(self) -> float:
+            return time.perf_counter() - self.clock_start - self.eval_s
+
+        def _evaluate(self) -> None:
+            paused = time.perf_counter()
+            train_clock = paused - self.clock_start - self.eval_s
+            steps = self.model.num_timesteps
+            eval_env.seed(eval_seed + steps)
+            mean, _std = evaluate_policy(self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
+            self.eval_s += time.perf_counter() - paused
+            self.last_eval_steps = steps
+            self.evaluations.append([steps, train_clock, float(mean)])
+            if mean >= TARGET_RETURN:
+                self.time_to_target_s, self.steps_to_target = train_clock, steps
+
+        def _on_rollout_start(self) -> None:
+            if self.time_to_target_s is None and self.model.num_timesteps >= self.next_eval:
+                self.next_eval = self.model.num_timesteps + eval_freq
+                self._evaluate()
+
+        def _on_step(self) -> bool:
+            return self.time_to_target_s is None
+
+        def _on_training_end(self) -> None:
+            if self.time_to_target_s is None and self.model.num_timesteps != self.last_eval_steps:
+                self._evaluate()
+
+    return TimeToTarget()
+
+
+def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(ENV_ID, n_envs=ZOO_NUM_ENVS, seed=seed)
+    eval_env = make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
+    model = PPO("MlpPolicy", env, device="cpu", seed=seed, **zoo_sb3_kwargs())
+    callback = make_target_callback(eval_env, eval_freq, seed + EVAL_SEED_OFFSET)
+    common.set_threads(args.threads)
+    callback.start_clock()
+    model.learn(budget, callback=callback)
+    train_wall_s = callback.train_clock()
+    env.close()
+    eval_env.close()
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "reached": callback.time_to_target_s is not None, "time_to_target_s": callback.time_to_target_s,
+            "steps_to_target": callback.steps_to_target, "steps": model.num_timesteps,
+            "train_wall_s": train_wall_s, "evaluations": callback.evaluations, "threads": torch.get_num_threads()}
+
+
+# --- report ------------------------------------------------------------------------------------------------------
+THROUGHPUT_ROWS = {  # run name -> (library, env column)
+    "rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
+    "rlspeed-torch": ("rlspeed", "native torch CartPole (env_backend=\"torch\")"),
+    "sb3": ("Stable-Baselines3", "Gymnasium DummyVecEnv"),
+}
+
+
+def summarize(throughput: list[dict], to_target: list[dict]) -> dict:
+    summary: dict = {"throughput": {}, "time_to_target": {}}
+    for name in THROUGHPUT_ROWS:
+        runs = [r for r in throughput if r["name"] == name]
+        if runs:
+            summary["throughput"][name] = common.spread([r["sps"] for r in runs])
+    sb3_sps = summary["throughput"].get("sb3", {}).get("median")
+    for stats in summary["throughput"].values():
+        stats["ratio_to_sb3"] = common.ratio(stats["median"], sb3_sps)
+    for name in ("rlspeed", "sb3"):
+        runs = [r for r in to_target if r["name"] == name]
+        if runs:
+            summary["time_to_target"][name] = {
+                "env_backend": runs[0]["env_backend"],
+                "time_to_target_s": common.spread([r["time_to_target_s"] for r in runs]),
+                "steps_to_target": common.spread([r["steps_to_target"] for r in runs]),
+            }
+    if {"rlspeed", "sb3"} <= summary["time_to_target"].keys():
+        summary["time_to_target"]["sb3_over_rlspeed"] = common.ratio(
+            summary["time_to_target"]["sb3"]["time_to_target_s"]["median"],
+            summary["time_to_target"]["rlspeed"]["time_to_target_s"]["median"])
+    return summary
+
+
+def report(summary: dict, settings: dict, machine: dict) -> str:
+    seeds, threads = settings["seeds"], settings["threads"]
+    lines = []
+    if settings["quick"]:
+        lines += ["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
+    lines += [f"### (a) Throughput at identical hyperparameters ({settings['steps']:,} env steps, no evaluation)", "",
+              f"RL-Zoo CartPole PPO settings for both, {seeds} seeds interleaved, torch.set_num_threads({threads}), "
+              f"rlspeed on device `{settings['device']}`, SB3 on `cpu`. Env steps per second of `learn`.", ""]
+    rows = []
+    for name, stats in summary["throughput"].items():
+        library, env = THROUGHPUT_ROWS[name]
+        rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
+                     common.fmt_ratio(stats["ratio_to_sb3"])])
+    lines += [common.markdown_table(["Library", "Envs (8)", "Steps/s median", f"Range ({seeds} seeds)",
+                                     "rlspeed / SB3"], rows), ""]
+
+    lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
+              f"Each library at its own best settings; deterministic {EVAL_EPISODES}-episode evaluation on a separate "
+              f"env every {settings['eval_freq']:,} env steps, evaluation time excluded from the training clock. "
+              "Medians count a seed that missed the target as never reaching it (no median when most seeds miss); "
+              "ranges are over the seeds that reached it.", ""]
+    rows = []
+    labels = {"rlspeed": ("rlspeed", "shipped preset `ppo` / `CartPole-v1`"),
+              "sb3": ("Stable-Baselines3", "RL-Zoo CartPole-v1")}
+    time_to_target = summary["time_to_target"]
+    for name in ("rlspeed", "sb3"):
+        if name not in time_to_target:
+            continue
+        stats = time_to_target[name]
+        seconds, steps = stats["time_to_target_s"], stats["steps_to_target"]
+        ratio = time_to_target.get("sb3_over_rlspeed") if name == "rlspeed" else 1.0
+        if "sb3" not in time_to_target:
+            ratio = None
+        envs = f"auto → {stats['env_backend']}" if name == "rlspeed" else stats["env_backend"]
+        rows.append([*labels[name], envs, f"{seconds['count']}/{seconds['of']}",
+                     common.fmt(seconds["median"], ".2f"), common.fmt_range(seconds, ".2f"),
+                     common.fmt(steps["median"]), common.fmt_range(steps), common.fmt_ratio(ratio)])
+    lines += [common.markdown_table(["Library", "Settings", "Envs", "Reached", "Seconds median", "Seconds range",
+                                     "Steps median", "Steps range", "SB3 / rlspeed (time)"], rows), ""]
+    lines += ["Machine:", "", common.machine_block(machine)]
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default 5, quick 2")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="env steps per throughput run (a); default 50000, quick 4096")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env step budget per time-to-target run (b); default rlspeed's preset total_timesteps "
+                             "(100000, also RL-Zoo's), quick 20000")
+    parser.add_argument("--eval-freq", type=int, default=None,
+                        help="evaluate every N env steps in (b), both libraries; default rlspeed's preset eval_freq")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
+    parser.add_argument("--device", default="cpu", help="rlspeed's device (SB3 always runs PPO on cpu)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-run settings: 2 seeds, 4096 steps, 20k")
+    parser.add_argument("--skip-sb3", action="store_true", help="run rlspeed only")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
+    args = parser.parse_args()
+    run_settings, _ = split_run_settings(load_preset("ppo", ENV_ID))
+    args.seeds = args.seeds or (2 if args.quick else 5)
+    args.steps = args.steps or (4096 if args.quick else 50_000)
+    args.budget = args.budget or (20_000 if args.quick else int(run_settings.get("total_timesteps", 100_000)))
+    args.eval_freq = args.eval_freq or int(run_settings.get("eval_freq", 1024))
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    args.threads = common.set_threads(args.threads)
+    seeds = list(range(args.seeds))
+    settings = {"env_id": ENV_ID, "seeds": args.seeds, "steps": args.steps, "budget": args.budget,
+                "eval_freq": args.eval_freq, "eval_episodes": EVAL_EPISODES, "target_return": TARGET_RETURN,
+                "threads": args.threads, "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
+                "zoo_hyperparameters_rlspeed": ZOO_RLSPEED, "rlspeed_preset": load_preset("ppo", ENV_ID)}
+    print(f"PPO {ENV_ID}: {args.seeds} seeds, torch.set_num_threads({args.threads}), rlspeed device {args.device}")
+
+    throughput_runs = {
+        "rlspeed-gymnasium": lambda seed, steps: rlspeed_throughput(seed, steps, "gymnasium", args),
+        "sb3": lambda seed, steps: sb3_throughput(seed, steps, args),
+        "rlspeed-torch": lambda seed, steps: rlspeed_throughput(seed, steps, "torch", args),
+    }
+    if args.skip_sb3:
+        del throughput_runs["sb3"]
+    print("warm-up (one short run of each, not recorded)", flush=True)
+    for run in throughput_runs.values():
+        run(0, 1024)
+
+    print(f"(a) throughput, {args.steps:,} steps per run", flush=True)
+    throughput = common.interleave(seeds, {name: (lambda seed, run=run: run(seed, args.steps))
+                                           for name, run in throughput_runs.items()})
+
+    print(f"(b) time to {TARGET_RETURN:g}, budget {args.budget:,} steps, eval every {args.eval_freq:,}", flush=True)
+    target_runs = {"rlspeed": lambda seed: rlspeed_time_to_target(seed, args.budget, args.eval_freq, args)}
+    if not args.skip_sb3:
+        target_runs["sb3"] = lambda seed: sb3_time_to_target(seed, args.budget, args.eval_freq, args)
+    to_target = common.interleave(seeds, target_runs)
+
+    machine = common.machine_description()
+    machine["torch_threads"] = args.threads
+    summary = summarize(throughput, to_target)
+    table = report(summary, settings, machine)
+    print()
+    print(table)
+    if not args.no_write:
+        path = common.write_json("ppo_cartpole", {"machine": machine, "settings": settings, "summary": summary,
+                                                  "throughput": throughput, "time_to_target": to_target})
+        readme = common.update_readme("ppo_cartpole", "## PPO on CartPole-v1 (`benchmarks/ppo_cartpole.py`)\n\n"
+                                      + table)
+        print(f"\nwrote {path} and {readme}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Replay buffer for off-policy algorithms: preallocated circular storage on the training device.
+
+One `add` writes the transitions of all N envs with one indexed copy per field; `sample` draws uniform indices on
+the device. Finished rows store `info["final_obs"]` as their next observation and keep `terminated` apart from
+`truncated`, so a time-limit truncation is bootstrapped and a termination is not. With `n_step > 1` the buffer
+stores n-step transitions: discounted reward sums cut at episode ends, the observation n steps ahead (or the
+episode's last), and the discount `gamma**m` to apply to its value.
+
+When the storage would not fit in the device's free memory, it lives in pinned host memory instead and sampled
+batches are copied to the device with non-blocking transfers.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from rlspeed.device import free_memory_bytes
+
+# Leave this share of the device's free memory to the networks and the batch activations.
+_DEVICE_MEMORY_SHARE = 0.8
+
+
+class ReplayBuffer:
+    """Circular storage of `capacity` transitions; `sample(batch_size)` returns a dict of device tensors.
+
+    Fields of a sample: `obs`, `actions`, `rewards`, `next_obs`, `terminated` (float 0/1), `discounts`
+    (gamma**m, m = steps between obs and next_obs). The TD target is
+    `rewards + discounts * (1 - terminated) * V(next_obs)`.
+    """
+
+    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
+                 action_dtype: torch.dtype, device: torch.device | str, n_step: int = 1, gamma: float = 0.99,
+                 storage_device: torch.device | str | None = None):
+        if capacity < num_envs:
+            raise ValueError(f"buffer capacity ({capacity}) must be at least num_envs ({num_envs})")
+        if n_step < 1:
+            raise ValueError(f"n_step must be >= 1, got {n_step}")
+        self.capacity, self.num_envs, self.n_step, self.gamma = int(capacity), int(num_envs), int(n_step), gamma
+        self.device = torch.device(device)
+        obs_numel = int(torch.Size(obs_shape).numel())
+        action_numel = int(torch.Size(action_shape).numel())
+        action_bytes = torch.empty((), dtype=action_dtype).element_size()
+        bytes_per_row = 4 * (2 * obs_numel + 3) + action_bytes * action_numel
+        self.nbytes = bytes_per_row * self.capacity
+        if storage_device is None:
+            storage_device = self.device
+            free = free_memory_bytes(self.device)
+            if self.device.type != "cpu" and free is not None and self.nbytes > _DEVICE_MEMORY_SHARE * free:
+                storage_device = torch.device("cpu")
+                warnings.warn(f"Replay buffer of {self.nbytes / 2**30:.2f} GiB does not fit in {self.device}'s "
+                              f"free memory ({free / 2**30:.2f} GiB): keeping it in pinned host memory.",
+                              stacklevel=2)
+        self.storage_device = torch.device(storage_device)
+        pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
+
+        def zeros(*shape, dtype=torch.float32):
+            tensor = torch.zeros(self.capacity, *shape, dtype=dtype, device=self.storage_device)
+            return tensor.pin_memory() if pin else tensor
+
+        self.obs = zeros(*obs_shape)
+        self.next_obs = zeros(*obs_shape)
+        self.actions = zeros(*action_shape, dtype=action_dtype)
+        self.rewards = zeros()
+        self.terminated = zeros()
+        self.discounts = zeros()
+        self.pos = 0  # next row to write (host counter: advances by num_envs per add, never read from the device)
+        self.size = 0
+        self._rows = torch.arange(self.num_envs, device=self.storage_device)
+        self._window: list[tuple[torch.Tensor, ...]] = []  # pending steps for n-step returns
+        if self.n_step > 1:
+            self._powers = gamma ** torch.arange(self.n_step, device=self.device, dtype=torch.float32)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def describe(self) -> str:
+        """Footprint and placement, e.g. 'replay buffer: 1,000,000 transitions, 76.3 MiB on cpu'."""
+        where = str(self.storage_device) + (" (pinned host memory)" if self.storage_device != self.device else "")
+        return f"replay buffer: {self.capacity:,} transitions, {self.nbytes / 2**20:.1f} MiB on {where}"
+
+    def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+            terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+        """Store one step of all N envs. `next_obs` is `info["final_obs"]` (the true last obs of finished rows)."""
+        terminated = terminated.to(torch.float32)
+        if self.n_step == 1:
+            discounts = torch.full_like(rewards, self.gamma, dtype=torch.float32)
+            self._write(obs, actions, rewards, next_obs, terminated, discounts)
+            return
+        done = torch.maximum(terminated, truncated.to(torch.float32))
+        self._window.append((obs, actions, rewards.to(torch.float32), next_obs, terminated, done))
+        if len(self._window) == self.n_step:
+            self._write(*self._n_step_transition())
+            self._window.pop(0)
+
+    def _n_step_transition(self):
+        """The n-step transition starting at the oldest pending step, for all N envs at once."""
+        obs, actions = self._window[0][0], self._window[0][1]
+        rewards = torch.stack([w[2] for w in self._window])  # [n, N]
+        next_obs = torch.stack([w[3] for w in self._window])  # [n, N, ...]
+        terminated = torch.stack([w[4] for w in self._window])
+        done = torch.stack([w[5] for w in self._window])
+        # alive[k] = 1 while no episode end happened before step k: later steps belong to the next episode.
+        alive = torch.cumprod(torch.cat((torch.ones_like(done[:1]), 1.0 - done[:-1])), dim=0)
+        returns = (self._powers.unsqueeze(1) * alive * rewards).sum(0)
+        last = (alive.sum(0) - 1).long()  # index of the last step used: the first done, else n - 1
+        columns = torch.arange(self.num_envs, device=last.device)
+        discounts = self.gamma ** (last + 1).to(torch.float32)
+        return obs, actions, returns, next_obs[last, columns], terminated[last, columns], discounts
+
+    def _write(self, obs, actions, rewards, next_obs, terminated, discounts) -> None:
+        index = (self._rows + self.pos) % self.capacity
+        target = self.storage_device
+        for storage, value in ((self.obs, obs), (self.actions, actions), (self.rewards, rewards),
+                               (self.next_obs, next_obs), (self.terminated, terminated),
+                               (self.discounts, discounts)):
+            storage.index_copy_(0, index, value.to(target, non_blocking=True).to(storage.dtype))
+        self.pos = (self.pos + self.num_envs) % self.capacity
+        self.size = min(self.size + self.num_envs, self.capacity)
+
+    def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """A uniform batch of stored transitions, as tensors on the training device."""
+        if self.size == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer")
+        index = torch.randint(0, self.size, (batch_size,), device=self.storage_device, generator=generator)
+        batch = {"obs": self.obs[index], "actions": self.actions[index], "rewards": self.rewards[index],
+                 "next_obs": self.next_obs[index], "terminated": self.terminated[index],
+                 "discounts": self.discounts[index]}
+        if self.storage_device != self.device:
+            batch = {k: v.pin_memory().to(self.device, non_blocking=True) if v.device.type == "cpu"
+                     and torch.cuda.is_available() else v.to(self.device) for k, v in batch.items()}
+        return batch
