@@ -18,6 +18,7 @@ import torch
 from rlspeed import __version__
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device
+from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import BatchedEnv, RunningMeanStd, env_spec, make_env, resolve_backend
 from rlspeed.envs.base import EnvSpec
 from rlspeed.errors import UserError
@@ -115,10 +116,11 @@ class Algorithm:
 
     def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *, device: str | torch.device = "auto",
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
-                 accelerate: str = "off", **hyperparameters):
+                 accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
         configure_threads(num_threads)
         self.config = build_config(self.config_cls, hyperparameters)
-        self.device = resolve_device(device)
+        self.strategy = strategy or single_process()
+        self.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
         self.seed = seed
         self.accelerate = accelerate
         if accelerate not in ("auto", "off"):
@@ -142,6 +144,15 @@ class Algorithm:
         self.num_timesteps = 0
         self.result = LearnResult()
         self._setup()
+        if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
+            for module in self._modules_to_sync():
+                self.strategy.broadcast_module(module)
+            if seed is not None:
+                torch.manual_seed(self.strategy.seed_for_rank(seed))
+
+    def _modules_to_sync(self) -> list[torch.nn.Module]:
+        """Modules whose initial state rank 0 broadcasts (networks and their target copies)."""
+        return [self.policy]
 
     # --- algorithm-specific -------------------------------------------------------------------------------
     supports_discrete = True
@@ -184,10 +195,15 @@ class Algorithm:
         """The training env: built from the env id on first use, with the config's normalisation."""
         if self._env is None:
             cfg = self.config
-            self._env = make_env(self.env_id, num_envs=cfg.num_envs, device=self.device, seed=self.seed,
+            self._env = make_env(self.env_id, num_envs=self.strategy.split_envs(cfg.num_envs), device=self.device,
+                                 seed=self.strategy.seed_for_rank(self.seed),
                                  backend=self.env_backend, normalize_obs=getattr(cfg, "normalize_obs", False),
                                  normalize_reward=getattr(cfg, "normalize_reward", False),
                                  gamma=getattr(cfg, "gamma", 0.99))
+            if self.strategy.enabled:  # normalisation statistics from every rank's data, identical everywhere
+                for wrapper_rms in (getattr(self._env, "obs_rms", None), getattr(self._env, "return_rms", None)):
+                    if wrapper_rms is not None:
+                        wrapper_rms.reduce = self.strategy.all_reduce_sum
             rms = getattr(self._env, "obs_rms", None)
             if rms is not None:
                 if self.obs_rms is not None:  # resuming: continue from the saved statistics
@@ -230,13 +246,15 @@ class Algorithm:
         if total_timesteps <= 0:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         env = self.make_training_env()
-        logger = RunLogger(run_dir) if run_dir is not None else None
+        main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
+        logger = RunLogger(run_dir) if run_dir is not None and main else None
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         self._start(env, int(total_timesteps))
         if eval_freq is None:
             eval_freq = max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
-        bar = ProgressBar(int(total_timesteps), enabled=progress_bar, desc=f"{self.name} {self.env_id}")
+        bar = ProgressBar(int(total_timesteps), enabled=progress_bar and main, desc=f"{self.name} {self.env_id}")
+        global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
         sums: dict[str, torch.Tensor] = {}
         iterations = 0
         start_steps = self.num_timesteps
@@ -250,14 +268,18 @@ class Algorithm:
         try:
             while self.num_timesteps < self._total_timesteps and not stop:
                 steps, metrics = self._train_iteration()
-                self.num_timesteps += steps
+                if steps not in global_steps:
+                    summed = self.strategy.all_reduce_sum(torch.tensor([steps], device=self.device))
+                    global_steps[steps] = int(summed.item())  # ok-sync: once per learn() call
+                self.num_timesteps += global_steps[steps]
                 iterations += 1
                 for key, value in metrics.items():
                     sums[key] = sums[key] + value if key in sums else value
                 now = time.perf_counter()
                 finished = self.num_timesteps >= self._total_timesteps
                 eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
-                if now - last_log_time >= log_interval_s or eval_due or finished:
+                # Under torch.distributed every rank must take part in the same collectives: log every iteration.
+                if now - last_log_time >= log_interval_s or eval_due or finished or self.strategy.enabled:
                     row = self._read_metrics(sums, iterations)  # the one host sync per log interval
                     recent_return = row.get("episode_return", recent_return)
                     train_clock += now - clock_start
@@ -265,10 +287,13 @@ class Algorithm:
                     row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
-                        evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
-                        row["eval_mean"] = evaluation["mean"]
-                        result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
-                        if evaluation["mean"] >= target_return:
+                        reached = False
+                        if main:
+                            evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
+                            row["eval_mean"] = evaluation["mean"]
+                            result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
+                            reached = evaluation["mean"] >= target_return
+                        if self.strategy.broadcast_flag(reached):
                             result.time_to_target_s = train_clock
                             result.steps_to_target = self.num_timesteps - start_steps
                             stop = True
@@ -281,7 +306,8 @@ class Algorithm:
                     clock_start = time.perf_counter()
                 if next_checkpoint is not None and self.num_timesteps >= next_checkpoint and run_dir is not None:
                     next_checkpoint = self.num_timesteps + checkpoint_freq
-                    self.save(Path(run_dir) / "checkpoint.safetensors")
+                    if main:
+                        self.save(Path(run_dir) / "checkpoint.safetensors")
                 if callback is not None and callback(locals()) is False:
                     stop = True
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
@@ -302,14 +328,15 @@ class Algorithm:
         if not sums:
             return {}
         keys = list(sums)
-        values = torch.stack([sums[k].to(torch.float32).reshape(()) for k in keys]).cpu().tolist()  # ok-sync
+        stacked = self.strategy.all_reduce_sum(torch.stack([sums[k].to(torch.float32).reshape(()) for k in keys]))
+        values = stacked.cpu().tolist()  # ok-sync: once per log interval
         row = dict(zip(keys, values))
         count = row.pop("episode_count", 0.0)
         total = row.pop("episode_return_sum", math.nan)
         row["episode_return"] = total / count if count > 0 else math.nan
         for key in keys:
             if key in row and key not in ("episode_return",):
-                row[key] = row[key] / max(iterations, 1)
+                row[key] = row[key] / max(iterations, 1) / self.strategy.world_size
         return row
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None) -> dict:
@@ -365,13 +392,34 @@ class Algorithm:
         model.result = LearnResult()
         if env is not None:
             model._env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
+        model.strategy = single_process()
         model._setup()
-        model.policy.load_state_dict({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+        model._restore(tensors, meta)
+        return model
+
+    def resume(self, path: str | Path) -> None:
+        """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps."""
+        tensors, meta = load_checkpoint(path, device=self.device)
+        if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
+            raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
+                            f"{self.name} {self.env_id} from it.")
+        self._restore(tensors, meta)
+        self.num_timesteps = int(meta.get("num_timesteps", 0))
+        if self._env is not None and self.obs_rms is not None:
+            env_rms = getattr(self._env, "obs_rms", None)
+            if env_rms is not None and env_rms is not self.obs_rms:
+                env_rms.load_state_dict(self.obs_rms.state_dict())
+                self.obs_rms = env_rms
+
+    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Load networks, normalisation statistics and optimiser state from checkpoint tensors."""
+        self.policy.load_state_dict({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
         rms_state = {k[len("obs_rms."):]: v for k, v in tensors.items() if k.startswith("obs_rms.")}
         if rms_state:
-            model.obs_rms = RunningMeanStd(model.spec.observation_shape, device=device)
-            model.obs_rms.load_state_dict(rms_state)
-        for name, optimizer in model._optimizers().items():
+            if self.obs_rms is None:
+                self.obs_rms = RunningMeanStd(self.spec.observation_shape, device=self.device)
+            self.obs_rms.load_state_dict(rms_state)
+        for name, optimizer in self._optimizers().items():
             if name not in meta.get("optimizers", {}):
                 continue
             state: dict = {}
@@ -381,4 +429,3 @@ class Algorithm:
                     index, field = key[len(prefix):].split(".", 1)
                     state.setdefault(int(index), {})[field] = value
             optimizer.load_state_dict({"state": state, "param_groups": meta["optimizers"][name]})
-        return model

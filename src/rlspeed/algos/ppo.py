@@ -144,7 +144,8 @@ class PPO(Algorithm):
         batch_advantages = advantages.flatten()
         batch_returns = returns.flatten()
         batch_size = batch_obs.shape[0]
-        minibatch = min(cfg.batch_size, batch_size)
+        # Data-parallel: each rank holds 1/world of the batch, so its minibatches are 1/world as large.
+        minibatch = min(max(cfg.batch_size // self.strategy.world_size, 1), batch_size)
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
         for _epoch in range(cfg.n_epochs):
@@ -172,6 +173,7 @@ class PPO(Algorithm):
 
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                self.strategy.all_reduce_gradients(self._params)  # no-op in a single process
                 clip_grad_norm(self._params, cfg.max_grad_norm)
                 self.optimizer.step()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -16,14 +18,26 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, device=device, dtype=torch.float32))
         self.register_buffer("var", torch.ones(shape, device=device, dtype=torch.float32))
         self.register_buffer("count", torch.full((), epsilon, device=device, dtype=torch.float32))
+        # Optional in-place sum over processes (set by DistributedStrategy): every rank folds in the same moments.
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
         """Fold a batch `[B, *shape]` into the statistics (pure tensor ops: no host sync)."""
         batch = batch.to(torch.float32)
-        batch_mean = batch.mean(0)
-        batch_var = batch.var(0, unbiased=False)
-        batch_count = float(batch.shape[0])
+        if self.reduce is None:
+            batch_mean = batch.mean(0)
+            batch_var = batch.var(0, unbiased=False)
+            batch_count = float(batch.shape[0])
+        else:  # moments of the union of all ranks' batches, from one summed [count, sum, sum of squares]
+            flat = batch.reshape(batch.shape[0], -1)
+            moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device),
+                                 flat.sum(0), flat.square().sum(0)))
+            moments = self.reduce(moments)
+            count, total, squares = moments[0], moments[1:1 + flat.shape[1]], moments[1 + flat.shape[1]:]
+            batch_mean = (total / count).view(self.mean.shape)
+            batch_var = (squares / count).view(self.mean.shape) - batch_mean.square()
+            batch_count = count
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean.add_(delta * (batch_count / total))

@@ -1,0 +1,125 @@
+"""Data-parallel training on torch.distributed, launched by torchrun: one strategy object owns it all.
+
+`DistributedStrategy()` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, ...), starts the
+process group (nccl on CUDA, hccl on NPU, gloo on CPU), gives each local rank its own device, offsets seeds per
+rank, splits envs across ranks, broadcasts initial parameters, all-reduces gradients as one flat buffer and the
+running normalisation statistics, aggregates metrics, and lets only rank 0 write. In a single process it is a
+no-op and the algorithms run exactly the same code path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+
+from rlspeed.device import resolve_device
+from rlspeed.errors import UserError
+
+BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
+
+
+class DistributedStrategy:
+    """How a run is spread over processes. Single process (no WORLD_SIZE in the environment): a no-op."""
+
+    def __init__(self, backend: str = "auto", device: str = "auto", timeout_s: float = 300.0):
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = self._device_for_rank(device)
+        self.backend = None
+        if self.world_size > 1:
+            if not dist.is_available():
+                raise UserError("This torch build has no torch.distributed; install a build with it.")
+            self.backend = BACKEND_FOR_DEVICE.get(self.device.type, "gloo") if backend == "auto" else backend
+            if not dist.is_initialized():
+                kwargs = {"device_id": self.device} if self.device.type in ("cuda", "npu") else {}
+                dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+
+    @property
+    def enabled(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only process that logs, evaluates for the target, and writes files."""
+        return self.rank == 0
+
+    def _device_for_rank(self, device: str) -> torch.device:
+        chosen = resolve_device(device)
+        if self.world_size > 1 and chosen.type not in ("cpu", "mps"):
+            index = self.local_rank if device in ("auto", chosen.type) else chosen.index or 0
+            chosen = resolve_device(f"{chosen.type}:{index}")
+            getattr(torch, chosen.type).set_device(chosen)
+        return chosen
+
+    def seed_for_rank(self, seed: int | None) -> int | None:
+        """Each rank draws different env and action randomness: seed + 10_007 * rank."""
+        return None if seed is None else seed + 10_007 * self.rank
+
+    def split_envs(self, num_envs: int) -> int:
+        """This rank's share of `num_envs` (an equal share: ranks must run identical update schedules)."""
+        if num_envs % self.world_size:
+            raise UserError(f"num_envs ({num_envs}) must be a multiple of the number of processes "
+                            f"({self.world_size}) so that every rank runs the same updates.")
+        return num_envs // self.world_size
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Make every rank start from rank 0's parameters and buffers."""
+        if not self.enabled:
+            return
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor.data, src=0)
+
+    def all_reduce_gradients(self, params: Iterable[torch.Tensor]) -> None:
+        """Average gradients over ranks in one collective on one flat buffer (call after backward)."""
+        if not self.enabled:
+            return
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= self.world_size
+        torch._foreach_copy_(grads, [chunk.view_as(g) for chunk, g in
+                                     zip(flat.split([g.numel() for g in grads]), grads)])
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a tensor over ranks (in place; returned for convenience). No-op in a single process."""
+        if self.enabled:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's decision (e.g. 'target reached, stop'), known to every rank."""
+        if not self.enabled:
+            return flag
+        tensor = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.broadcast(tensor, src=0)
+        return bool(tensor.item())  # ok-sync: once per log interval
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def shutdown(self) -> None:
+        """Leave the process group cleanly."""
+        if self.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+_SINGLE = None
+
+
+def single_process() -> DistributedStrategy:
+    """The shared no-op strategy used when an algorithm is not given one."""
+    global _SINGLE
+    if _SINGLE is None:
+        _SINGLE = DistributedStrategy.__new__(DistributedStrategy)
+        _SINGLE.world_size, _SINGLE.rank, _SINGLE.local_rank = 1, 0, 0
+        _SINGLE.device, _SINGLE.backend = torch.device("cpu"), None
+    return _SINGLE
