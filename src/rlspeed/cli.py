@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,6 +55,9 @@ def _target(arg: str | None, spec) -> float | None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        return _launch_torchrun(args)
+    from rlspeed.distributed import DistributedStrategy
     from rlspeed.presets import load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
@@ -66,24 +70,59 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.num_envs is not None:
         hyper["num_envs"] = args.num_envs
     total = args.total_timesteps or int(run_settings.get("total_timesteps", 1_000_000))
+    strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
+    try:
+        return _train(args, algo_cls, strategy, run_settings, hyper, total)
+    finally:
+        strategy.shutdown()
+
+
+def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int) -> int:
+    main = strategy.is_main
     model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
-                     accelerate=args.accelerate, num_threads=args.threads, **hyper)
+                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy, **hyper)
     target = _target(args.target_return if args.target_return is not None
                      else (str(run_settings["target_return"]) if "target_return" in run_settings else None),
                      model.spec)
     eval_freq = args.eval_freq or run_settings.get("eval_freq")
+    if args.out is None and strategy.enabled:
+        raise UserError("Under torchrun, give --out DIR so that every rank (and a restarted group) uses one run "
+                        "directory; `rlspeed train --nproc N` does this for you.")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out or f"runs/{algo_cls.name}-{args.env_id.replace('/', '_')}-{args.seed}-{stamp}")
     run_dir.mkdir(parents=True, exist_ok=True)
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    checkpoint_freq = args.checkpoint_freq
+    if checkpoint_freq is None and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        checkpoint_freq = max(total // 20, 1)  # restarts resume from here: at most this many steps are lost
+    checkpoint = run_dir / "checkpoint.safetensors"
+    resumed_from = None
+    if (args.resume or restarts > 0) and checkpoint.exists():
+        model.make_training_env()
+        model.resume(checkpoint)
+        resumed_from = model.num_timesteps
+        total = max(total - resumed_from, 0)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": total, "target_return": target,
               "eval_freq": eval_freq, "accelerate": args.accelerate, "hyperparameters": _plain(model.config)}
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    print(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
+    if main:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    say = print if main else (lambda *a, **k: None)
+    if strategy.enabled:
+        say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
+            f"{model.config.num_envs // strategy.world_size} envs each")
+    if resumed_from is not None:
+        say(f"rlspeed: restart {restarts}: resumed from {checkpoint} at {resumed_from:,} steps")
+    if total <= 0:
+        say("rlspeed: nothing left to train")
+        return 0
+    say(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
           f"device {model.device}), up to {total:,} steps"
           + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                run_dir=run_dir, checkpoint_freq=args.checkpoint_freq)
+                run_dir=run_dir, checkpoint_freq=checkpoint_freq)
+    if not main:
+        return 0
     model.save(run_dir / "model.safetensors")
     final = model.evaluate(episodes=10, seed=args.seed + 1_000_000)
     result = model.result
@@ -95,17 +134,49 @@ def cmd_train(args: argparse.Namespace) -> int:
                "steps_to_target": result.steps_to_target,
                "final_eval": {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"]},
                "accelerate": {"precision": "fp32", "compile": "off"}}
+    if strategy.enabled or resumed_from is not None:
+        summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
+                                  "restarts": restarts, "resumed_from_timesteps": resumed_from,
+                                  "max_lost_timesteps": checkpoint_freq if resumed_from is not None else 0}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     reached = ""
     if target is not None:
         reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
                    f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
                    else f"; target {target:g} not reached")
-    print(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
+    say(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
           f"{reached}")
-    print(f"rlspeed: final evaluation (deterministic, 10 episodes): {final['mean']:.1f} +/- {final['std']:.1f}")
-    print(f"rlspeed: run directory {run_dir}")
+    say(f"rlspeed: final evaluation (deterministic, 10 episodes): {final['mean']:.1f} +/- {final['std']:.1f}")
+    say(f"rlspeed: run directory {run_dir}")
     return 0
+
+
+def _launch_torchrun(args: argparse.Namespace) -> int:
+    """`rlspeed train --nproc N ...`: start torchrun with N local processes running the same command."""
+    import subprocess
+
+    if args.nproc < 1:
+        raise UserError(f"--nproc must be >= 1, got {args.nproc}.")
+    argv = list(sys.argv[1:])
+    rest: list[str] = []
+    skip = False
+    for item in argv:  # drop --nproc N / --nproc=N / --max-restarts R from what each worker runs
+        if skip:
+            skip = False
+            continue
+        if item in ("--nproc", "--max-restarts"):
+            skip = True
+            continue
+        if item.startswith(("--nproc=", "--max-restarts=")):
+            continue
+        rest.append(item)
+    if args.out is None:
+        out = f"runs/{args.algo}-{args.env_id.replace('/', '_')}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        rest += ["--out", out]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+               f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
+    print("rlspeed: " + " ".join(command[2:]), flush=True)
+    return subprocess.call(command)
 
 
 def _plain(config) -> dict:
@@ -162,8 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-freq", type=int, default=None, help="env steps between checkpoints")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--nproc", type=int, default=None,
+                       help="data-parallel processes on this machine (starts torchrun for you)")
+    train.add_argument("--max-restarts", type=int, default=0,
+                       help="with --nproc: restarts torchrun may do after a failure (resuming from the checkpoint)")
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
-    train.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
@@ -174,12 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="auto")
     ev.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium"])
     ev.add_argument("--json", action="store_true", help="also print the result as JSON")
-    ev.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ev.set_defaults(func=cmd_eval)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
     doctor.add_argument("--device", default="auto")
-    doctor.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     doctor.set_defaults(func=cmd_doctor)
     return parser
 
@@ -190,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as error:
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         print(f"rlspeed: error: {error}", file=sys.stderr)
         return 2

@@ -37,7 +37,11 @@ class DistributedStrategy:
             self.backend = BACKEND_FOR_DEVICE.get(self.device.type, "gloo") if backend == "auto" else backend
             if not dist.is_initialized():
                 kwargs = {"device_id": self.device} if self.device.type in ("cuda", "npu") else {}
-                dist.init_process_group(self.backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+                timeout = datetime.timedelta(seconds=timeout_s)
+                store = _restart_scoped_store(timeout)
+                if store is not None:
+                    kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
+                dist.init_process_group(self.backend, timeout=timeout, **kwargs)
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +114,20 @@ class DistributedStrategy:
         """Leave the process group cleanly."""
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
+    """After a torchrun restart, a view of the agent's store whose keys are private to this attempt.
+
+    torchrun keeps one store across restarts; without a per-attempt prefix a restarted rank can read the
+    address a dead rank published in the previous attempt and fail to connect (seen here with gloo).
+    """
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"rlspeed/attempt{restart}", store)
 
 
 _SINGLE = None

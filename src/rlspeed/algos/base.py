@@ -118,6 +118,11 @@ class Algorithm:
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
                  accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
         configure_threads(num_threads)
+        if not isinstance(env, str) and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}:
+            given = env.num_envs
+            if hyperparameters.setdefault("num_envs", given) != given:
+                raise UserError(f"num_envs={hyperparameters['num_envs']} does not match the env passed in, "
+                                f"which has {given} envs.")
         self.config = build_config(self.config_cls, hyperparameters)
         self.strategy = strategy or single_process()
         self.device = self.strategy.device if self.strategy.enabled else resolve_device(device)

@@ -6,15 +6,25 @@ import gymnasium as gym
 import torch
 
 from rlspeed.device import resolve_device
+from rlspeed.envs.acrobot import Acrobot
 from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
+from rlspeed.envs.mountain_car import MountainCar
+from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
 from rlspeed.errors import UserError
 
 #: Device-native implementations, by Gymnasium id.
-NATIVE_ENVS: dict[str, type[NativeEnv]] = {"CartPole-v1": CartPole}
+NATIVE_ENVS: dict[str, type[NativeEnv]] = {
+    "CartPole-v1": CartPole,
+    "Pendulum-v1": Pendulum,
+    "Acrobot-v1": Acrobot,
+    "MountainCar-v0": MountainCar,
+    "MountainCarContinuous-v0": MountainCarContinuous,
+}
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
 
@@ -87,5 +97,6 @@ class _SeedOnFirstReset(EnvWrapper):
         return self.env.reset(seed=seed)
 
 
-__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "CartPole", "NormalizeObservation",
+__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "CartPole", "Pendulum", "Acrobot",
+           "MountainCar", "MountainCarContinuous", "NormalizeObservation",
            "NormalizeReward", "RunningMeanStd", "NATIVE_ENVS", "make_env", "env_spec", "resolve_backend"]

@@ -96,6 +96,15 @@ class EnvWrapper(BatchedEnv):
     def unwrapped(self) -> BatchedEnv:
         return self.env.unwrapped
 
+    @property
+    def state(self):
+        """The innermost env's settable state (native envs), so `env.state = x` works through wrappers."""
+        return self.env.state
+
+    @state.setter
+    def state(self, value) -> None:
+        self.env.state = value
+
     def __getattr__(self, name: str):
         # Only called when normal lookup fails: expose the inner env's extras (e.g. `state`).
         if name == "env":

@@ -15,8 +15,9 @@ from rlspeed.envs.base import BatchedEnv, EnvSpec
 class NativeEnv(BatchedEnv):
     """Base of torch-native batched envs. `state` is settable, `[N, k]`, in gymnasium's `unwrapped.state` layout.
 
-    `state_dtype=torch.float64` gives bit-for-bit the same arithmetic as Gymnasium's float64 numpy code
-    (for parity checks); the float32 default is faster. Observations are always float32.
+    `state_dtype=torch.float64` follows Gymnasium's float64 numpy arithmetic to ~1e-14 (torch's and numpy's
+    sin/cos differ in the last digit now and then), for parity checks; the float32 default is faster.
+    Observations are always float32.
     """
 
     backend = "torch"
@@ -32,6 +33,7 @@ class NativeEnv(BatchedEnv):
         self.generator.manual_seed(seed if seed is not None else int(torch.seed() % (2**63)))
         self.state = torch.zeros(self.num_envs, self.state_size, device=self.device, dtype=state_dtype)
         self.elapsed_steps = torch.zeros(self.num_envs, device=self.device, dtype=torch.int32)
+        self._uniform_bounds: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         max_steps = self.spec.max_episode_steps
         self._max_steps = max_steps if max_steps is not None else 2**31 - 1
 
@@ -51,8 +53,13 @@ class NativeEnv(BatchedEnv):
     # --- the contract ---------------------------------------------------------------------------------
     def uniform(self, num: int, low, high) -> torch.Tensor:
         """Uniform samples `[num, k]` in [low, high) (broadcast), in the state dtype, from this env's generator."""
-        low = torch.as_tensor(low, dtype=self.state_dtype, device=self.device)
-        high = torch.as_tensor(high, dtype=self.state_dtype, device=self.device)
+        # Bounds become device tensors once: building a tensor from Python numbers on an accelerator is a
+        # blocking host-to-device copy, and `step` samples fresh states on every call.
+        key = (repr(low), repr(high))
+        if key not in self._uniform_bounds:
+            self._uniform_bounds[key] = (torch.as_tensor(low, dtype=self.state_dtype, device=self.device),
+                                         torch.as_tensor(high, dtype=self.state_dtype, device=self.device))
+        low, high = self._uniform_bounds[key]
         size = (num, self.state_size)
         noise = torch.rand(size, generator=self.generator, device=self.device, dtype=self.state_dtype)
         return low + (high - low) * noise

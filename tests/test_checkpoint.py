@@ -1,0 +1,154 @@
+"""Checkpoints: PPO save/load round trips, the safetensors + JSON format, no unpickling, clear errors."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import safetensors
+import torch
+from safetensors.torch import save_file
+
+import rlspeed
+from rlspeed import PPO
+from rlspeed.algos import ALGORITHMS
+
+TINY = {"num_envs": 4, "num_steps": 32, "batch_size": 64, "n_epochs": 2}
+
+
+@pytest.fixture(scope="module")
+def cartpole_model():
+    return PPO("CartPole-v1", seed=0, device="cpu", **TINY).learn(256, progress_bar=False)
+
+
+@pytest.fixture(scope="module")
+def pendulum_model():
+    return PPO("Pendulum-v1", seed=0, device="cpu", normalize_obs=True, **TINY).learn(256, progress_bar=False)
+
+
+def observation_batch(model, size=64, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return 2.0 * torch.randn(size, *model.spec.observation_shape, generator=generator)
+
+
+def deterministic_actions(model, obs):
+    actions, _ = model.predict(obs.numpy(), deterministic=True)
+    return torch.as_tensor(actions)
+
+
+@pytest.mark.parametrize("which", ["cartpole_model", "pendulum_model"])
+def test_round_trip_gives_identical_deterministic_actions(request, tmp_path, which):
+    model = request.getfixturevalue(which)
+    obs = observation_batch(model)
+    path = model.save(tmp_path / "model.safetensors")
+    loaded = PPO.load(path, device="cpu")
+    assert torch.equal(deterministic_actions(loaded, obs), deterministic_actions(model, obs))
+    saved_state, loaded_state = model.policy.state_dict(), loaded.policy.state_dict()
+    assert saved_state.keys() == loaded_state.keys()
+    assert all(torch.equal(saved_state[k], loaded_state[k]) for k in saved_state)
+    assert loaded.env_id == model.env_id and loaded.num_timesteps == model.num_timesteps == 256
+    assert loaded.config == model.config
+    # The actions must depend on what was saved: an untrained model of the same shape acts differently.
+    fresh = PPO(model.env_id, seed=1, device="cpu", **TINY, normalize_obs=model.config.normalize_obs)
+    fresh_state = fresh.policy.state_dict()
+    assert not all(torch.equal(fresh_state[k], loaded_state[k]) for k in fresh_state)
+
+
+def test_round_trip_restores_observation_statistics(tmp_path, pendulum_model):
+    rms = pendulum_model.obs_rms
+    assert rms is not None
+    assert not torch.equal(rms.mean, torch.zeros_like(rms.mean))  # trained: not the initial statistics
+    loaded = PPO.load(pendulum_model.save(tmp_path / "model.safetensors"), device="cpu")
+    assert loaded.obs_rms is not None
+    for name in ("mean", "var", "count"):
+        assert torch.equal(getattr(loaded.obs_rms, name), getattr(rms, name))
+    # The statistics are applied in predict: raw observations in, same actions out as before saving.
+    obs = torch.tensor([[1.0, 0.0, 0.0], [-0.5, 0.8, 3.0]])
+    assert torch.equal(deterministic_actions(loaded, obs), deterministic_actions(pendulum_model, obs))
+
+
+def test_round_trip_restores_optimizer_state(tmp_path, cartpole_model):
+    loaded = PPO.load(cartpole_model.save(tmp_path / "model.safetensors"), device="cpu")
+    saved, restored = cartpole_model.optimizer.state_dict(), loaded.optimizer.state_dict()
+    assert [g["lr"] for g in restored["param_groups"]] == [g["lr"] for g in saved["param_groups"]]
+    assert saved["param_groups"][0]["lr"] != cartpole_model.config.learning_rate  # annealed, not the default
+    assert saved["state"].keys() == restored["state"].keys() and len(saved["state"]) > 0
+    for index, entries in saved["state"].items():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(torch.as_tensor(restored["state"][index][key]), torch.as_tensor(entries[key])), key
+
+
+def test_loaded_model_can_keep_training(tmp_path, cartpole_model):
+    loaded = PPO.load(cartpole_model.save(tmp_path / "model.safetensors"), device="cpu")
+    loaded.learn(128, progress_bar=False)
+    assert loaded.num_timesteps == 256 + 128
+
+
+def test_file_is_safetensors_with_rlspeed_metadata(tmp_path, cartpole_model):
+    path = cartpole_model.save(tmp_path / "model.safetensors")
+    with safetensors.safe_open(str(path), framework="pt") as handle:
+        keys = list(handle.keys())
+        metadata = handle.metadata()
+        tensor = handle.get_tensor(keys[0])
+    assert any(key.startswith("policy.") for key in keys)
+    assert isinstance(tensor, torch.Tensor)
+    header = json.loads(metadata["rlspeed"])
+    assert header["format"] == "rlspeed-checkpoint"
+    assert header["algo"] == "ppo" and header["env_id"] == "CartPole-v1"
+
+
+def test_save_is_atomic_and_adds_the_suffix(tmp_path, cartpole_model):
+    path = cartpole_model.save(tmp_path / "model")
+    assert path == tmp_path / "model.safetensors" and path.is_file()
+    cartpole_model.save(path)  # overwriting an existing checkpoint
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no temporary files left
+    assert PPO.load(tmp_path / "model", device="cpu").env_id == "CartPole-v1"
+
+
+def test_loading_never_unpickles(tmp_path, monkeypatch, pendulum_model):
+    path = pendulum_model.save(tmp_path / "model.safetensors")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("checkpoint loading unpickled something")
+
+    class ForbiddenUnpickler:
+        def __init__(self, *args, **kwargs):
+            forbidden()
+
+    monkeypatch.setattr(pickle, "loads", forbidden)
+    monkeypatch.setattr(pickle, "load", forbidden)
+    monkeypatch.setattr(pickle, "Unpickler", ForbiddenUnpickler)
+    monkeypatch.setattr(torch, "load", forbidden)
+    loaded = PPO.load(path, device="cpu")
+    assert loaded.obs_rms is not None
+
+
+def test_missing_checkpoint_is_a_user_error(tmp_path):
+    with pytest.raises(rlspeed.UserError, match="does not exist"):
+        PPO.load(tmp_path / "nope.safetensors")
+
+
+@pytest.mark.parametrize("content", ["text", "garbage", "foreign-safetensors", "pickle"])
+def test_non_checkpoint_file_is_a_user_error(tmp_path, content):
+    path = tmp_path / "model.safetensors"
+    if content == "text":
+        path.write_text("hello, I am not a checkpoint\n")
+    elif content == "garbage":
+        path.write_bytes(bytes(range(256)) * 8)
+    elif content == "foreign-safetensors":
+        save_file({"weight": torch.zeros(3)}, str(path), metadata={"format": "pt"})
+    else:
+        torch.save({"weight": torch.zeros(3)}, path)
+    with pytest.raises(rlspeed.UserError):
+        PPO.load(path, device="cpu")
+
+
+def test_loading_with_another_algorithm_is_a_user_error(tmp_path, cartpole_model):
+    others = [cls for name, cls in ALGORITHMS.items() if name != "ppo"]
+    if not others:
+        pytest.skip("only PPO exists")
+    path = cartpole_model.save(tmp_path / "model.safetensors")
+    for other in others:
+        with pytest.raises(rlspeed.UserError, match="ppo"):
+            other.load(path, device="cpu")

@@ -1,0 +1,212 @@
+"""The `rlspeed` command end to end, in subprocesses: run directory contents, eval, clear one-line errors.
+
+The runs are started together (each is mostly interpreter and torch start-up) and collected by the tests.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from rlspeed import PPO, UserError, cli
+from rlspeed.algos import ALGORITHMS
+
+TIMEOUT_S = 300
+
+# Every summary.json field and its type, as DESIGN.md documents them ("Run directory").
+NUMBER = (int, float)
+SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_backend": str,
+                  "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
+                  "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
+                  "accelerate": dict}
+
+
+def _mismatch_algorithm() -> tuple[str, str] | None:
+    """(algorithm, env id) where the algorithm does not support the env's action space, if any exists."""
+    for name, cls in ALGORITHMS.items():
+        if not cls.supports_discrete:
+            return name, "CartPole-v1"
+        if not cls.supports_continuous:
+            return name, "Pendulum-v1"
+    return None
+
+
+ERROR_CASES = {
+    "unknown-env": (["train", "ppo", "CartPol-v1"], "CartPole-v1"),
+    "unknown-algo": (["train", "pp0", "CartPole-v1"], "ppo"),
+    "unknown-hyperparameter": (["train", "ppo", "CartPole-v1", "--set", "gama=0.9"], "gamma"),
+    "invalid-hyperparameter": (["train", "ppo", "CartPole-v1", "--set", "gamma=3"], "gamma"),
+    "unavailable-device": (["train", "ppo", "CartPole-v1", "--device", "cuda"], "cuda"),
+    "missing-checkpoint": (["eval", "no/such/model.safetensors"], "model.safetensors"),
+}
+MISMATCH = _mismatch_algorithm()
+# Without such an algorithm the case has no command and is skipped.
+ERROR_CASES["action-space-mismatch"] = (["train", *MISMATCH] if MISMATCH else None, MISMATCH and MISMATCH[0].upper())
+
+
+class Runs:
+    """`python -m rlspeed ...` processes started at once, each collected once when a test asks for it."""
+
+    def __init__(self, cwd: Path):
+        self.cwd = cwd
+        self.env = {**os.environ, "RLSPEED_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+        self.env.pop("RLSPEED_DEVICE", None)
+        self.started: dict[str, subprocess.Popen] = {}
+        self.finished: dict[str, subprocess.CompletedProcess] = {}
+
+    def start(self, name: str, args: list[str]) -> None:
+        self.started[name] = subprocess.Popen([sys.executable, "-m", "rlspeed", *args], cwd=self.cwd, env=self.env,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(self, name: str) -> subprocess.CompletedProcess:
+        if name not in self.finished:
+            process = self.started[name]
+            try:
+                stdout, stderr = process.communicate(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            self.finished[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        return self.finished[name]
+
+    def close(self) -> None:
+        for process in self.started.values():
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("cli")
+    runs = Runs(cwd)
+    runs.start("train", ["train", "ppo", "CartPole-v1", "--total-timesteps", "4096", "--target-return", "none",
+                         "--out", str(cwd / "plain"), "--no-progress"])
+    runs.start("train-target", ["train", "ppo", "CartPole-v1", "--total-timesteps", "20480", "--target-return", "15",
+                                "--eval-freq", "1024", "--out", str(cwd / "target"), "--no-progress"])
+    runs.start("unknown-env", ERROR_CASES["unknown-env"][0])
+    yield runs
+    runs.close()
+
+
+def assert_succeeded(completed: subprocess.CompletedProcess) -> None:
+    assert completed.returncode == 0, f"exit {completed.returncode}\n{completed.stdout}\n{completed.stderr}"
+
+
+def assert_type(value, expected) -> None:
+    options = expected if isinstance(expected, tuple) else (expected,)
+    flat = []
+    for option in options:
+        flat.extend(option if isinstance(option, tuple) else (option,))
+    if value is None:
+        assert None in flat
+    else:
+        assert isinstance(value, tuple(t for t in flat if t is not None)) and not isinstance(value, bool)
+
+
+def test_train_writes_the_run_directory(runs):
+    assert_succeeded(runs.result("train"))
+    run_dir = runs.cwd / "plain"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary) == set(SUMMARY_FIELDS)
+    for field, expected in SUMMARY_FIELDS.items():
+        assert_type(summary[field], expected)
+    assert summary["algo"] == "ppo" and summary["env_id"] == "CartPole-v1" and summary["seed"] == 0
+    assert summary["device"] == "cpu"
+    assert summary["env_backend"] in ("torch", "gymnasium")
+    assert summary["total_timesteps"] == 4096
+    assert summary["train_wall_s"] > 0 and summary["sps"] > 0
+    assert summary["target_return"] is None
+    assert summary["time_to_target_s"] is None and summary["steps_to_target"] is None
+    final_eval = summary["final_eval"]
+    assert set(final_eval) == {"mean", "std", "episodes"} and final_eval["episodes"] == 10
+    assert_type(final_eval["mean"], NUMBER)
+    assert_type(final_eval["std"], NUMBER)
+    assert 0 < final_eval["mean"] <= 500
+    assert set(summary["accelerate"]) == {"precision", "compile"}
+    assert all(isinstance(v, str) for v in summary["accelerate"].values())
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["algo"] == "ppo" and config["env_id"] == "CartPole-v1"
+
+    with open(run_dir / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) >= 1 and "timesteps" in rows[0]
+    assert int(float(rows[-1]["timesteps"])) == 4096
+
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    model = PPO.load(run_dir / "model.safetensors", device="cpu")
+    assert model.env_id == "CartPole-v1" and model.num_timesteps == 4096
+
+
+def test_eval_a_saved_model(runs, capsys):
+    assert_succeeded(runs.result("train"))
+    model_path = runs.cwd / "plain" / "model.safetensors"
+    # `rlspeed eval` in this process (`python -m rlspeed` itself is covered by the runs above).
+    code = cli.main(["eval", str(model_path), "--episodes", "3", "--seed", "5", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert result["episodes"] == 3 and len(result["returns"]) == 3
+    assert result["mean"] == pytest.approx(sum(result["returns"]) / 3)
+    assert all(1 <= r <= 500 for r in result["returns"])
+
+
+def test_train_stops_at_a_reached_target(runs):
+    assert_succeeded(runs.result("train-target"))
+    summary = json.loads((runs.cwd / "target" / "summary.json").read_text())
+    assert summary["target_return"] == 15
+    assert_type(summary["time_to_target_s"], NUMBER)
+    assert_type(summary["steps_to_target"], int)
+    assert 0 < summary["time_to_target_s"] <= summary["train_wall_s"]
+    assert 0 < summary["steps_to_target"] == summary["total_timesteps"] < 20480  # stopped early
+
+
+def assert_one_line_error(code: int, stdout: str, stderr: str, expected: str) -> None:
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("rlspeed: error:")
+    assert expected in lines[0]
+    assert "Traceback" not in stderr + stdout
+
+
+def test_user_error_from_the_command_line(runs):
+    """One error through a real `python -m rlspeed` process: exit status, stderr, nothing else."""
+    completed = runs.result("unknown-env")
+    assert_one_line_error(completed.returncode, completed.stdout, completed.stderr, ERROR_CASES["unknown-env"][1])
+
+
+# The other error cases run `rlspeed.cli.main` in this process: the same code path, without paying a
+# torch start-up per case.
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_user_errors_exit_2_with_one_line(case, capsys, monkeypatch, tmp_path):
+    args, expected = ERROR_CASES[case]
+    if case == "unavailable-device" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    if args is None:
+        pytest.skip("every algorithm supports both action spaces")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main([*args, "--no-progress"] if args[0] == "train" else args)
+    captured = capsys.readouterr()
+    assert_one_line_error(code, captured.out, captured.err, expected)
+
+
+def test_debug_after_the_subcommand_shows_the_traceback(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="CartPole-v1"):
+        cli.main(["train", "ppo", "CartPol-v1", "--debug"])
+
+
+def test_debug_before_the_subcommand_shows_the_traceback(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="CartPole-v1"):
+        cli.main(["--debug", "train", "ppo", "CartPol-v1"])

@@ -1,0 +1,359 @@
+"""The batched env contract (DESIGN.md, "Batched env") for the torch-native and Gymnasium backends."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed.envs import NATIVE_ENVS, BatchedEnv, EnvSpec, NormalizeObservation, NormalizeReward
+from rlspeed.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
+
+CASES = [("torch", "CartPole-v1"), ("gymnasium", "CartPole-v1"), ("gymnasium", "Pendulum-v1")]
+CASE_IDS = [f"{backend}-{env_id}" for backend, env_id in CASES]
+
+
+def random_actions(env: BatchedEnv, generator: torch.Generator) -> torch.Tensor:
+    """Uniformly random actions for all rows, as the env expects them (int64 [N] or float32 [N, *shape])."""
+    space = env.spec.action_space
+    if isinstance(space, gym.spaces.Discrete):
+        return torch.randint(int(space.n), (env.num_envs,), generator=generator)
+    low = torch.as_tensor(space.low, dtype=torch.float32)
+    high = torch.as_tensor(space.high, dtype=torch.float32)
+    noise = torch.rand((env.num_envs, *space.shape), generator=generator)
+    return low + (high - low) * noise
+
+
+def balance_cartpole(obs: torch.Tensor) -> torch.Tensor:
+    """A linear controller that keeps CartPole up for the full 500 steps from any reset state."""
+    gains = torch.tensor([1.0, 1.0, 10.0, 1.0])
+    return ((obs * gains).sum(-1) > 0).long()
+
+
+def outside_cartpole_bounds(obs: torch.Tensor) -> torch.Tensor:
+    return (obs[:, 0].abs() > X_THRESHOLD) | (obs[:, 2].abs() > THETA_THRESHOLD)
+
+
+@pytest.mark.parametrize(("backend", "env_id"), CASES, ids=CASE_IDS)
+def test_reset_and_step_follow_the_contract(backend, env_id):
+    num_envs = 4
+    env = rlspeed.make_env(env_id, num_envs=num_envs, device="cpu", seed=0, backend=backend)
+    try:
+        assert env.backend == backend
+        assert env.num_envs == num_envs
+        assert env.device == torch.device("cpu")
+        obs_shape = (num_envs, *env.spec.observation_shape)
+        reference = gym.make(env_id)
+        assert env.spec.observation_shape == reference.observation_space.shape
+        assert env.spec.action_space == reference.action_space
+        assert env.spec.max_episode_steps == reference.spec.max_episode_steps
+        reference.close()
+
+        obs, info = env.reset()
+        assert isinstance(obs, torch.Tensor) and isinstance(info, dict)
+        assert obs.shape == obs_shape and obs.dtype == torch.float32 and obs.device == env.device
+
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(30):
+            obs, reward, terminated, truncated, info = env.step(random_actions(env, generator))
+            assert obs.shape == obs_shape and obs.dtype == torch.float32 and obs.device == env.device
+            assert reward.shape == (num_envs,) and reward.dtype == torch.float32 and reward.device == env.device
+            for flag in (terminated, truncated, info["done"]):
+                assert flag.shape == (num_envs,) and flag.dtype == torch.bool and flag.device == env.device
+            assert torch.equal(info["done"], terminated | truncated)
+            final_obs = info["final_obs"]
+            assert final_obs.shape == obs_shape and final_obs.dtype == torch.float32
+            assert torch.isfinite(obs).all() and torch.isfinite(reward).all()
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_gymnasium_backend_matches_single_gymnasium_envs_with_same_step_autoreset(env_id):
+    """Row i of the batched env is a Gymnasium env seeded with seed + i, reset in the same step it finishes."""
+    num_envs, seed, steps = 3, 11, 230  # Pendulum truncates at 200, CartPole terminates under random actions
+    env = rlspeed.make_env(env_id, num_envs=num_envs, device="cpu", seed=seed, backend="gymnasium")
+    references = [gym.make(env_id) for _ in range(num_envs)]
+    try:
+        obs, _ = env.reset()
+        expected = [ref.reset(seed=seed + row)[0] for row, ref in enumerate(references)]
+        np.testing.assert_allclose(obs.numpy(), np.stack(expected), rtol=0, atol=1e-6)
+        generator = torch.Generator().manual_seed(1)
+        finished_rows = 0
+        for _ in range(steps):
+            actions = random_actions(env, generator)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            for row, ref in enumerate(references):
+                action = actions[row].item() if env.spec.discrete else actions[row].numpy()
+                ref_obs, ref_reward, ref_terminated, ref_truncated, _ = ref.step(action)
+                assert bool(terminated[row]) == ref_terminated and bool(truncated[row]) == ref_truncated
+                assert reward[row].item() == pytest.approx(float(ref_reward), abs=1e-5)
+                # final_obs is the true observation the action led to, finished or not.
+                np.testing.assert_allclose(info["final_obs"][row].numpy(), ref_obs, rtol=0, atol=1e-6)
+                if ref_terminated or ref_truncated:
+                    finished_rows += 1
+                    ref_obs, _ = ref.reset()
+                    assert not torch.equal(obs[row], info["final_obs"][row])
+                else:
+                    assert torch.equal(obs[row], info["final_obs"][row])
+                np.testing.assert_allclose(obs[row].numpy(), ref_obs, rtol=0, atol=1e-6)
+        assert finished_rows >= num_envs  # the autoreset path was exercised in every row
+    finally:
+        env.close()
+        for ref in references:
+            ref.close()
+
+
+def test_native_cartpole_autoreset_on_termination():
+    env = rlspeed.make_env("CartPole-v1", num_envs=16, device="cpu", seed=3, backend="torch")
+    obs, _ = env.reset()
+    generator = torch.Generator().manual_seed(0)
+    terminations = 0
+    for _ in range(200):
+        obs, reward, terminated, truncated, info = env.step(random_actions(env, generator))
+        final_obs = info["final_obs"]
+        assert torch.equal(reward, torch.ones_like(reward))
+        assert not truncated.any()  # random play never lasts 500 steps
+        # Finished rows: the true last obs broke a bound; the returned obs is a fresh reset state.
+        assert outside_cartpole_bounds(final_obs[terminated]).all()
+        assert (obs[terminated].abs() <= 0.05).all()
+        # Unfinished rows: final_obs is obs, and within the bounds.
+        assert torch.equal(final_obs[~terminated], obs[~terminated])
+        assert not outside_cartpole_bounds(obs[~terminated]).any()
+        terminations += int(terminated.sum())
+    assert terminations > 16
+
+
+def test_native_cartpole_truncates_at_500_steps():
+    env = rlspeed.make_env("CartPole-v1", num_envs=8, device="cpu", seed=0, backend="torch")
+    obs, _ = env.reset()
+    for step in range(1, 501):
+        obs, _, terminated, truncated, info = env.step(balance_cartpole(obs))
+        assert not terminated.any()
+        if step < 500:
+            assert not truncated.any(), f"truncated early at step {step}"
+    assert truncated.all()
+    final_obs = info["final_obs"]
+    assert not outside_cartpole_bounds(final_obs).any()
+    assert (obs.abs() <= 0.05).all()  # already reset
+    assert (final_obs != obs).any(dim=1).all()
+    assert torch.equal(info["episode_length"], torch.full((8,), 500.0))
+    assert torch.equal(info["episode_return"], torch.full((8,), 500.0))
+
+
+def test_native_state_is_settable_through_make_env():
+    """DESIGN.md: torch-native envs expose a settable `state`; make_env's result is what users hold."""
+    env = rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", seed=0, backend="torch")
+    env.reset()
+    # Row 0 is about to fall (theta just under the threshold, rotating outwards); row 1 is upright and still.
+    env.state = torch.tensor([[0.0, 0.0, THETA_THRESHOLD - 1e-3, 2.0], [0.0, 0.0, 0.0, 0.0]])
+    _, _, terminated, _, info = env.step(torch.tensor([1, 1]))
+    assert terminated.tolist() == [True, False]
+    assert info["final_obs"][0, 2] > THETA_THRESHOLD
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "torch"])
+def test_pendulum_truncates_after_200_steps_and_never_terminates(backend):
+    if backend == "torch" and "Pendulum-v1" not in NATIVE_ENVS:
+        pytest.skip("no device-native Pendulum-v1")
+    env = rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", seed=0, backend=backend)
+    env.reset()
+    generator = torch.Generator().manual_seed(0)
+    truncated_at = []
+    for step in range(1, 401):
+        obs, _, terminated, truncated, info = env.step(random_actions(env, generator))
+        assert not terminated.any()
+        if truncated.any():
+            assert truncated.all()
+            truncated_at.append(step)
+            assert torch.equal(info["episode_length"], torch.full((2,), 200.0))
+            assert (info["final_obs"] != obs).any(dim=1).all()
+    assert truncated_at == [200, 400]
+
+
+def rollout(env: BatchedEnv, steps: int, action_seed: int) -> list[torch.Tensor]:
+    """Everything the env returned over `steps` random steps, flattened into a list of tensors."""
+    obs, _ = env.reset()
+    out = [obs]
+    generator = torch.Generator().manual_seed(action_seed)
+    for _ in range(steps):
+        obs, reward, terminated, truncated, info = env.step(random_actions(env, generator))
+        out += [obs, reward, terminated, truncated, info["final_obs"]]
+    return out
+
+
+@pytest.mark.parametrize(("backend", "env_id"), CASES, ids=CASE_IDS)
+def test_same_seed_same_trajectory_different_seed_different(backend, env_id):
+    def run(seed):
+        env = rlspeed.make_env(env_id, num_envs=3, device="cpu", seed=seed, backend=backend)
+        try:
+            return rollout(env, 60, action_seed=0)
+        finally:
+            env.close()
+
+    first, again, other = run(7), run(7), run(8)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], other[0])  # different initial states
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+@pytest.mark.parametrize(("backend", "env_id"), CASES, ids=CASE_IDS)
+def test_reset_with_explicit_seed_is_reproducible(backend, env_id):
+    env = rlspeed.make_env(env_id, num_envs=3, device="cpu", backend=backend)
+    try:
+        first, _ = env.reset(seed=42)
+        env.step(random_actions(env, torch.Generator().manual_seed(0)))
+        again, _ = env.reset(seed=42)
+        other, _ = env.reset(seed=43)
+        assert torch.equal(first, again)
+        assert not torch.equal(first, other)
+        assert not torch.equal(first[0], first[1])  # rows are seeded differently
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(("backend", "env_id"), CASES, ids=CASE_IDS)
+def test_episode_statistics_are_raw_returns_and_lengths(backend, env_id):
+    num_envs = 4
+    # Reward normalisation must not change the reported returns (they are the env's own).
+    env = rlspeed.make_env(env_id, num_envs=num_envs, device="cpu", seed=0, backend=backend, normalize_reward=True)
+    raw = rlspeed.make_env(env_id, num_envs=num_envs, device="cpu", seed=0, backend=backend)
+    try:
+        env.reset()
+        raw.reset()
+        generator = torch.Generator().manual_seed(0)
+        returns = torch.zeros(num_envs, dtype=torch.float64)
+        lengths = torch.zeros(num_envs)
+        episodes = 0
+        scaled_differs = False
+        for _ in range(260):
+            actions = random_actions(env, generator)
+            _, reward, _, _, info = env.step(actions)
+            _, raw_reward, _, _, raw_info = raw.step(actions)
+            scaled_differs |= not torch.allclose(reward, raw_reward)
+            returns += raw_reward.double()
+            lengths += 1
+            done = info["done"]
+            torch.testing.assert_close(info["episode_return"][done].double(), returns[done], rtol=1e-5, atol=1e-3)
+            assert torch.equal(info["episode_length"][done], lengths[done])
+            assert torch.equal(raw_info["episode_return"][done], info["episode_return"][done])
+            episodes += int(done.sum())
+            returns[done] = 0.0
+            lengths[done] = 0.0
+        assert episodes >= num_envs
+        assert scaled_differs
+    finally:
+        env.close()
+        raw.close()
+
+
+@pytest.mark.parametrize("backend", ["auto", "gymnasium"])
+def test_unknown_env_id_suggests_the_close_name(backend):
+    with pytest.raises(rlspeed.UserError, match="CartPole-v1"):
+        rlspeed.make_env("CartPol-v1", backend=backend)
+
+
+class ScriptedEnv(BatchedEnv):
+    """A batched env that replays given observation and reward tensors (for testing wrappers)."""
+
+    backend = "scripted"
+
+    def __init__(self, observations: torch.Tensor, rewards: torch.Tensor):
+        self.observations, self.rewards = observations, rewards  # [T + 1, N, D], [T, N]
+        self.num_envs = observations.shape[1]
+        self.device = torch.device("cpu")
+        self.spec = EnvSpec("Scripted", tuple(observations.shape[2:]), gym.spaces.Discrete(2), None, None)
+        self.t = 0
+
+    def reset(self, seed=None):
+        self.t = 0
+        return self.observations[0].clone(), {}
+
+    def step(self, actions):
+        self.t += 1
+        obs = self.observations[self.t].clone()
+        flags = torch.zeros(self.num_envs, dtype=torch.bool)
+        return obs, self.rewards[self.t - 1].clone(), flags, flags.clone(), {"final_obs": obs.clone()}
+
+
+def test_normalize_observation_tracks_the_data_statistics():
+    generator = torch.Generator().manual_seed(0)
+    steps, num_envs = 100, 32
+    mean, std = torch.tensor([3.0, -2.0, 0.0]), torch.tensor([0.5, 4.0, 1e-3])
+    data = mean + std * torch.randn(steps + 1, num_envs, 3, generator=generator)
+    env = NormalizeObservation(ScriptedEnv(data, torch.zeros(steps, num_envs)))
+    actions = torch.zeros(num_envs, dtype=torch.long)
+    env.reset()
+    for _ in range(steps):
+        normalized, _, _, _, info = env.step(actions)
+        torch.testing.assert_close(info["final_obs"], normalized)
+    seen = data.reshape(-1, 3).double()
+    torch.testing.assert_close(env.obs_rms.mean.double(), seen.mean(0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(env.obs_rms.var.double(), seen.var(0, unbiased=False), rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(env.obs_rms.mean, mean, rtol=0, atol=0.1)
+    # Normalised observations of fresh data from the same distribution: mean ~0, std ~1 per feature.
+    env.training = False
+    frozen = env.obs_rms.mean.clone()
+    fresh = mean + std * torch.randn(2, 4096, 3, generator=generator)
+    out = NormalizeObservation(ScriptedEnv(fresh, torch.zeros(1, 4096)), obs_rms=env.obs_rms)
+    out.training = False
+    normalized, _ = out.reset()
+    torch.testing.assert_close(normalized.mean(0), torch.zeros(3), rtol=0, atol=0.1)
+    torch.testing.assert_close(normalized.std(0), torch.ones(3), rtol=0, atol=0.1)
+    assert torch.equal(env.obs_rms.mean, frozen)
+
+
+def test_normalize_reward_scales_returns_to_unit_variance():
+    """Scaled rewards do not depend on the reward scale, and their returns have about unit std."""
+    steps, num_envs, gamma = 400, 64, 0.99
+    noise = torch.randn(steps, num_envs, generator=torch.Generator().manual_seed(0))
+    outputs = []
+    for scale in (1.0, 1000.0):
+        env = NormalizeReward(ScriptedEnv(torch.zeros(steps + 1, num_envs, 1), scale * noise), gamma=gamma)
+        env.reset()
+        scaled = torch.stack([env.step(torch.zeros(num_envs))[1] for _ in range(steps)])
+        outputs.append(scaled)
+    small, large = outputs
+    torch.testing.assert_close(small[50:], large[50:], rtol=1e-3, atol=1e-4)
+    # iid rewards of std s give discounted returns of std s / sqrt(1 - gamma^2); scaled rewards keep the ratio.
+    expected_std = math.sqrt(1 - gamma**2)
+    assert large[200:].std().item() == pytest.approx(expected_std, rel=0.3)
+    assert torch.equal(torch.sign(large), torch.sign(noise))
+
+
+def test_make_env_adapts_a_user_built_gymnasium_vector_env():
+    vector_env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync",
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    env = rlspeed.make_env(vector_env, device="cpu")
+    try:
+        assert env.backend == "gymnasium" and env.num_envs == 3
+        assert env.spec.env_id == "CartPole-v1" and env.spec.discrete
+        assert env.spec.max_episode_steps == 500
+        obs, _ = env.reset(seed=5)
+        assert obs.shape == (3, 4) and obs.dtype == torch.float32
+        generator = torch.Generator().manual_seed(0)
+        episodes = 0
+        for _ in range(100):
+            obs, reward, terminated, truncated, info = env.step(random_actions(env, generator))
+            assert reward.dtype == torch.float32 and terminated.dtype == torch.bool
+            done = info["done"]
+            assert torch.equal(obs[~done], info["final_obs"][~done])
+            assert outside_cartpole_bounds(info["final_obs"][terminated]).all()
+            episodes += int(done.sum())
+        assert episodes > 0
+    finally:
+        env.close()
+
+
+def test_make_env_rejects_a_vector_env_without_same_step_autoreset():
+    vector_env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP})
+    try:
+        with pytest.raises(rlspeed.UserError, match="SAME_STEP"):
+            rlspeed.make_env(vector_env, device="cpu")
+    finally:
+        vector_env.close()

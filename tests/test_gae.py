@@ -1,0 +1,93 @@
+"""GAE: the vectorised `rlspeed.buffers.gae` against a plain per-env backwards loop, on both of its code paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlspeed.buffers import gae
+from rlspeed.buffers import rollout as rollout_module
+
+
+def reference_gae(rewards, values, next_values, terminated, dones, gamma, gae_lambda):
+    """Textbook GAE, one env at a time, backwards, in float64 numpy."""
+    rewards, values, next_values = (np.asarray(x, dtype=np.float64) for x in (rewards, values, next_values))
+    terminated, dones = np.asarray(terminated, dtype=bool), np.asarray(dones, dtype=bool)
+    steps, num_envs = rewards.shape
+    advantages = np.zeros((steps, num_envs))
+    for env in range(num_envs):
+        next_advantage = 0.0
+        for t in reversed(range(steps)):
+            bootstrap = 0.0 if terminated[t, env] else gamma * next_values[t, env]
+            delta = rewards[t, env] + bootstrap - values[t, env]
+            carry = 0.0 if dones[t, env] else gamma * gae_lambda * next_advantage
+            next_advantage = delta + carry
+            advantages[t, env] = next_advantage
+    return advantages, advantages + values
+
+
+def random_rollout(steps, num_envs, seed, dtype=torch.float64):
+    """Random rewards/values; ~5% terminations and ~5% truncations (done, not terminated: they bootstrap)."""
+    generator = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(steps, num_envs, generator=generator, dtype=dtype)
+    values = torch.randn(steps, num_envs, generator=generator, dtype=dtype)
+    next_values = torch.randn(steps, num_envs, generator=generator, dtype=dtype)
+    draw = torch.rand(steps, num_envs, generator=generator)
+    terminated = draw < 0.05
+    truncated = (draw >= 0.05) & (draw < 0.10)
+    return rewards, values, next_values, terminated, terminated | truncated
+
+
+def assert_matches_reference(rollout, gamma, gae_lambda, atol):
+    advantages, returns = gae(*rollout, gamma, gae_lambda)
+    expected_advantages, expected_returns = reference_gae(*(x.numpy() for x in rollout), gamma, gae_lambda)
+    assert advantages.shape == returns.shape == rollout[0].shape
+    assert advantages.dtype == rollout[0].dtype
+    np.testing.assert_allclose(advantages.numpy(), expected_advantages, rtol=0, atol=atol)
+    np.testing.assert_allclose(returns.numpy(), expected_returns, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("path", ["matrix", "loop"])
+@pytest.mark.parametrize(("steps", "num_envs"), [(1, 1), (2, 3), (17, 5), (128, 8)])
+@pytest.mark.parametrize(("gamma", "gae_lambda"), [(0.99, 0.95), (0.9, 1.0), (1.0, 0.0)])
+def test_gae_matches_reference_loop(monkeypatch, path, steps, num_envs, gamma, gae_lambda):
+    # Force one code path: the [T, T, N] matrix everywhere, or the reverse scan everywhere.
+    monkeypatch.setattr(rollout_module, "_MATRIX_GAE_MAX_ELEMENTS", 2**62 if path == "matrix" else 0)
+    rollout = random_rollout(steps, num_envs, seed=steps * 1000 + num_envs)
+    assert_matches_reference(rollout, gamma, gae_lambda, atol=1e-5)
+
+
+def test_gae_float32_matches_reference():
+    assert_matches_reference(random_rollout(256, 16, seed=1, dtype=torch.float32), 0.99, 0.95, atol=1e-4)
+
+
+def test_gae_large_rollout_takes_the_fallback_path_and_matches(monkeypatch):
+    steps, num_envs = 300, 200
+    assert steps * steps * num_envs > 2**24 > 128 * 128 * 8
+    rollout = random_rollout(steps, num_envs, seed=2)
+    assert_matches_reference(rollout, 0.99, 0.95, atol=1e-5)  # default threshold: the reverse scan
+    monkeypatch.setattr(rollout_module, "_MATRIX_GAE_MAX_ELEMENTS", 2**62)
+    assert_matches_reference(rollout, 0.99, 0.95, atol=1e-5)  # the same rollout through the [T, T, N] matrix
+
+
+@pytest.mark.parametrize("path", ["matrix", "loop"])
+@pytest.mark.parametrize(("terminated_middle", "expected_advantages"), [
+    # Truncated at t=1: bootstraps from V(final_obs)=4 but does not carry the t=2 advantage back.
+    #   delta = [1 + .9*1 - .5, 2 + .9*4 - 1, 3 + .9*2 - 1.5] = [1.4, 4.6, 3.3]
+    #   A2 = 3.3; A1 = 4.6 (done); A0 = 1.4 + .9*.8*4.6 = 4.712
+    (False, [4.712, 4.6, 3.3]),
+    # Terminated at t=1: no bootstrap either. delta1 = 2 - 1 = 1; A1 = 1; A0 = 1.4 + .72*1 = 2.12
+    (True, [2.12, 1.0, 3.3]),
+])
+def test_gae_hand_computed_tiny_case(monkeypatch, path, terminated_middle, expected_advantages):
+    monkeypatch.setattr(rollout_module, "_MATRIX_GAE_MAX_ELEMENTS", 2**62 if path == "matrix" else 0)
+    rewards = torch.tensor([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5], [1.0], [1.5]])
+    next_values = torch.tensor([[1.0], [4.0], [2.0]])
+    dones = torch.tensor([[False], [True], [False]])
+    terminated = dones if terminated_middle else torch.zeros_like(dones)
+    advantages, returns = gae(rewards, values, next_values, terminated, dones, gamma=0.9, gae_lambda=0.8)
+    expected = torch.tensor(expected_advantages).unsqueeze(1)
+    torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(returns, expected + values, rtol=0, atol=1e-5)

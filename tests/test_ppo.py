@@ -1,0 +1,89 @@
+"""PPO: it learns CartPole within its preset budget, and it handles Box actions (bounds, shapes, predict)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed import PPO
+from rlspeed.presets import load_preset, split_run_settings
+
+
+def test_ppo_solves_cartpole_within_its_preset_budget():
+    run, hyperparameters = split_run_settings(load_preset("ppo", "CartPole-v1"))
+    budget = int(run["total_timesteps"])
+    model = PPO("CartPole-v1", seed=0, device="cpu", **hyperparameters)
+    model.learn(budget, progress_bar=False, target_return=475, eval_freq=1024)
+    result = model.result
+    assert result.steps_to_target is not None, f"target not reached in {budget} steps: {result.evaluations}"
+    assert result.steps_to_target <= budget
+    assert result.time_to_target_s is not None and 0 < result.time_to_target_s <= result.train_wall_s
+    assert result.total_timesteps == result.steps_to_target == model.num_timesteps  # stopped at the target
+    evaluation = rlspeed.evaluate(model, "CartPole-v1", episodes=10, seed=123)
+    assert evaluation["episodes"] == 10 and len(evaluation["returns"]) == 10
+    assert evaluation["mean"] >= 400, evaluation
+
+
+@pytest.fixture(scope="module")
+def pendulum_model():
+    model = PPO("Pendulum-v1", seed=0, device="cpu")
+    return model.learn(2048, progress_bar=False)
+
+
+def test_ppo_runs_on_box_actions(pendulum_model):
+    assert pendulum_model.num_timesteps == 2048
+    assert pendulum_model.result.total_timesteps == 2048
+    assert all(torch.isfinite(p).all() for p in pendulum_model.policy.parameters())
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_box_predict_shapes_and_bounds(pendulum_model, deterministic):
+    space = gym.make("Pendulum-v1").action_space
+    single, state = pendulum_model.predict(np.array([1.0, 0.0, 0.5], dtype=np.float32), deterministic=deterministic)
+    assert state is None
+    assert isinstance(single, np.ndarray) and single.shape == (1,)
+    assert space.contains(single.astype(np.float32))
+    # A large batch, with extreme observations: stochastic samples must be clipped into the bounds too.
+    generator = torch.Generator().manual_seed(0)
+    angles = 2 * np.pi * torch.rand(2000, generator=generator)
+    batch = torch.stack((angles.cos(), angles.sin(), 16 * torch.rand(2000, generator=generator) - 8), dim=1)
+    actions, _ = pendulum_model.predict(batch.numpy(), deterministic=deterministic)
+    assert isinstance(actions, np.ndarray) and actions.shape == (2000, 1)
+    assert (actions >= space.low).all() and (actions <= space.high).all()
+    tensor_actions, _ = pendulum_model.predict(batch, deterministic=deterministic)
+    assert isinstance(tensor_actions, torch.Tensor) and tensor_actions.shape == (2000, 1)
+    if deterministic:
+        np.testing.assert_array_equal(tensor_actions.numpy(), actions)
+    else:  # the samples do reach the bounds, so the clipping above was exercised
+        assert np.isclose(np.abs(actions), space.high).any()
+
+
+def test_discrete_predict_shapes():
+    model = PPO("CartPole-v1", seed=0, device="cpu")
+    single, _ = model.predict(np.zeros(4, dtype=np.float32))
+    assert isinstance(single, np.ndarray) and single.shape == () and int(single) in (0, 1)
+    batch, _ = model.predict([[0.0, 0.0, 0.1, 0.0]] * 3)
+    assert isinstance(batch, np.ndarray) and batch.shape == (3,)
+    tensor, _ = model.predict(torch.zeros(5, 4))
+    assert isinstance(tensor, torch.Tensor) and tensor.shape == (5,)
+
+
+def test_bad_hyperparameters_are_user_errors():
+    with pytest.raises(rlspeed.UserError, match="gamma"):
+        PPO("CartPole-v1", gama=0.9)
+    with pytest.raises(rlspeed.UserError, match="gamma"):
+        PPO("CartPole-v1", gamma=3)
+    with pytest.raises(rlspeed.UserError, match="batch_size"):
+        PPO("CartPole-v1", num_envs=4, num_steps=10, batch_size=16)
+
+
+def test_ppo_trains_on_a_user_built_vector_env():
+    vector_env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync",
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    # rollout = 3 envs x 16 steps = 48 samples, one minibatch of 48
+    model = PPO(vector_env, seed=0, device="cpu", num_steps=16, batch_size=48, n_epochs=1)
+    model.learn(96, progress_bar=False)
+    assert model.num_timesteps == 96
