@@ -25,7 +25,7 @@ class NativeEnv(BatchedEnv):
     state_size: int
 
     def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None,
-                 state_dtype: torch.dtype = torch.float32):
+                 state_dtype: torch.dtype = torch.float32, compile: bool = False):
         self.num_envs = int(num_envs)
         self.device = torch.device(device)
         self.state_dtype = state_dtype
@@ -36,6 +36,9 @@ class NativeEnv(BatchedEnv):
         self._uniform_bounds: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         max_steps = self.spec.max_episode_steps
         self._max_steps = max_steps if max_steps is not None else 2**31 - 1
+        # compile=True fuses the whole transition (dynamics, time limit, autoreset, observations) into one
+        # kernel with torch.compile: worth it for thousands of envs, not for a few (and compiling takes seconds).
+        self._transition = torch.compile(self.transition, dynamic=False) if compile else self.transition
 
     # --- what a subclass provides -------------------------------------------------------------------
     def sample_state(self, num: int) -> torch.Tensor:
@@ -72,13 +75,20 @@ class NativeEnv(BatchedEnv):
         return self.observe(self.state), {}
 
     def step(self, actions: torch.Tensor):
-        next_state, reward, terminated = self.dynamics(self.state, actions)
-        elapsed = self.elapsed_steps + 1
+        fresh = self.sample_state(self.num_envs)  # drawn every step so that no row-dependent branch is needed
+        obs, reward, terminated, truncated, final_obs, self.state, self.elapsed_steps = self._transition(
+            self.state, self.elapsed_steps, actions, fresh)
+        return obs, reward, terminated, truncated, {"final_obs": final_obs}
+
+    def transition(self, state: torch.Tensor, elapsed_steps: torch.Tensor, actions: torch.Tensor,
+                   fresh: torch.Tensor):
+        """The pure step: (obs, reward, terminated, truncated, final_obs, next state, next elapsed steps)."""
+        next_state, reward, terminated = self.dynamics(state, actions)
+        elapsed = elapsed_steps + 1
         truncated = elapsed >= self._max_steps
         done = terminated | truncated
         final_obs = self.observe(next_state)
-        fresh = self.sample_state(self.num_envs)
-        self.state = torch.where(done.unsqueeze(-1), fresh, next_state)
-        self.elapsed_steps = torch.where(done, torch.zeros_like(elapsed), elapsed)
-        obs = self.observe(self.state)
-        return obs, reward.to(torch.float32), terminated, truncated, {"final_obs": final_obs}
+        new_state = torch.where(done.unsqueeze(-1), fresh, next_state)
+        new_elapsed = torch.where(done, torch.zeros_like(elapsed), elapsed)
+        return (self.observe(new_state), reward.to(torch.float32), terminated, truncated, final_obs, new_state,
+                new_elapsed)
