@@ -9,6 +9,7 @@ from rlspeed.device import resolve_device
 from rlspeed.envs.acrobot import Acrobot
 from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics
 from rlspeed.envs.cartpole import CartPole
+from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
@@ -27,6 +28,8 @@ NATIVE_ENVS: dict[str, type[NativeEnv]] = {
 }
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
+
+register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 
 
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
@@ -97,6 +100,6 @@ class _SeedOnFirstReset(EnvWrapper):
         return self.env.reset(seed=seed)
 
 
-__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "CartPole", "Pendulum", "Acrobot",
-           "MountainCar", "MountainCarContinuous", "NormalizeObservation",
-           "NormalizeReward", "RunningMeanStd", "NATIVE_ENVS", "make_env", "env_spec", "resolve_backend"]
+__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "NativeGymEnv", "CartPole", "Pendulum",
+           "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
+           "RunningMeanStd", "NATIVE_ENVS", "make_env", "env_spec", "resolve_backend"]

@@ -1,0 +1,67 @@
+"""A single-env Gymnasium view of each native env, registered as `rlspeed/<id>` (e.g. `rlspeed/CartPole-v1`).
+
+`gymnasium.make("rlspeed/CartPole-v1")` gives an ordinary `gymnasium.Env` (numpy in and out, float64-free
+observations, Gymnasium's spaces) backed by the torch implementation with one row, so that
+`gymnasium.utils.env_checker.check_env` and users' Gymnasium code work with it. The time limit is added by
+Gymnasium's registration (`max_episode_steps`), as for the original ids.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+
+class NativeGymEnv(gym.Env):
+    """One native env as a `gymnasium.Env`; the native env's own time limit is switched off (TimeLimit does it)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, native_id: str, state_dtype: str = "float64"):
+        from rlspeed.envs import NATIVE_ENVS
+
+        self._env = NATIVE_ENVS[native_id](num_envs=1, device="cpu", seed=0, state_dtype=getattr(torch, state_dtype))
+        self._env._max_steps = 2**31 - 1  # truncation comes from gymnasium's TimeLimit wrapper
+        original = gym.make(native_id)  # the very same spaces as Gymnasium's registered env
+        self.observation_space, self.action_space = original.observation_space, original.action_space
+        original.close()
+
+    @property
+    def state(self) -> np.ndarray:
+        """The state in Gymnasium's `unwrapped.state` layout (float64 numpy array)."""
+        return self._env.state[0].numpy().astype(np.float64)
+
+    @state.setter
+    def state(self, value) -> None:
+        self._env.state = torch.as_tensor(np.asarray(value), dtype=self._env.state_dtype).reshape(1, -1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        if seed is None and not hasattr(self, "_seeded"):
+            seed = int(self.np_random.integers(2**31))
+        self._seeded = True
+        obs, _ = self._env.reset(seed=seed)
+        return obs[0].numpy(), {}
+
+    def step(self, action):
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            actions = torch.as_tensor([int(action)])
+        else:
+            actions = torch.as_tensor(np.asarray(action, dtype=np.float32)).reshape(1, -1)
+        next_state, reward, terminated = self._env.dynamics(self._env.state, actions)
+        self._env.state = next_state
+        obs = self._env.observe(next_state)[0].numpy()
+        return obs, float(reward[0]), bool(terminated[0]), False, {}
+
+
+def register_native_envs() -> None:
+    """Register `rlspeed/<id>` for every native env (idempotent)."""
+    from rlspeed.envs import NATIVE_ENVS
+
+    for env_id, cls in NATIVE_ENVS.items():
+        name = f"rlspeed/{env_id}"
+        if name in gym.registry:
+            continue
+        gym.register(id=name, entry_point="rlspeed.envs.gym_view:NativeGymEnv", kwargs={"native_id": env_id},
+                     max_episode_steps=cls.spec.max_episode_steps, reward_threshold=cls.spec.reward_threshold)
