@@ -1,0 +1,395 @@
+"""`auto_accelerate(model)`: the same module, on the best device, running the fastest strategy that stays accurate.
+
+The module is accelerated in place, the way `Module.to` works: its class is swapped for a subclass of its own class
+whose `forward` goes through the accelerator. Everything else is the original object, so `parameters()` are the
+same Parameter objects (an optimizer made before keeps working), `state_dict()` keys are unchanged (plain modules
+load its checkpoints and it loads theirs), `isinstance` still holds, attributes and methods are the user's own, and
+methods that call `self(...)` (such as `act`) are accelerated too. `copy.deepcopy` and pickling work (a copy keeps
+the decisions already made; compiled code is rebuilt lazily).
+
+The strategy is decided per kind of call: the batch size's power-of-two bucket and whether gradients are enabled.
+A rollout step (a few rows, no_grad) and an update minibatch (hundreds of rows, with backward) can want different
+precisions; each gets its own search (or cache hit) the first time it occurs.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlspeed.accel import cache
+from rlspeed.accel.compile import (
+    CompileCounter,
+    batch_size_of,
+    bucket_size,
+    bucketed,
+    compile_function,
+    graph_safe,
+    pad_batch,
+    slice_batch,
+)
+from rlspeed.accel.inputs import InputConverter, tensors_in, to_float32
+from rlspeed.accel.report import AccelReport, Decision, Trial
+from rlspeed.accel.search import preserved_state, run_search
+from rlspeed.accel.strategy import (
+    BackwardPrecisionHook,
+    Request,
+    Strategy,
+    candidates,
+    normalise_request,
+    uses_matmul_precision,
+    with_bucket,
+)
+from rlspeed.accel.strategy import with_precision as _with_precision
+from rlspeed.device import describe, resolve_device
+from rlspeed.errors import UserError
+
+_ACCELERATED_CLASSES: dict[type, type] = {}
+_ALL_BUCKETS = (None, *(1 << i for i in range(48)))  # every signature batch bucket (for fixed plain strategies)
+
+
+def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "auto", precision: str = "auto",
+                    compile: bool | str = "auto", graphs: bool | str = "auto",
+                    example_inputs: Any = None) -> nn.Module:
+    """Accelerate a module in place and return it; use it exactly like before.
+
+    Args:
+        model: any Python ``nn.Module``.
+        device: ``auto`` (npu > cuda > xpu > mps > cpu), a device string or a torch.device; the model moves there.
+            Inputs given as numpy arrays, lists or tensors elsewhere are moved and converted (float32; signed
+            integers to the device's index dtype); outputs stay on the device.
+        precision: ``auto`` (the fastest of the reduced precisions below that is measured faster and stays within
+            tolerance, else fp32), ``fp32``, ``bf16-matmul`` (CPU: fp32 tensors, matmuls computed in bf16 by
+            oneDNN), ``tf32`` (CUDA: the same with TF32) or ``bf16`` (autocast). fp16 needs a GradScaler, which
+            needs an optimizer: use `accelerate_step` for it.
+        compile: ``auto`` (torch.compile candidates on CUDA and on NPU with torchair; not on CPU, where inductor
+            compiles for tens of seconds), True, False or a backend name.
+        graphs: ``auto`` (CUDA graph capture of compiled candidates on CUDA), True or False.
+        example_inputs: positional arguments of a representative call (a tensor or a tuple) to decide now;
+            otherwise the first call of each kind decides.
+
+    ``RLSPEED_ACCELERATE=off|fp32|bf16|compile|bf16+compile|...`` forces a strategy (no search).
+    After the call, ``model.accel_report`` tells what was tried and chosen, ``model.accel_compilations`` how many
+    graphs torch.compile has built.
+    """
+    if isinstance(model, torch.jit.ScriptModule):
+        raise UserError("auto_accelerate needs a Python nn.Module; a TorchScript module cannot be accelerated.")
+    if not isinstance(model, nn.Module):
+        raise UserError(f"auto_accelerate expects a torch.nn.Module, got {type(model).__name__}.")
+    original = getattr(model, "_orig_mod", None)  # a torch.compile()d module: accelerate what it wraps
+    if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule":
+        model = original
+    target = resolve_device(device)
+    request = normalise_request(precision, compile, graphs)
+    model.to(target)  # in place: the Parameter objects stay the same
+    base = type(model)._rlspeed_base if isinstance(model, AcceleratedModule) else type(model)
+    model.__class__ = _accelerated_class(base)
+    model.__dict__["_rlspeed_accelerator"] = ModuleAccelerator(base, target, request)
+    if example_inputs is not None:
+        args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+        model._rlspeed_accelerator.prepare(model, args, {})
+    return model
+
+
+class AcceleratedModule:
+    """Mixin placed in front of the user's class by `auto_accelerate`; see the module docstring."""
+
+    _rlspeed_base: type
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.__dict__["_rlspeed_accelerator"](self, args, kwargs)
+
+    @property
+    def accel_report(self) -> AccelReport:
+        """What was tried and chosen, per kind of call (`print` it)."""
+        return self.__dict__["_rlspeed_accelerator"].report
+
+    @property
+    def accel_strategy(self) -> Strategy | None:
+        """The strategy of the most recent decision (None before the first call)."""
+        return self.__dict__["_rlspeed_accelerator"].report.chosen
+
+    @property
+    def accel_compilations(self) -> int:
+        """Graphs torch.compile has compiled for this module so far (0 when nothing is compiled)."""
+        return self.__dict__["_rlspeed_accelerator"].counter.compilations
+
+    def __reduce_ex__(self, protocol: int):
+        # Rebuild through the original class, which pickle and deepcopy can find by name.
+        return _restore, (type(self)._rlspeed_base,), self.__dict__.copy()
+
+
+def _restore(base: type) -> nn.Module:
+    return base.__new__(_accelerated_class(base))
+
+
+def _accelerated_class(base: type) -> type:
+    if base not in _ACCELERATED_CLASSES:
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.__dict__["_rlspeed_accelerator"](self, args, kwargs)
+
+        functools.update_wrapper(forward, base.forward)  # the user's signature and docstring, for inspect/help
+        namespace = {"forward": forward, "_rlspeed_base": base, "__module__": base.__module__,
+                     "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+        _ACCELERATED_CLASSES[base] = type(base.__name__, (AcceleratedModule, base), namespace)
+    return _ACCELERATED_CLASSES[base]
+
+
+def unaccelerate(model: nn.Module) -> nn.Module:
+    """Undo `auto_accelerate` in place (the original class back; parameters untouched) and return the model."""
+    if isinstance(model, AcceleratedModule):
+        model.__dict__.pop("_rlspeed_accelerator", None)
+        model.__class__ = type(model)._rlspeed_base
+    return model
+
+
+class ModuleAccelerator:
+    """Per-module state: the request, one decision per call signature, the built runners, compile counts."""
+
+    def __init__(self, base: type, device: torch.device, request: Request):
+        self.base_forward: Callable = base.forward
+        self.device = device
+        self.request = request
+        self.converter = InputConverter(device)
+        self.counter = CompileCounter()
+        self.report = AccelReport(f"module {base.__name__}", describe(device), request.to_dict(),
+                                  notes=list(request.notes))
+        self.strategies: dict[tuple, Strategy] = {}
+        self.runners: dict[Strategy, Callable] = {}
+        self.row_independent: bool | None = None
+        self._plain_keys: set[tuple] = set()  # signatures decided as eager fp32 (the fast path of __call__)
+        self._depth = 0
+        self._candidates, notes = candidates(request, device, allow_fp16=False)
+        for note in notes:
+            self.report.note(note)
+        # With one candidate there is nothing to measure: one strategy for every call (a compiled one learns on
+        # the first call whether it may bucket the batch dimension).
+        fixed = self._candidates[0] if len(self._candidates) == 1 else None
+        self._single = fixed if fixed is not None and fixed.compile == "off" else None
+        self._fixed = fixed
+        if self._single is not None and self._single.is_plain:
+            self._plain_keys.update((bucket, grad) for bucket in _ALL_BUCKETS for grad in (False, True))
+        if fixed is not None:
+            forced = request.forced_by_env
+            self.report.decisions.append(Decision(
+                "all calls", fixed, "forced" if forced else "only candidate",
+                f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
+
+    # pickling / deepcopy: decisions travel, compiled code and runners are rebuilt on demand
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["runners"] = {}
+        state["_depth"] = 0
+        return state
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        if self._depth:  # a nested call (a method calling self() inside an accelerated call): run as is
+            return self.base_forward(module, *args, **kwargs)
+        if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a decided plain strategy
+            x = args[0]
+            if type(x) is torch.Tensor and x.device == self.device and x.dtype not in self.converter.convert_dtypes:
+                key = (1 << (x.shape[0] - 1).bit_length() if x.dim() >= 2 else None, torch.is_grad_enabled())
+                if key in self._plain_keys:
+                    return self.base_forward(module, x)
+        args, kwargs = self.converter(args, kwargs)
+        strategy = self._single or self.strategies.get(self._signature(args, kwargs))
+        if strategy is None:
+            strategy = self.prepare(module, args, kwargs)
+        if strategy.is_plain:
+            return self.base_forward(module, *args, **kwargs)
+        runner = self._runner(module, strategy)
+        self._depth += 1
+        try:
+            return runner(*args, **kwargs)
+        finally:
+            self._depth -= 1
+
+    @staticmethod
+    def _signature(args: tuple, kwargs: dict) -> tuple:
+        batch = batch_size_of(args, kwargs)
+        return (bucket_size(batch) if batch is not None else None, torch.is_grad_enabled())
+
+    def prepare(self, module: nn.Module, args: tuple, kwargs: dict) -> Strategy:
+        """Decide the strategy for calls like this one (forced, cached, or searched now) and remember it."""
+        args, kwargs = self.converter(args, kwargs)
+        signature = self._signature(args, kwargs)
+        batch, grad = signature
+        label = f"batch<={batch}" if batch is not None else "unbatched"
+        label += ", with grad" if grad else ", no_grad"
+        if self._fixed is not None:
+            if self._single is None:  # compiled: decide bucketing once, on these inputs
+                params, buffers = list(module.parameters()), list(module.buffers())
+                bucket = self._check_row_independent(module, args, kwargs, params, buffers)
+                self._single = with_bucket(self._fixed, bucket)
+                self.report.decisions[0].chosen = self._single
+            return self._single
+        key = cache.make_key({"kind": "module", **self._structure_key(module, args, kwargs, signature),
+                              "request": self.request.to_dict(), **cache.environment_key(self.device)})
+        record = cache.load(key)
+        if record is not None:
+            try:
+                strategy = Strategy.from_dict(record["chosen"])
+                trials = [Trial.from_dict(t) for t in record.get("trials", [])]
+                self._decide(signature, Decision(label, strategy, "cache", record.get("reason", ""), trials))
+                return strategy
+            except (KeyError, TypeError, ValueError):
+                pass
+        started = time.perf_counter()
+        strategy, decision = self._search(module, args, kwargs, label)
+        decision.search_s = time.perf_counter() - started
+        self._decide(signature, decision)
+        cache.store(key, {"chosen": strategy.to_dict(), "reason": decision.reason,
+                          "trials": [t.to_dict() for t in decision.trials], "signature": label})
+        return strategy
+
+    def _decide(self, signature: tuple, decision: Decision) -> None:
+        self.strategies[signature] = decision.chosen
+        if decision.chosen.is_plain:
+            self._plain_keys.add(signature)
+        self.report.decisions.append(decision)
+
+    def _structure_key(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> dict:
+        def spec(t: torch.Tensor) -> list:
+            shape = list(t.shape)
+            if shape and signature[0] is not None and shape[0] <= signature[0]:
+                shape[0] = f"<={signature[0]}"
+            return [shape, str(t.dtype)]
+
+        return {"class": f"{type(module)._rlspeed_base.__module__}.{type(module)._rlspeed_base.__qualname__}",
+                "repr": repr(module), "training": module.training,
+                "params": [[name, list(p.shape), str(p.dtype), p.requires_grad]
+                           for name, p in module.named_parameters()],
+                "inputs": [spec(t) for t in tensors_in((args, kwargs))], "grad": signature[1]}
+
+    def _search(self, module: nn.Module, args: tuple, kwargs: dict, label: str) -> tuple[Strategy, Decision]:
+        params = [p for p in module.parameters()]
+        buffers = [b for b in module.buffers()]
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        candidate_list = list(self._candidates)
+        if any(s.compile != "off" for s in candidate_list):
+            bucket = self._check_row_independent(module, args, kwargs, params, buffers)
+            candidate_list = [with_bucket(s, bucket) for s in candidate_list]
+        weights: dict[int, torch.Tensor] = {}
+
+        def build(strategy: Strategy) -> Callable[[], tuple[object, float]]:
+            run = self._runner(module, strategy)
+
+            def unit() -> tuple[object, float]:
+                for p in params:
+                    p.grad = None
+                self._depth += 1
+                try:
+                    outputs = run(*args, **kwargs)
+                finally:
+                    self._depth -= 1
+                if grad:
+                    projection = _random_projection(outputs, weights)
+                    if projection is not None:
+                        projection.backward()
+                return outputs, 1.0
+
+            return unit
+
+        if not grad:
+            with torch.no_grad():
+                chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
+        else:
+            chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
+        return chosen, Decision(label, chosen, "search", reason, trials)
+
+    def _check_row_independent(self, module: nn.Module, args: tuple, kwargs: dict, params: Sequence[torch.Tensor],
+                               buffers: Sequence[torch.Tensor]) -> bool:
+        """Whether padding the batch with extra rows leaves the real rows' outputs unchanged (then bucketing is
+        safe). Checked once per module in eager fp32 under no_grad."""
+        if self.row_independent is not None:
+            return self.row_independent
+        batch = batch_size_of(args, kwargs)
+        independent = False
+        if batch is not None:
+            padded = bucket_size(batch + 1)
+            with preserved_state(self.device, params, buffers), torch.no_grad():
+                torch.manual_seed(0)
+                plain = self.base_forward(module, *args, **kwargs)
+                torch.manual_seed(0)
+                padded_args, padded_kwargs = pad_batch(args, kwargs, batch, padded)
+                wide = self.base_forward(module, *padded_args, **padded_kwargs)
+            wide_tensors = tensors_in(wide)
+            independent = bool(wide_tensors) and all(t.dim() > 0 and t.shape[0] == padded for t in wide_tensors)
+            if independent:
+                for a, b in zip(tensors_in(plain), tensors_in(slice_batch(wide, batch, padded))):
+                    if a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5):
+                        independent = False
+                        break
+        self.row_independent = independent
+        self.report.note("batch bucketing: " + ("on (rows verified independent)" if independent else
+                                                "off (rows not independent or no batch dimension); dynamic shapes"))
+        return independent
+
+    def _runner(self, module: nn.Module, strategy: Strategy) -> Callable:
+        """The callable running `forward` under a strategy: autocast, compile, graphs, bucketing, fp32 outputs."""
+        if strategy in self.runners:
+            return self.runners[strategy]
+        base_forward = self.base_forward
+
+        def forward(*args, **kwargs):
+            return base_forward(module, *args, **kwargs)
+
+        if strategy.is_plain:
+            self.runners[strategy] = forward
+            return forward
+
+        fn = _with_precision(forward, self.device, strategy.precision)
+        if uses_matmul_precision(self.device, strategy.precision):
+            fn = _with_backward_hook(fn, BackwardPrecisionHook(self.device, strategy.precision))
+        if strategy.compile != "off":
+            fn = compile_function(fn, strategy, self.counter)
+            if strategy.graphs:
+                fn = graph_safe(fn)
+        if strategy.bucket:
+            fn = bucketed(fn)
+        if strategy.autocast_dtype is not None:
+            inner = fn
+
+            def fn(*args, **kwargs):
+                return to_float32(inner(*args, **kwargs))
+
+        self.runners[strategy] = fn
+        return fn
+
+
+def _with_backward_hook(fn: Callable, hook: BackwardPrecisionHook) -> Callable:
+    """Register `hook` on the outputs that will receive gradients, so their backward runs in the same precision."""
+
+    def call(*args, **kwargs):
+        outputs = fn(*args, **kwargs)
+        if torch.is_grad_enabled():
+            for tensor in tensors_in(outputs):
+                if tensor.requires_grad:
+                    tensor.register_hook(hook)
+        return outputs
+
+    return call
+
+
+def _random_projection(outputs: Any, weights: dict[int, torch.Tensor]) -> torch.Tensor | None:
+    """A scalar that depends on every float output through fixed random weights (a plain sum would have zero
+    gradient through a softmax); the weights are drawn once per output position and reused by every candidate."""
+    total = None
+    for index, tensor in enumerate(t for t in tensors_in(outputs) if t.is_floating_point() and t.requires_grad):
+        weight = weights.get(index)
+        if weight is None or weight.shape != tensor.shape:
+            generator = torch.Generator().manual_seed(1000 + index)
+            weight = torch.randn(tensor.shape, generator=generator).to(tensor.device)
+            weights[index] = weight
+        term = (tensor.float() * weight).sum()
+        total = term if total is None else total + term
+    return total
+
+
+__all__ = ["auto_accelerate", "unaccelerate", "AcceleratedModule", "ModuleAccelerator"]

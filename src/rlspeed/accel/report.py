@@ -1,0 +1,112 @@
+"""The readable record of an acceleration decision: what was tried, how fast, how accurate, what won and why.
+
+`str(report)` is meant for people (`print(model.accel_report)`); `report.to_dict()` for logs and `summary.json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlspeed.accel.strategy import Strategy
+
+
+@dataclass
+class Trial:
+    """One candidate strategy run on the example inputs."""
+
+    strategy: Strategy
+    ms_per_call: float | None = None  # best of the timed rounds (forward+backward, or forward under no_grad)
+    speedup: float | None = None  # over the simplest candidate: median of round-paired time ratios
+    first_call_s: float | None = None  # the first call, which includes compilation for compiled candidates
+    output_rel_err: float | None = None  # ||y - y_fp32|| / ||y_fp32||, worst output
+    grad_cosine: float | None = None  # cosine(grad, grad_fp32), worst parameter
+    grad_norm_rel_err: float | None = None  # | ||grad|| - ||grad_fp32|| | / ||grad_fp32||, worst parameter
+    passed: bool = False
+    error: str | None = None  # why it failed: an exception's first line or the tolerance it missed
+    reference: bool = False  # the fp32 eager run the others are compared with
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy.to_dict(), "label": self.strategy.label, "ms_per_call": self.ms_per_call,
+                "speedup": self.speedup, "first_call_s": self.first_call_s, "output_rel_err": self.output_rel_err,
+                "grad_cosine": self.grad_cosine, "grad_norm_rel_err": self.grad_norm_rel_err, "passed": self.passed,
+                "error": self.error, "reference": self.reference}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trial:
+        return cls(Strategy.from_dict(data["strategy"]), data.get("ms_per_call"), data.get("speedup"),
+                   data.get("first_call_s"),
+                   data.get("output_rel_err"), data.get("grad_cosine"), data.get("grad_norm_rel_err"),
+                   bool(data.get("passed")), data.get("error"), bool(data.get("reference")))
+
+
+@dataclass
+class Decision:
+    """The strategy chosen for one kind of call (an input signature such as "batch<=256, training")."""
+
+    signature: str
+    chosen: Strategy
+    source: str  # "search" | "cache" | "forced" | "only candidate" | "fallback"
+    reason: str
+    trials: list[Trial] = field(default_factory=list)
+    search_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signature": self.signature, "chosen": self.chosen.to_dict(), "label": self.chosen.label,
+                "source": self.source, "reason": self.reason, "search_s": self.search_s,
+                "trials": [trial.to_dict() for trial in self.trials]}
+
+
+@dataclass
+class AccelReport:
+    """Everything `auto_accelerate` / `accelerate_step` decided for one model or step function."""
+
+    target: str  # "module ActorCritic" or "step critic_loss"
+    device: str
+    requested: dict[str, Any]
+    decisions: list[Decision] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> Strategy | None:
+        """The most recent decision's strategy (None before the first call when no example inputs were given)."""
+        return self.decisions[-1].chosen if self.decisions else None
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "device": self.device, "requested": self.requested,
+                "decisions": [decision.to_dict() for decision in self.decisions], "notes": list(self.notes)}
+
+    def summary(self) -> dict[str, str]:
+        """The short form for summary.json: ``{"precision": ..., "compile": ...}`` of the latest decision."""
+        chosen = self.chosen or Strategy()
+        return {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower()}
+
+    def __str__(self) -> str:
+        requested = " ".join(f"{key}={value}" for key, value in self.requested.items() if value is not None)
+        lines = [f"rlspeed acceleration for {self.target} on {self.device}", f"  requested: {requested}"]
+        if not self.decisions:
+            lines.append("  no decision yet: the first call (or example_inputs=) triggers it")
+        for decision in self.decisions:
+            took = f", {decision.search_s:.2f} s" if decision.search_s is not None else ""
+            lines.append(f"  [{decision.signature}] -> {decision.chosen.label} ({decision.source}{took}): "
+                         f"{decision.reason}")
+            if decision.trials:
+                lines.append(f"    {'candidate':<28} {'ms/call':>9} {'speed-up':>8} {'1st call s':>10} {'out err':>9} "
+                             f"{'grad cos':>9} {'norm err':>9}  result")
+                for trial in decision.trials:
+                    result = ("reference" if trial.reference else "ok") if trial.passed else f"FAIL: {trial.error}"
+                    speedup = "-" if trial.speedup is None else f"{trial.speedup:.2f}x"
+                    lines.append(f"    {trial.strategy.label:<28} {_f(trial.ms_per_call, '.3f'):>9} {speedup:>8} "
+                                 f"{_f(trial.first_call_s, '.2f'):>10} {_f(trial.output_rel_err, '.1e'):>9} "
+                                 f"{_f(trial.grad_cosine, '.5f'):>9} {_f(trial.grad_norm_rel_err, '.1e'):>9}  "
+                                 f"{result}")
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

@@ -1,0 +1,313 @@
+"""The strategy search: dry-run each candidate on example inputs, check it against fp32 eager, time it, pick one.
+
+For every candidate the search
+1. runs one forward+backward from the same RNG seed and compares outputs and parameter gradients with the fp32
+   eager reference (tolerances in `TOLERANCES`);
+2. warms it up, then times it in interleaved rounds (candidate A, B, C, A, B, C, ...; `synchronize` around each
+   round) and keeps the best round: on a shared machine the fastest round is the one least disturbed by others;
+3. picks the fastest candidate that passed, if it beats the simplest allowed candidate (normally eager fp32) by at
+   least `MARGIN`; otherwise the simplest one. Small models therefore stay in eager fp32 and pay nothing.
+
+The search leaves no trace in the caller's state: RNG streams are forked, parameter gradients and module buffers
+are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlspeed.accel.inputs import tensors_in
+from rlspeed.accel.report import Trial
+from rlspeed.accel.strategy import EAGER_FP32, Strategy
+from rlspeed.device import synchronize
+
+MARGIN = 0.10  # a candidate must be at least 10% faster than the simplest one to be chosen
+SEED = 20240611  # every candidate's checked call starts from this RNG state, so sampling models compare equal
+TIMING_BUDGET_S = 0.5  # wall time for the timed rounds of one search (all candidates together)
+ROUNDS = 11
+WARMUP_CALLS = 2
+CONFIRM_BUDGET_FRACTION = 0.5  # the confirmation of a winner gets half the budget again
+HARD_LIMIT_FACTOR = 4  # timed rounds stop after this many times the budget (a contended machine), keeping >= 2
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close a candidate must stay to fp32 eager: relative output error, gradient cosine and norm error."""
+
+    output_rel_err: float
+    grad_cosine: float
+    grad_norm_rel_err: float
+
+
+TOLERANCES = {
+    "fp32": Tolerance(1e-3, 0.9999, 1e-3),  # compiled fp32 only reorders floating-point sums
+    "bf16": Tolerance(2e-2, 0.99, 5e-2),  # 8 mantissa bits: ~0.4% per rounding, accumulated in fp32
+    "bf16-matmul": Tolerance(2e-2, 0.99, 5e-2),  # bf16 only inside matmuls, fp32 elsewhere
+    "tf32": Tolerance(2e-2, 0.99, 5e-2),  # 10 mantissa bits inside matmuls
+    "fp16": Tolerance(5e-3, 0.999, 1e-2),  # 11 mantissa bits, gradients scaled
+}
+# Outputs whose reference norm is below this (per element) are compared absolutely: a loss that is ~0 at the
+# start (PPO's policy loss with normalised advantages) must not fail a relative test.
+ABS_FLOOR = 1e-3
+# Integer outputs (actions chosen by argmax or sampling) may flip where two choices are nearly tied: reduced
+# precisions may change this fraction of them (at least one); fp32 candidates none.
+DISCRETE_MISMATCH = 0.02
+
+
+@dataclass
+class Probe:
+    """One checked call of a candidate: its float outputs and the gradients of the parameters (unscaled)."""
+
+    outputs: list[torch.Tensor]
+    grads: list[torch.Tensor | None]
+    discrete: list[torch.Tensor]  # integer/bool outputs (sampled or argmax actions), compared by mismatches
+
+
+# A runner does one unit of work (zero grads, forward, backward when training) and returns (outputs, grad scale).
+Runner = Callable[[], tuple[object, float]]
+
+
+@contextlib.contextmanager
+def preserved_state(device: torch.device, params: Sequence[torch.Tensor],
+                    buffers: Sequence[torch.Tensor] = ()) -> Iterator[None]:
+    """Fork the RNG streams and put gradients and buffers back afterwards."""
+    saved_grads = [p.grad for p in params]
+    saved_buffers = [b.detach().clone() for b in buffers]
+    devices = [] if device.type == "cpu" else [device]
+    try:
+        rng = torch.random.fork_rng(devices=devices, device_type=device.type if device.type != "cpu" else "cuda")
+    except Exception:  # a backend without RNG-state support in fork_rng: keep at least the CPU stream
+        rng = torch.random.fork_rng(devices=[])
+    with rng:
+        try:
+            yield
+        finally:
+            for p, grad in zip(params, saved_grads):
+                p.grad = grad
+            with torch.no_grad():
+                for b, saved in zip(buffers, saved_buffers):
+                    b.copy_(saved)
+
+
+def probe(runner: Runner, params: Sequence[torch.Tensor], device: torch.device) -> tuple[Probe, float]:
+    """One checked call from the fixed seed. Returns the probe and the call's wall time (compilation included)."""
+    torch.manual_seed(SEED)
+    synchronize(device)
+    started = time.perf_counter()
+    outputs, scale = runner()
+    synchronize(device)
+    elapsed = time.perf_counter() - started
+    tensors = tensors_in(outputs)
+    floats = [t.detach().float().clone() for t in tensors if t.is_floating_point()]
+    discrete = [t.detach().clone() for t in tensors if not t.is_floating_point() and not t.is_complex()]
+    grads = [None if p.grad is None else (p.grad.detach().float() / scale) for p in params]
+    return Probe(floats, grads, discrete), elapsed
+
+
+def compare(candidate: Probe, reference: Probe, tolerance: Tolerance, trial: Trial) -> None:
+    """Fill the trial's error measures and `passed`/`error` from a probe against the reference probe."""
+    if len(candidate.outputs) != len(reference.outputs):
+        trial.error = "outputs differ in number from fp32 eager"
+        return
+    worst_out = 0.0
+    for out, ref in zip(candidate.outputs, reference.outputs):
+        if out.shape != ref.shape:
+            trial.error = f"output shape {tuple(out.shape)} differs from fp32 eager {tuple(ref.shape)}"
+            return
+        if not bool(torch.isfinite(out).all()):
+            trial.error = "non-finite output"
+            return
+        floor = ABS_FLOOR * math.sqrt(max(ref.numel(), 1))
+        worst_out = max(worst_out, float((out - ref).norm()) / max(float(ref.norm()), floor))
+    trial.output_rel_err = worst_out
+    for out, ref in zip(candidate.discrete, reference.discrete):
+        mismatches = int((out != ref).sum()) if out.shape == ref.shape else ref.numel() + 1
+        allowed = 0 if tolerance is TOLERANCES["fp32"] else max(1, int(DISCRETE_MISMATCH * ref.numel()))
+        if mismatches > allowed:
+            trial.error = f"{mismatches} of {ref.numel()} integer outputs (e.g. actions) differ from fp32 eager"
+            return
+
+    ref_norms = [0.0 if g is None else float(g.norm()) for g in reference.grads]
+    largest = max(ref_norms, default=0.0)
+    worst_cos, worst_norm = 1.0, 0.0
+    for grad, ref, ref_norm in zip(candidate.grads, reference.grads, ref_norms):
+        if ref is None and grad is None:
+            continue
+        if ref is None or grad is None:
+            trial.error = "a parameter's gradient is missing compared with fp32 eager"
+            return
+        if not bool(torch.isfinite(grad).all()):
+            trial.error = "non-finite gradient"
+            return
+        if ref_norm <= 1e-6 * largest or ref_norm == 0.0:
+            continue  # a (near-)zero reference gradient has no direction to compare
+        norm = float(grad.norm())
+        cosine = float((grad.flatten() @ ref.flatten()) / max(norm * ref_norm, 1e-30))
+        worst_cos = min(worst_cos, cosine)
+        worst_norm = max(worst_norm, abs(norm - ref_norm) / ref_norm)
+    has_grads = any(g is not None for g in reference.grads)
+    trial.grad_cosine = worst_cos if has_grads else None
+    trial.grad_norm_rel_err = worst_norm if has_grads else None
+    failures = []
+    if worst_out > tolerance.output_rel_err:
+        failures.append(f"output error {worst_out:.1e} > {tolerance.output_rel_err:g}")
+    if has_grads and worst_cos < tolerance.grad_cosine:
+        failures.append(f"gradient cosine {worst_cos:.4f} < {tolerance.grad_cosine:g}")
+    if has_grads and worst_norm > tolerance.grad_norm_rel_err:
+        failures.append(f"gradient norm error {worst_norm:.1e} > {tolerance.grad_norm_rel_err:g}")
+    trial.passed = not failures
+    trial.error = "; ".join(failures) or None
+
+
+def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s: float | None = None,
+                 rounds: int | None = None) -> dict[Strategy, list[float]]:
+    """Seconds per call of each (warmed-up) runner in each of `rounds` interleaved rounds (a runner that falls
+    behind by 2x stops early, so its list can be shorter)."""
+    if not runners:
+        return {}
+    budget_s = TIMING_BUDGET_S if budget_s is None else budget_s
+    rounds = ROUNDS if rounds is None else rounds
+    per_call: dict[Strategy, float] = {}
+    for strategy, runner in runners.items():  # one untimed-ish call to size the rounds
+        synchronize(device)
+        started = time.perf_counter()
+        runner()
+        synchronize(device)
+        per_call[strategy] = max(time.perf_counter() - started, 1e-7)
+    slice_s = budget_s / (rounds * len(runners))
+    calls = {s: max(1, min(1000, int(slice_s / per_call[s]))) for s in runners}
+    best = {s: math.inf for s in runners}
+    per_round: dict[Strategy, list[float]] = {s: [] for s in runners}
+    active = list(runners)
+    deadline = time.perf_counter() + HARD_LIMIT_FACTOR * budget_s
+    for round_index in range(rounds):
+        for strategy in active:
+            runner, count = runners[strategy], calls[strategy]
+            synchronize(device)
+            started = time.perf_counter()
+            for _ in range(count):
+                runner()
+            synchronize(device)
+            seconds = (time.perf_counter() - started) / count
+            per_round[strategy].append(seconds)
+            best[strategy] = min(best[strategy], seconds)
+        # A candidate at twice the leader's time cannot win by the margin: stop spending time on it.
+        leader = min(best[s] for s in active)
+        active = [s for s in active if best[s] <= 2.0 * leader]
+        if round_index >= 1 and time.perf_counter() > deadline:
+            break  # a busy machine: keep what was measured rather than stall the caller
+    return per_round
+
+
+def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
+               device: torch.device, buffers: Sequence[torch.Tensor] = ()) -> tuple[Strategy, list[Trial], str]:
+    """Check and time every candidate; return (chosen strategy, trials, reason).
+
+    `build(strategy)` returns a runner for the strategy. The simplest candidate (`candidates[0]`) is the fallback;
+    the fp32 eager reference is run even when it is not a candidate. Two stages, because compiling costs tens of
+    seconds: eager candidates first; then compiled candidates only in the precision that won eagerly, timed
+    against that winner and the simplest candidate.
+    """
+    eager = [s for s in candidates if s.compile == "off"]
+    compiled = [s for s in candidates if s.compile != "off"]
+    trials: dict[Strategy, Trial] = {}
+    with preserved_state(device, params, buffers):
+        reference_runner = build(EAGER_FP32)
+        reference, _ = probe(reference_runner, params, device)
+
+        def check(strategies: Sequence[Strategy]) -> dict[Strategy, Runner]:
+            runners = {}
+            for strategy in strategies:
+                trial = trials[strategy] = Trial(strategy, reference=strategy == EAGER_FP32)
+                try:
+                    runner = reference_runner if trial.reference else build(strategy)
+                    result, trial.first_call_s = probe(runner, params, device)
+                    if trial.reference:
+                        trial.passed = True
+                    else:
+                        compare(result, reference, TOLERANCES[strategy.precision], trial)
+                    for _ in range(WARMUP_CALLS):
+                        runner()
+                except Exception as error:  # a candidate that cannot run is a finding, not a crash
+                    trial.passed, trial.error = False, _first_line(error)
+                    continue
+                if trial.passed or strategy == candidates[0]:
+                    runners[strategy] = runner
+            return runners
+
+        def record(timings: dict[Strategy, list[float]]) -> None:
+            base = timings.get(candidates[0])
+            for strategy, rounds in timings.items():
+                trial = trials[strategy]
+                trial.ms_per_call = min(rounds) * 1e3
+                if base:  # paired by round: a disturbance hits both sides of a pair, and the median drops outliers
+                    trial.speedup = statistics.median(b / c for b, c in zip(base, rounds))
+
+        runners = check(eager)
+        record(time_runners(runners, device))
+        if compiled:
+            rivals: dict[Strategy, Runner] = {}
+            if eager:
+                winner, _ = choose(eager, list(trials.values()))
+                compiled = [s for s in compiled if s.precision == winner.precision]
+                for strategy in (candidates[0], winner):  # re-timed beside the compiled ones: same conditions
+                    if strategy in runners:
+                        rivals[strategy] = runners[strategy]
+            compiled_runners = check(compiled)
+            if compiled_runners:
+                record(time_runners({**rivals, **compiled_runners}, device))
+            runners.update(compiled_runners)
+        ordered = [trials[s] for s in candidates if s in trials]
+        chosen, reason = choose(candidates, ordered)
+        if chosen != candidates[0] and candidates[0] in runners:
+            # Confirm on fresh rounds: on a shared machine one burst can fake a speed-up; two rarely agree.
+            confirm = time_runners({candidates[0]: runners[candidates[0]], chosen: runners[chosen]},
+                                   device, budget_s=CONFIRM_BUDGET_FRACTION * TIMING_BUDGET_S)
+            again = statistics.median(b / c for b, c in zip(confirm[candidates[0]], confirm[chosen]))
+            if again < 1 / (1 - MARGIN):
+                reason = f"{chosen.label} not confirmed ({reason}, then {again:.2f}x on fresh rounds)"
+                chosen = candidates[0]
+            else:
+                reason += f", confirmed at {again:.2f}x"
+    return chosen, ordered, reason
+
+
+def choose(candidates: Sequence[Strategy], trials: Sequence[Trial]) -> tuple[Strategy, str]:
+    """The passing candidate with the largest speed-up over the simplest one, if that speed-up is at least
+    1 / (1 - `MARGIN`) by the median of round-paired ratios and its best round also beats the simplest one's best
+    (two measures that must agree); otherwise the simplest one."""
+    by_strategy = {trial.strategy: trial for trial in trials}
+    baseline = by_strategy.get(candidates[0])
+    passing = [t for t in trials if t.passed and t.ms_per_call is not None]
+    if baseline is None or baseline.ms_per_call is None:
+        if not passing:
+            return EAGER_FP32, f"no candidate ran ({baseline.error if baseline else 'none tried'}): fp32 eager"
+        fastest = min(passing, key=lambda t: t.ms_per_call)
+        return fastest.strategy, f"{candidates[0].label} failed ({baseline.error}); fastest that ran"
+    rivals = [t for t in passing if t.strategy != baseline.strategy]
+    if not rivals:
+        return baseline.strategy, ("no other candidate passed the accuracy checks" if len(trials) > 1
+                                   else "only candidate")
+
+    def speedup(trial: Trial) -> float:
+        return trial.speedup if trial.speedup is not None else baseline.ms_per_call / trial.ms_per_call
+
+    best = max(rivals, key=speedup)
+    needed = 1 / (1 - MARGIN)
+    if speedup(best) >= needed and best.ms_per_call < baseline.ms_per_call:
+        return best.strategy, f"{speedup(best):.2f}x faster than {baseline.strategy.label}"
+    return baseline.strategy, (f"best alternative {best.strategy.label} {speedup(best):.2f}x "
+                               f"(needs >= {needed:.2f}x)")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    message = text[0] if text else ""
+    return f"{type(error).__name__}: {message}"[:200]

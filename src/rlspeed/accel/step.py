@@ -1,0 +1,389 @@
+"""`accelerate_step(loss_fn, optimizer)`: a whole update step (forward, loss, backward, optimizer step), accelerated.
+
+Most of the time of RL training on an accelerator is the update, and an update is more than a module call: the
+acceleration needs to own the backward pass and the optimizer step to apply a GradScaler (fp16), to compute only the
+gradients the optimizer uses, and to use the optimizer's fused kernel. So the user hands over the loss:
+
+    def critic_loss(obs, actions, rewards, next_obs, dones):
+        ...
+        return loss                      # or (loss, aux, ...) or {"loss": loss, ...}
+
+    critic_step = accelerate_step(critic_loss, critic_optimizer, max_grad_norm=10.0)
+    loss = critic_step(obs, actions, rewards, next_obs, dones)   # zero_grad, forward, backward, clip, step
+
+What one call does, whatever strategy is chosen:
+* zero the optimizer's gradients, run `loss_fn` (under autocast for bf16/fp16, compiled when chosen);
+* backward into the optimizer's parameters only (`torch.autograd.backward(inputs=...)`): a loss that flows through
+  other networks (SAC's actor loss through the critics) does not compute their weight gradients, which nothing
+  would read;
+* optionally clip the global gradient norm (after unscaling, for fp16), then step the optimizer(s);
+* return what `loss_fn` returned, the loss detached, bf16/fp16 tensors as float32. Nothing is read back to the host.
+
+fp16 runs with a GradScaler, which skips steps whose gradients are not finite. A skip is counted on the device (no
+sync); every `GUARD_WINDOW` steps the count is read once, and if steps keep being skipped the step falls back to fp32
+for good (with a warning and a note in the report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from rlspeed.accel import cache
+from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
+from rlspeed.accel.inputs import InputConverter, map_tensors, tensors_in, to_float32
+from rlspeed.accel.report import AccelReport, Decision, Trial
+from rlspeed.accel.search import run_search
+from rlspeed.accel.strategy import (
+    Request,
+    Strategy,
+    backward_precision,
+    candidates,
+    normalise_request,
+    with_precision,
+)
+from rlspeed.device import describe, resolve_device
+from rlspeed.errors import UserError
+from rlspeed.nn import clip_grad_norm
+
+GUARD_WINDOW = 32  # fp16: steps between the (single) host reads of the skipped-step count
+GUARD_MAX_SKIPS = 8  # more skipped steps than this in a window (after the first) -> fall back to fp32
+GUARD_MAX_SKIPS_FIRST = 16  # the first window also calibrates the loss scale (it starts at 2**16 and halves)
+FP16_PROBE_SCALE = 1024.0  # loss scale used when checking an fp16 candidate's gradients during the search
+FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
+FUSED_DEVICES = ("cpu", "cuda")  # where torch ships fused Adam kernels (as rlspeed.nn.make_adam assumes)
+
+
+def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+                    *, params: Iterable[torch.Tensor] | None = None, max_grad_norm: float | None = None,
+                    device: str | torch.device | None = "auto", precision: str = "auto",
+                    compile: bool | str = "auto", graphs: bool | str = "auto", example_inputs: Any = None,
+                    fused_optimizer: bool | str = "auto", name: str | None = None) -> AcceleratedStep:
+    """Wrap a loss function and its optimizer(s) into one accelerated update step; see the module docstring.
+
+    Args:
+        loss_fn: called with the step's arguments; returns the scalar loss, a tuple whose first item is the loss,
+            or a dict with a ``"loss"`` entry. It should be free of side effects other than autograd (the search
+            runs it a few dozen times on the first call's inputs, without stepping the optimizer).
+        optimizer: one optimizer or a sequence of them, all stepped on each call.
+        params: the tensors to differentiate (default: every parameter of the optimizer(s) that requires grad).
+        max_grad_norm: clip the global gradient norm of `params` to this before stepping (None: no clipping).
+        device: where inputs go; ``auto`` means the device of the parameters.
+        precision: ``auto`` (the fastest reduced precision that is measured faster and stays within tolerance,
+            else fp32), ``fp32``, ``bf16-matmul`` (CPU) / ``tf32`` (CUDA): fp32 tensors with matmuls computed in
+            bf16/TF32, ``bf16`` (autocast), ``fp16`` (autocast with a GradScaler and the NaN guard).
+        compile: ``auto`` (torch.compile candidates on CUDA / NPU-with-torchair only), True, False or a backend.
+        graphs: ``auto`` (CUDA graph capture of compiled candidates on CUDA), True or False.
+        example_inputs: a tuple of `loss_fn` arguments to decide now instead of on the first call.
+        fused_optimizer: ``auto`` switches a fresh torch.optim.Adam/AdamW to its fused kernel (same algorithm, one
+            kernel for all parameters) unless ``RLSPEED_ACCELERATE=off``; False leaves it alone.
+        name: a name for the report (default: the function's name).
+
+    ``RLSPEED_ACCELERATE`` forces a strategy as for `auto_accelerate`.
+    """
+    return AcceleratedStep(loss_fn, optimizer, params=params, max_grad_norm=max_grad_norm, device=device,
+                           precision=precision, compile=compile, graphs=graphs, example_inputs=example_inputs,
+                           fused_optimizer=fused_optimizer, name=name)
+
+
+class AcceleratedStep:
+    """A callable update step; made by `accelerate_step`. Call it with `loss_fn`'s arguments."""
+
+    def __init__(self, loss_fn: Callable[..., Any],
+                 optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
+                 params: Iterable[torch.Tensor] | None = None, max_grad_norm: float | None = None,
+                 device: str | torch.device | None = "auto", precision: str = "auto",
+                 compile: bool | str = "auto", graphs: bool | str = "auto", example_inputs: Any = None,
+                 fused_optimizer: bool | str = "auto", name: str | None = None):
+        if not callable(loss_fn):
+            raise UserError("accelerate_step needs a loss function as its first argument.")
+        self.loss_fn = loss_fn
+        self.optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        if not self.optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in self.optimizers):
+            raise UserError("accelerate_step needs a torch.optim.Optimizer (or a list of them) as its second "
+                            "argument.")
+        optimizer_params = [p for o in self.optimizers for group in o.param_groups for p in group["params"]]
+        chosen_params = list(params) if params is not None else optimizer_params
+        self.params = [p for p in _unique(chosen_params) if p.requires_grad]
+        if not self.params:
+            raise UserError("accelerate_step found no parameters that require grad in the optimizer.")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise UserError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}.")
+        self.max_grad_norm = max_grad_norm
+        params_device = self.params[0].device
+        if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
+            self.device = params_device
+        else:
+            self.device = resolve_device(device)
+            if self.device.type != params_device.type:
+                raise UserError(f"accelerate_step was given device {self.device} but the optimizer's parameters "
+                                f"are on {params_device}: move the model first (or use auto_accelerate on it).")
+        self.request: Request = normalise_request(precision, compile, graphs)
+        self.name = name or getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
+        self.converter = InputConverter(self.device)
+        self.counter = CompileCounter()
+        self.report = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
+                                  notes=list(self.request.notes))
+        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True)
+        for note in notes:
+            self.report.note(note)
+        self._fused_request = fused_optimizer
+        self.strategy: Strategy | None = None
+        self._forward: Callable | None = None
+        self.scaler: Any = None
+        self._skips: torch.Tensor | None = None
+        self._steps_in_window = 0
+        self._windows = 0
+        self.fell_back = False
+        if example_inputs is not None:
+            args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+            self.prepare(*args)
+
+    # --- public -------------------------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """One update: zero grads, loss, backward, (clip), optimizer step. Returns `loss_fn`'s output, detached."""
+        args, kwargs = self.converter(args, kwargs)
+        if self._forward is None:
+            self._prepare(args, kwargs)
+        for p in self.params:  # zero_grad(set_to_none=True), also for `params` outside the optimizers
+            p.grad = None
+        outputs = self._forward(*args, **kwargs)
+        loss = _loss_of(outputs)
+        if self.scaler is None:
+            with backward_precision(self.device, self.strategy.precision):
+                torch.autograd.backward(loss if loss.dtype == torch.float32 else loss.float(), inputs=self.params)
+            if self.max_grad_norm is not None:
+                clip_grad_norm(self.params, self.max_grad_norm)
+            for optimizer in self.optimizers:
+                optimizer.step()
+        else:
+            self._scaled_step(loss)
+        return _detached(outputs)
+
+    def prepare(self, *args: Any, **kwargs: Any) -> Strategy:
+        """Decide the strategy now from example arguments (otherwise the first call does it). Steps nothing."""
+        args, kwargs = self.converter(args, kwargs)
+        return self._prepare(args, kwargs)
+
+    @property
+    def compilations(self) -> int:
+        """Graphs torch.compile has compiled for this step so far."""
+        return self.counter.compilations
+
+    def skipped_steps(self) -> int:
+        """fp16: optimizer steps the GradScaler skipped in the current guard window (reads the device once)."""
+        return 0 if self._skips is None else int(self._skips.item())
+
+    def __repr__(self) -> str:
+        chosen = self.strategy.label if self.strategy else "undecided"
+        return f"AcceleratedStep({self.name}, {chosen}, device={self.device})"
+
+    # --- deciding -------------------------------------------------------------------------------------------------
+    def _prepare(self, args: tuple, kwargs: dict) -> Strategy:
+        self._maybe_fuse_optimizers()
+        if len(self._candidates) == 1:
+            strategy = self._candidates[0]
+            forced = self.request.forced_by_env
+            self.report.decisions.append(Decision(
+                "all calls", strategy, "forced" if forced else "only candidate",
+                f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
+        else:
+            strategy = self._decide(args, kwargs)
+        self._use(strategy)
+        return strategy
+
+    def _decide(self, args: tuple, kwargs: dict) -> Strategy:
+        key = cache.make_key({"kind": "step", **self._structure_key(args, kwargs), "request": self.request.to_dict(),
+                              **cache.environment_key(self.device)})
+        record = cache.load(key)
+        if record is not None:
+            try:
+                strategy = Strategy.from_dict(record["chosen"])
+                trials = [Trial.from_dict(t) for t in record.get("trials", [])]
+                self.report.decisions.append(Decision("all calls", strategy, "cache", record.get("reason", ""),
+                                                      trials))
+                return strategy
+            except (KeyError, TypeError, ValueError):
+                pass
+        started = time.perf_counter()
+        strategy, trials, reason = run_search(self._candidates, lambda s: self._probe_runner(s, args, kwargs),
+                                              self.params, self.device)
+        decision = Decision("all calls", strategy, "search", reason, trials, time.perf_counter() - started)
+        self.report.decisions.append(decision)
+        cache.store(key, {"chosen": strategy.to_dict(), "reason": reason, "trials": [t.to_dict() for t in trials]})
+        return strategy
+
+    def _structure_key(self, args: tuple, kwargs: dict) -> dict:
+        code = getattr(self.loss_fn, "__code__", None)
+        code_hash = _code_digest(code) if code is not None else type(self.loss_fn).__qualname__
+        return {"fn": f"{getattr(self.loss_fn, '__module__', '')}.{self.name}", "code": code_hash,
+                "params": [[list(p.shape), str(p.dtype)] for p in self.params],
+                "optimizers": [type(o).__name__ for o in self.optimizers],
+                "inputs": [[list(t.shape), str(t.dtype)] for t in tensors_in((args, kwargs))],
+                "clip": self.max_grad_norm}
+
+    def _probe_runner(self, strategy: Strategy, args: tuple, kwargs: dict) -> Callable[[], tuple[object, float]]:
+        forward = self._build_forward(strategy)
+        scale = FP16_PROBE_SCALE if strategy.precision == "fp16" else 1.0
+        params, device = self.params, self.device
+
+        def unit() -> tuple[object, float]:
+            for p in params:
+                p.grad = None
+            outputs = forward(*args, **kwargs)
+            loss = _loss_of(outputs).float()
+            with backward_precision(device, strategy.precision):
+                torch.autograd.backward(loss * scale if scale != 1.0 else loss, inputs=params)
+            return outputs, scale
+
+        return unit
+
+    def _build_forward(self, strategy: Strategy) -> Callable:
+        fn = with_precision(self.loss_fn, self.device, strategy.precision)
+        if strategy.compile != "off":
+            fn = compile_function(fn, strategy, self.counter)
+            if strategy.graphs:
+                fn = graph_safe(fn)
+        return fn
+
+    def _use(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+        self._forward = self._build_forward(strategy)
+        if strategy.precision == "fp16":
+            self.scaler = _grad_scaler(self.device)
+            self._skips = torch.zeros((), device=self.device, dtype=torch.int32)
+        else:
+            self.scaler = None
+
+    def _maybe_fuse_optimizers(self) -> None:
+        if self._fused_request is False or str(self._fused_request).lower() in ("false", "off"):
+            return
+        if self.request.forced_by_env is not None and self._candidates == [Strategy()]:
+            return  # RLSPEED_ACCELERATE=off/fp32: leave everything as the user wrote it
+        for optimizer in self.optimizers:
+            why_not = _fused_blocker(optimizer, self.device)
+            if why_not is None:
+                for group in optimizer.param_groups:
+                    group["foreach"], group["fused"] = False, True
+                optimizer._step_supports_amp_scaling = True  # as torch.optim.Adam(fused=True) sets it
+                self.report.note(f"{type(optimizer).__name__} switched to its fused kernel (same algorithm, one "
+                                 "kernel for all parameters).")
+            elif self._fused_request is True:
+                self.report.note(f"{type(optimizer).__name__} left as is: {why_not}.")
+
+    # --- fp16 -------------------------------------------------------------------------------------------------
+    def _scaled_step(self, loss: torch.Tensor) -> None:
+        scaler = self.scaler
+        torch.autograd.backward(scaler.scale(loss.float()), inputs=self.params)
+        if self.max_grad_norm is not None:
+            for optimizer in self.optimizers:
+                scaler.unscale_(optimizer)
+            clip_grad_norm(self.params, self.max_grad_norm)
+        scale_before = scaler._scale.clone()
+        for optimizer in self.optimizers:
+            scaler.step(optimizer)
+        scaler.update()
+        self._skips += (scaler._scale < scale_before).to(torch.int32)  # the scale only drops when a step was skipped
+        self._steps_in_window += 1
+        if self._steps_in_window >= GUARD_WINDOW:
+            self._check_guard()
+
+    def _check_guard(self) -> None:
+        skipped = int(self._skips.item())  # the one host read per window
+        limit = GUARD_MAX_SKIPS_FIRST if self._windows == 0 else GUARD_MAX_SKIPS
+        self._skips.zero_()
+        self._steps_in_window = 0
+        self._windows += 1
+        if skipped > limit:
+            self._fall_back(f"fp16 produced non-finite gradients in {skipped} of the last {GUARD_WINDOW} steps")
+
+    def _fall_back(self, why: str) -> None:
+        fp32 = replace(self.strategy or Strategy(), precision="fp32")
+        message = f"{why}: falling back to {fp32.label} for {self.name}."
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self.report.note(message)
+        self.report.decisions.append(Decision("all calls", fp32, "fallback", why))
+        self.fell_back = True
+        self._use(fp32)
+
+
+def _fused_blocker(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
+    """Why an optimizer cannot be switched to its fused kernel (None: it can)."""
+    if type(optimizer) not in FUSED_OPTIMIZERS:
+        return f"only {', '.join(c.__name__ for c in FUSED_OPTIMIZERS)} are switched"
+    if device.type not in FUSED_DEVICES:
+        return f"no fused kernel used on {device.type}"
+    if optimizer.state:
+        return "it has already taken steps (its state would need converting)"
+    for group in optimizer.param_groups:
+        if group.get("fused"):
+            return "already fused"
+        if group.get("differentiable") or group.get("capturable"):
+            return "differentiable/capturable optimizers are left alone"
+        for p in group["params"]:
+            if p.is_sparse or not p.is_floating_point() or p.device.type != device.type:
+                return "it holds parameters the fused kernel does not take"
+    return None
+
+
+def _grad_scaler(device: torch.device) -> Any:
+    """torch.amp.GradScaler for the device (torch_npu also ships its own under torch.npu.amp)."""
+    try:
+        return torch.amp.GradScaler(device.type)
+    except (RuntimeError, ValueError, TypeError):
+        backend_amp = getattr(getattr(torch, device.type, None), "amp", None)
+        if backend_amp is not None and hasattr(backend_amp, "GradScaler"):
+            return backend_amp.GradScaler()
+        raise
+
+
+def _loss_of(outputs: Any) -> torch.Tensor:
+    if isinstance(outputs, torch.Tensor):
+        loss = outputs
+    elif isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], torch.Tensor):
+        loss = outputs[0]
+    elif isinstance(outputs, dict) and isinstance(outputs.get("loss"), torch.Tensor):
+        loss = outputs["loss"]
+    else:
+        raise UserError("The loss function must return a scalar loss tensor, a tuple whose first item is the loss, "
+                        "or a dict with a 'loss' entry.")
+    if loss.numel() != 1:
+        raise UserError(f"The loss must be a scalar (one element), got shape {tuple(loss.shape)}: take .mean().")
+    return loss
+
+
+def _detached(outputs: Any) -> Any:
+    return to_float32(map_tensors(outputs, torch.Tensor.detach))
+
+
+def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    result = []
+    for tensor in tensors:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            result.append(tensor)
+    return result
+
+
+def _code_digest(code: Any) -> str:
+    """A hash of a function's bytecode and constants (nested code objects included), stable across runs."""
+    digest = hashlib.sha256()
+
+    def feed(obj: Any) -> None:
+        digest.update(obj.co_code)
+        digest.update(repr(obj.co_names).encode())
+        for const in obj.co_consts:
+            if hasattr(const, "co_code"):
+                feed(const)
+            else:
+                digest.update(repr(const).encode())
+
+    feed(code)
+    return digest.hexdigest()[:16]

@@ -1,0 +1,506 @@
+"""rlspeed.accel: transparency of auto_accelerate, numerics per strategy, the search, the cache, forcing, fp16 guard.
+
+Timing-dependent choices are not asserted (a test is not a benchmark), except where the gap is structural: a tiny
+model at batch 8 is several times slower in bf16 than in fp32 on every machine. torch.compile with inductor is
+slow on a CPU, so the recompile test uses dynamo's "eager" backend (same tracing and guards, no code generation);
+the one inductor test is marked slow and runs only with RLSPEED_SLOW_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import io
+import os
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import rlspeed
+from rlspeed.accel import accelerate_step, auto_accelerate, unaccelerate
+from rlspeed.accel import search as search_module
+from rlspeed.accel.report import Trial
+from rlspeed.accel.strategy import EAGER_FP32, Strategy, bf16_supported, reduced_matmul_supported
+from rlspeed.errors import UserError
+from rlspeed.nn import ActorCritic
+
+CPU = torch.device("cpu")
+needs_bf16 = pytest.mark.skipif(not bf16_supported(CPU), reason="no native bf16 on this CPU")
+needs_bf16_matmul = pytest.mark.skipif(not reduced_matmul_supported(CPU, "bf16-matmul"),
+                                       reason="no bf16 matmul mode on this CPU")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Each test: its own strategy cache, no forced strategy, a short timing budget."""
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    monkeypatch.setattr(search_module, "TIMING_BUDGET_S", 0.03)
+    monkeypatch.setattr(search_module, "ROUNDS", 3)
+
+
+class Policy(nn.Module):
+    """A small user-style module with an extra attribute and a method that calls self()."""
+
+    def __init__(self, obs_dim: int = 4, action_dim: int = 2, hidden: int = 32):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(obs_dim, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
+        self.head = nn.Linear(hidden, action_dim)
+        self.register_buffer("scale", torch.ones(obs_dim))
+        self.greeting = "hello"
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(obs * self.scale))
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        return self(obs).argmax(-1)
+
+
+def make_policy(seed: int = 0, **kwargs) -> Policy:
+    torch.manual_seed(seed)
+    return Policy(**kwargs)
+
+
+def plain_copy(model: nn.Module) -> nn.Module:
+    """An un-accelerated deep copy (for comparisons)."""
+    return unaccelerate(copy.deepcopy(model))
+
+
+# --- transparency ---------------------------------------------------------------------------------------------
+def test_same_object_same_parameters_same_state_dict_keys():
+    model = make_policy()
+    params = list(model.parameters())
+    keys = list(model.state_dict().keys())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # made before accelerating
+    accelerated = auto_accelerate(model, device="cpu")
+    assert accelerated is model
+    assert all(a is b for a, b in zip(accelerated.parameters(), params))
+    assert list(accelerated.state_dict().keys()) == keys
+    assert not any("_orig_mod" in key for key in accelerated.state_dict())
+    assert isinstance(accelerated, Policy)
+    before = params[0].detach().clone()
+    accelerated(torch.randn(16, 4)).square().sum().backward()
+    optimizer.step()
+    assert not torch.equal(params[0], before)
+
+
+def test_outputs_and_signature_match_the_plain_module():
+    model = make_policy()
+    plain = copy.deepcopy(model)
+    accelerated = auto_accelerate(model, device="cpu", precision="fp32", compile=False)
+    obs = torch.randn(8, 4)
+    assert torch.equal(accelerated(obs), plain(obs))
+    assert inspect.signature(accelerated.forward) == inspect.signature(plain.forward)
+    assert accelerated.greeting == "hello"
+    assert torch.equal(accelerated.greedy(obs), plain.greedy(obs))  # a method calling self() works
+
+
+def test_train_eval_and_deepcopy():
+    model = auto_accelerate(make_policy(), device="cpu")
+    model.eval()
+    assert not model.training and not model.body.training
+    model.train()
+    assert model.training and model.body[0].training
+    model(torch.randn(8, 4))  # a decision is made and travels with the copy
+    twin = copy.deepcopy(model)
+    assert type(twin) is type(model) and isinstance(twin, Policy)
+    assert all(a is not b and torch.equal(a, b) for a, b in zip(twin.parameters(), model.parameters()))
+    obs = torch.randn(8, 4)
+    assert torch.equal(twin(obs), model(obs))
+    assert twin.accel_report.decisions[0].chosen == model.accel_report.decisions[0].chosen
+
+
+def test_checkpoints_interoperate_with_plain_modules():
+    accelerated = auto_accelerate(make_policy(seed=1), device="cpu", precision="fp32")
+    plain = make_policy(seed=2)
+    plain.load_state_dict(accelerated.state_dict())
+    obs = torch.randn(8, 4)
+    assert torch.equal(plain(obs), plain_copy(accelerated)(obs))
+
+    other = make_policy(seed=3)
+    accelerated.load_state_dict(other.state_dict())
+    assert torch.equal(accelerated(obs), other(obs))
+
+    buffer = io.BytesIO()
+    torch.save(accelerated.state_dict(), buffer)
+    buffer.seek(0)
+    fresh = make_policy(seed=4)
+    fresh.load_state_dict(torch.load(buffer, weights_only=True))
+    assert torch.equal(fresh(obs), other(obs))
+
+
+def test_whole_module_pickles_and_unaccelerate_restores_the_class():
+    model = auto_accelerate(make_policy(), device="cpu")
+    obs = torch.randn(4, 4)
+    model(obs)  # decided before pickling: the decision travels
+    restored = pickle.loads(pickle.dumps(model))
+    assert isinstance(restored, Policy) and restored.accel_report.decisions
+    assert torch.equal(restored(obs), model(obs))
+    unaccelerate(model)
+    assert type(model) is Policy
+    assert "_rlspeed_accelerator" not in model.__dict__
+
+
+def test_inputs_are_converted_and_moved():
+    class Echo(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(()))
+
+        def forward(self, obs, actions, flag=False):
+            return obs * self.weight, actions, flag
+
+    model = auto_accelerate(Echo(), device="cpu", precision="fp32", compile=False)
+    assert list(inspect.signature(model.forward).parameters) == ["obs", "actions", "flag"]
+    assert list(inspect.signature(auto_accelerate(make_policy()).forward).parameters) == ["obs"]
+    obs, actions, flag = model(np.zeros((3, 2), dtype=np.float64), np.array([1, 0, 1], dtype=np.int32), flag=True)
+    assert obs.dtype == torch.float32 and obs.shape == (3, 2)
+    assert actions.dtype == torch.int64  # rules(cpu).index_dtype
+    assert flag is True
+    obs, actions, _ = model([[0.5, 1.5]], torch.tensor([1], dtype=torch.int16))
+    assert obs.dtype == torch.float32 and torch.equal(obs, torch.tensor([[0.5, 1.5]]))
+    assert actions.dtype == torch.int64
+
+
+def test_actor_critic_from_rlspeed_nn_keeps_its_api():
+    model = auto_accelerate(ActorCritic(4, 2, discrete=True, hidden=(16, 16)), device="cpu")
+    actions, log_probs, values = model.act(np.random.randn(5, 4))
+    assert actions.shape == (5,) and log_probs.dtype == torch.float32 and values.shape == (5,)
+
+
+def test_user_errors_are_one_sentence():
+    with pytest.raises(UserError, match="GradScaler"):
+        auto_accelerate(make_policy(), device="cpu", precision="fp16")
+    with pytest.raises(UserError, match="CUDA"):
+        auto_accelerate(make_policy(), device="cpu", graphs=True)
+    with pytest.raises(UserError, match="precision"):
+        auto_accelerate(make_policy(), device="cpu", precision="fp8")
+    with pytest.raises(UserError, match="Module"):
+        auto_accelerate(lambda x: x)
+
+
+# --- numerics per strategy ------------------------------------------------------------------------------------
+def _forced_module(precision: str) -> tuple[nn.Module, nn.Module]:
+    model = make_policy(hidden=64)
+    plain = copy.deepcopy(model)
+    return auto_accelerate(model, device="cpu", precision=precision, compile=False), plain
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).detach().norm() / b.detach().norm())
+
+
+def test_fp32_is_exact():
+    model, plain = _forced_module("fp32")
+    obs = torch.randn(32, 4)
+    assert torch.equal(model(obs), plain(obs))
+
+
+@needs_bf16
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-matmul", marks=needs_bf16_matmul)])
+def test_reduced_precision_module_stays_within_tolerance(precision):
+    model, plain = _forced_module(precision)
+    obs = torch.randn(256, 4)
+    out = model(obs)
+    assert out.dtype == torch.float32  # outputs come back in the model's dtype
+    assert _rel_err(out, plain(obs)) < 2e-2
+    out.square().mean().backward()
+    plain(obs).square().mean().backward()
+    for p, q in zip(model.parameters(), plain.parameters()):
+        cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), q.grad.flatten(), dim=0)
+        assert cosine > 0.99
+    assert model.accel_strategy.precision == precision
+
+
+@needs_bf16_matmul
+def test_bf16_matmul_setting_is_held_only_while_accelerated_code_runs():
+    setting = torch.backends.mkldnn.matmul
+    before = setting.fp32_precision
+    model, plain = _forced_module("bf16-matmul")
+    seen = []
+    model.head.register_forward_hook(lambda *_: seen.append(setting.fp32_precision))
+    model.head.weight.register_hook(lambda grad: seen.append(setting.fp32_precision))
+    out = model(torch.randn(64, 4))
+    assert setting.fp32_precision == before  # restored after the forward
+    out.sum().backward()
+    assert seen == ["bf16", "bf16"]  # forward and the backward flowing into the outputs ran in bf16-matmul
+    assert setting.fp32_precision == before  # restored when that backward pass ended
+    plain(torch.randn(64, 4)).sum().backward()  # unrelated code is untouched
+    assert setting.fp32_precision == before
+
+
+def _regression_problem(seed: int = 0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+    inputs = torch.randn(128, 8)
+    targets = inputs[:, :1].sin() + 0.1 * inputs[:, 1:2]
+
+    def loss_fn(x, y):
+        return (model(x) - y).square().mean()
+
+    return model, loss_fn, inputs, targets
+
+
+def _train(precision: str, steps: int = 30, fused_optimizer: bool | str = "auto", **kwargs):
+    model, loss_fn, inputs, targets = _regression_problem()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    step = accelerate_step(loss_fn, optimizer, precision=precision, compile=False, fused_optimizer=fused_optimizer,
+                           **kwargs)
+    losses = [step(inputs, targets) for _ in range(steps)]
+    return model, step, torch.stack(losses)
+
+
+def _train_plain(steps: int = 30):
+    model, loss_fn, inputs, targets = _regression_problem()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(inputs, targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return model, torch.stack(losses)
+
+
+def test_fp32_step_matches_the_plain_update():
+    plain_model, plain_losses = _train_plain()
+    model, step, losses = _train("fp32", fused_optimizer=False)
+    assert torch.equal(losses, plain_losses)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), plain_model.parameters()))
+    fused_model, fused_step, fused_losses = _train("fp32")  # fused Adam: same algorithm, rounding may differ
+    assert fused_step.optimizers[0].param_groups[0]["fused"] is True
+    assert torch.allclose(fused_losses, plain_losses, rtol=1e-4, atol=1e-6)
+
+
+@needs_bf16
+@pytest.mark.parametrize("precision", ["bf16", pytest.param("bf16-matmul", marks=needs_bf16_matmul)])
+def test_reduced_precision_step_learns_like_fp32(precision):
+    _, plain_losses = _train_plain()
+    _, step, losses = _train(precision)
+    assert step.strategy.precision == precision
+    assert losses.dtype == torch.float32
+    assert _rel_err(losses, plain_losses) < 5e-2
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_fp16_step_uses_a_grad_scaler_and_learns():
+    _, plain_losses = _train_plain()
+    _, step, losses = _train("fp16", max_grad_norm=10.0)
+    assert step.scaler is not None
+    assert torch.isfinite(losses).all()
+    assert _rel_err(losses, plain_losses) < 5e-2
+    assert step.skipped_steps() <= 16
+
+
+def test_fp16_falls_back_to_fp32_when_gradients_keep_overflowing():
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def exploding_loss(x):  # overflows fp16 (max 65504) on every step, fine in fp32
+        return (model(x) * 1e5).square().mean() * 1e-10
+
+    step = accelerate_step(exploding_loss, optimizer, precision="fp16", compile=False)
+    x = torch.randn(8, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(70):
+            step(x)
+    assert step.fell_back and step.strategy.precision == "fp32" and step.scaler is None
+    assert any("falling back" in str(w.message) for w in caught)
+    assert step.report.decisions[-1].source == "fallback"
+    before = model.weight.detach().clone()
+    step(x)
+    assert not torch.equal(model.weight, before)  # fp32 steps are taken again
+
+
+def test_step_differentiates_only_the_optimizer_parameters():
+    torch.manual_seed(0)
+    actor, critic = nn.Linear(3, 2), nn.Linear(5, 1)
+    optimizer = torch.optim.Adam(actor.parameters(), lr=1e-3)
+
+    def actor_loss(obs):
+        return -critic(torch.cat((obs, actor(obs)), -1)).mean()
+
+    step = accelerate_step(actor_loss, optimizer, precision="fp32", compile=False)
+    out = step(torch.randn(4, 3))
+    assert out.requires_grad is False
+    assert all(p.grad is None for p in critic.parameters())
+    assert all(p.grad is not None for p in actor.parameters())
+
+
+def test_step_returns_aux_outputs_detached_in_fp32():
+    model, loss_fn, inputs, targets = _regression_problem()
+
+    def loss_and_stats(x, y):
+        prediction = model(x)
+        return (prediction - y).square().mean(), prediction.mean()
+
+    step = accelerate_step(loss_and_stats, torch.optim.SGD(model.parameters(), lr=0.1), precision="fp32",
+                           compile=False)
+    loss, mean = step(inputs, targets)
+    assert loss.dim() == 0 and not loss.requires_grad and not mean.requires_grad
+    with pytest.raises(UserError, match="scalar"):
+        accelerate_step(lambda x, y: model(x), torch.optim.SGD(model.parameters(), lr=0.1), precision="fp32",
+                        compile=False)(inputs, targets)
+
+
+# --- search, cache, forcing -------------------------------------------------------------------------------------
+def test_tiny_model_stays_fp32_and_the_search_leaves_no_trace(monkeypatch):
+    monkeypatch.setattr(search_module, "TIMING_BUDGET_S", 0.2)  # a real decision: the default rounds
+    monkeypatch.setattr(search_module, "ROUNDS", 11)
+    model = make_policy()
+    torch.manual_seed(123)
+    obs = torch.randn(8, 4)
+    rng_before = torch.get_rng_state()
+    with torch.no_grad():
+        model = auto_accelerate(model, device="cpu", example_inputs=obs)
+    assert torch.equal(torch.get_rng_state(), rng_before)
+    decision = model.accel_report.decisions[0]
+    assert decision.source == "search"
+    assert [t.strategy.precision for t in decision.trials][0] == "fp32"
+    if len(decision.trials) > 1:  # bf16 exists on this CPU: at batch 8 it is much slower, fp32 must stay
+        assert decision.chosen == EAGER_FP32
+    assert all(p.grad is None for p in model.parameters())
+    text = str(model.accel_report)
+    assert "fp32" in text and "candidate" in text
+
+
+def test_choose_needs_a_margin():
+    fp32, bf16 = Strategy("fp32"), Strategy("bf16")
+    trials = [Trial(fp32, ms_per_call=1.0, passed=True, reference=True), Trial(bf16, ms_per_call=0.95, passed=True)]
+    assert search_module.choose([fp32, bf16], trials)[0] == fp32  # 5% faster is not enough
+    trials[1].ms_per_call = 0.5
+    assert search_module.choose([fp32, bf16], trials)[0] == bf16
+    trials[1].speedup = 1.02  # the best rounds say 2x, the round-paired median says noise: no
+    assert search_module.choose([fp32, bf16], trials)[0] == fp32
+    trials[1].speedup = 1.9
+    assert search_module.choose([fp32, bf16], trials)[0] == bf16
+    trials[1].passed = False
+    assert search_module.choose([fp32, bf16], trials)[0] == fp32  # inaccurate never wins
+
+
+def test_second_model_reuses_the_cached_choice_without_measuring(monkeypatch):
+    obs = torch.randn(64, 4)
+    first = auto_accelerate(make_policy(), device="cpu", example_inputs=obs)
+    if len(first.accel_report.decisions[0].trials) < 2:
+        pytest.skip("only one candidate on this machine: nothing is searched or cached")
+    assert first.accel_report.decisions[0].source == "search"
+    assert any(os.scandir(os.environ["RLSPEED_CACHE_DIR"] + "/accel"))
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the cached choice should have been used")
+
+    monkeypatch.setattr("rlspeed.accel.module.run_search", no_search)
+    second = auto_accelerate(make_policy(seed=5), device="cpu", example_inputs=obs)
+    decision = second.accel_report.decisions[0]
+    assert decision.source == "cache"
+    assert decision.chosen == first.accel_report.decisions[0].chosen
+    assert decision.trials  # the cached record keeps what was measured
+
+
+def test_step_cache(monkeypatch):
+    _, step, _ = _train("auto", steps=1)
+    if step.report.decisions[0].source != "search":
+        pytest.skip("only one candidate on this machine")
+    monkeypatch.setattr("rlspeed.accel.step.run_search", lambda *a, **k: (_ for _ in ()).throw(AssertionError()))
+    _, again, _ = _train("auto", steps=1)
+    assert again.report.decisions[0].source == "cache"
+    assert again.strategy == step.strategy
+
+
+def test_environment_variable_forces_the_strategy(monkeypatch):
+    monkeypatch.setattr("rlspeed.accel.module.run_search", lambda *a, **k: (_ for _ in ()).throw(AssertionError()))
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
+    model = auto_accelerate(make_policy(), device="cpu", precision="bf16")  # the variable wins over arguments
+    model(torch.randn(8, 4))
+    assert model.accel_strategy == EAGER_FP32
+    assert model.accel_report.decisions[0].source == "forced"
+
+    if bf16_supported(CPU):
+        monkeypatch.setenv("RLSPEED_ACCELERATE", "bf16")
+        model = auto_accelerate(make_policy(), device="cpu")
+        model(torch.randn(8, 4))
+        assert model.accel_strategy == Strategy("bf16")
+
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "fp16")  # modules have no GradScaler: fp32, with a note
+    model = auto_accelerate(make_policy(), device="cpu")
+    assert model.accel_strategy == EAGER_FP32 and "fp16" in " ".join(model.accel_report.notes)
+
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "off")  # a step forced off keeps the user's optimizer untouched
+    model, loss_fn, inputs, targets = _regression_problem()
+    optimizer = torch.optim.Adam(model.parameters())
+    accelerate_step(loss_fn, optimizer)(inputs, targets)
+    assert not optimizer.param_groups[0]["fused"]
+
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "warp-speed")
+    with pytest.raises(UserError, match="RLSPEED_ACCELERATE"):
+        auto_accelerate(make_policy(), device="cpu")
+
+
+# --- compile and bucketing ------------------------------------------------------------------------------------
+def test_no_recompile_for_batch_sizes_within_a_bucket(monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "fp32+compile:eager")  # forced: exactly this strategy
+    model = auto_accelerate(make_policy(), device="cpu")
+    model(torch.randn(5, 4))
+    assert model.accel_strategy.bucket  # rows of this MLP are independent: verified, then bucketed
+    compiled = model.accel_compilations
+    assert compiled >= 1
+    for batch in (6, 7, 8, 5):
+        out = model(torch.randn(batch, 4))
+        assert out.shape == (batch, 2)
+    assert model.accel_compilations == compiled
+    model(torch.randn(9, 4))  # the next bucket (16)
+    assert model.accel_compilations == compiled + 1
+
+
+def test_rows_that_interact_are_not_bucketed(monkeypatch):
+    class Centred(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.linear(x - x.mean(0))  # each row depends on the whole batch
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "compile:eager")
+    model = auto_accelerate(Centred(), device="cpu")
+    x = torch.randn(5, 4)
+    assert torch.allclose(model(x), plain_copy(model)(x), atol=1e-6)
+    assert not model.accel_strategy.bucket
+
+
+def test_search_compiles_only_the_eager_winners_precision():
+    torch._dynamo.reset()
+    model = auto_accelerate(make_policy(), device="cpu", compile="eager", example_inputs=torch.randn(32, 4))
+    trials = model.accel_report.decisions[0].trials
+    eager = [t for t in trials if t.strategy.compile == "off"]
+    compiled = [t for t in trials if t.strategy.compile != "off"]
+    assert eager and len(compiled) == 1  # one compile, not one per precision
+    assert compiled[0].passed and compiled[0].ms_per_call is not None
+    x = torch.randn(32, 4)
+    assert torch.allclose(model(x), plain_copy(model)(x), rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.skipif(os.environ.get("RLSPEED_SLOW_TESTS") != "1", reason="inductor compiles for 10-60 s on a CPU; "
+                    "set RLSPEED_SLOW_TESTS=1")
+def test_inductor_step_matches_eager(monkeypatch):
+    _, plain_losses = _train_plain(steps=5)
+    model, loss_fn, inputs, targets = _regression_problem()
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "fp32+compile")
+    step = accelerate_step(loss_fn, torch.optim.Adam(model.parameters(), lr=1e-2))
+    losses = torch.stack([step(inputs, targets) for _ in range(5)])
+    assert step.compilations >= 1
+    assert torch.allclose(losses, plain_losses, rtol=1e-3)
+
+
+def test_public_names_are_exported():
+    assert rlspeed.auto_accelerate is auto_accelerate
+    assert rlspeed.accelerate_step is accelerate_step
