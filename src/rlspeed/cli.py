@@ -133,7 +133,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
                "steps_to_target": result.steps_to_target,
                "final_eval": {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"]},
-               "accelerate": {"precision": "fp32", "compile": "off"}}
+               "accelerate": model.acceleration_summary()}
     if strategy.enabled or resumed_from is not None:
         summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
                                   "restarts": restarts, "resumed_from_timesteps": resumed_from,

@@ -130,6 +130,9 @@ class Algorithm:
         self.accelerate = accelerate
         if accelerate not in ("auto", "off"):
             raise UserError(f"--accelerate must be auto or off, got '{accelerate}'.")
+        if accelerate == "auto" and self.strategy.enabled:
+            raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
+                            "under torchrun.")
         self._env: BatchedEnv | None = None
         if isinstance(env, str):
             self.env_id = env
@@ -154,6 +157,13 @@ class Algorithm:
                 self.strategy.broadcast_module(module)
             if seed is not None:
                 torch.manual_seed(self.strategy.seed_for_rank(seed))
+
+    def acceleration_summary(self) -> dict:
+        """What the acceleration layer chose for the update step (summary.json's `accelerate` field)."""
+        report = getattr(getattr(self, "_update_step", None), "report", None)
+        if self.accelerate != "auto" or report is None:
+            return {"precision": "fp32", "compile": "off"}
+        return dict(report.summary())
 
     def _modules_to_sync(self) -> list[torch.nn.Module]:
         """Modules whose initial state rank 0 broadcasts (networks and their target copies)."""

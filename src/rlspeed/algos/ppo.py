@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlspeed.accel import accelerate_step, auto_accelerate
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
@@ -78,6 +79,11 @@ class PPO(Algorithm):
                                   cfg.log_std_init).to(self.device)
         self._params = list(self.policy.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
+        self._update_step = self._plain_step
+        if self.accelerate == "auto":  # measured: keeps fp32 eager unless another strategy is faster and accurate
+            self.policy = auto_accelerate(self.policy, device=self.device)
+            self._update_step = accelerate_step(self._loss, self.optimizer, params=self._params,
+                                                max_grad_norm=cfg.max_grad_norm, device=self.device, name="ppo")
         if not spec.discrete:
             box = spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
@@ -148,43 +154,53 @@ class PPO(Algorithm):
         minibatch = min(max(cfg.batch_size // self.strategy.world_size, 1), batch_size)
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
+        clip = torch.tensor(clip_range, device=self.device)  # a tensor: a compiled step must not specialise on it
         for _epoch in range(cfg.n_epochs):
             # One minibatch covering the whole batch needs no shuffle: its gradient does not depend on order.
             order = torch.randperm(batch_size, device=self.device) if minibatch < batch_size else None
             for start in range(0, batch_size - minibatch + 1, minibatch):
                 index = order[start:start + minibatch] if order is not None else slice(None)
-                new_log_probs, entropy, new_values = policy.evaluate(batch_obs[index], batch_actions[index])
-                log_ratio = new_log_probs - batch_log_probs[index]
-                ratio = log_ratio.exp()
-                mb_advantages = batch_advantages[index]
-                if cfg.normalize_advantage and minibatch > 1:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                policy_loss = torch.max(-mb_advantages * ratio,
-                                        -mb_advantages * ratio.clamp(1 - clip_range, 1 + clip_range)).mean()
-                if cfg.clip_range_vf is None:
-                    value_loss = 0.5 * (new_values - batch_returns[index]).square().mean()
-                else:
-                    old_values = batch_values[index]
-                    clipped = old_values + (new_values - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
-                    value_loss = 0.5 * torch.max((new_values - batch_returns[index]).square(),
-                                                 (clipped - batch_returns[index]).square()).mean()
-                entropy_loss = entropy.mean()
-                loss = policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss
-
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                self.strategy.all_reduce_gradients(self._params)  # no-op in a single process
-                clip_grad_norm(self._params, cfg.max_grad_norm)
-                self.optimizer.step()
-
-                with torch.no_grad():
-                    approx_kl = ((ratio - 1) - log_ratio).mean()
-                    clipfrac = ((ratio - 1.0).abs() > clip_range).float().mean()
-                    stats += torch.stack((policy_loss, value_loss, entropy_loss, approx_kl, clipfrac)).detach()
+                _, minibatch_stats = self._update_step(batch_obs[index], batch_actions[index], batch_log_probs[index],
+                                                       batch_values[index], batch_advantages[index],
+                                                       batch_returns[index], clip)
+                stats += minibatch_stats
                 updates += 1
         stats /= max(updates, 1)
         metrics = {"episode_return_sum": episode_return_sum, "episode_count": episode_count,
                    "policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],
                    "clipfrac": stats[4]}
         return cfg.num_steps * env.num_envs, metrics
+
+    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
+        """The PPO loss of one minibatch: (loss, [policy loss, value loss, entropy, approx_kl, clipfrac])."""
+        cfg = self.config
+        new_log_probs, entropy, new_values = self.policy.evaluate(obs, actions)
+        log_ratio = new_log_probs - old_log_probs
+        ratio = log_ratio.exp()
+        if cfg.normalize_advantage and advantages.shape[0] > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        # L^CLIP = E[min(r A, clip(r, 1 - eps, 1 + eps) A)], minimised as its negative
+        policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)).mean()
+        if cfg.clip_range_vf is None:
+            value_loss = 0.5 * (new_values - returns).square().mean()
+        else:
+            clipped = old_values + (new_values - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
+            value_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean()
+        entropy_loss = entropy.mean()
+        loss = policy_loss - cfg.ent_coef * entropy_loss + cfg.vf_coef * value_loss
+        with torch.no_grad():
+            approx_kl = ((ratio - 1) - log_ratio).mean()
+            clipfrac = ((ratio - 1.0).abs() > clip_range).float().mean()
+            stats = torch.stack((policy_loss, value_loss, entropy_loss, approx_kl, clipfrac)).detach()
+        return loss, stats
+
+    def _plain_step(self, *minibatch):
+        """zero_grad, loss, backward, (all-reduce), clip, Adam step: one update in fp32 eager."""
+        loss, stats = self._loss(*minibatch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.strategy.all_reduce_gradients(self._params)  # no-op in a single process
+        clip_grad_norm(self._params, self.config.max_grad_norm)
+        self.optimizer.step()
+        return loss.detach(), stats
 
