@@ -65,15 +65,42 @@ class EnsembleMLP(nn.Module):
             self.weights.append(nn.Parameter(weight))
             self.biases.append(nn.Parameter(torch.zeros(num_members, 1, fan_out)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | None = None, detached: bool = False) -> torch.Tensor:
+        """Outputs `[K, B, out]`. `members` (a slice) evaluates only those members, e.g. `slice(0, 1)`;
+        `detached` uses the weights as constants: gradients flow to `x` only (e.g. an actor's loss through a critic).
+        """
+        num_members = self.num_members if members is None else len(range(self.num_members)[members])
         if x.dim() == 2:
-            x = x.unsqueeze(0).expand(self.num_members, -1, -1)
+            x = x.unsqueeze(0).expand(num_members, -1, -1)
         last = len(self.weights) - 1
         for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            if members is not None:
+                weight, bias = weight[members], bias[members]
+            if detached:
+                weight, bias = weight.detach(), bias.detach()
             x = torch.baddbmm(bias, x, weight)
             if layer < last:
                 x = self.activation(x)
         return x
+
+
+class QEnsemble(nn.Module):
+    """K state-action value networks Q_k(s, a) held as one `EnsembleMLP`: all K evaluated in one batched pass.
+
+    Used for the twin critics of SAC and TD3 (K=2) and DDPG's single critic (K=1). `forward(obs, actions)`
+    takes `[B, obs_dim]` and `[B, action_dim]` and returns Q-values `[K, B]`.
+    """
+
+    def __init__(self, num_members: int, obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256),
+                 activation: str = "relu"):
+        super().__init__()
+        self.num_members = num_members
+        self.body = EnsembleMLP(num_members, obs_dim + action_dim, hidden, 1, activation)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice | None = None,
+                detached: bool = False) -> torch.Tensor:
+        """Q-values `[K, B]` (or `[len(members), B]` for a slice of the members); see `EnsembleMLP.forward`."""
+        return self.body(torch.cat((obs, actions), dim=-1), members, detached).squeeze(-1)
 
 
 class ActorCritic(nn.Module):

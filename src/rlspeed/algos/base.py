@@ -193,6 +193,13 @@ class Algorithm:
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {}
 
+    def _modules(self) -> dict[str, torch.nn.Module | torch.Tensor]:
+        """What a checkpoint holds besides optimisers: name -> module, or a lone tensor (e.g. SAC's log_alpha).
+
+        Names become key prefixes in the checkpoint (`policy.body.weights.0`); default: just the policy.
+        """
+        return {"policy": self.policy}
+
     # --- shared ---------------------------------------------------------------------------------------------
     def _check_action_space(self, spec: EnvSpec) -> None:
         space = spec.action_space
@@ -364,7 +371,12 @@ class Algorithm:
     # --- checkpoints ------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON)."""
-        tensors = {f"policy.{k}": v for k, v in self.policy.state_dict().items()}
+        tensors: dict[str, torch.Tensor] = {}
+        for name, module in self._modules().items():
+            if isinstance(module, torch.Tensor):
+                tensors[name] = module.detach()
+            else:
+                tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
         if self.obs_rms is not None:
             tensors.update({f"obs_rms.{k}": v for k, v in self.obs_rms.state_dict().items()})
         optim_meta = {}
@@ -428,7 +440,13 @@ class Algorithm:
 
     def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors."""
-        self.policy.load_state_dict({k[len("policy."):]: v for k, v in tensors.items() if k.startswith("policy.")})
+        for name, module in self._modules().items():
+            if isinstance(module, torch.Tensor):
+                if name in tensors:
+                    with torch.no_grad():
+                        module.copy_(tensors[name])
+            else:
+                module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
         rms_state = {k[len("obs_rms."):]: v for k, v in tensors.items() if k.startswith("obs_rms.")}
         if rms_state:
             if self.obs_rms is None:

@@ -1,0 +1,402 @@
+"""Off-policy algorithms: rlspeed SAC on Pendulum-v1 and DQN on CartPole-v1 against Stable-Baselines3, side by side in
+one process, seeds interleaved.
+
+(a) Throughput: env steps per second of training at identical RL-Zoo hyperparameters for a fixed budget without
+    evaluation. SAC Pendulum-v1: 1 env, batch 256, [256, 256] ReLU actor and critics, one gradient step per env step,
+    learning rate 1e-3, learning_starts 100, automatic entropy tuning. DQN CartPole-v1: 1 env, batch 64,
+    [256, 256], train_freq 256, gradient_steps 128, learning rate 2.3e-3, learning_starts 1000, target update every
+    10 steps, epsilon 1 -> 0.04 over 16% of the run. Gymnasium envs for both (rlspeed env_backend="gymnasium", SB3
+    DummyVecEnv), plus rlspeed on its device-native torch env, in fp32 eager and with `accelerate="auto"` (the
+    acceleration layer's measured choice of precision/compilation for the update step).
+(b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches the target
+    (SAC Pendulum-v1: -200; DQN CartPole-v1: 475), each library at its own best settings (rlspeed: its shipped preset,
+    env backend auto; SB3: the RL-Zoo settings above), both evaluated every `eval_freq` env steps, evaluation time
+    excluded from the training clock of both.
+
+torch.set_num_threads(--threads, default 1) holds for every run of both libraries. Only `learn` is timed (model
+and env construction are not). Usage: python benchmarks/offpolicy.py [--quick] [--seeds N] [--cases sac,dqn] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+
+import common
+import torch
+
+import rlspeed
+from rlspeed.presets import load_preset, split_run_settings
+
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+
+
+@dataclass
+class Case:
+    """One (algorithm, env) comparison: RL-Zoo hyperparameters in each library's names, budgets and target."""
+
+    key: str
+    algo: str
+    env_id: str
+    target_return: float
+    zoo_rlspeed: dict
+    zoo_sb3: dict
+    zoo_description: str
+    throughput_steps: int  # per throughput run (a)
+    quick_throughput_steps: int
+    quick_budget: int
+    sb3_policy_kwargs: dict = field(default_factory=dict)
+
+
+# RL-Zoo hyperparameters (rl-baselines3-zoo hyperparams/sac.yml and dqn.yml), SB3 defaults filled in.
+CASES = {
+    "sac": Case(
+        key="sac", algo="sac", env_id="Pendulum-v1", target_return=-200.0,
+        zoo_rlspeed=dict(num_envs=1, train_freq=1, gradient_steps=1, batch_size=256, learning_starts=100,
+                         buffer_size=1_000_000, learning_rate=1e-3, tau=0.005, gamma=0.99, net_arch=(256, 256),
+                         activation="relu"),
+        zoo_sb3=dict(learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256, tau=0.005,
+                     gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto"),
+        sb3_policy_kwargs=dict(net_arch=[256, 256]),
+        zoo_description="RL-Zoo SAC Pendulum-v1 (lr 1e-3, batch 256, [256, 256], 1 gradient step per env step)",
+        throughput_steps=3000, quick_throughput_steps=300, quick_budget=3000),
+    "dqn": Case(
+        key="dqn", algo="dqn", env_id="CartPole-v1", target_return=475.0,
+        zoo_rlspeed=dict(num_envs=1, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
+                         gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                         exploration_fraction=0.16, exploration_final_eps=0.04, net_arch=(256, 256), tau=1.0,
+                         max_grad_norm=10.0),
+        zoo_sb3=dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
+                     target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
+                     exploration_final_eps=0.04),
+        sb3_policy_kwargs=dict(net_arch=[256, 256]),
+        zoo_description="RL-Zoo DQN CartPole-v1 (batch 64, [256, 256], train_freq 256, gradient_steps 128)",
+        throughput_steps=20_000, quick_throughput_steps=2048, quick_budget=5000),
+}
+
+
+def rlspeed_class(case: Case):
+    return {"sac": rlspeed.SAC, "dqn": rlspeed.DQN}[case.algo]
+
+
+def sb3_class(case: Case):
+    from stable_baselines3 import DQN, SAC
+
+    return {"sac": SAC, "dqn": DQN}[case.algo]
+
+
+def sb3_model(case: Case, env, seed: int):
+    return sb3_class(case)("MlpPolicy", env, device="cpu", seed=seed, policy_kwargs=case.sb3_policy_kwargs,
+                           **case.zoo_sb3)
+
+
+# --- (a) throughput ----------------------------------------------------------------------------------------------
+def rlspeed_throughput(case: Case, seed: int, steps: int, backend: str, args, accelerate: str = "off") -> dict:
+    model = rlspeed_class(case)(case.env_id, env_backend=backend, device=args.device, seed=seed,
+                                num_threads=args.threads, accelerate=accelerate, **case.zoo_rlspeed)
+    model.make_training_env()  # built outside the timed region, like SB3's env (built by make_vec_env)
+    started = time.perf_counter()
+    model.learn(steps, progress_bar=False)
+    learn_wall_s = time.perf_counter() - started
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "accelerate": model.acceleration_summary(), "steps": result.total_timesteps,
+            "train_wall_s": result.train_wall_s, "sps": result.sps, "learn_wall_s": learn_wall_s,
+            "threads": torch.get_num_threads()}
+
+
+def sb3_throughput(case: Case, seed: int, steps: int, args) -> dict:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(case.env_id, n_envs=1, seed=seed)  # DummyVecEnv
+    model = sb3_model(case, env, seed)
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    model.learn(steps)
+    learn_wall_s = time.perf_counter() - started
+    env.close()
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+# --- (b) time to target ------------------------------------------------------------------------------------------
+def rlspeed_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args) -> dict:
+    _run, hyperparameters = split_run_settings(load_preset(case.algo, case.env_id))
+    model = rlspeed_class(case)(case.env_id, env_backend="auto", device=args.device, seed=seed,
+                                num_threads=args.threads, accelerate=args.accelerate, **hyperparameters)
+    model.learn(budget, target_return=case.target_return, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
+                progress_bar=False)
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
+            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
+            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
+            "threads": torch.get_num_threads()}
+
+
+def make_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return: float):
+    """An SB3 callback that evaluates like rlspeed's learn(target_return=...) and stops training at the target.
+
+    When a rollout starts (SB3 calls this before every `train_freq` collection, after the previous gradient steps)
+    and the step count has passed the next evaluation point, it pauses the clock, runs a deterministic
+    `EVAL_EPISODES`-episode evaluation on `eval_env` (reseeded with `eval_seed + steps`, as rlspeed does), resumes
+    the clock and asks SB3 to stop once the mean reaches the target. Training that runs out of budget gets a final
+    evaluation, as in rlspeed. (The same approach as `ppo_cartpole.py`.)
+    """
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    class TimeToTarget(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.clock_start = 0.0
+            self.eval_s = 0.0
+            self.next_eval = eval_freq
+            self.last_eval_steps = -1
+            self.time_to_target_s: float | None = None
+            self.steps_to_target: int | None = None
+            self.evaluations: list[list] = []
+
+        def start_clock(self) -> None:
+            self.clock_start = time.perf_counter()
+
+        def train_clock(self) -> float:
+            return time.perf_counter() - self.clock_start - self.eval_s
+
+        def _evaluate(self) -> None:
+            paused = time.perf_counter()
+            train_clock = paused - self.clock_start - self.eval_s
+            steps = self.model.num_timesteps
+            eval_env.seed(eval_seed + steps)
+            mean, _std = evaluate_policy(self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
+            self.eval_s += time.perf_counter() - paused
+            self.last_eval_steps = steps
+            self.evaluations.append([steps, train_clock, float(mean)])
+            if mean >= target_return:
+                self.time_to_target_s, self.steps_to_target = train_clock, steps
+
+        def _on_rollout_start(self) -> None:
+            if self.time_to_target_s is None and self.model.num_timesteps >= self.next_eval:
+                self.next_eval = self.model.num_timesteps + eval_freq
+                self._evaluate()
+
+        def _on_step(self) -> bool:
+            return self.time_to_target_s is None
+
+        def _on_training_end(self) -> None:
+            if self.time_to_target_s is None and self.model.num_timesteps != self.last_eval_steps:
+                self._evaluate()
+
+    return TimeToTarget()
+
+
+def sb3_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args) -> dict:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(case.env_id, n_envs=1, seed=seed)
+    eval_env = make_vec_env(case.env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
+    model = sb3_model(case, env, seed)
+    callback = make_target_callback(eval_env, eval_freq, seed + EVAL_SEED_OFFSET, case.target_return)
+    common.set_threads(args.threads)
+    callback.start_clock()
+    model.learn(budget, callback=callback)
+    train_wall_s = callback.train_clock()
+    env.close()
+    eval_env.close()
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "reached": callback.time_to_target_s is not None, "time_to_target_s": callback.time_to_target_s,
+            "steps_to_target": callback.steps_to_target, "steps": model.num_timesteps,
+            "train_wall_s": train_wall_s, "evaluations": callback.evaluations, "threads": torch.get_num_threads()}
+
+
+# --- report ------------------------------------------------------------------------------------------------------
+def throughput_rows(case: Case) -> dict[str, tuple[str, str]]:
+    """Run name -> (library, env column)."""
+    native = "Pendulum" if case.env_id.startswith("Pendulum") else "CartPole"
+    return {"rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
+            "rlspeed-torch": ("rlspeed", f"native torch {native} (env_backend=\"torch\")"),
+            "rlspeed-torch-accelerate": ("rlspeed, accelerate=auto",
+                                         f"native torch {native} (env_backend=\"torch\")"),
+            "sb3": ("Stable-Baselines3", "Gymnasium DummyVecEnv")}
+
+
+def summarize(case: Case, throughput: list[dict], to_target: list[dict]) -> dict:
+    summary: dict = {"throughput": {}, "time_to_target": {}}
+    for name in throughput_rows(case):
+        runs = [r for r in throughput if r["name"] == name]
+        if runs:
+            summary["throughput"][name] = common.spread([r["sps"] for r in runs])
+    sb3_sps = summary["throughput"].get("sb3", {}).get("median")
+    for stats in summary["throughput"].values():
+        stats["ratio_to_sb3"] = common.ratio(stats["median"], sb3_sps)
+    for name in ("rlspeed", "sb3"):
+        runs = [r for r in to_target if r["name"] == name]
+        if runs:
+            summary["time_to_target"][name] = {
+                "env_backend": runs[0]["env_backend"],
+                "time_to_target_s": common.spread([r["time_to_target_s"] for r in runs]),
+                "steps_to_target": common.spread([r["steps_to_target"] for r in runs]),
+            }
+    if {"rlspeed", "sb3"} <= summary["time_to_target"].keys():
+        summary["time_to_target"]["sb3_over_rlspeed"] = common.ratio(
+            summary["time_to_target"]["sb3"]["time_to_target_s"]["median"],
+            summary["time_to_target"]["rlspeed"]["time_to_target_s"]["median"])
+    return summary
+
+
+def report_case(case: Case, summary: dict, settings: dict) -> str:
+    seeds, threads = settings["seeds"], settings["threads"]
+    title = f"{case.algo.upper()} on {case.env_id}"
+    lines = [f"### {title}: (a) throughput at identical hyperparameters ({settings['steps'][case.key]:,} env steps, "
+             "no evaluation)", "",
+             f"{case.zoo_description} for both, {seeds} seeds interleaved, torch.set_num_threads({threads}), rlspeed "
+             f"on device `{settings['device']}` (fp32 eager, and with the acceleration layer's measured choice: "
+             f"{settings['accelerated'].get(case.key, 'not run')}), SB3 on `cpu`. Env steps per second of `learn` "
+             "(the acceleration layer's one-off search, cached after the warm-up run, included).", ""]
+    rows = []
+    labels = throughput_rows(case)
+    for name, stats in summary["throughput"].items():
+        library, env = labels[name]
+        rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
+                     common.fmt_ratio(stats["ratio_to_sb3"])])
+    lines += [common.markdown_table(["Library", "Envs (1)", "Steps/s median", f"Range ({seeds} seeds)",
+                                     "rlspeed / SB3"], rows), ""]
+
+    lines += [f"### {title}: (b) time to mean eval return >= {case.target_return:g} "
+              f"(budget {settings['budget'][case.key]:,} steps)", "",
+              "Each library at its own best settings; deterministic "
+              f"{EVAL_EPISODES}-episode evaluation on a separate env every {settings['eval_freq'][case.key]:,} env "
+              "steps, evaluation time excluded from the training clock. Medians count a seed that missed the target "
+              "as never reaching it (no median when most seeds miss); ranges are over the seeds that reached it.", ""]
+    rows = []
+    labels = {"rlspeed": ("rlspeed", f"shipped preset `{case.algo}` / `{case.env_id}`"),
+              "sb3": ("Stable-Baselines3", f"RL-Zoo {case.env_id}")}
+    time_to_target = summary["time_to_target"]
+    for name in ("rlspeed", "sb3"):
+        if name not in time_to_target:
+            continue
+        stats = time_to_target[name]
+        seconds, steps = stats["time_to_target_s"], stats["steps_to_target"]
+        ratio = time_to_target.get("sb3_over_rlspeed") if name == "rlspeed" else 1.0
+        if "sb3" not in time_to_target:
+            ratio = None
+        envs = f"auto → {stats['env_backend']}" if name == "rlspeed" else stats["env_backend"]
+        rows.append([*labels[name], envs, f"{seconds['count']}/{seconds['of']}",
+                     common.fmt(seconds["median"], ".2f"), common.fmt_range(seconds, ".2f"),
+                     common.fmt(steps["median"]), common.fmt_range(steps), common.fmt_ratio(ratio)])
+    lines += [common.markdown_table(["Library", "Settings", "Envs", "Reached", "Seconds median", "Seconds range",
+                                     "Steps median", "Steps range", "SB3 / rlspeed (time)"], rows), ""]
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--cases", default="sac,dqn", help="comma-separated: sac (Pendulum-v1), dqn (CartPole-v1)")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default 5, quick 2")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="env steps per throughput run (a); default SAC 3000 / DQN 20000, quick 300 / 2048")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env step budget per time-to-target run (b); default rlspeed's preset total_timesteps "
+                             "(RL-Zoo's: SAC 20000, DQN 50000), quick 2000 / 5000")
+    parser.add_argument("--eval-freq", type=int, default=None,
+                        help="evaluate every N env steps in (b), both libraries; default rlspeed's preset eval_freq")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
+    parser.add_argument("--device", default="cpu", help="rlspeed's device (SB3 always runs on cpu)")
+    parser.add_argument("--accelerate", default="off", choices=["off", "auto"],
+                        help="rlspeed's acceleration layer in (b) (the throughput table (a) shows both)")
+    parser.add_argument("--no-accelerate-row", action="store_true",
+                        help="leave the accelerate=auto row out of the throughput table (a)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-run settings")
+    parser.add_argument("--skip-sb3", action="store_true", help="run rlspeed only")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
+    args = parser.parse_args()
+    args.cases = [CASES[key.strip()] for key in args.cases.split(",") if key.strip()]
+    args.seeds = args.seeds or (2 if args.quick else 5)
+    return args
+
+
+def case_settings(case: Case, args) -> tuple[int, int, int]:
+    """(throughput steps, time-to-target budget, eval_freq) for a case."""
+    run_settings, _ = split_run_settings(load_preset(case.algo, case.env_id))
+    steps = args.steps or (case.quick_throughput_steps if args.quick else case.throughput_steps)
+    budget = args.budget or (case.quick_budget if args.quick else int(run_settings.get("total_timesteps", 50_000)))
+    eval_freq = args.eval_freq or int(run_settings.get("eval_freq", 1000))
+    return steps, budget, eval_freq
+
+
+def run_case(case: Case, seeds: list[int], settings: dict, args) -> dict:
+    """Throughput (a) and time to target (b) of one case, seeds interleaved; returns the raw runs and a summary."""
+    steps, budget, eval_freq = case_settings(case, args)
+    settings["steps"][case.key], settings["budget"][case.key], settings["eval_freq"][case.key] = (
+        steps, budget, eval_freq)
+    settings["cases"][case.key] = {"env_id": case.env_id, "target_return": case.target_return,
+                                   "zoo_hyperparameters_rlspeed": case.zoo_rlspeed,
+                                   "zoo_hyperparameters_sb3": case.zoo_sb3,
+                                   "rlspeed_preset": load_preset(case.algo, case.env_id)}
+    print(f"{case.algo.upper()} {case.env_id}: {len(seeds)} seeds, torch.set_num_threads({args.threads}), "
+          f"rlspeed device {args.device}", flush=True)
+    throughput_runs = {
+        "rlspeed-gymnasium": lambda seed, n: rlspeed_throughput(case, seed, n, "gymnasium", args),
+        "sb3": lambda seed, n: sb3_throughput(case, seed, n, args),
+        "rlspeed-torch": lambda seed, n: rlspeed_throughput(case, seed, n, "torch", args),
+        "rlspeed-torch-accelerate": lambda seed, n: rlspeed_throughput(case, seed, n, "torch", args, "auto"),
+    }
+    if args.skip_sb3:
+        del throughput_runs["sb3"]
+    if args.no_accelerate_row:
+        del throughput_runs["rlspeed-torch-accelerate"]
+    warm_up = case.zoo_rlspeed["learning_starts"] + 256
+    print(f"warm-up (one short run of each, {warm_up} steps, not recorded)", flush=True)
+    for run in throughput_runs.values():
+        run(0, warm_up)
+
+    print(f"(a) throughput, {steps:,} steps per run", flush=True)
+    throughput = common.interleave(seeds, {name: (lambda seed, run=run: run(seed, steps))
+                                           for name, run in throughput_runs.items()})
+
+    print(f"(b) time to {case.target_return:g}, budget {budget:,} steps, eval every {eval_freq:,}", flush=True)
+    target_runs = {"rlspeed": lambda seed: rlspeed_time_to_target(case, seed, budget, eval_freq, args)}
+    if not args.skip_sb3:
+        target_runs["sb3"] = lambda seed: sb3_time_to_target(case, seed, budget, eval_freq, args)
+    to_target = common.interleave(seeds, target_runs)
+    accelerated = {json.dumps(r["accelerate"], sort_keys=True) for r in throughput
+                   if r["name"] == "rlspeed-torch-accelerate"}
+    if accelerated:
+        settings["accelerated"][case.key] = " / ".join(sorted(accelerated))
+    return {"summary": summarize(case, throughput, to_target), "throughput": throughput, "time_to_target": to_target}
+
+
+def main() -> None:
+    args = parse_args()
+    args.threads = common.set_threads(args.threads)
+    seeds = list(range(args.seeds))
+    settings: dict = {"seeds": args.seeds, "threads": args.threads, "device": args.device, "quick": args.quick,
+                      "accelerate": args.accelerate, "skip_sb3": args.skip_sb3, "eval_episodes": EVAL_EPISODES,
+                      "steps": {}, "budget": {}, "eval_freq": {}, "cases": {}, "accelerated": {}}
+    results: dict = {}
+    sections = []
+    if args.quick:
+        sections += ["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
+    for case in args.cases:
+        results[case.key] = run_case(case, seeds, settings, args)
+        sections.append(report_case(case, results[case.key]["summary"], settings))
+
+    machine = common.machine_description()
+    machine["torch_threads"] = args.threads
+    table = "\n".join(sections + ["Machine:", "", common.machine_block(machine)])
+    print()
+    print(table)
+    if not args.no_write:
+        path = common.write_json("offpolicy", {"machine": machine, "settings": settings, "results": results})
+        readme = common.update_readme("offpolicy", "## Off-policy: SAC on Pendulum-v1, DQN on CartPole-v1 "
+                                      "(`benchmarks/offpolicy.py`)\n\n" + table)
+        print(f"\nwrote {path} and {readme}")
+
+
+if __name__ == "__main__":
+    main()

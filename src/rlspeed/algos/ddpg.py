@@ -1,0 +1,33 @@
+"""Deep Deterministic Policy Gradient (Lillicrap et al., 2016): TD3 with one critic, no delay and no smoothing.
+
+The update is TD3's (`td3.py`) with these settings, as in Stable-Baselines3: a single critic regressing onto
+y = r + gamma^m (1 - d) Q_target(s', mu_target(s')), and the actor following the deterministic policy gradient
+-E[Q(s, mu(s))] on every critic update. Exploration noise is Gaussian or Ornstein-Uhlenbeck (`action_noise`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlspeed.algos.td3 import TD3, TD3Config
+
+
+@dataclass
+class DDPGConfig(TD3Config):
+    """DDPG hyperparameters: TD3's, with one critic, no policy delay and no target policy smoothing."""
+
+    n_critics: int = 1
+    policy_delay: int = 1
+    target_policy_noise: float = 0.0
+
+
+class DDPG(TD3):
+    """DDPG for Box action spaces.
+
+    >>> model = DDPG("Pendulum-v1", seed=0).learn(20_000)
+    >>> action, _ = model.predict(obs, deterministic=True)
+    """
+
+    name = "ddpg"
+    config_cls = DDPGConfig
+    config: DDPGConfig

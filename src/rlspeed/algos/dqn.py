@@ -1,0 +1,171 @@
+"""Deep Q-Network (Mnih et al., 2015) with Double DQN targets and an optional dueling head, all on the device.
+
+Epsilon-greedy exploration decides per env row on the device (`torch.where` over a uniform draw; the epsilon of
+the linear schedule comes from the host's step counter, so nothing is read back). Targets use Double DQN (van
+Hasselt et al., 2016) unless `double_q` is off; the loss is Huber, gradients are clipped by global norm, and the
+target network follows the online one every `target_update_interval` env steps, by hard copy (`tau=1`) or Polyak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlspeed.algos.base import require
+from rlspeed.algos.off_policy import (
+    BATCH_FIELDS,
+    OffPolicyAlgorithm,
+    OffPolicyConfig,
+    frozen_copy,
+    polyak_update,
+)
+from rlspeed.device import rules
+from rlspeed.nn import ACTIVATIONS, make_adam, mlp
+
+
+@dataclass
+class DQNConfig(OffPolicyConfig):
+    """DQN hyperparameters (names and defaults follow Stable-Baselines3)."""
+
+    train_freq: int = 4
+    batch_size: int = 32
+    learning_starts: int = 100
+    learning_rate: float = 1e-4
+    tau: float = 1.0
+    net_arch: tuple[int, ...] = (64, 64)
+    target_update_interval: int = 10_000  # env steps between target updates
+    exploration_fraction: float = 0.1  # share of the run over which epsilon decays linearly
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.05
+    max_grad_norm: float = 10.0
+    double_q: bool = True
+    dueling: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        require(self.target_update_interval >= 1,
+                f"target_update_interval must be >= 1, got {self.target_update_interval}.")
+        require(0 < self.exploration_fraction <= 1,
+                f"exploration_fraction must be in (0, 1], got {self.exploration_fraction}.")
+        require(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
+                "exploration epsilons must satisfy 0 <= exploration_final_eps <= exploration_initial_eps <= 1.")
+        require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for all actions. Dueling (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: str = "relu",
+                 dueling: bool = False):
+        super().__init__()
+        self.dueling = dueling
+        if dueling:
+            # shared body, then one linear layer giving V (column 0) and A (the other columns) together
+            self.body = nn.Sequential(mlp(obs_dim, hidden[:-1], hidden[-1], activation), ACTIVATIONS[activation]())
+            self.head = nn.Linear(hidden[-1], 1 + num_actions)
+        else:
+            self.body = mlp(obs_dim, hidden, num_actions, activation)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.dueling:
+            return self.body(obs)
+        out = self.head(self.body(obs))
+        value, advantages = out[:, :1], out[:, 1:]
+        return value + advantages - advantages.mean(dim=1, keepdim=True)
+
+
+class DQN(OffPolicyAlgorithm):
+    """DQN for Discrete action spaces.
+
+    >>> model = DQN("CartPole-v1", seed=0).learn(50_000)
+    >>> action, _ = model.predict(obs, deterministic=True)
+    """
+
+    name = "dqn"
+    config_cls = DQNConfig
+    config: DQNConfig
+    supports_continuous = False
+
+    def _setup(self) -> None:
+        cfg, spec = self.config, self.spec
+        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        self.q_network = QNetwork(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling).to(self.device)
+        self.q_target = frozen_copy(self.q_network)
+        self.policy = self.q_network
+        self._params = list(self.q_network.parameters())
+        self._target_params = list(self.q_target.parameters())
+        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
+        self._update_step = self._make_step(self._loss, self._params, max_grad_norm=cfg.max_grad_norm, name="dqn")
+        self._index_dtype = rules(self.device).index_dtype
+
+    def _modules(self):
+        return {"q_network": self.q_network, "q_target": self.q_target}
+
+    def _optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        greedy = self.q_network(obs.flatten(1)).argmax(dim=1).to(self._index_dtype)
+        if deterministic:
+            return greedy
+        return self._epsilon_greedy(greedy, self.config.exploration_final_eps)
+
+    # --- exploration ------------------------------------------------------------------------------------------
+    def epsilon(self, timesteps: int) -> float:
+        """Linear schedule from exploration_initial_eps to exploration_final_eps over exploration_fraction of the
+        current learn() call (a host float from host step counts: no device read)."""
+        cfg = self.config
+        span = cfg.exploration_fraction * max(self._total_timesteps - self._learn_start, 1)
+        progress = min((timesteps - self._learn_start) / span, 1.0)
+        return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
+
+    def _epsilon_greedy(self, greedy: torch.Tensor, epsilon: float) -> torch.Tensor:
+        """Per row: a uniform random action with probability epsilon, else the greedy one (decided on the device)."""
+        random_actions = torch.randint_like(greedy, self.spec.action_dim)
+        explore = torch.rand(greedy.shape, device=greedy.device) < epsilon
+        return torch.where(explore, random_actions, greedy)
+
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+        greedy = self.q_network(obs.flatten(1)).argmax(dim=1).to(self._index_dtype)
+        return self._epsilon_greedy(greedy, self.epsilon(timesteps))
+
+    def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
+        before = self.num_timesteps
+        steps, metrics = super()._train_iteration()
+        # Target network: every target_update_interval env steps (Stable-Baselines3's convention), by copy (tau=1)
+        # or Polyak. The online network is fixed during collection, so k updates due now are one with 1-(1-tau)^k.
+        interval = self.config.target_update_interval
+        due = (before + steps) // interval - before // interval
+        if due > 0:
+            polyak_update(self._target_params, self._params, 1.0 - (1.0 - self.config.tau) ** due)
+        metrics["epsilon"] = torch.full((), self.epsilon(before + steps), device=self.device)
+        return steps, metrics
+
+    # --- one gradient step ------------------------------------------------------------------------------------
+    def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))  # Adam step, gradients clipped
+        return metrics
+
+    def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+              terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The Huber TD loss of one replay batch."""
+        cfg = self.config
+        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
+        with torch.no_grad():
+            next_q_target = self.q_target(next_obs)
+            if cfg.double_q:
+                # Double DQN: the online network chooses a' = argmax_a Q(s', a), the target network values it.
+                next_actions = self.q_network(next_obs).argmax(dim=1, keepdim=True)
+                next_q = next_q_target.gather(1, next_actions).squeeze(1)
+            else:
+                next_q = next_q_target.max(dim=1).values
+            # y = r + gamma^m (1 - d) Q_target(s', a')
+            target_q = rewards + discounts * (1 - terminated) * next_q
+
+        q_values = self.q_network(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)  # Q(s, a)
+        loss = F.smooth_l1_loss(q_values, target_q)  # Huber
+        return loss, {"loss": loss.detach(), "q_values": q_values.detach().mean()}

@@ -1,0 +1,202 @@
+"""What DQN, SAC, TD3 and DDPG share: the replay buffer, the collect-then-update loop and target-network updates.
+
+One iteration of `_train_iteration` is `train_freq` steps of all `num_envs` envs (uniform random actions, drawn on
+the device, until `learning_starts` env steps), each transition stored with one `ReplayBuffer.add`, followed by
+`gradient_steps` updates on uniform batches. Everything stays on the device: episode returns and losses are summed
+as device tensors and read by the base once per log interval. An algorithm file provides its networks (`_setup`),
+its exploration (`_explore`) and one gradient step (`_update`).
+
+Actions are stored as the policy produces them: indices for Discrete spaces; for Box spaces, values in [-1, 1] that
+`_to_env` rescales to the space's bounds (so the networks never see the env's units).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlspeed.accel import accelerate_step
+from rlspeed.algos.base import Algorithm, require
+from rlspeed.buffers import ReplayBuffer
+from rlspeed.device import rules
+from rlspeed.envs import BatchedEnv
+from rlspeed.nn import clip_grad_norm
+
+#: The fields of a replay batch, in the order the algorithms' loss functions take them.
+BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
+
+
+@dataclass
+class OffPolicyConfig:
+    """Hyperparameters every off-policy algorithm has (names follow Stable-Baselines3)."""
+
+    num_envs: int = 1
+    train_freq: int = 1  # env steps of every env per iteration, before the gradient steps
+    gradient_steps: int = 1  # updates per iteration; -1: one per env step collected (train_freq * num_envs)
+    batch_size: int = 256
+    learning_starts: int = 100  # env steps of uniform random actions (and no updates) at the start
+    buffer_size: int = 1_000_000
+    learning_rate: float = 3e-4
+    tau: float = 0.005  # Polyak coefficient of the target networks (1.0: hard copy)
+    gamma: float = 0.99
+    n_step: int = 1  # n-step returns in the replay buffer
+    net_arch: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+
+    def validate(self) -> None:
+        require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
+        require(self.train_freq >= 1, f"train_freq must be >= 1, got {self.train_freq}.")
+        require(self.gradient_steps >= 1 or self.gradient_steps == -1,
+                f"gradient_steps must be >= 1, or -1 for one per env step, got {self.gradient_steps}.")
+        require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}.")
+        require(self.learning_starts >= 0, f"learning_starts must be >= 0, got {self.learning_starts}.")
+        require(self.buffer_size >= self.num_envs,
+                f"buffer_size ({self.buffer_size}) must be at least num_envs ({self.num_envs}).")
+        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}.")
+        require(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}.")
+        require(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}.")
+        require(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}.")
+        require(len(self.net_arch) >= 1 and all(w > 0 for w in self.net_arch),
+                f"net_arch must be a non-empty list of positive widths, got {list(self.net_arch)}.")
+
+
+def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.Tensor], tau: float) -> None:
+    """theta_target <- tau * theta + (1 - tau) * theta_target for every parameter, in one fused call.
+
+    `tau == 1` copies exactly (a lerp with weight 1 can be off by a rounding error).
+    """
+    with torch.no_grad():
+        if tau == 1.0:
+            torch._foreach_copy_(target_params, online_params)
+        else:
+            torch._foreach_lerp_(target_params, online_params, tau)
+
+
+def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
+    """A target network: a deep copy of `module` that takes no gradients."""
+    return copy.deepcopy(module).requires_grad_(False)
+
+
+class OffPolicyAlgorithm(Algorithm):
+    """Base of the replay-buffer algorithms. Subclasses provide `_setup`, `_explore`, `_update`, `_modules`."""
+
+    config: OffPolicyConfig
+
+    # --- what an algorithm provides -----------------------------------------------------------------------------
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+        """Exploration actions (policy space: indices, or values in [-1, 1]) for observations `[N, ...]`.
+
+        `timesteps` is the env step count at this step (host integer), for schedules such as DQN's epsilon.
+        """
+        raise NotImplementedError
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """One gradient step on a replay batch (see `BATCH_FIELDS`); returns metrics as device tensors."""
+        raise NotImplementedError
+
+    def _on_dones(self, dones: torch.Tensor) -> None:
+        """Called after every env step with the finished rows (bool `[N]`); e.g. to reset per-episode noise."""
+
+    # --- shared ---------------------------------------------------------------------------------------------
+    def _make_step(self, loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]],
+                   params: list[torch.Tensor], max_grad_norm: float | None = None,
+                   name: str | None = None) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """One update of `self.optimizer` from `loss_fn(*batch) -> (loss, metrics)`: zero_grad, loss, backward,
+        (all-reduce), (clip), Adam step. fp32 eager, or whatever `rlspeed.accel.accelerate_step` measures faster
+        with `accelerate="auto"`. Returns the detached (loss, metrics)."""
+        if self.accelerate == "auto":
+            return accelerate_step(loss_fn, self.optimizer, params=params, max_grad_norm=max_grad_norm,
+                                   device=self.device, name=name)
+
+        def step(*batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            loss, metrics = loss_fn(*batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.strategy.all_reduce_gradients(params)  # no-op in a single process
+            if max_grad_norm is not None:
+                clip_grad_norm(params, max_grad_norm)
+            self.optimizer.step()
+            return loss.detach(), metrics
+
+        return step
+
+    def _modules_to_sync(self) -> list[torch.nn.Module]:
+        return [m for m in self._modules().values() if isinstance(m, torch.nn.Module)]
+
+    def _setup_action_scaling(self) -> None:
+        """Device tensors for the policy-space <-> env-space mapping of Box actions."""
+        if not self.spec.discrete:
+            box = self.spec.action_space
+            low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
+            high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
+            self._action_center = (high + low) / 2
+            self._action_half_range = (high - low) / 2
+
+    def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """Policy-space actions as the env expects them: Box values in [-1, 1] rescaled to [low, high]."""
+        if self.spec.discrete:
+            return actions
+        return self._action_center + self._action_half_range * actions
+
+    def _random_actions(self, num: int) -> torch.Tensor:
+        """Uniform random policy-space actions for `num` envs, drawn on the device."""
+        if self.spec.discrete:
+            return torch.randint(0, self.spec.action_dim, (num,), device=self.device,
+                                 dtype=rules(self.device).index_dtype)
+        return torch.rand((num, *self.spec.action_space.shape), device=self.device) * 2 - 1
+
+    def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        cfg = self.config
+        self._learn_start = self.num_timesteps
+        buffer = getattr(self, "buffer", None)
+        if buffer is not None and buffer.num_envs == env.num_envs:
+            return  # a further learn() call continues the same episodes with the same replay data
+        require(cfg.buffer_size >= env.num_envs,
+                f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
+        discrete = self.spec.discrete
+        self.buffer = ReplayBuffer(cfg.buffer_size, env.num_envs, self.spec.observation_shape,
+                                   () if discrete else tuple(self.spec.action_space.shape),
+                                   rules(self.device).index_dtype if discrete else torch.float32,
+                                   self.device, n_step=cfg.n_step, gamma=cfg.gamma)
+        self._obs, _ = env.reset()
+
+    def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
+        cfg, env, buffer = self.config, self._env, self.buffer
+        num_envs = env.num_envs
+
+        # 1. Collect train_freq steps of every env into the replay buffer.
+        finished_returns = torch.zeros(num_envs, device=self.device)  # per row: sum of returns of finished episodes
+        finished_count = torch.zeros(num_envs, device=self.device)
+        obs = self._obs
+        with torch.no_grad():
+            for step in range(cfg.train_freq):
+                timesteps = self.num_timesteps + step * num_envs
+                if timesteps < cfg.learning_starts:
+                    actions = self._random_actions(num_envs)
+                else:
+                    actions = self._explore(obs, timesteps)
+                next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
+                # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+                dones = info["done"]
+                self._on_dones(dones)
+                finished_returns += torch.where(dones, info["episode_return"], 0.0)
+                finished_count += dones
+                obs = next_obs
+        self._obs = obs
+        steps = cfg.train_freq * num_envs
+        metrics = {"episode_return_sum": finished_returns.sum(), "episode_count": finished_count.sum()}
+
+        # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
+        if self.num_timesteps + steps > cfg.learning_starts and len(buffer) > 0:
+            gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
+            totals: dict[str, torch.Tensor] = {}
+            for _ in range(gradient_steps):
+                for key, value in self._update(buffer.sample(cfg.batch_size)).items():
+                    totals[key] = totals[key] + value if key in totals else value
+            metrics.update({key: value / gradient_steps for key, value in totals.items()} if gradient_steps > 1
+                           else totals)
+        return steps, metrics

@@ -1,0 +1,165 @@
+"""Soft Actor-Critic (Haarnoja et al., 2018) with automatic temperature tuning, all on the device.
+
+A squashed Gaussian actor, twin critics held as one batched ensemble (one pass evaluates both), a Polyak-averaged
+target ensemble, and the temperature alpha learnt towards a target entropy (-action_dim by default). Each gradient
+step is pure tensor work: no `.item()`, no host branching on tensor values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rlspeed.algos.base import require
+from rlspeed.algos.off_policy import (
+    BATCH_FIELDS,
+    OffPolicyAlgorithm,
+    OffPolicyConfig,
+    frozen_copy,
+    polyak_update,
+)
+from rlspeed.nn import QEnsemble, make_adam, mlp
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+LOG_2PI = math.log(2 * math.pi)
+LOG_2 = math.log(2.0)
+
+
+@dataclass
+class SACConfig(OffPolicyConfig):
+    """SAC hyperparameters (names and defaults follow Stable-Baselines3)."""
+
+    learning_rate: float = 3e-4
+    ent_coef: float | None = None  # the temperature alpha; None: tuned automatically towards target_entropy
+    ent_coef_init: float = 1.0  # starting alpha when it is tuned
+    target_entropy: float | None = None  # None: -action_dim
+    n_critics: int = 2
+
+    def validate(self) -> None:
+        super().validate()
+        require(self.ent_coef is None or self.ent_coef >= 0,
+                f"ent_coef must be >= 0, or null to tune it automatically, got {self.ent_coef}.")
+        require(self.ent_coef_init > 0, f"ent_coef_init must be > 0, got {self.ent_coef_init}.")
+        require(self.n_critics >= 1, f"n_critics must be >= 1, got {self.n_critics}.")
+
+
+class SquashedGaussianActor(nn.Module):
+    """pi(a|s): a = tanh(u), u ~ N(mu(s), sigma(s)); actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, 2 * action_dim, activation, out_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log_std) of the Gaussian before the tanh squashing."""
+        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised sample: (actions in [-1, 1], log_pi) with the tanh change-of-variables correction."""
+        mean, log_std = self(obs)
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        actions = torch.tanh(u)
+        # log pi(a|s) = log N(u; mu, sigma) - sum log(1 - tanh(u)^2)   (SAC paper, appendix C), with
+        # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)) written in its numerically stable form.
+        log_prob_u = -0.5 * noise.square() - log_std - 0.5 * LOG_2PI
+        log_pi = (log_prob_u - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
+        return actions, log_pi
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode's squashed mean, tanh(mu(s)): the action used for evaluation."""
+        return torch.tanh(self(obs)[0])
+
+
+class SAC(OffPolicyAlgorithm):
+    """Soft Actor-Critic for Box action spaces.
+
+    >>> model = SAC("Pendulum-v1", seed=0).learn(20_000)
+    >>> action, _ = model.predict(obs, deterministic=True)
+    """
+
+    name = "sac"
+    config_cls = SACConfig
+    config: SACConfig
+    supports_discrete = False
+
+    def _setup(self) -> None:
+        cfg, spec = self.config, self.spec
+        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
+        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
+        self.critic_target = frozen_copy(self.critic)
+        self.policy = self.actor
+        self.autotune = cfg.ent_coef is None
+        alpha = cfg.ent_coef_init if self.autotune else cfg.ent_coef
+        self.log_alpha = torch.full((1,), math.log(alpha) if alpha > 0 else -math.inf, device=self.device)
+        self.log_alpha.requires_grad_(self.autotune)
+        self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
+        self._critic_params = list(self.critic.parameters())
+        self._target_params = list(self.critic_target.parameters())
+        # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`).
+        self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
+        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
+        self._update_step = self._make_step(self._loss, self._params, name="sac")
+        self._setup_action_scaling()
+
+    def _modules(self):
+        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
+                "log_alpha": self.log_alpha}
+
+    def _optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        obs = obs.flatten(1)
+        actions = self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
+        return self._to_env(actions)
+
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+        mean, log_std = self.actor(obs.flatten(1))  # a sample without its log-probability: fewer kernels per step
+        return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
+        polyak_update(self._target_params, self._critic_params, self.config.tau)
+        return metrics
+
+    def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+              terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Critic, actor and temperature losses of one replay batch, summed: they share no parameters, so one
+        backward and one Adam step make all three updates (as in the original implementation, the actor follows
+        the critics as they were at the start of the step)."""
+        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
+        alpha = self.log_alpha.detach().exp()
+
+        # Soft Bellman target with clipped double Q, a' ~ pi(.|s'):
+        #   y = r + gamma^m (1 - d) (min_k Q_target_k(s', a') - alpha log pi(a'|s'))
+        with torch.no_grad():
+            next_actions, next_log_pi = self.actor.sample(next_obs)
+            next_q = self.critic_target(next_obs, next_actions).amin(0)
+            target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
+
+        # Critics: J_Q = 1/2 sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
+        q_values = self.critic(obs, actions)  # [K, B]
+        critic_loss = 0.5 * (q_values - target_q).square().mean(1).sum()
+
+        # Actor: J_pi = E[alpha log pi(a~|s) - min_k Q_k(s, a~)], a~ reparameterised from pi(.|s). The critics'
+        # weights are constants here: the actor's loss reaches only the actor.
+        pi_actions, log_pi = self.actor.sample(obs)
+        q_pi = self.critic(obs, pi_actions, detached=True).amin(0)
+        actor_loss = (alpha * log_pi - q_pi).mean()
+        loss = critic_loss + actor_loss
+
+        # Temperature: J(alpha) = E[-log alpha (log pi(a~|s) + target_entropy)]
+        if self.autotune:
+            loss = loss - (self.log_alpha * (log_pi.detach() + self.target_entropy)).mean()
+
+        metrics = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "alpha": alpha[0],
+                   "entropy": -log_pi.detach().mean(), "q_values": q_values.detach().mean()}
+        return loss, metrics

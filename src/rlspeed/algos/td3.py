@@ -1,0 +1,181 @@
+"""Twin Delayed DDPG (Fujimoto et al., 2018), all on the device.
+
+A deterministic tanh actor explored with Gaussian or Ornstein-Uhlenbeck noise; twin critics held as one batched
+ensemble with clipped double-Q targets; target policy smoothing (clipped noise on the target action); the actor and
+the target networks updated every `policy_delay` critic updates. DDPG is this algorithm with one critic, no delay
+and no smoothing (see `ddpg.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rlspeed.algos.base import require
+from rlspeed.algos.off_policy import (
+    BATCH_FIELDS,
+    OffPolicyAlgorithm,
+    OffPolicyConfig,
+    frozen_copy,
+    polyak_update,
+)
+from rlspeed.envs import BatchedEnv
+from rlspeed.nn import QEnsemble, make_adam, mlp
+
+ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
+
+
+@dataclass
+class TD3Config(OffPolicyConfig):
+    """TD3 hyperparameters (names and defaults follow Stable-Baselines3)."""
+
+    learning_rate: float = 1e-3
+    net_arch: tuple[int, ...] = (400, 300)
+    n_critics: int = 2
+    policy_delay: int = 2  # critic updates per actor (and target) update
+    target_policy_noise: float = 0.2  # std of the smoothing noise on target actions (policy space, [-1, 1])
+    target_noise_clip: float = 0.5
+    action_noise: str = "normal"  # exploration noise: normal, ornstein-uhlenbeck or none
+    action_noise_std: float = 0.1  # its std (sigma), in policy space
+    ou_theta: float = 0.15  # Ornstein-Uhlenbeck mean reversion rate
+    ou_dt: float = 1e-2  # Ornstein-Uhlenbeck time step
+
+    def validate(self) -> None:
+        super().validate()
+        require(self.n_critics >= 1, f"n_critics must be >= 1, got {self.n_critics}.")
+        require(self.policy_delay >= 1, f"policy_delay must be >= 1, got {self.policy_delay}.")
+        require(self.target_policy_noise >= 0, f"target_policy_noise must be >= 0, got {self.target_policy_noise}.")
+        require(self.target_noise_clip >= 0, f"target_noise_clip must be >= 0, got {self.target_noise_clip}.")
+        require(self.action_noise in ACTION_NOISES,
+                f"action_noise must be one of {', '.join(ACTION_NOISES)}, got '{self.action_noise}'.")
+        require(self.action_noise_std >= 0, f"action_noise_std must be >= 0, got {self.action_noise_std}.")
+        require(self.ou_theta >= 0 and self.ou_dt > 0, "ou_theta must be >= 0 and ou_dt > 0.")
+
+
+class DeterministicActor(nn.Module):
+    """mu(s) = tanh(MLP(s)): actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, action_dim, activation, out_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs))
+
+
+class TD3(OffPolicyAlgorithm):
+    """TD3 for Box action spaces.
+
+    >>> model = TD3("Pendulum-v1", seed=0).learn(20_000)
+    >>> action, _ = model.predict(obs, deterministic=True)
+    """
+
+    name = "td3"
+    config_cls = TD3Config
+    config: TD3Config
+    supports_discrete = False
+
+    def _setup(self) -> None:
+        cfg, spec = self.config, self.spec
+        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        self.actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
+        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
+        self.actor_target = frozen_copy(self.actor)
+        self.critic_target = frozen_copy(self.critic)
+        self.policy = self.actor
+        self._critic_params = list(self.critic.parameters())
+        # Actor and critic targets move together: one fused Polyak update for both.
+        self._online_params = [*self.actor.parameters(), *self._critic_params]
+        self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        # One Adam for actor and critics: their losses share no parameters (see `_update`); on critic-only steps
+        # the actor has no gradients and Adam leaves it (and its moment estimates) alone.
+        self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device)
+        self._critic_step = self._make_step(self._critic_loss, self._online_params, name=f"{self.name}-critic")
+        self._update_step = self._make_step(self._critic_and_actor_loss, self._online_params, name=self.name)
+        self._critic_updates = 0
+        self._actor_loss = torch.zeros((), device=self.device)  # the latest, reported on every step
+        self._ou_noise: torch.Tensor | None = None
+        self._setup_action_scaling()
+
+    def _modules(self):
+        return {"actor": self.actor, "critic": self.critic, "actor_target": self.actor_target,
+                "critic_target": self.critic_target}
+
+    def _optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        obs = obs.flatten(1)
+        return self._to_env(self.actor(obs) if deterministic else self._explore(obs, self.num_timesteps))
+
+    # --- exploration ------------------------------------------------------------------------------------------
+    def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        super()._start(env, total_timesteps)
+        if self._ou_noise is None or self._ou_noise.shape[0] != env.num_envs:
+            self._ou_noise = torch.zeros(env.num_envs, self.spec.action_dim, device=self.device)
+
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+        cfg = self.config
+        actions = self.actor(obs.flatten(1))
+        if cfg.action_noise == "normal":
+            actions = actions + cfg.action_noise_std * torch.randn_like(actions)
+        elif cfg.action_noise == "ornstein-uhlenbeck":
+            if self._ou_noise is None or self._ou_noise.shape != actions.shape:
+                self._ou_noise = torch.zeros_like(actions)
+            # dx = -theta x dt + sigma sqrt(dt) dW: temporally correlated noise around 0
+            self._ou_noise += (-cfg.ou_theta * cfg.ou_dt * self._ou_noise
+                               + cfg.action_noise_std * math.sqrt(cfg.ou_dt) * torch.randn_like(actions))
+            actions = actions + self._ou_noise
+        return actions.clamp(-1.0, 1.0)
+
+    def _on_dones(self, dones: torch.Tensor) -> None:
+        if self.config.action_noise == "ornstein-uhlenbeck":  # each episode starts its noise process afresh
+            self._ou_noise.masked_fill_(dones.unsqueeze(-1), 0.0)
+
+    # --- one gradient step ------------------------------------------------------------------------------------
+    def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        # Delayed policy updates: the critics learn on every step, the actor (and the targets) every policy_delay.
+        fields = [batch[field] for field in BATCH_FIELDS]
+        self._critic_updates += 1
+        if self._critic_updates % self.config.policy_delay:
+            _, metrics = self._critic_step(*fields)
+            return {**metrics, "actor_loss": self._actor_loss}
+        _, metrics = self._update_step(*fields)
+        self._actor_loss = metrics["actor_loss"]
+        polyak_update(self._target_params, self._online_params, self.config.tau)
+        return metrics
+
+    def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                     terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' TD loss of one replay batch."""
+        cfg = self.config
+        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
+        with torch.no_grad():
+            # Target policy smoothing: a' = clip(mu_target(s') + clip(eps, -c, c), -1, 1), eps ~ N(0, sigma)
+            next_actions = self.actor_target(next_obs)
+            if cfg.target_policy_noise > 0:
+                noise = (torch.randn_like(next_actions) * cfg.target_policy_noise).clamp(-cfg.target_noise_clip,
+                                                                                         cfg.target_noise_clip)
+                next_actions = (next_actions + noise).clamp(-1.0, 1.0)
+            # Clipped double Q: y = r + gamma^m (1 - d) min_k Q_target_k(s', a')
+            next_q = self.critic_target(next_obs, next_actions).amin(0)
+            target_q = rewards + discounts * (1 - terminated) * next_q
+
+        # J_Q = sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
+        q_values = self.critic(obs, actions)  # [K, B]
+        critic_loss = (q_values - target_q).square().mean(1).sum()
+        return critic_loss, {"critic_loss": critic_loss.detach(), "q_values": q_values.detach().mean()}
+
+    def _critic_and_actor_loss(self, obs: torch.Tensor, *batch: torch.Tensor
+                               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' loss plus the actor's: the deterministic policy gradient through the first critic,
+        J = -E[Q_1(s, mu(s))], with the critic's weights as constants, so the sum updates both in one backward and
+        one Adam step (the actor follows the critics as they were at the start of the step)."""
+        critic_loss, metrics = self._critic_loss(obs, *batch)
+        flat_obs = obs.flatten(1)
+        actor_loss = -self.critic(flat_obs, self.actor(flat_obs), members=slice(0, 1), detached=True).mean()
+        return critic_loss + actor_loss, {**metrics, "actor_loss": actor_loss.detach()}

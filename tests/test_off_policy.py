@@ -1,0 +1,228 @@
+"""Off-policy algorithms (DQN, SAC, TD3, DDPG): learning, target updates, bootstrapping, checkpoints, CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+
+from rlspeed import DDPG, DQN, SAC, TD3
+from rlspeed.algos.off_policy import polyak_update
+from rlspeed.cli import main
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EpisodeStatistics
+from rlspeed.errors import UserError
+from rlspeed.presets import load_preset, split_run_settings
+
+CONTINUOUS = [SAC, TD3, DDPG]
+ALL = [DQN, *CONTINUOUS]
+TINY = {"net_arch": (32, 32), "learning_starts": 64, "batch_size": 32}
+
+
+def env_for(algo) -> str:
+    return "CartPole-v1" if algo is DQN else "Pendulum-v1"
+
+
+# --- target networks -------------------------------------------------------------------------------------------
+def test_polyak_update_is_tau_online_plus_one_minus_tau_target():
+    generator = torch.Generator().manual_seed(0)
+    online = [torch.randn(3, 4, generator=generator), torch.randn(5, generator=generator)]
+    target = [torch.randn(3, 4, generator=generator), torch.randn(5, generator=generator)]
+    expected = [0.05 * o + 0.95 * t for o, t in zip(online, target)]
+    polyak_update(target, online, 0.05)
+    for got, want in zip(target, expected):
+        torch.testing.assert_close(got, want)
+    polyak_update(target, [o * 1e8 for o in online], 1.0)  # tau = 1 is an exact copy
+    for got, source in zip(target, online):
+        assert torch.equal(got, source * 1e8)
+
+
+def test_target_networks_follow_the_online_networks():
+    model = SAC("Pendulum-v1", seed=0, tau=0.5, **TINY)
+    model.learn(128, progress_bar=False)
+    online, target = list(model.critic.parameters()), list(model.critic_target.parameters())
+    assert all(not t.requires_grad for t in target)
+    assert any(not torch.equal(o, t) for o, t in zip(online, target))  # updated, but lagging
+    before = [t.clone() for t in target]
+    model._update(model.buffer.sample(32))
+    online = list(model.critic.parameters())
+    for t_new, t_old, o in zip(target, before, online):
+        torch.testing.assert_close(t_new, 0.5 * o.detach() + 0.5 * t_old)
+
+    dqn = DQN("CartPole-v1", seed=0, target_update_interval=100, train_freq=10, **TINY)
+    dqn.learn(150, progress_bar=False)  # copied at 100 steps, then 50 steps of updates since
+    assert any(not torch.equal(o, t) for o, t in zip(dqn.q_network.parameters(), dqn.q_target.parameters()))
+    dqn.learn(50, progress_bar=False)  # crosses 200: hard copy
+    assert all(torch.equal(o, t) for o, t in zip(dqn.q_network.parameters(), dqn.q_target.parameters()))
+
+
+# --- the collection loop stores what the TD target needs ------------------------------------------------------
+class ScriptedEnv(BatchedEnv):
+    """Two envs whose observation is (steps into the episode, env index): env 0 is truncated after 4 steps,
+    env 1 terminates after 3 steps. `final_obs` holds the true last observation, `obs` the reset one."""
+
+    backend = "torch"
+
+    def __init__(self, action_space: gym.Space):
+        self.spec = EnvSpec("Scripted-v0", (2,), action_space, max_episode_steps=4, reward_threshold=None)
+        self.num_envs, self.device = 2, torch.device("cpu")
+        self.t = torch.zeros(2)
+
+    def _obs(self, t):
+        return torch.stack((t, torch.arange(2.0)), dim=1)
+
+    def reset(self, seed=None):
+        self.t = torch.zeros(2)
+        return self._obs(self.t), {}
+
+    def step(self, actions):
+        self.t = self.t + 1
+        final_obs = self._obs(self.t)
+        terminated = torch.tensor([False, bool(self.t[1] >= 3)])
+        truncated = torch.tensor([bool(self.t[0] >= 4), False])
+        self.t = torch.where(terminated | truncated, 0.0, self.t)
+        return self._obs(self.t), torch.ones(2), terminated, truncated, {"final_obs": final_obs}
+
+
+@pytest.mark.parametrize("algo", [DQN, SAC])
+def test_collection_stores_final_obs_and_keeps_truncation_bootstrapped(algo):
+    space = gym.spaces.Discrete(2) if algo is DQN else gym.spaces.Box(-1.0, 1.0, (1,))
+    model = algo(EpisodeStatistics(ScriptedEnv(space)), seed=0, learning_starts=10**6, buffer_size=100)
+    model.learn(48, progress_bar=False)  # 24 steps of 2 envs, random actions, no updates
+    buffer = model.buffer
+    assert len(buffer) == 48
+    t, env = buffer.obs[:48, 0], buffer.obs[:48, 1]
+    next_t = buffer.next_obs[:48, 0]
+    assert torch.equal(next_t, t + 1)  # the true successor, also where the env was reset
+    assert torch.equal(buffer.next_obs[:48, 1], env)
+    # terminated only where env 1 ended; env 0's time-limit ends keep terminated = 0 (they bootstrap)
+    assert torch.equal(buffer.terminated[:48], ((env == 1) & (next_t == 3)).float())
+    assert ((env == 0) & (next_t == 4)).sum() == 6  # the truncations did happen
+
+
+# --- learning --------------------------------------------------------------------------------------------------
+# The shipped presets with small budgets and thresholds, fixed seed; what seed 0 reached is noted per case.
+LEARNING_CASES = [
+    pytest.param(DQN, "CartPole-v1", 150.0, 10_000, id="dqn-cartpole"),
+    pytest.param(SAC, "Pendulum-v1", -400.0, 4000, id="sac-pendulum"),
+    pytest.param(TD3, "Pendulum-v1", -400.0, 4000, id="td3-pendulum"),
+    pytest.param(DDPG, "Pendulum-v1", -400.0, 4000, id="ddpg-pendulum"),
+]
+
+
+@pytest.mark.parametrize(("algo", "env_id", "threshold", "budget"), LEARNING_CASES)
+def test_shipped_preset_learns_its_easy_task(algo, env_id, threshold, budget):
+    _run, hyperparameters = split_run_settings(load_preset(algo.name, env_id))
+    model = algo(env_id, seed=0, **hyperparameters)
+    model.learn(budget, progress_bar=False, target_return=threshold, eval_freq=500)
+    print(f"{algo.name} {env_id}: evaluations (steps, mean) {[(s, round(m)) for s, _, m in model.result.evaluations]}")
+    best = max(mean for _, _, mean in model.result.evaluations)
+    assert model.result.steps_to_target is not None, f"best evaluation {best:.1f} < {threshold}"
+
+
+# --- hot paths stay on the device ------------------------------------------------------------------------------
+@contextlib.contextmanager
+def forbid_host_reads():
+    """Make every Python-level read of a tensor's value back to the host raise."""
+    names = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+    saved = {name: getattr(torch.Tensor, name) for name in names}
+
+    def forbidden(name):
+        def fail(self, *args, **kwargs):
+            raise AssertionError(f"host read of a tensor: Tensor.{name}")
+        return fail
+
+    try:
+        for name in names:
+            setattr(torch.Tensor, name, forbidden(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@pytest.mark.parametrize("algo", ALL)
+def test_train_iteration_reads_nothing_back_to_the_host(algo):
+    extra = {"action_noise": "ornstein-uhlenbeck"} if algo is DDPG else {}
+    model = algo(env_for(algo), seed=0, num_envs=2, train_freq=4, gradient_steps=3, **TINY, **extra)
+    model.learn(128, progress_bar=False)  # past learning_starts
+    with forbid_host_reads():
+        for _ in range(3):
+            model._train_iteration()
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("algo", ALL)
+def test_save_load_round_trip(tmp_path, algo):
+    model = algo(env_for(algo), seed=0, **TINY)
+    model.learn(200, progress_bar=False)
+    path = model.save(tmp_path / "model.safetensors")
+    loaded = algo.load(path, device="cpu")
+
+    obs = torch.randn(64, *model.spec.observation_shape)
+    assert torch.equal(model.act(obs, deterministic=True), loaded.act(obs, deterministic=True))
+    for name, module in model._modules().items():  # every network, target networks and log_alpha included
+        other = loaded._modules()[name]
+        if isinstance(module, torch.Tensor):
+            assert torch.equal(module, other), name
+        else:
+            for (key, a), (_, b) in zip(module.state_dict().items(), other.state_dict().items()):
+                assert torch.equal(a, b), f"{name}.{key}"
+    for name, optimizer in model._optimizers().items():
+        state, other = optimizer.state_dict()["state"], loaded._optimizers()[name].state_dict()["state"]
+        assert state.keys() == other.keys() and len(state) > 0
+        for index in state:
+            for key in state[index]:
+                assert torch.equal(torch.as_tensor(state[index][key]), torch.as_tensor(other[index][key]))
+    loaded.learn(100, progress_bar=False)  # and training continues from it
+
+
+def test_sac_checkpoint_keeps_the_learnt_temperature(tmp_path):
+    model = SAC("Pendulum-v1", seed=0, **TINY)
+    model.learn(200, progress_bar=False)
+    assert model.log_alpha.item() != 0.0  # tuned away from log(1)
+    loaded = SAC.load(model.save(tmp_path / "sac"), device="cpu")
+    assert loaded.log_alpha.item() == model.log_alpha.item() and loaded.log_alpha.requires_grad
+
+
+def test_predict_gives_env_actions():
+    sac = SAC("Pendulum-v1", seed=0, **TINY)
+    actions, _ = sac.predict(torch.randn(100, 3).numpy() * 10)
+    assert actions.shape == (100, 1) and abs(actions).max() <= 2.0  # tanh squashed, rescaled to the Box
+    dqn = DQN("CartPole-v1", seed=0, **TINY)
+    action, _ = dqn.predict([0.0, 0.1, 0.0, -0.1])
+    assert action.shape == () and int(action) in (0, 1)
+
+
+# --- configuration and CLI -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("algo", "key", "value", "message"), [
+    (SAC, "tau", 1.5, "tau must be in (0, 1]"),
+    (SAC, "gradient_steps", 0, "gradient_steps must be >= 1, or -1"),
+    (DQN, "exploration_final_eps", 2.0, "exploration epsilons"),
+    (TD3, "action_noise", "pink", "action_noise must be one of"),
+    (DDPG, "buffer_size", 0, "buffer_size (0) must be at least num_envs"),
+])
+def test_bad_hyperparameters_get_one_clear_sentence(algo, key, value, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        algo(env_for(algo), **{key: value})
+
+
+def test_cli_trains_sac_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["train", "sac", "Pendulum-v1", "--total-timesteps", "600", "--target-return", "none",
+                 "--set", "learning_starts=200", "--out", str(out), "--no-progress"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["algo"] == "sac" and summary["total_timesteps"] == 600 and summary["time_to_target_s"] is None
+    assert (out / "model.safetensors").exists() and (out / "metrics.csv").exists()
+    assert main(["eval", str(out / "model.safetensors"), "--episodes", "2"]) == 0
+    assert "SAC on Pendulum-v1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("algo", "env_id", "hint"), [("sac", "CartPole-v1", "use ppo or dqn"),
+                                                       ("dqn", "Pendulum-v1", "use ppo, sac, td3 or ddpg")])
+def test_cli_rejects_the_wrong_action_space(tmp_path, capsys, algo, env_id, hint):
+    assert main(["train", algo, env_id, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert hint in capsys.readouterr().err

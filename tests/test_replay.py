@@ -1,0 +1,139 @@
+"""Replay buffer: circular storage, uniform sampling, truncation bootstrapping and n-step returns against references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rlspeed.buffers import ReplayBuffer
+
+
+def make_buffer(capacity, num_envs, n_step=1, gamma=0.99, obs_dim=1):
+    return ReplayBuffer(capacity, num_envs, (obs_dim,), (), torch.int64, "cpu", n_step=n_step, gamma=gamma)
+
+
+def add_ids(buffer, ids, terminated=None, truncated=None):
+    """Add one step whose obs, action and reward all carry the transition ids `ids` (one per env)."""
+    ids = torch.as_tensor(ids, dtype=torch.float32)
+    num_envs = ids.shape[0]
+    terminated = torch.zeros(num_envs, dtype=torch.bool) if terminated is None else terminated
+    truncated = torch.zeros(num_envs, dtype=torch.bool) if truncated is None else truncated
+    buffer.add(ids.unsqueeze(1), ids.long(), ids, ids.unsqueeze(1) + 0.5, terminated, truncated)
+
+
+@pytest.mark.parametrize(("capacity", "num_envs"), [(12, 3), (10, 3), (7, 7), (5, 2)])
+def test_wraparound_keeps_the_latest_capacity_transitions(capacity, num_envs):
+    buffer = make_buffer(capacity, num_envs)
+    written = []
+    for step in range(9):
+        ids = [step * num_envs + env for env in range(num_envs)]
+        add_ids(buffer, ids)
+        written += ids
+        assert len(buffer) == min(len(written), capacity)
+    stored = sorted(buffer.obs[:, 0].long().tolist())
+    assert stored == written[-capacity:]  # the oldest rows were overwritten first, none lost or duplicated
+    # every field of a row belongs to the same transition
+    assert torch.equal(buffer.actions.float(), buffer.obs[:, 0])
+    assert torch.equal(buffer.rewards, buffer.obs[:, 0])
+    assert torch.equal(buffer.next_obs[:, 0], buffer.obs[:, 0] + 0.5)
+
+
+def test_sampling_is_uniform_over_stored_rows():
+    capacity, num_envs = 50, 5
+    buffer = make_buffer(capacity, num_envs)
+    for step in range(4):  # 20 of 50 rows filled: samples must come from those only
+        add_ids(buffer, [step * num_envs + env for env in range(num_envs)])
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.cat([buffer.sample(1000, generator=generator)["obs"][:, 0] for _ in range(100)]).long()
+    counts = torch.bincount(draws, minlength=20).double()
+    assert draws.max() < 20 and counts.min() > 0
+    # Pearson chi-square with 19 degrees of freedom: P(chi2 > 50) < 1e-4 for a uniform sampler
+    expected = draws.numel() / 20
+    chi_square = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi_square < 50, chi_square
+
+    for step in range(4, 20):  # full and wrapped: every row equally likely
+        add_ids(buffer, [step * num_envs + env for env in range(num_envs)])
+    draws = torch.cat([buffer.sample(1000, generator=generator)["obs"][:, 0] for _ in range(100)]).long()
+    rows = torch.bincount(draws - 50, minlength=50).double()  # ids 50..99 are the stored ones
+    assert draws.min() >= 50 and rows.numel() == 50
+    expected = draws.numel() / 50
+    assert ((rows - expected) ** 2 / expected).sum().item() < 100  # 49 dof, P(> 100) < 1e-4
+
+
+def test_sample_fields_shapes_and_device():
+    buffer = ReplayBuffer(100, 4, (3,), (2,), torch.float32, "cpu")
+    obs = torch.randn(4, 3)
+    buffer.add(obs, torch.rand(4, 2), torch.ones(4), obs + 1, torch.zeros(4, dtype=torch.bool),
+               torch.zeros(4, dtype=torch.bool))
+    batch = buffer.sample(16)
+    assert batch["obs"].shape == batch["next_obs"].shape == (16, 3)
+    assert batch["actions"].shape == (16, 2)
+    for key in ("rewards", "terminated", "discounts"):
+        assert batch[key].shape == (16,) and batch[key].dtype == torch.float32
+    assert torch.allclose(batch["discounts"], torch.full((16,), 0.99))
+
+
+def test_truncated_rows_bootstrap_from_final_obs_terminated_rows_do_not():
+    buffer = make_buffer(10, 3)
+    obs = torch.tensor([[1.0], [2.0], [3.0]])
+    final_obs = torch.tensor([[10.0], [20.0], [30.0]])  # the true last observations (not the reset ones)
+    terminated = torch.tensor([True, False, False])
+    truncated = torch.tensor([False, True, False])
+    buffer.add(obs, torch.zeros(3, dtype=torch.int64), torch.ones(3), final_obs, terminated, truncated)
+    assert torch.equal(buffer.next_obs[:3], final_obs)
+    assert buffer.terminated[:3].tolist() == [1.0, 0.0, 0.0]  # truncated row 1 keeps its bootstrap
+    # the TD target's bootstrap weight: discounts * (1 - terminated)
+    assert (buffer.discounts[:3] * (1 - buffer.terminated[:3])).tolist() == pytest.approx([0.0, 0.99, 0.99])
+
+
+def reference_n_step(rewards, next_obs, terminated, dones, n, gamma):
+    """Plain per-env loop: the n-step transition starting at every step t that has n steps after it."""
+    steps, num_envs = rewards.shape
+    out = []
+    for t in range(steps - n + 1):
+        for env in range(num_envs):
+            ret, m = 0.0, 0
+            for k in range(n):
+                ret += gamma**k * rewards[t + k, env]
+                m = k + 1
+                if dones[t + k, env]:
+                    break
+            last = t + m - 1
+            out.append((ret, next_obs[last, env, 0], float(terminated[last, env]), gamma**m))
+    return out
+
+
+@pytest.mark.parametrize(("n_step", "num_envs"), [(1, 2), (3, 4), (5, 1)])
+def test_n_step_returns_match_a_plain_loop(n_step, num_envs):
+    gamma, steps = 0.9, 40
+    generator = torch.Generator().manual_seed(n_step * 10 + num_envs)
+    rewards = torch.randn(steps, num_envs, generator=generator)
+    draw = torch.rand(steps, num_envs, generator=generator)
+    terminated = draw < 0.1
+    truncated = (draw >= 0.1) & (draw < 0.2)
+    next_obs = torch.randn(steps, num_envs, 1, generator=generator)
+    buffer = make_buffer(10_000, num_envs, n_step=n_step, gamma=gamma)
+    for t in range(steps):
+        ids = torch.full((num_envs,), float(t))
+        buffer.add(ids.unsqueeze(1), ids.long(), rewards[t], next_obs[t], terminated[t], truncated[t])
+    expected = reference_n_step(rewards.numpy(), next_obs.numpy(), terminated.numpy(),
+                                (terminated | truncated).numpy(), n_step, gamma)
+    assert len(buffer) == len(expected)
+    rows = len(expected)
+    np.testing.assert_allclose(buffer.rewards[:rows].numpy(), [e[0] for e in expected], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(buffer.next_obs[:rows, 0].numpy(), [e[1] for e in expected])
+    np.testing.assert_allclose(buffer.terminated[:rows].numpy(), [e[2] for e in expected])
+    np.testing.assert_allclose(buffer.discounts[:rows].numpy(), [e[3] for e in expected], rtol=1e-6)
+    # the stored observation is the one n-step windows start from
+    assert buffer.obs[:rows, 0].tolist() == [float(t) for t in range(steps - n_step + 1) for _ in range(num_envs)]
+
+
+def test_memory_footprint_is_reported():
+    buffer = ReplayBuffer(1000, 2, (3,), (1,), torch.float32, "cpu")
+    assert buffer.nbytes == 1000 * (4 * (2 * 3 + 3) + 4)
+    assert "1,000 transitions" in buffer.describe()
+    assert math.isclose(buffer.nbytes / 2**20, float(buffer.describe().split(",")[1].split()[0]), abs_tol=0.05)
