@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train an agent (presets per algorithm and env)")
-    train.add_argument("algo", help="ppo")
+    train.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
     train.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
     train.add_argument("--total-timesteps", type=int, default=None, help="env steps (default: preset)")
     train.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")

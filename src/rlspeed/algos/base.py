@@ -222,10 +222,13 @@ class Algorithm:
                                  backend=self.env_backend, normalize_obs=getattr(cfg, "normalize_obs", False),
                                  normalize_reward=getattr(cfg, "normalize_reward", False),
                                  gamma=getattr(cfg, "gamma", 0.99))
-            if self.strategy.enabled:  # normalisation statistics from every rank's data, identical everywhere
-                for wrapper_rms in (getattr(self._env, "obs_rms", None), getattr(self._env, "return_rms", None)):
-                    if wrapper_rms is not None:
-                        wrapper_rms.reduce = self.strategy.all_reduce_sum
+            # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
+            # iteration (`_sync_statistics`).
+            self._synced_stats = [rms for rms in (getattr(self._env, "obs_rms", None),
+                                                  getattr(self._env, "return_rms", None))
+                                  if rms is not None and self.strategy.enabled]
+            for rms in self._synced_stats:
+                rms.reduce = self.strategy.all_reduce_sum
             rms = getattr(self._env, "obs_rms", None)
             if rms is not None:
                 if self.obs_rms is not None:  # resuming: continue from the saved statistics
@@ -290,6 +293,8 @@ class Algorithm:
         try:
             while self.num_timesteps < self._total_timesteps and not stop:
                 steps, metrics = self._train_iteration()
+                for rms in getattr(self, "_synced_stats", ()):
+                    rms.flush()
                 if steps not in global_steps:
                     summed = self.strategy.all_reduce_sum(torch.tensor([steps], device=self.device))
                     global_steps[steps] = int(summed.item())  # ok-sync: once per learn() call

@@ -18,26 +18,37 @@ class RunningMeanStd(nn.Module):
         self.register_buffer("mean", torch.zeros(shape, device=device, dtype=torch.float32))
         self.register_buffer("var", torch.ones(shape, device=device, dtype=torch.float32))
         self.register_buffer("count", torch.full((), epsilon, device=device, dtype=torch.float32))
-        # Optional in-place sum over processes (set by DistributedStrategy): every rank folds in the same moments.
+        # Optional in-place sum over processes (set by DistributedStrategy). With it, `update` only accumulates
+        # this rank's moments and `flush` (once per training iteration) folds the sum over all ranks into the
+        # statistics: one collective per iteration instead of one per env step, identical statistics everywhere.
         self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self._pending: torch.Tensor | None = None  # [count, sum..., sum of squares...] since the last flush
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
         """Fold a batch `[B, *shape]` into the statistics (pure tensor ops: no host sync)."""
         batch = batch.to(torch.float32)
         if self.reduce is None:
-            batch_mean = batch.mean(0)
-            batch_var = batch.var(0, unbiased=False)
-            batch_count = float(batch.shape[0])
-        else:  # moments of the union of all ranks' batches, from one summed [count, sum, sum of squares]
-            flat = batch.reshape(batch.shape[0], -1)
-            moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device),
-                                 flat.sum(0), flat.square().sum(0)))
-            moments = self.reduce(moments)
-            count, total, squares = moments[0], moments[1:1 + flat.shape[1]], moments[1 + flat.shape[1]:]
-            batch_mean = (total / count).view(self.mean.shape)
-            batch_var = (squares / count).view(self.mean.shape) - batch_mean.square()
-            batch_count = count
+            self._fold(float(batch.shape[0]), batch.mean(0), batch.var(0, unbiased=False))
+            return
+        flat = batch.reshape(batch.shape[0], -1)
+        moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device),
+                             flat.sum(0), flat.square().sum(0)))
+        self._pending = moments if self._pending is None else self._pending + moments
+
+    @torch.no_grad()
+    def flush(self) -> None:
+        """Distributed only: fold the moments every rank accumulated since the last flush (one all-reduce)."""
+        if self.reduce is None or self._pending is None:
+            return
+        moments, self._pending = self.reduce(self._pending), None
+        size = (moments.numel() - 1) // 2
+        count, total, squares = moments[0], moments[1:1 + size], moments[1 + size:]
+        mean = (total / count).view(self.mean.shape)
+        self._fold(count, mean, (squares / count).view(self.mean.shape) - mean.square())
+
+    def _fold(self, batch_count, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
+        """Parallel-variance merge of a batch's (count, mean, variance) into the running statistics."""
         delta = batch_mean - self.mean
         total = self.count + batch_count
         self.mean.add_(delta * (batch_count / total))
