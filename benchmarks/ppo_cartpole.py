@@ -95,62 +95,6 @@ def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict
             "threads": torch.get_num_threads()}
 
 
-def make_target_callback(eval_env, eval_freq: int, eval_seed: int):
-    """An SB3 callback that evaluates like rlspeed's learn(target_return=...) and stops training at the target.
-
-    After each PPO update that takes the step count past the next evaluation point (checked at the start of the
-    next rollout, so the evaluated policy has been updated on every step counted), it pauses the clock, runs a
-    deterministic `EVAL_EPISODES`-episode evaluation on `eval_env` (reseeded with `eval_seed + steps`, as rlspeed
-    does), resumes the clock and asks SB3 to stop once the mean reaches the target. Training that runs out of
-    budget gets a final evaluation, as in rlspeed.
-    """
-    from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.evaluation import evaluate_policy
-
-    class TimeToTarget(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.clock_start = 0.0
-            self.eval_s = 0.0
-            self.next_eval = eval_freq
-            self.last_eval_steps = -1
-            self.time_to_target_s: float | None = None
-            self.steps_to_target: int | None = None
-            self.evaluations: list[list] = []
-
-        def start_clock(self) -> None:
-            self.clock_start = time.perf_counter()
-
-        def train_clock(self) -> float:
-            return time.perf_counter() - self.clock_start - self.eval_s
-
-        def _evaluate(self) -> None:
-            paused = time.perf_counter()
-            train_clock = paused - self.clock_start - self.eval_s
-            steps = self.model.num_timesteps
-            eval_env.seed(eval_seed + steps)
-            mean, _std = evaluate_policy(self.model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
-            self.eval_s += time.perf_counter() - paused
-            self.last_eval_steps = steps
-            self.evaluations.append([steps, train_clock, float(mean)])
-            if mean >= TARGET_RETURN:
-                self.time_to_target_s, self.steps_to_target = train_clock, steps
-
-        def _on_rollout_start(self) -> None:
-            if self.time_to_target_s is None and self.model.num_timesteps >= self.next_eval:
-                self.next_eval = self.model.num_timesteps + eval_freq
-                self._evaluate()
-
-        def _on_step(self) -> bool:
-            return self.time_to_target_s is None
-
-        def _on_training_end(self) -> None:
-            if self.time_to_target_s is None and self.model.num_timesteps != self.last_eval_steps:
-                self._evaluate()
-
-    return TimeToTarget()
-
-
 def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -158,7 +102,7 @@ def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
     env = make_vec_env(ENV_ID, n_envs=ZOO_NUM_ENVS, seed=seed)
     eval_env = make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
     model = PPO("MlpPolicy", env, device="cpu", seed=seed, **zoo_sb3_kwargs())
-    callback = make_target_callback(eval_env, eval_freq, seed + EVAL_SEED_OFFSET)
+    callback = common.sb3_target_callback(eval_env, eval_freq, seed + EVAL_SEED_OFFSET, TARGET_RETURN, EVAL_EPISODES)
     common.set_threads(args.threads)
     callback.start_clock()
     model.learn(budget, callback=callback)

@@ -162,8 +162,9 @@ def autocast_device_type(device: torch.device) -> str:
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op threads deliberately: small RL models lose time to thread hand-offs.
 
-    Default: ``RLSPEED_NUM_THREADS`` if set, else 1 thread (the fastest for MLPs of RL size on a few
-    cores, measured here), never more than the cores visible. Returns the value set.
+    Default: ``RLSPEED_NUM_THREADS`` if set, else 1 thread, never more than the cores visible. RL-sized networks
+    spend their time in per-kernel overhead, which more threads do not shorten; one thread also leaves the other
+    cores to env subprocesses and data-parallel ranks. Returns the value set.
     """
     if num_threads is None:
         num_threads = int(os.environ.get("RLSPEED_NUM_THREADS", "1"))
