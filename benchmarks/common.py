@@ -244,3 +244,28 @@ def sb3_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return:
                 self._evaluate()
 
     return TimeToTarget()
+
+
+def summarize(throughput: list[dict], to_target: list[dict], row_names: Iterable[str]) -> dict:
+    """Medians/ranges per throughput row with ratios to SB3, and time-to-target per library with SB3/rlspeed."""
+    summary: dict = {"throughput": {}, "time_to_target": {}}
+    for name in row_names:
+        runs = [r for r in throughput if r["name"] == name]
+        if runs:
+            summary["throughput"][name] = spread([r["sps"] for r in runs])
+    sb3_sps = summary["throughput"].get("sb3", {}).get("median")
+    for stats in summary["throughput"].values():
+        stats["ratio_to_sb3"] = ratio(stats["median"], sb3_sps)
+    for name in ("rlspeed", "sb3"):
+        runs = [r for r in to_target if r["name"] == name]
+        if runs:
+            summary["time_to_target"][name] = {
+                "env_backend": runs[0]["env_backend"],
+                "time_to_target_s": spread([r["time_to_target_s"] for r in runs]),
+                "steps_to_target": spread([r["steps_to_target"] for r in runs]),
+            }
+    if {"rlspeed", "sb3"} <= summary["time_to_target"].keys():
+        summary["time_to_target"]["sb3_over_rlspeed"] = ratio(
+            summary["time_to_target"]["sb3"]["time_to_target_s"]["median"],
+            summary["time_to_target"]["rlspeed"]["time_to_target_s"]["median"])
+    return summary

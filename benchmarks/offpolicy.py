@@ -169,30 +169,6 @@ def throughput_rows(case: Case) -> dict[str, tuple[str, str]]:
             "sb3": ("Stable-Baselines3", "Gymnasium DummyVecEnv")}
 
 
-def summarize(case: Case, throughput: list[dict], to_target: list[dict]) -> dict:
-    summary: dict = {"throughput": {}, "time_to_target": {}}
-    for name in throughput_rows(case):
-        runs = [r for r in throughput if r["name"] == name]
-        if runs:
-            summary["throughput"][name] = common.spread([r["sps"] for r in runs])
-    sb3_sps = summary["throughput"].get("sb3", {}).get("median")
-    for stats in summary["throughput"].values():
-        stats["ratio_to_sb3"] = common.ratio(stats["median"], sb3_sps)
-    for name in ("rlspeed", "sb3"):
-        runs = [r for r in to_target if r["name"] == name]
-        if runs:
-            summary["time_to_target"][name] = {
-                "env_backend": runs[0]["env_backend"],
-                "time_to_target_s": common.spread([r["time_to_target_s"] for r in runs]),
-                "steps_to_target": common.spread([r["steps_to_target"] for r in runs]),
-            }
-    if {"rlspeed", "sb3"} <= summary["time_to_target"].keys():
-        summary["time_to_target"]["sb3_over_rlspeed"] = common.ratio(
-            summary["time_to_target"]["sb3"]["time_to_target_s"]["median"],
-            summary["time_to_target"]["rlspeed"]["time_to_target_s"]["median"])
-    return summary
-
-
 def report_case(case: Case, summary: dict, settings: dict) -> str:
     seeds, threads = settings["seeds"], settings["threads"]
     title = f"{case.algo.upper()} on {case.env_id}"
@@ -313,7 +289,8 @@ def run_case(case: Case, seeds: list[int], settings: dict, args) -> dict:
                    if r["name"] == "rlspeed-torch-accelerate"}
     if accelerated:
         settings["accelerated"][case.key] = " / ".join(sorted(accelerated))
-    return {"summary": summarize(case, throughput, to_target), "throughput": throughput, "time_to_target": to_target}
+    return {"summary": common.summarize(throughput, to_target, throughput_rows(case)), "throughput": throughput,
+            "time_to_target": to_target}
 
 
 def main() -> None:

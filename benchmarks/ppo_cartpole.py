@@ -123,30 +123,6 @@ THROUGHPUT_ROWS = {  # run name -> (library, env column)
 }
 
 
-def summarize(throughput: list[dict], to_target: list[dict]) -> dict:
-    summary: dict = {"throughput": {}, "time_to_target": {}}
-    for name in THROUGHPUT_ROWS:
-        runs = [r for r in throughput if r["name"] == name]
-        if runs:
-            summary["throughput"][name] = common.spread([r["sps"] for r in runs])
-    sb3_sps = summary["throughput"].get("sb3", {}).get("median")
-    for stats in summary["throughput"].values():
-        stats["ratio_to_sb3"] = common.ratio(stats["median"], sb3_sps)
-    for name in ("rlspeed", "sb3"):
-        runs = [r for r in to_target if r["name"] == name]
-        if runs:
-            summary["time_to_target"][name] = {
-                "env_backend": runs[0]["env_backend"],
-                "time_to_target_s": common.spread([r["time_to_target_s"] for r in runs]),
-                "steps_to_target": common.spread([r["steps_to_target"] for r in runs]),
-            }
-    if {"rlspeed", "sb3"} <= summary["time_to_target"].keys():
-        summary["time_to_target"]["sb3_over_rlspeed"] = common.ratio(
-            summary["time_to_target"]["sb3"]["time_to_target_s"]["median"],
-            summary["time_to_target"]["rlspeed"]["time_to_target_s"]["median"])
-    return summary
-
-
 def report(summary: dict, settings: dict, machine: dict) -> str:
     seeds, threads = settings["seeds"], settings["threads"]
     lines = []
@@ -248,7 +224,7 @@ def main() -> None:
 
     machine = common.machine_description()
     machine["torch_threads"] = args.threads
-    summary = summarize(throughput, to_target)
+    summary = common.summarize(throughput, to_target, THROUGHPUT_ROWS)
     table = report(summary, settings, machine)
     print()
     print(table)

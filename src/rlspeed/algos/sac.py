@@ -2,7 +2,7 @@
 
 A squashed Gaussian actor, twin critics held as one batched ensemble (one pass evaluates both), a Polyak-averaged
 target ensemble, and the temperature alpha learnt towards a target entropy (-action_dim by default). Each gradient
-step is pure tensor work: no `.item()`, no host branching on tensor values.
+step is pure tensor work: nothing read back to the host, no host branching on tensor values.
 """
 
 from __future__ import annotations
