@@ -288,7 +288,6 @@ class Algorithm:
         last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
         train_clock = 0.0
         clock_start = time.perf_counter()
-        recent_return = math.nan
         stop = False
         try:
             while self.num_timesteps < self._total_timesteps and not stop:
@@ -308,7 +307,6 @@ class Algorithm:
                 # Under torch.distributed every rank must take part in the same collectives: log every iteration.
                 if now - last_log_time >= log_interval_s or eval_due or finished or self.strategy.enabled:
                     row = self._read_metrics(sums, iterations)  # the one host sync per log interval
-                    recent_return = row.get("episode_return", recent_return)
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
