@@ -269,3 +269,24 @@ def summarize(throughput: list[dict], to_target: list[dict], row_names: Iterable
             summary["time_to_target"]["sb3"]["time_to_target_s"]["median"],
             summary["time_to_target"]["rlspeed"]["time_to_target_s"]["median"])
     return summary
+
+
+def time_to_target_table(time_to_target: dict, labels: dict[str, tuple[str, str]]) -> str:
+    """The Markdown table of a `summarize(...)["time_to_target"]`: one row per library, SB3/rlspeed as ratio.
+
+    `labels` maps "rlspeed" / "sb3" to (library name, settings description).
+    """
+    rows = []
+    for name in ("rlspeed", "sb3"):
+        if name not in time_to_target:
+            continue
+        stats = time_to_target[name]
+        seconds, steps = stats["time_to_target_s"], stats["steps_to_target"]
+        ratio = time_to_target.get("sb3_over_rlspeed") if name == "rlspeed" else 1.0
+        if "sb3" not in time_to_target:
+            ratio = None
+        envs = f"auto → {stats['env_backend']}" if name == "rlspeed" else stats["env_backend"]
+        rows.append([*labels[name], envs, f"{seconds['count']}/{seconds['of']}", fmt(seconds["median"], ".2f"),
+                     fmt_range(seconds, ".2f"), fmt(steps["median"]), fmt_range(steps), fmt_ratio(ratio)])
+    return markdown_table(["Library", "Settings", "Envs", "Reached", "Seconds median", "Seconds range",
+                           "Steps median", "Steps range", "SB3 / rlspeed (time)"], rows)

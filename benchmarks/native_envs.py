@@ -44,6 +44,19 @@ def steps_for(num_envs: int, seconds_budget: float, per_step_estimate_s: float) 
     return max(20, int(seconds_budget / max(per_step_estimate_s, 1e-7)))
 
 
+def steps_per_second(step, actions, num_envs: int, seconds: float, warmup: int) -> float:
+    """Env steps per second of `step(actions())`, over about `seconds`, after `warmup` untimed calls."""
+    for _ in range(warmup):  # (compilation happens here for compiled envs)
+        step(actions())
+    start = time.perf_counter()
+    step(actions())
+    count = steps_for(num_envs, seconds, time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(count):
+        step(actions())
+    return num_envs * count / (time.perf_counter() - start)
+
+
 def time_native(env_id: str, num_envs: int, compile: bool, seconds: float) -> float:
     env = NATIVE_ENVS[env_id](num_envs=num_envs, seed=0, compile=compile)
     env.reset()
@@ -56,16 +69,7 @@ def time_native(env_id: str, num_envs: int, compile: bool, seconds: float) -> fl
             return torch.randint(0, int(space.n), (num_envs,))
         return torch.rand(num_envs, 1) * (high - low) + low
 
-    for _ in range(3 if not compile else 10):  # warm-up (and compilation)
-        env.step(actions())
-    start = time.perf_counter()
-    env.step(actions())
-    estimate = time.perf_counter() - start
-    count = steps_for(num_envs, seconds, estimate)
-    start = time.perf_counter()
-    for _ in range(count):
-        env.step(actions())
-    return num_envs * count / (time.perf_counter() - start)
+    return steps_per_second(env.step, actions, num_envs, seconds, warmup=10 if compile else 3)
 
 
 def time_gymnasium(env_id: str, num_envs: int, mode: str, seconds: float) -> float:
@@ -83,18 +87,10 @@ def time_gymnasium(env_id: str, num_envs: int, mode: str, seconds: float) -> flo
             return rng.integers(0, int(space.n), num_envs)
         return rng.uniform(space.low[0], space.high[0], (num_envs, 1)).astype(np.float32)
 
-    for _ in range(3):
-        env.step(actions())
-    start = time.perf_counter()
-    env.step(actions())
-    estimate = time.perf_counter() - start
-    count = steps_for(num_envs, seconds, estimate)
-    start = time.perf_counter()
-    for _ in range(count):
-        env.step(actions())
-    elapsed = time.perf_counter() - start
-    env.close()
-    return num_envs * count / elapsed
+    try:
+        return steps_per_second(env.step, actions, num_envs, seconds, warmup=3)
+    finally:
+        env.close()
 
 
 def main() -> None:

@@ -193,24 +193,9 @@ def report_case(case: Case, summary: dict, settings: dict) -> str:
               f"{EVAL_EPISODES}-episode evaluation on a separate env every {settings['eval_freq'][case.key]:,} env "
               "steps, evaluation time excluded from the training clock. Medians count a seed that missed the target "
               "as never reaching it (no median when most seeds miss); ranges are over the seeds that reached it.", ""]
-    rows = []
-    labels = {"rlspeed": ("rlspeed", f"shipped preset `{case.algo}` / `{case.env_id}`"),
-              "sb3": ("Stable-Baselines3", f"RL-Zoo {case.env_id}")}
-    time_to_target = summary["time_to_target"]
-    for name in ("rlspeed", "sb3"):
-        if name not in time_to_target:
-            continue
-        stats = time_to_target[name]
-        seconds, steps = stats["time_to_target_s"], stats["steps_to_target"]
-        ratio = time_to_target.get("sb3_over_rlspeed") if name == "rlspeed" else 1.0
-        if "sb3" not in time_to_target:
-            ratio = None
-        envs = f"auto → {stats['env_backend']}" if name == "rlspeed" else stats["env_backend"]
-        rows.append([*labels[name], envs, f"{seconds['count']}/{seconds['of']}",
-                     common.fmt(seconds["median"], ".2f"), common.fmt_range(seconds, ".2f"),
-                     common.fmt(steps["median"]), common.fmt_range(steps), common.fmt_ratio(ratio)])
-    lines += [common.markdown_table(["Library", "Settings", "Envs", "Reached", "Seconds median", "Seconds range",
-                                     "Steps median", "Steps range", "SB3 / rlspeed (time)"], rows), ""]
+    lines += [common.time_to_target_table(summary["time_to_target"], {
+        "rlspeed": ("rlspeed", f"shipped preset `{case.algo}` / `{case.env_id}`"),
+        "sb3": ("Stable-Baselines3", f"RL-Zoo {case.env_id}")}), ""]
     return "\n".join(lines)
 
 

@@ -91,20 +91,20 @@ class DeviceRules:
     """What kernels on a backend support, so that device maths uses dtypes that run there."""
 
     index_dtype: torch.dtype  # dtype for integer actions / indices kept on the device
-    mask_dtype: torch.dtype  # dtype for masks used in arithmetic
     supports_compile: bool
     supports_graphs: bool
 
 
 def rules(device: torch.device) -> DeviceRules:
-    """Per-backend rules. On NPU, AI Core kernels lack int64 and bool maths: use int32 and float32 there."""
+    """Per-backend rules. On NPU, AI Core kernels lack int64 maths: indices and discrete actions use int32 there
+    (bool masks are converted to float before any arithmetic everywhere, e.g. in `gae`)."""
     if device.type == "npu":
-        return DeviceRules(torch.int32, torch.float32, supports_compile=True, supports_graphs=False)
+        return DeviceRules(torch.int32, supports_compile=True, supports_graphs=False)
     if device.type == "mps":
-        return DeviceRules(torch.int64, torch.float32, supports_compile=False, supports_graphs=False)
+        return DeviceRules(torch.int64, supports_compile=False, supports_graphs=False)
     if device.type == "cuda":
-        return DeviceRules(torch.int64, torch.float32, supports_compile=True, supports_graphs=True)
-    return DeviceRules(torch.int64, torch.float32, supports_compile=True, supports_graphs=False)
+        return DeviceRules(torch.int64, supports_compile=True, supports_graphs=True)
+    return DeviceRules(torch.int64, supports_compile=True, supports_graphs=False)
 
 
 def synchronize(device: torch.device) -> None:

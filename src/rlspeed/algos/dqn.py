@@ -92,7 +92,7 @@ class DQN(OffPolicyAlgorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
-        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        obs_dim = spec.obs_dim
         self.q_network = QNetwork(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling).to(self.device)
         self.q_target = frozen_copy(self.q_network)
         self.policy = self.q_network

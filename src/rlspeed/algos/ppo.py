@@ -74,7 +74,7 @@ class PPO(Algorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
-        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        obs_dim = spec.obs_dim
         self.policy = ActorCritic(obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
                                   cfg.log_std_init).to(self.device)
         self._params = list(self.policy.parameters())

@@ -91,7 +91,7 @@ class SAC(OffPolicyAlgorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
-        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        obs_dim = spec.obs_dim
         self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
         self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
         self.critic_target = frozen_copy(self.critic)

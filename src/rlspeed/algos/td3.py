@@ -81,7 +81,7 @@ class TD3(OffPolicyAlgorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
-        obs_dim = int(torch.Size(spec.observation_shape).numel())
+        obs_dim = spec.obs_dim
         self.actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
         self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
         self.actor_target = frozen_copy(self.actor)

@@ -30,6 +30,11 @@ class EnvSpec:
         return isinstance(self.action_space, gym.spaces.Discrete)
 
     @property
+    def obs_dim(self) -> int:
+        """Size of a flattened observation (what the networks take)."""
+        return int(torch.Size(self.observation_shape).numel())
+
+    @property
     def action_dim(self) -> int:
         """Number of discrete actions, or the size of a Box action."""
         if self.discrete:

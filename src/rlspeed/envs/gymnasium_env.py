@@ -75,15 +75,13 @@ class GymnasiumEnv(BatchedEnv):
             raise UserError(f"Env '{env_id}' has a {type(obs_space).__name__} observation space; rlspeed "
                             "supports Box observations (flatten others with a Gymnasium wrapper).")
         self.spec = EnvSpec(env_id, tuple(obs_space.shape), vector_env.single_action_space, max_steps, threshold)
-        self._last_obs: torch.Tensor | None = None
 
     def _obs(self, array) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array, dtype=np.float32), device=self.device)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         obs, _ = self.vector_env.reset(seed=seed)
-        self._last_obs = self._obs(obs)
-        return self._last_obs, {}
+        return self._obs(obs), {}
 
     def step(self, actions: torch.Tensor):
         obs, reward, terminated, truncated, info = self.vector_env.step(

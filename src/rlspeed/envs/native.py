@@ -36,8 +36,9 @@ class NativeEnv(BatchedEnv):
         self._uniform_bounds: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         max_steps = self.spec.max_episode_steps
         self._max_steps = max_steps if max_steps is not None else 2**31 - 1
-        # compile=True fuses the whole transition (dynamics, time limit, autoreset, observations) into one
-        # kernel with torch.compile: worth it for thousands of envs, not for a few (and compiling takes seconds).
+        # compile=True fuses the whole transition (dynamics, time limit, autoreset, observations) with
+        # torch.compile. Measured on a CPU: 1.2-1.7x for CartPole at 4,096 envs, slower for Pendulum/MountainCar;
+        # compiling takes seconds (benchmarks/native_envs.py).
         self._transition = torch.compile(self.transition, dynamic=False) if compile else self.transition
 
     # --- what a subclass provides -------------------------------------------------------------------
