@@ -27,7 +27,15 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     if path.suffix != ".safetensors":
         path = path.with_suffix(path.suffix + ".safetensors") if path.suffix else path.with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
-    cpu = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    cpu = {}
+    seen: set[int] = set()
+    for name, tensor in tensors.items():
+        tensor = tensor.detach().to("cpu").contiguous()
+        # safetensors refuses tensors that share memory: views of one flat buffer, one tensor under two names.
+        if tensor.untyped_storage().data_ptr() in seen or tensor.untyped_storage().nbytes() != tensor.nbytes:
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        cpu[name] = tensor
     header = {"format": FORMAT, "version": FORMAT_VERSION, **metadata}
     payload = st_save(cpu, metadata={"rlspeed": json.dumps(header)})
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -135,9 +135,8 @@ class ActorCritic(nn.Module):
             log_p = torch.log_softmax(out, dim=-1)
             if deterministic:
                 actions = out.argmax(-1)
-            else:  # Gumbel-max: one fused sample, no torch.distributions object
-                gumbel = -torch.log(-torch.log(torch.rand_like(out).clamp_(1e-20, 1.0)))
-                actions = (log_p + gumbel).argmax(-1)
+            else:  # Gumbel-max with -log(E), E ~ Exp(1), as the Gumbel noise: four kernels, no distribution object
+                actions = (log_p - torch.empty_like(out).exponential_().log_()).argmax(-1)
             return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1), value
         std = self.log_std.exp()
         actions = out if deterministic else out + std * torch.randn_like(out)

@@ -13,6 +13,8 @@ import torch
 
 from rlspeed.accel import accelerate_step, auto_accelerate
 from rlspeed.algos.base import Algorithm, require
+from rlspeed.algos.fused_ppo import FusedPPOUpdate
+from rlspeed.algos.fused_ppo import supports as supports_fused
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
@@ -43,6 +45,7 @@ class PPOConfig:
     log_std_init: float = 0.0
     normalize_obs: bool = False
     normalize_reward: bool = False
+    fused_update: bool = True  # hand-derived gradient + flat Adam (algos/fused_ppo.py) where the network allows
 
     def validate(self) -> None:
         require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
@@ -80,6 +83,11 @@ class PPO(Algorithm):
         self._params = list(self.policy.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._plain_step
+        if cfg.fused_update and self.accelerate != "auto" and supports_fused(self.policy):
+            self._update_step = FusedPPOUpdate(self.policy, self.optimizer, max_grad_norm=cfg.max_grad_norm,
+                                               vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+                                               clip_range_vf=cfg.clip_range_vf,
+                                               normalize_advantage=cfg.normalize_advantage, strategy=self.strategy)
         if self.accelerate == "auto":  # measured: keeps fp32 eager unless another strategy is faster and accurate
             self.policy = auto_accelerate(self.policy, device=self.device)
             self._update_step = accelerate_step(self._loss, self.optimizer, params=self._params,

@@ -126,23 +126,20 @@ class EpisodeStatistics(EnvWrapper):
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
-        self._return = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
-        self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+        self._running = torch.zeros(2, self.num_envs, device=self.device, dtype=torch.float32)  # return, length
 
     def reset(self, seed: int | None = None):
-        self._return.zero_()
-        self._length.zero_()
+        self._running.zero_()
         return self.env.reset(seed=seed)
 
     def step(self, actions: torch.Tensor):
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        self._return += reward
-        self._length += 1.0
+        running = self._running
+        running[0] += reward
+        running[1] += 1.0
         done = terminated | truncated
+        finished = running.clone()
+        running.masked_fill_(done, 0.0)
         info["done"] = done
-        info["episode_return"] = self._return.clone()
-        info["episode_length"] = self._length.clone()
-        keep = (~done).to(self._return.dtype)
-        self._return.mul_(keep)
-        self._length.mul_(keep)
+        info["episode_return"], info["episode_length"] = finished[0], finished[1]
         return obs, reward, terminated, truncated, info

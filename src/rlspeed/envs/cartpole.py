@@ -31,23 +31,34 @@ class CartPole(NativeEnv):
     observation_high = np.array([X_THRESHOLD * 2, np.finfo(np.float32).max, THETA_THRESHOLD * 2,
                                  np.finfo(np.float32).max], dtype=np.float32)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Action -> force as a lookup table, and the termination bounds of (x, theta): device tensors built once.
+        self._force = torch.tensor([-FORCE_MAG, FORCE_MAG], dtype=self.state_dtype, device=self.device)
+        self._bounds = torch.tensor([X_THRESHOLD, THETA_THRESHOLD], dtype=self.state_dtype, device=self.device)
+
     def sample_state(self, num: int) -> torch.Tensor:
         return self.uniform(num, -0.05, 0.05)
 
     def dynamics(self, state, actions):
-        x, x_dot, theta, theta_dot = state.unbind(-1)
-        force = torch.where(actions.reshape(-1) == 1, FORCE_MAG, -FORCE_MAG).to(state.dtype)
+        # Gymnasium's equations in Gymnasium's order of float operations and without fused multiply-adds, so that
+        # float64 states reproduce its episodes to the last bit; in-place kernels where they can be (at small N the
+        # cost is per kernel, not per env).
+        x_dot, theta, theta_dot = state[:, 1], state[:, 2], state[:, 3]
+        force = self._force[actions.reshape(-1).long()]
         costheta = torch.cos(theta)
         sintheta = torch.sin(theta)
-        temp = (force + POLE_MASS_LENGTH * theta_dot.square() * sintheta) / TOTAL_MASS
-        thetaacc = (GRAVITY * sintheta - costheta * temp) / (
-            LENGTH * (4.0 / 3.0 - MASS_POLE * costheta.square() / TOTAL_MASS))
-        xacc = temp - POLE_MASS_LENGTH * thetaacc * costheta / TOTAL_MASS
-        next_state = torch.stack((x + TAU * x_dot, x_dot + TAU * xacc,
-                                  theta + TAU * theta_dot, theta_dot + TAU * thetaacc), dim=-1)
-        new_x, new_theta = next_state[:, 0], next_state[:, 2]
-        terminated = (new_x < -X_THRESHOLD) | (new_x > X_THRESHOLD) | (new_theta < -THETA_THRESHOLD) | (
-            new_theta > THETA_THRESHOLD)
+        # temp = (force + m_p l theta_dot^2 sin) / M
+        temp = theta_dot.square().mul_(POLE_MASS_LENGTH).mul_(sintheta).add_(force).div_(TOTAL_MASS)
+        # thetaacc = (g sin - cos temp) / (l (4/3 - m_p cos^2 / M))
+        thetaacc = sintheta.mul_(GRAVITY).sub_(costheta * temp)
+        thetaacc.div_(costheta.square().mul_(MASS_POLE).div_(TOTAL_MASS).neg_().add_(4.0 / 3.0).mul_(LENGTH))
+        # xacc = temp - m_p l thetaacc cos / M
+        xacc = temp.sub_((thetaacc * POLE_MASS_LENGTH).mul_(costheta).div_(TOTAL_MASS))
+        # explicit Euler on (x, x_dot, theta, theta_dot)
+        next_state = torch.stack((x_dot, xacc, theta_dot, thetaacc), dim=-1).mul_(TAU).add_(state)
+        # terminated when |x| > 2.4 or |theta| > 12 degrees (Gymnasium: x < -2.4 or x > 2.4 or ...)
+        terminated = (next_state[:, 0::2].abs() > self._bounds).any(-1)
         # Gymnasium pays 1.0 on every step, the terminating one included.
-        reward = torch.ones_like(new_x)
+        reward = torch.ones_like(x_dot)
         return next_state, reward, terminated

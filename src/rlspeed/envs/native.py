@@ -61,12 +61,13 @@ class NativeEnv(BatchedEnv):
         # blocking host-to-device copy, and `step` samples fresh states on every call.
         key = (repr(low), repr(high))
         if key not in self._uniform_bounds:
-            self._uniform_bounds[key] = (torch.as_tensor(low, dtype=self.state_dtype, device=self.device),
-                                         torch.as_tensor(high, dtype=self.state_dtype, device=self.device))
-        low, high = self._uniform_bounds[key]
+            low_t = torch.as_tensor(low, dtype=self.state_dtype, device=self.device)
+            high_t = torch.as_tensor(high, dtype=self.state_dtype, device=self.device)
+            self._uniform_bounds[key] = (low_t, high_t - low_t)
+        low, width = self._uniform_bounds[key]
         size = (num, self.state_size)
         noise = torch.rand(size, generator=self.generator, device=self.device, dtype=self.state_dtype)
-        return low + (high - low) * noise
+        return noise.mul_(width).add_(low)  # low + (high - low) * u, as numpy's uniform (no fused multiply-add)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         if seed is not None:
@@ -90,6 +91,6 @@ class NativeEnv(BatchedEnv):
         done = terminated | truncated
         final_obs = self.observe(next_state)
         new_state = torch.where(done.unsqueeze(-1), fresh, next_state)
-        new_elapsed = torch.where(done, torch.zeros_like(elapsed), elapsed)
+        new_elapsed = elapsed.masked_fill_(done, 0)
         return (self.observe(new_state), reward.to(torch.float32), terminated, truncated, final_obs, new_state,
                 new_elapsed)
