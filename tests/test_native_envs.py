@@ -313,6 +313,40 @@ def test_reset_is_seeded_and_acrobot_starts_float32_like_gymnasium():
     assert torch.equal(env.state, env.state.float().double())
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.float64])
+def test_each_env_has_its_own_stream_whatever_num_envs(state_dtype):
+    """Env i's resets depend only on (seed, i): the same with 3 envs or 20,000 (whose draws come in other blocks)."""
+    small = NATIVE_ENVS["Pendulum-v1"](num_envs=3, seed=11, state_dtype=state_dtype)
+    large = NATIVE_ENVS["Pendulum-v1"](num_envs=20_000, seed=11, state_dtype=state_dtype)
+    assert small._block_steps != large._block_steps
+    for _ in range(3):  # reset(seed) restarts the streams
+        small.reset(seed=5)
+        large.reset(seed=5)
+        assert torch.equal(small.state, large.state[:3])
+        for _ in range(70):  # past the end of the first block of either
+            actions = torch.zeros(3, 1)
+            small.step(actions)
+            large.step(torch.zeros(20_000, 1))
+            assert torch.equal(small.state, large.state[:3])
+    assert not torch.equal(large.state[0], large.state[1])
+
+
+def test_stream_draws_are_uniform_and_uncorrelated():
+    env = NATIVE_ENVS["CartPole-v1"](num_envs=512, seed=0, state_dtype=torch.float64)
+    draws = torch.stack([env._next_uniform() for _ in range(400)])  # [draw, env, component]
+    assert 0.0 <= draws.min() and draws.max() < 1.0
+    flat = draws.flatten()
+    assert abs(flat.mean() - 0.5) < 0.003 and abs(flat.var() - 1 / 12) < 0.002  # 819,200 draws
+    # neighbouring envs, consecutive draws and the components of one draw are uncorrelated
+    pairs = [(draws[:, :-1], draws[:, 1:]), (draws[:-1], draws[1:]), (draws[..., 0], draws[..., 1])]
+    for a, b in pairs:
+        correlation = torch.corrcoef(torch.stack((a.flatten(), b.flatten())))[0, 1]
+        assert abs(correlation) < 0.01, correlation
+    # every bucket of a 100-bin histogram near its expected count (chi-square, 99 dof: 99 +- 14)
+    counts = torch.histc(flat, bins=100, min=0.0, max=1.0)
+    expected = flat.numel() / 100
+    assert ((counts - expected).square() / expected).sum() < 160
+
 # --- the batched contract -------------------------------------------------------------------------------------
 
 def _random_actions(env, generator: torch.Generator) -> torch.Tensor:

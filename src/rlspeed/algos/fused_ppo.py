@@ -192,7 +192,9 @@ class FusedPPOUpdate:
             torch.sum(grad, dim=1, keepdim=True, out=self.bias_grads[layer])
             if layer:
                 grad = torch.bmm(grad, self.weights[layer].transpose(1, 2))
-                grad = grad * (1 - inputs.square()) if self.tanh else grad * (inputs > 0)
+                # autograd's own fused derivative kernels: grad * (1 - h^2), and grad where h > 0
+                grad = (torch.ops.aten.tanh_backward(grad, inputs) if self.tanh
+                        else torch.ops.aten.threshold_backward(grad, inputs, 0.0))
         return loss.detach(), stats
 
     def adam_step(self) -> None:
