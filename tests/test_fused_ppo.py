@@ -84,7 +84,7 @@ def test_fused_checkpoint_round_trip_and_resume(tmp_path):
     loaded._update_step(*minibatch)
     for a, b in zip(model.policy.parameters(), loaded.policy.parameters()):
         torch.testing.assert_close(b, a)
-    assert int(loaded._update_step.step_count) == int(model._update_step.step_count) > 1
+    assert int(loaded._update_step.adam.step_count) == int(model._update_step.adam.step_count) > 1
 
 
 def test_fused_falls_back_for_other_activations():

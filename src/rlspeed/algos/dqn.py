@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.base import require
+from rlspeed.algos.fused_dqn import FusedDQNUpdate
+from rlspeed.algos.fused_dqn import supports as supports_fused
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -44,6 +46,7 @@ class DQNConfig(OffPolicyConfig):
     max_grad_norm: float = 10.0
     double_q: bool = True
     dueling: bool = False
+    fused_update: bool = True  # hand-derived gradient + flat Adam (algos/fused_dqn.py) where the network allows
 
     def validate(self) -> None:
         super().validate()
@@ -100,6 +103,10 @@ class DQN(OffPolicyAlgorithm):
         self._target_params = list(self.q_target.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, max_grad_norm=cfg.max_grad_norm, name="dqn")
+        if cfg.fused_update and self.accelerate != "auto" and supports_fused(self.q_network):
+            self._update_step = FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
+                                               max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
+                                               strategy=self.strategy)
         self._index_dtype = rules(self.device).index_dtype
 
     def _modules(self):

@@ -27,6 +27,7 @@ import math
 import torch
 from torch import nn
 
+from rlspeed.flat import FlatAdam, activation_backward
 from rlspeed.nn import ActorCritic
 
 SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
@@ -40,9 +41,8 @@ def supports(policy: nn.Module) -> bool:
 class FusedPPOUpdate:
     """One PPO minibatch update (loss, gradient, all-reduce, clipping, Adam) without autograd.
 
-    The optimizer stays the user-visible `torch.optim.Adam` over the policy's parameters, so checkpoints are the
-    same as the autograd path's: its per-parameter state tensors are views of the flat moments held here, and a
-    state loaded into it later (resume, `load`) is copied back into the flat buffers before the next update.
+    Parameters, gradients and Adam moments live in a `rlspeed.flat.FlatAdam` (checkpoints are the same as with
+    autograd and `torch.optim.Adam`).
     Call as `update(obs, actions, old_log_probs, old_values, advantages, returns, clip_range) -> (loss, stats)`.
     """
 
@@ -52,74 +52,25 @@ class FusedPPOUpdate:
         if not supports(policy):
             raise ValueError("FusedPPOUpdate needs an ActorCritic with a tanh or ReLU body.")
         self.policy, self.optimizer, self.strategy = policy, optimizer, strategy
-        self.max_grad_norm, self.vf_coef, self.ent_coef = float(max_grad_norm), float(vf_coef), float(ent_coef)
+        self.vf_coef, self.ent_coef = float(vf_coef), float(ent_coef)
         self.clip_range_vf, self.normalize_advantage = clip_range_vf, normalize_advantage
         self.tanh = isinstance(policy.body.activation, nn.Tanh)
         body = policy.body
-        self.params: list[nn.Parameter] = [*body.weights, *body.biases]
-        if not policy.discrete:
-            self.params.append(policy.log_std)
-        order = {id(p) for p in self.params}
-        assert order == {id(p) for p in policy.parameters()}, "every policy parameter must be in the flat buffer"
-        device = self.params[0].device
-        sizes = [p.numel() for p in self.params]
-        with torch.no_grad():
-            self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-        self.grad = torch.zeros_like(self.flat)
-        self.exp_avg = torch.zeros_like(self.flat)
-        self.exp_avg_sq = torch.zeros_like(self.flat)
-        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
-        self._views = {name: [chunk.view_as(p) for chunk, p in zip(buffer.split(sizes), self.params)]
-                       for name, buffer in (("param", self.flat), ("grad", self.grad), ("exp_avg", self.exp_avg),
-                                            ("exp_avg_sq", self.exp_avg_sq))}
-        for p, view, grad in zip(self.params, self._views["param"], self._views["grad"]):
-            p.data = view
-            p.grad = grad
+        params = [*body.weights, *body.biases] + ([] if policy.discrete else [policy.log_std])
+        self.adam = FlatAdam(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
         layers = len(body.weights)
-        self.weights = self._views["param"][:layers]
-        self.biases = self._views["param"][layers:2 * layers]
-        self.weight_grads = self._views["grad"][:layers]
-        self.bias_grads = self._views["grad"][layers:2 * layers]
-        self.log_std = None if policy.discrete else self._views["param"][-1]
-        self.log_std_grad = None if policy.discrete else self._views["grad"][-1]
-        self._fused_adam = getattr(torch, "_fused_adam_", None) if device.type in ("cpu", "cuda") else None
-        self._adopt_optimizer_state()
-
-    # --- optimizer state shared with torch.optim.Adam --------------------------------------------------------------
-    def _adopt_optimizer_state(self) -> None:
-        """Copy whatever state the optimizer holds into the flat moments, then point its state at views of them."""
-        state = self.optimizer.state
-        with torch.no_grad():
-            loaded = state.get(self.params[0])
-            if loaded and "exp_avg" in loaded:
-                for p, m, v in zip(self.params, self._views["exp_avg"], self._views["exp_avg_sq"]):
-                    m.copy_(state[p]["exp_avg"])
-                    v.copy_(state[p]["exp_avg_sq"])
-                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32))
-            else:
-                self.exp_avg.zero_()
-                self.exp_avg_sq.zero_()
-                self.step_count.zero_()
-        for p, m, v in zip(self.params, self._views["exp_avg"], self._views["exp_avg_sq"]):
-            state[p] = {"step": self.step_count, "exp_avg": m, "exp_avg_sq": v}
-
-    def _check_views(self) -> None:
-        if self.optimizer.state.get(self.params[0], {}).get("exp_avg") is not self._views["exp_avg"][0]:
-            self._adopt_optimizer_state()  # the optimizer's state was replaced (load_state_dict)
-        if self.params[0].data_ptr() != self.flat.data_ptr():
-            raise RuntimeError("The policy's parameters were moved or replaced after FusedPPOUpdate was built.")
+        self.weights = self.adam.param_views[:layers]
+        self.biases = self.adam.param_views[layers:2 * layers]
+        self.weight_grads = self.adam.grad_views[:layers]
+        self.bias_grads = self.adam.grad_views[layers:2 * layers]
+        self.log_std = None if policy.discrete else self.adam.param_views[-1]
+        self.log_std_grad = None if policy.discrete else self.adam.grad_views[-1]
 
     # --- the update ------------------------------------------------------------------------------------------------
     def __call__(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
-        self._check_views()
+        self.adam.check()
         loss, stats = self.gradient(obs, actions, old_log_probs, old_values, advantages, returns, clip_range)
-        strategy = self.strategy
-        if strategy is not None and strategy.enabled:
-            strategy.all_reduce_sum(self.grad)
-            self.grad.div_(strategy.world_size)
-        norm = torch.linalg.vector_norm(self.grad)
-        self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
-        self.adam_step()
+        self.adam.step()  # all-reduce, clip, Adam
         return loss, stats
 
     def gradient(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
@@ -192,26 +143,5 @@ class FusedPPOUpdate:
             torch.sum(grad, dim=1, keepdim=True, out=self.bias_grads[layer])
             if layer:
                 grad = torch.bmm(grad, self.weights[layer].transpose(1, 2))
-                # autograd's own fused derivative kernels: grad * (1 - h^2), and grad where h > 0
-                grad = (torch.ops.aten.tanh_backward(grad, inputs) if self.tanh
-                        else torch.ops.aten.threshold_backward(grad, inputs, 0.0))
+                grad = activation_backward(grad, inputs, self.tanh)
         return loss.detach(), stats
-
-    def adam_step(self) -> None:
-        """Adam (torch.optim.Adam's maths, the group's current lr/betas/eps) on the flat buffers."""
-        group = self.optimizer.param_groups[0]
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-        weight_decay = group.get("weight_decay", 0.0)
-        self.step_count += 1
-        if self._fused_adam is not None:
-            self._fused_adam([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
-                             amsgrad=False, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
-                             maximize=False, grad_scale=None, found_inf=None)
-            return
-        grad = self.grad if not weight_decay else self.grad.add(self.flat, alpha=weight_decay)
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias1 = 1 - torch.pow(beta1, self.step_count)
-        bias2_sqrt = (1 - torch.pow(beta2, self.step_count)).sqrt()
-        denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
-        self.flat.addcdiv_(self.exp_avg, denom * (bias1 / lr), value=-1.0)

@@ -1,0 +1,98 @@
+"""DQN's gradient step with the gradient written out by hand: one batched forward, no autograd, flat-buffer Adam.
+
+The same update as `DQN._loss` + backward + clipping + `torch.optim.Adam` (checked step by step in
+`tests/test_fused_dqn.py`), for the plain (non-dueling) Q-network, an MLP of `nn.Linear` layers with ReLU or
+tanh. The online network evaluates `obs` and `next_obs` (for Double DQN's argmax) as one batch of 2B rows; the
+target network evaluates `next_obs`. With d = Q(s, a) - y, the Huber loss mean(huber(d)) has gradient
+clamp(d, -1, 1) / B at Q(s, a) and zero at the other actions; the backward pass of a linear layer y = x W^T + b is
+dW = g^T x, db = sum g, dx = g W.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlspeed.flat import FlatAdam, activation_backward
+
+
+def _linears(network: nn.Module) -> list[nn.Linear] | None:
+    """The linear layers of a Sequential (Linear, act, Linear, act, ..., Linear) with one kind of activation."""
+    layers = list(network)
+    linears, activations = layers[0::2], layers[1::2]
+    if not linears or not all(type(layer) is nn.Linear for layer in linears):
+        return None
+    if len(activations) != len(linears) - 1 or len({type(a) for a in activations}) > 1:
+        return None
+    if activations and type(activations[0]) not in (nn.ReLU, nn.Tanh):
+        return None
+    return linears
+
+
+def supports(q_network: nn.Module) -> bool:
+    """True when `FusedDQNUpdate` can update this Q-network (non-dueling, an MLP with ReLU or tanh)."""
+    return not getattr(q_network, "dueling", True) and _linears(q_network.body) is not None
+
+
+class FusedDQNUpdate:
+    """One DQN gradient step: `update(obs, actions, rewards, next_obs, terminated, discounts) -> (loss, metrics)`."""
+
+    def __init__(self, q_network: nn.Module, q_target: nn.Module, optimizer: torch.optim.Optimizer, *,
+                 max_grad_norm: float | None, double_q: bool, strategy=None):
+        if not supports(q_network):
+            raise ValueError("FusedDQNUpdate needs a non-dueling Q-network whose body is an MLP with ReLU or tanh.")
+        self.double_q = double_q
+        linears = _linears(q_network.body)
+        self.tanh = len(linears) > 1 and isinstance(q_network.body[1], nn.Tanh)
+        params = [p for layer in linears for p in (layer.weight, layer.bias)]
+        self.adam = FlatAdam(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
+        self.weights, self.biases = self.adam.param_views[0::2], self.adam.param_views[1::2]
+        self.weight_grads, self.bias_grads = self.adam.grad_views[0::2], self.adam.grad_views[1::2]
+        self.target = q_target
+
+    def _forward(self, x: torch.Tensor, weights, biases) -> list[torch.Tensor]:
+        """Inputs of every layer, then the output: [x, h1, ..., out]."""
+        outputs = [x]
+        last = len(weights) - 1
+        for layer, (weight, bias) in enumerate(zip(weights, biases)):
+            z = torch.addmm(bias, outputs[-1], weight.t())
+            outputs.append(z if layer == last else (torch.tanh(z) if self.tanh else torch.relu(z)))
+        return outputs
+
+    def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
+        self.adam.check()
+        loss, metrics = self.gradient(obs, actions, rewards, next_obs, terminated, discounts)
+        self.adam.step()  # all-reduce, clip, Adam
+        return loss, metrics
+
+    def gradient(self, obs, actions, rewards, next_obs, terminated, discounts):
+        """Write dL/dparameters into the flat gradient buffer; returns (loss, {"loss", "q_values"})."""
+        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
+        batch = obs.shape[0]
+        with torch.no_grad():
+            target_params = [p for layer in _linears(self.target.body) for p in (layer.weight, layer.bias)]
+            next_q_target = self._forward(next_obs, target_params[0::2], target_params[1::2])[-1]
+            if self.double_q:  # the online network on obs and next_obs together: one pass of 2B rows
+                outputs = self._forward(torch.cat((obs, next_obs)), self.weights, self.biases)
+                next_actions = outputs[-1][batch:].argmax(dim=1, keepdim=True)
+                next_q = next_q_target.gather(1, next_actions).squeeze(1)
+                outputs = [o[:batch] for o in outputs]
+            else:
+                outputs = self._forward(obs, self.weights, self.biases)
+                next_q = next_q_target.max(dim=1).values
+            target_q = rewards + discounts * (1 - terminated) * next_q
+
+        index = actions.long().unsqueeze(1)
+        q_values = outputs[-1].gather(1, index).squeeze(1)
+        diff = q_values - target_q
+        abs_diff = diff.abs()
+        loss = torch.where(abs_diff < 1.0, 0.5 * diff.square(), abs_diff - 0.5).mean()  # Huber (smooth L1)
+        grad = torch.zeros_like(outputs[-1]).scatter_(1, index, diff.clamp(-1.0, 1.0).div_(batch).unsqueeze(1))
+
+        for layer in range(len(self.weights) - 1, -1, -1):
+            inputs = outputs[layer]
+            torch.mm(grad.t(), inputs, out=self.weight_grads[layer])
+            torch.sum(grad, dim=0, out=self.bias_grads[layer])
+            if layer:
+                grad = activation_backward(grad.mm(self.weights[layer]), inputs, self.tanh)
+        return loss, {"loss": loss, "q_values": q_values.mean()}

@@ -1,0 +1,114 @@
+"""Parameters, gradients and Adam moments in flat buffers: clipping and Adam as a few kernels for any network.
+
+`torch.optim.Adam` and `clip_grad_norm_` loop over parameter tensors (or group them, in Python, for their foreach
+and fused kernels); for RL-sized networks that per-tensor work costs as much as the maths. `FlatAdam` makes a
+module's parameters views of one flat buffer (and their `.grad` views of another), so the global gradient norm,
+the all-reduce and the whole Adam step each act on one tensor. Used by the hand-derived updates
+(`rlspeed.algos.fused_ppo`, `rlspeed.algos.fused_dqn`).
+
+The optimizer stays the user-visible `torch.optim.Adam` over the original parameters, so checkpoints are the same
+as with autograd: its per-parameter state tensors are views of the flat moments, and a state loaded into it later
+(resume, `load`) is copied back into the flat buffers before the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class FlatAdam:
+    """Adam over `params` (the parameters `optimizer` holds, in its order) on flat buffers.
+
+    After construction, `params[i].data` and `params[i].grad` are views of `self.flat` and `self.grad`; a gradient
+    written into `self.grad` (or `grad_views[i]`) is what `step()` uses. The learning rate, betas, eps and weight
+    decay are read from the optimizer's first param group on every step, so schedules that set `group["lr"]` work.
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer, *,
+                 max_grad_norm: float | None = None, strategy=None):
+        self.params = list(params)
+        grouped = [p for group in optimizer.param_groups for p in group["params"]]
+        if len(optimizer.param_groups) != 1 or {id(p) for p in grouped} != {id(p) for p in self.params}:
+            raise ValueError("FlatAdam needs an optimizer with one param group holding exactly these parameters.")
+        self.optimizer, self.max_grad_norm, self.strategy = optimizer, max_grad_norm, strategy
+        device = self.params[0].device
+        sizes = [p.numel() for p in self.params]
+        with torch.no_grad():
+            self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.grad = torch.zeros_like(self.flat)
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
+        self.step_count = torch.zeros((), dtype=torch.float32, device=device)
+
+        def views(buffer: torch.Tensor) -> list[torch.Tensor]:
+            return [chunk.view_as(p) for chunk, p in zip(buffer.split(sizes), self.params)]
+
+        self.param_views, self.grad_views = views(self.flat), views(self.grad)
+        self._exp_avg_views, self._exp_avg_sq_views = views(self.exp_avg), views(self.exp_avg_sq)
+        for p, view, grad in zip(self.params, self.param_views, self.grad_views):
+            p.data = view
+            p.grad = grad
+        self._fused_adam = getattr(torch, "_fused_adam_", None) if device.type in ("cpu", "cuda") else None
+        self._adopt_optimizer_state()
+
+    def _adopt_optimizer_state(self) -> None:
+        """Copy whatever state the optimizer holds into the flat moments, then point its state at views of them."""
+        state = self.optimizer.state
+        with torch.no_grad():
+            loaded = state.get(self.params[0])
+            if loaded and "exp_avg" in loaded:
+                for p, m, v in zip(self.params, self._exp_avg_views, self._exp_avg_sq_views):
+                    m.copy_(state[p]["exp_avg"])
+                    v.copy_(state[p]["exp_avg_sq"])
+                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32))
+            else:
+                self.exp_avg.zero_()
+                self.exp_avg_sq.zero_()
+                self.step_count.zero_()
+        for p, m, v in zip(self.params, self._exp_avg_views, self._exp_avg_sq_views):
+            state[p] = {"step": self.step_count, "exp_avg": m, "exp_avg_sq": v}
+
+    def check(self) -> None:
+        """Before an update: re-adopt the optimizer state if it was replaced (load_state_dict); fail if the
+        parameters no longer live in the flat buffer (moved with `.to()`, or replaced)."""
+        if self.optimizer.state.get(self.params[0], {}).get("exp_avg") is not self._exp_avg_views[0]:
+            self._adopt_optimizer_state()
+        if self.params[0].data_ptr() != self.flat.data_ptr():
+            raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
+                               "build the model again on its device instead.")
+
+    def step(self) -> None:
+        """All-reduce (several processes), clip the global gradient norm, then one Adam step."""
+        strategy = self.strategy
+        if strategy is not None and strategy.enabled:
+            strategy.all_reduce_sum(self.grad)
+            self.grad.div_(strategy.world_size)
+        if self.max_grad_norm is not None:
+            norm = torch.linalg.vector_norm(self.grad)
+            self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        group = self.optimizer.param_groups[0]
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        weight_decay = group.get("weight_decay", 0.0)
+        self.step_count += 1
+        if self._fused_adam is not None:
+            self._fused_adam([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
+                             amsgrad=False, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
+                             maximize=False, grad_scale=None, found_inf=None)
+            return
+        grad = self.grad if not weight_decay else self.grad.add(self.flat, alpha=weight_decay)
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias1 = 1 - torch.pow(beta1, self.step_count)
+        bias2_sqrt = (1 - torch.pow(beta2, self.step_count)).sqrt()
+        denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+        self.flat.addcdiv_(self.exp_avg, denom * (bias1 / lr), value=-1.0)
+
+
+def activation_backward(grad: torch.Tensor, output: torch.Tensor, tanh: bool) -> torch.Tensor:
+    """d/d(pre-activation) from d/d(output) and the activation's output: autograd's own fused kernels."""
+    if tanh:
+        return torch.ops.aten.tanh_backward(grad, output)  # grad * (1 - output^2)
+    return torch.ops.aten.threshold_backward(grad, output, 0.0)  # grad where output > 0
