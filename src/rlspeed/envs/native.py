@@ -9,44 +9,43 @@ from __future__ import annotations
 
 import torch
 
-from rlspeed.device import rules
 from rlspeed.envs.base import BatchedEnv, EnvSpec
 
 _MAX_BLOCK_STEPS = 64  # per-env draws made at once (fewer kernels per step at small N) ...
 _BLOCK_ELEMENTS = 1 << 18  # ... holding at most this many numbers
 
 
-def _signed(value: int) -> int:
-    value &= (1 << 64) - 1
-    return value - (1 << 64) if value >= 1 << 63 else value
+def _int32(value: int) -> int:
+    """A Python int as the signed 32-bit value with the same low 32 bits (torch int32 arithmetic wraps)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
-_GOLDEN = _signed(0x9E3779B97F4A7C15)  # SplitMix64's increment
-_MIX1, _MIX2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
+_GOLDEN, _COUNTER_STEP = _int32(0x9E3779B9), _int32(0x85EBCA6B)
+_MIX1, _MIX2 = _int32(0x21F0AAAD), _int32(0x735A2D97)
 
 
-def _mix_int(value: int) -> int:
-    """SplitMix64's finaliser on a Python int (the seed), as a signed 64-bit value."""
-    z = (value + 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
-    return _signed(z ^ (z >> 31))
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (xorshift-multiply, "lowbias32" constants), in place on an int32 tensor.
+
+    Logical right shifts are arithmetic shifts with the sign bits masked off; multiplies wrap.
+    """
+    x.bitwise_xor_((x >> 16).bitwise_and_(0xFFFF)).mul_(_MIX1)
+    x.bitwise_xor_((x >> 15).bitwise_and_(0x1FFFF)).mul_(_MIX2)
+    return x.bitwise_xor_((x >> 15).bitwise_and_(0x1FFFF))
 
 
-def _mix64(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser on int64 tensors: wrapping multiplies, logical shifts as arithmetic shift + mask."""
-    z = z ^ ((z >> 30) & ((1 << 34) - 1))
-    z = z * _MIX1
-    z = z ^ ((z >> 27) & ((1 << 37) - 1))
-    z = z * _MIX2
-    return z ^ ((z >> 31) & ((1 << 33) - 1))
-
-
-def _to_unit(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Uniform floats in [0, 1) from the top 53 (float64) or 24 (float32 and smaller) bits of int64 values."""
-    mantissa = 53 if dtype == torch.float64 else 24
-    top = (bits >> (64 - mantissa)) & ((1 << mantissa) - 1)
-    return top.to(dtype).mul_(2.0 ** -mantissa)
+def _seed_words(seed: int) -> tuple[int, int, int]:
+    """Three 32-bit words from a seed of any size (SplitMix64 on the host)."""
+    words = []
+    z = seed & ((1 << 64) - 1)
+    for _ in range(2):
+        z = (z + 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
+        y = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+        y = ((y ^ (y >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+        y ^= y >> 31
+        words += [_int32(y), _int32(y >> 32)]
+    return words[0], words[1], words[2]
 
 
 class NativeEnv(BatchedEnv):
@@ -67,10 +66,8 @@ class NativeEnv(BatchedEnv):
         self.device = torch.device(device)
         self.state_dtype = state_dtype
         # Per-env random streams: env i's draws depend only on (seed, i), so they are the same for any num_envs and
-        # on any device. Counter-based (SplitMix64 on int64 tensors); where the backend keeps integers in int32
-        # (NPU), one torch.Generator for all envs instead.
-        self._counter_rng = rules(self.device).index_dtype == torch.int64
-        self.generator = torch.Generator(device=self.device)
+        # on any device: a counter-based generator (a 32-bit hash of the env's key and the draw number, int32
+        # arithmetic that every backend has), drawn `_block_steps` steps at a time.
         self._block_steps = max(1, min(_MAX_BLOCK_STEPS, _BLOCK_ELEMENTS // max(self.num_envs * self.state_size, 1)))
         self._seed_streams(seed if seed is not None else int(torch.seed() % (2**63)))
         self.state = torch.zeros(self.num_envs, self.state_size, device=self.device, dtype=state_dtype)
@@ -85,7 +82,7 @@ class NativeEnv(BatchedEnv):
 
     # --- what a subclass provides -------------------------------------------------------------------
     def sample_state(self, num: int) -> torch.Tensor:
-        """Fresh initial states `[num, k]` drawn with `self.generator`."""
+        """Fresh initial states `[num, k]` drawn with `self.uniform` (one row per env)."""
         raise NotImplementedError
 
     def dynamics(self, state: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,30 +109,35 @@ class NativeEnv(BatchedEnv):
         return self._next_uniform().mul(width).add_(low)  # low + (high - low) * u, as numpy's uniform
 
     def _seed_streams(self, seed: int) -> None:
-        self.generator.manual_seed(seed)
-        if self._counter_rng:
-            env_index = torch.arange(self.num_envs, device=self.device, dtype=torch.int64)
-            self._stream_keys = _mix64(env_index.mul(_GOLDEN).add_(_mix_int(seed)))
+        first, second, third = _seed_words(seed)
+        env_index = torch.arange(self.num_envs, device=self.device, dtype=torch.int32)
+        self._keys = _mix32_(_mix32_(env_index.mul_(_GOLDEN).add_(first)).bitwise_xor_(second))  # [N]
+        self._keys_low = _mix32_(self._keys ^ third)  # a second word per draw for float64's 53 bits
         self._draws = 0  # per-env draws made so far (every env draws on every step)
         self._block: torch.Tensor | None = None
         self._block_pos = 0
 
     def _next_uniform(self) -> torch.Tensor:
-        """[N, k] uniforms in [0, 1): row `_draws` of every env's stream. Drawn `_block_steps` rows at a time."""
-        size = (self.num_envs, self.state_size)
-        if not self._counter_rng:
-            return torch.rand(size, generator=self.generator, device=self.device, dtype=self.state_dtype)
+        """[N, k] uniforms in [0, 1): draw number `_draws` of every env's stream."""
         if self._block is None or self._block_pos == self._block.shape[0]:
-            steps = torch.arange(self._draws, self._draws + self._block_steps, device=self.device, dtype=torch.int64)
-            counters = steps.view(-1, 1, 1) * self.state_size + torch.arange(
-                self.state_size, device=self.device, dtype=torch.int64)  # [T, 1, k]
-            self._block = _to_unit(_mix64(counters.mul(_GOLDEN).add(self._stream_keys.view(1, -1, 1))),
-                                   self.state_dtype)
+            self._block = self._draw_block(self._draws, self._block_steps)
             self._block_pos = 0
         row = self._block[self._block_pos]
         self._block_pos += 1
         self._draws += 1
         return row
+
+    def _draw_block(self, first_draw: int, steps: int) -> torch.Tensor:
+        """Draws `first_draw .. first_draw + steps - 1` of every env's stream: `[steps, N, k]` in the state dtype."""
+        k = self.state_size
+        counters = torch.arange(steps * k, device=self.device, dtype=torch.int32).add_(_int32(first_draw * k))
+        counters = counters.mul_(_COUNTER_STEP).view(steps, 1, k)  # number j of env i: hash(key_i ^ j * step)
+        high = _mix32_(counters ^ self._keys.view(1, -1, 1))
+        if self.state_dtype != torch.float64:  # 24 random bits fill a float32 mantissa
+            return (high >> 8).bitwise_and_(0xFFFFFF).to(self.state_dtype).mul_(2.0 ** -24)
+        low = _mix32_(counters ^ self._keys_low.view(1, -1, 1))  # 26 + 27 = 53 bits for float64
+        top = (high >> 6).bitwise_and_((1 << 26) - 1).to(torch.float64).mul_(2.0 ** 27)
+        return top.add_((low >> 5).bitwise_and_((1 << 27) - 1).to(torch.float64)).mul_(2.0 ** -53)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         if seed is not None:
