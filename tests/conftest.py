@@ -17,3 +17,15 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 def run_dir(tmp_path):
     """A fresh, not yet existing run directory under pytest's tmp_path."""
     return tmp_path / "run"
+
+
+def plain_and_fused(algo, env_id: str, fused_type: type, **config):
+    """Two models with the same initial weights: autograd's update (fused_update=False) and the hand-derived one."""
+    models = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        models.append(algo(env_id, device="cpu", seed=0, fused_update=fused, **config))
+    plain, fused = models
+    assert not isinstance(plain._update_step, fused_type)
+    assert isinstance(fused._update_step, fused_type)
+    return plain, fused

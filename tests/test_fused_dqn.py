@@ -2,20 +2,14 @@
 
 import pytest
 import torch
+from conftest import plain_and_fused
 
 from rlspeed import DQN
 from rlspeed.algos.fused_dqn import FusedDQNUpdate
 
 
 def _pair(**config):
-    models = []
-    for fused in (False, True):
-        torch.manual_seed(0)
-        models.append(DQN("CartPole-v1", device="cpu", seed=0, fused_update=fused, learning_rate=1e-3, **config))
-    plain, fused = models
-    assert not isinstance(plain._update_step, FusedDQNUpdate)
-    assert isinstance(fused._update_step, FusedDQNUpdate)
-    return plain, fused
+    return plain_and_fused(DQN, "CartPole-v1", FusedDQNUpdate, learning_rate=1e-3, **config)
 
 
 def _batch(seed, batch=64):

@@ -2,20 +2,14 @@
 
 import pytest
 import torch
+from conftest import plain_and_fused
 
 from rlspeed import PPO
 from rlspeed.algos.fused_ppo import FusedPPOUpdate
 
 
 def _pair(env_id, **config):
-    models = []
-    for fused in (False, True):
-        torch.manual_seed(0)
-        models.append(PPO(env_id, device="cpu", seed=0, fused_update=fused, env_backend="torch", **config))
-    plain, fused = models
-    assert not isinstance(plain._update_step, FusedPPOUpdate)
-    assert isinstance(fused._update_step, FusedPPOUpdate)
-    return plain, fused
+    return plain_and_fused(PPO, env_id, FusedPPOUpdate, env_backend="torch", **config)
 
 
 def _minibatch(model, batch=64, seed=1):

@@ -112,3 +112,75 @@ def activation_backward(grad: torch.Tensor, output: torch.Tensor, tanh: bool) ->
     if tanh:
         return torch.ops.aten.tanh_backward(grad, output)  # grad * (1 - output^2)
     return torch.ops.aten.threshold_backward(grad, output, 0.0)  # grad where output > 0
+
+
+# --- forward passes that keep their activations, and the backward passes written out ------------------------------
+def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | None:
+    """(linear layers, tanh?) of a Sequential `Linear, act, Linear, act, ..., Linear` with one kind of activation
+    (ReLU or tanh); None for anything else."""
+    if not isinstance(network, nn.Sequential):
+        return None
+    layers = list(network)
+    linears, activations = layers[0::2], layers[1::2]
+    if not linears or not all(type(layer) is nn.Linear for layer in linears):
+        return None
+    if len(activations) != len(linears) - 1 or len({type(a) for a in activations}) > 1:
+        return None
+    if activations and type(activations[0]) not in (nn.ReLU, nn.Tanh):
+        return None
+    return linears, bool(activations) and type(activations[0]) is nn.Tanh
+
+
+def linear_forward(x: torch.Tensor, weights, biases, tanh: bool) -> list[torch.Tensor]:
+    """An MLP of `nn.Linear` layers (weights `[out, in]`): the input of every layer, then the output."""
+    outputs = [x]
+    last = len(weights) - 1
+    for layer, (weight, bias) in enumerate(zip(weights, biases)):
+        z = torch.addmm(bias, outputs[-1], weight.t())
+        outputs.append(z if layer == last else (torch.tanh(z) if tanh else torch.relu(z)))
+    return outputs
+
+
+def linear_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,
+                    tanh: bool) -> None:
+    """Backward of `linear_forward` from d/d(output), writing dW = g^T x and db = sum g into the given views."""
+    for layer in range(len(weights) - 1, -1, -1):
+        inputs = outputs[layer]
+        torch.mm(grad.t(), inputs, out=weight_grads[layer])
+        torch.sum(grad, dim=0, out=bias_grads[layer])
+        if layer:
+            grad = activation_backward(grad.mm(weights[layer]), inputs, tanh)
+
+
+def ensemble_forward(x: torch.Tensor, weights, biases, tanh: bool) -> list[torch.Tensor]:
+    """An `EnsembleMLP` (weights `[K, in, out]`) on `[K, B, in]`: the input of every layer, then the output."""
+    outputs = [x]
+    last = len(weights) - 1
+    for layer, (weight, bias) in enumerate(zip(weights, biases)):
+        z = torch.baddbmm(bias, outputs[-1], weight)
+        outputs.append(z if layer == last else (torch.tanh(z) if tanh else torch.relu(z)))
+    return outputs
+
+
+def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,
+                      tanh: bool, rows: int | None = None) -> torch.Tensor | None:
+    """Backward of `ensemble_forward` from d/d(output) `[K, B, out]`.
+
+    Weight and bias gradients come from the first `rows` rows only (all rows when None); the gradient still flows
+    through every row, and d/d(input) of the rows after `rows` is returned (`[K, B - rows, in]`; None when
+    `rows` is None). That is how one pass serves a loss on the weights (first rows) and another on the inputs with
+    the weights held constant (the other rows), e.g. SAC's critic and actor losses.
+    """
+    for layer in range(len(weights) - 1, -1, -1):
+        inputs = outputs[layer]
+        if rows is None:
+            torch.bmm(inputs.transpose(1, 2), grad, out=weight_grads[layer])
+            torch.sum(grad, dim=1, keepdim=True, out=bias_grads[layer])
+        else:
+            torch.bmm(inputs[:, :rows].transpose(1, 2), grad[:, :rows], out=weight_grads[layer])
+            torch.sum(grad[:, :rows], dim=1, keepdim=True, out=bias_grads[layer])
+        if layer:
+            grad = activation_backward(torch.bmm(grad, weights[layer].transpose(1, 2)), inputs, tanh)
+        elif rows is not None:
+            return torch.bmm(grad[:, rows:], weights[0].transpose(1, 2))
+    return None

@@ -13,25 +13,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlspeed.flat import FlatAdam, activation_backward
-
-
-def _linears(network: nn.Module) -> list[nn.Linear] | None:
-    """The linear layers of a Sequential (Linear, act, Linear, act, ..., Linear) with one kind of activation."""
-    layers = list(network)
-    linears, activations = layers[0::2], layers[1::2]
-    if not linears or not all(type(layer) is nn.Linear for layer in linears):
-        return None
-    if len(activations) != len(linears) - 1 or len({type(a) for a in activations}) > 1:
-        return None
-    if activations and type(activations[0]) not in (nn.ReLU, nn.Tanh):
-        return None
-    return linears
+from rlspeed.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
 
 
 def supports(q_network: nn.Module) -> bool:
     """True when `FusedDQNUpdate` can update this Q-network (non-dueling, an MLP with ReLU or tanh)."""
-    return not getattr(q_network, "dueling", True) and _linears(q_network.body) is not None
+    return not getattr(q_network, "dueling", True) and sequential_linears(q_network.body) is not None
 
 
 class FusedDQNUpdate:
@@ -42,22 +29,12 @@ class FusedDQNUpdate:
         if not supports(q_network):
             raise ValueError("FusedDQNUpdate needs a non-dueling Q-network whose body is an MLP with ReLU or tanh.")
         self.double_q = double_q
-        linears = _linears(q_network.body)
-        self.tanh = len(linears) > 1 and isinstance(q_network.body[1], nn.Tanh)
+        linears, self.tanh = sequential_linears(q_network.body)
         params = [p for layer in linears for p in (layer.weight, layer.bias)]
         self.adam = FlatAdam(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
         self.weights, self.biases = self.adam.param_views[0::2], self.adam.param_views[1::2]
         self.weight_grads, self.bias_grads = self.adam.grad_views[0::2], self.adam.grad_views[1::2]
         self.target = q_target
-
-    def _forward(self, x: torch.Tensor, weights, biases) -> list[torch.Tensor]:
-        """Inputs of every layer, then the output: [x, h1, ..., out]."""
-        outputs = [x]
-        last = len(weights) - 1
-        for layer, (weight, bias) in enumerate(zip(weights, biases)):
-            z = torch.addmm(bias, outputs[-1], weight.t())
-            outputs.append(z if layer == last else (torch.tanh(z) if self.tanh else torch.relu(z)))
-        return outputs
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         self.adam.check()
@@ -70,15 +47,16 @@ class FusedDQNUpdate:
         obs, next_obs = obs.flatten(1), next_obs.flatten(1)
         batch = obs.shape[0]
         with torch.no_grad():
-            target_params = [p for layer in _linears(self.target.body) for p in (layer.weight, layer.bias)]
-            next_q_target = self._forward(next_obs, target_params[0::2], target_params[1::2])[-1]
+            target_linears = sequential_linears(self.target.body)[0]
+            next_q_target = linear_forward(next_obs, [layer.weight for layer in target_linears],
+                                           [layer.bias for layer in target_linears], self.tanh)[-1]
             if self.double_q:  # the online network on obs and next_obs together: one pass of 2B rows
-                outputs = self._forward(torch.cat((obs, next_obs)), self.weights, self.biases)
+                outputs = linear_forward(torch.cat((obs, next_obs)), self.weights, self.biases, self.tanh)
                 next_actions = outputs[-1][batch:].argmax(dim=1, keepdim=True)
                 next_q = next_q_target.gather(1, next_actions).squeeze(1)
                 outputs = [o[:batch] for o in outputs]
             else:
-                outputs = self._forward(obs, self.weights, self.biases)
+                outputs = linear_forward(obs, self.weights, self.biases, self.tanh)
                 next_q = next_q_target.max(dim=1).values
             target_q = rewards + discounts * (1 - terminated) * next_q
 
@@ -89,10 +67,5 @@ class FusedDQNUpdate:
         loss = torch.where(abs_diff < 1.0, 0.5 * diff.square(), abs_diff - 0.5).mean()  # Huber (smooth L1)
         grad = torch.zeros_like(outputs[-1]).scatter_(1, index, diff.clamp(-1.0, 1.0).div_(batch).unsqueeze(1))
 
-        for layer in range(len(self.weights) - 1, -1, -1):
-            inputs = outputs[layer]
-            torch.mm(grad.t(), inputs, out=self.weight_grads[layer])
-            torch.sum(grad, dim=0, out=self.bias_grads[layer])
-            if layer:
-                grad = activation_backward(grad.mm(self.weights[layer]), inputs, self.tanh)
+        linear_backward(grad, outputs, self.weights, self.weight_grads, self.bias_grads, self.tanh)
         return loss, {"loss": loss, "q_values": q_values.mean()}

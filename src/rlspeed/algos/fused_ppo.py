@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from rlspeed.flat import FlatAdam, activation_backward
+from rlspeed.flat import FlatAdam, ensemble_backward, ensemble_forward
 from rlspeed.nn import ActorCritic
 
 SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
@@ -67,25 +67,28 @@ class FusedPPOUpdate:
         self.log_std_grad = None if policy.discrete else self.adam.grad_views[-1]
 
     # --- the update ------------------------------------------------------------------------------------------------
-    def __call__(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
+    def __call__(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, *,
+                 normalized: bool = False, with_stats: bool = True):
         self.adam.check()
-        loss, stats = self.gradient(obs, actions, old_log_probs, old_values, advantages, returns, clip_range)
+        loss, stats = self.gradient(obs, actions, old_log_probs, old_values, advantages, returns, clip_range,
+                                    normalized=normalized, with_stats=with_stats)
         self.adam.step()  # all-reduce, clip, Adam
         return loss, stats
 
-    def gradient(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
-        """Write dL/dparameters into the flat gradient buffer; returns (loss, [pg, vf loss, entropy, kl, clipfrac])."""
+    def gradient(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, *,
+                 normalized: bool = False, with_stats: bool = True):
+        """Write dL/dparameters into the flat gradient buffer; returns (loss, [pg, vf loss, entropy, kl, clipfrac]).
+
+        `normalized=True`: the advantages are already normalised (skip it). `with_stats=False` skips the loss
+        and the statistics (about ten kernels) and returns (None, None); the gradient is the same.
+        """
         policy, batch = self.policy, obs.shape[0]
         # Forward through the two-member ensemble (member 0 actor, member 1 critic), keeping activations.
-        hidden = [obs.unsqueeze(0).expand(2, -1, -1)]
-        last = len(self.weights) - 1
-        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            z = torch.baddbmm(bias, hidden[-1], weight)
-            hidden.append((torch.tanh(z) if self.tanh else torch.relu(z)) if layer < last else z)
-        out = hidden.pop()
+        hidden = ensemble_forward(obs.unsqueeze(0).expand(2, -1, -1), self.weights, self.biases, self.tanh)
+        out = hidden[-1]
         head, values = out[0], out[1, :, 0]
 
-        if self.normalize_advantage and batch > 1:
+        if self.normalize_advantage and batch > 1 and not normalized:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         if policy.discrete:
             log_p = torch.log_softmax(head, dim=-1)
@@ -101,28 +104,32 @@ class FusedPPOUpdate:
             entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum().expand(batch)
         log_ratio = new_log_probs - old_log_probs
         ratio = log_ratio.exp()
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
-        policy_terms = torch.maximum(unclipped, clipped)
+        # the two surrogate terms with the sign flipped: the loss term is -min(A r, A clip(r))
+        unclipped = advantages * ratio
+        clipped = advantages * ratio.clamp(1 - clip_range, 1 + clip_range)
         value_error = values - returns
         if self.clip_range_vf is None:
-            value_terms = 0.5 * value_error.square()
             value_grad = value_error
+            value_sq = value_error.square() if with_stats else None
         else:
             change = values - old_values
             clipped_values = old_values + change.clamp(-self.clip_range_vf, self.clip_range_vf)
             unclipped_sq, clipped_sq = value_error.square(), (clipped_values - returns).square()
-            value_terms = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
             # Inside the clip range both terms are V (up to rounding of old + (V - old)) and pass the gradient.
             value_grad = torch.where((unclipped_sq >= clipped_sq) | (change.abs() <= self.clip_range_vf),
                                      value_error, 0.0)
-        stats = torch.stack((policy_terms, value_terms, entropy, (ratio - 1) - log_ratio,
-                             ((ratio - 1.0).abs() > clip_range).to(ratio.dtype))).mean(1)
-        loss = stats[0] - self.ent_coef * stats[2] + self.vf_coef * stats[1]
+            value_sq = torch.maximum(unclipped_sq, clipped_sq) if with_stats else None
+        loss = stats = None
+        if with_stats:
+            ratio_change = ratio - 1.0
+            stats = torch.stack((torch.minimum(unclipped, clipped).neg_(), value_sq.mul_(0.5), entropy,
+                                 ratio_change - log_ratio, (ratio_change.abs() > clip_range).to(ratio.dtype))).mean(1)
+            loss = stats[0] - self.ent_coef * stats[2] + self.vf_coef * stats[1]
 
         # Output gradient [2, B, out]: actor head in member 0, value in member 1 column 0.
         grad_out = torch.zeros_like(out)
-        grad_log_prob = torch.where(unclipped >= clipped, advantages, 0.0) * ratio * (-1.0 / batch)
+        # the unclipped term is the minimum (ties: inside the clip range, where both are A r): it passes -A r / B
+        grad_log_prob = torch.where(unclipped <= clipped, advantages, 0.0).mul_(ratio).mul_(-1.0 / batch)
         if policy.discrete:
             grad_head = probs * grad_log_prob.unsqueeze(-1).neg()
             if self.ent_coef:
@@ -136,12 +143,5 @@ class FusedPPOUpdate:
         grad_out[1, :, 0] = value_grad * (self.vf_coef / batch)
 
         # Backward through the ensemble MLP, writing straight into the flat gradient buffer.
-        grad = grad_out
-        for layer in range(last, -1, -1):
-            inputs = hidden[layer]
-            torch.bmm(inputs.transpose(1, 2), grad, out=self.weight_grads[layer])
-            torch.sum(grad, dim=1, keepdim=True, out=self.bias_grads[layer])
-            if layer:
-                grad = torch.bmm(grad, self.weights[layer].transpose(1, 2))
-                grad = activation_backward(grad, inputs, self.tanh)
-        return loss.detach(), stats
+        ensemble_backward(grad_out, hidden, self.weights, self.weight_grads, self.bias_grads, self.tanh)
+        return loss, stats

@@ -163,16 +163,24 @@ class PPO(Algorithm):
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
         clip = torch.tensor(clip_range, device=self.device)  # a tensor: a compiled step must not specialise on it
-        for _epoch in range(cfg.n_epochs):
+        fused = isinstance(self._update_step, FusedPPOUpdate)
+        # One minibatch covering the whole batch: normalise its advantages once, not in every epoch.
+        normalized = cfg.normalize_advantage and minibatch == batch_size > 1
+        if normalized:
+            batch_advantages = (batch_advantages - batch_advantages.mean()) / (batch_advantages.std() + 1e-8)
+        for epoch in range(cfg.n_epochs):
             # One minibatch covering the whole batch needs no shuffle: its gradient does not depend on order.
             order = torch.randperm(batch_size, device=self.device) if minibatch < batch_size else None
+            # The hand-derived update reports statistics of the last epoch only (fewer kernels in the others).
+            options = {"normalized": normalized, "with_stats": epoch == cfg.n_epochs - 1} if fused else {}
             for start in range(0, batch_size - minibatch + 1, minibatch):
                 index = order[start:start + minibatch] if order is not None else slice(None)
                 _, minibatch_stats = self._update_step(batch_obs[index], batch_actions[index], batch_log_probs[index],
                                                        batch_values[index], batch_advantages[index],
-                                                       batch_returns[index], clip)
-                stats += minibatch_stats
-                updates += 1
+                                                       batch_returns[index], clip, **options)
+                if minibatch_stats is not None:
+                    stats += minibatch_stats
+                    updates += 1
         stats /= max(updates, 1)
         metrics = {"episode_return_sum": episode_return_sum, "episode_count": episode_count,
                    "policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],

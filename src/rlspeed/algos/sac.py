@@ -16,6 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.algos.base import require
+from rlspeed.algos.fused_sac import FusedSACUpdate
+from rlspeed.algos.fused_sac import supports as supports_fused
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -39,6 +41,7 @@ class SACConfig(OffPolicyConfig):
     ent_coef_init: float = 1.0  # starting alpha when it is tuned
     target_entropy: float | None = None  # None: -action_dim
     n_critics: int = 2
+    fused_update: bool = True  # hand-derived gradients + flat Adam (algos/fused_sac.py) where the networks allow
 
     def validate(self) -> None:
         super().validate()
@@ -107,6 +110,8 @@ class SAC(OffPolicyAlgorithm):
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, name="sac")
+        if cfg.fused_update and self.accelerate != "auto" and supports_fused(self.actor, self.critic):
+            self._update_step = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
         self._setup_action_scaling()
 
     def _modules(self):
@@ -127,7 +132,8 @@ class SAC(OffPolicyAlgorithm):
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
-        polyak_update(self._target_params, self._critic_params, self.config.tau)
+        if not isinstance(self._update_step, FusedSACUpdate):
+            polyak_update(self._target_params, self._critic_params, self.config.tau)
         return metrics
 
     def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,

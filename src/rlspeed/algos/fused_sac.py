@@ -1,0 +1,158 @@
+"""SAC's gradient step with the gradients written out by hand: two batched passes, no autograd, flat-buffer Adam.
+
+The same update as `SAC._loss` + backward + `torch.optim.Adam` + the Polyak step (checked in
+`tests/test_fused_sac.py`), for the default networks: a `SquashedGaussianActor` whose body is an MLP of
+`nn.Linear` layers and a `QEnsemble` of K critics, both with ReLU or tanh.
+
+- The actor runs once on [next_obs; obs] (2B rows): the first half gives a' for the soft Bellman target, the second
+  the reparameterised a~ of the actor loss.
+- The critics run once on [(obs, a); (obs, a~)] (2B rows): the first half is Q_k(s, a) of the critic loss, whose
+  gradient reaches the critics' weights; the second half is Q_k(s, a~) of the actor loss, whose gradient reaches
+  only a~ (the critics held constant, as `detached=True` does). `rlspeed.flat.ensemble_backward` does both in one
+  backward pass.
+- The actor's chain, with u = mean + std * noise, a = tanh(u), d log pi / du = 2 tanh(u) = 2a (from the stable
+  form of log(1 - tanh(u)^2)) and d log pi / d log_std = -1 beyond u's own dependence:
+      dJ/du = dJ/da (1 - a^2) + (alpha / B) 2a,   dJ/dmean = dJ/du,   dJ/dlog_std = dJ/du std noise - alpha / B
+  (zero where log_std was clamped).
+- Temperature: dJ/dlog_alpha = -mean(log pi + target_entropy).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from rlspeed.flat import (
+    FlatAdam,
+    ensemble_backward,
+    ensemble_forward,
+    linear_backward,
+    linear_forward,
+    sequential_linears,
+)
+
+LOG_2PI = math.log(2 * math.pi)
+LOG_2 = math.log(2.0)
+
+
+def supports(actor: nn.Module, critic: nn.Module) -> bool:
+    """True when `FusedSACUpdate` can update these networks (an MLP actor body; critics with ReLU or tanh)."""
+    body = sequential_linears(getattr(actor, "net", None))
+    activation = getattr(getattr(critic, "body", None), "activation", None)
+    return body is not None and isinstance(activation, (nn.ReLU, nn.Tanh))
+
+
+class FusedSACUpdate:
+    """One SAC gradient step plus the Polyak update of the target critics.
+
+    `update(obs, actions, rewards, next_obs, terminated, discounts) -> (loss, metrics)`, metrics as `SAC._loss`.
+    `params` is the order of the optimizer's parameters: actor, critics, then log_alpha when it is learnt.
+    """
+
+    def __init__(self, sac, *, strategy=None):
+        actor, critic = sac.actor, sac.critic
+        if not supports(actor, critic):
+            raise ValueError("FusedSACUpdate needs an MLP actor and critics with ReLU or tanh.")
+        self.sac = sac
+        linears, self.actor_tanh = sequential_linears(actor.net)
+        self.critic_tanh = isinstance(critic.body.activation, nn.Tanh)
+        actor_params = [p for layer in linears for p in (layer.weight, layer.bias)]
+        critic_params = [*critic.body.weights, *critic.body.biases]
+        params = [*actor_params, *critic_params, *([sac.log_alpha] if sac.autotune else [])]
+        self.adam = FlatAdam(params, sac.optimizer, strategy=strategy)
+        views, grads = self.adam.param_views, self.adam.grad_views
+        n_actor, n_layers = len(actor_params), len(critic.body.weights)
+        self.actor_weights, self.actor_biases = views[0:n_actor:2], views[1:n_actor:2]
+        self.actor_weight_grads, self.actor_bias_grads = grads[0:n_actor:2], grads[1:n_actor:2]
+        critic_views, critic_grads = views[n_actor:n_actor + 2 * n_layers], grads[n_actor:n_actor + 2 * n_layers]
+        self.critic_weights, self.critic_biases = critic_views[:n_layers], critic_views[n_layers:]
+        self.critic_weight_grads, self.critic_bias_grads = critic_grads[:n_layers], critic_grads[n_layers:]
+        self.log_alpha_grad = grads[-1] if sac.autotune else None
+        # The target critics as views of one flat buffer laid out like the critics' slice of the flat parameters:
+        # the Polyak update is one lerp.
+        start = sum(p.numel() for p in actor_params)
+        self._critic_flat = self.adam.flat[start:start + sum(p.numel() for p in critic_params)]
+        target_params = [*sac.critic_target.body.weights, *sac.critic_target.body.biases]
+        with torch.no_grad():
+            self._target_flat = torch.cat([p.detach().reshape(-1) for p in target_params])
+        for p, chunk in zip(target_params, self._target_flat.split([p.numel() for p in target_params])):
+            p.data = chunk.view_as(p)
+        self.target_weights = [p.detach() for p in sac.critic_target.body.weights]
+        self.target_biases = [p.detach() for p in sac.critic_target.body.biases]
+
+    def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
+        self.adam.check()
+        if self.sac.critic_target.body.weights[0].data_ptr() != self._target_flat.data_ptr():
+            raise RuntimeError("The target critics were replaced after FusedSACUpdate was built.")
+        loss, metrics = self.gradient(obs, actions, rewards, next_obs, terminated, discounts)
+        self.adam.step()
+        with torch.no_grad():
+            self._target_flat.lerp_(self._critic_flat, self.sac.config.tau)  # Polyak
+        return loss, metrics
+
+    def gradient(self, obs, actions, rewards, next_obs, terminated, discounts):
+        """Write dJ/dparameters into the flat gradient buffer; returns (loss, metrics)."""
+        sac = self.sac
+        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
+        batch = obs.shape[0]
+        log_alpha = self.adam.param_views[-1] if sac.autotune else sac.log_alpha
+        alpha = log_alpha.exp()
+
+        # Actor on [next_obs; obs]: a' and a~ with their log-probabilities.
+        actor_out = linear_forward(torch.cat((next_obs, obs)), self.actor_weights, self.actor_biases,
+                                   self.actor_tanh)
+        mean, raw_log_std = actor_out[-1].chunk(2, dim=-1)
+        log_std = raw_log_std.clamp(-5.0, 2.0)  # LOG_STD_MIN, LOG_STD_MAX of the actor
+        std = log_std.exp()
+        noise = torch.randn_like(mean)
+        u = torch.addcmul(mean, std, noise)
+        squashed = torch.tanh(u)
+        # log pi = sum(-noise^2 / 2 - log_std - log(2 pi) / 2 - 2 (log 2 - u - softplus(-2u)))
+        log_pi = (noise.square().mul_(-0.5).sub_(log_std).sub_(2 * LOG_2 + 0.5 * LOG_2PI)
+                  .add_(u.mul(2.0)).add_(torch.nn.functional.softplus(-2.0 * u).mul_(2.0))).sum(-1)
+        next_actions, pi_actions = squashed[:batch], squashed[batch:]
+        next_log_pi, pi_log_pi = log_pi[:batch], log_pi[batch:]
+
+        # Soft Bellman target from the target critics.
+        members = self.critic_weights[0].shape[0]
+        next_q = ensemble_forward(torch.cat((next_obs, next_actions), -1).expand(members, -1, -1),
+                                  self.target_weights, self.target_biases, self.critic_tanh)[-1].squeeze(-1).amin(0)
+        target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
+
+        # Critics on [(obs, a); (obs, a~)].
+        critic_in = torch.cat((torch.cat((obs, actions), -1), torch.cat((obs, pi_actions), -1)))
+        critic_out = ensemble_forward(critic_in.expand(members, -1, -1), self.critic_weights, self.critic_biases,
+                                      self.critic_tanh)
+        q_all = critic_out[-1].squeeze(-1)  # [K, 2B]
+        q_values, q_pi_all = q_all[:, :batch], q_all[:, batch:]
+        q_pi = q_pi_all.amin(0)
+        td_error = q_values - target_q
+        critic_loss = 0.5 * td_error.square().mean(1).sum()
+        actor_loss = (alpha * pi_log_pi - q_pi).mean()
+
+        # Critic outputs: (Q - y) / B on the first half; -1/B on the minimum member of the second (shared on ties).
+        at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
+        grad_q = torch.cat((td_error / batch, at_min.div_(at_min.sum(0)).mul_(-1.0 / batch)), dim=1)
+        grad_in = ensemble_backward(grad_q.unsqueeze(-1), critic_out, self.critic_weights, self.critic_weight_grads,
+                                    self.critic_bias_grads, self.critic_tanh, rows=batch)
+        grad_pi_actions = grad_in[..., obs.shape[1]:].sum(0)  # dJ/da~ [B, A]
+
+        # Actor chain (the obs half only; a' of the target carries no gradient).
+        a, eps, sd = pi_actions, noise[batch:], std[batch:]
+        grad_u = torch.addcmul(grad_pi_actions * (1 - a.square()), a, alpha * (2.0 / batch))
+        grad_log_std = torch.addcmul((alpha / batch).neg().expand_as(a), grad_u, sd * eps)
+        raw = raw_log_std[batch:]
+        grad_log_std = grad_log_std * ((raw >= -5.0) & (raw <= 2.0))
+        linear_backward(torch.cat((grad_u, grad_log_std), dim=-1), [o[batch:] for o in actor_out],
+                        self.actor_weights, self.actor_weight_grads, self.actor_bias_grads, self.actor_tanh)
+
+        loss = critic_loss + actor_loss
+        if sac.autotune:
+            alpha_terms = pi_log_pi + sac.target_entropy
+            torch.mean(alpha_terms, dim=0, keepdim=True, out=self.log_alpha_grad).neg_()
+            loss = loss - (log_alpha * alpha_terms).mean()
+        metrics = {"critic_loss": critic_loss, "actor_loss": actor_loss, "alpha": alpha[0],
+                   "entropy": -pi_log_pi.mean(), "q_values": q_values.mean()}
+        return loss, metrics
