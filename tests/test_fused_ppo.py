@@ -85,3 +85,17 @@ def test_fused_falls_back_for_other_activations():
     model = PPO("CartPole-v1", device="cpu", seed=0, activation="elu")
     assert not isinstance(model._update_step, FusedPPOUpdate)
     model.learn(model.config.num_envs * model.config.num_steps, progress_bar=False)
+
+
+def test_skipping_stats_and_normalising_once_give_the_same_update():
+    """What the PPO loop does for a full-batch minibatch: advantages normalised once, statistics in the last epoch."""
+    reference, fused = _pair("CartPole-v1")
+    obs, actions, old_log_probs, old_values, advantages, returns, clip = _minibatch(reference, batch=256)
+    normalized = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    for _ in range(3):
+        reference._update_step(obs, actions, old_log_probs, old_values, advantages, returns, clip)
+        loss, stats = fused._update_step(obs, actions, old_log_probs, old_values, normalized, returns, clip,
+                                         normalized=True, with_stats=False)
+        assert loss is None and stats is None
+    for a, b in zip(reference.policy.parameters(), fused.policy.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

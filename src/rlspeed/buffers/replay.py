@@ -1,6 +1,6 @@
 """Replay buffer for off-policy algorithms: preallocated circular storage on the training device.
 
-One `add` writes the transitions of all N envs with one indexed copy per field; `sample` draws uniform indices on
+One `add` writes the transitions of all N envs with one copy per field; `sample` draws uniform indices on
 the device. Finished rows store `info["final_obs"]` as their next observation and keep `terminated` apart from
 `truncated`, so a time-limit truncation is bootstrapped and a termination is not. With `n_step > 1` the buffer
 stores n-step transitions: discounted reward sums cut at episode ends, the observation n steps ahead (or the
@@ -110,12 +110,17 @@ class ReplayBuffer:
         return obs, actions, returns, next_obs[last, columns], terminated[last, columns], discounts
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts) -> None:
-        index = (self._rows + self.pos) % self.capacity
-        target = self.storage_device
-        for storage, value in ((self.obs, obs), (self.actions, actions), (self.rewards, rewards),
-                               (self.next_obs, next_obs), (self.terminated, terminated),
-                               (self.discounts, discounts)):
-            storage.index_copy_(0, index, value.to(target, non_blocking=True).to(storage.dtype))
+        fields = ((self.obs, obs), (self.actions, actions), (self.rewards, rewards), (self.next_obs, next_obs),
+                  (self.terminated, terminated), (self.discounts, discounts))
+        if self.pos + self.num_envs <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
+            end = self.pos + self.num_envs
+            for storage, value in fields:
+                storage[self.pos:end].copy_(value, non_blocking=True)
+        else:  # the write wraps around the end of the storage
+            index = (self._rows + self.pos) % self.capacity
+            target = self.storage_device
+            for storage, value in fields:
+                storage.index_copy_(0, index, value.to(target, non_blocking=True).to(storage.dtype))
         self.pos = (self.pos + self.num_envs) % self.capacity
         self.size = min(self.size + self.num_envs, self.capacity)
 
