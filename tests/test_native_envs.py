@@ -428,3 +428,15 @@ def test_step_does_not_sync_on_cuda(env_id):
             env.step(action)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_compiled_stream_hash_draws_the_same_numbers():
+    """make_env(..., compile=True) fuses the random-number hash with torch.compile: integer maths, same bits."""
+    from rlspeed.envs.native import _uniform_block
+
+    keys = torch.arange(64, dtype=torch.int32) * 7919
+    counters = torch.arange(3 * 4, dtype=torch.int32).mul_(-2048144789).view(3, 1, 4)
+    compiled = torch.compile(_uniform_block, dynamic=False)
+    for dtype in (torch.float32, torch.float64):
+        torch.testing.assert_close(compiled(counters, keys, keys ^ 5, dtype), _uniform_block(counters, keys, keys ^ 5,
+                                                                                              dtype), rtol=0, atol=0)

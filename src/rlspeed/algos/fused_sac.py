@@ -55,7 +55,9 @@ class FusedSACUpdate:
         actor, critic = sac.actor, sac.critic
         if not supports(actor, critic):
             raise ValueError("FusedSACUpdate needs an MLP actor and critics with ReLU or tanh.")
-        self.sac = sac
+        from rlspeed.algos.sac import LOG_STD_MAX, LOG_STD_MIN  # here: sac.py imports this module
+
+        self.sac, self.log_std_min, self.log_std_max = sac, LOG_STD_MIN, LOG_STD_MAX
         linears, self.actor_tanh = sequential_linears(actor.net)
         self.critic_tanh = isinstance(critic.body.activation, nn.Tanh)
         actor_params = [p for layer in linears for p in (layer.weight, layer.bias)]
@@ -104,7 +106,7 @@ class FusedSACUpdate:
         actor_out = linear_forward(torch.cat((next_obs, obs)), self.actor_weights, self.actor_biases,
                                    self.actor_tanh)
         mean, raw_log_std = actor_out[-1].chunk(2, dim=-1)
-        log_std = raw_log_std.clamp(-5.0, 2.0)  # LOG_STD_MIN, LOG_STD_MAX of the actor
+        log_std = raw_log_std.clamp(self.log_std_min, self.log_std_max)
         std = log_std.exp()
         noise = torch.randn_like(mean)
         u = torch.addcmul(mean, std, noise)
@@ -144,7 +146,7 @@ class FusedSACUpdate:
         grad_u = torch.addcmul(grad_pi_actions * (1 - a.square()), a, alpha * (2.0 / batch))
         grad_log_std = torch.addcmul((alpha / batch).neg().expand_as(a), grad_u, sd * eps)
         raw = raw_log_std[batch:]
-        grad_log_std = grad_log_std * ((raw >= -5.0) & (raw <= 2.0))
+        grad_log_std = grad_log_std * ((raw >= self.log_std_min) & (raw <= self.log_std_max))  # clamp's gradient
         linear_backward(torch.cat((grad_u, grad_log_std), dim=-1), [o[batch:] for o in actor_out],
                         self.actor_weights, self.actor_weight_grads, self.actor_bias_grads, self.actor_tanh)
 
