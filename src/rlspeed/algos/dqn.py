@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlspeed.algos import fused_precision
 from rlspeed.algos.base import require
 from rlspeed.algos.fused_dqn import FusedDQNUpdate
 from rlspeed.algos.fused_dqn import supports as supports_fused
@@ -103,10 +104,11 @@ class DQN(OffPolicyAlgorithm):
         self._target_params = list(self.q_target.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, max_grad_norm=cfg.max_grad_norm, name="dqn")
-        if cfg.fused_update and self.accelerate != "auto" and supports_fused(self.q_network):
-            self._update_step = FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
-                                               max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
-                                               strategy=self.strategy)
+        auto = self.accelerate == "auto"
+        if cfg.fused_update and supports_fused(self.q_network) and (not auto or fused_precision.applies()):
+            update = FusedDQNUpdate(self.q_network, self.q_target, self.optimizer, max_grad_norm=cfg.max_grad_norm,
+                                    double_q=cfg.double_q, strategy=self.strategy)
+            self._update_step = fused_precision.AutoMatmulPrecision(update, self.device, "dqn") if auto else update
         self._index_dtype = rules(self.device).index_dtype
 
     def _modules(self):

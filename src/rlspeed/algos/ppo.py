@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import accelerate_step, auto_accelerate
+from rlspeed.algos import fused_precision
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.algos.fused_ppo import FusedPPOUpdate
 from rlspeed.algos.fused_ppo import supports as supports_fused
@@ -83,15 +84,19 @@ class PPO(Algorithm):
         self._params = list(self.policy.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._plain_step
-        if cfg.fused_update and self.accelerate != "auto" and supports_fused(self.policy):
+        auto = self.accelerate == "auto"
+        fused = cfg.fused_update and supports_fused(self.policy) and (not auto or fused_precision.applies())
+        if fused:
             self._update_step = FusedPPOUpdate(self.policy, self.optimizer, max_grad_norm=cfg.max_grad_norm,
                                                vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
                                                clip_range_vf=cfg.clip_range_vf,
                                                normalize_advantage=cfg.normalize_advantage, strategy=self.strategy)
-        if self.accelerate == "auto":  # measured: keeps fp32 eager unless another strategy is faster and accurate
+        if auto:  # measured: keeps fp32 eager unless another strategy is faster and accurate
             self.policy = auto_accelerate(self.policy, device=self.device)
-            self._update_step = accelerate_step(self._loss, self.optimizer, params=self._params,
-                                                max_grad_norm=cfg.max_grad_norm, device=self.device, name="ppo")
+            self._update_step = (fused_precision.AutoMatmulPrecision(self._update_step, self.device, "ppo") if fused
+                                 else accelerate_step(self._loss, self.optimizer, params=self._params,
+                                                      max_grad_norm=cfg.max_grad_norm, device=self.device,
+                                                      name="ppo"))
         if not spec.discrete:
             box = spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
@@ -163,7 +168,7 @@ class PPO(Algorithm):
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
         clip = torch.tensor(clip_range, device=self.device)  # a tensor: a compiled step must not specialise on it
-        fused = isinstance(self._update_step, FusedPPOUpdate)
+        fused = isinstance(fused_precision.unwrap(self._update_step), FusedPPOUpdate)
         # One minibatch covering the whole batch: normalise its advantages once, not in every epoch.
         normalized = cfg.normalize_advantage and minibatch == batch_size > 1
         if normalized:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlspeed.algos import fused_precision
 from rlspeed.algos.base import require
 from rlspeed.algos.fused_sac import FusedSACUpdate
 from rlspeed.algos.fused_sac import supports as supports_fused
@@ -110,8 +111,10 @@ class SAC(OffPolicyAlgorithm):
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, name="sac")
-        if cfg.fused_update and self.accelerate != "auto" and supports_fused(self.actor, self.critic):
-            self._update_step = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
+        auto = self.accelerate == "auto"
+        if cfg.fused_update and supports_fused(self.actor, self.critic) and (not auto or fused_precision.applies()):
+            update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
+            self._update_step = fused_precision.AutoMatmulPrecision(update, self.device, "sac") if auto else update
         self._setup_action_scaling()
 
     def _modules(self):
@@ -132,7 +135,7 @@ class SAC(OffPolicyAlgorithm):
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
-        if not isinstance(self._update_step, FusedSACUpdate):
+        if not isinstance(fused_precision.unwrap(self._update_step), FusedSACUpdate):
             polyak_update(self._target_params, self._critic_params, self.config.tau)
         return metrics
 

@@ -1,0 +1,55 @@
+"""`--accelerate auto` on the hand-derived updates: a measured matmul precision, forced choices, no trace."""
+
+import torch
+
+from rlspeed import DQN, SAC
+from rlspeed.algos.fused_precision import AutoMatmulPrecision
+from rlspeed.algos.fused_sac import FusedSACUpdate
+
+
+def _batch(batch=256):
+    generator = torch.Generator().manual_seed(0)
+    return {"obs": torch.randn(batch, 3, generator=generator),
+            "actions": torch.rand(batch, 1, generator=generator) * 2 - 1,
+            "rewards": torch.randn(batch, generator=generator), "next_obs": torch.randn(batch, 3, generator=generator),
+            "terminated": torch.zeros(batch), "discounts": torch.full((batch,), 0.99)}
+
+
+def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    torch.manual_seed(0)
+    auto = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
+    assert isinstance(auto._update_step, AutoMatmulPrecision)
+    assert isinstance(auto._update_step.update, FusedSACUpdate)
+    torch.manual_seed(1)
+    auto._update(_batch())
+    chosen = auto._update_step.precision
+    assert chosen in ("fp32", "bf16-matmul")
+    assert [t["precision"] for t in auto._update_step.trials][0] == "fp32"
+    assert auto.acceleration_summary() == {"precision": chosen, "compile": "off"}
+    assert chosen in str(auto._update_step)
+
+    # The same first step with the choice forced (no search): identical weights, so the search changed nothing
+    # (RNG forked, gradient buffer overwritten, no Adam step taken).
+    monkeypatch.setenv("RLSPEED_ACCELERATE", chosen)
+    torch.manual_seed(0)
+    forced = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
+    assert forced._update_step.precision == chosen and not forced._update_step.trials
+    torch.manual_seed(1)
+    forced._update(_batch())
+    for a, b in zip(auto._params, forced._params):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_environment_variable_forcing_autocast_uses_autograd(monkeypatch):
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "bf16")
+    model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto")
+    assert not isinstance(model._update_step, AutoMatmulPrecision)
+
+
+def test_off_means_fp32_without_measuring(monkeypatch):
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
+    model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto", learning_starts=32, train_freq=8,
+                batch_size=16)
+    model.learn(64, progress_bar=False)
+    assert model._update_step.precision == "fp32" and not model._update_step.trials
