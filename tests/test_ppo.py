@@ -87,3 +87,13 @@ def test_ppo_trains_on_a_user_built_vector_env():
     model = PPO(vector_env, seed=0, device="cpu", num_steps=16, batch_size=48, n_epochs=1)
     model.learn(96, progress_bar=False)
     assert model.num_timesteps == 96
+
+
+def test_evaluate_counts_episodes_cut_by_max_steps_with_their_return_so_far():
+    model = PPO("CartPole-v1", seed=0, device="cpu")
+    with pytest.warns(UserWarning, match="still running after 5 steps"):
+        result = rlspeed.evaluate(model, "CartPole-v1", episodes=4, seed=0, max_steps=5)
+    # CartPole pays 1 per step and no episode of an untrained policy ends within 5 steps from a near-upright start
+    assert result["unfinished"] == 4 and result["returns"] == [5.0] * 4
+    full = rlspeed.evaluate(model, "CartPole-v1", episodes=4, seed=0)
+    assert full["unfinished"] == 0 and all(1.0 <= r <= 500.0 for r in full["returns"])

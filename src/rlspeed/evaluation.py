@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -14,9 +15,10 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
              max_steps: int | None = None) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
-    Returns ``{"mean", "std", "episodes", "returns"}``. The env is new (seeded with `seed`), not the training
-    env, and rewards are the env's own (no normalisation). Observations are normalised by the model's frozen
-    statistics when it was trained with observation normalisation.
+    Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``. The env is new (seeded with `seed`), not the
+    training env, and rewards are the env's own (no normalisation). Observations are normalised by the model's
+    frozen statistics when it was trained with observation normalisation. Episodes still running after `max_steps`
+    (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     """
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
@@ -24,6 +26,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     limit = max_steps or env.spec.max_episode_steps or 10_000
     returns = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
+    running = returns
     try:
         obs, _ = env.reset()
         check_every = 64 if env.backend == "torch" else 1
@@ -33,12 +36,18 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
             newly_done = info["done"] & ~finished
             returns = torch.where(newly_done, info["episode_return"], returns)
             finished |= info["done"]
+            running = info["episode_return"]  # the running return of rows still in their first episode
             # Device-native envs are checked every few steps only, to avoid a host sync per step.
             if step % check_every == 0 and bool(finished.all()):
                 break
     finally:
         env.close()
+    unfinished = int((~finished).sum())
+    if unfinished:
+        returns = torch.where(finished, returns, running)
+        warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; "
+                      "they count with the return collected so far (pass max_steps= to run longer).", stacklevel=2)
     values = returns.cpu().tolist()
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    return {"mean": mean, "std": std, "episodes": episodes, "returns": values}
+    return {"mean": mean, "std": std, "episodes": episodes, "returns": values, "unfinished": unfinished}
