@@ -4,7 +4,7 @@
 and fused kernels); for RL-sized networks that per-tensor work costs as much as the maths. `FlatAdam` makes a
 module's parameters views of one flat buffer (and their `.grad` views of another), so the global gradient norm,
 the all-reduce and the whole Adam step each act on one tensor. Used by the hand-derived updates
-(`rlspeed.algos.fused_ppo`, `rlspeed.algos.fused_dqn`).
+(`rlspeed.algos.fused_ppo`, `fused_dqn`, `fused_sac`).
 
 The optimizer stays the user-visible `torch.optim.Adam` over the original parameters, so checkpoints are the same
 as with autograd: its per-parameter state tensors are views of the flat moments, and a state loaded into it later
@@ -33,6 +33,9 @@ class FlatAdam:
         grouped = [p for group in optimizer.param_groups for p in group["params"]]
         if len(optimizer.param_groups) != 1 or {id(p) for p in grouped} != {id(p) for p in self.params}:
             raise ValueError("FlatAdam needs an optimizer with one param group holding exactly these parameters.")
+        group = optimizer.param_groups[0]
+        if group.get("amsgrad") or group.get("maximize") or group.get("decoupled_weight_decay"):
+            raise ValueError("FlatAdam implements plain Adam: no amsgrad, maximize or decoupled weight decay.")
         self.optimizer, self.max_grad_norm, self.strategy = optimizer, max_grad_norm, strategy
         device = self.params[0].device
         sizes = [p.numel() for p in self.params]
