@@ -246,6 +246,24 @@ def sb3_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return:
     return TimeToTarget()
 
 
+def sb3_time_to_target(model, env, eval_env, budget: int, eval_freq: int, eval_seed: int, target_return: float,
+                       episodes: int, threads: int) -> dict:
+    """Train an SB3 `model` on `env` until `target_return` (see `sb3_target_callback`); closes both envs.
+
+    Returns the same fields as the scripts' rlspeed time-to-target runs."""
+    callback = sb3_target_callback(eval_env, eval_freq, eval_seed, target_return, episodes)
+    set_threads(threads)
+    callback.start_clock()
+    model.learn(budget, callback=callback)
+    train_wall_s = callback.train_clock()
+    env.close()
+    eval_env.close()
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "reached": callback.time_to_target_s is not None, "time_to_target_s": callback.time_to_target_s,
+            "steps_to_target": callback.steps_to_target, "steps": model.num_timesteps,
+            "train_wall_s": train_wall_s, "evaluations": callback.evaluations, "threads": torch.get_num_threads()}
+
+
 def summarize(throughput: list[dict], to_target: list[dict], row_names: Iterable[str]) -> dict:
     """Medians/ranges per throughput row with ratios to SB3, and time-to-target per library with SB3/rlspeed."""
     summary: dict = {"throughput": {}, "time_to_target": {}}

@@ -144,18 +144,8 @@ def sb3_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args)
     env = make_vec_env(case.env_id, n_envs=1, seed=seed)
     eval_env = make_vec_env(case.env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
     model = sb3_model(case, env, seed)
-    callback = common.sb3_target_callback(eval_env, eval_freq, seed + EVAL_SEED_OFFSET, case.target_return,
-                                          EVAL_EPISODES)
-    common.set_threads(args.threads)
-    callback.start_clock()
-    model.learn(budget, callback=callback)
-    train_wall_s = callback.train_clock()
-    env.close()
-    eval_env.close()
-    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
-            "reached": callback.time_to_target_s is not None, "time_to_target_s": callback.time_to_target_s,
-            "steps_to_target": callback.steps_to_target, "steps": model.num_timesteps,
-            "train_wall_s": train_wall_s, "evaluations": callback.evaluations, "threads": torch.get_num_threads()}
+    return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET,
+                                     case.target_return, EVAL_EPISODES, args.threads)
 
 
 # --- report ------------------------------------------------------------------------------------------------------

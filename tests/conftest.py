@@ -29,3 +29,12 @@ def plain_and_fused(algo, env_id: str, fused_type: type, **config):
     assert not isinstance(plain._update_step, fused_type)
     assert isinstance(fused._update_step, fused_type)
     return plain, fused
+
+
+def assert_gradient_matches_autograd(plain, fused, module_name: str, batch) -> None:
+    """The hand-derived gradient of `fused` equals autograd's gradient of `plain._loss` (same weights)."""
+    loss, _ = plain._loss(*batch)
+    expected = torch.autograd.grad(loss, list(getattr(plain, module_name).parameters()))
+    fused._update_step.gradient(*batch)
+    for grad, param in zip(expected, getattr(fused, module_name).parameters()):
+        torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)

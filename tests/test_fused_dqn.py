@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import plain_and_fused
+from conftest import assert_gradient_matches_autograd, plain_and_fused
 
 from rlspeed import DQN
 from rlspeed.algos.fused_dqn import FusedDQNUpdate
@@ -43,12 +43,7 @@ def test_fused_step_matches_autograd_and_adam(config):
 
 def test_fused_gradient_matches_autograd():
     plain, fused = _pair()
-    batch = _batch(7)
-    loss, _ = plain._loss(*batch)
-    expected = torch.autograd.grad(loss, list(plain.q_network.parameters()))
-    fused._update_step.gradient(*batch)
-    for grad, param in zip(expected, fused.q_network.parameters()):
-        torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)
+    assert_gradient_matches_autograd(plain, fused, "q_network", _batch(7))
 
 
 def test_fused_dqn_save_load_continues_identically(tmp_path):

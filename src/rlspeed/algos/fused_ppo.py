@@ -51,7 +51,7 @@ class FusedPPOUpdate:
                  strategy=None):
         if not supports(policy):
             raise ValueError("FusedPPOUpdate needs an ActorCritic with a tanh or ReLU body.")
-        self.policy, self.optimizer, self.strategy = policy, optimizer, strategy
+        self.policy = policy
         self.vf_coef, self.ent_coef = float(vf_coef), float(ent_coef)
         self.clip_range_vf, self.normalize_advantage = clip_range_vf, normalize_advantage
         self.tanh = isinstance(policy.body.activation, nn.Tanh)

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 
 import torch
 
 from rlspeed.accel.search import MARGIN, SEED, TOLERANCES
-from rlspeed.accel.strategy import ENV_VAR, precision_context, reduced_matmul_supported
+from rlspeed.accel.strategy import ENV_VAR, normalise_request, precision_context, reduced_matmul_supported
 from rlspeed.device import synchronize
 from rlspeed.errors import UserError
 
@@ -38,14 +37,13 @@ class AutoMatmulPrecision:
         self.precision: str | None = None
         self.trials: list[dict] = []
         self.reason = ""
-        forced = os.environ.get(ENV_VAR, "").strip().lower()
-        if forced in ("off", "eager", "none", "fp32"):
-            self.precision, self.reason = "fp32", f"forced by {ENV_VAR}={forced}"
-        elif forced in ("bf16-matmul", "bf16_matmul", "tf32"):
-            precision = forced.replace("_", "-")
-            if not reduced_matmul_supported(device, precision):
-                raise UserError(f"{ENV_VAR}={forced}: {precision} matmuls are not available on {device}.")
-            self.precision, self.reason = precision, f"forced by {ENV_VAR}={forced}"
+        request = normalise_request()  # RLSPEED_ACCELERATE, parsed as accelerate_step does
+        if request.forced_by_env is not None:
+            precision = request.precision
+            if precision != "fp32" and not reduced_matmul_supported(device, precision):
+                raise UserError(f"{ENV_VAR}={request.forced_by_env}: {precision} matmuls are not available on "
+                                f"{device}.")
+            self.precision, self.reason = precision, f"forced by {ENV_VAR}={request.forced_by_env}"
         self.report = self  # what Algorithm.acceleration_summary reads
 
     def summary(self) -> dict[str, str]:
@@ -125,11 +123,24 @@ class AutoMatmulPrecision:
         return best
 
 
+def use_fused(enabled: bool, supported: bool, accelerate: str) -> bool:
+    """Whether an algorithm takes its hand-derived update: `fused_update` on, a network it supports, and with
+    `--accelerate auto` an `RLSPEED_ACCELERATE` it can honour (see `applies`)."""
+    return enabled and supported and (accelerate != "auto" or applies())
+
+
+def for_accelerate(update, accelerate: str, device: torch.device, name: str):
+    """The update as the algorithm calls it: wrapped in the measured matmul-precision choice for `--accelerate
+    auto`, as it is otherwise."""
+    return AutoMatmulPrecision(update, device, name) if accelerate == "auto" else update
+
+
 def applies() -> bool:
     """Whether `--accelerate auto` may use a hand-derived update: yes unless `RLSPEED_ACCELERATE` forces a strategy
     it cannot run (bf16/fp16 autocast, compile, graphs), which then goes to `accelerate_step` with autograd."""
-    forced = os.environ.get(ENV_VAR, "").strip().lower()
-    return forced in ("", "auto", "off", "eager", "none", "fp32", "bf16-matmul", "bf16_matmul", "tf32")
+    request = normalise_request()
+    return request.forced_by_env is None or (request.precision in MATMUL_PRECISIONS and request.compile == "off"
+                                             and request.graphs == "off")
 
 
 def unwrap(step):

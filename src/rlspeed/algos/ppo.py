@@ -84,19 +84,18 @@ class PPO(Algorithm):
         self._params = list(self.policy.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._plain_step
-        auto = self.accelerate == "auto"
-        fused = cfg.fused_update and supports_fused(self.policy) and (not auto or fused_precision.applies())
+        fused = fused_precision.use_fused(cfg.fused_update, supports_fused(self.policy), self.accelerate)
         if fused:
             self._update_step = FusedPPOUpdate(self.policy, self.optimizer, max_grad_norm=cfg.max_grad_norm,
                                                vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
                                                clip_range_vf=cfg.clip_range_vf,
                                                normalize_advantage=cfg.normalize_advantage, strategy=self.strategy)
-        if auto:  # measured: keeps fp32 eager unless another strategy is faster and accurate
+        if self.accelerate == "auto":  # measured: keeps fp32 eager unless another strategy is faster and accurate
             self.policy = auto_accelerate(self.policy, device=self.device)
-            self._update_step = (fused_precision.AutoMatmulPrecision(self._update_step, self.device, "ppo") if fused
-                                 else accelerate_step(self._loss, self.optimizer, params=self._params,
-                                                      max_grad_norm=cfg.max_grad_norm, device=self.device,
-                                                      name="ppo"))
+            self._update_step = (fused_precision.for_accelerate(self._update_step, "auto", self.device, "ppo")
+                                 if fused else accelerate_step(self._loss, self.optimizer, params=self._params,
+                                                               max_grad_norm=cfg.max_grad_norm, device=self.device,
+                                                               name="ppo"))
         if not spec.discrete:
             box = spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)

@@ -111,10 +111,9 @@ class SAC(OffPolicyAlgorithm):
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, name="sac")
-        auto = self.accelerate == "auto"
-        if cfg.fused_update and supports_fused(self.actor, self.critic) and (not auto or fused_precision.applies()):
+        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.actor, self.critic), self.accelerate):
             update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
-            self._update_step = fused_precision.AutoMatmulPrecision(update, self.device, "sac") if auto else update
+            self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "sac")
         self._setup_action_scaling()
 
     def _modules(self):
