@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlspeed.flat import FlatAdam
+from rlspeed.flat import FlatAdam, Workspace, ensemble_backward, ensemble_forward, linear_backward, linear_forward
 
 
 def test_parameters_and_gradients_become_views_of_the_flat_buffers():
@@ -34,3 +34,35 @@ def test_notices_parameters_replaced_after_flattening():
     net.weight.data = net.weight.data.clone()
     with pytest.raises(RuntimeError, match="moved or replaced"):
         adam.check()
+
+
+def test_workspace_passes_give_the_same_results_and_reuse_their_buffers():
+    torch.manual_seed(0)
+    weights = [torch.randn(16, 5), torch.randn(3, 16)]
+    biases = [torch.randn(16), torch.randn(3)]
+    ens_weights = [torch.randn(2, 5, 16), torch.randn(2, 16, 1)]
+    ens_biases = [torch.randn(2, 1, 16), torch.randn(2, 1, 1)]
+    workspace = Workspace()
+
+    def passes(x, ws):
+        out = linear_forward(x, weights, biases, False, ws, "mlp")
+        weight_grads = [torch.empty_like(w) for w in weights]
+        bias_grads = [torch.empty_like(b) for b in biases]
+        linear_backward(torch.ones_like(out[-1]), out, weights, weight_grads, bias_grads, False, ws, "mlp")
+        ens = ensemble_forward(x.expand(2, -1, -1), ens_weights, ens_biases, True, ws, "ens")
+        ens_weight_grads = [torch.empty_like(w) for w in ens_weights]
+        ens_bias_grads = [torch.empty_like(b) for b in ens_biases]
+        grad_in = ensemble_backward(torch.ones_like(ens[-1]), ens, ens_weights, ens_weight_grads, ens_bias_grads,
+                                    True, rows=4, workspace=ws, tag="ens")
+        return [o.clone() for o in (*out, *ens, *weight_grads, *bias_grads, *ens_weight_grads, grad_in)], out[1]
+
+    x = torch.randn(8, 5)
+    expected, _ = passes(x, None)
+    got, hidden = passes(x, workspace)
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(a, b)
+    again, hidden_again = passes(torch.randn(8, 5), workspace)
+    assert hidden_again.data_ptr() == hidden.data_ptr()  # the same buffer, overwritten
+    assert not torch.equal(again[1], got[1])
+    passes(torch.randn(6, 5), workspace)  # another batch size: buffers made anew, no shape error
+    assert workspace.nbytes() > 0

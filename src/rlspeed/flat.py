@@ -122,6 +122,35 @@ def _activate_(z: torch.Tensor, tanh: bool) -> torch.Tensor:
     return z.tanh_() if tanh else z.relu_()
 
 
+class Workspace:
+    """Output buffers that one hand-derived update reuses on every call, by name.
+
+    An update allocates the same activations and gradients each time; for [256, 256]-wide layers on a CPU a fresh
+    buffer of hundreds of KiB comes from the C allocator as memory the kernel has to map page by page, which costs
+    about as much as the matrix product that fills it. `get` hands back the buffer kept under `key`, made anew only
+    when the shape, dtype or device changes. Buffers are overwritten by the next call that asks for the same key:
+    whoever keeps a result beyond one update must copy it.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[object, torch.Tensor] = {}
+
+    def get(self, key: object, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+        """The buffer under `key`, with `shape` and the dtype and device of `like` (contents undefined)."""
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != tuple(shape) or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self._buffers[key] = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+        return buffer
+
+    def nbytes(self) -> int:
+        """Bytes held by the buffers."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
+def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor | None:
+    return None if workspace is None else workspace.get(key, shape, like)
+
+
 # --- forward passes that keep their activations, and the backward passes written out ------------------------------
 def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | None:
     """(linear layers, tanh?) of a Sequential `Linear, act, Linear, act, ..., Linear` with one kind of activation
@@ -139,45 +168,57 @@ def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | Non
     return linears, bool(activations) and type(activations[0]) is nn.Tanh
 
 
-def linear_forward(x: torch.Tensor, weights, biases, tanh: bool) -> list[torch.Tensor]:
-    """An MLP of `nn.Linear` layers (weights `[out, in]`): the input of every layer, then the output."""
+def linear_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
+                   tag: str = "linear") -> list[torch.Tensor]:
+    """An MLP of `nn.Linear` layers (weights `[out, in]`): the input of every layer, then the output.
+
+    With a `workspace`, the outputs are its buffers under (`tag`, "forward", layer)."""
     outputs = [x]
     last = len(weights) - 1
     for layer, (weight, bias) in enumerate(zip(weights, biases)):
-        z = torch.addmm(bias, outputs[-1], weight.t())
+        out = _out(workspace, (tag, "forward", layer), (x.shape[0], weight.shape[0]), x)
+        z = torch.addmm(bias, outputs[-1], weight.t(), out=out)
         outputs.append(z if layer == last else _activate_(z, tanh))
     return outputs
 
 
 def linear_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,
-                    tanh: bool) -> None:
-    """Backward of `linear_forward` from d/d(output), writing dW = g^T x and db = sum g into the given views."""
+                    tanh: bool, workspace: Workspace | None = None, tag: str = "linear") -> None:
+    """Backward of `linear_forward` from d/d(output), writing dW = g^T x and db = sum g into the given views
+    (with a `workspace`, the gradients between layers are its buffers under (`tag`, "backward", layer))."""
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
         torch.mm(grad.t(), inputs, out=weight_grads[layer])
         torch.sum(grad, dim=0, out=bias_grads[layer])
         if layer:
-            grad = activation_backward(grad.mm(weights[layer]), inputs, tanh)
+            out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs)
+            grad = activation_backward(torch.mm(grad, weights[layer], out=out), inputs, tanh)
 
 
-def ensemble_forward(x: torch.Tensor, weights, biases, tanh: bool) -> list[torch.Tensor]:
-    """An `EnsembleMLP` (weights `[K, in, out]`) on `[K, B, in]`: the input of every layer, then the output."""
+def ensemble_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
+                     tag: str = "ensemble") -> list[torch.Tensor]:
+    """An `EnsembleMLP` (weights `[K, in, out]`) on `[K, B, in]`: the input of every layer, then the output.
+
+    With a `workspace`, the outputs are its buffers under (`tag`, "forward", layer)."""
     outputs = [x]
     last = len(weights) - 1
     for layer, (weight, bias) in enumerate(zip(weights, biases)):
-        z = torch.baddbmm(bias, outputs[-1], weight)
+        out = _out(workspace, (tag, "forward", layer), (*x.shape[:2], weight.shape[2]), x)
+        z = torch.baddbmm(bias, outputs[-1], weight, out=out)
         outputs.append(z if layer == last else _activate_(z, tanh))
     return outputs
 
 
 def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,
-                      tanh: bool, rows: int | None = None) -> torch.Tensor | None:
+                      tanh: bool, rows: int | None = None, workspace: Workspace | None = None,
+                      tag: str = "ensemble") -> torch.Tensor | None:
     """Backward of `ensemble_forward` from d/d(output) `[K, B, out]`.
 
     Weight and bias gradients come from the first `rows` rows only (all rows when None); the gradient still flows
     through every row, and d/d(input) of the rows after `rows` is returned (`[K, B - rows, in]`; None when
     `rows` is None). That is how one pass serves a loss on the weights (first rows) and another on the inputs with
-    the weights held constant (the other rows), e.g. SAC's critic and actor losses.
+    the weights held constant (the other rows), e.g. SAC's critic and actor losses. With a `workspace`, the
+    gradients between layers are its buffers under (`tag`, "backward", layer).
     """
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
@@ -188,7 +229,8 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
             torch.bmm(inputs[:, :rows].transpose(1, 2), grad[:, :rows], out=weight_grads[layer])
             torch.sum(grad[:, :rows], dim=1, keepdim=True, out=bias_grads[layer])
         if layer:
-            grad = activation_backward(torch.bmm(grad, weights[layer].transpose(1, 2)), inputs, tanh)
+            out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs)
+            grad = activation_backward(torch.bmm(grad, weights[layer].transpose(1, 2), out=out), inputs, tanh)
         elif rows is not None:
             return torch.bmm(grad[:, rows:], weights[0].transpose(1, 2))
     return None

@@ -26,6 +26,7 @@ from torch import nn
 
 from rlspeed.flat import (
     FlatAdam,
+    Workspace,
     ensemble_backward,
     ensemble_forward,
     linear_backward,
@@ -83,6 +84,7 @@ class FusedSACUpdate:
             p.data = chunk.view_as(p)
         self.target_weights = [p.detach() for p in sac.critic_target.body.weights]
         self.target_biases = [p.detach() for p in sac.critic_target.body.biases]
+        self.workspace = Workspace()  # activations and gradients, reused from step to step
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         self.adam.check()
@@ -103,8 +105,9 @@ class FusedSACUpdate:
         alpha = log_alpha.exp()
 
         # Actor on [next_obs; obs]: a' and a~ with their log-probabilities.
+        ws = self.workspace
         actor_out = linear_forward(torch.cat((next_obs, obs)), self.actor_weights, self.actor_biases,
-                                   self.actor_tanh)
+                                   self.actor_tanh, ws, "actor")
         mean, raw_log_std = actor_out[-1].chunk(2, dim=-1)
         log_std = raw_log_std.clamp(self.log_std_min, self.log_std_max)
         std = log_std.exp()
@@ -120,13 +123,14 @@ class FusedSACUpdate:
         # Soft Bellman target from the target critics.
         members = self.critic_weights[0].shape[0]
         next_q = ensemble_forward(torch.cat((next_obs, next_actions), -1).expand(members, -1, -1),
-                                  self.target_weights, self.target_biases, self.critic_tanh)[-1].squeeze(-1).amin(0)
+                                  self.target_weights, self.target_biases, self.critic_tanh, ws, "target")[-1]
+        next_q = next_q.squeeze(-1).amin(0)
         target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
 
         # Critics on [(obs, a); (obs, a~)].
         critic_in = torch.cat((torch.cat((obs, actions), -1), torch.cat((obs, pi_actions), -1)))
         critic_out = ensemble_forward(critic_in.expand(members, -1, -1), self.critic_weights, self.critic_biases,
-                                      self.critic_tanh)
+                                      self.critic_tanh, ws, "critic")
         q_all = critic_out[-1].squeeze(-1)  # [K, 2B]
         q_values, q_pi_all = q_all[:, :batch], q_all[:, batch:]
         q_pi = q_pi_all.amin(0)
@@ -138,7 +142,7 @@ class FusedSACUpdate:
         at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
         grad_q = torch.cat((td_error / batch, at_min.div_(at_min.sum(0)).mul_(-1.0 / batch)), dim=1)
         grad_in = ensemble_backward(grad_q.unsqueeze(-1), critic_out, self.critic_weights, self.critic_weight_grads,
-                                    self.critic_bias_grads, self.critic_tanh, rows=batch)
+                                    self.critic_bias_grads, self.critic_tanh, rows=batch, workspace=ws, tag="critic")
         grad_pi_actions = grad_in[..., obs.shape[1]:].sum(0)  # dJ/da~ [B, A]
 
         # Actor chain (the obs half only; a' of the target carries no gradient).
@@ -147,8 +151,8 @@ class FusedSACUpdate:
         grad_log_std = torch.addcmul((alpha / batch).neg().expand_as(a), grad_u, sd * eps)
         raw = raw_log_std[batch:]
         grad_log_std = grad_log_std * ((raw >= self.log_std_min) & (raw <= self.log_std_max))  # clamp's gradient
-        linear_backward(torch.cat((grad_u, grad_log_std), dim=-1), [o[batch:] for o in actor_out],
-                        self.actor_weights, self.actor_weight_grads, self.actor_bias_grads, self.actor_tanh)
+        linear_backward(torch.cat((grad_u, grad_log_std), dim=-1), [o[batch:] for o in actor_out], self.actor_weights,
+                        self.actor_weight_grads, self.actor_bias_grads, self.actor_tanh, ws, "actor")
 
         loss = critic_loss + actor_loss
         if sac.autotune:
