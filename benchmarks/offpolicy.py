@@ -5,9 +5,10 @@ one process, seeds interleaved.
     evaluation. SAC Pendulum-v1: 1 env, batch 256, [256, 256] ReLU actor and critics, one gradient step per env step,
     learning rate 1e-3, learning_starts 100, automatic entropy tuning. DQN CartPole-v1: 1 env, batch 64,
     [256, 256], train_freq 256, gradient_steps 128, learning rate 2.3e-3, learning_starts 1000, target update every
-    10 steps, epsilon 1 -> 0.04 over 16% of the run. Gymnasium envs for both (rlspeed env_backend="gymnasium", SB3
-    DummyVecEnv), plus rlspeed on its device-native torch env, in fp32 eager and with `accelerate="auto"` (the
-    acceleration layer's measured choice of precision/compilation for the update step).
+    10 steps, epsilon 1 -> 0.04 over 16% of the run, plain (not double) DQN targets as SB3's DQN computes them.
+    Gymnasium envs for both (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native
+    torch env, in fp32 eager and with `accelerate="auto"` (the acceleration layer's measured choice of
+    precision/compilation for the update step).
 (b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches the target
     (SAC Pendulum-v1: -200; DQN CartPole-v1: 475), each library at its own best settings (rlspeed: its shipped preset,
     env backend auto; SB3: the RL-Zoo settings above), both evaluated every `eval_freq` env steps, evaluation time
@@ -68,7 +69,7 @@ CASES = {
         zoo_rlspeed=dict(num_envs=1, learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
                          gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
                          exploration_fraction=0.16, exploration_final_eps=0.04, net_arch=(256, 256), tau=1.0,
-                         max_grad_norm=10.0),
+                         max_grad_norm=10.0, double_q=False),  # SB3's DQN: the same (non-double) target
         zoo_sb3=dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000, gamma=0.99,
                      target_update_interval=10, train_freq=256, gradient_steps=128, exploration_fraction=0.16,
                      exploration_final_eps=0.04),

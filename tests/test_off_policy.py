@@ -153,6 +153,25 @@ def test_train_iteration_reads_nothing_back_to_the_host(algo):
             model._train_iteration()
 
 
+def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwise():
+    model = DQN("CartPole-v1", seed=0, num_envs=1024, train_freq=16, learning_starts=0, exploration_fraction=0.5,
+                net_arch=(32, 32), batch_size=32)
+    model.make_training_env()
+    model._total_timesteps, model._learn_start = 40 * 1024, 0
+    start = 4 * 1024
+    model._prepare_collection(start)
+    _, explore, actions = model._draws
+    for step in range(16):  # the share exploring is that step's epsilon (binomial, 1024 draws: 5 sigma < 0.08)
+        assert abs(explore[step].float().mean().item() - model.epsilon(start + step * 1024)) < 0.08
+    assert 0.3 < actions.float().mean().item() < 0.7  # random actions uniform over {0, 1}
+    obs = torch.randn(1024, 4)
+    with torch.no_grad():
+        greedy = model.q_network(obs).argmax(dim=1)
+        assert torch.equal(model._greedy(obs), greedy)  # the collection path computes the same network
+        chosen = model._explore(obs, start + 3 * 1024)
+    assert torch.equal(chosen, torch.where(explore[3], actions[3], greedy))
+
+
 # --- checkpoints -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ALL)
 def test_save_load_round_trip(tmp_path, algo):

@@ -64,6 +64,26 @@ def test_sampling_is_uniform_over_stored_rows():
     assert ((rows - expected) ** 2 / expected).sum().item() < 100  # 49 dof, P(> 100) < 1e-4
 
 
+def test_batches_drawn_together_are_uniform_and_independent():
+    capacity, num_envs = 30, 3
+    buffer = make_buffer(capacity, num_envs)
+    for step in range(10):
+        add_ids(buffer, [step * num_envs + env for env in range(num_envs)])
+    generator = torch.Generator().manual_seed(1)
+    batches = buffer.sample_batches(400, 25, generator=generator)
+    assert len(batches) == 400
+    for batch in batches[:3]:
+        assert batch["obs"].shape == (25, 1) and batch["actions"].shape == (25,)
+        assert torch.equal(batch["rewards"], batch["obs"][:, 0])  # each row is one transition
+        assert torch.equal(batch["next_obs"], batch["obs"] + 0.5)
+    draws = torch.stack([b["obs"][:, 0] for b in batches]).long()  # [400, 25]
+    counts = torch.bincount(draws.flatten(), minlength=30).double()
+    expected = draws.numel() / 30
+    assert ((counts - expected) ** 2 / expected).sum().item() < 70  # 29 dof, P(> 70) < 1e-4
+    # independence: the batches are not copies of one another (400 equal batches of 25 from 30 rows: impossible)
+    assert len({tuple(row) for row in draws.tolist()}) == 400
+
+
 def test_sample_fields_shapes_and_device():
     buffer = ReplayBuffer(100, 4, (3,), (2,), torch.float32, "cpu")
     obs = torch.randn(4, 3)

@@ -89,9 +89,13 @@ class FlatAdam:
         if strategy is not None and strategy.enabled:
             strategy.all_reduce_sum(self.grad)
             self.grad.div_(strategy.world_size)
-        if self.max_grad_norm is not None:
+        grad_scale = None
+        if self.max_grad_norm is not None:  # clip_grad_norm_'s factor min(1, max / (norm + 1e-6))
             norm = torch.linalg.vector_norm(self.grad)
-            self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+            if self._fused_adam is not None:  # applied inside the Adam kernel, as the inverse of a grad scale
+                grad_scale = norm.add_(1e-6).div_(self.max_grad_norm).clamp_(min=1.0)
+            else:
+                self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
         group = self.optimizer.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay = group.get("weight_decay", 0.0)
@@ -99,7 +103,7 @@ class FlatAdam:
         if self._fused_adam is not None:
             self._fused_adam([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
                              amsgrad=False, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
-                             maximize=False, grad_scale=None, found_inf=None)
+                             maximize=False, grad_scale=grad_scale, found_inf=None)
             return
         grad = self.grad if not weight_decay else self.grad.add(self.flat, alpha=weight_decay)
         self.exp_avg.lerp_(grad, 1 - beta1)

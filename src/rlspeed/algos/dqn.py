@@ -1,9 +1,12 @@
 """Deep Q-Network (Mnih et al., 2015) with Double DQN targets and an optional dueling head, all on the device.
 
-Epsilon-greedy exploration decides per env row on the device (`torch.where` over a uniform draw; the epsilon of
-the linear schedule comes from the host's step counter, so nothing is read back). Targets use Double DQN (van
-Hasselt et al., 2016) unless `double_q` is off; the loss is Huber, gradients are clipped by global norm, and the
-target network follows the online one every `target_update_interval` env steps, by hard copy (`tau=1`) or Polyak.
+Epsilon-greedy exploration decides per env row on the device (`torch.where` over a uniform draw). The random numbers
+of a whole collection phase (`train_freq` steps of every env) are drawn at its start, in two calls, against the
+epsilon of each step's place in the linear schedule, computed on the device from the host's step counter: nothing
+is read back, and a collection step costs the Q-network's forward, its argmax and one `where`. Targets use Double
+DQN (van Hasselt et al., 2016) unless `double_q` is off; the loss is Huber, gradients are clipped by global norm,
+and the target network follows the online one every `target_update_interval` env steps, by hard copy (`tau=1`) or
+Polyak.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from rlspeed.algos.off_policy import (
     polyak_update,
 )
 from rlspeed.device import rules
+from rlspeed.flat import sequential_linears
 from rlspeed.nn import ACTIVATIONS, make_adam, mlp
 
 
@@ -109,6 +113,11 @@ class DQN(OffPolicyAlgorithm):
                                     double_q=cfg.double_q, strategy=self.strategy)
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "dqn")
         self._index_dtype = rules(self.device).index_dtype
+        # The greedy action during collection: a plain MLP runs as its addmm/activation kernels, without the
+        # per-module call overhead (it is called once per env step)
+        self._body_linears = None if cfg.dueling else sequential_linears(self.q_network.body)
+        self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
+        self._collect_layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
@@ -137,13 +146,51 @@ class DQN(OffPolicyAlgorithm):
         explore = torch.rand(greedy.shape, device=greedy.device) < epsilon
         return torch.where(explore, random_actions, greedy)
 
+    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = obs.flatten(1)
+        if self._collect_layers is None:
+            q_values = self.q_network(obs)
+        else:  # during collection: the fixed network's layers as (W^T contiguous, b), a few kernels per step
+            q_values = obs
+            last = len(self._collect_layers) - 1
+            for layer, (weight_t, bias) in enumerate(self._collect_layers):
+                q_values = torch.addmm(bias, q_values, weight_t)
+                if layer < last:
+                    q_values = q_values.tanh_() if self._body_linears[1] else q_values.relu_()
+        return q_values.argmax(dim=1).to(self._index_dtype)
+
+    def _prepare_collection(self, start: int) -> None:
+        """Before the next `train_freq` steps of every env (from env step `start`), during which the Q-network
+        does not change: its layers as (W^T, b) for `_greedy`, and epsilon-greedy's random numbers: whether each
+        (step, env) explores (a uniform draw below that step's epsilon) and its random action."""
+        cfg, num_envs = self.config, self._env.num_envs
+        if self._body_linears is not None:
+            self._collect_layers = [(layer.weight.detach().t().contiguous(), layer.bias.detach())
+                                    for layer in self._body_linears[0]]
+        span = cfg.exploration_fraction * max(self._total_timesteps - self._learn_start, 1)
+        slope = num_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
+        epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
+                    .add_(self.epsilon(start)).clamp_(min=cfg.exploration_final_eps))
+        explore = torch.rand((cfg.train_freq, num_envs), device=self.device) < epsilons.unsqueeze(1)
+        actions = torch.randint(0, self.spec.action_dim, (cfg.train_freq, num_envs), device=self.device,
+                                dtype=self._index_dtype)
+        self._draws = (start, explore, actions)
+
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
-        greedy = self.q_network(obs.flatten(1)).argmax(dim=1).to(self._index_dtype)
+        greedy = self._greedy(obs)
+        if self._draws is not None:
+            start, explore, actions = self._draws
+            step = (timesteps - start) // obs.shape[0]
+            if 0 <= step < explore.shape[0]:
+                return torch.where(explore[step], actions[step], greedy)
         return self._epsilon_greedy(greedy, self.epsilon(timesteps))
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         before = self.num_timesteps
+        if before + self.config.train_freq * self._env.num_envs > self.config.learning_starts:
+            self._prepare_collection(before)  # (before learning_starts, actions are uniform: nothing to prepare)
         steps, metrics = super()._train_iteration()
+        self._draws = self._collect_layers = None
         # Target network: every target_update_interval env steps (Stable-Baselines3's convention), by copy (tau=1)
         # or Polyak. The online network is fixed during collection, so k updates due now are one with 1-(1-tau)^k.
         interval = self.config.target_update_interval

@@ -34,7 +34,7 @@ class FusedDQNUpdate:
         self.adam = FlatAdam(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
         self.weights, self.biases = self.adam.param_views[0::2], self.adam.param_views[1::2]
         self.weight_grads, self.bias_grads = self.adam.grad_views[0::2], self.adam.grad_views[1::2]
-        self.target = q_target
+        self.target_linears = sequential_linears(q_target.body)[0]
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         self.adam.check()
@@ -47,7 +47,7 @@ class FusedDQNUpdate:
         obs, next_obs = obs.flatten(1), next_obs.flatten(1)
         batch = obs.shape[0]
         with torch.no_grad():
-            target_linears = sequential_linears(self.target.body)[0]
+            target_linears = self.target_linears
             next_q_target = linear_forward(next_obs, [layer.weight for layer in target_linears],
                                            [layer.bias for layer in target_linears], self.tanh)[-1]
             if self.double_q:  # the online network on obs and next_obs together: one pass of 2B rows
@@ -58,14 +58,13 @@ class FusedDQNUpdate:
             else:
                 outputs = linear_forward(obs, self.weights, self.biases, self.tanh)
                 next_q = next_q_target.max(dim=1).values
-            target_q = rewards + discounts * (1 - terminated) * next_q
+            target_q = torch.addcmul(rewards, discounts * (1 - terminated), next_q)
 
         index = actions.long().unsqueeze(1)
         q_values = outputs[-1].gather(1, index).squeeze(1)
-        diff = q_values - target_q
-        abs_diff = diff.abs()
-        loss = torch.where(abs_diff < 1.0, 0.5 * diff.square(), abs_diff - 0.5).mean()  # Huber (smooth L1)
-        grad = torch.zeros_like(outputs[-1]).scatter_(1, index, diff.clamp(-1.0, 1.0).div_(batch).unsqueeze(1))
+        loss = torch.nn.functional.smooth_l1_loss(q_values, target_q)  # Huber
+        grad_q = (q_values - target_q).clamp_(-1.0, 1.0).div_(batch)  # its gradient at Q(s, a)
+        grad = torch.zeros_like(outputs[-1]).scatter_(1, index, grad_q.unsqueeze(1))
 
         linear_backward(grad, outputs, self.weights, self.weight_grads, self.bias_grads, self.tanh)
         return loss, {"loss": loss, "q_values": q_values.mean()}

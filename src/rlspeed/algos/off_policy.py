@@ -28,6 +28,8 @@ from rlspeed.nn import clip_grad_norm
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
 
+_SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
+
 
 @dataclass
 class OffPolicyConfig:
@@ -183,7 +185,7 @@ class OffPolicyAlgorithm(Algorithm):
                 buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
                 dones = info["done"]
                 self._on_dones(dones)
-                finished_returns += torch.where(dones, info["episode_return"], 0.0)
+                finished_returns.addcmul_(info["episode_return"], dones)
                 finished_count += dones
                 obs = next_obs
         self._obs = obs
@@ -194,9 +196,12 @@ class OffPolicyAlgorithm(Algorithm):
         if self.num_timesteps + steps > cfg.learning_starts and len(buffer) > 0:
             gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
             totals: dict[str, torch.Tensor] = {}
-            for _ in range(gradient_steps):
-                for key, value in self._update(buffer.sample(cfg.batch_size)).items():
-                    totals[key] = totals[key] + value if key in totals else value
+            # Batches drawn together, up to ~64k rows at a time (the buffer does not change until the next collect).
+            chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // cfg.batch_size))
+            for first in range(0, gradient_steps, chunk):
+                for batch in buffer.sample_batches(min(chunk, gradient_steps - first), cfg.batch_size):
+                    for key, value in self._update(batch).items():
+                        totals[key] = totals[key] + value if key in totals else value
             metrics.update({key: value / gradient_steps for key, value in totals.items()} if gradient_steps > 1
                            else totals)
         return steps, metrics

@@ -65,6 +65,8 @@ class ReplayBuffer:
         self.rewards = zeros()
         self.terminated = zeros()
         self.discounts = zeros()
+        if self.n_step == 1:
+            self.discounts.fill_(gamma)  # every 1-step transition discounts by gamma: written once, here
         self.pos = 0  # next row to write (host counter: advances by num_envs per add, never read from the device)
         self.size = 0
         self._rows = torch.arange(self.num_envs, device=self.storage_device)
@@ -83,11 +85,10 @@ class ReplayBuffer:
     def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
             terminated: torch.Tensor, truncated: torch.Tensor) -> None:
         """Store one step of all N envs. `next_obs` is `info["final_obs"]` (the true last obs of finished rows)."""
-        terminated = terminated.to(torch.float32)
         if self.n_step == 1:
-            discounts = torch.full_like(rewards, self.gamma, dtype=torch.float32)
-            self._write(obs, actions, rewards, next_obs, terminated, discounts)
+            self._write(obs, actions, rewards, next_obs, terminated)  # the copy converts bool to float
             return
+        terminated = terminated.to(torch.float32)
         done = torch.maximum(terminated, truncated.to(torch.float32))
         self._window.append((obs, actions, rewards.to(torch.float32), next_obs, terminated, done))
         if len(self._window) == self.n_step:
@@ -109,9 +110,9 @@ class ReplayBuffer:
         discounts = self.gamma ** (last + 1).to(torch.float32)
         return obs, actions, returns, next_obs[last, columns], terminated[last, columns], discounts
 
-    def _write(self, obs, actions, rewards, next_obs, terminated, discounts) -> None:
+    def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None) -> None:
         fields = ((self.obs, obs), (self.actions, actions), (self.rewards, rewards), (self.next_obs, next_obs),
-                  (self.terminated, terminated), (self.discounts, discounts))
+                  (self.terminated, terminated), *(() if discounts is None else ((self.discounts, discounts),)))
         if self.pos + self.num_envs <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
             end = self.pos + self.num_envs
             for storage, value in fields:
@@ -126,13 +127,22 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """A uniform batch of stored transitions, as tensors on the training device."""
+        return self.sample_batches(1, batch_size, generator)[0]
+
+    def sample_batches(self, count: int, batch_size: int,
+                       generator: torch.Generator | None = None) -> list[dict[str, torch.Tensor]]:
+        """`count` independent uniform batches, distributed as `count` calls of `sample` while the buffer does not
+        change, gathered together: one index draw and one gather per field for all of them."""
         if self.size == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
-        index = torch.randint(0, self.size, (batch_size,), device=self.storage_device, generator=generator)
+        index = torch.randint(0, self.size, (count * batch_size,), device=self.storage_device, generator=generator)
         batch = {"obs": self.obs[index], "actions": self.actions[index], "rewards": self.rewards[index],
                  "next_obs": self.next_obs[index], "terminated": self.terminated[index],
                  "discounts": self.discounts[index]}
         if self.storage_device != self.device:
             batch = {k: v.pin_memory().to(self.device, non_blocking=True) if v.device.type == "cpu"
                      and torch.cuda.is_available() else v.to(self.device) for k, v in batch.items()}
-        return batch
+        if count == 1:
+            return [batch]
+        split = {key: value.split(batch_size) for key, value in batch.items()}
+        return [{key: split[key][i] for key in batch} for i in range(count)]

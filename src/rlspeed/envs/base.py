@@ -126,20 +126,20 @@ class EpisodeStatistics(EnvWrapper):
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
-        self._running = torch.zeros(2, self.num_envs, device=self.device, dtype=torch.float32)  # return, length
+        self._return = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+        self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
 
     def reset(self, seed: int | None = None):
-        self._running.zero_()
+        self._return = torch.zeros_like(self._return)
+        self._length = torch.zeros_like(self._length)
         return self.env.reset(seed=seed)
 
     def step(self, actions: torch.Tensor):
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        running = self._running
-        running[0] += reward
-        running[1] += 1.0
         done = terminated | truncated
-        finished = running.clone()
-        running.masked_fill_(done, 0.0)
+        # Fresh tensors each step (no copies): the returned totals stay valid after later steps.
+        episode_return, episode_length = self._return + reward, self._length + 1.0
+        self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0.0)
         info["done"] = done
-        info["episode_return"], info["episode_length"] = finished[0], finished[1]
+        info["episode_return"], info["episode_length"] = episode_return, episode_length
         return obs, reward, terminated, truncated, info

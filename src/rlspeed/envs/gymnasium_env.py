@@ -75,6 +75,10 @@ class GymnasiumEnv(BatchedEnv):
             raise UserError(f"Env '{env_id}' has a {type(obs_space).__name__} observation space; rlspeed "
                             "supports Box observations (flatten others with a Gymnasium wrapper).")
         self.spec = EnvSpec(env_id, tuple(obs_space.shape), vector_env.single_action_space, max_steps, threshold)
+        # A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here, as it would step them, without its
+        # per-step info merging and batching (for CartPole those cost more than the physics).
+        same_step = vector_env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP
+        self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
 
     def _obs(self, array) -> torch.Tensor:
         return torch.as_tensor(np.asarray(array, dtype=np.float32), device=self.device)
@@ -83,7 +87,35 @@ class GymnasiumEnv(BatchedEnv):
         obs, _ = self.vector_env.reset(seed=seed)
         return self._obs(obs), {}
 
+    def _step_sync(self, actions: np.ndarray):
+        """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None)."""
+        n = self.num_envs
+        obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
+        reward = np.empty(n, dtype=np.float32)
+        terminated = np.empty(n, dtype=bool)
+        truncated = np.empty(n, dtype=bool)
+        final = None
+        for i, env in enumerate(self._sync_envs):
+            observation, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+            if terminated[i] or truncated[i]:
+                if final is None:
+                    final = np.empty_like(obs)
+                final[i] = observation
+                observation, _ = env.reset()
+            obs[i] = observation
+        if final is not None:
+            done = terminated | truncated
+            final[~done] = obs[~done]
+        return obs, reward, terminated, truncated, final
+
     def step(self, actions: torch.Tensor):
+        if self._sync_envs is not None:
+            obs_np, reward, terminated, truncated, final_np = self._step_sync(
+                _to_numpy_actions(actions, self.spec.action_space))
+            obs_t = torch.as_tensor(obs_np, device=self.device)
+            final_t = obs_t if final_np is None else torch.as_tensor(final_np, device=self.device)
+            return (obs_t, torch.as_tensor(reward, device=self.device), torch.as_tensor(terminated, device=self.device),
+                    torch.as_tensor(truncated, device=self.device), {"final_obs": final_t})
         obs, reward, terminated, truncated, info = self.vector_env.step(
             _to_numpy_actions(actions, self.spec.action_space))
         obs_np = np.asarray(obs, dtype=np.float32)
