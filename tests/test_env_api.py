@@ -357,3 +357,18 @@ def test_make_env_rejects_a_vector_env_without_same_step_autoreset():
             rlspeed.make_env(vector_env, device="cpu")
     finally:
         vector_env.close()
+
+
+def test_auto_backend_takes_gymnasium_for_few_envs_on_a_cpu_and_native_otherwise():
+    from rlspeed.envs import CPU_NATIVE_MIN_ENVS, resolve_backend
+
+    few, many = CPU_NATIVE_MIN_ENVS - 1, CPU_NATIVE_MIN_ENVS
+    assert resolve_backend("CartPole-v1", "auto", few, "cpu") == "gymnasium"
+    assert resolve_backend("CartPole-v1", "auto", many, "cpu") == "torch"
+    assert resolve_backend("CartPole-v1", "auto", few, "cuda") == "torch"  # accelerators: no host round trips
+    assert resolve_backend("CartPole-v1", "torch", 1, "cpu") == "torch"  # an explicit choice is kept
+    assert resolve_backend("LunarLander-v3", "auto", many, "cpu") == "gymnasium"  # no native version
+    assert rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu").backend == "gymnasium"
+    # native-only options ask for the native env
+    assert rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", state_dtype=torch.float64).backend == "torch"
+    assert rlspeed.PPO("CartPole-v1", num_envs=2, device="cpu").env_backend == "gymnasium"

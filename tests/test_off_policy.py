@@ -146,7 +146,9 @@ def forbid_host_reads():
 @pytest.mark.parametrize("algo", ALL)
 def test_train_iteration_reads_nothing_back_to_the_host(algo):
     extra = {"action_noise": "ornstein-uhlenbeck"} if algo is DDPG else {}
-    model = algo(env_for(algo), seed=0, num_envs=2, train_freq=4, gradient_steps=3, **TINY, **extra)
+    # the native env (auto would take Gymnasium's for 2 envs on a CPU, which steps on the host by nature)
+    model = algo(env_for(algo), seed=0, num_envs=2, env_backend="torch", train_freq=4, gradient_steps=3, **TINY,
+                 **extra)
     model.learn(128, progress_bar=False)  # past learning_starts
     with forbid_host_reads():
         for _ in range(3):

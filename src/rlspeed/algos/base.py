@@ -137,7 +137,8 @@ class Algorithm:
         if isinstance(env, str):
             self.env_id = env
             self.spec = env_spec(env)
-            self.env_backend = resolve_backend(env, env_backend)
+            self.env_backend = resolve_backend(env, env_backend, self.strategy.split_envs(self.config.num_envs),
+                                               self.device)
         else:
             if isinstance(env, gym.vector.VectorEnv):
                 env = make_env(env, device=self.device)

@@ -32,12 +32,23 @@ BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
 register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 
 
-def resolve_backend(env_id: str, backend: str = "auto") -> str:
-    """Which backend `make_env` will use: `auto` picks the native env whenever one exists for the id."""
+#: On a CPU, fewer native envs than this step slower than Gymnasium's: a native step is ~35 small tensor ops
+#: whatever N is (150-200 us for CartPole, Pendulum, MountainCar here, 850 us for Acrobot), a Gymnasium env a few
+#: microseconds of Python each. Measured crossovers on a 2-core Xeon, one thread: 8-20 envs.
+CPU_NATIVE_MIN_ENVS = 16
+
+
+def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = None,
+                    device: str | torch.device | None = None) -> str:
+    """Which backend `make_env` will use. `auto` picks the native env when one exists for the id, except on a
+    CPU with fewer than `CPU_NATIVE_MIN_ENVS` envs (when `num_envs` and `device` are given), where Gymnasium's
+    are faster."""
     if backend not in BACKENDS:
         raise UserError(f"Unknown env backend '{backend}': use one of {', '.join(BACKENDS)}.")
     if backend == "auto":
-        return "torch" if env_id in NATIVE_ENVS else "gymnasium"
+        few_on_cpu = (num_envs is not None and num_envs < CPU_NATIVE_MIN_ENVS and device is not None
+                      and torch.device(device).type == "cpu")
+        return "torch" if env_id in NATIVE_ENVS and not few_on_cpu else "gymnasium"
     if backend == "torch" and env_id not in NATIVE_ENVS:
         raise UserError(f"No device-native version of '{env_id}' exists (native: {', '.join(NATIVE_ENVS)}); "
                         "use --env-backend gymnasium.")
@@ -63,9 +74,9 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     """Make `num_envs` copies of an env as one batched env on `device` (see DESIGN.md for the contract).
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset. `backend` is
-    `auto` (native torch env when one exists, else Gymnasium), `torch`, `gymnasium` (in-process) or
-    `gymnasium-async` (one subprocess per env). The returned env reports raw episode returns in
-    `info["episode_return"]` where `info["done"]`, and is seeded by `seed` on its first `reset()`.
+    `auto` (the native torch env when one exists, unless fewer than 16 envs on a CPU; else Gymnasium), `torch`,
+    `gymnasium` (in-process) or `gymnasium-async` (one subprocess per env). The returned env reports raw episode
+    returns in `info["episode_return"]` where `info["done"]`, and is seeded by `seed` on its first `reset()`.
     """
     if num_envs < 1:
         raise UserError(f"num_envs must be at least 1, got {num_envs}.")
@@ -73,7 +84,8 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     if isinstance(env_id, gym.vector.VectorEnv):
         env: BatchedEnv = GymnasiumEnv(vector_env=env_id, device=device)
     else:
-        chosen = resolve_backend(env_id, backend)
+        # native-only options (compile=..., dtype=...) ask for the native env whatever the number of envs
+        chosen = resolve_backend(env_id, backend, None if native_kwargs else num_envs, device)
         if chosen == "torch":
             env = NATIVE_ENVS[env_id](num_envs=num_envs, device=device, seed=seed, **native_kwargs)
         else:
@@ -102,4 +114,4 @@ class _SeedOnFirstReset(EnvWrapper):
 
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "NativeGymEnv", "CartPole", "Pendulum",
            "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
-           "RunningMeanStd", "NATIVE_ENVS", "make_env", "env_spec", "resolve_backend"]
+           "RunningMeanStd", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend"]
