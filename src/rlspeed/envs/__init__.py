@@ -32,9 +32,10 @@ BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
 register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 
 
-#: On a CPU, fewer native envs than this step slower than Gymnasium's: a native step is ~35 small tensor ops
-#: whatever N is (150-200 us for CartPole, Pendulum, MountainCar here, 850 us for Acrobot), a Gymnasium env a few
-#: microseconds of Python each. Measured crossovers on a 2-core Xeon, one thread: 8-20 envs.
+#: On a CPU, few native envs step slower than Gymnasium's: a native step is a fixed set of small tensor ops whatever
+#: N is, a Gymnasium env a few microseconds of Python each. `benchmarks/env_backends.py` on a 2-core Xeon, one
+#: thread: the native env is faster from 8 envs (Pendulum, MountainCar), 16 (CartPole), 32 (Acrobot,
+#: MountainCarContinuous).
 CPU_NATIVE_MIN_ENVS = 16
 
 

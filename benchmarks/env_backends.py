@@ -1,0 +1,103 @@
+"""Steps/s of `make_env` with the native torch backend against the Gymnasium backend at small N, on the CPU.
+
+What `env_backend="auto"` chooses between (`rlspeed.envs.CPU_NATIVE_MIN_ENVS`): both as the algorithms get them
+(episode statistics included), stepped with fixed actions so that only the env is timed. A native step is a fixed
+number of small tensor ops whatever N is; Gymnasium's costs a few microseconds of Python per env. Repetitions
+alternate between the backends.
+
+    python benchmarks/env_backends.py            # full run
+    python benchmarks/env_backends.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (  # noqa: E402
+    fmt,
+    machine_block,
+    machine_description,
+    markdown_table,
+    set_threads,
+    spread,
+    update_readme,
+    write_json,
+)
+
+from rlspeed.envs import CPU_NATIVE_MIN_ENVS, NATIVE_ENVS, make_env  # noqa: E402
+
+
+def steps_per_second(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
+    """Env steps per second of `env.step` with fixed zero actions, over about `seconds`, after a warm-up."""
+    env = make_env(env_id, num_envs=num_envs, device="cpu", seed=0, backend=backend)
+    env.reset()
+    space = env.spec.action_space
+    actions = (torch.zeros(num_envs, dtype=torch.int64) if env.spec.discrete
+               else torch.zeros(num_envs, *space.shape))
+    for _ in range(50):
+        env.step(actions)
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            env.step(actions)
+        count += 20
+    elapsed = time.perf_counter() - start
+    env.close()
+    return num_envs * count / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
+    parser.add_argument("--envs", default=",".join(NATIVE_ENVS))
+    parser.add_argument("--seconds", type=float, default=0.5, help="time per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.seconds, args.repeats, args.envs = "1,16", 0.1, 1, "CartPole-v1"
+    threads = set_threads(1)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    raw: list[dict] = []
+    rows = []
+    for env_id in args.envs.split(","):
+        for num_envs in sizes:
+            results: dict[str, list[float]] = {"torch": [], "gymnasium": []}
+            for _ in range(args.repeats):
+                for backend in results:
+                    results[backend].append(steps_per_second(env_id, num_envs, backend, args.seconds))
+            native, gym = (spread(results[b])["median"] for b in ("torch", "gymnasium"))
+            raw.append({"env_id": env_id, "num_envs": num_envs, "sps": results})
+            auto = "torch" if num_envs >= CPU_NATIVE_MIN_ENVS else "gymnasium"
+            rows.append([env_id, f"{num_envs:,}", fmt(native), fmt(gym), f"{native / gym:.2f}x", auto])
+            print(" | ".join(rows[-1]), flush=True)
+    table = markdown_table(["env", "N", "native (torch) steps/s", "Gymnasium steps/s", "native / Gymnasium",
+                            "auto picks"], rows)
+    machine = machine_description()
+    section = "\n".join([
+        "## Env backends at small N on a CPU (`benchmarks/env_backends.py`)",
+        "",
+        f"`make_env(..., backend=...)` as the algorithms get it, fixed actions; median of {args.repeats} alternating "
+        f"measurements of ~{args.seconds:g} s; {threads} torch thread. `auto` takes the native env on a CPU from "
+        f"{CPU_NATIVE_MIN_ENVS} envs up.",
+        "",
+        table,
+        "",
+        machine_block(machine),
+    ])
+    print(section)
+    if not args.no_write:
+        write_json("env_backends", {"machine": machine, "results": raw, "settings": vars(args)})
+        update_readme("env_backends", section)
+
+
+if __name__ == "__main__":
+    main()
