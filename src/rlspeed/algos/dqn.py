@@ -30,7 +30,7 @@ from rlspeed.algos.off_policy import (
     polyak_update,
 )
 from rlspeed.device import rules
-from rlspeed.flat import sequential_linears
+from rlspeed.flat import linear_forward, sequential_linears
 from rlspeed.nn import ACTIVATIONS, make_adam, mlp
 
 
@@ -117,7 +117,7 @@ class DQN(OffPolicyAlgorithm):
         # per-module call overhead (it is called once per env step)
         self._body_linears = None if cfg.dueling else sequential_linears(self.q_network.body)
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
-        self._collect_layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._collect_weights: list[torch.Tensor] | None = None  # [out, in] views of contiguous W^T copies
 
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
@@ -148,25 +148,21 @@ class DQN(OffPolicyAlgorithm):
 
     def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
         obs = obs.flatten(1)
-        if self._collect_layers is None:
+        if self._collect_weights is None:
             q_values = self.q_network(obs)
-        else:  # during collection: the fixed network's layers as (W^T contiguous, b), a few kernels per step
-            q_values = obs
-            last = len(self._collect_layers) - 1
-            for layer, (weight_t, bias) in enumerate(self._collect_layers):
-                q_values = torch.addmm(bias, q_values, weight_t)
-                if layer < last:
-                    q_values = q_values.tanh_() if self._body_linears[1] else q_values.relu_()
+        else:  # during collection: the fixed network's addmm/activation kernels on contiguous W^T
+            linears, tanh = self._body_linears
+            q_values = linear_forward(obs, self._collect_weights, [layer.bias for layer in linears], tanh)[-1]
         return q_values.argmax(dim=1).to(self._index_dtype)
 
     def _prepare_collection(self, start: int) -> None:
         """Before the next `train_freq` steps of every env (from env step `start`), during which the Q-network
-        does not change: its layers as (W^T, b) for `_greedy`, and epsilon-greedy's random numbers: whether each
-        (step, env) explores (a uniform draw below that step's epsilon) and its random action."""
+        does not change: its weights laid out as W^T for `_greedy` (the product x W^T then reads memory in order),
+        and epsilon-greedy's random numbers: whether each (step, env) explores (a uniform draw below that step's
+        epsilon) and its random action."""
         cfg, num_envs = self.config, self._env.num_envs
         if self._body_linears is not None:
-            self._collect_layers = [(layer.weight.detach().t().contiguous(), layer.bias.detach())
-                                    for layer in self._body_linears[0]]
+            self._collect_weights = [layer.weight.detach().t().contiguous().t() for layer in self._body_linears[0]]
         span = cfg.exploration_fraction * max(self._total_timesteps - self._learn_start, 1)
         slope = num_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
         epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
@@ -190,7 +186,7 @@ class DQN(OffPolicyAlgorithm):
         if before + self.config.train_freq * self._env.num_envs > self.config.learning_starts:
             self._prepare_collection(before)  # (before learning_starts, actions are uniform: nothing to prepare)
         steps, metrics = super()._train_iteration()
-        self._draws = self._collect_layers = None
+        self._draws = self._collect_weights = None
         # Target network: every target_update_interval env steps (Stable-Baselines3's convention), by copy (tau=1)
         # or Polyak. The online network is fixed during collection, so k updates due now are one with 1-(1-tau)^k.
         interval = self.config.target_update_interval

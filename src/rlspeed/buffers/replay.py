@@ -111,8 +111,10 @@ class ReplayBuffer:
         return obs, actions, returns, next_obs[last, columns], terminated[last, columns], discounts
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None) -> None:
-        fields = ((self.obs, obs), (self.actions, actions), (self.rewards, rewards), (self.next_obs, next_obs),
-                  (self.terminated, terminated), *(() if discounts is None else ((self.discounts, discounts),)))
+        fields = [(self.obs, obs), (self.actions, actions), (self.rewards, rewards), (self.next_obs, next_obs),
+                  (self.terminated, terminated)]
+        if discounts is not None:  # (1-step buffers hold the constant gamma from the start)
+            fields.append((self.discounts, discounts))
         if self.pos + self.num_envs <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
             end = self.pos + self.num_envs
             for storage, value in fields:
