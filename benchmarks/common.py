@@ -116,6 +116,30 @@ def interleave(seeds: Sequence[int], runners: dict[str, Callable[[int], dict]]) 
     return results
 
 
+def alternate(runners: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """`repeats` rounds of every runner in turn (so that a slow patch of the machine hits them all); the values
+    per runner."""
+    results: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            results[name].append(run())
+    return results
+
+
+def steps_per_second(step: Callable, actions: Callable, num_envs: int, seconds: float, warmup: int) -> float:
+    """Env steps per second of `step(actions())` (each call steps `num_envs` envs), over about `seconds`, after
+    `warmup` untimed calls (compilation, if any, happens there)."""
+    for _ in range(warmup):
+        step(actions())
+    start = time.perf_counter()
+    step(actions())
+    count = max(20, int(seconds / max(time.perf_counter() - start, 1e-7)))  # calls that fit the budget
+    start = time.perf_counter()
+    for _ in range(count):
+        step(actions())
+    return num_envs * count / (time.perf_counter() - start)
+
+
 def brief(result: dict) -> str:
     """A one-line progress note for a run result."""
     if "sps" in result and "reached" not in result:

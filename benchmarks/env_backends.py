@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -21,12 +21,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    alternate,
     fmt,
     machine_block,
     machine_description,
     markdown_table,
     set_threads,
     spread,
+    steps_per_second,
     update_readme,
     write_json,
 )
@@ -34,23 +36,17 @@ from common import (  # noqa: E402
 from rlspeed.envs import CPU_NATIVE_MIN_ENVS, NATIVE_ENVS, make_env  # noqa: E402
 
 
-def steps_per_second(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
-    """Env steps per second of `env.step` with fixed zero actions, over about `seconds`, after a warm-up."""
+def time_backend(env_id: str, num_envs: int, backend: str, seconds: float) -> float:
+    """Env steps per second of `make_env(..., backend=backend).step` with fixed zero actions."""
     env = make_env(env_id, num_envs=num_envs, device="cpu", seed=0, backend=backend)
     env.reset()
     space = env.spec.action_space
     actions = (torch.zeros(num_envs, dtype=torch.int64) if env.spec.discrete
                else torch.zeros(num_envs, *space.shape))
-    for _ in range(50):
-        env.step(actions)
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        for _ in range(20):
-            env.step(actions)
-        count += 20
-    elapsed = time.perf_counter() - start
-    env.close()
-    return num_envs * count / elapsed
+    try:
+        return steps_per_second(env.step, lambda: actions, num_envs, seconds, warmup=50)
+    finally:
+        env.close()
 
 
 def main() -> None:
@@ -70,10 +66,8 @@ def main() -> None:
     rows = []
     for env_id in args.envs.split(","):
         for num_envs in sizes:
-            results: dict[str, list[float]] = {"torch": [], "gymnasium": []}
-            for _ in range(args.repeats):
-                for backend in results:
-                    results[backend].append(steps_per_second(env_id, num_envs, backend, args.seconds))
+            results = alternate({backend: partial(time_backend, env_id, num_envs, backend, args.seconds)
+                                 for backend in ("torch", "gymnasium")}, args.repeats)
             native, gym = (spread(results[b])["median"] for b in ("torch", "gymnasium"))
             raw.append({"env_id": env_id, "num_envs": num_envs, "sps": results})
             auto = "torch" if num_envs >= CPU_NATIVE_MIN_ENVS else "gymnasium"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
@@ -24,12 +23,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import (  # noqa: E402
+    alternate,
     fmt,
     machine_block,
     machine_description,
     markdown_table,
     set_threads,
     spread,
+    steps_per_second,
     update_readme,
     write_json,
 )
@@ -37,24 +38,6 @@ from common import (  # noqa: E402
 from rlspeed.envs import NATIVE_ENVS  # noqa: E402
 
 ENV_IDS = ("CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0")
-
-
-def steps_for(num_envs: int, seconds_budget: float, per_step_estimate_s: float) -> int:
-    """How many vector steps fit in a small time budget (at least 20)."""
-    return max(20, int(seconds_budget / max(per_step_estimate_s, 1e-7)))
-
-
-def steps_per_second(step, actions, num_envs: int, seconds: float, warmup: int) -> float:
-    """Env steps per second of `step(actions())`, over about `seconds`, after `warmup` untimed calls."""
-    for _ in range(warmup):  # (compilation happens here for compiled envs)
-        step(actions())
-    start = time.perf_counter()
-    step(actions())
-    count = steps_for(num_envs, seconds, time.perf_counter() - start)
-    start = time.perf_counter()
-    for _ in range(count):
-        step(actions())
-    return num_envs * count / (time.perf_counter() - start)
 
 
 def time_native(env_id: str, num_envs: int, compile: bool, seconds: float) -> float:
@@ -119,10 +102,7 @@ def main() -> None:
             if env_id == "CartPole-v1":
                 runners["gymnasium numpy-vector"] = partial(time_gymnasium, env_id, num_envs, "vector_entry_point",
                                                             args.seconds)
-            results: dict[str, list[float]] = {name: [] for name in runners}
-            for _ in range(args.repeats):
-                for name, run in runners.items():
-                    results[name].append(run())
+            results = alternate(runners, args.repeats)
             medians = {name: spread(values)["median"] for name, values in results.items()}
             raw.append({"env_id": env_id, "num_envs": num_envs, "sps": results})
             best_native = max(medians["native eager"], medians["native compiled"])

@@ -146,10 +146,6 @@ class Workspace:
             buffer = self._buffers[key] = torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
         return buffer
 
-    def nbytes(self) -> int:
-        """Bytes held by the buffers."""
-        return sum(b.numel() * b.element_size() for b in self._buffers.values())
-
 
 def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor | None:
     return None if workspace is None else workspace.get(key, shape, like)
@@ -172,18 +168,29 @@ def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | Non
     return linears, bool(activations) and type(activations[0]) is nn.Tanh
 
 
-def linear_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
-                   tag: str = "linear") -> list[torch.Tensor]:
-    """An MLP of `nn.Linear` layers (weights `[out, in]`): the input of every layer, then the output.
-
-    With a `workspace`, the outputs are its buffers under (`tag`, "forward", layer)."""
+def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None, tag: str,
+             ensemble: bool) -> list[torch.Tensor]:
+    """The input of every layer, then the output; `ensemble`: weights `[K, in, out]` and `baddbmm` on `[K, B, in]`,
+    else weights `[out, in]` and `addmm` on `[B, in]`. With a `workspace`, the outputs are its buffers under
+    (`tag`, "forward", layer)."""
     outputs = [x]
     last = len(weights) - 1
     for layer, (weight, bias) in enumerate(zip(weights, biases)):
-        out = _out(workspace, (tag, "forward", layer), (x.shape[0], weight.shape[0]), x)
-        z = torch.addmm(bias, outputs[-1], weight.t(), out=out)
+        if ensemble:
+            out = _out(workspace, (tag, "forward", layer), (*x.shape[:2], weight.shape[2]), x)
+            z = torch.baddbmm(bias, outputs[-1], weight, out=out)
+        else:
+            out = _out(workspace, (tag, "forward", layer), (x.shape[0], weight.shape[0]), x)
+            z = torch.addmm(bias, outputs[-1], weight.t(), out=out)
         outputs.append(z if layer == last else _activate_(z, tanh))
     return outputs
+
+
+def linear_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
+                   tag: str = "linear") -> list[torch.Tensor]:
+    """An MLP of `nn.Linear` layers (weights `[out, in]`) on `[B, in]`: the input of every layer, then the output
+    (with a `workspace`, its buffers under (`tag`, "forward", layer))."""
+    return _forward(x, weights, biases, tanh, workspace, tag, ensemble=False)
 
 
 def linear_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,
@@ -201,16 +208,9 @@ def linear_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, we
 
 def ensemble_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
                      tag: str = "ensemble") -> list[torch.Tensor]:
-    """An `EnsembleMLP` (weights `[K, in, out]`) on `[K, B, in]`: the input of every layer, then the output.
-
-    With a `workspace`, the outputs are its buffers under (`tag`, "forward", layer)."""
-    outputs = [x]
-    last = len(weights) - 1
-    for layer, (weight, bias) in enumerate(zip(weights, biases)):
-        out = _out(workspace, (tag, "forward", layer), (*x.shape[:2], weight.shape[2]), x)
-        z = torch.baddbmm(bias, outputs[-1], weight, out=out)
-        outputs.append(z if layer == last else _activate_(z, tanh))
-    return outputs
+    """An `EnsembleMLP` (weights `[K, in, out]`) on `[K, B, in]`: the input of every layer, then the output
+    (with a `workspace`, its buffers under (`tag`, "forward", layer))."""
+    return _forward(x, weights, biases, tanh, workspace, tag, ensemble=True)
 
 
 def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,

@@ -34,8 +34,8 @@ register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 
 #: On a CPU, few native envs step slower than Gymnasium's: a native step is a fixed set of small tensor ops whatever
 #: N is, a Gymnasium env a few microseconds of Python each. `benchmarks/env_backends.py` on a 2-core Xeon, one
-#: thread: the native env is faster from 8 envs (Pendulum, MountainCar), 16 (CartPole), 32 (Acrobot,
-#: MountainCarContinuous).
+#: thread (latest run): the native env is faster from 8 envs (CartPole, MountainCar), 16 (Pendulum), 32 (Acrobot),
+#: 64 (MountainCarContinuous); crossovers move by a factor of 2 between runs.
 CPU_NATIVE_MIN_ENVS = 16
 
 
