@@ -155,8 +155,8 @@ def throughput_rows(case: Case) -> dict[str, tuple[str, str]]:
     native = "Pendulum" if case.env_id.startswith("Pendulum") else "CartPole"
     return {"rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
             "rlspeed-torch": ("rlspeed", f"native torch {native} (env_backend=\"torch\")"),
-            "rlspeed-torch-accelerate": ("rlspeed, accelerate=auto",
-                                         f"native torch {native} (env_backend=\"torch\")"),
+            "rlspeed-accelerate": ("rlspeed, accelerate=auto",
+                                   "env_backend=\"auto\" (Gymnasium for one env on a CPU), as the CLI"),
             "sb3": ("Stable-Baselines3", "Gymnasium DummyVecEnv")}
 
 
@@ -241,12 +241,12 @@ def run_case(case: Case, seeds: list[int], settings: dict, args) -> dict:
         "rlspeed-gymnasium": lambda seed, n: rlspeed_throughput(case, seed, n, "gymnasium", args),
         "sb3": lambda seed, n: sb3_throughput(case, seed, n, args),
         "rlspeed-torch": lambda seed, n: rlspeed_throughput(case, seed, n, "torch", args),
-        "rlspeed-torch-accelerate": lambda seed, n: rlspeed_throughput(case, seed, n, "torch", args, "auto"),
+        "rlspeed-accelerate": lambda seed, n: rlspeed_throughput(case, seed, n, "auto", args, "auto"),
     }
     if args.skip_sb3:
         del throughput_runs["sb3"]
     if args.no_accelerate_row:
-        del throughput_runs["rlspeed-torch-accelerate"]
+        del throughput_runs["rlspeed-accelerate"]
     warm_up = case.zoo_rlspeed["learning_starts"] + 256
     print(f"warm-up (one short run of each, {warm_up} steps, not recorded)", flush=True)
     for run in throughput_runs.values():
@@ -262,7 +262,7 @@ def run_case(case: Case, seeds: list[int], settings: dict, args) -> dict:
         target_runs["sb3"] = lambda seed: sb3_time_to_target(case, seed, budget, eval_freq, args)
     to_target = common.interleave(seeds, target_runs)
     accelerated = {json.dumps(r["accelerate"], sort_keys=True) for r in throughput
-                   if r["name"] == "rlspeed-torch-accelerate"}
+                   if r["name"] == "rlspeed-accelerate"}
     if accelerated:
         settings["accelerated"][case.key] = " / ".join(sorted(accelerated))
     return {"summary": common.summarize(throughput, to_target, throughput_rows(case)), "throughput": throughput,

@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from rlspeed.accel.search import TOLERANCES
+from rlspeed.accel.strategy import precision_context, reduced_matmul_supported
 from rlspeed.flat import FlatAdam, Workspace, ensemble_backward, ensemble_forward, linear_backward, linear_forward
 
 
@@ -66,3 +68,33 @@ def test_workspace_passes_give_the_same_results_and_reuse_their_buffers():
     assert not torch.equal(again[1], got[1])
     _, hidden_six = passes(torch.randn(6, 5), workspace)  # another batch size: buffers made anew, no shape error
     assert hidden_six.shape == (6, 16)
+
+
+@pytest.mark.skipif(not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul"),
+                    reason="this CPU has no bf16 matmul")
+def test_bf16_matmul_region_keeps_thin_products_in_fp32_and_wide_ensembles_close():
+    torch.manual_seed(0)
+    # a critic-like ensemble: 4-wide input, two 256-wide layers, 1-wide head (thin, wide, thin products)
+    weights = [torch.randn(2, 4, 256) * 0.5, torch.randn(2, 256, 256) / 16, torch.randn(2, 256, 1) / 16]
+    biases = [torch.randn(2, 1, 256) * 0.1, torch.randn(2, 1, 256) * 0.1, torch.randn(2, 1, 1) * 0.1]
+    x = torch.randn(512, 4).expand(2, -1, -1)
+    grad_out = torch.randn(2, 512, 1)
+
+    def passes():
+        out = ensemble_forward(x, weights, biases, False, Workspace(), "critic")
+        weight_grads = [torch.empty_like(w) for w in weights]
+        bias_grads = [torch.empty_like(b) for b in biases]
+        grad_in = ensemble_backward(grad_out, out, weights, weight_grads, bias_grads, False, rows=256)
+        return [o.clone() for o in out[1:]], weight_grads, bias_grads, grad_in
+
+    reference = passes()
+    with precision_context(torch.device("cpu"), "bf16-matmul"):
+        reduced = passes()
+        assert torch.backends.mkldnn.matmul.fp32_precision == "bf16"  # restored after each thin product
+    (ref_out, ref_wg, ref_bg, ref_in), (out, wg, bg, grad_in) = reference, reduced
+    torch.testing.assert_close(out[0], ref_out[0], rtol=0, atol=0)  # the 4-wide input layer: fp32, bit for bit
+    torch.testing.assert_close(out[1], ref_out[1], rtol=2e-2, atol=2e-2)  # the 256x256 layer: bf16 inside
+    for got, want in zip([*wg, *bg, grad_in], [*ref_wg, *ref_bg, ref_in]):
+        cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert cosine >= TOLERANCES["bf16-matmul"].grad_cosine  # what the acceleration layer accepts
+    assert not torch.equal(out[1], ref_out[1])  # the wide product did run in bf16

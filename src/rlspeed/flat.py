@@ -168,20 +168,67 @@ def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | Non
     return linears, bool(activations) and type(activations[0]) is nn.Tanh
 
 
+# --- matrix products ------------------------------------------------------------------------------------------------
+# Under the bf16-matmul precision (oneDNN's fp32_precision="bf16": fp32 tensors, products computed in bf16, AMX
+# where the CPU has it) a wide product runs ~4x faster than in fp32 (256x256x256: ~60 vs ~240 us here), but every
+# call pays ~30 us of oneDNN overhead, so thin products (a 4-wide input layer, a 1-wide Q head: 5-12 us in fp32)
+# get slower. Products below these sizes therefore run in fp32 even inside a bf16-matmul region. oneDNN's batched
+# product also copies transposed or sliced operands (~200 us for [2, 256, 256]) that its plain product reads in
+# place, so wide ensembles run one product per member under that precision.
+_MKLDNN_MATMUL = torch.backends.mkldnn.matmul
+REDUCED_MIN_DIM = 64  # every dimension at least this ...
+REDUCED_MIN_MACS = 1 << 22  # ... and at least this many multiply-adds (~4M: 256x256x64) for a reduced precision
+PER_MEMBER_MIN_WIDTH = 128  # ensembles with a layer this wide run one product per member
+
+
+def _reduced() -> bool:
+    """Whether a bf16-matmul region is active (read once per pass: the setting costs ~1 us to read)."""
+    return _MKLDNN_MATMUL.fp32_precision == "bf16"
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None = None,
+             reduced: bool = False):
+    """`bias + a @ b` (or `a @ b`) into `out`; in a bf16-matmul region (`reduced`) in fp32 all the same when the
+    product is too small to gain from it (see above)."""
+    if reduced and (min(*a.shape, b.shape[1]) < REDUCED_MIN_DIM or a.numel() * b.shape[1] < REDUCED_MIN_MACS):
+        _MKLDNN_MATMUL.fp32_precision = "ieee"
+        try:
+            return torch.mm(a, b, out=out) if bias is None else torch.addmm(bias, a, b, out=out)
+        finally:
+            _MKLDNN_MATMUL.fp32_precision = "bf16"
+    return torch.mm(a, b, out=out) if bias is None else torch.addmm(bias, a, b, out=out)
+
+
+def _per_member(weights, reduced: bool) -> bool:
+    """Whether an ensemble runs one product per member: wide layers in a bf16-matmul region (in fp32 one batched
+    product is as fast and costs fewer calls)."""
+    widest = max(max(w.shape[1:]) for w in weights)
+    return reduced and weights[0].device.type == "cpu" and widest >= PER_MEMBER_MIN_WIDTH
+
+
 def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None, tag: str,
              ensemble: bool) -> list[torch.Tensor]:
-    """The input of every layer, then the output; `ensemble`: weights `[K, in, out]` and `baddbmm` on `[K, B, in]`,
-    else weights `[out, in]` and `addmm` on `[B, in]`. With a `workspace`, the outputs are its buffers under
-    (`tag`, "forward", layer)."""
+    """The input of every layer, then the output; `ensemble`: weights `[K, in, out]` on `[K, B, in]` (one product
+    per member for wide layers, else `baddbmm`), else weights `[out, in]` and `addmm` on `[B, in]`. With a
+    `workspace`, the outputs are its buffers under (`tag`, "forward", layer)."""
     outputs = [x]
     last = len(weights) - 1
+    reduced = _reduced()
+    per_member = ensemble and _per_member(weights, reduced)
     for layer, (weight, bias) in enumerate(zip(weights, biases)):
+        inputs = outputs[-1]
         if ensemble:
-            out = _out(workspace, (tag, "forward", layer), (*x.shape[:2], weight.shape[2]), x)
-            z = torch.baddbmm(bias, outputs[-1], weight, out=out)
+            shape = (*x.shape[:2], weight.shape[2])
+            out = _out(workspace, (tag, "forward", layer), shape, x)
+            if per_member:
+                z = torch.empty(shape, dtype=x.dtype, device=x.device) if out is None else out
+                for k in range(weight.shape[0]):
+                    _product(inputs[k], weight[k], z[k], bias[k], reduced)
+            else:
+                z = torch.baddbmm(bias, inputs, weight, out=out)
         else:
             out = _out(workspace, (tag, "forward", layer), (x.shape[0], weight.shape[0]), x)
-            z = torch.addmm(bias, outputs[-1], weight.t(), out=out)
+            z = _product(inputs, weight.t(), out, bias, reduced)
         outputs.append(z if layer == last else _activate_(z, tanh))
     return outputs
 
@@ -197,13 +244,14 @@ def linear_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, we
                     tanh: bool, workspace: Workspace | None = None, tag: str = "linear") -> None:
     """Backward of `linear_forward` from d/d(output), writing dW = g^T x and db = sum g into the given views
     (with a `workspace`, the gradients between layers are its buffers under (`tag`, "backward", layer))."""
+    reduced = _reduced()
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
-        torch.mm(grad.t(), inputs, out=weight_grads[layer])
+        _product(grad.t(), inputs, weight_grads[layer], reduced=reduced)
         torch.sum(grad, dim=0, out=bias_grads[layer])
         if layer:
             out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs)
-            grad = activation_backward(torch.mm(grad, weights[layer], out=out), inputs, tanh)
+            grad = activation_backward(_product(grad, weights[layer], out, reduced=reduced), inputs, tanh)
 
 
 def ensemble_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
@@ -224,17 +272,30 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
     the weights held constant (the other rows), e.g. SAC's critic and actor losses. With a `workspace`, the
     gradients between layers are its buffers under (`tag`, "backward", layer).
     """
+    members = weights[0].shape[0]
+    reduced = _reduced()
+    per_member = _per_member(weights, reduced)
+    used = slice(None) if rows is None else slice(None, rows)
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
-        if rows is None:
-            torch.bmm(inputs.transpose(1, 2), grad, out=weight_grads[layer])
-            torch.sum(grad, dim=1, keepdim=True, out=bias_grads[layer])
+        if per_member:
+            for k in range(members):
+                _product(inputs[k, used].t(), grad[k, used], weight_grads[layer][k], reduced=reduced)
         else:
-            torch.bmm(inputs[:, :rows].transpose(1, 2), grad[:, :rows], out=weight_grads[layer])
-            torch.sum(grad[:, :rows], dim=1, keepdim=True, out=bias_grads[layer])
+            torch.bmm(inputs[:, used].transpose(1, 2), grad[:, used], out=weight_grads[layer])
+        torch.sum(grad[:, used], dim=1, keepdim=True, out=bias_grads[layer])
         if layer:
             out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs)
-            grad = activation_backward(torch.bmm(grad, weights[layer].transpose(1, 2), out=out), inputs, tanh)
+            if per_member:
+                out = torch.empty_like(inputs) if out is None else out
+                for k in range(members):
+                    _product(grad[k], weights[layer][k].t(), out[k], reduced=reduced)
+            else:
+                out = torch.bmm(grad, weights[layer].transpose(1, 2), out=out)
+            grad = activation_backward(out, inputs, tanh)
         elif rows is not None:
+            if per_member:
+                return torch.stack([_product(grad[k, rows:], weights[0][k].t(), None, reduced=reduced)
+                                    for k in range(members)])
             return torch.bmm(grad[:, rows:], weights[0].transpose(1, 2))
     return None
