@@ -7,8 +7,8 @@ one process, seeds interleaved.
     [256, 256], train_freq 256, gradient_steps 128, learning rate 2.3e-3, learning_starts 1000, target update every
     10 steps, epsilon 1 -> 0.04 over 16% of the run, plain (not double) DQN targets as SB3's DQN computes them.
     Gymnasium envs for both (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native
-    torch env, in fp32 eager and with `accelerate="auto"` (the acceleration layer's measured choice of
-    precision/compilation for the update step).
+    torch env, both in fp32 eager, and rlspeed with `accelerate="auto"` (the acceleration layer's measured choice of
+    precision/compilation for the update step) on env_backend="auto", as the CLI runs it.
 (b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches the target
     (SAC Pendulum-v1: -200; DQN CartPole-v1: 475), each library at its own best settings (rlspeed: its shipped preset,
     env backend auto; SB3: the RL-Zoo settings above), both evaluated every `eval_freq` env steps, evaluation time

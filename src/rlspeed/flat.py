@@ -147,8 +147,12 @@ class Workspace:
         return buffer
 
 
-def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor | None:
-    return None if workspace is None else workspace.get(key, shape, like)
+def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: torch.Tensor,
+         needed: bool = False) -> torch.Tensor | None:
+    """The workspace's buffer under `key`; without a workspace None (the op allocates), or a new tensor if `needed`."""
+    if workspace is None:
+        return torch.empty(tuple(shape), dtype=like.dtype, device=like.device) if needed else None
+    return workspace.get(key, shape, like)
 
 
 # --- forward passes that keep their activations, and the backward passes written out ------------------------------
@@ -190,13 +194,14 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: t
              reduced: bool = False):
     """`bias + a @ b` (or `a @ b`) into `out`; in a bf16-matmul region (`reduced`) in fp32 all the same when the
     product is too small to gain from it (see above)."""
-    if reduced and (min(*a.shape, b.shape[1]) < REDUCED_MIN_DIM or a.numel() * b.shape[1] < REDUCED_MIN_MACS):
+    thin = reduced and (min(*a.shape, b.shape[1]) < REDUCED_MIN_DIM or a.numel() * b.shape[1] < REDUCED_MIN_MACS)
+    if thin:
         _MKLDNN_MATMUL.fp32_precision = "ieee"
-        try:
-            return torch.mm(a, b, out=out) if bias is None else torch.addmm(bias, a, b, out=out)
-        finally:
+    try:
+        return torch.mm(a, b, out=out) if bias is None else torch.addmm(bias, a, b, out=out)
+    finally:
+        if thin:
             _MKLDNN_MATMUL.fp32_precision = "bf16"
-    return torch.mm(a, b, out=out) if bias is None else torch.addmm(bias, a, b, out=out)
 
 
 def _per_member(weights, reduced: bool) -> bool:
@@ -219,11 +224,11 @@ def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace 
         inputs = outputs[-1]
         if ensemble:
             shape = (*x.shape[:2], weight.shape[2])
-            out = _out(workspace, (tag, "forward", layer), shape, x)
+            out = _out(workspace, (tag, "forward", layer), shape, x, needed=per_member)
             if per_member:
-                z = torch.empty(shape, dtype=x.dtype, device=x.device) if out is None else out
                 for k in range(weight.shape[0]):
-                    _product(inputs[k], weight[k], z[k], bias[k], reduced)
+                    _product(inputs[k], weight[k], out[k], bias[k], reduced)
+                z = out
             else:
                 z = torch.baddbmm(bias, inputs, weight, out=out)
         else:
@@ -275,7 +280,7 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
     members = weights[0].shape[0]
     reduced = _reduced()
     per_member = _per_member(weights, reduced)
-    used = slice(None) if rows is None else slice(None, rows)
+    used = slice(None, rows)  # the rows whose loss reaches the weights (all when rows is None)
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
         if per_member:
@@ -285,9 +290,8 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
             torch.bmm(inputs[:, used].transpose(1, 2), grad[:, used], out=weight_grads[layer])
         torch.sum(grad[:, used], dim=1, keepdim=True, out=bias_grads[layer])
         if layer:
-            out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs)
+            out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs, needed=per_member)
             if per_member:
-                out = torch.empty_like(inputs) if out is None else out
                 for k in range(members):
                     _product(grad[k], weights[layer][k].t(), out[k], reduced=reduced)
             else:
