@@ -6,6 +6,7 @@ from conftest import assert_gradient_matches_autograd, plain_and_fused
 
 from rlspeed import DQN
 from rlspeed.algos.fused_dqn import FusedDQNUpdate
+from rlspeed.algos.off_policy import BATCH_FIELDS
 
 
 def _pair(**config):
@@ -39,6 +40,30 @@ def test_fused_step_matches_autograd_and_adam(config):
         for (name, a), b in zip(plain.q_network.named_parameters(), fused.q_network.parameters()):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"{name} after step {step}")
     assert all(not torch.equal(a, b) for a, b in zip(start, fused.q_network.parameters())), "nothing was learned"
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_batches_prepared_together_match_autograd_steps(double_q):
+    """learn() computes the target network's part of all of an iteration's batches in one pass (`_prepare_batches`)
+    and then steps through them: each step equals autograd's on its batch, the target network held fixed."""
+    plain, fused = _pair(double_q=double_q)
+    with torch.no_grad():  # a target network apart from the online one, so that mixing them up shows
+        for model in (plain, fused):
+            for p in model.q_target.parameters():
+                p.mul_(0.5)
+    batches, size = 4, 32
+    rows = dict(zip(BATCH_FIELDS, _batch(11, batch=batches * size)))
+    prepared = fused._prepare_batches(rows)
+    assert "prepared" in prepared
+    for i in range(batches):
+        rows_i = slice(i * size, (i + 1) * size)
+        batch = {key: tuple(v[rows_i] for v in value) if isinstance(value, tuple) else value[rows_i]
+                 for key, value in prepared.items()}
+        metrics = fused._update(batch)
+        _, expected = plain._update_step(*(rows[field][rows_i] for field in BATCH_FIELDS))
+        torch.testing.assert_close(metrics["loss"], expected["loss"], rtol=1e-5, atol=1e-6)
+        for (name, a), b in zip(plain.q_network.named_parameters(), fused.q_network.parameters()):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"{name} after batch {i}")
 
 
 def test_fused_gradient_matches_autograd():

@@ -41,6 +41,28 @@ def test_wraparound_keeps_the_latest_capacity_transitions(capacity, num_envs):
     assert torch.equal(buffer.next_obs[:, 0], buffer.obs[:, 0] + 0.5)
 
 
+@pytest.mark.parametrize(("capacity", "num_envs", "steps", "n_step"),
+                         [(50, 3, 4, 1), (10, 3, 2, 1), (7, 2, 5, 1), (20, 2, 3, 3)])
+def test_extend_stores_what_step_by_step_adds_store(capacity, num_envs, steps, n_step):
+    """`extend` (an iteration's steps stored together) fills the same rows as one `add` per step: on wrap-around,
+    with more rows than the capacity (7 < 5 x 2) and with n-step returns."""
+    generator = torch.Generator().manual_seed(0)
+    by_step, together = make_buffer(capacity, num_envs, n_step), make_buffer(capacity, num_envs, n_step)
+    for _ in range(5):
+        transition = (torch.randn(steps, num_envs, 1, generator=generator),
+                      torch.randint(0, 4, (steps, num_envs), generator=generator),
+                      torch.randn(steps, num_envs, generator=generator),
+                      torch.randn(steps, num_envs, 1, generator=generator),
+                      torch.rand(steps, num_envs, generator=generator) < 0.2,
+                      torch.rand(steps, num_envs, generator=generator) < 0.2)
+        for t in range(steps):
+            by_step.add(*(field[t] for field in transition))
+        together.extend(*transition)
+        assert (together.pos, len(together)) == (by_step.pos, len(by_step))
+    for name in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts"):
+        assert torch.equal(getattr(together, name), getattr(by_step, name)), name
+
+
 def test_sampling_is_uniform_over_stored_rows():
     capacity, num_envs = 50, 5
     buffer = make_buffer(capacity, num_envs)

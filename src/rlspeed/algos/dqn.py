@@ -33,6 +33,8 @@ from rlspeed.device import rules
 from rlspeed.flat import linear_forward, sequential_linears
 from rlspeed.nn import ACTIVATIONS, make_adam, mlp
 
+_PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
+
 
 @dataclass
 class DQNConfig(OffPolicyConfig):
@@ -197,8 +199,20 @@ class DQN(OffPolicyAlgorithm):
         return steps, metrics
 
     # --- one gradient step ------------------------------------------------------------------------------------
+    def _prepare_batches(self, rows: dict[str, torch.Tensor]) -> dict:
+        """With the hand-derived update (and no `--accelerate auto` precision choice around it): the target
+        network's part of every batch of this iteration's gradient steps, in one pass (`FusedDQNUpdate.prepare`;
+        the target network changes only after those steps, in `_train_iteration`)."""
+        if type(self._update_step) is not FusedDQNUpdate:
+            return rows
+        prepared = self._update_step.prepare(*(rows[field] for field in _PREPARE_FIELDS))
+        return {"obs": rows["obs"], "next_obs": rows["next_obs"], "prepared": prepared}
+
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))  # Adam step, gradients clipped
+        if "prepared" in batch:
+            _, metrics = self._update_step.step_prepared(batch["obs"], batch["next_obs"], batch["prepared"])
+        else:
+            _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))  # Adam step, clipped
         return metrics
 
     def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,

@@ -3,9 +3,10 @@
 The same update as `DQN._loss` + backward + clipping + `torch.optim.Adam` (checked step by step in
 `tests/test_fused_dqn.py`), for the plain (non-dueling) Q-network, an MLP of `nn.Linear` layers with ReLU or
 tanh. The online network evaluates `obs` and `next_obs` (for Double DQN's argmax) as one batch of 2B rows; the
-target network evaluates `next_obs`. With d = Q(s, a) - y, the Huber loss mean(huber(d)) has gradient
-clamp(d, -1, 1) / B at Q(s, a) and zero at the other actions; the backward pass of a linear layer y = x W^T + b is
-dW = g^T x, db = sum g, dx = g W.
+target network evaluates `next_obs` in `prepare`, which DQN calls once for all the batches of an iteration's
+gradient steps (the target network changes only after them), so that each step runs only the online network.
+With d = Q(s, a) - y, the Huber loss mean(huber(d)) has gradient clamp(d, -1, 1) / B at Q(s, a) and zero at the
+other actions; the backward pass of a linear layer y = x W^T + b is dW = g^T x, db = sum g, dx = g W.
 """
 
 from __future__ import annotations
@@ -37,30 +38,49 @@ class FusedDQNUpdate:
         self.target_linears = sequential_linears(q_target.body)[0]
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
+        return self.step_prepared(obs, next_obs, self.prepare(actions, rewards, next_obs, terminated, discounts))
+
+    def step_prepared(self, obs, next_obs, prepared):
+        """The gradient step on a batch whose target-network part `prepare` computed (maybe for many batches at
+        once, while the target network stays fixed): `prepared` is the batch's rows of its result."""
         self.adam.check()
-        loss, metrics = self.gradient(obs, actions, rewards, next_obs, terminated, discounts)
+        loss, metrics = self._gradient(obs, next_obs, *prepared)
         self.adam.step()  # all-reduce, clip, Adam
         return loss, metrics
 
-    def gradient(self, obs, actions, rewards, next_obs, terminated, discounts):
-        """Write dL/dparameters into the flat gradient buffer; returns (loss, {"loss", "q_values"})."""
-        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
-        batch = obs.shape[0]
+    def prepare(self, actions, rewards, next_obs, terminated, discounts) -> tuple[torch.Tensor, ...]:
+        """What the gradient needs that the online network does not change, per row: the taken actions as a gather
+        index `[R, 1]`, then the TD target y = r + gamma^m (1 - d) max_a Q_target(s', a) `[R]`, or for Double DQN
+        (whose a' = argmax_a Q(s', a) comes from the online network) the rewards `[R]`, gamma^m (1 - d) `[R]` and
+        Q_target(s', .) `[R, A]`. One target-network pass for all rows given."""
         with torch.no_grad():
             target_linears = self.target_linears
-            next_q_target = linear_forward(next_obs, [layer.weight for layer in target_linears],
+            next_q_target = linear_forward(next_obs.flatten(1), [layer.weight for layer in target_linears],
                                            [layer.bias for layer in target_linears], self.tanh)[-1]
+            bootstrap = discounts * (1 - terminated)
+            index = actions.long().unsqueeze(1)
+            if self.double_q:
+                return index, rewards, bootstrap, next_q_target
+            return index, torch.addcmul(rewards, bootstrap, next_q_target.max(dim=1).values)
+
+    def gradient(self, obs, actions, rewards, next_obs, terminated, discounts):
+        """Write dL/dparameters into the flat gradient buffer; returns (loss, {"loss", "q_values"})."""
+        return self._gradient(obs, next_obs, *self.prepare(actions, rewards, next_obs, terminated, discounts))
+
+    def _gradient(self, obs, next_obs, index, *target):
+        obs = obs.flatten(1)
+        batch = obs.shape[0]
+        with torch.no_grad():
             if self.double_q:  # the online network on obs and next_obs together: one pass of 2B rows
-                outputs = linear_forward(torch.cat((obs, next_obs)), self.weights, self.biases, self.tanh)
+                rewards, bootstrap, next_q_target = target
+                outputs = linear_forward(torch.cat((obs, next_obs.flatten(1))), self.weights, self.biases, self.tanh)
                 next_actions = outputs[-1][batch:].argmax(dim=1, keepdim=True)
-                next_q = next_q_target.gather(1, next_actions).squeeze(1)
+                target_q = torch.addcmul(rewards, bootstrap, next_q_target.gather(1, next_actions).squeeze(1))
                 outputs = [o[:batch] for o in outputs]
             else:
+                (target_q,) = target
                 outputs = linear_forward(obs, self.weights, self.biases, self.tanh)
-                next_q = next_q_target.max(dim=1).values
-            target_q = torch.addcmul(rewards, discounts * (1 - terminated), next_q)
 
-        index = actions.long().unsqueeze(1)
         q_values = outputs[-1].gather(1, index).squeeze(1)
         loss = torch.nn.functional.smooth_l1_loss(q_values, target_q)  # Huber
         grad_q = (q_values - target_q).clamp_(-1.0, 1.0).div_(batch)  # its gradient at Q(s, a)

@@ -1,10 +1,11 @@
 """What DQN, SAC, TD3 and DDPG share: the replay buffer, the collect-then-update loop and target-network updates.
 
 One iteration of `_train_iteration` is `train_freq` steps of all `num_envs` envs (uniform random actions, drawn on
-the device, until `learning_starts` env steps), each transition stored with one `ReplayBuffer.add`, followed by
-`gradient_steps` updates on uniform batches. Everything stays on the device: episode returns and losses are summed
-as device tensors and read by the base once per log interval. An algorithm file provides its networks (`_setup`),
-its exploration (`_explore`) and one gradient step (`_update`).
+the device, until `learning_starts` env steps), their transitions stored together after the last step
+(`ReplayBuffer.extend`: the same rows as one `add` per step), followed by `gradient_steps` updates on uniform
+batches. Everything stays on the device: episode returns and losses are summed as device tensors and read by the
+base once per log interval. An algorithm file provides its networks (`_setup`), its exploration (`_explore`) and one
+gradient step (`_update`).
 
 Actions are stored as the policy produces them: indices for Discrete spaces; for Box spaces, values in [-1, 1] that
 `_to_env` rescales to the space's bounds (so the networks never see the env's units).
@@ -29,6 +30,7 @@ from rlspeed.nn import clip_grad_norm
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
 
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
+_STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
 
 
 @dataclass
@@ -98,6 +100,11 @@ class OffPolicyAlgorithm(Algorithm):
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """One gradient step on a replay batch (see `BATCH_FIELDS`); returns metrics as device tensors."""
         raise NotImplementedError
+
+    def _prepare_batches(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The replay rows of an iteration's next batches, gathered together, before they are split into batches:
+        an algorithm may add per-row fields that do not change during those gradient steps (see DQN)."""
+        return rows
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after every env step with the finished rows (bool `[N]`); e.g. to reset per-episode noise."""
@@ -173,6 +180,10 @@ class OffPolicyAlgorithm(Algorithm):
         finished_returns = torch.zeros(num_envs, device=self.device)  # per row: sum of returns of finished episodes
         finished_count = torch.zeros(num_envs, device=self.device)
         obs = self._obs
+        # Several steps per iteration go to the buffer together after the last one (the same rows as step by step:
+        # nothing reads the buffer in between), unless holding them would take much memory.
+        stage = 1 < cfg.train_freq and cfg.train_freq * num_envs * buffer.nbytes // buffer.capacity <= _STAGE_BYTES
+        staged: list[tuple[torch.Tensor, ...]] | None = [] if stage else None
         with torch.no_grad():
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * num_envs
@@ -182,12 +193,18 @@ class OffPolicyAlgorithm(Algorithm):
                     actions = self._explore(obs, timesteps)
                 next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
                 # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
-                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+                transition = (obs, actions, rewards, info["final_obs"], terminated, truncated)
+                if staged is None:
+                    buffer.add(*transition)
+                else:
+                    staged.append(transition)
                 dones = info["done"]
                 self._on_dones(dones)
                 finished_returns.addcmul_(info["episode_return"], dones)
                 finished_count += dones
                 obs = next_obs
+            if staged:
+                buffer.extend(*(torch.stack(field) for field in zip(*staged)))
         self._obs = obs
         steps = cfg.train_freq * num_envs
         metrics = {"episode_return_sum": finished_returns.sum(), "episode_count": finished_count.sum()}
@@ -199,7 +216,8 @@ class OffPolicyAlgorithm(Algorithm):
             # Batches drawn together, up to ~64k rows at a time (the buffer does not change until the next collect).
             chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // cfg.batch_size))
             for first in range(0, gradient_steps, chunk):
-                for batch in buffer.sample_batches(min(chunk, gradient_steps - first), cfg.batch_size):
+                for batch in buffer.sample_batches(min(chunk, gradient_steps - first), cfg.batch_size,
+                                                   prepare=self._prepare_batches):
                     for key, value in self._update(batch).items():
                         totals[key] = totals[key] + value if key in totals else value
             metrics.update({key: value / gradient_steps for key, value in totals.items()} if gradient_steps > 1

@@ -13,6 +13,7 @@ batches are copied to the device with non-blocking transfers.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -20,6 +21,13 @@ from rlspeed.device import free_memory_bytes
 
 # Leave this share of the device's free memory to the networks and the batch activations.
 _DEVICE_MEMORY_SHARE = 0.8
+
+
+def _split(value: torch.Tensor | tuple[torch.Tensor, ...], size: int) -> list:
+    """Rows split into consecutive batches of `size`; a tuple of row-aligned tensors into tuples of batches."""
+    if isinstance(value, tuple):
+        return list(zip(*(part.split(size) for part in value)))
+    return value.split(size)
 
 
 class ReplayBuffer:
@@ -95,6 +103,17 @@ class ReplayBuffer:
             self._write(*self._n_step_transition())
             self._window.pop(0)
 
+    def extend(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+               terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+        """Store T consecutive steps of all N envs (every argument `[T, N, ...]`), as T calls of `add` would, in
+        the same rows: one copy per field for all of them (1-step buffers; others add step by step)."""
+        steps = obs.shape[0]
+        if self.n_step > 1 or steps * self.num_envs > self.capacity:
+            for t in range(steps):
+                self.add(obs[t], actions[t], rewards[t], next_obs[t], terminated[t], truncated[t])
+            return
+        self._write(*(value.flatten(0, 1) for value in (obs, actions, rewards, next_obs, terminated)))
+
     def _n_step_transition(self):
         """The n-step transition starting at the oldest pending step, for all N envs at once."""
         obs, actions = self._window[0][0], self._window[0][1]
@@ -111,30 +130,39 @@ class ReplayBuffer:
         return obs, actions, returns, next_obs[last, columns], terminated[last, columns], discounts
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None) -> None:
+        """Write `len(obs)` (at most `capacity`) rows from `pos` on, wrapping around the end of the storage."""
         fields = [(self.obs, obs), (self.actions, actions), (self.rewards, rewards), (self.next_obs, next_obs),
                   (self.terminated, terminated)]
         if discounts is not None:  # (1-step buffers hold the constant gamma from the start)
             fields.append((self.discounts, discounts))
-        if self.pos + self.num_envs <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
-            end = self.pos + self.num_envs
+        count = obs.shape[0]
+        if self.pos + count <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
+            end = self.pos + count
             for storage, value in fields:
                 storage[self.pos:end].copy_(value, non_blocking=True)
         else:  # the write wraps around the end of the storage
-            index = (self._rows + self.pos) % self.capacity
+            rows = self._rows if count == self.num_envs else torch.arange(count, device=self.storage_device)
+            index = (rows + self.pos) % self.capacity
             target = self.storage_device
             for storage, value in fields:
                 storage.index_copy_(0, index, value.to(target, non_blocking=True).to(storage.dtype))
-        self.pos = (self.pos + self.num_envs) % self.capacity
-        self.size = min(self.size + self.num_envs, self.capacity)
+        self.pos = (self.pos + count) % self.capacity
+        self.size = min(self.size + count, self.capacity)
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """A uniform batch of stored transitions, as tensors on the training device."""
         return self.sample_batches(1, batch_size, generator)[0]
 
-    def sample_batches(self, count: int, batch_size: int,
-                       generator: torch.Generator | None = None) -> list[dict[str, torch.Tensor]]:
+    def sample_batches(self, count: int, batch_size: int, generator: torch.Generator | None = None,
+                       prepare: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+                       ) -> list[dict[str, torch.Tensor]]:
         """`count` independent uniform batches, distributed as `count` calls of `sample` while the buffer does not
-        change, gathered together: one index draw and one gather per field for all of them."""
+        change, gathered together: one index draw and one gather per field for all of them.
+
+        `prepare`, if given, maps the gathered rows of all batches (a dict of `[count * batch_size, ...]` tensors) to
+        the dict that is split into the batches; it may add fields computed for all rows at once, one value per row
+        (a tensor, or a tuple of tensors that is split as a tuple).
+        """
         if self.size == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
         index = torch.randint(0, self.size, (count * batch_size,), device=self.storage_device, generator=generator)
@@ -144,7 +172,9 @@ class ReplayBuffer:
         if self.storage_device != self.device:
             batch = {k: v.pin_memory().to(self.device, non_blocking=True) if v.device.type == "cpu"
                      and torch.cuda.is_available() else v.to(self.device) for k, v in batch.items()}
+        if prepare is not None:
+            batch = prepare(batch)
         if count == 1:
             return [batch]
-        split = {key: value.split(batch_size) for key, value in batch.items()}
+        split = {key: _split(value, batch_size) for key, value in batch.items()}
         return [{key: split[key][i] for key in batch} for i in range(count)]
