@@ -53,3 +53,28 @@ def test_off_means_fp32_without_measuring(monkeypatch):
                 batch_size=16)
     model.learn(64, progress_bar=False)
     assert model._update_step.precision == "fp32" and not model._update_step.trials
+
+
+def test_dqn_prepares_batches_together_once_the_precision_is_chosen(monkeypatch):
+    """DQN's one target-network pass for an iteration's batches (`_prepare_batches`) also runs under `--accelerate
+    auto`, in the chosen precision, once the first update has chosen it; the steps then match the bare update's."""
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    generator = torch.Generator().manual_seed(0)
+    rows = {"obs": torch.randn(64, 4, generator=generator), "actions": torch.randint(0, 2, (64,), generator=generator),
+            "rewards": torch.randn(64, generator=generator), "next_obs": torch.randn(64, 4, generator=generator),
+            "terminated": torch.zeros(64), "discounts": torch.full((64,), 0.99)}
+    models = []
+    for accelerate in ("auto", "off"):
+        torch.manual_seed(0)
+        models.append(DQN("CartPole-v1", device="cpu", seed=0, accelerate=accelerate, net_arch=(32, 32)))
+    auto, bare = models
+    assert "prepared" not in auto._prepare_batches(rows)  # not chosen yet: the first update measures
+    auto._update(rows)  # (32-wide layers: their products run in fp32 whatever precision this chooses)
+    bare._update(rows)
+    monkeypatch.setattr(auto._update_step, "precision", "fp32")  # compare like with like
+    prepared = auto._prepare_batches(rows)
+    assert "prepared" in prepared and "prepared" in bare._prepare_batches(rows)
+    auto._update(prepared)
+    bare._update(bare._prepare_batches(rows))
+    for a, b in zip(auto.q_network.parameters(), bare.q_network.parameters()):
+        torch.testing.assert_close(a, b)

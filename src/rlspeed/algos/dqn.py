@@ -200,17 +200,21 @@ class DQN(OffPolicyAlgorithm):
 
     # --- one gradient step ------------------------------------------------------------------------------------
     def _prepare_batches(self, rows: dict[str, torch.Tensor]) -> dict:
-        """With the hand-derived update (and no `--accelerate auto` precision choice around it): the target
-        network's part of every batch of this iteration's gradient steps, in one pass (`FusedDQNUpdate.prepare`;
-        the target network changes only after those steps, in `_train_iteration`)."""
-        if type(self._update_step) is not FusedDQNUpdate:
+        """With the hand-derived update: the target network's part of every batch of this iteration's gradient
+        steps, in one pass (`FusedDQNUpdate.prepare`; the target network changes only after those steps, in
+        `_train_iteration`), in the matmul precision `--accelerate auto` chose (its first call chooses it)."""
+        update, context = fused_precision.unwrap(self._update_step), fused_precision.chosen_precision(self._update_step)
+        if not isinstance(update, FusedDQNUpdate) or context is None:
             return rows
-        prepared = self._update_step.prepare(*(rows[field] for field in _PREPARE_FIELDS))
+        with context:
+            prepared = update.prepare(*(rows[field] for field in _PREPARE_FIELDS))
         return {"obs": rows["obs"], "next_obs": rows["next_obs"], "prepared": prepared}
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if "prepared" in batch:
-            _, metrics = self._update_step.step_prepared(batch["obs"], batch["next_obs"], batch["prepared"])
+            with fused_precision.chosen_precision(self._update_step):
+                update = fused_precision.unwrap(self._update_step)
+                _, metrics = update.step_prepared(batch["obs"], batch["next_obs"], batch["prepared"])
         else:
             _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))  # Adam step, clipped
         return metrics

@@ -143,6 +143,14 @@ def applies() -> bool:
                                              and request.graphs == "off")
 
 
+def chosen_precision(step) -> contextlib.AbstractContextManager | None:
+    """The context that runs a hand-derived update as `step` runs it: `AutoMatmulPrecision`'s chosen matmul
+    precision, or nothing for a bare update; None while the wrapper has not chosen yet (its first call does)."""
+    if isinstance(step, AutoMatmulPrecision):
+        return None if step.precision is None else step._context(step.precision)
+    return contextlib.nullcontext()
+
+
 def unwrap(step):
     """The hand-derived update inside an `AutoMatmulPrecision`, or `step` itself."""
     return step.update if isinstance(step, AutoMatmulPrecision) else step
