@@ -30,7 +30,7 @@ from rlspeed.algos.off_policy import (
     polyak_update,
 )
 from rlspeed.device import rules
-from rlspeed.flat import linear_forward, sequential_linears
+from rlspeed.flat import sequential_linears
 from rlspeed.nn import ACTIVATIONS, make_adam, mlp
 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
@@ -119,7 +119,7 @@ class DQN(OffPolicyAlgorithm):
         # per-module call overhead (it is called once per env step)
         self._body_linears = None if cfg.dueling else sequential_linears(self.q_network.body)
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
-        self._collect_weights: list[torch.Tensor] | None = None  # [out, in] views of contiguous W^T copies
+        self._collect_weights: list[torch.Tensor] | None = None  # contiguous W^T copies [in, out]
 
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
@@ -154,7 +154,12 @@ class DQN(OffPolicyAlgorithm):
             q_values = self.q_network(obs)
         else:  # during collection: the fixed network's addmm/activation kernels on contiguous W^T
             linears, tanh = self._body_linears
-            q_values = linear_forward(obs, self._collect_weights, [layer.bias for layer in linears], tanh)[-1]
+            last = len(linears) - 1
+            q_values = obs
+            for i, (weight_t, layer) in enumerate(zip(self._collect_weights, linears)):
+                q_values = torch.addmm(layer.bias, q_values, weight_t)
+                if i < last:
+                    q_values = q_values.tanh_() if tanh else q_values.relu_()
         return q_values.argmax(dim=1).to(self._index_dtype)
 
     def _prepare_collection(self, start: int) -> None:
@@ -164,7 +169,7 @@ class DQN(OffPolicyAlgorithm):
         epsilon) and its random action."""
         cfg, num_envs = self.config, self._env.num_envs
         if self._body_linears is not None:
-            self._collect_weights = [layer.weight.detach().t().contiguous().t() for layer in self._body_linears[0]]
+            self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
         span = cfg.exploration_fraction * max(self._total_timesteps - self._learn_start, 1)
         slope = num_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
         epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
