@@ -85,6 +85,7 @@ class FusedSACUpdate:
         self.target_weights = [p.detach() for p in sac.critic_target.body.weights]
         self.target_biases = [p.detach() for p in sac.critic_target.body.biases]
         self.workspace = Workspace()  # activations and gradients, reused from step to step
+        self._log_pi_constant = actor.net[-1].out_features // 2 * (2 * LOG_2 + 0.5 * LOG_2PI)
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         self.adam.check()
@@ -115,8 +116,9 @@ class FusedSACUpdate:
         u = torch.addcmul(mean, std, noise)
         squashed = torch.tanh(u)
         # log pi = sum(-noise^2 / 2 - log_std - log(2 pi) / 2 - 2 (log 2 - u - softplus(-2u)))
-        log_pi = (noise.square().mul_(-0.5).sub_(log_std).sub_(2 * LOG_2 + 0.5 * LOG_2PI)
-                  .add_(u.mul(2.0)).add_(torch.nn.functional.softplus(-2.0 * u).mul_(2.0))).sum(-1)
+        #        = sum(2 (softplus(-2u) + u) - log_std - noise^2 / 2) - A (2 log 2 + log(2 pi) / 2), A action dims
+        log_pi = (torch.nn.functional.softplus(u.mul(-2.0)).add_(u).mul_(2.0).sub_(log_std)
+                  .addcmul_(noise, noise, value=-0.5).sum(-1).sub_(self._log_pi_constant))
         next_actions, pi_actions = squashed[:batch], squashed[batch:]
         next_log_pi, pi_log_pi = log_pi[:batch], log_pi[batch:]
 
@@ -124,8 +126,8 @@ class FusedSACUpdate:
         members = self.critic_weights[0].shape[0]
         next_q = ensemble_forward(torch.cat((next_obs, next_actions), -1).expand(members, -1, -1),
                                   self.target_weights, self.target_biases, self.critic_tanh, ws, "target")[-1]
-        next_q = next_q.squeeze(-1).amin(0)
-        target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
+        next_q = next_q.squeeze(-1).amin(0).sub_(alpha * next_log_pi)
+        target_q = torch.addcmul(rewards, discounts * torch.rsub(terminated, 1.0), next_q)
 
         # Critics on [(obs, a); (obs, a~)].
         critic_in = torch.cat((torch.cat((obs, actions), -1), torch.cat((obs, pi_actions), -1)))
@@ -135,22 +137,24 @@ class FusedSACUpdate:
         q_values, q_pi_all = q_all[:, :batch], q_all[:, batch:]
         q_pi = q_pi_all.amin(0)
         td_error = q_values - target_q
-        critic_loss = 0.5 * td_error.square().mean(1).sum()
+        critic_loss = td_error.square().sum().mul_(0.5 / batch)  # 1/2 sum_k mean_B (Q_k - y)^2
         actor_loss = (alpha * pi_log_pi - q_pi).mean()
 
         # Critic outputs: (Q - y) / B on the first half; -1/B on the minimum member of the second (shared on ties).
         at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
-        grad_q = torch.cat((td_error / batch, at_min.div_(at_min.sum(0)).mul_(-1.0 / batch)), dim=1)
+        grad_q = torch.cat((td_error.mul(1.0 / batch), at_min.div_(at_min.sum(0).mul_(-batch))), dim=1)
         grad_in = ensemble_backward(grad_q.unsqueeze(-1), critic_out, self.critic_weights, self.critic_weight_grads,
                                     self.critic_bias_grads, self.critic_tanh, rows=batch, workspace=ws, tag="critic")
         grad_pi_actions = grad_in[..., obs.shape[1]:].sum(0)  # dJ/da~ [B, A]
 
         # Actor chain (the obs half only; a' of the target carries no gradient).
         a, eps, sd = pi_actions, noise[batch:], std[batch:]
-        grad_u = torch.addcmul(grad_pi_actions * (1 - a.square()), a, alpha * (2.0 / batch))
-        grad_log_std = torch.addcmul((alpha / batch).neg().expand_as(a), grad_u, sd * eps)
-        raw = raw_log_std[batch:]
-        grad_log_std = grad_log_std * ((raw >= self.log_std_min) & (raw <= self.log_std_max))  # clamp's gradient
+        alpha_over_batch = alpha.mul(1.0 / batch)
+        grad_u = torch.addcmul(grad_pi_actions.addcmul(grad_pi_actions, a.square(), value=-1.0), a,
+                               alpha_over_batch, value=2.0)
+        grad_log_std = torch.addcmul(alpha_over_batch.neg().expand_as(a), grad_u, sd * eps)
+        # clamp's gradient: zero where log_std was clamped, i.e. where it differs from the raw output
+        grad_log_std = grad_log_std * (log_std[batch:] == raw_log_std[batch:])
         linear_backward(torch.cat((grad_u, grad_log_std), dim=-1), [o[batch:] for o in actor_out], self.actor_weights,
                         self.actor_weight_grads, self.actor_bias_grads, self.actor_tanh, ws, "actor")
 
