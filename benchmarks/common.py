@@ -6,6 +6,7 @@ seed so that a slow patch on the machine hits both, and reports medians with min
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import gc
 import importlib.metadata
@@ -138,6 +139,30 @@ def steps_per_second(step: Callable, actions: Callable, num_envs: int, seconds: 
     for _ in range(count):
         step(actions())
     return num_envs * count / (time.perf_counter() - start)
+
+
+def sweep_arguments(description: str, sizes: str, envs: str, seconds: float) -> argparse.ArgumentParser:
+    """The command line of an env-stepping sweep (sizes x envs, alternating repeats), with these defaults."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default=sizes)
+    parser.add_argument("--envs", default=envs)
+    parser.add_argument("--seconds", type=float, default=seconds, help="time per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-write", action="store_true")
+    return parser
+
+
+def publish(name: str, lines: list[str], data: dict, write: bool = True) -> str:
+    """A benchmark's README section: `lines`, then this machine's block. Printed; unless `write` is False also put
+    between the `name` markers of benchmarks/README.md, with `data` (and the machine) in results/<name>.json."""
+    machine = machine_description()
+    section = "\n".join([*lines, "", machine_block(machine)])
+    print(section)
+    if write:
+        write_json(name, {"machine": machine, **data})
+        update_readme(name, section)
+    return section
 
 
 def brief(result: dict) -> str:

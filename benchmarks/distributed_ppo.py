@@ -25,13 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     fmt,
     fmt_range,
-    machine_block,
-    machine_description,
     markdown_table,
+    publish,
     set_threads,
     spread,
-    update_readme,
-    write_json,
 )
 
 ENV_ID = "Acrobot-v1"
@@ -110,8 +107,7 @@ def main() -> None:
         [["1", str(args.num_envs), fmt(one["median"]), fmt_range(one), "1.00x"],
          ["2", str(args.num_envs // 2), fmt(two["median"]), fmt_range(two), f"{scaling:.2f}x" if scaling else "—"]])
     set_threads(1)  # what each rank runs with (torchrun sets OMP_NUM_THREADS=1; rlspeed sets 1 thread)
-    machine = machine_description()
-    section = "\n".join([
+    publish("distributed_ppo", [
         f"### Data-parallel PPO (torchrun, gloo): {ENV_ID}, Gymnasium envs",
         "",
         f"PPO with {args.num_envs} envs in total, 128 steps per rollout, 4 epochs, {args.steps:,} steps per run, "
@@ -121,15 +117,7 @@ def main() -> None:
         "",
         f"Gradient all-reduce of the PPO policy ({all_reduce['parameters']:,} parameters, one flat buffer, "
         f"{all_reduce['backend']}, 2 ranks): {all_reduce['all_reduce_s'] * 1e6:,.0f} µs per update.",
-        "",
-        machine_block(machine),
-    ])
-    print(section)
-    if not args.no_write:
-        write_json("distributed_ppo", {"machine": machine, "runs": runs, "all_reduce": all_reduce,
-                                       "settings": vars(args)})
-        update_readme("distributed_ppo", section)
-
+    ], {"runs": runs, "all_reduce": all_reduce, "settings": vars(args)}, write=not args.no_write)
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,6 @@ alternate between the backends.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from functools import partial
 from pathlib import Path
@@ -23,14 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     alternate,
     fmt,
-    machine_block,
-    machine_description,
     markdown_table,
+    publish,
     set_threads,
     spread,
     steps_per_second,
-    update_readme,
-    write_json,
+    sweep_arguments,
 )
 
 from rlspeed.envs import CPU_NATIVE_MIN_ENVS, NATIVE_ENVS, make_env  # noqa: E402
@@ -50,14 +47,7 @@ def time_backend(env_id: str, num_envs: int, backend: str, seconds: float) -> fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
-    parser.add_argument("--envs", default=",".join(NATIVE_ENVS))
-    parser.add_argument("--seconds", type=float, default=0.5, help="time per measurement")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+    args = sweep_arguments(__doc__, sizes="1,2,4,8,16,32,64", envs=",".join(NATIVE_ENVS), seconds=0.5).parse_args()
     if args.quick:
         args.sizes, args.seconds, args.repeats, args.envs = "1,16", 0.1, 1, "CartPole-v1"
     threads = set_threads(1)
@@ -75,8 +65,7 @@ def main() -> None:
             print(" | ".join(rows[-1]), flush=True)
     table = markdown_table(["env", "N", "native (torch) steps/s", "Gymnasium steps/s", "native / Gymnasium",
                             "auto picks"], rows)
-    machine = machine_description()
-    section = "\n".join([
+    publish("env_backends", [
         "## Env backends at small N on a CPU (`benchmarks/env_backends.py`)",
         "",
         f"`make_env(..., backend=...)` as the algorithms get it, fixed actions; median of {args.repeats} alternating "
@@ -84,14 +73,7 @@ def main() -> None:
         f"{CPU_NATIVE_MIN_ENVS} envs up.",
         "",
         table,
-        "",
-        machine_block(machine),
-    ])
-    print(section)
-    if not args.no_write:
-        write_json("env_backends", {"machine": machine, "results": raw, "settings": vars(args)})
-        update_readme("env_backends", section)
-
+    ], {"results": raw, "settings": vars(args)}, write=not args.no_write)
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,6 @@ CartPole Gymnasium's numpy-vectorised CartPoleVectorEnv. Actions are drawn at ra
 
 from __future__ import annotations
 
-import argparse
 import sys
 from functools import partial
 from pathlib import Path
@@ -25,14 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     alternate,
     fmt,
-    machine_block,
-    machine_description,
     markdown_table,
+    publish,
     set_threads,
     spread,
     steps_per_second,
-    update_readme,
-    write_json,
+    sweep_arguments,
 )
 
 from rlspeed.envs import NATIVE_ENVS  # noqa: E402
@@ -77,14 +74,8 @@ def time_gymnasium(env_id: str, num_envs: int, mode: str, seconds: float) -> flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="1,64,4096,65536")
-    parser.add_argument("--envs", default=",".join(ENV_IDS))
-    parser.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = sweep_arguments(__doc__, sizes="1,64,4096,65536", envs=",".join(ENV_IDS), seconds=1.0)
     parser.add_argument("--sync-max", type=int, default=4096, help="largest N for SyncVectorEnv (slow beyond)")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.seconds, args.repeats, args.envs = "1,4096", 0.2, 1, "CartPole-v1,Pendulum-v1"
@@ -115,8 +106,7 @@ def main() -> None:
             print(" | ".join(rows[-1]), flush=True)
     table = markdown_table(["env", "N", "native eager", "native compiled", "SyncVectorEnv", "numpy CartPoleVectorEnv",
                             "best native / Sync", "best native / numpy"], rows)
-    machine = machine_description()
-    section = "\n".join([
+    publish("native_envs", [
         "### Device-native envs: random-policy steps/s (CPU)",
         "",
         f"Median of {args.repeats} alternating measurements of ~{args.seconds:g} s each; {threads} torch thread. "
@@ -124,14 +114,7 @@ def main() -> None:
         f"SyncVectorEnv is measured up to N = {args.sync_max:,}.",
         "",
         table,
-        "",
-        machine_block(machine),
-    ])
-    print(section)
-    if not args.no_write:
-        write_json("native_envs", {"machine": machine, "results": raw, "settings": vars(args)})
-        update_readme("native_envs", section)
-
+    ], {"results": raw, "settings": vars(args)}, write=not args.no_write)
 
 if __name__ == "__main__":
     main()

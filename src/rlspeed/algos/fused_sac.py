@@ -85,7 +85,7 @@ class FusedSACUpdate:
         self.target_weights = [p.detach() for p in sac.critic_target.body.weights]
         self.target_biases = [p.detach() for p in sac.critic_target.body.biases]
         self.workspace = Workspace()  # activations and gradients, reused from step to step
-        self._log_pi_constant = actor.net[-1].out_features // 2 * (2 * LOG_2 + 0.5 * LOG_2PI)
+        self._log_pi_constant = sac.spec.action_dim * (2 * LOG_2 + 0.5 * LOG_2PI)  # see gradient's log pi
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         self.adam.check()
