@@ -51,6 +51,31 @@ def test_fused_step_matches_autograd_adam_and_polyak(config):
     assert all(not torch.equal(a, b) for a, b in zip(start, fused._params)), "a parameter did not move"
 
 
+@pytest.mark.parametrize("select_rows", [True, False])
+@pytest.mark.parametrize("identical_critics", [False, True])
+def test_actor_gradient_through_the_minimum_critic_matches_autograd(select_rows, identical_critics):
+    # On a CPU dJ/da~ goes back through each critic only at the rows where it is the minimum (`select_rows`);
+    # elsewhere through every critic at every row. With identical critics every row is a tie: autograd's amin
+    # shares the gradient between the tied critics, and so must both paths.
+    plain, fused = _pair(n_critics=3, net_arch=(32, 32))
+    assert fused._update_step.select_rows  # the default on a CPU
+    fused._update_step.select_rows = select_rows
+    if identical_critics:
+        with torch.no_grad():
+            for model in (plain, fused):
+                for p in model.critic.parameters():
+                    p.copy_(p[:1].expand_as(p))
+    batch = [_batch(7)[field] for field in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")]
+    torch.manual_seed(3)
+    loss, _ = plain._loss(*batch)
+    params = [*plain.actor.parameters(), *plain.critic.parameters()]
+    expected = torch.autograd.grad(loss, params)
+    torch.manual_seed(3)
+    fused._update_step.gradient(*batch)
+    for grad, param in zip(expected, [*fused.actor.parameters(), *fused.critic.parameters()]):
+        torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)
+
+
 def test_fused_sac_checkpoint_continues_identically(tmp_path):
     model = SAC("Pendulum-v1", device="cpu", seed=0, learning_starts=64, batch_size=32, net_arch=(32, 32))
     model.learn(160, progress_bar=False)

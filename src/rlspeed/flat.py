@@ -122,6 +122,9 @@ def activation_backward(grad: torch.Tensor, output: torch.Tensor, tanh: bool) ->
     return torch.ops.aten.threshold_backward.grad_input(grad, output, 0.0, grad_input=grad)  # grad where output > 0
 
 
+_ADD_RELU_ = torch.ops.aten._add_relu_  # relu(z + bias) in place, one pass (CPU kernel)
+
+
 def _activate_(z: torch.Tensor, tanh: bool) -> torch.Tensor:
     return z.tanh_() if tanh else z.relu_()
 
@@ -220,21 +223,29 @@ def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace 
     last = len(weights) - 1
     reduced = _reduced()
     per_member = ensemble and _per_member(weights, reduced)
+    # ReLU layers on a CPU: the product without its bias, then bias and ReLU in one pass (`_add_relu_`), instead
+    # of the bias copied into the output, the product added to it, and the ReLU pass.
+    add_relu = not tanh and x.device.type == "cpu"
     for layer, (weight, bias) in enumerate(zip(weights, biases)):
         inputs = outputs[-1]
+        fold_bias = layer != last and add_relu
         if ensemble:
             shape = (*x.shape[:2], weight.shape[2])
             out = _out(workspace, (tag, "forward", layer), shape, x, needed=per_member)
             if per_member:
                 for k in range(weight.shape[0]):
-                    _product(inputs[k], weight[k], out[k], bias[k], reduced)
+                    _product(inputs[k], weight[k], out[k], None if fold_bias else bias[k], reduced)
                 z = out
+            elif fold_bias:
+                z = torch.bmm(inputs, weight, out=out)
             else:
                 z = torch.baddbmm(bias, inputs, weight, out=out)
         else:
             out = _out(workspace, (tag, "forward", layer), (x.shape[0], weight.shape[0]), x)
-            z = _product(inputs, weight.t(), out, bias, reduced)
-        outputs.append(z if layer == last else _activate_(z, tanh))
+            z = _product(inputs, weight.t(), out, None if fold_bias else bias, reduced)
+        if layer != last:
+            z = _ADD_RELU_(z, bias) if fold_bias else _activate_(z, tanh)
+        outputs.append(z)
     return outputs
 
 
@@ -303,3 +314,29 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
                                     for k in range(members)])
             return torch.bmm(grad[:, rows:], weights[0].transpose(1, 2))
     return None
+
+
+def ensemble_rows_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], weights, tanh: bool, member: int,
+                             index: torch.Tensor, columns: slice = slice(None), workspace: Workspace | None = None,
+                             tag: str = "rows") -> torch.Tensor:
+    """d/d(input) of one member of `ensemble_forward` at some of its rows, the weights held constant.
+
+    `grad` is d/d(output) `[n, out]` at the rows `index` (`[n]`) of member `member`; returns d/d(input)
+    `[n, in][:, columns]` (only those input columns are computed). Where a loss reaches each row through one member
+    only (a minimum over an ensemble), this does a fraction of `ensemble_backward`'s products. With a `workspace`,
+    the gathered activations and the gradients between layers are its buffers under (`tag`, layer, ...), sized
+    for all of the member's rows (the number of rows chosen may change from call to call).
+    """
+    reduced = _reduced()
+    rows = index.shape[0]
+    for layer in range(len(weights) - 1, 0, -1):
+        inputs = outputs[layer][member]  # [B, in]
+        if workspace is None:
+            grad_out = torch.empty((rows, inputs.shape[1]), dtype=inputs.dtype, device=inputs.device)
+            gathered = torch.empty_like(grad_out)
+        else:
+            grad_out = workspace.get((tag, layer, "grad"), inputs.shape, inputs)[:rows]
+            gathered = workspace.get((tag, layer, "inputs"), inputs.shape, inputs)[:rows]
+        grad = _product(grad, weights[layer][member].t(), grad_out, reduced=reduced)
+        grad = activation_backward(grad, torch.index_select(inputs, 0, index, out=gathered), tanh)
+    return _product(grad, weights[0][member][columns].t(), None, reduced=reduced)

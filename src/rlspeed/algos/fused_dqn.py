@@ -52,8 +52,8 @@ class FusedDQNUpdate:
         """What the gradient needs that the online network does not change, per row: the taken actions as a gather
         index `[R, 1]`, then the TD target y = r + gamma^m (1 - d) max_a Q_target(s', a) `[R]`, or for Double DQN
         (whose a' = argmax_a Q(s', a) comes from the online network) the rewards `[R]`, gamma^m (1 - d) `[R]` and
-        Q_target(s', .) `[R, A]`. One target-network pass for all rows given."""
-        with torch.no_grad():
+        Q_target(s', .) `[R, A]`. One target-network pass for all rows given (in inference mode, as the gradient)."""
+        with torch.inference_mode():
             target_linears = self.target_linears
             next_q_target = linear_forward(next_obs.flatten(1), [layer.weight for layer in target_linears],
                                            [layer.bias for layer in target_linears], self.tanh)[-1]
@@ -67,19 +67,19 @@ class FusedDQNUpdate:
         """Write dL/dparameters into the flat gradient buffer; returns (loss, {"loss", "q_values"})."""
         return self._gradient(obs, next_obs, *self.prepare(actions, rewards, next_obs, terminated, discounts))
 
+    @torch.inference_mode()  # no autograd here: its tensors skip view tracking and version counters
     def _gradient(self, obs, next_obs, index, *target):
         obs = obs.flatten(1)
         batch = obs.shape[0]
-        with torch.no_grad():
-            if self.double_q:  # the online network on obs and next_obs together: one pass of 2B rows
-                rewards, bootstrap, next_q_target = target
-                outputs = linear_forward(torch.cat((obs, next_obs.flatten(1))), self.weights, self.biases, self.tanh)
-                next_actions = outputs[-1][batch:].argmax(dim=1, keepdim=True)
-                target_q = torch.addcmul(rewards, bootstrap, next_q_target.gather(1, next_actions).squeeze(1))
-                outputs = [o[:batch] for o in outputs]
-            else:
-                (target_q,) = target
-                outputs = linear_forward(obs, self.weights, self.biases, self.tanh)
+        if self.double_q:  # the online network on obs and next_obs together: one pass of 2B rows
+            rewards, bootstrap, next_q_target = target
+            outputs = linear_forward(torch.cat((obs, next_obs.flatten(1))), self.weights, self.biases, self.tanh)
+            next_actions = outputs[-1][batch:].argmax(dim=1, keepdim=True)
+            target_q = torch.addcmul(rewards, bootstrap, next_q_target.gather(1, next_actions).squeeze(1))
+            outputs = [o[:batch] for o in outputs]
+        else:
+            (target_q,) = target
+            outputs = linear_forward(obs, self.weights, self.biases, self.tanh)
 
         q_values = outputs[-1].gather(1, index).squeeze(1)
         loss = torch.nn.functional.smooth_l1_loss(q_values, target_q)  # Huber

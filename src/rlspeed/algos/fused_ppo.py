@@ -75,6 +75,7 @@ class FusedPPOUpdate:
         self.adam.step()  # all-reduce, clip, Adam
         return loss, stats
 
+    @torch.inference_mode()  # no autograd here: its tensors skip view tracking and version counters
     def gradient(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, *,
                  normalized: bool = False, with_stats: bool = True):
         """Write dL/dparameters into the flat gradient buffer; returns (loss, [pg, vf loss, entropy, kl, clipfrac]).
