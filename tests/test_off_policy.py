@@ -174,6 +174,23 @@ def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwi
     assert torch.equal(chosen, torch.where(explore[3], actions[3], greedy))
 
 
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_sac_collection_samples_the_actor_s_squashed_gaussian(activation):
+    model = SAC("Pendulum-v1", seed=0, activation=activation, **TINY)
+    assert model._actor_linears is not None  # the kernel-by-kernel path
+    obs = torch.randn(512, 3)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        fast = model._explore(obs, 0)
+        model._actor_linears = None  # the module path: same network, same noise
+        torch.manual_seed(1)
+        torch.testing.assert_close(fast, model._explore(obs, 0))
+        mean, log_std = model.actor(obs)
+        torch.manual_seed(1)
+        torch.testing.assert_close(fast, torch.tanh(mean + log_std.exp() * torch.randn_like(mean)))
+    assert fast.std() > 0.1  # a sample, not the mean
+
+
 # --- checkpoints -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ALL)
 def test_save_load_round_trip(tmp_path, algo):

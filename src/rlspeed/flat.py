@@ -291,15 +291,16 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
     members = weights[0].shape[0]
     reduced = _reduced()
     per_member = _per_member(weights, reduced)
-    used = slice(None, rows)  # the rows whose loss reaches the weights (all when rows is None)
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
+        # the rows whose loss reaches the weights (all when rows is None: no slicing)
+        used_inputs, used_grad = (inputs, grad) if rows is None else (inputs[:, :rows], grad[:, :rows])
         if per_member:
             for k in range(members):
-                _product(inputs[k, used].t(), grad[k, used], weight_grads[layer][k], reduced=reduced)
+                _product(used_inputs[k].t(), used_grad[k], weight_grads[layer][k], reduced=reduced)
         else:
-            torch.bmm(inputs[:, used].transpose(1, 2), grad[:, used], out=weight_grads[layer])
-        torch.sum(grad[:, used], dim=1, keepdim=True, out=bias_grads[layer])
+            torch.bmm(used_inputs.transpose(1, 2), used_grad, out=weight_grads[layer])
+        torch.sum(used_grad, dim=1, keepdim=True, out=bias_grads[layer])
         if layer:
             out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs, needed=per_member)
             if per_member:
@@ -316,20 +317,22 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
     return None
 
 
-def ensemble_rows_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], weights, tanh: bool, member: int,
-                             index: torch.Tensor, columns: slice = slice(None), workspace: Workspace | None = None,
-                             tag: str = "rows") -> torch.Tensor:
+def ensemble_rows_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], member: int,
+                             weights_t: list[torch.Tensor], tanh: bool, index: torch.Tensor,
+                             workspace: Workspace | None = None, tag: str = "rows") -> torch.Tensor:
     """d/d(input) of one member of `ensemble_forward` at some of its rows, the weights held constant.
 
-    `grad` is d/d(output) `[n, out]` at the rows `index` (`[n]`) of member `member`; returns d/d(input)
-    `[n, in][:, columns]` (only those input columns are computed). Where a loss reaches each row through one member
-    only (a minimum over an ensemble), this does a fraction of `ensemble_backward`'s products. With a `workspace`,
-    the gathered activations and the gradients between layers are its buffers under (`tag`, layer, ...), sized
-    for all of the member's rows (the number of rows chosen may change from call to call).
+    `grad` is d/d(output) `[n, out]` at the rows `index` (`[n]`) of member `member` of the pass whose `outputs`
+    are given; `weights_t` are that member's weights transposed, `[out, in]` per layer (the first may keep only
+    some input columns: then only those columns of d/d(input) are computed). Returns d/d(input) `[n, in]`. Where
+    a loss reaches each row through one member only (a minimum over an ensemble), this does a fraction of
+    `ensemble_backward`'s products. With a `workspace`, the gathered activations and the gradients between layers
+    are its buffers under (`tag`, layer, ...), sized for all of the member's rows (the number of rows chosen may
+    change from call to call).
     """
     reduced = _reduced()
     rows = index.shape[0]
-    for layer in range(len(weights) - 1, 0, -1):
+    for layer in range(len(weights_t) - 1, 0, -1):
         inputs = outputs[layer][member]  # [B, in]
         if workspace is None:
             grad_out = torch.empty((rows, inputs.shape[1]), dtype=inputs.dtype, device=inputs.device)
@@ -337,6 +340,6 @@ def ensemble_rows_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], we
         else:
             grad_out = workspace.get((tag, layer, "grad"), inputs.shape, inputs)[:rows]
             gathered = workspace.get((tag, layer, "inputs"), inputs.shape, inputs)[:rows]
-        grad = _product(grad, weights[layer][member].t(), grad_out, reduced=reduced)
+        grad = _product(grad, weights_t[layer], grad_out, reduced=reduced)
         grad = activation_backward(grad, torch.index_select(inputs, 0, index, out=gathered), tanh)
-    return _product(grad, weights[0][member][columns].t(), None, reduced=reduced)
+    return _product(grad, weights_t[0], None, reduced=reduced)

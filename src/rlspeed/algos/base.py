@@ -281,7 +281,7 @@ class Algorithm:
         result = self.result = LearnResult(target_return=target_return)
         bar = ProgressBar(int(total_timesteps), enabled=progress_bar and main, desc=f"{self.name} {self.env_id}")
         global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
-        sums: dict[str, torch.Tensor] = {}
+        pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
         iterations = 0
         start_steps = self.num_timesteps
         next_eval = self.num_timesteps + eval_freq
@@ -302,12 +302,14 @@ class Algorithm:
                 self.num_timesteps += global_steps[steps]
                 iterations += 1
                 for key, value in metrics.items():
-                    sums[key] = sums[key] + value if key in sums else value
+                    pending.setdefault(key, []).append(value)
                 now = time.perf_counter()
                 finished = self.num_timesteps >= self._total_timesteps
                 eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
                 # Under torch.distributed every rank must take part in the same collectives: log every iteration.
                 if now - last_log_time >= log_interval_s or eval_due or finished or self.strategy.enabled:
+                    sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
+                            for key, values in pending.items()}
                     row = self._read_metrics(sums, iterations)  # the one host sync per log interval
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
@@ -328,7 +330,7 @@ class Algorithm:
                                eval=row.get("eval_mean"))
                     if logger is not None:
                         logger.log(row)
-                    sums, iterations = {}, 0
+                    pending, iterations = {}, 0
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
                     clock_start = time.perf_counter()
                 if next_checkpoint is not None and self.num_timesteps >= next_checkpoint and run_dir is not None:

@@ -89,6 +89,11 @@ class FusedSACUpdate:
         # dJ/da~ through each critic only at the rows where it is the minimum: on a CPU, where choosing those rows
         # (`nonzero`) costs no device synchronisation.
         self.select_rows = sac.device.type == "cpu"
+        # each critic's weights transposed, the first layer's only at the action inputs (views of the flat buffer)
+        obs_dim = sac.spec.obs_dim
+        self._member_weights_t = [[self.critic_weights[0][k][obs_dim:].t(),
+                                   *(weight[k].t() for weight in self.critic_weights[1:])]
+                                  for k in range(self.critic_weights[0].shape[0])]
         self._log_pi_constant = sac.spec.action_dim * (2 * LOG_2 + 0.5 * LOG_2PI)  # see gradient's log pi
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
@@ -163,9 +168,9 @@ class FusedSACUpdate:
             grad_pi_actions = ws.get("grad_pi_actions", pi_actions.shape, pi_actions).zero_()  # dJ/da~ [B, A]
             for member in range(members):
                 index = grad_pi_q[member].nonzero().squeeze(1)
-                grad = ensemble_rows_input_grad(grad_pi_q[member, index].unsqueeze(1), critic_out,
-                                                self.critic_weights, self.critic_tanh, member, index.add(batch),
-                                                slice(obs_dim, None), ws, "critic rows")
+                grad = ensemble_rows_input_grad(grad_pi_q[member, index].unsqueeze(1), critic_out, member,
+                                                self._member_weights_t[member], self.critic_tanh,
+                                                index.add(batch), ws, "critic rows")
                 grad_pi_actions.index_add_(0, index, grad)
         else:  # without choosing rows on the host (a device synchronisation): both halves, all members, one pass
             grad_q = torch.cat((td_error.mul(1.0 / batch), grad_pi_q), dim=1)

@@ -148,7 +148,7 @@ class OffPolicyAlgorithm(Algorithm):
         """Policy-space actions as the env expects them: Box values in [-1, 1] rescaled to [low, high]."""
         if self.spec.discrete:
             return actions
-        return self._action_center + self._action_half_range * actions
+        return torch.addcmul(self._action_center, self._action_half_range, actions)
 
     def _random_actions(self, num: int) -> torch.Tensor:
         """Uniform random policy-space actions for `num` envs, drawn on the device."""
@@ -177,8 +177,7 @@ class OffPolicyAlgorithm(Algorithm):
         num_envs = env.num_envs
 
         # 1. Collect train_freq steps of every env into the replay buffer.
-        finished_returns = torch.zeros(num_envs, device=self.device)  # per row: sum of returns of finished episodes
-        finished_count = torch.zeros(num_envs, device=self.device)
+        episode_returns, episode_dones = [], []  # per step: the running returns and which rows just finished
         obs = self._obs
         # Several steps per iteration go to the buffer together after the last one (the same rows as step by step:
         # nothing reads the buffer in between), unless holding them would take much memory.
@@ -200,14 +199,17 @@ class OffPolicyAlgorithm(Algorithm):
                     staged.append(transition)
                 dones = info["done"]
                 self._on_dones(dones)
-                finished_returns.addcmul_(info["episode_return"], dones)
-                finished_count += dones
+                episode_returns.append(info["episode_return"])
+                episode_dones.append(dones)
                 obs = next_obs
             if staged:
                 buffer.extend(*(torch.stack(field) for field in zip(*staged)))
         self._obs = obs
         steps = cfg.train_freq * num_envs
-        metrics = {"episode_return_sum": finished_returns.sum(), "episode_count": finished_count.sum()}
+        # the returns of the episodes that finished, summed, and their count: a few kernels for all steps
+        returns, dones = ((episode_returns[0], episode_dones[0]) if len(episode_returns) == 1
+                          else (torch.stack(episode_returns), torch.stack(episode_dones)))
+        metrics = {"episode_return_sum": (returns * dones).sum(), "episode_count": dones.sum()}
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
         if self.num_timesteps + steps > cfg.learning_starts and len(buffer) > 0:

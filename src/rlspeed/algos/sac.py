@@ -26,6 +26,7 @@ from rlspeed.algos.off_policy import (
     frozen_copy,
     polyak_update,
 )
+from rlspeed.flat import sequential_linears
 from rlspeed.nn import QEnsemble, make_adam, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -115,6 +116,7 @@ class SAC(OffPolicyAlgorithm):
             update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "sac")
         self._setup_action_scaling()
+        self._actor_linears = sequential_linears(self.actor.net)  # (layers, tanh?) for `_explore`; None: modules
 
     def _modules(self):
         return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
@@ -129,8 +131,19 @@ class SAC(OffPolicyAlgorithm):
         return self._to_env(actions)
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
-        mean, log_std = self.actor(obs.flatten(1))  # a sample without its log-probability: fewer kernels per step
-        return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+        # A sample without its log-probability. It runs once per env step, right after an update has pushed the
+        # policy out of the caches: an MLP actor runs as its addmm/activation kernels, without module calls.
+        if self._actor_linears is None:
+            mean, log_std = self.actor(obs.flatten(1))
+            return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
+        linears, tanh = self._actor_linears
+        x = obs.flatten(1)
+        for layer in linears[:-1]:
+            x = torch.addmm(layer.bias, x, layer.weight.t())
+            x = x.tanh_() if tanh else x.relu_()
+        mean, log_std = torch.addmm(linears[-1].bias, x, linears[-1].weight.t()).chunk(2, dim=-1)
+        std = log_std.clamp_(LOG_STD_MIN, LOG_STD_MAX).exp_()
+        return torch.addcmul(mean, std, torch.randn_like(mean)).tanh_()
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
