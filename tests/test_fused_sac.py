@@ -58,7 +58,8 @@ def test_actor_gradient_through_the_minimum_critic_matches_autograd(select_rows,
     # elsewhere through every critic at every row. With identical critics every row is a tie: autograd's amin
     # shares the gradient between the tied critics, and so must both paths.
     plain, fused = _pair(n_critics=3, net_arch=(32, 32))
-    assert fused._update_step.select_rows  # the default on a CPU
+    assert not fused._update_step.select_rows  # the default on a CPU for narrow critics
+    assert _pair(net_arch=(256, 256))[1]._update_step.select_rows  # ... and for wide ones
     fused._update_step.select_rows = select_rows
     if identical_critics:
         with torch.no_grad():
