@@ -31,6 +31,7 @@ def _batch(seed, batch=256):
 ])
 def test_fused_step_matches_autograd_adam_and_polyak(config):
     plain, fused = _pair(**config)
+    fused._update_step.metrics_every = 1  # metrics on every step, to compare them too
     start = [p.clone() for p in fused._params]
     for step in range(4):
         batch = _batch(step)
@@ -49,6 +50,45 @@ def test_fused_step_matches_autograd_adam_and_polyak(config):
         with torch.no_grad():
             torch._foreach_copy_(list(fused._params), list(plain._params))
     assert all(not torch.equal(a, b) for a, b in zip(start, fused._params)), "a parameter did not move"
+
+
+def test_metrics_come_every_kth_update_and_do_not_change_the_step():
+    _, every = _pair(net_arch=(32, 32))
+    _, third = _pair(net_arch=(32, 32))
+    assert every._update_step.metrics_every == 8  # the default
+    every._update_step.metrics_every, third._update_step.metrics_every = 1, 3
+    for step in range(6):
+        batch = _batch(step)
+        torch.manual_seed(step)
+        expected = every._update(batch)
+        torch.manual_seed(step)
+        got = third._update(batch)
+        if step % 3 == 0:
+            assert set(got) == set(expected) == {"critic_loss", "actor_loss", "alpha", "entropy", "q_values"}
+            for key in expected:
+                torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+        else:
+            assert got == {}
+        for a, b in zip(every._params, third._params):
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+
+def test_logs_average_each_metric_over_the_updates_that_reported_it(tmp_path):
+    # two updates per iteration, a metric on every third update only (always 2.0), one log row at the end: the
+    # average is over the updates and iterations that reported it, not over all of them
+    model = SAC("Pendulum-v1", device="cpu", seed=0, learning_starts=64, batch_size=32, net_arch=(32, 32),
+                train_freq=2, gradient_steps=2)
+    calls = []
+
+    def update(batch):
+        calls.append(1)
+        return {"probe": torch.tensor(2.0)} if len(calls) % 3 == 0 else {}
+
+    model._update = update
+    model.learn(400, progress_bar=False, run_dir=tmp_path, log_interval_s=1e9)
+    header, *rows = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 and len(calls) > 100
+    assert float(rows[0].split(",")[header.split(",").index("probe")]) == 2.0
 
 
 @pytest.mark.parametrize("select_rows", [True, False])

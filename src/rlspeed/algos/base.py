@@ -310,7 +310,8 @@ class Algorithm:
                 if now - last_log_time >= log_interval_s or eval_due or finished or self.strategy.enabled:
                     sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
                             for key, values in pending.items()}
-                    row = self._read_metrics(sums, iterations)  # the one host sync per log interval
+                    counts = {key: len(values) for key, values in pending.items()}
+                    row = self._read_metrics(sums, counts)  # the one host sync per log interval
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
@@ -353,8 +354,9 @@ class Algorithm:
     def _eval_seed(self) -> int:
         return (self.seed if self.seed is not None else 0) + 100_000 + self.num_timesteps
 
-    def _read_metrics(self, sums: dict[str, torch.Tensor], iterations: int) -> dict:
-        """Average the device-side metric sums of a log interval, reading them back in one transfer."""
+    def _read_metrics(self, sums: dict[str, torch.Tensor], counts: dict[str, int]) -> dict:
+        """Average the device-side metric sums of a log interval over the iterations that reported each metric
+        (`counts`), reading them back in one transfer; episode returns are averaged over finished episodes."""
         if not sums:
             return {}
         keys = list(sums)
@@ -366,7 +368,7 @@ class Algorithm:
         row["episode_return"] = total / count if count > 0 else math.nan
         for key in keys:
             if key in row and key not in ("episode_return",):
-                row[key] = row[key] / max(iterations, 1) / self.strategy.world_size
+                row[key] = row[key] / counts[key] / self.strategy.world_size
         return row
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None) -> dict:

@@ -98,7 +98,8 @@ class OffPolicyAlgorithm(Algorithm):
         raise NotImplementedError
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One gradient step on a replay batch (see `BATCH_FIELDS`); returns metrics as device tensors."""
+        """One gradient step on a replay batch (see `BATCH_FIELDS`); returns metrics as device tensors (an update
+        may return none: logs average each metric over the updates that reported it)."""
         raise NotImplementedError
 
     def _prepare_batches(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -215,6 +216,7 @@ class OffPolicyAlgorithm(Algorithm):
         if self.num_timesteps + steps > cfg.learning_starts and len(buffer) > 0:
             gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
             totals: dict[str, torch.Tensor] = {}
+            counts: dict[str, int] = {}  # updates that reported each metric (not necessarily all of them)
             # Batches drawn together, up to ~64k rows at a time (the buffer does not change until the next collect).
             chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // cfg.batch_size))
             for first in range(0, gradient_steps, chunk):
@@ -222,6 +224,6 @@ class OffPolicyAlgorithm(Algorithm):
                                                    prepare=self._prepare_batches):
                     for key, value in self._update(batch).items():
                         totals[key] = totals[key] + value if key in totals else value
-            metrics.update({key: value / gradient_steps for key, value in totals.items()} if gradient_steps > 1
-                           else totals)
+                        counts[key] = counts.get(key, 0) + 1
+            metrics.update({key: value / counts[key] if counts[key] > 1 else value for key, value in totals.items()})
         return steps, metrics
