@@ -6,7 +6,15 @@ from torch import nn
 
 from rlspeed.accel.search import TOLERANCES
 from rlspeed.accel.strategy import precision_context, reduced_matmul_supported
-from rlspeed.flat import FlatAdam, Workspace, ensemble_backward, ensemble_forward, linear_backward, linear_forward
+from rlspeed.flat import (
+    FlatAdam,
+    Workspace,
+    ensemble_backward,
+    ensemble_forward,
+    ensemble_rows_input_grad,
+    linear_backward,
+    linear_forward,
+)
 
 
 def test_parameters_and_gradients_become_views_of_the_flat_buffers():
@@ -98,3 +106,22 @@ def test_bf16_matmul_region_keeps_thin_products_in_fp32_and_wide_ensembles_close
         cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
         assert cosine >= TOLERANCES["bf16-matmul"].grad_cosine  # what the acceleration layer accepts
     assert not torch.equal(out[1], ref_out[1])  # the wide product did run in bf16
+
+
+@pytest.mark.parametrize("tanh", [False, True])
+@pytest.mark.parametrize("workspace", [None, Workspace()])
+def test_rows_input_grad_equals_the_full_backward_at_those_rows(tanh, workspace):
+    torch.manual_seed(0)
+    weights = [torch.randn(2, 5, 16) / 2, torch.randn(2, 16, 16) / 4, torch.randn(2, 16, 1) / 4]
+    biases = [torch.randn(2, 1, 16) / 4, torch.randn(2, 1, 16) / 4, torch.randn(2, 1, 1)]
+    outputs = ensemble_forward(torch.randn(12, 5).expand(2, -1, -1), weights, biases, tanh)
+    grad_out = torch.randn(2, 12, 1)
+    full = ensemble_backward(grad_out, outputs, weights, [torch.empty_like(w) for w in weights],
+                             [torch.empty_like(b) for b in biases], tanh, rows=0)  # d/d(input) of every row
+    for member, rows in ((0, [1, 4, 5]), (1, [0, 11])):
+        index = torch.tensor(rows)
+        weights_t = [weights[0][member][3:].t(), *(w[member].t() for w in weights[1:])]  # input columns 3 and 4
+        for _ in range(2):  # again with the same (reused) buffers
+            got = ensemble_rows_input_grad(grad_out[member, index], outputs, member, weights_t, tanh, index,
+                                           workspace, "rows")
+            torch.testing.assert_close(got, full[member, index][:, 3:])
