@@ -26,7 +26,7 @@ from rlspeed.algos.off_policy import (
     frozen_copy,
     polyak_update,
 )
-from rlspeed.flat import sequential_linears
+from rlspeed.flat import linear_forward, sequential_linears
 from rlspeed.nn import QEnsemble, make_adam, mlp
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
@@ -116,7 +116,10 @@ class SAC(OffPolicyAlgorithm):
             update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "sac")
         self._setup_action_scaling()
-        self._actor_linears = sequential_linears(self.actor.net)  # (layers, tanh?) for `_explore`; None: modules
+        # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
+        found = sequential_linears(self.actor.net)
+        self._actor_linears = None if found is None else (
+            [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
 
     def _modules(self):
         return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
@@ -136,12 +139,7 @@ class SAC(OffPolicyAlgorithm):
         if self._actor_linears is None:
             mean, log_std = self.actor(obs.flatten(1))
             return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
-        linears, tanh = self._actor_linears
-        x = obs.flatten(1)
-        for layer in linears[:-1]:
-            x = torch.addmm(layer.bias, x, layer.weight.t())
-            x = x.tanh_() if tanh else x.relu_()
-        mean, log_std = torch.addmm(linears[-1].bias, x, linears[-1].weight.t()).chunk(2, dim=-1)
+        mean, log_std = linear_forward(obs.flatten(1), *self._actor_linears)[-1].chunk(2, dim=-1)
         std = log_std.clamp_(LOG_STD_MIN, LOG_STD_MAX).exp_()
         return torch.addcmul(mean, std, torch.randn_like(mean)).tanh_()
 
