@@ -78,6 +78,29 @@ def test_workspace_passes_give_the_same_results_and_reuse_their_buffers():
     assert hidden_six.shape == (6, 16)
 
 
+@pytest.mark.parametrize("workspace", [False, True])
+def test_narrow_outputs_written_column_major_match_autograd(workspace):
+    """A 3-wide input and a 2-wide output (SAC's actor on Pendulum) at 96 rows: the forward's output and the first
+    layer's weight gradient go through column-major buffers, and agree with autograd."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    x, grad_out = torch.randn(96, 3), torch.randn(96, 2)
+    net(x).backward(grad_out)
+    weights = [layer.weight.detach() for layer in net[::2]]
+    biases = [layer.bias.detach() for layer in net[::2]]
+    weight_grads = [torch.full_like(w, float("nan")) for w in weights]
+    bias_grads = [torch.full_like(b, float("nan")) for b in biases]
+    ws = Workspace() if workspace else None
+    for _ in range(2):  # the second time through reused buffers
+        out = linear_forward(x, weights, biases, False, ws, "mlp")
+        assert out[-1].stride() == (1, 96)  # column-major
+        linear_backward(grad_out, out, weights, weight_grads, bias_grads, False, ws, "mlp")
+        torch.testing.assert_close(out[-1], net(x))
+        for layer, grad_w, grad_b in zip(net[::2], weight_grads, bias_grads):
+            torch.testing.assert_close(grad_w, layer.weight.grad)
+            torch.testing.assert_close(grad_b, layer.bias.grad)
+
+
 @pytest.mark.skipif(not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul"),
                     reason="this CPU has no bf16 matmul")
 def test_bf16_matmul_region_keeps_thin_products_in_fp32_and_wide_ensembles_close():

@@ -158,6 +158,17 @@ def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: t
     return workspace.get(key, shape, like)
 
 
+def _product_out(workspace: Workspace | None, key: object, rows: int, cols: int,
+                 like: torch.Tensor) -> torch.Tensor | None:
+    """The output of a `[rows, cols]` product: the workspace's buffer under `key`, column-major (the transpose of a
+    `[cols, rows]` buffer) where `column_major` says so; None without a workspace (`_product` allocates)."""
+    if workspace is None:
+        return None
+    if column_major(rows, cols, like.device):
+        return workspace.get(key, (cols, rows), like).t()
+    return workspace.get(key, (rows, cols), like)
+
+
 # --- forward passes that keep their activations, and the backward passes written out ------------------------------
 def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | None:
     """(linear layers, tanh?) of a Sequential `Linear, act, Linear, act, ..., Linear` with one kind of activation
@@ -188,15 +199,32 @@ REDUCED_MIN_MACS = 1 << 22  # ... and at least this many multiply-adds (~4M: 256
 PER_MEMBER_MIN_WIDTH = 128  # ensembles with a layer this wide run one product per member
 
 
-def _reduced() -> bool:
+# A CPU product whose output has only 2-4 columns is ~2-4x slower written row-major than column-major (MKL's fp32
+# GEMM, one thread: 512x256 @ 256x2 takes ~40 us into a [512, 2] buffer, ~10 us into the transpose of a [2, 512]
+# one; 256x256 @ 256x3 ~20 vs ~8 us), so such outputs are made column-major: a transposed view of a [cols, rows]
+# buffer. One column is a matrix-vector product (no gain), wider outputs gain nothing or lose.
+COLUMN_MAJOR_COLS = (2, 4)  # output columns, inclusive
+COLUMN_MAJOR_MIN_ROWS = 64
+
+
+def reduced_matmuls() -> bool:
     """Whether a bf16-matmul region is active (read once per pass: the setting costs ~1 us to read)."""
     return _MKLDNN_MATMUL.fp32_precision == "bf16"
 
 
+def column_major(rows: int, cols: int, device: torch.device) -> bool:
+    """Whether a `[rows, cols]` product output is faster written column-major (see `COLUMN_MAJOR_COLS`)."""
+    low, high = COLUMN_MAJOR_COLS
+    return device.type == "cpu" and low <= cols <= high and rows >= COLUMN_MAJOR_MIN_ROWS
+
+
 def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None = None,
              reduced: bool = False):
-    """`bias + a @ b` (or `a @ b`) into `out`; in a bf16-matmul region (`reduced`) in fp32 all the same when the
-    product is too small to gain from it (see above)."""
+    """`bias + a @ b` (or `a @ b`) into `out` (a new column-major buffer where that is faster, for `out=None`);
+    in a bf16-matmul region (`reduced`) in fp32 all the same when the product is too small to gain from it (see
+    above)."""
+    if out is None and column_major(a.shape[0], b.shape[1], a.device):
+        out = torch.empty((b.shape[1], a.shape[0]), dtype=a.dtype, device=a.device).t()
     thin = reduced and (min(*a.shape, b.shape[1]) < REDUCED_MIN_DIM or a.numel() * b.shape[1] < REDUCED_MIN_MACS)
     if thin:
         _MKLDNN_MATMUL.fp32_precision = "ieee"
@@ -221,7 +249,7 @@ def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace 
     `workspace`, the outputs are its buffers under (`tag`, "forward", layer)."""
     outputs = [x]
     last = len(weights) - 1
-    reduced = _reduced()
+    reduced = reduced_matmuls()
     per_member = ensemble and _per_member(weights, reduced)
     # ReLU layers on a CPU: the product without its bias, then bias and ReLU in one pass (`_add_relu_`), instead
     # of the bias copied into the output, the product added to it, and the ReLU pass.
@@ -241,7 +269,7 @@ def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace 
             else:
                 z = torch.baddbmm(bias, inputs, weight, out=out)
         else:
-            out = _out(workspace, (tag, "forward", layer), (x.shape[0], weight.shape[0]), x)
+            out = _product_out(workspace, (tag, "forward", layer), x.shape[0], weight.shape[0], x)
             z = _product(inputs, weight.t(), out, None if fold_bias else bias, reduced)
         if layer != last:
             z = _ADD_RELU_(z, bias) if fold_bias else _activate_(z, tanh)
@@ -252,7 +280,8 @@ def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace 
 def linear_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace | None = None,
                    tag: str = "linear") -> list[torch.Tensor]:
     """An MLP of `nn.Linear` layers (weights `[out, in]`) on `[B, in]`: the input of every layer, then the output
-    (with a `workspace`, its buffers under (`tag`, "forward", layer))."""
+    (with a `workspace`, its buffers under (`tag`, "forward", layer)). A layer output that `column_major` calls
+    narrow (2-4 columns, e.g. a policy head, on a CPU) comes as a column-major view, not contiguous."""
     return _forward(x, weights, biases, tanh, workspace, tag, ensemble=False)
 
 
@@ -260,10 +289,15 @@ def linear_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, we
                     tanh: bool, workspace: Workspace | None = None, tag: str = "linear") -> None:
     """Backward of `linear_forward` from d/d(output), writing dW = g^T x and db = sum g into the given views
     (with a `workspace`, the gradients between layers are its buffers under (`tag`, "backward", layer))."""
-    reduced = _reduced()
+    reduced = reduced_matmuls()
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
-        _product(grad.t(), inputs, weight_grads[layer], reduced=reduced)
+        weight_grad = weight_grads[layer]  # [out, in]
+        if column_major(*weight_grad.shape, weight_grad.device):  # a narrow input (the observations): via dW^T
+            weight_grad_t = _out(workspace, (tag, "weight grad", layer), weight_grad.shape[::-1], weight_grad, True)
+            weight_grad.copy_(_product(inputs.t(), grad, weight_grad_t, reduced=reduced).t())
+        else:
+            _product(grad.t(), inputs, weight_grad, reduced=reduced)
         torch.sum(grad, dim=0, out=bias_grads[layer])
         if layer:
             out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs)
@@ -289,7 +323,7 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
     gradients between layers are its buffers under (`tag`, "backward", layer).
     """
     members = weights[0].shape[0]
-    reduced = _reduced()
+    reduced = reduced_matmuls()
     per_member = _per_member(weights, reduced)
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
@@ -330,7 +364,7 @@ def ensemble_rows_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], me
     are its buffers under (`tag`, layer, ...), sized for all of the member's rows (the number of rows chosen may
     change from call to call).
     """
-    reduced = _reduced()
+    reduced = reduced_matmuls()
     rows = index.shape[0]
     for layer in range(len(weights_t) - 1, 0, -1):
         inputs = outputs[layer][member]  # [B, in]

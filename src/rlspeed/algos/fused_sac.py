@@ -32,6 +32,7 @@ from rlspeed.flat import (
     ensemble_rows_input_grad,
     linear_backward,
     linear_forward,
+    reduced_matmuls,
     sequential_linears,
 )
 
@@ -92,7 +93,9 @@ class FusedSACUpdate:
         # dJ/da~ through each critic only at the rows where it is the minimum: on a CPU, where choosing those rows
         # (`nonzero`) costs no device synchronisation, for critics wide enough that the products saved outweigh
         # the ~40 more kernels (in-process A/B of the gradient, selection on vs off: +0.7% to +1.6% at [256, 256]
-        # and batch 256, +1.8% at [512, 512]; -5% at [128, 128], -12% to -16% at [64, 64] and batch 128).
+        # and batch 256, +1.8% at [512, 512]; -5% at [128, 128], -12% to -16% at [64, 64] and batch 128). Not in a
+        # bf16-matmul region: there a 128-row product costs nearly what a 256-row one does (~95 vs ~105 us), and
+        # selection made the gradient 2-8% slower (5 paired A/Bs at [256, 256], batch 256).
         self.select_rows = sac.device.type == "cpu" and max(w.shape[-1] for w in self.critic_weights[:-1]) >= 256
         # each critic's weights transposed, the first layer's only at the action inputs (views of the flat buffer)
         obs_dim = sac.spec.obs_dim
@@ -165,7 +168,7 @@ class FusedSACUpdate:
         at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
         grad_pi_q = at_min.div_(at_min.sum(0).mul_(-batch))  # [K, B]
         obs_dim = obs.shape[1]
-        if self.select_rows:
+        if self.select_rows and not reduced_matmuls():
             # The critics' weight gradients from the first half; dJ/da~ through each member only at the rows where
             # it is the minimum (B rows of products in all instead of K * B).
             ensemble_backward(td_error.mul(1.0 / batch).unsqueeze(-1), [o[:, :batch] for o in critic_out],
