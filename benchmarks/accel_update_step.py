@@ -273,7 +273,8 @@ def summarize(times: dict[str, list[float]], baseline: str) -> dict:
     return summary
 
 
-def report(sac: dict, tiny: dict | None, settings: dict, machine: dict) -> str:
+def report(sac: dict, tiny: dict | None, settings: dict) -> list[str]:
+    """The README section's lines (without its heading and machine block)."""
     lines = []
     if settings["quick"]:
         lines += ["**Smoke run (`--quick`): too few repetitions for the numbers to mean anything.**", ""]
@@ -309,8 +310,8 @@ def report(sac: dict, tiny: dict | None, settings: dict, machine: dict) -> str:
     lines += [text for text in sac["reports"].values()]
     if tiny is not None:
         lines += [text for text in tiny["reports"].values()]
-    lines += ["```", "", "Machine:", "", common.machine_block(machine)]
-    return "\n".join(lines)
+    lines += ["```"]
+    return lines
 
 
 def parse_args() -> argparse.Namespace:
@@ -356,15 +357,9 @@ def main() -> None:
         tiny["summary"] = summarize(tiny["times_ms"], "update-plain")
     machine = common.machine_description(("rlspeed", "torch", "numpy"))
     machine["torch_threads"] = args.threads
-    table = report(sac, tiny, settings, machine)
-    print()
-    print(table)
-    if not args.no_write:
-        path = common.write_json("accel_update_step", {"machine": machine, "settings": settings, "sac": sac,
-                                                       "tiny": tiny})
-        readme = common.update_readme("accel", "## Acceleration of an update step (`benchmarks/accel_update_step.py`)"
-                                      "\n\n" + table)
-        print(f"\nwrote {path} and {readme}")
+    common.publish("accel", ["## Acceleration of an update step (`benchmarks/accel_update_step.py`)", "",
+                             *report(sac, tiny, settings)], {"settings": settings, "sac": sac, "tiny": tiny},
+                   not args.no_write, machine=machine, results_name="accel_update_step")
 
 
 if __name__ == "__main__":

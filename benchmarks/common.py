@@ -153,15 +153,19 @@ def sweep_arguments(description: str, sizes: str, envs: str, seconds: float) -> 
     return parser
 
 
-def publish(name: str, lines: list[str], data: dict, write: bool = True) -> str:
-    """A benchmark's README section: `lines`, then this machine's block. Printed; unless `write` is False also put
-    between the `name` markers of benchmarks/README.md, with `data` (and the machine) in results/<name>.json."""
-    machine = machine_description()
-    section = "\n".join([*lines, "", machine_block(machine)])
+def publish(name: str, lines: list[str], data: dict, write: bool = True, *, machine: dict | None = None,
+            results_name: str | None = None) -> str:
+    """A benchmark's README section: `lines`, then this machine's block (`machine`, or `machine_description()`).
+    Printed; unless `write` is False also put between the `name` markers of benchmarks/README.md, with `data` (and
+    the machine) in results/<results_name or name>.json."""
+    machine = machine_description() if machine is None else machine
+    section = "\n".join(lines).rstrip("\n") + "\n\nMachine:\n\n" + machine_block(machine)
+    print()
     print(section)
     if write:
-        write_json(name, {"machine": machine, **data})
-        update_readme(name, section)
+        path = write_json(results_name or name, {"machine": machine, **data})
+        readme = update_readme(name, section)
+        print(f"\nwrote {path} and {readme}")
     return section
 
 

@@ -106,21 +106,15 @@ def main() -> None:
         print(f"{label}: autograd {medians['autograd'] * 1e6:,.0f} us, fused {medians['fused'] * 1e6:,.0f} us, "
               f"{speedup:.2f}x", flush=True)
 
-    section = "\n".join([
+    common.publish("fused_updates", [
         "## Hand-derived updates against autograd (`benchmarks/fused_updates.py`)", "",
         *(["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
           if args.quick else []),
         f"One gradient step of rlspeed's own algorithms on a fixed batch, `fused_update=False` (autograd, "
         f"`torch.optim.Adam(fused=True)`) against `fused_update=True`; median of {blocks} interleaved blocks of "
         f"{steps} steps each, torch.set_num_threads({args.threads}).", "",
-        common.markdown_table(["Update", "autograd (us/step)", "fused (us/step)", "speedup"], rows), "",
-        "Machine:", "", common.machine_block(machine)])
-    print(section)
-    if not args.no_write:
-        common.write_json("fused_updates", {"machine": machine, "blocks": blocks, "steps": steps,
-                                            "results": results})
-        common.update_readme("fused_updates", section)
-
+        common.markdown_table(["Update", "autograd (us/step)", "fused (us/step)", "speedup"], rows)],
+        {"blocks": blocks, "steps": steps, "results": results}, not args.no_write, machine=machine)
 
 if __name__ == "__main__":
     main()

@@ -161,6 +161,7 @@ def throughput_rows(case: Case) -> dict[str, tuple[str, str]]:
 
 
 def report_case(case: Case, summary: dict, settings: dict) -> str:
+    """One case's part of the README section: its throughput and time-to-target tables."""
     seeds, threads = settings["seeds"], settings["threads"]
     title = f"{case.algo.upper()} on {case.env_id}"
     lines = [f"### {title}: (a) throughput at identical hyperparameters ({settings['steps'][case.key]:,} env steps, "
@@ -286,14 +287,9 @@ def main() -> None:
 
     machine = common.machine_description()
     machine["torch_threads"] = args.threads
-    table = "\n".join(sections + ["Machine:", "", common.machine_block(machine)])
-    print()
-    print(table)
-    if not args.no_write:
-        path = common.write_json("offpolicy", {"machine": machine, "settings": settings, "results": results})
-        readme = common.update_readme("offpolicy", "## Off-policy: SAC on Pendulum-v1, DQN on CartPole-v1 "
-                                      "(`benchmarks/offpolicy.py`)\n\n" + table)
-        print(f"\nwrote {path} and {readme}")
+    common.publish("offpolicy", ["## Off-policy: SAC on Pendulum-v1, DQN on CartPole-v1 (`benchmarks/offpolicy.py`)",
+                                 "", *sections], {"settings": settings, "results": results}, not args.no_write,
+                   machine=machine)
 
 
 if __name__ == "__main__":

@@ -114,7 +114,8 @@ THROUGHPUT_ROWS = {  # run name -> (library, env column)
 }
 
 
-def report(summary: dict, settings: dict, machine: dict) -> str:
+def report(summary: dict, settings: dict) -> list[str]:
+    """The README section's lines (without its heading and machine block)."""
     seeds, threads = settings["seeds"], settings["threads"]
     lines = []
     if settings["quick"]:
@@ -137,9 +138,8 @@ def report(summary: dict, settings: dict, machine: dict) -> str:
               "ranges are over the seeds that reached it.", ""]
     lines += [common.time_to_target_table(summary["time_to_target"], {
         "rlspeed": ("rlspeed", "shipped preset `ppo` / `CartPole-v1`"),
-        "sb3": ("Stable-Baselines3", "RL-Zoo CartPole-v1")}), ""]
-    lines += ["Machine:", "", common.machine_block(machine)]
-    return "\n".join(lines)
+        "sb3": ("Stable-Baselines3", "RL-Zoo CartPole-v1")})]
+    return lines
 
 
 def parse_args() -> argparse.Namespace:
@@ -201,15 +201,10 @@ def main() -> None:
     machine = common.machine_description()
     machine["torch_threads"] = args.threads
     summary = common.summarize(throughput, to_target, THROUGHPUT_ROWS)
-    table = report(summary, settings, machine)
-    print()
-    print(table)
-    if not args.no_write:
-        path = common.write_json("ppo_cartpole", {"machine": machine, "settings": settings, "summary": summary,
-                                                  "throughput": throughput, "time_to_target": to_target})
-        readme = common.update_readme("ppo_cartpole", "## PPO on CartPole-v1 (`benchmarks/ppo_cartpole.py`)\n\n"
-                                      + table)
-        print(f"\nwrote {path} and {readme}")
+    common.publish("ppo_cartpole", ["## PPO on CartPole-v1 (`benchmarks/ppo_cartpole.py`)", "",
+                                    *report(summary, settings)],
+                   {"settings": settings, "summary": summary, "throughput": throughput, "time_to_target": to_target},
+                   not args.no_write, machine=machine)
 
 
 if __name__ == "__main__":
