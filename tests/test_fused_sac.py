@@ -5,6 +5,8 @@ import torch
 from conftest import plain_and_fused
 
 from rlspeed import SAC
+from rlspeed.accel.search import TOLERANCES
+from rlspeed.accel.strategy import precision_context, reduced_matmul_supported
 from rlspeed.algos.fused_sac import FusedSACUpdate
 
 
@@ -115,6 +117,31 @@ def test_actor_gradient_through_the_minimum_critic_matches_autograd(select_rows,
     fused._update_step.gradient(*batch)
     for grad, param in zip(expected, [*fused.actor.parameters(), *fused.critic.parameters()]):
         torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul"),
+                    reason="this CPU has no bf16 matmul")
+def test_wide_critics_in_a_bf16_matmul_region_stay_within_the_acceleration_tolerance():
+    # RL-Zoo widths: on a CPU the fp32 step chooses rows (select_rows), a bf16-matmul region (--accelerate auto's
+    # usual choice there) takes the full backward instead; its gradient must stay as close to autograd's fp32 one
+    # as the acceleration layer demands of any candidate. A small fixed temperature, so that the actor's gradient is
+    # mostly the critics' (not the entropy term's).
+    plain, fused = _pair(net_arch=(256, 256), ent_coef=0.01)
+    assert fused._update_step.select_rows
+    batch = [_batch(7)[field] for field in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")]
+    torch.manual_seed(3)
+    loss, _ = plain._loss(*batch)
+    expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, plain._params)])
+    torch.manual_seed(3)
+    with precision_context(torch.device("cpu"), "bf16-matmul"):
+        fused._update_step.gradient(*batch)
+    tolerance = TOLERANCES["bf16-matmul"]
+    actor_size = sum(p.numel() for p in plain.actor.parameters())
+    critic_end = actor_size + sum(p.numel() for p in plain.critic.parameters())
+    for part in (slice(0, actor_size), slice(actor_size, critic_end)):  # each network on its own
+        got, want = fused._update_step.adam.grad[part], expected[part]
+        assert float(got @ want / (got.norm() * want.norm())) >= tolerance.grad_cosine
+        assert float((got.norm() - want.norm()).abs() / want.norm()) <= tolerance.grad_norm_rel_err
 
 
 def test_fused_sac_checkpoint_continues_identically(tmp_path):
