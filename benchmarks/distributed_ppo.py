@@ -119,5 +119,6 @@ def main() -> None:
         f"{all_reduce['backend']}, 2 ranks): {all_reduce['all_reduce_s'] * 1e6:,.0f} µs per update.",
     ], {"runs": runs, "all_reduce": all_reduce, "settings": vars(args)}, write=not args.no_write)
 
+
 if __name__ == "__main__":
     main()

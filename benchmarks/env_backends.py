@@ -75,5 +75,6 @@ def main() -> None:
         table,
     ], {"results": raw, "settings": vars(args)}, write=not args.no_write)
 
+
 if __name__ == "__main__":
     main()

@@ -116,5 +116,6 @@ def main() -> None:
         common.markdown_table(["Update", "autograd (us/step)", "fused (us/step)", "speedup"], rows)],
         {"blocks": blocks, "steps": steps, "results": results}, not args.no_write, machine=machine)
 
+
 if __name__ == "__main__":
     main()
