@@ -158,17 +158,6 @@ def _out(workspace: Workspace | None, key: object, shape: Sequence[int], like: t
     return workspace.get(key, shape, like)
 
 
-def _product_out(workspace: Workspace | None, key: object, rows: int, cols: int,
-                 like: torch.Tensor) -> torch.Tensor | None:
-    """The output of a `[rows, cols]` product: the workspace's buffer under `key`, column-major (the transpose of a
-    `[cols, rows]` buffer) where `column_major` says so; None without a workspace (`_product` allocates)."""
-    if workspace is None:
-        return None
-    if column_major(rows, cols, like.device):
-        return workspace.get(key, (cols, rows), like).t()
-    return workspace.get(key, (rows, cols), like)
-
-
 # --- forward passes that keep their activations, and the backward passes written out ------------------------------
 def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | None:
     """(linear layers, tanh?) of a Sequential `Linear, act, Linear, act, ..., Linear` with one kind of activation
@@ -233,6 +222,17 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: t
     finally:
         if thin:
             _MKLDNN_MATMUL.fp32_precision = "bf16"
+
+
+def _product_out(workspace: Workspace | None, key: object, rows: int, cols: int,
+                 like: torch.Tensor) -> torch.Tensor | None:
+    """The output of a `[rows, cols]` product: the workspace's buffer under `key`, column-major (the transpose of a
+    `[cols, rows]` buffer) where `column_major` says so; None without a workspace (`_product` allocates)."""
+    if workspace is None:
+        return None
+    if column_major(rows, cols, like.device):
+        return workspace.get(key, (cols, rows), like).t()
+    return workspace.get(key, (rows, cols), like)
 
 
 def _per_member(weights, reduced: bool) -> bool:
