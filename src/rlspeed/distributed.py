@@ -107,6 +107,7 @@ class DistributedStrategy:
         return bool(tensor.item())  # ok-sync: once per log interval
 
     def barrier(self) -> None:
+        """Wait until every rank reaches this point (no-op in a single process)."""
         if self.enabled:
             dist.barrier()
 

@@ -121,6 +121,7 @@ class ActorCritic(nn.Module):
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(obs) `[B]` for flat observations `[B, obs_dim]`: the critic output of `forward`."""
         return self(obs)[1]
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

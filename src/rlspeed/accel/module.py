@@ -102,6 +102,10 @@ class AcceleratedModule:
     _rlspeed_base: type
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the original `forward` through this module's accelerator (the strategy decided for this kind of call).
+
+        The classes `auto_accelerate` builds override this with a copy carrying the user's signature and docstring.
+        """
         return self.__dict__["_rlspeed_accelerator"](self, args, kwargs)
 
     @property

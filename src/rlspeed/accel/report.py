@@ -27,6 +27,7 @@ class Trial:
     reference: bool = False  # the fp32 eager run the others are compared with
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as a JSON-ready dict (plus the strategy's `label`); `from_dict` reads it back."""
         return {"strategy": self.strategy.to_dict(), "label": self.strategy.label, "ms_per_call": self.ms_per_call,
                 "speedup": self.speedup, "first_call_s": self.first_call_s, "output_rel_err": self.output_rel_err,
                 "grad_cosine": self.grad_cosine, "grad_norm_rel_err": self.grad_norm_rel_err, "passed": self.passed,
@@ -52,6 +53,7 @@ class Decision:
     search_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: signature, chosen strategy (and its `label`), source, reason, search time, trials."""
         return {"signature": self.signature, "chosen": self.chosen.to_dict(), "label": self.chosen.label,
                 "source": self.source, "reason": self.reason, "search_s": self.search_s,
                 "trials": [trial.to_dict() for trial in self.trials]}
@@ -73,10 +75,12 @@ class AccelReport:
         return self.decisions[-1].chosen if self.decisions else None
 
     def note(self, text: str) -> None:
+        """Add a note to the report, unless the same text is already there."""
         if text not in self.notes:
             self.notes.append(text)
 
     def to_dict(self) -> dict[str, Any]:
+        """The whole report as a JSON-ready dict: target, device, request, every decision and the notes."""
         return {"target": self.target, "device": self.device, "requested": self.requested,
                 "decisions": [decision.to_dict() for decision in self.decisions], "notes": list(self.notes)}
 

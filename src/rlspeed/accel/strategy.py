@@ -75,6 +75,7 @@ class Strategy:
         return AUTOCAST_DTYPES[self.precision]
 
     def to_dict(self) -> dict[str, Any]:
+        """The four fields as a JSON-ready dict; `from_dict` reads it back (decision cache, reports)."""
         return asdict(self)
 
     @classmethod
@@ -97,6 +98,10 @@ class Request:
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
+        """The request as a JSON-ready dict (`env`: the forcing `RLSPEED_ACCELERATE` value or None; notes left out).
+
+        It is the report's `requested` and part of the decision-cache key.
+        """
         return {"precision": self.precision, "compile": self.compile, "graphs": self.graphs,
                 "env": self.forced_by_env}
 
@@ -267,6 +272,10 @@ def backward_precision(device: torch.device, precision: str) -> contextlib.Abstr
 
 
 def uses_matmul_precision(device: torch.device, precision: str) -> bool:
+    """Whether `precision` runs on this device as a matmul-precision setting (bf16-matmul on CPU, tf32 on CUDA).
+
+    Such a precision must also be switched on for the backward pass (`backward_precision`, `BackwardPrecisionHook`).
+    """
     return (device.type, precision) in _MATMUL_PRECISION
 
 
@@ -388,4 +397,5 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool) -> t
 
 
 def with_bucket(strategy: Strategy, bucket: bool) -> Strategy:
+    """`strategy` with batch bucketing set to `bucket`; only compiled strategies bucket (eager ones get False)."""
     return replace(strategy, bucket=bucket and strategy.compile != "off")

@@ -56,6 +56,7 @@ class DQNConfig(OffPolicyConfig):
     fused_update: bool = True  # hand-derived gradient + flat Adam (algos/fused_dqn.py) where the network allows
 
     def validate(self) -> None:
+        """The `OffPolicyConfig` checks, plus DQN's own: target update interval, exploration epsilons, grad norm."""
         super().validate()
         require(self.target_update_interval >= 1,
                 f"target_update_interval must be >= 1, got {self.target_update_interval}.")

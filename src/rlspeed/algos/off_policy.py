@@ -51,6 +51,7 @@ class OffPolicyConfig:
     activation: str = "relu"
 
     def validate(self) -> None:
+        """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
         require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
         require(self.train_freq >= 1, f"train_freq must be >= 1, got {self.train_freq}.")
         require(self.gradient_steps >= 1 or self.gradient_steps == -1,

@@ -46,6 +46,7 @@ class SACConfig(OffPolicyConfig):
     fused_update: bool = True  # hand-derived gradients + flat Adam (algos/fused_sac.py) where the networks allow
 
     def validate(self) -> None:
+        """The `OffPolicyConfig` checks, plus SAC's own: entropy coefficient, its initial value, number of critics."""
         super().validate()
         require(self.ent_coef is None or self.ent_coef >= 0,
                 f"ent_coef must be >= 0, or null to tune it automatically, got {self.ent_coef}.")

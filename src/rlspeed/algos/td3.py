@@ -45,6 +45,7 @@ class TD3Config(OffPolicyConfig):
     ou_dt: float = 1e-2  # Ornstein-Uhlenbeck time step
 
     def validate(self) -> None:
+        """The `OffPolicyConfig` checks, plus TD3's own: critics, policy delay, target and exploration noise."""
         super().validate()
         require(self.n_critics >= 1, f"n_critics must be >= 1, got {self.n_critics}.")
         require(self.policy_delay >= 1, f"policy_delay must be >= 1, got {self.policy_delay}.")

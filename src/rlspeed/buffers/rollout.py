@@ -63,6 +63,11 @@ class RolloutBuffer:
         self.dones = zeros(dtype=torch.bool)
 
     def add(self, step: int, obs, next_obs, actions, log_probs, values, rewards, terminated, dones) -> None:
+        """Copy one step of all N envs into row `step` (in place, no allocation).
+
+        `next_obs` is `info["final_obs"]` (what each action led to), `dones` is `terminated | truncated`; the tensors
+        are `[N, ...]` and are cast to the buffer's dtypes.
+        """
         self.obs[step].copy_(obs)
         self.next_obs[step].copy_(next_obs)
         self.actions[step].copy_(actions)

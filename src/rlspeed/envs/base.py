@@ -51,9 +51,20 @@ class BatchedEnv:
     backend: str
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        """Start new episodes in all N envs (reseeding them first when `seed` is given).
+
+        Returns (obs, info): obs a float32 `[N, ...]` tensor on `device`, info a dict (empty for the built-in envs).
+        """
         raise NotImplementedError
 
     def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """Step all N envs with one action per env (`[N]` for Discrete, `[N, *shape]` for Box).
+
+        Returns (obs, reward, terminated, truncated, info), tensors on `device`: obs float32 `[N, ...]`, reward float32
+        `[N]`, terminated and truncated bool `[N]`. Autoreset is SAME_STEP: finished rows of `obs` are already reset,
+        and `info["final_obs"]` (float32 `[N, ...]`) holds the observation each action led to, the true last one for
+        finished rows.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -89,12 +100,15 @@ class EnvWrapper(BatchedEnv):
         self.backend = env.backend
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        """Reset the inner env (unchanged here; subclasses add their own work)."""
         return self.env.reset(seed=seed)
 
     def step(self, actions: torch.Tensor):
+        """Step the inner env (unchanged here; subclasses change obs, reward or info)."""
         return self.env.step(actions)
 
     def close(self) -> None:
+        """Close the inner env."""
         self.env.close()
 
     @property
@@ -130,11 +144,17 @@ class EpisodeStatistics(EnvWrapper):
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
 
     def reset(self, seed: int | None = None):
+        """Zero the running episode totals, then reset the inner env."""
         self._return = torch.zeros_like(self._return)
         self._length = torch.zeros_like(self._length)
         return self.env.reset(seed=seed)
 
     def step(self, actions: torch.Tensor):
+        """Step the inner env and add `info["done"]`, `info["episode_return"]` and `info["episode_length"]`.
+
+        The totals (float32 `[N]`) are the finished episodes' where `info["done"]` is True; elsewhere they are the
+        current episode's running totals, which callers should ignore.
+        """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         done = terminated | truncated
         # Fresh tensors each step (no copies): the returned totals stay valid after later steps.

@@ -84,6 +84,10 @@ class GymnasiumEnv(BatchedEnv):
         return torch.as_tensor(np.asarray(array, dtype=np.float32), device=self.device)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        """Reset the vector env (Gymnasium seeds env i with `seed + i`); returns (obs, {}).
+
+        Gymnasium's reset info is dropped.
+        """
         obs, _ = self.vector_env.reset(seed=seed)
         return self._obs(obs), {}
 
@@ -109,6 +113,11 @@ class GymnasiumEnv(BatchedEnv):
         return obs, reward, terminated, truncated, final
 
     def step(self, actions: torch.Tensor):
+        """Step the Gymnasium envs (actions go to the host once) and return the batched contract's tensors.
+
+        `info` holds only `final_obs`; Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is
+        stepped env by env here (`_step_sync`), skipping its per-step info merging.
+        """
         if self._sync_envs is not None:
             obs_np, reward, terminated, truncated, final_np = self._step_sync(
                 _to_numpy_actions(actions, self.spec.action_space))
@@ -136,4 +145,5 @@ class GymnasiumEnv(BatchedEnv):
                 out_info)
 
     def close(self) -> None:
+        """Close the vector env (for async, its worker subprocesses too)."""
         self.vector_env.close()

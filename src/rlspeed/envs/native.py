@@ -148,6 +148,10 @@ class NativeEnv(BatchedEnv):
         return self._hash_block(counters, self._keys, self._keys_low, self.state_dtype)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        """Draw fresh states for every env and return (obs, {}); zero the episode step counters.
+
+        With `seed`, the per-env random streams restart from it first; without one, they continue where they are.
+        """
         if seed is not None:
             self._seed_streams(int(seed))
         self.state = self.sample_state(self.num_envs)
@@ -155,6 +159,11 @@ class NativeEnv(BatchedEnv):
         return self.observe(self.state), {}
 
     def step(self, actions: torch.Tensor):
+        """Advance every env one step with batched tensor ops (`transition`), no host sync.
+
+        Fresh initial states are drawn on every call and used for the rows that finish (SAME_STEP autoreset, time limit
+        from `spec.max_episode_steps`); `info` is `{"final_obs": ...}`.
+        """
         fresh = self.sample_state(self.num_envs)  # drawn every step so that no row-dependent branch is needed
         obs, reward, terminated, truncated, final_obs, self.state, self.elapsed_steps = self._transition(
             self.state, self.elapsed_steps, actions, fresh)

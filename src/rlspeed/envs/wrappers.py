@@ -57,6 +57,7 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
+        """`(x - mean) / sqrt(var + 1e-8)`, clipped to [-clip, clip]; the statistics are not updated."""
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip)
 
 
@@ -73,12 +74,17 @@ class NormalizeObservation(EnvWrapper):
         self.training = True
 
     def reset(self, seed: int | None = None):
+        """Reset the inner env and return normalised obs (folded into the statistics first while `training`)."""
         obs, info = self.env.reset(seed=seed)
         if self.training:
             self.obs_rms.update(obs)
         return self.obs_rms.normalize(obs, self.clip), info
 
     def step(self, actions):
+        """Step the inner env, then normalise `obs` and `info["final_obs"]` with the running statistics.
+
+        While `training`, the statistics are first updated with the returned `obs` (not with `final_obs`).
+        """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self.training:
             self.obs_rms.update(obs)
@@ -98,10 +104,16 @@ class NormalizeReward(EnvWrapper):
         self._returns = torch.zeros(env.num_envs, device=env.device, dtype=torch.float32)
 
     def reset(self, seed: int | None = None):
+        """Zero the running discounted returns, then reset the inner env (observations unchanged)."""
         self._returns.zero_()
         return self.env.reset(seed=seed)
 
     def step(self, actions):
+        """Step the inner env and divide the reward by the running std of the discounted return, clipped.
+
+        While `training`, each env's discounted return and its statistics are updated first; a return restarts from 0
+        after its episode ends. Observations and info pass through unchanged.
+        """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self.training:
             self._returns.mul_(self.gamma).add_(reward)
