@@ -210,3 +210,24 @@ def test_debug_before_the_subcommand_shows_the_traceback(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match="CartPole-v1"):
         cli.main(["--debug", "train", "ppo", "CartPol-v1"])
+
+
+def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
+    """`main([... "--nproc", "2"])` hands torchrun the arguments it was given (not the host process's argv), less
+    `--nproc` and `--max-restarts`, with a fixed `--out` so that every worker writes one run directory."""
+    import subprocess as subprocess_module
+
+    calls = []
+    monkeypatch.setattr(subprocess_module, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(sys, "argv", ["pytest", "-x", "tests"])
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--nproc", "2", "--max-restarts=1", "--seed", "3",
+                     "--no-progress"])
+    assert code == 0 and len(calls) == 1
+    command = calls[0]
+    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "--max-restarts=1"]
+    worker = command[command.index("rlspeed") + 1:]
+    assert worker[:5] == ["train", "ppo", "CartPole-v1", "--seed", "3"]
+    assert "--nproc" not in worker and "-x" not in worker and not any(a.startswith("--max-restarts") for a in worker)
+    assert worker[worker.index("--out") + 1].startswith("runs/ppo-CartPole-v1-3-")

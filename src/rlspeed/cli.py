@@ -55,6 +55,12 @@ def _target(arg: str | None, spec) -> float | None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """`rlspeed train`: train ALGO on ENV_ID from its preset, `--set` overrides and flags; returns the exit code.
+
+    Writes the run directory (config.yaml, metrics.csv, model.safetensors, summary.json, ...); under torchrun every rank
+    trains and only rank 0 writes. With `--nproc N` it starts torchrun with N processes running this same command
+    instead, and returns torchrun's exit code.
+    """
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
@@ -163,10 +169,9 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {args.nproc}.")
-    argv = list(sys.argv[1:])
     rest: list[str] = []
     skip = False
-    for item in argv:  # drop --nproc N / --nproc=N / --max-restarts R from what each worker runs
+    for item in args.argv:  # drop --nproc N / --nproc=N / --max-restarts R from what each worker runs
         if skip:
             skip = False
             continue
@@ -192,6 +197,10 @@ def _plain(config) -> dict:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """`rlspeed eval`: load a checkpoint and print its deterministic evaluation (mean +/- std); returns 0.
+
+    The env is `--env` or the one the model was trained on; `--json` also prints the result dict as JSON.
+    """
     from rlspeed.algos import ALGORITHMS
     from rlspeed.checkpoint import load_checkpoint
 
@@ -201,10 +210,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"'{args.checkpoint}' holds an unknown algorithm '{meta.get('algo')}'.")
     model = algo_cls.load(args.checkpoint, device=args.device)
     env_id = args.env or model.env_id
-    backend = args.env_backend if args.env_backend != "auto" else "auto"
     from rlspeed.evaluation import evaluate
 
-    result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=backend)
+    result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
     print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes: "
           f"{result['mean']:.1f} +/- {result['std']:.1f}")
     if args.json:
@@ -213,12 +221,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """`rlspeed doctor`: check the device stack and print what runs here; returns 1 if a check failed, else 0."""
     from rlspeed.diagnostics.doctor import run_doctor
 
     return run_doctor(device=args.device)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `rlspeed` argument parser: subcommands train, eval and doctor, each setting `func` to its command.
+
+    `--debug` is accepted before or after the subcommand.
+    """
     parser = argparse.ArgumentParser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -267,8 +280,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `rlspeed` command on `argv` (default: `sys.argv[1:]`) and return the exit code.
+
+    A `UserError` prints one line and returns 2 (with `--debug` it is raised with its traceback); Ctrl-C returns 130.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
     try:
         return int(args.func(args) or 0)
     except UserError as error:
