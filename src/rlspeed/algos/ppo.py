@@ -19,6 +19,7 @@ from rlspeed.algos.fused_ppo import supports as supports_fused
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
+from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
 
 
@@ -49,6 +50,10 @@ class PPOConfig:
     fused_update: bool = True  # hand-derived gradient + flat Adam (algos/fused_ppo.py) where the network allows
 
     def validate(self) -> None:
+        """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it).
+
+        `batch_size` must divide `num_envs * num_steps` or be at least that (then one minibatch is the whole rollout).
+        """
         require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
         require(self.num_steps >= 1, f"num_steps must be >= 1, got {self.num_steps}.")
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}.")
@@ -78,6 +83,11 @@ class PPO(Algorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
+        world = self.strategy.world_size
+        if world > 1 and cfg.batch_size < cfg.num_envs * cfg.num_steps and cfg.batch_size % world:
+            # each rank takes minibatches of batch_size / world rows from its share of the rollout
+            raise UserError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of processes ({world}): "
+                            "each process takes an equal share of every minibatch.")
         obs_dim = spec.obs_dim
         self.policy = ActorCritic(obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
                                   cfg.log_std_init).to(self.device)
