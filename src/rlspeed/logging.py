@@ -19,6 +19,7 @@ class ProgressBar:
                         dynamic_ncols=True, leave=True)
 
     def update(self, steps: int, **postfix) -> None:
+        """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
         shown = {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in postfix.items()
                  if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if shown:
@@ -26,17 +27,23 @@ class ProgressBar:
         self.bar.update(steps)
 
     def close(self) -> None:
+        """Finish the bar (it stays on screen)."""
         self.bar.close()
 
 
 class RunLogger:
-    """Writes one row per log interval to `metrics.csv` (and TensorBoard), and plots the curve at the end."""
+    """Writes one row per log interval to `metrics.csv` (and TensorBoard), and plots the curve at the end.
+
+    Each row reaches the file as it is logged (flushed), so the file can be read during a run and a killed run
+    keeps what it logged. A row with a new key adds a column: the file is then rewritten with the wider header.
+    """
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         self._fields: list[str] = []
+        self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
         if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -44,21 +51,41 @@ class RunLogger:
             self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
 
     def log(self, row: dict) -> None:
+        """Record one metrics row and send its numeric values to TensorBoard at step `row["timesteps"]`.
+
+        The row is appended to `metrics.csv` at once; a new key becomes a new column (the file is rewritten).
+        """
         self.rows.append(dict(row))
-        for key in row:
-            if key not in self._fields:
-                self._fields.append(key)
+        new_fields = [key for key in row if key not in self._fields]
+        self._fields.extend(new_fields)
+        if new_fields or self._csv is None:
+            self._rewrite_csv()
+        else:
+            handle, writer = self._csv
+            writer.writerow(row)
+            handle.flush()
         if self._writer is not None:
             step = int(row.get("timesteps", len(self.rows)))
             for key, value in row.items():
                 if key != "timesteps" and isinstance(value, (int, float)) and not math.isnan(float(value)):
                     self._writer.add_scalar(key, value, step)
 
+    def _rewrite_csv(self) -> None:
+        """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append."""
+        if self._csv is not None:
+            self._csv[0].close()
+        handle = open(self.run_dir / "metrics.csv", "w", newline="")
+        writer = csv.DictWriter(handle, fieldnames=self._fields)
+        writer.writeheader()
+        writer.writerows(self.rows)
+        handle.flush()
+        self._csv = (handle, writer)
+
     def close(self) -> None:
-        with open(self.run_dir / "metrics.csv", "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=self._fields)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot."""
+        if self._csv is None:
+            self._rewrite_csv()  # a header-only file when nothing was logged
+        self._csv[0].close()
         if self._writer is not None:
             self._writer.close()
         self.plot()
