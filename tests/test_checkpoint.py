@@ -152,3 +152,17 @@ def test_loading_with_another_algorithm_is_a_user_error(tmp_path, cartpole_model
     for other in others:
         with pytest.raises(rlspeed.UserError, match="ppo"):
             other.load(path, device="cpu")
+
+
+def test_action_space_metadata_keeps_the_box_dtype():
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed.algos.base import space_from_json, space_to_json
+
+    box = gym.spaces.Box(-2.0, 2.0, (3,), dtype=np.float64)
+    loaded = space_from_json(json.loads(json.dumps(space_to_json(box))))
+    assert loaded == box and loaded.dtype == np.float64
+    older = {"type": "box", "shape": [1], "low": [-2.0], "high": [2.0]}  # written before the dtype was recorded
+    assert space_from_json(older).dtype == np.float32
+    assert space_from_json(space_to_json(gym.spaces.Discrete(4))) == gym.spaces.Discrete(4)

@@ -97,3 +97,24 @@ def test_evaluate_counts_episodes_cut_by_max_steps_with_their_return_so_far():
     assert result["unfinished"] == 4 and result["returns"] == [5.0] * 4
     full = rlspeed.evaluate(model, "CartPole-v1", episodes=4, seed=0)
     assert full["unfinished"] == 0 and all(1.0 <= r <= 500.0 for r in full["returns"])
+
+
+class OffsetActions(gym.Env):
+    """A one-step env whose Discrete actions start at 1."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+    action_space = gym.spaces.Discrete(2, start=1)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), float(action == 2), True, False, {}
+
+
+@pytest.mark.parametrize("algo", [PPO, rlspeed.DQN])
+def test_discrete_actions_that_do_not_start_at_0_are_a_user_error(algo):
+    vector_env = gym.vector.SyncVectorEnv([OffsetActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(rlspeed.UserError, match="starting at 1"):
+        algo(vector_env, device="cpu")

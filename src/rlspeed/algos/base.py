@@ -81,18 +81,22 @@ def require(condition: bool, message: str) -> None:
 
 
 def space_to_json(space: gym.Space) -> dict:
+    """A Discrete or Box action space as a JSON-ready dict for checkpoint metadata; UserError for other spaces."""
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "discrete", "n": int(space.n)}
     if isinstance(space, gym.spaces.Box):
-        return {"type": "box", "shape": list(space.shape), "low": space.low.tolist(), "high": space.high.tolist()}
+        return {"type": "box", "shape": list(space.shape), "low": space.low.tolist(), "high": space.high.tolist(),
+                "dtype": np.dtype(space.dtype).name}
     raise UserError(f"Unsupported action space {space}.")
 
 
 def space_from_json(data: dict) -> gym.Space:
+    """The space `space_to_json` wrote (a Box with its dtype; float32 for checkpoints that did not record one)."""
     if data["type"] == "discrete":
         return gym.spaces.Discrete(data["n"])
-    return gym.spaces.Box(np.array(data["low"], dtype=np.float32), np.array(data["high"], dtype=np.float32),
-                          tuple(data["shape"]), dtype=np.float32)
+    dtype = np.dtype(data.get("dtype", "float32"))
+    return gym.spaces.Box(np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype),
+                          tuple(data["shape"]), dtype=dtype)
 
 
 @dataclasses.dataclass
@@ -210,6 +214,10 @@ class Algorithm:
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             raise UserError(f"{self.name.upper()} needs discrete actions, but {spec.env_id} has continuous "
                             "actions; use ppo, sac, td3 or ddpg.")
+        if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
+            # the policies act in indices 0..n-1 and the env adapters pass them on as they are
+            raise UserError(f"{spec.env_id} has Discrete actions starting at {int(space.start)}; rlspeed needs them "
+                            "to start at 0 (wrap the env in a gymnasium.ActionWrapper that adds the offset).")
         if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
             raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete "
                             "and Box.")
