@@ -1,11 +1,17 @@
 """What the hand-derived updates buy: one gradient step of rlspeed's PPO, DQN and SAC, autograd against fused.
 
-For each algorithm, two models with the same initial weights (`fused_update=False`: loss + autograd backward +
-clipping + `torch.optim.Adam(fused=True)`; `fused_update=True`: `rlspeed/algos/fused_*.py`) take update steps on
-the same fixed batch, in interleaved blocks (autograd block, fused block, autograd block, ...), and the median
-time per step of each is reported with their ratio. Shapes are those of the RL-Zoo settings the other benchmarks
-use: PPO CartPole (64x64 tanh actor and critic, minibatch 256), DQN CartPole ([256, 256] ReLU Q-network, batch 64),
-SAC Pendulum ([256, 256] ReLU actor and twin critics, batch 256).
+For each algorithm, three models with the same initial weights take update steps on the same fixed batch, in
+interleaved blocks (autograd block, fused block, accelerated block, autograd block, ...), and the median time per
+step of each is reported with its ratio to autograd:
+  autograd     `fused_update=False`: loss + autograd backward + clipping + `torch.optim.Adam(fused=True)`, fp32
+               eager (the algorithm's plain PyTorch form);
+  fused        `fused_update=True`: the hand-derived update (`rlspeed/algos/fused_*.py`), fp32;
+  accelerate   `fused_update=True, accelerate="auto"`, as `rlspeed train ... --accelerate auto` runs it: the
+               hand-derived update in the matmul precision the acceleration layer measures fastest within its
+               tolerances (chosen on the first, untimed call).
+Shapes are those of the RL-Zoo settings the other benchmarks use: PPO CartPole (64x64 tanh actor and critic,
+minibatch 256), DQN CartPole ([256, 256] ReLU Q-network, batch 64), SAC Pendulum ([256, 256] ReLU actor and twin
+critics, batch 256).
 
 Usage: python benchmarks/fused_updates.py [--quick] [--blocks N] [--steps N] [--threads N] [--no-write]
 """
@@ -23,8 +29,9 @@ import rlspeed
 
 
 def ppo_case():
-    def build(fused):
-        return rlspeed.PPO("CartPole-v1", device="cpu", seed=0, fused_update=fused, env_backend="torch")
+    def build(fused, accelerate):
+        return rlspeed.PPO("CartPole-v1", device="cpu", seed=0, fused_update=fused, env_backend="torch",
+                           accelerate=accelerate)
 
     generator = torch.Generator().manual_seed(0)
     batch = 256
@@ -36,9 +43,9 @@ def ppo_case():
 
 
 def dqn_case():
-    def build(fused):
+    def build(fused, accelerate):
         return rlspeed.DQN("CartPole-v1", device="cpu", seed=0, fused_update=fused, net_arch=(256, 256),
-                           learning_rate=2.3e-3, max_grad_norm=10.0)
+                           learning_rate=2.3e-3, max_grad_norm=10.0, accelerate=accelerate)
 
     generator = torch.Generator().manual_seed(0)
     batch = 64
@@ -49,9 +56,9 @@ def dqn_case():
 
 
 def sac_case():
-    def build(fused):
+    def build(fused, accelerate):
         return rlspeed.SAC("Pendulum-v1", device="cpu", seed=0, fused_update=fused, net_arch=(256, 256),
-                           learning_rate=1e-3)
+                           learning_rate=1e-3, accelerate=accelerate)
 
     generator = torch.Generator().manual_seed(0)
     batch = 256
@@ -91,29 +98,38 @@ def main() -> None:
     results, rows = {}, []
     for key, (label, make) in CASES.items():
         build, step = make()
-        models = {"autograd": build(False), "fused": build(True)}
-        for model in models.values():  # warm-up, not timed
+        models = {"autograd": build(False, "off"), "fused": build(True, "off"), "accelerate": build(True, "auto")}
+        for model in models.values():  # warm-up, not timed (the accelerated model's precision search included)
             time_block(step, model, steps)
+        choice = models["accelerate"].acceleration_summary() or {}
         times: dict[str, list[float]] = {name: [] for name in models}
         for _ in range(blocks):
             for name, model in models.items():
                 times[name].append(time_block(step, model, steps))
         medians = {name: statistics.median(values) for name, values in times.items()}
         speedup = medians["autograd"] / medians["fused"]
-        results[key] = {"label": label, "seconds_per_step": times, "median_s": medians, "speedup": speedup}
+        accelerate_speedup = medians["autograd"] / medians["accelerate"]
+        precision = choice.get("precision", "fp32")
+        results[key] = {"label": label, "seconds_per_step": times, "median_s": medians, "speedup": speedup,
+                        "accelerate_speedup": accelerate_speedup, "accelerate_choice": choice}
         rows.append([label, f"{medians['autograd'] * 1e6:,.0f}", f"{medians['fused'] * 1e6:,.0f}",
-                     f"{speedup:.2f}x"])
+                     f"{speedup:.2f}x", f"{medians['accelerate'] * 1e6:,.0f} ({precision})",
+                     f"{accelerate_speedup:.2f}x"])
         print(f"{label}: autograd {medians['autograd'] * 1e6:,.0f} us, fused {medians['fused'] * 1e6:,.0f} us, "
-              f"{speedup:.2f}x", flush=True)
+              f"{speedup:.2f}x; accelerate {medians['accelerate'] * 1e6:,.0f} us ({precision}), "
+              f"{accelerate_speedup:.2f}x", flush=True)
 
     common.publish("fused_updates", [
         "## Hand-derived updates against autograd (`benchmarks/fused_updates.py`)", "",
         *(["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
           if args.quick else []),
-        f"One gradient step of rlspeed's own algorithms on a fixed batch, `fused_update=False` (autograd, "
-        f"`torch.optim.Adam(fused=True)`) against `fused_update=True`; median of {blocks} interleaved blocks of "
-        f"{steps} steps each, torch.set_num_threads({args.threads}).", "",
-        common.markdown_table(["Update", "autograd (us/step)", "fused (us/step)", "speedup"], rows)],
+        f"One gradient step of rlspeed's own algorithms on a fixed batch, `fused_update=False` (autograd, fp32 "
+        f"eager, `torch.optim.Adam(fused=True)`) against `fused_update=True` (hand-derived, fp32), and against the "
+        f"hand-derived update with `accelerate=\"auto\"` (as `--accelerate auto` runs it: the matmul precision "
+        f"it measured, in brackets); median of {blocks} interleaved blocks of {steps} steps each, "
+        f"torch.set_num_threads({args.threads}). Speedups are against autograd.", "",
+        common.markdown_table(["Update", "autograd (us/step)", "fused (us/step)", "speedup",
+                               "accelerate auto (us/step)", "speedup"], rows)],
         {"blocks": blocks, "steps": steps, "results": results}, not args.no_write, machine=machine)
 
 
