@@ -69,10 +69,17 @@ def test_round_trip_restores_observation_statistics(tmp_path, pendulum_model):
 
 
 def test_round_trip_restores_optimizer_state(tmp_path, cartpole_model):
-    loaded = PPO.load(cartpole_model.save(tmp_path / "model.safetensors"), device="cpu")
+    """The moments come from the checkpoint; the hyperparameters from the config (an annealed learning rate is
+    recomputed by the schedule; a learning_rate given to load is the one used)."""
+    path = cartpole_model.save(tmp_path / "model.safetensors")
+    loaded = PPO.load(path, device="cpu")
     saved, restored = cartpole_model.optimizer.state_dict(), loaded.optimizer.state_dict()
-    assert [g["lr"] for g in restored["param_groups"]] == [g["lr"] for g in saved["param_groups"]]
     assert saved["param_groups"][0]["lr"] != cartpole_model.config.learning_rate  # annealed, not the default
+    assert [g["lr"] for g in restored["param_groups"]] == [cartpole_model.config.learning_rate]
+    overridden = PPO.load(path, device="cpu", learning_rate=1e-3, anneal_lr=False)
+    assert [g["lr"] for g in overridden.optimizer.param_groups] == [1e-3]
+    overridden.learn(256, progress_bar=False)
+    assert [g["lr"] for g in overridden.optimizer.param_groups] == [1e-3]
     assert saved["state"].keys() == restored["state"].keys() and len(saved["state"]) > 0
     for index, entries in saved["state"].items():
         for key in ("exp_avg", "exp_avg_sq", "step"):
@@ -104,6 +111,16 @@ def test_save_is_atomic_and_adds_the_suffix(tmp_path, cartpole_model):
     cartpole_model.save(path)  # overwriting an existing checkpoint
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors"]  # no temporary files left
     assert PPO.load(tmp_path / "model", device="cpu").env_id == "CartPole-v1"
+
+
+def test_names_with_dots_load_what_was_saved_under_them(tmp_path, cartpole_model):
+    """The suffix is appended, not swapped for the part after the last dot, by save and load alike."""
+    other = PPO("CartPole-v1", device="cpu", seed=1, learning_rate=0.5)
+    other.save(tmp_path / "ppo_lr0")  # a sibling that replacing ".001" would find instead
+    path = cartpole_model.save(tmp_path / "ppo_lr0.001")
+    assert path.name == "ppo_lr0.001.safetensors"
+    loaded = PPO.load(tmp_path / "ppo_lr0.001", device="cpu")
+    assert loaded.config.learning_rate == cartpole_model.config.learning_rate != 0.5
 
 
 def test_loading_never_unpickles(tmp_path, monkeypatch, pendulum_model):
@@ -166,3 +183,25 @@ def test_action_space_metadata_keeps_the_box_dtype():
     older = {"type": "box", "shape": [1], "low": [-2.0], "high": [2.0]}  # written before the dtype was recorded
     assert space_from_json(older).dtype == np.float32
     assert space_from_json(space_to_json(gym.spaces.Discrete(4))) == gym.spaces.Discrete(4)
+
+
+def test_a_normalising_env_passed_in_gives_the_model_its_statistics(tmp_path):
+    """predict, evaluate and save use the statistics of a normalising env the user built; loading with such an
+    env continues the saved statistics in it."""
+    env = rlspeed.make_env("Pendulum-v1", num_envs=4, device="cpu", seed=0, normalize_obs=True)
+    model = PPO(env, seed=0, device="cpu", **TINY).learn(256, progress_bar=False)
+    assert model.obs_rms is env.obs_rms and model.obs_rms.count > 256
+    path = model.save(tmp_path / "model")
+    saved_count = float(model.obs_rms.count)
+    fresh_env = rlspeed.make_env("Pendulum-v1", num_envs=4, device="cpu", seed=1, normalize_obs=True)
+    loaded = PPO.load(path, device="cpu", env=fresh_env)
+    loaded.learn(256, progress_bar=False)
+    assert loaded.obs_rms is fresh_env.obs_rms and float(loaded.obs_rms.count) > saved_count + 256
+
+
+def test_evaluating_on_another_env_id_picks_its_backend(cartpole_model):
+    """A model trained on native envs evaluates on an env that has no native version (CartPole-v0)."""
+    native = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", **TINY)
+    assert native.env_backend == "torch"
+    result = native.evaluate(episodes=2, env_id="CartPole-v0")
+    assert len(result["returns"]) == 2

@@ -68,6 +68,9 @@ def test_fused_checkpoint_round_trip_and_resume(tmp_path):
     # The loaded optimizer state is what the next fused update continues from.
     state = loaded.optimizer.state_dict()["state"]
     torch.testing.assert_close(state[0]["exp_avg"], model.optimizer.state_dict()["state"][0]["exp_avg"])
+    # The learning rate comes from the config on load; learn() sets the annealed one at every iteration. Called
+    # directly here, the step gets the rate the original model reached.
+    loaded.optimizer.param_groups[0]["lr"] = model.optimizer.param_groups[0]["lr"]
     minibatch = _minibatch(model, seed=5)
     model._update_step(*minibatch)
     loaded._update_step(*minibatch)

@@ -159,7 +159,7 @@ def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwi
     model = DQN("CartPole-v1", seed=0, num_envs=1024, train_freq=16, learning_starts=0, exploration_fraction=0.5,
                 net_arch=(32, 32), batch_size=32)
     model.make_training_env()
-    model._total_timesteps, model._learn_start = 40 * 1024, 0
+    model._schedule_end, model._learn_start = 40 * 1024, 0
     start = 4 * 1024
     model._prepare_collection(start)
     _, explore, actions = model._draws
@@ -264,3 +264,76 @@ def test_cli_trains_sac_end_to_end(tmp_path, capsys):
 def test_cli_rejects_the_wrong_action_space(tmp_path, capsys, algo, env_id, hint):
     assert main(["train", algo, env_id, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert hint in capsys.readouterr().err
+
+
+# --- load / resume ---------------------------------------------------------------------------------------------
+def test_resume_continues_the_epsilon_schedule_of_the_interrupted_run(tmp_path):
+    """A restart (`resume`, then `learn` of what was left, as the CLI does it) explores at the epsilon the
+    uninterrupted run would have reached, not from exploration_initial_eps again."""
+    settings = dict(seed=0, learning_starts=64, train_freq=16, gradient_steps=1, batch_size=32, net_arch=(16,),
+                    exploration_fraction=1.0)
+    first = DQN("CartPole-v1", **settings)
+    # a 1,024-step run that stops (as if killed) after its checkpoint at 256 steps
+    first.learn(1024, progress_bar=False, run_dir=tmp_path / "run", checkpoint_freq=256,
+                callback=lambda local: first.num_timesteps < 256)
+    checkpoint = tmp_path / "run" / "checkpoint.safetensors"
+    assert checkpoint.exists()
+    restarted = DQN("CartPole-v1", **settings)
+    restarted.resume(checkpoint)
+    resumed_at = restarted.num_timesteps
+    assert 0 < resumed_at < 1024
+    seen = []
+    restarted.learn(1024 - resumed_at, progress_bar=False,
+                    callback=lambda local: seen.append(restarted.epsilon(restarted.num_timesteps)) or True)
+    # the interrupted run's schedule: from 1.0 at step 0 to exploration_final_eps at 1024 (exploration_fraction 1)
+    expected = first.config.exploration_initial_eps + (resumed_at + 16) / 1024 * (
+        first.config.exploration_final_eps - first.config.exploration_initial_eps)
+    assert seen[0] == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_updates_wait_for_learning_starts_transitions_after_load_or_resume(tmp_path, resume):
+    """The replay buffer is not saved: after load/resume, updates start once the new buffer holds learning_starts
+    transitions, instead of sampling batches of copies of the first few rows."""
+    model = SAC("Pendulum-v1", seed=0, **TINY)
+    model.learn(128, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    if resume:
+        loaded = SAC("Pendulum-v1", seed=0, **TINY)
+        loaded.resume(path)
+    else:
+        loaded = SAC.load(path, device="cpu")
+    buffer_sizes = []
+    update = loaded._update
+    loaded._update = lambda batch: buffer_sizes.append(len(loaded.buffer)) or update(batch)
+    loaded.learn(TINY["learning_starts"] + 16, progress_bar=False)
+    assert buffer_sizes and min(buffer_sizes) > TINY["learning_starts"]
+
+
+def test_sac_load_with_a_fixed_ent_coef_uses_it(tmp_path):
+    model = SAC("Pendulum-v1", seed=0, **TINY)
+    model.learn(128, progress_bar=False)
+    with pytest.warns(UserWarning, match="optimizer starts afresh"):  # log_alpha is no longer trained
+        loaded = SAC.load(model.save(tmp_path / "model"), device="cpu", ent_coef=0.5)
+    assert not loaded.autotune and loaded.log_alpha.exp().item() == pytest.approx(0.5)
+    loaded.learn(64, progress_bar=False)
+    assert loaded.log_alpha.exp().item() == pytest.approx(0.5)
+
+
+class UnboundedActions(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+    action_space = gym.spaces.Box(-float("inf"), float("inf"), (1,))
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("algo", CONTINUOUS)
+def test_unbounded_box_actions_are_a_user_error(algo):
+    vector_env = gym.vector.SyncVectorEnv([UnboundedActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(UserError, match="unbounded actions"):
+        algo(vector_env, device="cpu")

@@ -21,11 +21,20 @@ FORMAT = "rlspeed-checkpoint"
 FORMAT_VERSION = 1
 
 
-def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict) -> Path:
-    """Write `tensors` and JSON-serialisable `metadata` to `path` atomically (temp file, fsync, rename)."""
+SUFFIX = ".safetensors"
+
+
+def checkpoint_path(path: str | os.PathLike) -> Path:
+    """The file a checkpoint path names: `path` itself if it ends in `.safetensors`, else `path` + `.safetensors`
+    (appended, never replacing a suffix: `ppo_lr0.001` is `ppo_lr0.001.safetensors`)."""
     path = Path(path)
-    if path.suffix != ".safetensors":
-        path = path.with_suffix(path.suffix + ".safetensors") if path.suffix else path.with_suffix(".safetensors")
+    return path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
+
+
+def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict) -> Path:
+    """Write `tensors` and JSON-serialisable `metadata` to `checkpoint_path(path)` atomically (temp file, fsync,
+    rename); returns that path."""
+    path = checkpoint_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     cpu = {}
     seen: set[int] = set()
@@ -59,10 +68,11 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
 
 def load_checkpoint(path: str | os.PathLike,
                     device: torch.device | str = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
-    """Read a checkpoint written by `save_checkpoint`; returns (tensors on `device`, metadata)."""
+    """Read a checkpoint written by `save_checkpoint` (`path` as given, or `checkpoint_path(path)` when `path` does
+    not exist); returns (tensors on `device`, metadata)."""
     path = Path(path)
-    if not path.exists() and path.with_suffix(".safetensors").exists():
-        path = path.with_suffix(".safetensors")
+    if not path.exists():
+        path = checkpoint_path(path)
     if not path.exists():
         raise UserError(f"Checkpoint '{path}' does not exist.")
     data = path.read_bytes()

@@ -106,7 +106,8 @@ class RunLogger:
         ax.set_xlabel("env steps")
         ax.set_ylabel("episode return")
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.lines:  # a run too short to finish an episode has nothing to label
+            ax.legend()
         fig.tight_layout()
         fig.savefig(self.run_dir / "learning_curve.png", dpi=100)
         plt.close(fig)

@@ -9,6 +9,7 @@ import difflib
 import math
 import time
 import typing
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -238,11 +239,13 @@ class Algorithm:
                                   if rms is not None and self.strategy.enabled]
             for rms in self._synced_stats:
                 rms.reduce = self.strategy.all_reduce_sum
-            rms = getattr(self._env, "obs_rms", None)
-            if rms is not None:
-                if self.obs_rms is not None:  # resuming: continue from the saved statistics
-                    rms.load_state_dict(self.obs_rms.state_dict())
-                self.obs_rms = rms
+        # The env's observation statistics (built here, or a normalising env passed in) are the model's: predict,
+        # evaluate and save use them. Saved statistics (load, resume) seed the env's, which then carry on.
+        rms = getattr(self._env, "obs_rms", None)
+        if rms is not None and rms is not self.obs_rms:
+            if self.obs_rms is not None:
+                rms.load_state_dict(self.obs_rms.state_dict())
+            self.obs_rms = rms
         return self._env
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
@@ -284,6 +287,12 @@ class Algorithm:
         logger = RunLogger(run_dir) if run_dir is not None and main else None
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         self._start(env, int(total_timesteps))
+        # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
+        # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
+        self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
+        resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
+        if resumed_schedule is not None:
+            self._learn_start, self._schedule_end = resumed_schedule
         if eval_freq is None:
             eval_freq = max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
@@ -383,8 +392,9 @@ class Algorithm:
         """Deterministic evaluation on a separate env (see `rlspeed.evaluate`)."""
         from rlspeed.evaluation import evaluate
 
+        same_env = env_id is None or env_id == self.env_id
         return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed,
-                        backend=self.env_backend if self.env_backend in ("torch", "gymnasium") else "auto")
+                        backend=self.env_backend if same_env and self.env_backend in ("torch", "gymnasium") else "auto")
 
     # --- checkpoints ------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -410,6 +420,8 @@ class Algorithm:
                     "action_space": space_to_json(self.spec.action_space),
                     "max_episode_steps": self.spec.max_episode_steps,
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
+                    "schedule": ([self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end")
+                                 else None),
                     "rlspeed_version": __version__, "torch_version": torch.__version__}
         return save_checkpoint(path, tensors, metadata)
 
@@ -440,7 +452,12 @@ class Algorithm:
         model.strategy = single_process()
         model._setup()
         model._restore(tensors, meta)
+        model._after_load(overrides)
         return model
+
+    def _after_load(self, overrides: dict) -> None:
+        """After `load` restored the saved state: re-apply overrides that the saved tensors replaced (e.g. SAC's
+        fixed entropy coefficient)."""
 
     def resume(self, path: str | Path) -> None:
         """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps."""
@@ -450,6 +467,9 @@ class Algorithm:
                             f"{self.name} {self.env_id} from it.")
         self._restore(tensors, meta)
         self.num_timesteps = int(meta.get("num_timesteps", 0))
+        schedule = meta.get("schedule")
+        # the next learn() continues the schedules where the checkpoint's run left them (see `learn`)
+        self._resumed_schedule = None if schedule is None else (int(schedule[0]), int(schedule[1]))
         if self._env is not None and self.obs_rms is not None:
             env_rms = getattr(self._env, "obs_rms", None)
             if env_rms is not None and env_rms is not self.obs_rms:
@@ -479,4 +499,14 @@ class Algorithm:
                 if key.startswith(prefix):
                     index, field = key[len(prefix):].split(".", 1)
                     state.setdefault(int(index), {})[field] = value
-            optimizer.load_state_dict({"state": state, "param_groups": meta["optimizers"][name]})
+            # The hyperparameters (learning rate, betas, kernel flags) stay those this model was built with from its
+            # config, overrides included (a saved PPO learning rate is the last annealed one); the checkpoint gives
+            # the per-parameter state (moments, step).
+            groups = optimizer.state_dict()["param_groups"]
+            saved_count = sum(len(group["params"]) for group in meta["optimizers"][name])
+            if saved_count != sum(len(group["params"]) for group in groups):
+                warnings.warn(f"The optimizer state in the checkpoint is for {saved_count} parameters; this model "
+                              "trains a different set (an override changed it), so its optimizer starts afresh.",
+                              stacklevel=3)
+                continue
+            optimizer.load_state_dict({"state": state, "param_groups": groups})

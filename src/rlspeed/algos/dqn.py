@@ -139,7 +139,7 @@ class DQN(OffPolicyAlgorithm):
         """Linear schedule from exploration_initial_eps to exploration_final_eps over exploration_fraction of the
         current learn() call (a host float from host step counts: no device read)."""
         cfg = self.config
-        span = cfg.exploration_fraction * max(self._total_timesteps - self._learn_start, 1)
+        span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
         progress = min((timesteps - self._learn_start) / span, 1.0)
         return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
 
@@ -171,7 +171,7 @@ class DQN(OffPolicyAlgorithm):
         cfg, num_envs = self.config, self._env.num_envs
         if self._body_linears is not None:
             self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
-        span = cfg.exploration_fraction * max(self._total_timesteps - self._learn_start, 1)
+        span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
         slope = num_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
         epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
                     .add_(self.epsilon(start)).clamp_(min=cfg.exploration_final_eps))

@@ -17,6 +17,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from rlspeed.accel import accelerate_step
@@ -24,6 +25,7 @@ from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import ReplayBuffer
 from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
+from rlspeed.errors import UserError
 from rlspeed.nn import clip_grad_norm
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
@@ -141,6 +143,10 @@ class OffPolicyAlgorithm(Algorithm):
         """Device tensors for the policy-space <-> env-space mapping of Box actions."""
         if not self.spec.discrete:
             box = self.spec.action_space
+            if not (np.isfinite(box.low).all() and np.isfinite(box.high).all()):
+                raise UserError(f"{self.name.upper()} maps its actions in [-1, 1] onto the action space's bounds, but "
+                                f"{self.spec.env_id} has unbounded actions (low {box.low}, high {box.high}); give the "
+                                "env finite bounds (e.g. gymnasium.wrappers.RescaleAction or ClipAction).")
             low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
             high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
             self._action_center = (high + low) / 2
@@ -161,10 +167,12 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
-        self._learn_start = self.num_timesteps
         buffer = getattr(self, "buffer", None)
         if buffer is not None and buffer.num_envs == env.num_envs:
             return  # a further learn() call continues the same episodes with the same replay data
+        # Updates wait until the new buffer holds learning_starts transitions, also after `load` or `resume`, whose
+        # step count is already past learning_starts but whose replay data was not saved.
+        self._buffer_start = self.num_timesteps
         require(cfg.buffer_size >= env.num_envs,
                 f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
         discrete = self.spec.discrete
@@ -214,7 +222,7 @@ class OffPolicyAlgorithm(Algorithm):
         metrics = {"episode_return_sum": (returns * dones).sum(), "episode_count": dones.sum()}
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
-        if self.num_timesteps + steps > cfg.learning_starts and len(buffer) > 0:
+        if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer) > 0:
             gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
             totals: dict[str, torch.Tensor] = {}
             counts: dict[str, int] = {}  # updates that reported each metric (not necessarily all of them)

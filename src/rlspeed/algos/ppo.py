@@ -130,10 +130,9 @@ class PPO(Algorithm):
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_shape, action_shape,
                                     action_dtype, self.device)
         self._obs, _ = env.reset()
-        self._learn_start = self.num_timesteps
 
     def _progress_remaining(self) -> float:
-        span = max(self._total_timesteps - self._learn_start, 1)
+        span = max(self._schedule_end - self._learn_start, 1)
         return max(1.0 - (self.num_timesteps - self._learn_start) / span, 0.0)
 
     def _train_iteration(self):

@@ -126,6 +126,13 @@ class SAC(OffPolicyAlgorithm):
         return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
                 "log_alpha": self.log_alpha}
 
+    def _after_load(self, overrides: dict) -> None:
+        # A fixed entropy coefficient given to `load` wins over the temperature saved in the checkpoint.
+        if not self.autotune and "ent_coef" in overrides:
+            with torch.no_grad():
+                alpha = self.config.ent_coef
+                self.log_alpha.fill_(math.log(alpha) if alpha > 0 else -math.inf)
+
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
