@@ -46,6 +46,18 @@ ERROR_CASES = {
     "invalid-hyperparameter": (["train", "ppo", "CartPole-v1", "--set", "gamma=3"], "gamma"),
     "unavailable-device": (["train", "ppo", "CartPole-v1", "--device", "cuda"], "cuda"),
     "missing-checkpoint": (["eval", "no/such/model.safetensors"], "model.safetensors"),
+    # `--set` run settings are checked and named; constructor arguments that have a flag of their own say which
+    "set-total-timesteps-text": (["train", "ppo", "CartPole-v1", "--set", "total_timesteps=lots"], "total_timesteps"),
+    "set-eval-freq-fraction": (["train", "ppo", "CartPole-v1", "--set", "eval_freq=0.5"], "eval_freq"),
+    "set-target-return-text": (["train", "ppo", "CartPole-v1", "--set", "target_return=high"], "target_return"),
+    "set-seed": (["train", "ppo", "CartPole-v1", "--set", "seed=1"], "--seed"),
+    "set-device": (["train", "ppo", "CartPole-v1", "--set", "device=cpu"], "--device"),
+    "set-num-threads": (["train", "ppo", "CartPole-v1", "--set", "num_threads=2"], "--threads"),
+    "set-env": (["train", "ppo", "CartPole-v1", "--set", "env=Pendulum-v1"], "ENV_ID"),
+    # a directory (the working directory: empty) that is not a finished run directory
+    "eval-directory-without-model": (["eval", "."], "model.safetensors"),
+    # --out naming an existing file (this one: mkdir fails before anything is written)
+    "out-is-a-file": (["train", "ppo", "CartPole-v1", "--out", str(Path(__file__).resolve())], "run directory"),
 }
 MISMATCH = _mismatch_algorithm()
 # Without such an algorithm the case has no command and is skipped.
@@ -198,6 +210,39 @@ def test_user_errors_exit_2_with_one_line(case, capsys, monkeypatch, tmp_path):
     code = cli.main([*args, "--no-progress"] if args[0] == "train" else args)
     captured = capsys.readouterr()
     assert_one_line_error(code, captured.out, captured.err, expected)
+
+
+def test_eval_a_run_directory(runs, capsys):
+    """`rlspeed eval RUN_DIR` (the directory `train` prints) evaluates RUN_DIR/model.safetensors."""
+    assert_succeeded(runs.result("train"))
+    code = cli.main(["eval", str(runs.cwd / "plain"), "--episodes", "2", "--seed", "5", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1])["episodes"] == 2
+
+
+def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
+    """`--set total_timesteps=5.12e2` (a string to YAML) and `eval_freq=2.56e2` reach training as ints."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "1")
+    code = cli.main(["train", "ppo", "CartPole-v1", "--set", "total_timesteps=5.12e2", "--set", "eval_freq=2.56e2",
+                     "--set", "target_return=1e4", "--out", "run", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["total_timesteps"] == 512 and isinstance(config["total_timesteps"], int)
+    assert config["eval_freq"] == 256 and isinstance(config["eval_freq"], int)
+    assert config["target_return"] == 10000.0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
+
+
+@pytest.mark.parametrize("value", ["four", "2.5"])
+def test_unreadable_thread_variable_is_a_one_line_error(value, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", value)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert_one_line_error(code, captured.out, captured.err, "RLSPEED_NUM_THREADS")
 
 
 def test_debug_after_the_subcommand_shows_the_traceback(monkeypatch, tmp_path):

@@ -10,7 +10,9 @@ import sys
 import pytest
 import torch
 
+from rlspeed import device as devices
 from rlspeed.diagnostics import doctor
+from rlspeed.errors import UserError
 
 
 @pytest.fixture(autouse=True)
@@ -87,11 +89,46 @@ def test_no_ascend_software_is_not_a_warning(monkeypatch):
 
 def test_more_threads_than_cores_warns(monkeypatch):
     monkeypatch.setattr(doctor, "usable_cores", lambda: 2)
-    monkeypatch.setattr(doctor.torch, "get_num_threads", lambda: 8)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "8")
     check = doctor.check_threads()
-    assert check.status == doctor.WARN and "OMP_NUM_THREADS=2" in check.advice
-    monkeypatch.setattr(doctor.torch, "get_num_threads", lambda: 2)
+    assert check.status == doctor.WARN and "RLSPEED_NUM_THREADS=2" in check.advice
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "2")
     assert doctor.check_threads().status == doctor.PASS
+
+
+def test_threads_line_reports_what_training_uses(monkeypatch):
+    """Training sets RLSPEED_NUM_THREADS or 1 thread (`device.configure_threads`), whatever torch's default is."""
+    monkeypatch.setattr(doctor, "usable_cores", lambda: 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(doctor.torch, "get_num_threads", lambda: 4)
+    monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
+    check = doctor.check_threads()
+    assert check.status == doctor.PASS and "training uses 1 torch thread " in check.detail
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "3")
+    assert "training uses 3 torch threads" in doctor.check_threads().detail
+
+
+def test_unreadable_thread_variable_fails(monkeypatch):
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "many")
+    check = doctor.check_threads()
+    assert check.status == doctor.FAIL and "RLSPEED_NUM_THREADS" in check.detail and "->" in check.line()
+
+
+@pytest.mark.parametrize("value", ["auto", "AUTO", " Auto "])
+def test_rlspeed_device_auto_means_no_preference(value, monkeypatch, capsys):
+    monkeypatch.delenv("RLSPEED_DEVICE", raising=False)
+    expected = devices.resolve_device("auto")
+    monkeypatch.setenv("RLSPEED_DEVICE", value)
+    assert devices.resolve_device("auto") == expected
+    check, chosen = doctor.check_device("auto")
+    assert check.status == doctor.PASS and chosen == expected
+
+
+def test_rlspeed_device_error_names_the_variable(monkeypatch):
+    monkeypatch.setenv("RLSPEED_DEVICE", "tpu")
+    with pytest.raises(UserError, match="RLSPEED_DEVICE"):
+        devices.resolve_device("auto")
 
 
 def test_missing_safetensors_fails(monkeypatch):

@@ -32,6 +32,56 @@ def _parse_set(pairs: list[str]) -> dict:
     return out
 
 
+# Constructor arguments that have a flag of their own: `--set` cannot give them (they would arrive twice).
+_FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads", "env_backend": "--env-backend",
+              "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)"}
+
+
+def _check_set_keys(overrides: dict) -> None:
+    for key in overrides:
+        if key in _FLAG_KEYS:
+            raise UserError(f"--set {key}=... is not a hyperparameter: use {_FLAG_KEYS[key]}.")
+
+
+def _whole(key: str, value) -> int:
+    """A run setting that counts steps: a positive whole number, also written as a float or `1e5` (YAML reads that
+    as a string)."""
+    number = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, (float, str)) and not isinstance(value, bool):
+        try:
+            as_float = float(value)
+        except ValueError:
+            as_float = None
+        if as_float is not None and as_float.is_integer():
+            number = int(as_float)
+    if number is None or number < 1:
+        raise UserError(f"{key} must be a positive whole number of steps, got '{value}'.")
+    return number
+
+
+def _coerce_run_settings(run_settings: dict) -> dict:
+    """total_timesteps and eval_freq as ints, target_return as a float or None; UserError naming the key otherwise."""
+    out = dict(run_settings)
+    for key in ("total_timesteps", "eval_freq"):
+        if out.get(key) is not None:
+            out[key] = _whole(key, out[key])
+    if "target_return" in out:
+        value = out["target_return"]
+        if isinstance(value, str) and value.strip().lower() in ("none", "off", "null"):
+            value = None
+        if value is not None:
+            try:
+                if isinstance(value, bool):
+                    raise ValueError
+                value = float(value)
+            except (TypeError, ValueError):
+                raise UserError(f"target_return must be a number or 'none', got '{value}'.") from None
+        out["target_return"] = value
+    return out
+
+
 def _algorithm(name: str):
     from rlspeed.algos import ALGORITHMS
 
@@ -70,12 +120,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     preset = load_preset(algo_cls.name, args.env_id)
     run_settings, hyper = split_run_settings(preset)
     overrides = _parse_set(args.set or [])
+    _check_set_keys(overrides)
     run_overrides, hyper_overrides = split_run_settings(overrides)
     run_settings.update(run_overrides)
+    run_settings = _coerce_run_settings(run_settings)
     hyper.update(hyper_overrides)
     if args.num_envs is not None:
         hyper["num_envs"] = args.num_envs
-    total = args.total_timesteps or int(run_settings.get("total_timesteps", 1_000_000))
+    total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
         code = _train(args, algo_cls, strategy, run_settings, hyper, total)
@@ -93,16 +145,20 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     main = strategy.is_main
     model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
                      accelerate=args.accelerate, num_threads=args.threads, strategy=strategy, **hyper)
-    target = _target(args.target_return if args.target_return is not None
-                     else (str(run_settings["target_return"]) if "target_return" in run_settings else None),
-                     model.spec)
+    if args.target_return is not None:
+        target = _target(args.target_return, model.spec)
+    else:
+        target = run_settings.get("target_return", model.spec.reward_threshold)
     eval_freq = args.eval_freq or run_settings.get("eval_freq")
     if args.out is None and strategy.enabled:
         raise UserError("Under torchrun, give --out DIR so that every rank (and a restarted group) uses one run "
                         "directory; `rlspeed train --nproc N` does this for you.")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.out or f"runs/{algo_cls.name}-{args.env_id.replace('/', '_')}-{args.seed}-{stamp}")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"Cannot create the run directory '{run_dir}': {error.strerror or error}.") from None
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
@@ -204,11 +260,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.checkpoint import load_checkpoint
 
-    _, meta = load_checkpoint(args.checkpoint)
+    path = Path(args.checkpoint)
+    if path.is_dir():  # a run directory, as `rlspeed train` prints it
+        if not (path / "model.safetensors").is_file():
+            raise UserError(f"'{path}' is a directory without a model.safetensors (a run directory gets one when "
+                            "training finishes); give the model file.")
+        path = path / "model.safetensors"
+    _, meta = load_checkpoint(path)
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
     if algo_cls is None:
-        raise UserError(f"'{args.checkpoint}' holds an unknown algorithm '{meta.get('algo')}'.")
-    model = algo_cls.load(args.checkpoint, device=args.device)
+        raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
+    model = algo_cls.load(path, device=args.device)
     env_id = args.env or model.env_id
     from rlspeed.evaluation import evaluate
 

@@ -62,9 +62,13 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         spec = str(spec)
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
-        forced = os.environ.get("RLSPEED_DEVICE")
-        if forced:
-            return resolve_device(forced)
+        forced = os.environ.get("RLSPEED_DEVICE", "").strip().lower()
+        if forced and forced != "auto":  # "auto" there means no preference (and must not recurse)
+            try:
+                return resolve_device(forced)
+            except UserError as error:
+                raise UserError(f"{error} (RLSPEED_DEVICE={forced} chose it; unset RLSPEED_DEVICE to choose "
+                                "automatically)") from None
         for kind in ACCELERATOR_ORDER:
             if is_available(kind):
                 return torch.device(kind, 0) if kind != "mps" else torch.device("mps")
@@ -166,11 +170,20 @@ def configure_threads(num_threads: int | None = None) -> int:
     spend their time in per-kernel overhead, which more threads do not shorten; one thread also leaves the other
     cores to env subprocesses and data-parallel ranks. Returns the value set.
     """
-    if num_threads is None:
-        num_threads = int(os.environ.get("RLSPEED_NUM_THREADS", "1"))
-    num_threads = max(1, min(num_threads, os.cpu_count() or 1))
+    num_threads = default_num_threads() if num_threads is None else max(1, min(num_threads, os.cpu_count() or 1))
     torch.set_num_threads(num_threads)
     return num_threads
+
+
+def default_num_threads() -> int:
+    """The thread count `configure_threads()` sets when none is given: ``RLSPEED_NUM_THREADS`` or 1, at least 1 and
+    at most the cores visible. Raises UserError when the variable is not a whole number."""
+    raw = os.environ.get("RLSPEED_NUM_THREADS", "").strip() or "1"
+    try:
+        num_threads = int(raw)
+    except ValueError:
+        raise UserError(f"RLSPEED_NUM_THREADS must be a whole number of threads, got '{raw}'.") from None
+    return max(1, min(num_threads, os.cpu_count() or 1))
 
 
 def flush_denormal_enabled() -> bool:

@@ -3,7 +3,7 @@
 It automates the checklist people go through by hand before training on a new machine: is the accelerator
 visible (and if not, is it the driver, the toolkit environment or a CPU-only torch wheel), does a tensor land
 on it, how fast are fp32 and bf16 matmuls there, does torch.compile work, which env families import, how many
-threads torch uses, and whether the optional packages are installed. Each check prints one line starting with
+threads training uses, and whether the optional packages are installed. Each check prints one line starting with
 PASS, WARN or FAIL; a WARN or FAIL line ends with what to do. The exit code is 1 when anything failed.
 """
 
@@ -413,16 +413,22 @@ def usable_cores() -> int:
 
 
 def check_threads() -> Check:
-    """torch's intra-op threads against the cores this process can use (WARN when oversubscribed)."""
-    threads, cores = torch.get_num_threads(), usable_cores()
+    """The torch threads training uses (`devices.default_num_threads`: RLSPEED_NUM_THREADS or 1) against the cores
+    this process can use (WARN when oversubscribed, FAIL when RLSPEED_NUM_THREADS is unreadable)."""
+    cores = usable_cores()
     settings = [f"{var}={os.environ[var]}" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RLSPEED_NUM_THREADS")
                 if var in os.environ]
-    detail = f"torch uses {threads} threads; {cores} usable cores (os.cpu_count()={os.cpu_count()})"
+    facts = f"{cores} usable cores (os.cpu_count()={os.cpu_count()}); torch's own default {torch.get_num_threads()}"
     if settings:
-        detail += "; " + ", ".join(settings)
+        facts += "; " + ", ".join(settings)
+    try:
+        threads = devices.default_num_threads()
+    except UserError as error:
+        return Check(FAIL, "threads", f"{error} ({facts})", "set RLSPEED_NUM_THREADS to a number, or unset it")
+    detail = f"training uses {threads} torch thread{'s' if threads != 1 else ''} (--threads N to change); {facts}"
     if threads > cores:
-        return Check(WARN, "threads", detail, f"oversubscribed: set OMP_NUM_THREADS={cores} or torch.set_num_threads"
-                     f"({cores})")
+        return Check(WARN, "threads", detail, f"oversubscribed: set RLSPEED_NUM_THREADS={cores} (or train --threads "
+                     f"{cores})")
     return Check(PASS, "threads", detail)
 
 
