@@ -337,3 +337,15 @@ def test_unbounded_box_actions_are_a_user_error(algo):
     vector_env = gym.vector.SyncVectorEnv([UnboundedActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.raises(UserError, match="unbounded actions"):
         algo(vector_env, device="cpu")
+
+
+def test_exploring_predict_leaves_the_training_noise_process_alone():
+    """predict(deterministic=False) from a callback, on another batch size, neither advances nor reshapes the
+    Ornstein-Uhlenbeck noise of the training envs."""
+    model = DDPG("Pendulum-v1", seed=0, num_envs=2, action_noise="ornstein-uhlenbeck", **TINY)
+    model.learn(96, progress_bar=False)
+    noise = model._ou_noise.clone()
+    actions, _ = model.predict(torch.zeros(5, 3), deterministic=False)
+    assert actions.shape == (5, 1) and bool(((actions >= -2.0) & (actions <= 2.0)).all())
+    assert torch.equal(model._ou_noise, noise)
+    model.learn(32, progress_bar=False, callback=lambda local: model.predict(torch.zeros(5, 3), False) and True)

@@ -110,8 +110,13 @@ class TD3(OffPolicyAlgorithm):
         return {"optimizer": self.optimizer}
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        obs = obs.flatten(1)
-        return self._to_env(self.actor(obs) if deterministic else self._explore(obs, self.num_timesteps))
+        # Not deterministic (predict, evaluate): the actor plus Gaussian noise of action_noise_std, stateless. The
+        # Ornstein-Uhlenbeck process belongs to the training envs' episodes; a predict call (from a callback, on
+        # another batch size) must not advance or reshape it.
+        actions = self.actor(obs.flatten(1))
+        if not deterministic:
+            actions = (actions + self.config.action_noise_std * torch.randn_like(actions)).clamp(-1.0, 1.0)
+        return self._to_env(actions)
 
     # --- exploration ------------------------------------------------------------------------------------------
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
