@@ -8,10 +8,12 @@ or written is ignored: it only saves time, it never changes a result.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import platform
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,9 @@ import torch
 import rlspeed
 from rlspeed.device import describe
 
-SEARCH_VERSION = 1  # bump when the search or its tolerances change: old choices are then ignored
+# bump when the search, its tolerances or the keys change: old choices are then ignored
+# (2: keys hash the forward code of the module classes involved)
+SEARCH_VERSION = 2
 
 
 def cache_dir() -> Path | None:
@@ -50,6 +54,61 @@ def make_key(parts: dict[str, Any]) -> str:
     """A short stable hash of the JSON form of `parts`."""
     text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def code_digest(code: Any) -> str:
+    """A hash of a function's bytecode, names and constants (nested code objects included), stable across runs."""
+    digest = hashlib.sha256()
+
+    def feed_const(const: Any) -> None:
+        if hasattr(const, "co_code"):
+            feed(const)
+        elif isinstance(const, (frozenset, tuple)):
+            # a frozenset's repr order follows string hashing, which differs between processes (`x in {"a",
+            # "b"}` compiles to one): sorted, so the same code gives the same key in every run
+            items = sorted(const, key=repr) if isinstance(const, frozenset) else const
+            digest.update(f"{type(const).__name__}(".encode())
+            for item in items:
+                feed_const(item)
+                digest.update(b",")
+            digest.update(b")")
+        else:
+            digest.update(repr(const).encode())
+
+    def feed(obj: Any) -> None:
+        digest.update(obj.co_code)
+        digest.update(repr(obj.co_names).encode())
+        for const in obj.co_consts:
+            feed_const(const)
+
+    feed(code)
+    return digest.hexdigest()[:16]
+
+
+def forward_digest(modules: Iterable[Any]) -> str:
+    """A hash of the `forward` code of every module class among `modules` (an accelerated class counts as the user's
+    class), with the class's own methods that `forward` names (``self.encode(x)``; one level). Part of the cache
+    keys, so that a choice checked against one forward is not reused after the forward is edited. Deeper helpers
+    (a method called by a helper, a module-level function) are not hashed: clear the cache after editing those."""
+    digest = hashlib.sha256()
+    seen: set[type] = set()
+    for module in modules:
+        cls = getattr(type(module), "_rlspeed_base", type(module))
+        if cls in seen:
+            continue
+        seen.add(cls)
+        digest.update(f"{cls.__module__}.{cls.__qualname__}:".encode())
+        code = getattr(getattr(cls, "forward", None), "__code__", None)
+        if code is None:
+            continue
+        digest.update(code_digest(code).encode())
+        for name in code.co_names:
+            helper = inspect.getattr_static(cls, name, None)
+            helper = getattr(helper, "__func__", helper)  # staticmethod / classmethod
+            helper_code = getattr(helper, "__code__", None)
+            if helper_code is not None and helper_code is not code:
+                digest.update(f"{name}:{code_digest(helper_code)}".encode())
+    return digest.hexdigest()[:16]
 
 
 def load(key: str) -> dict[str, Any] | None:

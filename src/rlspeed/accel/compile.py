@@ -116,7 +116,7 @@ def bucketed(fn: Callable) -> Callable:
 
     def call(*args, **kwargs):
         batch = batch_size_of(args, kwargs)
-        if batch is None:
+        if not batch:  # no batch dimension, or an empty batch (obs[done] with nothing done): no last row to repeat
             return fn(*args, **kwargs)
         padded = bucket_size(batch)
         padded_args, padded_kwargs = pad_batch(args, kwargs, batch, padded)

@@ -1,8 +1,9 @@
 """Getting a call's inputs onto the device in the right dtypes, and walking nested inputs and outputs.
 
-Numpy arrays, lists of numbers and tensors on another device become tensors on the accelerated device: floating
-point as float32 (float64 is narrowed; float16/bfloat16 are kept), signed integers as the device's preferred index
-dtype (`rlspeed.device.rules`), bool and uint8 unchanged. Tensors already on the device only get the dtype rule.
+Numpy arrays, lists of numbers and tensors on another device become tensors on the accelerated device: float64 is
+narrowed to the model's floating dtype (float32 for a float32 model, left alone for a float64 one; float32,
+float16 and bfloat16 are kept), signed integers as the device's preferred index dtype (`rlspeed.device.rules`), bool
+and uint8 unchanged. Tensors already on the device only get the dtype rule.
 Python scalars, strings and other objects pass through untouched.
 """
 
@@ -23,11 +24,15 @@ _PASS_TYPES = (bool, int, float, str, bytes, type(None))
 class InputConverter:
     """Moves and converts call arguments for one device. Cheap when nothing needs doing (the common case)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, float_dtype: torch.dtype = torch.float32):
         self.device = device
         self.index_dtype = rules(device).index_dtype
+        # float64 inputs become the model's floating dtype; a float64 (.double()) model keeps them as they are,
+        # since narrowing them would fail in its first matmul ("mat1 and mat2 must have the same dtype")
+        self.float_dtype = float_dtype
+        narrowed = {torch.float64} if float_dtype != torch.float64 else set()
         # dtypes a tensor on the right device still has to be converted from
-        self.convert_dtypes = {torch.float64, *(d for d in _SIGNED_INTS if d != self.index_dtype)}
+        self.convert_dtypes = {*narrowed, *(d for d in _SIGNED_INTS if d != self.index_dtype)}
 
     def _ready(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):
@@ -68,13 +73,18 @@ class InputConverter:
     def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         dtype = tensor.dtype
         if dtype == torch.float64:
-            dtype = torch.float32
+            dtype = self.float_dtype
         elif dtype in _SIGNED_INTS:
             dtype = self.index_dtype
         if tensor.device == self.device and dtype == tensor.dtype:
             return tensor
         return tensor.to(device=self.device, dtype=dtype, non_blocking=tensor.device.type == "cpu"
                          and self.device.type == "cuda" and tensor.is_pinned())
+
+
+def floating_dtype(tensors: Any) -> torch.dtype:
+    """The dtype of the first floating-point tensor among `tensors` (a model's parameters), float32 if none."""
+    return next((t.dtype for t in tensors if t.is_floating_point()), torch.float32)
 
 
 def _is_number_list(value: list | tuple) -> bool:
@@ -107,6 +117,21 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     map_tensors(value, found.append)
     return found
+
+
+def opaque_leaf(value: Any) -> str | None:
+    """The type name of the first leaf of a nested structure that is neither a tensor nor a plain Python value (a
+    torch.distributions object, a dataclass...): tensors inside it are invisible to `tensors_in` and `to_float32`.
+    None when every leaf is visible."""
+    if isinstance(value, (torch.Tensor, *_PASS_TYPES)):
+        return None
+    if isinstance(value, (tuple, list, dict)):
+        for item in value.values() if isinstance(value, dict) else value:
+            found = opaque_leaf(item)
+            if found is not None:
+                return found
+        return None
+    return type(value).__name__
 
 
 def to_float32(value: Any) -> Any:

@@ -7,7 +7,8 @@ load its checkpoints and it loads theirs), `isinstance` still holds, attributes 
 methods that call `self(...)` (such as `act`) are accelerated too. `copy.deepcopy` and pickling work (a copy keeps
 the decisions already made; compiled code is rebuilt lazily).
 
-The strategy is decided per kind of call: the batch size's power-of-two bucket and whether gradients are enabled.
+The strategy is decided per kind of call: the batch size's power-of-two bucket, whether gradients are enabled, and
+train/eval mode.
 A rollout step (a few rows, no_grad) and an update minibatch (hundreds of rows, with backward) can want different
 precisions; each gets its own search (or cache hit) the first time it occurs.
 """
@@ -33,10 +34,11 @@ from rlspeed.accel.compile import (
     pad_batch,
     slice_batch,
 )
-from rlspeed.accel.inputs import InputConverter, tensors_in, to_float32
+from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, opaque_leaf, tensors_in, to_float32
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import preserved_state, run_search
+from rlspeed.accel.search import none_ran, preserved_state, run_search
 from rlspeed.accel.strategy import (
+    EAGER_FP32,
     BackwardPrecisionHook,
     Request,
     Strategy,
@@ -61,8 +63,9 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
     Args:
         model: any Python ``nn.Module``.
         device: ``auto`` (npu > cuda > xpu > mps > cpu), a device string or a torch.device; the model moves there.
-            Inputs given as numpy arrays, lists or tensors elsewhere are moved and converted (float32; signed
-            integers to the device's index dtype); outputs stay on the device.
+            Inputs given as numpy arrays, lists or tensors elsewhere are moved and converted (float64 to the
+            model's floating dtype, so float32 unless the model is float64; signed integers to the device's index
+            dtype); outputs stay on the device.
         precision: ``auto`` (the fastest of the reduced precisions below that is measured faster and stays within
             tolerance, else fp32), ``fp32``, ``bf16-matmul`` (CPU: fp32 tensors, matmuls computed in bf16 by
             oneDNN), ``tf32`` (CUDA: the same with TF32) or ``bf16`` (autocast). fp16 needs a GradScaler, which
@@ -89,7 +92,8 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
     model.to(target)  # in place: the Parameter objects stay the same
     base = type(model)._rlspeed_base if isinstance(model, AcceleratedModule) else type(model)
     model.__class__ = _accelerated_class(base)
-    model.__dict__["_rlspeed_accelerator"] = ModuleAccelerator(base, target, request)
+    model.__dict__["_rlspeed_accelerator"] = ModuleAccelerator(base, target, request,
+                                                               floating_dtype(model.parameters()))
     if example_inputs is not None:
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         model._rlspeed_accelerator.prepare(model, args, {})
@@ -156,11 +160,11 @@ def unaccelerate(model: nn.Module) -> nn.Module:
 class ModuleAccelerator:
     """Per-module state: the request, one decision per call signature, the built runners, compile counts."""
 
-    def __init__(self, base: type, device: torch.device, request: Request):
+    def __init__(self, base: type, device: torch.device, request: Request, float_dtype: torch.dtype = torch.float32):
         self.base_forward: Callable = base.forward
         self.device = device
         self.request = request
-        self.converter = InputConverter(device)
+        self.converter = InputConverter(device, float_dtype)
         self.counter = CompileCounter()
         self.report = AccelReport(f"module {base.__name__}", describe(device), request.to_dict(),
                                   notes=list(request.notes))
@@ -178,7 +182,8 @@ class ModuleAccelerator:
         self._single = fixed if fixed is not None and fixed.compile == "off" else None
         self._fixed = fixed
         if self._single is not None and self._single.is_plain:
-            self._plain_keys.update((bucket, grad) for bucket in _ALL_BUCKETS for grad in (False, True))
+            self._plain_keys.update((bucket, grad, training) for bucket in _ALL_BUCKETS for grad in (False, True)
+                                    for training in (False, True))
         if fixed is not None:
             forced = request.forced_by_env
             self.report.decisions.append(Decision(
@@ -198,11 +203,12 @@ class ModuleAccelerator:
         if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a decided plain strategy
             x = args[0]
             if type(x) is torch.Tensor and x.device == self.device and x.dtype not in self.converter.convert_dtypes:
-                key = (1 << (x.shape[0] - 1).bit_length() if x.dim() >= 2 else None, torch.is_grad_enabled())
+                key = (1 << (x.shape[0] - 1).bit_length() if x.dim() >= 2 else None, torch.is_grad_enabled(),
+                       module.training)
                 if key in self._plain_keys:
                     return self.base_forward(module, x)
         args, kwargs = self.converter(args, kwargs)
-        strategy = self._single or self.strategies.get(self._signature(args, kwargs))
+        strategy = self._single or self.strategies.get(self._signature(module, args, kwargs))
         if strategy is None:
             strategy = self.prepare(module, args, kwargs)
         if strategy.is_plain:
@@ -215,17 +221,24 @@ class ModuleAccelerator:
             self._depth -= 1
 
     @staticmethod
-    def _signature(args: tuple, kwargs: dict) -> tuple:
+    def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+        # train/eval mode is part of it, as in the disk key: a choice checked with dropout or batch statistics on
+        # is not reused for eval calls, which compute something else
         batch = batch_size_of(args, kwargs)
-        return (bucket_size(batch) if batch is not None else None, torch.is_grad_enabled())
+        return (bucket_size(batch) if batch is not None else None, torch.is_grad_enabled(), module.training)
 
     def prepare(self, module: nn.Module, args: tuple, kwargs: dict) -> Strategy:
         """Decide the strategy for calls like this one (forced, cached, or searched now) and remember it."""
         args, kwargs = self.converter(args, kwargs)
-        signature = self._signature(args, kwargs)
-        batch, grad = signature
+        if batch_size_of(args, kwargs) == 0:
+            # An empty batch (model(obs[done]) with nothing done) has nothing to measure or to verify rows with, and
+            # padding it is impossible: eager fp32 for this call, nothing decided.
+            return EAGER_FP32
+        signature = self._signature(module, args, kwargs)
+        batch, grad, training = signature
         label = f"batch<={batch}" if batch is not None else "unbatched"
         label += ", with grad" if grad else ", no_grad"
+        label += "" if training else ", eval"
         if self._fixed is not None:
             if self._single is None:  # compiled: decide bucketing once, on these inputs
                 params, buffers = list(module.parameters()), list(module.buffers())
@@ -248,8 +261,14 @@ class ModuleAccelerator:
         strategy, decision = self._search(module, args, kwargs, label)
         decision.search_s = time.perf_counter() - started
         self._decide(signature, decision)
-        cache.store(key, {"chosen": strategy.to_dict(), "reason": decision.reason,
-                          "trials": [t.to_dict() for t in decision.trials], "signature": label})
+        if none_ran(decision.trials):
+            # Nothing was measured (a forward that fails when repeated, say): fp32 for this process only, not
+            # cached, so that the module is searched again once the cause is gone.
+            self.report.note(f"{label}: every candidate failed to run ({decision.reason}); fp32 eager for now, "
+                             "not cached.")
+        else:
+            cache.store(key, {"chosen": strategy.to_dict(), "reason": decision.reason,
+                              "trials": [t.to_dict() for t in decision.trials], "signature": label})
         return strategy
 
     def _decide(self, signature: tuple, decision: Decision) -> None:
@@ -266,6 +285,9 @@ class ModuleAccelerator:
             return [shape, str(t.dtype)]
 
         return {"class": f"{type(module)._rlspeed_base.__module__}.{type(module)._rlspeed_base.__qualname__}",
+                # the forward code of every module class in it: an edited forward must not reuse a choice whose
+                # accuracy was checked against the old one
+                "forward": cache.forward_digest(module.modules()),
                 "repr": repr(module), "training": module.training,
                 "params": [[name, list(p.shape), str(p.dtype), p.requires_grad]
                            for name, p in module.named_parameters()],
@@ -275,11 +297,18 @@ class ModuleAccelerator:
         params = [p for p in module.parameters()]
         buffers = [b for b in module.buffers()]
         grad = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        trainable = [p for p in params if p.requires_grad]
+        # The dry runs take detached inputs: an input attached to a graph (critic(cat(obs, actor(obs)))) would have
+        # that graph freed by the first dry backward (the caller's own backward then fails) and its parameters and
+        # leaf inputs would collect gradients nobody asked for. requires_grad is kept, so the outputs depend on the
+        # inputs as in the real call; the backward below reaches this module's parameters only.
+        args, kwargs = map_tensors((args, kwargs), _detached_like)
         candidate_list = list(self._candidates)
         if any(s.compile != "off" for s in candidate_list):
             bucket = self._check_row_independent(module, args, kwargs, params, buffers)
             candidate_list = [with_bucket(s, bucket) for s in candidate_list]
         weights: dict[int, torch.Tensor] = {}
+        unchecked = [True]  # the outputs' structure is checked on the search's first run (the fp32 reference)
 
         def build(strategy: Strategy) -> Callable[[], tuple[object, float]]:
             run = self._runner(module, strategy)
@@ -292,19 +321,30 @@ class ModuleAccelerator:
                     outputs = run(*args, **kwargs)
                 finally:
                     self._depth -= 1
+                if unchecked:
+                    unchecked.clear()
+                    _check_outputs_visible(outputs)
                 if grad:
                     projection = _random_projection(outputs, weights)
                     if projection is not None:
-                        projection.backward()
+                        torch.autograd.backward(projection, inputs=trainable)
                 return outputs, 1.0
 
             return unit
 
-        if not grad:
-            with torch.no_grad():
+        try:
+            if not grad:
+                with torch.no_grad():
+                    chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
+            else:
                 chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
-        else:
-            chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
+        except _OpaqueOutputs as opaque:
+            # The accuracy check would compare nothing (every candidate would pass) and a reduced precision would
+            # leak out inside the object, where to_float32 does not reach: stay in eager fp32.
+            reason = (f"the outputs ({opaque}) hide their tensors from the accuracy check and from the cast back to "
+                      "float32: fp32 eager")
+            self.report.note(f"{label}: {reason}.")
+            return EAGER_FP32, Decision(label, EAGER_FP32, "search", reason)
         return chosen, Decision(label, chosen, "search", reason, trials)
 
     def _check_row_independent(self, module: nn.Module, args: tuple, kwargs: dict, params: Sequence[torch.Tensor],
@@ -365,6 +405,24 @@ class ModuleAccelerator:
 
         self.runners[strategy] = fn
         return fn
+
+
+class _OpaqueOutputs(Exception):
+    """Raised from the search's first run when the outputs hide their tensors from the accuracy check."""
+
+
+def _check_outputs_visible(outputs: Any) -> None:
+    leaf = opaque_leaf(outputs)
+    if leaf is None and outputs is not None and not tensors_in(outputs):
+        leaf = type(outputs).__name__  # e.g. a Python number computed from the model's tensors
+    if leaf is not None:
+        raise _OpaqueOutputs(leaf)
+
+
+def _detached_like(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of an input cut from its graph (same storage), requiring grad when the input did."""
+    detached = tensor.detach()
+    return detached.requires_grad_() if tensor.requires_grad else detached
 
 
 def _with_backward_hook(fn: Callable, hook: BackwardPrecisionHook) -> Callable:

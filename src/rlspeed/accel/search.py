@@ -307,6 +307,12 @@ def choose(candidates: Sequence[Strategy], trials: Sequence[Trial]) -> tuple[Str
                                f"(needs >= {needed:.2f}x)")
 
 
+def none_ran(trials: Sequence[Trial]) -> bool:
+    """Whether a search measured nothing: every candidate failed to run (or the rest failed the accuracy checks),
+    so its fp32 fallback says nothing about the model and is not worth caching."""
+    return bool(trials) and all(trial.ms_per_call is None for trial in trials)
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     message = text[0] if text else ""

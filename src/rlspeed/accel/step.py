@@ -26,20 +26,23 @@ for good (with a warning and a note in the report).
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import nn
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from rlspeed.accel import cache
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
-from rlspeed.accel.inputs import InputConverter, map_tensors, tensors_in, to_float32
+from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import run_search
+from rlspeed.accel.search import none_ran, run_search
 from rlspeed.accel.strategy import (
     Request,
     Strategy,
@@ -70,7 +73,8 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
     Args:
         loss_fn: called with the step's arguments; returns the scalar loss, a tuple whose first item is the loss,
             or a dict with a ``"loss"`` entry. It should be free of side effects other than autograd (the search
-            runs it a few dozen times on the first call's inputs, without stepping the optimizer).
+            runs it a few dozen times on the first call's inputs, without stepping the optimizer; the buffers of
+            the modules it calls, such as a train-mode BatchNorm's running statistics, are put back afterwards).
         optimizer: one optimizer or a sequence of them, all stepped on each call.
         params: the tensors to differentiate (default: every parameter of the optimizer(s) that requires grad).
         max_grad_norm: clip the global gradient norm of `params` to this before stepping (None: no clipping).
@@ -126,7 +130,7 @@ class AcceleratedStep:
                                 f"are on {params_device}: move the model first (or use auto_accelerate on it).")
         self.request: Request = normalise_request(precision, compile, graphs)
         self.name = name or getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
-        self.converter = InputConverter(self.device)
+        self.converter = InputConverter(self.device, floating_dtype(self.params))
         self.counter = CompileCounter()
         self.report = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
                                   notes=list(self.request.notes))
@@ -212,23 +216,40 @@ class AcceleratedStep:
             except (KeyError, TypeError, ValueError):
                 pass
         started = time.perf_counter()
-        strategy, trials, reason = run_search(self._candidates, lambda s: self._probe_runner(s, args, kwargs),
-                                              self.params, self.device)
+        buffers = _BufferSnapshot()
+        try:
+            strategy, trials, reason = run_search(self._candidates,
+                                                  lambda s: self._probe_runner(s, args, kwargs, buffers),
+                                                  self.params, self.device)
+        finally:
+            buffers.restore()
         decision = Decision("all calls", strategy, "search", reason, trials, time.perf_counter() - started)
         self.report.decisions.append(decision)
-        cache.store(key, {"chosen": strategy.to_dict(), "reason": reason, "trials": [t.to_dict() for t in trials]})
+        if none_ran(trials):
+            # Nothing was measured (a loss_fn that fails on a repeated call, say): fp32 for this process only, not
+            # cached, so that the model is searched again once the cause is gone.
+            self.report.note(f"every candidate failed to run ({reason}): fp32 eager for now, not cached.")
+        else:
+            cache.store(key, {"chosen": strategy.to_dict(), "reason": reason,
+                              "trials": [t.to_dict() for t in trials]})
         return strategy
 
     def _structure_key(self, args: tuple, kwargs: dict) -> dict:
         code = getattr(self.loss_fn, "__code__", None)
-        code_hash = _code_digest(code) if code is not None else type(self.loss_fn).__qualname__
+        code_hash = cache.code_digest(code) if code is not None else type(self.loss_fn).__qualname__
+        # The forward code of the modules loss_fn reaches by name (`_reachable_modules`): a cached choice must not
+        # outlive an edit of a model's forward. A module reached only deeper (`self.agent.critic`, or through a
+        # helper function) is not hashed: after editing its forward, clear the cache (RLSPEED_CACHE_DIR).
+        modules = [m for root in _reachable_modules(self.loss_fn) for m in root.modules()]
         return {"fn": f"{getattr(self.loss_fn, '__module__', '')}.{self.name}", "code": code_hash,
+                "forward": cache.forward_digest(modules),
                 "params": [[list(p.shape), str(p.dtype)] for p in self.params],
                 "optimizers": [type(o).__name__ for o in self.optimizers],
                 "inputs": [[list(t.shape), str(t.dtype)] for t in tensors_in((args, kwargs))],
                 "clip": self.max_grad_norm}
 
-    def _probe_runner(self, strategy: Strategy, args: tuple, kwargs: dict) -> Callable[[], tuple[object, float]]:
+    def _probe_runner(self, strategy: Strategy, args: tuple, kwargs: dict,
+                      buffers: _BufferSnapshot | None = None) -> Callable[[], tuple[object, float]]:
         forward = self._build_forward(strategy)
         scale = FP16_PROBE_SCALE if strategy.precision == "fp16" else 1.0
         params, device = self.params, self.device
@@ -236,7 +257,11 @@ class AcceleratedStep:
         def unit() -> tuple[object, float]:
             for p in params:
                 p.grad = None
-            outputs = forward(*args, **kwargs)
+            if buffers is not None and not buffers.watched:  # the search's first run: fp32 eager, the reference
+                with buffers.watch():
+                    outputs = forward(*args, **kwargs)
+            else:
+                outputs = forward(*args, **kwargs)
             loss = _loss_of(outputs).float()
             with backward_precision(device, strategy.precision):
                 torch.autograd.backward(loss * scale if scale != 1.0 else loss, inputs=params)
@@ -372,18 +397,72 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return result
 
 
-def _code_digest(code: Any) -> str:
-    """A hash of a function's bytecode and constants (nested code objects included), stable across runs."""
-    digest = hashlib.sha256()
+def _reachable_modules(fn: Any) -> list[nn.Module]:
+    """The nn.Modules a loss function reaches by name, found without running it: the function itself (a module),
+    the object of a bound method or a callable object and its attributes (``self.critic``), its closure cells, and
+    the globals its code names. Modules reached only deeper (an attribute of an attribute, a helper function's
+    globals) are not found; see `AcceleratedStep._structure_key`."""
+    owner = getattr(fn, "__self__", None)
+    func = getattr(fn, "__func__", fn)
+    if owner is None and not hasattr(func, "__code__") and not isinstance(fn, nn.Module):
+        # a callable object: its __call__, its attributes
+        owner, func = fn, type(fn).__call__
+    found = [fn]
+    if owner is not None:
+        found.append(owner)
+        if not isinstance(owner, nn.Module):  # a module's own attributes are its submodules, covered below
+            found.extend(getattr(owner, "__dict__", {}).values())
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:  # an empty cell (a name assigned after the function was defined)
+            pass
+    code, scope = getattr(func, "__code__", None), getattr(func, "__globals__", {})
+    if code is not None:
+        found.extend(scope[name] for name in _names(code) if name in scope)
+    return _unique([value for value in found if isinstance(value, nn.Module)])
 
-    def feed(obj: Any) -> None:
-        digest.update(obj.co_code)
-        digest.update(repr(obj.co_names).encode())
-        for const in obj.co_consts:
-            if hasattr(const, "co_code"):
-                feed(const)
-            else:
-                digest.update(repr(const).encode())
 
-    feed(code)
-    return digest.hexdigest()[:16]
+def _names(code: Any) -> list[str]:
+    """The global and attribute names a code object and the code nested in it (lambdas, comprehensions) use."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names.extend(_names(const))
+    return names
+
+
+class _BufferSnapshot:
+    """The buffers of every module a loss function runs, saved before it first runs them and put back afterwards.
+
+    The search runs `loss_fn` dozens of times; a train-mode BatchNorm inside it would update its running statistics
+    (and num_batches_tracked) on each run. The modules are found by a global forward pre-hook active during one
+    call (`watch`), the first, fp32 eager, dry run: every module called inside `loss_fn` is covered however it is
+    reached. Not covered: tensors `loss_fn` changes outside a module's forward (it should have no side effects).
+    """
+
+    def __init__(self) -> None:
+        self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.watched = False
+        self.thread = threading.get_ident()
+
+    def _see(self, module: nn.Module, args: Any) -> None:
+        if threading.get_ident() != self.thread:  # the hook is global: leave other threads' modules alone
+            return
+        for buffer in module.buffers():  # recursive: a parent's pre-hook runs before its children change anything
+            if id(buffer) not in self.saved:
+                self.saved[id(buffer)] = (buffer, buffer.detach().clone())
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        self.watched = True
+        handle = register_module_forward_pre_hook(self._see)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for buffer, saved in self.saved.values():
+                buffer.copy_(saved)

@@ -1,0 +1,306 @@
+"""rlspeed.accel regressions: the search must not touch the caller's graphs, gradients or buffers, must not reuse a
+choice across an edited forward, must not pass outputs it cannot check, and must handle empty batches and float64
+models.
+
+Most tests need a real search (two candidates), which a CPU without native bf16 or a forced strategy would not
+run: `two_candidates` makes the candidates fp32 eager and bf16 autocast (which runs, slowly, on any CPU), with no
+torch.compile involved.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from rlspeed.accel import accelerate_step, auto_accelerate, unaccelerate
+from rlspeed.accel import search as search_module
+from rlspeed.accel.strategy import EAGER_FP32, Strategy
+
+BF16 = Strategy("bf16")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """Each test: its own strategy cache, no forced strategy, a short timing budget."""
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    monkeypatch.setattr(search_module, "TIMING_BUDGET_S", 0.03)
+    monkeypatch.setattr(search_module, "ROUNDS", 3)
+
+
+@pytest.fixture
+def two_candidates(monkeypatch):
+    """Modules and steps made after this search fp32 eager against bf16 autocast."""
+
+    def fake_candidates(request, device, *, allow_fp16):
+        return [EAGER_FP32, BF16], []
+
+    monkeypatch.setattr("rlspeed.accel.module.candidates", fake_candidates)
+    monkeypatch.setattr("rlspeed.accel.step.candidates", fake_candidates)
+
+
+def _mlp(inputs: int, outputs: int, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(inputs, 32), nn.Tanh(), nn.Linear(32, outputs))
+
+
+def _cached_files() -> list[str]:
+    root = os.path.join(os.environ["RLSPEED_CACHE_DIR"], "accel")
+    return os.listdir(root) if os.path.isdir(root) else []
+
+
+# --- 1. the search and the caller's graph ------------------------------------------------------------------------
+def test_search_leaves_an_upstream_graph_and_its_gradients_alone(two_candidates):
+    actor, critic = _mlp(3, 2, seed=1), _mlp(5, 1, seed=2)
+    plain_actor, plain_critic = copy.deepcopy(actor), copy.deepcopy(critic)
+    critic = auto_accelerate(critic, device="cpu")
+    obs = torch.randn(16, 3)
+    q = critic(torch.cat((obs, actor(obs)), -1))  # the first call searches, with an input attached to a graph
+    assert critic.accel_report.decisions[-1].source == "search"
+    assert all(p.grad is None for p in actor.parameters())  # no dry-run gradients upstream
+    assert all(p.grad is None for p in critic.parameters())
+    (-q.mean()).backward()  # the upstream graph is still there
+    (-plain_critic(torch.cat((obs, plain_actor(obs)), -1)).mean()).backward()
+    for p, ref in zip([*actor.parameters(), *critic.parameters()], [*plain_actor.parameters(),
+                                                                    *plain_critic.parameters()]):
+        assert torch.allclose(p.grad, ref.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_search_leaves_the_gradient_of_a_leaf_input_alone(two_candidates):
+    model = auto_accelerate(_mlp(4, 1), device="cpu")
+    plain = unaccelerate(copy.deepcopy(model))
+    obs = torch.randn(16, 4, requires_grad=True)
+    out = model(obs)
+    assert model.accel_report.decisions[-1].source == "search"
+    assert obs.grad is None
+    out.sum().backward()
+    expected = torch.autograd.grad(plain(obs).sum(), obs)[0]
+    assert torch.allclose(obs.grad, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_search_on_an_input_computed_by_the_same_module(two_candidates):
+    # The upstream graph runs through this module's own parameters, so a dry backward restricted to them would
+    # still free it: the dry runs must take a detached input.
+    model = auto_accelerate(_mlp(4, 4), device="cpu")
+    plain = unaccelerate(copy.deepcopy(model))
+    x = torch.randn(16, 4)
+    out = model(model(x)[:2])  # two kinds of call (batch 16, batch 2): two searches
+    assert [d.source for d in model.accel_report.decisions] == ["search", "search"]
+    assert all(p.grad is None for p in model.parameters())
+    out.sum().backward()
+    plain(plain(x)[:2]).sum().backward()
+    for p, ref in zip(model.parameters(), plain.parameters()):
+        assert torch.allclose(p.grad, ref.grad, rtol=1e-5, atol=1e-6)
+
+
+class Flaky(nn.Module):
+    """A forward that runs once and then fails until `fixed` is set (one that cannot be repeated)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.calls = 0
+        self.fixed = False
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 1 and not self.fixed:
+            raise RuntimeError("cannot run twice")
+        return self.linear(x)
+
+
+def test_a_search_where_every_candidate_failed_is_not_cached(two_candidates):
+    x = torch.randn(8, 4)
+    broken = auto_accelerate(Flaky(), device="cpu", example_inputs=x)
+    decision = broken.accel_report.decisions[-1]
+    assert decision.chosen == EAGER_FP32 and all(not t.passed for t in decision.trials)
+    assert any("not cached" in note for note in broken.accel_report.notes)
+    assert _cached_files() == []
+    broken.fixed = True
+    assert broken(x).shape == (8, 2)  # decided for this process: no new search
+    assert len(broken.accel_report.decisions) == 1
+
+    repaired = Flaky()
+    repaired.fixed = True
+    repaired = auto_accelerate(repaired, device="cpu", example_inputs=x)
+    assert repaired.accel_report.decisions[-1].source == "search"  # not the cached failure
+
+
+# --- 2. cache keys and edited code -------------------------------------------------------------------------------
+def _net_class(version: int) -> type:
+    """Classes with the same name, qualname and repr; only the code of forward (or of a helper it calls) differs."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 2)
+
+        if version == 0:
+            def forward(self, x):
+                return self.features(x)
+        else:
+            def forward(self, x):
+                return self.features(x).sin()
+
+        if version == 2:
+            def features(self, x):
+                return self.linear(x * 2)
+        else:
+            def features(self, x):
+                return self.linear(x)
+
+    return Net
+
+
+def test_an_edited_forward_is_searched_again(two_candidates):
+    x = torch.randn(8, 4)
+    sources = []
+    for version in (0, 0, 1, 2):
+        model = auto_accelerate(_net_class(version)(), device="cpu", example_inputs=x)
+        sources.append(model.accel_report.decisions[-1].source)
+    assert sources == ["search", "cache", "search", "search"]
+
+
+def test_code_digests_are_the_same_in_every_process():
+    # A set literal compiles to a frozenset constant whose repr order follows string hashing, which is seeded
+    # per process: hashed as is, the cache would miss in every new process.
+    script = ("from rlspeed.accel.cache import code_digest\n"
+              "def f(x):\n    return x in {'alpha', 'beta', 'gamma', 'delta', 'epsilon', 'zeta', 'eta', 'theta'}\n"
+              "print(code_digest(f.__code__))")
+    digests = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(digests) == 1
+
+
+def test_an_edited_model_forward_changes_the_step_cache_key(two_candidates):
+    x, y = torch.randn(16, 4), torch.randn(16, 2)
+
+    def closure_step(model):
+        def loss_fn(a, b):  # the same code for every model: only the model's forward differs
+            return (model(a) - b).square().mean()
+
+        return accelerate_step(loss_fn, torch.optim.SGD(model.parameters(), lr=0.0))
+
+    class Agent:
+        def __init__(self, model):
+            self.model = model
+
+        def loss(self, a, b):
+            return (self.model(a) - b).square().mean()
+
+    def method_step(model):
+        return accelerate_step(Agent(model).loss, torch.optim.SGD(model.parameters(), lr=0.0))
+
+    for make_step in (closure_step, method_step):
+        sources = []
+        for version in (0, 0, 1):
+            step = make_step(_net_class(version)())
+            step(x, y)
+            sources.append(step.report.decisions[-1].source)
+        assert sources == ["search", "cache", "search"]
+
+
+# --- 3. outputs the accuracy check cannot see into ---------------------------------------------------------------
+class Gaussian(nn.Module):
+    def __init__(self, with_mean: bool = False):
+        super().__init__()
+        self.body = _mlp(4, 2)
+        self.with_mean = with_mean
+
+    def forward(self, x):
+        mu = self.body(x)
+        dist = torch.distributions.Normal(mu, torch.ones_like(mu))
+        return (mu, dist) if self.with_mean else dist
+
+
+@pytest.mark.parametrize("with_mean", [False, True])
+@pytest.mark.parametrize("grad", [False, True])
+def test_outputs_hiding_their_tensors_stay_fp32(two_candidates, with_mean, grad):
+    model = Gaussian(with_mean)
+    plain = copy.deepcopy(model)
+    model = auto_accelerate(model, device="cpu")
+    x = torch.randn(64, 4)
+    with torch.set_grad_enabled(grad):
+        out = model(x)
+    dist = out[1] if with_mean else out
+    decision = model.accel_report.decisions[-1]
+    assert decision.chosen == EAGER_FP32
+    assert not any(t.passed for t in decision.trials if t.strategy.precision != "fp32")  # nothing passes unchecked
+    assert "Normal" in decision.reason and any("Normal" in note for note in model.accel_report.notes)
+    assert dist.loc.dtype == torch.float32
+    expected = plain(x)
+    assert torch.equal(dist.loc, (expected[1] if with_mean else expected).loc)
+
+
+# --- 4. accelerate_step and module buffers -----------------------------------------------------------------------
+def test_step_search_puts_batchnorm_statistics_back(two_candidates):
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 1))
+
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    plain = make()
+    (plain(x) - y).square().mean().backward()
+    model = make()
+    step = accelerate_step(lambda a, b: (model(a) - b).square().mean(), torch.optim.SGD(model.parameters(), lr=0.0))
+    step(x, y)
+    assert step.report.decisions[-1].source == "search"
+    norm, plain_norm = model[1], plain[1]
+    assert int(norm.num_batches_tracked) == int(plain_norm.num_batches_tracked) == 1
+    assert torch.allclose(norm.running_mean, plain_norm.running_mean)
+    assert torch.allclose(norm.running_var, plain_norm.running_var)
+
+
+# --- 5. empty batches --------------------------------------------------------------------------------------------
+def test_empty_batch_with_a_bucketed_compiled_strategy(monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "fp32+compile:eager")
+    model = auto_accelerate(_mlp(4, 2), device="cpu")
+    obs = torch.randn(5, 4)
+    assert model(obs[torch.zeros(5, dtype=torch.bool)]).shape == (0, 2)  # first call empty: nothing decided
+    assert not any("bucketing" in note for note in model.accel_report.notes)
+    assert model(obs).shape == (5, 2)
+    assert model.accel_strategy.bucket  # decided on real rows
+    assert model(obs[:0]).shape == (0, 2)  # empty after bucketing was decided
+
+
+def test_empty_batch_decides_nothing(two_candidates):
+    model = auto_accelerate(_mlp(4, 2), device="cpu")
+    plain = unaccelerate(copy.deepcopy(model))
+    assert torch.equal(model(torch.zeros(0, 4)), plain(torch.zeros(0, 4)))
+    assert model.accel_report.decisions == [] and _cached_files() == []
+
+
+# --- 6. float64 models -------------------------------------------------------------------------------------------
+def test_float64_model_keeps_float64_inputs(two_candidates):
+    model = _mlp(4, 2).double()
+    plain = copy.deepcopy(model)
+    model = auto_accelerate(model, device="cpu")
+    x = torch.randn(8, 4, dtype=torch.float64)
+    out = model(x)
+    assert out.dtype == torch.float64 and torch.equal(out, plain(x))
+    assert torch.equal(model(x.numpy()), plain(x))  # numpy float64 too
+
+    step = accelerate_step(lambda a: model(a).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert step(x).dtype == torch.float64
+    float32_model = auto_accelerate(_mlp(4, 2), device="cpu")
+    assert float32_model(x).dtype == torch.float32  # a float32 model still gets float32
+
+
+# --- lower priority: train and eval calls ------------------------------------------------------------------------
+def test_train_and_eval_calls_are_decided_separately(two_candidates):
+    model = auto_accelerate(nn.Sequential(_mlp(4, 2), nn.Dropout(0.5)), device="cpu")
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        model(x)
+        model.eval()
+        model(x)
+        model(x)
+    labels = [d.signature for d in model.accel_report.decisions]
+    assert len(labels) == 2 and labels[1].endswith(", eval") and not labels[0].endswith(", eval")
