@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import gymnasium as gym
@@ -372,3 +373,135 @@ def test_auto_backend_takes_gymnasium_for_few_envs_on_a_cpu_and_native_otherwise
     # native-only options ask for the native env
     assert rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", state_dtype=torch.float64).backend == "torch"
     assert rlspeed.PPO("CartPole-v1", num_envs=2, device="cpu").env_backend == "gymnasium"
+
+
+@pytest.mark.parametrize(("backend", "env_id"), CASES, ids=CASE_IDS)
+def test_a_reset_with_its_own_seed_uses_up_make_envs_seed(backend, env_id):
+    """After `reset(seed=1)`, a plain `reset()` continues seed 1's streams instead of restarting make_env's seed 0."""
+    env = rlspeed.make_env(env_id, num_envs=3, device="cpu", seed=0, backend=backend)
+    reference = rlspeed.make_env(env_id, num_envs=3, device="cpu", seed=1, backend=backend)
+    try:
+        assert torch.equal(env.reset(seed=1)[0], reference.reset()[0])
+        assert torch.equal(env.reset()[0], reference.reset()[0])
+    finally:
+        env.close()
+        reference.close()
+
+
+def test_gymnasium_env_options_reach_the_env_and_make_auto_pick_gymnasium():
+    for backend, num_envs in [("gymnasium", 1), ("auto", 32)]:  # 32 envs on a CPU: auto's native pick otherwise
+        env = rlspeed.make_env("Pendulum-v1", num_envs=num_envs, device="cpu", backend=backend, g=0.0)
+        assert env.backend == "gymnasium"
+        assert env.unwrapped.vector_env.envs[0].unwrapped.g == 0.0
+        env.close()
+    # the native envs take exactly these keywords besides num_envs, device and seed
+    from rlspeed.envs import NATIVE_OPTIONS, NativeEnv
+
+    assert NATIVE_OPTIONS == tuple(inspect.signature(NativeEnv.__init__).parameters)[4:]
+
+
+@pytest.mark.parametrize(("backend", "kwargs", "match"), [
+    ("gymnasium", {"state_dtype": torch.float64}, "apply only to backend 'torch'"),
+    ("gymnasium-async", {"compile": True}, "apply only to backend 'torch'"),
+    ("torch", {"g": 0.0}, "takes no env options"),
+    ("torch", {"seeed": 1}, "takes no env options"),
+    ("auto", {"compile": True, "g": 0.0}, "native-env options"),
+    ("gymnasium", {"num_env": 8}, "rejected the options num_env"),
+], ids=["state_dtype-gymnasium", "compile-async", "env-option-torch", "typo-torch", "both-kinds", "typo-gymnasium"])
+def test_make_env_rejects_keywords_the_backend_does_not_take(backend, kwargs, match):
+    with pytest.raises(rlspeed.UserError, match=match):
+        rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", backend=backend, **kwargs)
+
+
+def test_make_env_rejects_env_options_for_a_built_vector_env():
+    vector_env = gym.make_vec("Pendulum-v1", num_envs=2, vectorization_mode="sync",
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    try:
+        with pytest.raises(rlspeed.UserError, match="already built"):
+            rlspeed.make_env(vector_env, device="cpu", g=0.0)
+    finally:
+        vector_env.close()
+
+
+@pytest.mark.parametrize("vector_class", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv])
+def test_a_directly_built_vector_env_takes_its_spec_from_its_envs(vector_class):
+    """SyncVectorEnv/AsyncVectorEnv built by hand have no spec of their own; their envs' one names the task."""
+    vector_env = vector_class([lambda: gym.make("CartPole-v1")] * 2,
+                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    assert vector_env.spec is None
+    env = rlspeed.make_env(vector_env, device="cpu")
+    try:
+        assert env.spec.env_id == "CartPole-v1"
+        assert env.spec.max_episode_steps == 500 and env.spec.reward_threshold == 475.0
+    finally:
+        env.close()
+
+
+def test_a_vector_env_of_unregistered_envs_keeps_a_placeholder_id():
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    vector_env = gym.vector.SyncVectorEnv([CartPoleEnv] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(vector_env, device="cpu")
+    try:
+        assert env.spec.env_id == "user-vector-env" and env.spec.max_episode_steps is None
+    finally:
+        env.close()
+
+
+def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
+    single = gym.make("CartPole-v1")
+    with pytest.raises(rlspeed.UserError, match=r"SyncVectorEnv\(\[lambda: env\]"):
+        rlspeed.make_env(single, device="cpu")
+    single.close()
+    with pytest.raises(rlspeed.UserError, match="Gymnasium env id"):
+        rlspeed.make_env(42, device="cpu")
+
+
+def test_make_env_says_stable_baselines3_vec_envs_are_not_supported():
+    vec_env_util = pytest.importorskip("stable_baselines3.common.env_util")
+    vec_env = vec_env_util.make_vec_env("CartPole-v1", n_envs=2)
+    try:
+        with pytest.raises(rlspeed.UserError, match="Stable-Baselines3 VecEnvs .* are not supported"):
+            rlspeed.make_env(vec_env, device="cpu")
+    finally:
+        vec_env.close()
+
+
+def test_observations_outlive_a_copy_false_async_vector_env_buffer():
+    """AsyncVectorEnv(copy=False) returns its shared-memory buffer, which the next step overwrites."""
+    vector_env = gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2, copy=False,
+                                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(vector_env, device="cpu", seed=0)
+    try:
+        kept = [env.reset()[0]]
+        copies = [kept[0].clone()]
+        for _ in range(3):
+            obs, *_ = env.step(torch.ones(2, dtype=torch.long))
+            kept.append(obs)
+            copies.append(obs.clone())
+        for obs, copy in zip(kept, copies):
+            assert torch.equal(obs, copy)
+        assert not torch.equal(copies[0], copies[-1])
+    finally:
+        env.close()
+
+
+def test_setting_training_on_the_outer_wrapper_freezes_every_statistic():
+    env = rlspeed.make_env("CartPole-v1", num_envs=16, device="cpu", seed=0, backend="torch", normalize_obs=True,
+                           normalize_reward=True)
+    actions = torch.zeros(16, dtype=torch.long)
+    env.reset()
+    env.step(actions)
+    assert env.training and env.env.training
+    env.training = False
+    assert not env.training and not env.env.training
+    counts = env.obs_rms.count.clone(), env.return_rms.count.clone()
+    env.reset()
+    env.step(actions)
+    assert torch.equal(env.obs_rms.count, counts[0]) and torch.equal(env.return_rms.count, counts[1])
+    env.env.training = True  # the inner wrapper alone: the outer one is still frozen, and reading says so
+    assert env.env.training and not env.training
+    env.training = True
+    env.step(actions)
+    assert env.obs_rms.count > counts[0] and env.return_rms.count > counts[1]
+    assert rlspeed.make_env("CartPole-v1", device="cpu").training  # no normalisation: nothing to freeze

@@ -91,3 +91,20 @@ def test_gae_hand_computed_tiny_case(monkeypatch, path, terminated_middle, expec
     expected = torch.tensor(expected_advantages).unsqueeze(1)
     torch.testing.assert_close(advantages, expected, rtol=0, atol=1e-5)
     torch.testing.assert_close(returns, expected + values, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["matrix", "loop"])
+def test_an_inf_delta_does_not_reach_later_steps(monkeypatch, path):
+    """An inf reward makes its own step's advantage inf; the steps after it (a later episode) stay finite."""
+    monkeypatch.setattr(rollout_module, "_MATRIX_GAE_MAX_ELEMENTS", 2**62 if path == "matrix" else 0)
+    steps = 6
+    rewards = torch.ones(steps, 2)
+    rewards[1, 0] = float("inf")
+    values, next_values = torch.zeros(steps, 2), torch.zeros(steps, 2)
+    dones = torch.zeros(steps, 2, dtype=torch.bool)
+    dones[2, 0] = True  # env 0's first episode ends at t=2, a new one starts at t=3
+    advantages, _ = gae(rewards, values, next_values, dones, dones, gamma=0.99, gae_lambda=0.95)
+    assert torch.isinf(advantages[:2, 0]).all()
+    finite = gae(torch.ones(steps, 2), values, next_values, dones, dones, gamma=0.99, gae_lambda=0.95)[0]
+    torch.testing.assert_close(advantages[2:, 0], finite[2:, 0])
+    torch.testing.assert_close(advantages[:, 1], finite[:, 1])

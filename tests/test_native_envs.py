@@ -440,3 +440,36 @@ def test_compiled_stream_hash_draws_the_same_numbers():
     for dtype in (torch.float32, torch.float64):
         torch.testing.assert_close(compiled(counters, keys, keys ^ 5, dtype), _uniform_block(counters, keys, keys ^ 5,
                                                                                               dtype), rtol=0, atol=0)
+
+
+def test_an_unseeded_env_leaves_torchs_global_generator_alone():
+    """seed=None draws the env's seed from the OS; reseeding torch's generator would undo a user's manual_seed."""
+    import rlspeed
+
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    first = NATIVE_ENVS["CartPole-v1"](num_envs=8, seed=None)
+    second = rlspeed.make_env("CartPole-v1", num_envs=8, device="cpu", seed=None, backend="torch")
+    assert torch.equal(torch.rand(3), expected)
+    assert not torch.equal(first.reset()[0], second.reset()[0])  # still a fresh seed each time
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_editing_observations_in_place_leaves_the_state_alone(env_id, state_dtype, compile):
+    if compile and env_id != "CartPole-v1":
+        pytest.skip("compiling takes seconds: one env covers the compiled transition")
+    env = NATIVE_ENVS[env_id](num_envs=4, seed=0, state_dtype=state_dtype, compile=compile)
+    generator = torch.Generator().manual_seed(0)
+    obs, _ = env.reset()
+    state = env.state.clone()
+    obs.add_(1.0)
+    assert torch.equal(env.state, state)
+    for _ in range(3):
+        obs, _, _, _, info = env.step(_random_actions(env, generator))
+        state = env.state.clone()
+        obs.add_(1.0)
+        info["final_obs"].add_(1.0)
+        assert torch.equal(env.state, state)

@@ -38,9 +38,10 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     after = (index.view(-1, 1) < index.view(1, -1)).view(steps, steps, *([1] * (carry.dim() - 1)))
     factors = torch.where(after, shifted.unsqueeze(0), torch.ones((), dtype=carry.dtype, device=carry.device))
     weights = torch.cumprod(factors, dim=1)
-    upper = (index.view(-1, 1) <= index.view(1, -1)).view_as(after)
-    weights = weights * upper
-    advantages = (weights * deltas.unsqueeze(0)).sum(dim=1)
+    # Only s >= t counts. The lower triangle is zero-filled after weighting, not multiplied by a 0/1 mask: 0 * an inf
+    # delta is NaN, which would reach the advantages of the steps after it (the reverse scan never adds it to those).
+    lower = (index.view(-1, 1) > index.view(1, -1)).view_as(after)
+    advantages = weights.mul_(deltas.unsqueeze(0)).masked_fill_(lower, 0.0).sum(dim=1)
     return advantages, advantages + values
 
 

@@ -69,29 +69,59 @@ def env_spec(env_id: str) -> EnvSpec:
         env.close()
 
 
+#: The keywords a native env takes besides `num_envs`, `device` and `seed` (`NativeEnv.__init__`; no subclass adds
+#: any). Native envs take no env options: every other keyword to `make_env` is a Gymnasium env option.
+NATIVE_OPTIONS = ("state_dtype", "compile")
+
+
 def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str | torch.device = "auto",
              seed: int | None = None, backend: str = "auto", normalize_obs: bool = False,
-             normalize_reward: bool = False, gamma: float = 0.99, **native_kwargs) -> BatchedEnv:
+             normalize_reward: bool = False, gamma: float = 0.99, **kwargs) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (see DESIGN.md for the contract).
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset. `backend` is
     `auto` (the native torch env when one exists, unless fewer than 16 envs on a CPU; else Gymnasium), `torch`,
     `gymnasium` (in-process) or `gymnasium-async` (one subprocess per env). The returned env reports raw episode
     returns in `info["episode_return"]` where `info["done"]`, and is seeded by `seed` on its first `reset()`.
+
+    Other keywords: `state_dtype=` and `compile=` are native-env options (`NativeEnv`) and make `auto` pick the
+    native env; any other keyword is an option of the Gymnasium env (`gymnasium.make(env_id, **kwargs)`, e.g.
+    `g=9.81` for Pendulum-v1) and makes `auto` pick Gymnasium, since native envs take no env options. Asking for
+    both kinds at once, or for a kind the chosen backend does not take, is a UserError.
     """
     if num_envs < 1:
         raise UserError(f"num_envs must be at least 1, got {num_envs}.")
     device = resolve_device(device)
     if isinstance(env_id, gym.vector.VectorEnv):
+        if kwargs:
+            raise UserError(f"make_env(vector_env, ...) takes no env options ({', '.join(kwargs)}): the vector env "
+                            "is already built, so pass them where you build it.")
         env: BatchedEnv = GymnasiumEnv(vector_env=env_id, device=device)
     else:
-        # native-only options (compile=..., dtype=...) ask for the native env whatever the number of envs
+        _check_env_id(env_id)
+        native_kwargs = {name: value for name, value in kwargs.items() if name in NATIVE_OPTIONS}
+        env_kwargs = {name: value for name, value in kwargs.items() if name not in NATIVE_OPTIONS}
+        if native_kwargs and env_kwargs:
+            raise UserError(f"make_env got native-env options ({', '.join(native_kwargs)}) and Gymnasium env "
+                            f"options ({', '.join(env_kwargs)}): native envs take no env options, and Gymnasium "
+                            "envs take no native options.")
+        if backend == "auto" and env_kwargs:
+            backend = "gymnasium"  # env options exist only for Gymnasium's envs
+        # native-only options (compile=..., state_dtype=...) ask for the native env whatever the number of envs
         chosen = resolve_backend(env_id, backend, None if native_kwargs else num_envs, device)
         if chosen == "torch":
+            if env_kwargs:
+                raise UserError(f"The native env '{env_id}' takes no env options ({', '.join(env_kwargs)}); its "
+                                f"options are {', '.join(NATIVE_OPTIONS)}. Use backend='gymnasium' to pass env options "
+                                "to gymnasium.make.")
             env = NATIVE_ENVS[env_id](num_envs=num_envs, device=device, seed=seed, **native_kwargs)
         else:
+            if native_kwargs:
+                raise UserError(f"The native-env options ({', '.join(native_kwargs)}) apply only to backend "
+                                f"'torch', not to '{chosen}'.")
             vectorization = "async" if chosen == "gymnasium-async" else "sync"
-            env = GymnasiumEnv(env_id, num_envs=num_envs, device=device, vectorization=vectorization)
+            env = GymnasiumEnv(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
+                               env_kwargs=env_kwargs)
     env = _SeedOnFirstReset(EpisodeStatistics(env), seed)
     if normalize_obs:
         env = NormalizeObservation(env)
@@ -100,8 +130,30 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     return env
 
 
+def _check_env_id(env_id) -> None:
+    """UserError unless `env_id` is a str, saying what `make_env` accepts instead of other kinds of envs."""
+    if isinstance(env_id, str):
+        return
+    kind = type(env_id).__name__
+    accepted = ("make_env takes a Gymnasium env id (str) or a Gymnasium vector env made with "
+                "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP")
+    if isinstance(env_id, gym.Env):
+        raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): wrap it as "
+                        "gymnasium.vector.SyncVectorEnv([lambda: env], "
+                        "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
+    if any(cls.__module__.startswith("stable_baselines3") for cls in type(env_id).__mro__):
+        raise UserError(f"{accepted}; Stable-Baselines3 VecEnvs ({kind}) are not supported: build the envs with "
+                        "gymnasium.make_vec(env_id, num_envs, vector_kwargs={'autoreset_mode': "
+                        "gymnasium.vector.AutoresetMode.SAME_STEP}) instead.")
+    raise UserError(f"{accepted}; got a {kind}.")
+
+
 class _SeedOnFirstReset(EnvWrapper):
-    """Applies the seed given to `make_env` on the first `reset()` that does not pass one itself."""
+    """Applies the seed given to `make_env` on the first `reset()`, unless that reset passes a seed itself.
+
+    Any reset uses up the pending seed: after `reset(seed=1)`, a plain `reset()` continues the streams of seed 1
+    rather than restarting them from `make_env`'s seed.
+    """
 
     def __init__(self, env: BatchedEnv, seed: int | None):
         super().__init__(env)
@@ -109,7 +161,8 @@ class _SeedOnFirstReset(EnvWrapper):
 
     def reset(self, seed: int | None = None):
         if seed is None:
-            seed, self._pending_seed = self._pending_seed, None
+            seed = self._pending_seed
+        self._pending_seed = None
         return self.env.reset(seed=seed)
 
 

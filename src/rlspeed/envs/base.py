@@ -92,6 +92,8 @@ class BatchedEnv:
 class EnvWrapper(BatchedEnv):
     """A batched env that forwards to an inner one; subclasses change obs, reward or info."""
 
+    _training = True  # this wrapper's own flag behind `training`
+
     def __init__(self, env: BatchedEnv):
         self.env = env
         self.spec = env.spec
@@ -114,6 +116,23 @@ class EnvWrapper(BatchedEnv):
     @property
     def unwrapped(self) -> BatchedEnv:
         return self.env.unwrapped
+
+    @property
+    def training(self) -> bool:
+        """Whether the statistics of the normalisation wrappers are updated (True until set otherwise).
+
+        Setting it on a wrapper sets it on every wrapper inside too, so `env.training = False` on what `make_env`
+        returns freezes both observation and reward statistics. Reading it gives False when this wrapper or any
+        wrapper inside it is frozen.
+        """
+        inner = self.env.training if isinstance(self.env, EnvWrapper) else True
+        return self._training and inner
+
+    @training.setter
+    def training(self, value: bool) -> None:
+        self._training = bool(value)
+        if isinstance(self.env, EnvWrapper):
+            self.env.training = value
 
     @property
     def state(self):

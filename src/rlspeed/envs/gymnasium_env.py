@@ -1,4 +1,4 @@
-"""Adapter from Gymnasium (any registered id, or a user's Gymnasium/SB3 vector env) to the batched contract.
+"""Adapter from Gymnasium (any registered id, or a user's Gymnasium vector env) to the batched contract.
 
 This is the only place where numpy meets torch for Gymnasium envs: actions go to the host once per step, and
 observations, rewards and flags come back as one tensor each.
@@ -37,6 +37,21 @@ def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
     return array
 
 
+def _vector_env_spec(vector_env: gym.vector.VectorEnv) -> gym.envs.registration.EnvSpec | None:
+    """The spec of a user's vector env: its own, else its first env's (None when neither has one).
+
+    `gym.make_vec` sets the vector env's spec; a SyncVectorEnv or AsyncVectorEnv built directly has none, but its
+    envs made with `gym.make` do, with the id and time limit that evaluation and the target need.
+    """
+    spec = getattr(vector_env, "spec", None)
+    if spec is not None:
+        return spec
+    try:
+        return vector_env.get_attr("spec")[0]
+    except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
+        return None
+
+
 class GymnasiumEnv(BatchedEnv):
     """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset."""
 
@@ -58,14 +73,19 @@ class GymnasiumEnv(BatchedEnv):
                     vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
+            except TypeError as error:
+                if not env_kwargs:
+                    raise
+                # most likely an option the env's constructor does not take (a typo, or a native-env option)
+                raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
         else:
-            env_id = env_id or getattr(getattr(vector_env, "spec", None), "id", None) or "user-vector-env"
             mode = vector_env.metadata.get("autoreset_mode")
             if mode is not None and mode != gym.vector.AutoresetMode.SAME_STEP:
                 raise UserError("Pass a Gymnasium vector env made with autoreset_mode=AutoresetMode.SAME_STEP "
                                 f"(this one uses {mode}).")
-            spec = getattr(vector_env, "spec", None)
+            spec = _vector_env_spec(vector_env)
+            env_id = env_id or getattr(spec, "id", None) or "user-vector-env"
             max_steps = getattr(spec, "max_episode_steps", None)
             threshold = getattr(spec, "reward_threshold", None)
         self.vector_env = vector_env
@@ -81,7 +101,9 @@ class GymnasiumEnv(BatchedEnv):
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
 
     def _obs(self, array) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array, dtype=np.float32), device=self.device)
+        # A copy: a vector env made with copy=False hands back its own buffer (for AsyncVectorEnv, shared memory)
+        # and overwrites it on the next step, while callers keep the returned tensors.
+        return torch.as_tensor(np.array(array, dtype=np.float32), device=self.device)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Reset the vector env (Gymnasium seeds env i with `seed + i`); returns (obs, {}).
@@ -127,7 +149,7 @@ class GymnasiumEnv(BatchedEnv):
                     torch.as_tensor(truncated, device=self.device), {"final_obs": final_t})
         obs, reward, terminated, truncated, info = self.vector_env.step(
             _to_numpy_actions(actions, self.spec.action_space))
-        obs_np = np.asarray(obs, dtype=np.float32)
+        obs_np = np.array(obs, dtype=np.float32)  # a copy, as in `_obs`: the vector env may reuse its buffer
         final_np = obs_np
         if "_final_obs" in info:
             mask = np.asarray(info["_final_obs"], dtype=bool)

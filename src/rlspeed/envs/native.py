@@ -7,6 +7,8 @@ host sync in `step`.
 
 from __future__ import annotations
 
+import secrets
+
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
@@ -80,7 +82,9 @@ class NativeEnv(BatchedEnv):
         # on any device: a counter-based generator (a 32-bit hash of the env's key and the draw number, int32
         # arithmetic that every backend has), drawn `_block_steps` steps at a time.
         self._block_steps = max(1, min(_MAX_BLOCK_STEPS, _BLOCK_ELEMENTS // max(self.num_envs * self.state_size, 1)))
-        self._seed_streams(seed if seed is not None else int(torch.seed() % (2**63)))
+        # Without a seed, one is drawn from the OS: `torch.seed()` would reseed torch's global generator and so
+        # change the user's own torch randomness after `torch.manual_seed`.
+        self._seed_streams(seed if seed is not None else secrets.randbits(63))
         self.state = torch.zeros(self.num_envs, self.state_size, device=self.device, dtype=state_dtype)
         self.elapsed_steps = torch.zeros(self.num_envs, device=self.device, dtype=torch.int32)
         self._uniform_bounds: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -103,8 +107,12 @@ class NativeEnv(BatchedEnv):
         raise NotImplementedError
 
     def observe(self, state: torch.Tensor) -> torch.Tensor:
-        """Observation float32 `[N, ...]` of a state."""
-        return state.to(torch.float32)
+        """Observation float32 `[N, ...]` of a state: a new tensor, never the state itself.
+
+        A float32 state is copied (`.to` alone would hand it back as is): callers keep and may edit observations
+        in place (noise, normalisation, a buffer's view), which must not change the physics in `self.state`.
+        """
+        return state.to(torch.float32, copy=True)
 
     # --- the contract ---------------------------------------------------------------------------------
     def uniform(self, num: int, low, high) -> torch.Tensor:

@@ -64,19 +64,19 @@ class RunningMeanStd(nn.Module):
 class NormalizeObservation(EnvWrapper):
     """Normalises observations (and `info["final_obs"]`) by running statistics updated on every step.
 
-    Set `training = False` to freeze the statistics (for evaluation). `obs_rms` is the statistics module.
+    Set `training = False` to freeze the statistics (for evaluation; set on an outer wrapper, it reaches this one
+    too). `obs_rms` is the statistics module.
     """
 
     def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: RunningMeanStd | None = None):
         super().__init__(env)
         self.obs_rms = obs_rms or RunningMeanStd(env.spec.observation_shape, device=env.device)
         self.clip = clip
-        self.training = True
 
     def reset(self, seed: int | None = None):
         """Reset the inner env and return normalised obs (folded into the statistics first while `training`)."""
         obs, info = self.env.reset(seed=seed)
-        if self.training:
+        if self._training:  # this wrapper's own flag: `training` also looks inside
             self.obs_rms.update(obs)
         return self.obs_rms.normalize(obs, self.clip), info
 
@@ -86,7 +86,7 @@ class NormalizeObservation(EnvWrapper):
         While `training`, the statistics are first updated with the returned `obs` (not with `final_obs`).
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        if self.training:
+        if self._training:
             self.obs_rms.update(obs)
         info["final_obs"] = self.obs_rms.normalize(info["final_obs"], self.clip)
         return self.obs_rms.normalize(obs, self.clip), reward, terminated, truncated, info
@@ -100,7 +100,6 @@ class NormalizeReward(EnvWrapper):
         self.return_rms = RunningMeanStd((), device=env.device)
         self.gamma = gamma
         self.clip = clip
-        self.training = True
         self._returns = torch.zeros(env.num_envs, device=env.device, dtype=torch.float32)
 
     def reset(self, seed: int | None = None):
@@ -115,7 +114,7 @@ class NormalizeReward(EnvWrapper):
         after its episode ends. Observations and info pass through unchanged.
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        if self.training:
+        if self._training:
             self._returns.mul_(self.gamma).add_(reward)
             self.return_rms.update(self._returns)
             self._returns.mul_((~(terminated | truncated)).to(torch.float32))
