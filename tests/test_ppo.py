@@ -118,3 +118,8 @@ def test_discrete_actions_that_do_not_start_at_0_are_a_user_error(algo):
     vector_env = gym.vector.SyncVectorEnv([OffsetActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.raises(rlspeed.UserError, match="starting at 1"):
         algo(vector_env, device="cpu")
+
+
+def test_a_single_gymnasium_env_is_a_user_error_saying_what_to_pass():
+    with pytest.raises(rlspeed.UserError, match="SyncVectorEnv"):
+        PPO(gym.make("CartPole-v1"), device="cpu")

@@ -123,6 +123,8 @@ class Algorithm:
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
                  accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
         configure_threads(num_threads)
+        if not isinstance(env, (str, BatchedEnv, gym.vector.VectorEnv)):
+            make_env(env)  # raises the UserError that says which envs are accepted
         if not isinstance(env, str) and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}:
             given = env.num_envs
             if hyperparameters.setdefault("num_envs", given) != given:
