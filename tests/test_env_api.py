@@ -457,12 +457,74 @@ def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
         rlspeed.make_env(42, device="cpu")
 
 
-def test_make_env_says_stable_baselines3_vec_envs_are_not_supported():
+class FakeSB3VecEnv:
+    """Stable-Baselines3's VecEnv interface, without SB3: 2 envs; env 0 ends (terminates) on every 2nd step, env 1
+    is cut by a time limit on every 3rd; observations count the steps."""
+
+    num_envs = 2
+    observation_space = gym.spaces.Box(-100.0, 100.0, (3,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.t = [0, 0]
+        self.seeded = None
+        self.actions = None
+
+    def seed(self, seed=None):
+        self.seeded = seed
+
+    def reset(self):
+        self.t = [0, 0]
+        return np.zeros((2, 3), dtype=np.float64)
+
+    def step_async(self, actions):
+        self.actions = actions
+
+    def step_wait(self):
+        obs, dones, infos = np.zeros((2, 3)), np.zeros(2, dtype=bool), [{}, {}]
+        for i, period in enumerate((2, 3)):
+            self.t[i] += 1
+            if self.t[i] == period:
+                dones[i] = True
+                infos[i]["terminal_observation"] = np.full(3, float(self.t[i]))
+                if i == 1:
+                    infos[i]["TimeLimit.truncated"] = True
+                self.t[i] = 0
+            obs[i] = self.t[i]
+        return obs, np.ones(2), dones, infos
+
+    def get_attr(self, name, indices=None):
+        raise AttributeError(name)
+
+    def close(self):
+        pass
+
+
+def test_a_stable_baselines3_vec_env_meets_the_contract():
+    env = rlspeed.make_env(FakeSB3VecEnv(), device="cpu", seed=7)
+    obs, _ = env.reset()
+    assert env.unwrapped.vec_env.seeded == 7 and obs.dtype == torch.float32 and obs.shape == (2, 3)
+    finals, flags = [], []
+    for _ in range(6):
+        obs, reward, terminated, truncated, info = env.step(torch.tensor([0, 1]))
+        assert reward.dtype == torch.float32 and terminated.dtype == torch.bool and reward.shape == (2,)
+        finals.append(info["final_obs"][:, 0].tolist())
+        flags.append((terminated.tolist(), truncated.tolist()))
+    assert env.unwrapped.vec_env.actions.dtype == np.int64
+    # env 0 terminates at steps 2, 4, 6; env 1 is truncated (not terminated) at steps 3 and 6
+    assert flags[1] == ([True, False], [False, False]) and flags[2] == ([False, False], [False, True])
+    assert flags[5] == ([True, False], [False, True])
+    assert finals[1][0] == 2.0 and finals[2][1] == 3.0 and obs[:, 0].tolist() == [0.0, 0.0]  # reset in place
+
+
+def test_algorithms_train_on_a_stable_baselines3_vec_env():
     vec_env_util = pytest.importorskip("stable_baselines3.common.env_util")
-    vec_env = vec_env_util.make_vec_env("CartPole-v1", n_envs=2)
+    vec_env = vec_env_util.make_vec_env("CartPole-v1", n_envs=2, seed=0)
     try:
-        with pytest.raises(rlspeed.UserError, match="Stable-Baselines3 VecEnvs .* are not supported"):
-            rlspeed.make_env(vec_env, device="cpu")
+        model = rlspeed.PPO(vec_env, device="cpu", seed=0, num_steps=32, batch_size=64, n_epochs=1)
+        assert model.env_id == "CartPole-v1" and model.spec.max_episode_steps == 500
+        model.learn(128, progress_bar=False)
+        assert model.num_timesteps == 128 and len(model.evaluate(episodes=2)["returns"]) == 2
     finally:
         vec_env.close()
 

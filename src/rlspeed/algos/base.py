@@ -22,6 +22,7 @@ from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import BatchedEnv, RunningMeanStd, env_spec, make_env, resolve_backend
 from rlspeed.envs.base import EnvSpec
+from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.errors import UserError
 from rlspeed.logging import ProgressBar, RunLogger
 
@@ -123,7 +124,7 @@ class Algorithm:
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
                  accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
         configure_threads(num_threads)
-        if not isinstance(env, (str, BatchedEnv, gym.vector.VectorEnv)):
+        if not isinstance(env, (str, BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
             make_env(env)  # raises the UserError that says which envs are accepted
         if not isinstance(env, str) and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}:
             given = env.num_envs
@@ -147,7 +148,7 @@ class Algorithm:
             self.env_backend = resolve_backend(env, env_backend, self.strategy.split_envs(self.config.num_envs),
                                                self.device)
         else:
-            if isinstance(env, gym.vector.VectorEnv):
+            if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
                 env = make_env(env, device=self.device)
             self._env = env
             self.env_id = env.spec.env_id

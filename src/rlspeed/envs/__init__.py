@@ -15,6 +15,7 @@ from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
 from rlspeed.envs.pendulum import Pendulum
+from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
 from rlspeed.errors import UserError
 
@@ -79,7 +80,8 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
              normalize_reward: bool = False, gamma: float = 0.99, **kwargs) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (see DESIGN.md for the contract).
 
-    `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset. `backend` is
+    `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
+    VecEnv (`SB3VecEnv`: its same-step resets and `terminal_observation` map onto the contract). `backend` is
     `auto` (the native torch env when one exists, unless fewer than 16 envs on a CPU; else Gymnasium), `torch`,
     `gymnasium` (in-process) or `gymnasium-async` (one subprocess per env). The returned env reports raw episode
     returns in `info["episode_return"]` where `info["done"]`, and is seeded by `seed` on its first `reset()`.
@@ -92,11 +94,12 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     if num_envs < 1:
         raise UserError(f"num_envs must be at least 1, got {num_envs}.")
     device = resolve_device(device)
-    if isinstance(env_id, gym.vector.VectorEnv):
+    if isinstance(env_id, gym.vector.VectorEnv) or is_sb3_vec_env(env_id):
         if kwargs:
             raise UserError(f"make_env(vector_env, ...) takes no env options ({', '.join(kwargs)}): the vector env "
                             "is already built, so pass them where you build it.")
-        env: BatchedEnv = GymnasiumEnv(vector_env=env_id, device=device)
+        env: BatchedEnv = (GymnasiumEnv(vector_env=env_id, device=device) if isinstance(env_id, gym.vector.VectorEnv)
+                           else SB3VecEnv(env_id, device=device))
     else:
         _check_env_id(env_id)
         native_kwargs = {name: value for name, value in kwargs.items() if name in NATIVE_OPTIONS}
@@ -135,16 +138,12 @@ def _check_env_id(env_id) -> None:
     if isinstance(env_id, str):
         return
     kind = type(env_id).__name__
-    accepted = ("make_env takes a Gymnasium env id (str) or a Gymnasium vector env made with "
-                "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP")
+    accepted = ("make_env takes a Gymnasium env id (str), a Gymnasium vector env made with "
+                "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP, or a Stable-Baselines3 VecEnv")
     if isinstance(env_id, gym.Env):
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): wrap it as "
                         "gymnasium.vector.SyncVectorEnv([lambda: env], "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
-    if any(cls.__module__.startswith("stable_baselines3") for cls in type(env_id).__mro__):
-        raise UserError(f"{accepted}; Stable-Baselines3 VecEnvs ({kind}) are not supported: build the envs with "
-                        "gymnasium.make_vec(env_id, num_envs, vector_kwargs={'autoreset_mode': "
-                        "gymnasium.vector.AutoresetMode.SAME_STEP}) instead.")
     raise UserError(f"{accepted}; got a {kind}.")
 
 
@@ -166,6 +165,6 @@ class _SeedOnFirstReset(EnvWrapper):
         return self.env.reset(seed=seed)
 
 
-__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "NativeEnv", "NativeGymEnv", "CartPole", "Pendulum",
-           "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
+__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv", "CartPole",
+           "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
            "RunningMeanStd", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend"]

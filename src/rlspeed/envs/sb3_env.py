@@ -1,0 +1,93 @@
+"""Adapter from a Stable-Baselines3 `VecEnv` (DummyVecEnv, SubprocVecEnv, their wrappers) to the batched contract.
+
+SB3's vector envs already reset a finished env within the same step, as rlspeed's contract does: the returned
+observation of that row is the new episode's first, and `infos[i]["terminal_observation"]` holds the true last
+observation. They report one `done` flag; `infos[i]["TimeLimit.truncated"]` says the episode was cut by a time
+limit rather than ended, which is what `truncated` means here. Stable-Baselines3 itself is not imported: any object
+with SB3's VecEnv methods is accepted.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.errors import UserError
+
+_VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
+
+
+def is_sb3_vec_env(env: object) -> bool:
+    """Whether `env` has Stable-Baselines3's VecEnv interface (and is not a Gymnasium vector env)."""
+    return (not isinstance(env, gym.vector.VectorEnv) and all(callable(getattr(env, m, None)) for m in _VEC_ENV_METHODS)
+            and hasattr(env, "num_envs") and hasattr(env, "observation_space") and hasattr(env, "action_space"))
+
+
+def _first_spec(vec_env) -> gym.envs.registration.EnvSpec | None:
+    """The Gymnasium spec of the first env inside (its id, time limit, reward threshold), when it has one."""
+    try:
+        spec = vec_env.get_attr("spec", [0])[0]
+    except Exception:  # a custom env without `spec`, or a VecEnv that cannot reach its envs' attributes
+        return None
+    return spec if isinstance(spec, gym.envs.registration.EnvSpec) else None
+
+
+class SB3VecEnv(BatchedEnv):
+    """N envs of a Stable-Baselines3 VecEnv behind the batched contract (tensors on `device`)."""
+
+    backend = "sb3"
+
+    def __init__(self, vec_env, device: torch.device | str = "cpu"):
+        self.vec_env = vec_env
+        self.device = torch.device(device)
+        self.num_envs = int(vec_env.num_envs)
+        obs_space, action_space = vec_env.observation_space, vec_env.action_space
+        if not isinstance(obs_space, gym.spaces.Box):
+            raise UserError(f"This VecEnv has a {type(obs_space).__name__} observation space; rlspeed supports Box "
+                            "observations.")
+        spec = _first_spec(vec_env)
+        self.spec = EnvSpec(spec.id if spec is not None else "user-sb3-vec-env", tuple(obs_space.shape),
+                            action_space, spec.max_episode_steps if spec is not None else None,
+                            spec.reward_threshold if spec is not None else None)
+        self._obs_shape = tuple(obs_space.shape)
+
+    def _tensor(self, array, dtype) -> torch.Tensor:
+        # a copy: SubprocVecEnv and friends may hand back buffers they reuse
+        return torch.as_tensor(np.array(array, dtype=dtype), device=self.device)
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, {})."""
+        if seed is not None:
+            self.vec_env.seed(seed)
+        return self._tensor(self.vec_env.reset(), np.float32), {}
+
+    def step(self, actions: torch.Tensor):
+        """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` only."""
+        array = actions.detach().cpu().numpy()
+        space = self.spec.action_space
+        if isinstance(space, gym.spaces.Discrete):
+            array = array.astype(np.int64).reshape(-1)
+        elif isinstance(space, gym.spaces.Box):
+            array = array.astype(space.dtype).reshape((-1,) + space.shape)
+        self.vec_env.step_async(array)
+        obs, rewards, dones, infos = self.vec_env.step_wait()
+        obs = np.array(obs, dtype=np.float32)
+        dones = np.asarray(dones, dtype=bool).reshape(-1)
+        truncated = np.array([bool(done and info.get("TimeLimit.truncated", False))
+                              for done, info in zip(dones, infos)], dtype=bool)
+        final = obs
+        if dones.any():
+            final = obs.copy()
+            for row in np.flatnonzero(dones):
+                final[row] = np.asarray(infos[row]["terminal_observation"], dtype=np.float32).reshape(self._obs_shape)
+        obs_t = torch.as_tensor(obs, device=self.device)
+        final_t = obs_t if final is obs else torch.as_tensor(final, device=self.device)
+        return (obs_t, self._tensor(rewards, np.float32).reshape(-1),
+                torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
+                {"final_obs": final_t})
+
+    def close(self) -> None:
+        """Close the VecEnv (for SubprocVecEnv, its worker processes too)."""
+        self.vec_env.close()
