@@ -123,3 +123,15 @@ def test_discrete_actions_that_do_not_start_at_0_are_a_user_error(algo):
 def test_a_single_gymnasium_env_is_a_user_error_saying_what_to_pass():
     with pytest.raises(rlspeed.UserError, match="SyncVectorEnv"):
         PPO(gym.make("CartPole-v1"), device="cpu")
+
+
+class UnregisteredEnv(OffsetActions):
+    action_space = gym.spaces.Discrete(2)
+
+
+def test_a_target_on_an_env_without_a_registered_id_fails_before_training():
+    vector_env = gym.vector.SyncVectorEnv([UnregisteredEnv], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = PPO(vector_env, device="cpu", num_steps=16, batch_size=16)
+    with pytest.raises(rlspeed.UserError, match="not a registered Gymnasium id"):
+        model.learn(64, target_return=1.0, progress_bar=False)
+    assert model.num_timesteps == 0

@@ -285,6 +285,13 @@ class Algorithm:
         """
         if total_timesteps <= 0:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        if target_return is not None:
+            try:  # evaluation builds a fresh env from the id: find out now, not after the first rollout
+                env_spec(self.env_id)
+            except UserError:
+                raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
+                                f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "
+                                "it with gymnasium.register, or train without a target.") from None
         env = self.make_training_env()
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
         logger = RunLogger(run_dir) if run_dir is not None and main else None
