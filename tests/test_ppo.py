@@ -135,3 +135,11 @@ def test_a_target_on_an_env_without_a_registered_id_fails_before_training():
     with pytest.raises(rlspeed.UserError, match="not a registered Gymnasium id"):
         model.learn(64, target_return=1.0, progress_bar=False)
     assert model.num_timesteps == 0
+
+
+def test_net_arch_takes_whole_numbers_only():
+    assert PPO("CartPole-v1", net_arch=[32, 32.0], device="cpu").config.net_arch == (32, 32)
+    assert PPO("CartPole-v1", net_arch=48, device="cpu").config.net_arch == (48,)  # one layer
+    for bad in ("64", [64.7], [True, 8]):  # a string was read digit by digit: "64" -> (6, 4)
+        with pytest.raises(rlspeed.UserError, match="net_arch"):
+            PPO("CartPole-v1", net_arch=bad, device="cpu")

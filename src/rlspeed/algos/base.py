@@ -65,8 +65,11 @@ def _coerce(key: str, value, hint):
             return int(value)
         if hint is float:
             return float(value)
-        if origin in (tuple, list):
-            return tuple(int(v) for v in value)
+        if origin in (tuple, list):  # layer widths: a list of whole numbers (one number: one layer)
+            items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+            if isinstance(items, (str, bytes)) or any(isinstance(v, bool) or not float(v).is_integer() for v in items):
+                raise ValueError
+            return tuple(int(v) for v in items)
         if hint is str:
             return str(value)
     except (TypeError, ValueError):
