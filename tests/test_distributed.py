@@ -124,3 +124,66 @@ def test_ppo_minibatch_must_split_evenly(monkeypatch):
         PPO("CartPole-v1", device="cpu", strategy=strategy, num_envs=2, num_steps=75, batch_size=75)
     monkeypatch.delenv("WORLD_SIZE")
     PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=75, batch_size=75)  # one process: any divisor is fine
+
+
+def test_synced_statistics_stay_accurate_for_features_with_a_large_mean():
+    """The distributed path of RunningMeanStd (moments summed over ranks, folded once per iteration) agrees with the
+    single-process path where E[x^2] - E[x]^2 would cancel in float32 (mean 1000, std 0.1: it went negative)."""
+    from rlspeed.envs import RunningMeanStd
+
+    generator = torch.Generator().manual_seed(0)
+    single, synced = RunningMeanStd((3,)), RunningMeanStd((3,))
+    synced.reduce = lambda moments: moments  # one rank: the all-reduce is the identity
+    for _ in range(2):  # the first flush matters: the running mean is still 0 there
+        batch = 1000.0 + 0.1 * torch.randn(64, 3, generator=generator)
+        single.update(batch)
+        synced.update(batch)
+        synced.update(batch)  # two steps per iteration, as a rollout folds several
+        synced.flush()
+        single.update(batch)
+    torch.testing.assert_close(synced.mean, single.mean)
+    torch.testing.assert_close(synced.var, single.var, rtol=1e-3, atol=1e-6)
+    assert bool((synced.var > 0).all()) and bool(synced.normalize(single.mean).isfinite().all())
+
+
+class TwinRanks(DistributedStrategy):
+    """Rank 0 of 2 whose peer is its exact twin: an all-reduced sum is twice this rank's value (no process group)."""
+
+    def __init__(self):
+        self.world_size, self.rank, self.local_rank = 2, 0, 0
+        self.device, self.backend = torch.device("cpu"), None
+
+    def broadcast_module(self, module):
+        pass
+
+    def all_reduce_gradients(self, params):
+        pass  # the twin's gradients are the same: their average is this rank's
+
+    def all_reduce_sum(self, tensor):
+        return tensor.mul_(2)
+
+    def broadcast_flag(self, flag):
+        return flag
+
+    def barrier(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+def test_dqn_schedules_count_the_env_steps_of_every_rank():
+    """With 2 ranks of 4 envs, num_timesteps grows by 2 x 4 x train_freq per iteration: the target network is copied
+    every target_update_interval of those steps (it was never copied when the interval equals one iteration of
+    all ranks), and epsilon follows the same count."""
+    from rlspeed import DQN
+
+    model = DQN("CartPole-v1", device="cpu", strategy=TwinRanks(), seed=0, num_envs=8, train_freq=16,
+                target_update_interval=128, learning_starts=0, batch_size=32, net_arch=(16,),
+                exploration_fraction=0.5, gradient_steps=1)
+    initial = [p.detach().clone() for p in model.q_target.parameters()]
+    model.learn(1024, progress_bar=False)
+    assert model.num_timesteps == 1024
+    assert any(not torch.equal(t, i) for t, i in zip(model.q_target.parameters(), initial))
+    assert all(torch.equal(t, o) for t, o in zip(model.q_target.parameters(), model.q_network.parameters()))
+    assert model.epsilon(model.num_timesteps) == pytest.approx(model.config.exploration_final_eps)

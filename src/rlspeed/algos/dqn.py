@@ -169,10 +169,11 @@ class DQN(OffPolicyAlgorithm):
         and epsilon-greedy's random numbers: whether each (step, env) explores (a uniform draw below that step's
         epsilon) and its random action."""
         cfg, num_envs = self.config, self._env.num_envs
+        global_envs = num_envs * self.strategy.world_size  # env steps of all ranks per collection step
         if self._body_linears is not None:
             self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
         span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
-        slope = num_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
+        slope = global_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
         epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
                     .add_(self.epsilon(start)).clamp_(min=cfg.exploration_final_eps))
         explore = torch.rand((cfg.train_freq, num_envs), device=self.device) < epsilons.unsqueeze(1)
@@ -184,24 +185,26 @@ class DQN(OffPolicyAlgorithm):
         greedy = self._greedy(obs)
         if self._draws is not None:
             start, explore, actions = self._draws
-            step = (timesteps - start) // obs.shape[0]
+            step = (timesteps - start) // (obs.shape[0] * self.strategy.world_size)
             if 0 <= step < explore.shape[0]:
                 return torch.where(explore[step], actions[step], greedy)
         return self._epsilon_greedy(greedy, self.epsilon(timesteps))
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         before = self.num_timesteps
-        if before + self.config.train_freq * self._env.num_envs > self.config.learning_starts:
+        # env steps of this iteration over all ranks (num_timesteps counts them all; `steps` is this rank's)
+        global_steps = self.config.train_freq * self._env.num_envs * self.strategy.world_size
+        if before + global_steps > self.config.learning_starts:
             self._prepare_collection(before)  # (before learning_starts, actions are uniform: nothing to prepare)
         steps, metrics = super()._train_iteration()
         self._draws = self._collect_weights = None
         # Target network: every target_update_interval env steps (Stable-Baselines3's convention), by copy (tau=1)
         # or Polyak. The online network is fixed during collection, so k updates due now are one with 1-(1-tau)^k.
         interval = self.config.target_update_interval
-        due = (before + steps) // interval - before // interval
+        due = (before + global_steps) // interval - before // interval
         if due > 0:
             polyak_update(self._target_params, self._params, 1.0 - (1.0 - self.config.tau) ** due)
-        metrics["epsilon"] = torch.full((), self.epsilon(before + steps), device=self.device)
+        metrics["epsilon"] = torch.full((), self.epsilon(before + global_steps), device=self.device)
         return steps, metrics
 
     # --- one gradient step ------------------------------------------------------------------------------------

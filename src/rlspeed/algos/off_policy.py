@@ -185,6 +185,8 @@ class OffPolicyAlgorithm(Algorithm):
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         cfg, env, buffer = self.config, self._env, self.buffer
         num_envs = env.num_envs
+        # num_timesteps counts the env steps of all ranks: each collection step advances it by every rank's envs
+        global_envs = num_envs * self.strategy.world_size
 
         # 1. Collect train_freq steps of every env into the replay buffer.
         episode_returns, episode_dones = [], []  # per step: the running returns and which rows just finished
@@ -195,7 +197,7 @@ class OffPolicyAlgorithm(Algorithm):
         staged: list[tuple[torch.Tensor, ...]] | None = [] if stage else None
         with torch.no_grad():
             for step in range(cfg.train_freq):
-                timesteps = self.num_timesteps + step * num_envs
+                timesteps = self.num_timesteps + step * global_envs
                 if timesteps < cfg.learning_starts:
                     actions = self._random_actions(num_envs)
                 else:
@@ -222,7 +224,7 @@ class OffPolicyAlgorithm(Algorithm):
         metrics = {"episode_return_sum": (returns * dones).sum(), "episode_count": dones.sum()}
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
-        if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer) > 0:
+        if self.num_timesteps + cfg.train_freq * global_envs - self._buffer_start > cfg.learning_starts and len(buffer):
             gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
             totals: dict[str, torch.Tensor] = {}
             counts: dict[str, int] = {}  # updates that reported each metric (not necessarily all of them)

@@ -9,6 +9,9 @@ from torch import nn
 
 from rlspeed.envs.base import BatchedEnv, EnvWrapper
 
+# Devices whose tensors (or collectives, HCCL) lack float64: the distributed moments stay float32 there.
+_NO_FLOAT64 = ("mps", "npu")
+
 
 class RunningMeanStd(nn.Module):
     """Running mean and variance (parallel Welford update) as module buffers, so checkpoints carry them."""
@@ -31,9 +34,15 @@ class RunningMeanStd(nn.Module):
         if self.reduce is None:
             self._fold(float(batch.shape[0]), batch.mean(0), batch.var(0, unbiased=False))
             return
-        flat = batch.reshape(batch.shape[0], -1)
-        moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device),
-                             flat.sum(0), flat.square().sum(0)))
+        # Moments of x - mean (the running mean: the same on every rank, and fixed until the next flush). Raw sums
+        # of x and x^2 would give var = E[x^2] - E[x]^2, which cancels catastrophically in float32 for features
+        # whose mean is large against their spread (negative variances, NaN observations).
+        # The sums are float64 where the device and collectives have it: before the first flush the running mean is
+        # still 0, and float32 could not hold both E[x^2] and the spread there.
+        dtype = torch.float32 if batch.device.type in _NO_FLOAT64 else torch.float64
+        shifted = batch.reshape(batch.shape[0], -1).to(dtype) - self.mean.reshape(1, -1).to(dtype)
+        moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device, dtype=dtype),
+                             shifted.sum(0), shifted.square().sum(0)))
         self._pending = moments if self._pending is None else self._pending + moments
 
     @torch.no_grad()
@@ -44,8 +53,9 @@ class RunningMeanStd(nn.Module):
         moments, self._pending = self.reduce(self._pending), None
         size = (moments.numel() - 1) // 2
         count, total, squares = moments[0], moments[1:1 + size], moments[1 + size:]
-        mean = (total / count).view(self.mean.shape)
-        self._fold(count, mean, (squares / count).view(self.mean.shape) - mean.square())
+        shift = (total / count).view(self.mean.shape)  # the batch mean minus the running mean
+        batch_var = ((squares / count).view(self.mean.shape) - shift.square()).clamp_(min=0.0)
+        self._fold(count.float(), self.mean + shift.float(), batch_var.float())
 
     def _fold(self, batch_count, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
         """Parallel-variance merge of a batch's (count, mean, variance) into the running statistics."""
