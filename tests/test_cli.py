@@ -276,3 +276,28 @@ def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
     assert worker[:5] == ["train", "ppo", "CartPole-v1", "--seed", "3"]
     assert "--nproc" not in worker and "-x" not in worker and not any(a.startswith("--max-restarts") for a in worker)
     assert worker[worker.index("--out") + 1].startswith("runs/ppo-CartPole-v1-3-")
+
+
+def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_uses_it(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32).learn(256, progress_bar=False).save(
+        out / "checkpoint.safetensors")
+    args = ["train", "ppo", "CartPole-v1", "--out", str(out), "--total-timesteps", "512", "--target-return", "none",
+            "--no-progress", "--set", "num_steps=32"]
+    saved = (out / "checkpoint.safetensors").read_bytes()
+    assert cli.main([*args, "--resume"]) == 0
+    assert json.loads((out / "summary.json").read_text())["distributed"]["resumed_from_timesteps"] == 256
+    (out / "checkpoint.safetensors").write_bytes(saved)
+    assert cli.main(args) == 0  # not resuming: a later restart must not find the earlier run's checkpoint
+    assert not (out / "checkpoint.safetensors").exists()
+    assert "distributed" not in json.loads((out / "summary.json").read_text())
+
+
+def test_integer_hyperparameters_take_float_notation(monkeypatch, tmp_path):
+    from rlspeed import DQN
+
+    assert DQN("CartPole-v1", device="cpu", buffer_size="1e4").config.buffer_size == 10_000
+    with pytest.raises(UserError, match="buffer_size"):
+        DQN("CartPole-v1", device="cpu", buffer_size="1.5e0")

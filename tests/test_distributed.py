@@ -187,3 +187,15 @@ def test_dqn_schedules_count_the_env_steps_of_every_rank():
     assert any(not torch.equal(t, i) for t, i in zip(model.q_target.parameters(), initial))
     assert all(torch.equal(t, o) for t, o in zip(model.q_target.parameters(), model.q_network.parameters()))
     assert model.epsilon(model.num_timesteps) == pytest.approx(model.config.exploration_final_eps)
+
+
+def test_unseeded_ranks_draw_their_own_randomness():
+    """Without a seed, every process would keep torch's fixed default seed and the ranks would explore alike."""
+    from rlspeed import DQN
+
+    draws = []
+    for _ in range(2):
+        torch.manual_seed(0)  # what every freshly started process has, in effect
+        DQN("CartPole-v1", device="cpu", strategy=TwinRanks(), num_envs=2, net_arch=(8,))
+        draws.append(torch.rand(3))
+    assert not torch.equal(draws[0], draws[1])

@@ -165,6 +165,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         checkpoint_freq = max(total // 20, 1)  # restarts resume from here: at most this many steps are lost
     checkpoint = run_dir / "checkpoint.safetensors"
     resumed_from = None
+    if main and not args.resume and restarts == 0 and checkpoint.exists():
+        # A fresh run in a reused --out: a restart before this run's first checkpoint must not resume from the
+        # checkpoint of an earlier run.
+        checkpoint.unlink()
     if (args.resume or restarts > 0) and checkpoint.exists():
         model.make_training_env()
         model.resume(checkpoint)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import secrets
 import time
 import typing
 import warnings
@@ -59,10 +60,11 @@ def _coerce(key: str, value, hint):
                     raise ValueError
                 return value.lower() in ("true", "1", "yes")
             return bool(value)
-        if hint is int:
-            if isinstance(value, float) and not value.is_integer():
+        if hint is int:  # also 1e6 / "1e6" (YAML 1.1 reads a float without a dot as a string) when whole
+            number = float(value) if isinstance(value, str) else value
+            if isinstance(number, bool) or (isinstance(number, float) and not number.is_integer()):
                 raise ValueError
-            return int(value)
+            return int(number)
         if hint is float:
             return float(value)
         if origin in (tuple, list):  # layer widths: a list of whole numbers (one number: one layer)
@@ -167,8 +169,9 @@ class Algorithm:
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
             for module in self._modules_to_sync():
                 self.strategy.broadcast_module(module)
-            if seed is not None:
-                torch.manual_seed(self.strategy.seed_for_rank(seed))
+            # Without a seed, every process would keep torch's fixed default seed: the ranks would draw the same
+            # exploration noise and replay indices. Each draws its own then.
+            torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
 
     def acceleration_summary(self) -> dict:
         """What the acceleration layer chose for the update step (summary.json's `accelerate` field)."""
