@@ -205,3 +205,18 @@ def test_evaluating_on_another_env_id_picks_its_backend(cartpole_model):
     assert native.env_backend == "torch"
     result = native.evaluate(episodes=2, env_id="CartPole-v0")
     assert len(result["returns"]) == 2
+
+
+def test_reward_normalisation_statistics_are_saved_and_resumed(tmp_path):
+    settings = dict(seed=0, device="cpu", normalize_reward=True, **TINY)
+    model = PPO("Pendulum-v1", **settings).learn(256, progress_bar=False)
+    assert model.return_rms is model._env.return_rms and float(model.return_rms.count) > 256
+    path = model.save(tmp_path / "model")
+    restarted = PPO("Pendulum-v1", **settings)
+    restarted.make_training_env()
+    restarted.resume(path)
+    assert restarted.return_rms is restarted._env.return_rms
+    torch.testing.assert_close(restarted.return_rms.var, model.return_rms.var)
+    assert float(restarted.return_rms.count) == float(model.return_rms.count)
+    loaded = PPO.load(path, device="cpu")
+    torch.testing.assert_close(loaded.return_rms.var, model.return_rms.var)

@@ -163,6 +163,7 @@ class Algorithm:
         if seed is not None:
             torch.manual_seed(seed)
         self.obs_rms: RunningMeanStd | None = None
+        self.return_rms: RunningMeanStd | None = None  # reward normalisation's statistics (saved, for resuming)
         self.num_timesteps = 0
         self.result = LearnResult()
         self._setup()
@@ -250,12 +251,18 @@ class Algorithm:
                 rms.reduce = self.strategy.all_reduce_sum
         # The env's observation statistics (built here, or a normalising env passed in) are the model's: predict,
         # evaluate and save use them. Saved statistics (load, resume) seed the env's, which then carry on.
-        rms = getattr(self._env, "obs_rms", None)
-        if rms is not None and rms is not self.obs_rms:
-            if self.obs_rms is not None:
-                rms.load_state_dict(self.obs_rms.state_dict())
-            self.obs_rms = rms
+        self._adopt_statistics()
         return self._env
+
+    def _adopt_statistics(self) -> None:
+        """Make the training env's normalisation statistics the model's (`obs_rms`, `return_rms`); statistics the
+        model already holds (from `load` or `resume`) seed the env's first, which then carry on."""
+        for name in ("obs_rms", "return_rms"):
+            rms, held = getattr(self._env, name, None), getattr(self, name, None)
+            if rms is not None and rms is not held:
+                if held is not None:
+                    rms.load_state_dict(held.state_dict())
+                setattr(self, name, rms)
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         """Actions for raw observations (a tensor on the model's device), as the env expects them."""
@@ -421,8 +428,10 @@ class Algorithm:
                 tensors[name] = module.detach()
             else:
                 tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-        if self.obs_rms is not None:
-            tensors.update({f"obs_rms.{k}": v for k, v in self.obs_rms.state_dict().items()})
+        for name in ("obs_rms", "return_rms"):
+            rms = getattr(self, name, None)
+            if rms is not None:
+                tensors.update({f"{name}.{k}": v for k, v in rms.state_dict().items()})
         optim_meta = {}
         for name, optimizer in self._optimizers().items():
             state = optimizer.state_dict()
@@ -460,7 +469,7 @@ class Algorithm:
         model.spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                              meta.get("max_episode_steps"), meta.get("reward_threshold"))
         model._env = None
-        model.obs_rms = None
+        model.obs_rms = model.return_rms = None
         model.num_timesteps = meta.get("num_timesteps", 0)
         model.result = LearnResult()
         if env is not None:
@@ -486,11 +495,8 @@ class Algorithm:
         schedule = meta.get("schedule")
         # the next learn() continues the schedules where the checkpoint's run left them (see `learn`)
         self._resumed_schedule = None if schedule is None else (int(schedule[0]), int(schedule[1]))
-        if self._env is not None and self.obs_rms is not None:
-            env_rms = getattr(self._env, "obs_rms", None)
-            if env_rms is not None and env_rms is not self.obs_rms:
-                env_rms.load_state_dict(self.obs_rms.state_dict())
-                self.obs_rms = env_rms
+        if self._env is not None:
+            self._adopt_statistics()
 
     def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors."""
@@ -501,11 +507,12 @@ class Algorithm:
                         module.copy_(tensors[name])
             else:
                 module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
-        rms_state = {k[len("obs_rms."):]: v for k, v in tensors.items() if k.startswith("obs_rms.")}
-        if rms_state:
-            if self.obs_rms is None:
-                self.obs_rms = RunningMeanStd(self.spec.observation_shape, device=self.device)
-            self.obs_rms.load_state_dict(rms_state)
+        for name, shape in (("obs_rms", self.spec.observation_shape), ("return_rms", ())):
+            rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
+            if rms_state:
+                if getattr(self, name, None) is None:
+                    setattr(self, name, RunningMeanStd(shape, device=self.device))
+                getattr(self, name).load_state_dict(rms_state)
         for name, optimizer in self._optimizers().items():
             if name not in meta.get("optimizers", {}):
                 continue
