@@ -301,3 +301,14 @@ def test_integer_hyperparameters_take_float_notation(monkeypatch, tmp_path):
     assert DQN("CartPole-v1", device="cpu", buffer_size="1e4").config.buffer_size == 10_000
     with pytest.raises(UserError, match="buffer_size"):
         DQN("CartPole-v1", device="cpu", buffer_size="1.5e0")
+
+
+def test_resume_without_a_checkpoint_says_so_and_writes_checkpoints(monkeypatch, tmp_path, capsys):
+    """The requeue pattern: always pass --resume; the first run has nothing to resume and starts from scratch, writing
+    the checkpoints a later --resume needs."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--out", str(out), "--resume", "--total-timesteps", "512",
+                     "--target-return", "none", "--no-progress", "--set", "num_steps=32"]) == 0
+    assert "--resume: no" in capsys.readouterr().out
+    assert (out / "checkpoint.safetensors").exists()

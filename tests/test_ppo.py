@@ -143,3 +143,9 @@ def test_net_arch_takes_whole_numbers_only():
     for bad in ("64", [64.7], [True, 8]):  # a string was read digit by digit: "64" -> (6, 4)
         with pytest.raises(rlspeed.UserError, match="net_arch"):
             PPO("CartPole-v1", net_arch=bad, device="cpu")
+
+
+def test_evaluating_on_an_env_that_does_not_fit_the_model_is_a_user_error():
+    model = PPO("CartPole-v1", seed=0, device="cpu")
+    with pytest.raises(rlspeed.UserError, match="does not fit this model, trained on CartPole-v1"):
+        rlspeed.evaluate(model, "Acrobot-v1", episodes=2)

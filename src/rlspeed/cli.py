@@ -161,7 +161,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         raise UserError(f"Cannot create the run directory '{run_dir}': {error.strerror or error}.") from None
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
-    if checkpoint_freq is None and int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+    if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
         checkpoint_freq = max(total // 20, 1)  # restarts resume from here: at most this many steps are lost
     checkpoint = run_dir / "checkpoint.safetensors"
     resumed_from = None
@@ -169,6 +169,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         # A fresh run in a reused --out: a restart before this run's first checkpoint must not resume from the
         # checkpoint of an earlier run.
         checkpoint.unlink()
+    if args.resume and restarts == 0 and not checkpoint.exists() and main:
+        print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
+              "--checkpoint-freq steps, by default 1/20 of the budget with --resume or --max-restarts)", flush=True)
     if (args.resume or restarts > 0) and checkpoint.exists():
         model.make_training_env()
         model.resume(checkpoint)

@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from rlspeed.envs import make_env
+from rlspeed.errors import UserError
 
 
 def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
@@ -23,6 +24,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
     env = make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend)
+    _check_compatible(model, env)
     limit = max_steps or env.spec.max_episode_steps or 10_000
     returns = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
@@ -52,3 +54,15 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     return {"mean": mean, "std": std, "episodes": episodes, "returns": values, "unfinished": unfinished}
+
+
+def _check_compatible(model, env) -> None:
+    """UserError (closing `env`) unless `env` has the observation shape and action space `model` was trained on."""
+    trained, given = model.spec, env.spec
+    if (tuple(trained.observation_shape) == tuple(given.observation_shape)
+            and trained.discrete == given.discrete and trained.action_dim == given.action_dim):
+        return
+    env.close()
+    raise UserError(f"{given.env_id} (observations {tuple(given.observation_shape)}, actions {given.action_space}) "
+                    f"does not fit this model, trained on {trained.env_id} (observations "
+                    f"{tuple(trained.observation_shape)}, actions {trained.action_space}).")
