@@ -47,7 +47,7 @@ class AutoMatmulPrecision:
         self.report = self  # what Algorithm.acceleration_summary reads
 
     def summary(self) -> dict[str, str]:
-        """The short form for summary.json (DESIGN.md): precision and compile of the update step."""
+        """The short form for summary.json (README.md): precision and compile of the update step."""
         return {"precision": self.precision or "fp32", "compile": "off"}
 
     def __str__(self) -> str:

@@ -78,7 +78,7 @@ NATIVE_OPTIONS = ("state_dtype", "compile")
 def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str | torch.device = "auto",
              seed: int | None = None, backend: str = "auto", normalize_obs: bool = False,
              normalize_reward: bool = False, gamma: float = 0.99, **kwargs) -> BatchedEnv:
-    """Make `num_envs` copies of an env as one batched env on `device` (see DESIGN.md for the contract).
+    """Make `num_envs` copies of an env as one batched env on `device` (README.md, "Envs", has the contract).
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
     VecEnv (`SB3VecEnv`: its same-step resets and `terminal_observation` map onto the contract). `backend` is

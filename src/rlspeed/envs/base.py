@@ -1,4 +1,4 @@
-"""The batched env contract every rlspeed env and wrapper follows (see DESIGN.md, "Batched env").
+"""The batched env contract every rlspeed env and wrapper follows (README.md, "Envs").
 
 `reset(seed=None) -> (obs, info)` and `step(actions) -> (obs, reward, terminated, truncated, info)`, all torch
 tensors on `env.device`: obs float32 `[N, ...]`, reward float32 `[N]`, terminated/truncated bool `[N]`.
