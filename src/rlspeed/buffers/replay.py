@@ -136,16 +136,20 @@ class ReplayBuffer:
         if discounts is not None:  # (1-step buffers hold the constant gamma from the start)
             fields.append((self.discounts, discounts))
         count = obs.shape[0]
+        # Copies into host storage from an accelerator block: an asynchronous device-to-host copy would let the next
+        # host read (the index_copy_ below, a sample) see rows that have not arrived. Host-to-device and same-device
+        # copies stay asynchronous (the device stream orders them).
+        to_host = self.storage_device.type == "cpu" and obs.device.type != "cpu"
         if self.pos + count <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
             end = self.pos + count
             for storage, value in fields:
-                storage[self.pos:end].copy_(value, non_blocking=True)
+                storage[self.pos:end].copy_(value, non_blocking=not to_host)
         else:  # the write wraps around the end of the storage
             rows = self._rows if count == self.num_envs else torch.arange(count, device=self.storage_device)
             index = (rows + self.pos) % self.capacity
             target = self.storage_device
             for storage, value in fields:
-                storage.index_copy_(0, index, value.to(target, non_blocking=True).to(storage.dtype))
+                storage.index_copy_(0, index, value.to(target, non_blocking=not to_host).to(storage.dtype))
         self.pos = (self.pos + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 
