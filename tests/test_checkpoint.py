@@ -220,3 +220,26 @@ def test_reward_normalisation_statistics_are_saved_and_resumed(tmp_path):
     assert float(restarted.return_rms.count) == float(model.return_rms.count)
     loaded = PPO.load(path, device="cpu")
     torch.testing.assert_close(loaded.return_rms.var, model.return_rms.var)
+
+
+def test_resume_with_a_bigger_budget_stretches_the_schedule(tmp_path):
+    """PPO's annealed learning rate continues from the checkpoint and reaches 0 at the new, larger budget's end,
+    not at the old one's (it trained at 0 past the old end)."""
+    settings = dict(seed=0, device="cpu", **TINY)
+    first = PPO("CartPole-v1", **settings)
+    first.learn(512, progress_bar=False, run_dir=tmp_path / "run", checkpoint_freq=128)
+    restarted = PPO("CartPole-v1", **settings)
+    restarted.resume(tmp_path / "run" / "checkpoint.safetensors")
+    rates = []
+    restarted.learn(512, progress_bar=False,
+                    callback=lambda local: rates.append(restarted.optimizer.param_groups[0]["lr"]) or True)
+    assert min(rates) > 0 and rates == sorted(rates, reverse=True)
+
+
+def test_a_model_trained_on_a_normalising_env_rebuilds_one_after_load(tmp_path):
+    env = rlspeed.make_env("Pendulum-v1", num_envs=4, device="cpu", seed=0, normalize_obs=True)
+    model = PPO(env, seed=0, device="cpu", **TINY).learn(256, progress_bar=False)
+    assert model.config.normalize_obs
+    loaded = PPO.load(model.save(tmp_path / "model"), device="cpu")
+    training_env = loaded.make_training_env()
+    assert training_env.obs_rms is loaded.obs_rms and float(loaded.obs_rms.count) == float(model.obs_rms.count)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rlspeed
-from rlspeed.envs import NATIVE_ENVS, BatchedEnv, EnvSpec, NormalizeObservation, NormalizeReward
+from rlspeed.envs import NATIVE_ENVS, BatchedEnv, EnvSpec, EnvWrapper, NormalizeObservation, NormalizeReward
 from rlspeed.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
 
 CASES = [("torch", "CartPole-v1"), ("gymnasium", "CartPole-v1"), ("gymnasium", "Pendulum-v1")]
@@ -567,3 +567,32 @@ def test_setting_training_on_the_outer_wrapper_freezes_every_statistic():
     env.step(actions)
     assert env.obs_rms.count > counts[0] and env.return_rms.count > counts[1]
     assert rlspeed.make_env("CartPole-v1", device="cpu").training  # no normalisation: nothing to freeze
+
+
+@pytest.mark.parametrize("variant", ["time limit", "reward wrapper"])
+def test_a_vector_env_of_modified_envs_does_not_pass_for_the_registered_one(variant):
+    """Evaluation and targets rebuild the env from its id: a variant of a registered env keeps no id, so they fail
+    with a clear error instead of measuring another env."""
+    def make():
+        if variant == "time limit":
+            return gym.make("CartPole-v1", max_episode_steps=20)
+        return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda reward: 0.0 * reward)
+
+    vector_env = gym.vector.SyncVectorEnv([make] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    env = rlspeed.make_env(vector_env, device="cpu")
+    assert env.spec.env_id == "user-vector-env" and env.spec.reward_threshold is None
+    model = rlspeed.PPO(vector_env, device="cpu", num_steps=16, batch_size=32)
+    with pytest.raises(rlspeed.UserError, match="not a registered Gymnasium id"):
+        model.learn(64, target_return=1.0, progress_bar=False)
+
+
+def test_a_wrapper_may_set_training_before_initialising_its_base():
+    class Early(EnvWrapper):
+        def __init__(self, env):
+            self.training = True  # before EnvWrapper.__init__: there is no inner env yet
+            super().__init__(env)
+
+    inner = rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", normalize_obs=True)
+    inner.training = False
+    wrapped = Early(inner)
+    assert wrapped.training is False and inner.training is False  # the frozen inner env stays frozen

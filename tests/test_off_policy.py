@@ -349,3 +349,9 @@ def test_exploring_predict_leaves_the_training_noise_process_alone():
     assert actions.shape == (5, 1) and bool(((actions >= -2.0) & (actions <= 2.0)).all())
     assert torch.equal(model._ou_noise, noise)
     model.learn(32, progress_bar=False, callback=lambda local: model.predict(torch.zeros(5, 3), False) and True)
+
+
+def test_exploring_predict_without_action_noise_is_the_actor():
+    model = TD3("Pendulum-v1", seed=0, action_noise="none", **TINY)
+    obs = torch.randn(5, 3)
+    assert torch.equal(model.predict(obs, deterministic=False)[0], model.predict(obs, deterministic=True)[0])

@@ -316,7 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
     train.add_argument("--accelerate", default="off", choices=["auto", "off"])
     train.add_argument("--target-return", default=None,
-                       help="stop when evaluation reaches it (default: the env's reward_threshold; 'none' = off)")
+                       help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
+                            "reward_threshold; 'none' = off)")
     train.add_argument("--eval-freq", type=int, default=None, help="env steps between evaluations")
     train.add_argument("--checkpoint-freq", type=int, default=None, help="env steps between checkpoints")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")

@@ -257,12 +257,14 @@ class Algorithm:
     def _adopt_statistics(self) -> None:
         """Make the training env's normalisation statistics the model's (`obs_rms`, `return_rms`); statistics the
         model already holds (from `load` or `resume`) seed the env's first, which then carry on."""
-        for name in ("obs_rms", "return_rms"):
+        for name, flag in (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward")):
             rms, held = getattr(self._env, name, None), getattr(self, name, None)
             if rms is not None and rms is not held:
                 if held is not None:
                     rms.load_state_dict(held.state_dict())
                 setattr(self, name, rms)
+                if hasattr(self.config, flag):  # a normalising env passed in: a loaded model rebuilds one too
+                    setattr(self.config, flag, True)
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         """Actions for raw observations (a tensor on the model's device), as the env expects them."""
@@ -314,8 +316,8 @@ class Algorithm:
         # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
         self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
         resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
-        if resumed_schedule is not None:
-            self._learn_start, self._schedule_end = resumed_schedule
+        if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
+            self._learn_start, self._schedule_end = resumed_schedule[0], max(resumed_schedule[1], self._total_timesteps)
         if eval_freq is None:
             eval_freq = max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)

@@ -114,7 +114,7 @@ class TD3(OffPolicyAlgorithm):
         # Ornstein-Uhlenbeck process belongs to the training envs' episodes; a predict call (from a callback, on
         # another batch size) must not advance or reshape it.
         actions = self.actor(obs.flatten(1))
-        if not deterministic:
+        if not deterministic and self.config.action_noise != "none":
             actions = (actions + self.config.action_noise_std * torch.randn_like(actions)).clamp(-1.0, 1.0)
         return self._to_env(actions)
 

@@ -125,14 +125,15 @@ class EnvWrapper(BatchedEnv):
         returns freezes both observation and reward statistics. Reading it gives False when this wrapper or any
         wrapper inside it is frozen.
         """
-        inner = self.env.training if isinstance(self.env, EnvWrapper) else True
-        return self._training and inner
+        inner = self.__dict__.get("env")
+        return self._training and (inner.training if isinstance(inner, EnvWrapper) else True)
 
     @training.setter
     def training(self, value: bool) -> None:
         self._training = bool(value)
-        if isinstance(self.env, EnvWrapper):
-            self.env.training = value
+        inner = self.__dict__.get("env")  # (a subclass may set it before EnvWrapper.__init__ has run)
+        if isinstance(inner, EnvWrapper):
+            inner.training = value
 
     @property
     def state(self):

@@ -37,6 +37,29 @@ def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
     return array
 
 
+# Keys gym.make_vec adds to a vector env's spec kwargs (and render_mode, which SB3's make_vec_env sets), and wrappers
+# that only record: none of them changes an observation, reward or time limit
+_VECTOR_KEYS = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "render_mode")
+_RECORDING_WRAPPERS = ("Monitor", "RecordEpisodeStatistics")
+
+
+def is_registered_env(spec) -> bool:
+    """Whether `spec` describes its id's registered env as registered: the same kwargs and time limit, and no
+    wrappers beyond recording ones. Only then does `make_env(spec.id)` rebuild the same env, as evaluation and a
+    training target do; a user's variant (`max_episode_steps=20`, `g=0.0`, a reward wrapper) does not qualify."""
+    try:
+        registered = gym.spec(spec.id)
+    except Exception:
+        return False
+    kwargs = dict(getattr(spec, "kwargs", None) or {})
+    if kwargs.get("wrappers"):
+        return False
+    kwargs = {key: value for key, value in kwargs.items() if key not in _VECTOR_KEYS}
+    wrappers = [w.name for w in getattr(spec, "additional_wrappers", ()) or ()]
+    return (kwargs == dict(registered.kwargs or {}) and spec.max_episode_steps == registered.max_episode_steps
+            and all(name in _RECORDING_WRAPPERS for name in wrappers))
+
+
 def _vector_env_spec(vector_env: gym.vector.VectorEnv) -> gym.envs.registration.EnvSpec | None:
     """The spec of a user's vector env: its own, else its first env's (None when neither has one).
 
@@ -85,9 +108,11 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError("Pass a Gymnasium vector env made with autoreset_mode=AutoresetMode.SAME_STEP "
                                 f"(this one uses {mode}).")
             spec = _vector_env_spec(vector_env)
-            env_id = env_id or getattr(spec, "id", None) or "user-vector-env"
+            # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id)
+            registered = spec is not None and is_registered_env(spec)
+            env_id = env_id or (spec.id if registered else "user-vector-env")
             max_steps = getattr(spec, "max_episode_steps", None)
-            threshold = getattr(spec, "reward_threshold", None)
+            threshold = getattr(spec, "reward_threshold", None) if registered else None
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
         obs_space = vector_env.single_observation_space

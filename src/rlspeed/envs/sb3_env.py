@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.envs.gymnasium_env import is_registered_env
 from rlspeed.errors import UserError
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
@@ -48,9 +49,10 @@ class SB3VecEnv(BatchedEnv):
             raise UserError(f"This VecEnv has a {type(obs_space).__name__} observation space; rlspeed supports Box "
                             "observations.")
         spec = _first_spec(vec_env)
-        self.spec = EnvSpec(spec.id if spec is not None else "user-sb3-vec-env", tuple(obs_space.shape),
-                            action_space, spec.max_episode_steps if spec is not None else None,
-                            spec.reward_threshold if spec is not None else None)
+        registered = spec is not None and is_registered_env(spec)  # see GymnasiumEnv: the id only if it rebuilds
+        self.spec = EnvSpec(spec.id if registered else "user-sb3-vec-env", tuple(obs_space.shape), action_space,
+                            spec.max_episode_steps if spec is not None else None,
+                            spec.reward_threshold if registered else None)
         self._obs_shape = tuple(obs_space.shape)
 
     def _tensor(self, array, dtype) -> torch.Tensor:
