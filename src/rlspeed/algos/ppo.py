@@ -25,7 +25,12 @@ from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
 
 @dataclass
 class PPOConfig:
-    """PPO hyperparameters (names follow Stable-Baselines3 where it has one)."""
+    """PPO hyperparameters (names follow Stable-Baselines3 where it has one).
+
+    The value loss follows CleanRL and the original implementation, not SB3: it is 0.5 * MSE, so `vf_coef` weighs
+    it half as much as SB3's `vf_coef` does (vf_coef=1.0 here is SB3's 0.5), and with `clip_range_vf` it takes the
+    larger of the clipped and unclipped errors (SB3 takes the clipped one).
+    """
 
     num_envs: int = 8
     num_steps: int = 128  # rollout length per env (SB3: n_steps)
