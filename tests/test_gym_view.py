@@ -1,5 +1,6 @@
 """The single-env Gymnasium view of native envs (`rlspeed/<id>`): Gymnasium's checker and its dynamics."""
 
+import importlib.util
 import warnings
 
 import gymnasium as gym
@@ -51,3 +52,25 @@ def test_time_limit_truncates_like_the_original():
         steps += 1
         assert not terminated
     assert steps == 200
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_render_modes_as_gymnasium_code_passes_them(env_id):
+    """gym.make(id, render_mode=...) as Gymnasium code writes it: None works; a drawing mode draws the native state
+    with Gymnasium's own renderer (pygame), or says that pygame is needed."""
+    env = gym.make(f"rlspeed/{env_id}", render_mode=None)
+    env.reset(seed=0)
+    assert env.render() is None
+    env.close()
+    if importlib.util.find_spec("pygame") is None:
+        with pytest.raises(gym.error.DependencyNotInstalled, match="pygame"):
+            gym.make(f"rlspeed/{env_id}", render_mode="rgb_array")
+        return
+    view, original = gym.make(f"rlspeed/{env_id}", render_mode="rgb_array"), gym.make(env_id, render_mode="rgb_array")
+    view.reset(seed=0)
+    original.reset(seed=0)
+    original.unwrapped.state = view.unwrapped.state
+    original.unwrapped.last_u = None  # (Pendulum's renderer reads it; the view draws no torque arrow)
+    assert np.array_equal(view.render(), original.render())
+    view.close()
+    original.close()

@@ -8,6 +8,8 @@ Gymnasium's registration (`max_episode_steps`), as for the original ids.
 
 from __future__ import annotations
 
+import importlib.util
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -16,16 +18,28 @@ import torch
 class NativeGymEnv(gym.Env):
     """One native env as a `gymnasium.Env`; the native env's own time limit is switched off (TimeLimit does it)."""
 
-    metadata = {"render_modes": []}
+    # Rendering is Gymnasium's own: the registered env of the same id, made with the render mode, draws this state.
+    # It needs pygame (gymnasium[classic-control]); without it no render mode is advertised (check_env then skips
+    # them, as it did before rendering existed here). render_fps is set per env from Gymnasium's env.
+    metadata = {"render_modes": ["human", "rgb_array"] if importlib.util.find_spec("pygame") else [],
+                "render_fps": 30}
 
-    def __init__(self, native_id: str, state_dtype: str = "float64"):
+    def __init__(self, native_id: str, state_dtype: str = "float64", render_mode: str | None = None):
         from rlspeed.envs import NATIVE_ENVS
 
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise gym.error.DependencyNotInstalled(
+                f"render_mode={render_mode!r} for rlspeed/{native_id} is drawn by Gymnasium's {native_id}, which needs "
+                "pygame: pip install \"gymnasium[classic-control]\" (modes: human, rgb_array).")
         self._env = NATIVE_ENVS[native_id](num_envs=1, device="cpu", seed=0, state_dtype=getattr(torch, state_dtype))
         self._env._max_steps = 2**31 - 1  # truncation comes from gymnasium's TimeLimit wrapper
-        original = gym.make(native_id)  # the very same spaces as Gymnasium's registered env
+        original = gym.make(native_id, render_mode=render_mode)  # the same spaces as Gymnasium's registered env
         self.observation_space, self.action_space = original.observation_space, original.action_space
-        original.close()
+        self.metadata = {**self.metadata, "render_fps": original.metadata.get("render_fps", 30)}
+        self.render_mode = render_mode
+        self._renderer = original.unwrapped if render_mode is not None else None
+        if self._renderer is None:
+            original.close()
 
     @property
     def state(self) -> np.ndarray:
@@ -42,6 +56,8 @@ class NativeGymEnv(gym.Env):
             seed = int(self.np_random.integers(2**31))
         self._seeded = True
         obs, _ = self._env.reset(seed=seed)
+        if self.render_mode == "human":
+            self.render()
         return obs[0].numpy(), {}
 
     def step(self, action):
@@ -52,7 +68,23 @@ class NativeGymEnv(gym.Env):
         next_state, reward, terminated = self._env.dynamics(self._env.state, actions)
         self._env.state = next_state
         obs = self._env.observe(next_state)[0].numpy()
+        if self.render_mode == "human":
+            self.render()
         return obs, float(reward[0]), bool(terminated[0]), False, {}
+
+    def render(self):
+        """A frame of this state drawn by Gymnasium's env of the same id (None without a render mode)."""
+        if self._renderer is None:
+            return None
+        self._renderer.state = self.state
+        self._renderer.last_u = None  # Pendulum draws the last torque, which the native step does not keep
+        return self._renderer.render()
+
+    def close(self) -> None:
+        """Close the renderer (its window, for render_mode="human")."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
 
 
 def register_native_envs() -> None:
