@@ -29,3 +29,42 @@ def test_metrics_csv_is_written_as_rows_are_logged(tmp_path):
     logger.close()
     assert read_rows(tmp_path / "metrics.csv") == expected
     assert (tmp_path / "learning_curve.png").exists()
+
+
+def test_a_continued_run_keeps_the_rows_before_it(tmp_path):
+    """resume / a restart / a further learn() into the same run directory continue metrics.csv: the rows up to
+    the step it continues from stay, later ones (logged after the checkpoint it resumed from) go."""
+    first = RunLogger(tmp_path, tensorboard=False)
+    for step in (100, 200, 300):
+        first.log({"timesteps": step, "sps": 50.0 + step, "phase": "a"})
+    first.close()
+    continued = RunLogger(tmp_path, tensorboard=False, continue_from=200)
+    continued.log({"timesteps": 250, "sps": 9.5, "eval_mean": 1.0})
+    continued.close()
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert [r["timesteps"] for r in rows] == ["100", "200", "250"]
+    assert rows[0] == {"timesteps": "100", "sps": "150.0", "phase": "a", "eval_mean": ""}
+
+
+def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    model.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    model.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    steps = [float(r["timesteps"]) for r in read_rows(tmp_path / "metrics.csv")]
+    assert min(steps) <= 256 < max(steps) and steps == sorted(steps)
+
+
+def test_the_plot_leaves_matplotlib_s_backend_alone(tmp_path):
+    import matplotlib
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        logger = RunLogger(tmp_path, tensorboard=False)
+        logger.log({"timesteps": 1, "episode_return": 2.0})
+        logger.close()
+        assert matplotlib.get_backend() == "svg" and (tmp_path / "learning_curve.png").exists()
+    finally:
+        matplotlib.use(before)

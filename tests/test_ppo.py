@@ -149,3 +149,14 @@ def test_evaluating_on_an_env_that_does_not_fit_the_model_is_a_user_error():
     model = PPO("CartPole-v1", seed=0, device="cpu")
     with pytest.raises(rlspeed.UserError, match="does not fit this model, trained on CartPole-v1"):
         rlspeed.evaluate(model, "Acrobot-v1", episodes=2)
+
+
+class MatrixActions(OffsetActions):
+    action_space = gym.spaces.Box(-1.0, 1.0, (2, 2))
+
+
+@pytest.mark.parametrize("algo", [PPO, rlspeed.SAC])
+def test_box_actions_that_are_not_a_vector_are_a_user_error(algo):
+    vector_env = gym.vector.SyncVectorEnv([MatrixActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(rlspeed.UserError, match=r"shape \(2, 2\)"):
+        algo(vector_env, device="cpu")

@@ -36,19 +36,36 @@ class RunLogger:
 
     Each row reaches the file as it is logged (flushed), so the file can be read during a run and a killed run
     keeps what it logged. A row with a new key adds a column: the file is then rewritten with the wider header.
+    `continue_from`: a run that continues (resume, a restart, a further `learn`) keeps the rows already in
+    `metrics.csv` up to that env step, instead of starting the file afresh.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True):
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, continue_from: int | None = None):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         self._fields: list[str] = []
+        if continue_from is not None:
+            self._read_rows(continue_from)
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
         if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             from torch.utils.tensorboard import SummaryWriter
 
             self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+
+    def _read_rows(self, up_to: int) -> None:
+        """The rows of an existing metrics.csv at env steps <= `up_to` (numbers parsed back), in its columns."""
+        path = self.run_dir / "metrics.csv"
+        if not path.is_file():
+            return
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            self._fields = list(reader.fieldnames or [])
+            for row in reader:
+                parsed = {key: _parse(value) for key, value in row.items() if value not in ("", None)}
+                if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
+                    self.rows.append(parsed)
 
     def log(self, row: dict) -> None:
         """Record one metrics row and send its numeric values to TensorBoard at step `row["timesteps"]`.
@@ -92,12 +109,13 @@ class RunLogger:
 
     def plot(self) -> None:
         """Save `learning_curve.png`: training episode return and evaluation mean against env steps."""
-        import matplotlib
+        # A Figure with its own Agg canvas: no pyplot, so the user's matplotlib backend and figures are left alone
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig = Figure(figsize=(6, 4))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
         for key, label in (("episode_return", "training episodes"), ("eval_mean", "evaluation (deterministic)")):
             points = [(r["timesteps"], r[key]) for r in self.rows
                       if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
@@ -110,4 +128,13 @@ class RunLogger:
             ax.legend()
         fig.tight_layout()
         fig.savefig(self.run_dir / "learning_curve.png", dpi=100)
-        plt.close(fig)
+
+
+def _parse(text: str):
+    """A metrics.csv cell as the number it was written from (int, float), else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

@@ -225,6 +225,10 @@ class Algorithm:
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             raise UserError(f"{self.name.upper()} needs discrete actions, but {spec.env_id} has continuous "
                             "actions; use ppo, sac, td3 or ddpg.")
+        if isinstance(space, gym.spaces.Box) and len(space.shape) != 1:
+            # the policies emit a flat action vector; nothing reshapes it to the space's shape
+            raise UserError(f"{spec.env_id} has Box actions of shape {space.shape}; rlspeed supports 1-D Box actions "
+                            "(flatten them with a gymnasium.ActionWrapper that reshapes a flat action).")
         if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
             # the policies act in indices 0..n-1 and the env adapters pass them on as they are
             raise UserError(f"{spec.env_id} has Discrete actions starting at {int(space.start)}; rlspeed needs them "
@@ -309,7 +313,9 @@ class Algorithm:
                                 "it with gymnasium.register, or train without a target.") from None
         env = self.make_training_env()
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
-        logger = RunLogger(run_dir) if run_dir is not None and main else None
+        # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
+        logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None)
+                  if run_dir is not None and main else None)
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         self._start(env, int(total_timesteps))
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
