@@ -160,3 +160,12 @@ def test_box_actions_that_are_not_a_vector_are_a_user_error(algo):
     vector_env = gym.vector.SyncVectorEnv([MatrixActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.raises(rlspeed.UserError, match=r"shape \(2, 2\)"):
         algo(vector_env, device="cpu")
+
+
+def test_presets_of_the_gymnasium_view_ids_are_the_native_ids_and_max_steps_is_checked():
+    from rlspeed.presets import load_preset
+
+    assert load_preset("ppo", "rlspeed/CartPole-v1") == load_preset("ppo", "CartPole-v1") != load_preset(
+        "ppo", "default")
+    with pytest.raises(rlspeed.UserError, match="max_steps"):
+        rlspeed.evaluate(PPO("CartPole-v1", device="cpu"), "CartPole-v1", episodes=2, max_steps=0)

@@ -25,7 +25,10 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     device = device if device is not None else model.device
     env = make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend)
     _check_compatible(model, env)
-    limit = max_steps or env.spec.max_episode_steps or 10_000
+    if max_steps is not None and max_steps < 1:
+        env.close()
+        raise UserError(f"max_steps must be at least 1, got {max_steps}.")
+    limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
     returns = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
     running = returns

@@ -15,6 +15,8 @@ def load_preset(algo: str, env_id: str) -> dict:
     if not path.is_file():
         return {}
     presets = yaml.safe_load(path.read_text()) or {}
+    if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
+        env_id = env_id[len("rlspeed/"):]
     return dict(presets.get(env_id, presets.get("default", {})))
 
 
