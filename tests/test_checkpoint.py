@@ -199,6 +199,7 @@ def test_a_normalising_env_passed_in_gives_the_model_its_statistics(tmp_path):
     assert loaded.obs_rms is fresh_env.obs_rms and float(loaded.obs_rms.count) > saved_count + 256
 
 
+@pytest.mark.filterwarnings("ignore:.*CartPole-v0 is out of date")
 def test_evaluating_on_another_env_id_picks_its_backend(cartpole_model):
     """A model trained on native envs evaluates on an env that has no native version (CartPole-v0)."""
     native = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", **TINY)

@@ -54,6 +54,7 @@ def test_time_limit_truncates_like_the_original():
     assert steps == 200
 
 
+@pytest.mark.filterwarnings("ignore:.*not in the possible render_modes")  # (without pygame: none)
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_render_modes_as_gymnasium_code_passes_them(env_id):
     """gym.make(id, render_mode=...) as Gymnasium code writes it: None works; a drawing mode draws the native state
