@@ -14,6 +14,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 
 @pytest.fixture
+def isolated_accel(tmp_path, monkeypatch):
+    """For acceleration tests: an own strategy cache, no forced strategy, a short timing budget."""
+    from rlspeed.accel import search
+
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    monkeypatch.setattr(search, "TIMING_BUDGET_S", 0.03)
+    monkeypatch.setattr(search, "ROUNDS", 3)
+
+
+@pytest.fixture
 def run_dir(tmp_path):
     """A fresh, not yet existing run directory under pytest's tmp_path."""
     return tmp_path / "run"

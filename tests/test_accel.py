@@ -34,13 +34,7 @@ needs_bf16_matmul = pytest.mark.skipif(not reduced_matmul_supported(CPU, "bf16-m
                                        reason="no bf16 matmul mode on this CPU")
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Each test: its own strategy cache, no forced strategy, a short timing budget."""
-    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
-    monkeypatch.setattr(search_module, "TIMING_BUDGET_S", 0.03)
-    monkeypatch.setattr(search_module, "ROUNDS", 3)
+pytestmark = pytest.mark.usefixtures("isolated_accel")  # conftest: own cache, nothing forced, short timing
 
 
 class Policy(nn.Module):

@@ -19,19 +19,12 @@ import torch
 from torch import nn
 
 from rlspeed.accel import accelerate_step, auto_accelerate, unaccelerate
-from rlspeed.accel import search as search_module
 from rlspeed.accel.strategy import EAGER_FP32, Strategy
 
 BF16 = Strategy("bf16")
 
 
-@pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
-    """Each test: its own strategy cache, no forced strategy, a short timing budget."""
-    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
-    monkeypatch.setattr(search_module, "TIMING_BUDGET_S", 0.03)
-    monkeypatch.setattr(search_module, "ROUNDS", 3)
+pytestmark = pytest.mark.usefixtures("isolated_accel")  # conftest: own cache, nothing forced, short timing
 
 
 @pytest.fixture

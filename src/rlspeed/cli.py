@@ -43,42 +43,19 @@ def _check_set_keys(overrides: dict) -> None:
             raise UserError(f"--set {key}=... is not a hyperparameter: use {_FLAG_KEYS[key]}.")
 
 
-def _whole(key: str, value) -> int:
-    """A run setting that counts steps: a positive whole number, also written as a float or `1e5` (YAML reads that
-    as a string)."""
-    number = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    elif isinstance(value, (float, str)) and not isinstance(value, bool):
-        try:
-            as_float = float(value)
-        except ValueError:
-            as_float = None
-        if as_float is not None and as_float.is_integer():
-            number = int(as_float)
-    if number is None or number < 1:
-        raise UserError(f"{key} must be a positive whole number of steps, got '{value}'.")
-    return number
-
-
 def _coerce_run_settings(run_settings: dict) -> dict:
-    """total_timesteps and eval_freq as ints, target_return as a float or None; UserError naming the key otherwise."""
+    """total_timesteps and eval_freq as positive ints (also 1e5, which YAML reads as a string), target_return as a
+    float or None; UserError naming the key otherwise."""
+    from rlspeed.algos.base import coerce  # (here: the CLI imports torch only for the commands that need it)
+
     out = dict(run_settings)
     for key in ("total_timesteps", "eval_freq"):
         if out.get(key) is not None:
-            out[key] = _whole(key, out[key])
-    if "target_return" in out:
-        value = out["target_return"]
-        if isinstance(value, str) and value.strip().lower() in ("none", "off", "null"):
-            value = None
-        if value is not None:
-            try:
-                if isinstance(value, bool):
-                    raise ValueError
-                value = float(value)
-            except (TypeError, ValueError):
-                raise UserError(f"target_return must be a number or 'none', got '{value}'.") from None
-        out["target_return"] = value
+            out[key] = coerce(key, out[key], int)
+            if out[key] < 1:
+                raise UserError(f"{key} must be a positive whole number of steps, got {out[key]}.")
+    if out.get("target_return") is not None:
+        out["target_return"] = _target(str(out["target_return"]), None, "target_return")
     return out
 
 
@@ -93,7 +70,9 @@ def _algorithm(name: str):
     return ALGORITHMS[key]
 
 
-def _target(arg: str | None, spec) -> float | None:
+def _target(arg: str | None, spec, name: str = "--target-return") -> float | None:
+    """A target return as given (`name`: the flag or setting, for the error): a number, or none/off/null for no
+    target; None given means the env's reward_threshold."""
     if arg is None:
         return spec.reward_threshold
     if arg.lower() in ("none", "off", "null"):
@@ -101,7 +80,7 @@ def _target(arg: str | None, spec) -> float | None:
     try:
         return float(arg)
     except ValueError:
-        raise UserError(f"--target-return must be a number or 'none', got '{arg}'.") from None
+        raise UserError(f"{name} must be a number or 'none', got '{arg}'.") from None
 
 
 def cmd_train(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ branching on the device type itself.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from dataclasses import dataclass
@@ -97,15 +98,17 @@ class DeviceRules:
     index_dtype: torch.dtype  # dtype for integer actions / indices kept on the device
     supports_compile: bool
     supports_graphs: bool
+    float64: bool = True  # float64 tensors and collectives (MPS has none; HCCL's all-reduce lacks it)
 
 
+@functools.cache  # called on hot paths (per env step); the answer depends on the device only
 def rules(device: torch.device) -> DeviceRules:
     """Per-backend rules. On NPU, AI Core kernels lack int64 maths: indices and discrete actions use int32 there
     (bool masks are converted to float before any arithmetic everywhere, e.g. in `gae`)."""
     if device.type == "npu":
-        return DeviceRules(torch.int32, supports_compile=True, supports_graphs=False)
+        return DeviceRules(torch.int32, supports_compile=True, supports_graphs=False, float64=False)
     if device.type == "mps":
-        return DeviceRules(torch.int64, supports_compile=False, supports_graphs=False)
+        return DeviceRules(torch.int64, supports_compile=False, supports_graphs=False, float64=False)
     if device.type == "cuda":
         return DeviceRules(torch.int64, supports_compile=True, supports_graphs=True)
     return DeviceRules(torch.int64, supports_compile=True, supports_graphs=False)
@@ -170,7 +173,7 @@ def configure_threads(num_threads: int | None = None) -> int:
     spend their time in per-kernel overhead, which more threads do not shorten; one thread also leaves the other
     cores to env subprocesses and data-parallel ranks. Returns the value set.
     """
-    num_threads = default_num_threads() if num_threads is None else max(1, min(num_threads, os.cpu_count() or 1))
+    num_threads = default_num_threads() if num_threads is None else _within_cores(num_threads)
     torch.set_num_threads(num_threads)
     return num_threads
 
@@ -183,6 +186,10 @@ def default_num_threads() -> int:
         num_threads = int(raw)
     except ValueError:
         raise UserError(f"RLSPEED_NUM_THREADS must be a whole number of threads, got '{raw}'.") from None
+    return _within_cores(num_threads)
+
+
+def _within_cores(num_threads: int) -> int:
     return max(1, min(num_threads, os.cpu_count() or 1))
 
 

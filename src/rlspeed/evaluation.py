@@ -21,18 +21,17 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     frozen statistics when it was trained with observation normalisation. Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     """
+    if max_steps is not None and max_steps < 1:
+        raise UserError(f"max_steps must be at least 1, got {max_steps}.")
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
     env = make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend)
-    _check_compatible(model, env)
-    if max_steps is not None and max_steps < 1:
-        env.close()
-        raise UserError(f"max_steps must be at least 1, got {max_steps}.")
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
     returns = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
     running = returns
     try:
+        _check_compatible(model, env)
         obs, _ = env.reset()
         check_every = 64 if env.backend == "torch" else 1
         for step in range(1, limit + 1):
@@ -60,12 +59,11 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
 
 def _check_compatible(model, env) -> None:
-    """UserError (closing `env`) unless `env` has the observation shape and action space `model` was trained on."""
+    """UserError unless `env` has the observation shape and action space `model` was trained on."""
     trained, given = model.spec, env.spec
     if (tuple(trained.observation_shape) == tuple(given.observation_shape)
             and trained.discrete == given.discrete and trained.action_dim == given.action_dim):
         return
-    env.close()
     raise UserError(f"{given.env_id} (observations {tuple(given.observation_shape)}, actions {given.action_space}) "
                     f"does not fit this model, trained on {trained.env_id} (observations "
                     f"{tuple(trained.observation_shape)}, actions {trained.action_space}).")

@@ -15,6 +15,7 @@ precisions; each gets its own search (or cache hit) the first time it occurs.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -333,10 +334,7 @@ class ModuleAccelerator:
             return unit
 
         try:
-            if not grad:
-                with torch.no_grad():
-                    chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
-            else:
+            with contextlib.nullcontext() if grad else torch.no_grad():
                 chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
         except _OpaqueOutputs as opaque:
             # The accuracy check would compare nothing (every candidate would pass) and a reduced precision would

@@ -38,14 +38,15 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {config_cls.__name__}.{hint}")
-        values[key] = _coerce(key, value, hints[key])
+        values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
     return config
 
 
-def _coerce(key: str, value, hint):
-    """Accept YAML/CLI values: ints for floats, lists for tuples; reject the wrong kind with a clear sentence."""
+def coerce(key: str, value, hint):
+    """`value` as type `hint`, accepting YAML/CLI spellings (1e5 for an int when whole, lists for tuples);
+    UserError naming `key` for the wrong kind (hyperparameters, and the CLI's run settings)."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if value is None and type(None) in args:

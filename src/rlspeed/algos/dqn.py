@@ -169,11 +169,11 @@ class DQN(OffPolicyAlgorithm):
         and epsilon-greedy's random numbers: whether each (step, env) explores (a uniform draw below that step's
         epsilon) and its random action."""
         cfg, num_envs = self.config, self._env.num_envs
-        global_envs = num_envs * self.strategy.world_size  # env steps of all ranks per collection step
         if self._body_linears is not None:
             self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
         span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
-        slope = global_envs * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span  # per collection step
+        # per collection step, which advances num_timesteps by every rank's envs
+        slope = self._envs_all_ranks * (cfg.exploration_final_eps - cfg.exploration_initial_eps) / span
         epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
                     .add_(self.epsilon(start)).clamp_(min=cfg.exploration_final_eps))
         explore = torch.rand((cfg.train_freq, num_envs), device=self.device) < epsilons.unsqueeze(1)
@@ -185,15 +185,14 @@ class DQN(OffPolicyAlgorithm):
         greedy = self._greedy(obs)
         if self._draws is not None:
             start, explore, actions = self._draws
-            step = (timesteps - start) // (obs.shape[0] * self.strategy.world_size)
+            step = (timesteps - start) // self._envs_all_ranks
             if 0 <= step < explore.shape[0]:
                 return torch.where(explore[step], actions[step], greedy)
         return self._epsilon_greedy(greedy, self.epsilon(timesteps))
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         before = self.num_timesteps
-        # env steps of this iteration over all ranks (num_timesteps counts them all; `steps` is this rank's)
-        global_steps = self.config.train_freq * self._env.num_envs * self.strategy.world_size
+        global_steps = self.config.train_freq * self._envs_all_ranks  # (`steps` below: this rank's)
         if before + global_steps > self.config.learning_starts:
             self._prepare_collection(before)  # (before learning_starts, actions are uniform: nothing to prepare)
         steps, metrics = super()._train_iteration()

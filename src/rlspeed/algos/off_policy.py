@@ -139,6 +139,12 @@ class OffPolicyAlgorithm(Algorithm):
     def _modules_to_sync(self) -> list[torch.nn.Module]:
         return [m for m in self._modules().values() if isinstance(m, torch.nn.Module)]
 
+    @property
+    def _envs_all_ranks(self) -> int:
+        """Env steps per collection step over every process: num_timesteps counts them all (ranks run equal
+        shares, `DistributedStrategy.split_envs`), while this process steps `self._env.num_envs` of them."""
+        return self._env.num_envs * self.strategy.world_size
+
     def _setup_action_scaling(self) -> None:
         """Device tensors for the policy-space <-> env-space mapping of Box actions."""
         if not self.spec.discrete:
@@ -185,8 +191,7 @@ class OffPolicyAlgorithm(Algorithm):
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         cfg, env, buffer = self.config, self._env, self.buffer
         num_envs = env.num_envs
-        # num_timesteps counts the env steps of all ranks: each collection step advances it by every rank's envs
-        global_envs = num_envs * self.strategy.world_size
+        global_envs = self._envs_all_ranks
 
         # 1. Collect train_freq steps of every env into the replay buffer.
         episode_returns, episode_dones = [], []  # per step: the running returns and which rows just finished

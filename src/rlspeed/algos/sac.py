@@ -83,6 +83,11 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(self(obs)[0])
 
 
+
+def _log(alpha: float) -> float:
+    """log of an entropy coefficient; -inf for 0 (no entropy term)."""
+    return math.log(alpha) if alpha > 0 else -math.inf
+
 class SAC(OffPolicyAlgorithm):
     """Soft Actor-Critic for Box action spaces.
 
@@ -104,7 +109,7 @@ class SAC(OffPolicyAlgorithm):
         self.policy = self.actor
         self.autotune = cfg.ent_coef is None
         alpha = cfg.ent_coef_init if self.autotune else cfg.ent_coef
-        self.log_alpha = torch.full((1,), math.log(alpha) if alpha > 0 else -math.inf, device=self.device)
+        self.log_alpha = torch.full((1,), _log(alpha), device=self.device)
         self.log_alpha.requires_grad_(self.autotune)
         self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
         self._critic_params = list(self.critic.parameters())
@@ -131,7 +136,7 @@ class SAC(OffPolicyAlgorithm):
         if not self.autotune and "ent_coef" in overrides:
             with torch.no_grad():
                 alpha = self.config.ent_coef
-                self.log_alpha.fill_(math.log(alpha) if alpha > 0 else -math.inf)
+                self.log_alpha.fill_(_log(alpha))
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}

@@ -115,7 +115,7 @@ class TD3(OffPolicyAlgorithm):
         # another batch size) must not advance or reshape it.
         actions = self.actor(obs.flatten(1))
         if not deterministic and self.config.action_noise != "none":
-            actions = (actions + self.config.action_noise_std * torch.randn_like(actions)).clamp(-1.0, 1.0)
+            actions = self._normal_noise(actions).clamp(-1.0, 1.0)
         return self._to_env(actions)
 
     # --- exploration ------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class TD3(OffPolicyAlgorithm):
         cfg = self.config
         actions = self.actor(obs.flatten(1))
         if cfg.action_noise == "normal":
-            actions = actions + cfg.action_noise_std * torch.randn_like(actions)
+            actions = self._normal_noise(actions)
         elif cfg.action_noise == "ornstein-uhlenbeck":
             if self._ou_noise is None or self._ou_noise.shape != actions.shape:
                 self._ou_noise = torch.zeros_like(actions)
@@ -137,6 +137,10 @@ class TD3(OffPolicyAlgorithm):
                                + cfg.action_noise_std * math.sqrt(cfg.ou_dt) * torch.randn_like(actions))
             actions = actions + self._ou_noise
         return actions.clamp(-1.0, 1.0)
+
+    def _normal_noise(self, actions: torch.Tensor) -> torch.Tensor:
+        """`actions` plus independent Gaussian noise of `action_noise_std` (not clamped)."""
+        return actions + self.config.action_noise_std * torch.randn_like(actions)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         if self.config.action_noise == "ornstein-uhlenbeck":  # each episode starts its noise process afresh

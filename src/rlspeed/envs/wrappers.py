@@ -7,10 +7,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from rlspeed.device import rules
 from rlspeed.envs.base import BatchedEnv, EnvWrapper
-
-# Devices whose tensors (or collectives, HCCL) lack float64: the distributed moments stay float32 there.
-_NO_FLOAT64 = ("mps", "npu")
 
 
 class RunningMeanStd(nn.Module):
@@ -39,7 +37,7 @@ class RunningMeanStd(nn.Module):
         # whose mean is large against their spread (negative variances, NaN observations).
         # The sums are float64 where the device and collectives have it: before the first flush the running mean is
         # still 0, and float32 could not hold both E[x^2] and the spread there.
-        dtype = torch.float32 if batch.device.type in _NO_FLOAT64 else torch.float64
+        dtype = torch.float64 if rules(batch.device).float64 else torch.float32
         shifted = batch.reshape(batch.shape[0], -1).to(dtype) - self.mean.reshape(1, -1).to(dtype)
         moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device, dtype=dtype),
                              shifted.sum(0), shifted.square().sum(0)))
