@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("isolated_accel")  # conftest: own cache, n
 def two_candidates(monkeypatch):
     """Modules and steps made after this search fp32 eager against bf16 autocast."""
 
-    def fake_candidates(request, device, *, allow_fp16):
+    def fake_candidates(request, device, *, allow_fp16, whole_step_graphs=False):
         return [EAGER_FP32, BF16], []
 
     monkeypatch.setattr("rlspeed.accel.module.candidates", fake_candidates)

@@ -40,7 +40,9 @@ from torch.nn.modules.module import register_module_forward_pre_hook
 
 from rlspeed.accel import cache
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
+from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
+from rlspeed.accel.introspect import reachable_modules
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import none_ran, run_search
 from rlspeed.accel.strategy import (
@@ -134,7 +136,7 @@ class AcceleratedStep:
         self.counter = CompileCounter()
         self.report = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
                                   notes=list(self.request.notes))
-        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True)
+        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True, whole_step_graphs=True)
         for note in notes:
             self.report.note(note)
         self._fused_request = fused_optimizer
@@ -145,6 +147,7 @@ class AcceleratedStep:
         self._steps_in_window = 0
         self._windows = 0
         self.fell_back = False
+        self._graphs: StepGraphs | None = None
         if example_inputs is not None:
             args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
             self.prepare(*args)
@@ -155,6 +158,12 @@ class AcceleratedStep:
         args, kwargs = self.converter(args, kwargs)
         if self._forward is None:
             self._prepare(args, kwargs)
+        if self._graphs is not None:
+            return self._graphs(args, kwargs)
+        return self._update(args, kwargs)
+
+    def _update(self, args: tuple, kwargs: dict) -> Any:
+        """One eager update on converted arguments (also what a whole-step CUDA graph captures)."""
         for p in self.params:  # zero_grad(set_to_none=True), also for `params` outside the optimizers
             p.grad = None
         outputs = self._forward(*args, **kwargs)
@@ -180,6 +189,16 @@ class AcceleratedStep:
         """Graphs torch.compile has compiled for this step so far."""
         return self.counter.compilations
 
+    @property
+    def graph_captures(self) -> int:
+        """Whole-step CUDA graphs captured so far (0 when the step runs eagerly or compiled)."""
+        return 0 if self._graphs is None else self._graphs.captures
+
+    @property
+    def graph_replays(self) -> int:
+        """Calls that ran as a replay of a whole-step CUDA graph so far."""
+        return 0 if self._graphs is None else self._graphs.replays
+
     def skipped_steps(self) -> int:
         """fp16: optimizer steps the GradScaler skipped in the current guard window (reads the device once)."""
         return 0 if self._skips is None else int(self._skips.item())
@@ -199,8 +218,31 @@ class AcceleratedStep:
                 f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
         else:
             strategy = self._decide(args, kwargs)
+        strategy = self._with_step_graphs(strategy)
         self._use(strategy)
         return strategy
+
+    def _with_step_graphs(self, strategy: Strategy) -> Strategy:
+        """`strategy` with the whole-step CUDA graph (`rlspeed.accel.graphs`) where it is asked for and possible.
+
+        Not measured by the search: a graph replays the very kernels of the eager step, without their launch costs,
+        so it is not slower on the GPU; what could make it wrong (a changed learning rate, a value read by name)
+        is checked before every replay."""
+        if self.request.graphs not in ("auto", "on") or strategy.compile != "off" or not self.device.type == "cuda":
+            return strategy
+        self.strategy = strategy
+        blocker = capture_blocker(self)
+        if blocker is not None:
+            if self.request.graphs == "on" and self.request.forced_by_env is None:
+                raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {blocker}.")
+            self.report.note(f"no whole-step CUDA graph: {blocker}.")
+            return strategy
+        graphed = replace(strategy, graphs=True)
+        if self.report.decisions:
+            last = self.report.decisions[-1]
+            self.report.decisions[-1] = replace(last, chosen=graphed, reason=last.reason + "; the whole step runs as "
+                                                "a CUDA graph (captured after a few eager calls)")
+        return graphed
 
     def _decide(self, args: tuple, kwargs: dict) -> Strategy:
         key = cache.make_key({"kind": "step", **self._structure_key(args, kwargs), "request": self.request.to_dict(),
@@ -237,10 +279,10 @@ class AcceleratedStep:
     def _structure_key(self, args: tuple, kwargs: dict) -> dict:
         code = getattr(self.loss_fn, "__code__", None)
         code_hash = cache.code_digest(code) if code is not None else type(self.loss_fn).__qualname__
-        # The forward code of the modules loss_fn reaches by name (`_reachable_modules`): a cached choice must not
+        # The forward code of the modules loss_fn reaches by name (`reachable_modules`): a cached choice must not
         # outlive an edit of a model's forward. A module reached only deeper (`self.agent.critic`, or through a
         # helper function) is not hashed: after editing its forward, clear the cache (RLSPEED_CACHE_DIR).
-        modules = [m for root in _reachable_modules(self.loss_fn) for m in root.modules()]
+        modules = [m for root in reachable_modules(self.loss_fn) for m in root.modules()]
         return {"fn": f"{getattr(self.loss_fn, '__module__', '')}.{self.name}", "code": code_hash,
                 "forward": cache.forward_digest(modules),
                 "params": [[list(p.shape), str(p.dtype)] for p in self.params],
@@ -280,6 +322,13 @@ class AcceleratedStep:
     def _use(self, strategy: Strategy) -> None:
         self.strategy = strategy
         self._forward = self._build_forward(strategy)
+        self._graphs = None
+        if strategy.graphs and strategy.compile == "off":
+            changed = make_capturable(self.optimizers, self.device)
+            if changed:
+                self.report.note(f"{', '.join(changed)} switched to capturable=True (its step can be replayed in "
+                                 "a CUDA graph).")
+            self._graphs = StepGraphs(self, self._update)
         if strategy.precision == "fp16":
             self.scaler = _grad_scaler(self.device)
             self._skips = torch.zeros((), device=self.device, dtype=torch.int32)
@@ -395,41 +444,6 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
             seen.add(id(tensor))
             result.append(tensor)
     return result
-
-
-def _reachable_modules(fn: Any) -> list[nn.Module]:
-    """The nn.Modules a loss function reaches by name, found without running it: the function itself (a module),
-    the object of a bound method or a callable object and its attributes (``self.critic``), its closure cells, and
-    the globals its code names. Modules reached only deeper (an attribute of an attribute, a helper function's
-    globals) are not found; see `AcceleratedStep._structure_key`."""
-    owner = getattr(fn, "__self__", None)
-    func = getattr(fn, "__func__", fn)
-    if owner is None and not hasattr(func, "__code__") and not isinstance(fn, nn.Module):
-        # a callable object: its __call__, its attributes
-        owner, func = fn, type(fn).__call__
-    found = [fn]
-    if owner is not None:
-        found.append(owner)
-        if not isinstance(owner, nn.Module):  # a module's own attributes are its submodules, covered below
-            found.extend(getattr(owner, "__dict__", {}).values())
-    for cell in getattr(func, "__closure__", None) or ():
-        try:
-            found.append(cell.cell_contents)
-        except ValueError:  # an empty cell (a name assigned after the function was defined)
-            pass
-    code, scope = getattr(func, "__code__", None), getattr(func, "__globals__", {})
-    if code is not None:
-        found.extend(scope[name] for name in _names(code) if name in scope)
-    return _unique([value for value in found if isinstance(value, nn.Module)])
-
-
-def _names(code: Any) -> list[str]:
-    """The global and attribute names a code object and the code nested in it (lambdas, comprehensions) use."""
-    names = list(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names.extend(_names(const))
-    return names
 
 
 class _BufferSnapshot:

@@ -44,7 +44,9 @@ class Strategy:
     precision: ``fp32`` (plain); ``bf16-matmul`` (CPU) / ``tf32`` (CUDA): fp32 tensors, matmuls computed in bf16 /
         TF32; ``bf16`` (autocast, fp32 master weights); ``fp16`` (autocast and a GradScaler).
     compile: ``off`` or a torch.compile backend name (``inductor``, ``torchair``, ``eager``, ...).
-    graphs: CUDA graph capture of the compiled function (inductor's cudagraph trees); fixed shapes per bucket.
+    graphs: CUDA graph capture. Compiled: inductor's cudagraph trees for the compiled function (fixed shapes per
+        bucket). Eager, for an update step: the whole step (forward, backward, optimizer step) captured and
+        replayed as one graph (`rlspeed.accel.graphs`).
     bucket: pad the batch dimension to the next power of two and slice the outputs (row-independent models only),
         so that varying batch sizes reuse a few compiled graphs instead of recompiling.
     """
@@ -314,13 +316,21 @@ def with_precision(fn: Callable, device: torch.device, precision: str) -> Callab
     return precision_region
 
 
-def candidates(request: Request, device: torch.device, *, allow_fp16: bool) -> tuple[list[Strategy], list[str]]:
+def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
+               whole_step_graphs: bool = False) -> tuple[list[Strategy], list[str]]:
     """The strategies to consider for a request on a device, simplest first, and notes on what was left out.
 
     The first entry is the one a search falls back to. With ``auto`` fields the list has several entries and is
     searched; with every field fixed (or forced by ``RLSPEED_ACCELERATE``) it has one.
+
+    `whole_step_graphs`: the caller (an update step) captures the whole eager step as a CUDA graph itself
+    (`rlspeed.accel.graphs`), so on CUDA graphs do not need torch.compile, and compile="auto" leaves compiled
+    candidates out there (their graphs would cover the forward and backward passes only, after tens of seconds of
+    compilation per candidate).
     """
     notes: list[str] = []
+    graph_support = rules(device).supports_graphs
+    step_graphs = whole_step_graphs and graph_support and device.type == "cuda" and request.graphs in ("auto", "on")
     # precision
     if request.precision == "auto":
         precisions = ["fp32"]
@@ -351,7 +361,11 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool) -> t
 
     # compile
     backend = None
-    if request.compile == "auto":
+    if request.compile == "auto" and step_graphs:
+        notes.append("compile candidates not tried: the whole step is captured as a CUDA graph instead; pass "
+                     "compile=True to include them (compiled candidates get graphs of their forward and backward).")
+        compiles = ["off"]
+    elif request.compile == "auto":
         if device.type in COMPILE_IN_AUTO:
             backend = compile_backend(device)
         if backend is None:
@@ -375,15 +389,14 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool) -> t
         else:
             compiles = ["off", backend]  # asked for: compiled candidates join the search (eager stays the fallback)
 
-    # graphs (CUDA graph capture rides on inductor's cudagraph trees)
-    graph_support = rules(device).supports_graphs
+    # graphs (for a module, CUDA graph capture rides on inductor's cudagraph trees)
     if request.graphs == "on" and not graph_support:
         if request.forced_by_env is None:
             raise UserError(f"CUDA graph capture is only available on CUDA devices, not {device.type}; "
                             "use graphs='auto' or False.")
         notes.append(f"graphs forced but {device.type} has no graph capture: ignored.")
     want_graphs = graph_support and request.graphs in ("auto", "on")
-    if want_graphs and request.graphs == "on" and compiles == ["off"]:
+    if want_graphs and request.graphs == "on" and compiles == ["off"] and not step_graphs:
         if request.forced_by_env is None:
             raise UserError("CUDA graph capture here rides on torch.compile: use graphs=True with compile left "
                             "at 'auto' or True.")

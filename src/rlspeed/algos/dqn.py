@@ -53,7 +53,9 @@ class DQNConfig(OffPolicyConfig):
     max_grad_norm: float = 10.0
     double_q: bool = True
     dueling: bool = False
-    fused_update: bool = True  # hand-derived gradient + flat Adam (algos/fused_dqn.py) where the network allows
+    # hand-derived gradient + flat Adam (algos/fused_dqn.py) where the network allows; with --accelerate auto on
+    # CUDA the autograd update replayed as a whole-step CUDA graph instead (measured faster there)
+    fused_update: bool = True
 
     def validate(self) -> None:
         """The `OffPolicyConfig` checks, plus DQN's own: target update interval, exploration epsilons, grad norm."""
@@ -111,7 +113,8 @@ class DQN(OffPolicyAlgorithm):
         self._target_params = list(self.q_target.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, max_grad_norm=cfg.max_grad_norm, name="dqn")
-        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.q_network), self.accelerate):
+        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.q_network), self.accelerate, self.device,
+                                     graphs_win=True):
             update = FusedDQNUpdate(self.q_network, self.q_target, self.optimizer, max_grad_norm=cfg.max_grad_norm,
                                     double_q=cfg.double_q, strategy=self.strategy)
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "dqn")

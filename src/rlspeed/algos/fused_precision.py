@@ -123,9 +123,17 @@ class AutoMatmulPrecision:
         return best
 
 
-def use_fused(enabled: bool, supported: bool, accelerate: str) -> bool:
+def use_fused(enabled: bool, supported: bool, accelerate: str, device: torch.device | None = None,
+              graphs_win: bool = False) -> bool:
     """Whether an algorithm takes its hand-derived update: `fused_update` on, a network it supports, and with
-    `--accelerate auto` an `RLSPEED_ACCELERATE` it can honour (see `applies`)."""
+    `--accelerate auto` an `RLSPEED_ACCELERATE` it can honour (see `applies`).
+
+    `graphs_win`: for an algorithm whose autograd update through `accelerate_step`, captured as a whole-step CUDA
+    graph, was measured faster on CUDA than its hand-derived update (which is launched kernel by kernel): with
+    `--accelerate auto` on CUDA that path is taken instead (SAC and DQN; benchmarks/cuda_check.sh)."""
+    if graphs_win and accelerate == "auto" and device is not None and device.type == "cuda" \
+            and normalise_request().graphs != "off":
+        return False
     return enabled and supported and (accelerate != "auto" or applies())
 
 

@@ -43,7 +43,9 @@ class SACConfig(OffPolicyConfig):
     ent_coef_init: float = 1.0  # starting alpha when it is tuned
     target_entropy: float | None = None  # None: -action_dim
     n_critics: int = 2
-    fused_update: bool = True  # hand-derived gradients + flat Adam (algos/fused_sac.py) where the networks allow
+    # hand-derived gradients + flat Adam (algos/fused_sac.py) where the networks allow; with --accelerate auto on
+    # CUDA the autograd update replayed as a whole-step CUDA graph instead (measured faster there)
+    fused_update: bool = True
 
     def validate(self) -> None:
         """The `OffPolicyConfig` checks, plus SAC's own: entropy coefficient, its initial value, number of critics."""
@@ -118,7 +120,8 @@ class SAC(OffPolicyAlgorithm):
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, name="sac")
-        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.actor, self.critic), self.accelerate):
+        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.actor, self.critic), self.accelerate,
+                                     self.device, graphs_win=True):
             update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "sac")
         self._setup_action_scaling()

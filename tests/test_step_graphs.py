@@ -1,0 +1,331 @@
+"""Whole-step CUDA graphs of `accelerate_step` (rlspeed.accel.graphs).
+
+The graph tests need a CUDA GPU and are skipped without one; what can be checked on a CPU (the candidates a CUDA
+request gets, the input signature, the values a graph watches) is checked here too.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+from rlspeed.accel import accelerate_step
+from rlspeed.accel.graphs import WARMUP_CALLS, StepGraphs, _signature, split_sync_warnings
+from rlspeed.accel.introspect import named_numbers
+from rlspeed.accel.strategy import Strategy, candidates, normalise_request
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CALLS = WARMUP_CALLS + 5
+
+
+# --- without a GPU ------------------------------------------------------------------------------------------------
+def test_step_candidates_on_cuda_leave_compile_out_for_whole_step_graphs():
+    device = torch.device("cuda")
+    request = normalise_request("fp32", "auto", "auto")
+    step_list, notes = candidates(request, device, allow_fp16=True, whole_step_graphs=True)
+    assert step_list == [Strategy("fp32")]
+    assert any("captured as a CUDA graph" in note for note in notes)
+    module_list, _ = candidates(request, device, allow_fp16=False)  # a module: compiled candidates with graphs
+    assert Strategy("fp32", "inductor", True) in module_list
+    # graphs=True without compile: an error for a module, the whole-step graph for a step
+    forced = normalise_request("fp32", False, True)
+    assert candidates(forced, device, allow_fp16=True, whole_step_graphs=True)[0] == [Strategy("fp32")]
+    with pytest.raises(Exception, match="torch.compile"):
+        candidates(forced, device, allow_fp16=False)
+
+
+def test_step_candidates_on_cpu_are_unchanged_by_whole_step_graphs():
+    request = normalise_request("auto", "auto", "auto")
+    cpu = torch.device("cpu")
+    assert candidates(request, cpu, allow_fp16=True, whole_step_graphs=True) == candidates(request, cpu,
+                                                                                           allow_fp16=True)
+
+
+def test_sac_and_dqn_take_the_graphed_autograd_update_with_accelerate_auto_on_cuda(monkeypatch):
+    from rlspeed.algos.fused_precision import use_fused
+
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    cuda_device, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not use_fused(True, True, "auto", cuda_device, graphs_win=True)
+    assert use_fused(True, True, "off", cuda_device, graphs_win=True)  # --accelerate off: the hand-derived update
+    assert use_fused(True, True, "auto", cpu, graphs_win=True)  # on a CPU the hand-derived update is faster
+    assert use_fused(True, True, "auto", cuda_device)  # PPO: not measured faster with graphs
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
+    assert use_fused(True, True, "auto", cuda_device, graphs_win=True)
+
+
+def test_signature_keys_shapes_dtypes_and_plain_values():
+    a, b = torch.zeros(4, 3), torch.zeros(5, 3)
+    assert _signature(((a, 0.5), {})) == _signature(((torch.ones(4, 3), 0.5), {}))
+    assert _signature(((a, 0.5), {})) != _signature(((b, 0.5), {}))
+    assert _signature(((a, 0.5), {})) != _signature(((a.double(), 0.5), {}))
+    assert _signature(((a, 0.5), {})) != _signature(((a, 0.25), {}))
+    assert _signature(((a,), {"scale": 1})) != _signature(((a,), {"scale": 2}))
+    assert _signature(((a, object()), {})) is None
+
+
+def test_only_torch_s_sync_warning_marks_a_step_as_synchronising():
+    def recorded(*texts):
+        return [warnings.WarningMessage(UserWarning(text), UserWarning, "x.py", 1) for text in texts]
+
+    # torch's note on switching the check on mentions "synchronizing operations" too: not a sync (a false positive
+    # here turned off the graphs of the first step in every process)
+    note = ("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations "
+            "(Triggered internally at Module.cpp:1003.)")
+    synced, others = split_sync_warnings(recorded(note, "some other warning"))
+    assert synced is None and [str(w.message) for w in others] == ["some other warning"]
+    synced, others = split_sync_warnings(recorded(note, "called a synchronizing CUDA operation (Triggered ...)"))
+    assert synced.startswith("called a synchronizing CUDA operation") and others == []
+
+
+SCALE = 2.0
+
+
+class _Loss:
+    def __init__(self):
+        self.gamma = 0.9
+        self.net = nn.Linear(2, 1)
+
+    def __call__(self, x):
+        return self.net(x).mean() * self.gamma * SCALE
+
+
+def test_named_values_watch_closures_globals_and_attributes():
+    global SCALE
+    coef = 1.5
+
+    def loss(x):
+        return x.sum() * coef * SCALE
+
+    readers = named_numbers(loss)
+    before = [read() for read in readers]
+    assert sorted(before) == [1.5, 2.0]
+    SCALE = 3.0
+    try:
+        assert sorted(read() for read in readers) == [1.5, 3.0]
+        obj = _Loss()
+        readers = named_numbers(obj)
+        obj.gamma = 0.5
+        assert sorted(read() for read in readers) == [0.5, 3.0]
+    finally:
+        SCALE = 2.0
+
+
+# --- on a GPU -----------------------------------------------------------------------------------------------------
+def _net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)).cuda()
+
+
+def _batches(count: int, rows: int = 32, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 6, generator=generator).cuda(), torch.randn(rows, generator=generator).cuda())
+            for _ in range(count)]
+
+
+def _regression(net: nn.Module):
+    def loss(x, y):
+        prediction = net(x).squeeze(-1)
+        return (prediction - y).square().mean(), {"mean_prediction": prediction.detach().mean()}
+
+    return loss
+
+
+def _plain_steps(net: nn.Module, batches, lr: float = 1e-3) -> list[float]:
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    losses = []
+    for x, y in batches:
+        loss, _ = _regression(net)(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@cuda
+def test_graphed_step_trains_like_the_eager_step(isolated_accel):
+    batches = _batches(CALLS)
+    plain, graphed = _net(), _net()
+    plain_losses = _plain_steps(plain, batches)
+    optimizer = torch.optim.Adam(graphed.parameters(), lr=1e-3)
+    step = accelerate_step(_regression(graphed), optimizer, precision="fp32")
+    losses = [step(x, y)[0].item() for x, y in batches]
+    assert step.strategy.graphs and step.graph_captures == 1
+    assert step.graph_replays == CALLS - WARMUP_CALLS
+    assert "CUDA graph" in str(step.report)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(plain_losses), rtol=1e-4, atol=1e-6)
+    for p, q in zip(graphed.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    assert all(p.grad is not None for p in graphed.parameters())  # the last step's gradients stay readable
+
+
+@cuda
+def test_graphed_step_replays_without_host_syncs(isolated_accel):
+    batches = _batches(CALLS)
+    net = _net()
+    step = accelerate_step(_regression(net), torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32")
+    for x, y in batches[:WARMUP_CALLS + 1]:
+        step(x, y)
+    assert step.graph_captures == 1
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in batches[WARMUP_CALLS + 1:]:
+            step(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert step.graph_replays == CALLS - WARMUP_CALLS
+
+
+@cuda
+def test_graphed_step_outputs_are_not_overwritten_by_later_replays(isolated_accel):
+    batches = _batches(CALLS)
+    net = _net()
+    step = accelerate_step(_regression(net), torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32")
+    kept = [step(x, y) for x, y in batches]
+    values = [(loss.item(), metrics["mean_prediction"].item()) for loss, metrics in kept]
+    assert len(set(values)) == len(values)  # every call's outputs are its own
+    with torch.no_grad():
+        last_loss, _ = _regression(net)(*batches[-1])
+    assert last_loss.item() != pytest.approx(values[-1][0], rel=1e-9)  # the weights moved after the last call
+
+
+@cuda
+def test_graphed_step_follows_a_changed_learning_rate(isolated_accel):
+    batches = _batches(CALLS + 2)
+    net = _net()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    step = accelerate_step(_regression(net), optimizer, precision="fp32")
+    for x, y in batches[:CALLS]:
+        step(x, y)
+    assert step.graph_captures == 1
+    optimizer.param_groups[0]["lr"] = 0.0
+    before = [p.detach().clone() for p in net.parameters()]
+    step(*batches[CALLS])
+    step(*batches[CALLS + 1])
+    assert step.graph_captures == 2  # captured again with the new learning rate
+    for p, b in zip(net.parameters(), before):
+        assert torch.equal(p.detach(), b)  # lr 0: nothing moves
+
+
+@cuda
+def test_graphed_step_follows_a_changed_python_value(isolated_accel):
+    net = _net()
+
+    class Scaled:
+        def __init__(self):
+            self.scale = 1.0
+
+        def loss(self, x, y):
+            prediction = net(x).squeeze(-1)
+            return (prediction - y).square().mean(), {"scaled": prediction.detach().mean() * self.scale}
+
+    owner = Scaled()
+    step = accelerate_step(owner.loss, torch.optim.Adam(net.parameters(), lr=0.0), precision="fp32")
+    x, y = _batches(1)[0]
+    for _ in range(CALLS):
+        _, metrics = step(x, y)
+    first = metrics["scaled"].item()
+    owner.scale = 3.0
+    _, metrics = step(x, y)
+    assert metrics["scaled"].item() == pytest.approx(3.0 * first, rel=1e-5)
+    assert step.graph_captures == 2
+
+
+@cuda
+def test_a_step_that_reads_the_host_falls_back_to_eager(isolated_accel):
+    batches = _batches(CALLS)
+    plain, graphed = _net(), _net()
+    plain_losses = _plain_steps(plain, batches)
+
+    def loss(x, y):
+        value, metrics = _regression(graphed)(x, y)
+        if value.item() > 1e9:  # a host read: not capturable
+            raise AssertionError
+        return value, metrics
+
+    step = accelerate_step(loss, torch.optim.Adam(graphed.parameters(), lr=1e-3), precision="fp32")
+    losses = [step(x, y)[0].item() for x, y in batches]
+    assert step.graph_captures == 0
+    assert "synchronises with the host" in str(step.report)  # seen in the last warm-up call: no capture tried
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(plain_losses), rtol=1e-4, atol=1e-6)
+
+
+@cuda
+def test_a_failed_capture_falls_back_and_leaves_random_numbers_working(isolated_accel, monkeypatch):
+    # The warm-up's sync check misses a host read here, so the capture itself fails; torch then leaves its random
+    # generator in capture mode and its capture stream current, which StepGraphs puts right.
+    monkeypatch.setattr(StepGraphs, "_watching_syncs", lambda self, args, kwargs: (self._on_side_stream(args, kwargs),
+                                                                                   None))
+    net = _net()
+
+    def loss(x, y):
+        value, metrics = _regression(net)(x, y)
+        if value.item() > 1e9:
+            raise AssertionError
+        return value + 0.0 * torch.randn_like(value), metrics
+
+    step = accelerate_step(loss, torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32")
+    for x, y in _batches(CALLS):
+        step(x, y)
+    assert step.graph_captures == 0
+    assert "capture failed" in str(step.report)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    assert torch.randn(3, device="cuda").isfinite().all()  # "Offset increment outside graph capture" without repair
+
+
+@cuda
+def test_graphed_step_draws_fresh_random_numbers_on_each_replay(isolated_accel):
+    net = _net()
+
+    def loss(x, y):
+        noise = torch.randn_like(y)
+        prediction = net(x).squeeze(-1)
+        return (prediction + noise - y).square().mean(), {"noise": noise.mean()}
+
+    step = accelerate_step(loss, torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32")
+    x, y = _batches(1)[0]
+    noises = [step(x, y)[1]["noise"].item() for _ in range(CALLS)]
+    assert step.graph_replays >= 3
+    assert len(set(noises[-3:])) == 3
+
+
+@cuda
+def test_graphed_step_keeps_one_graph_per_batch_size(isolated_accel):
+    net = _net()
+    step = accelerate_step(_regression(net), torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32")
+    full, partial = _batches(CALLS, rows=32), _batches(CALLS, rows=17, seed=2)
+    for a, b in zip(full, partial):
+        step(*a)
+        step(*b)
+    assert step.graph_captures == 2
+    assert step.graph_replays == 2 * (CALLS - WARMUP_CALLS)
+
+
+@cuda
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_graphed_step_with_reduced_precision(isolated_accel, precision):
+    if precision == "bf16" and not torch.cuda.is_bf16_supported():
+        pytest.skip("no bf16 on this GPU")
+    batches = _batches(CALLS)
+    plain, graphed = _net(), _net()
+    plain_losses = _plain_steps(plain, batches)
+    step = accelerate_step(_regression(graphed), torch.optim.Adam(graphed.parameters(), lr=1e-3),
+                           precision=precision)
+    losses = [step(x, y)[0].item() for x, y in batches]
+    assert step.strategy.graphs and step.graph_captures == 1
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(plain_losses), rtol=3e-2, atol=1e-3)
+
+
+@cuda
+def test_graphs_false_keeps_the_step_eager(isolated_accel):
+    net = _net()
+    step = accelerate_step(_regression(net), torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32",
+                           graphs=False)
+    for x, y in _batches(CALLS):
+        step(x, y)
+    assert not step.strategy.graphs and step.graph_captures == 0
