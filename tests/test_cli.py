@@ -132,7 +132,7 @@ def test_train_writes_the_run_directory(runs):
     for field, expected in SUMMARY_FIELDS.items():
         assert_type(summary[field], expected)
     assert summary["algo"] == "ppo" and summary["env_id"] == "CartPole-v1" and summary["seed"] == 0
-    assert summary["device"] == "cpu"
+    assert summary["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert summary["env_backend"] in ("torch", "gymnasium")
     assert summary["total_timesteps"] == 4096
     assert summary["train_wall_s"] > 0 and summary["sps"] > 0

@@ -27,6 +27,7 @@ def clean_env() -> dict:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     env["OMP_NUM_THREADS"] = "1"
+    env["RLSPEED_DEVICE"] = "cpu"  # these tests are about gloo on CPU processes (a one-GPU machine has no cuda:1)
     return env
 
 
@@ -41,6 +42,18 @@ def test_single_process_strategy_is_a_no_op(monkeypatch):
     param.grad = grad.clone()
     strategy.all_reduce_gradients([param])
     assert torch.equal(param.grad, grad)
+
+
+def test_more_processes_than_gpus_is_a_clear_error(monkeypatch):
+    from rlspeed import distributed
+    from rlspeed.errors import UserError
+
+    for key, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(distributed, "resolve_device", lambda spec: torch.device(spec))
+    monkeypatch.setattr(distributed, "device_count", lambda kind: 1)  # one GPU, two processes
+    with pytest.raises(UserError, match=r"cuda:1.*1 cuda device\(s\).*--nproc.*--device cpu"):
+        DistributedStrategy(device="cuda")
 
 
 def test_ranks_hold_bitwise_identical_parameters_and_count_all_steps(tmp_path):

@@ -166,7 +166,7 @@ def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwi
     for step in range(16):  # the share exploring is that step's epsilon (binomial, 1024 draws: 5 sigma < 0.08)
         assert abs(explore[step].float().mean().item() - model.epsilon(start + step * 1024)) < 0.08
     assert 0.3 < actions.float().mean().item() < 0.7  # random actions uniform over {0, 1}
-    obs = torch.randn(1024, 4)
+    obs = torch.randn(1024, 4, device=model.device)
     with torch.no_grad():
         greedy = model.q_network(obs).argmax(dim=1)
         assert torch.equal(model._greedy(obs), greedy)  # the collection path computes the same network
@@ -178,7 +178,7 @@ def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwi
 def test_sac_collection_samples_the_actor_s_squashed_gaussian(activation):
     model = SAC("Pendulum-v1", seed=0, activation=activation, **TINY)
     assert model._actor_linears is not None  # the kernel-by-kernel path
-    obs = torch.randn(512, 3)
+    obs = torch.randn(512, 3, device=model.device)
     with torch.no_grad():
         torch.manual_seed(1)
         fast = model._explore(obs, 0)
@@ -197,7 +197,7 @@ def test_save_load_round_trip(tmp_path, algo):
     model = algo(env_for(algo), seed=0, **TINY)
     model.learn(200, progress_bar=False)
     path = model.save(tmp_path / "model.safetensors")
-    loaded = algo.load(path, device="cpu")
+    loaded = algo.load(path, device=model.device)  # the same device: bitwise-equal actions
 
     obs = torch.randn(64, *model.spec.observation_shape)
     assert torch.equal(model.act(obs, deterministic=True), loaded.act(obs, deterministic=True))

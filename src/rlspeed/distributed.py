@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from rlspeed.device import resolve_device
+from rlspeed.device import device_count, resolve_device
 from rlspeed.errors import UserError
 
 BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
@@ -57,6 +57,11 @@ class DistributedStrategy:
         chosen = resolve_device(device)
         if self.world_size > 1 and chosen.type not in ("cpu", "mps"):
             index = self.local_rank if device in ("auto", chosen.type) else chosen.index or 0
+            available = device_count(chosen.type)
+            if index >= available:
+                raise UserError(f"Process {self.local_rank} of {self.world_size} on this machine wants {chosen.type}:"
+                                f"{index}, but {available} {chosen.type} device(s) are visible: one process per "
+                                f"device. Start at most {available} (--nproc), or use --device cpu (gloo).")
             chosen = resolve_device(f"{chosen.type}:{index}")
             getattr(torch, chosen.type).set_device(chosen)
         return chosen

@@ -272,7 +272,10 @@ class Algorithm:
                     setattr(self.config, flag, True)
 
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
-        """Actions for raw observations (a tensor on the model's device), as the env expects them."""
+        """Actions for raw observations (a tensor; moved to the model's device if it is elsewhere), as the env expects
+        them, on the model's device."""
+        if obs.device != self.device:
+            obs = obs.to(self.device)
         with torch.no_grad():
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
@@ -409,7 +412,10 @@ class Algorithm:
         if not sums:
             return {}
         keys = list(sums)
-        stacked = self.strategy.all_reduce_sum(torch.stack([sums[k].to(torch.float32).reshape(()) for k in keys]))
+        # metrics of an env on another device than the model (a Gymnasium env's episode returns on the CPU, a model
+        # on CUDA) join the model's device first
+        stacked = self.strategy.all_reduce_sum(torch.stack([sums[k].to(self.device, torch.float32).reshape(())
+                                                            for k in keys]))
         values = stacked.cpu().tolist()  # ok-sync: once per log interval
         row = dict(zip(keys, values))
         count = row.pop("episode_count", 0.0)
