@@ -7,7 +7,9 @@
       step-fp32    the same losses through accelerate_step(precision="fp32", compile=False): only what the step
                    wrapper does without changing precision (fused Adam, gradients only for the optimizer's params);
       accelerated  the same losses through accelerate_step(...) with precision/compile "auto": the strategy search
-                   picks (bf16 autocast on a CPU with AVX512-BF16/AMX, if it measures faster and stays accurate).
+                   picks (bf16 autocast on a CPU with AVX512-BF16/AMX, if it measures faster and stays accurate);
+                   on CUDA each step is also captured and replayed as a whole-step CUDA graph;
+      no-graphs    (CUDA only) as accelerated, with graphs=False: what the graph capture adds.
 (b) A tiny model where nothing should help: the [64, 64] tanh actor-critic of PPO on CartPole. `auto` must keep
     eager fp32 and cost < 5%: a PPO minibatch update (64 rows) through accelerate_step, and a rollout forward
     (8 rows, no_grad) through auto_accelerate, each against the plain version.
@@ -176,19 +178,24 @@ def bench_sac(args, device: torch.device) -> dict:
     step_fp32 = SAC(args.obs_dim, args.action_dim, args.hidden, device)
     accelerated = SAC(args.obs_dim, args.action_dim, args.hidden, device)
     started = time.perf_counter()
-    fp32_update, _ = step_fp32.accelerated_update_fn(batches[0], precision="fp32", compile=False)
+    fp32_update, _ = step_fp32.accelerated_update_fn(batches[0], precision="fp32", compile=False, graphs=False)
     auto_update, steps = accelerated.accelerated_update_fn(batches[0], compile=args.compile)
     search_s = time.perf_counter() - started
     variants = {"plain": lambda i: plain.plain_update(batches[i % len(batches)]),
                 "step-fp32": lambda i: fp32_update(batches[i % len(batches)]),
                 "accelerated": lambda i: auto_update(batches[i % len(batches)])}
+    if device.type == "cuda":
+        no_graphs = SAC(args.obs_dim, args.action_dim, args.hidden, device)
+        no_graphs_update, _ = no_graphs.accelerated_update_fn(batches[0], compile=args.compile, graphs=False)
+        variants["no-graphs"] = lambda i: no_graphs_update(batches[i % len(batches)])
     for fn in variants.values():  # warm-up
         for i in range(args.warmup):
             fn(i)
     times = time_interleaved(variants, args.reps, args.calls, device)
     reports = {step.name: step.report for step in steps}
     return {"times_ms": times, "search_s": search_s, "reports": {k: str(v) for k, v in reports.items()},
-            "chosen": {k: v.chosen.label for k, v in reports.items()}}
+            "chosen": {k: v.chosen.label for k, v in reports.items()},
+            "graph_replays": {step.name: step.graph_replays for step in steps}}
 
 
 # --- (b) tiny model -------------------------------------------------------------------------------------------
@@ -287,7 +294,7 @@ def report(sac: dict, tiny: dict | None, settings: dict) -> list[str]:
     names = {"plain": "plain fp32 eager (zero_grad/backward/step)",
              "step-fp32": "accelerate_step, precision fp32 (fused Adam, optimizer-only grads)",
              "accelerated": "accelerate_step, auto (" + ", ".join(f"{k}: {v}" for k, v in sac["chosen"].items())
-             + ")"}
+             + ")", "no-graphs": "accelerate_step, auto with graphs=False"}
     rows = [[names[n], f"{v['median_ms']:.2f}", f"{v['min_ms']:.2f} – {v['max_ms']:.2f}",
              f"{v['speedup_median']:.2f}x", f"{v['speedup_paired']:.2f}x"] for n, v in s.items()]
     lines.append(common.markdown_table(["Variant", "ms median", "ms range", "Speed-up (medians)",
@@ -357,9 +364,13 @@ def main() -> None:
         tiny["summary"] = summarize(tiny["times_ms"], "update-plain")
     machine = common.machine_description(("rlspeed", "torch", "numpy"))
     machine["torch_threads"] = args.threads
-    common.publish("accel", ["## Acceleration of an update step (`benchmarks/accel_update_step.py`)", "",
-                             *report(sac, tiny, settings)], {"settings": settings, "sac": sac, "tiny": tiny},
-                   not args.no_write, machine=machine, results_name="accel_update_step")
+    # one README section and results file per device type: a CUDA run does not replace the CPU numbers
+    suffix = "" if device.type == "cpu" else f"_{device.type}"
+    title = "## Acceleration of an update step (`benchmarks/accel_update_step.py`)" + (
+        f" on {device.type.upper()}" if suffix else "")
+    common.publish(f"accel{suffix}", [title, "", *report(sac, tiny, settings)],
+                   {"settings": settings, "sac": sac, "tiny": tiny}, not args.no_write, machine=machine,
+                   results_name=f"accel_update_step{suffix}")
 
 
 if __name__ == "__main__":

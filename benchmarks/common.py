@@ -81,6 +81,7 @@ def machine_description(packages: Iterable[str] = ("rlspeed", "torch", "gymnasiu
         "versions": {name: _version(name) for name in packages},
         "torch_threads": torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
+        "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
     }
@@ -94,7 +95,7 @@ def machine_block(machine: dict) -> str:
         f"OS:       {machine['os']}, Python {machine['python']}",
         f"Versions: {versions}",
         f"Threads:  torch.set_num_threads({machine['torch_threads']}) for every run",
-        f"CUDA:     {'available' if machine['cuda_available'] else 'not available'}",
+        "CUDA:     " + ((machine.get("cuda_device") or "available") if machine["cuda_available"] else "not available"),
         f"Run:      {machine['command']} on {machine['date_utc']}",
     ]
     return "```\n" + "\n".join(lines) + "\n```"

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, as one script for a short lease of a GPU machine (run from the repository root):
+#   1. the whole-step CUDA graph tests (tests/test_step_graphs.py; skipped on machines without CUDA);
+#   2. benchmarks/accel_update_step.py on CUDA (writes the README's accel_cuda section and its results JSON);
+#   3. short training runs of every algorithm on CUDA with --accelerate auto (native envs on the GPU);
+#   4. the whole test suite on the GPU machine (device "auto" is CUDA there).
+# Logs and results go to $OUT (default /tmp/rlspeed-cuda-check). Gymnasium wheels in .whl/ are installed first when
+# present (machines without network access). Each part has its own time limit; a failing part does not stop the rest.
+set -u
+OUT=${OUT:-/tmp/rlspeed-cuda-check}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu tries the script itself on a machine without a GPU
+QUICK=${QUICK:-0}  # QUICK=1: no learning runs to the target and no whole suite (a lease's last minutes)
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import torch, gymnasium, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'gymnasium', gymnasium.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name(0))"
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log, report the exit status
+  local name=$1 limit=$2; shift 2
+  local started=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - started)) s"
+  tail -n 4 "$OUT/$name.log"
+}
+
+part graph_tests 100 python3 -m pytest -p no:cacheprovider -rfEs tests/test_step_graphs.py
+part bench 120 python3 benchmarks/accel_update_step.py --device "$DEVICE" --skip-tiny
+cp benchmarks/results/accel_update_step_cuda.json benchmarks/README.md "$OUT/" 2>/dev/null
+train() {  # train LABEL ALGO ENV [ARGS...]: a run on $DEVICE with --accelerate auto, then its summary
+  local dir="/tmp/rlspeed-runs/$1"
+  rm -rf "$dir"
+  python3 -m rlspeed train "$2" "$3" --device "$DEVICE" --accelerate auto --no-progress --out "$dir" "${@:4}" \
+    >"$dir.log" 2>&1 || { tail -n 20 "$dir.log"; return; }
+  python3 - "$dir" "$1" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+keep = ("algo", "env_id", "device", "env_backend", "total_timesteps", "train_wall_s", "sps", "steps_to_target",
+        "time_to_target_s", "final_eval", "accelerate")
+print(json.dumps({"label": sys.argv[2], **{k: s[k] for k in keep if k in s}}, default=str))
+EOF
+}
+export -f train
+export DEVICE
+# learning with every algorithm (presets stop at their target), then throughput of SAC and DQN at a fixed number
+# of steps: the hand-derived update (default) against autograd through accelerate_step (whole-step graphs on CUDA)
+learning="train ppo ppo CartPole-v1; train dqn dqn CartPole-v1; train sac sac Pendulum-v1; \
+train sac-graphs sac Pendulum-v1 --set fused_update=false;"
+[ "$QUICK" = 1 ] && learning=""
+part train 200 bash -c "mkdir -p /tmp/rlspeed-runs; $learning train td3 td3 Pendulum-v1; \
+train sac-3k sac Pendulum-v1 --target-return none --total-timesteps 3000; \
+train sac-3k-graphs sac Pendulum-v1 --target-return none --total-timesteps 3000 --set fused_update=false; \
+train dqn-30k dqn CartPole-v1 --target-return none --total-timesteps 30000; \
+train dqn-30k-graphs dqn CartPole-v1 --target-return none --total-timesteps 30000 --set fused_update=false"
+[ "$QUICK" = 1 ] || part suite 150 python3 -m pytest -p no:cacheprovider -q -n 8 --timeout 100 -rfE tests
+echo "== summary"
+grep -h -E "passed|failed|error" "$OUT/graph_tests.log" "$OUT/suite.log" | tail -n 4
+grep -E "SAC (plain|step-fp32|accelerated|no-graphs)" "$OUT/bench.log"
+grep -E '^\{' "$OUT/train.log"
