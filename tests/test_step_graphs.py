@@ -6,6 +6,7 @@ request gets, the input signature, the values a graph watches) is checked here t
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import pytest
@@ -13,7 +14,14 @@ import torch
 from torch import nn
 
 from rlspeed.accel import accelerate_step
-from rlspeed.accel.graphs import WARMUP_CALLS, StepGraphs, _signature, split_sync_warnings
+from rlspeed.accel.graphs import (
+    MAX_SIGNATURES,
+    MAX_STATE_CHANGES,
+    WARMUP_CALLS,
+    StepGraphs,
+    _signature,
+    split_sync_warnings,
+)
 from rlspeed.accel.introspect import named_numbers
 from rlspeed.accel.strategy import Strategy, candidates, normalise_request
 
@@ -67,6 +75,21 @@ def test_signature_keys_shapes_dtypes_and_plain_values():
     assert _signature(((a, object()), {})) is None
 
 
+def test_named_numbers_look_into_plain_objects_and_through_partials():
+    class Schedule:
+        pass
+
+    schedule = Schedule()
+    schedule.beta = 0.4
+
+    def loss(x, weight):
+        return x.sum() * schedule.beta * weight * SCALE
+
+    readers = named_numbers(functools.partial(loss, weight=2.0))
+    schedule.beta = 0.6
+    assert sorted(read() for read in readers) == [0.6, 2.0]  # schedule.beta now, and the global SCALE
+
+
 def test_only_torch_s_sync_warning_marks_a_step_as_synchronising():
     def recorded(*texts):
         return [warnings.WarningMessage(UserWarning(text), UserWarning, "x.py", 1) for text in texts]
@@ -112,6 +135,133 @@ def test_named_values_watch_closures_globals_and_attributes():
         assert sorted(read() for read in readers) == [0.5, 3.0]
     finally:
         SCALE = 2.0
+
+
+class _FakeStep:
+    """What StepGraphs uses of an AcceleratedStep, on the CPU."""
+
+    def __init__(self, net: nn.Module, optimizer: torch.optim.Optimizer):
+        self.loss_fn = lambda x: net(x).square().mean()
+        self.optimizers, self.params = [optimizer], list(net.parameters())
+        self.device, self.name, self.off_reason = torch.device("cpu"), "fake", None
+
+    def update(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        for p in self.params:
+            p.grad = None
+        loss = self.loss_fn(*args)
+        loss.backward()
+        self.optimizers[0].step()
+        return loss.detach()
+
+    def graphs_turned_off(self, why: str) -> None:
+        self.off_reason = why
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """StepGraphs' decisions on a CPU: capture and replay are recorded, and every call still makes a real update."""
+    trace: list[str] = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+
+    def side_stream(self, args, kwargs):
+        trace.append("warm")
+        return self.update(args, kwargs)
+
+    def watching_syncs(self, args, kwargs):
+        trace.append("warm-sync")
+        return self.update(args, kwargs), None
+
+    def capture(self, args, kwargs, pool):
+        trace.append("capture")
+        self.captures += 1
+        return object()
+
+    def replay(self, captured, args, kwargs):
+        trace.append("replay")
+        self.replays += 1
+        return self.update(args, kwargs)
+
+    for name, fn in (("_on_side_stream", side_stream), ("_watching_syncs", watching_syncs), ("_capture", capture),
+                     ("_replay", replay)):
+        monkeypatch.setattr(StepGraphs, name, fn)
+    torch.manual_seed(0)
+    net = nn.Linear(3, 1)
+    step = _FakeStep(net, torch.optim.Adam(net.parameters(), lr=1e-3))
+    return StepGraphs(step, step.update), step, trace
+
+
+def _calls(graphs: StepGraphs, count: int, rows: int = 8) -> None:
+    for _ in range(count):
+        graphs((torch.randn(rows, 3),), {})
+
+
+WARM = ["warm"] * (WARMUP_CALLS - 1) + ["warm-sync"]
+
+
+def test_graphs_warm_up_then_capture_once_and_replay(traced):
+    graphs, _, trace = traced
+    _calls(graphs, WARMUP_CALLS + 3)
+    assert trace == WARM + ["capture", "replay", "replay", "replay"]
+
+
+def test_changed_optimizer_state_is_warmed_up_again_before_the_next_capture(traced):
+    graphs, step, trace = traced
+    _calls(graphs, WARMUP_CALLS + 1)
+    step.optimizers[0].state.clear()  # captured now, Adam's state would be created inside the graph
+    trace.clear()
+    _calls(graphs, WARMUP_CALLS + 2)
+    assert trace == WARM + ["capture", "replay", "replay"]
+    assert step.optimizers[0].state[step.params[0]]["step"].item() == WARMUP_CALLS + 2
+
+
+def test_a_learning_rate_change_recaptures_and_one_on_every_step_turns_graphs_off(traced):
+    graphs, step, trace = traced
+    _calls(graphs, WARMUP_CALLS + 1)
+    group = step.optimizers[0].param_groups[0]
+    group["lr"] = 5e-4
+    trace.clear()
+    _calls(graphs, WARMUP_CALLS + 1)
+    assert trace == WARM + ["capture", "replay"]
+    for _ in range(MAX_STATE_CHANGES):  # a schedule: the learning rate changes again and again
+        group["lr"] *= 0.5
+        _calls(graphs, WARMUP_CALLS + 1)
+    assert step.off_reason is not None and "changed" in step.off_reason
+    trace.clear()
+    _calls(graphs, 3)
+    assert trace == []  # eager from now on
+    assert graphs.captures == MAX_STATE_CHANGES + 1
+
+
+def test_a_rare_learning_rate_change_keeps_graphs(traced, monkeypatch):
+    graphs, step, _ = traced
+    monkeypatch.setattr("rlspeed.accel.graphs.STATE_CHANGE_WINDOW", 5)
+    _calls(graphs, WARMUP_CALLS + 1)
+    group = step.optimizers[0].param_groups[0]
+    for _ in range(MAX_STATE_CHANGES + 2):  # a decay now and then, each after more than the window's replays
+        group["lr"] *= 0.5
+        _calls(graphs, WARMUP_CALLS + 1 + 6)
+    assert step.off_reason is None and graphs.captures == MAX_STATE_CHANGES + 3
+
+
+def test_arguments_that_change_on_every_call_turn_graphs_off(traced):
+    graphs, step, _ = traced
+    for call in range(MAX_SIGNATURES + 1):
+        graphs((torch.randn(8, 3),), {"scale": 1.0 + call})
+    assert step.off_reason is not None and "signatures" in step.off_reason
+    assert len(graphs.warming) == 0
+
+
+def test_turning_graphs_off_shows_in_the_strategy_report_and_summary(isolated_accel):
+    net = nn.Linear(3, 1)
+    step = accelerate_step(lambda x: net(x).square().mean(), torch.optim.Adam(net.parameters()), precision="fp32",
+                           example_inputs=(torch.randn(4, 3),))
+    step.strategy = Strategy("fp32", graphs=True)  # as on CUDA
+    step.graphs_turned_off("whole-step CUDA graph off: a reason")
+    assert not step.strategy.graphs
+    assert step.report.summary()["graphs"] == "false"
+    assert step.report.decisions[-1].source == "fallback" and "a reason" in str(step.report)
 
 
 # --- on a GPU -----------------------------------------------------------------------------------------------------
@@ -196,7 +346,7 @@ def test_graphed_step_outputs_are_not_overwritten_by_later_replays(isolated_acce
 
 @cuda
 def test_graphed_step_follows_a_changed_learning_rate(isolated_accel):
-    batches = _batches(CALLS + 2)
+    batches = _batches(2 * CALLS)
     net = _net()
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
     step = accelerate_step(_regression(net), optimizer, precision="fp32")
@@ -205,9 +355,9 @@ def test_graphed_step_follows_a_changed_learning_rate(isolated_accel):
     assert step.graph_captures == 1
     optimizer.param_groups[0]["lr"] = 0.0
     before = [p.detach().clone() for p in net.parameters()]
-    step(*batches[CALLS])
-    step(*batches[CALLS + 1])
-    assert step.graph_captures == 2  # captured again with the new learning rate
+    for x, y in batches[CALLS:]:  # warm-up again, then a capture with the new learning rate
+        step(x, y)
+    assert step.graph_captures == 2
     for p, b in zip(net.parameters(), before):
         assert torch.equal(p.detach(), b)  # lr 0: nothing moves
 
@@ -231,9 +381,26 @@ def test_graphed_step_follows_a_changed_python_value(isolated_accel):
         _, metrics = step(x, y)
     first = metrics["scaled"].item()
     owner.scale = 3.0
-    _, metrics = step(x, y)
-    assert metrics["scaled"].item() == pytest.approx(3.0 * first, rel=1e-5)
+    for _ in range(CALLS):
+        _, metrics = step(x, y)
+        assert metrics["scaled"].item() == pytest.approx(3.0 * first, rel=1e-5)
     assert step.graph_captures == 2
+
+
+@cuda
+def test_graphed_step_recreates_cleared_optimizer_state_outside_the_graph(isolated_accel):
+    net = _net()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    step = accelerate_step(_regression(net), optimizer, precision="fp32")
+    x, y = _batches(1)[0]
+    for _ in range(CALLS):
+        step(x, y)
+    optimizer.state.clear()  # e.g. resetting Adam's moments
+    for _ in range(CALLS):
+        step(x, y)
+    assert step.graph_captures == 2
+    first = next(net.parameters())
+    assert optimizer.state[first]["step"].item() == CALLS  # counted on: not recreated (zeroed) by every replay
 
 
 @cuda

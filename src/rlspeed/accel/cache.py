@@ -23,8 +23,9 @@ import rlspeed
 from rlspeed.device import describe
 
 # bump when the search, its tolerances or the keys change: old choices are then ignored
-# (2: keys hash the forward code of the module classes involved)
-SEARCH_VERSION = 2
+# (2: keys hash the forward code of the module classes involved; 3: on CUDA, steps leave compiled candidates out
+# of compile="auto" for whole-step graphs, so a cached compiled choice would skip those)
+SEARCH_VERSION = 3
 
 
 def cache_dir() -> Path | None:

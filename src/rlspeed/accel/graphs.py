@@ -12,22 +12,30 @@ How a call runs (`StepGraphs.__call__`):
 * the next call captures the step (`torch.cuda.graph`) on static copies of its inputs, then replays it: each later
   call copies its inputs into those buffers, replays, and returns a copy of the outputs;
 * before each replay, the state the graph baked in is compared with what it was at capture: the optimizers'
-  hyperparameters (a learning-rate change), their state objects (`load_state_dict`), the parameters' storage, the
-  `training` flags of the modules the loss function reaches, and the int/float/bool values it reads by name (its
-  closure, the globals it names, its object's attributes: `self.gamma`). A change recaptures; a state that keeps
-  changing (a schedule that moves every step) turns graphs off for the step, with a note in the report;
+  hyperparameters (a learning-rate change), their state objects (`load_state_dict`, a cleared or replaced
+  per-parameter state), the parameters' storage and `requires_grad`, the `training` flags of the modules the loss
+  function reaches, and the numbers it reads by name (`introspect.named_numbers`: its closure, the globals it names,
+  its object's attributes such as `self.gamma`, and one level further into plain objects such as
+  `self.schedule.beta`). A change runs the warm-up again (the optimizer's state may have to be created anew, which
+  a capture must not do) and then recaptures; a state that changes again and again within a few hundred calls (a
+  schedule that moves every step), or inputs whose signature keeps changing (a float argument that differs on each
+  call), turn graphs off for the step, with a note in the report;
 * a step that cannot be captured (it reads a value back to the host, `.item()`, or branches on one) runs eagerly
   from then on, with the reason in the report. The last warm-up call runs under CUDA's synchronisation check
-  (`torch.cuda.set_sync_debug_mode("warn")`), so that most such steps are recognised before a capture is tried; a
-  capture that fails all the same leaves torch's CUDA random generator in capture mode, which is repaired.
+  (`torch.cuda.set_sync_debug_mode("warn")`), so that most such steps are recognised before a capture is tried. A
+  capture that fails all the same leaves torch's bookkeeping mid-capture: its memory pool is ended and released,
+  and if the CUDA random generator was left in capture mode it is given a fresh state (the other steps' graphs,
+  which hold the old one, are then captured again).
 
-What a graph cannot see: values the loss function reads deeper than by name (``self.config.gamma`` changed after
-capture), and tensors it creates from host data on each call. Use graphs=False for such a step.
+What a graph cannot see: values the loss function reads deeper than that (``self.config.sub.gamma``, a property
+computed on access) or through helper functions, optimizer hooks (they run at capture only), and changes the loss
+makes to Python state (they happen once, at capture). Use graphs=False for such a step.
 """
 
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +49,10 @@ if TYPE_CHECKING:
 
 WARMUP_CALLS = 3  # eager calls per input signature before its capture
 MAX_GRAPHS = 4  # input signatures kept captured at once (the oldest is dropped for a fifth)
-MAX_STATE_CHANGES = 3  # recaptures for changed state before graphs are turned off for the step
+MAX_STATE_CHANGES = 3  # state changes within STATE_CHANGE_WINDOW replays of each other before graphs turn off
+STATE_CHANGE_WINDOW = 200
+MAX_SIGNATURES = 16  # distinct input signatures seen before graphs turn off (arguments that change on every call)
+CAPTURABLE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)  # whose step state make_capturable moves correctly
 _SCALARS = (bool, int, float, str, type(None))
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's warning in sync debug mode "warn"
 
@@ -53,8 +64,9 @@ def capture_blocker(step: AcceleratedStep) -> str | None:
     if step.strategy is not None and step.strategy.precision == "fp16":
         return "fp16's GradScaler reads the skipped-step decision on the host"
     for optimizer in step.optimizers:
-        if "capturable" not in optimizer.defaults:
-            return f"{type(optimizer).__name__} cannot step inside a CUDA graph (it has no capturable mode)"
+        if type(optimizer) not in CAPTURABLE_OPTIMIZERS:
+            return (f"{type(optimizer).__name__} is not captured (whole-step graphs take "
+                    f"{'/'.join(c.__name__ for c in CAPTURABLE_OPTIMIZERS)})")
         if any(group.get("differentiable") for group in optimizer.param_groups):
             return f"{type(optimizer).__name__} is differentiable"
     return None
@@ -86,6 +98,9 @@ class _Captured:
         self.graph, self.inputs, self.outputs, self.grads = graph, inputs, outputs, grads
 
 
+_LIVE: weakref.WeakSet[StepGraphs] = weakref.WeakSet()  # every StepGraphs, for `_repair_generators`
+
+
 class StepGraphs:
     """The whole-step CUDA graphs of one `AcceleratedStep` (see the module docstring)."""
 
@@ -97,31 +112,41 @@ class StepGraphs:
         self.warming: dict[tuple, int] = {}
         self.state: tuple | None = None
         self.state_changes = 0
+        self.replays_at_change = 0
         self.captures = 0
         self.replays = 0
         self.off: str | None = None  # why graphs were turned off for good
         self._modules = [m for root in reachable_modules(step.loss_fn) for m in root.modules()]
         self._values = named_numbers(step.loss_fn)
+        _LIVE.add(self)
 
     # --- per call ---------------------------------------------------------------------------------------------
     def __call__(self, args: tuple, kwargs: dict) -> Any:
+        if self.off is not None:
+            return self.update(args, kwargs)
         signature = _signature((args, kwargs))
-        if self.off is not None or signature is None:
-            if signature is None and self.off is None:
-                self._turn_off("an argument is neither a tensor nor an int/float/bool/str/None")
+        if signature is None:
+            self._turn_off("an argument is neither a tensor nor an int/float/bool/str/None")
             return self.update(args, kwargs)
         state = self._state()
         if state != self.state:
-            if self.graphs:  # what the captured graphs baked in has changed: capture again
-                self.state_changes += 1
+            if self.graphs:  # what the captured graphs baked in has changed: warm up again, then capture again
+                recent = self.replays - self.replays_at_change < STATE_CHANGE_WINDOW
+                self.state_changes = self.state_changes + 1 if recent else 1
+                self.replays_at_change = self.replays
                 self.graphs.clear()
+                self.warming.clear()
                 if self.state_changes > MAX_STATE_CHANGES:
-                    self._turn_off(f"what the step reads changed {self.state_changes} times after capture (e.g. a "
-                                   "learning rate set on every step)")
+                    self._turn_off(f"what the step reads changed {self.state_changes} times within "
+                                   f"{STATE_CHANGE_WINDOW} steps (e.g. a learning rate set on every step)")
                     return self.update(args, kwargs)
             self.state = state
         captured = self.graphs.get(signature)
         if captured is None:
+            if signature not in self.warming and len(self.warming) >= MAX_SIGNATURES:
+                self._turn_off(f"more than {MAX_SIGNATURES} different input signatures (shapes, dtypes or values of "
+                               "non-tensor arguments: a float argument that changes on every call?)")
+                return self.update(args, kwargs)
             warm = self.warming.get(signature, 0)
             if warm < WARMUP_CALLS:
                 self.warming[signature] = warm + 1
@@ -133,12 +158,15 @@ class StepGraphs:
                                    "tensor's value, which a CUDA graph cannot replay")
                 return outputs
             current = torch.cuda.current_stream(self.step.device)
+            pool = torch.cuda.graph_pool_handle()
             try:
-                captured = self._capture(args, kwargs)
+                captured = self._capture(args, kwargs, pool)
             except Exception as error:  # anything capture refuses: this step runs eagerly for good
-                # torch.cuda.graph leaves its capture stream current when ending the capture fails
+                # torch.cuda.graph leaves its capture stream current, the allocator routing into the capture's pool
+                # and possibly the random generator in capture mode when ending the capture fails
                 torch.cuda.set_stream(current)
-                _repair_generators()
+                _end_pool(self.step.device, pool)
+                _repair_generators(self.step.device)
                 self._discard_failed_capture()
                 cause = _first_cause(error)
                 self._turn_off(f"capture failed ({type(cause).__name__}: {_first_line(cause)})")
@@ -175,13 +203,13 @@ class StepGraphs:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
         return outputs, synced
 
-    def _capture(self, args: tuple, kwargs: dict) -> _Captured:
+    def _capture(self, args: tuple, kwargs: dict, pool: Any) -> _Captured:
         static_args, static_kwargs = map_tensors((args, kwargs), torch.Tensor.clone)
         for p in self.step.params:
             p.grad = None  # the graph allocates its own gradient buffers and rewrites them on every replay
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.step.device))
-        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
             outputs = self.update(static_args, static_kwargs)
         self.captures += 1
         return _Captured(graph, tensors_in((static_args, static_kwargs)), outputs,
@@ -207,13 +235,14 @@ class StepGraphs:
     def _turn_off(self, why: str) -> None:
         self.off = why
         self.graphs.clear()
-        self.step.report.note(f"whole-step CUDA graph off for {self.step.name}: {why}; the step runs eagerly.")
+        self.warming.clear()
+        self.step.graphs_turned_off(f"whole-step CUDA graph off: {why}; the step runs eagerly")
 
     # --- what a graph bakes in ---------------------------------------------------------------------------------
     def _state(self) -> tuple:
-        optimizers = tuple((id(o.state), id(o.param_groups), len(o.state),
+        optimizers = tuple((id(o.state), id(o.param_groups), tuple(map(id, o.state.values())),
                             tuple(_hyperparameters(group) for group in o.param_groups)) for o in self.step.optimizers)
-        return (optimizers, tuple(p.data_ptr() for p in self.step.params),
+        return (optimizers, tuple((p.data_ptr(), p.requires_grad) for p in self.step.params),
                 tuple(m.training for m in self._modules), tuple(read() for read in self._values))
 
 
@@ -231,17 +260,39 @@ def split_sync_warnings(caught: list[warnings.WarningMessage]) -> tuple[str | No
     return synced, others
 
 
-def _repair_generators() -> None:
-    """Take torch's CUDA random generators out of capture mode after a failed capture.
+def _end_pool(device: torch.device, pool: Any) -> None:
+    """After a failed capture: stop routing allocations into its memory pool and release the pool.
 
-    `CUDAGraph.capture_end` raises before it ends the generators' capture when the capture failed, and every later
-    random op then fails ("Offset increment outside graph capture"). A generator's cloned state is a fresh,
-    non-capturing copy of its seed and offset."""
-    for generator in torch.cuda.default_generators:
+    `CUDAGraph.capture_end` raises before it does this itself, and the allocator would otherwise go on treating a
+    capture as under way (no `empty_cache`, no freeing of cached blocks when memory runs short)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
         try:
-            generator.graphsafe_set_state(generator.clone_state())
-        except (AttributeError, RuntimeError):  # a torch without graph-safe generator states
+            getattr(torch._C, name)(index, pool)
+        except (AttributeError, RuntimeError, TypeError):  # already ended, or a torch without these functions
             pass
+
+
+def _repair_generators(device: torch.device) -> None:
+    """Take torch's CUDA random generator out of capture mode if a failed capture left it there.
+
+    `CUDAGraph.capture_end` raises before it ends the generator's capture when the capture failed, and every later
+    random op then fails ("Offset increment outside graph capture"). Only then is the generator given a fresh state
+    (a non-capturing copy of its seed and offset); the graphs already captured still hold the old state, so every
+    other step's graphs are dropped and captured again (with the new one) on their next call."""
+    try:
+        torch.empty(1, device=device).normal_()
+        return  # random numbers work: nothing to repair
+    except RuntimeError:
+        pass
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    try:
+        generator.graphsafe_set_state(generator.clone_state())
+    except (AttributeError, RuntimeError):  # a torch without graph-safe generator states
+        return
+    for graphs in list(_LIVE):
+        graphs.graphs.clear()
 
 
 def _first_cause(error: BaseException) -> BaseException:

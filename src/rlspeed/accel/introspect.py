@@ -1,13 +1,16 @@
 """What a loss function reaches by name, found without running it (for `accelerate_step`'s cache key and graphs).
 
 The function itself (a module), the object of a bound method or a callable object and its attributes (``self.x``),
-its closure cells, and the globals its code names. Values reached only deeper (an attribute of an attribute, a
-helper function's globals) are not found.
+its closure cells, the globals its code names, and the function and arguments of a `functools.partial`. For numbers,
+also one level further into plain objects reached that way (``self.schedule.beta``, ``args.gamma``). Values reached
+deeper (``self.config.sub.x``), computed on access (properties) or read by helper functions are not found.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +18,18 @@ import torch
 from torch import nn
 
 
+def _unwrap(fn: Any) -> tuple[Any, list[Any]]:
+    """(the function inside any `functools.partial` layers, the arguments those layers bind)."""
+    bound: list[Any] = []
+    while isinstance(fn, functools.partial):
+        bound += [*fn.args, *fn.keywords.values()]
+        fn = fn.func
+    return fn, bound
+
+
 def owner_and_function(fn: Any) -> tuple[Any, Any]:
     """(the object whose attributes `fn` reads as ``self``, or None; the function whose code runs)."""
+    fn, _ = _unwrap(fn)
     owner = getattr(fn, "__self__", None)
     func = getattr(fn, "__func__", fn)
     if owner is None and not hasattr(func, "__code__") and not isinstance(fn, nn.Module):
@@ -47,7 +60,8 @@ def _closure_values(func: Any) -> list[tuple[Any, Any]]:
 def reachable_modules(fn: Any) -> list[nn.Module]:
     """The nn.Modules `fn` reaches by name (see the module docstring), each once."""
     owner, func = owner_and_function(fn)
-    found = [fn]
+    inner, bound = _unwrap(fn)
+    found = [fn, inner, *bound]
     if owner is not None:
         found.append(owner)
         if not isinstance(owner, nn.Module):  # a module's own attributes are its submodules, covered by .modules()
@@ -63,22 +77,51 @@ def reachable_modules(fn: Any) -> list[nn.Module]:
     return list(unique.values())
 
 
-def named_numbers(fn: Any) -> list[Callable[[], Any]]:
-    """Readers of the numbers (int, float, bool) `fn` reads by name: closure cells, the globals its code names and
-    its object's attributes (``self.gamma``), each read afresh on every call of the reader."""
-    def is_number(value: Any) -> bool:
-        return isinstance(value, numbers.Number) and not isinstance(value, torch.Tensor)
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Number) and not isinstance(value, torch.Tensor)
 
+
+def _is_plain_object(value: Any) -> bool:
+    """An object whose attributes may hold settings (a schedule, an argparse Namespace, a config), not code,
+    a module of code, a network or a tensor."""
+    return (hasattr(value, "__dict__") and not isinstance(value, (type, types.ModuleType, types.FunctionType,
+                                                                   types.MethodType, nn.Module, torch.Tensor)))
+
+
+def named_numbers(fn: Any) -> list[Callable[[], Any]]:
+    """Readers of the numbers (int, float, bool) `fn` reads by name: closure cells, the globals its code names, its
+    object's attributes (``self.gamma``), and the attributes with a name its code uses of plain objects found there
+    (``self.schedule.beta``); each reader reads afresh on every call."""
     owner, func = owner_and_function(fn)
-    readers: list[Callable[[], Any]] = [lambda cell=cell: cell.cell_contents
-                                        for cell, value in _closure_values(func) if is_number(value)]
     code = getattr(func, "__code__", None)
     names = sorted(set(code_names(code))) if code is not None else []
+    readers: list[Callable[[], Any]] = []
+    holders: list[Any] = []  # plain objects whose attributes may be read as obj.name
+
+    def add_attributes(obj: Any) -> None:
+        attributes = obj.__dict__
+        readers.extend(lambda name=name: attributes.get(name) for name in names if _is_number(attributes.get(name)))
+
+    for cell, value in _closure_values(func):
+        if _is_number(value):
+            readers.append(lambda cell=cell: cell.cell_contents)
+        elif _is_plain_object(value):
+            holders.append(value)
     scope = getattr(func, "__globals__", {})
-    readers += [lambda name=name: scope.get(name) for name in names if is_number(scope.get(name))]
-    attributes = getattr(owner, "__dict__", None) if owner is not None else None
-    if attributes is not None:
-        readers += [lambda name=name: attributes.get(name) for name in names if is_number(attributes.get(name))]
+    for name in names:
+        value = scope.get(name)
+        if _is_number(value):
+            readers.append(lambda name=name: scope.get(name))
+        elif _is_plain_object(value):
+            holders.append(value)
+    if owner is not None and hasattr(owner, "__dict__"):
+        add_attributes(owner)
+        holders += [value for name in names if _is_plain_object(value := owner.__dict__.get(name))]
+    seen: set[int] = set()
+    for holder in holders:
+        if id(holder) not in seen and holder is not owner:
+            seen.add(id(holder))
+            add_attributes(holder)
     return readers
 
 

@@ -85,7 +85,9 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
             else fp32), ``fp32``, ``bf16-matmul`` (CPU) / ``tf32`` (CUDA): fp32 tensors with matmuls computed in
             bf16/TF32, ``bf16`` (autocast), ``fp16`` (autocast with a GradScaler and the NaN guard).
         compile: ``auto`` (torch.compile candidates on CUDA / NPU-with-torchair only), True, False or a backend.
-        graphs: ``auto`` (CUDA graph capture of compiled candidates on CUDA), True or False.
+        graphs: ``auto`` (on CUDA: the whole eager step captured and replayed as one CUDA graph, see
+            `rlspeed.accel.graphs` for what is checked before each replay and what is not; a compiled strategy
+            gets inductor's graphs instead), True (an error where the step cannot be captured) or False.
         example_inputs: a tuple of `loss_fn` arguments to decide now instead of on the first call.
         fused_optimizer: ``auto`` switches a fresh torch.optim.Adam/AdamW to its fused kernel (same algorithm, one
             kernel for all parameters) unless ``RLSPEED_ACCELERATE=off``; False leaves it alone.
@@ -198,6 +200,14 @@ class AcceleratedStep:
     def graph_replays(self) -> int:
         """Calls that ran as a replay of a whole-step CUDA graph so far."""
         return 0 if self._graphs is None else self._graphs.replays
+
+    def graphs_turned_off(self, why: str) -> None:
+        """Called by the step's `StepGraphs` when it stops capturing for good: the strategy, the report and the
+        summary say the step runs eagerly from now on."""
+        eager = replace(self.strategy, graphs=False)
+        self.strategy = eager
+        self.report.note(f"{self.name}: {why}.")
+        self.report.decisions.append(Decision("all calls", eager, "fallback", why))
 
     def skipped_steps(self) -> int:
         """fp16: optimizer steps the GradScaler skipped in the current guard window (reads the device once)."""
