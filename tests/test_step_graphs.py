@@ -22,7 +22,7 @@ from rlspeed.accel.graphs import (
     _signature,
     split_sync_warnings,
 )
-from rlspeed.accel.introspect import named_numbers
+from rlspeed.accel.introspect import named_numbers, named_tensors_and_modules
 from rlspeed.accel.strategy import Strategy, candidates, normalise_request
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -79,15 +79,33 @@ def test_named_numbers_look_into_plain_objects_and_through_partials():
     class Schedule:
         pass
 
-    schedule = Schedule()
-    schedule.beta = 0.4
+    schedule, config = Schedule(), Schedule()
+    schedule.beta, config.tau = 0.4, 0.005
 
-    def loss(x, weight):
-        return x.sum() * schedule.beta * weight * SCALE
+    def loss(x, weight, cfg):
+        return x.sum() * schedule.beta * weight * cfg.tau * SCALE
 
-    readers = named_numbers(functools.partial(loss, weight=2.0))
-    schedule.beta = 0.6
-    assert sorted(read() for read in readers) == [0.6, 2.0]  # schedule.beta now, and the global SCALE
+    readers = named_numbers(functools.partial(loss, weight=5.0, cfg=config))
+    schedule.beta, config.tau = 0.6, 0.01
+    # schedule.beta and config.tau now, and the global SCALE; the bound 5.0 cannot change
+    assert sorted(read() for read in readers) == [0.01, 0.6, 2.0]
+
+
+def test_named_tensors_and_modules_see_a_rebound_name():
+    class Agent:
+        def __init__(self):
+            self.alpha = torch.ones(())
+            self.net = nn.Linear(2, 1)
+
+        def loss(self, x):
+            return self.net(x).mean() * self.alpha
+
+    agent = Agent()
+    readers = named_tensors_and_modules(agent.loss)
+    before = [read() for read in readers]
+    agent.alpha = torch.full((), 0.5)  # rebound, e.g. log_alpha.exp().detach() on every step
+    after = [read() for read in readers]
+    assert any(a is not b for a, b in zip(before, after)) and agent.alpha in after
 
 
 def test_only_torch_s_sync_warning_marks_a_step_as_synchronising():
@@ -116,7 +134,7 @@ class _Loss:
         return self.net(x).mean() * self.gamma * SCALE
 
 
-def test_named_values_watch_closures_globals_and_attributes():
+def test_named_numbers_watch_closures_globals_and_attributes():
     global SCALE
     coef = 1.5
 
@@ -211,9 +229,10 @@ def test_changed_optimizer_state_is_warmed_up_again_before_the_next_capture(trac
     _calls(graphs, WARMUP_CALLS + 1)
     step.optimizers[0].state.clear()  # captured now, Adam's state would be created inside the graph
     trace.clear()
-    _calls(graphs, WARMUP_CALLS + 2)
-    assert trace == WARM + ["capture", "replay", "replay"]
-    assert step.optimizers[0].state[step.params[0]]["step"].item() == WARMUP_CALLS + 2
+    _calls(graphs, 5)
+    # an eager call creates the state (a change again), one more changes nothing, the next captures
+    assert trace == ["warm-sync", "warm-sync", "capture", "replay", "replay", "replay"]
+    assert step.optimizers[0].state[step.params[0]]["step"].item() == 5
 
 
 def test_a_learning_rate_change_recaptures_and_one_on_every_step_turns_graphs_off(traced):
@@ -222,8 +241,8 @@ def test_a_learning_rate_change_recaptures_and_one_on_every_step_turns_graphs_of
     group = step.optimizers[0].param_groups[0]
     group["lr"] = 5e-4
     trace.clear()
-    _calls(graphs, WARMUP_CALLS + 1)
-    assert trace == WARM + ["capture", "replay"]
+    _calls(graphs, 3)
+    assert trace == ["warm-sync", "capture", "replay", "replay"]  # one eager call, then a new capture
     for _ in range(MAX_STATE_CHANGES):  # a schedule: the learning rate changes again and again
         group["lr"] *= 0.5
         _calls(graphs, WARMUP_CALLS + 1)
@@ -258,6 +277,8 @@ def test_turning_graphs_off_shows_in_the_strategy_report_and_summary(isolated_ac
     step = accelerate_step(lambda x: net(x).square().mean(), torch.optim.Adam(net.parameters()), precision="fp32",
                            example_inputs=(torch.randn(4, 3),))
     step.strategy = Strategy("fp32", graphs=True)  # as on CUDA
+    step.report.decisions[-1].chosen = step.strategy
+    assert step.report.summary()["graphs"] == "true"
     step.graphs_turned_off("whole-step CUDA graph off: a reason")
     assert not step.strategy.graphs
     assert step.report.summary()["graphs"] == "false"
@@ -492,7 +513,7 @@ def test_graphed_step_with_reduced_precision(isolated_accel, precision):
 def test_graphs_false_keeps_the_step_eager(isolated_accel):
     net = _net()
     step = accelerate_step(_regression(net), torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32",
-                           graphs=False)
+                           compile=False, graphs=False)
     for x, y in _batches(CALLS):
         step(x, y)
     assert not step.strategy.graphs and step.graph_captures == 0

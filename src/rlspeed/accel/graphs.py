@@ -16,8 +16,10 @@ How a call runs (`StepGraphs.__call__`):
   per-parameter state), the parameters' storage and `requires_grad`, the `training` flags of the modules the loss
   function reaches, and the numbers it reads by name (`introspect.named_numbers`: its closure, the globals it names,
   its object's attributes such as `self.gamma`, and one level further into plain objects such as
-  `self.schedule.beta`). A change runs the warm-up again (the optimizer's state may have to be created anew, which
-  a capture must not do) and then recaptures; a state that changes again and again within a few hundred calls (a
+  `self.schedule.beta`), and the identity of the tensors and modules it reads by name (`self.alpha` rebound to a
+  new tensor). After a change one more eager call runs (it creates whatever has to be created anew, such as
+  Adam's moments after `state.clear()`, which a capture must not record), and the first call that changes nothing
+  captures again; a state that changes again and again within a few hundred calls (a
   schedule that moves every step), or inputs whose signature keeps changing (a float argument that differs on each
   call), turn graphs off for the step, with a note in the report;
 * a step that cannot be captured (it reads a value back to the host, `.item()`, or branches on one) runs eagerly
@@ -42,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rlspeed.accel.inputs import map_tensors, tensors_in
-from rlspeed.accel.introspect import named_numbers, reachable_modules
+from rlspeed.accel.introspect import named_numbers, named_tensors_and_modules, reachable_submodules
 
 if TYPE_CHECKING:
     from rlspeed.accel.step import AcceleratedStep
@@ -116,8 +118,9 @@ class StepGraphs:
         self.captures = 0
         self.replays = 0
         self.off: str | None = None  # why graphs were turned off for good
-        self._modules = [m for root in reachable_modules(step.loss_fn) for m in root.modules()]
+        self._modules = reachable_submodules(step.loss_fn)
         self._values = named_numbers(step.loss_fn)
+        self._objects = named_tensors_and_modules(step.loss_fn)
         _LIVE.add(self)
 
     # --- per call ---------------------------------------------------------------------------------------------
@@ -130,16 +133,19 @@ class StepGraphs:
             return self.update(args, kwargs)
         state = self._state()
         if state != self.state:
-            if self.graphs:  # what the captured graphs baked in has changed: warm up again, then capture again
+            if self.graphs:  # what the captured graphs baked in has changed: capture again
                 recent = self.replays - self.replays_at_change < STATE_CHANGE_WINDOW
                 self.state_changes = self.state_changes + 1 if recent else 1
                 self.replays_at_change = self.replays
                 self.graphs.clear()
-                self.warming.clear()
                 if self.state_changes > MAX_STATE_CHANGES:
                     self._turn_off(f"what the step reads changed {self.state_changes} times within "
                                    f"{STATE_CHANGE_WINDOW} steps (e.g. a learning rate set on every step)")
                     return self.update(args, kwargs)
+            # After any change, one more eager (sync-checked) call before a capture: it creates whatever the change
+            # left to be created lazily (Adam's moments after state.clear()), which a capture must not record. A
+            # capture follows only a call that changed nothing.
+            self.warming = {key: min(count, WARMUP_CALLS - 1) for key, count in self.warming.items()}
             self.state = state
         captured = self.graphs.get(signature)
         if captured is None:
@@ -243,7 +249,8 @@ class StepGraphs:
         optimizers = tuple((id(o.state), id(o.param_groups), tuple(map(id, o.state.values())),
                             tuple(_hyperparameters(group) for group in o.param_groups)) for o in self.step.optimizers)
         return (optimizers, tuple((p.data_ptr(), p.requires_grad) for p in self.step.params),
-                tuple(m.training for m in self._modules), tuple(read() for read in self._values))
+                tuple(m.training for m in self._modules), tuple(read() for read in self._values),
+                tuple(_identity(read()) for read in self._objects))
 
 
 def split_sync_warnings(caught: list[warnings.WarningMessage]) -> tuple[str | None, list[warnings.WarningMessage]]:
@@ -293,6 +300,13 @@ def _repair_generators(device: torch.device) -> None:
         return
     for graphs in list(_LIVE):
         graphs.graphs.clear()
+
+
+def _identity(value: Any) -> Any:
+    """What a graph bakes in of a tensor or module read by name: the object, and a tensor's storage."""
+    if isinstance(value, torch.Tensor):
+        return id(value), value.data_ptr()
+    return id(value)
 
 
 def _first_cause(error: BaseException) -> BaseException:

@@ -77,6 +77,11 @@ def reachable_modules(fn: Any) -> list[nn.Module]:
     return list(unique.values())
 
 
+def reachable_submodules(fn: Any) -> list[nn.Module]:
+    """Every module inside the modules `fn` reaches by name (`reachable_modules`), the roots included."""
+    return [module for root in reachable_modules(fn) for module in root.modules()]
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, numbers.Number) and not isinstance(value, torch.Tensor)
 
@@ -88,29 +93,30 @@ def _is_plain_object(value: Any) -> bool:
                                                                    types.MethodType, nn.Module, torch.Tensor)))
 
 
-def named_numbers(fn: Any) -> list[Callable[[], Any]]:
-    """Readers of the numbers (int, float, bool) `fn` reads by name: closure cells, the globals its code names, its
+def _named_readers(fn: Any, keep: Callable[[Any], bool]) -> list[Callable[[], Any]]:
+    """Readers of the values `fn` reads by name that `keep` accepts: closure cells, the globals its code names, its
     object's attributes (``self.gamma``), and the attributes with a name its code uses of plain objects found there
-    (``self.schedule.beta``); each reader reads afresh on every call."""
+    or bound by a `functools.partial` (``self.schedule.beta``); each reader reads afresh on every call."""
     owner, func = owner_and_function(fn)
+    _, bound = _unwrap(fn)
     code = getattr(func, "__code__", None)
     names = sorted(set(code_names(code))) if code is not None else []
     readers: list[Callable[[], Any]] = []
-    holders: list[Any] = []  # plain objects whose attributes may be read as obj.name
+    holders: list[Any] = [value for value in bound if _is_plain_object(value)]  # whose attributes may be read
 
     def add_attributes(obj: Any) -> None:
         attributes = obj.__dict__
-        readers.extend(lambda name=name: attributes.get(name) for name in names if _is_number(attributes.get(name)))
+        readers.extend(lambda name=name: attributes.get(name) for name in names if keep(attributes.get(name)))
 
     for cell, value in _closure_values(func):
-        if _is_number(value):
+        if keep(value):
             readers.append(lambda cell=cell: cell.cell_contents)
         elif _is_plain_object(value):
             holders.append(value)
     scope = getattr(func, "__globals__", {})
     for name in names:
         value = scope.get(name)
-        if _is_number(value):
+        if keep(value):
             readers.append(lambda name=name: scope.get(name))
         elif _is_plain_object(value):
             holders.append(value)
@@ -125,4 +131,16 @@ def named_numbers(fn: Any) -> list[Callable[[], Any]]:
     return readers
 
 
-__all__ = ["owner_and_function", "code_names", "reachable_modules", "named_numbers"]
+def named_numbers(fn: Any) -> list[Callable[[], Any]]:
+    """Readers of the numbers (int, float, bool) `fn` reads by name (see `_named_readers`)."""
+    return _named_readers(fn, _is_number)
+
+
+def named_tensors_and_modules(fn: Any) -> list[Callable[[], Any]]:
+    """Readers of the tensors and modules `fn` reads by name (see `_named_readers`): a graph captured with one must
+    notice when the name is bound to another (``self.alpha = log_alpha.exp().detach()`` on every step)."""
+    return _named_readers(fn, lambda value: isinstance(value, (torch.Tensor, nn.Module)))
+
+
+__all__ = ["owner_and_function", "code_names", "reachable_modules", "reachable_submodules", "named_numbers",
+           "named_tensors_and_modules"]

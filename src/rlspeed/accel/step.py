@@ -42,7 +42,7 @@ from rlspeed.accel import cache
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
 from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
-from rlspeed.accel.introspect import reachable_modules
+from rlspeed.accel.introspect import reachable_submodules
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import none_ran, run_search
 from rlspeed.accel.strategy import (
@@ -87,7 +87,8 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
         compile: ``auto`` (torch.compile candidates on CUDA / NPU-with-torchair only), True, False or a backend.
         graphs: ``auto`` (on CUDA: the whole eager step captured and replayed as one CUDA graph, see
             `rlspeed.accel.graphs` for what is checked before each replay and what is not; a compiled strategy
-            gets inductor's graphs instead), True (an error where the step cannot be captured) or False.
+            gets inductor's graphs instead), True (an error when the first call finds the step cannot be captured;
+            a step found uncapturable later falls back to eager with a note, as with ``auto``) or False.
         example_inputs: a tuple of `loss_fn` arguments to decide now instead of on the first call.
         fused_optimizer: ``auto`` switches a fresh torch.optim.Adam/AdamW to its fused kernel (same algorithm, one
             kernel for all parameters) unless ``RLSPEED_ACCELERATE=off``; False leaves it alone.
@@ -292,7 +293,7 @@ class AcceleratedStep:
         # The forward code of the modules loss_fn reaches by name (`reachable_modules`): a cached choice must not
         # outlive an edit of a model's forward. A module reached only deeper (`self.agent.critic`, or through a
         # helper function) is not hashed: after editing its forward, clear the cache (RLSPEED_CACHE_DIR).
-        modules = [m for root in reachable_modules(self.loss_fn) for m in root.modules()]
+        modules = reachable_submodules(self.loss_fn)
         return {"fn": f"{getattr(self.loss_fn, '__module__', '')}.{self.name}", "code": code_hash,
                 "forward": cache.forward_digest(modules),
                 "params": [[list(p.shape), str(p.dtype)] for p in self.params],
