@@ -184,9 +184,11 @@ def bench_sac(args, device: torch.device) -> dict:
     variants = {"plain": lambda i: plain.plain_update(batches[i % len(batches)]),
                 "step-fp32": lambda i: fp32_update(batches[i % len(batches)]),
                 "accelerated": lambda i: auto_update(batches[i % len(batches)])}
-    if device.type == "cuda":
+    no_graph_steps: tuple = ()
+    if device.type == "cuda":  # its search (with compile="auto" it includes torch.compile candidates) is not timed
         no_graphs = SAC(args.obs_dim, args.action_dim, args.hidden, device)
-        no_graphs_update, _ = no_graphs.accelerated_update_fn(batches[0], compile=args.compile, graphs=False)
+        no_graphs_update, no_graph_steps = no_graphs.accelerated_update_fn(batches[0], compile=args.compile,
+                                                                           graphs=False)
         variants["no-graphs"] = lambda i: no_graphs_update(batches[i % len(batches)])
     for fn in variants.values():  # warm-up
         for i in range(args.warmup):
@@ -195,6 +197,7 @@ def bench_sac(args, device: torch.device) -> dict:
     reports = {step.name: step.report for step in steps}
     return {"times_ms": times, "search_s": search_s, "reports": {k: str(v) for k, v in reports.items()},
             "chosen": {k: v.chosen.label for k, v in reports.items()},
+            "chosen_no_graphs": {step.name: step.report.chosen.label for step in no_graph_steps},
             "graph_replays": {step.name: step.graph_replays for step in steps}}
 
 
@@ -294,7 +297,8 @@ def report(sac: dict, tiny: dict | None, settings: dict) -> list[str]:
     names = {"plain": "plain fp32 eager (zero_grad/backward/step)",
              "step-fp32": "accelerate_step, precision fp32 (fused Adam, optimizer-only grads)",
              "accelerated": "accelerate_step, auto (" + ", ".join(f"{k}: {v}" for k, v in sac["chosen"].items())
-             + ")", "no-graphs": "accelerate_step, auto with graphs=False"}
+             + ")", "no-graphs": "accelerate_step, auto with graphs=False (" + ", ".join(
+                 f"{k}: {v}" for k, v in sac.get("chosen_no_graphs", {}).items()) + ")"}
     rows = [[names[n], f"{v['median_ms']:.2f}", f"{v['min_ms']:.2f} – {v['max_ms']:.2f}",
              f"{v['speedup_median']:.2f}x", f"{v['speedup_paired']:.2f}x"] for n, v in s.items()]
     lines.append(common.markdown_table(["Variant", "ms median", "ms range", "Speed-up (medians)",
