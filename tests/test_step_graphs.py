@@ -253,6 +253,17 @@ def test_a_learning_rate_change_recaptures_and_one_on_every_step_turns_graphs_of
     assert graphs.captures == MAX_STATE_CHANGES + 1
 
 
+def test_a_state_that_changes_on_every_call_from_the_start_turns_graphs_off_without_a_capture(traced):
+    graphs, step, trace = traced
+    group = step.optimizers[0].param_groups[0]
+    for call in range(WARMUP_CALLS + MAX_STATE_CHANGES + 3):
+        group["lr"] = 1e-3 / (call + 1)  # e.g. a schedule written into the optimizer before every step
+        _calls(graphs, 1)
+    assert "capture" not in trace
+    assert step.off_reason is not None and "changed" in step.off_reason
+    assert trace.count("warm-sync") <= MAX_STATE_CHANGES + 1  # not a sync-checked call on every step
+
+
 def test_a_rare_learning_rate_change_keeps_graphs(traced, monkeypatch):
     graphs, step, _ = traced
     monkeypatch.setattr("rlspeed.accel.graphs.STATE_CHANGE_WINDOW", 5)

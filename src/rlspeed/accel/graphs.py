@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 WARMUP_CALLS = 3  # eager calls per input signature before its capture
 MAX_GRAPHS = 4  # input signatures kept captured at once (the oldest is dropped for a fifth)
-MAX_STATE_CHANGES = 3  # state changes within STATE_CHANGE_WINDOW replays of each other before graphs turn off
+MAX_STATE_CHANGES = 3  # state changes within STATE_CHANGE_WINDOW calls of each other before graphs turn off
 STATE_CHANGE_WINDOW = 200
 MAX_SIGNATURES = 16  # distinct input signatures seen before graphs turn off (arguments that change on every call)
 CAPTURABLE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)  # whose step state make_capturable moves correctly
@@ -114,7 +114,8 @@ class StepGraphs:
         self.warming: dict[tuple, int] = {}
         self.state: tuple | None = None
         self.state_changes = 0
-        self.replays_at_change = 0
+        self.calls = 0
+        self.calls_at_change = 0
         self.captures = 0
         self.replays = 0
         self.off: str | None = None  # why graphs were turned off for good
@@ -131,17 +132,21 @@ class StepGraphs:
         if signature is None:
             self._turn_off("an argument is neither a tensor nor an int/float/bool/str/None")
             return self.update(args, kwargs)
+        self.calls += 1
         state = self._state()
         if state != self.state:
-            if self.graphs:  # what the captured graphs baked in has changed: capture again
-                recent = self.replays - self.replays_at_change < STATE_CHANGE_WINDOW
+            # Changes are counted once the first calls (which create the optimizer's state) are over: one that keeps
+            # coming back (a learning rate set on every step, a tensor rebound on every call) turns graphs off,
+            # whether or not a capture has happened yet; a rare one (a decay now and then) recaptures.
+            if self.state is not None and self.calls > WARMUP_CALLS:
+                recent = self.calls - self.calls_at_change < STATE_CHANGE_WINDOW
                 self.state_changes = self.state_changes + 1 if recent else 1
-                self.replays_at_change = self.replays
-                self.graphs.clear()
+                self.calls_at_change = self.calls
                 if self.state_changes > MAX_STATE_CHANGES:
                     self._turn_off(f"what the step reads changed {self.state_changes} times within "
-                                   f"{STATE_CHANGE_WINDOW} steps (e.g. a learning rate set on every step)")
+                                   f"{STATE_CHANGE_WINDOW} calls (e.g. a learning rate set on every step)")
                     return self.update(args, kwargs)
+            self.graphs.clear()  # what captured graphs baked in has changed: capture again
             # After any change, one more eager (sync-checked) call before a capture: it creates whatever the change
             # left to be created lazily (Adam's moments after state.clear()), which a capture must not record. A
             # capture follows only a call that changed nothing.
