@@ -1,6 +1,7 @@
 """Run under torchrun by tests/test_distributed.py: a few PPO updates, then each rank writes what it holds."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,3 +21,8 @@ save_file(tensors, str(out / f"rank{strategy.rank}.safetensors"))
 (out / f"rank{strategy.rank}.json").write_text(json.dumps({
     "num_timesteps": model.num_timesteps, "local_envs": model._env.num_envs, "world_size": strategy.world_size}))
 strategy.shutdown()
+# Leave as the CLI's torchrun workers do (src/rlspeed/cli.py): without the interpreter's teardown, where a gloo rank
+# aborted now and then after destroy_process_group.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
