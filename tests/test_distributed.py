@@ -200,6 +200,11 @@ def test_dqn_schedules_count_the_env_steps_of_every_rank():
     assert any(not torch.equal(t, i) for t, i in zip(model.q_target.parameters(), initial))
     assert all(torch.equal(t, o) for t, o in zip(model.q_target.parameters(), model.q_network.parameters()))
     assert model.epsilon(model.num_timesteps) == pytest.approx(model.config.exploration_final_eps)
+    # epsilon mid-schedule after one more iteration: that of all ranks' 2 x 4 x 16 steps, not this rank's 4 x 16
+    model._learn_start, model._schedule_end = 0, 4096
+    _, metrics = model._train_iteration()
+    assert float(metrics["epsilon"]) == pytest.approx(model.epsilon(1024 + 2 * 4 * 16))
+    assert float(metrics["epsilon"]) != pytest.approx(model.epsilon(1024 + 4 * 16))
 
 
 def test_unseeded_ranks_draw_their_own_randomness():

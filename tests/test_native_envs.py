@@ -455,13 +455,14 @@ def test_an_unseeded_env_leaves_torchs_global_generator_alone():
     assert not torch.equal(first.reset()[0], second.reset()[0])  # still a fresh seed each time
 
 
+# float32 states of the envs that use NativeEnv.observe: where an observation could alias the state (a float64 state
+# and Pendulum's / Acrobot's own observe always make a new tensor)
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("env_id", ENV_IDS)
-def test_editing_observations_in_place_leaves_the_state_alone(env_id, state_dtype, compile):
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MountainCar-v0", "MountainCarContinuous-v0"])
+def test_editing_observations_in_place_leaves_the_state_alone(env_id, compile):
     if compile and env_id != "CartPole-v1":
         pytest.skip("compiling takes seconds: one env covers the compiled transition")
-    env = NATIVE_ENVS[env_id](num_envs=4, seed=0, state_dtype=state_dtype, compile=compile)
+    env = NATIVE_ENVS[env_id](num_envs=4, seed=0, state_dtype=torch.float32, compile=compile)
     generator = torch.Generator().manual_seed(0)
     obs, _ = env.reset()
     state = env.state.clone()

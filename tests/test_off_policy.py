@@ -349,6 +349,7 @@ def test_exploring_predict_leaves_the_training_noise_process_alone():
     assert actions.shape == (5, 1) and bool(((actions >= -2.0) & (actions <= 2.0)).all())
     assert torch.equal(model._ou_noise, noise)
     model.learn(32, progress_bar=False, callback=lambda local: model.predict(torch.zeros(5, 3), False) and True)
+    assert model._ou_noise.shape == noise.shape  # predicting on 5 rows in between did not reshape it for training
 
 
 def test_exploring_predict_without_action_noise_is_the_actor():

@@ -193,6 +193,10 @@ def traced(monkeypatch):
 
     def capture(self, args, kwargs, pool):
         trace.append("capture")
+        # what a real capture would record: an optimizer whose state is still to be created would be reset by every
+        # replay
+        self.state_at_capture = getattr(self, "state_at_capture", []) + [all(map(len, (o.state for o in
+                                                                                  self.step.optimizers)))]
         self.captures += 1
         return object()
 
@@ -232,6 +236,7 @@ def test_changed_optimizer_state_is_warmed_up_again_before_the_next_capture(trac
     _calls(graphs, 5)
     # an eager call creates the state (a change again), one more changes nothing, the next captures
     assert trace == ["warm-sync", "warm-sync", "capture", "replay", "replay", "replay"]
+    assert graphs.state_at_capture == [True, True]  # both captures found Adam's state already made
     assert step.optimizers[0].state[step.params[0]]["step"].item() == 5
 
 
@@ -474,7 +479,7 @@ def test_a_failed_capture_falls_back_and_leaves_random_numbers_working(isolated_
     assert step.graph_captures == 0
     assert "capture failed" in str(step.report)
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
-    assert torch.randn(3, device="cuda").isfinite().all()  # "Offset increment outside graph capture" without repair
+    torch.randn(3, device="cuda")  # raised "Offset increment outside graph capture" without the repair
 
 
 @cuda

@@ -109,20 +109,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
-        code = _train(args, algo_cls, strategy, run_settings, hyper, total)
-        # Leave together: the other ranks wait while rank 0 saves and evaluates, so that no rank tears its process
-        # group down while a peer still works. (After a torchrun restart, rank 1, the rank that left first, was
-        # seen to abort with "terminate called without an active exception" in about one run in 25; where exactly
-        # was not caught.)
-        strategy.shutdown(wait=True)
-        if strategy.enabled:
-            # A torchrun worker whose work is done and written leaves without the interpreter's teardown: a gloo rank
-            # was seen to abort there now and then ("terminate called without an active exception", about one run
-            # in 10-25 of the two-rank tests, after destroy_process_group), which torchrun reports as a failure.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-        return code
+        # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
+        return strategy.leave(_train(args, algo_cls, strategy, run_settings, hyper, total))
     finally:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
 

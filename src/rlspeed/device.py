@@ -115,7 +115,8 @@ def rules(device: torch.device) -> DeviceRules:
 
 
 def synchronize(device: torch.device) -> None:
-    """Wait for all queued work on the device (for timing; never call it in a hot loop)."""
+    """Wait for all queued work on the device (for timing, and before the host reads an asynchronous device-to-host
+    copy; not in a loop that could stay on the device instead)."""
     if device.type == "cpu":
         return
     accelerator = getattr(torch, "accelerator", None)  # device-generic API (torch >= 2.6)

@@ -35,8 +35,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         obs, _ = env.reset()
         check_every = 64 if env.backend == "torch" else 1
         for step in range(1, limit + 1):
-            # the env may live on another device than the model (`device=`): no-ops when they share one
-            actions = model.act(obs.to(model.device), deterministic=deterministic).to(env.device)
+            # the env may live on another device than the model (`device=`; act moves obs): a no-op when they share
+            actions = model.act(obs, deterministic=deterministic).to(env.device)
             obs, _reward, _terminated, _truncated, info = env.step(actions)
             newly_done = info["done"] & ~finished
             returns = torch.where(newly_done, info["episode_return"], returns)

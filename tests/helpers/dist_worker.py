@@ -1,7 +1,6 @@
 """Run under torchrun by tests/test_distributed.py: a few PPO updates, then each rank writes what it holds."""
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,9 +19,4 @@ tensors.update({f"obs_rms.{k}": v.contiguous() for k, v in model.obs_rms.state_d
 save_file(tensors, str(out / f"rank{strategy.rank}.safetensors"))
 (out / f"rank{strategy.rank}.json").write_text(json.dumps({
     "num_timesteps": model.num_timesteps, "local_envs": model._env.num_envs, "world_size": strategy.world_size}))
-strategy.shutdown()
-# Leave as the CLI's torchrun workers do (src/rlspeed/cli.py): without the interpreter's teardown, where a gloo rank
-# aborted now and then after destroy_process_group.
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(0)
+strategy.leave()

@@ -43,8 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlspeed.accel.inputs import map_tensors, tensors_in
+from rlspeed.accel.inputs import _PASS_TYPES, map_tensors, tensors_in
 from rlspeed.accel.introspect import named_numbers, named_tensors_and_modules, reachable_submodules
+from rlspeed.accel.search import _first_line
 
 if TYPE_CHECKING:
     from rlspeed.accel.step import AcceleratedStep
@@ -55,15 +56,14 @@ MAX_STATE_CHANGES = 3  # state changes within STATE_CHANGE_WINDOW calls of each 
 STATE_CHANGE_WINDOW = 200
 MAX_SIGNATURES = 16  # distinct input signatures seen before graphs turn off (arguments that change on every call)
 CAPTURABLE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)  # whose step state make_capturable moves correctly
-_SCALARS = (bool, int, float, str, type(None))
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's warning in sync debug mode "warn"
 
 
-def capture_blocker(step: AcceleratedStep) -> str | None:
-    """Why `step` cannot be captured as a whole-step CUDA graph (None: it can)."""
+def capture_blocker(step: AcceleratedStep, precision: str) -> str | None:
+    """Why `step` cannot be captured as a whole-step CUDA graph with `precision` (None: it can)."""
     if step.device.type != "cuda":
         return f"whole-step graphs are CUDA graphs; the step runs on {step.device.type}"
-    if step.strategy is not None and step.strategy.precision == "fp16":
+    if precision == "fp16":
         return "fp16's GradScaler reads the skipped-step decision on the host"
     for optimizer in step.optimizers:
         if type(optimizer) not in CAPTURABLE_OPTIMIZERS:
@@ -179,8 +179,7 @@ class StepGraphs:
                 _end_pool(self.step.device, pool)
                 _repair_generators(self.step.device)
                 self._discard_failed_capture()
-                cause = _first_cause(error)
-                self._turn_off(f"capture failed ({type(cause).__name__}: {_first_line(cause)})")
+                self._turn_off(f"capture failed ({_first_line(_first_cause(error))})")
                 return self.update(args, kwargs)
             if len(self.graphs) >= MAX_GRAPHS:
                 self.graphs.pop(next(iter(self.graphs)))
@@ -266,7 +265,7 @@ def split_sync_warnings(caught: list[warnings.WarningMessage]) -> tuple[str | No
     for warning in caught:
         text = str(warning.message)
         if SYNC_WARNING in text:
-            synced = synced or _first_line(warning.message)
+            synced = synced or text.strip().splitlines()[0]
         elif "Synchronization debug mode is a prototype" not in text:
             others.append(warning)
     return synced, others
@@ -277,7 +276,7 @@ def _end_pool(device: torch.device, pool: Any) -> None:
 
     `CUDAGraph.capture_end` raises before it does this itself, and the allocator would otherwise go on treating a
     capture as under way (no `empty_cache`, no freeing of cached blocks when memory runs short)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _device_index(device)
     for name in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
         try:
             getattr(torch._C, name)(index, pool)
@@ -297,8 +296,7 @@ def _repair_generators(device: torch.device) -> None:
         return  # random numbers work: nothing to repair
     except RuntimeError:
         pass
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    generator = torch.cuda.default_generators[index]
+    generator = torch.cuda.default_generators[_device_index(device)]
     try:
         generator.graphsafe_set_state(generator.clone_state())
     except (AttributeError, RuntimeError):  # a torch without graph-safe generator states
@@ -323,9 +321,8 @@ def _first_cause(error: BaseException) -> BaseException:
     return error
 
 
-def _first_line(error: BaseException | Warning) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else "")[:160]
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _hyperparameters(group: dict) -> tuple:
@@ -334,10 +331,10 @@ def _hyperparameters(group: dict) -> tuple:
 
 def _comparable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):  # a tensor hyperparameter (lr) is read by the graph from its memory
-        return ("tensor", id(value), value.data_ptr())
+        return _identity(value)
     if isinstance(value, (tuple, list)):
         return tuple(_comparable(v) for v in value)
-    return value if isinstance(value, _SCALARS) else ("object", id(value))
+    return value if isinstance(value, _PASS_TYPES) else ("object", id(value))
 
 
 def _signature(tree: Any) -> tuple | None:
@@ -354,7 +351,7 @@ def _signature(tree: Any) -> tuple | None:
         elif isinstance(value, dict):
             parts.append(("dict", tuple(value)))
             return all(walk(v) for v in value.values())
-        elif isinstance(value, _SCALARS):
+        elif isinstance(value, _PASS_TYPES):
             parts.append((type(value).__name__, value))
         else:
             return False

@@ -241,8 +241,7 @@ class AcceleratedStep:
         is checked before every replay."""
         if self.request.graphs not in ("auto", "on") or strategy.compile != "off" or not self.device.type == "cuda":
             return strategy
-        self.strategy = strategy
-        blocker = capture_blocker(self)
+        blocker = capture_blocker(self, strategy.precision)
         if blocker is not None:
             if self.request.graphs == "on" and self.request.forced_by_env is None:
                 raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {blocker}.")

@@ -21,11 +21,15 @@ from rlspeed import __version__
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.distributed import DistributedStrategy, single_process
-from rlspeed.envs import BatchedEnv, RunningMeanStd, env_spec, make_env, resolve_backend
+from rlspeed.envs import NATIVE_ENVS, BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
 from rlspeed.envs.base import EnvSpec
+from rlspeed.envs.gymnasium_env import gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.errors import UserError
 from rlspeed.logging import ProgressBar, RunLogger
+
+# The normalisation statistics a model holds, each with the config flag that turns it on
+_STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
@@ -130,8 +134,8 @@ class Algorithm:
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
                  accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
         configure_threads(num_threads)
-        if not isinstance(env, (str, BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
-            make_env(env)  # raises the UserError that says which envs are accepted
+        if not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
+            _check_env_id(env)  # a str passes; other objects get the UserError that says which envs are accepted
         if not isinstance(env, str) and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}:
             given = env.num_envs
             if hyperparameters.setdefault("num_envs", given) != given:
@@ -249,8 +253,7 @@ class Algorithm:
                                  gamma=getattr(cfg, "gamma", 0.99))
             # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
             # iteration (`_sync_statistics`).
-            self._synced_stats = [rms for rms in (getattr(self._env, "obs_rms", None),
-                                                  getattr(self._env, "return_rms", None))
+            self._synced_stats = [rms for rms in (getattr(self._env, name, None) for name, _ in _STATISTICS)
                                   if rms is not None and self.strategy.enabled]
             for rms in self._synced_stats:
                 rms.reduce = self.strategy.all_reduce_sum
@@ -262,7 +265,7 @@ class Algorithm:
     def _adopt_statistics(self) -> None:
         """Make the training env's normalisation statistics the model's (`obs_rms`, `return_rms`); statistics the
         model already holds (from `load` or `resume`) seed the env's first, which then carry on."""
-        for name, flag in (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward")):
+        for name, flag in _STATISTICS:
             rms, held = getattr(self._env, name, None), getattr(self, name, None)
             if rms is not None and rms is not held:
                 if held is not None:
@@ -310,7 +313,8 @@ class Algorithm:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         if target_return is not None:
             try:  # evaluation builds a fresh env from the id: find out now, not after the first rollout
-                env_spec(self.env_id)
+                if self.env_id not in NATIVE_ENVS:
+                    gym_spec(self.env_id)  # the registry entry alone (env_spec would build an env)
             except UserError:
                 raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
                                 f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "
@@ -443,7 +447,7 @@ class Algorithm:
                 tensors[name] = module.detach()
             else:
                 tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-        for name in ("obs_rms", "return_rms"):
+        for name, _ in _STATISTICS:
             rms = getattr(self, name, None)
             if rms is not None:
                 tensors.update({f"{name}.{k}": v for k, v in rms.state_dict().items()})
@@ -492,12 +496,7 @@ class Algorithm:
         model.strategy = single_process()
         model._setup()
         model._restore(tensors, meta)
-        model._after_load(overrides)
         return model
-
-    def _after_load(self, overrides: dict) -> None:
-        """After `load` restored the saved state: re-apply overrides that the saved tensors replaced (e.g. SAC's
-        fixed entropy coefficient)."""
 
     def resume(self, path: str | Path) -> None:
         """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps."""
@@ -522,7 +521,8 @@ class Algorithm:
                         module.copy_(tensors[name])
             else:
                 module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
-        for name, shape in (("obs_rms", self.spec.observation_shape), ("return_rms", ())):
+        for name, _ in _STATISTICS:
+            shape = self.spec.observation_shape if name == "obs_rms" else ()
             rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
             if rms_state:
                 if getattr(self, name, None) is None:

@@ -134,12 +134,12 @@ class SAC(OffPolicyAlgorithm):
         return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
                 "log_alpha": self.log_alpha}
 
-    def _after_load(self, overrides: dict) -> None:
-        # A fixed entropy coefficient given to `load` wins over the temperature saved in the checkpoint.
-        if not self.autotune and "ent_coef" in overrides:
-            with torch.no_grad():
-                alpha = self.config.ent_coef
-                self.log_alpha.fill_(_log(alpha))
+    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        # A fixed entropy coefficient is the config's (one given to `load` included, which wins over the checkpoint):
+        # `_setup` already set log_alpha from it, so the saved temperature is not restored over it.
+        if not self.autotune:
+            tensors = {k: v for k, v in tensors.items() if k != "log_alpha"}
+        super()._restore(tensors, meta)
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}

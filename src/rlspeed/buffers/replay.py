@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlspeed.device import free_memory_bytes
+from rlspeed.device import free_memory_bytes, synchronize
 
 # Leave this share of the device's free memory to the networks and the batch activations.
 _DEVICE_MEMORY_SHARE = 0.8
@@ -136,20 +136,24 @@ class ReplayBuffer:
         if discounts is not None:  # (1-step buffers hold the constant gamma from the start)
             fields.append((self.discounts, discounts))
         count = obs.shape[0]
-        # Copies into host storage from an accelerator block: an asynchronous device-to-host copy would let the next
-        # host read (the index_copy_ below, a sample) see rows that have not arrived. Host-to-device and same-device
-        # copies stay asynchronous (the device stream orders them).
+        # Copies into host storage from an accelerator are asynchronous, then waited for once: the next host read
+        # (the index_copy_ below, a sample) must not see rows that have not arrived. Host-to-device and same-device
+        # copies need no wait (the device stream orders them).
         to_host = self.storage_device.type == "cpu" and obs.device.type != "cpu"
         if self.pos + count <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
             end = self.pos + count
             for storage, value in fields:
-                storage[self.pos:end].copy_(value, non_blocking=not to_host)
+                storage[self.pos:end].copy_(value, non_blocking=True)
+            if to_host:
+                synchronize(obs.device)
         else:  # the write wraps around the end of the storage
             rows = self._rows if count == self.num_envs else torch.arange(count, device=self.storage_device)
             index = (rows + self.pos) % self.capacity
-            target = self.storage_device
-            for storage, value in fields:
-                storage.index_copy_(0, index, value.to(target, non_blocking=not to_host).to(storage.dtype))
+            moved = [(storage, value.to(self.storage_device, non_blocking=True)) for storage, value in fields]
+            if to_host:
+                synchronize(obs.device)
+            for storage, value in moved:
+                storage.index_copy_(0, index, value.to(storage.dtype))
         self.pos = (self.pos + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 

@@ -60,19 +60,35 @@ def is_registered_env(spec) -> bool:
             and all(name in _RECORDING_WRAPPERS for name in wrappers))
 
 
-def _vector_env_spec(vector_env: gym.vector.VectorEnv) -> gym.envs.registration.EnvSpec | None:
-    """The spec of a user's vector env: its own, else its first env's (None when neither has one).
+def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
+    """The spec of a user's vector env (Gymnasium's or Stable-Baselines3's): its own, else its first env's (None
+    when neither has one).
 
-    `gym.make_vec` sets the vector env's spec; a SyncVectorEnv or AsyncVectorEnv built directly has none, but its
-    envs made with `gym.make` do, with the id and time limit that evaluation and the target need.
+    `gym.make_vec` sets the vector env's spec; a SyncVectorEnv or AsyncVectorEnv built directly (and an SB3 VecEnv)
+    has none, but its envs made with `gym.make` do, with the id and time limit that evaluation and the target need.
     """
     spec = getattr(vector_env, "spec", None)
     if spec is not None:
         return spec
     try:
-        return vector_env.get_attr("spec")[0]
+        spec = vector_env.get_attr("spec")[0]
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return None
+    return spec if isinstance(spec, gym.envs.registration.EnvSpec) else None
+
+
+def obs_and_final(obs: np.ndarray, finished_rows: np.ndarray, device: torch.device,
+                  final_row) -> tuple[torch.Tensor, torch.Tensor]:
+    """(obs, final_obs) tensors of a step: final_obs is `obs` with each finished row replaced by `final_row(row)`
+    (the true last observation; the returned obs holds the next episode's first), the same tensor when none
+    finished."""
+    obs_t = torch.as_tensor(obs, device=device)
+    if len(finished_rows) == 0:
+        return obs_t, obs_t
+    final = obs.copy()
+    for row in finished_rows:
+        final[row] = final_row(row)
+    return obs_t, torch.as_tensor(final, device=device)
 
 
 class GymnasiumEnv(BatchedEnv):
@@ -93,7 +109,9 @@ class GymnasiumEnv(BatchedEnv):
             try:
                 vector_env = gym.make_vec(
                     env_id, num_envs=num_envs, vectorization_mode=vectorization,
-                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **(env_kwargs or {}))
+                    # copy=False: every observation is copied here anyway (`_obs`, `step`)
+                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False},
+                    **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
             except TypeError as error:
@@ -175,15 +193,8 @@ class GymnasiumEnv(BatchedEnv):
         obs, reward, terminated, truncated, info = self.vector_env.step(
             _to_numpy_actions(actions, self.spec.action_space))
         obs_np = np.array(obs, dtype=np.float32)  # a copy, as in `_obs`: the vector env may reuse its buffer
-        final_np = obs_np
-        if "_final_obs" in info:
-            mask = np.asarray(info["_final_obs"], dtype=bool)
-            if mask.any():
-                final_np = obs_np.copy()
-                for row in np.flatnonzero(mask):
-                    final_np[row] = info["final_obs"][row]
-        obs_t = torch.as_tensor(obs_np, device=self.device)
-        final_t = obs_t if final_np is obs_np else torch.as_tensor(final_np, device=self.device)
+        finished = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool)) if "_final_obs" in info else ()
+        obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row])
         out_info = {"final_obs": final_t}
         return (obs_t,
                 torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),

@@ -114,12 +114,6 @@ class NativeEnv(BatchedEnv):
         """
         return state.to(torch.float32, copy=True)
 
-    def _observe(self, state: torch.Tensor) -> torch.Tensor:
-        """`observe` for a state nobody keeps (a step's `final_obs`): the base class's copy is not needed there."""
-        if type(self).observe is NativeEnv.observe:
-            return state.to(torch.float32)
-        return self.observe(state)
-
     # --- the contract ---------------------------------------------------------------------------------
     def uniform(self, num: int, low, high) -> torch.Tensor:
         """The next per-env uniform draw `[num_envs, k]` in [low, high) (broadcast), in the state dtype."""
@@ -190,7 +184,7 @@ class NativeEnv(BatchedEnv):
         elapsed = elapsed_steps + 1
         truncated = elapsed >= self._max_steps
         done = terminated | truncated
-        final_obs = self._observe(next_state)  # next_state is not kept: no copy needed
+        final_obs = self.observe(next_state)
         new_state = torch.where(done.unsqueeze(-1), fresh, next_state)
         new_elapsed = elapsed.masked_fill_(done, 0)
         return (self.observe(new_state), reward.to(torch.float32), terminated, truncated, final_obs, new_state,

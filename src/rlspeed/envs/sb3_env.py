@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
-from rlspeed.envs.gymnasium_env import is_registered_env
+from rlspeed.envs.gymnasium_env import _to_numpy_actions, _vector_env_spec, is_registered_env, obs_and_final
 from rlspeed.errors import UserError
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
@@ -24,15 +24,6 @@ def is_sb3_vec_env(env: object) -> bool:
     """Whether `env` has Stable-Baselines3's VecEnv interface (and is not a Gymnasium vector env)."""
     return (not isinstance(env, gym.vector.VectorEnv) and all(callable(getattr(env, m, None)) for m in _VEC_ENV_METHODS)
             and hasattr(env, "num_envs") and hasattr(env, "observation_space") and hasattr(env, "action_space"))
-
-
-def _first_spec(vec_env) -> gym.envs.registration.EnvSpec | None:
-    """The Gymnasium spec of the first env inside (its id, time limit, reward threshold), when it has one."""
-    try:
-        spec = vec_env.get_attr("spec", [0])[0]
-    except Exception:  # a custom env without `spec`, or a VecEnv that cannot reach its envs' attributes
-        return None
-    return spec if isinstance(spec, gym.envs.registration.EnvSpec) else None
 
 
 class SB3VecEnv(BatchedEnv):
@@ -48,12 +39,11 @@ class SB3VecEnv(BatchedEnv):
         if not isinstance(obs_space, gym.spaces.Box):
             raise UserError(f"This VecEnv has a {type(obs_space).__name__} observation space; rlspeed supports Box "
                             "observations.")
-        spec = _first_spec(vec_env)
+        spec = _vector_env_spec(vec_env)  # the first env's: SB3's VecEnvs have no spec of their own
         registered = spec is not None and is_registered_env(spec)  # see GymnasiumEnv: the id only if it rebuilds
         self.spec = EnvSpec(spec.id if registered else "user-sb3-vec-env", tuple(obs_space.shape), action_space,
                             spec.max_episode_steps if spec is not None else None,
                             spec.reward_threshold if registered else None)
-        self._obs_shape = tuple(obs_space.shape)
 
     def _tensor(self, array, dtype) -> torch.Tensor:
         # a copy: SubprocVecEnv and friends may hand back buffers they reuse
@@ -67,25 +57,15 @@ class SB3VecEnv(BatchedEnv):
 
     def step(self, actions: torch.Tensor):
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` only."""
-        array = actions.detach().cpu().numpy()
-        space = self.spec.action_space
-        if isinstance(space, gym.spaces.Discrete):
-            array = array.astype(np.int64).reshape(-1)
-        elif isinstance(space, gym.spaces.Box):
-            array = array.astype(space.dtype).reshape((-1,) + space.shape)
-        self.vec_env.step_async(array)
+        self.vec_env.step_async(_to_numpy_actions(actions, self.spec.action_space))
         obs, rewards, dones, infos = self.vec_env.step_wait()
         obs = np.array(obs, dtype=np.float32)
         dones = np.asarray(dones, dtype=bool).reshape(-1)
         truncated = np.array([bool(done and info.get("TimeLimit.truncated", False))
                               for done, info in zip(dones, infos)], dtype=bool)
-        final = obs
-        if dones.any():
-            final = obs.copy()
-            for row in np.flatnonzero(dones):
-                final[row] = np.asarray(infos[row]["terminal_observation"], dtype=np.float32).reshape(self._obs_shape)
-        obs_t = torch.as_tensor(obs, device=self.device)
-        final_t = obs_t if final is obs else torch.as_tensor(final, device=self.device)
+        shape = self.spec.observation_shape
+        obs_t, final_t = obs_and_final(obs, np.flatnonzero(dones), self.device,
+                                       lambda row: np.asarray(infos[row]["terminal_observation"]).reshape(shape))
         return (obs_t, self._tensor(rewards, np.float32).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
                 {"final_obs": final_t})
