@@ -2,14 +2,15 @@
 # The checks that need a CUDA GPU, as one script for a short lease of a GPU machine (run from the repository root):
 #   1. the whole-step CUDA graph tests (tests/test_step_graphs.py; skipped on machines without CUDA);
 #   2. benchmarks/accel_update_step.py on CUDA (writes the README's accel_cuda section and its results JSON);
-#   3. short training runs of every algorithm on CUDA with --accelerate auto (native envs on the GPU);
+#   3. training runs on CUDA with --accelerate auto (native envs on the GPU): every algorithm to its preset's target,
+#      then SAC and DQN throughput at a fixed number of steps against --accelerate off;
 #   4. the whole test suite on the GPU machine (device "auto" is CUDA there).
 # Logs and results go to $OUT (default /tmp/rlspeed-cuda-check). Gymnasium wheels in .whl/ are installed first when
 # present (machines without network access). Each part has its own time limit; a failing part does not stop the rest.
 set -u
 OUT=${OUT:-/tmp/rlspeed-cuda-check}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu tries the script itself on a machine without a GPU
-QUICK=${QUICK:-0}  # QUICK=1: no learning runs to the target and no whole suite (a lease's last minutes)
+QUICK=${QUICK:-0}  # QUICK=1: of the runs to a target only TD3's, and no whole suite (a lease's last minutes)
 mkdir -p "$OUT"
 rm -f "$OUT"/*.log  # no stale logs from an earlier run in the same folder
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -37,7 +38,7 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
 part graph_tests 100 python3 -m pytest -p no:cacheprovider -rfEs tests/test_step_graphs.py
 write=""; [ "$DEVICE" = cuda ] || write="--no-write"  # a try on the CPU must not replace the CPU section
 part bench 120 python3 benchmarks/accel_update_step.py --device "$DEVICE" --skip-tiny $write
-cp benchmarks/results/accel_update_step_cuda.json benchmarks/README.md "$OUT/" 2>/dev/null
+[ "$DEVICE" = cuda ] && cp benchmarks/results/accel_update_step_cuda.json benchmarks/README.md "$OUT/"
 train() {  # train LABEL ALGO ENV [ARGS...]: a run on $DEVICE with --accelerate auto, then its summary
   local dir="/tmp/rlspeed-runs/$1"
   rm -rf "$dir"
@@ -56,7 +57,7 @@ export DEVICE
 # learning with every algorithm (presets stop at their target), then throughput of SAC and DQN at a fixed number
 # of steps: --accelerate auto (on CUDA: autograd through accelerate_step, whole-step graphs) against --accelerate off
 # (the hand-derived updates, fp32)
-learning="train ppo ppo CartPole-v1; train dqn dqn CartPole-v1; train sac sac Pendulum-v1;"
+learning="train ppo ppo CartPole-v1; train dqn dqn CartPole-v1; train sac sac Pendulum-v1; train ddpg ddpg Pendulum-v1;"
 [ "$QUICK" = 1 ] && learning=""
 part train 200 bash -c "mkdir -p /tmp/rlspeed-runs; $learning train td3 td3 Pendulum-v1; \
 train sac-3k sac Pendulum-v1 --target-return none --total-timesteps 3000; \

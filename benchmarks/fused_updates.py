@@ -109,7 +109,7 @@ def main() -> None:
         medians = {name: statistics.median(values) for name, values in times.items()}
         speedup = medians["autograd"] / medians["fused"]
         accelerate_speedup = medians["autograd"] / medians["accelerate"]
-        precision = choice.get("precision", "fp32")
+        precision = choice.get("precision", "unknown")  # nothing recorded: say so rather than fp32
         results[key] = {"label": label, "seconds_per_step": times, "median_s": medians, "speedup": speedup,
                         "accelerate_speedup": accelerate_speedup, "accelerate_choice": choice}
         rows.append([label, f"{medians['autograd'] * 1e6:,.0f}", f"{medians['fused'] * 1e6:,.0f}",
