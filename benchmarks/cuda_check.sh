@@ -4,7 +4,8 @@
 #   2. benchmarks/accel_update_step.py on CUDA (writes the README's accel_cuda section and its results JSON);
 #   3. training runs on CUDA with --accelerate auto (native envs on the GPU): every algorithm to its preset's target,
 #      then SAC and DQN throughput at a fixed number of steps against --accelerate off;
-#   4. the whole test suite on the GPU machine (device "auto" is CUDA there).
+#   4. rlspeed profile of PPO CartPole on the GPU;
+#   5. the whole test suite on the GPU machine (device "auto" is CUDA there).
 # Logs and results go to $OUT (default /tmp/rlspeed-cuda-check). Gymnasium wheels in .whl/ are installed first when
 # present (machines without network access). Each part has its own time limit; a failing part does not stop the rest.
 set -u
@@ -64,6 +65,8 @@ train sac-3k sac Pendulum-v1 --target-return none --total-timesteps 3000; \
 train sac-3k-handderived sac Pendulum-v1 --target-return none --total-timesteps 3000 --accelerate off; \
 train dqn-30k dqn CartPole-v1 --target-return none --total-timesteps 30000; \
 train dqn-30k-handderived dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off"
+# rlspeed profile on the GPU (its device-time column and the small-network advice were written without one)
+part profile 60 python3 -m rlspeed profile ppo CartPole-v1 --device "$DEVICE"
 # -n and --timeout: pytest-xdist and pytest-timeout, which the GPU machine's image has (not in the test extras)
 [ "$QUICK" = 1 ] || part suite 150 python3 -m pytest -p no:cacheprovider -q -n 8 --timeout 100 -rfE tests
 echo "== summary"

@@ -1,4 +1,4 @@
-"""The `rlspeed` command: train, eval, doctor.
+"""The `rlspeed` command: train, eval, profile, doctor.
 
 Errors the user can cause print one sentence and exit with code 2 (`--debug` shows the traceback).
 """
@@ -93,19 +93,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
-    from rlspeed.presets import load_preset, split_run_settings
 
-    algo_cls = _algorithm(args.algo)
-    preset = load_preset(algo_cls.name, args.env_id)
-    run_settings, hyper = split_run_settings(preset)
-    overrides = _parse_set(args.set or [])
-    _check_set_keys(overrides)
-    run_overrides, hyper_overrides = split_run_settings(overrides)
-    run_settings.update(run_overrides)
-    run_settings = _coerce_run_settings(run_settings)
-    hyper.update(hyper_overrides)
-    if args.num_envs is not None:
-        hyper["num_envs"] = args.num_envs
+    algo_cls, run_settings, hyper = _settings(args)
     total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
@@ -113,6 +102,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         return strategy.leave(_train(args, algo_cls, strategy, run_settings, hyper, total))
     finally:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
+
+
+def _settings(args: argparse.Namespace) -> tuple[type, dict, dict]:
+    """(algorithm class, run settings, hyperparameters) from the preset of (ALGO, ENV_ID), `--set` and
+    `--num-envs`."""
+    from rlspeed.presets import load_preset, split_run_settings
+
+    algo_cls = _algorithm(args.algo)
+    run_settings, hyper = split_run_settings(load_preset(algo_cls.name, args.env_id))
+    overrides = _parse_set(args.set or [])
+    _check_set_keys(overrides)
+    run_overrides, hyper_overrides = split_run_settings(overrides)
+    run_settings.update(run_overrides)
+    hyper.update(hyper_overrides)
+    if args.num_envs is not None:
+        hyper["num_envs"] = args.num_envs
+    return algo_cls, _coerce_run_settings(run_settings), hyper
 
 
 def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int) -> int:
@@ -200,6 +206,25 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """`rlspeed profile`: train ALGO on ENV_ID (preset, `--set`, flags as for train) for a while under the profiler
+    and print where the time goes, per phase of the loop and per operation, with advice; returns the exit code."""
+    from rlspeed.diagnostics.profiler import profile_run
+
+    algo_cls, _run_settings, hyper = _settings(args)
+    model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
+                     accelerate=args.accelerate, num_threads=args.threads, **hyper)
+    print(f"rlspeed: profiling {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, device "
+          f"{model.device}): warm-up, an unprofiled run, then a profiled run", flush=True)
+    result = profile_run(model, steps=args.steps, trace=args.trace)
+    print(result)
+    if args.trace:
+        print(f"rlspeed: trace written to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return 0
+
+
 def _launch_torchrun(args: argparse.Namespace) -> int:
     """`rlspeed train --nproc N ...`: start torchrun with N local processes running the same command."""
     import subprocess
@@ -271,7 +296,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `rlspeed` argument parser: subcommands train, eval and doctor, each setting `func` to its command.
+    """The `rlspeed` argument parser: subcommands train, eval, profile and doctor, each setting `func` to its command.
 
     `--debug` is accepted before or after the subcommand.
     """
@@ -315,6 +340,23 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", action="store_true", help="also print the result as JSON")
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ev.set_defaults(func=cmd_eval)
+
+    prof = sub.add_parser("profile", help="where the time of a training run goes, and what to change")
+    prof.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
+    prof.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
+    prof.add_argument("--steps", type=int, default=None,
+                      help="env steps per timed run (default: 10 iterations, at least 2,000)")
+    prof.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
+    prof.add_argument("--seed", type=int, default=0)
+    prof.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
+    prof.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
+    prof.add_argument("--accelerate", default="off", choices=["auto", "off"])
+    prof.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    prof.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
+    prof.add_argument("--json", action="store_true", help="also print the result as JSON")
+    prof.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    prof.set_defaults(func=cmd_profile)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
     doctor.add_argument("--device", default="auto")

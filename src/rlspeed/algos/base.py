@@ -20,6 +20,7 @@ import torch
 from rlspeed import __version__
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
+from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import NATIVE_ENVS, BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
 from rlspeed.envs.base import EnvSpec
@@ -364,10 +365,11 @@ class Algorithm:
                 eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
                 # Under torch.distributed every rank must take part in the same collectives: log every iteration.
                 if now - last_log_time >= log_interval_s or eval_due or finished or self.strategy.enabled:
-                    sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
-                            for key, values in pending.items()}
-                    counts = {key: len(values) for key, values in pending.items()}
-                    row = self._read_metrics(sums, counts)  # the one host sync per log interval
+                    with phase("metrics"):
+                        sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
+                                for key, values in pending.items()}
+                        counts = {key: len(values) for key, values in pending.items()}
+                        row = self._read_metrics(sums, counts)  # the one host sync per log interval
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)

@@ -24,6 +24,7 @@ from rlspeed.accel import accelerate_step
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import ReplayBuffer
 from rlspeed.device import rules
+from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.errors import UserError
 from rlspeed.nn import clip_grad_norm
@@ -203,24 +204,29 @@ class OffPolicyAlgorithm(Algorithm):
         with torch.no_grad():
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * global_envs
-                if timesteps < cfg.learning_starts:
-                    actions = self._random_actions(num_envs)
-                else:
-                    actions = self._explore(obs, timesteps)
-                next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
-                # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
-                transition = (obs, actions, rewards, info["final_obs"], terminated, truncated)
-                if staged is None:
-                    buffer.add(*transition)
-                else:
-                    staged.append(transition)
-                dones = info["done"]
-                self._on_dones(dones)
-                episode_returns.append(info["episode_return"])
-                episode_dones.append(dones)
+                with phase("act"):
+                    if timesteps < cfg.learning_starts:
+                        actions = self._random_actions(num_envs)
+                    else:
+                        actions = self._explore(obs, timesteps)
+                    env_actions = self._to_env(actions)
+                with phase("env"):
+                    next_obs, rewards, terminated, truncated, info = env.step(env_actions)
+                with phase("buffer"):
+                    # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
+                    transition = (obs, actions, rewards, info["final_obs"], terminated, truncated)
+                    if staged is None:
+                        buffer.add(*transition)
+                    else:
+                        staged.append(transition)
+                    dones = info["done"]
+                    self._on_dones(dones)
+                    episode_returns.append(info["episode_return"])
+                    episode_dones.append(dones)
                 obs = next_obs
             if staged:
-                buffer.extend(*(torch.stack(field) for field in zip(*staged)))
+                with phase("buffer"):
+                    buffer.extend(*(torch.stack(field) for field in zip(*staged)))
         self._obs = obs
         steps = cfg.train_freq * num_envs
         # the returns of the episodes that finished, summed, and their count: a few kernels for all steps
@@ -230,16 +236,23 @@ class OffPolicyAlgorithm(Algorithm):
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
         if self.num_timesteps + cfg.train_freq * global_envs - self._buffer_start > cfg.learning_starts and len(buffer):
-            gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
-            totals: dict[str, torch.Tensor] = {}
-            counts: dict[str, int] = {}  # updates that reported each metric (not necessarily all of them)
-            # Batches drawn together, up to ~64k rows at a time (the buffer does not change until the next collect).
-            chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // cfg.batch_size))
-            for first in range(0, gradient_steps, chunk):
-                for batch in buffer.sample_batches(min(chunk, gradient_steps - first), cfg.batch_size,
-                                                   prepare=self._prepare_batches):
-                    for key, value in self._update(batch).items():
-                        totals[key] = totals[key] + value if key in totals else value
-                        counts[key] = counts.get(key, 0) + 1
-            metrics.update({key: value / counts[key] if counts[key] > 1 else value for key, value in totals.items()})
+            with phase("update"):
+                metrics.update(self._gradient_steps(steps))
         return steps, metrics
+
+    def _gradient_steps(self, steps: int) -> dict[str, torch.Tensor]:
+        """This iteration's gradient steps (`steps`: its env steps on this rank) on uniform replay batches; returns
+        each metric averaged over the updates that reported it."""
+        cfg, buffer = self.config, self.buffer
+        gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
+        totals: dict[str, torch.Tensor] = {}
+        counts: dict[str, int] = {}  # updates that reported each metric (not necessarily all of them)
+        # Batches drawn together, up to ~64k rows at a time (the buffer does not change until the next collect).
+        chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // cfg.batch_size))
+        for first in range(0, gradient_steps, chunk):
+            for batch in buffer.sample_batches(min(chunk, gradient_steps - first), cfg.batch_size,
+                                               prepare=self._prepare_batches):
+                for key, value in self._update(batch).items():
+                    totals[key] = totals[key] + value if key in totals else value
+                    counts[key] = counts.get(key, 0) + 1
+        return {key: value / counts[key] if counts[key] > 1 else value for key, value in totals.items()}

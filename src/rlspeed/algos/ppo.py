@@ -18,6 +18,7 @@ from rlspeed.algos.fused_ppo import FusedPPOUpdate
 from rlspeed.algos.fused_ppo import supports as supports_fused
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
+from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
@@ -154,21 +155,37 @@ class PPO(Algorithm):
         obs = self._obs
         with torch.no_grad():
             for step in range(cfg.num_steps):
-                flat_obs = obs.flatten(1)
-                actions, log_probs, values = policy.act(flat_obs)
-                next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
-                dones = terminated | truncated
-                buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones)
-                episode_return_sum += torch.where(dones, info["episode_return"], 0.0).sum()
-                episode_count += dones.sum()
+                with phase("act"):
+                    actions, log_probs, values = policy.act(obs.flatten(1))
+                    env_actions = self._to_env(actions)
+                with phase("env"):
+                    next_obs, rewards, terminated, truncated, info = env.step(env_actions)
+                with phase("buffer"):
+                    dones = terminated | truncated
+                    buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones)
+                    episode_return_sum += torch.where(dones, info["episode_return"], 0.0).sum()
+                    episode_count += dones.sum()
                 obs = next_obs
             self._obs = obs
             # 2. GAE, bootstrapping every step from V(final_obs); termination cuts the bootstrap, truncation not.
-            next_values = policy.value(buf.next_obs.flatten(2).flatten(0, 1)).view_as(buf.values)
-            advantages, returns = gae(buf.rewards, buf.values, next_values, buf.terminated, buf.dones,
-                                      cfg.gamma, cfg.gae_lambda)
+            with phase("gae"):
+                next_values = policy.value(buf.next_obs.flatten(2).flatten(0, 1)).view_as(buf.values)
+                advantages, returns = gae(buf.rewards, buf.values, next_values, buf.terminated, buf.dones,
+                                          cfg.gamma, cfg.gae_lambda)
 
         # 3. Clipped-objective updates over shuffled minibatches.
+        with phase("update"):
+            stats = self._update_epochs(buf, advantages, returns, clip_range)
+        metrics = {"episode_return_sum": episode_return_sum, "episode_count": episode_count,
+                   "policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],
+                   "clipfrac": stats[4]}
+        return cfg.num_steps * env.num_envs, metrics
+
+    def _update_epochs(self, buf: RolloutBuffer, advantages: torch.Tensor, returns: torch.Tensor,
+                       clip_range: float) -> torch.Tensor:
+        """n_epochs of clipped-objective updates over shuffled minibatches of the rollout; returns the mean
+        [policy loss, value loss, entropy, approx_kl, clipfrac] of the updates that reported them."""
+        cfg = self.config
         batch_obs = buf.obs.flatten(2).flatten(0, 1)
         batch_actions = buf.actions.flatten(0, 1)
         batch_log_probs = buf.log_probs.flatten()
@@ -199,11 +216,7 @@ class PPO(Algorithm):
                 if minibatch_stats is not None:
                     stats += minibatch_stats
                     updates += 1
-        stats /= max(updates, 1)
-        metrics = {"episode_return_sum": episode_return_sum, "episode_count": episode_count,
-                   "policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],
-                   "clipfrac": stats[4]}
-        return cfg.num_steps * env.num_envs, metrics
+        return stats / max(updates, 1)
 
     def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
         """The PPO loss of one minibatch: (loss, [policy loss, value loss, entropy, approx_kl, clipfrac])."""

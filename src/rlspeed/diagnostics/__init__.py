@@ -1,1 +1,2 @@
-"""Diagnostics: `rlspeed doctor` and the profiler."""
+"""Diagnostics: `rlspeed doctor` (the device stack), `rlspeed profile` (where a training run's time goes) and the
+loop's phase markers the profiler reads."""

@@ -1,0 +1,240 @@
+"""`rlspeed profile`: where the time of a training run goes, and what to change.
+
+`profile_run(model)` trains an algorithm for a while three times: a warm-up (past ``learning_starts``, through the
+acceleration layer's one-off search), an unprofiled run that gives the steps/s to expect, and a run under
+``torch.profiler`` that splits the time into the loop's phases (`rlspeed.diagnostics.phases`: choosing actions,
+env.step, buffer writes, GAE, gradient steps, reading metrics back) and lists the operations that cost most.
+`advise` turns the shares into suggestions (a device-native env, ``--accelerate auto``, the CPU for tiny networks,
+...). The profiler itself slows operation-heavy phases down, so the shares are approximate; the unprofiled
+steps/s is the number to compare runs by.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from rlspeed.device import synchronize
+from rlspeed.diagnostics.phases import PHASES, PREFIX
+from rlspeed.envs import NATIVE_ENVS
+from rlspeed.errors import UserError
+
+DEFAULT_ITERATIONS = 10  # iterations profiled by default ...
+DEFAULT_MIN_STEPS = 2_000  # ... and at least this many env steps
+SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+# Thresholds of `advise` (shares of the profiled wall time)
+ENV_SHARE = 0.35
+UPDATE_SHARE = 0.5
+ACT_SHARE = 0.35
+SMALL_NETWORK = 20_000  # parameters; with fewer than SMALL_NETWORK_ENVS envs, launch latency rules on accelerators
+SMALL_NETWORK_ENVS = 256
+SYNCS_PER_1K = 10.0
+
+
+@dataclass
+class PhaseTime:
+    """One phase of the loop: host (CPU) milliseconds and device milliseconds (CUDA only, else 0) per 1,000 env
+    steps, and its share of the profiled wall time (host time; on an accelerator the host can run ahead of the
+    device, and waits for it where it reads a result back)."""
+
+    name: str
+    host_ms: float
+    device_ms: float
+    share: float
+
+
+@dataclass
+class OpTime:
+    """One operation: calls and self time (host, device) per 1,000 env steps."""
+
+    name: str
+    calls: float
+    host_ms: float
+    device_ms: float
+
+
+@dataclass
+class Profile:
+    """What `profile_run` measured; `str()` is the report `rlspeed profile` prints, `to_dict()` its JSON."""
+
+    algo: str
+    env_id: str
+    device: str
+    env_backend: str
+    num_envs: int
+    parameters: int
+    accelerate: dict
+    steps: int
+    sps: float  # unprofiled
+    profiled_sps: float
+    phases: list[PhaseTime] = field(default_factory=list)
+    top_ops: list[OpTime] = field(default_factory=list)
+    host_syncs: float = 0.0  # per 1,000 env steps
+    advice: list[str] = field(default_factory=list)
+
+    def share(self, name: str) -> float:
+        """The share of phase `name` (0 when it did not run)."""
+        return next((p.share for p in self.phases if p.name == name), 0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        on_device = self.device.startswith("cuda")  # the device's own times are recorded for CUDA only
+        lines = [f"rlspeed profile: {self.algo} {self.env_id} on {self.device} ({self.env_backend} envs x "
+                 f"{self.num_envs}, {self.parameters:,} parameters, accelerate {_describe(self.accelerate)})",
+                 f"  {self.sps:,.0f} steps/s unprofiled; {self.steps:,} steps profiled at {self.profiled_sps:,.0f} "
+                 "steps/s (the profiler slows operation-heavy phases, so shares are approximate)",
+                 "",
+                 f"  {'phase':<10}{'ms/1k steps':>12}{'share':>8}" + (f"{'device ms':>11}" if on_device else "")
+                 + "   what it is"]
+        for p in self.phases:
+            lines.append(f"  {p.name:<10}{p.host_ms:>12.1f}{p.share:>8.0%}"
+                         + (f"{p.device_ms:>11.1f}" if on_device else "") + f"   {_PHASE_TEXT.get(p.name, '')}")
+        lines += ["", f"  top operations (self time per 1k steps){'; device ms beside' if on_device else ''}:"]
+        for op in self.top_ops:
+            lines.append(f"    {op.name:<44}{op.host_ms:>9.1f} ms {op.calls:>9,.0f} calls"
+                         + (f"{op.device_ms:>9.1f} ms" if on_device else ""))
+        if not self.device.startswith("cpu"):
+            lines.append(f"  host syncs: {self.host_syncs:,.1f} per 1k steps")
+        lines += ["", "  advice:"] + [f"  - {line}" for line in self.advice]
+        return "\n".join(lines)
+
+
+_PHASE_TEXT = {**PHASES, "other": "the Python loop, schedules and everything not in a phase"}
+
+
+def _describe(accelerate: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in accelerate.items()) if accelerate else "off"
+
+
+def steps_per_iteration(model) -> int:
+    """Env steps one training iteration of `model` takes (a PPO rollout, or an off-policy `train_freq`)."""
+    cfg = model.config
+    return int(getattr(cfg, "num_steps", None) or getattr(cfg, "train_freq", 1)) * int(cfg.num_envs)
+
+
+def parameter_count(model) -> int:
+    """Parameters of the networks the model trains (target copies not counted twice)."""
+    seen: set[int] = set()
+    total = 0
+    for name, module in model._modules().items():
+        if isinstance(module, torch.nn.Module) and "target" not in name:
+            for p in module.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    total += p.numel()
+    return total
+
+
+def profile_run(model, steps: int | None = None, warmup_steps: int | None = None, top: int = 8,
+                trace: str | Path | None = None) -> Profile:
+    """Warm `model` up, time `steps` env steps of `learn` unprofiled, then `steps` more under torch.profiler.
+
+    Defaults: `steps` = the larger of 10 iterations and 2,000 env steps; `warmup_steps` = ``learning_starts`` plus
+    two iterations (gradient steps and the acceleration search then run before anything is timed). `trace`: also
+    write a Chrome/Perfetto trace there. The model keeps training throughout (three `learn` calls).
+    """
+    if model.strategy.enabled:
+        raise UserError("rlspeed profile runs in one process; profile without torchrun (one rank is what each "
+                        "process of a data-parallel run does, plus the gradient all-reduce).")
+    per_iteration = steps_per_iteration(model)
+    if steps is None:
+        steps = max(DEFAULT_ITERATIONS * per_iteration, DEFAULT_MIN_STEPS)
+    if steps <= 0:
+        raise UserError(f"steps must be positive, got {steps}.")
+    steps = math.ceil(steps / per_iteration) * per_iteration
+    if warmup_steps is None:
+        warmup_steps = int(getattr(model.config, "learning_starts", 0)) + 2 * per_iteration
+    if warmup_steps > 0:
+        model.learn(warmup_steps, progress_bar=False)
+    model.learn(steps, progress_bar=False)
+    sps = model.result.sps
+
+    activities = [ProfilerActivity.CPU]
+    if model.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        model.learn(steps, progress_bar=False)
+        synchronize(model.device)
+        wall_s = time.perf_counter() - started
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
+    steps_done = model.result.total_timesteps
+    per_1k = 1000.0 / max(steps_done, 1)
+
+    host_us: dict[str, float] = {}
+    device_us: dict[str, float] = {}
+    syncs = 0
+    for event in prof.events():
+        if event.name in SYNC_OPS and event.device_type == DeviceType.CPU:
+            syncs += 1
+        if not event.name.startswith(PREFIX) or event.device_type != DeviceType.CPU:
+            continue
+        name = event.name[len(PREFIX):]
+        host_us[name] = host_us.get(name, 0.0) + event.cpu_time_total
+        device_us[name] = device_us.get(name, 0.0) + getattr(event, "device_time_total", 0.0)
+    wall_us = wall_s * 1e6
+    phases = [PhaseTime(name, host_us[name] / 1e3 * per_1k, device_us[name] / 1e3 * per_1k, host_us[name] / wall_us)
+              for name in PHASES if name in host_us]
+    other_us = max(wall_us - sum(host_us.values()), 0.0)
+    phases.append(PhaseTime("other", other_us / 1e3 * per_1k, 0.0, other_us / wall_us))
+
+    ops = [op for op in prof.key_averages() if not op.key.startswith(PREFIX) and not op.key.startswith("ProfilerStep")]
+    ops.sort(key=lambda op: op.self_cpu_time_total + getattr(op, "self_device_time_total", 0.0), reverse=True)
+    top_ops = [OpTime(op.key, op.count * per_1k, op.self_cpu_time_total / 1e3 * per_1k,
+                      getattr(op, "self_device_time_total", 0.0) / 1e3 * per_1k) for op in ops[:top]]
+
+    result = Profile(algo=model.name, env_id=model.env_id, device=str(model.device), env_backend=model.env_backend,
+                     num_envs=int(model.config.num_envs), parameters=parameter_count(model),
+                     accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
+                     steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
+                     top_ops=top_ops, host_syncs=syncs * per_1k)
+    result.advice = advise(result)
+    return result
+
+
+def advise(result: Profile) -> list[str]:
+    """Suggestions from a profile's shares and settings, each saying which measurement it comes from."""
+    advice = []
+    device_type = result.device.split(":")[0]
+    env_share, update_share, act_share = result.share("env"), result.share("update"), result.share("act")
+    if env_share >= ENV_SHARE:
+        if result.env_backend.startswith("gymnasium") and result.env_id in NATIVE_ENVS:
+            advice.append(f"env.step takes {env_share:.0%} of the time and this env has a device-native version: "
+                          "--env-backend torch steps all envs with a few tensor operations.")
+        elif result.env_backend == "gymnasium" and result.num_envs >= 4:
+            advice.append(f"env.step takes {env_share:.0%} of the time: --env-backend gymnasium-async steps the "
+                          "envs in subprocesses, which pays off when one env step is slow.")
+        else:
+            advice.append(f"env.step takes {env_share:.0%} of the time: more envs per step (--num-envs) spread "
+                          "its fixed cost over more transitions.")
+    if update_share >= UPDATE_SHARE and result.parameters < SMALL_NETWORK:
+        advice.append(f"gradient steps take {update_share:.0%} of the time, and with {result.parameters:,} "
+                      "parameters they are bound by per-operation overhead, not arithmetic: reduced precision seldom "
+                      "helps there (--accelerate auto measures it and keeps fp32 eager when nothing is faster); "
+                      "fewer, larger minibatches do, at the price of other learning dynamics.")
+    elif update_share >= UPDATE_SHARE and not result.accelerate:
+        advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it measures "
+                      "bf16, torch.compile and graph capture for the update on this device and keeps fp32 eager "
+                      "where nothing is faster).")
+    if device_type != "cpu" and result.parameters < SMALL_NETWORK and result.num_envs < SMALL_NETWORK_ENVS:
+        advice.append(f"a small network ({result.parameters:,} parameters) with {result.num_envs} envs on "
+                      f"{result.device}: every step is a chain of tiny kernels, so launch latency rather than "
+                      "arithmetic sets the speed. Compare with --device cpu, or raise --num-envs.")
+    if act_share >= ACT_SHARE:
+        advice.append(f"choosing actions takes {act_share:.0%} of the time (one forward pass per env step): more "
+                      "envs per step (--num-envs) amortise it.")
+    if device_type != "cpu" and result.host_syncs > SYNCS_PER_1K:
+        advice.append(f"{result.host_syncs:,.0f} host syncs per 1k steps (`.item()`, `float(tensor)`, device "
+                      "synchronisations): each waits for the device's queue to drain.")
+    if not advice:
+        advice.append("no phase stands out; the top operations above are where the time goes.")
+    return advice
