@@ -65,7 +65,7 @@ train sac-3k sac Pendulum-v1 --target-return none --total-timesteps 3000; \
 train sac-3k-handderived sac Pendulum-v1 --target-return none --total-timesteps 3000 --accelerate off; \
 train dqn-30k dqn CartPole-v1 --target-return none --total-timesteps 30000; \
 train dqn-30k-handderived dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off"
-# rlspeed profile on the GPU (its device-time column and the small-network advice were written without one)
+# rlspeed profile on the GPU (its device busy time, sync count and small-network advice were written without one)
 part profile 60 python3 -m rlspeed profile ppo CartPole-v1 --device "$DEVICE"
 # -n and --timeout: pytest-xdist and pytest-timeout, which the GPU machine's image has (not in the test extras)
 [ "$QUICK" = 1 ] || part suite 150 python3 -m pytest -p no:cacheprovider -q -n 8 --timeout 100 -rfE tests

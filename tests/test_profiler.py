@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from rlspeed import PPO, SAC, UserError, cli
+from rlspeed import DQN, PPO, SAC, UserError, cli
 from rlspeed.diagnostics.phases import PREFIX
 from rlspeed.diagnostics.profiler import PhaseTime, Profile, advise, profile_run
 
@@ -38,8 +38,18 @@ def test_profile_times_off_policy_gradient_steps_and_rounds_steps_to_iterations(
     assert result.steps == 32
     assert result.share("update") > 0 and result.share("act") > 0 and result.share("buffer") > 0
     assert "gae" not in [p.name for p in result.phases]
+    assert result.device_busy_ms is None and result.host_syncs is None  # device figures exist for CUDA only
     with pytest.raises(UserError, match="steps must be positive"):
         profile_run(model, steps=0, warmup_steps=0)
+
+
+def test_dqn_profile_covers_staged_collection_over_several_steps():
+    model = DQN("CartPole-v1", device="cpu", seed=0, env_backend="torch", num_envs=4, train_freq=8,
+                gradient_steps=2, learning_starts=64, batch_size=16, net_arch=(16, 16))
+    result = profile_run(model, steps=64)
+    assert result.steps == 64
+    assert all(result.share(name) > 0 for name in ("act", "env", "buffer", "update"))
+    assert sum(p.share for p in result.phases) == pytest.approx(1.0, abs=1e-6)
 
 
 def test_a_users_own_torch_profiler_sees_the_phases():
@@ -53,35 +63,56 @@ def test_a_users_own_torch_profiler_sees_the_phases():
 def _profile(**changes) -> Profile:
     settings = dict(algo="ppo", env_id="CartPole-v1", device="cpu", env_backend="torch", num_envs=32,
                     parameters=9_000, accelerate={}, steps=1000, sps=1000.0, profiled_sps=800.0,
-                    phases=[PhaseTime("act", 1, 0, 0.2), PhaseTime("env", 1, 0, 0.2), PhaseTime("update", 1, 0, 0.3),
-                            PhaseTime("other", 1, 0, 0.3)])
+                    phases=[PhaseTime("act", 1, 0.2), PhaseTime("env", 1, 0.2), PhaseTime("update", 1, 0.3),
+                            PhaseTime("other", 1, 0.3)])
     settings.update(changes)
     return Profile(**settings)
 
 
-def test_advice_follows_the_measured_shares_and_settings():
-    assert advise(_profile()) == ["no phase stands out; the top operations above are where the time goes."]
-    env_bound = [PhaseTime("env", 1, 0, 0.6), PhaseTime("update", 1, 0, 0.2), PhaseTime("other", 1, 0, 0.2)]
+NOTHING = ["no phase stands out; the top operations above are where the time goes."]
+
+
+def test_advice_on_env_bound_runs_names_the_faster_backend_where_there_is_one():
+    assert advise(_profile()) == NOTHING
+    env_bound = [PhaseTime("env", 60, 0.6), PhaseTime("update", 1, 0.2), PhaseTime("other", 1, 0.2)]
     [line] = advise(_profile(env_backend="gymnasium", phases=env_bound))
     assert "--env-backend torch" in line and "60%" in line
-    [line] = advise(_profile(env_backend="gymnasium", env_id="Acrobot-v1x", phases=env_bound))
-    assert "gymnasium-async" in line
-    update_bound = [PhaseTime("update", 1, 0, 0.8), PhaseTime("other", 1, 0, 0.2)]
+    # with few envs on a CPU Gymnasium's version is the faster one (CPU_NATIVE_MIN_ENVS): no native advice then
+    [line] = advise(_profile(env_backend="gymnasium", num_envs=2, phases=env_bound))
+    assert "--env-backend torch" not in line and "--num-envs" in line
+    [line] = advise(_profile(env_backend="gymnasium", env_id="Slow-v0", phases=env_bound))
+    assert "gymnasium-async" in line and "60 us per env step" in line
+    fast_env = [PhaseTime("env", 10, 0.6), PhaseTime("other", 1, 0.4)]  # 10 us a step: subprocesses cost more
+    [line] = advise(_profile(env_backend="gymnasium", env_id="Fast-v0", phases=fast_env))
+    assert "gymnasium-async" not in line and "--num-envs" in line
+    [line] = advise(_profile(phases=[PhaseTime("act", 1, 0.5), PhaseTime("other", 1, 0.5)]))
+    assert "choosing actions takes 50%" in line
+
+
+def test_advice_on_update_bound_runs_depends_on_network_size_and_acceleration():
+    update_bound = [PhaseTime("update", 1, 0.8), PhaseTime("other", 1, 0.2)]
     [line] = advise(_profile(parameters=200_000, phases=update_bound))
-    assert "--accelerate auto" in line and "80%" in line
-    assert advise(_profile(parameters=200_000, phases=update_bound, accelerate={"precision": "bf16-matmul"})) == [
-        "no phase stands out; the top operations above are where the time goes."]
+    assert "--accelerate auto" in line and "80%" in line and "bf16 matrix products" in line
+    [line] = advise(_profile(parameters=200_000, phases=update_bound, device="cuda:0"))
+    assert "whole-step CUDA graphs" in line
+    [line] = advise(_profile(parameters=200_000, phases=update_bound, accelerate={"precision": "bf16-matmul"}))
+    assert "80%" in line and "bf16-matmul" in line and "--accelerate auto" not in line
     [line] = advise(_profile(phases=update_bound))  # a tiny network: precision is not the lever
     assert "per-operation overhead" in line and "keeps fp32 eager when nothing is faster" in line
-    lines = advise(_profile(device="cuda:0", host_syncs=50.0))
-    assert any("--device cpu" in line for line in lines) and any("host syncs" in line for line in lines)
-    assert not any("--device cpu" in line for line in advise(_profile(device="cuda:0", parameters=200_000)))
 
 
-def test_report_shows_device_times_and_syncs_on_cuda_only():
-    cpu, cuda = str(_profile()), str(_profile(device="cuda:0", host_syncs=50.0))
-    assert "device ms" not in cpu and "host syncs" not in cpu
-    assert "device ms" in cuda and "host syncs: 50.0 per 1k steps" in cuda
+def test_advice_for_accelerators_small_networks_and_host_syncs():
+    lines = advise(_profile(device="cuda:0", device_busy_ms=5.0, host_syncs=50.0))
+    assert any("--device cpu" in line for line in lines) and any("50 host syncs" in line for line in lines)
+    assert advise(_profile(device="cuda:0", parameters=200_000, device_busy_ms=5.0, host_syncs=2.0)) == NOTHING
+
+
+def test_report_shows_device_figures_on_cuda_only_and_wraps_advice():
+    cpu = str(_profile(advice=["word " * 60]))
+    cuda = str(_profile(device="cuda:0", device_busy_ms=500.0, host_syncs=50.0, profiled_sps=800.0))
+    assert "device busy" not in cpu and "host syncs" not in cpu
+    assert "device busy 500.0 ms per 1k steps (40% of the wall time); host syncs 50.0 per 1k steps" in cuda
+    assert max(len(line) for line in cpu.splitlines() if line.lstrip().startswith(("-", "word"))) <= 116
 
 
 def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
@@ -96,3 +127,12 @@ def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
     assert data["steps"] == 256 and {p["name"] for p in data["phases"]} >= {"env", "update", "other"}
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == PREFIX + "update" for e in events)
+
+
+@pytest.mark.parametrize("args, message", [(["--steps", "0"], "--steps must be positive"),
+                                           (["--trace", "/nonexistent-dir/t.json"], "--trace"),
+                                           (["--trace", "."], "--trace")])
+def test_profile_command_refuses_bad_arguments_before_training(args, message, capsys):
+    assert cli.main(["profile", "ppo", "CartPole-v1", "--device", "cpu", *args]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and "profiling" not in captured.out

@@ -211,15 +211,22 @@ def cmd_profile(args: argparse.Namespace) -> int:
     and print where the time goes, per phase of the loop and per operation, with advice; returns the exit code."""
     from rlspeed.diagnostics.profiler import profile_run
 
+    if args.steps is not None and args.steps <= 0:
+        raise UserError(f"--steps must be positive, got {args.steps}.")
+    trace = Path(args.trace) if args.trace else None
+    if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
+        raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
     algo_cls, _run_settings, hyper = _settings(args)
     model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
                      accelerate=args.accelerate, num_threads=args.threads, **hyper)
     print(f"rlspeed: profiling {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, device "
           f"{model.device}): warm-up, an unprofiled run, then a profiled run", flush=True)
-    result = profile_run(model, steps=args.steps, trace=args.trace)
+    result = profile_run(model, steps=args.steps, trace=trace)
     print(result)
-    if args.trace:
-        print(f"rlspeed: trace written to {args.trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+    if trace is not None:
+        if not trace.is_file():
+            raise UserError(f"the profiler could not write the trace to {trace}.")
+        print(f"rlspeed: trace written to {trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
     if args.json:
         print(json.dumps(result.to_dict()))
     return 0
@@ -344,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="where the time of a training run goes, and what to change")
     prof.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
     prof.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
-    prof.add_argument("--steps", type=int, default=None,
-                      help="env steps per timed run (default: 10 iterations, at least 2,000)")
+    prof.add_argument("--steps", type=int, default=None, help="env steps per timed run, rounded up to whole "
+                      "iterations (default: 10 iterations, at least 2,000)")
     prof.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")

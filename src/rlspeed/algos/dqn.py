@@ -30,6 +30,7 @@ from rlspeed.algos.off_policy import (
     polyak_update,
 )
 from rlspeed.device import rules
+from rlspeed.diagnostics.phases import phase
 from rlspeed.flat import sequential_linears
 from rlspeed.nn import ACTIVATIONS, make_adam, mlp
 
@@ -197,7 +198,8 @@ class DQN(OffPolicyAlgorithm):
         before = self.num_timesteps
         global_steps = self.config.train_freq * self._envs_all_ranks  # (`steps` below: this rank's)
         if before + global_steps > self.config.learning_starts:
-            self._prepare_collection(before)  # (before learning_starts, actions are uniform: nothing to prepare)
+            with phase("act"):  # (before learning_starts, actions are uniform: nothing to prepare)
+                self._prepare_collection(before)
         steps, metrics = super()._train_iteration()
         self._draws = self._collect_weights = None
         # Target network: every target_update_interval env steps (Stable-Baselines3's convention), by copy (tau=1)
@@ -205,7 +207,8 @@ class DQN(OffPolicyAlgorithm):
         interval = self.config.target_update_interval
         due = (before + global_steps) // interval - before // interval
         if due > 0:
-            polyak_update(self._target_params, self._params, 1.0 - (1.0 - self.config.tau) ** due)
+            with phase("update"):
+                polyak_update(self._target_params, self._params, 1.0 - (1.0 - self.config.tau) ** due)
         metrics["epsilon"] = torch.full((), self.epsilon(before + global_steps), device=self.device)
         return steps, metrics
 

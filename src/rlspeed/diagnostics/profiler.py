@@ -7,11 +7,17 @@ env.step, buffer writes, GAE, gradient steps, reading metrics back) and lists th
 `advise` turns the shares into suggestions (a device-native env, ``--accelerate auto``, the CPU for tiny networks,
 ...). The profiler itself slows operation-heavy phases down, so the shares are approximate; the unprofiled
 steps/s is the number to compare runs by.
+
+Shares are of host (CPU) time. On CUDA the host runs ahead of the device and waits for it where it reads a result
+back (the ``metrics`` phase, ``.item()`` calls), so there the profile also reports the device's busy time and the
+host syncs; kernels are not attributed to phases (backward kernels are launched from autograd's own thread).
+The thresholds of `advise` are rules of thumb; each line of advice states the share that triggered it.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,36 +28,36 @@ from torch.profiler import ProfilerActivity, profile
 
 from rlspeed.device import synchronize
 from rlspeed.diagnostics.phases import PHASES, PREFIX
-from rlspeed.envs import NATIVE_ENVS
+from rlspeed.envs import CPU_NATIVE_MIN_ENVS, NATIVE_ENVS
 from rlspeed.errors import UserError
 
 DEFAULT_ITERATIONS = 10  # iterations profiled by default ...
 DEFAULT_MIN_STEPS = 2_000  # ... and at least this many env steps
-SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
-# Thresholds of `advise` (shares of the profiled wall time)
+# CUDA runtime calls that block the host until the device catches up (`.item()` is a copy, then a stream sync)
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+# Thresholds of `advise` (shares of the profiled wall time, unless said otherwise)
 ENV_SHARE = 0.35
 UPDATE_SHARE = 0.5
 ACT_SHARE = 0.35
+SLOW_ENV_MS = 50.0  # env ms per 1k env steps (50 us a step), from which subprocess envs may pay off
 SMALL_NETWORK = 20_000  # parameters; with fewer than SMALL_NETWORK_ENVS envs, launch latency rules on accelerators
 SMALL_NETWORK_ENVS = 256
 SYNCS_PER_1K = 10.0
+REPORT_WIDTH = 116
 
 
 @dataclass
 class PhaseTime:
-    """One phase of the loop: host (CPU) milliseconds and device milliseconds (CUDA only, else 0) per 1,000 env
-    steps, and its share of the profiled wall time (host time; on an accelerator the host can run ahead of the
-    device, and waits for it where it reads a result back)."""
+    """One phase of the loop: host (CPU) milliseconds per 1,000 env steps and its share of the profiled wall time."""
 
     name: str
     host_ms: float
-    device_ms: float
     share: float
 
 
 @dataclass
 class OpTime:
-    """One operation: calls and self time (host, device) per 1,000 env steps."""
+    """One operation: calls and self time (host; device on CUDA, else 0) per 1,000 env steps."""
 
     name: str
     calls: float
@@ -75,35 +81,42 @@ class Profile:
     profiled_sps: float
     phases: list[PhaseTime] = field(default_factory=list)
     top_ops: list[OpTime] = field(default_factory=list)
-    host_syncs: float = 0.0  # per 1,000 env steps
+    device_busy_ms: float | None = None  # CUDA: kernel and copy time per 1,000 env steps; None elsewhere
+    host_syncs: float | None = None  # CUDA: blocking runtime calls per 1,000 env steps; None elsewhere
     advice: list[str] = field(default_factory=list)
 
     def share(self, name: str) -> float:
         """The share of phase `name` (0 when it did not run)."""
         return next((p.share for p in self.phases if p.name == name), 0.0)
 
+    def host_ms(self, name: str) -> float:
+        """Host milliseconds per 1,000 env steps of phase `name` (0 when it did not run)."""
+        return next((p.host_ms for p in self.phases if p.name == name), 0.0)
+
     def to_dict(self) -> dict:
+        """The profile as plain JSON-ready data (what `rlspeed profile --json` prints)."""
         return asdict(self)
 
     def __str__(self) -> str:
-        on_device = self.device.startswith("cuda")  # the device's own times are recorded for CUDA only
+        on_device = self.device_busy_ms is not None
         lines = [f"rlspeed profile: {self.algo} {self.env_id} on {self.device} ({self.env_backend} envs x "
                  f"{self.num_envs}, {self.parameters:,} parameters, accelerate {_describe(self.accelerate)})",
                  f"  {self.sps:,.0f} steps/s unprofiled; {self.steps:,} steps profiled at {self.profiled_sps:,.0f} "
-                 "steps/s (the profiler slows operation-heavy phases, so shares are approximate)",
-                 "",
-                 f"  {'phase':<10}{'ms/1k steps':>12}{'share':>8}" + (f"{'device ms':>11}" if on_device else "")
-                 + "   what it is"]
+                 "steps/s", "  (shares are approximate: the profiler slows operation-heavy phases most)",
+                 "", f"  {'phase':<10}{'ms/1k steps':>12}{'share':>8}   what it is"]
         for p in self.phases:
-            lines.append(f"  {p.name:<10}{p.host_ms:>12.1f}{p.share:>8.0%}"
-                         + (f"{p.device_ms:>11.1f}" if on_device else "") + f"   {_PHASE_TEXT.get(p.name, '')}")
-        lines += ["", f"  top operations (self time per 1k steps){'; device ms beside' if on_device else ''}:"]
+            lines.append(f"  {p.name:<10}{p.host_ms:>12.1f}{p.share:>8.0%}   {_PHASE_TEXT.get(p.name, '')}")
+        if on_device:
+            busy = self.device_busy_ms * self.profiled_sps / 1e6
+            lines.append(f"  device busy {self.device_busy_ms:,.1f} ms per 1k steps ({busy:.0%} of the wall time); "
+                         f"host syncs {self.host_syncs:,.1f} per 1k steps")
+        lines += ["", f"  top operations (self time per 1k steps{', host then device' if on_device else ''}):"]
         for op in self.top_ops:
-            lines.append(f"    {op.name:<44}{op.host_ms:>9.1f} ms {op.calls:>9,.0f} calls"
-                         + (f"{op.device_ms:>9.1f} ms" if on_device else ""))
-        if not self.device.startswith("cpu"):
-            lines.append(f"  host syncs: {self.host_syncs:,.1f} per 1k steps")
-        lines += ["", "  advice:"] + [f"  - {line}" for line in self.advice]
+            lines.append(f"    {op.name:<44}{op.host_ms:>9.1f} ms" + (f"{op.device_ms:>9.1f} ms" if on_device else "")
+                         + f" {op.calls:>9,.0f} calls")
+        lines += ["", "  advice:"]
+        for line in self.advice:
+            lines += textwrap.wrap(line, REPORT_WIDTH, initial_indent="  - ", subsequent_indent="    ")
         return "\n".join(lines)
 
 
@@ -121,7 +134,7 @@ def steps_per_iteration(model) -> int:
 
 
 def parameter_count(model) -> int:
-    """Parameters of the networks the model trains (target copies not counted twice)."""
+    """Parameters of the networks the model trains (target copies not counted)."""
     seen: set[int] = set()
     total = 0
     for name, module in model._modules().items():
@@ -137,9 +150,11 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                 trace: str | Path | None = None) -> Profile:
     """Warm `model` up, time `steps` env steps of `learn` unprofiled, then `steps` more under torch.profiler.
 
-    Defaults: `steps` = the larger of 10 iterations and 2,000 env steps; `warmup_steps` = ``learning_starts`` plus
-    two iterations (gradient steps and the acceleration search then run before anything is timed). `trace`: also
-    write a Chrome/Perfetto trace there. The model keeps training throughout (three `learn` calls).
+    Defaults: `steps` = the larger of 10 iterations and 2,000 env steps (always rounded up to whole iterations);
+    `warmup_steps` = ``learning_starts`` plus two iterations (gradient steps and the acceleration search then run
+    before anything is timed). `trace`: also write a Chrome/Perfetto trace there. The model keeps training
+    throughout: three `learn` calls, each running its schedules (PPO's annealing, DQN's epsilon) over its own
+    steps as `learn` does; afterwards `model.result` is the profiled (slowed) run's.
     """
     if model.strategy.enabled:
         raise UserError("rlspeed profile runs in one process; profile without torchrun (one rank is what each "
@@ -157,9 +172,8 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
     model.learn(steps, progress_bar=False)
     sps = model.result.sps
 
-    activities = [ProfilerActivity.CPU]
-    if model.device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    on_cuda = model.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     with profile(activities=activities) as prof:
         started = time.perf_counter()
         model.learn(steps, progress_bar=False)
@@ -171,60 +185,74 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
     per_1k = 1000.0 / max(steps_done, 1)
 
     host_us: dict[str, float] = {}
-    device_us: dict[str, float] = {}
     syncs = 0
     for event in prof.events():
-        if event.name in SYNC_OPS and event.device_type == DeviceType.CPU:
-            syncs += 1
-        if not event.name.startswith(PREFIX) or event.device_type != DeviceType.CPU:
+        if event.device_type != DeviceType.CPU:
             continue
-        name = event.name[len(PREFIX):]
-        host_us[name] = host_us.get(name, 0.0) + event.cpu_time_total
-        device_us[name] = device_us.get(name, 0.0) + getattr(event, "device_time_total", 0.0)
+        if event.name in SYNC_CALLS:
+            syncs += 1
+        elif event.name.startswith(PREFIX):  # phases do not nest: each range is its own slice of the loop
+            name = event.name[len(PREFIX):]
+            host_us[name] = host_us.get(name, 0.0) + event.cpu_time_total
     wall_us = wall_s * 1e6
-    phases = [PhaseTime(name, host_us[name] / 1e3 * per_1k, device_us[name] / 1e3 * per_1k, host_us[name] / wall_us)
-              for name in PHASES if name in host_us]
+    order = [name for name in PHASES if name in host_us] + sorted(set(host_us) - set(PHASES))
+    phases = [PhaseTime(name, host_us[name] / 1e3 * per_1k, host_us[name] / wall_us) for name in order]
     other_us = max(wall_us - sum(host_us.values()), 0.0)
-    phases.append(PhaseTime("other", other_us / 1e3 * per_1k, 0.0, other_us / wall_us))
+    phases.append(PhaseTime("other", other_us / 1e3 * per_1k, other_us / wall_us))
 
-    ops = [op for op in prof.key_averages() if not op.key.startswith(PREFIX) and not op.key.startswith("ProfilerStep")]
-    ops.sort(key=lambda op: op.self_cpu_time_total + getattr(op, "self_device_time_total", 0.0), reverse=True)
-    top_ops = [OpTime(op.key, op.count * per_1k, op.self_cpu_time_total / 1e3 * per_1k,
-                      getattr(op, "self_device_time_total", 0.0) / 1e3 * per_1k) for op in ops[:top]]
+    averages = prof.key_averages()
+    ops = [op for op in averages if not op.key.startswith(PREFIX) and not op.key.startswith("ProfilerStep")]
+    ops.sort(key=lambda op: op.self_cpu_time_total + _device_us(op), reverse=True)
+    top_ops = [OpTime(op.key, op.count * per_1k, op.self_cpu_time_total / 1e3 * per_1k, _device_us(op) / 1e3 * per_1k)
+               for op in ops[:top]]
 
     result = Profile(algo=model.name, env_id=model.env_id, device=str(model.device), env_backend=model.env_backend,
                      num_envs=int(model.config.num_envs), parameters=parameter_count(model),
                      accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
-                     top_ops=top_ops, host_syncs=syncs * per_1k)
+                     top_ops=top_ops,
+                     device_busy_ms=sum(_device_us(op) for op in averages) / 1e3 * per_1k if on_cuda else None,
+                     host_syncs=syncs * per_1k if on_cuda else None)
     result.advice = advise(result)
     return result
 
 
+def _device_us(op) -> float:
+    return float(getattr(op, "self_device_time_total", 0.0))
+
+
 def advise(result: Profile) -> list[str]:
-    """Suggestions from a profile's shares and settings, each saying which measurement it comes from."""
+    """Suggestions from a profile's shares and settings, each stating the measurement it comes from."""
     advice = []
     device_type = result.device.split(":")[0]
     env_share, update_share, act_share = result.share("env"), result.share("update"), result.share("act")
+    few_on_cpu = device_type == "cpu" and result.num_envs < CPU_NATIVE_MIN_ENVS
     if env_share >= ENV_SHARE:
-        if result.env_backend.startswith("gymnasium") and result.env_id in NATIVE_ENVS:
+        if result.env_backend.startswith("gymnasium") and result.env_id in NATIVE_ENVS and not few_on_cpu:
             advice.append(f"env.step takes {env_share:.0%} of the time and this env has a device-native version: "
                           "--env-backend torch steps all envs with a few tensor operations.")
-        elif result.env_backend == "gymnasium" and result.num_envs >= 4:
-            advice.append(f"env.step takes {env_share:.0%} of the time: --env-backend gymnasium-async steps the "
-                          "envs in subprocesses, which pays off when one env step is slow.")
+        elif result.env_backend == "gymnasium" and result.num_envs >= 4 and result.host_ms("env") >= SLOW_ENV_MS:
+            advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
+                          "step): --env-backend gymnasium-async steps the envs in subprocesses, which can pay off "
+                          "for envs this slow.")
         else:
             advice.append(f"env.step takes {env_share:.0%} of the time: more envs per step (--num-envs) spread "
                           "its fixed cost over more transitions.")
-    if update_share >= UPDATE_SHARE and result.parameters < SMALL_NETWORK:
-        advice.append(f"gradient steps take {update_share:.0%} of the time, and with {result.parameters:,} "
-                      "parameters they are bound by per-operation overhead, not arithmetic: reduced precision seldom "
-                      "helps there (--accelerate auto measures it and keeps fp32 eager when nothing is faster); "
-                      "fewer, larger minibatches do, at the price of other learning dynamics.")
-    elif update_share >= UPDATE_SHARE and not result.accelerate:
-        advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it measures "
-                      "bf16, torch.compile and graph capture for the update on this device and keeps fp32 eager "
-                      "where nothing is faster).")
+    if update_share >= UPDATE_SHARE:
+        if result.parameters < SMALL_NETWORK:
+            advice.append(f"gradient steps take {update_share:.0%} of the time, and with {result.parameters:,} "
+                          "parameters they are bound by per-operation overhead, not arithmetic: reduced precision "
+                          "seldom helps there (--accelerate auto measures it and keeps fp32 eager when nothing is "
+                          "faster); fewer, larger minibatches do, at the price of other learning dynamics.")
+        elif not result.accelerate:
+            measured = {"cpu": "bf16 matrix products", "cuda": "TF32/bf16 and whole-step CUDA graphs"}.get(
+                device_type, "reduced precision and compilation")
+            advice.append(f"gradient steps take {update_share:.0%} of the time: try --accelerate auto (it measures "
+                          f"{measured} for the update on this device and keeps fp32 eager where nothing is faster).")
+        else:
+            advice.append(f"gradient steps take {update_share:.0%} of the time with the acceleration layer's choice "
+                          f"({_describe(result.accelerate)}): what is left is the update's own arithmetic; fewer "
+                          "gradient steps per env step or a smaller network would change it, and the learning too.")
     if device_type != "cpu" and result.parameters < SMALL_NETWORK and result.num_envs < SMALL_NETWORK_ENVS:
         advice.append(f"a small network ({result.parameters:,} parameters) with {result.num_envs} envs on "
                       f"{result.device}: every step is a chain of tiny kernels, so launch latency rather than "
@@ -232,9 +260,9 @@ def advise(result: Profile) -> list[str]:
     if act_share >= ACT_SHARE:
         advice.append(f"choosing actions takes {act_share:.0%} of the time (one forward pass per env step): more "
                       "envs per step (--num-envs) amortise it.")
-    if device_type != "cpu" and result.host_syncs > SYNCS_PER_1K:
-        advice.append(f"{result.host_syncs:,.0f} host syncs per 1k steps (`.item()`, `float(tensor)`, device "
-                      "synchronisations): each waits for the device's queue to drain.")
+    if result.host_syncs is not None and result.host_syncs > SYNCS_PER_1K:
+        advice.append(f"{result.host_syncs:,.0f} host syncs per 1k steps (`.item()`, `float(tensor)`, copies to "
+                      "the host): each waits for the device's queue to drain.")
     if not advice:
         advice.append("no phase stands out; the top operations above are where the time goes.")
     return advice
