@@ -172,6 +172,24 @@ def time_interleaved(variants: dict, reps: int, calls: int, device: torch.device
     return times
 
 
+PRODUCT_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
+
+
+def product_ms(variants: dict, calls: int) -> dict[str, float]:
+    """CPU: milliseconds per update spent inside matrix products (self time of the product kernels under
+    torch.profiler, `calls` updates of each variant). What is left of a variant's time without them is what no
+    matmul precision can remove: plain / (variant - products) bounds the speed-up of precision choices alone."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spent = {}
+    for name, fn in variants.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for index in range(calls):
+                fn(index)
+        spent[name] = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCT_OPS) / 1e3 / calls
+    return spent
+
+
 def bench_sac(args, device: torch.device) -> dict:
     batches = make_batches(8, args.batch, args.obs_dim, args.action_dim, device)
     plain = SAC(args.obs_dim, args.action_dim, args.hidden, device)
@@ -194,8 +212,10 @@ def bench_sac(args, device: torch.device) -> dict:
         for i in range(args.warmup):
             fn(i)
     times = time_interleaved(variants, args.reps, args.calls, device)
+    products = product_ms(variants, 2 * args.calls) if device.type == "cpu" else {}
     reports = {step.name: step.report for step in steps}
-    return {"times_ms": times, "search_s": search_s, "reports": {k: str(v) for k, v in reports.items()},
+    return {"times_ms": times, "product_ms": products, "search_s": search_s,
+            "reports": {k: str(v) for k, v in reports.items()},
             "chosen": {k: v.chosen.label for k, v in reports.items()},
             "chosen_no_graphs": {step.name: step.report.chosen.label for step in no_graph_steps},
             "graph_replays": {step.name: step.graph_replays for step in steps}}
@@ -305,6 +325,16 @@ def report(sac: dict, tiny: dict | None, settings: dict) -> list[str]:
                                         "Speed-up (paired median)"], rows))
     lines += ["", f"Strategy search and setup for step-fp32 and accelerated: {sac['search_s']:.1f} s (once; cached "
               "afterwards; the graphs=False variant's, on CUDA, is not timed)."]
+    if sac.get("product_ms"):
+        plain = s["plain"]["median_ms"]
+        rows = [[names[n], f"{ms:.2f}", f"{s[n]['median_ms'] - ms:.2f}",
+                 f"{plain / max(s[n]['median_ms'] - ms, 1e-9):.2f}x"] for n, ms in sac["product_ms"].items()]
+        lines += ["", "Where an eager step's time goes: milliseconds per update inside matrix products (self time of "
+                  f"{', '.join(PRODUCT_OPS)} under torch.profiler, {2 * settings['calls']} profiled updates of each "
+                  "variant), the rest of the median above, and the speed-up over plain if those products cost "
+                  "nothing: the most any matmul precision could give that variant.", ""]
+        lines.append(common.markdown_table(["Variant", "in products (ms)", "rest (ms)",
+                                            "bound: plain / rest"], rows))
     if tiny is not None:
         t = tiny["summary"]
         update = t["update-accelerated"]["median_ms"] / t["update-plain"]["median_ms"] - 1
