@@ -312,7 +312,7 @@ def sb3_time_to_target(model, env, eval_env, budget: int, eval_freq: int, eval_s
     train_wall_s = callback.train_clock()
     env.close()
     eval_env.close()
-    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": str(model.device),
             "reached": callback.time_to_target_s is not None, "time_to_target_s": callback.time_to_target_s,
             "steps_to_target": callback.steps_to_target, "steps": model.num_timesteps,
             "train_wall_s": train_wall_s, "evaluations": callback.evaluations, "threads": torch.get_num_threads()}

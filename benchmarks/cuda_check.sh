@@ -4,7 +4,7 @@
 #   2. benchmarks/accel_update_step.py on CUDA (writes the README's accel_cuda section and its results JSON);
 #   3. training runs on CUDA with --accelerate auto (native envs on the GPU): every algorithm to its preset's target,
 #      then SAC and DQN throughput at a fixed number of steps against --accelerate off;
-#   4. rlspeed profile of PPO CartPole on the GPU;
+#   4. rlspeed profile of PPO CartPole on the GPU, and with SB3=1 Stable-Baselines3's SAC on the GPU beside rlspeed's;
 #   5. the whole test suite on the GPU machine (device "auto" is CUDA there).
 # Logs and results go to $OUT (default /tmp/rlspeed-cuda-check). Gymnasium wheels in .whl/ are installed first when
 # present (machines without network access). Each part has its own time limit; a failing part does not stop the rest.
@@ -67,6 +67,10 @@ train dqn-30k dqn CartPole-v1 --target-return none --total-timesteps 30000; \
 train dqn-30k-handderived dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off"
 # rlspeed profile on the GPU (its device busy time, sync count and small-network advice were written without one)
 part profile 60 python3 -m rlspeed profile ppo CartPole-v1 --device "$DEVICE"
+# SB3=1: Stable-Baselines3 on the same GPU, side by side with rlspeed (SAC, RL-Zoo settings; its wheel and
+# cloudpickle's must be in .whl/, see benchmarks/README.md); not written to the README (few seeds and steps)
+[ "${SB3:-0}" = 1 ] && part sb3 240 python3 benchmarks/offpolicy.py --cases sac --device "$DEVICE" \
+  --sb3-device "$DEVICE" --accelerate auto --seeds 2 --steps 2000 --budget 6000 --no-write
 # -n and --timeout: pytest-xdist and pytest-timeout, which the GPU machine's image has (not in the test extras)
 [ "$QUICK" = 1 ] || part suite 150 python3 -m pytest -p no:cacheprovider -q -n 8 --timeout 100 -rfE tests
 echo "== summary"

@@ -89,8 +89,8 @@ def sb3_class(case: Case):
     return {"sac": SAC, "dqn": DQN}[case.algo]
 
 
-def sb3_model(case: Case, env, seed: int):
-    return sb3_class(case)("MlpPolicy", env, device="cpu", seed=seed, policy_kwargs=case.sb3_policy_kwargs,
+def sb3_model(case: Case, env, seed: int, device: str):
+    return sb3_class(case)("MlpPolicy", env, device=device, seed=seed, policy_kwargs=case.sb3_policy_kwargs,
                            **case.zoo_sb3)
 
 
@@ -113,13 +113,13 @@ def sb3_throughput(case: Case, seed: int, steps: int, args) -> dict:
     from stable_baselines3.common.env_util import make_vec_env
 
     env = make_vec_env(case.env_id, n_envs=1, seed=seed)  # DummyVecEnv
-    model = sb3_model(case, env, seed)
+    model = sb3_model(case, env, seed, args.sb3_device)
     common.set_threads(args.threads)
     started = time.perf_counter()
     model.learn(steps)
     learn_wall_s = time.perf_counter() - started
     env.close()
-    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": args.sb3_device,
             "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
             "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
 
@@ -144,7 +144,7 @@ def sb3_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args)
 
     env = make_vec_env(case.env_id, n_envs=1, seed=seed)
     eval_env = make_vec_env(case.env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
-    model = sb3_model(case, env, seed)
+    model = sb3_model(case, env, seed, args.sb3_device)
     return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET,
                                      case.target_return, EVAL_EPISODES, args.threads)
 
@@ -168,7 +168,8 @@ def report_case(case: Case, summary: dict, settings: dict) -> str:
              "no evaluation)", "",
              f"{case.zoo_description} for both, {seeds} seeds interleaved, torch.set_num_threads({threads}), rlspeed "
              f"on device `{settings['device']}` (fp32 eager, and with the acceleration layer's measured choice: "
-             f"{settings['accelerated'].get(case.key, 'not run')}), SB3 on `cpu`. Env steps per second of `learn` "
+             f"{settings['accelerated'].get(case.key, 'not run')}), SB3 on `{settings['sb3_device']}`. Env steps "
+             "per second of `learn` "
              "(the acceleration layer's one-off search, cached after the warm-up run, included).", ""]
     rows = []
     labels = throughput_rows(case)
@@ -204,7 +205,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-freq", type=int, default=None,
                         help="evaluate every N env steps in (b), both libraries; default rlspeed's preset eval_freq")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
-    parser.add_argument("--device", default="cpu", help="rlspeed's device (SB3 always runs on cpu)")
+    parser.add_argument("--device", default="cpu", help="rlspeed's device")
+    parser.add_argument("--sb3-device", default="cpu", help="Stable-Baselines3's device")
     parser.add_argument("--accelerate", default="off", choices=["off", "auto"],
                         help="rlspeed's acceleration layer in (b) (the throughput table (a) shows both)")
     parser.add_argument("--no-accelerate-row", action="store_true",
@@ -274,7 +276,8 @@ def main() -> None:
     args = parse_args()
     args.threads = common.set_threads(args.threads)
     seeds = list(range(args.seeds))
-    settings: dict = {"seeds": args.seeds, "threads": args.threads, "device": args.device, "quick": args.quick,
+    settings: dict = {"seeds": args.seeds, "threads": args.threads, "device": args.device,
+                      "sb3_device": args.sb3_device, "quick": args.quick,
                       "accelerate": args.accelerate, "skip_sb3": args.skip_sb3, "eval_episodes": EVAL_EPISODES,
                       "steps": {}, "budget": {}, "eval_freq": {}, "cases": {}, "accelerated": {}}
     results: dict = {}
