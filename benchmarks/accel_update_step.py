@@ -7,9 +7,11 @@
       step-fp32    the same losses through accelerate_step(precision="fp32", compile=False): only what the step
                    wrapper does without changing precision (fused Adam, gradients only for the optimizer's params);
       accelerated  the same losses through accelerate_step(...) with precision/compile "auto": the strategy search
-                   picks (bf16 autocast on a CPU with AVX512-BF16/AMX, if it measures faster and stays accurate);
-                   on CUDA each step is also captured and replayed as a whole-step CUDA graph;
+                   picks (bf16 matmuls or bf16 autocast on a CPU with AVX512-BF16/AMX, if it measures faster and
+                   stays accurate); on CUDA each step is also captured and replayed as a whole-step CUDA graph;
       no-graphs    (CUDA only) as accelerated, with graphs=False: what the graph capture adds.
+    On a CPU a profiled pass then measures each variant's time inside matrix products, and the README table
+    gives the speed-up over plain each variant would reach if those products cost nothing.
 (b) A tiny model where nothing should help: the [64, 64] tanh actor-critic of PPO on CartPole. `auto` must keep
     eager fp32 and cost < 5%: a PPO minibatch update (64 rows) through accelerate_step, and a rollout forward
     (8 rows, no_grad) through auto_accelerate, each against the plain version.
@@ -178,7 +180,9 @@ PRODUCT_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_
 def product_ms(variants: dict, calls: int) -> dict[str, float]:
     """CPU: milliseconds per update spent inside matrix products (self time of the product kernels under
     torch.profiler, `calls` updates of each variant). What is left of a variant's time without them is what no
-    matmul precision can remove: plain / (variant - products) bounds the speed-up of precision choices alone."""
+    matmul precision can remove: plain / (variant - products) is the speed-up over plain that variant would reach
+    with free products (its other gains, such as accelerate_step's fused Adam, included). The products come from a
+    separate, profiled pass, so the bound is approximate."""
     from torch.profiler import ProfilerActivity, profile
 
     spent = {}
@@ -328,7 +332,8 @@ def report(sac: dict, tiny: dict | None, settings: dict) -> list[str]:
     if sac.get("product_ms"):
         plain = s["plain"]["median_ms"]
         rows = [[names[n], f"{ms:.2f}", f"{s[n]['median_ms'] - ms:.2f}",
-                 f"{plain / max(s[n]['median_ms'] - ms, 1e-9):.2f}x"] for n, ms in sac["product_ms"].items()]
+                 f"{plain / (s[n]['median_ms'] - ms):.2f}x" if s[n]["median_ms"] > ms else "n/a"]
+                for n, ms in sac["product_ms"].items()]
         lines += ["", "Where an eager step's time goes: milliseconds per update inside matrix products (self time of "
                   f"{', '.join(PRODUCT_OPS)} under torch.profiler, {2 * settings['calls']} profiled updates of each "
                   "variant), the rest of the median above, and the speed-up over plain if those products cost "

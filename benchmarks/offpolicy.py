@@ -119,7 +119,7 @@ def sb3_throughput(case: Case, seed: int, steps: int, args) -> dict:
     model.learn(steps)
     learn_wall_s = time.perf_counter() - started
     env.close()
-    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": args.sb3_device,
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": str(model.device),
             "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
             "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
 
@@ -239,7 +239,7 @@ def run_case(case: Case, seeds: list[int], settings: dict, args) -> dict:
                                    "zoo_hyperparameters_sb3": case.zoo_sb3,
                                    "rlspeed_preset": load_preset(case.algo, case.env_id)}
     print(f"{case.algo.upper()} {case.env_id}: {len(seeds)} seeds, torch.set_num_threads({args.threads}), "
-          f"rlspeed device {args.device}", flush=True)
+          f"rlspeed device {args.device}, SB3 device {args.sb3_device}", flush=True)
     throughput_runs = {
         "rlspeed-gymnasium": lambda seed, n: rlspeed_throughput(case, seed, n, "gymnasium", args),
         "sb3": lambda seed, n: sb3_throughput(case, seed, n, args),

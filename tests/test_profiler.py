@@ -121,8 +121,10 @@ def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
                      "--num-envs", "8", "--set", "num_steps=16", "--set", "n_epochs=2", "--trace", str(trace),
                      "--json"])
     assert code == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "rlspeed profile: ppo CartPole-v1 on cpu" in out and "advice:" in out
+    assert "profiling PPO" in captured.err and "trace written" in captured.err  # progress on stderr
     data = json.loads(out.strip().splitlines()[-1])
     assert data["steps"] == 256 and {p["name"] for p in data["phases"]} >= {"env", "update", "other"}
     events = json.loads(trace.read_text())["traceEvents"]
@@ -135,4 +137,4 @@ def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
 def test_profile_command_refuses_bad_arguments_before_training(args, message, capsys):
     assert cli.main(["profile", "ppo", "CartPole-v1", "--device", "cpu", *args]) == 2
     captured = capsys.readouterr()
-    assert message in captured.err and "profiling" not in captured.out
+    assert message in captured.err and "profiling" not in captured.err + captured.out

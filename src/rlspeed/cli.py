@@ -220,13 +220,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
                      accelerate=args.accelerate, num_threads=args.threads, **hyper)
     print(f"rlspeed: profiling {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, device "
-          f"{model.device}): warm-up, an unprofiled run, then a profiled run", flush=True)
+          f"{model.device}): warm-up, an unprofiled run, then a profiled run", file=sys.stderr, flush=True)
     result = profile_run(model, steps=args.steps, trace=trace)
     print(result)
     if trace is not None:
         if not trace.is_file():
             raise UserError(f"the profiler could not write the trace to {trace}.")
-        print(f"rlspeed: trace written to {trace} (open it in https://ui.perfetto.dev or chrome://tracing)")
+        print(f"rlspeed: trace written to {trace} (open it in https://ui.perfetto.dev or chrome://tracing)",
+              file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_dict()))
     return 0

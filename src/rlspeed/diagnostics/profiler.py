@@ -152,9 +152,9 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
 
     Defaults: `steps` = the larger of 10 iterations and 2,000 env steps (always rounded up to whole iterations);
     `warmup_steps` = ``learning_starts`` plus two iterations (gradient steps and the acceleration search then run
-    before anything is timed). `trace`: also write a Chrome/Perfetto trace there. The model keeps training
-    throughout: three `learn` calls, each running its schedules (PPO's annealing, DQN's epsilon) over its own
-    steps as `learn` does; afterwards `model.result` is the profiled (slowed) run's.
+    before anything is timed). `top`: how many operations to list. `trace`: also write a Chrome/Perfetto trace
+    there. The model keeps training throughout: three `learn` calls, each running its schedules (PPO's annealing,
+    DQN's epsilon) over its own steps as `learn` does; afterwards `model.result` is the profiled (slowed) run's.
     """
     if model.strategy.enabled:
         raise UserError("rlspeed profile runs in one process; profile without torchrun (one rank is what each "
@@ -201,7 +201,10 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
     phases.append(PhaseTime("other", other_us / 1e3 * per_1k, other_us / wall_us))
 
     averages = prof.key_averages()
-    ops = [op for op in averages if not op.key.startswith(PREFIX) and not op.key.startswith("ProfilerStep")]
+    # Host-side operations only: a CUDA kernel is also an event of its own (and a GPU-side range is one per
+    # annotation), while an operation's self device time already holds the kernels it launched.
+    ops = [op for op in averages if op.device_type == DeviceType.CPU and not op.is_user_annotation
+           and not op.key.startswith(PREFIX) and not op.key.startswith("ProfilerStep")]
     ops.sort(key=lambda op: op.self_cpu_time_total + _device_us(op), reverse=True)
     top_ops = [OpTime(op.key, op.count * per_1k, op.self_cpu_time_total / 1e3 * per_1k, _device_us(op) / 1e3 * per_1k)
                for op in ops[:top]]
@@ -211,7 +214,7 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
                      top_ops=top_ops,
-                     device_busy_ms=sum(_device_us(op) for op in averages) / 1e3 * per_1k if on_cuda else None,
+                     device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
                      host_syncs=syncs * per_1k if on_cuda else None)
     result.advice = advise(result)
     return result
