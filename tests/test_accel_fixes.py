@@ -160,6 +160,33 @@ def test_an_edited_forward_is_searched_again(two_candidates):
     assert sources == ["search", "cache", "search", "search"]
 
 
+def test_a_helper_called_from_a_lambda_in_forward_is_part_of_the_key(two_candidates):
+    x = torch.randn(8, 4)
+
+    def net_class(scale: float) -> type:
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(4, 2)
+
+            def forward(self, x):
+                apply = lambda t: self.features(t)  # noqa: E731 - the name is only used inside the lambda
+                return apply(x)
+
+            if scale == 1.0:
+                def features(self, x):
+                    return self.linear(x)
+            else:
+                def features(self, x):
+                    return self.linear(x * 2)
+
+        return Net
+
+    sources = [auto_accelerate(net_class(scale)(), device="cpu", example_inputs=x).accel_report.decisions[-1].source
+               for scale in (1.0, 1.0, 2.0)]
+    assert sources == ["search", "cache", "search"]
+
+
 def test_code_digests_are_the_same_in_every_process():
     # A set literal compiles to a frozenset constant whose repr order follows string hashing, which is seeded
     # per process: hashed as is, the cache would miss in every new process.

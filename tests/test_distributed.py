@@ -123,19 +123,14 @@ def test_num_envs_must_split_evenly(monkeypatch, bad):
         strategy.split_envs(int(bad))
 
 
-def test_ppo_minibatch_must_split_evenly(monkeypatch):
+def test_ppo_minibatch_must_split_evenly():
     """Each rank takes batch_size / world rows per minibatch from its share of the rollout: with an odd batch_size
     on 2 processes, 75-row shares would be cut into 37-row minibatches and a row dropped silently."""
     from rlspeed import PPO
     from rlspeed.errors import UserError
 
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    strategy = DistributedStrategy.__new__(DistributedStrategy)
-    strategy.world_size, strategy.rank, strategy.local_rank = 2, 0, 0
-    strategy.device, strategy.backend = torch.device("cpu"), None
     with pytest.raises(UserError, match=r"batch_size \(75\) must be a multiple of the number of processes \(2\)"):
-        PPO("CartPole-v1", device="cpu", strategy=strategy, num_envs=2, num_steps=75, batch_size=75)
-    monkeypatch.delenv("WORLD_SIZE")
+        PPO("CartPole-v1", device="cpu", strategy=TwinRanks(), num_envs=2, num_steps=75, batch_size=75)
     PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=75, batch_size=75)  # one process: any divisor is fine
 
 
@@ -181,7 +176,7 @@ class TwinRanks(DistributedStrategy):
     def barrier(self):
         pass
 
-    def shutdown(self):
+    def shutdown(self, wait: bool = True):
         pass
 
 

@@ -405,7 +405,7 @@ def test_gymnasium_env_options_reach_the_env_and_make_auto_pick_gymnasium():
     ("gymnasium-async", {"compile": True}, "apply only to backend 'torch'"),
     ("torch", {"g": 0.0}, "takes no env options"),
     ("torch", {"seeed": 1}, "takes no env options"),
-    ("auto", {"compile": True, "g": 0.0}, "native-env options"),
+    ("auto", {"compile": True, "g": 0.0}, "native-env options .* and Gymnasium env options"),
     ("gymnasium", {"num_env": 8}, "rejected the options num_env"),
 ], ids=["state_dtype-gymnasium", "compile-async", "env-option-torch", "typo-torch", "both-kinds", "typo-gymnasium"])
 def test_make_env_rejects_keywords_the_backend_does_not_take(backend, kwargs, match):

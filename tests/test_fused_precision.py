@@ -3,7 +3,7 @@
 import torch
 
 from rlspeed import DQN, SAC
-from rlspeed.algos.fused_precision import AutoMatmulPrecision
+from rlspeed.algos.fused_precision import AutoMatmulPrecision, use_fused
 from rlspeed.algos.fused_sac import FusedSACUpdate
 
 
@@ -78,3 +78,14 @@ def test_dqn_prepares_batches_together_once_the_precision_is_chosen(monkeypatch)
     bare._update(bare._prepare_batches(rows))
     for a, b in zip(auto.q_network.parameters(), bare.q_network.parameters()):
         torch.testing.assert_close(a, b)
+
+
+def test_sac_and_dqn_take_the_graphed_autograd_update_with_accelerate_auto_on_cuda(monkeypatch):
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    cuda_device, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not use_fused(True, True, "auto", graphs_device=cuda_device)
+    assert use_fused(True, True, "off", graphs_device=cuda_device)  # --accelerate off: the hand-derived update
+    assert use_fused(True, True, "auto", graphs_device=cpu)  # on a CPU the hand-derived update is faster
+    assert use_fused(True, True, "auto")  # PPO: not measured faster with graphs
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
+    assert use_fused(True, True, "auto", graphs_device=cuda_device)

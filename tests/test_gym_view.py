@@ -63,6 +63,8 @@ def test_render_modes_as_gymnasium_code_passes_them(env_id):
     env.reset(seed=0)
     assert env.render() is None
     env.close()
+    with pytest.raises(gym.error.Error, match="not one of .*human, rgb_array"):  # not a pygame hint
+        gym.make(f"rlspeed/{env_id}", render_mode="ansi")
     if importlib.util.find_spec("pygame") is None:
         with pytest.raises(gym.error.DependencyNotInstalled, match="pygame"):
             gym.make(f"rlspeed/{env_id}", render_mode="rgb_array")

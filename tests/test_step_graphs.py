@@ -52,19 +52,6 @@ def test_step_candidates_on_cpu_are_unchanged_by_whole_step_graphs():
                                                                                            allow_fp16=True)
 
 
-def test_sac_and_dqn_take_the_graphed_autograd_update_with_accelerate_auto_on_cuda(monkeypatch):
-    from rlspeed.algos.fused_precision import use_fused
-
-    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
-    cuda_device, cpu = torch.device("cuda"), torch.device("cpu")
-    assert not use_fused(True, True, "auto", cuda_device, graphs_win=True)
-    assert use_fused(True, True, "off", cuda_device, graphs_win=True)  # --accelerate off: the hand-derived update
-    assert use_fused(True, True, "auto", cpu, graphs_win=True)  # on a CPU the hand-derived update is faster
-    assert use_fused(True, True, "auto", cuda_device)  # PPO: not measured faster with graphs
-    monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
-    assert use_fused(True, True, "auto", cuda_device, graphs_win=True)
-
-
 def test_signature_keys_shapes_dtypes_and_plain_values():
     a, b = torch.zeros(4, 3), torch.zeros(5, 3)
     assert _signature(((a, 0.5), {})) == _signature(((torch.ones(4, 3), 0.5), {}))
@@ -376,9 +363,6 @@ def test_graphed_step_outputs_are_not_overwritten_by_later_replays(isolated_acce
     kept = [step(x, y) for x, y in batches]
     values = [(loss.item(), metrics["mean_prediction"].item()) for loss, metrics in kept]
     assert len(set(values)) == len(values)  # every call's outputs are its own
-    with torch.no_grad():
-        last_loss, _ = _regression(net)(*batches[-1])
-    assert last_loss.item() != pytest.approx(values[-1][0], rel=1e-9)  # the weights moved after the last call
 
 
 @cuda

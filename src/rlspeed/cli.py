@@ -121,10 +121,15 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict]:
     return algo_cls, _coerce_run_settings(run_settings), hyper
 
 
+def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
+    """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent)."""
+    return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
+                    accelerate=args.accelerate, num_threads=args.threads, strategy=strategy, **hyper)
+
+
 def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int) -> int:
     main = strategy.is_main
-    model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
-                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy, **hyper)
+    model = _model(args, algo_cls, hyper, strategy)
     if args.target_return is not None:
         target = _target(args.target_return, model.spec)
     else:
@@ -217,8 +222,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
     algo_cls, _run_settings, hyper = _settings(args)
-    model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
-                     accelerate=args.accelerate, num_threads=args.threads, **hyper)
+    model = _model(args, algo_cls, hyper)
     print(f"rlspeed: profiling {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, device "
           f"{model.device}): warm-up, an unprofiled run, then a profiled run", file=sys.stderr, flush=True)
     result = profile_run(model, steps=args.steps, trace=trace)
@@ -312,30 +316,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train an agent (presets per algorithm and env)")
-    train.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
-    train.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
+    # what builds the model, shared by train and profile
+    model = argparse.ArgumentParser(add_help=False)
+    model.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
+    model.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
+    model.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
+    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
+    model.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
+    model.add_argument("--accelerate", default="off", choices=["auto", "off"])
+    model.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    train = sub.add_parser("train", parents=[model], help="train an agent (presets per algorithm and env)")
     train.add_argument("--total-timesteps", type=int, default=None, help="env steps (default: preset)")
-    train.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     train.add_argument("--out", default=None, help="run directory (default runs/<algo>-<env>-<seed>-<time>)")
-    train.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
-    train.add_argument("--accelerate", default="off", choices=["auto", "off"])
     train.add_argument("--target-return", default=None,
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; 'none' = off)")
     train.add_argument("--eval-freq", type=int, default=None, help="env steps between evaluations")
     train.add_argument("--checkpoint-freq", type=int, default=None, help="env steps between checkpoints")
-    train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--nproc", type=int, default=None,
                        help="data-parallel processes on this machine (starts torchrun for you)")
     train.add_argument("--max-restarts", type=int, default=0,
                        help="with --nproc: restarts torchrun may do after a failure (resuming from the checkpoint)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
-    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
-    train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
@@ -349,21 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ev.set_defaults(func=cmd_eval)
 
-    prof = sub.add_parser("profile", help="where the time of a training run goes, and what to change")
-    prof.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
-    prof.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
+    prof = sub.add_parser("profile", parents=[model], help="where the time of a training run goes, and what to change")
     prof.add_argument("--steps", type=int, default=None, help="env steps per timed run, rounded up to whole "
                       "iterations (default: 10 iterations, at least 2,000)")
-    prof.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
-    prof.add_argument("--seed", type=int, default=0)
-    prof.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
-    prof.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
-    prof.add_argument("--accelerate", default="off", choices=["auto", "off"])
-    prof.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
-    prof.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
     prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
     prof.add_argument("--json", action="store_true", help="also print the result as JSON")
-    prof.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     prof.set_defaults(func=cmd_profile)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")

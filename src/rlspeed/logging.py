@@ -45,6 +45,7 @@ class RunLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         self._fields: list[str] = []
+        self._appendable = False  # metrics.csv holds exactly `rows` under `_fields`: new rows can be appended to it
         if continue_from is not None:
             self._read_rows(continue_from)
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
@@ -62,10 +63,15 @@ class RunLogger:
         with open(path, newline="") as handle:
             reader = csv.DictReader(handle)
             self._fields = list(reader.fieldnames or [])
+            dropped = False
             for row in reader:
                 parsed = {key: _parse(value) for key, value in row.items() if value not in ("", None)}
                 if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
                     self.rows.append(parsed)
+                else:
+                    dropped = True
+        # a further learn() keeps every row: append to the file rather than write it all again on each call
+        self._appendable = bool(self._fields) and not dropped
 
     def log(self, row: dict) -> None:
         """Record one metrics row and send its numeric values to TensorBoard at step `row["timesteps"]`.
@@ -75,9 +81,12 @@ class RunLogger:
         self.rows.append(dict(row))
         new_fields = [key for key in row if key not in self._fields]
         self._fields.extend(new_fields)
-        if new_fields or self._csv is None:
+        if new_fields or (self._csv is None and not self._appendable):
             self._rewrite_csv()
         else:
+            if self._csv is None:
+                handle = open(self.run_dir / "metrics.csv", "a", newline="")
+                self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
             handle, writer = self._csv
             writer.writerow(row)
             handle.flush()

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 import rlspeed
+from rlspeed.accel.introspect import code_names
 from rlspeed.device import describe
 
 # bump when the search, its tolerances or the keys change: old choices are then ignored
@@ -88,9 +89,10 @@ def code_digest(code: Any) -> str:
 
 def forward_digest(modules: Iterable[Any]) -> str:
     """A hash of the `forward` code of every module class among `modules` (an accelerated class counts as the user's
-    class), with the class's own methods that `forward` names (``self.encode(x)``; one level). Part of the cache
-    keys, so that a choice checked against one forward is not reused after the forward is edited. Deeper helpers
-    (a method called by a helper, a module-level function) are not hashed: clear the cache after editing those."""
+    class), with the class's own methods that `forward` names (``self.encode(x)``, also inside a lambda or a
+    comprehension; one level). Part of the cache keys, so that a choice checked against one forward is not reused
+    after the forward is edited. Deeper helpers (a method called by a helper, a module-level function) are not
+    hashed: clear the cache after editing those."""
     digest = hashlib.sha256()
     seen: set[type] = set()
     for module in modules:
@@ -103,7 +105,7 @@ def forward_digest(modules: Iterable[Any]) -> str:
         if code is None:
             continue
         digest.update(code_digest(code).encode())
-        for name in code.co_names:
+        for name in dict.fromkeys(code_names(code)):  # also names used in lambdas and comprehensions
             helper = inspect.getattr_static(cls, name, None)
             helper = getattr(helper, "__func__", helper)  # staticmethod / classmethod
             helper_code = getattr(helper, "__code__", None)

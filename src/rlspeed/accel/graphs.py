@@ -60,9 +60,7 @@ SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's warning in syn
 
 
 def capture_blocker(step: AcceleratedStep, precision: str) -> str | None:
-    """Why `step` cannot be captured as a whole-step CUDA graph with `precision` (None: it can)."""
-    if step.device.type != "cuda":
-        return f"whole-step graphs are CUDA graphs; the step runs on {step.device.type}"
+    """Why `step` (on CUDA) cannot be captured as a whole-step CUDA graph with `precision` (None: it can)."""
     if precision == "fp16":
         return "fp16's GradScaler reads the skipped-step decision on the host"
     for optimizer in step.optimizers:

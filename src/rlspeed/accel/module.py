@@ -37,7 +37,7 @@ from rlspeed.accel.compile import (
 )
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, opaque_leaf, tensors_in, to_float32
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import none_ran, preserved_state, run_search
+from rlspeed.accel.search import preserved_state, run_search, store_choice
 from rlspeed.accel.strategy import (
     EAGER_FP32,
     BackwardPrecisionHook,
@@ -262,14 +262,7 @@ class ModuleAccelerator:
         strategy, decision = self._search(module, args, kwargs, label)
         decision.search_s = time.perf_counter() - started
         self._decide(signature, decision)
-        if none_ran(decision.trials):
-            # Nothing was measured (a forward that fails when repeated, say): fp32 for this process only, not
-            # cached, so that the module is searched again once the cause is gone.
-            self.report.note(f"{label}: every candidate failed to run ({decision.reason}); fp32 eager for now, "
-                             "not cached.")
-        else:
-            cache.store(key, {"chosen": strategy.to_dict(), "reason": decision.reason,
-                              "trials": [t.to_dict() for t in decision.trials], "signature": label})
+        store_choice(key, decision, self.report, label, signature=label)
         return strategy
 
     def _decide(self, signature: tuple, decision: Decision) -> None:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from rlspeed.accel import cache
 from rlspeed.accel.inputs import tensors_in
-from rlspeed.accel.report import Trial
+from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.strategy import EAGER_FP32, Strategy
 from rlspeed.device import synchronize
 
@@ -311,6 +312,17 @@ def none_ran(trials: Sequence[Trial]) -> bool:
     """Whether a search measured nothing: every candidate failed to run (or the rest failed the accuracy checks),
     so its fp32 fallback says nothing about the model and is not worth caching."""
     return bool(trials) and all(trial.ms_per_call is None for trial in trials)
+
+
+def store_choice(key: str, decision: Decision, report: AccelReport, what: str, **extra: object) -> None:
+    """Cache a search's choice under `key`, unless nothing was measured (`none_ran`: a function that fails when
+    repeated, say): then its fp32 fallback holds for this process only, with a note in `report`, so that it is
+    searched again once the cause is gone."""
+    if none_ran(decision.trials):
+        report.note(f"{what}: every candidate failed to run ({decision.reason}); fp32 eager for now, not cached.")
+    else:
+        cache.store(key, {"chosen": decision.chosen.to_dict(), "reason": decision.reason,
+                          "trials": [t.to_dict() for t in decision.trials], **extra})
 
 
 def _first_line(error: BaseException) -> str:

@@ -44,7 +44,7 @@ from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
 from rlspeed.accel.introspect import reachable_submodules
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import none_ran, run_search
+from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
     Request,
     Strategy,
@@ -139,7 +139,12 @@ class AcceleratedStep:
         self.counter = CompileCounter()
         self.report = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
                                   notes=list(self.request.notes))
-        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True, whole_step_graphs=True)
+        # Whole-step CUDA graphs need a step that can be captured, known now (the optimizers, a forced fp16): a step
+        # that cannot be keeps the compiled candidates, whose graphs then cover its forward and backward passes.
+        self._graph_blocker = (capture_blocker(self, self.request.precision)
+                               if self.device.type == "cuda" and self.request.graphs in ("auto", "on") else None)
+        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True,
+                                             whole_step_graphs=self._graph_blocker is None)
         for note in notes:
             self.report.note(note)
         self._fused_request = fused_optimizer
@@ -241,7 +246,7 @@ class AcceleratedStep:
         is checked before every replay."""
         if self.request.graphs not in ("auto", "on") or strategy.compile != "off" or not self.device.type == "cuda":
             return strategy
-        blocker = capture_blocker(self, strategy.precision)
+        blocker = self._graph_blocker
         if blocker is not None:
             if self.request.graphs == "on" and self.request.forced_by_env is None:
                 raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {blocker}.")
@@ -277,13 +282,7 @@ class AcceleratedStep:
             buffers.restore()
         decision = Decision("all calls", strategy, "search", reason, trials, time.perf_counter() - started)
         self.report.decisions.append(decision)
-        if none_ran(trials):
-            # Nothing was measured (a loss_fn that fails on a repeated call, say): fp32 for this process only, not
-            # cached, so that the model is searched again once the cause is gone.
-            self.report.note(f"every candidate failed to run ({reason}): fp32 eager for now, not cached.")
-        else:
-            cache.store(key, {"chosen": strategy.to_dict(), "reason": reason,
-                              "trials": [t.to_dict() for t in trials]})
+        store_choice(key, decision, self.report, self.name)
         return strategy
 
     def _structure_key(self, args: tuple, kwargs: dict) -> dict:
@@ -301,7 +300,7 @@ class AcceleratedStep:
                 "clip": self.max_grad_norm}
 
     def _probe_runner(self, strategy: Strategy, args: tuple, kwargs: dict,
-                      buffers: _BufferSnapshot | None = None) -> Callable[[], tuple[object, float]]:
+                      buffers: _BufferSnapshot) -> Callable[[], tuple[object, float]]:
         forward = self._build_forward(strategy)
         scale = FP16_PROBE_SCALE if strategy.precision == "fp16" else 1.0
         params, device = self.params, self.device
@@ -309,7 +308,7 @@ class AcceleratedStep:
         def unit() -> tuple[object, float]:
             for p in params:
                 p.grad = None
-            if buffers is not None and not buffers.watched:  # the search's first run: fp32 eager, the reference
+            if not buffers.watched:  # the search's first run: fp32 eager, the reference
                 with buffers.watch():
                     outputs = forward(*args, **kwargs)
             else:

@@ -22,7 +22,7 @@ from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
-from rlspeed.envs import NATIVE_ENVS, BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
+from rlspeed.envs import BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
 from rlspeed.envs.base import EnvSpec
 from rlspeed.envs.gymnasium_env import gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
@@ -314,8 +314,7 @@ class Algorithm:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         if target_return is not None:
             try:  # evaluation builds a fresh env from the id: find out now, not after the first rollout
-                if self.env_id not in NATIVE_ENVS:
-                    gym_spec(self.env_id)  # the registry entry alone (env_spec would build an env)
+                gym_spec(self.env_id)  # the registry entry alone (env_spec would build an env); native ids have one
             except UserError:
                 raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
                                 f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "

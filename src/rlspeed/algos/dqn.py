@@ -114,8 +114,8 @@ class DQN(OffPolicyAlgorithm):
         self._target_params = list(self.q_target.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, max_grad_norm=cfg.max_grad_norm, name="dqn")
-        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.q_network), self.accelerate, self.device,
-                                     graphs_win=True):
+        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.q_network), self.accelerate,
+                                     graphs_device=self.device):
             update = FusedDQNUpdate(self.q_network, self.q_target, self.optimizer, max_grad_norm=cfg.max_grad_norm,
                                     double_q=cfg.double_q, strategy=self.strategy)
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "dqn")

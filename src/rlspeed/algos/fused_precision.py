@@ -20,7 +20,7 @@ import torch
 
 from rlspeed.accel.search import MARGIN, SEED, TOLERANCES
 from rlspeed.accel.strategy import ENV_VAR, normalise_request, precision_context, reduced_matmul_supported
-from rlspeed.device import synchronize
+from rlspeed.device import rules, synchronize
 from rlspeed.errors import UserError
 
 ROUNDS = 5
@@ -123,16 +123,16 @@ class AutoMatmulPrecision:
         return best
 
 
-def use_fused(enabled: bool, supported: bool, accelerate: str, device: torch.device | None = None,
-              graphs_win: bool = False) -> bool:
+def use_fused(enabled: bool, supported: bool, accelerate: str, graphs_device: torch.device | None = None) -> bool:
     """Whether an algorithm takes its hand-derived update: `fused_update` on, a network it supports, and with
     `--accelerate auto` an `RLSPEED_ACCELERATE` it can honour (see `applies`).
 
-    `graphs_win`: for an algorithm whose autograd update through `accelerate_step`, captured as a whole-step CUDA
-    graph, was measured faster on CUDA than its hand-derived update (which is launched kernel by kernel): with
-    `--accelerate auto` on CUDA that path is taken instead (SAC and DQN; benchmarks/cuda_check.sh)."""
-    if graphs_win and accelerate == "auto" and device is not None and device.type == "cuda" \
-            and normalise_request().graphs != "off":
+    `graphs_device`: the device of an algorithm whose autograd update through `accelerate_step`, captured as a
+    whole-step graph, was measured faster than its hand-derived update (launched kernel by kernel) where graphs
+    exist (CUDA): with `--accelerate auto` there that path is taken instead (SAC and DQN; benchmarks/cuda_check.sh).
+    """
+    if (accelerate == "auto" and graphs_device is not None and rules(graphs_device).supports_graphs
+            and normalise_request().graphs != "off"):
         return False
     return enabled and supported and (accelerate != "auto" or applies())
 

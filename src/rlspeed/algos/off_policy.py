@@ -220,10 +220,9 @@ class OffPolicyAlgorithm(Algorithm):
                     else:
                         staged.append(transition)
                     dones = info["done"]
+                    self._on_dones(dones)  # (TD3/DDPG's OU noise restarts for finished episodes)
                     episode_returns.append(info["episode_return"])
                     episode_dones.append(dones)
-                with phase("act"):
-                    self._on_dones(dones)  # exploration noise of finished episodes (TD3/DDPG's OU noise)
                 obs = next_obs
             if staged:
                 with phase("buffer"):

@@ -20,7 +20,6 @@ from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
-from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
 
 
@@ -90,10 +89,10 @@ class PPO(Algorithm):
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
         world = self.strategy.world_size
-        if world > 1 and cfg.batch_size < cfg.num_envs * cfg.num_steps and cfg.batch_size % world:
-            # each rank takes minibatches of batch_size / world rows from its share of the rollout
-            raise UserError(f"batch_size ({cfg.batch_size}) must be a multiple of the number of processes ({world}): "
-                            "each process takes an equal share of every minibatch.")
+        # each rank takes minibatches of batch_size / world rows from its share of the rollout
+        require(world == 1 or cfg.batch_size >= cfg.num_envs * cfg.num_steps or cfg.batch_size % world == 0,
+                f"batch_size ({cfg.batch_size}) must be a multiple of the number of processes ({world}): each process "
+                "takes an equal share of every minibatch.")
         obs_dim = spec.obs_dim
         self.policy = ActorCritic(obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
                                   cfg.log_std_init).to(self.device)

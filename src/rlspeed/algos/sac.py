@@ -85,10 +85,10 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(self(obs)[0])
 
 
-
 def _log(alpha: float) -> float:
     """log of an entropy coefficient; -inf for 0 (no entropy term)."""
     return math.log(alpha) if alpha > 0 else -math.inf
+
 
 class SAC(OffPolicyAlgorithm):
     """Soft Actor-Critic for Box action spaces.
@@ -121,7 +121,7 @@ class SAC(OffPolicyAlgorithm):
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
         self._update_step = self._make_step(self._loss, self._params, name="sac")
         if fused_precision.use_fused(cfg.fused_update, supports_fused(self.actor, self.critic), self.accelerate,
-                                     self.device, graphs_win=True):
+                                     graphs_device=self.device):
             update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
             self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "sac")
         self._setup_action_scaling()

@@ -40,7 +40,7 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     weights = torch.cumprod(factors, dim=1)
     # Only s >= t counts. The lower triangle is zero-filled after weighting, not multiplied by a 0/1 mask: 0 * an inf
     # delta is NaN, which would reach the advantages of the steps after it (the reverse scan never adds it to those).
-    lower = (index.view(-1, 1) > index.view(1, -1)).view_as(after)
+    lower = after.transpose(0, 1)  # [t, s] with s < t
     advantages = weights.mul_(deltas.unsqueeze(0)).masked_fill_(lower, 0.0).sum(dim=1)
     return advantages, advantages + values
 

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from rlspeed.device import synchronize
 from rlspeed.diagnostics.phases import PHASES, PREFIX
-from rlspeed.envs import CPU_NATIVE_MIN_ENVS, NATIVE_ENVS
+from rlspeed.envs import resolve_backend
 from rlspeed.errors import UserError
 
 DEFAULT_ITERATIONS = 10  # iterations profiled by default ...
@@ -85,13 +85,17 @@ class Profile:
     host_syncs: float | None = None  # CUDA: blocking runtime calls per 1,000 env steps; None elsewhere
     advice: list[str] = field(default_factory=list)
 
+    def phase(self, name: str) -> PhaseTime:
+        """Phase `name` (zero time when it did not run)."""
+        return next((p for p in self.phases if p.name == name), PhaseTime(name, 0.0, 0.0))
+
     def share(self, name: str) -> float:
         """The share of phase `name` (0 when it did not run)."""
-        return next((p.share for p in self.phases if p.name == name), 0.0)
+        return self.phase(name).share
 
     def host_ms(self, name: str) -> float:
         """Host milliseconds per 1,000 env steps of phase `name` (0 when it did not run)."""
-        return next((p.host_ms for p in self.phases if p.name == name), 0.0)
+        return self.phase(name).host_ms
 
     def to_dict(self) -> dict:
         """The profile as plain JSON-ready data (what `rlspeed profile --json` prints)."""
@@ -229,9 +233,10 @@ def advise(result: Profile) -> list[str]:
     advice = []
     device_type = result.device.split(":")[0]
     env_share, update_share, act_share = result.share("env"), result.share("update"), result.share("act")
-    few_on_cpu = device_type == "cpu" and result.num_envs < CPU_NATIVE_MIN_ENVS
     if env_share >= ENV_SHARE:
-        if result.env_backend.startswith("gymnasium") and result.env_id in NATIVE_ENVS and not few_on_cpu:
+        # the native env where `--env-backend auto` would pick it (not for few envs on a CPU: Gymnasium wins there)
+        native_faster = resolve_backend(result.env_id, "auto", result.num_envs, result.device) == "torch"
+        if result.env_backend.startswith("gymnasium") and native_faster:
             advice.append(f"env.step takes {env_share:.0%} of the time and this env has a device-native version: "
                           "--env-backend torch steps all envs with a few tensor operations.")
         elif result.env_backend == "gymnasium" and result.num_envs >= 4 and result.host_ms("env") >= SLOW_ENV_MS:

@@ -27,6 +27,8 @@ class NativeGymEnv(gym.Env):
     def __init__(self, native_id: str, state_dtype: str = "float64", render_mode: str | None = None):
         from rlspeed.envs import NATIVE_ENVS
 
+        if render_mode is not None and render_mode not in ("human", "rgb_array"):
+            raise gym.error.Error(f"render_mode={render_mode!r} is not one of rlspeed/{native_id}'s: human, rgb_array.")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise gym.error.DependencyNotInstalled(
                 f"render_mode={render_mode!r} for rlspeed/{native_id} is drawn by Gymnasium's {native_id}, which needs "
@@ -67,7 +69,7 @@ class NativeGymEnv(gym.Env):
             actions = torch.as_tensor(np.asarray(action, dtype=np.float32)).reshape(1, -1)
         next_state, reward, terminated = self._env.dynamics(self._env.state, actions)
         self._env.state = next_state
-        obs = self._env.observe(next_state)[0].numpy()
+        obs = self._env.observe_kept(next_state)[0].numpy()
         if self.render_mode == "human":
             self.render()
         return obs, float(reward[0]), bool(terminated[0]), False, {}

@@ -77,6 +77,13 @@ def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
     return spec if isinstance(spec, gym.envs.registration.EnvSpec) else None
 
 
+def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
+    """A tensor copy of a vector env's host array: a vector env made with copy=False (and SB3's SubprocVecEnv) may
+    hand back its own buffer (for AsyncVectorEnv, shared memory) and overwrite it on the next step, while callers
+    keep the returned tensors."""
+    return torch.as_tensor(np.array(array, dtype=dtype), device=device)
+
+
 def obs_and_final(obs: np.ndarray, finished_rows: np.ndarray, device: torch.device,
                   final_row) -> tuple[torch.Tensor, torch.Tensor]:
     """(obs, final_obs) tensors of a step: final_obs is `obs` with each finished row replaced by `final_row(row)`
@@ -143,18 +150,13 @@ class GymnasiumEnv(BatchedEnv):
         same_step = vector_env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
 
-    def _obs(self, array) -> torch.Tensor:
-        # A copy: a vector env made with copy=False hands back its own buffer (for AsyncVectorEnv, shared memory)
-        # and overwrites it on the next step, while callers keep the returned tensors.
-        return torch.as_tensor(np.array(array, dtype=np.float32), device=self.device)
-
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Reset the vector env (Gymnasium seeds env i with `seed + i`); returns (obs, {}).
 
         Gymnasium's reset info is dropped.
         """
         obs, _ = self.vector_env.reset(seed=seed)
-        return self._obs(obs), {}
+        return host_tensor(obs, self.device), {}
 
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None)."""
@@ -192,7 +194,7 @@ class GymnasiumEnv(BatchedEnv):
                     torch.as_tensor(truncated, device=self.device), {"final_obs": final_t})
         obs, reward, terminated, truncated, info = self.vector_env.step(
             _to_numpy_actions(actions, self.spec.action_space))
-        obs_np = np.array(obs, dtype=np.float32)  # a copy, as in `_obs`: the vector env may reuse its buffer
+        obs_np = np.array(obs, dtype=np.float32)  # a copy, as in `host_tensor`: the vector env may reuse its buffer
         finished = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool)) if "_final_obs" in info else ()
         obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row])
         out_info = {"final_obs": final_t}

@@ -86,6 +86,8 @@ class NativeEnv(BatchedEnv):
         # change the user's own torch randomness after `torch.manual_seed`.
         self._seed_streams(seed if seed is not None else secrets.randbits(63))
         self.state = torch.zeros(self.num_envs, self.state_size, device=self.device, dtype=state_dtype)
+        # whether `observe` can return the state itself (the default one on a float32 state): see `observe_kept`
+        self._observe_aliases = type(self).observe is NativeEnv.observe and state_dtype == torch.float32
         self.elapsed_steps = torch.zeros(self.num_envs, device=self.device, dtype=torch.int32)
         self._uniform_bounds: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         max_steps = self.spec.max_episode_steps
@@ -107,12 +109,15 @@ class NativeEnv(BatchedEnv):
         raise NotImplementedError
 
     def observe(self, state: torch.Tensor) -> torch.Tensor:
-        """Observation float32 `[N, ...]` of a state: a new tensor, never the state itself.
+        """Observation float32 `[N, ...]` of a state. This default hands a float32 state back as is; `reset` and
+        `step` copy it where the env keeps that state (`observe_kept`)."""
+        return state.to(torch.float32)
 
-        A float32 state is copied (`.to` alone would hand it back as is): callers keep and may edit observations
-        in place (noise, normalisation, a buffer's view), which must not change the physics in `self.state`.
-        """
-        return state.to(torch.float32, copy=True)
+    def observe_kept(self, state: torch.Tensor) -> torch.Tensor:
+        """`observe` of a state the env keeps (`self.state`): never the state itself. Callers keep and may edit
+        observations in place (noise, normalisation, a buffer's view), which must not change the physics."""
+        obs = self.observe(state)
+        return obs.clone() if self._observe_aliases else obs
 
     # --- the contract ---------------------------------------------------------------------------------
     def uniform(self, num: int, low, high) -> torch.Tensor:
@@ -164,7 +169,7 @@ class NativeEnv(BatchedEnv):
             self._seed_streams(int(seed))
         self.state = self.sample_state(self.num_envs)
         self.elapsed_steps.zero_()
-        return self.observe(self.state), {}
+        return self.observe_kept(self.state), {}
 
     def step(self, actions: torch.Tensor):
         """Advance every env one step with batched tensor ops (`transition`), no host sync.
@@ -184,8 +189,8 @@ class NativeEnv(BatchedEnv):
         elapsed = elapsed_steps + 1
         truncated = elapsed >= self._max_steps
         done = terminated | truncated
-        final_obs = self.observe(next_state)
+        final_obs = self.observe(next_state)  # (next_state is not kept: `torch.where` below makes the new state)
         new_state = torch.where(done.unsqueeze(-1), fresh, next_state)
         new_elapsed = elapsed.masked_fill_(done, 0)
-        return (self.observe(new_state), reward.to(torch.float32), terminated, truncated, final_obs, new_state,
+        return (self.observe_kept(new_state), reward.to(torch.float32), terminated, truncated, final_obs, new_state,
                 new_elapsed)

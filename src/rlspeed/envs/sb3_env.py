@@ -14,7 +14,13 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
-from rlspeed.envs.gymnasium_env import _to_numpy_actions, _vector_env_spec, is_registered_env, obs_and_final
+from rlspeed.envs.gymnasium_env import (
+    _to_numpy_actions,
+    _vector_env_spec,
+    host_tensor,
+    is_registered_env,
+    obs_and_final,
+)
 from rlspeed.errors import UserError
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
@@ -45,15 +51,11 @@ class SB3VecEnv(BatchedEnv):
                             spec.max_episode_steps if spec is not None else None,
                             spec.reward_threshold if registered else None)
 
-    def _tensor(self, array, dtype) -> torch.Tensor:
-        # a copy: SubprocVecEnv and friends may hand back buffers they reuse
-        return torch.as_tensor(np.array(array, dtype=dtype), device=self.device)
-
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, {})."""
         if seed is not None:
             self.vec_env.seed(seed)
-        return self._tensor(self.vec_env.reset(), np.float32), {}
+        return host_tensor(self.vec_env.reset(), self.device), {}
 
     def step(self, actions: torch.Tensor):
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` only."""
@@ -61,12 +63,13 @@ class SB3VecEnv(BatchedEnv):
         obs, rewards, dones, infos = self.vec_env.step_wait()
         obs = np.array(obs, dtype=np.float32)
         dones = np.asarray(dones, dtype=bool).reshape(-1)
-        truncated = np.array([bool(done and info.get("TimeLimit.truncated", False))
-                              for done, info in zip(dones, infos)], dtype=bool)
+        finished = np.flatnonzero(dones)
+        truncated = np.zeros_like(dones)
+        truncated[finished] = [bool(infos[row].get("TimeLimit.truncated", False)) for row in finished]
         shape = self.spec.observation_shape
-        obs_t, final_t = obs_and_final(obs, np.flatnonzero(dones), self.device,
+        obs_t, final_t = obs_and_final(obs, finished, self.device,
                                        lambda row: np.asarray(infos[row]["terminal_observation"]).reshape(shape))
-        return (obs_t, self._tensor(rewards, np.float32).reshape(-1),
+        return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
                 {"final_obs": final_t})
 
