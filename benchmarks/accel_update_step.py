@@ -30,6 +30,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import common
 import torch
@@ -162,16 +163,17 @@ def make_batches(count: int, batch: int, obs_dim: int, action_dim: int, device: 
 
 def time_interleaved(variants: dict, reps: int, calls: int, device: torch.device) -> dict[str, list[float]]:
     """Milliseconds per call of each variant, one value per repetition; variants alternate within a repetition."""
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(reps):
-        for name, fn in variants.items():
+    def runner(fn: Callable[[int], None]) -> Callable[[], float]:
+        def run() -> float:
             synchronize(device)
             started = time.perf_counter()
             for index in range(calls):
                 fn(index)
             synchronize(device)
-            times[name].append((time.perf_counter() - started) / calls * 1e3)
-    return times
+            return (time.perf_counter() - started) / calls * 1e3
+        return run
+
+    return common.alternate({name: runner(fn) for name, fn in variants.items()}, reps)
 
 
 PRODUCT_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
@@ -328,7 +330,7 @@ def report(sac: dict, tiny: dict | None, settings: dict) -> list[str]:
     lines.append(common.markdown_table(["Variant", "ms median", "ms range", "Speed-up (medians)",
                                         "Speed-up (paired median)"], rows))
     lines += ["", f"Strategy search and setup for step-fp32 and accelerated: {sac['search_s']:.1f} s (once; cached "
-              "afterwards; the graphs=False variant's, on CUDA, is not timed)."]
+              "afterwards" + ("; the graphs=False variant's is not timed)." if "no-graphs" in s else ").")]
     if sac.get("product_ms"):
         plain = s["plain"]["median_ms"]
         rows = [[names[n], f"{ms:.2f}", f"{s[n]['median_ms'] - ms:.2f}",
@@ -400,7 +402,11 @@ def main() -> None:
     tiny = None
     if not args.skip_tiny:
         tiny = bench_tiny(args, device)
-        tiny["summary"] = summarize(tiny["times_ms"], "update-plain")
+        times = tiny["times_ms"]  # each accelerated call against its own plain version
+        tiny["summary"] = {}
+        for call in ("update", "forward"):
+            pair = {f"{call}-plain": times[f"{call}-plain"], f"{call}-accelerated": times[f"{call}-accelerated"]}
+            tiny["summary"].update(summarize(pair, f"{call}-plain"))
     machine = common.machine_description(("rlspeed", "torch", "numpy"))
     machine["torch_threads"] = args.threads
     # one README section and results file per device type: a CUDA run does not replace the CPU numbers

@@ -7,14 +7,17 @@
 #   4. rlspeed profile of PPO CartPole on the GPU, and with SB3=1 Stable-Baselines3's SAC on the GPU beside rlspeed's;
 #   5. the whole test suite on the GPU machine (device "auto" is CUDA there).
 # Logs and results go to $OUT (default /tmp/rlspeed-cuda-check). Gymnasium wheels in .whl/ are installed first when
-# present (machines without network access). Each part has its own time limit; a failing part does not stop the rest.
+# present (machines without network access). Each part has its own time limit; a failing part does not stop the rest,
+# and the script's exit status is the number of parts that failed. The limits add up to 630 s, over one 600 s command
+# of the device tool: on a lease run QUICK=1 first (480 s), then ONLY=suite (and SB3=1 ONLY=sb3) in later calls.
 set -u
 OUT=${OUT:-/tmp/rlspeed-cuda-check}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu tries the script itself on a machine without a GPU
 QUICK=${QUICK:-0}  # QUICK=1: of the runs to a target only TD3's, and no whole suite (a lease's last minutes)
 # ONLY=NAME runs just one part (graph_tests, bench, train, profile, sb3, suite)
 mkdir -p "$OUT"
-rm -f "$OUT"/*.log  # no stale logs from an earlier run in the same folder
+rm -f "$OUT"/*.log "$OUT"/*.json "$OUT"/README.md  # nothing stale from an earlier run in the same folder
+FAILED=0
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -36,12 +39,16 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
   local rc=$?
   echo "== $name: exit $rc after $((SECONDS - started)) s"
   tail -n 4 "$OUT/$name.log"
+  [ "$rc" = 0 ] || FAILED=$((FAILED + 1))
+  return "$rc"
 }
 
 part graph_tests 100 python3 -m pytest -p no:cacheprovider -rfEs tests/test_step_graphs.py
 write=""; [ "$DEVICE" = cuda ] || write="--no-write"  # a try on the CPU must not replace the CPU section
-part bench 120 python3 benchmarks/accel_update_step.py --device "$DEVICE" --skip-tiny $write
-[ "$DEVICE" = cuda ] && [ "${ONLY:-bench}" = bench ] && cp benchmarks/results/accel_update_step_cuda.json benchmarks/README.md "$OUT/"
+# the results it wrote are copied out only when it ran and succeeded (else they are the committed ones)
+part bench 120 python3 benchmarks/accel_update_step.py --device "$DEVICE" --skip-tiny $write \
+  && [ "$DEVICE" = cuda ] && [ "${ONLY:-bench}" = bench ] \
+  && cp benchmarks/results/accel_update_step_cuda.json benchmarks/README.md "$OUT/"
 train() {  # train LABEL ALGO ENV [ARGS...]: a run on $DEVICE with --accelerate auto, then its summary
   local dir="/tmp/rlspeed-runs/$1"
   rm -rf "$dir"
@@ -63,16 +70,16 @@ export DEVICE
 learning="train ppo ppo CartPole-v1; train dqn dqn CartPole-v1; train sac sac Pendulum-v1; train ddpg ddpg Pendulum-v1;"
 [ "$QUICK" = 1 ] && learning=""
 part train 200 bash -c "mkdir -p /tmp/rlspeed-runs; $learning train td3 td3 Pendulum-v1; \
-train sac-3k sac Pendulum-v1 --target-return none --total-timesteps 3000; \
-train sac-3k-handderived sac Pendulum-v1 --target-return none --total-timesteps 3000 --accelerate off; \
-train dqn-30k dqn CartPole-v1 --target-return none --total-timesteps 30000; \
-train dqn-30k-handderived dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off"
+train sac-3k-auto sac Pendulum-v1 --target-return none --total-timesteps 3000; \
+train sac-3k-off sac Pendulum-v1 --target-return none --total-timesteps 3000 --accelerate off; \
+train dqn-30k-auto dqn CartPole-v1 --target-return none --total-timesteps 30000; \
+train dqn-30k-off dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off"
 # rlspeed profile on the GPU (its device busy time, sync count and small-network advice were written without one)
 part profile 60 python3 -m rlspeed profile ppo CartPole-v1 --device "$DEVICE"
 # SB3=1: Stable-Baselines3 on the same GPU, side by side with rlspeed (SAC, RL-Zoo settings; its wheel and
 # cloudpickle's must be in .whl/, see benchmarks/README.md); not written to the README (few seeds and steps).
-# With SB3=1 the parts' limits add up to more than one 600 s command: run it in a call of its own (SB3=1 ONLY=sb3).
-if [ "${SB3:-0}" = 1 ]; then
+# Run it in a call of its own (SB3=1 ONLY=sb3).
+if [ "${SB3:-0}" = 1 ] && [ "${ONLY:-sb3}" = sb3 ]; then
   part sb3 240 python3 benchmarks/offpolicy.py --cases sac --device "$DEVICE" --sb3-device "$DEVICE" \
     --accelerate auto --seeds 2 --steps 2000 --budget 6000 --no-write
   grep -E "^\| (rlspeed|Stable-Baselines3)" "$OUT/sb3.log"
@@ -83,3 +90,5 @@ echo "== summary"
 grep -h -E "passed|failed|error" "$OUT/graph_tests.log" "$OUT/suite.log" 2>/dev/null | tail -n 4
 grep -E "SAC (plain|step-fp32|accelerated|no-graphs)" "$OUT/bench.log" 2>/dev/null
 grep -E '^\{' "$OUT/train.log" 2>/dev/null
+echo "== $FAILED part(s) failed"
+exit "$FAILED"

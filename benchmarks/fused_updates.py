@@ -102,10 +102,8 @@ def main() -> None:
         for model in models.values():  # warm-up, not timed (the accelerated model's precision search included)
             time_block(step, model, steps)
         choice = models["accelerate"].acceleration_summary() or {}
-        times: dict[str, list[float]] = {name: [] for name in models}
-        for _ in range(blocks):
-            for name, model in models.items():
-                times[name].append(time_block(step, model, steps))
+        times = common.alternate({name: (lambda model=model, step=step: time_block(step, model, steps))
+                                  for name, model in models.items()}, blocks)
         medians = {name: statistics.median(values) for name, values in times.items()}
         speedup = medians["autograd"] / medians["fused"]
         accelerate_speedup = medians["autograd"] / medians["accelerate"]

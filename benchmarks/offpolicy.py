@@ -29,6 +29,7 @@ import common
 import torch
 
 import rlspeed
+from rlspeed.envs import resolve_backend
 from rlspeed.presets import load_preset, split_run_settings
 
 EVAL_EPISODES = 10
@@ -150,13 +151,14 @@ def sb3_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args)
 
 
 # --- report ------------------------------------------------------------------------------------------------------
-def throughput_rows(case: Case) -> dict[str, tuple[str, str]]:
+def throughput_rows(case: Case, device: str) -> dict[str, tuple[str, str]]:
     """Run name -> (library, env column)."""
     native = "Pendulum" if case.env_id.startswith("Pendulum") else "CartPole"
+    auto = resolve_backend(case.env_id, "auto", case.zoo_rlspeed["num_envs"], device)
     return {"rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
             "rlspeed-torch": ("rlspeed", f"native torch {native} (env_backend=\"torch\")"),
             "rlspeed-accelerate": ("rlspeed, accelerate=auto",
-                                   "env_backend=\"auto\" (Gymnasium for one env on a CPU), as the CLI"),
+                                   f"env_backend=\"auto\" ({auto} here), as the CLI"),
             "sb3": ("Stable-Baselines3", "Gymnasium DummyVecEnv")}
 
 
@@ -172,7 +174,7 @@ def report_case(case: Case, summary: dict, settings: dict) -> str:
              "per second of `learn` "
              "(the acceleration layer's one-off search, cached after the warm-up run, included).", ""]
     rows = []
-    labels = throughput_rows(case)
+    labels = throughput_rows(case, settings["device"])
     for name, stats in summary["throughput"].items():
         library, env = labels[name]
         rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
@@ -268,8 +270,8 @@ def run_case(case: Case, seeds: list[int], settings: dict, args) -> dict:
                    if r["name"] == "rlspeed-accelerate"}
     if accelerated:
         settings["accelerated"][case.key] = " / ".join(sorted(accelerated))
-    return {"summary": common.summarize(throughput, to_target, throughput_rows(case)), "throughput": throughput,
-            "time_to_target": to_target}
+    return {"summary": common.summarize(throughput, to_target, throughput_rows(case, args.device)),
+            "throughput": throughput, "time_to_target": to_target}
 
 
 def main() -> None:
