@@ -5,7 +5,7 @@ interleaved blocks (autograd block, fused block, accelerated block, autograd blo
 step of each is reported with its ratio to autograd:
   autograd     `fused_update=False`: loss + autograd backward + clipping + `torch.optim.Adam(fused=True)`, fp32
                eager (the algorithm's plain PyTorch form);
-  fused        `fused_update=True`: the hand-derived update (`rlspeed/algos/fused_*.py`), fp32;
+  fused        `fused_update=True`: the hand-derived update (`rlspeed/fused/*.py`), fp32;
   accelerate   `fused_update=True, accelerate="auto"`, as `rlspeed train ... --accelerate auto` runs it: the
                hand-derived update in the matmul precision the acceleration layer measures fastest within its
                tolerances (chosen on the first, untimed call).

@@ -6,7 +6,7 @@ from torch import nn
 
 from rlspeed.accel.search import TOLERANCES
 from rlspeed.accel.strategy import precision_context, reduced_matmul_supported
-from rlspeed.flat import (
+from rlspeed.fused.flat import (
     FlatAdam,
     Workspace,
     ensemble_backward,

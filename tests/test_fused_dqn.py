@@ -5,8 +5,8 @@ import torch
 from conftest import assert_gradient_matches_autograd, plain_and_fused
 
 from rlspeed import DQN
-from rlspeed.algos.fused_dqn import FusedDQNUpdate
 from rlspeed.algos.off_policy import BATCH_FIELDS
+from rlspeed.fused.dqn import FusedDQNUpdate
 
 
 def _pair(**config):

@@ -5,7 +5,7 @@ import torch
 from conftest import assert_gradient_matches_autograd, plain_and_fused
 
 from rlspeed import PPO
-from rlspeed.algos.fused_ppo import FusedPPOUpdate
+from rlspeed.fused.ppo import FusedPPOUpdate
 
 
 def _pair(env_id, **config):

@@ -3,8 +3,8 @@
 import torch
 
 from rlspeed import DQN, SAC
-from rlspeed.algos.fused_precision import AutoMatmulPrecision, use_fused
-from rlspeed.algos.fused_sac import FusedSACUpdate
+from rlspeed.fused.precision import AutoMatmulPrecision, use_fused
+from rlspeed.fused.sac import FusedSACUpdate
 
 
 def _batch(batch=256):

@@ -7,7 +7,7 @@ from conftest import plain_and_fused
 from rlspeed import SAC
 from rlspeed.accel.search import TOLERANCES
 from rlspeed.accel.strategy import precision_context, reduced_matmul_supported
-from rlspeed.algos.fused_sac import FusedSACUpdate
+from rlspeed.fused.sac import FusedSACUpdate
 
 
 def _pair(**config):

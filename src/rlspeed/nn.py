@@ -10,9 +10,14 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rlspeed.errors import UserError
+
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's actor: log std clamped to this range
+LOG_2PI = math.log(2 * math.pi)
+LOG_2 = math.log(2.0)
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 
@@ -182,3 +187,65 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp(max=1.0))
     return total
+
+
+class SquashedGaussianActor(nn.Module):
+    """pi(a|s): a = tanh(u), u ~ N(mu(s), sigma(s)); actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, 2 * action_dim, activation, out_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, log_std) of the Gaussian before the tanh squashing."""
+        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised sample: (actions in [-1, 1], log_pi) with the tanh change-of-variables correction."""
+        mean, log_std = self(obs)
+        noise = torch.randn_like(mean)
+        u = mean + log_std.exp() * noise
+        actions = torch.tanh(u)
+        # log pi(a|s) = log N(u; mu, sigma) - sum log(1 - tanh(u)^2)   (SAC paper, appendix C), with
+        # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)) written in its numerically stable form.
+        log_prob_u = -0.5 * noise.square() - log_std - 0.5 * LOG_2PI
+        log_pi = (log_prob_u - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
+        return actions, log_pi
+
+    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode's squashed mean, tanh(mu(s)): the action used for evaluation."""
+        return torch.tanh(self(obs)[0])
+
+
+class DeterministicActor(nn.Module):
+    """mu(s) = tanh(MLP(s)): actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
+        super().__init__()
+        self.net = mlp(obs_dim, hidden, action_dim, activation, out_gain=0.01)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net(obs))
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) for all actions. Dueling (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')."""
+
+    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: str = "relu",
+                 dueling: bool = False):
+        super().__init__()
+        self.dueling = dueling
+        if dueling:
+            # shared body, then one linear layer giving V (column 0) and A (the other columns) together
+            self.body = nn.Sequential(mlp(obs_dim, hidden[:-1], hidden[-1], activation), ACTIVATIONS[activation]())
+            self.head = nn.Linear(hidden[-1], 1 + num_actions)
+        else:
+            self.body = mlp(obs_dim, hidden, num_actions, activation)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.dueling:
+            return self.body(obs)
+        out = self.head(self.body(obs))
+        value, advantages = out[:, :1], out[:, 1:]
+        return value + advantages - advantages.mean(dim=1, keepdim=True)

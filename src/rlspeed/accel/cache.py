@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-import rlspeed
+from rlspeed._version import __version__
 from rlspeed.accel.introspect import code_names
 from rlspeed.device import describe
 
@@ -45,7 +45,7 @@ def cache_dir() -> Path | None:
 def environment_key(device: torch.device) -> dict[str, Any]:
     """The parts of a key that describe the machine and software rather than the model."""
     key = {"device": describe(device), "device_type": device.type, "torch": torch.__version__,
-           "rlspeed": rlspeed.__version__, "search": SEARCH_VERSION, "machine": platform.machine()}
+           "rlspeed": __version__, "search": SEARCH_VERSION, "machine": platform.machine()}
     if device.type == "cpu":
         key["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         key["threads"] = torch.get_num_threads()

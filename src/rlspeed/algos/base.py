@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed import __version__
+from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.diagnostics.phases import phase

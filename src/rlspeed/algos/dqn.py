@@ -11,17 +11,12 @@ Polyak.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from rlspeed.algos import fused_precision
 from rlspeed.algos.base import require
-from rlspeed.algos.fused_dqn import FusedDQNUpdate
-from rlspeed.algos.fused_dqn import supports as supports_fused
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -31,8 +26,11 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
-from rlspeed.flat import sequential_linears
-from rlspeed.nn import ACTIVATIONS, make_adam, mlp
+from rlspeed.fused import precision as fused_precision
+from rlspeed.fused.dqn import FusedDQNUpdate
+from rlspeed.fused.dqn import supports as supports_fused
+from rlspeed.fused.flat import sequential_linears
+from rlspeed.nn import QNetwork, make_adam
 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
 
@@ -54,7 +52,7 @@ class DQNConfig(OffPolicyConfig):
     max_grad_norm: float = 10.0
     double_q: bool = True
     dueling: bool = False
-    # hand-derived gradient + flat Adam (algos/fused_dqn.py) where the network allows; with --accelerate auto on
+    # hand-derived gradient + flat Adam (fused/dqn.py) where the network allows; with --accelerate auto on
     # CUDA the autograd update replayed as a whole-step CUDA graph instead (measured faster there)
     fused_update: bool = True
 
@@ -68,28 +66,6 @@ class DQNConfig(OffPolicyConfig):
         require(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
                 "exploration epsilons must satisfy 0 <= exploration_final_eps <= exploration_initial_eps <= 1.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
-
-
-class QNetwork(nn.Module):
-    """Q(s, .) for all actions. Dueling (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')."""
-
-    def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: str = "relu",
-                 dueling: bool = False):
-        super().__init__()
-        self.dueling = dueling
-        if dueling:
-            # shared body, then one linear layer giving V (column 0) and A (the other columns) together
-            self.body = nn.Sequential(mlp(obs_dim, hidden[:-1], hidden[-1], activation), ACTIVATIONS[activation]())
-            self.head = nn.Linear(hidden[-1], 1 + num_actions)
-        else:
-            self.body = mlp(obs_dim, hidden, num_actions, activation)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if not self.dueling:
-            return self.body(obs)
-        out = self.head(self.body(obs))
-        value, advantages = out[:, :1], out[:, 1:]
-        return value + advantages - advantages.mean(dim=1, keepdim=True)
 
 
 class DQN(OffPolicyAlgorithm):

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import accelerate_step, auto_accelerate
-from rlspeed.algos import fused_precision
 from rlspeed.algos.base import Algorithm, require
-from rlspeed.algos.fused_ppo import FusedPPOUpdate
-from rlspeed.algos.fused_ppo import supports as supports_fused
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
+from rlspeed.fused import precision as fused_precision
+from rlspeed.fused.ppo import FusedPPOUpdate
+from rlspeed.fused.ppo import supports as supports_fused
 from rlspeed.nn import ActorCritic, clip_grad_norm, make_adam
 
 
@@ -52,7 +52,7 @@ class PPOConfig:
     log_std_init: float = 0.0
     normalize_obs: bool = False
     normalize_reward: bool = False
-    fused_update: bool = True  # hand-derived gradient + flat Adam (algos/fused_ppo.py) where the network allows
+    fused_update: bool = True  # hand-derived gradient + flat Adam (fused/ppo.py) where the network allows
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it).

@@ -8,17 +8,11 @@ step is pure tensor work: nothing read back to the host, no host branching on te
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from rlspeed.algos import fused_precision
 from rlspeed.algos.base import require
-from rlspeed.algos.fused_sac import FusedSACUpdate
-from rlspeed.algos.fused_sac import supports as supports_fused
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -26,12 +20,11 @@ from rlspeed.algos.off_policy import (
     frozen_copy,
     polyak_update,
 )
-from rlspeed.flat import linear_forward, sequential_linears
-from rlspeed.nn import QEnsemble, make_adam, mlp
-
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-LOG_2PI = math.log(2 * math.pi)
-LOG_2 = math.log(2.0)
+from rlspeed.fused import precision as fused_precision
+from rlspeed.fused.flat import linear_forward, sequential_linears
+from rlspeed.fused.sac import FusedSACUpdate
+from rlspeed.fused.sac import supports as supports_fused
+from rlspeed.nn import LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor, make_adam
 
 
 @dataclass
@@ -43,7 +36,7 @@ class SACConfig(OffPolicyConfig):
     ent_coef_init: float = 1.0  # starting alpha when it is tuned
     target_entropy: float | None = None  # None: -action_dim
     n_critics: int = 2
-    # hand-derived gradients + flat Adam (algos/fused_sac.py) where the networks allow; with --accelerate auto on
+    # hand-derived gradients + flat Adam (fused/sac.py) where the networks allow; with --accelerate auto on
     # CUDA the autograd update replayed as a whole-step CUDA graph instead (measured faster there)
     fused_update: bool = True
 
@@ -54,35 +47,6 @@ class SACConfig(OffPolicyConfig):
                 f"ent_coef must be >= 0, or null to tune it automatically, got {self.ent_coef}.")
         require(self.ent_coef_init > 0, f"ent_coef_init must be > 0, got {self.ent_coef_init}.")
         require(self.n_critics >= 1, f"n_critics must be >= 1, got {self.n_critics}.")
-
-
-class SquashedGaussianActor(nn.Module):
-    """pi(a|s): a = tanh(u), u ~ N(mu(s), sigma(s)); actions in [-1, 1] (the algorithm rescales them to the Box)."""
-
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
-        super().__init__()
-        self.net = mlp(obs_dim, hidden, 2 * action_dim, activation, out_gain=0.01)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, log_std) of the Gaussian before the tanh squashing."""
-        mean, log_std = self.net(obs).chunk(2, dim=-1)
-        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-
-    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised sample: (actions in [-1, 1], log_pi) with the tanh change-of-variables correction."""
-        mean, log_std = self(obs)
-        noise = torch.randn_like(mean)
-        u = mean + log_std.exp() * noise
-        actions = torch.tanh(u)
-        # log pi(a|s) = log N(u; mu, sigma) - sum log(1 - tanh(u)^2)   (SAC paper, appendix C), with
-        # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)) written in its numerically stable form.
-        log_prob_u = -0.5 * noise.square() - log_std - 0.5 * LOG_2PI
-        log_pi = (log_prob_u - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
-        return actions, log_pi
-
-    def deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """The mode's squashed mean, tanh(mu(s)): the action used for evaluation."""
-        return torch.tanh(self(obs)[0])
 
 
 def _log(alpha: float) -> float:

@@ -9,11 +9,9 @@ and no smoothing (see `ddpg.py`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from rlspeed.algos.base import require
 from rlspeed.algos.off_policy import (
@@ -24,7 +22,7 @@ from rlspeed.algos.off_policy import (
     polyak_update,
 )
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import QEnsemble, make_adam, mlp
+from rlspeed.nn import DeterministicActor, QEnsemble, make_adam
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -55,17 +53,6 @@ class TD3Config(OffPolicyConfig):
                 f"action_noise must be one of {', '.join(ACTION_NOISES)}, got '{self.action_noise}'.")
         require(self.action_noise_std >= 0, f"action_noise_std must be >= 0, got {self.action_noise_std}.")
         require(self.ou_theta >= 0 and self.ou_dt > 0, "ou_theta must be >= 0 and ou_dt > 0.")
-
-
-class DeterministicActor(nn.Module):
-    """mu(s) = tanh(MLP(s)): actions in [-1, 1] (the algorithm rescales them to the Box)."""
-
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
-        super().__init__()
-        self.net = mlp(obs_dim, hidden, action_dim, activation, out_gain=0.01)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.net(obs))
 
 
 class TD3(OffPolicyAlgorithm):

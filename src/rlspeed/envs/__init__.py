@@ -15,18 +15,10 @@ from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
 from rlspeed.envs.pendulum import Pendulum
+from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
 from rlspeed.errors import UserError
-
-#: Device-native implementations, by Gymnasium id.
-NATIVE_ENVS: dict[str, type[NativeEnv]] = {
-    "CartPole-v1": CartPole,
-    "Pendulum-v1": Pendulum,
-    "Acrobot-v1": Acrobot,
-    "MountainCar-v0": MountainCar,
-    "MountainCarContinuous-v0": MountainCarContinuous,
-}
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
 

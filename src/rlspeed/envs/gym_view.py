@@ -14,6 +14,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rlspeed.envs.registry import NATIVE_ENVS
+
 
 class NativeGymEnv(gym.Env):
     """One native env as a `gymnasium.Env`; the native env's own time limit is switched off (TimeLimit does it)."""
@@ -25,8 +27,6 @@ class NativeGymEnv(gym.Env):
                 "render_fps": 30}
 
     def __init__(self, native_id: str, state_dtype: str = "float64", render_mode: str | None = None):
-        from rlspeed.envs import NATIVE_ENVS
-
         if render_mode is not None and render_mode not in ("human", "rgb_array"):
             raise gym.error.Error(f"render_mode={render_mode!r} is not one of rlspeed/{native_id}'s: human, rgb_array.")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -91,8 +91,6 @@ class NativeGymEnv(gym.Env):
 
 def register_native_envs() -> None:
     """Register `rlspeed/<id>` for every native env (idempotent)."""
-    from rlspeed.envs import NATIVE_ENVS
-
     for env_id, cls in NATIVE_ENVS.items():
         name = f"rlspeed/{env_id}"
         if name in gym.registry:

@@ -4,7 +4,7 @@
 and fused kernels); for RL-sized networks that per-tensor work costs as much as the maths. `FlatAdam` makes a
 module's parameters views of one flat buffer (and their `.grad` views of another), so the global gradient norm,
 the all-reduce and the whole Adam step each act on one tensor. Used by the hand-derived updates
-(`rlspeed.algos.fused_ppo`, `fused_dqn`, `fused_sac`).
+(`rlspeed.fused.ppo`, `fused_dqn`, `fused_sac`).
 
 The optimizer stays the user-visible `torch.optim.Adam` over the original parameters, so checkpoints are the same
 as with autograd: its per-parameter state tensors are views of the flat moments, and a state loaded into it later

@@ -27,7 +27,7 @@ import math
 import torch
 from torch import nn
 
-from rlspeed.flat import FlatAdam, ensemble_backward, ensemble_forward
+from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward
 from rlspeed.nn import ActorCritic
 
 SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
@@ -41,7 +41,7 @@ def supports(policy: nn.Module) -> bool:
 class FusedPPOUpdate:
     """One PPO minibatch update (loss, gradient, all-reduce, clipping, Adam) without autograd.
 
-    Parameters, gradients and Adam moments live in a `rlspeed.flat.FlatAdam` (checkpoints are the same as with
+    Parameters, gradients and Adam moments live in a `rlspeed.fused.flat.FlatAdam` (checkpoints are the same as with
     autograd and `torch.optim.Adam`).
     Call as `update(obs, actions, old_log_probs, old_values, advantages, returns, clip_range) -> (loss, stats)`.
     """

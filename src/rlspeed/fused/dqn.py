@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlspeed.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
+from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
 
 
 def supports(q_network: nn.Module) -> bool:

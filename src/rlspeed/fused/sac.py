@@ -8,7 +8,7 @@ The same update as `SAC._loss` + backward + `torch.optim.Adam` + the Polyak step
   the reparameterised a~ of the actor loss.
 - The critics run once on [(obs, a); (obs, a~)] (2B rows): the first half is Q_k(s, a) of the critic loss, whose
   gradient reaches the critics' weights; the second half is Q_k(s, a~) of the actor loss, whose gradient reaches
-  only a~ (the critics held constant, as `detached=True` does). `rlspeed.flat.ensemble_backward` does both in one
+  only a~ (the critics held constant, as `detached=True` does). `rlspeed.fused.flat.ensemble_backward` does both in one
   backward pass.
 - The actor's chain, with u = mean + std * noise, a = tanh(u), d log pi / du = 2 tanh(u) = 2a (from the stable
   form of log(1 - tanh(u)^2)) and d log pi / d log_std = -1 beyond u's own dependence:
@@ -19,12 +19,10 @@ The same update as `SAC._loss` + backward + `torch.optim.Adam` + the Polyak step
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from rlspeed.flat import (
+from rlspeed.fused.flat import (
     FlatAdam,
     Workspace,
     ensemble_backward,
@@ -35,9 +33,7 @@ from rlspeed.flat import (
     reduced_matmuls,
     sequential_linears,
 )
-
-LOG_2PI = math.log(2 * math.pi)
-LOG_2 = math.log(2.0)
+from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 
 
 def supports(actor: nn.Module, critic: nn.Module) -> bool:
@@ -61,7 +57,6 @@ class FusedSACUpdate:
         actor, critic = sac.actor, sac.critic
         if not supports(actor, critic):
             raise ValueError("FusedSACUpdate needs an MLP actor and critics with ReLU or tanh.")
-        from rlspeed.algos.sac import LOG_STD_MAX, LOG_STD_MIN  # here: sac.py imports this module
 
         self.sac, self.log_std_min, self.log_std_max = sac, LOG_STD_MIN, LOG_STD_MAX
         linears, self.actor_tanh = sequential_linears(actor.net)
