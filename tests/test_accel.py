@@ -365,6 +365,67 @@ def test_tiny_model_stays_fp32_and_the_search_leaves_no_trace(monkeypatch):
     assert "fp32" in text and "candidate" in text
 
 
+def _two_candidates(monkeypatch) -> None:
+    """fp32 eager against bf16 autocast (which runs on any CPU): a search with something to compare."""
+    monkeypatch.setattr("rlspeed.accel.module.candidates", lambda *a, **k: ([EAGER_FP32, Strategy("bf16")], []))
+
+
+def test_first_calls_of_a_small_model_run_plain_without_searching(monkeypatch):
+    _two_candidates(monkeypatch)
+    model = auto_accelerate(make_policy(), device="cpu")
+    plain = plain_copy(model)
+    obs = torch.randn(4)
+    for _ in range(50):  # rollout-like calls (one state, no_grad) and update-like calls (a minibatch, with grad)
+        with torch.no_grad():
+            assert torch.equal(model(obs), plain(obs))
+        model(torch.randn(64, 4)).sum().backward()
+    accelerator = model._rlspeed_accelerator
+    assert accelerator.searches == 0
+    assert [d.source for d in model.accel_report.decisions] == ["waiting", "waiting"]
+    assert "fp32 eager until" in str(model.accel_report)
+    assert not os.path.isdir(os.path.join(os.environ["RLSPEED_CACHE_DIR"], "accel"))  # nothing decided, nothing cached
+
+
+def test_a_kind_of_call_is_searched_once_its_calls_pay_for_the_search(monkeypatch):
+    _two_candidates(monkeypatch)
+    # A clock on which every plain call takes 0.5 s, and a search expected to cost as much as 49.5 calls' share:
+    # the search is due once 50 calls have run.
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 0.25
+            return self.now
+
+    monkeypatch.setattr("rlspeed.accel.module.time", Clock())
+    monkeypatch.setattr("rlspeed.accel.module.expected_search_s",
+                        lambda per_call_s, *counts: 0.03 * (49.5 * per_call_s or 1e-12))
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 0.03)
+    model = auto_accelerate(make_policy(), device="cpu")
+    accelerator = model._rlspeed_accelerator
+    obs = torch.randn(8, 4)
+    with torch.no_grad():
+        for _ in range(50):
+            model(obs)
+        assert accelerator.searches == 0
+        model(obs)
+        assert accelerator.searches == 1
+        for _ in range(100):
+            model(obs)
+    assert accelerator.searches == 1  # decided for good
+    decision, = model.accel_report.decisions
+    assert decision.source == "search" and "after 50 fp32 calls" in decision.reason
+    assert decision.trials and decision.chosen == accelerator.strategies[(8, False, True)]
+
+    # A later run of the same model finds the decision in the cache and uses it from the first call.
+    again = auto_accelerate(make_policy(seed=3), device="cpu")
+    with torch.no_grad():
+        again(obs)
+    assert again._rlspeed_accelerator.searches == 0
+    assert [d.source for d in again.accel_report.decisions] == ["cache"]
+    assert again.accel_strategy == decision.chosen
+
+
 def test_choose_needs_a_margin():
     fp32, bf16 = Strategy("fp32"), Strategy("bf16")
     trials = [Trial(fp32, ms_per_call=1.0, passed=True, reference=True), Trial(bf16, ms_per_call=0.95, passed=True)]

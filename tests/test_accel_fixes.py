@@ -4,12 +4,14 @@ models.
 
 Most tests need a real search (two candidates), which a CPU without native bf16 or a forced strategy would not
 run: `two_candidates` makes the candidates fp32 eager and bf16 autocast (which runs, slowly, on any CPU), with no
-torch.compile involved.
+torch.compile involved, and a module searches on the first call of each kind (instead of once its calls have
+taken long enough to pay for the search: tests/test_accel.py covers that rule).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -29,13 +31,15 @@ pytestmark = pytest.mark.usefixtures("isolated_accel")  # conftest: own cache, n
 
 @pytest.fixture
 def two_candidates(monkeypatch):
-    """Modules and steps made after this search fp32 eager against bf16 autocast."""
+    """Modules and steps made after this search fp32 eager against bf16 autocast, modules on each kind's first
+    call."""
 
     def fake_candidates(request, device, *, allow_fp16, whole_step_graphs=False):
         return [EAGER_FP32, BF16], []
 
     monkeypatch.setattr("rlspeed.accel.module.candidates", fake_candidates)
     monkeypatch.setattr("rlspeed.accel.step.candidates", fake_candidates)
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", math.inf)  # any time spent pays for a search
 
 
 def _mlp(inputs: int, outputs: int, seed: int = 0) -> nn.Module:

@@ -10,7 +10,11 @@ the decisions already made; compiled code is rebuilt lazily).
 The strategy is decided per kind of call: the batch size's power-of-two bucket, whether gradients are enabled, and
 train/eval mode.
 A rollout step (a few rows, no_grad) and an update minibatch (hundreds of rows, with backward) can want different
-precisions; each gets its own search (or cache hit) the first time it occurs.
+precisions; each gets its own decision. A kind of call with a cached decision uses it from its first call. Otherwise
+it runs eager fp32, timed, and is searched only once its calls have taken long enough that the search costs at most
+`SEARCH_COST_SHARE` of that time (`search.expected_search_s`): the line never makes a script slower by more than
+that share, a short script or a model too small to gain never pays for a search, and a long run of a large model
+gets its speed-up after a short while. ``example_inputs=`` searches at once.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from rlspeed.accel.compile import (
 )
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, opaque_leaf, tensors_in, to_float32
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import preserved_state, run_search, store_choice
+from rlspeed.accel.search import expected_search_s, preserved_state, run_search, store_choice
 from rlspeed.accel.strategy import (
     EAGER_FP32,
     BackwardPrecisionHook,
@@ -51,6 +55,9 @@ from rlspeed.accel.strategy import (
 from rlspeed.accel.strategy import with_precision as _with_precision
 from rlspeed.device import describe, resolve_device
 from rlspeed.errors import UserError
+
+# A kind of call is searched once the time spent in its calls is at least the search's expected cost divided by this.
+SEARCH_COST_SHARE = 0.03
 
 _ACCELERATED_CLASSES: dict[type, type] = {}
 _ALL_BUCKETS = (None, *(1 << i for i in range(48)))  # every signature batch bucket (for fixed plain strategies)
@@ -173,8 +180,12 @@ class ModuleAccelerator:
         self.runners: dict[Strategy, Callable] = {}
         self.row_independent: bool | None = None
         self._plain_keys: set[tuple] = set()  # signatures decided as eager fp32 (the fast path of __call__)
+        self._waiting: dict[tuple, _Waiting] = {}  # signatures running eager fp32 until a search pays for itself
+        self.searches = 0  # searches run (each times every candidate)
         self._depth = 0
         self._candidates, notes = candidates(request, device, allow_fp16=False)
+        compiled = sum(s.compile != "off" for s in self._candidates)
+        self._candidate_counts = (len(self._candidates) - compiled, compiled)
         for note in notes:
             self.report.note(note)
         # With one candidate there is nothing to measure: one strategy for every call (a compiled one learns on
@@ -201,17 +212,30 @@ class ModuleAccelerator:
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._depth:  # a nested call (a method calling self() inside an accelerated call): run as is
             return self.base_forward(module, *args, **kwargs)
-        if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a decided plain strategy
+        if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a plain or a waiting kind of call
             x = args[0]
             if type(x) is torch.Tensor and x.device == self.device and x.dtype not in self.converter.convert_dtypes:
                 key = (1 << (x.shape[0] - 1).bit_length() if x.dim() >= 2 else None, torch.is_grad_enabled(),
                        module.training)
                 if key in self._plain_keys:
                     return self.base_forward(module, x)
+                waiting = self._waiting.get(key)
+                if waiting is not None and waiting.spent_s < waiting.threshold_s:
+                    return self._timed(waiting, module, args, kwargs)
         args, kwargs = self.converter(args, kwargs)
-        strategy = self._single or self.strategies.get(self._signature(module, args, kwargs))
+        strategy = self._single
         if strategy is None:
-            strategy = self.prepare(module, args, kwargs)
+            signature = self._signature(module, args, kwargs)
+            strategy = self.strategies.get(signature)
+            if strategy is None:
+                waiting = self._waiting.get(signature)
+                if waiting is None and batch_size_of(args, kwargs) != 0:
+                    strategy = self._known(module, args, kwargs, signature)
+                    waiting = self._waiting.get(signature)
+                if strategy is None:
+                    if waiting is None or not self._search_due(waiting):
+                        return self._timed(waiting, module, args, kwargs)
+                    strategy = self._search_signature(module, args, kwargs, signature)
         if strategy.is_plain:
             return self.base_forward(module, *args, **kwargs)
         runner = self._runner(module, strategy)
@@ -221,6 +245,25 @@ class ModuleAccelerator:
         finally:
             self._depth -= 1
 
+    def _timed(self, waiting: _Waiting | None, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        """An eager fp32 call of a kind not decided yet, its time added to what a search of that kind must earn."""
+        if waiting is None:  # an empty batch: nothing to decide or to count
+            return self.base_forward(module, *args, **kwargs)
+        started = time.perf_counter()
+        outputs = self.base_forward(module, *args, **kwargs)
+        waiting.spent_s += time.perf_counter() - started
+        waiting.calls += 1
+        return outputs
+
+    def _search_due(self, waiting: _Waiting) -> bool:
+        """Whether the calls of a waiting kind have taken long enough to pay for its search; otherwise the
+        threshold is raised to what the search is now expected to cost (it grows with the time per call)."""
+        per_call = waiting.spent_s / waiting.calls if waiting.calls else 0.0
+        waiting.threshold_s = expected_search_s(per_call, *self._candidate_counts) / SEARCH_COST_SHARE
+        waiting.decision.reason = (f"fp32 eager until calls like this have taken {waiting.threshold_s:.3g} s, so that "
+                                   f"a search costs at most {SEARCH_COST_SHARE:.0%} of their time")
+        return waiting.spent_s >= waiting.threshold_s
+
     @staticmethod
     def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
         # train/eval mode is part of it, as in the disk key: a choice checked with dropout or batch statistics on
@@ -228,18 +271,27 @@ class ModuleAccelerator:
         batch = batch_size_of(args, kwargs)
         return (bucket_size(batch) if batch is not None else None, torch.is_grad_enabled(), module.training)
 
+    @staticmethod
+    def _label(signature: tuple) -> str:
+        batch, grad, training = signature
+        label = f"batch<={batch}" if batch is not None else "unbatched"
+        label += ", with grad" if grad else ", no_grad"
+        return label + ("" if training else ", eval")
+
     def prepare(self, module: nn.Module, args: tuple, kwargs: dict) -> Strategy:
-        """Decide the strategy for calls like this one (forced, cached, or searched now) and remember it."""
+        """Decide the strategy for calls like this one now (forced, cached, or searched now) and remember it."""
         args, kwargs = self.converter(args, kwargs)
         if batch_size_of(args, kwargs) == 0:
             # An empty batch (model(obs[done]) with nothing done) has nothing to measure or to verify rows with, and
             # padding it is impossible: eager fp32 for this call, nothing decided.
             return EAGER_FP32
         signature = self._signature(module, args, kwargs)
-        batch, grad, training = signature
-        label = f"batch<={batch}" if batch is not None else "unbatched"
-        label += ", with grad" if grad else ", no_grad"
-        label += "" if training else ", eval"
+        strategy = self.strategies.get(signature) or self._known(module, args, kwargs, signature)
+        return strategy or self._search_signature(module, args, kwargs, signature)
+
+    def _known(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> Strategy | None:
+        """The strategy for a new kind of call that needs no measuring (the only candidate, or a cached choice);
+        None when it has to be searched, and then the kind waits in eager fp32 (see the module docstring)."""
         if self._fixed is not None:
             if self._single is None:  # compiled: decide bucketing once, on these inputs
                 params, buffers = list(module.parameters()), list(module.buffers())
@@ -247,22 +299,40 @@ class ModuleAccelerator:
                 self._single = with_bucket(self._fixed, bucket)
                 self.report.decisions[0].chosen = self._single
             return self._single
-        key = cache.make_key({"kind": "module", **self._structure_key(module, args, kwargs, signature),
-                              "request": self.request.to_dict(), **cache.environment_key(self.device)})
-        record = cache.load(key)
+        record = cache.load(self._cache_key(module, args, kwargs, signature))
         if record is not None:
             try:
                 strategy = Strategy.from_dict(record["chosen"])
                 trials = [Trial.from_dict(t) for t in record.get("trials", [])]
-                self._decide(signature, Decision(label, strategy, "cache", record.get("reason", ""), trials))
+                self._decide(signature, Decision(self._label(signature), strategy, "cache", record.get("reason", ""),
+                                                 trials))
                 return strategy
             except (KeyError, TypeError, ValueError):
                 pass
+        waiting = _Waiting(Decision(self._label(signature), EAGER_FP32, "waiting", ""))
+        self._waiting[signature] = waiting
+        self.report.decisions.append(waiting.decision)
+        self._search_due(waiting)  # sets the first threshold
+        return None
+
+    def _cache_key(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> str:
+        return cache.make_key({"kind": "module", **self._structure_key(module, args, kwargs, signature),
+                               "request": self.request.to_dict(), **cache.environment_key(self.device)})
+
+    def _search_signature(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> Strategy:
+        """Search the strategy for a kind of call on these inputs, remember it and cache it."""
+        label = self._label(signature)
+        waiting = self._waiting.pop(signature, None)
         started = time.perf_counter()
         strategy, decision = self._search(module, args, kwargs, label)
         decision.search_s = time.perf_counter() - started
+        self.searches += 1
+        if waiting is not None:
+            decision.reason += (f" (searched after {waiting.calls} fp32 calls taking {waiting.spent_s:.2f} s, "
+                                f"so that the search costs at most {SEARCH_COST_SHARE:.0%} of their time)")
+            self.report.decisions.remove(waiting.decision)
         self._decide(signature, decision)
-        store_choice(key, decision, self.report, label, signature=label)
+        store_choice(self._cache_key(module, args, kwargs, signature), decision, self.report, label, signature=label)
         return strategy
 
     def _decide(self, signature: tuple, decision: Decision) -> None:
@@ -396,6 +466,15 @@ class ModuleAccelerator:
 
         self.runners[strategy] = fn
         return fn
+
+
+class _Waiting:
+    """A kind of call running eager fp32 until its calls have taken `threshold_s` (then it is searched)."""
+
+    __slots__ = ("decision", "spent_s", "calls", "threshold_s")
+
+    def __init__(self, decision: Decision):
+        self.decision, self.spent_s, self.calls, self.threshold_s = decision, 0.0, 0, 0.0
 
 
 class _OpaqueOutputs(Exception):

@@ -36,6 +36,7 @@ ROUNDS = 11
 WARMUP_CALLS = 2
 CONFIRM_BUDGET_FRACTION = 0.5  # the confirmation of a winner gets half the budget again
 HARD_LIMIT_FACTOR = 4  # timed rounds stop after this many times the budget (a contended machine), keeping >= 2
+COMPILE_ESTIMATE_S = 30.0  # what one compiled candidate is expected to cost (inductor on a GPU: tens of seconds)
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,20 @@ def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s
         if round_index >= 1 and time.perf_counter() > deadline:
             break  # a busy machine: keep what was measured rather than stall the caller
     return per_round
+
+
+def expected_search_s(per_call_s: float, eager: int, compiled: int = 0) -> float:
+    """Roughly what `run_search` costs for a call taking `per_call_s` with `eager` and `compiled` candidates: a
+    checked call and the warm-up of each, the timed rounds (at least one call per candidate in each, cut short by
+    the hard limit) and the confirmation of a winner, and the compilation of one compiled candidate."""
+    candidates = eager + min(compiled, 1)  # only the eager winner's precision is compiled
+
+    def timed(budget_s: float, count: int) -> float:
+        rounds = max(budget_s, ROUNDS * count * per_call_s)
+        return min(rounds, max(HARD_LIMIT_FACTOR * budget_s, 2 * count * per_call_s))
+
+    return (timed(TIMING_BUDGET_S, candidates) + timed(CONFIRM_BUDGET_FRACTION * TIMING_BUDGET_S, 2)
+            + (1 + WARMUP_CALLS) * candidates * per_call_s + min(compiled, 1) * COMPILE_ESTIMATE_S)
 
 
 def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
