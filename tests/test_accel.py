@@ -426,6 +426,40 @@ def test_a_kind_of_call_is_searched_once_its_calls_pay_for_the_search(monkeypatc
     assert again.accel_strategy == decision.chosen
 
 
+@needs_bf16_matmul
+def test_hand_derived_updates_are_checked_and_timed_by_the_same_search():
+    from types import SimpleNamespace
+
+    from rlspeed.fused.precision import AutoMatmulPrecision
+
+    class Update:
+        """A hand-derived update whose gradient is wrong when matmuls run in bf16."""
+
+        def __init__(self):
+            self.adam = SimpleNamespace(grad=torch.zeros(16), check=lambda: None)
+            self.steps = 0
+
+        def gradient(self, x):
+            sign = -1.0 if torch.backends.mkldnn.matmul.fp32_precision == "bf16" else 1.0
+            self.adam.grad.copy_(sign * (x.T @ x).sum(0))
+
+        def __call__(self, x):
+            self.gradient(x)
+            self.steps += 1
+            return self.adam.grad.sum()
+
+    update = Update()
+    auto = AutoMatmulPrecision(update, CPU, "toy")
+    x = torch.randn(32, 16)
+    auto(x)
+    assert auto.precision == "fp32" and update.steps == 1  # the search ran no step of its own
+    reference, candidate = auto.trials
+    assert isinstance(candidate, Trial) and reference.reference and candidate.strategy.precision == "bf16-matmul"
+    assert not candidate.passed and "gradient cosine" in candidate.error  # the shared tolerances rejected it
+    torch.testing.assert_close(update.adam.grad, (x.T @ x).sum(0))
+    assert auto.summary() == {"precision": "fp32", "compile": "off"} and "bf16-matmul" in str(auto)
+
+
 def test_choose_needs_a_margin():
     fp32, bf16 = Strategy("fp32"), Strategy("bf16")
     trials = [Trial(fp32, ms_per_call=1.0, passed=True, reference=True), Trial(bf16, ms_per_call=0.95, passed=True)]

@@ -223,14 +223,17 @@ def expected_search_s(per_call_s: float, eager: int, compiled: int = 0) -> float
 
 
 def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
-               device: torch.device, buffers: Sequence[torch.Tensor] = ()) -> tuple[Strategy, list[Trial], str]:
+               device: torch.device, buffers: Sequence[torch.Tensor] = (),
+               budget_s: float | None = None) -> tuple[Strategy, list[Trial], str]:
     """Check and time every candidate; return (chosen strategy, trials, reason).
 
-    `build(strategy)` returns a runner for the strategy. The simplest candidate (`candidates[0]`) is the fallback;
-    the fp32 eager reference is run even when it is not a candidate. Two stages, because compiling costs tens of
-    seconds: eager candidates first; then compiled candidates only in the precision that won eagerly, timed
-    against that winner and the simplest candidate.
+    `build(strategy)` returns a runner for the strategy; `params` are the tensors whose `.grad` is compared with
+    the reference's; `budget_s` is the timed rounds' budget (default `TIMING_BUDGET_S`). The simplest candidate
+    (`candidates[0]`) is the fallback; the fp32 eager reference is run even when it is not a candidate. Two stages,
+    because compiling costs tens of seconds: eager candidates first; then compiled candidates only in the precision
+    that won eagerly, timed against that winner and the simplest candidate.
     """
+    budget_s = TIMING_BUDGET_S if budget_s is None else budget_s
     eager = [s for s in candidates if s.compile == "off"]
     compiled = [s for s in candidates if s.compile != "off"]
     trials: dict[Strategy, Trial] = {}
@@ -267,7 +270,7 @@ def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runne
                     trial.speedup = statistics.median(b / c for b, c in zip(base, rounds))
 
         runners = check(eager)
-        record(time_runners(runners, device))
+        record(time_runners(runners, device, budget_s))
         if compiled:
             rivals: dict[Strategy, Runner] = {}
             if eager:
@@ -278,14 +281,14 @@ def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runne
                         rivals[strategy] = runners[strategy]
             compiled_runners = check(compiled)
             if compiled_runners:
-                record(time_runners({**rivals, **compiled_runners}, device))
+                record(time_runners({**rivals, **compiled_runners}, device, budget_s))
             runners.update(compiled_runners)
         ordered = [trials[s] for s in candidates if s in trials]
         chosen, reason = choose(candidates, ordered)
         if chosen != candidates[0] and candidates[0] in runners:
             # Confirm on fresh rounds: on a shared machine one burst can fake a speed-up; two rarely agree.
             confirm = time_runners({candidates[0]: runners[candidates[0]], chosen: runners[chosen]},
-                                   device, budget_s=CONFIRM_BUDGET_FRACTION * TIMING_BUDGET_S)
+                                   device, budget_s=CONFIRM_BUDGET_FRACTION * budget_s)
             again = statistics.median(b / c for b, c in zip(confirm[candidates[0]], confirm[chosen]))
             if again < 1 / (1 - MARGIN):
                 reason = f"{chosen.label} not confirmed ({reason}, then {again:.2f}x on fresh rounds)"

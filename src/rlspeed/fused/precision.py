@@ -1,31 +1,39 @@
-"""`--accelerate auto` for the hand-derived updates: the matmul precision chosen by measuring, as `accelerate_step`.
+"""`--accelerate auto` for the hand-derived updates: the matmul precision chosen by `accelerate_step`'s own search.
 
-The hand-derived updates (`fused_ppo`, `fused_dqn`, `fused_sac`) are already the fast form of the step in fp32;
-what the acceleration layer can add on top is a reduced internal precision for the matrix products (bf16 inside
-fp32 matmuls on CPUs with AVX512-BF16/AMX, TF32 on CUDA), where they dominate (256-wide layers). On the first
-call `AutoMatmulPrecision` computes the gradient of that batch in fp32 and with each candidate precision (same RNG
-seed), rejects candidates whose gradient leaves the acceleration layer's tolerances (cosine, norm error:
-`rlspeed.accel.search.TOLERANCES`), times the rest against fp32 in interleaved rounds, and keeps the fastest if it
-is at least `MARGIN` faster, else fp32. `RLSPEED_ACCELERATE` forces a precision. The search leaves no trace: the
-RNG is forked, and the gradient buffer is overwritten by the real step.
+The hand-derived updates (`rlspeed.fused.ppo`, `.dqn`, `.sac`) are already the fast form of the step in fp32; what
+the acceleration layer can add on top is a reduced internal precision for the matrix products (bf16 inside fp32
+matmuls on CPUs with AVX512-BF16/AMX, TF32 on CUDA), where they dominate (256-wide layers). On the first call
+`AutoMatmulPrecision` hands the update's gradient computation to `rlspeed.accel.search.run_search`, the search
+`auto_accelerate` and `accelerate_step` use: fp32 and each reduced matmul precision compute the gradient of that
+batch from the same RNG seed, candidates whose gradient leaves the tolerances (`search.TOLERANCES`) are rejected,
+the rest are timed against fp32 in interleaved rounds, and the fastest wins only if it is at least `search.MARGIN`
+faster (confirmed on fresh rounds), else fp32. `RLSPEED_ACCELERATE` forces a precision. The search leaves no
+trace: the RNG is forked, and the gradient buffer is overwritten by the real step.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
+from types import SimpleNamespace
 
 import torch
 
-from rlspeed.accel.search import MARGIN, SEED, TOLERANCES
-from rlspeed.accel.strategy import ENV_VAR, normalise_request, precision_context, reduced_matmul_supported
-from rlspeed.device import rules, synchronize
+from rlspeed.accel.report import AccelReport, Decision, Trial
+from rlspeed.accel.search import run_search
+from rlspeed.accel.strategy import (
+    EAGER_FP32,
+    ENV_VAR,
+    Strategy,
+    normalise_request,
+    precision_context,
+    reduced_matmul_supported,
+)
+from rlspeed.device import describe, rules
 from rlspeed.errors import UserError
 
-ROUNDS = 5
-CALLS_PER_ROUND = 3
 MATMUL_PRECISIONS = ("fp32", "bf16-matmul", "tf32")
+TIMING_BUDGET_S = 0.1  # the timed rounds' budget: one gradient takes milliseconds, and this runs once per training
 
 
 class AutoMatmulPrecision:
@@ -35,15 +43,16 @@ class AutoMatmulPrecision:
         self.update, self.device, self.name = update, device, name
         self.adam = update.adam
         self.precision: str | None = None
-        self.trials: list[dict] = []
+        self.trials: list[Trial] = []
         self.reason = ""
         request = normalise_request()  # RLSPEED_ACCELERATE, parsed as accelerate_step does
+        self._report = AccelReport(f"the hand-derived {name} update", describe(device), request.to_dict())
         if request.forced_by_env is not None:
             precision = request.precision
             if precision != "fp32" and not reduced_matmul_supported(device, precision):
                 raise UserError(f"{ENV_VAR}={request.forced_by_env}: {precision} matmuls are not available on "
                                 f"{device}.")
-            self.precision, self.reason = precision, f"forced by {ENV_VAR}={request.forced_by_env}"
+            self._decided(Decision("all calls", Strategy(precision), "forced", f"{ENV_VAR}={request.forced_by_env}"))
         self.report = self  # what Algorithm.acceleration_summary reads
 
     def summary(self) -> dict[str, str]:
@@ -51,13 +60,7 @@ class AutoMatmulPrecision:
         return {"precision": self.precision or "fp32", "compile": "off"}
 
     def __str__(self) -> str:
-        lines = [f"rlspeed acceleration for the hand-derived {self.name} update on {self.device}: "
-                 f"{self.precision or 'not decided yet'} ({self.reason})"]
-        for trial in self.trials:
-            timing = f"{trial['ms']:.3f} ms" if trial.get("ms") is not None else "-"
-            lines.append(f"  {trial['precision']:<12} {timing:>10}  grad cos {trial['cosine']:.5f}  "
-                         f"norm err {trial['norm_err']:.1e}  {trial['result']}")
-        return "\n".join(lines)
+        return str(self._report)
 
     def _context(self, precision: str) -> contextlib.AbstractContextManager:
         return precision_context(self.device, precision) if precision != "fp32" else contextlib.nullcontext()
@@ -68,59 +71,33 @@ class AutoMatmulPrecision:
         with self._context(self.precision):
             return self.update(*batch, **options)
 
-    def _gradient(self, precision: str, batch, options) -> torch.Tensor:
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(SEED)
-            with self._context(precision):
-                self.update.gradient(*batch, **options)
-        return self.adam.grad.clone()
+    def _decided(self, decision: Decision) -> None:
+        self.precision, self.reason, self.trials = decision.chosen.precision, decision.reason, decision.trials
+        self._report.decisions.append(decision)
 
     def _choose(self, batch, options) -> None:
-        candidates = [p for p in MATMUL_PRECISIONS[1:] if reduced_matmul_supported(self.device, p)]
+        candidates = [EAGER_FP32] + [Strategy(p) for p in MATMUL_PRECISIONS[1:]
+                                     if reduced_matmul_supported(self.device, p)]
+        if len(candidates) == 1:
+            self._decided(Decision("all calls", EAGER_FP32, "only candidate",
+                                   "no reduced matmul precision on this device"))
+            return
         self.adam.check()
-        reference = self._gradient("fp32", batch, options)
-        self.trials = [{"precision": "fp32", "cosine": 1.0, "norm_err": 0.0, "result": "reference"}]
-        passing = ["fp32"]
-        for precision in candidates:
-            gradient = self._gradient(precision, batch, options)
-            norm, reference_norm = gradient.norm(), reference.norm()
-            cosine = float(gradient @ reference / (norm * reference_norm + 1e-30))  # ok-sync: once, at the search
-            norm_err = float((norm - reference_norm).abs() / (reference_norm + 1e-30))  # ok-sync: once
-            tolerance = TOLERANCES[precision]
-            ok = cosine >= tolerance.grad_cosine and norm_err <= tolerance.grad_norm_rel_err and math.isfinite(cosine)
-            self.trials.append({"precision": precision, "cosine": cosine, "norm_err": norm_err,
-                                "result": "ok" if ok else f"FAIL (needs cos >= {tolerance.grad_cosine}, "
-                                                          f"norm err <= {tolerance.grad_norm_rel_err})"})
-            if ok:
-                passing.append(precision)
-        times = self._time(passing, batch, options) if len(passing) > 1 else {"fp32": None}
-        for trial in self.trials:
-            trial["ms"] = None if times.get(trial["precision"]) is None else 1e3 * times[trial["precision"]]
-        best = min(passing, key=lambda p: times[p] if times[p] is not None else math.inf)
-        if best != "fp32" and times[best] * (1 + MARGIN) <= times["fp32"]:
-            self.precision = best
-            self.reason = f"measured {times['fp32'] / times[best]:.2f}x faster than fp32, gradients within tolerance"
-        else:
-            self.precision = "fp32"
-            self.reason = ("no reduced matmul precision on this device" if not candidates else
-                           f"no candidate both accurate and >= {MARGIN:.0%} faster")
 
-    def _time(self, precisions: list[str], batch, options) -> dict[str, float]:
-        best = {p: math.inf for p in precisions}
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            for precision in precisions:  # warm-up
-                with self._context(precision):
+        def build(strategy: Strategy):
+            def gradient() -> tuple[None, float]:
+                with self._context(strategy.precision):
                     self.update.gradient(*batch, **options)
-            for _ in range(ROUNDS):
-                for precision in precisions:
-                    synchronize(self.device)
-                    started = time.perf_counter()
-                    with self._context(precision):
-                        for _ in range(CALLS_PER_ROUND):
-                            self.update.gradient(*batch, **options)
-                    synchronize(self.device)
-                    best[precision] = min(best[precision], (time.perf_counter() - started) / CALLS_PER_ROUND)
-        return best
+                return None, 1.0
+
+            return gradient
+
+        # the search compares the `.grad` of what it is given: here the update's one flat gradient buffer
+        flat_gradient = SimpleNamespace(grad=self.adam.grad)
+        started = time.perf_counter()
+        chosen, trials, reason = run_search(candidates, build, [flat_gradient], self.device,
+                                            budget_s=TIMING_BUDGET_S)
+        self._decided(Decision("all calls", chosen, "search", reason, trials, time.perf_counter() - started))
 
 
 def use_fused(enabled: bool, supported: bool, accelerate: str, graphs_device: torch.device | None = None) -> bool:
