@@ -249,3 +249,114 @@ class QNetwork(nn.Module):
         out = self.head(self.body(obs))
         value, advantages = out[:, :1], out[:, 1:]
         return value + advantages - advantages.mean(dim=1, keepdim=True)
+
+
+class SequenceLayout:
+    """Where each step of a `[T, B]` block of sequences sits when the block is cut into episode segments.
+
+    An LSTM cannot reset its state in the middle of one fused call, so `RecurrentActorCritic.sequence_features`
+    runs each segment (a stretch of one column between episode starts) as its own sequence: `rows` `[L, S]` picks
+    segment s's step l from the `T * B` steps (padding repeats a valid step; its output is never read), `columns`
+    and `continues` give each segment's column and whether it continues the column's stored initial state (it
+    starts at t = 0) rather than a fresh episode, and `inverse` `[T * B]` puts the `L * S` outputs back in step
+    order. Built on the host from the episode starts (one transfer per layout, not per step).
+    """
+
+    def __init__(self, episode_starts: torch.Tensor, device: torch.device):
+        starts = episode_starts.to("cpu", torch.bool)  # ok-sync: once per layout (per rollout or minibatch)
+        steps, columns = starts.shape
+        begins = starts.clone()
+        begins[0] = True
+        column, first = begins.T.nonzero(as_tuple=True)  # segments sorted by column, then by start
+        same_column = torch.cat((column[1:] == column[:-1], torch.tensor([False])))
+        end = torch.where(same_column, torch.cat((first[1:], first.new_tensor([steps]))), steps)
+        length = end - first
+        self.num_segments, self.max_length = int(column.numel()), int(length.max())
+        offset = torch.arange(self.max_length).view(-1, 1)
+        valid = offset < length.view(1, -1)
+        rows = (first.view(1, -1) + torch.minimum(offset, length.view(1, -1) - 1)) * columns + column.view(1, -1)
+        inverse = torch.empty(steps * columns, dtype=torch.long)
+        inverse[rows[valid]] = torch.arange(rows.numel()).view_as(rows)[valid]
+        self.rows = rows.to(device)
+        self.inverse = inverse.to(device)
+        self.columns = column.to(device)
+        self.continues = (first == 0).to(device)
+
+
+class RecurrentActorCritic(ActorCritic):
+    """sb3-contrib's `MlpLstmPolicy` with `enable_critic_lstm`: an LSTM actor and an LSTM critic over the flat
+    observation, each followed by an MLP head (`ActorCritic`'s two-member ensemble, fed the LSTM outputs).
+
+    The recurrent state of N envs is one tensor `[4, N, H]`: (h, c) of the actor, then (h, c) of the critic.
+    `act_step`/`value_step` advance it one step (the rollout, bootstrapping); `sequence_features` re-runs both LSTMs
+    over stored sequences for the update, zeroing the state where an episode starts.
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, discrete: bool, lstm_hidden_size: int = 64,
+                 hidden: Sequence[int] = (64,), activation: str = "relu", log_std_init: float = 0.0):
+        if lstm_hidden_size < 1:
+            raise UserError(f"lstm_hidden_size must be >= 1, got {lstm_hidden_size}: the LSTM needs a state.")
+        super().__init__(lstm_hidden_size, action_dim, discrete, hidden, activation, log_std_init)
+        self.hidden_size = int(lstm_hidden_size)
+        # PyTorch's default LSTM initialisation, as sb3-contrib keeps it (its orthogonal init skips the LSTMs)
+        self.lstm_actor = nn.LSTM(obs_dim, self.hidden_size)
+        self.lstm_critic = nn.LSTM(obs_dim, self.hidden_size)
+
+    def initial_state(self, num_envs: int) -> torch.Tensor:
+        """The state at an episode start: zeros `[4, num_envs, H]`."""
+        weight = self.lstm_actor.weight_hh_l0
+        return torch.zeros(4, num_envs, self.hidden_size, device=weight.device, dtype=weight.dtype)
+
+    @staticmethod
+    def _cell(lstm: nn.LSTM, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of a one-layer `nn.LSTM` with its own weights (no sequence-call overhead)."""
+        return torch.lstm_cell(obs, (h, c), lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
+
+    def step(self, obs: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both LSTMs one step from `state` (already zeroed where an episode starts): (features `[2, N, H]` for the
+        heads, next state `[4, N, H]`)."""
+        h_actor, c_actor = self._cell(self.lstm_actor, obs, state[0], state[1])
+        h_critic, c_critic = self._cell(self.lstm_critic, obs, state[2], state[3])
+        return torch.stack((h_actor, h_critic)), torch.stack((h_actor, c_actor, h_critic, c_critic))
+
+    def act_step(self, obs: torch.Tensor, state: torch.Tensor, deterministic: bool = False):
+        """One rollout step: (actions, log_probs, values, next state)."""
+        features, next_state = self.step(obs, state)
+        actions, log_probs, values = self.act(features, deterministic)
+        return actions, log_probs, values, next_state
+
+    def actor_step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, deterministic: bool = True):
+        """The actor alone (inference, `predict`): (actions, h, c) from the actor's state `[N, H]` each."""
+        h, c = self._cell(self.lstm_actor, obs, h, c)
+        actions, _, _ = self.act(torch.stack((h, torch.zeros_like(h))), deterministic)  # critic head on zeros: unused
+        return actions, h, c
+
+    def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """V `[N]` of observations reached from `state` (the critic LSTM one step, then its head)."""
+        h, _ = self._cell(self.lstm_critic, obs, state[2], state[3])
+        return self.body(h.unsqueeze(0), members=slice(1, 2))[0, :, 0]
+
+    def sequence_features(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
+                          layout: SequenceLayout | None = None) -> torch.Tensor:
+        """Both LSTMs over sequences: obs `[T, B, D]` from `state` `[4, B, H]` (the state stored at t = 0, already
+        reset where it starts an episode), zeroing the state where `episode_starts` `[T, B]` is set at t > 0.
+        Returns features `[2, T * B, H]` in step order (t-major).
+
+        Without a `layout`, a loop over the T steps (the reference, fixed shapes); with one (built from the same
+        episode starts), one fused `nn.LSTM` call per LSTM over the episode segments, padded to the longest.
+        """
+        steps, batch = obs.shape[:2]
+        if layout is None:
+            keep = (~episode_starts).to(state.dtype).view(steps, 1, batch, 1)
+            outputs = []
+            for t in range(steps):
+                if t > 0:
+                    state = state * keep[t]
+                features, state = self.step(obs[t], state)
+                outputs.append(features)
+            return torch.stack(outputs, dim=1).flatten(1, 2)
+        segments = obs.flatten(0, 1)[layout.rows]  # [L, S, D]
+        initial = state[:, layout.columns] * layout.continues.to(state.dtype).view(1, -1, 1)  # [4, S, H]
+        actor, _ = self.lstm_actor(segments, (initial[0:1].contiguous(), initial[1:2].contiguous()))
+        critic, _ = self.lstm_critic(segments, (initial[2:3].contiguous(), initial[3:4].contiguous()))
+        return torch.stack((actor, critic)).flatten(1, 2)[:, layout.inverse]

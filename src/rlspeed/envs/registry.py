@@ -8,6 +8,7 @@ from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.partial import CartPoleNoVel
 from rlspeed.envs.pendulum import Pendulum
 
 #: Device-native implementations, by Gymnasium id.
@@ -17,4 +18,5 @@ NATIVE_ENVS: dict[str, type[NativeEnv]] = {
     "Acrobot-v1": Acrobot,
     "MountainCar-v0": MountainCar,
     "MountainCarContinuous-v0": MountainCarContinuous,
+    "CartPoleNoVel-v1": CartPoleNoVel,
 }

@@ -1,0 +1,37 @@
+"""Rollout storage for recurrent policies: `RolloutBuffer` plus the LSTM state each step started from and where
+episodes started, so that the update can re-run the LSTM over whole sequences (env columns)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlspeed.buffers.rollout import RolloutBuffer
+
+
+class RecurrentRolloutBuffer(RolloutBuffer):
+    """`RolloutBuffer` with, per step, the recurrent state the policy took as input and the episode-start flags.
+
+    `states[t]` `[S, N, H]` is the state step t's action was computed from (already zero where an episode started),
+    `next_states[t]` the state step t produced (what V of `next_obs[t]` continues from), `episode_starts[t]` whether
+    `obs[t]` is the first observation of an episode (`dones[t - 1]`, or the previous rollout's last `dones`).
+    """
+
+    def __init__(self, num_steps: int, num_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
+                 action_dtype: torch.dtype, device: torch.device, state_shape: tuple[int, ...]):
+        super().__init__(num_steps, num_envs, obs_shape, action_shape, action_dtype, device)
+        self.states = torch.zeros(num_steps, *state_shape, device=device)
+        self.next_states = torch.zeros(num_steps, *state_shape, device=device)
+        self.episode_starts = torch.zeros(num_steps, num_envs, device=device, dtype=torch.bool)
+
+    def add_state(self, step: int, state: torch.Tensor, next_state: torch.Tensor, episode_starts: torch.Tensor) -> None:
+        """Record step `step`'s input state, output state and episode-start flags `[N]` (in place)."""
+        self.states[step].copy_(state)
+        self.next_states[step].copy_(next_state)
+        self.episode_starts[step].copy_(episode_starts)
+
+    def columns(self, index: torch.Tensor | slice) -> dict[str, torch.Tensor]:
+        """The sequences of the env columns `index`: `obs` `[T, B, ...]`, `state` `[S, B, H]` (the state stored at
+        t = 0) and `episode_starts` `[T, B]`, with the per-step fields flattened t-major to `[T * B, ...]`."""
+        return {"obs": self.obs[:, index], "state": self.states[0][:, index],
+                "episode_starts": self.episode_starts[:, index], "actions": self.actions[:, index].flatten(0, 1),
+                "log_probs": self.log_probs[:, index].flatten(), "values": self.values[:, index].flatten()}
