@@ -13,6 +13,16 @@ os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _run_outside_the_tree(tmp_path_factory):
+    """The suite runs in a scratch working directory: files libraries drop into the working directory (MuJoCo's
+    MUJOCO_LOG.TXT, a default runs/ directory) land there, not in the source tree."""
+    previous = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(previous)
+
+
 @pytest.fixture
 def isolated_accel(tmp_path, monkeypatch):
     """For acceleration tests: an own strategy cache, no forced strategy, a short timing budget."""
@@ -37,8 +47,9 @@ def plain_and_fused(algo, env_id: str, fused_type: type, **config):
         torch.manual_seed(0)
         models.append(algo(env_id, device="cpu", seed=0, fused_update=fused, **config))
     plain, fused = models
-    assert not isinstance(plain._update_step, fused_type)
-    assert isinstance(fused._update_step, fused_type)
+    assert plain._update_step.hand_derived is None and plain.update_summary()["implementation"] == "autograd"
+    assert isinstance(fused._update_step.hand_derived, fused_type)
+    assert fused.update_summary()["implementation"] == "hand-derived"
     return plain, fused
 
 
@@ -46,6 +57,6 @@ def assert_gradient_matches_autograd(plain, fused, module_name: str, batch) -> N
     """The hand-derived gradient of `fused` equals autograd's gradient of `plain._loss` (same weights)."""
     loss, _ = plain._loss(*batch)
     expected = torch.autograd.grad(loss, list(getattr(plain, module_name).parameters()))
-    fused._update_step.gradient(*batch)
+    fused._update_step.hand_derived.gradient(*batch)
     for grad, param in zip(expected, getattr(fused, module_name).parameters()):
         torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)

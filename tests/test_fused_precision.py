@@ -19,22 +19,22 @@ def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
     monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
     torch.manual_seed(0)
     auto = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
-    assert isinstance(auto._update_step, AutoMatmulPrecision)
-    assert isinstance(auto._update_step.update, FusedSACUpdate)
+    assert isinstance(auto._update_step.fn, AutoMatmulPrecision)
+    assert isinstance(auto._update_step.fn.update, FusedSACUpdate)
     torch.manual_seed(1)
     auto._update(_batch())
-    chosen = auto._update_step.precision
+    chosen = auto._update_step.fn.precision
     assert chosen in ("fp32", "bf16-matmul")
-    assert [t["precision"] for t in auto._update_step.trials][0] == "fp32"
+    assert [t.strategy.precision for t in auto._update_step.fn.trials][0] == "fp32"
     assert auto.acceleration_summary() == {"precision": chosen, "compile": "off"}
-    assert chosen in str(auto._update_step)
+    assert chosen in str(auto._update_step.fn)
 
     # The same first step with the choice forced (no search): identical weights, so the search changed nothing
     # (RNG forked, gradient buffer overwritten, no Adam step taken).
     monkeypatch.setenv("RLSPEED_ACCELERATE", chosen)
     torch.manual_seed(0)
     forced = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
-    assert forced._update_step.precision == chosen and not forced._update_step.trials
+    assert forced._update_step.fn.precision == chosen and not forced._update_step.fn.trials
     torch.manual_seed(1)
     forced._update(_batch())
     for a, b in zip(auto._params, forced._params):
@@ -44,7 +44,7 @@ def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
 def test_environment_variable_forcing_autocast_uses_autograd(monkeypatch):
     monkeypatch.setenv("RLSPEED_ACCELERATE", "bf16")
     model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto")
-    assert not isinstance(model._update_step, AutoMatmulPrecision)
+    assert not isinstance(model._update_step.fn, AutoMatmulPrecision)
 
 
 def test_off_means_fp32_without_measuring(monkeypatch):
@@ -52,7 +52,7 @@ def test_off_means_fp32_without_measuring(monkeypatch):
     model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto", learning_starts=32, train_freq=8,
                 batch_size=16)
     model.learn(64, progress_bar=False)
-    assert model._update_step.precision == "fp32" and not model._update_step.trials
+    assert model._update_step.fn.precision == "fp32" and not model._update_step.fn.trials
 
 
 def test_dqn_prepares_batches_together_once_the_precision_is_chosen(monkeypatch):
@@ -71,7 +71,7 @@ def test_dqn_prepares_batches_together_once_the_precision_is_chosen(monkeypatch)
     assert "prepared" not in auto._prepare_batches(rows)  # not chosen yet: the first update measures
     auto._update(rows)  # (32-wide layers: their products run in fp32 whatever precision this chooses)
     bare._update(rows)
-    monkeypatch.setattr(auto._update_step, "precision", "fp32")  # compare like with like
+    monkeypatch.setattr(auto._update_step.fn, "precision", "fp32")  # compare like with like
     prepared = auto._prepare_batches(rows)
     assert "prepared" in prepared and "prepared" in bare._prepare_batches(rows)
     auto._update(prepared)

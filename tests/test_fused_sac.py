@@ -33,7 +33,7 @@ def _batch(seed, batch=256):
 ])
 def test_fused_step_matches_autograd_adam_and_polyak(config):
     plain, fused = _pair(**config)
-    fused._update_step.metrics_every = 1  # metrics on every step, to compare them too
+    fused._update_step.hand_derived.metrics_every = 1  # metrics on every step, to compare them too
     start = [p.clone() for p in fused._params]
     for step in range(4):
         batch = _batch(step)
@@ -57,8 +57,8 @@ def test_fused_step_matches_autograd_adam_and_polyak(config):
 def test_metrics_come_every_kth_update_and_do_not_change_the_step():
     _, every = _pair(net_arch=(32, 32))
     _, third = _pair(net_arch=(32, 32))
-    assert every._update_step.metrics_every == 8  # the default
-    every._update_step.metrics_every, third._update_step.metrics_every = 1, 3
+    assert every._update_step.hand_derived.metrics_every == 8  # the default
+    every._update_step.hand_derived.metrics_every, third._update_step.hand_derived.metrics_every = 1, 3
     for step in range(6):
         batch = _batch(step)
         torch.manual_seed(step)
@@ -100,9 +100,9 @@ def test_actor_gradient_through_the_minimum_critic_matches_autograd(select_rows,
     # elsewhere through every critic at every row. With identical critics every row is a tie: autograd's amin
     # shares the gradient between the tied critics, and so must both paths.
     plain, fused = _pair(n_critics=3, net_arch=(32, 32))
-    assert not fused._update_step.select_rows  # the default on a CPU for narrow critics
-    assert _pair(net_arch=(256, 256))[1]._update_step.select_rows  # ... and for wide ones
-    fused._update_step.select_rows = select_rows
+    assert not fused._update_step.hand_derived.select_rows  # the default on a CPU for narrow critics
+    assert _pair(net_arch=(256, 256))[1]._update_step.hand_derived.select_rows  # ... and for wide ones
+    fused._update_step.hand_derived.select_rows = select_rows
     if identical_critics:
         with torch.no_grad():
             for model in (plain, fused):
@@ -114,7 +114,7 @@ def test_actor_gradient_through_the_minimum_critic_matches_autograd(select_rows,
     params = [*plain.actor.parameters(), *plain.critic.parameters()]
     expected = torch.autograd.grad(loss, params)
     torch.manual_seed(3)
-    fused._update_step.gradient(*batch)
+    fused._update_step.hand_derived.gradient(*batch)
     for grad, param in zip(expected, [*fused.actor.parameters(), *fused.critic.parameters()]):
         torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)
 
@@ -127,19 +127,19 @@ def test_wide_critics_in_a_bf16_matmul_region_stay_within_the_acceleration_toler
     # as the acceleration layer demands of any candidate. A small fixed temperature, so that the actor's gradient is
     # mostly the critics' (not the entropy term's).
     plain, fused = _pair(net_arch=(256, 256), ent_coef=0.01)
-    assert fused._update_step.select_rows
+    assert fused._update_step.hand_derived.select_rows
     batch = [_batch(7)[field] for field in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")]
     torch.manual_seed(3)
     loss, _ = plain._loss(*batch)
     expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, plain._params)])
     torch.manual_seed(3)
     with precision_context(torch.device("cpu"), "bf16-matmul"):
-        fused._update_step.gradient(*batch)
+        fused._update_step.hand_derived.gradient(*batch)
     tolerance = TOLERANCES["bf16-matmul"]
     actor_size = sum(p.numel() for p in plain.actor.parameters())
     critic_end = actor_size + sum(p.numel() for p in plain.critic.parameters())
     for part in (slice(0, actor_size), slice(actor_size, critic_end)):  # each network on its own
-        got, want = fused._update_step.adam.grad[part], expected[part]
+        got, want = fused._update_step.hand_derived.adam.grad[part], expected[part]
         assert float(got @ want / (got.norm() * want.norm())) >= tolerance.grad_cosine
         assert float((got.norm() - want.norm()).abs() / want.norm()) <= tolerance.grad_norm_rel_err
 

@@ -1,5 +1,6 @@
 """Ready algorithms with an SB3-like API. `ALGORITHMS` maps CLI names to classes."""
 
+from rlspeed.algos.a2c import A2C, A2CConfig
 from rlspeed.algos.base import Algorithm
 from rlspeed.algos.ddpg import DDPG, DDPGConfig
 from rlspeed.algos.dqn import DQN, DQNConfig
@@ -7,7 +8,7 @@ from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.sac import SAC, SACConfig
 from rlspeed.algos.td3 import TD3, TD3Config
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPO, "dqn": DQN, "sac": SAC, "td3": TD3, "ddpg": DDPG}
+ALGORITHMS: dict[str, type[Algorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC, "td3": TD3, "ddpg": DDPG}
 
-__all__ = ["Algorithm", "PPO", "PPOConfig", "DQN", "DQNConfig", "SAC", "SACConfig", "TD3", "TD3Config", "DDPG",
-           "DDPGConfig", "ALGORITHMS"]
+__all__ = ["Algorithm", "PPO", "PPOConfig", "A2C", "A2CConfig", "DQN", "DQNConfig", "SAC", "SACConfig", "TD3",
+           "TD3Config", "DDPG", "DDPGConfig", "ALGORITHMS"]

@@ -39,6 +39,9 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     hints = typing.get_type_hints(config_cls)
     values = {}
     for key, value in overrides.items():
+        refused = getattr(config_cls, "refused", {})
+        if key in refused:
+            raise UserError(f"'{key}' is not an option of {config_cls.__name__}: {refused[key]}.")
         if key not in fields:
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
@@ -112,6 +115,14 @@ def space_from_json(data: dict) -> gym.Space:
                           tuple(data["shape"]), dtype=dtype)
 
 
+def _check_shape(name: str, saved: torch.Size, expected: torch.Size) -> None:
+    """UserError when a checkpoint tensor's shape is not the model's (a changed net_arch, a damaged file)."""
+    if tuple(saved) != tuple(expected):
+        raise UserError(f"The checkpoint's '{name}' has shape {tuple(saved)} but this model's is {tuple(expected)}: "
+                        "it was saved with other hyperparameters (net_arch?) or env; build the model as it was saved, "
+                        "or start afresh.")
+
+
 @dataclasses.dataclass
 class LearnResult:
     """What `learn` measured; `summary.json` is built from it."""
@@ -134,10 +145,14 @@ class Algorithm:
     def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *, device: str | torch.device = "auto",
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
                  accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
+        """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
+        `EnvSpec` too: the env a checkpoint describes, as `load` passes it)."""
         configure_threads(num_threads)
-        if not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
+        from_spec = isinstance(env, EnvSpec)
+        if not from_spec and not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
             _check_env_id(env)  # a str passes; other objects get the UserError that says which envs are accepted
-        if not isinstance(env, str) and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}:
+        if (not isinstance(env, str) and not from_spec
+                and "num_envs" in {f.name for f in dataclasses.fields(self.config_cls)}):
             given = env.num_envs
             if hyperparameters.setdefault("num_envs", given) != given:
                 raise UserError(f"num_envs={hyperparameters['num_envs']} does not match the env passed in, "
@@ -153,7 +168,9 @@ class Algorithm:
             raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                             "under torchrun.")
         self._env: BatchedEnv | None = None
-        if isinstance(env, str):
+        if from_spec:
+            self.env_id, self.spec, self.env_backend = env.env_id, env, env_backend
+        elif isinstance(env, str):
             self.env_id = env
             self.spec = env_spec(env)
             self.env_backend = resolve_backend(env, env_backend, self.strategy.split_envs(self.config.num_envs),
@@ -183,9 +200,24 @@ class Algorithm:
     def acceleration_summary(self) -> dict:
         """What the acceleration layer chose for the update step (summary.json's `accelerate` field)."""
         report = getattr(getattr(self, "_update_step", None), "report", None)
-        if self.accelerate != "auto" or report is None:
+        if report is None:
             return {"precision": "fp32", "compile": "off"}
         return dict(report.summary())
+
+    def update_summary(self) -> dict[str, str]:
+        """Which update implementation trains this model and why (summary.json's `update` field; the rules are in
+        `rlspeed.algos.update`)."""
+        return self._update_step.choice.as_dict()
+
+    def report(self) -> str:
+        """What runs and why: the update implementation and the rule that chose it, and what the acceleration layer
+        measured and chose (after the first update, with `accelerate="auto"`)."""
+        choice = self._update_step.choice
+        lines = [f"{self.name} update: {choice.implementation} ({choice.reason})"]
+        accel = self._update_step.report
+        if accel is not None:
+            lines.append(str(accel))
+        return "\n".join(lines)
 
     def _modules_to_sync(self) -> list[torch.nn.Module]:
         """Modules whose initial state rank 0 broadcasts (networks and their target copies)."""
@@ -479,23 +511,19 @@ class Algorithm:
             raise UserError(f"'{path}' holds a {meta.get('algo')} model, not {cls.name}; "
                             f"load it with rlspeed.{str(meta.get('algo')).upper()}.load.")
         config = {**meta["config"], **overrides}
-        model = cls.__new__(cls)
-        model.device = device
-        model.seed = meta.get("seed")
-        model.accelerate = "off"
-        model.config = build_config(cls.config_cls, config)
-        model.env_id = meta["env_id"]
-        model.env_backend = meta.get("env_backend", "auto")
-        model.spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
-                             meta.get("max_episode_steps"), meta.get("reward_threshold"))
-        model._env = None
-        model.obs_rms = model.return_rms = None
-        model.num_timesteps = meta.get("num_timesteps", 0)
-        model.result = LearnResult()
+        spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
+                       meta.get("max_episode_steps"), meta.get("reward_threshold"))
         if env is not None:
-            model._env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
-        model.strategy = single_process()
-        model._setup()
+            env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
+            if "num_envs" in config:
+                config["num_envs"] = env.num_envs
+        # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
+        # move the caller's random streams
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            model = cls(env if env is not None else spec, device=device,
+                        env_backend=meta.get("env_backend", "auto"), **config)
+        model.seed = meta.get("seed")
+        model.num_timesteps = meta.get("num_timesteps", 0)
         model._restore(tensors, meta)
         return model
 
@@ -518,10 +546,20 @@ class Algorithm:
         for name, module in self._modules().items():
             if isinstance(module, torch.Tensor):
                 if name in tensors:
+                    _check_shape(name, tensors[name].shape, module.shape)
                     with torch.no_grad():
                         module.copy_(tensors[name])
             else:
-                module.load_state_dict({k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")})
+                saved = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
+                expected = module.state_dict()
+                missing = sorted(set(expected) - set(saved))
+                if missing:
+                    raise UserError(f"The checkpoint has no '{name}.{missing[0]}' ({len(missing)} tensors missing): it "
+                                    f"is damaged or is not a {self.name} model of this architecture.")
+                for key, value in saved.items():
+                    if key in expected:
+                        _check_shape(f"{name}.{key}", value.shape, expected[key].shape)
+                module.load_state_dict(saved)
         for name, _ in _STATISTICS:
             shape = self.spec.observation_shape if name == "obs_rms" else ()
             rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}

@@ -24,11 +24,10 @@ from rlspeed.algos.off_policy import (
     frozen_copy,
     polyak_update,
 )
+from rlspeed.algos.update import select_update
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
-from rlspeed.fused import precision as fused_precision
-from rlspeed.fused.dqn import FusedDQNUpdate
-from rlspeed.fused.dqn import supports as supports_fused
+from rlspeed.fused.dqn import FusedDQNUpdate, unsupported_reason
 from rlspeed.fused.flat import sequential_linears
 from rlspeed.nn import QNetwork, make_adam
 
@@ -89,12 +88,12 @@ class DQN(OffPolicyAlgorithm):
         self._params = list(self.q_network.parameters())
         self._target_params = list(self.q_target.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
-        self._update_step = self._make_step(self._loss, self._params, max_grad_norm=cfg.max_grad_norm, name="dqn")
-        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.q_network), self.accelerate,
-                                     graphs_device=self.device):
-            update = FusedDQNUpdate(self.q_network, self.q_target, self.optimizer, max_grad_norm=cfg.max_grad_norm,
-                                    double_q=cfg.double_q, strategy=self.strategy)
-            self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "dqn")
+        self._update_step = select_update(
+            self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params, max_grad_norm=cfg.max_grad_norm,
+            name="dqn", reference_cls=DQN, unsupported=unsupported_reason(self.q_network),
+            hand_derived=lambda: FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
+                                                max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
+                                                strategy=self.strategy))
         self._index_dtype = rules(self.device).index_dtype
         # The greedy action during collection: a plain MLP runs as its addmm/activation kernels, without the
         # per-module call overhead (it is called once per env step)
@@ -193,8 +192,8 @@ class DQN(OffPolicyAlgorithm):
         """With the hand-derived update: the target network's part of every batch of this iteration's gradient
         steps, in one pass (`FusedDQNUpdate.prepare`; the target network changes only after those steps, in
         `_train_iteration`), in the matmul precision `--accelerate auto` chose (its first call chooses it)."""
-        update, context = fused_precision.unwrap(self._update_step), fused_precision.chosen_precision(self._update_step)
-        if not isinstance(update, FusedDQNUpdate) or context is None:
+        update, context = self._update_step.hand_derived, self._update_step.precision_context()
+        if update is None or context is None:
             return rows
         with context:
             prepared = update.prepare(*(rows[field] for field in _PREPARE_FIELDS))
@@ -202,9 +201,9 @@ class DQN(OffPolicyAlgorithm):
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if "prepared" in batch:
-            with fused_precision.chosen_precision(self._update_step):
-                update = fused_precision.unwrap(self._update_step)
-                _, metrics = update.step_prepared(batch["obs"], batch["next_obs"], batch["prepared"])
+            with self._update_step.precision_context():
+                _, metrics = self._update_step.hand_derived.step_prepared(batch["obs"], batch["next_obs"],
+                                                                          batch["prepared"])
         else:
             _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))  # Adam step, clipped
         return metrics

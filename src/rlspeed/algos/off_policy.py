@@ -14,20 +14,17 @@ Actions are stored as the policy produces them: indices for Discrete spaces; for
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from rlspeed.accel import accelerate_step
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import ReplayBuffer
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.errors import UserError
-from rlspeed.nn import clip_grad_norm
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -115,28 +112,6 @@ class OffPolicyAlgorithm(Algorithm):
         """Called after every env step with the finished rows (bool `[N]`); e.g. to reset per-episode noise."""
 
     # --- shared ---------------------------------------------------------------------------------------------
-    def _make_step(self, loss_fn: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]],
-                   params: list[torch.Tensor], max_grad_norm: float | None = None,
-                   name: str | None = None) -> Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]:
-        """One update of `self.optimizer` from `loss_fn(*batch) -> (loss, metrics)`: zero_grad, loss, backward,
-        (all-reduce), (clip), Adam step. fp32 eager, or whatever `rlspeed.accel.accelerate_step` measures faster
-        with `accelerate="auto"`. Returns the detached (loss, metrics)."""
-        if self.accelerate == "auto":
-            return accelerate_step(loss_fn, self.optimizer, params=params, max_grad_norm=max_grad_norm,
-                                   device=self.device, name=name)
-
-        def step(*batch: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            loss, metrics = loss_fn(*batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.strategy.all_reduce_gradients(params)  # no-op in a single process
-            if max_grad_norm is not None:
-                clip_grad_norm(params, max_grad_norm)
-            self.optimizer.step()
-            return loss.detach(), metrics
-
-        return step
-
     def _modules_to_sync(self) -> list[torch.nn.Module]:
         return [m for m in self._modules().values() if isinstance(m, torch.nn.Module)]
 

@@ -20,10 +20,9 @@ from rlspeed.algos.off_policy import (
     frozen_copy,
     polyak_update,
 )
-from rlspeed.fused import precision as fused_precision
+from rlspeed.algos.update import select_update
 from rlspeed.fused.flat import linear_forward, sequential_linears
-from rlspeed.fused.sac import FusedSACUpdate
-from rlspeed.fused.sac import supports as supports_fused
+from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
 from rlspeed.nn import LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor, make_adam
 
 
@@ -83,11 +82,11 @@ class SAC(OffPolicyAlgorithm):
         # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`).
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
-        self._update_step = self._make_step(self._loss, self._params, name="sac")
-        if fused_precision.use_fused(cfg.fused_update, supports_fused(self.actor, self.critic), self.accelerate,
-                                     graphs_device=self.device):
-            update = FusedSACUpdate(self, strategy=self.strategy)  # also does the Polyak step
-            self._update_step = fused_precision.for_accelerate(update, self.accelerate, self.device, "sac")
+        self._update_step = select_update(self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params,
+                                          max_grad_norm=None, name="sac", reference_cls=SAC,
+                                          unsupported=unsupported_reason(self.actor, self.critic),
+                                          hand_derived=lambda: FusedSACUpdate(self, strategy=self.strategy),
+                                          updates_targets=True)  # the hand-derived update also does the Polyak step
         self._setup_action_scaling()
         # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
         found = sequential_linears(self.actor.net)
@@ -125,7 +124,7 @@ class SAC(OffPolicyAlgorithm):
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
-        if not isinstance(fused_precision.unwrap(self._update_step), FusedSACUpdate):
+        if not self._update_step.updates_targets:
             polyak_update(self._target_params, self._critic_params, self.config.tau)
         return metrics
 

@@ -21,6 +21,7 @@ from rlspeed.algos.off_policy import (
     frozen_copy,
     polyak_update,
 )
+from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
 from rlspeed.nn import DeterministicActor, QEnsemble, make_adam
 
@@ -82,8 +83,10 @@ class TD3(OffPolicyAlgorithm):
         # One Adam for actor and critics: their losses share no parameters (see `_update`); on critic-only steps
         # the actor has no gradients and Adam leaves it (and its moment estimates) alone.
         self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device)
-        self._critic_step = self._make_step(self._critic_loss, self._online_params, name=f"{self.name}-critic")
-        self._update_step = self._make_step(self._critic_and_actor_loss, self._online_params, name=self.name)
+        self._critic_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
+                                          params=self._online_params, max_grad_norm=None, name=f"{self.name}-critic")
+        self._update_step = select_update(self, loss_fn=self._critic_and_actor_loss, optimizer=self.optimizer,
+                                          params=self._online_params, max_grad_norm=None, name=self.name)
         self._critic_updates = 0
         self._actor_loss = torch.zeros((), device=self.device)  # the latest, reported on every step
         self._ou_noise: torch.Tensor | None = None

@@ -17,9 +17,14 @@ from torch import nn
 from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
 
 
-def supports(q_network: nn.Module) -> bool:
-    """True when `FusedDQNUpdate` can update this Q-network (non-dueling, an MLP with ReLU or tanh)."""
-    return not getattr(q_network, "dueling", True) and sequential_linears(q_network.body) is not None
+def unsupported_reason(q_network: nn.Module) -> str | None:
+    """Why `FusedDQNUpdate` cannot update this Q-network, or None when it can (non-dueling, an MLP with ReLU or
+    tanh)."""
+    if getattr(q_network, "dueling", True):
+        return "dueling=true (the hand-derived update covers plain Q-network MLPs)"
+    if sequential_linears(q_network.body) is None:
+        return "a Q-network that is not a tanh or relu MLP"
+    return None
 
 
 class FusedDQNUpdate:
@@ -27,7 +32,7 @@ class FusedDQNUpdate:
 
     def __init__(self, q_network: nn.Module, q_target: nn.Module, optimizer: torch.optim.Optimizer, *,
                  max_grad_norm: float | None, double_q: bool, strategy=None):
-        if not supports(q_network):
+        if unsupported_reason(q_network) is not None:
             raise ValueError("FusedDQNUpdate needs a non-dueling Q-network whose body is an MLP with ReLU or tanh.")
         self.double_q = double_q
         linears, self.tanh = sequential_linears(q_network.body)

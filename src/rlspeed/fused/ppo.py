@@ -33,9 +33,15 @@ from rlspeed.nn import ActorCritic
 SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
 
 
-def supports(policy: nn.Module) -> bool:
-    """True when `FusedPPOUpdate` can update this policy (an `ActorCritic` with a tanh or ReLU body)."""
-    return type(policy) is ActorCritic and isinstance(policy.body.activation, SUPPORTED_ACTIVATIONS)
+def unsupported_reason(policy: nn.Module) -> str | None:
+    """Why `FusedPPOUpdate` cannot update this policy, or None when it can (an `ActorCritic` with a tanh or ReLU
+    body)."""
+    if type(policy) is not ActorCritic:
+        return f"the policy is a {type(policy).__name__}, not rlspeed's ActorCritic MLP"
+    if not isinstance(policy.body.activation, SUPPORTED_ACTIVATIONS):
+        name = type(policy.body.activation).__name__.lower()
+        return f"activation={name} (the hand-derived update covers tanh and relu)"
+    return None
 
 
 class FusedPPOUpdate:
@@ -49,7 +55,7 @@ class FusedPPOUpdate:
     def __init__(self, policy: ActorCritic, optimizer: torch.optim.Optimizer, *, max_grad_norm: float,
                  vf_coef: float, ent_coef: float, clip_range_vf: float | None, normalize_advantage: bool,
                  strategy=None):
-        if not supports(policy):
+        if unsupported_reason(policy) is not None:
             raise ValueError("FusedPPOUpdate needs an ActorCritic with a tanh or ReLU body.")
         self.policy = policy
         self.vf_coef, self.ent_coef = float(vf_coef), float(ent_coef)

@@ -36,11 +36,15 @@ from rlspeed.fused.flat import (
 from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 
 
-def supports(actor: nn.Module, critic: nn.Module) -> bool:
-    """True when `FusedSACUpdate` can update these networks (an MLP actor body; critics with ReLU or tanh)."""
+def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
+    """Why `FusedSACUpdate` cannot update these networks, or None when it can (an MLP actor body with ReLU or tanh,
+    critics with ReLU or tanh)."""
     body = sequential_linears(getattr(actor, "net", None))
     activation = getattr(getattr(critic, "body", None), "activation", None)
-    return body is not None and isinstance(activation, (nn.ReLU, nn.Tanh))
+    if body is None or not isinstance(activation, (nn.ReLU, nn.Tanh)):
+        name = type(activation).__name__.lower() if activation is not None else type(critic).__name__
+        return f"activation={name} or a non-MLP network (the hand-derived update covers tanh and relu MLPs)"
+    return None
 
 
 class FusedSACUpdate:
@@ -55,7 +59,7 @@ class FusedSACUpdate:
     def __init__(self, sac, *, strategy=None, metrics_every: int = 8):
         self.metrics_every, self._calls = metrics_every, 0
         actor, critic = sac.actor, sac.critic
-        if not supports(actor, critic):
+        if unsupported_reason(actor, critic) is not None:
             raise ValueError("FusedSACUpdate needs an MLP actor and critics with ReLU or tanh.")
 
         self.sac, self.log_std_min, self.log_std_max = sac, LOG_STD_MIN, LOG_STD_MAX

@@ -1,0 +1,83 @@
+"""Advantage Actor-Critic (Mnih et al., 2016, synchronous form) as Stable-Baselines3 defines it, on the device.
+
+Short rollouts (`num_steps=5` per env), advantages from GAE (lambda 1 by default: n-step returns), then one
+gradient step on the whole rollout: no epochs, no minibatches, no ratio clipping. RMSprop by default, as SB3.
+
+    L = -mean(A log pi(a|s)) - c_ent mean(H(pi(.|s))) + c_vf mean((V(s) - R)^2)
+
+The value loss is SB3's full mean squared error (PPO's here is CleanRL's 0.5 * MSE), so SB3's `vf_coef` carries over
+unchanged. The rollout, GAE, schedules and normalisation are `OnPolicyAlgorithm`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from rlspeed.algos.base import require
+from rlspeed.algos.on_policy import OnPolicyAlgorithm, OnPolicyConfig
+from rlspeed.buffers import RolloutBuffer
+
+
+@dataclass
+class A2CConfig(OnPolicyConfig):
+    """A2C hyperparameters; names and defaults follow Stable-Baselines3's A2C (the shared ones: `OnPolicyConfig`)."""
+
+    num_steps: int = 5
+    learning_rate: float = 7e-4
+    anneal_lr: bool = False  # SB3's A2C keeps its learning rate constant unless given a schedule
+    gae_lambda: float = 1.0
+    normalize_advantage: bool = False
+    use_rms_prop: bool = True  # RMSprop (alpha 0.99, eps rms_prop_eps) as SB3; False: Adam
+    rms_prop_eps: float = 1e-5
+
+    #: options of other algorithms a user may bring along, with what to do instead
+    refused: ClassVar[dict[str, str]] = {
+        "batch_size": "A2C updates once on the whole rollout (num_envs * num_steps rows), without minibatches: drop "
+                      "batch_size, or use ppo",
+        "n_epochs": "A2C makes one update per rollout: drop n_epochs, or use ppo",
+        "clip_range": "A2C has no ratio clipping: drop clip_range, or use ppo",
+    }
+
+    def validate(self) -> None:
+        """The `OnPolicyConfig` checks, plus RMSprop's epsilon."""
+        super().validate()
+        require(self.rms_prop_eps > 0, f"rms_prop_eps must be > 0, got {self.rms_prop_eps}.")
+
+
+class A2C(OnPolicyAlgorithm):
+    """A2C for Discrete and Box action spaces.
+
+    >>> model = A2C("CartPole-v1", seed=0).learn(100_000)
+    >>> action, _ = model.predict(obs, deterministic=True)
+    """
+
+    name = "a2c"
+    config_cls = A2CConfig
+    config: A2CConfig
+
+    def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        cfg = self.config
+        if cfg.use_rms_prop:
+            return torch.optim.RMSprop(params, lr=cfg.learning_rate, alpha=0.99, eps=cfg.rms_prop_eps)
+        return super()._make_optimizer(params)
+
+    def _update_rollout(self, buf: RolloutBuffer, advantages: torch.Tensor,
+                        returns: torch.Tensor) -> dict[str, torch.Tensor]:
+        _, stats = self._update_step(buf.obs.flatten(2).flatten(0, 1), buf.actions.flatten(0, 1),
+                                     advantages.flatten(), returns.flatten())
+        return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2]}
+
+    def _loss(self, obs, actions, advantages, returns):
+        """The A2C loss of the whole rollout: (loss, [policy loss, value loss, entropy])."""
+        cfg = self.config
+        log_probs, entropy, values = self.policy.evaluate(obs, actions)
+        if cfg.normalize_advantage and advantages.shape[0] > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        policy_loss = -(advantages * log_probs).mean()
+        value_loss = (returns - values).square().mean()
+        entropy_mean = entropy.mean()
+        loss = policy_loss - cfg.ent_coef * entropy_mean + cfg.vf_coef * value_loss
+        return loss, torch.stack((policy_loss, value_loss, entropy_mean)).detach()

@@ -1,0 +1,175 @@
+"""What on-policy algorithms share: rollout collection into device storage, GAE, schedules, the update step.
+
+An algorithm on this base (PPO, A2C, RecurrentPPO) writes only its own maths: `_loss` (the autograd reference of
+one update) and `_update_rollout` (how the rollout is split into updates: PPO's epochs of minibatches, A2C's one
+step). The loop, per iteration:
+
+1. anneal the learning rate (`anneal_lr`) from the run's progress;
+2. collect `num_steps` steps of every env into `RolloutBuffer` (actions from `_act`), all on the device;
+3. GAE over the rollout, truncated episodes bootstrapped from `info["final_obs"]`;
+4. `_update_rollout`, which calls `self._update_step` (chosen in `rlspeed.algos.update.select_update`).
+
+Nothing is read back to the host: metrics are device tensors summed until the learn loop's next log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlspeed.algos.base import Algorithm, require
+from rlspeed.algos.update import select_update
+from rlspeed.buffers import RolloutBuffer, gae
+from rlspeed.device import rules
+from rlspeed.diagnostics.phases import phase
+from rlspeed.envs import BatchedEnv
+from rlspeed.nn import ActorCritic, make_adam
+
+
+@dataclass
+class OnPolicyConfig:
+    """Hyperparameters every on-policy algorithm has (names follow Stable-Baselines3 where it has one)."""
+
+    num_envs: int = 8
+    num_steps: int = 128  # rollout length per env (SB3: n_steps)
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True  # linear decay of the learning rate to 0 over total_timesteps
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    normalize_advantage: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    log_std_init: float = 0.0
+    normalize_obs: bool = False
+    normalize_reward: bool = False
+
+    def validate(self) -> None:
+        """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
+        require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
+        require(self.num_steps >= 1, f"num_steps must be >= 1, got {self.num_steps}.")
+        require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}.")
+        require(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}.")
+        require(0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}.")
+        require(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}.")
+        require(self.vf_coef >= 0, f"vf_coef must be >= 0, got {self.vf_coef}.")
+        require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
+        require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
+
+
+class OnPolicyAlgorithm(Algorithm):
+    """Base of PPO, A2C and RecurrentPPO: see the module docstring for the loop and what a subclass writes."""
+
+    config: OnPolicyConfig
+
+    # --- what a subclass may override ---------------------------------------------------------------------
+    def _build_policy(self) -> torch.nn.Module:
+        """The policy-value network (default: `ActorCritic`, actor and critic MLPs evaluated as one ensemble)."""
+        cfg, spec = self.config, self.spec
+        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
+                           cfg.log_std_init)
+
+    def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
+        return make_adam(params, self.config.learning_rate, self.device)
+
+    def _make_update_step(self):
+        """The update step (`select_update`); PPO passes its hand-derived update as the alternative."""
+        return select_update(self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params,
+                             max_grad_norm=self.config.max_grad_norm, name=self.name)
+
+    def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(actions, log_probs, values) sampled for one rollout step."""
+        return self.policy.act(obs.flatten(1))
+
+    def _on_dones(self, dones: torch.Tensor) -> None:
+        """Called after each rollout step with the finished rows (bool `[N]`), e.g. to reset recurrent state."""
+
+    def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
+        """V of every step's next observation (`info["final_obs"]`), `[T, N]`, for GAE's bootstrap."""
+        return self.policy.value(buf.next_obs.flatten(2).flatten(0, 1)).view_as(buf.values)
+
+    def _loss(self, *batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss of one update on `batch` and its statistics: the reference every implementation matches."""
+        raise NotImplementedError
+
+    def _update_rollout(self, buf: RolloutBuffer, advantages: torch.Tensor,
+                        returns: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The updates of one rollout (calling `self._update_step`); returns metrics as device tensors."""
+        raise NotImplementedError
+
+    # --- shared ---------------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        self.policy = self._build_policy().to(self.device)
+        self._params = list(self.policy.parameters())
+        self.optimizer = self._make_optimizer(self._params)
+        self._update_step = self._make_update_step()
+        if not self.spec.discrete:
+            box = self.spec.action_space
+            self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
+            self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
+
+    def _optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        actions, _, _ = self.policy.act(obs.flatten(1), deterministic=deterministic)
+        return self._to_env(actions)
+
+    def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions as the env takes them: Gaussian samples clipped to the Box (stored unclipped, as sampled)."""
+        if self.spec.discrete:
+            return actions
+        return torch.maximum(torch.minimum(actions, self._action_high), self._action_low)
+
+    def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        cfg = self.config
+        action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
+        action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
+        self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_shape, action_shape,
+                                    action_dtype, self.device)
+        self._obs, _ = env.reset()
+
+    def _progress_remaining(self) -> float:
+        """1 at the start of the schedule, 0 at its end (see `Algorithm.learn` for what the schedule spans)."""
+        span = max(self._schedule_end - self._learn_start, 1)
+        return max(1.0 - (self.num_timesteps - self._learn_start) / span, 0.0)
+
+    def _train_iteration(self):
+        cfg, env, buf = self.config, self._env, self.buffer
+        if cfg.anneal_lr:
+            learning_rate = cfg.learning_rate * self._progress_remaining()
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate
+
+        # 1. Rollout: everything stays on the device.
+        episode_return_sum = torch.zeros((), device=self.device)
+        episode_count = torch.zeros((), device=self.device)
+        obs = self._obs
+        with torch.no_grad():
+            for step in range(cfg.num_steps):
+                with phase("act"):
+                    actions, log_probs, values = self._act(obs)
+                    env_actions = self._to_env(actions)
+                with phase("env"):
+                    next_obs, rewards, terminated, truncated, info = env.step(env_actions)
+                with phase("buffer"):
+                    dones = terminated | truncated
+                    buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones)
+                    episode_return_sum += torch.where(dones, info["episode_return"], 0.0).sum()
+                    episode_count += dones.sum()
+                    self._on_dones(dones)
+                obs = next_obs
+            self._obs = obs
+            # 2. GAE, bootstrapping every step from V(final_obs); termination cuts the bootstrap, truncation not.
+            with phase("gae"):
+                advantages, returns = gae(buf.rewards, buf.values, self._next_values(buf), buf.terminated, buf.dones,
+                                          cfg.gamma, cfg.gae_lambda)
+
+        # 3. The algorithm's updates.
+        with phase("update"):
+            metrics = self._update_rollout(buf, advantages, returns)
+        metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count)
+        return cfg.num_steps * env.num_envs, metrics

@@ -1,0 +1,138 @@
+"""The one place that decides which implementation of an algorithm's gradient update runs, and says why.
+
+Every algorithm's update is one `UpdateStep`: `step(*batch) -> (loss, metrics)` (zero_grad, loss, backward,
+all-reduce, clipping, optimizer step). Its reference is the autograd of the algorithm's `_loss`. Alternatives must
+match it step by step (tests/test_fused_*.py):
+
+* ``hand-derived``: the gradient written out for rlspeed's default MLPs with Adam on one flat buffer
+  (`rlspeed.fused`), the fast form on CPUs where per-kernel overhead dominates (benchmarks/fused_updates.py);
+* ``autograd+graphs``: the autograd step captured and replayed as one whole-step graph (`accelerate_step`) on
+  devices with graphs (CUDA), where launching kernels one by one is the cost (benchmarks/cuda_check.sh);
+* ``autograd``: the reference itself, fp32 eager, or as `accelerate_step` measured it with `--accelerate auto`.
+
+`select_update` applies these rules in order and records the first that decided in `UpdateChoice`, which
+`summary.json` (`update`) and `model.report()` show:
+
+1. a subclass that overrides `_loss` trains with its own loss: autograd;
+2. `fused_update=False`: autograd;
+3. a network the hand-derived update does not cover (say `activation=elu`): autograd;
+4. a device with whole-step graphs: autograd+graphs;
+5. `RLSPEED_ACCELERATE` forcing a strategy the hand-derived update cannot run (bf16 autocast, compile): autograd;
+6. otherwise hand-derived (with `--accelerate auto`, in the matmul precision measured fastest within tolerance).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from rlspeed.accel import accelerate_step
+from rlspeed.accel.strategy import ENV_VAR, normalise_request
+from rlspeed.device import rules
+from rlspeed.fused import precision as fused_precision
+from rlspeed.nn import clip_grad_norm
+
+HAND_DERIVED, AUTOGRAD, GRAPHS = "hand-derived", "autograd", "autograd+graphs"
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdateChoice:
+    """Which update implementation runs (`HAND_DERIVED`, `AUTOGRAD` or `GRAPHS`) and the rule that chose it."""
+
+    implementation: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"implementation": self.implementation, "reason": self.reason}
+
+
+class UpdateStep:
+    """One gradient update behind one call: `step(*batch, **hints) -> (loss, metrics)`.
+
+    `hints` are optional shortcuts an implementation may take (PPO's `normalized`, `with_stats`); others ignore them,
+    so a caller never needs to know which implementation runs. `updates_targets`: the implementation also moves the
+    target networks (the hand-derived SAC update does its Polyak step itself).
+    """
+
+    def __init__(self, fn: Callable[..., tuple[torch.Tensor, Any]], choice: UpdateChoice, *,
+                 accepts_hints: bool = False, updates_targets: bool = False, report: Any = None,
+                 hand_derived: Any = None):
+        self.fn, self.choice = fn, choice
+        self.accepts_hints, self.updates_targets = accepts_hints, updates_targets
+        self.report = report  # the acceleration layer's report, when it chose anything
+        self.hand_derived = hand_derived  # the bare hand-derived update object, for algorithm-specific fast paths
+
+    def __call__(self, *batch, **hints):
+        return self.fn(*batch, **hints) if self.accepts_hints else self.fn(*batch)
+
+    def precision_context(self):
+        """The context the hand-derived update runs in (its measured matmul precision); None before it chose."""
+        return fused_precision.chosen_precision(self.fn)
+
+
+def autograd_step(loss_fn: Callable[..., tuple[torch.Tensor, Any]], optimizer: torch.optim.Optimizer,
+                  params: Sequence[torch.Tensor], max_grad_norm: float | None, strategy) -> Callable:
+    """The reference update in fp32 eager: zero_grad, `loss_fn(*batch)`, backward, all-reduce, clip, step."""
+    params = list(params)
+
+    def step(*batch):
+        loss, metrics = loss_fn(*batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        strategy.all_reduce_gradients(params)  # no-op in a single process
+        if max_grad_norm is not None:
+            clip_grad_norm(params, max_grad_norm)
+        optimizer.step()
+        return loss.detach(), metrics
+
+    return step
+
+
+def loss_owner(algo, method: str = "_loss") -> type | None:
+    """The class in `algo`'s hierarchy that defines `method` (the `_loss` that actually runs), or None."""
+    return next((cls for cls in type(algo).__mro__ if method in vars(cls)), None)
+
+
+def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                  max_grad_norm: float | None, name: str, reference_cls: type | None = None,
+                  hand_derived: Callable[[], Any] | None = None, unsupported: str | None = None,
+                  updates_targets: bool = False) -> UpdateStep:
+    """The update step `algo` trains with (the rules are in this module's docstring).
+
+    `reference_cls`: the class whose `_loss` the hand-derived update implements; `hand_derived`: builds it (None:
+    the algorithm has none); `unsupported`: why this model's networks are outside what it covers (None: covered);
+    `updates_targets`: the hand-derived update also does the target networks' Polyak step.
+    """
+    device, accelerate, strategy = algo.device, algo.accelerate, algo.strategy
+    # whole-step graphs do not all-reduce gradients: several processes keep the eager steps
+    graphs = (rules(device).supports_graphs and normalise_request().graphs != "off" and not strategy.enabled)
+    if hand_derived is None:
+        reason = f"{type(algo).__name__} has no hand-derived update"
+    elif reference_cls is not None and (owner := loss_owner(algo)) is not reference_cls:
+        reason = f"{owner.__name__}._loss overrides {reference_cls.__name__}._loss (the hand-derived update's loss)"
+    elif not algo.config.fused_update:
+        reason = "fused_update=false"
+    elif unsupported is not None:
+        reason = unsupported
+    elif graphs:
+        reason = f"whole-step graphs on {device.type}"
+    elif accelerate == "auto" and not fused_precision.applies():
+        reason = f"{ENV_VAR} forces a strategy the hand-derived update cannot run"
+    else:
+        update = hand_derived()
+        step = fused_precision.for_accelerate(update, accelerate, device, name)
+        reason = "default on this device" + (" (matmul precision measured by --accelerate auto)"
+                                             if accelerate == "auto" else "")
+        return UpdateStep(step, UpdateChoice(HAND_DERIVED, reason), accepts_hints=True,
+                          updates_targets=updates_targets, report=getattr(step, "report", None), hand_derived=update)
+    if graphs or accelerate == "auto":
+        # On a graphs device without --accelerate auto: the fp32 eager step, captured (no precision or compile search)
+        options = {} if accelerate == "auto" else {"precision": "fp32", "compile": False}
+        step = accelerate_step(loss_fn, optimizer, params=list(params), max_grad_norm=max_grad_norm, device=device,
+                               name=name, **options)
+        return UpdateStep(step, UpdateChoice(GRAPHS if graphs else AUTOGRAD, reason), report=step.report)
+    return UpdateStep(autograd_step(loss_fn, optimizer, params, max_grad_norm, strategy),
+                      UpdateChoice(AUTOGRAD, reason))

@@ -1,0 +1,100 @@
+"""One update-step interface: which implementation trains a model is decided in one place
+(`rlspeed.algos.update.select_update`), shown in `summary.json` and `model.report()`, and a subclass that overrides
+`_loss` trains with its own loss. Also: a loaded model is built as a constructed one is."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rlspeed import A2C, DQN, PPO, SAC, TD3
+
+CASES = [(PPO, "CartPole-v1", {}), (DQN, "CartPole-v1", {"learning_starts": 64}),
+         (SAC, "Pendulum-v1", {"learning_starts": 64})]
+
+
+@pytest.mark.parametrize(("algo", "env_id", "config"), CASES, ids=lambda c: getattr(c, "__name__", None))
+def test_default_cpu_update_is_hand_derived_and_falls_back_visibly(algo, env_id, config):
+    model = algo(env_id, device="cpu", seed=0, **config)
+    assert model.update_summary() == {"implementation": "hand-derived", "reason": "default on this device"}
+    off = algo(env_id, device="cpu", seed=0, fused_update=False, **config)
+    assert off.update_summary() == {"implementation": "autograd", "reason": "fused_update=false"}
+    assert "autograd (fused_update=false)" in off.report()
+
+
+def test_a_network_the_hand_derived_update_does_not_cover_falls_back_to_autograd():
+    choice = PPO("CartPole-v1", device="cpu", activation="elu").update_summary()
+    assert choice["implementation"] == "autograd" and "activation=elu" in choice["reason"]
+    choice = DQN("CartPole-v1", device="cpu", dueling=True).update_summary()
+    assert choice["implementation"] == "autograd" and "dueling" in choice["reason"]
+
+
+@pytest.mark.parametrize(("algo", "env_id", "config"), CASES, ids=lambda c: getattr(c, "__name__", None))
+def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
+    """A subclass whose `_loss` is zero leaves the weights where they were (Adam on zero gradients does not move
+    them), while the algorithm's own loss moves them: so the override, not the hand-derived update, ran."""
+    calls = []
+
+    class ZeroLoss(algo):
+        def _loss(self, *batch):
+            loss, metrics = super()._loss(*batch)
+            calls.append(1)
+            return loss * 0.0, metrics
+
+    results = []
+    for cls in (algo, ZeroLoss):
+        model = cls(env_id, device="cpu", seed=0, **config)
+        before = [p.detach().clone() for p in model.policy.parameters()]
+        model.learn(1024, progress_bar=False)
+        results.append(max((p - b).abs().max().item() for p, b in zip(model.policy.parameters(), before)))
+    override = ZeroLoss(env_id, device="cpu", seed=0, **config).update_summary()
+    assert override["implementation"] == "autograd"
+    assert f"ZeroLoss._loss overrides {algo.__name__}._loss" in override["reason"]
+    assert calls, "the overriding _loss was never called"
+    assert results[0] > 0 and results[1] == 0.0, results
+
+
+def test_algorithms_without_a_hand_derived_update_say_so():
+    assert A2C("CartPole-v1", device="cpu").update_summary()["reason"] == "A2C has no hand-derived update"
+    assert TD3("Pendulum-v1", device="cpu").update_summary()["implementation"] == "autograd"
+
+
+def test_summary_json_names_the_update_that_ran(tmp_path, monkeypatch):
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    for name, extra in (("hand", []), ("elu", ["--set", "activation=elu"])):
+        code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "1024", "--target-return", "none",
+                         "--no-progress", "--out", str(tmp_path / name), *extra])
+        assert code == 0
+    hand = json.loads((tmp_path / "hand" / "summary.json").read_text())["update"]
+    elu = json.loads((tmp_path / "elu" / "summary.json").read_text())["update"]
+    assert hand["implementation"] == "hand-derived"
+    assert elu["implementation"] == "autograd" and "activation=elu" in elu["reason"]
+
+
+@pytest.mark.parametrize(("algo", "env_id", "config"), [*CASES, (A2C, "CartPole-v1", {}),
+                                                        (TD3, "Pendulum-v1", {"learning_starts": 64})],
+                         ids=lambda c: getattr(c, "__name__", None))
+def test_load_builds_the_model_as_construction_does(algo, env_id, config, tmp_path):
+    model = algo(env_id, device="cpu", seed=0, **config).learn(512, progress_bar=False)
+    path = model.save(tmp_path / "model.safetensors")
+    loaded = algo.load(path, device="cpu")
+    fresh = algo(env_id, device="cpu", **config)
+    assert set(vars(loaded)) == set(vars(fresh))  # no attribute missing or extra, as `__new__` + setattr gave
+    assert loaded.update_summary() == fresh.update_summary()
+    assert loaded.seed == 0 and loaded.num_timesteps == model.num_timesteps >= 512
+    obs = np.random.default_rng(0).standard_normal((5, *model.spec.observation_shape)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
+
+
+def test_load_leaves_the_global_random_state_alone(tmp_path):
+    path = PPO("CartPole-v1", device="cpu", seed=3).save(tmp_path / "m.safetensors")
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    PPO.load(path, device="cpu")
+    assert torch.equal(torch.rand(3), expected)
