@@ -490,7 +490,9 @@ class Algorithm:
             for index, entries in state["state"].items():
                 for key, value in entries.items():
                     tensors[f"optim.{name}.{index}.{key}"] = torch.as_tensor(value)
-            optim_meta[name] = state["param_groups"]
+            # (a tensor learning rate, as annealed on graph devices, is saved as its value)
+            optim_meta[name] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
+                                for group in state["param_groups"]]
         metadata = {"algo": self.name, "env_id": self.env_id, "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     "seed": self.seed, "observation_shape": list(self.spec.observation_shape),

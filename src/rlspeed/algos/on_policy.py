@@ -105,6 +105,10 @@ class OnPolicyAlgorithm(Algorithm):
         self.policy = self._build_policy().to(self.device)
         self._params = list(self.policy.parameters())
         self.optimizer = self._make_optimizer(self._params)
+        if self.config.anneal_lr and rules(self.device).supports_graphs:
+            # a tensor the captured step reads from its memory: annealing it in place needs no recapture
+            for group in self.optimizer.param_groups:
+                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
         self._update_step = self._make_update_step()
         if not self.spec.discrete:
             box = self.spec.action_space
@@ -142,7 +146,10 @@ class OnPolicyAlgorithm(Algorithm):
         if cfg.anneal_lr:
             learning_rate = cfg.learning_rate * self._progress_remaining()
             for group in self.optimizer.param_groups:
-                group["lr"] = learning_rate
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(learning_rate)
+                else:
+                    group["lr"] = learning_rate
 
         # 1. Rollout: everything stays on the device.
         episode_return_sum = torch.zeros((), device=self.device)
