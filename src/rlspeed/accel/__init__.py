@@ -18,10 +18,12 @@ then timed in interleaved rounds. The fastest that passes wins if the median of 
 eager fp32 is >= 1.11x (10% less time), its best round is also faster, and fresh confirmation rounds agree;
 otherwise eager fp32 stays, so small models pay only the per-call dispatch (~2 us). Compiled candidates (only
 where compile is allowed: CUDA/NPU for "auto", anywhere for True) are compiled only in the precision that won
-eagerly. Choices are cached per (model structure, input shapes, device, torch version) under
-``$RLSPEED_CACHE_DIR`` (default ``~/.cache/rlspeed``). ``RLSPEED_ACCELERATE`` forces a strategy: ``off`` /
-``fp32``, ``bf16-matmul``, ``tf32``, ``bf16``, ``fp16``, ``compile``, ``graphs`` or combinations like
-``bf16+compile``.
+eagerly. A module's kind of call without a cached choice runs fp32 eager until its calls have taken long enough for
+the search to cost at most 3% of that time (`module.SEARCH_COST_SHARE`), so the line does not slow a short script
+down; a step (`accelerate_step`) searches on its first call. Choices are cached per (model structure, input shapes,
+device, torch version) under ``$RLSPEED_CACHE_DIR`` (default ``~/.cache/rlspeed``). ``RLSPEED_ACCELERATE``
+forces a strategy: ``off`` / ``fp32``, ``bf16-matmul``, ``tf32``, ``bf16``, ``fp16``, ``compile``, ``graphs`` or
+combinations like ``bf16+compile``.
 """
 
 from rlspeed.accel.module import AcceleratedModule, auto_accelerate, unaccelerate

@@ -1,13 +1,9 @@
-"""torch.compile with a compilation counter, CUDA graph capture, and batch-size bucketing.
+"""torch.compile with a compilation counter and CUDA graph capture; the batch size of a call.
 
 Every graph the backend compiles is counted (`CompileCounter`), so "no recompile storm" is something a test and a
-user can check. Varying batch sizes are handled in one of two ways:
-
-* bucketing (modules whose rows are independent, verified numerically during the search): the batch dimension is
-  padded to the next power of two (the last real row repeated, so padded rows stay finite) and the outputs are
-  sliced back; every batch size in a bucket reuses one static graph;
-* otherwise dynamo's automatic dynamic shapes: the first batch size compiles a static graph, a second one compiles
-  a graph with a symbolic batch dimension that serves every later size.
+user can check. Varying batch sizes are left to dynamo's automatic dynamic shapes: the first batch size compiles a
+static graph, a second one a graph with a symbolic batch dimension that serves every later size. (Padding batches
+to power-of-two buckets instead compiled more graphs and ran slower: benchmarks/README.md, "what accel/ buys".)
 """
 
 from __future__ import annotations
@@ -53,17 +49,15 @@ def _backend_callable(name: str, graphs: bool) -> Callable:
 
 
 def compile_function(fn: Callable, strategy: Strategy, counter: CompileCounter) -> Callable:
-    """`torch.compile(fn)` with the strategy's backend, counting every graph compiled into `counter`.
-
-    Static shapes when the caller buckets the batch dimension; automatic dynamic shapes otherwise.
-    """
+    """`torch.compile(fn)` with the strategy's backend (automatic dynamic shapes), counting every graph compiled
+    into `counter`."""
     inner = _backend_callable(strategy.compile, strategy.graphs)
 
     def counting_backend(graph_module, example_inputs):
         counter.compilations += 1
         return inner(graph_module, example_inputs)
 
-    return torch.compile(fn, backend=counting_backend, dynamic=False if strategy.bucket else None)
+    return torch.compile(fn, backend=counting_backend)
 
 
 def graph_safe(fn: Callable) -> Callable:
@@ -88,38 +82,3 @@ def batch_size_of(args: tuple, kwargs: dict) -> int | None:
         if tensor.dim() >= 2:
             return int(tensor.shape[0])
     return None
-
-
-def pad_batch(args: tuple, kwargs: dict, batch: int, padded: int) -> tuple[tuple, dict]:
-    """Pad every tensor argument whose leading dimension is `batch` to `padded` rows by repeating its last row."""
-    if padded == batch:
-        return args, kwargs
-
-    def pad(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.dim() == 0 or tensor.shape[0] != batch:
-            return tensor
-        filler = tensor[-1:].expand(padded - batch, *tensor.shape[1:])
-        return torch.cat((tensor, filler), dim=0)
-
-    return map_tensors(args, pad), map_tensors(kwargs, pad)
-
-
-def slice_batch(outputs: Any, batch: int, padded: int) -> Any:
-    """Cut padded rows off every output tensor whose leading dimension is `padded`."""
-    if padded == batch:
-        return outputs
-    return map_tensors(outputs, lambda t: t[:batch] if t.dim() > 0 and t.shape[0] == padded else t)
-
-
-def bucketed(fn: Callable) -> Callable:
-    """`fn` called on inputs padded to the batch bucket, with outputs sliced back to the real batch size."""
-
-    def call(*args, **kwargs):
-        batch = batch_size_of(args, kwargs)
-        if not batch:  # no batch dimension, or an empty batch (obs[done] with nothing done): no last row to repeat
-            return fn(*args, **kwargs)
-        padded = bucket_size(batch)
-        padded_args, padded_kwargs = pad_batch(args, kwargs, batch, padded)
-        return slice_batch(fn(*padded_args, **padded_kwargs), batch, padded)
-
-    return call

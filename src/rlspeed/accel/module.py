@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,15 +33,12 @@ from rlspeed.accel.compile import (
     CompileCounter,
     batch_size_of,
     bucket_size,
-    bucketed,
     compile_function,
     graph_safe,
-    pad_batch,
-    slice_batch,
 )
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, opaque_leaf, tensors_in, to_float32
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import expected_search_s, preserved_state, run_search, store_choice
+from rlspeed.accel.search import expected_search_s, run_search, store_choice
 from rlspeed.accel.strategy import (
     EAGER_FP32,
     BackwardPrecisionHook,
@@ -50,7 +47,6 @@ from rlspeed.accel.strategy import (
     candidates,
     normalise_request,
     uses_matmul_precision,
-    with_bucket,
 )
 from rlspeed.accel.strategy import with_precision as _with_precision
 from rlspeed.device import describe, resolve_device
@@ -178,7 +174,6 @@ class ModuleAccelerator:
                                   notes=list(request.notes))
         self.strategies: dict[tuple, Strategy] = {}
         self.runners: dict[Strategy, Callable] = {}
-        self.row_independent: bool | None = None
         self._plain_keys: set[tuple] = set()  # signatures decided as eager fp32 (the fast path of __call__)
         self._waiting: dict[tuple, _Waiting] = {}  # signatures running eager fp32 until a search pays for itself
         self.searches = 0  # searches run (each times every candidate)
@@ -188,12 +183,10 @@ class ModuleAccelerator:
         self._candidate_counts = (len(self._candidates) - compiled, compiled)
         for note in notes:
             self.report.note(note)
-        # With one candidate there is nothing to measure: one strategy for every call (a compiled one learns on
-        # the first call whether it may bucket the batch dimension).
+        # With one candidate there is nothing to measure: one strategy for every call.
         fixed = self._candidates[0] if len(self._candidates) == 1 else None
-        self._single = fixed if fixed is not None and fixed.compile == "off" else None
-        self._fixed = fixed
-        if self._single is not None and self._single.is_plain:
+        self._single = fixed
+        if fixed is not None and fixed.is_plain:
             self._plain_keys.update((bucket, grad, training) for bucket in _ALL_BUCKETS for grad in (False, True)
                                     for training in (False, True))
         if fixed is not None:
@@ -290,15 +283,8 @@ class ModuleAccelerator:
         return strategy or self._search_signature(module, args, kwargs, signature)
 
     def _known(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> Strategy | None:
-        """The strategy for a new kind of call that needs no measuring (the only candidate, or a cached choice);
-        None when it has to be searched, and then the kind waits in eager fp32 (see the module docstring)."""
-        if self._fixed is not None:
-            if self._single is None:  # compiled: decide bucketing once, on these inputs
-                params, buffers = list(module.parameters()), list(module.buffers())
-                bucket = self._check_row_independent(module, args, kwargs, params, buffers)
-                self._single = with_bucket(self._fixed, bucket)
-                self.report.decisions[0].chosen = self._single
-            return self._single
+        """The cached strategy for a new kind of call; None when it has to be searched, and then the kind waits in
+        eager fp32 (see the module docstring)."""
         record = cache.load(self._cache_key(module, args, kwargs, signature))
         if record is not None:
             try:
@@ -368,9 +354,6 @@ class ModuleAccelerator:
         # inputs as in the real call; the backward below reaches this module's parameters only.
         args, kwargs = map_tensors((args, kwargs), _detached_like)
         candidate_list = list(self._candidates)
-        if any(s.compile != "off" for s in candidate_list):
-            bucket = self._check_row_independent(module, args, kwargs, params, buffers)
-            candidate_list = [with_bucket(s, bucket) for s in candidate_list]
         weights: dict[int, torch.Tensor] = {}
         unchecked = [True]  # the outputs' structure is checked on the search's first run (the fp32 reference)
 
@@ -408,36 +391,8 @@ class ModuleAccelerator:
             return EAGER_FP32, Decision(label, EAGER_FP32, "search", reason)
         return chosen, Decision(label, chosen, "search", reason, trials)
 
-    def _check_row_independent(self, module: nn.Module, args: tuple, kwargs: dict, params: Sequence[torch.Tensor],
-                               buffers: Sequence[torch.Tensor]) -> bool:
-        """Whether padding the batch with extra rows leaves the real rows' outputs unchanged (then bucketing is
-        safe). Checked once per module in eager fp32 under no_grad."""
-        if self.row_independent is not None:
-            return self.row_independent
-        batch = batch_size_of(args, kwargs)
-        independent = False
-        if batch is not None:
-            padded = bucket_size(batch + 1)
-            with preserved_state(self.device, params, buffers), torch.no_grad():
-                torch.manual_seed(0)
-                plain = self.base_forward(module, *args, **kwargs)
-                torch.manual_seed(0)
-                padded_args, padded_kwargs = pad_batch(args, kwargs, batch, padded)
-                wide = self.base_forward(module, *padded_args, **padded_kwargs)
-            wide_tensors = tensors_in(wide)
-            independent = bool(wide_tensors) and all(t.dim() > 0 and t.shape[0] == padded for t in wide_tensors)
-            if independent:
-                for a, b in zip(tensors_in(plain), tensors_in(slice_batch(wide, batch, padded))):
-                    if a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-5):
-                        independent = False
-                        break
-        self.row_independent = independent
-        self.report.note("batch bucketing: " + ("on (rows verified independent)" if independent else
-                                                "off (rows not independent or no batch dimension); dynamic shapes"))
-        return independent
-
     def _runner(self, module: nn.Module, strategy: Strategy) -> Callable:
-        """The callable running `forward` under a strategy: autocast, compile, graphs, bucketing, fp32 outputs."""
+        """The callable running `forward` under a strategy: autocast, compile, graphs, fp32 outputs."""
         if strategy in self.runners:
             return self.runners[strategy]
         base_forward = self.base_forward
@@ -456,8 +411,6 @@ class ModuleAccelerator:
             fn = compile_function(fn, strategy, self.counter)
             if strategy.graphs:
                 fn = graph_safe(fn)
-        if strategy.bucket:
-            fn = bucketed(fn)
         if strategy.autocast_dtype is not None:
             inner = fn
 

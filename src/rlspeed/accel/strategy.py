@@ -1,6 +1,6 @@
 """What an acceleration strategy is, which ones a device can run, and how a request becomes a list of candidates.
 
-A `Strategy` is a point in (precision, compile backend, graph capture, batch bucketing). `candidates(...)` turns a
+A `Strategy` is a point in (precision, compile backend, graph capture). `candidates(...)` turns a
 request (`precision="auto"`, `compile="auto"`, ... or the `RLSPEED_ACCELERATE` environment variable) into the
 strategies worth measuring on a device. Nothing here measures anything: see `search.py`.
 """
@@ -11,7 +11,7 @@ import contextlib
 import importlib.util
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -44,17 +44,14 @@ class Strategy:
     precision: ``fp32`` (plain); ``bf16-matmul`` (CPU) / ``tf32`` (CUDA): fp32 tensors, matmuls computed in bf16 /
         TF32; ``bf16`` (autocast, fp32 master weights); ``fp16`` (autocast and a GradScaler).
     compile: ``off`` or a torch.compile backend name (``inductor``, ``torchair``, ``eager``, ...).
-    graphs: CUDA graph capture. Compiled: inductor's cudagraph trees for the compiled function (fixed shapes per
-        bucket). Eager, for an update step: the whole step (forward, backward, optimizer step) captured and
+    graphs: CUDA graph capture. Compiled: inductor's cudagraph trees for the compiled function (one graph per
+        input shape). Eager, for an update step: the whole step (forward, backward, optimizer step) captured and
         replayed as one graph (`rlspeed.accel.graphs`).
-    bucket: pad the batch dimension to the next power of two and slice the outputs (row-independent models only),
-        so that varying batch sizes reuse a few compiled graphs instead of recompiling.
     """
 
     precision: str = "fp32"
     compile: str = "off"
     graphs: bool = False
-    bucket: bool = False
 
     @property
     def label(self) -> str:
@@ -63,8 +60,6 @@ class Strategy:
             parts.append(f"compile:{self.compile}")
         if self.graphs:
             parts.append("graphs")
-        if self.bucket:
-            parts.append("bucket")
         return "+".join(parts)
 
     @property
@@ -82,8 +77,7 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Strategy:
-        return cls(precision=str(data["precision"]), compile=str(data["compile"]), graphs=bool(data["graphs"]),
-                   bucket=bool(data.get("bucket", False)))
+        return cls(precision=str(data["precision"]), compile=str(data["compile"]), graphs=bool(data["graphs"]))
 
 
 EAGER_FP32 = Strategy()
@@ -407,8 +401,3 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
         graphs = want_graphs and compile_ == "inductor" and device.type == "cuda"
         strategies += [Strategy(precision, compile_, graphs) for precision in precisions]
     return strategies, notes
-
-
-def with_bucket(strategy: Strategy, bucket: bool) -> Strategy:
-    """`strategy` with batch bucketing set to `bucket`; only compiled strategies bucket (eager ones get False)."""
-    return replace(strategy, bucket=bucket and strategy.compile != "off")
