@@ -1,5 +1,9 @@
 """Device-native envs against Gymnasium's own: one-step parity from the same states and actions, whole episodes
-with autoreset and time limits, reset distributions, and the batched contract (shapes, dtypes, devices)."""
+with autoreset and time limits, reset distributions, and the batched contract (shapes, dtypes, devices).
+
+Every test runs for every env in the native registry (`rlspeed.envs.registry.NATIVE_ENVS`): a new native env gets
+them all. The reference tables below are keyed by the env's dynamics (`_dynamics_id`: CartPoleNoVel-v1 has
+CartPole-v1's); `test_every_native_env_has_reference_tables` says which entries a new one must add."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from rlspeed.envs import NATIVE_ENVS, resolve_backend
 from rlspeed.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
 from rlspeed.envs.mountain_car import MAX_SPEED
 
-ENV_IDS = ["CartPole-v1", "Pendulum-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0"]
+ENV_IDS = list(NATIVE_ENVS)
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 #: Documented reset distributions: each state component uniform in [low, high] (low == high: constant).
@@ -25,6 +29,14 @@ RESET_BOUNDS = {
     "MountainCar-v0": ([-0.6, 0.0], [-0.4, 0.0]),
     "MountainCarContinuous-v0": ([-0.6, 0.0], [-0.4, 0.0]),
 }
+
+#: Native envs that are another env's dynamics seen through a different observation
+SAME_DYNAMICS = {"CartPoleNoVel-v1": "CartPole-v1"}
+
+
+def _dynamics_id(env_id: str) -> str:
+    return SAME_DYNAMICS.get(env_id, env_id)
+
 
 NUM_PARITY = 2000
 #: NumPy 2 keeps float32 * Python float in float32 (NEP 50), and the native envs copy that for Pendulum's and
@@ -73,6 +85,7 @@ def _acrobot_near_bar(states: torch.Tensor, actions: torch.Tensor, rng: np.rando
 
 def _parity_batch(env_id: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, slice]:
     """(states float64 [n, k], actions, rows that sit at a termination boundary)."""
+    env_id = _dynamics_id(env_id)
     n, quarter = NUM_PARITY, NUM_PARITY // 4
     edge = slice(0, 2 * quarter)
     if env_id == "CartPole-v1":
@@ -107,7 +120,7 @@ def _parity_batch(env_id: str, rng: np.random.Generator) -> tuple[np.ndarray, np
         nearest = torch.argsort((-torch.cos(theta1) - torch.cos(theta1 + theta2) - 1.0).abs())[:edge.stop]
         actions[edge] = candidate_actions[nearest].numpy()
         states[edge] = _acrobot_near_bar(candidates[nearest], candidate_actions[nearest], rng).numpy()
-    else:
+    elif env_id in ("MountainCar-v0", "MountainCarContinuous-v0"):
         goal = 0.5 if env_id == "MountainCar-v0" else 0.45
         states = rng.uniform([-1.2, -0.07], [0.6, 0.07], (n, 2))
         # Around the goal with speeds of both signs (and exactly zero), and at the left wall moving left.
@@ -127,25 +140,29 @@ def _parity_batch(env_id: str, rng: np.random.Generator) -> tuple[np.ndarray, np
         on_goal = _lands_on(goal, MAX_SPEED)
         states[quarter // 8: quarter // 8 + 2] = [[on_goal, MAX_SPEED], [math.nextafter(on_goal, -1.0), MAX_SPEED]]
         actions[quarter // 8: quarter // 8 + 2] = 2 if env_id == "MountainCar-v0" else 1.0
+    else:
+        raise KeyError(f"no parity batch for {env_id}: add one to _parity_batch")
     return states, actions, edge
 
 
 def _gymnasium_steps(env_id: str, states: np.ndarray, actions: np.ndarray):
     """Gymnasium's step from each (state, action): next states, rewards, terminated, observations."""
-    env = gym.make(env_id).unwrapped
-    env.reset(seed=0)
+    # stepped through its observation wrappers (CartPoleNoVel's), with the state set on the unwrapped env
+    wrapped = gym.make(env_id, max_episode_steps=10 * len(states), disable_env_checker=True)
+    wrapped.reset(seed=0)
+    env = wrapped.unwrapped
     next_states, rewards, terminated, observations = [], [], [], []
     for state, action in zip(states, actions):
         env.state = state.copy()
-        if env_id == "CartPole-v1":
+        if _dynamics_id(env_id) == "CartPole-v1":
             env.steps_beyond_terminated = None  # else a second terminal step pays 0 and warns
         # Pendulum keeps `last_u` only for rendering: the state alone determines the step.
-        obs, reward, term, _, _ = env.step(int(action) if action.ndim == 0 else action)
+        obs, reward, term, _, _ = wrapped.step(int(action) if action.ndim == 0 else action)
         next_states.append(np.asarray(env.state, dtype=np.float64))
         rewards.append(reward)
         terminated.append(term)
         observations.append(obs)
-    env.close()
+    wrapped.close()
     return np.array(next_states), np.array(rewards, dtype=np.float64), np.array(terminated), np.array(observations)
 
 
@@ -213,7 +230,7 @@ def _gymnasium_episode(env_id: str, start: np.ndarray, first_obs: np.ndarray, po
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_episodes_match_gymnasium_with_autoreset_and_time_limit(env_id):
-    policies, overrides = EPISODES[env_id]
+    policies, overrides = EPISODES[_dynamics_id(env_id)]
     env_class = NATIVE_ENVS[env_id]
     max_steps = env_class.spec.max_episode_steps
     num = len(policies)
@@ -223,7 +240,7 @@ def test_episodes_match_gymnasium_with_autoreset_and_time_limit(env_id):
         env.state[row] = torch.tensor(start, dtype=torch.float64)
     start_states = env.state.clone()
     obs = env.observe(start_states)
-    low, high = (torch.tensor(b, dtype=torch.float64) for b in RESET_BOUNDS[env_id])
+    low, high = (torch.tensor(b, dtype=torch.float64) for b in RESET_BOUNDS[_dynamics_id(env_id)])
 
     first_done: list[tuple | None] = [None] * num
     returns = torch.zeros(num, dtype=torch.float64)
@@ -262,7 +279,9 @@ def test_episodes_match_gymnasium_with_autoreset_and_time_limit(env_id):
     lengths = [record[0] for record in first_done]
     if env_id != "Pendulum-v1":
         assert min(lengths) < max_steps, "some row should terminate before the limit"
-    assert max(lengths) == max_steps, "some row should be truncated at the limit"
+    if env_id not in SAME_DYNAMICS:  # (the policies balance with velocities; the env they share this step with
+        # checks the time limit)
+        assert max(lengths) == max_steps, "some row should be truncated at the limit"
 
 
 # --- reset distributions --------------------------------------------------------------------------------------
@@ -287,7 +306,7 @@ def _assert_uniform(samples: np.ndarray, low: list[float], high: list[float], ch
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_reset_distribution(env_id):
-    low, high = RESET_BOUNDS[env_id]
+    low, high = RESET_BOUNDS[_dynamics_id(env_id)]
     env = NATIVE_ENVS[env_id](num_envs=10_000, seed=0)
     obs, _ = env.reset()
     _assert_uniform(env.state.double().numpy(), low, high, check_moments=True)
@@ -301,6 +320,15 @@ def test_reset_distribution(env_id):
         gym_env.reset()
         gym_states.append(np.asarray(gym_env.state, dtype=np.float64))
     _assert_uniform(np.array(gym_states), low, high, check_moments=False)
+
+
+def test_every_native_env_has_reference_tables():
+    """A new native env needs its reset bounds, episode policies and parity batch here (or a SAME_DYNAMICS entry)."""
+    rng = np.random.default_rng(0)
+    for env_id in NATIVE_ENVS:
+        dynamics = _dynamics_id(env_id)
+        assert dynamics in RESET_BOUNDS and dynamics in EPISODES, f"add {dynamics} to RESET_BOUNDS and EPISODES"
+        _parity_batch(env_id, rng)  # raises for an env without one
 
 
 def test_reset_is_seeded_and_acrobot_starts_float32_like_gymnasium():
