@@ -1,16 +1,16 @@
 """rlspeed: fast reinforcement learning in PyTorch on any accelerator.
 
 Public API: `auto_accelerate`, `accelerate_step`,
-`PPO`, `A2C`, `DQN`, `SAC`, `TD3`, `DDPG`, `make_env`, `evaluate`, `resolve_device`, `UserError`.
+`PPO`, `A2C`, `RecurrentPPO`, `DQN`, `SAC`, `TD3`, `DDPG`, `make_env`, `evaluate`, `resolve_device`, `UserError`.
 """
 
 from rlspeed._version import __version__
 from rlspeed.accel import accelerate_step, auto_accelerate
-from rlspeed.algos import A2C, DDPG, DQN, PPO, SAC, TD3
+from rlspeed.algos import A2C, DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.device import resolve_device
 from rlspeed.envs import make_env
 from rlspeed.errors import UserError
 from rlspeed.evaluation import evaluate
 
-__all__ = ["auto_accelerate", "accelerate_step", "PPO", "A2C", "DQN", "SAC", "TD3", "DDPG", "make_env", "evaluate",
-           "resolve_device", "UserError", "__version__"]
+__all__ = ["auto_accelerate", "accelerate_step", "PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG", "make_env",
+           "evaluate", "resolve_device", "UserError", "__version__"]

@@ -34,10 +34,16 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         _check_compatible(model, env)
         obs, _ = env.reset()
         check_every = 64 if env.backend == "torch" else 1
+        # a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts
+        recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
         for step in range(1, limit + 1):
             # the env may live on another device than the model (`device=`; act moves obs): a no-op when they share
-            actions = model.act(obs, deterministic=deterministic).to(env.device)
-            obs, _reward, _terminated, _truncated, info = env.step(actions)
+            if recurrent:
+                actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic)
+            else:
+                actions = model.act(obs, deterministic=deterministic)
+            obs, _reward, _terminated, _truncated, info = env.step(actions.to(env.device))
+            episode_start = info["done"]
             newly_done = info["done"] & ~finished
             returns = torch.where(newly_done, info["episode_return"], returns)
             finished |= info["done"]

@@ -1,0 +1,206 @@
+"""PPO with an LSTM policy (sb3-contrib's `RecurrentPPO`), for partially observed tasks such as CartPoleNoVel-v1.
+
+What differs from PPO, and nothing else:
+
+1. Rollout: every env carries an LSTM state `[4, N, H]` (actor h, c; critic h, c) from step to step on the device,
+   zeroed exactly where an episode starts. The buffer keeps the state each step started from.
+2. GAE bootstraps V(final_obs) from the critic state the step produced (one batched LSTM step for the rollout).
+3. Update: minibatches are whole sequences, i.e. env columns of the rollout (`batch_size / num_steps` columns each).
+   The LSTMs are re-run over each column from the state stored at its first step, with the state zeroed at episode
+   starts inside it; the clipped PPO loss is then PPO's own (`PPO._loss` on the LSTM features).
+
+`predict(obs, state, episode_start)` follows Stable-Baselines3: the state is the actor's `(h, c)`, numpy arrays
+`[1, N, H]`, to be passed back on the next call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlspeed.algos.base import require
+from rlspeed.algos.on_policy import OnPolicyAlgorithm
+from rlspeed.algos.ppo import PPO, PPOConfig
+from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
+from rlspeed.device import rules
+from rlspeed.envs import BatchedEnv
+from rlspeed.errors import UserError
+from rlspeed.nn import RecurrentActorCritic, SequenceLayout
+
+#: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
+REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
+                  "exploration_fraction", "exploration_initial_eps", "exploration_final_eps", "policy_delay",
+                  "target_policy_noise", "target_noise_clip", "action_noise", "optimize_memory_usage")
+
+
+@dataclass
+class RecurrentPPOConfig(PPOConfig):
+    """RecurrentPPO hyperparameters: PPO's (`PPOConfig`) plus the LSTM's size. Defaults are sb3-contrib's.
+
+    `net_arch` is the MLP head after each LSTM (actor and critic alike). `batch_size` counts steps, as in PPO, and
+    must be a multiple of `num_steps`: a minibatch is `batch_size / num_steps` whole env columns.
+    """
+
+    num_steps: int = 128
+    batch_size: int = 128
+    lstm_hidden_size: int = 256
+
+    def validate(self) -> None:
+        """PPO's checks, plus: an LSTM state of at least one unit, and minibatches of whole sequences."""
+        require(self.lstm_hidden_size >= 1,
+                f"lstm_hidden_size must be >= 1, got {self.lstm_hidden_size}: the LSTM needs a state (64 or 256 are "
+                "usual).")
+        super().validate()
+        rollout = self.num_envs * self.num_steps
+        require(self.batch_size % self.num_steps == 0 or self.batch_size >= rollout,
+                f"batch_size ({self.batch_size}) must be a multiple of num_steps ({self.num_steps}): RecurrentPPO's "
+                "minibatches are whole sequences (env columns of the rollout).")
+
+
+class RecurrentPPO(PPO):
+    """PPO with LSTM actor and critic for Discrete and Box action spaces.
+
+    >>> model = RecurrentPPO("CartPoleNoVel-v1", seed=0).learn(100_000)
+    >>> actions, state = model.predict(obs, state=None, episode_start=np.ones(num_envs, dtype=bool))
+    >>> actions, state = model.predict(next_obs, state=state, episode_start=dones)
+    """
+
+    name = "recurrent_ppo"
+    config_cls = RecurrentPPOConfig
+    config: RecurrentPPOConfig
+
+    def __init__(self, env, **kwargs):
+        for option in REPLAY_OPTIONS:
+            if option in kwargs:
+                raise UserError(f"'{option}' is an option of the replay-based algorithms (dqn, sac, td3, ddpg); "
+                                "RecurrentPPO learns from rollouts of num_envs x num_steps steps: remove it, and size "
+                                "the rollout with num_envs and num_steps.")
+        super().__init__(env, **kwargs)
+
+    # --- the network and its state -------------------------------------------------------------------------
+    def _build_policy(self) -> RecurrentActorCritic:
+        cfg, spec = self.config, self.spec
+        return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
+                                    cfg.activation, cfg.log_std_init)
+
+    def _make_update_step(self):
+        # PPO's hand-derived update is for the MLP ActorCritic: this one always trains with the autograd of `_loss`
+        return OnPolicyAlgorithm._make_update_step(self)
+
+    def initial_state(self, num_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's (h, c) at an episode start, zeros `[1, num_envs, H]` each on the model's device."""
+        zeros = self.policy.initial_state(num_envs)[:2].unsqueeze(1)
+        return zeros[0], zeros[1]
+
+    def act_with_state(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None,
+                       episode_start: torch.Tensor | None, deterministic: bool = True):
+        """Actions for raw observations `[N, ...]` (tensors) from the actor's state (h, c) `[1, N, H]` (None: an
+        episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state)."""
+        obs = obs.to(self.device)
+        num = obs.shape[0]
+        h, c = state if state is not None else self.initial_state(num)
+        h, c = h.to(self.device)[0], c.to(self.device)[0]
+        if episode_start is not None:
+            keep = (~torch.as_tensor(episode_start, device=self.device).bool()).to(h.dtype).view(-1, 1)
+            h, c = h * keep, c * keep
+        with torch.no_grad():
+            if self.obs_rms is not None:
+                obs = self.obs_rms.normalize(obs)
+            actions, h, c = self.policy.actor_step(obs.flatten(1), h, c, deterministic)
+        return self._to_env(actions), (h.unsqueeze(0), c.unsqueeze(0))
+
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+        raise UserError("RecurrentPPO's actions depend on its LSTM state: use model.predict(obs, state, "
+                        "episode_start) and pass the returned state back (or act_with_state with tensors).")
+
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
+        """SB3-style: (actions, state) for a batch of N observations (or one), numpy in and out (tensors in give
+        tensors out). `state` is the previous call's (None at the start: zeros); `episode_start` (bool `[N]`) zeroes
+        the state of envs whose observation starts an episode (None: none does)."""
+        as_numpy = not isinstance(observation, torch.Tensor)
+        obs = torch.as_tensor(np.asarray(observation, dtype=np.float32) if as_numpy else observation,
+                              device=self.device, dtype=torch.float32)
+        single = obs.dim() == len(self.spec.observation_shape)
+        if single:
+            obs = obs.unsqueeze(0)
+        if state is not None:
+            state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32) for s in state)
+        if episode_start is not None:
+            episode_start = torch.as_tensor(np.asarray(episode_start) if as_numpy else episode_start).reshape(-1)
+        actions, (h, c) = self.act_with_state(obs, state, episode_start, deterministic)
+        if single:
+            actions = actions[0]
+        if as_numpy:  # ok-sync: predict returns to the host
+            return actions.cpu().numpy(), (h.cpu().numpy(), c.cpu().numpy())
+        return actions, (h, c)
+
+    # --- rollout ----------------------------------------------------------------------------------------------
+    def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
+        action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
+        self._state = self.policy.initial_state(env.num_envs)
+        self.buffer = RecurrentRolloutBuffer(self.config.num_steps, env.num_envs, self.spec.observation_shape,
+                                             action_shape, action_dtype, self.device, tuple(self._state.shape))
+        self._obs, _ = env.reset()
+        self._episode_start = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
+        self._rollout_step = 0
+
+    def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        step = self._rollout_step
+        self._rollout_step = (step + 1) % self.config.num_steps
+        # the state is zeroed exactly where this observation starts an episode, and carried over everywhere else
+        state = self._state * (~self._episode_start).to(self._state.dtype).view(1, -1, 1)
+        actions, log_probs, values, next_state = self.policy.act_step(obs.flatten(1), state)
+        self.buffer.add_state(step, state, next_state, self._episode_start)
+        self._state = next_state
+        return actions, log_probs, values
+
+    def _on_dones(self, dones: torch.Tensor) -> None:
+        self._episode_start = dones
+
+    def _next_values(self, buf: RecurrentRolloutBuffer) -> torch.Tensor:
+        # V(final_obs[t]) continues from the critic state step t produced: one LSTM step over all T * N rows
+        states = buf.next_states.transpose(0, 1).flatten(1, 2)  # [T, 4, N, H] -> [4, T * N, H]
+        return self.policy.value_step(buf.next_obs.flatten(2).flatten(0, 1), states).view_as(buf.values)
+
+    # --- update -----------------------------------------------------------------------------------------------
+    def _update_epochs(self, buf: RecurrentRolloutBuffer, advantages: torch.Tensor, returns: torch.Tensor,
+                       clip_range: float) -> torch.Tensor:
+        """n_epochs of clipped-objective updates over minibatches of whole env columns; returns the mean
+        [policy loss, value loss, entropy, approx_kl, clipfrac] of the updates."""
+        cfg = self.config
+        num_envs = buf.num_envs
+        # Data-parallel: each rank holds 1/world of the envs, so its minibatches hold 1/world of the columns.
+        columns = min(max(cfg.batch_size // cfg.num_steps // self.strategy.world_size, 1), num_envs)
+        # Where episodes start decides how the sequences are cut for the fused LSTM: read once per rollout.
+        episode_starts = buf.episode_starts.cpu()  # ok-sync: once per rollout, not per step
+        whole = SequenceLayout(episode_starts, self.device) if columns == num_envs else None
+        clip = torch.tensor(clip_range, device=self.device)
+        stats = torch.zeros(5, device=self.device)
+        updates = 0
+        for _epoch in range(cfg.n_epochs):
+            # one minibatch holding every column needs no shuffle: its gradient does not depend on the order
+            order = torch.randperm(num_envs) if columns < num_envs else None
+            for start in range(0, num_envs - columns + 1, columns):
+                if order is None:
+                    index, layout = slice(None), whole
+                else:
+                    host_index = order[start:start + columns]
+                    index, layout = host_index.to(self.device), SequenceLayout(episode_starts[:, host_index],
+                                                                               self.device)
+                _, minibatch_stats = self._update_step(
+                    buf.obs[:, index].flatten(2), buf.states[0][:, index], buf.episode_starts[:, index], layout,
+                    buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
+                    buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip)
+                stats += minibatch_stats
+                updates += 1
+        return stats / max(updates, 1)
+
+    def _loss(self, obs, state, episode_starts, layout, actions, old_log_probs, old_values, advantages, returns,
+              clip_range):
+        """PPO's loss of a minibatch of sequences: obs `[T, B, D]`, the state stored at t = 0 `[4, B, H]`, episode
+        starts `[T, B]` and their `SequenceLayout` (None: the step-by-step reference), the other fields `[T * B]`."""
+        features = self.policy.sequence_features(obs, state, episode_starts, layout)
+        return super()._loss(features, actions, old_log_probs, old_values, advantages, returns, clip_range)

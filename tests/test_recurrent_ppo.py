@@ -1,0 +1,279 @@
+"""RecurrentPPO: the LSTM state is carried through the rollout and reset exactly at episode starts, the update's
+sequence re-run reproduces the rollout, predict follows SB3's contract, checkpoints round-trip, bad options are one
+sentence, and it learns CartPole with the velocities hidden; CartPoleNoVel-v1 is RL-Zoo's task."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed.algos.recurrent_ppo import RecurrentPPO
+from rlspeed.envs import NATIVE_ENVS, make_env
+from rlspeed.errors import UserError
+from rlspeed.nn import RecurrentActorCritic, SequenceLayout
+from rlspeed.presets import load_preset, split_run_settings
+
+ENV_ID = "CartPoleNoVel-v1"
+SMALL = dict(num_envs=4, num_steps=32, batch_size=64, n_epochs=2, lstm_hidden_size=16, net_arch=(16,))
+
+
+def _small_model(**overrides) -> RecurrentPPO:
+    return RecurrentPPO(ENV_ID, device="cpu", seed=0, env_backend="gymnasium", **{**SMALL, **overrides})
+
+
+# --- the state through the rollout -------------------------------------------------------------------------------
+
+def test_state_is_zero_after_a_done_and_carried_over_elsewhere():
+    model = _small_model()
+    inputs = []  # the state each rollout step's LSTM really took
+    act_step = model.policy.act_step
+
+    def recording(obs, state, deterministic=False):
+        inputs.append(state.clone())
+        return act_step(obs, state, deterministic)
+
+    model.policy.act_step = recording
+    model.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    buf = model.buffer
+    assert torch.equal(torch.stack(inputs), buf.states)  # the buffer holds the states the LSTM took
+    starts, dones = buf.episode_starts, buf.dones
+    assert starts[0].all()  # learn() starts fresh episodes
+    assert torch.equal(starts[1:], dones[:-1])
+    assert dones.any() and (~starts[1:]).any(), "the rollout must hold both cases"
+    for t in range(1, SMALL["num_steps"]):
+        zero = buf.states[t][:, starts[t]]
+        assert torch.equal(zero, torch.zeros_like(zero)), f"step {t}: an episode start must begin from zeros"
+        carried = starts[t].logical_not()
+        assert torch.equal(buf.states[t][:, carried], buf.next_states[t - 1][:, carried]), f"step {t}"
+        assert buf.states[t][:, carried].abs().sum() > 0
+
+
+def test_state_carries_across_rollouts_of_one_learn_call():
+    model = _small_model(num_steps=8, batch_size=16)
+    seen = []
+    model.learn(8 * 4 * 3, progress_bar=False,
+                callback=lambda local: seen.append({k: getattr(model.buffer, k).clone() for k in
+                                                    ("states", "next_states", "dones", "episode_starts")}))
+    assert len(seen) == 3
+    for before, after in zip(seen, seen[1:]):
+        assert torch.equal(after["episode_starts"][0], before["dones"][-1])
+        carried = ~after["episode_starts"][0]
+        assert carried.any()
+        assert torch.equal(after["states"][0][:, carried], before["next_states"][-1][:, carried])
+        assert not after["states"][0][:, ~carried].any()
+
+
+def test_bootstrap_values_continue_from_the_state_each_step_produced():
+    model = _small_model()
+    recorded = []
+    next_values_of = model._next_values
+    model._next_values = lambda buf: recorded.append((next_values_of(buf), buf.values.clone())) or recorded[-1][0]
+    model.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    buf = model.buffer
+    (next_values, values), = recorded
+    # for a row that did not finish, V(final_obs[t]) is V(obs[t + 1]) from the state step t + 1 started from
+    same = ~buf.dones[:-1]
+    assert same.any()
+    torch.testing.assert_close(next_values[:-1][same], values[1:][same], rtol=1e-5, atol=1e-5)
+
+
+# --- the update's sequences --------------------------------------------------------------------------------------
+
+def test_segmented_lstm_matches_the_step_by_step_reference_and_its_gradients():
+    torch.manual_seed(0)
+    steps, batch, obs_dim = 12, 5, 3
+    policy = RecurrentActorCritic(obs_dim, 2, True, lstm_hidden_size=8, hidden=(8,))
+    obs = torch.randn(steps, batch, obs_dim)
+    starts = torch.rand(steps, batch) < 0.25
+    starts[:, 0] = False  # one column without any episode start
+    starts[3, 1] = starts[4, 1] = starts[steps - 1, 2] = True  # a one-step segment and a last-step start
+    state = torch.randn(4, batch, 8) * (~starts[0]).float().view(1, -1, 1)
+    layout = SequenceLayout(starts, torch.device("cpu"))
+    assert layout.num_segments == batch + int(starts[1:].sum())
+    reference = policy.sequence_features(obs, state, starts)
+    segmented = policy.sequence_features(obs, state, starts, layout)
+    torch.testing.assert_close(segmented, reference, rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(reference.square().sum(), list(policy.parameters()), allow_unused=True),
+                    torch.autograd.grad(segmented.square().sum(), list(policy.parameters()), allow_unused=True)):
+        if a is not None:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    # the state at an episode start really is forgotten: other inputs before it change nothing after it
+    changed = obs.clone()
+    changed[:3, 1] += 1.0
+    after = policy.sequence_features(changed, state, starts, layout).view(2, steps, batch, -1)
+    torch.testing.assert_close(after[:, 4:, 1], segmented.view(2, steps, batch, -1)[:, 4:, 1])
+
+
+def test_the_update_reruns_the_rollout_exactly():
+    """Before any update the sequences re-run from the stored states give the rollout's own log-probs and values."""
+    model = _small_model(n_epochs=1, learning_rate=1e-12)
+    rollout = SMALL["num_envs"] * SMALL["num_steps"]
+    updates = []
+    update = model._update_step
+    model._update_step = lambda *batch, **hints: (updates.append(batch), update(*batch, **hints))[1]
+    model.learn(rollout, progress_bar=False)
+    assert len(updates) == SMALL["num_envs"] * SMALL["num_steps"] // SMALL["batch_size"]
+    for obs, state, starts, layout, actions, old_log_probs, old_values, *_ in updates:
+        assert obs.shape[:2] == (SMALL["num_steps"], SMALL["batch_size"] // SMALL["num_steps"])
+        with torch.no_grad():
+            for used in (layout, None):
+                features = model.policy.sequence_features(obs, state, starts, used)
+                log_probs, _, values = model.policy.evaluate(features, actions)
+                torch.testing.assert_close(log_probs, old_log_probs, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(values, old_values, rtol=1e-4, atol=1e-5)
+
+
+# --- predict, evaluate, checkpoints -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained():
+    model = RecurrentPPO(ENV_ID, device="cpu", seed=0, env_backend="gymnasium", **SMALL)
+    return model.learn(256, progress_bar=False)
+
+
+def test_predict_follows_sb3(trained):
+    hidden = SMALL["lstm_hidden_size"]
+    obs = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    actions, state = trained.predict(obs)
+    assert isinstance(actions, np.ndarray) and actions.shape == (3,)
+    assert isinstance(state, tuple) and [s.shape for s in state] == [(1, 3, hidden)] * 2
+    assert all(isinstance(s, np.ndarray) and np.abs(s).sum() > 0 for s in state)
+    # passing the state back continues it; episode_start=True forgets it, like a first call
+    _, carried = trained.predict(obs, state=state, episode_start=np.zeros(3, dtype=bool))
+    _, restarted = trained.predict(obs, state=state, episode_start=np.ones(3, dtype=bool))
+    np.testing.assert_allclose(restarted[0], state[0], rtol=1e-6)
+    assert not np.allclose(carried[0], state[0])
+    _, mixed = trained.predict(obs, state=state, episode_start=np.array([True, False, True]))
+    np.testing.assert_allclose(mixed[0][:, [0, 2]], state[0][:, [0, 2]], rtol=1e-6)
+    np.testing.assert_allclose(mixed[0][:, 1], carried[0][:, 1], rtol=1e-6)
+    single, single_state = trained.predict(obs[0])
+    assert single.shape == () and single_state[0].shape == (1, 1, hidden)
+    tensor_actions, tensor_state = trained.predict(torch.from_numpy(obs))
+    assert isinstance(tensor_actions, torch.Tensor) and isinstance(tensor_state[0], torch.Tensor)
+    np.testing.assert_array_equal(tensor_actions.numpy(), actions)
+
+
+def test_act_without_a_state_is_a_clear_error(trained):
+    with pytest.raises(UserError, match="predict"):
+        trained.act(torch.zeros(1, 4))
+
+
+def test_evaluate_carries_the_state_and_resets_it_per_episode(trained):
+    calls = []
+    act_with_state = trained.act_with_state
+
+    def recording(obs, state, episode_start, deterministic=True):
+        actions, next_state = act_with_state(obs, state, episode_start, deterministic)
+        calls.append((state, episode_start, next_state))
+        return actions, next_state
+
+    trained.act_with_state = recording
+    try:
+        evaluation = rlspeed.evaluate(trained, episodes=4, seed=1)
+    finally:
+        del trained.act_with_state
+    assert calls[0][0] is None and calls[0][1] is None
+    for (_, _, produced), (taken, episode_start, _) in zip(calls, calls[1:]):
+        assert taken is produced  # the state returned by one step goes into the next
+        assert episode_start.dtype == torch.bool and episode_start.shape == (4,)
+    # every evaluation episode ended; each end but the last (which stops the evaluation) reset its row next step
+    assert sum(int(call[1].sum()) for call in calls[1:]) >= 3
+    assert evaluation["unfinished"] == 0
+
+
+def test_checkpoint_round_trip(trained, tmp_path):
+    path = trained.save(tmp_path / "model.safetensors")
+    loaded = RecurrentPPO.load(path, device="cpu")
+    assert loaded.config == trained.config
+    for (name, a), (_, b) in zip(trained.policy.state_dict().items(), loaded.policy.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert any(name.startswith("lstm_actor") for name in loaded.policy.state_dict())
+    obs = np.random.default_rng(1).normal(size=(5, 4)).astype(np.float32)
+    state = None
+    for _ in range(3):
+        expected, expected_state = trained.predict(obs, state=state)
+        got, state = loaded.predict(obs, state=state)
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_allclose(state[0], expected_state[0], rtol=1e-6)
+    saved, restored = trained.optimizer.state_dict()["state"], loaded.optimizer.state_dict()["state"]
+    assert saved.keys() == restored.keys() and len(saved) > 0
+    loaded.learn(128, progress_bar=False)  # and it trains on
+
+
+# --- bad input ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, named", [
+    ({"lstm_hidden_size": 0}, "lstm_hidden_size"),
+    ({"buffer_size": 10_000}, "buffer_size"),
+    ({"learning_starts": 100}, "learning_starts"),
+    ({"train_freq": 4}, "train_freq"),
+    ({"tau": 0.005}, "tau"),
+    ({"num_steps": 32, "batch_size": 48}, "batch_size"),
+])
+def test_bad_options_are_one_sentence_naming_the_option(options, named):
+    with pytest.raises(UserError) as raised:
+        RecurrentPPO(ENV_ID, device="cpu", **options)
+    message = str(raised.value)
+    assert named in message and "\n" not in message
+
+
+def test_bad_option_from_the_command_line_exits_2(capsys, monkeypatch, tmp_path):
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "recurrent_ppo", ENV_ID, "--set", "lstm_hidden_size=0", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "lstm_hidden_size" in captured.err and "Traceback" not in captured.err + captured.out
+
+
+# --- the task ----------------------------------------------------------------------------------------------------
+
+def test_cartpole_no_vel_hides_the_velocities_like_rl_zoo():
+    gym_env = gym.make(ENV_ID)
+    assert gym_env.spec.max_episode_steps == 500 and gym_env.spec.reward_threshold == 475.0
+    obs, _ = gym_env.reset(seed=3)
+    plain = gym.make("CartPole-v1")
+    plain_obs, _ = plain.reset(seed=3)
+    np.testing.assert_array_equal(obs, plain_obs * np.array([1, 0, 1, 0], dtype=np.float32))
+    for action in [0, 1, 1, 0, 1]:
+        obs = gym_env.step(action)[0]
+        plain_obs = plain.step(action)[0]
+        np.testing.assert_array_equal(obs, plain_obs * np.array([1, 0, 1, 0], dtype=np.float32))
+        assert plain_obs[1] != 0 and plain_obs[3] != 0
+    zoo = pytest.importorskip("rl_zoo3.wrappers")
+    zoo_env = zoo.MaskVelocityWrapper(gym.make("CartPole-v1"))
+    np.testing.assert_array_equal(zoo_env.reset(seed=5)[0], gym_env.reset(seed=5)[0])
+
+
+def test_native_cartpole_no_vel_matches_the_gymnasium_one():
+    native = NATIVE_ENVS[ENV_ID](num_envs=1, seed=0, state_dtype=torch.float64)
+    gym_env = gym.make(ENV_ID)
+    gym_env.reset(seed=0)
+    native.reset()
+    gym_env.unwrapped.state = native.state[0].numpy().copy()
+    for action in [1, 0, 0, 1, 1, 1]:
+        obs, reward, terminated, truncated, info = native.step(torch.tensor([action]))
+        gym_obs, gym_reward, gym_terminated, _, _ = gym_env.step(action)
+        np.testing.assert_allclose(obs[0].numpy(), gym_obs, rtol=1e-6, atol=1e-7)
+        assert obs[0, 1] == 0 and obs[0, 3] == 0 and native.state[0, 1] != 0
+        assert float(reward[0]) == gym_reward and bool(terminated[0]) == gym_terminated
+    env = make_env(ENV_ID, num_envs=32, backend="torch", seed=0)
+    assert env.backend == "torch" and env.spec.env_id == ENV_ID
+    assert (env.reset()[0][:, 1::2] == 0).all()
+
+
+# --- learning -----------------------------------------------------------------------------------------------------
+
+def test_learns_cartpole_without_velocities_on_a_small_budget():
+    """A few seconds of training with the shipped preset: far above a random policy (~20) on the partial task."""
+    _run, hyperparameters = split_run_settings(load_preset("recurrent_ppo", ENV_ID))
+    model = RecurrentPPO(ENV_ID, device="cpu", seed=0, **hyperparameters)
+    untrained = rlspeed.evaluate(model, episodes=10, seed=7)["mean"]
+    model.learn(8192, progress_bar=False)
+    trained = rlspeed.evaluate(model, episodes=10, seed=7)["mean"]
+    assert untrained < 60, untrained
+    assert trained >= 100, (untrained, trained)
