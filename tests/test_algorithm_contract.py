@@ -1,0 +1,81 @@
+"""What every registered algorithm (`rlspeed.algos.ALGORITHMS`) must do, run for each: a new algorithm gets these
+tests by being registered. It trains a few hundred steps to finite weights, saves and loads (built as a constructed
+model is, same actions), refuses an unknown hyperparameter with one sentence, and says which update runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlspeed.algos import ALGORITHMS
+from rlspeed.errors import UserError
+
+#: short runs that update at least once (off-policy algorithms start learning after learning_starts)
+QUICK = {"num_envs": 4}
+OFF_POLICY_QUICK = {"learning_starts": 64, "batch_size": 32}
+
+
+def _env_and_config(algo):
+    config_fields = set(algo.config_cls.__dataclass_fields__)
+    config = {k: v for k, v in {**QUICK, **OFF_POLICY_QUICK}.items() if k in config_fields}
+    if "num_steps" in config_fields:
+        config["num_steps"] = 32
+        if "batch_size" in config_fields:
+            config["batch_size"] = 64
+    env_id = "CartPole-v1" if algo.supports_discrete else "Pendulum-v1"
+    return env_id, config
+
+
+@pytest.fixture(scope="module", params=sorted(ALGORITHMS))
+def trained(request, tmp_path_factory):
+    algo = ALGORITHMS[request.param]
+    env_id, config = _env_and_config(algo)
+    model = algo(env_id, device="cpu", seed=0, **config).learn(512, progress_bar=False)
+    path = model.save(tmp_path_factory.mktemp(request.param) / "model.safetensors")
+    return algo, env_id, config, model, path
+
+
+def test_trains_to_finite_weights(trained):
+    algo, _, _, model, _ = trained
+    assert model.num_timesteps >= 512
+    for name, module in model._modules().items():
+        tensors = [module] if isinstance(module, torch.Tensor) else list(module.state_dict().values())
+        assert all(torch.isfinite(t).all() for t in tensors if t.is_floating_point()), name
+
+
+def test_load_is_construction_plus_saved_state(trained):
+    algo, env_id, config, model, path = trained
+    loaded = algo.load(path, device="cpu")
+    fresh = algo(env_id, device="cpu", **config)
+    assert set(vars(loaded)) == set(vars(fresh))  # no attribute missing or extra: load builds through __init__
+    assert loaded.update_summary() == fresh.update_summary()
+    assert loaded.seed == 0 and loaded.num_timesteps == model.num_timesteps
+    obs = np.random.default_rng(0).standard_normal((5, *model.spec.observation_shape)).astype(np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
+    space = model.spec.action_space
+    actions = model.predict(obs)[0]
+    assert all(space.contains(np.asarray(a, dtype=space.dtype)) for a in actions)
+
+
+def test_unknown_hyperparameter_is_one_sentence(trained):
+    algo, env_id, _, _, _ = trained
+    with pytest.raises(UserError, match="Unknown hyperparameter 'learning_rat'.*learning_rate"):
+        algo(env_id, device="cpu", learning_rat=1e-3)
+
+
+def test_says_which_update_runs_and_why(trained):
+    model = trained[3]
+    choice = model.update_summary()
+    assert choice["implementation"] in ("hand-derived", "autograd", "autograd+graphs") and choice["reason"]
+    assert choice["implementation"] in model.report()
+
+
+def test_refuses_an_action_space_it_cannot_act_in(trained):
+    algo = trained[0]
+    other = "Pendulum-v1" if algo.supports_discrete and not algo.supports_continuous else None
+    other = other or ("CartPole-v1" if not algo.supports_discrete else None)
+    if other is None:
+        pytest.skip(f"{algo.__name__} supports Discrete and Box actions")
+    with pytest.raises(UserError, match="needs"):
+        algo(other, device="cpu")
