@@ -126,6 +126,29 @@ def test_the_update_reruns_the_rollout_exactly():
                 torch.testing.assert_close(values, old_values, rtol=1e-4, atol=1e-5)
 
 
+def test_a_graph_captured_update_gets_fixed_shapes_and_no_layout(monkeypatch):
+    """Whole-step graphs (CUDA) need fixed shapes and no host sync: there the update runs the step-by-step LSTM."""
+    from rlspeed.algos import on_policy
+    from rlspeed.algos.update import GRAPHS, UpdateChoice
+
+    make_update_step = on_policy.OnPolicyAlgorithm._make_update_step
+
+    def as_on_a_graph_device(self):
+        update = make_update_step(self)
+        update.choice = UpdateChoice(GRAPHS, "forced by the test")  # the step itself stays eager autograd here
+        return update
+
+    monkeypatch.setattr(on_policy.OnPolicyAlgorithm, "_make_update_step", as_on_a_graph_device)
+    model = _small_model(n_epochs=2)
+    update = model._update_step
+    shapes = []
+    model._update_step = lambda *batch, **hints: (shapes.append((batch[0].shape, batch[3])), update(*batch))[1]
+    model.learn(2 * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    assert len(shapes) == 2 * 2 * 2  # rollouts x epochs x minibatches
+    assert {shape for shape, _ in shapes} == {(SMALL["num_steps"], 2, 4)}
+    assert all(layout is None for _, layout in shapes)
+
+
 # --- predict, evaluate, checkpoints -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import torch
 from rlspeed.algos.base import require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
+from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
@@ -87,7 +88,12 @@ class RecurrentPPO(PPO):
 
     def _make_update_step(self):
         # PPO's hand-derived update is for the MLP ActorCritic: this one always trains with the autograd of `_loss`
-        return OnPolicyAlgorithm._make_update_step(self)
+        update = OnPolicyAlgorithm._make_update_step(self)
+        # The update re-runs the LSTMs with one fused call per minibatch over its episode segments, cut where episodes
+        # start (read to the host once per rollout). A whole-step graph needs fixed shapes and no host sync: there the
+        # step-by-step reference runs instead.
+        self._segmented = update.choice.implementation != GRAPHS
+        return update
 
     def initial_state(self, num_envs: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's (h, c) at an episode start, zeros `[1, num_envs, H]` each on the model's device."""
@@ -174,9 +180,9 @@ class RecurrentPPO(PPO):
         num_envs = buf.num_envs
         # Data-parallel: each rank holds 1/world of the envs, so its minibatches hold 1/world of the columns.
         columns = min(max(cfg.batch_size // cfg.num_steps // self.strategy.world_size, 1), num_envs)
-        # Where episodes start decides how the sequences are cut for the fused LSTM: read once per rollout.
-        episode_starts = buf.episode_starts.cpu()  # ok-sync: once per rollout, not per step
-        whole = SequenceLayout(episode_starts, self.device) if columns == num_envs else None
+        segmented = self._segmented  # (see `_make_update_step`)
+        episode_starts = buf.episode_starts.cpu() if segmented else None  # ok-sync: once per rollout, not per step
+        whole = SequenceLayout(episode_starts, self.device) if segmented and columns == num_envs else None
         clip = torch.tensor(clip_range, device=self.device)
         stats = torch.zeros(5, device=self.device)
         updates = 0
@@ -188,8 +194,8 @@ class RecurrentPPO(PPO):
                     index, layout = slice(None), whole
                 else:
                     host_index = order[start:start + columns]
-                    index, layout = host_index.to(self.device), SequenceLayout(episode_starts[:, host_index],
-                                                                               self.device)
+                    index = host_index.to(self.device)
+                    layout = SequenceLayout(episode_starts[:, host_index], self.device) if segmented else None
                 _, minibatch_stats = self._update_step(
                     buf.obs[:, index].flatten(2), buf.states[0][:, index], buf.episode_starts[:, index], layout,
                     buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
