@@ -1,0 +1,227 @@
+"""RecurrentPPO on CartPoleNoVel-v1: rlspeed against sb3-contrib's RecurrentPPO, side by side, seeds interleaved.
+
+(a) Throughput: env steps per second of training at identical hyperparameters, RL-Zoo's ppo_lstm CartPoleNoVel-v1
+    settings (rl_zoo3 2.9.2): 8 envs x 32 steps, batch 256 (the whole rollout), 20 epochs, gamma 0.98, gae_lambda
+    0.8, lr and clip range linear from 1e-3 and 0.2, ent_coef 0, observation and reward normalisation, an LSTM of 64
+    for the actor and another for the critic, then one ReLU layer of 64 each. Gymnasium envs for both (rlspeed
+    env_backend="gymnasium", sb3-contrib DummyVecEnv + VecNormalize), plus rlspeed on its device-native env.
+(b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches a mean
+    return of 475, both at the settings above (rlspeed's shipped preset is the same), evaluated every `eval_freq`
+    env steps, evaluation time excluded from the training clock of both.
+
+Both libraries train on the same task: rlspeed's `CartPoleNoVel-v1` registration (RL-Zoo's velocity mask on
+CartPole-v1), so rl_zoo3 is not imported. torch.set_num_threads(--threads, default 1) for every run. Only `learn` is
+timed. Usage: python benchmarks/recurrent_ppo.py [--quick] [--seeds N] [--skip-sb3] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import common
+import torch
+
+from rlspeed.algos.recurrent_ppo import RecurrentPPO  # importing rlspeed registers CartPoleNoVel-v1
+from rlspeed.presets import load_preset, split_run_settings
+
+ENV_ID = "CartPoleNoVel-v1"
+TARGET_RETURN = 475.0
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+NUM_ENVS = 8
+GAMMA = 0.98
+
+# RL-Zoo's ppo_lstm CartPoleNoVel-v1 hyperparameters in rlspeed's names (vf_coef 1.0 is SB3's 0.5: rlspeed's value
+# loss is 0.5 * MSE).
+ZOO_RLSPEED = dict(num_envs=NUM_ENVS, num_steps=32, batch_size=256, n_epochs=20, gamma=GAMMA, gae_lambda=0.8,
+                   learning_rate=1e-3, anneal_lr=True, clip_range=0.2, anneal_clip=True, ent_coef=0.0, vf_coef=1.0,
+                   lstm_hidden_size=64, net_arch=(64,), activation="relu", normalize_obs=True, normalize_reward=True)
+
+
+def linear(initial: float):
+    """RL-Zoo's `lin_<value>` schedule: decays linearly from `initial` to 0 over training."""
+
+    def schedule(progress_remaining: float) -> float:
+        return progress_remaining * initial
+
+    return schedule
+
+
+def sb3_model(seed: int):
+    """sb3-contrib's RecurrentPPO at the RL-Zoo settings, on DummyVecEnv + VecNormalize (RL-Zoo's `normalize`)."""
+    from sb3_contrib import RecurrentPPO as ContribRecurrentPPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+    from torch import nn
+
+    env = VecNormalize(make_vec_env(ENV_ID, n_envs=NUM_ENVS, seed=seed), gamma=GAMMA)
+    model = ContribRecurrentPPO(
+        "MlpLstmPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gamma=GAMMA, gae_lambda=0.8,
+        learning_rate=linear(1e-3), clip_range=linear(0.2), ent_coef=0.0, device="cpu", seed=seed,
+        policy_kwargs=dict(ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=64, enable_critic_lstm=True,
+                           net_arch=dict(pi=[64], vf=[64])))
+    return model, env
+
+
+# --- (a) throughput ----------------------------------------------------------------------------------------------
+def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
+    model = RecurrentPPO(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
+                         **ZOO_RLSPEED)
+    model.make_training_env()  # built outside the timed region, like SB3's env
+    started = time.perf_counter()
+    model.learn(steps, progress_bar=False)
+    learn_wall_s = time.perf_counter() - started
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "sps": result.sps,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+def sb3_throughput(seed: int, steps: int, args) -> dict:
+    model, env = sb3_model(seed)
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    model.learn(steps)
+    learn_wall_s = time.perf_counter() - started
+    env.close()
+    return {"library": "sb3-contrib", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+# --- (b) time to target ------------------------------------------------------------------------------------------
+def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+    _run, hyperparameters = split_run_settings(load_preset("recurrent_ppo", ENV_ID))
+    model = RecurrentPPO(ENV_ID, env_backend="auto", device=args.device, seed=seed, num_threads=args.threads,
+                         **hyperparameters)
+    model.learn(budget, target_return=TARGET_RETURN, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
+                progress_bar=False)
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
+            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
+            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
+            "threads": torch.get_num_threads()}
+
+
+def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    model, env = sb3_model(seed)
+    # evaluation normalises observations with the training env's current statistics (shared, not updated) and
+    # reports raw returns, as rlspeed's evaluation does
+    eval_env = VecNormalize(make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET), training=False,
+                            norm_reward=False, gamma=GAMMA)
+    eval_env.obs_rms = env.obs_rms
+    result = common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET,
+                                       TARGET_RETURN, EVAL_EPISODES, args.threads)
+    return {**result, "library": "sb3-contrib"}
+
+
+# --- report ------------------------------------------------------------------------------------------------------
+THROUGHPUT_ROWS = {  # run name -> (library, env column)
+    "rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
+    "rlspeed-torch": ("rlspeed", "native torch CartPoleNoVel (env_backend=\"torch\")"),
+    "sb3": ("sb3-contrib", "Gymnasium DummyVecEnv"),
+}
+
+
+def report(summary: dict, settings: dict) -> list[str]:
+    """The README section's lines (without its heading and machine block)."""
+    seeds, threads = settings["seeds"], settings["threads"]
+    lines = []
+    if settings["quick"]:
+        lines += ["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
+    lines += [f"### (a) Throughput at identical hyperparameters ({settings['steps']:,} env steps, no evaluation)", "",
+              f"RL-Zoo ppo_lstm CartPoleNoVel-v1 settings for both, {seeds} seeds interleaved, "
+              f"torch.set_num_threads({threads}), rlspeed on device `{settings['device']}`, sb3-contrib on `cpu`. "
+              "Env steps per second of `learn`.", ""]
+    rows = []
+    for name, stats in summary["throughput"].items():
+        library, env = THROUGHPUT_ROWS[name]
+        rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
+                     common.fmt_ratio(stats["ratio_to_sb3"])])
+    lines += [common.markdown_table(["Library", "Envs (8)", "Steps/s median", f"Range ({seeds} seeds)",
+                                     "rlspeed / sb3-contrib"], rows), ""]
+    lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
+              f"Both at the RL-Zoo settings above (rlspeed: its shipped preset `recurrent_ppo` / `{ENV_ID}`, the same "
+              f"values); deterministic {EVAL_EPISODES}-episode evaluation on a separate env every "
+              f"{settings['eval_freq']:,} env steps, evaluation time excluded from the training clock. Medians count "
+              "a seed that missed the target as never reaching it (no median when most seeds miss); ranges are over "
+              "the seeds that reached it. The last column is sb3-contrib / rlspeed.", ""]
+    lines += [common.time_to_target_table(summary["time_to_target"], {
+        "rlspeed": ("rlspeed", f"shipped preset `recurrent_ppo` / `{ENV_ID}`"),
+        "sb3": ("sb3-contrib", f"RL-Zoo ppo_lstm {ENV_ID}")})]
+    return lines
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default 3, quick 1")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="env steps per throughput run (a); default 16384, quick 2048")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env step budget per time-to-target run (b); default the preset's total_timesteps "
+                             "(100000, also RL-Zoo's), quick 8192")
+    parser.add_argument("--eval-freq", type=int, default=None,
+                        help="evaluate every N env steps in (b), both libraries; default the preset's eval_freq")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
+    parser.add_argument("--device", default="cpu", help="rlspeed's device (sb3-contrib always runs on cpu)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-run settings")
+    parser.add_argument("--skip-sb3", action="store_true", help="run rlspeed only")
+    parser.add_argument("--skip-target", action="store_true", help="run the throughput part (a) only")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
+    args = parser.parse_args()
+    run_settings, _ = split_run_settings(load_preset("recurrent_ppo", ENV_ID))
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.steps = args.steps or (2048 if args.quick else 16_384)
+    args.budget = args.budget or (8192 if args.quick else int(run_settings.get("total_timesteps", 100_000)))
+    args.eval_freq = args.eval_freq or int(run_settings.get("eval_freq", 4096))
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    args.threads = common.set_threads(args.threads)
+    seeds = list(range(args.seeds))
+    settings = {"env_id": ENV_ID, "seeds": args.seeds, "steps": args.steps, "budget": args.budget,
+                "eval_freq": args.eval_freq, "eval_episodes": EVAL_EPISODES, "target_return": TARGET_RETURN,
+                "threads": args.threads, "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
+                "zoo_hyperparameters_rlspeed": ZOO_RLSPEED, "rlspeed_preset": load_preset("recurrent_ppo", ENV_ID)}
+    print(f"RecurrentPPO {ENV_ID}: {args.seeds} seeds, torch.set_num_threads({args.threads}), "
+          f"rlspeed device {args.device}")
+    throughput_runs = {
+        "rlspeed-gymnasium": lambda seed, steps: rlspeed_throughput(seed, steps, "gymnasium", args),
+        "sb3": lambda seed, steps: sb3_throughput(seed, steps, args),
+        "rlspeed-torch": lambda seed, steps: rlspeed_throughput(seed, steps, "torch", args),
+    }
+    if args.skip_sb3:
+        del throughput_runs["sb3"]
+    print("warm-up (one short run of each, not recorded)", flush=True)
+    for run in throughput_runs.values():
+        run(0, 512)
+    print(f"(a) throughput, {args.steps:,} steps per run", flush=True)
+    throughput = common.interleave(seeds, {name: (lambda seed, run=run: run(seed, args.steps))
+                                           for name, run in throughput_runs.items()})
+    to_target = []
+    if not args.skip_target:
+        print(f"(b) time to {TARGET_RETURN:g}, budget {args.budget:,} steps, eval every {args.eval_freq:,}", flush=True)
+        target_runs = {"rlspeed": lambda seed: rlspeed_time_to_target(seed, args.budget, args.eval_freq, args)}
+        if not args.skip_sb3:
+            target_runs["sb3"] = lambda seed: sb3_time_to_target(seed, args.budget, args.eval_freq, args)
+        to_target = common.interleave(seeds, target_runs)
+    machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3",
+                                          "sb3-contrib"))
+    machine["torch_threads"] = args.threads
+    summary = common.summarize(throughput, to_target, THROUGHPUT_ROWS)
+    common.publish("recurrent_ppo", ["## RecurrentPPO on CartPoleNoVel-v1 (`benchmarks/recurrent_ppo.py`)", "",
+                                     *report(summary, settings)],
+                   {"settings": settings, "summary": summary, "throughput": throughput, "time_to_target": to_target},
+                   not args.no_write, machine=machine)
+
+
+if __name__ == "__main__":
+    main()
