@@ -1,23 +1,167 @@
-"""Tuned hyperparameters per (algorithm, env id), shipped as YAML files in this package."""
+"""Tuned hyperparameters per (algorithm, env id): rlspeed's own YAML files in this package, RL-Zoo's translated
+(`rlspeed.presets.zoo`, when rl_zoo3 is installed), or a user's YAML file.
+
+A preset file maps env ids to entries (`default` for any other env); an entry holds hyperparameters plus run
+settings (total_timesteps, eval_freq, target_return). A user's file may instead be one entry for any env (a flat
+mapping of hyperparameters), or be in RL-Zoo's format (SB3 names, n_timesteps, policy, ...), which is translated.
+"""
 
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 import yaml
 
+from rlspeed.errors import UserError
+
 RUN_KEYS = ("total_timesteps", "eval_freq", "target_return")
+SOURCES = ("auto", "rlspeed", "zoo")
+#: keys only an RL-Zoo entry has: one of them marks a user's file as RL-Zoo's format
+ZOO_KEYS = ("n_timesteps", "policy", "n_envs", "n_steps", "policy_kwargs", "normalize", "noise_type", "noise_std",
+            "frame_stack", "env_wrapper")
 
 
-def load_preset(algo: str, env_id: str) -> dict:
-    """The preset for `env_id`, else the algorithm's `default` entry (no merging); {} when none ship."""
+class Preset(dict):
+    """A preset's values (a dict: hyperparameters and run settings) plus where they came from.
+
+    `source`: 'rlspeed' (its own entry for the env), 'rlspeed-default' (its `default` entry, or {} where no file
+    ships), 'zoo' (RL-Zoo's, translated) or 'file'; `origin`: the same in words for a person; `unsupported`: the
+    entries of an RL-Zoo-format preset that are not honoured ("key: why"); `notes`: meaning changes applied.
+    """
+
+    def __init__(self, values: dict, source: str, origin: str, unsupported: list[str] | None = None,
+                 notes: list[str] | None = None):
+        super().__init__(values)
+        self.source, self.origin = source, origin
+        self.unsupported = list(unsupported or [])
+        self.notes = list(notes or [])
+
+    def message(self) -> str | None:
+        """The line for the CLI to print when the preset is not rlspeed's own for the pair (None when it is)."""
+        if self.source == "rlspeed":
+            return None
+        line = f"rlspeed: using {self.origin}"
+        if self.unsupported:
+            line += "; not honoured: " + "; ".join(self.unsupported)
+        return line + "."
+
+
+def load_preset(algo: str, env_id: str, source: str = "rlspeed") -> Preset:
+    """The preset of (`algo`, `env_id`) from `source`:
+
+    - 'rlspeed': rlspeed's own entry for the env, else the algorithm's `default` entry (no merging), else {};
+    - 'zoo': RL-Zoo's entry, translated (UserError without rl_zoo3, without an entry for the pair, or when the entry
+      needs what rlspeed has not: an image policy, env wrappers, frame stacking);
+    - 'auto': rlspeed's own entry for the env if it has one, else RL-Zoo's if rl_zoo3 is installed and its entry
+      translates, else rlspeed's `default` entry (`Preset.message` says which and why);
+    - a path: the user's YAML file (rlspeed's or RL-Zoo's format, detected per entry; unknown keys are a UserError).
+    """
+    if source == "rlspeed":
+        return _shipped(algo, env_id)
+    if source == "zoo":
+        return _zoo(algo, env_id)
+    if source == "auto":
+        return _auto(algo, env_id)
+    return load_preset_file(source, algo, env_id)
+
+
+def _shipped(algo: str, env_id: str) -> Preset:
+    """rlspeed's own preset for `env_id` (or the native id behind `rlspeed/ID`), else the `default` entry."""
     path = resources.files(__package__) / f"{algo}.yaml"
     if not path.is_file():
-        return {}
+        return Preset({}, "rlspeed-default", f"{algo}'s defaults (rlspeed ships no {algo} presets)")
     presets = yaml.safe_load(path.read_text()) or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
-    return dict(presets.get(env_id, presets.get("default", {})))
+    if env_id in presets and env_id != "default":
+        return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
+    return Preset(presets.get("default", {}), "rlspeed-default", f"rlspeed's default {algo} preset (none for {env_id})")
+
+
+def _zoo(algo: str, env_id: str) -> Preset:
+    """RL-Zoo's preset, translated; UserError when it cannot be honoured as a whole."""
+    from rlspeed.presets import zoo
+
+    translation = zoo.translate(algo, env_id)
+    if translation.blocking:
+        raise UserError(f"{translation.source} cannot be used: {'; '.join(translation.blocking)}.")
+    return _from_translation(translation, "zoo")
+
+
+def _from_translation(translation, source: str) -> Preset:
+    return Preset({**translation.run, **translation.hyperparameters}, source, translation.source,
+                  translation.unsupported, translation.notes)
+
+
+def _auto(algo: str, env_id: str) -> Preset:
+    """rlspeed's own preset, else RL-Zoo's (when installed, with an entry that translates), else the default."""
+    from rlspeed.presets import zoo
+
+    own = _shipped(algo, env_id)
+    if own.source == "rlspeed":
+        return own
+    version = zoo.zoo_version()
+    if algo not in zoo.ZOO_NAMES:
+        return own
+    if version is None:
+        own.origin += "; pip install rl_zoo3 for RL-Zoo's tuned presets"
+        return own
+    if not zoo.has_entry(algo, env_id):
+        own.origin += f"; RL-Zoo (rl_zoo3 {version}) has none either"
+        return own
+    translation = zoo.translate(algo, env_id)
+    if translation.blocking:
+        own.origin += f"; {translation.source} needs what rlspeed has not: {'; '.join(translation.blocking)}"
+        return own
+    return _from_translation(translation, "zoo")
+
+
+def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
+    """The entry for `env_id` (else `default`) of the user's YAML file at `path`, or the file itself when it is one
+    flat entry; an entry in RL-Zoo's format is translated. UserError for a missing or unreadable file, no entry for
+    the env, unknown keys or bad values (naming the file and the key)."""
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.algos.base import build_config
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
+    if not isinstance(data, dict) or not data:
+        raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
+                        f"{type(data).__name__}.")
+    nested = [isinstance(value, dict) for value in data.values()]
+    if all(nested):  # env id -> entry
+        key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), "default") if k in data), None)
+        if key is None:
+            raise UserError(f"{path} has no entry for {env_id} and no default entry (it has "
+                            f"{', '.join(map(str, data))}).")
+        entry, where = data[key], f"{path} ({key} entry)"
+    elif not any(nested):  # one entry for any env
+        entry, where = data, f"{path}"
+    else:
+        raise UserError(f"{path} mixes env entries and hyperparameters at the top level: put every hyperparameter "
+                        "under an env id (or `default`), or none.")
+    entry = {str(k): v for k, v in entry.items()}
+    if any(k in entry for k in ZOO_KEYS):
+        from rlspeed.presets import zoo
+
+        translation = zoo.translate_entry(algo, entry, f"{where}, RL-Zoo's format", strict=True)
+        if translation.blocking:
+            raise UserError(f"{where} (RL-Zoo's format) cannot be used: {'; '.join(translation.blocking)}.")
+        return _from_translation(translation, "file")
+    if algo not in ALGORITHMS:
+        raise UserError(f"Unknown algorithm '{algo}': use one of {', '.join(ALGORITHMS)}.")
+    _run, hyper = split_run_settings(entry)
+    try:
+        build_config(ALGORITHMS[algo].config_cls, hyper)
+    except UserError as error:
+        raise UserError(f"{where}: {error}") from None
+    return Preset(entry, "file", f"{where}, rlspeed's format")
 
 
 def split_run_settings(preset: dict) -> tuple[dict, dict]:

@@ -1,0 +1,515 @@
+"""RL-Zoo's tuned hyperparameters (the optional `rl_zoo3` package's hyperparams/*.yml) translated into rlspeed's.
+
+An RL-Zoo entry names Stable-Baselines3 arguments plus a few of its own (`n_envs`, `n_timesteps`, `normalize`,
+`frame_stack`, `env_wrapper`, `policy`). Every key either becomes rlspeed hyperparameters or run settings with the
+same meaning, or is named in `Translation.unsupported` with the reason: nothing is dropped silently. Where
+Stable-Baselines3's default differs from rlspeed's (PPO's 2048-step rollouts, a constant learning rate, one env,
+DQN without Double-Q targets, TD3 without action noise), the translation sets SB3's value, so an entry means what it
+means in RL-Zoo. The result is checked by building the rlspeed config.
+
+`policy_kwargs` and `normalize` strings are Python expressions in RL-Zoo (it `eval`s them); here they are read by
+`parse_python_literal`, which accepts only literals, lists, dicts, `dict(...)` calls and dotted names: nothing runs.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.metadata
+import importlib.util
+import typing
+from pathlib import Path
+
+import yaml
+
+from rlspeed.errors import UserError
+
+#: rlspeed's algorithm names -> RL-Zoo's (its YAML file names)
+ZOO_NAMES = {"ppo": "ppo", "a2c": "a2c", "dqn": "dqn", "sac": "sac", "td3": "td3", "ddpg": "ddpg",
+             "recurrent_ppo": "ppo_lstm"}
+ON_POLICY = ("ppo", "a2c", "recurrent_ppo")
+#: algorithms whose value loss is 0.5 * MSE (rlspeed's vf_coef = 2 x SB3's, see PPOConfig)
+HALF_VALUE_LOSS = ("ppo", "recurrent_ppo")
+
+#: Stable-Baselines3's (and RL-Zoo's) defaults where rlspeed's differ: set unless the entry says otherwise.
+SB3_DEFAULTS: dict[str, dict] = {
+    "ppo": {"num_envs": 1, "num_steps": 2048, "batch_size": 64, "anneal_lr": False, "anneal_clip": False,
+            "vf_coef": 1.0},
+    "recurrent_ppo": {"num_envs": 1, "anneal_lr": False, "anneal_clip": False, "vf_coef": 1.0},
+    "a2c": {"num_envs": 1},
+    "dqn": {"num_envs": 1, "double_q": False},
+    "sac": {"num_envs": 1},
+    "td3": {"num_envs": 1, "action_noise": "none"},
+    "ddpg": {"num_envs": 1, "action_noise": "none"},
+}
+
+#: keys with the same name and meaning in SB3 and rlspeed (the config build says which algorithm has which)
+SAME_NAME = ("gamma", "gae_lambda", "ent_coef", "max_grad_norm", "n_epochs", "batch_size", "buffer_size",
+             "learning_starts", "tau", "gradient_steps", "exploration_fraction", "exploration_initial_eps",
+             "exploration_final_eps", "target_update_interval", "normalize_advantage", "use_rms_prop",
+             "rms_prop_eps", "policy_delay", "target_policy_noise", "target_noise_clip", "clip_range_vf")
+
+#: SB3/RL-Zoo keys rlspeed has no counterpart for, with SB3's default (which is then nothing to translate) and why
+NO_COUNTERPART: dict[str, tuple[object, str]] = {
+    "use_sde": (False, "rlspeed has no generalised state-dependent exploration (gSDE)"),
+    "sde_sample_freq": (-1, "rlspeed has no gSDE"),
+    "use_sde_at_warmup": (False, "rlspeed has no gSDE"),
+    "optimize_memory_usage": (False, "rlspeed's replay buffer stores next observations separately"),
+    "target_kl": (None, "rlspeed's PPO has no early stop on the KL divergence"),
+    "stats_window_size": (100, "rlspeed logs its own episode statistics"),
+    "callback": (None, "RL-Zoo callbacks do not apply to rlspeed"),
+    "monitor_kwargs": (None, "rlspeed records episodes itself"),
+    "vec_env_wrapper": (None, "rlspeed has no RL-Zoo vector-env wrappers"),
+    "env_kwargs": (None, "rlspeed builds envs from the id alone"),
+    "replay_buffer_class": (None, "rlspeed has one replay buffer (no HER)"),
+    "replay_buffer_kwargs": (None, "rlspeed has one replay buffer (no HER)"),
+}
+
+#: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
+BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
+
+#: torch.nn activation class names -> rlspeed's activation names (rlspeed.nn.ACTIVATIONS)
+ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SiLU": "silu"}
+_TORCH_PREFIXES = ("", "nn.", "th.nn.", "torch.nn.")
+
+
+class Symbol(str):
+    """A dotted name read from a `policy_kwargs` string (`nn.ReLU`): kept as its text, never imported."""
+
+
+def parse_python_literal(text: str, what: str = "value"):
+    """The value of a Python expression made only of literals, lists, tuples, dicts, `dict(key=...)` calls and
+    dotted names (returned as `Symbol`); UserError naming `what` for anything else (calls, operators, attributes of
+    values, dunder names): the text is parsed, never run."""
+    if len(text) > 10_000:
+        raise UserError(f"{what} is {len(text)} characters long; rlspeed reads at most 10,000.")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+        return _literal(tree.body, what)
+    except (SyntaxError, RecursionError, MemoryError) as error:
+        raise UserError(f"{what} {text!r} is not a Python literal rlspeed can read ({type(error).__name__}).") from None
+
+
+def _literal(node: ast.AST, what: str):
+    """One node of `parse_python_literal`'s grammar."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand, what)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else value
+    elif isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(item, what) for item in node.elts]
+    elif isinstance(node, ast.Dict):
+        if all(isinstance(key, ast.Constant) and isinstance(key.value, str) for key in node.keys):
+            return {key.value: _literal(value, what) for key, value in zip(node.keys, node.values)}
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        if not node.args and all(keyword.arg is not None for keyword in node.keywords):  # no *args, no **kwargs
+            return {keyword.arg: _literal(keyword.value, what) for keyword in node.keywords}
+    elif isinstance(node, (ast.Name, ast.Attribute)):
+        name = _dotted(node)
+        if name is not None and not any(part.startswith("_") for part in name.split(".")):
+            return Symbol(name)
+    raise UserError(f"{what} holds {ast.unparse(node)!r}, which rlspeed does not read: only literals, lists, dicts, "
+                    "dict(...) and names such as nn.ReLU are accepted (nothing is evaluated).")
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a chain of names, else None."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+@dataclasses.dataclass
+class Translation:
+    """An RL-Zoo entry in rlspeed's terms.
+
+    `hyperparameters` build the algorithm's config; `run` holds run settings (total_timesteps); `unsupported` has one
+    line per entry that could not be honoured, `"key: why"`; `blocking` the subset that makes the entry a different
+    problem (policy, env wrappers, frame stacking, a config that does not build); `notes` the changes of meaning
+    applied (vf_coef doubled, SB3 defaults set) and the entries that needed nothing set; `translated` which rlspeed
+    keys each entry key set; `source` where the entry came from.
+    """
+
+    hyperparameters: dict
+    run: dict
+    unsupported: list[str]
+    source: str
+    notes: list[str] = dataclasses.field(default_factory=list)
+    blocking: list[str] = dataclasses.field(default_factory=list)
+    translated: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # entry key -> rlspeed keys it set
+
+    @property
+    def status(self) -> str:
+        """'full' (everything honoured), 'partial' (some entries not honoured) or 'none' (`blocking` refusals)."""
+        return "none" if self.blocking else "partial" if self.unsupported else "full"
+
+
+def _package_dir() -> Path | None:
+    """The installed rl_zoo3 package's directory, found without importing it (it imports SB3 and optuna)."""
+    spec = importlib.util.find_spec("rl_zoo3")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def zoo_version() -> str | None:
+    """The installed rl_zoo3's version, or None when it is not installed."""
+    if _package_dir() is None:
+        return None
+    try:
+        return importlib.metadata.version("rl_zoo3")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown version"
+
+
+def hyperparams_file(algo: str) -> Path:
+    """The installed rl_zoo3's YAML for rlspeed algorithm `algo`; UserError without rl_zoo3 or for an algorithm
+    RL-Zoo has no file for."""
+    if algo not in ZOO_NAMES:
+        raise UserError(f"RL-Zoo has no presets for rlspeed's '{algo}'; it has {', '.join(sorted(ZOO_NAMES))}.")
+    package = _package_dir()
+    if package is None:
+        raise UserError("RL-Zoo's presets need the rl_zoo3 package: pip install rl_zoo3 (or rlspeed[zoo]).")
+    path = package / "hyperparams" / f"{ZOO_NAMES[algo]}.yml"
+    if not path.is_file():
+        raise UserError(f"The installed rl_zoo3 has no {path.name} (looked in {path.parent}).")
+    return path
+
+
+def zoo_entries(algo: str) -> dict[str, dict]:
+    """Every entry of the installed RL-Zoo YAML for `algo`, by env id (and RL-Zoo's `atari` entry)."""
+    entries = yaml.safe_load(hyperparams_file(algo).read_text()) or {}
+    return {str(env_id): dict(entry or {}) for env_id, entry in entries.items()}
+
+
+def has_entry(algo: str, env_id: str) -> bool:
+    """Whether rl_zoo3 is installed and has an entry for (`algo`, `env_id`)."""
+    if algo not in ZOO_NAMES or zoo_version() is None:
+        return False
+    return _entry_key(zoo_entries(algo), env_id) is not None
+
+
+def _entry_key(entries: dict, env_id: str) -> str | None:
+    """The key of `env_id`'s entry: the id itself, the native id behind `rlspeed/ID`, or `atari` for Atari ids
+    (RL-Zoo's rule); None when there is none."""
+    for key in (env_id, env_id.removeprefix("rlspeed/")):
+        if key in entries:
+            return key
+    if "atari" in entries and (env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")):
+        return "atari"
+    return None
+
+
+def translate(algo: str, env_id: str) -> Translation:
+    """The installed RL-Zoo preset for (`algo`, `env_id`) in rlspeed's terms; UserError without rl_zoo3 or entry."""
+    entries = zoo_entries(algo)
+    key = _entry_key(entries, env_id)
+    if key is None:
+        raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}.")
+    source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
+    return translate_entry(algo, entries[key], source)
+
+
+def translate_entry(algo: str, entry: dict, source: str, strict: bool = False) -> Translation:
+    """`entry` (RL-Zoo's format: SB3 argument names plus n_envs, n_timesteps, normalize, ...) in rlspeed's terms.
+
+    With `strict` (a user's own file), a key that is neither RL-Zoo's nor SB3's is blocking, as a typo would be.
+    """
+    if algo not in ZOO_NAMES:
+        raise UserError(f"RL-Zoo's format has no presets for rlspeed's '{algo}'; it has "
+                        f"{', '.join(sorted(ZOO_NAMES))}.")
+    translator = _Translator(algo, strict)
+    for key, value in entry.items():
+        translator.entry(str(key), value)
+    return translator.finish(source)
+
+
+class _Translator:
+    """Builds one Translation: `entry` per RL-Zoo key, then `finish` fills SB3's defaults and checks the config."""
+
+    def __init__(self, algo: str, strict: bool):
+        self.algo, self.strict = algo, strict
+        self.hyper: dict = {}
+        self.origin: dict[str, str] = {}  # rlspeed key -> the RL-Zoo key it came from (for refusal lines)
+        self.run: dict = {}
+        self.unsupported: list[str] = []
+        self.blocking: list[str] = []
+        self.notes: list[str] = []
+
+    def set(self, key: str, value, origin: str) -> None:
+        self.hyper[key] = value
+        self.origin[key] = origin
+
+    def refuse(self, key: str, why: str) -> None:
+        line = f"{key}: {why}"
+        self.unsupported.append(line)
+        if key.split(".")[0] in BLOCKING:
+            self.blocking.append(line)
+
+    # --- one RL-Zoo key ------------------------------------------------------------------------------------------
+    def entry(self, key: str, value) -> None:  # noqa: C901 (one branch per RL-Zoo key reads best as a table)
+        algo = self.algo
+        if key == "n_timesteps":
+            self.run["total_timesteps"] = int(float(value))
+            self.origin["total_timesteps"] = key
+        elif key == "policy":
+            expected = "MlpLstmPolicy" if algo == "recurrent_ppo" else "MlpPolicy"
+            if value == expected:
+                self.notes.append(f"policy {value}: rlspeed's {algo} network")
+            else:
+                self.refuse(key, f"{value}: rlspeed's {algo} has only {expected}'s kind of network for now (image "
+                                 "and dict observations need a CNN or multi-input encoder)")
+        elif key == "n_envs":
+            self.set("num_envs", value, key)
+        elif key == "n_steps":  # rollout length on-policy; n-step returns in SB3's off-policy algorithms
+            self.set("num_steps" if algo in ON_POLICY else "n_step", value, key)
+        elif key == "normalize":
+            self.normalize(value)
+        elif key in ("learning_rate", "clip_range"):
+            self.schedule(key, value)
+        elif key == "vf_coef":
+            if algo in HALF_VALUE_LOSS:
+                self.set("vf_coef", 2 * float(value), key)
+                self.notes.append(f"vf_coef {value} -> {2 * float(value):g} (rlspeed's {algo} value loss is "
+                                  "0.5 * MSE)")
+            else:
+                self.set("vf_coef", value, key)
+        elif key == "ent_coef" and algo == "sac":
+            self.sac_entropy(key, value, "ent_coef", auto_init="ent_coef_init")
+        elif key == "target_entropy" and algo == "sac":
+            self.sac_entropy(key, value, "target_entropy", auto_init=None)
+        elif key == "train_freq":
+            self.train_freq(value)
+        elif key == "noise_type":
+            if value in ("normal", "ornstein-uhlenbeck"):
+                self.set("action_noise", value, key)
+            else:
+                self.refuse(key, f"{value!r}: rlspeed has normal and ornstein-uhlenbeck action noise")
+        elif key == "noise_std":
+            self.set("action_noise_std", value, key)
+        elif key == "frame_stack":
+            self.refuse(key, f"{value}: rlspeed's envs do not stack frames yet")
+        elif key == "env_wrapper":
+            names = value if isinstance(value, list) else [value]
+            shown = ", ".join(next(iter(n)) if isinstance(n, dict) else str(n) for n in names)
+            self.refuse(key, f"{shown}: rlspeed does not apply RL-Zoo's env wrappers yet")
+        elif key == "policy_kwargs":
+            self.policy_kwargs(value)
+        elif key == "clip_range_vf" and not isinstance(value, str):
+            self.set(key, value, key)
+            self.notes.append("clip_range_vf: rlspeed's PPO takes the larger of the clipped and unclipped value errors "
+                              "(SB3 the clipped one)")
+        elif key in SAME_NAME:
+            self.set(key, value, key)
+        elif key in NO_COUNTERPART:
+            default, why = NO_COUNTERPART[key]
+            if value == default:
+                self.notes.append(f"{key} {value}: SB3's default, nothing to set")
+            else:
+                self.refuse(key, f"{value!r}: {why}")
+        elif self.strict:
+            self.unsupported.append(f"{key}: not a key of RL-Zoo's format that rlspeed knows")
+            self.blocking.append(self.unsupported[-1])
+        else:
+            self.refuse(key, f"{value!r}: not a key rlspeed knows how to translate")
+
+    def normalize(self, value) -> None:
+        """RL-Zoo's `normalize`: a bool, or a dict (or its string) of VecNormalize arguments."""
+        if isinstance(value, bool):
+            options = {"norm_obs": value, "norm_reward": value}
+        else:
+            try:
+                options = parse_python_literal(value, "normalize") if isinstance(value, str) else value
+            except UserError as error:
+                self.refuse("normalize", str(error))
+                return
+            if not isinstance(options, dict):
+                self.refuse("normalize", f"{value!r}: expected true, false or a dict of VecNormalize options")
+                return
+            options = {"norm_obs": True, "norm_reward": True, **options}  # VecNormalize's defaults
+        for option, option_value in options.items():
+            if option in ("norm_obs", "norm_reward") and isinstance(option_value, bool):
+                self.set("normalize_" + option.removeprefix("norm_"), option_value, "normalize")
+            elif option in ("clip_obs", "clip_reward") and option_value == 10.0:
+                self.notes.append(f"normalize {option} 10: rlspeed's clip too")
+            elif option == "gamma":
+                self.notes.append("normalize gamma: RL-Zoo replaces it by the algorithm's gamma, as rlspeed does")
+            else:
+                self.refuse(f"normalize.{option}", f"{option_value!r}: rlspeed normalises with clip 10 and epsilon "
+                                                   "1e-8 and has no other options")
+
+    def schedule(self, key: str, value) -> None:
+        """A number, or `lin_X` (linear from X to 0 over the run): the value plus rlspeed's annealing flag."""
+        flag = {"learning_rate": "anneal_lr", "clip_range": "anneal_clip"}[key]
+        has_flag = flag == "anneal_lr" and self.algo in ON_POLICY or flag == "anneal_clip" and self.algo in (
+            "ppo", "recurrent_ppo")
+        if isinstance(value, str):
+            kind, _, start = value.partition("_")
+            try:
+                number = float(start)
+            except ValueError:
+                number = None
+            if kind != "lin" or number is None:
+                self.refuse(key, f"{value!r}: rlspeed reads constant values and lin_X (linear decay to 0) schedules")
+                return
+            self.set(key, number, key)
+            if has_flag:
+                self.set(flag, True, key)
+            else:
+                self.refuse(key, f"{value!r}: rlspeed's {self.algo} has no {key} schedule; {number:g} is held "
+                                 "constant")
+        else:
+            self.set(key, value, key)
+            if has_flag:
+                self.set(flag, False, key)
+
+    def sac_entropy(self, key: str, value, target: str, auto_init: str | None) -> None:
+        """SAC's `auto`, `auto_X` (tuned, starting at X) or a number."""
+        if isinstance(value, str) and value.startswith("auto"):
+            self.set(target, None, key)
+            start = value.removeprefix("auto").removeprefix("_")
+            if start and auto_init is not None:
+                try:
+                    self.set(auto_init, float(start), key)
+                except ValueError:
+                    self.refuse(key, f"{value!r}: expected auto, auto_X or a number")
+            elif start:
+                self.refuse(key, f"{value!r}: expected auto or a number")
+        else:
+            self.set(target, value, key)
+
+    def train_freq(self, value) -> None:
+        """An int (steps of every env), `[n, "step"]`, or `[n, "episode"]` (not in rlspeed)."""
+        if isinstance(value, (list, tuple)) and len(value) == 2 and value[1] == "step":
+            value = value[0]
+        if isinstance(value, (list, tuple)):
+            self.refuse("train_freq", f"{list(value)}: rlspeed collects a fixed number of steps per iteration, not "
+                                      "whole episodes; its train_freq 1 (with the entry's gradient_steps) is used")
+        else:
+            self.set("train_freq", value, "train_freq")
+
+    def policy_kwargs(self, value) -> None:
+        """SB3 policy arguments: net_arch, activation_fn, log_std_init, ortho_init, lstm_hidden_size, ..."""
+        try:
+            kwargs = parse_python_literal(value, "policy_kwargs") if isinstance(value, str) else value
+        except UserError as error:
+            self.refuse("policy_kwargs", str(error))
+            return
+        if not isinstance(kwargs, dict):
+            self.refuse("policy_kwargs", f"{value!r}: expected dict(...)")
+            return
+        for name, item in kwargs.items():
+            key = f"policy_kwargs.{name}"
+            if name == "net_arch":
+                self.net_arch(key, item)
+            elif name == "activation_fn":
+                short = str(item)
+                for prefix in _TORCH_PREFIXES:
+                    if isinstance(item, Symbol) and short.startswith(prefix) and short[len(prefix):] in ACTIVATIONS:
+                        self.set("activation", ACTIVATIONS[short[len(prefix):]], key)
+                        break
+                else:
+                    self.refuse(key, f"{item}: rlspeed's activations are nn.{', nn.'.join(ACTIVATIONS)}")
+            elif name == "log_std_init":
+                if self.algo in ON_POLICY:
+                    self.set("log_std_init", item, key)
+                else:
+                    self.refuse(key, f"{item}: SB3 uses it only with gSDE (use_sde), which rlspeed has not")
+            elif name == "ortho_init":
+                if item is True:
+                    self.notes.append("ortho_init True: rlspeed initialises orthogonally too")
+                else:
+                    self.refuse(key, f"{item!r}: rlspeed's networks are always initialised orthogonally")
+            elif name == "lstm_hidden_size" and self.algo == "recurrent_ppo":
+                self.set("lstm_hidden_size", item, key)
+            elif name in ("enable_critic_lstm", "shared_lstm", "n_lstm_layers") and self.algo == "recurrent_ppo":
+                default = {"enable_critic_lstm": True, "shared_lstm": False, "n_lstm_layers": 1}[name]
+                if item == default:
+                    self.notes.append(f"{key} {item}: rlspeed's RecurrentPPO has that too")
+                else:
+                    self.refuse(key, f"{item!r}: rlspeed's RecurrentPPO has one LSTM layer each for actor and "
+                                     "critic")
+            elif name == "n_critics" and self.algo in ("sac", "td3", "ddpg"):
+                self.set("n_critics", item, key)
+            elif name in ("use_expln", "full_std", "squash_output", "clip_mean"):
+                self.refuse(key, f"{item!r}: an option of gSDE (use_sde), which rlspeed has not")
+            elif name in ("optimizer_class", "optimizer_kwargs"):
+                instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if self.algo == "a2c" else ""
+                self.refuse(key, f"{item!r}: rlspeed's {self.algo} builds its own optimizer{instead}")
+            else:
+                self.refuse(key, f"{item!r}: rlspeed's {self.algo} has no such option")
+
+    def net_arch(self, key: str, value) -> None:
+        """A width list, or dict(pi=[...], vf=[...]) / dict(pi=..., qf=...): rlspeed has one list for both."""
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):  # SB3 1.x: [dict(pi, vf)]
+            value = value[0]
+        if isinstance(value, dict):
+            widths = [value.get(part) for part in ("pi", "vf" if self.algo in ON_POLICY else "qf")]
+            if set(value) - {"pi", "vf", "qf"} or widths[0] != widths[1] or widths[0] is None:
+                self.refuse(key, f"{value}: rlspeed uses one width list for the actor and the critic")
+                return
+            value = widths[0]
+        if isinstance(value, list) and all(isinstance(w, int) and not isinstance(w, bool) for w in value):
+            self.set("net_arch", value, key)
+        else:
+            self.refuse(key, f"{value!r}: expected a list of layer widths")
+
+    # --- the result ----------------------------------------------------------------------------------------------
+    def finish(self, source: str) -> Translation:
+        """SB3's defaults where the entry is silent, then the check against the rlspeed config: a key the config
+        lacks or a value of the wrong kind is refused; values that fail together refuse the whole entry."""
+        from rlspeed.algos import ALGORITHMS
+        from rlspeed.algos.base import build_config, coerce
+
+        filled = {k: v for k, v in SB3_DEFAULTS[self.algo].items() if k not in self.hyper}
+        if filled:
+            self.notes.append("SB3's defaults where rlspeed's differ: "
+                              + ", ".join(f"{k} {v}" for k, v in filled.items()))
+        hyper = {**filled, **self.hyper}
+        config_cls = ALGORITHMS[self.algo].config_cls
+        hints = typing.get_type_hints(config_cls)
+        missing: dict[str, list[str]] = {}
+        for key in list(self.hyper):
+            if key not in hints or key in getattr(config_cls, "refused", {}):
+                missing.setdefault(self.origin[key], []).append(key)
+                hyper.pop(key)
+                continue
+            try:
+                coerce(key, hyper[key], hints[key])
+            except UserError as error:
+                self.refuse(self.origin[key], str(error))
+                hyper.pop(key)
+        for origin, keys in missing.items():
+            self.refuse(origin, f"rlspeed's {self.algo} has no {' or '.join(keys)}")
+        if self.algo == "recurrent_ppo":
+            self.whole_sequences(hyper, config_cls)
+        try:
+            build_config(config_cls, hyper)
+        except UserError as error:
+            self.refuse("config", f"the translated values do not make a valid {config_cls.__name__}: {error}")
+        translated: dict[str, list[str]] = {}
+        for key, origin in self.origin.items():
+            if key in hyper or key in self.run:
+                translated.setdefault(origin, []).append(key)
+        return Translation(hyperparameters=hyper, run=self.run, unsupported=self.unsupported, source=source,
+                           notes=self.notes, blocking=self.blocking, translated=translated)
+
+    def whole_sequences(self, hyper: dict, config_cls: type) -> None:
+        """sb3-contrib's RecurrentPPO cuts minibatches of `batch_size` steps out of the sequences; rlspeed's takes
+        whole env columns of `num_steps` steps: round batch_size up to the next count of columns that divides the
+        rollout, and say so."""
+        defaults = config_cls()
+        batch_size = int(hyper.get("batch_size", defaults.batch_size))
+        num_steps = int(hyper.get("num_steps", defaults.num_steps))
+        num_envs = int(hyper.get("num_envs", defaults.num_envs))
+        if batch_size % num_steps == 0 or batch_size >= num_envs * num_steps or min(batch_size, num_steps) < 1:
+            return
+        columns = next(k for k in range(1, num_envs + 1) if num_envs % k == 0 and k * num_steps >= batch_size)
+        hyper["batch_size"] = columns * num_steps
+        self.refuse("batch_size", f"{batch_size} -> {columns * num_steps}: rlspeed's RecurrentPPO minibatches are "
+                                  f"whole env columns of num_steps ({num_steps}) steps")

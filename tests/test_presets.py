@@ -1,0 +1,316 @@
+"""Presets: rlspeed's own, RL-Zoo's translated (`rlspeed.presets.zoo`), and a user's file (`--preset FILE`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+
+import pytest
+import yaml
+
+from rlspeed.algos import ALGORITHMS
+from rlspeed.algos.base import build_config
+from rlspeed.errors import UserError
+from rlspeed.presets import load_preset, split_run_settings, zoo
+
+requires_zoo = pytest.mark.skipif(importlib.util.find_spec("rl_zoo3") is None, reason="rl_zoo3 is not installed")
+
+
+def translated(algo: str, entry: dict, **kwargs) -> zoo.Translation:
+    return zoo.translate_entry(algo, entry, "test", **kwargs)
+
+
+def refused(translation: zoo.Translation) -> set[str]:
+    """The keys a translation names as not honoured."""
+    return {line.split(":")[0] for line in translation.unsupported}
+
+
+# --- the safe parser of policy_kwargs / normalize strings -------------------------------------------------------------
+def test_parser_reads_rl_zoo_policy_kwargs_without_running_them():
+    value = zoo.parse_python_literal("dict(log_std_init=-2, ortho_init=False, activation_fn=th.nn.ReLU, "
+                                     "net_arch=dict(pi=[256, 256], vf=[256, 256]), )")
+    assert value == {"log_std_init": -2, "ortho_init": False, "activation_fn": "th.nn.ReLU",
+                     "net_arch": {"pi": [256, 256], "vf": [256, 256]}}
+    assert isinstance(value["activation_fn"], zoo.Symbol)
+    assert zoo.parse_python_literal("{'norm_obs': True, 'norm_reward': False}") == {"norm_obs": True,
+                                                                                   "norm_reward": False}
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os')", "__import__('os').system('true')", "os.system('true')", "dict(a=open('/etc/passwd'))",
+    "().__class__.__bases__", "nn.__dict__", "__builtins__", "lambda: 0", "[x for x in range(3)]", "2 ** 1000000",
+    "dict(**{'a': 1})", "dict([('a', 1)])", "getattr(nn, 'ReLU')", "f'{1}'", "{1: 2}", "nn.ReLU()", "a[0]",
+    "(" * 5000 + ")" * 5000, "dict(a=1" + ", a=1" * 5000 + ")",
+])
+def test_parser_refuses_anything_but_literals_dicts_and_names(text):
+    with pytest.raises(UserError):
+        zoo.parse_python_literal(text, "policy_kwargs")
+
+
+def test_a_policy_kwargs_string_that_would_run_code_is_refused_not_run():
+    translation = translated("ppo", {"policy_kwargs": "dict(net_arch=__import__('os').getcwd())"})
+    assert refused(translation) == {"policy_kwargs"}
+    assert "net_arch" not in translation.hyperparameters
+
+
+# --- the translation, key by key --------------------------------------------------------------------------------------
+def test_names_and_run_settings():
+    translation = translated("ppo", {"n_envs": 4, "n_steps": 32, "n_timesteps": 1e5, "batch_size": 64,
+                                     "gamma": 0.98, "policy": "MlpPolicy"})
+    assert translation.run == {"total_timesteps": 100_000}
+    assert translation.hyperparameters["num_envs"] == 4 and translation.hyperparameters["num_steps"] == 32
+    assert translation.status == "full" and not translation.unsupported
+    dqn = translated("dqn", {"n_steps": 3})  # SB3's off-policy n_steps: n-step returns
+    assert dqn.hyperparameters["n_step"] == 3
+
+
+def test_sb3_defaults_are_set_where_rlspeed_differs():
+    ppo = translated("ppo", {}).hyperparameters
+    assert (ppo["num_envs"], ppo["num_steps"], ppo["batch_size"], ppo["anneal_lr"]) == (1, 2048, 64, False)
+    assert translated("dqn", {}).hyperparameters["double_q"] is False
+    assert translated("td3", {}).hyperparameters["action_noise"] == "none"
+
+
+@pytest.mark.parametrize("algo", sorted(zoo.ZOO_NAMES))
+def test_an_empty_entry_builds_sb3s_defaults(algo):
+    """The SB3_DEFAULTS table against the installed Stable-Baselines3: every argument rlspeed has means the same."""
+    sb3 = pytest.importorskip("sb3_contrib" if algo == "recurrent_ppo" else "stable_baselines3")
+    sb3_cls = {"recurrent_ppo": "RecurrentPPO"}.get(algo, algo.upper())
+    defaults = {name: p.default for name, p in inspect.signature(getattr(sb3, sb3_cls)).parameters.items()}
+    config = build_config(ALGORITHMS[algo].config_cls, translated(algo, {}).hyperparameters)
+    fields = {field.name for field in dataclasses.fields(config)}
+    renames = {"n_steps": "num_steps" if algo in zoo.ON_POLICY else "n_step"}
+    checked = 0
+    for name, value in defaults.items():
+        field = renames.get(name, name)
+        if field not in fields or value is inspect.Parameter.empty:
+            continue
+        if name == "vf_coef" and algo in zoo.HALF_VALUE_LOSS:
+            value = 2 * value
+        if value == "auto":  # SAC's ent_coef and target_entropy
+            value = None
+        if name == "action_noise":
+            value = "none" if value is None else value
+        assert getattr(config, field) == value, f"{algo} {name}: SB3 {value!r}, translated {getattr(config, field)!r}"
+        checked += 1
+    assert checked >= 8
+    assert config.num_envs == 1  # RL-Zoo's default n_envs
+    if algo in zoo.ON_POLICY:
+        assert config.anneal_lr is False  # SB3's learning rate is constant unless given a schedule
+
+
+def test_normalize_bool_and_dict_string():
+    both = translated("ppo", {"normalize": True}).hyperparameters
+    assert both["normalize_obs"] is True and both["normalize_reward"] is True
+    obs_only = translated("ppo", {"normalize": "{'norm_obs': True, 'norm_reward': False}"}).hyperparameters
+    assert obs_only["normalize_obs"] is True and obs_only["normalize_reward"] is False
+    reward_only = translated("a2c", {"normalize": "dict(norm_obs=False, norm_reward=True)"}).hyperparameters
+    assert reward_only["normalize_obs"] is False and reward_only["normalize_reward"] is True
+    assert refused(translated("ppo", {"normalize": "dict(norm_obs=True, epsilon=1e-4)"})) == {"normalize.epsilon"}
+    sac = translated("sac", {"normalize": True})  # rlspeed's off-policy algorithms do not normalise
+    assert refused(sac) == {"normalize"} and "normalize_obs" not in sac.hyperparameters
+
+
+def test_policy_kwargs_net_arch_and_activation():
+    same = translated("ppo", {"policy_kwargs": "dict(net_arch=dict(pi=[256, 256], vf=[256, 256]), "
+                                               "activation_fn=nn.ReLU, log_std_init=-2)"})
+    assert same.hyperparameters["net_arch"] == [256, 256]
+    assert same.hyperparameters["activation"] == "relu" and same.hyperparameters["log_std_init"] == -2
+    assert same.status == "full"
+    assert translated("sac", {"policy_kwargs": "dict(net_arch=[400, 300])"}).hyperparameters["net_arch"] == [400, 300]
+    assert translated("td3", {"policy_kwargs": "dict(net_arch=dict(pi=[64], qf=[64]))"}).hyperparameters[
+        "net_arch"] == [64]
+    split = translated("ppo", {"policy_kwargs": "dict(net_arch=dict(pi=[64], vf=[256]))"})
+    assert refused(split) == {"policy_kwargs.net_arch"} and "net_arch" not in split.hyperparameters
+    for name, expected in [("th.nn.Tanh", "tanh"), ("torch.nn.ELU", "elu"), ("nn.SiLU", "silu")]:
+        assert translated("a2c", {"policy_kwargs": f"dict(activation_fn={name})"}).hyperparameters[
+            "activation"] == expected
+    assert refused(translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.GELU)"})) == {
+        "policy_kwargs.activation_fn"}
+    assert refused(translated("ppo", {"policy_kwargs": "dict(ortho_init=False)"})) == {"policy_kwargs.ortho_init"}
+    assert translated("ppo", {"policy_kwargs": "dict(ortho_init=True)"}).status == "full"
+    assert refused(translated("sac", {"policy_kwargs": "dict(log_std_init=-3, use_expln=True)"})) == {
+        "policy_kwargs.log_std_init", "policy_kwargs.use_expln"}
+
+
+def test_schedules():
+    ppo = translated("ppo", {"learning_rate": "lin_3e-4", "clip_range": "lin_0.2"}).hyperparameters
+    assert (ppo["learning_rate"], ppo["anneal_lr"], ppo["clip_range"], ppo["anneal_clip"]) == (3e-4, True, 0.2, True)
+    constant = translated("ppo", {"learning_rate": 1e-3, "clip_range": 0.1}).hyperparameters
+    assert (constant["anneal_lr"], constant["anneal_clip"]) == (False, False)
+    assert translated("a2c", {"learning_rate": "lin_7e-4"}).hyperparameters["anneal_lr"] is True
+    sac = translated("sac", {"learning_rate": "lin_7.3e-4"})  # no schedule in rlspeed's SAC: said, value kept
+    assert sac.hyperparameters["learning_rate"] == 7.3e-4 and refused(sac) == {"learning_rate"}
+    assert "held constant" in sac.unsupported[0]
+    assert refused(translated("ppo", {"learning_rate": "exp_1e-3"})) == {"learning_rate"}
+
+
+def test_meaning_differences():
+    ppo = translated("ppo", {"vf_coef": 0.5})
+    assert ppo.hyperparameters["vf_coef"] == 1.0 and any("vf_coef" in note for note in ppo.notes)
+    assert translated("a2c", {"vf_coef": 0.25}).hyperparameters["vf_coef"] == 0.25  # A2C: SB3's full MSE
+    sac = translated("sac", {"ent_coef": "auto_0.1", "target_entropy": "auto"}).hyperparameters
+    assert (sac["ent_coef"], sac["ent_coef_init"], sac["target_entropy"]) == (None, 0.1, None)
+    assert translated("sac", {"ent_coef": 0.05}).hyperparameters["ent_coef"] == 0.05
+    assert translated("ddpg", {"train_freq": [4, "step"]}).hyperparameters["train_freq"] == 4
+    episode = translated("ddpg", {"train_freq": [1, "episode"], "gradient_steps": -1})
+    assert refused(episode) == {"train_freq"} and episode.hyperparameters["gradient_steps"] == -1
+    td3 = translated("td3", {"noise_type": "ornstein-uhlenbeck", "noise_std": 0.5}).hyperparameters
+    assert (td3["action_noise"], td3["action_noise_std"]) == ("ornstein-uhlenbeck", 0.5)
+    assert translated("sac", {"use_sde": False}).status == "full"  # SB3's default: nothing to honour
+    assert refused(translated("sac", {"use_sde": True})) == {"use_sde"}
+
+
+def test_what_changes_the_problem_makes_the_entry_unusable():
+    atari = translated("ppo", {"policy": "CnnPolicy", "frame_stack": 4,
+                               "env_wrapper": ["stable_baselines3.common.atari_wrappers.AtariWrapper"]})
+    assert atari.status == "none" and refused(atari) == {"policy", "frame_stack", "env_wrapper"}
+    assert "AtariWrapper" in " ".join(atari.blocking)
+
+
+def test_values_that_fail_together_refuse_the_entry():
+    translation = translated("ppo", {"n_envs": 1, "n_steps": 100, "batch_size": 64})  # 64 does not divide 100
+    assert translation.status == "none" and "batch_size" in translation.blocking[0]
+
+
+def test_recurrent_minibatches_are_rounded_to_whole_sequences_and_said():
+    translation = translated("recurrent_ppo", {"n_envs": 8, "n_steps": 32, "batch_size": 100})
+    assert translation.hyperparameters["batch_size"] == 128 and refused(translation) == {"batch_size"}
+    build_config(ALGORITHMS["recurrent_ppo"].config_cls, translation.hyperparameters)
+
+
+def test_unknown_keys_are_named_and_blocking_only_in_a_users_file():
+    assert refused(translated("ppo", {"n_stepz": 8})) == {"n_stepz"}
+    assert translated("ppo", {"n_stepz": 8}).status == "partial"
+    assert translated("ppo", {"n_stepz": 8}, strict=True).status == "none"
+
+
+# --- every entry of the installed RL-Zoo YAMLs ------------------------------------------------------------------------
+@requires_zoo
+@pytest.mark.parametrize("algo", sorted(zoo.ZOO_NAMES))
+def test_every_installed_zoo_entry_translates_or_says_why_not(algo):
+    config_cls = ALGORITHMS[algo].config_cls
+    entries = zoo.zoo_entries(algo)
+    assert entries
+    for env_id, entry in entries.items():
+        translation = zoo.translate_entry(algo, entry, env_id)
+        if translation.status != "none":  # what it gives builds
+            build_config(config_cls, translation.hyperparameters)
+        assert "total_timesteps" in translation.run, env_id
+        for line in translation.unsupported:
+            key, _, why = line.partition(": ")
+            assert key and len(why) > 10, f"{env_id}: {line!r}"
+        # nothing silently dropped: every key (and policy_kwargs key) translated, refused or noted as needing nothing
+        said = {line.split(":")[0].split(" ")[0] for line in translation.unsupported + translation.notes}
+        keys = set(entry)
+        if isinstance(entry.get("policy_kwargs"), str) and "policy_kwargs" not in said:
+            keys = (keys - {"policy_kwargs"}) | {f"policy_kwargs.{k}"
+                                                 for k in zoo.parse_python_literal(entry["policy_kwargs"])}
+        for key in keys:
+            assert key in translation.translated or key in said, f"{algo} {env_id}: {key}"
+
+
+@requires_zoo
+def test_translate_reads_the_installed_yaml():
+    translation = zoo.translate("ppo", "CartPole-v1")
+    entry = zoo.zoo_entries("ppo")["CartPole-v1"]
+    assert translation.hyperparameters["num_steps"] == entry["n_steps"]
+    assert translation.run["total_timesteps"] == int(entry["n_timesteps"])
+    assert "rl_zoo3" in translation.source and "ppo CartPole-v1" in translation.source
+    with pytest.raises(UserError, match="no dqn preset for Pendulum-v1"):
+        zoo.translate("dqn", "Pendulum-v1")
+
+
+# --- load_preset: sources ---------------------------------------------------------------------------------------------
+def test_the_existing_call_gives_rlspeeds_own_presets():
+    preset = load_preset("ppo", "CartPole-v1")
+    assert preset.source == "rlspeed" and preset["num_steps"] == 8 and preset.message() is None
+    assert load_preset("ppo", "rlspeed/CartPole-v1") == preset
+    default = load_preset("ppo", "NoSuchEnv-v0")
+    assert default.source == "rlspeed-default" and default == load_preset("ppo", "default")
+
+
+def test_auto_prefers_rlspeeds_own_preset():
+    assert load_preset("ppo", "CartPole-v1", "auto") == load_preset("ppo", "CartPole-v1", "rlspeed")
+    assert load_preset("ppo", "CartPole-v1", "auto").source == "rlspeed"
+
+
+@requires_zoo
+@pytest.mark.parametrize("algo, env_id", [("a2c", "Acrobot-v1"), ("ppo", "MountainCarContinuous-v0")])
+def test_auto_takes_rl_zoos_preset_where_rlspeed_has_none_and_says_so(algo, env_id):
+    assert load_preset(algo, env_id, "rlspeed").source == "rlspeed-default"
+    preset = load_preset(algo, env_id, "auto")
+    translation = zoo.translate(algo, env_id)
+    assert preset.source == "zoo" and dict(preset) == {**translation.run, **translation.hyperparameters}
+    assert preset.message().startswith(f"rlspeed: using RL-Zoo's preset for {algo} {env_id} (rl_zoo3 ")
+    assert preset.unsupported == translation.unsupported
+    if translation.unsupported:
+        assert "not honoured: " + translation.unsupported[0] in preset.message()
+    build_config(ALGORITHMS[algo].config_cls, split_run_settings(preset)[1])
+
+
+@requires_zoo
+def test_auto_falls_back_to_the_default_when_rl_zoos_entry_needs_what_rlspeed_has_not():
+    preset = load_preset("ppo", "PongNoFrameskip-v4", "auto")  # RL-Zoo's atari entry: CNN, frame stack, wrapper
+    assert preset.source == "rlspeed-default" and "frame_stack" in preset.message()
+    with pytest.raises(UserError, match="frame_stack"):
+        load_preset("ppo", "PongNoFrameskip-v4", "zoo")
+
+
+def test_zoo_without_rl_zoo3_is_one_sentence_with_the_pip_command(monkeypatch):
+    monkeypatch.setattr(zoo, "_package_dir", lambda: None)
+    with pytest.raises(UserError, match="pip install rl_zoo3"):
+        load_preset("a2c", "Acrobot-v1", "zoo")
+    preset = load_preset("a2c", "Acrobot-v1", "auto")
+    assert preset.source == "rlspeed-default" and "pip install rl_zoo3" in preset.message()
+
+
+# --- a user's file (--preset FILE) ------------------------------------------------------------------------------------
+def test_a_users_file_round_trip(tmp_path):
+    shipped = {env_id: dict(load_preset("ppo", env_id)) for env_id in ("CartPole-v1", "Pendulum-v1")}
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**shipped, "default": {"num_envs": 4, "total_timesteps": 1000}}))
+    for env_id, values in shipped.items():
+        preset = load_preset("ppo", env_id, str(path))
+        assert dict(preset) == values and preset.source == "file"
+        assert f"{path} ({env_id} entry), rlspeed's format" in preset.message()
+    assert load_preset("ppo", "Acrobot-v1", str(path)) == {"num_envs": 4, "total_timesteps": 1000}
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("num_envs: 2\nlearning_rate: 1.0e-3\n")
+    assert load_preset("ppo", "Anything-v0", str(flat)) == {"num_envs": 2, "learning_rate": 1e-3}
+
+
+def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
+    path = tmp_path / "zoo.yml"
+    path.write_text("CartPole-v1:\n  n_envs: 8\n  n_timesteps: !!float 1e5\n  policy: 'MlpPolicy'\n"
+                    "  n_steps: 32\n  learning_rate: lin_0.001\n  policy_kwargs: 'dict(net_arch=[32])'\n")
+    preset = load_preset("ppo", "CartPole-v1", str(path))
+    assert "RL-Zoo's format" in preset.message()
+    assert (preset["num_envs"], preset["num_steps"], preset["total_timesteps"]) == (8, 32, 100_000)
+    assert (preset["learning_rate"], preset["anneal_lr"], preset["net_arch"]) == (1e-3, True, [32])
+    path.write_text("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  frame_stack: 4\n")
+    with pytest.raises(UserError, match="frame_stack"):
+        load_preset("ppo", "CartPole-v1", str(path))
+
+
+@pytest.mark.parametrize("text, match", [
+    ("CartPole-v1:\n  num_envz: 4\n", "num_envz"),  # rlspeed's format: unknown key named
+    ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  n_stepz: 4\n", "n_stepz"),  # RL-Zoo's format
+    ("CartPole-v1:\n  gamma: 2.0\n", "gamma"),
+    ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
+    ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
+    ("- 1\n- 2\n", "must map env ids"),
+    ("CartPole-v1: [\n", "not valid YAML"),
+])
+def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text, match):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=match) as error:
+        load_preset("ppo", "CartPole-v1", str(path))
+    assert str(path) in str(error.value)
+
+
+def test_a_missing_preset_file_names_the_choices(tmp_path):
+    with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
+        load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))
