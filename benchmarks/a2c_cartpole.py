@@ -1,0 +1,284 @@
+"""A2C on CartPole-v1: rlspeed against Stable-Baselines3, side by side in one process, seeds interleaved.
+
+Both libraries run RL-Zoo's A2C CartPole-v1 settings (rl-baselines3-zoo hyperparams/a2c.yml: 8 envs, ent_coef 0.0)
+with SB3's A2C defaults for the rest: n_steps 5, RMSprop (alpha 0.99, eps 1e-5) at a constant learning rate of 7e-4,
+gamma 0.99, gae_lambda 1.0, vf_coef 0.5, max_grad_norm 0.5, no advantage normalisation, MlpPolicy (separate [64, 64]
+tanh actor and critic, orthogonal init). rlspeed's shipped `a2c` CartPole-v1 preset is the same settings.
+
+(a) Throughput: env steps per second of `learn` for a fixed budget without evaluation. Gymnasium envs for both
+    (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native torch CartPole.
+(b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches a mean
+    return of 475, both evaluated every `eval_freq` env steps, evaluation time excluded from the training clock of
+    both; rlspeed on its shipped preset with env backend auto (as the CLI runs it).
+
+torch.set_num_threads(--threads, default 1) holds for every run of both libraries. Only `learn` is timed (model
+and env construction are not). The 1-minute load average is recorded before and after every run (the machine may
+be shared). Usage: python benchmarks/a2c_cartpole.py [--quick] [--seeds N] [--skip-sb3] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import common
+import torch
+
+import rlspeed
+from rlspeed.presets import load_preset, split_run_settings
+
+ENV_ID = "CartPole-v1"
+TARGET_RETURN = 475.0
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
+ZOO_NUM_ENVS = 8
+# Both libraries reach the target within a few tens of thousands of steps, so the preset's eval_freq (10,000) would
+# round every time to target up to a multiple of it; evaluation time is off the clock, so evaluate more often.
+EVAL_FREQ = 2000
+
+# RL-Zoo's A2C CartPole-v1 hyperparameters with SB3's A2C defaults spelled out, in each library's names.
+ZOO_RLSPEED = dict(num_envs=ZOO_NUM_ENVS, num_steps=5, learning_rate=7e-4, anneal_lr=False, gamma=0.99,
+                   gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, normalize_advantage=False,
+                   use_rms_prop=True, rms_prop_eps=1e-5, net_arch=(64, 64), activation="tanh")
+ZOO_SB3 = dict(n_steps=5, learning_rate=7e-4, gamma=0.99, gae_lambda=1.0, ent_coef=0.0, vf_coef=0.5,
+               max_grad_norm=0.5, normalize_advantage=False, use_rms_prop=True, rms_prop_eps=1e-5)
+# (MlpPolicy default: pi [64, 64], vf [64, 64], tanh, orthogonal init; RMSprop alpha 0.99 in both libraries)
+
+
+def load_1m() -> float:
+    return os.getloadavg()[0]
+
+
+def with_load(run):
+    """`run(seed)` with the 1-minute load average before and after it added to its result."""
+
+    def wrapped(seed: int) -> dict:
+        before = load_1m()
+        result = run(seed)
+        return {**result, "load_before": before, "load_after": load_1m()}
+
+    return wrapped
+
+
+def sb3_model(seed: int):
+    from stable_baselines3 import A2C
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env = make_vec_env(ENV_ID, n_envs=ZOO_NUM_ENVS, seed=seed)  # DummyVecEnv
+    return A2C("MlpPolicy", env, device="cpu", seed=seed, **ZOO_SB3), env
+
+
+# --- (a) throughput ----------------------------------------------------------------------------------------------
+def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
+    model = rlspeed.A2C(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
+                        **ZOO_RLSPEED)
+    model.make_training_env()  # built outside the timed region, like SB3's env (built by make_vec_env)
+    started = time.perf_counter()
+    model.learn(steps, progress_bar=False)
+    learn_wall_s = time.perf_counter() - started
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "sps": result.sps,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads(), "update": model.report()}
+
+
+def sb3_throughput(seed: int, steps: int, args) -> dict:
+    model, env = sb3_model(seed)
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    model.learn(steps)
+    learn_wall_s = time.perf_counter() - started
+    env.close()
+    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
+            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+# --- (b) time to target ------------------------------------------------------------------------------------------
+def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+    _run, hyperparameters = split_run_settings(load_preset("a2c", ENV_ID))
+    model = rlspeed.A2C(ENV_ID, env_backend="auto", device=args.device, seed=seed, num_threads=args.threads,
+                        **hyperparameters)
+    model.learn(budget, target_return=TARGET_RETURN, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
+                progress_bar=False)
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
+            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
+            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
+            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
+            "threads": torch.get_num_threads()}
+
+
+def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
+    from stable_baselines3.common.env_util import make_vec_env
+
+    model, env = sb3_model(seed)
+    eval_env = make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
+    return common.sb3_time_to_target(model, env, eval_env, budget, eval_freq, seed + EVAL_SEED_OFFSET, TARGET_RETURN,
+                                     EVAL_EPISODES, args.threads)
+
+
+# --- report ------------------------------------------------------------------------------------------------------
+THROUGHPUT_ROWS = {  # run name -> (library, env column)
+    "rlspeed-gymnasium": ("rlspeed", "Gymnasium SyncVectorEnv (env_backend=\"gymnasium\")"),
+    "rlspeed-torch": ("rlspeed", "native torch CartPole (env_backend=\"torch\")"),
+    "sb3": ("Stable-Baselines3", "Gymnasium DummyVecEnv"),
+}
+
+
+def paired_ratios(throughput: list[dict]) -> dict[str, dict]:
+    """Per seed, each rlspeed row's steps/s over SB3's of the same seed (runs next to each other in time)."""
+    sb3 = {r["seed"]: r["sps"] for r in throughput if r["name"] == "sb3"}
+    paired: dict[str, list[float]] = {}
+    for r in throughput:
+        if r["name"] != "sb3" and r["seed"] in sb3:
+            paired.setdefault(r["name"], []).append(r["sps"] / sb3[r["seed"]])
+    return {name: common.spread(values) for name, values in paired.items()}
+
+
+def load_summary(runs: list[dict]) -> dict:
+    loads = [r[key] for r in runs for key in ("load_before", "load_after")]
+    return {"median": statistics.median(loads), "min": min(loads), "max": max(loads)} if loads else {}
+
+
+def final_eval(run: dict) -> float | None:
+    return run["evaluations"][-1][2] if run.get("evaluations") else None
+
+
+def per_seed_table(to_target: list[dict]) -> str:
+    rows = []
+    for seed in sorted({r["seed"] for r in to_target}):
+        row = [str(seed)]
+        for name in ("rlspeed", "sb3"):
+            run = next((r for r in to_target if r["seed"] == seed and r["name"] == name), None)
+            if run is None:
+                row += ["—", "—", "—"]
+                continue
+            row += [common.fmt(run["time_to_target_s"], ".2f"), common.fmt(run["steps_to_target"]),
+                    common.fmt(final_eval(run), ".1f")]
+        rows.append(row)
+    return common.markdown_table(["Seed", "rlspeed s", "rlspeed steps", "rlspeed last eval", "SB3 s", "SB3 steps",
+                                  "SB3 last eval"], rows)
+
+
+def report(summary: dict, settings: dict, throughput: list[dict], to_target: list[dict]) -> list[str]:
+    """The README section's lines (without its heading and machine block)."""
+    seeds, threads = settings["seeds"], settings["threads"]
+    lines = []
+    if settings["quick"]:
+        lines += ["**Smoke run (`--quick`): settings far too small for the numbers to mean anything.**", ""]
+    load_a, load_b = summary["load"]["throughput"], summary["load"]["time_to_target"]
+    lines += [f"### (a) Throughput at identical hyperparameters ({settings['steps']:,} env steps, no evaluation)", "",
+              f"RL-Zoo A2C CartPole-v1 settings for both (8 envs, n_steps 5, RMSprop lr 7e-4, gae_lambda 1.0, "
+              f"ent_coef 0, [64, 64] tanh), {seeds} seeds interleaved, torch.set_num_threads({threads}), rlspeed on "
+              f"device `{settings['device']}` ({settings['update']}), SB3 on `cpu`. Env steps per second of `learn`. "
+              "Paired: per seed, rlspeed over the SB3 run next to it, median over seeds. 1-minute load average "
+              f"during these runs: {load_a.get('median', 0):.2f} median ({load_a.get('min', 0):.2f} – "
+              f"{load_a.get('max', 0):.2f}) on {settings['usable_cores']} cores.", ""]
+    rows = []
+    paired = summary["paired_ratio_to_sb3"]
+    for name, stats in summary["throughput"].items():
+        library, env = THROUGHPUT_ROWS[name]
+        rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
+                     common.fmt_ratio(stats["ratio_to_sb3"]),
+                     common.fmt_ratio(paired[name]["median"]) if name in paired else "1.00x"])
+    lines += [common.markdown_table(["Library", "Envs (8)", "Steps/s median", f"Range ({seeds} seeds)",
+                                     "rlspeed / SB3 (medians)", "rlspeed / SB3 (paired)"], rows), ""]
+
+    lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
+              f"The settings above for both (rlspeed: its shipped preset `a2c` / `CartPole-v1`, the same values); "
+              f"deterministic {EVAL_EPISODES}-episode evaluation on a separate env every {settings['eval_freq']:,} "
+              "env steps, evaluation time excluded from the training clock; a run stops at the target. Medians "
+              "count a seed that missed the target as never reaching it (no median when most seeds miss); ranges "
+              "are over the seeds that reached it. 1-minute load average during these runs: "
+              f"{load_b.get('median', 0):.2f} median ({load_b.get('min', 0):.2f} – {load_b.get('max', 0):.2f}).", ""]
+    lines += [common.time_to_target_table(summary["time_to_target"], {
+        "rlspeed": ("rlspeed", "shipped preset `a2c` / `CartPole-v1`"),
+        "sb3": ("Stable-Baselines3", "RL-Zoo CartPole-v1")}), ""]
+    lines += ["Per seed (last eval: the mean return of the run's last evaluation, the one that reached the target "
+              "when it was reached):", "", per_seed_table(to_target)]
+    return lines
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default 5, quick 2")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="env steps per throughput run (a); default 50000, quick 4000")
+    parser.add_argument("--budget", type=int, default=None,
+                        help="env step budget per time-to-target run (b); default rlspeed's preset total_timesteps "
+                             "(500000, also RL-Zoo's), quick 20000")
+    parser.add_argument("--eval-freq", type=int, default=None,
+                        help=f"evaluate every N env steps in (b), both libraries; default {EVAL_FREQ}")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
+    parser.add_argument("--device", default="cpu", help="rlspeed's device (SB3 always runs A2C on cpu)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-run settings: 2 seeds, 4000 steps, 20k")
+    parser.add_argument("--skip-sb3", action="store_true", help="run rlspeed only")
+    parser.add_argument("--skip-throughput", action="store_true", help="run (b) only")
+    parser.add_argument("--skip-target", action="store_true", help="run (a) only")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
+    args = parser.parse_args()
+    run_settings, _ = split_run_settings(load_preset("a2c", ENV_ID))
+    args.seeds = args.seeds or (2 if args.quick else 5)
+    args.steps = args.steps or (4000 if args.quick else 50_000)
+    args.budget = args.budget or (20_000 if args.quick else int(run_settings.get("total_timesteps", 500_000)))
+    args.eval_freq = args.eval_freq or EVAL_FREQ
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    args.threads = common.set_threads(args.threads)
+    seeds = list(range(args.seeds))
+    machine = common.machine_description()
+    machine["torch_threads"] = args.threads
+    settings = {"env_id": ENV_ID, "seeds": args.seeds, "steps": args.steps, "budget": args.budget,
+                "eval_freq": args.eval_freq, "eval_episodes": EVAL_EPISODES, "target_return": TARGET_RETURN,
+                "threads": args.threads, "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
+                "usable_cores": machine["usable_cores"], "zoo_hyperparameters_rlspeed": ZOO_RLSPEED,
+                "zoo_hyperparameters_sb3": ZOO_SB3, "rlspeed_preset": load_preset("a2c", ENV_ID), "update": "?"}
+    print(f"A2C {ENV_ID}: {args.seeds} seeds, torch.set_num_threads({args.threads}), rlspeed device {args.device}, "
+          f"load {load_1m():.2f}")
+
+    throughput: list[dict] = []
+    if not args.skip_throughput:
+        throughput_runs = {
+            "rlspeed-gymnasium": lambda seed, steps: rlspeed_throughput(seed, steps, "gymnasium", args),
+            "sb3": lambda seed, steps: sb3_throughput(seed, steps, args),
+            "rlspeed-torch": lambda seed, steps: rlspeed_throughput(seed, steps, "torch", args),
+        }
+        if args.skip_sb3:
+            del throughput_runs["sb3"]
+        print("warm-up (one short run of each, not recorded)", flush=True)
+        for run in throughput_runs.values():
+            run(0, 1000)
+        print(f"(a) throughput, {args.steps:,} steps per run", flush=True)
+        throughput = common.interleave(seeds, {name: with_load(lambda seed, run=run: run(seed, args.steps))
+                                               for name, run in throughput_runs.items()})
+        settings["update"] = next(r["update"] for r in throughput if "update" in r)
+
+    to_target: list[dict] = []
+    if not args.skip_target:
+        print(f"(b) time to {TARGET_RETURN:g}, budget {args.budget:,} steps, eval every {args.eval_freq:,}",
+              flush=True)
+        target_runs = {"rlspeed": with_load(lambda seed: rlspeed_time_to_target(seed, args.budget, args.eval_freq,
+                                                                                args))}
+        if not args.skip_sb3:
+            target_runs["sb3"] = with_load(lambda seed: sb3_time_to_target(seed, args.budget, args.eval_freq, args))
+        to_target = common.interleave(seeds, target_runs)
+
+    summary = common.summarize(throughput, to_target, THROUGHPUT_ROWS)
+    summary["paired_ratio_to_sb3"] = paired_ratios(throughput)
+    summary["load"] = {"throughput": load_summary(throughput), "time_to_target": load_summary(to_target)}
+    summary["final_eval"] = {f"{r['name']}-{r['seed']}": final_eval(r) for r in to_target}
+    common.publish("a2c_cartpole", ["## A2C on CartPole-v1 (`benchmarks/a2c_cartpole.py`)", "",
+                                    *report(summary, settings, throughput, to_target)],
+                   {"settings": settings, "summary": summary, "throughput": throughput, "time_to_target": to_target},
+                   not args.no_write, machine=machine)
+
+
+if __name__ == "__main__":
+    main()
