@@ -180,3 +180,15 @@ def test_policy_without_an_exporter_names_it(tmp_path):
         recurrent = ALGORITHMS["recurrent_ppo"]("CartPole-v1", seed=0)
         with pytest.raises(UserError, match="LSTM policy cannot be exported yet"):
             export(recurrent, tmp_path / "r.pt", format="torchscript")
+
+
+def test_a_policy_the_exporter_does_not_match_is_refused(tmp_path):
+    class MirroredTD3(rlspeed.TD3):
+        def _policy_actions(self, obs, deterministic):
+            return -super()._policy_actions(obs, deterministic)
+
+    model = MirroredTD3("Pendulum-v1", seed=0, net_arch=(16,))
+    _randomise(model, seed=7)
+    with pytest.raises(UserError, match=r"does not give the model's actions.*`_export_module\(\)`"):
+        export(model, tmp_path / "m.pt2", format="exported_program")
+    assert not (tmp_path / "m.pt2").exists()

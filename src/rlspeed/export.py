@@ -81,6 +81,10 @@ class PolicyExport(nn.Module):
         """Inputs to capture the graph with (a batch of 2: a batch of 1 would be specialised as a constant)."""
         return (torch.zeros(batch, *self.observation_shape),)
 
+    def example_inputs_from(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The graph's inputs for these observations (a subclass with more inputs adds their neutral values)."""
+        return (obs,)
+
     def dynamic_shapes(self) -> dict:
         """torch.export's dynamic dimensions of each input (the batch)."""
         return {"obs": {0: torch.export.Dim("batch", min=1)}}
@@ -199,10 +203,35 @@ def default_export_module(model) -> PolicyExport:
 
 
 def export_module(model) -> PolicyExport:
-    """The model's own `_export_module()` where it has one, else `default_export_module(model)`; in eval mode."""
+    """The model's own `_export_module()` where it has one, else `default_export_module(model)`; in eval mode,
+    checked against the model's own actions (`check_matches_model`)."""
     hook = getattr(model, "_export_module", None)
     module = hook() if hook is not None else default_export_module(model)
-    return module.eval()
+    module.eval()
+    check_matches_model(model, module)
+    return module
+
+
+def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
+    """UserError unless `module` gives the model's deterministic actions (`model.act`) on random observations:
+    identical discrete actions, continuous ones within 1e-5. A model whose `_policy_actions` differs from what its
+    networks suggest (a subclass) is caught here instead of exporting a policy that disagrees with Python.
+    Models on the CPU only: another device's kernels round differently."""
+    if model.device.type != "cpu":
+        return
+    generator = torch.Generator().manual_seed(0)
+    obs = 3 * torch.randn(batch, *module.observation_shape, generator=generator)
+    if module.obs_rms is not None:  # observations at the model's scale, so normalisation does not clip them all
+        obs = module.obs_rms.mean + obs * torch.sqrt(module.obs_rms.var)
+    with torch.no_grad():
+        expected, got = model.act(obs, deterministic=True), module(*module.example_inputs_from(obs))
+    same = (torch.equal(got.long(), expected.long()) if got.dtype in (torch.int32, torch.int64)
+            else got.shape == expected.shape and torch.allclose(got, expected, rtol=0, atol=1e-5))
+    if not same:
+        raise UserError(f"The exported graph for {type(model).__name__} ({type(module).__name__}) does not give the "
+                        "model's actions: its policy differs from the one rlspeed knows how to export; give the "
+                        "algorithm an `_export_module()` that returns a rlspeed.export.PolicyExport matching its "
+                        "`_policy_actions`.")
 
 
 def _space_json(space) -> dict:
