@@ -26,7 +26,7 @@ NUMBER = (int, float)
 SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_backend": str,
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
                   "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
-                  "accelerate": dict}
+                  "accelerate": dict, "update": dict, "interrupted": bool}
 
 
 def _mismatch_algorithm() -> tuple[str, str] | None:
@@ -120,6 +120,8 @@ def assert_type(value, expected) -> None:
         flat.extend(option if isinstance(option, tuple) else (option,))
     if value is None:
         assert None in flat
+    elif bool in flat:
+        assert isinstance(value, bool)
     else:
         assert isinstance(value, tuple(t for t in flat if t is not None)) and not isinstance(value, bool)
 
@@ -127,8 +129,10 @@ def assert_type(value, expected) -> None:
 def test_train_writes_the_run_directory(runs):
     assert_succeeded(runs.result("train"))
     run_dir = runs.cwd / "plain"
-    summary = json.loads((run_dir / "summary.json").read_text())
+    # strict JSON: no NaN or Infinity
+    summary = json.loads((run_dir / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert set(summary) == set(SUMMARY_FIELDS)
+    assert summary["interrupted"] is False
     for field, expected in SUMMARY_FIELDS.items():
         assert_type(summary[field], expected)
     assert summary["algo"] == "ppo" and summary["env_id"] == "CartPole-v1" and summary["seed"] == 0
@@ -139,7 +143,7 @@ def test_train_writes_the_run_directory(runs):
     assert summary["target_return"] is None
     assert summary["time_to_target_s"] is None and summary["steps_to_target"] is None
     final_eval = summary["final_eval"]
-    assert set(final_eval) == {"mean", "std", "episodes"} and final_eval["episodes"] == 10
+    assert set(final_eval) == {"mean", "std", "episodes", "seed"} and final_eval["episodes"] == 10
     assert_type(final_eval["mean"], NUMBER)
     assert_type(final_eval["std"], NUMBER)
     assert 0 < final_eval["mean"] <= 500
@@ -166,7 +170,8 @@ def test_eval_a_saved_model(runs, capsys):
     code = cli.main(["eval", str(model_path), "--episodes", "3", "--seed", "5", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
-    result = json.loads(captured.out.strip().splitlines()[-1])
+    result = json.loads(captured.out)  # stdout holds the JSON only; the human line went to stderr
+    assert "deterministic, 3 episodes" in captured.err
     assert result["episodes"] == 3 and len(result["returns"]) == 3
     assert result["mean"] == pytest.approx(sum(result["returns"]) / 3)
     assert all(1 <= r <= 500 for r in result["returns"])
@@ -290,7 +295,9 @@ def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_use
     assert cli.main([*args, "--resume"]) == 0
     assert json.loads((out / "summary.json").read_text())["distributed"]["resumed_from_timesteps"] == 256
     (out / "checkpoint.safetensors").write_bytes(saved)
-    assert cli.main(args) == 0  # not resuming: a later restart must not find the earlier run's checkpoint
+    assert cli.main(args) == 2  # not resuming: the run there is not overwritten without --overwrite
+    assert (out / "checkpoint.safetensors").read_bytes() == saved
+    assert cli.main([*args, "--overwrite"]) == 0  # a fresh run: a later restart must not find the old checkpoint
     assert not (out / "checkpoint.safetensors").exists()
     assert "distributed" not in json.loads((out / "summary.json").read_text())
 
@@ -312,3 +319,64 @@ def test_resume_without_a_checkpoint_says_so_and_writes_checkpoints(monkeypatch,
                      "--target-return", "none", "--no-progress", "--set", "num_steps=32"]) == 0
     assert "--resume: no" in capsys.readouterr().out
     assert (out / "checkpoint.safetensors").exists()
+
+
+def test_a_second_run_into_the_same_out_is_refused_and_keeps_the_first(runs, capsys):
+    """A finished run directory (even for another algorithm) is never overwritten without --overwrite."""
+    assert_succeeded(runs.result("train"))
+    run_dir = runs.cwd / "plain"
+    before = {path.name: path.read_bytes() for path in run_dir.iterdir() if path.is_file()}
+    code = cli.main(["train", "dqn", "CartPole-v1", "--total-timesteps", "256", "--out", str(run_dir), "--no-progress"])
+    captured = capsys.readouterr()
+    assert_one_line_error(code, captured.out, captured.err, "already holds a run")
+    assert "--overwrite" in captured.err and "--resume" in captured.err
+    assert {path.name: path.read_bytes() for path in run_dir.iterdir() if path.is_file()} == before
+
+
+def test_the_default_run_directory_gets_a_numbered_suffix_when_it_exists(tmp_path):
+    base = tmp_path / "runs" / "ppo-CartPole-v1-0-20260101-000000"
+    assert cli._fresh_run_dir(base) == base
+    assert cli._fresh_run_dir(base) == base.with_name(base.name + "-1")
+    assert cli._fresh_run_dir(base) == base.with_name(base.name + "-2")
+
+
+def test_eval_of_a_run_reproduces_its_final_evaluation(runs, capsys):
+    """`rlspeed eval RUN --seed S` (S: summary.json's final_eval seed) uses the run's env backend and gives its
+    final_eval."""
+    assert_succeeded(runs.result("train"))
+    summary = json.loads((runs.cwd / "plain" / "summary.json").read_text())
+    final = summary["final_eval"]
+    code = cli.main(["eval", str(runs.cwd / "plain"), "--seed", str(final["seed"]), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(captured.out)
+    assert (result["mean"], result["std"]) == (final["mean"], final["std"])
+
+
+def test_total_timesteps_takes_float_notation(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "5.12e2", "--target-return", "none",
+                     "--out", "run", "--no-progress", "--num-envs", "4", "--set", "num_steps=32",
+                     "--set", "batch_size=64"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
+
+
+def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch, tmp_path):
+    """`module:EnvId` and `--gym-packages MODULE` import the module that registers the env (as RL-Zoo does), and the
+    run directory remembers it for `rlspeed eval`."""
+    module = tmp_path / "my_rl_envs.py"
+    module.write_text("import gymnasium\n"
+                      "gymnasium.register('MyCartPole-v0', "
+                      "entry_point='gymnasium.envs.classic_control.cartpole:CartPoleEnv', max_episode_steps=50)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["train", "ppo", "my_rl_envs:MyCartPole-v0", "--total-timesteps", "256", "--num-envs", "4",
+                     "--target-return", "none", "--out", "run", "--no-progress", "--set", "num_steps=32",
+                     "--set", "batch_size=64"])
+    assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["env_id"] == "MyCartPole-v0" and config["gym_packages"] == ["my_rl_envs"]
+    assert cli.main(["eval", "run", "--episodes", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 2

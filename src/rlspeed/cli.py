@@ -6,16 +6,93 @@ Errors the user can cause print one sentence and exit with code 2 (`--debug` sho
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
-import json
+import math
 import os
+import re
+import shutil
+import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
 from rlspeed.errors import UserError
+from rlspeed.logging import strict_json
+
+# Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
+MAX_SEED = 2**32 - 1
+
+# What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
+RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
+             "learning_curve.png", "tensorboard")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM during training, raised like Ctrl-C's KeyboardInterrupt so that the same path saves the run."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
+
+    def error(self, message: str):
+        # "argument --steps: must be positive" reads better as "--steps must be positive"
+        message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
+        raise UserError(f"{message} (see '{self.prog} --help').")
+
+
+def _whole(minimum: int):
+    """An argparse type: a whole number >= `minimum`, also written 1e5 or 100_000."""
+
+    def parse(text: str) -> int:
+        try:
+            number = float(text)
+            if not number.is_integer():
+                raise ValueError
+            value = int(text) if text.strip().lstrip("+-").isdigit() else int(number)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"must be a whole number, got '{text}'") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {'positive' if minimum == 1 else f'>= {minimum}'}, "
+                                             f"got {value}")
+        return value
+
+    parse.__name__ = "whole number"
+    return parse
+
+
+def _seed(text: str) -> int:
+    """An argparse type: a seed from 0 to MAX_SEED."""
+    value = _whole(0)(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_SEED}, got {value}")
+    return value
+
+
+def _target_text(text: str) -> str:
+    """An argparse type: a finite number or none/off/null, kept as text (`_target` reads it)."""
+    try:
+        _target(text, None)
+    except UserError:
+        raise argparse.ArgumentTypeError(f"must be a number or 'none', got '{text}'") from None
+    return text
+
+
+def _finite_values(key: str, value) -> None:
+    """UserError for NaN or infinity in a `--set` value (YAML's .nan/.inf, or text such as 'inf' or '1e999')."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        number = item
+        if isinstance(item, str):
+            try:
+                number = float(item)
+            except ValueError:
+                continue
+        if isinstance(number, float) and not math.isfinite(number):
+            raise UserError(f"--set {key}={value}: values must be finite numbers.")
 
 
 def _parse_set(pairs: list[str]) -> dict:
@@ -25,10 +102,15 @@ def _parse_set(pairs: list[str]) -> dict:
         if "=" not in pair:
             raise UserError(f"--set expects key=value, got '{pair}'.")
         key, value = pair.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise UserError(f"--set expects key=value, got '{pair}' (no key).")
         try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
+            out[key] = yaml.safe_load(value)
+        except (yaml.YAMLError, ValueError, OverflowError):
             raise UserError(f"--set {key}: cannot read value '{value}'.") from None
+        if key != "target_return":  # (target_return=inf is spelled 'none')
+            _finite_values(key, out[key])
     return out
 
 
@@ -59,6 +141,22 @@ def _coerce_run_settings(run_settings: dict) -> dict:
     return out
 
 
+def _target(arg: str | None, spec, name: str = "--target-return") -> float | None:
+    """A target return as given (`name`: the flag or setting, for the error): a finite number, or none/off/null for
+    no target; None given means the env's reward_threshold."""
+    if arg is None:
+        return spec.reward_threshold
+    if arg.strip().lower() in ("none", "off", "null"):
+        return None
+    try:
+        value = float(arg)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise UserError(f"{name} must be a number or 'none', got '{arg}'.")
+    return value
+
+
 def _algorithm(name: str):
     from rlspeed.algos import ALGORITHMS
 
@@ -70,17 +168,19 @@ def _algorithm(name: str):
     return ALGORITHMS[key]
 
 
-def _target(arg: str | None, spec, name: str = "--target-return") -> float | None:
-    """A target return as given (`name`: the flag or setting, for the error): a number, or none/off/null for no
-    target; None given means the env's reward_threshold."""
-    if arg is None:
-        return spec.reward_threshold
-    if arg.lower() in ("none", "off", "null"):
-        return None
-    try:
-        return float(arg)
-    except ValueError:
-        raise UserError(f"{name} must be a number or 'none', got '{arg}'.") from None
+def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
+    """Import `--gym-packages` and the module of a `module:EnvId` id (which register their envs); the id keeps
+    only `EnvId`, and the modules are recorded in `args.gym_packages` (config.yaml keeps them for `rlspeed eval`)."""
+    from rlspeed.envs import import_gym_packages
+
+    packages = list(getattr(args, "gym_packages", None) or [])
+    env_id = getattr(args, env_attr)
+    if env_id is not None and ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        packages.append(module)
+        setattr(args, env_attr, env_id)
+    import_gym_packages(packages)
+    args.gym_packages = list(dict.fromkeys(packages))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -88,14 +188,17 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     Writes the run directory (config.yaml, metrics.csv, model.safetensors, summary.json, ...); under torchrun every rank
     trains and only rank 0 writes. With `--nproc N` it starts torchrun with N processes running this same command
-    instead, and returns torchrun's exit code.
+    instead, and returns torchrun's exit code. Ctrl-C (SIGINT) or SIGTERM during training saves the model, a checkpoint
+    and summary.json (`"interrupted": true`) and returns 130 or 143.
     """
+    _import_env_modules(args, "env_id")
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
 
-    algo_cls, run_settings, hyper = _settings(args)
-    total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
+    algo_cls, run_settings, hyper, _config = _settings(args)
+    total = args.total_timesteps if args.total_timesteps is not None else (run_settings.get("total_timesteps")
+                                                                           or 1_000_000)
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
         # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
@@ -104,9 +207,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
 
 
-def _settings(args: argparse.Namespace) -> tuple[type, dict, dict]:
-    """(algorithm class, run settings, hyperparameters) from the preset of (ALGO, ENV_ID), `--set` and
-    `--num-envs`."""
+def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
+    """(algorithm class, run settings, hyperparameters, their validated config) from the preset of (ALGO, ENV_ID),
+    `--set` and `--num-envs`: every value is checked here, before anything is built."""
+    from rlspeed.algos.base import build_config
     from rlspeed.presets import load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
@@ -118,7 +222,20 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict]:
     hyper.update(hyper_overrides)
     if args.num_envs is not None:
         hyper["num_envs"] = args.num_envs
-    return algo_cls, _coerce_run_settings(run_settings), hyper
+    config = build_config(algo_cls.config_cls, hyper)
+    return algo_cls, _coerce_run_settings(run_settings), hyper, config
+
+
+def _note_batch_size(config, say) -> None:
+    """Say when an on-policy batch_size is larger than a rollout (the config accepts it: one minibatch is then the
+    whole rollout, so the update differs from what the number suggests)."""
+    batch_size, num_steps = getattr(config, "batch_size", None), getattr(config, "num_steps", None)
+    num_envs = getattr(config, "num_envs", None)
+    if None in (batch_size, num_steps, num_envs) or batch_size <= num_envs * num_steps:
+        return
+    say(f"rlspeed: note: batch_size {batch_size:,} is larger than a rollout (num_envs {num_envs} x num_steps "
+        f"{num_steps} = {num_envs * num_steps:,} steps): every update uses the whole rollout as one minibatch.",
+        file=sys.stderr)
 
 
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
@@ -127,23 +244,130 @@ def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None)
                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy, **hyper)
 
 
-def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int) -> int:
-    main = strategy.is_main
-    model = _model(args, algo_cls, hyper, strategy)
-    if args.target_return is not None:
-        target = _target(args.target_return, model.spec)
-    else:
-        target = run_settings.get("target_return", model.spec.reward_threshold)
-    eval_freq = args.eval_freq or run_settings.get("eval_freq")
-    if args.out is None and strategy.enabled:
-        raise UserError("Under torchrun, give --out DIR so that every rank (and a restarted group) uses one run "
-                        "directory; `rlspeed train --nproc N` does this for you.")
+def _fresh_run_dir(base: Path) -> Path:
+    """Create and return `base`, or `base-1`, `base-2`, ... when it exists (never an existing directory)."""
+    for number in range(10_000):
+        candidate = base if number == 0 else base.with_name(f"{base.name}-{number}")
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise UserError(f"Cannot create the run directory '{candidate}': {error.strerror or error}.") from None
+    raise UserError(f"Cannot find a free run directory name after '{base}-9999'; give --out DIR.")
+
+
+def _default_run_dir(args: argparse.Namespace, algo: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.out or f"runs/{algo_cls.name}-{args.env_id.replace('/', '_')}-{args.seed}-{stamp}")
+    return Path(f"runs/{algo}-{args.env_id.replace('/', '_')}-{args.seed}-{stamp}")
+
+
+def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool) -> Path:
+    """The run directory, created and writable. A directory that already holds a run is refused unless `--resume`
+    (which continues it) or `--overwrite` (which deletes its run files first) is given; the default directory gets a
+    numbered suffix instead. `checked_before`: under torchrun the `--nproc` launcher did these checks (the ranks
+    would otherwise see each other's new files)."""
+    if args.out is None:
+        return _fresh_run_dir(_default_run_dir(args, algo))
+    run_dir = Path(args.out)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--out '{run_dir}' is a file; the run directory must be a directory.")
+    if not checked_before and run_dir.is_dir():
+        held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        finished = [name for name in ("model.safetensors", "summary.json") if name in held]
+        if held and args.overwrite:
+            for name in held:
+                target = run_dir / name
+                if target.is_dir():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink()
+        elif held and not args.resume:
+            raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
+                            "continue it, or --overwrite to replace it.")
+        elif finished and not (run_dir / "checkpoint.safetensors").exists():
+            raise UserError(f"--resume: '{run_dir}' holds a finished run ({', '.join(finished)}) but no "
+                            "checkpoint.safetensors to continue from; give --overwrite to train it again from scratch.")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"Cannot create the run directory '{run_dir}': {error.strerror or error}.") from None
+    try:  # fail now, not after training: an existing directory may not be writable
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+    except OSError as error:
+        raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
+    return run_dir
+
+
+def _write_text(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as error:
+        raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """Within the block SIGTERM raises `Terminated` (a KeyboardInterrupt), as Ctrl-C raises KeyboardInterrupt."""
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: signals stay as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_ignored():
+    """SIGINT and SIGTERM ignored within the block (a second Ctrl-C must not cut the final save short)."""
+    try:
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _fits(load, path: Path, what: str):
+    """`load()` (a model load or resume); an error from tensors that do not fit the model is one sentence."""
+    try:
+        return load()
+    except UserError as error:
+        if str(path) in str(error):
+            raise
+        raise UserError(f"'{path}': {error}") from error  # the command line names the file it read
+    except (RuntimeError, KeyError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"'{path}' does not fit {what} ({first[:300]}).") from error
+
+
+def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int) -> int:
+    main = strategy.is_main
+    if args.out is None and strategy.enabled:
+        raise UserError("Under torchrun, give --out DIR so that every rank (and a restarted group) uses one run "
+                        "directory; `rlspeed train --nproc N` does this for you.")
+    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
+    model = _model(args, algo_cls, hyper, strategy)
+    say = print if main else (lambda *a, **k: None)
+    _note_batch_size(model.config, say)
+    if args.target_return is not None:
+        target = _target(args.target_return, model.spec)
+    else:
+        target = run_settings.get("target_return", model.spec.reward_threshold)
+    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
@@ -151,23 +375,24 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     checkpoint = run_dir / "checkpoint.safetensors"
     resumed_from = None
     if main and not args.resume and restarts == 0 and checkpoint.exists():
-        # A fresh run in a reused --out: a restart before this run's first checkpoint must not resume from the
-        # checkpoint of an earlier run.
+        # A fresh run under torchrun in a reused --out: a restart before this run's first checkpoint must not resume
+        # from the checkpoint of an earlier run.
         checkpoint.unlink()
     if args.resume and restarts == 0 and not checkpoint.exists() and main:
         print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
               "--checkpoint-freq steps, by default 1/20 of the budget with --resume or --max-restarts)", flush=True)
     if (args.resume or restarts > 0) and checkpoint.exists():
         model.make_training_env()
-        model.resume(checkpoint)
+        _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.name.upper()} model (did --set change "
+              "its networks since the checkpoint was written?)")
         resumed_from = model.num_timesteps
         total = max(total - resumed_from, 0)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": total, "target_return": target,
-              "eval_freq": eval_freq, "accelerate": args.accelerate, "hyperparameters": _plain(model.config)}
+              "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
+              "hyperparameters": _plain(model.config)}
     if main:
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    say = print if main else (lambda *a, **k: None)
+        _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     if strategy.enabled:
         say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
             f"{model.config.num_envs // strategy.world_size} envs each")
@@ -177,38 +402,77 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         say("rlspeed: nothing left to train")
         return 0
     say(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
-          f"device {model.device}), up to {total:,} steps"
-          + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
-    model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                run_dir=run_dir, checkpoint_freq=checkpoint_freq)
+        f"device {model.device}), up to {total:,} steps"
+        + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    steps_before, started = model.num_timesteps, time.perf_counter()
+    interrupted = None
+    with _sigterm_raises():
+        try:
+            model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
+                        run_dir=run_dir, checkpoint_freq=checkpoint_freq)
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
+            interrupted = stop
+    run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
+           "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq}
+    if interrupted is not None:
+        return _save_interrupted(run, run_dir, interrupted, model.num_timesteps - steps_before,
+                                 time.perf_counter() - started)
     if not main:
         return 0
     model.save(run_dir / "model.safetensors")
-    final = model.evaluate(episodes=10, seed=args.seed + 1_000_000)
+    eval_seed = args.seed + 1_000_000
+    final = model.evaluate(episodes=10, seed=eval_seed)
     result = model.result
-    summary = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
-               "env_backend": model.env_backend, "total_timesteps": result.total_timesteps,
-               "train_wall_s": round(result.train_wall_s, 4), "sps": round(result.sps, 1),
-               "target_return": target,
-               "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
-               "steps_to_target": result.steps_to_target,
-               "final_eval": {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"]},
-               "accelerate": model.acceleration_summary()}
-    if strategy.enabled or resumed_from is not None:
-        summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
-                                  "restarts": restarts, "resumed_from_timesteps": resumed_from,
-                                  "max_lost_timesteps": checkpoint_freq if resumed_from is not None else 0}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary = _summary(run, result.total_timesteps, result.train_wall_s, result.sps,
+                       {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"], "seed": eval_seed})
+    _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     reached = ""
     if target is not None:
         reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
                    f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
                    else f"; target {target:g} not reached")
     say(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
-          f"{reached}")
-    say(f"rlspeed: final evaluation (deterministic, 10 episodes): {final['mean']:.1f} +/- {final['std']:.1f}")
+        f"{reached}")
+    say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {final['mean']:.1f} +/- "
+        f"{final['std']:.1f}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
+
+
+def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, final_eval: dict | None,
+             interrupted: bool = False) -> dict:
+    """summary.json's fields (DESIGN.md, "Run directory") for the run `_train` describes in `run`."""
+    args, model, strategy = run["args"], run["model"], run["strategy"]
+    result = model.result
+    summary = {"algo": run["algo"], "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
+               "env_backend": model.env_backend, "total_timesteps": total_timesteps,
+               "train_wall_s": round(train_wall_s, 4), "sps": round(sps, 1), "target_return": run["target"],
+               "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
+               "steps_to_target": result.steps_to_target, "final_eval": final_eval,
+               "accelerate": model.acceleration_summary(), "update": model.update_summary(),
+               "interrupted": interrupted}
+    if strategy.enabled or run["resumed_from"] is not None:
+        summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
+                                  "restarts": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
+                                  "max_lost_timesteps": run["checkpoint_freq"] if run["resumed_from"] is not None
+                                  else 0}
+    return summary
+
+
+def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: int, wall_s: float) -> int:
+    """After Ctrl-C or SIGTERM: save the model, a checkpoint (`--resume` continues from it) and summary.json
+    (`"interrupted": true`, no final evaluation; the wall time includes evaluations); return 130 or 143."""
+    code, name = (143, "SIGTERM") if isinstance(stop, Terminated) else (130, "Ctrl-C")
+    if not run["strategy"].is_main:
+        return code
+    with _signals_ignored():
+        run["model"].save(run_dir / "model.safetensors")
+        run["model"].save(run_dir / "checkpoint.safetensors")
+        summary = _summary(run, steps, wall_s, steps / max(wall_s, 1e-9), None, interrupted=True)
+        _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+    print(f"rlspeed: interrupted ({name}) after {steps:,} steps: saved model.safetensors, checkpoint.safetensors "
+          f"(--resume continues from it) and summary.json in {run_dir}", file=sys.stderr, flush=True)
+    return code
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -216,12 +480,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     and print where the time goes, per phase of the loop and per operation, with advice; returns the exit code."""
     from rlspeed.diagnostics.profiler import profile_run
 
-    if args.steps is not None and args.steps <= 0:
-        raise UserError(f"--steps must be positive, got {args.steps}.")
+    _import_env_modules(args, "env_id")
     trace = Path(args.trace) if args.trace else None
     if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
-    algo_cls, _run_settings, hyper = _settings(args)
+    algo_cls, _run_settings, hyper, _config = _settings(args)
     model = _model(args, algo_cls, hyper)
     print(f"rlspeed: profiling {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, device "
           f"{model.device}): warm-up, an unprofiled run, then a profiled run", file=sys.stderr, flush=True)
@@ -233,16 +496,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"rlspeed: trace written to {trace} (open it in https://ui.perfetto.dev or chrome://tracing)",
               file=sys.stderr)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(strict_json(result.to_dict()))
     return 0
 
 
 def _launch_torchrun(args: argparse.Namespace) -> int:
-    """`rlspeed train --nproc N ...`: start torchrun with N local processes running the same command."""
+    """`rlspeed train --nproc N ...`: check what the workers would refuse (settings, num_envs, devices, the run
+    directory) once, then start torchrun with N local processes running the same command."""
     import subprocess
 
-    if args.nproc < 1:
-        raise UserError(f"--nproc must be >= 1, got {args.nproc}.")
+    _algo_cls, _run_settings, _hyper, config = _settings(args)
+    num_envs = getattr(config, "num_envs", None)
+    if num_envs is not None and num_envs % args.nproc:
+        raise UserError(f"num_envs ({num_envs}) must be a multiple of --nproc ({args.nproc}) so that every process "
+                        f"steps as many envs: use --num-envs {max(num_envs // args.nproc, 1) * args.nproc}.")
+    from rlspeed.device import device_count, resolve_device
+
+    device = resolve_device(args.device)
+    if device.type != "cpu" and args.nproc > device_count(device.type):
+        raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
+                        f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
+    run_dir = _prepare_run_dir(args, _algo_cls.name, checked_before=False)
     rest: list[str] = []
     skip = False
     for item in args.argv:  # drop --nproc N / --nproc=N / --max-restarts R from what each worker runs
@@ -256,8 +530,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             continue
         rest.append(item)
     if args.out is None:
-        out = f"runs/{args.algo}-{args.env_id.replace('/', '_')}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        rest += ["--out", out]
+        rest += ["--out", str(run_dir)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
     print("rlspeed: " + " ".join(command[2:]), flush=True)
@@ -273,7 +546,9 @@ def _plain(config) -> dict:
 def cmd_eval(args: argparse.Namespace) -> int:
     """`rlspeed eval`: load a checkpoint and print its deterministic evaluation (mean +/- std); returns 0.
 
-    The env is `--env` or the one the model was trained on; `--json` also prints the result dict as JSON.
+    The env is `--env` or the one the model was trained on, with the backend the model was trained with unless
+    `--env-backend` says otherwise (so `--seed` reproduces summary.json's `final_eval` with its recorded seed).
+    `--json` prints the result as JSON on stdout and the human line on stderr.
     """
     from rlspeed.algos import ALGORITHMS
     from rlspeed.checkpoint import load_checkpoint
@@ -283,20 +558,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not (path / "model.safetensors").is_file():
             raise UserError(f"'{path}' is a directory without a model.safetensors (a run directory gets one when "
                             "training finishes); give the model file.")
+        config_file = path / "config.yaml"
+        if config_file.is_file():  # the modules that registered the run's env
+            try:
+                recorded = (yaml.safe_load(config_file.read_text()) or {}).get("gym_packages") or []
+            except (yaml.YAMLError, AttributeError, OSError):
+                recorded = []
+            if isinstance(recorded, list):
+                args.gym_packages = [*recorded, *(args.gym_packages or [])]
         path = path / "model.safetensors"
+    _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
-    model = algo_cls.load(path, device=args.device)
+    model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.name.upper()} model its "
+                  "metadata describes")
     env_id = args.env or model.env_id
-    from rlspeed.evaluation import evaluate
+    if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
+        result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id)
+    else:
+        from rlspeed.evaluation import evaluate
 
-    result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
+        result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
     print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes: "
-          f"{result['mean']:.1f} +/- {result['std']:.1f}")
+          f"{result['mean']:.1f} +/- {result['std']:.1f}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps(result))
+        print(strict_json(result))
     return 0
 
 
@@ -310,54 +598,62 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The `rlspeed` argument parser: subcommands train, eval, profile and doctor, each setting `func` to its command.
 
+    Every number is range-checked here; a bad argument raises UserError (one sentence, exit code 2 in `main`).
     `--debug` is accepted before or after the subcommand.
     """
-    parser = argparse.ArgumentParser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.")
+    parser = _Parser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
     # what builds the model, shared by train and profile
-    model = argparse.ArgumentParser(add_help=False)
+    model = _Parser(add_help=False)
     model.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
-    model.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1")
-    model.add_argument("--num-envs", type=int, default=None, help="parallel envs (default: preset)")
-    model.add_argument("--seed", type=int, default=0)
+    model.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1, or module:EnvId (the module registers it)")
+    model.add_argument("--num-envs", type=_whole(1), default=None, help="parallel envs (default: preset)")
+    model.add_argument("--seed", type=_seed, default=0)
     model.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     model.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
     model.add_argument("--accelerate", default="off", choices=["auto", "off"])
-    model.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1)")
+    model.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    model.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
+                       help="modules to import first (they register the env ids they provide)")
     model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     train = sub.add_parser("train", parents=[model], help="train an agent (presets per algorithm and env)")
-    train.add_argument("--total-timesteps", type=int, default=None, help="env steps (default: preset)")
-    train.add_argument("--out", default=None, help="run directory (default runs/<algo>-<env>-<seed>-<time>)")
-    train.add_argument("--target-return", default=None,
+    train.add_argument("--total-timesteps", type=_whole(1), default=None, help="env steps, e.g. 1e5 (default: preset)")
+    train.add_argument("--out", default=None, help="run directory (default runs/<algo>-<env>-<seed>-<time>, with a "
+                       "numbered suffix if that exists)")
+    train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    train.add_argument("--target-return", type=_target_text, default=None,
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; 'none' = off)")
-    train.add_argument("--eval-freq", type=int, default=None, help="env steps between evaluations")
-    train.add_argument("--checkpoint-freq", type=int, default=None, help="env steps between checkpoints")
+    train.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations")
+    train.add_argument("--checkpoint-freq", type=_whole(1), default=None, help="env steps between checkpoints")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--nproc", type=int, default=None,
+    train.add_argument("--nproc", type=_whole(1), default=None,
                        help="data-parallel processes on this machine (starts torchrun for you)")
-    train.add_argument("--max-restarts", type=int, default=0,
+    train.add_argument("--max-restarts", type=_whole(0), default=0,
                        help="with --nproc: restarts torchrun may do after a failure (resuming from the checkpoint)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
-    ev.add_argument("checkpoint")
+    ev.add_argument("checkpoint", help="a model file or a run directory")
     ev.add_argument("--env", default=None, help="env id (default: the one it was trained on)")
-    ev.add_argument("--episodes", type=int, default=10)
-    ev.add_argument("--seed", type=int, default=None)
+    ev.add_argument("--episodes", type=_whole(1), default=10)
+    ev.add_argument("--seed", type=_seed, default=None)
     ev.add_argument("--device", default="auto")
-    ev.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium"])
-    ev.add_argument("--json", action="store_true", help="also print the result as JSON")
+    ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium"],
+                    help="(default: the one the model was trained with, on its own env)")
+    ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
+                    help="modules to import first (they register the env ids they provide)")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ev.set_defaults(func=cmd_eval)
 
     prof = sub.add_parser("profile", parents=[model], help="where the time of a training run goes, and what to change")
-    prof.add_argument("--steps", type=int, default=None, help="env steps per timed run, rounded up to whole "
+    prof.add_argument("--steps", type=_whole(1), default=None, help="env steps per timed run, rounded up to whole "
                       "iterations (default: 10 iterations, at least 2,000)")
     prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
     prof.add_argument("--json", action="store_true", help="also print the result as JSON")
@@ -373,11 +669,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the `rlspeed` command on `argv` (default: `sys.argv[1:]`) and return the exit code.
 
-    A `UserError` prints one line and returns 2 (with `--debug` it is raised with its traceback); Ctrl-C returns 130.
+    A `UserError` (a bad argument included) prints one line and returns 2 (with `--debug` it is raised with its
+    traceback); an env that raises prints one line and returns 1; Ctrl-C returns 130.
     """
+    from rlspeed.envs import EnvStepError
+
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UserError as error:
+        if "--debug" in argv:
+            raise
+        print(f"rlspeed: error: {error}", file=sys.stderr)
+        return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
     try:
         return int(args.func(args) or 0)
@@ -386,6 +690,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rlspeed: error: {error}", file=sys.stderr)
         return 2
+    except EnvStepError as error:
+        if getattr(args, "debug", False):
+            raise
+        print(f"rlspeed: error: {error} (--debug shows the env's traceback).", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("rlspeed: interrupted", file=sys.stderr)
         return 130

@@ -4,11 +4,34 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+
+def finite_or_none(value):
+    """`value` with every NaN or infinite float (also inside dicts, lists and tuples) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(item) for item in value]
+    return value
+
+
+def strict_json(value, **kwargs) -> str:
+    """`value` as strict JSON (RFC 8259: no NaN or Infinity, which most parsers refuse): non-finite floats become
+    null. `kwargs` go to `json.dumps`."""
+    return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
+
+
+def _csv_row(row: dict) -> dict:
+    """A metrics row as written to metrics.csv: a non-finite value is an empty cell (read back as missing)."""
+    return {key: "" if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
 
 
 class ProgressBar:
@@ -88,12 +111,12 @@ class RunLogger:
                 handle = open(self.run_dir / "metrics.csv", "a", newline="")
                 self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
             handle, writer = self._csv
-            writer.writerow(row)
+            writer.writerow(_csv_row(row))
             handle.flush()
         if self._writer is not None:
             step = int(row.get("timesteps", len(self.rows)))
             for key, value in row.items():
-                if key != "timesteps" and isinstance(value, (int, float)) and not math.isnan(float(value)):
+                if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
                     self._writer.add_scalar(key, value, step)
 
     def _rewrite_csv(self) -> None:
@@ -103,7 +126,7 @@ class RunLogger:
         handle = open(self.run_dir / "metrics.csv", "w", newline="")
         writer = csv.DictWriter(handle, fieldnames=self._fields)
         writer.writeheader()
-        writer.writerows(self.rows)
+        writer.writerows(_csv_row(row) for row in self.rows)
         handle.flush()
         self._csv = (handle, writer)
 

@@ -6,8 +6,10 @@ the device. Finished rows store `info["final_obs"]` as their next observation an
 stores n-step transitions: discounted reward sums cut at episode ends, the observation n steps ahead (or the
 episode's last), and the discount `gamma**m` to apply to its value.
 
-When the storage would not fit in the device's free memory, it lives in pinned host memory instead and sampled
-batches are copied to the device with non-blocking transfers.
+The buffer sizes itself against the memory available before allocating: when the storage would not fit in the
+device's free memory, it lives in pinned host memory instead (it says so) and sampled batches are copied to the device
+with non-blocking transfers; when it would not fit in the host's available memory either, it refuses with the largest
+capacity that fits.
 """
 
 from __future__ import annotations
@@ -18,9 +20,25 @@ from collections.abc import Callable
 import torch
 
 from rlspeed.device import free_memory_bytes, synchronize
+from rlspeed.errors import UserError
 
-# Leave this share of the device's free memory to the networks and the batch activations.
-_DEVICE_MEMORY_SHARE = 0.8
+# Leave this share of the free memory (device or host) to the networks, the batch activations and everything else.
+_MEMORY_SHARE = 0.8
+
+
+def available_memory_bytes(device: torch.device) -> int | None:
+    """Memory that `device` can still give, in bytes, or None when it cannot tell: the device's free memory
+    (`torch.cuda.mem_get_info` and its kin), and for the host Linux's MemAvailable (free memory plus what the kernel
+    can reclaim: page cache), else the free physical pages."""
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as handle:
+                for line in handle:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+    return free_memory_bytes(device)
 
 
 def _split(value: torch.Tensor | tuple[torch.Tensor, ...], size: int) -> list:
@@ -40,7 +58,7 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
                  action_dtype: torch.dtype, device: torch.device | str, n_step: int = 1, gamma: float = 0.99,
-                 storage_device: torch.device | str | None = None):
+                 storage_device: torch.device | str | None = None, obs_dtype: torch.dtype = torch.float32):
         if capacity < num_envs:
             raise ValueError(f"buffer capacity ({capacity}) must be at least num_envs ({num_envs})")
         if n_step < 1:
@@ -50,25 +68,27 @@ class ReplayBuffer:
         obs_numel = int(torch.Size(obs_shape).numel())
         action_numel = int(torch.Size(action_shape).numel())
         action_bytes = torch.empty((), dtype=action_dtype).element_size()
-        bytes_per_row = 4 * (2 * obs_numel + 3) + action_bytes * action_numel
+        obs_bytes = torch.empty((), dtype=obs_dtype).element_size()
+        bytes_per_row = 2 * obs_bytes * obs_numel + 4 * 3 + action_bytes * action_numel
         self.nbytes = bytes_per_row * self.capacity
         if storage_device is None:
             storage_device = self.device
-            free = free_memory_bytes(self.device)
-            if self.device.type != "cpu" and free is not None and self.nbytes > _DEVICE_MEMORY_SHARE * free:
+            free = available_memory_bytes(self.device)
+            if self.device.type != "cpu" and free is not None and self.nbytes > _MEMORY_SHARE * free:
                 storage_device = torch.device("cpu")
                 warnings.warn(f"Replay buffer of {self.nbytes / 2**30:.2f} GiB does not fit in {self.device}'s "
                               f"free memory ({free / 2**30:.2f} GiB): keeping it in pinned host memory.",
                               stacklevel=2)
         self.storage_device = torch.device(storage_device)
+        self._check_fits(bytes_per_row)
         pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
 
         def zeros(*shape, dtype=torch.float32):
             tensor = torch.zeros(self.capacity, *shape, dtype=dtype, device=self.storage_device)
             return tensor.pin_memory() if pin else tensor
 
-        self.obs = zeros(*obs_shape)
-        self.next_obs = zeros(*obs_shape)
+        self.obs = zeros(*obs_shape, dtype=obs_dtype)
+        self.next_obs = zeros(*obs_shape, dtype=obs_dtype)
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.rewards = zeros()
         self.terminated = zeros()
@@ -84,6 +104,22 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return self.size
+
+    def _check_fits(self, bytes_per_row: int) -> None:
+        """UserError, with the largest capacity that fits, when the storage needs more than the share of the storage
+        device's available memory that a buffer may take (allocating it anyway fails later, or is killed)."""
+        free = available_memory_bytes(self.storage_device)
+        if free is None or self.nbytes <= _MEMORY_SHARE * free:
+            return
+        budget = int(_MEMORY_SHARE * free)
+        fits = max(budget // bytes_per_row // self.num_envs * self.num_envs, 0)
+        where = "host memory" if self.storage_device.type == "cpu" else f"{self.storage_device}'s free memory"
+        advice = (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
+                  f"line --set buffer_size={fits})" if fits >= self.num_envs
+                  else "not even one transition per env fits: free memory or use smaller observations")
+        raise UserError(f"A replay buffer of {self.capacity:,} transitions needs {self.nbytes / 2**30:.2f} GiB, more "
+                        f"than the {budget / 2**30:.2f} GiB it may take ({_MEMORY_SHARE:.0%} of the available "
+                        f"{where}); {advice}.")
 
     def describe(self) -> str:
         """Footprint and placement, e.g. 'replay buffer: 1,000,000 transitions, 76.3 MiB on cpu'."""

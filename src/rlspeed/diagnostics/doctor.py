@@ -377,6 +377,26 @@ ENV_FAMILIES = (
 )
 
 
+def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[str, str]:
+    """(what is wrong, what to do) for an env family whose env could not be made. A missing module other than the
+    family's own (imageio for MuJoCo's rendering, say) is named, with its own install command."""
+    if type(error).__name__ == "DependencyNotInstalled" and isinstance(error.__cause__, ImportError) \
+            and error.__cause__.name:
+        error = error.__cause__  # the import that failed names the module
+    if isinstance(error, ImportError) and error.name:
+        module = error.name.split(".")[0]
+        if module.lower() != needs.lower():  # the family is installed; something it imports is not
+            from rlspeed.envs import missing_dependency
+
+            detail = missing_dependency(error) or f"the Python module '{module}' is not installed"
+            return f"{needs} is installed, but {detail.split(': ')[0]}", detail.split(": ", 1)[-1]
+        return f"{needs} is not installed", advice
+    if type(error).__name__ == "DependencyNotInstalled":
+        # gymnasium's own message names a pip command of its own; ours replaces it
+        return f"{needs} is not installed", advice
+    return _first_line(error, 90), advice
+
+
 def check_env_families() -> list[Check]:
     """Make and reset one env of each family (classic control, Box2D, MuJoCo); each is one line."""
     checks = []
@@ -393,10 +413,8 @@ def check_env_families() -> list[Check]:
                 finally:
                     env.close()
         except Exception as error:
-            # gymnasium's own message names a pip command of its own; ours replaces it
-            missing = type(error).__name__ == "DependencyNotInstalled" or isinstance(error, ImportError)
-            reason = f"{needs} is not installed" if missing else _first_line(error, 90)
-            checks.append(Check(status_if_broken, name, f"{env_id} unavailable: {reason}", advice))
+            reason, fix = _env_family_problem(error, needs, advice)
+            checks.append(Check(status_if_broken, name, f"{env_id} unavailable: {reason}", fix))
             continue
         checks.append(Check(PASS, name, f"{env_id} works (gymnasium {gymnasium.__version__})"))
     return checks

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import re
+
 import gymnasium as gym
 import torch
 
@@ -32,11 +36,84 @@ register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 CPU_NATIVE_MIN_ENVS = 16
 
 
+def import_env_module(env_id: str) -> str:
+    """For an id written `module:EnvId` (as `gymnasium.make` takes it), import `module`, which registers the env,
+    and return `EnvId`; any other id is returned as it is. UserError when the module cannot be imported."""
+    if ":" not in env_id:
+        return env_id
+    module, name = env_id.split(":", 1)
+    import_gym_packages([module], f"(named in '{env_id}')")
+    return name
+
+
+def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> None:
+    """Import each module, which registers its envs with Gymnasium (RL-Zoo's `--gym-packages`); UserError naming
+    the module that cannot be imported."""
+    for module in modules:
+        if not module or not all(part.isidentifier() for part in module.split(".")):
+            raise UserError(f"'{module}' {why} is not a Python module name.")
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
+                            f"{error}.") from None
+
+
+#: Ids of Atari games as ale-py registers them: ALE/Pong-v5, PongNoFrameskip-v4, Pong-ramDeterministic-v4, ...
+_ATARI_ID = re.compile(r"^(ALE/.+|.+(NoFrameskip|Deterministic)-v\d+|[A-Z][A-Za-z]+-ram-v\d+)$")
+_ATARI_GAMES = ("Pong", "Breakout", "SpaceInvaders", "Seaquest", "Qbert", "BeamRider", "Enduro", "MsPacman",
+                "Asteroids", "Atlantis", "Freeway", "MontezumaRevenge", "Boxing", "Alien", "Amidar", "Assault",
+                "Asterix", "BankHeist", "BattleZone", "Bowling", "Centipede", "DemonAttack", "DoubleDunk",
+                "Frostbite", "Gopher", "Gravitar", "IceHockey", "Jamesbond", "Kangaroo", "Krull", "KungFuMaster",
+                "Pitfall", "PrivateEye", "Riverraid", "RoadRunner", "Robotank", "Skiing", "Solaris", "StarGunner",
+                "Tennis", "TimePilot", "Tutankham", "UpNDown", "Venture", "VideoPinball", "WizardOfWor", "Zaxxon")
+
+
+def _looks_like_atari(env_id: str) -> bool:
+    return bool(_ATARI_ID.match(env_id)) or bool(re.match(rf"^({'|'.join(_ATARI_GAMES)})-v\d+$", env_id))
+
+
+def _check_registered(env_id: str) -> None:
+    """UserError saying what to install for an unregistered id of a known family (Atari: ale-py)."""
+    if env_id in gym.registry or not _looks_like_atari(env_id):
+        return
+    if importlib.util.find_spec("ale_py") is None:
+        raise UserError(f"'{env_id}' is an Atari id, and Atari envs need ale-py: pip install ale-py "
+                        "(or \"gymnasium[atari]\").")
+    raise UserError(f"'{env_id}' is an Atari id: ale-py is installed but its envs are registered only once it is "
+                    f"imported; use ale_py:{env_id} (or --gym-packages ale_py on the command line).")
+
+
+#: What to install for a module an env family needs, by the missing module's top-level name.
+_INSTALL = {"mujoco": 'pip install "gymnasium[mujoco]"', "imageio": 'pip install imageio (or "gymnasium[mujoco]")',
+            "Box2D": 'pip install "gymnasium[box2d]"', "pygame": "pip install pygame", "ale_py": "pip install ale-py"}
+
+
+def missing_dependency(error: BaseException) -> str | None:
+    """For an error from making an env whose Python dependency is missing: 'X is not installed: pip install ...'
+    naming what is missing (an ImportError's module, or Gymnasium's DependencyNotInstalled message); else None."""
+    if isinstance(error, gym.error.DependencyNotInstalled) and isinstance(error.__cause__, ImportError) \
+            and error.__cause__.name:
+        error = error.__cause__  # the import that failed names the module
+    if isinstance(error, ImportError) and error.name:
+        top = error.name.split(".")[0]
+        return f"the Python module '{top}' is not installed: {_INSTALL.get(top, f'pip install {top}')}"
+    if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)):
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return None
+
+
+def _dependency_error(env_id: str, error: BaseException) -> UserError | None:
+    reason = missing_dependency(error)
+    return None if reason is None else UserError(f"Cannot make '{env_id}': {reason}.")
+
+
 def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = None,
                     device: str | torch.device | None = None) -> str:
     """Which backend `make_env` will use. `auto` picks the native env when one exists for the id, except on a
     CPU with fewer than `CPU_NATIVE_MIN_ENVS` envs (when `num_envs` and `device` are given), where Gymnasium's
     are faster."""
+    env_id = import_env_module(env_id)
     if backend not in BACKENDS:
         raise UserError(f"Unknown env backend '{backend}': use one of {', '.join(BACKENDS)}.")
     if backend == "auto":
@@ -50,11 +127,16 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
 
 
 def env_spec(env_id: str) -> EnvSpec:
-    """The EnvSpec of an id without building N envs (validates the id)."""
+    """The EnvSpec of an id without building N envs (validates the id; `module:EnvId` imports `module` first)."""
+    env_id = import_env_module(env_id)
     if env_id in NATIVE_ENVS:
         return NATIVE_ENVS[env_id].spec
+    _check_registered(env_id)
     spec = gym_spec(env_id)
-    env = gym.make(spec.id)
+    try:
+        env = gym.make(spec.id)
+    except (ImportError, gym.error.DependencyNotInstalled) as error:
+        raise _dependency_error(env_id, error) from None
     try:
         return EnvSpec(env_id, tuple(env.observation_space.shape), env.action_space, spec.max_episode_steps,
                        spec.reward_threshold)
@@ -94,6 +176,8 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
                            else SB3VecEnv(env_id, device=device))
     else:
         _check_env_id(env_id)
+        env_id = import_env_module(env_id)
+        _check_registered(env_id)
         native_kwargs = {name: value for name, value in kwargs.items() if name in NATIVE_OPTIONS}
         env_kwargs = {name: value for name, value in kwargs.items() if name not in NATIVE_OPTIONS}
         if native_kwargs and env_kwargs:
@@ -115,8 +199,11 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
                 raise UserError(f"The native-env options ({', '.join(native_kwargs)}) apply only to backend "
                                 f"'torch', not to '{chosen}'.")
             vectorization = "async" if chosen == "gymnasium-async" else "sync"
-            env = GymnasiumEnv(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
-                               env_kwargs=env_kwargs)
+            try:
+                env = GymnasiumEnv(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
+                                   env_kwargs=env_kwargs)
+            except (ImportError, gym.error.DependencyNotInstalled) as error:
+                raise _dependency_error(env_id, error) from None
     env = _SeedOnFirstReset(EpisodeStatistics(env), seed)
     if normalize_obs:
         env = NormalizeObservation(env)
@@ -139,6 +226,17 @@ def _check_env_id(env_id) -> None:
     raise UserError(f"{accepted}; got a {kind}.")
 
 
+class EnvStepError(RuntimeError):
+    """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
+    chained (`__cause__`) with its traceback."""
+
+    def __init__(self, env_id: str, backend: str, call: str, error: BaseException):
+        self.env_id, self.call, self.error = env_id, call, error
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
+                         + (f": {detail}" if detail else ""))
+
+
 class _SeedOnFirstReset(EnvWrapper):
     """Applies the seed given to `make_env` on the first `reset()`, unless that reset passes a seed itself.
 
@@ -154,9 +252,24 @@ class _SeedOnFirstReset(EnvWrapper):
         if seed is None:
             seed = self._pending_seed
         self._pending_seed = None
-        return self.env.reset(seed=seed)
+        try:
+            return self.env.reset(seed=seed)
+        except (UserError, EnvStepError):
+            raise
+        except Exception as error:
+            raise EnvStepError(self.spec.env_id, self.backend, "reset", error) from error
+
+    def step(self, actions: torch.Tensor):
+        # the outermost wrapper of every env make_env returns: an exception from inside the env names the env
+        try:
+            return self.env.step(actions)
+        except (UserError, EnvStepError):
+            raise
+        except Exception as error:
+            raise EnvStepError(self.spec.env_id, self.backend, "step", error) from error
 
 
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv", "CartPole",
            "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
-           "RunningMeanStd", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend"]
+           "RunningMeanStd", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend",
+           "import_env_module", "import_gym_packages", "missing_dependency", "EnvStepError"]

@@ -1,0 +1,493 @@
+"""Fault injection: bad flags, damaged checkpoints, a full disk, kills and signals, envs that fail, too little memory.
+
+Each fault must end in one clear sentence (a UserError; exit code 2 from the command line) or in a run that keeps what
+it had written, never in a traceback or in silently wrong results. Fast: `pytest -m faults`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+
+from rlspeed import PPO, UserError, cli
+from rlspeed.buffers.replay import ReplayBuffer
+from rlspeed.checkpoint import load_checkpoint, save_checkpoint, tensor_digest
+from rlspeed.envs import EnvStepError, make_env
+
+pytestmark = pytest.mark.faults
+
+TINY = {"num_envs": 4, "num_steps": 32, "batch_size": 64, "n_epochs": 2}
+TRAIN = ["train", "ppo", "CartPole-v1", "--no-progress", "--target-return", "none", "--set", "num_steps=32"]
+
+
+def assert_one_line_error(code: int, captured, expected: str) -> None:
+    assert code == 2, captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlspeed: error:"), captured.err
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in captured.err + captured.out
+
+
+# --- bad flags ------------------------------------------------------------------------------------------------------
+
+BAD_FLAGS = {
+    "total-timesteps-0": (["--total-timesteps", "0"], "--total-timesteps must be positive"),
+    "total-timesteps-negative": (["--total-timesteps", "-5"], "--total-timesteps must be positive"),
+    "total-timesteps-fraction": (["--total-timesteps", "1.5"], "--total-timesteps must be a whole number"),
+    "total-timesteps-text": (["--total-timesteps", "lots"], "--total-timesteps must be a whole number"),
+    "eval-freq-negative": (["--eval-freq", "-1"], "--eval-freq must be positive"),
+    "eval-freq-0": (["--eval-freq", "0"], "--eval-freq must be positive"),
+    "checkpoint-freq-negative": (["--checkpoint-freq", "-5"], "--checkpoint-freq must be positive"),
+    "checkpoint-freq-0": (["--checkpoint-freq", "0"], "--checkpoint-freq must be positive"),
+    "threads-0": (["--threads", "0"], "--threads must be positive"),
+    "threads-negative": (["--threads", "-1"], "--threads must be positive"),
+    "num-envs-0": (["--num-envs", "0"], "--num-envs must be positive"),
+    "seed-negative": (["--seed", "-1"], "--seed must be >= 0"),
+    "seed-too-big": (["--seed", str(2**64)], "--seed must be at most"),
+    "nproc-0": (["--nproc", "0"], "--nproc must be positive"),
+    "max-restarts-negative": (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
+    "target-return-nan": (["--target-return", "nan"], "--target-return must be a number or 'none'"),
+    "target-return-inf": (["--target-return", "inf"], "--target-return must be a number or 'none'"),
+    "set-learning-rate-inf": (["--set", "learning_rate=inf"], "finite"),
+    "set-learning-rate-yaml-nan": (["--set", "learning_rate=.nan"], "finite"),
+    "set-no-key": (["--set", "=3"], "no key"),
+    "set-total-timesteps-0": (["--set", "total_timesteps=0"], "total_timesteps"),
+    "unknown-flag": (["--bogus", "5"], "unrecognized arguments"),
+    "bad-choice": (["--env-backend", "jax"], "--env-backend"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FLAGS))
+def test_a_bad_train_flag_is_one_sentence_and_exit_2(case, capsys):
+    args, expected = BAD_FLAGS[case]
+    assert_one_line_error(cli.main([*TRAIN, *args]), capsys.readouterr(), expected)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--episodes", "0"], "--episodes must be positive"),
+    (["--episodes", "-3"], "--episodes must be positive"),
+    (["--seed", "x"], "--seed must be a whole number"),
+])
+def test_a_bad_eval_flag_is_one_sentence_and_exit_2(args, expected, capsys):
+    assert_one_line_error(cli.main(["eval", "model.safetensors", *args]), capsys.readouterr(), expected)
+
+
+def test_profile_steps_0_is_one_sentence(capsys):
+    assert_one_line_error(cli.main(["profile", "ppo", "CartPole-v1", "--steps", "0"]), capsys.readouterr(),
+                          "--steps must be positive")
+
+
+def test_num_envs_that_nproc_does_not_divide_is_refused_before_torchrun(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda command: calls.append(command) or 0)
+    code = cli.main([*TRAIN, "--num-envs", "3", "--nproc", "2"])
+    assert_one_line_error(code, capsys.readouterr(), "num_envs (3) must be a multiple of --nproc (2)")
+    assert calls == []  # torchrun never started
+
+
+def test_batch_size_larger_than_the_rollout_is_said(capsys):
+    code = cli.main([*TRAIN, "--total-timesteps", "256", "--num-envs", "8", "--set", "batch_size=100000",
+                     "--out", "big-batch"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "batch_size 100,000 is larger than a rollout (num_envs 8 x num_steps 32 = 256 steps)" in captured.err
+
+
+# --- run directories ------------------------------------------------------------------------------------------------
+
+def test_an_unwritable_out_directory_is_one_sentence(tmp_path, capsys):
+    out = tmp_path / "locked"
+    out.mkdir()
+    if os.geteuid() != 0:
+        out.chmod(0o555)
+    elif subprocess.run(["chattr", "+i", str(out)], capture_output=True).returncode != 0:
+        pytest.skip("running as root without chattr: cannot make a directory unwritable")
+    try:
+        code = cli.main([*TRAIN, "--total-timesteps", "256", "--out", str(out)])
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(out)], check=True)
+        out.chmod(0o755)
+    assert_one_line_error(code, capsys.readouterr(), "Cannot write to the run directory")
+
+
+def test_out_under_a_regular_file_is_one_sentence(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    code = cli.main([*TRAIN, "--total-timesteps", "256", "--out", str(tmp_path / "file" / "run")])
+    assert_one_line_error(code, capsys.readouterr(), "Cannot create the run directory")
+
+
+# --- checkpoints ----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A small trained PPO model saved to a file; tests damage copies of its bytes."""
+    path = tmp_path_factory.mktemp("ckpt") / "model.safetensors"
+    PPO("CartPole-v1", seed=0, device="cpu", **TINY).learn(256, progress_bar=False).save(path)
+    return path
+
+
+def _parts(path: Path) -> tuple[int, dict, bytes]:
+    data = path.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    return header_len, json.loads(data[8:8 + header_len]), data
+
+
+def _resave(path: Path, target: Path, edit) -> Path:
+    """`path`'s tensors and metadata after `edit(tensors, metadata)`, written with a fresh (valid) digest."""
+    tensors, meta = load_checkpoint(path)
+    edit(tensors, meta)
+    for key in ("format", "version", "digest"):
+        meta.pop(key, None)
+    return save_checkpoint(target, tensors, meta)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_flipped_bytes_in_tensor_data_fail_the_digest(saved, tmp_path, where):
+    header_len, _, data = _parts(saved)
+    start = 8 + header_len
+    offset = {"first": start, "middle": (start + len(data)) // 2, "last": len(data) - 4}[where]
+    damaged = bytearray(data)
+    for i in range(offset, offset + 4):
+        damaged[i] ^= 0xFF
+    target = tmp_path / "flipped.safetensors"
+    target.write_bytes(bytes(damaged))
+    with pytest.raises(UserError, match=r"flipped\.safetensors' does not match its SHA256 digest"):
+        load_checkpoint(target)
+    with pytest.raises(UserError, match="does not match"):
+        PPO.load(target, device="cpu")
+    tensors, _ = load_checkpoint(target, verify=False)  # the override: the bytes are loaded as they are
+    assert tensors
+
+
+def test_edited_metadata_fails_the_digest(saved, tmp_path):
+    header_len, header, data = _parts(saved)
+    meta = json.loads(header["__metadata__"]["rlspeed"])
+    meta["config"]["gamma"] = 0.5
+    header["__metadata__"]["rlspeed"] = json.dumps(meta)
+    encoded = json.dumps(header).encode()
+    target = tmp_path / "edited.safetensors"
+    target.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + header_len:])
+    with pytest.raises(UserError, match="does not match its SHA256 digest"):
+        load_checkpoint(target)
+
+
+@pytest.mark.parametrize("keep", [0, 7, 8, 100, "half-header", "half-data", "all-but-one"])
+def test_truncated_checkpoint_is_a_user_error_naming_the_file(saved, tmp_path, keep):
+    header_len, _, data = _parts(saved)
+    size = {"half-header": 8 + header_len // 2, "half-data": (8 + header_len + len(data)) // 2,
+            "all-but-one": len(data) - 1}.get(keep, keep)
+    target = tmp_path / "truncated.safetensors"
+    target.write_bytes(data[:size])
+    with pytest.raises(UserError, match="truncated.safetensors"):
+        load_checkpoint(target)
+
+
+def test_removed_digest_is_refused_unless_verify_is_off(saved, tmp_path):
+    header_len, header, data = _parts(saved)
+    meta = json.loads(header["__metadata__"]["rlspeed"])
+    del meta["digest"]
+    header["__metadata__"]["rlspeed"] = json.dumps(meta)
+    encoded = json.dumps(header).encode()
+    target = tmp_path / "nodigest.safetensors"
+    target.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + header_len:])
+    with pytest.raises(UserError, match="carries no digest"):
+        load_checkpoint(target)
+    assert load_checkpoint(target, verify=False)[1]["algo"] == "ppo"
+
+
+STRUCTURE_FAULTS = {
+    "box-without-low": lambda t, m: m.update(action_space={"type": "box", "shape": [1], "high": [1.0]}),
+    "unknown-space-type": lambda t, m: m.update(action_space={"type": "dict"}),
+    "discrete-without-n": lambda t, m: m.update(action_space={"type": "discrete"}),
+    "config-is-a-list": lambda t, m: m.update(config=[1, 2]),
+    "no-env-id": lambda t, m: m.pop("env_id"),
+    "observation-shape-text": lambda t, m: m.update(observation_shape="4"),
+    "num-timesteps-text": lambda t, m: m.update(num_timesteps="many"),
+    "optimizer-groups-not-a-list": lambda t, m: m.update(optimizers={"policy": 3}),
+}
+
+
+@pytest.mark.parametrize("case", list(STRUCTURE_FAULTS))
+def test_valid_json_metadata_of_the_wrong_structure_is_a_user_error(saved, tmp_path, case, capsys):
+    target = _resave(saved, tmp_path / f"{case}.safetensors", STRUCTURE_FAULTS[case])
+    with pytest.raises(UserError, match=f"'{target}' is not a usable model checkpoint"):
+        PPO.load(target, device="cpu")
+    assert_one_line_error(cli.main(["eval", str(target), "--episodes", "1"]), capsys.readouterr(),
+                          "is not a usable model checkpoint")
+
+
+def test_nan_in_a_bias_is_refused_unless_allowed(saved, tmp_path, capsys):
+    def poison(tensors, meta):
+        name = next(k for k in tensors if "bias" in k and not k.startswith("optim."))
+        tensors[name].view(-1)[0] = math.nan
+
+    target = _resave(saved, tmp_path / "nan.safetensors", poison)
+    with pytest.raises(UserError, match="holds NaN or infinite values"):
+        load_checkpoint(target)
+    assert_one_line_error(cli.main(["eval", str(target), "--episodes", "1"]), capsys.readouterr(),
+                          "holds NaN or infinite values")
+    tensors, _ = load_checkpoint(target, allow_nonfinite=True)
+    assert any(torch.isnan(t).any() for t in tensors.values() if t.is_floating_point())
+
+
+@pytest.mark.parametrize("fault", ["missing", "mis-shaped"])
+def test_a_missing_or_mis_shaped_tensor_is_one_sentence_from_eval(saved, tmp_path, fault, capsys):
+    def edit(tensors, meta):
+        name = next(k for k in tensors if "weight" in k and not k.startswith("optim."))
+        if fault == "missing":
+            del tensors[name]
+        else:
+            tensors[name] = torch.zeros(3, 5)
+
+    target = _resave(saved, tmp_path / f"{fault}.safetensors", edit)
+    assert_one_line_error(cli.main(["eval", str(target), "--episodes", "1"]), capsys.readouterr(), str(target))
+
+
+def test_resume_with_a_changed_net_arch_is_one_sentence(tmp_path, capsys):
+    out = tmp_path / "run"
+    base = [*TRAIN, "--out", str(out), "--num-envs", "4", "--set", "batch_size=64", "--total-timesteps", "512",
+            "--checkpoint-freq", "128"]
+    assert cli.main(base) == 0
+    capsys.readouterr()
+    code = cli.main([*base, "--resume", "--total-timesteps", "1024", "--set", "net_arch=[16]"])
+    assert_one_line_error(code, capsys.readouterr(), "shape")
+
+
+def test_sm3_digest_detects_tampering(tmp_path):
+    tensors = {"w": torch.arange(6.0).reshape(2, 3)}
+    path = save_checkpoint(tmp_path / "sm3", tensors, {"note": "x"}, digest="sm3")
+    loaded, meta = load_checkpoint(path)
+    assert meta["digest"]["algorithm"] == "sm3" and torch.equal(loaded["w"], tensors["w"])
+    assert meta["digest"]["value"] == tensor_digest(tensors, meta, "sm3") != tensor_digest(tensors, meta, "sha256")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="SM3 digest"):
+        load_checkpoint(path)
+
+
+def test_a_checkpoint_without_digest_from_format_1_loads_with_a_warning(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "old.safetensors"
+    save_file({"w": torch.ones(2)}, str(path), metadata={"rlspeed": json.dumps({"format": "rlspeed-checkpoint",
+                                                                                "version": 1})})
+    with pytest.warns(UserWarning, match="before checkpoints carried a digest"):
+        tensors, _ = load_checkpoint(path)
+    assert torch.equal(tensors["w"], torch.ones(2))
+
+
+def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
+    path = save_checkpoint(tmp_path / "model", {"w": torch.ones(2)}, {})
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f".model.safetensors.{dead.pid}.abc123.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    alive = tmp_path / f".model.safetensors.{os.getppid()}.def456.tmp"  # a running writer's file is kept
+    alive.write_bytes(b"being written")
+    load_checkpoint(path)
+    assert not stale.exists() and alive.exists()
+    stale.write_bytes(b"half a checkpoint")
+    save_checkpoint(path, {"w": torch.zeros(2)}, {})
+    assert not stale.exists() and alive.exists()
+
+
+FULL_DISK = textwrap.dedent("""
+    import resource, signal, sys, torch
+    from rlspeed.checkpoint import save_checkpoint
+    from rlspeed.errors import UserError
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+    try:
+        save_checkpoint(sys.argv[1], {"w": torch.ones(100_000)}, {"run": "second"})
+    except UserError as error:
+        print(error)
+        sys.exit(2)
+""")
+
+
+def test_a_full_disk_is_a_user_error_and_keeps_the_old_checkpoint(tmp_path):
+    path = save_checkpoint(tmp_path / "model", {"w": torch.zeros(10)}, {"run": "first"})
+    before = path.read_bytes()
+    completed = subprocess.run([sys.executable, "-c", FULL_DISK, str(path), "65536"], capture_output=True, text=True,
+                               timeout=120)
+    assert completed.returncode == 2, completed.stderr
+    assert "Cannot write the checkpoint" in completed.stdout and "unchanged" in completed.stdout
+    assert "Traceback" not in completed.stderr
+    assert path.read_bytes() == before
+    assert load_checkpoint(path)[1]["run"] == "first"
+    assert list(tmp_path.glob("*.tmp")) + list(tmp_path.glob(".*.tmp")) == []
+
+
+# --- kills and signals ----------------------------------------------------------------------------------------------
+
+def _start_training(out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "RLSPEED_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
+    env.pop("RLSPEED_DEVICE", None)
+    return subprocess.Popen([sys.executable, "-m", "rlspeed", *TRAIN, "--total-timesteps", "1e8", "--out", str(out),
+                             "--device", "cpu", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"exited early with {process.returncode}: {process.communicate()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_training_saves_the_model_and_summary(tmp_path, sig, code):
+    out = tmp_path / "run"
+    process = _start_training(out)
+    try:
+        _wait_for(lambda: (out / "metrics.csv").exists(), process)  # the loop runs: it logged a row
+        process.send_signal(sig)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == code, stderr
+    assert "Traceback" not in stderr and "interrupted" in stderr
+    summary = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert summary["interrupted"] is True and summary["final_eval"] is None and summary["total_timesteps"] > 0
+    model = PPO.load(out / "model.safetensors", device="cpu")
+    assert model.num_timesteps == summary["total_timesteps"]
+    assert load_checkpoint(out / "checkpoint.safetensors")[1]["num_timesteps"] == model.num_timesteps
+
+
+def test_kill_9_during_checkpointing_leaves_a_loadable_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    process = _start_training(out, "--checkpoint-freq", "64", "--num-envs", "2")
+    checkpoint = out / "checkpoint.safetensors"
+    try:
+        _wait_for(checkpoint.exists, process)
+        time.sleep(1.0)  # many more checkpoint writes: the kill lands at any point of one
+        process.kill()
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    model = PPO.load(checkpoint, device="cpu")
+    assert model.num_timesteps >= 64
+    assert list(out.glob(".*.tmp")) == []  # a write cut short left its temporary file; the load removed it
+
+
+# --- envs -----------------------------------------------------------------------------------------------------------
+
+class _RaisesAtStep5(gym.Env):
+    """CartPole-like spaces; step 5 of any episode raises."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample() * 0, {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 5:
+            raise ValueError("sensor disconnected")
+        return self.observation_space.sample() * 0, 1.0, False, False, {}
+
+
+class _NeedsImageio(gym.Env):
+    def __init__(self):
+        raise ModuleNotFoundError("No module named 'imageio'", name="imageio")
+
+
+gym.register("FaultyRaises-v0", entry_point=_RaisesAtStep5, max_episode_steps=100)
+gym.register("FaultyNeedsImageio-v0", entry_point=_NeedsImageio, max_episode_steps=100)
+
+
+def test_an_env_that_raises_mid_episode_is_named():
+    model = PPO("FaultyRaises-v0", device="cpu", seed=0, **TINY)
+    with pytest.raises(EnvStepError, match=r"The env 'FaultyRaises-v0' \(gymnasium backend\) raised ValueError in "
+                                           r"step\(\): sensor disconnected") as info:
+        model.learn(256, progress_bar=False)
+    assert isinstance(info.value.__cause__, ValueError)  # the env's own traceback is kept
+
+
+def test_an_env_that_raises_is_one_line_from_the_command_line(capsys):
+    code = cli.main(["train", "ppo", "FaultyRaises-v0", "--no-progress", "--total-timesteps", "256", "--num-envs", "4",
+                     "--target-return", "none", "--out", "r"])
+    captured = capsys.readouterr()
+    assert code == 1
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "FaultyRaises-v0" in lines[0] and "sensor disconnected" in lines[0]
+
+
+def test_a_missing_env_dependency_says_what_to_install(capsys):
+    with pytest.raises(UserError, match="'imageio' is not installed: pip install imageio"):
+        make_env("FaultyNeedsImageio-v0", num_envs=2, device="cpu")
+    code = cli.main(["train", "ppo", "FaultyNeedsImageio-v0", "--no-progress"])
+    assert_one_line_error(code, capsys.readouterr(), "pip install imageio")
+
+
+def test_doctor_names_the_missing_module_of_an_installed_family(monkeypatch):
+    from rlspeed.diagnostics import doctor
+
+    monkeypatch.setattr(doctor, "ENV_FAMILIES", (("mujoco", "FaultyNeedsImageio-v0", "MuJoCo", doctor.WARN,
+                                                  'pip install "rlspeed[mujoco]"'),))
+    (check,) = doctor.check_env_families()
+    assert "MuJoCo is installed, but the Python module 'imageio' is not installed" in check.detail
+    assert "pip install imageio" in check.advice
+
+
+@pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4", "Breakout-v5"])
+def test_an_atari_id_says_install_ale_py(env_id, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("ale_py") is not None:
+        pytest.skip("ale-py is installed")
+    assert_one_line_error(cli.main(["train", "dqn", env_id]), capsys.readouterr(), "pip install ale-py")
+
+
+def test_an_unimportable_env_module_is_one_sentence(capsys):
+    assert_one_line_error(cli.main(["train", "ppo", "no_such_module:CartPole-v1"]), capsys.readouterr(),
+                          "Cannot import the module 'no_such_module'")
+    assert_one_line_error(cli.main(["train", "ppo", "CartPole-v1", "--gym-packages", "no_such_module"]),
+                          capsys.readouterr(), "Cannot import the module 'no_such_module'")
+
+
+# --- memory ---------------------------------------------------------------------------------------------------------
+
+def test_a_replay_buffer_too_big_for_memory_is_refused_with_what_fits(monkeypatch):
+    from rlspeed.buffers import replay
+
+    budget = 64 * 2**20  # a fake 64 MiB of available host memory
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device: budget)
+    shape = (40, 60, 3)  # the image env of the report: 57.6 kB per transition as float32 observations
+    with pytest.raises(UserError, match=r"largest replay buffer that fits is ([\d,]+) transitions") as info:
+        ReplayBuffer(500_000, 4, shape, (), torch.int64, "cpu")
+    fits = int(info.value.args[0].split("fits is ")[1].split(" ")[0].replace(",", ""))
+    buffer = ReplayBuffer(fits, 4, shape, (), torch.int64, "cpu")
+    assert 0 < buffer.nbytes <= 0.8 * budget and fits % 4 == 0
+    with pytest.raises(UserError, match="needs"):
+        ReplayBuffer(fits + 4, 4, shape, (), torch.int64, "cpu")
+
+
+def test_host_memory_is_read_from_the_system():
+    from rlspeed.buffers.replay import available_memory_bytes
+
+    available = available_memory_bytes(torch.device("cpu"))
+    assert available is None or available > 0
