@@ -202,8 +202,9 @@ def flush_denormal_enabled() -> bool:
 def set_flush_denormal(enabled: bool) -> bool:
     """Treat denormal floats (|x| < 1.2e-38) as zero on the CPU, or not; returns the previous setting.
 
-    Training drives some activations, gradients and Adam moments into the denormal range, where x86 arithmetic is
-    many times slower (one profiling run: a trained DQN's CartPole update, 1.6 ms with denormals, 0.9 ms flushed).
+    Training drives some activations, gradients and Adam moments into the denormal range, where x86 arithmetic
+    takes a slow path, many times slower per operation (docs/benchmarks.md records the profiling run that measured
+    what it cost a trained DQN's update).
     Values that small change no result that matters (the next normal float is 1.2e-38). `learn` turns it on for
     its duration and restores the previous setting.
     """

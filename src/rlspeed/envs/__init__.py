@@ -30,9 +30,9 @@ register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 
 
 #: On a CPU, few native envs step slower than Gymnasium's: a native step is a fixed set of small tensor ops whatever
-#: N is, a Gymnasium env a few microseconds of Python each. `benchmarks/env_backends.py` on a 2-core Xeon, one
-#: thread (latest run): the native env is faster from 8 envs (CartPole, MountainCar), 16 (Pendulum), 32 (Acrobot),
-#: 64 (MountainCarContinuous); crossovers move by a factor of 2 between runs.
+#: N is, a Gymnasium env a few microseconds of Python each, so the native env wins only from some N on, which
+#: depends on the env and the machine. This is the N from which `auto` takes the native env on a CPU;
+#: `benchmarks/env_backends.py` measures the crossover per env (its latest run is in benchmarks/README.md).
 CPU_NATIVE_MIN_ENVS = 16
 
 

@@ -93,8 +93,8 @@ class NativeEnv(BatchedEnv):
         max_steps = self.spec.max_episode_steps
         self._max_steps = max_steps if max_steps is not None else 2**31 - 1
         # compile=True fuses the whole transition (dynamics, time limit, autoreset, observations) with
-        # torch.compile. Measured on a CPU: 1.2-1.7x for CartPole at 4,096 envs, slower for Pendulum/MountainCar;
-        # compiling takes seconds (benchmarks/native_envs.py).
+        # torch.compile. Whether that beats eager depends on the env and the number of envs, and compiling takes
+        # seconds, so it is opt-in; benchmarks/native_envs.py measures eager against compiled per env and N.
         self._transition = torch.compile(self.transition, dynamic=False) if compile else self.transition
         # compile=True also fuses the ~20 integer kernels that draw a block of random numbers into one loop.
         self._hash_block = torch.compile(_uniform_block, dynamic=False) if compile else _uniform_block
