@@ -16,7 +16,7 @@ each run once from the same RNG seed and compared with fp32 eager (reduced preci
 < 2e-2, gradient cosine > 0.99 and gradient norm error < 5e-2 for every parameter; compiled fp32: 1e-3 / 0.9999),
 then timed in interleaved rounds. The fastest that passes wins if the median of its round-paired speed-ups over
 eager fp32 is >= 1.11x (10% less time), its best round is also faster, and fresh confirmation rounds agree;
-otherwise eager fp32 stays, so small models pay only the per-call dispatch (~2 us). Compiled candidates (only
+otherwise eager fp32 stays, so small models pay only the per-call dispatch. Compiled candidates (only
 where compile is allowed: CUDA/NPU for "auto", anywhere for True) are compiled only in the precision that won
 eagerly. A module's kind of call without a cached choice runs fp32 eager until its calls have taken long enough for
 the search to cost at most 3% of that time (`module.SEARCH_COST_SHARE`), so the line does not slow a short script

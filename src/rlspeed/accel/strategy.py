@@ -31,9 +31,9 @@ _PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16"
 AUTOCAST_DTYPES = {"fp32": None, "bf16-matmul": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # the fp32_precision value each reduced-matmul precision sets, per device type
 _MATMUL_PRECISION = {("cpu", "bf16-matmul"): "bf16", ("cuda", "tf32"): "tf32"}
-# Devices where compile="auto" puts torch.compile candidates into the search. On this project's CPU inductor took
-# 3-75 s per function (cold cache, busy machine at the high end) for ~1.1-1.15x on a SAC critic step (eager and
-# bf16-matmul alike): ask for it with compile=True. MPS has no supported backend.
+# Devices where compile="auto" puts torch.compile candidates into the search: on CPUs inductor's compile time (seconds
+# to minutes per function) is rarely earned back by RL-sized steps, so there it is asked for with compile=True
+# (benchmarks/accel_update_step.py measures both). MPS has no supported backend.
 COMPILE_IN_AUTO = ("cuda", "npu")
 
 

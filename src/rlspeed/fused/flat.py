@@ -177,27 +177,26 @@ def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | Non
 
 # --- matrix products ------------------------------------------------------------------------------------------------
 # Under the bf16-matmul precision (oneDNN's fp32_precision="bf16": fp32 tensors, products computed in bf16, AMX
-# where the CPU has it) a wide product runs ~4x faster than in fp32 (256x256x256: ~60 vs ~240 us here), but every
-# call pays ~30 us of oneDNN overhead, so thin products (a 4-wide input layer, a 1-wide Q head: 5-12 us in fp32)
-# get slower. Products below these sizes therefore run in fp32 even inside a bf16-matmul region. oneDNN's batched
-# product also copies transposed or sliced operands (~200 us for [2, 256, 256]) that its plain product reads in
-# place, so wide ensembles run one product per member under that precision.
+# where the CPU has it) wide products run several times faster than in fp32, but every call pays a fixed oneDNN
+# overhead larger than a thin product's whole fp32 time (a 4-wide input layer, a 1-wide Q head). Products below
+# these sizes therefore run in fp32 even inside a bf16-matmul region. oneDNN's batched product also copies
+# transposed or sliced operands that its plain product reads in place, so wide ensembles run one product per member
+# under that precision. benchmarks/fused_updates.py and benchmarks/accel_update_step.py measure the effect.
 _MKLDNN_MATMUL = torch.backends.mkldnn.matmul
 REDUCED_MIN_DIM = 64  # every dimension at least this ...
 REDUCED_MIN_MACS = 1 << 22  # ... and at least this many multiply-adds (~4M: 256x256x64) for a reduced precision
 PER_MEMBER_MIN_WIDTH = 128  # ensembles with a layer this wide run one product per member
 
 
-# A CPU product whose output has only 2-4 columns is ~2-4x slower written row-major than column-major (MKL's fp32
-# GEMM, one thread: 512x256 @ 256x2 takes ~40 us into a [512, 2] buffer, ~10 us into the transpose of a [2, 512]
-# one; 256x256 @ 256x3 ~20 vs ~8 us), so such outputs are made column-major: a transposed view of a [cols, rows]
-# buffer. One column is a matrix-vector product (no gain), wider outputs gain nothing or lose.
+# A CPU product whose output has only 2-4 columns is several times slower written row-major than column-major
+# (MKL's fp32 GEMM), so such outputs are made column-major: a transposed view of a [cols, rows] buffer. One column
+# is a matrix-vector product (no gain), wider outputs gain nothing or lose (benchmarks/fused_updates.py).
 COLUMN_MAJOR_COLS = (2, 4)  # output columns, inclusive
 COLUMN_MAJOR_MIN_ROWS = 64
 
 
 def reduced_matmuls() -> bool:
-    """Whether a bf16-matmul region is active (read once per pass: the setting costs ~1 us to read)."""
+    """Whether a bf16-matmul region is active (read once per pass, not per product: reading the setting is not free)."""
     return _MKLDNN_MATMUL.fp32_precision == "bf16"
 
 

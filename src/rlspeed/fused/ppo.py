@@ -1,8 +1,9 @@
 """PPO's minibatch update with hand-derived gradients on flat buffers: about a third of the kernels of autograd.
 
 For RL-sized networks (two 64-wide layers, minibatches of a few hundred rows) an update's cost is the number of
-kernels and the per-kernel overhead of the framework, not FLOPs: the autograd version of PPO's update runs ~150
-small ops plus the autograd engine's bookkeeping, and Adam and gradient clipping loop over every parameter tensor.
+kernels and the per-kernel overhead of the framework, not FLOPs: the autograd version of PPO's update runs over a
+hundred small ops plus the autograd engine's bookkeeping, and Adam and gradient clipping loop over every parameter
+tensor.
 This module computes the same update with the gradient of the clipped PPO loss written out by hand for the
 `ActorCritic` network (a two-member `EnsembleMLP` with tanh or ReLU), every parameter, gradient and Adam moment held
 in one flat buffer (the module's parameters are views into it), gradient clipping as one norm, and Adam as one

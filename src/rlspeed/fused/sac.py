@@ -52,7 +52,7 @@ class FusedSACUpdate:
 
     `update(obs, actions, rewards, next_obs, terminated, discounts) -> (loss, metrics)`, metrics as `SAC._loss`,
     on every `metrics_every`-th call (the first included); the other calls return `(None, {})`. The gradient needs
-    neither the loss nor the metrics, and at RL-Zoo sizes on a CPU computing them costs ~2.5% of the gradient.
+    neither the loss nor the metrics, so most steps skip computing them.
     `params` is the order of the optimizer's parameters: actor, critics, then log_alpha when it is learnt.
     """
 
@@ -90,11 +90,10 @@ class FusedSACUpdate:
         self.target_biases = [p.detach() for p in sac.critic_target.body.biases]
         self.workspace = Workspace()  # activations and gradients, reused from step to step
         # dJ/da~ through each critic only at the rows where it is the minimum: on a CPU, where choosing those rows
-        # (`nonzero`) costs no device synchronisation, for critics wide enough that the products saved outweigh
-        # the ~40 more kernels (in-process A/B of the gradient, selection on vs off: +0.7% to +1.6% at [256, 256]
-        # and batch 256, +1.8% at [512, 512]; -5% at [128, 128], -12% to -16% at [64, 64] and batch 128). Not in a
-        # bf16-matmul region: there a 128-row product costs nearly what a 256-row one does (~95 vs ~105 us), and
-        # selection made the gradient 2-8% slower (5 paired A/Bs at [256, 256], batch 256).
+        # (`nonzero`) costs no device synchronisation, for critics wide enough (>= 256) that the products saved
+        # outweigh the few dozen extra kernels; narrower critics lose. Not in a bf16-matmul region, where a half-height
+        # product costs nearly what the full one does, so the selection only adds work. Re-measure with
+        # tests/test_fused_sac.py's select_rows switch and benchmarks/fused_updates.py.
         self.select_rows = sac.device.type == "cpu" and max(w.shape[-1] for w in self.critic_weights[:-1]) >= 256
         # each critic's weights transposed, the first layer's only at the action inputs (views of the flat buffer)
         obs_dim = sac.spec.obs_dim
@@ -121,7 +120,7 @@ class FusedSACUpdate:
         `with_metrics`.
 
         Runs in inference mode (nothing here is for autograd): its own tensors skip view tracking and version
-        counters, ~3% of the step at RL-Zoo sizes on a CPU. The loss and metrics are inference tensors: read them,
+        counters, which autograd-free code does not need. The loss and metrics are inference tensors: read them,
         or compute with them, but do not modify them in place.
         """
         sac = self.sac
