@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import random
 import secrets
 import time
 import typing
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
@@ -28,6 +29,7 @@ from rlspeed.envs.gymnasium_env import gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.errors import UserError
 from rlspeed.logging import ProgressBar, RunLogger
+from rlspeed.numerics import NumericsGuard
 
 # The normalisation statistics a model holds, each with the config flag that turns it on
 _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
@@ -123,6 +125,17 @@ def _check_shape(name: str, saved: torch.Size, expected: torch.Size) -> None:
                         "or start afresh.")
 
 
+def _device_rng(device: torch.device):
+    """(get_rng_state, set_rng_state) of an accelerator's default generator (torch.cuda's, torch.npu's, ...), or None
+    for the CPU and backends without one."""
+    module = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if module is None or not hasattr(module, "get_rng_state") or not hasattr(module, "set_rng_state"):
+        return None
+    if device.type == "mps":  # (one device, no index argument)
+        return module.get_rng_state, module.set_rng_state
+    return (lambda: module.get_rng_state(device)), (lambda state: module.set_rng_state(state, device))
+
+
 @dataclasses.dataclass
 class LearnResult:
     """What `learn` measured; `summary.json` is built from it."""
@@ -144,10 +157,23 @@ class Algorithm:
 
     def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *, device: str | torch.device = "auto",
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
-                 accelerate: str = "off", strategy: DistributedStrategy | None = None, **hyperparameters):
+                 accelerate: str = "off", strategy: DistributedStrategy | None = None, nan_policy: str = "raise",
+                 numerics_guard: bool = True, save_replay_buffer: bool = False, **hyperparameters):
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
-        `EnvSpec` too: the env a checkpoint describes, as `load` passes it)."""
+        `EnvSpec` too: the env a checkpoint describes, as `load` passes it).
+
+        `nan_policy`: what a NaN or infinite observation or reward from the training env does: "raise"
+        (`rlspeed.numerics.NonFiniteEnvError`, naming the env index and step) or "mask" (replaced by 0, counted).
+        `numerics_guard=False` turns the whole guard off (env checks and the rollback of non-finite parameters; see
+        `rlspeed.numerics`). `save_replay_buffer`: off-policy checkpoints also write the replay buffer, beside them
+        (`<name>.replay.safetensors`), so that a resumed run continues with it.
+        """
         configure_threads(num_threads)
+        self._numerics = NumericsGuard(numerics_guard, nan_policy)
+        self.save_replay_buffer = bool(save_replay_buffer)
+        self.restarts = 0  # resumes of this run so far (`resume` counts them, checkpoints carry them)
+        self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
+        self._loop: dict = {}  # the learn loop's position, as checkpoints save it
         from_spec = isinstance(env, EnvSpec)
         if not from_spec and not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
             _check_env_id(env)  # a str passes; other objects get the UserError that says which envs are accepted
@@ -208,6 +234,11 @@ class Algorithm:
         """Which update implementation trains this model and why (summary.json's `update` field; the rules are in
         `rlspeed.algos.update`)."""
         return self._update_step.choice.as_dict()
+
+    def numerics_report(self) -> dict:
+        """What the numerics guard saw and did (summary.json's `numerics`): non-finite env values (masked rows, the
+        first env index and step), rollbacks of non-finite parameters and the env steps whose updates they undid."""
+        return self._numerics.report()
 
     def report(self) -> str:
         """What runs and why: the update implementation and the rule that chose it, and what the acceleration layer
@@ -293,6 +324,7 @@ class Algorithm:
         # The env's observation statistics (built here, or a normalising env passed in) are the model's: predict,
         # evaluate and save use them. Saved statistics (load, resume) seed the env's, which then carry on.
         self._adopt_statistics()
+        self._numerics.attach(self._env)
         return self._env
 
     def _adopt_statistics(self) -> None:
@@ -341,6 +373,10 @@ class Algorithm:
         `callback(locals_dict)` is called once per iteration; returning False stops training. With a target,
         the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every `eval_freq` steps,
         with evaluation time excluded from the training clock. Results land in `self.result`.
+
+        Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
+        next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
+        The numerics guard (`rlspeed.numerics`) checks once per log interval and before every checkpoint.
         """
         if total_timesteps <= 0:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
@@ -357,28 +393,50 @@ class Algorithm:
         logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None)
                   if run_dir is not None and main else None)
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
-        self._start(env, int(total_timesteps))
+        resume = self._resume
+        self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
+        self._resume = None
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
         # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
         self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
         resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
         if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
             self._learn_start, self._schedule_end = resumed_schedule[0], max(resumed_schedule[1], self._total_timesteps)
+        saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
         if eval_freq is None:
-            eval_freq = max(2048, int(total_timesteps) // 40)
+            eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
         bar = ProgressBar(int(total_timesteps), enabled=progress_bar and main, desc=f"{self.name} {self.env_id}")
         global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
         pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
         iterations = 0
+        # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's
+        run_start = int(saved_loop.get("run_start", self.num_timesteps))
+        clock_offset = float(saved_loop.get("train_wall_s", 0.0)) if resume is not None else 0.0
         start_steps = self.num_timesteps
+        # the resumed run's next evaluation and checkpoint, where they follow the same frequencies
         next_eval = self.num_timesteps + eval_freq
-        next_checkpoint = self.num_timesteps + checkpoint_freq if checkpoint_freq else None
+        if saved_loop.get("next_eval") and saved_loop.get("eval_freq") == eval_freq:
+            next_eval = int(saved_loop["next_eval"])
+        next_checkpoint = None
+        if checkpoint_freq:
+            next_checkpoint = self.num_timesteps + checkpoint_freq
+            if saved_loop.get("next_checkpoint") and saved_loop.get("checkpoint_freq") == checkpoint_freq:
+                next_checkpoint = int(saved_loop["next_checkpoint"])
+        self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
+                      "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
+                      "train_wall_s": clock_offset}
+        guarded = self._guarded_tensors() if self._numerics.enabled else {}
+        if self._numerics.enabled:
+            self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
         last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
+        last_check_time = last_log_time
         train_clock = 0.0
         clock_start = time.perf_counter()
         stop = False
         flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
+        if resume is not None:
+            self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
         try:
             while self.num_timesteps < self._total_timesteps and not stop:
                 steps, metrics = self._train_iteration()
@@ -394,13 +452,28 @@ class Algorithm:
                 now = time.perf_counter()
                 finished = self.num_timesteps >= self._total_timesteps
                 eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
+                checkpoint_due = (next_checkpoint is not None and self.num_timesteps >= next_checkpoint
+                                  and run_dir is not None)
                 # Under torch.distributed every rank must take part in the same collectives: log every iteration.
-                if now - last_log_time >= log_interval_s or eval_due or finished or self.strategy.enabled:
+                if (now - last_log_time >= log_interval_s or eval_due or finished or checkpoint_due
+                        or self.strategy.enabled):
+                    # the numerics guard reads with the metrics: per log interval, and before an evaluation or a
+                    # checkpoint sees the parameters
+                    check = self._numerics.enabled and (now - last_check_time >= log_interval_s or eval_due
+                                                        or finished or checkpoint_due)
                     with phase("metrics"):
                         sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
                                 for key, values in pending.items()}
                         counts = {key: len(values) for key, values in pending.items()}
-                        row = self._read_metrics(sums, counts)  # the one host sync per log interval
+                        if check:
+                            guarded = self._guarded_tensors()
+                        extra = self._numerics.device_values(guarded, self.device) if check else None
+                        row = self._read_metrics(sums, counts, extra)  # the one host sync per log interval
+                        numerics = row.pop("_numerics", None)
+                        if numerics is not None:
+                            if self._numerics.after_read(numerics, guarded, self.env_id, self.num_timesteps):
+                                self._obs = env.reset()[0]  # (episodes a diverged policy may have made non-finite)
+                            last_check_time = now
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
@@ -413,8 +486,8 @@ class Algorithm:
                             result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
                             reached = evaluation["mean"] >= target_return
                         if self.strategy.broadcast_flag(reached):
-                            result.time_to_target_s = train_clock
-                            result.steps_to_target = self.num_timesteps - start_steps
+                            result.time_to_target_s = clock_offset + train_clock
+                            result.steps_to_target = self.num_timesteps - run_start
                             stop = True
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                eval=row.get("eval_mean"))
@@ -423,8 +496,10 @@ class Algorithm:
                     pending, iterations = {}, 0
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
                     clock_start = time.perf_counter()
-                if next_checkpoint is not None and self.num_timesteps >= next_checkpoint and run_dir is not None:
+                if checkpoint_due:
                     next_checkpoint = self.num_timesteps + checkpoint_freq
+                    self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                                      train_wall_s=clock_offset + train_clock)
                     if main:
                         self.save(Path(run_dir) / "checkpoint.safetensors")
                 if callback is not None and callback(locals()) is False:
@@ -435,6 +510,7 @@ class Algorithm:
             bar.close()
             if logger is not None:
                 logger.close()
+        self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint, train_wall_s=clock_offset + train_clock)
         result.total_timesteps = self.num_timesteps - start_steps
         result.train_wall_s = train_clock
         result.sps = result.total_timesteps / max(train_clock, 1e-9)
@@ -443,18 +519,25 @@ class Algorithm:
     def _eval_seed(self) -> int:
         return (self.seed if self.seed is not None else 0) + 100_000 + self.num_timesteps
 
-    def _read_metrics(self, sums: dict[str, torch.Tensor], counts: dict[str, int]) -> dict:
+    def _read_metrics(self, sums: dict[str, torch.Tensor], counts: dict[str, int],
+                      extra: torch.Tensor | None = None) -> dict:
         """Average the device-side metric sums of a log interval over the iterations that reported each metric
-        (`counts`), reading them back in one transfer; episode returns are averaged over finished episodes."""
-        if not sums:
+        (`counts`), reading them back in one transfer; episode returns are averaged over finished episodes.
+        `extra` (the numerics guard's vector) is read in the same transfer, as the row's `_numerics` list."""
+        if not sums and extra is None:
             return {}
         keys = list(sums)
         # metrics of an env on another device than the model (a Gymnasium env's episode returns on the CPU, a model
         # on CUDA) join the model's device first
-        stacked = self.strategy.all_reduce_sum(torch.stack([sums[k].to(self.device, torch.float32).reshape(())
-                                                            for k in keys]))
+        stacked = (self.strategy.all_reduce_sum(torch.stack([sums[k].to(self.device, torch.float32).reshape(())
+                                                             for k in keys]))
+                   if keys else torch.zeros(0, device=self.device))
+        if extra is not None:  # (float64 where the device has it: step counts beyond float32's exact integers)
+            stacked = torch.cat((stacked.to(extra.dtype), extra))
         values = stacked.cpu().tolist()  # ok-sync: once per log interval
         row = dict(zip(keys, values))
+        if extra is not None:
+            row["_numerics"] = values[len(keys):]
         count = row.pop("episode_count", 0.0)
         total = row.pop("episode_return_sum", math.nan)
         row["episode_return"] = total / count if count > 0 else math.nan
@@ -471,9 +554,127 @@ class Algorithm:
         return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed,
                         backend=self.env_backend if same_env and self.env_backend in ("torch", "gymnasium") else "auto")
 
+    def _guarded_tensors(self) -> dict[str, torch.Tensor]:
+        """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
+        buffers, target networks), learnt lone tensors, normalisation statistics and per-parameter optimizer state."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name, module in self._modules().items():
+            if isinstance(module, torch.Tensor):
+                if module.requires_grad:  # a fixed one is a constant (SAC's log_alpha is -inf for ent_coef=0)
+                    tensors[name] = module.detach()
+            else:
+                tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
+        for name, _ in _STATISTICS:
+            rms = getattr(self, name, None)
+            if rms is not None:
+                tensors.update({f"{name}.{k}": v for k, v in rms.state_dict().items()})
+        for name, optimizer in self._optimizers().items():
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            for index, param in enumerate(params):  # (the indices `Optimizer.state_dict` gives them)
+                for key, value in optimizer.state.get(param, {}).items():
+                    if isinstance(value, torch.Tensor):
+                        tensors[f"optim.{name}.{index}.{key}"] = value
+        return tensors
+
+    # --- exact resume -------------------------------------------------------------------------------------------
+    def _algorithm_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """An algorithm's own running state that exact resume needs besides networks and optimisers: (tensors, JSON
+        values); see `_load_algorithm_state`."""
+        return {}, {}
+
+    def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        """Restore what `_algorithm_state` returned (called by the first learn() after `resume`, after `_start`)."""
+
+    def _save_replay(self, path: Path) -> dict | None:
+        """Off-policy algorithms with `save_replay_buffer`: write the replay buffer beside the checkpoint `path` and
+        return what the checkpoint records about it; None: nothing written."""
+        return None
+
+    def _resume_state(self, path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+        """What a checkpoint carries for exact resume besides the model (tensors, JSON): the random generators
+        (torch's CPU and device generators as byte tensors, numpy's and Python's as JSON), the training env's state
+        where its backend can restore it (native envs) with the current observation, the learn loop's position, the
+        algorithm's own counters, the number of resumes so far and the numerics guard's counts."""
+        tensors = {"rng.torch": torch.get_rng_state()}
+        device_rng = _device_rng(self.device)
+        if device_rng is not None:
+            tensors["rng.device"] = device_rng[0]()
+        np_name, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+        py_version, py_internal, py_gauss = random.getstate()
+        meta = {"rng": {"device": self.device.type if device_rng is not None else None,
+                        "numpy": {"name": str(np_name), "keys": np.asarray(np_keys).tolist(), "pos": int(np_pos),
+                                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
+                        "python": [py_version, list(py_internal), py_gauss]},
+                "loop": dict(self._loop) or {"run_start": self.num_timesteps},
+                "restarts": self.restarts, "numerics": self._numerics.state()}
+        obs = getattr(self, "_obs", None)
+        env_state = self._env.state_dict() if self._env is not None and isinstance(obs, torch.Tensor) else None
+        meta["env"] = {"restorable": env_state is not None, "backend": self.env_backend}
+        if env_state is not None:
+            tensors.update({f"env.{key}": value for key, value in env_state.items()})
+            tensors["obs"] = obs
+        algo_tensors, meta["algo"] = self._algorithm_state()
+        tensors.update({f"algo.{key}": value for key, value in algo_tensors.items()})
+        meta["replay_buffer"] = self._save_replay(path)
+        return tensors, meta
+
+    def _first_obs(self, env: BatchedEnv) -> torch.Tensor:
+        """The observation a learn() call starts from: right after `resume`, the checkpoint's, with the env's state
+        restored where its backend allows (native envs); else a reset's (with a warning after `resume`)."""
+        resume = self._resume
+        if resume is not None and not resume["meta"]:
+            reason = "the checkpoint holds no random-generator or env state (an older rlspeed wrote it)"
+        elif resume is not None and not self.strategy.enabled:
+            saved = {key[4:]: value for key, value in resume["tensors"].items() if key.startswith("env.")}
+            obs = resume["tensors"].get("obs")
+            if saved and obs is not None and env.state_dict() is not None:
+                try:
+                    env.load_state_dict(saved)
+                    return obs.clone()
+                except (KeyError, ValueError, RuntimeError) as error:
+                    reason = f"the checkpoint's env state does not fit these envs ({error})"
+            else:
+                reason = (f"{resume['meta'].get('env', {}).get('backend', self.env_backend)} envs cannot restore their "
+                          "episodes in progress or random streams (native envs can)")
+        elif resume is not None:
+            reason = "under torch.distributed each process's envs and random generators start afresh"
+        obs = env.reset()[0]
+        if resume is not None:
+            warnings.warn(f"Resuming from '{resume['path']}': {reason}, so training continues from fresh episodes "
+                          "and is not identical to the uninterrupted run.", stacklevel=4)
+        return obs
+
+    def _apply_resume(self, resume: dict) -> None:
+        """Right before the learn loop after `resume`: the algorithm's own counters and the random generators as
+        the checkpoint's run left them (not under torch.distributed: the checkpoint holds rank 0's)."""
+        tensors, meta = resume["tensors"], resume["meta"]
+        self._load_algorithm_state({key[5:]: value for key, value in tensors.items() if key.startswith("algo.")},
+                                   meta.get("algo") or {})
+        if self.strategy.enabled:
+            return
+        try:
+            rng = meta.get("rng") or {}
+            if "rng.torch" in tensors:
+                torch.set_rng_state(tensors["rng.torch"].cpu())
+            device_rng = _device_rng(self.device)
+            if "rng.device" in tensors and device_rng is not None and rng.get("device") == self.device.type:
+                device_rng[1](tensors["rng.device"].cpu())
+            if "numpy" in rng:
+                state = rng["numpy"]
+                np.random.set_state((state["name"], np.asarray(state["keys"], dtype=np.uint32), state["pos"],
+                                     state["has_gauss"], state["cached_gaussian"]))
+            if "python" in rng:
+                version, internal, gauss = rng["python"]
+                random.setstate((version, tuple(internal), gauss))
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise UserError(f"'{resume['path']}' has unreadable random-generator states ({error}): the file was "
+                            "edited or damaged.") from None
+
     # --- checkpoints ------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON)."""
+        """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON), and what exact
+        resume needs (`resume`; `Algorithm.load` ignores it): random generators, native envs' state, the learn
+        loop's position, and with `save_replay_buffer` the replay buffer in a second file beside this one."""
         tensors: dict[str, torch.Tensor] = {}
         for name, module in self._modules().items():
             if isinstance(module, torch.Tensor):
@@ -502,6 +703,8 @@ class Algorithm:
                     "schedule": ([self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end")
                                  else None),
                     "rlspeed_version": __version__, "torch_version": torch.__version__}
+        resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path))
+        tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
         return save_checkpoint(path, tensors, metadata)
 
     @classmethod
@@ -530,7 +733,18 @@ class Algorithm:
         return model
 
     def resume(self, path: str | Path) -> None:
-        """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps."""
+        """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps, and
+        for the next learn() the rest of the run's state: random generators, native envs' states and episodes in
+        progress, the learn loop's position (next evaluation and checkpoint, the run's start for
+        `steps_to_target`), the replay buffer where it was saved (`save_replay_buffer`).
+
+        Exact: on the CPU with native envs in one process, a run resumed from a checkpoint continues bitwise as the
+        uninterrupted run would have (tests/test_resume.py). Not exact: Gymnasium and Stable-Baselines3 envs cannot
+        restore their episodes in progress or their random streams (they restart with fresh episodes, with a
+        warning); under torch.distributed, a checkpoint holds rank 0's state only, so envs and random generators
+        start afresh on every rank; an off-policy run saved without its replay buffer refills one from empty.
+        `restarts` counts the resumes of the run.
+        """
         tensors, meta = load_checkpoint(path, device=self.device)
         if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
@@ -542,6 +756,14 @@ class Algorithm:
         self._resumed_schedule = None if schedule is None else (int(schedule[0]), int(schedule[1]))
         if self._env is not None:
             self._adopt_statistics()
+        state = meta.get("resume")
+        state = state if isinstance(state, dict) else None  # (older checkpoints have none)
+        self.restarts = (int(state.get("restarts", 0)) if state is not None else 0) + 1
+        if state is not None:
+            self._numerics.load_state(state.get("numerics") or {})
+        file = Path(path) if Path(path).exists() else checkpoint_path(path)
+        self._resume = {"meta": state or {}, "path": file,
+                        "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")}}
 
     def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors."""

@@ -14,13 +14,17 @@ Actions are stored as the policy produces them: indices for Discrete spaces; for
 from __future__ import annotations
 
 import copy
+import secrets
+import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.buffers import ReplayBuffer
+from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
@@ -28,6 +32,10 @@ from rlspeed.errors import UserError
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
+#: The replay buffer's storage tensors, as `_save_replay` writes them.
+_REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts")
+#: The replay buffer's file beside a checkpoint `name.safetensors`: `name.replay.safetensors`.
+REPLAY_SUFFIX = ".replay.safetensors"
 
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
 _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
@@ -150,7 +158,7 @@ class OffPolicyAlgorithm(Algorithm):
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
         buffer = getattr(self, "buffer", None)
-        if buffer is not None and buffer.num_envs == env.num_envs:
+        if buffer is not None and buffer.num_envs == env.num_envs and self._resume is None:
             return  # a further learn() call continues the same episodes with the same replay data
         # Updates wait until the new buffer holds learning_starts transitions, also after `load` or `resume`, whose
         # step count is already past learning_starts but whose replay data was not saved.
@@ -162,7 +170,61 @@ class OffPolicyAlgorithm(Algorithm):
                                    () if discrete else tuple(self.spec.action_space.shape),
                                    rules(self.device).index_dtype if discrete else torch.float32,
                                    self.device, n_step=cfg.n_step, gamma=cfg.gamma)
-        self._obs, _ = env.reset()
+        if self._resume is not None and self._load_replay(self._resume):
+            self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
+        self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
+
+    # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
+    def _algorithm_state(self):
+        tensors, values = super()._algorithm_state()
+        if hasattr(self, "_buffer_start"):
+            values["buffer_start"] = self._buffer_start
+        return tensors, values
+
+    def _save_replay(self, path: Path) -> dict | None:
+        """With `save_replay_buffer`: the buffer's stored rows, write position and pending n-step steps in
+        `<checkpoint>.replay.safetensors` (written first; a token in both files pairs them, so a replay file left by
+        a later save that was killed before its checkpoint is not taken for this checkpoint's)."""
+        buffer = getattr(self, "buffer", None)
+        if not self.save_replay_buffer or buffer is None:
+            return None
+        size = buffer.size
+        tensors = {name: getattr(buffer, name)[:size] for name in _REPLAY_FIELDS}
+        for step, entry in enumerate(buffer._window):  # n-step transitions still waiting for their later steps
+            tensors.update({f"window.{step}.{i}": value for i, value in enumerate(entry)})
+        token = secrets.token_hex(16)
+        file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
+        save_checkpoint(file, tensors, {"replay_buffer": {"token": token, "pos": buffer.pos, "size": size,
+                                                          "capacity": buffer.capacity, "window": len(buffer._window)}})
+        return {"file": file.name, "token": token}
+
+    def _load_replay(self, resume: dict) -> bool:
+        """Fill the new replay buffer from the file the checkpoint names, when it was saved with one; a missing or
+        mismatched file is a warning (the buffer then fills from empty). Returns whether it was restored."""
+        saved = resume["meta"].get("replay_buffer")
+        if not isinstance(saved, dict) or self.strategy.enabled:
+            return False
+        file = resume["path"].with_name(str(saved.get("file")))
+        try:
+            tensors, meta = load_checkpoint(file, device=self.buffer.storage_device)
+        except UserError as error:
+            warnings.warn(f"The replay buffer saved with '{resume['path']}' cannot be read ({error}); it refills from "
+                          "empty.", stacklevel=4)
+            return False
+        info = meta.get("replay_buffer") or {}
+        buffer = self.buffer
+        if info.get("token") != saved.get("token") or info.get("capacity") != buffer.capacity:
+            warnings.warn(f"'{file}' does not belong to '{resume['path']}' (a later save wrote it, or the buffer size "
+                          "changed); the replay buffer refills from empty.", stacklevel=4)
+            return False
+        size = int(info["size"])
+        with torch.no_grad():
+            for name in _REPLAY_FIELDS:
+                getattr(buffer, name)[:size].copy_(tensors[name])
+        buffer.pos, buffer.size = int(info["pos"]), size
+        buffer._window = [tuple(tensors[f"window.{step}.{i}"].to(self.device) for i in range(6))
+                          for step in range(int(info.get("window", 0)))]
+        return True
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         cfg, env, buffer = self.config, self._env, self.buffer

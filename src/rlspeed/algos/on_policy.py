@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlspeed.accel import auto_accelerate
 from rlspeed.algos.base import Algorithm, require
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
@@ -110,6 +111,8 @@ class OnPolicyAlgorithm(Algorithm):
             for group in self.optimizer.param_groups:
                 group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
         self._update_step = self._make_update_step()
+        if self.accelerate == "auto":  # the rollout's forward passes, measured (same object, same parameters)
+            self.policy = auto_accelerate(self.policy, device=self.device)
         if not self.spec.discrete:
             box = self.spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
@@ -134,7 +137,7 @@ class OnPolicyAlgorithm(Algorithm):
         action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_shape, action_shape,
                                     action_dtype, self.device)
-        self._obs, _ = env.reset()
+        self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
 
     def _progress_remaining(self) -> float:
         """1 at the start of the schedule, 0 at its end (see `Algorithm.learn` for what the schedule spans)."""

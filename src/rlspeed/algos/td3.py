@@ -114,6 +114,20 @@ class TD3(OffPolicyAlgorithm):
         if self._ou_noise is None or self._ou_noise.shape[0] != env.num_envs:
             self._ou_noise = torch.zeros(env.num_envs, self.spec.action_dim, device=self.device)
 
+    def _algorithm_state(self):
+        tensors, values = super()._algorithm_state()
+        values["critic_updates"] = self._critic_updates  # where the policy delay stands
+        if self._ou_noise is not None:
+            tensors["ou_noise"] = self._ou_noise
+        return tensors, values
+
+    def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        super()._load_algorithm_state(tensors, values)
+        self._critic_updates = int(values.get("critic_updates", self._critic_updates))
+        noise = tensors.get("ou_noise")
+        if noise is not None and self._ou_noise is not None and noise.shape == self._ou_noise.shape:
+            self._ou_noise.copy_(noise)
+
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         cfg = self.config
         actions = self.actor(obs.flatten(1))

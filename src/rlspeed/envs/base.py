@@ -70,6 +70,16 @@ class BatchedEnv:
     def close(self) -> None:
         """Release subprocesses or other resources (no-op by default)."""
 
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Everything needed to continue exactly where the env is now, as tensors (native envs: physical state,
+        step counters and random streams), or None when the backend cannot restore its episodes in progress
+        (Gymnasium and Stable-Baselines3 envs: a resumed run starts them afresh)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_dict` returned (same kind of env, same `num_envs`)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore its state.")
+
     @property
     def single_observation_space(self) -> gym.Space:
         return gym.spaces.Box(-float("inf"), float("inf"), self.spec.observation_shape)
@@ -113,6 +123,31 @@ class EnvWrapper(BatchedEnv):
         """Close the inner env."""
         self.env.close()
 
+    def state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The inner env's state plus this wrapper's own (`_own_state`, keys prefixed with the class name); None when
+        the inner env's cannot be restored."""
+        inner = self.env.state_dict()
+        if inner is None:
+            return None
+        prefix = type(self).__name__ + "."
+        return {**inner, **{prefix + key: value for key, value in self._own_state().items()}}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore the inner env's state, then this wrapper's own."""
+        self.env.load_state_dict(state)
+        prefix = type(self).__name__ + "."
+        own = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+        if own:
+            self._load_own_state(own)
+
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        """This wrapper's running tensors that exact resume needs (none by default)."""
+        return {}
+
+    def _load_own_state(self, state: dict[str, torch.Tensor]) -> None:
+        for key, value in state.items():
+            getattr(self, key).copy_(value)
+
     @property
     def unwrapped(self) -> BatchedEnv:
         return self.env.unwrapped
@@ -154,20 +189,28 @@ class EnvWrapper(BatchedEnv):
 class EpisodeStatistics(EnvWrapper):
     """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards.
 
-    Applied innermost by `make_env`, so returns are the env's own, before any reward normalisation.
-    Everything stays on the device; nothing is read back to the host.
+    Applied innermost by `make_env`, so returns are the env's own, before any reward normalisation. The numerics
+    guard of the model training on it (`rlspeed.numerics.EnvValueGuard`, set as `numerics`) checks the env's values
+    here, before anything else sees them. Everything stays on the device; nothing is read back to the host.
     """
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
         self._return = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+        self.numerics = None  # an EnvValueGuard, set by the model that trains on this env
 
     def reset(self, seed: int | None = None):
         """Zero the running episode totals, then reset the inner env."""
         self._return = torch.zeros_like(self._return)
         self._length = torch.zeros_like(self._length)
-        return self.env.reset(seed=seed)
+        obs, info = self.env.reset(seed=seed)
+        if self.numerics is not None:
+            obs = self.numerics.check(obs)[0]
+        return obs, info
+
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        return {"_return": self._return, "_length": self._length}
 
     def step(self, actions: torch.Tensor):
         """Step the inner env and add `info["done"]`, `info["episode_return"]` and `info["episode_length"]`.
@@ -176,6 +219,10 @@ class EpisodeStatistics(EnvWrapper):
         current episode's running totals, which callers should ignore.
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
+        if self.numerics is not None:
+            final_obs = info["final_obs"]
+            obs, reward, checked_final = self.numerics.check(obs, reward, final_obs, actions)
+            info["final_obs"] = obs if final_obs is obs or checked_final is None else checked_final
         done = terminated | truncated
         # Fresh tensors each step (no copies): the returned totals stay valid after later steps.
         episode_return, episode_length = self._return + reward, self._length + 1.0

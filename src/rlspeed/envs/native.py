@@ -160,6 +160,29 @@ class NativeEnv(BatchedEnv):
         counters = counters.mul_(_COUNTER_STEP).view(steps, 1, k)  # number j of env i: hash(key_i ^ j * step)
         return self._hash_block(counters, self._keys, self._keys_low, self.state_dtype)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything a resumed run needs to continue these envs exactly: states, episode step counters and the
+        per-env random streams (their keys and how far they have been drawn)."""
+        position = torch.tensor([self._draws, self._block_pos, 0 if self._block is None else self._block.shape[0]],
+                                dtype=torch.int64)
+        return {"native.state": self.state, "native.elapsed_steps": self.elapsed_steps, "native.keys": self._keys,
+                "native.keys_low": self._keys_low, "native.draws": position}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_dict` returned (ValueError for another number of envs or state size)."""
+        saved = state["native.state"]
+        if tuple(saved.shape) != (self.num_envs, self.state_size):
+            raise ValueError(f"the saved env state has shape {tuple(saved.shape)}, these envs "
+                             f"{(self.num_envs, self.state_size)}")
+        self.state = saved.to(self.device, self.state_dtype).clone()
+        self.elapsed_steps = state["native.elapsed_steps"].to(self.device, torch.int32).clone()
+        self._keys = state["native.keys"].to(self.device, torch.int32).clone()
+        self._keys_low = state["native.keys_low"].to(self.device, torch.int32).clone()
+        draws, block_pos, block_steps = (int(v) for v in state["native.draws"].tolist())
+        self._draws, self._block_pos = draws, block_pos
+        # the block being drawn from, recomputed: its first draw is `block_pos` draws back
+        self._block = None if block_steps == 0 else self._draw_block(draws - block_pos, block_steps)
+
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Draw fresh states for every env and return (obs, {}); zero the episode step counters.
 

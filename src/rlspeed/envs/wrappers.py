@@ -110,6 +110,9 @@ class NormalizeReward(EnvWrapper):
         self.clip = clip
         self._returns = torch.zeros(env.num_envs, device=env.device, dtype=torch.float32)
 
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        return {"_returns": self._returns}
+
     def reset(self, seed: int | None = None):
         """Zero the running discounted returns, then reset the inner env (observations unchanged)."""
         self._returns.zero_()

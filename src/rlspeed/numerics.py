@@ -1,0 +1,283 @@
+"""The numerics guard: no silent NaN or infinity in what an env returns or in what training learns.
+
+Two parts, both on by default and both free of per-step host syncs:
+
+* `EnvValueGuard` sits in the innermost wrapper of the training env (`EpisodeStatistics`), so it sees the env's own
+  observations and rewards before any normalisation. Each step adds a few small kernels: the row sums of the
+  observations, the final observations and the reward are accumulated per env on the device (a sum is non-finite
+  when any of its terms is, and stays so), with a count of the steps each env stayed clean. With
+  `nan_policy="mask"` non-finite values are also replaced by 0 before anything else sees them, and the rows that
+  had any are counted.
+* `NumericsGuard` (one per algorithm) reads those counters and a fused `isfinite` check of every trained tensor
+  (parameters, target networks, optimizer state, normalisation statistics) once per log interval, in the same host
+  transfer as the metrics. Finite: the tensors become the "last good" snapshot (device copies). Not finite: they are
+  restored from the snapshot in place (the updates since the last read are undone, whichever update implementation
+  made them: autograd, hand-derived or captured graphs) and the rollback is counted; after
+  `MAX_CONSECUTIVE_ROLLBACKS` rollbacks in a row training stops with `DivergedError`. So a run never ends with
+  non-finite weights and a normal return.
+
+The guard rolls back per log interval rather than skipping single updates: skipping one update without a host sync
+would need a copy of every parameter and optimizer state before each update and a `torch.where` after it, which
+costs as much as a small update; the interval check costs a few kernels per second.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from rlspeed.device import rules
+from rlspeed.errors import UserError
+
+NAN_POLICIES = ("raise", "mask")
+
+#: Rollbacks in a row (log intervals whose updates made a tensor non-finite) before training stops.
+MAX_CONSECUTIVE_ROLLBACKS = 10
+
+
+class NumericsError(UserError, RuntimeError):
+    """Training met NaN or infinity it cannot carry on with (the CLI prints the message and exits with code 2)."""
+
+
+class NonFiniteEnvError(NumericsError):
+    """The env returned a NaN or infinite observation or reward (with `nan_policy="raise"`).
+
+    `env_index` is the env's row in the batch, `step` the env's step at which it happened (0 is the first reset),
+    `rows` how many envs returned such values by the time it was noticed.
+    """
+
+    def __init__(self, env_id: str, env_index: int, step: int, rows: int):
+        self.env_index, self.step, self.rows = env_index, step, rows
+        others = f" ({rows - 1} other envs too)" if rows > 1 else ""
+        where = "at its first reset" if step == 0 else f"at its step {step:,}"
+        super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward in env {env_index} "
+                         f"{where}{others}; fix the env, or pass nan_policy='mask' (CLI: --nan-policy mask) to replace "
+                         "such values by 0 and count them.")
+
+
+class DivergedError(NumericsError):
+    """Training made the parameters or optimizer state non-finite again and again, even after restoring the last
+    finite ones."""
+
+
+def _find_episode_statistics(env):
+    """The innermost `EpisodeStatistics` wrapper of a batched env (every env `make_env` builds has one), or None."""
+    from rlspeed.envs.base import EnvWrapper, EpisodeStatistics
+
+    while env is not None:
+        if isinstance(env, EpisodeStatistics):
+            return env
+        env = env.__dict__.get("env") if isinstance(env, EnvWrapper) else None
+    return None
+
+
+class EnvValueGuard:
+    """Per-env device counters of non-finite observations and rewards, updated by `EpisodeStatistics` each step.
+
+    `raise` policy: `sums` accumulates each env's observation, final-observation and reward sums (float64 where the
+    device has it, so finite values cannot overflow it); `clean` counts the observations (reset included) made while
+    the env's sum was still finite, which is the step of its first non-finite value. `mask` policy: values are
+    replaced by 0, `bad` counts each env's steps that had any, and `clean` the steps before its first.
+    """
+
+    def __init__(self, num_envs: int, device: torch.device, policy: str):
+        self.policy = policy
+        self.dtype = torch.float64 if rules(device).float64 else torch.float32
+        self.sums = torch.zeros(num_envs, device=device, dtype=self.dtype)
+        self.clean = torch.zeros(num_envs, device=device, dtype=torch.int64)
+        self.bad = torch.zeros(num_envs, device=device, dtype=torch.int64)
+        # The same for the actions the env was given (float actions only): a non-finite observation that follows a
+        # non-finite action is the policy's doing (training diverged), not the env's.
+        self.action_sums = torch.zeros_like(self.sums)
+        self.action_clean = torch.zeros_like(self.clean)
+        self.steps = 0  # observations so far (host count; the reset is the first)
+        self.float_actions = False
+
+    def check(self, obs: torch.Tensor, reward: torch.Tensor | None = None, final_obs: torch.Tensor | None = None,
+              actions: torch.Tensor | None = None):
+        """Count this step's non-finite values (no host sync); returns (obs, reward, final_obs), with non-finite
+        values replaced by 0 under the `mask` policy. `reward` and `actions` are None at a reset; `final_obs` may be
+        `obs` itself."""
+        self.steps += 1
+        if final_obs is obs:
+            final_obs = None
+        if actions is not None and actions.is_floating_point():
+            if not self.float_actions:  # (integer actions are always finite: counted from the first float ones)
+                self.float_actions = True
+                self.action_clean.fill_(self.steps - 1)
+            self.action_sums.add_(actions.reshape(actions.shape[0], -1).sum(1, dtype=self.dtype))
+        if self.float_actions:
+            self.action_clean.add_(self.action_sums.isfinite())
+        if self.policy == "raise":
+            sums = self.sums
+            if reward is not None:
+                sums.add_(reward)
+            for values in (obs, final_obs):
+                if isinstance(values, torch.Tensor) and values.is_floating_point():
+                    sums.add_(values.flatten(1).sum(1, dtype=self.dtype))
+            self.clean.add_(sums.isfinite())
+            return obs, reward, final_obs
+        total = torch.zeros_like(self.sums) if reward is None else reward.to(self.dtype)
+        for values in (obs, final_obs):
+            if isinstance(values, torch.Tensor) and values.is_floating_point():
+                total = total.add_(values.flatten(1).sum(1, dtype=self.dtype))
+        self.bad.add_(total.isfinite().logical_not_())
+        self.clean.add_(self.bad == 0)
+
+        def zeroed(values):
+            if isinstance(values, torch.Tensor) and values.is_floating_point():
+                return torch.nan_to_num(values, nan=0.0, posinf=0.0, neginf=0.0)
+            return values
+
+        return zeroed(obs), zeroed(reward), zeroed(final_obs)
+
+    def summary(self) -> torch.Tensor:
+        """[envs whose own values were non-finite, the first such env, its step, masked rows, envs given non-finite
+        actions first] on the device (a few kernels)."""
+        bad = self.bad > 0 if self.policy == "mask" else self.sums.isfinite().logical_not_()
+        # Both counts advance on every observation (reset or step), so an env whose first non-finite action came at or
+        # before its first non-finite observation has action_clean <= clean.
+        caused = bad & (self.action_clean <= self.clean) if self.float_actions else torch.zeros_like(bad)
+        own = bad & ~caused
+        clean = torch.where(own, self.clean, torch.iinfo(torch.int64).max)
+        first = clean.argmin()
+        return torch.stack((own.sum(), first, self.clean[first], self.bad.sum(), caused.sum())).to(self.dtype)
+
+    def forget(self) -> None:
+        """After a rollback: the non-finite values seen so far were the diverged policy's doing; count afresh (the
+        steps so far as clean ones)."""
+        self.sums.zero_()
+        self.action_sums.zero_()
+        self.clean.fill_(self.steps)
+        self.action_clean.fill_(self.steps)
+        self.bad.zero_()
+
+
+class NumericsGuard:
+    """The algorithm's side of the guard: reads the env counters and checks every trained tensor once per log
+    interval, keeps the last finite tensors, rolls back to them, and reports (`report`)."""
+
+    def __init__(self, enabled: bool = True, nan_policy: str = "raise",
+                 max_rollbacks: int = MAX_CONSECUTIVE_ROLLBACKS):
+        if nan_policy not in NAN_POLICIES:
+            raise UserError(f"nan_policy must be one of {', '.join(NAN_POLICIES)}, got {nan_policy!r}.")
+        self.enabled, self.nan_policy, self.max_rollbacks = bool(enabled), nan_policy, int(max_rollbacks)
+        self.env_guard: EnvValueGuard | None = None
+        self.env_checked = False
+        self.rollbacks = 0
+        self.consecutive_rollbacks = 0
+        self.rolled_back_timesteps = 0
+        self.masked_env_rows = 0
+        self._masked_before = 0  # rows masked before a resume
+        self.first_env_index: int | None = None
+        self.first_env_step: int | None = None
+        self._snapshot: dict[str, torch.Tensor] | None = None
+        self._snapshot_timesteps = 0
+
+    def attach(self, env) -> None:
+        """Watch the training env's values (through its `EpisodeStatistics` wrapper; an env without one is not
+        watched, and `report` says so)."""
+        if not self.enabled:
+            return
+        stats = _find_episode_statistics(env)
+        self.env_checked = stats is not None
+        if stats is None:
+            return
+        if stats.numerics is None or stats.numerics.policy != self.nan_policy:
+            stats.numerics = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
+        self.env_guard = stats.numerics
+
+    def device_values(self, tensors: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor | None:
+        """What the next host read needs, as one device vector: [all tensors finite, env summary...]; None when the
+        guard is off."""
+        if not self.enabled:
+            return None
+        floats = [t for t in tensors.values() if t.is_floating_point()]
+        finite = torch.stack([t.isfinite().all() for t in floats]).all() if floats else torch.ones((), dtype=bool)
+        dtype = torch.float64 if rules(device).float64 else torch.float32
+        parts = [finite.to(device, dtype).reshape(1)]
+        if self.env_guard is not None:
+            parts.append(self.env_guard.summary().to(device, dtype))
+        return torch.cat(parts)
+
+    def snapshot(self, tensors: dict[str, torch.Tensor], timesteps: int) -> None:
+        """Keep device copies of `tensors` as the last good state (copied into the previous copies when the set of
+        tensors is unchanged)."""
+        old = self._snapshot
+        if old is not None and old.keys() == tensors.keys() and all(
+                old[k].shape == t.shape and old[k].dtype == t.dtype for k, t in tensors.items()):
+            with torch.no_grad():
+                torch._foreach_copy_([old[k] for k in tensors], list(tensors.values()))
+        else:
+            self._snapshot = {name: t.detach().clone() for name, t in tensors.items()}
+        self._snapshot_timesteps = timesteps
+
+    def after_read(self, values: list[float], tensors: dict[str, torch.Tensor], env_id: str,
+                   timesteps: int) -> bool:
+        """Act on what `device_values` read: raise for non-finite env values (`raise` policy), count masked ones,
+        roll back non-finite tensors (or stop after too many rollbacks in a row), else take a new snapshot. Returns
+        whether it rolled back (then the caller restarts the training envs' episodes: a diverged policy may have left
+        them in non-finite states)."""
+        finite = values[0] > 0.5
+        if len(values) > 1:
+            rows, first_env, first_step, masked, caused = (int(v) for v in values[1:6])
+            if rows and self.first_env_index is None:
+                self.first_env_index, self.first_env_step = first_env, first_step
+            self.masked_env_rows = self._masked_before + masked
+            if rows and self.nan_policy == "raise":
+                raise NonFiniteEnvError(env_id, first_env, first_step, rows)
+            finite = finite and not caused  # non-finite actions went to the env: the policy diverged
+        if finite:
+            self.consecutive_rollbacks = 0
+            self.snapshot(tensors, timesteps)
+            return False
+        self.rollbacks += 1
+        self.consecutive_rollbacks += 1
+        self.rolled_back_timesteps += timesteps - self._snapshot_timesteps
+        self.restore(tensors)  # (also before stopping: the model a caller then saves holds the last finite state)
+        if self.consecutive_rollbacks >= self.max_rollbacks:
+            raise DivergedError(
+                f"Training made the parameters or optimizer state NaN or infinite {self.consecutive_rollbacks} times "
+                f"in a row (at {timesteps:,} steps), even after restoring the last finite ones (those of step "
+                f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
+                "(max_grad_norm).")
+        if self.env_guard is not None:
+            self.env_guard.forget()
+        warnings.warn(f"rlspeed: non-finite parameters or optimizer state at {timesteps:,} steps: restored those of "
+                      f"step {self._snapshot_timesteps:,} (rollback {self.rollbacks}); the training envs restart their "
+                      "episodes.", RuntimeWarning, stacklevel=3)
+        return True
+
+    def restore(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy the snapshot into `tensors` in place (views of flat buffers and captured graphs keep their memory);
+        a tensor the snapshot lacks (optimizer state created after it) starts from zero, as a fresh optimizer's."""
+        snapshot = self._snapshot or {}
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                saved = snapshot.get(name)
+                if saved is not None and saved.shape == tensor.shape:
+                    tensor.copy_(saved)
+                else:
+                    tensor.zero_()
+
+    def state(self) -> dict:
+        """The counts a checkpoint carries, so that a resumed run's report covers the whole run."""
+        return {"rollbacks": self.rollbacks, "rolled_back_timesteps": self.rolled_back_timesteps,
+                "masked_env_rows": self.masked_env_rows, "first_env_index": self.first_env_index,
+                "first_env_step": self.first_env_step}
+
+    def load_state(self, state: dict) -> None:
+        """Continue the counts of `state` (the env counters on the device start again from zero)."""
+        self.rollbacks = int(state.get("rollbacks", 0))
+        self.rolled_back_timesteps = int(state.get("rolled_back_timesteps", 0))
+        self._masked_before = int(state.get("masked_env_rows", 0))
+        self.masked_env_rows = self._masked_before
+        self.first_env_index, self.first_env_step = state.get("first_env_index"), state.get("first_env_step")
+
+    def report(self) -> dict:
+        """What the guard saw and did (summary.json's `numerics`)."""
+        return {"guard": self.enabled, "nan_policy": self.nan_policy, "env_values_checked": self.env_checked,
+                "nonfinite_env_rows_masked": self.masked_env_rows, "first_nonfinite_env": self.first_env_index,
+                "first_nonfinite_env_step": self.first_env_step, "rollbacks": self.rollbacks,
+                "rolled_back_timesteps": self.rolled_back_timesteps, "max_consecutive_rollbacks": self.max_rollbacks}

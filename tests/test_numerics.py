@@ -1,0 +1,162 @@
+"""The numerics guard: NaN/inf from an env raise (naming the env and step) or are masked; non-finite weights are
+rolled back, and training never ends normally with them."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlspeed import A2C, DQN, PPO, SAC, TD3
+from rlspeed.errors import UserError
+from rlspeed.numerics import MAX_CONSECUTIVE_ROLLBACKS, DivergedError, NonFiniteEnvError
+
+SMALL = {PPO: dict(num_steps=16, batch_size=32, n_epochs=2, net_arch=(16,)),
+         A2C: dict(net_arch=(16,)),
+         DQN: dict(learning_starts=32, batch_size=16, net_arch=(16,), buffer_size=1000, train_freq=1),
+         SAC: dict(learning_starts=32, batch_size=16, net_arch=(16,), buffer_size=1000),
+         TD3: dict(learning_starts=32, batch_size=16, net_arch=(16,), buffer_size=1000)}
+ENV_OF = {PPO: "CartPole-v1", A2C: "Pendulum-v1", DQN: "CartPole-v1", SAC: "Pendulum-v1", TD3: "Pendulum-v1"}
+
+
+class InjectNonFinite(gym.Wrapper):
+    """Replaces an observation element or the reward by NaN, +inf or -inf: with `probability` per step, or exactly at
+    step `at_step` (counting this env's steps over all its episodes)."""
+
+    def __init__(self, env: gym.Env, probability: float = 0.0, at_step: int | None = None, seed: int = 0):
+        super().__init__(env)
+        self.probability, self.at_step, self.steps = probability, at_step, 0
+        self.rng = np.random.default_rng(seed)
+        self.injected = 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps == self.at_step or (self.at_step is None and self.rng.random() < self.probability):
+            value = (math.nan, math.inf, -math.inf)[self.rng.integers(3)]
+            self.injected += 1
+            if self.rng.random() < 0.5:
+                obs = np.array(obs, copy=True)
+                obs[self.rng.integers(obs.size)] = value
+            else:
+                reward = value
+        return obs, reward, terminated, truncated, info
+
+
+def _vector_env(env_id: str, faulty_env: int, **inject) -> gym.vector.SyncVectorEnv:
+    """Two envs with SAME_STEP autoreset; only env `faulty_env` returns non-finite values."""
+    def make(index):
+        return lambda: InjectNonFinite(gym.make(env_id), **inject) if index == faulty_env else gym.make(env_id)
+    return gym.vector.SyncVectorEnv([make(0), make(1)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def _weights_finite(model) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in model._guarded_tensors().values() if t.is_floating_point())
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C, DQN, SAC, TD3], ids=lambda a: a.__name__)
+def test_nan_and_inf_from_the_env_raise_by_default_naming_the_env(algo):
+    model = algo(_vector_env(ENV_OF[algo], faulty_env=1, probability=0.01), seed=0, device="cpu", **SMALL[algo])
+    with pytest.raises(NonFiniteEnvError, match=r"in env 1 at its step [\d,]+.*nan_policy='mask'") as caught:
+        model.learn(1500, progress_bar=False)
+    assert caught.value.env_index == 1 and caught.value.step >= 1
+    assert isinstance(caught.value, UserError)  # the CLI prints it as one sentence (exit 2)
+
+
+def test_the_error_names_the_exact_step():
+    model = PPO(_vector_env("CartPole-v1", faulty_env=1, at_step=37), seed=0, device="cpu", **SMALL[PPO])
+    with pytest.raises(NonFiniteEnvError) as caught:
+        model.learn(256, progress_bar=False)
+    assert (caught.value.env_index, caught.value.step, caught.value.rows) == (1, 37, 1)
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C, DQN, SAC, TD3], ids=lambda a: a.__name__)
+def test_masked_nan_and_inf_are_counted_and_the_weights_stay_finite(algo):
+    vector_env = _vector_env(ENV_OF[algo], faulty_env=0, probability=0.01, seed=1)
+    model = algo(vector_env, seed=0, device="cpu", nan_policy="mask", **SMALL[algo])
+    model.learn(1500, progress_bar=False)
+    injected = vector_env.envs[0].injected
+    report = model.numerics_report()
+    assert injected > 0
+    assert report["nonfinite_env_rows_masked"] == injected and report["first_nonfinite_env"] == 0
+    assert report["rollbacks"] == 0
+    assert _weights_finite(model)
+
+
+def test_normalisation_statistics_never_see_masked_values():
+    """The guard sits inside the normalising wrappers: masked values are replaced before the running statistics
+    fold them in."""
+    from rlspeed import make_env
+
+    env = make_env(_vector_env("Pendulum-v1", faulty_env=1, probability=0.05), normalize_obs=True,
+                   normalize_reward=True)
+    model = PPO(env, seed=0, device="cpu", nan_policy="mask", **SMALL[PPO]).learn(512, progress_bar=False)
+    assert model.numerics_report()["nonfinite_env_rows_masked"] > 0
+    assert all(bool(torch.isfinite(t).all()) for t in (*model.obs_rms.state_dict().values(),
+                                                       *model.return_rms.state_dict().values()))
+
+
+def test_an_unknown_nan_policy_is_one_sentence():
+    with pytest.raises(UserError, match="nan_policy must be one of raise, mask"):
+        PPO("CartPole-v1", device="cpu", nan_policy="ignore")
+
+
+@pytest.mark.parametrize("fused_update", [True, False], ids=["hand-derived", "autograd"])
+def test_non_finite_weights_are_rolled_back_to_the_last_finite_ones(fused_update):
+    """Whichever update implementation runs, weights made NaN during training are restored from the last log
+    interval's (optimizer moments included) and the rollback is counted."""
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, fused_update=fused_update,
+                **SMALL[PPO])
+    assert model.update_summary()["implementation"] == ("hand-derived" if fused_update else "autograd")
+    poisoned = []
+
+    def poison_once(local):
+        if model.num_timesteps >= 256 and not poisoned:
+            with torch.no_grad():
+                next(model.policy.parameters()).view(-1)[0] = math.nan
+            poisoned.append(model.num_timesteps)
+
+    with pytest.warns(RuntimeWarning, match="restored those of step"):
+        model.learn(640, progress_bar=False, log_interval_s=0.0, callback=poison_once)
+    report = model.numerics_report()
+    assert report["rollbacks"] == 1 and report["rolled_back_timesteps"] > 0
+    assert _weights_finite(model) and model.num_timesteps == 640
+
+
+def test_training_that_keeps_diverging_stops_with_a_clear_error():
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, **SMALL[PPO])
+
+    def poison(local):
+        with torch.no_grad():
+            next(model.policy.parameters()).view(-1)[0] = math.inf
+
+    stops = pytest.raises(DivergedError, match=f"{MAX_CONSECUTIVE_ROLLBACKS} times in a row")
+    with pytest.warns(RuntimeWarning), stops:
+        model.learn(10_000, progress_bar=False, log_interval_s=0.0, callback=poison)
+    assert _weights_finite(model)  # the last finite weights are what a caller saving the model gets
+
+
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_sac_with_a_huge_learning_rate_never_ends_normally_with_nan_weights(backend):
+    """learning_rate=1e3: the run either stays finite through rollbacks or stops with DivergedError; it never
+    returns with NaN weights. The NaN observations that the diverged policy's NaN actions cause are not blamed on
+    the env."""
+    model = SAC("Pendulum-v1", seed=0, device="cpu", env_backend=backend, learning_rate=1e3, **SMALL[SAC])
+    try:
+        with pytest.warns(RuntimeWarning, match="restored"):
+            model.learn(2000, progress_bar=False, log_interval_s=0.0)
+    except DivergedError:
+        pass
+    assert model.numerics_report()["rollbacks"] > 0
+    assert _weights_finite(model)
+
+
+def test_the_guard_can_be_switched_off():
+    """numerics_guard=False: no checks at all (for measuring what the guard costs); NaN flows through."""
+    model = PPO(_vector_env("CartPole-v1", faulty_env=1, at_step=5), seed=0, device="cpu", numerics_guard=False,
+                **SMALL[PPO])
+    model.learn(128, progress_bar=False)
+    assert model.numerics_report()["guard"] is False

@@ -1,0 +1,142 @@
+"""Exact resume: a run killed after a checkpoint and resumed is bitwise the uninterrupted run (CPU, native envs)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from rlspeed import DQN, PPO, SAC
+from rlspeed.algos.off_policy import REPLAY_SUFFIX
+
+TOTAL = 1024
+CHECKPOINT_FREQ = 384
+
+
+class Killed(Exception):
+    """Stands for a kill -9 right after the checkpoint was written."""
+
+
+def _settings(algo):
+    if algo is PPO:
+        return dict(num_envs=4, num_steps=32, batch_size=64, n_epochs=2, net_arch=(16, 16), normalize_obs=True,
+                    normalize_reward=True)
+    if algo is SAC:
+        return dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000, n_step=3,
+                    save_replay_buffer=True)
+    return dict(num_envs=4, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000, train_freq=2,
+                target_update_interval=128, save_replay_buffer=True)
+
+
+def _model(algo, env_id):
+    return algo(env_id, seed=3, device="cpu", env_backend="torch", **_settings(algo))
+
+
+def _tensors(path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path), "pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+def _metadata(path) -> dict:
+    with safe_open(str(path), "pt") as handle:
+        return json.loads(handle.metadata()["rlspeed"])
+
+
+@pytest.mark.parametrize(("algo", "env_id"), [(PPO, "Pendulum-v1"), (PPO, "CartPole-v1"), (SAC, "Pendulum-v1"),
+                                              (DQN, "CartPole-v1")])
+def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path, algo, env_id):
+    """Train to TOTAL with checkpoints; train again and kill it right after its first checkpoint; resume a fresh
+    model from that checkpoint and train on to TOTAL: every tensor of the final state (weights, optimiser moments,
+    normalisation statistics, env states and random streams, generators, replay buffer) equals the uninterrupted
+    run's, with torch.equal."""
+    uninterrupted = _model(algo, env_id)
+    uninterrupted.learn(TOTAL, progress_bar=False, run_dir=tmp_path / "a", checkpoint_freq=CHECKPOINT_FREQ)
+    expected = uninterrupted.save(tmp_path / "a" / "final")
+
+    def kill_after_checkpoint(local):
+        if (tmp_path / "b" / "checkpoint.safetensors").exists():
+            raise Killed
+
+    killed = _model(algo, env_id)
+    with pytest.raises(Killed):
+        killed.learn(TOTAL, progress_bar=False, run_dir=tmp_path / "b", checkpoint_freq=CHECKPOINT_FREQ,
+                     callback=kill_after_checkpoint)
+    checkpoint = tmp_path / "b" / "checkpoint.safetensors"
+    assert 0 < _metadata(checkpoint)["num_timesteps"] < TOTAL
+    # the process dies: anything left in the global generators must not matter
+    torch.manual_seed(12345), np.random.seed(54321), random.seed(999)
+
+    resumed = _model(algo, env_id)
+    resumed.resume(checkpoint)
+    resumed.learn(TOTAL - resumed.num_timesteps, progress_bar=False, run_dir=tmp_path / "b",
+                  checkpoint_freq=CHECKPOINT_FREQ)
+    assert resumed.num_timesteps == uninterrupted.num_timesteps == TOTAL
+    assert resumed.restarts == 1
+    got = resumed.save(tmp_path / "b" / "final")
+
+    want_tensors, got_tensors = _tensors(expected), _tensors(got)
+    assert want_tensors.keys() == got_tensors.keys()
+    assert any(name.startswith("resume.env.") for name in want_tensors)  # the native env's state is in there
+    different = [name for name in want_tensors if not torch.equal(want_tensors[name], got_tensors[name])]
+    assert different == []
+    want_meta, got_meta = _metadata(expected)["resume"], _metadata(got)["resume"]
+    assert got_meta["rng"] == want_meta["rng"]
+    assert got_meta["loop"]["next_checkpoint"] == want_meta["loop"]["next_checkpoint"]
+    if algo is not PPO:  # the replay buffers, saved beside the checkpoints, hold the same transitions
+        want_replay = _tensors(expected.with_name("final" + REPLAY_SUFFIX))
+        got_replay = _tensors(got.with_name("final" + REPLAY_SUFFIX))
+        assert want_replay.keys() == got_replay.keys()
+        assert all(torch.equal(want_replay[name], got_replay[name]) for name in want_replay)
+
+
+def test_steps_to_target_counts_from_the_start_of_the_run_and_restarts_count_resumes(tmp_path):
+    """A target reached after a resume is reported in steps since the run's start, not since the resume; each
+    resume of the run counts once more."""
+    settings = dict(seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=64, n_epochs=2,
+                    net_arch=(16,))
+    first = PPO("CartPole-v1", **settings)
+    first.learn(512, progress_bar=False, run_dir=tmp_path, checkpoint_freq=256)
+    second = PPO("CartPole-v1", **settings)
+    second.resume(tmp_path / "checkpoint.safetensors")
+    resumed_at = second.num_timesteps
+    assert resumed_at == 512 and second.restarts == 1
+    second.learn(256, progress_bar=False, run_dir=tmp_path, checkpoint_freq=128, target_return=-1.0, eval_freq=128)
+    assert second.result.steps_to_target == resumed_at + 128  # evaluated at 640 steps of the run
+    third = PPO("CartPole-v1", **settings)
+    third.resume(tmp_path / "checkpoint.safetensors")
+    assert third.restarts == 2
+
+
+def test_resuming_gymnasium_envs_says_what_cannot_be_restored(tmp_path):
+    settings = dict(seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=16, batch_size=32,
+                    n_epochs=1, net_arch=(8,))
+    PPO("CartPole-v1", **settings).learn(64, progress_bar=False, run_dir=tmp_path, checkpoint_freq=32)
+    resumed = PPO("CartPole-v1", **settings)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    with pytest.warns(UserWarning, match="cannot restore their episodes in progress"):
+        resumed.learn(32, progress_bar=False)
+
+
+def test_a_checkpoint_without_resume_state_still_resumes_and_loads(tmp_path):
+    """Checkpoints written before they carried the resume state (no `resume` metadata, no `resume.*` tensors) load
+    and resume as before: fresh episodes, the saved weights."""
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    settings = dict(seed=0, device="cpu", env_backend="torch", num_envs=2, num_steps=16, batch_size=32, n_epochs=1,
+                    net_arch=(8,))
+    model = PPO("CartPole-v1", **settings).learn(64, progress_bar=False)
+    tensors, meta = load_checkpoint(model.save(tmp_path / "new"))
+    old_tensors = {name: value for name, value in tensors.items() if not name.startswith("resume.")}
+    old_meta = {key: value for key, value in meta.items() if key not in ("resume", "digest", "format", "version")}
+    old = save_checkpoint(tmp_path / "old", old_tensors, old_meta)
+    loaded = PPO.load(old, device="cpu")
+    assert torch.equal(loaded.policy.state_dict()["body.weights.0"], model.policy.state_dict()["body.weights.0"])
+    resumed = PPO("CartPole-v1", **settings)
+    resumed.resume(old)
+    assert resumed.restarts == 1
+    with pytest.warns(UserWarning, match="fresh episodes"):
+        resumed.learn(32, progress_bar=False)
