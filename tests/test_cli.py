@@ -380,3 +380,16 @@ def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch,
     assert config["env_id"] == "MyCartPole-v0" and config["gym_packages"] == ["my_rl_envs"]
     assert cli.main(["eval", "run", "--episodes", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
+
+
+def test_a_nan_final_evaluation_is_null_in_summary_json(monkeypatch, tmp_path, capsys):
+    from rlspeed.algos.base import Algorithm
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Algorithm, "evaluate", lambda self, **kwargs: {"mean": float("nan"), "std": float("nan"),
+                                                                       "episodes": 10})
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "128", "--num-envs", "4", "--set",
+                     "num_steps=32", "--set", "batch_size=64", "--target-return", "none", "--out", "run",
+                     "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert summary["final_eval"]["mean"] is None and summary["final_eval"]["std"] is None

@@ -491,3 +491,19 @@ def test_host_memory_is_read_from_the_system():
 
     available = available_memory_bytes(torch.device("cpu"))
     assert available is None or available > 0
+
+
+def test_sm3_from_gmssl_equals_openssl_s(monkeypatch, tmp_path):
+    """Where OpenSSL has no SM3, the gmssl package gives the same digest (checkpoints stay loadable either way)."""
+    import hashlib
+
+    pytest.importorskip("gmssl")
+    tensors = {"w": torch.arange(12.0), "b": torch.ones(3, dtype=torch.bfloat16)}
+    try:
+        expected = tensor_digest(tensors, {"x": 1}, "sm3")
+    except UserError:
+        pytest.skip("OpenSSL here has no SM3 to compare with")
+    real_new = hashlib.new
+    monkeypatch.setattr(hashlib, "new", lambda name, *a, **k: (_ for _ in ()).throw(ValueError(name))
+                        if name == "sm3" else real_new(name, *a, **k))
+    assert tensor_digest(tensors, {"x": 1}, "sm3") == expected

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import json
+
+import pytest
 
 from rlspeed.logging import RunLogger
 
@@ -68,3 +71,26 @@ def test_the_plot_leaves_matplotlib_s_backend_alone(tmp_path):
         assert matplotlib.get_backend() == "svg" and (tmp_path / "learning_curve.png").exists()
     finally:
         matplotlib.use(before)
+
+
+def test_summary_json_is_strict_json():
+    """NaN and infinity (a diverged run's evaluation) are written as null: most JSON parsers refuse NaN."""
+    from rlspeed.logging import strict_json
+
+    text = strict_json({"final_eval": {"mean": float("nan"), "std": float("inf"), "episodes": 10},
+                        "returns": [1.0, float("-inf")], "sps": 3.5})
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(name)) == {
+        "final_eval": {"mean": None, "std": None, "episodes": 10}, "returns": [1.0, None], "sps": 3.5}
+
+
+def test_non_finite_metrics_are_empty_cells(tmp_path):
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log({"timesteps": 1, "episode_return": float("nan"), "loss": float("inf")})
+    logger.log({"timesteps": 2, "episode_return": 5.0, "loss": 0.5})
+    logger.close()
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows[0]["episode_return"] == "" and rows[0]["loss"] == ""
+    assert rows[1]["episode_return"] == "5.0"
+    continued = RunLogger(tmp_path, tensorboard=False, continue_from=2)
+    assert continued.rows == [{"timesteps": 1}, {"timesteps": 2, "episode_return": 5.0, "loss": 0.5}]

@@ -109,8 +109,7 @@ def _parse_set(pairs: list[str]) -> dict:
             out[key] = yaml.safe_load(value)
         except (yaml.YAMLError, ValueError, OverflowError):
             raise UserError(f"--set {key}: cannot read value '{value}'.") from None
-        if key != "target_return":  # (target_return=inf is spelled 'none')
-            _finite_values(key, out[key])
+        _finite_values(key, out[key])
     return out
 
 
@@ -666,6 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    """`message` with every unprintable character escaped: a user's text echoed in it cannot break the line."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `rlspeed` command on `argv` (default: `sys.argv[1:]`) and return the exit code.
 
@@ -680,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         if "--debug" in argv:
             raise
-        print(f"rlspeed: error: {error}", file=sys.stderr)
+        print(f"rlspeed: error: {_one_line(str(error))}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
     try:
@@ -688,12 +692,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         if getattr(args, "debug", False):
             raise
-        print(f"rlspeed: error: {error}", file=sys.stderr)
+        print(f"rlspeed: error: {_one_line(str(error))}", file=sys.stderr)
         return 2
     except EnvStepError as error:
         if getattr(args, "debug", False):
             raise
-        print(f"rlspeed: error: {error} (--debug shows the env's traceback).", file=sys.stderr)
+        print(f"rlspeed: error: {_one_line(str(error))} (--debug shows the env's traceback).", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("rlspeed: interrupted", file=sys.stderr)
