@@ -51,8 +51,8 @@ class DQNConfig(OffPolicyConfig):
     max_grad_norm: float = 10.0
     double_q: bool = True
     dueling: bool = False
-    # hand-derived gradient + flat Adam (fused/dqn.py) where the network allows; with --accelerate auto on
-    # CUDA the autograd update replayed as a whole-step CUDA graph instead (measured faster there)
+    # hand-derived gradient + flat Adam (fused/) where the network allows; `rlspeed.algos.update.select_update`
+    # decides (on CUDA: the autograd update as a whole-step graph instead; benchmarks/cuda_check.sh measures both)
     fused_update: bool = True
 
     def validate(self) -> None:

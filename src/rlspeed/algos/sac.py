@@ -35,8 +35,8 @@ class SACConfig(OffPolicyConfig):
     ent_coef_init: float = 1.0  # starting alpha when it is tuned
     target_entropy: float | None = None  # None: -action_dim
     n_critics: int = 2
-    # hand-derived gradients + flat Adam (fused/sac.py) where the networks allow; with --accelerate auto on
-    # CUDA the autograd update replayed as a whole-step CUDA graph instead (measured faster there)
+    # hand-derived gradients + flat Adam (fused/) where the network allows; `rlspeed.algos.update.select_update`
+    # decides (on CUDA: the autograd update as a whole-step graph instead; benchmarks/cuda_check.sh measures both)
     fused_update: bool = True
 
     def validate(self) -> None:
