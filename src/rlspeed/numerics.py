@@ -23,6 +23,7 @@ costs as much as a small update; the interval check costs a few kernels per seco
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -72,27 +73,40 @@ def _find_episode_statistics(env):
     return None
 
 
-class EnvValueGuard:
-    """Per-env device counters of non-finite observations and rewards, updated by `EpisodeStatistics` each step.
+#: Under the `raise` policy, steps are checked in blocks of up to this many (one pass over stacked values: a few
+#: kernels per block instead of a few per step) ...
+_BLOCK_STEPS = 32
+#: ... holding at most about this many observation elements.
+_BLOCK_ELEMENTS = 1 << 22
 
-    `raise` policy: `sums` accumulates each env's observation, final-observation and reward sums (float64 where the
-    device has it, so finite values cannot overflow it); `clean` counts the observations (reset included) made while
-    the env's sum was still finite, which is the step of its first non-finite value. `mask` policy: values are
-    replaced by 0, `bad` counts each env's steps that had any, and `clean` the steps before its first.
+
+class EnvValueGuard:
+    """Per-env device counters of non-finite observations and rewards, fed by `EpisodeStatistics` each step.
+
+    `sums[0]` accumulates each env's reward and observation and final-observation row sums, `sums[1]` the sums of
+    the (float) actions it was given: a sum is non-finite once any of its terms was, and stays so. The sums are float32;
+    finite values overflow them only when they reach ~1e38. `clean[k]` counts the observations (resets included) made
+    while `sums[k]` was finite: for an env, the step of its first non-finite value. Under the `raise` policy the steps
+    are kept (the env's fresh tensors, by reference) and checked a block at a time (`flush`); under `mask` each step
+    is checked at once, its non-finite values replaced by 0, and `bad` counts each env's steps that had any.
     """
 
     def __init__(self, num_envs: int, device: torch.device, policy: str):
         self.policy = policy
-        self.dtype = torch.float64 if rules(device).float64 else torch.float32
-        self.sums = torch.zeros(num_envs, device=device, dtype=self.dtype)
-        self.clean = torch.zeros(num_envs, device=device, dtype=torch.int64)
+        self.sums = torch.zeros(2, num_envs, device=device, dtype=torch.float32)
+        self.clean = torch.zeros(2, num_envs, device=device, dtype=torch.int64)
         self.bad = torch.zeros(num_envs, device=device, dtype=torch.int64)
-        # The same for the actions the env was given (float actions only): a non-finite observation that follows a
-        # non-finite action is the policy's doing (training diverged), not the env's.
-        self.action_sums = torch.zeros_like(self.sums)
-        self.action_clean = torch.zeros_like(self.clean)
-        self.steps = 0  # observations so far (host count; the reset is the first)
-        self.float_actions = False
+        self._value_sums, self._action_sums = self.sums[0], self.sums[1]
+        self.steps = 0  # observations so far (host count; the first reset is the first)
+        self._pending: list[tuple] = []  # (reward, obs, final_obs, actions) of steps not yet checked
+        self._pending_elements = 0
+        self._zeros: dict[tuple, torch.Tensor] = {}  # stand-ins for a missing reward, final obs or action
+
+    def _zeros_like(self, like: torch.Tensor) -> torch.Tensor:
+        key = (tuple(like.shape), like.dtype)
+        if key not in self._zeros:
+            self._zeros[key] = torch.zeros_like(like)
+        return self._zeros[key]
 
     def check(self, obs: torch.Tensor, reward: torch.Tensor | None = None, final_obs: torch.Tensor | None = None,
               actions: torch.Tensor | None = None):
@@ -102,28 +116,21 @@ class EnvValueGuard:
         self.steps += 1
         if final_obs is obs:
             final_obs = None
-        if actions is not None and actions.is_floating_point():
-            if not self.float_actions:  # (integer actions are always finite: counted from the first float ones)
-                self.float_actions = True
-                self.action_clean.fill_(self.steps - 1)
-            self.action_sums.add_(actions.reshape(actions.shape[0], -1).sum(1, dtype=self.dtype))
-        if self.float_actions:
-            self.action_clean.add_(self.action_sums.isfinite())
         if self.policy == "raise":
-            sums = self.sums
-            if reward is not None:
-                sums.add_(reward)
-            for values in (obs, final_obs):
-                if isinstance(values, torch.Tensor) and values.is_floating_point():
-                    sums.add_(values.flatten(1).sum(1, dtype=self.dtype))
-            self.clean.add_(sums.isfinite())
+            self._pending.append((reward, obs, final_obs, actions))
+            self._pending_elements += obs.numel() * (1 if final_obs is None else 2)
+            if len(self._pending) >= _BLOCK_STEPS or self._pending_elements >= _BLOCK_ELEMENTS:
+                self.flush()
             return obs, reward, final_obs
-        total = torch.zeros_like(self.sums) if reward is None else reward.to(self.dtype)
-        for values in (obs, final_obs):
-            if isinstance(values, torch.Tensor) and values.is_floating_point():
-                total = total.add_(values.flatten(1).sum(1, dtype=self.dtype))
-        self.bad.add_(total.isfinite().logical_not_())
-        self.clean.add_(self.bad == 0)
+        step = torch.zeros_like(self._value_sums)
+        for values in (reward, obs, final_obs):
+            if values is not None and values.is_floating_point():
+                step.add_(values.reshape(values.shape[0], -1).sum(1, dtype=torch.float32))
+        self._add_actions([actions])
+        self.bad.add_(step.isfinite().logical_not_())
+        self._value_sums.copy_(self.bad)  # (0 while clean: `clean` then counts the steps before the first bad one)
+        self._value_sums.masked_fill_(self.bad > 0, math.nan)
+        self.clean[0].add_(self._value_sums.isfinite())
 
         def zeroed(values):
             if isinstance(values, torch.Tensor) and values.is_floating_point():
@@ -132,25 +139,60 @@ class EnvValueGuard:
 
         return zeroed(obs), zeroed(reward), zeroed(final_obs)
 
+    def _accumulate(self, sums: torch.Tensor, clean: torch.Tensor, totals: torch.Tensor) -> None:
+        """Fold per-step row totals `[T, N]` into a running sum and its clean-step count."""
+        running = totals.cumsum(0).add_(sums)
+        clean.add_(running.isfinite().sum(0))
+        sums.copy_(running[-1])
+
+    def _add_actions(self, actions: list) -> None:
+        floats = [a for a in actions if a is not None and a.is_floating_point()]
+        if not floats:  # integer actions are always finite
+            self.clean[1].add_(self._action_sums.isfinite(), alpha=len(actions))
+            return
+        like = floats[0]
+        stacked = torch.stack([a if a is not None and a.is_floating_point() else self._zeros_like(like)
+                               for a in actions])
+        self._accumulate(self._action_sums, self.clean[1],
+                         stacked.reshape(len(actions), like.shape[0], -1).sum(2, dtype=torch.float32))
+
+    def flush(self) -> None:
+        """Check the kept steps in one pass (a few kernels for the block)."""
+        pending, self._pending, self._pending_elements = self._pending, [], 0
+        if not pending:
+            return
+        steps, num_envs = len(pending), self._value_sums.shape[0]
+        totals = torch.zeros(steps, num_envs, device=self._value_sums.device, dtype=torch.float32)
+        obs = [entry[1] for entry in pending]
+        if obs[0].is_floating_point():
+            finals = [final if final is not None else self._zeros_like(o) for o, (_, _, final, _) in zip(obs, pending)]
+            for values in (obs, finals):
+                totals.add_(torch.stack(values).reshape(steps, num_envs, -1).sum(2, dtype=torch.float32))
+        rewards = [entry[0] for entry in pending]
+        if any(r is not None for r in rewards):
+            zeros = self._zeros_like(next(r for r in rewards if r is not None))
+            totals.add_(torch.stack([r if r is not None else zeros for r in rewards]))
+        self._accumulate(self._value_sums, self.clean[0], totals)
+        self._add_actions([entry[3] for entry in pending])
+
     def summary(self) -> torch.Tensor:
         """[envs whose own values were non-finite, the first such env, its step, masked rows, envs given non-finite
         actions first] on the device (a few kernels)."""
-        bad = self.bad > 0 if self.policy == "mask" else self.sums.isfinite().logical_not_()
-        # Both counts advance on every observation (reset or step), so an env whose first non-finite action came at or
-        # before its first non-finite observation has action_clean <= clean.
-        caused = bad & (self.action_clean <= self.clean) if self.float_actions else torch.zeros_like(bad)
+        self.flush()
+        bad = self._value_sums.isfinite().logical_not_()
+        # Both counts advance on every observation (reset or step), so an env whose first non-finite action came at
+        # or before its first non-finite observation has clean[1] <= clean[0]: the policy's doing, not the env's.
+        caused = bad & (self.clean[1] <= self.clean[0])
         own = bad & ~caused
-        clean = torch.where(own, self.clean, torch.iinfo(torch.int64).max)
-        first = clean.argmin()
-        return torch.stack((own.sum(), first, self.clean[first], self.bad.sum(), caused.sum())).to(self.dtype)
+        first = torch.where(own, self.clean[0], torch.iinfo(torch.int64).max).argmin()
+        return torch.stack((own.sum(), first, self.clean[0, first], self.bad.sum(), caused.sum()))
 
     def forget(self) -> None:
         """After a rollback: the non-finite values seen so far were the diverged policy's doing; count afresh (the
         steps so far as clean ones)."""
+        self._pending, self._pending_elements = [], 0
         self.sums.zero_()
-        self.action_sums.zero_()
         self.clean.fill_(self.steps)
-        self.action_clean.fill_(self.steps)
         self.bad.zero_()
 
 
@@ -243,6 +285,7 @@ class NumericsGuard:
                 f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
                 "(max_grad_norm).")
         if self.env_guard is not None:
+            self._masked_before = self.masked_env_rows  # (the device count restarts)
             self.env_guard.forget()
         warnings.warn(f"rlspeed: non-finite parameters or optimizer state at {timesteps:,} steps: restored those of "
                       f"step {self._snapshot_timesteps:,} (rollback {self.rollbacks}); the training envs restart their "
