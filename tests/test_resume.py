@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from rlspeed import DQN, PPO, SAC
+from rlspeed import DQN, PPO, SAC, TD3
 from rlspeed.algos.off_policy import REPLAY_SUFFIX
 
 TOTAL = 1024
@@ -28,6 +28,9 @@ def _settings(algo):
     if algo is SAC:
         return dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000, n_step=3,
                     save_replay_buffer=True)
+    if algo is TD3:  # (the Ornstein-Uhlenbeck noise and the policy delay's count carry over too)
+        return dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000,
+                    action_noise="ornstein-uhlenbeck", save_replay_buffer=True)
     return dict(num_envs=4, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=2000, train_freq=2,
                 target_update_interval=128, save_replay_buffer=True)
 
@@ -47,7 +50,7 @@ def _metadata(path) -> dict:
 
 
 @pytest.mark.parametrize(("algo", "env_id"), [(PPO, "Pendulum-v1"), (PPO, "CartPole-v1"), (SAC, "Pendulum-v1"),
-                                              (DQN, "CartPole-v1")])
+                                              (TD3, "Pendulum-v1"), (DQN, "CartPole-v1")])
 def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path, algo, env_id):
     """Train to TOTAL with checkpoints; train again and kill it right after its first checkpoint; resume a fresh
     model from that checkpoint and train on to TOTAL: every tensor of the final state (weights, optimiser moments,
