@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 
+import numpy as np
 import pytest
 import safetensors
 import torch
@@ -13,6 +14,7 @@ from safetensors.torch import save_file
 import rlspeed
 from rlspeed import PPO
 from rlspeed.algos import ALGORITHMS
+from rlspeed.errors import UserError
 
 TINY = {"num_envs": 4, "num_steps": 32, "batch_size": 64, "n_epochs": 2}
 
@@ -245,3 +247,33 @@ def test_a_model_trained_on_a_normalising_env_rebuilds_one_after_load(tmp_path):
     loaded = PPO.load(model.save(tmp_path / "model"), device="cpu")
     training_env = loaded.make_training_env()
     assert training_env.obs_rms is loaded.obs_rms and float(loaded.obs_rms.count) == float(model.obs_rms.count)
+
+
+@pytest.mark.parametrize("ent_coef", [0.0, 0.2])
+def test_sac_with_a_fixed_entropy_coefficient_round_trips(ent_coef, tmp_path):
+    """A fixed temperature comes from the config and is not saved: a fixed 0 (log 0 = -inf) must still load, and a
+    checkpoint's NaN/inf refusal must not catch it."""
+    from rlspeed import SAC
+
+    model = SAC("Pendulum-v1", device="cpu", seed=0, ent_coef=ent_coef, learning_starts=64).learn(
+        256, progress_bar=False)
+    loaded = SAC.load(model.save(tmp_path / "sac.safetensors"), device="cpu")
+    assert torch.equal(loaded.log_alpha, model.log_alpha)
+    obs = np.zeros((2, 3), dtype=np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
+
+
+def test_load_and_resume_pass_the_integrity_switches_on(tmp_path):
+    from rlspeed import PPO
+
+    path = PPO("CartPole-v1", device="cpu", seed=0).save(tmp_path / "m.safetensors")
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF  # a flipped byte in the tensor data
+    path.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="m.safetensors"):
+        PPO.load(path, device="cpu")
+    assert PPO.load(path, device="cpu", verify=False).num_timesteps == 0
+    model = PPO("CartPole-v1", device="cpu", seed=0)
+    with pytest.raises(UserError):
+        model.resume(path)
+    model.resume(path, verify=False)

@@ -28,6 +28,8 @@ from rlspeed.envs.base import EnvSpec
 from rlspeed.envs.gymnasium_env import gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.errors import UserError
+from rlspeed.export import default_export_module
+from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
 from rlspeed.numerics import NumericsGuard
 
@@ -546,6 +548,16 @@ class Algorithm:
                 row[key] = row[key] / counts[key] / self.strategy.world_size
         return row
 
+    def _export_module(self) -> torch.nn.Module:
+        """The deterministic policy as a `rlspeed.export.PolicyExport` (raw observations in, env actions out, the
+        normalisation and action mapping inside); an algorithm with another kind of policy overrides it."""
+        return default_export_module(self)
+
+    def export(self, path: str | Path, format: str = "onnx") -> Path:
+        """Write the deterministic policy as "onnx", "torchscript" or "exported_program", with a sidecar
+        `path + ".json"` naming inputs, outputs and spaces (docs/export.md); returns the path."""
+        return export_policy(self, path, format=format)
+
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None) -> dict:
         """Deterministic evaluation on a separate env (see `rlspeed.evaluate`)."""
         from rlspeed.evaluation import evaluate
@@ -708,10 +720,14 @@ class Algorithm:
         return save_checkpoint(path, tensors, metadata)
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, **overrides):
-        """Rebuild a saved model on `device` (no unpickling). `env` is optional: without it, `learn` builds one."""
+    def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
+             allow_nonfinite: bool = False, **overrides):
+        """Rebuild a saved model on `device` (no unpickling). `env` is optional: without it, `learn` builds one.
+
+        The checkpoint's digest is checked (`verify=False` skips it) and NaN or infinite tensors are refused
+        (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters."""
         device = resolve_device(device)
-        tensors, meta = load_checkpoint(path, device=device)
+        tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         if meta.get("algo") != cls.name:
             raise UserError(f"'{path}' holds a {meta.get('algo')} model, not {cls.name}; "
                             f"load it with rlspeed.{str(meta.get('algo')).upper()}.load.")
@@ -729,10 +745,10 @@ class Algorithm:
                         env_backend=meta.get("env_backend", "auto"), **config)
         model.seed = meta.get("seed")
         model.num_timesteps = meta.get("num_timesteps", 0)
-        model._restore(tensors, meta)
+        model._restore(tensors, meta, path)
         return model
 
-    def resume(self, path: str | Path) -> None:
+    def resume(self, path: str | Path, verify: bool = True, allow_nonfinite: bool = False) -> None:
         """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps, and
         for the next learn() the rest of the run's state: random generators, native envs' states and episodes in
         progress, the learn loop's position (next evaluation and checkpoint, the run's start for
@@ -743,13 +759,13 @@ class Algorithm:
         restore their episodes in progress or their random streams (they restart with fresh episodes, with a
         warning); under torch.distributed, a checkpoint holds rank 0's state only, so envs and random generators
         start afresh on every rank; an off-policy run saved without its replay buffer refills one from empty.
-        `restarts` counts the resumes of the run.
+        `restarts` counts the resumes of the run. `verify` and `allow_nonfinite`: as for `load`.
         """
-        tensors, meta = load_checkpoint(path, device=self.device)
+        tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=allow_nonfinite)
         if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
-        self._restore(tensors, meta)
+        self._restore(tensors, meta, path)
         self.num_timesteps = int(meta.get("num_timesteps", 0))
         schedule = meta.get("schedule")
         # the next learn() continues the schedules where the checkpoint's run left them (see `learn`)
@@ -765,8 +781,17 @@ class Algorithm:
         self._resume = {"meta": state or {}, "path": file,
                         "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")}}
 
-    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """Load networks, normalisation statistics and optimiser state from checkpoint tensors."""
+    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict, path: str | Path | None = None) -> None:
+        """Load networks, normalisation statistics and optimiser state from checkpoint tensors (of the file `path`,
+        which a tensor that does not fit names)."""
+        try:
+            self._restore_tensors(tensors, meta)
+        except UserError as error:
+            if path is None or str(path) in str(error):
+                raise
+            raise UserError(f"'{path}': {error}") from None
+
+    def _restore_tensors(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         for name, module in self._modules().items():
             if isinstance(module, torch.Tensor):
                 if name in tensors:

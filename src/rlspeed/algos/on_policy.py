@@ -81,8 +81,8 @@ class OnPolicyAlgorithm(Algorithm):
         return select_update(self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params,
                              max_grad_norm=self.config.max_grad_norm, name=self.name)
 
-    def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(actions, log_probs, values) sampled for one rollout step."""
+    def _act(self, obs: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1)."""
         return self.policy.act(obs.flatten(1))
 
     def _on_dones(self, dones: torch.Tensor) -> None:
@@ -161,7 +161,7 @@ class OnPolicyAlgorithm(Algorithm):
         with torch.no_grad():
             for step in range(cfg.num_steps):
                 with phase("act"):
-                    actions, log_probs, values = self._act(obs)
+                    actions, log_probs, values = self._act(obs, step)
                     env_actions = self._to_env(actions)
                 with phase("env"):
                     next_obs, rewards, terminated, truncated, info = env.step(env_actions)

@@ -16,6 +16,7 @@ What differs from PPO, and nothing else:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -34,6 +35,8 @@ from rlspeed.nn import RecurrentActorCritic, SequenceLayout
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
                   "exploration_fraction", "exploration_initial_eps", "exploration_final_eps", "policy_delay",
                   "target_policy_noise", "target_noise_clip", "action_noise", "optimize_memory_usage")
+_REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, ddpg); RecurrentPPO learns from "
+               "rollouts of num_envs x num_steps steps: remove it, and size the rollout with num_envs and num_steps")
 
 
 @dataclass
@@ -47,6 +50,8 @@ class RecurrentPPOConfig(PPOConfig):
     num_steps: int = 128
     batch_size: int = 128
     lstm_hidden_size: int = 256
+
+    refused: ClassVar[dict[str, str]] = dict.fromkeys(REPLAY_OPTIONS, _REPLAY_FIX)
 
     def validate(self) -> None:
         """PPO's checks, plus: an LSTM state of at least one unit, and minibatches of whole sequences."""
@@ -71,14 +76,6 @@ class RecurrentPPO(PPO):
     name = "recurrent_ppo"
     config_cls = RecurrentPPOConfig
     config: RecurrentPPOConfig
-
-    def __init__(self, env, **kwargs):
-        for option in REPLAY_OPTIONS:
-            if option in kwargs:
-                raise UserError(f"'{option}' is an option of the replay-based algorithms (dqn, sac, td3, ddpg); "
-                                "RecurrentPPO learns from rollouts of num_envs x num_steps steps: remove it, and size "
-                                "the rollout with num_envs and num_steps.")
-        super().__init__(env, **kwargs)
 
     # --- the network and its state -------------------------------------------------------------------------
     def _build_policy(self) -> RecurrentActorCritic:
@@ -151,11 +148,8 @@ class RecurrentPPO(PPO):
                                              action_shape, action_dtype, self.device, tuple(self._state.shape))
         self._obs, _ = env.reset()
         self._episode_start = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
-        self._rollout_step = 0
 
-    def _act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        step = self._rollout_step
-        self._rollout_step = (step + 1) % self.config.num_steps
+    def _act(self, obs: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # the state is zeroed exactly where this observation starts an episode, and carried over everywhere else
         state = self._state * (~self._episode_start).to(self._state.dtype).view(1, -1, 1)
         actions, log_probs, values, next_state = self.policy.act_step(obs.flatten(1), state)

@@ -94,15 +94,10 @@ class SAC(OffPolicyAlgorithm):
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
 
     def _modules(self):
-        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
-                "log_alpha": self.log_alpha}
-
-    def _restore(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        # A fixed entropy coefficient is the config's (one given to `load` included, which wins over the checkpoint):
-        # `_setup` already set log_alpha from it, so the saved temperature is not restored over it.
-        if not self.autotune:
-            tensors = {k: v for k, v in tensors.items() if k != "log_alpha"}
-        super()._restore(tensors, meta)
+        # A fixed entropy coefficient is the config's (one given to `load` included): `_setup` sets log_alpha from
+        # it, so only a learnt temperature is saved and restored (a fixed 0 would be log 0 = -inf in the file).
+        modules = {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target}
+        return {**modules, "log_alpha": self.log_alpha} if self.autotune else modules
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}
