@@ -26,7 +26,7 @@ NUMBER = (int, float)
 SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_backend": str,
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
                   "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
-                  "accelerate": dict, "update": dict, "interrupted": bool}
+                  "accelerate": dict, "update": dict, "numerics": dict, "preset": dict, "interrupted": bool}
 
 
 def _mismatch_algorithm() -> tuple[str, str] | None:
@@ -393,3 +393,52 @@ def test_a_nan_final_evaluation_is_null_in_summary_json(monkeypatch, tmp_path, c
                      "--no-progress"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert summary["final_eval"]["mean"] is None and summary["final_eval"]["std"] is None
+
+
+def test_preset_source_is_said_and_recorded(tmp_path, monkeypatch, capsys):
+    """--preset: rlspeed's own preset silently; a user's file (and RL-Zoo's, when installed) with a line naming it;
+    summary.json and config.yaml record which source gave the hyperparameters."""
+    monkeypatch.chdir(tmp_path)
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("CartPole-v1:\n  num_envs: 4\n  num_steps: 16\n  batch_size: 64\n")
+    code = cli.main(["train", "ppo", "CartPole-v1", "--preset", str(preset), "--total-timesteps", "512",
+                     "--target-return", "none", "--no-progress", "--out", "mine"])
+    assert code == 0
+    assert "mine.yaml" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "mine" / "summary.json").read_text())
+    assert summary["preset"]["source"] == "file"
+    assert yaml.safe_load((tmp_path / "mine" / "config.yaml").read_text())["hyperparameters"]["num_steps"] == 16
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none",
+                     "--no-progress", "--out", "own"])
+    assert code == 0 and "using" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "own" / "summary.json").read_text())["preset"]["source"] == "rlspeed"
+
+
+def test_preset_zoo_for_a_pair_rlspeed_lacks(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("rl_zoo3")
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "a2c", "Acrobot-v1", "--total-timesteps", "512", "--target-return", "none",
+                     "--no-progress", "--out", "zoo"])
+    assert code == 0
+    assert "using RL-Zoo's preset for a2c Acrobot-v1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "zoo" / "summary.json").read_text())["preset"]["source"] == "zoo"
+
+
+def test_summary_has_the_numerics_report_and_nan_policy_reaches_the_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none",
+                     "--no-progress", "--nan-policy", "mask", "--out", "run"])
+    assert code == 0
+    numerics = json.loads((tmp_path / "run" / "summary.json").read_text())["numerics"]
+    assert numerics["nan_policy"] == "mask" and numerics["rollbacks"] == 0
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "exported_program"])
+def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none",
+                     "--no-progress", "--out", "run"]) == 0
+    out = tmp_path / f"policy.{fmt}"
+    assert cli.main(["export", "run", "--format", fmt, "--out", str(out)]) == 0
+    assert out.exists() and json.loads(Path(f"{out}.json").read_text())["algo"] == "ppo"
+    assert cli.main(["export", "run", "--format", "bogus"]) == 2

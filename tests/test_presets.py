@@ -237,7 +237,7 @@ def test_auto_prefers_rlspeeds_own_preset():
 
 
 @requires_zoo
-@pytest.mark.parametrize("algo, env_id", [("a2c", "Acrobot-v1"), ("ppo", "MountainCarContinuous-v0")])
+@pytest.mark.parametrize("algo, env_id", [("a2c", "Acrobot-v1"), ("dqn", "LunarLander-v3")])
 def test_auto_takes_rl_zoos_preset_where_rlspeed_has_none_and_says_so(algo, env_id):
     assert load_preset(algo, env_id, "rlspeed").source == "rlspeed-default"
     preset = load_preset(algo, env_id, "auto")
@@ -314,3 +314,13 @@ def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text
 def test_a_missing_preset_file_names_the_choices(tmp_path):
     with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
         load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))
+
+
+@requires_zoo
+def test_auto_leaves_a_preset_tuned_with_gsde_to_an_explicit_zoo_request():
+    """Values tuned around gSDE's exploration (RL-Zoo's ppo MountainCarContinuous-v0) do not suit rlspeed's
+    Gaussian policy: auto keeps rlspeed's default and says why; --preset zoo still takes them."""
+    assert any(line.startswith("use_sde") for line in zoo.translate("ppo", "MountainCarContinuous-v0").unsupported)
+    auto = load_preset("ppo", "MountainCarContinuous-v0", "auto")
+    assert auto.source == "rlspeed-default" and "tuned with gSDE" in auto.message()
+    assert load_preset("ppo", "MountainCarContinuous-v0", "zoo").source == "zoo"

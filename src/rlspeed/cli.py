@@ -213,7 +213,10 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     from rlspeed.presets import load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
-    run_settings, hyper = split_run_settings(load_preset(algo_cls.name, args.env_id))
+    preset = load_preset(algo_cls.name, args.env_id, getattr(args, "preset", "auto"))
+    args.preset_message = preset.message()  # None for rlspeed's own preset for the pair
+    args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported}
+    run_settings, hyper = split_run_settings(preset)
     overrides = _parse_set(args.set or [])
     _check_set_keys(overrides)
     run_overrides, hyper_overrides = split_run_settings(overrides)
@@ -240,7 +243,8 @@ def _note_batch_size(config, say) -> None:
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
     """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent)."""
     return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
-                    accelerate=args.accelerate, num_threads=args.threads, strategy=strategy, **hyper)
+                    accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
+                    nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False), **hyper)
 
 
 def _fresh_run_dir(base: Path) -> Path:
@@ -385,10 +389,14 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.name.upper()} model (did --set change "
               "its networks since the checkpoint was written?)")
         resumed_from = model.num_timesteps
+        restarts = max(restarts, model.restarts)
+    run_total = total  # the run's budget (config.yaml), of which a resumed run trains what is left
+    if resumed_from is not None:
         total = max(total - resumed_from, 0)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
-              "env_backend": model.env_backend, "total_timesteps": total, "target_return": target,
+              "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
+              "preset": args.preset_info, "nan_policy": args.nan_policy,
               "hyperparameters": _plain(model.config)}
     if main:
         _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
@@ -400,6 +408,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if total <= 0:
         say("rlspeed: nothing left to train")
         return 0
+    if getattr(args, "preset_message", None):
+        say(args.preset_message)
     say(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
         f"device {model.device}), up to {total:,} steps"
         + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
@@ -449,7 +459,7 @@ def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, f
                "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
                "steps_to_target": result.steps_to_target, "final_eval": final_eval,
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
-               "interrupted": interrupted}
+               "numerics": model.numerics_report(), "preset": args.preset_info, "interrupted": interrupted}
     if strategy.enabled or run["resumed_from"] is not None:
         summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
                                   "restarts": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
@@ -587,6 +597,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """`rlspeed export`: write a saved model's deterministic policy (ONNX, TorchScript or a torch.export program)
+    with its FILE.json sidecar; returns 0."""
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.export import export_checkpoint
+
+    path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS)
+    print(f"rlspeed: wrote {path} and {path.name}.json beside it")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """`rlspeed doctor`: check the device stack and print what runs here; returns 1 if a check failed, else 0."""
     from rlspeed.diagnostics.doctor import run_doctor
@@ -606,7 +627,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # what builds the model, shared by train and profile
     model = _Parser(add_help=False)
-    model.add_argument("algo", help="ppo, dqn, sac, td3 or ddpg")
+    model.add_argument("algo", help="ppo, a2c, recurrent_ppo, dqn, sac, td3 or ddpg")
     model.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1, or module:EnvId (the module registers it)")
     model.add_argument("--num-envs", type=_whole(1), default=None, help="parallel envs (default: preset)")
     model.add_argument("--seed", type=_seed, default=0)
@@ -615,6 +636,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--accelerate", default="off", choices=["auto", "off"])
     model.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
+                       help="hyperparameter source: auto (rlspeed's preset for the pair, else RL-Zoo's if rl_zoo3 is "
+                            "installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated) or a YAML file")
+    model.add_argument("--nan-policy", default="raise", choices=["raise", "mask"],
+                       help="a NaN or infinite observation or reward from the env: stop naming it (raise), or zero it "
+                            "and count it (mask)")
     model.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                        help="modules to import first (they register the env ids they provide)")
     model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -635,6 +662,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-restarts", type=_whole(0), default=0,
                        help="with --nproc: restarts torchrun may do after a failure (resuming from the checkpoint)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
+    train.add_argument("--save-replay-buffer", action="store_true",
+                       help="off-policy checkpoints also hold the replay buffer (exact resume; a second file)")
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
@@ -657,6 +686,13 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
     prof.add_argument("--json", action="store_true", help="also print the result as JSON")
     prof.set_defaults(func=cmd_profile)
+
+    exp = sub.add_parser("export", help="export a saved model's deterministic policy (ONNX, TorchScript, torch.export)")
+    exp.add_argument("checkpoint", help="a model file or a run directory")
+    exp.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "exported_program"])
+    exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
+    exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    exp.set_defaults(func=cmd_export)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
     doctor.add_argument("--device", default="auto")
