@@ -372,9 +372,11 @@ class Algorithm:
               run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None):
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
-        `callback(locals_dict)` is called once per iteration; returning False stops training. With a target,
-        the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every `eval_freq` steps,
-        with evaluation time excluded from the training clock. Results land in `self.result`.
+        `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
+        every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
+        where callbacks run; their time is excluded from the training clock; under torch.distributed they run on
+        rank 0). With a target, the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every
+        `eval_freq` steps, with evaluation time excluded from the training clock. Results land in `self.result`.
 
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
@@ -389,6 +391,9 @@ class Algorithm:
                 raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
                                 f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "
                                 "it with gymnasium.register, or train without a target.") from None
+        from rlspeed.callbacks import as_callback
+
+        callbacks = as_callback(callback)
         env = self.make_training_env()
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
         # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
@@ -439,8 +444,13 @@ class Algorithm:
         flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
         if resume is not None:
             self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
+        callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
+        if callbacks is not None and main:
+            callbacks.init_callback(self)
+            callbacks.on_training_start(locals())
         try:
             while self.num_timesteps < self._total_timesteps and not stop:
+                logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
                 steps, metrics = self._train_iteration()
                 for rms in getattr(self, "_synced_stats", ()):
                     rms.flush()
@@ -487,6 +497,8 @@ class Algorithm:
                             row["eval_mean"] = evaluation["mean"]
                             result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
                             reached = evaluation["mean"] >= target_return
+                            if callbacks is not None and not callbacks.on_evaluation(evaluation):
+                                callback_stop = True
                         if self.strategy.broadcast_flag(reached):
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
@@ -495,6 +507,7 @@ class Algorithm:
                                eval=row.get("eval_mean"))
                     if logger is not None:
                         logger.log(row)
+                    logged = row
                     pending, iterations = {}, 0
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
                     clock_start = time.perf_counter()
@@ -504,8 +517,15 @@ class Algorithm:
                                       train_wall_s=clock_offset + train_clock)
                     if main:
                         self.save(Path(run_dir) / "checkpoint.safetensors")
-                if callback is not None and callback(locals()) is False:
-                    stop = True
+                if callbacks is not None:
+                    paused = time.perf_counter()
+                    if main and not callbacks.on_rollout_end(locals(), logged):
+                        callback_stop = True
+                    if self.strategy.broadcast_flag(callback_stop):  # every rank stops with rank 0
+                        stop = True
+                    paused = time.perf_counter() - paused  # (callbacks' evaluations are not training time)
+                    clock_start += paused
+                    last_log_time += paused
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
         finally:
             set_flush_denormal(flushed_before)
@@ -516,6 +536,8 @@ class Algorithm:
         result.total_timesteps = self.num_timesteps - start_steps
         result.train_wall_s = train_clock
         result.sps = result.total_timesteps / max(train_clock, 1e-9)
+        if callbacks is not None and main:
+            callbacks.on_training_end()  # (self.result is complete)
         return self
 
     def _eval_seed(self) -> int:

@@ -1,0 +1,420 @@
+"""Callbacks for `learn`: Stable-Baselines3's names and meaning, called only where the loop already stops.
+
+The points (docs/callbacks.md): `on_training_start`, `on_rollout_end` after every iteration (one rollout and its
+update, or one off-policy collect-and-train step), `on_evaluation` after each of `learn`'s own evaluations (with a
+target) and `on_training_end`. There is no per-env-step hook: one step of the loop steps N envs with one tensor op on
+the device, and a Python call per step, reading anything, would force a host sync per step and break graph capture.
+A callback gets the metrics row (`self.metrics`) only in iterations that ended a log interval, where the loop has
+read it already; in other iterations `self.metrics` is None, so a callback adds no device reads of its own.
+Returning False from a hook stops training at the end of that iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+from rlspeed.errors import UserError
+
+
+class BaseCallback:
+    """Base of the callbacks `learn(callback=...)` takes; subclasses override the underscore hooks.
+
+    Set before each hook: `model` (the algorithm), `num_timesteps` (env steps so far, all envs), `n_calls` (iterations
+    so far in this learn call), `locals` (learn's local variables at that point; its tensors are on the device, and
+    reading one syncs), `metrics` (the metrics row of a log interval that ended in this iteration, else None) and,
+    in `_on_evaluation`, `evaluation` (learn's evaluation result: mean, std, episodes, returns). Under
+    torch.distributed callbacks run on rank 0 only, and their decision to stop reaches every rank.
+    """
+
+    def __init__(self, verbose: int = 0):
+        self.verbose = verbose
+        self.model = None
+        self.num_timesteps = 0
+        self.n_calls = 0
+        self.locals: dict = {}
+        self.metrics: dict | None = None
+        self.evaluation: dict | None = None
+        self.parent: BaseCallback | None = None
+
+    @property
+    def training_env(self):
+        """The model's training env (a `BatchedEnv`)."""
+        return getattr(self.model, "_env", None)
+
+    # --- what learn calls ---------------------------------------------------------------------------------------
+    def init_callback(self, model) -> None:
+        """Attach to `model` (called by learn before training starts)."""
+        self.model = model
+        self._init_callback()
+
+    def on_training_start(self, locals_: dict) -> None:
+        """Called once before the first iteration."""
+        self.locals = locals_
+        self.num_timesteps = self.model.num_timesteps
+        self._on_training_start()
+
+    def on_rollout_end(self, locals_: dict, metrics: dict | None = None) -> bool:
+        """Called after every iteration; False stops training. Runs `_on_rollout_end`, then `_on_step` (so a callback
+        written for Stable-Baselines3's `_on_step` runs once per iteration, not per env step)."""
+        self.n_calls += 1
+        self.locals = locals_
+        self.metrics = metrics
+        self.num_timesteps = self.model.num_timesteps
+        keep_going = self._on_rollout_end() is not False
+        return self._on_step() is not False and keep_going
+
+    def on_evaluation(self, evaluation: dict) -> bool:
+        """Called after each of learn's own evaluations (with a target); False stops training."""
+        self.evaluation = evaluation
+        self.num_timesteps = self.model.num_timesteps
+        return self._on_evaluation() is not False
+
+    def on_training_end(self) -> None:
+        """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error)."""
+        self.num_timesteps = self.model.num_timesteps
+        self._on_training_end()
+
+    # --- what subclasses override -----------------------------------------------------------------------------
+    def _init_callback(self) -> None:
+        pass
+
+    def _on_training_start(self) -> None:
+        pass
+
+    def _on_rollout_end(self) -> bool | None:
+        """After each iteration; return False to stop."""
+        return None
+
+    def _on_step(self) -> bool:
+        """Stable-Baselines3's hook, here once per iteration; return False to stop."""
+        return True
+
+    def _on_evaluation(self) -> bool | None:
+        """After each of learn's evaluations (`self.evaluation`); return False to stop."""
+        return None
+
+    def _on_training_end(self) -> None:
+        pass
+
+    def _child_event(self, callback: BaseCallback | None) -> bool:
+        """Run `callback` (a child: callback_on_new_best, ...) as an event of this one; its False stops training."""
+        if callback is None:
+            return True
+        callback.n_calls += 1
+        callback.num_timesteps = self.num_timesteps
+        callback.locals, callback.metrics = self.locals, self.metrics
+        return callback._on_step() is not False
+
+
+class CallbackList(BaseCallback):
+    """Several callbacks called in order; training stops when any returns False (all still run at that point)."""
+
+    def __init__(self, callbacks: Iterable[BaseCallback]):
+        super().__init__()
+        self.callbacks = [as_callback(callback) for callback in callbacks]
+
+    def _init_callback(self) -> None:
+        for callback in self.callbacks:
+            callback.init_callback(self.model)
+
+    def on_training_start(self, locals_: dict) -> None:
+        super().on_training_start(locals_)
+        for callback in self.callbacks:
+            callback.on_training_start(locals_)
+
+    def on_rollout_end(self, locals_: dict, metrics: dict | None = None) -> bool:
+        self.n_calls += 1
+        return all([callback.on_rollout_end(locals_, metrics) for callback in self.callbacks])
+
+    def on_evaluation(self, evaluation: dict) -> bool:
+        return all([callback.on_evaluation(evaluation) for callback in self.callbacks])
+
+    def on_training_end(self) -> None:
+        for callback in self.callbacks:
+            callback.on_training_end()
+
+
+class FunctionCallback(BaseCallback):
+    """A plain function `fn(locals_dict)` called after every iteration (learn's older callback form); returning
+    False stops training."""
+
+    def __init__(self, fn: Callable[[dict], bool | None]):
+        super().__init__()
+        self.fn = fn
+
+    def _on_rollout_end(self) -> bool | None:
+        return self.fn(self.locals)
+
+
+def as_callback(callback) -> BaseCallback | None:
+    """What `learn(callback=...)` accepts as one `BaseCallback`: None, a BaseCallback, a list of them, or a plain
+    function of learn's locals; UserError for anything else."""
+    if callback is None or isinstance(callback, BaseCallback):
+        return callback
+    if isinstance(callback, (list, tuple)):
+        return CallbackList(callback)
+    if callable(callback):
+        return FunctionCallback(callback)
+    raise UserError(f"callback must be a BaseCallback, a list of them or a function, got {type(callback).__name__}.")
+
+
+class EveryNTimesteps(BaseCallback):
+    """Runs `callback` (its `_on_step`) at the end of the first iteration after every `n_steps` env steps."""
+
+    def __init__(self, n_steps: int, callback: BaseCallback):
+        super().__init__()
+        if n_steps < 1:
+            raise UserError(f"EveryNTimesteps needs n_steps >= 1, got {n_steps}.")
+        self.n_steps = int(n_steps)
+        self.callback = callback
+        callback.parent = self
+        self._next = 0
+
+    def _init_callback(self) -> None:
+        self.callback.init_callback(self.model)
+
+    def _on_training_start(self) -> None:
+        self._next = self.num_timesteps + self.n_steps
+        self.callback.on_training_start(self.locals)
+
+    def _on_rollout_end(self) -> bool:
+        if self.num_timesteps < self._next:
+            return True
+        self._next = self.num_timesteps + self.n_steps
+        return self._child_event(self.callback)
+
+    def _on_training_end(self) -> None:
+        self.callback.on_training_end()
+
+
+class StopTrainingOnRewardThreshold(BaseCallback):
+    """Stop when an evaluation's mean return reaches `reward_threshold`.
+
+    As `EvalCallback(callback_on_new_best=...)` (Stable-Baselines3's use) it reads the EvalCallback's best mean; as
+    a plain callback it reads learn's own evaluations (those `learn(target_return=...)` runs)."""
+
+    def __init__(self, reward_threshold: float, verbose: int = 0):
+        super().__init__(verbose)
+        self.reward_threshold = float(reward_threshold)
+
+    def _check(self, mean: float) -> bool:
+        keep_going = not mean >= self.reward_threshold
+        if not keep_going and self.verbose:
+            print(f"rlspeed: stopping: mean evaluation return {mean:.2f} >= threshold {self.reward_threshold:g}")
+        return keep_going
+
+    def _on_step(self) -> bool:
+        if self.parent is None:  # a plain callback: see _on_evaluation
+            return True
+        return self._check(self.parent.best_mean_reward)
+
+    def _on_evaluation(self) -> bool:
+        return self._check(self.evaluation["mean"])
+
+
+class StopTrainingOnNoModelImprovement(BaseCallback):
+    """Stop when `max_no_improvement_evals` evaluations in a row have not beaten the best mean return (counted after
+    `min_evals` evaluations). Use it as `EvalCallback(callback_after_eval=...)`, as in Stable-Baselines3."""
+
+    def __init__(self, max_no_improvement_evals: int, min_evals: int = 0, verbose: int = 0):
+        super().__init__(verbose)
+        self.max_no_improvement_evals = int(max_no_improvement_evals)
+        self.min_evals = int(min_evals)
+        self.last_best_mean_reward = -math.inf
+        self.no_improvement_evals = 0
+
+    def _on_step(self) -> bool:
+        if self.parent is None:
+            raise UserError("StopTrainingOnNoModelImprovement must be an EvalCallback's callback_after_eval.")
+        best = self.parent.best_mean_reward
+        if self.n_calls > self.min_evals:
+            self.no_improvement_evals = 0 if best > self.last_best_mean_reward else self.no_improvement_evals + 1
+        self.last_best_mean_reward = best
+        if self.no_improvement_evals > self.max_no_improvement_evals:
+            if self.verbose:
+                print(f"rlspeed: stopping: no better evaluation in the last {self.no_improvement_evals} evaluations")
+            return False
+        return True
+
+
+class EvalCallback(BaseCallback):
+    """Evaluate the deterministic policy every `eval_freq` env steps on a separate env (`eval_env`: an env id,
+    default the model's) for `n_eval_episodes` episodes; keep the best model.
+
+    With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the
+    algorithm's `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation;
+    either returning False stops training. With `log_path`, `evaluations.npz` holds `timesteps` and `results` (the
+    episode returns per evaluation). Each evaluation is seeded (`seed`, default the model's seed + 200,000 + the
+    step count), so `evaluate(seed=...)` of the saved best model gives its score again (`best_eval_seed`).
+    Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs, not calls.
+    """
+
+    def __init__(self, eval_env: str | None = None, callback_on_new_best: BaseCallback | None = None,
+                 callback_after_eval: BaseCallback | None = None, n_eval_episodes: int = 5, eval_freq: int = 10_000,
+                 log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
+                 deterministic: bool = True, seed: int | None = None, verbose: int = 1):
+        super().__init__(verbose)
+        if eval_env is not None and not isinstance(eval_env, str):
+            raise UserError("EvalCallback's eval_env must be an env id (evaluation builds fresh envs from it), got "
+                            f"{type(eval_env).__name__}.")
+        if eval_freq < 1 or n_eval_episodes < 1:
+            raise UserError(f"EvalCallback needs eval_freq >= 1 and n_eval_episodes >= 1, got {eval_freq} and "
+                            f"{n_eval_episodes}.")
+        self.eval_env = eval_env
+        self.callback_on_new_best = callback_on_new_best
+        self.callback_after_eval = callback_after_eval
+        for child in (callback_on_new_best, callback_after_eval):
+            if child is not None:
+                child.parent = self
+        self.n_eval_episodes = int(n_eval_episodes)
+        self.eval_freq = int(eval_freq)
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.best_model_save_path = Path(best_model_save_path) if best_model_save_path is not None else None
+        self.deterministic = deterministic
+        self.seed = seed
+        self.best_mean_reward = -math.inf
+        self.last_mean_reward = -math.inf
+        self.best_eval_seed: int | None = None
+        self.evaluations_timesteps: list[int] = []
+        self.evaluations_results: list[list[float]] = []
+        self._next = 0
+
+    def _init_callback(self) -> None:
+        for path in (self.best_model_save_path, self.log_path):
+            if path is not None:
+                path.mkdir(parents=True, exist_ok=True)
+        for child in (self.callback_on_new_best, self.callback_after_eval):
+            if child is not None:
+                child.init_callback(self.model)
+
+    def _on_training_start(self) -> None:
+        self._next = self.num_timesteps + self.eval_freq
+
+    def _on_rollout_end(self) -> bool:
+        if self.num_timesteps < self._next:
+            return True
+        self._next = self.num_timesteps + self.eval_freq
+        return self.evaluate_now()
+
+    def evaluate_now(self) -> bool:
+        """Evaluate now (what every `eval_freq` steps does); False when a child callback stops training."""
+        from rlspeed.evaluation import evaluate
+
+        model = self.model
+        seed = self.seed if self.seed is not None else (model.seed or 0) + 200_000 + self.num_timesteps
+        env_id = self.eval_env or model.env_id
+        same_env = env_id == model.env_id and model.env_backend in ("torch", "gymnasium")
+        result = evaluate(model, env_id, episodes=self.n_eval_episodes, seed=seed, deterministic=self.deterministic,
+                          backend=model.env_backend if same_env else "auto")
+        self.last_mean_reward = result["mean"]
+        self.evaluations_timesteps.append(self.num_timesteps)
+        self.evaluations_results.append(result["returns"])
+        if self.log_path is not None:
+            np.savez(self.log_path / "evaluations.npz", timesteps=np.array(self.evaluations_timesteps),
+                     results=np.array(self.evaluations_results))
+        if self.verbose:
+            print(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- {result['std']:.2f}")
+        keep_going = True
+        if result["mean"] > self.best_mean_reward:
+            self.best_mean_reward = result["mean"]
+            self.best_eval_seed = seed
+            if self.best_model_save_path is not None:
+                model.save(self.best_model_save_path / "best_model.safetensors")
+            keep_going = self._child_event(self.callback_on_new_best)
+        return self._child_event(self.callback_after_eval) and keep_going
+
+
+class CheckpointCallback(BaseCallback):
+    """Save the model every `save_freq` env steps to `save_path/{name_prefix}_{steps}_steps.safetensors`; with
+    `save_replay_buffer`, off-policy models also write their replay buffer beside each file
+    (`....replay.safetensors`). Unlike Stable-Baselines3, `save_freq` counts env steps of all envs, not calls;
+    a save happens at the end of the first iteration that reaches the step."""
+
+    def __init__(self, save_freq: int, save_path: str | Path, name_prefix: str = "rl_model",
+                 save_replay_buffer: bool = False, verbose: int = 0):
+        super().__init__(verbose)
+        if save_freq < 1:
+            raise UserError(f"CheckpointCallback needs save_freq >= 1, got {save_freq}.")
+        self.save_freq = int(save_freq)
+        self.save_path = Path(save_path)
+        self.name_prefix = name_prefix
+        self.save_replay_buffer = save_replay_buffer
+        self.saved: list[Path] = []
+        self._next = 0
+
+    def _init_callback(self) -> None:
+        self.save_path.mkdir(parents=True, exist_ok=True)
+
+    def _on_training_start(self) -> None:
+        self._next = self.num_timesteps + self.save_freq
+
+    def _on_rollout_end(self) -> bool:
+        if self.num_timesteps < self._next:
+            return True
+        self._next = self.num_timesteps + self.save_freq
+        path = self.save_path / f"{self.name_prefix}_{self.num_timesteps}_steps.safetensors"
+        before = self.model.save_replay_buffer
+        self.model.save_replay_buffer = before or self.save_replay_buffer
+        try:
+            self.model.save(path)
+        finally:
+            self.model.save_replay_buffer = before
+        self.saved.append(path)
+        if self.verbose:
+            print(f"rlspeed: saved {path}")
+        return True
+
+
+class VideoRecorderCallback(BaseCallback):
+    """Record `episodes` deterministic evaluation episodes every `video_every` env steps into
+    `video_folder/step-{steps}.mp4` (see `rlspeed.video.record_video`; needs `pip install rlspeed[video]`).
+    `on_video(path, steps)`, when given, receives each file (the W&B tracker uploads it)."""
+
+    def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
+                 on_video: Callable[[Path, int], None] | None = None, verbose: int = 0):
+        super().__init__(verbose)
+        if video_every < 1:
+            raise UserError(f"--video-every must be at least 1 step, got {video_every}.")
+        self.video_every = int(video_every)
+        self.video_folder = Path(video_folder)
+        self.episodes = episodes
+        self.fps = fps
+        self.on_video = on_video
+        self.videos: list[Path] = []
+        self._next = 0
+
+    def _init_callback(self) -> None:
+        from rlspeed.video import check_video_support
+
+        check_video_support(self.model.env_id)  # before training, not at the first video
+        self.video_folder.mkdir(parents=True, exist_ok=True)
+
+    def _on_training_start(self) -> None:
+        self._next = self.num_timesteps + self.video_every
+
+    def _on_rollout_end(self) -> bool:
+        if self.num_timesteps < self._next:
+            return True
+        self._next = self.num_timesteps + self.video_every
+        from rlspeed.video import record_video
+
+        path = self.video_folder / f"step-{self.num_timesteps}.mp4"
+        seed = (self.model.seed or 0) + 300_000 + self.num_timesteps
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # (an episode cut at the step limit is still a video)
+            record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps)
+        self.videos.append(path)
+        if self.verbose:
+            print(f"rlspeed: video {path}")
+        if self.on_video is not None:
+            self.on_video(path, self.num_timesteps)
+        return True
+
+
+__all__ = ["BaseCallback", "CallbackList", "FunctionCallback", "EveryNTimesteps", "EvalCallback", "CheckpointCallback",
+           "StopTrainingOnRewardThreshold", "StopTrainingOnNoModelImprovement", "VideoRecorderCallback", "as_callback"]

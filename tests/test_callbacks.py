@@ -1,0 +1,235 @@
+"""Callbacks (rlspeed.callbacks): the points learn calls them at, stop semantics, EvalCallback's best model,
+CheckpointCallback's files, the older plain-function form, and that callbacks add no host reads to the loop."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from rlspeed import DQN, PPO, UserError
+from rlspeed.callbacks import (
+    BaseCallback,
+    CallbackList,
+    CheckpointCallback,
+    EvalCallback,
+    EveryNTimesteps,
+    StopTrainingOnNoModelImprovement,
+    StopTrainingOnRewardThreshold,
+)
+from rlspeed.evaluation import evaluate
+
+# Native CartPole, 16 envs x 32 steps: 512 env steps per iteration
+STEPS_PER_ITERATION = 512
+
+
+def _ppo(**kwargs) -> PPO:
+    return PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=16, num_steps=32, batch_size=256,
+               **kwargs)
+
+
+class Recorder(BaseCallback):
+    """Records which hook ran, at which step, and whether it got a metrics row."""
+
+    def __init__(self, stop_at_call: int | None = None, hook: str = "_on_rollout_end"):
+        super().__init__()
+        self.events: list[tuple] = []
+        self.stop_at_call, self.hook = stop_at_call, hook
+
+    def _on_training_start(self):
+        self.events.append(("start", self.num_timesteps))
+
+    def _on_rollout_end(self):
+        self.events.append(("rollout_end", self.num_timesteps, self.metrics is not None))
+        if self.hook == "_on_rollout_end" and self.n_calls == self.stop_at_call:
+            return False
+        return None
+
+    def _on_step(self):
+        return not (self.hook == "_on_step" and self.n_calls == self.stop_at_call)
+
+    def _on_evaluation(self):
+        self.events.append(("evaluation", self.num_timesteps, self.evaluation["episodes"]))
+
+    def _on_training_end(self):
+        self.events.append(("end", self.num_timesteps))
+
+
+def test_hooks_run_in_order_and_get_the_row_only_at_log_points():
+    model = _ppo()
+    recorder = Recorder()
+    # a log interval no iteration reaches: only the last iteration (the run's end) reads metrics
+    model.learn(4 * STEPS_PER_ITERATION, callback=recorder, progress_bar=False, log_interval_s=1e9,
+                target_return=1e9, eval_freq=2 * STEPS_PER_ITERATION, eval_episodes=2)
+    steps = [STEPS_PER_ITERATION * i for i in range(1, 5)]
+    assert recorder.events == [
+        ("start", 0),
+        ("rollout_end", steps[0], False),
+        ("evaluation", steps[1], 2), ("rollout_end", steps[1], True),  # an evaluation is a log point
+        ("rollout_end", steps[2], False),
+        ("evaluation", steps[3], 2), ("rollout_end", steps[3], True),
+        ("end", steps[3]),
+    ]
+    assert recorder.n_calls == 4 and recorder.model is model
+
+
+def test_every_iteration_gets_the_row_when_every_iteration_logs():
+    recorder = Recorder()
+    _ppo().learn(3 * STEPS_PER_ITERATION, callback=recorder, progress_bar=False, log_interval_s=0)
+    rows = [event[2] for event in recorder.events if event[0] == "rollout_end"]
+    assert rows == [True, True, True]
+
+
+@pytest.mark.parametrize("hook", ["_on_rollout_end", "_on_step"])
+def test_returning_false_stops_training_at_the_end_of_that_iteration(hook):
+    model = _ppo()
+    recorder = Recorder(stop_at_call=2, hook=hook)
+    model.learn(20 * STEPS_PER_ITERATION, callback=recorder, progress_bar=False)
+    assert model.num_timesteps == 2 * STEPS_PER_ITERATION
+    assert recorder.events[-1] == ("end", 2 * STEPS_PER_ITERATION)  # training end still runs after a stop
+
+
+def test_old_plain_callable_still_works_and_can_stop():
+    seen = []
+
+    def callback(local_vars: dict):
+        seen.append(local_vars["self"].num_timesteps)
+        return len(seen) < 3
+
+    model = _ppo()
+    model.learn(20 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert seen == [STEPS_PER_ITERATION * i for i in (1, 2, 3)]
+    assert model.num_timesteps == 3 * STEPS_PER_ITERATION
+
+
+def test_callback_list_stops_when_any_member_stops_and_runs_all():
+    first, second = Recorder(), Recorder(stop_at_call=1)
+    model = _ppo()
+    model.learn(10 * STEPS_PER_ITERATION, callback=[first, second], progress_bar=False)
+    assert model.num_timesteps == STEPS_PER_ITERATION
+    assert [e[0] for e in first.events] == ["start", "rollout_end", "end"]
+
+
+def test_learn_refuses_a_callback_of_another_kind():
+    with pytest.raises(UserError, match="callback must be"):
+        _ppo().learn(STEPS_PER_ITERATION, callback=5, progress_bar=False)
+
+
+def test_eval_callback_saves_the_best_model_and_it_reproduces_its_score(tmp_path):
+    model = _ppo()
+    callback = EvalCallback(n_eval_episodes=3, eval_freq=2 * STEPS_PER_ITERATION,
+                            best_model_save_path=tmp_path / "best", log_path=tmp_path / "logs", verbose=0)
+    model.learn(8 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert callback.evaluations_timesteps == [STEPS_PER_ITERATION * i for i in (2, 4, 6, 8)]
+    means = [float(np.mean(returns)) for returns in callback.evaluations_results]
+    assert callback.best_mean_reward == pytest.approx(max(means))
+    best = PPO.load(tmp_path / "best" / "best_model.safetensors", device="cpu")
+    again = evaluate(best, episodes=3, seed=callback.best_eval_seed, backend=best.env_backend)
+    assert again["mean"] == pytest.approx(callback.best_mean_reward)
+    logged = np.load(tmp_path / "logs" / "evaluations.npz")
+    assert logged["timesteps"].tolist() == callback.evaluations_timesteps
+    assert logged["results"].shape == (4, 3)
+
+
+def test_stop_on_reward_threshold_as_new_best_child_stops_at_the_first_evaluation():
+    model = _ppo()
+    stop = StopTrainingOnRewardThreshold(reward_threshold=1.0)  # any episode reaches it
+    callback = EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, callback_on_new_best=stop, verbose=0)
+    model.learn(50 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert model.num_timesteps == STEPS_PER_ITERATION
+    assert callback.evaluations_timesteps == [STEPS_PER_ITERATION]
+
+
+def test_stop_on_reward_threshold_alone_reads_learns_own_evaluations():
+    model = _ppo()
+    model.learn(50 * STEPS_PER_ITERATION, callback=StopTrainingOnRewardThreshold(1.0), progress_bar=False,
+                target_return=1e9, eval_freq=2 * STEPS_PER_ITERATION, eval_episodes=2)
+    assert model.num_timesteps == 2 * STEPS_PER_ITERATION
+    assert model.result.steps_to_target is None  # stopped by the callback, not by reaching the target
+
+
+def test_stop_on_no_model_improvement_counts_evaluations_without_a_new_best():
+    parent = types.SimpleNamespace(best_mean_reward=-np.inf, num_timesteps=0, locals={}, metrics=None)
+    stop = StopTrainingOnNoModelImprovement(max_no_improvement_evals=1, min_evals=0)
+    stop.parent = parent
+    decisions = []
+    for best in (1.0, 2.0, 2.0, 2.0):  # new best, new best, no change, no change
+        parent.best_mean_reward = best
+        decisions.append((BaseCallback._child_event(parent, stop), stop.no_improvement_evals))
+    # the second evaluation in a row without a new best is more than 1: stop
+    assert decisions == [(True, 0), (True, 0), (True, 1), (False, 2)]
+
+
+def test_stop_on_no_model_improvement_stops_a_run():
+    model = _ppo()
+    stop = StopTrainingOnNoModelImprovement(max_no_improvement_evals=0, min_evals=0)
+    callback = EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, callback_after_eval=stop, verbose=0,
+                            seed=7)
+    model.learn(40 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    # it stops at the first evaluation that is no better than the best so far
+    means = [float(np.mean(r)) for r in callback.evaluations_results]
+    assert len(means) >= 2 and means[-1] <= max(means[:-1])
+    assert all(later > earlier for earlier, later in zip(means[:-1], means[1:-1]))
+    assert model.num_timesteps == callback.evaluations_timesteps[-1] < 40 * STEPS_PER_ITERATION
+
+
+def test_checkpoint_callback_writes_loadable_files_at_its_steps(tmp_path):
+    model = _ppo()
+    callback = CheckpointCallback(save_freq=1000, save_path=tmp_path, name_prefix="ppo")
+    model.learn(8 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    # every 1000 steps, at the end of the iteration that reaches it (iterations of 512 steps)
+    expected = [1024, 2048, 3072, 4096]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"ppo_{s}_steps.safetensors" for s in expected)
+    loaded = PPO.load(tmp_path / "ppo_2048_steps.safetensors", device="cpu")
+    assert loaded.num_timesteps == 2048
+
+
+def test_checkpoint_callback_saves_the_replay_buffer_when_asked(tmp_path):
+    model = DQN("CartPole-v1", seed=0, device="cpu", num_envs=4, learning_starts=64, buffer_size=1000)
+    callback = CheckpointCallback(save_freq=100, save_path=tmp_path, save_replay_buffer=True)
+    model.learn(240, callback=callback, progress_bar=False)  # (iterations of 16 steps: saves at 112 and 224)
+    assert len(callback.saved) == 2
+    for path in callback.saved:
+        assert path.is_file() and path.with_name(path.name.replace(".safetensors", ".replay.safetensors")).is_file()
+    assert model.save_replay_buffer is False  # the model's own setting is left as it was
+
+
+def test_every_n_timesteps_runs_its_child_after_each_n_steps():
+    child = Recorder()
+    _ppo().learn(6 * STEPS_PER_ITERATION, callback=EveryNTimesteps(1500, child), progress_bar=False)
+    # crossings of 1500, then 1500 after each run: 1536, 3072
+    assert child.n_calls == 2
+
+
+class _Counter:
+    """Counts calls of the tensor methods that read a tensor back to the host."""
+
+    METHODS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.count += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.parametrize("log_interval_s", [0.0, 1e9])
+def test_callbacks_add_no_host_reads_to_the_loop(monkeypatch, tmp_path, log_interval_s):
+    reads = {}
+    for name, callback in (("none", None), ("no-op", BaseCallback()),
+                           ("stock", CallbackList([BaseCallback(), CheckpointCallback(10**9, tmp_path),
+                                                   EvalCallback(eval_freq=10**9, verbose=0)]))):
+        model = _ppo()
+        with monkeypatch.context() as patch:
+            counter = _Counter(patch)
+            model.learn(6 * STEPS_PER_ITERATION, callback=callback, progress_bar=False, log_interval_s=log_interval_s)
+        reads[name] = counter.count
+    assert reads["none"] > 0  # the counter sees the loop's own once-per-log-interval read
+    assert reads["no-op"] == reads["none"] and reads["stock"] == reads["none"], reads
