@@ -28,7 +28,7 @@ MAX_SEED = 2**32 - 1
 
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
-             "learning_curve.png", "tensorboard")
+             "learning_curve.png", "tensorboard", "videos", "wandb")
 
 
 class Terminated(KeyboardInterrupt):
@@ -400,6 +400,42 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "hyperparameters": _plain(model.config)}
     if main:
         _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    callbacks, tracker = _run_callbacks(args, config, run_dir) if main else ([], None)
+    try:
+        return _learn_and_save(args, algo_cls, strategy, model, run_dir, target, eval_freq, total, checkpoint,
+                               checkpoint_freq, restarts, resumed_from, callbacks, tracker)
+    finally:
+        if tracker is not None:
+            tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
+
+
+def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
+    """The callbacks `--video-every` and `--track` ask for, and the W&B tracker (None without --track); both
+    checked here, before training: a missing package is one sentence now, not after the run."""
+    callbacks, tracker = [], None
+    if args.video_every is not None:
+        from rlspeed.video import check_video_support
+
+        check_video_support(args.env_id)
+    if args.track:
+        from rlspeed.tracking import WandbCallback, WandbTracker
+
+        tracker = WandbTracker(config, run_dir=run_dir, project=args.wandb_project, entity=args.wandb_entity)
+        callbacks.append(WandbCallback(tracker))
+    if args.video_every is not None:
+        from rlspeed.callbacks import VideoRecorderCallback
+
+        callbacks.append(VideoRecorderCallback(args.video_every, run_dir / "videos",
+                                               on_video=tracker.log_video if tracker is not None else None))
+    return callbacks, tracker
+
+
+def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval_freq, total: int, checkpoint: Path,
+                    checkpoint_freq, restarts: int, resumed_from, callbacks: list, tracker) -> int:
+    """`_train`'s second half: learn (with `callbacks`), then save the model, evaluate and write summary.json (also
+    to the W&B `tracker`); returns the exit code."""
+    main = strategy.is_main
+    say = print if main else (lambda *a, **k: None)
     if strategy.enabled:
         say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
             f"{model.config.num_envs // strategy.world_size} envs each")
@@ -418,11 +454,12 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     with _sigterm_raises():
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                        run_dir=run_dir, checkpoint_freq=checkpoint_freq)
+                        run_dir=run_dir, checkpoint_freq=checkpoint_freq, callback=callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
-           "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq}
+           "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
+           "tracker": tracker}
     if interrupted is not None:
         return _save_interrupted(run, run_dir, interrupted, model.num_timesteps - steps_before,
                                  time.perf_counter() - started)
@@ -435,6 +472,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     summary = _summary(run, result.total_timesteps, result.train_wall_s, result.sps,
                        {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"], "seed": eval_seed})
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+    if tracker is not None:
+        tracker.finish(summary)
     reached = ""
     if target is not None:
         reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
@@ -479,6 +518,8 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: 
         run["model"].save(run_dir / "checkpoint.safetensors")
         summary = _summary(run, steps, wall_s, steps / max(wall_s, 1e-9), None, interrupted=True)
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+        if run["tracker"] is not None:
+            run["tracker"].finish(summary, exit_code=code)
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: saved model.safetensors, checkpoint.safetensors "
           f"(--resume continues from it) and summary.json in {run_dir}", file=sys.stderr, flush=True)
     return code
@@ -584,6 +625,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.name.upper()} model its "
                   "metadata describes")
     env_id = args.env or model.env_id
+    if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
+        from rlspeed.video import check_video_support
+
+        check_video_support(env_id, args.video)
     if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
         result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id)
     else:
@@ -594,6 +639,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"{result['mean']:.1f} +/- {result['std']:.1f}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(strict_json(result))
+    if args.video is not None:
+        from rlspeed.video import record_video
+
+        video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id)
+        print(f"rlspeed: wrote {video['path']} ({video['episodes']} episodes, {video['frames']} frames, return "
+              f"{video['mean']:.1f})", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
@@ -664,6 +715,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
     train.add_argument("--save-replay-buffer", action="store_true",
                        help="off-policy checkpoints also hold the replay buffer (exact resume; a second file)")
+    train.add_argument("--video-every", type=_whole(1), default=None, metavar="N",
+                       help="record one deterministic evaluation episode every N env steps into OUT/videos/ "
+                            '(pip install "rlspeed[video]")')
+    train.add_argument("--track", action="store_true",
+                       help='log config, metrics, videos and the summary to Weights & Biases (pip install '
+                            '"rlspeed[track]"; WANDB_MODE=offline logs locally)')
+    train.add_argument("--wandb-project", default=None, help="with --track (default: WANDB_PROJECT, else rlspeed)")
+    train.add_argument("--wandb-entity", default=None, help="with --track (default: WANDB_ENTITY, else your account)")
     train.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
@@ -677,6 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
+    ev.add_argument("--video", default=None, metavar="FILE",
+                    help='also record deterministic episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
+    ev.add_argument("--video-episodes", type=_whole(1), default=1, help="episodes in the --video file (default 1)")
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ev.set_defaults(func=cmd_eval)
 

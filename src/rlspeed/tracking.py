@@ -1,0 +1,123 @@
+"""Experiment tracking with Weights & Biases (`pip install "rlspeed[track]"`): the run's config, its metrics rows
+(one per log interval, as metrics.csv has them), evaluation videos and summary.json.
+
+wandb reads its own settings from the environment as usual: WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE=offline (no
+network; `wandb sync` uploads later), WANDB_DIR. Without WANDB_DIR the wandb files go into the run directory.
+TensorBoard (metrics.csv's twin, when installed) is written either way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+from rlspeed.callbacks import BaseCallback
+from rlspeed.errors import UserError
+
+INSTALL = 'pip install "rlspeed[track]"'
+
+
+def _flat(values: dict, prefix: str = "") -> dict:
+    """Nested dicts as one level with dotted keys ({"final_eval": {"mean": 1}} -> {"final_eval.mean": 1})."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+class WandbTracker:
+    """One Weights & Biases run: `log` metrics rows, `log_video` files, `finish` with the summary.
+
+    `project` (default: WANDB_PROJECT, else "rlspeed"), `entity` (default: WANDB_ENTITY, else the account's),
+    `name` (default: the run directory's name), `config`: the run's resolved config.
+    """
+
+    def __init__(self, config: dict | None = None, run_dir: str | Path | None = None, project: str | None = None,
+                 entity: str | None = None, name: str | None = None, tags: list[str] | None = None):
+        if importlib.util.find_spec("wandb") is None:
+            raise UserError(f"--track logs to Weights & Biases, and wandb is not installed: {INSTALL} (or drop "
+                            "--track).")
+        import wandb
+
+        self._wandb = wandb
+        # (read here at each run: wandb reads its environment once per process)
+        directory = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
+        try:
+            self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "rlspeed",
+                                  entity=entity or None, name=name or (Path(run_dir).name if run_dir else None),
+                                  config=config or {}, dir=directory, tags=tags)
+        except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
+            raise UserError(f"Weights & Biases refused the run ({str(error).strip().splitlines()[0]}): run "
+                            "`wandb login`, or set WANDB_MODE=offline to log locally.") from None
+
+    @property
+    def run_path(self) -> Path:
+        """The local directory of the wandb run (offline runs: where `wandb sync` finds it)."""
+        return Path(self.run.dir).parent
+
+    def log(self, row: dict) -> None:
+        """One metrics row at env step `row["timesteps"]` (its finite numbers; NaN and text are left out)."""
+        step = row.get("timesteps")
+        values = {key: value for key, value in row.items()
+                  if key != "timesteps" and isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and math.isfinite(value)}
+        values["timesteps"] = step
+        self.run.log(values, step=int(step) if step is not None else None)
+
+    def log_video(self, path: str | Path, step: int) -> None:
+        """An evaluation video file (mp4 or gif) at env step `step`."""
+        fmt = Path(path).suffix.lstrip(".").lower()
+        self.run.log({"eval/video": self._wandb.Video(str(path), format=fmt)}, step=int(step))
+
+    def finish(self, summary: dict | None = None, exit_code: int = 0) -> None:
+        """Record `summary` (summary.json's fields, nested ones as dotted keys) and close the run (once: later calls
+        do nothing)."""
+        if self.run is None:
+            return
+        if summary:
+            self.run.summary.update({key: value for key, value in _flat(summary).items() if value is not None})
+        self.run.finish(exit_code=exit_code)
+        self.run = None
+
+
+class WandbCallback(BaseCallback):
+    """Log each metrics row (one per log interval, no extra device reads) to a W&B run.
+
+    With `tracker` given (the CLI's), the caller finishes it; otherwise this callback starts a run at training start
+    (`project`, `entity`, `run_dir`; the config is the model's hyperparameters) and finishes it at training end with
+    what `model.result` measured.
+    """
+
+    def __init__(self, tracker: WandbTracker | None = None, project: str | None = None, entity: str | None = None,
+                 run_dir: str | Path | None = None):
+        super().__init__()
+        self.tracker = tracker
+        self._own = tracker is None
+        self._settings = {"project": project, "entity": entity, "run_dir": run_dir}
+
+    def _on_training_start(self) -> None:
+        if self.tracker is None:
+            import dataclasses
+
+            model = self.model
+            config = {"algo": model.name, "env_id": model.env_id, "seed": model.seed, "device": str(model.device),
+                      "env_backend": model.env_backend, "hyperparameters": dataclasses.asdict(model.config)}
+            self.tracker = WandbTracker(config, **self._settings)
+
+    def _on_rollout_end(self) -> bool:
+        if self.metrics is not None:
+            self.tracker.log(self.metrics)
+        return True
+
+    def _on_training_end(self) -> None:
+        if self._own and self.tracker is not None:
+            result = self.model.result
+            self.tracker.finish({"total_timesteps": result.total_timesteps, "train_wall_s": result.train_wall_s,
+                                 "sps": result.sps, "time_to_target_s": result.time_to_target_s,
+                                 "steps_to_target": result.steps_to_target})
+            self.tracker = None

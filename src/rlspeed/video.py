@@ -1,0 +1,144 @@
+"""Videos of a policy: deterministic episodes on one Gymnasium env made with render_mode="rgb_array", written with
+imageio (`pip install rlspeed[video]`: imageio, its ffmpeg, and pygame for the classic-control renderers).
+
+A model trained on a native env is filmed on its Gymnasium view `rlspeed/<id>` (the same dynamics, drawn by
+Gymnasium's renderer of that id); other models on `gymnasium.make(env_id)`. Recording is a host loop of
+`model.predict` calls, one env, one frame per step: it is for looking at a policy, not part of training's device loop.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import warnings
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+from rlspeed.errors import UserError
+
+INSTALL = 'pip install "rlspeed[video]"'
+#: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
+FORMATS = (".mp4", ".gif")
+
+
+def _require_writer(path: Path) -> None:
+    if path.suffix.lower() not in FORMATS:
+        raise UserError(f"Cannot write a video to '{path}': give a file ending in {' or '.join(FORMATS)}.")
+    needed = ["imageio"] + (["imageio_ffmpeg"] if path.suffix.lower() == ".mp4" else [])
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"Recording videos needs {', '.join(missing)}, which is not installed: {INSTALL}.")
+
+
+def _render_env(model_or_id, env_id: str | None = None) -> gym.Env:
+    """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array."""
+    from rlspeed.envs import NATIVE_ENVS
+
+    if isinstance(model_or_id, str):
+        env_id, backend = model_or_id, "auto"
+    else:
+        backend = model_or_id.env_backend
+        env_id = env_id or model_or_id.env_id
+    native = env_id in NATIVE_ENVS and backend in ("torch", "auto")
+    make_id = f"rlspeed/{env_id}" if native else env_id
+    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+        # headless (no window is possible): pygame's dummy video driver draws the same frames without SDL's errors
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    try:
+        with warnings.catch_warnings():  # (gymnasium warns of a mode the env lacks; the check below says it once)
+            warnings.simplefilter("ignore", UserWarning)
+            env = gym.make(make_id, render_mode="rgb_array")
+    except (ImportError, gym.error.DependencyNotInstalled) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UserError(f"Cannot render '{env_id}' for a video ({first}): {INSTALL}.") from None
+    except gym.error.Error as error:
+        raise UserError(f"'{env_id}' cannot render frames for a video ({error}).") from None
+    if "rgb_array" not in (env.metadata.get("render_modes") or []):
+        env.close()
+        raise UserError(f"'{env_id}' cannot render frames for a video (its render modes: "
+                        f"{', '.join(env.metadata.get('render_modes') or []) or 'none'}).")
+    return env
+
+
+def check_video_support(env_id: str, path: str | Path = "video.mp4") -> None:
+    """UserError now, in one sentence, when a video of `env_id` to `path` could not be recorded (imageio, its ffmpeg
+    or the env's renderer missing, or an env without frames); `rlspeed train --video-every` checks before training."""
+    _require_writer(Path(path))
+    env = _render_env(env_id)
+    try:
+        env.reset(seed=0)
+        frame = env.render()
+    finally:
+        env.close()
+    if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+        raise UserError(f"'{env_id}' rendered no RGB frame (got {type(frame).__name__}); it cannot be recorded.")
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    """`frame` padded to even height and width (H.264's yuv420p, which players expect, needs them)."""
+    pad_h, pad_w = frame.shape[0] % 2, frame.shape[1] % 2
+    return np.pad(frame, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge") if pad_h or pad_w else frame
+
+
+def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
+                 fps: int | None = None, max_steps: int | None = None) -> dict:
+    """Record `episodes` episodes of `model`'s deterministic policy into one video file (`.mp4` or `.gif`).
+
+    Each episode starts from `env.reset(seed=seed + i)` (unseeded when `seed` is None) and runs until it ends or
+    reaches `max_steps` (default: the env's time limit, else 10,000); every step is one frame, plus the first
+    observation's. `fps` defaults to the env's `render_fps`. Returns {"path", "episodes", "frames", "returns",
+    "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing.
+    """
+    path = Path(path)
+    _require_writer(path)
+    if episodes < 1:
+        raise UserError(f"A video needs at least one episode, got {episodes}.")
+    if not path.parent.is_dir():
+        raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
+    import imageio.v2 as imageio
+
+    env = _render_env(model, env_id)
+    expected = tuple(model.spec.observation_shape)
+    if isinstance(env.observation_space, gym.spaces.Box) and tuple(env.observation_space.shape) != expected:
+        env.close()
+        raise UserError(f"'{env_id or model.env_id}' gives observations of shape {env.observation_space.shape}, but "
+                        f"this model takes {expected}: it cannot be filmed on that env.")
+    fps = fps or env.metadata.get("render_fps") or 30
+    limit = max_steps or (env.spec.max_episode_steps if env.spec is not None else None) or 10_000
+    options = {"fps": fps, "macro_block_size": 1} if path.suffix.lower() == ".mp4" else {"duration": 1000 / fps}
+    recurrent = hasattr(model, "act_with_state")
+    returns, frames, size = [], 0, None
+    try:
+        writer = imageio.get_writer(path, **options)
+    except Exception as error:  # imageio reports a missing or broken backend with its own exception types
+        env.close()
+        raise UserError(f"Cannot write a video to '{path}': {error}.") from None
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=None if seed is None else seed + episode)
+            state, start, total = None, np.ones(1, dtype=bool), 0.0
+            frame = _even(np.asarray(env.render()))
+            size = size or frame.shape[:2]
+            writer.append_data(frame)
+            frames += 1
+            for _ in range(limit):
+                if recurrent:
+                    action, state = model.predict(obs, state=state, episode_start=start, deterministic=True)
+                    start = np.zeros(1, dtype=bool)
+                else:
+                    action, _ = model.predict(obs, deterministic=True)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                writer.append_data(_even(np.asarray(env.render())))
+                frames += 1
+                if terminated or truncated:
+                    break
+            returns.append(total)
+    finally:
+        writer.close()
+        env.close()
+    return {"path": str(path), "episodes": episodes, "frames": frames, "returns": returns,
+            "size": tuple(int(v) for v in size), "fps": fps, "mean": math.fsum(returns) / len(returns)}

@@ -1,0 +1,119 @@
+"""Weights & Biases tracking (rlspeed.tracking), offline (WANDB_MODE=offline, no network): `rlspeed train --track`
+writes a wandb run with the config, the metrics rows, the videos and summary.json; without wandb, one sentence."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from rlspeed import PPO, UserError, cli
+
+pytest.importorskip("wandb", reason='--track needs wandb: pip install "rlspeed[track]"')
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """wandb offline, its files under tmp_path/wandb-dir (WANDB_DIR), quiet."""
+    directory = tmp_path / "wandb-dir"
+    directory.mkdir()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(directory))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    import wandb
+
+    wandb.teardown()  # wandb reads its settings once per process: the next run reads these
+    yield directory
+    wandb.teardown()
+
+
+def read_offline_run(directory: Path) -> dict:
+    """The records of the one offline run under `directory`: {"history": [rows], "summary": {...}, "config": {...}}.
+
+    A `.wandb` file is a LevelDB-style log (a 7-byte file header, then 32 KiB blocks of records with a 7-byte header
+    each: crc, length, type full/first/middle/last) of wandb's protobuf `Record`s."""
+    import wandb
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    wandb.teardown()  # the wandb service writes the file in the background: stopping it flushes it
+    (path,) = directory.glob("wandb/offline-run-*/run-*.wandb")
+    data, position, block = path.read_bytes(), 7, 32768
+    chunks, pending = [], b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:  # a block's tail too short for a header is padding
+            position += block - position % block
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[position:position + 7])
+        if kind == 0:
+            break
+        chunk = data[position + 7:position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):
+            chunks.append(pending + chunk)
+            pending = b""
+        else:
+            pending += chunk
+    run = {"history": [], "summary": {}, "config": {}}
+    for raw in chunks:
+        record = pb.Record.FromString(raw)
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            run["history"].append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                                   for item in record.history.item})
+        elif kind == "summary":
+            run["summary"].update({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                                   for item in record.summary.update})
+        elif kind == "run":
+            run["config"].update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+    return run, path.parent
+
+
+def test_train_track_writes_an_offline_run_with_config_metrics_video_and_summary(tmp_path, offline):
+    run_dir = tmp_path / "run"
+    code = cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set",
+                     "num_steps=32", "--total-timesteps", "2048", "--eval-freq", "1024", "--target-return", "1e9",
+                     "--no-progress", "--out", str(run_dir), "--track", "--wandb-project", "rlspeed-tests"]
+                    + (["--video-every", "1024"] if importlib.util.find_spec("imageio_ffmpeg")
+                       and importlib.util.find_spec("pygame") else []))
+    assert code == 0
+    run, run_path = read_offline_run(offline)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert run["summary"]["final_eval.mean"] == pytest.approx(summary["final_eval"]["mean"])
+    assert run["summary"]["total_timesteps"] == summary["total_timesteps"] == 2048
+    assert run["config"]["algo"] == "ppo" and run["config"]["env_id"] == "CartPole-v1"
+    rows = [row for row in run["history"] if "timesteps" in row]
+    assert rows and rows[-1]["timesteps"] == 2048
+    assert {"episode_return", "policy_loss", "sps"} <= set().union(*rows)
+    assert [row["eval_mean"] for row in rows if "eval_mean" in row]  # learn's evaluations reach the run
+    if (run_dir / "videos").is_dir():
+        assert list((run_path / "files" / "media" / "videos").rglob("*.mp4"))
+
+
+def test_wandb_callback_on_its_own_starts_and_finishes_a_run(tmp_path, offline):
+    from rlspeed.tracking import WandbCallback
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=16, num_steps=32)
+    model.learn(1024, callback=WandbCallback(project="rlspeed-tests"), progress_bar=False, log_interval_s=0)
+    run, _ = read_offline_run(offline)
+    assert run["summary"]["total_timesteps"] == 1024
+    assert [row["timesteps"] for row in run["history"]] == [512, 1024]  # one row per log interval
+    assert run["config"]["algo"] == "ppo"
+
+
+def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--out", str(tmp_path / "run"),
+                     "--track", "--no-progress"])
+    assert code == 2
+    assert 'pip install "rlspeed[track]"' in capsys.readouterr().err
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    with pytest.raises(UserError, match="wandb is not installed"):
+        from rlspeed.tracking import WandbTracker
+
+        WandbTracker({})

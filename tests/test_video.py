@@ -1,0 +1,122 @@
+"""Evaluation videos (rlspeed.video): files a reader opens with the right frame count and size, from the API,
+`rlspeed eval --video` and `rlspeed train --video-every`; one clear sentence when something needed is missing."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rlspeed import PPO, SAC, UserError, cli, video
+from rlspeed.envs.gym_view import NativeGymEnv
+
+pytest.importorskip("imageio", reason='videos need imageio: pip install "rlspeed[video]"')
+pytest.importorskip("imageio_ffmpeg", reason='mp4 videos need imageio-ffmpeg: pip install "rlspeed[video]"')
+pytest.importorskip("pygame", reason='classic-control frames need pygame: pip install "rlspeed[video]"')
+
+import imageio.v2 as imageio  # noqa: E402
+
+
+def _read(path) -> tuple[int, tuple[int, int]]:
+    """(frames, (height, width)) of a video file, as a reader library sees it."""
+    reader = imageio.get_reader(path)
+    try:
+        frames = [frame for frame in reader]
+    finally:
+        reader.close()
+    return len(frames), frames[0].shape[:2]
+
+
+def _cartpole() -> PPO:
+    return PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=16, num_steps=32)
+
+
+def test_cartpole_video_has_one_frame_per_step_plus_the_first(tmp_path):
+    model = _cartpole()
+    model.learn(1024, progress_bar=False)
+    result = video.record_video(model, tmp_path / "cartpole.mp4", episodes=2, seed=3)
+    # CartPole pays 1 per step: the returns are the episodes' lengths
+    assert result["frames"] == sum(int(r) for r in result["returns"]) + 2
+    assert _read(tmp_path / "cartpole.mp4") == (result["frames"], (400, 600))
+
+
+def test_pendulum_video_runs_to_the_time_limit(tmp_path):
+    model = SAC("Pendulum-v1", seed=0, device="cpu")
+    result = video.record_video(model, tmp_path / "pendulum.mp4", seed=0)
+    assert result["frames"] == 201  # 200 steps (Pendulum's time limit) and the first frame
+    assert _read(tmp_path / "pendulum.mp4") == (201, (500, 500))
+
+
+def test_same_seed_gives_the_same_episode(tmp_path):
+    model = _cartpole()
+    first = video.record_video(model, tmp_path / "a.gif", seed=5, max_steps=30)
+    second = video.record_video(model, tmp_path / "b.gif", seed=5, max_steps=30)
+    assert first["returns"] == second["returns"] and first["frames"] == second["frames"] <= 31
+    frames = [np.asarray(imageio.mimread(tmp_path / name)) for name in ("a.gif", "b.gif")]
+    assert np.array_equal(*frames)
+
+
+def test_cli_eval_video(tmp_path, capsys):
+    model = _cartpole()
+    model.save(tmp_path / "model.safetensors")
+    out = tmp_path / "eval.mp4"
+    code = cli.main(["eval", str(tmp_path / "model.safetensors"), "--episodes", "2", "--seed", "1", "--video", str(out),
+                     "--video-episodes", "1"])
+    assert code == 0
+    assert "wrote" in capsys.readouterr().out
+    frames, size = _read(out)
+    assert size == (400, 600) and frames >= 2
+
+
+def test_cli_train_video_every_keeps_videos_in_the_run_directory(tmp_path):
+    run = tmp_path / "run"
+    code = cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set",
+                     "num_steps=32", "--total-timesteps", "2048", "--target-return", "none", "--no-progress",
+                     "--out", str(run), "--video-every", "1000"])
+    assert code == 0
+    # one video at the end of the first iteration (512 steps each) after every 1000 steps
+    assert sorted(p.name for p in (run / "videos").iterdir()) == ["step-1024.mp4", "step-2048.mp4"]
+    assert _read(run / "videos" / "step-1024.mp4")[1] == (400, 600)
+
+
+def test_missing_imageio_is_one_sentence_with_the_fix(tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio" else real(name, *a))
+    with pytest.raises(UserError, match=r"rlspeed\[video\]"):
+        video.record_video(_cartpole(), tmp_path / "x.mp4")
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--out", str(tmp_path / "run"),
+                     "--video-every", "256", "--no-progress"])
+    assert code == 2 and "rlspeed[video]" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "model.safetensors").exists()  # refused before training
+
+
+def test_missing_pygame_is_one_sentence_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr(NativeGymEnv, "metadata", {"render_modes": [], "render_fps": 30})
+    with pytest.raises(UserError, match=r"rlspeed\[video\]"):
+        video.record_video(_cartpole(), tmp_path / "x.mp4")
+
+
+class _Blind(gym.Env):
+    """An env without render modes."""
+
+    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+    metadata = {"render_modes": []}
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
+
+def test_env_that_cannot_render_and_bad_file_names_are_refused(tmp_path):
+    gym.register("rlspeed-test/Blind-v0", entry_point=_Blind, disable_env_checker=True)
+    try:
+        with pytest.raises(UserError, match="cannot render"):
+            video.check_video_support("rlspeed-test/Blind-v0")
+    finally:
+        del gym.registry["rlspeed-test/Blind-v0"]
+    with pytest.raises(UserError, match=r"\.mp4 or \.gif"):
+        video.record_video(_cartpole(), tmp_path / "x.avi")
+    with pytest.raises(UserError, match="does not exist"):
+        video.record_video(_cartpole(), tmp_path / "missing" / "x.mp4")
