@@ -8,6 +8,7 @@ import warnings
 import torch
 
 from rlspeed.envs import make_env
+from rlspeed.envs.base import observation_layout, space_to_json
 from rlspeed.errors import UserError
 
 
@@ -65,11 +66,24 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
 
 def _check_compatible(model, env) -> None:
-    """UserError unless `env` has the observation shape and action space `model` was trained on."""
+    """UserError unless `env` has the observations (shapes and dtypes, per key) and action space `model` was trained
+    on."""
     trained, given = model.spec, env.spec
-    if (tuple(trained.observation_shape) == tuple(given.observation_shape)
+    if (_signature(trained.observation_space) == _signature(given.observation_space)
             and trained.discrete == given.discrete and trained.action_dim == given.action_dim):
         return
-    raise UserError(f"{given.env_id} (observations {tuple(given.observation_shape)}, actions {given.action_space}) "
+    raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
                     f"does not fit this model, trained on {trained.env_id} (observations "
-                    f"{tuple(trained.observation_shape)}, actions {trained.action_space}).")
+                    f"{trained.observation_space}, actions {trained.action_space}).")
+
+
+def _signature(space) -> object:
+    """What an observation space must share with another for one model to take both: shapes and dtypes per key, and
+    the sizes of Discrete-like spaces (their one-hot width); a Box's bounds may differ."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Dict):
+        return {key: _signature(sub) for key, sub in space.spaces.items()}
+    if isinstance(space, gym.spaces.Box):
+        return observation_layout(space)
+    return space_to_json(space)

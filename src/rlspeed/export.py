@@ -1,7 +1,9 @@
 """Export a trained policy as one self-contained graph: ONNX, TorchScript or a torch.export program.
 
 The graph is `predict(obs, deterministic=True)` with nothing left outside it: raw observations go in (a batch
-`[B, *observation_shape]`, float32, B dynamic), the model's observation normalisation runs inside, and actions come
+`[B, *observation_shape]` in the observation's dtype: float32 vectors, uint8 images, which the graph scales, int64
+indices; one input per key, in the space's key order, for Dict observations; B dynamic), the model's observation
+normalisation and encoder run inside, and actions come
 out as the env takes them (Discrete: int64 indices `[B]`; Box: float32 `[B, A]`, clipped to or rescaled onto the
 Box exactly as the algorithm does). Exported policies that leave normalisation or action rescaling to the caller
 disagree with Python; this module exists so that they cannot.
@@ -30,12 +32,14 @@ import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 from torch import nn
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint
-from rlspeed.envs import RunningMeanStd
+from rlspeed.envs.base import observation_layout, space_to_json
+from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic, DeterministicActor, QNetwork, RecurrentActorCritic, SquashedGaussianActor
 
@@ -49,8 +53,9 @@ class PolicyExport(nn.Module):
     """Raw observations -> actions, as `predict(obs, deterministic=True)` gives them; the base of every family.
 
     Holds CPU copies of what it needs (networks, normalisation statistics, action bounds) as submodules and buffers,
-    so the exported graph carries them. A subclass writes `actions` (the policy on normalised, flattened
-    observations) and says what it outputs in `outputs` and `action_mapping`.
+    so the exported graph carries them. A subclass writes `actions` (the policy on normalised observations, in
+    their stored layout: its networks flatten or encode them) and says what it outputs in `outputs` and
+    `action_mapping`.
     """
 
     #: how the network's output becomes the env's action (written to the sidecar)
@@ -58,42 +63,57 @@ class PolicyExport(nn.Module):
 
     def __init__(self, model, observation_clip: float = 10.0):
         super().__init__()
+        self.observation_space = model.spec.observation_space
         self.observation_shape = tuple(model.spec.observation_shape)
+        layout = observation_layout(self.observation_space)
+        # the graph's observation inputs: (name, shape, dtype) each; Dict observations one per key, in key order
+        self.observation_inputs = ([(key, shape, dtype) for key, (shape, dtype) in layout.items()]
+                                   if isinstance(layout, dict) else [("obs", *layout)])
+        self.keyed = isinstance(layout, dict)
         self.action_space = model.spec.action_space
         self.observation_clip = observation_clip
-        self.obs_rms: RunningMeanStd | None = None
+        self.obs_rms: nn.Module | None = None
         if model.obs_rms is not None:  # a fresh copy: the model's may be tied to a training env or a process group
-            self.obs_rms = RunningMeanStd(self.observation_shape)
+            self.obs_rms = observation_statistics(self.observation_space)
             self.obs_rms.load_state_dict({k: v.detach().cpu() for k, v in model.obs_rms.state_dict().items()})
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Actions `[B]` or `[B, A]` for raw observations `[B, *observation_shape]`."""
+    def forward(self, *observations: torch.Tensor) -> torch.Tensor:
+        """Actions `[B]` or `[B, A]` for raw observations `[B, *observation_shape]` (one tensor per key, in key
+        order, for Dict observations)."""
+        obs = dict(zip((name for name, _, _ in self.observation_inputs), observations)) if self.keyed \
+            else observations[0]
         if self.obs_rms is not None:
             obs = self.obs_rms.normalize(obs, clip=self.observation_clip)
-        return self.actions(obs.flatten(1))
+        return self.actions(obs)
 
-    def actions(self, obs: torch.Tensor) -> torch.Tensor:
-        """The deterministic policy's env actions for normalised, flattened observations `[B, obs_dim]`."""
+    def actions(self, obs) -> torch.Tensor:
+        """The deterministic policy's env actions for normalised observations `[B, ...]` (a dict for Dict ones)."""
         raise NotImplementedError
 
     # --- what the exporters and the sidecar read ----------------------------------------------------------------
     def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
         """Inputs to capture the graph with (a batch of 2: a batch of 1 would be specialised as a constant)."""
-        return (torch.zeros(batch, *self.observation_shape),)
+        return tuple(torch.zeros(batch, *shape, dtype=dtype) for _, shape, dtype in self.observation_inputs)
 
-    def example_inputs_from(self, obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def example_inputs_from(self, obs) -> tuple[torch.Tensor, ...]:
         """The graph's inputs for these observations (a subclass with more inputs adds their neutral values)."""
-        return (obs,)
+        return tuple(obs[name] for name, _, _ in self.observation_inputs) if self.keyed else (obs,)
 
     def dynamic_shapes(self) -> dict:
         """torch.export's dynamic dimensions of each input (the batch)."""
-        return {"obs": {0: torch.export.Dim("batch", min=1)}}
+        batch = torch.export.Dim("batch", min=1)
+        return {"observations": tuple({0: batch} for _ in self.observation_inputs)}
 
     def inputs(self) -> list[dict]:
         """The graph's inputs, in order: name, dtype, shape (`"batch"` for the dynamic dimension), meaning."""
         normalised = "normalised inside the graph" if self.obs_rms is not None else "not normalised"
-        return [{"name": "obs", "dtype": "float32", "shape": ["batch", *self.observation_shape],
-                 "description": f"raw observations as the env returns them ({normalised})"}]
+        items = []
+        for name, shape, dtype in self.observation_inputs:
+            what = f"raw observations{f' (key {name!r})' if self.keyed else ''} as the env returns them"
+            how = normalised if dtype == torch.float32 else "converted, scaled and encoded inside the graph"
+            items.append({"name": name, "dtype": str(dtype).removeprefix("torch."), "shape": ["batch", *shape],
+                          "description": f"{what} ({how})"})
+        return items
 
     def outputs(self) -> list[dict]:
         """The graph's outputs, in order (default: one action tensor for the model's action space)."""
@@ -129,8 +149,9 @@ class ActorCriticExport(PolicyExport):
             self.register_buffer("action_low", low)
             self.register_buffer("action_high", high)
 
-    def actions(self, obs: torch.Tensor) -> torch.Tensor:
-        out = self.policy.body(obs, members=slice(0, 1))[0]  # the actor member only: no value head in the graph
+    def actions(self, obs) -> torch.Tensor:
+        # the actor member only: no value head in the graph
+        out = self.policy.body(self.policy.features(obs), members=slice(0, 1))[0]
         if self.discrete:
             return out.argmax(-1)
         return torch.maximum(torch.minimum(out, self.action_high), self.action_low)
@@ -212,6 +233,23 @@ def export_module(model) -> PolicyExport:
     return module
 
 
+def random_observations(space: gym.Space, batch: int, generator: torch.Generator):
+    """A batch of random observations of `space` as the env adapters give them (float vectors 3 * N(0, 1), images
+    and indices uniform over their range); a dict for Dict spaces."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: random_observations(sub, batch, generator) for key, sub in space.spaces.items()}
+    shape, dtype = observation_layout(space)
+    if isinstance(space, gym.spaces.Discrete):
+        return torch.randint(int(space.start), int(space.start) + int(space.n), (batch,), generator=generator)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        high = torch.as_tensor(space.nvec.astype("int64"))
+        return (torch.rand(batch, *shape, generator=generator) * high).long() + torch.as_tensor(space.start)
+    if dtype == torch.float32:
+        return 3 * torch.randn(batch, *shape, generator=generator)
+    high = 256 if dtype == torch.uint8 else 2
+    return torch.randint(0, high, (batch, *shape), generator=generator).to(dtype)
+
+
 def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
     """UserError unless `module` gives the model's deterministic actions (`model.act`) on random observations:
     identical discrete actions, continuous ones within 1e-5. A model whose `_policy_actions` differs from what its
@@ -220,8 +258,9 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
     if model.device.type != "cpu":
         return
     generator = torch.Generator().manual_seed(0)
-    obs = 3 * torch.randn(batch, *module.observation_shape, generator=generator)
-    if module.obs_rms is not None:  # observations at the model's scale, so normalisation does not clip them all
+    obs = random_observations(module.observation_space, batch, generator)
+    if module.obs_rms is not None and isinstance(obs, torch.Tensor):
+        # observations at the model's scale, so normalisation does not clip them all
         obs = module.obs_rms.mean + obs * torch.sqrt(module.obs_rms.var)
     with torch.no_grad():
         expected, got = model.act(obs, deterministic=True), module(*module.example_inputs_from(obs))
@@ -234,23 +273,14 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
                         "`_policy_actions`.")
 
 
-def _space_json(space) -> dict:
-    import gymnasium as gym
-
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "discrete", "n": int(space.n)}
-    return {"type": "box", "shape": list(space.shape), "low": space.low.tolist(), "high": space.high.tolist(),
-            "dtype": str(space.dtype)}
-
-
 def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     """The sidecar's content: what the exported file takes and gives, and where it came from."""
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
             "rlspeed_version": __version__, "torch_version": torch.__version__,
             "num_timesteps": int(model.num_timesteps), "deterministic": True,
             "inputs": module.inputs(), "outputs": module.outputs(),
-            "observation_space": {"shape": list(module.observation_shape), "dtype": "float32"},
-            "action_space": _space_json(module.action_space),
+            "observation_space": space_to_json(module.observation_space),
+            "action_space": space_to_json(module.action_space),
             "observation_normalization": (None if module.obs_rms is None else
                                           {"formula": "clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)",
                                            "clip": module.observation_clip, "in_graph": True}),

@@ -1,5 +1,11 @@
 """Networks and action distributions shared by the algorithms.
 
+A policy is an encoder, chosen from the observation space (`make_encoder`), followed by heads (MLPs giving logits,
+Gaussian parameters, values or Q-values). The encoder turns an observation batch in its stored dtype (uint8 images,
+int64 indices, a dict of tensors) into float features `[B, features_dim]`; float vector observations have no encoder
+module at all (`encoder is None`: the heads take the flattened observation, the plain-MLP case that the hand-derived
+updates in `rlspeed.fused` cover).
+
 The distributions are written as plain tensor maths (no `torch.distributions` objects): that keeps the hot path
 to a few kernels, free of argument validation and Python objects, and compilable.
 """
@@ -9,10 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import gymnasium as gym
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlspeed.envs.base import Observation, check_observation_space, observation_layout
 from rlspeed.errors import UserError
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's actor: log std clamped to this range
@@ -40,6 +49,224 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
     return layer
+
+
+# --- encoders: observations -> features ------------------------------------------------------------------------
+ENCODERS = ("auto", "mlp", "cnn")
+#: The smallest image side Nature-DQN's CNN takes (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave one pixel).
+NATURE_CNN_MIN_SIDE = 36
+
+
+def image_channels_first(space: gym.Space) -> bool | None:
+    """Whether a Box is an image with channels first (CxHxW: True) or last (HxWxC: False); None when it is not an
+    image. Images are 3-D uint8 Boxes with bounds [0, 255] (as Stable-Baselines3's `is_image_space`) or 3-D bool
+    Boxes (binary grids, MinAtar's); the channel axis is the smallest dimension, as SB3's
+    `is_image_space_channels_first` decides (a smallest middle dimension counts as channels last)."""
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
+        return None
+    dtype = np.dtype(space.dtype)
+    if dtype == np.uint8:
+        if np.any(space.low != 0) or np.any(space.high != 255):
+            return None
+    elif dtype != np.bool_:
+        return None
+    return int(np.argmin(space.shape)) == 0
+
+
+class Encoder(nn.Module):
+    """Observation batch (in its stored dtype) -> float features `[B, features_dim]`. `kind` names it in reports."""
+
+    features_dim: int
+    kind: str = "encoder"
+
+
+def _init_conv_net(module: nn.Module) -> None:
+    """Orthogonal initialisation with gain sqrt(2) for every conv and linear layer (SB3's for its features
+    extractors), zero biases."""
+    for layer in module.modules():
+        if isinstance(layer, (nn.Conv2d, nn.Linear)):
+            nn.init.orthogonal_(layer.weight, math.sqrt(2))
+            nn.init.zeros_(layer.bias)
+
+
+class CNNEncoder(Encoder):
+    """An image encoder: the image to float on the device (scaled to [0, 1] for uint8 when `normalize_images`),
+    channels-last images permuted to channels first, then convolutions and one ReLU linear layer of `features_dim`.
+
+    `nature=True`: Nature-DQN's CNN (Mnih et al., 2015; SB3's `NatureCNN`): 32 8x8/4, 64 4x4/2, 64 3x3/1. It needs
+    both sides >= 36 pixels; smaller images (MinAtar's 10x10, MiniGrid's 7x7) get the small CNN: 16 and 32 3x3/1
+    convolutions (padded when a side is below 5).
+    """
+
+    def __init__(self, space: gym.spaces.Box, features_dim: int = 512, normalize_images: bool = True,
+                 nature: bool | None = None):
+        super().__init__()
+        channels_first = image_channels_first(space)
+        if channels_first is None:
+            raise UserError(f"A CNN encoder needs image observations (a 3-D uint8 Box in [0, 255] or a 3-D bool Box, "
+                            f"channels first or last), not {space}; use encoder=auto.")
+        self.channels_last = not channels_first
+        shape = tuple(space.shape)
+        channels, height, width = (shape[2], shape[0], shape[1]) if self.channels_last else shape
+        if nature is None:
+            nature = min(height, width) >= NATURE_CNN_MIN_SIDE
+        self.nature = nature
+        self.kind = "Nature CNN encoder" if nature else "small CNN encoder"
+        scale = normalize_images and np.dtype(space.dtype) == np.uint8
+        self.scale = 1.0 / 255.0 if scale else 1.0
+        if nature:
+            convs = [nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                     nn.Conv2d(64, 64, 3, stride=1), nn.ReLU()]
+        else:
+            padding = 0 if min(height, width) >= 5 else 1
+            convs = [nn.Conv2d(channels, 16, 3, padding=padding), nn.ReLU(),
+                     nn.Conv2d(16, 32, 3, padding=padding), nn.ReLU()]
+        self.cnn = nn.Sequential(*convs, nn.Flatten())
+        with torch.no_grad():
+            flat = self.cnn(torch.zeros(1, channels, height, width)).shape[1]
+        self.linear = nn.Sequential(nn.Linear(flat, int(features_dim)), nn.ReLU())
+        self.features_dim = int(features_dim)
+        _init_conv_net(self)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:  # a view: NHWC memory read as NCHW (channels_last format, which conv2d takes)
+            obs = obs.permute(0, 3, 1, 2)
+        x = obs.to(torch.float32)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return self.linear(self.cnn(x))
+
+
+class OneHotEncoder(Encoder):
+    """Discrete observations (int64 indices `[B]`) or MultiDiscrete ones (`[B, k]`) as one-hot float vectors,
+    concatenated over the k components (`features_dim` = n, or the sum of nvec)."""
+
+    kind = "one-hot encoder"
+
+    def __init__(self, space: gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        super().__init__()
+        if isinstance(space, gym.spaces.Discrete):
+            sizes, starts = np.array([int(space.n)]), np.array([int(space.start)])
+            self.single = True
+        else:
+            sizes, starts = space.nvec.reshape(-1).astype(np.int64), np.broadcast_to(space.start, space.nvec.shape)
+            starts = np.asarray(starts).reshape(-1).astype(np.int64)
+            self.single = False
+        self.features_dim = int(sizes.sum())
+        offsets = np.concatenate(([0], np.cumsum(sizes)[:-1])) - starts  # index of value v in component i: v + offset
+        self.register_buffer("offsets", torch.as_tensor(offsets, dtype=torch.int64), persistent=False)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        index = (obs.unsqueeze(-1) if self.single else obs.flatten(1)).long() + self.offsets
+        out = torch.zeros(index.shape[0], self.features_dim, device=index.device)
+        return out.scatter_(1, index, 1.0)
+
+
+class FlattenEncoder(Encoder):
+    """Non-float vectors (MultiBinary, bool or integer Boxes; images with encoder=mlp) flattened to float, uint8
+    images scaled to [0, 1] when `normalize_images`. (Float vectors need no encoder: `encoder is None`.)"""
+
+    kind = "flatten encoder"
+
+    def __init__(self, space: gym.Space, normalize_images: bool = True):
+        super().__init__()
+        shape, _ = observation_layout(space)
+        self.features_dim = int(np.prod(shape)) if shape else 1
+        image = image_channels_first(space) is not None and np.dtype(space.dtype) == np.uint8
+        self.scale = 1.0 / 255.0 if image and normalize_images else 1.0
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.reshape(obs.shape[0], -1).to(torch.float32)
+        return x * self.scale if self.scale != 1.0 else x
+
+
+class MultiInputEncoder(Encoder):
+    """Dict observations: one encoder per key (`make_encoder` of its space; float vectors flattened as they are),
+    the features concatenated in the space's key order (SB3's `CombinedExtractor`)."""
+
+    kind = "multi-input encoder"
+
+    def __init__(self, space: gym.spaces.Dict, encoder: str = "auto", cnn_features_dim: int = 512,
+                 normalize_images: bool = True):
+        super().__init__()
+        self.keys = list(space.spaces)
+        self.encoders = nn.ModuleDict()
+        dims = 0
+        for key, sub in space.spaces.items():
+            if image_channels_first(sub) is None and encoder == "cnn":
+                sub_choice = "auto"  # encoder=cnn for a Dict: its image keys get CNNs, the others their own encoder
+            else:
+                sub_choice = encoder
+            module = make_encoder(sub, sub_choice, cnn_features_dim, normalize_images)
+            if module is None:  # a float vector: flattened as it is
+                dims += int(np.prod(sub.shape)) if sub.shape else 1
+            else:
+                self.encoders[key] = module
+                dims += module.features_dim
+        self.features_dim = dims
+        kinds = sorted({module.kind.removesuffix(" encoder") for module in self.encoders.values()})
+        self.kind = "multi-input encoder" + (f" with {' and '.join(kinds)} parts" if kinds else "")
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [self.encoders[key](obs[key]) if key in self.encoders else obs[key].flatten(1).to(torch.float32)
+                 for key in self.keys]
+        return torch.cat(parts, dim=1)
+
+
+def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int = 512,
+                 normalize_images: bool = True) -> Encoder | None:
+    """The encoder for an observation space (an `EnvSpec.observation_space`), or None for float vectors (the heads
+    take the flattened observation).
+
+    `auto`: images (`image_channels_first`) get a CNN (`CNNEncoder`: Nature-DQN's when both sides are >= 36 pixels,
+    else a small 3x3 one), Discrete and MultiDiscrete observations a one-hot encoding, MultiBinary, bool and integer
+    vectors a float flattening, Dict observations one encoder per key (`MultiInputEncoder`). `mlp`: images flattened
+    too (scaled to [0, 1]). `cnn`: a CNN, which needs images (or a Dict with image keys). UserError for spaces no
+    encoder handles.
+    """
+    if encoder not in ENCODERS:
+        raise UserError(f"Unknown encoder '{encoder}': use one of {', '.join(ENCODERS)}.")
+    if cnn_features_dim < 1:
+        raise UserError(f"cnn_features_dim must be >= 1, got {cnn_features_dim}.")
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete,
+                              gym.spaces.MultiBinary)):
+        space = check_observation_space(space, "this env")  # a Tuple becomes a Dict; others get the one sentence
+    if isinstance(space, gym.spaces.Dict):
+        if encoder == "cnn" and not any(image_channels_first(sub) is not None for sub in space.spaces.values()):
+            raise UserError(f"encoder=cnn needs image observations, and this Dict observation has no image key "
+                            f"(keys: {', '.join(space.spaces)}); use encoder=auto.")
+        return MultiInputEncoder(space, encoder, cnn_features_dim, normalize_images)
+    image = image_channels_first(space) is not None
+    if encoder == "cnn" or (encoder == "auto" and image):
+        return CNNEncoder(space, cnn_features_dim, normalize_images)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return OneHotEncoder(space)
+    _, dtype = observation_layout(space)
+    if dtype == torch.float32:
+        return None
+    return FlattenEncoder(space, normalize_images)
+
+
+def encoder_from_config(space: gym.Space, config) -> Encoder | None:
+    """`make_encoder` with a config's `encoder`, `cnn_features_dim` and `normalize_images` (defaults where the
+    config has none)."""
+    return make_encoder(space, getattr(config, "encoder", "auto"), getattr(config, "cnn_features_dim", 512),
+                        getattr(config, "normalize_images", True))
+
+
+def encoder_kind(*modules: nn.Module) -> str | None:
+    """The kind of the first non-MLP encoder among these networks (their `encoder` attribute), or None when all of
+    them take flattened float vectors: what `unsupported_reason` of a hand-derived update names."""
+    for module in modules:
+        found = getattr(module, "encoder", None)
+        if found is not None:
+            return getattr(found, "kind", type(found).__name__)
+    return None
+
+
+def _encode(encoder: Encoder | None, obs: Observation) -> torch.Tensor:
+    """Features of an observation batch: the encoder's, or the flattened float vector."""
+    return obs.flatten(1) if encoder is None else encoder(obs)
 
 
 class EnsembleMLP(nn.Module):
@@ -93,19 +320,34 @@ class QEnsemble(nn.Module):
     """K state-action value networks Q_k(s, a) held as one `EnsembleMLP`: all K evaluated in one batched pass.
 
     Used for the twin critics of SAC and TD3 (K=2) and DDPG's single critic (K=1). `forward(obs, actions)`
-    takes `[B, obs_dim]` and `[B, action_dim]` and returns Q-values `[K, B]`.
+    takes observations `[B, ...]` and actions `[B, action_dim]` and returns Q-values `[K, B]`. With an `encoder`
+    (images, Dict observations), the K members share it (SB3's critics share one features extractor).
     """
 
     def __init__(self, num_members: int, obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256),
-                 activation: str = "relu"):
+                 activation: str = "relu", encoder: Encoder | None = None):
         super().__init__()
         self.num_members = num_members
-        self.body = EnsembleMLP(num_members, obs_dim + action_dim, hidden, 1, activation)
+        self.encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
+        self.body = EnsembleMLP(num_members, in_dim + action_dim, hidden, 1, activation)
 
-    def forward(self, obs: torch.Tensor, actions: torch.Tensor, members: slice | None = None,
+    def features(self, obs: Observation) -> torch.Tensor:
+        """The members' shared input features of an observation batch `[B, F]`."""
+        return _encode(self.encoder, obs)
+
+    def head(self, features: torch.Tensor, actions: torch.Tensor, members: slice | None = None,
+             detached: bool = False) -> torch.Tensor:
+        """Q-values `[K, B]` from `features` (see `forward`)."""
+        return self.body(torch.cat((features, actions), dim=-1), members, detached).squeeze(-1)
+
+    def forward(self, obs: Observation, actions: torch.Tensor, members: slice | None = None,
                 detached: bool = False) -> torch.Tensor:
-        """Q-values `[K, B]` (or `[len(members), B]` for a slice of the members); see `EnsembleMLP.forward`."""
-        return self.body(torch.cat((obs, actions), dim=-1), members, detached).squeeze(-1)
+        """Q-values `[K, B]` (or `[len(members), B]` for a slice of the members); see `EnsembleMLP.forward`.
+        `detached` also keeps gradients out of the encoder."""
+        features = self.features(obs)
+        return self.head(features.detach() if detached and self.encoder is not None else features, actions,
+                         members, detached)
 
 
 class ActorCritic(nn.Module):
@@ -113,25 +355,34 @@ class ActorCritic(nn.Module):
 
     Discrete actions: the actor gives logits. Box actions: the actor gives the Gaussian mean and `log_std` is
     a state-independent parameter. `act` samples; `evaluate` gives log-prob, entropy and value of stored actions.
+
+    The MLPs take the observation's features: with an `encoder` (images, Dict, Discrete observations; `make_encoder`)
+    its output, shared by actor and critic (SB3's `share_features_extractor`), else the flattened float observation.
     """
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: Sequence[int] = (64, 64),
-                 activation: str = "tanh", log_std_init: float = 0.0):
+                 activation: str = "tanh", log_std_init: float = 0.0, encoder: Encoder | None = None):
         super().__init__()
         self.discrete = discrete
         self.action_dim = action_dim
+        self.encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
         # member 0 = actor (small last-layer gain: near-uniform initial policy), member 1 = critic
-        self.body = EnsembleMLP(2, obs_dim, hidden, action_dim, activation, out_gains=(0.01, 1.0))
+        self.body = EnsembleMLP(2, in_dim, hidden, action_dim, activation, out_gains=(0.01, 1.0))
         if not discrete:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs) `[B]` for flat observations `[B, obs_dim]`: the critic output of `forward`."""
+    def features(self, obs: Observation) -> torch.Tensor:
+        """What the MLPs take: the encoder's features, or the flattened float observation `[B, obs_dim]`."""
+        return _encode(self.encoder, obs)
+
+    def value(self, obs: Observation) -> torch.Tensor:
+        """V(obs) `[B]`: the critic output of `forward`."""
         return self(obs)[1]
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor]:
         """(actor output, value): logits or Gaussian mean `[B, A]`, and V(obs) `[B]`."""
-        out = self.body(obs)
+        out = self.body(self.features(obs))
         return out[0], out[1, :, 0]
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -192,13 +443,16 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
 class SquashedGaussianActor(nn.Module):
     """pi(a|s): a = tanh(u), u ~ N(mu(s), sigma(s)); actions in [-1, 1] (the algorithm rescales them to the Box)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu",
+                 encoder: Encoder | None = None):
         super().__init__()
-        self.net = mlp(obs_dim, hidden, 2 * action_dim, activation, out_gain=0.01)
+        self.encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
+        self.net = mlp(in_dim, hidden, 2 * action_dim, activation, out_gain=0.01)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, log_std) of the Gaussian before the tanh squashing."""
-        mean, log_std = self.net(obs).chunk(2, dim=-1)
+        mean, log_std = self.net(_encode(self.encoder, obs)).chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,29 +475,38 @@ class SquashedGaussianActor(nn.Module):
 class DeterministicActor(nn.Module):
     """mu(s) = tanh(MLP(s)): actions in [-1, 1] (the algorithm rescales them to the Box)."""
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu"):
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu",
+                 encoder: Encoder | None = None):
         super().__init__()
-        self.net = mlp(obs_dim, hidden, action_dim, activation, out_gain=0.01)
+        self.encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
+        self.net = mlp(in_dim, hidden, action_dim, activation, out_gain=0.01)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.net(obs))
+    def forward(self, obs: Observation) -> torch.Tensor:
+        return torch.tanh(self.net(_encode(self.encoder, obs)))
 
 
 class QNetwork(nn.Module):
     """Q(s, .) for all actions. Dueling (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')."""
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: str = "relu",
-                 dueling: bool = False):
+                 dueling: bool = False, encoder: Encoder | None = None):
         super().__init__()
         self.dueling = dueling
+        self.encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
         if dueling:
+            if not hidden:
+                raise UserError("dueling=true needs at least one hidden layer in net_arch (the V and A heads branch "
+                                "from the last one).")
             # shared body, then one linear layer giving V (column 0) and A (the other columns) together
-            self.body = nn.Sequential(mlp(obs_dim, hidden[:-1], hidden[-1], activation), ACTIVATIONS[activation]())
+            self.body = nn.Sequential(mlp(in_dim, hidden[:-1], hidden[-1], activation), ACTIVATIONS[activation]())
             self.head = nn.Linear(hidden[-1], 1 + num_actions)
         else:
-            self.body = mlp(obs_dim, hidden, num_actions, activation)
+            self.body = mlp(in_dim, hidden, num_actions, activation)
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: Observation) -> torch.Tensor:
+        obs = _encode(self.encoder, obs)
         if not self.dueling:
             return self.body(obs)
         out = self.head(self.body(obs))
@@ -289,18 +552,31 @@ class RecurrentActorCritic(ActorCritic):
 
     The recurrent state of N envs is one tensor `[4, N, H]`: (h, c) of the actor, then (h, c) of the critic.
     `act_step`/`value_step` advance it one step (the rollout, bootstrapping); `sequence_features` re-runs both LSTMs
-    over stored sequences for the update, zeroing the state where an episode starts.
+    over stored sequences for the update, zeroing the state where an episode starts. With an `obs_encoder` (images,
+    Dict, Discrete observations), both LSTMs take its features (one encoder, shared); the observations the methods
+    below take are then in their stored layout (`encode` turns them into the LSTMs' input).
     """
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, lstm_hidden_size: int = 64,
-                 hidden: Sequence[int] = (64,), activation: str = "relu", log_std_init: float = 0.0):
+                 hidden: Sequence[int] = (64,), activation: str = "relu", log_std_init: float = 0.0,
+                 encoder: Encoder | None = None):
         if lstm_hidden_size < 1:
             raise UserError(f"lstm_hidden_size must be >= 1, got {lstm_hidden_size}: the LSTM needs a state.")
         super().__init__(lstm_hidden_size, action_dim, discrete, hidden, activation, log_std_init)
         self.hidden_size = int(lstm_hidden_size)
+        self.obs_encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
         # PyTorch's default LSTM initialisation, as sb3-contrib keeps it (its orthogonal init skips the LSTMs)
-        self.lstm_actor = nn.LSTM(obs_dim, self.hidden_size)
-        self.lstm_critic = nn.LSTM(obs_dim, self.hidden_size)
+        self.lstm_actor = nn.LSTM(in_dim, self.hidden_size)
+        self.lstm_critic = nn.LSTM(in_dim, self.hidden_size)
+
+    def features(self, lstm_outputs: torch.Tensor) -> torch.Tensor:
+        """The heads take the LSTM outputs `[2, N, H]` as they are."""
+        return lstm_outputs
+
+    def encode(self, obs: Observation) -> torch.Tensor:
+        """The LSTMs' input for observations `[N, ...]`: the encoder's features, or the flattened float vector."""
+        return _encode(self.obs_encoder, obs)
 
     def initial_state(self, num_envs: int) -> torch.Tensor:
         """The state at an episode start: zeros `[4, num_envs, H]`."""
@@ -321,31 +597,35 @@ class RecurrentActorCritic(ActorCritic):
 
     def act_step(self, obs: torch.Tensor, state: torch.Tensor, deterministic: bool = False):
         """One rollout step: (actions, log_probs, values, next state)."""
-        features, next_state = self.step(obs, state)
+        features, next_state = self.step(self.encode(obs), state)
         actions, log_probs, values = self.act(features, deterministic)
         return actions, log_probs, values, next_state
 
     def actor_step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, deterministic: bool = True):
         """The actor alone (inference, `predict`): (actions, h, c) from the actor's state `[N, H]` each."""
-        h, c = self._cell(self.lstm_actor, obs, h, c)
+        h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
         actions, _, _ = self.act(torch.stack((h, torch.zeros_like(h))), deterministic)  # critic head on zeros: unused
         return actions, h, c
 
     def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """V `[N]` of observations reached from `state` (the critic LSTM one step, then its head)."""
-        h, _ = self._cell(self.lstm_critic, obs, state[2], state[3])
+        h, _ = self._cell(self.lstm_critic, self.encode(obs), state[2], state[3])
         return self.body(h.unsqueeze(0), members=slice(1, 2))[0, :, 0]
 
-    def sequence_features(self, obs: torch.Tensor, state: torch.Tensor, episode_starts: torch.Tensor,
+    def sequence_features(self, obs: Observation, state: torch.Tensor, episode_starts: torch.Tensor,
                           layout: SequenceLayout | None = None) -> torch.Tensor:
-        """Both LSTMs over sequences: obs `[T, B, D]` from `state` `[4, B, H]` (the state stored at t = 0, already
+        """Both LSTMs over sequences: obs `[T, B, ...]` from `state` `[4, B, H]` (the state stored at t = 0, already
         reset where it starts an episode), zeroing the state where `episode_starts` `[T, B]` is set at t > 0.
         Returns features `[2, T * B, H]` in step order (t-major).
 
         Without a `layout`, a loop over the T steps (the reference, fixed shapes); with one (built from the same
         episode starts), one fused `nn.LSTM` call per LSTM over the episode segments, padded to the longest.
         """
-        steps, batch = obs.shape[:2]
+        steps, batch = episode_starts.shape
+        if self.obs_encoder is not None or (isinstance(obs, torch.Tensor) and obs.dim() > 3):
+            # every step's features in one encoder pass, then the sequences as float vectors [T, B, F]
+            flat = {k: v.flatten(0, 1) for k, v in obs.items()} if isinstance(obs, dict) else obs.flatten(0, 1)
+            obs = self.encode(flat).view(steps, batch, -1)
         if layout is None:
             keep = (~episode_starts).to(state.dtype).view(steps, 1, batch, 1)
             outputs = []

@@ -19,6 +19,7 @@ import torch
 from rlspeed.algos.base import require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm, OnPolicyConfig
 from rlspeed.buffers import RolloutBuffer
+from rlspeed.envs.base import map_obs
 
 
 @dataclass
@@ -66,7 +67,9 @@ class A2C(OnPolicyAlgorithm):
 
     def _update_rollout(self, buf: RolloutBuffer, advantages: torch.Tensor,
                         returns: torch.Tensor) -> dict[str, torch.Tensor]:
-        _, stats = self._update_step(buf.obs.flatten(2).flatten(0, 1), buf.actions.flatten(0, 1),
+        obs = (buf.obs.flatten(2).flatten(0, 1) if self.policy.encoder is None
+               else map_obs(lambda v: v.flatten(0, 1), buf.obs))
+        _, stats = self._update_step(obs, buf.actions.flatten(0, 1),
                                      advantages.flatten(), returns.flatten())
         return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2]}
 

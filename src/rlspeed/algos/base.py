@@ -24,9 +24,10 @@ from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
-from rlspeed.envs.base import EnvSpec
+from rlspeed.envs.base import EnvSpec, numpy_dtype, observation_layout, space_from_json, space_to_json
 from rlspeed.envs.gymnasium_env import gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
+from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
@@ -100,23 +101,29 @@ def require(condition: bool, message: str) -> None:
         raise UserError(message)
 
 
-def space_to_json(space: gym.Space) -> dict:
-    """A Discrete or Box action space as a JSON-ready dict for checkpoint metadata; UserError for other spaces."""
-    if isinstance(space, gym.spaces.Discrete):
-        return {"type": "discrete", "n": int(space.n)}
-    if isinstance(space, gym.spaces.Box):
-        return {"type": "box", "shape": list(space.shape), "low": space.low.tolist(), "high": space.high.tolist(),
-                "dtype": np.dtype(space.dtype).name}
-    raise UserError(f"Unsupported action space {space}.")
-
-
-def space_from_json(data: dict) -> gym.Space:
-    """The space `space_to_json` wrote (a Box with its dtype; float32 for checkpoints that did not record one)."""
-    if data["type"] == "discrete":
-        return gym.spaces.Discrete(data["n"])
-    dtype = np.dtype(data.get("dtype", "float32"))
-    return gym.spaces.Box(np.array(data["low"], dtype=dtype), np.array(data["high"], dtype=dtype),
-                          tuple(data["shape"]), dtype=dtype)
+def as_observation_batch(observation, space: gym.Space, device: torch.device):
+    """`predict`'s input as a batch on `device`: (obs, given as numpy, was a single observation). Numpy arrays and
+    lists become tensors in the observation's dtype (float32 vectors, uint8 images, int64 indices); Dict
+    observations are a dict of them per key (keys the model does not use, such as MiniGrid's `mission`, are
+    ignored); a single observation gets a batch dimension."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(observation, dict):
+            raise UserError(f"This model takes Dict observations (keys {', '.join(space.spaces)}); pass a dict of "
+                            "arrays, one per key, as the env returns them.")
+        missing = [key for key in space.spaces if key not in observation]
+        if missing:
+            raise UserError(f"The observation has no key '{missing[0]}', which this model takes (keys "
+                            f"{', '.join(space.spaces)}).")
+        parts = {key: as_observation_batch(observation[key], sub, device) for key, sub in space.spaces.items()}
+        return ({key: part[0] for key, part in parts.items()}, any(part[1] for part in parts.values()),
+                all(part[2] for part in parts.values()))
+    shape, dtype = observation_layout(space)
+    as_numpy = not isinstance(observation, torch.Tensor)
+    if as_numpy:
+        observation = np.asarray(observation, dtype=numpy_dtype(dtype))
+    obs = torch.as_tensor(observation, device=device, dtype=dtype)
+    single = obs.dim() == len(shape)
+    return (obs.unsqueeze(0) if single else obs), as_numpy, single
 
 
 def _check_shape(name: str, saved: torch.Size, expected: torch.Size) -> None:
@@ -344,7 +351,9 @@ class Algorithm:
     def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         """Actions for raw observations (a tensor; moved to the model's device if it is elsewhere), as the env expects
         them, on the model's device."""
-        if obs.device != self.device:
+        if isinstance(obs, dict):
+            obs = {key: value.to(self.device) for key, value in obs.items()}
+        elif obs.device != self.device:
             obs = obs.to(self.device)
         with torch.no_grad():
             if self.obs_rms is not None:
@@ -354,14 +363,10 @@ class Algorithm:
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
         """SB3-style: actions for one observation or a batch. Returns (actions, None).
 
-        Accepts numpy arrays, lists or tensors; numpy in gives numpy out, a tensor in gives a tensor out.
+        Accepts numpy arrays, lists or tensors (for Dict observations, a dict of them per key, as the env gives them);
+        numpy in gives numpy out, a tensor in gives a tensor out.
         """
-        as_numpy = not isinstance(observation, torch.Tensor)
-        obs = torch.as_tensor(np.asarray(observation, dtype=np.float32) if as_numpy else observation,
-                              device=self.device, dtype=torch.float32)
-        single = obs.dim() == len(self.spec.observation_shape)
-        if single:
-            obs = obs.unsqueeze(0)
+        obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
         actions = self.act(obs, deterministic=deterministic)
         if single:
             actions = actions[0]
@@ -731,6 +736,7 @@ class Algorithm:
         metadata = {"algo": self.name, "env_id": self.env_id, "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     "seed": self.seed, "observation_shape": list(self.spec.observation_shape),
+                    "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
                     "max_episode_steps": self.spec.max_episode_steps,
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
@@ -754,8 +760,10 @@ class Algorithm:
             raise UserError(f"'{path}' holds a {meta.get('algo')} model, not {cls.name}; "
                             f"load it with rlspeed.{str(meta.get('algo')).upper()}.load.")
         config = {**meta["config"], **overrides}
+        # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
+        observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
-                       meta.get("max_episode_steps"), meta.get("reward_threshold"))
+                       meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space)
         if env is not None:
             env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
             if "num_envs" in config:
@@ -832,11 +840,11 @@ class Algorithm:
                         _check_shape(f"{name}.{key}", value.shape, expected[key].shape)
                 module.load_state_dict(saved)
         for name, _ in _STATISTICS:
-            shape = self.spec.observation_shape if name == "obs_rms" else ()
             rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
             if rms_state:
                 if getattr(self, name, None) is None:
-                    setattr(self, name, RunningMeanStd(shape, device=self.device))
+                    setattr(self, name, observation_statistics(self.spec.observation_space, self.device)
+                            if name == "obs_rms" else RunningMeanStd((), device=self.device))
                 getattr(self, name).load_state_dict(rms_state)
         for name, optimizer in self._optimizers().items():
             if name not in meta.get("optimizers", {}):

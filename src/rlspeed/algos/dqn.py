@@ -29,7 +29,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.fused.dqn import FusedDQNUpdate, unsupported_reason
 from rlspeed.fused.flat import sequential_linears
-from rlspeed.nn import QNetwork, make_adam
+from rlspeed.nn import QNetwork, encoder_from_config, make_adam
 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
 
@@ -81,8 +81,8 @@ class DQN(OffPolicyAlgorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
-        obs_dim = spec.obs_dim
-        self.q_network = QNetwork(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling).to(self.device)
+        self.q_network = QNetwork(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling,
+                                  encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
         self.q_target = frozen_copy(self.q_network)
         self.policy = self.q_network
         self._params = list(self.q_network.parameters())
@@ -95,9 +95,10 @@ class DQN(OffPolicyAlgorithm):
                                                 max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
                                                 strategy=self.strategy))
         self._index_dtype = rules(self.device).index_dtype
-        # The greedy action during collection: a plain MLP runs as its addmm/activation kernels, without the
-        # per-module call overhead (it is called once per env step)
-        self._body_linears = None if cfg.dueling else sequential_linears(self.q_network.body)
+        # The greedy action during collection: a plain MLP on float vectors runs as its addmm/activation kernels,
+        # without the per-module call overhead (it is called once per env step)
+        plain = not cfg.dueling and self.q_network.encoder is None
+        self._body_linears = sequential_linears(self.q_network.body) if plain else None
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
         self._collect_weights: list[torch.Tensor] | None = None  # contiguous W^T copies [in, out]
 
@@ -108,7 +109,7 @@ class DQN(OffPolicyAlgorithm):
         return {"optimizer": self.optimizer}
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        greedy = self.q_network(obs.flatten(1)).argmax(dim=1).to(self._index_dtype)
+        greedy = self.q_network(obs).argmax(dim=1).to(self._index_dtype)
         if deterministic:
             return greedy
         return self._epsilon_greedy(greedy, self.config.exploration_final_eps)
@@ -128,14 +129,13 @@ class DQN(OffPolicyAlgorithm):
         explore = torch.rand(greedy.shape, device=greedy.device) < epsilon
         return torch.where(explore, random_actions, greedy)
 
-    def _greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        obs = obs.flatten(1)
+    def _greedy(self, obs) -> torch.Tensor:
         if self._collect_weights is None:
             q_values = self.q_network(obs)
         else:  # during collection: the fixed network's addmm/activation kernels on contiguous W^T
             linears, tanh = self._body_linears
             last = len(linears) - 1
-            q_values = obs
+            q_values = obs.flatten(1)
             for i, (weight_t, layer) in enumerate(zip(self._collect_weights, linears)):
                 q_values = torch.addmm(layer.bias, q_values, weight_t)
                 if i < last:
@@ -212,7 +212,6 @@ class DQN(OffPolicyAlgorithm):
               terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The Huber TD loss of one replay batch."""
         cfg = self.config
-        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
         with torch.no_grad():
             next_q_target = self.q_target(next_obs)
             if cfg.double_q:

@@ -29,6 +29,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.errors import UserError
+from rlspeed.nn import ENCODERS
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -57,6 +58,9 @@ class OffPolicyConfig:
     n_step: int = 1  # n-step returns in the replay buffer
     net_arch: tuple[int, ...] = (256, 256)
     activation: str = "relu"
+    encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
+    cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
+    normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
@@ -74,6 +78,28 @@ class OffPolicyConfig:
         require(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}.")
         require(len(self.net_arch) >= 1 and all(w > 0 for w in self.net_arch),
                 f"net_arch must be a non-empty list of positive widths, got {list(self.net_arch)}.")
+        require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
+        require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
+
+
+def _replay_tensors(buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
+    """The replay buffer's storage tensors by name, as `_save_replay` writes them: one per field, one per key of
+    Dict observations (`obs.image`, ...)."""
+    tensors = {}
+    for name in _REPLAY_FIELDS:
+        storage = getattr(buffer, name)
+        if isinstance(storage, dict):
+            tensors.update({f"{name}.{key}": part for key, part in storage.items()})
+        else:
+            tensors[name] = storage
+    return tensors
+
+
+def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
+    """torch.stack of per-step tensors, per key for Dict observations."""
+    if isinstance(values[0], dict):
+        return {key: torch.stack([value[key] for value in values]) for key in values[0]}
+    return torch.stack(values)
 
 
 def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.Tensor], tau: float) -> None:
@@ -166,7 +192,7 @@ class OffPolicyAlgorithm(Algorithm):
         require(cfg.buffer_size >= env.num_envs,
                 f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
         discrete = self.spec.discrete
-        self.buffer = ReplayBuffer(cfg.buffer_size, env.num_envs, self.spec.observation_shape,
+        self.buffer = ReplayBuffer(cfg.buffer_size, env.num_envs, self.spec.observation_space,
                                    () if discrete else tuple(self.spec.action_space.shape),
                                    rules(self.device).index_dtype if discrete else torch.float32,
                                    self.device, n_step=cfg.n_step, gamma=cfg.gamma)
@@ -189,9 +215,13 @@ class OffPolicyAlgorithm(Algorithm):
         if not self.save_replay_buffer or buffer is None:
             return None
         size = buffer.size
-        tensors = {name: getattr(buffer, name)[:size] for name in _REPLAY_FIELDS}
+        tensors = {name: storage[:size] for name, storage in _replay_tensors(buffer).items()}
         for step, entry in enumerate(buffer._window):  # n-step transitions still waiting for their later steps
-            tensors.update({f"window.{step}.{i}": value for i, value in enumerate(entry)})
+            for i, value in enumerate(entry):
+                if isinstance(value, dict):  # Dict observations: one tensor per key
+                    tensors.update({f"window.{step}.{i}.{key}": part for key, part in value.items()})
+                else:
+                    tensors[f"window.{step}.{i}"] = value
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
         save_checkpoint(file, tensors, {"replay_buffer": {"token": token, "pos": buffer.pos, "size": size,
@@ -218,12 +248,24 @@ class OffPolicyAlgorithm(Algorithm):
                           "changed); the replay buffer refills from empty.", stacklevel=4)
             return False
         size = int(info["size"])
+        storage = _replay_tensors(buffer)
+        if set(storage) - set(tensors):
+            warnings.warn(f"'{file}' holds other observation keys than this model's; the replay buffer refills from "
+                          "empty.", stacklevel=4)
+            return False
         with torch.no_grad():
-            for name in _REPLAY_FIELDS:
-                getattr(buffer, name)[:size].copy_(tensors[name])
+            for name, target in storage.items():
+                target[:size].copy_(tensors[name])
         buffer.pos, buffer.size = int(info["pos"]), size
-        buffer._window = [tuple(tensors[f"window.{step}.{i}"].to(self.device) for i in range(6))
-                          for step in range(int(info.get("window", 0)))]
+
+        def entry(step: int, i: int):
+            name = f"window.{step}.{i}"
+            if name in tensors:
+                return tensors[name].to(self.device)
+            return {key[len(name) + 1:]: value.to(self.device) for key, value in tensors.items()
+                    if key.startswith(name + ".")}
+
+        buffer._window = [tuple(entry(step, i) for i in range(6)) for step in range(int(info.get("window", 0)))]
         return True
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
@@ -263,7 +305,7 @@ class OffPolicyAlgorithm(Algorithm):
                 obs = next_obs
             if staged:
                 with phase("buffer"):
-                    buffer.extend(*(torch.stack(field) for field in zip(*staged)))
+                    buffer.extend(*(_stack(field) for field in zip(*staged)))
         self._obs = obs
         steps = cfg.train_freq * num_envs
         # the returns of the episodes that finished, summed, and their count: a few kernels for all steps

@@ -25,7 +25,8 @@ from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import ActorCritic, make_adam
+from rlspeed.envs.base import map_obs
+from rlspeed.nn import ENCODERS, ActorCritic, encoder_from_config, make_adam
 
 
 @dataclass
@@ -47,6 +48,9 @@ class OnPolicyConfig:
     log_std_init: float = 0.0
     normalize_obs: bool = False
     normalize_reward: bool = False
+    encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
+    cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
+    normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
@@ -59,6 +63,8 @@ class OnPolicyConfig:
         require(self.vf_coef >= 0, f"vf_coef must be >= 0, got {self.vf_coef}.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
+        require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
+        require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
 
 
 class OnPolicyAlgorithm(Algorithm):
@@ -71,7 +77,7 @@ class OnPolicyAlgorithm(Algorithm):
         """The policy-value network (default: `ActorCritic`, actor and critic MLPs evaluated as one ensemble)."""
         cfg, spec = self.config, self.spec
         return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init)
+                           cfg.log_std_init, encoder=encoder_from_config(spec.observation_space, cfg))
 
     def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         return make_adam(params, self.config.learning_rate, self.device)
@@ -83,14 +89,14 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _act(self, obs: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1)."""
-        return self.policy.act(obs.flatten(1))
+        return self.policy.act(obs)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after each rollout step with the finished rows (bool `[N]`), e.g. to reset recurrent state."""
 
     def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
         """V of every step's next observation (`info["final_obs"]`), `[T, N]`, for GAE's bootstrap."""
-        return self.policy.value(buf.next_obs.flatten(2).flatten(0, 1)).view_as(buf.values)
+        return self.policy.value(map_obs(lambda v: v.flatten(0, 1), buf.next_obs)).view_as(buf.values)
 
     def _loss(self, *batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of one update on `batch` and its statistics: the reference every implementation matches."""
@@ -122,7 +128,7 @@ class OnPolicyAlgorithm(Algorithm):
         return {"optimizer": self.optimizer}
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        actions, _, _ = self.policy.act(obs.flatten(1), deterministic=deterministic)
+        actions, _, _ = self.policy.act(obs, deterministic=deterministic)
         return self._to_env(actions)
 
     def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
@@ -135,7 +141,7 @@ class OnPolicyAlgorithm(Algorithm):
         cfg = self.config
         action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
         action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
-        self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_shape, action_shape,
+        self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
                                     action_dtype, self.device)
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
 

@@ -15,6 +15,7 @@ from rlspeed.algos.base import require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm, OnPolicyConfig
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer
+from rlspeed.envs.base import map_obs
 from rlspeed.fused.ppo import FusedPPOUpdate, unsupported_reason
 
 
@@ -50,7 +51,8 @@ class PPOConfig(OnPolicyConfig):
 
 
 class PPO(OnPolicyAlgorithm):
-    """PPO for Discrete and Box action spaces.
+    """PPO for Discrete and Box action spaces, with any observation space an encoder takes (`rlspeed.nn.make_encoder`:
+    vectors, images, Dict, Discrete).
 
     >>> model = PPO("CartPole-v1", seed=0).learn(100_000)
     >>> action, _ = model.predict(obs, deterministic=True)
@@ -91,13 +93,16 @@ class PPO(OnPolicyAlgorithm):
         """n_epochs of clipped-objective updates over shuffled minibatches of the rollout; returns the mean
         [policy loss, value loss, entropy, approx_kl, clipfrac] of the updates that reported them."""
         cfg = self.config
-        batch_obs = buf.obs.flatten(2).flatten(0, 1)
+        # float vectors flattened whole (what the hand-derived update takes); other observations keep their shape and
+        # dtype (uint8 images stay uint8: minibatches gather bytes, the encoder converts them)
+        batch_obs = (buf.obs.flatten(2).flatten(0, 1) if self.policy.encoder is None
+                     else map_obs(lambda v: v.flatten(0, 1), buf.obs))
         batch_actions = buf.actions.flatten(0, 1)
         batch_log_probs = buf.log_probs.flatten()
         batch_values = buf.values.flatten()
         batch_advantages = advantages.flatten()
         batch_returns = returns.flatten()
-        batch_size = batch_obs.shape[0]
+        batch_size = batch_log_probs.shape[0]
         # Data-parallel: each rank holds 1/world of the batch, so its minibatches are 1/world as large.
         minibatch = min(max(cfg.batch_size // self.strategy.world_size, 1), batch_size)
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
@@ -115,7 +120,9 @@ class PPO(OnPolicyAlgorithm):
             hints = {"normalized": normalized, "with_stats": epoch == cfg.n_epochs - 1}
             for start in range(0, batch_size - minibatch + 1, minibatch):
                 index = order[start:start + minibatch] if order is not None else slice(None)
-                _, minibatch_stats = self._update_step(batch_obs[index], batch_actions[index], batch_log_probs[index],
+                minibatch_obs = batch_obs[index] if isinstance(batch_obs, torch.Tensor) else {
+                    key: value[index] for key, value in batch_obs.items()}
+                _, minibatch_stats = self._update_step(minibatch_obs, batch_actions[index], batch_log_probs[index],
                                                        batch_values[index], batch_advantages[index],
                                                        batch_returns[index], clip, **hints)
                 if minibatch_stats is not None:

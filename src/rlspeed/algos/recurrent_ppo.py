@@ -21,15 +21,16 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from rlspeed.algos.base import require
+from rlspeed.algos.base import as_observation_batch, require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
+from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError
-from rlspeed.nn import RecurrentActorCritic, SequenceLayout
+from rlspeed.nn import RecurrentActorCritic, SequenceLayout, encoder_from_config
 
 #: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
@@ -81,7 +82,8 @@ class RecurrentPPO(PPO):
     def _build_policy(self) -> RecurrentActorCritic:
         cfg, spec = self.config, self.spec
         return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
-                                    cfg.activation, cfg.log_std_init)
+                                    cfg.activation, cfg.log_std_init,
+                                    encoder=encoder_from_config(spec.observation_space, cfg))
 
     def _make_update_step(self):
         # PPO's hand-derived update is for the MLP ActorCritic: this one always trains with the autograd of `_loss`
@@ -101,8 +103,8 @@ class RecurrentPPO(PPO):
                        episode_start: torch.Tensor | None, deterministic: bool = True):
         """Actions for raw observations `[N, ...]` (tensors) from the actor's state (h, c) `[1, N, H]` (None: an
         episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state)."""
-        obs = obs.to(self.device)
-        num = obs.shape[0]
+        obs = map_obs(lambda v: v.to(self.device), obs)
+        num = obs_batch_size(obs)
         h, c = state if state is not None else self.initial_state(num)
         h, c = h.to(self.device)[0], c.to(self.device)[0]
         if episode_start is not None:
@@ -111,7 +113,7 @@ class RecurrentPPO(PPO):
         with torch.no_grad():
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
-            actions, h, c = self.policy.actor_step(obs.flatten(1), h, c, deterministic)
+            actions, h, c = self.policy.actor_step(obs, h, c, deterministic)
         return self._to_env(actions), (h.unsqueeze(0), c.unsqueeze(0))
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
@@ -122,12 +124,7 @@ class RecurrentPPO(PPO):
         """SB3-style: (actions, state) for a batch of N observations (or one), numpy in and out (tensors in give
         tensors out). `state` is the previous call's (None at the start: zeros); `episode_start` (bool `[N]`) zeroes
         the state of envs whose observation starts an episode (None: none does)."""
-        as_numpy = not isinstance(observation, torch.Tensor)
-        obs = torch.as_tensor(np.asarray(observation, dtype=np.float32) if as_numpy else observation,
-                              device=self.device, dtype=torch.float32)
-        single = obs.dim() == len(self.spec.observation_shape)
-        if single:
-            obs = obs.unsqueeze(0)
+        obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
         if state is not None:
             state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32) for s in state)
         if episode_start is not None:
@@ -144,7 +141,7 @@ class RecurrentPPO(PPO):
         action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
         action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
         self._state = self.policy.initial_state(env.num_envs)
-        self.buffer = RecurrentRolloutBuffer(self.config.num_steps, env.num_envs, self.spec.observation_shape,
+        self.buffer = RecurrentRolloutBuffer(self.config.num_steps, env.num_envs, self.spec.observation_space,
                                              action_shape, action_dtype, self.device, tuple(self._state.shape))
         self._obs, _ = env.reset()
         self._episode_start = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
@@ -152,7 +149,7 @@ class RecurrentPPO(PPO):
     def _act(self, obs: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # the state is zeroed exactly where this observation starts an episode, and carried over everywhere else
         state = self._state * (~self._episode_start).to(self._state.dtype).view(1, -1, 1)
-        actions, log_probs, values, next_state = self.policy.act_step(obs.flatten(1), state)
+        actions, log_probs, values, next_state = self.policy.act_step(obs, state)
         self.buffer.add_state(step, state, next_state, self._episode_start)
         self._state = next_state
         return actions, log_probs, values
@@ -163,7 +160,7 @@ class RecurrentPPO(PPO):
     def _next_values(self, buf: RecurrentRolloutBuffer) -> torch.Tensor:
         # V(final_obs[t]) continues from the critic state step t produced: one LSTM step over all T * N rows
         states = buf.next_states.transpose(0, 1).flatten(1, 2)  # [T, 4, N, H] -> [4, T * N, H]
-        return self.policy.value_step(buf.next_obs.flatten(2).flatten(0, 1), states).view_as(buf.values)
+        return self.policy.value_step(map_obs(lambda v: v.flatten(0, 1), buf.next_obs), states).view_as(buf.values)
 
     # --- update -----------------------------------------------------------------------------------------------
     def _update_epochs(self, buf: RecurrentRolloutBuffer, advantages: torch.Tensor, returns: torch.Tensor,
@@ -190,8 +187,11 @@ class RecurrentPPO(PPO):
                     host_index = order[start:start + columns]
                     index = host_index.to(self.device)
                     layout = SequenceLayout(episode_starts[:, host_index], self.device) if segmented else None
+                # float vectors as [T, B, D]; other observations in their stored layout (the encoder runs in the loss)
+                obs = (buf.obs[:, index].flatten(2) if self.policy.obs_encoder is None
+                       else map_obs(lambda v: v[:, index], buf.obs))  # noqa: B023 (used within this iteration)
                 _, minibatch_stats = self._update_step(
-                    buf.obs[:, index].flatten(2), buf.states[0][:, index], buf.episode_starts[:, index], layout,
+                    obs, buf.states[0][:, index], buf.episode_starts[:, index], layout,
                     buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
                     buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip)
                 stats += minibatch_stats

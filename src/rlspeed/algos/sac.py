@@ -23,7 +23,7 @@ from rlspeed.algos.off_policy import (
 from rlspeed.algos.update import select_update
 from rlspeed.fused.flat import linear_forward, sequential_linears
 from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
-from rlspeed.nn import LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor, make_adam
+from rlspeed.nn import LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor, encoder_from_config, make_adam
 
 
 @dataclass
@@ -68,8 +68,11 @@ class SAC(OffPolicyAlgorithm):
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
-        self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
-        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
+        # actor and critics each with their own encoder (SB3's share_features_extractor=False for SAC)
+        self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                           encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
+        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
         self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
         self.autotune = cfg.ent_coef is None
@@ -89,7 +92,7 @@ class SAC(OffPolicyAlgorithm):
                                           updates_targets=True)  # the hand-derived update also does the Polyak step
         self._setup_action_scaling()
         # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
-        found = sequential_linears(self.actor.net)
+        found = sequential_linears(self.actor.net) if self.actor.encoder is None else None
         self._actor_linears = None if found is None else (
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
 
@@ -103,7 +106,6 @@ class SAC(OffPolicyAlgorithm):
         return {"optimizer": self.optimizer}
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        obs = obs.flatten(1)
         actions = self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
         return self._to_env(actions)
 
@@ -111,7 +113,7 @@ class SAC(OffPolicyAlgorithm):
         # A sample without its log-probability. It runs once per env step, right after an update has pushed the
         # policy out of the caches: an MLP actor runs as its addmm/activation kernels, without module calls.
         if self._actor_linears is None:
-            mean, log_std = self.actor(obs.flatten(1))
+            mean, log_std = self.actor(obs)
             return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
         mean, log_std = linear_forward(obs.flatten(1), *self._actor_linears)[-1].chunk(2, dim=-1)
         std = log_std.clamp_(LOG_STD_MIN, LOG_STD_MAX).exp_()
@@ -128,7 +130,6 @@ class SAC(OffPolicyAlgorithm):
         """Critic, actor and temperature losses of one replay batch, summed: they share no parameters, so one
         backward and one Adam step make all three updates (as in the original implementation, the actor follows
         the critics as they were at the start of the step)."""
-        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
         alpha = self.log_alpha.detach().exp()
 
         # Soft Bellman target with clipped double Q, a' ~ pi(.|s'):
@@ -139,13 +140,14 @@ class SAC(OffPolicyAlgorithm):
             target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
 
         # Critics: J_Q = 1/2 sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
-        q_values = self.critic(obs, actions)  # [K, B]
+        features = self.critic.features(obs)  # (an encoder's pass shared by the critics' and the actor's losses)
+        q_values = self.critic.head(features, actions)  # [K, B]
         critic_loss = 0.5 * (q_values - target_q).square().mean(1).sum()
 
         # Actor: J_pi = E[alpha log pi(a~|s) - min_k Q_k(s, a~)], a~ reparameterised from pi(.|s). The critics'
         # weights are constants here: the actor's loss reaches only the actor.
         pi_actions, log_pi = self.actor.sample(obs)
-        q_pi = self.critic(obs, pi_actions, detached=True).amin(0)
+        q_pi = self.critic.head(features.detach(), pi_actions, detached=True).amin(0)
         actor_loss = (alpha * log_pi - q_pi).mean()
         loss = critic_loss + actor_loss
 

@@ -23,7 +23,7 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import DeterministicActor, QEnsemble, make_adam
+from rlspeed.nn import DeterministicActor, QEnsemble, encoder_from_config, make_adam
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -71,8 +71,11 @@ class TD3(OffPolicyAlgorithm):
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
-        self.actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
-        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation).to(self.device)
+        # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
+        self.actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                        encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
+        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
         self.actor_target = frozen_copy(self.actor)
         self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
@@ -103,7 +106,7 @@ class TD3(OffPolicyAlgorithm):
         # Not deterministic (predict, evaluate): the actor plus Gaussian noise of action_noise_std, stateless. The
         # Ornstein-Uhlenbeck process belongs to the training envs' episodes; a predict call (from a callback, on
         # another batch size) must not advance or reshape it.
-        actions = self.actor(obs.flatten(1))
+        actions = self.actor(obs)
         if not deterministic and self.config.action_noise != "none":
             actions = self._normal_noise(actions).clamp(-1.0, 1.0)
         return self._to_env(actions)
@@ -130,7 +133,7 @@ class TD3(OffPolicyAlgorithm):
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         cfg = self.config
-        actions = self.actor(obs.flatten(1))
+        actions = self.actor(obs)
         if cfg.action_noise == "normal":
             actions = self._normal_noise(actions)
         elif cfg.action_noise == "ornstein-uhlenbeck":
@@ -166,8 +169,12 @@ class TD3(OffPolicyAlgorithm):
     def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                      terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The critics' TD loss of one replay batch."""
+        return self._critic_loss_from(self.critic.features(obs), actions, rewards, next_obs, terminated, discounts)
+
+    def _critic_loss_from(self, features: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs,
+                          terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """`_critic_loss` given the critics' features of the batch's observations."""
         cfg = self.config
-        obs, next_obs = obs.flatten(1), next_obs.flatten(1)
         with torch.no_grad():
             # Target policy smoothing: a' = clip(mu_target(s') + clip(eps, -c, c), -1, 1), eps ~ N(0, sigma)
             next_actions = self.actor_target(next_obs)
@@ -180,7 +187,7 @@ class TD3(OffPolicyAlgorithm):
             target_q = rewards + discounts * (1 - terminated) * next_q
 
         # J_Q = sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
-        q_values = self.critic(obs, actions)  # [K, B]
+        q_values = self.critic.head(features, actions)  # [K, B]
         critic_loss = (q_values - target_q).square().mean(1).sum()
         return critic_loss, {"critic_loss": critic_loss.detach(), "q_values": q_values.detach().mean()}
 
@@ -189,7 +196,7 @@ class TD3(OffPolicyAlgorithm):
         """The critics' loss plus the actor's: the deterministic policy gradient through the first critic,
         J = -E[Q_1(s, mu(s))], with the critic's weights as constants, so the sum updates both in one backward and
         one Adam step (the actor follows the critics as they were at the start of the step)."""
-        critic_loss, metrics = self._critic_loss(obs, *batch)
-        flat_obs = obs.flatten(1)
-        actor_loss = -self.critic(flat_obs, self.actor(flat_obs), members=slice(0, 1), detached=True).mean()
+        features = self.critic.features(obs)  # (an encoder's pass shared by both losses)
+        critic_loss, metrics = self._critic_loss_from(features, *batch)
+        actor_loss = -self.critic.head(features.detach(), self.actor(obs), members=slice(0, 1), detached=True).mean()
         return critic_loss + actor_loss, {**metrics, "actor_loss": actor_loss.detach()}

@@ -16,9 +16,9 @@ class RecurrentRolloutBuffer(RolloutBuffer):
     `obs[t]` is the first observation of an episode (`dones[t - 1]`, or the previous rollout's last `dones`).
     """
 
-    def __init__(self, num_steps: int, num_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
+    def __init__(self, num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
                  action_dtype: torch.dtype, device: torch.device, state_shape: tuple[int, ...]):
-        super().__init__(num_steps, num_envs, obs_shape, action_shape, action_dtype, device)
+        super().__init__(num_steps, num_envs, observation, action_shape, action_dtype, device)
         self.states = torch.zeros(num_steps, *state_shape, device=device)
         self.next_states = torch.zeros(num_steps, *state_shape, device=device)
         self.episode_starts = torch.zeros(num_steps, num_envs, device=device, dtype=torch.bool)
@@ -32,6 +32,8 @@ class RecurrentRolloutBuffer(RolloutBuffer):
     def columns(self, index: torch.Tensor | slice) -> dict[str, torch.Tensor]:
         """The sequences of the env columns `index`: `obs` `[T, B, ...]`, `state` `[S, B, H]` (the state stored at
         t = 0) and `episode_starts` `[T, B]`, with the per-step fields flattened t-major to `[T * B, ...]`."""
-        return {"obs": self.obs[:, index], "state": self.states[0][:, index],
+        obs = ({key: value[:, index] for key, value in self.obs.items()} if isinstance(self.obs, dict)
+               else self.obs[:, index])
+        return {"obs": obs, "state": self.states[0][:, index],
                 "episode_starts": self.episode_starts[:, index], "actions": self.actions[:, index].flatten(0, 1),
                 "log_probs": self.log_probs[:, index].flatten(), "values": self.values[:, index].flatten()}

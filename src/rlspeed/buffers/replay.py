@@ -1,7 +1,10 @@
 """Replay buffer for off-policy algorithms: preallocated circular storage on the training device.
 
 One `add` writes the transitions of all N envs with one copy per field; `sample` draws uniform indices on
-the device. Finished rows store `info["final_obs"]` as their next observation and keep `terminated` apart from
+the device. Observations are stored in their own dtype (uint8 images as uint8: a quarter of float32's bytes), one
+tensor per key for Dict observations; the networks convert them at their input.
+
+Finished rows store `info["final_obs"]` as their next observation and keep `terminated` apart from
 `truncated`, so a time-limit truncation is bootstrapped and a termination is not. With `n_step > 1` the buffer
 stores n-step transitions: discounted reward sums cut at episode ends, the observation n steps ahead (or the
 episode's last), and the discount `gamma**m` to apply to its value.
@@ -17,9 +20,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import gymnasium as gym
 import torch
 
 from rlspeed.device import free_memory_bytes, synchronize
+from rlspeed.envs.base import map_obs, obs_batch_size, observation_layout
 from rlspeed.errors import UserError
 
 # Leave this share of the free memory (device or host) to the networks, the batch activations and everything else.
@@ -41,11 +46,22 @@ def available_memory_bytes(device: torch.device) -> int | None:
     return free_memory_bytes(device)
 
 
-def _split(value: torch.Tensor | tuple[torch.Tensor, ...], size: int) -> list:
-    """Rows split into consecutive batches of `size`; a tuple of row-aligned tensors into tuples of batches."""
+def _split(value: torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor], size: int) -> list:
+    """Rows split into consecutive batches of `size`; a tuple of row-aligned tensors into tuples of batches, a dict
+    (Dict observations) into dicts of batches."""
     if isinstance(value, tuple):
         return list(zip(*(part.split(size) for part in value)))
+    if isinstance(value, dict):
+        parts = {key: part.split(size) for key, part in value.items()}
+        return [{key: parts[key][i] for key in value} for i in range(len(next(iter(parts.values()))))]
     return value.split(size)
+
+
+def _observation_fields(name: str, storage, value) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(name, storage tensor, value tensor) per observation tensor: one, or one per key (`obs.image`, ...)."""
+    if isinstance(storage, dict):
+        return [(f"{name}.{key}", part, value[key]) for key, part in storage.items()]
+    return [(name, storage, value)]
 
 
 class ReplayBuffer:
@@ -53,23 +69,32 @@ class ReplayBuffer:
 
     Fields of a sample: `obs`, `actions`, `rewards`, `next_obs`, `terminated` (float 0/1), `discounts`
     (gamma**m, m = steps between obs and next_obs). The TD target is
-    `rewards + discounts * (1 - terminated) * V(next_obs)`.
+    `rewards + discounts * (1 - terminated) * V(next_obs)`. `obs` and `next_obs` are dicts of tensors for Dict
+    observations.
+
+    `observation`: the observation space (`EnvSpec.observation_space`; each key stored in its dtype), or a shape
+    stored as `obs_dtype`.
     """
 
-    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                 action_dtype: torch.dtype, device: torch.device | str, n_step: int = 1, gamma: float = 0.99,
-                 storage_device: torch.device | str | None = None, obs_dtype: torch.dtype = torch.float32):
+    def __init__(self, capacity: int, num_envs: int, observation: gym.Space | tuple[int, ...],
+                 action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device | str,
+                 n_step: int = 1, gamma: float = 0.99, storage_device: torch.device | str | None = None,
+                 obs_dtype: torch.dtype = torch.float32):
         if capacity < num_envs:
             raise ValueError(f"buffer capacity ({capacity}) must be at least num_envs ({num_envs})")
         if n_step < 1:
             raise ValueError(f"n_step must be >= 1, got {n_step}")
         self.capacity, self.num_envs, self.n_step, self.gamma = int(capacity), int(num_envs), int(n_step), gamma
         self.device = torch.device(device)
-        obs_numel = int(torch.Size(obs_shape).numel())
+        layout = (observation_layout(observation) if isinstance(observation, gym.Space)
+                  else (tuple(observation), obs_dtype))
+        parts = layout.values() if isinstance(layout, dict) else (layout,)
+        obs_bytes = sum(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+                        for shape, dtype in parts)
         action_numel = int(torch.Size(action_shape).numel())
         action_bytes = torch.empty((), dtype=action_dtype).element_size()
-        obs_bytes = torch.empty((), dtype=obs_dtype).element_size()
-        bytes_per_row = 2 * obs_bytes * obs_numel + 4 * 3 + action_bytes * action_numel
+        bytes_per_row = 2 * obs_bytes + 4 * 3 + action_bytes * action_numel
+        self.bytes_per_transition = bytes_per_row  # the real bytes: observations in their own dtypes
         self.nbytes = bytes_per_row * self.capacity
         if storage_device is None:
             storage_device = self.device
@@ -87,8 +112,12 @@ class ReplayBuffer:
             tensor = torch.zeros(self.capacity, *shape, dtype=dtype, device=self.storage_device)
             return tensor.pin_memory() if pin else tensor
 
-        self.obs = zeros(*obs_shape, dtype=obs_dtype)
-        self.next_obs = zeros(*obs_shape, dtype=obs_dtype)
+        if isinstance(layout, dict):
+            self.obs = {key: zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+            self.next_obs = {key: zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+        else:
+            self.obs = zeros(*layout[0], dtype=layout[1])
+            self.next_obs = zeros(*layout[0], dtype=layout[1])
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.rewards = zeros()
         self.terminated = zeros()
@@ -143,18 +172,24 @@ class ReplayBuffer:
                terminated: torch.Tensor, truncated: torch.Tensor) -> None:
         """Store T consecutive steps of all N envs (every argument `[T, N, ...]`), as T calls of `add` would, in
         the same rows: one copy per field for all of them (1-step buffers; others add step by step)."""
-        steps = obs.shape[0]
+        steps = obs_batch_size(obs)
         if self.n_step > 1 or steps * self.num_envs > self.capacity:
             for t in range(steps):
-                self.add(obs[t], actions[t], rewards[t], next_obs[t], terminated[t], truncated[t])
+                def row(v: torch.Tensor, t: int = t) -> torch.Tensor:
+                    return v[t]
+
+                self.add(map_obs(row, obs), actions[t], rewards[t], map_obs(row, next_obs), terminated[t],
+                         truncated[t])
             return
-        self._write(*(value.flatten(0, 1) for value in (obs, actions, rewards, next_obs, terminated)))
+        self._write(*(map_obs(lambda v: v.flatten(0, 1), value)
+                      for value in (obs, actions, rewards, next_obs, terminated)))
 
     def _n_step_transition(self):
         """The n-step transition starting at the oldest pending step, for all N envs at once."""
         obs, actions = self._window[0][0], self._window[0][1]
         rewards = torch.stack([w[2] for w in self._window])  # [n, N]
-        next_obs = torch.stack([w[3] for w in self._window])  # [n, N, ...]
+        next_obs = (torch.stack([w[3] for w in self._window]) if not isinstance(obs, dict)  # [n, N, ...]
+                    else {key: torch.stack([w[3][key] for w in self._window]) for key in obs})
         terminated = torch.stack([w[4] for w in self._window])
         done = torch.stack([w[5] for w in self._window])
         # alive[k] = 1 while no episode end happened before step k: later steps belong to the next episode.
@@ -163,31 +198,35 @@ class ReplayBuffer:
         last = (alive.sum(0) - 1).long()  # index of the last step used: the first done, else n - 1
         columns = torch.arange(self.num_envs, device=last.device)
         discounts = self.gamma ** (last + 1).to(torch.float32)
-        return obs, actions, returns, next_obs[last, columns], terminated[last, columns], discounts
+        last_obs = map_obs(lambda v: v[last, columns], next_obs)
+        return obs, actions, returns, last_obs, terminated[last, columns], discounts
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None) -> None:
         """Write `len(obs)` (at most `capacity`) rows from `pos` on, wrapping around the end of the storage."""
-        fields = [(self.obs, obs), (self.actions, actions), (self.rewards, rewards), (self.next_obs, next_obs),
-                  (self.terminated, terminated)]
+        observations = (*_observation_fields("obs", self.obs, obs),
+                        *_observation_fields("next_obs", self.next_obs, next_obs))
+        fields = [(storage, value) for _, storage, value in observations]
+        fields += [(self.actions, actions), (self.rewards, rewards), (self.terminated, terminated)]
         if discounts is not None:  # (1-step buffers hold the constant gamma from the start)
             fields.append((self.discounts, discounts))
-        count = obs.shape[0]
+        count = rewards.shape[0]
+        source = rewards.device
         # Copies into host storage from an accelerator are asynchronous, then waited for once: the next host read
         # (the index_copy_ below, a sample) must not see rows that have not arrived. Host-to-device and same-device
         # copies need no wait (the device stream orders them).
-        to_host = self.storage_device.type == "cpu" and obs.device.type != "cpu"
+        to_host = self.storage_device.type == "cpu" and source.type != "cpu"
         if self.pos + count <= self.capacity:  # contiguous rows: a plain copy (converts dtype and device)
             end = self.pos + count
             for storage, value in fields:
                 storage[self.pos:end].copy_(value, non_blocking=True)
             if to_host:
-                synchronize(obs.device)
+                synchronize(source)
         else:  # the write wraps around the end of the storage
             rows = self._rows if count == self.num_envs else torch.arange(count, device=self.storage_device)
             index = (rows + self.pos) % self.capacity
             moved = [(storage, value.to(self.storage_device, non_blocking=True)) for storage, value in fields]
             if to_host:
-                synchronize(obs.device)
+                synchronize(source)
             for storage, value in moved:
                 storage.index_copy_(0, index, value.to(storage.dtype))
         self.pos = (self.pos + count) % self.capacity
@@ -210,12 +249,16 @@ class ReplayBuffer:
         if self.size == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
         index = torch.randint(0, self.size, (count * batch_size,), device=self.storage_device, generator=generator)
-        batch = {"obs": self.obs[index], "actions": self.actions[index], "rewards": self.rewards[index],
-                 "next_obs": self.next_obs[index], "terminated": self.terminated[index],
-                 "discounts": self.discounts[index]}
+        batch = {"obs": map_obs(lambda v: v[index], self.obs), "actions": self.actions[index],
+                 "rewards": self.rewards[index], "next_obs": map_obs(lambda v: v[index], self.next_obs),
+                 "terminated": self.terminated[index], "discounts": self.discounts[index]}
         if self.storage_device != self.device:
-            batch = {k: v.pin_memory().to(self.device, non_blocking=True) if v.device.type == "cpu"
-                     and torch.cuda.is_available() else v.to(self.device) for k, v in batch.items()}
+            def move(v: torch.Tensor) -> torch.Tensor:
+                if v.device.type == "cpu" and torch.cuda.is_available():
+                    return v.pin_memory().to(self.device, non_blocking=True)
+                return v.to(self.device)
+
+            batch = {k: map_obs(move, v) for k, v in batch.items()}
         if prepare is not None:
             batch = prepare(batch)
         if count == 1:

@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import torch
+
+from rlspeed.envs.base import Observation, observation_layout
+
+
+def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int, ...],
+                          device: torch.device | str) -> Observation:
+    """Zeroed storage for observations of `space` (an `EnvSpec.observation_space`; a shape tuple means float32
+    vectors) with leading dimensions `leading`: one tensor in the observation's dtype, or one per key of a Dict."""
+    layout = observation_layout(space) if isinstance(space, gym.Space) else (tuple(space), torch.float32)
+    if isinstance(layout, dict):
+        return {key: torch.zeros(*leading, *shape, dtype=dtype, device=device)
+                for key, (shape, dtype) in layout.items()}
+    shape, dtype = layout
+    return torch.zeros(*leading, *shape, dtype=dtype, device=device)
+
+
+def copy_observations(target: Observation, value: Observation) -> None:
+    """target.copy_(value), per key for Dict observations (in place: no allocation)."""
+    if isinstance(target, dict):
+        for key, storage in target.items():
+            storage.copy_(value[key])
+    else:
+        target.copy_(value)
+
+
+def observation_nbytes(obs: Observation) -> int:
+    """Bytes an observation storage takes (all keys)."""
+    tensors = obs.values() if isinstance(obs, dict) else (obs,)
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 # Above this many elements in the [T, T, N] discount matrix, GAE falls back to the reverse scan (same result).
 _MATRIX_GAE_MAX_ELEMENTS = 1 << 24
@@ -46,16 +76,21 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
 
 
 class RolloutBuffer:
-    """Fixed-shape `[T, N, ...]` tensors for one rollout; written in place, one row of N envs per step."""
+    """Fixed-shape `[T, N, ...]` tensors for one rollout; written in place, one row of N envs per step.
 
-    def __init__(self, num_steps: int, num_envs: int, obs_shape: tuple[int, ...], action_shape: tuple[int, ...],
-                 action_dtype: torch.dtype, device: torch.device):
+    `observation` is the observation space (`EnvSpec.observation_space`): observations are stored in their own dtype
+    (uint8 images as uint8, indices as int64), a dict of such tensors for Dict spaces; a shape tuple stores float32
+    vectors of that shape.
+    """
+
+    def __init__(self, num_steps: int, num_envs: int, observation: gym.Space | tuple[int, ...],
+                 action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device):
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
         self.num_steps, self.num_envs = num_steps, num_envs
-        self.obs = zeros(*obs_shape)
-        self.next_obs = zeros(*obs_shape)  # info["final_obs"]: what each action led to
+        self.obs = allocate_observations(observation, (num_steps, num_envs), device)
+        self.next_obs = allocate_observations(observation, (num_steps, num_envs), device)  # info["final_obs"]
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.log_probs = zeros()
         self.values = zeros()
@@ -69,11 +104,22 @@ class RolloutBuffer:
         `next_obs` is `info["final_obs"]` (what each action led to), `dones` is `terminated | truncated`; the tensors
         are `[N, ...]` and are cast to the buffer's dtypes.
         """
-        self.obs[step].copy_(obs)
-        self.next_obs[step].copy_(next_obs)
+        if isinstance(self.obs, dict):
+            copy_observations({key: value[step] for key, value in self.obs.items()}, obs)
+            copy_observations({key: value[step] for key, value in self.next_obs.items()}, next_obs)
+        else:
+            self.obs[step].copy_(obs)
+            self.next_obs[step].copy_(next_obs)
         self.actions[step].copy_(actions)
         self.log_probs[step].copy_(log_probs)
         self.values[step].copy_(values)
         self.rewards[step].copy_(rewards)
         self.terminated[step].copy_(terminated)
         self.dones[step].copy_(dones)
+
+    def bytes_per_step(self) -> int:
+        """Bytes one env step takes in this storage (observation and next observation in their dtypes, and the
+        rest), as `benchmarks/cnn_encoder.py` reports it."""
+        fields = (self.actions, self.log_probs, self.values, self.rewards, self.terminated, self.dones)
+        total = 2 * observation_nbytes(self.obs) + sum(t.numel() * t.element_size() for t in fields)
+        return total // (self.num_steps * self.num_envs)

@@ -138,8 +138,8 @@ def env_spec(env_id: str) -> EnvSpec:
     except (ImportError, gym.error.DependencyNotInstalled) as error:
         raise _dependency_error(env_id, error) from None
     try:
-        return EnvSpec(env_id, tuple(env.observation_space.shape), env.action_space, spec.max_episode_steps,
-                       spec.reward_threshold)
+        return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
+                                   spec.reward_threshold)
     finally:
         env.close()
 

@@ -1,37 +1,226 @@
-"""The batched env contract every rlspeed env and wrapper follows (README.md, "Envs").
+"""The batched env contract every rlspeed env and wrapper follows (README.md, "Envs"), and the observation spaces it
+carries.
 
 `reset(seed=None) -> (obs, info)` and `step(actions) -> (obs, reward, terminated, truncated, info)`, all torch
-tensors on `env.device`: obs float32 `[N, ...]`, reward float32 `[N]`, terminated/truncated bool `[N]`.
-Autoreset is SAME_STEP: a finished row is already reset in the returned `obs`, and `info["final_obs"]` is a
-float32 `[N, ...]` tensor holding, for every row, the observation the action led to: the true last observation
-for finished rows, the same as `obs` for the others. Bootstrapping a truncated episode reads it directly.
+tensors on `env.device`: obs `[N, ...]` in their natural dtype (float32 vectors, uint8 images, bool grids, int64
+indices of Discrete and MultiDiscrete observations, int8 MultiBinary ones; a dict of such tensors, one per key, for
+Dict and Tuple spaces), reward float32 `[N]`, terminated/truncated bool `[N]`. Autoreset is SAME_STEP: a finished row
+is already reset in the returned `obs`, and `info["final_obs"]` (same layout and dtypes as `obs`) holds, for every
+row, the observation the action led to: the true last observation for finished rows, the same as `obs` for the
+others. Bootstrapping a truncated episode reads it directly.
+
+Observations are stored in these dtypes (rollout and replay storage) and converted to float by the networks at their
+input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the env to the first layer.
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
+import numpy as np
 import torch
+
+from rlspeed.errors import UserError
+
+#: An observation batch: one tensor, or one tensor per key of a Dict (or Tuple) space.
+Observation = torch.Tensor | dict[str, torch.Tensor]
+
+#: Leaf spaces an observation may consist of (alone, or as the values of a Dict or Tuple).
+_LEAF_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def _leaf_dtype(space: gym.Space) -> torch.dtype:
+    """The tensor dtype the env adapters give a leaf space's observations (see the module docstring)."""
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return torch.int64
+    if isinstance(space, gym.spaces.MultiBinary):
+        return torch.int8
+    dtype = np.dtype(space.dtype)
+    if dtype == np.uint8:
+        return torch.uint8
+    if dtype == np.bool_:
+        return torch.bool
+    return torch.float32  # float Boxes of any width, and integer Boxes other than uint8
+
+
+def _leaf_shape(space: gym.Space) -> tuple[int, ...]:
+    if isinstance(space, gym.spaces.Discrete):
+        return ()
+    return tuple(int(d) for d in space.shape)
+
+
+def observation_layout(space: gym.Space) -> tuple | dict[str, tuple]:
+    """(shape, torch dtype) of one observation of `space` as the env adapters give it; for a Dict space, a dict of
+    those per key (the space must have passed `check_observation_space`)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {key: (_leaf_shape(sub), _leaf_dtype(sub)) for key, sub in space.spaces.items()}
+    return _leaf_shape(space), _leaf_dtype(space)
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype (for the host arrays the env adapters fill)."""
+    return torch.empty((), dtype=dtype).numpy().dtype
+
+
+def _describe(space: gym.Space) -> str:
+    return type(space).__name__
+
+
+def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
+    """The observation space rlspeed trains on for an env's `space`, or UserError in one sentence naming the space and
+    the fix.
+
+    Box, Discrete, MultiDiscrete and MultiBinary spaces are taken as they are. A Dict is taken one level deep: its keys
+    must hold those spaces; a key holding anything else that cannot be encoded as numbers (MiniGrid's `mission`
+    text, a Text, Graph or Sequence space) is dropped, with one warning naming the keys. A Tuple becomes a Dict with
+    keys "0", "1", ... A Dict or Tuple inside a Dict or Tuple, and Text, Graph or Sequence spaces alone, are refused.
+    """
+    if isinstance(space, _LEAF_SPACES):
+        if isinstance(space, gym.spaces.Box) and space.shape is not None and 0 in space.shape:
+            raise UserError(f"'{env_id}' has an empty Box observation space {space.shape}: nothing to learn from.")
+        return space
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        items = (space.spaces.items() if isinstance(space, gym.spaces.Dict)
+                 else ((str(i), sub) for i, sub in enumerate(space.spaces)))
+        kept, dropped = {}, []
+        for key, sub in items:
+            if isinstance(sub, (gym.spaces.Dict, gym.spaces.Tuple)):
+                raise UserError(f"'{env_id}' has a nested {_describe(sub)} space under the observation key '{key}'; "
+                                "rlspeed encodes Dict and Tuple observations one level deep: flatten the inner keys "
+                                "with a gymnasium.ObservationWrapper (e.g. gymnasium.wrappers.FlattenObservation "
+                                "on that part).")
+            if isinstance(sub, _LEAF_SPACES):
+                kept[str(key)] = check_observation_space(sub, env_id)
+            else:
+                dropped.append(f"'{key}' ({_describe(sub)})")
+        if not kept:
+            raise UserError(f"'{env_id}' has a {_describe(space)} observation space with no key rlspeed can encode "
+                            f"({', '.join(dropped)}); encode the observation as Box, Discrete, MultiDiscrete or "
+                            "MultiBinary with a gymnasium.ObservationWrapper.")
+        if dropped:
+            warnings.warn(f"'{env_id}': the observation key{'s' if len(dropped) > 1 else ''} {', '.join(dropped)} "
+                          "cannot be encoded as numbers and is left out of what the policy sees (encode it with a "
+                          "gymnasium.ObservationWrapper to use it).", stacklevel=3)
+        return gym.spaces.Dict(kept)
+    raise UserError(f"'{env_id}' has a {_describe(space)} observation space, which no rlspeed encoder handles; "
+                    "convert it to Box, Discrete, MultiDiscrete, MultiBinary or a Dict of those with a "
+                    "gymnasium.ObservationWrapper (for text: a tokenizer into a Box or MultiDiscrete).")
+
+
+def map_obs(fn: Callable[[torch.Tensor], torch.Tensor], obs: Observation) -> Observation:
+    """`fn` applied to an observation batch: to the tensor, or to each tensor of a dict."""
+    if isinstance(obs, dict):
+        return {key: fn(value) for key, value in obs.items()}
+    return fn(obs)
+
+
+def obs_batch_size(obs: Observation) -> int:
+    """The leading (batch) size of an observation batch."""
+    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
+
+
+# --- spaces as JSON (checkpoint metadata, export sidecars) ----------------------------------------------------
+def space_to_json(space: gym.Space) -> dict:
+    """A space as a strict-JSON-ready dict (checkpoints, export sidecars): Discrete, Box (with its dtype; unbounded
+    entries as null), MultiDiscrete, MultiBinary, and Dict or Tuple of those; UserError for other spaces."""
+    if isinstance(space, gym.spaces.Discrete):
+        data = {"type": "discrete", "n": int(space.n)}
+        return {**data, "start": int(space.start)} if int(space.start) != 0 else data
+    if isinstance(space, gym.spaces.Box):
+        return {"type": "box", "shape": list(space.shape), "low": _bounds_to_json(space.low),
+                "high": _bounds_to_json(space.high), "dtype": np.dtype(space.dtype).name}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "multi_discrete", "nvec": space.nvec.tolist(), "start": space.start.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "multi_binary", "n": np.asarray(space.n).tolist()}
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "dict", "spaces": {str(key): space_to_json(sub) for key, sub in space.spaces.items()}}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"type": "tuple", "spaces": [space_to_json(sub) for sub in space.spaces]}
+    raise UserError(f"Unsupported space {space}: rlspeed records Discrete, Box, MultiDiscrete, MultiBinary, Dict and "
+                    "Tuple spaces.")
+
+
+def space_from_json(data: dict) -> gym.Space:
+    """The space `space_to_json` wrote (a Box with its dtype; float32 for checkpoints that did not record one)."""
+    kind = data["type"]
+    if kind == "discrete":
+        return gym.spaces.Discrete(data["n"], start=data.get("start", 0))
+    if kind == "multi_discrete":
+        return gym.spaces.MultiDiscrete(np.array(data["nvec"], dtype=np.int64),
+                                        start=np.array(data.get("start", 0), dtype=np.int64))
+    if kind == "multi_binary":
+        return gym.spaces.MultiBinary(data["n"])
+    if kind == "dict":
+        return gym.spaces.Dict({key: space_from_json(sub) for key, sub in data["spaces"].items()})
+    if kind == "tuple":
+        return gym.spaces.Tuple([space_from_json(sub) for sub in data["spaces"]])
+    dtype = np.dtype(data.get("dtype", "float32"))
+    low, high = _bounds_from_json(data["low"], -np.inf, dtype), _bounds_from_json(data["high"], np.inf, dtype)
+    return gym.spaces.Box(low, high, tuple(data["shape"]), dtype=dtype)
+
+
+def _bounds_to_json(bounds: np.ndarray) -> list:
+    """A Box bound as strict JSON: unbounded (infinite) entries as null."""
+    values = bounds.astype(object)
+    if np.issubdtype(bounds.dtype, np.floating):
+        values[~np.isfinite(bounds)] = None
+    return values.tolist()
+
+
+def _bounds_from_json(values, unbounded: float, dtype: np.dtype) -> np.ndarray:
+    """`_bounds_to_json`'s list back as an array (null: `unbounded`; older files' infinities are read as they are)."""
+    array = np.array(values, dtype=object)
+    array[np.equal(array, None)] = unbounded
+    return array.astype(dtype)
 
 
 @dataclass(frozen=True)
 class EnvSpec:
-    """What algorithms need to know about an env, independent of its backend."""
+    """What algorithms need to know about an env, independent of its backend.
+
+    `observation_space` is the space the networks and storage are built for (`check_observation_space`'s result);
+    without one, a float32 Box of `observation_shape` (the native envs). `observation_shape` is the shape of one
+    observation of a Box or MultiDiscrete/MultiBinary space, () for Discrete and Dict ones.
+    """
 
     env_id: str
     observation_shape: tuple[int, ...]
     action_space: gym.Space
     max_episode_steps: int | None
     reward_threshold: float | None
+    observation_space: gym.Space | None = None
+
+    def __post_init__(self):
+        if self.observation_space is None:
+            space = gym.spaces.Box(-np.inf, np.inf, tuple(self.observation_shape), np.float32)
+            object.__setattr__(self, "observation_space", space)
+
+    @classmethod
+    def from_spaces(cls, env_id: str, observation_space: gym.Space, action_space: gym.Space,
+                    max_episode_steps: int | None, reward_threshold: float | None) -> EnvSpec:
+        """The spec of an env with these spaces (the observation space checked and normalised by
+        `check_observation_space`: UserError for one no encoder handles)."""
+        space = check_observation_space(observation_space, env_id)
+        shape = () if isinstance(space, (gym.spaces.Dict, gym.spaces.Discrete)) else tuple(space.shape)
+        return cls(env_id, shape, action_space, max_episode_steps, reward_threshold, space)
 
     @property
     def discrete(self) -> bool:
         return isinstance(self.action_space, gym.spaces.Discrete)
 
     @property
+    def float_vector_obs(self) -> bool:
+        """Whether observations are one float tensor (the plain-MLP case, flattened as they are)."""
+        space = self.observation_space
+        return isinstance(space, gym.spaces.Box) and _leaf_dtype(space) == torch.float32
+
+    @property
     def obs_dim(self) -> int:
-        """Size of a flattened observation (what the networks take)."""
+        """Size of a flattened observation (what an MLP takes when the observations are float vectors)."""
         return int(torch.Size(self.observation_shape).numel())
 
     @property
@@ -53,17 +242,18 @@ class BatchedEnv:
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Start new episodes in all N envs (reseeding them first when `seed` is given).
 
-        Returns (obs, info): obs a float32 `[N, ...]` tensor on `device`, info a dict (empty for the built-in envs).
+        Returns (obs, info): obs `[N, ...]` on `device` in the observation's dtype (module docstring), info a dict
+        (empty for the built-in envs).
         """
         raise NotImplementedError
 
     def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Step all N envs with one action per env (`[N]` for Discrete, `[N, *shape]` for Box).
 
-        Returns (obs, reward, terminated, truncated, info), tensors on `device`: obs float32 `[N, ...]`, reward float32
-        `[N]`, terminated and truncated bool `[N]`. Autoreset is SAME_STEP: finished rows of `obs` are already reset,
-        and `info["final_obs"]` (float32 `[N, ...]`) holds the observation each action led to, the true last one for
-        finished rows.
+        Returns (obs, reward, terminated, truncated, info), tensors on `device`: obs `[N, ...]` (in its dtype), reward
+        float32 `[N]`, terminated and truncated bool `[N]`. Autoreset is SAME_STEP: finished rows of `obs` are already
+        reset, and `info["final_obs"]` (laid out as `obs`) holds the observation each action led to, the true last one
+        for finished rows.
         """
         raise NotImplementedError
 
@@ -82,7 +272,7 @@ class BatchedEnv:
 
     @property
     def single_observation_space(self) -> gym.Space:
-        return gym.spaces.Box(-float("inf"), float("inf"), self.spec.observation_shape)
+        return self.spec.observation_space
 
     @property
     def single_action_space(self) -> gym.Space:
@@ -206,7 +396,7 @@ class EpisodeStatistics(EnvWrapper):
         self._length = torch.zeros_like(self._length)
         obs, info = self.env.reset(seed=seed)
         if self.numerics is not None:
-            obs = self.numerics.check(obs)[0]
+            obs = _checked(self.numerics, obs)[0]
         return obs, info
 
     def _own_state(self) -> dict[str, torch.Tensor]:
@@ -220,9 +410,7 @@ class EpisodeStatistics(EnvWrapper):
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self.numerics is not None:
-            final_obs = info["final_obs"]
-            obs, reward, checked_final = self.numerics.check(obs, reward, final_obs, actions)
-            info["final_obs"] = obs if final_obs is obs or checked_final is None else checked_final
+            obs, reward, info["final_obs"] = _checked(self.numerics, obs, reward, info["final_obs"], actions)
         done = terminated | truncated
         # Fresh tensors each step (no copies): the returned totals stay valid after later steps.
         episode_return, episode_length = self._return + reward, self._length + 1.0
@@ -230,3 +418,33 @@ class EpisodeStatistics(EnvWrapper):
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length
         return obs, reward, terminated, truncated, info
+
+
+def _checked(numerics, obs: Observation, reward=None, final_obs: Observation | None = None, actions=None):
+    """`numerics.check` of one step (or a reset) for any observation layout: (obs, reward, final_obs), with non-finite
+    values replaced under the `mask` policy. Integer and bool observations cannot be non-finite: a dict's float keys
+    are checked (as one tensor of their flattened rows), other observations go through unchanged."""
+    if not isinstance(obs, dict):
+        checked, reward, checked_final = numerics.check(obs, reward, final_obs, actions)
+        return checked, reward, (checked if final_obs is obs or checked_final is None else checked_final)
+    floats = [key for key, value in obs.items() if value.is_floating_point()]
+    if not floats:  # (rewards and actions are still checked)
+        return obs, numerics.check(next(iter(obs.values())), reward, None, actions)[1], final_obs
+    same = final_obs is obs
+    rows = torch.cat([obs[key].flatten(1) for key in floats], 1) if len(floats) > 1 else obs[floats[0]].flatten(1)
+    final_rows = None
+    if final_obs is not None and not same:
+        final_rows = (torch.cat([final_obs[key].flatten(1) for key in floats], 1) if len(floats) > 1
+                      else final_obs[floats[0]].flatten(1))
+    checked, reward, _ = numerics.check(rows, reward, final_rows, actions)
+    if checked is rows:  # the `raise` policy: nothing replaced
+        return obs, reward, final_obs
+
+    def zeroed(values: dict | None) -> dict | None:
+        if values is None:
+            return None
+        return {key: torch.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0) if key in floats else value
+                for key, value in values.items()}
+
+    obs_out = zeroed(obs)
+    return obs_out, reward, (obs_out if same else zeroed(final_obs))

@@ -1,7 +1,8 @@
 """Adapter from Gymnasium (any registered id, or a user's Gymnasium vector env) to the batched contract.
 
 This is the only place where numpy meets torch for Gymnasium envs: actions go to the host once per step, and
-observations, rewards and flags come back as one tensor each.
+observations, rewards and flags come back as one tensor each (one per key for Dict and Tuple observations), in the
+observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the device as uint8, never as float.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, numpy_dtype, observation_layout
 from rlspeed.errors import UserError
 
 
@@ -84,18 +85,77 @@ def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
     return torch.as_tensor(np.array(array, dtype=dtype), device=device)
 
 
-def obs_and_final(obs: np.ndarray, finished_rows: np.ndarray, device: torch.device,
-                  final_row) -> tuple[torch.Tensor, torch.Tensor]:
+class HostObservations:
+    """Host observation batches of an env (numpy arrays; dicts or tuples of them for Dict and Tuple spaces) as
+    fresh host arrays in the contract's dtypes, keyed as `EnvSpec.observation_space` (`check_observation_space`:
+    Tuple positions become keys "0", "1", ...; keys it dropped, such as a text mission, are left out)."""
+
+    def __init__(self, space: gym.Space):
+        self.layout = observation_layout(space)
+        self.keyed = isinstance(self.layout, dict)
+
+    def _part(self, value, key: str):
+        return value[int(key)] if isinstance(value, (tuple, list)) else value[key]
+
+    def batch(self, value) -> np.ndarray | dict[str, np.ndarray]:
+        """A copy of a batch `[N, ...]` in the contract's dtypes (a vector env may reuse its own buffers)."""
+        if not self.keyed:
+            shape, dtype = self.layout
+            return np.array(value, dtype=numpy_dtype(dtype))
+        return {key: np.array(self._part(value, key), dtype=numpy_dtype(dtype))
+                for key, (shape, dtype) in self.layout.items()}
+
+    def empty(self, num: int) -> np.ndarray | dict[str, np.ndarray]:
+        """Uninitialised host storage for `num` observations."""
+        if not self.keyed:
+            shape, dtype = self.layout
+            return np.empty((num, *shape), dtype=numpy_dtype(dtype))
+        return {key: np.empty((num, *shape), dtype=numpy_dtype(dtype)) for key, (shape, dtype) in self.layout.items()}
+
+    def write(self, target, row: int, observation) -> None:
+        """Put one env's observation into row `row` of `target` (from `empty`)."""
+        if not self.keyed:
+            target[row] = observation
+            return
+        for key in self.layout:
+            target[key][row] = self._part(observation, key)
+
+    def copy_rows(self, target, source, rows) -> None:
+        """target[rows] = source[rows], per key."""
+        if not self.keyed:
+            target[rows] = source[rows]
+            return
+        for key in self.layout:
+            target[key][rows] = source[key][rows]
+
+    def copy(self, value):
+        return {key: array.copy() for key, array in value.items()} if self.keyed else value.copy()
+
+
+def to_device(obs, device: torch.device) -> Observation:
+    """Host observation arrays (one, or a dict of them) as tensors on `device`, in their dtypes."""
+    if isinstance(obs, dict):
+        return {key: torch.as_tensor(array, device=device) for key, array in obs.items()}
+    return torch.as_tensor(obs, device=device)
+
+
+def obs_and_final(obs, finished_rows: np.ndarray, device: torch.device, final_row,
+                  host: HostObservations | None = None) -> tuple[Observation, Observation]:
     """(obs, final_obs) tensors of a step: final_obs is `obs` with each finished row replaced by `final_row(row)`
-    (the true last observation; the returned obs holds the next episode's first), the same tensor when none
-    finished."""
-    obs_t = torch.as_tensor(obs, device=device)
+    (the true last observation; the returned obs holds the next episode's first), the same tensors when none
+    finished. `host` is needed for Dict observations (`obs` a dict of arrays)."""
+    obs_t = to_device(obs, device)
     if len(finished_rows) == 0:
         return obs_t, obs_t
-    final = obs.copy()
-    for row in finished_rows:
-        final[row] = final_row(row)
-    return obs_t, torch.as_tensor(final, device=device)
+    if host is None:
+        final = obs.copy()
+        for row in finished_rows:
+            final[row] = final_row(row)
+    else:
+        final = host.copy(obs)
+        for row in finished_rows:
+            host.write(final, row, final_row(row))
+    return obs_t, to_device(final, device)
 
 
 class GymnasiumEnv(BatchedEnv):
@@ -113,12 +173,20 @@ class GymnasiumEnv(BatchedEnv):
             spec = gym_spec(env_id)
             if vectorization not in ("sync", "async"):
                 raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
+            # copy=False: every observation is copied here anyway (`_obs`, `step`)
+            vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False}
             try:
-                vector_env = gym.make_vec(
-                    env_id, num_envs=num_envs, vectorization_mode=vectorization,
-                    # copy=False: every observation is copied here anyway (`_obs`, `step`)
-                    vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False},
-                    **(env_kwargs or {}))
+                try:
+                    vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                                              vector_kwargs=vector_kwargs, **(env_kwargs or {}))
+                except ValueError as error:
+                    # subprocess envs whose observation space has a part without shared memory (MiniGrid's mission
+                    # text): their observations travel through the pipes instead
+                    if vectorization != "async" or "shared_memory" not in str(error):
+                        raise
+                    vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
+                                              vector_kwargs={**vector_kwargs, "shared_memory": False},
+                                              **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
             except TypeError as error:
@@ -140,11 +208,15 @@ class GymnasiumEnv(BatchedEnv):
             threshold = getattr(spec, "reward_threshold", None) if registered else None
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
-        obs_space = vector_env.single_observation_space
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise UserError(f"Env '{env_id}' has a {type(obs_space).__name__} observation space; rlspeed "
-                            "supports Box observations (flatten others with a Gymnasium wrapper).")
-        self.spec = EnvSpec(env_id, tuple(obs_space.shape), vector_env.single_action_space, max_steps, threshold)
+        try:
+            self.spec = EnvSpec.from_spaces(env_id, vector_env.single_observation_space,
+                                            vector_env.single_action_space, max_steps, threshold)
+        except UserError:
+            vector_env.close()
+            raise
+        self._host = HostObservations(self.spec.observation_space)
+        # float vector observations: the plain path (one float32 array; every other layout goes through `_host`)
+        self._float_vector = self.spec.float_vector_obs
         # A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here, as it would step them, without its
         # per-step info merging and batching (for CartPole those cost more than the physics).
         same_step = vector_env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP
@@ -156,27 +228,43 @@ class GymnasiumEnv(BatchedEnv):
         Gymnasium's reset info is dropped.
         """
         obs, _ = self.vector_env.reset(seed=seed)
-        return host_tensor(obs, self.device), {}
+        if self._float_vector:
+            return host_tensor(obs, self.device), {}
+        return to_device(self._host.batch(obs), self.device), {}
 
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None)."""
         n = self.num_envs
-        obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
         reward = np.empty(n, dtype=np.float32)
         terminated = np.empty(n, dtype=bool)
         truncated = np.empty(n, dtype=bool)
         final = None
+        if self._float_vector:
+            obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
+            for i, env in enumerate(self._sync_envs):
+                observation, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+                if terminated[i] or truncated[i]:
+                    if final is None:
+                        final = np.empty_like(obs)
+                    final[i] = observation
+                    observation, _ = env.reset()
+                obs[i] = observation
+            if final is not None:
+                done = terminated | truncated
+                final[~done] = obs[~done]
+            return obs, reward, terminated, truncated, final
+        host = self._host
+        obs = host.empty(n)
         for i, env in enumerate(self._sync_envs):
             observation, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
             if terminated[i] or truncated[i]:
                 if final is None:
-                    final = np.empty_like(obs)
-                final[i] = observation
+                    final = host.empty(n)
+                host.write(final, i, observation)
                 observation, _ = env.reset()
-            obs[i] = observation
+            host.write(obs, i, observation)
         if final is not None:
-            done = terminated | truncated
-            final[~done] = obs[~done]
+            host.copy_rows(final, obs, ~(terminated | truncated))
         return obs, reward, terminated, truncated, final
 
     def step(self, actions: torch.Tensor):
@@ -188,15 +276,17 @@ class GymnasiumEnv(BatchedEnv):
         if self._sync_envs is not None:
             obs_np, reward, terminated, truncated, final_np = self._step_sync(
                 _to_numpy_actions(actions, self.spec.action_space))
-            obs_t = torch.as_tensor(obs_np, device=self.device)
-            final_t = obs_t if final_np is None else torch.as_tensor(final_np, device=self.device)
+            obs_t = to_device(obs_np, self.device)
+            final_t = obs_t if final_np is None else to_device(final_np, self.device)
             return (obs_t, torch.as_tensor(reward, device=self.device), torch.as_tensor(terminated, device=self.device),
                     torch.as_tensor(truncated, device=self.device), {"final_obs": final_t})
         obs, reward, terminated, truncated, info = self.vector_env.step(
             _to_numpy_actions(actions, self.spec.action_space))
-        obs_np = np.array(obs, dtype=np.float32)  # a copy, as in `host_tensor`: the vector env may reuse its buffer
+        # a copy, as in `host_tensor`: the vector env may reuse its buffer
+        obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         finished = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool)) if "_final_obs" in info else ()
-        obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row])
+        obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
+                                       None if self._float_vector else self._host)
         out_info = {"final_obs": final_t}
         return (obs_t,
                 torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),

@@ -15,13 +15,14 @@ import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
 from rlspeed.envs.gymnasium_env import (
+    HostObservations,
     _to_numpy_actions,
     _vector_env_spec,
     host_tensor,
     is_registered_env,
     obs_and_final,
+    to_device,
 )
-from rlspeed.errors import UserError
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
 
@@ -42,33 +43,39 @@ class SB3VecEnv(BatchedEnv):
         self.device = torch.device(device)
         self.num_envs = int(vec_env.num_envs)
         obs_space, action_space = vec_env.observation_space, vec_env.action_space
-        if not isinstance(obs_space, gym.spaces.Box):
-            raise UserError(f"This VecEnv has a {type(obs_space).__name__} observation space; rlspeed supports Box "
-                            "observations.")
         spec = _vector_env_spec(vec_env)  # the first env's: SB3's VecEnvs have no spec of their own
         registered = spec is not None and is_registered_env(spec)  # see GymnasiumEnv: the id only if it rebuilds
-        self.spec = EnvSpec(spec.id if registered else "user-sb3-vec-env", tuple(obs_space.shape), action_space,
-                            spec.max_episode_steps if spec is not None else None,
-                            spec.reward_threshold if registered else None)
+        self.spec = EnvSpec.from_spaces(spec.id if registered else "user-sb3-vec-env", obs_space, action_space,
+                                        spec.max_episode_steps if spec is not None else None,
+                                        spec.reward_threshold if registered else None)
+        self._host = HostObservations(self.spec.observation_space)
+        self._float_vector = self.spec.float_vector_obs
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, {})."""
         if seed is not None:
             self.vec_env.seed(seed)
-        return host_tensor(self.vec_env.reset(), self.device), {}
+        obs = self.vec_env.reset()
+        if self._float_vector:
+            return host_tensor(obs, self.device), {}
+        return to_device(self._host.batch(obs), self.device), {}
 
     def step(self, actions: torch.Tensor):
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` only."""
         self.vec_env.step_async(_to_numpy_actions(actions, self.spec.action_space))
         obs, rewards, dones, infos = self.vec_env.step_wait()
-        obs = np.array(obs, dtype=np.float32)
+        obs = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         dones = np.asarray(dones, dtype=bool).reshape(-1)
         finished = np.flatnonzero(dones)
         truncated = np.zeros_like(dones)
         truncated[finished] = [bool(infos[row].get("TimeLimit.truncated", False)) for row in finished]
-        shape = self.spec.observation_shape
-        obs_t, final_t = obs_and_final(obs, finished, self.device,
-                                       lambda row: np.asarray(infos[row]["terminal_observation"]).reshape(shape))
+        if self._float_vector:
+            shape = self.spec.observation_shape
+            obs_t, final_t = obs_and_final(obs, finished, self.device,
+                                           lambda row: np.asarray(infos[row]["terminal_observation"]).reshape(shape))
+        else:
+            obs_t, final_t = obs_and_final(obs, finished, self.device,
+                                           lambda row: infos[row]["terminal_observation"], self._host)
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
                 {"final_obs": final_t})

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import gymnasium as gym
 import torch
 from torch import nn
 
 from rlspeed.device import rules
-from rlspeed.envs.base import BatchedEnv, EnvWrapper
+from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
+from rlspeed.errors import UserError
 
 
 class RunningMeanStd(nn.Module):
@@ -69,16 +71,78 @@ class RunningMeanStd(nn.Module):
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip)
 
 
+class DictRunningMeanStd(nn.Module):
+    """`RunningMeanStd` per float key of Dict observations; the other keys (images, indices) pass through unchanged.
+
+    Its state dict holds `<key>.mean`, `<key>.var` and `<key>.count` per normalised key.
+    """
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device | str = "cpu"):
+        super().__init__()
+        self.stats = nn.ModuleDict({key: RunningMeanStd(shape, device=device) for key, shape in shapes.items()})
+
+    def state_dict(self, *args, **kwargs):
+        return {f"{key}.{name}": value for key, rms in self.stats.items() for name, value in rms.state_dict().items()}
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
+        for key, rms in self.stats.items():
+            rms.load_state_dict({name[len(key) + 1:]: value for name, value in state.items()
+                                 if name.startswith(f"{key}.")})
+
+    @property
+    def reduce(self):
+        return None
+
+    @reduce.setter
+    def reduce(self, value) -> None:
+        for rms in self.stats.values():
+            rms.reduce = value
+
+    def update(self, obs: dict[str, torch.Tensor]) -> None:
+        """Fold the float keys of a batch into their statistics."""
+        for key, rms in self.stats.items():
+            rms.update(obs[key])
+
+    def flush(self) -> None:
+        for rms in self.stats.values():
+            rms.flush()
+
+    def normalize(self, obs: dict[str, torch.Tensor], clip: float = 10.0) -> dict[str, torch.Tensor]:
+        """The float keys normalised (`RunningMeanStd.normalize`), the others as they are."""
+        return {key: self.stats[key].normalize(value, clip) if key in self.stats else value
+                for key, value in obs.items()}
+
+
+def observation_statistics(space: gym.Space, device: torch.device | str = "cpu") -> nn.Module:
+    """The running statistics observation normalisation keeps for `space` (an `EnvSpec.observation_space`): a
+    `RunningMeanStd` for float vectors, a `DictRunningMeanStd` over the float keys of a Dict; UserError for
+    observations with nothing to normalise (images are scaled by the CNN encoder, indices are one-hot encoded)."""
+    layout = observation_layout(space)
+    if not isinstance(layout, dict):
+        shape, dtype = layout
+        if dtype != torch.float32:
+            raise UserError(f"normalize_obs applies to float vector observations, and these are {dtype} "
+                            f"{type(space).__name__} observations (images are scaled to [0, 1] by the CNN encoder, "
+                            "indices one-hot encoded): drop normalize_obs.")
+        return RunningMeanStd(shape, device=device)
+    floats = {key: shape for key, (shape, dtype) in layout.items() if dtype == torch.float32}
+    if not floats:
+        raise UserError("normalize_obs applies to float vector observations, and this Dict observation has no float "
+                        f"key (keys: {', '.join(layout)}): drop normalize_obs.")
+    return DictRunningMeanStd(floats, device=device)
+
+
 class NormalizeObservation(EnvWrapper):
     """Normalises observations (and `info["final_obs"]`) by running statistics updated on every step.
 
-    Set `training = False` to freeze the statistics (for evaluation; set on an outer wrapper, it reaches this one
-    too). `obs_rms` is the statistics module.
+    Only float vectors are normalised: for Dict observations, the float keys (images and indices pass through); other
+    observations are refused (`observation_statistics`). Set `training = False` to freeze the statistics (for
+    evaluation; set on an outer wrapper, it reaches this one too). `obs_rms` is the statistics module.
     """
 
-    def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: RunningMeanStd | None = None):
+    def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: nn.Module | None = None):
         super().__init__(env)
-        self.obs_rms = obs_rms or RunningMeanStd(env.spec.observation_shape, device=env.device)
+        self.obs_rms = obs_rms or observation_statistics(env.spec.observation_space, device=env.device)
         self.clip = clip
 
     def reset(self, seed: int | None = None):

@@ -20,6 +20,9 @@ from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequen
 def unsupported_reason(q_network: nn.Module) -> str | None:
     """Why `FusedDQNUpdate` cannot update this Q-network, or None when it can (non-dueling, an MLP with ReLU or
     tanh)."""
+    encoder = getattr(q_network, "encoder", None)
+    if encoder is not None:
+        return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     if getattr(q_network, "dueling", True):
         return "dueling=true (the hand-derived update covers plain Q-network MLPs)"
     if sequential_linears(q_network.body) is None:

@@ -39,6 +39,8 @@ def unsupported_reason(policy: nn.Module) -> str | None:
     body)."""
     if type(policy) is not ActorCritic:
         return f"the policy is a {type(policy).__name__}, not rlspeed's ActorCritic MLP"
+    if policy.encoder is not None:
+        return f"a {policy.encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     if not isinstance(policy.body.activation, SUPPORTED_ACTIVATIONS):
         name = type(policy.body.activation).__name__.lower()
         return f"activation={name} (the hand-derived update covers tanh and relu)"

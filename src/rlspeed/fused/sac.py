@@ -39,6 +39,10 @@ from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
     """Why `FusedSACUpdate` cannot update these networks, or None when it can (an MLP actor body with ReLU or tanh,
     critics with ReLU or tanh)."""
+    for network in (actor, critic):
+        encoder = getattr(network, "encoder", None)
+        if encoder is not None:
+            return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     body = sequential_linears(getattr(actor, "net", None))
     activation = getattr(getattr(critic, "body", None), "activation", None)
     if body is None or not isinstance(activation, (nn.ReLU, nn.Tanh)):
