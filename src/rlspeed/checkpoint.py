@@ -4,17 +4,25 @@ Loading never unpickles. Tensors are saved from CPU copies and load onto any dev
 of its tensors and metadata (SHA-256 by default, SM3 on request), checked on load; a checkpoint holding NaN or
 infinite values is refused unless asked for. A write interrupted by a kill leaves only a temporary file, which the
 next save or load of that path removes.
+
+Encryption at rest is opt-in: with a key in `RLSPEED_CHECKPOINT_KEY` or a file named by `RLSPEED_CHECKPOINT_KEY_FILE`,
+checkpoints are written encrypted and authenticated (AES-GCM, or SM4-GCM with `RLSPEED_CHECKPOINT_CIPHER=sm4-gcm`);
+the key is never written, only a short key id that lets a wrong key be named as such.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import hashlib
+import hmac
 import json
 import math
 import os
 import tempfile
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -73,6 +81,314 @@ def _hasher(algorithm: str):
             from None
 
 
+# --- encryption at rest ------------------------------------------------------------------------------------------
+
+KEY_ENV = "RLSPEED_CHECKPOINT_KEY"
+KEY_FILE_ENV = "RLSPEED_CHECKPOINT_KEY_FILE"
+CIPHER_ENV = "RLSPEED_CHECKPOINT_CIPHER"
+#: Authenticated ciphers an encrypted checkpoint can use; the first is the default. AES-GCM comes from the
+#: `cryptography` package (`pip install "rlspeed[encrypt]"`); SM4-GCM (GB/T 32907 in GCM, as in RFC 8998) from it
+#: where its OpenSSL has SM4, else from the pure-Python `gmssl` package (about 0.5 MB/s: fine for policies, slow for
+#: replay buffers).
+CIPHERS = ("aes-gcm", "sm4-gcm")
+_KEY_BYTES = {"aes-gcm": (16, 32), "sm4-gcm": (16,)}
+#: An encrypted checkpoint: MAGIC, a 4-byte little-endian length, that many bytes of JSON header (format, version,
+#: cipher, key id, nonce), then the ciphertext of the whole safetensors file and a 16-byte GCM tag. Everything before
+#: the ciphertext is authenticated as associated data, so an edited header fails like an edited ciphertext.
+MAGIC = b"RLSPEED-ENCRYPTED-CHECKPOINT\n"
+ENCRYPTED_FORMAT = "rlspeed-encrypted-checkpoint"
+ENCRYPTED_VERSION = 1
+_NONCE_BYTES = 12
+_TAG_BYTES = 16
+
+
+@dataclass(frozen=True)
+class CheckpointKey:
+    """A checkpoint encryption key and where it came from (for messages). Its repr never shows the key."""
+
+    secret: bytes = field(repr=False)
+    source: str
+
+    @property
+    def key_id(self) -> str:
+        """16 hex digits that identify the key (a domain-separated SHA-256 of it) without revealing it."""
+        return hashlib.sha256(b"rlspeed-checkpoint-key-id\0" + self.secret).hexdigest()[:16]
+
+
+def _parse_key(text: bytes, source: str) -> bytes:
+    """The 16 or 32 key bytes `text` holds as hex or base64 (a key file may also hold them raw)."""
+    stripped = text.strip()
+    if not stripped:
+        raise UserError(f"{source} is empty: give a 16- or 32-byte key in hex or base64 (e.g. the output of "
+                        "`python -c \"import secrets; print(secrets.token_hex(32))\"`).")
+    candidates = []
+    with contextlib.suppress(ValueError):
+        candidates.append(bytes.fromhex(stripped.decode("ascii")))
+    with contextlib.suppress(binascii.Error, ValueError):
+        candidates.append(base64.b64decode(stripped, validate=True))
+    candidates.append(text)  # raw bytes, as `head -c 32 /dev/urandom > key` writes them
+    for key in candidates:
+        if len(key) in (16, 32):
+            return key
+    raise UserError(f"{source} is not a 16- or 32-byte key in hex or base64 (e.g. the output of "
+                    "`python -c \"import secrets; print(secrets.token_hex(32))\"`).")
+
+
+def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
+    """The checkpoint key: `key` (raw bytes, or hex/base64 text) when given, else the environment's
+    (`RLSPEED_CHECKPOINT_KEY`: hex or base64 of 16 or 32 bytes; or `RLSPEED_CHECKPOINT_KEY_FILE`: a file holding
+    that, or the raw bytes); None when neither is set. UserError for an unreadable or malformed key."""
+    if key is not None:
+        if isinstance(key, bytes) and len(key) in (16, 32):
+            return CheckpointKey(bytes(key), "the key given")
+        return CheckpointKey(_parse_key(key.encode() if isinstance(key, str) else bytes(key), "The key given"),
+                             "the key given")
+    value, file = os.environ.get(KEY_ENV), os.environ.get(KEY_FILE_ENV)
+    if value is not None and file is not None:
+        raise UserError(f"Both {KEY_ENV} and {KEY_FILE_ENV} are set; set only one of them.")
+    if value is not None:
+        return CheckpointKey(_parse_key(value.encode(), KEY_ENV), KEY_ENV)
+    if file is not None:
+        source = f"The key file '{file}' ({KEY_FILE_ENV})"
+        try:
+            text = Path(file).expanduser().read_bytes()
+        except OSError as error:
+            raise UserError(f"Cannot read the checkpoint key file '{file}' ({KEY_FILE_ENV}): "
+                            f"{error.strerror or error}.") from None
+        return CheckpointKey(_parse_key(text, source), f"the key file '{file}'")
+    return None
+
+
+def _refuse_cipher_without_key(cipher: str | None) -> None:
+    """UserError when a cipher is asked for (`cipher`, or `RLSPEED_CHECKPOINT_CIPHER`) but no key is set: a file in
+    clear is not what that asks for."""
+    if cipher is not None or os.environ.get(CIPHER_ENV):
+        raise UserError(f"A checkpoint cipher is set ({cipher or os.environ.get(CIPHER_ENV)}) but no key: set "
+                        f"{KEY_ENV} or {KEY_FILE_ENV}, or unset {CIPHER_ENV}.")
+
+
+def _cipher_name(cipher: str | None, key: CheckpointKey) -> str:
+    """The cipher to encrypt with: `cipher`, else `RLSPEED_CHECKPOINT_CIPHER`, else aes-gcm; checked against the
+    key's length."""
+    name = cipher if cipher is not None else os.environ.get(CIPHER_ENV) or CIPHERS[0]
+    name = name.strip().lower()
+    if name not in CIPHERS:
+        source = f"{CIPHER_ENV}=" if cipher is None else "cipher "
+        raise UserError(f"Unknown checkpoint cipher {source}'{name}': use one of {', '.join(CIPHERS)}.")
+    if len(key.secret) not in _KEY_BYTES[name]:
+        sizes = " or ".join(str(n) for n in _KEY_BYTES[name])
+        raise UserError(f"{name} needs a {sizes}-byte key but {key.source} holds {len(key.secret)} bytes.")
+    return name
+
+
+def encryption_settings(path: str | os.PathLike = "checkpoint") -> dict | None:
+    """What `save_checkpoint` will do under the environment's settings: None (files in clear), or
+    {"cipher", "key_id", "key_source"}. UserError now for what would fail at the first save (a malformed or unreadable
+    key, an unknown cipher, a cipher without a key or without its package), so a run can check before it trains."""
+    key = encryption_key()
+    if key is None:
+        _refuse_cipher_without_key(None)
+        return None
+    cipher = _cipher_name(None, key)
+    _aead(cipher, key, checkpoint_path(path))
+    return {"cipher": cipher, "key_id": key.key_id, "key_source": key.source}
+
+
+def _cryptography_gcm(name: str, secret: bytes):
+    """The cipher from the `cryptography` package, or None without it (or, for SM4, when its OpenSSL lacks SM4)."""
+    try:
+        from cryptography.exceptions import UnsupportedAlgorithm
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    except ImportError:
+        return None
+    block = algorithms.AES if name == "aes-gcm" else getattr(algorithms, "SM4", None)
+    if block is None:
+        return None
+    try:
+        Cipher(block(secret), modes.GCM(bytes(_NONCE_BYTES))).encryptor()
+    except UnsupportedAlgorithm:
+        return None
+    return _CryptographyGCM(block, secret)
+
+
+class _CryptographyGCM:
+    """AES-GCM or SM4-GCM through `cryptography`'s Cipher API: encrypt/decrypt(nonce, data, aad), the tag after the
+    ciphertext."""
+
+    def __init__(self, block, secret: bytes):
+        self._block, self._secret = block, secret
+
+    def encrypt(self, nonce: bytes, data: bytes, aad: bytes) -> bytes:
+        from cryptography.hazmat.primitives.ciphers import Cipher, modes
+
+        encryptor = Cipher(self._block(self._secret), modes.GCM(nonce)).encryptor()
+        encryptor.authenticate_additional_data(aad)
+        return encryptor.update(data) + encryptor.finalize() + encryptor.tag
+
+    def decrypt(self, nonce: bytes, data: bytes, aad: bytes) -> bytes:
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers import Cipher, modes
+
+        if len(data) < _TAG_BYTES:
+            raise _AuthenticationFailed
+        decryptor = Cipher(self._block(self._secret), modes.GCM(nonce, data[-_TAG_BYTES:])).decryptor()
+        decryptor.authenticate_additional_data(aad)
+        try:
+            return decryptor.update(data[:-_TAG_BYTES]) + decryptor.finalize()
+        except InvalidTag:
+            raise _AuthenticationFailed from None
+
+
+class _AuthenticationFailed(Exception):
+    """The GCM tag does not match: wrong key, or the file was changed."""
+
+
+class _GmsslSM4GCM:
+    """SM4-GCM (NIST SP 800-38D over the SM4 block cipher) in pure Python, with `gmssl`'s SM4 key schedule and S-box,
+    and table-driven rounds and GHASH (several times faster than `gmssl`'s own block function); its files are the same
+    bytes as `cryptography`'s SM4-GCM."""
+
+    def __init__(self, secret: bytes):
+        from gmssl.sm4 import SM4_BOXES_TABLE, SM4_ENCRYPT, CryptSM4
+
+        sm4 = CryptSM4(SM4_ENCRYPT)
+        sm4.set_key(secret, SM4_ENCRYPT)
+        self._round_keys = list(sm4.sk)
+
+        def rotl(x: int, n: int) -> int:
+            return ((x << n) | (x >> (32 - n))) & 0xFFFFFFFF
+
+        def linear(b: int) -> int:  # SM4's L transform
+            return b ^ rotl(b, 2) ^ rotl(b, 10) ^ rotl(b, 18) ^ rotl(b, 24)
+
+        # the S-box and L transform of each byte of a round's input, one table per byte position
+        self._t = [[linear(SM4_BOXES_TABLE[a] << shift) for a in range(256)] for shift in (24, 16, 8, 0)]
+        self._ghash_tables = _ghash_tables(int.from_bytes(self._block(bytes(16)), "big"))
+
+    def _block(self, block: bytes) -> bytes:
+        """SM4 encryption of one 16-byte block."""
+        t0, t1, t2, t3 = self._t
+        x0, x1, x2, x3 = (int.from_bytes(block[i:i + 4], "big") for i in (0, 4, 8, 12))
+        for round_key in self._round_keys:
+            a = x1 ^ x2 ^ x3 ^ round_key
+            x0, x1, x2, x3 = x1, x2, x3, x0 ^ t0[a >> 24] ^ t1[(a >> 16) & 255] ^ t2[(a >> 8) & 255] ^ t3[a & 255]
+        return b"".join(x.to_bytes(4, "big") for x in (x3, x2, x1, x0))
+
+    def _ghash(self, aad: bytes, ciphertext: bytes) -> int:
+        def padded(data: bytes) -> bytes:
+            return data + bytes(-len(data) % 16)
+
+        message = padded(aad) + padded(ciphertext) + (8 * len(aad)).to_bytes(8, "big") \
+            + (8 * len(ciphertext)).to_bytes(8, "big")
+        tables = self._ghash_tables
+        y = 0
+        for start in range(0, len(message), 16):
+            x = y ^ int.from_bytes(message[start:start + 16], "big")
+            y = 0
+            for table, byte in zip(tables, x.to_bytes(16, "big")):
+                y ^= table[byte]
+        return y
+
+    def _ctr(self, nonce: bytes, data: bytes) -> bytes:
+        stream = b"".join(self._block(nonce + (2 + i).to_bytes(4, "big")) for i in range((len(data) + 15) // 16))
+        return (int.from_bytes(data, "big") ^ int.from_bytes(stream[:len(data)], "big")).to_bytes(len(data), "big")
+
+    def _tag(self, nonce: bytes, aad: bytes, ciphertext: bytes) -> bytes:
+        mask = int.from_bytes(self._block(nonce + (1).to_bytes(4, "big")), "big")
+        return (self._ghash(aad, ciphertext) ^ mask).to_bytes(16, "big")
+
+    def encrypt(self, nonce: bytes, data: bytes, aad: bytes) -> bytes:
+        ciphertext = self._ctr(nonce, data)
+        return ciphertext + self._tag(nonce, aad, ciphertext)
+
+    def decrypt(self, nonce: bytes, data: bytes, aad: bytes) -> bytes:
+        if len(data) < _TAG_BYTES:
+            raise _AuthenticationFailed
+        ciphertext, tag = data[:-_TAG_BYTES], data[-_TAG_BYTES:]
+        if not hmac.compare_digest(self._tag(nonce, aad, ciphertext), tag):
+            raise _AuthenticationFailed
+        return self._ctr(nonce, ciphertext)
+
+
+def _ghash_tables(h: int) -> list[list[int]]:
+    """For GHASH with key `h`: tables[i][b] = (byte b at byte position i of a block) * h in GCM's GF(2^128)
+    (bit-reflected: the block's first bit is x^0; polynomial x^128 + x^7 + x^2 + x + 1), so a block times h is 16
+    lookups."""
+    powers = [h]  # h * x^j for j = 0..127
+    for _ in range(127):
+        v = powers[-1]
+        powers.append((v >> 1) ^ (0xE1 << 120) if v & 1 else v >> 1)
+    tables = []
+    for i in range(16):
+        table = [0] * 256
+        for b in range(1, 256):
+            low = b & -b  # its lowest set bit is x^(8i + 7 - log2(low))
+            table[b] = table[b ^ low] ^ powers[8 * i + 7 - low.bit_length() + 1]
+        tables.append(table)
+    return tables
+
+
+def _aead(name: str, key: CheckpointKey, path: Path):
+    """The AEAD for cipher `name` and `key`; UserError naming `path` when no installed package provides it."""
+    aead = _cryptography_gcm(name, key.secret)
+    if aead is None and name == "sm4-gcm":
+        with contextlib.suppress(ImportError):
+            aead = _GmsslSM4GCM(key.secret)
+    if aead is None:
+        needs = ("the cryptography package: pip install \"rlspeed[encrypt]\"" if name == "aes-gcm" else
+                 "the cryptography package (pip install \"rlspeed[encrypt]\") or gmssl (pip install \"rlspeed[sm3]\")")
+        raise UserError(f"Encrypting or decrypting '{path}' with {name} needs {needs}.")
+    return aead
+
+
+def _encrypt(payload: bytes, key: CheckpointKey, cipher: str, path: Path) -> bytes:
+    """The encrypted file for the safetensors bytes `payload` (see MAGIC), with a fresh random nonce."""
+    nonce = os.urandom(_NONCE_BYTES)
+    header = json.dumps({"format": ENCRYPTED_FORMAT, "version": ENCRYPTED_VERSION, "cipher": cipher,
+                         "key_id": key.key_id, "nonce": nonce.hex()}, sort_keys=True).encode()
+    clear = MAGIC + len(header).to_bytes(4, "little") + header
+    return clear + _aead(cipher, key, path).encrypt(nonce, payload, clear)
+
+
+def is_encrypted(path: str | os.PathLike) -> bool:
+    """Whether the checkpoint file `path` is encrypted (it starts with MAGIC)."""
+    with open(path, "rb") as handle:
+        return handle.read(len(MAGIC)) == MAGIC
+
+
+def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:
+    """The safetensors bytes of the encrypted checkpoint `data` (read from `path`); UserError naming the file without
+    a key, with another key, or when authentication fails (the file was changed)."""
+    try:
+        length = int.from_bytes(data[len(MAGIC):len(MAGIC) + 4], "little")
+        clear = data[:len(MAGIC) + 4 + length]
+        header = json.loads(clear[len(MAGIC) + 4:])
+        cipher, key_id, nonce = header["cipher"], header["key_id"], bytes.fromhex(header["nonce"])
+        version = header["version"]
+        if header.get("format") != ENCRYPTED_FORMAT or not isinstance(version, int) or not isinstance(key_id, str):
+            raise ValueError
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise UserError(f"'{path}' has a damaged encryption header: the file was changed or truncated.") from None
+    if version > ENCRYPTED_VERSION:
+        raise UserError(f"'{path}' was encrypted by a newer rlspeed (encryption format {version}); upgrade rlspeed.")
+    if cipher not in CIPHERS or len(nonce) != _NONCE_BYTES:
+        raise UserError(f"'{path}' has a damaged encryption header (cipher {cipher!r}): the file was changed.")
+    if key is None:
+        raise UserError(f"'{path}' is encrypted ({cipher}); set {KEY_ENV} or {KEY_FILE_ENV} to its key.")
+    if key.key_id != key_id:
+        raise UserError(f"'{path}' was encrypted with another key (key id {key_id}) than {key.source} "
+                        f"(key id {key.key_id}).")
+    if len(key.secret) not in _KEY_BYTES[cipher]:
+        raise UserError(f"'{path}' has a damaged encryption header: {cipher} does not take {key.source}'s "
+                        f"{len(key.secret)}-byte key.")
+    aead = _aead(cipher, key, path)
+    try:
+        return aead.decrypt(nonce, data[len(clear):], clear)
+    except _AuthenticationFailed:
+        raise UserError(f"'{path}' fails {cipher} authentication with the right key: the file was changed or "
+                        "damaged after it was written.") from None
+
+
 def _metadata_bytes(metadata: dict) -> bytes:
     """The metadata as the digest sees it: canonical JSON without the digest itself."""
     body = {key: value for key, value in metadata.items() if key != "digest"}
@@ -124,15 +440,23 @@ def remove_stale_temporary_files(path: str | os.PathLike) -> list[Path]:
 
 
 def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict,
-                    digest: str = "sha256") -> Path:
+                    digest: str = "sha256", key: bytes | str | None = None, cipher: str | None = None) -> Path:
     """Write `tensors` and JSON-serialisable `metadata` to `checkpoint_path(path)` atomically (temp file, fsync,
     rename); returns that path.
 
     The metadata gets a `digest` entry ({"algorithm", "value"}: `digest` is "sha256" or "sm3") that `load_checkpoint`
     checks. A write that fails (a full disk, a file-size limit, no permission) is a UserError and leaves an existing
     checkpoint at `path` as it was.
+
+    With a key (`key`, else `RLSPEED_CHECKPOINT_KEY` or `RLSPEED_CHECKPOINT_KEY_FILE`; see `encryption_key`) the file
+    is encrypted with `cipher` (else `RLSPEED_CHECKPOINT_CIPHER`, else "aes-gcm"; see CIPHERS). A cipher asked for
+    without a key is a UserError rather than a file written in clear.
     """
     path = checkpoint_path(path)
+    encryption = encryption_key(key)
+    if encryption is None:
+        _refuse_cipher_without_key(cipher)
+    cipher = _cipher_name(cipher, encryption) if encryption is not None else None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -150,6 +474,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     header = json.loads(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **metadata}))  # as load reads it
     header["digest"] = {"algorithm": digest, "value": tensor_digest(cpu, header, digest)}
     payload = st_save(cpu, metadata={"rlspeed": json.dumps(header)})
+    if encryption is not None:
+        payload = _encrypt(payload, encryption, cipher, path)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
@@ -174,13 +500,18 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu", verify: bool = True,
-                    allow_nonfinite: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+                    allow_nonfinite: bool = False, key: bytes | str | None = None) -> tuple[dict[str, torch.Tensor],
+                                                                                            dict]:
     """Read a checkpoint written by `save_checkpoint` (`path` as given, or `checkpoint_path(path)` when `path` does
     not exist); returns (tensors on `device`, metadata).
 
     UserError naming the file when it is not a readable rlspeed checkpoint, when its digest does not match its
     contents (`verify=False` skips that check), when a model's metadata lacks what loading needs, or when a tensor
     holds NaN or infinite values (`allow_nonfinite=True` accepts them).
+
+    An encrypted checkpoint is decrypted with `key`, else the environment's (see `encryption_key`), and authenticated
+    whatever `verify` says; without a key, with another key, or when authentication fails: a UserError naming the
+    file. Checkpoints in clear load whether or not a key is set.
     """
     path = Path(path)
     if not path.exists():
@@ -192,6 +523,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         data = path.read_bytes()
     except OSError as error:
         raise UserError(f"Cannot read the checkpoint '{path}': {error.strerror or error}.") from None
+    if data.startswith(MAGIC):
+        data = _decrypt(path, data, encryption_key(key))
     try:
         tensors = st_load(data)
         header_len = int.from_bytes(data[:8], "little")
