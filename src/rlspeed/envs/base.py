@@ -69,13 +69,17 @@ def _describe(space: gym.Space) -> str:
     return type(space).__name__
 
 
+_WARNED_DROPPED: set[tuple[str, tuple[str, ...]]] = set()  # (env id, dropped keys) warned about in this process
+
+
 def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
     """The observation space rlspeed trains on for an env's `space`, or UserError in one sentence naming the space and
     the fix.
 
     Box, Discrete, MultiDiscrete and MultiBinary spaces are taken as they are. A Dict is taken one level deep: its keys
     must hold those spaces; a key holding anything else that cannot be encoded as numbers (MiniGrid's `mission`
-    text, a Text, Graph or Sequence space) is dropped, with one warning naming the keys. A Tuple becomes a Dict with
+    text, a Text, Graph or Sequence space) is dropped, with one warning naming the keys (once per env id and
+    process). A Tuple becomes a Dict with
     keys "0", "1", ... A Dict or Tuple inside a Dict or Tuple, and Text, Graph or Sequence spaces alone, are refused.
     """
     if isinstance(space, _LEAF_SPACES):
@@ -100,7 +104,8 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
             raise UserError(f"'{env_id}' has a {_describe(space)} observation space with no key rlspeed can encode "
                             f"({', '.join(dropped)}); encode the observation as Box, Discrete, MultiDiscrete or "
                             "MultiBinary with a gymnasium.ObservationWrapper.")
-        if dropped:
+        if dropped and (env_id, tuple(dropped)) not in _WARNED_DROPPED:
+            _WARNED_DROPPED.add((env_id, tuple(dropped)))
             warnings.warn(f"'{env_id}': the observation key{'s' if len(dropped) > 1 else ''} {', '.join(dropped)} "
                           "cannot be encoded as numbers and is left out of what the policy sees (encode it with a "
                           "gymnasium.ObservationWrapper to use it).", stacklevel=3)

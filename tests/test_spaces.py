@@ -1,0 +1,352 @@
+"""Observation spaces beyond float vectors (issue 20): the encoder each space gets, observations kept in their dtype
+from the env to the storage, Dict storage, save/load of every policy kind, and one-sentence refusals.
+
+Real envs where they are cheap: MiniGrid (Dict with a uint8 image, a Discrete direction and a text mission), MinAtar
+(a bool 10x10x4 grid), FrozenLake (Discrete); both third-party packages are optional (the tests that need them skip).
+Pendulum wrapped into a Dict / an image gives Box-action algorithms (SAC, TD3, DDPG) the same observation kinds.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed.algos.recurrent_ppo import RecurrentPPO
+from rlspeed.buffers import ReplayBuffer, RolloutBuffer
+from rlspeed.envs import make_env
+from rlspeed.envs.base import EnvSpec, check_observation_space, space_from_json, space_to_json
+from rlspeed.errors import UserError
+from rlspeed.nn import CNNEncoder, FlattenEncoder, MultiInputEncoder, OneHotEncoder, make_encoder
+
+SMALL = {"cnn_features_dim": 16, "net_arch": (16,)}
+ON_POLICY = {"num_envs": 4, "num_steps": 8, "batch_size": 16, "n_epochs": 1, **SMALL}
+
+
+def _box(shape, dtype=np.uint8, low=0, high=255):
+    return gym.spaces.Box(low, high, shape, dtype)
+
+
+@pytest.fixture(scope="module")
+def minigrid_id():
+    pytest.importorskip("minigrid")
+    return "MiniGrid-DoorKey-5x5-v0"
+
+
+@pytest.fixture(scope="module")
+def minatar_id():
+    minatar = pytest.importorskip("minatar.gym")
+    minatar.register_envs()
+    return "MinAtar/Breakout-v1"
+
+
+# --- which encoder each space gets ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("space, kind, features", [
+    (gym.spaces.Box(-1.0, 1.0, (5,)), None, None),  # float vectors: no encoder module (the plain-MLP path)
+    (_box((84, 84, 3)), "Nature CNN encoder", 512),  # channels last
+    (_box((4, 84, 84)), "Nature CNN encoder", 512),  # channels first
+    (_box((7, 7, 3)), "small CNN encoder", 512),  # MiniGrid's 7x7: Nature-CNN's 8x8 kernel does not fit
+    (gym.spaces.Box(np.zeros((10, 10, 4), bool), np.ones((10, 10, 4), bool), dtype=bool), "small CNN encoder",
+     512),  # MinAtar
+    (gym.spaces.Discrete(16), "one-hot encoder", 16),
+    (gym.spaces.MultiDiscrete([3, 4]), "one-hot encoder", 7),
+    (gym.spaces.MultiBinary(6), "flatten encoder", 6),
+    (_box((6,), low=0, high=10), "flatten encoder", 6),  # uint8 vector, not an image
+])
+def test_encoder_is_chosen_from_the_observation_space(space, kind, features):
+    encoder = make_encoder(space)
+    assert (encoder.kind if encoder is not None else None) == kind
+    if encoder is not None:
+        assert encoder.features_dim == features
+
+
+def test_image_channel_layout_is_detected_as_sb3_does():
+    last, first = CNNEncoder(_box((84, 84, 3))), CNNEncoder(_box((3, 84, 84)))
+    assert last.channels_last and not first.channels_last
+    image = torch.randint(0, 256, (2, 84, 84, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        first.load_state_dict(last.state_dict())
+        # the same image channels-last and channels-first gives the same features
+        assert torch.allclose(last(image), first(image.permute(0, 3, 1, 2).contiguous()), atol=1e-5)
+
+
+def test_uint8_images_are_scaled_to_unit_range_on_the_device_unless_told_not_to():
+    space = _box((7, 7, 3))
+    scaled, raw = CNNEncoder(space), CNNEncoder(space, normalize_images=False)
+    raw.load_state_dict(scaled.state_dict())
+    image = torch.randint(0, 256, (3, 7, 7, 3), dtype=torch.uint8)
+    with torch.no_grad():
+        assert torch.allclose(scaled(image), raw(image.float() / 255.0), atol=1e-6)
+    flat = make_encoder(space, encoder="mlp")
+    assert isinstance(flat, FlattenEncoder) and torch.allclose(flat(image), image.flatten(1).float() / 255.0, atol=1e-7)
+
+
+def test_one_hot_encodes_discrete_and_multi_discrete_observations():
+    encoder = OneHotEncoder(gym.spaces.Discrete(3, start=2))
+    assert encoder(torch.tensor([2, 4])).tolist() == [[1, 0, 0], [0, 0, 1]]
+    multi = OneHotEncoder(gym.spaces.MultiDiscrete([2, 3]))
+    assert multi(torch.tensor([[1, 0], [0, 2]])).tolist() == [[0, 1, 1, 0, 0], [1, 0, 0, 0, 1]]
+
+
+def test_dict_observations_get_one_encoder_per_key_concatenated():
+    space = gym.spaces.Dict({"image": _box((7, 7, 3)), "direction": gym.spaces.Discrete(4),
+                             "state": gym.spaces.Box(-1.0, 1.0, (2,))})
+    encoder = make_encoder(space, cnn_features_dim=8)
+    assert isinstance(encoder, MultiInputEncoder) and encoder.features_dim == 8 + 4 + 2
+    obs = {"image": torch.zeros(5, 7, 7, 3, dtype=torch.uint8), "direction": torch.tensor([0, 1, 2, 3, 0]),
+           "state": torch.ones(5, 2)}
+    features = encoder(obs)
+    assert features.shape == (5, 14) and features[:, -2:].eq(1).all()  # the float key as it is, last in key order
+    # a Tuple is a Dict keyed "0", "1", ...
+    tuple_encoder = make_encoder(gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (2,)))))
+    assert tuple_encoder.keys == ["0", "1"] and tuple_encoder.features_dim == 5
+
+
+def test_encoder_overrides_that_do_not_fit_the_space_are_one_sentence():
+    with pytest.raises(UserError, match="encoder=cnn needs image observations|CNN encoder needs image"):
+        make_encoder(gym.spaces.Box(-1.0, 1.0, (4,)), encoder="cnn")
+    with pytest.raises(UserError, match="Unknown encoder 'resnet'"):
+        make_encoder(gym.spaces.Box(-1.0, 1.0, (4,)), encoder="resnet")
+    with pytest.raises(UserError, match="encoder must be one of"):
+        rlspeed.PPO("CartPole-v1", encoder="resnet")
+
+
+# --- spaces no encoder handles ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("space, named", [
+    (gym.spaces.Text(10), "Text"),
+    (gym.spaces.Graph(gym.spaces.Box(-1.0, 1.0, (2,)), None), "Graph"),
+    (gym.spaces.Sequence(gym.spaces.Discrete(3)), "Sequence"),
+    (gym.spaces.Dict({"outer": gym.spaces.Dict({"inner": gym.spaces.Discrete(2)})}), "nested Dict"),
+    (gym.spaces.Dict({"mission": gym.spaces.Text(10)}), "no key rlspeed can encode"),
+])
+def test_spaces_no_encoder_handles_are_refused_in_one_sentence(space, named):
+    with pytest.raises(UserError, match=named) as error:
+        check_observation_space(space, "Some-v0")
+    message = str(error.value)
+    assert "\n" not in message and "'Some-v0'" in message and "gymnasium" in message  # names the fix
+
+
+class _TextObservationEnv(gym.Env):
+    observation_space = gym.spaces.Text(8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return "a", {}
+
+    def step(self, action):
+        return "b", 0.0, True, False, {}
+
+
+def test_an_env_with_a_text_observation_is_refused_before_training():
+    vector_env = gym.vector.SyncVectorEnv([_TextObservationEnv], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(UserError, match="Text observation space"):
+        rlspeed.PPO(vector_env)
+
+
+def test_an_unencodable_dict_key_is_dropped_with_one_warning_naming_it():
+    space = gym.spaces.Dict({"image": _box((7, 7, 3)), "mission": gym.spaces.Text(10)})
+    with pytest.warns(UserWarning, match="'mission' \\(Text\\)"):
+        checked = check_observation_space(space, "Some-v0")
+    assert list(checked.spaces) == ["image"]
+
+
+def test_spaces_round_trip_through_strict_json():
+    import json
+
+    for space in [gym.spaces.Box(-np.inf, np.inf, (3,)), _box((7, 7, 3)), gym.spaces.Discrete(5, start=1),
+                  gym.spaces.MultiDiscrete([2, 3]), gym.spaces.MultiBinary(4),
+                  gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.Box(0.0, 1.0, (2,))})]:
+        assert space_from_json(json.loads(json.dumps(space_to_json(space), allow_nan=False))) == space
+
+
+# --- dtypes kept from the env to the storage ----------------------------------------------------------------------
+def test_minigrid_dict_observations_stay_uint8_and_int64_from_env_to_rollout_storage(minigrid_id):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the dropped mission key: see test_an_unencodable_dict_key_...)
+        env = make_env(minigrid_id, num_envs=2, seed=0)
+    obs, _ = env.reset()
+    assert obs["image"].dtype == torch.uint8 and obs["image"].shape == (2, 7, 7, 3)
+    assert obs["direction"].dtype == torch.int64 and "mission" not in obs
+    env.close()
+    model = rlspeed.PPO(minigrid_id, seed=0, **ON_POLICY)
+    seen = []  # what the CNN gets in the update: minibatches of uint8 rows, never a float copy of the rollout
+    model.policy.encoder.encoders["image"].register_forward_pre_hook(lambda _, args: seen.append(
+        (args[0].dtype, args[0].shape[0])))
+    model.learn(64, progress_bar=False)
+    buffer = model.buffer
+    assert buffer.obs["image"].dtype == torch.uint8 and buffer.next_obs["image"].dtype == torch.uint8
+    assert buffer.obs["direction"].dtype == torch.int64
+    assert {dtype for dtype, _ in seen} == {torch.uint8}
+    assert max(rows for _, rows in seen) == ON_POLICY["num_envs"] * ON_POLICY["num_steps"]  # (GAE's one pass)
+    assert ON_POLICY["batch_size"] in {rows for _, rows in seen}
+    # bytes per step: image 147 + direction 8, twice (obs and next obs), then the scalar fields
+    assert buffer.bytes_per_step() == 2 * (147 + 8) + 8 + 4 * 3 + 2
+
+
+def test_minatar_bool_images_stay_bool_in_the_replay_buffer_and_its_memory_report_counts_bytes(minatar_id):
+    model = rlspeed.DQN(minatar_id, seed=0, learning_starts=32, batch_size=8, buffer_size=1000, **SMALL)
+    model.learn(64, progress_bar=False)
+    assert model.buffer.obs.dtype == torch.bool and model.buffer.next_obs.dtype == torch.bool
+    assert model.buffer.bytes_per_transition == 2 * 400 + 4 * 3 + 8  # obs + next obs as bytes, 3 floats, an index
+    assert "small CNN encoder" in model.report()
+
+
+def test_replay_buffer_stores_dict_observations_per_key_and_samples_them_back():
+    space = gym.spaces.Dict({"image": _box((2, 2, 1)), "id": gym.spaces.Box(-np.inf, np.inf, (1,))})
+    buffer = ReplayBuffer(16, 2, space, (), torch.int64, "cpu")
+    assert buffer.obs["image"].dtype == torch.uint8 and buffer.obs["id"].dtype == torch.float32
+    for step in range(5):
+        ids = torch.tensor([[2.0 * step], [2.0 * step + 1]])
+        obs = {"image": ids.view(2, 1, 1, 1).expand(2, 2, 2, 1).to(torch.uint8), "id": ids}
+        next_obs = {"image": obs["image"] + 100, "id": ids + 100}
+        buffer.add(obs, torch.tensor([step, step]), ids.view(-1), next_obs, torch.zeros(2, dtype=torch.bool),
+                   torch.zeros(2, dtype=torch.bool))
+    batch = buffer.sample(64, generator=torch.Generator().manual_seed(0))
+    ids = batch["obs"]["id"].view(-1)
+    assert batch["obs"]["image"].dtype == torch.uint8
+    assert torch.equal(batch["obs"]["image"][:, 0, 0, 0].float(), ids)  # each key's rows stay together
+    assert torch.equal(batch["next_obs"]["id"].view(-1), ids + 100) and torch.equal(batch["rewards"], ids)
+    assert torch.equal(batch["actions"].float(), torch.div(ids, 2, rounding_mode="floor"))
+
+
+def test_rollout_buffer_stores_dict_observations_per_key():
+    space = gym.spaces.Dict({"image": _box((3, 3, 1)), "direction": gym.spaces.Discrete(4)})
+    buffer = RolloutBuffer(2, 3, space, (), torch.int64, torch.device("cpu"))
+    obs = {"image": torch.full((3, 3, 3, 1), 7, dtype=torch.uint8), "direction": torch.tensor([0, 1, 3])}
+    zeros = torch.zeros(3)
+    buffer.add(1, obs, obs, torch.zeros(3, dtype=torch.int64), zeros, zeros, zeros, zeros.bool(), zeros.bool())
+    assert buffer.obs["image"].dtype == torch.uint8 and buffer.obs["image"][1].eq(7).all()
+    assert buffer.obs["direction"][1].tolist() == [0, 1, 3] and buffer.obs["direction"][0].eq(0).all()
+
+
+def test_dict_replay_buffer_survives_save_and_resume(minigrid_id, tmp_path):
+    options = {"learning_starts": 10_000, "buffer_size": 512, "train_freq": 4, **SMALL}
+    model = rlspeed.DQN(minigrid_id, seed=0, save_replay_buffer=True, **options)
+    model.learn(64, progress_bar=False)
+    model.save(tmp_path / "model")
+    resumed = rlspeed.DQN(minigrid_id, seed=0, **options)
+    resumed.resume(tmp_path / "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (Gymnasium envs restart their episodes on resume, with a warning)
+        resumed.learn(4, progress_bar=False)
+    for key in ("image", "direction"):
+        assert torch.equal(resumed.buffer.obs[key][:64], model.buffer.obs[key][:64])
+
+
+# --- every policy kind: save/load gives the same actions; predict takes numpy dicts --------------------------------
+def _pendulum(kind: str, num_envs: int = 2) -> gym.vector.VectorEnv:
+    """Pendulum-v1 whose observation is a Dict (the float state and a coarse uint8 image of it) or that image."""
+    image_space = _box((6, 6, 1))
+
+    def image(obs):
+        return np.full((6, 6, 1), int((obs[0] + 1) * 100), dtype=np.uint8)
+
+    if kind == "dict":
+        space = gym.spaces.Dict({"state": gym.spaces.Box(-8.0, 8.0, (3,)), "image": image_space})
+
+        def wrap(env):
+            return gym.wrappers.TransformObservation(env, lambda o: {"state": o, "image": image(o)}, space)
+    else:
+        def wrap(env):
+            return gym.wrappers.TransformObservation(env, image, image_space)
+    return gym.make_vec("Pendulum-v1", num_envs=num_envs, vectorization_mode="sync", wrappers=[wrap],
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+
+def _same_actions_after_load(model, tmp_path, obs):
+    model.save(tmp_path / "model")
+    loaded = type(model).load(tmp_path / "model")
+    assert loaded.spec.observation_space == model.spec.observation_space
+    if isinstance(model, RecurrentPPO):
+        expected, _ = model.act_with_state(obs, None, None)
+        got, _ = loaded.act_with_state(obs, None, None)
+    else:
+        expected, got = model.act(obs), loaded.act(obs)
+    assert torch.equal(expected, got)
+    return loaded
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c", "recurrent_ppo", "dqn"])
+def test_discrete_action_policies_on_dict_observations_save_and_load(algo, minigrid_id, tmp_path):
+    cls = {"ppo": rlspeed.PPO, "a2c": rlspeed.A2C, "recurrent_ppo": RecurrentPPO, "dqn": rlspeed.DQN}[algo]
+    options = {"dqn": {"learning_starts": 16, "batch_size": 8, **SMALL},
+               "a2c": {"num_envs": 4, **SMALL},
+               "recurrent_ppo": {**ON_POLICY, "lstm_hidden_size": 8}}.get(algo, ON_POLICY)
+    model = cls(minigrid_id, seed=0, **options)
+    model.learn(64, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        env = make_env(minigrid_id, num_envs=3, seed=1)
+    obs, _ = env.reset()
+    env.close()
+    _same_actions_after_load(model, tmp_path, obs)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_image_and_discrete_observation_policies_save_and_load(algo, minatar_id, tmp_path):
+    cls = rlspeed.PPO if algo == "ppo" else rlspeed.DQN
+    options = ON_POLICY if algo == "ppo" else {"learning_starts": 16, "batch_size": 8, **SMALL}
+    for env_id in (minatar_id, "FrozenLake-v1"):
+        model = cls(env_id, seed=0, **options)
+        model.learn(64, progress_bar=False)
+        obs, _ = make_env(env_id, num_envs=3, seed=1).reset()
+        _same_actions_after_load(model, tmp_path, obs)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3", "ddpg", "ppo"])
+@pytest.mark.parametrize("kind", ["dict", "image"])
+def test_box_action_policies_on_dict_and_image_observations_save_and_load(algo, kind, tmp_path):
+    cls = {"sac": rlspeed.SAC, "td3": rlspeed.TD3, "ddpg": rlspeed.DDPG, "ppo": rlspeed.PPO}[algo]
+    options = ({"num_envs": 2, "num_steps": 8, "batch_size": 16, "n_epochs": 1, **SMALL} if algo == "ppo"
+               else {"learning_starts": 16, "batch_size": 8, **SMALL})
+    model = cls(_pendulum(kind), seed=0, **options)
+    model.learn(48, progress_bar=False)
+    assert model.update_summary()["implementation"] != "hand-derived"  # encoders train with the autograd reference
+    obs, _ = make_env(_pendulum(kind, num_envs=3)).reset(seed=3)
+    _same_actions_after_load(model, tmp_path, obs)
+
+
+def test_float_vector_policies_keep_the_hand_derived_update():
+    for model in (rlspeed.PPO("CartPole-v1", seed=0), rlspeed.DQN("CartPole-v1", seed=0),
+                  rlspeed.SAC("Pendulum-v1", seed=0)):
+        assert model.update_summary()["implementation"] == "hand-derived"
+        assert getattr(model.policy, "encoder", None) is None
+
+
+def test_predict_takes_a_numpy_dict_as_the_env_returns_it(minigrid_id):
+    model = rlspeed.PPO(minigrid_id, seed=0, **ON_POLICY)
+    env = gym.make(minigrid_id)
+    obs, _ = env.reset(seed=0)  # with its text mission, which the model ignores
+    action, _ = model.predict(obs)
+    assert isinstance(action, np.ndarray) and action.shape == () and 0 <= int(action) < 7
+    batch = {key: np.stack([obs[key]] * 3) for key in ("image", "direction")}
+    actions, _ = model.predict(batch)
+    assert actions.shape == (3,) and len(set(actions.tolist())) == 1  # deterministic: the same obs, the same action
+    with pytest.raises(UserError, match="Dict observations"):
+        model.predict(obs["image"])
+
+
+def test_observation_normalisation_applies_to_float_keys_only():
+    env = make_env(_pendulum("dict"), normalize_obs=True)
+    model = rlspeed.PPO(env, seed=0, num_steps=8, batch_size=16, n_epochs=1, **SMALL)
+    model.learn(32, progress_bar=False)
+    assert set(model.obs_rms.stats) == {"state"}
+    assert model.buffer.obs["image"].dtype == torch.uint8 and model.buffer.obs["image"].max() > 1  # not normalised
+    assert model.buffer.obs["state"].abs().max() <= 10.0  # normalised and clipped
+    with pytest.raises(UserError, match="normalize_obs applies to float vector observations"):
+        make_env(_pendulum("image"), normalize_obs=True)
+
+
+def test_evaluating_on_an_env_with_other_observations_is_refused():
+    model = rlspeed.PPO("FrozenLake-v1", seed=0)
+    with pytest.raises(UserError, match="does not fit this model"):
+        model.evaluate(episodes=1, env_id="Taxi-v3" if "Taxi-v3" in gym.registry else "Taxi-v4")
+
+
+def test_env_spec_defaults_to_float_vectors_for_native_envs():
+    spec = EnvSpec("X-v0", (3,), gym.spaces.Discrete(2), None, None)
+    assert spec.observation_space == gym.spaces.Box(-np.inf, np.inf, (3,)) and spec.float_vector_obs
