@@ -25,8 +25,11 @@ def unsupported_reason(q_network: nn.Module) -> str | None:
         return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     if getattr(q_network, "dueling", True):
         return "dueling=true (the hand-derived update covers plain Q-network MLPs)"
-    if sequential_linears(q_network.body) is None:
+    found = sequential_linears(q_network.body)
+    if found is None:
         return "a Q-network that is not a tanh or relu MLP"
+    if len(found[0]) < 2:
+        return "net_arch=[] (the hand-derived update covers MLPs with hidden layers)"
     return None
 
 

@@ -45,6 +45,8 @@ def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
             return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     body = sequential_linears(getattr(actor, "net", None))
     activation = getattr(getattr(critic, "body", None), "activation", None)
+    if body is not None and len(body[0]) < 2:
+        return "net_arch=[] (the hand-derived update covers MLPs with hidden layers)"
     if body is None or not isinstance(activation, (nn.ReLU, nn.Tanh)):
         name = type(activation).__name__.lower() if activation is not None else type(critic).__name__
         return f"activation={name} or a non-MLP network (the hand-derived update covers tanh and relu MLPs)"
