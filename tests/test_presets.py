@@ -252,7 +252,7 @@ def test_auto_takes_rl_zoos_preset_where_rlspeed_has_none_and_says_so(algo, env_
 
 @requires_zoo
 def test_auto_falls_back_to_the_default_when_rl_zoos_entry_needs_what_rlspeed_has_not():
-    preset = load_preset("ppo", "PongNoFrameskip-v4", "auto")  # RL-Zoo's atari entry: CNN, frame stack, wrapper
+    preset = load_preset("ppo", "AlienNoFrameskip-v4", "auto")  # no rlspeed entry; RL-Zoo's needs a wrapper
     assert preset.source == "rlspeed-default" and "frame_stack" in preset.message()
     with pytest.raises(UserError, match="frame_stack"):
         load_preset("ppo", "PongNoFrameskip-v4", "zoo")

@@ -683,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--num-envs", type=_whole(1), default=None, help="parallel envs (default: preset)")
     model.add_argument("--seed", type=_seed, default=0)
     model.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
-    model.add_argument("--env-backend", default="auto", choices=["auto", "torch", "gymnasium", "gymnasium-async"])
+    model.add_argument("--env-backend", default="auto",
+                       choices=["auto", "torch", "gymnasium", "gymnasium-async", "envpool"])
     model.add_argument("--accelerate", default="off", choices=["auto", "off"])
     model.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
@@ -731,7 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=_whole(1), default=10)
     ev.add_argument("--seed", type=_seed, default=None)
     ev.add_argument("--device", default="auto")
-    ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium"],
+    ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],
                     help="(default: the one the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide)")

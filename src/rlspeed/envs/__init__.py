@@ -10,9 +10,12 @@ import gymnasium as gym
 import torch
 
 from rlspeed.device import resolve_device
+from rlspeed.envs import atari
 from rlspeed.envs.acrobot import Acrobot
 from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics
 from rlspeed.envs.cartpole import CartPole
+from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
+from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
 from rlspeed.envs.mountain_car import MountainCar
@@ -24,7 +27,7 @@ from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
 from rlspeed.errors import UserError
 
-BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async")
+BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async", "envpool")
 
 register_native_envs()  # `gymnasium.make("rlspeed/CartPole-v1")` etc.
 
@@ -74,14 +77,21 @@ def _looks_like_atari(env_id: str) -> bool:
 
 
 def _check_registered(env_id: str) -> None:
-    """UserError saying what to install for an unregistered id of a known family (Atari: ale-py)."""
+    """Register ale-py's envs on the first Atari id (`atari.register_atari`); UserError saying what to install for
+    an unregistered id of a known family (Atari: ale-py)."""
     if env_id in gym.registry or not _looks_like_atari(env_id):
         return
-    if importlib.util.find_spec("ale_py") is None:
+    if not atari.register_atari():
         raise UserError(f"'{env_id}' is an Atari id, and Atari envs need ale-py: pip install ale-py "
-                        "(or \"gymnasium[atari]\").")
-    raise UserError(f"'{env_id}' is an Atari id: ale-py is installed but its envs are registered only once it is "
-                    f"imported; use ale_py:{env_id} (or --gym-packages ale_py on the command line).")
+                        "(or \"rlspeed[atari]\").")
+
+
+def _envpool_for_auto(env_id: str) -> bool:
+    """Whether `auto` takes EnvPool for `env_id`: for Atari image ids, when EnvPool is installed (its C++ threads
+    step, preprocess and stack the frames of all envs, which the Gymnasium backend does env by env in Python).
+    MuJoCo and classic control stay on the Gymnasium (or native) envs, which step as fast or faster for the few
+    envs their presets use; docs/atari-mujoco.md has the measurements and says how to re-measure."""
+    return atari.is_atari(env_id) and envpool_task(env_id) is not None
 
 
 #: What to install for a module an env family needs, by the missing module's top-level name.
@@ -112,14 +122,24 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
                     device: str | torch.device | None = None) -> str:
     """Which backend `make_env` will use. `auto` picks the native env when one exists for the id, except on a
     CPU with fewer than `CPU_NATIVE_MIN_ENVS` envs (when `num_envs` and `device` are given), where Gymnasium's
-    are faster."""
+    are faster; EnvPool for Atari ids when it is installed; else Gymnasium. `envpool`
+    without EnvPool, or for an id it lacks, is a UserError naming what to do."""
     env_id = import_env_module(env_id)
     if backend not in BACKENDS:
         raise UserError(f"Unknown env backend '{backend}': use one of {', '.join(BACKENDS)}.")
+    _check_registered(env_id)
     if backend == "auto":
         few_on_cpu = (num_envs is not None and num_envs < CPU_NATIVE_MIN_ENVS and device is not None
                       and torch.device(device).type == "cpu")
-        return "torch" if env_id in NATIVE_ENVS and not few_on_cpu else "gymnasium"
+        if env_id in NATIVE_ENVS and not few_on_cpu:
+            return "torch"
+        return "envpool" if _envpool_for_auto(env_id) else "gymnasium"
+    if backend == "envpool":
+        if not envpool_installed():
+            raise UserError(f"--env-backend envpool needs EnvPool: {ENVPOOL_INSTALL}.")
+        if envpool_task(env_id) is None:
+            raise UserError(f"EnvPool has no env for '{env_id}' (`envpool.list_all_envs()` lists its ids); use "
+                            "--env-backend gymnasium.")
     if backend == "torch" and env_id not in NATIVE_ENVS:
         raise UserError(f"No device-native version of '{env_id}' exists (native: {', '.join(NATIVE_ENVS)}); "
                         "use --env-backend gymnasium.")
@@ -134,10 +154,12 @@ def env_spec(env_id: str) -> EnvSpec:
     _check_registered(env_id)
     spec = gym_spec(env_id)
     try:
-        env = gym.make(spec.id)
+        env = atari.make_atari_env(spec.id) if atari.is_atari(env_id) else gym.make(spec.id)
     except (ImportError, gym.error.DependencyNotInstalled) as error:
         raise _dependency_error(env_id, error) from None
     try:
+        if atari.is_atari(env_id):
+            return atari.atari_spec(env_id, env)
         return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
                                    spec.reward_threshold)
     finally:
@@ -151,14 +173,19 @@ NATIVE_OPTIONS = ("state_dtype", "compile")
 
 def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str | torch.device = "auto",
              seed: int | None = None, backend: str = "auto", normalize_obs: bool = False,
-             normalize_reward: bool = False, gamma: float = 0.99, **kwargs) -> BatchedEnv:
+             normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False, **kwargs) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (README.md, "Envs", has the contract).
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
     VecEnv (`SB3VecEnv`: its same-step resets and `terminal_observation` map onto the contract). `backend` is
-    `auto` (the native torch env when one exists, unless fewer than 16 envs on a CPU; else Gymnasium), `torch`,
-    `gymnasium` (in-process) or `gymnasium-async` (one subprocess per env). The returned env reports raw episode
-    returns in `info["episode_return"]` where `info["done"]`, and is seeded by `seed` on its first `reset()`.
+    `auto` (the native torch env when one exists, unless fewer than 16 envs on a CPU; EnvPool for Atari ids when
+    it is installed; else Gymnasium), `torch`, `gymnasium` (in-process), `gymnasium-async` (one subprocess
+    per env) or `envpool` (`EnvPoolEnv`). The returned env reports raw episode returns in `info["episode_return"]`
+    where `info["done"]`, and is seeded by `seed` on its first `reset()`.
+
+    Atari ids get the standard preprocessing (`rlspeed.envs.atari`: uint8 `[N, 4, 84, 84]` frame stacks) and, for
+    training, a lost life ends the learner's episode and rewards are clipped to their sign; `evaluation=True` builds
+    the evaluation variant without those two (full games, raw rewards). Other envs are the same either way.
 
     Other keywords: `state_dtype=` and `compile=` are native-env options (`NativeEnv`) and make `auto` pick the
     native env; any other keyword is an option of the Gymnasium env (`gymnasium.make(env_id, **kwargs)`, e.g.
@@ -168,6 +195,7 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     if num_envs < 1:
         raise UserError(f"num_envs must be at least 1, got {num_envs}.")
     device = resolve_device(device)
+    atari_game = False
     if isinstance(env_id, gym.vector.VectorEnv) or is_sb3_vec_env(env_id):
         if kwargs:
             raise UserError(f"make_env(vector_env, ...) takes no env options ({', '.join(kwargs)}): the vector env "
@@ -188,6 +216,8 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
             backend = "gymnasium"  # env options exist only for Gymnasium's envs
         # native-only options (compile=..., state_dtype=...) ask for the native env whatever the number of envs
         chosen = resolve_backend(env_id, backend, None if native_kwargs else num_envs, device)
+        # (an Atari game asked for with obs_type="ram" observes 128 bytes of RAM: no image preprocessing)
+        atari_game = atari.is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
         if chosen == "torch":
             if env_kwargs:
                 raise UserError(f"The native env '{env_id}' takes no env options ({', '.join(env_kwargs)}); its "
@@ -198,13 +228,23 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
             if native_kwargs:
                 raise UserError(f"The native-env options ({', '.join(native_kwargs)}) apply only to backend "
                                 f"'torch', not to '{chosen}'.")
-            vectorization = "async" if chosen == "gymnasium-async" else "sync"
-            try:
-                env = GymnasiumEnv(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
-                                   env_kwargs=env_kwargs)
-            except (ImportError, gym.error.DependencyNotInstalled) as error:
-                raise _dependency_error(env_id, error) from None
-    env = _SeedOnFirstReset(EpisodeStatistics(env), seed)
+            if chosen == "envpool":
+                if env_kwargs:
+                    raise UserError(f"The envpool backend takes no Gymnasium env options ({', '.join(env_kwargs)}); "
+                                    "use backend='gymnasium' to pass them to gymnasium.make.")
+                env = EnvPoolEnv(env_id, num_envs=num_envs, device=device, seed=seed)
+            else:
+                vectorization = "async" if chosen == "gymnasium-async" else "sync"
+                kind = atari.AtariGymnasiumEnv if atari_game else GymnasiumEnv
+                try:
+                    env = kind(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
+                               env_kwargs=env_kwargs)
+                except (ImportError, gym.error.DependencyNotInstalled) as error:
+                    raise _dependency_error(env_id, error) from None
+    env = EpisodeStatistics(env)
+    if atari_game and not evaluation:
+        env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores
+    env = _SeedOnFirstReset(env, seed)
     if normalize_obs:
         env = NormalizeObservation(env)
     if normalize_reward:
@@ -271,5 +311,6 @@ class _SeedOnFirstReset(EnvWrapper):
 
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv", "CartPole",
            "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
-           "RunningMeanStd", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend",
+           "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS",
+           "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend",
            "import_env_module", "import_gym_packages", "missing_dependency", "EnvStepError"]

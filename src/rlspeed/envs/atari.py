@@ -1,0 +1,190 @@
+"""Atari games (ale-py) with the standard preprocessing, as batched envs of uint8 frame stacks.
+
+Every Atari image id (`BreakoutNoFrameskip-v4`, `ALE/Breakout-v5`, ...) is built as Gymnasium's
+`AtariPreprocessing` (up to 30 no-op actions at reset, 4 frames per step with the last two max-pooled, 84x84
+greyscale) followed by `FrameStackObservation(4)`: observations are uint8 `[N, 4, 84, 84]`, the stack as channels.
+Ids whose registered env skips frames itself (the v5 ids: 4 frames, sticky actions) are made with `frameskip=1`, so
+that the wrapper does the skipping; their sticky actions stay.
+
+Two transforms apply to training only, and sit outside `EpisodeStatistics` (`AtariTraining`, applied by `make_env`
+unless `training=False`): a lost life ends the learner's episode (`terminated`; the game itself goes on, as in
+Stable-Baselines3's `EpisodicLifeEnv` and EnvPool's `episodic_life`), and rewards are clipped to their sign. So the
+episode returns every env reports (`info["episode_return"]` where `info["done"]`) are whole games' raw scores, in
+training as in evaluation. Both Atari adapters (this Gymnasium one and `rlspeed.envs.envpool_env`) report each
+env's lives in `info["lives"]` (int32 `[N]`), which `AtariTraining` reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper
+from rlspeed.envs.gymnasium_env import GymnasiumEnv
+from rlspeed.errors import UserError
+
+#: The standard preprocessing (Mnih et al. 2015; Machado et al. 2018 for the v5 ids' sticky actions).
+NOOP_MAX = 30
+FRAME_SKIP = 4
+SCREEN_SIZE = 84
+FRAME_STACK = 4
+
+_ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
+_registered = False
+
+
+def register_atari() -> bool:
+    """Register ale-py's envs with Gymnasium (once; importing ale-py is deferred to the first Atari id). Returns
+    whether ale-py is installed."""
+    global _registered
+    if _registered:
+        return True
+    if importlib.util.find_spec("ale_py") is None:
+        return False
+    import ale_py
+
+    gym.register_envs(ale_py)
+    _registered = True
+    return True
+
+
+def is_atari(env_id: str) -> bool:
+    """Whether `env_id` is a registered Atari game with image observations (not a `-ram` id), once ale-py's envs
+    are registered (`register_atari`)."""
+    spec = gym.registry.get(env_id)
+    return (spec is not None and spec.entry_point == _ALE_ENTRY_POINT
+            and (spec.kwargs or {}).get("obs_type", "rgb") in ("rgb", "grayscale"))
+
+
+def max_episode_steps(env_id: str) -> int:
+    """Agent steps per game at most: ALE truncates a game after `max_num_frames_per_episode` frames (108,000 for
+    the registered ids, 30 minutes of play), and each agent step is `FRAME_SKIP` frames."""
+    frames = (gym.spec(env_id).kwargs or {}).get("max_num_frames_per_episode") or 108_000
+    return int(frames) // FRAME_SKIP
+
+
+def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
+    """One Atari env with the standard preprocessing (module docstring): what each row of the Gymnasium backend
+    is, and what the EnvPool backend reproduces. `env_kwargs` go to `gymnasium.make` (e.g.
+    `repeat_action_probability=0.0`)."""
+    registered = gym.spec(env_id).kwargs or {}
+    if registered.get("frameskip", 1) != 1:
+        env_kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself and refuses an env that does
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP,
+                                              screen_size=SCREEN_SIZE, terminal_on_life_loss=False,
+                                              grayscale_obs=True, scale_obs=False)
+    except gym.error.DependencyNotInstalled as error:
+        env.close()
+        raise UserError(f"Atari preprocessing needs OpenCV ({error}): pip install opencv-python-headless "
+                        "(or \"rlspeed[atari]\").") from None
+    return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
+
+
+def atari_spec(env_id: str, env: gym.Env) -> EnvSpec:
+    """The EnvSpec of a preprocessed Atari env (`make_atari_env`'s) of `env_id`."""
+    return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, max_episode_steps(env_id),
+                               gym.spec(env_id).reward_threshold)
+
+
+class _RecordLives(gym.vector.VectorWrapper):
+    """Keeps the lives of the last step's info (ALE puts them there) of a subprocess vector env."""
+
+    def __init__(self, env: gym.vector.VectorEnv):
+        super().__init__(env)
+        self.lives = np.zeros(env.num_envs, dtype=np.int32)
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.lives = np.asarray(info["lives"], dtype=np.int32)
+        return obs, info
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.lives = np.asarray(info["lives"], dtype=np.int32)
+        return obs, reward, terminated, truncated, info
+
+
+class AtariGymnasiumEnv(GymnasiumEnv):
+    """N preprocessed Atari envs (`make_atari_env`) in a Gymnasium vector env (sync or subprocesses), SAME_STEP
+    autoreset, with each env's lives in `info["lives"]`."""
+
+    def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu",
+                 vectorization: str = "sync", env_kwargs: dict | None = None):
+        if vectorization not in ("sync", "async"):
+            raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
+        env_kwargs = dict(env_kwargs or {})
+        probe = make_atari_env(env_id, **env_kwargs)  # fails here, in this process, on a bad option
+        try:
+            spec = atari_spec(env_id, probe)
+        finally:
+            probe.close()
+        factories = [lambda: make_atari_env(env_id, **env_kwargs)] * num_envs
+        vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False}
+        if vectorization == "sync":
+            vector_env = gym.vector.SyncVectorEnv(factories, **vector_kwargs)
+        else:
+            vector_env = _RecordLives(gym.vector.AsyncVectorEnv(factories, **vector_kwargs))
+        super().__init__(env_id, vector_env=vector_env, device=device)
+        self.spec = spec  # the id's time limit in agent steps (the vector env's spec has none)
+
+    def _lives(self) -> torch.Tensor:
+        if self._sync_envs is not None:
+            lives = np.fromiter((env.unwrapped.ale.lives() for env in self._sync_envs), np.int32, self.num_envs)
+        else:
+            lives = self.vector_env.lives
+        return torch.as_tensor(lives, device=self.device)
+
+    def reset(self, seed: int | None = None):
+        """Reset the N games (env i seeded with `seed + i`); info holds their lives."""
+        obs, info = super().reset(seed=seed)
+        return obs, {**info, "lives": self._lives()}
+
+    def step(self, actions: torch.Tensor):
+        """Step the N games (finished ones restart in the same step); info adds their lives."""
+        obs, reward, terminated, truncated, info = super().step(actions)
+        info["lives"] = self._lives()
+        return obs, reward, terminated, truncated, info
+
+
+class AtariTraining(EnvWrapper):
+    """The training-only Atari transforms: a lost life ends the learner's episode, and rewards are clipped to their
+    sign (module docstring). Wraps an env whose info carries `lives` (both Atari adapters, under EpisodeStatistics).
+
+    A row whose life was lost is `terminated` but not reset: the game goes on, so its `obs` is the next state of the
+    same game and `info["final_obs"]` equals it. `info["done"]` and the episode statistics still mark whole games.
+    """
+
+    def __init__(self, env: BatchedEnv, episodic_life: bool = True, clip_rewards: bool = True):
+        super().__init__(env)
+        self.episodic_life, self.clip_rewards = episodic_life, clip_rewards
+        self._lives = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
+
+    def reset(self, seed: int | None = None):
+        """Reset the inner env and note each game's lives."""
+        obs, info = self.env.reset(seed=seed)
+        self._lives = info["lives"]
+        return obs, info
+
+    def step(self, actions: torch.Tensor):
+        """Step the inner env; a life lost (fewer lives, same game) sets `terminated`; rewards become their sign."""
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        lives = info["lives"]
+        if self.episodic_life:
+            # a finished game restarts with its full lives, so only a drop within one game counts
+            terminated = terminated | ((lives < self._lives) & ~(terminated | truncated))
+        self._lives = lives
+        if self.clip_rewards:
+            reward = torch.sign(reward)
+        return obs, reward, terminated, truncated, info
+
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        return {"_lives": self._lives}
+
+
+__all__ = ["register_atari", "is_atari", "make_atari_env", "atari_spec", "max_episode_steps", "AtariGymnasiumEnv",
+           "AtariTraining", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]

@@ -1,0 +1,183 @@
+"""EnvPool backend: EnvPool's batched C++ envs (Atari, MuJoCo, classic control) under the batched env contract.
+
+EnvPool (an optional extra: `pip install envpool`) resets a finished env on the NEXT step, ignoring that step's
+action. The contract is SAME_STEP, so this adapter resets finished envs right after the step that finished them
+(`reset(env_ids)`, which clears their done flag, so the next step steps them): the step's observations of finished
+rows become `info["final_obs"]` and the reset ones take their place in `obs`.
+
+Atari ids map to EnvPool's `<Game>-v5` task with the same preprocessing as `rlspeed.envs.atari` (no-op reset 30,
+frame skip 4 with max-pooling, 84x84 grey, 4 stacked frames, the id's sticky-action probability, no fire on reset)
+and full games; the training-only transforms (episodic life, reward clipping) are `AtariTraining`, as for the
+Gymnasium backend, fed by `info["lives"]`. What still differs from the Gymnasium backend: EnvPool's own random
+streams (the same seed gives other games and no-op counts) and its own resize code (pixels may differ by one level).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlspeed.envs import atari
+from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.errors import UserError
+
+INSTALL = "pip install envpool"
+
+
+def envpool_installed() -> bool:
+    """Whether the envpool package can be imported."""
+    return importlib.util.find_spec("envpool") is not None
+
+
+def _all_envpool_ids() -> frozenset[str]:
+    import envpool
+
+    return frozenset(envpool.list_all_envs())
+
+
+def envpool_task(env_id: str) -> str | None:
+    """EnvPool's task id for a Gymnasium id (Atari image ids as `<Game>-v5`; others by their own name), or None
+    when EnvPool lacks it or is not installed."""
+    if not envpool_installed():
+        return None
+    ids = _all_envpool_ids()
+    if atari.register_atari() and atari.is_atari(env_id):
+        game = _atari_game(env_id)
+        task = f"{game}-v5" if game else None
+        return task if task in ids else None
+    return env_id if env_id in ids else None
+
+
+def _atari_game(env_id: str) -> str | None:
+    """The game's CamelCase name in an Atari id: ALE/Breakout-v5, BreakoutNoFrameskip-v4, Breakout-v4 -> Breakout."""
+    match = re.match(r"^(?:ALE/)?([A-Za-z0-9]+?)(?:NoFrameskip|Deterministic)?-v\d+$", env_id)
+    return match.group(1) if match else None
+
+
+def _float32(space: gym.Space) -> gym.Space:
+    """EnvPool's float64 Boxes (MuJoCo) as the float32 ones the contract gives (and Gymnasium's MuJoCo actions)."""
+    if isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating) and space.dtype != np.float32:
+        return gym.spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), space.shape, np.float32)
+    return space
+
+
+class EnvPoolEnv(BatchedEnv):
+    """`num_envs` EnvPool envs of one task, stepped together (EnvPool's sync mode), SAME_STEP autoreset.
+
+    `seed` seeds the pool when it is made (EnvPool seeds env i with `seed + i`); `reset(seed=s)` with another seed
+    makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids add `info["lives"]`.
+    """
+
+    backend = "envpool"
+
+    def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None,
+                 num_threads: int = 0):
+        if not envpool_installed():
+            raise UserError(f"The envpool backend needs EnvPool: {INSTALL}.")
+        task = envpool_task(env_id)
+        if task is None:
+            raise UserError(f"EnvPool has no env for '{env_id}'; use --env-backend gymnasium (or auto).")
+        self.env_id, self.task, self.num_envs, self.device = env_id, task, num_envs, torch.device(device)
+        self.num_threads = num_threads
+        self.atari = atari.is_atari(env_id)
+        self._options: dict = {}
+        max_steps = None
+        if self.atari:
+            registered = gym.spec(env_id).kwargs or {}
+            max_steps = atari.max_episode_steps(env_id)
+            self._options = {"episodic_life": False, "reward_clip": False, "use_fire_reset": False,
+                             "noop_max": atari.NOOP_MAX, "frame_skip": atari.FRAME_SKIP, "stack_num": atari.FRAME_STACK,
+                             "img_height": atari.SCREEN_SIZE, "img_width": atari.SCREEN_SIZE, "gray_scale": True,
+                             "repeat_action_probability": float(registered.get("repeat_action_probability", 0.0)),
+                             "full_action_space": bool(registered.get("full_action_space", False)),
+                             "max_episode_steps": max_steps}
+        self._seed = seed if seed is not None else random.randrange(2**31)
+        self.pool = self._make_pool(self._seed)
+        if max_steps is None:
+            max_steps = int(self.pool.spec.config.max_episode_steps)
+        registered_spec = gym.registry.get(env_id)
+        threshold = registered_spec.reward_threshold if registered_spec is not None else None
+        self.spec = EnvSpec.from_spaces(env_id, _float32(self.pool.observation_space),
+                                        _float32(self.pool.action_space), max_steps, threshold)
+        self._obs_dtype = np.float32 if self.spec.float_vector_obs else None
+        self._action_dtype = (np.int32 if isinstance(self.spec.action_space, gym.spaces.Discrete)
+                              else np.asarray(self.pool.action_space.sample()).dtype)
+
+    def _make_pool(self, seed: int):
+        import envpool
+
+        with warnings.catch_warnings():
+            # EnvPool builds float32 Boxes from float64 bounds, and Gymnasium warns about the cast on every make
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
+            pool = envpool.make(self.task, env_type="gymnasium", num_envs=self.num_envs, batch_size=self.num_envs,
+                                num_threads=self.num_threads, seed=int(seed), **self._options)
+            pool.observation_space, pool.action_space  # noqa: B018 (built once, here, under the filter)
+        return pool
+
+    def _in_order(self, values: tuple, env_ids: np.ndarray) -> tuple:
+        """Rows sorted by env id (EnvPool gives each batch's rows in the order the envs finished)."""
+        if np.array_equal(env_ids, np.arange(len(env_ids))):
+            return values
+        order = np.argsort(env_ids)
+        return tuple(value[order] for value in values)
+
+    def _obs(self, obs: np.ndarray) -> np.ndarray:
+        return obs.astype(self._obs_dtype) if self._obs_dtype is not None and obs.dtype != self._obs_dtype else obs
+
+    def _lives(self, info: dict) -> np.ndarray:
+        return np.asarray(info["lives"], dtype=np.int32)
+
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+        """Reset every env (a new `seed` makes the pool afresh with it); Atari ids put lives in info."""
+        if seed is not None and seed != self._seed:
+            self.pool.close()
+            self._seed = seed
+            self.pool = self._make_pool(seed)
+        obs, info = self.pool.reset()
+        if self.atari:
+            obs, lives = self._in_order((obs, self._lives(info)), info["env_id"])
+            return torch.as_tensor(obs, device=self.device), {"lives": torch.as_tensor(lives, device=self.device)}
+        (obs,) = self._in_order((obs,), info["env_id"])
+        return torch.as_tensor(self._obs(obs), device=self.device), {}
+
+    def step(self, actions: torch.Tensor):
+        """Step every env; finished ones are reset in the same step (module docstring)."""
+        actions_np = actions.detach().cpu().numpy().astype(self._action_dtype, copy=False)
+        if isinstance(self.spec.action_space, gym.spaces.Discrete):
+            actions_np = actions_np.reshape(-1)
+        obs, reward, terminated, truncated, info = self.pool.step(actions_np)
+        lives = self._lives(info) if self.atari else None
+        values = (obs, reward, terminated, truncated) + ((lives,) if self.atari else ())
+        values = self._in_order(values, info["env_id"])
+        obs, reward, terminated, truncated = values[:4]
+        obs = self._obs(obs)
+        finished = np.flatnonzero(terminated | truncated)
+        final = obs
+        if len(finished):
+            reset_obs, reset_info = self.pool.reset(finished.astype(np.int32))
+            order = np.argsort(reset_info["env_id"])  # rows of `finished`, which is sorted
+            obs = obs.copy()
+            obs[finished] = self._obs(reset_obs)[order]
+            if self.atari:
+                values = values[:4] + (values[4].copy(),)
+                values[4][finished] = self._lives(reset_info)[order]
+        obs_t = torch.as_tensor(obs, device=self.device)
+        info_out = {"final_obs": obs_t if final is obs else torch.as_tensor(final, device=self.device)}
+        if self.atari:
+            info_out["lives"] = torch.as_tensor(values[4], device=self.device)
+        return (obs_t, torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
+                torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),
+                torch.as_tensor(np.asarray(truncated, dtype=bool), device=self.device), info_out)
+
+    def close(self) -> None:
+        """Close the pool (its threads)."""
+        self.pool.close()
+
+
+__all__ = ["EnvPoolEnv", "envpool_installed", "envpool_task", "INSTALL"]

@@ -1,0 +1,153 @@
+"""Atari through ale-py: the standard preprocessing frame for frame, the training-only transforms (episodic life,
+reward clipping) against the evaluation variant, and the one-sentence errors. Skipped without ale-py or OpenCV."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+from rlspeed.envs import atari, env_spec, make_env, resolve_backend  # noqa: E402
+from rlspeed.errors import UserError  # noqa: E402
+
+atari.register_atari()
+
+
+def reference_env(env_id: str) -> gym.Env:
+    """The preprocessing spelt out with Gymnasium's own wrappers, as a user would write it."""
+    kwargs = {"frameskip": 1} if gym.spec(env_id).kwargs.get("frameskip", 1) != 1 else {}
+    env = gym.make(env_id, **kwargs)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False,
+                                          grayscale_obs=True, scale_obs=False)
+    return gym.wrappers.FrameStackObservation(env, 4)
+
+
+@pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
+def test_observations_match_gymnasiums_wrappers_frame_for_frame(env_id):
+    num_envs, seed, steps = 2, 7, 250
+    env = make_env(env_id, num_envs=num_envs, seed=seed, backend="gymnasium", evaluation=True, device="cpu")
+    references = [reference_env(env_id) for _ in range(num_envs)]
+    obs, info = env.reset()
+    assert obs.dtype == torch.uint8 and obs.shape == (num_envs, 4, 84, 84)
+    assert info["lives"].tolist() == [5, 5]
+    for i, reference in enumerate(references):
+        expected, _ = reference.reset(seed=seed + i)
+        assert np.array_equal(obs[i].numpy(), expected), f"env {i} differs at reset"
+    generator = torch.Generator().manual_seed(0)
+    finished = 0
+    for step in range(steps):
+        actions = torch.randint(0, 4, (num_envs,), generator=generator)
+        obs, reward, terminated, truncated, info = env.step(actions)
+        for i, reference in enumerate(references):
+            expected, expected_reward, done, cut, _ = reference.step(int(actions[i]))
+            assert np.array_equal(info["final_obs"][i].numpy(), expected), f"env {i} differs at step {step}"
+            assert float(reward[i]) == expected_reward and bool(terminated[i]) == done and bool(truncated[i]) == cut
+            if done or cut:
+                finished += 1
+                expected, _ = reference.reset()
+            assert np.array_equal(obs[i].numpy(), expected), f"env {i} differs after step {step}"
+    assert finished >= 1, "no game ended: the reset path was not compared"
+    env.close()
+
+
+def test_v5_ids_skip_frames_in_the_wrapper_and_keep_sticky_actions():
+    env = atari.make_atari_env("ALE/Breakout-v5")
+    try:
+        assert env.unwrapped._frameskip == 1
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+    finally:
+        env.close()
+    spec = env_spec("ALE/Breakout-v5")
+    assert spec.observation_shape == (4, 84, 84) and spec.observation_space.dtype == np.uint8
+    assert spec.action_space == gym.spaces.Discrete(4) and spec.max_episode_steps == 108_000 // 4
+
+
+def test_training_variant_ends_episodes_at_lost_lives_and_clips_rewards_but_reports_whole_games():
+    """Same seed and actions: the training env sees the evaluation env's frames, rewards clipped to their sign,
+    `terminated` also where a life was lost, and the same whole-game raw episode returns."""
+    env_id, num_envs, seed = "SpaceInvadersNoFrameskip-v4", 2, 3
+    train = make_env(env_id, num_envs=num_envs, seed=seed, backend="gymnasium", device="cpu")
+    evaluation = make_env(env_id, num_envs=num_envs, seed=seed, backend="gymnasium", evaluation=True, device="cpu")
+    obs_train, _ = train.reset()
+    obs_eval, info = evaluation.reset()
+    assert torch.equal(obs_train, obs_eval)
+    lives = info["lives"]
+    generator = torch.Generator().manual_seed(1)
+    lost_lives = games = big_rewards = 0
+    for _ in range(1500):
+        actions = torch.randint(0, train.spec.action_dim, (num_envs,), generator=generator)
+        obs_train, reward_train, term_train, trunc_train, info_train = train.step(actions)
+        obs_eval, reward_eval, term_eval, trunc_eval, info_eval = evaluation.step(actions)
+        assert torch.equal(obs_train, obs_eval) and torch.equal(info_train["final_obs"], info_eval["final_obs"])
+        assert torch.equal(reward_train, torch.sign(reward_eval))
+        big_rewards += int((reward_eval.abs() > 1).sum())
+        lost = (info_eval["lives"] < lives) & ~(term_eval | trunc_eval)
+        lost_lives += int(lost.sum())
+        assert torch.equal(term_train, term_eval | lost) and torch.equal(trunc_train, trunc_eval)
+        assert torch.equal(info_train["done"], info_eval["done"])  # whole games
+        done = info_eval["done"]
+        games += int(done.sum())
+        assert torch.equal(info_train["episode_return"][done], info_eval["episode_return"][done])
+        lives = info_eval["lives"]
+    assert lost_lives >= 2 and games >= 1 and big_rewards >= 1  # each rule was exercised
+    train.close()
+    evaluation.close()
+
+
+def test_subprocess_envs_report_lives_and_end_episodes_at_lost_lives():
+    env = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="gymnasium-async", device="cpu")
+    try:
+        obs, info = env.reset()
+        assert obs.shape == (2, 4, 84, 84) and info["lives"].tolist() == [5, 5]
+        generator = torch.Generator().manual_seed(0)
+        ends = 0
+        for _ in range(120):
+            _, _, terminated, _, info = env.step(torch.randint(0, 4, (2,), generator=generator))
+            ends += int(terminated.sum())
+        assert ends >= 1 and bool((info["lives"] < 5).any())
+    finally:
+        env.close()
+
+
+def test_atari_id_without_ale_py_is_one_sentence_with_the_pip_command(monkeypatch):
+    monkeypatch.setattr(atari, "register_atari", lambda: False)
+    with pytest.raises(UserError, match="pip install ale-py"):
+        make_env("NoSuchGameNoFrameskip-v4")
+    with pytest.raises(UserError, match="pip install ale-py"):
+        resolve_backend("NoSuchGameNoFrameskip-v4")
+
+
+def test_ram_observations_are_not_preprocessed_as_images():
+    env = make_env("BreakoutNoFrameskip-v4", num_envs=1, device="cpu", obs_type="ram")
+    try:
+        assert env.backend == "gymnasium"  # env options go to Gymnasium's envs
+        obs, _ = env.reset()
+        assert obs.shape == (1, 128) and obs.dtype == torch.uint8
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("algo_name", ["ppo", "dqn"])
+def test_preset_settings_train_a_cnn_on_uint8_frame_stacks(algo_name):
+    """The Atari preset's network (the CNN encoder) on the preprocessed frames, shrunk to a few hundred steps: the
+    batch stays uint8 up to the network and every weight stays finite."""
+    from rlspeed import DQN, PPO
+    from rlspeed.presets import load_preset, split_run_settings
+
+    _, hyper = split_run_settings(load_preset(algo_name, "BreakoutNoFrameskip-v4"))
+    assert hyper["encoder"] == "cnn"
+    if algo_name == "ppo":
+        hyper.update(num_envs=2, num_steps=32, batch_size=32, n_epochs=1)
+        model = PPO("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", **hyper)
+    else:
+        hyper.update(buffer_size=512, learning_starts=64, batch_size=16, target_update_interval=64)
+        model = DQN("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", **hyper)
+    model.learn(256, progress_bar=False)
+    networks = [module for module in vars(model).values() if isinstance(module, torch.nn.Module)]
+    assert networks and all(bool(torch.isfinite(p).all()) for module in networks for p in module.parameters())
+    action = model.predict(torch.zeros(4, 84, 84, dtype=torch.uint8))[0]
+    assert 0 <= int(torch.as_tensor(action).reshape(-1)[0]) < 4

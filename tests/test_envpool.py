@@ -1,0 +1,193 @@
+"""The EnvPool backend against the Gymnasium backend's contract: spaces, dtypes, same-step autoreset with
+`final_obs` at termination and truncation, episode statistics, seeds, Atari lives, and the one-sentence errors.
+
+What differs from Gymnasium by design: EnvPool draws from its own random streams, so the same seed gives other
+initial states (and, for Atari, other no-op counts) than Gymnasium's; the tests compare the contract, not the values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlspeed.envs import envpool_env, make_env, resolve_backend
+from rlspeed.errors import UserError
+
+needs_envpool = pytest.mark.skipif(not envpool_env.envpool_installed(), reason="envpool is not installed")
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+IDS = ["CartPole-v1", "Pendulum-v1",
+       pytest.param("BreakoutNoFrameskip-v4", marks=pytest.mark.skipif(not (_has("ale_py") and _has("cv2")),
+                                                                        reason="ale-py or OpenCV is not installed"))]
+
+
+def random_actions(env, generator):
+    if env.spec.discrete:
+        return torch.randint(0, env.spec.action_dim, (env.num_envs,), generator=generator)
+    return torch.rand((env.num_envs, env.spec.action_dim), generator=generator) * 2 - 1
+
+
+@needs_envpool
+@pytest.mark.parametrize("env_id", IDS)
+def test_contract_matches_the_gymnasium_backend(env_id):
+    pool = make_env(env_id, num_envs=3, seed=0, backend="envpool", device="cpu")
+    gym_env = make_env(env_id, num_envs=3, seed=0, backend="gymnasium", device="cpu")
+    try:
+        assert pool.backend == "envpool"
+        assert pool.spec.observation_space == gym_env.spec.observation_space
+        assert pool.spec.action_space == gym_env.spec.action_space
+        assert pool.spec.max_episode_steps == gym_env.spec.max_episode_steps
+        assert pool.spec.reward_threshold == gym_env.spec.reward_threshold
+        obs_pool, info_pool = pool.reset()
+        obs_gym, info_gym = gym_env.reset()
+        assert obs_pool.shape == obs_gym.shape and obs_pool.dtype == obs_gym.dtype
+        assert set(info_pool) == set(info_gym)
+        generator = torch.Generator().manual_seed(0)
+        actions = random_actions(pool, generator)
+        out_pool, out_gym = pool.step(actions), gym_env.step(actions)
+        for got, want in zip(out_pool[:4], out_gym[:4]):
+            assert got.shape == want.shape and got.dtype == want.dtype and got.device == want.device
+        assert set(out_pool[4]) == set(out_gym[4])
+        for key, value in out_gym[4].items():
+            assert out_pool[4][key].shape == value.shape and out_pool[4][key].dtype == value.dtype, key
+    finally:
+        pool.close()
+        gym_env.close()
+
+
+@needs_envpool
+@pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
+def test_termination_resets_in_the_same_step_with_the_true_last_observation(backend):
+    """CartPole pushed right falls within a few dozen steps: the finished row's final_obs is past the failure
+    threshold (pole angle beyond 12 degrees or cart out), its obs a fresh start; returns and lengths are counted."""
+    env = make_env("CartPole-v1", num_envs=2, seed=1, backend=backend, device="cpu")
+    try:
+        env.reset()
+        steps, total = 0, torch.zeros(2)
+        while True:
+            obs, reward, terminated, truncated, info = env.step(torch.ones(2, dtype=torch.int64))
+            steps, total = steps + 1, total + reward
+            if bool(terminated.any()):
+                break
+            assert steps < 100
+        row = int(terminated.nonzero()[0])
+        final = info["final_obs"][row]
+        assert bool(final[2].abs() > 0.2094) or bool(final[0].abs() > 2.4)
+        assert bool((obs[row].abs() <= 0.05).all())  # a new episode's first observation
+        assert not bool(truncated[row]) and bool(info["done"][row])
+        assert float(info["episode_length"][row]) == steps and float(info["episode_return"][row]) == total[row]
+        others = ~(terminated | truncated)
+        assert torch.equal(info["final_obs"][others], obs[others])
+        # the row goes on from its new start: the next step moves it by one step, not by another reset
+        next_obs = env.step(torch.ones(2, dtype=torch.int64))[0]
+        assert float((next_obs[row] - obs[row]).abs().max()) < 0.5 and bool(next_obs[row, 1] > obs[row, 1])
+    finally:
+        env.close()
+
+
+@needs_envpool
+def test_truncation_at_the_time_limit_keeps_final_obs_and_counts_the_episode():
+    env = make_env("Pendulum-v1", num_envs=2, seed=0, backend="envpool", device="cpu")
+    try:
+        env.reset()
+        generator = torch.Generator().manual_seed(0)
+        previous = None
+        for step in range(1, 201):
+            obs, reward, terminated, truncated, info = env.step(random_actions(env, generator))
+            assert not bool(terminated.any())
+            if step < 200:
+                assert not bool(truncated.any())
+                previous = obs
+        assert bool(truncated.all()) and bool(info["done"].all())
+        assert info["episode_length"].tolist() == [200.0, 200.0]
+        final = info["final_obs"]
+        # final_obs continues the episode (cos, sin of the angle stay on the unit circle, one step from the last)
+        torch.testing.assert_close(final[:, 0] ** 2 + final[:, 1] ** 2, torch.ones(2))
+        assert float((final[:, :2] - previous[:, :2]).abs().max()) < 0.5
+        assert not torch.equal(final, obs)
+    finally:
+        env.close()
+
+
+@needs_envpool
+def test_seeds_make_runs_repeatable_and_reset_seed_restarts_the_streams():
+    def first_obs(seed, reset_seed=None):
+        env = make_env("CartPole-v1", num_envs=4, seed=seed, backend="envpool", device="cpu")
+        try:
+            obs, _ = env.reset(seed=reset_seed)
+            for _ in range(3):
+                obs = env.step(torch.zeros(4, dtype=torch.int64))[0]
+            return obs
+        finally:
+            env.close()
+
+    assert torch.equal(first_obs(5), first_obs(5))
+    assert not torch.equal(first_obs(5), first_obs(6))
+    assert torch.equal(first_obs(0, reset_seed=6), first_obs(6))
+    one = first_obs(5)
+    assert len({tuple(row.tolist()) for row in one}) == 4  # each env its own stream
+
+
+@needs_envpool
+@pytest.mark.skipif(not (_has("ale_py") and _has("cv2")), reason="ale-py or OpenCV is not installed")
+def test_atari_lost_lives_end_training_episodes_and_games_are_reported_whole():
+    env = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="envpool", device="cpu")
+    evaluation = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="envpool", evaluation=True,
+                          device="cpu")
+    try:
+        obs, info = env.reset()
+        obs_eval, _ = evaluation.reset()
+        assert torch.equal(obs, obs_eval) and info["lives"].tolist() == [5, 5]
+        generator = torch.Generator().manual_seed(0)
+        ends = games = 0
+        for _ in range(400):
+            actions = torch.randint(0, 4, (2,), generator=generator)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            obs_eval, reward_eval, terminated_eval, _, info_eval = evaluation.step(actions)
+            assert torch.equal(obs, obs_eval) and torch.equal(reward, torch.sign(reward_eval))
+            assert bool((terminated | ~terminated_eval).all())
+            ends += int(terminated.sum())
+            done = info["done"]
+            games += int(done.sum())
+            assert torch.equal(done, info_eval["done"])
+            assert torch.equal(info["episode_return"][done], info_eval["episode_return"][done])
+        assert ends > games >= 1
+    finally:
+        env.close()
+        evaluation.close()
+
+
+@needs_envpool
+def test_auto_takes_envpool_for_atari_only():
+    assert resolve_backend("CartPole-v1", "auto", 8, "cpu") == "gymnasium"
+    assert resolve_backend("CartPole-v1", "auto", 64, "cpu") == "torch"
+    if _has("ale_py"):
+        assert resolve_backend("BreakoutNoFrameskip-v4", "auto", 8, "cpu") == "envpool"
+    if _has("mujoco"):
+        assert resolve_backend("HalfCheetah-v5", "auto", 1, "cpu") == "gymnasium"
+
+
+@needs_envpool
+def test_envpool_backend_for_an_id_it_lacks_is_one_sentence():
+    with pytest.raises(UserError, match="EnvPool has no env for 'rlspeed/CartPole-v1'"):
+        resolve_backend("rlspeed/CartPole-v1", "envpool")
+    with pytest.raises(UserError, match="takes no Gymnasium env options"):
+        make_env("CartPole-v1", backend="envpool", sutton_barto_reward=True)
+
+
+def test_envpool_backend_without_envpool_names_the_pip_command(monkeypatch):
+    monkeypatch.setattr(envpool_env, "envpool_installed", lambda: False)
+    import rlspeed.envs as envs
+
+    monkeypatch.setattr(envs, "envpool_installed", lambda: False)
+    with pytest.raises(UserError, match="pip install envpool"):
+        resolve_backend("CartPole-v1", "envpool")
+    with pytest.raises(UserError, match="pip install envpool"):
+        make_env("CartPole-v1", backend="envpool")
+    assert resolve_backend("CartPole-v1", "auto", 8, "cpu") == "gymnasium"

@@ -1,0 +1,70 @@
+"""MuJoCo (Gymnasium v5 ids): the envs under the batched contract, SAC/TD3/PPO learning smoke runs, and the presets
+picked by id. Skipped without mujoco."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("mujoco")
+
+from rlspeed import PPO, SAC, TD3  # noqa: E402
+from rlspeed.algos.base import build_config  # noqa: E402
+from rlspeed.envs import make_env  # noqa: E402
+from rlspeed.presets import load_preset, split_run_settings  # noqa: E402
+
+MUJOCO_IDS = ["HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5"]
+
+
+def test_hopper_is_float32_vectors_and_box_actions_with_final_obs_at_a_fall():
+    env = make_env("Hopper-v5", num_envs=2, seed=0, backend="gymnasium", device="cpu")
+    try:
+        obs, _ = env.reset()
+        assert obs.shape == (2, 11) and obs.dtype == torch.float32
+        assert env.spec.action_space.shape == (3,) and env.spec.max_episode_steps == 1000
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(300):  # random torques topple the hopper within a few dozen steps
+            obs, reward, terminated, truncated, info = env.step(torch.rand((2, 3), generator=generator) * 2 - 1)
+            if bool(terminated.any()):
+                break
+        row = int(terminated.nonzero()[0])
+        assert not torch.equal(info["final_obs"][row], obs[row]) and bool(info["done"][row])
+        assert float(info["episode_length"][row]) >= 1
+    finally:
+        env.close()
+
+
+def _finite(module: torch.nn.Module) -> bool:
+    return all(bool(torch.isfinite(parameter).all()) for parameter in module.parameters())
+
+
+@pytest.mark.parametrize("algo", [SAC, TD3, PPO], ids=lambda algo: algo.__name__)
+def test_learning_smoke_on_hopper_keeps_weights_finite(algo):
+    """A few thousand steps with the preset's kind of settings, shrunk: training runs through falls and
+    truncations, and every weight stays finite."""
+    if algo is PPO:
+        model = algo("Hopper-v5", num_envs=2, num_steps=256, batch_size=128, n_epochs=2, normalize_obs=True,
+                     normalize_reward=True, seed=0, device="cpu", env_backend="gymnasium")
+    else:
+        model = algo("Hopper-v5", net_arch=[64, 64], learning_starts=500, batch_size=64, seed=0, device="cpu",
+                     env_backend="gymnasium")
+    model.learn(2048, progress_bar=False)
+    assert model.num_timesteps >= 2048
+    networks = [module for module in vars(model).values() if isinstance(module, torch.nn.Module)]
+    assert networks and all(_finite(module) for module in networks)
+    actions = model.predict(torch.zeros(11))[0]
+    assert torch.as_tensor(actions).shape[-1] == 3 and bool(torch.isfinite(torch.as_tensor(actions)).all())
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3", "ppo"])
+@pytest.mark.parametrize("env_id", MUJOCO_IDS)
+def test_presets_are_picked_by_id_and_build(algo, env_id):
+    preset = load_preset(algo, env_id)
+    assert preset.source == "rlspeed", f"no {algo} preset for {env_id}"
+    run, hyper = split_run_settings(preset)
+    assert run["total_timesteps"] == 1_000_000
+    config = build_config({"sac": SAC, "td3": TD3, "ppo": PPO}[algo].config_cls, hyper)
+    if algo == "ppo":
+        assert config.normalize_obs and config.normalize_reward
+    else:
+        assert config.learning_starts == 10_000
