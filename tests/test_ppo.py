@@ -155,11 +155,11 @@ class MatrixActions(OffsetActions):
     action_space = gym.spaces.Box(-1.0, 1.0, (2, 2))
 
 
-@pytest.mark.parametrize("algo", [PPO, rlspeed.SAC])
-def test_box_actions_that_are_not_a_vector_are_a_user_error(algo):
+def test_box_actions_that_are_not_a_vector_are_a_user_error_for_off_policy_algorithms():
+    # (PPO, A2C and RecurrentPPO take Box actions of any shape: tests/test_actions.py)
     vector_env = gym.vector.SyncVectorEnv([MatrixActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     with pytest.raises(rlspeed.UserError, match=r"shape \(2, 2\)"):
-        algo(vector_env, device="cpu")
+        rlspeed.SAC(vector_env, device="cpu")
 
 
 def test_presets_of_the_gymnasium_view_ids_are_the_native_ids_and_max_steps_is_checked():

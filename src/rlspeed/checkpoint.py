@@ -609,7 +609,21 @@ def _action_space_problem(space) -> str | None:
         if "dtype" in space and not isinstance(space["dtype"], str):
             return "the box action_space's dtype is not a name"
         return None
+    if space.get("type") == "multi_discrete":
+        nvec = space.get("nvec")
+        flat = _flat(nvec) if isinstance(nvec, list) else []
+        ok = bool(flat) and all(_is_int(v) and v >= 1 for v in flat)
+        return None if ok else "a multi_discrete action_space needs nvec, a list of sizes >= 1"
+    if space.get("type") == "multi_binary":
+        n = space.get("n")
+        ok = (_is_int(n) and n >= 1) or (isinstance(n, list) and bool(n) and all(_is_int(v) and v >= 1 for v in n))
+        return None if ok else "a multi_binary action_space needs n >= 1"
     return f"action_space has unknown type {space.get('type')!r}"
+
+
+def _flat(values) -> list:
+    """A nested list of numbers as one flat list (MultiDiscrete's nvec may have several dimensions)."""
+    return [v for item in values for v in (_flat(item) if isinstance(item, list) else [item])]
 
 
 def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:

@@ -19,7 +19,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
     Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``. The env is new (seeded with `seed`), not the
     training env, and rewards are the env's own (no normalisation). Observations are normalised by the model's
-    frozen statistics when it was trained with observation normalisation. Episodes still running after `max_steps`
+    frozen statistics when it was trained with observation normalisation. Where the env gives action masks
+    (`info["action_mask"]`) and the model takes them (its `use_masking`), the deterministic policy is masked too: it
+    never picks a masked action. Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     """
     if max_steps is not None and max_steps < 1:
@@ -33,16 +35,18 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     running = returns
     try:
         _check_compatible(model, env)
-        obs, _ = env.reset()
+        obs, info = env.reset()
+        masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
         check_every = 64 if env.backend == "torch" else 1
         # a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts
         recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
         for step in range(1, limit + 1):
             # the env may live on another device than the model (`device=`; act moves obs): a no-op when they share
+            masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
             if recurrent:
-                actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic)
+                actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic, **masks)
             else:
-                actions = model.act(obs, deterministic=deterministic)
+                actions = model.act(obs, deterministic=deterministic, **masks)
             obs, _reward, _terminated, _truncated, info = env.step(actions.to(env.device))
             episode_start = info["done"]
             newly_done = info["done"] & ~finished
@@ -70,11 +74,19 @@ def _check_compatible(model, env) -> None:
     on."""
     trained, given = model.spec, env.spec
     if (_signature(trained.observation_space) == _signature(given.observation_space)
-            and trained.discrete == given.discrete and trained.action_dim == given.action_dim):
+            and _action_signature(trained.action_space) == _action_signature(given.action_space)):
         return
     raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
                     f"does not fit this model, trained on {trained.env_id} (observations "
                     f"{trained.observation_space}, actions {trained.action_space}).")
+
+
+def _action_signature(space) -> object:
+    """What an action space must share with another for one policy to act in both: a Box's shape (its bounds may
+    differ), the other spaces as they are."""
+    import gymnasium as gym
+
+    return ("box", tuple(space.shape)) if isinstance(space, gym.spaces.Box) else space_to_json(space)
 
 
 def _signature(space) -> object:

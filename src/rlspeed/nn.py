@@ -350,26 +350,102 @@ class QEnsemble(nn.Module):
                          members, detached)
 
 
+# --- action distributions -----------------------------------------------------------------------------------------
+ACTION_KINDS = ("categorical", "multi_categorical", "bernoulli", "gaussian")
+
+
+def action_kind(space: gym.Space) -> str:
+    """The distribution a policy uses for an action space: categorical (Discrete), multi_categorical
+    (MultiDiscrete: one categorical per component), bernoulli (MultiBinary: one Bernoulli per bit) or gaussian
+    (Box of any shape, flattened)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return "categorical"
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return "multi_categorical"
+    if isinstance(space, gym.spaces.MultiBinary):
+        return "bernoulli"
+    return "gaussian"
+
+
+def action_head_size(space: gym.Space) -> int:
+    """Outputs of the actor head: n logits (Discrete), sum(nvec) logits (MultiDiscrete), one logit per bit
+    (MultiBinary), the flattened Box size (Gaussian mean)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return int(np.prod(space.shape))
+
+
+def mask_size(space: gym.Space) -> int | None:
+    """Width of an action mask for this space (n, or sum(nvec) for MultiDiscrete, as sb3-contrib flattens it); None
+    for spaces that take no mask."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return None
+
+
+def masked_logits(logits: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
+    """Logits with masked actions (False in the bool mask) set to the dtype's lowest finite value: after the softmax
+    their probability is exactly 0 (exp underflows), and nothing is -inf, so entropies and gradients stay finite.
+    A row must allow at least one action (the env adapters and `predict` check that at the boundary)."""
+    if action_masks is None:
+        return logits
+    return torch.where(action_masks, logits, torch.finfo(logits.dtype).min)
+
+
+def _categorical_sample(log_p: torch.Tensor, deterministic: bool) -> torch.Tensor:
+    if deterministic:
+        return log_p.argmax(-1)
+    # Gumbel-max with -log(E), E ~ Exp(1), as the Gumbel noise: four kernels, no distribution object. A masked
+    # action's log-prob is the dtype's minimum: no finite noise lifts it above an allowed one.
+    return (log_p - torch.empty_like(log_p).exponential_().log_()).argmax(-1)
+
+
+def _categorical_entropy(log_p: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
+    """-sum p log p over the allowed actions (a masked action has p = 0 and adds nothing)."""
+    terms = log_p.exp() * log_p
+    if action_masks is not None:
+        terms = torch.where(action_masks, terms, 0.0)
+    return -terms.sum(-1)
+
+
 class ActorCritic(nn.Module):
     """Actor and critic MLPs (same hidden sizes, separate weights) evaluated as one two-member ensemble.
 
-    Discrete actions: the actor gives logits. Box actions: the actor gives the Gaussian mean and `log_std` is
-    a state-independent parameter. `act` samples; `evaluate` gives log-prob, entropy and value of stored actions.
+    The actor's output parameterises the action distribution (`action_kind` of the action space): logits of a
+    categorical (Discrete; masked by a bool `[B, n]` action mask where the env gives one), logits of one categorical
+    per component (MultiDiscrete, actions `[B, k]`, masks `[B, sum(nvec)]` split per component as sb3-contrib does,
+    log-probs and entropies summed), one logit per bit (MultiBinary, independent Bernoullis, actions float `[B, n]`)
+    or the mean of a diagonal Gaussian with a state-independent `log_std` (Box of any shape, flattened to
+    `[B, prod(shape)]` here; the algorithm reshapes for the env). `act` samples; `evaluate` gives log-prob, entropy
+    and value of stored actions.
 
     The MLPs take the observation's features: with an `encoder` (images, Dict, Discrete observations; `make_encoder`)
     its output, shared by actor and critic (SB3's `share_features_extractor`), else the flattened float observation.
     """
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: Sequence[int] = (64, 64),
-                 activation: str = "tanh", log_std_init: float = 0.0, encoder: Encoder | None = None):
+                 activation: str = "tanh", log_std_init: float = 0.0, encoder: Encoder | None = None,
+                 action_space: gym.Space | None = None):
         super().__init__()
-        self.discrete = discrete
+        if action_space is not None:
+            self.kind = action_kind(action_space)
+            action_dim = action_head_size(action_space)
+        else:
+            self.kind = "categorical" if discrete else "gaussian"
+        self.discrete = self.kind == "categorical"
+        #: component sizes of a MultiDiscrete action (the logits are split into these)
+        self.nvec = (tuple(int(n) for n in action_space.nvec.reshape(-1)) if self.kind == "multi_categorical"
+                     else None)
         self.action_dim = action_dim
         self.encoder = encoder
         in_dim = encoder.features_dim if encoder is not None else obs_dim
         # member 0 = actor (small last-layer gain: near-uniform initial policy), member 1 = critic
         self.body = EnsembleMLP(2, in_dim, hidden, action_dim, activation, out_gains=(0.01, 1.0))
-        if not discrete:
+        if self.kind == "gaussian":
             self.log_std = nn.Parameter(torch.full((action_dim,), float(log_std_init)))
 
     def features(self, obs: Observation) -> torch.Tensor:
@@ -385,30 +461,79 @@ class ActorCritic(nn.Module):
         out = self.body(self.features(obs))
         return out[0], out[1, :, 0]
 
-    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Sample actions. Returns (actions, log_probs, values)."""
+    def act(self, obs: torch.Tensor, deterministic: bool = False,
+            action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Sample actions (the mode when `deterministic`), never a masked one. Returns (actions, log_probs, values)."""
         out, value = self(obs)
-        if self.discrete:
-            log_p = torch.log_softmax(out, dim=-1)
+        actions, log_probs = self.sample(out, deterministic, action_masks)
+        return actions, log_probs, value
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor,
+                 action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log_probs, entropy, values) of given actions under the current policy (masked as when they were taken)."""
+        out, value = self(obs)
+        log_prob, entropy = self.log_prob_entropy(out, actions, action_masks)
+        return log_prob, entropy, value
+
+    def sample(self, out: torch.Tensor, deterministic: bool = False,
+               action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actions, log_probs) from the actor's output `[B, A]`."""
+        kind = self.kind
+        if kind == "categorical":
+            log_p = torch.log_softmax(masked_logits(out, action_masks), dim=-1)
+            actions = _categorical_sample(log_p, deterministic)
+            return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        if kind == "multi_categorical":
+            logits = masked_logits(out, action_masks).split(self.nvec, dim=-1)
+            parts, log_prob = [], None
+            for component in logits:
+                log_p = torch.log_softmax(component, dim=-1)
+                choice = _categorical_sample(log_p, deterministic)
+                parts.append(choice)
+                term = log_p.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+                log_prob = term if log_prob is None else log_prob + term
+            return torch.stack(parts, dim=-1), log_prob
+        if kind == "bernoulli":
             if deterministic:
-                actions = out.argmax(-1)
-            else:  # Gumbel-max with -log(E), E ~ Exp(1), as the Gumbel noise: four kernels, no distribution object
-                actions = (log_p - torch.empty_like(out).exponential_().log_()).argmax(-1)
-            return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1), value
+                actions = (out > 0).to(out.dtype)
+            else:
+                actions = (torch.rand_like(out) < torch.sigmoid(out)).to(out.dtype)
+            return actions, bernoulli_log_prob(actions, out)
         std = self.log_std.exp()
         actions = out if deterministic else out + std * torch.randn_like(out)
-        return actions, gaussian_log_prob(actions, out, self.log_std), value
+        return actions, gaussian_log_prob(actions, out, self.log_std)
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log_probs, entropy, values) of given actions under the current policy."""
-        out, value = self(obs)
-        if self.discrete:
-            log_p = torch.log_softmax(out, dim=-1)
+    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor,
+                         action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs, entropy) `[B]` of `actions` under the actor's output `out`."""
+        kind = self.kind
+        if kind == "categorical":
+            log_p = torch.log_softmax(masked_logits(out, action_masks), dim=-1)
             log_prob = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-            entropy = -(log_p.exp() * log_p).sum(-1)
-            return log_prob, entropy, value
+            return log_prob, _categorical_entropy(log_p, action_masks)
+        if kind == "multi_categorical":
+            logits = masked_logits(out, action_masks).split(self.nvec, dim=-1)
+            masks = action_masks.split(self.nvec, dim=-1) if action_masks is not None else [None] * len(self.nvec)
+            log_prob = entropy = None
+            for i, (component, mask) in enumerate(zip(logits, masks)):
+                log_p = torch.log_softmax(component, dim=-1)
+                term = log_p.gather(-1, actions[:, i].long().unsqueeze(-1)).squeeze(-1)
+                ent = _categorical_entropy(log_p, mask)
+                log_prob = term if log_prob is None else log_prob + term
+                entropy = ent if entropy is None else entropy + ent
+            return log_prob, entropy
+        if kind == "bernoulli":
+            # H = softplus(l) - l sigmoid(l) per bit, summed
+            entropy = (F.softplus(out) - out * torch.sigmoid(out)).sum(-1)
+            return bernoulli_log_prob(actions, out), entropy
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(out.shape[0])
-        return gaussian_log_prob(actions, out, self.log_std), entropy, value
+        return gaussian_log_prob(actions, out, self.log_std), entropy
+
+
+def bernoulli_log_prob(actions: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """Log-probability of 0/1 `actions` under independent Bernoullis with these logits, summed over the bits:
+    a log sigmoid(l) + (1 - a) log sigmoid(-l) = a l - softplus(l)."""
+    return (actions * logits - F.softplus(logits)).sum(-1)
 
 
 def gaussian_log_prob(actions: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
@@ -559,10 +684,11 @@ class RecurrentActorCritic(ActorCritic):
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, lstm_hidden_size: int = 64,
                  hidden: Sequence[int] = (64,), activation: str = "relu", log_std_init: float = 0.0,
-                 encoder: Encoder | None = None):
+                 encoder: Encoder | None = None, action_space: gym.Space | None = None):
         if lstm_hidden_size < 1:
             raise UserError(f"lstm_hidden_size must be >= 1, got {lstm_hidden_size}: the LSTM needs a state.")
-        super().__init__(lstm_hidden_size, action_dim, discrete, hidden, activation, log_std_init)
+        super().__init__(lstm_hidden_size, action_dim, discrete, hidden, activation, log_std_init,
+                         action_space=action_space)
         self.hidden_size = int(lstm_hidden_size)
         self.obs_encoder = encoder
         in_dim = encoder.features_dim if encoder is not None else obs_dim
@@ -595,16 +721,19 @@ class RecurrentActorCritic(ActorCritic):
         h_critic, c_critic = self._cell(self.lstm_critic, obs, state[2], state[3])
         return torch.stack((h_actor, h_critic)), torch.stack((h_actor, c_actor, h_critic, c_critic))
 
-    def act_step(self, obs: torch.Tensor, state: torch.Tensor, deterministic: bool = False):
+    def act_step(self, obs: torch.Tensor, state: torch.Tensor, deterministic: bool = False,
+                 action_masks: torch.Tensor | None = None):
         """One rollout step: (actions, log_probs, values, next state)."""
         features, next_state = self.step(self.encode(obs), state)
-        actions, log_probs, values = self.act(features, deterministic)
+        actions, log_probs, values = self.act(features, deterministic, action_masks)
         return actions, log_probs, values, next_state
 
-    def actor_step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, deterministic: bool = True):
+    def actor_step(self, obs: torch.Tensor, h: torch.Tensor, c: torch.Tensor, deterministic: bool = True,
+                   action_masks: torch.Tensor | None = None):
         """The actor alone (inference, `predict`): (actions, h, c) from the actor's state `[N, H]` each."""
         h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
-        actions, _, _ = self.act(torch.stack((h, torch.zeros_like(h))), deterministic)  # critic head on zeros: unused
+        # (the critic head runs on zeros: unused)
+        actions, _, _ = self.act(torch.stack((h, torch.zeros_like(h))), deterministic, action_masks)
         return actions, h, c
 
     def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:

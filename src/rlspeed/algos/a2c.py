@@ -49,7 +49,8 @@ class A2CConfig(OnPolicyConfig):
 
 
 class A2C(OnPolicyAlgorithm):
-    """A2C for Discrete and Box action spaces.
+    """A2C for Discrete, MultiDiscrete, MultiBinary and Box action spaces, with the env's action masks where it has
+    them (unless `use_masking=False`).
 
     >>> model = A2C("CartPole-v1", seed=0).learn(100_000)
     >>> action, _ = model.predict(obs, deterministic=True)
@@ -69,14 +70,16 @@ class A2C(OnPolicyAlgorithm):
                         returns: torch.Tensor) -> dict[str, torch.Tensor]:
         obs = (buf.obs.flatten(2).flatten(0, 1) if self.policy.encoder is None
                else map_obs(lambda v: v.flatten(0, 1), buf.obs))
+        masks = () if buf.action_masks is None else (buf.action_masks.flatten(0, 1),)
         _, stats = self._update_step(obs, buf.actions.flatten(0, 1),
-                                     advantages.flatten(), returns.flatten())
+                                     advantages.flatten(), returns.flatten(), *masks)
         return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2]}
 
-    def _loss(self, obs, actions, advantages, returns):
-        """The A2C loss of the whole rollout: (loss, [policy loss, value loss, entropy])."""
+    def _loss(self, obs, actions, advantages, returns, action_masks=None):
+        """The A2C loss of the whole rollout: (loss, [policy loss, value loss, entropy]); `action_masks` as in the
+        rollout."""
         cfg = self.config
-        log_probs, entropy, values = self.policy.evaluate(obs, actions)
+        log_probs, entropy, values = self.policy.evaluate(obs, actions, action_masks)
         if cfg.normalize_advantage and advantages.shape[0] > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
         policy_loss = -(advantages * log_probs).mean()

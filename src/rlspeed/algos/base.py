@@ -24,8 +24,15 @@ from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
-from rlspeed.envs.base import EnvSpec, numpy_dtype, observation_layout, space_from_json, space_to_json
-from rlspeed.envs.gymnasium_env import gym_spec
+from rlspeed.envs.base import (
+    EnvSpec,
+    numpy_dtype,
+    obs_batch_size,
+    observation_layout,
+    space_from_json,
+    space_to_json,
+)
+from rlspeed.envs.gymnasium_env import check_action_masks, gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
@@ -266,6 +273,9 @@ class Algorithm:
     # --- algorithm-specific -------------------------------------------------------------------------------
     supports_discrete = True
     supports_continuous = True
+    #: MultiDiscrete and MultiBinary actions, Box actions of any shape, and action masks (the on-policy algorithms)
+    supports_multi_actions = False
+    supports_action_masks = False
     policy: torch.nn.Module
 
     def _setup(self) -> None:
@@ -303,17 +313,22 @@ class Algorithm:
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             raise UserError(f"{self.name.upper()} needs discrete actions, but {spec.env_id} has continuous "
                             "actions; use ppo, sac, td3 or ddpg.")
-        if isinstance(space, gym.spaces.Box) and len(space.shape) != 1:
-            # the policies emit a flat action vector; nothing reshapes it to the space's shape
-            raise UserError(f"{spec.env_id} has Box actions of shape {space.shape}; rlspeed supports 1-D Box actions "
-                            "(flatten them with a gymnasium.ActionWrapper that reshapes a flat action).")
-        if isinstance(space, gym.spaces.Discrete) and int(space.start) != 0:
+        if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 and not self.supports_multi_actions:
+            # this algorithm's actors emit a flat action vector; nothing reshapes it to the space's shape
+            raise UserError(f"{self.name.upper()} supports 1-D Box actions and {spec.env_id} has Box actions of shape "
+                            f"{space.shape}: use ppo or a2c, or flatten them with a gymnasium.ActionWrapper.")
+        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(np.asarray(space.start) != 0):
             # the policies act in indices 0..n-1 and the env adapters pass them on as they are
-            raise UserError(f"{spec.env_id} has Discrete actions starting at {int(space.start)}; rlspeed needs them "
-                            "to start at 0 (wrap the env in a gymnasium.ActionWrapper that adds the offset).")
-        if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box)):
-            raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete "
-                            "and Box.")
+            raise UserError(f"{spec.env_id} has {type(space).__name__} actions starting at {space.start}; rlspeed "
+                            "needs them to start at 0 (wrap the env in a gymnasium.ActionWrapper that adds the "
+                            "offset).")
+        if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)) and not self.supports_multi_actions:
+            raise UserError(f"{self.name.upper()} does not take {type(space).__name__} actions ({spec.env_id}): use "
+                            "ppo, a2c or recurrent_ppo.")
+        if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete,
+                                  gym.spaces.MultiBinary)):
+            raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete, "
+                            "Box, MultiDiscrete and MultiBinary (wrap others in a gymnasium.ActionWrapper).")
 
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation."""
@@ -348,9 +363,11 @@ class Algorithm:
                 if hasattr(self.config, flag):  # a normalising env passed in: a loaded model rebuilds one too
                     setattr(self.config, flag, True)
 
-    def act(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
+    def act(self, obs: torch.Tensor, deterministic: bool = True,
+            action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Actions for raw observations (a tensor; moved to the model's device if it is elsewhere), as the env expects
-        them, on the model's device."""
+        them, on the model's device. `action_masks`: bool `[N, n]` (an env's `info["action_mask"]`); a masked action
+        is never chosen."""
         if isinstance(obs, dict):
             obs = {key: value.to(self.device) for key, value in obs.items()}
         elif obs.device != self.device:
@@ -358,19 +375,37 @@ class Algorithm:
         with torch.no_grad():
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
-            return self._policy_actions(obs, deterministic)
+            if action_masks is None:
+                return self._policy_actions(obs, deterministic)
+            if not self.supports_action_masks:
+                raise UserError(f"{self.name.upper()} does not take action masks: drop action_masks, or use ppo, a2c "
+                                "or recurrent_ppo.")
+            return self._policy_actions(obs, deterministic, action_masks=action_masks.to(self.device, torch.bool))
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
         """SB3-style: actions for one observation or a batch. Returns (actions, None).
 
         Accepts numpy arrays, lists or tensors (for Dict observations, a dict of them per key, as the env gives them);
-        numpy in gives numpy out, a tensor in gives a tensor out.
+        numpy in gives numpy out, a tensor in gives a tensor out. `action_masks` (sb3-contrib's `MaskablePPO`): one
+        bool flag per action, `[n]` or `[N, n]` (MultiDiscrete: the components' flags concatenated); a masked action
+        is never chosen.
         """
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
-        actions = self.act(obs, deterministic=deterministic)
+        masks = self._check_masks(action_masks, obs_batch_size(obs))
+        actions = self.act(obs, deterministic=deterministic, action_masks=masks)
         if single:
             actions = actions[0]
         return (actions.cpu().numpy() if as_numpy else actions), None  # ok-sync: predict returns to the host
+
+    def _check_masks(self, action_masks, num: int) -> torch.Tensor | None:
+        """`predict`'s action masks as a bool tensor `[num, n]` on the model's device (None stays None); UserError in
+        one sentence for a mask of the wrong shape or a row that allows no action (read on the host: predict returns
+        there anyway)."""
+        if action_masks is None:
+            return None
+        host = action_masks.cpu().numpy() if isinstance(action_masks, torch.Tensor) else action_masks  # ok-sync
+        return torch.as_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
+                               device=self.device)
 
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
@@ -489,7 +524,9 @@ class Algorithm:
                         numerics = row.pop("_numerics", None)
                         if numerics is not None:
                             if self._numerics.after_read(numerics, guarded, self.env_id, self.num_timesteps):
-                                self._obs = env.reset()[0]  # (episodes a diverged policy may have made non-finite)
+                                # (episodes a diverged policy may have made non-finite)
+                                self._obs, reset_info = env.reset()
+                                self._action_mask = reset_info.get("action_mask")
                             last_check_time = now
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
@@ -659,8 +696,10 @@ class Algorithm:
 
     def _first_obs(self, env: BatchedEnv) -> torch.Tensor:
         """The observation a learn() call starts from: right after `resume`, the checkpoint's, with the env's state
-        restored where its backend allows (native envs); else a reset's (with a warning after `resume`)."""
+        restored where its backend allows (native envs); else a reset's (with a warning after `resume`). The reset's
+        action masks, where the env gives them, land in `self._action_mask` (else None)."""
         resume = self._resume
+        self._action_mask = None
         if resume is not None and not resume["meta"]:
             reason = "the checkpoint holds no random-generator or env state (an older rlspeed wrote it)"
         elif resume is not None and not self.strategy.enabled:
@@ -677,7 +716,8 @@ class Algorithm:
                           "episodes in progress or random streams (native envs can)")
         elif resume is not None:
             reason = "under torch.distributed each process's envs and random generators start afresh"
-        obs = env.reset()[0]
+        obs, info = env.reset()
+        self._action_mask = info.get("action_mask")  # bool [N, n] where the env gives action masks, else None
         if resume is not None:
             warnings.warn(f"Resuming from '{resume['path']}': {reason}, so training continues from fresh episodes "
                           "and is not identical to the uninterrupted run.", stacklevel=4)

@@ -26,7 +26,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs
-from rlspeed.nn import ENCODERS, ActorCritic, encoder_from_config, make_adam
+from rlspeed.nn import ENCODERS, ActorCritic, action_kind, encoder_from_config, make_adam
 
 
 @dataclass
@@ -51,6 +51,7 @@ class OnPolicyConfig:
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
+    use_masking: bool = True  # apply the env's action masks (info["action_mask"] or action_masks()) where it has them
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
@@ -71,13 +72,16 @@ class OnPolicyAlgorithm(Algorithm):
     """Base of PPO, A2C and RecurrentPPO: see the module docstring for the loop and what a subclass writes."""
 
     config: OnPolicyConfig
+    supports_multi_actions = True
+    supports_action_masks = True
 
     # --- what a subclass may override ---------------------------------------------------------------------
     def _build_policy(self) -> torch.nn.Module:
         """The policy-value network (default: `ActorCritic`, actor and critic MLPs evaluated as one ensemble)."""
         cfg, spec = self.config, self.spec
         return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init, encoder=encoder_from_config(spec.observation_space, cfg))
+                           cfg.log_std_init, encoder=encoder_from_config(spec.observation_space, cfg),
+                           action_space=spec.action_space)
 
     def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:
         return make_adam(params, self.config.learning_rate, self.device)
@@ -87,9 +91,10 @@ class OnPolicyAlgorithm(Algorithm):
         return select_update(self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params,
                              max_grad_norm=self.config.max_grad_norm, name=self.name)
 
-    def _act(self, obs: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1)."""
-        return self.policy.act(obs)
+    def _act(self, obs: torch.Tensor, step: int,
+             action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1), never a masked action."""
+        return self.policy.act(obs, action_masks=action_masks)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after each rollout step with the finished rows (bool `[N]`), e.g. to reset recurrent state."""
@@ -109,6 +114,7 @@ class OnPolicyAlgorithm(Algorithm):
 
     # --- shared ---------------------------------------------------------------------------------------------
     def _setup(self) -> None:
+        self._masking = False  # whether the rollouts use the env's action masks (decided in `_start`)
         self.policy = self._build_policy().to(self.device)
         self._params = list(self.policy.parameters())
         self.optimizer = self._make_optimizer(self._params)
@@ -119,31 +125,57 @@ class OnPolicyAlgorithm(Algorithm):
         self._update_step = self._make_update_step()
         if self.accelerate == "auto":  # the rollout's forward passes, measured (same object, same parameters)
             self.policy = auto_accelerate(self.policy, device=self.device)
-        if not self.spec.discrete:
-            box = self.spec.action_space
-            self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
-            self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
+        space = self.spec.action_space
+        self._action_kind = action_kind(space)
+        if self._action_kind == "gaussian":  # (flattened: the policy's Gaussian is over prod(shape) values)
+            self._action_low = torch.as_tensor(space.low, device=self.device, dtype=torch.float32).flatten()
+            self._action_high = torch.as_tensor(space.high, device=self.device, dtype=torch.float32).flatten()
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
-    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        actions, _, _ = self.policy.act(obs, deterministic=deterministic)
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool,
+                        action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        actions, _, _ = self.policy.act(obs, deterministic=deterministic, action_masks=action_masks)
         return self._to_env(actions)
 
     def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
-        """Actions as the env takes them: Gaussian samples clipped to the Box (stored unclipped, as sampled)."""
-        if self.spec.discrete:
+        """Actions as the env takes them: Gaussian samples clipped to the Box (stored unclipped, as sampled); the
+        policy's flat MultiDiscrete, MultiBinary and Box actions in the space's shape (a view)."""
+        kind = self._action_kind
+        if kind == "categorical":
             return actions
-        return torch.maximum(torch.minimum(actions, self._action_high), self._action_low)
+        if kind == "gaussian":
+            actions = torch.maximum(torch.minimum(actions, self._action_high), self._action_low)
+        shape = self.spec.action_space.shape
+        return actions if len(shape) == 1 else actions.view(actions.shape[0], *shape)
+
+    def _action_storage(self) -> tuple[tuple[int, ...], torch.dtype]:
+        """(shape, dtype) of one stored action: an index (Discrete), k indices (MultiDiscrete), n 0/1 floats
+        (MultiBinary), prod(shape) floats (Box)."""
+        kind, index_dtype = self._action_kind, rules(self.device).index_dtype
+        if kind == "categorical":
+            return (), index_dtype
+        if kind == "multi_categorical":
+            return (len(self.policy.nvec),), index_dtype
+        return (self.policy.action_dim,), torch.float32
+
+    def _start_masking(self) -> int | None:
+        """After the first observation: whether this run uses action masks (the env gives them and `use_masking`),
+        and then their width. Masks change the loss: the hand-derived update, which has none, gives way to autograd
+        (recorded in `update_summary`)."""
+        masking = self.config.use_masking and self._action_mask is not None
+        if masking != self._masking:
+            self._masking = masking
+            self._update_step = self._make_update_step()
+        return self._action_mask.shape[-1] if masking else None
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
-        action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
-        action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
-        self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
-                                    action_dtype, self.device)
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
+        action_shape, action_dtype = self._action_storage()
+        self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
+                                    action_dtype, self.device, mask_size=self._start_masking())
 
     def _progress_remaining(self) -> float:
         """1 at the start of the schedule, 0 at its end (see `Algorithm.learn` for what the schedule spans)."""
@@ -164,16 +196,22 @@ class OnPolicyAlgorithm(Algorithm):
         episode_return_sum = torch.zeros((), device=self.device)
         episode_count = torch.zeros((), device=self.device)
         obs = self._obs
+        masking = self._masking
         with torch.no_grad():
             for step in range(cfg.num_steps):
+                # the mask valid for `obs` (from the reset or the step that returned it)
+                masks = self._action_mask if masking else None
                 with phase("act"):
-                    actions, log_probs, values = self._act(obs, step)
+                    actions, log_probs, values = self._act(obs, step, masks) if masking else self._act(obs, step)
                     env_actions = self._to_env(actions)
                 with phase("env"):
                     next_obs, rewards, terminated, truncated, info = env.step(env_actions)
                 with phase("buffer"):
                     dones = terminated | truncated
-                    buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones)
+                    buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones,
+                            action_masks=masks)
+                    if masking:
+                        self._action_mask = info["action_mask"]
                     episode_return_sum += torch.where(dones, info["episode_return"], 0.0).sum()
                     episode_count += dones.sum()
                     self._on_dones(dones)

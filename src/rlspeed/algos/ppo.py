@@ -51,8 +51,9 @@ class PPOConfig(OnPolicyConfig):
 
 
 class PPO(OnPolicyAlgorithm):
-    """PPO for Discrete and Box action spaces, with any observation space an encoder takes (`rlspeed.nn.make_encoder`:
-    vectors, images, Dict, Discrete).
+    """PPO for Discrete, MultiDiscrete, MultiBinary and Box action spaces (action masks as sb3-contrib's
+    `MaskablePPO`: used when the env gives them, unless `use_masking=False`), with any observation space an encoder
+    takes (`rlspeed.nn.make_encoder`: vectors, images, Dict, Discrete).
 
     >>> model = PPO("CartPole-v1", seed=0).learn(100_000)
     >>> action, _ = model.predict(obs, deterministic=True)
@@ -74,7 +75,7 @@ class PPO(OnPolicyAlgorithm):
         cfg = self.config
         return select_update(
             self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params, max_grad_norm=cfg.max_grad_norm,
-            name=self.name, reference_cls=PPO, unsupported=unsupported_reason(self.policy),
+            name=self.name, reference_cls=PPO, unsupported=unsupported_reason(self.policy, self._masking),
             hand_derived=lambda: FusedPPOUpdate(self.policy, self.optimizer, max_grad_norm=cfg.max_grad_norm,
                                                 vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
                                                 clip_range_vf=cfg.clip_range_vf,
@@ -102,6 +103,7 @@ class PPO(OnPolicyAlgorithm):
         batch_values = buf.values.flatten()
         batch_advantages = advantages.flatten()
         batch_returns = returns.flatten()
+        batch_masks = buf.action_masks.flatten(0, 1) if buf.action_masks is not None else None
         batch_size = batch_log_probs.shape[0]
         # Data-parallel: each rank holds 1/world of the batch, so its minibatches are 1/world as large.
         minibatch = min(max(cfg.batch_size // self.strategy.world_size, 1), batch_size)
@@ -122,18 +124,21 @@ class PPO(OnPolicyAlgorithm):
                 index = order[start:start + minibatch] if order is not None else slice(None)
                 minibatch_obs = batch_obs[index] if isinstance(batch_obs, torch.Tensor) else {
                     key: value[index] for key, value in batch_obs.items()}
+                # (the masks, when the run has them, go last: only the autograd reference takes them)
+                masks = () if batch_masks is None else (batch_masks[index],)
                 _, minibatch_stats = self._update_step(minibatch_obs, batch_actions[index], batch_log_probs[index],
                                                        batch_values[index], batch_advantages[index],
-                                                       batch_returns[index], clip, **hints)
+                                                       batch_returns[index], clip, *masks, **hints)
                 if minibatch_stats is not None:
                     stats += minibatch_stats
                     updates += 1
         return stats / max(updates, 1)
 
-    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range):
-        """The PPO loss of one minibatch: (loss, [policy loss, value loss, entropy, approx_kl, clipfrac])."""
+    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, action_masks=None):
+        """The PPO loss of one minibatch: (loss, [policy loss, value loss, entropy, approx_kl, clipfrac]).
+        `action_masks`: the masks the actions were sampled under (log-probs and entropy over the allowed actions)."""
         cfg = self.config
-        new_log_probs, entropy, new_values = self.policy.evaluate(obs, actions)
+        new_log_probs, entropy, new_values = self.policy.evaluate(obs, actions, action_masks)
         log_ratio = new_log_probs - old_log_probs
         ratio = log_ratio.exp()
         if cfg.normalize_advantage and advantages.shape[0] > 1:

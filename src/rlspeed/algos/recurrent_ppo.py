@@ -26,7 +26,6 @@ from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
-from rlspeed.device import rules
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError
@@ -83,7 +82,8 @@ class RecurrentPPO(PPO):
         cfg, spec = self.config, self.spec
         return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
                                     cfg.activation, cfg.log_std_init,
-                                    encoder=encoder_from_config(spec.observation_space, cfg))
+                                    encoder=encoder_from_config(spec.observation_space, cfg),
+                                    action_space=spec.action_space)
 
     def _make_update_step(self):
         # PPO's hand-derived update is for the MLP ActorCritic: this one always trains with the autograd of `_loss`
@@ -100,9 +100,11 @@ class RecurrentPPO(PPO):
         return zeros[0], zeros[1]
 
     def act_with_state(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None,
-                       episode_start: torch.Tensor | None, deterministic: bool = True):
+                       episode_start: torch.Tensor | None, deterministic: bool = True,
+                       action_masks: torch.Tensor | None = None):
         """Actions for raw observations `[N, ...]` (tensors) from the actor's state (h, c) `[1, N, H]` (None: an
-        episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state)."""
+        episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state).
+        `action_masks` (bool `[N, n]`): a masked action is never chosen."""
         obs = map_obs(lambda v: v.to(self.device), obs)
         num = obs_batch_size(obs)
         h, c = state if state is not None else self.initial_state(num)
@@ -113,23 +115,26 @@ class RecurrentPPO(PPO):
         with torch.no_grad():
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
-            actions, h, c = self.policy.actor_step(obs, h, c, deterministic)
+            masks = action_masks.to(self.device, torch.bool) if action_masks is not None else None
+            actions, h, c = self.policy.actor_step(obs, h, c, deterministic, masks)
         return self._to_env(actions), (h.unsqueeze(0), c.unsqueeze(0))
 
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         raise UserError("RecurrentPPO's actions depend on its LSTM state: use model.predict(obs, state, "
                         "episode_start) and pass the returned state back (or act_with_state with tensors).")
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True):
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
         """SB3-style: (actions, state) for a batch of N observations (or one), numpy in and out (tensors in give
         tensors out). `state` is the previous call's (None at the start: zeros); `episode_start` (bool `[N]`) zeroes
-        the state of envs whose observation starts an episode (None: none does)."""
+        the state of envs whose observation starts an episode (None: none does); `action_masks` as `Algorithm.predict`
+        takes them."""
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
+        masks = self._check_masks(action_masks, obs_batch_size(obs))
         if state is not None:
             state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32) for s in state)
         if episode_start is not None:
             episode_start = torch.as_tensor(np.asarray(episode_start) if as_numpy else episode_start).reshape(-1)
-        actions, (h, c) = self.act_with_state(obs, state, episode_start, deterministic)
+        actions, (h, c) = self.act_with_state(obs, state, episode_start, deterministic, masks)
         if single:
             actions = actions[0]
         if as_numpy:  # ok-sync: predict returns to the host
@@ -138,18 +143,20 @@ class RecurrentPPO(PPO):
 
     # --- rollout ----------------------------------------------------------------------------------------------
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
-        action_shape = () if self.spec.discrete else tuple(self.spec.action_space.shape)
-        action_dtype = rules(self.device).index_dtype if self.spec.discrete else torch.float32
+        action_shape, action_dtype = self._action_storage()
         self._state = self.policy.initial_state(env.num_envs)
+        self._obs, info = env.reset()
+        self._action_mask = info.get("action_mask")
         self.buffer = RecurrentRolloutBuffer(self.config.num_steps, env.num_envs, self.spec.observation_space,
-                                             action_shape, action_dtype, self.device, tuple(self._state.shape))
-        self._obs, _ = env.reset()
+                                             action_shape, action_dtype, self.device, tuple(self._state.shape),
+                                             mask_size=self._start_masking())
         self._episode_start = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
 
-    def _act(self, obs: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _act(self, obs: torch.Tensor, step: int,
+             action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # the state is zeroed exactly where this observation starts an episode, and carried over everywhere else
         state = self._state * (~self._episode_start).to(self._state.dtype).view(1, -1, 1)
-        actions, log_probs, values, next_state = self.policy.act_step(obs, state)
+        actions, log_probs, values, next_state = self.policy.act_step(obs, state, action_masks=action_masks)
         self.buffer.add_state(step, state, next_state, self._episode_start)
         self._state = next_state
         return actions, log_probs, values
@@ -190,17 +197,20 @@ class RecurrentPPO(PPO):
                 # float vectors as [T, B, D]; other observations in their stored layout (the encoder runs in the loss)
                 obs = (buf.obs[:, index].flatten(2) if self.policy.obs_encoder is None
                        else map_obs(lambda v: v[:, index], buf.obs))  # noqa: B023 (used within this iteration)
+                masks = () if buf.action_masks is None else (buf.action_masks[:, index].flatten(0, 1),)
                 _, minibatch_stats = self._update_step(
                     obs, buf.states[0][:, index], buf.episode_starts[:, index], layout,
                     buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
-                    buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip)
+                    buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip,
+                    *masks)
                 stats += minibatch_stats
                 updates += 1
         return stats / max(updates, 1)
 
     def _loss(self, obs, state, episode_starts, layout, actions, old_log_probs, old_values, advantages, returns,
-              clip_range):
+              clip_range, action_masks=None):
         """PPO's loss of a minibatch of sequences: obs `[T, B, D]`, the state stored at t = 0 `[4, B, H]`, episode
         starts `[T, B]` and their `SequenceLayout` (None: the step-by-step reference), the other fields `[T * B]`."""
         features = self.policy.sequence_features(obs, state, episode_starts, layout)
-        return super()._loss(features, actions, old_log_probs, old_values, advantages, returns, clip_range)
+        return super()._loss(features, actions, old_log_probs, old_values, advantages, returns, clip_range,
+                             action_masks)

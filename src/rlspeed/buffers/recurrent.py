@@ -17,8 +17,9 @@ class RecurrentRolloutBuffer(RolloutBuffer):
     """
 
     def __init__(self, num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
-                 action_dtype: torch.dtype, device: torch.device, state_shape: tuple[int, ...]):
-        super().__init__(num_steps, num_envs, observation, action_shape, action_dtype, device)
+                 action_dtype: torch.dtype, device: torch.device, state_shape: tuple[int, ...],
+                 mask_size: int | None = None):
+        super().__init__(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size)
         self.states = torch.zeros(num_steps, *state_shape, device=device)
         self.next_states = torch.zeros(num_steps, *state_shape, device=device)
         self.episode_starts = torch.zeros(num_steps, num_envs, device=device, dtype=torch.bool)

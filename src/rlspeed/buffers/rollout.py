@@ -80,11 +80,13 @@ class RolloutBuffer:
 
     `observation` is the observation space (`EnvSpec.observation_space`): observations are stored in their own dtype
     (uint8 images as uint8, indices as int64), a dict of such tensors for Dict spaces; a shape tuple stores float32
-    vectors of that shape.
+    vectors of that shape. With `mask_size`, `action_masks` `[T, N, mask_size]` (bool) holds the action mask that was
+    valid for each step's observation (the one its action was sampled under, and the one the loss applies again).
     """
 
     def __init__(self, num_steps: int, num_envs: int, observation: gym.Space | tuple[int, ...],
-                 action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device):
+                 action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device,
+                 mask_size: int | None = None):
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
@@ -97,8 +99,10 @@ class RolloutBuffer:
         self.rewards = zeros()
         self.terminated = zeros(dtype=torch.bool)
         self.dones = zeros(dtype=torch.bool)
+        self.action_masks = zeros(mask_size, dtype=torch.bool) if mask_size is not None else None
 
-    def add(self, step: int, obs, next_obs, actions, log_probs, values, rewards, terminated, dones) -> None:
+    def add(self, step: int, obs, next_obs, actions, log_probs, values, rewards, terminated, dones,
+            action_masks: torch.Tensor | None = None) -> None:
         """Copy one step of all N envs into row `step` (in place, no allocation).
 
         `next_obs` is `info["final_obs"]` (what each action led to), `dones` is `terminated | truncated`; the tensors
@@ -116,10 +120,13 @@ class RolloutBuffer:
         self.rewards[step].copy_(rewards)
         self.terminated[step].copy_(terminated)
         self.dones[step].copy_(dones)
+        if self.action_masks is not None:
+            self.action_masks[step].copy_(action_masks)
 
     def bytes_per_step(self) -> int:
         """Bytes one env step takes in this storage (observation and next observation in their dtypes, and the
         rest), as `benchmarks/cnn_encoder.py` reports it."""
-        fields = (self.actions, self.log_probs, self.values, self.rewards, self.terminated, self.dones)
+        fields = (self.actions, self.log_probs, self.values, self.rewards, self.terminated, self.dones,
+                  *(() if self.action_masks is None else (self.action_masks,)))
         total = 2 * observation_nbytes(self.obs) + sum(t.numel() * t.element_size() for t in fields)
         return total // (self.num_steps * self.num_envs)

@@ -33,9 +33,64 @@ def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
     array = actions.detach().cpu().numpy()
     if isinstance(space, gym.spaces.Discrete):
         return array.astype(np.int64).reshape(-1)
-    if isinstance(space, gym.spaces.Box):
+    if isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         return array.astype(space.dtype).reshape((-1,) + space.shape)
     return array
+
+
+# --- action masks ------------------------------------------------------------------------------------------------
+def mask_size(space: gym.Space) -> int | None:
+    """Width of an action mask for this action space: n (Discrete), sum(nvec) (MultiDiscrete: the components' masks
+    concatenated, as sb3-contrib's `MaskablePPO` lays them out); None for spaces that take no mask."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return None
+
+
+def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.ndarray:
+    """A batch of action masks as a bool array `[num, mask_size(space)]`, or UserError in one sentence naming the
+    mask and the fix: a mask of another shape, a space that takes no mask, or a row that allows no action (which
+    would leave the policy nothing to choose: checked here, on the host, where the mask arrives)."""
+    width = mask_size(space)
+    if width is None:
+        raise UserError(f"The action mask from {source} is for a {type(space).__name__} action space; masks apply to "
+                        "Discrete and MultiDiscrete actions only: drop the mask (use_masking=false).")
+    try:
+        array = np.asarray(masks)
+        if array.dtype == object:
+            array = np.stack([np.asarray(row) for row in masks])
+        array = array.reshape(num, -1) if array.size == num * width else array
+    except (ValueError, TypeError) as error:
+        raise UserError(f"The action mask from {source} cannot be read as an array ({error}); give one bool flag "
+                        f"per action, shape [{num}, {width}].") from None
+    if array.shape != (num, width):
+        raise UserError(f"The action mask from {source} has shape {list(array.shape)}, but {space} needs "
+                        f"[{num}, {width}] (one flag per action" + (", the components' masks concatenated"
+                                                                      if width != getattr(space, "n", width) else "")
+                        + "): fix the env's action_mask / action_masks().")
+    allowed = array.astype(bool)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        starts = np.concatenate(([0], np.cumsum(space.nvec.reshape(-1))[:-1]))
+        empty = ~np.logical_or.reduceat(allowed, starts, axis=1).all(axis=1)
+    else:
+        empty = ~allowed.any(axis=1)
+    if empty.any():
+        rows = np.flatnonzero(empty)[:5].tolist()
+        raise UserError(f"The action mask from {source} allows no action in row{'s' if len(rows) > 1 else ''} {rows}"
+                        + (" (in some component)" if isinstance(space, gym.spaces.MultiDiscrete) else "")
+                        + ": every row needs at least one allowed action; fix the env's mask, or end the episode "
+                          "where no action is valid.")
+    return allowed
+
+
+def _has_mask_method(env) -> bool:
+    """Whether a Gymnasium env (through its wrappers) has sb3-contrib's `action_masks()` method."""
+    try:
+        return callable(env.get_wrapper_attr("action_masks"))
+    except AttributeError:
+        return False
 
 
 # Keys gym.make_vec adds to a vector env's spec kwargs (and render_mode, which SB3's make_vec_env sets), and wrappers
@@ -221,65 +276,107 @@ class GymnasiumEnv(BatchedEnv):
         # per-step info merging and batching (for CartPole those cost more than the physics).
         same_step = vector_env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
+        # Action masks: info["action_mask"] (Gymnasium's Taxi) or an `action_masks()` method (sb3-contrib's
+        # convention); found at reset, then read every step (after autoreset: the new episode's first mask).
+        self._mask_width = mask_size(self.spec.action_space)
+        self._mask_method = False
+        if self._mask_width is not None:
+            if self._sync_envs is not None or isinstance(vector_env, gym.vector.SyncVectorEnv):
+                self._mask_method = _has_mask_method(vector_env.envs[0])
+            else:
+                try:
+                    self._mask_method = all(callable(m) for m in vector_env.get_attr("action_masks"))
+                except Exception:  # no env has it (the AttributeError comes back from the subprocesses as another)
+                    self._mask_method = False
+        self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
+
+    def _masks(self, info_masks, source: str) -> torch.Tensor | None:
+        """The step's action masks as bool `[N, n]` on the device, None when the env gives none."""
+        if self._mask_method:
+            info_masks, source = self.vector_env.call("action_masks"), f"{self.spec.env_id}'s action_masks()"
+        if info_masks is None:
+            return None
+        return torch.as_tensor(check_action_masks(info_masks, self.spec.action_space, self.num_envs, source),
+                               device=self.device)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
-        """Reset the vector env (Gymnasium seeds env i with `seed + i`); returns (obs, {}).
+        """Reset the vector env (Gymnasium seeds env i with `seed + i`); returns (obs, info).
 
-        Gymnasium's reset info is dropped.
+        info holds `action_mask` (bool `[N, n]`) where the env gives masks; the rest of Gymnasium's reset info is
+        dropped.
         """
-        obs, _ = self.vector_env.reset(seed=seed)
+        obs, reset_info = self.vector_env.reset(seed=seed)
+        info = {}
+        if self._mask_width is not None and ("action_mask" in reset_info or self._mask_method):
+            self.has_action_masks = True
+            info["action_mask"] = self._masks(reset_info.get("action_mask"),
+                                              f"{self.spec.env_id}'s info['action_mask']")
         if self._float_vector:
-            return host_tensor(obs, self.device), {}
-        return to_device(self._host.batch(obs), self.device), {}
+            return host_tensor(obs, self.device), info
+        return to_device(self._host.batch(obs), self.device), info
 
     def _step_sync(self, actions: np.ndarray):
-        """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None)."""
+        """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
+        None); a row's mask is the one valid for its returned observation (after autoreset, the reset's)."""
         n = self.num_envs
         reward = np.empty(n, dtype=np.float32)
         terminated = np.empty(n, dtype=bool)
         truncated = np.empty(n, dtype=bool)
         final = None
+        masks = [None] * n if self.has_action_masks and not self._mask_method else None
         if self._float_vector:
             obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
             for i, env in enumerate(self._sync_envs):
-                observation, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+                observation, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = np.empty_like(obs)
                     final[i] = observation
-                    observation, _ = env.reset()
+                    observation, info = env.reset()
                 obs[i] = observation
+                if masks is not None:
+                    masks[i] = info.get("action_mask")
             if final is not None:
                 done = terminated | truncated
                 final[~done] = obs[~done]
-            return obs, reward, terminated, truncated, final
+            return obs, reward, terminated, truncated, final, masks
         host = self._host
         obs = host.empty(n)
         for i, env in enumerate(self._sync_envs):
-            observation, reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+            observation, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
             if terminated[i] or truncated[i]:
                 if final is None:
                     final = host.empty(n)
                 host.write(final, i, observation)
-                observation, _ = env.reset()
+                observation, info = env.reset()
             host.write(obs, i, observation)
+            if masks is not None:
+                masks[i] = info.get("action_mask")
         if final is not None:
             host.copy_rows(final, obs, ~(terminated | truncated))
-        return obs, reward, terminated, truncated, final
+        return obs, reward, terminated, truncated, final, masks
 
     def step(self, actions: torch.Tensor):
         """Step the Gymnasium envs (actions go to the host once) and return the batched contract's tensors.
 
-        `info` holds only `final_obs`; Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is
+        `info` holds `final_obs` and, where the env gives masks, `action_mask` (bool `[N, n]`, for the returned
+        observations: after an autoreset, the new episode's); Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is
         stepped env by env here (`_step_sync`), skipping its per-step info merging.
         """
+        source = f"{self.spec.env_id}'s info['action_mask']"
         if self._sync_envs is not None:
-            obs_np, reward, terminated, truncated, final_np = self._step_sync(
+            obs_np, reward, terminated, truncated, final_np, masks = self._step_sync(
                 _to_numpy_actions(actions, self.spec.action_space))
             obs_t = to_device(obs_np, self.device)
             final_t = obs_t if final_np is None else to_device(final_np, self.device)
+            out_info = {"final_obs": final_t}
+            if self.has_action_masks:
+                if masks is not None and any(mask is None for mask in masks):
+                    raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on every step: "
+                                    "give it on every step and reset, or pass use_masking=false.")
+                out_info["action_mask"] = self._masks(masks, source)
             return (obs_t, torch.as_tensor(reward, device=self.device), torch.as_tensor(terminated, device=self.device),
-                    torch.as_tensor(truncated, device=self.device), {"final_obs": final_t})
+                    torch.as_tensor(truncated, device=self.device), out_info)
         obs, reward, terminated, truncated, info = self.vector_env.step(
             _to_numpy_actions(actions, self.spec.action_space))
         # a copy, as in `host_tensor`: the vector env may reuse its buffer
@@ -288,6 +385,11 @@ class GymnasiumEnv(BatchedEnv):
         obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
                                        None if self._float_vector else self._host)
         out_info = {"final_obs": final_t}
+        if self.has_action_masks:
+            if not self._mask_method and "action_mask" not in info:
+                raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
+                                "on every step and reset, or pass use_masking=false.")
+            out_info["action_mask"] = self._masks(info.get("action_mask"), source)
         return (obs_t,
                 torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
                 torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),

@@ -18,8 +18,10 @@ from rlspeed.envs.gymnasium_env import (
     HostObservations,
     _to_numpy_actions,
     _vector_env_spec,
+    check_action_masks,
     host_tensor,
     is_registered_env,
+    mask_size,
     obs_and_final,
     to_device,
 )
@@ -50,18 +52,32 @@ class SB3VecEnv(BatchedEnv):
                                         spec.reward_threshold if registered else None)
         self._host = HostObservations(self.spec.observation_space)
         self._float_vector = self.spec.float_vector_obs
+        # Action masks as sb3-contrib's MaskablePPO reads them: the envs' `action_masks()` method
+        has_attr = getattr(vec_env, "has_attr", None)
+        self.has_action_masks = (mask_size(self.spec.action_space) is not None and callable(has_attr)
+                                 and bool(has_attr("action_masks")))
+
+    def _masks(self) -> dict:
+        """{"action_mask": bool [N, n] on the device} from the envs' `action_masks()`, or {} without masks."""
+        if not self.has_action_masks:
+            return {}
+        masks = check_action_masks(self.vec_env.env_method("action_masks"), self.spec.action_space, self.num_envs,
+                                   f"{self.spec.env_id}'s action_masks()")
+        return {"action_mask": torch.as_tensor(masks, device=self.device)}
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
-        """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, {})."""
+        """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, info); info holds
+        `action_mask` where the envs have an `action_masks()` method."""
         if seed is not None:
             self.vec_env.seed(seed)
         obs = self.vec_env.reset()
         if self._float_vector:
-            return host_tensor(obs, self.device), {}
-        return to_device(self._host.batch(obs), self.device), {}
+            return host_tensor(obs, self.device), self._masks()
+        return to_device(self._host.batch(obs), self.device), self._masks()
 
     def step(self, actions: torch.Tensor):
-        """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` only."""
+        """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` (and `action_mask`,
+        for the returned observations, where the envs have `action_masks()`)."""
         self.vec_env.step_async(_to_numpy_actions(actions, self.spec.action_space))
         obs, rewards, dones, infos = self.vec_env.step_wait()
         obs = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
@@ -78,7 +94,7 @@ class SB3VecEnv(BatchedEnv):
                                            lambda row: infos[row]["terminal_observation"], self._host)
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
-                {"final_obs": final_t})
+                {"final_obs": final_t, **self._masks()})
 
     def close(self) -> None:
         """Close the VecEnv (for SubprocVecEnv, its worker processes too)."""

@@ -34,11 +34,17 @@ from rlspeed.nn import ActorCritic
 SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
 
 
-def unsupported_reason(policy: nn.Module) -> str | None:
+def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
     """Why `FusedPPOUpdate` cannot update this policy, or None when it can (an `ActorCritic` with a tanh or ReLU
-    body)."""
+    body, Discrete or Box actions, no action masks: `masked` says the run uses them)."""
     if type(policy) is not ActorCritic:
         return f"the policy is a {type(policy).__name__}, not rlspeed's ActorCritic MLP"
+    kind = getattr(policy, "kind", "categorical" if policy.discrete else "gaussian")
+    if kind not in ("categorical", "gaussian"):
+        names = {"multi_categorical": "MultiDiscrete", "bernoulli": "MultiBinary"}
+        return f"{names.get(kind, kind)} actions (the hand-derived update covers Discrete and Box actions)"
+    if masked:
+        return "action masks (the hand-derived update covers unmasked policies)"
     if policy.encoder is not None:
         return f"a {policy.encoder.kind} (the hand-derived update covers MLPs on float vectors)"
     if not isinstance(policy.body.activation, SUPPORTED_ACTIVATIONS):

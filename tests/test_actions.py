@@ -1,0 +1,156 @@
+"""Action spaces beyond Discrete and 1-D Box: MultiDiscrete (factorised categorical), MultiBinary (Bernoulli), Box of
+any shape, for PPO, A2C and RecurrentPPO; save/load of each policy kind gives identical actions."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed.errors import UserError
+from rlspeed.nn import ActorCritic
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def test_multi_categorical_and_bernoulli_match_torch_distributions():
+    torch.manual_seed(0)
+    obs = torch.randn(64, 5)
+    multi = ActorCritic(5, 0, False, (16,), action_space=gym.spaces.MultiDiscrete([3, 2, 4]))
+    actions, log_probs, _ = multi.act(obs)
+    assert actions.shape == (64, 3) and (actions < torch.tensor([3, 2, 4])).all()
+    logits, _ = multi(obs)
+    parts = [torch.distributions.Categorical(logits=part) for part in logits.split((3, 2, 4), -1)]
+    log_prob, entropy, _ = multi.evaluate(obs, actions)
+    torch.testing.assert_close(log_prob, sum(d.log_prob(actions[:, i]) for i, d in enumerate(parts)))
+    torch.testing.assert_close(log_probs, log_prob)
+    torch.testing.assert_close(entropy, sum(d.entropy() for d in parts))
+
+    binary = ActorCritic(5, 0, False, (16,), action_space=gym.spaces.MultiBinary(6))
+    actions, log_probs, _ = binary.act(obs)
+    assert actions.shape == (64, 6) and set(actions.unique().tolist()) <= {0.0, 1.0}
+    logits, _ = binary(obs)
+    reference = torch.distributions.Bernoulli(logits=logits)
+    log_prob, entropy, _ = binary.evaluate(obs, actions)
+    torch.testing.assert_close(log_prob, reference.log_prob(actions).sum(-1))
+    torch.testing.assert_close(log_probs, log_prob)
+    torch.testing.assert_close(entropy, reference.entropy().sum(-1))
+    deterministic, _, _ = binary.act(obs, deterministic=True)
+    torch.testing.assert_close(deterministic, (logits > 0).float())
+
+
+class MatrixActions(gym.Env):
+    """Reward 1 - mean |a - target| for a 2x2 Box action (one-step episodes): a Box action that is not a vector."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,))
+    action_space = gym.spaces.Box(-1.0, 1.0, (2, 2))
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        assert action.shape == (2, 2)
+        target = np.array([[0.5, -0.5], [0.0, 0.25]])
+        return self.observation_space.sample(), float(1 - np.abs(action - target).mean()), True, False, {}
+
+
+def _matrix_env(num_envs: int = 4):
+    return gym.vector.SyncVectorEnv([MatrixActions] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def _sb3_env(kind: str, num_envs: int = 4):
+    from sb3_contrib.common.envs import InvalidActionEnvMultiDiscrete
+    from stable_baselines3.common.envs import IdentityEnvMultiBinary, IdentityEnvMultiDiscrete
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    make = {"multi_discrete": lambda: IdentityEnvMultiDiscrete(dim=3, ep_length=20),
+            "multi_binary": lambda: IdentityEnvMultiBinary(dim=4, ep_length=20),
+            "masked_multi_discrete": lambda: InvalidActionEnvMultiDiscrete(dims=[3, 3], ep_length=20,
+                                                                           n_invalid_actions=2)}[kind]
+    return DummyVecEnv([make] * num_envs)
+
+
+def test_box_actions_of_any_shape_reach_the_env_in_their_shape():
+    model = rlspeed.PPO(_matrix_env(), seed=0, num_envs=4, num_steps=16, batch_size=64)
+    model.learn(128, progress_bar=False)  # MatrixActions asserts the shape it gets
+    assert model.buffer.actions.shape == (16, 4, 4)  # stored flat
+    action, _ = model.predict(np.zeros(3, dtype=np.float32))
+    assert action.shape == (2, 2) and np.all(np.abs(action) <= 1)
+
+
+@pytest.mark.parametrize("algo", [rlspeed.PPO, rlspeed.A2C, rlspeed.RecurrentPPO])
+@pytest.mark.parametrize("kind", ["multi_discrete", "multi_binary"])
+def test_on_policy_algorithms_train_on_multi_discrete_and_multi_binary_actions(algo, kind):
+    pytest.importorskip("stable_baselines3")
+    extra = {"batch_size": 64} if algo is not rlspeed.A2C else {}
+    model = algo(_sb3_env(kind), seed=0, num_envs=4, num_steps=16, **extra)
+    model.learn(128, progress_bar=False)
+    stored = model.buffer.actions
+    if kind == "multi_discrete":
+        assert stored.shape == (16, 4, 2) and not stored.is_floating_point() and (stored < 3).all()
+    else:
+        assert stored.shape == (16, 4, 4) and set(stored.unique().tolist()) <= {0.0, 1.0}
+    assert model.update_summary()["implementation"] != "hand-derived"
+
+
+def test_off_policy_algorithms_refuse_multi_discrete_actions_in_one_sentence():
+    pytest.importorskip("stable_baselines3")
+    with pytest.raises(UserError, match="does not take MultiDiscrete actions.*use ppo, a2c or recurrent_ppo"):
+        rlspeed.DQN(_sb3_env("multi_discrete"), seed=0)
+
+
+def test_sb3_contrib_action_masks_method_is_read_and_respected():
+    pytest.importorskip("sb3_contrib")
+    env = _sb3_env("masked_multi_discrete")
+    model = rlspeed.PPO(env, seed=0, num_envs=4, num_steps=16, batch_size=64)
+    model.learn(128, progress_bar=False)
+    buf = model.buffer
+    assert buf.action_masks is not None and buf.action_masks.shape == (16, 4, 6)
+    first = buf.action_masks[..., :3].gather(-1, buf.actions[..., :1].long())
+    second = buf.action_masks[..., 3:].gather(-1, buf.actions[..., 1:].long())
+    assert first.all() and second.all()
+
+
+def _policy_kinds():
+    kinds = [("ppo", "CartPole-v1", {}), ("ppo", "Pendulum-v1", {}), ("ppo", "taxi", {}), ("ppo", "matrix", {}),
+             ("a2c", "taxi", {})]
+    kinds += [("ppo", "multi_discrete", {}), ("ppo", "multi_binary", {}), ("a2c", "multi_binary", {}),
+              ("recurrent_ppo", "masked_multi_discrete", {}), ("ppo", "masked_multi_discrete", {})]
+    return kinds
+
+
+@pytest.mark.parametrize("algo, task, extra", _policy_kinds())
+def test_save_and_load_give_identical_actions_for_every_policy_kind(tmp_path, algo, task, extra):
+    cls = {"ppo": rlspeed.PPO, "a2c": rlspeed.A2C, "recurrent_ppo": rlspeed.RecurrentPPO}[algo]
+    if task == "taxi":
+        env = "Taxi-v4"
+    elif task == "matrix":
+        env = _matrix_env()
+    elif task in ("CartPole-v1", "Pendulum-v1"):
+        env = task
+    else:
+        pytest.importorskip("sb3_contrib")
+        env = _sb3_env(task)
+    options = {"num_envs": 4, "num_steps": 16} | ({"batch_size": 64} if algo != "a2c" else {})
+    model = cls(env, seed=0, **options, **extra)
+    model.learn(64, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    loaded = cls.load(path)
+    assert loaded.spec.action_space == model.spec.action_space
+    space = model.spec.observation_space
+    obs = np.stack([space.sample() for _ in range(5)])
+    masks = None
+    if task == "taxi":
+        masks = np.stack([gym.make("Taxi-v4").unwrapped.action_mask(int(s)) for s in obs]).astype(bool)
+    elif task == "masked_multi_discrete":
+        masks = np.ones((5, 6), dtype=bool)
+        masks[:, 0] = masks[:, 4] = False
+    original, _ = model.predict(obs, action_masks=masks)
+    again, _ = loaded.predict(obs, action_masks=masks)
+    np.testing.assert_array_equal(original, again)
+    assert original.shape == (5, *model.spec.action_space.shape)
+    if masks is not None and task == "taxi":
+        assert masks[np.arange(5), original].all()
