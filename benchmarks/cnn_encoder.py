@@ -197,8 +197,9 @@ def main() -> None:
              f"hyperparameters for both (see the script's docstring); {args.repeats} alternating runs of "
              f"{args.ppo_steps:,} (PPO) and {args.dqn_steps:,} (DQN) steps. Load average (1, 5, 15 min): "
              f"{load_before} before, {load_after} after.", "", throughput, "",
-             "(b) Bytes per transition of storage, from the arrays each library allocates (rlspeed's rollout keeps "
-             "the next observation too, for truncation bootstraps; SB3's rollout stores float32 observations):", "",
+             "(b) Bytes per transition of storage, from the arrays each library allocates (both keep observations in "
+             "their dtype; rlspeed's rollout also keeps each step's next observation, for truncation bootstraps, "
+             "which SB3 computes during collection instead):", "",
              memory]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "minatar"))
     data = {"settings": {"env_id": ENV_ID, "num_envs": NUM_ENVS, "features": FEATURES, "ppo": PPO_SETTINGS,

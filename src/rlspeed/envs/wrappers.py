@@ -113,6 +113,14 @@ class DictRunningMeanStd(nn.Module):
                 for key, value in obs.items()}
 
 
+def normalizable(space: gym.Space) -> bool:
+    """Whether observation normalisation has anything to normalise in `space` (an `EnvSpec.observation_space`): float
+    vectors, or a Dict with a float key. A preset's `normalize_obs: true` meant for vectors does not apply otherwise."""
+    layout = observation_layout(space)
+    parts = layout.values() if isinstance(layout, dict) else (layout,)
+    return any(dtype == torch.float32 for _, dtype in parts)
+
+
 def observation_statistics(space: gym.Space, device: torch.device | str = "cpu") -> nn.Module:
     """The running statistics observation normalisation keeps for `space` (an `EnvSpec.observation_space`): a
     `RunningMeanStd` for float vectors, a `DictRunningMeanStd` over the float keys of a Dict; UserError for
