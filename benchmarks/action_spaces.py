@@ -47,7 +47,7 @@ def multi(seed: int, budget: int) -> list[dict]:
 
     tasks = {
         "IdentityEnvMultiDiscrete(dim=4) [MultiDiscrete([4 4])]": lambda: IdentityEnvMultiDiscrete(dim=4),
-        "IdentityEnvMultiBinary(dim=8) [MultiBinary(8)]": lambda: IdentityEnvMultiBinary(dim=8),
+        "IdentityEnvMultiBinary(dim=4) [MultiBinary(4)]": lambda: IdentityEnvMultiBinary(dim=4),
         "InvalidActionEnvMultiDiscrete(dims=[4, 4], n_invalid_actions=3) [masked]":
             lambda: InvalidActionEnvMultiDiscrete(dims=[4, 4], n_invalid_actions=3),
     }
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("which", nargs="?", default="all", choices=("taxi", "multi", "all"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--taxi-budget", type=int, default=600_000)
-    parser.add_argument("--multi-budget", type=int, default=50_000)
+    parser.add_argument("--multi-budget", type=int, default=100_000)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     gym.logger.min_level = 40

@@ -11,6 +11,7 @@ Polyak.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -104,6 +105,13 @@ class DQN(OffPolicyAlgorithm):
 
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
+
+    def _start(self, env, total_timesteps: int) -> None:
+        super()._start(env, total_timesteps)
+        if getattr(self, "_action_mask", None) is not None:
+            warnings.warn(f"{self.env_id} gives action masks, which DQN does not apply yet: it may choose masked "
+                          "actions and learns from the env's penalties for them (use ppo for masked training).",
+                          stacklevel=3)
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}
