@@ -139,13 +139,22 @@ def test_missing_safetensors_fails(monkeypatch):
 
 def test_env_families_one_line_each():
     checks = doctor.check_env_families()
-    assert [check.name for check in checks] == ["env classic", "env box2d", "env mujoco"]
+    assert [check.name for check in checks] == ["env classic", "env box2d", "env mujoco", "env atari", "env envpool"]
     assert checks[0].status == doctor.PASS
-    box2d = checks[1]
-    if importlib.util.find_spec("Box2D") is None:
-        assert box2d.status == doctor.WARN and box2d.advice == 'pip install "rlspeed[box2d]"'
-    else:
-        assert box2d.status == doctor.PASS
+    for check, module, extra in ((checks[1], "Box2D", "box2d"), (checks[3], "ale_py", "atari"),
+                                 (checks[4], "envpool", "envpool")):
+        if importlib.util.find_spec(module) is None:
+            assert check.status == doctor.WARN and check.advice == f'pip install "rlspeed[{extra}]"', check
+        else:
+            assert check.status == doctor.PASS, check
+
+
+def test_a_missing_envpool_is_a_warning_with_its_install_line(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "envpool" else real(name, *a))
+    envpool = {check.name: check for check in doctor.check_env_families()}["env envpool"]
+    assert envpool.status == doctor.WARN and envpool.advice == 'pip install "rlspeed[envpool]"'
+    assert "envpool is not installed" in envpool.detail
 
 
 def test_compile_crash_and_hang_are_warnings(monkeypatch):

@@ -374,7 +374,11 @@ ENV_FAMILIES = (
     ("classic", "CartPole-v1", "gymnasium", FAIL, 'pip install "gymnasium>=1.1"'),
     ("box2d", "LunarLander-v3", "Box2D", WARN, 'pip install "rlspeed[box2d]"'),
     ("mujoco", "HalfCheetah-v5", "MuJoCo", WARN, 'pip install "rlspeed[mujoco]"'),
+    ("atari", "ALE/Pong-v5", "ale_py", WARN, 'pip install "rlspeed[atari]"'),
+    ("envpool", "CartPole-v1", "envpool", WARN, 'pip install "rlspeed[envpool]"'),
 )
+#: families made through rlspeed's make_env (with the backend or preprocessing they need), not gymnasium.make
+_MADE_BY_RLSPEED = {"atari": "gymnasium", "envpool": "envpool"}
 
 
 def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[str, str]:
@@ -398,7 +402,7 @@ def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[
 
 
 def check_env_families() -> list[Check]:
-    """Make and reset one env of each family (classic control, Box2D, MuJoCo); each is one line."""
+    """Make and reset one env of each family (classic control, Box2D, MuJoCo, Atari, EnvPool); each is one line."""
     checks = []
     for family, env_id, needs, status_if_broken, advice in ENV_FAMILIES:
         name = f"env {family}"
@@ -407,7 +411,14 @@ def check_env_families() -> list[Check]:
                 warnings.simplefilter("ignore")
                 import gymnasium
 
-                env = gymnasium.make(env_id)
+                if family in _MADE_BY_RLSPEED:
+                    if family == "envpool" and importlib.util.find_spec("envpool") is None:
+                        raise ModuleNotFoundError("No module named 'envpool'", name="envpool")
+                    from rlspeed.envs import make_env
+
+                    env = make_env(env_id, num_envs=1, device="cpu", backend=_MADE_BY_RLSPEED[family])
+                else:
+                    env = gymnasium.make(env_id)
                 try:
                     env.reset(seed=0)
                 finally:
@@ -416,7 +427,9 @@ def check_env_families() -> list[Check]:
             reason, fix = _env_family_problem(error, needs, advice)
             checks.append(Check(status_if_broken, name, f"{env_id} unavailable: {reason}", fix))
             continue
-        checks.append(Check(PASS, name, f"{env_id} works (gymnasium {gymnasium.__version__})"))
+        version = (f"envpool {importlib.metadata.version('envpool')}" if family == "envpool"
+                   else f"gymnasium {gymnasium.__version__}")
+        checks.append(Check(PASS, name, f"{env_id} works ({version})"))
     return checks
 
 
