@@ -169,3 +169,38 @@ def test_presets_of_the_gymnasium_view_ids_are_the_native_ids_and_max_steps_is_c
         "ppo", "default")
     with pytest.raises(rlspeed.UserError, match="max_steps"):
         rlspeed.evaluate(PPO("CartPole-v1", device="cpu"), "CartPole-v1", episodes=2, max_steps=0)
+
+
+class _LearningEpisodesEndEarly(rlspeed.envs.EnvWrapper):
+    """Ends a learning episode every 7 steps without ending the env's episode, as Atari's lost lives do:
+    `terminated` is set, `info["done"]` (whole episodes, from the episode statistics inside) is not."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.steps = 0
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        self.steps += 1
+        if self.steps % 7 == 0:
+            terminated = torch.ones_like(terminated)
+        return obs, reward, terminated, truncated, info
+
+
+def test_logged_episode_returns_are_whole_episodes_when_learning_episodes_end_earlier():
+    env = _LearningEpisodesEndEarly(rlspeed.make_env("CartPole-v1", num_envs=4, device="cpu", seed=0,
+                                                     backend="torch"))
+    model = PPO(env, device="cpu", seed=0, num_steps=64, batch_size=64)
+    model._start(env, 256)
+    model._learn_start, model._schedule_end = 0, 256
+    whole_episodes = []
+    inner_step = env.env.step
+
+    def count(actions):
+        result = inner_step(actions)
+        whole_episodes.append(result[4]["done"].sum().item())
+        return result
+
+    env.env.step = count
+    _, metrics = model._train_iteration()
+    assert metrics["episode_count"].item() == sum(whole_episodes) < 64 * 4 // 7

@@ -212,8 +212,11 @@ class OnPolicyAlgorithm(Algorithm):
                             action_masks=masks)
                     if masking:
                         self._action_mask = info["action_mask"]
-                    episode_return_sum += torch.where(dones, info["episode_return"], 0.0).sum()
-                    episode_count += dones.sum()
+                    # whole episodes for the statistics (a training wrapper may end a learning episode earlier,
+                    # e.g. Atari's lost life: `info["done"]` still marks the game's end)
+                    episode_ends = info.get("done", dones)
+                    episode_return_sum += torch.where(episode_ends, info["episode_return"], 0.0).sum()
+                    episode_count += episode_ends.sum()
                     self._on_dones(dones)
                 obs = next_obs
             self._obs = obs
