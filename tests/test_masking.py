@@ -4,6 +4,8 @@ with one sentence."""
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -178,3 +180,139 @@ def test_predict_and_evaluate_use_masks():
     # deterministic evaluation on Taxi never takes an illegal move: no -10 penalty in any episode
     returns = model.evaluate(episodes=4, seed=0)["returns"]
     assert all(r == -200.0 or r > -200 for r in returns)
+
+
+# --- DQN: greedy and exploring choices, the target's argmax, replay, save/load ------------------------------------
+class _MaskedPick(gym.Env):
+    """One-step episodes: the observation is a target t in 1..4, an action equal to t earns 1. Action 0 is always
+    masked but earns 2 if taken (what an agent that ignores the mask learns to pick); the other non-target actions
+    are allowed at random. `taken` counts every action chosen, over all instances."""
+
+    taken = np.zeros(5, dtype=np.int64)
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Discrete(5)
+        self.action_space = gym.spaces.Discrete(5)
+        self.target = 1
+
+    def _info(self):
+        mask = self.np_random.random(5) < 0.5
+        mask[0], mask[self.target] = False, True
+        return {"action_mask": mask}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = int(self.np_random.integers(1, 5))
+        return self.target, self._info()
+
+    def step(self, action):
+        action = int(action)
+        _MaskedPick.taken[action] += 1
+        reward = 2.0 if action == 0 else float(action == self.target)
+        return self.target, reward, True, False, self._info()
+
+
+_PICK_ID = "RlspeedTest/MaskedPick-v0"
+if _PICK_ID not in gym.registry:
+    gym.register(_PICK_ID, entry_point=_MaskedPick)
+
+_DQN_SMALL = {"num_envs": 4, "learning_starts": 64, "train_freq": 4, "batch_size": 32, "target_update_interval": 200,
+              "learning_rate": 1e-3, "exploration_fraction": 0.5, "net_arch": (32,)}
+
+
+@pytest.mark.parametrize("use_masking", [True, False])
+def test_dqn_never_chooses_a_masked_action_and_learns_the_masked_task(use_masking):
+    _MaskedPick.taken[:] = 0
+    model = rlspeed.DQN(_PICK_ID, seed=0, use_masking=use_masking, **_DQN_SMALL)
+    model.learn(3000, progress_bar=False)  # random, then exploring, then mostly greedy choices
+    if not use_masking:  # the forbidden action pays most: without masks DQN takes it (so the check below can fail)
+        assert _MaskedPick.taken[0] > 0
+        return
+    assert _MaskedPick.taken[0] == 0 and _MaskedPick.taken.sum() == model.num_timesteps
+    assert model.update_summary()["implementation"] == "autograd"
+    assert model.evaluate(episodes=10, seed=1)["mean"] == 1.0  # the target, every time, among the allowed actions
+    assert _MaskedPick.taken[0] == 0
+    # exploration with epsilon = 1 (the random branch for every row) draws among the allowed actions only
+    masks = torch.rand(2048, 5) < 0.5
+    masks[:, 0], masks[:, 3] = False, True
+    obs = torch.randint(1, 5, (2048,))
+    for actions in (model._epsilon_greedy(model._greedy(obs, masks), 1.0, masks), model._random_actions(2048, masks),
+                    model.act(obs, deterministic=True, action_masks=masks)):
+        assert masks[torch.arange(2048), actions.long()].all()
+    uniform = torch.rand(4, 2048, 5)
+    model._draws = (0, torch.ones(4, 2048, dtype=torch.bool), uniform)  # a collection phase that explores everywhere
+    model._masking = True
+    actions = model._explore(obs, 0, masks)
+    assert masks[torch.arange(2048), actions.long()].all()
+    assert set(actions.tolist()) == set(masks.nonzero()[:, 1].tolist())  # every allowed action occurs
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_dqn_target_maximises_over_the_next_observations_allowed_actions(double_q):
+    model = rlspeed.DQN(_PICK_ID, seed=0, double_q=double_q, net_arch=(16,))
+    with torch.no_grad():
+        for param in model.q_target.parameters():  # a target network unlike the online one
+            param.add_(torch.randn_like(param))
+    obs, next_obs = torch.randint(0, 5, (64,)), torch.randint(0, 5, (64,))
+    actions, rewards = torch.randint(0, 5, (64,)), torch.randn(64)
+    terminated, discounts = (torch.rand(64) < 0.2).float(), torch.full((64,), 0.99)
+    online, target = model.q_network(next_obs).detach(), model.q_target(next_obs).detach()
+    chooser = online if double_q else target
+    masks = torch.rand(64, 5) < 0.6
+    masks[torch.arange(64), chooser.argmin(1)] = True  # at least one allowed action
+    masks[torch.arange(64), chooser.argmax(1)] = False  # the unmasked argmax is always forbidden
+    best = chooser.masked_fill(~masks, -torch.inf).argmax(1)
+    assert masks[torch.arange(64), best].all()
+    expected_y = rewards + discounts * (1 - terminated) * target.gather(1, best[:, None])[:, 0]
+    q_taken = model.q_network(obs).gather(1, actions[:, None])[:, 0]
+    loss, _ = model._loss(obs, actions, rewards, next_obs, terminated, discounts, masks)
+    torch.testing.assert_close(loss, torch.nn.functional.smooth_l1_loss(q_taken, expected_y))
+    unmasked, _ = model._loss(obs, actions, rewards, next_obs, terminated, discounts)
+    assert not torch.isclose(loss, unmasked)  # the mask changed the target
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_dqn_replay_stores_the_next_observations_mask_and_survives_resume(n_step, tmp_path):
+    options = {"num_envs": 4, "learning_starts": 100, "train_freq": 4, "buffer_size": 1024, "n_step": n_step}
+    model = rlspeed.DQN("Taxi-v4", seed=0, save_replay_buffer=True, **options)
+    model.learn(800, progress_bar=False)
+    buffer, size = model.buffer, model.buffer.size
+    reference = gym.make("Taxi-v4").unwrapped
+
+    def env_masks(states):
+        return torch.as_tensor(np.stack([reference.action_mask(int(s)) for s in states]).astype(bool))
+
+    taken = env_masks(buffer.obs[:size]).gather(1, buffer.actions[:size].long()[:, None])
+    assert taken.all()  # random and exploring actions were all allowed
+    stored, expected = buffer.next_action_masks[:size], env_masks(buffer.next_obs[:size])
+    # the mask at next_obs, or all actions where the episode ended (whose final mask the adapters do not give)
+    assert ((stored == expected).all(1) | stored.all(1)).all()
+    assert (stored == expected).all(1).float().mean() > 0.9
+    model.save(tmp_path / "model")
+    resumed = rlspeed.DQN("Taxi-v4", seed=0, **options)
+    resumed.resume(tmp_path / "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (Gymnasium envs restart their episodes on resume, with a warning)
+        resumed.learn(16, progress_bar=False)
+    assert torch.equal(resumed.buffer.next_action_masks[:size], stored)
+
+
+def test_dqn_save_load_keeps_masked_actions_and_use_masking_off_ignores_masks(tmp_path):
+    model = rlspeed.DQN(_PICK_ID, seed=0, **_DQN_SMALL)
+    model.learn(256, progress_bar=False)
+    model.save(tmp_path / "dqn")
+    loaded = rlspeed.DQN.load(tmp_path / "dqn")
+    assert loaded.config.use_masking
+    obs = np.arange(5)
+    masks = np.zeros((5, 5), dtype=bool)
+    masks[:, 2] = True
+    masks[[0, 3], 4] = True
+    actions, _ = loaded.predict(obs, action_masks=masks)
+    assert masks[np.arange(5), actions].all()
+    np.testing.assert_array_equal(actions, model.predict(obs, action_masks=masks)[0])
+    np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
+
+    unmasked = rlspeed.DQN(_PICK_ID, seed=0, use_masking=False, **_DQN_SMALL)
+    unmasked.learn(64, progress_bar=False)
+    assert unmasked.buffer.next_action_masks is None
+    assert "action masks" not in unmasked.update_summary()["reason"]

@@ -7,11 +7,16 @@ is read back, and a collection step costs the Q-network's forward, its argmax an
 DQN (van Hasselt et al., 2016) unless `double_q` is off; the loss is Huber, gradients are clipped by global norm,
 and the target network follows the online one every `target_update_interval` env steps, by hard copy (`tau=1`) or
 Polyak.
+
+Action masks (an env's `info["action_mask"]`, `use_masking`): masked actions are never chosen. The greedy action is
+the argmax of Q with masked actions at the dtype's lowest value; exploration draws uniformly among the allowed actions
+(one uniform number per action, drawn ahead for the collection phase like the rest, the largest allowed one wins);
+the target's argmax (or max) over next actions takes the mask stored for the next observation (`off_policy`'s
+`_next_masks`: all actions where the episode ended, whose mask the adapters do not give).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +27,7 @@ from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
     OffPolicyConfig,
+    allowed_uniform,
     frozen_copy,
     polyak_update,
 )
@@ -30,7 +36,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.fused.dqn import FusedDQNUpdate, unsupported_reason
 from rlspeed.fused.flat import sequential_linears
-from rlspeed.nn import QNetwork, encoder_from_config, make_adam
+from rlspeed.nn import QNetwork, encoder_from_config, make_adam, masked_logits
 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
 
@@ -55,6 +61,7 @@ class DQNConfig(OffPolicyConfig):
     # hand-derived gradient + flat Adam (fused/) where the network allows; `rlspeed.algos.update.select_update`
     # decides (on CUDA: the autograd update as a whole-step graph instead; benchmarks/cuda_check.sh measures both)
     fused_update: bool = True
+    use_masking: bool = True  # apply the env's action masks (info["action_mask"] or action_masks()) where it has them
 
     def validate(self) -> None:
         """The `OffPolicyConfig` checks, plus DQN's own: target update interval, exploration epsilons, grad norm."""
@@ -68,6 +75,11 @@ class DQNConfig(OffPolicyConfig):
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
 
 
+def masked_argmax(q_values: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
+    """The greedy action per row (int64 `[B]`) among the allowed ones (bool `[B, n]` masks; None: all)."""
+    return masked_logits(q_values, action_masks).argmax(dim=1)
+
+
 class DQN(OffPolicyAlgorithm):
     """DQN for Discrete action spaces.
 
@@ -79,8 +91,10 @@ class DQN(OffPolicyAlgorithm):
     config_cls = DQNConfig
     config: DQNConfig
     supports_continuous = False
+    supports_action_masks = True
 
     def _setup(self) -> None:
+        self._masking = False  # whether this run applies the env's action masks (decided in `_start_masking`)
         cfg, spec = self.config, self.spec
         self.q_network = QNetwork(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling,
                                   encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
@@ -89,12 +103,7 @@ class DQN(OffPolicyAlgorithm):
         self._params = list(self.q_network.parameters())
         self._target_params = list(self.q_target.parameters())
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
-        self._update_step = select_update(
-            self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params, max_grad_norm=cfg.max_grad_norm,
-            name="dqn", reference_cls=DQN, unsupported=unsupported_reason(self.q_network),
-            hand_derived=lambda: FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
-                                                max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
-                                                strategy=self.strategy))
+        self._update_step = self._make_update_step()
         self._index_dtype = rules(self.device).index_dtype
         # The greedy action during collection: a plain MLP on float vectors runs as its addmm/activation kernels,
         # without the per-module call overhead (it is called once per env step)
@@ -103,24 +112,37 @@ class DQN(OffPolicyAlgorithm):
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None  # see _prepare_collection
         self._collect_weights: list[torch.Tensor] | None = None  # contiguous W^T copies [in, out]
 
+    def _make_update_step(self):
+        """The update step (`select_update`), with the hand-derived update as the alternative where it applies."""
+        cfg = self.config
+        return select_update(
+            self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params, max_grad_norm=cfg.max_grad_norm,
+            name="dqn", reference_cls=DQN, unsupported=unsupported_reason(self.q_network, masking=self._masking),
+            hand_derived=lambda: FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
+                                                max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
+                                                strategy=self.strategy))
+
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
 
-    def _start(self, env, total_timesteps: int) -> None:
-        super()._start(env, total_timesteps)
-        if getattr(self, "_action_mask", None) is not None:
-            warnings.warn(f"{self.env_id} gives action masks, which DQN does not apply yet: it may choose masked "
-                          "actions and learns from the env's penalties for them (use ppo for masked training).",
-                          stacklevel=3)
+    def _start_masking(self) -> int | None:
+        """Whether this run applies action masks (the env gives them and `use_masking`), and then their width. Masks
+        change the target: the hand-derived update, which has none, gives way to autograd (`update_summary` says)."""
+        masking = self.config.use_masking and self._action_mask is not None
+        if masking != self._masking:
+            self._masking = masking
+            self._update_step = self._make_update_step()
+        return self._action_mask.shape[-1] if masking else None
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
-    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        greedy = self.q_network(obs).argmax(dim=1).to(self._index_dtype)
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool,
+                        action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        greedy = masked_argmax(self.q_network(obs), action_masks).to(self._index_dtype)
         if deterministic:
             return greedy
-        return self._epsilon_greedy(greedy, self.config.exploration_final_eps)
+        return self._epsilon_greedy(greedy, self.config.exploration_final_eps, action_masks)
 
     # --- exploration ------------------------------------------------------------------------------------------
     def epsilon(self, timesteps: int) -> float:
@@ -131,13 +153,15 @@ class DQN(OffPolicyAlgorithm):
         progress = min((timesteps - self._learn_start) / span, 1.0)
         return cfg.exploration_initial_eps + progress * (cfg.exploration_final_eps - cfg.exploration_initial_eps)
 
-    def _epsilon_greedy(self, greedy: torch.Tensor, epsilon: float) -> torch.Tensor:
-        """Per row: a uniform random action with probability epsilon, else the greedy one (decided on the device)."""
-        random_actions = torch.randint_like(greedy, self.spec.action_dim)
+    def _epsilon_greedy(self, greedy: torch.Tensor, epsilon: float,
+                        action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """Per row: a uniform random (allowed) action with probability epsilon, else the greedy one (decided on the
+        device)."""
+        random_actions = self._random_actions(greedy.shape[0], action_masks).to(greedy.dtype)
         explore = torch.rand(greedy.shape, device=greedy.device) < epsilon
         return torch.where(explore, random_actions, greedy)
 
-    def _greedy(self, obs) -> torch.Tensor:
+    def _greedy(self, obs, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         if self._collect_weights is None:
             q_values = self.q_network(obs)
         else:  # during collection: the fixed network's addmm/activation kernels on contiguous W^T
@@ -148,13 +172,14 @@ class DQN(OffPolicyAlgorithm):
                 q_values = torch.addmm(layer.bias, q_values, weight_t)
                 if i < last:
                     q_values = q_values.tanh_() if tanh else q_values.relu_()
-        return q_values.argmax(dim=1).to(self._index_dtype)
+        return masked_argmax(q_values, action_masks).to(self._index_dtype)
 
     def _prepare_collection(self, start: int) -> None:
         """Before the next `train_freq` steps of every env (from env step `start`), during which the Q-network
         does not change: its weights laid out as W^T for `_greedy` (the product x W^T then reads memory in order),
         and epsilon-greedy's random numbers: whether each (step, env) explores (a uniform draw below that step's
-        epsilon) and its random action."""
+        epsilon) and its random action: with action masks, which are known only at the step, one uniform number per
+        action instead, from which the step takes the allowed action with the largest (`allowed_uniform`)."""
         cfg, num_envs = self.config, self._env.num_envs
         if self._body_linears is not None:
             self._collect_weights = [layer.weight.detach().t().contiguous() for layer in self._body_linears[0]]
@@ -164,18 +189,24 @@ class DQN(OffPolicyAlgorithm):
         epsilons = (torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32).mul_(slope)
                     .add_(self.epsilon(start)).clamp_(min=cfg.exploration_final_eps))
         explore = torch.rand((cfg.train_freq, num_envs), device=self.device) < epsilons.unsqueeze(1)
-        actions = torch.randint(0, self.spec.action_dim, (cfg.train_freq, num_envs), device=self.device,
-                                dtype=self._index_dtype)
+        if self._masking:
+            actions = torch.rand((cfg.train_freq, num_envs, self.spec.action_dim), device=self.device)
+        else:
+            actions = torch.randint(0, self.spec.action_dim, (cfg.train_freq, num_envs), device=self.device,
+                                    dtype=self._index_dtype)
         self._draws = (start, explore, actions)
 
-    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
-        greedy = self._greedy(obs)
+    def _explore(self, obs: torch.Tensor, timesteps: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        greedy = self._greedy(obs, action_masks)
         if self._draws is not None:
             start, explore, actions = self._draws
             step = (timesteps - start) // self._envs_all_ranks
             if 0 <= step < explore.shape[0]:
-                return torch.where(explore[step], actions[step], greedy)
-        return self._epsilon_greedy(greedy, self.epsilon(timesteps))
+                random_actions = actions[step]
+                if action_masks is not None:
+                    random_actions = allowed_uniform(random_actions, action_masks).to(greedy.dtype)
+                return torch.where(explore[step], random_actions, greedy)
+        return self._epsilon_greedy(greedy, self.epsilon(timesteps), action_masks)
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         before = self.num_timesteps
@@ -213,21 +244,24 @@ class DQN(OffPolicyAlgorithm):
                 _, metrics = self._update_step.hand_derived.step_prepared(batch["obs"], batch["next_obs"],
                                                                           batch["prepared"])
         else:
-            _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))  # Adam step, clipped
+            fields = BATCH_FIELDS + (("next_action_masks",) if "next_action_masks" in batch else ())
+            _, metrics = self._update_step(*(batch[field] for field in fields))  # Adam step, clipped
         return metrics
 
     def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-              terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The Huber TD loss of one replay batch."""
+              terminated: torch.Tensor, discounts: torch.Tensor, next_action_masks: torch.Tensor | None = None,
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The Huber TD loss of one replay batch; with `next_action_masks` (bool `[B, n]`) the target's argmax (or
+        max) runs over the actions allowed at the next observation only."""
         cfg = self.config
         with torch.no_grad():
             next_q_target = self.q_target(next_obs)
             if cfg.double_q:
                 # Double DQN: the online network chooses a' = argmax_a Q(s', a), the target network values it.
-                next_actions = self.q_network(next_obs).argmax(dim=1, keepdim=True)
+                next_actions = masked_argmax(self.q_network(next_obs), next_action_masks).unsqueeze(1)
                 next_q = next_q_target.gather(1, next_actions).squeeze(1)
             else:
-                next_q = next_q_target.max(dim=1).values
+                next_q = masked_logits(next_q_target, next_action_masks).max(dim=1).values
             # y = r + gamma^m (1 - d) Q_target(s', a')
             target_q = rewards + discounts * (1 - terminated) * next_q
 

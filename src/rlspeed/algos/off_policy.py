@@ -9,6 +9,10 @@ gradient step (`_update`).
 
 Actions are stored as the policy produces them: indices for Discrete spaces; for Box spaces, values in [-1, 1] that
 `_to_env` rescales to the space's bounds (so the networks never see the env's units).
+
+Action masks (DQN, `_start_masking`): the mask valid for each observation (`info["action_mask"]`, from the reset or
+the step that returned it) goes to the random and exploring choices, and the buffer stores the mask of each
+transition's next observation (all-allowed for rows whose episode ended: see `_next_masks`).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from rlspeed.nn import ENCODERS
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
 #: The replay buffer's storage tensors, as `_save_replay` writes them.
-_REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts")
+_REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts", "next_action_masks")
 #: The replay buffer's file beside a checkpoint `name.safetensors`: `name.replay.safetensors`.
 REPLAY_SUFFIX = ".replay.safetensors"
 
@@ -88,6 +92,8 @@ def _replay_tensors(buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
     tensors = {}
     for name in _REPLAY_FIELDS:
         storage = getattr(buffer, name)
+        if storage is None:  # (next_action_masks of an unmasked run)
+            continue
         if isinstance(storage, dict):
             tensors.update({f"{name}.{key}": part for key, part in storage.items()})
         else:
@@ -100,6 +106,21 @@ def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
     if isinstance(values[0], dict):
         return {key: torch.stack([value[key] for value in values]) for key in values[0]}
     return torch.stack(values)
+
+
+def allowed_uniform(uniform: torch.Tensor, action_masks: torch.Tensor) -> torch.Tensor:
+    """Per row, a uniformly random allowed action (int64 `[N]`) from uniform draws `[N, n]` (one per action, drawn
+    ahead of time if need be) and bool masks `[N, n]`: the allowed action with the largest draw (ties have
+    probability 0). Two kernels, no host read; a row needs one allowed action (the env adapters check it)."""
+    return torch.where(action_masks, uniform, -1.0).argmax(dim=1)
+
+
+def _next_masks(action_masks: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
+    """The actions allowed at each transition's next observation: the step's mask (bool `[N, n]`), except for rows
+    whose episode ended (`ended`, terminated or truncated), all actions. After an autoreset the adapters' mask is the
+    new episode's first, not the one at `final_obs`, which they do not give: a terminated row does not bootstrap
+    (its mask is never used), and a truncated one bootstraps from a max over all actions, as an unmasked run does."""
+    return action_masks | ended.unsqueeze(1)
 
 
 def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.Tensor], tau: float) -> None:
@@ -125,10 +146,11 @@ class OffPolicyAlgorithm(Algorithm):
     config: OffPolicyConfig
 
     # --- what an algorithm provides -----------------------------------------------------------------------------
-    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+    def _explore(self, obs: torch.Tensor, timesteps: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Exploration actions (policy space: indices, or values in [-1, 1]) for observations `[N, ...]`.
 
-        `timesteps` is the env step count at this step (host integer), for schedules such as DQN's epsilon.
+        `timesteps` is the env step count at this step (host integer), for schedules such as DQN's epsilon;
+        `action_masks` (bool `[N, n]`, given only when `_start_masking` chose masks) the actions allowed.
         """
         raise NotImplementedError
 
@@ -144,6 +166,11 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after every env step with the finished rows (bool `[N]`); e.g. to reset per-episode noise."""
+
+    def _start_masking(self) -> int | None:
+        """After the first observation (`self._action_mask` known): the width of the action masks this run applies,
+        or None for none (the default; DQN applies an env's masks)."""
+        return None
 
     # --- shared ---------------------------------------------------------------------------------------------
     def _modules_to_sync(self) -> list[torch.nn.Module]:
@@ -174,8 +201,12 @@ class OffPolicyAlgorithm(Algorithm):
             return actions
         return torch.addcmul(self._action_center, self._action_half_range, actions)
 
-    def _random_actions(self, num: int) -> torch.Tensor:
-        """Uniform random policy-space actions for `num` envs, drawn on the device."""
+    def _random_actions(self, num: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """Uniform random policy-space actions for `num` envs, drawn on the device; with `action_masks` (bool
+        `[num, n]`), uniform over each row's allowed actions."""
+        if action_masks is not None:
+            return allowed_uniform(torch.rand(action_masks.shape, device=self.device), action_masks).to(
+                rules(self.device).index_dtype)
         if self.spec.discrete:
             return torch.randint(0, self.spec.action_dim, (num,), device=self.device,
                                  dtype=rules(self.device).index_dtype)
@@ -192,13 +223,13 @@ class OffPolicyAlgorithm(Algorithm):
         require(cfg.buffer_size >= env.num_envs,
                 f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
         discrete = self.spec.discrete
+        self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         self.buffer = ReplayBuffer(cfg.buffer_size, env.num_envs, self.spec.observation_space,
                                    () if discrete else tuple(self.spec.action_space.shape),
                                    rules(self.device).index_dtype if discrete else torch.float32,
-                                   self.device, n_step=cfg.n_step, gamma=cfg.gamma)
+                                   self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
-        self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
 
     # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
     def _algorithm_state(self):
@@ -265,7 +296,8 @@ class OffPolicyAlgorithm(Algorithm):
             return {key[len(name) + 1:]: value.to(self.device) for key, value in tensors.items()
                     if key.startswith(name + ".")}
 
-        buffer._window = [tuple(entry(step, i) for i in range(6)) for step in range(int(info.get("window", 0)))]
+        width = 6 if buffer.next_action_masks is None else 7  # (masked runs: the next mask last)
+        buffer._window = [tuple(entry(step, i) for i in range(width)) for step in range(int(info.get("window", 0)))]
         return True
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
@@ -280,12 +312,16 @@ class OffPolicyAlgorithm(Algorithm):
         # nothing reads the buffer in between), unless holding them would take much memory.
         stage = 1 < cfg.train_freq and cfg.train_freq * num_envs * buffer.nbytes // buffer.capacity <= _STAGE_BYTES
         staged: list[tuple[torch.Tensor, ...]] | None = [] if stage else None
+        masking = buffer.next_action_masks is not None
         with torch.no_grad():
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * global_envs
+                masks = self._action_mask if masking else None  # the mask valid for `obs`
                 with phase("act"):
                     if timesteps < cfg.learning_starts:
-                        actions = self._random_actions(num_envs)
+                        actions = self._random_actions(num_envs, masks)
+                    elif masking:
+                        actions = self._explore(obs, timesteps, masks)
                     else:
                         actions = self._explore(obs, timesteps)
                     env_actions = self._to_env(actions)
@@ -294,6 +330,9 @@ class OffPolicyAlgorithm(Algorithm):
                 with phase("buffer"):
                     # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
                     transition = (obs, actions, rewards, info["final_obs"], terminated, truncated)
+                    if masking:
+                        transition = (*transition, _next_masks(info["action_mask"], terminated | truncated))
+                        self._action_mask = info["action_mask"]
                     if staged is None:
                         buffer.add(*transition)
                     else:

@@ -9,6 +9,10 @@ Finished rows store `info["final_obs"]` as their next observation and keep `term
 stores n-step transitions: discounted reward sums cut at episode ends, the observation n steps ahead (or the
 episode's last), and the discount `gamma**m` to apply to its value.
 
+With `mask_size`, the buffer also stores `next_action_masks`: the actions allowed at each transition's next
+observation (bool `[n]`), for a target that maximises over allowed actions only. The caller gives them; for a row
+whose episode ended the adapters' mask is the new episode's, so DQN stores all-allowed there (see `DQN`).
+
 The buffer sizes itself against the memory available before allocating: when the storage would not fit in the
 device's free memory, it lives in pinned host memory instead (it says so) and sampled batches are copied to the device
 with non-blocking transfers; when it would not fit in the host's available memory either, it refuses with the largest
@@ -70,7 +74,7 @@ class ReplayBuffer:
     Fields of a sample: `obs`, `actions`, `rewards`, `next_obs`, `terminated` (float 0/1), `discounts`
     (gamma**m, m = steps between obs and next_obs). The TD target is
     `rewards + discounts * (1 - terminated) * V(next_obs)`. `obs` and `next_obs` are dicts of tensors for Dict
-    observations.
+    observations. Buffers made with `mask_size` add `next_action_masks` (bool `[B, n]`).
 
     `observation`: the observation space (`EnvSpec.observation_space`; each key stored in its dtype), or a shape
     stored as `obs_dtype`.
@@ -79,7 +83,7 @@ class ReplayBuffer:
     def __init__(self, capacity: int, num_envs: int, observation: gym.Space | tuple[int, ...],
                  action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device | str,
                  n_step: int = 1, gamma: float = 0.99, storage_device: torch.device | str | None = None,
-                 obs_dtype: torch.dtype = torch.float32):
+                 obs_dtype: torch.dtype = torch.float32, mask_size: int | None = None):
         if capacity < num_envs:
             raise ValueError(f"buffer capacity ({capacity}) must be at least num_envs ({num_envs})")
         if n_step < 1:
@@ -93,7 +97,7 @@ class ReplayBuffer:
                         for shape, dtype in parts)
         action_numel = int(torch.Size(action_shape).numel())
         action_bytes = torch.empty((), dtype=action_dtype).element_size()
-        bytes_per_row = 2 * obs_bytes + 4 * 3 + action_bytes * action_numel
+        bytes_per_row = 2 * obs_bytes + 4 * 3 + action_bytes * action_numel + (mask_size or 0)
         self.bytes_per_transition = bytes_per_row  # the real bytes: observations in their own dtypes
         self.nbytes = bytes_per_row * self.capacity
         if storage_device is None:
@@ -122,6 +126,8 @@ class ReplayBuffer:
         self.rewards = zeros()
         self.terminated = zeros()
         self.discounts = zeros()
+        # the actions allowed at next_obs (masked envs only; None otherwise)
+        self.next_action_masks = zeros(mask_size, dtype=torch.bool) if mask_size else None
         if self.n_step == 1:
             self.discounts.fill_(gamma)  # every 1-step transition discounts by gamma: written once, here
         self.pos = 0  # next row to write (host counter: advances by num_envs per add, never read from the device)
@@ -156,22 +162,28 @@ class ReplayBuffer:
         return f"replay buffer: {self.capacity:,} transitions, {self.nbytes / 2**20:.1f} MiB on {where}"
 
     def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-            terminated: torch.Tensor, truncated: torch.Tensor) -> None:
-        """Store one step of all N envs. `next_obs` is `info["final_obs"]` (the true last obs of finished rows)."""
+            terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None) -> None:
+        """Store one step of all N envs. `next_obs` is `info["final_obs"]` (the true last obs of finished rows);
+        `next_action_masks` (bool `[N, n]`, buffers made with `mask_size` only) the actions allowed there."""
+        self._check_masks(next_action_masks)
         if self.n_step == 1:
-            self._write(obs, actions, rewards, next_obs, terminated)  # the copy converts bool to float
+            self._write(obs, actions, rewards, next_obs, terminated,  # the copy converts bool to float
+                        next_action_masks=next_action_masks)
             return
         terminated = terminated.to(torch.float32)
         done = torch.maximum(terminated, truncated.to(torch.float32))
-        self._window.append((obs, actions, rewards.to(torch.float32), next_obs, terminated, done))
+        entry = (obs, actions, rewards.to(torch.float32), next_obs, terminated, done)
+        self._window.append(entry if next_action_masks is None else (*entry, next_action_masks))
         if len(self._window) == self.n_step:
             self._write(*self._n_step_transition())
             self._window.pop(0)
 
     def extend(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-               terminated: torch.Tensor, truncated: torch.Tensor) -> None:
+               terminated: torch.Tensor, truncated: torch.Tensor,
+               next_action_masks: torch.Tensor | None = None) -> None:
         """Store T consecutive steps of all N envs (every argument `[T, N, ...]`), as T calls of `add` would, in
         the same rows: one copy per field for all of them (1-step buffers; others add step by step)."""
+        self._check_masks(next_action_masks)
         steps = obs_batch_size(obs)
         if self.n_step > 1 or steps * self.num_envs > self.capacity:
             for t in range(steps):
@@ -179,10 +191,16 @@ class ReplayBuffer:
                     return v[t]
 
                 self.add(map_obs(row, obs), actions[t], rewards[t], map_obs(row, next_obs), terminated[t],
-                         truncated[t])
+                         truncated[t], None if next_action_masks is None else next_action_masks[t])
             return
         self._write(*(map_obs(lambda v: v.flatten(0, 1), value)
-                      for value in (obs, actions, rewards, next_obs, terminated)))
+                      for value in (obs, actions, rewards, next_obs, terminated)),
+                    next_action_masks=None if next_action_masks is None else next_action_masks.flatten(0, 1))
+
+    def _check_masks(self, next_action_masks: torch.Tensor | None) -> None:
+        """Masks are given exactly when the buffer stores them (a shape check on the host: no device read)."""
+        if (next_action_masks is None) != (self.next_action_masks is None):
+            raise ValueError("next_action_masks must be given exactly when the buffer was made with mask_size")
 
     def _n_step_transition(self):
         """The n-step transition starting at the oldest pending step, for all N envs at once."""
@@ -199,9 +217,12 @@ class ReplayBuffer:
         columns = torch.arange(self.num_envs, device=last.device)
         discounts = self.gamma ** (last + 1).to(torch.float32)
         last_obs = map_obs(lambda v: v[last, columns], next_obs)
-        return obs, actions, returns, last_obs, terminated[last, columns], discounts
+        masks = None
+        if self.next_action_masks is not None:  # the mask at the observation the transition bootstraps from
+            masks = torch.stack([w[6] for w in self._window])[last, columns]
+        return obs, actions, returns, last_obs, terminated[last, columns], discounts, masks
 
-    def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None) -> None:
+    def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None, next_action_masks=None) -> None:
         """Write `len(obs)` (at most `capacity`) rows from `pos` on, wrapping around the end of the storage."""
         observations = (*_observation_fields("obs", self.obs, obs),
                         *_observation_fields("next_obs", self.next_obs, next_obs))
@@ -209,6 +230,8 @@ class ReplayBuffer:
         fields += [(self.actions, actions), (self.rewards, rewards), (self.terminated, terminated)]
         if discounts is not None:  # (1-step buffers hold the constant gamma from the start)
             fields.append((self.discounts, discounts))
+        if next_action_masks is not None:
+            fields.append((self.next_action_masks, next_action_masks))
         count = rewards.shape[0]
         source = rewards.device
         # Copies into host storage from an accelerator are asynchronous, then waited for once: the next host read
@@ -252,6 +275,8 @@ class ReplayBuffer:
         batch = {"obs": map_obs(lambda v: v[index], self.obs), "actions": self.actions[index],
                  "rewards": self.rewards[index], "next_obs": map_obs(lambda v: v[index], self.next_obs),
                  "terminated": self.terminated[index], "discounts": self.discounts[index]}
+        if self.next_action_masks is not None:
+            batch["next_action_masks"] = self.next_action_masks[index]
         if self.storage_device != self.device:
             def move(v: torch.Tensor) -> torch.Tensor:
                 if v.device.type == "cpu" and torch.cuda.is_available():

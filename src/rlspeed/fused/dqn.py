@@ -17,9 +17,11 @@ from torch import nn
 from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
 
 
-def unsupported_reason(q_network: nn.Module) -> str | None:
+def unsupported_reason(q_network: nn.Module, masking: bool = False) -> str | None:
     """Why `FusedDQNUpdate` cannot update this Q-network, or None when it can (non-dueling, an MLP with ReLU or
-    tanh)."""
+    tanh, trained without action masks)."""
+    if masking:
+        return "action masks (the hand-derived update's target maximises over all actions)"
     encoder = getattr(q_network, "encoder", None)
     if encoder is not None:
         return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"
