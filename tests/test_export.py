@@ -5,9 +5,11 @@ describes it; bad requests are one clear sentence."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import types
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -15,8 +17,10 @@ import torch
 import rlspeed
 from rlspeed.algos import ALGORITHMS, Algorithm
 from rlspeed.envs import RunningMeanStd
+from rlspeed.envs.base import EnvSpec
+from rlspeed.envs.wrappers import normalizable, observation_statistics
 from rlspeed.errors import UserError
-from rlspeed.export import FORMATS, export, export_checkpoint
+from rlspeed.export import FORMATS, export, export_checkpoint, random_action_masks, random_observations
 
 BATCHES = (1, 17)
 # torch deprecates TorchScript (trace, save, load) in favour of torch.export; the format is still exported on request
@@ -178,10 +182,10 @@ def test_policy_without_an_exporter_names_it(tmp_path):
     stranger = types.SimpleNamespace(name="mine", policy=torch.nn.Linear(3, 1))
     with pytest.raises(UserError, match=r"policy \(Linear\) has no exporter"):
         export(stranger, tmp_path / "p.pt", format="torchscript")
-    if "recurrent_ppo" in ALGORITHMS:
-        recurrent = ALGORITHMS["recurrent_ppo"]("CartPole-v1", seed=0)
-        with pytest.raises(UserError, match="LSTM policy cannot be exported yet"):
-            export(recurrent, tmp_path / "r.pt", format="torchscript")
+    sac = rlspeed.SAC("Pendulum-v1", seed=0, net_arch=(16,))
+    with pytest.raises(UserError, match=r"\(SquashedGaussianExport for Box actions\) takes no action masks"):
+        export(sac, tmp_path / "s.pt", format="torchscript", action_mask=True)
+    assert not (tmp_path / "s.pt").exists()
 
 
 def test_a_policy_the_exporter_does_not_match_is_refused(tmp_path):
@@ -194,3 +198,183 @@ def test_a_policy_the_exporter_does_not_match_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"does not give the model's actions.*`_export_module\(\)`"):
         export(model, tmp_path / "m.pt2", format="exported_program")
     assert not (tmp_path / "m.pt2").exists()
+
+
+# --- every policy kind: CNN (uint8 images), Dict observations, MultiDiscrete/MultiBinary/matrix actions, action masks,
+# the LSTM state -----------------------------------------------------------------------------------------------------
+IMAGE = gym.spaces.Box(0, 255, (12, 12, 3), np.uint8)  # channels last: the small CNN, /255 inside the graph
+DICT = gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), "direction": gym.spaces.Discrete(4),
+                        "vector": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)})
+VECTOR = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+SPACE_CASES = {
+    "ppo-image-discrete": ("ppo", IMAGE, gym.spaces.Discrete(4)),
+    "dqn-image": ("dqn", IMAGE, gym.spaces.Discrete(3)),
+    "sac-image": ("sac", IMAGE, gym.spaces.Box(-2.0, 2.0, (2,), np.float32)),
+    "ppo-dict-multidiscrete": ("ppo", DICT, gym.spaces.MultiDiscrete([3, 4])),
+    "td3-dict": ("td3", DICT, gym.spaces.Box(-1.0, 1.0, (2,), np.float32)),
+    "a2c-multibinary": ("a2c", VECTOR, gym.spaces.MultiBinary(5)),
+    "ppo-matrix-box": ("ppo", VECTOR, gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)),
+    "recurrent-dict-multidiscrete": ("recurrent_ppo", DICT, gym.spaces.MultiDiscrete([3, 4])),
+    "recurrent-vector-box": ("recurrent_ppo", VECTOR, gym.spaces.Box(-1.0, 1.0, (2,), np.float32)),
+}
+
+
+def _randomise_any(model, seed: int) -> None:
+    """`_randomise` for any observation space: the heads' weights moved (the encoders' stay at their initialisation:
+    moved CNN weights give features of thousands, whose float32 rounding no exporter reproduces to 1e-5), random
+    statistics for the float parts (a Dict's float keys), none for images and indices."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model._modules().values():
+            named = [("", module)] if isinstance(module, torch.Tensor) else module.named_parameters()
+            for name, param in named:
+                if "encoder" not in name:
+                    param.add_(0.5 * torch.randn(param.shape, generator=generator))
+        space = model.spec.observation_space
+        if normalizable(space):
+            model.obs_rms = observation_statistics(space)
+            for stats in model.obs_rms.modules():
+                if isinstance(stats, RunningMeanStd):
+                    stats.mean.add_(torch.randn(stats.mean.shape, generator=generator))
+                    stats.var.mul_(torch.rand(stats.var.shape, generator=generator) * 4 + 0.1)
+
+
+def _space_model(case: str):
+    algo, observation_space, action_space = SPACE_CASES[case]
+    spec = EnvSpec.from_spaces("custom", observation_space, action_space, 20, None)
+    model = ALGORITHMS[algo](spec, seed=0, net_arch=(16,), cnn_features_dim=16,
+                             **({"lstm_hidden_size": 8} if algo == "recurrent_ppo" else {}))
+    _randomise_any(model, seed=sum(map(ord, case)))
+    return model
+
+
+def _graph_runner(format: str, path):
+    """A function (graph inputs as numpy, in the sidecar's order) -> outputs as a list of numpy arrays."""
+    names = [item["name"] for item in json.loads(path.with_name(path.name + ".json").read_text())["inputs"]]
+    if format == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == names
+        return lambda *inputs: session.run(None, dict(zip(names, inputs)))
+    module = torch.jit.load(str(path)) if format == "torchscript" else torch.export.load(str(path)).module()
+
+    def run(*inputs):
+        out = module(*(torch.from_numpy(np.ascontiguousarray(x)) for x in inputs))
+        return [o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+    return run
+
+
+def _assert_equal_outputs(got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    if np.issubdtype(expected.dtype, np.integer):
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def _numpy_observations(space, batch: int, generator: torch.Generator):
+    obs = random_observations(space, batch, generator)
+    return {k: v.numpy() for k, v in obs.items()} if isinstance(obs, dict) else obs.numpy()
+
+
+@pytest.fixture(scope="module", params=list(SPACE_CASES))
+def space_model(request):
+    return request.param, _space_model(request.param)
+
+
+@pytest.mark.parametrize("format", list(FORMATS))
+def test_every_policy_kind_matches_predict(space_model, format, tmp_path):
+    """CNN and Dict inputs in their own dtypes, MultiDiscrete/MultiBinary/matrix-shaped actions, random action masks
+    where the policy takes them, and for RecurrentPPO the state carried by the graph's own outputs over steps with
+    random episode starts: the graph gives `predict`'s actions (and state) at every step."""
+    case, model = space_model
+    if format == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    recurrent = model.name == "recurrent_ppo"
+    space = model.spec.action_space
+    masked = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and model.supports_action_masks
+    if masked and model.name == "dqn":  # DQN's greedy action over a masked Q arrives with its action masks
+        masked = "action_masks" in inspect.signature(type(model)._policy_actions).parameters
+    path = export(model, tmp_path / f"policy{FORMATS[format]}", format=format, action_mask=masked)
+    run = _graph_runner(format, path)
+    generator = torch.Generator().manual_seed(11)
+    observation_space = model.spec.observation_space
+    state, graph_state = None, None
+    for step in range(4 if recurrent else len(BATCHES)):
+        batch = 5 if recurrent else BATCHES[step]
+        obs = _numpy_observations(observation_space, batch, generator)
+        inputs = list(obs[key] for key in observation_space.spaces) if isinstance(obs, dict) else [obs]
+        masks = random_action_masks(space, batch, generator).numpy() if masked else None
+        if recurrent:
+            episode_start = (torch.rand(batch, generator=generator) < (1.0 if step == 0 else 0.3)).numpy()
+            expected, state = model.predict(obs, state=state, episode_start=episode_start, action_masks=masks)
+            if graph_state is None:
+                graph_state = [np.zeros_like(state[0]), np.zeros_like(state[1])]
+            inputs += [*graph_state, episode_start]
+        else:
+            expected, _ = model.predict(obs, deterministic=True, action_masks=masks)
+        got = run(*inputs, *([masks] if masked else []))
+        _assert_equal_outputs(got[0], expected)
+        if recurrent:
+            graph_state = got[1:]
+            _assert_equal_outputs(graph_state[0], state[0])
+            _assert_equal_outputs(graph_state[1], state[1])
+        if masked:  # no masked action chosen
+            flags = masks.reshape(batch, -1)
+            chosen = expected.reshape(batch, -1) + np.concatenate(([0], np.cumsum(space.nvec)[:-1])) \
+                if isinstance(space, gym.spaces.MultiDiscrete) else expected.reshape(batch, 1)
+            assert np.take_along_axis(flags, chosen, axis=1).all()
+
+
+def test_action_mask_input_changes_the_actions_as_predict_does(tmp_path):
+    model = _space_model("ppo-image-discrete")
+    with torch.no_grad():  # a large last layer: the unmasked favourite dominates
+        model.policy.body.weights[-1].mul_(50.0)
+    path = export(model, tmp_path / "p.pt2", format="exported_program", action_mask=True)
+    run = _graph_runner("exported_program", path)
+    obs = _numpy_observations(model.spec.observation_space, 64, torch.Generator().manual_seed(3))
+    free, _ = model.predict(obs)
+    np.testing.assert_array_equal(run(obs, np.ones((64, 4), bool))[0], free)  # all True: no mask
+    masks = np.ones((64, 4), bool)
+    masks[np.arange(64), free] = False  # forbid each row's favourite
+    masked = run(obs, masks)[0]
+    np.testing.assert_array_equal(masked, model.predict(obs, action_masks=masks)[0])
+    assert np.all(masked != free)
+    sidecar = json.loads((tmp_path / "p.pt2.json").read_text())
+    assert [i["name"] for i in sidecar["inputs"]] == ["obs", "action_mask"]
+    assert sidecar["inputs"][1]["dtype"] == "bool" and sidecar["inputs"][1]["shape"] == ["batch", 4]
+    assert sidecar["inputs"][0]["dtype"] == "uint8"
+    # without asking, a model that did not train with masks exports without the input
+    plain = export(model, tmp_path / "q.pt2", format="exported_program")
+    assert [i["name"] for i in json.loads((tmp_path / "q.pt2.json").read_text())["inputs"]] == ["obs"]
+    np.testing.assert_array_equal(_graph_runner("exported_program", plain)(obs)[0], free)
+
+
+@pytest.mark.parametrize("format", list(FORMATS))
+def test_recurrent_policy_follows_predict_over_a_cartpole_episode(format, tmp_path):
+    """RecurrentPPO on CartPole with observation normalisation: one env episode driven by predict's actions; the
+    graph, fed its own next state and the episode starts, gives the same action and state at every step."""
+    if format == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    model = rlspeed.RecurrentPPO("CartPole-v1", seed=0, lstm_hidden_size=16, net_arch=(16,))
+    _randomise(model, seed=12)
+    path = export(model, tmp_path / f"lstm{FORMATS[format]}", format=format)
+    sidecar = json.loads(path.with_name(path.name + ".json").read_text())
+    assert [i["name"] for i in sidecar["inputs"]] == ["obs", "state_h", "state_c", "episode_start"]
+    assert [o["name"] for o in sidecar["outputs"]] == ["actions", "next_state_h", "next_state_c"]
+    run = _graph_runner(format, path)
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    state, episode_start, done, steps = None, np.ones(1, bool), False, 0
+    graph_state = [np.zeros((1, 1, 16), np.float32)] * 2
+    while not done and steps < 200:
+        action, state = model.predict(obs[None], state=state, episode_start=episode_start)
+        got, *graph_state = run(obs[None], *graph_state, episode_start)
+        np.testing.assert_array_equal(got, action)
+        np.testing.assert_allclose(graph_state[0], state[0], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(graph_state[1], state[1], rtol=0, atol=1e-5)
+        obs, _, terminated, truncated, _ = env.step(int(action[0]))
+        done, episode_start, steps = terminated or truncated, np.zeros(1, bool), steps + 1
+    assert steps > 5

@@ -3,18 +3,22 @@
 The graph is `predict(obs, deterministic=True)` with nothing left outside it: raw observations go in (a batch
 `[B, *observation_shape]` in the observation's dtype: float32 vectors, uint8 images, which the graph scales, int64
 indices; one input per key, in the space's key order, for Dict observations; B dynamic), the model's observation
-normalisation and encoder run inside, and actions come
-out as the env takes them (Discrete: int64 indices `[B]`; Box: float32 `[B, A]`, clipped to or rescaled onto the
-Box exactly as the algorithm does). Exported policies that leave normalisation or action rescaling to the caller
-disagree with Python; this module exists so that they cannot.
+normalisation and encoder run inside, and actions come out as the env takes them (Discrete: int64 indices `[B]`;
+MultiDiscrete: int64 `[B, k]`; MultiBinary: float32 0/1 `[B, n]`; Box: float32 `[B, *shape]`, clipped to or rescaled
+onto the Box exactly as the algorithm does). Exported policies that leave normalisation or action rescaling to the
+caller disagree with Python; this module exists so that they cannot.
+
+Extra inputs follow the observations: `action_mask` (bool `[B, n]`, on request: `export(..., action_mask=True)`) for
+policies that take masks; for RecurrentPPO the actor LSTM's state `state_h`, `state_c` `[1, B, H]` and
+`episode_start` bool `[B]`, with the next state as the outputs `next_state_h`, `next_state_c`.
 
 A sidecar `FILE.json` beside the exported file (and, for ONNX, the model's `metadata_props`) names the inputs,
 outputs, spaces, algorithm, env id and rlspeed version.
 
 Each policy family is a `PolicyExport` module. `export_module(model)` builds it: an algorithm that defines
 `_export_module()` (the hook on `Algorithm`) gives its own, otherwise `default_export_module` picks one from the
-networks the model has. New inputs (an action mask, a recurrent state) are a subclass with more `inputs`, more
-`example_inputs` and a `forward` that takes them.
+networks the model has. New inputs are a subclass with more `extra_inputs()`, a `check_inputs` that says what the
+model gives for them, and an `actions` that takes them.
 
 Graphs are captured on the CPU (weights copied there), with `torch.export` for the exported program and ONNX (the
 ONNX file is `torch.onnx.export(..., dynamo=True)` of that same program; it needs `onnx` and `onnxscript`) and
@@ -41,7 +45,15 @@ from rlspeed.checkpoint import load_checkpoint
 from rlspeed.envs.base import observation_layout, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
-from rlspeed.nn import ActorCritic, DeterministicActor, QNetwork, RecurrentActorCritic, SquashedGaussianActor
+from rlspeed.nn import (
+    ActorCritic,
+    DeterministicActor,
+    QNetwork,
+    RecurrentActorCritic,
+    SquashedGaussianActor,
+    mask_size,
+    masked_logits,
+)
 
 # format -> the file suffix `export_checkpoint` gives a file when no --out names one
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2"}
@@ -54,12 +66,16 @@ class PolicyExport(nn.Module):
 
     Holds CPU copies of what it needs (networks, normalisation statistics, action bounds) as submodules and buffers,
     so the exported graph carries them. A subclass writes `actions` (the policy on normalised observations, in
-    their stored layout: its networks flatten or encode them) and says what it outputs in `outputs` and
-    `action_mapping`.
+    their stored layout: its networks flatten or encode them, then any extra inputs: an action mask, a recurrent
+    state) and says what it outputs in `outputs` and `action_mapping`.
+
+    The graph's inputs are the observation inputs (one per Dict key, in key order), then `extra_inputs()`.
     """
 
     #: how the network's output becomes the env's action (written to the sidecar)
     action_mapping = ""
+    #: whether the policy can take an action mask (`with_action_mask`)
+    takes_action_mask = False
 
     def __init__(self, model, observation_clip: float = 10.0):
         super().__init__()
@@ -72,37 +88,78 @@ class PolicyExport(nn.Module):
         self.keyed = isinstance(layout, dict)
         self.action_space = model.spec.action_space
         self.observation_clip = observation_clip
+        self.action_mask = False  # whether the graph takes an `action_mask` input (`with_action_mask`)
         self.obs_rms: nn.Module | None = None
         if model.obs_rms is not None:  # a fresh copy: the model's may be tied to a training env or a process group
             self.obs_rms = observation_statistics(self.observation_space)
             self.obs_rms.load_state_dict({k: v.detach().cpu() for k, v in model.obs_rms.state_dict().items()})
 
-    def forward(self, *observations: torch.Tensor) -> torch.Tensor:
-        """Actions `[B]` or `[B, A]` for raw observations `[B, *observation_shape]` (one tensor per key, in key
-        order, for Dict observations)."""
+    def with_action_mask(self, enabled: bool = True) -> PolicyExport:
+        """Add (or drop) the `action_mask` input: bool `[B, n]` (MultiDiscrete: the components' flags
+        concatenated), False for an action the policy must not choose, as `predict(action_masks=...)` takes it.
+        UserError for a policy that takes no masks."""
+        if enabled and not self.takes_action_mask:
+            raise UserError(f"This policy ({type(self).__name__} for {type(self.action_space).__name__} actions) "
+                            "takes no action masks: export it without action_mask (masks apply to Discrete and "
+                            "MultiDiscrete actions of the algorithms whose predict takes action_masks).")
+        self.action_mask = bool(enabled)
+        return self
+
+    def forward(self, *inputs: torch.Tensor):
+        """Actions `[B, ...]` for raw observations `[B, *observation_shape]` (one tensor per key, in key order, for
+        Dict observations), followed by the `extra_inputs()`."""
+        count = len(self.observation_inputs)
+        observations, extra = inputs[:count], inputs[count:]
         obs = dict(zip((name for name, _, _ in self.observation_inputs), observations)) if self.keyed \
             else observations[0]
         if self.obs_rms is not None:
             obs = self.obs_rms.normalize(obs, clip=self.observation_clip)
-        return self.actions(obs)
+        return self.actions(obs, *extra)
 
-    def actions(self, obs) -> torch.Tensor:
+    def actions(self, obs, *extra: torch.Tensor):
         """The deterministic policy's env actions for normalised observations `[B, ...]` (a dict for Dict ones)."""
         raise NotImplementedError
 
-    # --- what the exporters and the sidecar read ----------------------------------------------------------------
-    def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
-        """Inputs to capture the graph with (a batch of 2: a batch of 1 would be specialised as a constant)."""
-        return tuple(torch.zeros(batch, *shape, dtype=dtype) for _, shape, dtype in self.observation_inputs)
+    # --- what the exporters, the model check and the sidecar read ------------------------------------------------
+    def extra_inputs(self) -> list[tuple[str, tuple[int, ...], torch.dtype, dict[int, str]]]:
+        """Inputs after the observations: (name, shape without the batch, dtype, {dim: where the batch is}) each."""
+        if self.action_mask:
+            return [("action_mask", (mask_size(self.action_space),), torch.bool, {0: "batch"})]
+        return []
 
-    def example_inputs_from(self, obs) -> tuple[torch.Tensor, ...]:
-        """The graph's inputs for these observations (a subclass with more inputs adds their neutral values)."""
+    def _input_shapes(self, batch: int):
+        for _, shape, dtype in self.observation_inputs:
+            yield (batch, *shape), dtype
+        for _, shape, dtype, batch_dims in self.extra_inputs():
+            full = list(shape)
+            for dim in sorted(batch_dims):
+                full.insert(dim, batch)
+            yield tuple(full), dtype
+
+    def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
+        """Inputs to capture the graph with (a batch of 2: a batch of 1 would be specialised as a constant; masks
+        allow every action)."""
+        return tuple(torch.ones(shape, dtype=dtype) if dtype == torch.bool else torch.zeros(shape, dtype=dtype)
+                     for shape, dtype in self._input_shapes(batch))
+
+    def check_inputs(self, model, obs, generator: torch.Generator):
+        """(graph inputs, expected outputs from the model itself) for raw observations `obs` (a batch): what
+        `check_matches_model` compares. Masks are random with at least one allowed action per row."""
+        masks = None
+        if self.action_mask:
+            masks = random_action_masks(self.action_space, obs_batch(obs), generator)
+        expected = model.act(obs, deterministic=True, action_masks=masks)
+        return (*self._observation_tensors(obs), *(() if masks is None else (masks,))), (expected,)
+
+    def _observation_tensors(self, obs) -> tuple[torch.Tensor, ...]:
         return tuple(obs[name] for name, _, _ in self.observation_inputs) if self.keyed else (obs,)
 
     def dynamic_shapes(self) -> dict:
         """torch.export's dynamic dimensions of each input (the batch)."""
         batch = torch.export.Dim("batch", min=1)
-        return {"observations": tuple({0: batch} for _ in self.observation_inputs)}
+        shapes = [{0: batch} for _ in self.observation_inputs]
+        shapes += [{dim: batch for dim in batch_dims} for _, _, _, batch_dims in self.extra_inputs()]
+        return {"inputs": tuple(shapes)}
 
     def inputs(self) -> list[dict]:
         """The graph's inputs, in order: name, dtype, shape (`"batch"` for the dynamic dimension), meaning."""
@@ -111,19 +168,60 @@ class PolicyExport(nn.Module):
         for name, shape, dtype in self.observation_inputs:
             what = f"raw observations{f' (key {name!r})' if self.keyed else ''} as the env returns them"
             how = normalised if dtype == torch.float32 else "converted, scaled and encoded inside the graph"
-            items.append({"name": name, "dtype": str(dtype).removeprefix("torch."), "shape": ["batch", *shape],
+            items.append({"name": name, "dtype": _dtype_name(dtype), "shape": ["batch", *shape],
                           "description": f"{what} ({how})"})
+        for name, shape, dtype, batch_dims in self.extra_inputs():
+            full: list = list(shape)
+            for dim in sorted(batch_dims):
+                full.insert(dim, "batch")
+            items.append({"name": name, "dtype": _dtype_name(dtype), "shape": full,
+                          "description": _EXTRA_INPUTS[name]})
         return items
 
     def outputs(self) -> list[dict]:
         """The graph's outputs, in order (default: one action tensor for the model's action space)."""
-        import gymnasium as gym
-
-        if isinstance(self.action_space, gym.spaces.Discrete):
+        space = self.action_space
+        if isinstance(space, gym.spaces.Discrete):
             return [{"name": "actions", "dtype": "int64", "shape": ["batch"],
                      "description": "action indices in [0, n)"}]
-        return [{"name": "actions", "dtype": "float32", "shape": ["batch", *self.action_space.shape],
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return [{"name": "actions", "dtype": "int64", "shape": ["batch", *space.shape],
+                     "description": "one action index per component, in [0, nvec[i])"}]
+        if isinstance(space, gym.spaces.MultiBinary):
+            return [{"name": "actions", "dtype": "float32", "shape": ["batch", *space.shape],
+                     "description": "one 0.0/1.0 flag per bit"}]
+        return [{"name": "actions", "dtype": "float32", "shape": ["batch", *space.shape],
                  "description": "actions in the env's units, within the action space's bounds"}]
+
+
+_EXTRA_INPUTS = {
+    "action_mask": "False for an action the policy must not choose (as predict(action_masks=...)); all True: no mask",
+    "state_h": "the LSTM actor's hidden state h from the previous step's next_state_h (zeros at the first step)",
+    "state_c": "the LSTM actor's cell state c from the previous step's next_state_c (zeros at the first step)",
+    "episode_start": "True where this observation starts an episode: the state is zeroed there first",
+}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def obs_batch(obs) -> int:
+    """The batch size of an observation batch (a tensor, or a dict of them)."""
+    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
+
+
+def random_action_masks(space: gym.Space, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """Random bool masks `[batch, mask_size(space)]`, about half the actions allowed, at least one per row (per
+    component for MultiDiscrete)."""
+    masks = torch.rand(batch, mask_size(space), generator=generator) < 0.5
+    multi = isinstance(space, gym.spaces.MultiDiscrete)
+    sizes = [int(n) for n in space.nvec.reshape(-1)] if multi else [masks.shape[1]]
+    parts = []
+    for part in masks.split(sizes, dim=1):
+        first = torch.randint(0, part.shape[1], (batch,), generator=generator)
+        parts.append(part | torch.nn.functional.one_hot(first, part.shape[1]).bool())
+    return torch.cat(parts, dim=1)
 
 
 def _box_tensors(model, *names: str) -> list[torch.Tensor]:
@@ -136,25 +234,81 @@ def _cpu_copy(module: nn.Module) -> nn.Module:
     return module
 
 
+_ACTION_MAPPINGS = {"categorical": "argmax of the logits (masked logits with an action_mask)",
+                    "multi_categorical": "argmax of each component's logits (masked with an action_mask)",
+                    "bernoulli": "1.0 where a bit's logit > 0, else 0.0",
+                    "gaussian": "Gaussian mean clipped to the Box"}
+
+
 class ActorCriticExport(PolicyExport):
-    """PPO and A2C (`ActorCritic`): the actor's logits argmax, or its Gaussian mean clipped to the Box."""
+    """PPO and A2C (`ActorCritic`): the mode of the actor's distribution as `ActorCritic.sample(deterministic=True)`
+    gives it (argmax of the logits, masked where an action mask is given; per component for MultiDiscrete; logit > 0
+    per bit for MultiBinary; the Gaussian mean clipped to the Box), in the action space's shape."""
 
     def __init__(self, model):
         super().__init__(model)
         self.policy = _cpu_copy(model.policy)
-        self.discrete = model.spec.discrete
-        self.action_mapping = "argmax of the logits" if self.discrete else "Gaussian mean clipped to the Box"
-        if not self.discrete:
+        self.kind = self.policy.kind
+        self.takes_action_mask = mask_size(self.action_space) is not None
+        self.action_shape = tuple(self.action_space.shape or ())
+        self.action_mapping = _ACTION_MAPPINGS[self.kind]
+        if self.kind == "gaussian":
             low, high = _box_tensors(model, "_action_low", "_action_high")
             self.register_buffer("action_low", low)
             self.register_buffer("action_high", high)
 
-    def actions(self, obs) -> torch.Tensor:
+    def actions(self, obs, action_mask: torch.Tensor | None = None) -> torch.Tensor:
         # the actor member only: no value head in the graph
         out = self.policy.body(self.policy.features(obs), members=slice(0, 1))[0]
-        if self.discrete:
-            return out.argmax(-1)
-        return torch.maximum(torch.minimum(out, self.action_high), self.action_low)
+        actions, _ = self.policy.sample(out, deterministic=True, action_masks=action_mask)
+        return self.to_env(actions)
+
+    def to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """As `OnPolicyAlgorithm._to_env`: Gaussian actions clipped to the Box, flat actions in the space's shape."""
+        if self.kind == "categorical":
+            return actions
+        if self.kind == "gaussian":
+            actions = torch.maximum(torch.minimum(actions, self.action_high), self.action_low)
+        return actions if len(self.action_shape) == 1 else actions.reshape(actions.shape[0], *self.action_shape)
+
+
+class RecurrentActorCriticExport(ActorCriticExport):
+    """RecurrentPPO (`RecurrentActorCritic`): one step of `predict(obs, state, episode_start)`. Inputs: the
+    observations, the actor LSTM's state `state_h`, `state_c` `[1, B, H]` and `episode_start` bool `[B]` (the state
+    is zeroed where it is set), then `action_mask` where enabled; outputs: actions, `next_state_h`, `next_state_c`
+    (feed them back at the next step, as predict's returned state)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.hidden_size = int(self.policy.hidden_size)
+        self.action_mapping = f"LSTM actor one step, then {self.action_mapping}"
+
+    def actions(self, obs, state_h: torch.Tensor, state_c: torch.Tensor, episode_start: torch.Tensor,
+                action_mask: torch.Tensor | None = None):
+        keep = (~episode_start).to(state_h.dtype).view(-1, 1)
+        h, c = state_h[0] * keep, state_c[0] * keep
+        actions, h, c = self.policy.actor_step(obs, h, c, True, action_mask)
+        return self.to_env(actions), h.unsqueeze(0), c.unsqueeze(0)
+
+    def extra_inputs(self):
+        state = (1, self.hidden_size)
+        return [("state_h", state, torch.float32, {1: "batch"}), ("state_c", state, torch.float32, {1: "batch"}),
+                ("episode_start", (), torch.bool, {0: "batch"}), *super().extra_inputs()]
+
+    def check_inputs(self, model, obs, generator: torch.Generator):
+        batch = obs_batch(obs)
+        h, c = torch.randn(2, 1, batch, self.hidden_size, generator=generator)
+        episode_start = torch.rand(batch, generator=generator) < 0.3
+        masks = random_action_masks(self.action_space, batch, generator) if self.action_mask else None
+        actions, (next_h, next_c) = model.act_with_state(obs, (h, c), episode_start, True, masks)
+        inputs = (*self._observation_tensors(obs), h, c, episode_start, *(() if masks is None else (masks,)))
+        return inputs, (actions, next_h, next_c)
+
+    def outputs(self) -> list[dict]:
+        state = {"dtype": "float32", "shape": [1, "batch", self.hidden_size]}
+        return [*super().outputs(),
+                {"name": "next_state_h", **state, "description": "the LSTM actor's h after this step: next state_h"},
+                {"name": "next_state_c", **state, "description": "the LSTM actor's c after this step: next state_c"}]
 
 
 class _RescaledExport(PolicyExport):
@@ -191,25 +345,25 @@ class DeterministicActorExport(_RescaledExport):
 
 
 class QNetworkExport(PolicyExport):
-    """DQN: the greedy action, argmax of Q(s, .)."""
+    """DQN: the greedy action, argmax of Q(s, .) (over the allowed actions with an action mask, where the model's
+    `predict` takes masks)."""
 
-    action_mapping = "argmax of Q(s, .)"
+    action_mapping = "argmax of Q(s, .) (masked Q-values with an action_mask)"
 
     def __init__(self, model):
         super().__init__(model)
         self.q_network = _cpu_copy(model.q_network)
+        self.takes_action_mask = bool(getattr(model, "supports_action_masks", False))
 
-    def actions(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.q_network(obs).argmax(dim=1)
+    def actions(self, obs: torch.Tensor, action_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return masked_logits(self.q_network(obs), action_mask).argmax(dim=1)
 
 
 def default_export_module(model) -> PolicyExport:
     """The `PolicyExport` for a model's networks; UserError naming the part that has no exporter."""
     policy = getattr(model, "policy", None)
     if isinstance(policy, RecurrentActorCritic):
-        raise UserError(f"{model.name.upper()}'s LSTM policy cannot be exported yet (its recurrent state as graph "
-                        "inputs and outputs is not written); export a feed-forward model (ppo, a2c, dqn, sac, td3, "
-                        "ddpg).")
+        return RecurrentActorCriticExport(model)
     if isinstance(policy, ActorCritic):
         return ActorCriticExport(model)
     if isinstance(getattr(model, "q_network", None), QNetwork):
@@ -219,15 +373,19 @@ def default_export_module(model) -> PolicyExport:
     if isinstance(getattr(model, "actor", None), DeterministicActor):
         return DeterministicActorExport(model)
     raise UserError(f"{type(model).__name__}'s policy ({type(policy).__name__}) has no exporter: rlspeed exports "
-                    "ActorCritic, QNetwork, SquashedGaussianActor and DeterministicActor policies; give the algorithm "
-                    "an `_export_module()` that returns a rlspeed.export.PolicyExport.")
+                    "ActorCritic, RecurrentActorCritic, QNetwork, SquashedGaussianActor and DeterministicActor "
+                    "policies; give the algorithm an `_export_module()` that returns a rlspeed.export.PolicyExport.")
 
 
-def export_module(model) -> PolicyExport:
-    """The model's own `_export_module()` where it has one, else `default_export_module(model)`; in eval mode,
-    checked against the model's own actions (`check_matches_model`)."""
+def export_module(model, action_mask: bool | None = None) -> PolicyExport:
+    """The model's own `_export_module()` where it has one, else `default_export_module(model)`; in eval mode, with
+    the `action_mask` input when asked (None: when the model's last training run used the env's masks), checked
+    against the model's own actions (`check_matches_model`)."""
     hook = getattr(model, "_export_module", None)
     module = hook() if hook is not None else default_export_module(model)
+    if action_mask is None:
+        action_mask = bool(getattr(model, "_masking", False)) and module.takes_action_mask
+    module.with_action_mask(action_mask)
     module.eval()
     check_matches_model(model, module)
     return module
@@ -250,9 +408,17 @@ def random_observations(space: gym.Space, batch: int, generator: torch.Generator
     return torch.randint(0, high, (batch, *shape), generator=generator).to(dtype)
 
 
+def same_outputs(got: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5) -> bool:
+    """Identical integer (discrete) outputs, float ones of the same shape within `atol`."""
+    if got.dtype in (torch.int32, torch.int64) or expected.dtype in (torch.int32, torch.int64):
+        return got.shape == expected.shape and torch.equal(got.long(), expected.long())
+    return got.shape == expected.shape and torch.allclose(got.float(), expected.float(), rtol=0, atol=atol)
+
+
 def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
-    """UserError unless `module` gives the model's deterministic actions (`model.act`) on random observations:
-    identical discrete actions, continuous ones within 1e-5. A model whose `_policy_actions` differs from what its
+    """UserError unless `module` gives the model's deterministic actions (`model.act`, or `act_with_state` for a
+    recurrent policy, with random masks where the graph takes them) on random observations: identical discrete
+    actions, continuous ones and recurrent states within 1e-5. A model whose `_policy_actions` differs from what its
     networks suggest (a subclass) is caught here instead of exporting a policy that disagrees with Python.
     Models on the CPU only: another device's kernels round differently."""
     if model.device.type != "cpu":
@@ -263,10 +429,10 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
         # observations at the model's scale, so normalisation does not clip them all
         obs = module.obs_rms.mean + obs * torch.sqrt(module.obs_rms.var)
     with torch.no_grad():
-        expected, got = model.act(obs, deterministic=True), module(*module.example_inputs_from(obs))
-    same = (torch.equal(got.long(), expected.long()) if got.dtype in (torch.int32, torch.int64)
-            else got.shape == expected.shape and torch.allclose(got, expected, rtol=0, atol=1e-5))
-    if not same:
+        inputs, expected = module.check_inputs(model, obs, generator)
+        got = module(*inputs)
+    got = got if isinstance(got, tuple) else (got,)
+    if not (len(got) == len(expected) and all(same_outputs(g, e.cpu()) for g, e in zip(got, expected))):
         raise UserError(f"The exported graph for {type(model).__name__} ({type(module).__name__}) does not give the "
                         "model's actions: its policy differs from the one rlspeed knows how to export; give the "
                         "algorithm an `_export_module()` that returns a rlspeed.export.PolicyExport matching its "
@@ -303,12 +469,15 @@ def _replace_atomically(write, path: Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def export(model, path: str | Path, format: str = "onnx") -> Path:
+def export(model, path: str | Path, format: str = "onnx", action_mask: bool | None = None) -> Path:
     """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program"),
     with a sidecar `path + ".json"`; returns the path.
 
     Load the result with `onnxruntime.InferenceSession(path)`, `torch.jit.load(path)` or
-    `torch.export.load(path).module()`; each maps raw observations `[B, ...]` to the env's actions.
+    `torch.export.load(path).module()`; each maps raw observations `[B, ...]` to the env's actions (RecurrentPPO:
+    observations, state and episode starts to actions and the next state). `action_mask=True` adds the input
+    `action_mask` (bool `[B, n]`; all True is no mask) for policies that take masks; None adds it when the model's
+    last training run used the env's masks.
     """
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
@@ -318,7 +487,7 @@ def export(model, path: str | Path, format: str = "onnx") -> Path:
     if path.is_dir():
         raise UserError(f"'{path}' is a directory; give the file to write, e.g. {path / ('policy' + FORMATS[format])}.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    module = export_module(model)
+    module = export_module(model, action_mask)
     sidecar = describe(model, module, format, path)
     text = json.dumps(sidecar, indent=2)
     example = module.example_inputs()
@@ -362,12 +531,12 @@ def _save_onnx(program, module: PolicyExport, sidecar: dict, file: Path) -> None
 
 
 def export_checkpoint(checkpoint: str | Path, format: str = "onnx", out: str | Path | None = None, *,
-                      algorithms: Mapping[str, type]) -> Path:
+                      algorithms: Mapping[str, type], action_mask: bool | None = None) -> Path:
     """`rlspeed export`: load a model file or a run directory's `model.safetensors` on the CPU and export it.
 
     `algorithms` maps checkpoint algorithm names to classes (`rlspeed.algos.ALGORITHMS`; passed in, so that this
     module does not import the algorithms that call it). `out` defaults to the model file with the format's suffix
-    (`model.onnx` beside `model.safetensors`). Returns the written path.
+    (`model.onnx` beside `model.safetensors`); `action_mask` as `export` takes it. Returns the written path.
     """
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
@@ -382,4 +551,5 @@ def export_checkpoint(checkpoint: str | Path, format: str = "onnx", out: str | P
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
     model = algo_cls.load(path, device="cpu")
-    return export(model, out if out is not None else path.with_suffix(FORMATS[format]), format=format)
+    return export(model, out if out is not None else path.with_suffix(FORMATS[format]), format=format,
+                  action_mask=action_mask)
