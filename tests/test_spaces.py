@@ -178,13 +178,14 @@ def test_minigrid_dict_observations_stay_uint8_and_int64_from_env_to_rollout_sto
         (args[0].dtype, args[0].shape[0])))
     model.learn(64, progress_bar=False)
     buffer = model.buffer
-    assert buffer.obs["image"].dtype == torch.uint8 and buffer.next_obs["image"].dtype == torch.uint8
-    assert buffer.obs["direction"].dtype == torch.int64
+    assert buffer.obs["image"].dtype == torch.uint8 and buffer.obs["direction"].dtype == torch.int64
+    assert buffer.next_obs is None  # (stored once: see test_encoded_observations_are_stored_once_...)
     assert {dtype for dtype, _ in seen} == {torch.uint8}
-    assert max(rows for _, rows in seen) == ON_POLICY["num_envs"] * ON_POLICY["num_steps"]  # (GAE's one pass)
-    assert ON_POLICY["batch_size"] in {rows for _, rows in seen}
-    # bytes per step: image 147 + direction 8, twice (obs and next obs), then the scalar fields
-    assert buffer.bytes_per_step() == 2 * (147 + 8) + 8 + 4 * 3 + 2
+    # rollout steps (4 rows), minibatches (16 rows), never the whole rollout (32 rows) at once
+    assert max(rows for _, rows in seen) == ON_POLICY["batch_size"] < ON_POLICY["num_envs"] * ON_POLICY["num_steps"]
+    # bytes per step: image 147 + direction 8, an int64 action, 4 float32 (log-prob, value, reward, final value),
+    # 2 flags
+    assert buffer.bytes_per_step() == (147 + 8) + 8 + 4 * 4 + 2
 
 
 def test_minatar_bool_images_stay_bool_in_the_replay_buffer_and_its_memory_report_counts_bytes(minatar_id):
@@ -350,3 +351,36 @@ def test_evaluating_on_an_env_with_other_observations_is_refused():
 def test_env_spec_defaults_to_float_vectors_for_native_envs():
     spec = EnvSpec("X-v0", (3,), gym.spaces.Discrete(2), None, None)
     assert spec.observation_space == gym.spaces.Box(-np.inf, np.inf, (3,)) and spec.float_vector_obs
+
+
+def test_encoded_observations_are_stored_once_with_the_same_bootstrap_values(minigrid_id):
+    """Images are not stored a second time as next observations: the bootstrap values of finished rows are taken
+    during the rollout instead, and GAE gets the same advantages as from stored next observations."""
+
+    class StoringNextObs(rlspeed.PPO):
+        def _start(self, env, total_timesteps):
+            super()._start(env, total_timesteps)
+            buf = self.buffer
+            self.buffer = RolloutBuffer(buf.num_steps, buf.num_envs, self.spec.observation_space, (), buf.actions.dtype,
+                                        self.device, store_next_obs=True)
+
+    results = []
+    for cls in (rlspeed.PPO, StoringNextObs):
+        # 2 envs x 300 steps: MiniGrid's time limit (250) truncates episodes, whose bootstrap values matter
+        model = cls(minigrid_id, seed=0, num_envs=2, num_steps=300, batch_size=600, n_epochs=1, **SMALL)
+        captured = {}
+
+        def capture(buf, advantages, returns, captured=captured):
+            captured.update(advantages=advantages, truncated=(buf.dones & ~buf.terminated).sum())
+            return {}
+
+        model._update_rollout = capture
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.learn(600, progress_bar=False)
+        results.append((model.buffer, captured))
+    (stored_once, once), (stored_twice, twice) = results
+    assert stored_once.next_obs is None and stored_twice.next_obs is not None
+    assert stored_once.bytes_per_step() < stored_twice.bytes_per_step() - 147  # one image (7x7x3 bytes) less
+    assert int(once["truncated"]) > 0
+    torch.testing.assert_close(once["advantages"], twice["advantages"], rtol=1e-5, atol=1e-5)

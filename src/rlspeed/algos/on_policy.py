@@ -100,8 +100,25 @@ class OnPolicyAlgorithm(Algorithm):
         """Called after each rollout step with the finished rows (bool `[N]`), e.g. to reset recurrent state."""
 
     def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
-        """V of every step's next observation (`info["final_obs"]`), `[T, N]`, for GAE's bootstrap."""
-        return self.policy.value(map_obs(lambda v: v.flatten(0, 1), buf.next_obs)).view_as(buf.values)
+        """V of every step's next observation (`info["final_obs"]`), `[T, N]`, for GAE's bootstrap: of the stored
+        next observations, or (buffers without them) the next step's values, V of the observation after the rollout
+        for the last step, and the finished rows' `final_values`."""
+        if buf.next_obs is not None:
+            return self.policy.value(map_obs(lambda v: v.flatten(0, 1), buf.next_obs)).view_as(buf.values)
+        following = torch.cat((buf.values[1:], self.policy.value(self._obs).unsqueeze(0)))
+        return torch.where(buf.dones, buf.final_values, following)
+
+    def _store_final_values(self, buf: RolloutBuffer, step: int, info: dict) -> None:
+        """Buffers without next observations: V of the finished rows' last observations (`info["final_obs"]`) into
+        `buf.final_values[step]`. The env adapters that know on the host which rows finished say so
+        (`info["final_rows"]`): no pass when none did, a pass over those rows only otherwise; without it, all rows."""
+        rows = info.get("final_rows")
+        if rows is None:
+            buf.final_values[step].copy_(self.policy.value(info["final_obs"]))
+        elif len(rows):
+            index = torch.as_tensor(rows, device=self.device)
+            final = map_obs(lambda v: v[index.to(v.device)], info["final_obs"])
+            buf.final_values[step].index_copy_(0, index, self.policy.value(final))
 
     def _loss(self, *batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The loss of one update on `batch` and its statistics: the reference every implementation matches."""
@@ -174,8 +191,10 @@ class OnPolicyAlgorithm(Algorithm):
         cfg = self.config
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         action_shape, action_dtype = self._action_storage()
+        # images and other encoded observations are stored once: the bootstrap values are taken during the rollout
         self.buffer = RolloutBuffer(cfg.num_steps, env.num_envs, self.spec.observation_space, action_shape,
-                                    action_dtype, self.device, mask_size=self._start_masking())
+                                    action_dtype, self.device, mask_size=self._start_masking(),
+                                    store_next_obs=self.spec.float_vector_obs)
 
     def _progress_remaining(self) -> float:
         """1 at the start of the schedule, 0 at its end (see `Algorithm.learn` for what the schedule spans)."""
@@ -210,6 +229,8 @@ class OnPolicyAlgorithm(Algorithm):
                     dones = terminated | truncated
                     buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones,
                             action_masks=masks)
+                    if buf.next_obs is None:
+                        self._store_final_values(buf, step, info)
                     if masking:
                         self._action_mask = info["action_mask"]
                     # whole episodes for the statistics (a training wrapper may end a learning episode earlier,

@@ -82,17 +82,24 @@ class RolloutBuffer:
     (uint8 images as uint8, indices as int64), a dict of such tensors for Dict spaces; a shape tuple stores float32
     vectors of that shape. With `mask_size`, `action_masks` `[T, N, mask_size]` (bool) holds the action mask that was
     valid for each step's observation (the one its action was sampled under, and the one the loss applies again).
+
+    GAE bootstraps every step from V of the observation its action led to. `store_next_obs` keeps those observations
+    (`next_obs`, `info["final_obs"]`; V of all of them in one pass after the rollout: the fewest kernels, for small
+    vectors); without it, the algorithm writes V of the finished rows' last observations into `final_values` during
+    the rollout, and the other rows' are the next step's values: images are stored once, not twice.
     """
 
     def __init__(self, num_steps: int, num_envs: int, observation: gym.Space | tuple[int, ...],
                  action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device,
-                 mask_size: int | None = None):
+                 mask_size: int | None = None, store_next_obs: bool = True):
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
         self.num_steps, self.num_envs = num_steps, num_envs
         self.obs = allocate_observations(observation, (num_steps, num_envs), device)
-        self.next_obs = allocate_observations(observation, (num_steps, num_envs), device)  # info["final_obs"]
+        # info["final_obs"], or the bootstrap values of finished rows (see the class docstring)
+        self.next_obs = allocate_observations(observation, (num_steps, num_envs), device) if store_next_obs else None
+        self.final_values = None if store_next_obs else zeros()
         self.actions = zeros(*action_shape, dtype=action_dtype)
         self.log_probs = zeros()
         self.values = zeros()
@@ -110,10 +117,12 @@ class RolloutBuffer:
         """
         if isinstance(self.obs, dict):
             copy_observations({key: value[step] for key, value in self.obs.items()}, obs)
-            copy_observations({key: value[step] for key, value in self.next_obs.items()}, next_obs)
+            if self.next_obs is not None:
+                copy_observations({key: value[step] for key, value in self.next_obs.items()}, next_obs)
         else:
             self.obs[step].copy_(obs)
-            self.next_obs[step].copy_(next_obs)
+            if self.next_obs is not None:
+                self.next_obs[step].copy_(next_obs)
         self.actions[step].copy_(actions)
         self.log_probs[step].copy_(log_probs)
         self.values[step].copy_(values)
@@ -124,9 +133,10 @@ class RolloutBuffer:
             self.action_masks[step].copy_(action_masks)
 
     def bytes_per_step(self) -> int:
-        """Bytes one env step takes in this storage (observation and next observation in their dtypes, and the
-        rest), as `benchmarks/cnn_encoder.py` reports it."""
+        """Bytes one env step takes in this storage (observation, and next observation where kept, in their dtypes,
+        and the rest), as `benchmarks/cnn_encoder.py` reports it."""
         fields = (self.actions, self.log_probs, self.values, self.rewards, self.terminated, self.dones,
-                  *(() if self.action_masks is None else (self.action_masks,)))
-        total = 2 * observation_nbytes(self.obs) + sum(t.numel() * t.element_size() for t in fields)
+                  *(t for t in (self.action_masks, self.final_values) if t is not None))
+        copies = 1 if self.next_obs is None else 2
+        total = copies * observation_nbytes(self.obs) + sum(t.numel() * t.element_size() for t in fields)
         return total // (self.num_steps * self.num_envs)

@@ -7,7 +7,8 @@ indices of Discrete and MultiDiscrete observations, int8 MultiBinary ones; a dic
 Dict and Tuple spaces), reward float32 `[N]`, terminated/truncated bool `[N]`. Autoreset is SAME_STEP: a finished row
 is already reset in the returned `obs`, and `info["final_obs"]` (same layout and dtypes as `obs`) holds, for every
 row, the observation the action led to: the true last observation for finished rows, the same as `obs` for the
-others. Bootstrapping a truncated episode reads it directly.
+others. Bootstrapping a truncated episode reads it directly. Adapters that know on the host which rows finished
+(Gymnasium's, SB3's) also give `info["final_rows"]`, a numpy array of their indices (no device read needed).
 
 Observations are stored in these dtypes (rollout and replay storage) and converted to float by the networks at their
 input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the env to the first layer.

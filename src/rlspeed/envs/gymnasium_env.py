@@ -359,9 +359,10 @@ class GymnasiumEnv(BatchedEnv):
     def step(self, actions: torch.Tensor):
         """Step the Gymnasium envs (actions go to the host once) and return the batched contract's tensors.
 
-        `info` holds `final_obs` and, where the env gives masks, `action_mask` (bool `[N, n]`, for the returned
-        observations: after an autoreset, the new episode's); Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is
-        stepped env by env here (`_step_sync`), skipping its per-step info merging.
+        `info` holds `final_obs`, `final_rows` (the finished rows, a host array) and, where the env gives masks,
+        `action_mask` (bool `[N, n]`, for the returned observations: after an autoreset, the new episode's);
+        Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here
+        (`_step_sync`), skipping its per-step info merging.
         """
         source = f"{self.spec.env_id}'s info['action_mask']"
         if self._sync_envs is not None:
@@ -369,7 +370,7 @@ class GymnasiumEnv(BatchedEnv):
                 _to_numpy_actions(actions, self.spec.action_space))
             obs_t = to_device(obs_np, self.device)
             final_t = obs_t if final_np is None else to_device(final_np, self.device)
-            out_info = {"final_obs": final_t}
+            out_info = {"final_obs": final_t, "final_rows": np.flatnonzero(terminated | truncated)}
             if self.has_action_masks:
                 if masks is not None and any(mask is None for mask in masks):
                     raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on every step: "
@@ -384,7 +385,7 @@ class GymnasiumEnv(BatchedEnv):
         finished = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool)) if "_final_obs" in info else ()
         obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
                                        None if self._float_vector else self._host)
-        out_info = {"final_obs": final_t}
+        out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
         if self.has_action_masks:
             if not self._mask_method and "action_mask" not in info:
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "

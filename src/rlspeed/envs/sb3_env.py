@@ -94,7 +94,7 @@ class SB3VecEnv(BatchedEnv):
                                            lambda row: infos[row]["terminal_observation"], self._host)
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
-                {"final_obs": final_t, **self._masks()})
+                {"final_obs": final_t, "final_rows": finished, **self._masks()})
 
     def close(self) -> None:
         """Close the VecEnv (for SubprocVecEnv, its worker processes too)."""
