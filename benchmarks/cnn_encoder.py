@@ -124,7 +124,8 @@ def storage_bytes(space: gym.spaces.Box) -> dict:
 
     actions = gym.spaces.Discrete(4)
     steps, envs, capacity = 128, NUM_ENVS, 10_000
-    rollout = RolloutBuffer(steps, envs, space, (), torch.int64, torch.device("cpu"))
+    # as PPO and A2C allocate it for encoded observations (`OnPolicyAlgorithm._start`): images stored once
+    rollout = RolloutBuffer(steps, envs, space, (), torch.int64, torch.device("cpu"), store_next_obs=False)
     replay = ReplayBuffer(capacity, 1, space, (), torch.int64, "cpu")
     sb3_rollout = SB3Rollout(steps, space, actions, device="cpu", n_envs=envs)
     sb3_rollout.reset()
@@ -198,8 +199,8 @@ def main() -> None:
              f"{args.ppo_steps:,} (PPO) and {args.dqn_steps:,} (DQN) steps. Load average (1, 5, 15 min): "
              f"{load_before} before, {load_after} after.", "", throughput, "",
              "(b) Bytes per transition of storage, from the arrays each library allocates (both keep observations in "
-             "their dtype; rlspeed's rollout also keeps each step's next observation, for truncation bootstraps, "
-             "which SB3 computes during collection instead):", "",
+             "their dtype; both take truncation bootstraps during collection instead of storing next observations in "
+             "the rollout; SB3's rollout also stores returns and advantages):", "",
              memory]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "minatar"))
     data = {"settings": {"env_id": ENV_ID, "num_envs": NUM_ENVS, "features": FEATURES, "ppo": PPO_SETTINGS,
