@@ -378,3 +378,16 @@ def test_recurrent_policy_follows_predict_over_a_cartpole_episode(format, tmp_pa
         obs, _, terminated, truncated, _ = env.step(int(action[0]))
         done, episode_start, steps = terminated or truncated, np.zeros(1, bool), steps + 1
     assert steps > 5
+
+
+def test_a_model_trained_with_masks_exports_the_mask_input_by_default(tmp_path):
+    model = rlspeed.PPO("Taxi-v4", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False)  # Taxi's info["action_mask"]: the rollouts used masks
+    path = export(model, tmp_path / "taxi.pt", format="torchscript")
+    assert [i["name"] for i in json.loads((tmp_path / "taxi.pt.json").read_text())["inputs"]] == ["obs", "action_mask"]
+    states = np.arange(0, 500, 25)
+    masks = np.stack([gym.make("Taxi-v4").unwrapped.action_mask(int(s)) for s in states]).astype(bool)
+    np.testing.assert_array_equal(_graph_runner("torchscript", path)(states, masks)[0],
+                                  model.predict(states, action_masks=masks)[0])
+    path = export(model, tmp_path / "plain.pt", format="torchscript", action_mask=False)
+    np.testing.assert_array_equal(_graph_runner("torchscript", path)(states)[0], model.predict(states)[0])
