@@ -204,3 +204,27 @@ def test_logged_episode_returns_are_whole_episodes_when_learning_episodes_end_ea
     env.env.step = count
     _, metrics = model._train_iteration()
     assert metrics["episode_count"].item() == sum(whole_episodes) < 64 * 4 // 7
+
+
+def test_a_reached_target_is_confirmed_on_fresh_episodes_before_training_stops(monkeypatch):
+    """One evaluation reaching the target is not enough: a confirming evaluation on other episode seeds must reach it
+    too, else training goes on (issue: `--target-return -250` stopped on one lucky -250 and the final evaluation
+    gave -286)."""
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    means = iter([500.0, 100.0, 10.0, 500.0, 480.0])  # reached, not confirmed; missed; reached and confirmed
+    seeds = []
+
+    def evaluate(episodes=10, seed=None, env_id=None):
+        seeds.append(seed)
+        return {"mean": next(means), "std": 0.0, "episodes": episodes, "returns": []}
+
+    monkeypatch.setattr(model, "evaluate", evaluate)
+    model.learn(4096, progress_bar=False, target_return=475, eval_freq=128)
+    assert model.result.steps_to_target == 3 * 128
+    assert [mean for _, mean in model.result.confirmations] == [100.0, 480.0]
+    assert len(set(seeds)) == len(seeds) == 5  # every evaluation on its own episode seeds
+    unconfirmed = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    means = iter([500.0])
+    monkeypatch.setattr(unconfirmed, "evaluate", evaluate)
+    unconfirmed.learn(4096, progress_bar=False, target_return=475, eval_freq=128, confirm_target=False)
+    assert unconfirmed.result.steps_to_target == 128

@@ -31,9 +31,9 @@ def test_state_is_zero_after_a_done_and_carried_over_elsewhere():
     inputs = []  # the state each rollout step's LSTM really took
     act_step = model.policy.act_step
 
-    def recording(obs, state, deterministic=False):
+    def recording(obs, state, deterministic=False, **masks):
         inputs.append(state.clone())
-        return act_step(obs, state, deterministic)
+        return act_step(obs, state, deterministic, **masks)
 
     model.policy.act_step = recording
     model.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)

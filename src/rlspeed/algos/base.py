@@ -152,6 +152,10 @@ def _device_rng(device: torch.device):
     return (lambda: module.get_rng_state(device)), (lambda state: module.set_rng_state(state, device))
 
 
+#: The confirming evaluation's seeds are this far from the evaluation's own (episode seeds never shared)
+CONFIRM_SEED = 50_000_000
+
+
 @dataclasses.dataclass
 class LearnResult:
     """What `learn` measured; `summary.json` is built from it."""
@@ -163,6 +167,8 @@ class LearnResult:
     time_to_target_s: float | None = None
     steps_to_target: int | None = None
     evaluations: list = dataclasses.field(default_factory=list)
+    #: (env steps, confirming evaluation's mean) each time an evaluation reached the target
+    confirmations: list = dataclasses.field(default_factory=list)
 
 
 class Algorithm:
@@ -409,14 +415,18 @@ class Algorithm:
 
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
-              run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None):
+              run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None,
+              confirm_target: bool = True):
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
         `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
         every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
         where callbacks run; their time is excluded from the training clock; under torch.distributed they run on
         rank 0). With a target, the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every
-        `eval_freq` steps, with evaluation time excluded from the training clock. Results land in `self.result`.
+        `eval_freq` steps, with evaluation time excluded from the training clock. An evaluation that reaches the target
+        is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
+        that one reaches it too, so the model it stops with meets the target on new episodes. Results land in
+        `self.result`.
 
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
@@ -539,6 +549,14 @@ class Algorithm:
                             row["eval_mean"] = evaluation["mean"]
                             result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
                             reached = evaluation["mean"] >= target_return
+                            if reached and confirm_target:
+                                # The target holds only if fresh episodes (other seeds) also reach it: one lucky
+                                # evaluation does not end training with a model below the threshold.
+                                confirming = self.evaluate(episodes=eval_episodes,
+                                                           seed=self._eval_seed() + CONFIRM_SEED)
+                                row["eval_confirm_mean"] = confirming["mean"]
+                                result.confirmations.append((self.num_timesteps, confirming["mean"]))
+                                reached = confirming["mean"] >= target_return
                             if callbacks is not None and not callbacks.on_evaluation(evaluation):
                                 callback_stop = True
                         if self.strategy.broadcast_flag(reached):
