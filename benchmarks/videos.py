@@ -116,7 +116,7 @@ def main() -> None:
     data = {"load_before": load_before, "load_after": load_after, "cases": results}
     common.publish("export_videos", lines, data, write=not args.no_write,
                    machine=common.machine_description(("rlspeed", "torch", "gymnasium", "imageio", "imageio-ffmpeg",
-                                                       "pygame")))
+                                                       "pygame-ce")))
 
 
 if __name__ == "__main__":
