@@ -29,6 +29,9 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         raise UserError(f"Unknown env id '{env_id}'.{hint}") from None
 
 
+_NO_ROWS = np.empty(0, dtype=np.int64)  # info["final_rows"] of a step where no env finished
+
+
 def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
     array = actions.detach().cpu().numpy()
     if isinstance(space, gym.spaces.Discrete):
@@ -370,7 +373,8 @@ class GymnasiumEnv(BatchedEnv):
                 _to_numpy_actions(actions, self.spec.action_space))
             obs_t = to_device(obs_np, self.device)
             final_t = obs_t if final_np is None else to_device(final_np, self.device)
-            out_info = {"final_obs": final_t, "final_rows": np.flatnonzero(terminated | truncated)}
+            rows = _NO_ROWS if final_np is None else np.flatnonzero(terminated | truncated)
+            out_info = {"final_obs": final_t, "final_rows": rows}
             if self.has_action_masks:
                 if masks is not None and any(mask is None for mask in masks):
                     raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on every step: "
