@@ -442,3 +442,15 @@ def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeyp
     assert cli.main(["export", "run", "--format", fmt, "--out", str(out)]) == 0
     assert out.exists() and json.loads(Path(f"{out}.json").read_text())["algo"] == "ppo"
     assert cli.main(["export", "run", "--format", "bogus"]) == 2
+
+
+def test_export_command_adds_the_action_mask_input_on_request(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "Taxi-v4", "--total-timesteps", "256", "--num-envs", "2", "--set",
+                     "num_steps=64", "--set", "batch_size=64", "--target-return", "none", "--no-progress",
+                     "--out", "run"]) == 0
+    for flag, expected in (([], False), (["--action-mask"], True)):
+        out = tmp_path / f"policy{len(flag)}.pt2"
+        assert cli.main(["export", "run", "--format", "exported_program", "--out", str(out), *flag]) == 0
+        sidecar = json.loads(Path(f"{out}.json").read_text())
+        assert ("action_mask" in json.dumps(sidecar["inputs"])) == expected, sidecar["inputs"]

@@ -217,6 +217,14 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     args.preset_message = preset.message()  # None for rlspeed's own preset for the pair
     args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported}
     run_settings, hyper = split_run_settings(preset)
+    if hyper.get("normalize_obs") and preset.source != "file":
+        # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
+        # one-hot encoded instead (asked for with --set, the same is an error that says so)
+        from rlspeed.envs import env_spec
+        from rlspeed.envs.wrappers import normalizable
+
+        if not normalizable(env_spec(args.env_id).observation_space):
+            hyper["normalize_obs"] = False
     overrides = _parse_set(args.set or [])
     _check_set_keys(overrides)
     run_overrides, hyper_overrides = split_run_settings(overrides)
@@ -654,7 +662,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.export import export_checkpoint
 
-    path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS)
+    path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
+                             action_mask=True if args.action_mask else None)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")
     return 0
 
@@ -754,6 +763,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("checkpoint", help="a model file or a run directory")
     exp.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "exported_program"])
     exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
+    exp.add_argument("--action-mask", action="store_true",
+                     help="add an action_mask input (bool [batch, actions]) for a policy trained with action masks")
     exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     exp.set_defaults(func=cmd_export)
 
