@@ -26,7 +26,8 @@ NUMBER = (int, float)
 SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_backend": str,
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
                   "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
-                  "accelerate": dict, "update": dict, "numerics": dict, "preset": dict, "interrupted": bool}
+                  "accelerate": dict, "update": dict, "numerics": dict, "preset": dict,
+                  "checkpoint_encryption": (dict, None), "interrupted": bool}
 
 
 def _mismatch_algorithm() -> tuple[str, str] | None:
@@ -454,3 +455,11 @@ def test_export_command_adds_the_action_mask_input_on_request(tmp_path, monkeypa
         assert cli.main(["export", "run", "--format", "exported_program", "--out", str(out), *flag]) == 0
         sidecar = json.loads(Path(f"{out}.json").read_text())
         assert ("action_mask" in json.dumps(sidecar["inputs"])) == expected, sidecar["inputs"]
+
+
+def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "not a key")
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--no-progress", "--out", "run"])
+    assert code == 2 and "RLSPEED_CHECKPOINT_KEY" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "metrics.csv").exists()  # nothing trained

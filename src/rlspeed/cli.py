@@ -370,6 +370,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if args.out is None and strategy.enabled:
         raise UserError("Under torchrun, give --out DIR so that every rank (and a restarted group) uses one run "
                         "directory; `rlspeed train --nproc N` does this for you.")
+    from rlspeed.checkpoint import encryption_settings
+
+    args.encryption = encryption_settings()  # a bad key or cipher setting is refused now, not at the first save
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     model = _model(args, algo_cls, hyper, strategy)
     say = print if main else (lambda *a, **k: None)
@@ -506,7 +509,8 @@ def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, f
                "time_to_target_s": None if result.time_to_target_s is None else round(result.time_to_target_s, 4),
                "steps_to_target": result.steps_to_target, "final_eval": final_eval,
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
-               "numerics": model.numerics_report(), "preset": args.preset_info, "interrupted": interrupted}
+               "numerics": model.numerics_report(), "preset": args.preset_info,
+               "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted}
     if strategy.enabled or run["resumed_from"] is not None:
         summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
                                   "restarts": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
