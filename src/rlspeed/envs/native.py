@@ -143,6 +143,27 @@ class NativeEnv(BatchedEnv):
         self._block: torch.Tensor | None = None
         self._block_pos = 0
 
+    def seed_row_blocks(self, seeds) -> None:
+        """Restart the random streams with one seed per block of rows: rows `k * B .. (k + 1) * B - 1`
+        (`B = num_envs // len(seeds)`) draw exactly what a `B`-env instance seeded with `seeds[k]` draws, so K x B
+        envs stepped together reproduce K separate runs' envs (`rlspeed.population`). A later `reset(seed=...)`
+        returns to one seed for all rows; `reset()` without one keeps these streams."""
+        seeds = [int(seed) for seed in seeds]
+        if not seeds or self.num_envs % len(seeds):
+            raise ValueError(f"seed_row_blocks: {self.num_envs} envs do not split into {len(seeds)} equal blocks.")
+        block = self.num_envs // len(seeds)
+        keys, keys_low = [], []
+        for seed in seeds:
+            first, second, third = _seed_words(seed)
+            env_index = torch.arange(block, device=self.device, dtype=torch.int32)
+            block_keys = _mix32_(_mix32_(env_index.mul_(_GOLDEN).add_(first)).bitwise_xor_(second))
+            keys.append(block_keys)
+            keys_low.append(_mix32_(block_keys ^ third))
+        self._keys, self._keys_low = torch.cat(keys), torch.cat(keys_low)
+        self._draws = 0
+        self._block = None
+        self._block_pos = 0
+
     def _next_uniform(self) -> torch.Tensor:
         """[N, k] uniforms in [0, 1): draw number `_draws` of every env's stream."""
         if self._block is None or self._block_pos == self._block.shape[0]:

@@ -1,0 +1,73 @@
+"""rlspeed.stats: median, IQM and bootstrap intervals against hand-computed values, scipy, and rliable when it
+imports (it needs arch, which does not import with pandas 3: then that test skips)."""
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from rlspeed.errors import UserError
+from rlspeed.stats import aggregate, bootstrap_ci, iqm, median
+
+
+def test_iqm_is_the_mean_of_the_middle_half():
+    # 8 scores: 2 cut from each end, mean of 3, 4, 5, 6
+    assert iqm([8, 1, 7, 2, 6, 3, 5, 4]) == 4.5
+    # an outlier does not move it
+    assert iqm([1, 2, 3, 4, 5, 6, 7, 1e9]) == 4.5
+
+
+def test_iqm_and_median_match_scipy_and_numpy():
+    scores = np.random.default_rng(0).normal(size=(13, 3))
+    assert iqm(scores) == pytest.approx(scipy_stats.trim_mean(scores, 0.25, axis=None), abs=1e-12)
+    assert median(scores) == pytest.approx(np.median(scores), abs=1e-12)
+
+
+def test_bootstrap_interval_hand_values():
+    # every resample of identical scores has the same statistic
+    assert bootstrap_ci([3.0] * 5, reps=1000) == (3.0, 3.0)
+    # two runs 0 and 1: a resample's mean is 0, 0.5 or 1 (p = 1/4, 1/2, 1/4); the 2.5th and 97.5th percentiles
+    # of many replicates are 0 and 1
+    low, high = bootstrap_ci([0.0, 1.0], statistic=lambda x: float(np.mean(x)), reps=4000)
+    assert (low, high) == (0.0, 1.0)
+
+
+def test_bootstrap_interval_is_stratified_over_tasks():
+    # task 0 is constant; task 1 varies: resampling runs within each task keeps task 0's column constant
+    scores = np.array([[5.0, 0.0], [5.0, 1.0], [5.0, 2.0], [5.0, 3.0]])
+    seen = []
+    bootstrap_ci(scores, statistic=lambda x: seen.append(x.copy()) or 0.0, reps=50)
+    assert all((x[:, 0] == 5.0).all() and set(x[:, 1]) <= {0.0, 1.0, 2.0, 3.0} for x in seen)
+
+
+def test_vectorised_statistics_equal_the_plain_ones():
+    scores = np.random.default_rng(1).normal(size=(10, 2))
+    for statistic in (median, iqm):
+        fast = bootstrap_ci(scores, statistic, reps=300, seed=4)
+        slow = bootstrap_ci(scores, lambda x, s=statistic: s(x), reps=300, seed=4)
+        assert fast == pytest.approx(slow, abs=1e-12)
+
+
+def test_aggregate_fields():
+    result = aggregate(np.arange(32.0), reps=2000)
+    assert result["runs"] == 32 and result["median"] == 15.5 and result["iqm"] == 15.5
+    assert result["iqm_ci"][0] < 15.5 < result["iqm_ci"][1]
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], np.zeros((2, 2, 2))])
+def test_bad_scores_are_one_sentence(bad):
+    with pytest.raises(UserError):
+        iqm(bad)
+
+
+def test_matches_rliable_on_fixed_data():
+    try:
+        from rliable import library as rly
+        from rliable import metrics
+    except Exception as error:  # noqa: BLE001 - arch fails with a TypeError under pandas 3
+        pytest.skip(f"rliable does not import here: {error}")
+    scores = np.random.default_rng(2).normal(size=(16, 3))
+    np.random.seed(7)  # rliable's StratifiedBootstrap resamples with numpy's global generator
+    points, intervals = rly.get_interval_estimates({"x": scores}, lambda x: np.array([metrics.aggregate_iqm(x)]),
+                                                   reps=2000)
+    assert iqm(scores) == pytest.approx(points["x"][0], abs=1e-12)
+    assert bootstrap_ci(scores, iqm, reps=2000, seed=7) == pytest.approx(tuple(intervals["x"][:, 0]), abs=1e-9)
