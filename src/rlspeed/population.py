@@ -1,0 +1,440 @@
+"""Populations: K independent PPO agents trained in one process as one batched model (issue 23, first cut).
+
+Every parameter, Adam moment, env row and buffer has the members stacked along a leading dimension `K`: the
+actor-critic MLPs of all members are one batched matmul per layer (`2K` networks: each member's actor and critic),
+the envs are one native env of `K x N` rows, and one update call steps every member. Member `k` is a solo
+`PPO(env_id, seed=seeds[k], ...)`:
+
+* its initial weights are those of the solo model (K solo models are built and their parameters stacked);
+* its env rows draw the solo run's env streams (`NativeEnv.seed_row_blocks`);
+* its random draws (action sampling, minibatch order) come from its own `torch.Generator`, started from the state
+  the solo run's global generator has when its training starts, so they are the solo run's draws;
+* per-member hyperparameters that do not change shapes (learning rate, gamma, GAE lambda, entropy and value
+  coefficients, clip range, max grad norm) are tensors of shape `[K]`; gradient clipping and Adam are per member.
+
+So the first updates of member k equal the solo run's to float tolerance (tests/test_population.py). Evaluation
+batches every member's 10 deterministic episodes into one native env, seeded as the solo run's evaluation is.
+
+Covered now: PPO on the native envs (`rlspeed.envs.registry.NATIVE_ENVS`) with Discrete or Box actions and rlspeed's
+default MLP policy, on one device. Not yet: other algorithms, Gymnasium envs, observation or reward normalisation,
+action masks, checkpoints, `rlspeed tune`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from rlspeed.algos.ppo import PPO
+from rlspeed.buffers import gae
+from rlspeed.errors import UserError
+from rlspeed.stats import aggregate
+
+#: Hyperparameters a member may set for itself (none changes a tensor's shape)
+PER_MEMBER = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "clip_range", "max_grad_norm")
+#: Hyperparameters that change shapes or the loop's structure: one value for the whole population
+SHARED_ONLY = ("net_arch", "num_envs", "num_steps", "batch_size", "n_epochs", "activation", "encoder",
+               "cnn_features_dim", "normalize_obs", "normalize_reward", "anneal_lr", "anneal_clip",
+               "normalize_advantage", "clip_range_vf", "log_std_init", "use_masking", "fused_update",
+               "normalize_images")
+_ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
+
+
+def _member_values(key: str, value, size: int) -> list | None:
+    """The K per-member values of a hyperparameter given as a list/tuple/tensor, else None (one shared value)."""
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if value.dim() > 0 else value.item()
+    if key == "net_arch":  # a tuple of widths is one value; a list of tuples would be per member
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+            raise UserError("net_arch changes the networks' shapes, so every member of a population must share it: "
+                            "pass one net_arch.")
+        return None
+    if not isinstance(value, (list, tuple)):
+        return None
+    if key in SHARED_ONLY:
+        raise UserError(f"'{key}' cannot differ across members of a population (it changes shapes or the training "
+                        f"loop): pass one value; per-member values are allowed for {', '.join(PER_MEMBER)}.")
+    if len(value) != size:
+        raise UserError(f"'{key}' has {len(value)} per-member values but the population has {size} members.")
+    return list(value)
+
+
+class Population:
+    """K independent PPO members trained as one batched model (see the module docstring).
+
+    >>> population = Population(PPO, "CartPole-v1", seeds=range(4), learning_rate=[1e-3, 2e-3, 3e-3, 4e-3])
+    >>> summary = population.learn(100_000, target_return=475, eval_freq=1024)
+
+    `seeds`: one per member (distinct). Hyperparameters: one value for all members, or, for those in `PER_MEMBER`, a
+    list of K values. `member_overrides`: a list of K dicts of hyperparameters for single members (same rules).
+    """
+
+    def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
+                 device: str | torch.device = "cpu", **hyperparameters):
+        if algo_cls is not PPO:
+            raise UserError(f"Populations cover PPO so far, not {getattr(algo_cls, '__name__', algo_cls)}.")
+        seeds = [int(seed) for seed in seeds]
+        if not seeds:
+            raise UserError("A population needs at least one member: pass one or more seeds.")
+        if len(set(seeds)) != len(seeds):
+            repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+            raise UserError(f"Seed(s) {', '.join(map(str, repeated))} given more than once: members of a population "
+                            "need distinct seeds.")
+        from rlspeed.envs.registry import NATIVE_ENVS
+
+        if env_id not in NATIVE_ENVS:
+            raise UserError(f"Populations run on native envs so far ({', '.join(NATIVE_ENVS)}), not '{env_id}'.")
+        size = len(seeds)
+        members = [dict() for _ in range(size)]
+        for key, value in hyperparameters.items():
+            values = _member_values(key, value, size)
+            for k in range(size):
+                members[k][key] = values[k] if values is not None else value
+        if member_overrides is not None:
+            if len(member_overrides) != size:
+                raise UserError(f"member_overrides has {len(member_overrides)} entries but the population has {size} "
+                                "members.")
+            for k, overrides in enumerate(member_overrides):
+                for key, value in (overrides or {}).items():
+                    if key not in PER_MEMBER:
+                        raise UserError(f"member_overrides sets '{key}', which cannot differ across members; "
+                                        f"per-member values are allowed for {', '.join(PER_MEMBER)}.")
+                    members[k][key] = value
+        self.env_id, self.seeds, self.size = env_id, seeds, size
+        self.device = torch.device(device)
+        self.member_hyperparameters = members
+        # K solo models: their initial weights, and the state their global generator has when training starts
+        self.generators: list[torch.Generator] = []
+        solos = []
+        saved_state = torch.get_rng_state()
+        for k, seed in enumerate(seeds):
+            solo = PPO(env_id, seed=seed, device=self.device, env_backend="torch", **members[k])
+            generator = torch.Generator(device=self.device)
+            generator.set_state(torch.get_rng_state() if self.device.type == "cpu" else _device_state(self.device))
+            self.generators.append(generator)
+            solos.append(solo)
+        torch.set_rng_state(saved_state)
+        self.config = cfg = solos[0].config
+        policy = solos[0].policy
+        self.kind = policy.kind
+        if self.kind not in ("categorical", "gaussian") or policy.encoder is not None:
+            raise UserError(f"Populations cover MLP policies on float vectors with Discrete or Box actions so far; "
+                            f"{env_id} needs a {policy.kind} policy" + (" with an encoder." if policy.encoder else "."))
+        if cfg.normalize_obs or cfg.normalize_reward:
+            raise UserError("Populations do not normalise observations or rewards yet: set normalize_obs=False and "
+                            "normalize_reward=False.")
+        self.activation = policy.body.activation
+        self.spec = solos[0].spec
+        self.action_dim = policy.action_dim
+        # stacked parameters: weights [K, 2, in, out] and biases [K, 2, 1, out] (member's actor, critic), log_std [K, A]
+        self.weights = [torch.stack([s.policy.body.weights[i].detach() for s in solos]).clone().requires_grad_()
+                        for i in range(len(policy.body.weights))]
+        self.biases = [torch.stack([s.policy.body.biases[i].detach() for s in solos]).clone().requires_grad_()
+                       for i in range(len(policy.body.biases))]
+        self.params = [*self.weights, *self.biases]
+        if self.kind == "gaussian":
+            self.log_std = torch.stack([s.policy.log_std.detach() for s in solos]).clone().requires_grad_()
+            self.params.append(self.log_std)
+        self._exp_avg = [torch.zeros_like(p) for p in self.params]
+        self._exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self._adam_steps = torch.zeros(size, device=self.device)  # per member: a frozen member does not step
+
+        self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
+                      for key in PER_MEMBER}
+        self.active = torch.ones(size, dtype=torch.bool, device=self.device)  # members still updated
+        self.num_timesteps = 0  # env steps per member
+        self._env = None
+        del solos
+
+    # --- the batched network ------------------------------------------------------------------------------------
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actor outputs `[K, B, A]`, values `[K, B]`) of observations `[K, B, obs_dim]`: one batched matmul per layer
+        for every member's actor and critic."""
+        size, batch = obs.shape[0], obs.shape[1]
+        x = obs.flatten(2).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
+        last = len(self.weights) - 1
+        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias.flatten(0, 1), x, weight.flatten(0, 1))
+            if layer < last:
+                x = self.activation(x)
+        x = x.view(size, 2, batch, -1)
+        return x[:, 0], x[:, 1, :, 0]
+
+    def _sample(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actions, log_probs) `[K, B]`, member k's noise from its own generator (the solo run's draws)."""
+        if self.kind == "categorical":
+            log_p = torch.log_softmax(out, dim=-1)
+            noise = torch.stack([torch.empty(out.shape[1:], device=self.device).exponential_(generator=g)
+                                 for g in self.generators])
+            actions = (log_p - noise.log_()).argmax(-1)
+            return actions, log_p.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        noise = torch.stack([torch.randn(out.shape[1:], device=self.device, generator=g) for g in self.generators])
+        actions = out + self.log_std.exp().unsqueeze(1) * noise
+        return actions, self._gaussian_log_prob(actions, out)
+
+    def _gaussian_log_prob(self, actions: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        log_std = self.log_std.unsqueeze(1)
+        z = (actions - mean) * torch.exp(-log_std)
+        return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def _log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind == "categorical":
+            log_p = torch.log_softmax(out, dim=-1)
+            entropy = -(log_p.exp() * log_p).sum(-1)
+            return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum(-1, keepdim=True).expand(out.shape[:2])
+        return self._gaussian_log_prob(actions, out), entropy
+
+    def _env_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions `[K, B, ...]` as the env rows take them `[K * B, ...]` (Gaussian samples clipped to the Box)."""
+        flat = actions.flatten(0, 1)
+        if self.kind == "gaussian":
+            space = self.spec.action_space
+            low = torch.as_tensor(space.low, device=self.device, dtype=torch.float32).flatten()
+            high = torch.as_tensor(space.high, device=self.device, dtype=torch.float32).flatten()
+            flat = torch.maximum(torch.minimum(flat, high), low)
+        return flat
+
+    # --- training ----------------------------------------------------------------------------------------------
+    def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
+        from rlspeed.envs.base import EpisodeStatistics
+        from rlspeed.envs.registry import NATIVE_ENVS
+
+        native = NATIVE_ENVS[self.env_id](num_envs=self.size * rows_per_member, device=self.device, seed=0)
+        native.seed_row_blocks(seeds)
+        return EpisodeStatistics(native)
+
+    def _progress_remaining(self) -> float:
+        return max(1.0 - self.num_timesteps / max(self._total_timesteps, 1), 0.0)
+
+    def train_iteration(self) -> torch.Tensor:
+        """One rollout of `num_steps` steps of every env row, GAE, and `n_epochs` of minibatch updates for every
+        member; returns each member's sum of finished episodes' returns and their count `[2, K]` (device)."""
+        cfg, size, envs = self.config, self.size, self.config.num_envs
+        if self._env is None:
+            self._env = self._make_env(envs, self.seeds)
+            self._obs, _ = self._env.reset()
+        env, steps = self._env, cfg.num_steps
+        obs_dim = self._obs.shape[-1]
+        buf_obs = torch.empty(steps, size * envs, obs_dim, device=self.device)
+        buf_next = torch.empty_like(buf_obs)
+        action_shape = () if self.kind == "categorical" else (self.action_dim,)
+        buf_actions = torch.empty(steps, size, envs, *action_shape, device=self.device,
+                                  dtype=torch.long if self.kind == "categorical" else torch.float32)
+        buf_log_probs = torch.empty(steps, size * envs, device=self.device)
+        buf_values, buf_rewards = torch.empty_like(buf_log_probs), torch.empty_like(buf_log_probs)
+        buf_terminated = torch.empty(steps, size * envs, dtype=torch.bool, device=self.device)
+        buf_dones = torch.empty_like(buf_terminated)
+        episode_stats = torch.zeros(2, size, device=self.device)
+        obs = self._obs
+        with torch.no_grad():
+            for step in range(steps):
+                out, values = self.forward(obs.view(size, envs, -1))
+                actions, log_probs = self._sample(out)
+                next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
+                dones = terminated | truncated
+                buf_obs[step] = obs
+                buf_next[step] = info["final_obs"]
+                buf_actions[step] = actions
+                buf_log_probs[step], buf_values[step] = log_probs.flatten(), values.flatten()
+                buf_rewards[step], buf_terminated[step], buf_dones[step] = rewards, terminated, dones
+                ends = info.get("done", dones).view(size, envs)
+                episode_stats[0] += torch.where(ends, info["episode_return"].view(size, envs), 0.0).sum(1)
+                episode_stats[1] += ends.sum(1)
+                obs = next_obs
+            self._obs = obs
+            next_obs_per_member = buf_next.view(steps, size, envs, -1).transpose(0, 1).reshape(size, -1, obs_dim)
+            next_values = self.forward(next_obs_per_member)[1]
+            next_values = next_values.view(size, steps, envs).transpose(0, 1).reshape(steps, size * envs)
+            per_row = {key: self.hyper[key].repeat_interleave(envs) for key in ("gamma", "gae_lambda")}
+            advantages, returns = gae(buf_rewards, buf_values, next_values, buf_terminated, buf_dones,
+                                      per_row["gamma"], per_row["gae_lambda"])
+
+        def per_member(x: torch.Tensor) -> torch.Tensor:  # [T, K * N, ...] -> [K, T * N, ...] (the solo's order)
+            return x.view(steps, size, envs, *x.shape[2:]).transpose(0, 1).reshape(size, steps * envs, *x.shape[2:])
+
+        batch = (per_member(buf_obs), buf_actions.transpose(0, 1).reshape(size, steps * envs, *action_shape),
+                 per_member(buf_log_probs), per_member(buf_values), per_member(advantages), per_member(returns))
+        self._update_epochs(*batch)
+        self.num_timesteps += steps * envs
+        return episode_stats
+
+    def _update_epochs(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
+        cfg, size = self.config, self.size
+        progress = self._progress_remaining()
+        learning_rate = self.hyper["learning_rate"] * (progress if cfg.anneal_lr else 1.0)
+        clip_range = self.hyper["clip_range"] * (progress if cfg.anneal_clip else 1.0)
+        batch_size = obs.shape[1]
+        minibatch = min(max(cfg.batch_size, 1), batch_size)
+        normalized = cfg.normalize_advantage and minibatch == batch_size > 1
+        if normalized:  # (as PPO: one minibatch of the whole rollout is normalised once)
+            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
+        members = torch.arange(size, device=self.device).unsqueeze(1)
+        for _ in range(cfg.n_epochs):
+            order = (torch.stack([torch.randperm(batch_size, device=self.device, generator=g)
+                                  for g in self.generators]) if minibatch < batch_size else None)
+            for start in range(0, batch_size - minibatch + 1, minibatch):
+                if order is None:
+                    parts = (obs, actions, old_log_probs, old_values, advantages, returns)
+                else:
+                    index = order[:, start:start + minibatch]
+                    parts = tuple(x[members, index] for x in (obs, actions, old_log_probs, old_values, advantages,
+                                                              returns))
+                self._update_step(*parts, clip_range, learning_rate, normalize=cfg.normalize_advantage
+                                  and not normalized)
+
+    def _update_step(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, learning_rate,
+                     normalize: bool) -> None:
+        """One minibatch update of every member: PPO's loss per member (as `PPO._loss`), summed (the members share
+        no parameter, so each gets its own gradient), per-member gradient clipping, per-member Adam."""
+        cfg, hyper = self.config, self.hyper
+        out, new_values = self.forward(obs)
+        new_log_probs, entropy = self._log_prob_entropy(out, actions)
+        log_ratio = new_log_probs - old_log_probs
+        ratio = log_ratio.exp()
+        if normalize and advantages.shape[1] > 1:
+            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
+        clip = clip_range.unsqueeze(1)
+        policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean(1)
+        if cfg.clip_range_vf is None:
+            value_loss = 0.5 * (new_values - returns).square().mean(1)
+        else:
+            clipped = old_values + (new_values - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
+            value_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean(1)
+        loss = policy_loss - hyper["ent_coef"] * entropy.mean(1) + hyper["vf_coef"] * value_loss
+        grads = torch.autograd.grad(loss.sum(), self.params)
+        with torch.no_grad():
+            # per-member global norm, clipped as `rlspeed.nn.clip_grad_norm`
+            squares = sum(g.square().flatten(1).sum(1) for g in grads)
+            scale = (hyper["max_grad_norm"] / (squares.sqrt() + 1e-6)).clamp(max=1.0)
+            self._adam_steps += self.active.to(self._adam_steps.dtype)
+            beta1, beta2 = _ADAM_BETAS
+            correction1 = 1 - beta1 ** self._adam_steps.clamp(min=1)
+            correction2 = 1 - beta2 ** self._adam_steps.clamp(min=1)
+            step_size = learning_rate * self.active / correction1
+            for param, grad, exp_avg, exp_avg_sq in zip(self.params, grads, self._exp_avg, self._exp_avg_sq):
+                shape = (-1,) + (1,) * (param.dim() - 1)
+                grad = grad * scale.view(shape)
+                keep = self.active.view(shape)
+                exp_avg.copy_(torch.where(keep, exp_avg.lerp(grad, 1 - beta1), exp_avg))
+                exp_avg_sq.copy_(torch.where(keep, exp_avg_sq.mul(beta2).addcmul_(grad, grad, value=1 - beta2),
+                                             exp_avg_sq))
+                denom = (exp_avg_sq.sqrt() / correction2.sqrt().view(shape)).add_(_ADAM_EPS)
+                param.sub_(step_size.view(shape) * exp_avg / denom)
+
+    # --- evaluation and the learn loop -------------------------------------------------------------------------
+    def evaluate(self, seeds: Sequence[int], episodes: int = 10) -> torch.Tensor:
+        """Each member's mean return over `episodes` deterministic episodes `[K]` (host tensor), member k's on an env
+        seeded `seeds[k]` as `rlspeed.evaluate` seeds one (one batched env for all members)."""
+        env = self._make_env(episodes, seeds)
+        size = self.size
+        limit = env.spec.max_episode_steps or 10_000
+        returns = torch.zeros(size * episodes, device=self.device)
+        finished = torch.zeros(size * episodes, dtype=torch.bool, device=self.device)
+        with torch.no_grad():
+            obs, _ = env.reset()
+            for step in range(1, limit + 1):
+                out, _ = self.forward(obs.view(size, episodes, -1))
+                actions = out.argmax(-1) if self.kind == "categorical" else out
+                obs, _, _, _, info = env.step(self._env_actions(actions))
+                newly_done = info["done"] & ~finished
+                returns = torch.where(newly_done, info["episode_return"], returns)
+                finished |= info["done"]
+                if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
+                    break
+            returns = torch.where(finished, returns, info["episode_return"])
+        return returns.view(size, episodes).mean(1).cpu()  # ok-sync: evaluation
+
+    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
+              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True) -> dict:
+        """Train every member for `total_timesteps` env steps each, or until every member has reached
+        `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
+        excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as `PPO.learn`
+        confirms one).
+
+        `stop="each"`: a member that reached its target stops training (its weights and Adam state freeze) and stops
+        being counted; `stop="all"`: it keeps training with the others until all have reached. Returns the summary
+        dict (`write_summary` writes it as summary.json): per-member time and steps to target and final evaluation,
+        and the aggregates (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
+        if total_timesteps <= 0:
+            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        if stop not in ("each", "all"):
+            raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        from rlspeed.algos.base import CONFIRM_SEED
+
+        size = self.size
+        self._total_timesteps = self.num_timesteps + int(total_timesteps)
+        time_to_target: list[float | None] = [None] * size
+        steps_to_target: list[int | None] = [None] * size
+        reached = [False] * size
+        train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
+        start_steps = self.num_timesteps
+        clock_start = time.perf_counter()
+        while self.num_timesteps < self._total_timesteps:
+            self.train_iteration()
+            finished = self.num_timesteps >= self._total_timesteps
+            if target_return is not None and (self.num_timesteps >= next_eval or finished):
+                train_clock += time.perf_counter() - clock_start
+                next_eval = self.num_timesteps + eval_freq
+                means = self.evaluate([s + 100_000 + self.num_timesteps for s in self.seeds], eval_episodes)
+                hits = [not reached[k] and float(means[k]) >= target_return for k in range(size)]
+                if confirm_target and any(hits):
+                    confirming = self.evaluate([s + 100_000 + self.num_timesteps + CONFIRM_SEED for s in self.seeds],
+                                               eval_episodes)
+                    hits = [hit and float(confirming[k]) >= target_return for k, hit in enumerate(hits)]
+                for k, hit in enumerate(hits):
+                    if hit:
+                        reached[k] = True
+                        time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
+                if stop == "each":
+                    self.active = torch.tensor([not r for r in reached], device=self.device)
+                if all(reached):
+                    break
+                clock_start = time.perf_counter()
+        else:
+            train_clock += time.perf_counter() - clock_start
+        steps_taken = (self.num_timesteps - start_steps) * size
+        final = self.evaluate([s + 200_000 + self.num_timesteps for s in self.seeds], eval_episodes)
+        members = [{"seed": seed, "hyperparameters": {key: float(self.hyper[key][k]) for key in PER_MEMBER},
+                    "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
+                    "final_eval": {"mean": float(final[k]), "episodes": eval_episodes}}
+                   for k, seed in enumerate(self.seeds)]
+        reached_steps = [s for s in steps_to_target if s is not None]
+        self.summary = {
+            "algo": "ppo", "env_id": self.env_id, "population": size, "seeds": self.seeds, "device": str(self.device),
+            "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
+            "train_wall_s": train_clock, "sps": steps_taken / max(train_clock, 1e-9), "target_return": target_return,
+            "reached": sum(reached), "members": members,
+            "aggregate": {"final_eval": aggregate([m["final_eval"]["mean"] for m in members]),
+                          "steps_to_target": aggregate(reached_steps) if reached_steps else None,
+                          "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
+                                               if reached_steps else None)},
+        }
+        return self.summary
+
+    def write_summary(self, path: str | Path) -> Path:
+        """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.summary, indent=2))
+        return path
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's policy parameters, named as a solo PPO's `policy.state_dict()` names them."""
+        state = {}
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            state[f"body.weights.{i}"] = weight[k].detach().clone()
+            state[f"body.biases.{i}"] = bias[k].detach().clone()
+        if self.kind == "gaussian":
+            state["log_std"] = self.log_std[k].detach().clone()
+        return state
+
+
+def _device_state(device: torch.device) -> torch.Tensor:
+    module = getattr(torch, device.type)
+    return module.get_rng_state(device)
