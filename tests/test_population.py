@@ -1,0 +1,107 @@
+"""rlspeed.population: members are solo runs (initial weights, first updates), per-member hyperparameters apply,
+bad inputs are one sentence, and learn's summary holds per-member results and aggregates."""
+
+import json
+
+import pytest
+import torch
+
+from rlspeed import PPO
+from rlspeed.envs.cartpole import CartPole
+from rlspeed.errors import UserError
+from rlspeed.population import Population
+
+# small and quick: 8 envs x 16 steps, minibatches of 64 (so minibatch order is drawn), 2 epochs
+SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learning_rate": 1e-3}
+
+
+def _solo_state(seed: int, iterations: int, **hyper) -> tuple[dict, dict]:
+    solo = PPO("CartPole-v1", seed=seed, env_backend="torch", **{**SMALL, **hyper})
+    initial = {name: value.detach().clone() for name, value in solo.policy.state_dict().items()}
+    if iterations:
+        solo.learn(iterations * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    return initial, solo.policy.state_dict()
+
+
+def test_members_start_and_update_as_solo_runs():
+    seeds = [3, 7]
+    population = Population(PPO, "CartPole-v1", seeds=seeds, **SMALL)
+    population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    initial = [population.member_state(k) for k in range(2)]
+    population.train_iteration()
+    population.train_iteration()
+    for k, seed in enumerate(seeds):
+        solo_initial, solo_trained = _solo_state(seed, iterations=2)
+        trained = population.member_state(k)
+        for name, value in solo_initial.items():
+            assert torch.equal(initial[k][name], value), name
+            assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
+            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+
+
+def test_native_row_blocks_reproduce_separate_envs():
+    together = CartPole(num_envs=6)
+    together.seed_row_blocks([4, 9])
+    first, second = CartPole(num_envs=3, seed=4), CartPole(num_envs=3, seed=9)
+    obs, _ = together.reset()
+    assert torch.equal(obs, torch.cat((first.reset()[0], second.reset()[0])))
+    for _ in range(50):
+        actions = torch.randint(0, 2, (6,))
+        step = together.step(actions)
+        parts = first.step(actions[:3]), second.step(actions[3:])
+        assert torch.equal(step[0], torch.cat((parts[0][0], parts[1][0])))
+    with pytest.raises(ValueError):
+        together.seed_row_blocks([1, 2, 3, 4])
+
+
+def test_per_member_learning_rate_applies():
+    # (the config refuses learning_rate=0): Adam moves a weight by about the learning rate per step, 4 steps here
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **{**SMALL, "learning_rate": [1e-3, 1e-7, 1e-3]})
+    population._total_timesteps = SMALL["num_envs"] * SMALL["num_steps"]
+    before = [population.member_state(k) for k in range(3)]
+    population.train_iteration()
+    after = [population.member_state(k) for k in range(3)]
+    moved = [max((after[k][name] - before[k][name]).abs().max().item() for name in before[k]) for k in range(3)]
+    assert moved[1] < 1e-6 and moved[0] > 1e-3 and moved[2] > 1e-3
+
+
+def test_member_overrides_set_one_member():
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], member_overrides=[{}, {"gamma": 0.9}], **SMALL)
+    assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])
+
+
+@pytest.mark.parametrize("seeds, hyper, words", [
+    ([], {}, "at least one member"),
+    ([1, 2, 1], {}, "more than once"),
+    ([0, 1], {"learning_rate": [1e-3, 2e-3, 3e-3]}, "3 per-member values"),
+    ([0, 1], {"net_arch": [[64, 64], [32, 32]]}, "net_arch"),
+    ([0, 1], {"num_envs": [8, 16]}, "cannot differ"),
+    ([0, 1], {"member_overrides": [{}]}, "member_overrides has 1"),
+    ([0, 1], {"member_overrides": [{}, {"net_arch": (32,)}]}, "cannot differ"),
+])
+def test_bad_inputs_are_one_sentence(seeds, hyper, words):
+    with pytest.raises(UserError, match=words):
+        Population(PPO, "CartPole-v1", seeds=seeds, **{**SMALL, **hyper})
+
+
+def test_other_algorithms_and_envs_are_refused():
+    from rlspeed import DQN
+
+    with pytest.raises(UserError, match="PPO"):
+        Population(DQN, "CartPole-v1", seeds=[0])
+    with pytest.raises(UserError, match="native envs"):
+        Population(PPO, "FrozenLake-v1", seeds=[0])
+
+
+def test_learn_summary(tmp_path):
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    with pytest.raises(UserError, match="stop"):
+        population.learn(256, stop="some")
+    # a target every member reaches at the first evaluation: each stops and freezes
+    summary = population.learn(1024, target_return=1.0, eval_freq=128, eval_episodes=2)
+    assert summary["reached"] == 2 and population.num_timesteps == 128
+    assert [m["steps_to_target"] for m in summary["members"]] == [128, 128]
+    assert not population.active.any()
+    assert set(summary["aggregate"]["final_eval"]) == {"runs", "median", "median_ci", "iqm", "iqm_ci"}
+    path = population.write_summary(tmp_path / "summary.json")
+    assert json.loads(path.read_text())["members"][1]["seed"] == 1
