@@ -384,3 +384,16 @@ def test_encoded_observations_are_stored_once_with_the_same_bootstrap_values(min
     assert stored_once.bytes_per_step() < stored_twice.bytes_per_step() - 147  # one image (7x7x3 bytes) less
     assert int(once["truncated"]) > 0
     torch.testing.assert_close(once["advantages"], twice["advantages"], rtol=1e-5, atol=1e-5)
+
+
+def test_gym_packages_calls_a_modules_register_envs_once(recwarn):
+    """`--gym-packages minatar.gym`: that module only defines register_envs(); rlspeed calls it (once)."""
+    pytest.importorskip("minatar")
+    import gymnasium as gym
+
+    from rlspeed.envs import import_gym_packages
+
+    import_gym_packages(["minatar.gym"])
+    import_gym_packages(["minatar.gym"])
+    assert "MinAtar/Breakout-v1" in gym.registry
+    assert not [w for w in recwarn if "Overriding environment" in str(w.message)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import re
+import warnings
 
 import gymnasium as gym
 import torch
@@ -49,17 +50,30 @@ def import_env_module(env_id: str) -> str:
     return name
 
 
+_REGISTERED_BY_CALL: set[str] = set()  # modules whose register_envs() import_gym_packages has called
+
+
 def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> None:
-    """Import each module, which registers its envs with Gymnasium (RL-Zoo's `--gym-packages`); UserError naming
-    the module that cannot be imported."""
+    """Import each module, which registers its envs with Gymnasium (RL-Zoo's `--gym-packages`), and call its
+    `register_envs()` where it has one and registers nothing on import (`minatar.gym`); UserError naming the module
+    that cannot be imported."""
     for module in modules:
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise UserError(f"'{module}' {why} is not a Python module name.")
         try:
-            importlib.import_module(module)
+            imported = importlib.import_module(module)
         except ImportError as error:
             raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
                             f"{error}.") from None
+        register = getattr(imported, "register_envs", None)
+        if callable(register) and module not in _REGISTERED_BY_CALL:
+            _REGISTERED_BY_CALL.add(module)
+            try:
+                with warnings.catch_warnings():  # ids the user's code registered already: the same entry points
+                    warnings.filterwarnings("ignore", message=".*Overriding environment")
+                    register()
+            except TypeError:  # a register_envs with parameters is not this convention
+                pass
 
 
 #: Ids of Atari games as ale-py registers them: ALE/Pong-v5, PongNoFrameskip-v4, Pong-ramDeterministic-v4, ...

@@ -168,7 +168,8 @@ class EnvPoolEnv(BatchedEnv):
                 values = values[:4] + (values[4].copy(),)
                 values[4][finished] = self._lives(reset_info)[order]
         obs_t = torch.as_tensor(obs, device=self.device)
-        info_out = {"final_obs": obs_t if final is obs else torch.as_tensor(final, device=self.device)}
+        info_out = {"final_obs": obs_t if final is obs else torch.as_tensor(final, device=self.device),
+                    "final_rows": finished.astype(np.int64)}  # the finished rows, on the host (envs/base.py)
         if self.atari:
             info_out["lives"] = torch.as_tensor(values[4], device=self.device)
         return (obs_t, torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),

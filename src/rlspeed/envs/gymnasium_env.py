@@ -287,10 +287,15 @@ class GymnasiumEnv(BatchedEnv):
             if self._sync_envs is not None or isinstance(vector_env, gym.vector.SyncVectorEnv):
                 self._mask_method = _has_mask_method(vector_env.envs[0])
             else:
-                try:
-                    self._mask_method = all(callable(m) for m in vector_env.get_attr("action_masks"))
-                except Exception:  # no env has it (the AttributeError comes back from the subprocesses as another)
-                    self._mask_method = False
+                # Asking the subprocesses (`get_attr`) for a method they lack makes their workers fail and shut down:
+                # ask a probe env built from the same constructor instead (once, in this process).
+                env_fns = getattr(vector_env, "env_fns", None)
+                if env_fns:
+                    probe = env_fns[0]()
+                    try:
+                        self._mask_method = _has_mask_method(probe)
+                    finally:
+                        probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
 
     def _masks(self, info_masks, source: str) -> torch.Tensor | None:
