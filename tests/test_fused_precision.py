@@ -2,8 +2,9 @@
 
 import torch
 
+import rlspeed
 from rlspeed import DQN, SAC
-from rlspeed.fused.precision import AutoMatmulPrecision, use_fused
+from rlspeed.fused.precision import AutoMatmulPrecision
 from rlspeed.fused.sac import FusedSACUpdate
 
 
@@ -80,12 +81,32 @@ def test_dqn_prepares_batches_together_once_the_precision_is_chosen(monkeypatch)
         torch.testing.assert_close(a, b)
 
 
-def test_sac_and_dqn_take_the_graphed_autograd_update_with_accelerate_auto_on_cuda(monkeypatch):
+def test_a_graphs_device_takes_the_captured_autograd_step_unless_graphs_are_forced_off(monkeypatch):
+    """`select_update` rule 4 (no GPU here: a device whose rules say it has whole-step graphs, and a stub for
+    accelerate_step that records how it was asked): PPO, SAC and DQN take the captured autograd step in fp32 without
+    a search when --accelerate is off; RLSPEED_ACCELERATE=off turns graphs off and the hand-derived update returns."""
+    import dataclasses
+
+    from rlspeed.algos import update
+
+    real_rules = update.rules
+    monkeypatch.setattr(update, "rules", lambda device: dataclasses.replace(real_rules(device), supports_graphs=True))
+    asked = []
+
+    class Captured:
+        report = None
+
+        def __init__(self, loss_fn, optimizer, **options):
+            asked.append(options)
+
+        def __call__(self, *batch):
+            raise AssertionError("not called in this test")
+
+    monkeypatch.setattr(update, "accelerate_step", Captured)
     monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
-    cuda_device, cpu = torch.device("cuda"), torch.device("cpu")
-    assert not use_fused(True, True, "auto", graphs_device=cuda_device)
-    assert use_fused(True, True, "off", graphs_device=cuda_device)  # --accelerate off: the hand-derived update
-    assert use_fused(True, True, "auto", graphs_device=cpu)  # on a CPU the hand-derived update is faster
-    assert use_fused(True, True, "auto")  # PPO: not measured faster with graphs
+    for algo, env_id in ((rlspeed.PPO, "CartPole-v1"), (rlspeed.SAC, "Pendulum-v1"), (rlspeed.DQN, "CartPole-v1")):
+        choice = algo(env_id, device="cpu").update_summary()
+        assert choice == {"implementation": "autograd+graphs", "reason": "whole-step graphs on cpu"}, algo
+        assert asked[-1]["precision"] == "fp32" and asked[-1]["compile"] is False
     monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
-    assert use_fused(True, True, "auto", graphs_device=cuda_device)
+    assert rlspeed.PPO("CartPole-v1", device="cpu").update_summary()["implementation"] == "hand-derived"

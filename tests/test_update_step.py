@@ -82,3 +82,14 @@ def test_load_leaves_the_global_random_state_alone(tmp_path):
     torch.manual_seed(123)
     PPO.load(path, device="cpu")
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_an_accelerated_policy_still_gets_its_reason():
+    """auto_accelerate swaps the policy's class for a subclass: the rule that decides must still see ActorCritic."""
+    from rlspeed.accel import auto_accelerate
+    from rlspeed.fused.ppo import unsupported_reason
+
+    model = PPO("CartPole-v1", device="cpu")
+    assert unsupported_reason(auto_accelerate(model.policy, device="cpu")) is None
+    elu = PPO("CartPole-v1", device="cpu", activation="elu")
+    assert "activation=elu" in unsupported_reason(auto_accelerate(elu.policy, device="cpu"))

@@ -184,8 +184,9 @@ class EnvValueGuard:
         # or before its first non-finite observation has clean[1] <= clean[0]: the policy's doing, not the env's.
         caused = bad & (self.clean[1] <= self.clean[0])
         own = bad & ~caused
-        first = torch.where(own, self.clean[0], torch.iinfo(torch.int64).max).argmin()
-        return torch.stack((own.sum(), first, self.clean[0, first], self.bad.sum(), caused.sum()))
+        # (min over the env axis gives the step and its env together: indexing with a 0-d tensor would read it back)
+        step, first = torch.where(own, self.clean[0], torch.iinfo(torch.int64).max).min(0)
+        return torch.stack((own.sum(), first, step, self.bad.sum(), caused.sum()))
 
     def forget(self) -> None:
         """After a rollback: the non-finite values seen so far were the diverged policy's doing; count afresh (the

@@ -537,6 +537,7 @@ class Algorithm:
                                 # (episodes a diverged policy may have made non-finite)
                                 self._obs, reset_info = env.reset()
                                 self._action_mask = reset_info.get("action_mask")
+                                self._on_env_reset()
                             last_check_time = now
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
@@ -672,6 +673,10 @@ class Algorithm:
         return tensors
 
     # --- exact resume -------------------------------------------------------------------------------------------
+    def _on_env_reset(self) -> None:
+        """Called when the learn loop resets the training envs in the middle of a run (after a numerics rollback):
+        per-episode state an algorithm carries (an LSTM state, pending n-step transitions, exploration noise) ends."""
+
     def _algorithm_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """An algorithm's own running state that exact resume needs besides networks and optimisers: (tensors, JSON
         values); see `_load_algorithm_state`."""

@@ -232,6 +232,13 @@ class OffPolicyAlgorithm(Algorithm):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
 
     # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
+    def _on_env_reset(self) -> None:
+        # steps of the episodes the reset ended, still waiting for their n-step return, would be joined to the new
+        # episodes' rewards: drop them
+        buffer = getattr(self, "buffer", None)
+        if buffer is not None:
+            buffer._window.clear()
+
     def _algorithm_state(self):
         tensors, values = super()._algorithm_state()
         if hasattr(self, "_buffer_start"):

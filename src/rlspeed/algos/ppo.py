@@ -109,7 +109,7 @@ class PPO(OnPolicyAlgorithm):
         minibatch = min(max(cfg.batch_size // self.strategy.world_size, 1), batch_size)
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
-        clip = torch.tensor(clip_range, device=self.device)  # a tensor: a compiled step must not specialise on it
+        clip = torch.full((), clip_range, device=self.device)  # a tensor: a compiled step must not specialise on it
         # One minibatch covering the whole batch: normalise its advantages once, not in every epoch.
         normalized = cfg.normalize_advantage and minibatch == batch_size > 1
         if normalized:
@@ -117,9 +117,10 @@ class PPO(OnPolicyAlgorithm):
         for epoch in range(cfg.n_epochs):
             # One minibatch covering the whole batch needs no shuffle: its gradient does not depend on order.
             order = torch.randperm(batch_size, device=self.device) if minibatch < batch_size else None
-            # Hints an implementation may use (the hand-derived one does): advantages already normalised, and
-            # statistics wanted from the last epoch only (fewer kernels in the others).
-            hints = {"normalized": normalized, "with_stats": epoch == cfg.n_epochs - 1}
+            # The logged statistics are the last epoch's, whichever implementation runs; hints it may use (the
+            # hand-derived one does): advantages already normalised, statistics wanted (fewer kernels without).
+            last_epoch = epoch == cfg.n_epochs - 1
+            hints = {"normalized": normalized, "with_stats": last_epoch}
             for start in range(0, batch_size - minibatch + 1, minibatch):
                 index = order[start:start + minibatch] if order is not None else slice(None)
                 minibatch_obs = batch_obs[index] if isinstance(batch_obs, torch.Tensor) else {
@@ -129,7 +130,7 @@ class PPO(OnPolicyAlgorithm):
                 _, minibatch_stats = self._update_step(minibatch_obs, batch_actions[index], batch_log_probs[index],
                                                        batch_values[index], batch_advantages[index],
                                                        batch_returns[index], clip, *masks, **hints)
-                if minibatch_stats is not None:
+                if minibatch_stats is not None and last_epoch:
                     stats += minibatch_stats
                     updates += 1
         return stats / max(updates, 1)

@@ -119,7 +119,7 @@ class RecurrentPPO(PPO):
             actions, h, c = self.policy.actor_step(obs, h, c, deterministic, masks)
         return self._to_env(actions), (h.unsqueeze(0), c.unsqueeze(0))
 
-    def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
+    def _policy_actions(self, obs: torch.Tensor, deterministic: bool, action_masks=None) -> torch.Tensor:
         raise UserError("RecurrentPPO's actions depend on its LSTM state: use model.predict(obs, state, "
                         "episode_start) and pass the returned state back (or act_with_state with tensors).")
 
@@ -145,12 +145,27 @@ class RecurrentPPO(PPO):
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         action_shape, action_dtype = self._action_storage()
         self._state = self.policy.initial_state(env.num_envs)
-        self._obs, info = env.reset()
-        self._action_mask = info.get("action_mask")
+        self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was; masks in _action_mask)
         self.buffer = RecurrentRolloutBuffer(self.config.num_steps, env.num_envs, self.spec.observation_space,
                                              action_shape, action_dtype, self.device, tuple(self._state.shape),
                                              mask_size=self._start_masking())
         self._episode_start = torch.ones(env.num_envs, dtype=torch.bool, device=self.device)
+
+    def _algorithm_state(self):
+        tensors, values = super()._algorithm_state()
+        # the LSTM state each env carries into its next step, and which envs start an episode there
+        tensors.update(lstm_state=self._state, episode_start=self._episode_start)
+        return tensors, values
+
+    def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        super()._load_algorithm_state(tensors, values)
+        state, starts = tensors.get("lstm_state"), tensors.get("episode_start")
+        if state is not None and starts is not None and state.shape == self._state.shape:
+            self._state.copy_(state)
+            self._episode_start = starts.to(self.device, torch.bool).clone()
+
+    def _on_env_reset(self) -> None:
+        self._episode_start = torch.ones_like(self._episode_start)  # every env starts a fresh episode
 
     def _act(self, obs: torch.Tensor, step: int,
              action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -181,19 +196,23 @@ class RecurrentPPO(PPO):
         segmented = self._segmented  # (see `_make_update_step`)
         episode_starts = buf.episode_starts.cpu() if segmented else None  # ok-sync: once per rollout, not per step
         whole = SequenceLayout(episode_starts, self.device) if segmented and columns == num_envs else None
-        clip = torch.tensor(clip_range, device=self.device)
+        clip = torch.full((), clip_range, device=self.device)
         stats = torch.zeros(5, device=self.device)
         updates = 0
-        for _epoch in range(cfg.n_epochs):
-            # one minibatch holding every column needs no shuffle: its gradient does not depend on the order
-            order = torch.randperm(num_envs) if columns < num_envs else None
+        for epoch in range(cfg.n_epochs):
+            # one minibatch holding every column needs no shuffle: its gradient does not depend on the order; the
+            # segmented path cuts sequences on the host (`SequenceLayout`), the graphed one keeps indices on the device
+            order = (None if columns == num_envs else torch.randperm(num_envs) if segmented
+                     else torch.randperm(num_envs, device=self.device))
             for start in range(0, num_envs - columns + 1, columns):
                 if order is None:
                     index, layout = slice(None), whole
                 else:
-                    host_index = order[start:start + columns]
-                    index = host_index.to(self.device)
-                    layout = SequenceLayout(episode_starts[:, host_index], self.device) if segmented else None
+                    index = order[start:start + columns]
+                    layout = None
+                    if segmented:
+                        layout = SequenceLayout(episode_starts[:, index], self.device)
+                        index = index.to(self.device)  # (the host copy of an index: no wait for the device)
                 # float vectors as [T, B, D]; other observations in their stored layout (the encoder runs in the loss)
                 obs = (buf.obs[:, index].flatten(2) if self.policy.obs_encoder is None
                        else map_obs(lambda v: v[:, index], buf.obs))  # noqa: B023 (used within this iteration)
@@ -203,8 +222,9 @@ class RecurrentPPO(PPO):
                     buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
                     buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip,
                     *masks)
-                stats += minibatch_stats
-                updates += 1
+                if epoch == cfg.n_epochs - 1:  # the last epoch's statistics, as PPO logs them
+                    stats += minibatch_stats
+                    updates += 1
         return stats / max(updates, 1)
 
     def _loss(self, obs, state, episode_starts, layout, actions, old_log_probs, old_values, advantages, returns,

@@ -117,6 +117,11 @@ class TD3(OffPolicyAlgorithm):
         if self._ou_noise is None or self._ou_noise.shape[0] != env.num_envs:
             self._ou_noise = torch.zeros(env.num_envs, self.spec.action_dim, device=self.device)
 
+    def _on_env_reset(self) -> None:
+        super()._on_env_reset()
+        if self._ou_noise is not None:  # each episode starts its noise process afresh
+            self._ou_noise.zero_()
+
     def _algorithm_state(self):
         tensors, values = super()._algorithm_state()
         values["critic_updates"] = self._critic_updates  # where the policy delay stands

@@ -37,8 +37,9 @@ SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
 def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
     """Why `FusedPPOUpdate` cannot update this policy, or None when it can (an `ActorCritic` with a tanh or ReLU
     body, Discrete or Box actions, no action masks: `masked` says the run uses them)."""
-    if type(policy) is not ActorCritic:
-        return f"the policy is a {type(policy).__name__}, not rlspeed's ActorCritic MLP"
+    cls = getattr(type(policy), "_rlspeed_base", type(policy))  # (auto_accelerate swaps in a subclass)
+    if cls is not ActorCritic:
+        return f"the policy is a {cls.__name__}, not rlspeed's ActorCritic MLP"
     kind = getattr(policy, "kind", "categorical" if policy.discrete else "gaussian")
     if kind not in ("categorical", "gaussian"):
         names = {"multi_categorical": "MultiDiscrete", "bernoulli": "MultiBinary"}

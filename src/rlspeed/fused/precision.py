@@ -29,7 +29,7 @@ from rlspeed.accel.strategy import (
     precision_context,
     reduced_matmul_supported,
 )
-from rlspeed.device import describe, rules
+from rlspeed.device import describe
 from rlspeed.errors import UserError
 
 MATMUL_PRECISIONS = ("fp32", "bf16-matmul", "tf32")
@@ -100,20 +100,6 @@ class AutoMatmulPrecision:
         self._decided(Decision("all calls", chosen, "search", reason, trials, time.perf_counter() - started))
 
 
-def use_fused(enabled: bool, supported: bool, accelerate: str, graphs_device: torch.device | None = None) -> bool:
-    """Whether an algorithm takes its hand-derived update: `fused_update` on, a network it supports, and with
-    `--accelerate auto` an `RLSPEED_ACCELERATE` it can honour (see `applies`).
-
-    `graphs_device`: the device of an algorithm whose autograd update through `accelerate_step`, captured as a
-    whole-step graph, was measured faster than its hand-derived update (launched kernel by kernel) where graphs
-    exist (CUDA): with `--accelerate auto` there that path is taken instead (SAC and DQN; benchmarks/cuda_check.sh).
-    """
-    if (accelerate == "auto" and graphs_device is not None and rules(graphs_device).supports_graphs
-            and normalise_request().graphs != "off"):
-        return False
-    return enabled and supported and (accelerate != "auto" or applies())
-
-
 def for_accelerate(update, accelerate: str, device: torch.device, name: str):
     """The update as the algorithm calls it: wrapped in the measured matmul-precision choice for `--accelerate
     auto`, as it is otherwise."""
@@ -134,8 +120,3 @@ def chosen_precision(step) -> contextlib.AbstractContextManager | None:
     if isinstance(step, AutoMatmulPrecision):
         return None if step.precision is None else step._context(step.precision)
     return contextlib.nullcontext()
-
-
-def unwrap(step):
-    """The hand-derived update inside an `AutoMatmulPrecision`, or `step` itself."""
-    return step.update if isinstance(step, AutoMatmulPrecision) else step
