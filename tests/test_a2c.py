@@ -17,8 +17,10 @@ def test_a2c_solves_cartpole_with_its_preset():
     assert model.result.steps_to_target is not None, model.result.evaluations
 
 
-def test_a2c_makes_one_rmsprop_step_per_rollout_on_the_loss_it_states():
-    model = A2C("CartPole-v1", seed=0, device="cpu", num_envs=4)
+@pytest.mark.parametrize("normalize_advantage", [False, True])
+def test_a2c_makes_one_rmsprop_step_per_rollout_on_the_loss_it_states(normalize_advantage):
+    model = A2C("CartPole-v1", seed=0, device="cpu", num_envs=4, ent_coef=0.01,
+                normalize_advantage=normalize_advantage)
     assert isinstance(model.optimizer, torch.optim.RMSprop)
     steps = []
     original = model._update_step.fn
@@ -30,8 +32,10 @@ def test_a2c_makes_one_rmsprop_step_per_rollout_on_the_loss_it_states():
     advantages, returns = torch.randn(6), torch.randn(6)
     loss, stats = model._loss(obs, actions, advantages, returns)
     log_probs, entropy, values = model.policy.evaluate(obs, actions)
+    if normalize_advantage:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
     expected = (-(advantages * log_probs).mean() + 0.5 * (values - returns).square().mean()
-                - model.config.ent_coef * entropy.mean())
+                - 0.01 * entropy.mean())
     torch.testing.assert_close(loss, expected)
 
 

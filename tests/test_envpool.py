@@ -191,3 +191,13 @@ def test_envpool_backend_without_envpool_names_the_pip_command(monkeypatch):
     with pytest.raises(UserError, match="pip install envpool"):
         make_env("CartPole-v1", backend="envpool")
     assert resolve_backend("CartPole-v1", "auto", 8, "cpu") == "gymnasium"
+
+
+def test_reset_with_the_same_seed_gives_the_same_episodes():
+    """Gymnasium's contract: reset(seed=s) twice starts the same episodes, even when s is the pool's seed."""
+    env = make_env("CartPole-v1", num_envs=3, device="cpu", seed=0, backend="envpool")
+    first = env.reset(seed=3)[0]
+    for _ in range(5):
+        env.step(torch.zeros(3, dtype=torch.int64))
+    assert torch.equal(env.reset(seed=3)[0], first)
+    env.close()

@@ -113,8 +113,8 @@ class ReplayBuffer:
         pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
 
         def zeros(*shape, dtype=torch.float32):
-            tensor = torch.zeros(self.capacity, *shape, dtype=dtype, device=self.storage_device)
-            return tensor.pin_memory() if pin else tensor
+            # allocated pinned (pin_memory() on a made tensor would hold a second copy while it copies)
+            return torch.zeros(self.capacity, *shape, dtype=dtype, device=self.storage_device, pin_memory=pin)
 
         if isinstance(layout, dict):
             self.obs = {key: zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}

@@ -134,8 +134,9 @@ class EnvPoolEnv(BatchedEnv):
         return np.asarray(info["lives"], dtype=np.int32)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
-        """Reset every env (a new `seed` makes the pool afresh with it); Atari ids put lives in info."""
-        if seed is not None and seed != self._seed:
+        """Reset every env (a `seed` makes the pool afresh with it, so the same seed gives the same episodes, as
+        Gymnasium's reset does); Atari ids put lives in info."""
+        if seed is not None:
             self.pool.close()
             self._seed = seed
             self.pool = self._make_pool(seed)

@@ -168,8 +168,11 @@ class NormalizeObservation(EnvWrapper):
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self._training:
             self.obs_rms.update(obs)
-        info["final_obs"] = self.obs_rms.normalize(info["final_obs"], self.clip)
-        return self.obs_rms.normalize(obs, self.clip), reward, terminated, truncated, info
+        normalized = self.obs_rms.normalize(obs, self.clip)
+        # a step where no env finished hands `obs` itself as final_obs: normalise it once
+        final = info["final_obs"]
+        info["final_obs"] = normalized if final is obs else self.obs_rms.normalize(final, self.clip)
+        return normalized, reward, terminated, truncated, info
 
 
 class NormalizeReward(EnvWrapper):
