@@ -193,6 +193,7 @@ def test_envpool_backend_without_envpool_names_the_pip_command(monkeypatch):
     assert resolve_backend("CartPole-v1", "auto", 8, "cpu") == "gymnasium"
 
 
+@needs_envpool
 def test_reset_with_the_same_seed_gives_the_same_episodes():
     """Gymnasium's contract: reset(seed=s) twice starts the same episodes, even when s is the pool's seed."""
     env = make_env("CartPole-v1", num_envs=3, device="cpu", seed=0, backend="envpool")
