@@ -298,9 +298,30 @@ def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_use
     (out / "checkpoint.safetensors").write_bytes(saved)
     assert cli.main(args) == 2  # not resuming: the run there is not overwritten without --overwrite
     assert (out / "checkpoint.safetensors").read_bytes() == saved
-    assert cli.main([*args, "--overwrite"]) == 0  # a fresh run: a later restart must not find the old checkpoint
-    assert not (out / "checkpoint.safetensors").exists()
+    assert cli.main([*args, "--overwrite"]) == 0
     assert "distributed" not in json.loads((out / "summary.json").read_text())
+    # Under torchrun the launcher checked the directory (the workers skip that) and a fresh run's workers find the
+    # old checkpoint: they delete it, so that a restart before this run's first checkpoint cannot resume from it.
+    (out / "checkpoint.safetensors").write_bytes(saved)
+    monkeypatch.setattr(cli, "_prepare_run_dir", lambda args, algo, checked_before: out)
+    assert cli.main(args) == 0
+    assert not (out / "checkpoint.safetensors").exists()
+
+
+def test_a_command_that_cannot_train_leaves_the_run_it_would_overwrite(runs, tmp_path, monkeypatch):
+    """--overwrite deletes the old run only once the new one can start (a typo must not cost a finished run), and a
+    failed command leaves no empty run directory."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    assert_succeeded(runs.result("train"))
+    shutil.copytree(runs.cwd / "plain", tmp_path / "kept")
+    before = sorted(path.name for path in (tmp_path / "kept").iterdir())
+    assert cli.main(["train", "sac", "CartPole-v1", "--out", "kept", "--overwrite", "--no-progress"]) == 2
+    assert sorted(path.name for path in (tmp_path / "kept").iterdir()) == before
+    assert cli.main(["train", "sac", "CartPole-v1", "--no-progress"]) == 2
+    assert not (tmp_path / "runs").exists()
+    assert cli.main(["train", "ppo", "CartPole-v1", "--out", "kept", "--overwrite", "--resume"]) == 2
 
 
 def test_integer_hyperparameters_take_float_notation(monkeypatch, tmp_path):

@@ -279,6 +279,8 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool) 
     (which continues it) or `--overwrite` (which deletes its run files first) is given; the default directory gets a
     numbered suffix instead. `checked_before`: under torchrun the `--nproc` launcher did these checks (the ranks
     would otherwise see each other's new files)."""
+    if args.overwrite and args.resume:
+        raise UserError("--overwrite starts the run in --out afresh and --resume continues it: give one of them.")
     if args.out is None:
         return _fresh_run_dir(_default_run_dir(args, algo))
     run_dir = Path(args.out)
@@ -373,8 +375,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     from rlspeed.checkpoint import encryption_settings
 
     args.encryption = encryption_settings()  # a bad key or cipher setting is refused now, not at the first save
-    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
+    # the model first: a command that cannot train (an env the algorithm cannot act in, ...) must fail before
+    # --overwrite deletes the run it would replace, and must leave no empty run directory behind
     model = _model(args, algo_cls, hyper, strategy)
+    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     say = print if main else (lambda *a, **k: None)
     _note_batch_size(model.config, say)
     if args.target_return is not None:
@@ -813,6 +817,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"rlspeed: error: {_one_line(str(error))} (--debug shows the env's traceback).", file=sys.stderr)
         return 1
+    except (MemoryError, RuntimeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)
+        text = str(error)
+        if getattr(args, "debug", False) or not (isinstance(error, MemoryError) or "allocate memory" in text
+                                                  or "out of memory" in text.lower()):
+            raise
+        print(f"rlspeed: error: out of memory ({_one_line(text or type(error).__name__)[:160]}): use fewer envs, "
+              "episodes or a smaller buffer (--device cpu when a device is full).", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("rlspeed: interrupted", file=sys.stderr)
         return 130
