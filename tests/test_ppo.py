@@ -228,3 +228,11 @@ def test_a_reached_target_is_confirmed_on_fresh_episodes_before_training_stops(m
     monkeypatch.setattr(unconfirmed, "evaluate", evaluate)
     unconfirmed.learn(4096, progress_bar=False, target_return=475, eval_freq=128, confirm_target=False)
     assert unconfirmed.result.steps_to_target == 128
+
+
+def test_evaluate_function_and_method_agree_on_the_models_own_env():
+    """rlspeed.evaluate(model, its env id, seed=s) runs the env as the model trained on it (backend included)."""
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, env_backend="gymnasium")
+    assert rlspeed.evaluate(model, "CartPole-v1", episodes=4, seed=5) == model.evaluate(episodes=4, seed=5)
+    native = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, env_backend="torch")
+    assert rlspeed.evaluate(native, episodes=4, seed=5) == native.evaluate(episodes=4, seed=5)

@@ -19,13 +19,17 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
     Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``. The env is new (seeded with `seed`), not the
     training env, and rewards are the env's own (no normalisation). Observations are normalised by the model's
-    frozen statistics when it was trained with observation normalisation. Where the env gives action masks
+    frozen statistics when it was trained with observation normalisation. `backend="auto"` on the model's own env id
+    uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)` equals `model.evaluate(seed=s)`. Where
+    the env gives action masks
     (`info["action_mask"]`) and the model takes them (its `use_masking`), the deterministic policy is masked too: it
     never picks a masked action. Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     """
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
+    if backend == "auto" and env_id in (None, model.env_id) and model.env_backend in ("torch", "gymnasium"):
+        backend = model.env_backend  # the model's own env as it trained on it: the same seed gives the same episodes
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
     env = make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend)
