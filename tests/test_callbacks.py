@@ -233,3 +233,16 @@ def test_callbacks_add_no_host_reads_to_the_loop(monkeypatch, tmp_path, log_inte
         reads[name] = counter.count
     assert reads["none"] > 0  # the counter sees the loop's own once-per-log-interval read
     assert reads["no-op"] == reads["none"] and reads["stock"] == reads["none"], reads
+
+
+def test_stop_on_reward_threshold_where_no_evaluation_reaches_it_is_refused_at_the_start():
+    """Alone without a target (learn runs no evaluations then) or under a callback that is not an EvalCallback it
+    would never stop anything: one sentence before training instead of a silent full budget."""
+    from rlspeed.callbacks import EveryNTimesteps, StopTrainingOnRewardThreshold
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    with pytest.raises(UserError, match="needs evaluations"):
+        model.learn(256, progress_bar=False, callback=StopTrainingOnRewardThreshold(10))
+    with pytest.raises(UserError, match="inside a EveryNTimesteps"):
+        model.learn(256, progress_bar=False, callback=EveryNTimesteps(64, StopTrainingOnRewardThreshold(10)))
+    assert model.num_timesteps == 0

@@ -202,6 +202,17 @@ class StopTrainingOnRewardThreshold(BaseCallback):
         super().__init__(verbose)
         self.reward_threshold = float(reward_threshold)
 
+    def _on_training_start(self) -> None:
+        # Without an EvalCallback above it, only learn's own evaluations reach it, and learn evaluates only towards a
+        # target: say so now instead of training the whole budget without ever checking.
+        if self.parent is not None and not hasattr(self.parent, "best_mean_reward"):
+            raise UserError(f"StopTrainingOnRewardThreshold reads an EvalCallback's evaluations; it is inside a "
+                            f"{type(self.parent).__name__}: pass it as EvalCallback(callback_on_new_best=...).")
+        if self.parent is None and self.locals.get("target_return") is None:
+            raise UserError("StopTrainingOnRewardThreshold alone needs evaluations, which learn runs only with a "
+                            "target_return: pass it as EvalCallback(callback_on_new_best=...), or give learn a "
+                            "target_return.")
+
     def _check(self, mean: float) -> bool:
         keep_going = not mean >= self.reward_threshold
         if not keep_going and self.verbose:
