@@ -301,3 +301,12 @@ def test_cli_train_and_eval_with_a_key(tmp_path, monkeypatch, capsys):
     code = cli.main(["eval", "run", "--episodes", "2"])
     err = capsys.readouterr().err
     assert code == 2 and f"is encrypted ({ANY_CIPHER}); set RLSPEED_CHECKPOINT_KEY" in err and "Traceback" not in err
+
+
+def test_a_password_in_the_key_variable_is_refused(monkeypatch):
+    """16 typed characters are not a 16-byte key: the variable takes hex or base64 only (a key file may be raw)."""
+    from rlspeed.checkpoint import encryption_key
+
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "passwordpassword")
+    with pytest.raises(UserError, match="hex or base64"):
+        encryption_key()

@@ -115,8 +115,10 @@ class CheckpointKey:
         return hashlib.sha256(b"rlspeed-checkpoint-key-id\0" + self.secret).hexdigest()[:16]
 
 
-def _parse_key(text: bytes, source: str) -> bytes:
-    """The 16 or 32 key bytes `text` holds as hex or base64 (a key file may also hold them raw)."""
+def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
+    """The 16 or 32 key bytes `text` holds as hex or base64 (`raw`: or as the bytes themselves, as a key file written
+    with `head -c 32 /dev/urandom` holds them; never for a variable, where 16 typed characters would be a password
+    used as a key)."""
     stripped = text.strip()
     if not stripped:
         raise UserError(f"{source} is empty: give a 16- or 32-byte key in hex or base64 (e.g. the output of "
@@ -126,7 +128,8 @@ def _parse_key(text: bytes, source: str) -> bytes:
         candidates.append(bytes.fromhex(stripped.decode("ascii")))
     with contextlib.suppress(binascii.Error, ValueError):
         candidates.append(base64.b64decode(stripped, validate=True))
-    candidates.append(text)  # raw bytes, as `head -c 32 /dev/urandom > key` writes them
+    if raw:
+        candidates.append(text)  # raw bytes, as `head -c 32 /dev/urandom > key` writes them
     for key in candidates:
         if len(key) in (16, 32):
             return key
@@ -155,7 +158,7 @@ def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
         except OSError as error:
             raise UserError(f"Cannot read the checkpoint key file '{file}' ({KEY_FILE_ENV}): "
                             f"{error.strerror or error}.") from None
-        return CheckpointKey(_parse_key(text, source), f"the key file '{file}'")
+        return CheckpointKey(_parse_key(text, source, raw=True), f"the key file '{file}'")
     return None
 
 
