@@ -21,7 +21,7 @@ from rlspeed.algos import ALGORITHMS
 
 TIMEOUT_S = 300
 
-# Every summary.json field and its type, as DESIGN.md documents them ("Run directory").
+# Every summary.json field and its type, as docs/cli.md documents them ("The run directory").
 NUMBER = (int, float)
 SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_backend": str,
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),

@@ -1,4 +1,4 @@
-"""The batched env contract (DESIGN.md, "Batched env") for the torch-native and Gymnasium backends."""
+"""The batched env contract (docs/envs.md) for the torch-native and Gymnasium backends."""
 
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def test_native_cartpole_truncates_at_500_steps():
 
 
 def test_native_state_is_settable_through_make_env():
-    """DESIGN.md: torch-native envs expose a settable `state`; make_env's result is what users hold."""
+    """The env contract (docs/envs.md): native envs expose a settable `state`; make_env's result is what users hold."""
     env = rlspeed.make_env("CartPole-v1", num_envs=2, device="cpu", seed=0, backend="torch")
     env.reset()
     # Row 0 is about to fall (theta just under the threshold, rotating outwards); row 1 is upright and still.

@@ -1,4 +1,4 @@
-"""The `rlspeed` command: train, eval, profile, doctor.
+"""The `rlspeed` command: train, eval, export, profile, doctor.
 
 Errors the user can cause print one sentence and exit with code 2 (`--debug` shows the traceback).
 """
@@ -504,7 +504,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
 
 def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, final_eval: dict | None,
              interrupted: bool = False) -> dict:
-    """summary.json's fields (DESIGN.md, "Run directory") for the run `_train` describes in `run`."""
+    """summary.json's fields (docs/cli.md, "The run directory") for the run `_train` describes in `run`."""
     args, model, strategy = run["args"], run["model"], run["strategy"]
     result = model.result
     summary = {"algo": run["algo"], "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
