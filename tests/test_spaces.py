@@ -397,3 +397,15 @@ def test_gym_packages_calls_a_modules_register_envs_once(recwarn):
     import_gym_packages(["minatar.gym"])
     assert "MinAtar/Breakout-v1" in gym.registry
     assert not [w for w in recwarn if "Overriding environment" in str(w.message)]
+
+
+def test_a_square_channel_tie_is_read_as_channels_last():
+    """MinAtar Seaquest's 10x10x10 bool grid is height x width x channels: a tie does not make it channels first."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed.nn import image_channels_first
+
+    assert image_channels_first(gym.spaces.Box(0, 1, (10, 10, 10), dtype=np.bool_)) is False
+    assert image_channels_first(gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8)) is True
+    assert image_channels_first(gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8)) is False

@@ -61,7 +61,9 @@ def image_channels_first(space: gym.Space) -> bool | None:
     """Whether a Box is an image with channels first (CxHxW: True) or last (HxWxC: False); None when it is not an
     image. Images are 3-D uint8 Boxes with bounds [0, 255] (as Stable-Baselines3's `is_image_space`) or 3-D bool
     Boxes (binary grids, MinAtar's); the channel axis is the smallest dimension, as SB3's
-    `is_image_space_channels_first` decides (a smallest middle dimension counts as channels last)."""
+    `is_image_space_channels_first` decides (a smallest middle dimension counts as channels last), except that a
+    tie between the first and last dimensions counts as channels last, the layout envs produce (MinAtar Seaquest's
+    10x10x10; SB3 would read its height as channels)."""
     if not isinstance(space, gym.spaces.Box) or len(space.shape) != 3:
         return None
     dtype = np.dtype(space.dtype)
@@ -70,6 +72,8 @@ def image_channels_first(space: gym.Space) -> bool | None:
             return None
     elif dtype != np.bool_:
         return None
+    if space.shape[0] == space.shape[-1]:
+        return False
     return int(np.argmin(space.shape)) == 0
 
 
