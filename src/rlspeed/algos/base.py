@@ -653,17 +653,7 @@ class Algorithm:
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
         buffers, target networks), learnt lone tensors, normalisation statistics and per-parameter optimizer state."""
-        tensors: dict[str, torch.Tensor] = {}
-        for name, module in self._modules().items():
-            if isinstance(module, torch.Tensor):
-                if module.requires_grad:  # a fixed one is a constant (SAC's log_alpha is -inf for ent_coef=0)
-                    tensors[name] = module.detach()
-            else:
-                tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-        for name, _ in _STATISTICS:
-            rms = getattr(self, name, None)
-            if rms is not None:
-                tensors.update({f"{name}.{k}": v for k, v in rms.state_dict().items()})
+        tensors = self._state_tensors(learnt_only=True)  # a fixed lone tensor is a constant (-inf may be right)
         for name, optimizer in self._optimizers().items():
             params = [p for group in optimizer.param_groups for p in group["params"]]
             for index, param in enumerate(params):  # (the indices `Optimizer.state_dict` gives them)
@@ -673,6 +663,22 @@ class Algorithm:
         return tensors
 
     # --- exact resume -------------------------------------------------------------------------------------------
+    def _state_tensors(self, learnt_only: bool = False) -> dict[str, torch.Tensor]:
+        """Networks (`_modules`, keys prefixed with their names), lone tensors (only those that learn, with
+        `learnt_only`) and normalisation statistics, as a checkpoint names them."""
+        tensors: dict[str, torch.Tensor] = {}
+        for name, module in self._modules().items():
+            if isinstance(module, torch.Tensor):
+                if module.requires_grad or not learnt_only:
+                    tensors[name] = module.detach()
+            else:
+                tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
+        for name, _ in _STATISTICS:
+            rms = getattr(self, name, None)
+            if rms is not None:
+                tensors.update({f"{name}.{k}": v for k, v in rms.state_dict().items()})
+        return tensors
+
     def _on_env_reset(self) -> None:
         """Called when the learn loop resets the training envs in the middle of a run (after a numerics rollback):
         per-episode state an algorithm carries (an LSTM state, pending n-step transitions, exploration noise) ends."""
@@ -778,16 +784,7 @@ class Algorithm:
         """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON), and what exact
         resume needs (`resume`; `Algorithm.load` ignores it): random generators, native envs' state, the learn
         loop's position, and with `save_replay_buffer` the replay buffer in a second file beside this one."""
-        tensors: dict[str, torch.Tensor] = {}
-        for name, module in self._modules().items():
-            if isinstance(module, torch.Tensor):
-                tensors[name] = module.detach()
-            else:
-                tensors.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-        for name, _ in _STATISTICS:
-            rms = getattr(self, name, None)
-            if rms is not None:
-                tensors.update({f"{name}.{k}": v for k, v in rms.state_dict().items()})
+        tensors = self._state_tensors()
         optim_meta = {}
         for name, optimizer in self._optimizers().items():
             state = optimizer.state_dict()
