@@ -764,10 +764,10 @@ class Algorithm:
         try:
             rng = meta.get("rng") or {}
             if "rng.torch" in tensors:
-                torch.set_rng_state(tensors["rng.torch"].cpu())
+                torch.set_rng_state(tensors["rng.torch"].cpu())  # ok-sync: once, when a resumed run starts
             device_rng = _device_rng(self.device)
             if "rng.device" in tensors and device_rng is not None and rng.get("device") == self.device.type:
-                device_rng[1](tensors["rng.device"].cpu())
+                device_rng[1](tensors["rng.device"].cpu())  # ok-sync: once, when a resumed run starts
             if "numpy" in rng:
                 state = rng["numpy"]
                 np.random.set_state((state["name"], np.asarray(state["keys"], dtype=np.uint32), state["pos"],

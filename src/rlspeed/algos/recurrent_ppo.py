@@ -137,8 +137,8 @@ class RecurrentPPO(PPO):
         actions, (h, c) = self.act_with_state(obs, state, episode_start, deterministic, masks)
         if single:
             actions = actions[0]
-        if as_numpy:  # ok-sync: predict returns to the host
-            return actions.cpu().numpy(), (h.cpu().numpy(), c.cpu().numpy())
+        if as_numpy:
+            return actions.cpu().numpy(), (h.cpu().numpy(), c.cpu().numpy())  # ok-sync: predict returns to the host
         return actions, (h, c)
 
     # --- rollout ----------------------------------------------------------------------------------------------
