@@ -246,3 +246,18 @@ def test_stop_on_reward_threshold_where_no_evaluation_reaches_it_is_refused_at_t
     with pytest.raises(UserError, match="inside a EveryNTimesteps"):
         model.learn(256, progress_bar=False, callback=EveryNTimesteps(64, StopTrainingOnRewardThreshold(10)))
     assert model.num_timesteps == 0
+
+
+def test_a_callback_that_refuses_at_the_start_leaves_the_process_float_settings_alone():
+    """learn flushes denormal floats while it trains and must restore the setting however it ends (a callback
+    raising before the first iteration left it on, which broke the next user of denormal floats)."""
+    import torch
+
+    from rlspeed.callbacks import StopTrainingOnRewardThreshold
+
+    tiny = torch.tensor(1e-40, dtype=torch.float32)
+    assert tiny * 1 != 0  # denormals are kept here
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    with pytest.raises(UserError):
+        model.learn(256, progress_bar=False, callback=StopTrainingOnRewardThreshold(10))
+    assert tiny * 1 != 0

@@ -491,14 +491,14 @@ class Algorithm:
         train_clock = 0.0
         clock_start = time.perf_counter()
         stop = False
-        flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
-        if resume is not None:
-            self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
-        if callbacks is not None and main:
-            callbacks.init_callback(self)
-            callbacks.on_training_start(locals())
-        try:
+        flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
+        try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
+            if resume is not None:
+                self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
+            if callbacks is not None and main:
+                callbacks.init_callback(self)
+                callbacks.on_training_start(locals())
             while self.num_timesteps < self._total_timesteps and not stop:
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
                 steps, metrics = self._train_iteration()
