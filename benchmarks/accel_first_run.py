@@ -170,7 +170,8 @@ def main() -> None:
         last = wide["cold"][-1]
         lines += [
             "",
-            f"### (b) A wide model a search can speed up: [512, 512, 512] ReLU MLP, batch 256, {args.wide_updates} Adam updates",
+            f"### (b) A wide model a search can speed up: [512, 512, 512] ReLU MLP, batch 256, "
+            f"{args.wide_updates} Adam updates",
             "",
             f"{args.wide_rounds} rounds, fresh processes, cold cache. Plain {plain_s:.1f} s, with the line "
             f"{line_s:.1f} s (median): {plain_s / line_s:.2f}x. The line's decision: `{last.get('chosen')}` "
