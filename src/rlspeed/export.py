@@ -42,7 +42,7 @@ from torch import nn
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint
-from rlspeed.envs.base import observation_layout, space_to_json
+from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.nn import (
@@ -51,7 +51,6 @@ from rlspeed.nn import (
     QNetwork,
     RecurrentActorCritic,
     SquashedGaussianActor,
-    mask_size,
     masked_logits,
 )
 
@@ -147,7 +146,7 @@ class PolicyExport(nn.Module):
         `check_matches_model` compares. Masks are random with at least one allowed action per row."""
         masks = None
         if self.action_mask:
-            masks = random_action_masks(self.action_space, obs_batch(obs), generator)
+            masks = random_action_masks(self.action_space, obs_batch_size(obs), generator)
         expected = model.act(obs, deterministic=True, action_masks=masks)
         return (*self._observation_tensors(obs), *(() if masks is None else (masks,))), (expected,)
 
@@ -204,11 +203,6 @@ _EXTRA_INPUTS = {
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def obs_batch(obs) -> int:
-    """The batch size of an observation batch (a tensor, or a dict of them)."""
-    return next(iter(obs.values())).shape[0] if isinstance(obs, dict) else obs.shape[0]
 
 
 def random_action_masks(space: gym.Space, batch: int, generator: torch.Generator) -> torch.Tensor:
@@ -296,7 +290,7 @@ class RecurrentActorCriticExport(ActorCriticExport):
                 ("episode_start", (), torch.bool, {0: "batch"}), *super().extra_inputs()]
 
     def check_inputs(self, model, obs, generator: torch.Generator):
-        batch = obs_batch(obs)
+        batch = obs_batch_size(obs)
         h, c = torch.randn(2, 1, batch, self.hidden_size, generator=generator)
         episode_start = torch.rand(batch, generator=generator) < 0.3
         masks = random_action_masks(self.action_space, batch, generator) if self.action_mask else None

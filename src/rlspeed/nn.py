@@ -381,16 +381,6 @@ def action_head_size(space: gym.Space) -> int:
     return int(np.prod(space.shape))
 
 
-def mask_size(space: gym.Space) -> int | None:
-    """Width of an action mask for this space (n, or sum(nvec) for MultiDiscrete, as sb3-contrib flattens it); None
-    for spaces that take no mask."""
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return int(space.nvec.sum())
-    return None
-
-
 def masked_logits(logits: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
     """Logits with masked actions (False in the bool mask) set to the dtype's lowest finite value: after the softmax
     their probability is exactly 0 (exp underflows), and nothing is -inf, so entropies and gradients stay finite.

@@ -284,6 +284,17 @@ class Algorithm:
     supports_action_masks = False
     policy: torch.nn.Module
 
+    def _start_masking(self) -> int | None:
+        """After the first observation (`self._action_mask` known): the width of the action masks this run applies
+        (the env gives them, the algorithm takes them and its `use_masking` is on), else None. Masks change the
+        loss: the hand-derived update, which has none, gives way to autograd (recorded in `update_summary`)."""
+        masking = (self.supports_action_masks and getattr(self.config, "use_masking", False)
+                   and self._action_mask is not None)
+        if masking != getattr(self, "_masking", False):
+            self._masking = masking
+            self._update_step = self._make_update_step()
+        return self._action_mask.shape[-1] if masking else None
+
     def _setup(self) -> None:
         """Build networks and optimisers (called once from __init__, env not built yet)."""
         raise NotImplementedError

@@ -125,15 +125,6 @@ class DQN(OffPolicyAlgorithm):
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
 
-    def _start_masking(self) -> int | None:
-        """Whether this run applies action masks (the env gives them and `use_masking`), and then their width. Masks
-        change the target: the hand-derived update, which has none, gives way to autograd (`update_summary` says)."""
-        masking = self.config.use_masking and self._action_mask is not None
-        if masking != self._masking:
-            self._masking = masking
-            self._update_step = self._make_update_step()
-        return self._action_mask.shape[-1] if masking else None
-
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 

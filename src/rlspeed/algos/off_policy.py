@@ -167,11 +167,6 @@ class OffPolicyAlgorithm(Algorithm):
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Called after every env step with the finished rows (bool `[N]`); e.g. to reset per-episode noise."""
 
-    def _start_masking(self) -> int | None:
-        """After the first observation (`self._action_mask` known): the width of the action masks this run applies,
-        or None for none (the default; DQN applies an env's masks)."""
-        return None
-
     # --- shared ---------------------------------------------------------------------------------------------
     def _modules_to_sync(self) -> list[torch.nn.Module]:
         return [m for m in self._modules().values() if isinstance(m, torch.nn.Module)]

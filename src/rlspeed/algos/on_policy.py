@@ -177,16 +177,6 @@ class OnPolicyAlgorithm(Algorithm):
             return (len(self.policy.nvec),), index_dtype
         return (self.policy.action_dim,), torch.float32
 
-    def _start_masking(self) -> int | None:
-        """After the first observation: whether this run uses action masks (the env gives them and `use_masking`),
-        and then their width. Masks change the loss: the hand-derived update, which has none, gives way to autograd
-        (recorded in `update_summary`)."""
-        masking = self.config.use_masking and self._action_mask is not None
-        if masking != self._masking:
-            self._masking = masking
-            self._update_step = self._make_update_step()
-        return self._action_mask.shape[-1] if masking else None
-
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)

@@ -129,6 +129,16 @@ def obs_batch_size(obs: Observation) -> int:
 
 
 # --- spaces as JSON (checkpoint metadata, export sidecars) ----------------------------------------------------
+def mask_size(space: gym.Space) -> int | None:
+    """Width of an action mask for this action space: n (Discrete), sum(nvec) (MultiDiscrete: the components' masks
+    concatenated, as sb3-contrib's `MaskablePPO` lays them out); None for spaces that take no mask."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return None
+
+
 def space_to_json(space: gym.Space) -> dict:
     """A space as a strict-JSON-ready dict (checkpoints, export sidecars): Discrete, Box (with its dtype; unbounded
     entries as null), MultiDiscrete, MultiBinary, and Dict or Tuple of those; UserError for other spaces."""

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, numpy_dtype, observation_layout
+from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, mask_size, numpy_dtype, observation_layout
 from rlspeed.errors import UserError
 
 
@@ -42,16 +42,6 @@ def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
 
 
 # --- action masks ------------------------------------------------------------------------------------------------
-def mask_size(space: gym.Space) -> int | None:
-    """Width of an action mask for this action space: n (Discrete), sum(nvec) (MultiDiscrete: the components' masks
-    concatenated, as sb3-contrib's `MaskablePPO` lays them out); None for spaces that take no mask."""
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return int(space.nvec.sum())
-    return None
-
-
 def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.ndarray:
     """A batch of action masks as a bool array `[num, mask_size(space)]`, or UserError in one sentence naming the
     mask and the fix: a mask of another shape, a space that takes no mask, or a row that allows no action (which
