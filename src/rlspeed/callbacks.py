@@ -21,6 +21,23 @@ import numpy as np
 from rlspeed.errors import UserError
 
 
+class _Period:
+    """An env-step period: `due(timesteps)` is True once `every` steps have passed since `start` or the last True
+    (the frequencies of EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback)."""
+
+    def __init__(self, every: int):
+        self.every, self.next = int(every), 0
+
+    def start(self, timesteps: int) -> None:
+        self.next = timesteps + self.every
+
+    def due(self, timesteps: int) -> bool:
+        if timesteps < self.next:
+            return False
+        self.next = timesteps + self.every
+        return True
+
+
 class BaseCallback:
     """Base of the callbacks `learn(callback=...)` takes; subclasses override the underscore hooks.
 
@@ -173,19 +190,18 @@ class EveryNTimesteps(BaseCallback):
         self.n_steps = int(n_steps)
         self.callback = callback
         callback.parent = self
-        self._next = 0
+        self._period = _Period(self.n_steps)
 
     def _init_callback(self) -> None:
         self.callback.init_callback(self.model)
 
     def _on_training_start(self) -> None:
-        self._next = self.num_timesteps + self.n_steps
+        self._period.start(self.num_timesteps)
         self.callback.on_training_start(self.locals)
 
     def _on_rollout_end(self) -> bool:
-        if self.num_timesteps < self._next:
+        if not self._period.due(self.num_timesteps):
             return True
-        self._next = self.num_timesteps + self.n_steps
         return self._child_event(self.callback)
 
     def _on_training_end(self) -> None:
@@ -293,7 +309,7 @@ class EvalCallback(BaseCallback):
         self.best_eval_seed: int | None = None
         self.evaluations_timesteps: list[int] = []
         self.evaluations_results: list[list[float]] = []
-        self._next = 0
+        self._period = _Period(self.eval_freq)
 
     def _init_callback(self) -> None:
         for path in (self.best_model_save_path, self.log_path):
@@ -304,12 +320,11 @@ class EvalCallback(BaseCallback):
                 child.init_callback(self.model)
 
     def _on_training_start(self) -> None:
-        self._next = self.num_timesteps + self.eval_freq
+        self._period.start(self.num_timesteps)
 
     def _on_rollout_end(self) -> bool:
-        if self.num_timesteps < self._next:
+        if not self._period.due(self.num_timesteps):
             return True
-        self._next = self.num_timesteps + self.eval_freq
         return self.evaluate_now()
 
     def evaluate_now(self) -> bool:
@@ -356,18 +371,17 @@ class CheckpointCallback(BaseCallback):
         self.name_prefix = name_prefix
         self.save_replay_buffer = save_replay_buffer
         self.saved: list[Path] = []
-        self._next = 0
+        self._period = _Period(self.save_freq)
 
     def _init_callback(self) -> None:
         self.save_path.mkdir(parents=True, exist_ok=True)
 
     def _on_training_start(self) -> None:
-        self._next = self.num_timesteps + self.save_freq
+        self._period.start(self.num_timesteps)
 
     def _on_rollout_end(self) -> bool:
-        if self.num_timesteps < self._next:
+        if not self._period.due(self.num_timesteps):
             return True
-        self._next = self.num_timesteps + self.save_freq
         path = self.save_path / f"{self.name_prefix}_{self.num_timesteps}_steps.safetensors"
         before = self.model.save_replay_buffer
         self.model.save_replay_buffer = before or self.save_replay_buffer
@@ -397,7 +411,7 @@ class VideoRecorderCallback(BaseCallback):
         self.fps = fps
         self.on_video = on_video
         self.videos: list[Path] = []
-        self._next = 0
+        self._period = _Period(self.video_every)
 
     def _init_callback(self) -> None:
         from rlspeed.video import check_video_support
@@ -406,12 +420,11 @@ class VideoRecorderCallback(BaseCallback):
         self.video_folder.mkdir(parents=True, exist_ok=True)
 
     def _on_training_start(self) -> None:
-        self._next = self.num_timesteps + self.video_every
+        self._period.start(self.num_timesteps)
 
     def _on_rollout_end(self) -> bool:
-        if self.num_timesteps < self._next:
+        if not self._period.due(self.num_timesteps):
             return True
-        self._next = self.num_timesteps + self.video_every
         from rlspeed.video import record_video
 
         path = self.video_folder / f"step-{self.num_timesteps}.mp4"
