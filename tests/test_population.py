@@ -15,23 +15,26 @@ from rlspeed.population import Population
 SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learning_rate": 1e-3}
 
 
-def _solo_state(seed: int, iterations: int, **hyper) -> tuple[dict, dict]:
-    solo = PPO("CartPole-v1", seed=seed, env_backend="torch", **{**SMALL, **hyper})
+def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", **hyper) -> tuple[dict, dict]:
+    solo = PPO(env_id, seed=seed, env_backend="torch", **{**SMALL, **hyper})
     initial = {name: value.detach().clone() for name, value in solo.policy.state_dict().items()}
     if iterations:
         solo.learn(iterations * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
     return initial, solo.policy.state_dict()
 
 
-def test_members_start_and_update_as_solo_runs():
+@pytest.mark.parametrize("env_id, hyper", [("CartPole-v1", {}),
+                                           ("Pendulum-v1", {"normalize_obs": False, "normalize_reward": False})])
+def test_members_start_and_update_as_solo_runs(env_id, hyper):
+    """Categorical and Gaussian (clipped to the Box) policies alike."""
     seeds = [3, 7]
-    population = Population(PPO, "CartPole-v1", seeds=seeds, **SMALL)
+    population = Population(PPO, env_id, seeds=seeds, **SMALL, **hyper)
     population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
     population.train_iteration()
     population.train_iteration()
     for k, seed in enumerate(seeds):
-        solo_initial, solo_trained = _solo_state(seed, iterations=2)
+        solo_initial, solo_trained = _solo_state(seed, iterations=2, env_id=env_id, **hyper)
         trained = population.member_state(k)
         for name, value in solo_initial.items():
             assert torch.equal(initial[k][name], value), name

@@ -33,6 +33,7 @@ import torch
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
 from rlspeed.errors import UserError
+from rlspeed.nn import gaussian_log_prob
 from rlspeed.stats import aggregate
 
 #: Hyperparameters a member may set for itself (none changes a tensor's shape)
@@ -122,6 +123,10 @@ class Population:
         self.config = cfg = solos[0].config
         policy = solos[0].policy
         self.kind = policy.kind
+        if self.kind == "gaussian":  # the Box's bounds, made once (a host-to-device copy each step otherwise)
+            box = solos[0].spec.action_space
+            self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
+            self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
         if self.kind not in ("categorical", "gaussian") or policy.encoder is not None:
             raise UserError(f"Populations cover MLP policies on float vectors with Discrete or Box actions so far; "
                             f"{env_id} needs a {policy.kind} policy" + (" with an encoder." if policy.encoder else "."))
@@ -178,9 +183,7 @@ class Population:
         return actions, self._gaussian_log_prob(actions, out)
 
     def _gaussian_log_prob(self, actions: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-        log_std = self.log_std.unsqueeze(1)
-        z = (actions - mean) * torch.exp(-log_std)
-        return (-0.5 * z.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return gaussian_log_prob(actions, mean, self.log_std.unsqueeze(1))  # each member's log std over its rows
 
     def _log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kind == "categorical":
@@ -194,10 +197,7 @@ class Population:
         """Actions `[K, B, ...]` as the env rows take them `[K * B, ...]` (Gaussian samples clipped to the Box)."""
         flat = actions.flatten(0, 1)
         if self.kind == "gaussian":
-            space = self.spec.action_space
-            low = torch.as_tensor(space.low, device=self.device, dtype=torch.float32).flatten()
-            high = torch.as_tensor(space.high, device=self.device, dtype=torch.float32).flatten()
-            flat = torch.maximum(torch.minimum(flat, high), low)
+            flat = torch.maximum(torch.minimum(flat, self._action_high), self._action_low)
         return flat
 
     # --- training ----------------------------------------------------------------------------------------------
