@@ -135,13 +135,7 @@ class NativeEnv(BatchedEnv):
         return self._next_uniform().mul(width).add_(low)  # low + (high - low) * u, as numpy's uniform
 
     def _seed_streams(self, seed: int) -> None:
-        first, second, third = _seed_words(seed)
-        env_index = torch.arange(self.num_envs, device=self.device, dtype=torch.int32)
-        self._keys = _mix32_(_mix32_(env_index.mul_(_GOLDEN).add_(first)).bitwise_xor_(second))  # [N]
-        self._keys_low = _mix32_(self._keys ^ third)  # a second word per draw for float64's 53 bits
-        self._draws = 0  # per-env draws made so far (every env draws on every step)
-        self._block: torch.Tensor | None = None
-        self._block_pos = 0
+        self.seed_row_blocks([seed])  # one block: every row from the one seed
 
     def seed_row_blocks(self, seeds) -> None:
         """Restart the random streams with one seed per block of rows: rows `k * B .. (k + 1) * B - 1`
@@ -156,12 +150,13 @@ class NativeEnv(BatchedEnv):
         for seed in seeds:
             first, second, third = _seed_words(seed)
             env_index = torch.arange(block, device=self.device, dtype=torch.int32)
-            block_keys = _mix32_(_mix32_(env_index.mul_(_GOLDEN).add_(first)).bitwise_xor_(second))
+            block_keys = _mix32_(_mix32_(env_index.mul_(_GOLDEN).add_(first)).bitwise_xor_(second))  # [B]
             keys.append(block_keys)
-            keys_low.append(_mix32_(block_keys ^ third))
-        self._keys, self._keys_low = torch.cat(keys), torch.cat(keys_low)
-        self._draws = 0
-        self._block = None
+            keys_low.append(_mix32_(block_keys ^ third))  # a second word per draw for float64's 53 bits
+        self._keys = keys[0] if len(keys) == 1 else torch.cat(keys)
+        self._keys_low = keys_low[0] if len(keys_low) == 1 else torch.cat(keys_low)
+        self._draws = 0  # per-env draws made so far (every env draws on every step)
+        self._block: torch.Tensor | None = None
         self._block_pos = 0
 
     def _next_uniform(self) -> torch.Tensor:
