@@ -118,7 +118,8 @@ class EnvValueGuard:
             final_obs = None
         if self.policy == "raise":
             self._pending.append((reward, obs, final_obs, actions))
-            self._pending_elements += obs.numel() * (1 if final_obs is None else 2)
+            if obs.is_floating_point():  # (integer and bool observations, images, are not summed by `flush`)
+                self._pending_elements += obs.numel() * (1 if final_obs is None else 2)
             if len(self._pending) >= _BLOCK_STEPS or self._pending_elements >= _BLOCK_ELEMENTS:
                 self.flush()
             return obs, reward, final_obs
