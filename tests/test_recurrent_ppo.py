@@ -300,3 +300,14 @@ def test_learns_cartpole_without_velocities_on_a_small_budget():
     trained = rlspeed.evaluate(model, episodes=10, seed=7)["mean"]
     assert untrained < 60, untrained
     assert trained >= 100, (untrained, trained)
+
+
+def test_the_actor_step_equals_the_full_policy_on_the_actor_member():
+    """predict's step runs the actor's head alone; its actions are those of the two-member policy's actor."""
+    torch.manual_seed(0)
+    policy = RecurrentPPO("CartPoleNoVel-v1", device="cpu", seed=0, lstm_hidden_size=8).policy
+    obs, h, c = torch.randn(5, 4), torch.randn(5, 8), torch.randn(5, 8)
+    actions, h1, c1 = policy.actor_step(obs, h, c, deterministic=True)
+    h2, c2 = policy._cell(policy.lstm_actor, policy.encode(obs), h, c)
+    expected, _, _ = policy.act(torch.stack((h2, torch.randn_like(h2))), deterministic=True)
+    assert torch.equal(actions, expected) and torch.equal(h1, h2) and torch.equal(c1, c2)

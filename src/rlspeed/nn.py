@@ -726,8 +726,8 @@ class RecurrentActorCritic(ActorCritic):
                    action_masks: torch.Tensor | None = None):
         """The actor alone (inference, `predict`): (actions, h, c) from the actor's state `[N, H]` each."""
         h, c = self._cell(self.lstm_actor, self.encode(obs), h, c)
-        # (the critic head runs on zeros: unused)
-        actions, _, _ = self.act(torch.stack((h, torch.zeros_like(h))), deterministic, action_masks)
+        out = self.body(h.unsqueeze(0), members=slice(0, 1))[0]  # the actor's head alone (member 0)
+        actions, _ = self.sample(out, deterministic, action_masks)
         return actions, h, c
 
     def value_step(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
