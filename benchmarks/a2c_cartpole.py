@@ -78,10 +78,7 @@ def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
     started = time.perf_counter()
     model.learn(steps, progress_bar=False)
     learn_wall_s = time.perf_counter() - started
-    result = model.result
-    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
-            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "sps": result.sps,
-            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads(), "update": model.report()}
+    return common.rlspeed_throughput_record(model, learn_wall_s, update=model.report())
 
 
 def sb3_throughput(seed: int, steps: int, args) -> dict:
@@ -103,12 +100,7 @@ def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict
                         **hyperparameters)
     model.learn(budget, target_return=TARGET_RETURN, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
                 progress_bar=False)
-    result = model.result
-    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
-            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
-            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
-            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
-            "threads": torch.get_num_threads()}
+    return common.rlspeed_target_record(model)
 
 
 def sb3_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
@@ -203,30 +195,13 @@ def report(summary: dict, settings: dict, throughput: list[dict], to_target: lis
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (0..N-1); default 5, quick 2")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="env steps per throughput run (a); default 50000, quick 4000")
-    parser.add_argument("--budget", type=int, default=None,
-                        help="env step budget per time-to-target run (b); default rlspeed's preset total_timesteps "
-                             "(500000, also RL-Zoo's), quick 20000")
-    parser.add_argument("--eval-freq", type=int, default=None,
-                        help=f"evaluate every N env steps in (b), both libraries; default {EVAL_FREQ}")
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
-    parser.add_argument("--device", default="cpu", help="rlspeed's device (SB3 always runs A2C on cpu)")
-    parser.add_argument("--quick", action="store_true", help="tiny smoke-run settings: 2 seeds, 4000 steps, 20k")
-    parser.add_argument("--skip-sb3", action="store_true", help="run rlspeed only")
+    run_settings, _ = split_run_settings(load_preset("a2c", ENV_ID))
+    parser = common.peer_arguments(__doc__.split("\n\n")[0], peer="SB3", seeds=(5, 2), steps=(50_000, 4000),
+                                   budget=(int(run_settings.get("total_timesteps", 500_000)), 20_000),
+                                   eval_freq=EVAL_FREQ)
     parser.add_argument("--skip-throughput", action="store_true", help="run (b) only")
     parser.add_argument("--skip-target", action="store_true", help="run (a) only")
-    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
-    args = parser.parse_args()
-    run_settings, _ = split_run_settings(load_preset("a2c", ENV_ID))
-    args.seeds = args.seeds or (2 if args.quick else 5)
-    args.steps = args.steps or (4000 if args.quick else 50_000)
-    args.budget = args.budget or (20_000 if args.quick else int(run_settings.get("total_timesteps", 500_000)))
-    args.eval_freq = args.eval_freq or EVAL_FREQ
-    return args
+    return common.peer_defaults(parser.parse_args())
 
 
 def main() -> None:

@@ -244,6 +244,60 @@ def update_readme(name: str, section: str, readme: Path = README) -> Path:
     return readme
 
 
+def peer_arguments(description: str, *, peer: str, seeds: tuple[int, int], steps: tuple[int, int],
+                   budget: tuple[int, int], eval_freq: int) -> argparse.ArgumentParser:
+    """The flags every rlspeed-against-a-peer script shares (seeds, throughput steps, time-to-target budget, eval
+    frequency, threads, device, --quick, --skip-sb3, --no-write); each pair is (default, --quick). A script adds its
+    own flags, parses, then calls `peer_defaults`."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=None,
+                        help=f"number of seeds (0..N-1); default {seeds[0]}, quick {seeds[1]}")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"env steps per throughput run (a); default {steps[0]}, quick {steps[1]}")
+    parser.add_argument("--budget", type=int, default=None,
+                        help=f"env step budget per time-to-target run (b); default rlspeed's preset total_timesteps "
+                             f"({budget[0]}), quick {budget[1]}")
+    parser.add_argument("--eval-freq", type=int, default=None,
+                        help=f"evaluate every N env steps in (b), both libraries; default {eval_freq}")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
+    parser.add_argument("--device", default="cpu", help=f"rlspeed's device ({peer} always runs on cpu)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke-run settings")
+    parser.add_argument("--skip-sb3", action="store_true", help="run rlspeed only")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
+    parser.set_defaults(_peer_defaults=(seeds, steps, budget, eval_freq))
+    return parser
+
+
+def peer_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the flags `peer_arguments` left unset with its defaults (or the --quick ones)."""
+    seeds, steps, budget, eval_freq = args._peer_defaults
+    pick = 1 if args.quick else 0
+    args.seeds = args.seeds or seeds[pick]
+    args.steps = args.steps or steps[pick]
+    args.budget = args.budget or budget[pick]
+    args.eval_freq = args.eval_freq or eval_freq
+    return args
+
+
+def rlspeed_throughput_record(model, learn_wall_s: float, **extra) -> dict:
+    """What a throughput run (a) of an rlspeed model records: its env backend, device, steps/s and wall time."""
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device), **extra,
+            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "sps": result.sps,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
+def rlspeed_target_record(model, **extra) -> dict:
+    """What a time-to-target run (b) of an rlspeed model records: whether and when it reached the target, and its
+    evaluations."""
+    result = model.result
+    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device), **extra,
+            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
+            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
+            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
+            "threads": torch.get_num_threads()}
+
+
 def sb3_target_callback(eval_env, eval_freq: int, eval_seed: int, target_return: float, episodes: int = 10):
     """An SB3 callback that evaluates like rlspeed's learn(target_return=...) and stops training at the target.
 

@@ -103,11 +103,7 @@ def rlspeed_throughput(case: Case, seed: int, steps: int, backend: str, args, ac
     started = time.perf_counter()
     model.learn(steps, progress_bar=False)
     learn_wall_s = time.perf_counter() - started
-    result = model.result
-    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
-            "accelerate": model.acceleration_summary(), "steps": result.total_timesteps,
-            "train_wall_s": result.train_wall_s, "sps": result.sps, "learn_wall_s": learn_wall_s,
-            "threads": torch.get_num_threads()}
+    return common.rlspeed_throughput_record(model, learn_wall_s, accelerate=model.acceleration_summary())
 
 
 def sb3_throughput(case: Case, seed: int, steps: int, args) -> dict:
@@ -132,12 +128,7 @@ def rlspeed_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, a
                                 num_threads=args.threads, accelerate=args.accelerate, **hyperparameters)
     model.learn(budget, target_return=case.target_return, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
                 progress_bar=False)
-    result = model.result
-    return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device),
-            "reached": result.time_to_target_s is not None, "time_to_target_s": result.time_to_target_s,
-            "steps_to_target": result.steps_to_target, "steps": result.total_timesteps,
-            "train_wall_s": result.train_wall_s, "evaluations": [list(e) for e in result.evaluations],
-            "threads": torch.get_num_threads()}
+    return common.rlspeed_target_record(model)
 
 
 def sb3_time_to_target(case: Case, seed: int, budget: int, eval_freq: int, args) -> dict:
