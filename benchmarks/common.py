@@ -287,6 +287,19 @@ def rlspeed_throughput_record(model, learn_wall_s: float, **extra) -> dict:
             "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
 
 
+def sb3_throughput_record(model, env, steps: int, threads: int, library: str = "stable-baselines3") -> dict:
+    """Time a Stable-Baselines3 (or sb3-contrib) model's `learn(steps)` with `threads` torch threads, close its env,
+    and record it as `rlspeed_throughput_record` records rlspeed's runs."""
+    set_threads(threads)
+    started = time.perf_counter()
+    model.learn(steps)
+    learn_wall_s = time.perf_counter() - started
+    env.close()
+    return {"library": library, "env_backend": "gymnasium (DummyVecEnv)", "device": str(model.device),
+            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
+            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+
+
 def rlspeed_target_record(model, **extra) -> dict:
     """What a time-to-target run (b) of an rlspeed model records: whether and when it reached the target, and its
     evaluations."""

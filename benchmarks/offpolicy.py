@@ -26,7 +26,6 @@ import time
 from dataclasses import dataclass, field
 
 import common
-import torch
 
 import rlspeed
 from rlspeed.envs import resolve_backend
@@ -111,14 +110,7 @@ def sb3_throughput(case: Case, seed: int, steps: int, args) -> dict:
 
     env = make_vec_env(case.env_id, n_envs=1, seed=seed)  # DummyVecEnv
     model = sb3_model(case, env, seed, args.sb3_device)
-    common.set_threads(args.threads)
-    started = time.perf_counter()
-    model.learn(steps)
-    learn_wall_s = time.perf_counter() - started
-    env.close()
-    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": str(model.device),
-            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
-            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+    return common.sb3_throughput_record(model, env, steps, args.threads)
 
 
 # --- (b) time to target ------------------------------------------------------------------------------------------

@@ -19,7 +19,6 @@ import argparse
 import time
 
 import common
-import torch
 
 import rlspeed
 from rlspeed.presets import load_preset, split_run_settings
@@ -67,14 +66,7 @@ def sb3_throughput(seed: int, steps: int, args) -> dict:
 
     env = make_vec_env(ENV_ID, n_envs=ZOO_NUM_ENVS, seed=seed)  # DummyVecEnv
     model = PPO("MlpPolicy", env, device="cpu", seed=seed, **zoo_sb3_kwargs())
-    common.set_threads(args.threads)
-    started = time.perf_counter()
-    model.learn(steps)
-    learn_wall_s = time.perf_counter() - started
-    env.close()
-    return {"library": "stable-baselines3", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
-            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
-            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+    return common.sb3_throughput_record(model, env, steps, args.threads)
 
 
 # --- (b) time to target ------------------------------------------------------------------------------------------

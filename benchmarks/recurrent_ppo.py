@@ -20,7 +20,6 @@ import argparse
 import time
 
 import common
-import torch
 
 from rlspeed.algos.recurrent_ppo import RecurrentPPO  # importing rlspeed registers CartPoleNoVel-v1
 from rlspeed.presets import load_preset, split_run_settings
@@ -77,14 +76,7 @@ def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
 
 def sb3_throughput(seed: int, steps: int, args) -> dict:
     model, env = sb3_model(seed)
-    common.set_threads(args.threads)
-    started = time.perf_counter()
-    model.learn(steps)
-    learn_wall_s = time.perf_counter() - started
-    env.close()
-    return {"library": "sb3-contrib", "env_backend": "gymnasium (DummyVecEnv)", "device": "cpu",
-            "steps": model.num_timesteps, "train_wall_s": learn_wall_s, "sps": model.num_timesteps / learn_wall_s,
-            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+    return common.sb3_throughput_record(model, env, steps, args.threads, library="sb3-contrib")
 
 
 # --- (b) time to target ------------------------------------------------------------------------------------------
