@@ -3,7 +3,6 @@ imports (it needs arch, which does not import with pandas 3: then that test skip
 
 import numpy as np
 import pytest
-from scipy import stats as scipy_stats
 
 from rlspeed.errors import UserError
 from rlspeed.stats import aggregate, bootstrap_ci, iqm, median
@@ -17,6 +16,7 @@ def test_iqm_is_the_mean_of_the_middle_half():
 
 
 def test_iqm_and_median_match_scipy_and_numpy():
+    scipy_stats = pytest.importorskip("scipy.stats")
     scores = np.random.default_rng(0).normal(size=(13, 3))
     assert iqm(scores) == pytest.approx(scipy_stats.trim_mean(scores, 0.25, axis=None), abs=1e-12)
     assert median(scores) == pytest.approx(np.median(scores), abs=1e-12)
@@ -71,3 +71,17 @@ def test_matches_rliable_on_fixed_data():
                                                    reps=2000)
     assert iqm(scores) == pytest.approx(points["x"][0], abs=1e-12)
     assert bootstrap_ci(scores, iqm, reps=2000, seed=7) == pytest.approx(tuple(intervals["x"][:, 0]), abs=1e-9)
+
+
+def test_bootstrap_draws_what_rliables_replicate_loop_draws():
+    """rliable's StratifiedBootstrap, written as its replicate loop (one `choice(runs, (runs, tasks))` per replicate
+    from one RandomState, the statistic of each resample, percentiles of those): the batched implementation gives the
+    same interval, chunk boundaries included. Runs where rliable itself does not import (this test needs no arch)."""
+    scores = np.random.default_rng(3).normal(size=(9, 2)) * [1.0, 5.0] + [0.0, 10.0]
+    reps = 2_000
+    random_state = np.random.RandomState(11)
+    columns = np.arange(scores.shape[1])
+    values = [iqm(scores[random_state.choice(scores.shape[0], scores.shape, replace=True), columns])
+              for _ in range(reps)]
+    expected = np.percentile(values, [2.5, 97.5])
+    np.testing.assert_allclose(bootstrap_ci(scores, iqm, reps=reps, seed=11), expected, rtol=0, atol=1e-12)
