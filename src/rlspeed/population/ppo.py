@@ -1,4 +1,4 @@
-"""Populations: K independent PPO agents trained in one process as one batched model (issue 23, first cut).
+"""PPO populations: K independent PPO agents trained in one process as one batched model.
 
 Every parameter, Adam moment, env row and buffer has the members stacked along a leading dimension `K`: the
 actor-critic MLPs of all members are one batched matmul per layer (`2K` networks: each member's actor and critic),
@@ -65,7 +65,7 @@ def _member_values(key: str, value, size: int) -> list | None:
     return list(value)
 
 
-class Population:
+class PPOPopulation:
     """K independent PPO members trained as one batched model (see the module docstring).
 
     >>> population = Population(PPO, "CartPole-v1", seeds=range(4), learning_rate=[1e-3, 2e-3, 3e-3, 4e-3])

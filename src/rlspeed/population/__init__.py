@@ -1,0 +1,25 @@
+"""Populations: K independent agents (seeds and per-member hyperparameters) trained in one process as one batched
+model. `Population(ALGO, env_id, seeds=...)` picks the implementation for the algorithm class; each module states
+what it covers. See docs/population.md."""
+
+from __future__ import annotations
+
+from rlspeed.errors import UserError
+from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
+
+#: algorithm class name -> the population class that trains it (one place; modules add themselves here)
+IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation}
+
+
+def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
+    """K members of `algo_cls` on `env_id`, one per seed, as one batched model: `.learn(...)` trains them all and
+    returns the summary (per-member results and aggregates). Keywords are those of the population class for the
+    algorithm (`PPOPopulation`, ...): hyperparameters, `member_overrides`, `device`."""
+    name = getattr(algo_cls, "__name__", str(algo_cls))
+    implementation = IMPLEMENTATIONS.get(name)
+    if implementation is None:
+        raise UserError(f"Populations cover {', '.join(sorted(IMPLEMENTATIONS))} so far, not {name}.")
+    return implementation(algo_cls, env_id, seeds, **kwargs)
+
+
+__all__ = ["IMPLEMENTATIONS", "PER_MEMBER", "PPOPopulation", "Population", "SHARED_ONLY"]
