@@ -20,6 +20,7 @@ from rlspeed.algos.recurrent_ppo import RecurrentPPO
 from rlspeed.buffers import ReplayBuffer, RolloutBuffer
 from rlspeed.envs import make_env
 from rlspeed.envs.base import EnvSpec, check_observation_space, space_from_json, space_to_json
+from rlspeed.envs.wrappers import DictRunningMeanStd
 from rlspeed.errors import UserError
 from rlspeed.nn import CNNEncoder, FlattenEncoder, MultiInputEncoder, OneHotEncoder, make_encoder
 
@@ -409,3 +410,23 @@ def test_a_square_channel_tie_is_read_as_channels_last():
     assert image_channels_first(gym.spaces.Box(0, 1, (10, 10, 10), dtype=np.bool_)) is False
     assert image_channels_first(gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8)) is True
     assert image_channels_first(gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8)) is False
+
+def test_dict_statistics_keep_their_names_inside_a_parent_module():
+    """Per-key names (`<key>.mean`) alone and under a parent's prefix; a strict load refuses missing statistics."""
+    stats = DictRunningMeanStd({"pos": (3,), "stats": (2,)})
+    stats.update({"pos": torch.randn(16, 3) + 5, "stats": torch.randn(16, 2)})
+    parent = torch.nn.Module()
+    parent.obs_rms = stats
+    names = set(parent.state_dict())
+    assert names == {f"obs_rms.{k}.{s}" for k in ("pos", "stats") for s in ("mean", "var", "count")}
+    assert set(stats.state_dict()) == {f"{k}.{s}" for k in ("pos", "stats") for s in ("mean", "var", "count")}
+    other = torch.nn.Module()
+    other.obs_rms = DictRunningMeanStd({"pos": (3,), "stats": (2,)})
+    other.load_state_dict(parent.state_dict())
+    for name, value in parent.state_dict().items():
+        assert torch.equal(other.state_dict()[name], value)
+    fresh = DictRunningMeanStd({"pos": (3,), "stats": (2,)})
+    fresh.load_state_dict(stats.state_dict())
+    assert torch.equal(fresh.stats["pos"].mean, stats.stats["pos"].mean)
+    with pytest.raises(RuntimeError):
+        fresh.load_state_dict({"pos.mean": torch.zeros(3)})

@@ -71,6 +71,18 @@ class RunningMeanStd(nn.Module):
         return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip)
 
 
+def _drop_stats_prefix(module, state_dict, prefix, local_metadata) -> None:
+    inner = f"{prefix}stats."
+    for name in [name for name in state_dict if name.startswith(inner)]:
+        state_dict[prefix + name[len(inner):]] = state_dict.pop(name)
+
+
+def _add_stats_prefix(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                      error_msgs) -> None:
+    for name in list(state_dict):
+        if name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in module.stats:
+            state_dict[f"{prefix}stats.{name[len(prefix):]}"] = state_dict.pop(name)
+
 class DictRunningMeanStd(nn.Module):
     """`RunningMeanStd` per float key of Dict observations; the other keys (images, indices) pass through unchanged.
 
@@ -81,13 +93,9 @@ class DictRunningMeanStd(nn.Module):
         super().__init__()
         self.stats = nn.ModuleDict({key: RunningMeanStd(shape, device=device) for key, shape in shapes.items()})
 
-    def state_dict(self, *args, **kwargs):
-        return {f"{key}.{name}": value for key, rms in self.stats.items() for name, value in rms.state_dict().items()}
-
-    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
-        for key, rms in self.stats.items():
-            rms.load_state_dict({name[len(key) + 1:]: value for name, value in state.items()
-                                 if name.startswith(f"{key}.")})
+        # the state dict names `<key>.<stat>` (not `stats.<key>.<stat>`), also inside a parent module's state dict
+        self.register_state_dict_post_hook(_drop_stats_prefix)
+        self.register_load_state_dict_pre_hook(_add_stats_prefix)
 
     @property
     def reduce(self):
