@@ -104,7 +104,62 @@ def test_learn_summary(tmp_path):
     summary = population.learn(1024, target_return=1.0, eval_freq=128, eval_episodes=2)
     assert summary["reached"] == 2 and population.num_timesteps == 128
     assert [m["steps_to_target"] for m in summary["members"]] == [128, 128]
-    assert not population.active.any()
+    assert population.alive == []  # (both left the computation)
+    assert [len(m["curve"]) for m in summary["members"]] == [1, 1]
     assert set(summary["aggregate"]["final_eval"]) == {"runs", "median", "median_ci", "iqm", "iqm_ci"}
     path = population.write_summary(tmp_path / "summary.json")
     assert json.loads(path.read_text())["members"][1]["seed"] == 1
+
+
+def _assert_same_members(population, other, pairs):
+    """Members `pairs[i][0]` of `population` and `pairs[i][1]` of `other` have the same parameters."""
+    for k, j in pairs:
+        mine, theirs = population.member_state(k), other.member_state(j)
+        for name, value in theirs.items():
+            torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
+
+
+def test_on_eval_prunes_members_out_of_the_computation():
+    calls = []
+
+    def on_eval(steps, means):
+        calls.append((steps, sorted(means)))
+        assert all(isinstance(mean, float) for mean in means.values())
+        return [1] if steps == 128 else None
+
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **SMALL)
+    summary = population.learn(384, eval_freq=128, eval_episodes=2, on_eval=on_eval)
+    assert calls == [(128, [0, 1, 2]), (256, [0, 2]), (384, [0, 2])]
+    members = summary["members"]
+    assert members[1]["pruned_at"] == 128 and "pruned_at" not in members[0] and summary["pruned"] == 1
+    assert [steps for steps, _ in members[0]["curve"]] == [128, 256, 384]
+    assert [steps for steps, _ in members[1]["curve"]] == [128]
+    assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
+    # the members that stayed train on exactly as a population that never had member 1 (env rows, Adam, draws)
+    without = Population(PPO, "CartPole-v1", seeds=[0, 2], **SMALL)
+    without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
+    _assert_same_members(population, without, [(0, 0), (2, 1)])
+    # and the pruned member keeps the parameters it had when it left
+    stopped = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **SMALL)
+    stopped.learn(128, eval_freq=128, eval_episodes=2)
+    _assert_same_members(population, stopped, [(1, 1)])
+
+
+def test_on_eval_naming_no_member_is_one_sentence():
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    with pytest.raises(UserError, match="members are 0-1"):
+        population.learn(256, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: [5])
+
+
+def test_diverging_member_is_dropped_and_the_others_are_untouched():
+    hyper = {**SMALL, "max_grad_norm": 1e30}
+    population = Population(PPO, "CartPole-v1", seeds=[3, 5, 7], **{**hyper, "learning_rate": [1e-3, 1e30, 1e-3]})
+    with pytest.warns(UserWarning, match="diverged"):
+        summary = population.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
+    members = summary["members"]
+    assert members[1]["diverged_at"] > 0 and members[1]["final_eval"] is None and summary["diverged"] == 1
+    assert "diverged_at" not in members[0] and members[0]["final_eval"]["mean"] > 0
+    assert population.alive == [0, 2]
+    without = Population(PPO, "CartPole-v1", seeds=[3, 7], **hyper)
+    without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
+    _assert_same_members(population, without, [(0, 0), (2, 1)])

@@ -15,6 +15,11 @@ the envs are one native env of `K x N` rows, and one update call steps every mem
 So the first updates of member k equal the solo run's to float tolerance (tests/test_population.py). Evaluation
 batches every member's 10 deterministic episodes into one native env, seeded as the solo run's evaluation is.
 
+A member that leaves (reached its target with `stop="each"`, pruned by `learn`'s `on_eval`, or diverged) leaves the
+computation: its rows of every stacked tensor (parameters, Adam moments, hyperparameters, generators, env rows) are
+cut out, so the cost of an iteration follows the members still training. `alive` maps the rows to the original
+member indices, which every result uses.
+
 Covered now: PPO on the native envs (`rlspeed.envs.registry.NATIVE_ENVS`) with Discrete or Box actions and rlspeed's
 default MLP policy, on one device. Not yet: other algorithms, Gymnasium envs, observation or reward normalisation,
 action masks, checkpoints, `rlspeed tune`.
@@ -25,7 +30,8 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
@@ -151,19 +157,29 @@ class PPOPopulation:
 
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in PER_MEMBER}
-        self.active = torch.ones(size, dtype=torch.bool, device=self.device)  # members still updated
+        #: original indices of the members still in the computation, one per row of every stacked tensor
+        self.alive: list[int] = list(range(size))
+        # every member's parameters as they were when it left (rows of members still training are stale)
+        self._final_params = [p.detach().clone() for p in self.params]
+        self._final_hyper = {key: value.clone() for key, value in self.hyper.items()}
         self.num_timesteps = 0  # env steps per member
+        self._member_steps = 0  # env steps summed over the members that ran them
         self._env = None
         del solos
 
     # --- the batched network ------------------------------------------------------------------------------------
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: torch.Tensor, params: Sequence[torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """(actor outputs `[K, B, A]`, values `[K, B]`) of observations `[K, B, obs_dim]`: one batched matmul per layer
-        for every member's actor and critic."""
+        for every member's actor and critic. `params`: stacked parameters laid out as `self.params` (default: those
+        of the members in the computation)."""
+        params = self.params if params is None else params
+        layers = len(self.weights)
+        weights, biases = params[:layers], params[layers:2 * layers]
         size, batch = obs.shape[0], obs.shape[1]
         x = obs.flatten(2).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
-        last = len(self.weights) - 1
-        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+        last = layers - 1
+        for layer, (weight, bias) in enumerate(zip(weights, biases)):
             x = torch.baddbmm(bias.flatten(0, 1), x, weight.flatten(0, 1))
             if layer < last:
                 x = self.activation(x)
@@ -205,7 +221,7 @@ class PPOPopulation:
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.registry import NATIVE_ENVS
 
-        native = NATIVE_ENVS[self.env_id](num_envs=self.size * rows_per_member, device=self.device, seed=0)
+        native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
         native.seed_row_blocks(seeds)
         return EpisodeStatistics(native)
 
@@ -215,9 +231,9 @@ class PPOPopulation:
     def train_iteration(self) -> torch.Tensor:
         """One rollout of `num_steps` steps of every env row, GAE, and `n_epochs` of minibatch updates for every
         member; returns each member's sum of finished episodes' returns and their count `[2, K]` (device)."""
-        cfg, size, envs = self.config, self.size, self.config.num_envs
+        cfg, size, envs = self.config, len(self.alive), self.config.num_envs
         if self._env is None:
-            self._env = self._make_env(envs, self.seeds)
+            self._env = self._make_env(envs, [self.seeds[k] for k in self.alive])
             self._obs, _ = self._env.reset()
         env, steps = self._env, cfg.num_steps
         obs_dim = self._obs.shape[-1]
@@ -262,10 +278,11 @@ class PPOPopulation:
                  per_member(buf_log_probs), per_member(buf_values), per_member(advantages), per_member(returns))
         self._update_epochs(*batch)
         self.num_timesteps += steps * envs
+        self._member_steps += steps * envs * size
         return episode_stats
 
     def _update_epochs(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
-        cfg, size = self.config, self.size
+        cfg, size = self.config, len(self.alive)
         progress = self._progress_remaining()
         learning_rate = self.hyper["learning_rate"] * (progress if cfg.anneal_lr else 1.0)
         clip_range = self.hyper["clip_range"] * (progress if cfg.anneal_clip else 1.0)
@@ -312,34 +329,96 @@ class PPOPopulation:
             # per-member global norm, clipped as `rlspeed.nn.clip_grad_norm`
             squares = sum(g.square().flatten(1).sum(1) for g in grads)
             scale = (hyper["max_grad_norm"] / (squares.sqrt() + 1e-6)).clamp(max=1.0)
-            self._adam_steps += self.active.to(self._adam_steps.dtype)
+            self._adam_steps += 1
             beta1, beta2 = _ADAM_BETAS
-            correction1 = 1 - beta1 ** self._adam_steps.clamp(min=1)
-            correction2 = 1 - beta2 ** self._adam_steps.clamp(min=1)
-            step_size = learning_rate * self.active / correction1
+            correction1 = 1 - beta1 ** self._adam_steps
+            correction2 = 1 - beta2 ** self._adam_steps
+            step_size = learning_rate / correction1
             for param, grad, exp_avg, exp_avg_sq in zip(self.params, grads, self._exp_avg, self._exp_avg_sq):
                 shape = (-1,) + (1,) * (param.dim() - 1)
                 grad = grad * scale.view(shape)
-                keep = self.active.view(shape)
-                exp_avg.copy_(torch.where(keep, exp_avg.lerp(grad, 1 - beta1), exp_avg))
-                exp_avg_sq.copy_(torch.where(keep, exp_avg_sq.mul(beta2).addcmul_(grad, grad, value=1 - beta2),
-                                             exp_avg_sq))
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 denom = (exp_avg_sq.sqrt() / correction2.sqrt().view(shape)).add_(_ADAM_EPS)
                 param.sub_(step_size.view(shape) * exp_avg / denom)
 
+    # --- members leaving the computation ----------------------------------------------------------------------
+    def remove(self, members: Iterable[int]) -> None:
+        """Take members (original indices) out of the computation: their rows of every stacked tensor (parameters,
+        Adam moments and steps, hyperparameters, generators, env rows and observations) are cut out, and their
+        parameters kept as they are now for `member_state` and the final evaluation. Members already out are
+        ignored."""
+        leaving = set(int(k) for k in members) & set(self.alive)
+        if not leaving:
+            return
+        rows = [i for i, k in enumerate(self.alive) if k not in leaving]
+        gone = [i for i, k in enumerate(self.alive) if k in leaving]
+        gone_members = torch.tensor([self.alive[i] for i in gone], device=self.device, dtype=torch.long)
+        gone_rows = torch.tensor(gone, device=self.device, dtype=torch.long)
+        with torch.no_grad():
+            for final, param in zip(self._final_params, self.params):
+                final[gone_members] = param.detach()[gone_rows]
+        keep = torch.tensor(rows, device=self.device, dtype=torch.long)
+        self.alive = [self.alive[i] for i in rows]
+        self.generators = [self.generators[i] for i in rows]
+        self.params = [param.detach()[keep].requires_grad_() for param in self.params]
+        layers = len(self.weights)
+        self.weights, self.biases = self.params[:layers], self.params[layers:2 * layers]
+        if self.kind == "gaussian":
+            self.log_std = self.params[-1]
+        self._exp_avg = [x[keep] for x in self._exp_avg]
+        self._exp_avg_sq = [x[keep] for x in self._exp_avg_sq]
+        self._adam_steps = self._adam_steps[keep]
+        self.hyper = {key: value[keep] for key, value in self.hyper.items()}
+        if self._env is not None:
+            self._env, self._obs = self._env_rows(rows) if rows else (None, None)
+
+    def _env_rows(self, rows: list[int]):
+        """(env, observations) of the training env cut down to the row blocks of the members at `rows`: the envs
+        continue exactly (states, step counters, episode totals and random streams are carried over)."""
+        envs = self.config.num_envs
+        index = (torch.tensor(rows, device=self.device, dtype=torch.long).unsqueeze(1) * envs
+                 + torch.arange(envs, device=self.device)).flatten()
+        state = self._env.state_dict()
+        position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)
+        state = {key: value[index] for key, value in state.items()}
+        state["native.draws"] = position
+        env = self._make_env(envs, [self.seeds[k] for k in self.alive])
+        env.load_state_dict(state)
+        return env, self._obs[index]
+
+    def _diverged(self) -> list[int]:
+        """Original indices of the members whose parameters or Adam moments are no longer finite (one host read)."""
+        finite = torch.ones(len(self.alive), dtype=torch.bool, device=self.device)
+        for tensors in (self.params, self._exp_avg_sq):
+            for x in tensors:
+                finite &= x.detach().flatten(1).sum(1).isfinite()  # (a sum of finite values can overflow: also out)
+        return [self.alive[i] for i in (~finite).nonzero().flatten().tolist()]  # ok-sync: once per iteration
+
     # --- evaluation and the learn loop -------------------------------------------------------------------------
-    def evaluate(self, seeds: Sequence[int], episodes: int = 10) -> torch.Tensor:
-        """Each member's mean return over `episodes` deterministic episodes `[K]` (host tensor), member k's on an env
-        seeded `seeds[k]` as `rlspeed.evaluate` seeds one (one batched env for all members)."""
+    def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
+                 ) -> torch.Tensor:
+        """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
+        in the computation) as a host tensor, member `members[j]` on an env seeded `seeds[j]` as `rlspeed.evaluate`
+        seeds one (one batched env for all). Members out of the computation are evaluated with the parameters they
+        left with."""
+        if members is None or list(members) == self.alive:
+            members, params = list(self.alive), self.params
+        else:
+            members = list(members)
+            self._store_alive()
+            params = [final[members] for final in self._final_params]
+        size = len(members)
+        if size == 0:
+            return torch.zeros(0)
         env = self._make_env(episodes, seeds)
-        size = self.size
         limit = env.spec.max_episode_steps or 10_000
         returns = torch.zeros(size * episodes, device=self.device)
         finished = torch.zeros(size * episodes, dtype=torch.bool, device=self.device)
         with torch.no_grad():
             obs, _ = env.reset()
             for step in range(1, limit + 1):
-                out, _ = self.forward(obs.view(size, episodes, -1))
+                out, _ = self.forward(obs.view(size, episodes, -1), params)
                 actions = out.argmax(-1) if self.kind == "categorical" else out
                 obs, _, _, _, info = env.step(self._env_actions(actions))
                 newly_done = info["done"] & ~finished
@@ -350,21 +429,42 @@ class PPOPopulation:
             returns = torch.where(finished, returns, info["episode_return"])
         return returns.view(size, episodes).mean(1).cpu()  # ok-sync: evaluation
 
+    def _store_alive(self) -> None:
+        """Copy the parameters of the members in the computation into the store of every member's parameters."""
+        if self.alive:
+            members = torch.tensor(self.alive, device=self.device)
+            with torch.no_grad():
+                for final, param in zip(self._final_params, self.params):
+                    final[members] = param.detach()
+
     def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
-              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True) -> dict:
+              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
+              on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None) -> dict:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as `PPO.learn`
         confirms one).
 
-        `stop="each"`: a member that reached its target stops training (its weights and Adam state freeze) and stops
-        being counted; `stop="all"`: it keeps training with the others until all have reached. Returns the summary
-        dict (`write_summary` writes it as summary.json): per-member time and steps to target and final evaluation,
-        and the aggregates (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
+        `stop="each"`: a member that reached its target leaves the computation and stops being counted;
+        `stop="all"`: it keeps training with the others until all have reached.
+
+        `on_eval(num_timesteps, means)`, called after each evaluation (evaluations run when a target or `on_eval` is
+        given) with the evaluated means of the members in the population at that evaluation (original indices,
+        including those that reached the target at it), returns the members to prune (an iterable of original
+        indices, or None): they leave the computation and their summary entry says `"pruned_at": num_timesteps`.
+
+        A member whose loss, gradients or parameters stop being finite is dropped at the end of that iteration with
+        a warning (`"diverged_at"` in its entry, no final evaluation); the others are untouched.
+
+        Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
+        final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
+        (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
         if total_timesteps <= 0:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        if eval_freq <= 0:
+            raise UserError(f"eval_freq must be positive, got {eval_freq}.")
         from rlspeed.algos.base import CONFIRM_SEED
 
         size = self.size
@@ -372,45 +472,79 @@ class PPOPopulation:
         time_to_target: list[float | None] = [None] * size
         steps_to_target: list[int | None] = [None] * size
         reached = [False] * size
+        curves: list[list[list[float]]] = [[] for _ in range(size)]
+        left: dict[int, dict] = {}  # member -> {"pruned_at": steps} or {"diverged_at": steps}
+        evaluating = target_return is not None or on_eval is not None
         train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
-        start_steps = self.num_timesteps
+        start_member_steps = self._member_steps
         clock_start = time.perf_counter()
-        while self.num_timesteps < self._total_timesteps:
+        while self.num_timesteps < self._total_timesteps and self.alive:
             self.train_iteration()
+            diverged = self._diverged()
+            if diverged:
+                for k in diverged:
+                    left[k] = {"diverged_at": self.num_timesteps}
+                warnings.warn(f"Population member(s) {', '.join(map(str, diverged))} (seed(s) "
+                              f"{', '.join(str(self.seeds[k]) for k in diverged)}) diverged (non-finite parameters) "
+                              f"at step {self.num_timesteps} and were dropped; the others continue.", stacklevel=2)
+                self.remove(diverged)
             finished = self.num_timesteps >= self._total_timesteps
-            if target_return is not None and (self.num_timesteps >= next_eval or finished):
+            if evaluating and self.alive and (self.num_timesteps >= next_eval or finished):
                 train_clock += time.perf_counter() - clock_start
                 next_eval = self.num_timesteps + eval_freq
-                means = self.evaluate([s + 100_000 + self.num_timesteps for s in self.seeds], eval_episodes)
-                hits = [not reached[k] and float(means[k]) >= target_return for k in range(size)]
-                if confirm_target and any(hits):
-                    confirming = self.evaluate([s + 100_000 + self.num_timesteps + CONFIRM_SEED for s in self.seeds],
-                                               eval_episodes)
-                    hits = [hit and float(confirming[k]) >= target_return for k, hit in enumerate(hits)]
-                for k, hit in enumerate(hits):
-                    if hit:
+                members = list(self.alive)
+                means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
+                                      eval_episodes).tolist()
+                for k, mean in zip(members, means):
+                    curves[k].append([self.num_timesteps, mean])
+                if target_return is not None:
+                    hits = [k for k, mean in zip(members, means) if not reached[k] and mean >= target_return]
+                    if confirm_target and hits:
+                        confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED
+                                                    for k in members], eval_episodes)
+                        hits = [k for k in hits if float(confirming[members.index(k)]) >= target_return]
+                    for k in hits:
                         reached[k] = True
                         time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
-                if stop == "each":
-                    self.active = torch.tensor([not r for r in reached], device=self.device)
-                if all(reached):
+                    if stop == "each":
+                        self.remove(hits)
+                if on_eval is not None:
+                    pruned = [int(k) for k in (on_eval(self.num_timesteps, dict(zip(members, means))) or ())]
+                    unknown = [k for k in pruned if not 0 <= k < size]
+                    if unknown:
+                        raise UserError(f"on_eval returned member(s) {unknown}, but the population's members are "
+                                        f"0-{size - 1}.")
+                    pruned = [k for k in pruned if k in self.alive]
+                    for k in pruned:
+                        left[k] = {"pruned_at": self.num_timesteps}
+                    self.remove(pruned)
+                if target_return is not None and all(reached[k] or k in left for k in range(size)):
                     break
                 clock_start = time.perf_counter()
         else:
             train_clock += time.perf_counter() - clock_start
-        steps_taken = (self.num_timesteps - start_steps) * size
-        final = self.evaluate([s + 200_000 + self.num_timesteps for s in self.seeds], eval_episodes)
-        members = [{"seed": seed, "hyperparameters": {key: float(self.hyper[key][k]) for key in PER_MEMBER},
-                    "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
-                    "final_eval": {"mean": float(final[k]), "episodes": eval_episodes}}
-                   for k, seed in enumerate(self.seeds)]
+        steps_taken = self._member_steps - start_member_steps
+        scored = [k for k in range(size) if "diverged_at" not in left.get(k, {})]
+        final_means = self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
+                                    members=scored).tolist()
+        final = dict(zip(scored, final_means))
+        self._store_alive()
+        members = []
+        for k, seed in enumerate(self.seeds):
+            entry = {"seed": seed, "hyperparameters": {key: float(self._final_hyper[key][k]) for key in PER_MEMBER},
+                     "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
+                     "final_eval": ({"mean": final[k], "episodes": eval_episodes} if k in final else None),
+                     "curve": curves[k]}
+            entry.update(left.get(k, {}))
+            members.append(entry)
         reached_steps = [s for s in steps_to_target if s is not None]
         self.summary = {
             "algo": "ppo", "env_id": self.env_id, "population": size, "seeds": self.seeds, "device": str(self.device),
             "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
             "train_wall_s": train_clock, "sps": steps_taken / max(train_clock, 1e-9), "target_return": target_return,
-            "reached": sum(reached), "members": members,
-            "aggregate": {"final_eval": aggregate([m["final_eval"]["mean"] for m in members]),
+            "reached": sum(reached), "pruned": sum("pruned_at" in v for v in left.values()),
+            "diverged": sum("diverged_at" in v for v in left.values()), "members": members,
+            "aggregate": {"final_eval": aggregate(list(final.values())) if final else None,
                           "steps_to_target": aggregate(reached_steps) if reached_steps else None,
                           "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
                                                if reached_steps else None)},
@@ -425,13 +559,19 @@ class PPOPopulation:
         return path
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
-        """Member k's policy parameters, named as a solo PPO's `policy.state_dict()` names them."""
+        """Member k's (original index) policy parameters, named as a solo PPO's `policy.state_dict()` names them: the
+        current ones while it trains, those it left with after it left."""
+        if k in self.alive:
+            params, row = self.params, self.alive.index(k)
+        else:
+            params, row = self._final_params, k
+        layers = len(self.weights)
         state = {}
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            state[f"body.weights.{i}"] = weight[k].detach().clone()
-            state[f"body.biases.{i}"] = bias[k].detach().clone()
+        for i in range(layers):
+            state[f"body.weights.{i}"] = params[i][row].detach().clone()
+            state[f"body.biases.{i}"] = params[layers + i][row].detach().clone()
         if self.kind == "gaussian":
-            state["log_std"] = self.log_std[k].detach().clone()
+            state["log_std"] = params[-1][row].detach().clone()
         return state
 
 
