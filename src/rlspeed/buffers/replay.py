@@ -21,10 +21,12 @@ capacity that fits.
 
 from __future__ import annotations
 
+import collections
 import warnings
 from collections.abc import Callable
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from rlspeed.device import free_memory_bytes, synchronize
@@ -92,14 +94,14 @@ class ReplayBuffer:
         self.device = torch.device(device)
         layout = (observation_layout(observation) if isinstance(observation, gym.Space)
                   else (tuple(observation), obs_dtype))
-        parts = layout.values() if isinstance(layout, dict) else (layout,)
-        obs_bytes = sum(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-                        for shape, dtype in parts)
         action_numel = int(torch.Size(action_shape).numel())
         action_bytes = torch.empty((), dtype=action_dtype).element_size()
-        bytes_per_row = 2 * obs_bytes + 4 * 3 + action_bytes * action_numel + (mask_size or 0)
-        self.bytes_per_transition = bytes_per_row  # the real bytes: observations in their own dtypes
-        self.nbytes = bytes_per_row * self.capacity
+        # the fields every layout stores per row: rewards, terminated, discounts, the action, the next mask
+        self._row_bytes = 4 * 3 + action_bytes * action_numel + (mask_size or 0)
+        self.nbytes = self._storage_bytes(layout)
+        # the real bytes, observations in their own dtypes (a whole number for the dense layout)
+        per_row = self.nbytes / self.capacity
+        self.bytes_per_transition = int(per_row) if per_row.is_integer() else per_row
         if storage_device is None:
             storage_device = self.device
             free = available_memory_bytes(self.device)
@@ -109,25 +111,15 @@ class ReplayBuffer:
                               f"free memory ({free / 2**30:.2f} GiB): keeping it in pinned host memory.",
                               stacklevel=2)
         self.storage_device = torch.device(storage_device)
-        self._check_fits(bytes_per_row)
-        pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
-
-        def zeros(*shape, dtype=torch.float32):
-            # allocated pinned (pin_memory() on a made tensor would hold a second copy while it copies)
-            return torch.zeros(self.capacity, *shape, dtype=dtype, device=self.storage_device, pin_memory=pin)
-
-        if isinstance(layout, dict):
-            self.obs = {key: zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
-            self.next_obs = {key: zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
-        else:
-            self.obs = zeros(*layout[0], dtype=layout[1])
-            self.next_obs = zeros(*layout[0], dtype=layout[1])
-        self.actions = zeros(*action_shape, dtype=action_dtype)
-        self.rewards = zeros()
-        self.terminated = zeros()
-        self.discounts = zeros()
+        self._check_fits(self.bytes_per_transition)
+        self._pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
+        self._allocate_observations(layout)
+        self.actions = self._zeros(*action_shape, dtype=action_dtype)
+        self.rewards = self._zeros()
+        self.terminated = self._zeros()
+        self.discounts = self._zeros()
         # the actions allowed at next_obs (masked envs only; None otherwise)
-        self.next_action_masks = zeros(mask_size, dtype=torch.bool) if mask_size else None
+        self.next_action_masks = self._zeros(mask_size, dtype=torch.bool) if mask_size else None
         if self.n_step == 1:
             self.discounts.fill_(gamma)  # every 1-step transition discounts by gamma: written once, here
         self.pos = 0  # next row to write (host counter: advances by num_envs per add, never read from the device)
@@ -137,17 +129,42 @@ class ReplayBuffer:
         if self.n_step > 1:
             self._powers = gamma ** torch.arange(self.n_step, device=self.device, dtype=torch.float32)
 
+    #: How observations are stored (`describe`, `summary`): whole observations, twice per row
+    layout = "dense"
+
+    def _storage_bytes(self, layout) -> int:
+        """Bytes the storage will take: here an observation and a next observation per row, each in its dtype."""
+        parts = layout.values() if isinstance(layout, dict) else (layout,)
+        obs_bytes = sum(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+                        for shape, dtype in parts)
+        return (2 * obs_bytes + self._row_bytes) * self.capacity
+
+    def _zeros(self, *shape, dtype=torch.float32, rows: int | None = None) -> torch.Tensor:
+        """Zeroed storage of `rows` (default: capacity) rows, allocated pinned where it is host memory feeding an
+        accelerator (pin_memory() on a made tensor would hold a second copy while it copies)."""
+        return torch.zeros(self.capacity if rows is None else rows, *shape, dtype=dtype, device=self.storage_device,
+                           pin_memory=self._pin)
+
+    def _allocate_observations(self, layout) -> None:
+        """`obs` and `next_obs` storage: one tensor each, or one per key of Dict observations."""
+        if isinstance(layout, dict):
+            self.obs = {key: self._zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+            self.next_obs = {key: self._zeros(*shape, dtype=dtype) for key, (shape, dtype) in layout.items()}
+        else:
+            self.obs = self._zeros(*layout[0], dtype=layout[1])
+            self.next_obs = self._zeros(*layout[0], dtype=layout[1])
+
     def __len__(self) -> int:
         return self.size
 
-    def _check_fits(self, bytes_per_row: int) -> None:
+    def _check_fits(self, bytes_per_row: float) -> None:
         """UserError, with the largest capacity that fits, when the storage needs more than the share of the storage
         device's available memory that a buffer may take (allocating it anyway fails later, or is killed)."""
         free = available_memory_bytes(self.storage_device)
         if free is None or self.nbytes <= _MEMORY_SHARE * free:
             return
         budget = int(_MEMORY_SHARE * free)
-        fits = max(budget // bytes_per_row // self.num_envs * self.num_envs, 0)
+        fits = max(int(budget // bytes_per_row) // self.num_envs * self.num_envs, 0)
         where = "host memory" if self.storage_device.type == "cpu" else f"{self.storage_device}'s free memory"
         advice = (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
                   f"line --set buffer_size={fits})" if fits >= self.num_envs
@@ -157,14 +174,27 @@ class ReplayBuffer:
                         f"{where}); {advice}.")
 
     def describe(self) -> str:
-        """Footprint and placement, e.g. 'replay buffer: 1,000,000 transitions, 76.3 MiB on cpu'."""
+        """Footprint, placement and layout, e.g. 'replay buffer: 1,000,000 transitions, 76.3 MiB on cpu, 80 bytes
+        per transition (dense: observation and next observation stored whole)'."""
         where = str(self.storage_device) + (" (pinned host memory)" if self.storage_device != self.device else "")
-        return f"replay buffer: {self.capacity:,} transitions, {self.nbytes / 2**20:.1f} MiB on {where}"
+        return (f"replay buffer: {self.capacity:,} transitions, {self.nbytes / 2**20:.1f} MiB on {where}, "
+                f"{self.bytes_per_transition:,.0f} bytes per transition ({self._layout_text()})")
+
+    def _layout_text(self) -> str:
+        return "dense: observation and next observation stored whole"
+
+    def summary(self) -> dict:
+        """The replay buffer's layout and footprint as JSON-ready values (for summary.json)."""
+        return {"layout": self.layout, "capacity": self.capacity, "bytes_per_transition": self.bytes_per_transition,
+                "nbytes": self.nbytes, "storage_device": str(self.storage_device)}
 
     def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-            terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None) -> None:
+            terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None,
+            reset_rows=None) -> None:
         """Store one step of all N envs. `next_obs` is `info["final_obs"]` (the true last obs of finished rows);
-        `next_action_masks` (bool `[N, n]`, buffers made with `mask_size` only) the actions allowed there."""
+        `next_action_masks` (bool `[N, n]`, buffers made with `mask_size` only) the actions allowed there.
+        `reset_rows` (the adapters' host `info["final_rows"]`: the rows the env restarted) matters to the frame
+        layout only (`FrameStackReplayBuffer`)."""
         self._check_masks(next_action_masks)
         if self.n_step == 1:
             self._write(obs, actions, rewards, next_obs, terminated,  # the copy converts bool to float
@@ -180,18 +210,20 @@ class ReplayBuffer:
 
     def extend(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                terminated: torch.Tensor, truncated: torch.Tensor,
-               next_action_masks: torch.Tensor | None = None) -> None:
-        """Store T consecutive steps of all N envs (every argument `[T, N, ...]`), as T calls of `add` would, in
-        the same rows: one copy per field for all of them (1-step buffers; others add step by step)."""
+               next_action_masks: torch.Tensor | None = None, reset_rows: list | None = None) -> None:
+        """Store T consecutive steps of all N envs (every argument `[T, N, ...]`; `reset_rows` one entry per step),
+        as T calls of `add` would, in the same rows: one copy per field for all of them (dense 1-step buffers;
+        others add step by step)."""
         self._check_masks(next_action_masks)
         steps = obs_batch_size(obs)
-        if self.n_step > 1 or steps * self.num_envs > self.capacity:
+        if self.n_step > 1 or steps * self.num_envs > self.capacity or self.layout != "dense":
             for t in range(steps):
                 def row(v: torch.Tensor, t: int = t) -> torch.Tensor:
                     return v[t]
 
                 self.add(map_obs(row, obs), actions[t], rewards[t], map_obs(row, next_obs), terminated[t],
-                         truncated[t], None if next_action_masks is None else next_action_masks[t])
+                         truncated[t], None if next_action_masks is None else next_action_masks[t],
+                         None if reset_rows is None else reset_rows[t])
             return
         self._write(*(map_obs(lambda v: v.flatten(0, 1), value)
                       for value in (obs, actions, rewards, next_obs, terminated)),
@@ -221,6 +253,64 @@ class ReplayBuffer:
         if self.next_action_masks is not None:  # the mask at the observation the transition bootstraps from
             masks = torch.stack([w[6] for w in self._window])[last, columns]
         return obs, actions, returns, last_obs, terminated[last, columns], discounts, masks
+
+    def storage_tensors(self) -> dict[str, torch.Tensor]:
+        """The storage tensors by name, as checkpoints hold them: one per field, one per key of Dict observations
+        (`obs.image`, ...); no `next_action_masks` in unmasked buffers."""
+        tensors = {}
+        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "discounts", "next_action_masks"):
+            storage = getattr(self, name)
+            if isinstance(storage, dict):
+                tensors.update({f"{name}.{key}": part for key, part in storage.items()})
+            elif storage is not None:
+                tensors[name] = storage
+        return tensors
+
+    def _stored_rows(self) -> int:
+        """Rows 0..k-1 of the storage that hold transitions (all rows that were ever written)."""
+        return self.size
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """What a checkpoint keeps (`save_replay_buffer`): the written rows of every storage tensor and the steps
+        still waiting for their n-step return (tensors), and the write position and counts (JSON values)."""
+        rows = self._stored_rows()
+        tensors = {name: storage[:rows] for name, storage in self.storage_tensors().items()}
+        for step, entry in enumerate(self._window):  # n-step transitions still waiting for their later steps
+            for i, value in enumerate(entry):
+                if isinstance(value, dict):  # Dict observations: one tensor per key
+                    tensors.update({f"window.{step}.{i}.{key}": part for key, part in value.items()})
+                else:
+                    tensors[f"window.{step}.{i}"] = value
+        return tensors, {"pos": self.pos, "size": self.size, "rows": rows, "capacity": self.capacity,
+                         "window": len(self._window), "layout": self.layout}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
+        """Restore `state_dict`'s output (tensors on any device); returns why it cannot (another layout, other
+        observation keys), else None."""
+        storage = self.storage_tensors()
+        if meta.get("layout", "dense") != self.layout or set(storage) - set(tensors):
+            return "it holds another replay layout or other observation keys than this model's"
+        rows = int(meta.get("rows", meta["size"]))
+        with torch.no_grad():
+            for name, target in storage.items():
+                target[:rows].copy_(tensors[name])
+        self.pos, self.size = int(meta["pos"]), int(meta["size"])
+
+        def entry(step: int, i: int):
+            name = f"window.{step}.{i}"
+            if name in tensors:
+                return tensors[name].to(self.device)
+            return {key[len(name) + 1:]: value.to(self.device) for key, value in tensors.items()
+                    if key.startswith(name + ".")}
+
+        width = 6 if self.next_action_masks is None else 7  # (masked runs: the next mask last)
+        self._window = [tuple(entry(step, i) for i in range(width)) for step in range(int(meta.get("window", 0)))]
+        return None
+
+    def restart_episodes(self) -> None:
+        """The envs were reset outside the step loop: steps still waiting for their n-step return would be joined to
+        the new episodes' rewards, so they are dropped."""
+        self._window.clear()
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None, next_action_masks=None) -> None:
         """Write `len(obs)` (at most `capacity`) rows from `pos` on, wrapping around the end of the storage."""
@@ -255,6 +345,15 @@ class ReplayBuffer:
         self.pos = (self.pos + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 
+    def gather(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The transitions in storage rows `index` (int64 on the storage device), on the storage device."""
+        batch = {"obs": map_obs(lambda v: v[index], self.obs), "actions": self.actions[index],
+                 "rewards": self.rewards[index], "next_obs": map_obs(lambda v: v[index], self.next_obs),
+                 "terminated": self.terminated[index], "discounts": self.discounts[index]}
+        if self.next_action_masks is not None:
+            batch["next_action_masks"] = self.next_action_masks[index]
+        return batch
+
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """A uniform batch of stored transitions, as tensors on the training device."""
         return self.sample_batches(1, batch_size, generator)[0]
@@ -272,11 +371,12 @@ class ReplayBuffer:
         if self.size == 0:
             raise RuntimeError("cannot sample from an empty replay buffer")
         index = torch.randint(0, self.size, (count * batch_size,), device=self.storage_device, generator=generator)
-        batch = {"obs": map_obs(lambda v: v[index], self.obs), "actions": self.actions[index],
-                 "rewards": self.rewards[index], "next_obs": map_obs(lambda v: v[index], self.next_obs),
-                 "terminated": self.terminated[index], "discounts": self.discounts[index]}
-        if self.next_action_masks is not None:
-            batch["next_action_masks"] = self.next_action_masks[index]
+        # the stored rows are the `size` rows before `pos` (ring order); all of them in rows 0..size-1 unless the
+        # frame layout gave up its oldest rows (`FrameStackReplayBuffer`)
+        start = 0 if self.size == self.capacity else (self.pos - self.size) % self.capacity
+        if start:
+            index = (index + start) % self.capacity
+        batch = self.gather(index)
         if self.storage_device != self.device:
             def move(v: torch.Tensor) -> torch.Tensor:
                 if v.device.type == "cpu" and torch.cuda.is_available():
@@ -290,3 +390,190 @@ class ReplayBuffer:
             return [batch]
         split = {key: _split(value, batch_size) for key, value in batch.items()}
         return [{key: split[key][i] for key in batch} for i in range(count)]
+
+
+class FrameStackReplayBuffer(ReplayBuffer):
+    """The replay buffer for frame-stacked images (uint8 `[k, H, W]`, the last k frames of an episode, newest last,
+    as Atari's `FrameStackObservation` gives them): each frame is stored once, in a pool of frames, and the rows
+    hold the pool indices of their observation's and next observation's k frames (int32 `[k]` each), from which
+    `gather` rebuilds the stacks. Where the dense layout keeps 2k frames per transition, this keeps one (the newest
+    frame of its next observation) plus, per restarted episode, the k frames of its first observation, as given:
+    stacks are rebuilt exactly, across episode starts (whatever the env padded them with), wrap-around and n-step
+    returns, with no host read per step.
+
+    It relies on what frame stacking guarantees: a next observation is the observation shifted by one frame with a
+    new frame last (checked on the first step), and a row's next step starts from its next observation unless the
+    env restarted it (`add`'s `reset_rows`; without them, every row that terminated or truncated counts as
+    restarted, which costs only memory). Frames of restarted episodes come from a reserve of the pool
+    (`capacity // 16` frames beyond one per row); if episodes restart so often that it runs out, the oldest
+    transitions are given up (`evicted` counts them, `describe` says so) rather than overwritten in place.
+    """
+
+    layout = "frames"
+    #: Extra pool frames for the first observations of restarted episodes, as a share of the capacity
+    RESERVE_SHARE = 1 / 16
+
+    def __init__(self, capacity: int, num_envs: int, observation: gym.spaces.Box,
+                 action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device | str,
+                 n_step: int = 1, gamma: float = 0.99, storage_device: torch.device | str | None = None,
+                 mask_size: int | None = None):
+        if not frame_stacks(observation):
+            raise ValueError(f"FrameStackReplayBuffer stores uint8 [k, H, W] frame stacks, not {observation}")
+        self.stack = int(observation.shape[0])
+        # Frames a row's data may still need besides the live rows' one each: the pending n-step steps and the
+        # stacks' older frames (k + n_step steps of every env, each step writing up to k + 1 frames), and the reserve
+        self.pool_size = int(capacity + (self.stack + 1) * (self.stack + n_step) * num_envs
+                             + int(capacity * self.RESERVE_SHARE))
+        super().__init__(capacity, num_envs, observation, action_shape, action_dtype, device, n_step=n_step,
+                         gamma=gamma, storage_device=storage_device, mask_size=mask_size)
+        self._frames_written = 0  # frames ever written to the pool (host counter); frame f lives in slot f % pool_size
+        self._stack_slots: torch.Tensor | None = None  # pool slots of each env's current observation [N, k]
+        self._stack_serials: np.ndarray | None = None  # the same frames' numbers (host, to know what is still used)
+        self._restarted: np.ndarray | None = None  # rows whose next observation starts an episode (host)
+        # the oldest frame number each pending step and each written block of rows (oldest first) still uses
+        self._pending_floors: list[int] = []
+        self._floors: collections.deque[list[int]] = collections.deque()  # [oldest frame used, rows]
+        self._written_rows = 0  # rows 0..k-1 of the storage ever written
+        self.evicted = 0  # transitions given up because the pool's reserve ran out
+        self._checked = False
+
+    def _storage_bytes(self, layout) -> int:
+        frame_bytes = int(torch.Size(layout[0][1:]).numel())  # uint8
+        return self.pool_size * frame_bytes + (2 * self.stack * 4 + self._row_bytes) * self.capacity
+
+    def _allocate_observations(self, layout) -> None:
+        # `obs` and `next_obs` hold pool indices; `frames` the pool
+        self.frames = self._zeros(*layout[0][1:], dtype=torch.uint8, rows=self.pool_size)
+        self.obs = self._zeros(self.stack, dtype=torch.int32)
+        self.next_obs = self._zeros(self.stack, dtype=torch.int32)
+
+    def _layout_text(self) -> str:
+        text = f"frames: each frame stored once, stacks of {self.stack} rebuilt at sampling"
+        if self.evicted:
+            text += (f"; {self.evicted:,} transitions given up early because episodes restarted more often than the "
+                     "frame reserve allows")
+        return text
+
+    def summary(self) -> dict:
+        return {**super().summary(), "frames_per_stack": self.stack, "pool_frames": self.pool_size,
+                "evicted": self.evicted}
+
+    # --- writing ---------------------------------------------------------------------------------------------
+    def _new_frames(self, count: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Pool slots (int64 on the training device) and frame numbers (host) for `count` new frames, after giving
+        up the oldest stored rows whose frames they would overwrite."""
+        first = self._frames_written
+        self._frames_written += count
+        overwritten_below = self._frames_written - self.pool_size  # frames numbered below this are overwritten
+        while self._floors and self._floors[0][0] < overwritten_below:
+            _, rows = self._floors.popleft()
+            self.size -= rows
+            self.evicted += rows
+        pending = self._pending_floors + ([] if self._stack_serials is None else [int(self._stack_serials.min())])
+        if pending and min(pending) < overwritten_below:  # (the pool is sized so that this cannot happen)
+            raise RuntimeError("frame pool too small for the pending steps")
+        serials = np.arange(first, first + count, dtype=np.int64)
+        slots = (torch.arange(count, device=self.device) + first) % self.pool_size
+        return slots, serials
+
+    def _put_frames(self, slots: torch.Tensor, frames: torch.Tensor) -> None:
+        self.frames.index_copy_(0, slots.to(self.storage_device), frames.to(self.storage_device))
+
+    def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+            terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None,
+            reset_rows=None) -> None:
+        """Store one step of all N envs (see `ReplayBuffer.add`): the newest frame of each next observation, and
+        the whole first observation of rows the env restarted on the previous step."""
+        if not self._checked:  # once: the observations are frame stacks (a next one is the obs shifted by a frame)
+            if not torch.equal(next_obs[:, :-1], obs[:, 1:]):  # ok-sync (first step only)
+                raise ValueError("these observations are not frame stacks (a next observation is not the observation "
+                                 "shifted by one frame): use the dense replay layout (frame_dedup=False)")
+            self._checked = True
+        # 1. rows whose observation starts an episode (or that the buffer has not seen): all k frames, as given
+        fresh = np.arange(self.num_envs) if self._stack_slots is None else self._restarted
+        if fresh is not None and len(fresh):
+            slots, serials = self._new_frames(len(fresh) * self.stack)
+            slots, serials = slots.view(len(fresh), self.stack), serials.reshape(len(fresh), self.stack)
+            rows = torch.as_tensor(fresh, device=self.device)
+            self._put_frames(slots.flatten(), obs[rows.to(obs.device)].flatten(0, 1))
+            if self._stack_slots is None:
+                self._stack_slots, self._stack_serials = slots, serials
+            else:
+                self._stack_slots = self._stack_slots.index_copy(0, rows, slots)
+                self._stack_serials[fresh] = serials
+        # 2. every row's next observation: its observation's frames but the oldest, and one new frame
+        obs_slots, obs_serials = self._stack_slots, self._stack_serials
+        slots, serials = self._new_frames(self.num_envs)
+        self._put_frames(slots, next_obs[:, -1])
+        self._stack_slots = torch.cat((obs_slots[:, 1:], slots.unsqueeze(1)), dim=1)
+        self._stack_serials = np.concatenate((obs_serials[:, 1:], serials[:, None]), axis=1)
+        if reset_rows is None:  # not told which rows restarted: every finished one (exact, a few frames more)
+            reset_rows = torch.nonzero(terminated | truncated).flatten().cpu().numpy()  # ok-sync (no host rows)
+        self._restarted = np.asarray(reset_rows, dtype=np.int64)
+        self._pending_floors.append(int(obs_serials.min()))
+        super().add(obs_slots.to(torch.int32), actions, rewards, self._stack_slots.to(torch.int32), terminated,
+                    truncated, next_action_masks)
+        if len(self._pending_floors) >= self.n_step:  # (the n-step window was written, or is still filling)
+            self._pending_floors = self._pending_floors[-(self.n_step - 1):] if self.n_step > 1 else []
+
+    def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None, next_action_masks=None) -> None:
+        count = rewards.shape[0]
+        # the rows this write overwrites were the oldest stored ones: they leave the record of frames in use
+        overwritten = self.size + count - self.capacity
+        while overwritten > 0 and self._floors:
+            overwritten -= self._floors[0][1]
+            self._floors.popleft()
+        super()._write(obs, actions, rewards, next_obs, terminated, discounts, next_action_masks)
+        self._floors.append([self._pending_floors[0], count])
+        self._written_rows = min(self._written_rows + count, self.capacity)
+
+    def restart_episodes(self) -> None:
+        """The envs were reset outside the step loop: pending n-step steps are dropped, and the next observation of
+        every row is stored whole."""
+        super().restart_episodes()
+        self._pending_floors = []
+        self._stack_slots = self._stack_serials = self._restarted = None
+
+    # --- reading ---------------------------------------------------------------------------------------------
+    def gather(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The transitions in storage rows `index`, with their observation stacks rebuilt from the frame pool."""
+        batch = super().gather(index)
+        batch["obs"] = self.frames[batch["obs"].long()]
+        batch["next_obs"] = self.frames[batch["next_obs"].long()]
+        return batch
+
+    def _stored_rows(self) -> int:
+        return self._written_rows
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """`ReplayBuffer.state_dict` plus the frames in use and the pool's counters. A restored buffer stores the
+        next observation of every row whole, as after `restart_episodes` (the env may have restarted meanwhile)."""
+        tensors, meta = super().state_dict()
+        tensors["frames"] = self.frames[:min(self._frames_written, self.pool_size)]
+        meta.update(frames_written=self._frames_written, floors=[list(f) for f in self._floors],
+                    pending_floors=list(self._pending_floors), evicted=self.evicted, pool_size=self.pool_size)
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
+        if meta.get("layout") == self.layout and meta.get("pool_size") != self.pool_size:
+            return "its frame pool has another size (other num_envs or n_step)"
+        reason = super().load_state_dict(tensors, meta)
+        if reason is not None:
+            return reason
+        frames = tensors["frames"]
+        with torch.no_grad():
+            self.frames[:len(frames)].copy_(frames)
+        self._frames_written = int(meta["frames_written"])
+        self._floors = collections.deque([int(a), int(b)] for a, b in meta["floors"])
+        self._pending_floors = [int(f) for f in meta["pending_floors"]]
+        self._written_rows, self.evicted = int(meta["rows"]), int(meta["evicted"])
+        self._stack_slots = self._stack_serials = self._restarted = None
+        self._checked = True
+        return None
+
+
+def frame_stacks(observation) -> bool:
+    """Whether an observation space is a uint8 `[k, H, W]` Box with k > 1 (the shape of frame-stacked images; whether
+    its channels really are consecutive frames is the env's to say, see `rlspeed.envs.atari.stacked_frames`)."""
+    return (isinstance(observation, gym.spaces.Box) and len(observation.shape) == 3 and observation.shape[0] > 1
+            and np.dtype(observation.dtype) == np.uint8)

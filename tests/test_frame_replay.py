@@ -1,0 +1,164 @@
+"""Frame-deduplicated replay (`FrameStackReplayBuffer`): the stacks it rebuilds are exactly those the dense buffer
+stores, for the same inserts, across episode starts (both padding styles), lost lives that end the learner's episode
+but not the game, truncation, wrap-around, n-step returns and several envs; checkpoints and the Atari run use it."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer
+
+STACK, SIDE = 4, 3
+SPACE = gym.spaces.Box(0, 255, (STACK, SIDE, SIDE), np.uint8)
+
+
+class FrameStacker:
+    """N envs of frame stacks as the batched contract gives them (SAME_STEP autoreset, `final_obs`, the restarted
+    rows on the host), with random episode ends: terminations, truncations and lost lives (terminated, but the game
+    goes on, as `AtariTraining` does). Every frame is distinct, so a frame from the wrong place shows."""
+
+    def __init__(self, num_envs: int, seed: int, padding: str = "reset", end_rate: float = 0.08):
+        self.num_envs, self.padding, self.end_rate = num_envs, padding, end_rate
+        self.rng = np.random.default_rng(seed)
+        self.counter = 0
+        self.stacks = np.stack([self._first() for _ in range(num_envs)])
+
+    def _frame(self) -> np.ndarray:
+        self.counter += 1
+        return self.rng.integers(1, 256, (SIDE, SIDE), dtype=np.uint8)
+
+    def _first(self) -> np.ndarray:
+        frame = self._frame()
+        if self.padding == "reset":  # Gymnasium's FrameStackObservation: the first frame repeated
+            return np.stack([frame] * STACK)
+        return np.stack([np.zeros_like(frame)] * (STACK - 1) + [frame])
+
+    def step(self):
+        obs = torch.as_tensor(self.stacks.copy())
+        final = np.stack([np.concatenate((stack[1:], self._frame()[None])) for stack in self.stacks])
+        draw = self.rng.random(self.num_envs)
+        terminated = draw < self.end_rate
+        truncated = (draw >= self.end_rate) & (draw < 1.5 * self.end_rate)
+        lost_life = (draw >= 1.5 * self.end_rate) & (draw < 2.5 * self.end_rate)  # terminated, same game
+        restarted = np.flatnonzero(terminated | truncated)
+        self.stacks = final.copy()
+        for row in restarted:
+            self.stacks[row] = self._first()
+        return (obs, torch.as_tensor(final), torch.as_tensor(terminated | lost_life), torch.as_tensor(truncated),
+                restarted)
+
+
+def buffers(capacity, num_envs, n_step=1, mask_size=None):
+    args = (capacity, num_envs, SPACE, (), torch.int64, "cpu")
+    return (ReplayBuffer(*args, n_step=n_step, gamma=0.9, mask_size=mask_size),
+            FrameStackReplayBuffer(*args, n_step=n_step, gamma=0.9, mask_size=mask_size))
+
+
+def fill(dense, lean, env, steps, give_rows=True, generator=None):
+    generator = generator or torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        obs, final, terminated, truncated, restarted = env.step()
+        actions = torch.randint(0, 4, (env.num_envs,), generator=generator)
+        rewards = torch.randn(env.num_envs, generator=generator)
+        masks = None
+        if dense.next_action_masks is not None:
+            masks = torch.rand(env.num_envs, 4, generator=generator) < 0.5
+        dense.add(obs, actions, rewards, final, terminated, truncated, masks)
+        lean.add(obs, actions, rewards, final, terminated, truncated, masks, restarted if give_rows else None)
+
+
+def assert_same_rows(dense, lean):
+    """Every transition the frame buffer holds equals the dense buffer's in the same storage row."""
+    assert (lean.pos, len(lean)) == (dense.pos, len(dense))
+    index = (torch.arange(len(lean)) + lean.pos - len(lean)) % lean.capacity
+    want, got = dense.gather(index), lean.gather(index)
+    assert want.keys() == got.keys()
+    for key in want:
+        assert torch.equal(want[key], got[key]), key
+
+
+@pytest.mark.parametrize(("capacity", "num_envs", "n_step", "padding"),
+                         [(40, 1, 1, "reset"), (30, 3, 1, "reset"), (30, 3, 1, "zeros"), (36, 4, 3, "reset"),
+                          (500, 2, 1, "reset"), (25, 5, 2, "zeros")])
+def test_rebuilt_stacks_equal_the_dense_buffers(capacity, num_envs, n_step, padding):
+    dense, lean = buffers(capacity, num_envs, n_step)
+    env = FrameStacker(num_envs, seed=capacity + num_envs, padding=padding)
+    for _ in range(12):  # up to several wrap-arounds, checked after each stretch
+        fill(dense, lean, env, 7)
+        assert_same_rows(dense, lean)
+    assert lean.evicted == 0
+    # the same generator draws the same rows from both
+    for want, got in zip(dense.sample_batches(3, 16, generator=torch.Generator().manual_seed(5)),
+                         lean.sample_batches(3, 16, generator=torch.Generator().manual_seed(5))):
+        assert all(torch.equal(want[key], got[key]) for key in want)
+
+
+def test_without_the_restarted_rows_every_finished_row_is_stored_whole_and_stays_exact():
+    dense, lean = buffers(30, 3)
+    told, told_env = buffers(30, 3)[1], FrameStacker(3, seed=1)
+    env = FrameStacker(3, seed=1)
+    fill(dense, lean, env, 40, give_rows=False)
+    fill(buffers(30, 3)[0], told, told_env, 40)
+    assert_same_rows(dense, lean)
+    assert lean._frames_written > told._frames_written  # lost lives were stored as restarts: more frames, same data
+
+
+def test_masks_are_stored_per_row():
+    dense, lean = buffers(30, 2, n_step=3, mask_size=4)
+    fill(dense, lean, FrameStacker(2, seed=3), 50)
+    assert_same_rows(dense, lean)
+
+
+def test_when_episodes_restart_too_often_the_oldest_rows_are_given_up_never_corrupted():
+    dense, lean = buffers(64, 2)
+    env = FrameStacker(2, seed=4, end_rate=0.5)  # three in four steps end an episode: far beyond the reserve
+    for _ in range(20):
+        fill(dense, lean, env, 9)
+        index = (torch.arange(len(lean)) + lean.pos - len(lean)) % lean.capacity
+        want, got = dense.gather(index), lean.gather(index)
+        assert all(torch.equal(want[key], got[key]) for key in want)
+    assert lean.evicted > 0 and len(lean) < lean.capacity
+    assert "given up" in lean.describe()
+    batch = lean.sample(256, generator=torch.Generator().manual_seed(0))  # samples only the rows it still holds
+    valid = {tuple(row.flatten().tolist()) for row in dense.gather(index)["obs"]}
+    assert all(tuple(row.flatten().tolist()) in valid for row in batch["obs"])
+
+
+def test_observations_that_are_not_frame_stacks_are_refused():
+    _, lean = buffers(30, 1)
+    obs = torch.randint(0, 255, (1, STACK, SIDE, SIDE), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not frame stacks"):
+        lean.add(obs, torch.zeros(1, dtype=torch.int64), torch.zeros(1), obs.flip(1), torch.zeros(1, dtype=torch.bool),
+                 torch.zeros(1, dtype=torch.bool), reset_rows=[])
+
+
+def test_state_dict_round_trip_continues_exactly():
+    dense, lean = buffers(30, 3, n_step=2)
+    env = FrameStacker(3, seed=6)
+    fill(dense, lean, env, 25)
+    tensors, meta = lean.state_dict()
+    restored = buffers(30, 3, n_step=2)[1]
+    assert restored.load_state_dict(tensors, meta) is None
+    assert_same_rows(dense, restored)
+    fill(dense, restored, env, 25)  # (the restored buffer stores the next observations whole: the same stacks)
+    assert_same_rows(dense, restored)
+    assert "layout" in buffers(30, 3, n_step=2)[0].load_state_dict(tensors, meta)  # a dense buffer refuses it
+
+
+def test_one_frame_per_transition_and_the_footprint_says_so():
+    atari = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    dense = ReplayBuffer(1000, 1, atari, (), torch.int64, "cpu")
+    lean = FrameStackReplayBuffer(20_000, 1, atari, (), torch.int64, "cpu")
+    frame, row = 84 * 84, 4 * 3 + 8  # a frame; rewards, terminated, discounts and the int64 action
+    assert dense.bytes_per_transition == 8 * frame + row
+    # one frame per row, plus the reserve for restarted episodes and eight int32 frame indices
+    assert lean.pool_size == 20_000 + 20_000 // 16 + 5 * 5
+    assert lean.nbytes == lean.pool_size * frame + 20_000 * (8 * 4 + row)
+    assert lean.bytes_per_transition == lean.nbytes / 20_000 < 1.07 * frame + 8 * 4 + row
+    assert lean.nbytes == sum(t.numel() * t.element_size() for t in lean.storage_tensors().values()) + \
+        lean.frames.numel()
+    assert "frames: each frame stored once" in lean.describe() and "bytes per transition" in lean.describe()
+    assert lean.summary()["layout"] == "frames" and dense.summary()["layout"] == "dense"
