@@ -163,3 +163,32 @@ def test_diverging_member_is_dropped_and_the_others_are_untouched():
     without = Population(PPO, "CartPole-v1", seeds=[3, 7], **hyper)
     without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
     _assert_same_members(population, without, [(0, 0), (2, 1)])
+
+
+@pytest.mark.parametrize("env_id, hyper", [
+    ("CartPole-v1", {"ent_coef": [0.0, 0.01], "vf_coef": [0.5, 1.0], "clip_range": [0.2, 0.1]}),
+    ("CartPole-v1", {"clip_range_vf": 0.1, "ent_coef": 0.01}),
+    ("Pendulum-v1", {"normalize_obs": False, "normalize_reward": False, "ent_coef": [0.0, 0.01]}),
+])
+def test_hand_derived_gradient_equals_autograd(env_id, hyper):
+    """The hand-derived update's gradient is autograd's of the members' PPO loss, per-member coefficients included,
+    on a minibatch where the ratio has moved (some rows clipped)."""
+    population = Population(PPO, env_id, seeds=[0, 1], **{**SMALL, **hyper})
+    assert population.update_path == "hand-derived"
+    generator = torch.Generator().manual_seed(0)
+    size, batch, obs_dim = 2, 64, population.spec.obs_dim
+    obs = torch.randn(size, batch, obs_dim, generator=generator)
+    with torch.no_grad():
+        out, values = population.forward(obs)
+        if population.kind == "categorical":
+            actions = torch.randint(0, out.shape[-1], (size, batch), generator=generator)
+        else:
+            actions = out + torch.randn(out.shape, generator=generator)
+        log_probs = population._log_prob_entropy(out, actions)[0]
+    minibatch = (obs, actions, log_probs + 0.3 * torch.randn(size, batch, generator=generator),
+                 values + torch.randn(size, batch, generator=generator), torch.randn(size, batch, generator=generator),
+                 values + torch.randn(size, batch, generator=generator), population.hyper["clip_range"])
+    reference = torch.autograd.grad(population._loss(*minibatch).sum(), population.params)
+    for hand, auto in zip(population._hand_gradients(*minibatch), reference):
+        assert auto.abs().max() > 0
+        torch.testing.assert_close(hand, auto, atol=1e-6, rtol=1e-5)

@@ -39,6 +39,8 @@ import torch
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
 from rlspeed.errors import UserError
+from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
+from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import gaussian_log_prob
 from rlspeed.stats import aggregate
 
@@ -151,12 +153,19 @@ class PPOPopulation:
         if self.kind == "gaussian":
             self.log_std = torch.stack([s.policy.log_std.detach() for s in solos]).clone().requires_grad_()
             self.params.append(self.log_std)
-        self._exp_avg = [torch.zeros_like(p) for p in self.params]
-        self._exp_avg_sq = [torch.zeros_like(p) for p in self.params]
-        self._adam_steps = torch.zeros(size, device=self.device)  # per member: a frozen member does not step
+        # Adam's moments of every parameter as one flat [K, P] buffer per moment: Adam is a handful of kernels
+        self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
+        self._exp_avg_sq = torch.zeros_like(self._exp_avg)
+        self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
+        # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
+        # network, else autograd of `_loss`; tests/test_population.py checks the two agree
+        self.update_path = "autograd" if unsupported_reason(policy) else "hand-derived"
+        self._tanh = isinstance(self.activation, torch.nn.Tanh)
+        self._workspace = Workspace()
 
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in PER_MEMBER}
+        self._param_sizes = [p[0].numel() for p in self.params]
         #: original indices of the members still in the computation, one per row of every stacked tensor
         self.alive: list[int] = list(range(size))
         # every member's parameters as they were when it left (rows of members still training are stale)
@@ -307,15 +316,24 @@ class PPOPopulation:
 
     def _update_step(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, learning_rate,
                      normalize: bool) -> None:
-        """One minibatch update of every member: PPO's loss per member (as `PPO._loss`), summed (the members share
-        no parameter, so each gets its own gradient), per-member gradient clipping, per-member Adam."""
+        """One minibatch update of every member: PPO's loss per member (as `PPO._loss`), its gradient (by hand or by
+        autograd, `update_path`), per-member gradient clipping, per-member Adam."""
+        if normalize and advantages.shape[1] > 1:
+            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
+        batch = (obs, actions, old_log_probs, old_values, advantages, returns, clip_range)
+        if self.update_path == "hand-derived":
+            grads = self._hand_gradients(*batch)
+        else:
+            grads = torch.autograd.grad(self._loss(*batch).sum(), self.params)  # (members share no parameter)
+        self._adam_step(grads, learning_rate)
+
+    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range) -> torch.Tensor:
+        """Each member's PPO loss `[K]` on its minibatch rows `[K, B, ...]` (advantages already normalised), as
+        `PPO._loss` computes a solo run's: the reference the hand-derived gradient is tested against."""
         cfg, hyper = self.config, self.hyper
         out, new_values = self.forward(obs)
         new_log_probs, entropy = self._log_prob_entropy(out, actions)
-        log_ratio = new_log_probs - old_log_probs
-        ratio = log_ratio.exp()
-        if normalize and advantages.shape[1] > 1:
-            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
+        ratio = (new_log_probs - old_log_probs).exp()
         clip = clip_range.unsqueeze(1)
         policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean(1)
         if cfg.clip_range_vf is None:
@@ -323,24 +341,83 @@ class PPOPopulation:
         else:
             clipped = old_values + (new_values - old_values).clamp(-cfg.clip_range_vf, cfg.clip_range_vf)
             value_loss = 0.5 * torch.max((new_values - returns).square(), (clipped - returns).square()).mean(1)
-        loss = policy_loss - hyper["ent_coef"] * entropy.mean(1) + hyper["vf_coef"] * value_loss
-        grads = torch.autograd.grad(loss.sum(), self.params)
-        with torch.no_grad():
-            # per-member global norm, clipped as `rlspeed.nn.clip_grad_norm`
-            squares = sum(g.square().flatten(1).sum(1) for g in grads)
-            scale = (hyper["max_grad_norm"] / (squares.sqrt() + 1e-6)).clamp(max=1.0)
-            self._adam_steps += 1
-            beta1, beta2 = _ADAM_BETAS
-            correction1 = 1 - beta1 ** self._adam_steps
-            correction2 = 1 - beta2 ** self._adam_steps
-            step_size = learning_rate / correction1
-            for param, grad, exp_avg, exp_avg_sq in zip(self.params, grads, self._exp_avg, self._exp_avg_sq):
-                shape = (-1,) + (1,) * (param.dim() - 1)
-                grad = grad * scale.view(shape)
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (exp_avg_sq.sqrt() / correction2.sqrt().view(shape)).add_(_ADAM_EPS)
-                param.sub_(step_size.view(shape) * exp_avg / denom)
+        return policy_loss - hyper["ent_coef"] * entropy.mean(1) + hyper["vf_coef"] * value_loss
+
+    @torch.inference_mode()
+    def _hand_gradients(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range
+                        ) -> list[torch.Tensor]:
+        """d(sum of the members' `_loss`)/d(each of `self.params`), written out as `rlspeed.fused.ppo` does for one
+        member (see its docstring for the maths), with every member's coefficients and clip range its own."""
+        cfg, hyper = self.config, self.hyper
+        size, batch = obs.shape[0], obs.shape[1]
+        weights = [w.detach().flatten(0, 1) for w in self.weights]  # [2K, in, out]: member k's actor, critic
+        biases = [b.detach().flatten(0, 1) for b in self.biases]
+        x = obs.flatten(2).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
+        hidden = ensemble_forward(x, weights, biases, self._tanh, self._workspace, "population")
+        out = hidden[-1].view(size, 2, batch, -1)
+        head, values = out[:, 0], out[:, 1, :, 0]
+        if self.kind == "categorical":
+            log_p = torch.log_softmax(head, dim=-1)
+            probs = log_p.exp()
+            index = actions.long().unsqueeze(-1)
+            new_log_probs = log_p.gather(-1, index).squeeze(-1)
+        else:
+            log_std = self.log_std.detach().unsqueeze(1)  # [K, 1, A]
+            inv_std = torch.exp(-log_std)
+            z_score = (actions - head) * inv_std
+            new_log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
+        ratio = (new_log_probs - old_log_probs).exp()
+        clip = clip_range.unsqueeze(1)
+        unclipped = advantages * ratio
+        clipped = advantages * ratio.clamp(1 - clip, 1 + clip)
+        value_error = values - returns
+        if cfg.clip_range_vf is None:
+            value_grad = value_error
+        else:
+            change = values - old_values
+            clipped_sq = (old_values + change.clamp(-cfg.clip_range_vf, cfg.clip_range_vf) - returns).square()
+            value_grad = torch.where((value_error.square() >= clipped_sq) | (change.abs() <= cfg.clip_range_vf),
+                                     value_error, 0.0)
+        grad_out = torch.zeros_like(out)
+        # the unclipped term is the minimum of A r and A clip(r): it passes -A r / B to log pi, the clipped one none
+        grad_log_prob = torch.where(unclipped <= clipped, advantages, 0.0).mul_(ratio).mul_(-1.0 / batch)
+        ent_coef = hyper["ent_coef"].view(size, 1, 1)
+        if self.kind == "categorical":
+            entropy = -(probs * log_p).sum(-1, keepdim=True)
+            grad_head = (ent_coef / batch) * probs * (log_p + entropy) - probs * grad_log_prob.unsqueeze(-1)
+            grad_head.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
+            grad_out[:, 0] = grad_head
+        else:
+            grad_out[:, 0] = grad_log_prob.unsqueeze(-1) * z_score * inv_std
+            log_std_grad = (grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(1) - ent_coef.view(size, 1)
+        grad_out[:, 1, :, 0] = value_grad * (hyper["vf_coef"].unsqueeze(1) / batch)
+        weight_grads = [torch.empty_like(w) for w in weights]
+        bias_grads = [torch.empty_like(b) for b in biases]
+        ensemble_backward(grad_out.view(2 * size, batch, -1), hidden, weights, weight_grads, bias_grads, self._tanh,
+                          workspace=self._workspace, tag="population")
+        grads = [g.view(w.shape) for g, w in zip(weight_grads, self.weights)]
+        grads += [g.view(b.shape) for g, b in zip(bias_grads, self.biases)]
+        if self.kind == "gaussian":
+            grads.append(log_std_grad)
+        return grads
+
+    @torch.no_grad()
+    def _adam_step(self, grads: Sequence[torch.Tensor], learning_rate: torch.Tensor) -> None:
+        """Per-member gradient clipping (as `rlspeed.nn.clip_grad_norm`, the global norm of each member's gradient)
+        and Adam (as `torch.optim.Adam`, eps 1e-5), on the gradients of every parameter as one flat `[K, P]`."""
+        size = len(self.alive)
+        flat = torch.cat([g.reshape(size, -1) for g in grads], dim=1)
+        norm = flat.square().sum(1).sqrt_()
+        flat.mul_((self.hyper["max_grad_norm"] / (norm + 1e-6)).clamp_(max=1.0).unsqueeze(1))
+        self._adam_steps += 1
+        beta1, beta2 = _ADAM_BETAS
+        correction1, correction2 = 1 - beta1 ** self._adam_steps, 1 - beta2 ** self._adam_steps
+        self._exp_avg.lerp_(flat, 1 - beta1)
+        self._exp_avg_sq.mul_(beta2).addcmul_(flat, flat, value=1 - beta2)
+        denom = (self._exp_avg_sq.sqrt() / math.sqrt(correction2)).add_(_ADAM_EPS)
+        step = (self._exp_avg / denom).mul_((learning_rate / correction1).unsqueeze(1))
+        torch._foreach_sub_([p.detach() for p in self.params],
+                            [part.view(p.shape) for part, p in zip(step.split(self._param_sizes, 1), self.params)])
 
     # --- members leaving the computation ----------------------------------------------------------------------
     def remove(self, members: Iterable[int]) -> None:
@@ -366,9 +443,7 @@ class PPOPopulation:
         self.weights, self.biases = self.params[:layers], self.params[layers:2 * layers]
         if self.kind == "gaussian":
             self.log_std = self.params[-1]
-        self._exp_avg = [x[keep] for x in self._exp_avg]
-        self._exp_avg_sq = [x[keep] for x in self._exp_avg_sq]
-        self._adam_steps = self._adam_steps[keep]
+        self._exp_avg, self._exp_avg_sq = self._exp_avg[keep], self._exp_avg_sq[keep]
         self.hyper = {key: value[keep] for key, value in self.hyper.items()}
         if self._env is not None:
             self._env, self._obs = self._env_rows(rows) if rows else (None, None)
@@ -390,9 +465,8 @@ class PPOPopulation:
     def _diverged(self) -> list[int]:
         """Original indices of the members whose parameters or Adam moments are no longer finite (one host read)."""
         finite = torch.ones(len(self.alive), dtype=torch.bool, device=self.device)
-        for tensors in (self.params, self._exp_avg_sq):
-            for x in tensors:
-                finite &= x.detach().flatten(1).sum(1).isfinite()  # (a sum of finite values can overflow: also out)
+        for x in (*self.params, self._exp_avg_sq):
+            finite &= x.detach().flatten(1).sum(1).isfinite()  # (a sum of finite values can overflow: also out)
         return [self.alive[i] for i in (~finite).nonzero().flatten().tolist()]  # ok-sync: once per iteration
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
