@@ -162,3 +162,64 @@ def test_one_frame_per_transition_and_the_footprint_says_so():
         lean.frames.numel()
     assert "frames: each frame stored once" in lean.describe() and "bytes per transition" in lean.describe()
     assert lean.summary()["layout"] == "frames" and dense.summary()["layout"] == "dense"
+
+
+def _atari():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from rlspeed.envs import atari, make_env
+
+    atari.register_atari()
+    return make_env
+
+
+def test_breakout_frames_rebuild_exactly_what_the_env_gave():
+    """The training env's own frame stacks (lost lives end learner episodes, games restart), stored side by side."""
+    make_env = _atari()
+    env = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="gymnasium", device="cpu")
+    space = env.spec.observation_space
+    dense = ReplayBuffer(96, 2, space, (), torch.int64, "cpu")
+    lean = FrameStackReplayBuffer(96, 2, space, (), torch.int64, "cpu")
+    obs, _ = env.reset()
+    generator = torch.Generator().manual_seed(0)
+    lives_lost = restarts = 0
+    for _ in range(300):
+        actions = torch.randint(0, 4, (2,), generator=generator)
+        next_obs, reward, terminated, truncated, info = env.step(actions)
+        dense.add(obs, actions, reward, info["final_obs"], terminated, truncated)
+        lean.add(obs, actions, reward, info["final_obs"], terminated, truncated, reset_rows=info["final_rows"])
+        lives_lost += int(terminated.sum()) - len(info["final_rows"])
+        restarts += len(info["final_rows"])
+        obs = next_obs
+    env.close()
+    assert lives_lost >= 2 and restarts >= 1  # both kinds of episode end, and several wrap-arounds (600 rows, 96)
+    assert_same_rows(dense, lean)
+
+
+def test_dqn_on_atari_runs_on_the_frame_layout_and_its_replay_survives_resume(tmp_path):
+    _atari()
+    from rlspeed import DQN
+
+    options = dict(device="cpu", env_backend="gymnasium", encoder="cnn", net_arch=(), buffer_size=256,
+                   learning_starts=64, batch_size=16, target_update_interval=64, num_envs=2, train_freq=4)
+    model = DQN("BreakoutNoFrameskip-v4", seed=0, save_replay_buffer=True, **options)
+    model.learn(320, progress_bar=False)
+    assert model.buffer.layout == "frames" and model.replay_summary()["layout"] == "frames"
+    assert "frames: each frame stored once" in model.report()
+    assert all(bool(torch.isfinite(p).all()) for p in model.q_network.parameters())
+    buffer = model.buffer
+    assert len(buffer) == buffer.capacity  # (640 transitions went through 256 rows)
+    saved = buffer.gather(torch.arange(buffer.capacity))
+    model.save(tmp_path / "dqn")
+    resumed = DQN("BreakoutNoFrameskip-v4", seed=0, **options)
+    resumed.resume(tmp_path / "dqn")
+    with pytest.warns(UserWarning):  # (Gymnasium envs restart their games on resume, with a warning)
+        resumed.learn(8, progress_bar=False)  # one iteration: 4 steps of 2 envs, in the 8 rows after `pos`
+    untouched = (torch.arange(8, buffer.capacity) + buffer.pos) % buffer.capacity
+    restored = resumed.buffer.gather(untouched)
+    assert all(torch.equal(saved[key][untouched], restored[key]) for key in saved)
+    assert resumed.buffer.pos == (buffer.pos + 8) % buffer.capacity
+
+    dense = DQN("BreakoutNoFrameskip-v4", seed=0, frame_dedup=False, **options)
+    dense.learn(8, progress_bar=False)
+    assert dense.buffer.layout == "dense" and "dense" in dense.report()

@@ -179,3 +179,32 @@ def test_memory_footprint_is_reported():
     assert buffer.nbytes == 1000 * (4 * (2 * 3 + 3) + 4)
     assert "1,000 transitions" in buffer.describe()
     assert math.isclose(buffer.nbytes / 2**20, float(buffer.describe().split(",")[1].split()[0]), abs_tol=0.05)
+
+
+def test_dqn_stores_the_mask_of_the_final_observation_for_episodes_that_ended():
+    """Taxi-v4 truncates every 200 steps and gives `info["action_mask"]`: the mask stored for a truncated row is the
+    one at its final observation (the Gymnasium adapter's `info["final_action_mask"]`), not the next episode's first
+    nor all actions, and the masked Double-DQN target maximises over those actions."""
+    import gymnasium as gym
+
+    import rlspeed
+
+    model = rlspeed.DQN("Taxi-v4", seed=0, num_envs=2, learning_starts=100, train_freq=4, buffer_size=1024,
+                        env_backend="gymnasium", net_arch=(16,))
+    model.learn(880, progress_bar=False)  # 440 steps per env: each env reached the 200-step limit at least once
+    buffer, size = model.buffer, model.buffer.size
+    reference = gym.make("Taxi-v4").unwrapped
+    expected = torch.as_tensor(np.stack([reference.action_mask(int(s)) for s in buffer.next_obs[:size]]).astype(bool))
+    assert torch.equal(buffer.next_action_masks[:size], expected)
+    # truncated rows: the next row of the same env does not start from their next observation, and they bootstrap
+    ended = torch.cat((buffer.obs[2:size] != buffer.next_obs[:size - 2], torch.zeros(2, dtype=torch.bool)))
+    truncated = torch.nonzero(ended & (buffer.terminated[:size] == 0)).flatten()
+    assert len(truncated) >= 2 and not bool(expected[truncated].all(1).all())  # some forbid an action there
+    batch = buffer.gather(truncated)
+    fields = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts", "next_action_masks")
+    with torch.no_grad():
+        loss, _ = model._loss(*(batch[key] for key in fields))
+        best = model.q_network(batch["next_obs"]).masked_fill(~expected[truncated], -torch.inf).argmax(1)
+        target = batch["rewards"] + 0.99 * model.q_target(batch["next_obs"]).gather(1, best[:, None])[:, 0]
+        taken = model.q_network(batch["obs"]).gather(1, batch["actions"].long()[:, None])[:, 0]
+    torch.testing.assert_close(loss, torch.nn.functional.smooth_l1_loss(taken, target))

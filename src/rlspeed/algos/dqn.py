@@ -12,7 +12,7 @@ Action masks (an env's `info["action_mask"]`, `use_masking`): masked actions are
 the argmax of Q with masked actions at the dtype's lowest value; exploration draws uniformly among the allowed actions
 (one uniform number per action, drawn ahead for the collection phase like the rest, the largest allowed one wins);
 the target's argmax (or max) over next actions takes the mask stored for the next observation (`off_policy`'s
-`_next_masks`: all actions where the episode ended, whose mask the adapters do not give).
+`_next_masks`: for a truncated row the mask at its final observation, where the adapter gives it, else all actions).
 """
 
 from __future__ import annotations

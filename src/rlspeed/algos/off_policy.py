@@ -12,7 +12,12 @@ Actions are stored as the policy produces them: indices for Discrete spaces; for
 
 Action masks (DQN, `_start_masking`): the mask valid for each observation (`info["action_mask"]`, from the reset or
 the step that returned it) goes to the random and exploring choices, and the buffer stores the mask of each
-transition's next observation (all-allowed for rows whose episode ended: see `_next_masks`).
+transition's next observation (`_next_masks`: for rows whose episode ended, the mask at `final_obs` where the adapter
+gives it, else all actions).
+
+Replay layout: frame-stacked Atari observations (`rlspeed.envs.atari.stacked_frames`) go to a
+`FrameStackReplayBuffer`, which stores each frame once (about an eighth of the dense layout's bytes), unless
+`frame_dedup` is off; `report()` and `replay_summary()` say which layout runs and its bytes per transition.
 """
 
 from __future__ import annotations
@@ -27,18 +32,17 @@ import numpy as np
 import torch
 
 from rlspeed.algos.base import Algorithm, require
-from rlspeed.buffers import ReplayBuffer
+from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer, frame_stacks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
+from rlspeed.envs.atari import stacked_frames
 from rlspeed.errors import UserError
 from rlspeed.nn import ENCODERS
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
-#: The replay buffer's storage tensors, as `_save_replay` writes them.
-_REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts", "next_action_masks")
 #: The replay buffer's file beside a checkpoint `name.safetensors`: `name.replay.safetensors`.
 REPLAY_SUFFIX = ".replay.safetensors"
 
@@ -65,6 +69,8 @@ class OffPolicyConfig:
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
+    # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer); off: whole stacks
+    frame_dedup: bool = True
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
@@ -86,21 +92,6 @@ class OffPolicyConfig:
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
 
 
-def _replay_tensors(buffer: ReplayBuffer) -> dict[str, torch.Tensor]:
-    """The replay buffer's storage tensors by name, as `_save_replay` writes them: one per field, one per key of
-    Dict observations (`obs.image`, ...)."""
-    tensors = {}
-    for name in _REPLAY_FIELDS:
-        storage = getattr(buffer, name)
-        if storage is None:  # (next_action_masks of an unmasked run)
-            continue
-        if isinstance(storage, dict):
-            tensors.update({f"{name}.{key}": part for key, part in storage.items()})
-        else:
-            tensors[name] = storage
-    return tensors
-
-
 def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
     """torch.stack of per-step tensors, per key for Dict observations."""
     if isinstance(values[0], dict):
@@ -115,12 +106,14 @@ def allowed_uniform(uniform: torch.Tensor, action_masks: torch.Tensor) -> torch.
     return torch.where(action_masks, uniform, -1.0).argmax(dim=1)
 
 
-def _next_masks(action_masks: torch.Tensor, ended: torch.Tensor) -> torch.Tensor:
-    """The actions allowed at each transition's next observation: the step's mask (bool `[N, n]`), except for rows
-    whose episode ended (`ended`, terminated or truncated), all actions. After an autoreset the adapters' mask is the
-    new episode's first, not the one at `final_obs`, which they do not give: a terminated row does not bootstrap
-    (its mask is never used), and a truncated one bootstraps from a max over all actions, as an unmasked run does."""
-    return action_masks | ended.unsqueeze(1)
+def _next_masks(info: dict, ended: torch.Tensor) -> torch.Tensor:
+    """The actions allowed at each transition's next observation (`final_obs`), bool `[N, n]`. After an autoreset
+    `info["action_mask"]` is the new episode's first mask; the mask at `final_obs` is `info["final_action_mask"]`
+    where the adapter gives it (Gymnasium's for `info["action_mask"]` envs). Without it, rows whose episode ended
+    (`ended`) allow all actions: a terminated row does not bootstrap (its mask is never used), and a truncated one
+    then bootstraps from a max over all actions, as an unmasked run does."""
+    final = info.get("final_action_mask")
+    return final if final is not None else info["action_mask"] | ended.unsqueeze(1)
 
 
 def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.Tensor], tau: float) -> None:
@@ -219,10 +212,13 @@ class OffPolicyAlgorithm(Algorithm):
                 f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
         discrete = self.spec.discrete
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
-        self.buffer = ReplayBuffer(cfg.buffer_size, env.num_envs, self.spec.observation_space,
-                                   () if discrete else tuple(self.spec.action_space.shape),
-                                   rules(self.device).index_dtype if discrete else torch.float32,
-                                   self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
+        space = self.spec.observation_space
+        kind = (FrameStackReplayBuffer if cfg.frame_dedup and frame_stacks(space) and stacked_frames(env)
+                else ReplayBuffer)
+        self.buffer = kind(cfg.buffer_size, env.num_envs, space,
+                           () if discrete else tuple(self.spec.action_space.shape),
+                           rules(self.device).index_dtype if discrete else torch.float32,
+                           self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
 
@@ -232,7 +228,19 @@ class OffPolicyAlgorithm(Algorithm):
         # episodes' rewards: drop them
         buffer = getattr(self, "buffer", None)
         if buffer is not None:
-            buffer._window.clear()
+            buffer.restart_episodes()
+
+    def report(self) -> str:
+        """`Algorithm.report`, plus the replay buffer's layout, placement and bytes per transition (once learn made
+        it)."""
+        buffer = getattr(self, "buffer", None)
+        return super().report() + ("" if buffer is None else "\n" + buffer.describe())
+
+    def replay_summary(self) -> dict | None:
+        """The replay buffer's layout (`dense` or `frames`), capacity, bytes per transition, bytes and placement, as
+        JSON values (for summary.json); None before learn made it."""
+        buffer = getattr(self, "buffer", None)
+        return None if buffer is None else buffer.summary()
 
     def _algorithm_state(self):
         tensors, values = super()._algorithm_state()
@@ -241,24 +249,17 @@ class OffPolicyAlgorithm(Algorithm):
         return tensors, values
 
     def _save_replay(self, path: Path) -> dict | None:
-        """With `save_replay_buffer`: the buffer's stored rows, write position and pending n-step steps in
-        `<checkpoint>.replay.safetensors` (written first; a token in both files pairs them, so a replay file left by
-        a later save that was killed before its checkpoint is not taken for this checkpoint's)."""
+        """With `save_replay_buffer`: the buffer's stored rows, write position and pending n-step steps
+        (`ReplayBuffer.state_dict`) in `<checkpoint>.replay.safetensors` (written first; a token in both files pairs
+        them, so a replay file left by a later save that was killed before its checkpoint is not taken for this
+        checkpoint's)."""
         buffer = getattr(self, "buffer", None)
         if not self.save_replay_buffer or buffer is None:
             return None
-        size = buffer.size
-        tensors = {name: storage[:size] for name, storage in _replay_tensors(buffer).items()}
-        for step, entry in enumerate(buffer._window):  # n-step transitions still waiting for their later steps
-            for i, value in enumerate(entry):
-                if isinstance(value, dict):  # Dict observations: one tensor per key
-                    tensors.update({f"window.{step}.{i}.{key}": part for key, part in value.items()})
-                else:
-                    tensors[f"window.{step}.{i}"] = value
+        tensors, meta = buffer.state_dict()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
-        save_checkpoint(file, tensors, {"replay_buffer": {"token": token, "pos": buffer.pos, "size": size,
-                                                          "capacity": buffer.capacity, "window": len(buffer._window)}})
+        save_checkpoint(file, tensors, {"replay_buffer": {"token": token, **meta}})
         return {"file": file.name, "token": token}
 
     def _load_replay(self, resume: dict) -> bool:
@@ -275,31 +276,15 @@ class OffPolicyAlgorithm(Algorithm):
                           "empty.", stacklevel=4)
             return False
         info = meta.get("replay_buffer") or {}
-        buffer = self.buffer
-        if info.get("token") != saved.get("token") or info.get("capacity") != buffer.capacity:
+        if info.get("token") != saved.get("token") or info.get("capacity") != self.buffer.capacity:
             warnings.warn(f"'{file}' does not belong to '{resume['path']}' (a later save wrote it, or the buffer size "
                           "changed); the replay buffer refills from empty.", stacklevel=4)
             return False
-        size = int(info["size"])
-        storage = _replay_tensors(buffer)
-        if set(storage) - set(tensors):
-            warnings.warn(f"'{file}' holds other observation keys than this model's; the replay buffer refills from "
-                          "empty.", stacklevel=4)
+        reason = self.buffer.load_state_dict(tensors, info)
+        if reason is not None:
+            warnings.warn(f"'{file}' cannot fill this model's replay buffer: {reason}; it refills from empty.",
+                          stacklevel=4)
             return False
-        with torch.no_grad():
-            for name, target in storage.items():
-                target[:size].copy_(tensors[name])
-        buffer.pos, buffer.size = int(info["pos"]), size
-
-        def entry(step: int, i: int):
-            name = f"window.{step}.{i}"
-            if name in tensors:
-                return tensors[name].to(self.device)
-            return {key[len(name) + 1:]: value.to(self.device) for key, value in tensors.items()
-                    if key.startswith(name + ".")}
-
-        width = 6 if buffer.next_action_masks is None else 7  # (masked runs: the next mask last)
-        buffer._window = [tuple(entry(step, i) for i in range(width)) for step in range(int(info.get("window", 0)))]
         return True
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
@@ -312,7 +297,9 @@ class OffPolicyAlgorithm(Algorithm):
         obs = self._obs
         # Several steps per iteration go to the buffer together after the last one (the same rows as step by step:
         # nothing reads the buffer in between), unless holding them would take much memory.
-        stage = 1 < cfg.train_freq and cfg.train_freq * num_envs * buffer.nbytes // buffer.capacity <= _STAGE_BYTES
+        # (the frame layout stores step by step: it needs each step's restarted rows)
+        stage = (1 < cfg.train_freq and buffer.layout == "dense"
+                 and cfg.train_freq * num_envs * buffer.bytes_per_transition <= _STAGE_BYTES)
         staged: list[tuple[torch.Tensor, ...]] | None = [] if stage else None
         masking = buffer.next_action_masks is not None
         with torch.no_grad():
@@ -333,10 +320,11 @@ class OffPolicyAlgorithm(Algorithm):
                     # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
                     transition = (obs, actions, rewards, info["final_obs"], terminated, truncated)
                     if masking:
-                        transition = (*transition, _next_masks(info["action_mask"], terminated | truncated))
+                        transition = (*transition, _next_masks(info, terminated | truncated))
                         self._action_mask = info["action_mask"]
                     if staged is None:
-                        buffer.add(*transition)
+                        # (the rows the env restarted, on the host where the adapter knows them: for the frame layout)
+                        buffer.add(*transition, reset_rows=info.get("final_rows"))
                     else:
                         staged.append(transition)
                     dones = info["done"]

@@ -10,8 +10,12 @@ stores n-step transitions: discounted reward sums cut at episode ends, the obser
 episode's last), and the discount `gamma**m` to apply to its value.
 
 With `mask_size`, the buffer also stores `next_action_masks`: the actions allowed at each transition's next
-observation (bool `[n]`), for a target that maximises over allowed actions only. The caller gives them; for a row
-whose episode ended the adapters' mask is the new episode's, so DQN stores all-allowed there (see `DQN`).
+observation (bool `[n]`), for a target that maximises over allowed actions only. The caller gives them (for a row
+whose episode ended, the mask at its final observation: see `off_policy._next_masks`).
+
+Two layouts: `ReplayBuffer` stores each observation and next observation whole (`dense`); `FrameStackReplayBuffer`
+stores frame-stacked images one frame per transition and rebuilds the stacks at sampling (`frames`). `describe()`
+and `summary()` say which, with the bytes per transition.
 
 The buffer sizes itself against the memory available before allocating: when the storage would not fit in the
 device's free memory, it lives in pinned host memory instead (it says so) and sampled batches are copied to the device

@@ -91,6 +91,18 @@ def atari_spec(env_id: str, env: gym.Env) -> EnvSpec:
                                gym.spec(env_id).reward_threshold)
 
 
+def stacked_frames(env: BatchedEnv) -> int | None:
+    """Frames per observation when `env` (through its wrappers) gives preprocessed Atari frame stacks, whose
+    channels are the last `FRAME_STACK` frames of the game, newest last (this module's Gymnasium env, or the EnvPool
+    backend's Atari task); else None. The replay buffer stores such frames once (`FrameStackReplayBuffer`)."""
+    inner = env
+    while isinstance(inner, EnvWrapper):
+        inner = inner.env
+    atari_env = isinstance(inner, AtariGymnasiumEnv) or (inner.backend == "envpool" and getattr(inner, "atari", False))
+    return FRAME_STACK if atari_env and inner.spec.observation_shape == (FRAME_STACK, SCREEN_SIZE, SCREEN_SIZE) \
+        else None
+
+
 class _RecordLives(gym.vector.VectorWrapper):
     """Keeps the lives of the last step's info (ALE puts them there) of a subprocess vector env."""
 
@@ -187,4 +199,4 @@ class AtariTraining(EnvWrapper):
 
 
 __all__ = ["register_atari", "is_atari", "make_atari_env", "atari_spec", "max_episode_steps", "AtariGymnasiumEnv",
-           "AtariTraining", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]
+           "AtariTraining", "stacked_frames", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]

@@ -78,6 +78,22 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
     return allowed
 
 
+def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.Space, source: str) -> torch.Tensor:
+    """`info["final_action_mask"]`: the actions allowed at each row's `final_obs`: the step's masks (bool `[N, n]`)
+    with each finished row's replaced by the mask its env gave with its last observation (`final_masks`: row ->
+    mask, before the autoreset). A last observation that allows no action (a terminal state) allows all instead:
+    its mask is not a choice the policy makes."""
+    if not final_masks:
+        return step_masks
+    rows = list(final_masks)
+    array = np.array(check_action_masks(
+        [np.ones(mask_size(space), bool) if not np.asarray(m, bool).any() else m for m in final_masks.values()],
+        space, len(rows), source))
+    masks = step_masks.clone()
+    masks[torch.as_tensor(rows, device=masks.device)] = torch.as_tensor(array, device=masks.device)
+    return masks
+
+
 def _has_mask_method(env) -> bool:
     """Whether a Gymnasium env (through its wrappers) has sb3-contrib's `action_masks()` method."""
     try:
@@ -313,6 +329,10 @@ class GymnasiumEnv(BatchedEnv):
             return host_tensor(obs, self.device), info
         return to_device(self._host.batch(obs), self.device), info
 
+    def _env_mask(self, env: gym.Env, info: dict):
+        """One env's mask for its current observation: its `action_masks()` or its step's `info["action_mask"]`."""
+        return env.get_wrapper_attr("action_masks")() if self._mask_method else info.get("action_mask")
+
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
         None); a row's mask is the one valid for its returned observation (after autoreset, the reset's)."""
@@ -322,6 +342,8 @@ class GymnasiumEnv(BatchedEnv):
         truncated = np.empty(n, dtype=bool)
         final = None
         masks = [None] * n if self.has_action_masks and not self._mask_method else None
+        final_masks: dict[int, object] = {}  # finished row -> the mask its env gave with the last observation
+        self._final_masks = final_masks
         if self._float_vector:
             obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
             for i, env in enumerate(self._sync_envs):
@@ -330,6 +352,8 @@ class GymnasiumEnv(BatchedEnv):
                     if final is None:
                         final = np.empty_like(obs)
                     final[i] = observation
+                    if masks is not None or self._mask_method:
+                        final_masks[i] = self._env_mask(env, info)
                     observation, info = env.reset()
                 obs[i] = observation
                 if masks is not None:
@@ -346,6 +370,8 @@ class GymnasiumEnv(BatchedEnv):
                 if final is None:
                     final = host.empty(n)
                 host.write(final, i, observation)
+                if masks is not None or self._mask_method:
+                    final_masks[i] = self._env_mask(env, info)
                 observation, info = env.reset()
             host.write(obs, i, observation)
             if masks is not None:
@@ -358,7 +384,8 @@ class GymnasiumEnv(BatchedEnv):
         """Step the Gymnasium envs (actions go to the host once) and return the batched contract's tensors.
 
         `info` holds `final_obs`, `final_rows` (the finished rows, a host array) and, where the env gives masks,
-        `action_mask` (bool `[N, n]`, for the returned observations: after an autoreset, the new episode's);
+        `action_mask` (bool `[N, n]`, for the returned observations: after an autoreset, the new episode's) and
+        `final_action_mask` (for `final_obs`; not for subprocess envs masked through `action_masks()`);
         Gymnasium's own info is dropped. A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here
         (`_step_sync`), skipping its per-step info merging.
         """
@@ -375,6 +402,8 @@ class GymnasiumEnv(BatchedEnv):
                     raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on every step: "
                                     "give it on every step and reset, or pass use_masking=false.")
                 out_info["action_mask"] = self._masks(masks, source)
+                out_info["final_action_mask"] = final_action_masks(out_info["action_mask"], self._final_masks,
+                                                                   self.spec.action_space, source)
             return (obs_t, torch.as_tensor(reward, device=self.device), torch.as_tensor(terminated, device=self.device),
                     torch.as_tensor(truncated, device=self.device), out_info)
         obs, reward, terminated, truncated, info = self.vector_env.step(
@@ -390,6 +419,13 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
                                 "on every step and reset, or pass use_masking=false.")
             out_info["action_mask"] = self._masks(info.get("action_mask"), source)
+            final_info = info.get("final_info") or {}
+            if not len(finished):
+                out_info["final_action_mask"] = out_info["action_mask"]
+            elif not self._mask_method and "action_mask" in final_info:  # (the envs' masks before their reset)
+                out_info["final_action_mask"] = final_action_masks(
+                    out_info["action_mask"], {int(row): final_info["action_mask"][row] for row in finished},
+                    self.spec.action_space, source)
         return (obs_t,
                 torch.as_tensor(np.asarray(reward, dtype=np.float32), device=self.device),
                 torch.as_tensor(np.asarray(terminated, dtype=bool), device=self.device),
