@@ -1,0 +1,905 @@
+"""SAC and TD3 populations: K independent off-policy agents trained in one process as one batched model.
+
+Every parameter, Adam moment, replay row and env row has the members stacked along a leading dimension `K`: each
+layer of the K actors is one batched matmul, the K members' twin critics are one ensemble of `K x n_critics`
+networks, the envs are one native env of `K x N` rows, the replay buffer stores `[steps, K, N]` rows, and one update
+call takes a gradient step for every member. Member `k` is a solo `SAC(env_id, seed=seeds[k], ...)` (or TD3):
+
+* its initial weights are the solo model's (K solo models are built and their parameters stacked);
+* its env rows draw the solo run's env streams (`NativeEnv.seed_row_blocks`);
+* every random draw of the solo run (uniform actions before `learning_starts`, exploration noise, replay indices,
+  the policy's and the target smoothing's noise in the update) comes from member k's own `torch.Generator`, started
+  from the state the solo run's global generator has when its training starts, in the solo run's order and shapes,
+  so they are the solo run's draws;
+* per-member hyperparameters that do not change shapes (`PER_MEMBER_SAC`, `PER_MEMBER_TD3`) are tensors `[K]`;
+  Adam is per member (its own step counts: TD3's actor steps only every `policy_delay`).
+
+The update is the autograd reference of `SAC._loss` / `TD3._critic_and_actor_loss` over the stacked parameters
+(the members' losses summed: they share no parameter), not the solo run's hand-derived update, so member k's weights
+equal the solo run's to float tolerance, not bitwise (tests/test_population_offpolicy.py checks the first updates
+to 1e-5). Two things hold only while they hold for the solo run too: the replay buffer does not wrap (the buffer
+keeps every transition of a run of up to `buffer_size` steps per member), and the normal draws of the solo's fused
+update (one draw of `2 x batch_size` rows) match the reference's two draws (`batch_size` a multiple of 16 on a CPU).
+
+A member that reaches its target (`stop="each"`), that `on_eval` prunes, or whose parameters become non-finite
+leaves the computation: its parameters, moments and replay rows are dropped from the stacks (its env rows step on
+with zero actions, untimed work of a few elementwise kernels, and are not counted).
+
+Covered now: SAC and TD3 with rlspeed's default MLP networks on the native envs with Box actions
+(`rlspeed.envs.registry.NATIVE_ENVS`: Pendulum-v1, MountainCarContinuous-v0), on one device. Not yet: DQN, DDPG,
+Gymnasium envs, checkpoints, `rlspeed tune`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rlspeed.errors import UserError
+from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
+from rlspeed.stats import aggregate
+
+#: SAC hyperparameters a member may set for itself (none changes a tensor's shape or the loop)
+PER_MEMBER_SAC = ("learning_rate", "gamma", "tau", "ent_coef", "ent_coef_init", "target_entropy")
+#: TD3 hyperparameters a member may set for itself
+PER_MEMBER_TD3 = ("learning_rate", "gamma", "tau", "target_policy_noise", "target_noise_clip", "action_noise_std",
+                  "ou_theta", "ou_dt")
+#: Hyperparameters that change shapes or the loop's structure: one value for the whole population
+SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps", "batch_size", "learning_starts",
+                         "buffer_size", "n_step", "activation", "encoder", "cnn_features_dim", "normalize_images",
+                         "n_critics", "fused_update", "policy_delay", "action_noise")
+_ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
+_SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
+
+
+def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str],
+                        shared_only: Sequence[str]) -> list[dict]:
+    """The K members' hyperparameter dicts: a value given as a list (or tensor) of K values is per member, allowed
+    for `per_member` keys only; `member_overrides` (K dicts) sets single members' values (same rule)."""
+    members: list[dict] = [dict() for _ in range(size)]
+    for key, value in hyperparameters.items():
+        if isinstance(value, torch.Tensor):
+            value = value.tolist() if value.dim() > 0 else value.item()
+        if key == "net_arch":  # a list of widths is one value; a list of lists would be per member
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+                raise UserError("net_arch changes the networks' shapes, so every member of a population must share "
+                                "it: pass one net_arch.")
+            values = None
+        elif isinstance(value, (list, tuple)):
+            if key not in per_member:
+                raise UserError(f"'{key}' cannot differ across members of a population (it changes shapes or the "
+                                f"training loop): pass one value; per-member values are allowed for "
+                                f"{', '.join(per_member)}.")
+            if len(value) != size:
+                raise UserError(f"'{key}' has {len(value)} per-member values but the population has {size} members.")
+            values = list(value)
+        else:
+            values = None
+        for k in range(size):
+            members[k][key] = values[k] if values is not None else value
+    if member_overrides is not None:
+        if len(member_overrides) != size:
+            raise UserError(f"member_overrides has {len(member_overrides)} entries but the population has {size} "
+                            "members.")
+        for k, overrides in enumerate(member_overrides):
+            for key, value in (overrides or {}).items():
+                if key not in per_member:
+                    raise UserError(f"member_overrides sets '{key}', which cannot differ across members; per-member "
+                                    f"values are allowed for {', '.join(per_member)}.")
+                members[k][key] = value
+    del shared_only  # (documentation: every key outside per_member is shared)
+    return members
+
+
+def _check_seeds(seeds) -> list[int]:
+    seeds = [int(seed) for seed in seeds]
+    if not seeds:
+        raise UserError("A population needs at least one member: pass one or more seeds.")
+    if len(set(seeds)) != len(seeds):
+        repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+        raise UserError(f"Seed(s) {', '.join(map(str, repeated))} given more than once: members of a population "
+                        "need distinct seeds.")
+    return seeds
+
+
+def _generator_like_global(device: torch.device) -> torch.Generator:
+    """A generator in the state torch's global generator for `device` has now."""
+    generator = torch.Generator(device=device)
+    if device.type == "cpu":
+        generator.set_state(torch.get_rng_state())
+    else:
+        generator.set_state(getattr(torch, device.type).get_rng_state(device))
+    return generator
+
+
+def _leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The stack of `tensors` as a new leaf that takes gradients."""
+    return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
+
+
+class _MemberAdam:
+    """Adam over parameters `[K, ...]` with per-member learning rates and step counts (`rlspeed.nn.make_adam`'s
+    betas and eps; the same maths as torch's fused Adam)."""
+
+    def __init__(self, params: Sequence[torch.Tensor]):
+        self.exp_avg = [torch.zeros_like(p) for p in params]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
+        self.steps = torch.zeros(params[0].shape[0], device=params[0].device)
+
+    @torch.no_grad()
+    def step(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], learning_rate: torch.Tensor) -> None:
+        beta1, beta2 = _ADAM_BETAS
+        self.steps += 1
+        step_size = learning_rate / (1 - beta1 ** self.steps)
+        bias2_sqrt = (1 - beta2 ** self.steps).sqrt()
+        for param, grad, exp_avg, exp_avg_sq in zip(params, grads, self.exp_avg, self.exp_avg_sq):
+            shape = (-1,) + (1,) * (param.dim() - 1)
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = (exp_avg_sq.sqrt() / bias2_sqrt.view(shape)).add_(_ADAM_EPS)
+            param.sub_(step_size.view(shape) * exp_avg / denom)
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the members at `index` (the others left the population)."""
+        self.exp_avg = [m[index] for m in self.exp_avg]
+        self.exp_avg_sq = [v[index] for v in self.exp_avg_sq]
+        self.steps = self.steps[index]
+
+
+class MemberReplay:
+    """The members' replay buffers as one: storage `[steps, K, N, ...]`, so that member k's row `r` is the solo
+    buffer's row `r` (step `r // N`, env `r % N`), with n-step returns under each member's gamma computed as
+    `rlspeed.buffers.ReplayBuffer` computes them. Once `capacity_steps` steps are stored, the oldest step is
+    overwritten, as the solo buffer overwrites its oldest rows (the same rows when `buffer_size` is a multiple of
+    `num_envs`)."""
+
+    def __init__(self, capacity_steps: int, size: int, num_envs: int, obs_dim: int, action_dim: int,
+                 gammas: torch.Tensor, n_step: int, device: torch.device):
+        self.size, self.num_envs, self.n_step, self.device = size, num_envs, n_step, device
+        self.written = 0  # steps written so far (each holds K x N rows)
+
+        def zeros(*shape):
+            return torch.zeros(capacity_steps, size, num_envs, *shape, device=device)
+
+        self.obs, self.next_obs = zeros(obs_dim), zeros(obs_dim)
+        self.actions, self.rewards = zeros(action_dim), zeros()
+        self.terminated, self.discounts = zeros(), zeros()
+        self._window: list[tuple[torch.Tensor, ...]] = []
+        self._set_gammas(gammas)
+
+    def _set_gammas(self, gammas: torch.Tensor) -> None:
+        # gamma**m per member, computed as the solo buffer computes it (a Python float to a float32 power)
+        values = [float(g) for g in gammas.tolist()]
+        steps = torch.arange(self.n_step, dtype=torch.float32, device=self.device)
+        self._powers = torch.stack([g ** steps for g in values]).T.repeat_interleave(self.num_envs, dim=1)  # [n, KN]
+        self._discount_table = torch.stack([g ** (steps + 1) for g in values]).repeat_interleave(self.num_envs, 0)
+        self._gammas = torch.tensor(values, device=self.device)  # float32, as the solo's fill_(gamma)
+
+    @property
+    def capacity_steps(self) -> int:
+        return self.obs.shape[0]
+
+    def grow(self, capacity_steps: int) -> None:
+        """Room for `capacity_steps` stored steps (the stored rows are kept; a buffer that has wrapped keeps its
+        size, as the solo buffer would have had that size from the start)."""
+        if capacity_steps <= self.capacity_steps or self.written > self.capacity_steps:
+            return
+        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "discounts"):
+            old = getattr(self, name)
+            new = torch.zeros(capacity_steps, *old.shape[1:], device=self.device)
+            new[:self.written] = old[:self.written]
+            setattr(self, name, new)
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the members at `index`."""
+        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "discounts"):
+            setattr(self, name, getattr(self, name)[:, index])
+        rows = (index.unsqueeze(1) * self.num_envs + torch.arange(self.num_envs, device=self.device)).flatten()
+        self._window = [tuple(value[rows] for value in entry) for entry in self._window]
+        self._powers = self._powers[:, rows]
+        self._discount_table = self._discount_table[rows]
+        self._gammas = self._gammas[index]
+        self.size = int(index.numel())
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated) -> None:
+        """One step of every member's envs (rows `[K * N, ...]`, member-major), as `ReplayBuffer.add` stores it."""
+        if self.n_step == 1:
+            discounts = self._gammas.repeat_interleave(self.num_envs)
+            self._write(obs, actions, rewards, next_obs, terminated.to(torch.float32), discounts)
+            return
+        terminated = terminated.to(torch.float32)
+        done = torch.maximum(terminated, truncated.to(torch.float32))
+        self._window.append((obs, actions, rewards.to(torch.float32), next_obs, terminated, done))
+        if len(self._window) == self.n_step:
+            window = self._window
+            rewards = torch.stack([w[2] for w in window])
+            next_obs = torch.stack([w[3] for w in window])
+            terminated = torch.stack([w[4] for w in window])
+            done = torch.stack([w[5] for w in window])
+            alive = torch.cumprod(torch.cat((torch.ones_like(done[:1]), 1.0 - done[:-1])), dim=0)
+            returns = (self._powers * alive * rewards).sum(0)
+            last = (alive.sum(0) - 1).long()
+            columns = torch.arange(last.shape[0], device=self.device)
+            discounts = self._discount_table[columns, last]
+            self._write(window[0][0], window[0][1], returns, next_obs[last, columns], terminated[last, columns],
+                        discounts)
+            self._window.pop(0)
+
+    def _write(self, obs, actions, rewards, next_obs, terminated, discounts) -> None:
+        shape = (self.size, self.num_envs)
+        row = self.written % self.capacity_steps
+        self.obs[row] = obs.view(*shape, -1)
+        self.next_obs[row] = next_obs.view(*shape, -1)
+        self.actions[row] = actions.reshape(*shape, -1)
+        self.rewards[row] = rewards.view(shape)
+        self.terminated[row] = terminated.view(shape)
+        self.discounts[row] = discounts.view(shape)
+        self.written += 1
+
+    def __len__(self) -> int:
+        """Stored rows per member (the solo buffer's `size`)."""
+        return min(self.written, self.capacity_steps) * self.num_envs
+
+    def sample(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rows `index` `[K, M]` (solo row numbers, one row of draws per member) as `[K, M, ...]` tensors."""
+        size, envs = self.size, self.num_envs
+        member = torch.arange(size, device=self.device).unsqueeze(1)
+        flat = ((index // envs) * size + member) * envs + index % envs
+
+        def gather(storage: torch.Tensor) -> torch.Tensor:
+            return storage.view(-1, *storage.shape[3:])[flat]
+
+        return {"obs": gather(self.obs), "actions": gather(self.actions), "rewards": gather(self.rewards),
+                "next_obs": gather(self.next_obs), "terminated": gather(self.terminated),
+                "discounts": gather(self.discounts)}
+
+
+class OffPolicyPopulation:
+    """What the SAC and TD3 populations share: members, env rows, replay, the collect-then-update loop, evaluation,
+    `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the deterministic
+    policy (`_deterministic`) and one gradient step for all members (`_update`)."""
+
+    algo_name = ""
+    per_member: tuple[str, ...] = ()
+    algo_cls: type
+
+    def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
+                 device: str | torch.device = "cpu", **hyperparameters):
+        if algo_cls is not self.algo_cls:
+            raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
+                            f"{getattr(algo_cls, '__name__', algo_cls)}.")
+        seeds = _check_seeds(seeds)
+        from rlspeed.envs.registry import NATIVE_ENVS
+
+        if env_id not in NATIVE_ENVS:
+            raise UserError(f"Populations run on native envs so far ({', '.join(NATIVE_ENVS)}), not '{env_id}'.")
+        size = len(seeds)
+        members = split_member_values(hyperparameters, member_overrides, size, self.per_member,
+                                      SHARED_ONLY_OFFPOLICY)
+        self.env_id, self.seeds, self.size = env_id, seeds, size
+        self.device = torch.device(device)
+        # K solo models: their initial weights, and the state their global generator has when training starts
+        saved_state = torch.get_rng_state()
+        solos, self.generators = [], []
+        for k, seed in enumerate(seeds):
+            solo = algo_cls(env_id, seed=seed, device=self.device, env_backend="torch", **members[k])
+            self.generators.append(_generator_like_global(self.device))
+            solos.append(solo)
+        torch.set_rng_state(saved_state)
+        self.config = solos[0].config
+        if solos[0].actor.encoder is not None:
+            raise UserError(f"Populations cover MLP networks on float vector observations so far; {env_id} needs an "
+                            "encoder.")
+        self.spec = solos[0].spec
+        self.obs_dim, self.action_dim = self.spec.obs_dim, self.spec.action_dim
+        self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
+        self.activation = solos[0].critic.body.activation
+        self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
+        self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
+                      for key in ("learning_rate", "gamma", "tau")}
+        self._build(solos)
+        del solos
+        #: original indices of the members still in the computation; every stacked tensor follows this order
+        self.alive = list(range(size))
+        self.num_timesteps = 0  # env steps per member
+        self._env = None
+        self.buffer: MemberReplay | None = None
+        self._left: dict[int, dict[str, torch.Tensor]] = {}  # actor weights of members that left, for evaluation
+
+    # --- what an algorithm provides --------------------------------------------------------------------------
+    def _build(self, solos: list) -> None:
+        raise NotImplementedError
+
+    def _explore(self, obs: torch.Tensor) -> torch.Tensor:
+        """Exploration actions in [-1, 1] `[K, N, A]` for observations `[K, N, obs_dim]`."""
+        raise NotImplementedError
+
+    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
+        """The deterministic policy's actions in [-1, 1] `[K, B, A]` under the given actor weights."""
+        raise NotImplementedError
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> None:
+        """One gradient step of every member on its batch (`[K, B, ...]` tensors)."""
+        raise NotImplementedError
+
+    #: attributes holding lists of member-stacked tensors (parameters keep requiring gradients when members leave)
+    _member_lists: tuple[str, ...] = ()
+    #: attributes holding one member-stacked tensor
+    _member_tensors: tuple[str, ...] = ()
+    #: the actor's weight and bias lists (attribute names), for evaluation of members that left
+    _actor_lists = ("actor_weights", "actor_biases")
+
+    def _adams(self) -> list[_MemberAdam]:
+        raise NotImplementedError
+
+    # --- batched MLPs ------------------------------------------------------------------------------------------
+    def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One MLP per leading index: `x` `[M, B, in]`, weights `[M, in, out]`, biases `[M, 1, out]`."""
+        last = len(weights) - 1
+        for layer, (weight, bias) in enumerate(zip(weights, biases)):
+            x = torch.baddbmm(bias, x, weight)
+            if layer < last:
+                x = self.activation(x)
+        return x
+
+    def _critics(self, obs: torch.Tensor, actions: torch.Tensor, weights, biases, members: slice | None = None):
+        """Q-values `[K, C, B]` of every member's critics (`weights` `[K, C, in, out]`); `members` picks critics."""
+        if members is not None:
+            weights, biases = [w[:, members] for w in weights], [b[:, members] for b in biases]
+        size, critics = weights[0].shape[0], weights[0].shape[1]
+        x = torch.cat((obs, actions), dim=-1)
+        x = x.unsqueeze(1).expand(-1, critics, -1, -1).reshape(size * critics, x.shape[1], -1)
+        out = self._mlp(x, [w.flatten(0, 1) for w in weights], [b.flatten(0, 1) for b in biases])
+        return out.view(size, critics, -1)
+
+    def _random_actions(self, num: int) -> torch.Tensor:
+        """Uniform actions in [-1, 1] `[K, num, A]`, member k's from its generator (as `_random_actions` draws)."""
+        return torch.stack([torch.rand((num, self.action_dim), device=self.device, generator=g) * 2 - 1
+                            for g in self.generators])
+
+    def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(self._action_center, self._action_half_range, actions)
+
+    # --- the loop ----------------------------------------------------------------------------------------------
+    def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
+        from rlspeed.envs.base import EpisodeStatistics
+        from rlspeed.envs.registry import NATIVE_ENVS
+
+        native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
+        native.seed_row_blocks(seeds)
+        return EpisodeStatistics(native)
+
+    def _alive_rows(self) -> torch.Tensor | None:
+        """The env rows of the members still in the computation (None: all members)."""
+        if len(self.alive) == self.size:
+            return None
+        envs = self.config.num_envs
+        index = torch.tensor(self.alive, device=self.device)
+        return (index.unsqueeze(1) * envs + torch.arange(envs, device=self.device)).flatten()
+
+    def _start(self, total_timesteps: int) -> None:
+        cfg = self.config
+        steps_needed = -(-(self.num_timesteps + total_timesteps) // cfg.num_envs) + 1
+        capacity = min(steps_needed, max(cfg.buffer_size // cfg.num_envs, 1))
+        if self._env is None:
+            self._env = self._make_env(cfg.num_envs, self.seeds)
+            self._obs, _ = self._env.reset()
+            self._buffer_start = self.num_timesteps
+            self.buffer = MemberReplay(capacity, self.size, cfg.num_envs, self.obs_dim, self.action_dim,
+                                       self.hyper["gamma"], cfg.n_step, self.device)
+        else:
+            self.buffer.grow(capacity)
+
+    def train_iteration(self) -> int:
+        """`train_freq` steps of every member's envs into the replay buffer, then `gradient_steps` updates of every
+        member (once past `learning_starts`), as `OffPolicyAlgorithm._train_iteration`; returns env steps per
+        member."""
+        cfg, env, buffer = self.config, self._env, self.buffer
+        envs, rows = cfg.num_envs, self._alive_rows()
+        alive = len(self.alive)
+        with torch.no_grad():
+            for step in range(cfg.train_freq):
+                timesteps = self.num_timesteps + step * envs
+                obs = self._obs if rows is None else self._obs[rows]
+                if timesteps < cfg.learning_starts:
+                    actions = self._random_actions(envs)
+                else:
+                    actions = self._explore(obs.view(alive, envs, -1))
+                actions = actions.reshape(alive * envs, -1)
+                env_actions = self._to_env(actions)
+                if rows is not None:  # the rows of members that left step on with zero actions
+                    env_actions = torch.zeros(self.size * envs, self.action_dim,
+                                              device=self.device).index_copy_(0, rows, env_actions)
+                next_obs, rewards, terminated, truncated, info = env.step(env_actions)
+                final_obs = info["final_obs"]
+                if rows is not None:
+                    rewards, terminated, truncated, final_obs = (x[rows] for x in (rewards, terminated, truncated,
+                                                                                  final_obs))
+                buffer.add(obs, actions, rewards, final_obs, terminated, truncated)
+                self._on_dones(terminated | truncated)
+                self._obs = next_obs
+        steps = cfg.train_freq * envs
+        if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer):
+            self._gradient_steps(steps)
+        self.num_timesteps += steps
+        return steps
+
+    def _on_dones(self, dones: torch.Tensor) -> None:
+        """Finished rows `[K_alive * N]` (TD3's Ornstein-Uhlenbeck noise restarts there)."""
+
+    def _gradient_steps(self, steps: int) -> None:
+        cfg, buffer = self.config, self.buffer
+        gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
+        batch_size = cfg.batch_size
+        chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // batch_size))
+        stored = len(buffer)
+        for first in range(0, gradient_steps, chunk):
+            count = min(chunk, gradient_steps - first)
+            index = torch.stack([torch.randint(0, stored, (count * batch_size,), device=self.device, generator=g)
+                                 for g in self.generators])
+            rows = buffer.sample(index)
+            for i in range(count):
+                self._update({key: value[:, i * batch_size:(i + 1) * batch_size] for key, value in rows.items()})
+
+    # --- members leaving ---------------------------------------------------------------------------------------
+    def _remove(self, members: Sequence[int]) -> None:
+        """Take members (original indices) out of the computation; their actor weights stay for evaluation."""
+        members = set(members) & set(self.alive)
+        if not members:
+            return
+        for member in members:
+            position = self.alive.index(member)
+            self._left[member] = {name: [t[position].detach().clone() for t in getattr(self, name)]
+                                  for name in self._actor_lists}
+        keep_positions = [i for i, member in enumerate(self.alive) if member not in members]
+        index = torch.tensor(keep_positions, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            for name in self._member_lists:
+                setattr(self, name, [t.detach()[index].clone().requires_grad_(t.requires_grad)
+                                     for t in getattr(self, name)])
+            for name in self._member_tensors:
+                t = getattr(self, name)
+                setattr(self, name, t.detach()[index].clone().requires_grad_(t.requires_grad))
+            self.hyper = {key: value[index] for key, value in self.hyper.items()}
+        for adam in self._adams():
+            adam.keep(index)
+        if self.buffer is not None:
+            self.buffer.keep(index)
+        self._keep_rows(index)
+        self.generators = [self.generators[i] for i in keep_positions]
+        self.alive = [self.alive[i] for i in keep_positions]
+
+    def _keep_rows(self, index: torch.Tensor) -> None:
+        """Per-row state of the members kept (TD3's noise process)."""
+
+    def _finite_members(self) -> list[bool]:
+        """Per member still in the computation: whether all its parameters are finite (one host read)."""
+        params = [t for name in self._member_lists for t in getattr(self, name)]
+        params += [getattr(self, name) for name in self._member_tensors]
+        finite = torch.stack([p.detach().flatten(1).isfinite().all(1) for p in params]).all(0)
+        return finite.tolist()  # ok-sync: once per evaluation
+
+    # --- evaluation and the learn loop -------------------------------------------------------------------------
+    def _actor_of(self, members: Sequence[int]) -> dict[str, list[torch.Tensor]]:
+        """The actor weight lists of `members` (original indices), stacked in that order."""
+        parts = []
+        for member in members:
+            if member in self._left:
+                parts.append(self._left[member])
+            else:
+                position = self.alive.index(member)
+                parts.append({name: [t[position].detach() for t in getattr(self, name)]
+                              for name in self._actor_lists})
+        return {name: [torch.stack([p[name][i] for p in parts]) for i in range(len(parts[0][name]))]
+                for name in self._actor_lists}
+
+    def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
+                 ) -> torch.Tensor:
+        """Mean return over `episodes` deterministic episodes `[len(members)]` (host tensor) of `members` (original
+        indices; default: all), member i's on an env seeded `seeds[i]` as `rlspeed.evaluate` seeds one."""
+        members = list(range(self.size)) if members is None else list(members)
+        actor = self._actor_of(members)
+        env = self._make_env(episodes, seeds)
+        count = len(members)
+        limit = env.spec.max_episode_steps or 10_000
+        returns = torch.zeros(count * episodes, device=self.device)
+        finished = torch.zeros(count * episodes, dtype=torch.bool, device=self.device)
+        with torch.no_grad():
+            obs, _ = env.reset()
+            for step in range(1, limit + 1):
+                actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
+                obs, _, _, _, info = env.step(self._to_env(actions.reshape(count * episodes, -1)))
+                newly_done = info["done"] & ~finished
+                returns = torch.where(newly_done, info["episode_return"], returns)
+                finished |= info["done"]
+                if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
+                    break
+            returns = torch.where(finished, returns, info["episode_return"])
+        return returns.view(count, episodes).mean(1).cpu()  # ok-sync: evaluation
+
+    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
+              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
+              on_eval: Callable[[int, dict[int, float]], Sequence[int] | None] | None = None) -> dict:
+        """Train every member for `total_timesteps` env steps each, or until every member has reached
+        `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
+        excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
+        `Algorithm.learn` confirms one).
+
+        `stop="each"`: a member that reached its target leaves the computation and stops being counted;
+        `stop="all"`: it keeps training with the others until all have reached. `on_eval(num_timesteps, means)`,
+        called after each evaluation with the evaluated members' means (original index -> mean), returns members
+        to remove (pruning: `"pruned_at"` in their entries). A member whose parameters become non-finite is
+        dropped at the next evaluation (`"diverged_at"`). Returns the summary dict (`write_summary` writes it):
+        per-member time and steps to target, learning curve and final evaluation, and the aggregates (median, IQM
+        and their 95% bootstrap intervals, `rlspeed.stats`)."""
+        if total_timesteps <= 0:
+            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        if stop not in ("each", "all"):
+            raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        if eval_freq <= 0:
+            raise UserError(f"eval_freq must be positive, got {eval_freq}.")
+        from rlspeed.algos.base import CONFIRM_SEED
+
+        size = self.size
+        self._start(int(total_timesteps))
+        end = self.num_timesteps + int(total_timesteps)
+        time_to_target: list[float | None] = [None] * size
+        steps_to_target: list[int | None] = [None] * size
+        pruned_at: dict[int, int] = {}
+        diverged_at: dict[int, int] = {}
+        curves: list[list[list[float]]] = [[] for _ in range(size)]
+        reached = [False] * size
+        evaluate_now = target_return is not None or on_eval is not None
+        train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
+        member_steps = 0  # env steps of members in the computation, summed
+        clock_start = time.perf_counter()
+        while self.num_timesteps < end and self.alive:
+            member_steps += self.train_iteration() * len(self.alive)
+            finished = self.num_timesteps >= end
+            if not (evaluate_now and (self.num_timesteps >= next_eval or finished)):
+                continue
+            train_clock += time.perf_counter() - clock_start
+            next_eval = self.num_timesteps + eval_freq
+            finite = self._finite_members()
+            broken = [member for member, ok in zip(self.alive, finite) if not ok]
+            for member in broken:
+                diverged_at[member] = self.num_timesteps
+            self._remove(broken)
+            evaluated = [member for member in self.alive if not reached[member]] if stop == "each" else list(self.alive)
+            if evaluated:
+                means = self.evaluate([self.seeds[m] + 100_000 + self.num_timesteps for m in evaluated],
+                                      eval_episodes, evaluated)
+                by_member = {m: float(means[i]) for i, m in enumerate(evaluated)}
+                for member, mean in by_member.items():
+                    curves[member].append([self.num_timesteps, mean])
+                hits = [m for m in evaluated if target_return is not None and not reached[m]
+                        and by_member[m] >= target_return]
+                if confirm_target and hits:
+                    confirming = self.evaluate([self.seeds[m] + 100_000 + self.num_timesteps + CONFIRM_SEED
+                                                for m in hits], eval_episodes, hits)
+                    hits = [m for i, m in enumerate(hits) if float(confirming[i]) >= target_return]
+                for member in hits:
+                    reached[member] = True
+                    time_to_target[member], steps_to_target[member] = train_clock, self.num_timesteps
+                if on_eval is not None:
+                    pruned = [int(m) for m in (on_eval(self.num_timesteps, by_member) or ()) if int(m) in self.alive]
+                    for member in pruned:
+                        pruned_at[member] = self.num_timesteps
+                    self._remove(pruned)
+                if stop == "each":
+                    self._remove(hits)
+            if target_return is not None and all(reached[m] for m in self.alive):
+                break
+            clock_start = time.perf_counter()
+        else:
+            train_clock += time.perf_counter() - clock_start
+        final_members = [m for m in range(size) if m not in diverged_at]
+        final = self.evaluate([self.seeds[m] + 200_000 + self.num_timesteps for m in final_members], eval_episodes,
+                              final_members) if final_members else []
+        final_by_member = {m: float(final[i]) for i, m in enumerate(final_members)}
+        members = []
+        for k, seed in enumerate(self.seeds):
+            entry = {"seed": seed, "hyperparameters": dict(self.member_hyperparameters[k]),
+                     "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
+                     "final_eval": ({"mean": final_by_member[k], "episodes": eval_episodes} if k in final_by_member
+                                    else None),
+                     "curve": curves[k]}
+            if k in pruned_at:
+                entry["pruned_at"] = pruned_at[k]
+            if k in diverged_at:
+                entry["diverged_at"] = diverged_at[k]
+            members.append(entry)
+        reached_steps = [s for s in steps_to_target if s is not None]
+        finals = [m["final_eval"]["mean"] for m in members if m["final_eval"] is not None
+                  and math.isfinite(m["final_eval"]["mean"])]
+        self.summary = {
+            "algo": self.algo_name, "env_id": self.env_id, "population": size, "seeds": self.seeds,
+            "device": str(self.device), "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
+            "train_wall_s": train_clock, "sps": member_steps / max(train_clock, 1e-9),
+            "target_return": target_return, "reached": sum(reached), "members": members,
+            "aggregate": {"final_eval": aggregate(finals) if finals else None,
+                          "steps_to_target": aggregate(reached_steps) if reached_steps else None,
+                          "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
+                                               if reached_steps else None)},
+        }
+        return self.summary
+
+    def write_summary(self, path: str | Path) -> Path:
+        """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.summary, indent=2))
+        return path
+
+    def _position(self, k: int) -> int:
+        if k not in self.alive:
+            raise UserError(f"Member {k} has left the population (reached its target, pruned or diverged); its "
+                            "actor's weights are in the summary's evaluation only.")
+        return self.alive.index(k)
+
+
+class SACPopulation(OffPolicyPopulation):
+    """K independent SAC members trained as one batched model (see the module docstring).
+
+    >>> population = Population(SAC, "Pendulum-v1", seeds=range(16), **preset)
+    >>> summary = population.learn(20_000, target_return=-200, eval_freq=500)
+
+    `seeds`: one per member (distinct). Hyperparameters: one value for all members, or, for those in
+    `PER_MEMBER_SAC`, a list of K values (`ent_coef`: a float fixes a member's temperature, None tunes it).
+    `member_overrides`: a list of K dicts of hyperparameters for single members (same rules).
+    """
+
+    algo_name = "sac"
+    per_member = PER_MEMBER_SAC
+    _member_lists = ("actor_weights", "actor_biases", "critic_weights", "critic_biases", "target_weights",
+                     "target_biases")
+    _member_tensors = ("log_alpha", "autotune", "target_entropy")
+
+    @property
+    def algo_cls(self) -> type:  # (imported late: rlspeed.algos imports much)
+        from rlspeed.algos.sac import SAC
+
+        return SAC
+
+    def _build(self, solos: list) -> None:
+        linears = [[m for m in s.actor.net if isinstance(m, torch.nn.Linear)] for s in solos]
+        self.actor_weights = [_leaf([layers[i].weight.T for layers in linears]) for i in range(len(linears[0]))]
+        self.actor_biases = [_leaf([layers[i].bias.unsqueeze(0) for layers in linears])
+                             for i in range(len(linears[0]))]
+        layers = range(len(solos[0].critic.body.weights))
+        self.critic_weights = [_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
+        self.critic_biases = [_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
+        self.target_weights = [_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
+                               for i in layers]
+        self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
+                              for i in layers]
+        self.log_alpha = _leaf([s.log_alpha for s in solos])  # [K, 1]
+        self.autotune = torch.tensor([[float(s.autotune)] for s in solos], device=self.device)
+        self.target_entropy = torch.tensor([[s.target_entropy] for s in solos], device=self.device)
+        self._adam = _MemberAdam(self._params())
+
+    def _params(self) -> list[torch.Tensor]:
+        return [*self.actor_weights, *self.actor_biases, *self.critic_weights, *self.critic_biases, self.log_alpha]
+
+    def _adams(self) -> list[_MemberAdam]:
+        return [self._adam]
+
+    def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self._mlp(obs, weights or self.actor_weights, biases or self.actor_biases)
+        mean, log_std = out.chunk(2, dim=-1)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+
+    def _explore(self, obs: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self._actor(obs)
+        noise = torch.stack([torch.randn(mean.shape[1:], device=self.device, generator=g) for g in self.generators])
+        return torch.addcmul(mean, log_std.exp(), noise).tanh_()
+
+    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
+        return torch.tanh(self._actor(obs, weights, biases)[0])
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> None:
+        """`SAC._loss` of every member, summed, one backward, per-member Adam, then the Polyak step. The policy's
+        noise for (next_obs, obs) is one draw of `2B` rows per member, as the solo's hand-derived update draws it."""
+        obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
+        next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
+        rows = obs.shape[1]
+        alpha = self.log_alpha.detach().exp()  # [K, 1]
+        mean, log_std = self._actor(torch.cat((next_obs, obs), dim=1))
+        noise = torch.stack([torch.randn(mean.shape[1:], device=self.device, generator=g) for g in self.generators])
+        u = mean + log_std.exp() * noise
+        sampled = torch.tanh(u)
+        log_pi = (-0.5 * noise.square() - log_std - 0.5 * LOG_2PI - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
+        next_actions, pi_actions = sampled[:, :rows], sampled[:, rows:]
+        next_log_pi, pi_log_pi = log_pi[:, :rows], log_pi[:, rows:]
+        with torch.no_grad():
+            next_q = self._critics(next_obs, next_actions.detach(), self.target_weights, self.target_biases).amin(1)
+            target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi.detach())
+        q_values = self._critics(obs, actions, self.critic_weights, self.critic_biases)
+        critic_loss = 0.5 * (q_values - target_q.unsqueeze(1)).square().mean(-1).sum(-1)
+        q_pi = self._critics(obs, pi_actions, [w.detach() for w in self.critic_weights],
+                             [b.detach() for b in self.critic_biases]).amin(1)
+        actor_loss = (alpha * pi_log_pi - q_pi).mean(-1)
+        alpha_loss = -(self.log_alpha * (pi_log_pi.detach() + self.target_entropy)).mean(-1) * self.autotune[:, 0]
+        params = self._params()
+        grads = torch.autograd.grad((critic_loss + actor_loss + alpha_loss).sum(), params)
+        self._adam.step(params, grads, self.hyper["learning_rate"])
+        with torch.no_grad():
+            tau = self.hyper["tau"]
+            for target, online in zip([*self.target_weights, *self.target_biases],
+                                      [*self.critic_weights, *self.critic_biases]):
+                target.lerp_(online, tau.view((-1,) + (1,) * (target.dim() - 1)))
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's parameters, named as a solo SAC's checkpoint names them (`actor.net.0.weight`,
+        `critic.body.weights.0`, `critic_target.body.biases.1`, and `log_alpha` where the member learns its
+        temperature)."""
+        i = self._position(k)
+        state = {}
+        for layer, (weight, bias) in enumerate(zip(self.actor_weights, self.actor_biases)):
+            state[f"actor.net.{2 * layer}.weight"] = weight[i].detach().T.clone()
+            state[f"actor.net.{2 * layer}.bias"] = bias[i, 0].detach().clone()
+        for prefix, weights, biases in (("critic", self.critic_weights, self.critic_biases),
+                                        ("critic_target", self.target_weights, self.target_biases)):
+            for layer, (weight, bias) in enumerate(zip(weights, biases)):
+                state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
+                state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
+        if bool(self.autotune[i]):
+            state["log_alpha"] = self.log_alpha[i].detach().clone()
+        return state
+
+
+class TD3Population(OffPolicyPopulation):
+    """K independent TD3 members trained as one batched model (see the module docstring).
+
+    >>> population = Population(TD3, "Pendulum-v1", seeds=range(16), **preset)
+
+    Hyperparameters: one value for all members, or, for those in `PER_MEMBER_TD3`, a list of K values.
+    """
+
+    algo_name = "td3"
+    per_member = PER_MEMBER_TD3
+    _member_lists = ("actor_weights", "actor_biases", "critic_weights", "critic_biases", "actor_target_weights",
+                     "actor_target_biases", "target_weights", "target_biases")
+
+    @property
+    def algo_cls(self) -> type:
+        from rlspeed.algos.td3 import TD3
+
+        return TD3
+
+    def _build(self, solos: list) -> None:
+        def actor_layers(module):
+            return [m for m in module.net if isinstance(m, torch.nn.Linear)]
+
+        for prefix, attribute in (("actor", "actor"), ("actor_target", "actor_target")):
+            linears = [actor_layers(getattr(s, attribute)) for s in solos]
+            weights = [_leaf([layers[i].weight.T for layers in linears]) for i in range(len(linears[0]))]
+            biases = [_leaf([layers[i].bias.unsqueeze(0) for layers in linears]) for i in range(len(linears[0]))]
+            if prefix == "actor_target":
+                weights, biases = [w.requires_grad_(False) for w in weights], [b.requires_grad_(False) for b in biases]
+            setattr(self, f"{prefix}_weights", weights)
+            setattr(self, f"{prefix}_biases", biases)
+        layers = range(len(solos[0].critic.body.weights))
+        self.critic_weights = [_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
+        self.critic_biases = [_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
+        self.target_weights = [_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
+                               for i in layers]
+        self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
+                              for i in layers]
+        for key in ("target_policy_noise", "target_noise_clip", "action_noise_std", "ou_theta", "ou_dt"):
+            self.hyper[key] = torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
+        self._actor_adam = _MemberAdam(self._actor_params())
+        self._critic_adam = _MemberAdam(self._critic_params())
+        self._critic_updates = 0
+        self._ou_noise: torch.Tensor | None = None
+        # which members draw target-smoothing noise (host-side: the solo run draws none when its noise is 0)
+        self._smoothing = {k: s.config.target_policy_noise > 0 for k, s in enumerate(solos)}
+
+    def _actor_params(self) -> list[torch.Tensor]:
+        return [*self.actor_weights, *self.actor_biases]
+
+    def _critic_params(self) -> list[torch.Tensor]:
+        return [*self.critic_weights, *self.critic_biases]
+
+    def _adams(self) -> list[_MemberAdam]:
+        return [self._actor_adam, self._critic_adam]
+
+    def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
+        return torch.tanh(self._mlp(obs, weights or self.actor_weights, biases or self.actor_biases))
+
+    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
+        return self._actor(obs, weights, biases)
+
+    def _member_noise(self, shape: Sequence[int], draws: torch.Tensor) -> torch.Tensor:
+        """Standard normal noise `[K, *shape]`, drawn from member k's generator only where `draws[k]` is set (the
+        solo run draws none when its noise scale is 0); zeros elsewhere."""
+        return torch.stack([torch.randn(shape, device=self.device, generator=g) if draw
+                            else torch.zeros(shape, device=self.device)
+                            for g, draw in zip(self.generators, draws)])
+
+    def _explore(self, obs: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        actions = self._actor(obs)
+        if cfg.action_noise == "normal":
+            std = self.hyper["action_noise_std"].view(-1, 1, 1)
+            actions = actions + std * self._member_noise(actions.shape[1:], [True] * len(self.generators))
+        elif cfg.action_noise == "ornstein-uhlenbeck":
+            if self._ou_noise is None:
+                self._ou_noise = torch.zeros_like(actions)
+            theta, dt = self.hyper["ou_theta"].view(-1, 1, 1), self.hyper["ou_dt"].view(-1, 1, 1)
+            std = self.hyper["action_noise_std"].view(-1, 1, 1)
+            noise = self._member_noise(actions.shape[1:], [True] * len(self.generators))
+            self._ou_noise += -theta * dt * self._ou_noise + std * dt.sqrt() * noise
+            actions = actions + self._ou_noise
+        return actions.clamp(-1.0, 1.0)
+
+    def _on_dones(self, dones: torch.Tensor) -> None:
+        if self._ou_noise is not None:
+            self._ou_noise.masked_fill_(dones.view(*self._ou_noise.shape[:2], 1), 0.0)
+
+    def _keep_rows(self, index: torch.Tensor) -> None:
+        if self._ou_noise is not None:
+            self._ou_noise = self._ou_noise[index]
+
+    def _update(self, batch: dict[str, torch.Tensor]) -> None:
+        """`TD3._critic_loss` (and, every `policy_delay` steps, the actor's loss through the first critic) of every
+        member, summed; per-member Adam; the Polyak step of both targets after actor steps."""
+        obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
+        next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
+        hyper = self.hyper
+        self._critic_updates += 1
+        actor_step = self._critic_updates % self.config.policy_delay == 0
+        with torch.no_grad():
+            next_actions = self._actor(next_obs, self.actor_target_weights, self.actor_target_biases)
+            draws = [self._smoothing[member] for member in self.alive]
+            if any(draws):
+                clip = hyper["target_noise_clip"].view(-1, 1, 1)
+                noise = self._member_noise(next_actions.shape[1:], draws)
+                noise = torch.maximum(torch.minimum(noise * hyper["target_policy_noise"].view(-1, 1, 1), clip), -clip)
+                smoothed = (next_actions + noise).clamp(-1.0, 1.0)
+                keep = torch.tensor(draws, device=self.device).view(-1, 1, 1)
+                next_actions = torch.where(keep, smoothed, next_actions)
+            next_q = self._critics(next_obs, next_actions, self.target_weights, self.target_biases).amin(1)
+            target_q = rewards + discounts * (1 - terminated) * next_q
+        q_values = self._critics(obs, actions, self.critic_weights, self.critic_biases)
+        loss = (q_values - target_q.unsqueeze(1)).square().mean(-1).sum(-1)
+        critic_params = self._critic_params()
+        if not actor_step:
+            grads = torch.autograd.grad(loss.sum(), critic_params)
+            self._critic_adam.step(critic_params, grads, hyper["learning_rate"])
+            return
+        q_first = self._critics(obs, self._actor(obs), [w.detach() for w in self.critic_weights],
+                                [b.detach() for b in self.critic_biases], members=slice(0, 1))
+        loss = loss - q_first[:, 0].mean(-1)
+        actor_params = self._actor_params()
+        grads = torch.autograd.grad(loss.sum(), [*actor_params, *critic_params])
+        self._actor_adam.step(actor_params, grads[:len(actor_params)], hyper["learning_rate"])
+        self._critic_adam.step(critic_params, grads[len(actor_params):], hyper["learning_rate"])
+        with torch.no_grad():
+            tau = hyper["tau"]
+            for target, online in zip([*self.actor_target_weights, *self.actor_target_biases, *self.target_weights,
+                                       *self.target_biases], [*actor_params, *critic_params]):
+                target.lerp_(online, tau.view((-1,) + (1,) * (target.dim() - 1)))
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's parameters, named as a solo TD3's checkpoint names them (`actor.net.0.weight`,
+        `actor_target.net.0.weight`, `critic.body.weights.0`, `critic_target.body.biases.1`)."""
+        i = self._position(k)
+        state = {}
+        for prefix, weights, biases in (("actor", self.actor_weights, self.actor_biases),
+                                        ("actor_target", self.actor_target_weights, self.actor_target_biases)):
+            for layer, (weight, bias) in enumerate(zip(weights, biases)):
+                state[f"{prefix}.net.{2 * layer}.weight"] = weight[i].detach().T.clone()
+                state[f"{prefix}.net.{2 * layer}.bias"] = bias[i, 0].detach().clone()
+        for prefix, weights, biases in (("critic", self.critic_weights, self.critic_biases),
+                                        ("critic_target", self.target_weights, self.target_biases)):
+            for layer, (weight, bias) in enumerate(zip(weights, biases)):
+                state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
+                state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
+        return state

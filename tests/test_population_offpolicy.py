@@ -1,0 +1,142 @@
+"""rlspeed.population for SAC and TD3: members are solo runs (initial weights, updates, per-member hyperparameters),
+members that leave (pruned, diverged) leave the others as they were, bad inputs are one sentence, and learn's summary
+holds per-member results and aggregates."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from rlspeed import DQN, SAC, TD3
+from rlspeed.errors import UserError
+from rlspeed.population import Population
+
+# small and quick: 2 envs, 40 random steps, then 2 updates per step on batches of 32 (a multiple of 16: see the
+# module docstring), 3-step returns
+SMALL = {"num_envs": 2, "batch_size": 32, "learning_starts": 40, "net_arch": [32, 32], "gradient_steps": 2,
+         "n_step": 3, "learning_rate": 2e-3}
+STEPS = 80  # per member: 40 iterations, about 40 updates
+#: member 1's own values of every per-member hyperparameter (member 0 keeps the defaults)
+MEMBER_VALUES = {
+    SAC: {"learning_rate": 5e-4, "gamma": 0.9, "tau": 0.02, "ent_coef": 0.1},
+    TD3: {"learning_rate": 5e-4, "gamma": 0.9, "tau": 0.02, "target_policy_noise": 0.0, "action_noise_std": 0.3},
+}
+DEFAULTS = {SAC: {"learning_rate": 2e-3, "gamma": 0.99, "tau": 0.005, "ent_coef": None},
+            TD3: {"learning_rate": 2e-3, "gamma": 0.99, "tau": 0.005, "target_policy_noise": 0.2,
+                  "action_noise_std": 0.1}}
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    """A solo model's parameters named as `member_state` names them."""
+    state = {}
+    for name, module in model._modules().items():
+        if isinstance(module, torch.Tensor):
+            state[name] = module.detach().clone()
+        else:
+            state.update({f"{name}.{key}": value.detach().clone() for key, value in module.state_dict().items()})
+    return state
+
+
+def _solo(algo, seed: int, steps: int, **hyper) -> tuple[dict, dict]:
+    solo = algo("Pendulum-v1", seed=seed, env_backend="torch", **{**SMALL, **hyper})
+    initial = _state(solo)
+    solo.learn(steps, progress_bar=False)
+    return initial, _state(solo)
+
+
+@pytest.mark.parametrize("algo", [SAC, TD3])
+def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo):
+    seeds = [3, 7]
+    per_member = {key: [DEFAULTS[algo][key], value] for key, value in MEMBER_VALUES[algo].items()}
+    population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member})
+    initial = [population.member_state(k) for k in range(2)]
+    population._start(STEPS)
+    while population.num_timesteps < STEPS:
+        population.train_iteration()
+    for k, seed in enumerate(seeds):
+        own = {key: values[k] for key, values in per_member.items()}
+        solo_initial, solo_trained = _solo(algo, seed, STEPS, **own)
+        trained = population.member_state(k)
+        assert trained.keys() == solo_trained.keys()
+        for name, value in solo_initial.items():
+            assert torch.equal(initial[k][name], value), name
+            if name != "log_alpha" or own.get("ent_coef") is None:  # (a fixed temperature does not move)
+                assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
+            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+
+
+def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
+    """on_eval prunes member 0 at the first evaluation: it leaves the computation (its stacks shrink), member 1
+    trains on exactly as the solo run, and the summary says when member 0 left."""
+    seeds = [3, 7]
+    population = Population(SAC, "Pendulum-v1", seeds=seeds, **SMALL)
+    calls = []
+
+    def on_eval(num_timesteps, means):
+        calls.append((num_timesteps, sorted(means)))
+        return [0] if 0 in means else []
+
+    summary = population.learn(STEPS, eval_freq=50, eval_episodes=2, on_eval=on_eval)
+    assert calls[0] == (50, [0, 1]) and calls[-1] == (STEPS, [1])
+    assert population.alive == [1] and population.actor_weights[0].shape[0] == 1
+    _, solo_trained = _solo(SAC, 7, STEPS)
+    for name, value in population.member_state(1).items():
+        torch.testing.assert_close(value, solo_trained[name], atol=1e-5, rtol=0)
+    first, second = summary["members"]
+    assert first["pruned_at"] == 50 and "pruned_at" not in second
+    assert [point[0] for point in first["curve"]] == [50] and [point[0] for point in second["curve"]] == [50, STEPS]
+    assert first["final_eval"]["episodes"] == 2 and math.isfinite(first["final_eval"]["mean"])
+    written = json.loads(population.write_summary(tmp_path / "summary.json").read_text())
+    assert written["members"][0]["pruned_at"] == 50 and written["population"] == 2
+    assert set(written["aggregate"]["final_eval"]) >= {"median", "iqm"}
+    with pytest.raises(UserError, match="left the population"):
+        population.member_state(0)
+
+
+def test_member_with_non_finite_parameters_is_dropped_and_reported():
+    population = Population(TD3, "Pendulum-v1", seeds=[0, 1, 2], **SMALL)
+    with torch.no_grad():
+        population.critic_weights[1][1].fill_(float("nan"))  # member 1 diverged
+    summary = population.learn(STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2, stop="all")
+    entries = summary["members"]
+    assert entries[1]["diverged_at"] == 50 and entries[1]["final_eval"] is None
+    assert [e["steps_to_target"] for e in entries] == [50, None, 50]
+    assert all("diverged_at" not in entries[k] and math.isfinite(entries[k]["final_eval"]["mean"]) for k in (0, 2))
+    assert population.alive == [0, 2]
+
+
+def test_stop_each_removes_members_that_reached_the_target():
+    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    summary = population.learn(10 * STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2, stop="each")
+    assert summary["reached"] == 2 and population.alive == [] and population.num_timesteps == 50
+    assert summary["aggregate"]["steps_to_target"]["median"] == 50
+
+
+def test_member_overrides_set_one_member():
+    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], member_overrides=[{}, {"gamma": 0.9}], **SMALL)
+    assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])
+    assert population.member_hyperparameters[1]["gamma"] == 0.9
+
+
+@pytest.mark.parametrize("algo, seeds, hyper, words", [
+    (SAC, [], {}, "at least one member"),
+    (SAC, [1, 2, 1], {}, "more than once"),
+    (SAC, [0, 1], {"learning_rate": [1e-3, 2e-3, 3e-3]}, "3 per-member values"),
+    (SAC, [0, 1], {"net_arch": [[64, 64], [32, 32]]}, "net_arch"),
+    (SAC, [0, 1], {"batch_size": [64, 128]}, "'batch_size' cannot differ"),
+    (TD3, [0, 1], {"policy_delay": [1, 2]}, "'policy_delay' cannot differ"),
+    (TD3, [0, 1], {"member_overrides": [{}, {"n_step": 3}]}, "member_overrides sets 'n_step'"),
+    (TD3, [0, 1], {"member_overrides": [{}]}, "1 entries"),
+])
+def test_bad_inputs_are_one_sentence(algo, seeds, hyper, words):
+    with pytest.raises(UserError, match=words) as error:
+        Population(algo, "Pendulum-v1", seeds=seeds, **hyper)
+    assert "\n" not in str(error.value)
+
+
+def test_other_algorithms_and_envs_are_refused():
+    with pytest.raises(UserError, match="native envs"):
+        Population(SAC, "LunarLanderContinuous-v3", seeds=[0])
+    with pytest.raises(UserError, match="not DQN"):
+        Population(DQN, "CartPole-v1", seeds=[0])
