@@ -11,7 +11,7 @@ import torch
 
 from rlspeed import A2C, DQN, PPO, SAC, TD3
 
-CASES = [(PPO, "CartPole-v1", {}), (DQN, "CartPole-v1", {"learning_starts": 64}),
+CASES = [(PPO, "CartPole-v1", {}), (A2C, "CartPole-v1", {}), (DQN, "CartPole-v1", {"learning_starts": 64}),
          (SAC, "Pendulum-v1", {"learning_starts": 64})]
 
 
@@ -33,8 +33,8 @@ def test_a_network_the_hand_derived_update_does_not_cover_falls_back_to_autograd
 
 @pytest.mark.parametrize(("algo", "env_id", "config"), CASES, ids=lambda c: getattr(c, "__name__", None))
 def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
-    """A subclass whose `_loss` is zero leaves the weights where they were (Adam on zero gradients does not move
-    them), while the algorithm's own loss moves them: so the override, not the hand-derived update, ran."""
+    """A subclass whose `_loss` is zero leaves the weights where they were (Adam and RMSprop on zero gradients do not
+    move them), while the algorithm's own loss moves them: so the override, not the hand-derived update, ran."""
     calls = []
 
     class ZeroLoss(algo):
@@ -57,7 +57,7 @@ def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
 
 
 def test_algorithms_without_a_hand_derived_update_say_so():
-    assert A2C("CartPole-v1", device="cpu").update_summary()["reason"] == "A2C has no hand-derived update"
+    assert TD3("Pendulum-v1", device="cpu").update_summary()["reason"] == "TD3 has no hand-derived update"
     assert TD3("Pendulum-v1", device="cpu").update_summary()["implementation"] == "autograd"
 
 

@@ -6,7 +6,8 @@ gradient step on the whole rollout: no epochs, no minibatches, no ratio clipping
     L = -mean(A log pi(a|s)) - c_ent mean(H(pi(.|s))) + c_vf mean((V(s) - R)^2)
 
 The value loss is SB3's full mean squared error (PPO's here is CleanRL's 0.5 * MSE), so SB3's `vf_coef` carries over
-unchanged. The rollout, GAE, schedules and normalisation are `OnPolicyAlgorithm`'s.
+unchanged. The rollout, GAE, schedules and normalisation are `OnPolicyAlgorithm`'s. Where the hand-derived update
+runs (`rlspeed.fused.a2c`, chosen by `select_update`), the rollout's forward passes use its flat parameters too.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ import torch
 
 from rlspeed.algos.base import require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm, OnPolicyConfig
+from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer
 from rlspeed.envs.base import map_obs
+from rlspeed.fused.a2c import FusedA2CUpdate
+from rlspeed.fused.ppo import unsupported_reason
 
 
 @dataclass
@@ -33,6 +37,7 @@ class A2CConfig(OnPolicyConfig):
     normalize_advantage: bool = False
     use_rms_prop: bool = True  # RMSprop (alpha 0.99, eps rms_prop_eps) as SB3; False: Adam
     rms_prop_eps: float = 1e-5
+    fused_update: bool = True  # hand-derived gradient + flat RMSprop (rlspeed/fused/a2c.py) where the network allows
 
     #: options of other algorithms a user may bring along, with what to do instead
     refused: ClassVar[dict[str, str]] = {
@@ -65,6 +70,32 @@ class A2C(OnPolicyAlgorithm):
         if cfg.use_rms_prop:
             return torch.optim.RMSprop(params, lr=cfg.learning_rate, alpha=0.99, eps=cfg.rms_prop_eps)
         return super()._make_optimizer(params)
+
+    def _make_update_step(self):
+        cfg = self.config
+        return select_update(
+            self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params, max_grad_norm=cfg.max_grad_norm,
+            name=self.name, reference_cls=A2C, unsupported=unsupported_reason(self.policy, self._masking),
+            hand_derived=lambda: FusedA2CUpdate(self.policy, self.optimizer, max_grad_norm=cfg.max_grad_norm,
+                                                vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+                                                normalize_advantage=cfg.normalize_advantage, strategy=self.strategy))
+
+    def _flat_forward(self) -> FusedA2CUpdate | None:
+        """The hand-derived update whose flat parameters the rollout's forward passes may use: when it runs and
+        nothing measured the policy's own forward (`--accelerate auto` did: then the policy's chosen form runs)."""
+        return self._update_step.hand_derived if self.accelerate == "off" else None
+
+    def _act(self, obs, step, action_masks=None):
+        update = self._flat_forward()
+        if update is not None:  # (unmasked: the hand-derived update gives way to autograd under masks)
+            return update.act(obs.flatten(1))
+        return super()._act(obs, step, action_masks)
+
+    def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
+        update = self._flat_forward()
+        if update is not None and buf.next_obs is not None:
+            return update.value(buf.next_obs.flatten(2).flatten(0, 1)).view_as(buf.values)
+        return super()._next_values(buf)
 
     def _update_rollout(self, buf: RolloutBuffer, advantages: torch.Tensor,
                         returns: torch.Tensor) -> dict[str, torch.Tensor]:

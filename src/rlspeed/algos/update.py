@@ -4,7 +4,7 @@ Every algorithm's update is one `UpdateStep`: `step(*batch) -> (loss, metrics)` 
 all-reduce, clipping, optimizer step). Its reference is the autograd of the algorithm's `_loss`. Alternatives must
 match it step by step (tests/test_fused_*.py):
 
-* ``hand-derived``: the gradient written out for rlspeed's default MLPs with Adam on one flat buffer
+* ``hand-derived``: the gradient written out for rlspeed's default MLPs with Adam (A2C: RMSprop) on one flat buffer
   (`rlspeed.fused`), the fast form on CPUs where per-kernel overhead dominates (benchmarks/fused_updates.py);
 * ``autograd+graphs``: the autograd step captured and replayed as one whole-step graph (`accelerate_step`) on
   devices with graphs (CUDA), where launching kernels one by one is the cost (benchmarks/cuda_check.sh);

@@ -1,0 +1,201 @@
+"""A2C's whole-rollout update with hand-derived gradients on flat buffers, RMSprop as one handful of kernels.
+
+An A2C update sees num_envs * num_steps rows (40 at SB3's CartPole settings), so its cost is the number of kernels
+and the framework's per-call overhead: the autograd engine, `torch.optim.RMSprop`'s loop over parameter tensors,
+gradient clipping per tensor. This module computes the same step for the `ActorCritic` MLP (the networks
+`rlspeed.fused.ppo.unsupported_reason` accepts) with the gradient written out, every parameter, gradient and
+optimizer state in one flat buffer (`FlatRMSprop`, or `FlatAdam` when A2C runs with `use_rms_prop=False`), clipping
+as one norm. `tests/test_fused_a2c.py` checks it against autograd and `torch.optim.RMSprop` step by step.
+
+A2C's loss is PPO's at ratio 1 without clipping, with SB3's full mean squared value error; for B rows:
+
+    L = -mean(A log pi(a|s)) - c_ent mean(H) + c_vf mean((V - R)^2)
+    dL/dlog pi = -A / B,   dL/dV = 2 c_vf (V - R) / B
+    dlog pi/dlogits = onehot(a) - p,   dH/dlogits = -p (log p + H)
+    Gaussian: dlog pi/dmean = (a - mean) / std^2,   dlog pi/dlog_std = z^2 - 1,   dH/dlog_std = 1
+
+and the backward pass of the ensemble MLP (`rlspeed.fused.flat.ensemble_backward`).
+
+The same flat views also give the rollout its forward passes (`act`, `value`) without `nn.Module` calls: for
+A2C's few rows per call, the module machinery costs as much as the three matrix products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward
+from rlspeed.fused.ppo import unsupported_reason
+from rlspeed.nn import ActorCritic
+
+
+class FlatRMSprop(FlatAdam):
+    """RMSprop over `params` on flat buffers, with `torch.optim.RMSprop`'s arithmetic for what SB3 configures
+    (no momentum, not centered, no weight decay):
+
+        v = alpha v + (1 - alpha) g^2,   theta -= lr g / (sqrt(v) + eps)
+
+    The flat buffers, views, all-reduce and clipping are `FlatAdam`'s; the running mean of squared gradients lives
+    in its second-moment buffer (`square_avg`), and the optimizer's per-parameter state (`step`, `square_avg`) is
+    views of it, so checkpoints are those of `torch.optim.RMSprop`. lr, alpha and eps are read from the optimizer's
+    param group on every step.
+    """
+
+    def __init__(self, params, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
+                 strategy=None):
+        group = optimizer.param_groups[0]
+        if group.get("momentum") or group.get("centered") or group.get("weight_decay") or group.get("maximize"):
+            raise ValueError("FlatRMSprop implements plain RMSprop: no momentum, centering, weight decay or maximize.")
+        super().__init__(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
+
+    @property
+    def square_avg(self) -> torch.Tensor:
+        return self.exp_avg_sq
+
+    def _adopt_optimizer_state(self) -> None:
+        state = self.optimizer.state
+        with torch.no_grad():
+            loaded = state.get(self.params[0])
+            if loaded and "square_avg" in loaded:
+                for p, v in zip(self.params, self._exp_avg_sq_views):
+                    v.copy_(state[p]["square_avg"])
+                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32))
+            else:
+                self.exp_avg_sq.zero_()
+                self.step_count.zero_()
+        for p, v in zip(self.params, self._exp_avg_sq_views):
+            state[p] = {"step": self.step_count, "square_avg": v}
+
+    def check(self) -> None:
+        """As `FlatAdam.check`, for RMSprop's state."""
+        if self.optimizer.state.get(self.params[0], {}).get("square_avg") is not self._exp_avg_sq_views[0]:
+            self._adopt_optimizer_state()
+        if self.params[0].data_ptr() != self.flat.data_ptr():
+            raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
+                               "build the model again on its device instead.")
+
+    def step(self) -> None:
+        """All-reduce (several processes), clip the global gradient norm, then one RMSprop step."""
+        strategy, grad = self.strategy, self.grad
+        if strategy is not None and strategy.enabled:
+            strategy.all_reduce_sum(grad)
+            grad.div_(strategy.world_size)
+        if self.max_grad_norm is not None:  # clip_grad_norm_'s factor min(1, max / (norm + 1e-6))
+            norm = torch.linalg.vector_norm(grad)
+            grad.mul_(torch.reciprocal(norm.add_(1e-6)).mul_(self.max_grad_norm).clamp_(max=1.0))
+        group = self.optimizer.param_groups[0]
+        lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
+        self.step_count += 1
+        self.exp_avg_sq.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+        avg = self.exp_avg_sq.sqrt().add_(eps)
+        if isinstance(lr, torch.Tensor):  # (a learning rate held as a tensor: no host read)
+            self.flat.sub_(grad.div(avg).mul_(lr))
+        else:
+            self.flat.addcdiv_(grad, avg, value=-lr)
+
+
+class FusedA2CUpdate:
+    """One A2C update (loss, gradient, all-reduce, clipping, RMSprop or Adam) without autograd, and the rollout's
+    forward passes on the same flat parameters.
+
+    Call as `update(obs, actions, advantages, returns) -> (loss, [policy loss, value loss, entropy])`, the
+    arguments and results of `A2C._loss`. The flat optimizer is `self.adam` (the name the matmul-precision search
+    reads), a `FlatRMSprop` for `torch.optim.RMSprop`, a `FlatAdam` for `torch.optim.Adam`.
+    """
+
+    def __init__(self, policy: ActorCritic, optimizer: torch.optim.Optimizer, *, max_grad_norm: float,
+                 vf_coef: float, ent_coef: float, normalize_advantage: bool, strategy=None):
+        if unsupported_reason(policy) is not None:
+            raise ValueError("FusedA2CUpdate needs an ActorCritic with a tanh or ReLU body.")
+        self.policy = policy
+        self.vf_coef, self.ent_coef = float(vf_coef), float(ent_coef)
+        self.normalize_advantage = normalize_advantage
+        self.tanh = isinstance(policy.body.activation, nn.Tanh)
+        body = policy.body
+        params = [*body.weights, *body.biases] + ([] if policy.discrete else [policy.log_std])
+        flat_type = FlatRMSprop if isinstance(optimizer, torch.optim.RMSprop) else FlatAdam
+        self.adam = flat_type(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
+        layers = len(body.weights)
+        self.weights = self.adam.param_views[:layers]  # [2, in, out]: member 0 actor, member 1 critic
+        self.biases = self.adam.param_views[layers:2 * layers]  # [2, 1, out]
+        self.weight_grads = self.adam.grad_views[:layers]
+        self.bias_grads = self.adam.grad_views[layers:2 * layers]
+        self.log_std = None if policy.discrete else self.adam.param_views[-1]
+        self.log_std_grad = None if policy.discrete else self.adam.grad_views[-1]
+
+    # --- the rollout's forward passes ------------------------------------------------------------------------------
+    def _output(self, obs: torch.Tensor) -> torch.Tensor:
+        """`EnsembleMLP.forward`'s kernels on float vectors `[B, in]`: the output `[2, B, out]`."""
+        x = obs.unsqueeze(0).expand(2, -1, -1)
+        last = len(self.weights) - 1
+        for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(bias, x, weight)
+            if layer != last:
+                x = x.tanh_() if self.tanh else x.relu_()
+        return x
+
+    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`ActorCritic.act(obs)` for unmasked float vectors `[B, in]`: (actions, log_probs, values), the same
+        kernels and random draws without the module calls. Called under `torch.no_grad()` (the rollout's)."""
+        out = self._output(obs)
+        actions, log_probs = self.policy.sample(out[0])
+        return actions, log_probs, out[1, :, 0]
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """`ActorCritic.value(obs)`, V `[B]` of float vectors `[B, in]`, as `act` does it."""
+        return self._output(obs)[1, :, 0]
+
+    # --- the update ------------------------------------------------------------------------------------------------
+    def __call__(self, obs, actions, advantages, returns):
+        self.adam.check()
+        loss, stats = self.gradient(obs, actions, advantages, returns)
+        self.adam.step()  # all-reduce, clip, RMSprop (or Adam)
+        return loss, stats
+
+    @torch.inference_mode()  # no autograd here: its tensors skip view tracking and version counters
+    def gradient(self, obs, actions, advantages, returns):
+        """Write dL/dparameters into the flat gradient buffer; returns (loss, [policy loss, value loss, entropy])."""
+        policy, batch = self.policy, obs.shape[0]
+        # Forward through the two-member ensemble (member 0 actor, member 1 critic), keeping activations.
+        hidden = ensemble_forward(obs.unsqueeze(0).expand(2, -1, -1), self.weights, self.biases, self.tanh)
+        out = hidden[-1]
+        head, values = out[0], out[1, :, 0]
+        if self.normalize_advantage and batch > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if policy.discrete:
+            log_p = torch.log_softmax(head, dim=-1)
+            probs = log_p.exp()
+            index = actions.long().unsqueeze(-1)
+            log_probs = log_p.gather(-1, index).squeeze(-1)
+            entropy = -(probs * log_p).sum(-1)
+        else:
+            log_std = self.log_std
+            inv_std = torch.exp(-log_std)
+            z_score = (actions - head) * inv_std
+            log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
+            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum().expand(batch)
+        value_error = values - returns
+        stats = torch.stack((advantages * log_probs, value_error.square(), entropy)).mean(1)
+        stats[0].neg_()
+        loss = stats[0] - self.ent_coef * stats[2] + self.vf_coef * stats[1]
+
+        # Output gradient [2, B, out]: actor head in member 0, value in member 1 column 0.
+        grad_out = torch.zeros_like(out)
+        grad_log_prob = advantages * (-1.0 / batch)
+        if policy.discrete:
+            grad_head = torch.mul(probs, grad_log_prob.unsqueeze(-1).neg(), out=grad_out[0])
+            if self.ent_coef:
+                grad_head += (self.ent_coef / batch) * probs * (log_p + entropy.unsqueeze(-1))
+            grad_head.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
+        else:
+            grad_out[0] = grad_log_prob.unsqueeze(-1) * z_score * inv_std
+            torch.sub((grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(0), self.ent_coef,
+                      out=self.log_std_grad)
+        torch.mul(value_error, 2.0 * self.vf_coef / batch, out=grad_out[1, :, 0])
+
+        # Backward through the ensemble MLP, writing straight into the flat gradient buffer.
+        ensemble_backward(grad_out, hidden, self.weights, self.weight_grads, self.bias_grads, self.tanh)
+        return loss, stats

@@ -1,0 +1,128 @@
+"""The hand-derived A2C update against autograd + torch.optim.RMSprop (and Adam), step by step; its checkpoints; the
+rollout's forward passes on its flat parameters against the policy module's."""
+
+import pytest
+import torch
+from conftest import assert_gradient_matches_autograd, plain_and_fused
+
+from rlspeed import A2C
+from rlspeed.fused.a2c import FlatRMSprop, FusedA2CUpdate
+
+
+def _pair(env_id, **config):
+    return plain_and_fused(A2C, env_id, FusedA2CUpdate, env_backend="torch", **config)
+
+
+def _rollout_batch(model, batch=40, seed=1):
+    """What `A2C._update_rollout` passes: observations, actions, advantages, returns."""
+    generator = torch.Generator().manual_seed(seed)
+    obs = torch.randn(batch, model.spec.obs_dim, generator=generator)
+    if model.spec.discrete:
+        actions = torch.randint(0, model.spec.action_dim, (batch,), generator=generator)
+    else:
+        actions = torch.randn(batch, model.spec.action_dim, generator=generator)
+    advantages = torch.randn(batch, generator=generator)
+    returns = 3 * torch.randn(batch, generator=generator)
+    return obs, actions, advantages, returns
+
+
+@pytest.mark.parametrize("env_id,config", [
+    ("CartPole-v1", {}),
+    ("CartPole-v1", {"ent_coef": 0.01, "normalize_advantage": True, "activation": "relu"}),
+    ("CartPole-v1", {"max_grad_norm": 100.0, "net_arch": (32,), "rms_prop_eps": 1e-3}),
+    ("CartPole-v1", {"use_rms_prop": False, "ent_coef": 0.02}),
+    ("Pendulum-v1", {"ent_coef": 0.02, "log_std_init": -0.5}),
+    ("MountainCarContinuous-v0", {"net_arch": (16, 16, 16), "normalize_advantage": True}),
+])
+def test_fused_update_matches_autograd_and_the_optimizer(env_id, config):
+    plain, fused = _pair(env_id, **config)
+    expected = torch.optim.RMSprop if config.get("use_rms_prop", True) else torch.optim.Adam
+    assert isinstance(plain.optimizer, expected) and isinstance(fused.optimizer, expected)
+    for step in range(5):  # several steps: the running averages must agree too
+        for group in (*plain.optimizer.param_groups, *fused.optimizer.param_groups):
+            group["lr"] = 1e-3 / (step + 1)  # the learning rate is read on every step
+        batch = _rollout_batch(plain, seed=step)
+        loss_a, stats_a = plain._update_step(*batch)
+        loss_b, stats_b = fused._update_step(*batch)
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stats_b, stats_a, rtol=1e-5, atol=1e-6)
+        for name, param in plain.policy.named_parameters():
+            torch.testing.assert_close(dict(fused.policy.named_parameters())[name], param, rtol=1e-5, atol=1e-6,
+                                       msg=f"{name} after step {step}")
+    if expected is torch.optim.RMSprop:
+        for a_param, b_param in zip(plain.policy.parameters(), fused.policy.parameters()):
+            a_state, b_state = plain.optimizer.state[a_param], fused.optimizer.state[b_param]
+            torch.testing.assert_close(b_state["square_avg"], a_state["square_avg"], rtol=1e-5, atol=1e-9)
+            assert int(b_state["step"]) == int(a_state["step"]) == 5
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_fused_gradient_matches_autograd(env_id):
+    plain, fused = _pair(env_id, ent_coef=0.05)
+    assert_gradient_matches_autograd(plain, fused, "policy", _rollout_batch(plain, batch=64))
+
+
+def test_clipping_bites_and_still_matches():
+    """A tiny max_grad_norm: the clipped gradient (not the raw one) feeds RMSprop, in both implementations."""
+    plain, fused = _pair("CartPole-v1", max_grad_norm=1e-3)
+    for step in range(3):
+        batch = _rollout_batch(plain, seed=10 + step)
+        plain._update_step(*batch)
+        fused._update_step(*batch)
+    norm = torch.linalg.vector_norm(fused._update_step.hand_derived.adam.grad)
+    assert norm <= 1e-3 * (1 + 1e-4)
+    for a, b in zip(plain.policy.parameters(), fused.policy.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_rollout_forward_passes_equal_the_policy_module(env_id):
+    model = A2C(env_id, device="cpu", seed=0)
+    update = model._update_step.hand_derived
+    obs = torch.randn(8, model.spec.obs_dim)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        expected = model.policy.act(obs)
+        torch.manual_seed(3)
+        got = update.act(obs)
+        for a, b in zip(expected, got):  # the same kernels and random draws: equal, not just close
+            assert torch.equal(a, b)
+        assert torch.equal(update.value(obs), model.policy.value(obs))
+
+
+def test_fused_checkpoint_round_trip_and_resume(tmp_path):
+    model = A2C("CartPole-v1", device="cpu", seed=0, num_envs=4)
+    assert isinstance(model._update_step.hand_derived.adam, FlatRMSprop)
+    model.learn(400, progress_bar=False)
+    path = model.save(tmp_path / "a2c")
+    loaded = A2C.load(path, device="cpu")
+    for (name, a), b in zip(model.policy.state_dict().items(), loaded.policy.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name)
+    # the checkpoint holds torch.optim.RMSprop's state, and the next fused step continues from it
+    state = loaded.optimizer.state_dict()["state"]
+    torch.testing.assert_close(state[0]["square_avg"], model.optimizer.state_dict()["state"][0]["square_avg"])
+    batch = _rollout_batch(model, seed=5)
+    model._update_step(*batch)
+    loaded._update_step(*batch)
+    for a, b in zip(model.policy.parameters(), loaded.policy.parameters()):
+        torch.testing.assert_close(b, a)
+    steps = [int(m._update_step.hand_derived.adam.step_count) for m in (loaded, model)]
+    assert steps[0] == steps[1] == 400 // 20 + 1
+
+
+def test_unsupported_networks_fall_back_to_autograd_and_still_learn():
+    model = A2C("CartPole-v1", device="cpu", seed=0, activation="elu", num_envs=4)
+    choice = model.update_summary()
+    assert choice["implementation"] == "autograd" and "activation=elu" in choice["reason"]
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    model.learn(200, progress_bar=False)
+    assert any(not torch.equal(p, b) for p, b in zip(model.policy.parameters(), before))
+
+
+def test_flat_rmsprop_refuses_what_it_does_not_implement():
+    model = A2C("CartPole-v1", device="cpu", seed=0)
+    params = list(model.policy.parameters())
+    with pytest.raises(ValueError, match="momentum"):
+        FlatRMSprop(params, torch.optim.RMSprop(params, lr=1e-3, momentum=0.9))
+    with pytest.raises(ValueError, match="centering"):
+        FlatRMSprop(params, torch.optim.RMSprop(params, lr=1e-3, centered=True))
