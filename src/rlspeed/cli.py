@@ -28,7 +28,7 @@ MAX_SEED = 2**32 - 1
 
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
-             "learning_curve.png", "tensorboard", "videos", "wandb")
+             "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb")
 
 
 class Terminated(KeyboardInterrupt):
@@ -191,6 +191,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     and summary.json (`"interrupted": true`) and returns 130 or 143.
     """
     _import_env_modules(args, "env_id")
+    if args.seeds is not None:
+        return _train_population(args)
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
@@ -204,6 +206,187 @@ def cmd_train(args: argparse.Namespace) -> int:
         return strategy.leave(_train(args, algo_cls, strategy, run_settings, hyper, total))
     finally:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
+
+
+# --- `rlspeed train --seeds`: a population ---------------------------------------------------------------------
+def _parse_seeds(text: str) -> list[int]:
+    """`--seeds` text as a list of seeds: ranges LOW-HIGH (inclusive) and single seeds, comma-separated (`0-31`,
+    `0,3,5`, `0-3,8`); UserError for an empty list or range, a seed given twice or one out of range."""
+    if not text.strip():
+        raise UserError("--seeds is empty: a population needs at least one member (e.g. --seeds 0-31).")
+    seeds: list[int] = []
+    for part in (piece.strip() for piece in text.split(",")):
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not part or match is None:
+            raise UserError(f"--seeds {text}: '{part}' is not a seed or a LOW-HIGH range (write e.g. 0-31 or 0,3,5).")
+        low = int(match[1])
+        high = int(match[2]) if match[2] is not None else low
+        if high < low:
+            raise UserError(f"--seeds {text}: the range {part} is empty (write LOW-HIGH with LOW <= HIGH).")
+        if high > MAX_SEED:
+            raise UserError(f"--seeds {text}: seeds must be at most {MAX_SEED}.")
+        seeds.extend(range(low, high + 1))
+    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1}) if len(set(seeds)) != len(seeds) else []
+    if repeated:
+        raise UserError(f"--seeds {text}: seed(s) {', '.join(map(str, repeated[:5]))} given more than once; members "
+                        "of a population need distinct seeds.")
+    return seeds
+
+
+def _top_level_split(text: str) -> list[str]:
+    """`text` split at the commas outside brackets (`1e-3,2e-3` -> 2 parts, `[64,64]` -> 1 part)."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in "[{(":
+            depth += 1
+        elif char in "]})":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(text[start:index])
+            start = index + 1
+    parts.append(text[start:])
+    return parts
+
+
+def _member_sets(args: argparse.Namespace) -> dict[str, list]:
+    """The per-member `--set key=a,b,c` values (one per member, split at top-level commas), taken out of `args.set`
+    (which keeps the values for all members)."""
+    per_member, shared = {}, []
+    for pair in args.set or []:
+        key, _, value = pair.partition("=")
+        parts = _top_level_split(value)
+        if "=" in pair and len(parts) > 1:
+            per_member[key.strip()] = [_parse_set([f"{key}={part.strip()}"])[key.strip()] for part in parts]
+        else:
+            shared.append(pair)
+    args.set = shared
+    return per_member
+
+
+def _train_population(args: argparse.Namespace) -> int:
+    """`rlspeed train ALGO ENV --seeds ...`: train the seeds as one population (`rlspeed.population`) and write the
+    run directory: config.yaml, summary.json (per-member entries and aggregates) and learning_curves.png."""
+    from rlspeed.algos.base import build_config
+    from rlspeed.tune import per_member_keys
+
+    seeds = _parse_seeds(args.seeds)
+    refused = [flag for flag, given in (("--nproc", args.nproc is not None), ("--resume", args.resume),
+                                        ("--checkpoint-freq", args.checkpoint_freq is not None),
+                                        ("--save-replay-buffer", args.save_replay_buffer),
+                                        ("--video-every", args.video_every is not None), ("--track", args.track))
+               if given]
+    if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
+        refused.insert(0, "--seed")
+    if refused:
+        raise UserError(f"{refused[0]} does not apply to a population (--seeds): drop it.")
+    per_member = _member_sets(args)
+    algo_cls = _algorithm(args.algo)
+    member_keys = per_member_keys(algo_cls)  # UserError when the algorithm has no population
+    algo_cls, run_settings, hyper, _config = _settings(args)
+    for key, values in per_member.items():
+        _check_set_keys({key: None})
+        if key not in member_keys:
+            raise UserError(f"--set {key}: {key} cannot differ across the members of a population (it changes shapes "
+                            f"or the training loop): give one value; per-member values are allowed for "
+                            f"{', '.join(member_keys)}.")
+        if len(values) != len(seeds):
+            raise UserError(f"--set {key} gives {len(values)} per-member values but --seeds gives {len(seeds)} "
+                            "members: give one value per member, or one for all.")
+        for seed, value in zip(seeds, values):
+            try:
+                build_config(algo_cls.config_cls, {**hyper, key: value})
+            except UserError as error:
+                raise UserError(f"--set {key}, the value for seed {seed}: {error}") from None
+    from rlspeed.device import configure_threads, resolve_device
+    from rlspeed.envs import env_spec
+    from rlspeed.population import Population
+    from rlspeed.population.plot import plot_learning_curves
+
+    if args.target_return is not None:
+        target = _target(args.target_return, None)
+    else:
+        target = run_settings.get("target_return", env_spec(args.env_id).reward_threshold)
+    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
+    total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
+    device = resolve_device(args.device)
+    # built before the run directory: a population that cannot train must not replace or leave behind a run
+    population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **{**hyper, **per_member})
+    configure_threads(args.threads)
+    if args.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = _fresh_run_dir(Path(f"runs/{algo_cls.name}-{args.env_id.replace('/', '_')}-seeds{seeds[0]}-"
+                                      f"{seeds[-1]}-{stamp}"))
+    else:
+        run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False)
+    config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
+              "env_backend": "torch", "total_timesteps": total, "target_return": target, "eval_freq": eval_freq,
+              "gym_packages": args.gym_packages, "preset": args.preset_info,
+              "hyperparameters": {**_plain(_config), **per_member}}
+    _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    if getattr(args, "preset_message", None):
+        print(args.preset_message)
+    print(f"rlspeed: training {len(seeds)} {algo_cls.name.upper()} members on {args.env_id} as one population "
+          f"(device {device}), up to {total:,} steps each"
+          + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    learn_kwargs = {"target_return": target}
+    if eval_freq is not None:
+        learn_kwargs["eval_freq"] = eval_freq
+    summary = population.learn(total, **learn_kwargs)
+    summary["preset"] = args.preset_info
+    _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+    plot_learning_curves(summary, run_dir / "learning_curves.png")
+    steps = summary["aggregate"]["steps_to_target"]
+    final = summary["aggregate"]["final_eval"]
+    if target is not None:
+        line = f"{summary['reached']} of {len(seeds)} members reached {target:g}"
+        if steps is not None:
+            line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} (95% CI "
+                     f"{steps['iqm_ci'][0]:,.0f}-{steps['iqm_ci'][1]:,.0f})")
+        print(f"rlspeed: {line}")
+    if final is not None:
+        print(f"rlspeed: final evaluation (deterministic, 10 episodes each): median {final['median']:.1f}, IQM "
+              f"{final['iqm']:.1f} (95% CI {final['iqm_ci'][0]:.1f}-{final['iqm_ci'][1]:.1f}); training "
+              f"{summary['train_wall_s']:.2f} s")
+    print(f"rlspeed: run directory {run_dir}")
+    return 0
+
+
+# --- `rlspeed tune` ----------------------------------------------------------------------------------------------
+def cmd_tune(args: argparse.Namespace) -> int:
+    """`rlspeed tune`: an Optuna study over per-member hyperparameters, `--population` trials trained at once as one
+    population (`rlspeed.tune`), resumable from its storage; writes the best configuration as a preset YAML."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UserError('rlspeed tune needs Optuna: pip install "rlspeed[tune]".') from None
+    _import_env_modules(args, "env_id")
+    from rlspeed.device import configure_threads, resolve_device
+    from rlspeed.envs import env_spec
+    from rlspeed.tune import tune
+
+    algo_cls, run_settings, hyper, _config = _settings(args)
+    if args.target_return is not None:
+        target = _target(args.target_return, None)
+    else:
+        target = run_settings.get("target_return", env_spec(args.env_id).reward_threshold)
+    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
+    budget = args.budget or run_settings.get("total_timesteps") or 1_000_000
+    env_name = args.env_id.replace("/", "_")
+    study_name = args.study_name or f"{algo_cls.name}-{env_name}"
+    out = args.out or f"tuned-{algo_cls.name}-{env_name}.yaml"
+    if Path(out).is_dir():
+        raise UserError(f"--out {out} is a directory; give the preset file to write.")
+    device = resolve_device(args.device)
+    configure_threads(args.threads)
+    if getattr(args, "preset_message", None):
+        print(args.preset_message)
+    command = "rlspeed " + " ".join(getattr(args, "argv", []))
+    with _sigterm_raises():
+        tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
+             study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target, eval_freq=eval_freq,
+             search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])), out=out, seed=args.seed,
+             device=device, command=command)
+    return 0
 
 
 def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
@@ -741,7 +924,39 @@ def build_parser() -> argparse.ArgumentParser:
                             '"rlspeed[track]"; WANDB_MODE=offline logs locally)')
     train.add_argument("--wandb-project", default=None, help="with --track (default: WANDB_PROJECT, else rlspeed)")
     train.add_argument("--wandb-entity", default=None, help="with --track (default: WANDB_ENTITY, else your account)")
+    train.add_argument("--seeds", default=None, metavar="SEEDS",
+                       help="train one member per seed as one population (e.g. 0-31 or 0,3,5); per-member values: "
+                            "--set learning_rate=1e-3,2e-3,... (see docs/population.md)")
     train.set_defaults(func=cmd_train)
+
+    tun = sub.add_parser("tune", help="search hyperparameters with Optuna, a population of trials at a time")
+    tun.add_argument("algo", help="an algorithm with populations: ppo, sac, td3")
+    tun.add_argument("env_id", help="a native env id, e.g. CartPole-v1")
+    tun.add_argument("--trials", type=_whole(1), default=64, help="trials the study should hold when done (64)")
+    tun.add_argument("--population", type=_whole(1), default=16, help="trials trained at once as one population (16)")
+    tun.add_argument("--storage", default="rlspeed-tune.db",
+                     help="Optuna storage: a SQLite file or a URL such as sqlite:///PATH.db (default rlspeed-tune.db)")
+    tun.add_argument("--study-name", default=None, help="(default ALGO-ENV_ID); the same name resumes the study")
+    tun.add_argument("--search-space", default=None, metavar="FILE",
+                     help="YAML: hyperparameter -> {low, high[, log, one_minus]} | {choices: [...]} | value "
+                          "(default: RL-Zoo's space, per-member hyperparameters only)")
+    tun.add_argument("--budget", type=_whole(1), default=None, help="env steps per trial (default: preset's "
+                     "total_timesteps)")
+    tun.add_argument("--out", default=None, metavar="FILE",
+                     help="the best configuration as a preset YAML (default tuned-ALGO-ENV_ID.yaml)")
+    tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
+                     help="the fixed hyperparameters every trial starts from (as for train)")
+    tun.add_argument("--set", action="append", metavar="KEY=VALUE", help="fix a hyperparameter (leaves the search)")
+    tun.add_argument("--num-envs", type=_whole(1), default=None, help="envs per trial (default: preset)")
+    tun.add_argument("--target-return", type=_target_text, default=None,
+                     help="the objective's target (default: the preset's, else the env's reward_threshold; 'none' = "
+                          "maximise the final evaluation)")
+    tun.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations (and reports)")
+    tun.add_argument("--seed", type=_seed, default=0, help="sampler seed; trial n trains with seed SEED + n")
+    tun.add_argument("--device", default="auto")
+    tun.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
+    tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    tun.set_defaults(func=cmd_tune)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
     ev.add_argument("checkpoint", help="a model file or a run directory")

@@ -1,0 +1,80 @@
+"""A population's learning curves in one picture: every member's evaluation curve, and the interquartile mean (IQM)
+across members with its 95% bootstrap band (`rlspeed.stats`), against env steps per member.
+
+A member's curve ends where it stopped training (target reached with `stop="each"`, or pruned); from there on it
+counts in the IQM with its last evaluation, since its weights no longer change. Members without a curve are left
+out of the picture and the IQM.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from rlspeed.stats import bootstrap_ci, iqm
+
+#: bootstrap replicates per evaluation step for the band (the band is a picture, not a reported number)
+BAND_REPS = 2_000
+
+
+def iqm_band(curves: list[list[tuple[int, float]]], reps: int = BAND_REPS) -> tuple[list[int], list[float],
+                                                                                     list[float], list[float]]:
+    """(steps, IQM, band low, band high) across `curves` (each a list of `(steps, eval_mean)` pairs, steps rising) at
+    every step where any curve has an evaluation; a curve that ended holds its last value, a curve that has not
+    started yet (or holds no finite value) is not counted at that step."""
+    steps = sorted({int(step) for curve in curves for step, _ in curve})
+    out_steps, centre, low, high = [], [], [], []
+    for step in steps:
+        values = []
+        for curve in curves:
+            seen = [value for at, value in curve if at <= step and value is not None and math.isfinite(value)]
+            if seen:
+                values.append(seen[-1])
+        if not values:
+            continue
+        array = np.asarray(values, dtype=np.float64)
+        band = bootstrap_ci(array, iqm, reps=reps) if array.size > 1 else (float(array[0]), float(array[0]))
+        out_steps.append(step)
+        centre.append(iqm(array))
+        low.append(band[0])
+        high.append(band[1])
+    return out_steps, centre, low, high
+
+
+def plot_learning_curves(summary: dict, path: str | Path) -> Path:
+    """Save the learning curves of a population's summary (`Population.learn`'s dict; each member's `curve` is a
+    list of `[steps, eval_mean]`) as a PNG at `path` and return the path: one thin line per member, the IQM across
+    members as a thick line with its 95% bootstrap band, and the target return as a dashed line when there is one."""
+    # A Figure with its own Agg canvas: no pyplot, so the user's matplotlib backend and figures are left alone
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    curves = [[(int(step), float(value)) for step, value in member.get("curve") or []]
+              for member in summary.get("members", [])]
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for curve in curves:
+        if curve:
+            ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, linewidth=0.8)
+    drawn = [curve for curve in curves if curve]
+    if drawn:
+        steps, centre, low, high = iqm_band(drawn)
+        ax.fill_between(steps, low, high, color="tab:orange", alpha=0.3, label="IQM 95% bootstrap CI")
+        ax.plot(steps, centre, color="tab:orange", linewidth=2.2, label=f"IQM over {len(drawn)} members")
+    if summary.get("target_return") is not None:
+        ax.axhline(summary["target_return"], color="grey", linestyle="--", linewidth=1, label="target")
+    title = f"{summary.get('algo', '').upper()} {summary.get('env_id', '')}: {len(curves)} members".strip()
+    ax.set_title(title)
+    ax.set_xlabel("env steps per member")
+    ax.set_ylabel("evaluation return (deterministic)")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path

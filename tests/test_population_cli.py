@@ -1,0 +1,83 @@
+"""`rlspeed train ALGO ENV --seeds ...`: a population run writes summary.json with one entry per member and
+learning_curves.png, takes per-member `--set` values, keeps a run it would overwrite, and answers bad input with one
+sentence and exit code 2. Plus the IQM band the plot draws."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlspeed import cli
+from rlspeed.population.plot import iqm_band
+from rlspeed.stats import iqm
+
+# a few hundred steps: 8 envs x 16 steps per iteration, evaluated every 128 steps against a target never reached
+SMALL = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=2",
+         "--total-timesteps", "256", "--eval-freq", "128", "--target-return", "1000"]
+
+
+def _error(capsys, argv: list[str]) -> str:
+    """The one error line of a command that must exit with code 2."""
+    assert cli.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rlspeed: error: ")
+    return lines[0]
+
+
+def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",
+            *SMALL, "--out", str(out)]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["population"] == 4
+    assert [member["seed"] for member in summary["members"]] == [0, 3, 5, 6]
+    rates = [member["hyperparameters"]["learning_rate"] for member in summary["members"]]
+    assert rates == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])
+    for member in summary["members"]:
+        assert [step for step, _ in member["curve"]] == [128, 256]
+    assert summary["aggregate"]["final_eval"]["runs"] == 4
+    png = (out / "learning_curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    config = (out / "config.yaml").read_text()
+    assert "seeds:" in config
+    # the run is kept unless --overwrite is given
+    message = _error(capsys, argv)
+    assert "already holds a run" in message
+    assert cli.main([*argv, "--overwrite"]) == 0
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--seeds", ""], "at least one member"),
+    (["--seeds", "5-3"], "empty"),
+    (["--seeds", "0-3,2"], "more than once"),
+    (["--seeds", "1,1"], "more than once"),
+    (["--seeds", "0-2", "--set", "learning_rate=1e-3,2e-3"], "2 per-member values"),
+    (["--seeds", "0-1", "--set", "net_arch=[64,64],[32,32]"], "net_arch"),
+    (["--seeds", "0-1", "--set", "batch_size=64,128"], "batch_size"),
+    (["--seeds", "0-1", "--set", "learning_rate=1e-3,-1"], "learning_rate"),
+    (["--seeds", "0-1", "--seed", "3"], "--seed"),
+])
+def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
+    message = _error(capsys, ["train", "ppo", "CartPole-v1", *argv, "--out", str(tmp_path / "run")])
+    assert names in message
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_seeds_with_an_algorithm_without_population(capsys, tmp_path):
+    message = _error(capsys, ["train", "dqn", "CartPole-v1", "--seeds", "0-3", "--out", str(tmp_path / "run")])
+    assert "DQN" in message and "population" in message
+
+
+def test_iqm_band_holds_a_finished_curve_at_its_last_value():
+    # member 0 stopped at step 2 (target reached): it counts with 10 at steps 3 and 4
+    curves = [[(1, 0.0), (2, 10.0)], [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0)], [(1, 2.0), (2, 3.0), (3, 5.0),
+                                                                                 (4, 6.0)],
+              [(1, 3.0), (2, 4.0), (3, 6.0), (4, 8.0)]]
+    steps, centre, low, high = iqm_band(curves, reps=200)
+    assert steps == [1, 2, 3, 4]
+    assert centre[2] == pytest.approx(iqm([10.0, 3.0, 5.0, 6.0]))
+    assert centre[3] == pytest.approx(iqm([10.0, 4.0, 6.0, 8.0]))
+    assert all(lo <= c <= hi for lo, c, hi in zip(low, centre, high))

@@ -1,0 +1,153 @@
+"""`rlspeed tune`: a real Optuna study in SQLite that resumes after an interruption, pruned trials leave the
+population, the best configuration is a preset `rlspeed train --preset FILE` reads, the objective orders trials as
+documented, and bad input is one sentence with exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+optuna = pytest.importorskip("optuna")
+
+from rlspeed import PPO, cli  # noqa: E402
+from rlspeed.population.ppo import PPOPopulation  # noqa: E402
+from rlspeed.presets import load_preset_file  # noqa: E402
+from rlspeed.tune import objective, tune  # noqa: E402
+
+# a few hundred steps per trial: 8 envs x 16 steps per iteration, evaluated every 128 steps
+FIXED = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2}
+SET = [item for key, value in FIXED.items() for item in ("--set", f"{key}={value}")]
+SPACE = {"learning_rate": {"low": 1e-4, "high": 3e-3, "log": True}, "clip_range": {"choices": [0.1, 0.2, 0.3]}}
+
+
+def _command(tmp_path, *extra: str) -> list[str]:
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE))
+    return ["tune", "ppo", "CartPole-v1", "--population", "2", "--budget", "256", "--eval-freq", "128",
+            "--target-return", "1000", "--storage", str(tmp_path / "study.db"), "--search-space", str(space),
+            "--out", str(tmp_path / "best.yaml"), *SET, *extra]
+
+
+def _states(tmp_path) -> dict[int, str]:
+    study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    return {trial.number: trial.state.name for trial in study.get_trials(deepcopy=False)}
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert cli.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rlspeed: error: ")
+    return lines[0]
+
+
+def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
+    command = _command(tmp_path, "--trials", "4")
+    calls = {"n": 0}
+    original = PPOPopulation.train_iteration
+
+    def interrupted(self):
+        calls["n"] += 1
+        if calls["n"] == 3:  # batch 1 is 2 iterations; Ctrl-C in batch 2's first
+            raise KeyboardInterrupt
+        return original(self)
+
+    monkeypatch.setattr(PPOPopulation, "train_iteration", interrupted)
+    assert cli.main(command) == 130
+    assert _states(tmp_path) == {0: "COMPLETE", 1: "COMPLETE", 2: "FAIL", 3: "FAIL"}
+    assert (tmp_path / "best.yaml").is_file()  # the best of batch 1, written before the interruption
+    monkeypatch.setattr(PPOPopulation, "train_iteration", original)
+    # a process killed outright leaves its trial RUNNING: the next run marks it failed
+    optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}").ask()
+    capsys.readouterr()
+    assert cli.main(command) == 0
+    printed = capsys.readouterr().out
+    assert "2 of 4 trials finished" in printed
+    states = _states(tmp_path)
+    assert {number: states[number] for number in range(5)} == {0: "COMPLETE", 1: "COMPLETE", 2: "FAIL", 3: "FAIL",
+                                                                 4: "FAIL"}
+    assert len(states) == 7 and {states[5], states[6]} <= {"COMPLETE", "PRUNED"}  # (the pruner may stop either)
+    assert cli.main(command) == 0  # done: a rerun adds nothing
+    assert len(_states(tmp_path)) == 7
+
+
+def test_written_preset_trains_with_preset_file(tmp_path):
+    assert cli.main(_command(tmp_path, "--trials", "2")) == 0
+    study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    best = study.best_trial.user_attrs["hyperparameters"]
+    preset = load_preset_file(tmp_path / "best.yaml", "ppo", "CartPole-v1")
+    assert preset["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
+    assert preset["clip_range"] == best["clip_range"]
+    assert {key: preset[key] for key in FIXED} == FIXED
+    assert preset["total_timesteps"] == 256 and preset["eval_freq"] == 128
+    run = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--preset", str(tmp_path / "best.yaml"), "--target-return",
+                     "none", "--no-progress", "--out", str(run)]) == 0
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["total_timesteps"] == 256
+    assert config["hyperparameters"]["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
+    assert config["hyperparameters"]["num_steps"] == 16
+
+
+class _PruneOdd(optuna.pruners.BasePruner):
+    """Prunes odd-numbered trials at their first report."""
+
+    def prune(self, study, trial) -> bool:
+        return trial.number % 2 == 1
+
+
+def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
+    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **kwargs: _PruneOdd())
+    result = tune(PPO, "CartPole-v1", trials=4, population=4, storage=str(tmp_path / "study.db"),
+                  study_name="prune", hyperparameters=dict(FIXED), budget=384, target_return=None, eval_freq=128,
+                  search_space=None, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    study = optuna.load_study(study_name="prune", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trials = study.get_trials(deepcopy=False)
+    assert [trial.state.name for trial in trials] == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]
+    for trial in trials:  # a pruned member was evaluated once, then removed; the others to the end of the budget
+        assert sorted(trial.intermediate_values) == ([128] if trial.number % 2 else [128, 256, 384])
+    assert result["best"]["number"] in (0, 2)
+    # without a target, the objective is minus the final evaluation
+    assert study.best_value == pytest.approx(-study.best_trial.user_attrs["final_eval"])
+
+
+def test_objective_orders_reached_before_unreached():
+    def member(steps, final):
+        return {"steps_to_target": steps, "final_eval": {"mean": final}}
+
+    scores = [objective(member(steps, final), 475.0, 10_000) for steps, final in
+              [(2048, 480.0), (9216, 500.0), (None, 470.0), (None, 300.0), (None, 20.0)]]
+    assert scores == sorted(scores)
+    assert scores[1] < 10_000 <= scores[2]
+    assert objective(member(None, -300.0), -200.0, 1000) > objective(member(None, -250.0), -200.0, 1000)
+    assert objective(member(None, 321.0), None, 1000) == -321.0
+
+
+@pytest.mark.parametrize("extra, space, names", [
+    ([], {"net_arch": {"choices": [[64], [64, 64]]}}, "net_arch"),
+    ([], {"batch_size": {"choices": [64, 128]}}, "batch_size"),
+    ([], {"learning_rate": {"low": 1e-2, "high": 1e-4}}, "low"),
+    ([], {"learning_rate": {"low": 0, "high": 1e-3, "log": True}}, "low > 0"),
+    ([], {"learning_rate": {"min": 1e-4, "max": 1e-3}}, "unknown field"),
+    ([], {"gamma": {"low": 0.9, "high": 1.5, "one_minus": True}}, "below 1"),
+    ([], {"clip_range": {"choices": []}}, "choices"),
+    ([], {"learning_rate": 1e-3}, "nothing to search"),
+    ([], {"gamma": {"low": 0.9, "high": 1.2}}, "gamma"),
+    (["--storage", "/no/such/dir/study.db"], None, "does not exist"),
+])
+def test_bad_tune_input_is_one_sentence(tmp_path, capsys, extra, space, names):
+    command = _command(tmp_path, "--trials", "2", *extra)
+    if space is not None:
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    assert names in _error(capsys, command)
+    assert not (tmp_path / "best.yaml").exists()
+
+
+def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
+    assert "population" in _error(capsys, ["tune", "dqn", "CartPole-v1", "--storage", str(tmp_path / "s.db")])
+    assert "search-space" in _error(capsys, _command(tmp_path, "--search-space", str(tmp_path / "missing.yaml")))
+    # a study resumed with another budget would mix trials that are not comparable
+    assert cli.main(_command(tmp_path, "--trials", "2")) == 0
+    capsys.readouterr()
+    message = _error(capsys, _command(tmp_path, "--trials", "2", "--budget", "384"))  # (the last --budget counts)
+    assert "another budget" in message
