@@ -45,11 +45,14 @@ def _solo(algo, seed: int, steps: int, **hyper) -> tuple[dict, dict]:
     return initial, _state(solo)
 
 
-@pytest.mark.parametrize("algo", [SAC, TD3])
-def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo):
+@pytest.mark.parametrize("algo, update", [(SAC, {}), (SAC, {"fused_update": False}), (TD3, {})])
+def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo, update):
+    """SAC's members by the hand-derived gradient (fused_update, the default) and by autograd alike (the solo runs
+    use their default update); TD3's by autograd."""
     seeds = [3, 7]
     per_member = {key: [DEFAULTS[algo][key], value] for key, value in MEMBER_VALUES[algo].items()}
-    population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member})
+    population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member, **update})
+    assert ("hand-derived" in population.update_choice) == (algo is SAC and not update)
     initial = [population.member_state(k) for k in range(2)]
     population._start(STEPS)
     while population.num_timesteps < STEPS:

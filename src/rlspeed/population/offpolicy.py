@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.errors import UserError
+from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.stats import aggregate
 
@@ -303,6 +304,8 @@ class OffPolicyPopulation:
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in ("learning_rate", "gamma", "tau")}
+        #: which update implementation trains the members (summary.json's `update`)
+        self.update_choice = "autograd of the members' summed losses"
         self._build(solos)
         del solos
         #: original indices of the members still in the computation; every stacked tensor follows this order
@@ -622,7 +625,7 @@ class OffPolicyPopulation:
             "algo": self.algo_name, "env_id": self.env_id, "population": size, "seeds": self.seeds,
             "device": str(self.device), "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
             "train_wall_s": train_clock, "sps": member_steps / max(train_clock, 1e-9),
-            "target_return": target_return, "reached": sum(reached), "members": members,
+            "target_return": target_return, "reached": sum(reached), "update": self.update_choice, "members": members,
             "aggregate": {"final_eval": aggregate(finals) if finals else None,
                           "steps_to_target": aggregate(reached_steps) if reached_steps else None,
                           "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
@@ -683,6 +686,16 @@ class SACPopulation(OffPolicyPopulation):
         self.autotune = torch.tensor([[float(s.autotune)] for s in solos], device=self.device)
         self.target_entropy = torch.tensor([[s.target_entropy] for s in solos], device=self.device)
         self._adam = _MemberAdam(self._params())
+        # the hand-derived gradient (as `rlspeed.fused.sac`) where the networks are ReLU or tanh MLPs with hidden
+        # layers and fused_update is on, else autograd of the summed losses
+        activation = type(self.activation)
+        self._hand_derived = (self.config.fused_update and activation in (torch.nn.ReLU, torch.nn.Tanh)
+                              and len(self.actor_weights) > 1)
+        self._tanh = activation is torch.nn.Tanh
+        self._workspace = Workspace()
+        self._grads: list[torch.Tensor] = []
+        if self._hand_derived:
+            self.update_choice = "hand-derived gradient of every member (rlspeed.fused's ensemble passes)"
 
     def _params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases, *self.critic_weights, *self.critic_biases, self.log_alpha]
@@ -704,14 +717,109 @@ class SACPopulation(OffPolicyPopulation):
         return torch.tanh(self._actor(obs, weights, biases)[0])
 
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
-        """`SAC._loss` of every member, summed, one backward, per-member Adam, then the Polyak step. The policy's
-        noise for (next_obs, obs) is one draw of `2B` rows per member, as the solo's hand-derived update draws it."""
+        """`SAC._loss` of every member, summed, its gradient (hand-derived, or autograd), per-member Adam, then the
+        Polyak step. The policy's noise for (next_obs, obs) is one draw of `2B` rows per member, as the solo's
+        hand-derived update draws it."""
+        params = self._params()
+        if self._hand_derived:
+            grads = self._gradient(batch)
+        else:
+            grads = self._autograd_gradient(batch, params)
+        self._adam.step(params, grads, self.hyper["learning_rate"])
+        with torch.no_grad():
+            tau = self.hyper["tau"]
+            for target, online in zip([*self.target_weights, *self.target_biases],
+                                      [*self.critic_weights, *self.critic_biases]):
+                target.lerp_(online, tau.view((-1,) + (1,) * (target.dim() - 1)))
+
+    def _policy_noise(self, shape) -> torch.Tensor:
+        return torch.stack([torch.randn(shape, device=self.device, generator=g) for g in self.generators])
+
+    @torch.no_grad()
+    def _gradient(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """The members' gradients written out, as `rlspeed.fused.sac.FusedSACUpdate.gradient` writes one model's:
+        the actors on [next_obs; obs] as one ensemble of K, the critics on [(obs, a); (obs, a~)] as one ensemble of
+        K x C (one backward pass gives the critics' weight gradients from the first half and dJ/da~ from the
+        second), then the actor's chain. Returns gradients in `_params` order (buffers reused by the next call)."""
+        obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
+        next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
+        params = self._params()
+        if not self._grads or any(g.shape != p.shape for g, p in zip(self._grads, params)):
+            self._grads = [torch.zeros_like(p, requires_grad=False) for p in params]
+        grads, ws, tanh = self._grads, self._workspace, self._tanh
+        layers = len(self.actor_weights)
+        actor_weight_grads, actor_bias_grads = grads[:layers], grads[layers:2 * layers]
+        critic_layers = len(self.critic_weights)
+        critic_grads = grads[2 * layers:2 * layers + 2 * critic_layers]
+        critic_weight_grads = [g.flatten(0, 1) for g in critic_grads[:critic_layers]]
+        critic_bias_grads = [g.flatten(0, 1) for g in critic_grads[critic_layers:]]
+        size, rows = obs.shape[0], obs.shape[1]
+        critics = self.critic_weights[0].shape[1]
+        alpha = self.log_alpha.detach().exp().unsqueeze(-1)  # [K, 1, 1]
+        actor_weights = [w.detach() for w in self.actor_weights]
+        actor_biases = [b.detach() for b in self.actor_biases]
+
+        # Actors on [next_obs; obs]: a' and a~ with their log-probabilities.
+        actor_out = ensemble_forward(torch.cat((next_obs, obs), dim=1), actor_weights, actor_biases, tanh, ws, "actor")
+        mean, raw_log_std = actor_out[-1].chunk(2, dim=-1)
+        log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        std = log_std.exp()
+        noise = self._policy_noise(mean.shape[1:])
+        u = torch.addcmul(mean, std, noise)
+        squashed = torch.tanh(u)
+        log_pi = (F.softplus(u.mul(-2.0)).add_(u).mul_(2.0).sub_(log_std).addcmul_(noise, noise, value=-0.5)
+                  .sum(-1).sub_(self.action_dim * (2 * LOG_2 + 0.5 * LOG_2PI)))  # [K, 2B]
+        next_actions, pi_actions = squashed[:, :rows], squashed[:, rows:]
+        next_log_pi, pi_log_pi = log_pi[:, :rows], log_pi[:, rows:]
+
+        def critic_rows(x: torch.Tensor) -> torch.Tensor:  # [K, R, in] -> [K * C, R, in]
+            return x.unsqueeze(1).expand(-1, critics, -1, -1).reshape(size * critics, x.shape[1], -1)
+
+        # Soft Bellman target from the target critics.
+        next_q = ensemble_forward(critic_rows(torch.cat((next_obs, next_actions), -1)),
+                                  [w.flatten(0, 1) for w in self.target_weights],
+                                  [b.flatten(0, 1) for b in self.target_biases], tanh, ws, "target")[-1]
+        next_q = next_q.view(size, critics, rows).amin(1).sub_(alpha[:, 0] * next_log_pi)
+        target_q = torch.addcmul(rewards, discounts * torch.rsub(terminated, 1.0), next_q)  # [K, B]
+
+        # Critics on [(obs, a); (obs, a~)].
+        critic_weights = [w.detach().flatten(0, 1) for w in self.critic_weights]
+        critic_in = torch.cat((torch.cat((obs, actions), -1), torch.cat((obs, pi_actions), -1)), dim=1)
+        critic_out = ensemble_forward(critic_rows(critic_in), critic_weights,
+                                      [b.detach().flatten(0, 1) for b in self.critic_biases], tanh, ws, "critic")
+        q_all = critic_out[-1].view(size, critics, 2 * rows)
+        q_values, q_pi_all = q_all[..., :rows], q_all[..., rows:]
+        q_pi = q_pi_all.amin(1, keepdim=True)
+        # Critic outputs: (Q - y) / B on the first half; -1/B on the minimum critic of the second (shared on ties).
+        at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
+        grad_pi_q = at_min.div_(at_min.sum(1, keepdim=True).mul_(-rows))
+        td_error = q_values - target_q.unsqueeze(1)
+        grad_q = torch.cat((td_error.mul(1.0 / rows), grad_pi_q), dim=-1).view(size * critics, 2 * rows, 1)
+        grad_in = ensemble_backward(grad_q, critic_out, critic_weights, critic_weight_grads, critic_bias_grads, tanh,
+                                    rows=rows, workspace=ws, tag="critic")
+        grad_pi_actions = grad_in[..., self.obs_dim:].view(size, critics, rows, -1).sum(1)  # dJ/da~ [K, B, A]
+
+        # Actor chain (the obs half only; a' of the target carries no gradient).
+        a, eps, sd = pi_actions, noise[:, rows:], std[:, rows:]
+        alpha_over_batch = alpha.mul(1.0 / rows)
+        grad_u = torch.addcmul(grad_pi_actions.addcmul(grad_pi_actions, a.square(), value=-1.0), a,
+                               alpha_over_batch, value=2.0)
+        grad_log_std = torch.addcmul(alpha_over_batch.neg().expand_as(a), grad_u, sd * eps)
+        grad_log_std = grad_log_std * (log_std[:, rows:] == raw_log_std[:, rows:])
+        ensemble_backward(torch.cat((grad_u, grad_log_std), dim=-1), [o[:, rows:] for o in actor_out], actor_weights,
+                          actor_weight_grads, actor_bias_grads, tanh, workspace=ws, tag="actor")
+        # Temperature: dJ/dlog_alpha = -mean(log pi + target_entropy), members that learn it only.
+        torch.mean(pi_log_pi + self.target_entropy, dim=1, keepdim=True, out=grads[-1]).mul_(self.autotune.neg())
+        return grads
+
+    def _autograd_gradient(self, batch: dict[str, torch.Tensor], params: list[torch.Tensor]) -> tuple:
+        """The reference: autograd of every member's `SAC._loss`, summed (the members share no parameter)."""
         obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
         next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
         rows = obs.shape[1]
         alpha = self.log_alpha.detach().exp()  # [K, 1]
         mean, log_std = self._actor(torch.cat((next_obs, obs), dim=1))
-        noise = torch.stack([torch.randn(mean.shape[1:], device=self.device, generator=g) for g in self.generators])
+        noise = self._policy_noise(mean.shape[1:])
         u = mean + log_std.exp() * noise
         sampled = torch.tanh(u)
         log_pi = (-0.5 * noise.square() - log_std - 0.5 * LOG_2PI - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
@@ -726,14 +834,7 @@ class SACPopulation(OffPolicyPopulation):
                              [b.detach() for b in self.critic_biases]).amin(1)
         actor_loss = (alpha * pi_log_pi - q_pi).mean(-1)
         alpha_loss = -(self.log_alpha * (pi_log_pi.detach() + self.target_entropy)).mean(-1) * self.autotune[:, 0]
-        params = self._params()
-        grads = torch.autograd.grad((critic_loss + actor_loss + alpha_loss).sum(), params)
-        self._adam.step(params, grads, self.hyper["learning_rate"])
-        with torch.no_grad():
-            tau = self.hyper["tau"]
-            for target, online in zip([*self.target_weights, *self.target_biases],
-                                      [*self.critic_weights, *self.critic_biases]):
-                target.lerp_(online, tau.view((-1,) + (1,) * (target.dim() - 1)))
+        return torch.autograd.grad((critic_loss + actor_loss + alpha_loss).sum(), params)
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's parameters, named as a solo SAC's checkpoint names them (`actor.net.0.weight`,

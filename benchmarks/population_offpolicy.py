@@ -1,0 +1,168 @@
+"""16 SAC Pendulum-v1 agents (seeds 0-15, the shipped preset's per-agent settings) trained in one process as a
+`rlspeed.Population`, against solo `SAC` runs of the same preset: total env steps/s of the population over one solo
+run's, every member reaching eval >= -200 (stop='each'), and the cost of one population update.
+
+    python benchmarks/population_offpolicy.py [--members 16] [--pairs 3] [--throughput-steps 3000] [--no-write]
+
+Throughput: each pair runs one solo run (seed i) and the population, each in a fresh process, one after the other
+(alternating, so a slow patch of the shared machine hits both); both train a fixed number of env steps per agent
+without evaluation, and the ratio of their steps/s is taken within each pair. Time to target: one population run to
+-200 (evaluation every 500 steps per member, 10 deterministic episodes, confirmed; time excludes evaluation, as
+`SAC.learn` does) and solo runs of a few seeds to -200. The machine's load (`uptime`) before and after is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import publish  # noqa: E402
+
+TARGET = -200.0
+ENV_ID = "Pendulum-v1"
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _preset() -> tuple[dict, dict]:
+    from rlspeed.presets import load_preset, split_run_settings
+
+    return split_run_settings(dict(load_preset("sac", ENV_ID)))
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """One measurement in this process (called with --worker): a solo run or the population."""
+    import torch
+
+    from rlspeed import SAC
+    from rlspeed.population import Population
+
+    run, hyper = _preset()
+    if args.worker == "solo":
+        model = SAC(ENV_ID, seed=args.seed, env_backend="torch", **hyper)
+        if args.target:
+            model.learn(int(run["total_timesteps"]), target_return=TARGET, eval_freq=int(run["eval_freq"]),
+                        progress_bar=False)
+        else:
+            model.learn(args.throughput_steps, progress_bar=False)
+        result = model.result
+        return {"side": "solo", "seed": args.seed, "sps": result.sps, "train_wall_s": result.train_wall_s,
+                "time_to_target_s": result.time_to_target_s, "steps_to_target": result.steps_to_target,
+                "update": model.update_summary()}
+    population = Population(SAC, ENV_ID, seeds=range(args.members), **hyper)
+    if args.target:
+        summary = population.learn(int(run["total_timesteps"]), target_return=TARGET,
+                                   eval_freq=int(run["eval_freq"]), stop="each")
+        return {"side": "population", "summary": summary}
+    summary = population.learn(args.throughput_steps)
+    # one update of all members (2 of them per iteration in this preset), timed on its own after the run
+    cfg, batch_size = population.config, population.config.batch_size
+    index = torch.randint(0, len(population.buffer), (args.members, batch_size))
+    batch = population.buffer.sample(index)
+    for _ in range(5):
+        population._update(batch)
+    start, count = time.perf_counter(), 40
+    for _ in range(count):
+        population._update(batch)
+    update_ms = (time.perf_counter() - start) / count * 1e3
+    return {"side": "population", "members": args.members, "sps": summary["sps"],
+            "train_wall_s": summary["train_wall_s"], "update_ms": update_ms, "gradient_steps": cfg.gradient_steps,
+            "update": population.update_choice}
+
+
+def _run_worker(*flags: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--members", type=int, default=16)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--throughput-steps", type=int, default=3000)
+    parser.add_argument("--solo-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--skip-target", action="store_true", help="throughput pairs only")
+    parser.add_argument("--worker", choices=("solo", "population"), help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--target", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    run, hyper = _preset()
+    common = ["--members", str(args.members), "--throughput-steps", str(args.throughput_steps)]
+    load_before = uptime()
+    pairs = []
+    for i in range(args.pairs):
+        solo = _run_worker("--worker", "solo", "--seed", str(i), *common)
+        population = _run_worker("--worker", "population", *common)
+        pairs.append({"solo": solo, "population": population, "ratio": population["sps"] / solo["sps"]})
+        print(f"pair {i}: solo {solo['sps']:,.0f} sps, population {population['sps']:,.0f} sps "
+              f"({pairs[-1]['ratio']:.2f}x), update {population['update_ms']:.1f} ms", flush=True)
+    target_population, target_solos = None, []
+    if not args.skip_target:
+        target_population = _run_worker("--worker", "population", "--target", *common)["summary"]
+        print(f"population to {TARGET}: {target_population['reached']}/{args.members} reached, "
+              f"{target_population['train_wall_s']:.1f} s", flush=True)
+        for seed in args.solo_seeds:
+            target_solos.append(_run_worker("--worker", "solo", "--seed", str(seed), "--target", *common))
+            print(f"solo seed {seed} to {TARGET}: {target_solos[-1]['time_to_target_s']} s", flush=True)
+    load_after = uptime()
+    ratios = [p["ratio"] for p in pairs]
+    update_ms = statistics.median(p["population"]["update_ms"] for p in pairs)
+    per_iteration = hyper["num_envs"] * hyper["train_freq"]
+    lines = [
+        f"{args.members} SAC {ENV_ID} members (seeds 0-{args.members - 1}) at the shipped preset's per-agent "
+        f"settings ({hyper['num_envs']} envs, {hyper['gradient_steps']} gradient steps of batches of "
+        f"{hyper['batch_size']} per env step of all envs, net_arch {hyper['net_arch']}, {hyper['n_step']}-step "
+        "returns) trained as one `rlspeed.Population`, against solo `SAC` runs of the same preset. Throughput: "
+        f"{args.throughput_steps:,} env steps per agent without evaluation, solo and population alternating in fresh "
+        f"processes, {args.pairs} pairs.",
+        "",
+        "| | value |",
+        "|---|---|",
+        f"| population total env steps/s / solo env steps/s, per pair | "
+        f"{', '.join(f'{r:.2f}x' for r in ratios)} (median {statistics.median(ratios):.2f}x; target >= 6x) |",
+        f"| solo env steps/s (median) | {statistics.median(p['solo']['sps'] for p in pairs):,.0f} |",
+        f"| population total env steps/s (median) | {statistics.median(p['population']['sps'] for p in pairs):,.0f} |",
+        f"| one update of all {args.members} members (median over pairs) | {update_ms:.1f} ms "
+        f"({hyper['gradient_steps']} per {per_iteration} env steps per member) |",
+        f"| population update implementation | {pairs[0]['population']['update']} |",
+        f"| solo update implementation | {pairs[0]['solo']['update']['implementation']} |",
+    ]
+    if target_population is not None:
+        steps = [m["steps_to_target"] for m in target_population["members"] if m["steps_to_target"] is not None]
+        solo_times = [s["time_to_target_s"] for s in target_solos if s["time_to_target_s"] is not None]
+        lines += [
+            f"| members reaching eval >= {TARGET:.0f} (stop='each') | {target_population['reached']} / "
+            f"{args.members} |",
+            f"| population wall time (training clock) to the last member reaching it | "
+            f"{target_population['train_wall_s']:.1f} s |",
+            f"| population total env steps/s in that run | {target_population['sps']:,.0f} |",
+            "| steps to target, members: median (min-max) | "
+            + (f"{statistics.median(steps):,.0f} ({min(steps):,}-{max(steps):,}) |" if steps else "none |"),
+            f"| solo time to target, seeds {', '.join(map(str, args.solo_seeds))} | "
+            + ", ".join(f"{t:.1f} s" if t is not None else "not reached" for t in
+                        (s["time_to_target_s"] for s in target_solos)) + " |",
+            "| population wall time / (16 x solo median time) | "
+            + (f"{target_population['train_wall_s'] / (args.members * statistics.median(solo_times)):.2f} |"
+               if solo_times else "- |"),
+        ]
+    lines += ["", f"Load (`uptime`) before: `{load_before}`; after: `{load_after}`."]
+    publish("population_offpolicy", lines,
+            {"pairs": pairs, "target_population": target_population, "target_solos": target_solos,
+             "uptime_before": load_before, "uptime_after": load_after}, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
