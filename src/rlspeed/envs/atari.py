@@ -16,6 +16,7 @@ env's lives in `info["lives"]` (int32 `[N]`), which `AtariTraining` reads.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import gymnasium as gym
@@ -98,7 +99,8 @@ def stacked_frames(env: BatchedEnv) -> int | None:
     inner = env
     while isinstance(inner, EnvWrapper):
         inner = inner.env
-    atari_env = isinstance(inner, AtariGymnasiumEnv) or (inner.backend == "envpool" and getattr(inner, "atari", False))
+    atari_env = isinstance(inner, AtariGymnasiumEnv) or (getattr(inner, "backend", None) == "envpool"
+                                                         and getattr(inner, "atari", False))
     return FRAME_STACK if atari_env and inner.spec.observation_shape == (FRAME_STACK, SCREEN_SIZE, SCREEN_SIZE) \
         else None
 
@@ -198,5 +200,61 @@ class AtariTraining(EnvWrapper):
         return {"_lives": self._lives}
 
 
+@functools.cache
+def fire_action(env_id: str) -> int | None:
+    """The index of FIRE when `env_id`'s game has it as its second action, as Gymnasium's and Stable-Baselines3's
+    `FireResetEnv` require (Breakout, Pong, SpaceInvaders, ...; not MsPacman); else None."""
+    env = gym.make(env_id)
+    try:
+        meanings = env.unwrapped.get_action_meanings()
+    finally:
+        env.close()
+    return 1 if len(meanings) >= 3 and meanings[1] == "FIRE" else None
+
+
+class FireToStart(EnvWrapper):
+    """For evaluation: the first action of every game and the first after every lost life is FIRE, in place of the
+    policy's, in games whose second action is FIRE (`fire_action`). Some games (Breakout) wait for FIRE to serve the
+    ball, and a deterministic policy that never chooses it (an untrained one, often) would stand still until ALE
+    ends the game after 27,000 steps; peers press it for the policy the same way (Stable-Baselines3's and CleanRL's
+    `FireResetEnv` after every reset, which their episodic-life wrapper makes after every lost life too; EnvPool's
+    `use_fire_reset`). Training envs are left as Gymnasium's wrappers make them (`make_env`); `rlspeed.evaluate`
+    wraps its env in this (`for_evaluation`).
+
+    The FIRE is a step of the game the policy sees, with its reward (none in these games) counted in the episode.
+    """
+
+    def __init__(self, env: BatchedEnv, fire: int):
+        super().__init__(env)
+        self.fire = fire
+        self._waiting = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._lives = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
+
+    def reset(self, seed: int | None = None):
+        """Reset the games; each one's next action is FIRE."""
+        obs, info = self.env.reset(seed=seed)
+        self._waiting = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._lives = info["lives"]
+        return obs, info
+
+    def step(self, actions: torch.Tensor):
+        """Step with FIRE in the rows whose game just started or lost a life, the given actions elsewhere."""
+        actions = torch.where(self._waiting, torch.full_like(actions, self.fire), actions)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        lives = info["lives"]
+        self._waiting = terminated | truncated | (lives < self._lives)
+        self._lives = lives
+        return obs, reward, terminated, truncated, info
+
+
+def for_evaluation(env: BatchedEnv) -> BatchedEnv:
+    """`env` wrapped in `FireToStart` when it is a preprocessed Atari game that waits for FIRE, else `env`."""
+    if stacked_frames(env) is None:
+        return env
+    fire = fire_action(env.spec.env_id)
+    return env if fire is None else FireToStart(env, fire)
+
+
 __all__ = ["register_atari", "is_atari", "make_atari_env", "atari_spec", "max_episode_steps", "AtariGymnasiumEnv",
-           "AtariTraining", "stacked_frames", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]
+           "AtariTraining", "stacked_frames", "fire_action", "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP",
+           "SCREEN_SIZE", "FRAME_STACK"]

@@ -1,0 +1,71 @@
+"""Atari evaluation: games that wait for FIRE get it at every start and lost life (`FireToStart`), so a
+deterministic policy that never presses FIRE still ends its games; training envs are left as Gymnasium makes them.
+Skipped without ale-py or OpenCV."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+import rlspeed  # noqa: E402
+from rlspeed.envs import atari, make_env  # noqa: E402
+
+atari.register_atari()
+
+
+def test_fire_is_the_second_action_of_the_games_that_wait_for_it():
+    assert atari.fire_action("BreakoutNoFrameskip-v4") == 1 and atari.fire_action("ALE/Pong-v5") == 1
+    assert atari.fire_action("MsPacmanNoFrameskip-v4") is None  # (no FIRE: nothing is pressed for it)
+
+
+def test_a_policy_that_never_fires_ends_breakout_games_only_with_fire_to_start():
+    """NOOP and LEFT forever: without FIRE the ball is never served and no game ends in 1,500 steps; with FIRE at
+    each start and lost life, every game is lost within 1,500 steps, its first action and the one after each lost
+    life FIRE and the others the policy's."""
+    actions = torch.tensor([0, 3])
+    plain = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="gymnasium", device="cpu")
+    wrapped = atari.for_evaluation(make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="gymnasium",
+                                            device="cpu"))
+    assert isinstance(wrapped, atari.FireToStart)
+    plain.reset()
+    _, info = wrapped.reset()
+    pressed, lives_lost, ended = [], 0, torch.zeros(2, dtype=torch.bool)
+    inner_step = wrapped.env.step
+
+    def record(taken):
+        pressed.append(taken.clone())
+        return inner_step(taken)
+
+    wrapped.env.step = record
+    for _ in range(1500):
+        assert not bool(plain.step(actions)[4]["done"].any())
+        lives = info["lives"]
+        _, _, _, _, info = wrapped.step(actions)
+        lives_lost += int((info["lives"] < lives).sum())
+        ended |= info["done"]
+        if bool(ended.all()):
+            break
+    plain.close()
+    wrapped.close()
+    assert bool(ended.all()) and lives_lost >= 8
+    fires = torch.stack(pressed) == 1
+    assert fires[0].all() and int(fires.sum()) <= lives_lost + 2 + 2  # FIRE at each start and after each lost life
+    assert (torch.stack(pressed)[~fires] == actions.expand(len(pressed), 2)[~fires]).all()
+
+
+def test_a_deterministic_untrained_breakout_evaluation_ends_its_games():
+    model = rlspeed.DQN("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", encoder="cnn",
+                        net_arch=(), buffer_size=64)
+    result = model.evaluate(episodes=2, seed=0)  # (capped at ALE's 27,000 steps; it ends far sooner)
+    assert result["unfinished"] == 0 and result["episodes"] == 2
+    # (without FIRE this policy plays all 3,000 steps of both games: the ball is never served)
+    assert rlspeed.evaluate(model, episodes=2, seed=0, max_steps=3000)["unfinished"] == 0
+
+
+def test_training_envs_are_not_given_fire():
+    env = make_env("BreakoutNoFrameskip-v4", num_envs=1, seed=0, backend="gymnasium", device="cpu")
+    assert not isinstance(env, atari.FireToStart)  # (tests/test_atari.py checks its frames against Gymnasium's)
+    env.close()
