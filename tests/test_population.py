@@ -15,26 +15,30 @@ from rlspeed.population import Population
 SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learning_rate": 1e-3}
 
 
-def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", **hyper) -> tuple[dict, dict]:
-    solo = PPO(env_id, seed=seed, env_backend="torch", **{**SMALL, **hyper})
+def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", env_backend: str = "torch",
+                **hyper) -> tuple[dict, dict]:
+    solo = PPO(env_id, seed=seed, env_backend=env_backend, **{**SMALL, **hyper})
     initial = {name: value.detach().clone() for name, value in solo.policy.state_dict().items()}
     if iterations:
         solo.learn(iterations * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
     return initial, solo.policy.state_dict()
 
 
-@pytest.mark.parametrize("env_id, hyper", [("CartPole-v1", {}),
-                                           ("Pendulum-v1", {"normalize_obs": False, "normalize_reward": False})])
-def test_members_start_and_update_as_solo_runs(env_id, hyper):
-    """Categorical and Gaussian (clipped to the Box) policies alike."""
+@pytest.mark.parametrize("env_id, backend, hyper", [
+    ("CartPole-v1", "torch", {}),
+    ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),
+    ("CartPole-v1", "gymnasium", {}),
+])
+def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
+    """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike."""
     seeds = [3, 7]
-    population = Population(PPO, env_id, seeds=seeds, **SMALL, **hyper)
+    population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
     population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
     population.train_iteration()
     population.train_iteration()
     for k, seed in enumerate(seeds):
-        solo_initial, solo_trained = _solo_state(seed, iterations=2, env_id=env_id, **hyper)
+        solo_initial, solo_trained = _solo_state(seed, iterations=2, env_id=env_id, env_backend=backend, **hyper)
         trained = population.member_state(k)
         for name, value in solo_initial.items():
             assert torch.equal(initial[k][name], value), name
@@ -92,8 +96,12 @@ def test_other_algorithms_and_envs_are_refused():
 
     with pytest.raises(UserError, match="PPO"):
         Population(DQN, "CartPole-v1", seeds=[0])
-    with pytest.raises(UserError, match="native envs"):
+    with pytest.raises(UserError, match="float vectors"):  # (a one-hot encoder for Discrete observations)
         Population(PPO, "FrozenLake-v1", seeds=[0])
+    with pytest.raises(UserError, match="no native env"):
+        Population(PPO, "LunarLander-v3", seeds=[0], env_backend="torch")
+    with pytest.raises(UserError, match="env_backend"):
+        Population(PPO, "CartPole-v1", seeds=[0], env_backend="envpool")
 
 
 def test_learn_summary(tmp_path):
@@ -119,7 +127,8 @@ def _assert_same_members(population, other, pairs):
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
 
 
-def test_on_eval_prunes_members_out_of_the_computation():
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_on_eval_prunes_members_out_of_the_computation(backend):
     calls = []
 
     def on_eval(steps, means):
@@ -127,8 +136,9 @@ def test_on_eval_prunes_members_out_of_the_computation():
         assert all(isinstance(mean, float) for mean in means.values())
         return [1] if steps == 128 else None
 
-    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **SMALL)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], env_backend=backend, **SMALL)
     summary = population.learn(384, eval_freq=128, eval_episodes=2, on_eval=on_eval)
+    assert summary["env_backend"] == backend
     assert calls == [(128, [0, 1, 2]), (256, [0, 2]), (384, [0, 2])]
     members = summary["members"]
     assert members[1]["pruned_at"] == 128 and "pruned_at" not in members[0] and summary["pruned"] == 1
@@ -136,11 +146,11 @@ def test_on_eval_prunes_members_out_of_the_computation():
     assert [steps for steps, _ in members[1]["curve"]] == [128]
     assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
     # the members that stayed train on exactly as a population that never had member 1 (env rows, Adam, draws)
-    without = Population(PPO, "CartPole-v1", seeds=[0, 2], **SMALL)
+    without = Population(PPO, "CartPole-v1", seeds=[0, 2], env_backend=backend, **SMALL)
     without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
     _assert_same_members(population, without, [(0, 0), (2, 1)])
     # and the pruned member keeps the parameters it had when it left
-    stopped = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **SMALL)
+    stopped = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], env_backend=backend, **SMALL)
     stopped.learn(128, eval_freq=128, eval_episodes=2)
     _assert_same_members(population, stopped, [(1, 1)])
 

@@ -20,9 +20,13 @@ computation: its rows of every stacked tensor (parameters, Adam moments, hyperpa
 cut out, so the cost of an iteration follows the members still training. `alive` maps the rows to the original
 member indices, which every result uses.
 
-Covered now: PPO on the native envs (`rlspeed.envs.registry.NATIVE_ENVS`) with Discrete or Box actions and rlspeed's
-default MLP policy, on one device. Not yet: other algorithms, Gymnasium envs, observation or reward normalisation,
-action masks, checkpoints, `rlspeed tune`.
+Envs: the native envs (`rlspeed.envs.registry.NATIVE_ENVS`), whose row block k draws the streams of an env seeded
+`seeds[k]`, or any registered Gymnasium env (`env_backend="gymnasium"`; the default for ids without a native env):
+one synchronous vector env of K x N envs, member k's env i reset with seed `seeds[k] + i`, as a solo run's
+Gymnasium envs are.
+
+Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, on one
+device. Not yet: other algorithms, observation or reward normalisation, action masks, checkpoints.
 """
 
 from __future__ import annotations
@@ -84,7 +88,7 @@ class PPOPopulation:
     """
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
-                 device: str | torch.device = "cpu", **hyperparameters):
+                 device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
         if algo_cls is not PPO:
             raise UserError(f"Populations cover PPO so far, not {getattr(algo_cls, '__name__', algo_cls)}.")
         seeds = [int(seed) for seed in seeds]
@@ -96,8 +100,15 @@ class PPOPopulation:
                             "need distinct seeds.")
         from rlspeed.envs.registry import NATIVE_ENVS
 
-        if env_id not in NATIVE_ENVS:
-            raise UserError(f"Populations run on native envs so far ({', '.join(NATIVE_ENVS)}), not '{env_id}'.")
+        if env_backend == "auto":
+            env_backend = "torch" if env_id in NATIVE_ENVS else "gymnasium"
+        if env_backend not in ("torch", "gymnasium"):
+            raise UserError(f"Populations run on env_backend 'torch' (native envs) or 'gymnasium', not "
+                            f"'{env_backend}'.")
+        if env_backend == "torch" and env_id not in NATIVE_ENVS:
+            raise UserError(f"'{env_id}' has no native env (those are {', '.join(NATIVE_ENVS)}): use "
+                            "env_backend='gymnasium'.")
+        self.env_backend = env_backend
         size = len(seeds)
         members = [dict() for _ in range(size)]
         for key, value in hyperparameters.items():
@@ -122,7 +133,7 @@ class PPOPopulation:
         solos = []
         saved_state = torch.get_rng_state()
         for k, seed in enumerate(seeds):
-            solo = PPO(env_id, seed=seed, device=self.device, env_backend="torch", **members[k])
+            solo = PPO(env_id, seed=seed, device=self.device, env_backend=env_backend, **members[k])
             generator = torch.Generator(device=self.device)
             generator.set_state(torch.get_rng_state() if self.device.type == "cpu" else _device_state(self.device))
             self.generators.append(generator)
@@ -227,12 +238,24 @@ class PPOPopulation:
 
     # --- training ----------------------------------------------------------------------------------------------
     def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
+        """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet)."""
         from rlspeed.envs.base import EpisodeStatistics
+        from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
 
+        if self.env_backend == "gymnasium":
+            return EpisodeStatistics(GymnasiumEnv(self.env_id, num_envs=len(seeds) * rows_per_member,
+                                                  device=self.device))
         native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
         native.seed_row_blocks(seeds)
         return EpisodeStatistics(native)
+
+    def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> torch.Tensor:
+        """First observations of a `_make_env` env: a native env's streams are already seeded per block; Gymnasium
+        envs are reset with seed `seeds[k] + i` for member k's env i (as `make_env(seed=seeds[k])` seeds a solo's)."""
+        if self.env_backend == "gymnasium":
+            return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])[0]
+        return env.reset()[0]
 
     def _progress_remaining(self) -> float:
         return max(1.0 - self.num_timesteps / max(self._total_timesteps, 1), 0.0)
@@ -242,8 +265,9 @@ class PPOPopulation:
         member; returns each member's sum of finished episodes' returns and their count `[2, K]` (device)."""
         cfg, size, envs = self.config, len(self.alive), self.config.num_envs
         if self._env is None:
-            self._env = self._make_env(envs, [self.seeds[k] for k in self.alive])
-            self._obs, _ = self._env.reset()
+            seeds = [self.seeds[k] for k in self.alive]
+            self._env = self._make_env(envs, seeds)
+            self._obs = self._reset(self._env, envs, seeds)
         env, steps = self._env, cfg.num_steps
         obs_dim = self._obs.shape[-1]
         buf_obs = torch.empty(steps, size * envs, obs_dim, device=self.device)
@@ -454,6 +478,8 @@ class PPOPopulation:
         envs = self.config.num_envs
         index = (torch.tensor(rows, device=self.device, dtype=torch.long).unsqueeze(1) * envs
                  + torch.arange(envs, device=self.device)).flatten()
+        if self.env_backend == "gymnasium":
+            return self._gymnasium_rows(index.tolist()), self._obs[index]
         state = self._env.state_dict()
         position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)
         state = {key: value[index] for key, value in state.items()}
@@ -461,6 +487,27 @@ class PPOPopulation:
         env = self._make_env(envs, [self.seeds[k] for k in self.alive])
         env.load_state_dict(state)
         return env, self._obs[index]
+
+    def _gymnasium_rows(self, index: list[int]):
+        """The Gymnasium training env cut down to the env rows `index`: the same env objects (mid-episode, their
+        random generators where they are) in a new synchronous vector env; the others are closed."""
+        import gymnasium as gym
+
+        from rlspeed.envs.base import EpisodeStatistics
+        from rlspeed.envs.gymnasium_env import GymnasiumEnv
+
+        old = self._env
+        envs = list(old.env.vector_env.envs)
+        kept = set(index)
+        for i, env in enumerate(envs):
+            if i not in kept:
+                env.close()
+        vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
+                                          autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+        new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
+        rows = torch.tensor(index, device=self.device, dtype=torch.long)
+        new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
+        return new
 
     def _diverged(self) -> list[int]:
         """Original indices of the members whose parameters or Adam moments are no longer finite (one host read)."""
@@ -490,7 +537,7 @@ class PPOPopulation:
         returns = torch.zeros(size * episodes, device=self.device)
         finished = torch.zeros(size * episodes, dtype=torch.bool, device=self.device)
         with torch.no_grad():
-            obs, _ = env.reset()
+            obs = self._reset(env, episodes, seeds)
             for step in range(1, limit + 1):
                 out, _ = self.forward(obs.view(size, episodes, -1), params)
                 actions = out.argmax(-1) if self.kind == "categorical" else out
@@ -501,6 +548,7 @@ class PPOPopulation:
                 if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
                     break
             returns = torch.where(finished, returns, info["episode_return"])
+        env.close()
         return returns.view(size, episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _store_alive(self) -> None:
@@ -614,7 +662,8 @@ class PPOPopulation:
         reached_steps = [s for s in steps_to_target if s is not None]
         self.summary = {
             "algo": "ppo", "env_id": self.env_id, "population": size, "seeds": self.seeds, "device": str(self.device),
-            "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
+            "env_backend": self.env_backend, "update": self.update_path, "stop": stop,
+            "total_timesteps": self.num_timesteps,
             "train_wall_s": train_clock, "sps": steps_taken / max(train_clock, 1e-9), "target_return": target_return,
             "reached": sum(reached), "pruned": sum("pruned_at" in v for v in left.values()),
             "diverged": sum("diverged_at" in v for v in left.values()), "members": members,
