@@ -522,11 +522,16 @@ class FrameStackReplayBuffer(ReplayBuffer):
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None, next_action_masks=None) -> None:
         count = rewards.shape[0]
-        # the rows this write overwrites were the oldest stored ones: they leave the record of frames in use
+        # the rows this write overwrites were the oldest stored ones: they leave the record of frames in use (a block
+        # may go in part, when the capacity is not a multiple of the rows per write)
         overwritten = self.size + count - self.capacity
-        while overwritten > 0 and self._floors:
-            overwritten -= self._floors[0][1]
-            self._floors.popleft()
+        while overwritten > 0:
+            oldest = self._floors[0]
+            gone = min(overwritten, oldest[1])
+            oldest[1] -= gone
+            overwritten -= gone
+            if oldest[1] == 0:
+                self._floors.popleft()
         super()._write(obs, actions, rewards, next_obs, terminated, discounts, next_action_masks)
         self._floors.append([self._pending_floors[0], count])
         self._written_rows = min(self._written_rows + count, self.capacity)
