@@ -9,6 +9,7 @@ import yaml
 
 optuna = pytest.importorskip("optuna")
 
+import rlspeed.tune  # noqa: E402
 from rlspeed import PPO, cli  # noqa: E402
 from rlspeed.population.ppo import PPOPopulation  # noqa: E402
 from rlspeed.presets import load_preset_file  # noqa: E402
@@ -54,7 +55,9 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(PPOPopulation, "train_iteration", interrupted)
     assert cli.main(command) == 130
-    assert _states(tmp_path) == {0: "COMPLETE", 1: "COMPLETE", 2: "FAIL", 3: "FAIL"}
+    finished = {"COMPLETE", "PRUNED"}  # (the pruner may stop a trial of a batch)
+    states = _states(tmp_path)
+    assert {states[0], states[1]} <= finished and (states[2], states[3]) == ("FAIL", "FAIL") and len(states) == 4
     assert (tmp_path / "best.yaml").is_file()  # the best of batch 1, written before the interruption
     monkeypatch.setattr(PPOPopulation, "train_iteration", original)
     # a process killed outright leaves its trial RUNNING: the next run marks it failed
@@ -64,9 +67,8 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "2 of 4 trials finished" in printed
     states = _states(tmp_path)
-    assert {number: states[number] for number in range(5)} == {0: "COMPLETE", 1: "COMPLETE", 2: "FAIL", 3: "FAIL",
-                                                                 4: "FAIL"}
-    assert len(states) == 7 and {states[5], states[6]} <= {"COMPLETE", "PRUNED"}  # (the pruner may stop either)
+    assert len(states) == 7 and {states[n] for n in (0, 1, 5, 6)} <= finished
+    assert (states[2], states[3], states[4]) == ("FAIL", "FAIL", "FAIL")
     assert cli.main(command) == 0  # done: a rerun adds nothing
     assert len(_states(tmp_path)) == 7
 
@@ -74,7 +76,13 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
 def test_written_preset_trains_with_preset_file(tmp_path):
     assert cli.main(_command(tmp_path, "--trials", "2")) == 0
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
-    best = study.best_trial.user_attrs["hyperparameters"]
+    # the completed trials (best first) and the starting configuration, each trained again on 4 new seeds; the
+    # best median is written
+    candidates = study.user_attrs["confirmation"]["candidates"]
+    completed = sorted(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)), key=lambda t: t.value)
+    assert [c["trial"] for c in candidates] == [t.number for t in completed] + [None]
+    assert all(len(c["objectives"]) == 4 for c in candidates)
+    best = min(candidates, key=lambda c: (c["median"], c["trial"] is not None))["hyperparameters"]
     preset = load_preset_file(tmp_path / "best.yaml", "ppo", "CartPole-v1")
     assert preset["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
     assert preset["clip_range"] == best["clip_range"]
@@ -97,10 +105,10 @@ class _PruneOdd(optuna.pruners.BasePruner):
 
 
 def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
-    monkeypatch.setattr(optuna.pruners, "MedianPruner", lambda **kwargs: _PruneOdd())
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: _PruneOdd())
     result = tune(PPO, "CartPole-v1", trials=4, population=4, storage=str(tmp_path / "study.db"),
                   study_name="prune", hyperparameters=dict(FIXED), budget=384, target_return=None, eval_freq=128,
-                  search_space=None, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+                  search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
     study = optuna.load_study(study_name="prune", storage=f"sqlite:///{tmp_path / 'study.db'}")
     trials = study.get_trials(deepcopy=False)
     assert [trial.state.name for trial in trials] == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]

@@ -384,8 +384,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with _sigterm_raises():
         tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
              study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target, eval_freq=eval_freq,
-             search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])), out=out, seed=args.seed,
-             device=device, command=command)
+             search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
+             confirm_seeds=args.confirm_seeds, out=out, seed=args.seed, device=device, command=command)
     return 0
 
 
@@ -942,6 +942,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: RL-Zoo's space, per-member hyperparameters only)")
     tun.add_argument("--budget", type=_whole(1), default=None, help="env steps per trial (default: preset's "
                      "total_timesteps)")
+    tun.add_argument("--confirm-seeds", type=_whole(0), default=4, metavar="N",
+                     help="train the 4 best trials and the starting configuration again on N new seeds each and write "
+                          "the best median (default 4; 0 = write the best trial unconfirmed)")
     tun.add_argument("--out", default=None, metavar="FILE",
                      help="the best configuration as a preset YAML (default tuned-ALGO-ENV_ID.yaml)")
     tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",

@@ -28,6 +28,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -218,9 +219,68 @@ def storage_url(storage: str) -> str:
     return storage if "://" in storage else f"sqlite:///{storage}"
 
 
-def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):
-    """The study `study_name` in `storage`, created or loaded; UserError when it was made for another setup."""
+@dataclass
+class _Setup:
+    """What every batch of a study trains with."""
+
+    algo_cls: type
+    env_id: str
+    hyperparameters: dict  # the values every trial starts from
+    space: dict
+    budget: int
+    target_return: float | None
+    eval_freq: int | None
+    seed: int
+    device: object
+
+    def population(self, seeds: list[int], per_member: dict):
+        from rlspeed.population import Population
+
+        return Population(self.algo_cls, self.env_id, seeds=seeds, device=self.device,
+                          **{**self.hyperparameters, **per_member})
+
+    def learn(self, members, on_eval=None) -> dict:
+        kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval}
+        if self.eval_freq is not None:
+            kwargs["eval_freq"] = self.eval_freq
+        return members.learn(self.budget, **kwargs)
+
+
+def _make_pruner(warmup_steps: int, min_trials: int):
+    """A median pruner for trials that train side by side: a trial is pruned when its best report so far is worse
+    than the median of the other trials' reports at the same step, counting the running trials of its batch (they
+    evaluate at the same steps) as well as the completed trials of earlier batches; not before `warmup_steps`, and
+    only with at least `min_trials` others to compare with. (Optuna's MedianPruner counts completed trials only, so
+    it could not prune within the first batch, where nothing has completed.) The reports are kept in memory
+    (`record`): asking the storage for every trial at every evaluation of every member costs more than training."""
+    import statistics
+
     import optuna
+
+    class BatchMedianPruner(optuna.pruners.BasePruner):
+        def __init__(self):
+            self.reports: dict[int, dict[int, float]] = {}  # step -> {trial number: value}
+
+        def record(self, number: int, step: int, value: float) -> None:
+            self.reports.setdefault(step, {})[number] = value
+
+        def prune(self, study, trial) -> bool:
+            step = trial.last_step
+            if step is None or step < warmup_steps:
+                return False
+            others = [value for number, value in self.reports.get(step, {}).items() if number != trial.number]
+            if len(others) < min_trials:
+                return False
+            return min(trial.intermediate_values.values()) > statistics.median(others)
+
+    return BatchMedianPruner()
+
+
+def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):
+    """The study `study_name` in `storage`, created or loaded (its completed trials' reports given to the pruner);
+    UserError when it was made for another setup."""
+    import optuna
+    from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # rlspeed prints one line per batch instead
     url = storage_url(storage)
@@ -234,7 +294,7 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"--storage {storage}: cannot open it as an Optuna storage ({first[:200]}).") from None
     existing = {summary.study_name for summary in optuna.get_all_study_summaries(rdb)}
-    finished = 0
+    previous = []
     if study_name in existing:
         study = optuna.load_study(study_name=study_name, storage=rdb)
         made_for = study.user_attrs.get(_STUDY_ATTR)
@@ -242,12 +302,16 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
             changed = [key for key in record if made_for.get(key) != record[key]]
             raise UserError(f"Study '{study_name}' in {storage} was made with another {', '.join(changed)}; resume it "
                             "with the same command, or give a new --study-name.")
-        finished = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-                       for t in study.get_trials(deepcopy=False))
+        previous = study.get_trials(deepcopy=False)
+    finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in previous)
     # the sampler's seed moves on with the study, so a resumed study does not replay the draws it already made
     sampler = optuna.samplers.TPESampler(seed=seed + finished, n_startup_trials=population, multivariate=True,
                                          constant_liar=True)
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=min(population, 5), n_warmup_steps=budget // 3)
+    pruner = _make_pruner(warmup_steps=budget // 5, min_trials=min(max(population - 1, 1), 4))
+    for trial in previous:
+        if trial.state == TrialState.COMPLETE:
+            for step, value in trial.intermediate_values.items():
+                pruner.record(trial.number, step, value)
     study = optuna.create_study(storage=rdb, study_name=study_name, direction="minimize", sampler=sampler,
                                 pruner=pruner, load_if_exists=True)
     if study.user_attrs.get(_STUDY_ATTR) is None:
@@ -267,10 +331,13 @@ def _fail_stale(study) -> int:
 
 def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: str, study_name: str,
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
-         search_space: str | Path | None = None, fixed: tuple[str, ...] = (), out: str | Path, seed: int = 0,
-         device="cpu", command: str | None = None, say: Callable[..., None] = print) -> dict:
-    """Run (or continue) the study until `trials` trials have finished, `population` at a time, and write the best
-    configuration as a preset YAML at `out`; returns `{"finished", "best": {...} or None, "out", "wall_s"}`.
+         search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 4,
+         confirm_top: int = 4, out: str | Path, seed: int = 0, device="cpu", command: str | None = None,
+         say: Callable[..., None] = print) -> dict:
+    """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
+    `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
+    write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
+    unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`.
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -285,6 +352,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     # a setup the population refuses (an env without a native implementation, normalisation, ...) fails here, before
     # the study records any trial
     Population(algo_cls, env_id, seeds=[seed], device=device, **hyperparameters)
+    setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     study = _open_study(storage, study_name, seed, population, budget, record)
@@ -299,6 +367,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         f"{batches} batch(es) of up to {population} to go, {budget:,} steps per trial"
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
+    context = {"out": out, "command": command, "storage": storage, "study_name": study_name}
     batch = 0
     while finished < trials:
         batch += 1
@@ -307,8 +376,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         told: set[int] = set()
         batch_started = time.perf_counter()
         try:
-            counts = _run_batch(asked, told, space, algo_cls, env_id, hyperparameters, budget, target_return,
-                                eval_freq, seed, device, study)
+            counts = _run_batch(setup, study, asked, told)
         except BaseException:  # Ctrl-C, SIGTERM or an error: the batch's trials are failed, not left running
             for trial in asked:
                 if trial.number not in told:
@@ -317,65 +385,77 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
                 file=sys.stderr, flush=True)
             raise
         finished += counts["complete"] + counts["pruned"]
-        best = _write_best(study, out, env_id, budget, target_return, eval_freq, hyperparameters, command,
-                           storage, study_name)
+        best = _best_trial(study)
+        if best is not None:
+            _write_preset(setup, study, best, None, context)
         say(f"rlspeed: batch {batch}/{batches}: trials {asked[0].number}-{asked[-1].number}: "
             f"{counts['complete']} complete ({counts['reached']} reached the target), {counts['pruned']} pruned"
             + (f", {counts['failed']} failed" if counts["failed"] else "")
             + f" in {time.perf_counter() - batch_started:.1f} s; {_best_line(best, target_return)}", flush=True)
-    best = _write_best(study, out, env_id, budget, target_return, eval_freq, hyperparameters, command, storage,
-                       study_name)
-    wall = time.perf_counter() - started
+    best = _best_trial(study)
     if best is None:
         say("rlspeed: no trial completed, so no preset was written")
+        return {"finished": finished, "best": None, "out": str(out), "wall_s": time.perf_counter() - started}
+    confirmation = None
+    if confirm_seeds > 0:
+        confirmation = _confirm(setup, study, confirm_top, confirm_seeds, say)
+        chosen = min(confirmation["candidates"], key=lambda c: (c["median"], c["trial"] is not None))
+        best = (_describe(study.trials[chosen["trial"]]) if chosen["trial"] is not None
+                else {"number": None, "hyperparameters": _starting_values(setup)})
+    _write_preset(setup, study, best, confirmation, context)
+    if best["number"] is None:
+        say(f"rlspeed: no trial beat the starting configuration on the confirmation seeds; it is written to {out} "
+            "unchanged")
     else:
         say(f"rlspeed: {_best_line(best, target_return)}; preset written to {out} "
             f"(rlspeed train {algo_cls.name} {env_id} --preset {out})")
-    return {"finished": finished, "best": best, "out": str(out), "wall_s": wall}
+    return {"finished": finished, "best": best, "out": str(out), "wall_s": time.perf_counter() - started,
+            "confirmation": confirmation}
 
 
-def _run_batch(asked: list, told: set[int], space: dict, algo_cls: type, env_id: str, hyperparameters: dict,
-               budget: int, target_return: float | None, eval_freq: int | None, seed: int, device, study) -> dict:
+def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
     """Train the asked trials as one population, report and prune through Optuna, tell the results (adding each told
     trial's number to `told`).
 
     Every evaluation is reported to its trial (minus the mean return: lower is better, as the objective). A member
     that reached the target leaves the population; its trial goes on reporting the return it reached at each later
-    evaluation of the batch, so Optuna's median pruner compares a slow trial with the fast ones too (a trial that
-    stopped with the target does not vanish from later steps)."""
+    evaluation of the batch, so the pruner compares a slow trial with the fast ones too (a trial that stopped with
+    the target does not vanish from later steps)."""
     from optuna.trial import TrialState
 
-    from rlspeed.population import Population
-
-    sampled = [sample(trial, space) for trial in asked]
-    per_member = {key: [values[key] for values in sampled] for key in space}
-    seeds = [seed + trial.number for trial in asked]
+    target_return = setup.target_return
+    sampled = [sample(trial, setup.space) for trial in asked]
+    per_member = {key: [values[key] for values in sampled] for key in setup.space}
+    seeds = [setup.seed + trial.number for trial in asked]
     for trial, member_seed, values in zip(asked, seeds, sampled):
         trial.set_user_attr("seed", member_seed)
         trial.set_user_attr("hyperparameters", values)
-    members = Population(algo_cls, env_id, seeds=seeds, device=device, **{**hyperparameters, **per_member})
-
+    members = setup.population(seeds, per_member)
+    pruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean
 
+    def report(k: int, mean: float, step: int) -> None:
+        asked[k].report(-mean, step)
+        if hasattr(pruner, "record"):
+            pruner.record(asked[k].number, step, -mean)
+
     def on_eval(num_timesteps: int, means: dict[int, float]) -> list[int]:
+        step = int(num_timesteps)
         for k, mean in last.items():
             if k not in means and target_return is not None and mean >= target_return:  # left with the target
-                asked[k].report(-mean, int(num_timesteps))
+                report(k, mean, step)
         pruned = []
         for k, mean in means.items():
             if not math.isfinite(mean):
                 continue
             last[k] = float(mean)
-            asked[k].report(-float(mean), int(num_timesteps))
+            report(k, float(mean), step)
             reached = target_return is not None and mean >= target_return
             if not reached and asked[k].should_prune():
                 pruned.append(k)
         return pruned
 
-    learn_kwargs = {"target_return": target_return, "stop": "each", "on_eval": on_eval}
-    if eval_freq is not None:
-        learn_kwargs["eval_freq"] = eval_freq
-    summary = members.learn(budget, **learn_kwargs)
+    summary = setup.learn(members, on_eval)
     counts = {"complete": 0, "pruned": 0, "failed": 0, "reached": 0}
     for trial, member in zip(asked, summary["members"]):
         final = member.get("final_eval") or {}
@@ -389,11 +469,73 @@ def _run_batch(asked: list, told: set[int], space: dict, algo_cls: type, env_id:
             study.tell(trial, state=TrialState.FAIL)  # a member that diverged (non-finite parameters)
             counts["failed"] += 1
         else:
-            study.tell(trial, objective(member, target_return, budget))
+            study.tell(trial, objective(member, target_return, setup.budget))
             counts["complete"] += 1
             counts["reached"] += member.get("steps_to_target") is not None
         told.add(trial.number)
     return counts
+
+
+def _starting_values(setup: _Setup) -> dict:
+    """The searched hyperparameters' values in the starting configuration (the preset's, else the defaults)."""
+    from rlspeed.algos.base import build_config
+
+    config = build_config(setup.algo_cls.config_cls, setup.hyperparameters)
+    return {key: getattr(config, key) for key in setup.space}
+
+
+def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
+    """Train the `top` best trials' configurations and the starting one on `seeds_each` new seeds each, as one
+    population; returns (and stores as the study's `confirmation` attribute) each candidate's objectives and median.
+
+    One trial is one seed, so the best of many trials is partly the luckiest seed; the confirmation measures the
+    candidates again on seeds no trial used (`seed + 1_000_000 + i`) and picks by median."""
+    import statistics
+
+    from optuna.trial import TrialState
+
+    completed = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value)
+    candidates = [{"trial": t.number, "hyperparameters": dict(t.user_attrs.get("hyperparameters", {}))}
+                  for t in completed[:top]]
+    candidates.append({"trial": None, "hyperparameters": _starting_values(setup)})
+    seeds = [setup.seed + 1_000_000 + i for i in range(len(candidates) * seeds_each)]
+    stored = study.user_attrs.get("confirmation")
+    if stored is not None and [c["trial"] for c in stored["candidates"]] == [c["trial"] for c in candidates] \
+            and stored.get("seeds") == seeds:
+        return stored  # the same candidates on the same seeds: measured already
+    started = time.perf_counter()
+    per_member = {key: [c["hyperparameters"][key] for c in candidates for _ in range(seeds_each)]
+                  for key in setup.space}
+    summary = setup.learn(setup.population(seeds, per_member))
+    for index, candidate in enumerate(candidates):
+        members = summary["members"][index * seeds_each:(index + 1) * seeds_each]
+        scores = [objective(m, setup.target_return, setup.budget) if m.get("final_eval") else math.inf
+                  for m in members]
+        candidate["objectives"] = scores
+        candidate["median"] = statistics.median(scores)
+        candidate["steps_to_target"] = [m.get("steps_to_target") for m in members]
+    confirmation = {"seeds": seeds, "candidates": candidates}
+    study.set_user_attr("confirmation", confirmation)
+    say(f"rlspeed: confirmation on {seeds_each} new seeds each ({time.perf_counter() - started:.1f} s): "
+        + "; ".join(f"{'trial ' + str(c['trial']) if c['trial'] is not None else 'starting configuration'} median "
+                    f"{c['median']:,.0f}" for c in candidates), flush=True)
+    return confirmation
+
+
+def _best_trial(study) -> dict | None:
+    """The best completed trial so far (by its own objective), described; None when none has completed."""
+    try:
+        trial = study.best_trial
+    except ValueError:  # no completed trial yet
+        return None
+    return _describe(trial)
+
+
+def _describe(trial) -> dict:
+    return {"number": trial.number, "value": trial.value, "seed": trial.user_attrs.get("seed"),
+            "steps_to_target": trial.user_attrs.get("steps_to_target"),
+            "final_eval": trial.user_attrs.get("final_eval"),
+            "hyperparameters": dict(trial.user_attrs.get("hyperparameters", {}))}
 
 
 def _best_line(best: dict | None, target_return: float | None) -> str:
@@ -406,36 +548,36 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
     return f"best trial {best['number']}: {what} ({values})"
 
 
-def _write_best(study, out, env_id: str, budget: int, target_return: float | None, eval_freq: int | None,
-                hyperparameters: dict, command: str | None, storage: str, study_name: str) -> dict | None:
-    """Write the best completed trial as a preset YAML (`{env_id: {run settings, fixed and tuned hyperparameters}}`)
-    at `out`; return its description, or None when no trial has completed."""
-    try:
-        trial = study.best_trial
-    except ValueError:  # no completed trial yet
-        return None
-    tuned = dict(trial.user_attrs.get("hyperparameters", {}))
-    entry = {"total_timesteps": int(budget)}
-    if eval_freq is not None:
-        entry["eval_freq"] = int(eval_freq)
-    if target_return is not None:
-        entry["target_return"] = target_return
-    entry.update(_plain(hyperparameters))
-    entry.update({key: _rounded(value) for key, value in tuned.items()})
-    best = {"number": trial.number, "value": trial.value, "seed": trial.user_attrs.get("seed"),
-            "steps_to_target": trial.user_attrs.get("steps_to_target"),
-            "final_eval": trial.user_attrs.get("final_eval"), "hyperparameters": tuned}
-    result = (f"reached {target_return:g} after {best['steps_to_target']:,} steps"
-              if best["steps_to_target"] is not None else f"final evaluation {best['final_eval']:.1f}")
+def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, context: dict) -> None:
+    """Write `best` (a trial, or the starting configuration when its number is None) as a preset YAML: `{env_id:
+    {run settings, fixed and tuned hyperparameters}}`, with comments saying how it was found and measured."""
+    entry = {"total_timesteps": setup.budget}
+    if setup.eval_freq is not None:
+        entry["eval_freq"] = int(setup.eval_freq)
+    if setup.target_return is not None:
+        entry["target_return"] = setup.target_return
+    entry.update(_plain(setup.hyperparameters))
+    entry.update({key: _rounded(value) for key, value in best["hyperparameters"].items()})
     header = [f"# Tuned by rlspeed tune ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
-              f"'{study_name}' in {storage_url(storage)}.",
-              f"# Best of {len(study.get_trials(deepcopy=False))} trials: trial {trial.number} (seed {best['seed']}) "
-              f"{result}; objective {trial.value:g} (lower is better).",
-              "# Each trial ran on one seed: check it on others (rlspeed train ... --preset FILE --seeds 100-104)."]
-    if command:
-        header.insert(1, f"# Command: {command}")
-    text = "\n".join(header) + "\n" + yaml.safe_dump({env_id: entry}, sort_keys=False)
-    out = Path(out)
+              f"'{context['study_name']}' in {storage_url(context['storage'])}."]
+    if context["command"]:
+        header.append(f"# Command: {context['command']}")
+    if best["number"] is not None:
+        result = (f"reached {setup.target_return:g} after {best['steps_to_target']:,} steps"
+                  if best["steps_to_target"] is not None else f"final evaluation {best['final_eval']:.1f}")
+        header.append(f"# Trial {best['number']} of {len(study.get_trials(deepcopy=False))} (seed {best['seed']}) "
+                      f"{result}; objective {best['value']:g} (lower is better).")
+    if confirmation is None:
+        header.append("# Not confirmed yet: one trial is one seed (check it: rlspeed train ... --preset FILE "
+                      "--seeds 100-109).")
+    else:
+        what = "trial " + str(best["number"]) if best["number"] is not None else "the starting configuration"
+        each = len(confirmation["seeds"]) // len(confirmation["candidates"])
+        medians = "; ".join(f"{'trial ' + str(c['trial']) if c['trial'] is not None else 'starting'} {c['median']:g}"
+                            for c in confirmation["candidates"])
+        header.append(f"# Chosen: {what}. Median objective on {each} new seeds each: {medians}.")
+    text = "\n".join(header) + "\n" + yaml.safe_dump({setup.env_id: entry}, sort_keys=False)
+    out = Path(context["out"])
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         temporary = out.with_name(out.name + ".tmp")
@@ -443,7 +585,6 @@ def _write_best(study, out, env_id: str, budget: int, target_return: float | Non
         temporary.replace(out)
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
-    return best
 
 
 def _rounded(value):
