@@ -1,4 +1,4 @@
-"""A2C on CartPole-v1: rlspeed against Stable-Baselines3, side by side in one process, seeds interleaved.
+"""A2C on CartPole-v1: rlspeed against Stable-Baselines3, every run in a fresh process, the sides alternating.
 
 Both libraries run RL-Zoo's A2C CartPole-v1 settings (rl-baselines3-zoo hyperparams/a2c.yml: 8 envs, ent_coef 0.0)
 with SB3's A2C defaults for the rest: n_steps 5, RMSprop (alpha 0.99, eps 1e-5) at a constant learning rate of 7e-4,
@@ -6,21 +6,28 @@ gamma 0.99, gae_lambda 1.0, vf_coef 0.5, max_grad_norm 0.5, no advantage normali
 tanh actor and critic, orthogonal init). rlspeed's shipped `a2c` CartPole-v1 preset is the same settings.
 
 (a) Throughput: env steps per second of `learn` for a fixed budget without evaluation. Gymnasium envs for both
-    (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native torch CartPole.
+    (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native torch CartPole. Each run
+    also records the CPU time of its process during `learn` (`time.process_time`): on a machine shared with other
+    jobs the wall clock counts the time a run waited for a core, the CPU time does not.
 (b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches a mean
     return of 475, both evaluated every `eval_freq` env steps, evaluation time excluded from the training clock of
     both; rlspeed on its shipped preset with env backend auto (as the CLI runs it).
 
-torch.set_num_threads(--threads, default 1) holds for every run of both libraries. Only `learn` is timed (model
-and env construction are not). The 1-minute load average is recorded before and after every run (the machine may
-be shared). Usage: python benchmarks/a2c_cartpole.py [--quick] [--seeds N] [--skip-sb3] ...
+Every run is a fresh Python process (`--child`), with a short untimed warm-up `learn` of its own first; per seed the
+runs alternate in order (rlspeed first on even seeds, SB3 first on odd ones). torch.set_num_threads(--threads,
+default 1) holds for every run of both libraries. Only `learn` is timed (model and env construction are not). The
+1-minute load average is recorded before and after every run (the machine may be shared).
+Usage: python benchmarks/a2c_cartpole.py [--quick] [--seeds N] [--skip-sb3] ...
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import common
@@ -70,19 +77,33 @@ def sb3_model(seed: int):
 
 
 # --- (a) throughput ----------------------------------------------------------------------------------------------
+WARMUP_STEPS = 1000  # an untimed learn in the same process first: first-call costs are not throughput
+
+
 def rlspeed_throughput(seed: int, steps: int, backend: str, args) -> dict:
-    model = rlspeed.A2C(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
-                        **ZOO_RLSPEED)
-    model.make_training_env()  # built outside the timed region, like SB3's env (built by make_vec_env)
-    started = time.perf_counter()
+    def build():
+        model = rlspeed.A2C(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
+                            **ZOO_RLSPEED)
+        model.make_training_env()  # built outside the timed region, like SB3's env (built by make_vec_env)
+        return model
+
+    build().learn(WARMUP_STEPS, progress_bar=False)
+    model = build()
+    started, cpu_started = time.perf_counter(), time.process_time()
     model.learn(steps, progress_bar=False)
-    learn_wall_s = time.perf_counter() - started
-    return common.rlspeed_throughput_record(model, learn_wall_s, update=model.report())
+    learn_wall_s, learn_cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    return {**common.rlspeed_throughput_record(model, learn_wall_s, update=model.report()),
+            "learn_cpu_s": learn_cpu_s, "cpu_sps": model.result.total_timesteps / learn_cpu_s}
 
 
 def sb3_throughput(seed: int, steps: int, args) -> dict:
     model, env = sb3_model(seed)
-    return common.sb3_throughput_record(model, env, steps, args.threads)
+    model.learn(WARMUP_STEPS)
+    model, env = sb3_model(seed)
+    cpu_started = time.process_time()
+    record = common.sb3_throughput_record(model, env, steps, args.threads)
+    learn_cpu_s = time.process_time() - cpu_started  # (includes closing the env: negligible for DummyVecEnv)
+    return {**record, "learn_cpu_s": learn_cpu_s, "cpu_sps": record["steps"] / learn_cpu_s}
 
 
 # --- (b) time to target ------------------------------------------------------------------------------------------
@@ -112,13 +133,14 @@ THROUGHPUT_ROWS = {  # run name -> (library, env column)
 }
 
 
-def paired_ratios(throughput: list[dict]) -> dict[str, dict]:
-    """Per seed, each rlspeed row's steps/s over SB3's of the same seed (runs next to each other in time)."""
-    sb3 = {r["seed"]: r["sps"] for r in throughput if r["name"] == "sb3"}
+def paired_ratios(throughput: list[dict], key: str = "sps") -> dict[str, dict]:
+    """Per seed, each rlspeed row's `key` (steps/s of wall or CPU time) over SB3's of the same seed (runs next to
+    each other in time)."""
+    sb3 = {r["seed"]: r[key] for r in throughput if r["name"] == "sb3"}
     paired: dict[str, list[float]] = {}
     for r in throughput:
         if r["name"] != "sb3" and r["seed"] in sb3:
-            paired.setdefault(r["name"], []).append(r["sps"] / sb3[r["seed"]])
+            paired.setdefault(r["name"], []).append(r[key] / sb3[r["seed"]])
     return {name: common.spread(values) for name, values in paired.items()}
 
 
@@ -156,20 +178,30 @@ def report(summary: dict, settings: dict, throughput: list[dict], to_target: lis
     load_a, load_b = summary["load"]["throughput"], summary["load"]["time_to_target"]
     lines += [f"### (a) Throughput at identical hyperparameters ({settings['steps']:,} env steps, no evaluation)", "",
               f"RL-Zoo A2C CartPole-v1 settings for both (8 envs, n_steps 5, RMSprop lr 7e-4, gae_lambda 1.0, "
-              f"ent_coef 0, [64, 64] tanh), {seeds} seeds interleaved, torch.set_num_threads({threads}), rlspeed on "
-              f"device `{settings['device']}` ({settings['update']}), SB3 on `cpu`. Env steps per second of `learn`. "
-              "Paired: per seed, rlspeed over the SB3 run next to it, median over seeds. 1-minute load average "
-              f"during these runs: {load_a.get('median', 0):.2f} median ({load_a.get('min', 0):.2f} – "
-              f"{load_a.get('max', 0):.2f}) on {settings['usable_cores']} cores.", ""]
+              f"ent_coef 0, [64, 64] tanh), {seeds} seeds, each run a fresh process, the sides alternating, "
+              f"torch.set_num_threads({threads}), rlspeed on device `{settings['device']}` ({settings['update']}), "
+              "SB3 on `cpu`. Env steps per second of `learn`, by the wall clock and by the process's CPU time (the "
+              "latter leaves out the time a run waited for a core on a loaded machine). Paired: per seed, rlspeed "
+              "over the SB3 run next to it, median over seeds (range in brackets). 1-minute load average during these "
+              f"runs: {load_a.get('median', 0):.2f} median ({load_a.get('min', 0):.2f} – {load_a.get('max', 0):.2f}) "
+              f"on {settings['usable_cores']} cores.", ""]
     rows = []
-    paired = summary["paired_ratio_to_sb3"]
+    paired, paired_cpu = summary["paired_ratio_to_sb3"], summary["paired_cpu_ratio_to_sb3"]
+
+    def paired_cell(table: dict, name: str) -> str:
+        if name not in table:
+            return "1.00x"
+        stats = table[name]
+        return f"{common.fmt_ratio(stats['median'])} ({stats['min']:.2f} – {stats['max']:.2f})"
+
     for name, stats in summary["throughput"].items():
         library, env = THROUGHPUT_ROWS[name]
         rows.append([library, env, common.fmt(stats["median"]), common.fmt_range(stats),
-                     common.fmt_ratio(stats["ratio_to_sb3"]),
-                     common.fmt_ratio(paired[name]["median"]) if name in paired else "1.00x"])
-    lines += [common.markdown_table(["Library", "Envs (8)", "Steps/s median", f"Range ({seeds} seeds)",
-                                     "rlspeed / SB3 (medians)", "rlspeed / SB3 (paired)"], rows), ""]
+                     paired_cell(paired, name), common.fmt(summary["cpu_throughput"][name]["median"]),
+                     paired_cell(paired_cpu, name)])
+    lines += [common.markdown_table(["Library", "Envs (8)", "Steps/s median (wall)", f"Range ({seeds} seeds)",
+                                     "rlspeed / SB3 (paired, wall)", "Steps/s median (CPU time)",
+                                     "rlspeed / SB3 (paired, CPU time)"], rows), ""]
 
     lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
               f"The settings above for both (rlspeed: its shipped preset `a2c` / `CartPole-v1`, the same values); "
@@ -193,18 +225,60 @@ def parse_args() -> argparse.Namespace:
                                    eval_freq=EVAL_FREQ)
     parser.add_argument("--skip-throughput", action="store_true", help="run (b) only")
     parser.add_argument("--skip-target", action="store_true", help="run (a) only")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one run in this process: "kind:name:seed"
     return common.peer_defaults(parser.parse_args())
+
+
+def child_run(args) -> dict:
+    """The one run `--child kind:name:seed` names, in this (fresh) process."""
+    kind, name, seed = args.child.split(":")
+    seed = int(seed)
+    if kind == "throughput":
+        if name == "sb3":
+            return sb3_throughput(seed, args.steps, args)
+        return rlspeed_throughput(seed, args.steps, name.removeprefix("rlspeed-"), args)
+    if name == "sb3":
+        return sb3_time_to_target(seed, args.budget, args.eval_freq, args)
+    return rlspeed_time_to_target(seed, args.budget, args.eval_freq, args)
+
+
+def fresh_process_runner(kind: str, name: str, args):
+    """`run(seed)` that runs `--child kind:name:seed` in a new Python process and returns its record."""
+    forwarded = ["--steps", str(args.steps), "--budget", str(args.budget), "--eval-freq", str(args.eval_freq),
+                 "--threads", str(args.threads), "--device", args.device]
+
+    def run(seed: int) -> dict:
+        command = [sys.executable, __file__, "--child", f"{kind}:{name}:{seed}", *forwarded]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{kind} run {name} seed {seed} failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
+
+
+def alternating(seeds: list[int], runners: dict) -> list[dict]:
+    """`common.interleave`, with the order of the runners reversed on odd seeds (neither side always goes first)."""
+    results = []
+    for seed in seeds:
+        order = runners if seed % 2 == 0 else dict(reversed(list(runners.items())))
+        results += common.interleave([seed], order)
+    return results
 
 
 def main() -> None:
     args = parse_args()
     args.threads = common.set_threads(args.threads)
+    if args.child:
+        print(json.dumps(child_run(args)))
+        return
     seeds = list(range(args.seeds))
     machine = common.machine_description()
     machine["torch_threads"] = args.threads
     settings = {"env_id": ENV_ID, "seeds": args.seeds, "steps": args.steps, "budget": args.budget,
                 "eval_freq": args.eval_freq, "eval_episodes": EVAL_EPISODES, "target_return": TARGET_RETURN,
                 "threads": args.threads, "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
+                "fresh_processes": True, "warmup_steps": WARMUP_STEPS,
                 "usable_cores": machine["usable_cores"], "zoo_hyperparameters_rlspeed": ZOO_RLSPEED,
                 "zoo_hyperparameters_sb3": ZOO_SB3, "rlspeed_preset": load_preset("a2c", ENV_ID), "update": "?"}
     print(f"A2C {ENV_ID}: {args.seeds} seeds, torch.set_num_threads({args.threads}), rlspeed device {args.device}, "
@@ -212,33 +286,27 @@ def main() -> None:
 
     throughput: list[dict] = []
     if not args.skip_throughput:
-        throughput_runs = {
-            "rlspeed-gymnasium": lambda seed, steps: rlspeed_throughput(seed, steps, "gymnasium", args),
-            "sb3": lambda seed, steps: sb3_throughput(seed, steps, args),
-            "rlspeed-torch": lambda seed, steps: rlspeed_throughput(seed, steps, "torch", args),
-        }
+        names = ["rlspeed-gymnasium", "sb3", "rlspeed-torch"]
         if args.skip_sb3:
-            del throughput_runs["sb3"]
-        print("warm-up (one short run of each, not recorded)", flush=True)
-        for run in throughput_runs.values():
-            run(0, 1000)
-        print(f"(a) throughput, {args.steps:,} steps per run", flush=True)
-        throughput = common.interleave(seeds, {name: with_load(lambda seed, run=run: run(seed, args.steps))
-                                               for name, run in throughput_runs.items()})
+            names.remove("sb3")
+        print(f"(a) throughput, {args.steps:,} steps per run, each in a fresh process", flush=True)
+        throughput = alternating(seeds, {name: with_load(fresh_process_runner("throughput", name, args))
+                                         for name in names})
         settings["update"] = next(r["update"] for r in throughput if "update" in r)
 
     to_target: list[dict] = []
     if not args.skip_target:
         print(f"(b) time to {TARGET_RETURN:g}, budget {args.budget:,} steps, eval every {args.eval_freq:,}",
               flush=True)
-        target_runs = {"rlspeed": with_load(lambda seed: rlspeed_time_to_target(seed, args.budget, args.eval_freq,
-                                                                                args))}
-        if not args.skip_sb3:
-            target_runs["sb3"] = with_load(lambda seed: sb3_time_to_target(seed, args.budget, args.eval_freq, args))
-        to_target = common.interleave(seeds, target_runs)
+        names = ["rlspeed"] + ([] if args.skip_sb3 else ["sb3"])
+        to_target = alternating(seeds, {name: with_load(fresh_process_runner("target", name, args))
+                                        for name in names})
 
     summary = common.summarize(throughput, to_target, THROUGHPUT_ROWS)
     summary["paired_ratio_to_sb3"] = paired_ratios(throughput)
+    summary["paired_cpu_ratio_to_sb3"] = paired_ratios(throughput, "cpu_sps")
+    summary["cpu_throughput"] = {name: common.spread([r["cpu_sps"] for r in throughput if r["name"] == name])
+                                 for name in summary["throughput"]}
     summary["load"] = {"throughput": load_summary(throughput), "time_to_target": load_summary(to_target)}
     summary["final_eval"] = {f"{r['name']}-{r['seed']}": final_eval(r) for r in to_target}
     common.publish("a2c_cartpole", ["## A2C on CartPole-v1 (`benchmarks/a2c_cartpole.py`)", "",

@@ -76,18 +76,44 @@ def test_clipping_bites_and_still_matches():
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
-def test_rollout_forward_passes_equal_the_policy_module(env_id):
+def test_rollout_forward_passes_follow_the_policy_module(env_id):
+    """The rollout's values are the module's; its actions are the policy's samples for the rollout's noise."""
     model = A2C(env_id, device="cpu", seed=0)
     update = model._update_step.hand_derived
     obs = torch.randn(8, model.spec.obs_dim)
     with torch.no_grad():
         torch.manual_seed(3)
-        expected = model.policy.act(obs)
-        torch.manual_seed(3)
-        got = update.act(obs)
-        for a, b in zip(expected, got):  # the same kernels and random draws: equal, not just close
-            assert torch.equal(a, b)
-        assert torch.equal(update.value(obs), model.policy.value(obs))
+        noise = update.rollout_noise(5, 8)
+        assert noise.shape == (5, 8, model.policy.action_dim)
+        actions, values = update.act(obs, noise[2])
+        logits_or_mean, expected_values = model.policy(obs)
+        assert torch.equal(values, expected_values) and torch.equal(update.value(obs), expected_values)
+        if model.spec.discrete:  # Gumbel-max: argmax(logits + G) with G = -log(E), E ~ Exp(1)
+            torch.manual_seed(3)
+            gumbel = -torch.empty(5, 8, model.policy.action_dim).exponential_().log_()
+            assert torch.equal(actions, (logits_or_mean + gumbel[2]).argmax(-1))
+        else:  # mean + std * N(0, 1)
+            torch.manual_seed(3)
+            normal = torch.randn(5, 8, model.policy.action_dim)
+            torch.testing.assert_close(actions, logits_or_mean + model.policy.log_std.exp() * normal[2])
+
+
+def test_rollout_actions_follow_the_policy_distribution():
+    """Gumbel-max over the rollout's noise samples actions with the policy's probabilities."""
+    model = A2C("CartPole-v1", device="cpu", seed=0)
+    update = model._update_step.hand_derived
+    with torch.no_grad():
+        update.weights[-1][0].normal_()  # a policy far from uniform
+        obs = torch.randn(4, model.spec.obs_dim)
+        probs = torch.softmax(model.policy(obs)[0], -1)
+        counts = torch.zeros_like(probs)
+        torch.manual_seed(0)
+        draws = 4000
+        noise = update.rollout_noise(draws, 4)
+        for step in range(draws):
+            actions, _ = update.act(obs, noise[step])
+            counts[torch.arange(4), actions] += 1
+    torch.testing.assert_close(counts / draws, probs, atol=0.03, rtol=0)
 
 
 def test_fused_checkpoint_round_trip_and_resume(tmp_path):

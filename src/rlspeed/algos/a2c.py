@@ -87,9 +87,14 @@ class A2C(OnPolicyAlgorithm):
 
     def _act(self, obs, step, action_masks=None):
         update = self._flat_forward()
-        if update is not None:  # (unmasked: the hand-derived update gives way to autograd under masks)
-            return update.act(obs.flatten(1))
-        return super()._act(obs, step, action_masks)
+        if update is None:
+            return super()._act(obs, step, action_masks)
+        # (unmasked: the hand-derived update gives way to autograd under masks)
+        if step == 0:  # the rollout's random draws at once; A2C stores no log-probabilities (its loss recomputes them)
+            self._rollout_noise = update.rollout_noise(self.config.num_steps, obs.shape[0])
+            self._no_log_probs = torch.zeros(obs.shape[0], device=self.device)
+        actions, values = update.act(obs.flatten(1), self._rollout_noise[step])
+        return actions, self._no_log_probs, values
 
     def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:
         update = self._flat_forward()

@@ -17,7 +17,9 @@ A2C's loss is PPO's at ratio 1 without clipping, with SB3's full mean squared va
 and the backward pass of the ensemble MLP (`rlspeed.fused.flat.ensemble_backward`).
 
 The same flat views also give the rollout its forward passes (`act`, `value`) without `nn.Module` calls: for
-A2C's few rows per call, the module machinery costs as much as the three matrix products.
+A2C's few rows per call, the module machinery costs as much as the three matrix products. The parameters do not change
+during a rollout, so its random draws are made once per rollout (`rollout_noise`), and the log-probabilities of the
+sampled actions, which A2C's loss recomputes and never reads from the rollout, are not computed.
 """
 
 from __future__ import annotations
@@ -125,11 +127,14 @@ class FusedA2CUpdate:
         self.bias_grads = self.adam.grad_views[layers:2 * layers]
         self.log_std = None if policy.discrete else self.adam.param_views[-1]
         self.log_std_grad = None if policy.discrete else self.adam.grad_views[-1]
+        device = self.adam.flat.device
+        self._signs = torch.tensor([-1.0, 1.0, 1.0], device=device)
+        self._loss_weights = torch.tensor([1.0, self.vf_coef, -self.ent_coef], device=device)
 
     # --- the rollout's forward passes ------------------------------------------------------------------------------
     def _output(self, obs: torch.Tensor) -> torch.Tensor:
         """`EnsembleMLP.forward`'s kernels on float vectors `[B, in]`: the output `[2, B, out]`."""
-        x = obs.unsqueeze(0).expand(2, -1, -1)
+        x = obs.expand(2, -1, -1)
         last = len(self.weights) - 1
         for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
             x = torch.baddbmm(bias, x, weight)
@@ -137,15 +142,27 @@ class FusedA2CUpdate:
                 x = x.tanh_() if self.tanh else x.relu_()
         return x
 
-    def act(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`ActorCritic.act(obs)` for unmasked float vectors `[B, in]`: (actions, log_probs, values), the same
-        kernels and random draws without the module calls. Called under `torch.no_grad()` (the rollout's)."""
+    def rollout_noise(self, num_steps: int, num_envs: int) -> torch.Tensor:
+        """The random draws of a whole rollout, `[T, N, A]`, made at once (the parameters do not change during a
+        rollout): Gumbel noise -log(E), E ~ Exp(1), for a categorical policy; N(0, 1) scaled by the current std for
+        a Gaussian one."""
+        width = self.weights[-1].shape[-1]
+        noise = torch.empty((num_steps, num_envs, width), device=self.adam.flat.device)
+        if self.policy.discrete:
+            return noise.exponential_().log_().neg_()
+        return noise.normal_().mul_(self.log_std.exp())
+
+    def act(self, obs: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actions, values) for unmasked float vectors `[B, in]` with this step's row of `rollout_noise` `[B, A]`:
+        Gumbel-max on the logits (a sample of softmax(logits)), or mean + std * N(0, 1). Called under
+        `torch.no_grad()` (the rollout's)."""
         out = self._output(obs)
-        actions, log_probs = self.policy.sample(out[0])
-        return actions, log_probs, out[1, :, 0]
+        if self.policy.discrete:
+            return (out[0] + noise).argmax(-1), out[1, :, 0]
+        return out[0] + noise, out[1, :, 0]
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """`ActorCritic.value(obs)`, V `[B]` of float vectors `[B, in]`, as `act` does it."""
+        """`ActorCritic.value(obs)`, V `[B]` of float vectors `[B, in]`, with the module's kernels."""
         return self._output(obs)[1, :, 0]
 
     # --- the update ------------------------------------------------------------------------------------------------
@@ -178,9 +195,9 @@ class FusedA2CUpdate:
             log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
             entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum().expand(batch)
         value_error = values - returns
-        stats = torch.stack((advantages * log_probs, value_error.square(), entropy)).mean(1)
-        stats[0].neg_()
-        loss = stats[0] - self.ent_coef * stats[2] + self.vf_coef * stats[1]
+        # [policy loss, value loss, entropy] = [-mean(A log pi), mean((V - R)^2), mean(H)]; L = their weighted sum
+        stats = torch.stack((advantages * log_probs, value_error.square(), entropy)).mean(1).mul_(self._signs)
+        loss = torch.dot(stats, self._loss_weights)
 
         # Output gradient [2, B, out]: actor head in member 0, value in member 1 column 0.
         grad_out = torch.zeros_like(out)
