@@ -598,8 +598,9 @@ class PPOPopulation:
         left: dict[int, dict] = {}  # member -> {"pruned_at": steps} or {"diverged_at": steps}
         evaluating = target_return is not None or on_eval is not None
         train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
+        train_cpu = 0.0  # this process's CPU time in training (on a shared machine the wall clock also counts others)
         start_member_steps = self._member_steps
-        clock_start = time.perf_counter()
+        clock_start, cpu_start = time.perf_counter(), time.process_time()
         while self.num_timesteps < self._total_timesteps and self.alive:
             self.train_iteration()
             diverged = self._diverged()
@@ -613,6 +614,7 @@ class PPOPopulation:
             finished = self.num_timesteps >= self._total_timesteps
             if evaluating and self.alive and (self.num_timesteps >= next_eval or finished):
                 train_clock += time.perf_counter() - clock_start
+                train_cpu += time.process_time() - cpu_start
                 next_eval = self.num_timesteps + eval_freq
                 members = list(self.alive)
                 means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
@@ -642,9 +644,10 @@ class PPOPopulation:
                     self.remove(pruned)
                 if target_return is not None and all(reached[k] or k in left for k in range(size)):
                     break
-                clock_start = time.perf_counter()
+                clock_start, cpu_start = time.perf_counter(), time.process_time()
         else:
             train_clock += time.perf_counter() - clock_start
+            train_cpu += time.process_time() - cpu_start
         steps_taken = self._member_steps - start_member_steps
         scored = [k for k in range(size) if "diverged_at" not in left.get(k, {})]
         final_means = self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
@@ -664,7 +667,8 @@ class PPOPopulation:
             "algo": "ppo", "env_id": self.env_id, "population": size, "seeds": self.seeds, "device": str(self.device),
             "env_backend": self.env_backend, "update": self.update_path, "stop": stop,
             "total_timesteps": self.num_timesteps,
-            "train_wall_s": train_clock, "sps": steps_taken / max(train_clock, 1e-9), "target_return": target_return,
+            "train_wall_s": train_clock, "train_cpu_s": train_cpu, "sps": steps_taken / max(train_clock, 1e-9),
+            "target_return": target_return,
             "reached": sum(reached), "pruned": sum("pruned_at" in v for v in left.values()),
             "diverged": sum("diverged_at" in v for v in left.values()), "members": members,
             "aggregate": {"final_eval": aggregate(list(final.values())) if final else None,
