@@ -109,7 +109,14 @@ def test_learn_summary(tmp_path):
     with pytest.raises(UserError, match="stop"):
         population.learn(256, stop="some")
     # a target every member reaches at the first evaluation: each stops and freezes
-    summary = population.learn(1024, target_return=1.0, eval_freq=128, eval_episodes=2)
+    seen = []
+
+    def prune_everyone(steps, means):  # members that reached the target at this evaluation are not pruned
+        seen.append(sorted(means))
+        return list(means)
+
+    summary = population.learn(1024, target_return=1.0, eval_freq=128, eval_episodes=2, on_eval=prune_everyone)
+    assert seen == [[0, 1]] and summary["pruned"] == 0
     assert summary["reached"] == 2 and population.num_timesteps == 128
     assert [m["steps_to_target"] for m in summary["members"]] == [128, 128]
     assert population.alive == []  # (both left the computation)
