@@ -382,10 +382,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         print(args.preset_message)
     command = "rlspeed " + " ".join(getattr(args, "argv", []))
     with _sigterm_raises():
-        tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
-             study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target, eval_freq=eval_freq,
-             search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
-             confirm_seeds=args.confirm_seeds, out=out, seed=args.seed, device=device, command=command)
+        try:
+            tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
+                 study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target,
+                 eval_freq=eval_freq, search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
+                 confirm_seeds=args.confirm_seeds, out=out, seed=args.seed, device=device, command=command)
+        except Terminated:
+            print("rlspeed: terminated (SIGTERM)", file=sys.stderr)
+            return 143
     return 0
 
 

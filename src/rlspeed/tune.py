@@ -4,7 +4,9 @@ The study lives in an Optuna storage (SQLite by default, which `optuna-dashboard
 batch asks the sampler for K trials (`study.ask()` K times), trains them as one `rlspeed.population.Population`
 (member k takes trial k's hyperparameters and the seed `seed + trial.number`), reports every evaluation to its trial
 (`trial.report`) and removes the members whose trial `should_prune()`, then tells Optuna each trial's result. After
-every batch the best trial so far is written as a preset YAML that `rlspeed train --preset FILE` reads.
+every batch the best trial so far is written as a preset YAML that `rlspeed train --preset FILE` reads; when the
+study is done, the best trials and the starting configuration are trained again on new seeds and the best median
+is written instead (one trial is one seed, so the best single trial is partly the luckiest seed).
 
 Only hyperparameters that may differ across members are searched (those of the population class, `per_member_keys`):
 the shape-changing ones (net_arch, num_envs, num_steps, batch_size, n_epochs, ...) stay fixed at the preset's values
@@ -307,7 +309,7 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
     # the sampler's seed moves on with the study, so a resumed study does not replay the draws it already made
     sampler = optuna.samplers.TPESampler(seed=seed + finished, n_startup_trials=population, multivariate=True,
                                          constant_liar=True)
-    pruner = _make_pruner(warmup_steps=budget // 5, min_trials=min(max(population - 1, 1), 4))
+    pruner = _make_pruner(warmup_steps=budget // 5, min_trials=4)
     for trial in previous:
         if trial.state == TrialState.COMPLETE:
             for step, value in trial.intermediate_values.items():
