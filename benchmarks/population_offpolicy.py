@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import publish  # noqa: E402
+from common import publish, set_threads  # noqa: E402
 
 TARGET = -200.0
 ENV_ID = "Pendulum-v1"
@@ -46,7 +47,10 @@ def worker(args: argparse.Namespace) -> dict:
     from rlspeed import SAC
     from rlspeed.population import Population
 
+    os.environ["RLSPEED_NUM_THREADS"] = str(args.threads)  # (each model sets its threads from it when built)
+    set_threads(args.threads)
     run, hyper = _preset()
+    cpu_start = time.process_time()
     if args.worker == "solo":
         model = SAC(ENV_ID, seed=args.seed, env_backend="torch", **hyper)
         if args.target:
@@ -56,6 +60,7 @@ def worker(args: argparse.Namespace) -> dict:
             model.learn(args.throughput_steps, progress_bar=False)
         result = model.result
         return {"side": "solo", "seed": args.seed, "sps": result.sps, "train_wall_s": result.train_wall_s,
+                "process_cpu_s": time.process_time() - cpu_start,
                 "time_to_target_s": result.time_to_target_s, "steps_to_target": result.steps_to_target,
                 "update": model.update_summary()}
     population = Population(SAC, ENV_ID, seeds=range(args.members), **hyper)
@@ -64,19 +69,22 @@ def worker(args: argparse.Namespace) -> dict:
                                    eval_freq=int(run["eval_freq"]), stop="each")
         return {"side": "population", "summary": summary}
     summary = population.learn(args.throughput_steps)
+    process_cpu_s = time.process_time() - cpu_start
     # one update of all members (2 of them per iteration in this preset), timed on its own after the run
     cfg, batch_size = population.config, population.config.batch_size
     index = torch.randint(0, len(population.buffer), (args.members, batch_size))
     batch = population.buffer.sample(index)
     for _ in range(5):
         population._update(batch)
-    start, count = time.perf_counter(), 40
+    start, cpu, count = time.perf_counter(), time.process_time(), 40
     for _ in range(count):
         population._update(batch)
     update_ms = (time.perf_counter() - start) / count * 1e3
-    return {"side": "population", "members": args.members, "sps": summary["sps"],
+    update_cpu_ms = (time.process_time() - cpu) / count * 1e3
+    return {"side": "population", "members": args.members, "sps": summary["sps"], "process_cpu_s": process_cpu_s,
+            "update_cpu_ms": update_cpu_ms,
             "train_wall_s": summary["train_wall_s"], "update_ms": update_ms, "gradient_steps": cfg.gradient_steps,
-            "update": population.update_choice}
+            "update": population.update_path}
 
 
 def _run_worker(*flags: str) -> dict:
@@ -90,6 +98,8 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--throughput-steps", type=int, default=3000)
     parser.add_argument("--solo-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of every run, both sides (rlspeed's default: 1)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--skip-target", action="store_true", help="throughput pairs only")
     parser.add_argument("--worker", choices=("solo", "population"), help=argparse.SUPPRESS)
@@ -99,14 +109,21 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args)))
         return
+    set_threads(args.threads)  # (for the machine block: the workers set their own)
     run, hyper = _preset()
-    common = ["--members", str(args.members), "--throughput-steps", str(args.throughput_steps)]
+    common = ["--members", str(args.members), "--throughput-steps", str(args.throughput_steps), "--threads",
+              str(args.threads)]
     load_before = uptime()
     pairs = []
     for i in range(args.pairs):
         solo = _run_worker("--worker", "solo", "--seed", str(i), *common)
         population = _run_worker("--worker", "population", *common)
-        pairs.append({"solo": solo, "population": population, "ratio": population["sps"] / solo["sps"]})
+        # process CPU time per env step (construction and the isolated update timing excluded from neither side's
+        # learn: the solo process's CPU time is its whole run, the population's up to the end of learn)
+        cpu_ratio = (solo["process_cpu_s"] / args.throughput_steps) / (population["process_cpu_s"]
+                                                                         / (args.throughput_steps * args.members))
+        pairs.append({"solo": solo, "population": population, "ratio": population["sps"] / solo["sps"],
+                      "cpu_ratio": cpu_ratio})
         print(f"pair {i}: solo {solo['sps']:,.0f} sps, population {population['sps']:,.0f} sps "
               f"({pairs[-1]['ratio']:.2f}x), update {population['update_ms']:.1f} ms", flush=True)
     target_population, target_solos = None, []
@@ -119,13 +136,16 @@ def main() -> None:
             print(f"solo seed {seed} to {TARGET}: {target_solos[-1]['time_to_target_s']} s", flush=True)
     load_after = uptime()
     ratios = [p["ratio"] for p in pairs]
+    cpu_ratios = [p["cpu_ratio"] for p in pairs]
     update_ms = statistics.median(p["population"]["update_ms"] for p in pairs)
+    update_cpu_ms = statistics.median(p["population"]["update_cpu_ms"] for p in pairs)
     per_iteration = hyper["num_envs"] * hyper["train_freq"]
     lines = [
         f"{args.members} SAC {ENV_ID} members (seeds 0-{args.members - 1}) at the shipped preset's per-agent "
         f"settings ({hyper['num_envs']} envs, {hyper['gradient_steps']} gradient steps of batches of "
         f"{hyper['batch_size']} per env step of all envs, net_arch {hyper['net_arch']}, {hyper['n_step']}-step "
-        "returns) trained as one `rlspeed.Population`, against solo `SAC` runs of the same preset. Throughput: "
+        "returns) trained as one `rlspeed.Population`, against solo `SAC` runs of the same preset, "
+        f"torch.set_num_threads({args.threads}) on both sides. Throughput: "
         f"{args.throughput_steps:,} env steps per agent without evaluation, solo and population alternating in fresh "
         f"processes, {args.pairs} pairs.",
         "",
@@ -133,9 +153,12 @@ def main() -> None:
         "|---|---|",
         f"| population total env steps/s / solo env steps/s, per pair | "
         f"{', '.join(f'{r:.2f}x' for r in ratios)} (median {statistics.median(ratios):.2f}x; target >= 6x) |",
+        f"| the same from process CPU time per env step (construction included on both sides) | "
+        f"{', '.join(f'{r:.2f}x' for r in cpu_ratios)} (median {statistics.median(cpu_ratios):.2f}x) |",
         f"| solo env steps/s (median) | {statistics.median(p['solo']['sps'] for p in pairs):,.0f} |",
         f"| population total env steps/s (median) | {statistics.median(p['population']['sps'] for p in pairs):,.0f} |",
-        f"| one update of all {args.members} members (median over pairs) | {update_ms:.1f} ms "
+        f"| one update of all {args.members} members (median over pairs) | {update_ms:.1f} ms wall, "
+        f"{update_cpu_ms:.1f} ms process CPU "
         f"({hyper['gradient_steps']} per {per_iteration} env steps per member) |",
         f"| population update implementation | {pairs[0]['population']['update']} |",
         f"| solo update implementation | {pairs[0]['solo']['update']['implementation']} |",

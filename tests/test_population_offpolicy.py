@@ -52,7 +52,7 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
     seeds = [3, 7]
     per_member = {key: [DEFAULTS[algo][key], value] for key, value in MEMBER_VALUES[algo].items()}
     population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member, **update})
-    assert ("hand-derived" in population.update_choice) == (algo is SAC and not update)
+    assert population.update_path == ("hand-derived" if algo is SAC and not update else "autograd")
     initial = [population.member_state(k) for k in range(2)]
     population._start(STEPS)
     while population.num_timesteps < STEPS:
@@ -87,7 +87,7 @@ def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
     for name, value in population.member_state(1).items():
         torch.testing.assert_close(value, solo_trained[name], atol=1e-5, rtol=0)
     first, second = summary["members"]
-    assert first["pruned_at"] == 50 and "pruned_at" not in second
+    assert first["pruned_at"] == 50 and "pruned_at" not in second and summary["pruned"] == 1
     assert [point[0] for point in first["curve"]] == [50] and [point[0] for point in second["curve"]] == [50, STEPS]
     assert first["final_eval"]["episodes"] == 2 and math.isfinite(first["final_eval"]["mean"])
     written = json.loads(population.write_summary(tmp_path / "summary.json").read_text())
@@ -101,7 +101,9 @@ def test_member_with_non_finite_parameters_is_dropped_and_reported():
     population = Population(TD3, "Pendulum-v1", seeds=[0, 1, 2], **SMALL)
     with torch.no_grad():
         population.critic_weights[1][1].fill_(float("nan"))  # member 1 diverged
-    summary = population.learn(STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2, stop="all")
+    with pytest.warns(UserWarning, match=r"member\(s\) 1 \(seed\(s\) 1\) diverged"):
+        summary = population.learn(STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2, stop="all")
+    assert summary["diverged"] == 1 and summary["pruned"] == 0
     entries = summary["members"]
     assert entries[1]["diverged_at"] == 50 and entries[1]["final_eval"] is None
     assert [e["steps_to_target"] for e in entries] == [50, None, 50]
@@ -136,6 +138,12 @@ def test_bad_inputs_are_one_sentence(algo, seeds, hyper, words):
     with pytest.raises(UserError, match=words) as error:
         Population(algo, "Pendulum-v1", seeds=seeds, **hyper)
     assert "\n" not in str(error.value)
+
+
+def test_on_eval_returning_an_unknown_member_is_one_sentence():
+    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    with pytest.raises(UserError, match=r"member\(s\) 5, outside 0..1"):
+        population.learn(STEPS, eval_freq=50, eval_episodes=2, on_eval=lambda steps, means: [5])
 
 
 def test_other_algorithms_and_envs_are_refused():

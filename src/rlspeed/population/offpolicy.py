@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -350,8 +351,8 @@ class OffPolicyPopulation:
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in ("learning_rate", "gamma", "tau")}
-        #: which update implementation trains the members (summary.json's `update`)
-        self.update_choice = "autograd of the members' summed losses"
+        #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd"
+        self.update_path = "autograd"
         self._build(solos)
         del solos
         #: original indices of the members still in the computation; every stacked tensor follows this order
@@ -497,9 +498,12 @@ class OffPolicyPopulation:
                 self._update({key: value[:, i * batch_size:(i + 1) * batch_size] for key, value in rows.items()})
 
     # --- members leaving ---------------------------------------------------------------------------------------
-    def _remove(self, members: Sequence[int]) -> None:
-        """Take members (original indices) out of the computation; their actor weights stay for evaluation."""
-        members = set(members) & set(self.alive)
+    def remove(self, members: Sequence[int]) -> None:
+        """Take members (original indices) out of the computation: their rows of every stacked tensor (parameters,
+        targets, Adam moments and steps, hyperparameters, generators, replay rows) are cut out, and their actors'
+        weights kept as they are now for the final evaluation. Their env rows step on with zero actions, uncounted.
+        Members already out are ignored."""
+        members = {int(m) for m in members} & set(self.alive)
         if not members:
             return
         for member in members:
@@ -587,8 +591,9 @@ class OffPolicyPopulation:
         `stop="each"`: a member that reached its target leaves the computation and stops being counted;
         `stop="all"`: it keeps training with the others until all have reached. `on_eval(num_timesteps, means)`,
         called after each evaluation with the evaluated members' means (original index -> mean), returns members
-        to remove (pruning: `"pruned_at"` in their entries). A member whose parameters become non-finite is
-        dropped at the next evaluation (`"diverged_at"`). Returns the summary dict (`write_summary` writes it):
+        to remove (pruning: `"pruned_at"` in their entries). Every `eval_freq` steps (with or without evaluation), a
+        member whose parameters became non-finite is dropped with a warning (`"diverged_at"`). Returns the summary
+        dict (`write_summary` writes it):
         per-member time and steps to target, learning curve and final evaluation, and the aggregates (median, IQM
         and their 95% bootstrap intervals, `rlspeed.stats`)."""
         if total_timesteps <= 0:
@@ -608,24 +613,28 @@ class OffPolicyPopulation:
         diverged_at: dict[int, int] = {}
         curves: list[list[list[float]]] = [[] for _ in range(size)]
         reached = [False] * size
-        evaluate_now = target_return is not None or on_eval is not None
+        evaluating = target_return is not None or on_eval is not None
         train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
         member_steps = 0  # env steps of members in the computation, summed
         clock_start = time.perf_counter()
         while self.num_timesteps < end and self.alive:
             member_steps += self.train_iteration() * len(self.alive)
             finished = self.num_timesteps >= end
-            if not (evaluate_now and (self.num_timesteps >= next_eval or finished)):
+            if not (self.num_timesteps >= next_eval or finished):
                 continue
             train_clock += time.perf_counter() - clock_start
             next_eval = self.num_timesteps + eval_freq
-            finite = self._finite_members()
-            broken = [member for member, ok in zip(self.alive, finite) if not ok]
-            for member in broken:
-                diverged_at[member] = self.num_timesteps
-            self._remove(broken)
+            # every eval_freq steps (evaluating or not): members with non-finite parameters are dropped
+            broken = [member for member, ok in zip(self.alive, self._finite_members()) if not ok]
+            if broken:
+                for member in broken:
+                    diverged_at[member] = self.num_timesteps
+                warnings.warn(f"Population member(s) {', '.join(map(str, broken))} (seed(s) "
+                              f"{', '.join(str(self.seeds[m]) for m in broken)}) diverged (non-finite parameters) "
+                              f"by step {self.num_timesteps} and were dropped; the others continue.", stacklevel=2)
+                self.remove(broken)
             evaluated = [member for member in self.alive if not reached[member]] if stop == "each" else list(self.alive)
-            if evaluated:
+            if evaluating and evaluated:
                 means = self.evaluate([self.seeds[m] + 100_000 + self.num_timesteps for m in evaluated],
                                       eval_episodes, evaluated)
                 by_member = {m: float(means[i]) for i, m in enumerate(evaluated)}
@@ -641,12 +650,17 @@ class OffPolicyPopulation:
                     reached[member] = True
                     time_to_target[member], steps_to_target[member] = train_clock, self.num_timesteps
                 if on_eval is not None:
-                    pruned = [int(m) for m in (on_eval(self.num_timesteps, by_member) or ()) if int(m) in self.alive]
+                    pruned = [int(m) for m in (on_eval(self.num_timesteps, by_member) or ())]
+                    outside = [m for m in pruned if not 0 <= m < size]
+                    if outside:
+                        raise UserError(f"on_eval returned member(s) {', '.join(map(str, outside))}, outside "
+                                        f"0..{size - 1}: return original member indices.")
+                    pruned = [m for m in pruned if m in self.alive]
                     for member in pruned:
                         pruned_at[member] = self.num_timesteps
-                    self._remove(pruned)
+                    self.remove(pruned)
                 if stop == "each":
-                    self._remove(hits)
+                    self.remove(hits)
             if target_return is not None and all(reached[m] for m in self.alive):
                 break
             clock_start = time.perf_counter()
@@ -675,7 +689,9 @@ class OffPolicyPopulation:
             "algo": self.algo_name, "env_id": self.env_id, "population": size, "seeds": self.seeds,
             "device": str(self.device), "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
             "train_wall_s": train_clock, "sps": member_steps / max(train_clock, 1e-9),
-            "target_return": target_return, "reached": sum(reached), "update": self.update_choice, "members": members,
+            "target_return": target_return, "reached": sum(reached), "pruned": len(pruned_at),
+            "diverged": len(diverged_at),
+            "update": self.update_path, "members": members,
             "aggregate": {"final_eval": aggregate(finals) if finals else None,
                           "steps_to_target": aggregate(reached_steps) if reached_steps else None,
                           "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
@@ -745,7 +761,7 @@ class SACPopulation(OffPolicyPopulation):
         self._tanh = activation is torch.nn.Tanh
         self._workspace = Workspace()
         if self._hand_derived:
-            self.update_choice = "hand-derived gradient of every member (rlspeed.fused's ensemble passes)"
+            self.update_path = "hand-derived"
 
     def _params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases, *self.critic_weights, *self.critic_biases, self.log_alpha]
