@@ -341,11 +341,11 @@ def _train_population(args: argparse.Namespace) -> int:
         line = f"{summary['reached']} of {len(seeds)} members reached {target:g}"
         if steps is not None:
             line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} (95% CI "
-                     f"{steps['iqm_ci'][0]:,.0f}-{steps['iqm_ci'][1]:,.0f})")
+                     f"{steps['iqm_ci'][0]:,.0f} to {steps['iqm_ci'][1]:,.0f})")
         print(f"rlspeed: {line}")
     if final is not None:
         print(f"rlspeed: final evaluation (deterministic, 10 episodes each): median {final['median']:.1f}, IQM "
-              f"{final['iqm']:.1f} (95% CI {final['iqm_ci'][0]:.1f}-{final['iqm_ci'][1]:.1f}); training "
+              f"{final['iqm']:.1f} (95% CI {final['iqm_ci'][0]:.1f} to {final['iqm_ci'][1]:.1f}); training "
               f"{summary['train_wall_s']:.2f} s")
     print(f"rlspeed: run directory {run_dir}")
     return 0
