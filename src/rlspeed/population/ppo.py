@@ -264,6 +264,8 @@ class PPOPopulation:
         """One rollout of `num_steps` steps of every env row, GAE, and `n_epochs` of minibatch updates for every
         member; returns each member's sum of finished episodes' returns and their count `[2, K]` (device)."""
         cfg, size, envs = self.config, len(self.alive), self.config.num_envs
+        if not size:
+            raise UserError("Every member has left the population (reached, pruned or diverged): nothing to train.")
         if self._env is None:
             seeds = [self.seeds[k] for k in self.alive]
             self._env = self._make_env(envs, seeds)
