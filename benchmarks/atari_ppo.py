@@ -1,0 +1,283 @@
+"""PPO on Atari Breakout (BreakoutNoFrameskip-v4): rlspeed against Stable-Baselines3 `CnnPolicy`, 8 envs, RL-Zoo's
+PPO `atari` settings (rlspeed's preset translates them: presets/ppo.yaml).
+
+Three subcommands, so that each measurement runs in a fresh process and the slow learning runs can go in the
+background:
+
+- `throughput`: env steps/s of training in a steady-state window: `--iterations` rollouts of 8 x 128 steps, each
+  with its update (4 epochs of minibatches of 256), after `--warmup` untimed ones (start-up, first rollout and
+  update excluded). Sides: rlspeed on Gymnasium envs (`env_backend="gymnasium"`: one process, envs stepped in turn,
+  as SB3's DummyVecEnv), rlspeed on EnvPool (`env_backend="envpool"`), and SB3 PPO `CnnPolicy` on its standard
+  Atari wrappers (`make_atari_env` + `VecFrameStack(4)`, DummyVecEnv). The sides of a pair run one after another
+  in fresh processes (order reversed every other pair); reports ratios per pair and their medians.
+- `sb3-learn`: one SB3 learning run at a fixed budget, then a deterministic 10-episode evaluation on separate envs
+  with full games and raw scores (SB3's Atari wrappers without episodic life or reward clipping); writes a JSON file.
+  rlspeed's learning runs are `rlspeed train ppo BreakoutNoFrameskip-v4 ... --out DIR` (summary.json `final_eval`).
+- `publish`: the README section and results/atari_ppo.json.
+
+torch.set_num_threads(--threads, default 1) for every run of both libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+
+ENV_ID = "BreakoutNoFrameskip-v4"
+NUM_ENVS = 8
+NUM_STEPS = 128
+ROLLOUT = NUM_ENVS * NUM_STEPS
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 100_000
+SIDES = ("rlspeed-gym", "rlspeed-gym-auto", "rlspeed-envpool", "rlspeed-envpool-auto", "sb3")
+
+
+def sb3_model(seed: int, total_steps: int):
+    """SB3 PPO CnnPolicy at RL-Zoo's `atari` settings (rl_zoo3 hyperparams/ppo.yml), and its training env."""
+    import ale_py
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    gym.register_envs(ale_py)
+    env = VecFrameStack(make_atari_env(ENV_ID, n_envs=NUM_ENVS, seed=seed), n_stack=4)
+    model = PPO("CnnPolicy", env, n_steps=NUM_STEPS, n_epochs=4, batch_size=256,
+                learning_rate=lambda progress: 2.5e-4 * progress, clip_range=lambda progress: 0.1 * progress,
+                vf_coef=0.5, ent_coef=0.01, gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5, seed=seed,
+                device="cpu", verbose=0)
+    return model, env
+
+
+def rlspeed_model(backend: str, seed: int, threads: int, accelerate: str = "off"):
+    import rlspeed
+    from rlspeed.presets import load_preset, split_run_settings
+
+    _run, hyperparameters = split_run_settings(load_preset("ppo", ENV_ID))
+    return rlspeed.PPO(ENV_ID, env_backend=backend, seed=seed, device="cpu", num_threads=threads,
+                       accelerate=accelerate, **hyperparameters)
+
+
+def _window(marks: list[tuple[float, int]], warmup_steps: int) -> dict:
+    start = next(m for m in marks if m[1] >= warmup_steps)
+    end = marks[-1]
+    return {"window_steps": end[1] - start[1], "window_s": end[0] - start[0],
+            "sps": (end[1] - start[1]) / (end[0] - start[0])}
+
+
+def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> dict:
+    """One throughput run in this process (see the module docstring)."""
+    common.set_threads(threads)
+    marks: list[tuple[float, int]] = []
+    if side == "sb3":
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        class Marks(BaseCallback):  # rollout ends: each interval is one update plus one rollout, as rlspeed's
+            def _on_step(self) -> bool:
+                return True
+
+            def _on_rollout_end(self) -> None:
+                marks.append((time.perf_counter(), self.num_timesteps))
+
+        model, env = sb3_model(seed, (warmup + 1 + iterations) * ROLLOUT)
+        common.set_threads(threads)
+        model.learn((warmup + 1 + iterations) * ROLLOUT, callback=Marks())
+        env.close()
+        window = _window(marks, (warmup + 1) * ROLLOUT)
+        record = {"library": "stable-baselines3", "env_backend": "gymnasium (SB3 make_atari_env, DummyVecEnv)"}
+    else:
+        def mark(local_vars) -> bool:  # after each iteration: one rollout and its update
+            marks.append((time.perf_counter(), local_vars["self"].num_timesteps))
+            return True
+
+        backend = "envpool" if side.startswith("rlspeed-envpool") else "gymnasium"
+        model = rlspeed_model(backend, seed, threads, "auto" if side.endswith("-auto") else "off")
+        common.set_threads(threads)
+        model.learn((warmup + iterations) * ROLLOUT, callback=mark, progress_bar=False)
+        window = _window(marks, warmup * ROLLOUT)
+        record = {"library": "rlspeed", "env_backend": model.env_backend, "update": model.update_summary(),
+                  "accelerate": json.loads(json.dumps(model.acceleration_summary(), default=str))}
+    return {"side": side, "threads": threads, "iterations": iterations, "warmup": warmup, **record, **window}
+
+
+def throughput(args) -> dict:
+    runs = []
+    loadavg_before = Path("/proc/loadavg").read_text().split()[:3]
+    for pair in range(args.pairs):
+        order = list(args.sides) if pair % 2 == 0 else list(reversed(args.sides))
+        for side in order:
+            command = [sys.executable, __file__, "worker", "--side", side, "--iterations", str(args.iterations),
+                       "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(pair)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            result = json.loads(output.strip().splitlines()[-1])
+            result["pair"] = pair
+            print(f"  pair {pair} {side}: {result['sps']:.1f} steps/s", flush=True)
+            runs.append(result)
+    data = {"iterations": args.iterations, "warmup": args.warmup, "pairs": args.pairs, "threads": args.threads,
+            "loadavg_before": loadavg_before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
+            "runs": runs, "machine": common.machine_description(
+                ("rlspeed", "torch", "gymnasium", "ale-py", "envpool", "stable-baselines3"))}
+    Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return data
+
+
+def sb3_learn(args) -> dict:
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    common.set_threads(args.threads)
+    model, env = sb3_model(args.seed, args.budget)
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    model.learn(args.budget)
+    train_wall_s = time.perf_counter() - started
+    env.close()
+    # full games, raw scores: no episodic life, no reward clipping (FireReset at a game's start stays, as SB3 has it)
+    eval_env = VecFrameStack(make_atari_env(ENV_ID, n_envs=EVAL_EPISODES, seed=args.seed + EVAL_SEED_OFFSET,
+                                            wrapper_kwargs=dict(terminal_on_life_loss=False, clip_reward=False)),
+                             n_stack=4)
+    eval_started = time.perf_counter()
+    returns, lengths = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True,
+                                       return_episode_rewards=True)
+    result = {"library": "stable-baselines3", "algo": "ppo", "env_id": ENV_ID, "seed": args.seed,
+              "total_timesteps": int(model.num_timesteps), "train_wall_s": train_wall_s,
+              "sps": model.num_timesteps / train_wall_s, "eval_wall_s": time.perf_counter() - eval_started,
+              "final_eval": {"mean": float(statistics.fmean(returns)), "std": float(statistics.pstdev(returns)),
+                             "episodes": len(returns), "returns": [float(r) for r in returns],
+                             "lengths": [int(n) for n in lengths]}}
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+def _rlspeed_run(directory: str) -> dict:
+    summary = json.loads((Path(directory) / "summary.json").read_text())
+    return {"library": "rlspeed", "run_dir": directory, **{key: summary.get(key) for key in (
+        "algo", "env_id", "seed", "env_backend", "total_timesteps", "train_wall_s", "sps", "final_eval",
+        "accelerate", "update")}}
+
+
+def publish(args) -> None:
+    data = json.loads(Path(args.throughput).read_text())
+    data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
+    runs = data["runs"]
+    by_pair: dict[int, dict[str, dict]] = {}
+    for run in runs:
+        by_pair.setdefault(run["pair"], {})[run["side"]] = run
+    labels = {"rlspeed-gym": ("rlspeed", "Gymnasium AtariPreprocessing + FrameStack, 8 envs in one process"),
+              "rlspeed-envpool": ("rlspeed", "EnvPool (`--env-backend envpool`), 8 envs"),
+              "sb3": ("Stable-Baselines3 `CnnPolicy`", "`make_atari_env` + `VecFrameStack(4)`, DummyVecEnv, 8 envs")}
+    targets = {"rlspeed-gym": 2.0, "rlspeed-envpool": 3.0}
+    summary: dict = {}
+    rows = []
+    for side in SIDES:
+        values = [pair[side]["sps"] for pair in by_pair.values() if side in pair]
+        if not values:
+            continue
+        ratios = [pair[side]["sps"] / pair["sb3"]["sps"] for pair in by_pair.values() if side in pair and "sb3" in pair]
+        median_ratio = statistics.median(ratios) if ratios else None
+        summary[side] = {"sps": common.spread(values), "ratio_to_sb3_per_pair": ratios,
+                         "ratio_to_sb3_median": median_ratio, "target": targets.get(side)}
+        target = f">= {targets[side]:.0f}x" if side in targets else ""
+        rows.append([*labels[side], common.fmt(summary[side]["sps"]["median"]), common.fmt_range(summary[side]["sps"]),
+                     ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(median_ratio), target])
+    learning = [_rlspeed_run(d) for d in args.rlspeed_runs] + [json.loads(Path(f).read_text()) for f in args.sb3_runs]
+    learn_rows = []
+    for run in learning:
+        evaluation = run.get("final_eval") or {}
+        learn_rows.append([run["library"], run.get("env_backend") or "gymnasium (SB3 make_atari_env)", run.get("seed"),
+                           f"{run['total_timesteps']:,}", common.fmt(evaluation.get("mean"), ",.1f"),
+                           common.fmt(evaluation.get("std"), ",.1f"), common.fmt(run.get("sps"), ",.0f")])
+    load = f"load average {' '.join(data['loadavg_before'])} before, {' '.join(data['loadavg_after'])} after"
+    lines = [
+        "## PPO on Atari Breakout (`benchmarks/atari_ppo.py`)",
+        "",
+        f"### (a) Steps/s, steady state ({data['pairs']} pairs, fresh processes)",
+        "",
+        "RL-Zoo's PPO `atari` settings for both (rlspeed: its preset, presets/ppo.yaml, which translates them: "
+        "Nature CNN with linear heads on the 512 shared features, 8 envs x 128 steps, 4 epochs, minibatch 256, "
+        "lr 2.5e-4 and clip 0.1 both annealed, ent 0.01, SB3 vf_coef 0.5 = rlspeed 1.0). BreakoutNoFrameskip-v4, "
+        "84x84 grey, 4 stacked frames, frame skip 4. Timed window: "
+        f"{data['iterations']} rollouts of 1,024 env steps each with its update, after {data['warmup']} untimed "
+        f"one(s) (start-up excluded). torch.set_num_threads({data['threads']}) in every run. The sides of a pair "
+        "run one after another in fresh processes, order reversed every other pair. The 2 cores were shared with "
+        f"other jobs ({load}): compare ratios within a pair.",
+        "",
+        common.markdown_table(["Library", "Envs", "Steps/s median", "Range", "Ratio to SB3 per pair",
+                               "Median ratio", "Target"], rows),
+    ]
+    if args.profile:
+        lines += ["", "### Where rlspeed's time goes", "", Path(args.profile).read_text().strip()]
+    lines += [
+        "",
+        "### (b) Learning at a fixed budget (one seed per library)",
+        "",
+        "Final evaluation: deterministic policy, 10 full games with raw scores (no episodic life, no reward "
+        "clipping) on envs separate from training. rlspeed: `rlspeed train ppo BreakoutNoFrameskip-v4 "
+        "--total-timesteps N --out DIR` (summary.json `final_eval`); SB3: `evaluate_policy` on `make_atari_env(..., "
+        "wrapper_kwargs=dict(terminal_on_life_loss=False, clip_reward=False))` + `VecFrameStack(4)`. Training "
+        "differs in one wrapper: SB3's presses FIRE after every reset (`FireResetEnv`), rlspeed's does not. "
+        "Steps/s here are whole runs on a shared machine, not a speed comparison.",
+        "",
+        common.markdown_table(["Library", "Envs", "Seed", "Env steps", "Eval mean", "Eval std",
+                               "Steps/s (whole run)"], learn_rows),
+    ]
+    if not learn_rows:
+        lines[-1] = "No learning run finished for this section in this session."
+    if args.notes:
+        lines += ["", Path(args.notes).read_text().strip()]
+    if args.commit:
+        lines += ["", f"Commit: `{args.commit}`."]
+    common.publish("atari_ppo", lines, {"throughput": data, "throughput_summary": summary, "learning": learning},
+                   write=not args.no_write, machine=data["machine"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="(internal) one throughput run; prints JSON")
+    w.add_argument("--side", choices=SIDES, required=True)
+    w.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("throughput", help="alternating pairs of throughput runs")
+    t.add_argument("--pairs", type=int, default=3)
+    t.add_argument("--sides", nargs="+", choices=SIDES, default=["rlspeed-gym", "rlspeed-envpool", "sb3"])
+    t.add_argument("--json", default="/tmp/helperE/atari_throughput.json")
+    for p in (w, t):
+        p.add_argument("--iterations", type=int, default=3, help="timed rollouts (each with its update)")
+        p.add_argument("--warmup", type=int, default=1, help="untimed rollouts (each with its update) first")
+        p.add_argument("--threads", type=int, default=1)
+    s = sub.add_parser("sb3-learn", help="one SB3 learning run at a fixed budget")
+    s.add_argument("--budget", type=int, default=200_000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--json", required=True)
+    p = sub.add_parser("publish", help="write the README section and results JSON")
+    p.add_argument("--throughput", default="/tmp/helperE/atari_throughput.json")
+    p.add_argument("--profile", default="", help="a Markdown file: where rlspeed's time goes (`rlspeed profile`)")
+    p.add_argument("--rlspeed-runs", nargs="*", default=[])
+    p.add_argument("--sb3-runs", nargs="*", default=[])
+    p.add_argument("--notes", default="", help="a Markdown file appended to the section")
+    p.add_argument("--commit", default="")
+    p.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if args.command == "worker":
+        print(json.dumps(worker(args.side, args.iterations, args.warmup, args.threads, args.seed), default=str))
+    elif args.command == "throughput":
+        throughput(args)
+    elif args.command == "sb3-learn":
+        sb3_learn(args)
+    else:
+        publish(args)
+
+
+if __name__ == "__main__":
+    main()

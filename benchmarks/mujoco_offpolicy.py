@@ -1,0 +1,280 @@
+"""MuJoCo (Gymnasium v5 ids): rlspeed SAC against Stable-Baselines3 SAC on HalfCheetah-v5 at RL-Zoo settings, and
+learning at fixed budgets (SAC HalfCheetah, TD3 and PPO Hopper).
+
+Three subcommands, so that each measurement runs in a fresh process and the slow learning runs can go in the
+background:
+
+- `throughput`: steps/s of training in a steady-state window (after the 10,000 random steps and a warm-up of
+  updates), rlspeed fp32 eager, rlspeed `accelerate="auto"` and SB3, each pair of runs in fresh processes one after
+  another (the order alternates pair by pair), so that a busy patch of a shared machine hits every side; reports the
+  ratio per pair and the median. Both libraries: 1 env (Gymnasium), batch 256, [256, 256], lr 3e-4, one gradient
+  step per env step, automatic entropy, learning_starts 10,000 (RL-Zoo's MuJoCo defaults; rlspeed's preset).
+- `sb3-learn`: one SB3 learning run at a fixed budget with RL-Zoo's settings, then the evaluation rlspeed's
+  `summary.json` holds (deterministic, 10 episodes, a separate env); writes a JSON file. rlspeed's learning runs
+  are `rlspeed train ... --out DIR` (summary.json's `final_eval`).
+- `publish`: the README section and results/mujoco_offpolicy.json from the throughput JSON and the learning runs.
+
+torch.set_num_threads(--threads, default 1) for every run of both libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+
+ENV_ID = "HalfCheetah-v5"
+LEARNING_STARTS = 10_000
+EVAL_EPISODES = 10
+EVAL_SEED_OFFSET = 100_000
+
+
+# --- throughput --------------------------------------------------------------------------------------------------
+
+def _window(marks: list[tuple[float, int]], warmup_steps: int) -> dict:
+    """Steps/s between the first mark at or past `warmup_steps` and the last mark."""
+    start = next(m for m in marks if m[1] >= warmup_steps)
+    end = marks[-1]
+    return {"window_steps": end[1] - start[1], "window_s": end[0] - start[0],
+            "sps": (end[1] - start[1]) / (end[0] - start[0])}
+
+
+def worker(side: str, steps: int, warmup: int, threads: int, seed: int) -> dict:
+    """One throughput run in this process: train for LEARNING_STARTS + warmup + steps, time the last `steps`."""
+    common.set_threads(threads)
+    marks: list[tuple[float, int]] = []
+    total = LEARNING_STARTS + warmup + steps
+    if side == "sb3":
+        from stable_baselines3 import SAC
+        from stable_baselines3.common.callbacks import BaseCallback
+
+        class Marks(BaseCallback):
+            def _on_step(self) -> bool:
+                if self.num_timesteps % 100 == 0:
+                    marks.append((time.perf_counter(), self.num_timesteps))
+                return True
+
+        model = SAC("MlpPolicy", ENV_ID, learning_starts=LEARNING_STARTS, seed=seed, device="cpu", verbose=0)
+        common.set_threads(threads)
+        model.learn(total, callback=Marks())
+        record = {"library": "stable-baselines3", "update": "SB3 SAC, fp32 eager"}
+    else:
+        import rlspeed
+        from rlspeed.presets import load_preset, split_run_settings
+
+        def mark(local_vars) -> bool:
+            step = local_vars["self"].num_timesteps
+            if step % 100 == 0:
+                marks.append((time.perf_counter(), step))
+            return True
+
+        accelerate = "auto" if side == "rlspeed-auto" else "off"
+        _run, hyperparameters = split_run_settings(load_preset("sac", ENV_ID))  # RL-Zoo's MuJoCo settings
+        model = rlspeed.SAC(ENV_ID, seed=seed, device="cpu", env_backend="gymnasium", accelerate=accelerate,
+                            num_threads=threads, **hyperparameters)
+        common.set_threads(threads)
+        model.learn(total, callback=mark, progress_bar=False)
+        record = {"library": "rlspeed", "accelerate_arg": accelerate,
+                  "accelerate": _json_safe(model.acceleration_summary()), "update": _json_safe(model.update_summary()),
+                  "report": model.report()}
+    return {"side": side, "threads": threads, "warmup_steps": warmup, **record,
+            **_window(marks, LEARNING_STARTS + warmup)}
+
+
+def _json_safe(value):
+    return json.loads(json.dumps(value, default=str)) if value is not None else None
+
+
+def throughput(args) -> dict:
+    sides = ["rlspeed", "sb3", "rlspeed-auto"]
+    runs = []
+    uptime_before = Path("/proc/loadavg").read_text().split()[:3]
+    for pair in range(args.pairs):
+        order = sides if pair % 2 == 0 else list(reversed(sides))
+        for side in order:
+            command = [sys.executable, __file__, "worker", "--side", side, "--steps", str(args.steps),
+                       "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(pair)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            result = json.loads(output.strip().splitlines()[-1])
+            result["pair"] = pair
+            print(f"  pair {pair} {side}: {result['sps']:.1f} steps/s", flush=True)
+            runs.append(result)
+    uptime_after = Path("/proc/loadavg").read_text().split()[:3]
+    data = {"steps": args.steps, "warmup": args.warmup, "pairs": args.pairs, "threads": args.threads,
+            "loadavg_before": uptime_before, "loadavg_after": uptime_after, "runs": runs,
+            "machine": common.machine_description(("rlspeed", "torch", "gymnasium", "mujoco", "stable-baselines3"))}
+    Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return data
+
+
+# --- SB3 learning runs -------------------------------------------------------------------------------------------
+
+def sb3_learn(args) -> dict:
+    import gymnasium as gym
+    import torch
+    from stable_baselines3 import PPO, SAC, TD3
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.noise import NormalActionNoise
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    common.set_threads(args.threads)
+    normalize = None
+    if args.algo == "sac":  # RL-Zoo hyperparams/sac.yml, MuJoCo entries: SB3 defaults after 10,000 random steps
+        model = SAC("MlpPolicy", args.env, learning_starts=LEARNING_STARTS, seed=args.seed, device="cpu")
+    elif args.algo == "td3":  # RL-Zoo hyperparams/td3.yml: normal noise 0.1, 10,000 random steps
+        actions = gym.make(args.env).action_space.shape[0]
+        model = TD3("MlpPolicy", args.env, learning_starts=LEARNING_STARTS, seed=args.seed, device="cpu",
+                    action_noise=NormalActionNoise(mean=[0.0] * actions, sigma=[0.1] * actions))
+    else:  # RL-Zoo hyperparams/ppo.yml, Hopper-v4 entry, normalize: true
+        env = VecNormalize(make_vec_env(args.env, n_envs=1, seed=args.seed), gamma=0.999)
+        normalize = env
+        model = PPO("MlpPolicy", env, batch_size=32, n_steps=512, gamma=0.999, learning_rate=9.80828e-05,
+                    ent_coef=0.00229519, clip_range=0.2, n_epochs=5, gae_lambda=0.99, max_grad_norm=0.7,
+                    vf_coef=0.835671, seed=args.seed, device="cpu",
+                    policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=torch.nn.ReLU,
+                                       net_arch=dict(pi=[256, 256], vf=[256, 256])))
+    common.set_threads(args.threads)
+    started = time.perf_counter()
+    model.learn(args.budget)
+    train_wall_s = time.perf_counter() - started
+    eval_env = make_vec_env(args.env, n_envs=1, seed=args.seed + EVAL_SEED_OFFSET)
+    if normalize is not None:
+        eval_env = VecNormalize(eval_env, training=False, norm_reward=False)
+        eval_env.obs_rms = normalize.obs_rms
+    returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True,
+                                 return_episode_rewards=True)
+    result = {"library": "stable-baselines3", "algo": args.algo, "env_id": args.env, "seed": args.seed,
+              "total_timesteps": int(model.num_timesteps), "train_wall_s": train_wall_s,
+              "sps": model.num_timesteps / train_wall_s,
+              "final_eval": {"mean": float(statistics.fmean(returns)), "std": float(statistics.pstdev(returns)),
+                             "episodes": len(returns), "returns": [float(r) for r in returns]}}
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+# --- publish -----------------------------------------------------------------------------------------------------
+
+def _rlspeed_run(directory: str) -> dict:
+    summary = json.loads((Path(directory) / "summary.json").read_text())
+    return {"library": "rlspeed", "run_dir": directory, **{key: summary.get(key) for key in (
+        "algo", "env_id", "seed", "env_backend", "total_timesteps", "train_wall_s", "sps", "final_eval",
+        "accelerate", "update")}}
+
+
+def publish(args) -> None:
+    data = json.loads(Path(args.throughput).read_text())
+    data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
+    runs = data["runs"]
+    by_pair: dict[int, dict[str, dict]] = {}
+    for run in runs:
+        by_pair.setdefault(run["pair"], {})[run["side"]] = run
+    labels = {"rlspeed": "rlspeed SAC, `accelerate=\"off\"` (fp32 eager)",
+              "rlspeed-auto": "rlspeed SAC, `accelerate=\"auto\"`",
+              "sb3": "Stable-Baselines3 SAC (fp32)"}
+    summary: dict = {}
+    rows = []
+    for side in ("rlspeed", "rlspeed-auto", "sb3"):
+        values = [pair[side]["sps"] for pair in by_pair.values() if side in pair]
+        ratios = [pair[side]["sps"] / pair["sb3"]["sps"] for pair in by_pair.values() if side in pair and "sb3" in pair]
+        summary[side] = {"sps": common.spread(values), "ratio_to_sb3_per_pair": ratios,
+                         "ratio_to_sb3_median": statistics.median(ratios) if ratios else None}
+        rows.append([labels[side], common.fmt(summary[side]["sps"]["median"], ",.1f"),
+                     common.fmt_range(summary[side]["sps"], ",.1f"),
+                     ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(summary[side]["ratio_to_sb3_median"])])
+    auto_runs = [r for r in runs if r["side"] == "rlspeed-auto"]
+    auto_choice = auto_runs[0].get("accelerate") if auto_runs else None
+    learning = [_rlspeed_run(d) for d in args.rlspeed_runs] + [json.loads(Path(f).read_text()) for f in args.sb3_runs]
+    learn_rows = []
+    for run in learning:
+        evaluation = run.get("final_eval") or {}
+        learn_rows.append([run["library"], run["algo"].upper(), run["env_id"], run.get("seed"),
+                           f"{run['total_timesteps']:,}", common.fmt(evaluation.get("mean"), ",.1f"),
+                           common.fmt(evaluation.get("std"), ",.1f"), common.fmt(run.get("sps"), ",.0f")])
+    load = f"load average {' '.join(data['loadavg_before'])} before, {' '.join(data['loadavg_after'])} after"
+    lines = [
+        "## MuJoCo: SAC HalfCheetah-v5 throughput, SAC/TD3/PPO learning at fixed budgets "
+        "(`benchmarks/mujoco_offpolicy.py`)",
+        "",
+        f"### (a) SAC HalfCheetah-v5 steps/s at RL-Zoo settings ({data['pairs']} pairs, fresh processes)",
+        "",
+        "Both: 1 Gymnasium env, batch 256, [256, 256] ReLU, lr 3e-4, one gradient step per env step, automatic "
+        "entropy, learning_starts 10,000 (rlspeed's preset = RL-Zoo's MuJoCo defaults). Timed window: "
+        f"{data['steps']:,} env steps after the 10,000 random steps and {data['warmup']:,} steps of updates "
+        f"(start-up, random steps and warm-up excluded). torch.set_num_threads({data['threads']}) in every run. "
+        "Each pair runs the three sides one after another in fresh processes, order reversed every other pair. "
+        f"The 2 cores were shared with other jobs ({load}): compare ratios within a pair.",
+        "",
+        common.markdown_table(["Library", "Steps/s median", "Range", "Ratio to SB3 per pair", "Median ratio"], rows),
+        "",
+        f"`accelerate=\"auto\"` chose: `{json.dumps(auto_choice)}` "
+        f"(update: `{json.dumps(auto_runs[0].get('update') if auto_runs else None)}`).",
+        "",
+        "### (b) Learning at fixed budgets (one seed per library)",
+        "",
+        "Final evaluation: deterministic policy, 10 episodes, on an env separate from training (rlspeed: "
+        "`rlspeed train ... --out DIR`, summary.json `final_eval`; SB3: `evaluate_policy` on a fresh env, "
+        "with the training normalisation statistics frozen for PPO). Steps/s here are whole runs on a shared "
+        "machine, not a speed comparison.",
+        "",
+        common.markdown_table(["Library", "Algo", "Env", "Seed", "Env steps", "Eval mean", "Eval std",
+                               "Steps/s (whole run)"], learn_rows),
+    ]
+    if not learn_rows:
+        lines[-1] = "No learning run finished for this section in this session."
+    if args.notes:
+        lines += ["", Path(args.notes).read_text().strip()]
+    if args.commit:
+        lines += ["", f"Commit: `{args.commit}`."]
+    common.publish("mujoco_offpolicy", lines, {"throughput": data, "throughput_summary": summary,
+                                              "learning": learning},
+                   write=not args.no_write, machine=data["machine"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="(internal) one throughput run; prints JSON")
+    w.add_argument("--side", choices=["rlspeed", "rlspeed-auto", "sb3"], required=True)
+    for p in (w, t := sub.add_parser("throughput", help="alternating pairs of throughput runs")):
+        p.add_argument("--steps", type=int, default=2000, help="timed env steps per run")
+        p.add_argument("--warmup", type=int, default=500, help="update steps after learning_starts, not timed")
+        p.add_argument("--threads", type=int, default=1)
+    w.add_argument("--seed", type=int, default=0)
+    t.add_argument("--pairs", type=int, default=3)
+    t.add_argument("--json", default="/tmp/helperE/mujoco_throughput.json")
+    s = sub.add_parser("sb3-learn", help="one SB3 learning run at a fixed budget")
+    s.add_argument("--algo", choices=["sac", "td3", "ppo"], required=True)
+    s.add_argument("--env", default=ENV_ID)
+    s.add_argument("--budget", type=int, default=100_000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--json", required=True)
+    p = sub.add_parser("publish", help="write the README section and results JSON")
+    p.add_argument("--throughput", default="/tmp/helperE/mujoco_throughput.json")
+    p.add_argument("--rlspeed-runs", nargs="*", default=[])
+    p.add_argument("--sb3-runs", nargs="*", default=[])
+    p.add_argument("--notes", default="", help="a Markdown file appended to the section")
+    p.add_argument("--commit", default="")
+    p.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    if args.command == "worker":
+        print(json.dumps(worker(args.side, args.steps, args.warmup, args.threads, args.seed)))
+    elif args.command == "throughput":
+        throughput(args)
+    elif args.command == "sb3-learn":
+        sb3_learn(args)
+    else:
+        publish(args)
+
+
+if __name__ == "__main__":
+    main()
