@@ -134,8 +134,12 @@ def _assert_same_members(population, other, pairs):
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
-def test_on_eval_prunes_members_out_of_the_computation(backend):
+@pytest.mark.parametrize("env_id, backend, hyper", [
+    ("CartPole-v1", "torch", {}),
+    ("CartPole-v1", "gymnasium", {}),
+    ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),  # (log_std rows too)
+])
+def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     calls = []
 
     def on_eval(steps, means):
@@ -143,7 +147,7 @@ def test_on_eval_prunes_members_out_of_the_computation(backend):
         assert all(isinstance(mean, float) for mean in means.values())
         return [1] if steps == 128 else None
 
-    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], env_backend=backend, **SMALL)
+    population = Population(PPO, env_id, seeds=[0, 1, 2], env_backend=backend, **SMALL, **hyper)
     summary = population.learn(384, eval_freq=128, eval_episodes=2, on_eval=on_eval)
     assert summary["env_backend"] == backend
     assert calls == [(128, [0, 1, 2]), (256, [0, 2]), (384, [0, 2])]
@@ -153,11 +157,11 @@ def test_on_eval_prunes_members_out_of_the_computation(backend):
     assert [steps for steps, _ in members[1]["curve"]] == [128]
     assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
     # the members that stayed train on exactly as a population that never had member 1 (env rows, Adam, draws)
-    without = Population(PPO, "CartPole-v1", seeds=[0, 2], env_backend=backend, **SMALL)
+    without = Population(PPO, env_id, seeds=[0, 2], env_backend=backend, **SMALL, **hyper)
     without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
     _assert_same_members(population, without, [(0, 0), (2, 1)])
     # and the pruned member keeps the parameters it had when it left
-    stopped = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], env_backend=backend, **SMALL)
+    stopped = Population(PPO, env_id, seeds=[0, 1, 2], env_backend=backend, **SMALL, **hyper)
     stopped.learn(128, eval_freq=128, eval_episodes=2)
     _assert_same_members(population, stopped, [(1, 1)])
 
