@@ -54,6 +54,7 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     (["--seeds", "5-3"], "empty"),
     (["--seeds", "0-3,2"], "more than once"),
     (["--seeds", "1,1"], "more than once"),
+    (["--seeds", "0-4000000000"], "at most"),
     (["--seeds", "0-2", "--set", "learning_rate=1e-3,2e-3"], "2 per-member values"),
     (["--seeds", "0-1", "--set", "net_arch=[64,64],[32,32]"], "net_arch"),
     (["--seeds", "0-1", "--set", "batch_size=64,128"], "batch_size"),

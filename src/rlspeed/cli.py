@@ -6,6 +6,7 @@ Errors the user can cause print one sentence and exit with code 2 (`--debug` sho
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import difflib
 import math
@@ -209,6 +210,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 # --- `rlspeed train --seeds`: a population ---------------------------------------------------------------------
+MAX_POPULATION = 1 << 20  # members one --seeds may give (a typo such as 0-4000000000 must not fill the memory)
+
+
 def _parse_seeds(text: str) -> list[int]:
     """`--seeds` text as a list of seeds: ranges LOW-HIGH (inclusive) and single seeds, comma-separated (`0-31`,
     `0,3,5`, `0-3,8`); UserError for an empty list or range, a seed given twice or one out of range."""
@@ -225,8 +229,11 @@ def _parse_seeds(text: str) -> list[int]:
             raise UserError(f"--seeds {text}: the range {part} is empty (write LOW-HIGH with LOW <= HIGH).")
         if high > MAX_SEED:
             raise UserError(f"--seeds {text}: seeds must be at most {MAX_SEED}.")
+        if len(seeds) + high - low + 1 > MAX_POPULATION:
+            raise UserError(f"--seeds {text}: a population holds at most {MAX_POPULATION:,} members.")
         seeds.extend(range(low, high + 1))
-    repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1}) if len(set(seeds)) != len(seeds) else []
+    counts = collections.Counter(seeds)
+    repeated = sorted(seed for seed, count in counts.items() if count > 1)
     if repeated:
         raise UserError(f"--seeds {text}: seed(s) {', '.join(map(str, repeated[:5]))} given more than once; members "
                         "of a population need distinct seeds.")
