@@ -156,11 +156,13 @@ class _MemberAdam:
 
 class _FlatMemberAdam:
     """`_MemberAdam` on one flat buffer: the parameters become views of `flat` (and their gradients views of `grad`),
-    so a step is a few kernels for all parameters of all members, each element stepping with its member's learning
-    rate and step count (looked up through `member_of`, the member of every element)."""
+    so a step is a few kernels for all parameters of all members. Every member steps on every update (a member that
+    stops leaves the buffer), so the step count and bias corrections are shared; each element's learning rate is its
+    member's (`learning_rates`, looked up once per layout)."""
 
-    def __init__(self, params: Sequence[torch.Tensor], exp_avg: Sequence[torch.Tensor] | None = None,
-                 exp_avg_sq: Sequence[torch.Tensor] | None = None, steps: torch.Tensor | None = None):
+    def __init__(self, params: Sequence[torch.Tensor], learning_rate: torch.Tensor,
+                 exp_avg: Sequence[torch.Tensor] | None = None, exp_avg_sq: Sequence[torch.Tensor] | None = None,
+                 steps: int = 0):
         size, device = params[0].shape[0], params[0].device
         sizes = [p.numel() for p in params]
         with torch.no_grad():
@@ -170,9 +172,10 @@ class _FlatMemberAdam:
             self.exp_avg_sq = (torch.cat([v.reshape(-1) for v in exp_avg_sq]) if exp_avg_sq is not None
                                else torch.zeros_like(self.flat))
         self.grad = torch.zeros_like(self.flat)
-        self.steps = steps.clone() if steps is not None else torch.zeros(size, device=device)
+        self.steps = steps
         members = torch.arange(size, device=device)
         self.member_of = torch.cat([members.repeat_interleave(n // size) for n in sizes])
+        self.learning_rates = torch.index_select(learning_rate, 0, self.member_of)
         self.offsets = [0]
         for n in sizes:
             self.offsets.append(self.offsets[-1] + n)
@@ -186,17 +189,14 @@ class _FlatMemberAdam:
         self.exp_avg_views, self.exp_avg_sq_views = views(self.exp_avg), views(self.exp_avg_sq)
 
     @torch.no_grad()
-    def step(self, learning_rate: torch.Tensor) -> None:
+    def step(self) -> None:
         """One Adam step of every member from the gradients in `grad`."""
         beta1, beta2 = _ADAM_BETAS
         self.steps += 1
-        # (index_select: several times faster than indexing with a tensor on a CPU)
-        step_size = torch.index_select(learning_rate / (1 - beta1 ** self.steps), 0, self.member_of)
-        bias2_sqrt = torch.index_select((1 - beta2 ** self.steps).sqrt(), 0, self.member_of)
         self.exp_avg.lerp_(self.grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
-        denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(_ADAM_EPS)
-        self.flat.addcdiv_(self.exp_avg * step_size, denom, value=-1.0)
+        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(_ADAM_EPS)
+        self.flat.addcdiv_(self.exp_avg * self.learning_rates, denom, value=-1.0 / (1 - beta1 ** self.steps))
 
 
 class MemberReplay:
@@ -751,7 +751,7 @@ class SACPopulation(OffPolicyPopulation):
         self.log_alpha = _leaf([s.log_alpha for s in solos])  # [K, 1]
         self.autotune = torch.tensor([[float(s.autotune)] for s in solos], device=self.device)
         self.target_entropy = torch.tensor([[s.target_entropy] for s in solos], device=self.device)
-        self._adam = _FlatMemberAdam(self._params())
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"])
         self._flat_targets()
         # the hand-derived gradient (as `rlspeed.fused.sac`) where the networks are ReLU or tanh MLPs with hidden
         # layers and fused_update is on, else autograd of the summed losses
@@ -786,8 +786,9 @@ class SACPopulation(OffPolicyPopulation):
         if index.numel() == 0:  # (no member left to train)
             return
         adam = self._adam
-        self._adam = _FlatMemberAdam(self._params(), [m[index] for m in adam.exp_avg_views],
-                                     [v[index] for v in adam.exp_avg_sq_views], adam.steps[index])
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"],
+                                     [m[index] for m in adam.exp_avg_views], [v[index] for v in adam.exp_avg_sq_views],
+                                     adam.steps)
         self._flat_targets()
 
     def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -813,7 +814,7 @@ class SACPopulation(OffPolicyPopulation):
             with torch.no_grad():
                 grads = self._autograd_gradient(batch, self._params())
                 torch.cat([g.reshape(-1) for g in grads], out=self._adam.grad)
-        self._adam.step(self.hyper["learning_rate"])
+        self._adam.step()
         with torch.no_grad():
             self._target_flat.lerp_(self._critic_flat, self._target_tau)
 
