@@ -152,3 +152,19 @@ def test_flat_rmsprop_refuses_what_it_does_not_implement():
         FlatRMSprop(params, torch.optim.RMSprop(params, lr=1e-3, momentum=0.9))
     with pytest.raises(ValueError, match="centering"):
         FlatRMSprop(params, torch.optim.RMSprop(params, lr=1e-3, centered=True))
+
+
+def test_summary_json_names_the_a2c_update(tmp_path, monkeypatch):
+    import json
+
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    for name, extra in (("hand", []), ("off", ["--set", "fused_update=false"])):
+        code = cli.main(["train", "a2c", "CartPole-v1", "--total-timesteps", "400", "--target-return", "none",
+                         "--no-progress", "--out", str(tmp_path / name), *extra])
+        assert code == 0
+    hand = json.loads((tmp_path / "hand" / "summary.json").read_text())["update"]
+    off = json.loads((tmp_path / "off" / "summary.json").read_text())["update"]
+    assert hand == {"implementation": "hand-derived", "reason": "default on this device"}
+    assert off == {"implementation": "autograd", "reason": "fused_update=false"}
