@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -188,13 +189,17 @@ def parse_seeds(spec: str) -> list[int]:
     return seeds
 
 
-def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: float | None) -> dict:
-    """Run (or reuse) `rlspeed train` for one seed; the per-seed record from its summary.json."""
+def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: float | None,
+            reuse_only: bool = False, preset: str = "auto") -> dict | None:
+    """Run (or reuse) `rlspeed train` for one seed; the per-seed record from its summary.json (None: not run, with
+    `reuse_only`)."""
     name = f"{pair.algo}-{pair.env_id.replace('/', '_')}-{seed}" + (f"-{tag}" if tag else "")
     out = RUNS_DIR / name
     command = [str(Path(sys.executable).parent / "rlspeed"), "train", pair.algo, pair.env_id,
                "--target-return", f"{pair.target:g}", "--seed", str(seed), "--out", str(out),
                "--total-timesteps", str(pair.budget), "--threads", "1", "--no-progress", "--overwrite"]
+    if preset != "auto":
+        command += ["--preset", preset]
     for item in overrides:
         command += ["--set", item]
     shown = "rlspeed " + " ".join(command[1:])
@@ -205,11 +210,15 @@ def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: f
         summary = json.loads(summary_file.read_text())
         if previous.get("command") == shown and summary.get("preset", {}).get("origin") == pair.settings:
             print(f"  reused {name}", flush=True)
-            return record(pair, seed, summary, previous.get("process_wall_s"), shown, reused=True)
+            return record(pair, seed, summary, previous.get("process_wall_s"), shown, reused=True,
+                          load=previous.get("load_average_1min"))
+    if reuse_only:
+        return None
     out.mkdir(parents=True, exist_ok=True)
     summary_file.unlink(missing_ok=True)
     # written first: a run that completes after this script was stopped is still reused
-    record_file.write_text(json.dumps({"command": shown, "process_wall_s": None}) + "\n")
+    load = os.getloadavg()[0]
+    record_file.write_text(json.dumps({"command": shown, "process_wall_s": None, "load_average_1min": load}) + "\n")
     started = time.perf_counter()
     with open(out / "stdout.log", "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
@@ -223,13 +232,14 @@ def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: f
     if not summary_file.exists():
         raise RuntimeError(f"{shown} wrote no summary.json (exit {process.returncode}); see {out / 'stdout.log'}")
     summary = json.loads(summary_file.read_text())
-    record_file.write_text(json.dumps({"command": shown, "process_wall_s": wall}) + "\n")
-    result = record(pair, seed, summary, wall, shown, reused=False)
+    record_file.write_text(json.dumps({"command": shown, "process_wall_s": wall, "load_average_1min": load}) + "\n")
+    result = record(pair, seed, summary, wall, shown, reused=False, load=load)
     print(f"  {name}: {common.brief(result)}, final eval {result['final_eval_mean']}, {wall:.0f}s", flush=True)
     return result
 
 
-def record(pair: Pair, seed: int, summary: dict, wall: float | None, command: str, reused: bool) -> dict:
+def record(pair: Pair, seed: int, summary: dict, wall: float | None, command: str, reused: bool,
+           load: float | None = None) -> dict:
     """One seed's row of results/learning_table.json (from the run's summary.json)."""
     final = summary.get("final_eval") or {}
     return {"algo": pair.algo, "env_id": pair.env_id, "seed": seed, "command": command,
@@ -239,16 +249,20 @@ def record(pair: Pair, seed: int, summary: dict, wall: float | None, command: st
             "process_wall_s": None if wall is None else round(wall, 1),
             "final_eval_mean": final.get("mean"), "final_eval_std": final.get("std"),
             "interrupted": summary.get("interrupted", False), "env_backend": summary.get("env_backend"),
-            "preset": summary.get("preset"), "reused": reused}
+            "preset": summary.get("preset"), "reused": reused, "load_average_1min_at_start": load}
 
 
 def row(pair: Pair, runs: list[dict]) -> list[str]:
+    """The pair's line of the README table."""
     steps = common.spread([r["steps_to_target"] for r in runs])
     seconds = common.spread([r["time_to_target_s"] for r in runs])
     finals = common.spread([r["final_eval_mean"] for r in runs])
     settings = {"rlspeed": "rlspeed", "zoo": "RL-Zoo", "rlspeed-default": "rlspeed default"}.get(
         pair.settings_source, pair.settings_source)
     zoo = "—" if pair.zoo_score is None else f"{pair.zoo_score:g} ({pair.zoo_timesteps})"
+    if not runs:
+        return [pair.algo.upper(), pair.env_id, settings, pair.budget_note, f"{pair.target:g} ({pair.target_source})",
+                "not run (time)", "—", "—", "—", zoo]
     return [pair.algo.upper(), pair.env_id, settings, pair.budget_note,
             f"{pair.target:g} ({pair.target_source})", f"{steps['count']}/{len(runs)}",
             common.fmt(steps["median"]), common.fmt(seconds["median"], ".1f"), common.fmt(finals["median"], ".1f"),
@@ -266,7 +280,10 @@ def main() -> None:
                         help="seconds after which a run is stopped (SIGTERM; reported as interrupted)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="hyperparameter override passed to every run (a sweep; use with --tag and --no-write)")
+    parser.add_argument("--preset", default="auto", help="preset source passed to every run (a sweep; default auto)")
     parser.add_argument("--tag", default="", help="suffix of the run directories (keeps sweep runs apart)")
+    parser.add_argument("--reuse-only", action="store_true",
+                        help="start no run: build the table from the finished runs (pairs without one say so)")
     parser.add_argument("--no-write", action="store_true", help="print the table only")
     args = parser.parse_args()
 
@@ -275,9 +292,14 @@ def main() -> None:
     pairs = [make_pair(algo, env_id, args.budget_scale) for algo, env_id in select_pairs(args.pairs)]
     tasks = [(pair, seed) for pair in pairs for seed in seeds]
     print(f"learning_table: {len(pairs)} pairs x {len(seeds)} seeds, {args.jobs} at a time", flush=True)
+    load_before = os.getloadavg()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda task: run_one(*task, args.set, args.tag, args.max_wall), tasks))
+        results = [result for result in pool.map(
+            lambda task: run_one(*task, args.set, args.tag, args.max_wall, args.reuse_only,
+                                        args.preset), tasks) if result]
 
+    load_after = os.getloadavg()
+    loads = sorted(r["load_average_1min_at_start"] for r in results if r["load_average_1min_at_start"] is not None)
     by_pair = {(p.algo, p.env_id): [r for r in results if (r["algo"], r["env_id"]) == (p.algo, p.env_id)]
                for p in pairs}
     headers = ["algo", "env", "settings", "budget (env steps)", "threshold", "seeds reached",
@@ -301,10 +323,16 @@ def main() -> None:
         "",
         f"Seeds: {args.seeds} ({len(seeds)} per pair){', budget scale ' + str(args.budget_scale) if args.budget_scale != 1 else ''}.",  # noqa: E501
         "",
+        "The 2 cores were shared with other jobs: the 1-minute load average when a run started was "
+        + (f"{loads[0]:.1f}-{loads[-1]:.1f} (median {statistics.median(loads):.1f}; recorded for {len(loads)} of "
+           f"{len(results)} runs)" if loads else "not recorded")
+        + ", so seconds here are longer than on an idle machine; compare steps between rows, seconds within a row.",
+        "",
         table,
     ]
     common.publish("learning_table", lines, {"seeds": seeds, "budget_scale": args.budget_scale,
                                              "zoo_commit": ZOO_COMMIT,
+                                             "load_average_1_5_15": {"before": load_before, "after": load_after},
                                              "pairs": [vars(p) for p in pairs], "runs": results},
                    write=not args.no_write)
 
