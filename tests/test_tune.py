@@ -26,7 +26,7 @@ def _command(tmp_path, *extra: str) -> list[str]:
     space.write_text(yaml.safe_dump(SPACE))
     return ["tune", "ppo", "CartPole-v1", "--population", "2", "--budget", "256", "--eval-freq", "128",
             "--target-return", "1000", "--storage", str(tmp_path / "study.db"), "--search-space", str(space),
-            "--out", str(tmp_path / "best.yaml"), *SET, *extra]
+            "--out", str(tmp_path / "best.yaml"), "--confirm-seeds", "2", *SET, *extra]
 
 
 def _states(tmp_path) -> dict[int, str]:
@@ -74,7 +74,7 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
 
 
 def test_written_preset_trains_with_preset_file(tmp_path):
-    assert cli.main(_command(tmp_path, "--trials", "2")) == 0
+    assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "4")) == 0
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
     # the completed trials (best first) and the starting configuration, each trained again on 4 new seeds; the
     # best median is written
@@ -87,12 +87,13 @@ def test_written_preset_trains_with_preset_file(tmp_path):
     assert preset["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
     assert preset["clip_range"] == best["clip_range"]
     assert {key: preset[key] for key in FIXED} == FIXED
-    assert preset["total_timesteps"] == 256 and preset["eval_freq"] == 128
+    # with a target, the training budget is the starting preset's (training stops at the target), not the trials'
+    assert preset["total_timesteps"] == 100_000 and preset["eval_freq"] == 128 and preset["target_return"] == 1000
     run = tmp_path / "run"
     assert cli.main(["train", "ppo", "CartPole-v1", "--preset", str(tmp_path / "best.yaml"), "--target-return",
-                     "none", "--no-progress", "--out", str(run)]) == 0
+                     "none", "--total-timesteps", "128", "--no-progress", "--out", str(run)]) == 0
     config = yaml.safe_load((run / "config.yaml").read_text())
-    assert config["total_timesteps"] == 256
+    assert config["eval_freq"] == 128
     assert config["hyperparameters"]["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
     assert config["hyperparameters"]["num_steps"] == 16
 

@@ -377,7 +377,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         target = run_settings.get("target_return", env_spec(args.env_id).reward_threshold)
     eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
-    budget = args.budget or run_settings.get("total_timesteps") or 1_000_000
+    train_timesteps = run_settings.get("total_timesteps") or 1_000_000
+    # a search needs to rank configurations, not train one: a trial that has not reached the target in a third of a
+    # training run's budget is not one it is after
+    budget = args.budget or max(train_timesteps // 3, 1)
     env_name = args.env_id.replace("/", "_")
     study_name = args.study_name or f"{algo_cls.name}-{env_name}"
     out = args.out or f"tuned-{algo_cls.name}-{env_name}.yaml"
@@ -393,7 +396,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
                  study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target,
                  eval_freq=eval_freq, search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
-                 confirm_seeds=args.confirm_seeds, out=out, seed=args.seed, device=device, command=command)
+                 confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
+                 device=device, command=command)
         except Terminated:
             print("rlspeed: terminated (SIGTERM)", file=sys.stderr)
             return 143
@@ -951,11 +955,11 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--search-space", default=None, metavar="FILE",
                      help="YAML: hyperparameter -> {low, high[, log, one_minus]} | {choices: [...]} | value "
                           "(default: RL-Zoo's space, per-member hyperparameters only)")
-    tun.add_argument("--budget", type=_whole(1), default=None, help="env steps per trial (default: preset's "
-                     "total_timesteps)")
-    tun.add_argument("--confirm-seeds", type=_whole(0), default=4, metavar="N",
+    tun.add_argument("--budget", type=_whole(1), default=None, help="env steps per trial (default: a third of the "
+                     "preset's total_timesteps)")
+    tun.add_argument("--confirm-seeds", type=_whole(0), default=16, metavar="N",
                      help="train the 4 best trials and the starting configuration again on N new seeds each and write "
-                          "the best median (default 4; 0 = write the best trial unconfirmed)")
+                          "the best median (default 16; 0 = write the best trial unconfirmed)")
     tun.add_argument("--out", default=None, metavar="FILE",
                      help="the best configuration as a preset YAML (default tuned-ALGO-ENV_ID.yaml)")
     tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",

@@ -234,6 +234,7 @@ class _Setup:
     eval_freq: int | None
     seed: int
     device: object
+    preset_timesteps: int  # the total_timesteps the preset file gets
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
@@ -333,9 +334,9 @@ def _fail_stale(study) -> int:
 
 def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: str, study_name: str,
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
-         search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 4,
-         confirm_top: int = 4, out: str | Path, seed: int = 0, device="cpu", command: str | None = None,
-         say: Callable[..., None] = print) -> dict:
+         search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
+         confirm_top: int = 4, out: str | Path, total_timesteps: int | None = None, seed: int = 0, device="cpu",
+         command: str | None = None, say: Callable[..., None] = print) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
     write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
@@ -343,7 +344,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
-    steps per member. See the module docstring for the objective, pruning and resume."""
+    steps per member. `total_timesteps`: the training budget the preset file gets when there is a target (training
+    stops at the target anyway; default `budget`); without a target the preset gets `budget`, the steps its final
+    evaluation was measured after. See the module docstring for the objective, pruning and resume."""
     from optuna.trial import TrialState
 
     from rlspeed.population import Population
@@ -354,7 +357,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     # a setup the population refuses (an env without a native implementation, normalisation, ...) fails here, before
     # the study records any trial
     Population(algo_cls, env_id, seeds=[seed], device=device, **hyperparameters)
-    setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device)
+    setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
+                   int(total_timesteps or budget) if target_return is not None else int(budget))
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     study = _open_study(storage, study_name, seed, population, budget, record)
@@ -545,7 +549,7 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
         return "no trial completed yet"
     what = (f"{best['steps_to_target']:,} steps to {target_return:g}" if best.get("steps_to_target") is not None
             else f"final eval {best['final_eval']:.1f}")
-    values = ", ".join(f"{key} {value:.3g}" if isinstance(value, float) else f"{key} {value}"
+    values = ", ".join(f"{key} {value:.4g}" if isinstance(value, float) else f"{key} {value}"
                        for key, value in best["hyperparameters"].items())
     return f"best trial {best['number']}: {what} ({values})"
 
@@ -553,7 +557,7 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
 def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, context: dict) -> None:
     """Write `best` (a trial, or the starting configuration when its number is None) as a preset YAML: `{env_id:
     {run settings, fixed and tuned hyperparameters}}`, with comments saying how it was found and measured."""
-    entry = {"total_timesteps": setup.budget}
+    entry = {"total_timesteps": setup.preset_timesteps}
     if setup.eval_freq is not None:
         entry["eval_freq"] = int(setup.eval_freq)
     if setup.target_return is not None:
