@@ -9,6 +9,7 @@ import argparse
 import collections
 import contextlib
 import difflib
+import inspect
 import math
 import os
 import re
@@ -317,7 +318,17 @@ def _train_population(args: argparse.Namespace) -> int:
     total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
     device = resolve_device(args.device)
     # built before the run directory: a population that cannot train must not replace or leave behind a run
-    population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **{**hyper, **per_member})
+    backend = {}
+    if args.env_backend not in (None, "auto"):
+        from rlspeed.population import IMPLEMENTATIONS
+
+        implementation = IMPLEMENTATIONS[algo_cls.__name__]
+        if "env_backend" in inspect.signature(implementation).parameters:
+            backend["env_backend"] = args.env_backend
+        elif args.env_backend != "torch":
+            raise UserError(f"--env-backend {args.env_backend}: {algo_cls.name.upper()} populations run on native envs "
+                            "only: drop --env-backend or give torch.")
+    population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **backend, **{**hyper, **per_member})
     configure_threads(args.threads)
     if args.out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -326,7 +337,8 @@ def _train_population(args: argparse.Namespace) -> int:
     else:
         run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
-              "env_backend": "torch", "total_timesteps": total, "target_return": target, "eval_freq": eval_freq,
+              "env_backend": getattr(population, "env_backend", "torch"), "total_timesteps": total,
+              "target_return": target, "eval_freq": eval_freq,
               "gym_packages": args.gym_packages, "preset": args.preset_info,
               "hyperparameters": {**_plain(_config), **per_member}}
     _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
@@ -713,6 +725,8 @@ def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, f
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
                "numerics": model.numerics_report(), "preset": args.preset_info,
                "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted}
+    if hasattr(model, "replay_summary"):  # off-policy: the replay buffer's layout and bytes per transition
+        summary["replay"] = model.replay_summary()
     if strategy.enabled or run["resumed_from"] is not None:
         summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
                                   "restarts": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
