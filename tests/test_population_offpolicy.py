@@ -1,6 +1,6 @@
-"""rlspeed.population for SAC and TD3: members are solo runs (initial weights, updates, per-member hyperparameters),
-members that leave (pruned, diverged) leave the others as they were, bad inputs are one sentence, and learn's summary
-holds per-member results and aggregates."""
+"""rlspeed.population for SAC, TD3 and DQN: members are solo runs (initial weights, updates, per-member
+hyperparameters), members that leave (pruned, diverged) leave the others as they were, bad inputs are one sentence,
+and learn's summary holds per-member results and aggregates."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlspeed import DQN, SAC, TD3
+from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.errors import UserError
 from rlspeed.population import Population
 
@@ -66,6 +66,32 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
             assert torch.equal(initial[k][name], value), name
             if name != "log_alpha" or own.get("ent_coef") is None:  # (a fixed temperature does not move)
                 assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
+            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+
+
+def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameters():
+    """Epsilon-greedy draws, Double DQN targets, per-member gradient clipping (member 1 clips at 0.5) and target
+    copies every 16 steps: member k equals the solo DQN with its seed and values."""
+    small = {"num_envs": 2, "train_freq": 4, "gradient_steps": 4, "batch_size": 32, "learning_starts": 40,
+             "target_update_interval": 16, "net_arch": [32, 32], "exploration_fraction": 0.5}
+    per_member = {"learning_rate": [5e-3, 1e-3], "gamma": [0.99, 0.9], "exploration_final_eps": [0.05, 0.2],
+                  "max_grad_norm": [10.0, 0.5]}
+    seeds, steps = [3, 7], 120
+    population = Population(DQN, "CartPole-v1", seeds=seeds, **small, **per_member)
+    initial = [population.member_state(k) for k in range(2)]
+    population._start(steps)
+    while population.num_timesteps < steps:
+        population.train_iteration()
+    for k, seed in enumerate(seeds):
+        solo = DQN("CartPole-v1", seed=seed, env_backend="torch", **small,
+                   **{key: values[k] for key, values in per_member.items()})
+        solo_initial = _state(solo)
+        solo.learn(steps, progress_bar=False)
+        solo_trained, trained = _state(solo), population.member_state(k)
+        assert trained.keys() == solo_trained.keys()
+        for name, value in solo_initial.items():
+            assert torch.equal(initial[k][name], value), name
+            assert not torch.allclose(solo_trained[name], value), name
             torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
 
 
@@ -149,5 +175,7 @@ def test_on_eval_returning_an_unknown_member_is_one_sentence():
 def test_other_algorithms_and_envs_are_refused():
     with pytest.raises(UserError, match="native envs"):
         Population(SAC, "LunarLanderContinuous-v3", seeds=[0])
-    with pytest.raises(UserError, match="not DQN"):
-        Population(DQN, "CartPole-v1", seeds=[0])
+    with pytest.raises(UserError, match="not DDPG"):
+        Population(DDPG, "Pendulum-v1", seeds=[0])
+    with pytest.raises(UserError, match="dueling"):
+        Population(DQN, "CartPole-v1", seeds=[0], dueling=True)

@@ -5,11 +5,19 @@ what it covers. See docs/population.md."""
 from __future__ import annotations
 
 from rlspeed.errors import UserError
-from rlspeed.population.offpolicy import PER_MEMBER_SAC, PER_MEMBER_TD3, SACPopulation, TD3Population
+from rlspeed.population.offpolicy import (
+    PER_MEMBER_DQN,
+    PER_MEMBER_SAC,
+    PER_MEMBER_TD3,
+    DQNPopulation,
+    SACPopulation,
+    TD3Population,
+)
 from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
 
 #: algorithm class name -> the population class that trains it (one place; modules add themselves here)
-IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "SAC": SACPopulation, "TD3": TD3Population}
+IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "SAC": SACPopulation, "TD3": TD3Population,
+                                   "DQN": DQNPopulation}
 
 
 def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
@@ -23,5 +31,5 @@ def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a c
     return implementation(algo_cls, env_id, seeds, **kwargs)
 
 
-__all__ = ["IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_SAC", "PER_MEMBER_TD3", "PPOPopulation", "Population",
-           "SACPopulation", "SHARED_ONLY", "TD3Population"]
+__all__ = ["DQNPopulation", "IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_DQN", "PER_MEMBER_SAC", "PER_MEMBER_TD3",
+           "PPOPopulation", "Population", "SACPopulation", "SHARED_ONLY", "TD3Population"]

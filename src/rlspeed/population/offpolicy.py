@@ -1,32 +1,36 @@
-"""SAC and TD3 populations: K independent off-policy agents trained in one process as one batched model.
+"""SAC, TD3 and DQN populations: K independent off-policy agents trained in one process as one batched model.
 
 Every parameter, Adam moment, replay row and env row has the members stacked along a leading dimension `K`: each
 layer of the K actors is one batched matmul, the K members' twin critics are one ensemble of `K x n_critics`
 networks, the envs are one native env of `K x N` rows, the replay buffer stores `[steps, K, N]` rows, and one update
-call takes a gradient step for every member. Member `k` is a solo `SAC(env_id, seed=seeds[k], ...)` (or TD3):
+call takes a gradient step for every member. Member `k` is a solo `SAC(env_id, seed=seeds[k], ...)` (or TD3, DQN):
 
 * its initial weights are the solo model's (K solo models are built and their parameters stacked);
 * its env rows draw the solo run's env streams (`NativeEnv.seed_row_blocks`);
-* every random draw of the solo run (uniform actions before `learning_starts`, exploration noise, replay indices,
-  the policy's and the target smoothing's noise in the update) comes from member k's own `torch.Generator`, started
-  from the state the solo run's global generator has when its training starts, in the solo run's order and shapes,
-  so they are the solo run's draws;
-* per-member hyperparameters that do not change shapes (`PER_MEMBER_SAC`, `PER_MEMBER_TD3`) are tensors `[K]`;
-  Adam is per member (its own step counts: TD3's actor steps only every `policy_delay`).
+* every random draw of the solo run (uniform actions before `learning_starts`, exploration noise or epsilon-greedy's
+  draws, replay indices, the policy's and the target smoothing's noise in the update) comes from member k's own
+  `torch.Generator`, started from the state the solo run's global generator has when its training starts, in the
+  solo run's order and shapes, so they are the solo run's draws;
+* per-member hyperparameters that do not change shapes (`PER_MEMBER_SAC`, `PER_MEMBER_TD3`, `PER_MEMBER_DQN`) are
+  tensors `[K]` (or host values where the solo run uses host floats: DQN's epsilon schedule); Adam and DQN's
+  gradient clipping are per member (TD3's actor steps only every `policy_delay`).
 
-The update is the autograd reference of `SAC._loss` / `TD3._critic_and_actor_loss` over the stacked parameters
-(the members' losses summed: they share no parameter), not the solo run's hand-derived update, so member k's weights
-equal the solo run's to float tolerance, not bitwise (tests/test_population_offpolicy.py checks the first updates
-to 1e-5). Two things hold only while they hold for the solo run too: the replay buffer does not wrap (the buffer
-keeps every transition of a run of up to `buffer_size` steps per member), and the normal draws of the solo's fused
-update (one draw of `2 x batch_size` rows) match the reference's two draws (`batch_size` a multiple of 16 on a CPU).
+SAC's gradient is written out by hand for all members at once (as `rlspeed.fused.sac` writes one model's: actors as
+one ensemble of K, critics as one of K x n_critics), Adam and the Polyak step run on flat buffers; TD3 and DQN take
+autograd of the members' summed losses (they share no parameter). These are not the solo run's kernels, so member
+k's weights equal the solo run's to float tolerance, not bitwise (tests/test_population_offpolicy.py checks the
+first updates to 1e-5). Two things hold only where they hold for the solo run too: once the replay buffer wraps, it
+overwrites the solo buffer's rows only when `buffer_size` is a multiple of `num_envs`; and SAC's policy noise is one
+draw of `2 x batch_size` rows per update, as the solo's hand-derived update draws it (its autograd reference draws
+`batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16).
 
 A member that reaches its target (`stop="each"`), that `on_eval` prunes, or whose parameters become non-finite
 leaves the computation: its parameters, moments and replay rows are dropped from the stacks (its env rows step on
 with zero actions, untimed work of a few elementwise kernels, and are not counted).
 
-Covered now: SAC and TD3 with rlspeed's default MLP networks on the native envs with Box actions
-(`rlspeed.envs.registry.NATIVE_ENVS`: Pendulum-v1, MountainCarContinuous-v0), on one device. Not yet: DQN, DDPG,
+Covered now: SAC and TD3 with rlspeed's default MLP networks on the native envs with Box actions (Pendulum-v1,
+MountainCarContinuous-v0), DQN with a plain (not dueling) MLP on those with Discrete actions (CartPole-v1, Acrobot-v1,
+MountainCar-v0, CartPoleNoVel-v1; `rlspeed.envs.registry.NATIVE_ENVS`), on one device. Not yet: DDPG, dueling DQN,
 Gymnasium envs, checkpoints, `rlspeed tune`.
 """
 
@@ -42,9 +46,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rlspeed.device import rules
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
-from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
+from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.stats import aggregate
 
 #: SAC hyperparameters a member may set for itself (none changes a tensor's shape or the loop)
@@ -52,10 +57,14 @@ PER_MEMBER_SAC = ("learning_rate", "gamma", "tau", "ent_coef", "ent_coef_init", 
 #: TD3 hyperparameters a member may set for itself
 PER_MEMBER_TD3 = ("learning_rate", "gamma", "tau", "target_policy_noise", "target_noise_clip", "action_noise_std",
                   "ou_theta", "ou_dt")
+#: DQN hyperparameters a member may set for itself
+PER_MEMBER_DQN = ("learning_rate", "gamma", "tau", "max_grad_norm", "exploration_fraction", "exploration_initial_eps",
+                  "exploration_final_eps")
 #: Hyperparameters that change shapes or the loop's structure: one value for the whole population
 SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps", "batch_size", "learning_starts",
                          "buffer_size", "n_step", "activation", "encoder", "cnn_features_dim", "normalize_images",
-                         "n_critics", "fused_update", "policy_delay", "action_noise")
+                         "n_critics", "fused_update", "policy_delay", "action_noise", "target_update_interval",
+                         "double_q", "dueling", "use_masking")
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
 
@@ -341,13 +350,17 @@ class OffPolicyPopulation:
             solos.append(solo)
         torch.set_rng_state(saved_state)
         self.config = solos[0].config
-        if solos[0].actor.encoder is not None:
+        if getattr(solos[0].policy, "encoder", None) is not None:
             raise UserError(f"Populations cover MLP networks on float vector observations so far; {env_id} needs an "
                             "encoder.")
         self.spec = solos[0].spec
+        self.discrete = self.spec.discrete
         self.obs_dim, self.action_dim = self.spec.obs_dim, self.spec.action_dim
-        self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
-        self.activation = solos[0].critic.body.activation
+        self._action_tail = () if self.discrete else (self.action_dim,)  # an action's shape as the env takes it
+        if not self.discrete:
+            self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
+        self._index_dtype = rules(self.device).index_dtype
+        self.activation = ACTIVATIONS[self.config.activation]()
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in ("learning_rate", "gamma", "tau")}
@@ -366,9 +379,16 @@ class OffPolicyPopulation:
     def _build(self, solos: list) -> None:
         raise NotImplementedError
 
-    def _explore(self, obs: torch.Tensor) -> torch.Tensor:
-        """Exploration actions in [-1, 1] `[K, N, A]` for observations `[K, N, obs_dim]`."""
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+        """Exploration actions `[K, N, ...]` (policy space: indices, or values in [-1, 1]) for observations
+        `[K, N, obs_dim]`; `timesteps`: the env step count per member at this step."""
         raise NotImplementedError
+
+    def _before_collect(self, before: int) -> None:
+        """At the start of an iteration (`before`: env steps per member so far); DQN draws its exploration here."""
+
+    def _after_iteration(self, before: int) -> None:
+        """After an iteration's gradient steps (DQN's target update)."""
 
     def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
         """The deterministic policy's actions in [-1, 1] `[K, B, A]` under the given actor weights."""
@@ -409,11 +429,17 @@ class OffPolicyPopulation:
         return out.view(size, critics, -1)
 
     def _random_actions(self, num: int) -> torch.Tensor:
-        """Uniform actions in [-1, 1] `[K, num, A]`, member k's from its generator (as `_random_actions` draws)."""
+        """Uniform policy-space actions `[K, num, ...]`, member k's from its generator (as `_random_actions` draws)."""
+        if self.discrete:
+            return torch.stack([torch.randint(0, self.action_dim, (num,), device=self.device, generator=g,
+                                              dtype=self._index_dtype) for g in self.generators])
         return torch.stack([torch.rand((num, self.action_dim), device=self.device, generator=g) * 2 - 1
                             for g in self.generators])
 
     def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """Policy-space actions as the env takes them: indices as they are, Box values rescaled to the bounds."""
+        if self.discrete:
+            return actions
         return torch.addcmul(self._action_center, self._action_half_range, actions)
 
     # --- the loop ----------------------------------------------------------------------------------------------
@@ -437,12 +463,15 @@ class OffPolicyPopulation:
         cfg = self.config
         steps_needed = -(-(self.num_timesteps + total_timesteps) // cfg.num_envs) + 1
         capacity = min(steps_needed, max(cfg.buffer_size // cfg.num_envs, 1))
+        # schedules (DQN's epsilon) run over this learn call, as `Algorithm.learn` sets them
+        self._learn_start, self._schedule_end = self.num_timesteps, self.num_timesteps + total_timesteps
         if self._env is None:
             self._env = self._make_env(cfg.num_envs, self.seeds)
             self._obs, _ = self._env.reset()
             self._buffer_start = self.num_timesteps
-            self.buffer = MemberReplay(capacity, self.size, cfg.num_envs, self.obs_dim, self.action_dim,
-                                       self.hyper["gamma"], cfg.n_step, self.device)
+            self.buffer = MemberReplay(capacity, self.size, cfg.num_envs, self.obs_dim,
+                                       1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
+                                       self.device)
         else:
             self.buffer.grow(capacity)
 
@@ -452,7 +481,8 @@ class OffPolicyPopulation:
         member."""
         cfg, env, buffer = self.config, self._env, self.buffer
         envs, rows = cfg.num_envs, self._alive_rows()
-        alive = len(self.alive)
+        alive, before = len(self.alive), self.num_timesteps
+        self._before_collect(before)
         with torch.no_grad():
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * envs
@@ -460,12 +490,12 @@ class OffPolicyPopulation:
                 if timesteps < cfg.learning_starts:
                     actions = self._random_actions(envs)
                 else:
-                    actions = self._explore(obs.view(alive, envs, -1))
-                actions = actions.reshape(alive * envs, -1)
+                    actions = self._explore(obs.view(alive, envs, -1), timesteps)
+                actions = actions.reshape(alive * envs, *self._action_tail)
                 env_actions = self._to_env(actions)
                 if rows is not None:  # the rows of members that left step on with zero actions
-                    env_actions = torch.zeros(self.size * envs, self.action_dim,
-                                              device=self.device).index_copy_(0, rows, env_actions)
+                    env_actions = torch.zeros(self.size * envs, *self._action_tail, device=self.device,
+                                              dtype=env_actions.dtype).index_copy_(0, rows, env_actions)
                 next_obs, rewards, terminated, truncated, info = env.step(env_actions)
                 final_obs = info["final_obs"]
                 if rows is not None:
@@ -477,6 +507,7 @@ class OffPolicyPopulation:
         steps = cfg.train_freq * envs
         if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer):
             self._gradient_steps(steps)
+        self._after_iteration(before)
         self.num_timesteps += steps
         return steps
 
@@ -571,7 +602,7 @@ class OffPolicyPopulation:
             obs, _ = env.reset()
             for step in range(1, limit + 1):
                 actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
-                obs, _, _, _, info = env.step(self._to_env(actions.reshape(count * episodes, -1)))
+                obs, _, _, _, info = env.step(self._to_env(actions.reshape(count * episodes, *self._action_tail)))
                 newly_done = info["done"] & ~finished
                 returns = torch.where(newly_done, info["episode_return"], returns)
                 finished |= info["done"]
@@ -796,7 +827,7 @@ class SACPopulation(OffPolicyPopulation):
         mean, log_std = out.chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
-    def _explore(self, obs: torch.Tensor) -> torch.Tensor:
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         mean, log_std = self._actor(obs)
         noise = torch.stack([torch.randn(mean.shape[1:], device=self.device, generator=g) for g in self.generators])
         return torch.addcmul(mean, log_std.exp(), noise).tanh_()
@@ -1007,7 +1038,7 @@ class TD3Population(OffPolicyPopulation):
                             else torch.zeros(shape, device=self.device)
                             for g, draw in zip(self.generators, draws)])
 
-    def _explore(self, obs: torch.Tensor) -> torch.Tensor:
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         cfg = self.config
         actions = self._actor(obs)
         if cfg.action_noise == "normal":
@@ -1086,4 +1117,159 @@ class TD3Population(OffPolicyPopulation):
             for layer, (weight, bias) in enumerate(zip(weights, biases)):
                 state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
                 state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
+        return state
+
+
+class DQNPopulation(OffPolicyPopulation):
+    """K independent DQN members trained as one batched model (see the module docstring): each layer of the K
+    Q-networks is one batched matmul; epsilon-greedy's draws for a collection phase come from each member's
+    generator as `DQN._prepare_collection` draws them; Double DQN targets, Huber loss, per-member gradient clipping
+    and Adam (autograd of the members' summed losses); target networks copied (or Polyak-averaged) every
+    `target_update_interval` env steps.
+
+    >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
+
+    Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain (not
+    dueling) Q-networks on envs without action masks.
+    """
+
+    algo_name = "dqn"
+    per_member = PER_MEMBER_DQN
+    _member_lists = ("q_weights", "q_biases", "target_weights", "target_biases")
+    _actor_lists = ("q_weights", "q_biases")
+
+    @property
+    def algo_cls(self) -> type:
+        from rlspeed.algos.dqn import DQN
+
+        return DQN
+
+    def _build(self, solos: list) -> None:
+        if self.config.dueling:
+            raise UserError("Populations do not cover dueling Q-networks yet: set dueling=False.")
+        for prefix, attribute in (("q", "q_network"), ("target", "q_target")):
+            linears = [[m for m in getattr(s, attribute).body if isinstance(m, torch.nn.Linear)] for s in solos]
+            weights = [_leaf([layers[i].weight.T for layers in linears]) for i in range(len(linears[0]))]
+            biases = [_leaf([layers[i].bias.unsqueeze(0) for layers in linears]) for i in range(len(linears[0]))]
+            if prefix == "target":
+                weights, biases = [w.requires_grad_(False) for w in weights], [b.requires_grad_(False) for b in biases]
+            setattr(self, f"{prefix}_weights", weights)
+            setattr(self, f"{prefix}_biases", biases)
+        self.hyper["max_grad_norm"] = torch.tensor([float(s.config.max_grad_norm) for s in solos], device=self.device)
+        # the exploration schedules and tau, per member on the host (epsilon is a host float, as `DQN.epsilon`)
+        self._schedule = {k: (s.config.exploration_fraction, s.config.exploration_initial_eps,
+                              s.config.exploration_final_eps, s.config.tau) for k, s in enumerate(solos)}
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"])
+        self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _params(self) -> list[torch.Tensor]:
+        return [*self.q_weights, *self.q_biases]
+
+    def _adams(self) -> list:
+        return []  # (the flat Adam is rebuilt in `_after_remove`)
+
+    def _after_remove(self, index: torch.Tensor) -> None:
+        if index.numel() == 0:
+            return
+        adam = self._adam
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"],
+                                     [m[index] for m in adam.exp_avg_views], [v[index] for v in adam.exp_avg_sq_views],
+                                     adam.steps)
+        self._draws = None
+
+    def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
+        return self._mlp(obs, weights or self.q_weights, biases or self.q_biases)
+
+    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
+        return self._q_values(obs, weights, biases).argmax(-1).to(self._index_dtype)
+
+    # --- exploration ------------------------------------------------------------------------------------------
+    def _epsilon(self, member: int, timesteps: int) -> float:
+        """Member's epsilon at `timesteps` (`DQN.epsilon`'s linear schedule over this learn call)."""
+        fraction, initial, final, _ = self._schedule[member]
+        span = fraction * max(self._schedule_end - self._learn_start, 1)
+        progress = min((timesteps - self._learn_start) / span, 1.0)
+        return initial + progress * (final - initial)
+
+    def _before_collect(self, before: int) -> None:
+        cfg, envs = self.config, self.config.num_envs
+        self._draws = None
+        if before + cfg.train_freq * envs <= cfg.learning_starts:
+            return
+        explore, actions = [], []
+        steps = torch.arange(cfg.train_freq, device=self.device, dtype=torch.float32)
+        for generator, member in zip(self.generators, self.alive):
+            fraction, initial, final, _ = self._schedule[member]
+            slope = envs * (final - initial) / (fraction * max(self._schedule_end - self._learn_start, 1))
+            epsilons = steps.mul(slope).add_(self._epsilon(member, before)).clamp_(min=final)
+            explore.append(torch.rand((cfg.train_freq, envs), device=self.device, generator=generator)
+                           < epsilons.unsqueeze(1))
+            actions.append(torch.randint(0, self.action_dim, (cfg.train_freq, envs), device=self.device,
+                                         generator=generator, dtype=self._index_dtype))
+        self._draws = (before, torch.stack(explore), torch.stack(actions))
+
+    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
+        greedy = self._q_values(obs).argmax(-1).to(self._index_dtype)  # [K, N]
+        start, explore, actions = self._draws  # (drawn for every step past learning_starts: see _before_collect)
+        step = (timesteps - start) // self.config.num_envs
+        return torch.where(explore[:, step], actions[:, step], greedy)
+
+    def _after_iteration(self, before: int) -> None:
+        # Target networks every target_update_interval env steps, by copy (tau=1) or Polyak, as DQN does: k updates
+        # due now are one with 1 - (1 - tau)^k.
+        cfg = self.config
+        interval = cfg.target_update_interval
+        due = (before + cfg.train_freq * cfg.num_envs) // interval - before // interval
+        if due <= 0:
+            return
+        taus = [1.0 - (1.0 - self._schedule[member][3]) ** due for member in self.alive]
+        with torch.no_grad():
+            pairs = list(zip([*self.target_weights, *self.target_biases], [*self.q_weights, *self.q_biases]))
+            if all(tau == 1.0 for tau in taus):
+                for target, online in pairs:
+                    target.copy_(online)
+                return
+            weight = torch.tensor(taus, device=self.device)
+            for target, online in pairs:
+                shape = (-1,) + (1,) * (target.dim() - 1)
+                target.copy_(torch.where(weight.view(shape) == 1.0, online, target.lerp(online, weight.view(shape))))
+
+    # --- one gradient step ------------------------------------------------------------------------------------
+    def _update(self, batch: dict[str, torch.Tensor]) -> None:
+        """`DQN._loss` of every member (Double DQN target, Huber), summed; each member's gradient clipped to its own
+        global norm (`max_grad_norm`); per-member Adam."""
+        obs, rewards, next_obs = batch["obs"], batch["rewards"], batch["next_obs"]
+        actions = batch["actions"].long()  # [K, B, 1]
+        with torch.no_grad():
+            next_q_target = self._q_values(next_obs, self.target_weights, self.target_biases)
+            if self.config.double_q:
+                next_actions = self._q_values(next_obs, [w.detach() for w in self.q_weights],
+                                              [b.detach() for b in self.q_biases]).argmax(-1, keepdim=True)
+                next_q = next_q_target.gather(-1, next_actions).squeeze(-1)
+            else:
+                next_q = next_q_target.max(-1).values
+            target_q = rewards + batch["discounts"] * (1 - batch["terminated"]) * next_q
+        params = self._params()
+        with torch.enable_grad():
+            q_values = self._q_values(obs).gather(-1, actions).squeeze(-1)
+            loss = F.smooth_l1_loss(q_values, target_q, reduction="none").mean(-1).sum()
+            grads = torch.autograd.grad(loss, params)
+        adam = self._adam
+        with torch.no_grad():
+            torch.cat([g.reshape(-1) for g in grads], out=adam.grad)
+            norms = torch.stack([g.square().flatten(1).sum(1) for g in grads]).sum(0).sqrt()
+            scale = (self.hyper["max_grad_norm"] / (norms + 1e-6)).clamp(max=1.0)  # as `clip_grad_norm`
+            adam.grad.mul_(torch.index_select(scale, 0, adam.member_of))
+        adam.step()
+
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's parameters, named as a solo DQN's checkpoint names them (`q_network.body.0.weight`,
+        `q_target.body.2.bias`, ...)."""
+        i = self._position(k)
+        state = {}
+        for prefix, weights, biases in (("q_network", self.q_weights, self.q_biases),
+                                        ("q_target", self.target_weights, self.target_biases)):
+            for layer, (weight, bias) in enumerate(zip(weights, biases)):
+                state[f"{prefix}.body.{2 * layer}.weight"] = weight[i].detach().T.clone()
+                state[f"{prefix}.body.{2 * layer}.bias"] = bias[i, 0].detach().clone()
         return state
