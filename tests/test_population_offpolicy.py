@@ -10,7 +10,7 @@ import torch
 
 from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.errors import UserError
-from rlspeed.population import Population
+from rlspeed.population import DQNPopulation, Population
 
 # small and quick: 2 envs, 40 random steps, then 2 updates per step on batches of 32 (a multiple of 16: see the
 # module docstring), 3-step returns
@@ -77,7 +77,7 @@ def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameter
     per_member = {"learning_rate": [5e-3, 1e-3], "gamma": [0.99, 0.9], "exploration_final_eps": [0.05, 0.2],
                   "max_grad_norm": [10.0, 0.5]}
     seeds, steps = [3, 7], 120
-    population = Population(DQN, "CartPole-v1", seeds=seeds, **small, **per_member)
+    population = DQNPopulation(DQN, "CartPole-v1", seeds=seeds, **small, **per_member)
     initial = [population.member_state(k) for k in range(2)]
     population._start(steps)
     while population.num_timesteps < steps:
@@ -178,4 +178,4 @@ def test_other_algorithms_and_envs_are_refused():
     with pytest.raises(UserError, match="not DDPG"):
         Population(DDPG, "Pendulum-v1", seeds=[0])
     with pytest.raises(UserError, match="dueling"):
-        Population(DQN, "CartPole-v1", seeds=[0], dueling=True)
+        DQNPopulation(DQN, "CartPole-v1", seeds=[0], dueling=True)

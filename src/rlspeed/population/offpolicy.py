@@ -1127,10 +1127,11 @@ class DQNPopulation(OffPolicyPopulation):
     and Adam (autograd of the members' summed losses); target networks copied (or Polyak-averaged) every
     `target_update_interval` env steps.
 
-    >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
+    >>> population = DQNPopulation(DQN, "CartPole-v1", seeds=range(8), **preset)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain (not
-    dueling) Q-networks on envs without action masks.
+    dueling) Q-networks on envs without action masks. Not yet in `IMPLEMENTATIONS` (so not behind `Population(DQN,
+    ...)` or `rlspeed tune dqn`): tune's default DQN search space starts exploration_fraction at 0, which DQN refuses.
     """
 
     algo_name = "dqn"
