@@ -1,4 +1,4 @@
-"""The `rlspeed` command: train, eval, export, profile, doctor.
+"""The `rlspeed` command: train (one run, or a population with --seeds), eval, export, profile, doctor, tune.
 
 Errors the user can cause print one sentence and exit with code 2 (`--debug` shows the traceback).
 """
@@ -896,7 +896,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `rlspeed` argument parser: subcommands train, eval, profile and doctor, each setting `func` to its command.
+    """The `rlspeed` argument parser: subcommands train, eval, export, profile, doctor and tune, each setting `func`
+    to its command.
 
     Every number is range-checked here; a bad argument raises UserError (one sentence, exit code 2 in `main`).
     `--debug` is accepted before or after the subcommand.
