@@ -85,17 +85,15 @@ _STUDY_ATTR = "rlspeed"  # the study's user attribute that records what it was m
 
 
 def per_member_keys(algo_cls: type) -> tuple[str, ...]:
-    """The hyperparameters that may differ across members of `algo_cls`'s population (the class's `per_member`, else
-    its module's `PER_MEMBER`); UserError when the algorithm has no population yet."""
+    """The hyperparameters that may differ across members of `algo_cls`'s population (its class's `per_member`);
+    UserError when the algorithm has no population yet."""
     from rlspeed.population import IMPLEMENTATIONS
 
     implementation = IMPLEMENTATIONS.get(algo_cls.__name__)
     if implementation is None:
         raise UserError(f"{algo_cls.__name__} has no population yet (populations cover "
                         f"{', '.join(sorted(IMPLEMENTATIONS))}), so it cannot be trained with --seeds or tuned.")
-    keys = (getattr(implementation, "per_member", None) or getattr(implementation, "PER_MEMBER", None)
-            or getattr(sys.modules[implementation.__module__], "PER_MEMBER", ()))
-    return tuple(keys)
+    return tuple(implementation.per_member)
 
 
 # --- the search space ------------------------------------------------------------------------------------------

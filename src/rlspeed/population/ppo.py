@@ -87,6 +87,9 @@ class PPOPopulation:
     list of K values. `member_overrides`: a list of K dicts of hyperparameters for single members (same rules).
     """
 
+    #: the hyperparameters that may differ across members (as every population class names them)
+    per_member = PER_MEMBER
+
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
         if algo_cls is not PPO:
