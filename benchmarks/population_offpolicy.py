@@ -59,8 +59,16 @@ def worker(args: argparse.Namespace) -> dict:
         else:
             model.learn(args.throughput_steps, progress_bar=False)
         result = model.result
+        process_cpu_s = time.process_time() - cpu_start
+        # one update (2 per iteration in this preset), timed on its own after the run
+        batch = model.buffer.sample(hyper["batch_size"])
+        for _ in range(5):
+            model._update(batch)
+        cpu, count = time.process_time(), 40
+        for _ in range(count):
+            model._update(batch)
         return {"side": "solo", "seed": args.seed, "sps": result.sps, "train_wall_s": result.train_wall_s,
-                "process_cpu_s": time.process_time() - cpu_start,
+                "process_cpu_s": process_cpu_s, "update_cpu_ms": (time.process_time() - cpu) / count * 1e3,
                 "time_to_target_s": result.time_to_target_s, "steps_to_target": result.steps_to_target,
                 "update": model.update_summary()}
     population = Population(SAC, ENV_ID, seeds=range(args.members), **hyper)
@@ -102,6 +110,8 @@ def main() -> None:
                         help="torch threads of every run, both sides (rlspeed's default: 1)")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--skip-target", action="store_true", help="throughput pairs only")
+    parser.add_argument("--scaling", type=int, nargs="*", default=[1, 4, 16, 32],
+                        help="population sizes whose update cost is measured (fresh process each, short runs)")
     parser.add_argument("--worker", choices=("solo", "population"), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--target", action="store_true", help=argparse.SUPPRESS)
@@ -134,6 +144,11 @@ def main() -> None:
         for seed in args.solo_seeds:
             target_solos.append(_run_worker("--worker", "solo", "--seed", str(seed), "--target", *common))
             print(f"solo seed {seed} to {TARGET}: {target_solos[-1]['time_to_target_s']} s", flush=True)
+    scaling = []
+    for members in args.scaling:
+        flags = ["--members", str(members), "--throughput-steps", "600", "--threads", str(args.threads)]
+        scaling.append(_run_worker("--worker", "population", *flags))
+        print(f"{members} members: update {scaling[-1]['update_cpu_ms']:.2f} ms CPU", flush=True)
     load_after = uptime()
     ratios = [p["ratio"] for p in pairs]
     cpu_ratios = [p["cpu_ratio"] for p in pairs]
@@ -181,9 +196,22 @@ def main() -> None:
             + (f"{target_population['train_wall_s'] / (args.members * statistics.median(solo_times)):.2f} |"
                if solo_times else "- |"),
         ]
+    if scaling:
+        solo_update = statistics.median(p["solo"]["update_cpu_ms"] for p in pairs)
+        lines += [
+            "",
+            "Cost of one update by population size (process CPU time of 40 updates on one batch after a 600-step run, "
+            "fresh process each), against one solo run's update (median over the pairs above: "
+            f"{solo_update:.2f} ms):",
+            "",
+            "| members | update, ms CPU | per member, ms | solo update / per-member cost |",
+            "|---|---|---|---|",
+            *(f"| {run['members']} | {run['update_cpu_ms']:.2f} | {run['update_cpu_ms'] / run['members']:.3f} | "
+              f"{solo_update / (run['update_cpu_ms'] / run['members']):.2f}x |" for run in scaling),
+        ]
     lines += ["", f"Load (`uptime`) before: `{load_before}`; after: `{load_after}`."]
     publish("population_offpolicy", lines,
-            {"pairs": pairs, "target_population": target_population, "target_solos": target_solos,
+            {"pairs": pairs, "target_population": target_population, "target_solos": target_solos, "scaling": scaling,
              "uptime_before": load_before, "uptime_after": load_after}, write=not args.no_write)
 
 
