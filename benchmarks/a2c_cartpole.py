@@ -107,6 +107,45 @@ def sb3_throughput(seed: int, steps: int, args) -> dict:
     return {**record, "learn_cpu_s": learn_cpu_s, "cpu_sps": record["steps"] / learn_cpu_s}
 
 
+# --- (c) where rlspeed's time goes -------------------------------------------------------------------------------
+def rlspeed_phases(seed: int, steps: int, backend: str, args) -> dict:
+    """CPU time (`time.thread_time`) per iteration of each phase of the on-policy loop (`rlspeed.diagnostics.phases`:
+    act, env, buffer, gae, update) and of the whole `learn`, for a throughput run. The loop's `phase` contexts are
+    replaced by CPU-time accumulators for this run (two clock reads per phase: well under a microsecond each)."""
+    import rlspeed.algos.on_policy as on_policy
+
+    totals: dict[str, float] = {}
+
+    class Timed:
+        def __init__(self, name: str):
+            self.name = name
+
+        def __enter__(self):
+            self.started = time.thread_time()
+
+        def __exit__(self, *_):
+            totals[self.name] = totals.get(self.name, 0.0) + time.thread_time() - self.started
+
+    def build():
+        model = rlspeed.A2C(ENV_ID, env_backend=backend, device=args.device, seed=seed, num_threads=args.threads,
+                            **ZOO_RLSPEED)
+        model.make_training_env()
+        return model
+
+    build().learn(WARMUP_STEPS, progress_bar=False)
+    model = build()
+    on_policy.phase = Timed
+    cpu_started = time.thread_time()
+    model.learn(steps, progress_bar=False)
+    learn_cpu_s = time.thread_time() - cpu_started
+    iterations = model.result.total_timesteps / (ZOO_NUM_ENVS * ZOO_RLSPEED["num_steps"])
+    per_iteration = {name: 1e6 * seconds / iterations for name, seconds in totals.items()}
+    per_iteration["other"] = 1e6 * learn_cpu_s / iterations - sum(per_iteration.values())
+    return {"env_backend": backend, "steps": model.result.total_timesteps, "learn_cpu_s": learn_cpu_s,
+            "sps": model.result.sps,
+            "cpu_us_per_iteration": 1e6 * learn_cpu_s / iterations, "phase_cpu_us_per_iteration": per_iteration}
+
+
 # --- (b) time to target ------------------------------------------------------------------------------------------
 def rlspeed_time_to_target(seed: int, budget: int, eval_freq: int, args) -> dict:
     _run, hyperparameters = split_run_settings(load_preset("a2c", ENV_ID))
@@ -144,6 +183,46 @@ def paired_ratios(throughput: list[dict], key: str = "sps") -> dict[str, dict]:
         if r["name"] != "sb3" and r["seed"] in sb3:
             paired.setdefault(r["name"], []).append(r[key] / sb3[r["seed"]])
     return {name: common.spread(values) for name, values in paired.items()}
+
+
+PHASE_ROWS = ("act", "env", "buffer", "gae", "update", "other")
+
+
+def phase_summary(phases: list[dict]) -> dict:
+    """Per env backend: the median over seeds of each phase's CPU microseconds per iteration, and of the total."""
+    summary = {}
+    for name in sorted({r["name"] for r in phases}):
+        runs = [r for r in phases if r["name"] == name]
+        summary[name] = {phase: statistics.median(r["phase_cpu_us_per_iteration"].get(phase, 0.0) for r in runs)
+                         for phase in PHASE_ROWS}
+        summary[name]["total"] = statistics.median(r["cpu_us_per_iteration"] for r in runs)
+    return summary
+
+
+def phase_lines(summary: dict, settings: dict) -> list[str]:
+    """(c): where an rlspeed iteration's CPU time goes, against SB3's whole iteration."""
+    phases = summary["phases"]
+    if not phases:
+        return []
+    iteration_steps = ZOO_NUM_ENVS * ZOO_RLSPEED["num_steps"]
+    sb3_cpu = summary.get("cpu_throughput", {}).get("sb3", {}).get("median")
+    sb3_us = 1e6 * iteration_steps / sb3_cpu if sb3_cpu else None
+    names = list(phases)
+    rows = [[phase, *(f"{phases[name][phase]:,.0f} ({phases[name][phase] / phases[name]['total']:.0%})"
+                      for name in names)] for phase in PHASE_ROWS]
+    rows.append(["**one iteration**", *(f"**{phases[name]['total']:,.0f}**" for name in names)])
+    lines = [f"### (c) Where an rlspeed iteration's CPU time goes ({settings['phase_seeds']} seeds per env backend)",
+             "", f"One iteration is {ZOO_RLSPEED['num_steps']} steps of {ZOO_NUM_ENVS} envs ({iteration_steps} env "
+             "steps) and one update; CPU microseconds per iteration of each phase of the on-policy loop "
+             "(`time.thread_time` around the loop's `rlspeed.diagnostics.phases`; act: the policy's forward pass and "
+             "sampling, env: `env.step` with the adapter's conversions, buffer: rollout writes and episode statistics, "
+             "gae: bootstrap values and GAE, update: the gradient step, other: the learn loop), median over seeds, "
+             f"{settings['steps']:,}-step runs in fresh processes."]
+    if sb3_us:
+        lines[-1] += (f" SB3's whole iteration (from (a)'s CPU-time median): {sb3_us:,.0f} us; 3x SB3 is "
+                      f"{sb3_us / 3:,.0f} us.")
+    lines += ["", common.markdown_table(["Phase", *(f"{name} (us, share)" for name in names)], rows), ""]
+    return lines
 
 
 def load_summary(runs: list[dict]) -> dict:
@@ -205,6 +284,7 @@ def report(summary: dict, settings: dict, throughput: list[dict], to_target: lis
                                      "rlspeed / SB3 (paired, wall)", "Steps/s median (CPU time)",
                                      "rlspeed / SB3 (paired, CPU time)"], rows), ""]
 
+    lines += phase_lines(summary, settings)
     lines += [f"### (b) Time to mean eval return >= {TARGET_RETURN:g} (budget {settings['budget']:,} steps)", "",
               f"The settings above for both (rlspeed: its shipped preset `a2c` / `CartPole-v1`, the same values); "
               f"deterministic {EVAL_EPISODES}-episode evaluation on a separate env every {settings['eval_freq']:,} "
@@ -226,8 +306,9 @@ def parse_args() -> argparse.Namespace:
     parser = common.peer_arguments(__doc__.split("\n\n")[0], peer="SB3", seeds=(5, 2), steps=(50_000, 4000),
                                    budget=(int(run_settings.get("total_timesteps", 500_000)), 20_000),
                                    eval_freq=EVAL_FREQ)
-    parser.add_argument("--skip-throughput", action="store_true", help="run (b) only")
-    parser.add_argument("--skip-target", action="store_true", help="run (a) only")
+    parser.add_argument("--skip-throughput", action="store_true", help="skip (a)")
+    parser.add_argument("--skip-target", action="store_true", help="skip (b)")
+    parser.add_argument("--phase-seeds", type=int, default=3, help="seeds of (c), per env backend (0: skip (c))")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one run in this process: "kind:name:seed"
     return common.peer_defaults(parser.parse_args())
 
@@ -236,6 +317,8 @@ def child_run(args) -> dict:
     """The one run `--child kind:name:seed` names, in this (fresh) process."""
     kind, name, seed = args.child.split(":")
     seed = int(seed)
+    if kind == "phases":
+        return rlspeed_phases(seed, args.steps, name.removeprefix("rlspeed-"), args)
     if kind == "throughput":
         if name == "sb3":
             return sb3_throughput(seed, args.steps, args)
@@ -281,7 +364,7 @@ def main() -> None:
     settings = {"env_id": ENV_ID, "seeds": args.seeds, "steps": args.steps, "budget": args.budget,
                 "eval_freq": args.eval_freq, "eval_episodes": EVAL_EPISODES, "target_return": TARGET_RETURN,
                 "threads": args.threads, "device": args.device, "quick": args.quick, "skip_sb3": args.skip_sb3,
-                "fresh_processes": True, "warmup_steps": WARMUP_STEPS,
+                "fresh_processes": True, "warmup_steps": WARMUP_STEPS, "phase_seeds": args.phase_seeds,
                 "usable_cores": machine["usable_cores"], "zoo_hyperparameters_rlspeed": ZOO_RLSPEED,
                 "zoo_hyperparameters_sb3": ZOO_SB3, "rlspeed_preset": load_preset("a2c", ENV_ID), "update": "?"}
     print(f"A2C {ENV_ID}: {args.seeds} seeds, torch.set_num_threads({args.threads}), rlspeed device {args.device}, "
@@ -297,6 +380,12 @@ def main() -> None:
                                          for name in names})
         settings["update"] = next(r["update"] for r in throughput if "update" in r)
 
+    phases: list[dict] = []
+    if args.phase_seeds:
+        print(f"(c) CPU time per phase, {args.steps:,} steps per run, each in a fresh process", flush=True)
+        phases = common.interleave(list(range(args.phase_seeds)), {
+            name: fresh_process_runner("phases", name, args) for name in ("rlspeed-gymnasium", "rlspeed-torch")})
+
     to_target: list[dict] = []
     if not args.skip_target:
         print(f"(b) time to {TARGET_RETURN:g}, budget {args.budget:,} steps, eval every {args.eval_freq:,}",
@@ -310,11 +399,13 @@ def main() -> None:
     summary["paired_cpu_ratio_to_sb3"] = paired_ratios(throughput, "cpu_sps")
     summary["cpu_throughput"] = {name: common.spread([r["cpu_sps"] for r in throughput if r["name"] == name])
                                  for name in summary["throughput"]}
+    summary["phases"] = phase_summary(phases)
     summary["load"] = {"throughput": load_summary(throughput), "time_to_target": load_summary(to_target)}
     summary["final_eval"] = {f"{r['name']}-{r['seed']}": final_eval(r) for r in to_target}
     common.publish("a2c_cartpole", ["## A2C on CartPole-v1 (`benchmarks/a2c_cartpole.py`)", "",
                                     *report(summary, settings, throughput, to_target)],
-                   {"settings": settings, "summary": summary, "throughput": throughput, "time_to_target": to_target},
+                   {"settings": settings, "summary": summary, "throughput": throughput, "time_to_target": to_target,
+                    "phases": phases},
                    not args.no_write, machine=machine)
 
 
