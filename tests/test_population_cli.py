@@ -82,3 +82,30 @@ def test_iqm_band_holds_a_finished_curve_at_its_last_value():
     assert centre[2] == pytest.approx(iqm([10.0, 3.0, 5.0, 6.0]))
     assert centre[3] == pytest.approx(iqm([10.0, 4.0, 6.0, 8.0]))
     assert all(lo <= c <= hi for lo, c, hi in zip(low, centre, high))
+
+
+def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, capsys, monkeypatch):
+    """A line per evaluation while it trains; Ctrl-C after the second evaluation exits 130 with summary.json holding
+    each member's evaluations so far (a population keeps no checkpoint)."""
+    from rlspeed.population import ppo
+
+    learn = ppo.PPOPopulation.learn
+
+    def interrupted_learn(self, *args, on_eval, **kwargs):
+        def stop_after_two(steps, means):
+            on_eval(steps, means)
+            if steps >= 256:
+                raise KeyboardInterrupt
+            return []
+        return learn(self, *args, on_eval=stop_after_two, **kwargs)
+
+    monkeypatch.setattr(ppo.PPOPopulation, "learn", interrupted_learn)
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *SMALL, "--total-timesteps", "1024", "--out", str(out)]
+    assert cli.main(argv) == 130
+    captured = capsys.readouterr()
+    assert "128 steps per member, 2 of 2 members evaluated" in captured.out
+    assert "interrupted (Ctrl-C)" in captured.err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[128, 256], [128, 256]]

@@ -350,7 +350,33 @@ def _train_population(args: argparse.Namespace) -> int:
     learn_kwargs = {"target_return": target}
     if eval_freq is not None:
         learn_kwargs["eval_freq"] = eval_freq
-    summary = population.learn(total, **learn_kwargs)
+    curves: dict[int, list] = {k: [] for k in range(len(seeds))}
+    started = time.perf_counter()
+
+    def progress(steps: int, means: dict[int, float]) -> list[int]:
+        """One line per evaluation (members still training), and each member's curve kept for an interruption."""
+        for member, mean in means.items():
+            curves[member].append([steps, mean])
+        values = sorted(means.values())
+        print(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated: median "
+              f"{values[len(values) // 2]:.1f}, range {values[0]:.1f} to {values[-1]:.1f} "
+              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        return []
+
+    try:
+        with _sigterm_raises():
+            summary = population.learn(total, on_eval=progress, **learn_kwargs)
+    except KeyboardInterrupt as stop:
+        code, name = (143, "SIGTERM") if isinstance(stop, Terminated) else (130, "Ctrl-C")
+        partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
+                   "total_timesteps": population.num_timesteps, "preset": args.preset_info,
+                   "members": [{"seed": seed, "curve": curves[k]} for k, seed in enumerate(seeds)]}
+        with _signals_ignored():
+            _write_text(run_dir / "summary.json", strict_json(partial, indent=2) + "\n")
+        print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json holds "
+              f"each member's evaluations so far; population runs keep no checkpoint, so training restarts from the "
+              f"beginning ({run_dir})", file=sys.stderr, flush=True)
+        return code
     summary["preset"] = args.preset_info
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     plot_learning_curves(summary, run_dir / "learning_curves.png")
