@@ -68,8 +68,8 @@ def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
 
 
 def test_seeds_with_an_algorithm_without_population(capsys, tmp_path):
-    message = _error(capsys, ["train", "dqn", "CartPole-v1", "--seeds", "0-3", "--out", str(tmp_path / "run")])
-    assert "DQN" in message and "population" in message
+    message = _error(capsys, ["train", "ddpg", "Pendulum-v1", "--seeds", "0-3", "--out", str(tmp_path / "run")])
+    assert "DDPG" in message and "population" in message
 
 
 def test_iqm_band_holds_a_finished_curve_at_its_last_value():

@@ -16,7 +16,8 @@ from rlspeed.population.offpolicy import (
 from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
 
 #: algorithm class name -> the population class that trains it (one place; modules add themselves here)
-IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "SAC": SACPopulation, "TD3": TD3Population}
+IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "SAC": SACPopulation, "TD3": TD3Population,
+                                     "DQN": DQNPopulation}
 
 
 def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
