@@ -179,3 +179,19 @@ def test_other_algorithms_and_envs_are_refused():
         Population(DDPG, "Pendulum-v1", seeds=[0])
     with pytest.raises(UserError, match="dueling"):
         DQNPopulation(DQN, "CartPole-v1", seeds=[0], dueling=True)
+
+
+def test_on_eval_naming_members_that_reached_the_target_prunes_nothing():
+    """As for PPO: on_eval sees the members that reached the target at that evaluation; with stop="each" they have
+    left with the target, so naming them does not also count them as pruned."""
+    population = Population(SAC, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    seen = []
+
+    def prune_everyone(steps, means):
+        seen.append(sorted(means))
+        return list(means)
+
+    summary = population.learn(10 * STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2,
+                               on_eval=prune_everyone)
+    assert seen == [[0, 1]] and summary["reached"] == 2 and summary["pruned"] == 0
+    assert all("pruned_at" not in member for member in summary["members"])

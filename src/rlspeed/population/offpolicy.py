@@ -680,6 +680,8 @@ class OffPolicyPopulation:
                 for member in hits:
                     reached[member] = True
                     time_to_target[member], steps_to_target[member] = train_clock, self.num_timesteps
+                if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
+                    self.remove(hits)
                 if on_eval is not None:
                     pruned = [int(m) for m in (on_eval(self.num_timesteps, by_member) or ())]
                     outside = [m for m in pruned if not 0 <= m < size]
@@ -690,8 +692,6 @@ class OffPolicyPopulation:
                     for member in pruned:
                         pruned_at[member] = self.num_timesteps
                     self.remove(pruned)
-                if stop == "each":
-                    self.remove(hits)
             if target_return is not None and all(reached[m] for m in self.alive):
                 break
             clock_start = time.perf_counter()
