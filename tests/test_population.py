@@ -9,7 +9,7 @@ import torch
 from rlspeed import PPO
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.errors import UserError
-from rlspeed.population import Population
+from rlspeed.population import PER_MEMBER, Population
 
 # small and quick: 8 envs x 16 steps, minibatches of 64 (so minibatch order is drawn), 2 epochs
 SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learning_rate": 1e-3}
@@ -61,6 +61,24 @@ def test_native_row_blocks_reproduce_separate_envs():
         together.seed_row_blocks([1, 2, 3, 4])
 
 
+def test_every_per_member_hyperparameter_reaches_its_member():
+    """Member k with its own value of every per-member hyperparameter equals the solo run with those values."""
+    per_member = {"learning_rate": [1e-3, 3e-3, 5e-4], "gamma": [0.99, 0.9, 0.95], "gae_lambda": [0.95, 0.8, 0.9],
+                  "ent_coef": [0.0, 0.01, 0.05], "vf_coef": [0.5, 1.0, 0.25], "clip_range": [0.2, 0.1, 0.3],
+                  "max_grad_norm": [0.5, 0.1, 2.0]}
+    assert set(per_member) == set(PER_MEMBER)
+    seeds = [3, 7, 11]
+    population = Population(PPO, "CartPole-v1", seeds=seeds, **{**SMALL, **per_member})
+    population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    population.train_iteration()
+    population.train_iteration()
+    for k, seed in enumerate(seeds):
+        _, solo_trained = _solo_state(seed, iterations=2, **{key: values[k] for key, values in per_member.items()})
+        trained = population.member_state(k)
+        for name, value in solo_trained.items():
+            torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
+
+
 def test_per_member_learning_rate_applies():
     # (the config refuses learning_rate=0): Adam moves a weight by about the learning rate per step, 4 steps here
     population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], **{**SMALL, "learning_rate": [1e-3, 1e-7, 1e-3]})
@@ -85,6 +103,7 @@ def test_member_overrides_set_one_member():
     ([0, 1], {"num_envs": [8, 16]}, "cannot differ"),
     ([0, 1], {"member_overrides": [{}]}, "member_overrides has 1"),
     ([0, 1], {"member_overrides": [{}, {"net_arch": (32,)}]}, "cannot differ"),
+    ([0, 1], {"nan_policy": ["raise", "mask"]}, "'nan_policy' cannot differ"),  # (not a config field: was taken)
 ])
 def test_bad_inputs_are_one_sentence(seeds, hyper, words):
     with pytest.raises(UserError, match=words):
@@ -122,6 +141,8 @@ def test_learn_summary(tmp_path):
     assert population.alive == []  # (both left the computation)
     assert [len(m["curve"]) for m in summary["members"]] == [1, 1]
     assert set(summary["aggregate"]["final_eval"]) == {"runs", "median", "median_ci", "iqm", "iqm_ci"}
+    assert summary["members"][0]["hyperparameters"]["learning_rate"] == SMALL["learning_rate"]  # (not float32's)
+    assert summary["train_cpu_s"] >= 0 and summary["algo"] == "ppo"
     path = population.write_summary(tmp_path / "summary.json")
     assert json.loads(path.read_text())["members"][1]["seed"] == 1
 
@@ -168,7 +189,7 @@ def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
 
 def test_on_eval_naming_no_member_is_one_sentence():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
-    with pytest.raises(UserError, match="members are 0-1"):
+    with pytest.raises(UserError, match=r"member\(s\) 5, outside 0..1"):
         population.learn(256, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: [5])
 
 

@@ -119,6 +119,7 @@ def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
     written = json.loads(population.write_summary(tmp_path / "summary.json").read_text())
     assert written["members"][0]["pruned_at"] == 50 and written["population"] == 2
     assert set(written["aggregate"]["final_eval"]) >= {"median", "iqm"}
+    assert written["train_cpu_s"] >= 0 and written["env_backend"] == "torch"  # (PPO's summary fields)
     with pytest.raises(UserError, match="left the population"):
         population.member_state(0)
 

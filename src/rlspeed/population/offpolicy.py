@@ -36,12 +36,8 @@ Gymnasium envs, checkpoints, `rlspeed tune`.
 
 from __future__ import annotations
 
-import json
 import math
-import time
-import warnings
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +46,7 @@ from rlspeed.device import rules
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
-from rlspeed.stats import aggregate
+from rlspeed.population.base import PopulationBase, check_seeds, generator_like_global, split_member_values
 
 #: SAC hyperparameters a member may set for itself (none changes a tensor's shape or the loop)
 PER_MEMBER_SAC = ("learning_rate", "gamma", "tau", "ent_coef", "ent_coef_init", "target_entropy")
@@ -67,66 +63,6 @@ SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps",
                          "double_q", "dueling", "use_masking")
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
-
-
-def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str],
-                        shared_only: Sequence[str]) -> list[dict]:
-    """The K members' hyperparameter dicts: a value given as a list (or tensor) of K values is per member, allowed
-    for `per_member` keys only; `member_overrides` (K dicts) sets single members' values (same rule)."""
-    members: list[dict] = [dict() for _ in range(size)]
-    for key, value in hyperparameters.items():
-        if isinstance(value, torch.Tensor):
-            value = value.tolist() if value.dim() > 0 else value.item()
-        if key == "net_arch":  # a list of widths is one value; a list of lists would be per member
-            if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
-                raise UserError("net_arch changes the networks' shapes, so every member of a population must share "
-                                "it: pass one net_arch.")
-            values = None
-        elif isinstance(value, (list, tuple)):
-            if key not in per_member:
-                raise UserError(f"'{key}' cannot differ across members of a population (it changes shapes or the "
-                                f"training loop): pass one value; per-member values are allowed for "
-                                f"{', '.join(per_member)}.")
-            if len(value) != size:
-                raise UserError(f"'{key}' has {len(value)} per-member values but the population has {size} members.")
-            values = list(value)
-        else:
-            values = None
-        for k in range(size):
-            members[k][key] = values[k] if values is not None else value
-    if member_overrides is not None:
-        if len(member_overrides) != size:
-            raise UserError(f"member_overrides has {len(member_overrides)} entries but the population has {size} "
-                            "members.")
-        for k, overrides in enumerate(member_overrides):
-            for key, value in (overrides or {}).items():
-                if key not in per_member:
-                    raise UserError(f"member_overrides sets '{key}', which cannot differ across members; per-member "
-                                    f"values are allowed for {', '.join(per_member)}.")
-                members[k][key] = value
-    del shared_only  # (documentation: every key outside per_member is shared)
-    return members
-
-
-def _check_seeds(seeds) -> list[int]:
-    seeds = [int(seed) for seed in seeds]
-    if not seeds:
-        raise UserError("A population needs at least one member: pass one or more seeds.")
-    if len(set(seeds)) != len(seeds):
-        repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
-        raise UserError(f"Seed(s) {', '.join(map(str, repeated))} given more than once: members of a population "
-                        "need distinct seeds.")
-    return seeds
-
-
-def _generator_like_global(device: torch.device) -> torch.Generator:
-    """A generator in the state torch's global generator for `device` has now."""
-    generator = torch.Generator(device=device)
-    if device.type == "cpu":
-        generator.set_state(torch.get_rng_state())
-    else:
-        generator.set_state(getattr(torch, device.type).get_rng_state(device))
-    return generator
 
 
 def _leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -317,28 +253,26 @@ class MemberReplay:
                 "discounts": gather(self.discounts)}
 
 
-class OffPolicyPopulation:
+class OffPolicyPopulation(PopulationBase):
     """What the SAC and TD3 populations share: members, env rows, replay, the collect-then-update loop, evaluation,
     `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the deterministic
     policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
-    algo_name = ""
-    per_member: tuple[str, ...] = ()
     algo_cls: type
+    env_backend = "torch"  # (native envs only so far)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", **hyperparameters):
         if algo_cls is not self.algo_cls:
             raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
                             f"{getattr(algo_cls, '__name__', algo_cls)}.")
-        seeds = _check_seeds(seeds)
+        seeds = check_seeds(seeds)
         from rlspeed.envs.registry import NATIVE_ENVS
 
         if env_id not in NATIVE_ENVS:
             raise UserError(f"Populations run on native envs so far ({', '.join(NATIVE_ENVS)}), not '{env_id}'.")
         size = len(seeds)
-        members = split_member_values(hyperparameters, member_overrides, size, self.per_member,
-                                      SHARED_ONLY_OFFPOLICY)
+        members = split_member_values(hyperparameters, member_overrides, size, self.per_member)
         self.env_id, self.seeds, self.size = env_id, seeds, size
         self.device = torch.device(device)
         # K solo models: their initial weights, and the state their global generator has when training starts
@@ -346,7 +280,7 @@ class OffPolicyPopulation:
         solos, self.generators = [], []
         for k, seed in enumerate(seeds):
             solo = algo_cls(env_id, seed=seed, device=self.device, env_backend="torch", **members[k])
-            self.generators.append(_generator_like_global(self.device))
+            self.generators.append(generator_like_global(self.device))
             solos.append(solo)
         torch.set_rng_state(saved_state)
         self.config = solos[0].config
@@ -566,12 +500,24 @@ class OffPolicyPopulation:
     def _after_remove(self, index: torch.Tensor) -> None:
         """After the stacks kept the members at `index` (SAC rebuilds its flat Adam)."""
 
-    def _finite_members(self) -> list[bool]:
-        """Per member still in the computation: whether all its parameters are finite (one host read)."""
+    def _diverged(self) -> list[int]:
+        """Original indices of the members still in the computation whose parameters are not all finite (one host
+        read)."""
         params = [t for name in self._member_lists for t in getattr(self, name)]
         params += [getattr(self, name) for name in self._member_tensors]
         finite = torch.stack([p.detach().flatten(1).isfinite().all(1) for p in params]).all(0)
-        return finite.tolist()  # ok-sync: once per evaluation
+        return [k for k, ok in zip(self.alive, finite.tolist()) if not ok]  # ok-sync: once per eval_freq steps
+
+    # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
+    def _begin(self, total_timesteps: int) -> None:
+        self._start(total_timesteps)
+
+    def _iterate(self) -> int:
+        alive = len(self.alive)
+        return self.train_iteration() * alive
+
+    def _member_hyperparameters(self, k: int) -> dict:
+        return dict(self.member_hyperparameters[k])
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
     def _actor_of(self, members: Sequence[int]) -> dict[str, list[torch.Tensor]]:
@@ -610,132 +556,6 @@ class OffPolicyPopulation:
                     break
             returns = torch.where(finished, returns, info["episode_return"])
         return returns.view(count, episodes).mean(1).cpu()  # ok-sync: evaluation
-
-    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
-              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
-              on_eval: Callable[[int, dict[int, float]], Sequence[int] | None] | None = None) -> dict:
-        """Train every member for `total_timesteps` env steps each, or until every member has reached
-        `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
-        excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
-        `Algorithm.learn` confirms one).
-
-        `stop="each"`: a member that reached its target leaves the computation and stops being counted;
-        `stop="all"`: it keeps training with the others until all have reached. `on_eval(num_timesteps, means)`,
-        called after each evaluation with the evaluated members' means (original index -> mean), returns members
-        to remove (pruning: `"pruned_at"` in their entries). Every `eval_freq` steps (with or without evaluation), a
-        member whose parameters became non-finite is dropped with a warning (`"diverged_at"`). Returns the summary
-        dict (`write_summary` writes it):
-        per-member time and steps to target, learning curve and final evaluation, and the aggregates (median, IQM
-        and their 95% bootstrap intervals, `rlspeed.stats`)."""
-        if total_timesteps <= 0:
-            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
-        if stop not in ("each", "all"):
-            raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
-        if eval_freq <= 0:
-            raise UserError(f"eval_freq must be positive, got {eval_freq}.")
-        from rlspeed.algos.base import CONFIRM_SEED
-
-        size = self.size
-        self._start(int(total_timesteps))
-        end = self.num_timesteps + int(total_timesteps)
-        time_to_target: list[float | None] = [None] * size
-        steps_to_target: list[int | None] = [None] * size
-        pruned_at: dict[int, int] = {}
-        diverged_at: dict[int, int] = {}
-        curves: list[list[list[float]]] = [[] for _ in range(size)]
-        reached = [False] * size
-        evaluating = target_return is not None or on_eval is not None
-        train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
-        member_steps = 0  # env steps of members in the computation, summed
-        clock_start = time.perf_counter()
-        while self.num_timesteps < end and self.alive:
-            member_steps += self.train_iteration() * len(self.alive)
-            finished = self.num_timesteps >= end
-            if not (self.num_timesteps >= next_eval or finished):
-                continue
-            train_clock += time.perf_counter() - clock_start
-            next_eval = self.num_timesteps + eval_freq
-            # every eval_freq steps (evaluating or not): members with non-finite parameters are dropped
-            broken = [member for member, ok in zip(self.alive, self._finite_members()) if not ok]
-            if broken:
-                for member in broken:
-                    diverged_at[member] = self.num_timesteps
-                warnings.warn(f"Population member(s) {', '.join(map(str, broken))} (seed(s) "
-                              f"{', '.join(str(self.seeds[m]) for m in broken)}) diverged (non-finite parameters) "
-                              f"by step {self.num_timesteps} and were dropped; the others continue.", stacklevel=2)
-                self.remove(broken)
-            evaluated = [member for member in self.alive if not reached[member]] if stop == "each" else list(self.alive)
-            if evaluating and evaluated:
-                means = self.evaluate([self.seeds[m] + 100_000 + self.num_timesteps for m in evaluated],
-                                      eval_episodes, evaluated)
-                by_member = {m: float(means[i]) for i, m in enumerate(evaluated)}
-                for member, mean in by_member.items():
-                    curves[member].append([self.num_timesteps, mean])
-                hits = [m for m in evaluated if target_return is not None and not reached[m]
-                        and by_member[m] >= target_return]
-                if confirm_target and hits:
-                    confirming = self.evaluate([self.seeds[m] + 100_000 + self.num_timesteps + CONFIRM_SEED
-                                                for m in hits], eval_episodes, hits)
-                    hits = [m for i, m in enumerate(hits) if float(confirming[i]) >= target_return]
-                for member in hits:
-                    reached[member] = True
-                    time_to_target[member], steps_to_target[member] = train_clock, self.num_timesteps
-                if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
-                    self.remove(hits)
-                if on_eval is not None:
-                    pruned = [int(m) for m in (on_eval(self.num_timesteps, by_member) or ())]
-                    outside = [m for m in pruned if not 0 <= m < size]
-                    if outside:
-                        raise UserError(f"on_eval returned member(s) {', '.join(map(str, outside))}, outside "
-                                        f"0..{size - 1}: return original member indices.")
-                    pruned = [m for m in pruned if m in self.alive]
-                    for member in pruned:
-                        pruned_at[member] = self.num_timesteps
-                    self.remove(pruned)
-            if target_return is not None and all(reached[m] for m in self.alive):
-                break
-            clock_start = time.perf_counter()
-        else:
-            train_clock += time.perf_counter() - clock_start
-        final_members = [m for m in range(size) if m not in diverged_at]
-        final = self.evaluate([self.seeds[m] + 200_000 + self.num_timesteps for m in final_members], eval_episodes,
-                              final_members) if final_members else []
-        final_by_member = {m: float(final[i]) for i, m in enumerate(final_members)}
-        members = []
-        for k, seed in enumerate(self.seeds):
-            entry = {"seed": seed, "hyperparameters": dict(self.member_hyperparameters[k]),
-                     "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
-                     "final_eval": ({"mean": final_by_member[k], "episodes": eval_episodes} if k in final_by_member
-                                    else None),
-                     "curve": curves[k]}
-            if k in pruned_at:
-                entry["pruned_at"] = pruned_at[k]
-            if k in diverged_at:
-                entry["diverged_at"] = diverged_at[k]
-            members.append(entry)
-        reached_steps = [s for s in steps_to_target if s is not None]
-        finals = [m["final_eval"]["mean"] for m in members if m["final_eval"] is not None
-                  and math.isfinite(m["final_eval"]["mean"])]
-        self.summary = {
-            "algo": self.algo_name, "env_id": self.env_id, "population": size, "seeds": self.seeds,
-            "device": str(self.device), "env_backend": "torch", "stop": stop, "total_timesteps": self.num_timesteps,
-            "train_wall_s": train_clock, "sps": member_steps / max(train_clock, 1e-9),
-            "target_return": target_return, "reached": sum(reached), "pruned": len(pruned_at),
-            "diverged": len(diverged_at),
-            "update": self.update_path, "members": members,
-            "aggregate": {"final_eval": aggregate(finals) if finals else None,
-                          "steps_to_target": aggregate(reached_steps) if reached_steps else None,
-                          "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
-                                               if reached_steps else None)},
-        }
-        return self.summary
-
-    def write_summary(self, path: str | Path) -> Path:
-        """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.summary, indent=2))
-        return path
 
     def _position(self, k: int) -> int:
         if k not in self.alive:

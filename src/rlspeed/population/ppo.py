@@ -31,12 +31,8 @@ device. Not yet: other algorithms, observation or reward normalisation, action m
 
 from __future__ import annotations
 
-import json
 import math
-import time
-import warnings
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -46,7 +42,7 @@ from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import gaussian_log_prob
-from rlspeed.stats import aggregate
+from rlspeed.population.base import PopulationBase, check_seeds, generator_like_global, split_member_values
 
 #: Hyperparameters a member may set for itself (none changes a tensor's shape)
 PER_MEMBER = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "clip_range", "max_grad_norm")
@@ -58,26 +54,7 @@ SHARED_ONLY = ("net_arch", "num_envs", "num_steps", "batch_size", "n_epochs", "a
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
 
 
-def _member_values(key: str, value, size: int) -> list | None:
-    """The K per-member values of a hyperparameter given as a list/tuple/tensor, else None (one shared value)."""
-    if isinstance(value, torch.Tensor):
-        value = value.tolist() if value.dim() > 0 else value.item()
-    if key == "net_arch":  # a tuple of widths is one value; a list of tuples would be per member
-        if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
-            raise UserError("net_arch changes the networks' shapes, so every member of a population must share it: "
-                            "pass one net_arch.")
-        return None
-    if not isinstance(value, (list, tuple)):
-        return None
-    if key in SHARED_ONLY:
-        raise UserError(f"'{key}' cannot differ across members of a population (it changes shapes or the training "
-                        f"loop): pass one value; per-member values are allowed for {', '.join(PER_MEMBER)}.")
-    if len(value) != size:
-        raise UserError(f"'{key}' has {len(value)} per-member values but the population has {size} members.")
-    return list(value)
-
-
-class PPOPopulation:
+class PPOPopulation(PopulationBase):
     """K independent PPO members trained as one batched model (see the module docstring).
 
     >>> population = Population(PPO, "CartPole-v1", seeds=range(4), learning_rate=[1e-3, 2e-3, 3e-3, 4e-3])
@@ -87,20 +64,15 @@ class PPOPopulation:
     list of K values. `member_overrides`: a list of K dicts of hyperparameters for single members (same rules).
     """
 
-    #: the hyperparameters that may differ across members (as every population class names them)
+    algo_name = "ppo"
     per_member = PER_MEMBER
+    check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
         if algo_cls is not PPO:
             raise UserError(f"Populations cover PPO so far, not {getattr(algo_cls, '__name__', algo_cls)}.")
-        seeds = [int(seed) for seed in seeds]
-        if not seeds:
-            raise UserError("A population needs at least one member: pass one or more seeds.")
-        if len(set(seeds)) != len(seeds):
-            repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
-            raise UserError(f"Seed(s) {', '.join(map(str, repeated))} given more than once: members of a population "
-                            "need distinct seeds.")
+        seeds = check_seeds(seeds)
         from rlspeed.envs.registry import NATIVE_ENVS
 
         if env_backend == "auto":
@@ -113,33 +85,16 @@ class PPOPopulation:
                             "env_backend='gymnasium'.")
         self.env_backend = env_backend
         size = len(seeds)
-        members = [dict() for _ in range(size)]
-        for key, value in hyperparameters.items():
-            values = _member_values(key, value, size)
-            for k in range(size):
-                members[k][key] = values[k] if values is not None else value
-        if member_overrides is not None:
-            if len(member_overrides) != size:
-                raise UserError(f"member_overrides has {len(member_overrides)} entries but the population has {size} "
-                                "members.")
-            for k, overrides in enumerate(member_overrides):
-                for key, value in (overrides or {}).items():
-                    if key not in PER_MEMBER:
-                        raise UserError(f"member_overrides sets '{key}', which cannot differ across members; "
-                                        f"per-member values are allowed for {', '.join(PER_MEMBER)}.")
-                    members[k][key] = value
+        members = split_member_values(hyperparameters, member_overrides, size, PER_MEMBER)
         self.env_id, self.seeds, self.size = env_id, seeds, size
         self.device = torch.device(device)
-        self.member_hyperparameters = members
         # K solo models: their initial weights, and the state their global generator has when training starts
         self.generators: list[torch.Generator] = []
         solos = []
         saved_state = torch.get_rng_state()
         for k, seed in enumerate(seeds):
             solo = PPO(env_id, seed=seed, device=self.device, env_backend=env_backend, **members[k])
-            generator = torch.Generator(device=self.device)
-            generator.set_state(torch.get_rng_state() if self.device.type == "cpu" else _device_state(self.device))
-            self.generators.append(generator)
+            self.generators.append(generator_like_global(self.device))
             solos.append(solo)
         torch.set_rng_state(saved_state)
         self.config = cfg = solos[0].config
@@ -177,6 +132,8 @@ class PPOPopulation:
         self._tanh = isinstance(self.activation, torch.nn.Tanh)
         self._workspace = Workspace()
 
+        #: each member's values of the per-member hyperparameters (original indices)
+        self.member_hyperparameters = [{key: getattr(s.config, key) for key in PER_MEMBER} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in PER_MEMBER}
         self._param_sizes = [p[0].numel() for p in self.params]
@@ -184,9 +141,7 @@ class PPOPopulation:
         self.alive: list[int] = list(range(size))
         # every member's parameters as they were when it left (rows of members still training are stale)
         self._final_params = [p.detach().clone() for p in self.params]
-        self._final_hyper = {key: value.clone() for key, value in self.hyper.items()}
         self.num_timesteps = 0  # env steps per member
-        self._member_steps = 0  # env steps summed over the members that ran them
         self._env = None
         del solos
 
@@ -316,7 +271,6 @@ class PPOPopulation:
                  per_member(buf_log_probs), per_member(buf_values), per_member(advantages), per_member(returns))
         self._update_epochs(*batch)
         self.num_timesteps += steps * envs
-        self._member_steps += steps * envs * size
         return episode_stats
 
     def _update_epochs(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
@@ -564,131 +518,17 @@ class PPOPopulation:
                 for final, param in zip(self._final_params, self.params):
                     final[members] = param.detach()
 
-    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
-              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
-              on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None) -> dict:
-        """Train every member for `total_timesteps` env steps each, or until every member has reached
-        `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
-        excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as `PPO.learn`
-        confirms one).
+    # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
+    def _begin(self, total_timesteps: int) -> None:
+        self._total_timesteps = self.num_timesteps + total_timesteps  # (the learning-rate and clip schedules' end)
 
-        `stop="each"`: a member that reached its target leaves the computation and stops being counted;
-        `stop="all"`: it keeps training with the others until all have reached.
+    def _iterate(self) -> int:
+        steps = self.config.num_steps * self.config.num_envs * len(self.alive)
+        self.train_iteration()
+        return steps
 
-        `on_eval(num_timesteps, means)`, called after each evaluation (evaluations run when a target or `on_eval` is
-        given) with the evaluated means of the members in the population at that evaluation (original indices,
-        including those that reached the target at it), returns the members to prune (an iterable of original
-        indices, or None): they leave the computation and their summary entry says `"pruned_at": num_timesteps`.
-
-        A member whose loss, gradients or parameters stop being finite is dropped at the end of that iteration with
-        a warning (`"diverged_at"` in its entry, no final evaluation); the others are untouched.
-
-        Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
-        final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
-        (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
-        if total_timesteps <= 0:
-            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
-        if stop not in ("each", "all"):
-            raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
-        if eval_freq <= 0:
-            raise UserError(f"eval_freq must be positive, got {eval_freq}.")
-        from rlspeed.algos.base import CONFIRM_SEED
-
-        size = self.size
-        self._total_timesteps = self.num_timesteps + int(total_timesteps)
-        time_to_target: list[float | None] = [None] * size
-        steps_to_target: list[int | None] = [None] * size
-        reached = [False] * size
-        curves: list[list[list[float]]] = [[] for _ in range(size)]
-        left: dict[int, dict] = {}  # member -> {"pruned_at": steps} or {"diverged_at": steps}
-        evaluating = target_return is not None or on_eval is not None
-        train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
-        train_cpu = 0.0  # this process's CPU time in training (on a shared machine the wall clock also counts others)
-        start_member_steps = self._member_steps
-        clock_start, cpu_start = time.perf_counter(), time.process_time()
-        while self.num_timesteps < self._total_timesteps and self.alive:
-            self.train_iteration()
-            diverged = self._diverged()
-            if diverged:
-                for k in diverged:
-                    left[k] = {"diverged_at": self.num_timesteps}
-                warnings.warn(f"Population member(s) {', '.join(map(str, diverged))} (seed(s) "
-                              f"{', '.join(str(self.seeds[k]) for k in diverged)}) diverged (non-finite parameters) "
-                              f"at step {self.num_timesteps} and were dropped; the others continue.", stacklevel=2)
-                self.remove(diverged)
-            finished = self.num_timesteps >= self._total_timesteps
-            if evaluating and self.alive and (self.num_timesteps >= next_eval or finished):
-                train_clock += time.perf_counter() - clock_start
-                train_cpu += time.process_time() - cpu_start
-                next_eval = self.num_timesteps + eval_freq
-                members = list(self.alive)
-                means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
-                                      eval_episodes).tolist()
-                for k, mean in zip(members, means):
-                    curves[k].append([self.num_timesteps, mean])
-                if target_return is not None:
-                    hits = [k for k, mean in zip(members, means) if not reached[k] and mean >= target_return]
-                    if confirm_target and hits:
-                        confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED
-                                                    for k in members], eval_episodes)
-                        hits = [k for k in hits if float(confirming[members.index(k)]) >= target_return]
-                    for k in hits:
-                        reached[k] = True
-                        time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
-                    if stop == "each":
-                        self.remove(hits)
-                if on_eval is not None:
-                    pruned = [int(k) for k in (on_eval(self.num_timesteps, dict(zip(members, means))) or ())]
-                    unknown = [k for k in pruned if not 0 <= k < size]
-                    if unknown:
-                        raise UserError(f"on_eval returned member(s) {unknown}, but the population's members are "
-                                        f"0-{size - 1}.")
-                    pruned = [k for k in pruned if k in self.alive]
-                    for k in pruned:
-                        left[k] = {"pruned_at": self.num_timesteps}
-                    self.remove(pruned)
-                if target_return is not None and all(reached[k] or k in left for k in range(size)):
-                    break
-                clock_start, cpu_start = time.perf_counter(), time.process_time()
-        else:
-            train_clock += time.perf_counter() - clock_start
-            train_cpu += time.process_time() - cpu_start
-        steps_taken = self._member_steps - start_member_steps
-        scored = [k for k in range(size) if "diverged_at" not in left.get(k, {})]
-        final_means = self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
-                                    members=scored).tolist()
-        final = dict(zip(scored, final_means))
-        self._store_alive()
-        members = []
-        for k, seed in enumerate(self.seeds):
-            entry = {"seed": seed, "hyperparameters": {key: float(self._final_hyper[key][k]) for key in PER_MEMBER},
-                     "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
-                     "final_eval": ({"mean": final[k], "episodes": eval_episodes} if k in final else None),
-                     "curve": curves[k]}
-            entry.update(left.get(k, {}))
-            members.append(entry)
-        reached_steps = [s for s in steps_to_target if s is not None]
-        self.summary = {
-            "algo": "ppo", "env_id": self.env_id, "population": size, "seeds": self.seeds, "device": str(self.device),
-            "env_backend": self.env_backend, "update": self.update_path, "stop": stop,
-            "total_timesteps": self.num_timesteps,
-            "train_wall_s": train_clock, "train_cpu_s": train_cpu, "sps": steps_taken / max(train_clock, 1e-9),
-            "target_return": target_return,
-            "reached": sum(reached), "pruned": sum("pruned_at" in v for v in left.values()),
-            "diverged": sum("diverged_at" in v for v in left.values()), "members": members,
-            "aggregate": {"final_eval": aggregate(list(final.values())) if final else None,
-                          "steps_to_target": aggregate(reached_steps) if reached_steps else None,
-                          "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
-                                               if reached_steps else None)},
-        }
-        return self.summary
-
-    def write_summary(self, path: str | Path) -> Path:
-        """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.summary, indent=2))
-        return path
+    def _member_hyperparameters(self, k: int) -> dict:
+        return dict(self.member_hyperparameters[k])
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's (original index) policy parameters, named as a solo PPO's `policy.state_dict()` names them: the
@@ -706,7 +546,3 @@ class PPOPopulation:
             state["log_std"] = params[-1][row].detach().clone()
         return state
 
-
-def _device_state(device: torch.device) -> torch.Tensor:
-    module = getattr(torch, device.type)
-    return module.get_rng_state(device)

@@ -1,0 +1,250 @@
+"""What every population class shares: members from seeds and hyperparameters (one value for all, or one per
+member), generators in the state a solo run's has, and `learn` (evaluations, targets, pruning, divergence) with its
+summary. A population class (`PPOPopulation`, the off-policy ones) provides the training and evaluation."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+
+from rlspeed.errors import UserError
+from rlspeed.stats import aggregate
+
+
+def check_seeds(seeds) -> list[int]:
+    """`seeds` as a list of ints; UserError for none or a seed given twice."""
+    seeds = [int(seed) for seed in seeds]
+    if not seeds:
+        raise UserError("A population needs at least one member: pass one or more seeds.")
+    if len(set(seeds)) != len(seeds):
+        repeated = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+        raise UserError(f"Seed(s) {', '.join(map(str, repeated))} given more than once: members of a population "
+                        "need distinct seeds.")
+    return seeds
+
+
+def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str]) -> list[dict]:
+    """The K members' hyperparameter dicts: a value given as a list (or tensor) of K values is per member, allowed
+    for `per_member` keys only (every other key changes shapes or the loop, so is one value for all); `net_arch` is
+    one value (a list of lists would be per member: refused). `member_overrides` (K dicts) sets single members'
+    values (same rule)."""
+    members: list[dict] = [dict() for _ in range(size)]
+    for key, value in hyperparameters.items():
+        if isinstance(value, torch.Tensor):
+            value = value.tolist() if value.dim() > 0 else value.item()
+        values = None
+        if key == "net_arch":
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+                raise UserError("net_arch changes the networks' shapes, so every member of a population must share "
+                                "it: pass one net_arch.")
+        elif isinstance(value, (list, tuple)):
+            if key not in per_member:
+                raise UserError(f"'{key}' cannot differ across members of a population (it changes shapes or the "
+                                f"training loop): pass one value; per-member values are allowed for "
+                                f"{', '.join(per_member)}.")
+            if len(value) != size:
+                raise UserError(f"'{key}' has {len(value)} per-member values but the population has {size} members.")
+            values = list(value)
+        for k in range(size):
+            members[k][key] = values[k] if values is not None else value
+    if member_overrides is not None:
+        if len(member_overrides) != size:
+            raise UserError(f"member_overrides has {len(member_overrides)} entries but the population has {size} "
+                            "members.")
+        for k, overrides in enumerate(member_overrides):
+            for key, value in (overrides or {}).items():
+                if key not in per_member:
+                    raise UserError(f"member_overrides sets '{key}', which cannot differ across members; per-member "
+                                    f"values are allowed for {', '.join(per_member)}.")
+                members[k][key] = value
+    return members
+
+
+def generator_like_global(device: torch.device) -> torch.Generator:
+    """A generator in the state torch's global generator for `device` has now."""
+    generator = torch.Generator(device=device)
+    if device.type == "cpu":
+        generator.set_state(torch.get_rng_state())
+    else:
+        generator.set_state(getattr(torch, device.type).get_rng_state(device))
+    return generator
+
+
+class PopulationBase:
+    """`learn` and `write_summary` of every population class. A subclass sets `algo_name`, `env_id`, `seeds`,
+    `size`, `device`, `env_backend`, `update_path`, `alive` (original indices of the members in the computation,
+    in row order) and `num_timesteps` (env steps per member), and provides `_begin`, `_iterate`, `_diverged`,
+    `_member_hyperparameters`, `evaluate(seeds, episodes, members)` and `remove(members)`."""
+
+    algo_name = ""
+    #: the hyperparameters that may differ across members
+    per_member: tuple[str, ...] = ()
+    #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
+    #: iteration is a few env steps, a host read per iteration would cost more than it saves)
+    check_divergence_every_iteration = False
+
+    # --- what a population class provides ----------------------------------------------------------------------
+    def _begin(self, total_timesteps: int) -> None:
+        """Before the loop of a `learn` call of `total_timesteps` more env steps per member."""
+
+    def _iterate(self) -> int:
+        """One training iteration of every member in the computation; returns the env steps they ran, summed."""
+        raise NotImplementedError
+
+    def _diverged(self) -> list[int]:
+        """Original indices of the members in the computation whose parameters are no longer finite."""
+        raise NotImplementedError
+
+    def _member_hyperparameters(self, k: int) -> dict:
+        """Member k's values of the per-member hyperparameters, as its summary entry gives them."""
+        raise NotImplementedError
+
+    def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
+                 ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def remove(self, members: Iterable[int]) -> None:
+        raise NotImplementedError
+
+    # --- the loop ----------------------------------------------------------------------------------------------
+    def _drop_diverged(self, left: dict[int, dict]) -> None:
+        diverged = self._diverged()
+        if not diverged:
+            return
+        for k in diverged:
+            left[k] = {"diverged_at": self.num_timesteps}
+        warnings.warn(f"Population member(s) {', '.join(map(str, diverged))} (seed(s) "
+                      f"{', '.join(str(self.seeds[k]) for k in diverged)}) diverged (non-finite parameters) by step "
+                      f"{self.num_timesteps} and were dropped; the others continue.", stacklevel=3)
+        self.remove(diverged)
+
+    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
+              eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
+              on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None) -> dict:
+        """Train every member for `total_timesteps` env steps each, or until every member has reached
+        `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
+        excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
+        `Algorithm.learn` confirms one).
+
+        `stop="each"`: a member that reached its target leaves the computation and stops being counted;
+        `stop="all"`: it keeps training with the others until all have reached.
+
+        `on_eval(num_timesteps, means)`, called after each evaluation (evaluations run when a target or `on_eval` is
+        given) with the evaluated means of the members in the population at that evaluation (original indices,
+        including those that reached the target at it), returns the members to prune (an iterable of original
+        indices, or None): they leave the computation and their summary entry says `"pruned_at": num_timesteps`.
+        Members that already left (those that reached the target with `stop="each"` among them) are ignored.
+
+        A member whose parameters stop being finite is dropped with a warning (`"diverged_at"` in its entry, no
+        final evaluation); the others are untouched. Members are checked after every iteration where
+        `check_divergence_every_iteration`, else every `eval_freq` steps.
+
+        Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
+        final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
+        (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
+        if total_timesteps <= 0:
+            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        if stop not in ("each", "all"):
+            raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        if eval_freq <= 0:
+            raise UserError(f"eval_freq must be positive, got {eval_freq}.")
+        from rlspeed.algos.base import CONFIRM_SEED
+
+        size = self.size
+        self._begin(int(total_timesteps))
+        end = self.num_timesteps + int(total_timesteps)
+        time_to_target: list[float | None] = [None] * size
+        steps_to_target: list[int | None] = [None] * size
+        reached = [False] * size
+        curves: list[list[list[float]]] = [[] for _ in range(size)]
+        left: dict[int, dict] = {}  # member -> {"pruned_at": steps} or {"diverged_at": steps}
+        evaluating = target_return is not None or on_eval is not None
+        train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
+        train_cpu = 0.0  # this process's CPU time in training (on a shared machine the wall clock also counts others)
+        member_steps = 0  # env steps of the members in the computation, summed
+        clock_start, cpu_start = time.perf_counter(), time.process_time()
+        while self.num_timesteps < end and self.alive:
+            member_steps += self._iterate()
+            due = self.num_timesteps >= next_eval or self.num_timesteps >= end
+            if due or self.check_divergence_every_iteration:
+                self._drop_diverged(left)
+            if not due:
+                continue
+            next_eval = self.num_timesteps + eval_freq
+            if not (evaluating and self.alive):
+                continue
+            train_clock += time.perf_counter() - clock_start
+            train_cpu += time.process_time() - cpu_start
+            members = list(self.alive)
+            means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
+                                  members).tolist()
+            for k, mean in zip(members, means):
+                curves[k].append([self.num_timesteps, mean])
+            if target_return is not None:
+                hits = [k for k, mean in zip(members, means) if not reached[k] and mean >= target_return]
+                if confirm_target and hits:
+                    confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED
+                                                for k in hits], eval_episodes, hits).tolist()
+                    hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
+                for k in hits:
+                    reached[k] = True
+                    time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
+                if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
+                    self.remove(hits)
+            if on_eval is not None:
+                pruned = [int(k) for k in (on_eval(self.num_timesteps, dict(zip(members, means))) or ())]
+                unknown = [k for k in pruned if not 0 <= k < size]
+                if unknown:
+                    raise UserError(f"on_eval returned member(s) {', '.join(map(str, unknown))}, outside "
+                                    f"0..{size - 1}: return original member indices.")
+                pruned = [k for k in pruned if k in self.alive]
+                for k in pruned:
+                    left[k] = {"pruned_at": self.num_timesteps}
+                self.remove(pruned)
+            if target_return is not None and all(reached[k] for k in self.alive):
+                break
+            clock_start, cpu_start = time.perf_counter(), time.process_time()
+        else:
+            train_clock += time.perf_counter() - clock_start
+            train_cpu += time.process_time() - cpu_start
+        scored = [k for k in range(size) if "diverged_at" not in left.get(k, {})]
+        final_means = (self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
+                                     scored).tolist() if scored else [])
+        final = dict(zip(scored, final_means))
+        members = []
+        for k, seed in enumerate(self.seeds):
+            entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
+                     "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
+                     "final_eval": ({"mean": final[k], "episodes": eval_episodes} if k in final else None),
+                     "curve": curves[k]}
+            entry.update(left.get(k, {}))
+            members.append(entry)
+        finals = [mean for mean in final.values() if math.isfinite(mean)]
+        reached_steps = [s for s in steps_to_target if s is not None]
+        self.summary = {
+            "algo": self.algo_name, "env_id": self.env_id, "population": size, "seeds": self.seeds,
+            "device": str(self.device), "env_backend": self.env_backend, "update": self.update_path, "stop": stop,
+            "total_timesteps": self.num_timesteps,
+            "train_wall_s": train_clock, "train_cpu_s": train_cpu, "sps": member_steps / max(train_clock, 1e-9),
+            "target_return": target_return,
+            "reached": sum(reached), "pruned": sum("pruned_at" in v for v in left.values()),
+            "diverged": sum("diverged_at" in v for v in left.values()), "members": members,
+            "aggregate": {"final_eval": aggregate(finals) if finals else None,
+                          "steps_to_target": aggregate(reached_steps) if reached_steps else None,
+                          "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
+                                               if reached_steps else None)},
+        }
+        return self.summary
+
+    def write_summary(self, path: str | Path) -> Path:
+        """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.summary, indent=2))
+        return path
