@@ -76,6 +76,23 @@ def generator_like_global(device: torch.device) -> torch.Generator:
     return generator
 
 
+@torch.no_grad()
+def first_episode_returns(env, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The return of each env row's first episode `[rows]` (a row still running at the step limit: its return so
+    far), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`. Evaluation, outside
+    the training clock: a host read every 64 steps ends the loop once every row has finished."""
+    limit = env.spec.max_episode_steps or 10_000
+    returns = torch.zeros(obs.shape[0], device=obs.device)
+    finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
+    for step in range(1, limit + 1):
+        obs, _, _, _, info = env.step(policy(obs))
+        returns = torch.where(info["done"] & ~finished, info["episode_return"], returns)
+        finished |= info["done"]
+        if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
+            break
+    return torch.where(finished, returns, info["episode_return"])
+
+
 class PopulationBase:
     """`learn` and `write_summary` of every population class. A subclass sets `algo_name`, `env_id`, `seeds`,
     `size`, `device`, `env_backend`, `update_path`, `alive` (original indices of the members in the computation,

@@ -46,7 +46,13 @@ from rlspeed.device import rules
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
-from rlspeed.population.base import PopulationBase, check_seeds, generator_like_global, split_member_values
+from rlspeed.population.base import (
+    PopulationBase,
+    check_seeds,
+    first_episode_returns,
+    generator_like_global,
+    split_member_values,
+)
 
 #: SAC hyperparameters a member may set for itself (none changes a tensor's shape or the loop)
 PER_MEMBER_SAC = ("learning_rate", "gamma", "tau", "ent_coef", "ent_coef_init", "target_entropy")
@@ -68,6 +74,17 @@ _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at o
 def _leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """The stack of `tensors` as a new leaf that takes gradients."""
     return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
+
+
+def _stack_linears(modules: Sequence[torch.nn.Module], trainable: bool = True
+                   ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(weights `[K, in, out]`, biases `[K, 1, out]`) per layer of the `nn.Linear` layers of K solo MLPs (one module
+    per member), as `OffPolicyPopulation._mlp` takes them; `trainable=False` for target networks."""
+    linears = [[m for m in module if isinstance(m, torch.nn.Linear)] for module in modules]
+    layers = range(len(linears[0]))
+    weights = [_leaf([member[i].weight.T for member in linears]).requires_grad_(trainable) for i in layers]
+    biases = [_leaf([member[i].bias.unsqueeze(0) for member in linears]).requires_grad_(trainable) for i in layers]
+    return weights, biases
 
 
 class _MemberAdam:
@@ -342,6 +359,17 @@ class OffPolicyPopulation(PopulationBase):
     def _adams(self) -> list[_MemberAdam]:
         raise NotImplementedError
 
+    def _stack_critics(self, solos: list) -> None:
+        """The solo runs' twin critics and their targets stacked: `critic_weights` `[K, C, in, out]`, ...
+        (`target_*` take no gradient)."""
+        layers = range(len(solos[0].critic.body.weights))
+        self.critic_weights = [_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
+        self.critic_biases = [_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
+        self.target_weights = [_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
+                               for i in layers]
+        self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
+                              for i in layers]
+
     # --- batched MLPs ------------------------------------------------------------------------------------------
     def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
         """One MLP per leading index: `x` `[M, B, in]`, weights `[M, in, out]`, biases `[M, 1, out]`."""
@@ -541,20 +569,12 @@ class OffPolicyPopulation(PopulationBase):
         actor = self._actor_of(members)
         env = self._make_env(episodes, seeds)
         count = len(members)
-        limit = env.spec.max_episode_steps or 10_000
-        returns = torch.zeros(count * episodes, device=self.device)
-        finished = torch.zeros(count * episodes, dtype=torch.bool, device=self.device)
-        with torch.no_grad():
-            obs, _ = env.reset()
-            for step in range(1, limit + 1):
-                actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
-                obs, _, _, _, info = env.step(self._to_env(actions.reshape(count * episodes, *self._action_tail)))
-                newly_done = info["done"] & ~finished
-                returns = torch.where(newly_done, info["episode_return"], returns)
-                finished |= info["done"]
-                if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
-                    break
-            returns = torch.where(finished, returns, info["episode_return"])
+
+        def policy(obs: torch.Tensor) -> torch.Tensor:
+            actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
+            return self._to_env(actions.reshape(count * episodes, *self._action_tail))
+
+        returns = first_episode_returns(env, env.reset()[0], policy)
         return returns.view(count, episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _position(self, k: int) -> int:
@@ -588,17 +608,8 @@ class SACPopulation(OffPolicyPopulation):
         return SAC
 
     def _build(self, solos: list) -> None:
-        linears = [[m for m in s.actor.net if isinstance(m, torch.nn.Linear)] for s in solos]
-        self.actor_weights = [_leaf([layers[i].weight.T for layers in linears]) for i in range(len(linears[0]))]
-        self.actor_biases = [_leaf([layers[i].bias.unsqueeze(0) for layers in linears])
-                             for i in range(len(linears[0]))]
-        layers = range(len(solos[0].critic.body.weights))
-        self.critic_weights = [_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
-        self.critic_biases = [_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
-        self.target_weights = [_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
-                               for i in layers]
-        self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
-                              for i in layers]
+        self.actor_weights, self.actor_biases = _stack_linears([s.actor.net for s in solos])
+        self._stack_critics(solos)
         self.log_alpha = _leaf([s.log_alpha for s in solos])  # [K, 1]
         self.autotune = torch.tensor([[float(s.autotune)] for s in solos], device=self.device)
         self.target_entropy = torch.tensor([[s.target_entropy] for s in solos], device=self.device)
@@ -809,24 +820,10 @@ class TD3Population(OffPolicyPopulation):
         return TD3
 
     def _build(self, solos: list) -> None:
-        def actor_layers(module):
-            return [m for m in module.net if isinstance(m, torch.nn.Linear)]
-
-        for prefix, attribute in (("actor", "actor"), ("actor_target", "actor_target")):
-            linears = [actor_layers(getattr(s, attribute)) for s in solos]
-            weights = [_leaf([layers[i].weight.T for layers in linears]) for i in range(len(linears[0]))]
-            biases = [_leaf([layers[i].bias.unsqueeze(0) for layers in linears]) for i in range(len(linears[0]))]
-            if prefix == "actor_target":
-                weights, biases = [w.requires_grad_(False) for w in weights], [b.requires_grad_(False) for b in biases]
-            setattr(self, f"{prefix}_weights", weights)
-            setattr(self, f"{prefix}_biases", biases)
-        layers = range(len(solos[0].critic.body.weights))
-        self.critic_weights = [_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
-        self.critic_biases = [_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
-        self.target_weights = [_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
-                               for i in layers]
-        self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
-                              for i in layers]
+        self.actor_weights, self.actor_biases = _stack_linears([s.actor.net for s in solos])
+        self.actor_target_weights, self.actor_target_biases = _stack_linears([s.actor_target.net for s in solos],
+                                                                             trainable=False)
+        self._stack_critics(solos)
         for key in ("target_policy_noise", "target_noise_clip", "action_noise_std", "ou_theta", "ou_dt"):
             self.hyper[key] = torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
         self._actor_adam = _MemberAdam(self._actor_params())
@@ -968,14 +965,8 @@ class DQNPopulation(OffPolicyPopulation):
     def _build(self, solos: list) -> None:
         if self.config.dueling:
             raise UserError("Populations do not cover dueling Q-networks yet: set dueling=False.")
-        for prefix, attribute in (("q", "q_network"), ("target", "q_target")):
-            linears = [[m for m in getattr(s, attribute).body if isinstance(m, torch.nn.Linear)] for s in solos]
-            weights = [_leaf([layers[i].weight.T for layers in linears]) for i in range(len(linears[0]))]
-            biases = [_leaf([layers[i].bias.unsqueeze(0) for layers in linears]) for i in range(len(linears[0]))]
-            if prefix == "target":
-                weights, biases = [w.requires_grad_(False) for w in weights], [b.requires_grad_(False) for b in biases]
-            setattr(self, f"{prefix}_weights", weights)
-            setattr(self, f"{prefix}_biases", biases)
+        self.q_weights, self.q_biases = _stack_linears([s.q_network.body for s in solos])
+        self.target_weights, self.target_biases = _stack_linears([s.q_target.body for s in solos], trainable=False)
         self.hyper["max_grad_norm"] = torch.tensor([float(s.config.max_grad_norm) for s in solos], device=self.device)
         # the exploration schedules and tau, per member on the host (epsilon is a host float, as `DQN.epsilon`)
         self._schedule = {k: (s.config.exploration_fraction, s.config.exploration_initial_eps,

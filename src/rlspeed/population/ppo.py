@@ -42,7 +42,13 @@ from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import gaussian_log_prob
-from rlspeed.population.base import PopulationBase, check_seeds, generator_like_global, split_member_values
+from rlspeed.population.base import (
+    PopulationBase,
+    check_seeds,
+    first_episode_returns,
+    generator_like_global,
+    split_member_values,
+)
 
 #: Hyperparameters a member may set for itself (none changes a tensor's shape)
 PER_MEMBER = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "clip_range", "max_grad_norm")
@@ -492,21 +498,12 @@ class PPOPopulation(PopulationBase):
         if size == 0:
             return torch.zeros(0)
         env = self._make_env(episodes, seeds)
-        limit = env.spec.max_episode_steps or 10_000
-        returns = torch.zeros(size * episodes, device=self.device)
-        finished = torch.zeros(size * episodes, dtype=torch.bool, device=self.device)
-        with torch.no_grad():
-            obs = self._reset(env, episodes, seeds)
-            for step in range(1, limit + 1):
-                out, _ = self.forward(obs.view(size, episodes, -1), params)
-                actions = out.argmax(-1) if self.kind == "categorical" else out
-                obs, _, _, _, info = env.step(self._env_actions(actions))
-                newly_done = info["done"] & ~finished
-                returns = torch.where(newly_done, info["episode_return"], returns)
-                finished |= info["done"]
-                if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
-                    break
-            returns = torch.where(finished, returns, info["episode_return"])
+
+        def policy(obs: torch.Tensor) -> torch.Tensor:
+            out, _ = self.forward(obs.view(size, episodes, -1), params)
+            return self._env_actions(out.argmax(-1) if self.kind == "categorical" else out)
+
+        returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
         env.close()
         return returns.view(size, episodes).mean(1).cpu()  # ok-sync: evaluation
 
