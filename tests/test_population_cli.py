@@ -60,6 +60,7 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     (["--seeds", "0-1", "--set", "batch_size=64,128"], "batch_size"),
     (["--seeds", "0-1", "--set", "learning_rate=1e-3,-1"], "learning_rate"),
     (["--seeds", "0-1", "--seed", "3"], "--seed"),
+    (["--seeds", "0-1", "--set", "lr=1e-3,2e-3"], "Unknown hyperparameter 'lr'"),  # (not "cannot differ")
 ])
 def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
     message = _error(capsys, ["train", "ppo", "CartPole-v1", *argv, "--out", str(tmp_path / "run")])
@@ -105,6 +106,10 @@ def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, 
     assert cli.main(argv) == 130
     captured = capsys.readouterr()
     assert "128 steps per member, 2 of 2 members evaluated" in captured.out
+    # the median of two members is their mean (the line said the higher one)
+    first = json.loads((out / "summary.json").read_text())["members"]
+    means = sorted(member["curve"][0][1] for member in first)
+    assert f"median {sum(means) / 2:.1f}, range {means[0]:.1f} to {means[1]:.1f}" in captured.out
     assert "interrupted (Ctrl-C)" in captured.err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -293,6 +294,7 @@ def _train_population(args: argparse.Namespace) -> int:
     algo_cls, run_settings, hyper, _config = _settings(args)
     for key, values in per_member.items():
         _check_set_keys({key: None})
+        build_config(algo_cls.config_cls, {**hyper, key: values[0]})  # (an unknown name is named as such first)
         if key not in member_keys:
             raise UserError(f"--set {key}: {key} cannot differ across the members of a population (it changes shapes "
                             f"or the training loop): give one value; per-member values are allowed for "
@@ -359,7 +361,7 @@ def _train_population(args: argparse.Namespace) -> int:
             curves[member].append([steps, mean])
         values = sorted(means.values())
         print(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated: median "
-              f"{values[len(values) // 2]:.1f}, range {values[0]:.1f} to {values[-1]:.1f} "
+              f"{statistics.median(values):.1f}, range {values[0]:.1f} to {values[-1]:.1f} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []
 
@@ -986,7 +988,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     tun = sub.add_parser("tune", help="search hyperparameters with Optuna, a population of trials at a time")
-    tun.add_argument("algo", help="an algorithm with populations: ppo, sac, td3")
+    tun.add_argument("algo", help="an algorithm with populations: ppo, sac, td3, dqn")
     tun.add_argument("env_id", help="a native env id, e.g. CartPole-v1")
     tun.add_argument("--trials", type=_whole(1), default=64, help="trials the study should hold when done (64)")
     tun.add_argument("--population", type=_whole(1), default=16, help="trials trained at once as one population (16)")

@@ -30,8 +30,8 @@ with zero actions, untimed work of a few elementwise kernels, and are not counte
 
 Covered now: SAC and TD3 with rlspeed's default MLP networks on the native envs with Box actions (Pendulum-v1,
 MountainCarContinuous-v0), DQN with a plain (not dueling) MLP on those with Discrete actions (CartPole-v1, Acrobot-v1,
-MountainCar-v0, CartPoleNoVel-v1; `rlspeed.envs.registry.NATIVE_ENVS`), on one device. Not yet: DDPG, dueling DQN,
-Gymnasium envs, checkpoints, `rlspeed tune`.
+MountainCar-v0, CartPoleNoVel-v1; `rlspeed.envs.registry.NATIVE_ENVS`), on one device, behind `Population(...)`,
+`rlspeed train --seeds` and `rlspeed tune`. Not yet: DDPG, dueling DQN, Gymnasium envs, checkpoints.
 """
 
 from __future__ import annotations
@@ -944,11 +944,10 @@ class DQNPopulation(OffPolicyPopulation):
     and Adam (autograd of the members' summed losses); target networks copied (or Polyak-averaged) every
     `target_update_interval` env steps.
 
-    >>> population = DQNPopulation(DQN, "CartPole-v1", seeds=range(8), **preset)
+    >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain (not
-    dueling) Q-networks on envs without action masks. Not yet in `IMPLEMENTATIONS` (so not behind `Population(DQN,
-    ...)` or `rlspeed tune dqn`): tune's default DQN search space starts exploration_fraction at 0, which DQN refuses.
+    dueling) Q-networks on envs without action masks.
     """
 
     algo_name = "dqn"
