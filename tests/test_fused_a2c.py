@@ -140,6 +140,7 @@ def test_unsupported_networks_fall_back_to_autograd_and_still_learn():
     model = A2C("CartPole-v1", device="cpu", seed=0, activation="elu", num_envs=4)
     choice = model.update_summary()
     assert choice["implementation"] == "autograd" and "activation=elu" in choice["reason"]
+    assert choice["rollout"] == "policy module" and "a2c rollout: policy module" in model.report()
     before = [p.detach().clone() for p in model.policy.parameters()]
     model.learn(200, progress_bar=False)
     assert any(not torch.equal(p, b) for p, b in zip(model.policy.parameters(), before))
@@ -166,5 +167,6 @@ def test_summary_json_names_the_a2c_update(tmp_path, monkeypatch):
         assert code == 0
     hand = json.loads((tmp_path / "hand" / "summary.json").read_text())["update"]
     off = json.loads((tmp_path / "off" / "summary.json").read_text())["update"]
-    assert hand == {"implementation": "hand-derived", "reason": "default on this device"}
-    assert off == {"implementation": "autograd", "reason": "fused_update=false"}
+    assert hand == {"implementation": "hand-derived", "reason": "default on this device",
+                    "rollout": "hand-derived (the update's flat parameters, Gumbel-max or scaled-normal draws)"}
+    assert off == {"implementation": "autograd", "reason": "fused_update=false", "rollout": "policy module"}

@@ -17,10 +17,13 @@ CASES = [(PPO, "CartPole-v1", {}), (A2C, "CartPole-v1", {}), (DQN, "CartPole-v1"
 
 @pytest.mark.parametrize(("algo", "env_id", "config"), CASES, ids=lambda c: getattr(c, "__name__", None))
 def test_default_cpu_update_is_hand_derived_and_falls_back_visibly(algo, env_id, config):
+    def choice(summary):  # (A2C adds which forward passes its rollout runs: tests/test_fused_a2c.py)
+        return {key: summary[key] for key in ("implementation", "reason")}
+
     model = algo(env_id, device="cpu", seed=0, **config)
-    assert model.update_summary() == {"implementation": "hand-derived", "reason": "default on this device"}
+    assert choice(model.update_summary()) == {"implementation": "hand-derived", "reason": "default on this device"}
     off = algo(env_id, device="cpu", seed=0, fused_update=False, **config)
-    assert off.update_summary() == {"implementation": "autograd", "reason": "fused_update=false"}
+    assert choice(off.update_summary()) == {"implementation": "autograd", "reason": "fused_update=false"}
     assert "autograd (fused_update=false)" in off.report()
 
 

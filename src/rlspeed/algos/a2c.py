@@ -85,6 +85,20 @@ class A2C(OnPolicyAlgorithm):
         nothing measured the policy's own forward (`--accelerate auto` did: then the policy's chosen form runs)."""
         return self._update_step.hand_derived if self.accelerate == "off" else None
 
+    def _rollout_forward(self) -> str:
+        return ("hand-derived (the update's flat parameters, Gumbel-max or scaled-normal draws)"
+                if self._flat_forward() is not None else "policy module")
+
+    def update_summary(self) -> dict[str, str]:
+        """`Algorithm.update_summary`, plus `rollout`: which forward passes the rollout samples its actions and values
+        with (they follow from the update's choice: the hand-derived update's flat parameters where it runs with
+        `--accelerate off`, else the policy module)."""
+        return {**super().update_summary(), "rollout": self._rollout_forward()}
+
+    def report(self) -> str:
+        """`Algorithm.report`, plus the rollout's forward passes (`update_summary`'s `rollout`)."""
+        return f"{super().report()}\n{self.name} rollout: {self._rollout_forward()}"
+
     def _act(self, obs, step, action_masks=None):
         update = self._flat_forward()
         if update is None:
