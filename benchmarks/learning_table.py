@@ -150,7 +150,7 @@ def make_pair(algo: str, env_id: str, budget_scale: float) -> Pair:
     fixed = FIXED_BUDGETS.get((algo, env_id))
     if fixed is not None and fixed < preset_budget:
         budget = int(fixed * budget_scale)
-        note = f"fixed {budget:,} (preset {preset_budget:,}: too slow here)"
+        note = f"fixed {budget:,} (preset {preset_budget:,}: cut to fit the session)"
     else:
         budget = int(preset_budget * budget_scale)
         note = f"{budget:,}"
@@ -321,7 +321,8 @@ def main() -> None:
         "or a fixed budget where that does not fit a 2-core CPU. *RL-Zoo score*: its benchmark.md (commit "
         f"{ZOO_COMMIT[:10]}; one agent, LunarLander rows for the -v2 ids) with its training budget.",
         "",
-        f"Seeds: {args.seeds} ({len(seeds)} per pair){', budget scale ' + str(args.budget_scale) if args.budget_scale != 1 else ''}.",  # noqa: E501
+        f"Seeds: {args.seeds}; *seeds reached* counts the seeds that ran for the pair (fewer where time ran out)"
+        + (f", budget scale {args.budget_scale}" if args.budget_scale != 1 else "") + ".",
         "",
         "The 2 cores were shared with other jobs: the 1-minute load average when a run started was "
         + (f"{loads[0]:.1f}-{loads[-1]:.1f} (median {statistics.median(loads):.1f}; recorded for {len(loads)} of "
@@ -330,6 +331,11 @@ def main() -> None:
         "",
         table,
     ]
+    missed = [f"{p.algo.upper()} {p.env_id} ({sum(r['reached'] for r in by_pair[(p.algo, p.env_id)])}/"
+              f"{len(by_pair[(p.algo, p.env_id)])})" for p in pairs
+              if by_pair[(p.algo, p.env_id)] and not all(r["reached"] for r in by_pair[(p.algo, p.env_id)])]
+    lines += ["", "Pairs where some seed missed the threshold within its budget: "
+              + (", ".join(missed) if missed else "none") + "."]
     common.publish("learning_table", lines, {"seeds": seeds, "budget_scale": args.budget_scale,
                                              "zoo_commit": ZOO_COMMIT,
                                              "load_average_1_5_15": {"before": load_before, "after": load_after},
