@@ -411,6 +411,7 @@ def test_a_square_channel_tie_is_read_as_channels_last():
     assert image_channels_first(gym.spaces.Box(0, 255, (4, 84, 84), dtype=np.uint8)) is True
     assert image_channels_first(gym.spaces.Box(0, 255, (84, 84, 3), dtype=np.uint8)) is False
 
+
 def test_dict_statistics_keep_their_names_inside_a_parent_module():
     """Per-key names (`<key>.mean`) alone and under a parent's prefix; a strict load refuses missing statistics."""
     stats = DictRunningMeanStd({"pos": (3,), "stats": (2,)})

@@ -83,6 +83,7 @@ def _add_stats_prefix(module, state_dict, prefix, local_metadata, strict, missin
         if name.startswith(prefix) and name[len(prefix):].split(".", 1)[0] in module.stats:
             state_dict[f"{prefix}stats.{name[len(prefix):]}"] = state_dict.pop(name)
 
+
 class DictRunningMeanStd(nn.Module):
     """`RunningMeanStd` per float key of Dict observations; the other keys (images, indices) pass through unchanged.
 
