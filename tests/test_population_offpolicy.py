@@ -196,3 +196,20 @@ def test_on_eval_naming_members_that_reached_the_target_prunes_nothing():
                                on_eval=prune_everyone)
     assert seen == [[0, 1]] and summary["reached"] == 2 and summary["pruned"] == 0
     assert all("pruned_at" not in member for member in summary["members"])
+
+
+@pytest.mark.parametrize("algo", [SAC, TD3])
+def test_no_host_to_device_copy_per_iteration_after_a_member_left(algo, monkeypatch):
+    """The env rows of the members still training (and TD3's smoothing mask) are made when members leave, not from
+    host lists at every iteration or gradient step (DESIGN: no per-step host<->device copies)."""
+    population = Population(algo, "Pendulum-v1", seeds=[0, 1, 2], **SMALL)
+    population._start(STEPS)
+    while population.num_timesteps < SMALL["learning_starts"] + 4:  # (past learning_starts: updates run)
+        population.train_iteration()
+    population.remove([1])
+    made = []
+    tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *args, **kwargs: made.append(args) or tensor(*args, **kwargs))
+    for _ in range(10):
+        population.train_iteration()
+    assert len(made) <= 1, made  # (the rows, once)

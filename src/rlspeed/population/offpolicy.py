@@ -325,6 +325,7 @@ class OffPolicyPopulation(PopulationBase):
         self._env = None
         self.buffer: MemberReplay | None = None
         self._left: dict[int, dict[str, torch.Tensor]] = {}  # actor weights of members that left, for evaluation
+        self._rows: torch.Tensor | None = None  # the env rows of `alive` once members left (`_alive_rows`)
 
     # --- what an algorithm provides --------------------------------------------------------------------------
     def _build(self, solos: list) -> None:
@@ -414,12 +415,15 @@ class OffPolicyPopulation(PopulationBase):
         return EpisodeStatistics(native)
 
     def _alive_rows(self) -> torch.Tensor | None:
-        """The env rows of the members still in the computation (None: all members)."""
+        """The env rows of the members still in the computation (None: all members), made when members leave (not a
+        host-to-device copy per iteration)."""
         if len(self.alive) == self.size:
             return None
-        envs = self.config.num_envs
-        index = torch.tensor(self.alive, device=self.device)
-        return (index.unsqueeze(1) * envs + torch.arange(envs, device=self.device)).flatten()
+        if self._rows is None:
+            envs = self.config.num_envs
+            index = torch.tensor(self.alive, device=self.device)
+            self._rows = (index.unsqueeze(1) * envs + torch.arange(envs, device=self.device)).flatten()
+        return self._rows
 
     def _start(self, total_timesteps: int) -> None:
         cfg = self.config
@@ -521,6 +525,7 @@ class OffPolicyPopulation(PopulationBase):
         self._keep_rows(index)
         self.generators = [self.generators[i] for i in keep_positions]
         self.alive = [self.alive[i] for i in keep_positions]
+        self._rows = None
 
     def _keep_rows(self, index: torch.Tensor) -> None:
         """Per-row state of the members kept (TD3's noise process)."""
@@ -830,8 +835,14 @@ class TD3Population(OffPolicyPopulation):
         self._critic_adam = _MemberAdam(self._critic_params())
         self._critic_updates = 0
         self._ou_noise: torch.Tensor | None = None
-        # which members draw target-smoothing noise (host-side: the solo run draws none when its noise is 0)
+        # which members draw target-smoothing noise (host-side: the solo run draws none when its noise is 0), and the
+        # same as a mask of the members in the computation `[K, 1, 1]` (cut in `_after_remove`)
         self._smoothing = {k: s.config.target_policy_noise > 0 for k, s in enumerate(solos)}
+        self._smoothing_mask = torch.tensor([self._smoothing[k] for k in range(len(solos))],
+                                            device=self.device).view(-1, 1, 1)
+
+    def _after_remove(self, index: torch.Tensor) -> None:
+        self._smoothing_mask = self._smoothing_mask[index]
 
     def _actor_params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases]
@@ -895,8 +906,7 @@ class TD3Population(OffPolicyPopulation):
                 noise = self._member_noise(next_actions.shape[1:], draws)
                 noise = torch.maximum(torch.minimum(noise * hyper["target_policy_noise"].view(-1, 1, 1), clip), -clip)
                 smoothed = (next_actions + noise).clamp(-1.0, 1.0)
-                keep = torch.tensor(draws, device=self.device).view(-1, 1, 1)
-                next_actions = torch.where(keep, smoothed, next_actions)
+                next_actions = smoothed if all(draws) else torch.where(self._smoothing_mask, smoothed, next_actions)
             next_q = self._critics(next_obs, next_actions, self.target_weights, self.target_biases).amin(1)
             target_q = rewards + discounts * (1 - terminated) * next_q
         q_values = self._critics(obs, actions, self.critic_weights, self.critic_biases)
