@@ -61,6 +61,9 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     (["--seeds", "0-1", "--set", "learning_rate=1e-3,-1"], "learning_rate"),
     (["--seeds", "0-1", "--seed", "3"], "--seed"),
     (["--seeds", "0-1", "--set", "lr=1e-3,2e-3"], "Unknown hyperparameter 'lr'"),  # (not "cannot differ")
+    # (populations have no acceleration layer nor env-numerics guard: these were ignored without a word)
+    (["--seeds", "0-1", "--accelerate", "auto"], "--accelerate auto does not apply"),
+    (["--seeds", "0-1", "--nan-policy", "mask"], "--nan-policy mask does not apply"),
 ])
 def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
     message = _error(capsys, ["train", "ppo", "CartPole-v1", *argv, "--out", str(tmp_path / "run")])

@@ -282,7 +282,10 @@ def _train_population(args: argparse.Namespace) -> int:
     refused = [flag for flag, given in (("--nproc", args.nproc is not None), ("--resume", args.resume),
                                         ("--checkpoint-freq", args.checkpoint_freq is not None),
                                         ("--save-replay-buffer", args.save_replay_buffer),
-                                        ("--video-every", args.video_every is not None), ("--track", args.track))
+                                        ("--video-every", args.video_every is not None), ("--track", args.track),
+                                        ("--accelerate auto", args.accelerate != "off"),
+                                        ("--nan-policy mask", args.nan_policy != "raise"),
+                                        ("--max-restarts", bool(args.max_restarts)))
                if given]
     if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
         refused.insert(0, "--seed")
