@@ -29,11 +29,21 @@ def check_seeds(seeds) -> list[int]:
     return seeds
 
 
+#: options of a solo run that a population does not have, with the value that means "not used"
+_SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
+
+
 def split_member_values(hyperparameters: dict, member_overrides, size: int, per_member: Sequence[str]) -> list[dict]:
     """The K members' hyperparameter dicts: a value given as a list (or tensor) of K values is per member, allowed
     for `per_member` keys only (every other key changes shapes or the loop, so is one value for all); `net_arch` is
     one value (a list of lists would be per member: refused). `member_overrides` (K dicts) sets single members'
-    values (same rule)."""
+    values (same rule). UserError for a solo run's option populations do not have (`accelerate`, `strategy`,
+    `nan_policy`, `save_replay_buffer` other than their defaults): the solo models would take it, the population
+    would not."""
+    for key, unused in _SOLO_OPTIONS.items():
+        if key in hyperparameters and hyperparameters[key] != unused:
+            raise UserError(f"Populations do not support {key}={hyperparameters[key]!r} yet: leave it out (it would "
+                            "apply to no member).")
     members: list[dict] = [dict() for _ in range(size)]
     for key, value in hyperparameters.items():
         if isinstance(value, torch.Tensor):
