@@ -1,6 +1,8 @@
 """The hand-derived A2C update against autograd + torch.optim.RMSprop (and Adam), step by step; its checkpoints; the
 rollout's forward passes on its flat parameters against the policy module's."""
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from conftest import assert_gradient_matches_autograd, plain_and_fused
@@ -170,3 +172,44 @@ def test_summary_json_names_the_a2c_update(tmp_path, monkeypatch):
     assert hand == {"implementation": "hand-derived", "reason": "default on this device",
                     "rollout": "hand-derived (the update's flat parameters, Gumbel-max or scaled-normal draws)"}
     assert off == {"implementation": "autograd", "reason": "fused_update=false", "rollout": "policy module"}
+
+
+class _MaskedVectorPick(gym.Env):
+    """One-step episodes on a float vector: the observation one-hot encodes a target t in 1..4, the action t earns 1;
+    action 0 is always masked (`info["action_mask"]`) but earns 2. `taken` counts the actions chosen."""
+
+    taken = np.zeros(5, dtype=np.int64)
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (5,), np.float32)
+        self.action_space = gym.spaces.Discrete(5)
+        self.target = 1
+
+    def _obs(self):
+        return np.eye(5, dtype=np.float32)[self.target]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.target = int(self.np_random.integers(1, 5))
+        return self._obs(), {"action_mask": np.arange(5) != 0}
+
+    def step(self, action):
+        _MaskedVectorPick.taken[int(action)] += 1
+        reward = 2.0 if int(action) == 0 else float(int(action) == self.target)
+        return self._obs(), reward, True, False, {"action_mask": np.arange(5) != 0}
+
+
+def test_masked_runs_leave_the_flat_rollout_for_the_masked_policy():
+    """With action masks the hand-derived update gives way to autograd when learn starts, and the rollout samples
+    from the masked policy module, never the flat parameters' unmasked Gumbel-max: no masked action is taken."""
+    env_id = "RlspeedTest/MaskedVectorPick-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_MaskedVectorPick)
+    _MaskedVectorPick.taken[:] = 0
+    model = A2C(env_id, device="cpu", seed=0, num_envs=4, env_backend="gymnasium")
+    assert model.update_summary()["implementation"] == "hand-derived"  # (before learn: masks not known yet)
+    model.learn(400, progress_bar=False)
+    summary = model.update_summary()
+    assert summary["implementation"] == "autograd" and "action masks" in summary["reason"]
+    assert summary["rollout"] == "policy module"
+    assert _MaskedVectorPick.taken[0] == 0 and _MaskedVectorPick.taken.sum() == model.num_timesteps
