@@ -136,6 +136,33 @@ def test_member_with_non_finite_parameters_is_dropped_and_reported():
     assert [e["steps_to_target"] for e in entries] == [50, None, 50]
     assert all("diverged_at" not in entries[k] and math.isfinite(entries[k]["final_eval"]["mean"]) for k in (0, 2))
     assert population.alive == [0, 2]
+    # the others end exactly as in a population that never had member 1 (its rows cut from every stack)
+    without = Population(TD3, "Pendulum-v1", seeds=[0, 2], **SMALL)
+    without.learn(STEPS, target_return=-1e9, eval_freq=50, eval_episodes=2, stop="all")
+    for k, j in ((0, 0), (2, 1)):
+        theirs = without.member_state(j)
+        for name, value in population.member_state(k).items():
+            assert torch.equal(value, theirs[name]), name
+
+
+def test_members_after_a_pruned_middle_member_keep_their_own_hyperparameters():
+    """DQN members 0 and 2, each with its own values, train on as their solo runs after member 1 is pruned (rows of
+    every stack, the schedules kept by original index)."""
+    small = {"num_envs": 2, "train_freq": 4, "gradient_steps": 4, "batch_size": 32, "learning_starts": 40,
+             "target_update_interval": 16, "net_arch": [32, 32], "exploration_fraction": 0.5}
+    per_member = {"learning_rate": [5e-3, 1e-3, 2e-3], "gamma": [0.99, 0.9, 0.95],
+                  "exploration_final_eps": [0.05, 0.2, 0.1], "tau": [1.0, 0.5, 0.8]}
+    seeds, steps = [3, 7, 9], 200
+    population = Population(DQN, "CartPole-v1", seeds=seeds, **small, **per_member)
+    population.learn(steps, eval_freq=80, eval_episodes=2, on_eval=lambda at, means: [1] if at == 80 else None)
+    assert population.alive == [0, 2]
+    for k in (0, 2):
+        solo = DQN("CartPole-v1", seed=seeds[k], env_backend="torch", **small,
+                   **{key: values[k] for key, values in per_member.items()})
+        solo.learn(steps, progress_bar=False)
+        trained = population.member_state(k)
+        for name, value in _state(solo).items():
+            torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=0)
 
 
 def test_stop_each_removes_members_that_reached_the_target():
