@@ -23,7 +23,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)` equals `model.evaluate(seed=s)`. Where
     the env gives action masks
     (`info["action_mask"]`) and the model takes them (its `use_masking`), the deterministic policy is masked too: it
-    never picks a masked action. Episodes still running after `max_steps`
+    never picks a masked action. Atari games that wait for FIRE (Breakout, Pong, ...) get it as the first action of
+    every game and after every lost life, in place of the policy's (`rlspeed.envs.atari.FireToStart`; training envs
+    never do). Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     """
     if max_steps is not None and max_steps < 1:
