@@ -15,7 +15,8 @@ from rlspeed.population.offpolicy import (
 )
 from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
 
-#: algorithm class name -> the population class that trains it (one place; modules add themselves here)
+#: algorithm class name -> the population class that trains it (the one list: `Population`, `rlspeed train --seeds`
+#: and `rlspeed tune` read it)
 IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "SAC": SACPopulation, "TD3": TD3Population,
                                      "DQN": DQNPopulation}
 

@@ -26,7 +26,8 @@ one synchronous vector env of K x N envs, member k's env i reset with seed `seed
 Gymnasium envs are.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, on one
-device. Not yet: other algorithms, observation or reward normalisation, action masks, checkpoints.
+device. Not yet: A2C and RecurrentPPO (SAC, TD3 and DQN: `rlspeed.population.offpolicy`), observation or reward
+normalisation, action masks, checkpoints.
 """
 
 from __future__ import annotations
