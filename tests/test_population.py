@@ -193,6 +193,8 @@ def test_on_eval_naming_no_member_is_one_sentence():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
     with pytest.raises(UserError, match=r"member\(s\) 5, outside 0..1"):
         population.learn(256, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: [5])
+    with pytest.raises(UserError, match="list of indices"):  # (a bare index was a TypeError traceback)
+        population.learn(256, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: 1)
 
 
 def test_diverging_member_is_dropped_and_the_others_are_untouched():

@@ -225,7 +225,12 @@ class PopulationBase:
                 if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
                     self.remove(hits)
             if on_eval is not None:
-                pruned = [int(k) for k in (on_eval(self.num_timesteps, dict(zip(members, means))) or ())]
+                returned = on_eval(self.num_timesteps, dict(zip(members, means)))
+                try:
+                    pruned = [int(k) for k in (() if returned is None else returned)]
+                except (TypeError, ValueError):
+                    raise UserError(f"on_eval must return the members to prune as a list of indices (or None), got "
+                                    f"{returned!r}.") from None
                 unknown = [k for k in pruned if not 0 <= k < size]
                 if unknown:
                     raise UserError(f"on_eval returned member(s) {', '.join(map(str, unknown))}, outside "
