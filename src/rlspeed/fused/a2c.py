@@ -24,13 +24,11 @@ sampled actions, which A2C's loss recomputes and never reads from the rollout, a
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward
-from rlspeed.fused.ppo import unsupported_reason
+from rlspeed.fused.ppo import head_grad, head_log_prob_entropy, unsupported_reason
 from rlspeed.nn import ActorCritic
 
 
@@ -182,18 +180,7 @@ class FusedA2CUpdate:
         head, values = out[0], out[1, :, 0]
         if self.normalize_advantage and batch > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        if policy.discrete:
-            log_p = torch.log_softmax(head, dim=-1)
-            probs = log_p.exp()
-            index = actions.long().unsqueeze(-1)
-            log_probs = log_p.gather(-1, index).squeeze(-1)
-            entropy = -(probs * log_p).sum(-1)
-        else:
-            log_std = self.log_std
-            inv_std = torch.exp(-log_std)
-            z_score = (actions - head) * inv_std
-            log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
-            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum().expand(batch)
+        log_probs, entropy, saved = head_log_prob_entropy(policy.discrete, head, actions, self.log_std)
         value_error = values - returns
         # [policy loss, value loss, entropy] = [-mean(A log pi), mean((V - R)^2), mean(H)]; L = their weighted sum
         stats = torch.stack((advantages * log_probs, value_error.square(), entropy)).mean(1).mul_(self._signs)
@@ -202,15 +189,7 @@ class FusedA2CUpdate:
         # Output gradient [2, B, out]: actor head in member 0, value in member 1 column 0.
         grad_out = torch.zeros_like(out)
         grad_log_prob = advantages * (-1.0 / batch)
-        if policy.discrete:
-            grad_head = torch.mul(probs, grad_log_prob.unsqueeze(-1).neg(), out=grad_out[0])
-            if self.ent_coef:
-                grad_head += (self.ent_coef / batch) * probs * (log_p + entropy.unsqueeze(-1))
-            grad_head.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
-        else:
-            grad_out[0] = grad_log_prob.unsqueeze(-1) * z_score * inv_std
-            torch.sub((grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(0), self.ent_coef,
-                      out=self.log_std_grad)
+        head_grad(policy.discrete, saved, grad_log_prob, entropy, self.ent_coef, grad_out[0], self.log_std_grad)
         torch.mul(value_error, 2.0 * self.vf_coef / batch, out=grad_out[1, :, 0])
 
         # Backward through the ensemble MLP, writing straight into the flat gradient buffer.

@@ -107,18 +107,7 @@ class FusedPPOUpdate:
 
         if self.normalize_advantage and batch > 1 and not normalized:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        if policy.discrete:
-            log_p = torch.log_softmax(head, dim=-1)
-            probs = log_p.exp()
-            index = actions.long().unsqueeze(-1)
-            new_log_probs = log_p.gather(-1, index).squeeze(-1)
-            entropy = -(probs * log_p).sum(-1)
-        else:
-            log_std = self.log_std
-            inv_std = torch.exp(-log_std)
-            z_score = (actions - head) * inv_std
-            new_log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
-            entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum().expand(batch)
+        new_log_probs, entropy, saved = head_log_prob_entropy(policy.discrete, head, actions, self.log_std)
         log_ratio = new_log_probs - old_log_probs
         ratio = log_ratio.exp()
         # the two surrogate terms with the sign flipped: the loss term is -min(A r, A clip(r))
@@ -147,18 +136,43 @@ class FusedPPOUpdate:
         grad_out = torch.zeros_like(out)
         # the unclipped term is the minimum (ties: inside the clip range, where both are A r): it passes -A r / B
         grad_log_prob = torch.where(unclipped <= clipped, advantages, 0.0).mul_(ratio).mul_(-1.0 / batch)
-        if policy.discrete:
-            grad_head = probs * grad_log_prob.unsqueeze(-1).neg()
-            if self.ent_coef:
-                grad_head += (self.ent_coef / batch) * probs * (log_p + entropy.unsqueeze(-1))
-            grad_head.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
-            grad_out[0] = grad_head
-        else:
-            grad_out[0] = grad_log_prob.unsqueeze(-1) * z_score * inv_std
-            torch.sub((grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(0), self.ent_coef,
-                      out=self.log_std_grad)
+        head_grad(policy.discrete, saved, grad_log_prob, entropy, self.ent_coef, grad_out[0], self.log_std_grad)
         grad_out[1, :, 0] = value_grad * (self.vf_coef / batch)
 
         # Backward through the ensemble MLP, writing straight into the flat gradient buffer.
         ensemble_backward(grad_out, hidden, self.weights, self.weight_grads, self.bias_grads, self.tanh)
         return loss, stats
+
+
+def head_log_prob_entropy(discrete: bool, head: torch.Tensor, actions: torch.Tensor,
+                          log_std: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """(log-probabilities `[B]`, entropies `[B]`, saved) of the actions under the policy head `[B, A]`: categorical
+    logits, or a Gaussian's mean with the state-independent `log_std`. `saved` is what `head_grad` reads."""
+    if discrete:
+        log_p = torch.log_softmax(head, dim=-1)
+        probs = log_p.exp()
+        index = actions.long().unsqueeze(-1)
+        return log_p.gather(-1, index).squeeze(-1), -(probs * log_p).sum(-1), (log_p, probs, index)
+    inv_std = torch.exp(-log_std)
+    z_score = (actions - head) * inv_std
+    log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
+    entropy = (0.5 + 0.5 * math.log(2 * math.pi) + log_std).sum().expand(head.shape[0])
+    return log_probs, entropy, (z_score, inv_std)
+
+
+def head_grad(discrete: bool, saved: tuple, grad_log_prob: torch.Tensor, entropy: torch.Tensor, ent_coef: float,
+              out: torch.Tensor, log_std_grad: torch.Tensor | None) -> None:
+    """The gradient of `sum(grad_log_prob * log_prob) - ent_coef * mean(entropy)` (the batch of `B` rows) with
+    respect to the policy head, written into `out` `[B, A]`, and, for a Gaussian, with respect to `log_std`, written
+    into `log_std_grad` `[A]`; `saved` from `head_log_prob_entropy`."""
+    batch = grad_log_prob.shape[0]
+    if discrete:
+        log_p, probs, index = saved
+        torch.mul(probs, grad_log_prob.unsqueeze(-1).neg(), out=out)
+        if ent_coef:
+            out += (ent_coef / batch) * probs * (log_p + entropy.unsqueeze(-1))
+        out.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
+    else:
+        z_score, inv_std = saved
+        torch.mul(grad_log_prob.unsqueeze(-1) * z_score, inv_std, out=out)
+        torch.sub((grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(0), ent_coef, out=log_std_grad)
