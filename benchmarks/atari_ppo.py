@@ -103,7 +103,8 @@ def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> 
         model.learn((warmup + iterations) * ROLLOUT, callback=mark, progress_bar=False)
         window = _window(marks, warmup * ROLLOUT)
         record = {"library": "rlspeed", "env_backend": model.env_backend, "update": model.update_summary(),
-                  "accelerate": json.loads(json.dumps(model.acceleration_summary(), default=str))}
+                  "accelerate": json.loads(json.dumps(model.acceleration_summary(), default=str)),
+                  "report": model.report()}
     return {"side": side, "threads": threads, "iterations": iterations, "warmup": warmup, **record, **window}
 
 
@@ -232,7 +233,7 @@ def publish(args) -> None:
                                "Steps/s (whole run)"], learn_rows),
     ]
     if not learn_rows:
-        lines[-1] = "No learning run finished for this section in this session."
+        lines[-1] = "No learning run in this measurement (see below)."
     if args.notes:
         lines += ["", Path(args.notes).read_text().strip()]
     if args.commit:
