@@ -191,7 +191,6 @@ def publish(args) -> None:
                      common.fmt_range(summary[side]["sps"], ",.1f"),
                      ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(summary[side]["ratio_to_sb3_median"])])
     auto_runs = [r for r in runs if r["side"] == "rlspeed-auto"]
-    auto_choice = auto_runs[0].get("accelerate") if auto_runs else None
     learning = [_rlspeed_run(d) for d in args.rlspeed_runs] + [json.loads(Path(f).read_text()) for f in args.sb3_runs]
     learn_rows = []
     for run in learning:
@@ -215,8 +214,9 @@ def publish(args) -> None:
         "",
         common.markdown_table(["Library", "Steps/s median", "Range", "Ratio to SB3 per pair", "Median ratio"], rows),
         "",
-        f"`accelerate=\"auto\"` chose: `{json.dumps(auto_choice)}` "
-        f"(update: `{json.dumps(auto_runs[0].get('update') if auto_runs else None)}`).",
+        "`accelerate=\"auto\"` chose, per process: " + "; ".join(
+            f"pair {r['pair']}: {r['accelerate']['precision']} ({r['sps']:.1f} steps/s)" for r in auto_runs)
+        + f" (update: `{json.dumps(auto_runs[0].get('update') if auto_runs else None)}`).",
         "",
         "### (b) Learning at fixed budgets (one seed per library)",
         "",
