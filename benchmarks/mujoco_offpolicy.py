@@ -199,6 +199,10 @@ def publish(args) -> None:
                            f"{run['total_timesteps']:,}", common.fmt(evaluation.get("mean"), ",.1f"),
                            common.fmt(evaluation.get("std"), ",.1f"), common.fmt(run.get("sps"), ",.0f")])
     load = f"load average {' '.join(data['loadavg_before'])} before, {' '.join(data['loadavg_after'])} after"
+    if "loadavg_after_pairs_0_2" in data:  # two sessions of pairs merged (a quieter machine for the later ones)
+        first = f"{' '.join(data['loadavg_before'])} before and {' '.join(data['loadavg_after_pairs_0_2'])} after"
+        later = f"{' '.join(data['loadavg_before_pairs_3_4'])} before and {' '.join(data['loadavg_after'])} after"
+        load = f"load average {first} pairs 0-2; {later} pairs 3-4"
     lines = [
         "## MuJoCo: SAC HalfCheetah-v5 throughput, SAC/TD3/PPO learning at fixed budgets "
         "(`benchmarks/mujoco_offpolicy.py`)",
