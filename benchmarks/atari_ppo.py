@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -65,13 +63,6 @@ def rlspeed_model(backend: str, seed: int, threads: int, accelerate: str = "off"
                        accelerate=accelerate, **hyperparameters)
 
 
-def _window(marks: list[tuple[float, int]], warmup_steps: int) -> dict:
-    start = next(m for m in marks if m[1] >= warmup_steps)
-    end = marks[-1]
-    return {"window_steps": end[1] - start[1], "window_s": end[0] - start[0],
-            "sps": (end[1] - start[1]) / (end[0] - start[0])}
-
-
 def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> dict:
     """One throughput run in this process (see the module docstring)."""
     common.set_threads(threads)
@@ -90,7 +81,7 @@ def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> 
         common.set_threads(threads)
         model.learn((warmup + 1 + iterations) * ROLLOUT, callback=Marks())
         env.close()
-        window = _window(marks, (warmup + 1) * ROLLOUT)
+        window = common.window_sps(marks, (warmup + 1) * ROLLOUT)
         record = {"library": "stable-baselines3", "env_backend": "gymnasium (SB3 make_atari_env, DummyVecEnv)"}
     else:
         def mark(local_vars) -> bool:  # after each iteration: one rollout and its update
@@ -101,7 +92,7 @@ def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> 
         model = rlspeed_model(backend, seed, threads, "auto" if side.endswith("-auto") else "off")
         common.set_threads(threads)
         model.learn((warmup + iterations) * ROLLOUT, callback=mark, progress_bar=False)
-        window = _window(marks, warmup * ROLLOUT)
+        window = common.window_sps(marks, warmup * ROLLOUT)
         record = {"library": "rlspeed", "env_backend": model.env_backend, "update": model.update_summary(),
                   "accelerate": json.loads(json.dumps(model.acceleration_summary(), default=str)),
                   "report": model.report()}
@@ -109,21 +100,10 @@ def worker(side: str, iterations: int, warmup: int, threads: int, seed: int) -> 
 
 
 def throughput(args) -> dict:
-    runs = []
-    loadavg_before = Path("/proc/loadavg").read_text().split()[:3]
-    for pair in range(args.pairs):
-        order = list(args.sides) if pair % 2 == 0 else list(reversed(args.sides))
-        for side in order:
-            command = [sys.executable, __file__, "worker", "--side", side, "--iterations", str(args.iterations),
-                       "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(pair)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            result = json.loads(output.strip().splitlines()[-1])
-            result["pair"] = pair
-            print(f"  pair {pair} {side}: {result['sps']:.1f} steps/s", flush=True)
-            runs.append(result)
+    worker_args = ["--iterations", str(args.iterations), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     data = {"iterations": args.iterations, "warmup": args.warmup, "pairs": args.pairs, "threads": args.threads,
-            "loadavg_before": loadavg_before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3],
-            "runs": runs, "machine": common.machine_description(
+            **common.worker_pairs(__file__, list(args.sides), args.pairs, worker_args),
+            "machine": common.machine_description(
                 ("rlspeed", "torch", "gymnasium", "ale-py", "envpool", "stable-baselines3"))}
     Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.json}")
@@ -160,13 +140,6 @@ def sb3_learn(args) -> dict:
     return result
 
 
-def _rlspeed_run(directory: str) -> dict:
-    summary = json.loads((Path(directory) / "summary.json").read_text())
-    return {"library": "rlspeed", "run_dir": directory, **{key: summary.get(key) for key in (
-        "algo", "env_id", "seed", "env_backend", "total_timesteps", "train_wall_s", "sps", "final_eval",
-        "accelerate", "update")}}
-
-
 def publish(args) -> None:
     data = json.loads(Path(args.throughput).read_text())
     data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
@@ -191,7 +164,8 @@ def publish(args) -> None:
         target = f">= {targets[side]:.0f}x" if side in targets else ""
         rows.append([*labels[side], common.fmt(summary[side]["sps"]["median"]), common.fmt_range(summary[side]["sps"]),
                      ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(median_ratio), target])
-    learning = [_rlspeed_run(d) for d in args.rlspeed_runs] + [json.loads(Path(f).read_text()) for f in args.sb3_runs]
+    learning = ([common.rlspeed_run_record(d) for d in args.rlspeed_runs]
+                + [json.loads(Path(f).read_text()) for f in args.sb3_runs])
     learn_rows = []
     for run in learning:
         evaluation = run.get("final_eval") or {}

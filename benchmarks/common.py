@@ -429,3 +429,39 @@ def time_to_target_table(time_to_target: dict, labels: dict[str, tuple[str, str]
                      fmt_range(seconds, ".2f"), fmt(steps["median"]), fmt_range(steps), fmt_ratio(ratio)])
     return markdown_table(["Library", "Settings", "Envs", "Reached", "Seconds median", "Seconds range",
                            "Steps median", "Steps range", "SB3 / rlspeed (time)"], rows)
+
+
+# --- fresh-process pairs (atari_ppo.py, mujoco_offpolicy.py) ---------------------------------------------------------
+def window_sps(marks: Sequence[tuple[float, int]], warmup_steps: int) -> dict:
+    """Steps/s between the first `(time, steps)` mark at or past `warmup_steps` and the last mark."""
+    start = next(m for m in marks if m[1] >= warmup_steps)
+    end = marks[-1]
+    return {"window_steps": end[1] - start[1], "window_s": end[0] - start[0],
+            "sps": (end[1] - start[1]) / (end[0] - start[0])}
+
+
+def worker_pairs(script: str, sides: Sequence[str], pairs: int, worker_args: Sequence[str]) -> dict:
+    """Run `script worker --side SIDE *worker_args --seed PAIR` in a fresh process for every side of every pair, the
+    order reversed every other pair; each worker prints its result as JSON on its last line. Returns the runs (with
+    `pair`) and the load averages before and after."""
+    import subprocess
+
+    runs = []
+    before = Path("/proc/loadavg").read_text().split()[:3]
+    for pair in range(pairs):
+        for side in (sides if pair % 2 == 0 else list(reversed(sides))):
+            command = [sys.executable, script, "worker", "--side", side, *worker_args, "--seed", str(pair)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            result = json.loads(output.strip().splitlines()[-1])
+            result["pair"] = pair
+            print(f"  pair {pair} {side}: {result['sps']:.1f} steps/s", flush=True)
+            runs.append(result)
+    return {"runs": runs, "loadavg_before": before, "loadavg_after": Path("/proc/loadavg").read_text().split()[:3]}
+
+
+def rlspeed_run_record(directory: str) -> dict:
+    """The fields of an `rlspeed train --out DIRECTORY` run's summary.json that the learning tables show."""
+    summary = json.loads((Path(directory) / "summary.json").read_text())
+    return {"library": "rlspeed", "run_dir": directory, **{key: summary.get(key) for key in (
+        "algo", "env_id", "seed", "env_backend", "total_timesteps", "train_wall_s", "sps", "final_eval",
+        "accelerate", "update")}}

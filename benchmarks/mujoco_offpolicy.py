@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -36,14 +34,6 @@ EVAL_SEED_OFFSET = 100_000
 
 
 # --- throughput --------------------------------------------------------------------------------------------------
-
-def _window(marks: list[tuple[float, int]], warmup_steps: int) -> dict:
-    """Steps/s between the first mark at or past `warmup_steps` and the last mark."""
-    start = next(m for m in marks if m[1] >= warmup_steps)
-    end = marks[-1]
-    return {"window_steps": end[1] - start[1], "window_s": end[0] - start[0],
-            "sps": (end[1] - start[1]) / (end[0] - start[0])}
-
 
 def worker(side: str, steps: int, warmup: int, threads: int, seed: int) -> dict:
     """One throughput run in this process: train for LEARNING_STARTS + warmup + steps, time the last `steps`."""
@@ -84,7 +74,7 @@ def worker(side: str, steps: int, warmup: int, threads: int, seed: int) -> dict:
                   "accelerate": _json_safe(model.acceleration_summary()), "update": _json_safe(model.update_summary()),
                   "report": model.report()}
     return {"side": side, "threads": threads, "warmup_steps": warmup, **record,
-            **_window(marks, LEARNING_STARTS + warmup)}
+            **common.window_sps(marks, LEARNING_STARTS + warmup)}
 
 
 def _json_safe(value):
@@ -92,22 +82,9 @@ def _json_safe(value):
 
 
 def throughput(args) -> dict:
-    sides = ["rlspeed", "sb3", "rlspeed-auto"]
-    runs = []
-    uptime_before = Path("/proc/loadavg").read_text().split()[:3]
-    for pair in range(args.pairs):
-        order = sides if pair % 2 == 0 else list(reversed(sides))
-        for side in order:
-            command = [sys.executable, __file__, "worker", "--side", side, "--steps", str(args.steps),
-                       "--warmup", str(args.warmup), "--threads", str(args.threads), "--seed", str(pair)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            result = json.loads(output.strip().splitlines()[-1])
-            result["pair"] = pair
-            print(f"  pair {pair} {side}: {result['sps']:.1f} steps/s", flush=True)
-            runs.append(result)
-    uptime_after = Path("/proc/loadavg").read_text().split()[:3]
+    worker_args = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     data = {"steps": args.steps, "warmup": args.warmup, "pairs": args.pairs, "threads": args.threads,
-            "loadavg_before": uptime_before, "loadavg_after": uptime_after, "runs": runs,
+            **common.worker_pairs(__file__, ["rlspeed", "sb3", "rlspeed-auto"], args.pairs, worker_args),
             "machine": common.machine_description(("rlspeed", "torch", "gymnasium", "mujoco", "stable-baselines3"))}
     Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.json}")
@@ -163,13 +140,6 @@ def sb3_learn(args) -> dict:
 
 # --- publish -----------------------------------------------------------------------------------------------------
 
-def _rlspeed_run(directory: str) -> dict:
-    summary = json.loads((Path(directory) / "summary.json").read_text())
-    return {"library": "rlspeed", "run_dir": directory, **{key: summary.get(key) for key in (
-        "algo", "env_id", "seed", "env_backend", "total_timesteps", "train_wall_s", "sps", "final_eval",
-        "accelerate", "update")}}
-
-
 def publish(args) -> None:
     data = json.loads(Path(args.throughput).read_text())
     data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
@@ -191,7 +161,8 @@ def publish(args) -> None:
                      common.fmt_range(summary[side]["sps"], ",.1f"),
                      ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(summary[side]["ratio_to_sb3_median"])])
     auto_runs = [r for r in runs if r["side"] == "rlspeed-auto"]
-    learning = [_rlspeed_run(d) for d in args.rlspeed_runs] + [json.loads(Path(f).read_text()) for f in args.sb3_runs]
+    learning = ([common.rlspeed_run_record(d) for d in args.rlspeed_runs]
+                + [json.loads(Path(f).read_text()) for f in args.sb3_runs])
     learn_rows = []
     for run in learning:
         evaluation = run.get("final_eval") or {}
