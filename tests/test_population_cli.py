@@ -5,6 +5,7 @@ sentence and exit code 2. Plus the IQM band the plot draws."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -117,3 +118,9 @@ def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[128, 256], [128, 256]]
+
+
+def test_tune_without_optuna_names_the_package(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # as on an install without the tune extra
+    message = _error(capsys, ["tune", "ppo", "CartPole-v1", "--trials", "4"])
+    assert "pip install optuna" in message

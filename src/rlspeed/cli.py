@@ -408,7 +408,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         import optuna  # noqa: F401
     except ImportError:
-        raise UserError('rlspeed tune needs Optuna: pip install "rlspeed[tune]".') from None
+        raise UserError('rlspeed tune needs Optuna: pip install optuna (or "rlspeed[tune]").') from None
     _import_env_modules(args, "env_id")
     from rlspeed.device import configure_threads, resolve_device
     from rlspeed.envs import env_spec
