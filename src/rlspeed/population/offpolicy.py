@@ -87,6 +87,17 @@ def _stack_linears(modules: Sequence[torch.nn.Module], trainable: bool = True
     return weights, biases
 
 
+def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], i: int
+                  ) -> dict[str, torch.Tensor]:
+    """Member row `i` of stacked `nn.Linear` layers (`_stack_linears`' layout) named as the solo `nn.Sequential`
+    at `prefix` names them (`{prefix}.0.weight`, `{prefix}.2.bias`, ...: activations between the layers)."""
+    state = {}
+    for layer, (weight, bias) in enumerate(zip(weights, biases)):
+        state[f"{prefix}.{2 * layer}.weight"] = weight[i].detach().T.clone()
+        state[f"{prefix}.{2 * layer}.bias"] = bias[i, 0].detach().clone()
+    return state
+
+
 class _MemberAdam:
     """Adam over parameters `[K, ...]` with per-member learning rates and step counts (`rlspeed.nn.make_adam`'s
     betas and eps; the same maths as torch's fused Adam)."""
@@ -371,6 +382,24 @@ class OffPolicyPopulation(PopulationBase):
         self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
                               for i in layers]
 
+    def _critic_state(self, i: int) -> dict[str, torch.Tensor]:
+        """Member row `i` of the stacked critics and their targets, named as a solo checkpoint names them
+        (`critic.body.weights.0`, `critic_target.body.biases.1`, ...)."""
+        state = {}
+        for prefix, weights, biases in (("critic", self.critic_weights, self.critic_biases),
+                                        ("critic_target", self.target_weights, self.target_biases)):
+            for layer, (weight, bias) in enumerate(zip(weights, biases)):
+                state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
+                state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
+        return state
+
+    def _rebuild_flat_adam(self, index: torch.Tensor) -> None:
+        """The flat Adam (`self._adam`) over the parameters kept, with the moments of the members at `index`."""
+        adam = self._adam
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"],
+                                     [m[index] for m in adam.exp_avg_views], [v[index] for v in adam.exp_avg_sq_views],
+                                     adam.steps)
+
     # --- batched MLPs ------------------------------------------------------------------------------------------
     def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
         """One MLP per leading index: `x` `[M, B, in]`, weights `[M, in, out]`, biases `[M, 1, out]`."""
@@ -652,10 +681,7 @@ class SACPopulation(OffPolicyPopulation):
     def _after_remove(self, index: torch.Tensor) -> None:
         if index.numel() == 0:  # (no member left to train)
             return
-        adam = self._adam
-        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"],
-                                     [m[index] for m in adam.exp_avg_views], [v[index] for v in adam.exp_avg_sq_views],
-                                     adam.steps)
+        self._rebuild_flat_adam(index)
         self._flat_targets()
 
     def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -791,15 +817,7 @@ class SACPopulation(OffPolicyPopulation):
         `critic.body.weights.0`, `critic_target.body.biases.1`, and `log_alpha` where the member learns its
         temperature)."""
         i = self._position(k)
-        state = {}
-        for layer, (weight, bias) in enumerate(zip(self.actor_weights, self.actor_biases)):
-            state[f"actor.net.{2 * layer}.weight"] = weight[i].detach().T.clone()
-            state[f"actor.net.{2 * layer}.bias"] = bias[i, 0].detach().clone()
-        for prefix, weights, biases in (("critic", self.critic_weights, self.critic_biases),
-                                        ("critic_target", self.target_weights, self.target_biases)):
-            for layer, (weight, bias) in enumerate(zip(weights, biases)):
-                state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
-                state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
+        state = {**_linear_state("actor.net", self.actor_weights, self.actor_biases, i), **self._critic_state(i)}
         if bool(self.autotune[i]):
             state["log_alpha"] = self.log_alpha[i].detach().clone()
         return state
@@ -933,18 +951,9 @@ class TD3Population(OffPolicyPopulation):
         """Member k's parameters, named as a solo TD3's checkpoint names them (`actor.net.0.weight`,
         `actor_target.net.0.weight`, `critic.body.weights.0`, `critic_target.body.biases.1`)."""
         i = self._position(k)
-        state = {}
-        for prefix, weights, biases in (("actor", self.actor_weights, self.actor_biases),
-                                        ("actor_target", self.actor_target_weights, self.actor_target_biases)):
-            for layer, (weight, bias) in enumerate(zip(weights, biases)):
-                state[f"{prefix}.net.{2 * layer}.weight"] = weight[i].detach().T.clone()
-                state[f"{prefix}.net.{2 * layer}.bias"] = bias[i, 0].detach().clone()
-        for prefix, weights, biases in (("critic", self.critic_weights, self.critic_biases),
-                                        ("critic_target", self.target_weights, self.target_biases)):
-            for layer, (weight, bias) in enumerate(zip(weights, biases)):
-                state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
-                state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
-        return state
+        return {**_linear_state("actor.net", self.actor_weights, self.actor_biases, i),
+                **_linear_state("actor_target.net", self.actor_target_weights, self.actor_target_biases, i),
+                **self._critic_state(i)}
 
 
 class DQNPopulation(OffPolicyPopulation):
@@ -992,10 +1001,7 @@ class DQNPopulation(OffPolicyPopulation):
     def _after_remove(self, index: torch.Tensor) -> None:
         if index.numel() == 0:
             return
-        adam = self._adam
-        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"],
-                                     [m[index] for m in adam.exp_avg_views], [v[index] for v in adam.exp_avg_sq_views],
-                                     adam.steps)
+        self._rebuild_flat_adam(index)
         self._draws = None
 
     def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
@@ -1087,10 +1093,5 @@ class DQNPopulation(OffPolicyPopulation):
         """Member k's parameters, named as a solo DQN's checkpoint names them (`q_network.body.0.weight`,
         `q_target.body.2.bias`, ...)."""
         i = self._position(k)
-        state = {}
-        for prefix, weights, biases in (("q_network", self.q_weights, self.q_biases),
-                                        ("q_target", self.target_weights, self.target_biases)):
-            for layer, (weight, bias) in enumerate(zip(weights, biases)):
-                state[f"{prefix}.body.{2 * layer}.weight"] = weight[i].detach().T.clone()
-                state[f"{prefix}.body.{2 * layer}.bias"] = bias[i, 0].detach().clone()
-        return state
+        return {**_linear_state("q_network.body", self.q_weights, self.q_biases, i),
+                **_linear_state("q_target.body", self.target_weights, self.target_biases, i)}
