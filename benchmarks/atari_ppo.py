@@ -143,10 +143,6 @@ def sb3_learn(args) -> dict:
 def publish(args) -> None:
     data = json.loads(Path(args.throughput).read_text())
     data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
-    runs = data["runs"]
-    by_pair: dict[int, dict[str, dict]] = {}
-    for run in runs:
-        by_pair.setdefault(run["pair"], {})[run["side"]] = run
     labels = {"rlspeed-gym": ("rlspeed", "Gymnasium AtariPreprocessing + FrameStack, 8 envs in one process"),
               "rlspeed-envpool": ("rlspeed", "EnvPool (`--env-backend envpool`), 8 envs"),
               "sb3": ("Stable-Baselines3 `CnnPolicy`", "`make_atari_env` + `VecFrameStack(4)`, DummyVecEnv, 8 envs")}
@@ -154,29 +150,22 @@ def publish(args) -> None:
     summary: dict = {}
     rows = []
     for side in SIDES:
-        values = [pair[side]["sps"] for pair in by_pair.values() if side in pair]
-        if not values:
+        stats = common.pair_throughput(data, side)
+        if not stats["sps"]["of"]:
             continue
-        ratios = [pair[side]["sps"] / pair["sb3"]["sps"] for pair in by_pair.values() if side in pair and "sb3" in pair]
-        median_ratio = statistics.median(ratios) if ratios else None
-        summary[side] = {"sps": common.spread(values), "ratio_to_sb3_per_pair": ratios,
-                         "ratio_to_sb3_median": median_ratio, "target": targets.get(side)}
+        summary[side] = {**stats, "target": targets.get(side)}
         target = f">= {targets[side]:.0f}x" if side in targets else ""
-        rows.append([*labels[side], common.fmt(summary[side]["sps"]["median"]), common.fmt_range(summary[side]["sps"]),
-                     ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(median_ratio), target])
-    learning = ([common.rlspeed_run_record(d) for d in args.rlspeed_runs]
-                + [json.loads(Path(f).read_text()) for f in args.sb3_runs])
+        rows.append([*labels[side], common.fmt(stats["sps"]["median"]), common.fmt_range(stats["sps"]),
+                     ", ".join(f"{r:.2f}" for r in stats["ratio_to_sb3_per_pair"]),
+                     common.fmt_ratio(stats["ratio_to_sb3_median"]), target])
+    learning = common.learning_records(args.rlspeed_runs, args.sb3_runs)
     learn_rows = []
     for run in learning:
         evaluation = run.get("final_eval") or {}
         learn_rows.append([run["library"], run.get("env_backend") or "gymnasium (SB3 make_atari_env)", run.get("seed"),
                            f"{run['total_timesteps']:,}", common.fmt(evaluation.get("mean"), ",.1f"),
                            common.fmt(evaluation.get("std"), ",.1f"), common.fmt(run.get("sps"), ",.0f")])
-    load = f"load average {' '.join(data['loadavg_before'])} before, {' '.join(data['loadavg_after'])} after"
-    if "loadavg_after_pairs_0_2" in data:  # two sessions of pairs merged (a quieter machine for the later ones)
-        first = f"{' '.join(data['loadavg_before'])} before and {' '.join(data['loadavg_after_pairs_0_2'])} after"
-        later = f"{' '.join(data['loadavg_before_pairs_3_4'])} before and {' '.join(data['loadavg_after'])} after"
-        load = f"load average {first} pairs 0-2; {later} pairs 3-4"
+    load = common.pairs_load(data)
     lines = [
         "## PPO on Atari Breakout (`benchmarks/atari_ppo.py`)",
         "",
@@ -212,10 +201,7 @@ def publish(args) -> None:
     ]
     if not learn_rows:
         lines[-1] = "No learning run in this measurement (see below)."
-    if args.notes:
-        lines += ["", Path(args.notes).read_text().strip()]
-    if args.commit:
-        lines += ["", f"Commit: `{args.commit}`."]
+    lines += common.section_notes(args.notes, args.commit)
     common.publish("atari_ppo", lines, {"throughput": data, "throughput_summary": summary, "learning": learning},
                    write=not args.no_write, machine=data["machine"])
 
@@ -229,7 +215,7 @@ def main() -> None:
     t = sub.add_parser("throughput", help="alternating pairs of throughput runs")
     t.add_argument("--pairs", type=int, default=3)
     t.add_argument("--sides", nargs="+", choices=SIDES, default=["rlspeed-gym", "rlspeed-envpool", "sb3"])
-    t.add_argument("--json", default="/tmp/helperE/atari_throughput.json")
+    t.add_argument("--json", default=common.default_pairs_json("atari_throughput.json"))
     for p in (w, t):
         p.add_argument("--iterations", type=int, default=3, help="timed rollouts (each with its update)")
         p.add_argument("--warmup", type=int, default=1, help="untimed rollouts (each with its update) first")
@@ -240,7 +226,7 @@ def main() -> None:
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--json", required=True)
     p = sub.add_parser("publish", help="write the README section and results JSON")
-    p.add_argument("--throughput", default="/tmp/helperE/atari_throughput.json")
+    p.add_argument("--throughput", default=common.default_pairs_json("atari_throughput.json"))
     p.add_argument("--profile", default="", help="a Markdown file: where rlspeed's time goes (`rlspeed profile`)")
     p.add_argument("--rlspeed-runs", nargs="*", default=[])
     p.add_argument("--sb3-runs", nargs="*", default=[])

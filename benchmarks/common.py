@@ -465,3 +465,49 @@ def rlspeed_run_record(directory: str) -> dict:
     return {"library": "rlspeed", "run_dir": directory, **{key: summary.get(key) for key in (
         "algo", "env_id", "seed", "env_backend", "total_timesteps", "train_wall_s", "sps", "final_eval",
         "accelerate", "update")}}
+
+
+def pair_throughput(data: dict, side: str, reference: str = "sb3") -> dict:
+    """One side of `worker_pairs` data: its steps/s spread, its ratio to `reference` in each pair that ran both,
+    and the median of those ratios (None when no pair ran both)."""
+    by_pair: dict[int, dict[str, dict]] = {}
+    for run in data["runs"]:
+        by_pair.setdefault(run["pair"], {})[run["side"]] = run
+    values = [pair[side]["sps"] for pair in by_pair.values() if side in pair]
+    ratios = [pair[side]["sps"] / pair[reference]["sps"] for pair in by_pair.values()
+              if side in pair and reference in pair]
+    return {"sps": spread(values), "ratio_to_sb3_per_pair": ratios,
+            "ratio_to_sb3_median": statistics.median(ratios) if ratios else None}
+
+
+def pairs_load(data: dict) -> str:
+    """The load averages `worker_pairs` recorded, as a phrase (two sessions of pairs merged into one file name the
+    pairs each covered)."""
+    if "loadavg_after_pairs_0_2" in data:  # a quieter machine for the later pairs
+        first = f"{' '.join(data['loadavg_before'])} before and {' '.join(data['loadavg_after_pairs_0_2'])} after"
+        later = f"{' '.join(data['loadavg_before_pairs_3_4'])} before and {' '.join(data['loadavg_after'])} after"
+        return f"load average {first} pairs 0-2; {later} pairs 3-4"
+    return f"load average {' '.join(data['loadavg_before'])} before, {' '.join(data['loadavg_after'])} after"
+
+
+def learning_records(rlspeed_runs: Iterable[str], sb3_runs: Iterable[str]) -> list[dict]:
+    """The learning runs a section shows: rlspeed run directories (`rlspeed_run_record`), then SB3 result JSONs."""
+    return ([rlspeed_run_record(d) for d in rlspeed_runs]
+            + [json.loads(Path(f).read_text()) for f in sb3_runs])
+
+
+def section_notes(notes: str, commit: str) -> list[str]:
+    """The lines that end a section: a Markdown notes file's text and the commit measured, each when given."""
+    lines = []
+    if notes:
+        lines += ["", Path(notes).read_text().strip()]
+    if commit:
+        lines += ["", f"Commit: `{commit}`."]
+    return lines
+
+
+def default_pairs_json(name: str) -> str:
+    """Where `throughput` writes its pairs and `publish` reads them unless told: <temp dir>/rlspeed-bench-<name>."""
+    import tempfile
+
+    return str(Path(tempfile.gettempdir()) / f"rlspeed-bench-{name}")

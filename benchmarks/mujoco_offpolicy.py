@@ -143,37 +143,25 @@ def sb3_learn(args) -> dict:
 def publish(args) -> None:
     data = json.loads(Path(args.throughput).read_text())
     data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
-    runs = data["runs"]
-    by_pair: dict[int, dict[str, dict]] = {}
-    for run in runs:
-        by_pair.setdefault(run["pair"], {})[run["side"]] = run
     labels = {"rlspeed": "rlspeed SAC, `accelerate=\"off\"` (fp32 eager)",
               "rlspeed-auto": "rlspeed SAC, `accelerate=\"auto\"`",
               "sb3": "Stable-Baselines3 SAC (fp32)"}
     summary: dict = {}
     rows = []
     for side in ("rlspeed", "rlspeed-auto", "sb3"):
-        values = [pair[side]["sps"] for pair in by_pair.values() if side in pair]
-        ratios = [pair[side]["sps"] / pair["sb3"]["sps"] for pair in by_pair.values() if side in pair and "sb3" in pair]
-        summary[side] = {"sps": common.spread(values), "ratio_to_sb3_per_pair": ratios,
-                         "ratio_to_sb3_median": statistics.median(ratios) if ratios else None}
-        rows.append([labels[side], common.fmt(summary[side]["sps"]["median"], ",.1f"),
-                     common.fmt_range(summary[side]["sps"], ",.1f"),
-                     ", ".join(f"{r:.2f}" for r in ratios), common.fmt_ratio(summary[side]["ratio_to_sb3_median"])])
-    auto_runs = [r for r in runs if r["side"] == "rlspeed-auto"]
-    learning = ([common.rlspeed_run_record(d) for d in args.rlspeed_runs]
-                + [json.loads(Path(f).read_text()) for f in args.sb3_runs])
+        summary[side] = stats = common.pair_throughput(data, side)
+        rows.append([labels[side], common.fmt(stats["sps"]["median"], ",.1f"), common.fmt_range(stats["sps"], ",.1f"),
+                     ", ".join(f"{r:.2f}" for r in stats["ratio_to_sb3_per_pair"]),
+                     common.fmt_ratio(stats["ratio_to_sb3_median"])])
+    auto_runs = [r for r in data["runs"] if r["side"] == "rlspeed-auto"]
+    learning = common.learning_records(args.rlspeed_runs, args.sb3_runs)
     learn_rows = []
     for run in learning:
         evaluation = run.get("final_eval") or {}
         learn_rows.append([run["library"], run["algo"].upper(), run["env_id"], run.get("seed"),
                            f"{run['total_timesteps']:,}", common.fmt(evaluation.get("mean"), ",.1f"),
                            common.fmt(evaluation.get("std"), ",.1f"), common.fmt(run.get("sps"), ",.0f")])
-    load = f"load average {' '.join(data['loadavg_before'])} before, {' '.join(data['loadavg_after'])} after"
-    if "loadavg_after_pairs_0_2" in data:  # two sessions of pairs merged (a quieter machine for the later ones)
-        first = f"{' '.join(data['loadavg_before'])} before and {' '.join(data['loadavg_after_pairs_0_2'])} after"
-        later = f"{' '.join(data['loadavg_before_pairs_3_4'])} before and {' '.join(data['loadavg_after'])} after"
-        load = f"load average {first} pairs 0-2; {later} pairs 3-4"
+    load = common.pairs_load(data)
     lines = [
         "## MuJoCo: SAC HalfCheetah-v5 throughput, SAC/TD3/PPO learning at fixed budgets "
         "(`benchmarks/mujoco_offpolicy.py`)",
@@ -205,10 +193,7 @@ def publish(args) -> None:
     ]
     if not learn_rows:
         lines[-1] = "No learning run finished for this section in this session."
-    if args.notes:
-        lines += ["", Path(args.notes).read_text().strip()]
-    if args.commit:
-        lines += ["", f"Commit: `{args.commit}`."]
+    lines += common.section_notes(args.notes, args.commit)
     common.publish("mujoco_offpolicy", lines, {"throughput": data, "throughput_summary": summary,
                                               "learning": learning},
                    write=not args.no_write, machine=data["machine"])
@@ -225,7 +210,7 @@ def main() -> None:
         p.add_argument("--threads", type=int, default=1)
     w.add_argument("--seed", type=int, default=0)
     t.add_argument("--pairs", type=int, default=3)
-    t.add_argument("--json", default="/tmp/helperE/mujoco_throughput.json")
+    t.add_argument("--json", default=common.default_pairs_json("mujoco_throughput.json"))
     s = sub.add_parser("sb3-learn", help="one SB3 learning run at a fixed budget")
     s.add_argument("--algo", choices=["sac", "td3", "ppo"], required=True)
     s.add_argument("--env", default=ENV_ID)
@@ -234,7 +219,7 @@ def main() -> None:
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--json", required=True)
     p = sub.add_parser("publish", help="write the README section and results JSON")
-    p.add_argument("--throughput", default="/tmp/helperE/mujoco_throughput.json")
+    p.add_argument("--throughput", default=common.default_pairs_json("mujoco_throughput.json"))
     p.add_argument("--rlspeed-runs", nargs="*", default=[])
     p.add_argument("--sb3-runs", nargs="*", default=[])
     p.add_argument("--notes", default="", help="a Markdown file appended to the section")
