@@ -34,6 +34,17 @@ def isolated_accel(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "ROUNDS", 3)
 
 
+def cli_error(capsys, argv: list[str]) -> str:
+    """The one error line (`rlspeed: error: ...`) of an `rlspeed` command that must exit with code 2."""
+    from rlspeed import cli
+
+    assert cli.main(argv) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rlspeed: error: ")
+    return lines[0]
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A fresh, not yet existing run directory under pytest's tmp_path."""

@@ -8,6 +8,7 @@ import json
 import sys
 
 import pytest
+from conftest import cli_error
 
 from rlspeed import cli
 from rlspeed.population.plot import iqm_band
@@ -16,15 +17,6 @@ from rlspeed.stats import iqm
 # a few hundred steps: 8 envs x 16 steps per iteration, evaluated every 128 steps against a target never reached
 SMALL = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=2",
          "--total-timesteps", "256", "--eval-freq", "128", "--target-return", "1000"]
-
-
-def _error(capsys, argv: list[str]) -> str:
-    """The one error line of a command that must exit with code 2."""
-    assert cli.main(argv) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("rlspeed: error: ")
-    return lines[0]
 
 
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
@@ -45,7 +37,7 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     config = (out / "config.yaml").read_text()
     assert "seeds:" in config
     # the run is kept unless --overwrite is given
-    message = _error(capsys, argv)
+    message = cli_error(capsys, argv)
     assert "already holds a run" in message
     assert cli.main([*argv, "--overwrite"]) == 0
 
@@ -67,13 +59,13 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     (["--seeds", "0-1", "--nan-policy", "mask"], "--nan-policy mask does not apply"),
 ])
 def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
-    message = _error(capsys, ["train", "ppo", "CartPole-v1", *argv, "--out", str(tmp_path / "run")])
+    message = cli_error(capsys, ["train", "ppo", "CartPole-v1", *argv, "--out", str(tmp_path / "run")])
     assert names in message
     assert not (tmp_path / "run").exists()  # nothing written
 
 
 def test_seeds_with_an_algorithm_without_population(capsys, tmp_path):
-    message = _error(capsys, ["train", "ddpg", "Pendulum-v1", "--seeds", "0-3", "--out", str(tmp_path / "run")])
+    message = cli_error(capsys, ["train", "ddpg", "Pendulum-v1", "--seeds", "0-3", "--out", str(tmp_path / "run")])
     assert "DDPG" in message and "population" in message
 
 
@@ -122,5 +114,5 @@ def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, 
 
 def test_tune_without_optuna_names_the_package(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # as on an install without the tune extra
-    message = _error(capsys, ["tune", "ppo", "CartPole-v1", "--trials", "4"])
+    message = cli_error(capsys, ["tune", "ppo", "CartPole-v1", "--trials", "4"])
     assert "pip install optuna" in message

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from conftest import cli_error
 
 optuna = pytest.importorskip("optuna")
 
@@ -32,14 +33,6 @@ def _command(tmp_path, *extra: str) -> list[str]:
 def _states(tmp_path) -> dict[int, str]:
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
     return {trial.number: trial.state.name for trial in study.get_trials(deepcopy=False)}
-
-
-def _error(capsys, argv: list[str]) -> str:
-    assert cli.main(argv) == 2
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("rlspeed: error: ")
-    return lines[0]
 
 
 def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
@@ -148,15 +141,15 @@ def test_bad_tune_input_is_one_sentence(tmp_path, capsys, extra, space, names):
     command = _command(tmp_path, "--trials", "2", *extra)
     if space is not None:
         (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
-    assert names in _error(capsys, command)
+    assert names in cli_error(capsys, command)
     assert not (tmp_path / "best.yaml").exists()
 
 
 def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
-    assert "population" in _error(capsys, ["tune", "ddpg", "Pendulum-v1", "--storage", str(tmp_path / "s.db")])
-    assert "search-space" in _error(capsys, _command(tmp_path, "--search-space", str(tmp_path / "missing.yaml")))
+    assert "population" in cli_error(capsys, ["tune", "ddpg", "Pendulum-v1", "--storage", str(tmp_path / "s.db")])
+    assert "search-space" in cli_error(capsys, _command(tmp_path, "--search-space", str(tmp_path / "missing.yaml")))
     # a study resumed with another budget would mix trials that are not comparable
     assert cli.main(_command(tmp_path, "--trials", "2")) == 0
     capsys.readouterr()
-    message = _error(capsys, _command(tmp_path, "--trials", "2", "--budget", "384"))  # (the last --budget counts)
+    message = cli_error(capsys, _command(tmp_path, "--trials", "2", "--budget", "384"))  # (the last --budget counts)
     assert "another budget" in message
