@@ -86,6 +86,20 @@ def generator_like_global(device: torch.device) -> torch.Generator:
     return generator
 
 
+def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequence[dict], device: torch.device,
+                **kwargs) -> tuple[list, list[torch.Generator]]:
+    """The K solo models (`algo_cls(env_id, seed=seeds[k], device=device, **kwargs, **members[k])`) a population's
+    members start from, and for each a generator in the state the solo run's global generator has when its training
+    starts; torch's CPU generator is left as it was."""
+    saved_state = torch.get_rng_state()
+    solos, generators = [], []
+    for seed, hyperparameters in zip(seeds, members):
+        solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
+        generators.append(generator_like_global(device))
+    torch.set_rng_state(saved_state)
+    return solos, generators
+
+
 @torch.no_grad()
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The return of each env row's first episode `[rows]` (a row still running at the step limit: its return so

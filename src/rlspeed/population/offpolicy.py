@@ -50,7 +50,7 @@ from rlspeed.population.base import (
     PopulationBase,
     check_seeds,
     first_episode_returns,
-    generator_like_global,
+    solo_models,
     split_member_values,
 )
 
@@ -304,13 +304,7 @@ class OffPolicyPopulation(PopulationBase):
         self.env_id, self.seeds, self.size = env_id, seeds, size
         self.device = torch.device(device)
         # K solo models: their initial weights, and the state their global generator has when training starts
-        saved_state = torch.get_rng_state()
-        solos, self.generators = [], []
-        for k, seed in enumerate(seeds):
-            solo = algo_cls(env_id, seed=seed, device=self.device, env_backend="torch", **members[k])
-            self.generators.append(generator_like_global(self.device))
-            solos.append(solo)
-        torch.set_rng_state(saved_state)
+        solos, self.generators = solo_models(algo_cls, env_id, seeds, members, self.device, env_backend="torch")
         self.config = solos[0].config
         if getattr(solos[0].policy, "encoder", None) is not None:
             raise UserError(f"Populations cover MLP networks on float vector observations so far; {env_id} needs an "

@@ -47,7 +47,7 @@ from rlspeed.population.base import (
     PopulationBase,
     check_seeds,
     first_episode_returns,
-    generator_like_global,
+    solo_models,
     split_member_values,
 )
 
@@ -96,14 +96,7 @@ class PPOPopulation(PopulationBase):
         self.env_id, self.seeds, self.size = env_id, seeds, size
         self.device = torch.device(device)
         # K solo models: their initial weights, and the state their global generator has when training starts
-        self.generators: list[torch.Generator] = []
-        solos = []
-        saved_state = torch.get_rng_state()
-        for k, seed in enumerate(seeds):
-            solo = PPO(env_id, seed=seed, device=self.device, env_backend=env_backend, **members[k])
-            self.generators.append(generator_like_global(self.device))
-            solos.append(solo)
-        torch.set_rng_state(saved_state)
+        solos, self.generators = solo_models(PPO, env_id, seeds, members, self.device, env_backend=env_backend)
         self.config = cfg = solos[0].config
         policy = solos[0].policy
         self.kind = policy.kind
