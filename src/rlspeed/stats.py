@@ -39,12 +39,17 @@ def median(scores) -> float:
     return float(np.median(_as_scores(scores)))
 
 
+def _iqm_rows(rows: np.ndarray) -> np.ndarray:
+    """The IQM of each row of `[reps, n]` -> `[reps]`."""
+    flat = np.sort(rows, axis=1)
+    cut = int(0.25 * flat.shape[1])
+    return flat[:, cut:flat.shape[1] - cut].mean(axis=1)
+
+
 def iqm(scores) -> float:
     """The interquartile mean: the mean of the scores left after cutting int(0.25 n) from each end of the sorted
     scores (`scipy.stats.trim_mean(scores, 0.25, axis=None)`, rliable's `aggregate_iqm`)."""
-    flat = np.sort(_as_scores(scores), axis=None)
-    cut = int(0.25 * flat.size)
-    return float(flat[cut:flat.size - cut].mean())
+    return float(_iqm_rows(_as_scores(scores).reshape(1, -1))[0])
 
 
 def _batched(statistic: Callable) -> Callable[[np.ndarray], np.ndarray]:
@@ -52,11 +57,7 @@ def _batched(statistic: Callable) -> Callable[[np.ndarray], np.ndarray]:
     if statistic is median:
         return lambda batch: np.median(batch.reshape(batch.shape[0], -1), axis=1)
     if statistic is iqm:
-        def batched_iqm(batch: np.ndarray) -> np.ndarray:
-            flat = np.sort(batch.reshape(batch.shape[0], -1), axis=1)
-            cut = int(0.25 * flat.shape[1])
-            return flat[:, cut:flat.shape[1] - cut].mean(axis=1)
-        return batched_iqm
+        return lambda batch: _iqm_rows(batch.reshape(batch.shape[0], -1))
     return lambda batch: np.array([statistic(replicate) for replicate in batch])
 
 
