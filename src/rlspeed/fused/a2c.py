@@ -44,6 +44,8 @@ class FlatRMSprop(FlatAdam):
     param group on every step.
     """
 
+    _second_moment_key = "square_avg"
+
     def __init__(self, params, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
                  strategy=None):
         group = optimizer.param_groups[0]
@@ -69,23 +71,10 @@ class FlatRMSprop(FlatAdam):
         for p, v in zip(self.params, self._exp_avg_sq_views):
             state[p] = {"step": self.step_count, "square_avg": v}
 
-    def check(self) -> None:
-        """As `FlatAdam.check`, for RMSprop's state."""
-        if self.optimizer.state.get(self.params[0], {}).get("square_avg") is not self._exp_avg_sq_views[0]:
-            self._adopt_optimizer_state()
-        if self.params[0].data_ptr() != self.flat.data_ptr():
-            raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
-                               "build the model again on its device instead.")
-
     def step(self) -> None:
         """All-reduce (several processes), clip the global gradient norm, then one RMSprop step."""
-        strategy, grad = self.strategy, self.grad
-        if strategy is not None and strategy.enabled:
-            strategy.all_reduce_sum(grad)
-            grad.div_(strategy.world_size)
-        if self.max_grad_norm is not None:  # clip_grad_norm_'s factor min(1, max / (norm + 1e-6))
-            norm = torch.linalg.vector_norm(grad)
-            grad.mul_(torch.reciprocal(norm.add_(1e-6)).mul_(self.max_grad_norm).clamp_(max=1.0))
+        self._reduce_and_clip()
+        grad = self.grad
         group = self.optimizer.param_groups[0]
         lr, alpha, eps = group["lr"], group["alpha"], group["eps"]
         self.step_count += 1

@@ -74,28 +74,38 @@ class FlatAdam:
         for p, m, v in zip(self.params, self._exp_avg_views, self._exp_avg_sq_views):
             state[p] = {"step": self.step_count, "exp_avg": m, "exp_avg_sq": v}
 
+    #: the optimizer's per-parameter state entry held as a view of `exp_avg_sq` (`check` watches it)
+    _second_moment_key = "exp_avg_sq"
+
     def check(self) -> None:
         """Before an update: re-adopt the optimizer state if it was replaced (load_state_dict); fail if the
         parameters no longer live in the flat buffer (moved with `.to()`, or replaced)."""
-        if self.optimizer.state.get(self.params[0], {}).get("exp_avg") is not self._exp_avg_views[0]:
+        state = self.optimizer.state.get(self.params[0], {})
+        if state.get(self._second_moment_key) is not self._exp_avg_sq_views[0]:
             self._adopt_optimizer_state()
         if self.params[0].data_ptr() != self.flat.data_ptr():
             raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
                                "build the model again on its device instead.")
 
+    def _reduce_and_clip(self, as_grad_scale: bool = False) -> torch.Tensor | None:
+        """Average the gradient over the processes (several processes), then clip its global norm with
+        clip_grad_norm_'s factor min(1, max / (norm + 1e-6)): applied to the gradient, or with `as_grad_scale`
+        returned as its inverse, a grad scale >= 1 for a fused kernel to divide by (None when nothing clips)."""
+        strategy, grad = self.strategy, self.grad
+        if strategy is not None and strategy.enabled:
+            strategy.all_reduce_sum(grad)
+            grad.div_(strategy.world_size)
+        if self.max_grad_norm is None:
+            return None
+        norm = torch.linalg.vector_norm(grad).add_(1e-6)
+        if as_grad_scale:
+            return norm.div_(self.max_grad_norm).clamp_(min=1.0)
+        grad.mul_(torch.reciprocal(norm).mul_(self.max_grad_norm).clamp_(max=1.0))
+        return None
+
     def step(self) -> None:
         """All-reduce (several processes), clip the global gradient norm, then one Adam step."""
-        strategy = self.strategy
-        if strategy is not None and strategy.enabled:
-            strategy.all_reduce_sum(self.grad)
-            self.grad.div_(strategy.world_size)
-        grad_scale = None
-        if self.max_grad_norm is not None:  # clip_grad_norm_'s factor min(1, max / (norm + 1e-6))
-            norm = torch.linalg.vector_norm(self.grad)
-            if self._fused_adam is not None:  # applied inside the Adam kernel, as the inverse of a grad scale
-                grad_scale = norm.add_(1e-6).div_(self.max_grad_norm).clamp_(min=1.0)
-            else:
-                self.grad.mul_((self.max_grad_norm / (norm + 1e-6)).clamp_(max=1.0))
+        grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None)
         group = self.optimizer.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay = group.get("weight_decay", 0.0)
