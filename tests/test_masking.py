@@ -177,9 +177,10 @@ def test_predict_and_evaluate_use_masks():
         model.predict(obs, action_masks=masks[:, :5])
     with pytest.raises(UserError, match="allows no action"):
         model.predict(obs, action_masks=np.zeros((3, 6), dtype=bool))
-    # deterministic evaluation on Taxi never takes an illegal move: no -10 penalty in any episode
+    # deterministic evaluation on Taxi never takes an illegal move: one would leave the state unchanged, so the
+    # deterministic policy would repeat it (-10 a step) to the 200-step limit, far below -200
     returns = model.evaluate(episodes=4, seed=0)["returns"]
-    assert all(r == -200.0 or r > -200 for r in returns)
+    assert all(r >= -200 for r in returns)
 
 
 # --- DQN: greedy and exploring choices, the target's argmax, replay, save/load ------------------------------------
