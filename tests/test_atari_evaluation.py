@@ -69,3 +69,26 @@ def test_training_envs_are_not_given_fire():
     env = make_env("BreakoutNoFrameskip-v4", num_envs=1, seed=0, backend="gymnasium", device="cpu")
     assert not isinstance(env, atari.FireToStart)  # (tests/test_atari.py checks its frames against Gymnasium's)
     env.close()
+
+
+def test_evaluation_plays_whole_games_with_raw_rewards(monkeypatch):
+    """`evaluate` builds its env without the training transforms (no `AtariTraining`: a lost life does not end the
+    episode, rewards are not clipped)."""
+    import rlspeed.evaluation as evaluation
+    from rlspeed.envs.base import EnvWrapper
+
+    built, wrap = [], atari.for_evaluation
+
+    def record(env):
+        built.append(env)
+        return wrap(env)
+
+    monkeypatch.setattr(evaluation.atari, "for_evaluation", record)
+    model = rlspeed.DQN("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", encoder="cnn",
+                        net_arch=(), buffer_size=64)
+    rlspeed.evaluate(model, episodes=1, seed=0, max_steps=2)
+    layers, inner = [], built[0]
+    while isinstance(inner, EnvWrapper):
+        layers.append(type(inner))
+        inner = inner.env
+    assert atari.AtariTraining not in layers and isinstance(inner, atari.AtariGymnasiumEnv)

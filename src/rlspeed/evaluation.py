@@ -34,8 +34,10 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         backend = model.env_backend  # the model's own env as it trained on it: the same seed gives the same episodes
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
-    # (Atari games that wait for FIRE get it at every start and lost life: `rlspeed.envs.atari.FireToStart`)
-    env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend))
+    # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
+    # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
+    env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
+                                        evaluation=True))
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
     returns = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
