@@ -86,6 +86,11 @@ def generator_like_global(device: torch.device) -> torch.Generator:
     return generator
 
 
+def stack_leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The members' `tensors` stacked along a new leading dimension, as a new leaf that takes gradients."""
+    return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
+
+
 def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequence[dict], device: torch.device,
                 **kwargs) -> tuple[list, list[torch.Generator]]:
     """The K solo models (`algo_cls(env_id, seed=seeds[k], device=device, **kwargs, **members[k])`) a population's

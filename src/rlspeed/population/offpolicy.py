@@ -52,6 +52,7 @@ from rlspeed.population.base import (
     first_episode_returns,
     solo_models,
     split_member_values,
+    stack_leaf,
 )
 
 #: SAC hyperparameters a member may set for itself (none changes a tensor's shape or the loop)
@@ -71,19 +72,14 @@ _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
 
 
-def _leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The stack of `tensors` as a new leaf that takes gradients."""
-    return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
-
-
 def _stack_linears(modules: Sequence[torch.nn.Module], trainable: bool = True
                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(weights `[K, in, out]`, biases `[K, 1, out]`) per layer of the `nn.Linear` layers of K solo MLPs (one module
     per member), as `OffPolicyPopulation._mlp` takes them; `trainable=False` for target networks."""
     linears = [[m for m in module if isinstance(m, torch.nn.Linear)] for module in modules]
     layers = range(len(linears[0]))
-    weights = [_leaf([member[i].weight.T for member in linears]).requires_grad_(trainable) for i in layers]
-    biases = [_leaf([member[i].bias.unsqueeze(0) for member in linears]).requires_grad_(trainable) for i in layers]
+    weights = [stack_leaf([member[i].weight.T for member in linears]).requires_grad_(trainable) for i in layers]
+    biases = [stack_leaf([member[i].bias.unsqueeze(0) for member in linears]).requires_grad_(trainable) for i in layers]
     return weights, biases
 
 
@@ -369,11 +365,11 @@ class OffPolicyPopulation(PopulationBase):
         """The solo runs' twin critics and their targets stacked: `critic_weights` `[K, C, in, out]`, ...
         (`target_*` take no gradient)."""
         layers = range(len(solos[0].critic.body.weights))
-        self.critic_weights = [_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
-        self.critic_biases = [_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
-        self.target_weights = [_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
+        self.critic_weights = [stack_leaf([s.critic.body.weights[i] for s in solos]) for i in layers]
+        self.critic_biases = [stack_leaf([s.critic.body.biases[i] for s in solos]) for i in layers]
+        self.target_weights = [stack_leaf([s.critic_target.body.weights[i] for s in solos]).requires_grad_(False)
                                for i in layers]
-        self.target_biases = [_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
+        self.target_biases = [stack_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
                               for i in layers]
 
     def _critic_state(self, i: int) -> dict[str, torch.Tensor]:
@@ -638,7 +634,7 @@ class SACPopulation(OffPolicyPopulation):
     def _build(self, solos: list) -> None:
         self.actor_weights, self.actor_biases = _stack_linears([s.actor.net for s in solos])
         self._stack_critics(solos)
-        self.log_alpha = _leaf([s.log_alpha for s in solos])  # [K, 1]
+        self.log_alpha = stack_leaf([s.log_alpha for s in solos])  # [K, 1]
         self.autotune = torch.tensor([[float(s.autotune)] for s in solos], device=self.device)
         self.target_entropy = torch.tensor([[s.target_entropy] for s in solos], device=self.device)
         self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"])

@@ -49,6 +49,7 @@ from rlspeed.population.base import (
     first_episode_returns,
     solo_models,
     split_member_values,
+    stack_leaf,
 )
 
 #: Hyperparameters a member may set for itself (none changes a tensor's shape)
@@ -114,13 +115,11 @@ class PPOPopulation(PopulationBase):
         self.spec = solos[0].spec
         self.action_dim = policy.action_dim
         # stacked parameters: weights [K, 2, in, out] and biases [K, 2, 1, out] (member's actor, critic), log_std [K, A]
-        self.weights = [torch.stack([s.policy.body.weights[i].detach() for s in solos]).clone().requires_grad_()
-                        for i in range(len(policy.body.weights))]
-        self.biases = [torch.stack([s.policy.body.biases[i].detach() for s in solos]).clone().requires_grad_()
-                       for i in range(len(policy.body.biases))]
+        self.weights = [stack_leaf([s.policy.body.weights[i] for s in solos]) for i in range(len(policy.body.weights))]
+        self.biases = [stack_leaf([s.policy.body.biases[i] for s in solos]) for i in range(len(policy.body.biases))]
         self.params = [*self.weights, *self.biases]
         if self.kind == "gaussian":
-            self.log_std = torch.stack([s.policy.log_std.detach() for s in solos]).clone().requires_grad_()
+            self.log_std = stack_leaf([s.policy.log_std for s in solos])
             self.params.append(self.log_std)
         # Adam's moments of every parameter as one flat [K, P] buffer per moment: Adam is a handful of kernels
         self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
