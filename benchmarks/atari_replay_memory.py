@@ -20,7 +20,6 @@ the two rlspeed layouts on a filled buffer (alternating rounds: the frame layout
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -111,13 +110,10 @@ def sample_times(capacity: int, rounds: int, batches: int) -> dict[str, list[flo
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.script_arguments(__doc__)
     parser.add_argument("--capacity", type=int, default=10_000, help="rows of the buffers that are allocated")
     parser.add_argument("--sample-capacity", type=int, default=5_000, help="rows filled for the sampling times")
     parser.add_argument("--rounds", type=int, default=5, help="alternating sampling rounds")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, numbers mean nothing")
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.capacity, args.sample_capacity, args.rounds = 1_000, 500, 1
@@ -128,11 +124,11 @@ def main() -> None:
     args = parse_args()
     warnings.simplefilter("ignore")  # (SB3's note that its buffer would not fit in memory: the arrays stay lazy)
     args.threads = common.set_threads(args.threads)
-    load_before = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    load_before = common.load_average()
     rows = [rlspeed_row("dense", args.capacity), rlspeed_row("frames", args.capacity),
             sb3_row(False, args.capacity), sb3_row(True, args.capacity)]
     times = sample_times(args.sample_capacity, args.rounds, 200)
-    load_after = ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    load_after = common.load_average()
     sb3_optimized = rows[3]["bytes_per_transition"]
     memory = common.markdown_table(
         ["buffer", "bytes per transition", "vs SB3 optimize_memory_usage", "1M transitions", "fits in 8 GB"],

@@ -23,7 +23,6 @@ to trust them.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 import warnings
 
@@ -140,19 +139,11 @@ def storage_bytes(space: gym.spaces.Box) -> dict:
             "replay_sb3_optimize_memory_usage": _nbytes(vars(sb3_memory).values()) // capacity}
 
 
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.script_arguments(__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each library")
     parser.add_argument("--ppo-steps", type=int, default=16_384)
     parser.add_argument("--dqn-steps", type=int, default=12_000)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, numbers mean nothing")
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.repeats, args.ppo_steps, args.dqn_steps = 1, 2_048, 1_500
@@ -164,7 +155,7 @@ def main() -> None:
     warnings.simplefilter("ignore")  # (SB3's and MinAtar's deprecation notes)
     register_minatar()
     args.threads = common.set_threads(args.threads)
-    load_before = load()
+    load_before = common.load_average()
     print(f"CNN encoder on {ENV_ID}: {args.repeats} alternating runs, torch.set_num_threads({args.threads}); "
           f"load {load_before}", flush=True)
     runners = {"ppo rlspeed": (rlspeed_ppo, args.ppo_steps, 1024), "ppo sb3": (sb3_ppo, args.ppo_steps, 1024),
@@ -177,7 +168,7 @@ def main() -> None:
             sps = run(steps, repeat)
             results[name].append(sps)
             print(f"  {repeat} {name}: {sps:,.0f} steps/s", flush=True)
-    load_after = load()
+    load_after = common.load_average()
     spreads = {name: common.spread(values) for name, values in results.items()}
     bytes_rows = [storage_bytes(gym.spaces.Box(np.zeros((10, 10, 4), bool), np.ones((10, 10, 4), bool), dtype=bool)),
                   storage_bytes(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))]

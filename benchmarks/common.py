@@ -142,6 +142,21 @@ def steps_per_second(step: Callable, actions: Callable, num_envs: int, seconds: 
     return num_envs * count / (time.perf_counter() - start)
 
 
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages, as "1.23, 4.56, 7.89" (a section reports them before and after)."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def script_arguments(description: str) -> argparse.ArgumentParser:
+    """The command line every single-process script starts from: --threads, --quick (a smoke run) and --no-write;
+    the script adds its own flags."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")
+    parser.add_argument("--quick", action="store_true", help="tiny settings: a smoke run, numbers mean nothing")
+    parser.add_argument("--no-write", action="store_true", help="print only; do not write the JSON or README")
+    return parser
+
+
 def sweep_arguments(description: str, sizes: str, envs: str, seconds: float) -> argparse.ArgumentParser:
     """The command line of an env-stepping sweep (sizes x envs, alternating repeats), with these defaults."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)

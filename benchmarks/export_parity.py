@@ -28,7 +28,6 @@ Usage: python benchmarks/export_parity.py [--quick] [--calls N] [--only CASE,...
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -56,11 +55,6 @@ CASES = {
     "ppo-minatar-cnn": ("ppo", "MinAtar/Breakout-v1", {"cnn_features_dim": 128}, 4_096, "minatar"),
     "ppo-minigrid-dict": ("ppo", "MiniGrid-DoorKey-5x5-v0", {"cnn_features_dim": 64}, 4_096, "minigrid"),
 }
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 def available(package: str | None) -> bool:
@@ -279,7 +273,7 @@ def main() -> None:
     args = parse_args()
     warnings.simplefilter("ignore")  # (TorchScript's deprecation, MinAtar's and MiniGrid's notes)
     names = [n for n in args.only.split(",") if n] or list(CASES)
-    load_before = load()
+    load_before = common.load_average()
     print(f"export parity: {', '.join(names)}; load {load_before}", flush=True)
     results, skipped = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -295,7 +289,7 @@ def main() -> None:
                   f"{'passed' if r['passed'] else 'FAILED'} ({'; '.join(describe_parity(r))}); predict "
                   f"{r['latency']['predict']['median_us']:.0f} us, onnxruntime "
                   f"{r['latency']['onnxruntime']['median_us']:.0f} us", flush=True)
-    load_after = load()
+    load_after = common.load_average()
     rows = []
     for r in results.values():
         lat = r["latency"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -26,11 +25,6 @@ import common
 ROOT = common.BENCHMARKS_DIR.parent
 OUT = ROOT / "runs" / "videos"
 CASES = [("ppo", "CartPole-v1"), ("sac", "Pendulum-v1")]
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"{one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 def rlspeed(*args: str) -> tuple[str, str]:
@@ -87,13 +81,13 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only: no results JSON, no README section")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    load_before = load()
+    load_before = common.load_average()
     results = []
     for algo, env_id in CASES:
         print(f"{algo} {env_id}: training with the shipped preset to the target ...", flush=True)
         results.append(run_case(algo, env_id))
         print(json.dumps(results[-1], indent=1), flush=True)
-    load_after = load()
+    load_after = common.load_average()
     rows = []
     for r in results:
         video, file = r["filmed"], r["file"]
