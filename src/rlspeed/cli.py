@@ -159,6 +159,22 @@ def _target(arg: str | None, spec, name: str = "--target-return") -> float | Non
     return value
 
 
+def _total_timesteps(run_settings: dict, flag: int | None = None) -> int:
+    """A run's budget: `--total-timesteps` (`flag`), else the preset's total_timesteps, else 1,000,000 steps."""
+    return flag or run_settings.get("total_timesteps") or 1_000_000
+
+
+def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) -> tuple[float | None, int | None]:
+    """A run's target return and evaluation frequency: each flag, else the preset's run setting, else the env's
+    reward_threshold (`spec`'s) and None (the algorithm's own frequency)."""
+    if args.target_return is not None:
+        target = _target(args.target_return, spec)
+    else:
+        target = run_settings.get("target_return", spec.reward_threshold)
+    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
+    return target, eval_freq
+
+
 def _algorithm(name: str):
     from rlspeed.algos import ALGORITHMS
 
@@ -201,8 +217,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlspeed.distributed import DistributedStrategy
 
     algo_cls, run_settings, hyper, _config = _settings(args)
-    total = args.total_timesteps if args.total_timesteps is not None else (run_settings.get("total_timesteps")
-                                                                           or 1_000_000)
+    total = _total_timesteps(run_settings, args.total_timesteps)
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
         # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
@@ -315,12 +330,8 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.population import Population
     from rlspeed.population.plot import plot_learning_curves
 
-    if args.target_return is not None:
-        target = _target(args.target_return, None)
-    else:
-        target = run_settings.get("target_return", env_spec(args.env_id).reward_threshold)
-    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
-    total = args.total_timesteps or run_settings.get("total_timesteps") or 1_000_000
+    total = _total_timesteps(run_settings, args.total_timesteps)
+    target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id))
     device = resolve_device(args.device)
     # built before the run directory: a population that cannot train must not replace or leave behind a run
     backend = {}
@@ -335,12 +346,7 @@ def _train_population(args: argparse.Namespace) -> int:
                             "only: drop --env-backend or give torch.")
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **backend, **{**hyper, **per_member})
     configure_threads(args.threads)
-    if args.out is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = _fresh_run_dir(Path(f"runs/{algo_cls.name}-{args.env_id.replace('/', '_')}-seeds{seeds[0]}-"
-                                      f"{seeds[-1]}-{stamp}"))
-    else:
-        run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False)
+    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": getattr(population, "env_backend", "torch"), "total_timesteps": total,
               "target_return": target, "eval_freq": eval_freq,
@@ -415,12 +421,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rlspeed.tune import tune
 
     algo_cls, run_settings, hyper, _config = _settings(args)
-    if args.target_return is not None:
-        target = _target(args.target_return, None)
-    else:
-        target = run_settings.get("target_return", env_spec(args.env_id).reward_threshold)
-    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
-    train_timesteps = run_settings.get("total_timesteps") or 1_000_000
+    target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id))
+    train_timesteps = _total_timesteps(run_settings)
     # a search needs to rank configurations, not train one: a trial that has not reached the target in a third of a
     # training run's budget is not one it is after
     budget = args.budget or max(train_timesteps // 3, 1)
@@ -510,20 +512,22 @@ def _fresh_run_dir(base: Path) -> Path:
     raise UserError(f"Cannot find a free run directory name after '{base}-9999'; give --out DIR.")
 
 
-def _default_run_dir(args: argparse.Namespace, algo: str) -> Path:
+def _default_run_dir(args: argparse.Namespace, algo: str, seeds: list[int] | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path(f"runs/{algo}-{args.env_id.replace('/', '_')}-{args.seed}-{stamp}")
+    seed = args.seed if seeds is None else f"seeds{seeds[0]}-{seeds[-1]}"
+    return Path(f"runs/{algo}-{args.env_id.replace('/', '_')}-{seed}-{stamp}")
 
 
-def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool) -> Path:
+def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
+                     seeds: list[int] | None = None) -> Path:
     """The run directory, created and writable. A directory that already holds a run is refused unless `--resume`
-    (which continues it) or `--overwrite` (which deletes its run files first) is given; the default directory gets a
-    numbered suffix instead. `checked_before`: under torchrun the `--nproc` launcher did these checks (the ranks
-    would otherwise see each other's new files)."""
+    (which continues it) or `--overwrite` (which deletes its run files first) is given; the default directory (named
+    after `seeds` for a population) gets a numbered suffix instead. `checked_before`: under torchrun the `--nproc`
+    launcher did these checks (the ranks would otherwise see each other's new files)."""
     if args.overwrite and args.resume:
         raise UserError("--overwrite starts the run in --out afresh and --resume continues it: give one of them.")
     if args.out is None:
-        return _fresh_run_dir(_default_run_dir(args, algo))
+        return _fresh_run_dir(_default_run_dir(args, algo, seeds))
     run_dir = Path(args.out)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--out '{run_dir}' is a file; the run directory must be a directory.")
@@ -622,11 +626,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     say = print if main else (lambda *a, **k: None)
     _note_batch_size(model.config, say)
-    if args.target_return is not None:
-        target = _target(args.target_return, model.spec)
-    else:
-        target = run_settings.get("target_return", model.spec.reward_threshold)
-    eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
+    target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
