@@ -94,40 +94,12 @@ def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence
     return state
 
 
-class _MemberAdam:
-    """Adam over parameters `[K, ...]` with per-member learning rates and step counts (`rlspeed.nn.make_adam`'s
-    betas and eps; the same maths as torch's fused Adam)."""
-
-    def __init__(self, params: Sequence[torch.Tensor]):
-        self.exp_avg = [torch.zeros_like(p) for p in params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in params]
-        self.steps = torch.zeros(params[0].shape[0], device=params[0].device)
-
-    @torch.no_grad()
-    def step(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], learning_rate: torch.Tensor) -> None:
-        beta1, beta2 = _ADAM_BETAS
-        self.steps += 1
-        step_size = learning_rate / (1 - beta1 ** self.steps)
-        bias2_sqrt = (1 - beta2 ** self.steps).sqrt()
-        for param, grad, exp_avg, exp_avg_sq in zip(params, grads, self.exp_avg, self.exp_avg_sq):
-            shape = (-1,) + (1,) * (param.dim() - 1)
-            exp_avg.lerp_(grad, 1 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            denom = (exp_avg_sq.sqrt() / bias2_sqrt.view(shape)).add_(_ADAM_EPS)
-            param.sub_(step_size.view(shape) * exp_avg / denom)
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep only the members at `index` (the others left the population)."""
-        self.exp_avg = [m[index] for m in self.exp_avg]
-        self.exp_avg_sq = [v[index] for v in self.exp_avg_sq]
-        self.steps = self.steps[index]
-
-
 class _FlatMemberAdam:
-    """`_MemberAdam` on one flat buffer: the parameters become views of `flat` (and their gradients views of `grad`),
-    so a step is a few kernels for all parameters of all members. Every member steps on every update (a member that
-    stops leaves the buffer), so the step count and bias corrections are shared; each element's learning rate is its
-    member's (`learning_rates`, looked up once per layout)."""
+    """Adam over parameters `[K, ...]` with per-member learning rates (`rlspeed.nn.make_adam`'s betas and eps; the
+    same maths as torch's fused Adam) on one flat buffer: the parameters become views of `flat` (and their gradients
+    views of `grad`), so a step is a few kernels for all parameters of all members. Every member steps on every
+    update of this Adam (a member that stops leaves the buffer), so the step count and bias corrections are shared;
+    each element's learning rate is its member's (`learning_rates`, looked up once per layout)."""
 
     def __init__(self, params: Sequence[torch.Tensor], learning_rate: torch.Tensor,
                  exp_avg: Sequence[torch.Tensor] | None = None, exp_avg_sq: Sequence[torch.Tensor] | None = None,
@@ -358,9 +330,6 @@ class OffPolicyPopulation(PopulationBase):
     #: the actor's weight and bias lists (attribute names), for evaluation of members that left
     _actor_lists = ("actor_weights", "actor_biases")
 
-    def _adams(self) -> list[_MemberAdam]:
-        raise NotImplementedError
-
     def _stack_critics(self, solos: list) -> None:
         """The solo runs' twin critics and their targets stacked: `critic_weights` `[K, C, in, out]`, ...
         (`target_*` take no gradient)."""
@@ -383,12 +352,11 @@ class OffPolicyPopulation(PopulationBase):
                 state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
         return state
 
-    def _rebuild_flat_adam(self, index: torch.Tensor) -> None:
-        """The flat Adam (`self._adam`) over the parameters kept, with the moments of the members at `index`."""
-        adam = self._adam
-        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"],
-                                     [m[index] for m in adam.exp_avg_views], [v[index] for v in adam.exp_avg_sq_views],
-                                     adam.steps)
+    def _kept_adam(self, adam: _FlatMemberAdam, params: list[torch.Tensor], index: torch.Tensor) -> _FlatMemberAdam:
+        """A flat Adam over `params` (the stacks after `remove` kept the members at `index`) with those members'
+        moments from `adam`."""
+        return _FlatMemberAdam(params, self.hyper["learning_rate"], [m[index] for m in adam.exp_avg_views],
+                               [v[index] for v in adam.exp_avg_sq_views], adam.steps)
 
     # --- batched MLPs ------------------------------------------------------------------------------------------
     def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -536,8 +504,6 @@ class OffPolicyPopulation(PopulationBase):
                 t = getattr(self, name)
                 setattr(self, name, t.detach()[index].clone().requires_grad_(t.requires_grad))
             self.hyper = {key: value[index] for key, value in self.hyper.items()}
-        for adam in self._adams():
-            adam.keep(index)
         self._after_remove(index)
         if self.buffer is not None:
             self.buffer.keep(index)
@@ -665,13 +631,10 @@ class SACPopulation(OffPolicyPopulation):
             t.data = chunk.view_as(t)
         self._target_tau = self.hyper["tau"][self._adam.member_of[start:end]]
 
-    def _adams(self) -> list:
-        return []  # (the flat Adam is rebuilt in `_after_remove`)
-
     def _after_remove(self, index: torch.Tensor) -> None:
         if index.numel() == 0:  # (no member left to train)
             return
-        self._rebuild_flat_adam(index)
+        self._adam = self._kept_adam(self._adam, self._params(), index)
         self._flat_targets()
 
     def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -839,8 +802,8 @@ class TD3Population(OffPolicyPopulation):
         self._stack_critics(solos)
         for key in ("target_policy_noise", "target_noise_clip", "action_noise_std", "ou_theta", "ou_dt"):
             self.hyper[key] = torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
-        self._actor_adam = _MemberAdam(self._actor_params())
-        self._critic_adam = _MemberAdam(self._critic_params())
+        self._actor_adam = _FlatMemberAdam(self._actor_params(), self.hyper["learning_rate"])
+        self._critic_adam = _FlatMemberAdam(self._critic_params(), self.hyper["learning_rate"])
         self._critic_updates = 0
         self._ou_noise: torch.Tensor | None = None
         # which members draw target-smoothing noise (host-side: the solo run draws none when its noise is 0), and the
@@ -851,15 +814,16 @@ class TD3Population(OffPolicyPopulation):
 
     def _after_remove(self, index: torch.Tensor) -> None:
         self._smoothing_mask = self._smoothing_mask[index]
+        if index.numel() == 0:  # (no member left to train)
+            return
+        self._actor_adam = self._kept_adam(self._actor_adam, self._actor_params(), index)
+        self._critic_adam = self._kept_adam(self._critic_adam, self._critic_params(), index)
 
     def _actor_params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases]
 
     def _critic_params(self) -> list[torch.Tensor]:
         return [*self.critic_weights, *self.critic_biases]
-
-    def _adams(self) -> list[_MemberAdam]:
-        return [self._actor_adam, self._critic_adam]
 
     def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
         return torch.tanh(self._mlp(obs, weights or self.actor_weights, biases or self.actor_biases))
@@ -922,15 +886,20 @@ class TD3Population(OffPolicyPopulation):
         critic_params = self._critic_params()
         if not actor_step:
             grads = torch.autograd.grad(loss.sum(), critic_params)
-            self._critic_adam.step(critic_params, grads, hyper["learning_rate"])
+            with torch.no_grad():
+                torch.cat([g.reshape(-1) for g in grads], out=self._critic_adam.grad)
+            self._critic_adam.step()
             return
         q_first = self._critics(obs, self._actor(obs), [w.detach() for w in self.critic_weights],
                                 [b.detach() for b in self.critic_biases], members=slice(0, 1))
         loss = loss - q_first[:, 0].mean(-1)
         actor_params = self._actor_params()
         grads = torch.autograd.grad(loss.sum(), [*actor_params, *critic_params])
-        self._actor_adam.step(actor_params, grads[:len(actor_params)], hyper["learning_rate"])
-        self._critic_adam.step(critic_params, grads[len(actor_params):], hyper["learning_rate"])
+        with torch.no_grad():
+            torch.cat([g.reshape(-1) for g in grads[:len(actor_params)]], out=self._actor_adam.grad)
+            torch.cat([g.reshape(-1) for g in grads[len(actor_params):]], out=self._critic_adam.grad)
+        self._actor_adam.step()
+        self._critic_adam.step()
         with torch.no_grad():
             tau = hyper["tau"]
             for target, online in zip([*self.actor_target_weights, *self.actor_target_biases, *self.target_weights,
@@ -985,13 +954,10 @@ class DQNPopulation(OffPolicyPopulation):
     def _params(self) -> list[torch.Tensor]:
         return [*self.q_weights, *self.q_biases]
 
-    def _adams(self) -> list:
-        return []  # (the flat Adam is rebuilt in `_after_remove`)
-
     def _after_remove(self, index: torch.Tensor) -> None:
         if index.numel() == 0:
             return
-        self._rebuild_flat_adam(index)
+        self._adam = self._kept_adam(self._adam, self._params(), index)
         self._draws = None
 
     def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
