@@ -250,7 +250,7 @@ class MemberReplay:
 
 
 class OffPolicyPopulation(PopulationBase):
-    """What the SAC and TD3 populations share: members, env rows, replay, the collect-then-update loop, evaluation,
+    """What the SAC, TD3 and DQN populations share: members, env rows, replay, the collect-then-update loop, evaluation,
     `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the deterministic
     policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
