@@ -71,3 +71,39 @@ def assert_gradient_matches_autograd(plain, fused, module_name: str, batch) -> N
     fused._update_step.hand_derived.gradient(*batch)
     for grad, param in zip(expected, getattr(fused, module_name).parameters()):
         torch.testing.assert_close(param.grad, grad, rtol=1e-5, atol=1e-7)
+
+
+def assert_updates_match(plain, fused, steps: int, make_batch) -> torch.Tensor:
+    """`plain` and `fused` take `steps` updates, each on `make_batch(step)` (made when its step comes: a batch may
+    depend on the current weights), the learning rate set before each as a schedule sets it (so it must be read on
+    every step); their losses, statistics and policy parameters agree after every step. Returns `plain`'s statistics
+    of the last step."""
+    for step in range(steps):
+        batch = make_batch(step)
+        for group in (*plain.optimizer.param_groups, *fused.optimizer.param_groups):
+            group["lr"] = 1e-3 / (step + 1)
+        loss_a, stats_a = plain._update_step(*batch)
+        loss_b, stats_b = fused._update_step(*batch)
+        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stats_b, stats_a, rtol=1e-5, atol=1e-6)
+        fused_params = dict(fused.policy.named_parameters())
+        for name, param in plain.policy.named_parameters():
+            torch.testing.assert_close(fused_params[name], param, rtol=1e-5, atol=1e-6, msg=f"{name} after step {step}")
+    return stats_a
+
+
+def update_summaries(tmp_path, monkeypatch, algo: str, total_timesteps: int, runs: dict[str, list[str]]) -> dict:
+    """`summary.json`'s `update` of a short `rlspeed train ALGO CartPole-v1` per entry of `runs` (name: extra CLI
+    arguments), each run under tmp_path/name."""
+    import json
+
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    updates = {}
+    for name, extra in runs.items():
+        code = cli.main(["train", algo, "CartPole-v1", "--total-timesteps", str(total_timesteps), "--target-return",
+                         "none", "--no-progress", "--out", str(tmp_path / name), *extra])
+        assert code == 0
+        updates[name] = json.loads((tmp_path / name / "summary.json").read_text())["update"]
+    return updates

@@ -5,7 +5,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import assert_gradient_matches_autograd, plain_and_fused
+from conftest import assert_gradient_matches_autograd, assert_updates_match, plain_and_fused, update_summaries
 
 from rlspeed import A2C
 from rlspeed.fused.a2c import FlatRMSprop, FusedA2CUpdate
@@ -40,17 +40,8 @@ def test_fused_update_matches_autograd_and_the_optimizer(env_id, config):
     plain, fused = _pair(env_id, **config)
     expected = torch.optim.RMSprop if config.get("use_rms_prop", True) else torch.optim.Adam
     assert isinstance(plain.optimizer, expected) and isinstance(fused.optimizer, expected)
-    for step in range(5):  # several steps: the running averages must agree too
-        for group in (*plain.optimizer.param_groups, *fused.optimizer.param_groups):
-            group["lr"] = 1e-3 / (step + 1)  # the learning rate is read on every step
-        batch = _rollout_batch(plain, seed=step)
-        loss_a, stats_a = plain._update_step(*batch)
-        loss_b, stats_b = fused._update_step(*batch)
-        torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(stats_b, stats_a, rtol=1e-5, atol=1e-6)
-        for name, param in plain.policy.named_parameters():
-            torch.testing.assert_close(dict(fused.policy.named_parameters())[name], param, rtol=1e-5, atol=1e-6,
-                                       msg=f"{name} after step {step}")
+    # several steps: the running averages must agree too
+    assert_updates_match(plain, fused, 5, lambda step: _rollout_batch(plain, seed=step))
     if expected is torch.optim.RMSprop:
         for a_param, b_param in zip(plain.policy.parameters(), fused.policy.parameters()):
             a_state, b_state = plain.optimizer.state[a_param], fused.optimizer.state[b_param]
@@ -158,17 +149,8 @@ def test_flat_rmsprop_refuses_what_it_does_not_implement():
 
 
 def test_summary_json_names_the_a2c_update(tmp_path, monkeypatch):
-    import json
-
-    from rlspeed import cli
-
-    monkeypatch.chdir(tmp_path)
-    for name, extra in (("hand", []), ("off", ["--set", "fused_update=false"])):
-        code = cli.main(["train", "a2c", "CartPole-v1", "--total-timesteps", "400", "--target-return", "none",
-                         "--no-progress", "--out", str(tmp_path / name), *extra])
-        assert code == 0
-    hand = json.loads((tmp_path / "hand" / "summary.json").read_text())["update"]
-    off = json.loads((tmp_path / "off" / "summary.json").read_text())["update"]
+    updates = update_summaries(tmp_path, monkeypatch, "a2c", 400, {"hand": [], "off": ["--set", "fused_update=false"]})
+    hand, off = updates["hand"], updates["off"]
     assert hand == {"implementation": "hand-derived", "reason": "default on this device",
                     "rollout": "hand-derived (the update's flat parameters, Gumbel-max or scaled-normal draws)"}
     assert off == {"implementation": "autograd", "reason": "fused_update=false", "rollout": "policy module"}

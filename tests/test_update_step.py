@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from conftest import update_summaries
 
 from rlspeed import A2C, DQN, PPO, SAC, TD3
 
@@ -65,15 +64,8 @@ def test_algorithms_without_a_hand_derived_update_say_so():
 
 
 def test_summary_json_names_the_update_that_ran(tmp_path, monkeypatch):
-    from rlspeed import cli
-
-    monkeypatch.chdir(tmp_path)
-    for name, extra in (("hand", []), ("elu", ["--set", "activation=elu"])):
-        code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "1024", "--target-return", "none",
-                         "--no-progress", "--out", str(tmp_path / name), *extra])
-        assert code == 0
-    hand = json.loads((tmp_path / "hand" / "summary.json").read_text())["update"]
-    elu = json.loads((tmp_path / "elu" / "summary.json").read_text())["update"]
+    updates = update_summaries(tmp_path, monkeypatch, "ppo", 1024, {"hand": [], "elu": ["--set", "activation=elu"]})
+    hand, elu = updates["hand"], updates["elu"]
     assert hand["implementation"] == "hand-derived"
     assert elu["implementation"] == "autograd" and "activation=elu" in elu["reason"]
 
