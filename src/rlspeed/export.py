@@ -51,6 +51,7 @@ from rlspeed.nn import (
     QNetwork,
     RecurrentActorCritic,
     SquashedGaussianActor,
+    env_actions,
     masked_logits,
 )
 
@@ -130,10 +131,7 @@ class PolicyExport(nn.Module):
         for _, shape, dtype in self.observation_inputs:
             yield (batch, *shape), dtype
         for _, shape, dtype, batch_dims in self.extra_inputs():
-            full = list(shape)
-            for dim in sorted(batch_dims):
-                full.insert(dim, batch)
-            yield tuple(full), dtype
+            yield tuple(_with_batch(shape, batch_dims, batch)), dtype
 
     def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
         """Inputs to capture the graph with (a batch of 2: a batch of 1 would be specialised as a constant; masks
@@ -170,10 +168,7 @@ class PolicyExport(nn.Module):
             items.append({"name": name, "dtype": _dtype_name(dtype), "shape": ["batch", *shape],
                           "description": f"{what} ({how})"})
         for name, shape, dtype, batch_dims in self.extra_inputs():
-            full: list = list(shape)
-            for dim in sorted(batch_dims):
-                full.insert(dim, "batch")
-            items.append({"name": name, "dtype": _dtype_name(dtype), "shape": full,
+            items.append({"name": name, "dtype": _dtype_name(dtype), "shape": _with_batch(shape, batch_dims, "batch"),
                           "description": _EXTRA_INPUTS[name]})
         return items
 
@@ -199,6 +194,14 @@ _EXTRA_INPUTS = {
     "state_c": "the LSTM actor's cell state c from the previous step's next_state_c (zeros at the first step)",
     "episode_start": "True where this observation starts an episode: the state is zeroed there first",
 }
+
+
+def _with_batch(shape: tuple[int, ...], batch_dims: dict[int, str], batch) -> list:
+    """`shape` (without the batch) with `batch` inserted at each of the `batch_dims`."""
+    full = list(shape)
+    for dim in sorted(batch_dims):
+        full.insert(dim, batch)
+    return full
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -259,11 +262,8 @@ class ActorCriticExport(PolicyExport):
 
     def to_env(self, actions: torch.Tensor) -> torch.Tensor:
         """As `OnPolicyAlgorithm._to_env`: Gaussian actions clipped to the Box, flat actions in the space's shape."""
-        if self.kind == "categorical":
-            return actions
-        if self.kind == "gaussian":
-            actions = torch.maximum(torch.minimum(actions, self.action_high), self.action_low)
-        return actions if len(self.action_shape) == 1 else actions.reshape(actions.shape[0], *self.action_shape)
+        bounds = (self.action_low, self.action_high) if self.kind == "gaussian" else ()
+        return env_actions(actions, self.kind, self.action_shape, *bounds)
 
 
 class RecurrentActorCriticExport(ActorCriticExport):
