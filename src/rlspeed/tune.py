@@ -435,12 +435,13 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         trial.set_user_attr("seed", member_seed)
         trial.set_user_attr("hyperparameters", values)
     members = setup.population(seeds, per_member)
-    pruner = study.pruner  # _open_study's BatchMedianPruner
+    pruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean
 
     def report(k: int, mean: float, step: int) -> None:
         asked[k].report(-mean, step)
-        pruner.record(asked[k].number, step, -mean)
+        if hasattr(pruner, "record"):
+            pruner.record(asked[k].number, step, -mean)
 
     def on_eval(num_timesteps: int, means: dict[int, float]) -> list[int]:
         step = int(num_timesteps)
