@@ -381,6 +381,18 @@ def action_head_size(space: gym.Space) -> int:
     return int(np.prod(space.shape))
 
 
+def env_actions(actions: torch.Tensor, kind: str, shape: tuple[int, ...], low: torch.Tensor | None = None,
+                high: torch.Tensor | None = None) -> torch.Tensor:
+    """The env's actions from a policy's (`action_kind` `kind`) flat actions `[B, ...]`: Discrete indices as they are;
+    Gaussian samples clipped to the Box's [`low`, `high`]; MultiDiscrete, MultiBinary and Box actions in the space's
+    `shape` (a view)."""
+    if kind == "categorical":
+        return actions
+    if kind == "gaussian":
+        actions = torch.maximum(torch.minimum(actions, high), low)
+    return actions if len(shape) == 1 else actions.reshape(actions.shape[0], *shape)
+
+
 def masked_logits(logits: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
     """Logits with masked actions (False in the bool mask) set to the dtype's lowest finite value: after the softmax
     their probability is exactly 0 (exp underflows), and nothing is -inf, so entropies and gradients stay finite.
