@@ -147,6 +147,13 @@ def load_average() -> str:
     return ", ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
+def uptime() -> str:
+    """The `uptime` line (time, users, load averages) that a section records at each phase of a run."""
+    import subprocess
+
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
 def script_arguments(description: str) -> argparse.ArgumentParser:
     """The command line every single-process script starts from: --threads, --quick (a smoke run) and --no-write;
     the script adds its own flags."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,10 +36,6 @@ ENV_ID = "CartPole-v1"
 TARGET = 475.0
 EVAL_EPISODES = 10
 SB3_BUDGET = 100_000  # RL-Zoo's n_timesteps for PPO CartPole-v1
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def solo_run(seed: int, total: int, eval_freq: int, hyper: dict) -> dict:
@@ -90,13 +85,13 @@ def main() -> None:
     common.set_threads(1)
     run, hyper = split_run_settings(dict(load_preset("ppo", ENV_ID)))
     total, eval_freq = int(run["total_timesteps"]), int(run["eval_freq"])
-    load = {"before": uptime()}
+    load = {"before": common.uptime()}
 
     population = Population(PPO, ENV_ID, seeds=range(args.members), **hyper)
     summary = population.learn(total, target_return=TARGET, eval_freq=eval_freq, eval_episodes=EVAL_EPISODES,
                                stop="each")
     print(f"population: {summary['reached']}/{args.members} reached, {summary['train_wall_s']:.1f} s", flush=True)
-    load["after_population"] = uptime()
+    load["after_population"] = common.uptime()
 
     solos, sb3 = [], []
     for seed in range(max(args.solo_seeds, 5)):
@@ -105,7 +100,7 @@ def main() -> None:
         if seed < args.sb3_seeds:  # (side by side with the solo runs, under the same load)
             sb3.append(sb3_run(seed, eval_freq))
             print(f"sb3 seed {seed}: {sb3[-1]}", flush=True)
-    load["after"] = uptime()
+    load["after"] = common.uptime()
 
     first_five = [s["time_to_target_s"] for s in solos[:5] if s["time_to_target_s"] is not None]
     solo_cpu_median = statistics.median(s["train_cpu_s"] for s in solos[:5])

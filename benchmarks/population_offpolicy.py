@@ -24,14 +24,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import publish, set_threads  # noqa: E402
+from common import publish, set_threads, uptime  # noqa: E402
 
 TARGET = -200.0
 ENV_ID = "Pendulum-v1"
-
-
-def uptime() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
 def _preset() -> tuple[dict, dict]:
@@ -192,7 +188,7 @@ def main() -> None:
             f"| solo time to target, seeds {', '.join(map(str, args.solo_seeds))} | "
             + ", ".join(f"{t:.1f} s" if t is not None else "not reached" for t in
                         (s["time_to_target_s"] for s in target_solos)) + " |",
-            "| population wall time / (16 x solo median time) | "
+            f"| population wall time / ({args.members} x solo median time) | "
             + (f"{target_population['train_wall_s'] / (args.members * statistics.median(solo_times)):.2f} |"
                if solo_times else "- |"),
         ]
