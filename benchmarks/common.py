@@ -1,7 +1,8 @@
 """Shared helpers for the benchmark scripts: machine description, interleaved runs, median/range, Markdown output.
 
-Every script compares rlspeed with a reference library side by side in one process, interleaving the runs seed by
-seed so that a slow patch on the machine hits both, and reports medians with min-max ranges.
+Every script compares rlspeed with a reference library side by side, interleaving the runs seed by seed (in one
+process, or in fresh processes: `worker_pairs`) so that a slow patch on the machine hits both, and reports medians
+with min-max ranges.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ README = BENCHMARKS_DIR / "README.md"
 
 README_INTRO = """# rlspeed benchmarks
 
-Each script runs rlspeed and a reference library (Stable-Baselines3) side by side in one process, interleaving
-the runs seed by seed (seed 0 rlspeed, seed 0 reference, seed 1 rlspeed, ...) so that both see the same machine.
+Each script runs rlspeed and a reference library (Stable-Baselines3) side by side, interleaving the runs seed by
+seed (seed 0 rlspeed, seed 0 reference, seed 1 rlspeed, ...) so that both see the same machine: in one process, or
+(a2c_cartpole, atari_ppo, mujoco_offpolicy, population_offpolicy) each run in a fresh process, the sides
+alternating.
 It prints a Markdown table, writes raw per-seed results to `benchmarks/results/<name>.json` and rewrites its own
 section of this file. The numbers in a section come from one run on one machine, described in that section;
 compare the columns of one table with each other (as ratios), not with numbers from another machine.
