@@ -153,3 +153,16 @@ def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
     capsys.readouterr()
     message = cli_error(capsys, _command(tmp_path, "--trials", "2", "--budget", "384"))  # (the last --budget counts)
     assert "another budget" in message
+
+
+def test_every_population_has_a_valid_default_search_space():
+    """`rlspeed tune ALGO` without --search-space works for each algorithm with a population: its default space
+    exists, holds only per-member hyperparameters, and every end of every range is a value the algorithm accepts."""
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.population import IMPLEMENTATIONS
+
+    algorithms = {cls.__name__: cls for cls in ALGORITHMS.values()}
+    assert {algorithms[name].name for name in IMPLEMENTATIONS} == set(rlspeed.tune.DEFAULT_SPACES)
+    for name in IMPLEMENTATIONS:
+        space, notes = rlspeed.tune.load_search_space(None, algorithms[name], {})
+        assert space == rlspeed.tune.DEFAULT_SPACES[algorithms[name].name] and notes == []

@@ -37,10 +37,11 @@ import yaml
 
 from rlspeed.errors import UserError
 
-#: The default search space per algorithm: RL-Zoo's (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters
-#: that may differ across members of a population. Ranges are those of the hyperparameter itself; `one_minus` samples
-#: 1 - value (on a log scale with `log`), as RL-Zoo samples one_minus_gamma. gamma, gae_lambda and learning_rate are
-#: widened beyond RL-Zoo's (0.97-0.9999, 0.9-0.9999, <= 2e-3) to hold the values of rlspeed's shipped presets.
+#: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
+#: (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters that may differ across members of a population. Ranges
+#: are those of the hyperparameter itself; `one_minus` samples 1 - value (on a log scale with `log`), as RL-Zoo samples
+#: one_minus_gamma. gamma, gae_lambda and learning_rate are widened beyond RL-Zoo's (0.97-0.9999, 0.9-0.9999,
+#: <= 2e-3) to hold the values of rlspeed's shipped presets.
 DEFAULT_SPACES: dict[str, dict] = {
     "ppo": {
         "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
@@ -48,13 +49,6 @@ DEFAULT_SPACES: dict[str, dict] = {
         "gae_lambda": {"low": 0.8, "high": 0.9999, "log": True, "one_minus": True},
         "ent_coef": {"low": 1.0e-8, "high": 0.1, "log": True},
         "clip_range": {"choices": [0.1, 0.2, 0.3, 0.4]},
-        "max_grad_norm": {"low": 0.3, "high": 2.0},
-    },
-    "a2c": {
-        "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
-        "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
-        "gae_lambda": {"low": 0.8, "high": 0.9999, "log": True, "one_minus": True},
-        "ent_coef": {"low": 1.0e-8, "high": 0.1, "log": True},
         "max_grad_norm": {"low": 0.3, "high": 2.0},
     },
     "sac": {
@@ -67,11 +61,6 @@ DEFAULT_SPACES: dict[str, dict] = {
         "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
         "tau": {"low": 0.001, "high": 0.08, "log": True},
         "action_noise_std": {"low": 0.0, "high": 0.5},
-    },
-    "ddpg": {
-        "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
-        "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
-        "tau": {"low": 0.001, "high": 0.08, "log": True},
     },
     "dqn": {
         "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
