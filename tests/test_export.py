@@ -5,7 +5,6 @@ describes it; bad requests are one clear sentence."""
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import types
 
@@ -294,8 +293,6 @@ def test_every_policy_kind_matches_predict(space_model, format, tmp_path):
     recurrent = model.name == "recurrent_ppo"
     space = model.spec.action_space
     masked = isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and model.supports_action_masks
-    if masked and model.name == "dqn":  # DQN's greedy action over a masked Q arrives with its action masks
-        masked = "action_masks" in inspect.signature(type(model)._policy_actions).parameters
     path = export(model, tmp_path / f"policy{FORMATS[format]}", format=format, action_mask=masked)
     run = _graph_runner(format, path)
     generator = torch.Generator().manual_seed(11)
