@@ -166,3 +166,25 @@ def test_every_population_has_a_valid_default_search_space():
     for name in IMPLEMENTATIONS:
         space, notes = rlspeed.tune.load_search_space(None, algorithms[name], {})
         assert space == rlspeed.tune.DEFAULT_SPACES[algorithms[name].name] and notes == []
+
+
+def test_a_resumed_study_prunes_against_the_same_reports(tmp_path, monkeypatch):
+    """The pruner compares with the completed trials of earlier batches, in the process that ran them and in one that
+    resumes the study alike (a pruned trial's reports do not count in either)."""
+    pruners = []
+
+    def keep(**kwargs):
+        pruners.append(make_pruner(warmup_steps=0, min_trials=1))  # prunes whatever trails the other trial
+        return pruners[-1]
+
+    make_pruner = rlspeed.tune._make_pruner
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", keep)
+    kwargs = dict(trials=4, population=2, storage=str(tmp_path / "study.db"), study_name="resume",
+                  hyperparameters=dict(FIXED), budget=384, target_return=None, eval_freq=128, search_space=None,
+                  confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    tune(PPO, "CartPole-v1", **kwargs)
+    study = optuna.load_study(study_name="resume", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert "PRUNED" in [trial.state.name for trial in study.get_trials(deepcopy=False)]
+    tune(PPO, "CartPole-v1", **kwargs)  # the study is done: it only reopens it
+    assert len(pruners) == 2 and pruners[0].reports
+    assert pruners[1].reports == pruners[0].reports

@@ -254,6 +254,13 @@ def _make_pruner(warmup_steps: int, min_trials: int):
         def record(self, number: int, step: int, value: float) -> None:
             self.reports.setdefault(step, {})[number] = value
 
+        def forget(self, numbers: set[int]) -> None:
+            """Drop the reports of trials that ended pruned or failed: only completed trials count after their
+            batch, as when a resumed study gives the pruner its completed trials' reports."""
+            for values in self.reports.values():
+                for number in numbers & values.keys():
+                    del values[number]
+
         def prune(self, study, trial) -> bool:
             step = trial.last_step
             if step is None or step < warmup_steps:
@@ -450,6 +457,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
 
     summary = setup.learn(members, on_eval)
     counts = {"complete": 0, "pruned": 0, "failed": 0, "reached": 0}
+    ended: set[int] = set()  # trials told pruned or failed
     for trial, member in zip(asked, summary["members"]):
         final = member.get("final_eval") or {}
         trial.set_user_attr("steps_to_target", member.get("steps_to_target"))
@@ -457,15 +465,19 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         if member.get("pruned_at") is not None:
             study.tell(trial, state=TrialState.PRUNED)
             counts["pruned"] += 1
+            ended.add(trial.number)
         elif final.get("mean") is None or not math.isfinite(float(final["mean"])):
             trial.set_user_attr("diverged_at", member.get("diverged_at"))
             study.tell(trial, state=TrialState.FAIL)  # a member that diverged (non-finite parameters)
             counts["failed"] += 1
+            ended.add(trial.number)
         else:
             study.tell(trial, objective(member, target_return, setup.budget))
             counts["complete"] += 1
             counts["reached"] += member.get("steps_to_target") is not None
         told.add(trial.number)
+    if hasattr(pruner, "forget"):
+        pruner.forget(ended)
     return counts
 
 
