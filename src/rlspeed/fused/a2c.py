@@ -44,8 +44,6 @@ class FlatRMSprop(FlatAdam):
     param group on every step.
     """
 
-    _second_moment_key = "square_avg"
-
     def __init__(self, params, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,
                  strategy=None):
         group = optimizer.param_groups[0]
@@ -57,19 +55,8 @@ class FlatRMSprop(FlatAdam):
     def square_avg(self) -> torch.Tensor:
         return self.exp_avg_sq
 
-    def _adopt_optimizer_state(self) -> None:
-        state = self.optimizer.state
-        with torch.no_grad():
-            loaded = state.get(self.params[0])
-            if loaded and "square_avg" in loaded:
-                for p, v in zip(self.params, self._exp_avg_sq_views):
-                    v.copy_(state[p]["square_avg"])
-                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32))
-            else:
-                self.exp_avg_sq.zero_()
-                self.step_count.zero_()
-        for p, v in zip(self.params, self._exp_avg_sq_views):
-            state[p] = {"step": self.step_count, "square_avg": v}
+    def _state_views(self) -> dict[str, list[torch.Tensor]]:
+        return {"square_avg": self._exp_avg_sq_views}
 
     def step(self) -> None:
         """All-reduce (several processes), clip the global gradient norm, then one RMSprop step."""

@@ -57,31 +57,32 @@ class FlatAdam:
         self._fused_adam = getattr(torch, "_fused_adam_", None) if device.type in ("cpu", "cuda") else None
         self._adopt_optimizer_state()
 
+    def _state_views(self) -> dict[str, list[torch.Tensor]]:
+        """The optimizer's per-parameter state entries besides `step`, each with its views of the flat buffers."""
+        return {"exp_avg": self._exp_avg_views, "exp_avg_sq": self._exp_avg_sq_views}
+
     def _adopt_optimizer_state(self) -> None:
-        """Copy whatever state the optimizer holds into the flat moments, then point its state at views of them."""
-        state = self.optimizer.state
+        """Copy whatever state the optimizer holds into the flat buffers, then point its state at views of them."""
+        state, views = self.optimizer.state, self._state_views()
         with torch.no_grad():
             loaded = state.get(self.params[0])
-            if loaded and "exp_avg" in loaded:
-                for p, m, v in zip(self.params, self._exp_avg_views, self._exp_avg_sq_views):
-                    m.copy_(state[p]["exp_avg"])
-                    v.copy_(state[p]["exp_avg_sq"])
+            if loaded and all(key in loaded for key in views):
+                for key, key_views in views.items():
+                    for p, view in zip(self.params, key_views):
+                        view.copy_(state[p][key])
                 self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32))
             else:
                 self.exp_avg.zero_()
                 self.exp_avg_sq.zero_()
                 self.step_count.zero_()
-        for p, m, v in zip(self.params, self._exp_avg_views, self._exp_avg_sq_views):
-            state[p] = {"step": self.step_count, "exp_avg": m, "exp_avg_sq": v}
-
-    #: the optimizer's per-parameter state entry held as a view of `exp_avg_sq` (`check` watches it)
-    _second_moment_key = "exp_avg_sq"
+        for index, p in enumerate(self.params):
+            state[p] = {"step": self.step_count, **{key: key_views[index] for key, key_views in views.items()}}
 
     def check(self) -> None:
         """Before an update: re-adopt the optimizer state if it was replaced (load_state_dict); fail if the
         parameters no longer live in the flat buffer (moved with `.to()`, or replaced)."""
-        state = self.optimizer.state.get(self.params[0], {})
-        if state.get(self._second_moment_key) is not self._exp_avg_sq_views[0]:
+        key, views = next(iter(self._state_views().items()))
+        if self.optimizer.state.get(self.params[0], {}).get(key) is not views[0]:
             self._adopt_optimizer_state()
         if self.params[0].data_ptr() != self.flat.data_ptr():
             raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
