@@ -107,3 +107,18 @@ def update_summaries(tmp_path, monkeypatch, algo: str, total_timesteps: int, run
         assert code == 0
         updates[name] = json.loads((tmp_path / name / "summary.json").read_text())["update"]
     return updates
+
+
+def assert_loaded_update_continues(model, loaded, state_key: str, batch) -> list[int]:
+    """`loaded`, loaded from `model`'s checkpoint, holds its policy and its optimizer's state (`state_key`, e.g.
+    "exp_avg"), and its next update on `batch` gives the same parameters as `model`'s; returns the hand-derived
+    updates' step counts (loaded, model)."""
+    for (name, a), b in zip(model.policy.state_dict().items(), loaded.policy.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name)
+    state = loaded.optimizer.state_dict()["state"]
+    torch.testing.assert_close(state[0][state_key], model.optimizer.state_dict()["state"][0][state_key])
+    model._update_step(*batch)
+    loaded._update_step(*batch)
+    for a, b in zip(model.policy.parameters(), loaded.policy.parameters()):
+        torch.testing.assert_close(b, a)
+    return [int(m._update_step.hand_derived.adam.step_count) for m in (loaded, model)]

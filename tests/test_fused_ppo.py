@@ -2,7 +2,12 @@
 
 import pytest
 import torch
-from conftest import assert_gradient_matches_autograd, assert_updates_match, plain_and_fused
+from conftest import (
+    assert_gradient_matches_autograd,
+    assert_loaded_update_continues,
+    assert_updates_match,
+    plain_and_fused,
+)
 
 from rlspeed import PPO
 from rlspeed.fused.ppo import FusedPPOUpdate
@@ -54,20 +59,11 @@ def test_fused_checkpoint_round_trip_and_resume(tmp_path):
     model.learn(256, progress_bar=False)
     path = model.save(tmp_path / "ppo")
     loaded = PPO.load(path, device="cpu")
-    for (name, a), b in zip(model.policy.state_dict().items(), loaded.policy.state_dict().values()):
-        torch.testing.assert_close(b, a, msg=name)
-    # The loaded optimizer state is what the next fused update continues from.
-    state = loaded.optimizer.state_dict()["state"]
-    torch.testing.assert_close(state[0]["exp_avg"], model.optimizer.state_dict()["state"][0]["exp_avg"])
     # The learning rate comes from the config on load; learn() sets the annealed one at every iteration. Called
     # directly here, the step gets the rate the original model reached.
     loaded.optimizer.param_groups[0]["lr"] = model.optimizer.param_groups[0]["lr"]
-    minibatch = _minibatch(model, seed=5)
-    model._update_step(*minibatch)
-    loaded._update_step(*minibatch)
-    for a, b in zip(model.policy.parameters(), loaded.policy.parameters()):
-        torch.testing.assert_close(b, a)
-    steps = [int(m._update_step.hand_derived.adam.step_count) for m in (loaded, model)]
+    # The loaded optimizer state is what the next fused update continues from.
+    steps = assert_loaded_update_continues(model, loaded, "exp_avg", _minibatch(model, seed=5))
     assert steps[0] == steps[1] > 1
 
 
