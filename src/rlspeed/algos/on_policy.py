@@ -26,7 +26,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs
-from rlspeed.nn import ENCODERS, ActorCritic, action_kind, encoder_from_config, make_adam
+from rlspeed.nn import ENCODERS, ActorCritic, action_kind, encoder_from_config, env_actions, make_adam
 
 
 @dataclass
@@ -144,6 +144,7 @@ class OnPolicyAlgorithm(Algorithm):
             self.policy = auto_accelerate(self.policy, device=self.device)
         space = self.spec.action_space
         self._action_kind = action_kind(space)
+        self._action_low = self._action_high = None  # (bounds only for the Gaussian's clipping)
         if self._action_kind == "gaussian":  # (flattened: the policy's Gaussian is over prod(shape) values)
             self._action_low = torch.as_tensor(space.low, device=self.device, dtype=torch.float32).flatten()
             self._action_high = torch.as_tensor(space.high, device=self.device, dtype=torch.float32).flatten()
@@ -159,13 +160,8 @@ class OnPolicyAlgorithm(Algorithm):
     def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
         """Actions as the env takes them: Gaussian samples clipped to the Box (stored unclipped, as sampled); the
         policy's flat MultiDiscrete, MultiBinary and Box actions in the space's shape (a view)."""
-        kind = self._action_kind
-        if kind == "categorical":
-            return actions
-        if kind == "gaussian":
-            actions = torch.maximum(torch.minimum(actions, self._action_high), self._action_low)
-        shape = self.spec.action_space.shape
-        return actions if len(shape) == 1 else actions.view(actions.shape[0], *shape)
+        return env_actions(actions, self._action_kind, self.spec.action_space.shape, self._action_low,
+                           self._action_high)
 
     def _action_storage(self) -> tuple[tuple[int, ...], torch.dtype]:
         """(shape, dtype) of one stored action: an index (Discrete), k indices (MultiDiscrete), n 0/1 floats
