@@ -92,14 +92,25 @@ def test_written_preset_trains_with_preset_file(tmp_path):
 
 
 class _PruneOdd(optuna.pruners.BasePruner):
-    """Prunes odd-numbered trials at their first report."""
+    """Prunes odd-numbered trials at their first report; keeps what tune gives it, as `rlspeed.tune.BatchPruner`."""
+
+    def __init__(self):
+        self.reports: dict[int, list[int]] = {}  # trial number -> the steps it was reported at
+        self.forgotten: set[int] = set()
 
     def prune(self, study, trial) -> bool:
         return trial.number % 2 == 1
 
+    def record(self, number: int, step: int, value: float) -> None:
+        self.reports.setdefault(number, []).append(step)
+
+    def forget(self, numbers: set[int]) -> None:
+        self.forgotten |= numbers
+
 
 def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
-    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: _PruneOdd())
+    pruner = _PruneOdd()
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
     result = tune(PPO, "CartPole-v1", trials=4, population=4, storage=str(tmp_path / "study.db"),
                   study_name="prune", hyperparameters=dict(FIXED), budget=384, target_return=None, eval_freq=128,
                   search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
@@ -108,6 +119,8 @@ def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
     assert [trial.state.name for trial in trials] == ["COMPLETE", "PRUNED", "COMPLETE", "PRUNED"]
     for trial in trials:  # a pruned member was evaluated once, then removed; the others to the end of the budget
         assert sorted(trial.intermediate_values) == ([128] if trial.number % 2 else [128, 256, 384])
+        assert pruner.reports[trial.number] == sorted(trial.intermediate_values)  # the pruner saw every report
+    assert pruner.forgotten == {1, 3}  # and dropped the pruned trials' reports
     assert result["best"]["number"] in (0, 2)
     # without a target, the objective is minus the final evaluation
     assert study.best_value == pytest.approx(-study.best_trial.user_attrs["final_eval"])

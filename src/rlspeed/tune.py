@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -236,7 +237,19 @@ class _Setup:
         return members.learn(self.budget, **kwargs)
 
 
-def _make_pruner(warmup_steps: int, min_trials: int):
+class BatchPruner(Protocol):
+    """What `rlspeed tune` needs of its pruner (an `optuna.pruners.BasePruner`): Optuna's `prune`, and the reports
+    of the trials that train side by side, given as they arrive (`record`) and dropped for trials that ended pruned
+    or failed (`forget`). `_make_pruner` makes the one rlspeed uses."""
+
+    def prune(self, study, trial) -> bool: ...
+
+    def record(self, number: int, step: int, value: float) -> None: ...
+
+    def forget(self, numbers: set[int]) -> None: ...
+
+
+def _make_pruner(warmup_steps: int, min_trials: int) -> BatchPruner:
     """A median pruner for trials that train side by side: a trial is pruned when its best report so far is worse
     than the median of the other trials' reports at the same step, counting the running trials of its batch (they
     evaluate at the same steps) as well as the completed trials of earlier batches; not before `warmup_steps`, and
@@ -431,13 +444,12 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
         trial.set_user_attr("seed", member_seed)
         trial.set_user_attr("hyperparameters", values)
     members = setup.population(seeds, per_member)
-    pruner = study.pruner
+    pruner: BatchPruner = study.pruner
     last: dict[int, float] = {}  # member -> its last evaluated mean
 
     def report(k: int, mean: float, step: int) -> None:
         asked[k].report(-mean, step)
-        if hasattr(pruner, "record"):
-            pruner.record(asked[k].number, step, -mean)
+        pruner.record(asked[k].number, step, -mean)
 
     def on_eval(num_timesteps: int, means: dict[int, float]) -> list[int]:
         step = int(num_timesteps)
@@ -476,8 +488,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
             counts["complete"] += 1
             counts["reached"] += member.get("steps_to_target") is not None
         told.add(trial.number)
-    if hasattr(pruner, "forget"):
-        pruner.forget(ended)
+    pruner.forget(ended)
     return counts
 
 
