@@ -238,3 +238,21 @@ def test_hand_derived_gradient_equals_autograd(env_id, hyper):
     for hand, auto in zip(population._hand_gradients(*minibatch), reference):
         assert auto.abs().max() > 0
         torch.testing.assert_close(hand, auto, atol=1e-6, rtol=1e-5)
+
+
+def test_building_a_population_leaves_the_global_cpu_generator_as_it_was():
+    torch.manual_seed(1234)
+    expected = torch.get_rng_state()
+    Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    assert torch.equal(torch.get_rng_state(), expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_building_a_population_leaves_every_cuda_generator_as_it_was(device):
+    """The members' `torch.manual_seed` reseeds every CUDA device's generator, whatever device the population is on."""
+    torch.manual_seed(1234)
+    expected = [torch.cuda.get_rng_state(index) for index in range(torch.cuda.device_count())]
+    Population(PPO, "CartPole-v1", seeds=[0, 1], device=device, **SMALL)
+    for index, state in enumerate(expected):
+        assert torch.equal(torch.cuda.get_rng_state(index), state), f"cuda:{index}"

@@ -4,6 +4,7 @@ summary. A population class (`PPOPopulation`, the off-policy ones) provides the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -40,6 +41,9 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
     values (same rule). UserError for a solo run's option populations do not have (`accelerate`, `strategy`,
     `nan_policy`, `save_replay_buffer` other than their defaults): the solo models would take it, the population
     would not."""
+    if any(hyperparameters.get(key) for key in ("use_sde", "use_sde_at_warmup")):
+        raise UserError("Populations do not support gSDE (use_sde) yet: remove it, or train the seeds as separate "
+                        "runs.")
     for key, unused in _SOLO_OPTIONS.items():
         if key in hyperparameters and hyperparameters[key] != unused:
             raise UserError(f"Populations do not support {key}={hyperparameters[key]!r} yet: leave it out (it would "
@@ -91,17 +95,31 @@ def stack_leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
 
 
+def _forked_generators(device: torch.device) -> contextlib.ExitStack:
+    """A context that restores, on exit, every global generator a solo model's `torch.manual_seed` reseeds: the CPU's
+    and each device's of every available accelerator type (manual_seed seeds all of them, whatever `device` is)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.random.fork_rng(devices=[]))  # the CPU generator
+    types = {name for name in ("cuda", "xpu", "mps", "npu")
+             if getattr(getattr(torch, name, None), "is_available", lambda: False)()}
+    if device.type != "cpu":
+        types.add(device.type)
+    for name in sorted(types):
+        count = getattr(torch, name).device_count() if hasattr(getattr(torch, name), "device_count") else 1
+        stack.enter_context(torch.random.fork_rng(devices=list(range(count)), device_type=name))
+    return stack
+
+
 def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequence[dict], device: torch.device,
                 **kwargs) -> tuple[list, list[torch.Generator]]:
     """The K solo models (`algo_cls(env_id, seed=seeds[k], device=device, **kwargs, **members[k])`) a population's
     members start from, and for each a generator in the state the solo run's global generator has when its training
-    starts; torch's CPU generator is left as it was."""
-    saved_state = torch.get_rng_state()
+    starts; torch's global generators (the CPU's and every accelerator's) are left as they were."""
     solos, generators = [], []
-    for seed, hyperparameters in zip(seeds, members):
-        solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
-        generators.append(generator_like_global(device))
-    torch.set_rng_state(saved_state)
+    with _forked_generators(device):
+        for seed, hyperparameters in zip(seeds, members):
+            solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
+            generators.append(generator_like_global(device))
     return solos, generators
 
 
