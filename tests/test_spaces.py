@@ -184,9 +184,9 @@ def test_minigrid_dict_observations_stay_uint8_and_int64_from_env_to_rollout_sto
     assert {dtype for dtype, _ in seen} == {torch.uint8}
     # rollout steps (4 rows), minibatches (16 rows), never the whole rollout (32 rows) at once
     assert max(rows for _, rows in seen) == ON_POLICY["batch_size"] < ON_POLICY["num_envs"] * ON_POLICY["num_steps"]
-    # bytes per step: image 147 + direction 8, an int64 action, 4 float32 (log-prob, value, reward, final value),
-    # 2 flags
-    assert buffer.bytes_per_step() == (147 + 8) + 8 + 4 * 4 + 2
+    # bytes per step: image 147 + direction 8, an int64 action, 5 float32 (log-prob, value, reward, final value,
+    # episode return), 3 flags (terminated, done, episode end)
+    assert buffer.bytes_per_step() == (147 + 8) + 8 + 5 * 4 + 3
 
 
 def test_minatar_bool_images_stay_bool_in_the_replay_buffer_and_its_memory_report_counts_bytes(minatar_id):
@@ -220,7 +220,8 @@ def test_rollout_buffer_stores_dict_observations_per_key():
     buffer = RolloutBuffer(2, 3, space, (), torch.int64, torch.device("cpu"))
     obs = {"image": torch.full((3, 3, 3, 1), 7, dtype=torch.uint8), "direction": torch.tensor([0, 1, 3])}
     zeros = torch.zeros(3)
-    buffer.add(1, obs, obs, torch.zeros(3, dtype=torch.int64), zeros, zeros, zeros, zeros.bool(), zeros.bool())
+    buffer.add(1, obs, obs, torch.zeros(3, dtype=torch.int64), zeros, zeros, zeros, zeros.bool(), zeros.bool(),
+               zeros.bool(), zeros)
     assert buffer.obs["image"].dtype == torch.uint8 and buffer.obs["image"][1].eq(7).all()
     assert buffer.obs["direction"][1].tolist() == [0, 1, 3] and buffer.obs["direction"][0].eq(0).all()
 

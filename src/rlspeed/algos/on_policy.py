@@ -198,8 +198,6 @@ class OnPolicyAlgorithm(Algorithm):
                     group["lr"] = learning_rate
 
         # 1. Rollout: everything stays on the device.
-        episode_return_sum = torch.zeros((), device=self.device)
-        episode_count = torch.zeros((), device=self.device)
         obs = self._obs
         masking = self._masking
         with torch.no_grad():
@@ -213,17 +211,14 @@ class OnPolicyAlgorithm(Algorithm):
                     next_obs, rewards, terminated, truncated, info = env.step(env_actions)
                 with phase("buffer"):
                     dones = terminated | truncated
+                    # whole episodes for the statistics (a training wrapper may end a learning episode earlier,
+                    # e.g. Atari's lost life: `info["done"]` still marks the game's end)
                     buf.add(step, obs, info["final_obs"], actions, log_probs, values, rewards, terminated, dones,
-                            action_masks=masks)
+                            info.get("done", dones), info["episode_return"], action_masks=masks)
                     if buf.next_obs is None:
                         self._store_final_values(buf, step, info)
                     if masking:
                         self._action_mask = info["action_mask"]
-                    # whole episodes for the statistics (a training wrapper may end a learning episode earlier,
-                    # e.g. Atari's lost life: `info["done"]` still marks the game's end)
-                    episode_ends = info.get("done", dones)
-                    episode_return_sum += torch.where(episode_ends, info["episode_return"], 0.0).sum()
-                    episode_count += episode_ends.sum()
                     self._on_dones(dones)
                 obs = next_obs
             self._obs = obs
@@ -235,5 +230,6 @@ class OnPolicyAlgorithm(Algorithm):
         # 3. The algorithm's updates.
         with phase("update"):
             metrics = self._update_rollout(buf, advantages, returns)
+        episode_return_sum, episode_count = buf.episode_totals()
         metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count)
         return cfg.num_steps * env.num_envs, metrics

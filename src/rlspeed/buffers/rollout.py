@@ -107,35 +107,52 @@ class RolloutBuffer:
         self.terminated = zeros(dtype=torch.bool)
         self.dones = zeros(dtype=torch.bool)
         self.action_masks = zeros(mask_size, dtype=torch.bool) if mask_size is not None else None
+        # the finished episodes' returns, for the learn loop's statistics: episode_ends[t] marks the rows whose
+        # (whole) episode ended at step t, episode_returns[t] their returns (other rows: running totals, unread)
+        self.episode_ends = zeros(dtype=torch.bool)
+        self.episode_returns = zeros()
+        # Each step's row of every field, as views made once: `add` copies a step in one foreach call (for a few
+        # envs, creating the row views and dispatching a copy per field cost more than the copies).
+        self._rows = [self._fields_at(step) for step in range(num_steps)]
+
+    def _fields_at(self, step: int) -> list[torch.Tensor]:
+        """Row `step` of every field `add` writes, in its argument order (a Dict observation's keys in order)."""
+        def parts(obs):
+            return [] if obs is None else ([value[step] for value in obs.values()] if isinstance(obs, dict)
+                                           else [obs[step]])
+
+        fields = [*parts(self.obs), *parts(self.next_obs), self.actions[step], self.log_probs[step],
+                  self.values[step], self.rewards[step], self.terminated[step], self.dones[step],
+                  self.episode_ends[step], self.episode_returns[step]]
+        return fields if self.action_masks is None else [*fields, self.action_masks[step]]
 
     def add(self, step: int, obs, next_obs, actions, log_probs, values, rewards, terminated, dones,
-            action_masks: torch.Tensor | None = None) -> None:
-        """Copy one step of all N envs into row `step` (in place, no allocation).
+            episode_ends, episode_returns, action_masks: torch.Tensor | None = None) -> None:
+        """Copy one step of all N envs into row `step` (in place, no allocation; one foreach copy).
 
-        `next_obs` is `info["final_obs"]` (what each action led to), `dones` is `terminated | truncated`; the tensors
-        are `[N, ...]` and are cast to the buffer's dtypes.
+        `next_obs` is `info["final_obs"]` (what each action led to; unused without `store_next_obs`), `dones` is
+        `terminated | truncated`, `episode_ends`/`episode_returns` the env's `info["done"]`/`info["episode_return"]`
+        (whole episodes, for statistics); the tensors are `[N, ...]` and are cast to the buffer's dtypes.
         """
-        if isinstance(self.obs, dict):
-            copy_observations({key: value[step] for key, value in self.obs.items()}, obs)
-            if self.next_obs is not None:
-                copy_observations({key: value[step] for key, value in self.next_obs.items()}, next_obs)
-        else:
-            self.obs[step].copy_(obs)
-            if self.next_obs is not None:
-                self.next_obs[step].copy_(next_obs)
-        self.actions[step].copy_(actions)
-        self.log_probs[step].copy_(log_probs)
-        self.values[step].copy_(values)
-        self.rewards[step].copy_(rewards)
-        self.terminated[step].copy_(terminated)
-        self.dones[step].copy_(dones)
+        def parts(value, storage):
+            return [] if storage is None else ([value[key] for key in storage] if isinstance(storage, dict)
+                                               else [value])
+
+        sources = [*parts(obs, self.obs), *parts(next_obs, self.next_obs), actions, log_probs, values, rewards,
+                   terminated, dones, episode_ends, episode_returns]
         if self.action_masks is not None:
-            self.action_masks[step].copy_(action_masks)
+            sources.append(action_masks)
+        torch._foreach_copy_(self._rows[step], sources)
+
+    def episode_totals(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of the returns of the episodes that ended in this rollout, their count), as device scalars."""
+        return torch.where(self.episode_ends, self.episode_returns, 0.0).sum(), self.episode_ends.sum()
 
     def bytes_per_step(self) -> int:
         """Bytes one env step takes in this storage (observation, and next observation where kept, in their dtypes,
         and the rest), as `benchmarks/cnn_encoder.py` reports it."""
         fields = (self.actions, self.log_probs, self.values, self.rewards, self.terminated, self.dones,
+                  self.episode_ends, self.episode_returns,
                   *(t for t in (self.action_masks, self.final_values) if t is not None))
         copies = 1 if self.next_obs is None else 2
         total = copies * observation_nbytes(self.obs) + sum(t.numel() * t.element_size() for t in fields)
