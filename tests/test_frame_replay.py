@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer
+from rlspeed.buffers.replay import _HostStaging
 
 STACK, SIDE = 4, 3
 SPACE = gym.spaces.Box(0, 255, (STACK, SIDE, SIDE), np.uint8)
@@ -130,6 +131,71 @@ def test_when_episodes_restart_too_often_the_oldest_rows_are_given_up_never_corr
     batch = lean.sample(256, generator=torch.Generator().manual_seed(0))  # samples only the rows it still holds
     valid = {tuple(row.flatten().tolist()) for row in dense.gather(index)["obs"]}
     assert all(tuple(row.flatten().tolist()) in valid for row in batch["obs"])
+
+
+def fill_alike(buffers_, env, steps, device="cpu"):
+    """The same steps (restarted rows given) into every buffer of `buffers_`, from tensors on `device`."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        obs, final, terminated, truncated, restarted = env.step()
+        actions = torch.randint(0, 4, (env.num_envs,), generator=generator)
+        rewards = torch.randn(env.num_envs, generator=generator)
+        masks = torch.rand(env.num_envs, 4, generator=generator) < 0.5
+        for buffer in buffers_:
+            buffer.add(*(v.to(device) for v in (obs, actions, rewards, final, terminated, truncated, masks)),
+                       reset_rows=restarted)
+
+
+@pytest.mark.parametrize("layout", [ReplayBuffer, FrameStackReplayBuffer])
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_host_storage_samples_what_device_storage_samples(layout, n_step):
+    """The host-storage path (storage rows gathered into reused staging tensors, copied to the device from there; new
+    frames brought in through staging) stores and samples exactly what device storage does, and a batch it returned
+    is not overwritten by the next sample. Here the CPU stands in for the accelerator, with unpinned staging (pinning
+    needs CUDA): the path's arithmetic, not its transfers."""
+    args = (30, 3, SPACE, (), torch.int64, "cpu")
+    device_storage = layout(*args, n_step=n_step, gamma=0.9, mask_size=4)
+    host_storage = layout(*args, n_step=n_step, gamma=0.9, mask_size=4)
+    host_storage._staging = _HostStaging(torch.device("cpu"), pin=False)
+    fill_alike((device_storage, host_storage), FrameStacker(3, seed=2), 40)
+    assert_same_rows(device_storage, host_storage)
+    want = device_storage.sample_batches(3, 16, generator=torch.Generator().manual_seed(5))
+    got = host_storage.sample_batches(3, 16, generator=torch.Generator().manual_seed(5))
+    assert len(got) == 3 and want[0].keys() == got[0].keys()
+    for want_batch, got_batch in zip(want, got):
+        assert all(torch.equal(want_batch[key], got_batch[key]) for key in want_batch)
+    host_storage.sample_batches(3, 16, generator=torch.Generator().manual_seed(6))
+    for want_batch, got_batch in zip(want, got):
+        assert all(torch.equal(want_batch[key], got_batch[key]) for key in want_batch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("layout", [ReplayBuffer, FrameStackReplayBuffer])
+def test_pinned_host_storage_on_cuda_samples_exactly_without_a_pin_per_sample(layout, monkeypatch):
+    """Storage in pinned host memory feeding CUDA: what it stores and samples equals the same rows gathered on the
+    host and moved to the device, and sampling pins nothing (the staging tensors are pinned once)."""
+    host_storage = layout(30, 3, SPACE, (), torch.int64, "cuda", n_step=2, gamma=0.9, mask_size=4,
+                          storage_device="cpu")
+    host_only = layout(30, 3, SPACE, (), torch.int64, "cpu", n_step=2, gamma=0.9, mask_size=4)
+    fill_alike((host_storage,), FrameStacker(3, seed=2), 40, device="cuda")
+    fill_alike((host_only,), FrameStacker(3, seed=2), 40)
+    assert host_storage.frames.is_pinned() if layout is FrameStackReplayBuffer else host_storage.obs.is_pinned()
+    assert_same_rows(host_only, host_storage)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pin_memory() in the sampling path")
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", refuse)
+    index = torch.randint(0, len(host_only), (2 * 16,), generator=torch.Generator().manual_seed(5))
+    if len(host_only) < host_only.capacity:  # (sampling draws among the stored rows, in ring order)
+        index = (index + host_only.pos - len(host_only)) % host_only.capacity
+    expected = host_only.gather(index)
+    for _ in range(2):  # (the second sample reuses the staging tensors)
+        got = host_storage.sample_batches(2, 16, generator=torch.Generator().manual_seed(5))
+        for k, batch in enumerate(got):
+            for key, value in batch.items():
+                assert value.device.type == "cuda"
+                assert torch.equal(value.cpu(), expected[key][16 * k:16 * (k + 1)]), key
 
 
 def test_observations_that_are_not_frame_stacks_are_refused():

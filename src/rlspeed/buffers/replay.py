@@ -18,9 +18,10 @@ stores frame-stacked images one frame per transition and rebuilds the stacks at 
 and `summary()` say which, with the bytes per transition.
 
 The buffer sizes itself against the memory available before allocating: when the storage would not fit in the
-device's free memory, it lives in pinned host memory instead (it says so) and sampled batches are copied to the device
-with non-blocking transfers; when it would not fit in the host's available memory either, it refuses with the largest
-capacity that fits.
+device's free memory, it lives in pinned host memory instead (it says so): sampled batches are gathered into host
+staging tensors reused from one sample to the next (pinned: no per-sample `pin_memory()`) and copied to the device
+with non-blocking transfers, and new frames of the frame layout come back through the same staging; when it would not
+fit in the host's available memory either, it refuses with the largest capacity that fits.
 """
 
 from __future__ import annotations
@@ -74,6 +75,56 @@ def _observation_fields(name: str, storage, value) -> list[tuple[str, torch.Tens
     return [(name, storage, value)]
 
 
+class _HostStaging:
+    """Host tensors, one per name, that host storage feeding an accelerator moves data through, reused from call to
+    call: `take` gathers storage rows into one, `receive` copies device data into one, `to_device` copies gathered
+    fields to the device. Pinned (`pin`, CUDA) they make both copies asynchronous without a per-call `pin_memory()`;
+    a tensor is never written while the device may still be reading it (`to_device` records when its copies are done
+    and the next `take` waits for that)."""
+
+    def __init__(self, device: torch.device, pin: bool):
+        self.device, self.pin = device, pin
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._read = None  # CUDA event: the last `to_device` copies out of the staging tensors are done
+
+    def _hold(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The first `shape[0]` rows of the staging tensor `name`, (re)allocated when it is too small or of another
+        row shape or dtype."""
+        held = self.tensors.get(name)
+        if held is None or held.shape[0] < shape[0] or held.shape[1:] != shape[1:] or held.dtype != dtype:
+            held = self.tensors[name] = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+        return held[:shape[0]]
+
+    def take(self, name: str, storage: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """`storage[index]` (host storage, int64 host index), written into the staging tensor `name`."""
+        if self._read is not None:
+            self._read.synchronize()  # (the previous sample's copies: long done unless samples come back to back)
+            self._read = None
+        return torch.index_select(storage, 0, index, out=self._hold(name, (index.shape[0], *storage.shape[1:]),
+                                                                     storage.dtype))
+
+    def receive(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """`value` copied into the staging tensor `name`, asynchronously where it is pinned: the caller synchronizes
+        `value`'s device before reading it."""
+        held = self._hold(name, tuple(value.shape), value.dtype)
+        held.copy_(value, non_blocking=self.pin)
+        return held
+
+    def to_device(self, batch: dict) -> dict:
+        """The gathered fields (staging tensors, dicts of them for Dict observations) as new tensors on the device."""
+        moved = {key: map_obs(lambda v: v.to(self.device, non_blocking=self.pin, copy=True), value)
+                 for key, value in batch.items()}
+        if self.pin:
+            self._read = torch.cuda.Event()
+            self._read.record(torch.cuda.current_stream(self.device))
+        return moved
+
+
+def _take(name: str, storage: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """`storage[index]`: a gather into a new tensor (`_HostStaging.take`'s counterpart without staging)."""
+    return storage[index]
+
+
 class ReplayBuffer:
     """Circular storage of `capacity` transitions; `sample(batch_size)` returns a dict of device tensors.
 
@@ -117,6 +168,9 @@ class ReplayBuffer:
         self.storage_device = torch.device(storage_device)
         self._check_fits(self.bytes_per_transition)
         self._pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
+        # host storage feeding an accelerator: samples (and the frame layout's new frames) go through reused staging
+        self._staging = (_HostStaging(self.device, self._pin)
+                         if self.storage_device.type == "cpu" and self.device.type != "cpu" else None)
         self._allocate_observations(layout)
         self.actions = self._zeros(*action_shape, dtype=action_dtype)
         self.rewards = self._zeros()
@@ -349,13 +403,17 @@ class ReplayBuffer:
         self.pos = (self.pos + count) % self.capacity
         self.size = min(self.size + count, self.capacity)
 
-    def gather(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The transitions in storage rows `index` (int64 on the storage device), on the storage device."""
-        batch = {"obs": map_obs(lambda v: v[index], self.obs), "actions": self.actions[index],
-                 "rewards": self.rewards[index], "next_obs": map_obs(lambda v: v[index], self.next_obs),
-                 "terminated": self.terminated[index], "discounts": self.discounts[index]}
-        if self.next_action_masks is not None:
-            batch["next_action_masks"] = self.next_action_masks[index]
+    def gather(self, index: torch.Tensor, staging: _HostStaging | None = None) -> dict[str, torch.Tensor]:
+        """The transitions in storage rows `index` (int64 on the storage device), on the storage device: new tensors,
+        or with `staging` (host storage) the staging tensors, which the next sample overwrites."""
+        take = _take if staging is None else staging.take
+        batch = {}
+        for name in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts", "next_action_masks"):
+            storage = getattr(self, name)
+            if isinstance(storage, dict):  # Dict observations: one tensor per key
+                batch[name] = {key: take(f"{name}.{key}", part, index) for key, part in storage.items()}
+            elif storage is not None:
+                batch[name] = take(name, storage, index)
         return batch
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
@@ -380,14 +438,12 @@ class ReplayBuffer:
         start = 0 if self.size == self.capacity else (self.pos - self.size) % self.capacity
         if start:
             index = (index + start) % self.capacity
-        batch = self.gather(index)
-        if self.storage_device != self.device:
-            def move(v: torch.Tensor) -> torch.Tensor:
-                if v.device.type == "cpu" and torch.cuda.is_available():
-                    return v.pin_memory().to(self.device, non_blocking=True)
-                return v.to(self.device)
-
-            batch = {k: map_obs(move, v) for k, v in batch.items()}
+        if self._staging is not None:  # host storage: gathered into the staging tensors, copied from there
+            batch = self._staging.to_device(self.gather(index, self._staging))
+        else:
+            batch = self.gather(index)
+            if self.storage_device != self.device:
+                batch = {key: map_obs(lambda v: v.to(self.device), value) for key, value in batch.items()}
         if prepare is not None:
             batch = prepare(batch)
         if count == 1:
@@ -480,8 +536,19 @@ class FrameStackReplayBuffer(ReplayBuffer):
         slots = (torch.arange(count, device=self.device) + first) % self.pool_size
         return slots, serials
 
-    def _put_frames(self, slots: torch.Tensor, frames: torch.Tensor) -> None:
-        self.frames.index_copy_(0, slots.to(self.storage_device), frames.to(self.storage_device))
+    def _put_frames(self, pieces: list[tuple[torch.Tensor, np.ndarray, torch.Tensor]]) -> None:
+        """Write new frames (slots, frame numbers, frames `[n, H, W]` per piece) to their pool slots. Host storage
+        feeding an accelerator: each piece's frames come over in one asynchronous copy into reused (pinned) staging,
+        all waited for once, and the slots are the frame numbers' (host) rather than a copy of the device's."""
+        if self._staging is None:
+            for slots, _, frames in pieces:
+                self.frames.index_copy_(0, slots.to(self.storage_device), frames.to(self.storage_device))
+            return
+        staged = [(torch.from_numpy(serials % self.pool_size), self._staging.receive(f"frames.{i}", frames))
+                  for i, (_, serials, frames) in enumerate(pieces)]
+        synchronize(pieces[0][2].device)  # the copies have arrived before the host reads them
+        for slots, frames in staged:
+            self.frames.index_copy_(0, slots, frames)
 
     def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
             terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None,
@@ -495,11 +562,12 @@ class FrameStackReplayBuffer(ReplayBuffer):
             self._checked = True
         # 1. rows whose observation starts an episode (or that the buffer has not seen): all k frames, as given
         fresh = np.arange(self.num_envs) if self._stack_slots is None else self._restarted
+        pieces = []  # the new frames, written together at the end of step 2
         if fresh is not None and len(fresh):
             slots, serials = self._new_frames(len(fresh) * self.stack)
             slots, serials = slots.view(len(fresh), self.stack), serials.reshape(len(fresh), self.stack)
             rows = torch.as_tensor(fresh, device=self.device)
-            self._put_frames(slots.flatten(), obs[rows.to(obs.device)].flatten(0, 1))
+            pieces.append((slots.flatten(), serials.reshape(-1), obs[rows.to(obs.device)].flatten(0, 1)))
             if self._stack_slots is None:
                 self._stack_slots, self._stack_serials = slots, serials
             else:
@@ -508,7 +576,8 @@ class FrameStackReplayBuffer(ReplayBuffer):
         # 2. every row's next observation: its observation's frames but the oldest, and one new frame
         obs_slots, obs_serials = self._stack_slots, self._stack_serials
         slots, serials = self._new_frames(self.num_envs)
-        self._put_frames(slots, next_obs[:, -1])
+        pieces.append((slots, serials, next_obs[:, -1]))
+        self._put_frames(pieces)
         self._stack_slots = torch.cat((obs_slots[:, 1:], slots.unsqueeze(1)), dim=1)
         self._stack_serials = np.concatenate((obs_serials[:, 1:], serials[:, None]), axis=1)
         if reset_rows is None:  # not told which rows restarted: every finished one (exact, a few frames more)
@@ -544,11 +613,15 @@ class FrameStackReplayBuffer(ReplayBuffer):
         self._stack_slots = self._stack_serials = self._restarted = None
 
     # --- reading ---------------------------------------------------------------------------------------------
-    def gather(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The transitions in storage rows `index`, with their observation stacks rebuilt from the frame pool."""
-        batch = super().gather(index)
-        batch["obs"] = self.frames[batch["obs"].long()]
-        batch["next_obs"] = self.frames[batch["next_obs"].long()]
+    def gather(self, index: torch.Tensor, staging: _HostStaging | None = None) -> dict[str, torch.Tensor]:
+        """The transitions in storage rows `index`, with their observation stacks rebuilt from the frame pool (see
+        `ReplayBuffer.gather` for `staging`)."""
+        batch = super().gather(index, staging)  # obs and next_obs: the pool slots of their frames [B, k]
+        take = _take if staging is None else staging.take
+        for name in ("obs", "next_obs"):
+            slots = batch[name]
+            frames = take(f"{name}.frames", self.frames, slots.flatten().long())
+            batch[name] = frames.view(*slots.shape, *self.frames.shape[1:])
         return batch
 
     def _stored_rows(self) -> int:
