@@ -53,6 +53,7 @@ from rlspeed.nn import (
     SquashedGaussianActor,
     env_actions,
     masked_logits,
+    reset_at_episode_starts,
 )
 
 # format -> the file suffix `export_checkpoint` gives a file when no --out names one
@@ -279,8 +280,7 @@ class RecurrentActorCriticExport(ActorCriticExport):
 
     def actions(self, obs, state_h: torch.Tensor, state_c: torch.Tensor, episode_start: torch.Tensor,
                 action_mask: torch.Tensor | None = None):
-        keep = (~episode_start).to(state_h.dtype).view(-1, 1)
-        h, c = state_h[0] * keep, state_c[0] * keep
+        h, c = reset_at_episode_starts(state_h[0], episode_start), reset_at_episode_starts(state_c[0], episode_start)
         actions, h, c = self.policy.actor_step(obs, h, c, True, action_mask)
         return self.to_env(actions), h.unsqueeze(0), c.unsqueeze(0)
 

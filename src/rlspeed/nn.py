@@ -677,6 +677,14 @@ class SequenceLayout:
         self.continues = (first == 0).to(device)
 
 
+def reset_at_episode_starts(state: torch.Tensor, episode_starts: torch.Tensor) -> torch.Tensor:
+    """The recurrent `state` `[..., N, H]` zeroed in the rows of envs whose observation starts an episode
+    (`episode_starts`, bool `[N]`): an LSTM starts every episode from zeros. The one place the rollout, `predict`,
+    the update's sequence re-run and the exported policy reset the state; a multiply by 0/1 rather than a branch, so
+    shapes stay fixed and nothing is read on the host (it runs inside captured and exported graphs)."""
+    return state * (~episode_starts).to(state.dtype).view(-1, 1)
+
+
 class RecurrentActorCritic(ActorCritic):
     """sb3-contrib's `MlpLstmPolicy` with `enable_critic_lstm`: an LSTM actor and an LSTM critic over the flat
     observation, each followed by an MLP head (`ActorCritic`'s two-member ensemble, fed the LSTM outputs).
@@ -762,11 +770,10 @@ class RecurrentActorCritic(ActorCritic):
             flat = {k: v.flatten(0, 1) for k, v in obs.items()} if isinstance(obs, dict) else obs.flatten(0, 1)
             obs = self.encode(flat).view(steps, batch, -1)
         if layout is None:
-            keep = (~episode_starts).to(state.dtype).view(steps, 1, batch, 1)
             outputs = []
             for t in range(steps):
                 if t > 0:
-                    state = state * keep[t]
+                    state = reset_at_episode_starts(state, episode_starts[t])
                 features, state = self.step(obs[t], state)
                 outputs.append(features)
             return torch.stack(outputs, dim=1).flatten(1, 2)
