@@ -160,6 +160,15 @@ def test_meaning_differences():
     assert (td3["action_noise"], td3["action_noise_std"]) == ("ornstein-uhlenbeck", 0.5)
     assert translated("sac", {"use_sde": False}).status == "full"  # SB3's default: nothing to honour
     assert refused(translated("sac", {"use_sde": True})) == {"use_sde"}
+    sde = translated("a2c", {"use_sde": True, "sde_sample_freq": 16,
+                             "policy_kwargs": "dict(log_std_init=-2, full_std=False, use_expln=True)"})
+    assert sde.status == "full"
+    assert {k: sde.hyperparameters[k] for k in ("use_sde", "sde_sample_freq", "log_std_init", "full_std",
+                                                 "use_expln")} == {"use_sde": True, "sde_sample_freq": 16,
+                                                                   "log_std_init": -2, "full_std": False,
+                                                                   "use_expln": True}
+    lstm = translated("recurrent_ppo", {"use_sde": True, "sde_sample_freq": 4})
+    assert refused(lstm) == {"use_sde", "sde_sample_freq"} and lstm.status == "partial"
 
 
 def test_what_changes_the_problem_makes_the_entry_unusable():
@@ -318,9 +327,17 @@ def test_a_missing_preset_file_names_the_choices(tmp_path):
 
 @requires_zoo
 def test_auto_leaves_a_preset_tuned_with_gsde_to_an_explicit_zoo_request():
-    """Values tuned around gSDE's exploration (RL-Zoo's ppo MountainCarContinuous-v0) do not suit rlspeed's
-    Gaussian policy: auto keeps rlspeed's default and says why; --preset zoo still takes them."""
-    assert any(line.startswith("use_sde") for line in zoo.translate("ppo", "MountainCarContinuous-v0").unsupported)
-    auto = load_preset("ppo", "MountainCarContinuous-v0", "auto")
+    """Values tuned around gSDE's exploration (RL-Zoo's recurrent_ppo PendulumNoVel-v1) do not suit an algorithm
+    without gSDE: auto keeps rlspeed's default and says why; --preset zoo still takes them."""
+    assert any(line.startswith("use_sde") for line in zoo.translate("recurrent_ppo", "PendulumNoVel-v1").unsupported)
+    auto = load_preset("recurrent_ppo", "PendulumNoVel-v1", "auto")
     assert auto.source == "rlspeed-default" and "tuned with gSDE" in auto.message()
-    assert load_preset("ppo", "MountainCarContinuous-v0", "zoo").source == "zoo"
+    assert load_preset("recurrent_ppo", "PendulumNoVel-v1", "zoo").source == "zoo"
+
+
+@requires_zoo
+def test_auto_takes_a_gsde_preset_where_the_algorithm_has_gsde():
+    """RL-Zoo's ppo MountainCarContinuous-v0 (use_sde, log_std_init -3.29) is used by auto as it is."""
+    auto = load_preset("ppo", "MountainCarContinuous-v0", "auto")
+    assert auto.source == "zoo"
+    assert auto["use_sde"] is True and auto["log_std_init"] == -3.29

@@ -239,9 +239,10 @@ _ACTION_MAPPINGS = {"categorical": "argmax of the logits (masked logits with an 
 
 
 class ActorCriticExport(PolicyExport):
-    """PPO and A2C (`ActorCritic`): the mode of the actor's distribution as `ActorCritic.sample(deterministic=True)`
-    gives it (argmax of the logits, masked where an action mask is given; per component for MultiDiscrete; logit > 0
-    per bit for MultiBinary; the Gaussian mean clipped to the Box), in the action space's shape."""
+    """PPO and A2C (`ActorCritic`, gSDE's `SDEActorCritic` too): the mode of the actor's distribution as
+    `ActorCritic.mode` gives it (argmax of the logits, masked where an action mask is given; per component for
+    MultiDiscrete; logit > 0 per bit for MultiBinary; the Gaussian mean clipped to the Box), in the action space's
+    shape."""
 
     def __init__(self, model):
         super().__init__(model)
@@ -258,8 +259,7 @@ class ActorCriticExport(PolicyExport):
     def actions(self, obs, action_mask: torch.Tensor | None = None) -> torch.Tensor:
         # the actor member only: no value head in the graph
         out = self.policy.body(self.policy.features(obs), members=slice(0, 1))[0]
-        actions, _ = self.policy.sample(out, deterministic=True, action_masks=action_mask)
-        return self.to_env(actions)
+        return self.to_env(self.policy.mode(out, action_mask))
 
     def to_env(self, actions: torch.Tensor) -> torch.Tensor:
         """As `OnPolicyAlgorithm._to_env`: Gaussian actions clipped to the Box, flat actions in the space's shape."""

@@ -301,9 +301,12 @@ class EnsembleMLP(nn.Module):
             self.weights.append(nn.Parameter(weight))
             self.biases.append(nn.Parameter(torch.zeros(num_members, 1, fan_out)))
 
-    def forward(self, x: torch.Tensor, members: slice | None = None, detached: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, members: slice | None = None, detached: bool = False,
+                with_hidden: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Outputs `[K, B, out]`. `members` (a slice) evaluates only those members, e.g. `slice(0, 1)`;
-        `detached` uses the weights as constants: gradients flow to `x` only (e.g. an actor's loss through a critic).
+        `detached` uses the weights as constants: gradients flow to `x` only (e.g. an actor's loss through a critic);
+        `with_hidden` also returns the last layer's input `[K, B, width]` (the last hidden features, or `x` without
+        hidden layers): gSDE's latent features (`rlspeed.sde`).
         """
         num_members = self.num_members if members is None else len(range(self.num_members)[members])
         if x.dim() == 2:
@@ -314,10 +317,11 @@ class EnsembleMLP(nn.Module):
                 weight, bias = weight[members], bias[members]
             if detached:
                 weight, bias = weight.detach(), bias.detach()
+            hidden = x
             x = torch.baddbmm(bias, x, weight)
             if layer < last:
                 x = self.activation(x)
-        return x
+        return (x, hidden) if with_hidden else x
 
 
 class QEnsemble(nn.Module):
@@ -508,6 +512,11 @@ class ActorCritic(nn.Module):
         std = self.log_std.exp()
         actions = out if deterministic else out + std * torch.randn_like(out)
         return actions, gaussian_log_prob(actions, out, self.log_std)
+
+    def mode(self, out: torch.Tensor, action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """The deterministic action for the actor's output `[B, A]` (what `sample(deterministic=True)` gives): the
+        argmax of the (masked) logits, logit > 0 per bit, the Gaussian mean."""
+        return self.sample(out, True, action_masks)[0]
 
     def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor,
                          action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,10 +24,11 @@ from rlspeed.buffers import RolloutBuffer
 from rlspeed.envs.base import map_obs
 from rlspeed.fused.a2c import FusedA2CUpdate
 from rlspeed.fused.ppo import unsupported_reason
+from rlspeed.sde import SDEConfig, build_sde_actor_critic, resample_due
 
 
 @dataclass
-class A2CConfig(OnPolicyConfig):
+class A2CConfig(OnPolicyConfig, SDEConfig):
     """A2C hyperparameters; names and defaults follow Stable-Baselines3's A2C (the shared ones: `OnPolicyConfig`)."""
 
     num_steps: int = 5
@@ -48,8 +49,9 @@ class A2CConfig(OnPolicyConfig):
     }
 
     def validate(self) -> None:
-        """The `OnPolicyConfig` checks, plus RMSprop's epsilon."""
+        """The `OnPolicyConfig` checks, plus gSDE's and RMSprop's epsilon."""
         super().validate()
+        self.validate_sde()
         require(self.rms_prop_eps > 0, f"rms_prop_eps must be > 0, got {self.rms_prop_eps}.")
 
 
@@ -70,6 +72,10 @@ class A2C(OnPolicyAlgorithm):
         if cfg.use_rms_prop:
             return torch.optim.RMSprop(params, lr=cfg.learning_rate, alpha=0.99, eps=cfg.rms_prop_eps)
         return super()._make_optimizer(params)
+
+    def _build_policy(self) -> torch.nn.Module:
+        """`ActorCritic`, or with `use_sde` gSDE's `SDEActorCritic` (Box actions only)."""
+        return build_sde_actor_critic(self) if self.config.use_sde else super()._build_policy()
 
     def _make_update_step(self):
         cfg = self.config
@@ -100,6 +106,8 @@ class A2C(OnPolicyAlgorithm):
         return f"{super().report()}\n{self.name} rollout: {self._rollout_forward()}"
 
     def _act(self, obs, step, action_masks=None):
+        if self.config.use_sde and resample_due(step, self.config.sde_sample_freq):
+            self.policy.resample(self._env.num_envs)
         update = self._flat_forward()
         if update is None:
             return super()._act(obs, step, action_masks)

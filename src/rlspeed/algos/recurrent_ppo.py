@@ -59,6 +59,7 @@ class RecurrentPPOConfig(PPOConfig):
                 f"lstm_hidden_size must be >= 1, got {self.lstm_hidden_size}: the LSTM needs a state (64 or 256 are "
                 "usual).")
         super().validate()
+        require(not self.use_sde, "rlspeed's RecurrentPPO has no gSDE (use_sde): remove it, or use ppo with use_sde.")
         rollout = self.num_envs * self.num_steps
         require(self.batch_size % self.num_steps == 0 or self.batch_size >= rollout,
                 f"batch_size ({self.batch_size}) must be a multiple of num_steps ({self.num_steps}): RecurrentPPO's "

@@ -15,7 +15,8 @@ match it step by step (tests/test_fused_*.py):
 
 1. a subclass that overrides `_loss` trains with its own loss: autograd;
 2. `fused_update=False`: autograd;
-3. a network the hand-derived update does not cover (say `activation=elu`): autograd;
+3. gSDE (`use_sde=true`: state-dependent noise the hand-derived gradients do not cover), or a network the
+   hand-derived update does not cover (say `activation=elu`): autograd;
 4. a device with whole-step graphs: autograd+graphs;
 5. `RLSPEED_ACCELERATE` forcing a strategy the hand-derived update cannot run (bf16 autocast, compile): autograd;
 6. otherwise hand-derived (with `--accelerate auto`, in the matmul precision measured fastest within tolerance).
@@ -115,6 +116,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         reason = f"{owner.__name__}._loss overrides {reference_cls.__name__}._loss (the hand-derived update's loss)"
     elif not algo.config.fused_update:
         reason = "fused_update=false"
+    elif getattr(algo.config, "use_sde", False):
+        reason = "use_sde=true (the hand-derived update covers the state-independent Gaussian, not gSDE)"
     elif unsupported is not None:
         reason = unsupported
     elif graphs:

@@ -116,8 +116,8 @@ def _auto(algo: str, env_id: str) -> Preset:
         return own
     if any(line.startswith("use_sde") for line in translation.unsupported):
         # values tuned around gSDE's exploration (log_std_init, learning rates) would be used without it
-        own.origin += (f"; {translation.source} was tuned with gSDE, which rlspeed lacks (--preset zoo uses it "
-                       "anyway)")
+        own.origin += (f"; {translation.source} was tuned with gSDE, which rlspeed's {algo} lacks (--preset zoo "
+                       "uses it anyway)")
         return own
     return _from_translation(translation, "zoo")
 

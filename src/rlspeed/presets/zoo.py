@@ -51,9 +51,6 @@ SAME_NAME = ("gamma", "gae_lambda", "ent_coef", "max_grad_norm", "n_epochs", "ba
 
 #: SB3/RL-Zoo keys rlspeed has no counterpart for, with SB3's default (which is then nothing to translate) and why
 NO_COUNTERPART: dict[str, tuple[object, str]] = {
-    "use_sde": (False, "rlspeed has no generalised state-dependent exploration (gSDE)"),
-    "sde_sample_freq": (-1, "rlspeed has no gSDE"),
-    "use_sde_at_warmup": (False, "rlspeed has no gSDE"),
     "optimize_memory_usage": (False, "rlspeed's replay buffer stores next observations separately"),
     "target_kl": (None, "rlspeed's PPO has no early stop on the KL divergence"),
     "stats_window_size": (100, "rlspeed logs its own episode statistics"),
@@ -64,6 +61,11 @@ NO_COUNTERPART: dict[str, tuple[object, str]] = {
     "replay_buffer_class": (None, "rlspeed has one replay buffer (no HER)"),
     "replay_buffer_kwargs": (None, "rlspeed has one replay buffer (no HER)"),
 }
+
+#: gSDE's keys (rlspeed.sde) with SB3's defaults, and the algorithms that have gSDE (`finish` refuses a key that an
+#: algorithm's config lacks, such as use_sde_at_warmup outside SAC)
+SDE_KEYS = {"use_sde": False, "sde_sample_freq": -1, "use_sde_at_warmup": False}
+SDE_ALGORITHMS = ("ppo", "a2c")
 
 #: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
 BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
@@ -306,6 +308,13 @@ class _Translator:
                               "(SB3 the clipped one)")
         elif key in SAME_NAME:
             self.set(key, value, key)
+        elif key in SDE_KEYS:
+            if value == SDE_KEYS[key]:
+                self.notes.append(f"{key} {value}: SB3's default, nothing to set")
+            elif self.algo not in SDE_ALGORITHMS:
+                self.refuse(key, f"{value!r}: rlspeed's {self.algo} has no gSDE (state-dependent exploration)")
+            else:
+                self.set(key, value, key)
         elif key in NO_COUNTERPART:
             default, why = NO_COUNTERPART[key]
             if value == default:
@@ -415,11 +424,10 @@ class _Translator:
                         break
                 else:
                     self.refuse(key, f"{item}: rlspeed's activations are nn.{', nn.'.join(ACTIVATIONS)}")
-            elif name == "log_std_init":
-                if self.algo in ON_POLICY:
-                    self.set("log_std_init", item, key)
-                else:
-                    self.refuse(key, f"{item}: SB3 uses it only with gSDE (use_sde), which rlspeed has not")
+            elif name in ("full_std", "use_expln") and self.algo not in SDE_ALGORITHMS:
+                self.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {self.algo} has not")
+            elif name in ("log_std_init", "full_std", "use_expln"):  # (the config check refuses them where absent)
+                self.set(name, item, key)
             elif name == "ortho_init":
                 if item is True:
                     self.notes.append("ortho_init True: rlspeed initialises orthogonally too")
@@ -436,8 +444,9 @@ class _Translator:
                                      "critic")
             elif name == "n_critics" and self.algo in ("sac", "td3", "ddpg"):
                 self.set("n_critics", item, key)
-            elif name in ("use_expln", "full_std", "squash_output", "clip_mean"):
-                self.refuse(key, f"{item!r}: an option of gSDE (use_sde), which rlspeed has not")
+            elif name in ("squash_output", "clip_mean"):
+                self.refuse(key, f"{item!r}: rlspeed's gSDE has SB3's defaults for it (on-policy: no squashing; "
+                                 "SAC: squashed, mean clipped to [-2, 2])")
             elif name in ("optimizer_class", "optimizer_kwargs"):
                 instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if self.algo == "a2c" else ""
                 self.refuse(key, f"{item!r}: rlspeed's {self.algo} builds its own optimizer{instead}")

@@ -1,0 +1,190 @@
+"""Generalised State-Dependent Exploration (gSDE; Raffin, Kober and Stulp, 2021) as Stable-Baselines3 defines it.
+
+The exploration noise of a Box action is a function of the state, held fixed between resamples:
+
+    noise(s) = z(s) @ E,    E ~ N(0, sigma) elementwise, shape [latent_dim, action_dim], one E per env
+
+where z(s) is the policy's last hidden features (detached: the noise does not train them; SB3's `learn_features`
+off) and E is resampled at the start of every rollout and every `sde_sample_freq` steps within it (-1: once per
+rollout). Given s, the action a = mu(s) + noise(s) is Gaussian with per-action variance
+
+    var_k(s) = sum_j z_j(s)^2 sigma_jk^2 + 1e-6        (SB3's epsilon)
+
+which gives its log-probability and entropy; the deterministic action is mu(s). sigma = exp(log_std), or with
+`use_expln` SB3's expln (exp(x) for x <= 0, log1p(x) + 1 above: the variance grows slowly), where `log_std` is a
+parameter [latent_dim, action_dim] (`full_std`) or [latent_dim, 1] (one sigma per feature, shared by the actions).
+
+`SDEActorCritic` is PPO's and A2C's policy with gSDE (SB3's `use_sde` with an `ActorCriticPolicy`); `SDENoise` holds
+the parameter and the matrices, for any policy with latent features. Only autograd updates these policies
+(`rlspeed.algos.update.select_update` says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from rlspeed.errors import UserError
+from rlspeed.nn import ActorCritic, Encoder
+
+#: SB3's epsilon: added to the variance (and to expln's argument above 0) so that sigma is never 0
+SDE_EPSILON = 1e-6
+LOG_2PI = math.log(2 * math.pi)
+
+
+@dataclass
+class SDEConfig:
+    """gSDE's hyperparameters (SB3's names), shared by the algorithms that have it (`validate_sde` checks them)."""
+
+    use_sde: bool = False  # generalised state-dependent exploration instead of independent Gaussian noise
+    sde_sample_freq: int = -1  # resample the exploration matrices every this many steps (-1: once per rollout)
+    full_std: bool = True  # log_std [latent_dim, action_dim] (False: [latent_dim, 1])
+    use_expln: bool = False  # sigma from SB3's expln of log_std instead of exp (bounded growth above 0)
+
+    def validate_sde(self) -> None:
+        """UserError naming the hyperparameter for a value out of range."""
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise UserError(f"sde_sample_freq must be -1 (resample the gSDE noise once per rollout) or >= 1 (every "
+                            f"that many steps), got {self.sde_sample_freq}.")
+
+
+def check_sde_action_space(space: gym.Space, algo: str) -> None:
+    """UserError unless gSDE applies to these actions (a Box)."""
+    if not isinstance(space, gym.spaces.Box):
+        raise UserError(f"use_sde=true needs a Box action space (gSDE perturbs continuous actions), and this env's "
+                        f"actions are {space}: drop use_sde for {algo} on this env.")
+
+
+def sde_std(log_std: torch.Tensor, use_expln: bool, action_dim: int) -> torch.Tensor:
+    """sigma `[latent_dim, action_dim]` from the parameter `log_std` (`[latent_dim, action_dim]` or
+    `[latent_dim, 1]`, broadcast over the actions)."""
+    if use_expln:
+        positive = log_std.clamp(min=0.0)
+        std = torch.where(log_std <= 0, log_std.exp(), torch.log1p(positive + SDE_EPSILON) + 1.0)
+    else:
+        std = log_std.exp()
+    return std.expand(log_std.shape[0], action_dim)
+
+
+def sde_log_prob_entropy(actions: torch.Tensor, mean: torch.Tensor, latent: torch.Tensor,
+                         std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability, entropy) `[B]` of `actions` `[B, A]` under N(mean, var), var = latent^2 @ std^2 + eps,
+    summed over the actions. `latent` `[B, latent_dim]` as the noise used it (detached by the caller)."""
+    variance = latent.square() @ std.square() + SDE_EPSILON
+    log_variance = variance.log()
+    log_prob = (-0.5 * (actions - mean).square() / variance - 0.5 * log_variance - 0.5 * LOG_2PI).sum(-1)
+    entropy = (0.5 + 0.5 * LOG_2PI + 0.5 * log_variance).sum(-1)
+    return log_prob, entropy
+
+
+class SDENoise(nn.Module):
+    """gSDE's parameter `log_std` and the exploration matrices `exploration` `[N, latent_dim, action_dim]` (one per
+    env, not saved in checkpoints: SB3 draws them anew too). `resample(N)` draws them; `noise(latent)` is
+    latent @ E per row."""
+
+    def __init__(self, latent_dim: int, action_dim: int, log_std_init: float = 0.0, full_std: bool = True,
+                 use_expln: bool = False):
+        super().__init__()
+        self.latent_dim, self.action_dim = int(latent_dim), int(action_dim)
+        self.full_std, self.use_expln = bool(full_std), bool(use_expln)
+        columns = self.action_dim if self.full_std else 1
+        self.log_std = nn.Parameter(torch.full((self.latent_dim, columns), float(log_std_init)))
+        self.register_buffer("exploration", torch.zeros(1, self.latent_dim, self.action_dim), persistent=False)
+        self.resample(1)  # (so that a policy samples with noise before its first rollout, as SB3's does)
+
+    def std(self) -> torch.Tensor:
+        """sigma `[latent_dim, action_dim]`."""
+        return sde_std(self.log_std, self.use_expln, self.action_dim)
+
+    @torch.no_grad()
+    def resample(self, num_envs: int) -> None:
+        """New exploration matrices for `num_envs` envs, each ~ N(0, sigma) elementwise."""
+        std = self.std()
+        self.exploration = torch.randn(num_envs, *std.shape, device=std.device, dtype=std.dtype) * std
+
+    def noise(self, latent: torch.Tensor) -> torch.Tensor:
+        """latent @ E `[B, action_dim]`: row i with env i's matrix when B equals the number of matrices, else every
+        row with the first one (as SB3 does for a batch of another size)."""
+        latent = latent.detach()
+        if self.exploration.shape[0] == latent.shape[0]:
+            return torch.bmm(latent.unsqueeze(1), self.exploration).squeeze(1)
+        return latent @ self.exploration[0]
+
+    def log_prob_entropy(self, mean: torch.Tensor, latent: torch.Tensor,
+                         actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probability, entropy) `[B]` of `actions` (see `sde_log_prob_entropy`)."""
+        return sde_log_prob_entropy(actions, mean, latent.detach(), self.std())
+
+
+class SDEActorCritic(ActorCritic):
+    """`ActorCritic` for Box actions with gSDE instead of the state-independent `log_std`: the actor's last hidden
+    features (its MLP's last layer input; the observation features without hidden layers) drive the noise.
+    `act` samples mean + noise with the current matrices (`resample` draws new ones); `evaluate` gives the
+    log-probability and entropy of stored actions under the state-dependent variance; `mode` is the mean."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "tanh",
+                 log_std_init: float = 0.0, encoder: Encoder | None = None, action_space: gym.Space | None = None,
+                 full_std: bool = True, use_expln: bool = False):
+        super().__init__(obs_dim, action_dim, False, hidden, activation, log_std_init, encoder, action_space)
+        if self.kind != "gaussian":
+            raise UserError(f"gSDE needs Box actions, not {action_space}.")
+        del self.log_std  # (the state-independent one: gSDE's lives in `sde`)
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
+        latent_dim = int(hidden[-1]) if len(hidden) else in_dim
+        self.sde = SDENoise(latent_dim, self.action_dim, log_std_init, full_std, use_expln)
+
+    def resample(self, num_envs: int) -> None:
+        """New exploration matrices, one per env."""
+        self.sde.resample(num_envs)
+
+    def forward_latent(self, obs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean `[B, A]`, value `[B]`, the actor's latent features `[B, latent_dim]`)."""
+        out, hidden = self.body(self.features(obs), with_hidden=True)
+        return out[0], out[1, :, 0], hidden[0]
+
+    def act(self, obs, deterministic: bool = False, action_masks: torch.Tensor | None = None):
+        """(actions, log_probs, values): mean + latent @ E (the mean when `deterministic`)."""
+        mean, value, latent = self.forward_latent(obs)
+        actions = mean if deterministic else mean + self.sde.noise(latent)
+        log_prob, _ = self.sde.log_prob_entropy(mean, latent, actions)
+        return actions, log_prob, value
+
+    def evaluate(self, obs, actions: torch.Tensor, action_masks: torch.Tensor | None = None):
+        """(log_probs, entropy, values) of stored actions under the current policy."""
+        mean, value, latent = self.forward_latent(obs)
+        log_prob, entropy = self.sde.log_prob_entropy(mean, latent, actions)
+        return log_prob, entropy, value
+
+    def mode(self, out: torch.Tensor, action_masks: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean: gSDE's deterministic action."""
+        return out
+
+    def sample(self, out: torch.Tensor, deterministic: bool = False, action_masks: torch.Tensor | None = None):
+        """Not available from the mean alone: gSDE's noise and log-probabilities need the latent features."""
+        raise TypeError("SDEActorCritic samples from observations (act), not from the actor's output alone.")
+
+    def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor, action_masks: torch.Tensor | None = None):
+        """Not available from the mean alone (see `sample`)."""
+        raise TypeError("SDEActorCritic evaluates from observations (evaluate), not from the actor's output alone.")
+
+
+def build_sde_actor_critic(algo) -> SDEActorCritic:
+    """The gSDE policy of an on-policy algorithm from its config and env spec (UserError for non-Box actions)."""
+    from rlspeed.nn import encoder_from_config
+
+    cfg, spec = algo.config, algo.spec
+    check_sde_action_space(spec.action_space, algo.name)
+    return SDEActorCritic(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.log_std_init,
+                          encoder=encoder_from_config(spec.observation_space, cfg), action_space=spec.action_space,
+                          full_std=cfg.full_std, use_expln=cfg.use_expln)
+
+
+def resample_due(step: int, sample_freq: int) -> bool:
+    """Whether the exploration matrices are redrawn before rollout step `step` (0-based within the rollout): at its
+    start, and every `sample_freq` steps when `sample_freq` > 0 (SB3's rule)."""
+    return step == 0 or (sample_freq > 0 and step % sample_freq == 0)
