@@ -738,9 +738,12 @@ class Algorithm:
     def _first_obs(self, env: BatchedEnv) -> torch.Tensor:
         """The observation a learn() call starts from: right after `resume`, the checkpoint's, with the env's state
         restored where its backend allows (native envs); else a reset's (with a warning after `resume`). The reset's
-        action masks, where the env gives them, land in `self._action_mask` (else None)."""
+        action masks, where the env gives them, land in `self._action_mask` (else None); `self._episodes_restored` says
+        whether the checkpoint's episodes go on (per-episode state saved with them, such as an LSTM's, applies only
+        then)."""
         resume = self._resume
         self._action_mask = None
+        self._episodes_restored = False
         if resume is not None and not resume["meta"]:
             reason = "the checkpoint holds no random-generator or env state (an older rlspeed wrote it)"
         elif resume is not None and not self.strategy.enabled:
@@ -749,6 +752,7 @@ class Algorithm:
             if saved and obs is not None and env.state_dict() is not None:
                 try:
                     env.load_state_dict(saved)
+                    self._episodes_restored = True
                     return obs.clone()
                 except (KeyError, ValueError, RuntimeError) as error:
                     reason = f"the checkpoint's env state does not fit these envs ({error})"
