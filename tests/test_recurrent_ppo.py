@@ -21,7 +21,7 @@ SMALL = dict(num_envs=4, num_steps=32, batch_size=64, n_epochs=2, lstm_hidden_si
 
 
 def _small_model(**overrides) -> RecurrentPPO:
-    return RecurrentPPO(ENV_ID, device="cpu", seed=0, env_backend="gymnasium", **{**SMALL, **overrides})
+    return RecurrentPPO(ENV_ID, device="cpu", seed=0, **{"env_backend": "gymnasium", **SMALL, **overrides})
 
 
 # --- the state through the rollout -------------------------------------------------------------------------------
@@ -224,6 +224,57 @@ def test_checkpoint_round_trip(trained, tmp_path):
     saved, restored = trained.optimizer.state_dict()["state"], loaded.optimizer.state_dict()["state"]
     assert saved.keys() == restored.keys() and len(saved) > 0
     loaded.learn(128, progress_bar=False)  # and it trains on
+
+
+def _resumed_first_states(checkpoint, **settings) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Resume a model built with `settings` from `checkpoint` and learn one rollout: (the state its first rollout
+    step's LSTMs took, that step's episode starts, the warnings learn() gave)."""
+    import warnings
+
+    model = _small_model(**settings)
+    model.resume(checkpoint)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.learn(model.config.num_envs * model.config.num_steps, progress_bar=False)
+    return model.buffer.states[0], model.buffer.episode_starts[0], [str(w.message) for w in caught]
+
+
+@pytest.fixture(scope="module")
+def native_checkpoint(tmp_path_factory):
+    """A checkpoint of a run on native envs, saved in the middle of its episodes (LSTM states not zero)."""
+    run = tmp_path_factory.mktemp("recurrent-run")
+    model = _small_model(env_backend="torch")
+    model.learn(2 * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False, run_dir=run,
+                checkpoint_freq=SMALL["num_envs"] * SMALL["num_steps"])
+    assert model._state.abs().sum() > 0
+    return run / "checkpoint.safetensors"
+
+
+def test_a_resume_that_continues_the_episodes_continues_their_lstm_state(native_checkpoint):
+    from rlspeed.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(native_checkpoint, device="cpu")[0]
+    states, starts, said = _resumed_first_states(native_checkpoint, env_backend="torch")
+    kept = ~saved["resume.algo.episode_start"]
+    assert kept.any()
+    assert torch.equal(starts, saved["resume.algo.episode_start"])
+    assert torch.equal(states[:, kept], saved["resume.algo.lstm_state"][:, kept])
+    assert not any("LSTM" in message for message in said)
+
+
+def test_a_resume_with_other_num_envs_says_the_lstm_state_starts_from_zeros(native_checkpoint):
+    states, starts, said = _resumed_first_states(native_checkpoint, env_backend="torch", num_envs=2, batch_size=32)
+    assert starts.all() and not states.any()  # fresh episodes, from zeros
+    lstm = [message for message in said if "LSTM state" in message]
+    assert len(lstm) == 1, said
+    assert "4 envs" in lstm[0] and "2" in lstm[0] and "zeros" in lstm[0] and "\n" not in lstm[0]
+
+
+def test_a_resume_into_fresh_episodes_starts_their_lstm_state_from_zeros(native_checkpoint):
+    """Gymnasium envs cannot restore the saved episodes: the saved LSTM state belongs to those, not to the new ones."""
+    states, starts, said = _resumed_first_states(native_checkpoint, env_backend="gymnasium")
+    assert any("fresh episodes" in message for message in said)
+    assert starts.all() and not states.any()
 
 
 # --- bad input ----------------------------------------------------------------------------------------------------

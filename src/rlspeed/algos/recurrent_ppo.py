@@ -15,6 +15,7 @@ What differs from PPO, and nothing else:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -29,7 +30,7 @@ from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError
-from rlspeed.nn import RecurrentActorCritic, SequenceLayout, encoder_from_config
+from rlspeed.nn import RecurrentActorCritic, SequenceLayout, encoder_from_config, reset_at_episode_starts
 
 #: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
@@ -111,8 +112,8 @@ class RecurrentPPO(PPO):
         h, c = state if state is not None else self.initial_state(num)
         h, c = h.to(self.device)[0], c.to(self.device)[0]
         if episode_start is not None:
-            keep = (~torch.as_tensor(episode_start, device=self.device).bool()).to(h.dtype).view(-1, 1)
-            h, c = h * keep, c * keep
+            episode_start = torch.as_tensor(episode_start, device=self.device).bool()
+            h, c = reset_at_episode_starts(h, episode_start), reset_at_episode_starts(c, episode_start)
         with torch.no_grad():
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
@@ -159,11 +160,22 @@ class RecurrentPPO(PPO):
         return tensors, values
 
     def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        # The saved LSTM state belongs to the saved episodes: it goes on where they go on (`_first_obs` restored the
+        # envs), else every env starts from zeros at an episode start, as `_start` left it. Fresh episodes are
+        # already said (`_first_obs`); a state that cannot apply is said here.
         super()._load_algorithm_state(tensors, values)
         state, starts = tensors.get("lstm_state"), tensors.get("episode_start")
-        if state is not None and starts is not None and state.shape == self._state.shape:
-            self._state.copy_(state)
-            self._episode_start = starts.to(self.device, torch.bool).clone()
+        if state is not None and tuple(state.shape) != tuple(self._state.shape):
+            saved = f"{state.shape[1]} envs" if state.dim() == 3 else f"shape {tuple(state.shape)}"
+            warnings.warn(f"The checkpoint's LSTM state is for {saved} and this run has {self._state.shape[1]} envs: "
+                          "every env's LSTM state starts from zeros, at an episode start.", stacklevel=4)
+        elif getattr(self, "_episodes_restored", False):
+            if state is None or starts is None:
+                warnings.warn("The checkpoint holds no LSTM state (an older rlspeed wrote it): the restored episodes "
+                              "go on with every env's LSTM state starting from zeros.", stacklevel=4)
+            else:
+                self._state.copy_(state)
+                self._episode_start = starts.to(self.device, torch.bool).clone()
 
     def _on_env_reset(self) -> None:
         self._episode_start = torch.ones_like(self._episode_start)  # every env starts a fresh episode
@@ -171,7 +183,7 @@ class RecurrentPPO(PPO):
     def _act(self, obs: torch.Tensor, step: int,
              action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # the state is zeroed exactly where this observation starts an episode, and carried over everywhere else
-        state = self._state * (~self._episode_start).to(self._state.dtype).view(1, -1, 1)
+        state = reset_at_episode_starts(self._state, self._episode_start)
         actions, log_probs, values, next_state = self.policy.act_step(obs, state, action_masks=action_masks)
         self.buffer.add_state(step, state, next_state, self._episode_start)
         self._state = next_state
