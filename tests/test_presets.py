@@ -130,7 +130,10 @@ def test_policy_kwargs_net_arch_and_activation():
         "policy_kwargs.activation_fn"}
     assert refused(translated("ppo", {"policy_kwargs": "dict(ortho_init=False)"})) == {"policy_kwargs.ortho_init"}
     assert translated("ppo", {"policy_kwargs": "dict(ortho_init=True)"}).status == "full"
-    assert refused(translated("sac", {"policy_kwargs": "dict(log_std_init=-3, use_expln=True)"})) == {
+    gsde = translated("sac", {"policy_kwargs": "dict(log_std_init=-3, use_expln=True)"})  # gSDE's options
+    assert gsde.status == "full" and (gsde.hyperparameters["log_std_init"], gsde.hyperparameters["use_expln"]) == (
+        -3, True)
+    assert refused(translated("td3", {"policy_kwargs": "dict(log_std_init=-3, use_expln=True)"})) == {
         "policy_kwargs.log_std_init", "policy_kwargs.use_expln"}
 
 
@@ -158,8 +161,11 @@ def test_meaning_differences():
     assert refused(episode) == {"train_freq"} and episode.hyperparameters["gradient_steps"] == -1
     td3 = translated("td3", {"noise_type": "ornstein-uhlenbeck", "noise_std": 0.5}).hyperparameters
     assert (td3["action_noise"], td3["action_noise_std"]) == ("ornstein-uhlenbeck", 0.5)
-    assert translated("sac", {"use_sde": False}).status == "full"  # SB3's default: nothing to honour
-    assert refused(translated("sac", {"use_sde": True})) == {"use_sde"}
+    assert translated("td3", {"use_sde": False}).status == "full"  # SB3's default: nothing to honour
+    assert refused(translated("td3", {"use_sde": True})) == {"use_sde"}  # (TD3 has no gSDE, in SB3 either)
+    sac = translated("sac", {"use_sde": True, "use_sde_at_warmup": True, "sde_sample_freq": 64,
+                             "policy_kwargs": "dict(log_std_init=-3.67, use_expln=True)"})
+    assert sac.status == "full" and sac.hyperparameters["use_sde_at_warmup"] is True
     sde = translated("a2c", {"use_sde": True, "sde_sample_freq": 16,
                              "policy_kwargs": "dict(log_std_init=-2, full_std=False, use_expln=True)"})
     assert sde.status == "full"

@@ -167,3 +167,76 @@ def test_a_short_gsde_run_improves_the_return():
     first = model.evaluate(episodes=5)["mean"]
     model.learn(20_000)
     assert model.evaluate(episodes=5)["mean"] > first + 500  # (about -1300 before; -175 and -250 with seeds 0, 1)
+
+
+# --- SAC ------------------------------------------------------------------------------------------------------------
+def test_sac_squashed_log_prob_matches_a_float64_reference():
+    from rlspeed.sde import SDESquashedGaussianActor
+
+    torch.manual_seed(0)
+    actor = SDESquashedGaussianActor(3, 2, (16, 8), "relu", log_std_init=-1.0, use_expln=True)
+    obs = torch.randn(6, 3)
+    matrix = actor.sde.draw()
+    actions, log_pi = actor.sample(obs, matrix)
+    mean, latent = actor(obs)
+    u = (mean + latent @ matrix).detach().double().numpy()
+    ref, _ = reference_log_prob_entropy(u, mean.detach(), latent.detach(), actor.sde.log_std.detach(), True)
+    ref -= np.log(1.0 - np.tanh(u) ** 2 + SDE_EPSILON).sum(-1)
+    np.testing.assert_allclose(log_pi.detach().numpy(), ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(actions.detach().numpy(), np.tanh(u), atol=1e-6)
+    assert float(mean.detach().abs().max()) <= 2.0  # SB3's clip_mean
+    (-log_pi.sum()).backward()  # SAC's features and sigma learn through the noise
+    assert actor.sde.log_std.grad.abs().sum() > 0 and actor.latent[0][0].weight.grad.abs().sum() > 0
+
+
+def _sac(**config):
+    from rlspeed.algos.sac import SAC
+
+    return SAC("Pendulum-v1", seed=0, use_sde=True, batch_size=32, **config)
+
+
+def test_sac_resamples_per_collection_and_every_sde_sample_freq_steps():
+    model = _sac(train_freq=4, gradient_steps=1, sde_sample_freq=2, learning_starts=0)
+    seen = []
+    explore = model._explore
+
+    def recording_explore(obs, timesteps):
+        out = explore(obs, timesteps)
+        seen.append(model.actor.sde.exploration.clone())
+        return out
+
+    model._explore = recording_explore
+    model.learn(8)
+    assert len(seen) == 8
+    for block in ((0, 1), (2, 3), (4, 5), (6, 7)):
+        assert torch.equal(seen[block[0]], seen[block[1]])
+    for a, b in ((1, 2), (3, 4), (5, 6)):
+        assert not torch.equal(seen[a], seen[b])
+    assert model.update_summary()["implementation"] == "autograd"
+
+
+@pytest.mark.parametrize("at_warmup", [False, True])
+def test_sac_explores_with_gsde_at_warmup_only_when_asked(at_warmup):
+    model = _sac(learning_starts=1000, use_sde_at_warmup=at_warmup)
+    calls = []
+    explore = model._explore
+    model._explore = lambda obs, timesteps: calls.append(timesteps) or explore(obs, timesteps)
+    model.learn(20)
+    assert len(calls) == (20 if at_warmup else 0)
+
+
+def test_sac_gsde_trains_log_std_and_exports_the_squashed_mean(tmp_path):
+    from rlspeed.export import export
+
+    model = _sac(learning_starts=32, log_std_init=-2.0)
+    before = model.actor.sde.log_std.detach().clone()
+    model.learn(96)
+    assert not torch.equal(before, model.actor.sde.log_std.detach())
+    model.save(tmp_path / "model")
+    loaded = type(model).load(tmp_path / "model")
+    obs = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    expected = model.predict(obs, deterministic=True)[0]
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], expected)
+    path = export(model, tmp_path / "policy.pt2", format="exported_program")
+    exported = torch.export.load(str(path)).module()
+    np.testing.assert_allclose(exported(torch.as_tensor(obs)).numpy(), expected, rtol=1e-5, atol=1e-5)

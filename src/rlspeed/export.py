@@ -55,6 +55,7 @@ from rlspeed.nn import (
     masked_logits,
     reset_at_episode_starts,
 )
+from rlspeed.sde import SDESquashedGaussianActor
 
 # format -> the file suffix `export_checkpoint` gives a file when no --out names one
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2"}
@@ -362,7 +363,7 @@ def default_export_module(model) -> PolicyExport:
         return ActorCriticExport(model)
     if isinstance(getattr(model, "q_network", None), QNetwork):
         return QNetworkExport(model)
-    if isinstance(getattr(model, "actor", None), SquashedGaussianActor):
+    if isinstance(getattr(model, "actor", None), (SquashedGaussianActor, SDESquashedGaussianActor)):
         return SquashedGaussianExport(model)
     if isinstance(getattr(model, "actor", None), DeterministicActor):
         return DeterministicActorExport(model)

@@ -14,9 +14,9 @@ which gives its log-probability and entropy; the deterministic action is mu(s). 
 `use_expln` SB3's expln (exp(x) for x <= 0, log1p(x) + 1 above: the variance grows slowly), where `log_std` is a
 parameter [latent_dim, action_dim] (`full_std`) or [latent_dim, 1] (one sigma per feature, shared by the actions).
 
-`SDEActorCritic` is PPO's and A2C's policy with gSDE (SB3's `use_sde` with an `ActorCriticPolicy`); `SDENoise` holds
-the parameter and the matrices, for any policy with latent features. Only autograd updates these policies
-(`rlspeed.algos.update.select_update` says so).
+`SDEActorCritic` is PPO's and A2C's policy with gSDE (SB3's `use_sde` with an `ActorCriticPolicy`),
+`SDESquashedGaussianActor` SAC's actor with gSDE; `SDENoise` holds the parameter and the matrices. Only autograd
+updates these policies (`rlspeed.algos.update.select_update` says so).
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ class SDENoise(nn.Module):
     latent @ E per row."""
 
     def __init__(self, latent_dim: int, action_dim: int, log_std_init: float = 0.0, full_std: bool = True,
-                 use_expln: bool = False):
+                 use_expln: bool = False, learn_features: bool = False):
         super().__init__()
         self.latent_dim, self.action_dim = int(latent_dim), int(action_dim)
         self.full_std, self.use_expln = bool(full_std), bool(use_expln)
+        self.learn_features = bool(learn_features)  # gradients reach the features through the noise (SB3's SAC)
         columns = self.action_dim if self.full_std else 1
         self.log_std = nn.Parameter(torch.full((self.latent_dim, columns), float(log_std_init)))
         self.register_buffer("exploration", torch.zeros(1, self.latent_dim, self.action_dim), persistent=False)
@@ -107,10 +108,21 @@ class SDENoise(nn.Module):
         std = self.std()
         self.exploration = torch.randn(num_envs, *std.shape, device=std.device, dtype=std.dtype) * std
 
-    def noise(self, latent: torch.Tensor) -> torch.Tensor:
-        """latent @ E `[B, action_dim]`: row i with env i's matrix when B equals the number of matrices, else every
-        row with the first one (as SB3 does for a batch of another size)."""
-        latent = latent.detach()
+    def draw(self) -> torch.Tensor:
+        """One matrix ~ N(0, sigma) `[latent_dim, action_dim]` as sigma * N(0, 1): gradients reach `log_std` through
+        it (SB3's reparameterised draw for SAC's update, one matrix for the whole batch)."""
+        std = self.std()
+        return std * torch.randn_like(std)
+
+    def _latent(self, latent: torch.Tensor) -> torch.Tensor:
+        return latent if self.learn_features else latent.detach()
+
+    def noise(self, latent: torch.Tensor, matrix: torch.Tensor | None = None) -> torch.Tensor:
+        """latent @ E `[B, action_dim]`: with `matrix`, every row with it; else row i with env i's matrix when B
+        equals the number of matrices, and every row with the first one otherwise (as SB3 for another batch size)."""
+        latent = self._latent(latent)
+        if matrix is not None:
+            return latent @ matrix
         if self.exploration.shape[0] == latent.shape[0]:
             return torch.bmm(latent.unsqueeze(1), self.exploration).squeeze(1)
         return latent @ self.exploration[0]
@@ -118,7 +130,7 @@ class SDENoise(nn.Module):
     def log_prob_entropy(self, mean: torch.Tensor, latent: torch.Tensor,
                          actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probability, entropy) `[B]` of `actions` (see `sde_log_prob_entropy`)."""
-        return sde_log_prob_entropy(actions, mean, latent.detach(), self.std())
+        return sde_log_prob_entropy(actions, mean, self._latent(latent), self.std())
 
 
 class SDEActorCritic(ActorCritic):
@@ -171,6 +183,53 @@ class SDEActorCritic(ActorCritic):
     def log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor, action_masks: torch.Tensor | None = None):
         """Not available from the mean alone (see `sample`)."""
         raise TypeError("SDEActorCritic evaluates from observations (evaluate), not from the actor's output alone.")
+
+
+class SDESquashedGaussianActor(nn.Module):
+    """SAC's actor with gSDE (SB3's `Actor` with `use_sde`): an MLP to latent features z(s), the mean
+    mu(s) = hardtanh(Linear(z), -2, 2) (SB3's `clip_mean` 2), and a = tanh(mu(s) + z(s) @ E). Unlike PPO's, the
+    features learn through the noise (SB3's `learn_features` for SAC). log pi(a|s) = log N(u; mu, var(s)) -
+    sum log(1 - tanh(u)^2 + 1e-6) for u = mu + z @ E (SB3 recovers u as atanh(a); the same value, without the round
+    trip). Actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    CLIP_MEAN = 2.0
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu",
+                 encoder: Encoder | None = None, log_std_init: float = -3.0, full_std: bool = True,
+                 use_expln: bool = False):
+        super().__init__()
+        from rlspeed.nn import ACTIVATIONS, mlp
+
+        self.encoder = encoder
+        in_dim = encoder.features_dim if encoder is not None else obs_dim
+        if len(hidden):  # hidden layers with their activation after the last one too: z(s)
+            self.latent = nn.Sequential(mlp(in_dim, hidden[:-1], hidden[-1], activation, out_gain=math.sqrt(2)),
+                                        ACTIVATIONS[activation]())
+        else:
+            self.latent = nn.Identity()
+        latent_dim = int(hidden[-1]) if len(hidden) else in_dim
+        self.mu = mlp(latent_dim, (), action_dim, activation, out_gain=0.01)
+        self.sde = SDENoise(latent_dim, action_dim, log_std_init, full_std, use_expln, learn_features=True)
+
+    def forward(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean `[B, A]` before the squashing, latent features `[B, latent_dim]`)."""
+        from rlspeed.nn import _encode
+
+        latent = self.latent(_encode(self.encoder, obs))
+        return self.mu(latent).clamp(-self.CLIP_MEAN, self.CLIP_MEAN), latent
+
+    def sample(self, obs, matrix: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actions in [-1, 1], log pi): with `matrix` (from `sde.draw()`) for every row, else the current
+        per-env matrices (`sde.resample`)."""
+        mean, latent = self(obs)
+        u = mean + self.sde.noise(latent, matrix)
+        actions = torch.tanh(u)
+        log_prob, _ = self.sde.log_prob_entropy(mean, latent, u)
+        return actions, log_prob - torch.log(1.0 - actions.square() + SDE_EPSILON).sum(-1)
+
+    def deterministic(self, obs) -> torch.Tensor:
+        """tanh of the mean: the action used for evaluation."""
+        return torch.tanh(self(obs)[0])
 
 
 def build_sde_actor_critic(algo) -> SDEActorCritic:

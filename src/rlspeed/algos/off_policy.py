@@ -1,9 +1,9 @@
 """What DQN, SAC, TD3 and DDPG share: the replay buffer, the collect-then-update loop and target-network updates.
 
 One iteration of `_train_iteration` is `train_freq` steps of all `num_envs` envs (uniform random actions, drawn on
-the device, until `learning_starts` env steps), their transitions stored together after the last step
-(`ReplayBuffer.extend`: the same rows as one `add` per step), followed by `gradient_steps` updates on uniform
-batches. Everything stays on the device: episode returns and losses are summed as device tensors and read by the
+the device, until `learning_starts` env steps, unless `_policy_at_warmup`), their transitions stored together after
+the last step (`ReplayBuffer.extend`: the same rows as one `add` per step), followed by `gradient_steps` updates on
+uniform batches. Everything stays on the device: episode returns and losses are summed as device tensors and read by the
 base once per log interval. An algorithm file provides its networks (`_setup`), its exploration (`_explore`) and one
 gradient step (`_update`).
 
@@ -137,6 +137,9 @@ class OffPolicyAlgorithm(Algorithm):
     """Base of the replay-buffer algorithms. Subclasses provide `_setup`, `_explore`, `_update`, `_modules`."""
 
     config: OffPolicyConfig
+    #: explore with the policy (`_explore`) before learning_starts too, instead of uniform random actions (SAC's
+    #: use_sde_at_warmup)
+    _policy_at_warmup: bool = False
 
     # --- what an algorithm provides -----------------------------------------------------------------------------
     def _explore(self, obs: torch.Tensor, timesteps: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
@@ -307,7 +310,7 @@ class OffPolicyAlgorithm(Algorithm):
                 timesteps = self.num_timesteps + step * global_envs
                 masks = self._action_mask if masking else None  # the mask valid for `obs`
                 with phase("act"):
-                    if timesteps < cfg.learning_starts:
+                    if timesteps < cfg.learning_starts and not self._policy_at_warmup:
                         actions = self._random_actions(num_envs, masks)
                     elif masking:
                         actions = self._explore(obs, timesteps, masks)

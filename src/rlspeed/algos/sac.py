@@ -24,11 +24,12 @@ from rlspeed.algos.update import select_update
 from rlspeed.fused.flat import linear_forward, sequential_linears
 from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
 from rlspeed.nn import LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor, encoder_from_config, make_adam
+from rlspeed.sde import SDEConfig, SDESquashedGaussianActor, resample_due
 
 
 @dataclass
-class SACConfig(OffPolicyConfig):
-    """SAC hyperparameters (names and defaults follow Stable-Baselines3)."""
+class SACConfig(OffPolicyConfig, SDEConfig):
+    """SAC hyperparameters (names and defaults follow Stable-Baselines3; gSDE's: `SDEConfig`)."""
 
     learning_rate: float = 3e-4
     ent_coef: float | None = None  # the temperature alpha; None: tuned automatically towards target_entropy
@@ -38,10 +39,14 @@ class SACConfig(OffPolicyConfig):
     # hand-derived gradients + flat Adam (fused/) where the network allows; `rlspeed.algos.update.select_update`
     # decides (on CUDA: the autograd update as a whole-step graph instead; benchmarks/cuda_check.sh measures both)
     fused_update: bool = True
+    use_sde_at_warmup: bool = False  # with use_sde: gSDE's actions instead of uniform ones before learning_starts
+    log_std_init: float = -3.0  # gSDE's initial log sigma (SB3's SAC default; used only with use_sde)
 
     def validate(self) -> None:
-        """The `OffPolicyConfig` checks, plus SAC's own: entropy coefficient, its initial value, number of critics."""
+        """The `OffPolicyConfig` checks, plus SAC's own: entropy coefficient, its initial value, number of critics,
+        gSDE's options."""
         super().validate()
+        self.validate_sde()
         require(self.ent_coef is None or self.ent_coef >= 0,
                 f"ent_coef must be >= 0, or null to tune it automatically, got {self.ent_coef}.")
         require(self.ent_coef_init > 0, f"ent_coef_init must be > 0, got {self.ent_coef_init}.")
@@ -69,8 +74,14 @@ class SAC(OffPolicyAlgorithm):
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for SAC)
-        self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                           encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
+        if cfg.use_sde:
+            self.actor = SDESquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                                  encoder=encoder_from_config(spec.observation_space, cfg),
+                                                  log_std_init=cfg.log_std_init, full_std=cfg.full_std,
+                                                  use_expln=cfg.use_expln).to(self.device)
+        else:
+            self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                               encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
         self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
                                 encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
         self.critic_target = frozen_copy(self.critic)
@@ -92,7 +103,7 @@ class SAC(OffPolicyAlgorithm):
                                           updates_targets=True)  # the hand-derived update also does the Polyak step
         self._setup_action_scaling()
         # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
-        found = sequential_linears(self.actor.net) if self.actor.encoder is None else None
+        found = sequential_linears(self.actor.net) if self.actor.encoder is None and not cfg.use_sde else None
         self._actor_linears = None if found is None else (
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
 
@@ -109,9 +120,19 @@ class SAC(OffPolicyAlgorithm):
         actions = self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
         return self._to_env(actions)
 
+    @property
+    def _policy_at_warmup(self) -> bool:
+        return self.config.use_sde and self.config.use_sde_at_warmup
+
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         # A sample without its log-probability. It runs once per env step, right after an update has pushed the
         # policy out of the caches: an MLP actor runs as its addmm/activation kernels, without module calls.
+        if self.config.use_sde:
+            # gSDE: new matrices at the start of each collection (train_freq steps) and every sde_sample_freq steps
+            step = (timesteps - self.num_timesteps) // self._envs_all_ranks
+            if resample_due(step, self.config.sde_sample_freq):
+                self.actor.sde.resample(self._env.num_envs)
+            return self.actor.sample(obs)[0]
         if self._actor_linears is None:
             mean, log_std = self.actor(obs)
             return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
@@ -131,11 +152,13 @@ class SAC(OffPolicyAlgorithm):
         backward and one Adam step make all three updates (as in the original implementation, the actor follows
         the critics as they were at the start of the step)."""
         alpha = self.log_alpha.detach().exp()
+        # gSDE: one exploration matrix for this batch, drawn anew each update (SB3), its gradient reaching log_std
+        noise = (self.actor.sde.draw(),) if self.config.use_sde else ()
 
         # Soft Bellman target with clipped double Q, a' ~ pi(.|s'):
         #   y = r + gamma^m (1 - d) (min_k Q_target_k(s', a') - alpha log pi(a'|s'))
         with torch.no_grad():
-            next_actions, next_log_pi = self.actor.sample(next_obs)
+            next_actions, next_log_pi = self.actor.sample(next_obs, *noise)
             next_q = self.critic_target(next_obs, next_actions).amin(0)
             target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
 
@@ -146,7 +169,7 @@ class SAC(OffPolicyAlgorithm):
 
         # Actor: J_pi = E[alpha log pi(a~|s) - min_k Q_k(s, a~)], a~ reparameterised from pi(.|s). The critics'
         # weights are constants here: the actor's loss reaches only the actor.
-        pi_actions, log_pi = self.actor.sample(obs)
+        pi_actions, log_pi = self.actor.sample(obs, *noise)
         q_pi = self.critic.head(features.detach(), pi_actions, detached=True).amin(0)
         actor_loss = (alpha * log_pi - q_pi).mean()
         loss = critic_loss + actor_loss

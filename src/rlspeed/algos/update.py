@@ -117,7 +117,7 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
     elif not algo.config.fused_update:
         reason = "fused_update=false"
     elif getattr(algo.config, "use_sde", False):
-        reason = "use_sde=true (the hand-derived update covers the state-independent Gaussian, not gSDE)"
+        reason = "use_sde=true (gSDE; the hand-derived updates cover state-independent Gaussian noise only)"
     elif unsupported is not None:
         reason = unsupported
     elif graphs:

@@ -65,7 +65,7 @@ NO_COUNTERPART: dict[str, tuple[object, str]] = {
 #: gSDE's keys (rlspeed.sde) with SB3's defaults, and the algorithms that have gSDE (`finish` refuses a key that an
 #: algorithm's config lacks, such as use_sde_at_warmup outside SAC)
 SDE_KEYS = {"use_sde": False, "sde_sample_freq": -1, "use_sde_at_warmup": False}
-SDE_ALGORITHMS = ("ppo", "a2c")
+SDE_ALGORITHMS = ("ppo", "a2c", "sac")
 
 #: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
 BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
