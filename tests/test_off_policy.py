@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 
 import gymnasium as gym
 import pytest
@@ -356,3 +357,30 @@ def test_exploring_predict_without_action_noise_is_the_actor():
     model = TD3("Pendulum-v1", seed=0, action_noise="none", **TINY)
     obs = torch.randn(5, 3)
     assert torch.equal(model.predict(obs, deterministic=False)[0], model.predict(obs, deterministic=True)[0])
+
+
+@pytest.mark.parametrize(("backend", "continues"), [("torch", True), ("gymnasium", False)])
+def test_a_resume_continues_the_ou_noise_only_with_its_episodes(tmp_path, backend, continues):
+    """The Ornstein-Uhlenbeck noise belongs to the episodes in progress: a resume that restores them (native envs)
+    carries it on; one that starts fresh episodes (Gymnasium envs reset) starts it from 0, as any reset does."""
+    run = tmp_path / "run"
+    model = TD3("Pendulum-v1", seed=0, num_envs=2, env_backend="torch", action_noise="ornstein-uhlenbeck", **TINY)
+    model.learn(128, progress_bar=False, run_dir=run, checkpoint_freq=128)
+    saved = model._ou_noise.clone()
+    assert saved.abs().sum() > 0
+
+    resumed = TD3("Pendulum-v1", seed=0, num_envs=2, env_backend=backend, action_noise="ornstein-uhlenbeck", **TINY)
+    resumed.resume(run / "checkpoint.safetensors")
+    first = []
+    explore = resumed._explore
+
+    def recording(obs, timesteps):
+        if not first:
+            first.append(resumed._ou_noise.clone())
+        return explore(obs, timesteps)
+
+    resumed._explore = recording
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the Gymnasium envs' "cannot restore their episodes" warning)
+        resumed.learn(8, progress_bar=False)
+    assert torch.equal(first[0], saved if continues else torch.zeros_like(saved))

@@ -132,8 +132,11 @@ class TD3(OffPolicyAlgorithm):
     def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         super()._load_algorithm_state(tensors, values)
         self._critic_updates = int(values.get("critic_updates", self._critic_updates))
+        # The Ornstein-Uhlenbeck noise is per episode in progress: it carries over only with the episodes
+        # (`_episodes_restored`); fresh episodes (a reset after resume) start it from 0, as a reset does.
         noise = tensors.get("ou_noise")
-        if noise is not None and self._ou_noise is not None and noise.shape == self._ou_noise.shape:
+        if (noise is not None and self._ou_noise is not None and noise.shape == self._ou_noise.shape
+                and getattr(self, "_episodes_restored", False)):
             self._ou_noise.copy_(noise)
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
