@@ -80,6 +80,22 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
     return members
 
 
+def population_env_backend(env_id: str, env_backend: str) -> str:
+    """The backend a population's envs run on: `env_backend` checked, `"auto"` resolved to the native env
+    (`"torch"`) where the id has one, else `"gymnasium"` (a population steps K x N rows at once, so the native env is
+    the faster choice even where a solo run with few envs on a CPU takes Gymnasium's)."""
+    from rlspeed.envs.registry import NATIVE_ENVS
+
+    if env_backend == "auto":
+        return "torch" if env_id in NATIVE_ENVS else "gymnasium"
+    if env_backend not in ("torch", "gymnasium"):
+        raise UserError(f"Populations run on env_backend 'torch' (native envs) or 'gymnasium', not '{env_backend}'.")
+    if env_backend == "torch" and env_id not in NATIVE_ENVS:
+        raise UserError(f"'{env_id}' has no native env (those are {', '.join(NATIVE_ENVS)}): use "
+                        "env_backend='gymnasium'.")
+    return env_backend
+
+
 def generator_like_global(device: torch.device) -> torch.Generator:
     """A generator in the state torch's global generator for `device` has now."""
     generator = torch.Generator(device=device)
@@ -144,7 +160,10 @@ class PopulationBase:
     """`learn` and `write_summary` of every population class. A subclass sets `algo_name`, `env_id`, `seeds`,
     `size`, `device`, `env_backend`, `update_path`, `alive` (original indices of the members in the computation,
     in row order) and `num_timesteps` (env steps per member), and provides `_begin`, `_iterate`, `_diverged`,
-    `_member_hyperparameters`, `evaluate(seeds, episodes, members)` and `remove(members)`."""
+    `_member_hyperparameters`, `evaluate(seeds, episodes, members)` and `remove(members)`.
+
+    The env rows (`_make_env`, `_reset`, `_env_rows`) are shared: one env of K x N rows, member k's block of N rows
+    its solo run's envs; `_env_rows` reads the training env `_env`, its observations `_obs` and `config.num_envs`."""
 
     algo_name = ""
     #: the hyperparameters that may differ across members
@@ -175,6 +194,68 @@ class PopulationBase:
 
     def remove(self, members: Iterable[int]) -> None:
         raise NotImplementedError
+
+    # --- env rows ----------------------------------------------------------------------------------------------
+    def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
+        """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet)."""
+        from rlspeed.envs.base import EpisodeStatistics
+        from rlspeed.envs.gymnasium_env import GymnasiumEnv
+        from rlspeed.envs.registry import NATIVE_ENVS
+
+        if self.env_backend == "gymnasium":
+            return EpisodeStatistics(GymnasiumEnv(self.env_id, num_envs=len(seeds) * rows_per_member,
+                                                  device=self.device))
+        native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
+        native.seed_row_blocks(seeds)
+        return EpisodeStatistics(native)
+
+    def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> torch.Tensor:
+        """First observations of a `_make_env` env: a native env's streams are already seeded per block; Gymnasium
+        envs are reset with seed `seeds[k] + i` for member k's env i (as `make_env(seed=seeds[k])` seeds a solo's)."""
+        if self.env_backend == "gymnasium":
+            return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])[0]
+        return env.reset()[0]
+
+    def _env_rows(self, rows: list[int]):
+        """(env, observations) of the training env cut down to the row blocks of the members at `rows` (positions
+        in the env's current blocks; `alive` already lists the members kept): the envs continue exactly (states,
+        step counters, episode totals and random streams are carried over). No rows: (None, None), the env closed."""
+        if not rows:
+            self._env.close()
+            return None, None
+        envs = self.config.num_envs
+        index = (torch.tensor(rows, device=self.device, dtype=torch.long).unsqueeze(1) * envs
+                 + torch.arange(envs, device=self.device)).flatten()
+        if self.env_backend == "gymnasium":
+            return self._gymnasium_rows(index.tolist()), self._obs[index]
+        state = self._env.state_dict()
+        position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)
+        state = {key: value[index] for key, value in state.items()}
+        state["native.draws"] = position
+        env = self._make_env(envs, [self.seeds[k] for k in self.alive])
+        env.load_state_dict(state)
+        return env, self._obs[index]
+
+    def _gymnasium_rows(self, index: list[int]):
+        """The Gymnasium training env cut down to the env rows `index`: the same env objects (mid-episode, their
+        random generators where they are) in a new synchronous vector env; the others are closed."""
+        import gymnasium as gym
+
+        from rlspeed.envs.base import EpisodeStatistics
+        from rlspeed.envs.gymnasium_env import GymnasiumEnv
+
+        old = self._env
+        envs = list(old.env.vector_env.envs)
+        kept = set(index)
+        for i, env in enumerate(envs):
+            if i not in kept:
+                env.close()
+        vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
+                                          autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+        new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
+        rows = torch.tensor(index, device=self.device, dtype=torch.long)
+        new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
+        return new
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def _drop_diverged(self, left: dict[int, dict]) -> None:
