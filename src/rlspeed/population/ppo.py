@@ -47,6 +47,7 @@ from rlspeed.population.base import (
     PopulationBase,
     check_seeds,
     first_episode_returns,
+    population_env_backend,
     solo_models,
     split_member_values,
     stack_leaf,
@@ -81,17 +82,7 @@ class PPOPopulation(PopulationBase):
         if algo_cls is not PPO:
             raise UserError(f"Populations cover PPO so far, not {getattr(algo_cls, '__name__', algo_cls)}.")
         seeds = check_seeds(seeds)
-        from rlspeed.envs.registry import NATIVE_ENVS
-
-        if env_backend == "auto":
-            env_backend = "torch" if env_id in NATIVE_ENVS else "gymnasium"
-        if env_backend not in ("torch", "gymnasium"):
-            raise UserError(f"Populations run on env_backend 'torch' (native envs) or 'gymnasium', not "
-                            f"'{env_backend}'.")
-        if env_backend == "torch" and env_id not in NATIVE_ENVS:
-            raise UserError(f"'{env_id}' has no native env (those are {', '.join(NATIVE_ENVS)}): use "
-                            "env_backend='gymnasium'.")
-        self.env_backend = env_backend
+        self.env_backend = env_backend = population_env_backend(env_id, env_backend)
         size = len(seeds)
         members = split_member_values(hyperparameters, member_overrides, size, PER_MEMBER)
         self.env_id, self.seeds, self.size = env_id, seeds, size
@@ -194,26 +185,6 @@ class PPOPopulation(PopulationBase):
         return flat
 
     # --- training ----------------------------------------------------------------------------------------------
-    def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
-        """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet)."""
-        from rlspeed.envs.base import EpisodeStatistics
-        from rlspeed.envs.gymnasium_env import GymnasiumEnv
-        from rlspeed.envs.registry import NATIVE_ENVS
-
-        if self.env_backend == "gymnasium":
-            return EpisodeStatistics(GymnasiumEnv(self.env_id, num_envs=len(seeds) * rows_per_member,
-                                                  device=self.device))
-        native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
-        native.seed_row_blocks(seeds)
-        return EpisodeStatistics(native)
-
-    def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> torch.Tensor:
-        """First observations of a `_make_env` env: a native env's streams are already seeded per block; Gymnasium
-        envs are reset with seed `seeds[k] + i` for member k's env i (as `make_env(seed=seeds[k])` seeds a solo's)."""
-        if self.env_backend == "gymnasium":
-            return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])[0]
-        return env.reset()[0]
-
     def _progress_remaining(self) -> float:
         return max(1.0 - self.num_timesteps / max(self._total_timesteps, 1), 0.0)
 
@@ -429,43 +400,6 @@ class PPOPopulation(PopulationBase):
         self.hyper = {key: value[keep] for key, value in self.hyper.items()}
         if self._env is not None:
             self._env, self._obs = self._env_rows(rows) if rows else (None, None)
-
-    def _env_rows(self, rows: list[int]):
-        """(env, observations) of the training env cut down to the row blocks of the members at `rows`: the envs
-        continue exactly (states, step counters, episode totals and random streams are carried over)."""
-        envs = self.config.num_envs
-        index = (torch.tensor(rows, device=self.device, dtype=torch.long).unsqueeze(1) * envs
-                 + torch.arange(envs, device=self.device)).flatten()
-        if self.env_backend == "gymnasium":
-            return self._gymnasium_rows(index.tolist()), self._obs[index]
-        state = self._env.state_dict()
-        position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)
-        state = {key: value[index] for key, value in state.items()}
-        state["native.draws"] = position
-        env = self._make_env(envs, [self.seeds[k] for k in self.alive])
-        env.load_state_dict(state)
-        return env, self._obs[index]
-
-    def _gymnasium_rows(self, index: list[int]):
-        """The Gymnasium training env cut down to the env rows `index`: the same env objects (mid-episode, their
-        random generators where they are) in a new synchronous vector env; the others are closed."""
-        import gymnasium as gym
-
-        from rlspeed.envs.base import EpisodeStatistics
-        from rlspeed.envs.gymnasium_env import GymnasiumEnv
-
-        old = self._env
-        envs = list(old.env.vector_env.envs)
-        kept = set(index)
-        for i, env in enumerate(envs):
-            if i not in kept:
-                env.close()
-        vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
-                                          autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
-        new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
-        rows = torch.tensor(index, device=self.device, dtype=torch.long)
-        new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
-        return new
 
     def _diverged(self) -> list[int]:
         """Original indices of the members whose parameters or Adam moments are no longer finite (one host read)."""
