@@ -52,6 +52,13 @@ DEFAULT_SPACES: dict[str, dict] = {
         "clip_range": {"choices": [0.1, 0.2, 0.3, 0.4]},
         "max_grad_norm": {"low": 0.3, "high": 2.0},
     },
+    "a2c": {
+        "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
+        "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
+        "gae_lambda": {"low": 0.8, "high": 0.9999, "log": True, "one_minus": True},
+        "ent_coef": {"low": 1.0e-8, "high": 0.1, "log": True},
+        "max_grad_norm": {"low": 0.3, "high": 2.0},
+    },
     "sac": {
         "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
         "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},

@@ -5,6 +5,7 @@ what it covers. See docs/population.md."""
 from __future__ import annotations
 
 from rlspeed.errors import UserError
+from rlspeed.population.a2c import PER_MEMBER_A2C, A2CPopulation
 from rlspeed.population.offpolicy import (
     PER_MEMBER_DQN,
     PER_MEMBER_SAC,
@@ -17,14 +18,14 @@ from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
 
 #: algorithm class name -> the population class that trains it (the one list: `Population`, `rlspeed train --seeds`
 #: and `rlspeed tune` read it)
-IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "SAC": SACPopulation, "TD3": TD3Population,
-                                     "DQN": DQNPopulation}
+IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "A2C": A2CPopulation, "SAC": SACPopulation,
+                                     "TD3": TD3Population, "DQN": DQNPopulation}
 
 
 def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
     """K members of `algo_cls` on `env_id`, one per seed, as one batched model: `.learn(...)` trains them all and
     returns the summary (per-member results and aggregates). Keywords are those of the population class for the
-    algorithm (`PPOPopulation`, ...): hyperparameters, `member_overrides`, `device`."""
+    algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters, `member_overrides`, `device`."""
     name = getattr(algo_cls, "__name__", str(algo_cls))
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:
@@ -32,5 +33,6 @@ def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a c
     return implementation(algo_cls, env_id, seeds, **kwargs)
 
 
-__all__ = ["DQNPopulation", "IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_DQN", "PER_MEMBER_SAC", "PER_MEMBER_TD3",
-           "PPOPopulation", "Population", "SACPopulation", "SHARED_ONLY", "TD3Population"]
+__all__ = ["A2CPopulation", "DQNPopulation", "IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_A2C", "PER_MEMBER_DQN",
+           "PER_MEMBER_SAC", "PER_MEMBER_TD3", "PPOPopulation", "Population", "SACPopulation", "SHARED_ONLY",
+           "TD3Population"]

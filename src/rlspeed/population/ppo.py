@@ -26,8 +26,8 @@ one synchronous vector env of K x N envs, member k's env i reset with seed `seed
 Gymnasium envs are.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, on one
-device. Not yet: A2C and RecurrentPPO (SAC, TD3 and DQN: `rlspeed.population.offpolicy`), observation or reward
-normalisation, action masks, checkpoints.
+device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3 and DQN: `rlspeed.population.offpolicy`). Not yet:
+RecurrentPPO, observation or reward normalisation, action masks, checkpoints.
 """
 
 from __future__ import annotations
@@ -74,21 +74,24 @@ class PPOPopulation(PopulationBase):
     """
 
     algo_name = "ppo"
+    algo_cls: type = PPO  # the solo algorithm whose runs the members are
     per_member = PER_MEMBER
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
-        if algo_cls is not PPO:
-            raise UserError(f"Populations cover PPO so far, not {getattr(algo_cls, '__name__', algo_cls)}.")
+        if algo_cls is not self.algo_cls:
+            raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
+                            f"{getattr(algo_cls, '__name__', algo_cls)}.")
         seeds = check_seeds(seeds)
         self.env_backend = env_backend = population_env_backend(env_id, env_backend)
         size = len(seeds)
-        members = split_member_values(hyperparameters, member_overrides, size, PER_MEMBER)
+        members = split_member_values(hyperparameters, member_overrides, size, self.per_member)
         self.env_id, self.seeds, self.size = env_id, seeds, size
         self.device = torch.device(device)
         # K solo models: their initial weights, and the state their global generator has when training starts
-        solos, self.generators = solo_models(PPO, env_id, seeds, members, self.device, env_backend=env_backend)
+        solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
+                                             env_backend=env_backend)
         self.config = cfg = solos[0].config
         policy = solos[0].policy
         self.kind = policy.kind
@@ -112,7 +115,8 @@ class PPOPopulation(PopulationBase):
         if self.kind == "gaussian":
             self.log_std = stack_leaf([s.policy.log_std for s in solos])
             self.params.append(self.log_std)
-        # Adam's moments of every parameter as one flat [K, P] buffer per moment: Adam is a handful of kernels
+        # Adam's moments (RMSprop's mean square: `_exp_avg_sq`) of every parameter as one flat [K, P] buffer per
+        # moment: the optimiser is a handful of kernels
         self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
         self._exp_avg_sq = torch.zeros_like(self._exp_avg)
         self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
@@ -123,9 +127,10 @@ class PPOPopulation(PopulationBase):
         self._workspace = Workspace()
 
         #: each member's values of the per-member hyperparameters (original indices)
-        self.member_hyperparameters = [{key: getattr(s.config, key) for key in PER_MEMBER} for s in solos]
+        self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
-                      for key in PER_MEMBER}
+                      for key in self.per_member}
+        self._adopt_solos(solos)
         self._param_sizes = [p[0].numel() for p in self.params]
         #: original indices of the members still in the computation, one per row of every stacked tensor
         self.alive: list[int] = list(range(size))
@@ -154,8 +159,12 @@ class PPOPopulation(PopulationBase):
         x = x.view(size, 2, batch, -1)
         return x[:, 0], x[:, 1, :, 0]
 
-    def _sample(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(actions, log_probs) `[K, B]`, member k's noise from its own generator (the solo run's draws)."""
+    def _adopt_solos(self, solos: Sequence) -> None:
+        """Take what a subclass needs from the solo models before they are dropped (PPO: nothing)."""
+
+    def _sample(self, out: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(actions, log_probs) `[K, B]` at rollout step `step`, member k's noise from its own generator (the solo
+        run's draws: one draw per step, as `ActorCritic.act`)."""
         if self.kind == "categorical":
             log_p = torch.log_softmax(out, dim=-1)
             noise = torch.stack([torch.empty(out.shape[1:], device=self.device).exponential_(generator=g)
@@ -189,8 +198,9 @@ class PPOPopulation(PopulationBase):
         return max(1.0 - self.num_timesteps / max(self._total_timesteps, 1), 0.0)
 
     def train_iteration(self) -> torch.Tensor:
-        """One rollout of `num_steps` steps of every env row, GAE, and `n_epochs` of minibatch updates for every
-        member; returns each member's sum of finished episodes' returns and their count `[2, K]` (device)."""
+        """One rollout of `num_steps` steps of every env row, GAE, and the updates of every member (`_update_rollout`,
+        PPO's: `n_epochs` of minibatches); returns each member's sum of finished episodes' returns and their count
+        `[2, K]` (device)."""
         cfg, size, envs = self.config, len(self.alive), self.config.num_envs
         if not size:
             raise UserError("Every member has left the population (reached, pruned or diverged): nothing to train.")
@@ -214,7 +224,7 @@ class PPOPopulation(PopulationBase):
         with torch.no_grad():
             for step in range(steps):
                 out, values = self.forward(obs.view(size, envs, -1))
-                actions, log_probs = self._sample(out)
+                actions, log_probs = self._sample(out, step)
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
                 dones = terminated | truncated
                 buf_obs[step] = obs
@@ -239,11 +249,13 @@ class PPOPopulation(PopulationBase):
 
         batch = (per_member(buf_obs), buf_actions.transpose(0, 1).reshape(size, steps * envs, *action_shape),
                  per_member(buf_log_probs), per_member(buf_values), per_member(advantages), per_member(returns))
-        self._update_epochs(*batch)
+        self._update_rollout(*batch)
         self.num_timesteps += steps * envs
         return episode_stats
 
-    def _update_epochs(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
+    def _update_rollout(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
+        """The updates of one rollout, every tensor `[K, T * N, ...]` in the solo run's row order: PPO's `n_epochs`
+        of minibatches (member k's order from its generator)."""
         cfg, size = self.config, len(self.alive)
         progress = self._progress_remaining()
         learning_rate = self.hyper["learning_rate"] * (progress if cfg.anneal_lr else 1.0)
@@ -278,7 +290,7 @@ class PPOPopulation(PopulationBase):
             grads = self._hand_gradients(*batch)
         else:
             grads = torch.autograd.grad(self._loss(*batch).sum(), self.params)  # (members share no parameter)
-        self._adam_step(grads, learning_rate)
+        self._optimizer_step(grads, learning_rate)
 
     def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range) -> torch.Tensor:
         """Each member's PPO loss `[K]` on its minibatch rows `[K, B, ...]` (advantages already normalised), as
@@ -297,11 +309,12 @@ class PPOPopulation(PopulationBase):
         return policy_loss - hyper["ent_coef"] * entropy.mean(1) + hyper["vf_coef"] * value_loss
 
     @torch.inference_mode()
-    def _hand_gradients(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range
-                        ) -> list[torch.Tensor]:
+    def _hand_gradients(self, obs, actions, *loss_inputs) -> list[torch.Tensor]:
         """d(sum of the members' `_loss`)/d(each of `self.params`), written out as `rlspeed.fused.ppo` does for one
-        member (see its docstring for the maths), with every member's coefficients and clip range its own."""
-        cfg, hyper = self.config, self.hyper
+        member (see its docstring for the maths), with every member's coefficients its own: the forward pass of every
+        member's networks, `_output_gradients` (the algorithm's dL/dlog pi and dL/dV per row, from `loss_inputs`:
+        `_loss`'s arguments after obs and actions), the entropy term and the backward pass."""
+        hyper = self.hyper
         size, batch = obs.shape[0], obs.shape[1]
         weights = [w.detach().flatten(0, 1) for w in self.weights]  # [2K, in, out]: member k's actor, critic
         biases = [b.detach().flatten(0, 1) for b in self.biases]
@@ -319,6 +332,33 @@ class PPOPopulation(PopulationBase):
             inv_std = torch.exp(-log_std)
             z_score = (actions - head) * inv_std
             new_log_probs = (-0.5 * z_score.square() - log_std).sum(-1) - 0.5 * math.log(2 * math.pi) * head.shape[-1]
+        grad_log_prob, grad_values = self._output_gradients(new_log_probs, values, *loss_inputs)
+        grad_out = torch.zeros_like(out)
+        ent_coef = hyper["ent_coef"].view(size, 1, 1)
+        if self.kind == "categorical":
+            entropy = -(probs * log_p).sum(-1, keepdim=True)
+            grad_head = (ent_coef / batch) * probs * (log_p + entropy) - probs * grad_log_prob.unsqueeze(-1)
+            grad_head.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
+            grad_out[:, 0] = grad_head
+        else:
+            grad_out[:, 0] = grad_log_prob.unsqueeze(-1) * z_score * inv_std
+            log_std_grad = (grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(1) - ent_coef.view(size, 1)
+        grad_out[:, 1, :, 0] = grad_values
+        weight_grads = [torch.empty_like(w) for w in weights]
+        bias_grads = [torch.empty_like(b) for b in biases]
+        ensemble_backward(grad_out.view(2 * size, batch, -1), hidden, weights, weight_grads, bias_grads, self._tanh,
+                          workspace=self._workspace, tag="population")
+        grads = [g.view(w.shape) for g, w in zip(weight_grads, self.weights)]
+        grads += [g.view(b.shape) for g, b in zip(bias_grads, self.biases)]
+        if self.kind == "gaussian":
+            grads.append(log_std_grad)
+        return grads
+
+    def _output_gradients(self, new_log_probs, values, old_log_probs, old_values, advantages, returns, clip_range
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(dL/dlog pi, dL/dV) `[K, B]` of PPO's clipped surrogate and (clipped) value loss, L the sum of the
+        members' `_loss` (the entropy term is `_hand_gradients`')."""
+        cfg, batch = self.config, new_log_probs.shape[1]
         ratio = (new_log_probs - old_log_probs).exp()
         clip = clip_range.unsqueeze(1)
         unclipped = advantages * ratio
@@ -331,44 +371,33 @@ class PPOPopulation(PopulationBase):
             clipped_sq = (old_values + change.clamp(-cfg.clip_range_vf, cfg.clip_range_vf) - returns).square()
             value_grad = torch.where((value_error.square() >= clipped_sq) | (change.abs() <= cfg.clip_range_vf),
                                      value_error, 0.0)
-        grad_out = torch.zeros_like(out)
         # the unclipped term is the minimum of A r and A clip(r): it passes -A r / B to log pi, the clipped one none
         grad_log_prob = torch.where(unclipped <= clipped, advantages, 0.0).mul_(ratio).mul_(-1.0 / batch)
-        ent_coef = hyper["ent_coef"].view(size, 1, 1)
-        if self.kind == "categorical":
-            entropy = -(probs * log_p).sum(-1, keepdim=True)
-            grad_head = (ent_coef / batch) * probs * (log_p + entropy) - probs * grad_log_prob.unsqueeze(-1)
-            grad_head.scatter_add_(-1, index, grad_log_prob.unsqueeze(-1))
-            grad_out[:, 0] = grad_head
-        else:
-            grad_out[:, 0] = grad_log_prob.unsqueeze(-1) * z_score * inv_std
-            log_std_grad = (grad_log_prob.unsqueeze(-1) * (z_score.square() - 1)).sum(1) - ent_coef.view(size, 1)
-        grad_out[:, 1, :, 0] = value_grad * (hyper["vf_coef"].unsqueeze(1) / batch)
-        weight_grads = [torch.empty_like(w) for w in weights]
-        bias_grads = [torch.empty_like(b) for b in biases]
-        ensemble_backward(grad_out.view(2 * size, batch, -1), hidden, weights, weight_grads, bias_grads, self._tanh,
-                          workspace=self._workspace, tag="population")
-        grads = [g.view(w.shape) for g, w in zip(weight_grads, self.weights)]
-        grads += [g.view(b.shape) for g, b in zip(bias_grads, self.biases)]
-        if self.kind == "gaussian":
-            grads.append(log_std_grad)
-        return grads
+        return grad_log_prob, value_grad * (self.hyper["vf_coef"].unsqueeze(1) / batch)
 
     @torch.no_grad()
-    def _adam_step(self, grads: Sequence[torch.Tensor], learning_rate: torch.Tensor) -> None:
-        """Per-member gradient clipping (as `rlspeed.nn.clip_grad_norm`, the global norm of each member's gradient)
-        and Adam (as `torch.optim.Adam`, eps 1e-5), on the gradients of every parameter as one flat `[K, P]`."""
-        size = len(self.alive)
-        flat = torch.cat([g.reshape(size, -1) for g in grads], dim=1)
-        norm = flat.square().sum(1).sqrt_()
-        flat.mul_((self.hyper["max_grad_norm"] / (norm + 1e-6)).clamp_(max=1.0).unsqueeze(1))
+    def _optimizer_step(self, grads: Sequence[torch.Tensor], learning_rate: torch.Tensor) -> None:
+        """Per-member gradient clipping (`_clipped_gradient`) and Adam (as `torch.optim.Adam`, eps 1e-5), on the
+        gradients of every parameter as one flat `[K, P]`; `learning_rate` `[K]`."""
+        flat = self._clipped_gradient(grads)
         self._adam_steps += 1
         beta1, beta2 = _ADAM_BETAS
         correction1, correction2 = 1 - beta1 ** self._adam_steps, 1 - beta2 ** self._adam_steps
         self._exp_avg.lerp_(flat, 1 - beta1)
         self._exp_avg_sq.mul_(beta2).addcmul_(flat, flat, value=1 - beta2)
         denom = (self._exp_avg_sq.sqrt() / math.sqrt(correction2)).add_(_ADAM_EPS)
-        step = (self._exp_avg / denom).mul_((learning_rate / correction1).unsqueeze(1))
+        self._subtract((self._exp_avg / denom).mul_((learning_rate / correction1).unsqueeze(1)))
+
+    def _clipped_gradient(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The gradients of every parameter as one flat `[K, P]`, each member's clipped to its `max_grad_norm` (as
+        `rlspeed.nn.clip_grad_norm`: the global norm of the member's gradient)."""
+        size = len(self.alive)
+        flat = torch.cat([g.reshape(size, -1) for g in grads], dim=1)
+        norm = flat.square().sum(1).sqrt_()
+        return flat.mul_((self.hyper["max_grad_norm"] / (norm + 1e-6)).clamp_(max=1.0).unsqueeze(1))
+
+    def _subtract(self, step: torch.Tensor) -> None:
+        """Parameters -= `step`, a flat `[K, P]` laid out as `_clipped_gradient`'s."""
         torch._foreach_sub_([p.detach() for p in self.params],
                             [part.view(p.shape) for part, p in zip(step.split(self._param_sizes, 1), self.params)])
 
