@@ -2,11 +2,14 @@
 
 Every parameter, Adam moment, replay row and env row has the members stacked along a leading dimension `K`: each
 layer of the K actors is one batched matmul, the K members' twin critics are one ensemble of `K x n_critics`
-networks, the envs are one native env of `K x N` rows, the replay buffer stores `[steps, K, N]` rows, and one update
-call takes a gradient step for every member. Member `k` is a solo `SAC(env_id, seed=seeds[k], ...)` (or TD3, DQN):
+networks, the envs are one env of `K x N` rows (`PopulationBase._make_env`), the replay buffer stores `[steps, K, N]`
+rows, and one update call takes a gradient step for every member. Member `k` is a solo
+`SAC(env_id, seed=seeds[k], ...)` (or TD3, DQN):
 
 * its initial weights are the solo model's (K solo models are built and their parameters stacked);
-* its env rows draw the solo run's env streams (`NativeEnv.seed_row_blocks`);
+* its env rows are the solo run's envs: on a native env (`env_backend="torch"`, the default where the id has one)
+  they draw the solo run's env streams (`NativeEnv.seed_row_blocks`); on Gymnasium's (`env_backend="gymnasium"`, the
+  default for ids without a native env) member k's env i is reset with seed `seeds[k] + i`, as a solo run's is;
 * every random draw of the solo run (uniform actions before `learning_starts`, exploration noise or epsilon-greedy's
   draws, replay indices, the policy's and the target smoothing's noise in the update) comes from member k's own
   `torch.Generator`, started from the state the solo run's global generator has when its training starts, in the
@@ -22,16 +25,19 @@ k's weights equal the solo run's to float tolerance, not bitwise (tests/test_pop
 first updates to 1e-5). Two things hold only where they hold for the solo run too: once the replay buffer wraps, it
 overwrites the solo buffer's rows only when `buffer_size` is a multiple of `num_envs`; and SAC's policy noise is one
 draw of `2 x batch_size` rows per update, as the solo's hand-derived update draws it (its autograd reference draws
-`batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16).
+`batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16), in the layout the solo's
+draws have (`SACPopulation._solo_noise`: a narrow actor head on a CPU, e.g. 2 action dimensions, is drawn
+column-major by the solo's exploration and hand-derived update, which then differ from its autograd reference).
 
 A member that reaches its target (`stop="each"`), that `on_eval` prunes, or whose parameters become non-finite
-leaves the computation: its parameters, moments and replay rows are dropped from the stacks (its env rows step on
-with zero actions, untimed work of a few elementwise kernels, and are not counted).
+leaves the computation: its parameters, moments, replay rows, env rows and observations are dropped from the stacks
+(`PopulationBase._env_rows`: the others' envs continue exactly, Gymnasium's env objects mid-episode).
 
-Covered now: SAC and TD3 with rlspeed's default MLP networks on the native envs with Box actions (Pendulum-v1,
-MountainCarContinuous-v0), DQN with a plain (not dueling) MLP on those with Discrete actions (CartPole-v1, Acrobot-v1,
-MountainCar-v0, CartPoleNoVel-v1; `rlspeed.envs.registry.NATIVE_ENVS`), on one device, behind `Population(...)`,
-`rlspeed train --seeds` and `rlspeed tune`. Not yet: DDPG, dueling DQN, Gymnasium envs, checkpoints.
+Covered now: SAC and TD3 with rlspeed's default MLP networks on envs with Box actions, DQN with a plain (not
+dueling) MLP on envs with Discrete actions, on float-vector observations: the native envs
+(`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
+behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: DDPG,
+dueling DQN, action masks, subprocess Gymnasium envs, checkpoints.
 """
 
 from __future__ import annotations
@@ -44,12 +50,13 @@ import torch.nn.functional as F
 
 from rlspeed.device import rules
 from rlspeed.errors import UserError
-from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
+from rlspeed.fused.flat import Workspace, column_major, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.population.base import (
     PopulationBase,
     check_seeds,
     first_episode_returns,
+    population_env_backend,
     solo_models,
     split_member_values,
     stack_leaf,
@@ -255,24 +262,20 @@ class OffPolicyPopulation(PopulationBase):
     policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
     algo_cls: type
-    env_backend = "torch"  # (native envs only so far)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
-                 device: str | torch.device = "cpu", **hyperparameters):
+                 device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
         if algo_cls is not self.algo_cls:
             raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
                             f"{getattr(algo_cls, '__name__', algo_cls)}.")
         seeds = check_seeds(seeds)
-        from rlspeed.envs.registry import NATIVE_ENVS
-
-        if env_id not in NATIVE_ENVS:
-            raise UserError(f"Populations run on native envs so far ({', '.join(NATIVE_ENVS)}), not '{env_id}'.")
+        self.env_backend = env_backend = population_env_backend(env_id, env_backend)
         size = len(seeds)
         members = split_member_values(hyperparameters, member_overrides, size, self.per_member)
         self.env_id, self.seeds, self.size = env_id, seeds, size
         self.device = torch.device(device)
         # K solo models: their initial weights, and the state their global generator has when training starts
-        solos, self.generators = solo_models(algo_cls, env_id, seeds, members, self.device, env_backend="torch")
+        solos, self.generators = solo_models(algo_cls, env_id, seeds, members, self.device, env_backend=env_backend)
         self.config = solos[0].config
         if getattr(solos[0].policy, "encoder", None) is not None:
             raise UserError(f"Populations cover MLP networks on float vector observations so far; {env_id} needs an "
@@ -298,7 +301,6 @@ class OffPolicyPopulation(PopulationBase):
         self._env = None
         self.buffer: MemberReplay | None = None
         self._left: dict[int, dict[str, torch.Tensor]] = {}  # actor weights of members that left, for evaluation
-        self._rows: torch.Tensor | None = None  # the env rows of `alive` once members left (`_alive_rows`)
 
     # --- what an algorithm provides --------------------------------------------------------------------------
     def _build(self, solos: list) -> None:
@@ -393,36 +395,26 @@ class OffPolicyPopulation(PopulationBase):
         return torch.addcmul(self._action_center, self._action_half_range, actions)
 
     # --- the loop ----------------------------------------------------------------------------------------------
-    def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
-        from rlspeed.envs.base import EpisodeStatistics
-        from rlspeed.envs.registry import NATIVE_ENVS
-
-        native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
-        native.seed_row_blocks(seeds)
-        return EpisodeStatistics(native)
-
-    def _alive_rows(self) -> torch.Tensor | None:
-        """The env rows of the members still in the computation (None: all members), made when members leave (not a
-        host-to-device copy per iteration)."""
-        if len(self.alive) == self.size:
-            return None
-        if self._rows is None:
-            envs = self.config.num_envs
-            index = torch.tensor(self.alive, device=self.device)
-            self._rows = (index.unsqueeze(1) * envs + torch.arange(envs, device=self.device)).flatten()
-        return self._rows
-
     def _start(self, total_timesteps: int) -> None:
         cfg = self.config
         steps_needed = -(-(self.num_timesteps + total_timesteps) // cfg.num_envs) + 1
         capacity = min(steps_needed, max(cfg.buffer_size // cfg.num_envs, 1))
         # schedules (DQN's epsilon) run over this learn call, as `Algorithm.learn` sets them
         self._learn_start, self._schedule_end = self.num_timesteps, self.num_timesteps + total_timesteps
-        if self._env is None:
-            self._env = self._make_env(cfg.num_envs, self.seeds)
-            self._obs, _ = self._env.reset()
+        if self.buffer is None:
+            if not self.alive:
+                return
+            seeds = [self.seeds[k] for k in self.alive]
+            self._env = self._make_env(cfg.num_envs, seeds)
+            self._obs = self._reset(self._env, cfg.num_envs, seeds)
+            if getattr(cfg, "use_masking", False) and getattr(self._env.unwrapped, "has_action_masks", False):
+                self._env.close()
+                self._env = None
+                raise UserError(f"{self.env_id} gives action masks, which populations do not apply yet: pass "
+                                "use_masking=False (members then choose among all actions), or train the seeds as "
+                                "separate runs.")
             self._buffer_start = self.num_timesteps
-            self.buffer = MemberReplay(capacity, self.size, cfg.num_envs, self.obs_dim,
+            self.buffer = MemberReplay(capacity, len(self.alive), cfg.num_envs, self.obs_dim,
                                        1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
                                        self.device)
         else:
@@ -433,28 +425,21 @@ class OffPolicyPopulation(PopulationBase):
         member (once past `learning_starts`), as `OffPolicyAlgorithm._train_iteration`; returns env steps per
         member."""
         cfg, env, buffer = self.config, self._env, self.buffer
-        envs, rows = cfg.num_envs, self._alive_rows()
-        alive, before = len(self.alive), self.num_timesteps
+        alive, envs, before = len(self.alive), cfg.num_envs, self.num_timesteps
+        if not alive:
+            raise UserError("Every member has left the population (reached, pruned or diverged): nothing to train.")
         self._before_collect(before)
         with torch.no_grad():
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * envs
-                obs = self._obs if rows is None else self._obs[rows]
+                obs = self._obs
                 if timesteps < cfg.learning_starts:
                     actions = self._random_actions(envs)
                 else:
                     actions = self._explore(obs.view(alive, envs, -1), timesteps)
                 actions = actions.reshape(alive * envs, *self._action_tail)
-                env_actions = self._to_env(actions)
-                if rows is not None:  # the rows of members that left step on with zero actions
-                    env_actions = torch.zeros(self.size * envs, *self._action_tail, device=self.device,
-                                              dtype=env_actions.dtype).index_copy_(0, rows, env_actions)
-                next_obs, rewards, terminated, truncated, info = env.step(env_actions)
-                final_obs = info["final_obs"]
-                if rows is not None:
-                    rewards, terminated, truncated, final_obs = (x[rows] for x in (rewards, terminated, truncated,
-                                                                                  final_obs))
-                buffer.add(obs, actions, rewards, final_obs, terminated, truncated)
+                next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
                 self._on_dones(terminated | truncated)
                 self._obs = next_obs
         steps = cfg.train_freq * envs
@@ -465,7 +450,7 @@ class OffPolicyPopulation(PopulationBase):
         return steps
 
     def _on_dones(self, dones: torch.Tensor) -> None:
-        """Finished rows `[K_alive * N]` (TD3's Ornstein-Uhlenbeck noise restarts there)."""
+        """Finished rows `[K * N]` (TD3's Ornstein-Uhlenbeck noise restarts there)."""
 
     def _gradient_steps(self, steps: int) -> None:
         cfg, buffer = self.config, self.buffer
@@ -484,9 +469,9 @@ class OffPolicyPopulation(PopulationBase):
     # --- members leaving ---------------------------------------------------------------------------------------
     def remove(self, members: Sequence[int]) -> None:
         """Take members (original indices) out of the computation: their rows of every stacked tensor (parameters,
-        targets, Adam moments and steps, hyperparameters, generators, replay rows) are cut out, and their actors'
-        weights kept as they are now for the final evaluation. Their env rows step on with zero actions, uncounted.
-        Members already out are ignored."""
+        targets, Adam moments and steps, hyperparameters, generators, replay rows, env rows and observations) are cut
+        out, and their actors' weights kept as they are now for the final evaluation. Members already out are
+        ignored."""
         members = {int(m) for m in members} & set(self.alive)
         if not members:
             return
@@ -510,7 +495,8 @@ class OffPolicyPopulation(PopulationBase):
         self._keep_rows(index)
         self.generators = [self.generators[i] for i in keep_positions]
         self.alive = [self.alive[i] for i in keep_positions]
-        self._rows = None
+        if self._env is not None:
+            self._env, self._obs = self._env_rows(keep_positions)
 
     def _keep_rows(self, index: torch.Tensor) -> None:
         """Per-row state of the members kept (TD3's noise process)."""
@@ -564,7 +550,8 @@ class OffPolicyPopulation(PopulationBase):
             actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
-        returns = first_episode_returns(env, env.reset()[0], policy)
+        returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
+        env.close()
         return returns.view(count, episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _position(self, k: int) -> int:
@@ -644,8 +631,7 @@ class SACPopulation(OffPolicyPopulation):
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         mean, log_std = self._actor(obs)
-        noise = torch.stack([torch.randn(mean.shape[1:], device=self.device, generator=g) for g in self.generators])
-        return torch.addcmul(mean, log_std.exp(), noise).tanh_()
+        return torch.addcmul(mean, log_std.exp(), self._solo_noise(*mean.shape[1:], linear_path=True)).tanh_()
 
     def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
         return torch.tanh(self._actor(obs, weights, biases)[0])
@@ -664,8 +650,17 @@ class SACPopulation(OffPolicyPopulation):
         with torch.no_grad():
             self._target_flat.lerp_(self._critic_flat, self._target_tau)
 
-    def _policy_noise(self, shape) -> torch.Tensor:
-        return torch.stack([torch.randn(shape, device=self.device, generator=g) for g in self.generators])
+    def _solo_noise(self, rows: int, dims: int, linear_path: bool) -> torch.Tensor:
+        """Standard normal noise `[K, rows, dims]`, member k's from its generator, drawn as the solo run draws it.
+        The solo's `randn_like(mean)` follows the layout of its actor's output: row-major from modules (the autograd
+        reference), column-major where `rlspeed.fused.flat` writes a narrow head so (`column_major`: on a CPU, 2-4
+        outputs, 64 rows or more), as the solo's exploration and hand-derived update run it (`linear_path`). torch
+        fills a strided tensor with another kernel than a contiguous one (other numbers), so the draw here goes into a
+        tensor of the same strides."""
+        if linear_path and column_major(rows, 2 * dims, self.device):
+            return torch.stack([torch.empty(dims, rows, device=self.device).T.normal_(generator=g)
+                                for g in self.generators])
+        return torch.stack([torch.randn(rows, dims, device=self.device, generator=g) for g in self.generators])
 
     @torch.no_grad()
     def _gradient(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
@@ -693,7 +688,7 @@ class SACPopulation(OffPolicyPopulation):
         mean, raw_log_std = actor_out[-1].chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         std = log_std.exp()
-        noise = self._policy_noise(mean.shape[1:])
+        noise = self._solo_noise(*mean.shape[1:], linear_path=True)
         u = torch.addcmul(mean, std, noise)
         squashed = torch.tanh(u)
         log_pi = (F.softplus(u.mul(-2.0)).add_(u).mul_(2.0).sub_(log_std).addcmul_(noise, noise, value=-0.5)
@@ -748,7 +743,7 @@ class SACPopulation(OffPolicyPopulation):
         rows = obs.shape[1]
         alpha = self.log_alpha.detach().exp()  # [K, 1]
         mean, log_std = self._actor(torch.cat((next_obs, obs), dim=1))
-        noise = self._policy_noise(mean.shape[1:])
+        noise = self._solo_noise(*mean.shape[1:], linear_path=False)
         u = mean + log_std.exp() * noise
         sampled = torch.tanh(u)
         log_pi = (-0.5 * noise.square() - log_std - 0.5 * LOG_2PI - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)

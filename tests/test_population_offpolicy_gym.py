@@ -1,0 +1,100 @@
+"""rlspeed.population for SAC, TD3 and DQN on Gymnasium envs: member k starts and updates as the solo run with its
+seed on the same Gymnasium envs (env seeds, random streams), a member that leaves takes its replay and env rows with
+it, and `rlspeed train --seeds --env-backend gymnasium` trains on Gymnasium's envs. (Native envs:
+tests/test_population_offpolicy.py.)"""
+
+import json
+
+import pytest
+import torch
+from test_population_offpolicy import SMALL, _state
+
+from rlspeed import DQN, SAC, TD3, cli
+from rlspeed.errors import UserError
+from rlspeed.population import Population
+
+STEPS = 80  # per member: 40 random steps, then about 40 updates
+SMALL_DQN = {"num_envs": 2, "train_freq": 4, "gradient_steps": 4, "batch_size": 32, "learning_starts": 40,
+             "target_update_interval": 16, "net_arch": [32, 32], "exploration_fraction": 0.5}
+
+
+def _check_members_equal_solo_runs(algo, env_id: str, backend: str, small: dict, per_member: dict, steps: int):
+    seeds = [3, 7]
+    population = Population(algo, env_id, seeds=seeds, env_backend=backend, **{**small, **per_member})
+    assert population.env_backend == "gymnasium"
+    initial = [population.member_state(k) for k in range(2)]
+    population._start(steps)
+    while population.num_timesteps < steps:
+        population.train_iteration()
+    for k, seed in enumerate(seeds):
+        solo = algo(env_id, seed=seed, env_backend="gymnasium",
+                    **{**small, **{key: values[k] for key, values in per_member.items()}})
+        solo_initial = _state(solo)
+        solo.learn(steps, progress_bar=False)
+        assert solo.env_backend == "gymnasium"
+        solo_trained, trained = _state(solo), population.member_state(k)
+        assert trained.keys() == solo_trained.keys()
+        for name, value in solo_initial.items():
+            assert torch.equal(initial[k][name], value), name
+            assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
+            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("env_id, backend", [("Pendulum-v1", "gymnasium"), ("LunarLanderContinuous-v3", "auto")])
+def test_sac_members_start_and_update_as_solo_runs_on_gymnasium_envs(env_id, backend):
+    """Pendulum-v1 asked for with env_backend="gymnasium"; LunarLanderContinuous-v3 (two action dimensions) has no
+    native env, so "auto" takes Gymnasium's. Member 1 has its own learning rate and gamma."""
+    _check_members_equal_solo_runs(SAC, env_id, backend, SMALL, {"learning_rate": [2e-3, 5e-4], "gamma": [0.99, 0.9]},
+                                   STEPS)
+
+
+def test_dqn_members_start_and_update_as_solo_runs_on_gymnasium_envs():
+    """Epsilon-greedy draws, Double DQN targets and target copies on Gymnasium's Acrobot-v1, each member with its own
+    learning rate and final epsilon."""
+    _check_members_equal_solo_runs(DQN, "Acrobot-v1", "gymnasium", SMALL_DQN,
+                                   {"learning_rate": [5e-3, 1e-3], "exploration_final_eps": [0.05, 0.2]}, 120)
+
+
+@pytest.mark.parametrize("algo", [SAC, TD3])
+def test_a_member_that_leaves_takes_its_replay_and_env_rows_with_it(algo):
+    """Member 1 of 3 is pruned at the first evaluation: its rows of the replay buffer and of the Gymnasium vector env
+    are cut out (the kept env objects continue mid-episode), and members 0 and 2 end as in a population that never had
+    member 1."""
+    seeds = [0, 1, 2]
+    population = Population(algo, "Pendulum-v1", seeds=seeds, env_backend="gymnasium", **SMALL)
+    summary = population.learn(STEPS, eval_freq=50, eval_episodes=2,
+                               on_eval=lambda at, means: [1] if at == 50 else None)
+    assert summary["pruned"] == 1 and summary["members"][1]["pruned_at"] == 50
+    assert summary["env_backend"] == "gymnasium"
+    assert population.alive == [0, 2]
+    assert population._env.num_envs == 2 * SMALL["num_envs"] and population._obs.shape[0] == 2 * SMALL["num_envs"]
+    without = Population(algo, "Pendulum-v1", seeds=[0, 2], env_backend="gymnasium", **SMALL)
+    without.learn(STEPS, eval_freq=50, eval_episodes=2)
+    for name in ("obs", "next_obs", "actions", "rewards", "terminated", "discounts"):
+        kept, theirs = getattr(population.buffer, name), getattr(without.buffer, name)
+        assert kept.shape[1] == 2, name  # [steps, members, envs, ...]: member 1's rows are gone
+        torch.testing.assert_close(kept, theirs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(population._obs, without._obs, atol=1e-5, rtol=0)
+    for k, j in ((0, 0), (2, 1)):
+        theirs = without.member_state(j)
+        for name, value in population.member_state(k).items():
+            torch.testing.assert_close(value, theirs[name], atol=1e-5, rtol=0)
+
+
+def test_env_backend_is_checked():
+    with pytest.raises(UserError, match="no native env"):
+        Population(SAC, "LunarLanderContinuous-v3", seeds=[0], env_backend="torch")
+    with pytest.raises(UserError, match="env_backend"):
+        Population(DQN, "CartPole-v1", seeds=[0], env_backend="envpool")
+    assert Population(SAC, "Pendulum-v1", seeds=[0], **SMALL).env_backend == "torch"  # (native where there is one)
+
+
+def test_cli_seeds_with_env_backend_gymnasium(tmp_path):
+    out = tmp_path / "run"
+    argv = ["train", "sac", "Pendulum-v1", "--seeds", "0-1", "--env-backend", "gymnasium", "--total-timesteps", "80",
+            "--eval-freq", "40", "--target-return", "1000", "--set", "learning_starts=40", "--set", "batch_size=32",
+            "--set", "net_arch=[32,32]", "--threads", "1", "--out", str(out)]
+    assert cli.main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["env_backend"] == "gymnasium" and summary["population"] == 2
+    assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[40, 80], [40, 80]]
