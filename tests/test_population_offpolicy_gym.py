@@ -5,6 +5,8 @@ tests/test_population_offpolicy.py.)"""
 
 import json
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from test_population_offpolicy import SMALL, _state
@@ -40,12 +42,16 @@ def _check_members_equal_solo_runs(algo, env_id: str, backend: str, small: dict,
             torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("env_id, backend", [("Pendulum-v1", "gymnasium"), ("LunarLanderContinuous-v3", "auto")])
-def test_sac_members_start_and_update_as_solo_runs_on_gymnasium_envs(env_id, backend):
-    """Pendulum-v1 asked for with env_backend="gymnasium"; LunarLanderContinuous-v3 (two action dimensions) has no
-    native env, so "auto" takes Gymnasium's. Member 1 has its own learning rate and gamma."""
-    _check_members_equal_solo_runs(SAC, env_id, backend, SMALL, {"learning_rate": [2e-3, 5e-4], "gamma": [0.99, 0.9]},
-                                   STEPS)
+@pytest.mark.parametrize("env_id, backend, envs, steps", [("Pendulum-v1", "gymnasium", 2, STEPS),
+                                                         ("LunarLanderContinuous-v3", "auto", 2, STEPS),
+                                                         ("LunarLanderContinuous-v3", "auto", 64, 192)])
+def test_sac_members_start_and_update_as_solo_runs_on_gymnasium_envs(env_id, backend, envs, steps):
+    """Pendulum-v1 asked for with env_backend="gymnasium"; LunarLanderContinuous-v3 has no native env, so "auto" takes
+    Gymnasium's. Its two action dimensions make the solo's actor head column-major on a CPU (its update's 2 x 32 rows;
+    with 64 envs its exploration's too), which changes the solo's normal draws. Member 1 has its own learning rate and
+    gamma."""
+    _check_members_equal_solo_runs(SAC, env_id, backend, {**SMALL, "num_envs": envs},
+                                   {"learning_rate": [2e-3, 5e-4], "gamma": [0.99, 0.9]}, steps)
 
 
 def test_dqn_members_start_and_update_as_solo_runs_on_gymnasium_envs():
@@ -98,3 +104,30 @@ def test_cli_seeds_with_env_backend_gymnasium(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["env_backend"] == "gymnasium" and summary["population"] == 2
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[40, 80], [40, 80]]
+
+
+class _MaskedVector(gym.Env):
+    """A float-vector env whose info gives action masks (action 0 never allowed)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {"action_mask": np.arange(3) != 0}
+
+    def step(self, action):
+        return np.zeros(3, np.float32), 0.0, True, False, {"action_mask": np.arange(3) != 0}
+
+
+def test_action_masks_are_refused_in_one_sentence():
+    """The solo DQN applies the env's masks; the population does not yet, so it says so instead of ignoring them."""
+    env_id = "RlspeedTest/PopulationMaskedVector-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_MaskedVector, max_episode_steps=10)
+    population = Population(DQN, env_id, seeds=[0, 1], **SMALL_DQN)
+    with pytest.raises(UserError, match="action masks") as error:
+        population.learn(80)
+    assert "\n" not in str(error.value)
+    assert Population(DQN, env_id, seeds=[0, 1], use_masking=False, **SMALL_DQN).learn(80)["total_timesteps"] == 80
