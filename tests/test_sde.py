@@ -153,6 +153,8 @@ def test_export_gives_the_mean(tmp_path):
      "sde_sample_freq must be -1"),
     (["train", "recurrent_ppo", "Pendulum-v1", "--set", "use_sde=true"], "RecurrentPPO has no gSDE"),
     (["train", "ppo", "Pendulum-v1", "--seeds", "0,1", "--set", "use_sde=true"], "Populations do not support gSDE"),
+    (["train", "sac", "Pendulum-v1", "--seeds", "0,1", "--set", "use_sde=true"], "Populations do not support gSDE"),
+    (["train", "td3", "Pendulum-v1", "--set", "use_sde=true"], "Unknown hyperparameter 'use_sde'"),
 ])
 def test_bad_gsde_input_is_one_sentence(capsys, tmp_path, argv, message):
     error = cli_error(capsys, [*argv, "--total-timesteps", "64", "--out", str(tmp_path / "run")])
