@@ -9,11 +9,14 @@ bytes one transition of image observations takes in rollout and replay storage.
       net_arch=[]) on one shared encoder;
     - DQN: buffer 100,000, learning_starts 1,000, train_freq 4, batch 32, target update every 1,000 steps, lr 1e-4,
       epsilon 1 -> 0.05 over 10% of the run, grad norm 10, no double Q (SB3's DQN has none), linear Q head.
+    rlspeed runs twice: fp32 eager (`accelerate="off"`, the like-for-like comparison) and `accelerate="auto"` (the
+    update's precision chosen by measuring, within its accuracy check; what it chose is in the table).
     The encoder of both: rlspeed's small CNN (`rlspeed.nn.CNNEncoder`, Nature-DQN's 8x8 kernel does not fit 10x10):
     16 then 32 3x3 convolutions, a ReLU linear layer of 256; for SB3 the same layers as a features extractor
     (`SmallCNN` below), which takes SB3's float32 observations (SB3 treats a bool Box as a vector, not an image).
 (b) Bytes per transition of image observations in rollout and replay storage, from the storage each library
     allocates (its arrays' sizes): MinAtar's 10x10x4 bool grid and an Atari frame stack (4x84x84 uint8).
+(c) What bounds the update: fp32 and bf16 GFLOP/s of the CNN's largest product on one thread.
 
 Usage: python benchmarks/cnn_encoder.py [--quick] [--repeats N] [--ppo-steps N] [--dqn-steps N] [--no-write]
 The machine's load (`uptime`) before and after the runs is part of the results: on a shared machine it says how far
@@ -72,11 +75,22 @@ def sb3_extractor() -> type:
     return SmallCNN
 
 
+AUTO_CHOICE: dict[str, str] = {}  # algorithm -> what `accelerate="auto"` chose for its update (last run)
+
+
+def auto_choice(model) -> str:
+    """The decision line(s) of `model.report()` for the update step ("[all calls] -> bf16 ...")."""
+    decisions = [line.strip() for line in model.report().splitlines() if "->" in line]
+    return "; ".join(decisions) or "fp32 (no decision reported)"
+
+
 # --- (a) throughput ----------------------------------------------------------------------------------------------
-def rlspeed_ppo(steps: int, seed: int) -> float:
+def rlspeed_ppo(steps: int, seed: int, accelerate: str = "off") -> float:
     model = rlspeed.PPO(ENV_ID, seed=seed, num_envs=NUM_ENVS, env_backend="gymnasium", anneal_lr=False, vf_coef=1.0,
-                        net_arch=(), cnn_features_dim=FEATURES, **PPO_SETTINGS)
+                        net_arch=(), cnn_features_dim=FEATURES, accelerate=accelerate, **PPO_SETTINGS)
     model.learn(steps, progress_bar=False)
+    if accelerate == "auto":
+        AUTO_CHOICE["ppo"] = auto_choice(model)
     return model.result.sps
 
 
@@ -93,10 +107,12 @@ def sb3_ppo(steps: int, seed: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def rlspeed_dqn(steps: int, seed: int) -> float:
+def rlspeed_dqn(steps: int, seed: int, accelerate: str = "off") -> float:
     model = rlspeed.DQN(ENV_ID, seed=seed, num_envs=1, env_backend="gymnasium", double_q=False, net_arch=(),
-                        cnn_features_dim=FEATURES, **DQN_SETTINGS)
+                        cnn_features_dim=FEATURES, accelerate=accelerate, **DQN_SETTINGS)
     model.learn(steps, progress_bar=False)
+    if accelerate == "auto":
+        AUTO_CHOICE["dqn"] = auto_choice(model)
     return model.result.sps
 
 
@@ -109,6 +125,24 @@ def sb3_dqn(steps: int, seed: int) -> float:
     start = time.perf_counter()
     model.learn(steps)
     return steps / (time.perf_counter() - start)
+
+
+# --- (c) what bounds the update ------------------------------------------------------------------------------
+def matmul_rates(repeats: int = 200) -> dict[str, float]:
+    """GFLOP/s of the CNN's largest product in training (a PPO minibatch of 256 through the 1,152 -> 256 linear
+    layer) in fp32 and in bf16, on one thread: how far the fp32 kernels both libraries call are from what a reduced
+    precision offers on this CPU."""
+    rows, inner, cols = PPO_SETTINGS["batch_size"], 32 * 6 * 6, FEATURES
+    rates = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(rows, inner, dtype=dtype), torch.randn(inner, cols, dtype=dtype)
+        for _ in range(10):
+            a @ b
+        started = time.perf_counter()
+        for _ in range(repeats):
+            a @ b
+        rates[name] = 2 * rows * inner * cols * repeats / (time.perf_counter() - started) / 1e9
+    return rates
 
 
 # --- (b) bytes per transition ------------------------------------------------------------------------------------
@@ -158,8 +192,15 @@ def main() -> None:
     load_before = common.load_average()
     print(f"CNN encoder on {ENV_ID}: {args.repeats} alternating runs, torch.set_num_threads({args.threads}); "
           f"load {load_before}", flush=True)
-    runners = {"ppo rlspeed": (rlspeed_ppo, args.ppo_steps, 1024), "ppo sb3": (sb3_ppo, args.ppo_steps, 1024),
-               "dqn rlspeed": (rlspeed_dqn, args.dqn_steps, 1200), "dqn sb3": (sb3_dqn, args.dqn_steps, 1200)}
+    def auto(run):  # rlspeed with `accelerate="auto"`: precision chosen by measuring (recorded in REPORTS)
+        return lambda steps, seed: run(steps, seed, accelerate="auto")
+
+    runners = {"ppo rlspeed": (rlspeed_ppo, args.ppo_steps, 1024),
+               "ppo rlspeed auto": (auto(rlspeed_ppo), args.ppo_steps, 1024),
+               "ppo sb3": (sb3_ppo, args.ppo_steps, 1024),
+               "dqn rlspeed": (rlspeed_dqn, args.dqn_steps, 1200),
+               "dqn rlspeed auto": (auto(rlspeed_dqn), args.dqn_steps, 1200),
+               "dqn sb3": (sb3_dqn, args.dqn_steps, 1200)}
     for run, _, warmup in runners.values():  # imports and first allocations, not recorded
         run(warmup, 0)
     results: dict[str, list[float]] = {name: [] for name in runners}
@@ -169,15 +210,21 @@ def main() -> None:
             results[name].append(sps)
             print(f"  {repeat} {name}: {sps:,.0f} steps/s", flush=True)
     load_after = common.load_average()
+    rates = matmul_rates()
     spreads = {name: common.spread(values) for name, values in results.items()}
     bytes_rows = [storage_bytes(gym.spaces.Box(np.zeros((10, 10, 4), bool), np.ones((10, 10, 4), bool), dtype=bool)),
                   storage_bytes(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))]
+    def cell(name: str) -> str:
+        return f"{common.fmt(spreads[name]['median'])} ({common.fmt_range(spreads[name])})"
+
+    def versus_sb3(name: str, algo: str) -> str:
+        return common.fmt_ratio(common.ratio(spreads[name]["median"], spreads[f"{algo} sb3"]["median"]))
+
     throughput = common.markdown_table(
-        ["algorithm", "rlspeed steps/s (median, range)", "SB3 steps/s (median, range)", "ratio of medians"],
-        [[algo.upper(), f"{common.fmt(spreads[f'{algo} rlspeed']['median'])} "
-                        f"({common.fmt_range(spreads[f'{algo} rlspeed'])})",
-          f"{common.fmt(spreads[f'{algo} sb3']['median'])} ({common.fmt_range(spreads[f'{algo} sb3'])})",
-          common.fmt_ratio(common.ratio(spreads[f"{algo} rlspeed"]["median"], spreads[f"{algo} sb3"]["median"]))]
+        ["algorithm", "rlspeed fp32 steps/s (median, range)", "rlspeed `accelerate=auto` steps/s",
+         "SB3 steps/s (median, range)", "rlspeed fp32 / SB3", "rlspeed auto / SB3", "what auto ran"],
+        [[algo.upper(), cell(f"{algo} rlspeed"), cell(f"{algo} rlspeed auto"), cell(f"{algo} sb3"),
+          versus_sb3(f"{algo} rlspeed", algo), versus_sb3(f"{algo} rlspeed auto", algo), AUTO_CHOICE.get(algo, "?")]
          for algo in ("ppo", "dqn")])
     memory = common.markdown_table(
         ["observation", "rollout rlspeed", "rollout SB3", "replay rlspeed", "replay SB3",
@@ -192,17 +239,21 @@ def main() -> None:
              "(b) Bytes per transition of storage, from the arrays each library allocates (both keep observations in "
              "their dtype; both take truncation bootstraps during collection instead of storing next observations in "
              "the rollout; SB3's rollout also stores returns and advantages):", "",
-             memory]
+             memory, "",
+             f"(c) What bounds the update: the CNN's fp32 products and convolutions, the same kernels in both "
+             f"libraries (`rlspeed profile ppo MinAtar/Breakout-v1` puts the gradient update at about half of a "
+             f"PPO run). The CNN's largest product (256 x 1,152 @ 1,152 x 256) runs at "
+             f"{rates['fp32']:,.0f} GFLOP/s in fp32 and {rates['bf16']:,.0f} GFLOP/s in bf16 on one thread here: "
+             f"beyond fp32, speed comes from a reduced precision, which `accelerate=auto` takes only where its "
+             f"accuracy check passes (the choice is in the last column)."]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "minatar"))
     data = {"settings": {"env_id": ENV_ID, "num_envs": NUM_ENVS, "features": FEATURES, "ppo": PPO_SETTINGS,
                          "dqn": DQN_SETTINGS, "repeats": args.repeats, "ppo_steps": args.ppo_steps,
                          "dqn_steps": args.dqn_steps, "threads": args.threads, "quick": args.quick},
             "load_before": load_before, "load_after": load_after, "throughput": results, "summary": spreads,
+            "auto_choice": AUTO_CHOICE, "matmul_gflops": rates,
             "bytes_per_transition": bytes_rows}
-    # the README section is printed (benchmarks/README.md is shared: paste it there); the raw results are written
-    common.publish("cnn_encoder", lines, data, write=False, machine=machine)
-    if not args.no_write:
-        print(f"wrote {common.write_json('cnn_encoder', {'machine': machine, **data})}")
+    common.publish("cnn_encoder", lines, data, not args.no_write, machine=machine)
 
 
 if __name__ == "__main__":
