@@ -124,6 +124,9 @@ class PPOPopulation(PopulationBase):
         # network, else autograd of `_loss`; tests/test_population.py checks the two agree
         self.update_path = "autograd" if unsupported_reason(policy) else "hand-derived"
         self._tanh = isinstance(self.activation, torch.nn.Tanh)
+        # the activation as a function where it is one (a module call costs as much as the kernel on a few rows)
+        self._activate = {torch.nn.Tanh: torch.tanh, torch.nn.ReLU: torch.relu}.get(type(self.activation),
+                                                                                  self.activation)
         self._workspace = Workspace()
 
         #: each member's values of the per-member hyperparameters (original indices)
@@ -155,7 +158,7 @@ class PPOPopulation(PopulationBase):
         for layer, (weight, bias) in enumerate(zip(weights, biases)):
             x = torch.baddbmm(bias.flatten(0, 1), x, weight.flatten(0, 1))
             if layer < last:
-                x = self.activation(x)
+                x = self._activate(x)
         x = x.view(size, 2, batch, -1)
         return x[:, 0], x[:, 1, :, 0]
 
@@ -197,6 +200,27 @@ class PPOPopulation(PopulationBase):
     def _progress_remaining(self) -> float:
         return max(1.0 - self.num_timesteps / max(self._total_timesteps, 1), 0.0)
 
+    def _rollout_storage(self, size: int, obs_dim: int, action_shape: tuple[int, ...]
+                         ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
+        """The rollout's buffers `[T, K * N, ...]` (observations, next observations, actions `[T, K, N, ...]`,
+        log-probabilities, values, rewards, terminated, dones, whole episodes' ends and returns) and each step's row
+        views of them, so a step is stored with one foreach copy. Made again only when the members in the computation
+        change: nothing of a rollout is read after its iteration."""
+        key = (size, obs_dim)
+        if getattr(self, "_storage_key", None) != key:
+            steps, rows, device = self.config.num_steps, size * self.config.num_envs, self.device
+            observations = [torch.empty(steps, rows, obs_dim, device=device) for _ in range(2)]  # obs, next obs
+            actions = torch.empty(steps, size, self.config.num_envs, *action_shape, device=device,
+                                  dtype=torch.long if self.kind == "categorical" else torch.float32)
+            floats = [torch.empty(steps, rows, device=device) for _ in range(3)]  # log-probs, values, rewards
+            flags = [torch.empty(steps, rows, dtype=torch.bool, device=device) for _ in range(3)]  # term, done, end
+            buffers = [*observations, actions, *floats, *flags, torch.empty(steps, rows, device=device)]
+            per_member_rows = (3, 4)  # (log-probabilities and values arrive as [K, N])
+            views = [buf.view(steps, size, -1) if i in per_member_rows else buf for i, buf in enumerate(buffers)]
+            self._storage = buffers, [[view[step] for view in views] for step in range(steps)]
+            self._storage_key = key
+        return self._storage
+
     def train_iteration(self) -> torch.Tensor:
         """One rollout of `num_steps` steps of every env row, GAE, and the updates of every member (`_update_rollout`,
         PPO's: `n_epochs` of minibatches); returns each member's sum of finished episodes' returns and their count
@@ -210,16 +234,10 @@ class PPOPopulation(PopulationBase):
             self._obs = self._reset(self._env, envs, seeds)
         env, steps = self._env, cfg.num_steps
         obs_dim = self._obs.shape[-1]
-        buf_obs = torch.empty(steps, size * envs, obs_dim, device=self.device)
-        buf_next = torch.empty_like(buf_obs)
         action_shape = () if self.kind == "categorical" else (self.action_dim,)
-        buf_actions = torch.empty(steps, size, envs, *action_shape, device=self.device,
-                                  dtype=torch.long if self.kind == "categorical" else torch.float32)
-        buf_log_probs = torch.empty(steps, size * envs, device=self.device)
-        buf_values, buf_rewards = torch.empty_like(buf_log_probs), torch.empty_like(buf_log_probs)
-        buf_terminated = torch.empty(steps, size * envs, dtype=torch.bool, device=self.device)
-        buf_dones = torch.empty_like(buf_terminated)
-        episode_stats = torch.zeros(2, size, device=self.device)
+        buffers, rows = self._rollout_storage(size, obs_dim, action_shape)
+        (buf_obs, buf_next, buf_actions, buf_log_probs, buf_values, buf_rewards, buf_terminated, buf_dones, ends,
+         ended) = buffers
         obs = self._obs
         with torch.no_grad():
             for step in range(steps):
@@ -227,15 +245,13 @@ class PPOPopulation(PopulationBase):
                 actions, log_probs = self._sample(out, step)
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
                 dones = terminated | truncated
-                buf_obs[step] = obs
-                buf_next[step] = info["final_obs"]
-                buf_actions[step] = actions
-                buf_log_probs[step], buf_values[step] = log_probs.flatten(), values.flatten()
-                buf_rewards[step], buf_terminated[step], buf_dones[step] = rewards, terminated, dones
-                ends = info.get("done", dones).view(size, envs)
-                episode_stats[0] += torch.where(ends, info["episode_return"].view(size, envs), 0.0).sum(1)
-                episode_stats[1] += ends.sum(1)
+                # (whole episodes for the statistics: `info["done"]` where a wrapper ends learning episodes earlier)
+                torch._foreach_copy_(rows[step], (obs, info["final_obs"], actions, log_probs, values, rewards,
+                                                  terminated, dones, info.get("done", dones), info["episode_return"]))
                 obs = next_obs
+            ends = ends.view(steps, size, envs)
+            episode_stats = torch.stack((torch.where(ends, ended.view(steps, size, envs), 0.0).sum((0, 2)),
+                                         ends.sum((0, 2)).float()))
             self._obs = obs
             next_obs_per_member = buf_next.view(steps, size, envs, -1).transpose(0, 1).reshape(size, -1, obs_dim)
             next_values = self.forward(next_obs_per_member)[1]
