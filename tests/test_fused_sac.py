@@ -14,14 +14,14 @@ def _pair(**config):
     return plain_and_fused(SAC, "Pendulum-v1", FusedSACUpdate, learning_rate=1e-3, **config)
 
 
-def _batch(seed, batch=256):
+def _batch(seed, batch=256, obs_dim=3, action_dim=1):
     # batch * action_dim a multiple of 16: one normal draw of 2B numbers equals two draws of B (CPU generator), so
     # both versions see the same noise.
     generator = torch.Generator().manual_seed(seed)
-    return {"obs": torch.randn(batch, 3, generator=generator),
-            "actions": torch.rand(batch, 1, generator=generator) * 2 - 1,
+    return {"obs": torch.randn(batch, obs_dim, generator=generator),
+            "actions": torch.rand(batch, action_dim, generator=generator) * 2 - 1,
             "rewards": 3 * torch.randn(batch, generator=generator),
-            "next_obs": torch.randn(batch, 3, generator=generator),
+            "next_obs": torch.randn(batch, obs_dim, generator=generator),
             "terminated": (torch.rand(batch, generator=generator) < 0.1).float(),
             "discounts": torch.full((batch,), 0.99)}
 
@@ -32,11 +32,21 @@ def _batch(seed, batch=256):
     {"net_arch": (64,), "target_entropy": -3.0},
 ])
 def test_fused_step_matches_autograd_adam_and_polyak(config):
-    plain, fused = _pair(**config)
+    _assert_steps_match(*_pair(**config), _batch)
+
+
+def test_fused_step_matches_autograd_with_two_action_dimensions():
+    """On a CPU the hand-derived path lays a narrow actor head out column-major; its noise is still drawn in the
+    reference's (row-major) order, so both take the same step for any number of action dimensions."""
+    plain, fused = plain_and_fused(SAC, "LunarLanderContinuous-v3", FusedSACUpdate, learning_rate=1e-3)
+    _assert_steps_match(plain, fused, lambda step: _batch(step, obs_dim=8, action_dim=2))
+
+
+def _assert_steps_match(plain, fused, make_batch):
     fused._update_step.hand_derived.metrics_every = 1  # metrics on every step, to compare them too
     start = [p.clone() for p in fused._params]
     for step in range(4):
-        batch = _batch(step)
+        batch = make_batch(step)
         torch.manual_seed(100 + step)
         metrics_a = plain._update(batch)
         torch.manual_seed(100 + step)

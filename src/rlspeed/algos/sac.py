@@ -138,7 +138,9 @@ class SAC(OffPolicyAlgorithm):
             return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
         mean, log_std = linear_forward(obs.flatten(1), *self._actor_linears)[-1].chunk(2, dim=-1)
         std = log_std.clamp_(LOG_STD_MIN, LOG_STD_MAX).exp_()
-        return torch.addcmul(mean, std, torch.randn_like(mean)).tanh_()
+        # (noise drawn row-major whatever the head's layout: the numbers the module path's randn_like draws)
+        noise = torch.randn(mean.shape, dtype=mean.dtype, device=mean.device)
+        return torch.addcmul(mean, std, noise).tanh_()
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))

@@ -25,9 +25,8 @@ k's weights equal the solo run's to float tolerance, not bitwise (tests/test_pop
 first updates to 1e-5). Two things hold only where they hold for the solo run too: once the replay buffer wraps, it
 overwrites the solo buffer's rows only when `buffer_size` is a multiple of `num_envs`; and SAC's policy noise is one
 draw of `2 x batch_size` rows per update, as the solo's hand-derived update draws it (its autograd reference draws
-`batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16), in the layout the solo's
-draws have (`SACPopulation._solo_noise`: a narrow actor head on a CPU, e.g. 2 action dimensions, is drawn
-column-major by the solo's exploration and hand-derived update, which then differ from its autograd reference).
+`batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16), row-major as the solo's
+draws are (`SACPopulation._solo_noise`).
 
 A member that reaches its target (`stop="each"`), that `on_eval` prunes, or whose parameters become non-finite
 leaves the computation: its parameters, moments, replay rows, env rows and observations are dropped from the stacks
@@ -50,7 +49,7 @@ import torch.nn.functional as F
 
 from rlspeed.device import rules
 from rlspeed.errors import UserError
-from rlspeed.fused.flat import Workspace, column_major, ensemble_backward, ensemble_forward
+from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.population.base import (
     PopulationBase,
@@ -631,7 +630,7 @@ class SACPopulation(OffPolicyPopulation):
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         mean, log_std = self._actor(obs)
-        return torch.addcmul(mean, log_std.exp(), self._solo_noise(*mean.shape[1:], linear_path=True)).tanh_()
+        return torch.addcmul(mean, log_std.exp(), self._solo_noise(*mean.shape[1:])).tanh_()
 
     def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
         return torch.tanh(self._actor(obs, weights, biases)[0])
@@ -650,16 +649,9 @@ class SACPopulation(OffPolicyPopulation):
         with torch.no_grad():
             self._target_flat.lerp_(self._critic_flat, self._target_tau)
 
-    def _solo_noise(self, rows: int, dims: int, linear_path: bool) -> torch.Tensor:
-        """Standard normal noise `[K, rows, dims]`, member k's from its generator, drawn as the solo run draws it.
-        The solo's `randn_like(mean)` follows the layout of its actor's output: row-major from modules (the autograd
-        reference), column-major where `rlspeed.fused.flat` writes a narrow head so (`column_major`: on a CPU, 2-4
-        outputs, 64 rows or more), as the solo's exploration and hand-derived update run it (`linear_path`). torch
-        fills a strided tensor with another kernel than a contiguous one (other numbers), so the draw here goes into a
-        tensor of the same strides."""
-        if linear_path and column_major(rows, 2 * dims, self.device):
-            return torch.stack([torch.empty(dims, rows, device=self.device).T.normal_(generator=g)
-                                for g in self.generators])
+    def _solo_noise(self, rows: int, dims: int) -> torch.Tensor:
+        """Standard normal noise `[K, rows, dims]`, member k's from its generator, drawn as the solo run draws it
+        (row-major, whatever the layout of its actor's output)."""
         return torch.stack([torch.randn(rows, dims, device=self.device, generator=g) for g in self.generators])
 
     @torch.no_grad()
@@ -688,7 +680,7 @@ class SACPopulation(OffPolicyPopulation):
         mean, raw_log_std = actor_out[-1].chunk(2, dim=-1)
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         std = log_std.exp()
-        noise = self._solo_noise(*mean.shape[1:], linear_path=True)
+        noise = self._solo_noise(*mean.shape[1:])
         u = torch.addcmul(mean, std, noise)
         squashed = torch.tanh(u)
         log_pi = (F.softplus(u.mul(-2.0)).add_(u).mul_(2.0).sub_(log_std).addcmul_(noise, noise, value=-0.5)
@@ -743,7 +735,7 @@ class SACPopulation(OffPolicyPopulation):
         rows = obs.shape[1]
         alpha = self.log_alpha.detach().exp()  # [K, 1]
         mean, log_std = self._actor(torch.cat((next_obs, obs), dim=1))
-        noise = self._solo_noise(*mean.shape[1:], linear_path=False)
+        noise = self._solo_noise(*mean.shape[1:])
         u = mean + log_std.exp() * noise
         sampled = torch.tanh(u)
         log_pi = (-0.5 * noise.square() - log_std - 0.5 * LOG_2PI - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
