@@ -141,6 +141,7 @@ class PPOPopulation(PopulationBase):
         self._final_params = [p.detach().clone() for p in self.params]
         self.num_timesteps = 0  # env steps per member
         self._env = None
+        self._storage_key = None  # (the rollout storage is made at the first iteration)
         del solos
 
     # --- the batched network ------------------------------------------------------------------------------------
@@ -207,7 +208,7 @@ class PPOPopulation(PopulationBase):
         views of them, so a step is stored with one foreach copy. Made again only when the members in the computation
         change: nothing of a rollout is read after its iteration."""
         key = (size, obs_dim)
-        if getattr(self, "_storage_key", None) != key:
+        if self._storage_key != key:
             steps, rows, device = self.config.num_steps, size * self.config.num_envs, self.device
             observations = [torch.empty(steps, rows, obs_dim, device=device) for _ in range(2)]  # obs, next obs
             actions = torch.empty(steps, size, self.config.num_envs, *action_shape, device=device,
