@@ -9,7 +9,6 @@ import argparse
 import collections
 import contextlib
 import difflib
-import inspect
 import math
 import os
 import re
@@ -334,16 +333,7 @@ def _train_population(args: argparse.Namespace) -> int:
     target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id))
     device = resolve_device(args.device)
     # built before the run directory: a population that cannot train must not replace or leave behind a run
-    backend = {}
-    if args.env_backend not in (None, "auto"):
-        from rlspeed.population import IMPLEMENTATIONS
-
-        implementation = IMPLEMENTATIONS[algo_cls.__name__]
-        if "env_backend" in inspect.signature(implementation).parameters:
-            backend["env_backend"] = args.env_backend
-        elif args.env_backend != "torch":
-            raise UserError(f"--env-backend {args.env_backend}: {algo_cls.name.upper()} populations run on native envs "
-                            "only: drop --env-backend or give torch.")
+    backend = {"env_backend": args.env_backend} if args.env_backend not in (None, "auto") else {}
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **backend, **{**hyper, **per_member})
     configure_threads(args.threads)
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
