@@ -90,8 +90,6 @@ PAIRS = tuple(ZOO_SCORES)
 FIXED_BUDGETS = {
     ("ppo", "MountainCarContinuous-v0"): 100_000,
     ("a2c", "MountainCarContinuous-v0"): 100_000,
-    ("a2c", "Pendulum-v1"): 200_000,
-    ("sac", "MountainCarContinuous-v0"): 5_000,
     ("td3", "MountainCarContinuous-v0"): 5_000,
     ("ddpg", "MountainCarContinuous-v0"): 5_000,
     ("ppo", "LunarLander-v3"): 600_000,
@@ -111,7 +109,7 @@ class Pair:
     env_id: str
     target: float
     target_source: str
-    settings: str  # the preset `auto` picks, in words
+    settings: str  # the preset `auto` (or --preset) picks, in words
     settings_source: str  # Preset.source
     budget: int
     budget_note: str
@@ -127,9 +125,9 @@ def threshold(algo: str, env_id: str) -> tuple[float, str]:
     return ZOO_SCORES[(algo, env_id)][0], "RL-Zoo score"
 
 
-def make_pair(algo: str, env_id: str, budget_scale: float) -> Pair:
+def make_pair(algo: str, env_id: str, budget_scale: float, source: str = "auto") -> Pair:
     target, target_source = threshold(algo, env_id)
-    preset = load_preset(algo, env_id, "auto")
+    preset = load_preset(algo, env_id, source)
     preset_budget = int(float(preset.get("total_timesteps", 1_000_000)))
     fixed = None if preset.source == "rlspeed" else FIXED_BUDGETS.get((algo, env_id))  # rlspeed's fit this CPU
     if fixed is not None and fixed < preset_budget:
@@ -273,7 +271,7 @@ def main() -> None:
 
     common.set_threads(1)  # the machine block reports the runs' setting (each run is its own process, --threads 1)
     seeds = parse_seeds(args.seeds)
-    pairs = [make_pair(algo, env_id, args.budget_scale) for algo, env_id in select_pairs(args.pairs)]
+    pairs = [make_pair(algo, env_id, args.budget_scale, args.preset) for algo, env_id in select_pairs(args.pairs)]
     tasks = [(pair, seed) for pair in pairs for seed in seeds]
     print(f"learning_table: {len(pairs)} pairs x {len(seeds)} seeds, {args.jobs} at a time", flush=True)
     load_before = os.getloadavg()
@@ -295,8 +293,8 @@ def main() -> None:
         "`python benchmarks/learning_table.py`: every (algorithm, env) pair RL-Zoo covers among CartPole, Acrobot, "
         "MountainCar, MountainCarContinuous, Pendulum, LunarLander and LunarLanderContinuous, run as a user runs it: "
         "`rlspeed train ALGO ENV --target-return T --seed S --total-timesteps BUDGET --threads 1` with the preset "
-        "`auto` picks (*settings*: rlspeed's own preset for the pair, else RL-Zoo's translated, else rlspeed's "
-        "default where RL-Zoo's entry needs gSDE), two runs at a time. Training stops at the first evaluation "
+        "`auto` picks (*settings*: rlspeed's own preset for the pair, else RL-Zoo's translated, gSDE included, else "
+        "rlspeed's default), one or two runs at a time. Training stops at the first evaluation "
         "(deterministic, 10 episodes, separate env; confirmed on fresh episode seeds) that reaches the *threshold*: "
         "Gymnasium's reward_threshold, or RL-Zoo's published score for the pair where Gymnasium has none (Pendulum). "
         "Steps and seconds to the threshold count training only (evaluation excluded); a median counts a seed that "
