@@ -1,10 +1,12 @@
 """What every population class shares: members from seeds and hyperparameters (one value for all, or one per
-member), generators in the state a solo run's has, and `learn` (evaluations, targets, pruning, divergence) with its
-summary. A population class (`PPOPopulation`, the off-policy ones) provides the training and evaluation."""
+member), generators in the state a solo run's has, `learn` (evaluations, targets, pruning, divergence, periodic
+checkpoints) with its summary, and `save`/`resume` (a population's checkpoint: everything its run needs to continue).
+A population class (`PPOPopulation`, the off-policy ones) provides the training and evaluation."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import time
@@ -14,8 +16,20 @@ from pathlib import Path
 
 import torch
 
+from rlspeed._version import __version__
+from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.errors import UserError
 from rlspeed.stats import aggregate
+
+#: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
+CHECKPOINT_NAME = "checkpoint.safetensors"
+
+
+def _seed_text(seeds) -> str:
+    """Seeds as a short text for messages (the first few, and how many)."""
+    seeds = list(seeds or [])
+    shown = ", ".join(map(str, seeds[:6]))
+    return shown + (f", ... ({len(seeds)} in all)" if len(seeds) > 6 else "")
 
 
 def check_seeds(seeds) -> list[int]:
@@ -257,7 +271,127 @@ class PopulationBase:
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
         return new
 
+    # --- checkpoints -------------------------------------------------------------------------------------------
+    #: whether `save`, `resume` and `learn(run_dir=...)` cover this population class
+    checkpointable = False
+
+    def _state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The class's own state for a checkpoint: (tensors, JSON) — stacked parameters of the members in the
+        computation, those every member left with, optimiser state, per-member hyperparameters, counters."""
+        raise NotImplementedError
+
+    def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        """Restore what `_state` returned, onto a population already cut down to the checkpoint's members."""
+        raise NotImplementedError
+
+    def _refuse_unsaved(self) -> None:
+        if not self.checkpointable:
+            raise UserError(f"{type(self).__name__} cannot save checkpoints yet (PPO and A2C populations can): train "
+                            "without run_dir/checkpoint_freq (--checkpoint-freq, --resume).")
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint of the whole population (safetensors + JSON metadata, atomic, with a digest; see
+        `rlspeed.checkpoint`) to `path` and return the file's path: the class's state (`_state`), each member's
+        generator, the training env's state and observations where the backend can restore them (native envs), the
+        members in the computation, `num_timesteps`, and, within `learn`, the loop's progress (next evaluation and
+        checkpoint, each member's curve, reached / pruned / diverged, times). `resume` continues from it."""
+        self._refuse_unsaved()
+        own_tensors, own = self._state()
+        tensors = {f"state.{key}": value for key, value in own_tensors.items()}
+        for row, k in enumerate(self.alive):
+            tensors[f"generator.{k}"] = self.generators[row].get_state()
+        obs = getattr(self, "_obs", None)
+        env_state = self._env.state_dict() if self._env is not None and isinstance(obs, torch.Tensor) else None
+        if env_state is not None:
+            tensors.update({f"env.{key}": value for key, value in env_state.items()})
+            tensors["obs"] = obs
+        metadata = {"population": {
+            "algo": self.algo_name, "env_id": self.env_id, "seeds": self.seeds, "env_backend": self.env_backend,
+            "config": dataclasses.asdict(self.config),
+            "member_hyperparameters": [self._member_hyperparameters(k) for k in range(self.size)],
+            "alive": list(self.alive), "num_timesteps": self.num_timesteps, "state": own,
+            "env": {"restorable": env_state is not None}, "loop": self.progress,
+            "rlspeed_version": __version__, "torch_version": torch.__version__}}
+        return save_checkpoint(path, tensors, metadata)
+
+    def resume(self, path: str | Path, verify: bool = True) -> None:
+        """Continue the run a checkpoint (`save`, or `learn(run_dir=...)`'s) was written from, on this newly built
+        population (same algorithm, env, seeds and hyperparameters: anything else is a UserError): parameters,
+        optimiser state, generators, the members in the computation, `num_timesteps`, the envs' episodes in progress
+        where the backend can restore them (native envs; Gymnasium envs start fresh episodes, with a warning), and for
+        the next `learn` the loop's progress. That `learn`'s `total_timesteps` counts from the checkpoint's
+        `num_timesteps`: pass what is left of the run's budget. On the CPU with native envs a resumed run ends bitwise
+        as the uninterrupted run (tests/test_population_resume.py). `verify=False` skips the digest check.
+
+        Non-finite values are accepted: a member that diverged keeps its last parameters (it is never evaluated)."""
+        self._refuse_unsaved()
+        tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=True)
+        saved = meta.get("population")
+        if not isinstance(saved, dict):
+            what = (f"a checkpoint of a single {meta['algo']} run (resume it without --seeds)" if "algo" in meta
+                    else "not a population checkpoint")
+            raise UserError(f"'{path}' is {what}, so this population cannot resume from it.")
+        self._check_same_run(path, saved)
+        alive = [int(k) for k in saved.get("alive", [])]
+        if not set(alive) <= set(self.alive) or len(self.alive) != self.size:
+            raise UserError(f"Resume '{path}' on a newly built population (this one has trained already).")
+        if self._env is not None:
+            self._env.close()
+        self._env, self._obs = None, None
+        self.remove([k for k in range(self.size) if k not in alive])
+        try:
+            self._load_state({key[6:]: value for key, value in tensors.items() if key.startswith("state.")},
+                             saved.get("state") or {})
+            for row, k in enumerate(self.alive):
+                self.generators[row].set_state(tensors[f"generator.{k}"].cpu())  # ok-sync: once, at resume
+            self.num_timesteps = int(saved["num_timesteps"])
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise UserError(f"'{path}' does not fit this population ({str(error).splitlines()[0][:200]}): the file "
+                            "was edited or damaged.") from None
+        env_state = {key[4:]: value for key, value in tensors.items() if key.startswith("env.")}
+        if self.alive and env_state and "obs" in tensors and self.env_backend == "torch":
+            seeds = [self.seeds[k] for k in self.alive]
+            self._env = self._make_env(self.config.num_envs, seeds)
+            self._env.load_state_dict(env_state)
+            self._obs = tensors["obs"].clone()
+        elif self.alive:
+            warnings.warn(f"Resuming from '{path}': {self.env_backend} envs cannot restore their episodes in progress "
+                          "or random streams (native envs can), so training continues from fresh episodes and is not "
+                          "identical to the uninterrupted run.", stacklevel=2)
+        self.progress = saved.get("loop") or None
+        self._resumed = True
+
+    def _check_same_run(self, path, saved: dict) -> None:
+        """UserError unless the checkpoint's run (`saved`: its metadata) is this population's: algorithm, env, seeds,
+        shared hyperparameters and each member's."""
+        mine = {"algorithm": self.algo_name, "env": self.env_id, "seeds": self.seeds}
+        theirs = {"algorithm": saved.get("algo"), "env": saved.get("env_id"), "seeds": saved.get("seeds")}
+        differ = [name for name in mine if mine[name] != theirs[name]]
+        if differ:
+            raise UserError(f"'{path}' is a checkpoint of {theirs['algorithm']} on {theirs['env']} with seeds "
+                            f"{_seed_text(theirs['seeds'])}, not of this population ({mine['algorithm']} on "
+                            f"{mine['env']} with seeds {_seed_text(self.seeds)}): resume with the same "
+                            f"{' and '.join(differ)}.")
+        config = json.loads(json.dumps(dataclasses.asdict(self.config)))
+        members = json.loads(json.dumps([self._member_hyperparameters(k) for k in range(self.size)]))
+        shared = sorted(key for key in set(config) | set(saved.get("config") or {})
+                        if key not in self.per_member and config.get(key) != (saved.get("config") or {}).get(key))
+        per_member = sorted({key for k, values in enumerate(saved.get("member_hyperparameters") or [])
+                             for key, value in values.items() if members[k].get(key) != value})
+        if shared or per_member:
+            key = (shared or per_member)[0]
+            saved_value = ((saved.get("config") or {}).get(key) if shared else
+                           [values.get(key) for values in saved["member_hyperparameters"]])
+            raise UserError(f"'{path}' was trained with {key}={saved_value!r}, this population has "
+                            f"{config.get(key) if shared else [m.get(key) for m in members]!r}: resume with the "
+                            "checkpoint's hyperparameters.")
+
     # --- the loop ----------------------------------------------------------------------------------------------
+    #: the learn loop's progress as the last checkpoint saved it (after `resume`: the checkpoint's; None outside a
+    #: `learn` with checkpoints): next evaluation and checkpoint, each member's curve, reached, pruned / diverged, times
+    progress: dict | None = None
+    _resumed = False
+
     def _drop_diverged(self, left: dict[int, dict]) -> None:
         diverged = self._diverged()
         if not diverged:
@@ -271,7 +405,9 @@ class PopulationBase:
 
     def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
-              on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None) -> dict:
+              on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
+              run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
+              stop_requested: Callable[[], bool] | None = None) -> dict:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
@@ -290,6 +426,15 @@ class PopulationBase:
         final evaluation); the others are untouched. Members are checked after every iteration where
         `check_divergence_every_iteration`, else every `eval_freq` steps.
 
+        Checkpoints: with `run_dir`, `run_dir/checkpoint.safetensors` (`save`) is written atomically every
+        `checkpoint_freq` env steps per member, between iterations (none is due once training ends), so a crash
+        loses at most that many steps: `resume` continues from it. `stop_requested()`, where given, is asked after
+        every iteration; True: the checkpoint is written (with `run_dir`) and KeyboardInterrupt raised (the CLI's
+        Ctrl-C and SIGTERM).
+
+        Right after `resume`, the loop continues where the checkpoint's left it (evaluations, curves, members that
+        reached, were pruned or diverged, training times) and `total_timesteps` counts from its `num_timesteps`.
+
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
         (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
@@ -299,9 +444,16 @@ class PopulationBase:
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
         if eval_freq <= 0:
             raise UserError(f"eval_freq must be positive, got {eval_freq}.")
+        if checkpoint_freq is not None and (checkpoint_freq <= 0 or run_dir is None):
+            raise UserError(f"checkpoint_freq={checkpoint_freq} needs a positive value and a run_dir to write the "
+                            "checkpoints to.")
+        if run_dir is not None:
+            self._refuse_unsaved()
         from rlspeed.algos.base import CONFIRM_SEED
 
         size = self.size
+        saved = self.progress if self._resumed else None
+        self._resumed, self.progress = False, None
         self._begin(int(total_timesteps))
         end = self.num_timesteps + int(total_timesteps)
         time_to_target: list[float | None] = [None] * size
@@ -313,56 +465,79 @@ class PopulationBase:
         train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
         train_cpu = 0.0  # this process's CPU time in training (on a shared machine the wall clock also counts others)
         member_steps = 0  # env steps of the members in the computation, summed
+        next_checkpoint = self.num_timesteps + checkpoint_freq if checkpoint_freq else None
+        if saved is not None:  # (the resumed run's progress; its next evaluation and checkpoint where the frequencies
+            try:               # are the same)
+                time_to_target, steps_to_target = list(saved["time_to_target_s"]), list(saved["steps_to_target"])
+                reached, curves = [bool(r) for r in saved["reached"]], [list(c) for c in saved["curves"]]
+                left = {int(k): dict(entry) for k, entry in saved["left"]}
+                train_clock, train_cpu = float(saved["train_wall_s"]), float(saved["train_cpu_s"])
+                member_steps = int(saved["member_steps"])
+                if saved["eval_freq"] == eval_freq:
+                    next_eval = int(saved["next_eval"])
+                if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
+                    next_checkpoint = int(saved["next_checkpoint"])
+            except (KeyError, TypeError, ValueError) as error:
+                raise UserError(f"The resumed checkpoint's learn-loop progress is unreadable ({error}): the file was "
+                                "edited or damaged.") from None
+            if len(curves) != size:
+                raise UserError("The resumed checkpoint's learn-loop progress has the wrong number of members: the "
+                                "file was edited or damaged.")
+
+        def snapshot() -> dict:
+            return {"eval_freq": eval_freq, "next_eval": next_eval, "checkpoint_freq": checkpoint_freq,
+                    "next_checkpoint": next_checkpoint, "time_to_target_s": time_to_target,
+                    "steps_to_target": steps_to_target, "reached": reached, "curves": curves,
+                    "left": sorted(left.items()), "train_wall_s": train_clock, "train_cpu_s": train_cpu,
+                    "member_steps": member_steps}
+
+        def write_checkpoint() -> None:
+            self.progress = snapshot()
+            self.save(Path(run_dir) / CHECKPOINT_NAME)
+
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         while self.num_timesteps < end and self.alive:
             member_steps += self._iterate()
             due = self.num_timesteps >= next_eval or self.num_timesteps >= end
             if due or self.check_divergence_every_iteration:
                 self._drop_diverged(left)
-            if not due:
-                continue
-            next_eval = self.num_timesteps + eval_freq
-            if not (evaluating and self.alive):
-                continue
-            train_clock += time.perf_counter() - clock_start
+            finished = False
+            train_clock += time.perf_counter() - clock_start  # (evaluations and checkpoints are not training)
             train_cpu += time.process_time() - cpu_start
-            members = list(self.alive)
-            means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
-                                  members).tolist()
-            for k, mean in zip(members, means):
-                curves[k].append([self.num_timesteps, mean])
-            if target_return is not None:
-                hits = [k for k, mean in zip(members, means) if not reached[k] and mean >= target_return]
-                if confirm_target and hits:
-                    confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED
-                                                for k in hits], eval_episodes, hits).tolist()
-                    hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
-                for k in hits:
-                    reached[k] = True
-                    time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
-                if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
-                    self.remove(hits)
-            if on_eval is not None:
-                returned = on_eval(self.num_timesteps, dict(zip(members, means)))
-                try:
-                    pruned = [int(k) for k in (() if returned is None else returned)]
-                except (TypeError, ValueError):
-                    raise UserError(f"on_eval must return the members to prune as a list of indices (or None), got "
-                                    f"{returned!r}.") from None
-                unknown = [k for k in pruned if not 0 <= k < size]
-                if unknown:
-                    raise UserError(f"on_eval returned member(s) {', '.join(map(str, unknown))}, outside "
-                                    f"0..{size - 1}: return original member indices.")
-                pruned = [k for k in pruned if k in self.alive]
-                for k in pruned:
-                    left[k] = {"pruned_at": self.num_timesteps}
-                self.remove(pruned)
-            if target_return is not None and all(reached[k] for k in self.alive):
+            if due:
+                next_eval = self.num_timesteps + eval_freq
+            if due and evaluating and self.alive:
+                members = list(self.alive)
+                means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
+                                      eval_episodes, members).tolist()
+                for k, mean in zip(members, means):
+                    curves[k].append([self.num_timesteps, mean])
+                if target_return is not None:
+                    hits = [k for k, mean in zip(members, means) if not reached[k] and mean >= target_return]
+                    if confirm_target and hits:
+                        confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED
+                                                    for k in hits], eval_episodes, hits).tolist()
+                        hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
+                    for k in hits:
+                        reached[k] = True
+                        time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
+                    if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
+                        self.remove(hits)
+                if on_eval is not None:
+                    self._prune(on_eval(self.num_timesteps, dict(zip(members, means))), left)
+                finished = target_return is not None and all(reached[k] for k in self.alive)
+            if finished or self.num_timesteps >= end or not self.alive:
                 break
+            requested = stop_requested is not None and stop_requested()
+            if run_dir is not None and (requested or (next_checkpoint is not None
+                                                      and self.num_timesteps >= next_checkpoint)):
+                if next_checkpoint is not None and self.num_timesteps >= next_checkpoint:
+                    next_checkpoint = self.num_timesteps + checkpoint_freq
+                write_checkpoint()
+            if requested:
+                raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
-        else:
-            train_clock += time.perf_counter() - clock_start
-            train_cpu += time.process_time() - cpu_start
+        self.progress = None
         scored = [k for k in range(size) if "diverged_at" not in left.get(k, {})]
         final_means = (self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
                                      scored).tolist() if scored else [])
@@ -391,6 +566,23 @@ class PopulationBase:
                                                if reached_steps else None)},
         }
         return self.summary
+
+    def _prune(self, returned, left: dict[int, dict]) -> None:
+        """Take out the members `on_eval` returned (original indices, or None), each marked `pruned_at`."""
+        size = self.size
+        try:
+            pruned = [int(k) for k in (() if returned is None else returned)]
+        except (TypeError, ValueError):
+            raise UserError(f"on_eval must return the members to prune as a list of indices (or None), got "
+                            f"{returned!r}.") from None
+        unknown = [k for k in pruned if not 0 <= k < size]
+        if unknown:
+            raise UserError(f"on_eval returned member(s) {', '.join(map(str, unknown))}, outside "
+                            f"0..{size - 1}: return original member indices.")
+        pruned = [k for k in pruned if k in self.alive]
+        for k in pruned:
+            left[k] = {"pruned_at": self.num_timesteps}
+        self.remove(pruned)
 
     def write_summary(self, path: str | Path) -> Path:
         """Write the last `learn`'s summary as JSON (summary.json) and return its path."""

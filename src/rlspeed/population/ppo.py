@@ -27,7 +27,11 @@ Gymnasium envs are.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, on one
 device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3 and DQN: `rlspeed.population.offpolicy`). Not yet:
-RecurrentPPO, observation or reward normalisation, action masks, checkpoints.
+RecurrentPPO, observation or reward normalisation, action masks.
+
+Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
+parameters, the parameters members left with, the optimiser's moments and step count, the per-member hyperparameter
+tensors and the schedules' end, besides what every population's hold (generators, env state, the loop's progress).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class PPOPopulation(PopulationBase):
     algo_cls: type = PPO  # the solo algorithm whose runs the members are
     per_member = PER_MEMBER
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
+    checkpointable = True
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
@@ -490,7 +495,38 @@ class PPOPopulation(PopulationBase):
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:
-        self._total_timesteps = self.num_timesteps + total_timesteps  # (the learning-rate and clip schedules' end)
+        # the learning-rate and clip schedules' end: this call's, or right after `resume` the resumed run's where
+        # that is later
+        resumed_end, self._resumed_schedule_end = getattr(self, "_resumed_schedule_end", None), None
+        self._total_timesteps = max(self.num_timesteps + total_timesteps, resumed_end or 0)
+
+    # --- checkpoints (see `PopulationBase.save`) ----------------------------------------------------------------
+    def _state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors = {f"param.{i}": p.detach() for i, p in enumerate(self.params)}
+        tensors.update({f"final.{i}": p for i, p in enumerate(self._final_params)})
+        tensors.update({"exp_avg": self._exp_avg, "exp_avg_sq": self._exp_avg_sq})
+        tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
+        return tensors, {"adam_steps": self._adam_steps, "schedule_end": getattr(self, "_total_timesteps", None)}
+
+    def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        def take(name: str, like: torch.Tensor) -> torch.Tensor:
+            saved = tensors[name]
+            if saved.shape != like.shape or saved.dtype != like.dtype:
+                raise ValueError(f"'{name}' is {saved.dtype} {tuple(saved.shape)}, this population's "
+                                 f"{like.dtype} {tuple(like.shape)}")
+            return saved.clone()
+
+        self.params = [take(f"param.{i}", p).requires_grad_() for i, p in enumerate(self.params)]
+        layers = len(self.weights)
+        self.weights, self.biases = self.params[:layers], self.params[layers:2 * layers]
+        if self.kind == "gaussian":
+            self.log_std = self.params[-1]
+        self._final_params = [take(f"final.{i}", p) for i, p in enumerate(self._final_params)]
+        self._exp_avg, self._exp_avg_sq = take("exp_avg", self._exp_avg), take("exp_avg_sq", self._exp_avg_sq)
+        self.hyper = {key: take(f"hyper.{key}", value) for key, value in self.hyper.items()}
+        self._adam_steps = int(values["adam_steps"])
+        end = values.get("schedule_end")
+        self._resumed_schedule_end = None if end is None else int(end)
 
     def _iterate(self) -> int:
         steps = self.config.num_steps * self.config.num_envs * len(self.alive)
