@@ -113,9 +113,10 @@ class A2C(OnPolicyAlgorithm):
             return super()._act(obs, step, action_masks)
         # (unmasked: the hand-derived update gives way to autograd under masks)
         if step == 0:  # the rollout's random draws at once; A2C stores no log-probabilities (its loss recomputes them)
-            self._rollout_noise = update.rollout_noise(self.config.num_steps, obs.shape[0])
+            # (one view per step, made once: indexing a tuple costs no dispatch)
+            self._rollout_noise = update.rollout_noise(self.config.num_steps, obs.shape[0]).unbind(0)
             self._no_log_probs = torch.zeros(obs.shape[0], device=self.device)
-        actions, values = update.act(obs.flatten(1), self._rollout_noise[step])
+        actions, values = update.act(obs if obs.dim() == 2 else obs.flatten(1), self._rollout_noise[step])
         return actions, self._no_log_probs, values
 
     def _next_values(self, buf: RolloutBuffer) -> torch.Tensor:

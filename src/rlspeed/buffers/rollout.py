@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import gymnasium as gym
 import torch
 
@@ -38,9 +40,20 @@ def observation_nbytes(obs: Observation) -> int:
 _MATRIX_GAE_MAX_ELEMENTS = 1 << 24
 
 
+@functools.lru_cache(maxsize=32)
+def _triangles(steps: int, ndim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(after, lower) for GAE's `[T, T, 1...]` discount matrix over `ndim`-dimensional `[T, ...]` rollouts:
+    after[t, k] = k > t, lower[t, s] = s < t (made once per shape and device: they depend on nothing else)."""
+    index = torch.arange(steps, device=device)
+    after = (index.view(-1, 1) < index.view(1, -1)).view(steps, steps, *([1] * (ndim - 1)))
+    return after, after.transpose(0, 1)
+
+
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
-        dones: torch.Tensor, gamma: float, gae_lambda: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over `[T, N]` tensors. Returns (advantages, returns).
+        dones: torch.Tensor, gamma: float | torch.Tensor, gae_lambda: float | torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over `[T, N]` tensors (`terminated`, `dones` bool; `gamma` and `gae_lambda`
+    numbers, or `[N]` tensors of one value per env column). Returns (advantages, returns).
 
     `next_values[t]` is V of the observation step t led to (`info["final_obs"]`), so a truncated episode is
     bootstrapped from its true last observation and a terminated one is not bootstrapped at all:
@@ -51,9 +64,10 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     The recursion is evaluated as one weighted sum, A = G @ delta with G[t, s] = prod_{k=t}^{s-1} c_k, built with
     one cumprod over a `[T, T, N]` tensor: a handful of kernels instead of T small steps.
     """
-    not_terminated = 1.0 - terminated.to(rewards.dtype)
-    deltas = rewards + gamma * next_values * not_terminated - values
-    carry = gamma * gae_lambda * (1.0 - dones.to(rewards.dtype))  # c_t, [T, N]
+    not_terminated = (~terminated).to(rewards.dtype)
+    deltas = torch.addcmul(rewards, next_values.mul(gamma), not_terminated).sub_(values)
+    # c_t, [T, N]
+    carry = torch.where(dones, 0.0, gamma * gae_lambda).to(rewards.dtype)
     steps = rewards.shape[0]
     if steps * steps * rewards[0].numel() > _MATRIX_GAE_MAX_ELEMENTS:
         advantages = torch.empty_like(deltas)
@@ -62,15 +76,13 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
             running = deltas[t] + carry[t] * running
             advantages[t] = running
         return advantages, advantages + values
-    index = torch.arange(steps, device=rewards.device)
-    # factors[t, k] = c_{k-1} for k > t, else 1; cumprod over k gives prod_{j=t}^{s-1} c_j at [t, s].
-    shifted = torch.cat((torch.ones_like(carry[:1]), carry[:-1]), dim=0)  # shifted[k] = c_{k-1}
-    after = (index.view(-1, 1) < index.view(1, -1)).view(steps, steps, *([1] * (carry.dim() - 1)))
-    factors = torch.where(after, shifted.unsqueeze(0), torch.ones((), dtype=carry.dtype, device=carry.device))
+    after, lower = _triangles(steps, carry.dim(), carry.device)
+    # factors[t, k] = c_{k-1} for k > t, else 1 (k = 0 never counts: row 0 of the rolled carry is unused); cumprod
+    # over k gives prod_{j=t}^{s-1} c_j at [t, s].
+    factors = torch.where(after, carry.roll(1, dims=0).unsqueeze(0), 1.0)
     weights = torch.cumprod(factors, dim=1)
     # Only s >= t counts. The lower triangle is zero-filled after weighting, not multiplied by a 0/1 mask: 0 * an inf
     # delta is NaN, which would reach the advantages of the steps after it (the reverse scan never adds it to those).
-    lower = after.transpose(0, 1)  # [t, s] with s < t
     advantages = weights.mul_(deltas.unsqueeze(0)).masked_fill_(lower, 0.0).sum(dim=1)
     return advantages, advantages + values
 

@@ -33,7 +33,9 @@ _NO_ROWS = np.empty(0, dtype=np.int64)  # info["final_rows"] of a step where no 
 
 
 def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
-    array = actions.detach().cpu().numpy()
+    # (a CPU tensor outside autograd is read in place: .detach().cpu() would be two more dispatches per step)
+    array = (actions.numpy() if actions.device.type == "cpu" and not actions.requires_grad
+             else actions.detach().cpu().numpy())
     if isinstance(space, gym.spaces.Discrete):
         return array.astype(np.int64).reshape(-1)
     if isinstance(space, (gym.spaces.Box, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):

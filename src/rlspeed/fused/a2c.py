@@ -130,10 +130,11 @@ class FusedA2CUpdate:
         """(actions, values) for unmasked float vectors `[B, in]` with this step's row of `rollout_noise` `[B, A]`:
         Gumbel-max on the logits (a sample of softmax(logits)), or mean + std * N(0, 1). Called under
         `torch.no_grad()` (the rollout's)."""
-        out = self._output(obs)
+        head, critic = self._output(obs).unbind(0)
+        values = critic.select(1, 0)
         if self.policy.discrete:
-            return (out[0] + noise).argmax(-1), out[1, :, 0]
-        return out[0] + noise, out[1, :, 0]
+            return (head + noise).argmax(-1), values
+        return head + noise, values
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """`ActorCritic.value(obs)`, V `[B]` of float vectors `[B, in]`, with the module's kernels."""
