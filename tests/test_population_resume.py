@@ -110,3 +110,112 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     solo = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16, net_arch=(8,)).save(tmp_path / "solo")
     with pytest.raises(UserError, match="single ppo run"):
         population.resume(solo)
+
+
+# CLI runs: 2 members, 8 envs x 16 steps per iteration, an evaluation every 128 steps against a target never reached,
+# a checkpoint every 256 steps
+CLI = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=2",
+       "--set", "net_arch=[16,16]", "--total-timesteps", "768", "--eval-freq", "128", "--target-return", "1000",
+       "--checkpoint-freq", "256", "--env-backend", "torch"]
+
+
+def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """A run that crashes (an exception) after its second checkpoint leaves checkpoint.safetensors; `--resume`
+    continues it to the end, and its summary.json has the uninterrupted run's fields and values (times aside)."""
+    from rlspeed.population import ppo
+
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI]
+    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    expected = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert expected["resumed_from"] is None and expected["checkpoint_freq"] == 256
+
+    save = ppo.PPOPopulation.save
+    saves = []
+
+    def crash_after_second_save(self, path):
+        written = save(self, path)
+        saves.append(self.num_timesteps)
+        if len(saves) == 2:
+            raise Killed
+        return written
+
+    monkeypatch.setattr(ppo.PPOPopulation, "save", crash_after_second_save)
+    out = tmp_path / "b"
+    with pytest.raises(Killed):
+        cli.main([*argv, "--out", str(out)])
+    monkeypatch.setattr(ppo.PPOPopulation, "save", save)
+    assert saves == [256, 512]
+    assert not (out / "summary.json").exists()
+    assert cli.main([*argv, "--out", str(out), "--resume"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == 512
+    assert set(summary) == set(expected)
+    assert {**_without_times(summary), "resumed_from": None} == _without_times(expected)
+    assert [step for step, _ in summary["members"][0]["curve"]] == [128, 256, 384, 512, 640, 768]
+
+
+def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_path, capsys, monkeypatch):
+    """SIGTERM at the second evaluation: the run finishes the iteration, writes its checkpoint there (not only the
+    last periodic one) and summary.json, and exits 143; `--resume` goes on from that step to the uninterrupted end."""
+    import os
+    import signal
+
+    from rlspeed.population import ppo
+
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "2,4", *CLI]
+    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    expected = json.loads((tmp_path / "a" / "summary.json").read_text())
+    learn = ppo.PPOPopulation.learn
+
+    def terminated_learn(self, *args, on_eval, **kwargs):
+        def terminate_at_384(steps, means):
+            if steps == 384:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return on_eval(steps, means)
+        return learn(self, *args, on_eval=terminate_at_384, **kwargs)
+
+    monkeypatch.setattr(ppo.PPOPopulation, "learn", terminated_learn)
+    out = tmp_path / "b"
+    capsys.readouterr()
+    assert cli.main([*argv, "--out", str(out)]) == 143
+    err = capsys.readouterr().err
+    assert "stopping after this iteration" in err
+    assert "--resume continues from checkpoint.safetensors, written at 384 steps per member" in err
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    monkeypatch.setattr(ppo.PPOPopulation, "learn", learn)
+    assert cli.main([*argv, "--out", str(out), "--resume"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed_from"] == 384
+    assert {**_without_times(summary), "resumed_from": None} == _without_times(expected)
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["train", "ppo", "CartPole-v1", "--seeds", "0-2", *CLI], "with --seeds 0,1, not ppo on CartPole-v1 with these"),
+    (["train", "a2c", "CartPole-v1", "--seeds", "0-1", "--set", "num_envs=8"], "a population of ppo on CartPole-v1"),
+    (["train", "ppo", "Acrobot-v1", "--seeds", "0-1", *CLI, "--set", "normalize_obs=false", "--set",
+      "normalize_reward=false"], "a population of ppo on CartPole-v1"),
+])
+def test_resume_refuses_another_runs_directory(tmp_path, capsys, argv, names):
+    """Seeds, algorithm or env other than the run directory's: one sentence, exit code 2, the run left as it was."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]) == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert "checkpoint.safetensors" in before
+    capsys.readouterr()
+    message = cli_error(capsys, [*argv, "--out", str(out), "--resume"])
+    assert names in message
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+
+
+def test_resume_refuses_a_single_runs_directory_and_populations_without_checkpoints(tmp_path, capsys):
+    out = tmp_path / "solo"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--set", "num_envs=8", "--set", "num_steps=16",
+                     "--total-timesteps", "256", "--target-return", "none", "--checkpoint-freq", "128", "--out",
+                     str(out)]) == 0
+    capsys.readouterr()
+    message = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out),
+                                 "--resume"])
+    assert "single ppo run" in message
+    message = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--checkpoint-freq", "100",
+                                 "--out", str(tmp_path / "dqn")])
+    assert "--checkpoint-freq does not apply to DQN populations yet" in message

@@ -293,8 +293,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.tune import per_member_keys
 
     seeds = _parse_seeds(args.seeds)
-    refused = [flag for flag, given in (("--nproc", args.nproc is not None), ("--resume", args.resume),
-                                        ("--checkpoint-freq", args.checkpoint_freq is not None),
+    refused = [flag for flag, given in (("--nproc", args.nproc is not None),
                                         ("--save-replay-buffer", args.save_replay_buffer),
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
@@ -327,6 +326,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.device import configure_threads, resolve_device
     from rlspeed.envs import env_spec
     from rlspeed.population import Population
+    from rlspeed.population.base import CHECKPOINT_NAME
     from rlspeed.population.plot import plot_learning_curves
 
     total = _total_timesteps(run_settings, args.total_timesteps)
@@ -335,11 +335,29 @@ def _train_population(args: argparse.Namespace) -> int:
     # built before the run directory: a population that cannot train must not replace or leave behind a run
     backend = {"env_backend": args.env_backend} if args.env_backend not in (None, "auto") else {}
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **backend, **{**hyper, **per_member})
+    if (args.resume or args.checkpoint_freq is not None) and not population.checkpointable:
+        flag = "--resume" if args.resume else "--checkpoint-freq"
+        raise UserError(f"{flag} does not apply to {algo_cls.name.upper()} populations yet (PPO and A2C populations "
+                        "keep checkpoints): drop it.")
     configure_threads(args.threads)
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
+    checkpoint = run_dir / CHECKPOINT_NAME
+    resumed_from = None
+    if args.resume:
+        _same_population_run(run_dir, algo_cls.name, args.env_id, seeds)
+        if checkpoint.exists():
+            _fits(lambda: population.resume(checkpoint), checkpoint, "this population")
+            resumed_from = population.num_timesteps
+            if resumed_from >= total:
+                raise UserError(f"--resume: '{checkpoint}' has trained {resumed_from:,} steps per member already, "
+                                f"the whole budget of {total:,}: give a larger --total-timesteps.")
+        else:
+            print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
+    # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
+    checkpoint_freq = (args.checkpoint_freq or max(total // 20, 1)) if population.checkpointable else None
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": getattr(population, "env_backend", "torch"), "total_timesteps": total,
-              "target_return": target, "eval_freq": eval_freq,
+              "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
               "gym_packages": args.gym_packages, "preset": args.preset_info,
               "hyperparameters": {**_plain(_config), **per_member}}
     _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
@@ -351,7 +369,13 @@ def _train_population(args: argparse.Namespace) -> int:
     learn_kwargs = {"target_return": target}
     if eval_freq is not None:
         learn_kwargs["eval_freq"] = eval_freq
+    if population.checkpointable:
+        learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq)
     curves: dict[int, list] = {k: [] for k in range(len(seeds))}
+    if resumed_from is not None:
+        print(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps per member", flush=True)
+        for k, curve in enumerate((population.progress or {}).get("curves", [])):
+            curves[k] = [list(point) for point in curve]
     started = time.perf_counter()
 
     def progress(steps: int, means: dict[int, float]) -> list[int]:
@@ -365,20 +389,32 @@ def _train_population(args: argparse.Namespace) -> int:
         return []
 
     try:
-        with _sigterm_raises():
-            summary = population.learn(total, on_eval=progress, **learn_kwargs)
+        with _stop_after_iteration() as signals:
+            summary = population.learn(total - (resumed_from or 0), on_eval=progress,
+                                       stop_requested=lambda: bool(signals), **learn_kwargs)
     except KeyboardInterrupt as stop:
-        code, name = (143, "SIGTERM") if isinstance(stop, Terminated) else (130, "Ctrl-C")
+        terminated = isinstance(stop, Terminated) or signals[:1] == [signal.SIGTERM]
+        code, name = (143, "SIGTERM") if terminated else (130, "Ctrl-C")
         partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
                    "total_timesteps": population.num_timesteps, "preset": args.preset_info,
                    "members": [{"seed": seed, "curve": curves[k]} for k, seed in enumerate(seeds)]}
         with _signals_ignored():
             _write_text(run_dir / "summary.json", strict_json(partial, indent=2) + "\n")
+        if not population.checkpointable:
+            kept = (f"{algo_cls.name.upper()} populations keep no checkpoint yet, so training restarts from the "
+                    "beginning")
+        elif checkpoint.exists():
+            from rlspeed.checkpoint import load_checkpoint
+
+            steps = load_checkpoint(checkpoint, verify=False, allow_nonfinite=True)[1]["population"]["num_timesteps"]
+            kept = f"--resume continues from {CHECKPOINT_NAME}, written at {steps:,} steps per member"
+        else:
+            kept = "no checkpoint was written yet, so training restarts from the beginning"
         print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json holds "
-              f"each member's evaluations so far; population runs keep no checkpoint, so training restarts from the "
-              f"beginning ({run_dir})", file=sys.stderr, flush=True)
+              f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
     summary["preset"] = args.preset_info
+    summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     plot_learning_curves(summary, run_dir / "learning_curves.png")
     steps = summary["aggregate"]["steps_to_target"]
@@ -572,6 +608,52 @@ def _sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _stop_after_iteration():
+    """Within the block the first Ctrl-C (SIGINT) or SIGTERM is recorded in the list yielded, for the population's
+    learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint there); a second
+    signal stops at once (KeyboardInterrupt or `Terminated`)."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        if received:
+            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+        received.append(signum)
+        print(f"rlspeed: {'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}: stopping after this iteration "
+              "(again to stop at once)", file=sys.stderr, flush=True)
+
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: signals stay as they are
+        yield received
+        return
+    try:
+        yield received
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]) -> None:
+    """UserError unless the run `run_dir/config.yaml` describes (where there is one) is a population of `algo` on
+    `env_id` with `seeds`: --resume continues the same run only."""
+    path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text()) if path.exists() else None
+    except (OSError, yaml.YAMLError) as error:
+        raise UserError(f"--resume: cannot read '{path}' ({error}).") from None
+    if not isinstance(config, dict):
+        return
+    if "seeds" not in config:
+        raise UserError(f"--resume: '{run_dir}' holds a single {config.get('algo')} run (seed {config.get('seed')}), "
+                        "not a population: resume it without --seeds, or give another --out.")
+    theirs = (config.get("algo"), config.get("env_id"), config.get("seeds"))
+    if theirs != (algo, env_id, seeds):
+        seed_text = ",".join(map(str, config.get("seeds") or []))
+        raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
+                        f"{seed_text}, not {algo} on {env_id} with these seeds: give the same ones, or another --out.")
 
 
 @contextlib.contextmanager
