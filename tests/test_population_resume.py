@@ -119,17 +119,26 @@ CLI = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64",
        "--checkpoint-freq", "256", "--env-backend", "torch"]
 
 
-def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch):
+# SAC: 2 members, 2 envs, updates from step 64 on batches of 32, the replay buffer saved with each checkpoint
+CLI_SAC = ["--set", "num_envs=2", "--set", "learning_starts=64", "--set", "batch_size=32", "--set", "net_arch=[16,16]",
+           "--set", "buffer_size=1000", "--total-timesteps", "768", "--eval-freq", "128", "--target-return", "1000",
+           "--checkpoint-freq", "256", "--env-backend", "torch", "--save-replay-buffer"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI],
+    ["train", "sac", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
+], ids=["ppo", "sac"])
+def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch, argv):
     """A run that crashes (an exception) after its second checkpoint leaves checkpoint.safetensors; `--resume`
     continues it to the end, and its summary.json has the uninterrupted run's fields and values (times aside)."""
-    from rlspeed.population import ppo
+    from rlspeed.population import base
 
-    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI]
     assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
     expected = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert expected["resumed_from"] is None and expected["checkpoint_freq"] == 256
 
-    save = ppo.PPOPopulation.save
+    save = base.PopulationBase.save
     saves = []
 
     def crash_after_second_save(self, path):
@@ -139,11 +148,11 @@ def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, mon
             raise Killed
         return written
 
-    monkeypatch.setattr(ppo.PPOPopulation, "save", crash_after_second_save)
+    monkeypatch.setattr(base.PopulationBase, "save", crash_after_second_save)
     out = tmp_path / "b"
     with pytest.raises(Killed):
         cli.main([*argv, "--out", str(out)])
-    monkeypatch.setattr(ppo.PPOPopulation, "save", save)
+    monkeypatch.setattr(base.PopulationBase, "save", save)
     assert saves == [256, 512]
     assert not (out / "summary.json").exists()
     assert cli.main([*argv, "--out", str(out), "--resume"]) == 0
@@ -207,7 +216,7 @@ def test_resume_refuses_another_runs_directory(tmp_path, capsys, argv, names):
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
 
 
-def test_resume_refuses_a_single_runs_directory_and_populations_without_checkpoints(tmp_path, capsys):
+def test_resume_refuses_a_single_runs_directory(tmp_path, capsys):
     out = tmp_path / "solo"
     assert cli.main(["train", "ppo", "CartPole-v1", "--set", "num_envs=8", "--set", "num_steps=16",
                      "--total-timesteps", "256", "--target-return", "none", "--checkpoint-freq", "128", "--out",
@@ -216,6 +225,76 @@ def test_resume_refuses_a_single_runs_directory_and_populations_without_checkpoi
     message = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out),
                                  "--resume"])
     assert "single ppo run" in message
-    message = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--checkpoint-freq", "100",
-                                 "--out", str(tmp_path / "dqn")])
-    assert "--checkpoint-freq does not apply to DQN populations yet" in message
+    message = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--save-replay-buffer",
+                                 "--out", str(tmp_path / "ppo")])
+    assert "--save-replay-buffer applies to off-policy populations" in message
+
+
+def _offpolicy(algo, env_id, **extra):
+    settings = dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16, 16), buffer_size=400)
+    if algo.__name__ == "SAC":
+        settings.update(n_step=3, learning_rate=[1e-3, 3e-4, 2e-3])
+    elif algo.__name__ == "TD3":  # (the Ornstein-Uhlenbeck noise and the policy delay's count carry over too)
+        settings.update(action_noise="ornstein-uhlenbeck", learning_rate=[1e-3, 3e-4, 2e-3])
+    else:
+        settings.update(num_envs=4, train_freq=2, target_update_interval=128, exploration_fraction=[0.5, 0.3, 0.2])
+    return Population(algo, env_id, seeds=[3, 5, 8], env_backend="torch", **settings, **extra)
+
+
+@pytest.mark.parametrize(("algo_name", "env_id"), [("SAC", "Pendulum-v1"), ("TD3", "Pendulum-v1"),
+                                                   ("DQN", "CartPole-v1")])
+def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_path, algo_name, env_id):
+    """As for PPO, with the replay buffer saved beside each checkpoint (`save_replay_buffer=True`; the buffer wraps:
+    400 rows per member, 1024 steps), so the resumed members sample the same transitions; DQN's epsilon schedule
+    keeps the run's span."""
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+
+    def prune_member_1(steps, means):
+        return [1] if steps >= 256 else []
+
+    learn = dict(eval_freq=256, on_eval=prune_member_1, checkpoint_freq=CHECKPOINT_FREQ)
+    uninterrupted = _offpolicy(algo, env_id, save_replay_buffer=True)
+    expected_summary = uninterrupted.learn(TOTAL, run_dir=tmp_path / "a", **learn)
+    expected = _tensors(uninterrupted.save(tmp_path / "a" / "final"))
+
+    def kill_after_checkpoint(steps, means):
+        if (tmp_path / "b" / "checkpoint.safetensors").exists():
+            raise Killed
+        return prune_member_1(steps, means)
+
+    killed = _offpolicy(algo, env_id, save_replay_buffer=True)
+    with pytest.raises(Killed):
+        killed.learn(TOTAL, run_dir=tmp_path / "b", **{**learn, "on_eval": kill_after_checkpoint})
+    checkpoint = tmp_path / "b" / "checkpoint.safetensors"
+    assert (tmp_path / "b" / "checkpoint.replay.safetensors").exists()
+    saved_steps = _metadata(checkpoint)["population"]["num_timesteps"]
+    assert 0 < saved_steps < TOTAL
+
+    resumed = _offpolicy(algo, env_id, save_replay_buffer=True)
+    resumed.resume(checkpoint)
+    summary = resumed.learn(TOTAL - saved_steps, run_dir=tmp_path / "b", **learn)
+    actual = _tensors(resumed.save(tmp_path / "b" / "final"))
+    assert set(actual) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(actual[name], value), name
+    replay = _tensors(tmp_path / "b" / "final.replay.safetensors")
+    for name, value in _tensors(tmp_path / "a" / "final.replay.safetensors").items():
+        assert torch.equal(replay[name], value), name
+    assert _without_times(summary) == _without_times(expected_summary)
+
+
+def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_empty(tmp_path):
+    from rlspeed import SAC
+
+    population = _offpolicy(SAC, "Pendulum-v1")
+    population.learn(256, run_dir=tmp_path, checkpoint_freq=128)
+    resumed = _offpolicy(SAC, "Pendulum-v1")
+    with pytest.warns(UserWarning, match="replay buffer starts empty"):
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert resumed.num_timesteps == 128
+    resumed.learn(128)
+    assert resumed.num_timesteps == 256
+    # the rows collected since the resume only: 64 steps of 2 envs, less the 2 steps n_step=3 still holds back
+    assert len(resumed.buffer) == (64 - 2) * 2

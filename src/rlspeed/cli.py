@@ -294,7 +294,6 @@ def _train_population(args: argparse.Namespace) -> int:
 
     seeds = _parse_seeds(args.seeds)
     refused = [flag for flag, given in (("--nproc", args.nproc is not None),
-                                        ("--save-replay-buffer", args.save_replay_buffer),
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
                                         ("--nan-policy mask", args.nan_policy != "raise"),
@@ -333,12 +332,13 @@ def _train_population(args: argparse.Namespace) -> int:
     target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id))
     device = resolve_device(args.device)
     # built before the run directory: a population that cannot train must not replace or leave behind a run
-    backend = {"env_backend": args.env_backend} if args.env_backend not in (None, "auto") else {}
-    population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **backend, **{**hyper, **per_member})
-    if (args.resume or args.checkpoint_freq is not None) and not population.checkpointable:
-        flag = "--resume" if args.resume else "--checkpoint-freq"
-        raise UserError(f"{flag} does not apply to {algo_cls.name.upper()} populations yet (PPO and A2C populations "
-                        "keep checkpoints): drop it.")
+    options = {"env_backend": args.env_backend} if args.env_backend not in (None, "auto") else {}
+    if args.save_replay_buffer:
+        if algo_cls.name not in ("sac", "td3", "dqn"):
+            raise UserError(f"--save-replay-buffer applies to off-policy populations (SAC, TD3, DQN), not "
+                            f"{algo_cls.name.upper()}: drop it.")
+        options["save_replay_buffer"] = True
+    population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     configure_threads(args.threads)
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -354,7 +354,7 @@ def _train_population(args: argparse.Namespace) -> int:
         else:
             print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
-    checkpoint_freq = (args.checkpoint_freq or max(total // 20, 1)) if population.checkpointable else None
+    checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": getattr(population, "env_backend", "torch"), "total_timesteps": total,
               "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
@@ -369,8 +369,7 @@ def _train_population(args: argparse.Namespace) -> int:
     learn_kwargs = {"target_return": target}
     if eval_freq is not None:
         learn_kwargs["eval_freq"] = eval_freq
-    if population.checkpointable:
-        learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq)
+    learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq)
     curves: dict[int, list] = {k: [] for k in range(len(seeds))}
     if resumed_from is not None:
         print(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps per member", flush=True)
@@ -400,10 +399,7 @@ def _train_population(args: argparse.Namespace) -> int:
                    "members": [{"seed": seed, "curve": curves[k]} for k, seed in enumerate(seeds)]}
         with _signals_ignored():
             _write_text(run_dir / "summary.json", strict_json(partial, indent=2) + "\n")
-        if not population.checkpointable:
-            kept = (f"{algo_cls.name.upper()} populations keep no checkpoint yet, so training restarts from the "
-                    "beginning")
-        elif checkpoint.exists():
+        if checkpoint.exists():
             from rlspeed.checkpoint import load_checkpoint
 
             steps = load_checkpoint(checkpoint, verify=False, allow_nonfinite=True)[1]["population"]["num_timesteps"]

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.errors import UserError
 from rlspeed.stats import aggregate
 
@@ -284,10 +284,18 @@ class PopulationBase:
         """Restore what `_state` returned, onto a population already cut down to the checkpoint's members."""
         raise NotImplementedError
 
+    def _save_replay(self, path: Path) -> dict | None:
+        """Off-policy populations with `save_replay_buffer`: write the replay buffer beside the checkpoint `path` and
+        return what the checkpoint records about it; None: nothing written."""
+        return None
+
+    def _load_replay(self, path: Path, saved: dict | None) -> None:
+        """After `resume` restored the rest: fill the replay buffer from what `_save_replay` wrote (off-policy)."""
+
     def _refuse_unsaved(self) -> None:
         if not self.checkpointable:
-            raise UserError(f"{type(self).__name__} cannot save checkpoints yet (PPO and A2C populations can): train "
-                            "without run_dir/checkpoint_freq (--checkpoint-freq, --resume).")
+            raise UserError(f"{type(self).__name__} cannot save checkpoints: train it without run_dir and "
+                            "checkpoint_freq.")
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint of the whole population (safetensors + JSON metadata, atomic, with a digest; see
@@ -311,6 +319,7 @@ class PopulationBase:
             "member_hyperparameters": [self._member_hyperparameters(k) for k in range(self.size)],
             "alive": list(self.alive), "num_timesteps": self.num_timesteps, "state": own,
             "env": {"restorable": env_state is not None}, "loop": self.progress,
+            "replay_buffer": self._save_replay(checkpoint_path(path)),
             "rlspeed_version": __version__, "torch_version": torch.__version__}}
         return save_checkpoint(path, tensors, metadata)
 
@@ -358,6 +367,7 @@ class PopulationBase:
             warnings.warn(f"Resuming from '{path}': {self.env_backend} envs cannot restore their episodes in progress "
                           "or random streams (native envs can), so training continues from fresh episodes and is not "
                           "identical to the uninterrupted run.", stacklevel=2)
+        self._load_replay(Path(path) if Path(path).exists() else checkpoint_path(path), saved.get("replay_buffer"))
         self.progress = saved.get("loop") or None
         self._resumed = True
 

@@ -42,11 +42,15 @@ dueling DQN, action masks, subprocess Gymnasium envs, checkpoints.
 from __future__ import annotations
 
 import math
+import secrets
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
@@ -261,9 +265,13 @@ class OffPolicyPopulation(PopulationBase):
     policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
     algo_cls: type
+    checkpointable = True
+    #: the flat Adams (attribute names) a checkpoint holds
+    _adams: tuple[str, ...] = ("_adam",)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
-                 device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
+                 device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
+                 **hyperparameters):
         if algo_cls is not self.algo_cls:
             raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
                             f"{getattr(algo_cls, '__name__', algo_cls)}.")
@@ -300,6 +308,8 @@ class OffPolicyPopulation(PopulationBase):
         self._env = None
         self.buffer: MemberReplay | None = None
         self._left: dict[int, dict[str, torch.Tensor]] = {}  # actor weights of members that left, for evaluation
+        #: checkpoints also write the replay buffer, beside them (`<name>.replay.safetensors`), for exact resume
+        self.save_replay_buffer = bool(save_replay_buffer)
 
     # --- what an algorithm provides --------------------------------------------------------------------------
     def _build(self, solos: list) -> None:
@@ -398,11 +408,13 @@ class OffPolicyPopulation(PopulationBase):
         cfg = self.config
         steps_needed = -(-(self.num_timesteps + total_timesteps) // cfg.num_envs) + 1
         capacity = min(steps_needed, max(cfg.buffer_size // cfg.num_envs, 1))
-        # schedules (DQN's epsilon) run over this learn call, as `Algorithm.learn` sets them
+        # schedules (DQN's epsilon) run over this learn call, as `Algorithm.learn` sets them; right after `resume`,
+        # over the resumed run's (to this call's end where that is later)
+        resumed, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
         self._learn_start, self._schedule_end = self.num_timesteps, self.num_timesteps + total_timesteps
-        if self.buffer is None:
-            if not self.alive:
-                return
+        if resumed is not None:
+            self._learn_start, self._schedule_end = int(resumed[0]), max(int(resumed[1]), self._schedule_end)
+        if self.alive and self._env is None:  # (the first learn, or a resume whose envs could not be restored)
             seeds = [self.seeds[k] for k in self.alive]
             self._env = self._make_env(cfg.num_envs, seeds)
             self._obs = self._reset(self._env, cfg.num_envs, seeds)
@@ -412,6 +424,11 @@ class OffPolicyPopulation(PopulationBase):
                 raise UserError(f"{self.env_id} gives action masks, which populations do not apply yet: pass "
                                 "use_masking=False (members then choose among all actions), or train the seeds as "
                                 "separate runs.")
+            if self.buffer is not None:  # (pending n-step steps belong to the episodes the fresh envs replace)
+                self.buffer._window = []
+        if self.buffer is None:
+            if not self.alive:
+                return
             self._buffer_start = self.num_timesteps
             self.buffer = MemberReplay(capacity, len(self.alive), cfg.num_envs, self.obs_dim,
                                        1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
@@ -464,6 +481,115 @@ class OffPolicyPopulation(PopulationBase):
             rows = buffer.sample(index)
             for i in range(count):
                 self._update({key: value[:, i * batch_size:(i + 1) * batch_size] for key, value in rows.items()})
+
+    # --- checkpoints (see `PopulationBase.save`) ----------------------------------------------------------------
+    def _state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors = {f"{name}.{i}": t.detach() for name in self._member_lists for i, t in enumerate(getattr(self, name))}
+        tensors.update({name: getattr(self, name).detach() for name in self._member_tensors})
+        tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
+        values = {"adam_steps": {}, "left": sorted(self._left),
+                  "schedule": [self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end") else None,
+                  "buffer_start": getattr(self, "_buffer_start", None)}
+        if self.alive:  # (once every member left, the Adams keep stale rows)
+            for name in self._adams:
+                adam = getattr(self, name)
+                tensors[f"{name}.exp_avg"], tensors[f"{name}.exp_avg_sq"] = adam.exp_avg, adam.exp_avg_sq
+                values["adam_steps"][name] = adam.steps
+        for k, lists in self._left.items():
+            tensors.update({f"left.{k}.{name}.{i}": t for name, ts in lists.items() for i, t in enumerate(ts)})
+        own_tensors, values["algo"] = self._algorithm_state()
+        tensors.update({f"algo.{key}": value for key, value in own_tensors.items()})
+        return tensors, values
+
+    def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        def copy(name: str, target: torch.Tensor) -> None:
+            saved = tensors[name]
+            if saved.shape != target.shape or saved.dtype != target.dtype:
+                raise ValueError(f"'{name}' is {saved.dtype} {tuple(saved.shape)}, this population's "
+                                 f"{target.dtype} {tuple(target.shape)}")
+            target.copy_(saved)
+
+        with torch.no_grad():  # (in place: parameters and targets are views of the flat buffers)
+            for name in self._member_lists:
+                for i, t in enumerate(getattr(self, name)):
+                    copy(f"{name}.{i}", t.detach())
+            for name in self._member_tensors:
+                copy(name, getattr(self, name).detach())
+            for key, value in self.hyper.items():
+                copy(f"hyper.{key}", value)
+            if self.alive:
+                for name in self._adams:
+                    adam = getattr(self, name)
+                    copy(f"{name}.exp_avg", adam.exp_avg)
+                    copy(f"{name}.exp_avg_sq", adam.exp_avg_sq)
+                    adam.steps = int(values["adam_steps"][name])
+        self._left = {int(k): {name: [tensors[f"left.{k}.{name}.{i}"].clone() for i in range(len(getattr(self, name)))]
+                               for name in self._actor_lists} for k in values["left"]}
+        self._resumed_schedule = values.get("schedule")
+        self._resumed_buffer_start = values.get("buffer_start")
+        self._load_algorithm_state({key[5:]: value for key, value in tensors.items() if key.startswith("algo.")},
+                                   values.get("algo") or {})
+
+    def _algorithm_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """An algorithm's own running state for a checkpoint (tensors, JSON); none by default."""
+        return {}, {}
+
+    def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        """Restore what `_algorithm_state` returned."""
+
+    _REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts")
+
+    def _save_replay(self, path: Path) -> dict | None:
+        """With `save_replay_buffer`: the replay buffer's stored rows, write count and pending n-step steps in
+        `<checkpoint>.replay.safetensors` (written first; a token in both files pairs them, as a solo run's)."""
+        buffer = self.buffer
+        if not self.save_replay_buffer or buffer is None or not self.alive:
+            return None
+        from rlspeed.algos.off_policy import REPLAY_SUFFIX
+
+        stored = min(buffer.written, buffer.capacity_steps)
+        tensors = {name: getattr(buffer, name)[:stored] for name in self._REPLAY_FIELDS}
+        tensors.update({f"window.{i}.{j}": value for i, entry in enumerate(buffer._window)
+                        for j, value in enumerate(entry)})
+        token = secrets.token_hex(16)
+        file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
+        save_checkpoint(file, tensors, {"replay_buffer": {
+            "token": token, "capacity_steps": buffer.capacity_steps, "written": buffer.written,
+            "window": len(buffer._window), "alive": list(self.alive)}})
+        return {"file": file.name, "token": token}
+
+    def _load_replay(self, path: Path, saved: dict | None) -> None:
+        if not self.alive:
+            return
+        empty = ("the replay buffer starts empty and updates wait for learning_starts new transitions, so training is "
+                 "not identical to the uninterrupted run")
+        if not isinstance(saved, dict):
+            warnings.warn(f"Resuming from '{path}': it holds no replay buffer (save_replay_buffer=True, or "
+                          f"--save-replay-buffer, saves one with each checkpoint), so {empty}.", stacklevel=3)
+            return
+        file = path.with_name(str(saved.get("file")))
+        try:
+            tensors, meta = load_checkpoint(file, device=self.device)
+        except UserError as error:
+            warnings.warn(f"The replay buffer saved with '{path}' cannot be read ({error}); {empty}.", stacklevel=3)
+            return
+        info = meta.get("replay_buffer") or {}
+        if info.get("token") != saved.get("token") or info.get("alive") != self.alive:
+            warnings.warn(f"'{file}' does not belong to '{path}' (a later save wrote it); {empty}.", stacklevel=3)
+            return
+        cfg = self.config
+        buffer = MemberReplay(int(info["capacity_steps"]), len(self.alive), cfg.num_envs, self.obs_dim,
+                              1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step, self.device)
+        try:
+            for name in self._REPLAY_FIELDS:
+                getattr(buffer, name)[:tensors[name].shape[0]] = tensors[name]
+            buffer._window = [tuple(tensors[f"window.{i}.{j}"] for j in range(6)) for i in range(int(info["window"]))]
+        except (KeyError, RuntimeError) as error:
+            warnings.warn(f"'{file}' cannot fill this population's replay buffer ({error}); {empty}.", stacklevel=3)
+            return
+        buffer.written = int(info["written"])
+        self.buffer = buffer
+        self._buffer_start = int(self._resumed_buffer_start)
 
     # --- members leaving ---------------------------------------------------------------------------------------
     def remove(self, members: Sequence[int]) -> None:
@@ -798,6 +924,16 @@ class TD3Population(OffPolicyPopulation):
         self._smoothing = {k: s.config.target_policy_noise > 0 for k, s in enumerate(solos)}
         self._smoothing_mask = torch.tensor([self._smoothing[k] for k in range(len(solos))],
                                             device=self.device).view(-1, 1, 1)
+
+    _adams = ("_actor_adam", "_critic_adam")
+
+    def _algorithm_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors = {} if self._ou_noise is None else {"ou_noise": self._ou_noise}
+        return tensors, {"critic_updates": self._critic_updates}
+
+    def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
+        self._critic_updates = int(values["critic_updates"])
+        self._ou_noise = tensors["ou_noise"].clone() if "ou_noise" in tensors else None
 
     def _after_remove(self, index: torch.Tensor) -> None:
         self._smoothing_mask = self._smoothing_mask[index]
