@@ -132,7 +132,8 @@ class SAC(OffPolicyAlgorithm):
             step = (timesteps - self.num_timesteps) // self._envs_all_ranks
             if resample_due(step, self.config.sde_sample_freq):
                 self.actor.sde.resample(self._env.num_envs)
-            return self.actor.sample(obs)[0]
+            mean, latent = self.actor(obs)
+            return torch.tanh(mean + self.actor.sde.noise(latent))
         if self._actor_linears is None:
             mean, log_std = self.actor(obs)
             return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
