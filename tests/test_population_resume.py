@@ -298,3 +298,43 @@ def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_e
     assert resumed.num_timesteps == 256
     # the rows collected since the resume only: 64 steps of 2 envs, less the 2 steps n_step=3 still holds back
     assert len(resumed.buffer) == (64 - 2) * 2
+
+
+def test_resume_refuses_a_finished_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume"])
+
+
+@pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1")])
+def test_gymnasium_envs_resume_from_fresh_episodes_with_a_warning(tmp_path, algo_name, env_id):
+    """Gymnasium envs cannot restore their episodes: the resumed population says so and trains on from fresh
+    episodes, with the checkpoint's networks and step count."""
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+    settings = (dict(num_envs=4, num_steps=32, batch_size=64, n_epochs=2, net_arch=(16,)) if algo_name == "PPO" else
+                dict(num_envs=2, learning_starts=64, batch_size=32, net_arch=(16,), buffer_size=400,
+                     save_replay_buffer=True))
+    population = Population(algo, env_id, seeds=[1, 2], env_backend="gymnasium", **settings)
+    population.learn(256, run_dir=tmp_path, checkpoint_freq=128)
+    saved = _tensors(tmp_path / "checkpoint.safetensors")
+    assert not any(name.startswith("env.") for name in saved)
+    resumed = Population(algo, env_id, seeds=[1, 2], env_backend="gymnasium", **settings)
+    with pytest.warns(UserWarning, match="training continues from fresh episodes"):
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert resumed.num_timesteps == 128
+    assert all(torch.equal(resumed.member_state(k)[name], value) for k in range(2)
+               for name, value in _member_states(saved, algo_name, k).items())
+    summary = resumed.learn(128, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
+    assert resumed.num_timesteps == 256
+    assert [step for step, _ in summary["members"][0]["curve"]] == [256]
+
+
+def _member_states(saved: dict, algo_name: str, k: int) -> dict:
+    """Member k's first-layer weight as the checkpoint holds it, under `member_state`'s name."""
+    if algo_name == "PPO":
+        return {"body.weights.0": saved["state.param.0"][k]}
+    return {"actor.net.0.weight": saved["state.actor_weights.0"][k].T}

@@ -9,6 +9,7 @@ import argparse
 import collections
 import contextlib
 import difflib
+import json
 import math
 import os
 import re
@@ -634,7 +635,7 @@ def _stop_after_iteration():
 
 def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]) -> None:
     """UserError unless the run `run_dir/config.yaml` describes (where there is one) is a population of `algo` on
-    `env_id` with `seeds`: --resume continues the same run only."""
+    `env_id` with `seeds` that has not finished: --resume continues the same, unfinished run only."""
     path = run_dir / "config.yaml"
     try:
         config = yaml.safe_load(path.read_text()) if path.exists() else None
@@ -650,6 +651,14 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
         seed_text = ",".join(map(str, config.get("seeds") or []))
         raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same ones, or another --out.")
+    summary = run_dir / "summary.json"
+    try:
+        finished = summary.exists() and json.loads(summary.read_text()).get("interrupted") is not True
+    except (OSError, ValueError, AttributeError):
+        finished = False
+    if finished:
+        raise UserError(f"--resume: '{run_dir}' holds a finished population run (its summary.json): give --overwrite "
+                        "to train it again, or another --out.")
 
 
 @contextlib.contextmanager
