@@ -301,8 +301,11 @@ class PopulationBase:
         """Write a checkpoint of the whole population (safetensors + JSON metadata, atomic, with a digest; see
         `rlspeed.checkpoint`) to `path` and return the file's path: the class's state (`_state`), each member's
         generator, the training env's state and observations where the backend can restore them (native envs), the
-        members in the computation, `num_timesteps`, and, within `learn`, the loop's progress (next evaluation and
-        checkpoint, each member's curve, reached / pruned / diverged, times). `resume` continues from it."""
+        members in the computation, `num_timesteps`, and the learn loop's progress (next evaluation and checkpoint,
+        each member's curve, reached / pruned / diverged, times) as `learn` records it for its own checkpoints
+        (`progress`; None outside `learn`). `resume` continues from it. Call it between `learn` calls, or let `learn`
+        write checkpoints: a save from within `on_eval` would pair this moment's parameters with the last
+        checkpoint's progress."""
         self._refuse_unsaved()
         own_tensors, own = self._state()
         tensors = {f"state.{key}": value for key, value in own_tensors.items()}
