@@ -83,7 +83,7 @@ def test_iqm_band_holds_a_finished_curve_at_its_last_value():
 
 def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, capsys, monkeypatch):
     """A line per evaluation while it trains; Ctrl-C after the second evaluation exits 130 with summary.json holding
-    each member's evaluations so far (a population keeps no checkpoint)."""
+    each member's evaluations so far (`--resume` continues from the checkpoint: tests/test_population_resume.py)."""
     from rlspeed.population import ppo
 
     learn = ppo.PPOPopulation.learn
