@@ -338,3 +338,35 @@ def _member_states(saved: dict, algo_name: str, k: int) -> dict:
     if algo_name == "PPO":
         return {"body.weights.0": saved["state.param.0"][k]}
     return {"actor.net.0.weight": saved["state.actor_weights.0"][k].T}
+
+
+@pytest.mark.parametrize(("backend", "continues"), [("torch", True), ("gymnasium", False)])
+def test_a_resume_continues_td3s_ou_noise_only_with_its_episodes(tmp_path, backend, continues):
+    """TD3's Ornstein-Uhlenbeck noise belongs to the episodes in progress: a resume that restores them (native envs)
+    carries it on; one that starts fresh episodes (Gymnasium envs) starts it from 0, as the solo TD3 does."""
+    import warnings
+
+    from rlspeed import TD3
+
+    settings = dict(num_envs=2, learning_starts=32, batch_size=32, net_arch=(16,), buffer_size=400,
+                    action_noise="ornstein-uhlenbeck")
+    population = Population(TD3, "Pendulum-v1", seeds=[1, 2], env_backend=backend, **settings)
+    population.learn(128, run_dir=tmp_path, checkpoint_freq=64)
+    saved = _tensors(tmp_path / "checkpoint.safetensors")["state.algo.ou_noise"]
+    assert saved.abs().sum() > 0
+
+    resumed = Population(TD3, "Pendulum-v1", seeds=[1, 2], env_backend=backend, **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the replay buffer's and the Gymnasium envs' warnings)
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+        first = []
+        explore = resumed._explore
+
+        def recording(obs, timesteps):
+            if not first:
+                first.append(resumed._ou_noise.clone())
+            return explore(obs, timesteps)
+
+        resumed._explore = recording
+        resumed.learn(8)
+    assert torch.equal(first[0], saved if continues else torch.zeros_like(saved))

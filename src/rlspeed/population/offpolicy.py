@@ -424,8 +424,11 @@ class OffPolicyPopulation(PopulationBase):
                 raise UserError(f"{self.env_id} gives action masks, which populations do not apply yet: pass "
                                 "use_masking=False (members then choose among all actions), or train the seeds as "
                                 "separate runs.")
-            if self.buffer is not None:  # (pending n-step steps belong to the episodes the fresh envs replace)
+            # per-episode state (pending n-step steps, TD3's noise process) belongs to the episodes the fresh envs
+            # replace: every row starts a new episode
+            if self.buffer is not None:
                 self.buffer._window = []
+            self._on_dones(torch.ones(len(self.alive) * cfg.num_envs, dtype=torch.bool, device=self.device))
         if self.buffer is None:
             if not self.alive:
                 return
