@@ -370,3 +370,25 @@ def test_a_resume_continues_td3s_ou_noise_only_with_its_episodes(tmp_path, backe
         resumed._explore = recording
         resumed.learn(8)
     assert torch.equal(first[0], saved if continues else torch.zeros_like(saved))
+
+
+@pytest.mark.parametrize(("algo_name", "env_id"), [("PPO", "CartPole-v1"), ("DQN", "CartPole-v1")])
+def test_a_population_saved_between_learn_calls_resumes_as_it_would_continue(tmp_path, algo_name, env_id):
+    """`save` between two `learn` calls, `resume` and the second `learn`: bitwise the population that went straight
+    on to its second `learn` (which sets its schedules, DQN's epsilon among them, over that call as any new call
+    does)."""
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+    build = ((lambda: _population(algo, env_id)) if algo_name == "PPO" else
+             (lambda: _offpolicy(algo, env_id, save_replay_buffer=True)))
+    continued = build()
+    continued.learn(256)
+    path = continued.save(tmp_path / "between")
+    continued.learn(512)
+    resumed = build()
+    resumed.resume(path)
+    resumed.learn(512)
+    expected, actual = _tensors(continued.save(tmp_path / "a")), _tensors(resumed.save(tmp_path / "b"))
+    for name, value in expected.items():
+        assert torch.equal(actual[name], value), name

@@ -490,8 +490,11 @@ class OffPolicyPopulation(PopulationBase):
         tensors = {f"{name}.{i}": t.detach() for name in self._member_lists for i, t in enumerate(getattr(self, name))}
         tensors.update({name: getattr(self, name).detach() for name in self._member_tensors})
         tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
+        # the schedules' span is the learn call's in progress (`progress` set): a save between learn calls has none,
+        # as the next learn call sets its own
+        in_learn = self.progress is not None and hasattr(self, "_schedule_end")
         values = {"adam_steps": {}, "left": sorted(self._left),
-                  "schedule": [self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end") else None,
+                  "schedule": [self._learn_start, self._schedule_end] if in_learn else None,
                   "buffer_start": getattr(self, "_buffer_start", None)}
         if self.alive:  # (once every member left, the Adams keep stale rows)
             for name in self._adams:
