@@ -36,7 +36,12 @@ Covered now: SAC and TD3 with rlspeed's default MLP networks on envs with Box ac
 dueling) MLP on envs with Discrete actions, on float-vector observations: the native envs
 (`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
 behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: DDPG,
-dueling DQN, action masks, subprocess Gymnasium envs, checkpoints.
+dueling DQN, action masks, subprocess Gymnasium envs.
+
+Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
+networks and targets, the actors of members that left, the flat Adams' moments and steps, the per-member
+hyperparameter tensors, the schedules' span and TD3's noise process and update count; with `save_replay_buffer=True`
+the replay buffer goes beside each checkpoint (`<name>.replay.safetensors`), else a resumed replay starts empty.
 """
 
 from __future__ import annotations
