@@ -245,6 +245,21 @@ def test_a_learning_rate_change_recaptures_and_one_on_every_step_turns_graphs_of
     assert graphs.captures == MAX_STATE_CHANGES + 1
 
 
+def test_a_tensor_learning_rate_annealed_in_place_keeps_the_first_capture(traced):
+    """An annealed learning rate held as a tensor and filled in place (as PPO and A2C hold it on devices with graphs):
+    no state the graphs watch changes, so the first capture replays on, with every step reading the new value."""
+    graphs, step, trace = traced
+    group = step.optimizers[0].param_groups[0]
+    group["lr"] = torch.tensor(1e-3)
+    _calls(graphs, WARMUP_CALLS + 1)
+    trace.clear()
+    for _ in range(MAX_STATE_CHANGES + 2):  # more changes than turn graphs off when the value is a float
+        group["lr"].mul_(0.5)
+        _calls(graphs, 1)
+    assert trace == ["replay"] * (MAX_STATE_CHANGES + 2)
+    assert step.off_reason is None and graphs.captures == 1
+
+
 def test_a_state_that_changes_on_every_call_from_the_start_turns_graphs_off_without_a_capture(traced):
     graphs, step, trace = traced
     group = step.optimizers[0].param_groups[0]
@@ -517,3 +532,18 @@ def test_graphs_false_keeps_the_step_eager(isolated_accel):
     for x, y in _batches(CALLS):
         step(x, y)
     assert not step.strategy.graphs and step.graph_captures == 0
+
+
+@cuda
+def test_ppo_annealing_its_learning_rate_and_clip_range_keeps_one_capture(isolated_accel):
+    """PPO on CUDA anneals its learning rate (a tensor the optimizer reads, filled in place) and its clip range (a
+    tensor argument of every step) each iteration: the whole run replays one capture."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cuda", seed=0, num_envs=8, num_steps=32, batch_size=128, n_epochs=2,
+                anneal_lr=True, anneal_clip=True)
+    model.learn(8 * 32 * 6, progress_bar=False)
+    assert model.update_summary()["implementation"] == "autograd+graphs"
+    step = model._update_step.fn
+    assert step.graph_captures == 1 and step.graph_replays > 0
+    assert isinstance(model.optimizer.param_groups[0]["lr"], torch.Tensor)
