@@ -171,15 +171,19 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable[[torch.Tensor
 
 
 class PopulationBase:
-    """`learn` and `write_summary` of every population class. A subclass sets `algo_name`, `env_id`, `seeds`,
-    `size`, `device`, `env_backend`, `update_path`, `alive` (original indices of the members in the computation,
-    in row order) and `num_timesteps` (env steps per member), and provides `_begin`, `_iterate`, `_diverged`,
-    `_member_hyperparameters`, `evaluate(seeds, episodes, members)` and `remove(members)`.
+    """`learn`, `save`/`resume` and `write_summary` of every population class. A subclass sets `algo_name`,
+    `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
+    `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path`, `alive`
+    (original indices of the members in the computation, in row order) and `num_timesteps` (env steps per member),
+    and provides `_begin`, `_iterate`, `_diverged`, `evaluate(seeds, episodes, members)` and `remove(members)`
+    (and `_state`/`_load_state` where `checkpointable`).
 
     The env rows (`_make_env`, `_reset`, `_env_rows`) are shared: one env of K x N rows, member k's block of N rows
     its solo run's envs; `_env_rows` reads the training env `_env`, its observations `_obs` and `config.num_envs`."""
 
     algo_name = ""
+    #: the solo algorithm whose runs the members are
+    algo_cls: type
     #: the hyperparameters that may differ across members
     per_member: tuple[str, ...] = ()
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
@@ -200,7 +204,7 @@ class PopulationBase:
 
     def _member_hyperparameters(self, k: int) -> dict:
         """Member k's values of the per-member hyperparameters, as its summary entry gives them."""
-        raise NotImplementedError
+        return dict(self.member_hyperparameters[k])
 
     def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
@@ -208,6 +212,28 @@ class PopulationBase:
 
     def remove(self, members: Iterable[int]) -> None:
         raise NotImplementedError
+
+    # --- members -----------------------------------------------------------------------------------------------
+    def _solo_members(self, algo_cls: type, env_id: str, seeds: Sequence[int], member_overrides,
+                      device: str | torch.device, env_backend: str, hyperparameters: dict) -> list:
+        """The K solo models the members start from (`solo_models`), after setting what every population takes from
+        its arguments: `seeds` (checked), `env_backend` (resolved), `env_id`, `size`, `device`, `generators`, `config`
+        (the solos') and `member_hyperparameters` (each member's values of `per_member`). UserError for an algorithm
+        other than the class's."""
+        if algo_cls is not self.algo_cls:
+            raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
+                            f"{getattr(algo_cls, '__name__', algo_cls)}.")
+        self.seeds = seeds = check_seeds(seeds)
+        self.env_backend = population_env_backend(env_id, env_backend)
+        self.env_id, self.size, self.device = env_id, len(seeds), torch.device(device)
+        members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member)
+        # K solo models: their initial weights, and the state their global generator has when training starts
+        solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
+                                             env_backend=self.env_backend)
+        self.config = solos[0].config
+        #: each member's values of the per-member hyperparameters (original indices)
+        self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
+        return solos
 
     # --- env rows ----------------------------------------------------------------------------------------------
     def _make_env(self, rows_per_member: int, seeds: Sequence[int]):

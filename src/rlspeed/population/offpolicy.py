@@ -62,11 +62,7 @@ from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.population.base import (
     PopulationBase,
-    check_seeds,
     first_episode_returns,
-    population_env_backend,
-    solo_models,
-    split_member_values,
     stack_leaf,
 )
 
@@ -269,7 +265,6 @@ class OffPolicyPopulation(PopulationBase):
     `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the deterministic
     policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
-    algo_cls: type
     checkpointable = True
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
@@ -277,18 +272,7 @@ class OffPolicyPopulation(PopulationBase):
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):
-        if algo_cls is not self.algo_cls:
-            raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
-                            f"{getattr(algo_cls, '__name__', algo_cls)}.")
-        seeds = check_seeds(seeds)
-        self.env_backend = env_backend = population_env_backend(env_id, env_backend)
-        size = len(seeds)
-        members = split_member_values(hyperparameters, member_overrides, size, self.per_member)
-        self.env_id, self.seeds, self.size = env_id, seeds, size
-        self.device = torch.device(device)
-        # K solo models: their initial weights, and the state their global generator has when training starts
-        solos, self.generators = solo_models(algo_cls, env_id, seeds, members, self.device, env_backend=env_backend)
-        self.config = solos[0].config
+        solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
         if getattr(solos[0].policy, "encoder", None) is not None:
             raise UserError(f"Populations cover MLP networks on float vector observations so far; {env_id} needs an "
                             "encoder.")
@@ -300,7 +284,6 @@ class OffPolicyPopulation(PopulationBase):
             self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
         self._index_dtype = rules(self.device).index_dtype
         self.activation = ACTIVATIONS[self.config.activation]()
-        self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in ("learning_rate", "gamma", "tau")}
         #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd"
@@ -308,7 +291,7 @@ class OffPolicyPopulation(PopulationBase):
         self._build(solos)
         del solos
         #: original indices of the members still in the computation; every stacked tensor follows this order
-        self.alive = list(range(size))
+        self.alive = list(range(self.size))
         self.num_timesteps = 0  # env steps per member
         self._env = None
         self.buffer: MemberReplay | None = None
@@ -655,9 +638,6 @@ class OffPolicyPopulation(PopulationBase):
     def _iterate(self) -> int:
         alive = len(self.alive)
         return self.train_iteration() * alive
-
-    def _member_hyperparameters(self, k: int) -> dict:
-        return dict(self.member_hyperparameters[k])
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
     def _actor_of(self, members: Sequence[int]) -> dict[str, list[torch.Tensor]]:

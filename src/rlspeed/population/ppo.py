@@ -49,11 +49,7 @@ from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import gaussian_log_prob
 from rlspeed.population.base import (
     PopulationBase,
-    check_seeds,
     first_episode_returns,
-    population_env_backend,
-    solo_models,
-    split_member_values,
     stack_leaf,
 )
 
@@ -85,19 +81,8 @@ class PPOPopulation(PopulationBase):
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
-        if algo_cls is not self.algo_cls:
-            raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
-                            f"{getattr(algo_cls, '__name__', algo_cls)}.")
-        seeds = check_seeds(seeds)
-        self.env_backend = env_backend = population_env_backend(env_id, env_backend)
-        size = len(seeds)
-        members = split_member_values(hyperparameters, member_overrides, size, self.per_member)
-        self.env_id, self.seeds, self.size = env_id, seeds, size
-        self.device = torch.device(device)
-        # K solo models: their initial weights, and the state their global generator has when training starts
-        solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
-                                             env_backend=env_backend)
-        self.config = cfg = solos[0].config
+        solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
+        cfg, size = self.config, self.size
         policy = solos[0].policy
         self.kind = policy.kind
         if self.kind == "gaussian":  # the Box's bounds, made once (a host-to-device copy each step otherwise)
@@ -134,8 +119,6 @@ class PPOPopulation(PopulationBase):
                                                                                   self.activation)
         self._workspace = Workspace()
 
-        #: each member's values of the per-member hyperparameters (original indices)
-        self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
                       for key in self.per_member}
         self._adopt_solos(solos)
@@ -532,9 +515,6 @@ class PPOPopulation(PopulationBase):
         steps = self.config.num_steps * self.config.num_envs * len(self.alive)
         self.train_iteration()
         return steps
-
-    def _member_hyperparameters(self, k: int) -> dict:
-        return dict(self.member_hyperparameters[k])
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's (original index) policy parameters, named as a solo PPO's `policy.state_dict()` names them: the
