@@ -125,6 +125,16 @@ def stack_leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
 
 
+def saved_like(tensors: dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
+    """A checkpoint's tensor `tensors[name]`, checked to have `like`'s shape and dtype (ValueError otherwise, which
+    `resume` reports as a file that does not fit the population)."""
+    saved = tensors[name]
+    if saved.shape != like.shape or saved.dtype != like.dtype:
+        raise ValueError(f"'{name}' is {saved.dtype} {tuple(saved.shape)}, this population's {like.dtype} "
+                         f"{tuple(like.shape)}")
+    return saved
+
+
 def _forked_generators(device: torch.device) -> contextlib.ExitStack:
     """A context that restores, on exit, every global generator a solo model's `torch.manual_seed` reseeds: the CPU's
     and each device's of every available accelerator type (manual_seed seeds all of them, whatever `device` is)."""

@@ -63,6 +63,7 @@ from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.population.base import (
     PopulationBase,
     first_episode_returns,
+    saved_like,
     stack_leaf,
 )
 
@@ -497,11 +498,7 @@ class OffPolicyPopulation(PopulationBase):
 
     def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         def copy(name: str, target: torch.Tensor) -> None:
-            saved = tensors[name]
-            if saved.shape != target.shape or saved.dtype != target.dtype:
-                raise ValueError(f"'{name}' is {saved.dtype} {tuple(saved.shape)}, this population's "
-                                 f"{target.dtype} {tuple(target.shape)}")
-            target.copy_(saved)
+            target.copy_(saved_like(tensors, name, target))
 
         with torch.no_grad():  # (in place: parameters and targets are views of the flat buffers)
             for name in self._member_lists:

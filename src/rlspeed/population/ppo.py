@@ -50,6 +50,7 @@ from rlspeed.nn import gaussian_log_prob
 from rlspeed.population.base import (
     PopulationBase,
     first_episode_returns,
+    saved_like,
     stack_leaf,
 )
 
@@ -493,11 +494,7 @@ class PPOPopulation(PopulationBase):
 
     def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         def take(name: str, like: torch.Tensor) -> torch.Tensor:
-            saved = tensors[name]
-            if saved.shape != like.shape or saved.dtype != like.dtype:
-                raise ValueError(f"'{name}' is {saved.dtype} {tuple(saved.shape)}, this population's "
-                                 f"{like.dtype} {tuple(like.shape)}")
-            return saved.clone()
+            return saved_like(tensors, name, like).clone()
 
         self.params = [take(f"param.{i}", p).requires_grad_() for i, p in enumerate(self.params)]
         layers = len(self.weights)
