@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from rlspeed.algos.a2c import A2C
-from rlspeed.population.ppo import PPOPopulation
+from rlspeed.population.ppo import PPOPopulation, _normalized
 
 #: Hyperparameters an A2C member may set for itself (none changes a tensor's shape)
 PER_MEMBER_A2C = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "max_grad_norm", "rms_prop_eps")
@@ -77,13 +77,8 @@ class A2CPopulation(PPOPopulation):
         cfg = self.config
         learning_rate = self.hyper["learning_rate"] * (self._progress_remaining() if cfg.anneal_lr else 1.0)
         if cfg.normalize_advantage and advantages.shape[1] > 1:
-            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
-        batch = (obs, actions, advantages, returns)
-        if self.update_path == "hand-derived":
-            grads = self._hand_gradients(*batch)
-        else:
-            grads = torch.autograd.grad(self._loss(*batch).sum(), self.params)  # (members share no parameter)
-        self._optimizer_step(grads, learning_rate)
+            advantages = _normalized(advantages)
+        self._optimizer_step(self._gradients(obs, actions, advantages, returns), learning_rate)
 
     def _loss(self, obs, actions, advantages, returns) -> torch.Tensor:
         """Each member's A2C loss `[K]` on its rollout rows `[K, B, ...]` (advantages already normalised), as

@@ -64,6 +64,11 @@ SHARED_ONLY = ("net_arch", "num_envs", "num_steps", "batch_size", "n_epochs", "a
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
 
 
+def _normalized(advantages: torch.Tensor) -> torch.Tensor:
+    """Each member's advantages `[K, B]` normalised over its rows, as a solo run's `normalize_advantage`."""
+    return (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
+
+
 class PPOPopulation(PopulationBase):
     """K independent PPO members trained as one batched model (see the module docstring).
 
@@ -270,7 +275,7 @@ class PPOPopulation(PopulationBase):
         minibatch = min(max(cfg.batch_size, 1), batch_size)
         normalized = cfg.normalize_advantage and minibatch == batch_size > 1
         if normalized:  # (as PPO: one minibatch of the whole rollout is normalised once)
-            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
+            advantages = _normalized(advantages)
         members = torch.arange(size, device=self.device).unsqueeze(1)
         for _ in range(cfg.n_epochs):
             order = (torch.stack([torch.randperm(batch_size, device=self.device, generator=g)
@@ -290,13 +295,16 @@ class PPOPopulation(PopulationBase):
         """One minibatch update of every member: PPO's loss per member (as `PPO._loss`), its gradient (by hand or by
         autograd, `update_path`), per-member gradient clipping, per-member Adam."""
         if normalize and advantages.shape[1] > 1:
-            advantages = (advantages - advantages.mean(1, keepdim=True)) / (advantages.std(1, keepdim=True) + 1e-8)
-        batch = (obs, actions, old_log_probs, old_values, advantages, returns, clip_range)
+            advantages = _normalized(advantages)
+        self._optimizer_step(self._gradients(obs, actions, old_log_probs, old_values, advantages, returns, clip_range),
+                             learning_rate)
+
+    def _gradients(self, *batch) -> list[torch.Tensor]:
+        """d(sum of the members' `_loss`)/d(each of `self.params`) on `batch` (`_loss`'s arguments): by hand or by
+        autograd, as `update_path` says."""
         if self.update_path == "hand-derived":
-            grads = self._hand_gradients(*batch)
-        else:
-            grads = torch.autograd.grad(self._loss(*batch).sum(), self.params)  # (members share no parameter)
-        self._optimizer_step(grads, learning_rate)
+            return self._hand_gradients(*batch)
+        return list(torch.autograd.grad(self._loss(*batch).sum(), self.params))  # (members share no parameter)
 
     def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range) -> torch.Tensor:
         """Each member's PPO loss `[K]` on its minibatch rows `[K, B, ...]` (advantages already normalised), as
