@@ -135,6 +135,19 @@ def test_checkpoint_keeps_the_sde_parameter_and_deterministic_actions(tmp_path):
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
 
 
+@pytest.mark.parametrize("algo", ["ppo", "sac"])
+def test_a_loaded_model_explores_with_its_saved_sigma(tmp_path, algo):
+    """`predict(deterministic=False)` after `load` draws its noise with the checkpoint's sigma (SB3's load redraws
+    the matrices), not with log_std_init's."""
+    model = PPO("Pendulum-v1", seed=0, use_sde=True, log_std_init=-3.0) if algo == "ppo" else _sac()
+    with torch.no_grad():
+        model.policy.sde.log_std.fill_(1.0)  # sigma e, where log_std_init gives exp(-3) = 0.05
+    model.save(tmp_path / "model")
+    loaded = type(model).load(tmp_path / "model")
+    spread = loaded.policy.sde.exploration.std().item()
+    assert 2.0 < spread < 3.5  # (64 or 256 draws of N(0, e))
+
+
 def test_export_gives_the_mean(tmp_path):
     from rlspeed.export import export
 

@@ -85,7 +85,8 @@ def sde_log_prob_entropy(actions: torch.Tensor, mean: torch.Tensor, latent: torc
 class SDENoise(nn.Module):
     """gSDE's parameter `log_std` and the exploration matrices `exploration` `[N, latent_dim, action_dim]` (one per
     env, not saved in checkpoints: SB3 draws them anew too). `resample(N)` draws them; `noise(latent)` is
-    latent @ E per row."""
+    latent @ E per row. Loading a `log_std` rescales the matrices to it (as SB3's load redraws them), so a loaded
+    model explores with its own sigma before its first resample, without a draw from the caller's generator."""
 
     def __init__(self, latent_dim: int, action_dim: int, log_std_init: float = 0.0, full_std: bool = True,
                  use_expln: bool = False, learn_features: bool = False):
@@ -95,7 +96,10 @@ class SDENoise(nn.Module):
         self.learn_features = bool(learn_features)  # gradients reach the features through the noise (SB3's SAC)
         columns = self.action_dim if self.full_std else 1
         self.log_std = nn.Parameter(torch.full((self.latent_dim, columns), float(log_std_init)))
+        # E = sigma * N(0, 1): the standard draws are kept for `_follow_loaded_std`
+        self.register_buffer("standard_draws", torch.zeros(1, self.latent_dim, self.action_dim), persistent=False)
         self.register_buffer("exploration", torch.zeros(1, self.latent_dim, self.action_dim), persistent=False)
+        self.register_load_state_dict_post_hook(_follow_loaded_std)
         self.resample(1)  # (so that a policy samples with noise before its first rollout, as SB3's does)
 
     def std(self) -> torch.Tensor:
@@ -106,7 +110,8 @@ class SDENoise(nn.Module):
     def resample(self, num_envs: int) -> None:
         """New exploration matrices for `num_envs` envs, each ~ N(0, sigma) elementwise."""
         std = self.std()
-        self.exploration = torch.randn(num_envs, *std.shape, device=std.device, dtype=std.dtype) * std
+        self.standard_draws = torch.randn(num_envs, *std.shape, device=std.device, dtype=std.dtype)
+        self.exploration = self.standard_draws * std
 
     def draw(self) -> torch.Tensor:
         """One matrix ~ N(0, sigma) `[latent_dim, action_dim]` as sigma * N(0, 1): gradients reach `log_std` through
@@ -131,6 +136,12 @@ class SDENoise(nn.Module):
                          actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probability, entropy) `[B]` of `actions` (see `sde_log_prob_entropy`)."""
         return sde_log_prob_entropy(actions, mean, self._latent(latent), self.std())
+
+
+@torch.no_grad()
+def _follow_loaded_std(noise: SDENoise, incompatible_keys) -> None:
+    """After `load_state_dict`: the current matrices' standard draws times the loaded sigma."""
+    noise.exploration = noise.standard_draws * noise.std()
 
 
 class SDEActorCritic(ActorCritic):
