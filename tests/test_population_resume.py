@@ -374,16 +374,18 @@ def test_a_resume_continues_td3s_ou_noise_only_with_its_episodes(tmp_path, backe
 
 @pytest.mark.parametrize(("algo_name", "env_id"), [("PPO", "CartPole-v1"), ("DQN", "CartPole-v1")])
 def test_a_population_saved_between_learn_calls_resumes_as_it_would_continue(tmp_path, algo_name, env_id):
-    """`save` between two `learn` calls, `resume` and the second `learn`: bitwise the population that went straight
-    on to its second `learn` (which sets its schedules, DQN's epsilon among them, over that call as any new call
-    does)."""
+    """`save` between two `learn` calls (the first stopped early, at its target), `resume` and the second `learn`:
+    bitwise the population that went straight on to its second `learn` (which sets its schedules, PPO's annealed
+    learning rate and DQN's epsilon, over that call as any new call does)."""
     import rlspeed
 
     algo = getattr(rlspeed, algo_name)
-    build = ((lambda: _population(algo, env_id)) if algo_name == "PPO" else
+    build = ((lambda: Population(algo, env_id, seeds=[3, 5, 8], env_backend="torch", anneal_lr=True,
+                                 **_settings(algo))) if algo_name == "PPO" else
              (lambda: _offpolicy(algo, env_id, save_replay_buffer=True)))
     continued = build()
-    continued.learn(256)
+    first = continued.learn(1024, target_return=1.0, stop="all", eval_freq=256, eval_episodes=2)
+    assert first["reached"] == 3 and continued.num_timesteps == 256
     path = continued.save(tmp_path / "between")
     continued.learn(512)
     resumed = build()

@@ -498,7 +498,11 @@ class PPOPopulation(PopulationBase):
         tensors.update({f"final.{i}": p for i, p in enumerate(self._final_params)})
         tensors.update({"exp_avg": self._exp_avg, "exp_avg_sq": self._exp_avg_sq})
         tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
-        return tensors, {"adam_steps": self._adam_steps, "schedule_end": getattr(self, "_total_timesteps", None)}
+        # the schedules' end is the learn call's in progress (`progress` set): a save between learn calls has none, as
+        # the next learn call sets its own
+        in_learn = self.progress is not None
+        return tensors, {"adam_steps": self._adam_steps,
+                         "schedule_end": getattr(self, "_total_timesteps", None) if in_learn else None}
 
     def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         def take(name: str, like: torch.Tensor) -> torch.Tensor:
