@@ -201,7 +201,7 @@ def test_sac_squashed_log_prob_matches_a_float64_reference():
     np.testing.assert_allclose(actions.detach().numpy(), np.tanh(u), atol=1e-6)
     assert float(mean.detach().abs().max()) <= 2.0  # SB3's clip_mean
     (-log_pi.sum()).backward()  # SAC's features and sigma learn through the noise
-    assert actor.sde.log_std.grad.abs().sum() > 0 and actor.latent[0][0].weight.grad.abs().sum() > 0
+    assert actor.sde.log_std.grad.abs().sum() > 0 and actor.latent[0].weight.grad.abs().sum() > 0
 
 
 def _sac(**config):

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from rlspeed.errors import UserError
-from rlspeed.nn import ActorCritic, Encoder
+from rlspeed.nn import ActorCritic, Encoder, _encode, encoder_from_config, mlp
 
 #: SB3's epsilon: added to the variance (and to expln's argument above 0) so that sigma is never 0
 SDE_EPSILON = 1e-6
@@ -157,8 +157,7 @@ class SDEActorCritic(ActorCritic):
         if self.kind != "gaussian":
             raise UserError(f"gSDE needs Box actions, not {action_space}.")
         del self.log_std  # (the state-independent one: gSDE's lives in `sde`)
-        in_dim = encoder.features_dim if encoder is not None else obs_dim
-        latent_dim = int(hidden[-1]) if len(hidden) else in_dim
+        latent_dim = self.body.weights[-1].shape[1]  # (the actor's last layer's input)
         self.sde = SDENoise(latent_dim, self.action_dim, log_std_init, full_std, use_expln)
 
     def resample(self, num_envs: int) -> None:
@@ -209,23 +208,15 @@ class SDESquashedGaussianActor(nn.Module):
                  encoder: Encoder | None = None, log_std_init: float = -3.0, full_std: bool = True,
                  use_expln: bool = False):
         super().__init__()
-        from rlspeed.nn import ACTIVATIONS, mlp
-
         self.encoder = encoder
         in_dim = encoder.features_dim if encoder is not None else obs_dim
-        if len(hidden):  # hidden layers with their activation after the last one too: z(s)
-            self.latent = nn.Sequential(mlp(in_dim, hidden[:-1], hidden[-1], activation, out_gain=math.sqrt(2)),
-                                        ACTIVATIONS[activation]())
-        else:
-            self.latent = nn.Identity()
-        latent_dim = int(hidden[-1]) if len(hidden) else in_dim
-        self.mu = mlp(latent_dim, (), action_dim, activation, out_gain=0.01)
-        self.sde = SDENoise(latent_dim, action_dim, log_std_init, full_std, use_expln, learn_features=True)
+        layers = mlp(in_dim, hidden, action_dim, activation, out_gain=0.01)
+        # z(s): the hidden layers, each with its activation (none without hidden layers); mu: the last layer
+        self.latent, self.mu = layers[:-1], layers[-1]
+        self.sde = SDENoise(self.mu.in_features, action_dim, log_std_init, full_std, use_expln, learn_features=True)
 
     def forward(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean `[B, A]` before the squashing, latent features `[B, latent_dim]`)."""
-        from rlspeed.nn import _encode
-
         latent = self.latent(_encode(self.encoder, obs))
         return self.mu(latent).clamp(-self.CLIP_MEAN, self.CLIP_MEAN), latent
 
@@ -245,8 +236,6 @@ class SDESquashedGaussianActor(nn.Module):
 
 def build_sde_actor_critic(algo) -> SDEActorCritic:
     """The gSDE policy of an on-policy algorithm from its config and env spec (UserError for non-Box actions)."""
-    from rlspeed.nn import encoder_from_config
-
     cfg, spec = algo.config, algo.spec
     check_sde_action_space(spec.action_space, algo.name)
     return SDEActorCritic(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.log_std_init,
