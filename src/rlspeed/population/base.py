@@ -185,8 +185,8 @@ class PopulationBase:
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
     `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path`, `alive`
     (original indices of the members in the computation, in row order) and `num_timesteps` (env steps per member),
-    and provides `_begin`, `_iterate`, `_diverged`, `evaluate(seeds, episodes, members)` and `remove(members)`
-    (and `_state`/`_load_state` where `checkpointable`).
+    and provides `_begin`, `_iterate`, `_diverged`, `evaluate(seeds, episodes, members)`, `remove(members)` and,
+    for checkpoints, `_state` and `_load_state`.
 
     The env rows (`_make_env`, `_reset`, `_env_rows`) are shared: one env of K x N rows, member k's block of N rows
     its solo run's envs; `_env_rows` reads the training env `_env`, its observations `_obs` and `config.num_envs`."""
@@ -308,9 +308,6 @@ class PopulationBase:
         return new
 
     # --- checkpoints -------------------------------------------------------------------------------------------
-    #: whether `save`, `resume` and `learn(run_dir=...)` cover this population class
-    checkpointable = False
-
     def _state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """The class's own state for a checkpoint: (tensors, JSON) — stacked parameters of the members in the
         computation, those every member left with, optimiser state, per-member hyperparameters, counters."""
@@ -328,11 +325,6 @@ class PopulationBase:
     def _load_replay(self, path: Path, saved: dict | None) -> None:
         """After `resume` restored the rest: fill the replay buffer from what `_save_replay` wrote (off-policy)."""
 
-    def _refuse_unsaved(self) -> None:
-        if not self.checkpointable:
-            raise UserError(f"{type(self).__name__} cannot save checkpoints: train it without run_dir and "
-                            "checkpoint_freq.")
-
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint of the whole population (safetensors + JSON metadata, atomic, with a digest; see
         `rlspeed.checkpoint`) to `path` and return the file's path: the class's state (`_state`), each member's
@@ -342,7 +334,6 @@ class PopulationBase:
         (`progress`; None outside `learn`). `resume` continues from it. Call it between `learn` calls, or let `learn`
         write checkpoints: a save from within `on_eval` would pair this moment's parameters with the last
         checkpoint's progress."""
-        self._refuse_unsaved()
         own_tensors, own = self._state()
         tensors = {f"state.{key}": value for key, value in own_tensors.items()}
         for row, k in enumerate(self.alive):
@@ -372,7 +363,6 @@ class PopulationBase:
         as the uninterrupted run (tests/test_population_resume.py). `verify=False` skips the digest check.
 
         Non-finite values are accepted: a member that diverged keeps its last parameters (it is never evaluated)."""
-        self._refuse_unsaved()
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=True)
         saved = meta.get("population")
         if not isinstance(saved, dict):
@@ -496,8 +486,6 @@ class PopulationBase:
         if checkpoint_freq is not None and (checkpoint_freq <= 0 or run_dir is None):
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a positive value and a run_dir to write the "
                             "checkpoints to.")
-        if run_dir is not None:
-            self._refuse_unsaved()
         from rlspeed.algos.base import CONFIRM_SEED
 
         size = self.size

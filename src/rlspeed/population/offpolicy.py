@@ -266,7 +266,6 @@ class OffPolicyPopulation(PopulationBase):
     `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the deterministic
     policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
-    checkpointable = True
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
 

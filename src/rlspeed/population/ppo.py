@@ -83,7 +83,6 @@ class PPOPopulation(PopulationBase):
     algo_cls: type = PPO  # the solo algorithm whose runs the members are
     per_member = PER_MEMBER
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
-    checkpointable = True
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
