@@ -175,11 +175,14 @@ def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwi
     assert torch.equal(chosen, torch.where(explore[3], actions[3], greedy))
 
 
-@pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_sac_collection_samples_the_actor_s_squashed_gaussian(activation):
-    model = SAC("Pendulum-v1", seed=0, activation=activation, **TINY)
+@pytest.mark.parametrize("activation, env_id", [("relu", "Pendulum-v1"), ("tanh", "Pendulum-v1"),
+                                                ("relu", "LunarLanderContinuous-v3")])
+def test_sac_collection_samples_the_actor_s_squashed_gaussian(activation, env_id):
+    """(With 2 actions the kernel-by-kernel head comes out column-major on a CPU; its noise is still drawn in the
+    module path's row-major order.)"""
+    model = SAC(env_id, seed=0, activation=activation, **TINY)
     assert model._actor_linears is not None  # the kernel-by-kernel path
-    obs = torch.randn(512, 3, device=model.device)
+    obs = torch.randn(512, model.spec.obs_dim, device=model.device)
     with torch.no_grad():
         torch.manual_seed(1)
         fast = model._explore(obs, 0)
