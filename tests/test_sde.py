@@ -99,7 +99,7 @@ def test_once_per_rollout_by_default():
 
 @pytest.mark.parametrize("algo", [PPO, A2C])
 def test_rollout_actions_are_mean_plus_state_dependent_noise(algo):
-    model = algo("Pendulum-v1", seed=0, use_sde=True, log_std_init=-1.0, full_std=False, num_envs=4)
+    model = algo("Pendulum-v1", seed=0, use_sde=True, log_std_init=-1.0, full_std=False, num_envs=4, device="cpu")
     policy = model.policy
     assert policy.sde.log_std.shape == (64, 1)  # [latent_dim, 1] without full_std
     policy.resample(4)
@@ -115,11 +115,11 @@ def test_rollout_actions_are_mean_plus_state_dependent_noise(algo):
 
 @pytest.mark.parametrize("algo", [PPO, A2C])
 def test_gsde_picks_autograd_and_says_why(algo):
-    model = algo("Pendulum-v1", seed=0, use_sde=True)
+    model = algo("Pendulum-v1", seed=0, use_sde=True, device="cpu")  # (the CPU's choices; CUDA captures graphs)
     summary = model.update_summary()
     assert summary["implementation"] == "autograd" and "use_sde" in summary["reason"]
     assert "use_sde=true" in model.report()
-    plain = algo("Pendulum-v1", seed=0)
+    plain = algo("Pendulum-v1", seed=0, device="cpu")
     assert plain.update_summary()["implementation"] == "hand-derived"  # the choice is gSDE's, not the env's
 
 
@@ -212,7 +212,7 @@ def _sac(**config):
 
 def test_sac_resamples_per_collection_and_every_sde_sample_freq_steps():
     # collections of 3 steps, resampled at steps 0 and 2 of each: matrices change at global steps 2, 3, 5, 6, 8
-    model = _sac(train_freq=3, gradient_steps=1, sde_sample_freq=2, learning_starts=0)
+    model = _sac(train_freq=3, gradient_steps=1, sde_sample_freq=2, learning_starts=0, device="cpu")
     seen = []
     explore = model._explore
 
