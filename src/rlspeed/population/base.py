@@ -246,6 +246,18 @@ class PopulationBase:
         return solos
 
     # --- env rows ----------------------------------------------------------------------------------------------
+    def _mean_returns(self, seeds: Sequence[int], episodes: int,
+                      policy: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Mean return `[len(seeds)]` (host tensor) of `episodes` episodes per seed, block j on an env seeded
+        `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call),
+        actions from `policy(obs)`: each row's first episode (`first_episode_returns`)."""
+        env = self._make_env(episodes, seeds)
+        try:
+            returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
+        finally:
+            env.close()
+        return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
+
     def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
         """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet)."""
         from rlspeed.envs.base import EpisodeStatistics

@@ -62,7 +62,6 @@ from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.population.base import (
     PopulationBase,
-    first_episode_returns,
     saved_like,
     stack_leaf,
 )
@@ -655,16 +654,13 @@ class OffPolicyPopulation(PopulationBase):
         indices; default: all), member i's on an env seeded `seeds[i]` as `rlspeed.evaluate` seeds one."""
         members = list(range(self.size)) if members is None else list(members)
         actor = self._actor_of(members)
-        env = self._make_env(episodes, seeds)
         count = len(members)
 
         def policy(obs: torch.Tensor) -> torch.Tensor:
             actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
-        returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
-        env.close()
-        return returns.view(count, episodes).mean(1).cpu()  # ok-sync: evaluation
+        return self._mean_returns(seeds, episodes, policy)
 
     def _position(self, k: int) -> int:
         if k not in self.alive:

@@ -49,7 +49,6 @@ from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import gaussian_log_prob
 from rlspeed.population.base import (
     PopulationBase,
-    first_episode_returns,
     saved_like,
     stack_leaf,
 )
@@ -466,15 +465,12 @@ class PPOPopulation(PopulationBase):
         size = len(members)
         if size == 0:
             return torch.zeros(0)
-        env = self._make_env(episodes, seeds)
 
         def policy(obs: torch.Tensor) -> torch.Tensor:
             out, _ = self.forward(obs.view(size, episodes, -1), params)
             return self._env_actions(out.argmax(-1) if self.kind == "categorical" else out)
 
-        returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
-        env.close()
-        return returns.view(size, episodes).mean(1).cpu()  # ok-sync: evaluation
+        return self._mean_returns(seeds, episodes, policy)
 
     def _store_alive(self) -> None:
         """Copy the parameters of the members in the computation into the store of every member's parameters."""
