@@ -71,15 +71,20 @@ def sde_std(log_std: torch.Tensor, use_expln: bool, action_dim: int) -> torch.Te
     return std.expand(log_std.shape[0], action_dim)
 
 
-def sde_log_prob_entropy(actions: torch.Tensor, mean: torch.Tensor, latent: torch.Tensor,
-                         std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probability, entropy) `[B]` of `actions` `[B, A]` under N(mean, var), var = latent^2 @ std^2 + eps,
-    summed over the actions. `latent` `[B, latent_dim]` as the noise used it (detached by the caller)."""
+def sde_log_prob(actions: torch.Tensor, mean: torch.Tensor, latent: torch.Tensor,
+                 std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability `[B]`, log-variance `[B, A]`) of `actions` `[B, A]` under N(mean, var), var = latent^2 @
+    std^2 + eps, summed over the actions. `latent` `[B, latent_dim]` as the noise used it (detached by the caller)."""
     variance = latent.square() @ std.square() + SDE_EPSILON
     log_variance = variance.log()
-    log_prob = (-0.5 * (actions - mean).square() / variance - 0.5 * log_variance - 0.5 * LOG_2PI).sum(-1)
-    entropy = (0.5 + 0.5 * LOG_2PI + 0.5 * log_variance).sum(-1)
-    return log_prob, entropy
+    return (-0.5 * (actions - mean).square() / variance - 0.5 * log_variance - 0.5 * LOG_2PI).sum(-1), log_variance
+
+
+def sde_log_prob_entropy(actions: torch.Tensor, mean: torch.Tensor, latent: torch.Tensor,
+                         std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-probability, entropy) `[B]` (`sde_log_prob`; the entropy only where the loss needs it, not per step)."""
+    log_prob, log_variance = sde_log_prob(actions, mean, latent, std)
+    return log_prob, (0.5 + 0.5 * LOG_2PI + 0.5 * log_variance).sum(-1)
 
 
 class SDENoise(nn.Module):
@@ -132,6 +137,10 @@ class SDENoise(nn.Module):
             return torch.bmm(latent.unsqueeze(1), self.exploration).squeeze(1)
         return latent @ self.exploration[0]
 
+    def log_prob(self, mean: torch.Tensor, latent: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log-probability `[B]` of `actions` (see `sde_log_prob`)."""
+        return sde_log_prob(actions, mean, self._latent(latent), self.std())[0]
+
     def log_prob_entropy(self, mean: torch.Tensor, latent: torch.Tensor,
                          actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probability, entropy) `[B]` of `actions` (see `sde_log_prob_entropy`)."""
@@ -173,8 +182,7 @@ class SDEActorCritic(ActorCritic):
         """(actions, log_probs, values): mean + latent @ E (the mean when `deterministic`)."""
         mean, value, latent = self.forward_latent(obs)
         actions = mean if deterministic else mean + self.sde.noise(latent)
-        log_prob, _ = self.sde.log_prob_entropy(mean, latent, actions)
-        return actions, log_prob, value
+        return actions, self.sde.log_prob(mean, latent, actions), value
 
     def evaluate(self, obs, actions: torch.Tensor, action_masks: torch.Tensor | None = None):
         """(log_probs, entropy, values) of stored actions under the current policy."""
@@ -226,7 +234,7 @@ class SDESquashedGaussianActor(nn.Module):
         mean, latent = self(obs)
         u = mean + self.sde.noise(latent, matrix)
         actions = torch.tanh(u)
-        log_prob, _ = self.sde.log_prob_entropy(mean, latent, u)
+        log_prob = self.sde.log_prob(mean, latent, u)
         return actions, log_prob - torch.log(1.0 - actions.square() + SDE_EPSILON).sum(-1)
 
     def deterministic(self, obs) -> torch.Tensor:
