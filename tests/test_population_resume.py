@@ -394,3 +394,21 @@ def test_a_population_saved_between_learn_calls_resumes_as_it_would_continue(tmp
     expected, actual = _tensors(continued.save(tmp_path / "a")), _tensors(resumed.save(tmp_path / "b"))
     for name, value in expected.items():
         assert torch.equal(actual[name], value), name
+
+
+@pytest.mark.parametrize("algo_name", ["PPO", "SAC"])
+def test_resume_refuses_a_population_that_has_trained(tmp_path, algo_name):
+    """`resume` restores onto a newly built population: one that has trained (its replay buffer, its envs) is refused
+    in one sentence, whether or not members left it."""
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+    build = (lambda: _population(algo, "CartPole-v1")) if algo_name == "PPO" else (lambda: _offpolicy(algo,
+                                                                                                     "Pendulum-v1"))
+    population = build()
+    population.learn(128)
+    path = population.save(tmp_path / "checkpoint")
+    with pytest.raises(UserError, match="newly built population") as error:
+        population.resume(path)
+    assert "\n" not in str(error.value)
+    build().resume(path)  # (a new one resumes)

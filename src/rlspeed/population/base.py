@@ -383,7 +383,7 @@ class PopulationBase:
             raise UserError(f"'{path}' is {what}, so this population cannot resume from it.")
         self._check_same_run(path, saved)
         alive = [int(k) for k in saved.get("alive", [])]
-        if not set(alive) <= set(self.alive) or len(self.alive) != self.size:
+        if self.num_timesteps or len(self.alive) != self.size or not set(alive) <= set(self.alive):
             raise UserError(f"Resume '{path}' on a newly built population (this one has trained already).")
         if self._env is not None:
             self._env.close()
