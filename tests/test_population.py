@@ -256,3 +256,13 @@ def test_building_a_population_leaves_every_cuda_generator_as_it_was(device):
     Population(PPO, "CartPole-v1", seeds=[0, 1], device=device, **SMALL)
     for index, state in enumerate(expected):
         assert torch.equal(torch.cuda.get_rng_state(index), state), f"cuda:{index}"
+
+
+def test_the_last_member_leaving_closes_the_training_env():
+    """Once every member has left, the training env (here Gymnasium's vector env) is closed, not left open."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium", num_envs=2, num_steps=8,
+                            batch_size=16, n_epochs=1)
+    population.learn(16)
+    env = population._env
+    population.remove([0, 1])
+    assert population._env is None and env.env.vector_env.closed

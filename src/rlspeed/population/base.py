@@ -278,6 +278,14 @@ class PopulationBase:
             return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])[0]
         return env.reset()[0]
 
+    def _keep_members(self, rows: list[int]) -> None:
+        """After a subclass's `remove` cut its stacked tensors down to the members at `rows` (positions in `alive`):
+        `alive`, `generators`, the training env's rows and observations follow."""
+        self.alive = [self.alive[i] for i in rows]
+        self.generators = [self.generators[i] for i in rows]
+        if self._env is not None:
+            self._env, self._obs = self._env_rows(rows)
+
     def _env_rows(self, rows: list[int]):
         """(env, observations) of the training env cut down to the row blocks of the members at `rows` (positions
         in the env's current blocks; `alive` already lists the members kept): the envs continue exactly (states,

@@ -607,10 +607,7 @@ class OffPolicyPopulation(PopulationBase):
         if self.buffer is not None:
             self.buffer.keep(index)
         self._keep_rows(index)
-        self.generators = [self.generators[i] for i in keep_positions]
-        self.alive = [self.alive[i] for i in keep_positions]
-        if self._env is not None:
-            self._env, self._obs = self._env_rows(keep_positions)
+        self._keep_members(keep_positions)
 
     def _keep_rows(self, index: torch.Tensor) -> None:
         """Per-row state of the members kept (TD3's noise process)."""

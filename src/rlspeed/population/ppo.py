@@ -430,17 +430,18 @@ class PPOPopulation(PopulationBase):
             for final, param in zip(self._final_params, self.params):
                 final[gone_members] = param.detach()[gone_rows]
         keep = torch.tensor(rows, device=self.device, dtype=torch.long)
-        self.alive = [self.alive[i] for i in rows]
-        self.generators = [self.generators[i] for i in rows]
-        self.params = [param.detach()[keep].requires_grad_() for param in self.params]
-        layers = len(self.weights)
-        self.weights, self.biases = self.params[:layers], self.params[layers:2 * layers]
-        if self.kind == "gaussian":
-            self.log_std = self.params[-1]
+        self._set_params([param.detach()[keep].requires_grad_() for param in self.params])
         self._exp_avg, self._exp_avg_sq = self._exp_avg[keep], self._exp_avg_sq[keep]
         self.hyper = {key: value[keep] for key, value in self.hyper.items()}
-        if self._env is not None:
-            self._env, self._obs = self._env_rows(rows) if rows else (None, None)
+        self._keep_members(rows)
+
+    def _set_params(self, params: list[torch.Tensor]) -> None:
+        """`params` (laid out as `self.params`) become the stacked parameters: `weights`, `biases`, `log_std`."""
+        layers = len(self.weights)
+        self.params = params
+        self.weights, self.biases = params[:layers], params[layers:2 * layers]
+        if self.kind == "gaussian":
+            self.log_std = params[-1]
 
     def _diverged(self) -> list[int]:
         """Original indices of the members whose parameters or Adam moments are no longer finite (one host read)."""
@@ -503,11 +504,7 @@ class PPOPopulation(PopulationBase):
         def take(name: str, like: torch.Tensor) -> torch.Tensor:
             return saved_like(tensors, name, like).clone()
 
-        self.params = [take(f"param.{i}", p).requires_grad_() for i, p in enumerate(self.params)]
-        layers = len(self.weights)
-        self.weights, self.biases = self.params[:layers], self.params[layers:2 * layers]
-        if self.kind == "gaussian":
-            self.log_std = self.params[-1]
+        self._set_params([take(f"param.{i}", p).requires_grad_() for i, p in enumerate(self.params)])
         self._final_params = [take(f"final.{i}", p) for i, p in enumerate(self._final_params)]
         self._exp_avg, self._exp_avg_sq = take("exp_avg", self._exp_avg), take("exp_avg_sq", self._exp_avg_sq)
         self.hyper = {key: take(f"hyper.{key}", value) for key, value in self.hyper.items()}
