@@ -229,6 +229,24 @@ def test_sac_resamples_per_collection_and_every_sde_sample_freq_steps():
     assert model.update_summary()["implementation"] == "autograd"
 
 
+def test_sac_draws_each_envs_matrix_where_exploration_starts_mid_collection():
+    """learning_starts inside a collection: its first explored step has new matrices, one per env (SB3 drew them at
+    the collection's start), kept to the collection's end (sde_sample_freq -1)."""
+    model = _sac(num_envs=2, train_freq=4, learning_starts=4, device="cpu")
+    seen = []
+    explore = model._explore
+
+    def recording_explore(obs, timesteps):
+        out = explore(obs, timesteps)
+        seen.append(model.actor.sde.exploration.clone())
+        return out
+
+    model._explore = recording_explore
+    model.learn(8)  # steps 0-1 uniform, 2-3 explored
+    assert len(seen) == 2 and seen[0].shape[0] == 2 and not torch.equal(seen[0][0], seen[0][1])
+    assert torch.equal(seen[0], seen[1])
+
+
 @pytest.mark.parametrize("at_warmup", [False, True])
 def test_sac_explores_with_gsde_at_warmup_only_when_asked(at_warmup):
     model = _sac(learning_starts=1000, use_sde_at_warmup=at_warmup)

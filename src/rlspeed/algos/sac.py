@@ -128,9 +128,12 @@ class SAC(OffPolicyAlgorithm):
         # A sample without its log-probability. It runs once per env step, right after an update has pushed the
         # policy out of the caches: an MLP actor runs as its addmm/activation kernels, without module calls.
         if self.config.use_sde:
-            # gSDE: new matrices at the start of each collection (train_freq steps) and every sde_sample_freq steps
-            step = (timesteps - self.num_timesteps) // self._envs_all_ranks
-            if resample_due(step, self.config.sde_sample_freq):
+            # gSDE: new matrices at the start of each collection (train_freq steps) and every sde_sample_freq steps,
+            # and where exploring starts after uniform warm-up steps of this collection (SB3 drew them at its start)
+            cfg, global_envs = self.config, self._envs_all_ranks
+            step = (timesteps - self.num_timesteps) // global_envs
+            after_uniform = timesteps - global_envs < cfg.learning_starts and not self._policy_at_warmup
+            if resample_due(step, cfg.sde_sample_freq) or after_uniform:
                 self.actor.sde.resample(self._env.num_envs)
             mean, latent = self.actor(obs)
             return torch.tanh(mean + self.actor.sde.noise(latent))
