@@ -412,3 +412,25 @@ def test_resume_refuses_a_population_that_has_trained(tmp_path, algo_name):
         population.resume(path)
     assert "\n" not in str(error.value)
     build().resume(path)  # (a new one resumes)
+
+
+def test_replay_rows_of_a_diverging_member_resume(tmp_path):
+    """A member whose parameters (and so its actions) became non-finite before it is found and dropped: the checkpoint
+    written meanwhile holds its non-finite replay rows, and the resume reads them back like its parameters (not a
+    replay buffer refused as unreadable)."""
+    import warnings
+
+    from rlspeed import SAC
+
+    settings = dict(num_envs=2, learning_starts=32, batch_size=32, net_arch=(16,), buffer_size=400,
+                    learning_rate=[1e-3, 1e30], save_replay_buffer=True)
+    population = Population(SAC, "Pendulum-v1", seeds=[1, 2], env_backend="torch", **settings)
+    with pytest.warns(UserWarning, match="diverged"):
+        population.learn(192, run_dir=tmp_path, checkpoint_freq=128)
+    replay = _tensors(tmp_path / "checkpoint.replay.safetensors")
+    assert not replay["actions"].isfinite().all()
+    resumed = Population(SAC, "Pendulum-v1", seeds=[1, 2], env_backend="torch", **settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert torch.equal(resumed.buffer.actions[:len(replay["actions"])].isnan(), replay["actions"].isnan())

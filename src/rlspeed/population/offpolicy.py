@@ -558,7 +558,8 @@ class OffPolicyPopulation(PopulationBase):
             return
         file = path.with_name(str(saved.get("file")))
         try:
-            tensors, meta = load_checkpoint(file, device=self.device)
+            # (non-finite rows are a diverging member's, as its parameters are: dropped when the loop finds it)
+            tensors, meta = load_checkpoint(file, device=self.device, allow_nonfinite=True)
         except UserError as error:
             warnings.warn(f"The replay buffer saved with '{path}' cannot be read ({error}); {empty}.", stacklevel=3)
             return
