@@ -266,3 +266,19 @@ def test_the_last_member_leaving_closes_the_training_env():
     env = population._env
     population.remove([0, 1])
     assert population._env is None and env.env.vector_env.closed
+
+
+def test_action_masks_are_refused_in_one_sentence():
+    """The solo PPO applies the env's action masks; the population does not yet, so it says so instead of ignoring
+    them (as the off-policy populations do)."""
+    import gymnasium as gym
+    from test_population_offpolicy_gym import _MaskedVector
+
+    env_id = "RlspeedTest/PopulationMaskedVector-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_MaskedVector, max_episode_steps=10)
+    small = dict(num_envs=2, num_steps=8, batch_size=16, n_epochs=1)
+    with pytest.raises(UserError, match="action masks") as error:
+        Population(PPO, env_id, seeds=[0, 1], **small).learn(32)
+    assert "\n" not in str(error.value)
+    assert Population(PPO, env_id, seeds=[0, 1], use_masking=False, **small).learn(32)["total_timesteps"] == 32

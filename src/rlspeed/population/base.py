@@ -278,6 +278,19 @@ class PopulationBase:
             return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])[0]
         return env.reset()[0]
 
+    def _start_env(self) -> None:
+        """Make and reset the training env of the members in the computation (`_env`, its observations `_obs`).
+        UserError where it gives action masks and `use_masking` is on: populations do not apply them yet."""
+        seeds = [self.seeds[k] for k in self.alive]
+        env = self._make_env(self.config.num_envs, seeds)
+        obs = self._reset(env, self.config.num_envs, seeds)
+        if getattr(self.config, "use_masking", False) and getattr(env.unwrapped, "has_action_masks", False):
+            env.close()
+            raise UserError(f"{self.env_id} gives action masks, which populations do not apply yet: pass "
+                            "use_masking=False (members then choose among all actions), or train the seeds as "
+                            "separate runs.")
+        self._env, self._obs = env, obs
+
     def _keep_members(self, rows: list[int]) -> None:
         """After a subclass's `remove` cut its stacked tensors down to the members at `rows` (positions in `alive`):
         `alive`, `generators`, the training env's rows and observations follow."""

@@ -402,15 +402,7 @@ class OffPolicyPopulation(PopulationBase):
         if resumed is not None:
             self._learn_start, self._schedule_end = int(resumed[0]), max(int(resumed[1]), self._schedule_end)
         if self.alive and self._env is None:  # (the first learn, or a resume whose envs could not be restored)
-            seeds = [self.seeds[k] for k in self.alive]
-            self._env = self._make_env(cfg.num_envs, seeds)
-            self._obs = self._reset(self._env, cfg.num_envs, seeds)
-            if getattr(cfg, "use_masking", False) and getattr(self._env.unwrapped, "has_action_masks", False):
-                self._env.close()
-                self._env = None
-                raise UserError(f"{self.env_id} gives action masks, which populations do not apply yet: pass "
-                                "use_masking=False (members then choose among all actions), or train the seeds as "
-                                "separate runs.")
+            self._start_env()
             # per-episode state (pending n-step steps, TD3's noise process) belongs to the episodes the fresh envs
             # replace: every row starts a new episode
             if self.buffer is not None:

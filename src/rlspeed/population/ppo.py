@@ -222,9 +222,7 @@ class PPOPopulation(PopulationBase):
         if not size:
             raise UserError("Every member has left the population (reached, pruned or diverged): nothing to train.")
         if self._env is None:
-            seeds = [self.seeds[k] for k in self.alive]
-            self._env = self._make_env(envs, seeds)
-            self._obs = self._reset(self._env, envs, seeds)
+            self._start_env()
         env, steps = self._env, cfg.num_steps
         obs_dim = self._obs.shape[-1]
         action_shape = () if self.kind == "categorical" else (self.action_dim,)
