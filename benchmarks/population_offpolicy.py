@@ -1,8 +1,14 @@
 """16 SAC Pendulum-v1 agents (seeds 0-15, the shipped preset's per-agent settings) trained in one process as a
-`rlspeed.Population`, against solo `SAC` runs of the same preset: total env steps/s of the population over one solo
-run's, every member reaching eval >= -200 (stop='each'), and the cost of one population update.
+`rlspeed.Population`, against solo `SAC` runs of the same preset on the same env backend: total env steps/s of the
+population over one solo run's, every member reaching eval >= -200 (stop='each'), and the cost of one population
+update.
 
     python benchmarks/population_offpolicy.py [--members 16] [--pairs 3] [--throughput-steps 3000] [--no-write]
+    python benchmarks/population_offpolicy.py --env-backend gymnasium --members 4 --throughput-steps 2000 \
+        --solo-seeds 0 1 2 3 --scaling
+
+rlspeed's native Pendulum (`--env-backend torch`, the default) writes the section `population_offpolicy`;
+Gymnasium's envs (the population's: one synchronous vector env of members x envs) `population_offpolicy_gym`.
 
 Throughput: each pair runs one solo run (seed i) and the population, each in a fresh process, one after the other
 (alternating, so a slow patch of the shared machine hits both); both train a fixed number of env steps per agent
@@ -48,7 +54,7 @@ def worker(args: argparse.Namespace) -> dict:
     run, hyper = _preset()
     cpu_start = time.process_time()
     if args.worker == "solo":
-        model = SAC(ENV_ID, seed=args.seed, env_backend="torch", **hyper)
+        model = SAC(ENV_ID, seed=args.seed, env_backend=args.env_backend, **hyper)
         if args.target:
             model.learn(int(run["total_timesteps"]), target_return=TARGET, eval_freq=int(run["eval_freq"]),
                         progress_bar=False)
@@ -67,7 +73,7 @@ def worker(args: argparse.Namespace) -> dict:
                 "process_cpu_s": process_cpu_s, "update_cpu_ms": (time.process_time() - cpu) / count * 1e3,
                 "time_to_target_s": result.time_to_target_s, "steps_to_target": result.steps_to_target,
                 "update": model.update_summary()}
-    population = Population(SAC, ENV_ID, seeds=range(args.members), **hyper)
+    population = Population(SAC, ENV_ID, seeds=range(args.members), env_backend=args.env_backend, **hyper)
     if args.target:
         summary = population.learn(int(run["total_timesteps"]), target_return=TARGET,
                                    eval_freq=int(run["eval_freq"]), stop="each")
@@ -99,6 +105,8 @@ def _run_worker(*flags: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=16)
+    parser.add_argument("--env-backend", choices=("torch", "gymnasium"), default="torch",
+                        help="both sides' envs: rlspeed's native Pendulum or Gymnasium's")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--throughput-steps", type=int, default=3000)
     parser.add_argument("--solo-seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -118,7 +126,7 @@ def main() -> None:
     set_threads(args.threads)  # (for the machine block: the workers set their own)
     run, hyper = _preset()
     common = ["--members", str(args.members), "--throughput-steps", str(args.throughput_steps), "--threads",
-              str(args.threads)]
+              str(args.threads), "--env-backend", args.env_backend]
     load_before = uptime()
     pairs = []
     for i in range(args.pairs):
@@ -142,7 +150,8 @@ def main() -> None:
             print(f"solo seed {seed} to {TARGET}: {target_solos[-1]['time_to_target_s']} s", flush=True)
     scaling = []
     for members in args.scaling:
-        flags = ["--members", str(members), "--throughput-steps", "600", "--threads", str(args.threads)]
+        flags = ["--members", str(members), "--throughput-steps", "600", "--threads", str(args.threads),
+                 "--env-backend", args.env_backend]
         scaling.append(_run_worker("--worker", "population", *flags))
         print(f"{members} members: update {scaling[-1]['update_cpu_ms']:.2f} ms CPU", flush=True)
     load_after = uptime()
@@ -151,11 +160,16 @@ def main() -> None:
     update_ms = statistics.median(p["population"]["update_ms"] for p in pairs)
     update_cpu_ms = statistics.median(p["population"]["update_cpu_ms"] for p in pairs)
     per_iteration = hyper["num_envs"] * hyper["train_freq"]
+    gymnasium = args.env_backend == "gymnasium"
+    envs = (f"Gymnasium's envs (`env_backend=\"gymnasium\"`; the population's are one synchronous vector env of "
+            f"{args.members} x {hyper['num_envs']} envs)" if gymnasium else "rlspeed's native envs")
     lines = [
-        f"{args.members} SAC {ENV_ID} members (seeds 0-{args.members - 1}) at the shipped preset's per-agent "
-        f"settings ({hyper['num_envs']} envs, {hyper['gradient_steps']} gradient steps of batches of "
+        f"## SAC populations against solo runs on {'Gymnasium' if gymnasium else 'native'} envs "
+        f"(`benchmarks/population_offpolicy.py{' --env-backend gymnasium' if gymnasium else ''}`)", "",
+        f"{args.members} SAC {ENV_ID} members (seeds 0-{args.members - 1}) on {envs}, at the shipped preset's "
+        f"per-agent settings ({hyper['num_envs']} envs, {hyper['gradient_steps']} gradient steps of batches of "
         f"{hyper['batch_size']} per env step of all envs, net_arch {hyper['net_arch']}, {hyper['n_step']}-step "
-        "returns) trained as one `rlspeed.Population`, against solo `SAC` runs of the same preset, "
+        "returns) trained as one `rlspeed.Population`, against solo `SAC` runs of the same preset on the same envs, "
         f"torch.set_num_threads({args.threads}) on both sides. Throughput: "
         f"{args.throughput_steps:,} env steps per agent without evaluation, solo and population alternating in fresh "
         f"processes, {args.pairs} pairs.",
@@ -206,7 +220,7 @@ def main() -> None:
               f"{solo_update / (run['update_cpu_ms'] / run['members']):.2f}x |" for run in scaling),
         ]
     lines += ["", f"Load (`uptime`) before: `{load_before}`; after: `{load_after}`."]
-    publish("population_offpolicy", lines,
+    publish("population_offpolicy_gym" if gymnasium else "population_offpolicy", lines,
             {"pairs": pairs, "target_population": target_population, "target_solos": target_solos, "scaling": scaling,
              "uptime_before": load_before, "uptime_after": load_after}, write=not args.no_write)
 
