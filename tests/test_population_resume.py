@@ -434,3 +434,31 @@ def test_replay_rows_of_a_diverging_member_resume(tmp_path):
         warnings.simplefilter("error")
         resumed.resume(tmp_path / "checkpoint.safetensors")
     assert torch.equal(resumed.buffer.actions[:len(replay["actions"])].isnan(), replay["actions"].isnan())
+
+
+def test_a_run_stopped_at_once_before_its_first_checkpoint_says_how_to_train_it_again(tmp_path, capsys, monkeypatch):
+    """A second SIGTERM stops at once: before the first checkpoint there is nothing to resume, and the message names
+    the flag that trains the run directory again (--resume would refuse it: its summary.json is there)."""
+    import os
+    import signal
+
+    from rlspeed.population import ppo
+
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "2,4", *CLI, "--out", str(tmp_path / "run")]
+    learn = ppo.PPOPopulation.learn
+
+    def twice_terminated_learn(self, *args, on_eval, **kwargs):
+        def terminate_twice_at_128(steps, means):
+            if steps == 128:
+                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return on_eval(steps, means)
+        return learn(self, *args, on_eval=terminate_twice_at_128, **kwargs)
+
+    monkeypatch.setattr(ppo.PPOPopulation, "learn", twice_terminated_learn)
+    capsys.readouterr()
+    assert cli.main(argv) == 143
+    assert not (tmp_path / "run" / "checkpoint.safetensors").exists()
+    assert "no checkpoint was written yet: --overwrite trains the run again" in capsys.readouterr().err
+    monkeypatch.setattr(ppo.PPOPopulation, "learn", learn)
+    assert cli.main([*argv, "--overwrite"]) == 0

@@ -406,7 +406,7 @@ def _train_population(args: argparse.Namespace) -> int:
             steps = load_checkpoint(checkpoint, verify=False, allow_nonfinite=True)[1]["population"]["num_timesteps"]
             kept = f"--resume continues from {CHECKPOINT_NAME}, written at {steps:,} steps per member"
         else:
-            kept = "no checkpoint was written yet, so training restarts from the beginning"
+            kept = "no checkpoint was written yet: --overwrite trains the run again from the beginning"
         print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json holds "
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
