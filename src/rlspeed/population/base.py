@@ -185,8 +185,8 @@ class PopulationBase:
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
     `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path`, `alive`
     (original indices of the members in the computation, in row order) and `num_timesteps` (env steps per member),
-    and provides `_begin`, `_iterate`, `_diverged`, `evaluate(seeds, episodes, members)`, `remove(members)` and,
-    for checkpoints, `_state` and `_load_state`.
+    and provides `_begin`, `train_iteration`, `_diverged`, `evaluate(seeds, episodes, members)`, `remove(members)`
+    and, for checkpoints, `_state` and `_load_state`.
 
     The env rows (`_make_env`, `_reset`, `_env_rows`) are shared: one env of K x N rows, member k's block of N rows
     its solo run's envs; `_env_rows` reads the training env `_env`, its observations `_obs` and `config.num_envs`."""
@@ -204,8 +204,8 @@ class PopulationBase:
     def _begin(self, total_timesteps: int) -> None:
         """Before the loop of a `learn` call of `total_timesteps` more env steps per member."""
 
-    def _iterate(self) -> int:
-        """One training iteration of every member in the computation; returns the env steps they ran, summed."""
+    def train_iteration(self) -> int:
+        """One training iteration of every member in the computation; returns the env steps each ran."""
         raise NotImplementedError
 
     def _diverged(self) -> list[int]:
@@ -567,7 +567,8 @@ class PopulationBase:
 
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         while self.num_timesteps < end and self.alive:
-            member_steps += self._iterate()
+            training = len(self.alive)
+            member_steps += self.train_iteration() * training
             due = self.num_timesteps >= next_eval or self.num_timesteps >= end
             if due or self.check_divergence_every_iteration:
                 self._drop_diverged(left)

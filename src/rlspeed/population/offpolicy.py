@@ -620,10 +620,6 @@ class OffPolicyPopulation(PopulationBase):
     def _begin(self, total_timesteps: int) -> None:
         self._start(total_timesteps)
 
-    def _iterate(self) -> int:
-        alive = len(self.alive)
-        return self.train_iteration() * alive
-
     # --- evaluation and the learn loop -------------------------------------------------------------------------
     def _actor_of(self, members: Sequence[int]) -> dict[str, list[torch.Tensor]]:
         """The actor weight lists of `members` (original indices), stacked in that order."""

@@ -196,9 +196,9 @@ class PPOPopulation(PopulationBase):
     def _rollout_storage(self, size: int, obs_dim: int, action_shape: tuple[int, ...]
                          ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         """The rollout's buffers `[T, K * N, ...]` (observations, next observations, actions `[T, K, N, ...]`,
-        log-probabilities, values, rewards, terminated, dones, whole episodes' ends and returns) and each step's row
-        views of them, so a step is stored with one foreach copy. Made again only when the members in the computation
-        change: nothing of a rollout is read after its iteration."""
+        log-probabilities, values, rewards, terminated, dones) and each step's row views of them, so a step is stored
+        with one foreach copy. Made again only when the members in the computation change: nothing of a rollout is
+        read after its iteration."""
         key = (size, obs_dim)
         if self._storage_key != key:
             steps, rows, device = self.config.num_steps, size * self.config.num_envs, self.device
@@ -206,18 +206,17 @@ class PPOPopulation(PopulationBase):
             actions = torch.empty(steps, size, self.config.num_envs, *action_shape, device=device,
                                   dtype=torch.long if self.kind == "categorical" else torch.float32)
             floats = [torch.empty(steps, rows, device=device) for _ in range(3)]  # log-probs, values, rewards
-            flags = [torch.empty(steps, rows, dtype=torch.bool, device=device) for _ in range(3)]  # term, done, end
-            buffers = [*observations, actions, *floats, *flags, torch.empty(steps, rows, device=device)]
+            flags = [torch.empty(steps, rows, dtype=torch.bool, device=device) for _ in range(2)]  # term, done
+            buffers = [*observations, actions, *floats, *flags]
             per_member_rows = (3, 4)  # (log-probabilities and values arrive as [K, N])
             views = [buf.view(steps, size, -1) if i in per_member_rows else buf for i, buf in enumerate(buffers)]
             self._storage = buffers, [[view[step] for view in views] for step in range(steps)]
             self._storage_key = key
         return self._storage
 
-    def train_iteration(self) -> torch.Tensor:
+    def train_iteration(self) -> int:
         """One rollout of `num_steps` steps of every env row, GAE, and the updates of every member (`_update_rollout`,
-        PPO's: `n_epochs` of minibatches); returns each member's sum of finished episodes' returns and their count
-        `[2, K]` (device)."""
+        PPO's: `n_epochs` of minibatches); returns the env steps per member (`num_steps * num_envs`)."""
         cfg, size, envs = self.config, len(self.alive), self.config.num_envs
         if not size:
             raise UserError("Every member has left the population (reached, pruned or diverged): nothing to train.")
@@ -227,22 +226,16 @@ class PPOPopulation(PopulationBase):
         obs_dim = self._obs.shape[-1]
         action_shape = () if self.kind == "categorical" else (self.action_dim,)
         buffers, rows = self._rollout_storage(size, obs_dim, action_shape)
-        (buf_obs, buf_next, buf_actions, buf_log_probs, buf_values, buf_rewards, buf_terminated, buf_dones, ends,
-         ended) = buffers
+        buf_obs, buf_next, buf_actions, buf_log_probs, buf_values, buf_rewards, buf_terminated, buf_dones = buffers
         obs = self._obs
         with torch.no_grad():
             for step in range(steps):
                 out, values = self.forward(obs.view(size, envs, -1))
                 actions, log_probs = self._sample(out, step)
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
-                dones = terminated | truncated
-                # (whole episodes for the statistics: `info["done"]` where a wrapper ends learning episodes earlier)
                 torch._foreach_copy_(rows[step], (obs, info["final_obs"], actions, log_probs, values, rewards,
-                                                  terminated, dones, info.get("done", dones), info["episode_return"]))
+                                                  terminated, terminated | truncated))
                 obs = next_obs
-            ends = ends.view(steps, size, envs)
-            episode_stats = torch.stack((torch.where(ends, ended.view(steps, size, envs), 0.0).sum((0, 2)),
-                                         ends.sum((0, 2)).float()))
             self._obs = obs
             next_obs_per_member = buf_next.view(steps, size, envs, -1).transpose(0, 1).reshape(size, -1, obs_dim)
             next_values = self.forward(next_obs_per_member)[1]
@@ -258,7 +251,7 @@ class PPOPopulation(PopulationBase):
                  per_member(buf_log_probs), per_member(buf_values), per_member(advantages), per_member(returns))
         self._update_rollout(*batch)
         self.num_timesteps += steps * envs
-        return episode_stats
+        return steps * envs
 
     def _update_rollout(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
         """The updates of one rollout, every tensor `[K, T * N, ...]` in the solo run's row order: PPO's `n_epochs`
@@ -509,11 +502,6 @@ class PPOPopulation(PopulationBase):
         self._adam_steps = int(values["adam_steps"])
         end = values.get("schedule_end")
         self._resumed_schedule_end = None if end is None else int(end)
-
-    def _iterate(self) -> int:
-        steps = self.config.num_steps * self.config.num_envs * len(self.alive)
-        self.train_iteration()
-        return steps
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's (original index) policy parameters, named as a solo PPO's `policy.state_dict()` names them: the
