@@ -435,7 +435,7 @@ class PopulationBase:
 
     def _check_same_run(self, path, saved: dict) -> None:
         """UserError unless the checkpoint's run (`saved`: its metadata) is this population's: algorithm, env, seeds,
-        shared hyperparameters and each member's."""
+        env backend, shared hyperparameters and each member's."""
         mine = {"algorithm": self.algo_name, "env": self.env_id, "seeds": self.seeds}
         theirs = {"algorithm": saved.get("algo"), "env": saved.get("env_id"), "seeds": saved.get("seeds")}
         differ = [name for name in mine if mine[name] != theirs[name]]
@@ -444,6 +444,9 @@ class PopulationBase:
                             f"{_seed_text(theirs['seeds'])}, not of this population ({mine['algorithm']} on "
                             f"{mine['env']} with seeds {_seed_text(self.seeds)}): resume with the same "
                             f"{' and '.join(differ)}.")
+        if saved.get("env_backend") != self.env_backend:
+            raise UserError(f"'{path}' was trained on env_backend={saved.get('env_backend')!r}, this population runs "
+                            f"on {self.env_backend!r}: resume with env_backend={saved.get('env_backend')!r}.")
         config = json.loads(json.dumps(dataclasses.asdict(self.config)))
         members = json.loads(json.dumps([self._member_hyperparameters(k) for k in range(self.size)]))
         shared = sorted(key for key in set(config) | set(saved.get("config") or {})
