@@ -508,7 +508,8 @@ class PopulationBase:
         Ctrl-C and SIGTERM).
 
         Right after `resume`, the loop continues where the checkpoint's left it (evaluations, curves, members that
-        reached, were pruned or diverged, training times) and `total_timesteps` counts from its `num_timesteps`.
+        reached, were pruned or diverged, training times, the schedules' span) and `total_timesteps` counts from its
+        `num_timesteps`; from a checkpoint `save` wrote between learn calls, a new loop starts, as a new call does.
 
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
