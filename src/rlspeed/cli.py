@@ -357,7 +357,7 @@ def _train_population(args: argparse.Namespace) -> int:
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
     checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
-              "env_backend": getattr(population, "env_backend", "torch"), "total_timesteps": total,
+              "env_backend": population.env_backend, "total_timesteps": total,
               "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
               "gym_packages": args.gym_packages, "preset": args.preset_info,
               "hyperparameters": {**_plain(_config), **per_member}}
