@@ -24,11 +24,10 @@ from rlspeed.buffers import RolloutBuffer
 from rlspeed.envs.base import map_obs
 from rlspeed.fused.a2c import FusedA2CUpdate
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.sde import SDEConfig, build_sde_actor_critic, resample_due
 
 
 @dataclass
-class A2CConfig(OnPolicyConfig, SDEConfig):
+class A2CConfig(OnPolicyConfig):
     """A2C hyperparameters; names and defaults follow Stable-Baselines3's A2C (the shared ones: `OnPolicyConfig`)."""
 
     num_steps: int = 5
@@ -49,9 +48,8 @@ class A2CConfig(OnPolicyConfig, SDEConfig):
     }
 
     def validate(self) -> None:
-        """The `OnPolicyConfig` checks, plus gSDE's and RMSprop's epsilon."""
+        """The `OnPolicyConfig` checks (gSDE's included), plus RMSprop's epsilon."""
         super().validate()
-        self.validate_sde()
         require(self.rms_prop_eps > 0, f"rms_prop_eps must be > 0, got {self.rms_prop_eps}.")
 
 
@@ -72,10 +70,6 @@ class A2C(OnPolicyAlgorithm):
         if cfg.use_rms_prop:
             return torch.optim.RMSprop(params, lr=cfg.learning_rate, alpha=0.99, eps=cfg.rms_prop_eps)
         return super()._make_optimizer(params)
-
-    def _build_policy(self) -> torch.nn.Module:
-        """`ActorCritic`, or with `use_sde` gSDE's `SDEActorCritic` (Box actions only)."""
-        return build_sde_actor_critic(self) if self.config.use_sde else super()._build_policy()
 
     def _make_update_step(self):
         cfg = self.config
@@ -106,10 +100,8 @@ class A2C(OnPolicyAlgorithm):
         return f"{super().report()}\n{self.name} rollout: {self._rollout_forward()}"
 
     def _act(self, obs, step, action_masks=None):
-        if self.config.use_sde and resample_due(step, self.config.sde_sample_freq):
-            self.policy.resample(self._env.num_envs)
         update = self._flat_forward()
-        if update is None:
+        if update is None:  # (gSDE among others: the flat forward never runs with it)
             return super()._act(obs, step, action_masks)
         # (unmasked: the hand-derived update gives way to autograd under masks)
         if step == 0:  # the rollout's random draws at once; A2C stores no log-probabilities (its loss recomputes them)

@@ -27,11 +27,13 @@ from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs
 from rlspeed.nn import ENCODERS, ActorCritic, action_kind, encoder_from_config, env_actions, make_adam
+from rlspeed.sde import SDEConfig, build_sde_actor_critic, resample_due
 
 
 @dataclass
-class OnPolicyConfig:
-    """Hyperparameters every on-policy algorithm has (names follow Stable-Baselines3 where it has one)."""
+class OnPolicyConfig(SDEConfig):
+    """Hyperparameters every on-policy algorithm has (names follow Stable-Baselines3 where it has one; gSDE's from
+    `SDEConfig`)."""
 
     num_envs: int = 8
     num_steps: int = 128  # rollout length per env (SB3: n_steps)
@@ -66,6 +68,7 @@ class OnPolicyConfig:
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {self.net_arch}.")
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
+        self.validate_sde()
 
 
 class OnPolicyAlgorithm(Algorithm):
@@ -77,8 +80,11 @@ class OnPolicyAlgorithm(Algorithm):
 
     # --- what a subclass may override ---------------------------------------------------------------------
     def _build_policy(self) -> torch.nn.Module:
-        """The policy-value network (default: `ActorCritic`, actor and critic MLPs evaluated as one ensemble)."""
+        """The policy-value network (default: `ActorCritic`, actor and critic MLPs evaluated as one ensemble; with
+        `use_sde`, gSDE's `SDEActorCritic`, Box actions only)."""
         cfg, spec = self.config, self.spec
+        if cfg.use_sde:
+            return build_sde_actor_critic(self)
         return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
                            cfg.log_std_init, encoder=encoder_from_config(spec.observation_space, cfg),
                            action_space=spec.action_space)
@@ -93,7 +99,10 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _act(self, obs: torch.Tensor, step: int,
              action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1), never a masked action."""
+        """(actions, log_probs, values) sampled for rollout step `step` (0 .. num_steps - 1), never a masked action;
+        with gSDE, new exploration matrices at the rollout's start and every `sde_sample_freq` steps."""
+        if self.config.use_sde and resample_due(step, self.config.sde_sample_freq):
+            self.policy.resample(self._env.num_envs)
         return self.policy.act(obs, action_masks=action_masks)
 
     def _on_dones(self, dones: torch.Tensor) -> None:

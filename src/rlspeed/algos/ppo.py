@@ -17,11 +17,10 @@ from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer
 from rlspeed.envs.base import map_obs
 from rlspeed.fused.ppo import FusedPPOUpdate, unsupported_reason
-from rlspeed.sde import SDEConfig, build_sde_actor_critic, resample_due
 
 
 @dataclass
-class PPOConfig(OnPolicyConfig, SDEConfig):
+class PPOConfig(OnPolicyConfig):
     """PPO hyperparameters (names follow Stable-Baselines3 where it has one; the shared ones: `OnPolicyConfig`).
 
     The value loss follows CleanRL and the original implementation, not SB3: it is 0.5 * MSE, so `vf_coef` weighs
@@ -42,7 +41,6 @@ class PPOConfig(OnPolicyConfig, SDEConfig):
         `batch_size` must divide `num_envs * num_steps` or be at least that (then one minibatch is the whole rollout).
         """
         super().validate()
-        self.validate_sde()
         require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}.")
         require(self.n_epochs >= 1, f"n_epochs must be >= 1, got {self.n_epochs}.")
         require(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}.")
@@ -72,15 +70,6 @@ class PPO(OnPolicyAlgorithm):
                 f"batch_size ({cfg.batch_size}) must be a multiple of the number of processes ({world}): each process "
                 "takes an equal share of every minibatch.")
         super()._setup()
-
-    def _build_policy(self) -> torch.nn.Module:
-        """`ActorCritic`, or with `use_sde` gSDE's `SDEActorCritic` (Box actions only)."""
-        return build_sde_actor_critic(self) if self.config.use_sde else super()._build_policy()
-
-    def _act(self, obs, step, action_masks=None):
-        if self.config.use_sde and resample_due(step, self.config.sde_sample_freq):
-            self.policy.resample(self._env.num_envs)
-        return super()._act(obs, step, action_masks)
 
     def _make_update_step(self):
         cfg = self.config
