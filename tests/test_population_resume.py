@@ -440,8 +440,9 @@ def test_replay_rows_of_a_diverging_member_resume(tmp_path):
 
 
 def test_a_run_stopped_at_once_before_its_first_checkpoint_says_how_to_train_it_again(tmp_path, capsys, monkeypatch):
-    """A second SIGTERM stops at once: before the first checkpoint there is nothing to resume, and the message names
-    the flag that trains the run directory again (--resume would refuse it: its summary.json is there)."""
+    """A second SIGTERM stops at once: before the first checkpoint there is nothing to resume, and the message says
+    that --resume (or --overwrite) trains the run directory again (its interrupted summary.json does not make the run
+    a finished one)."""
     import os
     import signal
 
@@ -462,6 +463,8 @@ def test_a_run_stopped_at_once_before_its_first_checkpoint_says_how_to_train_it_
     capsys.readouterr()
     assert cli.main(argv) == 143
     assert not (tmp_path / "run" / "checkpoint.safetensors").exists()
-    assert "no checkpoint was written yet: --overwrite trains the run again" in capsys.readouterr().err
+    assert "no checkpoint was written yet: --resume (or --overwrite) trains the run again" in capsys.readouterr().err
     monkeypatch.setattr(ppo.PPOPopulation, "learn", learn)
-    assert cli.main([*argv, "--overwrite"]) == 0
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "checkpoint.safetensors yet, so training starts from scratch" in capsys.readouterr().out and not json.loads(
+        (tmp_path / "run" / "summary.json").read_text()).get("interrupted")

@@ -406,7 +406,7 @@ def _train_population(args: argparse.Namespace) -> int:
             steps = load_checkpoint(checkpoint, verify=False, allow_nonfinite=True)[1]["population"]["num_timesteps"]
             kept = f"--resume continues from {CHECKPOINT_NAME}, written at {steps:,} steps per member"
         else:
-            kept = "no checkpoint was written yet: --overwrite trains the run again from the beginning"
+            kept = "no checkpoint was written yet: --resume (or --overwrite) trains the run again from the beginning"
         print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json holds "
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
@@ -556,7 +556,9 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         raise UserError(f"--out '{run_dir}' is a file; the run directory must be a directory.")
     if not checked_before and run_dir.is_dir():
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
-        finished = [name for name in ("model.safetensors", "summary.json") if name in held]
+        # (a summary.json written on an interruption does not make the run finished: --resume may start it again)
+        finished = [name for name in ("model.safetensors", "summary.json")
+                    if name in held and not (name == "summary.json" and _interrupted_summary(run_dir / name))]
         if held and args.overwrite:
             for name in held:
                 target = run_dir / name
@@ -580,6 +582,14 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     except OSError as error:
         raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
     return run_dir
+
+
+def _interrupted_summary(path: Path) -> bool:
+    """Whether the summary.json at `path` is one an interrupted run wrote (`"interrupted": true`)."""
+    try:
+        return bool(json.loads(path.read_text()).get("interrupted"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _write_text(path: Path, text: str) -> None:
