@@ -28,11 +28,14 @@ def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", env_bac
     ("CartPole-v1", "torch", {}),
     ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),
     ("CartPole-v1", "gymnasium", {}),
+    ("CartPole-v1", "torch", {"fused_update": False}),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
-    """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike."""
+    """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
+    chooses autograd for the population as for the solo run."""
     seeds = [3, 7]
     population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
+    assert population.update_path == ("autograd" if hyper.get("fused_update") is False else "hand-derived")
     population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
     population.train_iteration()

@@ -115,8 +115,10 @@ class PPOPopulation(PopulationBase):
         self._exp_avg_sq = torch.zeros_like(self._exp_avg)
         self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
         # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
-        # network, else autograd of `_loss`; tests/test_population.py checks the two agree
-        self.update_path = "autograd" if unsupported_reason(policy) else "hand-derived"
+        # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
+        # tests/test_population.py checks the two agree
+        self.update_path = ("autograd" if not self.config.fused_update or unsupported_reason(policy)
+                            else "hand-derived")
         self._tanh = isinstance(self.activation, torch.nn.Tanh)
         # the activation as a function where it is one (a module call costs as much as the kernel on a few rows)
         self._activate = {torch.nn.Tanh: torch.tanh, torch.nn.ReLU: torch.relu}.get(type(self.activation),
