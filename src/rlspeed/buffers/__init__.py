@@ -6,7 +6,7 @@ frame-stacked images store each frame once (`FrameStackReplayBuffer`).
 """
 
 from rlspeed.buffers.replay import FrameStackReplayBuffer, ReplayBuffer, frame_stacks
-from rlspeed.buffers.rollout import RolloutBuffer, allocate_observations, copy_observations, gae, observation_nbytes
+from rlspeed.buffers.rollout import RolloutBuffer, allocate_observations, gae, observation_nbytes
 
 __all__ = ["FrameStackReplayBuffer", "ReplayBuffer", "frame_stacks", "RolloutBuffer",
-           "allocate_observations", "copy_observations", "gae", "observation_nbytes"]
+           "allocate_observations", "gae", "observation_nbytes"]

@@ -22,15 +22,6 @@ def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int
     return torch.zeros(*leading, *shape, dtype=dtype, device=device)
 
 
-def copy_observations(target: Observation, value: Observation) -> None:
-    """target.copy_(value), per key for Dict observations (in place: no allocation)."""
-    if isinstance(target, dict):
-        for key, storage in target.items():
-            storage.copy_(value[key])
-    else:
-        target.copy_(value)
-
-
 def observation_nbytes(obs: Observation) -> int:
     """Bytes an observation storage takes (all keys)."""
     tensors = obs.values() if isinstance(obs, dict) else (obs,)
