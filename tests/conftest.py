@@ -122,3 +122,41 @@ def assert_loaded_update_continues(model, loaded, state_key: str, batch) -> list
     for a, b in zip(model.policy.parameters(), loaded.policy.parameters()):
         torch.testing.assert_close(b, a)
     return [int(m._update_step.hand_derived.adam.step_count) for m in (loaded, model)]
+
+
+def checkpoint_tensors(path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors checkpoint, by name."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        return {name: handle.get_tensor(name) for name in handle.keys()}
+
+
+def checkpoint_metadata(path) -> dict:
+    """rlspeed's JSON metadata of a checkpoint."""
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        return json.loads(handle.metadata()["rlspeed"])
+
+
+def first_ou_noise(trainer, learn) -> torch.Tensor:
+    """The Ornstein-Uhlenbeck noise `trainer` (a TD3 model or population) holds when the first exploring step of
+    `learn()` (a call that trains it) starts; warnings of resumed Gymnasium envs and replay buffers are ignored."""
+    import warnings
+
+    first = []
+    explore = trainer._explore
+
+    def recording(obs, timesteps):
+        if not first:
+            first.append(trainer._ou_noise.clone())
+        return explore(obs, timesteps)
+
+    trainer._explore = recording
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        learn()
+    return first[0]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import warnings
 
 import gymnasium as gym
 import pytest
 import torch
+from conftest import first_ou_noise
 
 from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.algos.off_policy import polyak_update
@@ -374,16 +374,5 @@ def test_a_resume_continues_the_ou_noise_only_with_its_episodes(tmp_path, backen
 
     resumed = TD3("Pendulum-v1", seed=0, num_envs=2, env_backend=backend, action_noise="ornstein-uhlenbeck", **TINY)
     resumed.resume(run / "checkpoint.safetensors")
-    first = []
-    explore = resumed._explore
-
-    def recording(obs, timesteps):
-        if not first:
-            first.append(resumed._ou_noise.clone())
-        return explore(obs, timesteps)
-
-    resumed._explore = recording
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # (the Gymnasium envs' "cannot restore their episodes" warning)
-        resumed.learn(8, progress_bar=False)
-    assert torch.equal(first[0], saved if continues else torch.zeros_like(saved))
+    first = first_ou_noise(resumed, lambda: resumed.learn(8, progress_bar=False))
+    assert torch.equal(first, saved if continues else torch.zeros_like(saved))

@@ -8,8 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import cli_error
-from safetensors import safe_open
+from conftest import checkpoint_metadata, checkpoint_tensors, cli_error, first_ou_noise
 
 from rlspeed import A2C, PPO, cli
 from rlspeed.errors import UserError
@@ -32,16 +31,6 @@ def _settings(algo) -> dict:
 
 def _population(algo, env_id):
     return Population(algo, env_id, seeds=[3, 5, 8], env_backend="torch", **_settings(algo))
-
-
-def _tensors(path) -> dict[str, torch.Tensor]:
-    with safe_open(str(path), "pt") as handle:
-        return {name: handle.get_tensor(name) for name in handle.keys()}
-
-
-def _metadata(path) -> dict:
-    with safe_open(str(path), "pt") as handle:
-        return json.loads(handle.metadata()["rlspeed"])
 
 
 def _without_times(summary: dict) -> dict:
@@ -67,7 +56,7 @@ def test_a_resumed_population_is_bitwise_the_uninterrupted_one(tmp_path, algo, e
     learn = dict(eval_freq=256, on_eval=prune_member_1, checkpoint_freq=CHECKPOINT_FREQ)
     uninterrupted = _population(algo, env_id)
     expected_summary = uninterrupted.learn(TOTAL, run_dir=tmp_path / "a", **learn)
-    expected = _tensors(uninterrupted.save(tmp_path / "a" / "final"))
+    expected = checkpoint_tensors(uninterrupted.save(tmp_path / "a" / "final"))
     assert expected_summary["pruned"] == 1
 
     def kill_after_checkpoint(steps, means):
@@ -79,15 +68,15 @@ def test_a_resumed_population_is_bitwise_the_uninterrupted_one(tmp_path, algo, e
     with pytest.raises(Killed):
         killed.learn(TOTAL, run_dir=tmp_path / "b", **{**learn, "on_eval": kill_after_checkpoint})
     checkpoint = tmp_path / "b" / "checkpoint.safetensors"
-    saved_steps = _metadata(checkpoint)["population"]["num_timesteps"]
+    saved_steps = checkpoint_metadata(checkpoint)["population"]["num_timesteps"]
     assert 0 < saved_steps < TOTAL
-    assert _metadata(checkpoint)["population"]["alive"] == [0, 2]  # (member 1 was pruned before it)
+    assert checkpoint_metadata(checkpoint)["population"]["alive"] == [0, 2]  # (member 1 was pruned before it)
 
     resumed = _population(algo, env_id)
     resumed.resume(checkpoint)
     assert resumed.num_timesteps == saved_steps
     summary = resumed.learn(TOTAL - saved_steps, run_dir=tmp_path / "b", **learn)
-    actual = _tensors(resumed.save(tmp_path / "b" / "final"))
+    actual = checkpoint_tensors(resumed.save(tmp_path / "b" / "final"))
     assert set(actual) == set(expected)
     assert any(name.startswith("env.") for name in actual) and "generator.0" in actual
     for name, value in expected.items():
@@ -260,7 +249,7 @@ def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_pat
     learn = dict(eval_freq=256, on_eval=prune_member_1, checkpoint_freq=CHECKPOINT_FREQ)
     uninterrupted = _offpolicy(algo, env_id, save_replay_buffer=True)
     expected_summary = uninterrupted.learn(TOTAL, run_dir=tmp_path / "a", **learn)
-    expected = _tensors(uninterrupted.save(tmp_path / "a" / "final"))
+    expected = checkpoint_tensors(uninterrupted.save(tmp_path / "a" / "final"))
 
     def kill_after_checkpoint(steps, means):
         if (tmp_path / "b" / "checkpoint.safetensors").exists():
@@ -272,18 +261,18 @@ def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_pat
         killed.learn(TOTAL, run_dir=tmp_path / "b", **{**learn, "on_eval": kill_after_checkpoint})
     checkpoint = tmp_path / "b" / "checkpoint.safetensors"
     assert (tmp_path / "b" / "checkpoint.replay.safetensors").exists()
-    saved_steps = _metadata(checkpoint)["population"]["num_timesteps"]
+    saved_steps = checkpoint_metadata(checkpoint)["population"]["num_timesteps"]
     assert 0 < saved_steps < TOTAL
 
     resumed = _offpolicy(algo, env_id, save_replay_buffer=True)
     resumed.resume(checkpoint)
     summary = resumed.learn(TOTAL - saved_steps, run_dir=tmp_path / "b", **learn)
-    actual = _tensors(resumed.save(tmp_path / "b" / "final"))
+    actual = checkpoint_tensors(resumed.save(tmp_path / "b" / "final"))
     assert set(actual) == set(expected)
     for name, value in expected.items():
         assert torch.equal(actual[name], value), name
-    replay = _tensors(tmp_path / "b" / "final.replay.safetensors")
-    for name, value in _tensors(tmp_path / "a" / "final.replay.safetensors").items():
+    replay = checkpoint_tensors(tmp_path / "b" / "final.replay.safetensors")
+    for name, value in checkpoint_tensors(tmp_path / "a" / "final.replay.safetensors").items():
         assert torch.equal(replay[name], value), name
     assert _without_times(summary) == _without_times(expected_summary)
 
@@ -323,7 +312,7 @@ def test_gymnasium_envs_resume_from_fresh_episodes_with_a_warning(tmp_path, algo
                      save_replay_buffer=True))
     population = Population(algo, env_id, seeds=[1, 2], env_backend="gymnasium", **settings)
     population.learn(256, run_dir=tmp_path, checkpoint_freq=128)
-    saved = _tensors(tmp_path / "checkpoint.safetensors")
+    saved = checkpoint_tensors(tmp_path / "checkpoint.safetensors")
     assert not any(name.startswith("env.") for name in saved)
     resumed = Population(algo, env_id, seeds=[1, 2], env_backend="gymnasium", **settings)
     with pytest.warns(UserWarning, match="training continues from fresh episodes"):
@@ -355,24 +344,15 @@ def test_a_resume_continues_td3s_ou_noise_only_with_its_episodes(tmp_path, backe
                     action_noise="ornstein-uhlenbeck")
     population = Population(TD3, "Pendulum-v1", seeds=[1, 2], env_backend=backend, **settings)
     population.learn(128, run_dir=tmp_path, checkpoint_freq=64)
-    saved = _tensors(tmp_path / "checkpoint.safetensors")["state.algo.ou_noise"]
+    saved = checkpoint_tensors(tmp_path / "checkpoint.safetensors")["state.algo.ou_noise"]
     assert saved.abs().sum() > 0
 
     resumed = Population(TD3, "Pendulum-v1", seeds=[1, 2], env_backend=backend, **settings)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the replay buffer's and the Gymnasium envs' warnings)
         resumed.resume(tmp_path / "checkpoint.safetensors")
-        first = []
-        explore = resumed._explore
-
-        def recording(obs, timesteps):
-            if not first:
-                first.append(resumed._ou_noise.clone())
-            return explore(obs, timesteps)
-
-        resumed._explore = recording
-        resumed.learn(8)
-    assert torch.equal(first[0], saved if continues else torch.zeros_like(saved))
+    first = first_ou_noise(resumed, lambda: resumed.learn(8))
+    assert torch.equal(first, saved if continues else torch.zeros_like(saved))
 
 
 @pytest.mark.parametrize(("algo_name", "env_id"), [("PPO", "CartPole-v1"), ("DQN", "CartPole-v1")])
@@ -394,7 +374,8 @@ def test_a_population_saved_between_learn_calls_resumes_as_it_would_continue(tmp
     resumed = build()
     resumed.resume(path)
     resumed.learn(512)
-    expected, actual = _tensors(continued.save(tmp_path / "a")), _tensors(resumed.save(tmp_path / "b"))
+    expected = checkpoint_tensors(continued.save(tmp_path / "a"))
+    actual = checkpoint_tensors(resumed.save(tmp_path / "b"))
     for name, value in expected.items():
         assert torch.equal(actual[name], value), name
 
@@ -430,7 +411,7 @@ def test_replay_rows_of_a_diverging_member_resume(tmp_path):
     population = Population(SAC, "Pendulum-v1", seeds=[1, 2], env_backend="torch", **settings)
     with pytest.warns(UserWarning, match="diverged"):
         population.learn(192, run_dir=tmp_path, checkpoint_freq=128)
-    replay = _tensors(tmp_path / "checkpoint.replay.safetensors")
+    replay = checkpoint_tensors(tmp_path / "checkpoint.replay.safetensors")
     assert not replay["actions"].isfinite().all()
     resumed = Population(SAC, "Pendulum-v1", seeds=[1, 2], env_backend="torch", **settings)
     with warnings.catch_warnings():

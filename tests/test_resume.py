@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import random
 
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
+from conftest import checkpoint_metadata, checkpoint_tensors
 
 from rlspeed import A2C, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.algos.off_policy import REPLAY_SUFFIX
@@ -46,16 +45,6 @@ def _model(algo, env_id):
     return algo(env_id, seed=3, device="cpu", env_backend="torch", **_settings(algo))
 
 
-def _tensors(path) -> dict[str, torch.Tensor]:
-    with safe_open(str(path), "pt") as handle:
-        return {name: handle.get_tensor(name) for name in handle.keys()}
-
-
-def _metadata(path) -> dict:
-    with safe_open(str(path), "pt") as handle:
-        return json.loads(handle.metadata()["rlspeed"])
-
-
 @pytest.mark.parametrize(("algo", "env_id"), [(PPO, "Pendulum-v1"), (PPO, "CartPole-v1"), (SAC, "Pendulum-v1"),
                                               (TD3, "Pendulum-v1"), (DQN, "CartPole-v1"), (A2C, "CartPole-v1"),
                                               (RecurrentPPO, "CartPoleNoVel-v1")])
@@ -77,7 +66,7 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path, algo, env_id):
         killed.learn(TOTAL, progress_bar=False, run_dir=tmp_path / "b", checkpoint_freq=CHECKPOINT_FREQ,
                      callback=kill_after_checkpoint)
     checkpoint = tmp_path / "b" / "checkpoint.safetensors"
-    assert 0 < _metadata(checkpoint)["num_timesteps"] < TOTAL
+    assert 0 < checkpoint_metadata(checkpoint)["num_timesteps"] < TOTAL
     # the process dies: anything left in the global generators must not matter
     torch.manual_seed(12345), np.random.seed(54321), random.seed(999)
 
@@ -89,17 +78,17 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path, algo, env_id):
     assert resumed.restarts == 1
     got = resumed.save(tmp_path / "b" / "final")
 
-    want_tensors, got_tensors = _tensors(expected), _tensors(got)
+    want_tensors, got_tensors = checkpoint_tensors(expected), checkpoint_tensors(got)
     assert want_tensors.keys() == got_tensors.keys()
     assert any(name.startswith("resume.env.") for name in want_tensors)  # the native env's state is in there
     different = [name for name in want_tensors if not torch.equal(want_tensors[name], got_tensors[name])]
     assert different == []
-    want_meta, got_meta = _metadata(expected)["resume"], _metadata(got)["resume"]
+    want_meta, got_meta = checkpoint_metadata(expected)["resume"], checkpoint_metadata(got)["resume"]
     assert got_meta["rng"] == want_meta["rng"]
     assert got_meta["loop"]["next_checkpoint"] == want_meta["loop"]["next_checkpoint"]
     if algo not in ON_POLICY:  # the replay buffers, saved beside the checkpoints, hold the same transitions
-        want_replay = _tensors(expected.with_name("final" + REPLAY_SUFFIX))
-        got_replay = _tensors(got.with_name("final" + REPLAY_SUFFIX))
+        want_replay = checkpoint_tensors(expected.with_name("final" + REPLAY_SUFFIX))
+        got_replay = checkpoint_tensors(got.with_name("final" + REPLAY_SUFFIX))
         assert want_replay.keys() == got_replay.keys()
         assert all(torch.equal(want_replay[name], got_replay[name]) for name in want_replay)
 
