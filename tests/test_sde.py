@@ -210,9 +210,8 @@ def _sac(**config):
     return SAC("Pendulum-v1", seed=0, use_sde=True, batch_size=32, **config)
 
 
-def test_sac_resamples_per_collection_and_every_sde_sample_freq_steps():
-    # collections of 3 steps, resampled at steps 0 and 2 of each: matrices change at global steps 2, 3, 5, 6, 8
-    model = _sac(train_freq=3, gradient_steps=1, sde_sample_freq=2, learning_starts=0, device="cpu")
+def _explored_matrices(model, steps: int) -> list[torch.Tensor]:
+    """The exploration matrices of each step `model.learn(steps)` explored with (after the step's draw)."""
     seen = []
     explore = model._explore
 
@@ -222,7 +221,14 @@ def test_sac_resamples_per_collection_and_every_sde_sample_freq_steps():
         return out
 
     model._explore = recording_explore
-    model.learn(9)
+    model.learn(steps)
+    return seen
+
+
+def test_sac_resamples_per_collection_and_every_sde_sample_freq_steps():
+    # collections of 3 steps, resampled at steps 0 and 2 of each: matrices change at global steps 2, 3, 5, 6, 8
+    model = _sac(train_freq=3, gradient_steps=1, sde_sample_freq=2, learning_starts=0, device="cpu")
+    seen = _explored_matrices(model, 9)
     assert len(seen) == 9
     changes = [step for step in range(1, 9) if not torch.equal(seen[step - 1], seen[step])]
     assert changes == [2, 3, 5, 6, 8]
@@ -233,16 +239,7 @@ def test_sac_draws_each_envs_matrix_where_exploration_starts_mid_collection():
     """learning_starts inside a collection: its first explored step has new matrices, one per env (SB3 drew them at
     the collection's start), kept to the collection's end (sde_sample_freq -1)."""
     model = _sac(num_envs=2, train_freq=4, learning_starts=4, device="cpu")
-    seen = []
-    explore = model._explore
-
-    def recording_explore(obs, timesteps):
-        out = explore(obs, timesteps)
-        seen.append(model.actor.sde.exploration.clone())
-        return out
-
-    model._explore = recording_explore
-    model.learn(8)  # steps 0-1 uniform, 2-3 explored
+    seen = _explored_matrices(model, 8)  # steps 0-1 uniform, 2-3 explored
     assert len(seen) == 2 and seen[0].shape[0] == 2 and not torch.equal(seen[0][0], seen[0][1])
     assert torch.equal(seen[0], seen[1])
 
