@@ -160,3 +160,31 @@ def first_ou_noise(trainer, learn) -> torch.Tensor:
         warnings.simplefilter("ignore")
         learn()
     return first[0]
+
+
+def assert_same_members(population, other, pairs) -> None:
+    """Member k of `population` equals member j of `other` (to 1e-6) for each (k, j) in `pairs`."""
+    for k, j in pairs:
+        mine, theirs = population.member_state(k), other.member_state(j)
+        for name, value in theirs.items():
+            torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
+
+
+def assert_a_diverging_member_is_dropped(algo, hyper: dict, learning_rate: float, steps: int, eval_freq: int) -> None:
+    """Of three members, the middle one diverges (a huge learning rate): it is reported and dropped, and the other two
+    end as a population of those two alone."""
+    from rlspeed.population import Population
+
+    hyper = {**hyper, "max_grad_norm": 1e30}
+    population = Population(algo, "CartPole-v1", seeds=[3, 5, 7],
+                            **{**hyper, "learning_rate": [learning_rate, 1e30, learning_rate]})
+    with pytest.warns(UserWarning, match="diverged"):
+        summary = population.learn(steps, eval_freq=eval_freq, eval_episodes=2, on_eval=lambda steps, means: None)
+    members = summary["members"]
+    assert members[1]["diverged_at"] > 0 and members[1]["final_eval"] is None and summary["diverged"] == 1
+    assert "diverged_at" not in members[0] and members[0]["final_eval"]["mean"] > 0
+    assert population.alive == [0, 2]
+    without = Population(algo, "CartPole-v1", seeds=[3, 7], **{**hyper, "learning_rate": learning_rate})
+    without.learn(steps, eval_freq=eval_freq, eval_episodes=2, on_eval=lambda steps, means: None)
+    assert_same_members(population, without, [(0, 0), (2, 1)])
+

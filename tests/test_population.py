@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from conftest import assert_a_diverging_member_is_dropped, assert_same_members
 
 from rlspeed import PPO
 from rlspeed.envs.cartpole import CartPole
@@ -152,14 +153,6 @@ def test_learn_summary(tmp_path):
     assert json.loads(path.read_text())["members"][1]["seed"] == 1
 
 
-def _assert_same_members(population, other, pairs):
-    """Members `pairs[i][0]` of `population` and `pairs[i][1]` of `other` have the same parameters."""
-    for k, j in pairs:
-        mine, theirs = population.member_state(k), other.member_state(j)
-        for name, value in theirs.items():
-            torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
-
-
 @pytest.mark.parametrize("env_id, backend, hyper", [
     ("CartPole-v1", "torch", {}),
     ("CartPole-v1", "gymnasium", {}),
@@ -185,11 +178,11 @@ def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     # the members that stayed train on exactly as a population that never had member 1 (env rows, Adam, draws)
     without = Population(PPO, env_id, seeds=[0, 2], env_backend=backend, **SMALL, **hyper)
     without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
-    _assert_same_members(population, without, [(0, 0), (2, 1)])
+    assert_same_members(population, without, [(0, 0), (2, 1)])
     # and the pruned member keeps the parameters it had when it left
     stopped = Population(PPO, env_id, seeds=[0, 1, 2], env_backend=backend, **SMALL, **hyper)
     stopped.learn(128, eval_freq=128, eval_episodes=2)
-    _assert_same_members(population, stopped, [(1, 1)])
+    assert_same_members(population, stopped, [(1, 1)])
 
 
 def test_on_eval_naming_no_member_is_one_sentence():
@@ -201,17 +194,7 @@ def test_on_eval_naming_no_member_is_one_sentence():
 
 
 def test_diverging_member_is_dropped_and_the_others_are_untouched():
-    hyper = {**SMALL, "max_grad_norm": 1e30}
-    population = Population(PPO, "CartPole-v1", seeds=[3, 5, 7], **{**hyper, "learning_rate": [1e-3, 1e30, 1e-3]})
-    with pytest.warns(UserWarning, match="diverged"):
-        summary = population.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
-    members = summary["members"]
-    assert members[1]["diverged_at"] > 0 and members[1]["final_eval"] is None and summary["diverged"] == 1
-    assert "diverged_at" not in members[0] and members[0]["final_eval"]["mean"] > 0
-    assert population.alive == [0, 2]
-    without = Population(PPO, "CartPole-v1", seeds=[3, 7], **hyper)
-    without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
-    _assert_same_members(population, without, [(0, 0), (2, 1)])
+    assert_a_diverging_member_is_dropped(PPO, SMALL, learning_rate=1e-3, steps=384, eval_freq=128)
 
 
 @pytest.mark.parametrize("env_id, hyper", [

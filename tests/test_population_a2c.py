@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import assert_a_diverging_member_is_dropped, assert_same_members
 
 from rlspeed import A2C, cli
 from rlspeed.errors import UserError
@@ -126,25 +127,8 @@ def test_hand_derived_updates_follow_autograd_step_by_step(env_id):
                 torch.testing.assert_close(mine[name], value, atol=1e-5, rtol=0)
 
 
-def _assert_same_members(population, other, pairs):
-    for k, j in pairs:
-        mine, theirs = population.member_state(k), other.member_state(j)
-        for name, value in theirs.items():
-            torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)
-
-
 def test_diverging_member_is_dropped_and_the_others_are_untouched():
-    hyper = {**SMALL, "max_grad_norm": 1e30}
-    population = Population(A2C, "CartPole-v1", seeds=[3, 5, 7], **{**hyper, "learning_rate": [7e-4, 1e30, 7e-4]})
-    with pytest.warns(UserWarning, match="diverged"):
-        summary = population.learn(120, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: None)
-    members = summary["members"]
-    assert members[1]["diverged_at"] > 0 and members[1]["final_eval"] is None and summary["diverged"] == 1
-    assert "diverged_at" not in members[0] and members[0]["final_eval"]["mean"] > 0
-    assert population.alive == [0, 2]
-    without = Population(A2C, "CartPole-v1", seeds=[3, 7], **hyper)
-    without.learn(120, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: None)
-    _assert_same_members(population, without, [(0, 0), (2, 1)])
+    assert_a_diverging_member_is_dropped(A2C, SMALL, learning_rate=7e-4, steps=120, eval_freq=40)
 
 
 @pytest.mark.parametrize("env_id, backend, hyper", [("CartPole-v1", "torch", {}), ("CartPole-v1", "gymnasium", {}),
@@ -159,10 +143,10 @@ def test_pruned_member_leaves_and_the_others_train_on(env_id, backend, hyper):
     assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
     without = Population(A2C, env_id, seeds=[0, 2], env_backend=backend, **SMALL, **hyper)
     without.learn(120, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: None)
-    _assert_same_members(population, without, [(0, 0), (2, 1)])
+    assert_same_members(population, without, [(0, 0), (2, 1)])
     stopped = Population(A2C, env_id, seeds=[0, 1, 2], env_backend=backend, **SMALL, **hyper)
     stopped.learn(40, eval_freq=40, eval_episodes=2)
-    _assert_same_members(population, stopped, [(1, 1)])  # (the pruned member keeps the parameters it left with)
+    assert_same_members(population, stopped, [(1, 1)])  # (the pruned member keeps the parameters it left with)
 
 
 def test_members_reaching_the_target_leave():
