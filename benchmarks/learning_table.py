@@ -98,6 +98,8 @@ FIXED_BUDGETS = {
     ("td3", "LunarLanderContinuous-v3"): 20_000,
     ("ddpg", "LunarLanderContinuous-v3"): 20_000,
     ("a2c", "LunarLanderContinuous-v3"): 200_000,
+    ("ppo", "BipedalWalker-v3"): 300_000,
+    ("a2c", "BipedalWalker-v3"): 300_000,
 }
 
 
