@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -10,6 +11,10 @@ import torch
 # Small RL networks are fastest on one thread, and the test machine is shared: no oversubscription.
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
+
+#: Box2D envs (LunarLander, BipedalWalker) need the `box2d` extra; CI installs it, `pip install -e ".[test]"` does not
+needs_box2d = pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
+                                 reason='needs Box2D: pip install -e ".[box2d]"')
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import plain_and_fused
+from conftest import needs_box2d, plain_and_fused
 
 from rlspeed import SAC
 from rlspeed.accel.search import TOLERANCES
@@ -35,6 +35,7 @@ def test_fused_step_matches_autograd_adam_and_polyak(config):
     _assert_steps_match(*_pair(**config), _batch)
 
 
+@needs_box2d
 def test_fused_step_matches_autograd_with_two_action_dimensions():
     """On a CPU the hand-derived path lays a narrow actor head out column-major; its noise is still drawn in the
     reference's (row-major) order, so both take the same step for any number of action dimensions."""

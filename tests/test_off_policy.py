@@ -8,7 +8,7 @@ import json
 import gymnasium as gym
 import pytest
 import torch
-from conftest import first_ou_noise
+from conftest import first_ou_noise, needs_box2d
 
 from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.algos.off_policy import polyak_update
@@ -176,7 +176,7 @@ def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwi
 
 
 @pytest.mark.parametrize("activation, env_id", [("relu", "Pendulum-v1"), ("tanh", "Pendulum-v1"),
-                                                ("relu", "LunarLanderContinuous-v3")])
+                                                pytest.param("relu", "LunarLanderContinuous-v3", marks=needs_box2d)])
 def test_sac_collection_samples_the_actor_s_squashed_gaussian(activation, env_id):
     """(With 2 actions the kernel-by-kernel head comes out column-major on a CPU; its noise is still drawn in the
     module path's row-major order.)"""
