@@ -130,6 +130,11 @@ def test_policy_kwargs_net_arch_and_activation():
         "policy_kwargs.activation_fn"}
     assert refused(translated("ppo", {"policy_kwargs": "dict(ortho_init=False)"})) == {"policy_kwargs.ortho_init"}
     assert translated("ppo", {"policy_kwargs": "dict(ortho_init=True)"}).status == "full"
+    # gSDE's squashing and mean clipping: SB3's defaults are what rlspeed does; other values are refused
+    assert translated("ppo", {"policy_kwargs": "dict(squash_output=False)"}).status == "full"
+    assert translated("sac", {"policy_kwargs": "dict(clip_mean=2.0, squash_output=True)"}).status == "full"
+    assert refused(translated("ppo", {"policy_kwargs": "dict(squash_output=True)"})) == {"policy_kwargs.squash_output"}
+    assert refused(translated("sac", {"policy_kwargs": "dict(clip_mean=1.0)"})) == {"policy_kwargs.clip_mean"}
     gsde = translated("sac", {"policy_kwargs": "dict(log_std_init=-3, use_expln=True)"})  # gSDE's options
     assert gsde.status == "full" and (gsde.hyperparameters["log_std_init"], gsde.hyperparameters["use_expln"]) == (
         -3, True)

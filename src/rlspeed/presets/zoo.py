@@ -445,8 +445,13 @@ class _Translator:
             elif name == "n_critics" and self.algo in ("sac", "td3", "ddpg"):
                 self.set("n_critics", item, key)
             elif name in ("squash_output", "clip_mean"):
-                self.refuse(key, f"{item!r}: rlspeed's gSDE has SB3's defaults for it (on-policy: no squashing; "
-                                 "SAC: squashed, mean clipped to [-2, 2])")
+                # rlspeed's gSDE has SB3's defaults: on-policy actions unsquashed; SAC squashed, mean clipped to +-2
+                default = {"squash_output": self.algo == "sac", "clip_mean": 2.0 if self.algo == "sac" else None}[name]
+                if item == default:
+                    self.notes.append(f"{key} {item!r}: rlspeed's {self.algo} does that too")
+                else:
+                    self.refuse(key, f"{item!r}: rlspeed's gSDE has SB3's defaults for it (on-policy: no squashing; "
+                                     "SAC: squashed, mean clipped to [-2, 2])")
             elif name in ("optimizer_class", "optimizer_kwargs"):
                 instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if self.algo == "a2c" else ""
                 self.refuse(key, f"{item!r}: rlspeed's {self.algo} builds its own optimizer{instead}")
