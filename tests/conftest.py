@@ -193,3 +193,18 @@ def assert_a_diverging_member_is_dropped(algo, hyper: dict, learning_rate: float
     without.learn(steps, eval_freq=eval_freq, eval_episodes=2, on_eval=lambda steps, means: None)
     assert_same_members(population, without, [(0, 0), (2, 1)])
 
+
+def random_population_batch(population, batch: int, generator: torch.Generator):
+    """(obs, out, values, actions) of random observations `[K, batch, obs_dim]` for an on-policy population: its
+    outputs and values there (no gradient), and random actions (indices for a categorical policy, the mean plus
+    N(0, 1) noise for a Gaussian one)."""
+    size = len(population.alive)
+    obs = torch.randn(size, batch, population.spec.obs_dim, generator=generator)
+    with torch.no_grad():
+        out, values = population.forward(obs)
+    if population.kind == "categorical":
+        actions = torch.randint(0, out.shape[-1], (size, batch), generator=generator)
+    else:
+        actions = out + torch.randn(out.shape, generator=generator)
+    return obs, out, values, actions
+

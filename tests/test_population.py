@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_a_diverging_member_is_dropped, assert_same_members
+from conftest import assert_a_diverging_member_is_dropped, assert_same_members, random_population_batch
 
 from rlspeed import PPO
 from rlspeed.envs.cartpole import CartPole
@@ -208,14 +208,9 @@ def test_hand_derived_gradient_equals_autograd(env_id, hyper):
     population = Population(PPO, env_id, seeds=[0, 1], **{**SMALL, **hyper})
     assert population.update_path == "hand-derived"
     generator = torch.Generator().manual_seed(0)
-    size, batch, obs_dim = 2, 64, population.spec.obs_dim
-    obs = torch.randn(size, batch, obs_dim, generator=generator)
+    size, batch = 2, 64
+    obs, out, values, actions = random_population_batch(population, batch, generator)
     with torch.no_grad():
-        out, values = population.forward(obs)
-        if population.kind == "categorical":
-            actions = torch.randint(0, out.shape[-1], (size, batch), generator=generator)
-        else:
-            actions = out + torch.randn(out.shape, generator=generator)
         log_probs = population._log_prob_entropy(out, actions)[0]
     minibatch = (obs, actions, log_probs + 0.3 * torch.randn(size, batch, generator=generator),
                  values + torch.randn(size, batch, generator=generator), torch.randn(size, batch, generator=generator),

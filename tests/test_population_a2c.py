@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_a_diverging_member_is_dropped, assert_same_members
+from conftest import assert_a_diverging_member_is_dropped, assert_same_members, random_population_batch
 
 from rlspeed import A2C, cli
 from rlspeed.errors import UserError
@@ -93,13 +93,7 @@ def test_hand_derived_gradient_equals_autograd(env_id, hyper):
     population = Population(A2C, env_id, seeds=[0, 1], **SMALL, **hyper)
     generator = torch.Generator().manual_seed(0)
     size, batch = 2, 20
-    obs = torch.randn(size, batch, population.spec.obs_dim, generator=generator)
-    with torch.no_grad():
-        out, values = population.forward(obs)
-    if population.kind == "categorical":
-        actions = torch.randint(0, out.shape[-1], (size, batch), generator=generator)
-    else:
-        actions = out + torch.randn(out.shape, generator=generator)
+    obs, out, values, actions = random_population_batch(population, batch, generator)
     rollout = (obs, actions, torch.randn(size, batch, generator=generator),
                values + torch.randn(size, batch, generator=generator))
     reference = torch.autograd.grad(population._loss(*rollout).sum(), population.params)
