@@ -194,6 +194,21 @@ def assert_a_diverging_member_is_dropped(algo, hyper: dict, learning_rate: float
     assert_same_members(population, without, [(0, 0), (2, 1)])
 
 
+def assert_pruned_member_matches_reruns(population, algo, env_id: str, steps: int, eval_freq: int,
+                                        **config) -> None:
+    """`population` (seeds 0, 1, 2) pruned member 1 at the first evaluation and trained `steps`: members 0 and 2 end
+    as a population that never had member 1 (env rows, optimiser, draws), and member 1 keeps the parameters it had
+    when it left (a population stopped at that evaluation)."""
+    from rlspeed.population import Population
+
+    without = Population(algo, env_id, seeds=[0, 2], **config)
+    without.learn(steps, eval_freq=eval_freq, eval_episodes=2, on_eval=lambda steps, means: None)
+    assert_same_members(population, without, [(0, 0), (2, 1)])
+    stopped = Population(algo, env_id, seeds=[0, 1, 2], **config)
+    stopped.learn(eval_freq, eval_freq=eval_freq, eval_episodes=2)
+    assert_same_members(population, stopped, [(1, 1)])
+
+
 def random_population_batch(population, batch: int, generator: torch.Generator):
     """(obs, out, values, actions) of random observations `[K, batch, obs_dim]` for an on-policy population: its
     outputs and values there (no gradient), and random actions (indices for a categorical policy, the mean plus

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_a_diverging_member_is_dropped, assert_same_members, random_population_batch
+from conftest import assert_a_diverging_member_is_dropped, assert_pruned_member_matches_reruns, random_population_batch
 
 from rlspeed import PPO
 from rlspeed.envs.cartpole import CartPole
@@ -175,14 +175,7 @@ def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     assert [steps for steps, _ in members[0]["curve"]] == [128, 256, 384]
     assert [steps for steps, _ in members[1]["curve"]] == [128]
     assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
-    # the members that stayed train on exactly as a population that never had member 1 (env rows, Adam, draws)
-    without = Population(PPO, env_id, seeds=[0, 2], env_backend=backend, **SMALL, **hyper)
-    without.learn(384, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
-    assert_same_members(population, without, [(0, 0), (2, 1)])
-    # and the pruned member keeps the parameters it had when it left
-    stopped = Population(PPO, env_id, seeds=[0, 1, 2], env_backend=backend, **SMALL, **hyper)
-    stopped.learn(128, eval_freq=128, eval_episodes=2)
-    assert_same_members(population, stopped, [(1, 1)])
+    assert_pruned_member_matches_reruns(population, PPO, env_id, 384, 128, env_backend=backend, **SMALL, **hyper)
 
 
 def test_on_eval_naming_no_member_is_one_sentence():

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_a_diverging_member_is_dropped, assert_same_members, random_population_batch
+from conftest import assert_a_diverging_member_is_dropped, assert_pruned_member_matches_reruns, random_population_batch
 
 from rlspeed import A2C, cli
 from rlspeed.errors import UserError
@@ -135,12 +135,7 @@ def test_pruned_member_leaves_and_the_others_train_on(env_id, backend, hyper):
     summary = population.learn(120, eval_freq=40, eval_episodes=2, on_eval=on_eval)
     assert summary["members"][1]["pruned_at"] == 40 and summary["pruned"] == 1 and summary["algo"] == "a2c"
     assert population.alive == [0, 2] and population.weights[0].shape[0] == 2
-    without = Population(A2C, env_id, seeds=[0, 2], env_backend=backend, **SMALL, **hyper)
-    without.learn(120, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: None)
-    assert_same_members(population, without, [(0, 0), (2, 1)])
-    stopped = Population(A2C, env_id, seeds=[0, 1, 2], env_backend=backend, **SMALL, **hyper)
-    stopped.learn(40, eval_freq=40, eval_episodes=2)
-    assert_same_members(population, stopped, [(1, 1)])  # (the pruned member keeps the parameters it left with)
+    assert_pruned_member_matches_reruns(population, A2C, env_id, 120, 40, env_backend=backend, **SMALL, **hyper)
 
 
 def test_members_reaching_the_target_leave():
