@@ -176,6 +176,8 @@ class Algorithm:
 
     name: str = ""
     config_cls: type
+    #: whether the last `resume` restored the checkpoint's episodes in progress (`_first_obs` sets it per learn call)
+    _episodes_restored: bool = False
 
     def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *, device: str | torch.device = "auto",
                  seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,

@@ -169,7 +169,7 @@ class RecurrentPPO(PPO):
             saved = f"{state.shape[1]} envs" if state.dim() == 3 else f"shape {tuple(state.shape)}"
             warnings.warn(f"The checkpoint's LSTM state is for {saved} and this run has {self._state.shape[1]} envs: "
                           "every env's LSTM state starts from zeros, at an episode start.", stacklevel=4)
-        elif getattr(self, "_episodes_restored", False):
+        elif self._episodes_restored:
             if state is None or starts is None:
                 warnings.warn("The checkpoint holds no LSTM state (an older rlspeed wrote it): the restored episodes "
                               "go on with every env's LSTM state starting from zeros.", stacklevel=4)

@@ -136,7 +136,7 @@ class TD3(OffPolicyAlgorithm):
         # (`_episodes_restored`); fresh episodes (a reset after resume) start it from 0, as a reset does.
         noise = tensors.get("ou_noise")
         if (noise is not None and self._ou_noise is not None and noise.shape == self._ou_noise.shape
-                and getattr(self, "_episodes_restored", False)):
+                and self._episodes_restored):
             self._ou_noise.copy_(noise)
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
