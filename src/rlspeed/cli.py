@@ -325,8 +325,9 @@ def _train_population(args: argparse.Namespace) -> int:
                 raise UserError(f"--set {key}, the value for seed {seed}: {error}") from None
     from rlspeed.device import configure_threads, resolve_device
     from rlspeed.envs import env_spec
-    from rlspeed.population import Population
+    from rlspeed.population import IMPLEMENTATIONS, Population
     from rlspeed.population.base import CHECKPOINT_NAME
+    from rlspeed.population.offpolicy import OffPolicyPopulation
     from rlspeed.population.plot import plot_learning_curves
 
     total = _total_timesteps(run_settings, args.total_timesteps)
@@ -335,8 +336,9 @@ def _train_population(args: argparse.Namespace) -> int:
     # built before the run directory: a population that cannot train must not replace or leave behind a run
     options = {"env_backend": args.env_backend} if args.env_backend not in (None, "auto") else {}
     if args.save_replay_buffer:
-        if algo_cls.name not in ("sac", "td3", "dqn"):
-            raise UserError(f"--save-replay-buffer applies to off-policy populations (SAC, TD3, DQN), not "
+        off_policy = [name for name, cls in IMPLEMENTATIONS.items() if issubclass(cls, OffPolicyPopulation)]
+        if algo_cls.__name__ not in off_policy:
+            raise UserError(f"--save-replay-buffer applies to off-policy populations ({', '.join(off_policy)}), not "
                             f"{algo_cls.name.upper()}: drop it.")
         options["save_replay_buffer"] = True
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
