@@ -102,12 +102,11 @@ def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, 
     assert cli.main(argv) == 130
     captured = capsys.readouterr()
     assert "128 steps per member, 2 of 2 members evaluated" in captured.out
+    summary = json.loads((out / "summary.json").read_text())
     # the median of two members is their mean (the line said the higher one)
-    first = json.loads((out / "summary.json").read_text())["members"]
-    means = sorted(member["curve"][0][1] for member in first)
+    means = sorted(member["curve"][0][1] for member in summary["members"])
     assert f"median {sum(means) / 2:.1f}, range {means[0]:.1f} to {means[1]:.1f}" in captured.out
     assert "interrupted (Ctrl-C)" in captured.err
-    summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[128, 256], [128, 256]]
 
