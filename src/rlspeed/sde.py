@@ -113,10 +113,14 @@ class SDENoise(nn.Module):
 
     @torch.no_grad()
     def resample(self, num_envs: int) -> None:
-        """New exploration matrices for `num_envs` envs, each ~ N(0, sigma) elementwise."""
+        """New exploration matrices for `num_envs` envs, each ~ N(0, sigma) elementwise (drawn into the current
+        buffers where they fit: resampling every few rollout steps allocates nothing)."""
         std = self.std()
-        self.standard_draws = torch.randn(num_envs, *std.shape, device=std.device, dtype=std.dtype)
-        self.exploration = self.standard_draws * std
+        draws = self.standard_draws
+        if draws.shape != (num_envs, *std.shape) or draws.dtype != std.dtype or draws.device != std.device:
+            self.standard_draws = torch.empty(num_envs, *std.shape, device=std.device, dtype=std.dtype)
+            self.exploration = torch.empty_like(self.standard_draws)
+        torch.mul(self.standard_draws.normal_(), std, out=self.exploration)  # (randn's numbers: randn is normal_)
 
     def draw(self) -> torch.Tensor:
         """One matrix ~ N(0, sigma) `[latent_dim, action_dim]` as sigma * N(0, 1): gradients reach `log_std` through
