@@ -208,9 +208,8 @@ class MemberReplay:
 
     def add(self, obs, actions, rewards, next_obs, terminated, truncated) -> None:
         """One step of every member's envs (rows `[K * N, ...]`, member-major), as `ReplayBuffer.add` stores it."""
-        if self.n_step == 1:
-            discounts = self._gammas.repeat_interleave(self.num_envs)
-            self._write(obs, actions, rewards, next_obs, terminated.to(torch.float32), discounts)
+        if self.n_step == 1:  # (the discount is each row's gamma: column 0 of the table, gamma ** 1)
+            self._write(obs, actions, rewards, next_obs, terminated.to(torch.float32), self._discount_table[:, 0])
             return
         terminated = terminated.to(torch.float32)
         done = torch.maximum(terminated, truncated.to(torch.float32))
