@@ -164,6 +164,11 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
 
 
 @torch.no_grad()
+def config_tensors(solos: Sequence, keys: Iterable[str], device: torch.device) -> dict[str, torch.Tensor]:
+    """Each of `keys` of the solo models' configs as a float32 tensor `[K]` on `device` (row k: solo k's value)."""
+    return {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=device) for key in keys}
+
+
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """The return of each env row's first episode `[rows]` (a row still running at the step limit: its return so
     far), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`. Evaluation, outside

@@ -62,6 +62,7 @@ from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
 from rlspeed.population.base import (
     PopulationBase,
+    config_tensors,
     saved_like,
     stack_leaf,
 )
@@ -282,8 +283,7 @@ class OffPolicyPopulation(PopulationBase):
             self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
         self._index_dtype = rules(self.device).index_dtype
         self.activation = ACTIVATIONS[self.config.activation]()
-        self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
-                      for key in ("learning_rate", "gamma", "tau")}
+        self.hyper = config_tensors(solos, ("learning_rate", "gamma", "tau"), self.device)
         #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd"
         self.update_path = "autograd"
         self._build(solos)
@@ -881,8 +881,8 @@ class TD3Population(OffPolicyPopulation):
         self.actor_target_weights, self.actor_target_biases = _stack_linears([s.actor_target.net for s in solos],
                                                                              trainable=False)
         self._stack_critics(solos)
-        for key in ("target_policy_noise", "target_noise_clip", "action_noise_std", "ou_theta", "ou_dt"):
-            self.hyper[key] = torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
+        self.hyper.update(config_tensors(solos, ("target_policy_noise", "target_noise_clip", "action_noise_std",
+                                                 "ou_theta", "ou_dt"), self.device))
         self._actor_adam = _FlatMemberAdam(self._actor_params(), self.hyper["learning_rate"])
         self._critic_adam = _FlatMemberAdam(self._critic_params(), self.hyper["learning_rate"])
         self._critic_updates = 0
@@ -1035,7 +1035,7 @@ class DQNPopulation(OffPolicyPopulation):
             raise UserError("Populations do not cover dueling Q-networks yet: set dueling=False.")
         self.q_weights, self.q_biases = _stack_linears([s.q_network.body for s in solos])
         self.target_weights, self.target_biases = _stack_linears([s.q_target.body for s in solos], trainable=False)
-        self.hyper["max_grad_norm"] = torch.tensor([float(s.config.max_grad_norm) for s in solos], device=self.device)
+        self.hyper.update(config_tensors(solos, ("max_grad_norm",), self.device))
         # the exploration schedules and tau, per member on the host (epsilon is a host float, as `DQN.epsilon`)
         self._schedule = {k: (s.config.exploration_fraction, s.config.exploration_initial_eps,
                               s.config.exploration_final_eps, s.config.tau) for k, s in enumerate(solos)}

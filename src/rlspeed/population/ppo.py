@@ -49,6 +49,7 @@ from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import gaussian_log_prob
 from rlspeed.population.base import (
     PopulationBase,
+    config_tensors,
     saved_like,
     stack_leaf,
 )
@@ -125,8 +126,7 @@ class PPOPopulation(PopulationBase):
                                                                                   self.activation)
         self._workspace = Workspace()
 
-        self.hyper = {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=self.device)
-                      for key in self.per_member}
+        self.hyper = config_tensors(solos, self.per_member, self.device)
         self._adopt_solos(solos)
         self._param_sizes = [p[0].numel() for p in self.params]
         #: original indices of the members still in the computation, one per row of every stacked tensor
