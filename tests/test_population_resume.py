@@ -5,6 +5,7 @@ summary.json, and a run directory of another run is refused in one sentence."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,45 +44,64 @@ def _without_times(summary: dict) -> dict:
     return summary
 
 
+def _prune_member_1(steps, means):
+    return [1] if steps >= 256 else []
+
+
+#: the learn arguments of the bitwise resume tests: checkpoints, evaluations and member 1 pruned on the way
+_LEARN = dict(eval_freq=256, on_eval=_prune_member_1, checkpoint_freq=CHECKPOINT_FREQ)
+
+
+def _killed_after_first_checkpoint(tmp_path, make) -> tuple[dict, dict, Path, int]:
+    """Train `make()` to TOTAL in tmp_path/a (its summary and final tensors), then `make()` again in tmp_path/b killed
+    right after its first checkpoint (that checkpoint and its steps per member)."""
+    uninterrupted = make()
+    expected_summary = uninterrupted.learn(TOTAL, run_dir=tmp_path / "a", **_LEARN)
+    expected = checkpoint_tensors(uninterrupted.save(tmp_path / "a" / "final"))
+
+    def kill_after_checkpoint(steps, means):
+        if (tmp_path / "b" / "checkpoint.safetensors").exists():
+            raise Killed
+        return _prune_member_1(steps, means)
+
+    killed = make()
+    with pytest.raises(Killed):
+        killed.learn(TOTAL, run_dir=tmp_path / "b", **{**_LEARN, "on_eval": kill_after_checkpoint})
+    checkpoint = tmp_path / "b" / "checkpoint.safetensors"
+    saved_steps = checkpoint_metadata(checkpoint)["population"]["num_timesteps"]
+    assert 0 < saved_steps < TOTAL
+    return expected_summary, expected, checkpoint, saved_steps
+
+
+def _assert_resumes_as_uninterrupted(tmp_path, make, checkpoint, saved_steps: int, expected: dict,
+                                     expected_summary: dict) -> dict:
+    """A `make()` resumed from `checkpoint` and trained on to TOTAL in tmp_path/b ends with every tensor and the
+    summary (less times) of the uninterrupted run; returns its final tensors."""
+    resumed = make()
+    resumed.resume(checkpoint)
+    assert resumed.num_timesteps == saved_steps
+    summary = resumed.learn(TOTAL - saved_steps, run_dir=tmp_path / "b", **_LEARN)
+    actual = checkpoint_tensors(resumed.save(tmp_path / "b" / "final"))
+    assert set(actual) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(actual[name], value), name
+    assert _without_times(summary) == _without_times(expected_summary)
+    return actual
+
+
 @pytest.mark.parametrize(("algo", "env_id"), [(PPO, "CartPole-v1"), (PPO, "Pendulum-v1"), (A2C, "CartPole-v1")])
 def test_a_resumed_population_is_bitwise_the_uninterrupted_one(tmp_path, algo, env_id):
     """Train to TOTAL with checkpoints, evaluations and a member pruned on the way; train again and kill it right
     after its first checkpoint; resume a new population from that checkpoint and train on to TOTAL: every tensor
     (parameters, optimiser moments, generators, env states and observations) and the summary (curves, pruned,
     final evaluations) equal the uninterrupted run's."""
-
-    def prune_member_1(steps, means):
-        return [1] if steps >= 256 else []
-
-    learn = dict(eval_freq=256, on_eval=prune_member_1, checkpoint_freq=CHECKPOINT_FREQ)
-    uninterrupted = _population(algo, env_id)
-    expected_summary = uninterrupted.learn(TOTAL, run_dir=tmp_path / "a", **learn)
-    expected = checkpoint_tensors(uninterrupted.save(tmp_path / "a" / "final"))
+    expected_summary, expected, checkpoint, saved_steps = _killed_after_first_checkpoint(
+        tmp_path, lambda: _population(algo, env_id))
     assert expected_summary["pruned"] == 1
-
-    def kill_after_checkpoint(steps, means):
-        if (tmp_path / "b" / "checkpoint.safetensors").exists():
-            raise Killed
-        return prune_member_1(steps, means)
-
-    killed = _population(algo, env_id)
-    with pytest.raises(Killed):
-        killed.learn(TOTAL, run_dir=tmp_path / "b", **{**learn, "on_eval": kill_after_checkpoint})
-    checkpoint = tmp_path / "b" / "checkpoint.safetensors"
-    saved_steps = checkpoint_metadata(checkpoint)["population"]["num_timesteps"]
-    assert 0 < saved_steps < TOTAL
     assert checkpoint_metadata(checkpoint)["population"]["alive"] == [0, 2]  # (member 1 was pruned before it)
-
-    resumed = _population(algo, env_id)
-    resumed.resume(checkpoint)
-    assert resumed.num_timesteps == saved_steps
-    summary = resumed.learn(TOTAL - saved_steps, run_dir=tmp_path / "b", **learn)
-    actual = checkpoint_tensors(resumed.save(tmp_path / "b" / "final"))
-    assert set(actual) == set(expected)
+    actual = _assert_resumes_as_uninterrupted(tmp_path, lambda: _population(algo, env_id), checkpoint, saved_steps,
+                                              expected, expected_summary)
     assert any(name.startswith("env.") for name in actual) and "generator.0" in actual
-    for name, value in expected.items():
-        assert torch.equal(actual[name], value), name
-    assert _without_times(summary) == _without_times(expected_summary)
 
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):
@@ -243,38 +263,15 @@ def test_a_resumed_offpolicy_population_is_bitwise_the_uninterrupted_one(tmp_pat
 
     algo = getattr(rlspeed, algo_name)
 
-    def prune_member_1(steps, means):
-        return [1] if steps >= 256 else []
+    def make():
+        return _offpolicy(algo, env_id, save_replay_buffer=True)
 
-    learn = dict(eval_freq=256, on_eval=prune_member_1, checkpoint_freq=CHECKPOINT_FREQ)
-    uninterrupted = _offpolicy(algo, env_id, save_replay_buffer=True)
-    expected_summary = uninterrupted.learn(TOTAL, run_dir=tmp_path / "a", **learn)
-    expected = checkpoint_tensors(uninterrupted.save(tmp_path / "a" / "final"))
-
-    def kill_after_checkpoint(steps, means):
-        if (tmp_path / "b" / "checkpoint.safetensors").exists():
-            raise Killed
-        return prune_member_1(steps, means)
-
-    killed = _offpolicy(algo, env_id, save_replay_buffer=True)
-    with pytest.raises(Killed):
-        killed.learn(TOTAL, run_dir=tmp_path / "b", **{**learn, "on_eval": kill_after_checkpoint})
-    checkpoint = tmp_path / "b" / "checkpoint.safetensors"
+    expected_summary, expected, checkpoint, saved_steps = _killed_after_first_checkpoint(tmp_path, make)
     assert (tmp_path / "b" / "checkpoint.replay.safetensors").exists()
-    saved_steps = checkpoint_metadata(checkpoint)["population"]["num_timesteps"]
-    assert 0 < saved_steps < TOTAL
-
-    resumed = _offpolicy(algo, env_id, save_replay_buffer=True)
-    resumed.resume(checkpoint)
-    summary = resumed.learn(TOTAL - saved_steps, run_dir=tmp_path / "b", **learn)
-    actual = checkpoint_tensors(resumed.save(tmp_path / "b" / "final"))
-    assert set(actual) == set(expected)
-    for name, value in expected.items():
-        assert torch.equal(actual[name], value), name
+    _assert_resumes_as_uninterrupted(tmp_path, make, checkpoint, saved_steps, expected, expected_summary)
     replay = checkpoint_tensors(tmp_path / "b" / "final.replay.safetensors")
     for name, value in checkpoint_tensors(tmp_path / "a" / "final.replay.safetensors").items():
         assert torch.equal(replay[name], value), name
-    assert _without_times(summary) == _without_times(expected_summary)
 
 
 def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_empty(tmp_path):
