@@ -27,8 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import common
@@ -334,11 +332,8 @@ def fresh_process_runner(kind: str, name: str, args):
                  "--threads", str(args.threads), "--device", args.device]
 
     def run(seed: int) -> dict:
-        command = [sys.executable, __file__, "--child", f"{kind}:{name}:{seed}", *forwarded]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{kind} run {name} seed {seed} failed:\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
+        return common.run_child(__file__, "--child", f"{kind}:{name}:{seed}", *forwarded,
+                                what=f"{kind} run {name} seed {seed}")
 
     return run
 

@@ -456,6 +456,17 @@ def time_to_target_table(time_to_target: dict, labels: dict[str, tuple[str, str]
                            "Steps median", "Steps range", "SB3 / rlspeed (time)"], rows)
 
 
+def run_child(script: str, *flags: str, what: str = "run") -> dict:
+    """Run `script *flags` in a fresh Python process and return the JSON dict it prints on its last line of stdout;
+    a failed process raises RuntimeError naming `what`, with the end of its stderr."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, script, *flags], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit code {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 # --- fresh-process pairs (atari_ppo.py, mujoco_offpolicy.py) ---------------------------------------------------------
 def window_sps(marks: Sequence[tuple[float, int]], warmup_steps: int) -> dict:
     """Steps/s between the first `(time, steps)` mark at or past `warmup_steps` and the last mark."""
@@ -469,15 +480,12 @@ def worker_pairs(script: str, sides: Sequence[str], pairs: int, worker_args: Seq
     """Run `script worker --side SIDE *worker_args --seed PAIR` in a fresh process for every side of every pair, the
     order reversed every other pair; each worker prints its result as JSON on its last line. Returns the runs (with
     `pair`) and the load averages before and after."""
-    import subprocess
-
     runs = []
     before = Path("/proc/loadavg").read_text().split()[:3]
     for pair in range(pairs):
         for side in (sides if pair % 2 == 0 else list(reversed(sides))):
-            command = [sys.executable, script, "worker", "--side", side, *worker_args, "--seed", str(pair)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            result = json.loads(output.strip().splitlines()[-1])
+            result = run_child(script, "worker", "--side", side, *worker_args, "--seed", str(pair),
+                               what=f"pair {pair} {side}")
             result["pair"] = pair
             print(f"  pair {pair} {side}: {result['sps']:.1f} steps/s", flush=True)
             runs.append(result)

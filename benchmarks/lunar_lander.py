@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 import warnings
 
@@ -96,12 +94,9 @@ def child(args) -> dict:
 
 def fresh_process(algo: str, side: str, seed: int, args) -> dict:
     load_before = common.load_average()
-    command = [sys.executable, __file__, "--child", f"{algo}:{side}:{seed}", "--threads", str(args.threads),
-               *(["--budget", str(args.budget)] if args.budget else [])]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{algo} {side} seed {seed} failed:\n{done.stderr[-3000:]}")
-    record = json.loads(done.stdout.strip().splitlines()[-1])
+    record = common.run_child(__file__, "--child", f"{algo}:{side}:{seed}", "--threads", str(args.threads),
+                              *(["--budget", str(args.budget)] if args.budget else []),
+                              what=f"{algo} {side} seed {seed}")
     record.update(load_before=load_before, load_after=common.load_average())
     return record
 

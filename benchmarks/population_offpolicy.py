@@ -23,14 +23,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import publish, set_threads, uptime  # noqa: E402
+from common import publish, run_child, set_threads, uptime  # noqa: E402
 
 TARGET = -200.0
 ENV_ID = "Pendulum-v1"
@@ -98,8 +97,7 @@ def worker(args: argparse.Namespace) -> dict:
 
 
 def _run_worker(*flags: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, *flags], capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(__file__, *flags, what=" ".join(flags[:4]))
 
 
 def main() -> None:
