@@ -560,7 +560,7 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         # (a summary.json written on an interruption does not make the run finished: --resume may start it again)
         finished = [name for name in ("model.safetensors", "summary.json")
-                    if name in held and not (name == "summary.json" and _interrupted_summary(run_dir / name))]
+                    if name in held and (name != "summary.json" or _finished_summary(run_dir / name))]
         if held and args.overwrite:
             for name in held:
                 target = run_dir / name
@@ -586,10 +586,11 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     return run_dir
 
 
-def _interrupted_summary(path: Path) -> bool:
-    """Whether the summary.json at `path` is one an interrupted run wrote (`"interrupted": true`)."""
+def _finished_summary(path: Path) -> bool:
+    """Whether `path` holds the summary.json of a run that ended (not one an interruption wrote, `"interrupted":
+    true`, nor an unreadable one: the summary is written last, so a damaged one did not end a run)."""
     try:
-        return bool(json.loads(path.read_text()).get("interrupted"))
+        return path.exists() and json.loads(path.read_text()).get("interrupted") is not True
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -663,12 +664,7 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
         seed_text = ",".join(map(str, config.get("seeds") or []))
         raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same ones, or another --out.")
-    summary = run_dir / "summary.json"
-    try:
-        finished = summary.exists() and json.loads(summary.read_text()).get("interrupted") is not True
-    except (OSError, ValueError, AttributeError):
-        finished = False
-    if finished:
+    if _finished_summary(run_dir / "summary.json"):
         raise UserError(f"--resume: '{run_dir}' holds a finished population run (its summary.json): give --overwrite "
                         "to train it again, or another --out.")
 
