@@ -46,7 +46,7 @@ from rlspeed.buffers import gae
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import gaussian_log_prob
+from rlspeed.nn import env_actions, gaussian_log_prob
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
@@ -90,6 +90,7 @@ class PPOPopulation(PopulationBase):
         cfg, size = self.config, self.size
         policy = solos[0].policy
         self.kind = policy.kind
+        self._action_low = self._action_high = None  # (bounds only for the Gaussian's clipping)
         if self.kind == "gaussian":  # the Box's bounds, made once (a host-to-device copy each step otherwise)
             box = solos[0].spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
@@ -185,11 +186,10 @@ class PPOPopulation(PopulationBase):
         return self._gaussian_log_prob(actions, out), entropy
 
     def _env_actions(self, actions: torch.Tensor) -> torch.Tensor:
-        """Actions `[K, B, ...]` as the env rows take them `[K * B, ...]` (Gaussian samples clipped to the Box)."""
-        flat = actions.flatten(0, 1)
-        if self.kind == "gaussian":
-            flat = torch.maximum(torch.minimum(flat, self._action_high), self._action_low)
-        return flat
+        """Actions `[K, B, ...]` as the env rows take them `[K * B, ...]` (`nn.env_actions`: Gaussian samples clipped
+        to the Box)."""
+        return env_actions(actions.flatten(0, 1), self.kind, self.spec.action_space.shape, self._action_low,
+                           self._action_high)
 
     # --- training ----------------------------------------------------------------------------------------------
     def _progress_remaining(self) -> float:
