@@ -97,7 +97,8 @@ def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameter
 
 def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
     """on_eval prunes member 0 at the first evaluation: it leaves the computation (its stacks shrink), member 1
-    trains on exactly as the solo run, and the summary says when member 0 left."""
+    trains on exactly as the solo run, member 0 keeps the parameters it left with, and the summary says when it
+    left."""
     seeds = [3, 7]
     population = Population(SAC, "Pendulum-v1", seeds=seeds, **SMALL)
     calls = []
@@ -120,8 +121,12 @@ def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
     assert written["members"][0]["pruned_at"] == 50 and written["population"] == 2
     assert set(written["aggregate"]["final_eval"]) >= {"median", "iqm"}
     assert written["train_cpu_s"] >= 0 and written["env_backend"] == "torch"  # (PPO's summary fields)
-    with pytest.raises(UserError, match="left the population"):
-        population.member_state(0)
+    # the pruned member's parameters (critics included) are those it left with: the solo run's after 50 steps
+    _, solo_at_prune = _solo(SAC, 3, 50)
+    for name, value in population.member_state(0).items():
+        torch.testing.assert_close(value, solo_at_prune[name], atol=1e-5, rtol=0)
+    with pytest.raises(UserError, match="not in this population of 2"):
+        population.member_state(2)
 
 
 def test_member_with_non_finite_parameters_is_dropped_and_reported():

@@ -95,14 +95,15 @@ def _stack_linears(modules: Sequence[torch.nn.Module], trainable: bool = True
     return weights, biases
 
 
-def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor], i: int
+def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]
                   ) -> dict[str, torch.Tensor]:
-    """Member row `i` of stacked `nn.Linear` layers (`_stack_linears`' layout) named as the solo `nn.Sequential`
-    at `prefix` names them (`{prefix}.0.weight`, `{prefix}.2.bias`, ...: activations between the layers)."""
+    """One member's rows of stacked `nn.Linear` layers (`_stack_linears`' layout) named as the solo
+    `nn.Sequential` at `prefix` names them (`{prefix}.0.weight`, `{prefix}.2.bias`, ...: activations between the
+    layers)."""
     state = {}
     for layer, (weight, bias) in enumerate(zip(weights, biases)):
-        state[f"{prefix}.{2 * layer}.weight"] = weight[i].detach().T.clone()
-        state[f"{prefix}.{2 * layer}.bias"] = bias[i, 0].detach().clone()
+        state[f"{prefix}.{2 * layer}.weight"] = weight.detach().T.clone()
+        state[f"{prefix}.{2 * layer}.bias"] = bias[0].detach().clone()
     return state
 
 
@@ -293,7 +294,8 @@ class OffPolicyPopulation(PopulationBase):
         self.num_timesteps = 0  # env steps per member
         self._env = None
         self.buffer: MemberReplay | None = None
-        self._left: dict[int, dict[str, torch.Tensor]] = {}  # actor weights of members that left, for evaluation
+        #: members that left: their rows (`_member_rows`) as they left, for evaluation and `member_state`
+        self._left: dict[int, dict[str, list[torch.Tensor]]] = {}
         #: checkpoints also write the replay buffer, beside them (`<name>.replay.safetensors`), for exact resume
         self.save_replay_buffer = bool(save_replay_buffer)
 
@@ -338,15 +340,16 @@ class OffPolicyPopulation(PopulationBase):
         self.target_biases = [stack_leaf([s.critic_target.body.biases[i] for s in solos]).requires_grad_(False)
                               for i in layers]
 
-    def _critic_state(self, i: int) -> dict[str, torch.Tensor]:
-        """Member row `i` of the stacked critics and their targets, named as a solo checkpoint names them
-        (`critic.body.weights.0`, `critic_target.body.biases.1`, ...)."""
+    @staticmethod
+    def _critic_state(rows: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """One member's rows (`_member_rows`) of the stacked critics and their targets, named as a solo checkpoint
+        names them (`critic.body.weights.0`, `critic_target.body.biases.1`, ...)."""
         state = {}
-        for prefix, weights, biases in (("critic", self.critic_weights, self.critic_biases),
-                                        ("critic_target", self.target_weights, self.target_biases)):
-            for layer, (weight, bias) in enumerate(zip(weights, biases)):
-                state[f"{prefix}.body.weights.{layer}"] = weight[i].detach().clone()
-                state[f"{prefix}.body.biases.{layer}"] = bias[i].detach().clone()
+        for prefix, weights, biases in (("critic", "critic_weights", "critic_biases"),
+                                        ("critic_target", "target_weights", "target_biases")):
+            for layer, (weight, bias) in enumerate(zip(rows[weights], rows[biases])):
+                state[f"{prefix}.body.weights.{layer}"] = weight.detach().clone()
+                state[f"{prefix}.body.biases.{layer}"] = bias.detach().clone()
         return state
 
     def _kept_adam(self, adam: _FlatMemberAdam, params: list[torch.Tensor], index: torch.Tensor) -> _FlatMemberAdam:
@@ -503,8 +506,9 @@ class OffPolicyPopulation(PopulationBase):
                     copy(f"{name}.exp_avg", adam.exp_avg)
                     copy(f"{name}.exp_avg_sq", adam.exp_avg_sq)
                     adam.steps = int(values["adam_steps"][name])
-        self._left = {int(k): {name: [tensors[f"left.{k}.{name}.{i}"].clone() for i in range(len(getattr(self, name)))]
-                               for name in self._actor_lists} for k in values["left"]}
+        self._left = {int(k): {name: [tensors[f"left.{k}.{name}.{i}"].clone() for i in range(count)]
+                               for name, count in self._row_counts().items() if f"left.{k}.{name}.0" in tensors}
+                      for k in values["left"]}
         self._resumed_schedule = values.get("schedule")
         self._resumed_buffer_start = values.get("buffer_start")
         self._load_algorithm_state({key[5:]: value for key, value in tensors.items() if key.startswith("algo.")},
@@ -576,15 +580,14 @@ class OffPolicyPopulation(PopulationBase):
     def remove(self, members: Sequence[int]) -> None:
         """Take members (original indices) out of the computation: their rows of every stacked tensor (parameters,
         targets, Adam moments and steps, hyperparameters, generators, replay rows, env rows and observations) are cut
-        out, and their actors' weights kept as they are now for the final evaluation. Members already out are
-        ignored."""
+        out, and their parameters kept as they are now for `member_state` and the final evaluation. Members already
+        out are ignored."""
         members = {int(m) for m in members} & set(self.alive)
         if not members:
             return
         for member in members:
-            position = self.alive.index(member)
-            self._left[member] = {name: [t[position].detach().clone() for t in getattr(self, name)]
-                                  for name in self._actor_lists}
+            self._left[member] = {name: [row.clone() for row in rows]
+                                  for name, rows in self._member_rows(member).items()}
         keep_positions = [i for i, member in enumerate(self.alive) if member not in members]
         index = torch.tensor(keep_positions, dtype=torch.long, device=self.device)
         with torch.no_grad():
@@ -647,11 +650,25 @@ class OffPolicyPopulation(PopulationBase):
 
         return self._mean_returns(seeds, episodes, policy)
 
-    def _position(self, k: int) -> int:
+    def _row_counts(self) -> dict[str, int]:
+        """How many tensors each of a member's row groups holds (`_member_lists`' lengths; 1 per member tensor)."""
+        return {**{name: len(getattr(self, name)) for name in self._member_lists},
+                **dict.fromkeys(self._member_tensors, 1)}
+
+    def _member_rows(self, k: int) -> dict[str, list[torch.Tensor]]:
+        """Member k's (original index) rows of every stacked tensor, by list name (a member tensor is a list of
+        one): views of the current stacks while it trains, the rows it left with after it left."""
+        if k in self._left:
+            rows = self._left[k]
+            if len(rows) < len(self._row_counts()):
+                raise UserError(f"Member {k} left the population before a checkpoint that kept only its actor "
+                                "(written by an older rlspeed); its other parameters are not stored.")
+            return rows
         if k not in self.alive:
-            raise UserError(f"Member {k} has left the population (reached its target, pruned or diverged); its "
-                            "actor's weights are in the summary's evaluation only.")
-        return self.alive.index(k)
+            raise UserError(f"Member {k} is not in this population of {self.size} (members are 0-{self.size - 1}).")
+        position = self.alive.index(k)
+        return {**{name: [t[position].detach() for t in getattr(self, name)] for name in self._member_lists},
+                **{name: [getattr(self, name)[position].detach()] for name in self._member_tensors}}
 
 
 class SACPopulation(OffPolicyPopulation):
@@ -850,10 +867,10 @@ class SACPopulation(OffPolicyPopulation):
         """Member k's parameters, named as a solo SAC's checkpoint names them (`actor.net.0.weight`,
         `critic.body.weights.0`, `critic_target.body.biases.1`, and `log_alpha` where the member learns its
         temperature)."""
-        i = self._position(k)
-        state = {**_linear_state("actor.net", self.actor_weights, self.actor_biases, i), **self._critic_state(i)}
-        if bool(self.autotune[i]):
-            state["log_alpha"] = self.log_alpha[i].detach().clone()
+        rows = self._member_rows(k)
+        state = {**_linear_state("actor.net", rows["actor_weights"], rows["actor_biases"]), **self._critic_state(rows)}
+        if bool(rows["autotune"][0]):
+            state["log_alpha"] = rows["log_alpha"][0].clone()
         return state
 
 
@@ -1000,10 +1017,10 @@ class TD3Population(OffPolicyPopulation):
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's parameters, named as a solo TD3's checkpoint names them (`actor.net.0.weight`,
         `actor_target.net.0.weight`, `critic.body.weights.0`, `critic_target.body.biases.1`)."""
-        i = self._position(k)
-        return {**_linear_state("actor.net", self.actor_weights, self.actor_biases, i),
-                **_linear_state("actor_target.net", self.actor_target_weights, self.actor_target_biases, i),
-                **self._critic_state(i)}
+        rows = self._member_rows(k)
+        return {**_linear_state("actor.net", rows["actor_weights"], rows["actor_biases"]),
+                **_linear_state("actor_target.net", rows["actor_target_weights"], rows["actor_target_biases"]),
+                **self._critic_state(rows)}
 
 
 class DQNPopulation(OffPolicyPopulation):
@@ -1139,6 +1156,6 @@ class DQNPopulation(OffPolicyPopulation):
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's parameters, named as a solo DQN's checkpoint names them (`q_network.body.0.weight`,
         `q_target.body.2.bias`, ...)."""
-        i = self._position(k)
-        return {**_linear_state("q_network.body", self.q_weights, self.q_biases, i),
-                **_linear_state("q_target.body", self.target_weights, self.target_biases, i)}
+        rows = self._member_rows(k)
+        return {**_linear_state("q_network.body", rows["q_weights"], rows["q_biases"]),
+                **_linear_state("q_target.body", rows["target_weights"], rows["target_biases"])}
