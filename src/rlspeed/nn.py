@@ -51,6 +51,24 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
+def default_init_(module: nn.Module) -> nn.Module:
+    """Re-initialise every linear and convolution layer of `module` as PyTorch initialises a new one (uniform
+    Kaiming weights with a = sqrt(5), uniform biases within 1/sqrt(fan_in)): Stable-Baselines3's `ortho_init=False`.
+    `EnsembleMLP` members are initialised one by one as `nn.Linear` would be; LSTMs keep their (default)
+    initialisation; other parameters (`log_std`) are left as they are. Returns `module`."""
+    with torch.no_grad():
+        for layer in module.modules():
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                layer.reset_parameters()
+            elif isinstance(layer, EnsembleMLP):
+                for weight, bias in zip(layer.weights, layer.biases):
+                    for k in range(weight.shape[0]):
+                        nn.init.kaiming_uniform_(weight[k].T, a=math.sqrt(5))  # (the [out, in] view, fan_in = in)
+                        bound = 1 / math.sqrt(weight.shape[1])
+                        nn.init.uniform_(bias[k], -bound, bound)
+    return module
+
+
 # --- encoders: observations -> features ------------------------------------------------------------------------
 ENCODERS = ("auto", "mlp", "cnn")
 #: The smallest image side Nature-DQN's CNN takes (8x8 stride 4, 4x4 stride 2, 3x3 stride 1 leave one pixel).

@@ -26,7 +26,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs
-from rlspeed.nn import ENCODERS, ActorCritic, action_kind, encoder_from_config, env_actions, make_adam
+from rlspeed.nn import ENCODERS, ActorCritic, action_kind, default_init_, encoder_from_config, env_actions, make_adam
 from rlspeed.sde import SDEConfig, build_sde_actor_critic, resample_due
 
 
@@ -48,6 +48,9 @@ class OnPolicyConfig(SDEConfig):
     net_arch: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
     log_std_init: float = 0.0
+    #: orthogonal initialisation (SB3's `ortho_init`): gain sqrt(2) on hidden and encoder layers, 0.01 on the
+    #: actor's last layer, 1 on the critic's; False keeps PyTorch's default initialisation of every layer
+    ortho_init: bool = True
     normalize_obs: bool = False
     normalize_reward: bool = False
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
@@ -141,7 +144,10 @@ class OnPolicyAlgorithm(Algorithm):
     # --- shared ---------------------------------------------------------------------------------------------
     def _setup(self) -> None:
         self._masking = False  # whether the rollouts use the env's action masks (decided in `_start`)
-        self.policy = self._build_policy().to(self.device)
+        self.policy = self._build_policy()
+        if not self.config.ortho_init:
+            default_init_(self.policy)
+        self.policy = self.policy.to(self.device)
         self._params = list(self.policy.parameters())
         self.optimizer = self._make_optimizer(self._params)
         if self.config.anneal_lr and rules(self.device).supports_graphs:

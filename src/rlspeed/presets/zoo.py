@@ -428,11 +428,11 @@ class _Translator:
                 self.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {self.algo} has not")
             elif name in ("log_std_init", "full_std", "use_expln"):  # (the config check refuses them where absent)
                 self.set(name, item, key)
+            elif name == "ortho_init" and self.algo in ON_POLICY and isinstance(item, bool):
+                self.set("ortho_init", item, key)
             elif name == "ortho_init":
-                if item is True:
-                    self.notes.append("ortho_init True: rlspeed initialises orthogonally too")
-                else:
-                    self.refuse(key, f"{item!r}: rlspeed's networks are always initialised orthogonally")
+                self.refuse(key, f"{item!r}: rlspeed's {self.algo} networks are always initialised orthogonally"
+                            if isinstance(item, bool) else f"{item!r}: ortho_init is True or False")
             elif name == "lstm_hidden_size" and self.algo == "recurrent_ppo":
                 self.set("lstm_hidden_size", item, key)
             elif name in ("enable_critic_lstm", "shared_lstm", "n_lstm_layers") and self.algo == "recurrent_ppo":
