@@ -313,6 +313,29 @@ def test_box_action_policies_on_dict_and_image_observations_save_and_load(algo, 
     _same_actions_after_load(model, tmp_path, obs)
 
 
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "sac"])
+def test_cnn_encoders_run_channels_last_on_the_cpu_with_the_contiguous_layouts_numbers(algo, minatar_id):
+    """On the CPU (`DeviceRules.channels_last_convs`) every algorithm's CNN encoders hold their convolution weights
+    in channels-last memory and feed them channels-last input; the features equal those of the same encoder in
+    contiguous memory (same maths up to summation order)."""
+    import copy
+
+    env = minatar_id if algo != "sac" else _pendulum("image")
+    options = ON_POLICY if algo == "ppo" else {"learning_starts": 16, "batch_size": 8, **SMALL}
+    model = {"ppo": rlspeed.PPO, "dqn": rlspeed.DQN, "sac": rlspeed.SAC}[algo](env, seed=0, **options)
+    encoders = [m for m in model.policy.modules() if isinstance(m, CNNEncoder)]
+    assert encoders
+    obs = torch.as_tensor(np.stack([model.spec.observation_space.sample() for _ in range(5)]))
+    for encoder in encoders:
+        convs = [m for m in encoder.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
+        contiguous = copy.deepcopy(encoder)
+        for conv in (m for m in contiguous.modules() if isinstance(m, torch.nn.Conv2d)):
+            conv.weight.data = conv.weight.data.contiguous()
+        contiguous.input_format = torch.contiguous_format
+        torch.testing.assert_close(encoder(obs), contiguous(obs), atol=1e-5, rtol=1e-5)
+
+
 def test_float_vector_policies_keep_the_hand_derived_update():
     for model in (rlspeed.PPO("CartPole-v1", seed=0), rlspeed.DQN("CartPole-v1", seed=0),
                   rlspeed.SAC("Pendulum-v1", seed=0)):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rlspeed.device import rules
 from rlspeed.envs.base import Observation, check_observation_space, observation_layout
 from rlspeed.errors import UserError
 
@@ -49,6 +50,17 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)
     return layer
+
+
+def to_device(module: nn.Module, device: torch.device) -> nn.Module:
+    """`module` moved to `device`, its CNN encoders' convolutions in channels-last memory where the device runs them
+    fastest so (`DeviceRules.channels_last_convs`). Every algorithm places its networks with this."""
+    module = module.to(device)
+    if rules(torch.device(device)).channels_last_convs:
+        for layer in module.modules():
+            if isinstance(layer, CNNEncoder):
+                layer.use_channels_last()
+    return module
 
 
 def default_init_(module: nn.Module) -> nn.Module:
@@ -149,11 +161,18 @@ class CNNEncoder(Encoder):
         self.linear = nn.Sequential(nn.Linear(flat, int(features_dim)), nn.ReLU())
         self.features_dim = int(features_dim)
         _init_conv_net(self)
+        #: the memory layout the convolutions take their input in (`use_channels_last`)
+        self.input_format = torch.preserve_format
+
+    def use_channels_last(self) -> None:
+        """Convolution weights and (from now on) the float input in channels-last memory (`to_device` decides)."""
+        self.cnn.to(memory_format=torch.channels_last)
+        self.input_format = torch.channels_last
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.channels_last:  # a view: NHWC memory read as NCHW (channels_last format, which conv2d takes)
             obs = obs.permute(0, 3, 1, 2)
-        x = obs.to(torch.float32)
+        x = obs.to(torch.float32, memory_format=self.input_format)
         if self.scale != 1.0:
             x = x * self.scale
         return self.linear(self.cnn(x))

@@ -26,7 +26,16 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs
-from rlspeed.nn import ENCODERS, ActorCritic, action_kind, default_init_, encoder_from_config, env_actions, make_adam
+from rlspeed.nn import (
+    ENCODERS,
+    ActorCritic,
+    action_kind,
+    default_init_,
+    encoder_from_config,
+    env_actions,
+    make_adam,
+    to_device,
+)
 from rlspeed.sde import SDEConfig, build_sde_actor_critic, resample_due
 
 
@@ -147,7 +156,7 @@ class OnPolicyAlgorithm(Algorithm):
         self.policy = self._build_policy()
         if not self.config.ortho_init:
             default_init_(self.policy)
-        self.policy = self.policy.to(self.device)
+        self.policy = to_device(self.policy, self.device)
         self._params = list(self.policy.parameters())
         self.optimizer = self._make_optimizer(self._params)
         if self.config.anneal_lr and rules(self.device).supports_graphs:

@@ -23,7 +23,15 @@ from rlspeed.algos.off_policy import (
 from rlspeed.algos.update import select_update
 from rlspeed.fused.flat import linear_forward, sequential_linears
 from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
-from rlspeed.nn import LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor, encoder_from_config, make_adam
+from rlspeed.nn import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    QEnsemble,
+    SquashedGaussianActor,
+    encoder_from_config,
+    make_adam,
+    to_device,
+)
 from rlspeed.sde import SDEConfig, SDESquashedGaussianActor, resample_due
 
 
@@ -75,15 +83,16 @@ class SAC(OffPolicyAlgorithm):
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for SAC)
         if cfg.use_sde:
-            self.actor = SDESquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                                  encoder=encoder_from_config(spec.observation_space, cfg),
-                                                  log_std_init=cfg.log_std_init, full_std=cfg.full_std,
-                                                  use_expln=cfg.use_expln).to(self.device)
+            actor = SDESquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                             encoder=encoder_from_config(spec.observation_space, cfg),
+                                             log_std_init=cfg.log_std_init, full_std=cfg.full_std,
+                                             use_expln=cfg.use_expln)
         else:
-            self.actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                               encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
-        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
+            actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                          encoder=encoder_from_config(spec.observation_space, cfg))
+        self.actor = to_device(actor, self.device)
+        self.critic = to_device(QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                          encoder=encoder_from_config(spec.observation_space, cfg)), self.device)
         self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
         self.autotune = cfg.ent_coef is None

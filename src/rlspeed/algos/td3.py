@@ -23,7 +23,7 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import DeterministicActor, QEnsemble, encoder_from_config, make_adam
+from rlspeed.nn import DeterministicActor, QEnsemble, encoder_from_config, make_adam, to_device
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -72,10 +72,11 @@ class TD3(OffPolicyAlgorithm):
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
-        self.actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                        encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
-        self.critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                encoder=encoder_from_config(spec.observation_space, cfg)).to(self.device)
+        self.actor = to_device(DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                                  encoder=encoder_from_config(spec.observation_space, cfg)),
+                               self.device)
+        self.critic = to_device(QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                          encoder=encoder_from_config(spec.observation_space, cfg)), self.device)
         self.actor_target = frozen_copy(self.actor)
         self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
