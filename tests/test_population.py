@@ -117,10 +117,10 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
 
 
 def test_other_algorithms_and_envs_are_refused():
-    from rlspeed import DDPG  # (DQN, SAC and TD3 have populations: rlspeed.population.offpolicy)
+    from rlspeed import RecurrentPPO  # (DQN, SAC, TD3 and DDPG have populations: rlspeed.population.offpolicy)
 
     with pytest.raises(UserError, match="PPO"):
-        Population(DDPG, "Pendulum-v1", seeds=[0])
+        Population(RecurrentPPO, "CartPole-v1", seeds=[0])
     with pytest.raises(UserError, match="float vectors"):  # (a one-hot encoder for Discrete observations)
         Population(PPO, "FrozenLake-v1", seeds=[0])
     with pytest.raises(UserError, match="no native env"):

@@ -65,8 +65,9 @@ def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
 
 
 def test_seeds_with_an_algorithm_without_population(capsys, tmp_path):
-    message = cli_error(capsys, ["train", "ddpg", "Pendulum-v1", "--seeds", "0-3", "--out", str(tmp_path / "run")])
-    assert "DDPG" in message and "population" in message
+    message = cli_error(capsys, ["train", "recurrent_ppo", "CartPole-v1", "--seeds", "0-3", "--out",
+                                 str(tmp_path / "run")])
+    assert "RecurrentPPO" in message and "population" in message
 
 
 def test_iqm_band_holds_a_finished_curve_at_its_last_value():

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlspeed import DDPG, DQN, SAC, TD3
+from rlspeed import DDPG, DQN, SAC, TD3, RecurrentPPO
 from rlspeed.errors import UserError
 from rlspeed.population import DQNPopulation, Population
 
@@ -21,10 +21,12 @@ STEPS = 80  # per member: 40 iterations, about 40 updates
 MEMBER_VALUES = {
     SAC: {"learning_rate": 5e-4, "gamma": 0.9, "tau": 0.02, "ent_coef": 0.1},
     TD3: {"learning_rate": 5e-4, "gamma": 0.9, "tau": 0.02, "target_policy_noise": 0.0, "action_noise_std": 0.3},
+    DDPG: {"learning_rate": 5e-4, "gamma": 0.9, "tau": 0.02, "action_noise_std": 0.3},
 }
 DEFAULTS = {SAC: {"learning_rate": 2e-3, "gamma": 0.99, "tau": 0.005, "ent_coef": None},
             TD3: {"learning_rate": 2e-3, "gamma": 0.99, "tau": 0.005, "target_policy_noise": 0.2,
-                  "action_noise_std": 0.1}}
+                  "action_noise_std": 0.1},
+            DDPG: {"learning_rate": 2e-3, "gamma": 0.99, "tau": 0.005, "action_noise_std": 0.1}}
 
 
 def _state(model) -> dict[str, torch.Tensor]:
@@ -45,10 +47,10 @@ def _solo(algo, seed: int, steps: int, **hyper) -> tuple[dict, dict]:
     return initial, _state(solo)
 
 
-@pytest.mark.parametrize("algo, update", [(SAC, {}), (SAC, {"fused_update": False}), (TD3, {})])
+@pytest.mark.parametrize("algo, update", [(SAC, {}), (SAC, {"fused_update": False}), (TD3, {}), (DDPG, {})])
 def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo, update):
     """SAC's members by the hand-derived gradient (fused_update, the default) and by autograd alike (the solo runs
-    use their default update); TD3's by autograd."""
+    use their default update); TD3's and DDPG's (one critic, no delay or smoothing) by autograd."""
     seeds = [3, 7]
     per_member = {key: [DEFAULTS[algo][key], value] for key, value in MEMBER_VALUES[algo].items()}
     population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member, **update})
@@ -208,8 +210,8 @@ def test_on_eval_returning_an_unknown_member_is_one_sentence():
 def test_other_algorithms_and_envs_are_refused():
     with pytest.raises(UserError, match="no native env"):
         Population(SAC, "LunarLanderContinuous-v3", seeds=[0], env_backend="torch")
-    with pytest.raises(UserError, match="not DDPG"):
-        Population(DDPG, "Pendulum-v1", seeds=[0])
+    with pytest.raises(UserError, match="not RecurrentPPO"):
+        Population(RecurrentPPO, "CartPole-v1", seeds=[0])
     with pytest.raises(UserError, match="dueling"):
         DQNPopulation(DQN, "CartPole-v1", seeds=[0], dueling=True)
 

@@ -140,7 +140,8 @@ CLI_SAC = ["--set", "num_envs=2", "--set", "learning_starts=64", "--set", "batch
 @pytest.mark.parametrize("argv", [
     ["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI],
     ["train", "sac", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
-], ids=["ppo", "sac"])
+    ["train", "ddpg", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
+], ids=["ppo", "sac", "ddpg"])
 def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch, argv):
     """A run that crashes (an exception) after its second checkpoint leaves checkpoint.safetensors; `--resume`
     continues it to the end, and its summary.json has the uninterrupted run's fields and values (times aside)."""

@@ -159,7 +159,8 @@ def test_bad_tune_input_is_one_sentence(tmp_path, capsys, extra, space, names):
 
 
 def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):
-    assert "population" in cli_error(capsys, ["tune", "ddpg", "Pendulum-v1", "--storage", str(tmp_path / "s.db")])
+    assert "population" in cli_error(capsys, ["tune", "recurrent_ppo", "CartPole-v1", "--storage",
+                                              str(tmp_path / "s.db")])
     assert "search-space" in cli_error(capsys, _command(tmp_path, "--search-space", str(tmp_path / "missing.yaml")))
     # a study resumed with another budget would mix trials that are not comparable
     assert cli.main(_command(tmp_path, "--trials", "2")) == 0

@@ -70,6 +70,12 @@ DEFAULT_SPACES: dict[str, dict] = {
         "tau": {"low": 0.001, "high": 0.08, "log": True},
         "action_noise_std": {"low": 0.0, "high": 0.5},
     },
+    "ddpg": {  # (RL-Zoo samples DDPG's as TD3's)
+        "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
+        "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
+        "tau": {"low": 0.001, "high": 0.08, "log": True},
+        "action_noise_std": {"low": 0.0, "high": 0.5},
+    },
     "dqn": {
         "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
         "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},

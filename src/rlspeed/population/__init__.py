@@ -10,6 +10,7 @@ from rlspeed.population.offpolicy import (
     PER_MEMBER_DQN,
     PER_MEMBER_SAC,
     PER_MEMBER_TD3,
+    DDPGPopulation,
     DQNPopulation,
     SACPopulation,
     TD3Population,
@@ -19,7 +20,7 @@ from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
 #: algorithm class name -> the population class that trains it (the one list: `Population`, `rlspeed train --seeds`
 #: and `rlspeed tune` read it)
 IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "A2C": A2CPopulation, "SAC": SACPopulation,
-                                     "TD3": TD3Population, "DQN": DQNPopulation}
+                                     "TD3": TD3Population, "DDPG": DDPGPopulation, "DQN": DQNPopulation}
 
 
 def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
@@ -33,6 +34,6 @@ def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a c
     return implementation(algo_cls, env_id, seeds, **kwargs)
 
 
-__all__ = ["A2CPopulation", "DQNPopulation", "IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_A2C", "PER_MEMBER_DQN",
-           "PER_MEMBER_SAC", "PER_MEMBER_TD3", "PPOPopulation", "Population", "SACPopulation", "SHARED_ONLY",
-           "TD3Population"]
+__all__ = ["A2CPopulation", "DDPGPopulation", "DQNPopulation", "IMPLEMENTATIONS", "PER_MEMBER", "PER_MEMBER_A2C",
+           "PER_MEMBER_DQN", "PER_MEMBER_SAC", "PER_MEMBER_TD3", "PPOPopulation", "Population", "SACPopulation",
+           "SHARED_ONLY", "TD3Population"]

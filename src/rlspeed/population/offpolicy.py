@@ -1023,6 +1023,24 @@ class TD3Population(OffPolicyPopulation):
                 **self._critic_state(rows)}
 
 
+class DDPGPopulation(TD3Population):
+    """K independent DDPG members trained as one batched model: TD3's population with DDPG's configuration (one
+    critic, the actor updated at every critic update, no target policy smoothing: `DDPGConfig`'s defaults).
+
+    >>> population = Population(DDPG, "Pendulum-v1", seeds=range(16), **preset)
+
+    Hyperparameters: one value for all members, or, for those in `PER_MEMBER_TD3`, a list of K values.
+    """
+
+    algo_name = "ddpg"
+
+    @property
+    def algo_cls(self) -> type:
+        from rlspeed.algos.ddpg import DDPG
+
+        return DDPG
+
+
 class DQNPopulation(OffPolicyPopulation):
     """K independent DQN members trained as one batched model (see the module docstring): each layer of the K
     Q-networks is one batched matmul; epsilon-greedy's draws for a collection phase come from each member's
