@@ -185,6 +185,73 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable[[torch.Tensor
     return torch.where(finished, returns, info["episode_return"])
 
 
+@dataclasses.dataclass
+class _LoopProgress:
+    """What a `learn` loop has measured so far (members by original index), and when its next evaluation and
+    checkpoint are due: what its checkpoints save as `progress` (`snapshot`) and a resumed loop continues from
+    (`from_checkpoint`)."""
+
+    eval_freq: int
+    next_eval: int
+    checkpoint_freq: int | None
+    next_checkpoint: int | None
+    time_to_target_s: list[float | None]
+    steps_to_target: list[int | None]
+    reached: list[bool]
+    #: each member's `[[steps, eval_mean], ...]`
+    curves: list[list[list[float]]]
+    #: member -> {"pruned_at": steps} or {"diverged_at": steps}
+    left: dict[int, dict]
+    train_wall_s: float = 0.0
+    #: this process's CPU time in training (on a shared machine the wall clock also counts others)
+    train_cpu_s: float = 0.0
+    #: env steps of the members in the computation, summed
+    member_steps: int = 0
+
+    @classmethod
+    def start(cls, size: int, num_timesteps: int, eval_freq: int, checkpoint_freq: int | None) -> _LoopProgress:
+        """A new loop of `size` members at `num_timesteps`: nothing measured, the first evaluation and checkpoint
+        due a frequency on."""
+        return cls(eval_freq=eval_freq, next_eval=num_timesteps + eval_freq, checkpoint_freq=checkpoint_freq,
+                   next_checkpoint=num_timesteps + checkpoint_freq if checkpoint_freq else None,
+                   time_to_target_s=[None] * size, steps_to_target=[None] * size, reached=[False] * size,
+                   curves=[[] for _ in range(size)], left={})
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict, size: int, num_timesteps: int, eval_freq: int,
+                        checkpoint_freq: int | None) -> _LoopProgress:
+        """The resumed loop: the checkpoint's progress `saved` (a `snapshot`), its next evaluation and checkpoint
+        where the frequencies are this call's (else due a frequency on, as in a new loop). UserError for a
+        progress that does not read."""
+        progress = cls.start(size, num_timesteps, eval_freq, checkpoint_freq)
+        try:
+            progress.time_to_target_s = list(saved["time_to_target_s"])
+            progress.steps_to_target = list(saved["steps_to_target"])
+            progress.reached, progress.curves = [bool(r) for r in saved["reached"]], [list(c) for c in saved["curves"]]
+            progress.left = {int(k): dict(entry) for k, entry in saved["left"]}
+            progress.train_wall_s, progress.train_cpu_s = float(saved["train_wall_s"]), float(saved["train_cpu_s"])
+            progress.member_steps = int(saved["member_steps"])
+            if saved["eval_freq"] == eval_freq:
+                progress.next_eval = int(saved["next_eval"])
+            if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
+                progress.next_checkpoint = int(saved["next_checkpoint"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise UserError(f"The resumed checkpoint's learn-loop progress is unreadable ({error}): the file was "
+                            "edited or damaged.") from None
+        if len(progress.curves) != size:
+            raise UserError("The resumed checkpoint's learn-loop progress has the wrong number of members: the "
+                            "file was edited or damaged.")
+        return progress
+
+    def snapshot(self) -> dict:
+        """The progress as a checkpoint's JSON holds it (its lists are this object's, not copies)."""
+        return {"eval_freq": self.eval_freq, "next_eval": self.next_eval, "checkpoint_freq": self.checkpoint_freq,
+                "next_checkpoint": self.next_checkpoint, "time_to_target_s": self.time_to_target_s,
+                "steps_to_target": self.steps_to_target, "reached": self.reached, "curves": self.curves,
+                "left": sorted(self.left.items()), "train_wall_s": self.train_wall_s,
+                "train_cpu_s": self.train_cpu_s, "member_steps": self.member_steps}
+
+
 class PopulationBase:
     """`learn`, `save`/`resume` and `write_summary` of every population class. A subclass sets `algo_name`,
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
@@ -528,124 +595,111 @@ class PopulationBase:
         if checkpoint_freq is not None and (checkpoint_freq <= 0 or run_dir is None):
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a positive value and a run_dir to write the "
                             "checkpoints to.")
-        from rlspeed.algos.base import CONFIRM_SEED
-
-        size = self.size
         saved = self.progress if self._resumed else None
         self._resumed, self.progress = False, None
         self._begin(int(total_timesteps))
         end = self.num_timesteps + int(total_timesteps)
-        time_to_target: list[float | None] = [None] * size
-        steps_to_target: list[int | None] = [None] * size
-        reached = [False] * size
-        curves: list[list[list[float]]] = [[] for _ in range(size)]
-        left: dict[int, dict] = {}  # member -> {"pruned_at": steps} or {"diverged_at": steps}
+        loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
+                _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
         evaluating = target_return is not None or on_eval is not None
-        train_clock, next_eval = 0.0, self.num_timesteps + eval_freq
-        train_cpu = 0.0  # this process's CPU time in training (on a shared machine the wall clock also counts others)
-        member_steps = 0  # env steps of the members in the computation, summed
-        next_checkpoint = self.num_timesteps + checkpoint_freq if checkpoint_freq else None
-        if saved is not None:  # (the resumed run's progress; its next evaluation and checkpoint where the frequencies
-            try:               # are the same)
-                time_to_target, steps_to_target = list(saved["time_to_target_s"]), list(saved["steps_to_target"])
-                reached, curves = [bool(r) for r in saved["reached"]], [list(c) for c in saved["curves"]]
-                left = {int(k): dict(entry) for k, entry in saved["left"]}
-                train_clock, train_cpu = float(saved["train_wall_s"]), float(saved["train_cpu_s"])
-                member_steps = int(saved["member_steps"])
-                if saved["eval_freq"] == eval_freq:
-                    next_eval = int(saved["next_eval"])
-                if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
-                    next_checkpoint = int(saved["next_checkpoint"])
-            except (KeyError, TypeError, ValueError) as error:
-                raise UserError(f"The resumed checkpoint's learn-loop progress is unreadable ({error}): the file was "
-                                "edited or damaged.") from None
-            if len(curves) != size:
-                raise UserError("The resumed checkpoint's learn-loop progress has the wrong number of members: the "
-                                "file was edited or damaged.")
-
-        def snapshot() -> dict:
-            return {"eval_freq": eval_freq, "next_eval": next_eval, "checkpoint_freq": checkpoint_freq,
-                    "next_checkpoint": next_checkpoint, "time_to_target_s": time_to_target,
-                    "steps_to_target": steps_to_target, "reached": reached, "curves": curves,
-                    "left": sorted(left.items()), "train_wall_s": train_clock, "train_cpu_s": train_cpu,
-                    "member_steps": member_steps}
-
-        def write_checkpoint() -> None:
-            self.progress = snapshot()
-            self.save(Path(run_dir) / CHECKPOINT_NAME)
-
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         while self.num_timesteps < end and self.alive:
             training = len(self.alive)
-            member_steps += self.train_iteration() * training
-            due = self.num_timesteps >= next_eval or self.num_timesteps >= end
+            loop.member_steps += self.train_iteration() * training
+            due = self.num_timesteps >= loop.next_eval or self.num_timesteps >= end
             if due or self.check_divergence_every_iteration:
-                self._drop_diverged(left)
+                self._drop_diverged(loop.left)
+            loop.train_wall_s += time.perf_counter() - clock_start  # (evaluations and checkpoints are not training)
+            loop.train_cpu_s += time.process_time() - cpu_start
             finished = False
-            train_clock += time.perf_counter() - clock_start  # (evaluations and checkpoints are not training)
-            train_cpu += time.process_time() - cpu_start
             if due:
-                next_eval = self.num_timesteps + eval_freq
-            if due and evaluating and self.alive:
-                members = list(self.alive)
-                means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
-                                      eval_episodes, members).tolist()
-                for k, mean in zip(members, means):
-                    curves[k].append([self.num_timesteps, mean])
-                if target_return is not None:
-                    hits = [k for k, mean in zip(members, means) if not reached[k] and mean >= target_return]
-                    if confirm_target and hits:
-                        confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED
-                                                    for k in hits], eval_episodes, hits).tolist()
-                        hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
-                    for k in hits:
-                        reached[k] = True
-                        time_to_target[k], steps_to_target[k] = train_clock, self.num_timesteps
-                    if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
-                        self.remove(hits)
-                if on_eval is not None:
-                    self._prune(on_eval(self.num_timesteps, dict(zip(members, means))), left)
-                finished = target_return is not None and all(reached[k] for k in self.alive)
+                loop.next_eval = self.num_timesteps + eval_freq
+                if evaluating and self.alive:
+                    finished = self._evaluation_point(loop, target_return, eval_episodes, stop, confirm_target,
+                                                      on_eval)
             if finished or self.num_timesteps >= end or not self.alive:
                 break
             requested = stop_requested is not None and stop_requested()
-            if run_dir is not None and (requested or (next_checkpoint is not None
-                                                      and self.num_timesteps >= next_checkpoint)):
-                if next_checkpoint is not None and self.num_timesteps >= next_checkpoint:
-                    next_checkpoint = self.num_timesteps + checkpoint_freq
-                write_checkpoint()
+            if run_dir is not None:
+                self._checkpoint_if_due(loop, run_dir, requested)
             if requested:
                 raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
         self.progress = None
-        scored = [k for k in range(size) if "diverged_at" not in left.get(k, {})]
+        self.summary = self._summary(loop, target_return, eval_episodes, stop)
+        return self.summary
+
+    def _evaluation_point(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
+                          confirm_target: bool, on_eval: Callable | None) -> bool:
+        """One evaluation of the members in the computation (`learn`'s, at `num_timesteps`): each one's mean goes on
+        its curve; with a target, those that reach it for the first time (confirmed on fresh episode seeds with
+        `confirm_target`) are marked reached at the training clock and, with `stop="each"`, leave the computation;
+        then `on_eval` prunes. Returns True when a target is set and every member in the computation has reached
+        it."""
+        from rlspeed.algos.base import CONFIRM_SEED
+
+        members = list(self.alive)
+        means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
+                              members).tolist()
+        for k, mean in zip(members, means):
+            loop.curves[k].append([self.num_timesteps, mean])
+        if target_return is not None:
+            hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
+            if confirm_target and hits:
+                confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits],
+                                           eval_episodes, hits).tolist()
+                hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
+            for k in hits:
+                loop.reached[k] = True
+                loop.time_to_target_s[k], loop.steps_to_target[k] = loop.train_wall_s, self.num_timesteps
+            if stop == "each":  # (before on_eval: a member that reached its target is not also pruned)
+                self.remove(hits)
+        if on_eval is not None:
+            self._prune(on_eval(self.num_timesteps, dict(zip(members, means))), loop.left)
+        return target_return is not None and all(loop.reached[k] for k in self.alive)
+
+    def _checkpoint_if_due(self, loop: _LoopProgress, run_dir: str | Path, requested: bool) -> None:
+        """Between `learn`'s iterations: write `run_dir`'s checkpoint (`save`, with the loop's progress) when
+        `checkpoint_freq` steps have passed since the last one (the next one is then due a frequency on) or a stop
+        was `requested`."""
+        due = loop.next_checkpoint is not None and self.num_timesteps >= loop.next_checkpoint
+        if not (requested or due):
+            return
+        if due:
+            loop.next_checkpoint = self.num_timesteps + loop.checkpoint_freq
+        self.progress = loop.snapshot()
+        self.save(Path(run_dir) / CHECKPOINT_NAME)
+
+    def _summary(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str) -> dict:
+        """`learn`'s summary after its loop: a final evaluation of every member that did not diverge, each member's
+        entry and the aggregates."""
+        scored = [k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})]
         final_means = (self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
                                      scored).tolist() if scored else [])
         final = dict(zip(scored, final_means))
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
-                     "time_to_target_s": time_to_target[k], "steps_to_target": steps_to_target[k],
+                     "time_to_target_s": loop.time_to_target_s[k], "steps_to_target": loop.steps_to_target[k],
                      "final_eval": ({"mean": final[k], "episodes": eval_episodes} if k in final else None),
-                     "curve": curves[k]}
-            entry.update(left.get(k, {}))
+                     "curve": loop.curves[k]}
+            entry.update(loop.left.get(k, {}))
             members.append(entry)
         finals = [mean for mean in final.values() if math.isfinite(mean)]
-        reached_steps = [s for s in steps_to_target if s is not None]
-        self.summary = {
-            "algo": self.algo_name, "env_id": self.env_id, "population": size, "seeds": self.seeds,
+        reached_steps = [s for s in loop.steps_to_target if s is not None]
+        reached_times = [t for t in loop.time_to_target_s if t is not None]
+        exits = loop.left.values()
+        return {
+            "algo": self.algo_name, "env_id": self.env_id, "population": self.size, "seeds": self.seeds,
             "device": str(self.device), "env_backend": self.env_backend, "update": self.update_path, "stop": stop,
-            "total_timesteps": self.num_timesteps,
-            "train_wall_s": train_clock, "train_cpu_s": train_cpu, "sps": member_steps / max(train_clock, 1e-9),
-            "target_return": target_return,
-            "reached": sum(reached), "pruned": sum("pruned_at" in v for v in left.values()),
-            "diverged": sum("diverged_at" in v for v in left.values()), "members": members,
+            "total_timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s, "train_cpu_s": loop.train_cpu_s,
+            "sps": loop.member_steps / max(loop.train_wall_s, 1e-9), "target_return": target_return,
+            "reached": sum(loop.reached), "pruned": sum("pruned_at" in v for v in exits),
+            "diverged": sum("diverged_at" in v for v in exits), "members": members,
             "aggregate": {"final_eval": aggregate(finals) if finals else None,
                           "steps_to_target": aggregate(reached_steps) if reached_steps else None,
-                          "time_to_target_s": (aggregate([t for t in time_to_target if t is not None])
-                                               if reached_steps else None)},
+                          "time_to_target_s": aggregate(reached_times) if reached_steps else None},
         }
-        return self.summary
 
     def _prune(self, returned, left: dict[int, dict]) -> None:
         """Take out the members `on_eval` returned (original indices, or None), each marked `pruned_at`."""
