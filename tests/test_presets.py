@@ -188,8 +188,24 @@ def test_meaning_differences():
 def test_what_changes_the_problem_makes_the_entry_unusable():
     atari = translated("ppo", {"policy": "CnnPolicy", "frame_stack": 4,
                                "env_wrapper": ["stable_baselines3.common.atari_wrappers.AtariWrapper"]})
-    assert atari.status == "none" and refused(atari) == {"policy", "frame_stack", "env_wrapper"}
+    assert atari.status == "none" and refused(atari) == {"frame_stack", "env_wrapper"}
     assert "AtariWrapper" in " ".join(atari.blocking)
+
+
+def test_sb3_policy_classes_become_rlspeeds_encoders():
+    cnn = translated("ppo", {"policy": "CnnPolicy"})  # SB3's CnnPolicy: linear heads on the CNN's features
+    assert cnn.status == "full" and (cnn.hyperparameters["encoder"], cnn.hyperparameters["net_arch"]) == ("cnn", [])
+    sized = translated("dqn", {"policy_kwargs": "dict(net_arch=[256])", "policy": "CnnPolicy"})
+    assert sized.hyperparameters["net_arch"] == [256]
+    assert translated("a2c", {"policy": "CnnPolicy", "policy_kwargs": "dict(net_arch=[64])"}).hyperparameters[
+        "net_arch"] == [64]
+    sac = translated("sac", {"policy": "CnnPolicy"})  # (SAC's CnnPolicy keeps SAC's MLP heads)
+    assert sac.hyperparameters["encoder"] == "cnn" and "net_arch" not in sac.hyperparameters
+    assert translated("recurrent_ppo", {"policy": "CnnLstmPolicy"}).hyperparameters["encoder"] == "cnn"
+    assert translated("sac", {"policy": "MultiInputPolicy"}).hyperparameters["encoder"] == "auto"
+    assert translated("ppo", {"policy": "MlpPolicy"}).status == "full"
+    assert refused(translated("ppo", {"policy": "LinearPolicy"})) == {"policy"}
+    assert refused(translated("ppo", {"policy": "MlpLstmPolicy"})) == {"policy"}
 
 
 def test_values_that_fail_together_refuse_the_entry():

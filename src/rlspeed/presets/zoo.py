@@ -253,6 +253,25 @@ class _Translator:
         if key.split(".")[0] in BLOCKING:
             self.blocking.append(line)
 
+    def policy(self, value) -> None:
+        """SB3's policy class -> rlspeed's encoder: MlpPolicy (MlpLstmPolicy) the flat MLP, CnnPolicy (CnnLstmPolicy)
+        the CNN encoder (on-policy algorithms and DQN: linear heads on its features unless policy_kwargs set
+        net_arch, as SB3's CnnPolicy has), MultiInputPolicy the multi-input encoder of Dict observations."""
+        recurrent = self.algo == "recurrent_ppo"
+        kinds = {"MlpLstmPolicy" if recurrent else "MlpPolicy": "mlp",
+                 "CnnLstmPolicy" if recurrent else "CnnPolicy": "cnn",
+                 "MultiInputLstmPolicy" if recurrent else "MultiInputPolicy": "auto"}
+        if value not in kinds:
+            self.refuse("policy", f"{value}: rlspeed's {self.algo} takes {', '.join(kinds)}")
+            return
+        self.notes.append(f"policy {value}: rlspeed's {self.algo} network with encoder {kinds[value]}")
+        if kinds[value] == "cnn":
+            self.set("encoder", "cnn", "policy")
+            if self.algo in (*ON_POLICY, "dqn") and "net_arch" not in self.hyper:
+                self.set("net_arch", [], "policy")
+        elif kinds[value] == "auto":
+            self.set("encoder", "auto", "policy")
+
     # --- one RL-Zoo key ------------------------------------------------------------------------------------------
     def entry(self, key: str, value) -> None:  # noqa: C901 (one branch per RL-Zoo key reads best as a table)
         algo = self.algo
@@ -260,12 +279,7 @@ class _Translator:
             self.run["total_timesteps"] = int(float(value))
             self.origin["total_timesteps"] = key
         elif key == "policy":
-            expected = "MlpLstmPolicy" if algo == "recurrent_ppo" else "MlpPolicy"
-            if value == expected:
-                self.notes.append(f"policy {value}: rlspeed's {algo} network")
-            else:
-                self.refuse(key, f"{value}: rlspeed's {algo} has only {expected}'s kind of network for now (image "
-                                 "and dict observations need a CNN or multi-input encoder)")
+            self.policy(value)
         elif key == "n_envs":
             self.set("num_envs", value, key)
         elif key == "n_steps":  # rollout length on-policy; n-step returns in SB3's off-policy algorithms
@@ -295,7 +309,8 @@ class _Translator:
         elif key == "noise_std":
             self.set("action_noise_std", value, key)
         elif key == "frame_stack":
-            self.refuse(key, f"{value}: rlspeed's envs do not stack frames yet")
+            self.refuse(key, f"{value}: rlspeed stacks frames only in its Atari envs (rlspeed.envs.atari, which its "
+                             "own Atari presets use), not for other env ids yet")
         elif key == "env_wrapper":
             names = value if isinstance(value, list) else [value]
             shown = ", ".join(next(iter(n)) if isinstance(n, dict) else str(n) for n in names)
