@@ -384,6 +384,18 @@ def test_total_timesteps_takes_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
+def test_a_budget_that_is_not_whole_rollouts_says_what_it_trains(capsys, monkeypatch, tmp_path):
+    """learn trains whole iterations (a rollout of num_envs x num_steps): the start line says where the run ends."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "200", "--target-return", "none",
+                     "--out", "run", "--no-progress", "--num-envs", "4", "--set", "num_steps=32",
+                     "--set", "batch_size=64"])
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert "up to 200 steps (256: whole iterations of 128)" in said.out + said.err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 256
+
+
 def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch, tmp_path):
     """`module:EnvId` and `--gym-packages MODULE` import the module that registers the env (as RL-Zoo does), and the
     run directory remembers it for `rlspeed eval`."""

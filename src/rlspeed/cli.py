@@ -787,8 +787,11 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         return 0
     if getattr(args, "preset_message", None):
         say(args.preset_message)
+    per_iteration = model.steps_per_iteration
+    whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
     say(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
         f"device {model.device}), up to {total:,} steps"
+        + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
         + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     steps_before, started = model.num_timesteps, time.perf_counter()
     interrupted = None

@@ -247,6 +247,12 @@ class Algorithm:
             # exploration noise and replay indices. Each draws its own then.
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
 
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps one training iteration takes, over all processes: `learn` trains whole iterations, so it ends
+        at the first multiple of this at or past its `total_timesteps` (off-policy: one step of every env)."""
+        return int(self.config.num_envs)
+
     def acceleration_summary(self) -> dict:
         """What the acceleration layer chose for the update step (summary.json's `accelerate` field)."""
         report = getattr(getattr(self, "_update_step", None), "report", None)

@@ -90,6 +90,11 @@ class OnPolicyAlgorithm(Algorithm):
     supports_multi_actions = True
     supports_action_masks = True
 
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps of one rollout (`num_envs` x `num_steps`), over all processes: `learn` trains whole rollouts."""
+        return int(self.config.num_envs * self.config.num_steps)
+
     # --- what a subclass may override ---------------------------------------------------------------------
     def _build_policy(self) -> torch.nn.Module:
         """The policy-value network (default: `ActorCritic`, actor and critic MLPs evaluated as one ensemble; with
