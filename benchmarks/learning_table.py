@@ -33,8 +33,9 @@ from pathlib import Path
 
 import common
 import gymnasium as gym
+import yaml
 
-from rlspeed.presets import load_preset
+from rlspeed.presets import load_preset, split_run_settings
 
 RUNS_DIR = Path("runs/learning_table")
 
@@ -192,7 +193,8 @@ def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: f
     if summary_file.exists() and record_file.exists():
         previous = json.loads(record_file.read_text())
         summary = json.loads(summary_file.read_text())
-        if previous.get("command") == shown and summary.get("preset", {}).get("origin") == pair.settings:
+        if (previous.get("command") == shown and summary.get("preset", {}).get("origin") == pair.settings
+                and _ran_with_the_preset(out, pair, preset, overrides)):
             print(f"  reused {name}", flush=True)
             return record(pair, seed, summary, previous.get("process_wall_s"), shown, reused=True,
                           load=previous.get("load_average_1min"))
@@ -220,6 +222,26 @@ def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: f
     result = record(pair, seed, summary, wall, shown, reused=False, load=load)
     print(f"  {name}: {common.brief(result)}, final eval {result['final_eval_mean']}, {wall:.0f}s", flush=True)
     return result
+
+
+def _ran_with_the_preset(out: Path, pair: Pair, preset: str, overrides: list[str]) -> bool:
+    """Whether the stored run in `out` trained with every value the preset gives today (its config.yaml): a preset
+    edited since, or a translation that now honours another key, makes the stored run stale. Keys set with --set
+    are compared through the command line instead."""
+    config = out / "config.yaml"
+    if not config.exists():
+        return False
+    used = yaml.safe_load(config.read_text()).get("hyperparameters") or {}
+    _, expected = split_run_settings(dict(load_preset(pair.algo, pair.env_id, preset)))
+    overridden = {item.split("=", 1)[0] for item in overrides}
+
+    def plain(value):  # (YAML and the preset may spell a value as -2 or -2.0, [64, 64] or (64, 64))
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+    return all(key in overridden or (key in used and plain(value) == plain(used[key]))
+               for key, value in expected.items())
 
 
 def record(pair: Pair, seed: int, summary: dict, wall: float | None, command: str, reused: bool,
