@@ -214,7 +214,8 @@ def publish(args) -> None:
         rows.append([run["library"], run.get("env_backend"), run["seed"], f"{run['total_timesteps']:,}",
                      common.fmt(evaluation.get("mean"), ",.1f"), common.fmt(evaluation.get("std"), ",.1f"),
                      common.fmt(run.get("train_wall_s") and run["train_wall_s"] / 60, ",.1f"),
-                     common.fmt(run.get("sps"), ",.0f"), common.fmt(run.get("process_wall_s") and
+                     common.fmt(run.get("sps"), ",.0f"), common.fmt(run.get("learning_phase_sps"), ",.0f"),
+                     common.fmt(run.get("process_wall_s") and
                                                                    run["process_wall_s"] / 60, ",.1f"),
                      common.fmt(cpu and cpu / 60, ",.1f"), common.fmt(run.get("peak_rss_mib"), ",.0f"),
                      f"{run.get('uptime_before', '').split('load average:')[-1].strip()} / "
@@ -249,8 +250,9 @@ def publish(args) -> None:
         "SB3: `DQN(\"CnnPolicy\")` on `make_atari_env` + `VecFrameStack(4)`, `optimize_memory_usage=False` (RL-Zoo's "
         "value). torch.set_num_threads(1) in every run; the runs went one after another, one core each, with other "
         "jobs on the machine's other core. Train min and steps/s: the learn call (rlspeed's `train_wall_s`, which "
-        "excludes evaluation; SB3's `learn`); process min and CPU min: the whole process, start-up and final "
-        "evaluation included.",
+        "excludes evaluation; SB3's `learn`), and the steps/s from learning_starts to the end (the learning phase: "
+        "one gradient step per 4 env steps); process min and CPU min: the whole process, start-up and final "
+        "evaluation included; peak RSS: the process's (rlspeed: `rlspeed train`'s).",
         "",
         "Final evaluation: deterministic (greedy) policy, 10 full games with raw scores (no episodic life, no "
         "reward clipping) on envs separate from training, FIRE pressed for the policy at each game's start and "
@@ -259,8 +261,8 @@ def publish(args) -> None:
         "(with episodic life, after every lost life), rlspeed's does not.",
         "",
         common.markdown_table(["Library", "Envs", "Seed", "Env steps", "Eval mean", "Eval std", "Train min",
-                               "Steps/s (train)", "Process min", "Process CPU min", "Peak RSS MiB",
-                               "Load 1/5/15 min before / after"], rows),
+                               "Steps/s (train)", "Steps/s after learning_starts", "Process min", "Process CPU min",
+                               "Peak RSS MiB", "Load 1/5/15 min before / after"], rows),
     ]
     lines += common.section_notes(args.notes, args.commit)
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "ale-py", "stable-baselines3"))
