@@ -115,8 +115,8 @@ class Encoder(nn.Module):
 
 
 def _init_conv_net(module: nn.Module) -> None:
-    """Orthogonal initialisation with gain sqrt(2) for every conv and linear layer (SB3's for its features
-    extractors), zero biases."""
+    """Orthogonal initialisation with gain sqrt(2) for every conv and linear layer, zero biases (SB3's actor-critic
+    policies initialise their features extractors so; its DQN, SAC and TD3 keep PyTorch's default)."""
     for layer in module.modules():
         if isinstance(layer, (nn.Conv2d, nn.Linear)):
             nn.init.orthogonal_(layer.weight, math.sqrt(2))
