@@ -10,11 +10,12 @@ update.
 rlspeed's native Pendulum (`--env-backend torch`, the default) writes the section `population_offpolicy`;
 Gymnasium's envs (the population's: one synchronous vector env of members x envs) `population_offpolicy_gym`.
 
-Throughput: each pair runs one solo run (seed i) and the population, each in a fresh process, one after the other
-(alternating, so a slow patch of the shared machine hits both); both train a fixed number of env steps per agent
-without evaluation, and the ratio of their steps/s is taken within each pair. Time to target: one population run to
--200 (evaluation every 500 steps per member, 10 deterministic episodes, confirmed; time excludes evaluation, as
-`SAC.learn` does) and solo runs of a few seeds to -200. The machine's load (`uptime`) before and after is recorded.
+Throughput: each pair runs one solo run (seed i) and the population, each in a fresh process, one after the other,
+the order reversed every other pair (so a slow patch of the shared machine hits both); both train a fixed number of
+env steps per agent without evaluation, and the ratio of their steps/s is taken within each pair. Time to target:
+one population run to -200 (evaluation every 500 steps per member, 10 deterministic episodes, confirmed; time
+excludes evaluation, as `SAC.learn` does) and solo runs of a few seeds to -200. The machine's load (`uptime`)
+before and after is recorded.
 """
 
 from __future__ import annotations
@@ -128,8 +129,11 @@ def main() -> None:
     load_before = uptime()
     pairs = []
     for i in range(args.pairs):
-        solo = _run_worker("--worker", "solo", "--seed", str(i), *common)
-        population = _run_worker("--worker", "population", *common)
+        # (the order is reversed every other pair: a machine that slows or speeds up during a pair hits both sides)
+        sides = ("solo", "population") if i % 2 == 0 else ("population", "solo")
+        runs = {side: _run_worker("--worker", side, *(("--seed", str(i)) if side == "solo" else ()), *common)
+                for side in sides}
+        solo, population = runs["solo"], runs["population"]
         # process CPU time per env step (construction and the isolated update timing excluded from neither side's
         # learn: the solo process's CPU time is its whole run, the population's up to the end of learn)
         cpu_ratio = (solo["process_cpu_s"] / args.throughput_steps) / (population["process_cpu_s"]
