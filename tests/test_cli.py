@@ -384,16 +384,21 @@ def test_total_timesteps_takes_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
-def test_a_budget_that_is_not_whole_rollouts_says_what_it_trains(capsys, monkeypatch, tmp_path):
-    """learn trains whole iterations (a rollout of num_envs x num_steps): the start line says where the run ends."""
+@pytest.mark.parametrize("argv, line, total", [
+    (["ppo", "CartPole-v1", "--total-timesteps", "200", "--num-envs", "4", "--set", "num_steps=32",
+      "--set", "batch_size=64"], "up to 200 steps (256: whole iterations of 128)", 256),
+    (["dqn", "CartPole-v1", "--total-timesteps", "302", "--num-envs", "1", "--set", "train_freq=4",
+      "--set", "learning_starts=100"], "up to 302 steps (304: whole iterations of 4)", 304),
+], ids=["rollouts", "collections"])
+def test_a_budget_that_is_not_whole_iterations_says_what_it_trains(capsys, monkeypatch, tmp_path, argv, line, total):
+    """learn trains whole iterations (a rollout of num_envs x num_steps; off-policy, a collection of train_freq
+    steps of every env): the start line says where the run ends."""
     monkeypatch.chdir(tmp_path)
-    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "200", "--target-return", "none",
-                     "--out", "run", "--no-progress", "--num-envs", "4", "--set", "num_steps=32",
-                     "--set", "batch_size=64"])
+    code = cli.main(["train", *argv, "--target-return", "none", "--out", "run", "--no-progress"])
     said = capsys.readouterr()
     assert code == 0, said.err
-    assert "up to 200 steps (256: whole iterations of 128)" in said.out + said.err
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 256
+    assert line in said.out + said.err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == total
 
 
 def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch, tmp_path):

@@ -313,18 +313,27 @@ def test_box_action_policies_on_dict_and_image_observations_save_and_load(algo, 
     _same_actions_after_load(model, tmp_path, obs)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dqn", "sac"])
+_CNN_ALGOS = {"ppo": rlspeed.PPO, "dqn": rlspeed.DQN, "sac": rlspeed.SAC, "td3": rlspeed.TD3}
+
+
+def _cnn_model(algo: str, minatar_id: str):
+    """A small model of `algo` with CNN encoders (MinAtar's grid, or an image Pendulum for Box actions)."""
+    env = minatar_id if algo in ("ppo", "dqn") else _pendulum("image")
+    options = ON_POLICY if algo == "ppo" else {"learning_starts": 16, "batch_size": 8, **SMALL}
+    return _CNN_ALGOS[algo](env, seed=0, **options)
+
+
+@pytest.mark.parametrize("algo", sorted(_CNN_ALGOS))
 def test_cnn_encoders_run_channels_last_on_the_cpu_with_the_contiguous_layouts_numbers(algo, minatar_id):
-    """On the CPU (`DeviceRules.channels_last_convs`) every algorithm's CNN encoders hold their convolution weights
-    in channels-last memory and feed them channels-last input; the features equal those of the same encoder in
-    contiguous memory (same maths up to summation order)."""
+    """On the CPU (`DeviceRules.channels_last_convs`) every CNN encoder of a model (actors, critics, Q-networks and
+    their targets) holds its convolution weights in channels-last memory and feeds them channels-last input; the
+    features equal those of the same encoder in contiguous memory (same maths up to summation order)."""
     import copy
 
-    env = minatar_id if algo != "sac" else _pendulum("image")
-    options = ON_POLICY if algo == "ppo" else {"learning_starts": 16, "batch_size": 8, **SMALL}
-    model = {"ppo": rlspeed.PPO, "dqn": rlspeed.DQN, "sac": rlspeed.SAC}[algo](env, seed=0, **options)
-    encoders = [m for m in model.policy.modules() if isinstance(m, CNNEncoder)]
-    assert encoders
+    model = _cnn_model(algo, minatar_id)
+    modules = [m for m in model._modules().values() if isinstance(m, torch.nn.Module)]
+    encoders = [m for module in modules for m in module.modules() if isinstance(m, CNNEncoder)]
+    assert len(encoders) >= (1 if algo == "ppo" else 2)  # (off-policy: the online network's and the target's)
     obs = torch.as_tensor(np.stack([model.spec.observation_space.sample() for _ in range(5)]))
     for encoder in encoders:
         convs = [m for m in encoder.modules() if isinstance(m, torch.nn.Conv2d)]
@@ -334,6 +343,32 @@ def test_cnn_encoders_run_channels_last_on_the_cpu_with_the_contiguous_layouts_n
             conv.weight.data = conv.weight.data.contiguous()
         contiguous.input_format = torch.contiguous_format
         torch.testing.assert_close(encoder(obs), contiguous(obs), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("algo", sorted(_CNN_ALGOS))
+def test_a_loaded_cnn_model_takes_the_same_optimizer_step_as_the_original(algo, minatar_id, tmp_path):
+    """Checkpoints store tensors contiguous; the loaded Adam moments of channels-last convolution weights must be
+    put back in the weights' layout, or a fused Adam step applies each moment to another weight element. One step
+    with the same gradients gives the original's weights exactly."""
+    model = _cnn_model(algo, minatar_id)
+    model.learn(64, progress_bar=False)
+    loaded = type(model).load(model.save(tmp_path / "model"))
+    stepped = []
+    for m in (model, loaded):
+        generator = torch.Generator().manual_seed(1)
+        weights = []
+        for optimizer in m._optimizers().values():
+            for group in optimizer.param_groups:  # (PPO's annealed rate is not the loaded model's: the same for both)
+                group["lr"] = 1e-3
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            for p in params:  # (a gradient in the parameter's own layout, as autograd gives it)
+                p.grad = torch.empty_like(p).copy_(torch.randn(p.shape, generator=generator))
+            optimizer.step()
+            weights += [p.detach().clone() for p in params]
+        stepped.append(weights)
+    assert len(stepped[0]) == len(stepped[1]) > 0
+    for original, reloaded in zip(*stepped):
+        assert torch.equal(original, reloaded)
 
 
 def test_float_vector_policies_keep_the_hand_derived_update():

@@ -99,9 +99,10 @@ class DeviceRules:
     supports_compile: bool
     supports_graphs: bool
     float64: bool = True  # float64 tensors and collectives (MPS has none; HCCL's all-reduce lacks it)
-    #: CNN encoders keep their convolution weights and inputs in channels-last memory, the layout the backend's
-    #: convolution kernels run natively (oneDNN on CPU; re-measured by benchmarks/conv_layout.py).
-    #: Same maths up to summation order. Off where it has not been measured.
+    #: CNN encoders keep their convolution weights and inputs in channels-last memory (oneDNN's native layout on
+    #: the CPU): faster training steps on training-size minibatches of the Nature CNN, about even for small
+    #: batches and small CNNs (re-measured by benchmarks/conv_layout.py). Same maths up to summation order. Off
+    #: where it has not been measured (every device but the CPU).
     channels_last_convs: bool = False
 
 
@@ -115,7 +116,8 @@ def rules(device: torch.device) -> DeviceRules:
         return DeviceRules(torch.int64, supports_compile=False, supports_graphs=False, float64=False)
     if device.type == "cuda":
         return DeviceRules(torch.int64, supports_compile=True, supports_graphs=True)
-    return DeviceRules(torch.int64, supports_compile=True, supports_graphs=False, channels_last_convs=True)
+    return DeviceRules(torch.int64, supports_compile=True, supports_graphs=False,
+                       channels_last_convs=device.type == "cpu")
 
 
 def synchronize(device: torch.device) -> None:

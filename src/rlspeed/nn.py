@@ -53,8 +53,8 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
 
 
 def to_device(module: nn.Module, device: torch.device) -> nn.Module:
-    """`module` moved to `device`, its CNN encoders' convolutions in channels-last memory where the device runs them
-    fastest so (`DeviceRules.channels_last_convs`). Every algorithm places its networks with this."""
+    """`module` moved to `device`, its CNN encoders' convolutions in channels-last memory where
+    `DeviceRules.channels_last_convs` says so (the CPU). Every algorithm places its networks with this."""
     module = module.to(device)
     if rules(torch.device(device)).channels_last_convs:
         for layer in module.modules():

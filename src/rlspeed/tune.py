@@ -70,12 +70,6 @@ DEFAULT_SPACES: dict[str, dict] = {
         "tau": {"low": 0.001, "high": 0.08, "log": True},
         "action_noise_std": {"low": 0.0, "high": 0.5},
     },
-    "ddpg": {  # (RL-Zoo samples DDPG's as TD3's)
-        "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
-        "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
-        "tau": {"low": 0.001, "high": 0.08, "log": True},
-        "action_noise_std": {"low": 0.0, "high": 0.5},
-    },
     "dqn": {
         "learning_rate": {"low": 1.0e-5, "high": 1.0e-2, "log": True},
         "gamma": {"low": 0.9, "high": 0.9999, "log": True, "one_minus": True},
@@ -83,6 +77,7 @@ DEFAULT_SPACES: dict[str, dict] = {
         "exploration_final_eps": {"low": 0.0, "high": 0.2},
     },
 }
+DEFAULT_SPACES["ddpg"] = DEFAULT_SPACES["td3"]  # (RL-Zoo samples DDPG's as TD3's)
 _SPEC_FIELDS = {"low", "high", "log", "one_minus", "choices"}
 _STUDY_ATTR = "rlspeed"  # the study's user attribute that records what it was made for
 

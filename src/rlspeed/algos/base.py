@@ -250,7 +250,8 @@ class Algorithm:
     @property
     def steps_per_iteration(self) -> int:
         """Env steps one training iteration takes, over all processes: `learn` trains whole iterations, so it ends
-        at the first multiple of this at or past its `total_timesteps` (off-policy: one step of every env)."""
+        at the first multiple of this at or past its `total_timesteps` (a rollout on-policy, a collection of
+        `train_freq` steps of every env off-policy: the subclasses say)."""
         return int(self.config.num_envs)
 
     def acceleration_summary(self) -> dict:
@@ -950,3 +951,18 @@ class Algorithm:
                               stacklevel=3)
                 continue
             optimizer.load_state_dict({"state": state, "param_groups": groups})
+            _match_parameter_layouts(optimizer)
+
+
+def _match_parameter_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Put every per-parameter state tensor of `optimizer` (Adam's moments) in its parameter's memory layout.
+    Checkpoints store tensors contiguous while a parameter may be channels-last (`rlspeed.nn.to_device`), and a fused
+    optimizer kernel walks a parameter and its moments in memory order: a moment in another layout would update other
+    elements."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape and value.stride() != param.stride():
+                    state[key] = torch.empty_like(param, dtype=value.dtype).copy_(value)
+

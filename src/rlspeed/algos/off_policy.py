@@ -141,6 +141,12 @@ class OffPolicyAlgorithm(Algorithm):
     #: use_sde_at_warmup)
     _policy_at_warmup: bool = False
 
+    @property
+    def steps_per_iteration(self) -> int:
+        """Env steps of one collection (`train_freq` steps of all `num_envs` envs), over all processes: `learn`
+        trains whole collections."""
+        return int(self.config.num_envs * self.config.train_freq)
+
     # --- what an algorithm provides -----------------------------------------------------------------------------
     def _explore(self, obs: torch.Tensor, timesteps: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Exploration actions (policy space: indices, or values in [-1, 1]) for observations `[N, ...]`.
