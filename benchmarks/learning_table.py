@@ -20,6 +20,7 @@ Usage: python benchmarks/learning_table.py [--pairs classic|box2d|bipedal|all|AL
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -35,6 +36,8 @@ import common
 import gymnasium as gym
 import yaml
 
+from rlspeed.algos import ALGORITHMS
+from rlspeed.algos.base import build_config
 from rlspeed.presets import load_preset, split_run_settings
 
 RUNS_DIR = Path("runs/learning_table")
@@ -225,14 +228,16 @@ def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: f
 
 
 def _ran_with_the_preset(out: Path, pair: Pair, preset: str, overrides: list[str]) -> bool:
-    """Whether the stored run in `out` trained with every value the preset gives today (its config.yaml): a preset
-    edited since, or a translation that now honours another key, makes the stored run stale. Keys set with --set
-    are compared through the command line instead."""
+    """Whether the stored run in `out` trained with the whole configuration the preset gives today (every
+    hyperparameter, defaults included, against its config.yaml): a preset edited since (a key changed, added or
+    removed), a translation that now honours another key or a changed default makes the stored run stale. Keys
+    set with --set are compared through the command line instead."""
     config = out / "config.yaml"
     if not config.exists():
         return False
     used = yaml.safe_load(config.read_text()).get("hyperparameters") or {}
-    _, expected = split_run_settings(dict(load_preset(pair.algo, pair.env_id, preset)))
+    _, given = split_run_settings(dict(load_preset(pair.algo, pair.env_id, preset)))
+    expected = dataclasses.asdict(build_config(ALGORITHMS[pair.algo].config_cls, given))
     overridden = {item.split("=", 1)[0] for item in overrides}
 
     def plain(value):  # (YAML and the preset may spell a value as -2 or -2.0, [64, 64] or (64, 64))
@@ -240,7 +245,9 @@ def _ran_with_the_preset(out: Path, pair: Pair, preset: str, overrides: list[str
             return [plain(item) for item in value]
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
-    return all(key in overridden or (key in used and plain(value) == plain(used[key]))
+    defaults = dataclasses.asdict(ALGORITHMS[pair.algo].config_cls())
+    # (a field the run's rlspeed did not have yet counts as its default, the behaviour before it existed)
+    return all(key in overridden or plain(value) == plain(used.get(key, defaults[key]))
                for key, value in expected.items())
 
 
