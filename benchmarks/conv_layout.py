@@ -11,14 +11,23 @@ Cases: rlspeed's `CNNEncoder` with a linear head of 6 outputs, on
 Both layouts hold the same weights; the rounds alternate between them (`--rounds`, each the median of `--calls`
 timed calls after 2 untimed ones), in one process, torch.set_num_threads(--threads, default 1).
 
-Usage: python benchmarks/conv_layout.py [--rounds N] [--calls N] [--quick] [--no-write]
+End to end (`--ppo-pairs N`, default 3; 0 skips it): PPO on BreakoutNoFrameskip-v4 at rlspeed's Atari preset,
+Gymnasium envs, steady-state steps/s as `atari_ppo.py throughput` measures them (its `worker`), with the rule on
+(`DeviceRules.channels_last_convs`, the CPU default) and patched off, each run in a fresh process, the order
+reversed every other pair.
+
+Usage: python benchmarks/conv_layout.py [--rounds N] [--calls N] [--ppo-pairs N] [--quick] [--no-write]
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import common
 import gymnasium as gym
@@ -88,13 +97,41 @@ def measure(space, features: int, batch: int, training: bool, rounds: int, calls
             "ratio": statistics.median(times["contiguous"]) / statistics.median(times["channels_last"])}
 
 
+# a fresh process: atari_ppo's steady-state worker, with the channels-last rule patched off when asked
+_PPO_CHILD = """
+import dataclasses, json, sys
+sys.path.insert(0, sys.argv[1])
+import rlspeed.device, rlspeed.nn
+if sys.argv[2] == "off":
+    real = rlspeed.device.rules
+    rlspeed.nn.rules = lambda device: dataclasses.replace(real(device), channels_last_convs=False)
+import atari_ppo
+print(json.dumps({"sps": atari_ppo.worker("rlspeed-gym", 2, 1, int(sys.argv[3]), 0)["sps"]}))
+"""
+
+
+def ppo_breakout(pairs: int, threads: int) -> dict[str, list[float]]:
+    """Steady-state steps/s of PPO Breakout with channels-last convolutions on and off, alternating fresh
+    processes."""
+    here = str(Path(__file__).resolve().parent)
+    runs: dict[str, list[float]] = {"on": [], "off": []}
+    for pair in range(pairs):
+        for mode in ("on", "off") if pair % 2 == 0 else ("off", "on"):
+            done = subprocess.run([sys.executable, "-c", _PPO_CHILD, here, mode, str(threads)], capture_output=True,
+                                  text=True, check=True)
+            runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1])["sps"])
+            print(f"  PPO Breakout pair {pair}, channels-last {mode}: {runs[mode][-1]:,.0f} steps/s", flush=True)
+    return runs
+
+
 def main() -> None:
     parser = common.script_arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--ppo-pairs", type=int, default=3, help="end-to-end PPO Breakout pairs (0: skip)")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.calls = 1, 1
+        args.rounds, args.calls, args.ppo_pairs = 1, 1, min(args.ppo_pairs, 1)
     args.threads = common.set_threads(args.threads)
     load_before = common.load_average()
     rows, records = [], []
@@ -110,6 +147,7 @@ def main() -> None:
               flush=True)
         rows.append([name, what, str(batch), f"{contiguous:,.2f}", f"{channels_last:,.2f}",
                      common.fmt_ratio(result["ratio"]), f"{result['max_relative_difference']:.1e}"])
+    ppo = ppo_breakout(args.ppo_pairs, args.threads) if args.ppo_pairs else None
     load_after = common.load_average()
     table = common.markdown_table(
         ["encoder", "call", "batch", "contiguous ms", "channels-last ms", "speed-up", "max relative difference"],
@@ -122,8 +160,17 @@ def main() -> None:
              f"in outputs and gradients relative to each tensor's largest value. `rlspeed.nn.to_device` puts the "
              f"encoders in channels-last memory on the CPU (`DeviceRules.channels_last_convs`). Load average "
              f"(1, 5, 15 min): {load_before} before, {load_after} after.", "", table]
-    data = {"settings": {"rounds": args.rounds, "calls": args.calls, "threads": args.threads, "quick": args.quick},
-            "load_before": load_before, "load_after": load_after, "cases": records}
+    if ppo:
+        ratios = [on / off for on, off in zip(ppo["on"], ppo["off"])]
+        lines += ["", f"End to end: PPO on BreakoutNoFrameskip-v4 (rlspeed's Atari preset, 8 Gymnasium envs), "
+                  f"steady-state steps/s as `atari_ppo.py throughput` measures them, channels-last on (the CPU "
+                  f"rule) and patched off, {args.ppo_pairs} pairs of fresh processes, order reversed every other "
+                  f"pair: on {', '.join(f'{v:,.0f}' for v in ppo['on'])}; off "
+                  f"{', '.join(f'{v:,.0f}' for v in ppo['off'])}; on / off per pair "
+                  f"{', '.join(f'{r:.2f}x' for r in ratios)} (median {statistics.median(ratios):.2f}x)."]
+    data = {"settings": {"rounds": args.rounds, "calls": args.calls, "threads": args.threads, "quick": args.quick,
+                         "ppo_pairs": args.ppo_pairs},
+            "load_before": load_before, "load_after": load_after, "cases": records, "ppo_breakout": ppo}
     common.publish("conv_layout", lines, data, not args.no_write)
 
 
