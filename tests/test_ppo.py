@@ -238,14 +238,15 @@ def test_evaluate_function_and_method_agree_on_the_models_own_env():
     assert rlspeed.evaluate(native, episodes=4, seed=5) == native.evaluate(episodes=4, seed=5)
 
 
-def _last_layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(weight [out, in], bias) of every linear layer (ensemble members one by one), in module order."""
+def _layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight [out, fan_in], bias) of every linear and convolution layer (ensemble members one by one), in module
+    order."""
     from rlspeed.nn import EnsembleMLP
 
     layers = []
     for module in policy.modules():
-        if isinstance(module, torch.nn.Linear):
-            layers.append((module.weight, module.bias))
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
+            layers.append((module.weight.flatten(1), module.bias))
         elif isinstance(module, EnsembleMLP):
             layers += [(w[k].T, b[k].flatten()) for w, b in zip(module.weights, module.biases) for k in range(len(w))]
     return layers
@@ -253,15 +254,18 @@ def _last_layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tens
 
 @pytest.mark.parametrize("algo, env_id, extra", [
     (rlspeed.PPO, "CartPole-v1", {}), (rlspeed.A2C, "Pendulum-v1", {}),
-    (rlspeed.PPO, "Pendulum-v1", {"use_sde": True}), (rlspeed.RecurrentPPO, "CartPole-v1", {})])
+    (rlspeed.PPO, "Pendulum-v1", {"use_sde": True}), (rlspeed.RecurrentPPO, "CartPole-v1", {}),
+    (rlspeed.PPO, "minatar.gym:MinAtar/Breakout-v1", {})])  # (a CNN encoder: convolutions too)
 def test_ortho_init_false_keeps_pytorchs_default_initialisation(algo, env_id, extra):
-    """SB3's `ortho_init=False` (RL-Zoo's A2C/PPO entries for Pendulum, MountainCarContinuous, MuJoCo): every layer
-    initialised as a new nn.Linear (weights and biases uniform within 1/sqrt(fan_in)), where the default is
-    orthogonal with zero biases and a 0.01-scaled actor output."""
+    """SB3's `ortho_init=False` (RL-Zoo's A2C/PPO entries for Pendulum, MountainCarContinuous, MuJoCo): every layer,
+    convolutions included, initialised as a new one (weights and biases uniform within 1/sqrt(fan_in)), where the
+    default is orthogonal with zero biases and a 0.01-scaled actor output."""
+    if env_id.startswith("minatar"):
+        pytest.importorskip("minatar")
     default = algo(env_id, seed=0, num_envs=2, **extra)
     plain = algo(env_id, seed=0, num_envs=2, ortho_init=False, **extra)
     assert plain.config.ortho_init is False
-    default_layers, plain_layers = _last_layers(default.policy), _last_layers(plain.policy)
+    default_layers, plain_layers = _layers(default.policy), _layers(plain.policy)
     assert len(plain_layers) == len(default_layers) >= 3
     for (weight, bias), (_, ortho_bias) in zip(plain_layers, default_layers):
         bound = 1 / weight.shape[1] ** 0.5
