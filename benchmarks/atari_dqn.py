@@ -285,12 +285,7 @@ def main() -> None:
         p.add_argument("--threads", type=int, default=1)
         p.add_argument("--learning-starts", type=int, default=None,
                        help="override learning_starts (smoke runs only; default the preset's 100,000)")
-    p = sub.add_parser("publish", help="write the README section and results/atari_dqn.json")
-    p.add_argument("--rlspeed-runs", nargs="*", default=[], help="rlspeed run directories")
-    p.add_argument("--sb3-runs", nargs="*", default=[], help="sb3-learn JSON files")
-    p.add_argument("--notes", default="", help="a Markdown file appended to the section")
-    p.add_argument("--commit", default="")
-    p.add_argument("--no-write", action="store_true")
+    common.add_publish_parser(sub, "write the README section and results/atari_dqn.json")
     args = parser.parse_args()
     if args.command == "rlspeed-learn":
         rlspeed_learn(args)

@@ -157,6 +157,19 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def add_publish_parser(sub, help_text: str) -> argparse.ArgumentParser:
+    """The `publish` subcommand of the scripts whose learning runs are run first and tabled later (atari_ppo,
+    atari_dqn, mujoco_offpolicy): the run directories and JSON files to table, a notes file, the commit to name;
+    the script adds its own flags to the parser returned."""
+    p = sub.add_parser("publish", help=help_text)
+    p.add_argument("--rlspeed-runs", nargs="*", default=[], help="rlspeed run directories")
+    p.add_argument("--sb3-runs", nargs="*", default=[], help="sb3-learn JSON files")
+    p.add_argument("--notes", default="", help="a Markdown file appended to the section")
+    p.add_argument("--commit", default="")
+    p.add_argument("--no-write", action="store_true")
+    return p
+
+
 def script_arguments(description: str) -> argparse.ArgumentParser:
     """The command line every single-process script starts from: --threads, --quick (a smoke run) and --no-write;
     the script adds its own flags."""
