@@ -333,12 +333,18 @@ def test_a_full_disk_is_a_user_error_and_keeps_the_old_checkpoint(tmp_path):
 
 # --- kills and signals ----------------------------------------------------------------------------------------------
 
+def _sigint_default() -> None:
+    """In the child before it starts: Ctrl-C's default action, which Python turns into KeyboardInterrupt (a shell
+    starts background jobs, such as a test run with `&`, with SIGINT ignored, and children inherit that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_training(out: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "RLSPEED_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
     env.pop("RLSPEED_DEVICE", None)
     return subprocess.Popen([sys.executable, "-m", "rlspeed", *TRAIN, "--total-timesteps", "1e8", "--out", str(out),
                              "--device", "cpu", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_sigint_default)
 
 
 def _wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
