@@ -131,6 +131,29 @@ def test_pruned_member_leaves_and_the_others_train_on_as_solo_runs(tmp_path):
         population.member_state(2)
 
 
+def test_a_left_members_rows_round_trip_and_an_actor_only_checkpoint_is_refused_for_them():
+    """A member that left keeps every row (critics and targets too) through `_state`/`_load_state`; a checkpoint that
+    kept only its actor (written before rlspeed kept them all) still evaluates it, but `member_state` says in one
+    sentence that the rest is not stored."""
+    population = Population(TD3, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    population.learn(STEPS, eval_freq=50, eval_episodes=2, on_eval=lambda steps, means: [0] if 0 in means else [])
+    tensors, values = population._state()
+    kept = population.member_state(0)
+    restored = Population(TD3, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    restored.remove([0])
+    restored._load_state(dict(tensors), values)
+    assert all(torch.equal(restored.member_state(0)[name], value) for name, value in kept.items())
+    actor_only = {name: value for name, value in tensors.items()
+                  if not name.startswith("left.0.") or name.startswith("left.0.actor_weights")
+                  or name.startswith("left.0.actor_biases")}
+    older = Population(TD3, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    older.remove([0])
+    older._load_state(actor_only, values)
+    assert math.isfinite(float(older.evaluate([5], episodes=1, members=[0])[0]))
+    with pytest.raises(UserError, match="kept only its actor"):
+        older.member_state(0)
+
+
 def test_member_with_non_finite_parameters_is_dropped_and_reported():
     population = Population(TD3, "Pendulum-v1", seeds=[0, 1, 2], **SMALL)
     with torch.no_grad():
