@@ -287,12 +287,7 @@ def main() -> None:
                        help="override learning_starts (smoke runs only; default the preset's 100,000)")
     common.add_publish_parser(sub, "write the README section and results/atari_dqn.json")
     args = parser.parse_args()
-    if args.command == "rlspeed-learn":
-        rlspeed_learn(args)
-    elif args.command == "sb3-learn":
-        sb3_learn(args)
-    else:
-        publish(args)
+    {"rlspeed-learn": rlspeed_learn, "sb3-learn": sb3_learn, "publish": publish}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -231,12 +231,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "worker":
         print(json.dumps(worker(args.side, args.iterations, args.warmup, args.threads, args.seed), default=str))
-    elif args.command == "throughput":
-        throughput(args)
-    elif args.command == "sb3-learn":
-        sb3_learn(args)
     else:
-        publish(args)
+        {"throughput": throughput, "sb3-learn": sb3_learn, "publish": publish}[args.command](args)
 
 
 if __name__ == "__main__":
