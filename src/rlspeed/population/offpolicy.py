@@ -1,10 +1,10 @@
-"""SAC, TD3 and DQN populations: K independent off-policy agents trained in one process as one batched model.
+"""SAC, TD3, DDPG and DQN populations: K independent off-policy agents trained in one process as one batched model.
 
 Every parameter, Adam moment, replay row and env row has the members stacked along a leading dimension `K`: each
 layer of the K actors is one batched matmul, the K members' twin critics are one ensemble of `K x n_critics`
 networks, the envs are one env of `K x N` rows (`PopulationBase._make_env`), the replay buffer stores `[steps, K, N]`
 rows, and one update call takes a gradient step for every member. Member `k` is a solo
-`SAC(env_id, seed=seeds[k], ...)` (or TD3, DQN):
+`SAC(env_id, seed=seeds[k], ...)` (or TD3, DDPG, DQN):
 
 * its initial weights are the solo model's (K solo models are built and their parameters stacked);
 * its env rows are the solo run's envs: on a native env (`env_backend="torch"`, the default where the id has one)
@@ -19,29 +19,30 @@ rows, and one update call takes a gradient step for every member. Member `k` is 
   gradient clipping are per member (TD3's actor steps only every `policy_delay`).
 
 SAC's gradient is written out by hand for all members at once (as `rlspeed.fused.sac` writes one model's: actors as
-one ensemble of K, critics as one of K x n_critics), Adam and the Polyak step run on flat buffers; TD3 and DQN take
-autograd of the members' summed losses (they share no parameter). These are not the solo run's kernels, so member
-k's weights equal the solo run's to float tolerance, not bitwise (tests/test_population_offpolicy.py checks the
-first updates to 1e-5). Two things hold only where they hold for the solo run too: once the replay buffer wraps, it
-overwrites the solo buffer's rows only when `buffer_size` is a multiple of `num_envs`; and SAC's policy noise is one
-draw of `2 x batch_size` rows per update, as the solo's hand-derived update draws it (its autograd reference draws
-`batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16), row-major as the solo's
-draws are (`SACPopulation._solo_noise`).
+one ensemble of K, critics as one of K x n_critics), Adam and the Polyak step run on flat buffers; TD3, DDPG and DQN
+take autograd of the members' summed losses (they share no parameter). These are not the solo run's kernels, so
+member k's weights equal the solo run's to float tolerance, not bitwise (tests/test_population_offpolicy.py checks
+the first updates to 1e-5). Two things hold only where they hold for the solo run too: once the replay buffer wraps,
+it overwrites the solo buffer's rows only when `buffer_size` is a multiple of `num_envs`; and SAC's policy noise is
+one draw of `2 x batch_size` rows per update, as the solo's hand-derived update draws it (its autograd reference
+draws `batch_size` rows twice: the same numbers on a CPU when `batch_size` is a multiple of 16), row-major as the
+solo's draws are (`SACPopulation._solo_noise`).
 
 A member that reaches its target (`stop="each"`), that `on_eval` prunes, or whose parameters become non-finite
 leaves the computation: its parameters, moments, replay rows, env rows and observations are dropped from the stacks
 (`PopulationBase._env_rows`: the others' envs continue exactly, Gymnasium's env objects mid-episode).
 
-Covered now: SAC and TD3 with rlspeed's default MLP networks on envs with Box actions, DQN with a plain (not
+Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with Box actions, DQN with a plain (not
 dueling) MLP on envs with Discrete actions, on float-vector observations: the native envs
 (`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
-behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: DDPG,
+behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet:
 dueling DQN, action masks, subprocess Gymnasium envs.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
-networks and targets, the actors of members that left, the flat Adams' moments and steps, the per-member
-hyperparameter tensors, the schedules' span and TD3's noise process and update count; with `save_replay_buffer=True`
-the replay buffer goes beside each checkpoint (`<name>.replay.safetensors`), else a resumed replay starts empty.
+networks and targets, every row of the members that left (`member_state` returns them), the flat Adams' moments and
+steps, the per-member hyperparameter tensors, the schedules' span and TD3's noise process and update count; with
+`save_replay_buffer=True` the replay buffer goes beside each checkpoint (`<name>.replay.safetensors`), else a
+resumed replay starts empty.
 """
 
 from __future__ import annotations
@@ -262,9 +263,9 @@ class MemberReplay:
 
 
 class OffPolicyPopulation(PopulationBase):
-    """What the SAC, TD3 and DQN populations share: members, env rows, replay, the collect-then-update loop, evaluation,
-    `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the deterministic
-    policy (`_deterministic`) and one gradient step for all members (`_update`)."""
+    """What the SAC, TD3, DDPG and DQN populations share: members, env rows, replay, the collect-then-update loop,
+    evaluation, `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the
+    deterministic policy (`_deterministic`) and one gradient step for all members (`_update`)."""
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)

@@ -26,8 +26,8 @@ one synchronous vector env of K x N envs, member k's env i reset with seed `seed
 Gymnasium envs are.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, on one
-device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3 and DQN: `rlspeed.population.offpolicy`). Not yet:
-RecurrentPPO, observation or reward normalisation, action masks.
+device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`). Not
+yet: RecurrentPPO, observation or reward normalisation, action masks.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 parameters, the parameters members left with, the optimiser's moments and step count, the per-member hyperparameter
