@@ -22,6 +22,8 @@ from pathlib import Path
 
 import common
 
+from rlspeed.cli import parse_seeds
+
 RUNS_DIR = Path("runs/a2c_preset_sweep")
 BUDGET = 1_000_000
 TARGETS = {"MountainCar-v0": -110.0, "Pendulum-v1": -162.965}  # as benchmarks/learning_table.py picks them
@@ -49,14 +51,6 @@ CANDIDATES: dict[str, tuple[str, str, list[str]]] = {
     "pend-lr2e-3": ("Pendulum-v1", "rlspeed", ["gamma=0.9", "learning_rate=2e-3"]),
     "pend-gamma095": ("Pendulum-v1", "rlspeed", ["gamma=0.95"]),  # the shipped entry
 }
-
-
-def parse_seeds(spec: str) -> list[int]:
-    seeds: list[int] = []
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        seeds += range(int(low), int(high or low) + 1)
-    return seeds
 
 
 def command_for(name: str, seed: int) -> tuple[list[str], Path]:

@@ -38,6 +38,7 @@ import yaml
 
 from rlspeed.algos import ALGORITHMS
 from rlspeed.algos.base import build_config
+from rlspeed.cli import parse_seeds
 from rlspeed.presets import load_preset, split_run_settings
 
 RUNS_DIR = Path("runs/learning_table")
@@ -164,17 +165,6 @@ def select_pairs(spec: str) -> list[tuple[str, str]]:
         else:
             raise SystemExit(f"learning_table: --pairs takes classic, box2d, bipedal, all or ALGO:ENV, not {item!r}")
     return list(dict.fromkeys(chosen))
-
-
-def parse_seeds(spec: str) -> list[int]:
-    seeds: list[int] = []
-    for part in spec.split(","):
-        if "-" in part:
-            low, high = part.split("-")
-            seeds += range(int(low), int(high) + 1)
-        else:
-            seeds.append(int(part))
-    return seeds
 
 
 def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: float | None,

@@ -230,7 +230,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 MAX_POPULATION = 1 << 20  # members one --seeds may give (a typo such as 0-4000000000 must not fill the memory)
 
 
-def _parse_seeds(text: str) -> list[int]:
+def parse_seeds(text: str) -> list[int]:
     """`--seeds` text as a list of seeds: ranges LOW-HIGH (inclusive) and single seeds, comma-separated (`0-31`,
     `0,3,5`, `0-3,8`); UserError for an empty list or range, a seed given twice or one out of range."""
     if not text.strip():
@@ -293,7 +293,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.algos.base import build_config
     from rlspeed.tune import per_member_keys
 
-    seeds = _parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds)
     refused = [flag for flag, given in (("--nproc", args.nproc is not None),
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
