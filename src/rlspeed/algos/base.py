@@ -251,8 +251,8 @@ class Algorithm:
     def steps_per_iteration(self) -> int:
         """Env steps one training iteration takes, over all processes: `learn` trains whole iterations, so it ends
         at the first multiple of this at or past its `total_timesteps` (a rollout on-policy, a collection of
-        `train_freq` steps of every env off-policy: the subclasses say)."""
-        return int(self.config.num_envs)
+        `train_freq` steps of every env off-policy: the two bases define it)."""
+        raise NotImplementedError
 
     def acceleration_summary(self) -> dict:
         """What the acceleration layer chose for the update step (summary.json's `accelerate` field)."""
