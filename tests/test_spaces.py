@@ -76,10 +76,15 @@ def test_image_channel_layout_is_detected_as_sb3_does():
 
 
 def test_uint8_images_are_scaled_to_unit_range_on_the_device_unless_told_not_to():
+    """Features and weight gradients equal the unscaled encoder's on the image divided by 255."""
     space = _box((7, 7, 3))
     scaled, raw = CNNEncoder(space), CNNEncoder(space, normalize_images=False)
     raw.load_state_dict(scaled.state_dict())
     image = torch.randint(0, 256, (3, 7, 7, 3), dtype=torch.uint8)
+    scaled(image).square().sum().backward()  # (the scaling is folded into the first convolution's weights)
+    raw(image.float() / 255.0).square().sum().backward()
+    for (name, mine), theirs in zip(scaled.named_parameters(), raw.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-6, msg=name)
     with torch.no_grad():
         assert torch.allclose(scaled(image), raw(image.float() / 255.0), atol=1e-6)
     flat = make_encoder(space, encoder="mlp")

@@ -172,10 +172,16 @@ class CNNEncoder(Encoder):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         if self.channels_last:  # a view: NHWC memory read as NCHW (channels_last format, which conv2d takes)
             obs = obs.permute(0, 3, 1, 2)
-        x = obs.to(torch.float32, memory_format=self.input_format)
-        if self.scale != 1.0:
-            x = x * self.scale
-        return self.linear(self.cnn(x))
+        # The layout changes on the narrow dtype (uint8 or bool: a quarter of float32's bytes) and the image becomes
+        # float in one pass; the [0, 1] scaling is folded into the first convolution's weights (conv(x * s, W) ==
+        # conv(x, s * W)), so no full-size pass over the float image is spent on it.
+        if self.input_format == torch.channels_last:
+            obs = obs.contiguous(memory_format=torch.channels_last)
+        x = obs.to(torch.float32)
+        first = self.cnn[0]
+        weight = first.weight * self.scale if self.scale != 1.0 else first.weight
+        x = F.conv2d(x, weight, first.bias, first.stride, first.padding)
+        return self.linear(self.cnn[1:](x))
 
 
 class OneHotEncoder(Encoder):
