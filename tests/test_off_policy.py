@@ -156,6 +156,29 @@ def test_train_iteration_reads_nothing_back_to_the_host(algo):
             model._train_iteration()
 
 
+@pytest.mark.parametrize("algo", ALL)
+@pytest.mark.parametrize("anneal", [True, False])
+def test_anneal_lr_decays_the_learning_rate_linearly_as_sb3_s_schedule(algo, anneal, monkeypatch):
+    """anneal_lr (RL-Zoo's lin_X): each iteration's gradient steps run at learning_rate * (1 - steps after its
+    collection / total_timesteps), SB3's progress_remaining at train time; off: the rate stays put."""
+    model = algo(env_for(algo), seed=0, num_envs=2, env_backend="torch", train_freq=2, **TINY,
+                 learning_rate=1e-3, anneal_lr=anneal)
+    seen = []  # (steps before the collection, the optimizer's learning rates) at each iteration's updates
+    gradient_steps = type(model)._gradient_steps
+
+    def recording(self, steps):
+        seen.append((self.num_timesteps, {float(g["lr"]) for o in self._optimizers().values()  # ok-sync
+                                          for g in o.param_groups}))
+        return gradient_steps(self, steps)
+
+    monkeypatch.setattr(type(model), "_gradient_steps", recording)
+    model.learn(200, progress_bar=False)
+    assert len(seen) > 10
+    for before, rates in seen:
+        expected = 1e-3 * (1 - (before + 4) / 200) if anneal else 1e-3
+        assert len(rates) == 1 and rates.pop() == pytest.approx(expected, abs=1e-12), before
+
+
 def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwise():
     model = DQN("CartPole-v1", seed=0, num_envs=1024, train_freq=16, learning_starts=0, exploration_fraction=0.5,
                 net_arch=(32, 32), batch_size=32)

@@ -151,9 +151,12 @@ def test_schedules():
     constant = translated("ppo", {"learning_rate": 1e-3, "clip_range": 0.1}).hyperparameters
     assert (constant["anneal_lr"], constant["anneal_clip"]) == (False, False)
     assert translated("a2c", {"learning_rate": "lin_7e-4"}).hyperparameters["anneal_lr"] is True
-    sac = translated("sac", {"learning_rate": "lin_7.3e-4"})  # no schedule in rlspeed's SAC: said, value kept
-    assert sac.hyperparameters["learning_rate"] == 7.3e-4 and refused(sac) == {"learning_rate"}
-    assert "held constant" in sac.unsupported[0]
+    for algo in ("sac", "td3", "ddpg", "dqn"):  # (off-policy: SB3 keeps a constant rate unless given a schedule)
+        annealed = translated(algo, {"learning_rate": "lin_7.3e-4"})
+        assert annealed.status == "full", algo
+        assert (annealed.hyperparameters["learning_rate"], annealed.hyperparameters["anneal_lr"]) == (7.3e-4, True)
+        assert translated(algo, {"learning_rate": 1e-3}).hyperparameters.get("anneal_lr", False) is False
+    assert refused(translated("sac", {"clip_range": "lin_0.2"})) == {"clip_range"}  # (SAC has no clip range)
     assert refused(translated("ppo", {"learning_rate": "exp_1e-3"})) == {"learning_rate"}
 
 

@@ -20,7 +20,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
-from rlspeed.device import configure_threads, resolve_device, set_flush_denormal
+from rlspeed.device import configure_threads, resolve_device, rules, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
@@ -322,6 +322,35 @@ class Algorithm:
 
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {}
+
+    # --- the learning-rate schedule (`anneal_lr`) -------------------------------------------------------------
+    def _progress_remaining(self, timesteps: int | None = None) -> float:
+        """1 at the start of the schedule, 0 at its end, at `timesteps` (default: now; see `learn` for what the
+        schedule spans)."""
+        timesteps = self.num_timesteps if timesteps is None else timesteps
+        span = max(self._schedule_end - self._learn_start, 1)
+        return max(1.0 - (timesteps - self._learn_start) / span, 0.0)
+
+    def _hold_learning_rates_as_tensors(self) -> None:
+        """On graph devices, every optimizer's learning rate as a device tensor that `_anneal_learning_rate` fills
+        in place: a captured step reads it from its memory, so annealing needs no recapture."""
+        if not rules(self.device).supports_graphs:
+            return
+        for optimizer in self._optimizers().values():
+            for group in optimizer.param_groups:
+                if not isinstance(group["lr"], torch.Tensor):
+                    group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+
+    def _anneal_learning_rate(self, timesteps: int | None = None) -> None:
+        """`anneal_lr`: every optimizer's learning rate set to config.learning_rate times the progress remaining at
+        `timesteps` (linear decay to 0, SB3's and RL-Zoo's `lin_X`)."""
+        learning_rate = self.config.learning_rate * self._progress_remaining(timesteps)
+        for optimizer in self._optimizers().values():
+            for group in optimizer.param_groups:
+                if isinstance(group["lr"], torch.Tensor):
+                    group["lr"].fill_(learning_rate)
+                else:
+                    group["lr"] = learning_rate
 
     def _modules(self) -> dict[str, torch.nn.Module | torch.Tensor]:
         """What a checkpoint holds besides optimisers: name -> module, or a lone tensor (e.g. SAC's log_alpha).

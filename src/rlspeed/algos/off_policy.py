@@ -61,6 +61,7 @@ class OffPolicyConfig:
     learning_starts: int = 100  # env steps of uniform random actions (and no updates) at the start
     buffer_size: int = 1_000_000
     learning_rate: float = 3e-4
+    anneal_lr: bool = False  # linear decay of the learning rate to 0 over total_timesteps (SB3 and RL-Zoo's lin_X)
     tau: float = 0.005  # Polyak coefficient of the target networks (1.0: hard copy)
     gamma: float = 0.99
     n_step: int = 1  # n-step returns in the replay buffer
@@ -211,6 +212,8 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
+        if cfg.anneal_lr:
+            self._hold_learning_rates_as_tensors()
         buffer = getattr(self, "buffer", None)
         if buffer is not None and buffer.num_envs == env.num_envs and self._resume is None:
             return  # a further learn() call continues the same episodes with the same replay data
@@ -353,6 +356,8 @@ class OffPolicyAlgorithm(Algorithm):
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
         if self.num_timesteps + cfg.train_freq * global_envs - self._buffer_start > cfg.learning_starts and len(buffer):
+            if cfg.anneal_lr:  # (at the step count after this collection, as SB3 computes its progress)
+                self._anneal_learning_rate(self.num_timesteps + cfg.train_freq * global_envs)
             with phase("update"):
                 metrics.update(self._gradient_steps(steps))
         return steps, metrics

@@ -164,10 +164,8 @@ class OnPolicyAlgorithm(Algorithm):
         self.policy = to_device(self.policy, self.device)
         self._params = list(self.policy.parameters())
         self.optimizer = self._make_optimizer(self._params)
-        if self.config.anneal_lr and rules(self.device).supports_graphs:
-            # a tensor the captured step reads from its memory: annealing it in place needs no recapture
-            for group in self.optimizer.param_groups:
-                group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+        if self.config.anneal_lr:
+            self._hold_learning_rates_as_tensors()
         self._update_step = self._make_update_step()
         if self.accelerate == "auto":  # the rollout's forward passes, measured (same object, same parameters)
             self.policy = auto_accelerate(self.policy, device=self.device)
@@ -211,20 +209,10 @@ class OnPolicyAlgorithm(Algorithm):
                                     action_dtype, self.device, mask_size=self._start_masking(),
                                     store_next_obs=self.spec.float_vector_obs)
 
-    def _progress_remaining(self) -> float:
-        """1 at the start of the schedule, 0 at its end (see `Algorithm.learn` for what the schedule spans)."""
-        span = max(self._schedule_end - self._learn_start, 1)
-        return max(1.0 - (self.num_timesteps - self._learn_start) / span, 0.0)
-
     def _train_iteration(self):
         cfg, env, buf = self.config, self._env, self.buffer
         if cfg.anneal_lr:
-            learning_rate = cfg.learning_rate * self._progress_remaining()
-            for group in self.optimizer.param_groups:
-                if isinstance(group["lr"], torch.Tensor):
-                    group["lr"].fill_(learning_rate)
-                else:
-                    group["lr"] = learning_rate
+            self._anneal_learning_rate()
 
         # 1. Rollout: everything stays on the device.
         obs = self._obs

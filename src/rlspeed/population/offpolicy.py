@@ -78,9 +78,9 @@ PER_MEMBER_DQN = ("learning_rate", "gamma", "tau", "max_grad_norm", "exploration
                   "exploration_final_eps")
 #: Hyperparameters that change shapes or the loop's structure: one value for the whole population
 SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps", "batch_size", "learning_starts",
-                         "buffer_size", "n_step", "activation", "encoder", "cnn_features_dim", "normalize_images",
-                         "n_critics", "fused_update", "policy_delay", "action_noise", "target_update_interval",
-                         "double_q", "dueling", "use_masking")
+                         "anneal_lr", "buffer_size", "n_step", "activation", "encoder", "cnn_features_dim",
+                         "normalize_images", "n_critics", "fused_update", "policy_delay", "action_noise",
+                         "target_update_interval", "double_q", "dueling", "use_masking")
 _ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
 
@@ -128,6 +128,8 @@ class _FlatMemberAdam:
                                else torch.zeros_like(self.flat))
         self.grad = torch.zeros_like(self.flat)
         self.steps = steps
+        #: the learning rates' factor for the next steps (`anneal_lr`: the progress remaining, as a solo run's)
+        self.lr_scale = 1.0
         members = torch.arange(size, device=device)
         self.member_of = torch.cat([members.repeat_interleave(n // size) for n in sizes])
         self.learning_rates = torch.index_select(learning_rate, 0, self.member_of)
@@ -151,7 +153,7 @@ class _FlatMemberAdam:
         self.exp_avg.lerp_(self.grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
         denom = self.exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(_ADAM_EPS)
-        self.flat.addcdiv_(self.exp_avg * self.learning_rates, denom, value=-1.0 / (1 - beta1 ** self.steps))
+        self.flat.addcdiv_(self.exp_avg * self.learning_rates, denom, value=-self.lr_scale / (1 - beta1 ** self.steps))
 
 
 class MemberReplay:
@@ -445,6 +447,11 @@ class OffPolicyPopulation(PopulationBase):
                 self._obs = next_obs
         steps = cfg.train_freq * envs
         if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer):
+            if cfg.anneal_lr:  # (the progress after this collection, as `OffPolicyAlgorithm._train_iteration`)
+                span = max(self._schedule_end - self._learn_start, 1)
+                scale = max(1.0 - (self.num_timesteps + steps - self._learn_start) / span, 0.0)
+                for name in self._adams:
+                    getattr(self, name).lr_scale = scale
             self._gradient_steps(steps)
         self._after_iteration(before)
         self.num_timesteps += steps

@@ -370,8 +370,8 @@ class _Translator:
     def schedule(self, key: str, value) -> None:
         """A number, or `lin_X` (linear from X to 0 over the run): the value plus rlspeed's annealing flag."""
         flag = {"learning_rate": "anneal_lr", "clip_range": "anneal_clip"}[key]
-        has_flag = flag == "anneal_lr" and self.algo in ON_POLICY or flag == "anneal_clip" and self.algo in (
-            "ppo", "recurrent_ppo")
+        # every algorithm anneals its learning rate (`anneal_lr`); PPO's clip range too
+        has_flag = flag == "anneal_lr" or self.algo in ("ppo", "recurrent_ppo")
         if isinstance(value, str):
             kind, _, start = value.partition("_")
             try:
