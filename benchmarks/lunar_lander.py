@@ -1,20 +1,27 @@
-"""LunarLander-v3 with PPO and DQN at RL-Zoo's settings: training time and env steps to a mean evaluation return of
-200, rlspeed beside Stable-Baselines3, every run in a fresh process, the sides alternating.
+"""LunarLander-v3 with PPO and DQN, LunarLanderContinuous-v3 with SAC and TD3, at RL-Zoo's settings: training time
+and env steps to a mean evaluation return of 200, rlspeed beside Stable-Baselines3, every run in a fresh process, the
+sides alternating.
 
 Both sides take RL-Zoo's entry for the pair from the installed rl_zoo3's hyperparams YAML (PPO: 16 envs x 1,024
 steps, batch 64, 4 epochs, gamma 0.999, GAE 0.98, ent_coef 0.01; DQN: lr 6.3e-4, batch 128, buffer 50,000, target
 update every 250 steps, train_freq 4 with as many gradient steps as env steps, epsilon to 0.1 over 12%, net_arch
-[256, 256]) and SB3's defaults for the rest: rlspeed through its translation (`load_preset(algo, env_id, "zoo")`,
+[256, 256]; SAC: lr linear from 7.3e-4, batch 256, buffer 1M, tau 0.01, 10,000 random steps, net_arch [400, 300];
+TD3: lr 1e-3, gamma 0.98, buffer 200,000, Gaussian action noise 0.1, 10,000 random steps, net_arch [400, 300]) and
+SB3's defaults for the rest: rlspeed through its translation (`load_preset(algo, env_id, "zoo")`,
 what `rlspeed train ALGO LunarLander-v3 --preset zoo` runs), SB3 from the same entry in its own names
-(`policy_kwargs` read with rlspeed's literal parser, never evaluated). The budget is the entry's n_timesteps.
+(`policy_kwargs` read with rlspeed's literal parser, never evaluated; `lin_X` learning rates as RL-Zoo's linear
+schedule and `noise_type`/`noise_std` as SB3's `NormalActionNoise`, as RL-Zoo builds them). The budget is the entry's
+n_timesteps.
 
 Deterministic 10-episode evaluations on a separate env every `eval_freq` env steps (PPO: every rollout of 16,384
-steps; DQN: 2,500), evaluation time excluded from the training clock of both; a run stops at the first evaluation
-that reaches 200 (rlspeed's confirming second evaluation is off, as SB3 has none). torch.set_num_threads(--threads,
-default 1) for every run. The 1-minute load average is recorded before and after every run (the machine may be
-shared); each run also records its process's CPU time, which leaves out the time it waited for a core.
+steps; DQN: 2,500; SAC and TD3: 10,000), evaluation time excluded from the training clock of both; a run stops at
+the first evaluation that reaches 200 (rlspeed's confirming second evaluation is off, as SB3 has none).
+torch.set_num_threads(--threads, default 1) for every run. The 1-minute load average is recorded before and after
+every run (the machine may be shared); each run also records its process's CPU time, which leaves out the time it
+waited for a core.
 
-Usage: python benchmarks/lunar_lander.py [--seeds N] [--algos ppo,dqn] [--threads 1] [--no-write]
+Usage: python benchmarks/lunar_lander.py [--seeds N] [--algos ppo,dqn | --algos sac,td3] [--threads 1] [--no-write]
+(the discrete pairs publish section `lunar_lander`, the continuous ones `lunar_lander_continuous_<algos>`)
 """
 
 from __future__ import annotations
@@ -26,18 +33,19 @@ import warnings
 
 import common
 
-ENV_ID = "LunarLander-v3"
+ENV_IDS = {"ppo": "LunarLander-v3", "dqn": "LunarLander-v3", "sac": "LunarLanderContinuous-v3",
+           "td3": "LunarLanderContinuous-v3"}
 TARGET_RETURN = 200.0
 EVAL_EPISODES = 10
 EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
-EVAL_FREQ = {"ppo": 16_384, "dqn": 2_500}
+EVAL_FREQ = {"ppo": 16_384, "dqn": 2_500, "sac": 10_000, "td3": 10_000}
 
 
 def zoo_entry(algo: str) -> dict:
-    """RL-Zoo's entry for (algo, LunarLander-v3), as its YAML holds it."""
+    """RL-Zoo's entry for (algo, its LunarLander env), as its YAML holds it."""
     from rlspeed.presets import zoo
 
-    return dict(zoo.zoo_entries(algo)[ENV_ID])
+    return dict(zoo.zoo_entries(algo)[ENV_IDS[algo]])
 
 
 BUDGET_OVERRIDE: list[int] = []  # --budget (a quick check of the script), else RL-Zoo's n_timesteps
@@ -51,8 +59,8 @@ def rlspeed_run(algo: str, seed: int, args) -> dict:
     import rlspeed
     from rlspeed.presets import load_preset, split_run_settings
 
-    _run, hyperparameters = split_run_settings(load_preset(algo, ENV_ID, "zoo"))
-    model = getattr(rlspeed, algo.upper())(ENV_ID, seed=seed, num_threads=args.threads, **hyperparameters)
+    _run, hyperparameters = split_run_settings(load_preset(algo, ENV_IDS[algo], "zoo"))
+    model = getattr(rlspeed, algo.upper())(ENV_IDS[algo], seed=seed, num_threads=args.threads, **hyperparameters)
     model.make_training_env()  # built outside the timed region, like SB3's env
     cpu_started = time.process_time()
     model.learn(budget(algo), target_return=TARGET_RETURN, eval_freq=EVAL_FREQ[algo], eval_episodes=EVAL_EPISODES,
@@ -61,23 +69,44 @@ def rlspeed_run(algo: str, seed: int, args) -> dict:
             "cpu_s": time.process_time() - cpu_started}
 
 
-def sb3_run(algo: str, seed: int, args) -> dict:
-    import stable_baselines3
-    from stable_baselines3.common.env_util import make_vec_env
+def sb3_arguments(algo: str, n_actions: int | None = None) -> dict:
+    """RL-Zoo's entry in SB3's constructor arguments, built as RL-Zoo builds them: `policy_kwargs` parsed (never
+    evaluated), `lin_X` as a linear schedule from X, `noise_type: normal` + `noise_std` as `NormalActionNoise`."""
+    import numpy as np
 
     from rlspeed.presets.zoo import parse_python_literal
 
     entry = zoo_entry(algo)
     for key in ("n_timesteps", "normalize"):
         if entry.pop(key, False) and key == "normalize":
-            raise SystemExit(f"RL-Zoo's {algo} {ENV_ID} entry normalises; this script does not wrap SB3's env.")
-    n_envs, policy = int(entry.pop("n_envs", 1)), entry.pop("policy")
-    policy_kwargs = parse_python_literal(entry.pop("policy_kwargs"), "policy_kwargs") if "policy_kwargs" in entry \
-        else None
-    env = make_vec_env(ENV_ID, n_envs=n_envs, seed=seed)
-    model = getattr(stable_baselines3, algo.upper())(policy, env, seed=seed, device="cpu",
-                                                     policy_kwargs=policy_kwargs, **entry)
-    eval_env = make_vec_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
+            raise SystemExit(f"RL-Zoo's {algo} {ENV_IDS[algo]} entry normalises; this script does not wrap SB3's env.")
+    if "policy_kwargs" in entry:
+        entry["policy_kwargs"] = parse_python_literal(entry["policy_kwargs"], "policy_kwargs")
+    rate = entry.get("learning_rate")
+    if isinstance(rate, str) and rate.startswith("lin_"):
+        initial = float(rate[len("lin_"):])
+        entry["learning_rate"] = lambda progress_remaining: progress_remaining * initial
+    if "noise_type" in entry:
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        kind, std = entry.pop("noise_type"), float(entry.pop("noise_std"))
+        if kind != "normal":
+            raise SystemExit(f"RL-Zoo's {algo} {ENV_IDS[algo]} entry asks for {kind!r} noise; this script builds "
+                             f"only 'normal'.")
+        entry["action_noise"] = NormalActionNoise(np.zeros(n_actions), std * np.ones(n_actions))
+    return entry
+
+
+def sb3_run(algo: str, seed: int, args) -> dict:
+    import stable_baselines3
+    from stable_baselines3.common.env_util import make_vec_env
+
+    env_id = ENV_IDS[algo]
+    env = make_vec_env(env_id, n_envs=int(zoo_entry(algo).get("n_envs", 1)), seed=seed)
+    entry = sb3_arguments(algo, env.action_space.shape[0] if env.action_space.shape else None)
+    entry.pop("n_envs", None)
+    model = getattr(stable_baselines3, algo.upper())(entry.pop("policy"), env, seed=seed, device="cpu", **entry)
+    eval_env = make_vec_env(env_id, n_envs=EVAL_EPISODES, seed=seed + EVAL_SEED_OFFSET)  # one episode per env
     cpu_started = time.process_time()
     record = common.sb3_time_to_target(model, env, eval_env, budget(algo), EVAL_FREQ[algo], seed + EVAL_SEED_OFFSET,
                                        TARGET_RETURN, EVAL_EPISODES, args.threads)
@@ -136,8 +165,15 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args)))
         return
+    algos = args.algos.split(",")
+    if not set(algos) <= ENV_IDS.keys():
+        raise SystemExit(f"--algos takes some of {', '.join(ENV_IDS)}, not {args.algos!r}.")
+    env_ids = sorted({ENV_IDS[algo] for algo in algos})
+    if len(env_ids) != 1:
+        raise SystemExit("--algos takes the discrete pairs (ppo, dqn) or the continuous ones (sac, td3), not both: "
+                         "each env has its own section.")
     runs = []
-    for algo in args.algos.split(","):
+    for algo in algos:
         for seed in range(args.seeds):
             order = ("rlspeed", "sb3") if seed % 2 == 0 else ("sb3", "rlspeed")
             for side in order:
@@ -146,17 +182,22 @@ def main() -> None:
                 print(f"  {algo} {side} seed {seed}: "
                       + (f"200 after {r['steps_to_target']:,} steps, {r['time_to_target_s']:.1f} s" if r["reached"]
                          else f"not reached in {r['steps']:,} steps"), flush=True)
-    lines = ["## LunarLander-v3: PPO and DQN to 200 beside SB3 (`benchmarks/lunar_lander.py`)", "",
+    name = "lunar_lander"  # the discrete pairs; each continuous run has its own section, so they can run in parallel
+    if env_ids[0].startswith("LunarLanderContinuous"):
+        name = "_".join(["lunar_lander_continuous", *algos])
+    names = " and ".join(algo.upper() for algo in algos)
+    every = ", ".join(f"{algo.upper()} evaluated every {EVAL_FREQ[algo]:,} env steps" for algo in algos)
+    budgets = ", ".join(f"{algo.upper()} {budget(algo):,}" for algo in algos)
+    lines = [f"## {env_ids[0]}: {names} to 200 beside SB3 (`benchmarks/lunar_lander.py`)", "",
              f"RL-Zoo's settings for both (see the script's docstring), {args.seeds} seed(s) per algorithm, each run a "
              "fresh process, the sides alternating; training seconds exclude evaluations; a run stops at the first "
-             f"deterministic 10-episode evaluation with mean >= {TARGET_RETURN:g} (PPO evaluated every "
-             f"{EVAL_FREQ['ppo']:,} env steps, DQN every {EVAL_FREQ['dqn']:,}); the budget is RL-Zoo's n_timesteps "
-             f"(PPO {budget('ppo'):,}, DQN {budget('dqn'):,}). The process CPU time counts training and evaluations "
-             "and leaves out waiting for a core.", "", table(runs)]
+             f"deterministic 10-episode evaluation with mean >= {TARGET_RETURN:g} ({every}); the budget is RL-Zoo's "
+             f"n_timesteps ({budgets}). The process CPU time counts training and evaluations and leaves out waiting "
+             "for a core.", "", table(runs)]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "rl_zoo3"))
     machine["torch_threads"] = args.threads
-    common.publish("lunar_lander", lines, {"settings": {"seeds": args.seeds, "eval_freq": EVAL_FREQ,
-                                                        "threads": args.threads}, "runs": runs},
+    common.publish(name, lines, {"settings": {"seeds": args.seeds, "eval_freq": {a: EVAL_FREQ[a] for a in algos},
+                                              "threads": args.threads}, "runs": runs},
                    not args.no_write, machine=machine)
 
 
