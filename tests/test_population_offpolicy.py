@@ -75,11 +75,12 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
             torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
 
 
-def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameters():
+@pytest.mark.parametrize("dueling", [False, True])
+def test_dqn_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(dueling):
     """Epsilon-greedy draws, Double DQN targets, per-member gradient clipping (member 1 clips at 0.5) and target
-    copies every 16 steps: member k equals the solo DQN with its seed and values."""
+    copies every 16 steps, plain or dueling Q-networks: member k equals the solo DQN with its seed and values."""
     small = {"num_envs": 2, "train_freq": 4, "gradient_steps": 4, "batch_size": 32, "learning_starts": 40,
-             "target_update_interval": 16, "net_arch": [32, 32], "exploration_fraction": 0.5}
+             "target_update_interval": 16, "net_arch": [32, 32], "exploration_fraction": 0.5, "dueling": dueling}
     per_member = {"learning_rate": [5e-3, 1e-3], "gamma": [0.99, 0.9], "exploration_final_eps": [0.05, 0.2],
                   "max_grad_norm": [10.0, 0.5]}
     seeds, steps = [3, 7], 120
@@ -239,8 +240,6 @@ def test_other_algorithms_and_envs_are_refused():
         Population(SAC, "LunarLanderContinuous-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="not RecurrentPPO"):
         Population(RecurrentPPO, "CartPole-v1", seeds=[0])
-    with pytest.raises(UserError, match="dueling"):
-        DQNPopulation(DQN, "CartPole-v1", seeds=[0], dueling=True)
 
 
 def test_on_eval_naming_members_that_reached_the_target_prunes_nothing():

@@ -32,11 +32,11 @@ A member that reaches its target (`stop="each"`), that `on_eval` prunes, or whos
 leaves the computation: its parameters, moments, replay rows, env rows and observations are dropped from the stacks
 (`PopulationBase._env_rows`: the others' envs continue exactly, Gymnasium's env objects mid-episode).
 
-Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with Box actions, DQN with a plain (not
-dueling) MLP on envs with Discrete actions, on float-vector observations: the native envs
+Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with Box actions, DQN with a plain or
+dueling MLP on envs with Discrete actions, on float-vector observations: the native envs
 (`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
-behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet:
-dueling DQN, action masks, subprocess Gymnasium envs.
+behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: action
+masks, subprocess Gymnasium envs.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 networks and targets, every row of the members that left (`member_state` returns them), the flat Adams' moments and
@@ -1058,8 +1058,8 @@ class DQNPopulation(OffPolicyPopulation):
 
     >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
 
-    Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain (not
-    dueling) Q-networks on envs without action masks.
+    Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain or
+    dueling Q-networks on envs without action masks.
     """
 
     algo_name = "dqn"
@@ -1074,10 +1074,11 @@ class DQNPopulation(OffPolicyPopulation):
         return DQN
 
     def _build(self, solos: list) -> None:
-        if self.config.dueling:
-            raise UserError("Populations do not cover dueling Q-networks yet: set dueling=False.")
-        self.q_weights, self.q_biases = _stack_linears([s.q_network.body for s in solos])
-        self.target_weights, self.target_biases = _stack_linears([s.q_target.body for s in solos], trainable=False)
+        # Dueling networks (`QNetwork`: body MLP, its activation, then one head giving V and A) stack as one MLP: the
+        # body's layers then the head, an activation between each (the body's last included) and none after.
+        self.q_weights, self.q_biases = _stack_linears([self._linears(s.q_network) for s in solos])
+        self.target_weights, self.target_biases = _stack_linears([self._linears(s.q_target) for s in solos],
+                                                                 trainable=False)
         self.hyper.update(config_tensors(solos, ("max_grad_norm",), self.device))
         # the exploration schedules and tau, per member on the host (epsilon is a host float, as `DQN.epsilon`)
         self._schedule = {k: (s.config.exploration_fraction, s.config.exploration_initial_eps,
@@ -1094,8 +1095,19 @@ class DQNPopulation(OffPolicyPopulation):
         self._adam = self._kept_adam(self._adam, self._params(), index)
         self._draws = None
 
+    @staticmethod
+    def _linears(network: torch.nn.Module) -> list[torch.nn.Module]:
+        """A solo `QNetwork`'s linear layers in order (dueling: the body's, then the head)."""
+        if network.dueling:
+            return [*network.body[0], network.head]
+        return list(network.body)
+
     def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
-        return self._mlp(obs, weights or self.q_weights, biases or self.q_biases)
+        out = self._mlp(obs, weights or self.q_weights, biases or self.q_biases)
+        if not self.config.dueling:
+            return out
+        value, advantages = out[..., :1], out[..., 1:]  # (as `QNetwork.forward`)
+        return value + advantages - advantages.mean(dim=-1, keepdim=True)
 
     def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
         return self._q_values(obs, weights, biases).argmax(-1).to(self._index_dtype)
@@ -1183,5 +1195,13 @@ class DQNPopulation(OffPolicyPopulation):
         """Member k's parameters, named as a solo DQN's checkpoint names them (`q_network.body.0.weight`,
         `q_target.body.2.bias`, ...)."""
         rows = self._member_rows(k)
-        return {**_linear_state("q_network.body", rows["q_weights"], rows["q_biases"]),
-                **_linear_state("q_target.body", rows["target_weights"], rows["target_biases"])}
+        state = {}
+        for prefix, weights, biases in (("q_network", rows["q_weights"], rows["q_biases"]),
+                                        ("q_target", rows["target_weights"], rows["target_biases"])):
+            if self.config.dueling:  # (`QNetwork`'s names: body.0.{0,2,...} then head)
+                state.update(_linear_state(f"{prefix}.body.0", weights[:-1], biases[:-1]))
+                state[f"{prefix}.head.weight"] = weights[-1].detach().T.clone()
+                state[f"{prefix}.head.bias"] = biases[-1][0].detach().clone()
+            else:
+                state.update(_linear_state(f"{prefix}.body", weights, biases))
+        return state
