@@ -396,6 +396,23 @@ def test_predict_takes_a_numpy_dict_as_the_env_returns_it(minigrid_id):
         model.predict(obs["image"])
 
 
+def test_predict_takes_a_tuple_env_s_observation_as_the_env_returns_it():
+    """Blackjack-v1's Tuple(Discrete(32), Discrete(11), Discrete(2)): a single tuple and a vector env's tuple of arrays,
+    the same actions as the dict keyed "0", "1", "2" the model's space is."""
+    model = rlspeed.PPO("Blackjack-v1", seed=0, **ON_POLICY)
+    obs, _ = gym.make("Blackjack-v1").reset(seed=0)
+    assert isinstance(obs, tuple)
+    action, _ = model.predict(obs, deterministic=True)
+    keyed, _ = model.predict({str(i): value for i, value in enumerate(obs)}, deterministic=True)
+    assert action.shape == () and action == keyed
+    batch, _ = gym.make_vec("Blackjack-v1", num_envs=3).reset(seed=1)
+    actions, _ = model.predict(batch, deterministic=True)
+    expected = [model.predict(tuple(int(part[i]) for part in batch), deterministic=True)[0] for i in range(3)]
+    assert actions.shape == (3,) and actions.tolist() == [int(a) for a in expected]
+    with pytest.raises(UserError, match="for a Tuple env: its tuple"):
+        model.predict(obs[0])
+
+
 def test_observation_normalisation_applies_to_float_keys_only():
     env = make_env(_pendulum("dict"), normalize_obs=True)
     model = rlspeed.PPO(env, seed=0, num_steps=8, batch_size=16, n_epochs=1, **SMALL)

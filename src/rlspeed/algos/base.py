@@ -112,11 +112,15 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     """`predict`'s input as a batch on `device`: (obs, given as numpy, was a single observation). Numpy arrays and
     lists become tensors in the observation's dtype (float32 vectors, uint8 images, int64 indices); Dict
     observations are a dict of them per key (keys the model does not use, such as MiniGrid's `mission`, are
-    ignored); a single observation gets a batch dimension."""
+    ignored), Tuple observations a tuple of them (as the env returns them); a single observation gets a batch
+    dimension."""
     if isinstance(space, gym.spaces.Dict):
+        keys = list(space.spaces)
+        if isinstance(observation, (tuple, list)) and keys == [str(i) for i in range(len(observation))]:
+            observation = dict(zip(keys, observation))  # a Tuple env's observation (its space: keys "0", "1", ...)
         if not isinstance(observation, dict):
             raise UserError(f"This model takes Dict observations (keys {', '.join(space.spaces)}); pass a dict of "
-                            "arrays, one per key, as the env returns them.")
+                            "arrays, one per key, as the env returns them (for a Tuple env: its tuple).")
         missing = [key for key in space.spaces if key not in observation]
         if missing:
             raise UserError(f"The observation has no key '{missing[0]}', which this model takes (keys "
