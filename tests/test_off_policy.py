@@ -318,6 +318,23 @@ def test_resume_continues_the_epsilon_schedule_of_the_interrupted_run(tmp_path):
     assert seen[0] == pytest.approx(expected, abs=1e-6)
 
 
+def test_resume_continues_the_learning_rate_schedule_of_the_interrupted_run(tmp_path):
+    """anneal_lr after a restart: the learning rate the uninterrupted run would have, not learning_rate again."""
+    settings = dict(seed=0, learning_starts=64, train_freq=16, batch_size=32, net_arch=(16,), learning_rate=1e-3,
+                    anneal_lr=True)
+    first = SAC("Pendulum-v1", **settings)
+    first.learn(1024, progress_bar=False, run_dir=tmp_path / "run", checkpoint_freq=256,
+                callback=lambda local: first.num_timesteps < 256)
+    restarted = SAC("Pendulum-v1", **settings)
+    restarted.resume(tmp_path / "run" / "checkpoint.safetensors")
+    resumed_at = restarted.num_timesteps
+    assert 0 < resumed_at < 1024
+    # (updates wait for learning_starts new transitions: the replay buffer was not saved)
+    restarted.learn(96, progress_bar=False)
+    rates = [float(group["lr"]) for group in restarted.optimizer.param_groups]
+    assert rates == [pytest.approx(1e-3 * (1 - (resumed_at + 96) / 1024), abs=1e-12)] * len(rates)
+
+
 @pytest.mark.parametrize("resume", [False, True])
 def test_updates_wait_for_learning_starts_transitions_after_load_or_resume(tmp_path, resume):
     """The replay buffer is not saved: after load/resume, updates start once the new buffer holds learning_starts
