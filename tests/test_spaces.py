@@ -481,6 +481,32 @@ def test_gym_packages_calls_a_modules_register_envs_once(recwarn):
     assert not [w for w in recwarn if "Overriding environment" in str(w.message)]
 
 
+@pytest.mark.parametrize("env_id, package", [("MinAtar/Breakout-v1", "minatar"),
+                                             ("MiniGrid-DoorKey-5x5-v0", "minigrid")])
+def test_a_minatar_or_minigrid_id_registers_its_package_without_gym_packages(env_id, package):
+    """As for Atari ids: the id alone is enough (a fresh interpreter, nothing imported or registered first)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip(package)
+    code = ("import gymnasium as gym; from rlspeed.envs import env_spec; "
+            f"assert {env_id!r} not in gym.registry; print(env_spec({env_id!r}).action_space.n)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.split()[-1]) > 1
+
+
+def test_a_family_id_without_its_package_names_the_pip_command(monkeypatch):
+    import importlib.util
+
+    from rlspeed.envs import env_spec
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "minatar" else real(name, *a))
+    with pytest.raises(UserError, match="MinAtar envs need minatar: pip install minatar"):
+        env_spec("MinAtar/NoSuchGame-v1")
+
+
 def test_a_square_channel_tie_is_read_as_channels_last():
     """MinAtar Seaquest's 10x10x10 bool grid is height x width x channels: a tie does not make it channels first."""
     import gymnasium as gym

@@ -90,9 +90,30 @@ def _looks_like_atari(env_id: str) -> bool:
     return bool(_ATARI_ID.match(env_id)) or bool(re.match(rf"^({'|'.join(_ATARI_GAMES)})-v\d+$", env_id))
 
 
+#: Env families whose package registers them when imported (`import_gym_packages`), by id prefix: (family, module
+#: to import, what to pip install).
+PACKAGE_FAMILIES = {"MinAtar/": ("MinAtar", "minatar.gym", "minatar"),
+                    "MiniGrid-": ("MiniGrid", "minigrid", "minigrid"), "BabyAI-": ("BabyAI", "minigrid", "minigrid")}
+
+
+def register_family(env_id: str) -> None:
+    """For an unregistered id of a family in `PACKAGE_FAMILIES`: import its package, which registers it (as
+    `--gym-packages` would); UserError with the pip command when the package is not installed."""
+    if env_id in gym.registry:
+        return
+    for prefix, (family, module, package) in PACKAGE_FAMILIES.items():
+        if env_id.startswith(prefix):
+            if importlib.util.find_spec(module.split(".")[0]) is None:
+                raise UserError(f"'{env_id}' is a {family} id, and {family} envs need {package}: pip install "
+                                f"{package}.")
+            import_gym_packages([module], f"(which registers the {family} envs)")
+            return
+
+
 def _check_registered(env_id: str) -> None:
-    """Register ale-py's envs on the first Atari id (`atari.register_atari`); UserError saying what to install for
-    an unregistered id of a known family (Atari: ale-py)."""
+    """Register ale-py's envs on the first Atari id (`atari.register_atari`) and the envs of a `PACKAGE_FAMILIES`
+    family on its first id; UserError saying what to install for an unregistered id of a known family."""
+    register_family(env_id)
     if env_id in gym.registry or not _looks_like_atari(env_id):
         return
     if not atari.register_atari():

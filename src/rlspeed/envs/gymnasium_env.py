@@ -19,13 +19,17 @@ from rlspeed.errors import UserError
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """Gymnasium's registry entry for an id; UserError naming close ids when it does not exist."""
+    from rlspeed.envs import register_family  # (the package: imports this module)
+
+    register_family(env_id)
     try:
         return gym.spec(env_id)
     except Exception:
         ids = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(close)}?" if close else " Run `python -c \"import gymnasium; " \
-            "print(list(gymnasium.registry))\"` to list them."
+        hint = f" Did you mean {', '.join(close)}?" if close else (
+            " If a package registers it, name that package: `--gym-packages MODULE` (or the id `MODULE:EnvId`); "
+            "`python -c \"import gymnasium; print(list(gymnasium.registry))\"` lists the registered ids.")
         raise UserError(f"Unknown env id '{env_id}'.{hint}") from None
 
 
