@@ -17,12 +17,26 @@ SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learn
 
 
 def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", env_backend: str = "torch",
-                **hyper) -> tuple[dict, dict]:
+                evaluation_seed: int | None = None, **hyper) -> tuple[dict, dict]:
+    """(initial policy state, state after `iterations` iterations with the normalisation statistics); with
+    `evaluation_seed`, also the trained solo's mean return over 2 deterministic episodes from that seed."""
     solo = PPO(env_id, seed=seed, env_backend=env_backend, **{**SMALL, **hyper})
     initial = {name: value.detach().clone() for name, value in solo.policy.state_dict().items()}
     if iterations:
         solo.learn(iterations * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
-    return initial, solo.policy.state_dict()
+    trained = {**solo.policy.state_dict(), **_solo_statistics(solo)}
+    if evaluation_seed is None:
+        return initial, trained
+    return initial, trained, solo.evaluate(episodes=2, seed=evaluation_seed)["mean"]
+
+
+def _solo_statistics(solo) -> dict[str, torch.Tensor]:
+    """The solo run's normalisation statistics as its checkpoint names them (`obs_rms.mean`, ...)."""
+    return {f"{name}.{key}": value for name in ("obs_rms", "return_rms") if getattr(solo, name, None) is not None
+            for key, value in getattr(solo, name).state_dict().items()}
+
+
+NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
 
 
 @pytest.mark.parametrize("env_id, backend, hyper", [
@@ -30,10 +44,14 @@ def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", env_bac
     ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),
     ("CartPole-v1", "gymnasium", {}),
     ("CartPole-v1", "torch", {"fused_update": False}),
+    ("Pendulum-v1", "torch", {**NORMALIZE, "gamma": [0.99, 0.9]}),
+    ("Pendulum-v1", "gymnasium", NORMALIZE),
+    ("CartPole-v1", "torch", {"normalize_obs": True}),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
-    chooses autograd for the population as for the solo run."""
+    chooses autograd for the population as for the solo run; with normalisation, each member's statistics (its own
+    gamma for the returns) and the data they normalise are its solo run's."""
     seeds = [3, 7]
     population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
     assert population.update_path == ("autograd" if hyper.get("fused_update") is False else "hand-derived")
@@ -42,12 +60,18 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     population.train_iteration()
     population.train_iteration()
     for k, seed in enumerate(seeds):
-        solo_initial, solo_trained = _solo_state(seed, iterations=2, env_id=env_id, env_backend=backend, **hyper)
-        trained = population.member_state(k)
+        own = {key: value[k] if isinstance(value, list) else value for key, value in hyper.items()}
+        solo_initial, solo_trained, solo_eval = _solo_state(seed, iterations=2, env_id=env_id, env_backend=backend,
+                                                            evaluation_seed=100 + k, **own)
+        trained = {**population.member_state(k), **population.member_statistics(k)}
+        # (evaluated on the solo's evaluation episodes, observations normalised by the member's own statistics)
+        assert population.evaluate([100 + k], episodes=2, members=[k]).item() == pytest.approx(solo_eval, abs=1e-3)
+        assert trained.keys() == solo_trained.keys()
         for name, value in solo_initial.items():
             assert torch.equal(initial[k][name], value), name
             assert not torch.allclose(solo_trained[name], value), name  # (training moved it)
-            torch.testing.assert_close(trained[name], solo_trained[name], atol=1e-5, rtol=0)
+        for name, value in solo_trained.items():
+            torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_native_row_blocks_reproduce_separate_envs():
@@ -157,6 +181,8 @@ def test_learn_summary(tmp_path):
     ("CartPole-v1", "torch", {}),
     ("CartPole-v1", "gymnasium", {}),
     ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),  # (log_std rows too)
+    ("Pendulum-v1", "torch", NORMALIZE),  # (the statistics' rows, the running returns' env rows)
+    ("Pendulum-v1", "gymnasium", NORMALIZE),
 ])
 def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     calls = []

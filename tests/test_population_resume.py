@@ -30,8 +30,8 @@ def _settings(algo) -> dict:
                 learning_rate=[1e-3, 3e-4, 2e-3], normalize_obs=False, normalize_reward=False)
 
 
-def _population(algo, env_id):
-    return Population(algo, env_id, seeds=[3, 5, 8], env_backend="torch", **_settings(algo))
+def _population(algo, env_id, **extra):
+    return Population(algo, env_id, seeds=[3, 5, 8], env_backend="torch", **{**_settings(algo), **extra})
 
 
 def _without_times(summary: dict) -> dict:
@@ -89,19 +89,24 @@ def _assert_resumes_as_uninterrupted(tmp_path, make, checkpoint, saved_steps: in
     return actual
 
 
-@pytest.mark.parametrize(("algo", "env_id"), [(PPO, "CartPole-v1"), (PPO, "Pendulum-v1"), (A2C, "CartPole-v1")])
-def test_a_resumed_population_is_bitwise_the_uninterrupted_one(tmp_path, algo, env_id):
+@pytest.mark.parametrize(("algo", "env_id", "extra"), [
+    (PPO, "CartPole-v1", {}), (PPO, "Pendulum-v1", {}), (A2C, "CartPole-v1", {}),
+    (PPO, "Pendulum-v1", {"normalize_obs": True, "normalize_reward": True}),
+])
+def test_a_resumed_population_is_bitwise_the_uninterrupted_one(tmp_path, algo, env_id, extra):
     """Train to TOTAL with checkpoints, evaluations and a member pruned on the way; train again and kill it right
     after its first checkpoint; resume a new population from that checkpoint and train on to TOTAL: every tensor
-    (parameters, optimiser moments, generators, env states and observations) and the summary (curves, pruned,
-    final evaluations) equal the uninterrupted run's."""
+    (parameters, optimiser moments, generators, env states and observations, normalisation statistics) and the
+    summary (curves, pruned, final evaluations) equal the uninterrupted run's."""
     expected_summary, expected, checkpoint, saved_steps = _killed_after_first_checkpoint(
-        tmp_path, lambda: _population(algo, env_id))
+        tmp_path, lambda: _population(algo, env_id, **extra))
     assert expected_summary["pruned"] == 1
     assert checkpoint_metadata(checkpoint)["population"]["alive"] == [0, 2]  # (member 1 was pruned before it)
-    actual = _assert_resumes_as_uninterrupted(tmp_path, lambda: _population(algo, env_id), checkpoint, saved_steps,
-                                              expected, expected_summary)
+    actual = _assert_resumes_as_uninterrupted(tmp_path, lambda: _population(algo, env_id, **extra), checkpoint,
+                                              saved_steps, expected, expected_summary)
     assert any(name.startswith("env.") for name in actual) and "generator.0" in actual
+    if extra:
+        assert "state.norm.obs_var" in actual and "env.MemberNormalize._returns" in actual
 
 
 def test_a_checkpoint_of_another_run_is_refused(tmp_path):

@@ -318,30 +318,42 @@ class PopulationBase:
         return solos
 
     # --- env rows ----------------------------------------------------------------------------------------------
-    def _mean_returns(self, seeds: Sequence[int], episodes: int,
-                      policy: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def _mean_returns(self, seeds: Sequence[int], episodes: int, policy: Callable[[torch.Tensor], torch.Tensor],
+                      members: Sequence[int] = ()) -> torch.Tensor:
         """Mean return `[len(seeds)]` (host tensor) of `episodes` episodes per seed, block j on an env seeded
-        `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call),
-        actions from `policy(obs)`: each row's first episode (`first_episode_returns`)."""
-        env = self._make_env(episodes, seeds)
+        `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call, for
+        `members`: see `_normalized_env`), actions from `policy(obs)`: each row's first episode
+        (`first_episode_returns`)."""
+        env = self._make_env(episodes, seeds, members)
         try:
             returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
         finally:
             env.close()
         return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
 
-    def _make_env(self, rows_per_member: int, seeds: Sequence[int]):
-        """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet)."""
+    def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
+        """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet), in
+        the population's normalisation (`_normalized_env`: `members` None for the training env, else the members an
+        evaluation env serves)."""
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
 
         if self.env_backend == "gymnasium":
-            return EpisodeStatistics(GymnasiumEnv(self.env_id, num_envs=len(seeds) * rows_per_member,
-                                                  device=self.device))
-        native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
-        native.seed_row_blocks(seeds)
-        return EpisodeStatistics(native)
+            env = EpisodeStatistics(GymnasiumEnv(self.env_id, num_envs=len(seeds) * rows_per_member,
+                                                 device=self.device))
+        else:
+            native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
+            native.seed_row_blocks(seeds)
+            env = EpisodeStatistics(native)
+        return self._normalized_env(env, rows_per_member, members)
+
+    def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
+        """`env` in the population's observation/reward normalisation where it has one (PPO's and A2C's
+        `normalize_obs`, `normalize_reward`): `members` None, the training env of the members in the computation
+        (statistics updated); else an evaluation env for `members` (original indices; statistics frozen).
+        Default: `env` as it is."""
+        return env
 
     def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> torch.Tensor:
         """First observations of a `_make_env` env: a native env's streams are already seeded per block; Gymnasium
@@ -383,7 +395,7 @@ class PopulationBase:
                  + torch.arange(envs, device=self.device)).flatten()
         if self.env_backend == "gymnasium":
             return self._gymnasium_rows(index.tolist()), self._obs[index]
-        state = self._env.state_dict()
+        state = self._env.state_dict()  # (per env row, normalisation's running returns included)
         position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)
         state = {key: value[index] for key, value in state.items()}
         state["native.draws"] = position
@@ -399,7 +411,10 @@ class PopulationBase:
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
 
-        old = self._env
+        outer = self._env
+        old = outer
+        while not isinstance(old, EpisodeStatistics):  # (under the normalisation wrapper, where there is one)
+            old = old.env
         envs = list(old.env.vector_env.envs)
         kept = set(index)
         for i, env in enumerate(envs):
@@ -410,7 +425,10 @@ class PopulationBase:
         new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
         rows = torch.tensor(index, device=self.device, dtype=torch.long)
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
-        return new
+        wrapped = self._normalized_env(new, self.config.num_envs, None)
+        if wrapped is not new:  # (the wrapper's running returns, per env row)
+            wrapped._returns.copy_(outer._returns[rows])
+        return wrapped
 
     # --- checkpoints -------------------------------------------------------------------------------------------
     def _state(self) -> tuple[dict[str, torch.Tensor], dict]:

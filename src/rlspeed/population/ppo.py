@@ -25,9 +25,10 @@ Envs: the native envs (`rlspeed.envs.registry.NATIVE_ENVS`), whose row block k d
 one synchronous vector env of K x N envs, member k's env i reset with seed `seeds[k] + i`, as a solo run's
 Gymnasium envs are.
 
-Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, on one
-device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`). Not
-yet: RecurrentPPO, observation or reward normalisation, action masks.
+Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, with
+or without observation and reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
+on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
+Not yet: RecurrentPPO, action masks.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 parameters, the parameters members left with, the optimiser's moments and step count, the per-member hyperparameter
@@ -53,6 +54,7 @@ from rlspeed.population.base import (
     saved_like,
     stack_leaf,
 )
+from rlspeed.population.normalize import MemberNormalize, MemberStatistics
 
 #: Hyperparameters a member may set for itself (none changes a tensor's shape)
 PER_MEMBER = ("learning_rate", "gamma", "gae_lambda", "ent_coef", "vf_coef", "clip_range", "max_grad_norm")
@@ -98,9 +100,6 @@ class PPOPopulation(PopulationBase):
         if self.kind not in ("categorical", "gaussian") or policy.encoder is not None:
             raise UserError(f"Populations cover MLP policies on float vectors with Discrete or Box actions so far; "
                             f"{env_id} needs a {policy.kind} policy" + (" with an encoder." if policy.encoder else "."))
-        if cfg.normalize_obs or cfg.normalize_reward:
-            raise UserError("Populations do not normalise observations or rewards yet: set normalize_obs=False and "
-                            "normalize_reward=False.")
         self.activation = policy.body.activation
         self.spec = solos[0].spec
         self.action_dim = policy.action_dim
@@ -134,6 +133,14 @@ class PPOPopulation(PopulationBase):
         self.alive: list[int] = list(range(size))
         # every member's parameters as they were when it left (rows of members still training are stale)
         self._final_params = [p.detach().clone() for p in self.params]
+        # observation / reward normalisation statistics of the members in the computation (`MemberNormalize`), and
+        # every member's as it left (rows of members still training are stale): None without normalisation
+        self._normalization = self._final_normalization = None
+        if cfg.normalize_obs or cfg.normalize_reward:
+            obs_dim = math.prod(self.spec.observation_shape)
+            self._normalization = MemberStatistics.fresh(size, obs_dim, cfg.normalize_obs, cfg.normalize_reward,
+                                                         self.device)
+            self._final_normalization = self._normalization.rows(torch.arange(size, device=self.device))
         self.num_timesteps = 0  # env steps per member
         self._env = None
         self._storage_key = None  # (the rollout storage is made at the first iteration)
@@ -423,6 +430,9 @@ class PPOPopulation(PopulationBase):
             for final, param in zip(self._final_params, self.params):
                 final[gone_members] = param.detach()[gone_rows]
         keep = torch.tensor(rows, device=self.device, dtype=torch.long)
+        if self._normalization is not None:
+            self._final_normalization.store(gone_members, self._normalization.rows(gone_rows))
+            self._normalization = self._normalization.rows(keep)
         self._set_params([param.detach()[keep].requires_grad_() for param in self.params])
         self._exp_avg, self._exp_avg_sq = self._exp_avg[keep], self._exp_avg_sq[keep]
         self.hyper = {key: value[keep] for key, value in self.hyper.items()}
@@ -464,7 +474,18 @@ class PPOPopulation(PopulationBase):
             out, _ = self.forward(obs.view(size, episodes, -1), params)
             return self._env_actions(out.argmax(-1) if self.kind == "categorical" else out)
 
-        return self._mean_returns(seeds, episodes, policy)
+        return self._mean_returns(seeds, episodes, policy, members)
+
+    def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
+        if self._normalization is None:
+            return env
+        if members is None:  # the training env: the statistics of the members in the computation, updated
+            return MemberNormalize(env, rows_per_member, self._normalization, self.hyper["gamma"])
+        self._store_alive()  # an evaluation env: each member's statistics (as it left, or now), frozen
+        index = torch.tensor(list(members), device=self.device, dtype=torch.long)
+        evaluation = MemberNormalize(env, rows_per_member, self._final_normalization.rows(index))
+        evaluation.training = False
+        return evaluation
 
     def _store_alive(self) -> None:
         """Copy the parameters of the members in the computation into the store of every member's parameters."""
@@ -473,6 +494,8 @@ class PPOPopulation(PopulationBase):
             with torch.no_grad():
                 for final, param in zip(self._final_params, self.params):
                     final[members] = param.detach()
+                if self._normalization is not None:
+                    self._final_normalization.store(members, self._normalization)
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:
@@ -487,6 +510,9 @@ class PPOPopulation(PopulationBase):
         tensors.update({f"final.{i}": p for i, p in enumerate(self._final_params)})
         tensors.update({"exp_avg": self._exp_avg, "exp_avg_sq": self._exp_avg_sq})
         tensors.update({f"hyper.{key}": value for key, value in self.hyper.items()})
+        if self._normalization is not None:
+            tensors.update({f"norm.{key}": value for key, value in self._normalization.tensors().items()})
+            tensors.update({f"final_norm.{key}": value for key, value in self._final_normalization.tensors().items()})
         # the schedules' end is the learn call's in progress (`progress` set): a save between learn calls has none, as
         # the next learn call sets its own
         in_learn = self.progress is not None
@@ -501,9 +527,23 @@ class PPOPopulation(PopulationBase):
         self._final_params = [take(f"final.{i}", p) for i, p in enumerate(self._final_params)]
         self._exp_avg, self._exp_avg_sq = take("exp_avg", self._exp_avg), take("exp_avg_sq", self._exp_avg_sq)
         self.hyper = {key: take(f"hyper.{key}", value) for key, value in self.hyper.items()}
+        if self._normalization is not None:
+            for prefix, stats in (("norm", self._normalization), ("final_norm", self._final_normalization)):
+                for key, value in stats.tensors().items():
+                    setattr(stats, key, take(f"{prefix}.{key}", value))
         self._adam_steps = int(values["adam_steps"])
         end = values.get("schedule_end")
         self._resumed_schedule_end = None if end is None else int(end)
+
+    def member_statistics(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's (original index) normalisation statistics, named as a solo run's checkpoint names them
+        (`obs_rms.mean`, `obs_rms.var`, `obs_rms.count`, `return_rms.*`): the current ones while it trains, those it
+        left with after it left; empty without normalisation."""
+        if self._normalization is None:
+            return {}
+        if k in self.alive:
+            return self._normalization.solo_state(self.alive.index(k))
+        return self._final_normalization.solo_state(k)
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's (original index) policy parameters, named as a solo PPO's `policy.state_dict()` names them: the

@@ -1,0 +1,150 @@
+"""Observation and reward normalisation of a population's env: each member's rows by that member's own statistics.
+
+A solo run with `normalize_obs` / `normalize_reward` wraps its N envs in `rlspeed.envs.wrappers.NormalizeObservation`
+(inside) and `NormalizeReward` (outside). A population's env holds K blocks of N rows, one block per member;
+`MemberNormalize` applies both to every block with that member's statistics, in the same order and with the same
+formulas (`RunningMeanStd`'s parallel-variance merge of each step's N rows, clip 10, epsilon 1e-8, each member's own
+gamma for the discounted return), so member k's statistics and normalised data are its solo run's.
+
+The statistics are `MemberStatistics`: `[K, ...]` tensors the population owns (cut down when members leave, saved in
+its checkpoints); the wrapper updates them in place while `training`, and only reads them when frozen (evaluation).
+The running discounted returns are per env row, the wrapper's own state (`state_dict`: exact resume of native envs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from rlspeed.envs.base import BatchedEnv, EnvWrapper
+
+_CLIP, _EPS, _INITIAL_COUNT = 10.0, 1e-8, 1e-4  # as `NormalizeObservation`, `NormalizeReward` and `RunningMeanStd`
+
+
+@dataclasses.dataclass
+class MemberStatistics:
+    """Running means, variances and counts per member: observations `[K, obs_dim]`, discounted returns `[K]`
+    (`None` where that normalisation is off), as a solo run's `obs_rms` and `return_rms` hold them."""
+
+    obs_mean: torch.Tensor | None
+    obs_var: torch.Tensor | None
+    obs_count: torch.Tensor | None
+    ret_mean: torch.Tensor | None
+    ret_var: torch.Tensor | None
+    ret_count: torch.Tensor | None
+
+    @classmethod
+    def fresh(cls, size: int, obs_dim: int, observations: bool, rewards: bool,
+              device: torch.device) -> MemberStatistics:
+        """Statistics before any data (mean 0, variance 1, count 1e-4, as `RunningMeanStd` starts)."""
+        def moments(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return (torch.zeros(shape, device=device), torch.ones(shape, device=device),
+                    torch.full((size,), _INITIAL_COUNT, device=device))
+
+        obs = moments((size, obs_dim)) if observations else (None, None, None)
+        ret = moments((size,)) if rewards else (None, None, None)
+        return cls(*obs, *ret)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The statistics that exist, by field name."""
+        return {field.name: value for field in dataclasses.fields(self)
+                if (value := getattr(self, field.name)) is not None}
+
+    def rows(self, index: torch.Tensor) -> MemberStatistics:
+        """New tensors holding the members at `index` (positions along K)."""
+        return MemberStatistics(**{field.name: None if getattr(self, field.name) is None
+                                   else getattr(self, field.name)[index].clone()
+                                   for field in dataclasses.fields(self)})
+
+    def store(self, index: torch.Tensor, rows: MemberStatistics) -> None:
+        """Write `rows` (one per entry of `index`) into these statistics at `index`."""
+        for name, value in rows.tensors().items():
+            getattr(self, name)[index] = value
+
+    def solo_state(self, row: int) -> dict[str, torch.Tensor]:
+        """Member `row`'s statistics named as a solo model's checkpoint names them (`obs_rms.mean`, ...)."""
+        state = {}
+        for prefix, short in (("obs_rms", "obs"), ("return_rms", "ret")):
+            if getattr(self, f"{short}_mean") is not None:
+                for field in ("mean", "var", "count"):
+                    state[f"{prefix}.{field}"] = getattr(self, f"{short}_{field}")[row].clone()
+        return state
+
+
+def _fold(mean: torch.Tensor, var: torch.Tensor, count: torch.Tensor, batch: torch.Tensor) -> None:
+    """Merge each member's batch `[K, N, ...]` into its running (mean, var, count) in place: `RunningMeanStd._fold`
+    of the batch's count, mean and (biased) variance, member by member in one set of kernels."""
+    batch_count = float(batch.shape[1])
+    batch_mean, batch_var = batch.mean(1), batch.var(1, unbiased=False)
+    shape = (-1,) + (1,) * (mean.dim() - 1)  # counts `[K]` against `[K, ...]` moments
+    delta = batch_mean - mean
+    total = count + batch_count
+    mean.add_(delta * (batch_count / total).view(shape))
+    m2 = (var * count.view(shape) + batch_var * batch_count
+          + delta.square() * (count * batch_count / total).view(shape))
+    var.copy_(m2 / total.view(shape))
+    count.copy_(total)
+
+
+class MemberNormalize(EnvWrapper):
+    """`NormalizeObservation` then `NormalizeReward` of a population env whose rows are K blocks of
+    `rows_per_member`, block k by member k's `statistics` (see the module docstring). `gamma` `[K]`: each member's
+    discount for the running return. Set `training = False` to freeze the statistics (evaluation envs)."""
+
+    def __init__(self, env: BatchedEnv, rows_per_member: int, statistics: MemberStatistics,
+                 gamma: torch.Tensor | None = None):
+        super().__init__(env)
+        self.rows_per_member = rows_per_member
+        self.statistics = statistics
+        self.members = env.num_envs // rows_per_member
+        self._gamma = None if gamma is None else gamma.repeat_interleave(rows_per_member)
+        self._returns = torch.zeros(env.num_envs, device=env.device, dtype=torch.float32)
+
+    def _own_state(self) -> dict[str, torch.Tensor]:
+        return {"_returns": self._returns}
+
+    def _per_row(self, value: torch.Tensor) -> torch.Tensor:
+        return value.repeat_interleave(self.rows_per_member, 0)
+
+    def _normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
+        stats = self.statistics
+        mean, var = self._per_row(stats.obs_mean), self._per_row(stats.obs_var)
+        return ((obs - mean) / torch.sqrt(var + _EPS)).clamp(-_CLIP, _CLIP)
+
+    def _update_obs(self, obs: torch.Tensor) -> None:
+        if self.statistics.obs_mean is not None and self._training:
+            stats = self.statistics
+            _fold(stats.obs_mean, stats.obs_var, stats.obs_count,
+                  obs.to(torch.float32).view(self.members, self.rows_per_member, -1))
+
+    def reset(self, seed=None):
+        """Zero the running returns, reset the inner env, fold the first observations in (while `training`) and
+        return them normalised."""
+        self._returns.zero_()
+        obs, info = self.env.reset(seed=seed)
+        if self.statistics.obs_mean is None:
+            return obs, info
+        self._update_obs(obs)
+        return self._normalize_obs(obs), info
+
+    @torch.no_grad()
+    def step(self, actions: torch.Tensor):
+        """Step the inner env; observations (and `info["final_obs"]`) normalised after folding `obs` in, rewards
+        divided by the running std of each member's discounted return after updating it, as the solo wrappers do."""
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        stats = self.statistics
+        if stats.obs_mean is not None:
+            self._update_obs(obs)
+            normalized = self._normalize_obs(obs)
+            final = info["final_obs"]
+            info["final_obs"] = normalized if final is obs else self._normalize_obs(final)
+            obs = normalized
+        if stats.ret_var is not None:
+            if self._training:
+                self._returns.mul_(self._gamma).add_(reward)
+                _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
+                      self._returns.view(self.members, self.rows_per_member))
+                self._returns.mul_((~(terminated | truncated)).to(torch.float32))
+            reward = (reward / torch.sqrt(self._per_row(stats.ret_var) + _EPS)).clamp(-_CLIP, _CLIP)
+        return obs, reward, terminated, truncated, info
