@@ -74,6 +74,34 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
             torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("algo_name, env_id, hyper", [
+    ("PPO", "Pendulum-v1", {**SMALL, **NORMALIZE}),
+    ("SAC", "Pendulum-v1", {"learning_starts": 64, "batch_size": 32, "net_arch": [32, 32]}),
+    ("DQN", "CartPole-v1", {"learning_starts": 64, "batch_size": 32, "net_arch": [32, 32], "dueling": True}),
+])
+def test_member_model_is_a_solo_model_that_acts_as_the_member(tmp_path, algo_name, env_id, hyper):
+    """`member_model(k)`: a solo model with member k's parameters (member 1 as it left when pruned) and statistics:
+    its evaluation equals the population's of that member, it saves and loads as any model, and building it leaves
+    torch's global generator alone."""
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+    population = Population(algo, env_id, seeds=[1, 2], **hyper)
+    population.learn(512, eval_freq=256, eval_episodes=2, on_eval=lambda steps, means: [1] if steps == 256 else [])
+    assert population.alive == [0]
+    state = torch.get_rng_state()
+    for k in (0, 1):
+        model = population.member_model(k)
+        assert isinstance(model, algo) and model.seed == [1, 2][k]
+        mean = model.evaluate(episodes=3, seed=500)["mean"]
+        assert mean == pytest.approx(population.evaluate([500], episodes=3, members=[k]).item(), abs=1e-3)
+        loaded = algo.load(model.save(tmp_path / f"member_{k}"))
+        assert loaded.evaluate(episodes=3, seed=500)["mean"] == pytest.approx(mean, abs=1e-3)
+    assert torch.equal(torch.get_rng_state(), state)
+    with pytest.raises(UserError, match="outside 0..1"):
+        population.member_model(2)
+
+
 def test_native_row_blocks_reproduce_separate_envs():
     together = CartPole(num_envs=6)
     together.seed_row_blocks([4, 9])

@@ -34,6 +34,12 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     assert summary["aggregate"]["final_eval"]["runs"] == 4
     png = (out / "learning_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+    # each member as a model of its own, which `rlspeed eval` and `export` take (the directory itself: one sentence)
+    assert summary["member_models"] == {str(seed): f"members/seed_{seed}.safetensors" for seed in (0, 3, 5, 6)}
+    capsys.readouterr()
+    assert cli.main(["eval", str(out / "members" / "seed_3.safetensors"), "--episodes", "2"]) == 0
+    assert "PPO on CartPole-v1" in capsys.readouterr().out
+    assert "population's run directory: give one member's model" in cli_error(capsys, ["eval", str(out)])
     config = (out / "config.yaml").read_text()
     assert "seeds:" in config
     # the run is kept unless --overwrite is given

@@ -226,12 +226,12 @@ def test_resume_refuses_another_runs_directory(tmp_path, capsys, argv, names):
     """Seeds, algorithm or env other than the run directory's: one sentence, exit code 2, the run left as it was."""
     out = tmp_path / "run"
     assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]) == 0
-    before = {path.name: path.read_bytes() for path in out.iterdir()}
-    assert "checkpoint.safetensors" in before
+    before = {str(path.relative_to(out)): path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert "checkpoint.safetensors" in before and "members/seed_1.safetensors" in before
     capsys.readouterr()
     message = cli_error(capsys, [*argv, "--out", str(out), "--resume"])
     assert names in message
-    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert {str(path.relative_to(out)): path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
 
 
 def test_resume_refuses_a_single_runs_directory(tmp_path, capsys):

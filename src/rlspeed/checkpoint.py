@@ -50,6 +50,25 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     return path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
 
 
+#: where a population's run directory holds each member's model (`seed_<S>.safetensors`)
+MEMBERS_DIR = "members"
+
+
+def run_model(path: str | os.PathLike) -> Path:
+    """The model file `path` names: `path` itself, or a run directory's `model.safetensors`. UserError for a
+    directory without one, naming a member's model where it is a population's run directory."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    if (path / "model.safetensors").is_file():
+        return path / "model.safetensors"
+    members = sorted((path / MEMBERS_DIR).glob("seed_*.safetensors"))
+    if members:
+        raise UserError(f"'{path}' is a population's run directory: give one member's model, e.g. '{members[0]}'.")
+    raise UserError(f"'{path}' is a directory without a model.safetensors (a run directory gets one when training "
+                    "finishes); give the model file.")
+
+
 class _GmsslSM3:
     """SM3 from the pure-Python `gmssl` package, behind hashlib's update/hexdigest interface."""
 

@@ -31,7 +31,9 @@ MAX_SEED = 2**32 - 1
 
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
-             "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb")
+             "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb",
+             "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
+
 
 
 class Terminated(KeyboardInterrupt):
@@ -414,6 +416,7 @@ def _train_population(args: argparse.Namespace) -> int:
         return code
     summary["preset"] = args.preset_info
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
+    summary["member_models"] = _save_member_models(population, summary, run_dir)
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     plot_learning_curves(summary, run_dir / "learning_curves.png")
     steps = summary["aggregate"]["steps_to_target"]
@@ -428,8 +431,29 @@ def _train_population(args: argparse.Namespace) -> int:
         print(f"rlspeed: final evaluation (deterministic, 10 episodes each): median {final['median']:.1f}, IQM "
               f"{final['iqm']:.1f} (95% CI {final['iqm_ci'][0]:.1f} to {final['iqm_ci'][1]:.1f}); training "
               f"{summary['train_wall_s']:.2f} s")
+    saved = summary["member_models"]
+    if saved:
+        print(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
+              f"{run_dir / next(iter(saved.values())).split('/')[0]}/seed_<S>.safetensors, {len(saved)} of "
+              f"{len(seeds)} members")
     print(f"rlspeed: run directory {run_dir}")
     return 0
+
+
+def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, str]:
+    """Each member that did not diverge as a solo model file `run_dir/members/seed_<S>.safetensors` (its parameters as
+    it ended or left, `Population.member_model`); returns {seed: path in the run directory} of those written."""
+    from rlspeed.checkpoint import MEMBERS_DIR
+
+    saved = {}
+    for k, member in enumerate(summary["members"]):
+        if member.get("diverged_at") is not None:
+            continue
+        name = f"{MEMBERS_DIR}/seed_{population.seeds[k]}.safetensors"
+        (run_dir / MEMBERS_DIR).mkdir(parents=True, exist_ok=True)
+        population.member_model(k).save(run_dir / name)
+        saved[str(population.seeds[k])] = name
+    return saved
 
 
 # --- `rlspeed tune` ----------------------------------------------------------------------------------------------
@@ -948,14 +972,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     `--json` prints the result as JSON on stdout and the human line on stderr.
     """
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.checkpoint import load_checkpoint
+    from rlspeed.checkpoint import load_checkpoint, run_model
 
     path = Path(args.checkpoint)
     if path.is_dir():  # a run directory, as `rlspeed train` prints it
-        if not (path / "model.safetensors").is_file():
-            raise UserError(f"'{path}' is a directory without a model.safetensors (a run directory gets one when "
-                            "training finishes); give the model file.")
-        config_file = path / "config.yaml"
+        config_file = run_model(path).parent / "config.yaml"
         if config_file.is_file():  # the modules that registered the run's env
             try:
                 recorded = (yaml.safe_load(config_file.read_text()) or {}).get("gym_packages") or []
@@ -963,7 +984,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 recorded = []
             if isinstance(recorded, list):
                 args.gym_packages = [*recorded, *(args.gym_packages or [])]
-        path = path / "model.safetensors"
+        path = run_model(path)
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None

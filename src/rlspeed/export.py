@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import load_checkpoint
+from rlspeed.checkpoint import load_checkpoint, run_model
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
@@ -535,12 +535,7 @@ def export_checkpoint(checkpoint: str | Path, format: str = "onnx", out: str | P
     """
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
-    path = Path(checkpoint)
-    if path.is_dir():
-        if not (path / "model.safetensors").is_file():
-            raise UserError(f"'{path}' is a directory without a model.safetensors (a run directory gets one when "
-                            "training finishes); give the model file.")
-        path = path / "model.safetensors"
+    path = run_model(checkpoint)
     _, meta = load_checkpoint(path)
     algo_cls = algorithms.get(meta.get("algo"))
     if algo_cls is None:

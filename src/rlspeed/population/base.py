@@ -288,6 +288,36 @@ class PopulationBase:
         """Member k's values of the per-member hyperparameters, as its summary entry gives them."""
         return dict(self.member_hyperparameters[k])
 
+    def member_state(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's (original index) parameters, named as the solo algorithm names them: the current ones while
+        it trains, those it left with after it left."""
+        raise NotImplementedError
+
+    def member_statistics(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's normalisation statistics named as a solo checkpoint names them (`obs_rms.mean`, ...); empty
+        for populations without normalisation."""
+        return {}
+
+    def _member_checkpoint(self, k: int) -> dict[str, torch.Tensor]:
+        """Member k's parameters named as a solo checkpoint of `algo_cls` names them (`member_state`'s names, where
+        those are the checkpoint's)."""
+        return self.member_state(k)
+
+    def member_model(self, k: int):
+        """Member k (original index) as a solo model of `algo_cls`: built with its seed and hyperparameters, holding
+        its parameters (now, or as it left) and normalisation statistics, so `predict`, `evaluate`, `save` and the
+        export methods work as on any solo model (its optimiser state starts afresh; `num_timesteps` is 0).
+        torch's global random generators are left as they were."""
+        if not 0 <= int(k) < self.size:
+            raise UserError(f"Member {k} is outside 0..{self.size - 1} (original indices).")
+        k = int(k)
+        hyperparameters = {**dataclasses.asdict(self.config), **self.member_hyperparameters[k]}
+        with _forked_generators(self.device):
+            model = self.algo_cls(self.env_id, seed=self.seeds[k], device=self.device, env_backend=self.env_backend,
+                                  **hyperparameters)
+        model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
+        return model
+
     def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
         raise NotImplementedError

@@ -535,6 +535,9 @@ class PPOPopulation(PopulationBase):
         end = values.get("schedule_end")
         self._resumed_schedule_end = None if end is None else int(end)
 
+    def _member_checkpoint(self, k: int) -> dict[str, torch.Tensor]:
+        return {f"policy.{name}": value for name, value in self.member_state(k).items()}
+
     def member_statistics(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's (original index) normalisation statistics, named as a solo run's checkpoint names them
         (`obs_rms.mean`, `obs_rms.var`, `obs_rms.count`, `return_rms.*`): the current ones while it trains, those it
