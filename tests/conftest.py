@@ -170,9 +170,8 @@ def first_ou_noise(trainer, learn) -> torch.Tensor:
 def assert_same_members(population, other, pairs) -> None:
     """Member k of `population` equals member j of `other` (to 1e-6) for each (k, j) in `pairs`."""
     for k, j in pairs:
-        mine, theirs = population.member_state(k), other.member_state(j)
-        if hasattr(population, "member_statistics"):  # (normalisation statistics, where the population keeps them)
-            mine, theirs = {**mine, **population.member_statistics(k)}, {**theirs, **other.member_statistics(j)}
+        mine = {**population.member_state(k), **population.member_statistics(k)}  # (statistics: where normalising)
+        theirs = {**other.member_state(j), **other.member_statistics(j)}
         assert mine.keys() == theirs.keys()
         for name, value in theirs.items():
             torch.testing.assert_close(mine[name], value, atol=1e-6, rtol=0)

@@ -277,3 +277,25 @@ def test_load_and_resume_pass_the_integrity_switches_on(tmp_path):
     with pytest.raises(UserError):
         model.resume(path)
     model.resume(path, verify=False)
+
+
+def test_run_model_names_what_a_directory_without_a_model_holds(tmp_path):
+    """`rlspeed eval` / `export` of a directory: its model, else one sentence on what to give instead."""
+    from rlspeed.checkpoint import run_model
+
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert run_model(tmp_path) == tmp_path / "model.safetensors"
+    assert run_model(tmp_path / "model.safetensors") == tmp_path / "model.safetensors"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="without a model.safetensors"):
+        run_model(empty)
+    (empty / "checkpoint.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="did not finish .* --resume"):
+        run_model(empty)
+    population = tmp_path / "population"
+    (population / "members").mkdir(parents=True)
+    for seed in (10, 2, 31):
+        (population / "members" / f"seed_{seed}.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match=r"population's run directory: .*seed_2\.safetensors"):
+        run_model(population)

@@ -74,6 +74,47 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
             torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 
+class _GridObservationEnv:
+    """A Gymnasium env whose observations are float (2, 3) arrays (populations flatten them for their networks)."""
+
+    @staticmethod
+    def register() -> str:
+        import gymnasium as gym
+        import numpy as np
+
+        class Env(gym.Env):
+            observation_space = gym.spaces.Box(-5.0, 5.0, (2, 3))
+            action_space = gym.spaces.Discrete(2)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.t = 0
+                return self.np_random.normal(1.0, 2.0, (2, 3)).astype(np.float32), {}
+
+            def step(self, action):
+                self.t += 1
+                obs = self.np_random.normal(1.0, 2.0, (2, 3)).astype(np.float32)
+                return obs, float(action) * 3.0, False, self.t >= 20, {}
+
+        if "GridObservation-v0" not in gym.registry:
+            gym.register("GridObservation-v0", entry_point=Env, max_episode_steps=20)
+        return "GridObservation-v0"
+
+
+def test_multi_dimensional_observations_are_normalised_per_member_as_the_solo_runs():
+    env_id = _GridObservationEnv.register()
+    population = Population(PPO, env_id, seeds=[3, 7], env_backend="gymnasium", **SMALL, **NORMALIZE)
+    population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    population.train_iteration()
+    population.train_iteration()
+    for k, seed in enumerate([3, 7]):
+        _, solo_trained = _solo_state(seed, iterations=2, env_id=env_id, env_backend="gymnasium", **NORMALIZE)
+        trained = {**population.member_state(k), **population.member_statistics(k)}
+        assert trained["obs_rms.mean"].shape == (2, 3)
+        for name, value in solo_trained.items():
+            torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("algo_name, env_id, hyper", [
     ("PPO", "Pendulum-v1", {**SMALL, **NORMALIZE}),
     ("SAC", "Pendulum-v1", {"learning_starts": 64, "batch_size": 32, "net_arch": [32, 32]}),

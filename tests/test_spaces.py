@@ -413,6 +413,22 @@ def test_predict_takes_a_tuple_env_s_observation_as_the_env_returns_it():
         model.predict(obs[0])
 
 
+def test_a_tuple_of_eleven_elements_or_with_a_dropped_element_is_read_by_position():
+    """Dict keys sort as text ("0", "1", "10", "2", ...) and an element no encoder takes is dropped ("0", "2"): a
+    tuple still maps by position."""
+    from rlspeed.algos.base import as_observation_batch
+
+    eleven = check_observation_space(gym.spaces.Tuple([gym.spaces.Discrete(5)] * 11), "Eleven-v0")
+    batch, _, single = as_observation_batch(tuple(range(11)), eleven, torch.device("cpu"))
+    assert single and {key: int(value[0]) for key, value in batch.items()} == {str(i): i for i in range(11)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warning that the Text element is skipped)
+        dropped = check_observation_space(gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Text(4),
+                                                            gym.spaces.Discrete(4))), "Dropped-v0")
+    batch, _, _ = as_observation_batch((2, "word", 3), dropped, torch.device("cpu"))
+    assert {key: int(value[0]) for key, value in batch.items()} == {"0": 2, "2": 3}
+
+
 def test_observation_normalisation_applies_to_float_keys_only():
     env = make_env(_pendulum("dict"), normalize_obs=True)
     model = rlspeed.PPO(env, seed=0, num_steps=8, batch_size=16, n_epochs=1, **SMALL)

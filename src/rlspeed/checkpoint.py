@@ -62,9 +62,13 @@ def run_model(path: str | os.PathLike) -> Path:
         return path
     if (path / "model.safetensors").is_file():
         return path / "model.safetensors"
-    members = sorted((path / MEMBERS_DIR).glob("seed_*.safetensors"))
+    members = sorted((path / MEMBERS_DIR).glob("seed_*.safetensors"),
+                     key=lambda member: (len(member.stem), member.stem))  # (seed_2 before seed_10)
     if members:
         raise UserError(f"'{path}' is a population's run directory: give one member's model, e.g. '{members[0]}'.")
+    if (path / "checkpoint.safetensors").is_file():
+        raise UserError(f"'{path}' holds a run that did not finish (a checkpoint, no model yet): `rlspeed train ... "
+                        f"--resume --out {path}` finishes it, or give a model file.")
     raise UserError(f"'{path}' is a directory without a model.safetensors (a run directory gets one when training "
                     "finishes); give the model file.")
 

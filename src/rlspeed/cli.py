@@ -35,7 +35,6 @@ RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", 
              "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
 
 
-
 class Terminated(KeyboardInterrupt):
     """SIGTERM during training, raised like Ctrl-C's KeyboardInterrupt so that the same path saves the run."""
 
@@ -416,6 +415,7 @@ def _train_population(args: argparse.Namespace) -> int:
         return code
     summary["preset"] = args.preset_info
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
+    _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")  # (before anything else can fail)
     summary["member_models"] = _save_member_models(population, summary, run_dir)
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     plot_learning_curves(summary, run_dir / "learning_curves.png")
@@ -433,9 +433,10 @@ def _train_population(args: argparse.Namespace) -> int:
               f"{summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
     if saved:
+        from rlspeed.checkpoint import MEMBERS_DIR
+
         print(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
-              f"{run_dir / next(iter(saved.values())).split('/')[0]}/seed_<S>.safetensors, {len(saved)} of "
-              f"{len(seeds)} members")
+              f"{run_dir / MEMBERS_DIR}/seed_<S>.safetensors, {len(saved)} of {len(seeds)} members")
     print(f"rlspeed: run directory {run_dir}")
     return 0
 
@@ -972,19 +973,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     `--json` prints the result as JSON on stdout and the human line on stderr.
     """
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.checkpoint import load_checkpoint, run_model
+    from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, run_model
 
-    path = Path(args.checkpoint)
-    if path.is_dir():  # a run directory, as `rlspeed train` prints it
-        config_file = run_model(path).parent / "config.yaml"
-        if config_file.is_file():  # the modules that registered the run's env
-            try:
-                recorded = (yaml.safe_load(config_file.read_text()) or {}).get("gym_packages") or []
-            except (yaml.YAMLError, AttributeError, OSError):
-                recorded = []
-            if isinstance(recorded, list):
-                args.gym_packages = [*recorded, *(args.gym_packages or [])]
-        path = run_model(path)
+    given = Path(args.checkpoint)
+    path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
+    # the run directory of a run's model or of a population member's model
+    run_dir = given if given.is_dir() else given.parent.parent if given.parent.name == MEMBERS_DIR else None
+    config_file = run_dir / "config.yaml" if run_dir is not None else None
+    if config_file is not None and config_file.is_file():  # the modules that registered the run's env
+        try:
+            recorded = (yaml.safe_load(config_file.read_text()) or {}).get("gym_packages") or []
+        except (yaml.YAMLError, AttributeError, OSError):
+            recorded = []
+        if isinstance(recorded, list):
+            args.gym_packages = [*recorded, *(args.gym_packages or [])]
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None

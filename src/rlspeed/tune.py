@@ -369,7 +369,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     space, notes = load_search_space(search_space, algo_cls, hyperparameters, tuple(fixed))
     for note in notes:
         say(f"rlspeed: {note}")
-    # a setup the population refuses (normalisation, action masks, gSDE, ...) fails here, before the study records
+    # a setup the population refuses (action masks, gSDE, encoders, ...) fails here, before the study records
     # any trial
     Population(algo_cls, env_id, seeds=[seed], device=device, **hyperparameters)
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,

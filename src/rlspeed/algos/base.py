@@ -116,8 +116,11 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     dimension."""
     if isinstance(space, gym.spaces.Dict):
         keys = list(space.spaces)
-        if isinstance(observation, (tuple, list)) and keys == [str(i) for i in range(len(observation))]:
-            observation = dict(zip(keys, observation))  # a Tuple env's observation (its space: keys "0", "1", ...)
+        if isinstance(observation, (tuple, list)) and all(key.isdigit() and int(key) < len(observation)
+                                                          for key in keys):
+            # a Tuple env's observation: its space became keys "0", "1", ... (an element no encoder takes, such as a
+            # Text, dropped; the keys in text order)
+            observation = {str(i): value for i, value in enumerate(observation)}
         if not isinstance(observation, dict):
             raise UserError(f"This model takes Dict observations (keys {', '.join(space.spaces)}); pass a dict of "
                             "arrays, one per key, as the env returns them (for a Tuple env: its tuple).")

@@ -28,8 +28,9 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         ids = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(close)}?" if close else (
-            " If a package registers it, name that package: `--gym-packages MODULE` (or the id `MODULE:EnvId`); "
-            "`python -c \"import gymnasium; print(list(gymnasium.registry))\"` lists the registered ids.")
+            " If a package registers it, import that package first, or name it in the id (`MODULE:EnvId`; the CLI "
+            "also takes `--gym-packages MODULE`); `python -c \"import gymnasium; print(list(gymnasium.registry))\"` "
+            "lists the registered ids.")
         raise UserError(f"Unknown env id '{env_id}'.{hint}") from None
 
 

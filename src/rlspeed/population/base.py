@@ -349,7 +349,7 @@ class PopulationBase:
 
     # --- env rows ----------------------------------------------------------------------------------------------
     def _mean_returns(self, seeds: Sequence[int], episodes: int, policy: Callable[[torch.Tensor], torch.Tensor],
-                      members: Sequence[int] = ()) -> torch.Tensor:
+                      members: Sequence[int]) -> torch.Tensor:
         """Mean return `[len(seeds)]` (host tensor) of `episodes` episodes per seed, block j on an env seeded
         `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call, for
         `members`: see `_normalized_env`), actions from `policy(obs)`: each row's first episode

@@ -24,8 +24,8 @@ _CLIP, _EPS, _INITIAL_COUNT = 10.0, 1e-8, 1e-4  # as `NormalizeObservation`, `No
 
 @dataclasses.dataclass
 class MemberStatistics:
-    """Running means, variances and counts per member: observations `[K, obs_dim]`, discounted returns `[K]`
-    (`None` where that normalisation is off), as a solo run's `obs_rms` and `return_rms` hold them."""
+    """Running means, variances and counts per member: observations `[K, *observation_shape]`, discounted returns
+    `[K]` (`None` where that normalisation is off), as a solo run's `obs_rms` and `return_rms` hold them."""
 
     obs_mean: torch.Tensor | None
     obs_var: torch.Tensor | None
@@ -35,14 +35,14 @@ class MemberStatistics:
     ret_count: torch.Tensor | None
 
     @classmethod
-    def fresh(cls, size: int, obs_dim: int, observations: bool, rewards: bool,
+    def fresh(cls, size: int, observation_shape: tuple[int, ...], observations: bool, rewards: bool,
               device: torch.device) -> MemberStatistics:
         """Statistics before any data (mean 0, variance 1, count 1e-4, as `RunningMeanStd` starts)."""
         def moments(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             return (torch.zeros(shape, device=device), torch.ones(shape, device=device),
                     torch.full((size,), _INITIAL_COUNT, device=device))
 
-        obs = moments((size, obs_dim)) if observations else (None, None, None)
+        obs = moments((size, *observation_shape)) if observations else (None, None, None)
         ret = moments((size,)) if rewards else (None, None, None)
         return cls(*obs, *ret)
 
@@ -104,19 +104,20 @@ class MemberNormalize(EnvWrapper):
     def _own_state(self) -> dict[str, torch.Tensor]:
         return {"_returns": self._returns}
 
-    def _per_row(self, value: torch.Tensor) -> torch.Tensor:
-        return value.repeat_interleave(self.rows_per_member, 0)
+    def _blocks(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows `[K * N, ...]` as member blocks `[K, N, ...]` (a view)."""
+        return x.view(self.members, self.rows_per_member, *x.shape[1:])
 
     def _normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         stats = self.statistics
-        mean, var = self._per_row(stats.obs_mean), self._per_row(stats.obs_var)
-        return ((obs - mean) / torch.sqrt(var + _EPS)).clamp(-_CLIP, _CLIP)
+        blocks = self._blocks(obs)
+        normalized = (blocks - stats.obs_mean.unsqueeze(1)) / torch.sqrt(stats.obs_var.unsqueeze(1) + _EPS)
+        return normalized.clamp_(-_CLIP, _CLIP).view(obs.shape)
 
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
             stats = self.statistics
-            _fold(stats.obs_mean, stats.obs_var, stats.obs_count,
-                  obs.to(torch.float32).view(self.members, self.rows_per_member, -1))
+            _fold(stats.obs_mean, stats.obs_var, stats.obs_count, self._blocks(obs.to(torch.float32)))
 
     def reset(self, seed=None):
         """Zero the running returns, reset the inner env, fold the first observations in (while `training`) and
@@ -146,5 +147,6 @@ class MemberNormalize(EnvWrapper):
                 _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
                       self._returns.view(self.members, self.rows_per_member))
                 self._returns.mul_((~(terminated | truncated)).to(torch.float32))
-            reward = (reward / torch.sqrt(self._per_row(stats.ret_var) + _EPS)).clamp(-_CLIP, _CLIP)
+            scale = torch.sqrt(stats.ret_var.unsqueeze(1) + _EPS)
+            reward = (self._blocks(reward) / scale).clamp_(-_CLIP, _CLIP).view(reward.shape)
         return obs, reward, terminated, truncated, info

@@ -448,14 +448,19 @@ class OffPolicyPopulation(PopulationBase):
         steps = cfg.train_freq * envs
         if self.num_timesteps + steps - self._buffer_start > cfg.learning_starts and len(buffer):
             if cfg.anneal_lr:  # (the progress after this collection, as `OffPolicyAlgorithm._train_iteration`)
-                span = max(self._schedule_end - self._learn_start, 1)
-                scale = max(1.0 - (self.num_timesteps + steps - self._learn_start) / span, 0.0)
+                scale = self._progress_remaining(self.num_timesteps + steps)
                 for name in self._adams:
                     getattr(self, name).lr_scale = scale
             self._gradient_steps(steps)
         self._after_iteration(before)
         self.num_timesteps += steps
         return steps
+
+    def _progress_remaining(self, timesteps: int) -> float:
+        """1 at the start of this learn call's schedule, 0 at its end, at `timesteps` (`Algorithm._progress_remaining`,
+        the solo runs')."""
+        span = max(self._schedule_end - self._learn_start, 1)
+        return max(1.0 - (timesteps - self._learn_start) / span, 0.0)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Finished rows `[K * N]` (TD3's Ornstein-Uhlenbeck noise restarts there)."""
@@ -656,7 +661,7 @@ class OffPolicyPopulation(PopulationBase):
             actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
-        return self._mean_returns(seeds, episodes, policy)
+        return self._mean_returns(seeds, episodes, policy, members)
 
     def _row_counts(self) -> dict[str, int]:
         """How many tensors each of a member's row groups holds (`_member_lists`' lengths; 1 per member tensor)."""

@@ -137,9 +137,8 @@ class PPOPopulation(PopulationBase):
         # every member's as it left (rows of members still training are stale): None without normalisation
         self._normalization = self._final_normalization = None
         if cfg.normalize_obs or cfg.normalize_reward:
-            obs_dim = math.prod(self.spec.observation_shape)
-            self._normalization = MemberStatistics.fresh(size, obs_dim, cfg.normalize_obs, cfg.normalize_reward,
-                                                         self.device)
+            self._normalization = MemberStatistics.fresh(size, tuple(self.spec.observation_shape), cfg.normalize_obs,
+                                                         cfg.normalize_reward, self.device)
             self._final_normalization = self._normalization.rows(torch.arange(size, device=self.device))
         self.num_timesteps = 0  # env steps per member
         self._env = None
@@ -232,7 +231,7 @@ class PPOPopulation(PopulationBase):
         if self._env is None:
             self._start_env()
         env, steps = self._env, cfg.num_steps
-        obs_dim = self._obs.shape[-1]
+        obs_dim = self._obs[0].numel()  # (stored flat: the networks take observations flattened)
         action_shape = () if self.kind == "categorical" else (self.action_dim,)
         buffers, rows = self._rollout_storage(size, obs_dim, action_shape)
         buf_obs, buf_next, buf_actions, buf_log_probs, buf_values, buf_rewards, buf_terminated, buf_dones = buffers
@@ -242,8 +241,8 @@ class PPOPopulation(PopulationBase):
                 out, values = self.forward(obs.view(size, envs, -1))
                 actions, log_probs = self._sample(out, step)
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
-                torch._foreach_copy_(rows[step], (obs, info["final_obs"], actions, log_probs, values, rewards,
-                                                  terminated, terminated | truncated))
+                torch._foreach_copy_(rows[step], (obs.flatten(1), info["final_obs"].flatten(1), actions, log_probs,
+                                                  values, rewards, terminated, terminated | truncated))
                 obs = next_obs
             self._obs = obs
             next_obs_per_member = buf_next.view(steps, size, envs, -1).transpose(0, 1).reshape(size, -1, obs_dim)
