@@ -20,7 +20,9 @@ torch.set_num_threads(--threads, default 1) for every run. The 1-minute load ave
 every run (the machine may be shared); each run also records its process's CPU time, which leaves out the time it
 waited for a core.
 
-Usage: python benchmarks/lunar_lander.py [--seeds N] [--algos ppo,dqn | --algos sac,td3] [--threads 1] [--no-write]
+Usage: python benchmarks/lunar_lander.py [--seeds N] [--first-seed S] [--add] [--algos ppo,dqn | --algos sac,td3]
+[--threads 1] [--no-write] (`--add`: the section's stored runs (results/<section>.json) join this call's, so seeds
+can be run one call at a time)
 (the discrete pairs publish section `lunar_lander`, the continuous ones `lunar_lander_continuous_<algos>`)
 """
 
@@ -153,7 +155,9 @@ def table(runs: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per algorithm: first-seed .. first-seed + N - 1")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--add", action="store_true", help="keep the section's stored runs and add this call's")
     parser.add_argument("--algos", default="ppo,dqn")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=int, help="env steps per run instead of RL-Zoo's (a quick check)")
@@ -174,7 +178,7 @@ def main() -> None:
                          "each env has its own section.")
     runs = []
     for algo in algos:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             order = ("rlspeed", "sb3") if seed % 2 == 0 else ("sb3", "rlspeed")
             for side in order:
                 runs.append(fresh_process(algo, side, seed, args))
@@ -185,18 +189,24 @@ def main() -> None:
     name = "lunar_lander"  # the discrete pairs; each continuous run has its own section, so they can run in parallel
     if env_ids[0].startswith("LunarLanderContinuous"):
         name = "_".join(["lunar_lander_continuous", *algos])
+    if args.add:  # the runs stored before, of other seeds (a rerun seed replaces its stored runs)
+        stored = json.loads((common.RESULTS_DIR / f"{name}.json").read_text())["runs"]
+        ran = {(run["algo"], run["name"], run["seed"]) for run in runs}
+        runs = [run for run in stored if (run["algo"], run["name"], run["seed"]) not in ran] + runs
+    seeds = sorted({run["seed"] for run in runs})
     names = " and ".join(algo.upper() for algo in algos)
     every = ", ".join(f"{algo.upper()} evaluated every {EVAL_FREQ[algo]:,} env steps" for algo in algos)
     budgets = ", ".join(f"{algo.upper()} {budget(algo):,}" for algo in algos)
     lines = [f"## {env_ids[0]}: {names} to 200 beside SB3 (`benchmarks/lunar_lander.py`)", "",
-             f"RL-Zoo's settings for both (see the script's docstring), {args.seeds} seed(s) per algorithm, each run a "
+             f"RL-Zoo's settings for both (see the script's docstring), seed(s) {', '.join(map(str, seeds))} per "
+             "algorithm, each run a "
              "fresh process, the sides alternating; training seconds exclude evaluations; a run stops at the first "
              f"deterministic 10-episode evaluation with mean >= {TARGET_RETURN:g} ({every}); the budget is RL-Zoo's "
              f"n_timesteps ({budgets}). The process CPU time counts training and evaluations and leaves out waiting "
              "for a core.", "", table(runs)]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "rl_zoo3"))
     machine["torch_threads"] = args.threads
-    common.publish(name, lines, {"settings": {"seeds": args.seeds, "eval_freq": {a: EVAL_FREQ[a] for a in algos},
+    common.publish(name, lines, {"settings": {"seeds": seeds, "eval_freq": {a: EVAL_FREQ[a] for a in algos},
                                               "threads": args.threads}, "runs": runs},
                    not args.no_write, machine=machine)
 
