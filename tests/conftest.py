@@ -225,3 +225,16 @@ def random_population_batch(population, batch: int, generator: torch.Generator):
         actions = out + torch.randn(out.shape, generator=generator)
     return obs, out, values, actions
 
+
+def network_layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weight [out, fan_in], bias) of every linear and convolution layer (ensemble members one by one), in module
+    order."""
+    from rlspeed.nn import EnsembleMLP
+
+    layers = []
+    for module in policy.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
+            layers.append((module.weight.flatten(1), module.bias))
+        elif isinstance(module, EnsembleMLP):
+            layers += [(w[k].T, b[k].flatten()) for w, b in zip(module.weights, module.biases) for k in range(len(w))]
+    return layers

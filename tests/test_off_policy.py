@@ -8,7 +8,7 @@ import json
 import gymnasium as gym
 import pytest
 import torch
-from conftest import first_ou_noise, needs_box2d
+from conftest import first_ou_noise, needs_box2d, network_layers
 
 from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.algos.off_policy import polyak_update
@@ -177,6 +177,30 @@ def test_anneal_lr_decays_the_learning_rate_linearly_as_sb3_s_schedule(algo, ann
     for before, rates in seen:
         expected = 1e-3 * (1 - (before + 4) / 200) if anneal else 1e-3
         assert len(rates) == 1 and rates.pop() == pytest.approx(expected, abs=1e-12), before
+
+
+@pytest.mark.parametrize("algo", ALL)
+def test_ortho_init_false_and_adam_eps_give_sb3s_off_policy_networks_and_optimizer(algo):
+    """What RL-Zoo's translation sets for SAC, TD3, DDPG and DQN (SB3's networks keep PyTorch's initialisation and
+    its Adam epsilon 1e-8): every online layer initialised as a new one (weights and biases uniform within
+    1/sqrt(fan_in), biases not all zero), the target networks copies of them, the optimizer's eps the given one;
+    rlspeed's default is orthogonal with zero biases."""
+    default = algo(env_for(algo), seed=0, **TINY)
+    plain = algo(env_for(algo), seed=0, ortho_init=False, adam_eps=1e-8, **TINY)
+    online = {name: module for name, module in plain._modules().items()
+              if isinstance(module, torch.nn.Module) and not name.endswith("target")}
+    assert online and all(group["eps"] == 1e-8 for group in plain.optimizer.param_groups)
+    assert all(group["eps"] == 1e-5 for group in default.optimizer.param_groups)
+    for name, module in online.items():
+        layers = network_layers(module)
+        assert len(layers) >= 3, name
+        for weight, bias in layers:
+            bound = 1 / weight.shape[1] ** 0.5
+            assert weight.abs().max() <= bound and bias.abs().max() <= bound and bias.abs().max() > 0, name
+        target = plain._modules().get("q_target" if name == "q_network" else f"{name}_target")
+        for (weight, bias), (target_weight, target_bias) in zip(layers, network_layers(target) if target else []):
+            assert torch.equal(weight, target_weight) and torch.equal(bias, target_bias), name
+        assert not any(bias.any() for _, bias in network_layers(default._modules()[name])), name
 
 
 def test_dqn_collection_explores_at_each_steps_epsilon_and_acts_greedily_otherwise():

@@ -48,11 +48,13 @@ def _solo(algo, seed: int, steps: int, **hyper) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("algo, update", [(SAC, {}), (SAC, {"fused_update": False}), (TD3, {}), (DDPG, {}),
-                                          (SAC, {"anneal_lr": True}), (TD3, {"anneal_lr": True})])
+                                          (SAC, {"anneal_lr": True}), (TD3, {"anneal_lr": True}),
+                                          (SAC, {"ortho_init": False, "adam_eps": 1e-8})])
 def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo, update):
     """SAC's members by the hand-derived gradient (fused_update, the default) and by autograd alike (the solo runs
     use their default update); TD3's and DDPG's (one critic, no delay or smoothing) by autograd; with anneal_lr,
-    every member's learning rate decays as its solo run's."""
+    every member's learning rate decays as its solo run's; SB3's initialisation and Adam epsilon (RL-Zoo's
+    translation) reach the members."""
     seeds = [3, 7]
     per_member = {key: [DEFAULTS[algo][key], value] for key, value in MEMBER_VALUES[algo].items()}
     population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member, **update})
@@ -65,7 +67,7 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
     for k, seed in enumerate(seeds):
         own = {key: values[k] for key, values in per_member.items()}
         solo_initial, solo_trained = _solo(algo, seed, STEPS, **own,
-                                           **{key: value for key, value in update.items() if key == "anneal_lr"})
+                                           **{key: value for key, value in update.items() if key != "fused_update"})
         trained = population.member_state(k)
         assert trained.keys() == solo_trained.keys()
         for name, value in solo_initial.items():

@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import network_layers
 
 import rlspeed
 from rlspeed import PPO
@@ -238,20 +239,6 @@ def test_evaluate_function_and_method_agree_on_the_models_own_env():
     assert rlspeed.evaluate(native, episodes=4, seed=5) == native.evaluate(episodes=4, seed=5)
 
 
-def _layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(weight [out, fan_in], bias) of every linear and convolution layer (ensemble members one by one), in module
-    order."""
-    from rlspeed.nn import EnsembleMLP
-
-    layers = []
-    for module in policy.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Conv2d)):
-            layers.append((module.weight.flatten(1), module.bias))
-        elif isinstance(module, EnsembleMLP):
-            layers += [(w[k].T, b[k].flatten()) for w, b in zip(module.weights, module.biases) for k in range(len(w))]
-    return layers
-
-
 @pytest.mark.parametrize("algo, env_id, extra", [
     (rlspeed.PPO, "CartPole-v1", {}), (rlspeed.A2C, "Pendulum-v1", {}),
     (rlspeed.PPO, "Pendulum-v1", {"use_sde": True}), (rlspeed.RecurrentPPO, "CartPole-v1", {}),
@@ -265,7 +252,7 @@ def test_ortho_init_false_keeps_pytorchs_default_initialisation(algo, env_id, ex
     default = algo(env_id, seed=0, num_envs=2, **extra)
     plain = algo(env_id, seed=0, num_envs=2, ortho_init=False, **extra)
     assert plain.config.ortho_init is False
-    default_layers, plain_layers = _layers(default.policy), _layers(plain.policy)
+    default_layers, plain_layers = network_layers(default.policy), network_layers(plain.policy)
     assert len(plain_layers) == len(default_layers) >= 3
     for (weight, bias), (_, ortho_bias) in zip(plain_layers, default_layers):
         bound = 1 / weight.shape[1] ** 0.5

@@ -128,11 +128,15 @@ def test_policy_kwargs_net_arch_and_activation():
             "activation"] == expected
     assert refused(translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.GELU)"})) == {
         "policy_kwargs.activation_fn"}
-    for algo in ("ppo", "a2c", "recurrent_ppo"):  # SB3's on-policy policies have ortho_init; rlspeed's too
+    for algo in ("ppo", "a2c", "recurrent_ppo", "sac", "td3", "ddpg", "dqn"):  # (every rlspeed algorithm has it)
         plain = translated(algo, {"policy_kwargs": "dict(ortho_init=False)"})
         assert plain.status == "full" and plain.hyperparameters["ortho_init"] is False
     assert translated("ppo", {"policy_kwargs": "dict(ortho_init=True)"}).status == "full"
-    assert refused(translated("sac", {"policy_kwargs": "dict(ortho_init=False)"})) == {"policy_kwargs.ortho_init"}
+    assert refused(translated("sac", {"policy_kwargs": "dict(ortho_init=1)"})) == {"policy_kwargs.ortho_init"}
+    for algo in ("sac", "td3", "ddpg", "dqn"):  # SB3's off-policy networks: PyTorch's initialisation, Adam eps 1e-8
+        defaults = translated(algo, {}).hyperparameters
+        assert (defaults["ortho_init"], defaults["adam_eps"]) == (False, 1e-8), algo
+        assert translated(algo, {"policy_kwargs": "dict(ortho_init=True)"}).hyperparameters["ortho_init"] is True
     # gSDE's squashing and mean clipping: SB3's defaults are what rlspeed does; other values are refused
     assert translated("ppo", {"policy_kwargs": "dict(squash_output=False)"}).status == "full"
     assert translated("sac", {"policy_kwargs": "dict(clip_mean=2.0, squash_output=True)"}).status == "full"

@@ -36,7 +36,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.fused.dqn import FusedDQNUpdate, unsupported_reason
 from rlspeed.fused.flat import sequential_linears
-from rlspeed.nn import QNetwork, encoder_from_config, make_adam, masked_logits, to_device
+from rlspeed.nn import QNetwork, default_init_, encoder_from_config, make_adam, masked_logits, to_device
 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
 
@@ -96,13 +96,16 @@ class DQN(OffPolicyAlgorithm):
     def _setup(self) -> None:
         self._masking = False  # whether this run applies the env's action masks (decided in `_start_masking`)
         cfg, spec = self.config, self.spec
-        self.q_network = to_device(QNetwork(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling,
-                                            encoder=encoder_from_config(spec.observation_space, cfg)), self.device)
+        q_network = QNetwork(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling,
+                             encoder=encoder_from_config(spec.observation_space, cfg))
+        if not cfg.ortho_init:
+            default_init_(q_network)
+        self.q_network = to_device(q_network, self.device)
         self.q_target = frozen_copy(self.q_network)
         self.policy = self.q_network
         self._params = list(self.q_network.parameters())
         self._target_params = list(self.q_target.parameters())
-        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
+        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
         self._update_step = self._make_update_step()
         self._index_dtype = rules(self.device).index_dtype
         # The greedy action during collection: a plain MLP on float vectors runs as its addmm/activation kernels,

@@ -61,12 +61,16 @@ class OffPolicyConfig:
     learning_starts: int = 100  # env steps of uniform random actions (and no updates) at the start
     buffer_size: int = 1_000_000
     learning_rate: float = 3e-4
+    adam_eps: float = 1e-5  # Adam's epsilon (SB3's off-policy algorithms: torch's default, 1e-8)
     anneal_lr: bool = False  # linear decay of the learning rate to 0 over total_timesteps (SB3 and RL-Zoo's lin_X)
     tau: float = 0.005  # Polyak coefficient of the target networks (1.0: hard copy)
     gamma: float = 0.99
     n_step: int = 1  # n-step returns in the replay buffer
     net_arch: tuple[int, ...] = (256, 256)
     activation: str = "relu"
+    #: orthogonal initialisation of the networks' layers (gain sqrt(2) on hidden layers); False keeps PyTorch's
+    #: default initialisation, which SB3's off-policy algorithms use
+    ortho_init: bool = True
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
@@ -84,6 +88,7 @@ class OffPolicyConfig:
         require(self.buffer_size >= self.num_envs,
                 f"buffer_size ({self.buffer_size}) must be at least num_envs ({self.num_envs}).")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}.")
+        require(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}.")
         require(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}.")
         require(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}.")
         require(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}.")

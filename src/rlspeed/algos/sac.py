@@ -28,6 +28,7 @@ from rlspeed.nn import (
     LOG_STD_MIN,
     QEnsemble,
     SquashedGaussianActor,
+    default_init_,
     encoder_from_config,
     make_adam,
     to_device,
@@ -90,9 +91,13 @@ class SAC(OffPolicyAlgorithm):
         else:
             actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
                                           encoder=encoder_from_config(spec.observation_space, cfg))
+        critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                           encoder=encoder_from_config(spec.observation_space, cfg))
+        if not cfg.ortho_init:
+            default_init_(actor)
+            default_init_(critic)
         self.actor = to_device(actor, self.device)
-        self.critic = to_device(QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                          encoder=encoder_from_config(spec.observation_space, cfg)), self.device)
+        self.critic = to_device(critic, self.device)
         self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
         self.autotune = cfg.ent_coef is None
@@ -104,7 +109,7 @@ class SAC(OffPolicyAlgorithm):
         self._target_params = list(self.critic_target.parameters())
         # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`).
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
-        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device)
+        self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
         self._update_step = select_update(self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params,
                                           max_grad_norm=None, name="sac", reference_cls=SAC,
                                           unsupported=unsupported_reason(self.actor, self.critic),

@@ -23,7 +23,7 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import DeterministicActor, QEnsemble, encoder_from_config, make_adam, to_device
+from rlspeed.nn import DeterministicActor, QEnsemble, default_init_, encoder_from_config, make_adam, to_device
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -72,11 +72,14 @@ class TD3(OffPolicyAlgorithm):
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
-        self.actor = to_device(DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                                  encoder=encoder_from_config(spec.observation_space, cfg)),
-                               self.device)
-        self.critic = to_device(QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                          encoder=encoder_from_config(spec.observation_space, cfg)), self.device)
+        actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                   encoder=encoder_from_config(spec.observation_space, cfg))
+        critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                           encoder=encoder_from_config(spec.observation_space, cfg))
+        if not cfg.ortho_init:
+            default_init_(actor)
+            default_init_(critic)
+        self.actor, self.critic = to_device(actor, self.device), to_device(critic, self.device)
         self.actor_target = frozen_copy(self.actor)
         self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
@@ -86,7 +89,7 @@ class TD3(OffPolicyAlgorithm):
         self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
         # One Adam for actor and critics: their losses share no parameters (see `_update`); on critic-only steps
         # the actor has no gradients and Adam leaves it (and its moment estimates) alone.
-        self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device)
+        self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
         self._critic_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
                                           params=self._online_params, max_grad_norm=None, name=f"{self.name}-critic")
         self._update_step = select_update(self, loss_fn=self._critic_and_actor_loss, optimizer=self.optimizer,

@@ -78,10 +78,10 @@ PER_MEMBER_DQN = ("learning_rate", "gamma", "tau", "max_grad_norm", "exploration
                   "exploration_final_eps")
 #: Hyperparameters that change shapes or the loop's structure: one value for the whole population
 SHARED_ONLY_OFFPOLICY = ("net_arch", "num_envs", "train_freq", "gradient_steps", "batch_size", "learning_starts",
-                         "anneal_lr", "buffer_size", "n_step", "activation", "encoder", "cnn_features_dim",
-                         "normalize_images", "n_critics", "fused_update", "policy_delay", "action_noise",
-                         "target_update_interval", "double_q", "dueling", "use_masking")
-_ADAM_BETAS, _ADAM_EPS = (0.9, 0.999), 1e-5  # as `rlspeed.nn.make_adam`
+                         "anneal_lr", "adam_eps", "ortho_init", "buffer_size", "n_step", "activation", "encoder",
+                         "cnn_features_dim", "normalize_images", "n_critics", "fused_update", "policy_delay",
+                         "action_noise", "target_update_interval", "double_q", "dueling", "use_masking")
+_ADAM_BETAS = (0.9, 0.999)  # as `rlspeed.nn.make_adam` (epsilon: the config's adam_eps)
 _SAMPLE_ROWS = 2**16  # as `rlspeed.algos.off_policy`: replay rows gathered at once for several gradient steps
 
 
@@ -115,7 +115,7 @@ class _FlatMemberAdam:
     update of this Adam (a member that stops leaves the buffer), so the step count and bias corrections are shared;
     each element's learning rate is its member's (`learning_rates`, looked up once per layout)."""
 
-    def __init__(self, params: Sequence[torch.Tensor], learning_rate: torch.Tensor,
+    def __init__(self, params: Sequence[torch.Tensor], learning_rate: torch.Tensor, eps: float,
                  exp_avg: Sequence[torch.Tensor] | None = None, exp_avg_sq: Sequence[torch.Tensor] | None = None,
                  steps: int = 0):
         size, device = params[0].shape[0], params[0].device
@@ -127,7 +127,7 @@ class _FlatMemberAdam:
             self.exp_avg_sq = (torch.cat([v.reshape(-1) for v in exp_avg_sq]) if exp_avg_sq is not None
                                else torch.zeros_like(self.flat))
         self.grad = torch.zeros_like(self.flat)
-        self.steps = steps
+        self.steps, self.eps = steps, eps
         #: the learning rates' factor for the next steps (`anneal_lr`: the progress remaining, as a solo run's)
         self.lr_scale = 1.0
         members = torch.arange(size, device=device)
@@ -152,7 +152,7 @@ class _FlatMemberAdam:
         self.steps += 1
         self.exp_avg.lerp_(self.grad, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
-        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(_ADAM_EPS)
+        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
         self.flat.addcdiv_(self.exp_avg * self.learning_rates, denom, value=-self.lr_scale / (1 - beta1 ** self.steps))
 
 
@@ -358,7 +358,7 @@ class OffPolicyPopulation(PopulationBase):
     def _kept_adam(self, adam: _FlatMemberAdam, params: list[torch.Tensor], index: torch.Tensor) -> _FlatMemberAdam:
         """A flat Adam over `params` (the stacks after `remove` kept the members at `index`) with those members'
         moments from `adam`."""
-        return _FlatMemberAdam(params, self.hyper["learning_rate"], [m[index] for m in adam.exp_avg_views],
+        return _FlatMemberAdam(params, self.hyper["learning_rate"], adam.eps, [m[index] for m in adam.exp_avg_views],
                                [v[index] for v in adam.exp_avg_sq_views], adam.steps)
 
     # --- batched MLPs ------------------------------------------------------------------------------------------
@@ -713,7 +713,7 @@ class SACPopulation(OffPolicyPopulation):
         self.log_alpha = stack_leaf([s.log_alpha for s in solos])  # [K, 1]
         self.autotune = torch.tensor([[float(s.autotune)] for s in solos], device=self.device)
         self.target_entropy = torch.tensor([[s.target_entropy] for s in solos], device=self.device)
-        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"])
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"], self.config.adam_eps)
         self._flat_targets()
         # the hand-derived gradient (as `rlspeed.fused.sac`) where the networks are ReLU or tanh MLPs with hidden
         # layers and fused_update is on, else autograd of the summed losses
@@ -913,8 +913,8 @@ class TD3Population(OffPolicyPopulation):
         self._stack_critics(solos)
         self.hyper.update(config_tensors(solos, ("target_policy_noise", "target_noise_clip", "action_noise_std",
                                                  "ou_theta", "ou_dt"), self.device))
-        self._actor_adam = _FlatMemberAdam(self._actor_params(), self.hyper["learning_rate"])
-        self._critic_adam = _FlatMemberAdam(self._critic_params(), self.hyper["learning_rate"])
+        self._actor_adam = _FlatMemberAdam(self._actor_params(), self.hyper["learning_rate"], self.config.adam_eps)
+        self._critic_adam = _FlatMemberAdam(self._critic_params(), self.hyper["learning_rate"], self.config.adam_eps)
         self._critic_updates = 0
         self._ou_noise: torch.Tensor | None = None
         # which members draw target-smoothing noise (host-side: the solo run draws none when its noise is 0), and the
@@ -1088,7 +1088,7 @@ class DQNPopulation(OffPolicyPopulation):
         # the exploration schedules and tau, per member on the host (epsilon is a host float, as `DQN.epsilon`)
         self._schedule = {k: (s.config.exploration_fraction, s.config.exploration_initial_eps,
                               s.config.exploration_final_eps, s.config.tau) for k, s in enumerate(solos)}
-        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"])
+        self._adam = _FlatMemberAdam(self._params(), self.hyper["learning_rate"], self.config.adam_eps)
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _params(self) -> list[torch.Tensor]:

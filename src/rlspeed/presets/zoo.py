@@ -37,10 +37,11 @@ SB3_DEFAULTS: dict[str, dict] = {
             "vf_coef": 1.0},
     "recurrent_ppo": {"num_envs": 1, "anneal_lr": False, "anneal_clip": False, "vf_coef": 1.0},
     "a2c": {"num_envs": 1},
-    "dqn": {"num_envs": 1, "double_q": False},
-    "sac": {"num_envs": 1},
-    "td3": {"num_envs": 1, "action_noise": "none"},
-    "ddpg": {"num_envs": 1, "action_noise": "none"},
+    # (SB3's off-policy networks keep PyTorch's default initialisation, and their Adam torch's default epsilon)
+    "dqn": {"num_envs": 1, "double_q": False, "ortho_init": False, "adam_eps": 1e-8},
+    "sac": {"num_envs": 1, "ortho_init": False, "adam_eps": 1e-8},
+    "td3": {"num_envs": 1, "action_noise": "none", "ortho_init": False, "adam_eps": 1e-8},
+    "ddpg": {"num_envs": 1, "action_noise": "none", "ortho_init": False, "adam_eps": 1e-8},
 }
 
 #: keys with the same name and meaning in SB3 and rlspeed (the config build says which algorithm has which)
@@ -443,11 +444,10 @@ class _Translator:
                 self.refuse(key, f"{item!r}: an option of gSDE, which rlspeed's {self.algo} has not")
             elif name in ("log_std_init", "full_std", "use_expln"):  # (the config check refuses them where absent)
                 self.set(name, item, key)
-            elif name == "ortho_init" and self.algo in ON_POLICY and isinstance(item, bool):
+            elif name == "ortho_init" and isinstance(item, bool):
                 self.set("ortho_init", item, key)
             elif name == "ortho_init":
-                self.refuse(key, f"{item!r}: rlspeed's {self.algo} networks are always initialised orthogonally"
-                            if isinstance(item, bool) else f"{item!r}: ortho_init is True or False")
+                self.refuse(key, f"{item!r}: ortho_init is True or False")
             elif name == "lstm_hidden_size" and self.algo == "recurrent_ppo":
                 self.set("lstm_hidden_size", item, key)
             elif name in ("enable_critic_lstm", "shared_lstm", "n_lstm_layers") and self.algo == "recurrent_ppo":
