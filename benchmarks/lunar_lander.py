@@ -20,10 +20,10 @@ torch.set_num_threads(--threads, default 1) for every run. The 1-minute load ave
 every run (the machine may be shared); each run also records its process's CPU time, which leaves out the time it
 waited for a core.
 
-Usage: python benchmarks/lunar_lander.py [--seeds N] [--first-seed S] [--add] [--algos ppo,dqn | --algos sac,td3]
-[--threads 1] [--no-write] (`--add`: the section's stored runs (results/<section>.json) join this call's, so seeds
-can be run one call at a time)
-(the discrete pairs publish section `lunar_lander`, the continuous ones `lunar_lander_continuous_<algos>`)
+Usage: python benchmarks/lunar_lander.py [--seeds N] [--first-seed S] [--add] [--sides rlspeed,sb3]
+[--algos ppo,dqn | --algos sac,td3] [--threads 1] [--no-write]
+(`--add`: the section's stored runs (results/<section>.json) join this call's, so seeds can be run one call at a
+time; the discrete pairs publish section `lunar_lander`, the continuous ones `lunar_lander_continuous_<algos>`)
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seeds per algorithm: first-seed .. first-seed + N - 1")
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--add", action="store_true", help="keep the section's stored runs and add this call's")
+    parser.add_argument("--sides", default="rlspeed,sb3", help="which libraries to run (with --add: replace theirs)")
     parser.add_argument("--algos", default="ppo,dqn")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--budget", type=int, help="env steps per run instead of RL-Zoo's (a quick check)")
@@ -180,7 +181,7 @@ def main() -> None:
     for algo in algos:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             order = ("rlspeed", "sb3") if seed % 2 == 0 else ("sb3", "rlspeed")
-            for side in order:
+            for side in (side for side in order if side in args.sides.split(",")):
                 runs.append(fresh_process(algo, side, seed, args))
                 r = runs[-1]
                 print(f"  {algo} {side} seed {seed}: "
