@@ -8,7 +8,9 @@ update every 250 steps, train_freq 4 with as many gradient steps as env steps, e
 [256, 256]; SAC: lr linear from 7.3e-4, batch 256, buffer 1M, tau 0.01, 10,000 random steps, net_arch [400, 300];
 TD3: lr 1e-3, gamma 0.98, buffer 200,000, Gaussian action noise 0.1, 10,000 random steps, net_arch [400, 300]) and
 SB3's defaults for the rest: rlspeed through its translation (`load_preset(algo, env_id, "zoo")`,
-what `rlspeed train ALGO LunarLander-v3 --preset zoo` runs), SB3 from the same entry in its own names
+what `rlspeed train ALGO LunarLander-v3 --preset zoo` runs; it sets SB3's defaults where rlspeed's differ, for DQN,
+SAC and TD3 PyTorch's layer initialisation and Adam epsilon 1e-8 since commit 80ea7d9), SB3 from the same entry in
+its own names
 (`policy_kwargs` read with rlspeed's literal parser, never evaluated; `lin_X` learning rates as RL-Zoo's linear
 schedule and `noise_type`/`noise_std` as SB3's `NormalActionNoise`, as RL-Zoo builds them). The budget is the entry's
 n_timesteps.
