@@ -47,6 +47,8 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     ("Pendulum-v1", "torch", {**NORMALIZE, "gamma": [0.99, 0.9]}),
     ("Pendulum-v1", "gymnasium", NORMALIZE),
     ("CartPole-v1", "torch", {"normalize_obs": True}),
+    ("FrozenLake-v1", "gymnasium", {}),  # (Discrete observations, one-hot encoded)
+    ("Taxi-v4", "gymnasium", {"use_masking": False}),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
@@ -54,7 +56,10 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     gamma for the returns) and the data they normalise are its solo run's."""
     seeds = [3, 7]
     population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
-    assert population.update_path == ("autograd" if hyper.get("fused_update") is False else "hand-derived")
+    # (autograd where the solo run takes it: fused_update=False, or an encoder, the one-hot one here)
+    expected = "autograd" if hyper.get("fused_update") is False or env_id in ("FrozenLake-v1", "Taxi-v4") \
+        else "hand-derived"
+    assert population.update_path == expected
     population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
     population.train_iteration()
@@ -214,8 +219,10 @@ def test_other_algorithms_and_envs_are_refused():
 
     with pytest.raises(UserError, match="PPO"):
         Population(RecurrentPPO, "CartPole-v1", seeds=[0])
-    with pytest.raises(UserError, match="float vectors"):  # (a one-hot encoder for Discrete observations)
-        Population(PPO, "FrozenLake-v1", seeds=[0])
+    with pytest.raises(UserError, match="float vectors .* multi-input encoder"):  # (Blackjack's Tuple observation)
+        Population(PPO, "Blackjack-v1", seeds=[0])
+    with pytest.raises(UserError, match="normalize_obs applies to float vector observations"):
+        Population(PPO, "FrozenLake-v1", seeds=[0], normalize_obs=True)
     with pytest.raises(UserError, match="no native env"):
         Population(PPO, "LunarLander-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="env_backend"):

@@ -25,8 +25,9 @@ Envs: the native envs (`rlspeed.envs.registry.NATIVE_ENVS`), whose row block k d
 one synchronous vector env of K x N envs, member k's env i reset with seed `seeds[k] + i`, as a solo run's
 Gymnasium envs are.
 
-Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations, with
-or without observation and reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
+Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations (or
+one-hot encoded Discrete / MultiDiscrete ones: FrozenLake, Taxi without masks), with or without observation and
+reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
 on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
 Not yet: RecurrentPPO, action masks.
 
@@ -47,7 +48,7 @@ from rlspeed.buffers import gae
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import env_actions, gaussian_log_prob
+from rlspeed.nn import OneHotEncoder, env_actions, gaussian_log_prob
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
@@ -97,9 +98,16 @@ class PPOPopulation(PopulationBase):
             box = solos[0].spec.action_space
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
             self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
-        if self.kind not in ("categorical", "gaussian") or policy.encoder is not None:
-            raise UserError(f"Populations cover MLP policies on float vectors with Discrete or Box actions so far; "
-                            f"{env_id} needs a {policy.kind} policy" + (" with an encoder." if policy.encoder else "."))
+        encoder = policy.encoder
+        if self.kind not in ("categorical", "gaussian") or not (encoder is None or isinstance(encoder, OneHotEncoder)):
+            raise UserError(f"Populations cover MLP policies on float vectors (or on one-hot Discrete observations) "
+                            f"with Discrete or Box actions so far; {env_id} needs a {policy.kind} policy"
+                            + (f" with a {encoder.kind}." if encoder is not None else "."))
+        if encoder is not None and cfg.normalize_obs:
+            raise UserError("normalize_obs applies to float vector observations, and these are Discrete "
+                            "observations (one-hot encoded): drop normalize_obs.")
+        #: the members' observation encoder where they have one: the solo's one-hot encoder (no parameters)
+        self._encoder = encoder
         self.activation = policy.body.activation
         self.spec = solos[0].spec
         self.action_dim = policy.action_dim
@@ -155,7 +163,7 @@ class PPOPopulation(PopulationBase):
         layers = len(self.weights)
         weights, biases = params[:layers], params[layers:2 * layers]
         size, batch = obs.shape[0], obs.shape[1]
-        x = obs.flatten(2).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
+        x = self._features(obs).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
         last = layers - 1
         for layer, (weight, bias) in enumerate(zip(weights, biases)):
             x = torch.baddbmm(bias.flatten(0, 1), x, weight.flatten(0, 1))
@@ -163,6 +171,15 @@ class PPOPopulation(PopulationBase):
                 x = self._activate(x)
         x = x.view(size, 2, batch, -1)
         return x[:, 0], x[:, 1, :, 0]
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The networks' input `[K, B, features]` from observations `[K, B, ...]`: flattened float vectors, or the
+        one-hot encoding of Discrete / MultiDiscrete indices (stored as floats in the rollout)."""
+        if self._encoder is None:
+            return obs.flatten(2)
+        size, batch = obs.shape[0], obs.shape[1]
+        indices = obs.reshape(size * batch, -1).long()
+        return self._encoder(indices.squeeze(-1) if self._encoder.single else indices).view(size, batch, -1)
 
     def _adopt_solos(self, solos: Sequence) -> None:
         """Take what a subclass needs from the solo models before they are dropped (PPO: nothing)."""
@@ -241,7 +258,8 @@ class PPOPopulation(PopulationBase):
                 out, values = self.forward(obs.view(size, envs, -1))
                 actions, log_probs = self._sample(out, step)
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
-                torch._foreach_copy_(rows[step], (obs.flatten(1), info["final_obs"].flatten(1), actions, log_probs,
+                torch._foreach_copy_(rows[step], (obs.reshape(obs.shape[0], -1),
+                                                  info["final_obs"].reshape(obs.shape[0], -1), actions, log_probs,
                                                   values, rewards, terminated, terminated | truncated))
                 obs = next_obs
             self._obs = obs
@@ -329,7 +347,7 @@ class PPOPopulation(PopulationBase):
         size, batch = obs.shape[0], obs.shape[1]
         weights = [w.detach().flatten(0, 1) for w in self.weights]  # [2K, in, out]: member k's actor, critic
         biases = [b.detach().flatten(0, 1) for b in self.biases]
-        x = obs.flatten(2).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
+        x = self._features(obs).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
         hidden = ensemble_forward(x, weights, biases, self._tanh, self._workspace, "population")
         out = hidden[-1].view(size, 2, batch, -1)
         head, values = out[:, 0], out[:, 1, :, 0]
