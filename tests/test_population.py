@@ -49,6 +49,7 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     ("CartPole-v1", "torch", {"normalize_obs": True}),
     ("FrozenLake-v1", "gymnasium", {}),  # (Discrete observations, one-hot encoded)
     ("Taxi-v4", "gymnasium", {"use_masking": False}),
+    ("Taxi-v4", "gymnasium", {}),  # (info["action_mask"]: sampling, loss and evaluations masked)
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
@@ -259,6 +260,7 @@ def test_learn_summary(tmp_path):
     ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),  # (log_std rows too)
     ("Pendulum-v1", "torch", NORMALIZE),  # (the statistics' rows, the running returns' env rows)
     ("Pendulum-v1", "gymnasium", NORMALIZE),
+    ("Taxi-v4", "gymnasium", {}),  # (the kept rows' action masks)
 ])
 def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     calls = []
@@ -344,17 +346,19 @@ def test_the_last_member_leaving_closes_the_training_env():
     assert population._env is None and env.env.vector_env.closed
 
 
-def test_action_masks_are_refused_in_one_sentence():
-    """The solo PPO applies the env's action masks; the population does not yet, so it says so instead of ignoring
-    them (as the off-policy populations do)."""
+def test_a2c_populations_refuse_action_masks_in_one_sentence():
+    """The solo A2C applies the env's action masks; its population does not yet, so it says so instead of ignoring
+    them (PPO's applies them: see the Taxi case above)."""
     import gymnasium as gym
     from test_population_offpolicy_gym import _MaskedVector
+
+    from rlspeed import A2C
 
     env_id = "RlspeedTest/PopulationMaskedVector-v0"
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=_MaskedVector, max_episode_steps=10)
-    small = dict(num_envs=2, num_steps=8, batch_size=16, n_epochs=1)
-    with pytest.raises(UserError, match="action masks") as error:
-        Population(PPO, env_id, seeds=[0, 1], **small).learn(32)
+    small = dict(num_envs=2, num_steps=8)
+    with pytest.raises(UserError, match="action masks, which A2C populations do not apply") as error:
+        Population(A2C, env_id, seeds=[0, 1], **small).learn(32)
     assert "\n" not in str(error.value)
-    assert Population(PPO, env_id, seeds=[0, 1], use_masking=False, **small).learn(32)["total_timesteps"] == 32
+    assert Population(A2C, env_id, seeds=[0, 1], use_masking=False, **small).learn(32)["total_timesteps"] == 32

@@ -44,6 +44,7 @@ class A2CPopulation(PPOPopulation):
     algo_name = "a2c"
     algo_cls = A2C
     per_member = PER_MEMBER_A2C
+    supports_action_masks = False  # (its whole-rollout draws have no masks yet)
     # an iteration is num_steps (5) env steps: members are checked for divergence at evaluations, not per iteration
     check_divergence_every_iteration = False
 

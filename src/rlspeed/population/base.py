@@ -169,15 +169,18 @@ def config_tensors(solos: Sequence, keys: Iterable[str], device: torch.device) -
     return {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=device) for key in keys}
 
 
-def first_episode_returns(env, obs: torch.Tensor, policy: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None
+                          ) -> torch.Tensor:
     """The return of each env row's first episode `[rows]` (a row still running at the step limit: its return so
-    far), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`. Evaluation, outside
-    the training clock: a host read every 64 steps ends the loop once every row has finished."""
+    far), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`; with the first
+    action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the training
+    clock: a host read every 64 steps ends the loop once every row has finished."""
     limit = env.spec.max_episode_steps or 10_000
     returns = torch.zeros(obs.shape[0], device=obs.device)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
     for step in range(1, limit + 1):
-        obs, _, _, _, info = env.step(policy(obs))
+        obs, _, _, _, info = env.step(policy(obs) if masks is None else policy(obs, masks))
+        masks = info["action_mask"] if masks is not None else None
         returns = torch.where(info["done"] & ~finished, info["episode_return"], returns)
         finished |= info["done"]
         if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
@@ -268,6 +271,9 @@ class PopulationBase:
     algo_cls: type
     #: the hyperparameters that may differ across members
     per_member: tuple[str, ...] = ()
+    #: whether the population applies an env's action masks (`use_masking`), as its solo algorithm does
+    supports_action_masks = False
+    _masking = False  # whether this run applies them (decided when the env starts: `_start_env`)
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
     #: iteration is a few env steps, a host read per iteration would cost more than it saves)
     check_divergence_every_iteration = False
@@ -356,7 +362,9 @@ class PopulationBase:
         (`first_episode_returns`)."""
         env = self._make_env(episodes, seeds, members)
         try:
-            returns = first_episode_returns(env, self._reset(env, episodes, seeds), policy)
+            obs, info = self._reset(env, episodes, seeds)
+            masks = info.get("action_mask") if self._masking else None  # (the policy then takes (obs, masks))
+            returns = first_episode_returns(env, obs, policy, masks)
         finally:
             env.close()
         return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
@@ -385,25 +393,34 @@ class PopulationBase:
         Default: `env` as it is."""
         return env
 
-    def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> torch.Tensor:
-        """First observations of a `_make_env` env: a native env's streams are already seeded per block; Gymnasium
-        envs are reset with seed `seeds[k] + i` for member k's env i (as `make_env(seed=seeds[k])` seeds a solo's)."""
+    def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> tuple[torch.Tensor, dict]:
+        """(first observations, info) of a `_make_env` env: a native env's streams are already seeded per block;
+        Gymnasium envs are reset with seed `seeds[k] + i` for member k's env i (as `make_env(seed=seeds[k])` seeds a
+        solo's)."""
         if self.env_backend == "gymnasium":
-            return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])[0]
-        return env.reset()[0]
+            return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])
+        return env.reset()
 
     def _start_env(self) -> None:
-        """Make and reset the training env of the members in the computation (`_env`, its observations `_obs`).
-        UserError where it gives action masks and `use_masking` is on: populations do not apply them yet."""
+        """Make and reset the training env of the members in the computation (`_env`, its observations `_obs`, its
+        action masks `_action_mask` where the run applies them: `_masking`, PPO's with `use_masking`). UserError
+        where the env gives action masks and `use_masking` is on for a population that does not apply them."""
         seeds = [self.seeds[k] for k in self.alive]
         env = self._make_env(self.config.num_envs, seeds)
-        obs = self._reset(env, self.config.num_envs, seeds)
+        obs, info = self._reset(env, self.config.num_envs, seeds)
         if getattr(self.config, "use_masking", False) and getattr(env.unwrapped, "has_action_masks", False):
-            env.close()
-            raise UserError(f"{self.env_id} gives action masks, which populations do not apply yet: pass "
-                            "use_masking=False (members then choose among all actions), or train the seeds as "
-                            "separate runs.")
+            if not self.supports_action_masks:
+                env.close()
+                raise UserError(f"{self.env_id} gives action masks, which {self.algo_cls.__name__} populations do "
+                                "not apply yet: pass use_masking=False (members then choose among all actions), or "
+                                "train the seeds as separate runs.")
+            self._start_masking()
+            self._action_mask = info["action_mask"]
         self._env, self._obs = env, obs
+
+    def _start_masking(self) -> None:
+        """The run applies the env's action masks from now on (see `supports_action_masks`)."""
+        self._masking = True
 
     def _keep_members(self, rows: list[int]) -> None:
         """After a subclass's `remove` cut its stacked tensors down to the members at `rows` (positions in `alive`):
@@ -411,6 +428,9 @@ class PopulationBase:
         self.alive = [self.alive[i] for i in rows]
         self.generators = [self.generators[i] for i in rows]
         if self._env is not None:
+            if self._masking:  # (the action masks valid for the kept rows' observations)
+                envs = self.config.num_envs
+                self._action_mask = self._action_mask.view(-1, envs, self._action_mask.shape[-1])[rows].flatten(0, 1)
             self._env, self._obs = self._env_rows(rows)
 
     def _env_rows(self, rows: list[int]):
@@ -453,6 +473,7 @@ class PopulationBase:
         vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
                                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
         new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
+        new.env.has_action_masks = old.env.has_action_masks  # (the old env's resets showed them; this one has none)
         rows = torch.tensor(index, device=self.device, dtype=torch.long)
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
         wrapped = self._normalized_env(new, self.config.num_envs, None)

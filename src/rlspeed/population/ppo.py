@@ -26,10 +26,10 @@ one synchronous vector env of K x N envs, member k's env i reset with seed `seed
 Gymnasium envs are.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations (or
-one-hot encoded Discrete / MultiDiscrete ones: FrozenLake, Taxi without masks), with or without observation and
+one-hot encoded Discrete / MultiDiscrete ones: FrozenLake, Taxi), with or without observation and
 reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
 on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
-Not yet: RecurrentPPO, action masks.
+Action masks (`use_masking`, sb3-contrib's MaskablePPO) apply as in the solo PPO, by autograd. Not yet: RecurrentPPO.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 parameters, the parameters members left with, the optimiser's moments and step count, the per-member hyperparameter
@@ -48,7 +48,7 @@ from rlspeed.buffers import gae
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import OneHotEncoder, env_actions, gaussian_log_prob
+from rlspeed.nn import OneHotEncoder, env_actions, gaussian_log_prob, masked_logits
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
@@ -85,6 +85,7 @@ class PPOPopulation(PopulationBase):
     algo_name = "ppo"
     algo_cls: type = PPO  # the solo algorithm whose runs the members are
     per_member = PER_MEMBER
+    supports_action_masks = True  # (sb3-contrib's MaskablePPO, as the solo PPO: categorical actions)
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
@@ -184,11 +185,16 @@ class PPOPopulation(PopulationBase):
     def _adopt_solos(self, solos: Sequence) -> None:
         """Take what a subclass needs from the solo models before they are dropped (PPO: nothing)."""
 
-    def _sample(self, out: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _start_masking(self) -> None:
+        super()._start_masking()
+        self.update_path = "autograd"  # (the hand-derived update has no masks, as for the solo run)
+
+    def _sample(self, out: torch.Tensor, step: int,
+                masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(actions, log_probs) `[K, B]` at rollout step `step`, member k's noise from its own generator (the solo
-        run's draws: one draw per step, as `ActorCritic.act`)."""
+        run's draws: one draw per step, as `ActorCritic.act`), never a masked action (`masks` `[K, B, A]`)."""
         if self.kind == "categorical":
-            log_p = torch.log_softmax(out, dim=-1)
+            log_p = torch.log_softmax(masked_logits(out, masks), dim=-1)
             noise = torch.stack([torch.empty(out.shape[1:], device=self.device).exponential_(generator=g)
                                  for g in self.generators])
             actions = (log_p - noise.log_()).argmax(-1)
@@ -200,10 +206,12 @@ class PPOPopulation(PopulationBase):
     def _gaussian_log_prob(self, actions: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
         return gaussian_log_prob(actions, mean, self.log_std.unsqueeze(1))  # each member's log std over its rows
 
-    def _log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.kind == "categorical":
-            log_p = torch.log_softmax(out, dim=-1)
-            entropy = -(log_p.exp() * log_p).sum(-1)
+    def _log_prob_entropy(self, out: torch.Tensor, actions: torch.Tensor,
+                          masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.kind == "categorical":  # (with masks: over the allowed actions, as `ActorCritic.log_prob_entropy`)
+            log_p = torch.log_softmax(masked_logits(out, masks), dim=-1)
+            terms = log_p.exp() * log_p
+            entropy = -(terms if masks is None else torch.where(masks, terms, 0.0)).sum(-1)
             return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum(-1, keepdim=True).expand(out.shape[:2])
         return self._gaussian_log_prob(actions, out), entropy
@@ -252,12 +260,20 @@ class PPOPopulation(PopulationBase):
         action_shape = () if self.kind == "categorical" else (self.action_dim,)
         buffers, rows = self._rollout_storage(size, obs_dim, action_shape)
         buf_obs, buf_next, buf_actions, buf_log_probs, buf_values, buf_rewards, buf_terminated, buf_dones = buffers
+        buf_masks = self._mask_storage(steps, size * envs) if self._masking else None
         obs = self._obs
         with torch.no_grad():
             for step in range(steps):
                 out, values = self.forward(obs.view(size, envs, -1))
-                actions, log_probs = self._sample(out, step)
+                if buf_masks is None:
+                    actions, log_probs = self._sample(out, step)
+                else:  # (the masks valid for `obs`: from the reset or the step that returned it)
+                    masks = self._action_mask
+                    actions, log_probs = self._sample(out, step, masks.view(size, envs, -1))
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
+                if buf_masks is not None:
+                    buf_masks[step].copy_(masks)
+                    self._action_mask = info["action_mask"]
                 torch._foreach_copy_(rows[step], (obs.reshape(obs.shape[0], -1),
                                                   info["final_obs"].reshape(obs.shape[0], -1), actions, log_probs,
                                                   values, rewards, terminated, terminated | truncated))
@@ -275,13 +291,24 @@ class PPOPopulation(PopulationBase):
 
         batch = (per_member(buf_obs), buf_actions.transpose(0, 1).reshape(size, steps * envs, *action_shape),
                  per_member(buf_log_probs), per_member(buf_values), per_member(advantages), per_member(returns))
-        self._update_rollout(*batch)
+        if buf_masks is None:
+            self._update_rollout(*batch)
+        else:
+            self._update_rollout(*batch, masks=per_member(buf_masks))
         self.num_timesteps += steps * envs
         return steps * envs
 
-    def _update_rollout(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
+    def _mask_storage(self, steps: int, rows: int) -> torch.Tensor:
+        """The rollout's action masks `[T, K * N, A]` (made again when the members in the computation change)."""
+        width = self._action_mask.shape[-1]
+        if getattr(self, "_masks", None) is None or self._masks.shape != (steps, rows, width):
+            self._masks = torch.empty(steps, rows, width, dtype=torch.bool, device=self.device)
+        return self._masks
+
+    def _update_rollout(self, obs, actions, old_log_probs, old_values, advantages, returns, masks=None) -> None:
         """The updates of one rollout, every tensor `[K, T * N, ...]` in the solo run's row order: PPO's `n_epochs`
-        of minibatches (member k's order from its generator)."""
+        of minibatches (member k's order from its generator); `masks`: the action masks the actions were sampled
+        under."""
         cfg, size = self.config, len(self.alive)
         progress = self._progress_remaining()
         learning_rate = self.hyper["learning_rate"] * (progress if cfg.anneal_lr else 1.0)
@@ -297,36 +324,39 @@ class PPOPopulation(PopulationBase):
                                   for g in self.generators]) if minibatch < batch_size else None)
             for start in range(0, batch_size - minibatch + 1, minibatch):
                 if order is None:
-                    parts = (obs, actions, old_log_probs, old_values, advantages, returns)
+                    parts, part_masks = (obs, actions, old_log_probs, old_values, advantages, returns), masks
                 else:
                     index = order[:, start:start + minibatch]
                     parts = tuple(x[members, index] for x in (obs, actions, old_log_probs, old_values, advantages,
                                                               returns))
+                    part_masks = None if masks is None else masks[members, index]
                 self._update_step(*parts, clip_range, learning_rate, normalize=cfg.normalize_advantage
-                                  and not normalized)
+                                  and not normalized, masks=part_masks)
 
     def _update_step(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, learning_rate,
-                     normalize: bool) -> None:
+                     normalize: bool, masks: torch.Tensor | None = None) -> None:
         """One minibatch update of every member: PPO's loss per member (as `PPO._loss`), its gradient (by hand or by
         autograd, `update_path`), per-member gradient clipping, per-member Adam."""
         if normalize and advantages.shape[1] > 1:
             advantages = _normalized(advantages)
-        self._optimizer_step(self._gradients(obs, actions, old_log_probs, old_values, advantages, returns, clip_range),
-                             learning_rate)
+        self._optimizer_step(self._gradients(obs, actions, old_log_probs, old_values, advantages, returns, clip_range,
+                                             masks=masks), learning_rate)
 
-    def _gradients(self, *batch) -> list[torch.Tensor]:
+    def _gradients(self, *batch, masks: torch.Tensor | None = None) -> list[torch.Tensor]:
         """d(sum of the members' `_loss`)/d(each of `self.params`) on `batch` (`_loss`'s arguments): by hand or by
-        autograd, as `update_path` says."""
+        autograd, as `update_path` says (autograd wherever the run applies action `masks`)."""
         if self.update_path == "hand-derived":
             return self._hand_gradients(*batch)
-        return list(torch.autograd.grad(self._loss(*batch).sum(), self.params))  # (members share no parameter)
+        loss = self._loss(*batch) if masks is None else self._loss(*batch, masks=masks)
+        return list(torch.autograd.grad(loss.sum(), self.params))  # (members share no parameter)
 
-    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range) -> torch.Tensor:
+    def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range,
+              masks: torch.Tensor | None = None) -> torch.Tensor:
         """Each member's PPO loss `[K]` on its minibatch rows `[K, B, ...]` (advantages already normalised), as
         `PPO._loss` computes a solo run's: the reference the hand-derived gradient is tested against."""
         cfg, hyper = self.config, self.hyper
         out, new_values = self.forward(obs)
-        new_log_probs, entropy = self._log_prob_entropy(out, actions)
+        new_log_probs, entropy = self._log_prob_entropy(out, actions, masks)
         ratio = (new_log_probs - old_log_probs).exp()
         clip = clip_range.unsqueeze(1)
         policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip, 1 + clip)).mean(1)
@@ -487,8 +517,10 @@ class PPOPopulation(PopulationBase):
         if size == 0:
             return torch.zeros(0)
 
-        def policy(obs: torch.Tensor) -> torch.Tensor:
+        def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             out, _ = self.forward(obs.view(size, episodes, -1), params)
+            if masks is not None:  # (the deterministic action among the allowed ones)
+                out = masked_logits(out, masks.view(size, episodes, -1))
             return self._env_actions(out.argmax(-1) if self.kind == "categorical" else out)
 
         return self._mean_returns(seeds, episodes, policy, members)
