@@ -105,14 +105,14 @@ class MemberNormalize(EnvWrapper):
         return {"_returns": self._returns}
 
     def _blocks(self, x: torch.Tensor) -> torch.Tensor:
-        """Rows `[K * N, ...]` as member blocks `[K, N, ...]` (a view)."""
-        return x.view(self.members, self.rows_per_member, *x.shape[1:])
+        """Rows `[K * N, ...]` as member blocks `[K, N, ...]` (a view where the rows are contiguous)."""
+        return x.reshape(self.members, self.rows_per_member, *x.shape[1:])
 
     def _normalize_obs(self, obs: torch.Tensor) -> torch.Tensor:
         stats = self.statistics
         blocks = self._blocks(obs)
         normalized = (blocks - stats.obs_mean.unsqueeze(1)) / torch.sqrt(stats.obs_var.unsqueeze(1) + _EPS)
-        return normalized.clamp_(-_CLIP, _CLIP).view(obs.shape)
+        return normalized.clamp_(-_CLIP, _CLIP).reshape(obs.shape)
 
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
@@ -148,5 +148,5 @@ class MemberNormalize(EnvWrapper):
                       self._returns.view(self.members, self.rows_per_member))
                 self._returns.mul_((~(terminated | truncated)).to(torch.float32))
             scale = torch.sqrt(stats.ret_var.unsqueeze(1) + _EPS)
-            reward = (self._blocks(reward) / scale).clamp_(-_CLIP, _CLIP).view(reward.shape)
+            reward = (self._blocks(reward) / scale).clamp_(-_CLIP, _CLIP).reshape(reward.shape)
         return obs, reward, terminated, truncated, info
