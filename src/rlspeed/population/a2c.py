@@ -44,7 +44,7 @@ class A2CPopulation(PPOPopulation):
     algo_name = "a2c"
     algo_cls = A2C
     per_member = PER_MEMBER_A2C
-    supports_action_masks = False  # (its whole-rollout draws have no masks yet)
+    supports_action_masks = True  # (masked runs sample step by step, as the solo A2C's policy module does)
     # an iteration is num_steps (5) env steps: members are checked for divergence at evaluations, not per iteration
     check_divergence_every_iteration = False
 
@@ -52,12 +52,19 @@ class A2CPopulation(PPOPopulation):
         # the solo samples its rollout with the flat forward's whole-rollout draws where that runs
         self._whole_rollout_draws = solos[0]._flat_forward() is not None
 
-    def _sample(self, out: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _start_masking(self) -> None:
+        super()._start_masking()
+        # (the solo's masked update is autograd, so its rollout samples through the policy module, step by step)
+        self._whole_rollout_draws = False
+
+    def _sample(self, out: torch.Tensor, step: int,
+                masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(actions, log-probabilities) `[K, B]` at rollout step `step`: with whole-rollout draws, the step's row of
         each member's noise drawn at step 0 from its generator (as `FusedA2CUpdate.rollout_noise` and `act`); the
-        log-probabilities are zeros there, as the solo's (A2C's loss recomputes them and never reads the rollout's)."""
+        log-probabilities are zeros there, as the solo's (A2C's loss recomputes them and never reads the rollout's).
+        With action `masks` (never with whole-rollout draws), PPO's step-by-step masked draws."""
         if not self._whole_rollout_draws:
-            return super()._sample(out, step)
+            return super()._sample(out, step, masks)
         size, envs, width = out.shape
         if step == 0:
             shape = (self.config.num_steps, envs, width)
@@ -72,21 +79,21 @@ class A2CPopulation(PPOPopulation):
         noisy = out + self._rollout_noise[:, step]
         return (noisy.argmax(-1) if self.kind == "categorical" else noisy), self._no_log_probs
 
-    def _update_rollout(self, obs, actions, old_log_probs, old_values, advantages, returns) -> None:
+    def _update_rollout(self, obs, actions, old_log_probs, old_values, advantages, returns, masks=None) -> None:
         """One update of every member on its whole rollout `[K, T * N, ...]` (the stored log-probabilities and values
-        are not used: A2C has no ratio and no value clipping)."""
+        are not used: A2C has no ratio and no value clipping); `masks`: the action masks of the rollout."""
         cfg = self.config
         learning_rate = self.hyper["learning_rate"] * (self._progress_remaining() if cfg.anneal_lr else 1.0)
         if cfg.normalize_advantage and advantages.shape[1] > 1:
             advantages = _normalized(advantages)
-        self._optimizer_step(self._gradients(obs, actions, advantages, returns), learning_rate)
+        self._optimizer_step(self._gradients(obs, actions, advantages, returns, masks=masks), learning_rate)
 
-    def _loss(self, obs, actions, advantages, returns) -> torch.Tensor:
+    def _loss(self, obs, actions, advantages, returns, masks: torch.Tensor | None = None) -> torch.Tensor:
         """Each member's A2C loss `[K]` on its rollout rows `[K, B, ...]` (advantages already normalised), as
         `A2C._loss` computes a solo run's: the reference the hand-derived gradient is tested against."""
         hyper = self.hyper
         out, values = self.forward(obs)
-        log_probs, entropy = self._log_prob_entropy(out, actions)
+        log_probs, entropy = self._log_prob_entropy(out, actions, masks)
         policy_loss = -(advantages * log_probs).mean(1)
         value_loss = (returns - values).square().mean(1)
         return policy_loss - hyper["ent_coef"] * entropy.mean(1) + hyper["vf_coef"] * value_loss

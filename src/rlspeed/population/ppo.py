@@ -29,7 +29,8 @@ Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy o
 one-hot encoded Discrete / MultiDiscrete ones: FrozenLake, Taxi), with or without observation and
 reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
 on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
-Action masks (`use_masking`, sb3-contrib's MaskablePPO) apply as in the solo PPO, by autograd. Not yet: RecurrentPPO.
+Action masks (`use_masking`, sb3-contrib's MaskablePPO) apply as in the solo PPO and A2C, by autograd. Not yet:
+RecurrentPPO.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 parameters, the parameters members left with, the optimiser's moments and step count, the per-member hyperparameter
