@@ -363,7 +363,9 @@ class PopulationBase:
         env = self._make_env(episodes, seeds, members)
         try:
             obs, info = self._reset(env, episodes, seeds)
-            masks = info.get("action_mask") if self._masking else None  # (the policy then takes (obs, masks))
+            # (where the members apply the env's action masks, the policy takes (obs, masks))
+            applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
+            masks = info.get("action_mask") if applies else None
             returns = first_episode_returns(env, obs, policy, masks)
         finally:
             env.close()
