@@ -39,7 +39,7 @@ from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.errors import UserError
-from rlspeed.nn import ENCODERS
+from rlspeed.nn import ENCODERS, QEnsemble, default_init_, encoder_from_config, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -184,6 +184,19 @@ class OffPolicyAlgorithm(Algorithm):
         """Env steps per collection step over every process: num_timesteps counts them all (ranks run equal
         shares, `DistributedStrategy.split_envs`), while this process steps `self._env.num_envs` of them."""
         return self._env.num_envs * self.strategy.world_size
+
+    def _place_actor_and_critics(self, actor: torch.nn.Module) -> None:
+        """SAC's and TD3's networks: `actor` and `n_critics` Q-networks (an ensemble with its own encoder), both
+        initialised as `ortho_init` says and placed on the device (`self.actor`, `self.critic`), and the critics'
+        frozen target (`self.critic_target`)."""
+        cfg, spec = self.config, self.spec
+        critic = QEnsemble(cfg.n_critics, spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                           encoder=encoder_from_config(spec.observation_space, cfg))
+        if not cfg.ortho_init:  # (PyTorch's default initialisation, SB3's for its off-policy networks)
+            default_init_(actor)
+            default_init_(critic)
+        self.actor, self.critic = to_device(actor, self.device), to_device(critic, self.device)
+        self.critic_target = frozen_copy(self.critic)
 
     def _setup_action_scaling(self) -> None:
         """Device tensors for the policy-space <-> env-space mapping of Box actions."""

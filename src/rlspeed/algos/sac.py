@@ -17,7 +17,6 @@ from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
     OffPolicyConfig,
-    frozen_copy,
     polyak_update,
 )
 from rlspeed.algos.update import select_update
@@ -26,12 +25,9 @@ from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
 from rlspeed.nn import (
     LOG_STD_MAX,
     LOG_STD_MIN,
-    QEnsemble,
     SquashedGaussianActor,
-    default_init_,
     encoder_from_config,
     make_adam,
-    to_device,
 )
 from rlspeed.sde import SDEConfig, SDESquashedGaussianActor, resample_due
 
@@ -91,14 +87,7 @@ class SAC(OffPolicyAlgorithm):
         else:
             actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
                                           encoder=encoder_from_config(spec.observation_space, cfg))
-        critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                           encoder=encoder_from_config(spec.observation_space, cfg))
-        if not cfg.ortho_init:
-            default_init_(actor)
-            default_init_(critic)
-        self.actor = to_device(actor, self.device)
-        self.critic = to_device(critic, self.device)
-        self.critic_target = frozen_copy(self.critic)
+        self._place_actor_and_critics(actor)
         self.policy = self.actor
         self.autotune = cfg.ent_coef is None
         alpha = cfg.ent_coef_init if self.autotune else cfg.ent_coef

@@ -23,7 +23,7 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import DeterministicActor, QEnsemble, default_init_, encoder_from_config, make_adam, to_device
+from rlspeed.nn import DeterministicActor, encoder_from_config, make_adam
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -72,16 +72,9 @@ class TD3(OffPolicyAlgorithm):
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
-        actor = DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                   encoder=encoder_from_config(spec.observation_space, cfg))
-        critic = QEnsemble(cfg.n_critics, obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                           encoder=encoder_from_config(spec.observation_space, cfg))
-        if not cfg.ortho_init:
-            default_init_(actor)
-            default_init_(critic)
-        self.actor, self.critic = to_device(actor, self.device), to_device(critic, self.device)
+        self._place_actor_and_critics(DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
+                                                         encoder=encoder_from_config(spec.observation_space, cfg)))
         self.actor_target = frozen_copy(self.actor)
-        self.critic_target = frozen_copy(self.critic)
         self.policy = self.actor
         self._critic_params = list(self.critic.parameters())
         # Actor and critic targets move together: one fused Polyak update for both.
