@@ -84,7 +84,9 @@ def test_uint8_images_are_scaled_to_unit_range_on_the_device_unless_told_not_to(
     scaled(image).square().sum().backward()  # (the scaling is folded into the first convolution's weights)
     raw(image.float() / 255.0).square().sum().backward()
     for (name, mine), theirs in zip(scaled.named_parameters(), raw.parameters(), strict=True):
-        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-6, msg=name)
+        # (float32 rounding of a different summation order: errors about 1e-7 of the largest gradient)
+        scale = theirs.grad.abs().max().item()
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-5, atol=1e-6 * scale, msg=name)
     with torch.no_grad():
         assert torch.allclose(scaled(image), raw(image.float() / 255.0), atol=1e-6)
     flat = make_encoder(space, encoder="mlp")

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import re
-import warnings
 
 import gymnasium as gym
 import torch
@@ -22,6 +19,7 @@ from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
+from rlspeed.envs.packages import PACKAGE_FAMILIES, import_gym_packages, register_family
 from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
@@ -50,32 +48,6 @@ def import_env_module(env_id: str) -> str:
     return name
 
 
-_REGISTERED_BY_CALL: set[str] = set()  # modules whose register_envs() import_gym_packages has called
-
-
-def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> None:
-    """Import each module, which registers its envs with Gymnasium (RL-Zoo's `--gym-packages`), and call its
-    `register_envs()` where it has one and registers nothing on import (`minatar.gym`); UserError naming the module
-    that cannot be imported."""
-    for module in modules:
-        if not module or not all(part.isidentifier() for part in module.split(".")):
-            raise UserError(f"'{module}' {why} is not a Python module name.")
-        try:
-            imported = importlib.import_module(module)
-        except ImportError as error:
-            raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
-                            f"{error}.") from None
-        register = getattr(imported, "register_envs", None)
-        if callable(register) and module not in _REGISTERED_BY_CALL:
-            _REGISTERED_BY_CALL.add(module)
-            try:
-                with warnings.catch_warnings():  # ids the user's code registered already: the same entry points
-                    warnings.filterwarnings("ignore", message=".*Overriding environment")
-                    register()
-            except TypeError:  # a register_envs with parameters is not this convention
-                pass
-
-
 #: Ids of Atari games as ale-py registers them: ALE/Pong-v5, PongNoFrameskip-v4, Pong-ramDeterministic-v4, ...
 _ATARI_ID = re.compile(r"^(ALE/.+|.+(NoFrameskip|Deterministic)-v\d+|[A-Z][A-Za-z]+-ram-v\d+)$")
 _ATARI_GAMES = ("Pong", "Breakout", "SpaceInvaders", "Seaquest", "Qbert", "BeamRider", "Enduro", "MsPacman",
@@ -88,26 +60,6 @@ _ATARI_GAMES = ("Pong", "Breakout", "SpaceInvaders", "Seaquest", "Qbert", "BeamR
 
 def _looks_like_atari(env_id: str) -> bool:
     return bool(_ATARI_ID.match(env_id)) or bool(re.match(rf"^({'|'.join(_ATARI_GAMES)})-v\d+$", env_id))
-
-
-#: Env families whose package registers them when imported (`import_gym_packages`), by id prefix: (family, module
-#: to import, what to pip install).
-PACKAGE_FAMILIES = {"MinAtar/": ("MinAtar", "minatar.gym", "minatar"),
-                    "MiniGrid-": ("MiniGrid", "minigrid", "minigrid"), "BabyAI-": ("BabyAI", "minigrid", "minigrid")}
-
-
-def register_family(env_id: str) -> None:
-    """For an unregistered id of a family in `PACKAGE_FAMILIES`: import its package, which registers it (as
-    `--gym-packages` would); UserError with the pip command when the package is not installed."""
-    if env_id in gym.registry:
-        return
-    for prefix, (family, module, package) in PACKAGE_FAMILIES.items():
-        if env_id.startswith(prefix):
-            if importlib.util.find_spec(module.split(".")[0]) is None:
-                raise UserError(f"'{env_id}' is a {family} id, and {family} envs need {package}: pip install "
-                                f"{package}.")
-            import_gym_packages([module], f"(which registers the {family} envs)")
-            return
 
 
 def _check_registered(env_id: str) -> None:
@@ -348,4 +300,5 @@ __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "
            "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
            "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS",
            "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend",
-           "import_env_module", "import_gym_packages", "missing_dependency", "EnvStepError"]
+           "import_env_module", "import_gym_packages", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES",
+           "register_family"]

@@ -14,13 +14,12 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, mask_size, numpy_dtype, observation_layout
+from rlspeed.envs.packages import register_family
 from rlspeed.errors import UserError
 
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     """Gymnasium's registry entry for an id; UserError naming close ids when it does not exist."""
-    from rlspeed.envs import register_family  # (the package: imports this module)
-
     register_family(env_id)
     try:
         return gym.spec(env_id)
