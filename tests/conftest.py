@@ -238,3 +238,34 @@ def network_layers(policy: torch.nn.Module) -> list[tuple[torch.Tensor, torch.Te
         elif isinstance(module, EnsembleMLP):
             layers += [(w[k].T, b[k].flatten()) for w, b in zip(module.weights, module.biases) for k in range(len(w))]
     return layers
+
+
+def masked_vector_env_id() -> str:
+    """A registered Gymnasium env with float-vector observations and a random action mask each step (at least one of
+    three actions allowed): masks without an encoder, so only they make an update autograd."""
+    import gymnasium as gym
+    import numpy as np
+
+    class MaskedRandomVector(gym.Env):
+        observation_space = gym.spaces.Box(-5.0, 5.0, (3,), np.float32)
+        action_space = gym.spaces.Discrete(3)
+
+        def _mask(self):
+            mask = self.np_random.random(3) < 0.6
+            mask[self.np_random.integers(3)] = True
+            return mask
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return self.np_random.normal(size=3).astype(np.float32), {"action_mask": self._mask()}
+
+        def step(self, action):
+            self.t += 1
+            obs = self.np_random.normal(size=3).astype(np.float32)
+            return obs, float(action) - 1.0, False, self.t >= 6, {"action_mask": self._mask()}
+
+    env_id = "RlspeedTest/MaskedRandomVector-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=MaskedRandomVector, max_episode_steps=6)
+    return env_id

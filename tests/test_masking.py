@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import masked_vector_env_id
 
 import rlspeed
 from rlspeed.envs.gymnasium_env import check_action_masks
@@ -316,3 +317,22 @@ def test_dqn_save_load_keeps_masked_actions_and_use_masking_off_ignores_masks(tm
     unmasked.learn(64, progress_bar=False)
     assert unmasked.buffer.next_action_masks is None
     assert "action masks" not in unmasked.update_summary()["reason"]
+
+
+@pytest.mark.parametrize("algo, options", [
+    ("PPO", {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2}),
+    ("A2C", {"num_envs": 8, "num_steps": 5}),
+    ("DQN", {"learning_starts": 32, "batch_size": 16, "net_arch": [16]}),
+])
+def test_masks_found_at_the_start_give_the_autograd_update_its_own_optimizer_state(algo, options):
+    """On float vectors the hand-derived update is built first and gives way to autograd once the env shows masks;
+    the parameters it held in its flat optimizer go back to torch's Adam with a step count each (a shared one ran
+    ahead by one per parameter per step): training equals a run on autograd from the start."""
+    cls, env_id = getattr(rlspeed, algo), masked_vector_env_id()
+    switched = cls(env_id, seed=3, env_backend="gymnasium", **options)
+    switched.learn(160, progress_bar=False)
+    plain = cls(env_id, seed=3, env_backend="gymnasium", fused_update=False, **options)
+    plain.learn(160, progress_bar=False)
+    assert switched.update_summary()["implementation"] == plain.update_summary()["implementation"] == "autograd"
+    for name, value in plain.policy.state_dict().items():
+        torch.testing.assert_close(switched.policy.state_dict()[name], value, atol=1e-6, rtol=0, msg=name)

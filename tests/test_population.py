@@ -5,7 +5,12 @@ import json
 
 import pytest
 import torch
-from conftest import assert_a_diverging_member_is_dropped, assert_pruned_member_matches_reruns, random_population_batch
+from conftest import (
+    assert_a_diverging_member_is_dropped,
+    assert_pruned_member_matches_reruns,
+    masked_vector_env_id,
+    random_population_batch,
+)
 
 from rlspeed import PPO
 from rlspeed.envs.cartpole import CartPole
@@ -50,21 +55,24 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     ("FrozenLake-v1", "gymnasium", {}),  # (Discrete observations, one-hot encoded)
     ("Taxi-v4", "gymnasium", {"use_masking": False}),
     ("Taxi-v4", "gymnasium", {}),  # (info["action_mask"]: sampling, loss and evaluations masked)
+    ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone make the update autograd)
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
     chooses autograd for the population as for the solo run; with normalisation, each member's statistics (its own
     gamma for the returns) and the data they normalise are its solo run's."""
     seeds = [3, 7]
+    masked = env_id == "masked"
+    env_id = masked_vector_env_id() if masked else env_id
     population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
-    # (autograd where the solo run takes it: fused_update=False, or an encoder, the one-hot one here)
-    expected = "autograd" if hyper.get("fused_update") is False or env_id in ("FrozenLake-v1", "Taxi-v4") \
-        else "hand-derived"
-    assert population.update_path == expected
     population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
     population.train_iteration()
     population.train_iteration()
+    # (autograd where the solo run takes it: fused_update=False, an encoder (the one-hot one here) or action masks)
+    expected = "autograd" if hyper.get("fused_update") is False or masked or env_id in ("FrozenLake-v1", "Taxi-v4") \
+        else "hand-derived"
+    assert population.update_path == expected
     for k, seed in enumerate(seeds):
         own = {key: value[k] if isinstance(value, list) else value for key, value in hyper.items()}
         solo_initial, solo_trained, solo_eval = _solo_state(seed, iterations=2, env_id=env_id, env_backend=backend,

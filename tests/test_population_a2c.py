@@ -6,7 +6,12 @@ import json
 
 import pytest
 import torch
-from conftest import assert_a_diverging_member_is_dropped, assert_pruned_member_matches_reruns, random_population_batch
+from conftest import (
+    assert_a_diverging_member_is_dropped,
+    assert_pruned_member_matches_reruns,
+    masked_vector_env_id,
+    random_population_batch,
+)
 
 from rlspeed import A2C, cli
 from rlspeed.errors import UserError
@@ -39,15 +44,18 @@ def _train(population, iterations: int) -> None:
     ("CartPole-v1", "torch", {"use_rms_prop": False, "anneal_lr": True}),  # (Adam, learning rate annealed)
     ("CartPole-v1", "torch", {"fused_update": False}),  # (the solo samples step by step through its policy module)
     ("Taxi-v4", "gymnasium", {}),  # (one-hot observations, action masks: step-by-step masked draws, autograd)
+    ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone switch draws and update)
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     seeds = [3, 7]
+    masked = env_id == "masked"
+    env_id = masked_vector_env_id() if masked else env_id
     population = Population(A2C, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
     assert isinstance(population, A2CPopulation)
     initial = [population.member_state(k) for k in range(2)]
     _train(population, 3)
     # (autograd where the solo run takes it: fused_update=False, or an encoder and masks, Taxi's)
-    expected = "autograd" if hyper.get("fused_update") is False or env_id == "Taxi-v4" else "hand-derived"
+    expected = "autograd" if hyper.get("fused_update") is False or masked or env_id == "Taxi-v4" else "hand-derived"
     assert population.update_path == expected
     for k, seed in enumerate(seeds):
         solo_initial, solo_trained = _solo_states(seed, 3, env_id=env_id, env_backend=backend, **hyper)

@@ -49,7 +49,8 @@ def _solo(algo, seed: int, steps: int, **hyper) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("algo, update", [(SAC, {}), (SAC, {"fused_update": False}), (TD3, {}), (DDPG, {}),
                                           (SAC, {"anneal_lr": True}), (TD3, {"anneal_lr": True}),
-                                          (SAC, {"ortho_init": False, "adam_eps": 1e-8})])
+                                          (SAC, {"ortho_init": False, "adam_eps": 1e-8}),
+                                          (TD3, {"ortho_init": False, "adam_eps": 1e-8})])
 def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(algo, update):
     """SAC's members by the hand-derived gradient (fused_update, the default) and by autograd alike (the solo runs
     use their default update); TD3's and DDPG's (one critic, no delay or smoothing) by autograd; with anneal_lr,

@@ -308,6 +308,9 @@ class Algorithm:
                    and self._action_mask is not None)
         if masking != getattr(self, "_masking", False):
             self._masking = masking
+            hand_derived = getattr(getattr(self, "_update_step", None), "hand_derived", None)
+            if getattr(hand_derived, "adam", None) is not None:  # (its flat optimizer gives the parameters back)
+                hand_derived.adam.release()
             self._update_step = self._make_update_step()
         return self._action_mask.shape[-1] if masking else None
 

@@ -57,6 +57,14 @@ class FlatAdam:
         self._fused_adam = getattr(torch, "_fused_adam_", None) if device.type in ("cpu", "cuda") else None
         self._adopt_optimizer_state()
 
+    def release(self) -> None:
+        """Hand the parameters back to the optimizer's own `step` (an update that stops using this one): each
+        parameter's state gets its own step count. They share one while this class steps them all at once, and
+        torch's Adam would advance a shared count once per parameter, so its bias corrections would run ahead."""
+        for p in self.params:
+            state = self.optimizer.state[p]
+            state["step"] = state["step"].clone()
+
     def _state_views(self) -> dict[str, list[torch.Tensor]]:
         """The optimizer's per-parameter state entries besides `step`, each with its views of the flat buffers."""
         return {"exp_avg": self._exp_avg_views, "exp_avg_sq": self._exp_avg_sq_views}

@@ -475,7 +475,8 @@ class PopulationBase:
         vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
                                           autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
         new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
-        new.env.has_action_masks = old.env.has_action_masks  # (the old env's resets showed them; this one has none)
+        # (a fresh adapter learns that the env gives masks at a reset, and this one continues without one)
+        new.env.has_action_masks = old.env.has_action_masks
         rows = torch.tensor(index, device=self.device, dtype=torch.long)
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
         wrapped = self._normalized_env(new, self.config.num_envs, None)

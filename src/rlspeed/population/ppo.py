@@ -128,6 +128,7 @@ class PPOPopulation(PopulationBase):
         # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
         # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
         # tests/test_population.py checks the two agree
+        # (a run that finds action masks when its env starts switches to autograd then: `_start_masking`)
         self.update_path = ("autograd" if not self.config.fused_update or unsupported_reason(policy)
                             else "hand-derived")
         self._tanh = isinstance(self.activation, torch.nn.Tanh)
