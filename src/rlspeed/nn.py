@@ -181,7 +181,9 @@ class CNNEncoder(Encoder):
         first = self.cnn[0]
         weight = first.weight * self.scale if self.scale != 1.0 else first.weight
         x = F.conv2d(x, weight, first.bias, first.stride, first.padding)
-        return self.linear(self.cnn[1:](x))
+        for layer in list(self.cnn)[1:]:  # (slicing the Sequential would build a new module on every call)
+            x = layer(x)
+        return self.linear(x)
 
 
 class OneHotEncoder(Encoder):
@@ -457,7 +459,7 @@ def _categorical_sample(log_p: torch.Tensor, deterministic: bool) -> torch.Tenso
     return (log_p - torch.empty_like(log_p).exponential_().log_()).argmax(-1)
 
 
-def _categorical_entropy(log_p: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
+def categorical_entropy(log_p: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
     """-sum p log p over the allowed actions (a masked action has p = 0 and adds nothing)."""
     terms = log_p.exp() * log_p
     if action_masks is not None:
@@ -568,7 +570,7 @@ class ActorCritic(nn.Module):
         if kind == "categorical":
             log_p = torch.log_softmax(masked_logits(out, action_masks), dim=-1)
             log_prob = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-            return log_prob, _categorical_entropy(log_p, action_masks)
+            return log_prob, categorical_entropy(log_p, action_masks)
         if kind == "multi_categorical":
             logits = masked_logits(out, action_masks).split(self.nvec, dim=-1)
             masks = action_masks.split(self.nvec, dim=-1) if action_masks is not None else [None] * len(self.nvec)
@@ -576,7 +578,7 @@ class ActorCritic(nn.Module):
             for i, (component, mask) in enumerate(zip(logits, masks)):
                 log_p = torch.log_softmax(component, dim=-1)
                 term = log_p.gather(-1, actions[:, i].long().unsqueeze(-1)).squeeze(-1)
-                ent = _categorical_entropy(log_p, mask)
+                ent = categorical_entropy(log_p, mask)
                 log_prob = term if log_prob is None else log_prob + term
                 entropy = ent if entropy is None else entropy + ent
             return log_prob, entropy
@@ -692,9 +694,13 @@ class QNetwork(nn.Module):
         obs = _encode(self.encoder, obs)
         if not self.dueling:
             return self.body(obs)
-        out = self.head(self.body(obs))
-        value, advantages = out[:, :1], out[:, 1:]
-        return value + advantages - advantages.mean(dim=1, keepdim=True)
+        return dueling_q_values(self.head(self.body(obs)))
+
+
+def dueling_q_values(out: torch.Tensor) -> torch.Tensor:
+    """Q `[..., n]` from a dueling head's output `[..., 1 + n]` (V, then A): V + A - mean_a' A (Wang et al., 2016)."""
+    value, advantages = out[..., :1], out[..., 1:]
+    return value + advantages - advantages.mean(dim=-1, keepdim=True)
 
 
 class SequenceLayout:

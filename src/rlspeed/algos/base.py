@@ -102,6 +102,12 @@ def coerce(key: str, value, hint):
     raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid {getattr(hint, '__name__', hint)}.")
 
 
+def progress_remaining(timesteps: int, start: int, end: int) -> float:
+    """A linear schedule's progress left at `timesteps`: 1 at `start`, 0 at `end` and after (SB3's
+    `progress_remaining`)."""
+    return max(1.0 - (timesteps - start) / max(end - start, 1), 0.0)
+
+
 def require(condition: bool, message: str) -> None:
     """Raise UserError(message) unless condition holds (for config validation)."""
     if not condition:
@@ -338,8 +344,7 @@ class Algorithm:
         """1 at the start of the schedule, 0 at its end, at `timesteps` (default: now; see `learn` for what the
         schedule spans)."""
         timesteps = self.num_timesteps if timesteps is None else timesteps
-        span = max(self._schedule_end - self._learn_start, 1)
-        return max(1.0 - (timesteps - self._learn_start) / span, 0.0)
+        return progress_remaining(timesteps, self._learn_start, self._schedule_end)
 
     def _hold_learning_rates_as_tensors(self) -> None:
         """On graph devices, every optimizer's learning rate as a device tensor that `_anneal_learning_rate` fills

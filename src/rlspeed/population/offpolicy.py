@@ -56,11 +56,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rlspeed.algos.base import progress_remaining
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
-from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
+from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, dueling_q_values
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
@@ -459,8 +460,7 @@ class OffPolicyPopulation(PopulationBase):
     def _progress_remaining(self, timesteps: int) -> float:
         """1 at the start of this learn call's schedule, 0 at its end, at `timesteps` (`Algorithm._progress_remaining`,
         the solo runs')."""
-        span = max(self._schedule_end - self._learn_start, 1)
-        return max(1.0 - (timesteps - self._learn_start) / span, 0.0)
+        return progress_remaining(timesteps, self._learn_start, self._schedule_end)
 
     def _on_dones(self, dones: torch.Tensor) -> None:
         """Finished rows `[K * N]` (TD3's Ornstein-Uhlenbeck noise restarts there)."""
@@ -1109,10 +1109,7 @@ class DQNPopulation(OffPolicyPopulation):
 
     def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
         out = self._mlp(obs, weights or self.q_weights, biases or self.q_biases)
-        if not self.config.dueling:
-            return out
-        value, advantages = out[..., :1], out[..., 1:]  # (as `QNetwork.forward`)
-        return value + advantages - advantages.mean(dim=-1, keepdim=True)
+        return dueling_q_values(out) if self.config.dueling else out
 
     def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
         return self._q_values(obs, weights, biases).argmax(-1).to(self._index_dtype)

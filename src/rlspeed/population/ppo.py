@@ -44,12 +44,13 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import OneHotEncoder, env_actions, gaussian_log_prob, masked_logits
+from rlspeed.nn import OneHotEncoder, categorical_entropy, env_actions, gaussian_log_prob, masked_logits
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
@@ -212,9 +213,7 @@ class PPOPopulation(PopulationBase):
                           masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kind == "categorical":  # (with masks: over the allowed actions, as `ActorCritic.log_prob_entropy`)
             log_p = torch.log_softmax(masked_logits(out, masks), dim=-1)
-            terms = log_p.exp() * log_p
-            entropy = -(terms if masks is None else torch.where(masks, terms, 0.0)).sum(-1)
-            return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy
+            return log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), categorical_entropy(log_p, masks)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum(-1, keepdim=True).expand(out.shape[:2])
         return self._gaussian_log_prob(actions, out), entropy
 
@@ -226,7 +225,7 @@ class PPOPopulation(PopulationBase):
 
     # --- training ----------------------------------------------------------------------------------------------
     def _progress_remaining(self) -> float:
-        return max(1.0 - self.num_timesteps / max(self._total_timesteps, 1), 0.0)
+        return progress_remaining(self.num_timesteps, 0, self._total_timesteps)
 
     def _rollout_storage(self, size: int, obs_dim: int, action_shape: tuple[int, ...]
                          ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
