@@ -155,6 +155,7 @@ class PPOPopulation(PopulationBase):
         self.num_timesteps = 0  # env steps per member
         self._env = None
         self._storage_key = None  # (the rollout storage is made at the first iteration)
+        self._masks: torch.Tensor | None = None  # the rollout's action masks, where the run applies them
         del solos
 
     # --- the batched network ------------------------------------------------------------------------------------
@@ -302,7 +303,7 @@ class PPOPopulation(PopulationBase):
     def _mask_storage(self, steps: int, rows: int) -> torch.Tensor:
         """The rollout's action masks `[T, K * N, A]` (made again when the members in the computation change)."""
         width = self._action_mask.shape[-1]
-        if getattr(self, "_masks", None) is None or self._masks.shape != (steps, rows, width):
+        if self._masks is None or self._masks.shape != (steps, rows, width):
             self._masks = torch.empty(steps, rows, width, dtype=torch.bool, device=self.device)
         return self._masks
 
