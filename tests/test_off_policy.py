@@ -440,3 +440,56 @@ def test_a_resume_continues_the_ou_noise_only_with_its_episodes(tmp_path, backen
     resumed.resume(run / "checkpoint.safetensors")
     first = first_ou_noise(resumed, lambda: resumed.learn(8, progress_bar=False))
     assert torch.equal(first, saved if continues else torch.zeros_like(saved))
+
+
+@pytest.mark.parametrize("algo", [TD3, DDPG])
+def test_td3_and_ddpg_updates_equal_stable_baselines3s_train_step(algo, monkeypatch):
+    """The same weights and replay batches give the same weights after SB3's `train` (critic step, then every
+    `policy_delay` steps the actor's step through the updated critic and the Polyak step) as after rlspeed's
+    updates, to float tolerance: an RL-Zoo entry trains as it does in SB3 (target smoothing noise off on both sides,
+    the one random draw in the step)."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+    settings = {"learning_rate": 1e-3, "gamma": 0.98, "tau": 0.05, "batch_size": 16}
+    if algo is TD3:
+        settings["target_policy_noise"] = 0.0  # (DDPG has none)
+    ours = algo("Pendulum-v1", seed=0, net_arch=(16, 16), ortho_init=False, adam_eps=1e-8, **settings)
+    theirs = getattr(sb3, algo.__name__)("MlpPolicy", "Pendulum-v1", seed=0, policy_kwargs={"net_arch": [16, 16]},
+                                         **settings)
+    with torch.no_grad():  # SB3's networks take rlspeed's weights
+        for ours_net, mu in ((ours.actor.net, theirs.actor.mu), (ours.actor_target.net, theirs.actor_target.mu)):
+            mu.load_state_dict(ours_net.state_dict(), strict=False)
+        for ours_critic, critic in ((ours.critic, theirs.critic), (ours.critic_target, theirs.critic_target)):
+            body = ours_critic.body
+            for k, q_net in enumerate(critic.q_networks):
+                linears = [layer for layer in q_net if isinstance(layer, torch.nn.Linear)]
+                for layer, weight, bias in zip(linears, body.weights, body.biases):
+                    layer.weight.copy_(weight[k].T)
+                    layer.bias.copy_(bias[k, 0])
+    generator = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(4):
+        obs, next_obs = torch.randn(2, 16, 3, generator=generator)
+        actions = torch.rand(16, 1, generator=generator) * 2 - 1
+        rewards, dones = -torch.rand(16, generator=generator) * 5, (torch.rand(16, generator=generator) < 0.2).float()
+        batches.append((obs, actions, rewards, next_obs, dones))
+    samples = iter([ReplayBufferSamples(obs, actions, next_obs, dones[:, None], rewards[:, None])
+                    for obs, actions, rewards, next_obs, dones in batches])
+    monkeypatch.setattr(theirs.replay_buffer, "sample", lambda *args, **kwargs: next(samples))
+    theirs.set_logger(configure(None, []))
+    theirs.train(gradient_steps=len(batches), batch_size=16)
+    for obs, actions, rewards, next_obs, dones in batches:
+        ours._update({"obs": obs, "actions": actions, "rewards": rewards, "next_obs": next_obs, "terminated": dones,
+                      "discounts": torch.full((16,), 0.98)})
+    pairs = [(ours.actor.net, theirs.actor.mu), (ours.actor_target.net, theirs.actor_target.mu)]
+    for ours_net, mu in pairs:
+        for name, value in ours_net.state_dict().items():
+            torch.testing.assert_close(value, mu.state_dict()[name], rtol=1e-5, atol=1e-6)
+    for ours_critic, critic in ((ours.critic, theirs.critic), (ours.critic_target, theirs.critic_target)):
+        for k, q_net in enumerate(critic.q_networks):
+            linears = [layer for layer in q_net if isinstance(layer, torch.nn.Linear)]
+            for layer, weight, bias in zip(linears, ours_critic.body.weights, ours_critic.body.biases):
+                torch.testing.assert_close(weight[k].T, layer.weight, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(bias[k, 0], layer.bias, rtol=1e-5, atol=1e-6)

@@ -2,8 +2,10 @@
 
 A deterministic tanh actor explored with Gaussian or Ornstein-Uhlenbeck noise; twin critics held as one batched
 ensemble with clipped double-Q targets; target policy smoothing (clipped noise on the target action); the actor and
-the target networks updated every `policy_delay` critic updates. DDPG is this algorithm with one critic, no delay
-and no smoothing (see `ddpg.py`).
+the target networks updated every `policy_delay` critic updates. As in the original implementation (and
+Stable-Baselines3), the actor's step follows the critics' step of the same batch: its gradient goes through the
+critics as they have just been updated. DDPG is this algorithm with one critic, no delay and no smoothing (see
+`ddpg.py`).
 """
 
 from __future__ import annotations
@@ -80,15 +82,15 @@ class TD3(OffPolicyAlgorithm):
         # Actor and critic targets move together: one fused Polyak update for both.
         self._online_params = [*self.actor.parameters(), *self._critic_params]
         self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
-        # One Adam for actor and critics: their losses share no parameters (see `_update`); on critic-only steps
-        # the actor has no gradients and Adam leaves it (and its moment estimates) alone.
+        # One Adam for actor and critics: their losses share no parameters (see `_update`); in the critics' step
+        # the actor has no gradients and Adam leaves it (and its moment estimates) alone, and the other way round.
         self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        self._critic_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
-                                          params=self._online_params, max_grad_norm=None, name=f"{self.name}-critic")
-        self._update_step = select_update(self, loss_fn=self._critic_and_actor_loss, optimizer=self.optimizer,
+        self._update_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
                                           params=self._online_params, max_grad_norm=None, name=self.name)
+        self._actor_step = select_update(self, loss_fn=self._actor_loss, optimizer=self.optimizer,
+                                         params=self._online_params, max_grad_norm=None, name=f"{self.name}-actor")
         self._critic_updates = 0
-        self._actor_loss = torch.zeros((), device=self.device)  # the latest, reported on every step
+        self._latest_actor_loss = torch.zeros((), device=self.device)  # reported on every step
         self._ou_noise: torch.Tensor | None = None
         self._setup_action_scaling()
 
@@ -160,25 +162,19 @@ class TD3(OffPolicyAlgorithm):
 
     # --- one gradient step ------------------------------------------------------------------------------------
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        # Delayed policy updates: the critics learn on every step, the actor (and the targets) every policy_delay.
-        fields = [batch[field] for field in BATCH_FIELDS]
+        # Delayed policy updates: the critics learn on every step; every policy_delay steps the actor then learns on
+        # the same batch through the updated critics, and the targets move.
+        obs = batch["obs"]
+        _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
         self._critic_updates += 1
-        if self._critic_updates % self.config.policy_delay:
-            _, metrics = self._critic_step(*fields)
-            return {**metrics, "actor_loss": self._actor_loss}
-        _, metrics = self._update_step(*fields)
-        self._actor_loss = metrics["actor_loss"]
-        polyak_update(self._target_params, self._online_params, self.config.tau)
-        return metrics
+        if self._critic_updates % self.config.policy_delay == 0:
+            self._latest_actor_loss = self._actor_step(obs)[1]["actor_loss"]
+            polyak_update(self._target_params, self._online_params, self.config.tau)
+        return {**metrics, "actor_loss": self._latest_actor_loss}
 
     def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                      terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The critics' TD loss of one replay batch."""
-        return self._critic_loss_from(self.critic.features(obs), actions, rewards, next_obs, terminated, discounts)
-
-    def _critic_loss_from(self, features: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs,
-                          terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """`_critic_loss` given the critics' features of the batch's observations."""
         cfg = self.config
         with torch.no_grad():
             # Target policy smoothing: a' = clip(mu_target(s') + clip(eps, -c, c), -1, 1), eps ~ N(0, sigma)
@@ -192,16 +188,14 @@ class TD3(OffPolicyAlgorithm):
             target_q = rewards + discounts * (1 - terminated) * next_q
 
         # J_Q = sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
-        q_values = self.critic.head(features, actions)  # [K, B]
+        q_values = self.critic(obs, actions)  # [K, B]
         critic_loss = (q_values - target_q).square().mean(1).sum()
         return critic_loss, {"critic_loss": critic_loss.detach(), "q_values": q_values.detach().mean()}
 
-    def _critic_and_actor_loss(self, obs: torch.Tensor, *batch: torch.Tensor
-                               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The critics' loss plus the actor's: the deterministic policy gradient through the first critic,
-        J = -E[Q_1(s, mu(s))], with the critic's weights as constants, so the sum updates both in one backward and
-        one Adam step (the actor follows the critics as they were at the start of the step)."""
-        features = self.critic.features(obs)  # (an encoder's pass shared by both losses)
-        critic_loss, metrics = self._critic_loss_from(features, *batch)
-        actor_loss = -self.critic.head(features.detach(), self.actor(obs), members=slice(0, 1), detached=True).mean()
-        return critic_loss + actor_loss, {**metrics, "actor_loss": actor_loss.detach()}
+    def _actor_loss(self, obs: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The deterministic policy gradient's loss through the first critic, J = -E[Q_1(s, mu(s))], with the
+        critic's weights (and encoder) as constants: it reaches only the actor."""
+        with torch.no_grad():
+            features = self.critic.features(obs)
+        actor_loss = -self.critic.head(features, self.actor(obs), members=slice(0, 1), detached=True).mean()
+        return actor_loss, {"actor_loss": actor_loss.detach()}

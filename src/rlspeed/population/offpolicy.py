@@ -156,6 +156,14 @@ class _FlatMemberAdam:
         denom = self.exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
         self.flat.addcdiv_(self.exp_avg * self.learning_rates, denom, value=-self.lr_scale / (1 - beta1 ** self.steps))
 
+    def step_on(self, losses: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
+        """One step on the gradient of the members' `losses` (summed: they share no parameter) w.r.t. `params`,
+        the parameters this Adam holds, in its order."""
+        grads = torch.autograd.grad(losses.sum(), params)
+        with torch.no_grad():
+            torch.cat([g.reshape(-1) for g in grads], out=self.grad)
+        self.step()
+
 
 class MemberReplay:
     """The members' replay buffers as one: storage `[steps, K, N, ...]`, so that member k's row `r` is the solo
@@ -984,8 +992,8 @@ class TD3Population(OffPolicyPopulation):
             self._ou_noise = self._ou_noise[index]
 
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
-        """`TD3._critic_loss` (and, every `policy_delay` steps, the actor's loss through the first critic) of every
-        member, summed; per-member Adam; the Polyak step of both targets after actor steps."""
+        """`TD3._critic_loss` of every member, summed, and its per-member Adam step; every `policy_delay` steps then
+        the actor's loss through the first (updated) critic, its Adam step, and the Polyak step of both targets."""
         obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
         next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
         hyper = self.hyper
@@ -1005,22 +1013,14 @@ class TD3Population(OffPolicyPopulation):
         q_values = self._critics(obs, actions, self.critic_weights, self.critic_biases)
         loss = (q_values - target_q.unsqueeze(1)).square().mean(-1).sum(-1)
         critic_params = self._critic_params()
+        self._critic_adam.step_on(loss, critic_params)
         if not actor_step:
-            grads = torch.autograd.grad(loss.sum(), critic_params)
-            with torch.no_grad():
-                torch.cat([g.reshape(-1) for g in grads], out=self._critic_adam.grad)
-            self._critic_adam.step()
             return
+        # the actor's step through the critics just updated, their weights as constants
         q_first = self._critics(obs, self._actor(obs), [w.detach() for w in self.critic_weights],
                                 [b.detach() for b in self.critic_biases], members=slice(0, 1))
-        loss = loss - q_first[:, 0].mean(-1)
         actor_params = self._actor_params()
-        grads = torch.autograd.grad(loss.sum(), [*actor_params, *critic_params])
-        with torch.no_grad():
-            torch.cat([g.reshape(-1) for g in grads[:len(actor_params)]], out=self._actor_adam.grad)
-            torch.cat([g.reshape(-1) for g in grads[len(actor_params):]], out=self._critic_adam.grad)
-        self._actor_adam.step()
-        self._critic_adam.step()
+        self._actor_adam.step_on(-q_first[:, 0].mean(-1), actor_params)
         with torch.no_grad():
             tau = hyper["tau"]
             for target, online in zip([*self.actor_target_weights, *self.actor_target_biases, *self.target_weights,
