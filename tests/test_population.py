@@ -352,21 +352,3 @@ def test_the_last_member_leaving_closes_the_training_env():
     env = population._env
     population.remove([0, 1])
     assert population._env is None and env.env.vector_env.closed
-
-
-def test_off_policy_populations_refuse_action_masks_in_one_sentence():
-    """The solo DQN applies the env's action masks; its population does not yet, so it says so instead of ignoring
-    them (PPO's and A2C's apply them: see the Taxi cases)."""
-    import gymnasium as gym
-    from test_population_offpolicy_gym import _MaskedVector
-
-    from rlspeed import DQN
-
-    env_id = "RlspeedTest/PopulationMaskedVector-v0"
-    if env_id not in gym.registry:
-        gym.register(env_id, entry_point=_MaskedVector, max_episode_steps=10)
-    small = dict(learning_starts=16, batch_size=8, net_arch=[16])
-    with pytest.raises(UserError, match="action masks, which DQN populations do not apply") as error:
-        Population(DQN, env_id, seeds=[0, 1], **small).learn(32)
-    assert "\n" not in str(error.value)
-    assert Population(DQN, env_id, seeds=[0, 1], use_masking=False, **small).learn(32)["total_timesteps"] == 32

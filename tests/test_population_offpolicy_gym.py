@@ -5,11 +5,9 @@ tests/test_population_offpolicy.py.)"""
 
 import json
 
-import gymnasium as gym
-import numpy as np
 import pytest
 import torch
-from conftest import needs_box2d
+from conftest import masked_vector_env_id, needs_box2d
 from test_population_offpolicy import SMALL, _state
 
 from rlspeed import DQN, SAC, TD3, cli
@@ -108,28 +106,25 @@ def test_cli_seeds_with_env_backend_gymnasium(tmp_path):
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[40, 80], [40, 80]]
 
 
-class _MaskedVector(gym.Env):
-    """A float-vector env whose info gives action masks (action 0 never allowed)."""
+@pytest.mark.parametrize("env", ["masked-vector", "Taxi-v4"])
+def test_dqn_members_apply_action_masks_as_solo_runs(env):
+    """Action masks (`info["action_mask"]`) in the uniform warm-up, the epsilon-greedy draws, the replay rows' next
+    masks and the targets' argmax: member k trains as the solo DQN with its seed (on a float-vector env whose masks
+    change every step, and on Taxi-v4, one-hot observations), and its masked evaluation equals the solo's."""
+    env_id = masked_vector_env_id() if env == "masked-vector" else env
+    per_member = {"learning_rate": [5e-3, 1e-3], "exploration_final_eps": [0.05, 0.2]}
+    _check_members_equal_solo_runs(DQN, env_id, "gymnasium", SMALL_DQN, per_member, 120)
+    population = Population(DQN, env_id, seeds=[3, 7], **SMALL_DQN, **per_member)
+    population.learn(120, eval_freq=120, eval_episodes=2)
+    assert population._masking and population.buffer.next_action_masks.shape == (61, 2, 2, population.action_dim)
+    for k in range(2):
+        solo = population.member_model(k)
+        assert solo._masking is False  # (a fresh model: it learns of the masks from the env, as evaluate does)
+        assert population.evaluate([500], episodes=2, members=[k]).item() == pytest.approx(
+            solo.evaluate(episodes=2, seed=500)["mean"], abs=1e-3)
 
-    def __init__(self):
-        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
-        self.action_space = gym.spaces.Discrete(3)
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        return np.zeros(3, np.float32), {"action_mask": np.arange(3) != 0}
-
-    def step(self, action):
-        return np.zeros(3, np.float32), 0.0, True, False, {"action_mask": np.arange(3) != 0}
-
-
-def test_action_masks_are_refused_in_one_sentence():
-    """The solo DQN applies the env's masks; the population does not yet, so it says so instead of ignoring them."""
-    env_id = "RlspeedTest/PopulationMaskedVector-v0"
-    if env_id not in gym.registry:
-        gym.register(env_id, entry_point=_MaskedVector, max_episode_steps=10)
-    population = Population(DQN, env_id, seeds=[0, 1], **SMALL_DQN)
-    with pytest.raises(UserError, match="action masks") as error:
-        population.learn(80)
-    assert "\n" not in str(error.value)
-    assert Population(DQN, env_id, seeds=[0, 1], use_masking=False, **SMALL_DQN).learn(80)["total_timesteps"] == 80
+def test_dqn_members_choose_among_all_actions_with_use_masking_off():
+    population = Population(DQN, masked_vector_env_id(), seeds=[0, 1], use_masking=False, **SMALL_DQN)
+    assert population.learn(80)["total_timesteps"] == 80
+    assert not population._masking and population.buffer.next_action_masks is None

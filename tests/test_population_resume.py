@@ -452,3 +452,25 @@ def test_a_run_stopped_at_once_before_its_first_checkpoint_says_how_to_train_it_
     assert cli.main([*argv, "--resume"]) == 0
     assert "checkpoint.safetensors yet, so training starts from scratch" in capsys.readouterr().out and not json.loads(
         (tmp_path / "run" / "summary.json").read_text()).get("interrupted")
+
+
+def test_a_dqn_population_with_action_masks_resumes_its_replay_with_the_masks(tmp_path):
+    """The replay rows' next-observation masks (Taxi-v4's `info["action_mask"]`) are saved beside the checkpoint and
+    come back with the rows, pending n-step steps included, so the targets' argmax after a resume still runs over the
+    allowed actions only."""
+    from rlspeed import DQN
+
+    settings = dict(num_envs=2, learning_starts=32, batch_size=16, net_arch=(16,), buffer_size=400, n_step=3,
+                    save_replay_buffer=True)
+    population = Population(DQN, "Taxi-v4", seeds=[1, 2], **settings)
+    population.learn(128, run_dir=tmp_path, checkpoint_freq=64)
+    saved = checkpoint_tensors(tmp_path / "checkpoint.replay.safetensors")
+    assert saved["next_action_masks"].dtype == torch.bool and not saved["next_action_masks"].all()
+    resumed = Population(DQN, "Taxi-v4", seeds=[1, 2], **settings)
+    with pytest.warns(UserWarning, match="training continues from fresh episodes"):
+        resumed.resume(tmp_path / "checkpoint.safetensors")
+    buffer = resumed.buffer
+    assert torch.equal(buffer.next_action_masks[:saved["next_action_masks"].shape[0]], saved["next_action_masks"])
+    assert len(buffer._window) == 2 and all(len(entry) == 7 for entry in buffer._window)
+    resumed.learn(64)
+    assert resumed.num_timesteps == 128 and resumed._masking

@@ -12,7 +12,7 @@ Action masks (an env's `info["action_mask"]`, `use_masking`): masked actions are
 the argmax of Q with masked actions at the dtype's lowest value; exploration draws uniformly among the allowed actions
 (one uniform number per action, drawn ahead for the collection phase like the rest, the largest allowed one wins);
 the target's argmax (or max) over next actions takes the mask stored for the next observation (`off_policy`'s
-`_next_masks`: for a truncated row the mask at its final observation, where the adapter gives it, else all actions).
+`next_masks`: for a truncated row the mask at its final observation, where the adapter gives it, else all actions).
 """
 
 from __future__ import annotations
@@ -76,8 +76,9 @@ class DQNConfig(OffPolicyConfig):
 
 
 def masked_argmax(q_values: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
-    """The greedy action per row (int64 `[B]`) among the allowed ones (bool `[B, n]` masks; None: all)."""
-    return masked_logits(q_values, action_masks).argmax(dim=1)
+    """The greedy action per row (int64 `[B]`) among the allowed ones (bool `[B, n]` masks; None: all); any leading
+    shape `[..., n]` alike."""
+    return masked_logits(q_values, action_masks).argmax(dim=-1)
 
 
 class DQN(OffPolicyAlgorithm):

@@ -12,7 +12,7 @@ Actions are stored as the policy produces them: indices for Discrete spaces; for
 
 Action masks (DQN, `_start_masking`): the mask valid for each observation (`info["action_mask"]`, from the reset or
 the step that returned it) goes to the random and exploring choices, and the buffer stores the mask of each
-transition's next observation (`_next_masks`: for rows whose episode ended, the mask at `final_obs` where the adapter
+transition's next observation (`next_masks`: for rows whose episode ended, the mask at `final_obs` where the adapter
 gives it, else all actions).
 
 Replay layout: frame-stacked Atari observations (`rlspeed.envs.atari.stacked_frames`) go to a
@@ -107,12 +107,13 @@ def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
 
 def allowed_uniform(uniform: torch.Tensor, action_masks: torch.Tensor) -> torch.Tensor:
     """Per row, a uniformly random allowed action (int64 `[N]`) from uniform draws `[N, n]` (one per action, drawn
-    ahead of time if need be) and bool masks `[N, n]`: the allowed action with the largest draw (ties have
-    probability 0). Two kernels, no host read; a row needs one allowed action (the env adapters check it)."""
-    return torch.where(action_masks, uniform, -1.0).argmax(dim=1)
+    ahead of time if need be) and bool masks `[N, n]` (or any leading shape `[..., n]`): the allowed action with the
+    largest draw (ties have probability 0). Two kernels, no host read; a row needs one allowed action (the env
+    adapters check it)."""
+    return torch.where(action_masks, uniform, -1.0).argmax(dim=-1)
 
 
-def _next_masks(info: dict, ended: torch.Tensor) -> torch.Tensor:
+def next_masks(info: dict, ended: torch.Tensor) -> torch.Tensor:
     """The actions allowed at each transition's next observation (`final_obs`), bool `[N, n]`. After an autoreset
     `info["action_mask"]` is the new episode's first mask; the mask at `final_obs` is `info["final_action_mask"]`
     where the adapter gives it (Gymnasium's for `info["action_mask"]` envs). Without it, rows whose episode ended
@@ -350,7 +351,7 @@ class OffPolicyAlgorithm(Algorithm):
                     # final_obs is the true last observation of finished rows: truncated episodes bootstrap from it.
                     transition = (obs, actions, rewards, info["final_obs"], terminated, truncated)
                     if masking:
-                        transition = (*transition, _next_masks(info, terminated | truncated))
+                        transition = (*transition, next_masks(info, terminated | truncated))
                         self._action_mask = info["action_mask"]
                     if staged is None:
                         # (the rows the env restarted, on the host where the adapter knows them: for the frame layout)

@@ -11,7 +11,7 @@ episode's last), and the discount `gamma**m` to apply to its value.
 
 With `mask_size`, the buffer also stores `next_action_masks`: the actions allowed at each transition's next
 observation (bool `[n]`), for a target that maximises over allowed actions only. The caller gives them (for a row
-whose episode ended, the mask at its final observation: see `off_policy._next_masks`).
+whose episode ended, the mask at its final observation: see `off_policy.next_masks`).
 
 Two layouts: `ReplayBuffer` stores each observation and next observation whole (`dense`); `FrameStackReplayBuffer`
 stores frame-stacked images one frame per transition and rebuilds the stacks at sampling (`frames`). `describe()`

@@ -169,6 +169,17 @@ def config_tensors(solos: Sequence, keys: Iterable[str], device: torch.device) -
     return {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=device) for key in keys}
 
 
+def member_features(encoder, obs: torch.Tensor) -> torch.Tensor:
+    """The members' network input `[K, B, features]` from observations `[K, B, ...]`: flattened float vectors
+    (`encoder` None), or the solo's one-hot encoding (`rlspeed.nn.OneHotEncoder`) of Discrete / MultiDiscrete indices,
+    which the populations store as floats."""
+    if encoder is None:
+        return obs.flatten(2)
+    size, batch = obs.shape[0], obs.shape[1]
+    indices = obs.reshape(size * batch, -1).long()
+    return encoder(indices.squeeze(-1) if encoder.single else indices).view(size, batch, -1)
+
+
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None
                           ) -> torch.Tensor:
     """The return of each env row's first episode `[rows]` (a row still running at the step limit: its return so

@@ -33,10 +33,10 @@ leaves the computation: its parameters, moments, replay rows, env rows and obser
 (`PopulationBase._env_rows`: the others' envs continue exactly, Gymnasium's env objects mid-episode).
 
 Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with Box actions, DQN with a plain or
-dueling MLP on envs with Discrete actions, on float-vector observations: the native envs
-(`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
-behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: action
-masks, subprocess Gymnasium envs.
+dueling MLP on envs with Discrete actions (and their action masks, `use_masking`), on float-vector observations (DQN
+also on one-hot Discrete ones): the native envs (`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium
+env (one synchronous vector env), on one device, behind `Population(...)`, `rlspeed train --seeds [--env-backend
+gymnasium]` and `rlspeed tune`. Not yet: subprocess Gymnasium envs.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 networks and targets, every row of the members that left (`member_state` returns them), the flat Adams' moments and
@@ -57,14 +57,25 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
+from rlspeed.algos.off_policy import allowed_uniform, next_masks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
-from rlspeed.nn import ACTIVATIONS, LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, dueling_q_values
+from rlspeed.nn import (
+    ACTIVATIONS,
+    LOG_2,
+    LOG_2PI,
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    OneHotEncoder,
+    dueling_q_values,
+    masked_logits,
+)
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
+    member_features,
     saved_like,
     stack_leaf,
 )
@@ -170,21 +181,30 @@ class MemberReplay:
     buffer's row `r` (step `r // N`, env `r % N`), with n-step returns under each member's gamma computed as
     `rlspeed.buffers.ReplayBuffer` computes them. Once `capacity_steps` steps are stored, the oldest step is
     overwritten, as the solo buffer overwrites its oldest rows (the same rows when `buffer_size` is a multiple of
-    `num_envs`)."""
+    `num_envs`). With `mask_size`, each row also keeps the actions allowed at its next observation
+    (`next_action_masks`, bool), as the solo buffer made with `mask_size` does."""
 
     def __init__(self, capacity_steps: int, size: int, num_envs: int, obs_dim: int, action_dim: int,
-                 gammas: torch.Tensor, n_step: int, device: torch.device):
+                 gammas: torch.Tensor, n_step: int, device: torch.device, mask_size: int | None = None):
         self.size, self.num_envs, self.n_step, self.device = size, num_envs, n_step, device
         self.written = 0  # steps written so far (each holds K x N rows)
 
-        def zeros(*shape):
-            return torch.zeros(capacity_steps, size, num_envs, *shape, device=device)
+        def zeros(*shape, dtype=torch.float32):
+            return torch.zeros(capacity_steps, size, num_envs, *shape, device=device, dtype=dtype)
 
         self.obs, self.next_obs = zeros(obs_dim), zeros(obs_dim)
         self.actions, self.rewards = zeros(action_dim), zeros()
         self.terminated, self.discounts = zeros(), zeros()
+        self.next_action_masks = zeros(mask_size, dtype=torch.bool) if mask_size else None
         self._window: list[tuple[torch.Tensor, ...]] = []
         self._set_gammas(gammas)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The storage tensors' names (`next_action_masks` only where the rows keep masks)."""
+        return self.FIELDS + (("next_action_masks",) if self.next_action_masks is not None else ())
+
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts")
 
     def _set_gammas(self, gammas: torch.Tensor) -> None:
         # gamma**m per member, computed as the solo buffer computes it (a Python float to a float32 power)
@@ -203,15 +223,15 @@ class MemberReplay:
         size, as the solo buffer would have had that size from the start)."""
         if capacity_steps <= self.capacity_steps or self.written > self.capacity_steps:
             return
-        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "discounts"):
+        for name in self.fields:
             old = getattr(self, name)
-            new = torch.zeros(capacity_steps, *old.shape[1:], device=self.device)
+            new = torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype)
             new[:self.written] = old[:self.written]
             setattr(self, name, new)
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the members at `index`."""
-        for name in ("obs", "next_obs", "actions", "rewards", "terminated", "discounts"):
+        for name in self.fields:
             setattr(self, name, getattr(self, name)[:, index])
         rows = (index.unsqueeze(1) * self.num_envs + torch.arange(self.num_envs, device=self.device)).flatten()
         self._window = [tuple(value[rows] for value in entry) for entry in self._window]
@@ -220,14 +240,19 @@ class MemberReplay:
         self._gammas = self._gammas[index]
         self.size = int(index.numel())
 
-    def add(self, obs, actions, rewards, next_obs, terminated, truncated) -> None:
-        """One step of every member's envs (rows `[K * N, ...]`, member-major), as `ReplayBuffer.add` stores it."""
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None) -> None:
+        """One step of every member's envs (rows `[K * N, ...]`, member-major), as `ReplayBuffer.add` stores it;
+        `next_action_masks` (bool `[K * N, n]`) exactly when the buffer keeps masks."""
+        if (next_action_masks is None) != (self.next_action_masks is None):
+            raise ValueError("next_action_masks must be given exactly when the buffer was made with mask_size")
         if self.n_step == 1:  # (the discount is each row's gamma: column 0 of the table, gamma ** 1)
-            self._write(obs, actions, rewards, next_obs, terminated.to(torch.float32), self._discount_table[:, 0])
+            self._write(obs, actions, rewards, next_obs, terminated.to(torch.float32), self._discount_table[:, 0],
+                        next_action_masks)
             return
         terminated = terminated.to(torch.float32)
         done = torch.maximum(terminated, truncated.to(torch.float32))
-        self._window.append((obs, actions, rewards.to(torch.float32), next_obs, terminated, done))
+        entry = (obs, actions, rewards.to(torch.float32), next_obs, terminated, done)
+        self._window.append(entry if next_action_masks is None else (*entry, next_action_masks))
         if len(self._window) == self.n_step:
             window = self._window
             rewards = torch.stack([w[2] for w in window])
@@ -239,11 +264,14 @@ class MemberReplay:
             last = (alive.sum(0) - 1).long()
             columns = torch.arange(last.shape[0], device=self.device)
             discounts = self._discount_table[columns, last]
+            masks = None  # (the mask at the observation the transition bootstraps from)
+            if self.next_action_masks is not None:
+                masks = torch.stack([w[6] for w in window])[last, columns]
             self._write(window[0][0], window[0][1], returns, next_obs[last, columns], terminated[last, columns],
-                        discounts)
+                        discounts, masks)
             self._window.pop(0)
 
-    def _write(self, obs, actions, rewards, next_obs, terminated, discounts) -> None:
+    def _write(self, obs, actions, rewards, next_obs, terminated, discounts, next_action_masks=None) -> None:
         shape = (self.size, self.num_envs)
         row = self.written % self.capacity_steps
         self.obs[row] = obs.view(*shape, -1)
@@ -252,6 +280,8 @@ class MemberReplay:
         self.rewards[row] = rewards.view(shape)
         self.terminated[row] = terminated.view(shape)
         self.discounts[row] = discounts.view(shape)
+        if next_action_masks is not None:
+            self.next_action_masks[row] = next_action_masks.view(*shape, -1)
         self.written += 1
 
     def __len__(self) -> int:
@@ -268,9 +298,7 @@ class MemberReplay:
             rows = torch.index_select(storage.view(-1, *storage.shape[3:]), 0, flat)
             return rows.view(*index.shape, *storage.shape[3:])
 
-        return {"obs": gather(self.obs), "actions": gather(self.actions), "rewards": gather(self.rewards),
-                "next_obs": gather(self.next_obs), "terminated": gather(self.terminated),
-                "discounts": gather(self.discounts)}
+        return {name: gather(getattr(self, name)) for name in self.fields}
 
 
 class OffPolicyPopulation(PopulationBase):
@@ -280,14 +308,20 @@ class OffPolicyPopulation(PopulationBase):
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
+    #: whether the members' networks take Discrete observations one-hot encoded (`member_features`), as the solo's
+    one_hot_observations = False
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):
         solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
-        if getattr(solos[0].policy, "encoder", None) is not None:
-            raise UserError(f"Populations cover MLP networks on float vector observations so far; {env_id} needs an "
-                            "encoder.")
+        encoder = getattr(solos[0].policy, "encoder", None)
+        if encoder is not None and not (isinstance(encoder, OneHotEncoder) and self.one_hot_observations):
+            raise UserError(f"{algo_cls.__name__} populations cover MLP networks on float vector observations so far"
+                            + (" (DQN's also one-hot Discrete observations)" if self.one_hot_observations else "")
+                            + f"; {env_id} needs a {encoder.kind}.")
+        #: the members' observation encoder where they have one: the solo's one-hot encoder (no parameters)
+        self._encoder = encoder
         self.spec = solos[0].spec
         self.discrete = self.spec.discrete
         self.obs_dim, self.action_dim = self.spec.obs_dim, self.spec.action_dim
@@ -317,7 +351,9 @@ class OffPolicyPopulation(PopulationBase):
 
     def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
         """Exploration actions `[K, N, ...]` (policy space: indices, or values in [-1, 1]) for observations
-        `[K, N, obs_dim]`; `timesteps`: the env step count per member at this step."""
+        `[K, N, obs_dim]`; `timesteps`: the env step count per member at this step. A population that applies action
+        masks (`supports_action_masks`) also takes the masks valid for `obs` (bool `[K, N, n]`) when the run applies
+        them."""
         raise NotImplementedError
 
     def _before_collect(self, before: int) -> None:
@@ -327,7 +363,8 @@ class OffPolicyPopulation(PopulationBase):
         """After an iteration's gradient steps (DQN's target update)."""
 
     def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
-        """The deterministic policy's actions in [-1, 1] `[K, B, A]` under the given actor weights."""
+        """The deterministic policy's actions in [-1, 1] `[K, B, A]` under the given actor weights (DQN's: indices
+        `[K, B]`, among the allowed actions where it also takes masks `[K, B, n]`)."""
         raise NotImplementedError
 
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
@@ -390,8 +427,12 @@ class OffPolicyPopulation(PopulationBase):
         out = self._mlp(x, [w.flatten(0, 1) for w in weights], [b.flatten(0, 1) for b in biases])
         return out.view(size, critics, -1)
 
-    def _random_actions(self, num: int) -> torch.Tensor:
-        """Uniform policy-space actions `[K, num, ...]`, member k's from its generator (as `_random_actions` draws)."""
+    def _random_actions(self, num: int, masks: torch.Tensor | None = None) -> torch.Tensor:
+        """Uniform policy-space actions `[K, num, ...]`, member k's from its generator (as `_random_actions` draws);
+        with action masks (bool `[K, num, n]`), uniform over each row's allowed actions."""
+        if masks is not None:
+            return torch.stack([allowed_uniform(torch.rand(masks.shape[1:], device=self.device, generator=g), mask)
+                                for g, mask in zip(self.generators, masks)]).to(self._index_dtype)
         if self.discrete:
             return torch.stack([torch.randint(0, self.action_dim, (num,), device=self.device, generator=g,
                                               dtype=self._index_dtype) for g in self.generators])
@@ -428,7 +469,7 @@ class OffPolicyPopulation(PopulationBase):
             self._buffer_start = self.num_timesteps
             self.buffer = MemberReplay(capacity, len(self.alive), cfg.num_envs, self.obs_dim,
                                        1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
-                                       self.device)
+                                       self.device, mask_size=self.action_dim if self._masking else None)
         else:
             self.buffer.grow(capacity)
 
@@ -441,17 +482,26 @@ class OffPolicyPopulation(PopulationBase):
         if not alive:
             raise UserError("Every member has left the population (reached, pruned or diverged): nothing to train.")
         self._before_collect(before)
+        masking = self._masking
         with torch.no_grad():
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * envs
                 obs = self._obs
+                # (where the run applies action masks: those valid for `obs`, as the solo run passes them)
+                masks = self._action_mask.view(alive, envs, -1) if masking else None
                 if timesteps < cfg.learning_starts:
-                    actions = self._random_actions(envs)
+                    actions = self._random_actions(envs, masks)
+                elif masking:
+                    actions = self._explore(obs.view(alive, envs, -1), timesteps, masks)
                 else:
                     actions = self._explore(obs.view(alive, envs, -1), timesteps)
                 actions = actions.reshape(alive * envs, *self._action_tail)
                 next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
-                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated)
+                following = None  # (the masks at each row's next observation)
+                if masking:
+                    following = next_masks(info, terminated | truncated)
+                    self._action_mask = info["action_mask"]
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following)
                 self._on_dones(terminated | truncated)
                 self._obs = next_obs
         steps = cfg.train_freq * envs
@@ -542,8 +592,6 @@ class OffPolicyPopulation(PopulationBase):
     def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         """Restore what `_algorithm_state` returned."""
 
-    _REPLAY_FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated", "discounts")
-
     def _save_replay(self, path: Path) -> dict | None:
         """With `save_replay_buffer`: the replay buffer's stored rows, write count and pending n-step steps in
         `<checkpoint>.replay.safetensors` (written first; a token in both files pairs them, as a solo run's)."""
@@ -553,7 +601,7 @@ class OffPolicyPopulation(PopulationBase):
         from rlspeed.algos.off_policy import REPLAY_SUFFIX
 
         stored = min(buffer.written, buffer.capacity_steps)
-        tensors = {name: getattr(buffer, name)[:stored] for name in self._REPLAY_FIELDS}
+        tensors = {name: getattr(buffer, name)[:stored] for name in buffer.fields}
         tensors.update({f"window.{i}.{j}": value for i, entry in enumerate(buffer._window)
                         for j, value in enumerate(entry)})
         token = secrets.token_hex(16)
@@ -584,12 +632,16 @@ class OffPolicyPopulation(PopulationBase):
             warnings.warn(f"'{file}' does not belong to '{path}' (a later save wrote it); {empty}.", stacklevel=3)
             return
         cfg = self.config
+        masks = "next_action_masks" in tensors  # (a run that applied the env's action masks)
         buffer = MemberReplay(int(info["capacity_steps"]), len(self.alive), cfg.num_envs, self.obs_dim,
-                              1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step, self.device)
+                              1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step, self.device,
+                              mask_size=self.action_dim if masks else None)
         try:
-            for name in self._REPLAY_FIELDS:
+            for name in buffer.fields:
                 getattr(buffer, name)[:tensors[name].shape[0]] = tensors[name]
-            buffer._window = [tuple(tensors[f"window.{i}.{j}"] for j in range(6)) for i in range(int(info["window"]))]
+            entries = 7 if masks else 6
+            buffer._window = [tuple(tensors[f"window.{i}.{j}"] for j in range(entries))
+                              for i in range(int(info["window"]))]
         except (KeyError, RuntimeError) as error:
             warnings.warn(f"'{file}' cannot fill this population's replay buffer ({error}); {empty}.", stacklevel=3)
             return
@@ -665,8 +717,10 @@ class OffPolicyPopulation(PopulationBase):
         actor = self._actor_of(members)
         count = len(members)
 
-        def policy(obs: torch.Tensor) -> torch.Tensor:
-            actions = self._deterministic(obs.view(count, episodes, -1), *actor.values())
+        def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
+            # (masks: given where the members apply the env's action masks, `_mean_returns`)
+            member_masks = () if masks is None else (masks.view(count, episodes, -1),)
+            actions = self._deterministic(obs.view(count, episodes, -1), *actor.values(), *member_masks)
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
         return self._mean_returns(seeds, episodes, policy, members)
@@ -1064,11 +1118,14 @@ class DQNPopulation(OffPolicyPopulation):
     >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain or
-    dueling Q-networks on envs without action masks.
+    dueling Q-networks, on float-vector or one-hot Discrete observations, with the env's action masks where it gives
+    them (`use_masking`: in the exploring and greedy choices and the targets' argmax, as the solo's).
     """
 
     algo_name = "dqn"
     per_member = PER_MEMBER_DQN
+    supports_action_masks = True
+    one_hot_observations = True
     _member_lists = ("q_weights", "q_biases", "target_weights", "target_biases")
     _actor_lists = ("q_weights", "q_biases")
 
@@ -1108,11 +1165,16 @@ class DQNPopulation(OffPolicyPopulation):
         return list(network.body)
 
     def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
-        out = self._mlp(obs, weights or self.q_weights, biases or self.q_biases)
+        out = self._mlp(member_features(self._encoder, obs), weights or self.q_weights, biases or self.q_biases)
         return dueling_q_values(out) if self.config.dueling else out
 
-    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
-        return self._q_values(obs, weights, biases).argmax(-1).to(self._index_dtype)
+    def _greedy(self, q_values: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
+        """The greedy actions `[K, B]` among the allowed ones (`masks` `[K, B, n]`; None: all), as `DQN._greedy`."""
+        return masked_logits(q_values, masks).argmax(-1).to(self._index_dtype)
+
+    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list,
+                       masks: torch.Tensor | None = None) -> torch.Tensor:
+        return self._greedy(self._q_values(obs, weights, biases), masks)
 
     # --- exploration ------------------------------------------------------------------------------------------
     def _epsilon(self, member: int, timesteps: int) -> float:
@@ -1135,15 +1197,22 @@ class DQNPopulation(OffPolicyPopulation):
             epsilons = steps.mul(slope).add_(self._epsilon(member, before)).clamp_(min=final)
             explore.append(torch.rand((cfg.train_freq, envs), device=self.device, generator=generator)
                            < epsilons.unsqueeze(1))
-            actions.append(torch.randint(0, self.action_dim, (cfg.train_freq, envs), device=self.device,
-                                         generator=generator, dtype=self._index_dtype))
+            if self._masking:  # (one uniform number per action: the step takes the allowed one with the largest)
+                actions.append(torch.rand((cfg.train_freq, envs, self.action_dim), device=self.device,
+                                          generator=generator))
+            else:
+                actions.append(torch.randint(0, self.action_dim, (cfg.train_freq, envs), device=self.device,
+                                             generator=generator, dtype=self._index_dtype))
         self._draws = (before, torch.stack(explore), torch.stack(actions))
 
-    def _explore(self, obs: torch.Tensor, timesteps: int) -> torch.Tensor:
-        greedy = self._q_values(obs).argmax(-1).to(self._index_dtype)  # [K, N]
+    def _explore(self, obs: torch.Tensor, timesteps: int, masks: torch.Tensor | None = None) -> torch.Tensor:
+        greedy = self._greedy(self._q_values(obs), masks)  # [K, N]
         start, explore, actions = self._draws  # (drawn for every step past learning_starts: see _before_collect)
         step = (timesteps - start) // self.config.num_envs
-        return torch.where(explore[:, step], actions[:, step], greedy)
+        random_actions = actions[:, step]
+        if masks is not None:
+            random_actions = allowed_uniform(random_actions, masks).to(self._index_dtype)
+        return torch.where(explore[:, step], random_actions, greedy)
 
     def _after_iteration(self, before: int) -> None:
         # Target networks every target_update_interval env steps, by copy (tau=1) or Polyak, as DQN does: k updates
@@ -1167,18 +1236,21 @@ class DQNPopulation(OffPolicyPopulation):
 
     # --- one gradient step ------------------------------------------------------------------------------------
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
-        """`DQN._loss` of every member (Double DQN target, Huber), summed; each member's gradient clipped to its own
-        global norm (`max_grad_norm`); per-member Adam."""
+        """`DQN._loss` of every member (Double DQN target, Huber; the argmax or max over the actions allowed at the
+        next observation where the rows keep masks), summed; each member's gradient clipped to its own global norm
+        (`max_grad_norm`); per-member Adam."""
         obs, rewards, next_obs = batch["obs"], batch["rewards"], batch["next_obs"]
         actions = batch["actions"].long()  # [K, B, 1]
+        next_masks = batch.get("next_action_masks")
         with torch.no_grad():
             next_q_target = self._q_values(next_obs, self.target_weights, self.target_biases)
             if self.config.double_q:
-                next_actions = self._q_values(next_obs, [w.detach() for w in self.q_weights],
-                                              [b.detach() for b in self.q_biases]).argmax(-1, keepdim=True)
+                next_actions = masked_logits(self._q_values(next_obs, [w.detach() for w in self.q_weights],
+                                                            [b.detach() for b in self.q_biases]),
+                                             next_masks).argmax(-1, keepdim=True)
                 next_q = next_q_target.gather(-1, next_actions).squeeze(-1)
             else:
-                next_q = next_q_target.max(-1).values
+                next_q = masked_logits(next_q_target, next_masks).max(-1).values
             target_q = rewards + batch["discounts"] * (1 - batch["terminated"]) * next_q
         params = self._params()
         with torch.enable_grad():

@@ -54,6 +54,7 @@ from rlspeed.nn import OneHotEncoder, categorical_entropy, env_actions, gaussian
 from rlspeed.population.base import (
     PopulationBase,
     config_tensors,
+    member_features,
     saved_like,
     stack_leaf,
 )
@@ -180,11 +181,7 @@ class PPOPopulation(PopulationBase):
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         """The networks' input `[K, B, features]` from observations `[K, B, ...]`: flattened float vectors, or the
         one-hot encoding of Discrete / MultiDiscrete indices (stored as floats in the rollout)."""
-        if self._encoder is None:
-            return obs.flatten(2)
-        size, batch = obs.shape[0], obs.shape[1]
-        indices = obs.reshape(size * batch, -1).long()
-        return self._encoder(indices.squeeze(-1) if self._encoder.single else indices).view(size, batch, -1)
+        return member_features(self._encoder, obs)
 
     def _adopt_solos(self, solos: Sequence) -> None:
         """Take what a subclass needs from the solo models before they are dropped (PPO: nothing)."""
