@@ -11,6 +11,7 @@ from rlspeed.fused.flat import (
     Workspace,
     ensemble_backward,
     ensemble_forward,
+    ensemble_input_grad,
     ensemble_rows_input_grad,
     linear_backward,
     linear_forward,
@@ -62,8 +63,9 @@ def test_workspace_passes_give_the_same_results_and_reuse_their_buffers():
         ens = ensemble_forward(x.expand(2, -1, -1), ens_weights, ens_biases, True, ws, "ens")
         ens_weight_grads = [torch.empty_like(w) for w in ens_weights]
         ens_bias_grads = [torch.empty_like(b) for b in ens_biases]
-        grad_in = ensemble_backward(torch.ones_like(ens[-1]), ens, ens_weights, ens_weight_grads, ens_bias_grads,
-                                    True, rows=4, workspace=ws, tag="ens")
+        ensemble_backward(torch.ones_like(ens[-1]), ens, ens_weights, ens_weight_grads, ens_bias_grads, True,
+                          workspace=ws, tag="ens")
+        grad_in = ensemble_input_grad(torch.ones_like(ens[-1]), ens, ens_weights, True, workspace=ws, tag="ens in")
         return [o.clone() for o in (*out, *ens, *weight_grads, *bias_grads, *ens_weight_grads, grad_in)], out[1]
 
     x = torch.randn(8, 5)
@@ -115,7 +117,8 @@ def test_bf16_matmul_region_keeps_thin_products_in_fp32_and_wide_ensembles_close
         out = ensemble_forward(x, weights, biases, False, Workspace(), "critic")
         weight_grads = [torch.empty_like(w) for w in weights]
         bias_grads = [torch.empty_like(b) for b in biases]
-        grad_in = ensemble_backward(grad_out, out, weights, weight_grads, bias_grads, False, rows=256)
+        ensemble_backward(grad_out, out, weights, weight_grads, bias_grads, False)
+        grad_in = ensemble_input_grad(grad_out, out, weights, False)
         return [o.clone() for o in out[1:]], weight_grads, bias_grads, grad_in
 
     reference = passes()
@@ -139,8 +142,7 @@ def test_rows_input_grad_equals_the_full_backward_at_those_rows(tanh, workspace)
     biases = [torch.randn(2, 1, 16) / 4, torch.randn(2, 1, 16) / 4, torch.randn(2, 1, 1)]
     outputs = ensemble_forward(torch.randn(12, 5).expand(2, -1, -1), weights, biases, tanh)
     grad_out = torch.randn(2, 12, 1)
-    full = ensemble_backward(grad_out, outputs, weights, [torch.empty_like(w) for w in weights],
-                             [torch.empty_like(b) for b in biases], tanh, rows=0)  # d/d(input) of every row
+    full = ensemble_input_grad(grad_out, outputs, weights, tanh)  # d/d(input) of every row
     for member, rows in ((0, [1, 4, 5]), (1, [0, 11])):
         index = torch.tensor(rows)
         weights_t = [weights[0][member][3:].t(), *(w[member].t() for w in weights[1:])]  # input columns 3 and 4
@@ -148,3 +150,42 @@ def test_rows_input_grad_equals_the_full_backward_at_those_rows(tanh, workspace)
             got = ensemble_rows_input_grad(grad_out[member, index], outputs, member, weights_t, tanh, index,
                                            workspace, "rows")
             torch.testing.assert_close(got, full[member, index][:, 3:])
+
+
+@pytest.mark.parametrize("tanh", [False, True])
+def test_ensemble_input_grad_equals_autograd_with_the_weights_held_constant(tanh):
+    torch.manual_seed(0)
+    weights = [torch.randn(3, 5, 16) / 2, torch.randn(3, 16, 16) / 4, torch.randn(3, 16, 1) / 4]
+    biases = [torch.randn(3, 1, 16) / 4, torch.randn(3, 1, 16) / 4, torch.randn(3, 1, 1)]
+    x = torch.randn(3, 12, 5, requires_grad=True)
+    grad_out = torch.randn(3, 12, 1)
+    activation = torch.tanh if tanh else torch.relu
+    y = x
+    for layer, (weight, bias) in enumerate(zip(weights, biases)):
+        y = torch.baddbmm(bias, y, weight)
+        y = activation(y) if layer < 2 else y
+    (expected,) = torch.autograd.grad(y, x, grad_out)
+    outputs = ensemble_forward(x.detach(), weights, biases, tanh)
+    torch.testing.assert_close(ensemble_input_grad(grad_out, outputs, weights, tanh), expected)
+    torch.testing.assert_close(ensemble_input_grad(grad_out, outputs, weights, tanh, slice(3, None), Workspace()),
+                               expected[..., 3:])
+
+
+def test_flat_adam_in_parts_equals_one_step_and_counts_it_once():
+    """SAC's update steps the critics' part, then the actor's: with the same gradients, the two parts make the same
+    step as one whole step, and the step count (Adam's bias corrections) moves once."""
+    def make():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+        return net, FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters(), lr=1e-2))
+
+    (_, whole), (_, parts) = make(), make()
+    for step in range(3):
+        gradient = torch.randn(whole.grad.shape, generator=torch.Generator().manual_seed(step))
+        whole.grad.copy_(gradient)
+        parts.grad.copy_(gradient)
+        whole.step()
+        parts.step([slice(10, None)])
+        parts.step([slice(0, 4), slice(4, 10)], advance=False)
+        torch.testing.assert_close(parts.flat, whole.flat, rtol=1e-6, atol=1e-8)  # (vector lanes differ at the tails)
+        assert float(parts.step_count) == float(whole.step_count) == step + 1

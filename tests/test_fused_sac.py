@@ -43,6 +43,15 @@ def test_fused_step_matches_autograd_with_two_action_dimensions():
     _assert_steps_match(plain, fused, lambda step: _batch(step, obs_dim=8, action_dim=2))
 
 
+def _summed_losses(plain, batch, seed):
+    """The critics' loss plus the actor's and temperature's at the current parameters (the gradient the hand-derived
+    `gradient` writes when nothing steps between its two halves), the policy's noise drawn as the update draws it."""
+    torch.manual_seed(seed)
+    critic_loss, _ = plain._critic_loss(*batch)
+    actor_loss, _ = plain._actor_loss(batch[0])
+    return critic_loss + actor_loss
+
+
 def _assert_steps_match(plain, fused, make_batch):
     fused._update_step.hand_derived.metrics_every = 1  # metrics on every step, to compare them too
     start = [p.clone() for p in fused._params]
@@ -120,10 +129,8 @@ def test_actor_gradient_through_the_minimum_critic_matches_autograd(select_rows,
                 for p in model.critic.parameters():
                     p.copy_(p[:1].expand_as(p))
     batch = [_batch(7)[field] for field in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")]
-    torch.manual_seed(3)
-    loss, _ = plain._loss(*batch)
     params = [*plain.actor.parameters(), *plain.critic.parameters()]
-    expected = torch.autograd.grad(loss, params)
+    expected = torch.autograd.grad(_summed_losses(plain, batch, seed=3), params)
     torch.manual_seed(3)
     fused._update_step.hand_derived.gradient(*batch)
     for grad, param in zip(expected, [*fused.actor.parameters(), *fused.critic.parameters()]):
@@ -140,9 +147,8 @@ def test_wide_critics_in_a_bf16_matmul_region_stay_within_the_acceleration_toler
     plain, fused = _pair(net_arch=(256, 256), ent_coef=0.01)
     assert fused._update_step.hand_derived.select_rows
     batch = [_batch(7)[field] for field in ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")]
-    torch.manual_seed(3)
-    loss, _ = plain._loss(*batch)
-    expected = torch.cat([g.flatten() for g in torch.autograd.grad(loss, plain._params)])
+    expected = torch.cat([g.flatten() for g in torch.autograd.grad(_summed_losses(plain, batch, seed=3),
+                                                                    plain._params)])
     torch.manual_seed(3)
     with precision_context(torch.device("cpu"), "bf16-matmul"):
         fused._update_step.hand_derived.gradient(*batch)

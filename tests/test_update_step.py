@@ -36,14 +36,19 @@ def test_a_network_the_hand_derived_update_does_not_cover_falls_back_to_autograd
 @pytest.mark.parametrize(("algo", "env_id", "config"), CASES, ids=lambda c: getattr(c, "__name__", None))
 def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
     """A subclass whose `_loss` is zero leaves the weights where they were (Adam and RMSprop on zero gradients do not
-    move them), while the algorithm's own loss moves them: so the override, not the hand-derived update, ran."""
+    move them), while the algorithm's own loss moves them: so the override, not the hand-derived update, ran. (SAC's
+    losses are `_critic_loss` and `_actor_loss`: the subclass overrides both.)"""
     calls = []
+    methods = ("_critic_loss", "_actor_loss") if algo is SAC else ("_loss",)
 
-    class ZeroLoss(algo):
-        def _loss(self, *batch):
-            loss, metrics = super()._loss(*batch)
+    def zero(method):
+        def loss_fn(self, *batch):
+            loss, metrics = getattr(super(ZeroLoss, self), method)(*batch)
             calls.append(1)
             return loss * 0.0, metrics
+        return loss_fn
+
+    ZeroLoss = type("ZeroLoss", (algo,), {method: zero(method) for method in methods})
 
     results = []
     for cls in (algo, ZeroLoss):
@@ -53,7 +58,7 @@ def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
         results.append(max((p - b).abs().max().item() for p, b in zip(model.policy.parameters(), before)))
     override = ZeroLoss(env_id, device="cpu", seed=0, **config).update_summary()
     assert override["implementation"] == "autograd"
-    assert f"ZeroLoss._loss overrides {algo.__name__}._loss" in override["reason"]
+    assert f"ZeroLoss.{methods[0]} overrides {algo.__name__}.{methods[0]}" in override["reason"]
     assert calls, "the overriding _loss was never called"
     assert results[0] > 0 and results[1] == 0.0, results
 

@@ -2,7 +2,9 @@
 
 A squashed Gaussian actor, twin critics held as one batched ensemble (one pass evaluates both), a Polyak-averaged
 target ensemble, and the temperature alpha learnt towards a target entropy (-action_dim by default). Each gradient
-step is pure tensor work: nothing read back to the host, no host branching on tensor values.
+step on a batch is the critics' step, then the actor's and the temperature's, the actor's gradient going through
+the updated critics, as Stable-Baselines3 and CleanRL order them (the original implementation took one step of the
+summed losses). Each is pure tensor work: nothing read back to the host, no host branching on tensor values.
 """
 
 from __future__ import annotations
@@ -96,14 +98,21 @@ class SAC(OffPolicyAlgorithm):
         self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
-        # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`).
+        # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`); in each
+        # step, the parameters without a gradient are left alone.
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        self._update_step = select_update(self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params,
-                                          max_grad_norm=None, name="sac", reference_cls=SAC,
+        # the critics' step (the hand-derived update: the whole update, both steps and the Polyak step)
+        self._update_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
+                                          params=self._params, max_grad_norm=None, name="sac", reference_cls=SAC,
+                                          reference_methods=("_critic_loss", "_actor_loss"),
                                           unsupported=unsupported_reason(self.actor, self.critic),
                                           hand_derived=lambda: FusedSACUpdate(self, strategy=self.strategy),
-                                          updates_targets=True)  # the hand-derived update also does the Polyak step
+                                          updates_targets=True)
+        self._actor_step = None  # the actor's and temperature's step, after the critics' (autograd only)
+        if self._update_step.hand_derived is None:
+            self._actor_step = select_update(self, loss_fn=self._actor_loss, optimizer=self.optimizer,
+                                             params=self._params, max_grad_norm=None, name="sac-actor")
         self._setup_action_scaling()
         # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
         found = sequential_linears(self.actor.net) if self.actor.encoder is None and not cfg.use_sde else None
@@ -150,20 +159,21 @@ class SAC(OffPolicyAlgorithm):
         return torch.addcmul(mean, std, noise).tanh_()
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
+        fields = [batch[field] for field in BATCH_FIELDS]
+        # gSDE: one exploration matrix for this batch, drawn anew each update (SB3), for a' and a~ alike
+        noise = [self.actor.sde.draw()] if self.config.use_sde else []
+        _, metrics = self._update_step(*fields, *noise)
+        if self._actor_step is not None:
+            metrics = {**metrics, **self._actor_step(fields[0], *noise)[1]}
         if not self._update_step.updates_targets:
             polyak_update(self._target_params, self._critic_params, self.config.tau)
         return metrics
 
-    def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-              terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Critic, actor and temperature losses of one replay batch, summed: they share no parameters, so one
-        backward and one Adam step make all three updates (as in the original implementation, the actor follows
-        the critics as they were at the start of the step)."""
+    def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+                     terminated: torch.Tensor, discounts: torch.Tensor, *noise: torch.Tensor
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critics' loss of one replay batch (`noise`: gSDE's exploration matrix of the batch, if any)."""
         alpha = self.log_alpha.detach().exp()
-        # gSDE: one exploration matrix for this batch, drawn anew each update (SB3), its gradient reaching log_std
-        noise = (self.actor.sde.draw(),) if self.config.use_sde else ()
-
         # Soft Bellman target with clipped double Q, a' ~ pi(.|s'):
         #   y = r + gamma^m (1 - d) (min_k Q_target_k(s', a') - alpha log pi(a'|s'))
         with torch.no_grad():
@@ -171,22 +181,22 @@ class SAC(OffPolicyAlgorithm):
             next_q = self.critic_target(next_obs, next_actions).amin(0)
             target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
 
-        # Critics: J_Q = 1/2 sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
-        features = self.critic.features(obs)  # (an encoder's pass shared by the critics' and the actor's losses)
-        q_values = self.critic.head(features, actions)  # [K, B]
+        # J_Q = 1/2 sum_k E[(Q_k(s, a) - y)^2], all K critics in one batched pass.
+        q_values = self.critic(obs, actions)  # [K, B]
         critic_loss = 0.5 * (q_values - target_q).square().mean(1).sum()
+        return critic_loss, {"critic_loss": critic_loss.detach(), "q_values": q_values.detach().mean()}
 
-        # Actor: J_pi = E[alpha log pi(a~|s) - min_k Q_k(s, a~)], a~ reparameterised from pi(.|s). The critics'
-        # weights are constants here: the actor's loss reaches only the actor.
+    def _actor_loss(self, obs: torch.Tensor, *noise: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The actor's loss and the temperature's, summed (they share no parameter), after the critics' step:
+        J_pi = E[alpha log pi(a~|s) - min_k Q_k(s, a~)], a~ reparameterised from pi(.|s), the critics' weights (and
+        encoder) constants, so it reaches only the actor; J(alpha) = E[-log alpha (log pi(a~|s) + target_entropy)]."""
+        alpha = self.log_alpha.detach().exp()
         pi_actions, log_pi = self.actor.sample(obs, *noise)
-        q_pi = self.critic.head(features.detach(), pi_actions, detached=True).amin(0)
+        with torch.no_grad():
+            features = self.critic.features(obs)
+        q_pi = self.critic.head(features, pi_actions, detached=True).amin(0)
         actor_loss = (alpha * log_pi - q_pi).mean()
-        loss = critic_loss + actor_loss
-
-        # Temperature: J(alpha) = E[-log alpha (log pi(a~|s) + target_entropy)]
+        loss = actor_loss
         if self.autotune:
             loss = loss - (self.log_alpha * (log_pi.detach() + self.target_entropy)).mean()
-
-        metrics = {"critic_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "alpha": alpha[0],
-                   "entropy": -log_pi.detach().mean(), "q_values": q_values.detach().mean()}
-        return loss, metrics
+        return loss, {"actor_loss": actor_loss.detach(), "alpha": alpha[0], "entropy": -log_pi.detach().mean()}

@@ -13,7 +13,7 @@ match it step by step (tests/test_fused_*.py):
 `select_update` applies these rules in order and records the first that decided in `UpdateChoice`, which
 `summary.json` (`update`) and `model.report()` show:
 
-1. a subclass that overrides `_loss` trains with its own loss: autograd;
+1. a subclass that overrides `_loss` (SAC: `_critic_loss` or `_actor_loss`) trains with its own loss: autograd;
 2. `fused_update=False`: autograd;
 3. gSDE (`use_sde=true`: state-dependent noise the hand-derived gradients do not cover), or a network the
    hand-derived update does not cover (say `activation=elu`): autograd;
@@ -99,21 +99,26 @@ def loss_owner(algo, method: str = "_loss") -> type | None:
 
 def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
                   max_grad_norm: float | None, name: str, reference_cls: type | None = None,
-                  hand_derived: Callable[[], Any] | None = None, unsupported: str | None = None,
-                  updates_targets: bool = False) -> UpdateStep:
+                  reference_methods: Sequence[str] = ("_loss",), hand_derived: Callable[[], Any] | None = None,
+                  unsupported: str | None = None, updates_targets: bool = False) -> UpdateStep:
     """The update step `algo` trains with (the rules are in this module's docstring).
 
-    `reference_cls`: the class whose `_loss` the hand-derived update implements; `hand_derived`: builds it (None:
-    the algorithm has none); `unsupported`: why this model's networks are outside what it covers (None: covered);
-    `updates_targets`: the hand-derived update also does the target networks' Polyak step.
+    `reference_cls`: the class whose loss methods (`reference_methods`, default `_loss`) the hand-derived update
+    implements; `hand_derived`: builds it (None: the algorithm has none); `unsupported`: why this model's networks
+    are outside what it covers (None: covered); `updates_targets`: the hand-derived update also does the target
+    networks' Polyak step.
     """
     device, accelerate, strategy = algo.device, algo.accelerate, algo.strategy
     # whole-step graphs do not all-reduce gradients: several processes keep the eager steps
     graphs = (rules(device).supports_graphs and normalise_request().graphs != "off" and not strategy.enabled)
     if hand_derived is None:
         reason = f"{type(algo).__name__} has no hand-derived update"
-    elif reference_cls is not None and (owner := loss_owner(algo)) is not reference_cls:
-        reason = f"{owner.__name__}._loss overrides {reference_cls.__name__}._loss (the hand-derived update's loss)"
+    elif reference_cls is not None and (overridden := [
+            (owner, method) for method in reference_methods
+            if (owner := loss_owner(algo, method)) is not reference_cls]):
+        owner, method = overridden[0]
+        reason = (f"{owner.__name__}.{method} overrides {reference_cls.__name__}.{method} (the hand-derived update's "
+                  "loss)")
     elif not algo.config.fused_update:
         reason = "fused_update=false"
     elif getattr(algo.config, "use_sde", False):

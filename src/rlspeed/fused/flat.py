@@ -96,11 +96,12 @@ class FlatAdam:
             raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
                                "build the model again on its device instead.")
 
-    def _reduce_and_clip(self, as_grad_scale: bool = False) -> torch.Tensor | None:
-        """Average the gradient over the processes (several processes), then clip its global norm with
-        clip_grad_norm_'s factor min(1, max / (norm + 1e-6)): applied to the gradient, or with `as_grad_scale`
-        returned as its inverse, a grad scale >= 1 for a fused kernel to divide by (None when nothing clips)."""
-        strategy, grad = self.strategy, self.grad
+    def _reduce_and_clip(self, as_grad_scale: bool = False, grad: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Average the gradient (or the part of it `grad`) over the processes (several processes), then clip its
+        global norm with clip_grad_norm_'s factor min(1, max / (norm + 1e-6)): applied to the gradient, or with
+        `as_grad_scale` returned as its inverse, a grad scale >= 1 for a fused kernel to divide by (None when nothing
+        clips)."""
+        strategy, grad = self.strategy, self.grad if grad is None else grad
         if strategy is not None and strategy.enabled:
             strategy.all_reduce_sum(grad)
             grad.div_(strategy.world_size)
@@ -112,25 +113,37 @@ class FlatAdam:
         grad.mul_(torch.reciprocal(norm).mul_(self.max_grad_norm).clamp_(max=1.0))
         return None
 
-    def step(self) -> None:
-        """All-reduce (several processes), clip the global gradient norm, then one Adam step."""
-        grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None)
+    def step(self, parts: Sequence[slice] | None = None, advance: bool = True) -> None:
+        """All-reduce (several processes), clip the global gradient norm, then one Adam step.
+
+        `parts`: only the elements in these slices of the flat buffers (default: all). One Adam step taken in
+        pieces, each computed from the parameters the one before changed (SAC's critics, then its actor), passes
+        `advance=False` after the first piece: the step count moves once per step, as torch's Adam moves each
+        parameter's. Clipping covers the whole gradient only: pieces take none (`max_grad_norm` None).
+        """
+        if parts is not None and self.max_grad_norm is not None:
+            raise ValueError("A step in parts cannot clip the global gradient norm.")
         group = self.optimizer.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay = group.get("weight_decay", 0.0)
-        self.step_count += 1
-        if self._fused_adam is not None:
-            self._fused_adam([self.flat], [self.grad], [self.exp_avg], [self.exp_avg_sq], [], [self.step_count],
-                             amsgrad=False, lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
-                             maximize=False, grad_scale=grad_scale, found_inf=None)
-            return
-        grad = self.grad if not weight_decay else self.grad.add(self.flat, alpha=weight_decay)
-        self.exp_avg.lerp_(grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        bias1 = 1 - torch.pow(beta1, self.step_count)
-        bias2_sqrt = (1 - torch.pow(beta2, self.step_count)).sqrt()
-        denom = (self.exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
-        self.flat.addcdiv_(self.exp_avg, denom * (bias1 / lr), value=-1.0)
+        if advance:
+            self.step_count += 1
+        for part in [slice(None)] if parts is None else parts:
+            flat, grad = self.flat[part], self.grad[part]
+            exp_avg, exp_avg_sq = self.exp_avg[part], self.exp_avg_sq[part]
+            grad_scale = self._reduce_and_clip(as_grad_scale=self._fused_adam is not None, grad=grad)
+            if self._fused_adam is not None:
+                self._fused_adam([flat], [grad], [exp_avg], [exp_avg_sq], [], [self.step_count], amsgrad=False, lr=lr,
+                                 beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=False,
+                                 grad_scale=grad_scale, found_inf=None)
+                continue
+            grad = grad if not weight_decay else grad.add(flat, alpha=weight_decay)
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            bias1 = 1 - torch.pow(beta1, self.step_count)
+            bias2_sqrt = (1 - torch.pow(beta2, self.step_count)).sqrt()
+            denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(eps)
+            flat.addcdiv_(exp_avg, denom * (bias1 / lr), value=-1.0)
 
 
 def activation_backward(grad: torch.Tensor, output: torch.Tensor, tanh: bool) -> torch.Tensor:
@@ -330,43 +343,54 @@ def ensemble_forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Wo
 
 
 def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, weight_grads, bias_grads,
-                      tanh: bool, rows: int | None = None, workspace: Workspace | None = None,
-                      tag: str = "ensemble") -> torch.Tensor | None:
-    """Backward of `ensemble_forward` from d/d(output) `[K, B, out]`.
-
-    Weight and bias gradients come from the first `rows` rows only (all rows when None); the gradient still flows
-    through every row, and d/d(input) of the rows after `rows` is returned (`[K, B - rows, in]`; None when
-    `rows` is None). That is how one pass serves a loss on the weights (first rows) and another on the inputs with
-    the weights held constant (the other rows), e.g. SAC's critic and actor losses. With a `workspace`, the
-    gradients between layers are its buffers under (`tag`, "backward", layer).
-    """
-    members = weights[0].shape[0]
+                      tanh: bool, workspace: Workspace | None = None, tag: str = "ensemble") -> None:
+    """Backward of `ensemble_forward` from d/d(output) `[K, B, out]`: the weight and bias gradients, written into
+    `weight_grads` and `bias_grads`. With a `workspace`, the gradients between layers are its buffers under (`tag`,
+    "backward", layer)."""
     reduced = reduced_matmuls()
     per_member = _per_member(weights, reduced)
     for layer in range(len(weights) - 1, -1, -1):
         inputs = outputs[layer]
-        # the rows whose loss reaches the weights (all when rows is None: no slicing)
-        used_inputs, used_grad = (inputs, grad) if rows is None else (inputs[:, :rows], grad[:, :rows])
         if per_member:
-            for k in range(members):
-                _product(used_inputs[k].t(), used_grad[k], weight_grads[layer][k], reduced=reduced)
+            for k in range(weights[0].shape[0]):
+                _product(inputs[k].t(), grad[k], weight_grads[layer][k], reduced=reduced)
         else:
-            torch.bmm(used_inputs.transpose(1, 2), used_grad, out=weight_grads[layer])
-        torch.sum(used_grad, dim=1, keepdim=True, out=bias_grads[layer])
+            torch.bmm(inputs.transpose(1, 2), grad, out=weight_grads[layer])
+        torch.sum(grad, dim=1, keepdim=True, out=bias_grads[layer])
         if layer:
             out = _out(workspace, (tag, "backward", layer), inputs.shape, inputs, needed=per_member)
-            if per_member:
-                for k in range(members):
-                    _product(grad[k], weights[layer][k].t(), out[k], reduced=reduced)
-            else:
-                out = torch.bmm(grad, weights[layer].transpose(1, 2), out=out)
-            grad = activation_backward(out, inputs, tanh)
-        elif rows is not None:
-            if per_member:
-                return torch.stack([_product(grad[k, rows:], weights[0][k].t(), None, reduced=reduced)
-                                    for k in range(members)])
-            return torch.bmm(grad[:, rows:], weights[0].transpose(1, 2))
-    return None
+            grad = _ensemble_layer_input_grad(grad, weights[layer], inputs, tanh, out, per_member, reduced)
+
+
+def ensemble_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], weights, tanh: bool,
+                        columns: slice = slice(None), workspace: Workspace | None = None,
+                        tag: str = "input grad") -> torch.Tensor:
+    """d/d(input) `[K, B, in]` of `ensemble_forward` from d/d(output) `[K, B, out]`, the weights held constant (no
+    weight gradients): a loss that reaches the inputs only (SAC's actor loss through its critics). `columns`: only
+    those columns of d/d(input) (e.g. the action inputs of a critic). With a `workspace`, the gradients between
+    layers are its buffers under (`tag`, layer)."""
+    reduced = reduced_matmuls()
+    per_member = _per_member(weights, reduced)
+    for layer in range(len(weights) - 1, 0, -1):
+        inputs = outputs[layer]
+        out = _out(workspace, (tag, layer), inputs.shape, inputs, needed=per_member)
+        grad = _ensemble_layer_input_grad(grad, weights[layer], inputs, tanh, out, per_member, reduced)
+    first = weights[0][:, columns]
+    if per_member:
+        return torch.stack([_product(grad[k], first[k].t(), None, reduced=reduced) for k in range(first.shape[0])])
+    return torch.bmm(grad, first.transpose(1, 2))
+
+
+def _ensemble_layer_input_grad(grad: torch.Tensor, weight: torch.Tensor, inputs: torch.Tensor, tanh: bool,
+                               out: torch.Tensor | None, per_member: bool, reduced: bool) -> torch.Tensor:
+    """d/d(pre-activation) of a hidden layer whose output `inputs` feeds `weight` `[K, in, out]`, from d/d(output)
+    of that product, `grad` `[K, B, out]` (in `out` where given)."""
+    if per_member:
+        for k in range(weight.shape[0]):
+            _product(grad[k], weight[k].t(), out[k], reduced=reduced)
+    else:
+        out = torch.bmm(grad, weight.transpose(1, 2), out=out)
+    return activation_backward(out, inputs, tanh)
 
 
 def ensemble_rows_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], member: int,

@@ -1,15 +1,14 @@
-"""SAC's gradient step with the gradients written out by hand: two batched passes, no autograd, flat-buffer Adam.
+"""SAC's gradient step with the gradients written out by hand: no autograd, flat-buffer Adam.
 
-The same update as `SAC._loss` + backward + `torch.optim.Adam` + the Polyak step (checked in
-`tests/test_fused_sac.py`), for the default networks: a `SquashedGaussianActor` whose body is an MLP of
-`nn.Linear` layers and a `QEnsemble` of K critics, both with ReLU or tanh.
+The same update as `SAC`'s autograd steps (`_critic_loss`, its Adam step, then `_actor_loss`, its Adam step) and
+the Polyak step (checked in `tests/test_fused_sac.py`), for the default networks: a `SquashedGaussianActor` whose
+body is an MLP of `nn.Linear` layers and a `QEnsemble` of K critics, both with ReLU or tanh.
 
 - The actor runs once on [next_obs; obs] (2B rows): the first half gives a' for the soft Bellman target, the second
-  the reparameterised a~ of the actor loss.
-- The critics run once on [(obs, a); (obs, a~)] (2B rows): the first half is Q_k(s, a) of the critic loss, whose
-  gradient reaches the critics' weights; the second half is Q_k(s, a~) of the actor loss, whose gradient reaches
-  only a~ (the critics held constant, as `detached=True` does). `rlspeed.fused.flat.ensemble_backward` does both in one
-  backward pass.
+  the reparameterised a~ of the actor loss (the critics' step does not change the actor).
+- The critics run on (obs, a): Q_k(s, a) of the critic loss, whose gradient gives the critics' weight gradients;
+  the critics' part of the flat Adam steps; then they run again, updated, on (obs, a~): Q_k(s, a~) of the actor
+  loss, whose gradient reaches only a~ (the critics held constant); then the actor's and temperature's part steps.
 - The actor's chain, with u = mean + std * noise, a = tanh(u), d log pi / du = 2 tanh(u) = 2a (from the stable
   form of log(1 - tanh(u)^2)) and d log pi / d log_std = -1 beyond u's own dependence:
       dJ/du = dJ/da (1 - a^2) + (alpha / B) 2a,   dJ/dmean = dJ/du,   dJ/dlog_std = dJ/du std noise - alpha / B
@@ -27,6 +26,7 @@ from rlspeed.fused.flat import (
     Workspace,
     ensemble_backward,
     ensemble_forward,
+    ensemble_input_grad,
     ensemble_rows_input_grad,
     linear_backward,
     linear_forward,
@@ -56,9 +56,10 @@ def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
 class FusedSACUpdate:
     """One SAC gradient step plus the Polyak update of the target critics.
 
-    `update(obs, actions, rewards, next_obs, terminated, discounts) -> (loss, metrics)`, metrics as `SAC._loss`,
-    on every `metrics_every`-th call (the first included); the other calls return `(None, {})`. The gradient needs
-    neither the loss nor the metrics, so most steps skip computing them.
+    `update(obs, actions, rewards, next_obs, terminated, discounts) -> (loss, metrics)`: the losses' sum and the
+    metrics of `SAC._critic_loss` and `SAC._actor_loss`, on every `metrics_every`-th call (the first included); the
+    other calls return `(None, {})`. The gradient needs neither the loss nor the metrics, so most steps skip
+    computing them.
     `params` is the order of the optimizer's parameters: actor, critics, then log_alpha when it is learnt.
     """
 
@@ -107,6 +108,15 @@ class FusedSACUpdate:
                                    *(weight[k].t() for weight in self.critic_weights[1:])]
                                   for k in range(self.critic_weights[0].shape[0])]
         self._log_pi_constant = sac.spec.action_dim * (2 * LOG_2 + 0.5 * LOG_2PI)  # see gradient's log pi
+        # the flat buffers' parts: the critics', then the actor's and the temperature's (each steps in its turn)
+        actor_end = sum(p.numel() for p in actor_params)
+        critic_end = actor_end + sum(p.numel() for p in critic_params)
+        self._critic_parts = [slice(actor_end, critic_end)]
+        self._actor_parts = [slice(0, actor_end)] + ([slice(critic_end, None)] if sac.autotune else [])
+
+    def _critic_step(self) -> None:
+        """The critics' part of the Adam step (between the critics' gradient and the actor's)."""
+        self.adam.step(self._critic_parts)
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         self.adam.check()
@@ -114,16 +124,20 @@ class FusedSACUpdate:
             raise RuntimeError("The target critics were replaced after FusedSACUpdate was built.")
         with_metrics = self._calls % self.metrics_every == 0
         self._calls += 1
-        loss, metrics = self.gradient(obs, actions, rewards, next_obs, terminated, discounts, with_metrics)
-        self.adam.step()
+        loss, metrics = self.gradient(obs, actions, rewards, next_obs, terminated, discounts, with_metrics,
+                                      between=self._critic_step)
+        self.adam.step(self._actor_parts, advance=False)
         with torch.no_grad():
             self._target_flat.lerp_(self._critic_flat, self.sac.config.tau)  # Polyak
         return loss, metrics
 
     @torch.inference_mode()
-    def gradient(self, obs, actions, rewards, next_obs, terminated, discounts, with_metrics: bool = True):
+    def gradient(self, obs, actions, rewards, next_obs, terminated, discounts, with_metrics: bool = True,
+                 between=None):
         """Write dJ/dparameters into the flat gradient buffer; returns (loss, metrics), or (None, {}) without
-        `with_metrics`.
+        `with_metrics`. `between()` runs after the critics' gradient is written and before the actor's, which goes
+        through the critics as they are then (the update passes the critics' Adam step; without it, as the
+        matmul-precision search calls it, both gradients are at the current parameters).
 
         Runs in inference mode (nothing here is for autograd): its own tensors skip view tracking and version
         counters, which autograd-free code does not need. The loss and metrics are inference tensors: read them,
@@ -160,38 +174,38 @@ class FusedSACUpdate:
         next_q = next_q.squeeze(-1).amin(0).sub_(alpha * next_log_pi)
         target_q = torch.addcmul(rewards, discounts * torch.rsub(terminated, 1.0), next_q)
 
-        # Critics on [(obs, a); (obs, a~)].
-        critic_in = torch.cat((torch.cat((obs, actions), -1), torch.cat((obs, pi_actions), -1)))
-        critic_out = ensemble_forward(critic_in.expand(members, -1, -1), self.critic_weights, self.critic_biases,
-                                      self.critic_tanh, ws, "critic")
-        q_all = critic_out[-1].squeeze(-1)  # [K, 2B]
-        q_values, q_pi_all = q_all[:, :batch], q_all[:, batch:]
-        q_pi = q_pi_all.amin(0)
+        # Critics on (obs, a): the critic loss's gradient, then (`between`) their step.
+        members, obs_dim = self.critic_weights[0].shape[0], obs.shape[1]
+        critic_out = ensemble_forward(torch.cat((obs, actions), -1).expand(members, -1, -1), self.critic_weights,
+                                      self.critic_biases, self.critic_tanh, ws, "critic")
+        q_values = critic_out[-1].squeeze(-1)  # [K, B]
         td_error = q_values - target_q
+        ensemble_backward(td_error.mul(1.0 / batch).unsqueeze(-1), critic_out, self.critic_weights,
+                          self.critic_weight_grads, self.critic_bias_grads, self.critic_tanh, workspace=ws,
+                          tag="critic")
+        if between is not None:
+            between()
 
-        # Critic outputs: (Q - y) / B on the first half; -1/B on the minimum member of the second (shared on ties).
+        # Critics (as they are now) on (obs, a~): dJ/da~ of the actor loss, -1/B through the minimum member (shared
+        # on ties), the critics' weights held constant.
+        pi_out = ensemble_forward(torch.cat((obs, pi_actions), -1).expand(members, -1, -1), self.critic_weights,
+                                  self.critic_biases, self.critic_tanh, ws, "critic pi")
+        q_pi_all = pi_out[-1].squeeze(-1)  # [K, B]
+        q_pi = q_pi_all.amin(0)
         at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
         grad_pi_q = at_min.div_(at_min.sum(0).mul_(-batch))  # [K, B]
-        obs_dim = obs.shape[1]
         if self.select_rows and not reduced_matmuls():
-            # The critics' weight gradients from the first half; dJ/da~ through each member only at the rows where
-            # it is the minimum (B rows of products in all instead of K * B).
-            ensemble_backward(td_error.mul(1.0 / batch).unsqueeze(-1), [o[:, :batch] for o in critic_out],
-                              self.critic_weights, self.critic_weight_grads, self.critic_bias_grads,
-                              self.critic_tanh, workspace=ws, tag="critic")
+            # through each member only at the rows where it is the minimum (B rows of products in all, not K * B)
             grad_pi_actions = ws.get("grad_pi_actions", pi_actions.shape, pi_actions).zero_()  # dJ/da~ [B, A]
             for member in range(members):
                 index = grad_pi_q[member].nonzero().squeeze(1)
-                grad = ensemble_rows_input_grad(grad_pi_q[member, index].unsqueeze(1), critic_out, member,
-                                                self._member_weights_t[member], self.critic_tanh,
-                                                index.add(batch), ws, "critic rows")
+                grad = ensemble_rows_input_grad(grad_pi_q[member, index].unsqueeze(1), pi_out, member,
+                                                self._member_weights_t[member], self.critic_tanh, index, ws,
+                                                "critic rows")
                 grad_pi_actions.index_add_(0, index, grad)
-        else:  # without choosing rows on the host (a device synchronisation): both halves, all members, one pass
-            grad_q = torch.cat((td_error.mul(1.0 / batch), grad_pi_q), dim=1)
-            grad_in = ensemble_backward(grad_q.unsqueeze(-1), critic_out, self.critic_weights,
-                                        self.critic_weight_grads, self.critic_bias_grads, self.critic_tanh,
-                                        rows=batch, workspace=ws, tag="critic")
-            grad_pi_actions = grad_in[..., obs_dim:].sum(0)  # dJ/da~ [B, A]
+        else:  # without choosing rows on the host (a device synchronisation): all members, all rows
+            grad_pi_actions = ensemble_input_grad(grad_pi_q.unsqueeze(-1), pi_out, self.critic_weights,
+                                                  self.critic_tanh, slice(obs_dim, None), ws, "critic pi").sum(0)
 
         # Actor chain (the obs half only; a' of the target carries no gradient).
         a, eps, sd = pi_actions, noise[batch:], std[batch:]

@@ -61,7 +61,7 @@ from rlspeed.algos.off_policy import allowed_uniform, next_masks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.errors import UserError
-from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
+from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
 from rlspeed.nn import (
     ACTIVATIONS,
     LOG_2,
@@ -158,14 +158,20 @@ class _FlatMemberAdam:
         self.exp_avg_views, self.exp_avg_sq_views = views(self.exp_avg), views(self.exp_avg_sq)
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One Adam step of every member from the gradients in `grad`."""
+    def step(self, parts: Sequence[slice] | None = None, advance: bool = True) -> None:
+        """One Adam step of every member from the gradients in `grad`; `parts`: only the elements in these slices of
+        the flat buffers (a step taken in pieces passes `advance=False` after the first: see
+        `rlspeed.fused.flat.FlatAdam.step`)."""
         beta1, beta2 = _ADAM_BETAS
-        self.steps += 1
-        self.exp_avg.lerp_(self.grad, 1 - beta1)
-        self.exp_avg_sq.mul_(beta2).addcmul_(self.grad, self.grad, value=1 - beta2)
-        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
-        self.flat.addcdiv_(self.exp_avg * self.learning_rates, denom, value=-self.lr_scale / (1 - beta1 ** self.steps))
+        if advance:
+            self.steps += 1
+        for part in [slice(None)] if parts is None else parts:
+            grad, exp_avg, exp_avg_sq = self.grad[part], self.exp_avg[part], self.exp_avg_sq[part]
+            exp_avg.lerp_(grad, 1 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            denom = exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
+            self.flat[part].addcdiv_(exp_avg * self.learning_rates[part], denom,
+                                     value=-self.lr_scale / (1 - beta1 ** self.steps))
 
     def step_on(self, losses: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
         """One step on the gradient of the members' `losses` (summed: they share no parameter) w.r.t. `params`,
@@ -797,6 +803,8 @@ class SACPopulation(OffPolicyPopulation):
         layers = len(self.actor_weights)
         start, end = self._adam.offsets[2 * layers], self._adam.offsets[2 * layers + len(targets)]
         self._critic_flat = self._adam.flat[start:end]
+        # the Adam step's parts: the critics', then (after the actor's gradient through them) the actor's and alpha's
+        self._critic_parts, self._actor_parts = [slice(start, end)], [slice(0, start), slice(end, None)]
         with torch.no_grad():
             self._target_flat = torch.cat([t.reshape(-1) for t in targets])
         for t, chunk in zip(targets, self._target_flat.split([t.numel() for t in targets])):
@@ -822,16 +830,20 @@ class SACPopulation(OffPolicyPopulation):
         return torch.tanh(self._actor(obs, weights, biases)[0])
 
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
-        """`SAC._loss` of every member, summed, its gradient (hand-derived, or autograd), per-member Adam, then the
-        Polyak step. The policy's noise for (next_obs, obs) is one draw of `2B` rows per member, as the solo's
-        hand-derived update draws it."""
+        """SAC's update of every member (`SAC._critic_loss`, the critics' part of the per-member Adam step, then
+        `SAC._actor_loss` through the updated critics and the actor's and temperature's part), the members' losses
+        summed, gradients hand-derived or by autograd; then the Polyak step. The policy's noise for (next_obs, obs)
+        is one draw of `2B` rows per member, as the solo's hand-derived update draws it."""
+        adam = self._adam
+
+        def critic_step() -> None:
+            adam.step(self._critic_parts)
+
         if self._hand_derived:
-            self._gradient(batch)
+            self._gradient(batch, between=critic_step)
         else:
-            with torch.no_grad():
-                grads = self._autograd_gradient(batch, self._params())
-                torch.cat([g.reshape(-1) for g in grads], out=self._adam.grad)
-        self._adam.step()
+            self._autograd_gradient(batch, between=critic_step)
+        adam.step(self._actor_parts, advance=False)
         with torch.no_grad():
             self._target_flat.lerp_(self._critic_flat, self._target_tau)
 
@@ -841,11 +853,11 @@ class SACPopulation(OffPolicyPopulation):
         return torch.stack([torch.randn(rows, dims, device=self.device, generator=g) for g in self.generators])
 
     @torch.no_grad()
-    def _gradient(self, batch: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    def _gradient(self, batch: dict[str, torch.Tensor], between=None) -> None:
         """The members' gradients written out, as `rlspeed.fused.sac.FusedSACUpdate.gradient` writes one model's:
-        the actors on [next_obs; obs] as one ensemble of K, the critics on [(obs, a); (obs, a~)] as one ensemble of
-        K x C (one backward pass gives the critics' weight gradients from the first half and dJ/da~ from the
-        second), then the actor's chain. Writes them into the flat Adam's gradient buffer."""
+        the actors on [next_obs; obs] as one ensemble of K, the critics on (obs, a) as one ensemble of K x C (their
+        weight gradients), then `between()` (the critics' step), the critics as they are then on (obs, a~) (dJ/da~,
+        the weights held constant), then the actor's chain. Writes them into the flat Adam's gradient buffer."""
         obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
         next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
         grads, ws, tanh = self._adam.grad_views, self._workspace, self._tanh
@@ -884,22 +896,28 @@ class SACPopulation(OffPolicyPopulation):
         next_q = next_q.view(size, critics, rows).amin(1).sub_(alpha[:, 0] * next_log_pi)
         target_q = torch.addcmul(rewards, discounts * torch.rsub(terminated, 1.0), next_q)  # [K, B]
 
-        # Critics on [(obs, a); (obs, a~)].
+        # Critics on (obs, a): their weight gradients, then (`between`) their step. (The weights below are views of
+        # the flat parameters: after the step they are the updated ones.)
         critic_weights = [w.detach().flatten(0, 1) for w in self.critic_weights]
-        critic_in = torch.cat((torch.cat((obs, actions), -1), torch.cat((obs, pi_actions), -1)), dim=1)
-        critic_out = ensemble_forward(critic_rows(critic_in), critic_weights,
-                                      [b.detach().flatten(0, 1) for b in self.critic_biases], tanh, ws, "critic")
-        q_all = critic_out[-1].view(size, critics, 2 * rows)
-        q_values, q_pi_all = q_all[..., :rows], q_all[..., rows:]
+        critic_biases = [b.detach().flatten(0, 1) for b in self.critic_biases]
+        critic_out = ensemble_forward(critic_rows(torch.cat((obs, actions), -1)), critic_weights, critic_biases, tanh,
+                                      ws, "critic")
+        td_error = critic_out[-1].view(size, critics, rows) - target_q.unsqueeze(1)
+        ensemble_backward(td_error.mul(1.0 / rows).view(size * critics, rows, 1), critic_out, critic_weights,
+                          critic_weight_grads, critic_bias_grads, tanh, workspace=ws, tag="critic")
+        if between is not None:
+            between()
+
+        # Critics on (obs, a~): -1/B through the minimum critic (shared on ties), the weights held constant.
+        pi_out = ensemble_forward(critic_rows(torch.cat((obs, pi_actions), -1)), critic_weights, critic_biases, tanh,
+                                  ws, "critic pi")
+        q_pi_all = pi_out[-1].view(size, critics, rows)
         q_pi = q_pi_all.amin(1, keepdim=True)
-        # Critic outputs: (Q - y) / B on the first half; -1/B on the minimum critic of the second (shared on ties).
         at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
-        grad_pi_q = at_min.div_(at_min.sum(1, keepdim=True).mul_(-rows))
-        td_error = q_values - target_q.unsqueeze(1)
-        grad_q = torch.cat((td_error.mul(1.0 / rows), grad_pi_q), dim=-1).view(size * critics, 2 * rows, 1)
-        grad_in = ensemble_backward(grad_q, critic_out, critic_weights, critic_weight_grads, critic_bias_grads, tanh,
-                                    rows=rows, workspace=ws, tag="critic")
-        grad_pi_actions = grad_in[..., self.obs_dim:].view(size, critics, rows, -1).sum(1)  # dJ/da~ [K, B, A]
+        grad_pi_q = at_min.div_(at_min.sum(1, keepdim=True).mul_(-rows)).view(size * critics, rows, 1)
+        grad_in = ensemble_input_grad(grad_pi_q, pi_out, critic_weights, tanh, slice(self.obs_dim, None), ws,
+                                      "critic pi")
+        grad_pi_actions = grad_in.view(size, critics, rows, -1).sum(1)  # dJ/da~ [K, B, A]
 
         # Actor chain (the obs half only; a' of the target carries no gradient).
         a, eps, sd = pi_actions, noise[:, rows:], std[:, rows:]
@@ -913,30 +931,49 @@ class SACPopulation(OffPolicyPopulation):
         # Temperature: dJ/dlog_alpha = -mean(log pi + target_entropy), members that learn it only.
         torch.mean(pi_log_pi + self.target_entropy, dim=1, keepdim=True, out=grads[-1]).mul_(self.autotune.neg())
 
-    @torch.enable_grad()
-    def _autograd_gradient(self, batch: dict[str, torch.Tensor], params: list[torch.Tensor]) -> tuple:
-        """The reference: autograd of every member's `SAC._loss`, summed (the members share no parameter)."""
+    def _autograd_gradient(self, batch: dict[str, torch.Tensor], between=None) -> None:
+        """The reference: autograd of every member's `SAC._critic_loss`, summed (the members share no parameter),
+        written into the flat Adam's gradient buffer; `between()` (the critics' step); then of every member's
+        `SAC._actor_loss` through the critics as they are then."""
         obs, actions, rewards = batch["obs"], batch["actions"], batch["rewards"]
         next_obs, terminated, discounts = batch["next_obs"], batch["terminated"], batch["discounts"]
-        rows = obs.shape[1]
+        rows, adam = obs.shape[1], self._adam
         alpha = self.log_alpha.detach().exp()  # [K, 1]
-        mean, log_std = self._actor(torch.cat((next_obs, obs), dim=1))
-        noise = self._solo_noise(*mean.shape[1:])
-        u = mean + log_std.exp() * noise
-        sampled = torch.tanh(u)
-        log_pi = (-0.5 * noise.square() - log_std - 0.5 * LOG_2PI - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
-        next_actions, pi_actions = sampled[:, :rows], sampled[:, rows:]
-        next_log_pi, pi_log_pi = log_pi[:, :rows], log_pi[:, rows:]
+        noise = self._solo_noise(2 * rows, self.action_dim)  # (for [next_obs; obs], as the hand-derived update)
+        layers, critic_layers = len(self.actor_weights), len(self.critic_weights)
+
+        def sample(x: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            mean, log_std = self._actor(x)
+            u = mean + log_std.exp() * eps
+            log_pi = (-0.5 * eps.square() - log_std - 0.5 * LOG_2PI - 2 * (LOG_2 - u - F.softplus(-2 * u))).sum(-1)
+            return torch.tanh(u), log_pi
+
+        def write(grads: Sequence[torch.Tensor], views: Sequence[torch.Tensor]) -> None:
+            with torch.no_grad():
+                for grad, view in zip(grads, views):
+                    view.copy_(grad)
+
         with torch.no_grad():
-            next_q = self._critics(next_obs, next_actions.detach(), self.target_weights, self.target_biases).amin(1)
-            target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi.detach())
-        q_values = self._critics(obs, actions, self.critic_weights, self.critic_biases)
-        critic_loss = 0.5 * (q_values - target_q.unsqueeze(1)).square().mean(-1).sum(-1)
-        q_pi = self._critics(obs, pi_actions, [w.detach() for w in self.critic_weights],
-                             [b.detach() for b in self.critic_biases]).amin(1)
-        actor_loss = (alpha * pi_log_pi - q_pi).mean(-1)
-        alpha_loss = -(self.log_alpha * (pi_log_pi.detach() + self.target_entropy)).mean(-1) * self.autotune[:, 0]
-        return torch.autograd.grad((critic_loss + actor_loss + alpha_loss).sum(), params)
+            next_actions, next_log_pi = sample(next_obs, noise[:, :rows])
+            next_q = self._critics(next_obs, next_actions, self.target_weights, self.target_biases).amin(1)
+            target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
+        critic_params = [*self.critic_weights, *self.critic_biases]
+        with torch.enable_grad():
+            q_values = self._critics(obs, actions, self.critic_weights, self.critic_biases)
+            critic_loss = 0.5 * (q_values - target_q.unsqueeze(1)).square().mean(-1).sum(-1)
+            write(torch.autograd.grad(critic_loss.sum(), critic_params),
+                  adam.grad_views[2 * layers:2 * layers + 2 * critic_layers])
+        if between is not None:
+            between()
+        actor_params = [*self.actor_weights, *self.actor_biases, self.log_alpha]
+        with torch.enable_grad():
+            pi_actions, pi_log_pi = sample(obs, noise[:, rows:])
+            q_pi = self._critics(obs, pi_actions, [w.detach() for w in self.critic_weights],
+                                 [b.detach() for b in self.critic_biases]).amin(1)
+            actor_loss = (alpha * pi_log_pi - q_pi).mean(-1)
+            alpha_loss = -(self.log_alpha * (pi_log_pi.detach() + self.target_entropy)).mean(-1) * self.autotune[:, 0]
+            write(torch.autograd.grad((actor_loss + alpha_loss).sum(), actor_params),
+                  [*adam.grad_views[:2 * layers], adam.grad_views[-1]])
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
         """Member k's parameters, named as a solo SAC's checkpoint names them (`actor.net.0.weight`,
