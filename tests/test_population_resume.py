@@ -456,8 +456,9 @@ def test_a_run_stopped_at_once_before_its_first_checkpoint_says_how_to_train_it_
 
 def test_a_dqn_population_with_action_masks_resumes_its_replay_with_the_masks(tmp_path):
     """The replay rows' next-observation masks (Taxi-v4's `info["action_mask"]`) are saved beside the checkpoint and
-    come back with the rows, pending n-step steps included, so the targets' argmax after a resume still runs over the
-    allowed actions only."""
+    come back with the rows, so the targets' argmax after a resume still runs over the allowed actions only. (The
+    pending n-step steps load with their masks too; a Gymnasium resume then drops them with the episodes it
+    restarts.)"""
     from rlspeed import DQN
 
     settings = dict(num_envs=2, learning_starts=32, batch_size=16, net_arch=(16,), buffer_size=400, n_step=3,

@@ -269,3 +269,15 @@ def test_sac_gsde_trains_log_std_and_exports_the_squashed_mean(tmp_path):
     path = export(model, tmp_path / "policy.pt2", format="exported_program")
     exported = torch.export.load(str(path)).module()
     np.testing.assert_allclose(exported(torch.as_tensor(obs)).numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sac_gsde_trains_with_accelerate_auto():
+    """The acceleration layer runs each update step several times on the same inputs while it measures: gSDE's
+    numbers reach the steps as a plain tensor, and each step makes its matrix from them, so every run of a step has
+    its own graph to log_std (a matrix drawn once outside the steps could be backpropagated through only once)."""
+    model = _sac(learning_starts=32, log_std_init=-2.0, accelerate="auto")
+    before = model.actor.sde.log_std.detach().clone()
+    model.learn(96)
+    assert not torch.equal(before, model.actor.sde.log_std.detach())
+    summary = model.acceleration_summary()  # (each step's search ran on the first update)
+    assert summary["precision"] and summary["actor_step"]["precision"]

@@ -9,6 +9,7 @@ import torch
 from conftest import update_summaries
 
 from rlspeed import A2C, DQN, PPO, SAC, TD3
+from rlspeed.errors import UserError
 
 CASES = [(PPO, "CartPole-v1", {}), (A2C, "CartPole-v1", {}), (DQN, "CartPole-v1", {"learning_starts": 64}),
          (SAC, "Pendulum-v1", {"learning_starts": 64})]
@@ -93,3 +94,15 @@ def test_an_accelerated_policy_still_gets_its_reason():
     assert unsupported_reason(auto_accelerate(model.policy, device="cpu")) is None
     elu = PPO("CartPole-v1", device="cpu", activation="elu")
     assert "activation=elu" in unsupported_reason(auto_accelerate(elu.policy, device="cpu"))
+
+
+def test_a_sac_subclass_with_its_own_loss_is_told_that_sac_no_longer_calls_it():
+    """SAC's update is two steps (`_critic_loss`, then `_actor_loss`): a subclass overriding the `_loss` it had
+    would silently train with SAC's own losses, so it is refused in one sentence."""
+    class OldStyle(SAC):
+        def _loss(self, *batch):
+            raise AssertionError("never called")
+
+    with pytest.raises(UserError, match="defines _loss, which SAC no longer calls") as error:
+        OldStyle("Pendulum-v1", device="cpu", seed=0)
+    assert "\n" not in str(error.value)

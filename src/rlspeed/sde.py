@@ -122,11 +122,18 @@ class SDENoise(nn.Module):
             self.exploration = torch.empty_like(self.standard_draws)
         torch.mul(self.standard_draws.normal_(), std, out=self.exploration)  # (randn's numbers: randn is normal_)
 
-    def draw(self) -> torch.Tensor:
+    def draw(self, standard: torch.Tensor | None = None) -> torch.Tensor:
         """One matrix ~ N(0, sigma) `[latent_dim, action_dim]` as sigma * N(0, 1): gradients reach `log_std` through
-        it (SB3's reparameterised draw for SAC's update, one matrix for the whole batch)."""
+        it (SB3's reparameterised draw for SAC's update, one matrix for the whole batch). `standard`: the N(0, 1)
+        numbers, drawn ahead (`standard_draw`), else drawn here."""
         std = self.std()
-        return std * torch.randn_like(std)
+        return std * (torch.randn_like(std) if standard is None else standard)
+
+    @torch.no_grad()
+    def standard_draw(self) -> torch.Tensor:
+        """The N(0, 1) numbers of a `draw`, as a plain tensor (no autograd history): what an update step takes as an
+        input, so that each of its steps makes the matrix, with its gradient, from the same numbers."""
+        return torch.randn_like(self.std())
 
     def _latent(self, latent: torch.Tensor) -> torch.Tensor:
         return latent if self.learn_features else latent.detach()

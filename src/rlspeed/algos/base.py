@@ -268,11 +268,14 @@ class Algorithm:
         raise NotImplementedError
 
     def acceleration_summary(self) -> dict:
-        """What the acceleration layer chose for the update step (summary.json's `accelerate` field)."""
+        """What the acceleration layer chose for the update step (summary.json's `accelerate` field); for an update
+        in two steps (SAC's and TD3's critics, then actor, by autograd), the second's choice under `actor_step`."""
         report = getattr(getattr(self, "_update_step", None), "report", None)
-        if report is None:
-            return {"precision": "fp32", "compile": "off"}
-        return dict(report.summary())
+        summary = {"precision": "fp32", "compile": "off"} if report is None else dict(report.summary())
+        actor_report = getattr(getattr(self, "_actor_step", None), "report", None)
+        if actor_report is not None:
+            summary["actor_step"] = dict(actor_report.summary())
+        return summary
 
     def update_summary(self) -> dict[str, str]:
         """Which update implementation trains this model and why (summary.json's `update` field; the rules are in
@@ -289,9 +292,10 @@ class Algorithm:
         measured and chose (after the first update, with `accelerate="auto"`)."""
         choice = self._update_step.choice
         lines = [f"{self.name} update: {choice.implementation} ({choice.reason})"]
-        accel = self._update_step.report
-        if accel is not None:
-            lines.append(str(accel))
+        second = getattr(self, "_actor_step", None)  # (SAC's and TD3's actor step, after the critics')
+        for step in (self._update_step, second):
+            if step is not None and step.report is not None:
+                lines.append(str(step.report))
         return "\n".join(lines)
 
     def _modules_to_sync(self) -> list[torch.nn.Module]:

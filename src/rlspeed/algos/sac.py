@@ -21,7 +21,8 @@ from rlspeed.algos.off_policy import (
     OffPolicyConfig,
     polyak_update,
 )
-from rlspeed.algos.update import select_update
+from rlspeed.algos.update import loss_owner, select_update
+from rlspeed.errors import UserError
 from rlspeed.fused.flat import linear_forward, sequential_linears
 from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
 from rlspeed.nn import (
@@ -78,6 +79,9 @@ class SAC(OffPolicyAlgorithm):
     supports_discrete = False
 
     def _setup(self) -> None:
+        if loss_owner(self, "_loss") is not None:  # (a subclass written for rlspeed before the two steps)
+            raise UserError(f"{type(self).__name__} defines _loss, which SAC no longer calls: its update is two "
+                            "steps, _critic_loss and then _actor_loss (through the updated critics); override those.")
         cfg, spec = self.config, self.spec
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for SAC)
@@ -160,23 +164,25 @@ class SAC(OffPolicyAlgorithm):
 
     def _update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         fields = [batch[field] for field in BATCH_FIELDS]
-        # gSDE: one exploration matrix for this batch, drawn anew each update (SB3), for a' and a~ alike
-        noise = [self.actor.sde.draw()] if self.config.use_sde else []
-        _, metrics = self._update_step(*fields, *noise)
+        # gSDE: one exploration matrix for this batch, drawn anew each update (SB3), for a' and a~ alike: its N(0, 1)
+        # numbers go to both steps, each making sigma * numbers (the actor's step with its gradient to log_std)
+        standard = [self.actor.sde.standard_draw()] if self.config.use_sde else []
+        _, metrics = self._update_step(*fields, *standard)
         if self._actor_step is not None:
-            metrics = {**metrics, **self._actor_step(fields[0], *noise)[1]}
+            metrics = {**metrics, **self._actor_step(fields[0], *standard)[1]}
         if not self._update_step.updates_targets:
             polyak_update(self._target_params, self._critic_params, self.config.tau)
         return metrics
 
     def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
-                     terminated: torch.Tensor, discounts: torch.Tensor, *noise: torch.Tensor
+                     terminated: torch.Tensor, discounts: torch.Tensor, *standard: torch.Tensor
                      ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The critics' loss of one replay batch (`noise`: gSDE's exploration matrix of the batch, if any)."""
+        """The critics' loss of one replay batch (`standard`: gSDE's N(0, 1) numbers of the batch, if any)."""
         alpha = self.log_alpha.detach().exp()
         # Soft Bellman target with clipped double Q, a' ~ pi(.|s'):
         #   y = r + gamma^m (1 - d) (min_k Q_target_k(s', a') - alpha log pi(a'|s'))
         with torch.no_grad():
+            noise = [self.actor.sde.draw(*standard)] if standard else []
             next_actions, next_log_pi = self.actor.sample(next_obs, *noise)
             next_q = self.critic_target(next_obs, next_actions).amin(0)
             target_q = rewards + discounts * (1 - terminated) * (next_q - alpha * next_log_pi)
@@ -186,11 +192,13 @@ class SAC(OffPolicyAlgorithm):
         critic_loss = 0.5 * (q_values - target_q).square().mean(1).sum()
         return critic_loss, {"critic_loss": critic_loss.detach(), "q_values": q_values.detach().mean()}
 
-    def _actor_loss(self, obs: torch.Tensor, *noise: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def _actor_loss(self, obs: torch.Tensor, *standard: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The actor's loss and the temperature's, summed (they share no parameter), after the critics' step:
         J_pi = E[alpha log pi(a~|s) - min_k Q_k(s, a~)], a~ reparameterised from pi(.|s), the critics' weights (and
-        encoder) constants, so it reaches only the actor; J(alpha) = E[-log alpha (log pi(a~|s) + target_entropy)]."""
+        encoder) constants, so it reaches only the actor; J(alpha) = E[-log alpha (log pi(a~|s) + target_entropy)].
+        `standard`: as `_critic_loss`'s (gSDE's matrix from them, with its gradient to log_std)."""
         alpha = self.log_alpha.detach().exp()
+        noise = [self.actor.sde.draw(*standard)] if standard else []
         pi_actions, log_pi = self.actor.sample(obs, *noise)
         with torch.no_grad():
             features = self.critic.features(obs)

@@ -1,8 +1,10 @@
 """The one place that decides which implementation of an algorithm's gradient update runs, and says why.
 
-Every algorithm's update is one `UpdateStep`: `step(*batch) -> (loss, metrics)` (zero_grad, loss, backward,
-all-reduce, clipping, optimizer step). Its reference is the autograd of the algorithm's `_loss`. Alternatives must
-match it step by step (tests/test_fused_*.py):
+Every algorithm's update is an `UpdateStep`: `step(*batch) -> (loss, metrics)` (zero_grad, loss, backward,
+all-reduce, clipping, optimizer step). Its reference is the autograd of the algorithm's `_loss`; SAC and TD3 take two
+autograd steps per batch (`_critic_loss`, then `_actor_loss` through the updated critics: two `UpdateStep`s, chosen
+by the same rules; SAC's hand-derived update does both). Alternatives must match the reference step by step
+(tests/test_fused_*.py):
 
 * ``hand-derived``: the gradient written out for rlspeed's default MLPs with Adam (A2C: RMSprop) on one flat buffer
   (`rlspeed.fused`), the fast form on CPUs where per-kernel overhead dominates (benchmarks/fused_updates.py);

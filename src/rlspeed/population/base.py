@@ -575,15 +575,22 @@ class PopulationBase:
             raise UserError(f"'{path}' does not fit this population ({str(error).splitlines()[0][:200]}): the file "
                             "was edited or damaged.") from None
         env_state = {key[4:]: value for key, value in tensors.items() if key.startswith("env.")}
+        restored = False
         if self.alive and env_state and "obs" in tensors and self.env_backend == "torch":
             seeds = [self.seeds[k] for k in self.alive]
             self._env = self._make_env(self.config.num_envs, seeds)
-            self._env.load_state_dict(env_state)
-            self._obs = tensors["obs"].clone()
-        elif self.alive:
+            # (an env with action masks restarts: the masks valid for the saved observations are not saved)
+            restored = not getattr(self._env.unwrapped, "has_action_masks", False)
+            if restored:
+                self._env.load_state_dict(env_state)
+                self._obs = tensors["obs"].clone()
+            else:
+                self._env.close()
+                self._env = None
+        if self.alive and not restored:
             warnings.warn(f"Resuming from '{path}': {self.env_backend} envs cannot restore their episodes in progress "
-                          "or random streams (native envs can), so training continues from fresh episodes and is not "
-                          "identical to the uninterrupted run.", stacklevel=2)
+                          "or random streams (native envs without action masks can), so training continues from fresh "
+                          "episodes and is not identical to the uninterrupted run.", stacklevel=2)
         self._load_replay(Path(path) if Path(path).exists() else checkpoint_path(path), saved.get("replay_buffer"))
         self.progress = saved.get("loop") or None
         self._resumed = True
