@@ -187,7 +187,9 @@ def run_one(pair: Pair, seed: int, overrides: list[str], tag: str, max_wall_s: f
         previous = json.loads(record_file.read_text())
         summary = json.loads(summary_file.read_text())
         if (previous.get("command") == shown and summary.get("preset", {}).get("origin") == pair.settings
-                and _ran_with_the_preset(out, pair, preset, overrides)):
+                and _ran_with_the_preset(out, pair, preset, overrides)
+                # (an interrupted run is a result only where this script stopped it: --max-wall)
+                and (not summary.get("interrupted") or previous.get("process_wall_s") is not None)):
             print(f"  reused {name}", flush=True)
             return record(pair, seed, summary, previous.get("process_wall_s"), shown, reused=True,
                           load=previous.get("load_average_1min"))
