@@ -105,6 +105,9 @@ FIXED_BUDGETS = {
     ("a2c", "LunarLanderContinuous-v3"): 200_000,
     ("ppo", "BipedalWalker-v3"): 300_000,
     ("a2c", "BipedalWalker-v3"): 300_000,
+    ("sac", "BipedalWalker-v3"): 20_000,  # (RL-Zoo's 500k-1M steps at their [400, 300] networks: hours per seed)
+    ("td3", "BipedalWalker-v3"): 20_000,
+    ("ddpg", "BipedalWalker-v3"): 20_000,
 }
 
 
