@@ -175,7 +175,7 @@ class FusedSACUpdate:
         target_q = torch.addcmul(rewards, discounts * torch.rsub(terminated, 1.0), next_q)
 
         # Critics on (obs, a): the critic loss's gradient, then (`between`) their step.
-        members, obs_dim = self.critic_weights[0].shape[0], obs.shape[1]
+        obs_dim = obs.shape[1]
         critic_out = ensemble_forward(torch.cat((obs, actions), -1).expand(members, -1, -1), self.critic_weights,
                                       self.critic_biases, self.critic_tanh, ws, "critic")
         q_values = critic_out[-1].squeeze(-1)  # [K, B]
