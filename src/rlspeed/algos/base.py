@@ -272,10 +272,15 @@ class Algorithm:
         in two steps (SAC's and TD3's critics, then actor, by autograd), the second's choice under `actor_step`."""
         report = getattr(getattr(self, "_update_step", None), "report", None)
         summary = {"precision": "fp32", "compile": "off"} if report is None else dict(report.summary())
-        actor_report = getattr(getattr(self, "_actor_step", None), "report", None)
-        if actor_report is not None:
-            summary["actor_step"] = dict(actor_report.summary())
+        for name, step in self._further_update_steps().items():
+            if step.report is not None:
+                summary[name] = dict(step.report.summary())
         return summary
+
+    def _further_update_steps(self) -> dict:
+        """Update steps that train this model besides `_update_step`, by the name summary.json gives them (SAC's
+        and TD3's `actor_step`, after the critics' step); none by default."""
+        return {}
 
     def update_summary(self) -> dict[str, str]:
         """Which update implementation trains this model and why (summary.json's `update` field; the rules are in
@@ -292,9 +297,8 @@ class Algorithm:
         measured and chose (after the first update, with `accelerate="auto"`)."""
         choice = self._update_step.choice
         lines = [f"{self.name} update: {choice.implementation} ({choice.reason})"]
-        second = getattr(self, "_actor_step", None)  # (SAC's and TD3's actor step, after the critics')
-        for step in (self._update_step, second):
-            if step is not None and step.report is not None:
+        for step in (self._update_step, *self._further_update_steps().values()):
+            if step.report is not None:
                 lines.append(str(step.report))
         return "\n".join(lines)
 

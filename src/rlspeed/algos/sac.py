@@ -132,6 +132,9 @@ class SAC(OffPolicyAlgorithm):
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
+    def _further_update_steps(self):
+        return {} if self._actor_step is None else {"actor_step": self._actor_step}
+
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         actions = self.actor.deterministic(obs) if deterministic else self.actor.sample(obs)[0]
         return self._to_env(actions)

@@ -101,6 +101,9 @@ class TD3(OffPolicyAlgorithm):
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
+    def _further_update_steps(self):
+        return {"actor_step": self._actor_step}
+
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool) -> torch.Tensor:
         # Not deterministic (predict, evaluate): the actor plus Gaussian noise of action_noise_std, stateless. The
         # Ornstein-Uhlenbeck process belongs to the training envs' episodes; a predict call (from a callback, on
