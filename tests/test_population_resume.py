@@ -303,7 +303,8 @@ def test_resume_refuses_a_finished_run(tmp_path, capsys):
     assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume"])
 
 
-@pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1")])
+@pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1"),
+                                               ("PPO", "MinAtar/Breakout-v1")])  # (the members' CNN encoders)
 def test_gymnasium_envs_resume_from_fresh_episodes_with_a_warning(tmp_path, algo_name, env_id):
     """Gymnasium envs cannot restore their episodes: the resumed population says so and trains on from fresh
     episodes, with the checkpoint's networks and step count."""
@@ -322,16 +323,20 @@ def test_gymnasium_envs_resume_from_fresh_episodes_with_a_warning(tmp_path, algo
         resumed.resume(tmp_path / "checkpoint.safetensors")
     assert resumed.num_timesteps == 128
     assert all(torch.equal(resumed.member_state(k)[name], value) for k in range(2)
-               for name, value in _member_states(saved, algo_name, k).items())
+               for name, value in _member_states(saved, algo_name, k, population).items())
     summary = resumed.learn(128, eval_freq=128, eval_episodes=2, on_eval=lambda steps, means: None)
     assert resumed.num_timesteps == 256
     assert [step for step, _ in summary["members"][0]["curve"]] == [256]
 
 
-def _member_states(saved: dict, algo_name: str, k: int) -> dict:
-    """Member k's first-layer weight as the checkpoint holds it, under `member_state`'s name."""
+def _member_states(saved: dict, algo_name: str, k: int, population) -> dict:
+    """Member k's first-layer weight (and a PPO member's first convolution, where it has a CNN encoder) as the
+    checkpoint holds it, under `member_state`'s name."""
     if algo_name == "PPO":
-        return {"body.weights.0": saved["state.param.0"][k]}
+        states = {"body.weights.0": saved["state.param.0"][k]}
+        if population.encoder_params:  # (stacked after the MLP's weights and biases)
+            states["encoder.cnn.0.weight"] = saved[f"state.param.{2 * len(population.weights)}"][k]
+        return states
     return {"actor.net.0.weight": saved["state.actor_weights.0"][k].T}
 
 

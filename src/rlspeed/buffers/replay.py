@@ -39,7 +39,7 @@ from rlspeed.envs.base import map_obs, obs_batch_size, observation_layout
 from rlspeed.errors import UserError
 
 # Leave this share of the free memory (device or host) to the networks, the batch activations and everything else.
-_MEMORY_SHARE = 0.8
+REPLAY_MEMORY_SHARE = 0.8
 
 
 def available_memory_bytes(device: torch.device) -> int | None:
@@ -160,7 +160,7 @@ class ReplayBuffer:
         if storage_device is None:
             storage_device = self.device
             free = available_memory_bytes(self.device)
-            if self.device.type != "cpu" and free is not None and self.nbytes > _MEMORY_SHARE * free:
+            if self.device.type != "cpu" and free is not None and self.nbytes > REPLAY_MEMORY_SHARE * free:
                 storage_device = torch.device("cpu")
                 warnings.warn(f"Replay buffer of {self.nbytes / 2**30:.2f} GiB does not fit in {self.device}'s "
                               f"free memory ({free / 2**30:.2f} GiB): keeping it in pinned host memory.",
@@ -219,16 +219,16 @@ class ReplayBuffer:
         """UserError, with the largest capacity that fits, when the storage needs more than the share of the storage
         device's available memory that a buffer may take (allocating it anyway fails later, or is killed)."""
         free = available_memory_bytes(self.storage_device)
-        if free is None or self.nbytes <= _MEMORY_SHARE * free:
+        if free is None or self.nbytes <= REPLAY_MEMORY_SHARE * free:
             return
-        budget = int(_MEMORY_SHARE * free)
+        budget = int(REPLAY_MEMORY_SHARE * free)
         fits = max(int(budget // bytes_per_row) // self.num_envs * self.num_envs, 0)
         where = "host memory" if self.storage_device.type == "cpu" else f"{self.storage_device}'s free memory"
         advice = (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
                   f"line --set buffer_size={fits})" if fits >= self.num_envs
                   else "not even one transition per env fits: free memory or use smaller observations")
         raise UserError(f"A replay buffer of {self.capacity:,} transitions needs {self.nbytes / 2**30:.2f} GiB, more "
-                        f"than the {budget / 2**30:.2f} GiB it may take ({_MEMORY_SHARE:.0%} of the available "
+                        f"than the {budget / 2**30:.2f} GiB it may take ({REPLAY_MEMORY_SHARE:.0%} of the available "
                         f"{where}); {advice}.")
 
     def describe(self) -> str:

@@ -6,6 +6,7 @@ A population class (`PPOPopulation`, the off-policy ones) provides the training 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import math
@@ -19,6 +20,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.errors import UserError
+from rlspeed.nn import OneHotEncoder
 from rlspeed.stats import aggregate
 
 #: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
@@ -171,13 +173,48 @@ def config_tensors(solos: Sequence, keys: Iterable[str], device: torch.device) -
 
 def member_features(encoder, obs: torch.Tensor) -> torch.Tensor:
     """The members' network input `[K, B, features]` from observations `[K, B, ...]`: flattened float vectors
-    (`encoder` None), or the solo's one-hot encoding (`rlspeed.nn.OneHotEncoder`) of Discrete / MultiDiscrete indices,
-    which the populations store as floats."""
+    (`encoder` None), the solo's one-hot encoding (`rlspeed.nn.OneHotEncoder`) of Discrete / MultiDiscrete indices,
+    which the populations store as floats, or another encoder without parameters (`rlspeed.nn.FlattenEncoder`:
+    MultiBinary, bool or integer vectors) applied to every member's rows at once. (An encoder with parameters is each
+    member's own: `MemberEncoder`.)"""
     if encoder is None:
         return obs.flatten(2)
     size, batch = obs.shape[0], obs.shape[1]
-    indices = obs.reshape(size * batch, -1).long()
-    return encoder(indices.squeeze(-1) if encoder.single else indices).view(size, batch, -1)
+    if isinstance(encoder, OneHotEncoder):
+        indices = obs.reshape(size * batch, -1).long()
+        return encoder(indices.squeeze(-1) if encoder.single else indices).view(size, batch, -1)
+    return encoder(obs.reshape(size * batch, *obs.shape[2:])).view(size, batch, -1)
+
+
+def has_parameters(module) -> bool:
+    """Whether `module` (an encoder, or None) has parameters: then each member has its own (`MemberEncoder`)."""
+    return module is not None and any(True for _ in module.parameters())
+
+
+class MemberEncoder:
+    """The members' own copies of a parameterised observation encoder (`rlspeed.nn.CNNEncoder`: each member's
+    convolutions and linear layer, initialised as its solo model's) applied as one batched call: `torch.func.vmap` of
+    the solo's encoder module over the members' stacked parameters (for convolutions, one grouped convolution of K
+    groups per layer). `params` are the stacked leaves `[K, ...]` in `names`' order; the solo state dict names them
+    `encoder.<name>`."""
+
+    def __init__(self, encoders: Sequence[torch.nn.Module]):
+        module = copy.deepcopy(encoders[0])
+        if hasattr(module, "input_format"):  # (vmap cannot read a memory format: the batched call takes any)
+            module.input_format = torch.preserve_format
+        self.module, self.kind = module, encoders[0].kind
+        self.names = [name for name, _ in module.named_parameters()]
+        self.params = [torch.stack([dict(e.named_parameters())[name].detach().contiguous() for e in encoders])
+                       .requires_grad_() for name in self.names]
+        self._batched = torch.func.vmap(self._one)
+
+    def _one(self, params: tuple[torch.Tensor, ...], obs: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(self.module, dict(zip(self.names, params)), (obs,))
+
+    def __call__(self, params: Sequence[torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
+        """Features `[K, B, features_dim]` of observations `[K, B, *observation shape]`, member k's by `params`' row
+        k (stacked parameters laid out as `params`)."""
+        return self._batched(tuple(params), obs)
 
 
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None

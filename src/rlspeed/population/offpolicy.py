@@ -58,6 +58,7 @@ import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.off_policy import allowed_uniform, next_masks
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.errors import UserError
@@ -68,13 +69,15 @@ from rlspeed.nn import (
     LOG_2PI,
     LOG_STD_MAX,
     LOG_STD_MIN,
-    OneHotEncoder,
+    MultiInputEncoder,
     dueling_q_values,
     masked_logits,
 )
 from rlspeed.population.base import (
+    MemberEncoder,
     PopulationBase,
     config_tensors,
+    has_parameters,
     member_features,
     saved_like,
     stack_leaf,
@@ -188,17 +191,24 @@ class MemberReplay:
     `rlspeed.buffers.ReplayBuffer` computes them. Once `capacity_steps` steps are stored, the oldest step is
     overwritten, as the solo buffer overwrites its oldest rows (the same rows when `buffer_size` is a multiple of
     `num_envs`). With `mask_size`, each row also keeps the actions allowed at its next observation
-    (`next_action_masks`, bool), as the solo buffer made with `mask_size` does."""
+    (`next_action_masks`, bool), as the solo buffer made with `mask_size` does. Observations are stored flat in
+    `obs_dtype` (images: their own uint8 or bool, as the solo buffer keeps them)."""
 
     def __init__(self, capacity_steps: int, size: int, num_envs: int, obs_dim: int, action_dim: int,
-                 gammas: torch.Tensor, n_step: int, device: torch.device, mask_size: int | None = None):
+                 gammas: torch.Tensor, n_step: int, device: torch.device, mask_size: int | None = None,
+                 obs_dtype: torch.dtype = torch.float32):
         self.size, self.num_envs, self.n_step, self.device = size, num_envs, n_step, device
         self.written = 0  # steps written so far (each holds K x N rows)
+        item = torch.empty((), dtype=obs_dtype).element_size()
+        #: bytes one stored step of every member's envs takes (observations, next observations, actions, rewards,
+        #: terminated flags, discounts, masks)
+        self.step_bytes = size * num_envs * (2 * obs_dim * item + 4 * action_dim + 12 + (mask_size or 0))
+        self._check_fits(capacity_steps)
 
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(capacity_steps, size, num_envs, *shape, device=device, dtype=dtype)
 
-        self.obs, self.next_obs = zeros(obs_dim), zeros(obs_dim)
+        self.obs, self.next_obs = zeros(obs_dim, dtype=obs_dtype), zeros(obs_dim, dtype=obs_dtype)
         self.actions, self.rewards = zeros(action_dim), zeros()
         self.terminated, self.discounts = zeros(), zeros()
         self.next_action_masks = zeros(mask_size, dtype=torch.bool) if mask_size else None
@@ -224,11 +234,28 @@ class MemberReplay:
     def capacity_steps(self) -> int:
         return self.obs.shape[0]
 
+    def _check_fits(self, capacity_steps: int) -> None:
+        """UserError, with the largest buffer_size that fits, when `capacity_steps` stored steps need more than the
+        share of the device's available memory a replay buffer may take (as the solo `ReplayBuffer` checks: the
+        allocation would fail later, or the process be killed)."""
+        free = available_memory_bytes(self.device)
+        needed = capacity_steps * self.step_bytes
+        if free is None or needed <= REPLAY_MEMORY_SHARE * free:
+            return
+        budget = int(REPLAY_MEMORY_SHARE * free)
+        fits = int(budget // self.step_bytes) * self.num_envs
+        raise UserError(f"The replay buffers of {self.size} members ({capacity_steps * self.num_envs:,} transitions "
+                        f"each) need {needed / 2**30:.2f} GiB, more than the {budget / 2**30:.2f} GiB they may take "
+                        f"({REPLAY_MEMORY_SHARE:.0%} of the available memory of {self.device}); the largest "
+                        f"buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members at "
+                        "once.")
+
     def grow(self, capacity_steps: int) -> None:
         """Room for `capacity_steps` stored steps (the stored rows are kept; a buffer that has wrapped keeps its
         size, as the solo buffer would have had that size from the start)."""
         if capacity_steps <= self.capacity_steps or self.written > self.capacity_steps:
             return
+        self._check_fits(capacity_steps)
         for name in self.fields:
             old = getattr(self, name)
             new = torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype)
@@ -314,20 +341,25 @@ class OffPolicyPopulation(PopulationBase):
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
-    #: whether the members' networks take Discrete observations one-hot encoded (`member_features`), as the solo's
-    one_hot_observations = False
+    #: whether the members' networks take observations through the solo's encoder (`member_features`: one-hot
+    #: Discrete observations, flattened bool or integer vectors; each member's own CNN for images: `MemberEncoder`)
+    observation_encoders = False
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):
         solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
         encoder = getattr(solos[0].policy, "encoder", None)
-        if encoder is not None and not (isinstance(encoder, OneHotEncoder) and self.one_hot_observations):
+        if encoder is not None and (not self.observation_encoders or isinstance(encoder, MultiInputEncoder)):
             raise UserError(f"{algo_cls.__name__} populations cover MLP networks on float vector observations so far"
-                            + (" (DQN's also one-hot Discrete observations)" if self.one_hot_observations else "")
+                            + (" (DQN's also one-hot Discrete observations, bool or integer vectors and images)"
+                               if self.observation_encoders else "")
                             + f"; {env_id} needs a {encoder.kind}.")
-        #: the members' observation encoder where they have one: the solo's one-hot encoder (no parameters)
-        self._encoder = encoder
+        #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
+        self._encoder = None if has_parameters(encoder) else encoder
+        #: each member's own encoder where it has parameters (DQN's CNN: `_build` makes it), else None
+        self._member_encoder: MemberEncoder | None = None
+        self._observation_shape = tuple(solos[0].spec.observation_shape)
         self.spec = solos[0].spec
         self.discrete = self.spec.discrete
         self.obs_dim, self.action_dim = self.spec.obs_dim, self.spec.action_dim
@@ -368,9 +400,10 @@ class OffPolicyPopulation(PopulationBase):
     def _after_iteration(self, before: int) -> None:
         """After an iteration's gradient steps (DQN's target update)."""
 
-    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
-        """The deterministic policy's actions in [-1, 1] `[K, B, A]` under the given actor weights (DQN's: indices
-        `[K, B]`, among the allowed actions where it also takes masks `[K, B, n]`)."""
+    def _deterministic(self, obs: torch.Tensor, actor: dict[str, list[torch.Tensor]]) -> torch.Tensor:
+        """The deterministic policy's actions in [-1, 1] `[K, B, A]` under the given actor parameters (`actor`: the
+        `_actor_lists` by name, as `_actor_of` gives them; DQN's: indices `[K, B]`, among the allowed actions where
+        it also takes masks `[K, B, n]`)."""
         raise NotImplementedError
 
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
@@ -475,7 +508,8 @@ class OffPolicyPopulation(PopulationBase):
             self._buffer_start = self.num_timesteps
             self.buffer = MemberReplay(capacity, len(self.alive), cfg.num_envs, self.obs_dim,
                                        1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
-                                       self.device, mask_size=self.action_dim if self._masking else None)
+                                       self.device, mask_size=self.action_dim if self._masking else None,
+                                       obs_dtype=self._replay_obs_dtype())
         else:
             self.buffer.grow(capacity)
 
@@ -520,6 +554,18 @@ class OffPolicyPopulation(PopulationBase):
         self._after_iteration(before)
         self.num_timesteps += steps
         return steps
+
+    def _replay_obs_dtype(self) -> torch.dtype:
+        """How the replay stores observations: images (members with their own CNN) in the env's dtype, everything
+        else as float32 (one-hot indices included)."""
+        return self._obs.dtype if self._member_encoder is not None else torch.float32
+
+    def _features(self, obs: torch.Tensor, encoder: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): `member_features`,
+        or each member's own encoder by the stacked encoder parameters `encoder`."""
+        if self._member_encoder is None:
+            return member_features(self._encoder, obs)
+        return self._member_encoder(encoder, obs.reshape(*obs.shape[:2], *self._observation_shape))
 
     def _progress_remaining(self, timesteps: int) -> float:
         """1 at the start of this learn call's schedule, 0 at its end, at `timesteps` (`Algorithm._progress_remaining`,
@@ -641,7 +687,7 @@ class OffPolicyPopulation(PopulationBase):
         masks = "next_action_masks" in tensors  # (a run that applied the env's action masks)
         buffer = MemberReplay(int(info["capacity_steps"]), len(self.alive), cfg.num_envs, self.obs_dim,
                               1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step, self.device,
-                              mask_size=self.action_dim if masks else None)
+                              mask_size=self.action_dim if masks else None, obs_dtype=tensors["obs"].dtype)
         try:
             for name in buffer.fields:
                 getattr(buffer, name)[:tensors[name].shape[0]] = tensors[name]
@@ -726,7 +772,7 @@ class OffPolicyPopulation(PopulationBase):
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             # (masks: given where the members apply the env's action masks, `_mean_returns`)
             member_masks = () if masks is None else (masks.view(count, episodes, -1),)
-            actions = self._deterministic(obs.view(count, episodes, -1), *actor.values(), *member_masks)
+            actions = self._deterministic(obs.view(count, episodes, -1), actor, *member_masks)
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
         return self._mean_returns(seeds, episodes, policy, members)
@@ -826,8 +872,8 @@ class SACPopulation(OffPolicyPopulation):
         mean, log_std = self._actor(obs)
         return torch.addcmul(mean, log_std.exp(), self._solo_noise(*mean.shape[1:])).tanh_()
 
-    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
-        return torch.tanh(self._actor(obs, weights, biases)[0])
+    def _deterministic(self, obs: torch.Tensor, actor: dict[str, list[torch.Tensor]]) -> torch.Tensor:
+        return torch.tanh(self._actor(obs, actor["actor_weights"], actor["actor_biases"])[0])
 
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
         """SAC's update of every member (`SAC._critic_loss`, the critics' part of the per-member Adam step, then
@@ -1048,8 +1094,8 @@ class TD3Population(OffPolicyPopulation):
     def _actor(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
         return torch.tanh(self._mlp(obs, weights or self.actor_weights, biases or self.actor_biases))
 
-    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list) -> torch.Tensor:
-        return self._actor(obs, weights, biases)
+    def _deterministic(self, obs: torch.Tensor, actor: dict[str, list[torch.Tensor]]) -> torch.Tensor:
+        return self._actor(obs, actor["actor_weights"], actor["actor_biases"])
 
     def _member_noise(self, shape: Sequence[int], draws: torch.Tensor) -> torch.Tensor:
         """Standard normal noise `[K, *shape]`, drawn from member k's generator only where `draws[k]` is set (the
@@ -1155,16 +1201,21 @@ class DQNPopulation(OffPolicyPopulation):
     >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain or
-    dueling Q-networks, on float-vector or one-hot Discrete observations, with the env's action masks where it gives
+    dueling Q-networks, on float-vector or one-hot Discrete observations, flattened bool or integer vectors, or images
+    through each member's own CNN encoder (`MemberEncoder`, stacked in `q_encoder` / `target_encoder`; the replay
+    keeps the images' dtype), with the env's action masks where it gives
     them (`use_masking`: in the exploring and greedy choices and the targets' argmax, as the solo's).
     """
 
     algo_name = "dqn"
     per_member = PER_MEMBER_DQN
     supports_action_masks = True
-    one_hot_observations = True
+    observation_encoders = True
     _member_lists = ("q_weights", "q_biases", "target_weights", "target_biases")
     _actor_lists = ("q_weights", "q_biases")
+    #: each member's own encoder parameters (images), online and target: empty without one
+    q_encoder: list[torch.Tensor] = []
+    target_encoder: list[torch.Tensor] = []
 
     @property
     def algo_cls(self) -> type:
@@ -1178,6 +1229,13 @@ class DQNPopulation(OffPolicyPopulation):
         self.q_weights, self.q_biases = _stack_linears([self._linears(s.q_network) for s in solos])
         self.target_weights, self.target_biases = _stack_linears([self._linears(s.q_target) for s in solos],
                                                                  trainable=False)
+        if has_parameters(solos[0].q_network.encoder):  # (images: each member's own CNN, online and target)
+            self._member_encoder = MemberEncoder([s.q_network.encoder for s in solos])
+            self.q_encoder = self._member_encoder.params
+            self.target_encoder = [p.detach().requires_grad_(False) for p in
+                                   MemberEncoder([s.q_target.encoder for s in solos]).params]
+            self._member_lists = (*self._member_lists, "q_encoder", "target_encoder")
+            self._actor_lists = (*self._actor_lists, "q_encoder")
         self.hyper.update(config_tensors(solos, ("max_grad_norm",), self.device))
         # the exploration schedules and tau, per member on the host (epsilon is a host float, as `DQN.epsilon`)
         self._schedule = {k: (s.config.exploration_fraction, s.config.exploration_initial_eps,
@@ -1186,7 +1244,7 @@ class DQNPopulation(OffPolicyPopulation):
         self._draws: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _params(self) -> list[torch.Tensor]:
-        return [*self.q_weights, *self.q_biases]
+        return [*self.q_weights, *self.q_biases, *self.q_encoder]
 
     def _after_remove(self, index: torch.Tensor) -> None:
         if index.numel() == 0:
@@ -1201,17 +1259,19 @@ class DQNPopulation(OffPolicyPopulation):
             return [*network.body[0], network.head]
         return list(network.body)
 
-    def _q_values(self, obs: torch.Tensor, weights=None, biases=None) -> torch.Tensor:
-        out = self._mlp(member_features(self._encoder, obs), weights or self.q_weights, biases or self.q_biases)
+    def _q_values(self, obs: torch.Tensor, weights=None, biases=None, encoder=None) -> torch.Tensor:
+        """Q-values `[K, B, n]` under the given stacked parameters (default: the online network's)."""
+        features = self._features(obs, self.q_encoder if encoder is None else encoder)
+        out = self._mlp(features, weights or self.q_weights, biases or self.q_biases)
         return dueling_q_values(out) if self.config.dueling else out
 
     def _greedy(self, q_values: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
         """The greedy actions `[K, B]` among the allowed ones (`masks` `[K, B, n]`; None: all), as `DQN._greedy`."""
         return masked_logits(q_values, masks).argmax(-1).to(self._index_dtype)
 
-    def _deterministic(self, obs: torch.Tensor, weights: list, biases: list,
+    def _deterministic(self, obs: torch.Tensor, actor: dict[str, list[torch.Tensor]],
                        masks: torch.Tensor | None = None) -> torch.Tensor:
-        return self._greedy(self._q_values(obs, weights, biases), masks)
+        return self._greedy(self._q_values(obs, actor["q_weights"], actor["q_biases"], actor.get("q_encoder")), masks)
 
     # --- exploration ------------------------------------------------------------------------------------------
     def _epsilon(self, member: int, timesteps: int) -> float:
@@ -1261,7 +1321,8 @@ class DQNPopulation(OffPolicyPopulation):
             return
         taus = [1.0 - (1.0 - self._schedule[member][3]) ** due for member in self.alive]
         with torch.no_grad():
-            pairs = list(zip([*self.target_weights, *self.target_biases], [*self.q_weights, *self.q_biases]))
+            pairs = list(zip([*self.target_weights, *self.target_biases, *self.target_encoder],
+                             [*self.q_weights, *self.q_biases, *self.q_encoder]))
             if all(tau == 1.0 for tau in taus):
                 for target, online in pairs:
                     target.copy_(online)
@@ -1280,10 +1341,11 @@ class DQNPopulation(OffPolicyPopulation):
         actions = batch["actions"].long()  # [K, B, 1]
         next_masks = batch.get("next_action_masks")
         with torch.no_grad():
-            next_q_target = self._q_values(next_obs, self.target_weights, self.target_biases)
+            next_q_target = self._q_values(next_obs, self.target_weights, self.target_biases, self.target_encoder)
             if self.config.double_q:
                 next_actions = masked_logits(self._q_values(next_obs, [w.detach() for w in self.q_weights],
-                                                            [b.detach() for b in self.q_biases]),
+                                                            [b.detach() for b in self.q_biases],
+                                                            [e.detach() for e in self.q_encoder]),
                                              next_masks).argmax(-1, keepdim=True)
                 next_q = next_q_target.gather(-1, next_actions).squeeze(-1)
             else:
@@ -1307,6 +1369,10 @@ class DQNPopulation(OffPolicyPopulation):
         `q_target.body.2.bias`, ...)."""
         rows = self._member_rows(k)
         state = {}
+        if self._member_encoder is not None:  # (`QNetwork.encoder`'s names)
+            for prefix, encoder in (("q_network", rows["q_encoder"]), ("q_target", rows["target_encoder"])):
+                state.update({f"{prefix}.encoder.{name}": value.detach().clone()
+                              for name, value in zip(self._member_encoder.names, encoder)})
         for prefix, weights, biases in (("q_network", rows["q_weights"], rows["q_biases"]),
                                         ("q_target", rows["target_weights"], rows["target_biases"])):
             if self.config.dueling:  # (`QNetwork`'s names: body.0.{0,2,...} then head)

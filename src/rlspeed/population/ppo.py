@@ -25,8 +25,10 @@ Envs: the native envs (`rlspeed.envs.registry.NATIVE_ENVS`), whose row block k d
 one synchronous vector env of K x N envs, member k's env i reset with seed `seeds[k] + i`, as a solo run's
 Gymnasium envs are.
 
-Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations (or
-one-hot encoded Discrete / MultiDiscrete ones: FrozenLake, Taxi), with or without observation and
+Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations,
+one-hot encoded Discrete / MultiDiscrete ones (FrozenLake, Taxi), flattened bool or integer vectors, or images through
+each member's own CNN encoder (`MemberEncoder`: the members' encoders as one vmapped call; the rollout keeps the
+images' dtype; autograd update), with or without observation and
 reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
 on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
 Action masks (`use_masking`, sb3-contrib's MaskablePPO) apply as in the solo PPO and A2C, by autograd. Not yet:
@@ -50,10 +52,12 @@ from rlspeed.buffers import gae
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import OneHotEncoder, categorical_entropy, env_actions, gaussian_log_prob, masked_logits
+from rlspeed.nn import MultiInputEncoder, categorical_entropy, env_actions, gaussian_log_prob, masked_logits
 from rlspeed.population.base import (
+    MemberEncoder,
     PopulationBase,
     config_tensors,
+    has_parameters,
     member_features,
     saved_like,
     stack_leaf,
@@ -103,22 +107,27 @@ class PPOPopulation(PopulationBase):
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
             self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
         encoder = policy.encoder
-        if self.kind not in ("categorical", "gaussian") or not (encoder is None or isinstance(encoder, OneHotEncoder)):
-            raise UserError(f"Populations cover MLP policies on float vectors (or on one-hot Discrete observations) "
-                            f"with Discrete or Box actions so far; {env_id} needs a {policy.kind} policy"
+        if self.kind not in ("categorical", "gaussian") or isinstance(encoder, MultiInputEncoder):
+            raise UserError(f"Populations cover policies on one observation tensor (vectors, images, Discrete) with "
+                            f"Discrete or Box actions so far; {env_id} needs a {policy.kind} policy"
                             + (f" with a {encoder.kind}." if encoder is not None else "."))
         if encoder is not None and cfg.normalize_obs:
-            raise UserError("normalize_obs applies to float vector observations, and these are Discrete "
-                            "observations (one-hot encoded): drop normalize_obs.")
-        #: the members' observation encoder where they have one: the solo's one-hot encoder (no parameters)
-        self._encoder = encoder
+            raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
+                            f"{encoder.kind}: drop normalize_obs.")
+        #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
+        self._encoder = None if has_parameters(encoder) else encoder
+        #: each member's own encoder where it has parameters (a CNN): `MemberEncoder`, its stacked parameters in
+        #: `params` after the MLP's weights and biases
+        self._member_encoder = MemberEncoder([s.policy.encoder for s in solos]) if has_parameters(encoder) else None
+        self._observation_shape = tuple(solos[0].spec.observation_shape)
         self.activation = policy.body.activation
         self.spec = solos[0].spec
         self.action_dim = policy.action_dim
         # stacked parameters: weights [K, 2, in, out] and biases [K, 2, 1, out] (member's actor, critic), log_std [K, A]
         self.weights = [stack_leaf([s.policy.body.weights[i] for s in solos]) for i in range(len(policy.body.weights))]
         self.biases = [stack_leaf([s.policy.body.biases[i] for s in solos]) for i in range(len(policy.body.biases))]
-        self.params = [*self.weights, *self.biases]
+        self.encoder_params = [] if self._member_encoder is None else self._member_encoder.params
+        self.params = [*self.weights, *self.biases, *self.encoder_params]
         if self.kind == "gaussian":
             self.log_std = stack_leaf([s.policy.log_std for s in solos])
             self.params.append(self.log_std)
@@ -169,7 +178,7 @@ class PPOPopulation(PopulationBase):
         layers = len(self.weights)
         weights, biases = params[:layers], params[layers:2 * layers]
         size, batch = obs.shape[0], obs.shape[1]
-        x = self._features(obs).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
+        x = self._features(obs, params).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
         last = layers - 1
         for layer, (weight, bias) in enumerate(zip(weights, biases)):
             x = torch.baddbmm(bias.flatten(0, 1), x, weight.flatten(0, 1))
@@ -178,10 +187,15 @@ class PPOPopulation(PopulationBase):
         x = x.view(size, 2, batch, -1)
         return x[:, 0], x[:, 1, :, 0]
 
-    def _features(self, obs: torch.Tensor) -> torch.Tensor:
-        """The networks' input `[K, B, features]` from observations `[K, B, ...]`: flattened float vectors, or the
-        one-hot encoding of Discrete / MultiDiscrete indices (stored as floats in the rollout)."""
-        return member_features(self._encoder, obs)
+    def _features(self, obs: torch.Tensor, params: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): flattened float
+        vectors, the one-hot encoding of Discrete / MultiDiscrete indices (stored as floats in the rollout), or each
+        member's own encoder (`MemberEncoder`, by the encoder parameters in `params`: default `self.params`)."""
+        if self._member_encoder is None:
+            return member_features(self._encoder, obs)
+        start = 2 * len(self.weights)
+        encoder_params = (self.params if params is None else params)[start:start + len(self.encoder_params)]
+        return self._member_encoder(encoder_params, obs.reshape(*obs.shape[:2], *self._observation_shape))
 
     def _adopt_solos(self, solos: Sequence) -> None:
         """Take what a subclass needs from the solo models before they are dropped (PPO: nothing)."""
@@ -234,7 +248,9 @@ class PPOPopulation(PopulationBase):
         key = (size, obs_dim)
         if self._storage_key != key:
             steps, rows, device = self.config.num_steps, size * self.config.num_envs, self.device
-            observations = [torch.empty(steps, rows, obs_dim, device=device) for _ in range(2)]  # obs, next obs
+            # obs, next obs: images in their own dtype (uint8 or bool: the encoder makes them float), else float32
+            obs_dtype = self._obs.dtype if self._member_encoder is not None else torch.float32
+            observations = [torch.empty(steps, rows, obs_dim, device=device, dtype=obs_dtype) for _ in range(2)]
             actions = torch.empty(steps, size, self.config.num_envs, *action_shape, device=device,
                                   dtype=torch.long if self.kind == "categorical" else torch.float32)
             floats = [torch.empty(steps, rows, device=device) for _ in range(3)]  # log-probs, values, rewards
@@ -485,10 +501,12 @@ class PPOPopulation(PopulationBase):
         self._keep_members(rows)
 
     def _set_params(self, params: list[torch.Tensor]) -> None:
-        """`params` (laid out as `self.params`) become the stacked parameters: `weights`, `biases`, `log_std`."""
+        """`params` (laid out as `self.params`) become the stacked parameters: `weights`, `biases`,
+        `encoder_params`, `log_std`."""
         layers = len(self.weights)
         self.params = params
         self.weights, self.biases = params[:layers], params[layers:2 * layers]
+        self.encoder_params = params[2 * layers:2 * layers + len(self.encoder_params)]
         if self.kind == "gaussian":
             self.log_std = params[-1]
 
@@ -608,6 +626,9 @@ class PPOPopulation(PopulationBase):
         for i in range(layers):
             state[f"body.weights.{i}"] = params[i][row].detach().clone()
             state[f"body.biases.{i}"] = params[layers + i][row].detach().clone()
+        if self._member_encoder is not None:
+            for i, name in enumerate(self._member_encoder.names):
+                state[f"encoder.{name}"] = params[2 * layers + i][row].detach().clone()
         if self.kind == "gaussian":
             state["log_std"] = params[-1][row].detach().clone()
         return state
