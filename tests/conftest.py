@@ -269,3 +269,31 @@ def masked_vector_env_id() -> str:
     if env_id not in gym.registry:
         gym.register(env_id, entry_point=MaskedRandomVector, max_episode_steps=6)
     return env_id
+
+
+def binary_vector_env_id() -> str:
+    """A registered Gymnasium env with MultiBinary(6) observations (the flatten encoder's: bool to float, no
+    parameters), two actions, and a reward that depends on the observation, so the networks' input matters."""
+    import gymnasium as gym
+    import numpy as np
+
+    class RandomBits(gym.Env):
+        observation_space = gym.spaces.MultiBinary(6)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            self.bits = self.np_random.integers(0, 2, 6).astype(np.int8)
+            return self.bits, {}
+
+        def step(self, action):
+            self.t += 1
+            reward = float(self.bits[int(action)] == 1)
+            self.bits = self.np_random.integers(0, 2, 6).astype(np.int8)
+            return self.bits, reward, False, self.t >= 8, {}
+
+    env_id = "RlspeedTest/RandomBits-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=RandomBits, max_episode_steps=8)
+    return env_id

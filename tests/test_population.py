@@ -8,6 +8,7 @@ import torch
 from conftest import (
     assert_a_diverging_member_is_dropped,
     assert_pruned_member_matches_reruns,
+    binary_vector_env_id,
     masked_vector_env_id,
     random_population_batch,
 )
@@ -57,6 +58,7 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     ("Taxi-v4", "gymnasium", {}),  # (info["action_mask"]: sampling, loss and evaluations masked)
     ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone make the update autograd)
     ("MinAtar/Breakout-v1", "gymnasium", {}),  # (bool images: each member's own CNN encoder)
+    ("bits", "gymnasium", {}),  # (MultiBinary observations: the flatten encoder, no parameters)
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
@@ -64,7 +66,7 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     gamma for the returns) and the data they normalise are its solo run's."""
     seeds = [3, 7]
     masked = env_id == "masked"
-    env_id = masked_vector_env_id() if masked else env_id
+    env_id = masked_vector_env_id() if masked else binary_vector_env_id() if env_id == "bits" else env_id
     population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
     population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
@@ -72,7 +74,7 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     population.train_iteration()
     # (autograd where the solo run takes it: fused_update=False, an encoder (the one-hot one here) or action masks)
     expected = "autograd" if hyper.get("fused_update") is False or masked \
-        or env_id in ("FrozenLake-v1", "Taxi-v4", "MinAtar/Breakout-v1") else "hand-derived"
+        or env_id in ("FrozenLake-v1", "Taxi-v4", "MinAtar/Breakout-v1", binary_vector_env_id()) else "hand-derived"
     assert population.update_path == expected
     for k, seed in enumerate(seeds):
         own = {key: value[k] if isinstance(value, list) else value for key, value in hyper.items()}

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import masked_vector_env_id, needs_box2d
+from conftest import binary_vector_env_id, masked_vector_env_id, needs_box2d
 from test_population_offpolicy import SMALL, _state
 
 from rlspeed import DQN, SAC, TD3, cli
@@ -128,6 +128,12 @@ def test_dqn_members_choose_among_all_actions_with_use_masking_off():
     population = Population(DQN, masked_vector_env_id(), seeds=[0, 1], use_masking=False, **SMALL_DQN)
     assert population.learn(80)["total_timesteps"] == 80
     assert not population._masking and population.buffer.next_action_masks is None
+
+
+def test_dqn_members_train_as_solo_runs_on_binary_vectors():
+    """MultiBinary observations go through the solo's flatten encoder (bool to float, no parameters)."""
+    _check_members_equal_solo_runs(DQN, binary_vector_env_id(), "gymnasium", SMALL_DQN,
+                                   {"learning_rate": [5e-3, 1e-3]}, STEPS)
 
 
 def test_dqn_members_with_their_own_cnn_train_as_solo_runs_on_images():
