@@ -241,6 +241,9 @@ def test_other_algorithms_and_envs_are_refused():
         Population(PPO, "LunarLander-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="env_backend"):
         Population(PPO, "CartPole-v1", seeds=[0], env_backend="envpool")
+    pytest.importorskip("ale_py")
+    with pytest.raises(UserError, match="Atari games .* separate runs"):  # (its solo preprocessing is not theirs)
+        Population(PPO, "BreakoutNoFrameskip-v4", seeds=[0, 1])
 
 
 def test_learn_summary(tmp_path):

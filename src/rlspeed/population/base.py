@@ -396,6 +396,12 @@ class PopulationBase:
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
                                              env_backend=self.env_backend)
+        from rlspeed.envs import atari  # (a solo model registers ale-py's ids: after them, `is_atari` can tell)
+
+        if atari.is_atari(env_id):
+            raise UserError(f"Populations do not train Atari games yet ({env_id}: a solo run's frame preprocessing, "
+                            "lives and evaluation games are not in the population's envs): train the seeds as "
+                            f"separate runs (rlspeed train {self.algo_name} {env_id} --seed S).")
         self.config = solos[0].config
         #: each member's values of the per-member hyperparameters (original indices)
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
