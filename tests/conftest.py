@@ -15,6 +15,11 @@ os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
 #: Box2D envs (LunarLander, BipedalWalker) need the `box2d` extra; CI installs it, `pip install -e ".[test]"` does not
 needs_box2d = pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
                                  reason='needs Box2D: pip install -e ".[box2d]"')
+#: MinAtar's and MiniGrid's envs (the image and Dict tasks); CI installs both
+needs_minatar = pytest.mark.skipif(importlib.util.find_spec("minatar") is None,
+                                   reason="needs MinAtar: pip install MinAtar")
+needs_minigrid = pytest.mark.skipif(importlib.util.find_spec("minigrid") is None,
+                                    reason="needs MiniGrid: pip install minigrid")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -10,6 +10,8 @@ from conftest import (
     assert_pruned_member_matches_reruns,
     binary_vector_env_id,
     masked_vector_env_id,
+    needs_minatar,
+    needs_minigrid,
     random_population_batch,
 )
 
@@ -57,8 +59,12 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     ("Taxi-v4", "gymnasium", {"use_masking": False}),
     ("Taxi-v4", "gymnasium", {}),  # (info["action_mask"]: sampling, loss and evaluations masked)
     ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone make the update autograd)
-    ("MinAtar/Breakout-v1", "gymnasium", {}),  # (bool images: each member's own CNN encoder)
+    # (bool images: each member's own CNN encoder)
+    pytest.param("MinAtar/Breakout-v1", "gymnasium", {}, marks=needs_minatar),
     ("bits", "gymnasium", {}),  # (MultiBinary observations: the flatten encoder, no parameters)
+    # (a Dict of a uint8 image and a Discrete direction, packed into flat rows; each member's own multi-input encoder)
+    pytest.param("MiniGrid-DoorKey-5x5-v0", "gymnasium", {"cnn_features_dim": 16}, marks=needs_minigrid),
+    ("Blackjack-v1", "gymnasium", {}),  # (a Tuple of Discretes: a multi-input encoder of one-hot parts, no parameters)
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
@@ -74,7 +80,8 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     population.train_iteration()
     # (autograd where the solo run takes it: fused_update=False, an encoder (the one-hot one here) or action masks)
     expected = "autograd" if hyper.get("fused_update") is False or masked \
-        or env_id in ("FrozenLake-v1", "Taxi-v4", "MinAtar/Breakout-v1", binary_vector_env_id()) else "hand-derived"
+        or env_id in ("FrozenLake-v1", "Taxi-v4", "MinAtar/Breakout-v1", "MiniGrid-DoorKey-5x5-v0", "Blackjack-v1",
+                      binary_vector_env_id()) else "hand-derived"
     assert population.update_path == expected
     for k, seed in enumerate(seeds):
         own = {key: value[k] if isinstance(value, list) else value for key, value in hyper.items()}
@@ -136,7 +143,8 @@ def test_multi_dimensional_observations_are_normalised_per_member_as_the_solo_ru
     ("PPO", "Pendulum-v1", {**SMALL, **NORMALIZE}),
     ("SAC", "Pendulum-v1", {"learning_starts": 64, "batch_size": 32, "net_arch": [32, 32]}),
     ("DQN", "CartPole-v1", {"learning_starts": 64, "batch_size": 32, "net_arch": [32, 32], "dueling": True}),
-    ("PPO", "MinAtar/Breakout-v1", SMALL),  # (the member's own CNN encoder, channels-last in the solo model)
+    # (the member's own CNN encoder, channels-last in the solo model)
+    pytest.param("PPO", "MinAtar/Breakout-v1", SMALL, marks=needs_minatar),
 ])
 def test_member_model_is_a_solo_model_that_acts_as_the_member(tmp_path, algo_name, env_id, hyper):
     """`member_model(k)`: a solo model with member k's parameters (member 1 as it left when pruned) and statistics:
@@ -232,9 +240,6 @@ def test_other_algorithms_and_envs_are_refused():
 
     with pytest.raises(UserError, match="PPO"):
         Population(RecurrentPPO, "CartPole-v1", seeds=[0])
-    # (Blackjack's Tuple observation)
-    with pytest.raises(UserError, match="one observation tensor .* multi-input encoder"):
-        Population(PPO, "Blackjack-v1", seeds=[0])
     with pytest.raises(UserError, match="normalize_obs applies to float vector observations"):
         Population(PPO, "FrozenLake-v1", seeds=[0], normalize_obs=True)
     with pytest.raises(UserError, match="no native env"):
@@ -277,7 +282,8 @@ def test_learn_summary(tmp_path):
     ("Pendulum-v1", "torch", NORMALIZE),  # (the statistics' rows, the running returns' env rows)
     ("Pendulum-v1", "gymnasium", NORMALIZE),
     ("Taxi-v4", "gymnasium", {}),  # (the kept rows' action masks)
-    ("MinAtar/Breakout-v1", "gymnasium", {}),  # (the kept rows of the members' CNN encoders)
+    # (the kept rows of the members' CNN encoders)
+    pytest.param("MinAtar/Breakout-v1", "gymnasium", {}, marks=needs_minatar),
 ])
 def test_on_eval_prunes_members_out_of_the_computation(env_id, backend, hyper):
     calls = []

@@ -10,6 +10,7 @@ from conftest import (
     assert_a_diverging_member_is_dropped,
     assert_pruned_member_matches_reruns,
     masked_vector_env_id,
+    needs_minatar,
     random_population_batch,
 )
 
@@ -45,7 +46,8 @@ def _train(population, iterations: int) -> None:
     ("CartPole-v1", "torch", {"fused_update": False}),  # (the solo samples step by step through its policy module)
     ("Taxi-v4", "gymnasium", {}),  # (one-hot observations, action masks: step-by-step masked draws, autograd)
     ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone switch draws and update)
-    ("MinAtar/Breakout-v1", "gymnasium", {}),  # (each member's own CNN: step-by-step draws, autograd)
+    # (each member's own CNN: step-by-step draws, autograd)
+    pytest.param("MinAtar/Breakout-v1", "gymnasium", {}, marks=needs_minatar),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     seeds = [3, 7]

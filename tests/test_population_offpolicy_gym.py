@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import binary_vector_env_id, masked_vector_env_id, needs_box2d
+from conftest import binary_vector_env_id, masked_vector_env_id, needs_box2d, needs_minatar, needs_minigrid
 from test_population_offpolicy import SMALL, _state
 
 from rlspeed import DQN, SAC, TD3, cli
@@ -136,17 +136,22 @@ def test_dqn_members_train_as_solo_runs_on_binary_vectors():
                                    {"learning_rate": [5e-3, 1e-3]}, STEPS)
 
 
-def test_dqn_members_with_their_own_cnn_train_as_solo_runs_on_images():
-    """MinAtar's bool images: each member's own CNN (online and target, one vmapped call for all), the replay keeping
-    the images as bool; member k equals the solo DQN with its seed, a member pruned on the way is evaluated with the
-    parameters it left with, and `member_model(k)` acts as the member."""
-    env_id = "MinAtar/Breakout-v1"
+@pytest.mark.parametrize("env_id, extra", [
+    pytest.param("MinAtar/Breakout-v1", {}, marks=needs_minatar),  # (bool images, kept bool in the replay)
+    # (a Dict of a uint8 image and a Discrete direction: packed float rows, each member's own multi-input encoder)
+    pytest.param("MiniGrid-DoorKey-5x5-v0", {"cnn_features_dim": 16}, marks=needs_minigrid),
+])
+def test_dqn_members_with_their_own_encoders_train_as_solo_runs(env_id, extra):
+    """Each member's own CNN (online and target, one vmapped call for all): member k equals the solo DQN with its
+    seed, a member pruned on the way is evaluated with the parameters it left with, and `member_model(k)` acts as
+    the member."""
+    small = {**SMALL_DQN, **extra}
     per_member = {"learning_rate": [5e-3, 1e-3], "exploration_final_eps": [0.05, 0.2]}
-    _check_members_equal_solo_runs(DQN, env_id, "gymnasium", SMALL_DQN, per_member, STEPS)
-    population = Population(DQN, env_id, seeds=[3, 7], **SMALL_DQN, **per_member)
+    _check_members_equal_solo_runs(DQN, env_id, "gymnasium", small, per_member, STEPS)
+    population = Population(DQN, env_id, seeds=[3, 7], **small, **per_member)
     population.learn(STEPS, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: [1] if steps == 40 else None)
-    assert population.alive == [0] and population.buffer.obs.dtype == torch.bool
-    assert population.q_encoder[0].shape[0] == 1  # (member 1's encoder rows left the computation)
+    assert population.alive == [0] and population.q_encoder[0].shape[0] == 1  # (member 1's encoder rows left)
+    assert population.buffer.obs.dtype == (torch.bool if env_id.startswith("MinAtar") else torch.float32)
     for k in range(2):
         solo = population.member_model(k)
         assert population.evaluate([500], episodes=2, members=[k]).item() == pytest.approx(

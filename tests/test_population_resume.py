@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import checkpoint_metadata, checkpoint_tensors, cli_error, first_ou_noise
+from conftest import checkpoint_metadata, checkpoint_tensors, cli_error, first_ou_noise, needs_minatar
 
 from rlspeed import A2C, PPO, cli
 from rlspeed.errors import UserError
@@ -304,7 +304,8 @@ def test_resume_refuses_a_finished_run(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1"),
-                                               ("PPO", "MinAtar/Breakout-v1")])  # (the members' CNN encoders)
+                                               # (the members' CNN encoders)
+                                               pytest.param("PPO", "MinAtar/Breakout-v1", marks=needs_minatar)])
 def test_gymnasium_envs_resume_from_fresh_episodes_with_a_warning(tmp_path, algo_name, env_id):
     """Gymnasium envs cannot restore their episodes: the resumed population says so and trains on from fresh
     episodes, with the checkpoint's networks and step count."""

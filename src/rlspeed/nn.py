@@ -208,7 +208,7 @@ class OneHotEncoder(Encoder):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         index = (obs.unsqueeze(-1) if self.single else obs.flatten(1)).long() + self.offsets
         out = torch.zeros(index.shape[0], self.features_dim, device=index.device)
-        return out.scatter_(1, index, 1.0)
+        return out.scatter(1, index, 1.0)  # (out of place: the populations' vmapped encoders take it)
 
 
 class FlattenEncoder(Encoder):

@@ -19,6 +19,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
 from rlspeed.errors import UserError
 from rlspeed.nn import OneHotEncoder
 from rlspeed.stats import aggregate
@@ -171,12 +172,16 @@ def config_tensors(solos: Sequence, keys: Iterable[str], device: torch.device) -
     return {key: torch.tensor([float(getattr(s.config, key)) for s in solos], device=device) for key in keys}
 
 
-def member_features(encoder, obs: torch.Tensor) -> torch.Tensor:
+def member_features(encoder, obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
     """The members' network input `[K, B, features]` from observations `[K, B, ...]`: flattened float vectors
     (`encoder` None), the solo's one-hot encoding (`rlspeed.nn.OneHotEncoder`) of Discrete / MultiDiscrete indices,
     which the populations store as floats, or another encoder without parameters (`rlspeed.nn.FlattenEncoder`:
-    MultiBinary, bool or integer vectors) applied to every member's rows at once. (An encoder with parameters is each
-    member's own: `MemberEncoder`.)"""
+    MultiBinary, bool or integer vectors; a `MultiInputEncoder` of such parts, on Dict observations `{key: [K, B,
+    ...]}`) applied to every member's rows at once. (An encoder with parameters is each member's own:
+    `MemberEncoder`.)"""
+    if isinstance(obs, dict):
+        size, batch = next(iter(obs.values())).shape[:2]
+        return encoder({key: value.flatten(0, 1) for key, value in obs.items()}).view(size, batch, -1)
     if encoder is None:
         return obs.flatten(2)
     size, batch = obs.shape[0], obs.shape[1]
@@ -200,8 +205,9 @@ class MemberEncoder:
 
     def __init__(self, encoders: Sequence[torch.nn.Module]):
         module = copy.deepcopy(encoders[0])
-        if hasattr(module, "input_format"):  # (vmap cannot read a memory format: the batched call takes any)
-            module.input_format = torch.preserve_format
+        for part in module.modules():  # (vmap cannot read a memory format: the batched call takes any)
+            if hasattr(part, "input_format"):
+                part.input_format = torch.preserve_format
         self.module, self.kind = module, encoders[0].kind
         self.names = [name for name, _ in module.named_parameters()]
         self.params = [torch.stack([dict(e.named_parameters())[name].detach().contiguous() for e in encoders])
@@ -211,10 +217,48 @@ class MemberEncoder:
     def _one(self, params: tuple[torch.Tensor, ...], obs: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(self.module, dict(zip(self.names, params)), (obs,))
 
-    def __call__(self, params: Sequence[torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
-        """Features `[K, B, features_dim]` of observations `[K, B, *observation shape]`, member k's by `params`' row
-        k (stacked parameters laid out as `params`)."""
+    def __call__(self, params: Sequence[torch.Tensor], obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
+        """Features `[K, B, features_dim]` of observations `[K, B, *observation shape]` (Dict observations: a dict of
+        them), member k's by `params`' row k (stacked parameters laid out as `params`)."""
         return self._batched(tuple(params), obs)
+
+
+class PackedObservations(EnvWrapper):
+    """Dict observations as one flat float32 row each (the keys of `layout`, `observation_layout`'s, in its order,
+    each flattened and cast: uint8, bool and small integer values are exact in float32), also in `info["final_obs"]`:
+    what a population's rollout and replay store, index and cut like float vectors. `unpack_observations` gives the
+    dict back in the keys' own shapes and dtypes for the members' encoder."""
+
+    def __init__(self, env: BatchedEnv, layout: dict[str, tuple]):
+        super().__init__(env)
+        self.layout = layout
+
+    def _pack(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.cat([obs[key].reshape(obs[key].shape[0], -1).to(torch.float32) for key in self.layout], dim=1)
+
+    def _info(self, info: dict) -> dict:
+        return {**info, "final_obs": self._pack(info["final_obs"])} if "final_obs" in info else info
+
+    def reset(self, seed=None):
+        obs, info = self.env.reset(seed=seed)
+        return self._pack(obs), self._info(info)
+
+    def step(self, actions: torch.Tensor):
+        obs, rewards, terminated, truncated, info = self.env.step(actions)
+        return self._pack(obs), rewards, terminated, truncated, self._info(info)
+
+
+def packed_width(layout: dict[str, tuple]) -> int:
+    """The length of a `PackedObservations` row."""
+    return sum(math.prod(shape) for shape, _dtype in layout.values())
+
+
+def unpack_observations(rows: torch.Tensor, layout: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """Packed rows `[..., packed_width]` (`PackedObservations`) as `{key: [..., *shape]}` in each key's dtype."""
+    sizes = [math.prod(shape) for shape, _dtype in layout.values()]
+    lead = rows.shape[:-1]
+    return {key: part.reshape(*lead, *shape).to(dtype)
+            for (key, (shape, dtype)), part in zip(layout.items(), rows.split(sizes, dim=-1))}
 
 
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None
@@ -396,6 +440,12 @@ class PopulationBase:
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
                                              env_backend=self.env_backend)
+        layout = observation_layout(solos[0].spec.observation_space)
+        #: Dict observations' layout (`{key: (shape, dtype)}`): the envs pack them into flat rows
+        #: (`PackedObservations`); None for one tensor
+        self._packed = layout if isinstance(layout, dict) else None
+        #: one observation's shape where it is one tensor (images: how `member_observations` unflattens the rows)
+        self._observation_shape = None if self._packed else tuple(solos[0].spec.observation_shape)
         from rlspeed.envs import atari  # (a solo model registers ale-py's ids: after them, `is_atari` can tell)
 
         if atari.is_atari(env_id):
@@ -440,7 +490,21 @@ class PopulationBase:
             native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)
             env = EpisodeStatistics(native)
-        return self._normalized_env(env, rows_per_member, members)
+        return self._normalized_env(self._packed_env(env), rows_per_member, members)
+
+    def _packed_env(self, env):
+        """`env` with Dict observations packed into flat rows (`PackedObservations`); others as they are."""
+        return env if self._packed is None else PackedObservations(env, self._packed)
+
+    def member_observations(self, rows: torch.Tensor, unflatten: bool) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Stored observation rows `[K, B, flat]` as the members' encoder takes them: Dict observations unpacked
+        (`{key: [K, B, *shape]}`), images (`unflatten`: members with their own CNN) in their shape, others as they
+        are."""
+        if self._packed is not None:
+            return unpack_observations(rows, self._packed)
+        if unflatten:
+            return rows.reshape(*rows.shape[:2], *self._observation_shape)
+        return rows
 
     def _normalized_env(self, env, rows_per_member: int, members: Sequence[int] | None):
         """`env` in the population's observation/reward normalisation where it has one (PPO's and A2C's
@@ -533,8 +597,9 @@ class PopulationBase:
         new.env.has_action_masks = old.env.has_action_masks
         rows = torch.tensor(index, device=self.device, dtype=torch.long)
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
-        wrapped = self._normalized_env(new, self.config.num_envs, None)
-        if wrapped is not new:  # (the wrapper's running returns, per env row)
+        packed = self._packed_env(new)
+        wrapped = self._normalized_env(packed, self.config.num_envs, None)
+        if wrapped is not packed:  # (the wrapper's running returns, per env row)
             wrapped._returns.copy_(outer._returns[rows])
         return wrapped
 

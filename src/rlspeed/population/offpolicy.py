@@ -69,7 +69,6 @@ from rlspeed.nn import (
     LOG_2PI,
     LOG_STD_MAX,
     LOG_STD_MIN,
-    MultiInputEncoder,
     dueling_q_values,
     masked_logits,
 )
@@ -79,6 +78,7 @@ from rlspeed.population.base import (
     config_tensors,
     has_parameters,
     member_features,
+    packed_width,
     saved_like,
     stack_leaf,
 )
@@ -350,19 +350,18 @@ class OffPolicyPopulation(PopulationBase):
                  **hyperparameters):
         solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
         encoder = getattr(solos[0].policy, "encoder", None)
-        if encoder is not None and (not self.observation_encoders or isinstance(encoder, MultiInputEncoder)):
-            raise UserError(f"{algo_cls.__name__} populations cover MLP networks on float vector observations so far"
-                            + (" (DQN's also one-hot Discrete observations, bool or integer vectors and images)"
-                               if self.observation_encoders else "")
-                            + f"; {env_id} needs a {encoder.kind}.")
+        if encoder is not None and not self.observation_encoders:
+            raise UserError(f"{algo_cls.__name__} populations cover MLP networks on float vector observations so far; "
+                            f"{env_id} needs a {encoder.kind}.")
         #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
         self._encoder = None if has_parameters(encoder) else encoder
         #: each member's own encoder where it has parameters (DQN's CNN: `_build` makes it), else None
         self._member_encoder: MemberEncoder | None = None
-        self._observation_shape = tuple(solos[0].spec.observation_shape)
         self.spec = solos[0].spec
         self.discrete = self.spec.discrete
-        self.obs_dim, self.action_dim = self.spec.obs_dim, self.spec.action_dim
+        self.action_dim = self.spec.action_dim
+        #: a stored observation's length (Dict observations: the packed row's, `PackedObservations`)
+        self.obs_dim = packed_width(self._packed) if self._packed is not None else self.spec.obs_dim
         self._action_tail = () if self.discrete else (self.action_dim,)  # an action's shape as the env takes it
         if not self.discrete:
             self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
@@ -563,9 +562,10 @@ class OffPolicyPopulation(PopulationBase):
     def _features(self, obs: torch.Tensor, encoder: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): `member_features`,
         or each member's own encoder by the stacked encoder parameters `encoder`."""
+        obs = self.member_observations(obs, unflatten=self._member_encoder is not None)
         if self._member_encoder is None:
             return member_features(self._encoder, obs)
-        return self._member_encoder(encoder, obs.reshape(*obs.shape[:2], *self._observation_shape))
+        return self._member_encoder(encoder, obs)
 
     def _progress_remaining(self, timesteps: int) -> float:
         """1 at the start of this learn call's schedule, 0 at its end, at `timesteps` (`Algorithm._progress_remaining`,

@@ -52,7 +52,7 @@ from rlspeed.buffers import gae
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import MultiInputEncoder, categorical_entropy, env_actions, gaussian_log_prob, masked_logits
+from rlspeed.nn import categorical_entropy, env_actions, gaussian_log_prob, masked_logits
 from rlspeed.population.base import (
     MemberEncoder,
     PopulationBase,
@@ -107,10 +107,9 @@ class PPOPopulation(PopulationBase):
             self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
             self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
         encoder = policy.encoder
-        if self.kind not in ("categorical", "gaussian") or isinstance(encoder, MultiInputEncoder):
-            raise UserError(f"Populations cover policies on one observation tensor (vectors, images, Discrete) with "
-                            f"Discrete or Box actions so far; {env_id} needs a {policy.kind} policy"
-                            + (f" with a {encoder.kind}." if encoder is not None else "."))
+        if self.kind not in ("categorical", "gaussian"):
+            raise UserError(f"Populations cover policies with Discrete or Box actions so far; {env_id} needs a "
+                            f"{policy.kind} policy.")
         if encoder is not None and cfg.normalize_obs:
             raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
                             f"{encoder.kind}: drop normalize_obs.")
@@ -119,7 +118,6 @@ class PPOPopulation(PopulationBase):
         #: each member's own encoder where it has parameters (a CNN): `MemberEncoder`, its stacked parameters in
         #: `params` after the MLP's weights and biases
         self._member_encoder = MemberEncoder([s.policy.encoder for s in solos]) if has_parameters(encoder) else None
-        self._observation_shape = tuple(solos[0].spec.observation_shape)
         self.activation = policy.body.activation
         self.spec = solos[0].spec
         self.action_dim = policy.action_dim
@@ -191,11 +189,12 @@ class PPOPopulation(PopulationBase):
         """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): flattened float
         vectors, the one-hot encoding of Discrete / MultiDiscrete indices (stored as floats in the rollout), or each
         member's own encoder (`MemberEncoder`, by the encoder parameters in `params`: default `self.params`)."""
+        obs = self.member_observations(obs, unflatten=self._member_encoder is not None)
         if self._member_encoder is None:
             return member_features(self._encoder, obs)
         start = 2 * len(self.weights)
         encoder_params = (self.params if params is None else params)[start:start + len(self.encoder_params)]
-        return self._member_encoder(encoder_params, obs.reshape(*obs.shape[:2], *self._observation_shape))
+        return self._member_encoder(encoder_params, obs)
 
     def _adopt_solos(self, solos: Sequence) -> None:
         """Take what a subclass needs from the solo models before they are dropped (PPO: nothing)."""
