@@ -26,9 +26,10 @@ one synchronous vector env of K x N envs, member k's env i reset with seed `seed
 Gymnasium envs are.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations,
-one-hot encoded Discrete / MultiDiscrete ones (FrozenLake, Taxi), flattened bool or integer vectors, or images through
+one-hot encoded Discrete / MultiDiscrete ones (FrozenLake, Taxi), flattened bool or integer vectors, images through
 each member's own CNN encoder (`MemberEncoder`: the members' encoders as one vmapped call; the rollout keeps the
-images' dtype; autograd update), with or without observation and
+images' dtype; autograd update), or Dict and Tuple observations through each member's own multi-input encoder (the
+envs pack them into flat rows: `PackedObservations`), with or without observation and
 reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
 on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
 Action masks (`use_masking`, sb3-contrib's MaskablePPO) apply as in the solo PPO and A2C, by autograd. Not yet:
