@@ -175,3 +175,6 @@ def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_f
     assert buffer.obs.element_size() == 1
     with pytest.raises(UserError, match="need"):
         buffer.grow(fits // 2 + 1)
+    buffer.keep(torch.tensor([0]))  # (two members leave: the one left's rows take a third of the bytes)
+    buffer.grow(fits // 2 + 1)  # (room for one member's; refused for three above)
+    assert buffer.capacity_steps == fits // 2 + 1

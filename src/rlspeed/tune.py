@@ -369,8 +369,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     space, notes = load_search_space(search_space, algo_cls, hyperparameters, tuple(fixed))
     for note in notes:
         say(f"rlspeed: {note}")
-    # a setup the population refuses (action masks, gSDE, encoders, ...) fails here, before the study records
-    # any trial
+    # a setup the population refuses (gSDE, Atari games, an encoder SAC or TD3 members lack, ...) fails here, before
+    # the study records any trial
     Population(algo_cls, env_id, seeds=[seed], device=device, **hyperparameters)
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
                    int(total_timesteps or budget) if target_return is not None else int(budget))

@@ -200,8 +200,8 @@ class MemberEncoder:
     """The members' own copies of a parameterised observation encoder (`rlspeed.nn.CNNEncoder`: each member's
     convolutions and linear layer, initialised as its solo model's) applied as one batched call: `torch.func.vmap` of
     the solo's encoder module over the members' stacked parameters (for convolutions, one grouped convolution of K
-    groups per layer). `params` are the stacked leaves `[K, ...]` in `names`' order; the solo state dict names them
-    `encoder.<name>`."""
+    groups per layer). The population holds the stacked parameters (`stack`: leaves `[K, ...]` in `names`' order; the
+    solo's state dict names them `<encoder's prefix>.<name>`) and passes them to every call."""
 
     def __init__(self, encoders: Sequence[torch.nn.Module]):
         module = copy.deepcopy(encoders[0])
@@ -210,9 +210,12 @@ class MemberEncoder:
                 part.input_format = torch.preserve_format
         self.module, self.kind = module, encoders[0].kind
         self.names = [name for name, _ in module.named_parameters()]
-        self.params = [torch.stack([dict(e.named_parameters())[name].detach().contiguous() for e in encoders])
-                       .requires_grad_() for name in self.names]
         self._batched = torch.func.vmap(self._one)
+
+    def stack(self, encoders: Sequence[torch.nn.Module], trainable: bool = True) -> list[torch.Tensor]:
+        """The members' encoders' parameters stacked `[K, ...]` (new leaves; `trainable=False` for targets)."""
+        return [torch.stack([dict(e.named_parameters())[name].detach().contiguous() for e in encoders])
+                .requires_grad_(trainable) for name in self.names]
 
     def _one(self, params: tuple[torch.Tensor, ...], obs: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(self.module, dict(zip(self.names, params)), (obs,))

@@ -34,9 +34,11 @@ leaves the computation: its parameters, moments, replay rows, env rows and obser
 
 Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with Box actions, DQN with a plain or
 dueling MLP on envs with Discrete actions (and their action masks, `use_masking`), on float-vector observations (DQN
-also on one-hot Discrete ones): the native envs (`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium
-env (one synchronous vector env), on one device, behind `Population(...)`, `rlspeed train --seeds [--env-backend
-gymnasium]` and `rlspeed tune`. Not yet: subprocess Gymnasium envs.
+also on one-hot Discrete ones, flattened bool or integer vectors, images through each member's own CNN and Dict or
+Tuple observations through its own multi-input encoder, as `rlspeed.population.ppo` says): the native envs
+(`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
+behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: subprocess
+Gymnasium envs.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 networks and targets, every row of the members that left (`member_state` returns them), the flat Adams' moments and
@@ -200,9 +202,8 @@ class MemberReplay:
         self.size, self.num_envs, self.n_step, self.device = size, num_envs, n_step, device
         self.written = 0  # steps written so far (each holds K x N rows)
         item = torch.empty((), dtype=obs_dtype).element_size()
-        #: bytes one stored step of every member's envs takes (observations, next observations, actions, rewards,
-        #: terminated flags, discounts, masks)
-        self.step_bytes = size * num_envs * (2 * obs_dim * item + 4 * action_dim + 12 + (mask_size or 0))
+        #: bytes one row takes (observation, next observation, action, reward, terminated flag, discount, mask)
+        self.row_bytes = 2 * obs_dim * item + 4 * action_dim + 12 + (mask_size or 0)
         self._check_fits(capacity_steps)
 
         def zeros(*shape, dtype=torch.float32):
@@ -234,21 +235,28 @@ class MemberReplay:
     def capacity_steps(self) -> int:
         return self.obs.shape[0]
 
+    @property
+    def step_bytes(self) -> int:
+        """Bytes one stored step of every member's envs takes (the members kept now)."""
+        return self.size * self.num_envs * self.row_bytes
+
     def _check_fits(self, capacity_steps: int) -> None:
         """UserError, with the largest buffer_size that fits, when `capacity_steps` stored steps need more than the
-        share of the device's available memory a replay buffer may take (as the solo `ReplayBuffer` checks: the
-        allocation would fail later, or the process be killed)."""
+        share of the device's available memory a replay buffer may take (the share the solo `ReplayBuffer` takes;
+        where a solo buffer on an accelerator would move to host memory, the population's stays on its device): the
+        allocation would fail later, or the process be killed."""
         free = available_memory_bytes(self.device)
         needed = capacity_steps * self.step_bytes
         if free is None or needed <= REPLAY_MEMORY_SHARE * free:
             return
         budget = int(REPLAY_MEMORY_SHARE * free)
         fits = int(budget // self.step_bytes) * self.num_envs
+        advice = (f"the largest buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members "
+                  "at once" if fits >= self.num_envs else "not even one step of every member's envs fits: train "
+                  "fewer members at once, or free memory")
         raise UserError(f"The replay buffers of {self.size} members ({capacity_steps * self.num_envs:,} transitions "
                         f"each) need {needed / 2**30:.2f} GiB, more than the {budget / 2**30:.2f} GiB they may take "
-                        f"({REPLAY_MEMORY_SHARE:.0%} of the available memory of {self.device}); the largest "
-                        f"buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members at "
-                        "once.")
+                        f"({REPLAY_MEMORY_SHARE:.0%} of the available memory of {self.device}); {advice}.")
 
     def grow(self, capacity_steps: int) -> None:
         """Room for `capacity_steps` stored steps (the stored rows are kept; a buffer that has wrapped keeps its
@@ -685,9 +693,14 @@ class OffPolicyPopulation(PopulationBase):
             return
         cfg = self.config
         masks = "next_action_masks" in tensors  # (a run that applied the env's action masks)
-        buffer = MemberReplay(int(info["capacity_steps"]), len(self.alive), cfg.num_envs, self.obs_dim,
-                              1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step, self.device,
-                              mask_size=self.action_dim if masks else None, obs_dtype=tensors["obs"].dtype)
+        try:
+            buffer = MemberReplay(int(info["capacity_steps"]), len(self.alive), cfg.num_envs, self.obs_dim,
+                                  1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
+                                  self.device, mask_size=self.action_dim if masks else None,
+                                  obs_dtype=tensors["obs"].dtype)
+        except UserError as error:  # (it does not fit in memory now)
+            warnings.warn(f"'{file}' cannot be loaded ({error}); {empty}.", stacklevel=3)
+            return
         try:
             for name in buffer.fields:
                 getattr(buffer, name)[:tensors[name].shape[0]] = tensors[name]
@@ -1231,9 +1244,8 @@ class DQNPopulation(OffPolicyPopulation):
                                                                  trainable=False)
         if has_parameters(solos[0].q_network.encoder):  # (images: each member's own CNN, online and target)
             self._member_encoder = MemberEncoder([s.q_network.encoder for s in solos])
-            self.q_encoder = self._member_encoder.params
-            self.target_encoder = [p.detach().requires_grad_(False) for p in
-                                   MemberEncoder([s.q_target.encoder for s in solos]).params]
+            self.q_encoder = self._member_encoder.stack([s.q_network.encoder for s in solos])
+            self.target_encoder = self._member_encoder.stack([s.q_target.encoder for s in solos], trainable=False)
             self._member_lists = (*self._member_lists, "q_encoder", "target_encoder")
             self._actor_lists = (*self._actor_lists, "q_encoder")
         self.hyper.update(config_tensors(solos, ("max_grad_norm",), self.device))

@@ -125,7 +125,8 @@ class PPOPopulation(PopulationBase):
         # stacked parameters: weights [K, 2, in, out] and biases [K, 2, 1, out] (member's actor, critic), log_std [K, A]
         self.weights = [stack_leaf([s.policy.body.weights[i] for s in solos]) for i in range(len(policy.body.weights))]
         self.biases = [stack_leaf([s.policy.body.biases[i] for s in solos]) for i in range(len(policy.body.biases))]
-        self.encoder_params = [] if self._member_encoder is None else self._member_encoder.params
+        self.encoder_params = ([] if self._member_encoder is None
+                               else self._member_encoder.stack([s.policy.encoder for s in solos]))
         self.params = [*self.weights, *self.biases, *self.encoder_params]
         if self.kind == "gaussian":
             self.log_std = stack_leaf([s.policy.log_std for s in solos])
