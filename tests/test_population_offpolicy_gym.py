@@ -178,3 +178,39 @@ def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_f
     buffer.keep(torch.tensor([0]))  # (two members leave: the one left's rows take a third of the bytes)
     buffer.grow(fits // 2 + 1)  # (room for one member's; refused for three above)
     assert buffer.capacity_steps == fits // 2 + 1
+
+
+def test_fused_member_adam_steps_equal_the_flat_formula():
+    """`_FlatMemberAdam` through torch's fused kernel member by member (members of `FUSED_ADAM_MIN_PARAMS` or more
+    parameters, on CPU and CUDA) and through the flat formula give the same parameters and moments, with per-member
+    learning rates, an annealed scale, and steps taken in parts (SAC's critics, then the rest)."""
+    from rlspeed.population.offpolicy import FUSED_ADAM_MIN_PARAMS, _FlatMemberAdam
+
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(3, 64, FUSED_ADAM_MIN_PARAMS // 64), (3, 1, 7), (3, 5, 5)]
+    start = [torch.randn(shape, generator=generator) for shape in shapes]
+    rates = torch.tensor([1e-3, 3e-4, 2e-3])
+    adams, params = [], []
+    for fused in (True, False):
+        own = [p.clone() for p in start]
+        adam = _FlatMemberAdam(own, rates, 1e-5)
+        assert adam.fused
+        adam.fused = fused
+        adams.append(adam)
+        params.append(own)
+    critics = [slice(adams[0].offsets[1], adams[0].offsets[2])]
+    rest = [slice(0, adams[0].offsets[1]), slice(adams[0].offsets[2], None)]
+    for step in range(4):
+        grad = torch.randn(adams[0].grad.shape, generator=generator)
+        for adam in adams:
+            adam.lr_scale = 1.0 - 0.2 * step
+            adam.grad.copy_(grad)
+            if step % 2:
+                adam.step(critics)
+                adam.step(rest, advance=False)
+            else:
+                adam.step()
+    for a, b in zip([*params[0], adams[0].exp_avg, adams[0].exp_avg_sq],
+                    [*params[1], adams[1].exp_avg, adams[1].exp_avg_sq]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(params[0][0], start[0])

@@ -125,12 +125,21 @@ def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence
     return state
 
 
+#: Parameters per member from which `_FlatMemberAdam` steps each member through torch's fused Adam kernel (K calls)
+#: rather than the flat formula over every member at once (a few kernels, each a full pass over all members' elements
+#: with temporaries): below it the K calls cost more than the passes save (benchmarks/population_cnn.py and
+#: benchmarks/population_offpolicy.py measure both sides of it).
+FUSED_ADAM_MIN_PARAMS = 50_000
+
+
 class _FlatMemberAdam:
     """Adam over parameters `[K, ...]` with per-member learning rates (`rlspeed.nn.make_adam`'s betas and eps; the
     same maths as torch's fused Adam) on one flat buffer: the parameters become views of `flat` (and their gradients
     views of `grad`), so a step is a few kernels for all parameters of all members. Every member steps on every
     update of this Adam (a member that stops leaves the buffer), so the step count and bias corrections are shared;
-    each element's learning rate is its member's (`learning_rates`, looked up once per layout)."""
+    each element's learning rate is its member's (`learning_rates`, looked up once per layout). Where torch has the
+    fused kernel (CPU, CUDA) and a member has `FUSED_ADAM_MIN_PARAMS` parameters or more (a CNN), each member's
+    views step through it instead (`fused`; tests/test_population_offpolicy_gym.py checks the two agree)."""
 
     def __init__(self, params: Sequence[torch.Tensor], learning_rate: torch.Tensor, eps: float,
                  exp_avg: Sequence[torch.Tensor] | None = None, exp_avg_sq: Sequence[torch.Tensor] | None = None,
@@ -157,10 +166,16 @@ class _FlatMemberAdam:
         def views(buffer: torch.Tensor) -> list[torch.Tensor]:
             return [chunk.view_as(p) for chunk, p in zip(buffer.split(sizes), params)]
 
-        for p, view in zip(params, views(self.flat)):
+        self.param_views = views(self.flat)
+        for p, view in zip(params, self.param_views):
             p.data = view
         self.grad_views = views(self.grad)
         self.exp_avg_views, self.exp_avg_sq_views = views(self.exp_avg), views(self.exp_avg_sq)
+        #: whether steps run torch's fused kernel member by member (see the class docstring)
+        self.fused = device.type in ("cpu", "cuda") and sum(sizes) // size >= FUSED_ADAM_MIN_PARAMS
+        self._member_lrs = learning_rate.tolist() if self.fused else None  # ok-sync: once per layout
+        self._step_count = torch.zeros((), device=device)
+        self._part_params: dict[tuple, list[int]] = {}
 
     @torch.no_grad()
     def step(self, parts: Sequence[slice] | None = None, advance: bool = True) -> None:
@@ -170,6 +185,9 @@ class _FlatMemberAdam:
         beta1, beta2 = _ADAM_BETAS
         if advance:
             self.steps += 1
+        if self.fused:
+            self._fused_step(parts)
+            return
         for part in [slice(None)] if parts is None else parts:
             grad, exp_avg, exp_avg_sq = self.grad[part], self.exp_avg[part], self.exp_avg_sq[part]
             exp_avg.lerp_(grad, 1 - beta1)
@@ -177,6 +195,30 @@ class _FlatMemberAdam:
             denom = exp_avg_sq.sqrt().div_(math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
             self.flat[part].addcdiv_(exp_avg * self.learning_rates[part], denom,
                                      value=-self.lr_scale / (1 - beta1 ** self.steps))
+
+    def _fused_step(self, parts: Sequence[slice] | None) -> None:
+        """`step` through torch's fused kernel, one call per member on its views of the parameters in `parts` (slices
+        at parameter boundaries); the kernel reads the step count from one tensor, as `torch.optim.Adam` advances its
+        own before the kernel."""
+        key = None if parts is None else tuple((part.start, part.stop) for part in parts)
+        indices = self._part_params.get(key)
+        if indices is None:
+            total = self.offsets[-1]
+
+            def inside(i: int) -> bool:
+                return any((part.start or 0) <= self.offsets[i] and self.offsets[i + 1] <= (
+                    total if part.stop is None else part.stop) for part in parts)
+
+            indices = self._part_params[key] = [i for i in range(len(self.param_views)) if parts is None or inside(i)]
+        self._step_count.fill_(self.steps)
+        steps = [self._step_count] * len(indices)  # (the kernel only reads them)
+        beta1, beta2 = _ADAM_BETAS
+        for k, rate in enumerate(self._member_lrs):
+            torch._fused_adam_([self.param_views[i][k] for i in indices], [self.grad_views[i][k] for i in indices],
+                               [self.exp_avg_views[i][k] for i in indices],
+                               [self.exp_avg_sq_views[i][k] for i in indices], [], steps, lr=rate * self.lr_scale,
+                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.eps, amsgrad=False,
+                               maximize=False)
 
     def step_on(self, losses: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
         """One step on the gradient of the members' `losses` (summed: they share no parameter) w.r.t. `params`,

@@ -136,6 +136,8 @@ class PPOPopulation(PopulationBase):
         self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
         self._exp_avg_sq = torch.zeros_like(self._exp_avg)
         self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
+        #: whether Adam steps through torch's fused kernel (`_fused_steps`), as `rlspeed.nn.make_adam` chooses it
+        self._fused_adam = self.device.type in ("cpu", "cuda")
         # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
         # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
         # tests/test_population.py checks the two agree
@@ -453,9 +455,14 @@ class PPOPopulation(PopulationBase):
     @torch.no_grad()
     def _optimizer_step(self, grads: Sequence[torch.Tensor], learning_rate: torch.Tensor) -> None:
         """Per-member gradient clipping (`_clipped_gradient`) and Adam (as `torch.optim.Adam`, eps 1e-5), on the
-        gradients of every parameter as one flat `[K, P]`; `learning_rate` `[K]`."""
+        gradients of every parameter as one flat `[K, P]`; `learning_rate` `[K]`. Where torch has a fused Adam kernel
+        (CPU, CUDA: the one the solo runs' `make_adam` takes), each member's rows step through it (`_fused_steps`);
+        elsewhere the same maths runs on the flat buffers (`tests/test_population.py` checks the two agree)."""
         flat = self._clipped_gradient(grads)
         self._adam_steps += 1
+        if self._fused_adam:
+            self._fused_steps(flat, learning_rate)
+            return
         beta1, beta2 = _ADAM_BETAS
         correction1, correction2 = 1 - beta1 ** self._adam_steps, 1 - beta2 ** self._adam_steps
         self._exp_avg.lerp_(flat, 1 - beta1)
@@ -463,12 +470,48 @@ class PPOPopulation(PopulationBase):
         denom = (self._exp_avg_sq.sqrt() / math.sqrt(correction2)).add_(_ADAM_EPS)
         self._subtract((self._exp_avg / denom).mul_((learning_rate / correction1).unsqueeze(1)))
 
+    def _fused_steps(self, flat: torch.Tensor, learning_rate: torch.Tensor) -> None:
+        """One Adam step of every member by torch's fused kernel, member k's parameters, moments and gradient rows of
+        `flat` as lists of views (made once per layout: `_fused_views`) and its own learning rate; the kernel reads
+        the step count (`_adam_steps`, already advanced) from one tensor, as `torch.optim.Adam` advances its own
+        before the kernel."""
+        views = self._fused_views(flat)
+        self._fused_step_count.fill_(self._adam_steps)
+        beta1, beta2 = _ADAM_BETAS
+        for k, (params, grads, exp_avgs, exp_avg_sqs, steps) in enumerate(views):
+            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=learning_rate[k], beta1=beta1,
+                               beta2=beta2, weight_decay=0.0, eps=_ADAM_EPS, amsgrad=False, maximize=False)
+
+    def _fused_views(self, flat: torch.Tensor) -> list[tuple[list[torch.Tensor], ...]]:
+        """Per member: (its parameters, gradient rows of `flat`, first and second moments, step counts) as lists of
+        views shaped as its parameters (the step counts: one shared tensor, `_fused_step_count`), rebuilt when a
+        buffer changes (members leave, a resume)."""
+        key = (flat.data_ptr(), self._exp_avg.data_ptr(), self._exp_avg_sq.data_ptr(),
+               *(p.data_ptr() for p in self.params))
+        if getattr(self, "_fused_key", None) != key:
+            sizes = self._param_sizes
+
+            def rows(buffer: torch.Tensor, k: int) -> list[torch.Tensor]:
+                return [part.view(p.shape[1:]) for part, p in zip(buffer[k].split(sizes), self.params)]
+
+            self._fused_step_count = torch.zeros((), device=self.device)
+            steps = [self._fused_step_count] * len(self.params)  # (the kernel only reads them)
+            self._fused_cache = [([p.detach()[k] for p in self.params], rows(flat, k), rows(self._exp_avg, k),
+                                  rows(self._exp_avg_sq, k), steps) for k in range(flat.shape[0])]
+            self._fused_key = key
+        return self._fused_cache
+
     def _clipped_gradient(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The gradients of every parameter as one flat `[K, P]`, each member's clipped to its `max_grad_norm` (as
-        `rlspeed.nn.clip_grad_norm`: the global norm of the member's gradient)."""
+        """The gradients of every parameter as one flat `[K, P]` (a buffer kept from call to call), each member's
+        clipped to its `max_grad_norm` (as `rlspeed.nn.clip_grad_norm`: the global norm of the member's gradient)."""
         size = len(self.alive)
-        flat = torch.cat([g.reshape(size, -1) for g in grads], dim=1)
-        norm = flat.square().sum(1).sqrt_()
+        buffer = getattr(self, "_grad_buffer", None)
+        if buffer is None or buffer.shape != self._exp_avg.shape:
+            buffer = self._grad_buffer = torch.empty_like(self._exp_avg)
+        flat = torch.cat([g.reshape(size, -1) for g in grads], dim=1, out=buffer)
+        # (each parameter's norm, then the norm of those: the solo's order of sums)
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.reshape(size, -1), dim=1)
+                                                     for g in grads]), dim=0)
         return flat.mul_((self.hyper["max_grad_norm"] / (norm + 1e-6)).clamp_(max=1.0).unsqueeze(1))
 
     def _subtract(self, step: torch.Tensor) -> None:
