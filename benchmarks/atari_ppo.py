@@ -13,6 +13,10 @@ background:
 - `sb3-learn`: one SB3 learning run at a fixed budget, then a deterministic 10-episode evaluation on separate envs
   with full games and raw scores (SB3's Atari wrappers without episodic life or reward clipping); writes a JSON file.
   rlspeed's learning runs are `rlspeed train ppo BreakoutNoFrameskip-v4 ... --out DIR` (summary.json `final_eval`).
+- `rlspeed-eval-fire-once`: an rlspeed run's model evaluated as the SB3 side is (FIRE pressed only at a game's
+  start, not after a lost life: SB3's `FireResetEnv` without its episodic-life wrapper), written into the run
+  directory (`eval_fire_once.json`), which `publish` shows beside rlspeed's own evaluation (FIRE after every lost
+  life too: `rlspeed.envs.atari.FireToStart`).
 - `publish`: the README section and results/atari_ppo.json.
 
 torch.set_num_threads(--threads, default 1) for every run of both libraries.
@@ -121,7 +125,9 @@ def sb3_learn(args) -> dict:
     started = time.perf_counter()
     model.learn(args.budget)
     train_wall_s = time.perf_counter() - started
+    training_returns = [float(info["r"]) for info in model.ep_info_buffer]  # (Monitor's: whole games, raw scores)
     env.close()
+    model.save(Path(args.json).with_suffix(".zip"))
     # full games, raw scores: no episodic life, no reward clipping (FireReset at a game's start stays, as SB3 has it)
     eval_env = VecFrameStack(make_atari_env(ENV_ID, n_envs=EVAL_EPISODES, seed=args.seed + EVAL_SEED_OFFSET,
                                             wrapper_kwargs=dict(terminal_on_life_loss=False, clip_reward=False)),
@@ -129,13 +135,97 @@ def sb3_learn(args) -> dict:
     eval_started = time.perf_counter()
     returns, lengths = evaluate_policy(model, eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True,
                                        return_episode_rewards=True)
+    eval_wall_s = time.perf_counter() - eval_started
+    every_life = sb3_eval_fire_every_life(model, args.seed + EVAL_SEED_OFFSET)
     result = {"library": "stable-baselines3", "algo": "ppo", "env_id": ENV_ID, "seed": args.seed,
               "total_timesteps": int(model.num_timesteps), "train_wall_s": train_wall_s,
-              "sps": model.num_timesteps / train_wall_s, "eval_wall_s": time.perf_counter() - eval_started,
+              "sps": model.num_timesteps / train_wall_s, "eval_wall_s": eval_wall_s,
+              "training_returns_last_100": training_returns,
               "final_eval": {"mean": float(statistics.fmean(returns)), "std": float(statistics.pstdev(returns)),
                              "episodes": len(returns), "returns": [float(r) for r in returns],
-                             "lengths": [int(n) for n in lengths]}}
+                             "lengths": [int(n) for n in lengths]},
+              "eval_fire_every_life": every_life}
     Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+def sb3_eval_fire_every_life(model, seed: int) -> dict:
+    """SB3's model, deterministic, 10 full games with raw scores (the same envs as its `evaluate_policy`), FIRE
+    pressed after every lost life too, as `rlspeed evaluate` presses it (`FireToStart`): each env's first game."""
+    import numpy as np
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    env = VecFrameStack(make_atari_env(ENV_ID, n_envs=EVAL_EPISODES, seed=seed,
+                                       wrapper_kwargs=dict(terminal_on_life_loss=False, clip_reward=False)), n_stack=4)
+    obs = env.reset()
+    lives = np.array([env.venv.envs[i].unwrapped.ale.lives() for i in range(EVAL_EPISODES)])
+    fire = np.zeros(EVAL_EPISODES, dtype=bool)  # (FireResetEnv pressed it at the reset)
+    returns: list[float | None] = [None] * EVAL_EPISODES
+    lengths = [0] * EVAL_EPISODES
+    started = time.perf_counter()
+    while any(r is None for r in returns):
+        actions, _ = model.predict(obs, deterministic=True)
+        actions = np.where(fire, 1, actions)
+        obs, _rewards, dones, infos = env.step(actions)
+        now = np.array([info.get("lives", 0) for info in infos])
+        fire = (now < lives) & ~dones
+        lives = now
+        for i, (done, info) in enumerate(zip(dones, infos)):
+            if returns[i] is None:
+                lengths[i] += 1
+                if done and "episode" in info:
+                    returns[i] = float(info["episode"]["r"])
+    env.close()
+    return {"protocol": "FIRE after every lost life too", "mean": float(statistics.fmean(returns)),
+            "std": float(statistics.pstdev(returns)), "returns": returns, "lengths": lengths,
+            "eval_wall_s": time.perf_counter() - started}
+
+
+def rlspeed_eval_fire_once(args) -> dict:
+    """The run's model, deterministic, 10 full games with raw scores on envs seeded as its final evaluation, FIRE
+    pressed at each game's start only (the SB3 side's protocol): a policy that never presses FIRE itself stands still
+    after a lost life until ALE ends the game."""
+    import torch
+
+    import rlspeed
+    from rlspeed.envs import make_env
+    from rlspeed.envs.atari import FireToStart, fire_action
+
+    class FireAtGameStart(FireToStart):
+        def step(self, actions):
+            actions = torch.where(self._waiting, torch.full_like(actions, self.fire), actions)
+            obs, reward, terminated, truncated, info = self.env.step(actions)
+            self._waiting = terminated | truncated
+            return obs, reward, terminated, truncated, info
+
+    common.set_threads(args.threads)
+    run = Path(args.run)
+    summary = json.loads((run / "summary.json").read_text())
+    model = rlspeed.PPO.load(run / "model.safetensors", device="cpu")
+    seed = summary["final_eval"]["seed"]
+    env = FireAtGameStart(make_env(ENV_ID, num_envs=EVAL_EPISODES, device="cpu", seed=seed,
+                                   backend=summary["env_backend"], evaluation=True), fire_action(ENV_ID))
+    started = time.perf_counter()
+    obs, _info = env.reset()
+    returns = torch.zeros(EVAL_EPISODES)
+    lengths = torch.zeros(EVAL_EPISODES, dtype=torch.long)
+    finished = torch.zeros(EVAL_EPISODES, dtype=torch.bool)
+    for step in range(1, env.spec.max_episode_steps + 1):
+        obs, _reward, _terminated, _truncated, info = env.step(model.act(obs, deterministic=True))
+        newly = info["done"] & ~finished
+        returns = torch.where(newly, info["episode_return"], returns)
+        lengths = torch.where(newly, step, lengths)
+        finished |= info["done"]
+        if bool(finished.all()):
+            break
+    env.close()
+    returns, lengths = returns.tolist(), lengths.tolist()
+    result = {"protocol": "FIRE at a game's start only", "seed": seed, "mean": float(statistics.fmean(returns)),
+              "std": float(statistics.pstdev(returns)), "returns": returns, "lengths": lengths,
+              "eval_wall_s": time.perf_counter() - started}
+    (run / "eval_fire_once.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
     return result
 
@@ -162,9 +252,18 @@ def publish(args) -> None:
     learn_rows = []
     for run in learning:
         evaluation = run.get("final_eval") or {}
+        if run["library"] == "rlspeed":  # (SB3's evaluation presses FIRE at a game's start only)
+            fire_once = Path(run["run_dir"]) / "eval_fire_once.json"
+            run["eval_fire_once"] = json.loads(fire_once.read_text()) if fire_once.exists() else None
+            once = run["eval_fire_once"]
+            every_life = f"{evaluation.get('mean', 0):.1f} +/- {evaluation.get('std', 0):.1f}"
+        else:
+            once, every = evaluation, run.get("eval_fire_every_life")
+            every_life = f"{every['mean']:.1f} +/- {every['std']:.1f}" if every else "not run"
         learn_rows.append([run["library"], run.get("env_backend") or "gymnasium (SB3 make_atari_env)", run.get("seed"),
-                           f"{run['total_timesteps']:,}", common.fmt(evaluation.get("mean"), ",.1f"),
-                           common.fmt(evaluation.get("std"), ",.1f"), common.fmt(run.get("sps"), ",.0f")])
+                           f"{run['total_timesteps']:,}",
+                           f"{once['mean']:.1f} +/- {once['std']:.1f}" if once else "not run", every_life,
+                           common.fmt(run.get("sps"), ",.0f")])
     load = common.pairs_load(data)
     lines = [
         "## PPO on Atari Breakout (`benchmarks/atari_ppo.py`)",
@@ -190,14 +289,19 @@ def publish(args) -> None:
         "### (b) Learning at a fixed budget (one seed per library)",
         "",
         "Final evaluation: deterministic policy, 10 full games with raw scores (no episodic life, no reward "
-        "clipping) on envs separate from training. rlspeed: `rlspeed train ppo BreakoutNoFrameskip-v4 "
-        "--total-timesteps N --out DIR` (summary.json `final_eval`); SB3: `evaluate_policy` on `make_atari_env(..., "
-        "wrapper_kwargs=dict(terminal_on_life_loss=False, clip_reward=False))` + `VecFrameStack(4)`. Training "
-        "differs in one wrapper: SB3's presses FIRE after every reset (`FireResetEnv`), rlspeed's does not. "
-        "Steps/s here are whole runs on a shared machine, not a speed comparison.",
+        "clipping) on envs separate from training, mean +/- std. Two ways of pressing FIRE (Breakout serves the "
+        "ball only on FIRE, which a deterministic policy may never choose): at a game's start only, as SB3's "
+        "`evaluate_policy` on `make_atari_env(..., wrapper_kwargs=dict(terminal_on_life_loss=False, "
+        "clip_reward=False))` + `VecFrameStack(4)` does (`FireResetEnv` acts at resets, and without episodic life "
+        "a lost life is no reset: the game then stands still until ALE ends it after 108,000 frames); and after "
+        "every lost life too, as `rlspeed evaluate` does (`FireToStart`; summary.json `final_eval`). rlspeed's "
+        "runs: `rlspeed train ppo BreakoutNoFrameskip-v4 --total-timesteps N --out DIR`, then `atari_ppo.py "
+        "rlspeed-eval-fire-once DIR`. Training differs in one wrapper: SB3's presses FIRE after every reset "
+        "(`FireResetEnv`), rlspeed's does not. Steps/s here are whole runs on a shared machine, not a speed "
+        "comparison.",
         "",
-        common.markdown_table(["Library", "Envs", "Seed", "Env steps", "Eval mean", "Eval std",
-                               "Steps/s (whole run)"], learn_rows),
+        common.markdown_table(["Library", "Envs", "Seed", "Env steps", "Eval, FIRE at a game's start only",
+                               "Eval, FIRE after every lost life too", "Steps/s (whole run)"], learn_rows),
     ]
     if not learn_rows:
         lines[-1] = "No learning run in this measurement (see below)."
@@ -225,6 +329,9 @@ def main() -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--json", required=True)
+    e = sub.add_parser("rlspeed-eval-fire-once", help="an rlspeed run evaluated as the SB3 side is")
+    e.add_argument("run", help="an `rlspeed train ppo BreakoutNoFrameskip-v4 --out DIR` run directory")
+    e.add_argument("--threads", type=int, default=1)
     p = common.add_publish_parser(sub, "write the README section and results JSON")
     p.add_argument("--throughput", default=common.default_pairs_json("atari_throughput.json"))
     p.add_argument("--profile", default="", help="a Markdown file: where rlspeed's time goes (`rlspeed profile`)")
@@ -232,7 +339,8 @@ def main() -> None:
     if args.command == "worker":
         print(json.dumps(worker(args.side, args.iterations, args.warmup, args.threads, args.seed), default=str))
     else:
-        {"throughput": throughput, "sb3-learn": sb3_learn, "publish": publish}[args.command](args)
+        {"throughput": throughput, "sb3-learn": sb3_learn, "rlspeed-eval-fire-once": rlspeed_eval_fire_once,
+         "publish": publish}[args.command](args)
 
 
 if __name__ == "__main__":
