@@ -59,7 +59,8 @@ def worker(args: argparse.Namespace) -> dict:
         model.learn(args.steps, progress_bar=False)
         result = model.result
         return {"side": "solo", "seed": args.seed, "sps": result.sps, "train_wall_s": result.train_wall_s,
-                "train_cpu_s": time.process_time() - cpu_start, "update": model.update_summary()}
+                "train_cpu_s": time.process_time() - cpu_start, "update": model.update_summary(),
+                "config": {key: getattr(model.config, key) for key in SHOWN if hasattr(model.config, key)}}
     population = Population(algo, ENV_ID, seeds=range(args.members), env_backend="gymnasium", **hyper)
     summary = population.learn(args.steps)  # (its final evaluation is outside `train_wall_s` and `train_cpu_s`)
     return {"side": "population", "members": args.members, "sps": summary["sps"],
@@ -105,7 +106,7 @@ def main() -> None:
     solo_sps = [p["solo"]["sps"] for p in pairs]
     population_sps = [p["population"]["sps"] for p in pairs]
     settings = _settings(args.algo)
-    shown = ", ".join(f"{key}={value}" for key, value in sorted(settings.items()) if key in SHOWN)
+    shown = ", ".join(f"{key}={value}" for key, value in pairs[0]["solo"]["config"].items())
     lines = [
         f"## {args.algo.upper()} populations on images (`benchmarks/population_cnn.py --algo {args.algo}`)",
         "",
