@@ -391,3 +391,18 @@ def test_fused_adam_steps_equal_the_flat_formula(env_id):
     for a, b in zip([*fused.params, fused._exp_avg, fused._exp_avg_sq],
                     [*flat.params, flat._exp_avg, flat._exp_avg_sq]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_dict_keys_beyond_float32s_integers_are_refused():
+    """A Dict key whose integers float32 would round (the packed rows are float32) is refused in one sentence."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed.population.base import check_packable
+
+    check_packable(gym.spaces.Dict({"image": gym.spaces.Box(0, 255, (3, 3), np.uint8), "turn": gym.spaces.Discrete(4),
+                                    "cell": gym.spaces.MultiDiscrete([7, 7])}), "ok-v0")
+    with pytest.raises(UserError, match="'count' .* beyond 2\\*\\*24"):
+        check_packable(gym.spaces.Dict({"count": gym.spaces.Box(0, 2**30, (1,), np.int64)}), "big-v0")
+    with pytest.raises(UserError, match="'cell'"):
+        check_packable(gym.spaces.Dict({"cell": gym.spaces.Discrete(2**25)}), "big-v0")

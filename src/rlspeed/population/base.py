@@ -251,6 +251,31 @@ class PackedObservations(EnvWrapper):
         return self._pack(obs), rewards, terminated, truncated, self._info(info)
 
 
+#: the largest integer float32 holds exactly (`PackedObservations` stores integer keys as float32)
+_EXACT_IN_FLOAT32 = 2**24
+
+
+def check_packable(space, env_id: str) -> None:
+    """UserError naming the key when a Dict observation's integer key can hold values float32 does not keep exactly
+    (beyond 2**24), which `PackedObservations` would round."""
+    import gymnasium as gym
+    import numpy as np
+
+    for key, sub in space.spaces.items():
+        if isinstance(sub, gym.spaces.Discrete):
+            largest = abs(int(sub.start)) + int(sub.n)
+        elif isinstance(sub, gym.spaces.MultiDiscrete):
+            largest = int(np.max(np.abs(sub.start) + sub.nvec))
+        elif isinstance(sub, gym.spaces.Box) and np.issubdtype(sub.dtype, np.integer):
+            largest = int(max(np.max(np.abs(sub.low)), np.max(np.abs(sub.high))))
+        else:  # (float keys are float32 already; bool and MultiBinary keys are 0 or 1)
+            continue
+        if largest > _EXACT_IN_FLOAT32:
+            raise UserError(f"{env_id}'s observation key '{key}' ({sub}) can hold integers beyond 2**24, which a "
+                            "population's packed float32 rows would round: wrap the env to rescale that key, or train "
+                            "the seeds as separate runs.")
+
+
 def packed_width(layout: dict[str, tuple]) -> int:
     """The length of a `PackedObservations` row."""
     return sum(math.prod(shape) for shape, _dtype in layout.values())
@@ -447,6 +472,8 @@ class PopulationBase:
         #: Dict observations' layout (`{key: (shape, dtype)}`): the envs pack them into flat rows
         #: (`PackedObservations`); None for one tensor
         self._packed = layout if isinstance(layout, dict) else None
+        if self._packed is not None:
+            check_packable(solos[0].spec.observation_space, env_id)
         #: one observation's shape where it is one tensor (images: how `member_observations` unflattens the rows)
         self._observation_shape = None if self._packed else tuple(solos[0].spec.observation_shape)
         from rlspeed.envs import atari  # (a solo model registers ale-py's ids: after them, `is_atari` can tell)
