@@ -170,6 +170,10 @@ class CNNEncoder(Encoder):
         self.input_format = torch.channels_last
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.conv_features(obs))
+
+    def conv_features(self, obs: torch.Tensor) -> torch.Tensor:
+        """The flattened output of the convolutions `[B, flat]` (what the linear layer takes)."""
         if self.channels_last:  # a view: NHWC memory read as NCHW (channels_last format, which conv2d takes)
             obs = obs.permute(0, 3, 1, 2)
         # The layout changes on the narrow dtype (uint8 or bool: a quarter of float32's bytes) and the image becomes
@@ -183,7 +187,7 @@ class CNNEncoder(Encoder):
         x = F.conv2d(x, weight, first.bias, first.stride, first.padding)
         for layer in list(self.cnn)[1:]:  # (slicing the Sequential would build a new module on every call)
             x = layer(x)
-        return self.linear(x)
+        return x
 
 
 class OneHotEncoder(Encoder):

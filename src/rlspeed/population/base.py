@@ -21,7 +21,7 @@ from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
 from rlspeed.errors import UserError
-from rlspeed.nn import OneHotEncoder
+from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
 
 #: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
@@ -196,6 +196,30 @@ def has_parameters(module) -> bool:
     return module is not None and any(True for _ in module.parameters())
 
 
+class _MemberLinear(torch.autograd.Function):
+    """`x @ weight^T + bias` of every member (`x` `[K, B, in]`, `weight` `[K, out, in]` as `nn.Linear` holds it,
+    `bias` `[K, out]`) whose weight gradient comes out in the weight's own layout (`g^T @ x`): autograd of
+    `baddbmm(bias, x, weight^T)` gives it transposed, and every later pass over it (clipping, the optimiser's copy)
+    then reads it with a large stride."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, _bias = inputs
+        ctx.save_for_backward(x, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = torch.bmm(grad, weight) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.bmm(grad.transpose(1, 2), x) if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(1) if ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias
+
+
 class MemberEncoder:
     """The members' own copies of a parameterised observation encoder (`rlspeed.nn.CNNEncoder`: each member's
     convolutions and linear layer, initialised as its solo model's) applied as one batched call: `torch.func.vmap` of
@@ -210,6 +234,13 @@ class MemberEncoder:
                 part.input_format = torch.preserve_format
         self.module, self.kind = module, encoders[0].kind
         self.names = [name for name, _ in module.named_parameters()]
+        # a CNN encoder's linear layer runs outside vmap, as one batched product of the members' weights: vmap's
+        # linear copies the weight gradient into its layout on every backward (a large part of the update, measured
+        # by benchmarks/population_cnn.py)
+        self._split = isinstance(module, CNNEncoder)
+        if self._split:
+            module.forward = module.conv_features  # (the vmapped call: the convolutions only)
+            self._linear = [self.names.index("linear.0.weight"), self.names.index("linear.0.bias")]
         self._batched = torch.func.vmap(self._one)
 
     def stack(self, encoders: Sequence[torch.nn.Module], trainable: bool = True) -> list[torch.Tensor]:
@@ -218,12 +249,18 @@ class MemberEncoder:
                 .requires_grad_(trainable) for name in self.names]
 
     def _one(self, params: tuple[torch.Tensor, ...], obs: torch.Tensor) -> torch.Tensor:
-        return torch.func.functional_call(self.module, dict(zip(self.names, params)), (obs,))
+        names = [n for i, n in enumerate(self.names) if i not in self._linear] if self._split else self.names
+        return torch.func.functional_call(self.module, dict(zip(names, params)), (obs,))
 
     def __call__(self, params: Sequence[torch.Tensor], obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         """Features `[K, B, features_dim]` of observations `[K, B, *observation shape]` (Dict observations: a dict of
         them), member k's by `params`' row k (stacked parameters laid out as `params`)."""
-        return self._batched(tuple(params), obs)
+        if not self._split:
+            return self._batched(tuple(params), obs)
+        weight, bias = (params[i] for i in self._linear)
+        conv = tuple(p for i, p in enumerate(params) if i not in self._linear)
+        x = self._batched(conv, obs)  # [K, B, flat]
+        return torch.relu(_MemberLinear.apply(x, weight, bias))
 
 
 class PackedObservations(EnvWrapper):

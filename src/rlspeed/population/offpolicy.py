@@ -1413,9 +1413,11 @@ class DQNPopulation(OffPolicyPopulation):
         adam = self._adam
         with torch.no_grad():
             torch.cat([g.reshape(-1) for g in grads], out=adam.grad)
-            norms = torch.stack([g.square().flatten(1).sum(1) for g in grads]).sum(0).sqrt()
-            scale = (self.hyper["max_grad_norm"] / (norms + 1e-6)).clamp(max=1.0)  # as `clip_grad_norm`
-            adam.grad.mul_(torch.index_select(scale, 0, adam.member_of))
+            # as `clip_grad_norm`: each parameter's norm, then the norm of those (no temporary of every gradient)
+            norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1)
+                                                          for g in grads]), dim=0)
+            scale = (self.hyper["max_grad_norm"] / (norms + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(adam.grad_views, [scale.view(-1, *(1,) * (v.dim() - 1)) for v in adam.grad_views])
         adam.step()
 
     def member_state(self, k: int) -> dict[str, torch.Tensor]:
