@@ -405,4 +405,5 @@ def test_dict_keys_beyond_float32s_integers_are_refused():
     with pytest.raises(UserError, match="'count' .* beyond 2\\*\\*24"):
         check_packable(gym.spaces.Dict({"count": gym.spaces.Box(0, 2**30, (1,), np.int64)}), "big-v0")
     with pytest.raises(UserError, match="'cell'"):
-        check_packable(gym.spaces.Dict({"cell": gym.spaces.Discrete(2**25)}), "big-v0")
+        check_packable(gym.spaces.Dict({"cell": gym.spaces.Discrete(2**24 + 2)}), "big-v0")
+    check_packable(gym.spaces.Dict({"cell": gym.spaces.Discrete(2**24 + 1)}), "ok-v0")  # (its largest is 2**24)

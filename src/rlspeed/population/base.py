@@ -299,10 +299,10 @@ def check_packable(space, env_id: str) -> None:
     import numpy as np
 
     for key, sub in space.spaces.items():
-        if isinstance(sub, gym.spaces.Discrete):
-            largest = abs(int(sub.start)) + int(sub.n)
+        if isinstance(sub, gym.spaces.Discrete):  # (values start .. start + n - 1)
+            largest = max(abs(int(sub.start)), abs(int(sub.start) + int(sub.n) - 1))
         elif isinstance(sub, gym.spaces.MultiDiscrete):
-            largest = int(np.max(np.abs(sub.start) + sub.nvec))
+            largest = int(np.max(np.maximum(np.abs(sub.start), np.abs(sub.start + sub.nvec - 1))))
         elif isinstance(sub, gym.spaces.Box) and np.issubdtype(sub.dtype, np.integer):
             largest = int(max(np.max(np.abs(sub.low)), np.max(np.abs(sub.high))))
         else:  # (float keys are float32 already; bool and MultiBinary keys are 0 or 1)

@@ -492,8 +492,10 @@ class OffPolicyPopulation(PopulationBase):
     def _kept_adam(self, adam: _FlatMemberAdam, params: list[torch.Tensor], index: torch.Tensor) -> _FlatMemberAdam:
         """A flat Adam over `params` (the stacks after `remove` kept the members at `index`) with those members'
         moments from `adam`."""
-        return _FlatMemberAdam(params, self.hyper["learning_rate"], adam.eps, [m[index] for m in adam.exp_avg_views],
+        kept = _FlatMemberAdam(params, self.hyper["learning_rate"], adam.eps, [m[index] for m in adam.exp_avg_views],
                                [v[index] for v in adam.exp_avg_sq_views], adam.steps)
+        kept.lr_scale = adam.lr_scale  # (the annealed learning rates' factor goes on as it was)
+        return kept
 
     # --- batched MLPs ------------------------------------------------------------------------------------------
     def _mlp(self, x: torch.Tensor, weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor]) -> torch.Tensor:
