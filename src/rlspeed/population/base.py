@@ -191,6 +191,25 @@ def member_features(encoder, obs: torch.Tensor | dict[str, torch.Tensor]) -> tor
     return encoder(obs.reshape(size * batch, *obs.shape[2:])).view(size, batch, -1)
 
 
+def member_grad_norms(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Each member's global gradient norm `[K]` from its rows of stacked gradients `[K, ...]`, summed as
+    `rlspeed.nn.clip_grad_norm` sums a solo model's (each parameter's norm, then the norm of those), without
+    flattening copies of strided gradients."""
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g, dim=tuple(range(1, g.dim())))
+                                                 for g in grads]), dim=0)
+
+
+def fused_adam_members(members: Iterable[tuple[list[torch.Tensor], ...]], learning_rates: Sequence,
+                       step_count: torch.Tensor, eps: float, betas: tuple[float, float]) -> None:
+    """One Adam step of each member through torch's fused kernel (the one `rlspeed.nn.make_adam` gives a solo run on
+    CPU and CUDA): `members[k]` holds member k's (parameters, gradients, first moments, second moments) as lists of
+    views, `learning_rates[k]` its learning rate (a float or a 0-dim tensor). The kernel reads the step count,
+    already advanced (as `torch.optim.Adam` advances its own before the kernel), from `step_count`."""
+    for (params, grads, exp_avgs, exp_avg_sqs), rate in zip(members, learning_rates):
+        torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], [step_count] * len(params), lr=rate,
+                           beta1=betas[0], beta2=betas[1], weight_decay=0.0, eps=eps, amsgrad=False, maximize=False)
+
+
 def has_parameters(module) -> bool:
     """Whether `module` (an encoder, or None) has parameters: then each member has its own (`MemberEncoder`)."""
     return module is not None and any(True for _ in module.parameters())
@@ -238,9 +257,12 @@ class MemberEncoder:
         # linear copies the weight gradient into its layout on every backward (a large part of the update, measured
         # by benchmarks/population_cnn.py)
         self._split = isinstance(module, CNNEncoder)
+        self._linear = [self.names.index("linear.0.weight"), self.names.index("linear.0.bias")] if self._split else []
         if self._split:
             module.forward = module.conv_features  # (the vmapped call: the convolutions only)
-            self._linear = [self.names.index("linear.0.weight"), self.names.index("linear.0.bias")]
+        #: positions in `names` (and in the stacked parameters) of what the vmapped call takes
+        self._vmapped = [i for i in range(len(self.names)) if i not in self._linear]
+        self._vmapped_names = [self.names[i] for i in self._vmapped]
         self._batched = torch.func.vmap(self._one)
 
     def stack(self, encoders: Sequence[torch.nn.Module], trainable: bool = True) -> list[torch.Tensor]:
@@ -249,17 +271,15 @@ class MemberEncoder:
                 .requires_grad_(trainable) for name in self.names]
 
     def _one(self, params: tuple[torch.Tensor, ...], obs: torch.Tensor) -> torch.Tensor:
-        names = [n for i, n in enumerate(self.names) if i not in self._linear] if self._split else self.names
-        return torch.func.functional_call(self.module, dict(zip(names, params)), (obs,))
+        return torch.func.functional_call(self.module, dict(zip(self._vmapped_names, params)), (obs,))
 
     def __call__(self, params: Sequence[torch.Tensor], obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         """Features `[K, B, features_dim]` of observations `[K, B, *observation shape]` (Dict observations: a dict of
         them), member k's by `params`' row k (stacked parameters laid out as `params`)."""
+        x = self._batched(tuple(params[i] for i in self._vmapped), obs)
         if not self._split:
-            return self._batched(tuple(params), obs)
-        weight, bias = (params[i] for i in self._linear)
-        conv = tuple(p for i, p in enumerate(params) if i not in self._linear)
-        x = self._batched(conv, obs)  # [K, B, flat]
+            return x
+        weight, bias = (params[i] for i in self._linear)  # (x: the convolutions' output [K, B, flat])
         return torch.relu(_MemberLinear.apply(x, weight, bias))
 
 

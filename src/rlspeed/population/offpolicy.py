@@ -78,8 +78,10 @@ from rlspeed.population.base import (
     MemberEncoder,
     PopulationBase,
     config_tensors,
+    fused_adam_members,
     has_parameters,
     member_features,
+    member_grad_norms,
     packed_width,
     saved_like,
     stack_leaf,
@@ -211,14 +213,11 @@ class _FlatMemberAdam:
 
             indices = self._part_params[key] = [i for i in range(len(self.param_views)) if parts is None or inside(i)]
         self._step_count.fill_(self.steps)
-        steps = [self._step_count] * len(indices)  # (the kernel only reads them)
-        beta1, beta2 = _ADAM_BETAS
-        for k, rate in enumerate(self._member_lrs):
-            torch._fused_adam_([self.param_views[i][k] for i in indices], [self.grad_views[i][k] for i in indices],
-                               [self.exp_avg_views[i][k] for i in indices],
-                               [self.exp_avg_sq_views[i][k] for i in indices], [], steps, lr=rate * self.lr_scale,
-                               beta1=beta1, beta2=beta2, weight_decay=0.0, eps=self.eps, amsgrad=False,
-                               maximize=False)
+        members = (tuple([views[i][k] for i in indices] for views in (self.param_views, self.grad_views,
+                                                                       self.exp_avg_views, self.exp_avg_sq_views))
+                   for k in range(len(self._member_lrs)))
+        fused_adam_members(members, [rate * self.lr_scale for rate in self._member_lrs], self._step_count, self.eps,
+                           _ADAM_BETAS)
 
     def step_on(self, losses: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
         """One step on the gradient of the members' `losses` (summed: they share no parameter) w.r.t. `params`,
@@ -1415,10 +1414,7 @@ class DQNPopulation(OffPolicyPopulation):
         adam = self._adam
         with torch.no_grad():
             torch.cat([g.reshape(-1) for g in grads], out=adam.grad)
-            # as `clip_grad_norm`: each parameter's norm, then the norm of those (no temporary of every gradient)
-            norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1)
-                                                          for g in grads]), dim=0)
-            scale = (self.hyper["max_grad_norm"] / (norms + 1e-6)).clamp(max=1.0)
+            scale = (self.hyper["max_grad_norm"] / (member_grad_norms(grads) + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(adam.grad_views, [scale.view(-1, *(1,) * (v.dim() - 1)) for v in adam.grad_views])
         adam.step()
 

@@ -58,8 +58,10 @@ from rlspeed.population.base import (
     MemberEncoder,
     PopulationBase,
     config_tensors,
+    fused_adam_members,
     has_parameters,
     member_features,
+    member_grad_norms,
     saved_like,
     stack_leaf,
 )
@@ -477,15 +479,11 @@ class PPOPopulation(PopulationBase):
         before the kernel."""
         views = self._fused_views(flat)
         self._fused_step_count.fill_(self._adam_steps)
-        beta1, beta2 = _ADAM_BETAS
-        for k, (params, grads, exp_avgs, exp_avg_sqs, steps) in enumerate(views):
-            torch._fused_adam_(params, grads, exp_avgs, exp_avg_sqs, [], steps, lr=learning_rate[k], beta1=beta1,
-                               beta2=beta2, weight_decay=0.0, eps=_ADAM_EPS, amsgrad=False, maximize=False)
+        fused_adam_members(views, learning_rate.unbind(), self._fused_step_count, _ADAM_EPS, _ADAM_BETAS)
 
     def _fused_views(self, flat: torch.Tensor) -> list[tuple[list[torch.Tensor], ...]]:
-        """Per member: (its parameters, gradient rows of `flat`, first and second moments, step counts) as lists of
-        views shaped as its parameters (the step counts: one shared tensor, `_fused_step_count`), rebuilt when a
-        buffer changes (members leave, a resume)."""
+        """Per member: (its parameters, gradient rows of `flat`, first and second moments) as lists of views shaped as
+        its parameters, rebuilt when a buffer changes (members leave, a resume)."""
         key = (flat.data_ptr(), self._exp_avg.data_ptr(), self._exp_avg_sq.data_ptr(),
                *(p.data_ptr() for p in self.params))
         if getattr(self, "_fused_key", None) != key:
@@ -495,9 +493,8 @@ class PPOPopulation(PopulationBase):
                 return [part.view(p.shape[1:]) for part, p in zip(buffer[k].split(sizes), self.params)]
 
             self._fused_step_count = torch.zeros((), device=self.device)
-            steps = [self._fused_step_count] * len(self.params)  # (the kernel only reads them)
             self._fused_cache = [([p.detach()[k] for p in self.params], rows(flat, k), rows(self._exp_avg, k),
-                                  rows(self._exp_avg_sq, k), steps) for k in range(flat.shape[0])]
+                                  rows(self._exp_avg_sq, k)) for k in range(flat.shape[0])]
             self._fused_key = key
         return self._fused_cache
 
@@ -509,9 +506,7 @@ class PPOPopulation(PopulationBase):
         if buffer is None or buffer.shape != self._exp_avg.shape:
             buffer = self._grad_buffer = torch.empty_like(self._exp_avg)
         flat = torch.cat([g.reshape(size, -1) for g in grads], dim=1, out=buffer)
-        # (each parameter's norm, then the norm of those: the solo's order of sums)
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.reshape(size, -1), dim=1)
-                                                     for g in grads]), dim=0)
+        norm = member_grad_norms(grads)
         return flat.mul_((self.hyper["max_grad_norm"] / (norm + 1e-6)).clamp_(max=1.0).unsqueeze(1))
 
     def _subtract(self, step: torch.Tensor) -> None:
