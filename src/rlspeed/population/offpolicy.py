@@ -128,10 +128,10 @@ def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence
 
 
 #: Parameters per member from which `_FlatMemberAdam` steps each member through torch's fused Adam kernel (K calls)
-#: rather than the flat formula over every member at once (a few kernels, each a full pass over all members' elements
-#: with temporaries): below it the K calls cost more than the passes save (benchmarks/population_cnn.py and
-#: benchmarks/population_offpolicy.py measure both sides of it).
-FUSED_ADAM_MIN_PARAMS = 50_000
+#: rather than the flat formula over every member at once (a few kernels, each a full pass over all members'
+#: elements): below it the K calls cost more than the passes save. benchmarks/member_adam.py measures both paths on
+#: the shipped presets' populations, on both sides of this value.
+FUSED_ADAM_MIN_PARAMS = 15_000
 
 
 class _FlatMemberAdam:

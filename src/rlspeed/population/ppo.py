@@ -138,7 +138,9 @@ class PPOPopulation(PopulationBase):
         self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
         self._exp_avg_sq = torch.zeros_like(self._exp_avg)
         self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
-        #: whether Adam steps through torch's fused kernel (`_fused_steps`), as `rlspeed.nn.make_adam` chooses it
+        #: whether Adam steps through torch's fused kernel (`_fused_steps`) where `rlspeed.nn.make_adam` takes it: PPO's
+        #: flat formula makes more passes than `_FlatMemberAdam`'s, and the fused step is the faster at every preset
+        #: size benchmarks/member_adam.py measures
         self._fused_adam = self.device.type in ("cpu", "cuda")
         # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
         # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
