@@ -20,6 +20,9 @@ needs_minatar = pytest.mark.skipif(importlib.util.find_spec("minatar") is None,
                                    reason="needs MinAtar: pip install MinAtar")
 needs_minigrid = pytest.mark.skipif(importlib.util.find_spec("minigrid") is None,
                                     reason="needs MiniGrid: pip install minigrid")
+#: Atari games: ale-py (its wheel ships the ROMs) and OpenCV for the preprocessing; CI installs both (`atari` extra)
+needs_atari = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None or importlib.util.find_spec("cv2") is None,
+                                 reason='needs ale-py and OpenCV: pip install -e ".[atari]"')
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -125,24 +125,29 @@ class _RecordLives(gym.vector.VectorWrapper):
 
 class AtariGymnasiumEnv(GymnasiumEnv):
     """N preprocessed Atari envs (`make_atari_env`) in a Gymnasium vector env (sync or subprocesses), SAME_STEP
-    autoreset, with each env's lives in `info["lives"]`."""
+    autoreset, with each env's lives in `info["lives"]`. `envs`: existing `make_atari_env` envs of `env_id` (in
+    whatever state they are) to step synchronously instead of new ones (a population keeping some of its rows)."""
 
     def __init__(self, env_id: str, num_envs: int = 1, device: torch.device | str = "cpu",
-                 vectorization: str = "sync", env_kwargs: dict | None = None):
+                 vectorization: str = "sync", env_kwargs: dict | None = None, envs: list[gym.Env] | None = None):
         if vectorization not in ("sync", "async"):
             raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
         env_kwargs = dict(env_kwargs or {})
-        probe = make_atari_env(env_id, **env_kwargs)  # fails here, in this process, on a bad option
-        try:
-            spec = atari_spec(env_id, probe)
-        finally:
-            probe.close()
-        factories = [lambda: make_atari_env(env_id, **env_kwargs)] * num_envs
         vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False}
-        if vectorization == "sync":
-            vector_env = gym.vector.SyncVectorEnv(factories, **vector_kwargs)
+        if envs is not None:
+            spec = atari_spec(env_id, envs[0])
+            vector_env = gym.vector.SyncVectorEnv([lambda env=env: env for env in envs], **vector_kwargs)
         else:
-            vector_env = _RecordLives(gym.vector.AsyncVectorEnv(factories, **vector_kwargs))
+            probe = make_atari_env(env_id, **env_kwargs)  # fails here, in this process, on a bad option
+            try:
+                spec = atari_spec(env_id, probe)
+            finally:
+                probe.close()
+            factories = [lambda: make_atari_env(env_id, **env_kwargs)] * num_envs
+            if vectorization == "sync":
+                vector_env = gym.vector.SyncVectorEnv(factories, **vector_kwargs)
+            else:
+                vector_env = _RecordLives(gym.vector.AsyncVectorEnv(factories, **vector_kwargs))
         super().__init__(env_id, vector_env=vector_env, device=device)
         self.spec = spec  # the id's time limit in agent steps (the vector env's spec has none)
 

@@ -19,6 +19,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
 from rlspeed.errors import UserError
 from rlspeed.nn import CNNEncoder, OneHotEncoder
@@ -451,6 +452,8 @@ class PopulationBase:
     #: whether the population applies an env's action masks (`use_masking`), as its solo algorithm does
     supports_action_masks = False
     _masking = False  # whether this run applies them (decided when the env starts: `_start_env`)
+    #: whether the population trains Atari games (their solo preprocessing, training transforms and evaluation games)
+    trains_atari = False
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
     #: iteration is a few env steps, a host read per iteration would cost more than it saves)
     check_divergence_every_iteration = False
@@ -533,12 +536,13 @@ class PopulationBase:
             check_packable(solos[0].spec.observation_space, env_id)
         #: one observation's shape where it is one tensor (images: how `member_observations` unflattens the rows)
         self._observation_shape = None if self._packed else tuple(solos[0].spec.observation_shape)
-        from rlspeed.envs import atari  # (a solo model registers ale-py's ids: after them, `is_atari` can tell)
-
-        if atari.is_atari(env_id):
-            raise UserError(f"Populations do not train Atari games yet ({env_id}: a solo run's frame preprocessing, "
-                            "lives and evaluation games are not in the population's envs): train the seeds as "
-                            f"separate runs (rlspeed train {self.algo_name} {env_id} --seed S).")
+        #: (the solo models registered ale-py's ids where it is one: from here `is_atari` can tell)
+        #: an Atari game: the solo's preprocessed envs, its training transforms and its evaluation games (`_make_env`)
+        self._atari = atari.is_atari(env_id)
+        if self._atari and not self.trains_atari:
+            raise UserError(f"{self.algo_name.upper()} populations do not train Atari games yet ({env_id}: their "
+                            "replay would store each 4-frame stack whole, where a solo run stores each frame once): "
+                            f"train the seeds as separate runs (rlspeed train {self.algo_name} {env_id} --seed S).")
         self.config = solos[0].config
         #: each member's values of the per-member hyperparameters (original indices)
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
@@ -571,13 +575,23 @@ class PopulationBase:
         from rlspeed.envs.registry import NATIVE_ENVS
 
         if self.env_backend == "gymnasium":
-            env = EpisodeStatistics(GymnasiumEnv(self.env_id, num_envs=len(seeds) * rows_per_member,
-                                                 device=self.device))
+            kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
+            env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device))
         else:
             native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)
             env = EpisodeStatistics(native)
-        return self._normalized_env(self._packed_env(env), rows_per_member, members)
+        return self._normalized_env(self._packed_env(self._atari_env(env, members is not None)), rows_per_member,
+                                    members)
+
+    def _atari_env(self, env, evaluation: bool):
+        """An Atari game's env (under its episode statistics) as a solo run has it (`rlspeed.envs.make_env`,
+        `rlspeed.evaluate`): for training, a lost life ends the learner's episode and rewards are clipped
+        (`AtariTraining`); for evaluation, FIRE at every start and lost life where the game waits for it
+        (`for_evaluation`). Other envs as they are."""
+        if not self._atari:
+            return env
+        return atari.for_evaluation(env) if evaluation else atari.AtariTraining(env)
 
     def _packed_env(self, env):
         """`env` with Dict observations packed into flat rows (`PackedObservations`); others as they are."""
@@ -669,22 +683,31 @@ class PopulationBase:
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
 
         outer = self._env
-        old = outer
+        old, lives = outer, None
         while not isinstance(old, EpisodeStatistics):  # (under the normalisation wrapper, where there is one)
+            if isinstance(old, atari.AtariTraining):
+                lives = old._lives  # (each game's lives at its last step: a drop from them is a lost life)
             old = old.env
         envs = list(old.env.vector_env.envs)
         kept = set(index)
         for i, env in enumerate(envs):
             if i not in kept:
                 env.close()
-        vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
-                                          autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
-        new = EpisodeStatistics(GymnasiumEnv(self.env_id, vector_env=vector, device=self.device))
+        if self._atari:
+            inner = atari.AtariGymnasiumEnv(self.env_id, device=self.device, envs=[envs[i] for i in index])
+        else:
+            vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
+                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+            inner = GymnasiumEnv(self.env_id, vector_env=vector, device=self.device)
+        new = EpisodeStatistics(inner)
         # (a fresh adapter learns that the env gives masks at a reset, and this one continues without one)
         new.env.has_action_masks = old.env.has_action_masks
         rows = torch.tensor(index, device=self.device, dtype=torch.long)
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
-        packed = self._packed_env(new)
+        training = self._atari_env(new, evaluation=False)
+        if lives is not None:
+            training._lives = lives[rows]
+        packed = self._packed_env(training)
         wrapped = self._normalized_env(packed, self.config.num_envs, None)
         if wrapped is not packed:  # (the wrapper's running returns, per env row)
             wrapped._returns.copy_(outer._returns[rows])
