@@ -254,12 +254,6 @@ def test_other_algorithms_and_envs_are_refused():
         Population(PPO, "LunarLander-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="env_backend"):
         Population(PPO, "CartPole-v1", seeds=[0], env_backend="envpool")
-    pytest.importorskip("ale_py")
-    from rlspeed import DQN
-
-    # (its replay would store whole frame stacks, where the solo's stores each frame once)
-    with pytest.raises(UserError, match="DQN populations do not train Atari games .* separate runs"):
-        Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1], buffer_size=1000)
 
 
 @needs_atari

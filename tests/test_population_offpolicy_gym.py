@@ -7,7 +7,14 @@ import json
 
 import pytest
 import torch
-from conftest import binary_vector_env_id, masked_vector_env_id, needs_box2d, needs_minatar, needs_minigrid
+from conftest import (
+    binary_vector_env_id,
+    masked_vector_env_id,
+    needs_atari,
+    needs_box2d,
+    needs_minatar,
+    needs_minigrid,
+)
 from test_population_offpolicy import SMALL, _state
 
 from rlspeed import DQN, SAC, TD3, cli
@@ -156,6 +163,29 @@ def test_dqn_members_with_their_own_encoders_train_as_solo_runs(env_id, extra):
         solo = population.member_model(k)
         assert population.evaluate([500], episodes=2, members=[k]).item() == pytest.approx(
             solo.evaluate(episodes=2, seed=500)["mean"], abs=1e-3)
+
+
+@needs_atari
+def test_dqn_members_train_as_solo_runs_on_an_atari_game():
+    """The solo's preprocessed envs and training transforms, each member's own Nature CNN (online and target); the
+    member replay stores whole frame stacks, the solo's each frame once: the same stacks. A few updates only: the
+    Nature CNN's millions of ReLUs per batch make a unit within rounding of zero likely after more (see the PPO
+    case)."""
+    small = {**SMALL_DQN, "learning_starts": 64, "gradient_steps": 1, "buffer_size": 1000}
+    _check_members_equal_solo_runs(DQN, "BreakoutNoFrameskip-v4", "gymnasium", small, {"learning_rate": [5e-3, 1e-3]},
+                                   96)
+
+
+def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp_path, monkeypatch, capsys):
+    from rlspeed.population import offpolicy
+
+    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device: 2**14)  # (a fake 16 KiB)
+    out = tmp_path / "run"
+    argv = ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "5000", "--no-progress",
+            "--out", str(out)]
+    assert cli.main(argv) == 2
+    assert "the largest buffer_size that fits is" in capsys.readouterr().err
+    assert not out.exists()  # (nothing left behind that a rerun would have to --overwrite)
 
 
 def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_fits(monkeypatch):

@@ -343,6 +343,8 @@ def _train_population(args: argparse.Namespace) -> int:
                             f"{algo_cls.name.upper()}: drop it.")
         options["save_replay_buffer"] = True
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
+    if isinstance(population, OffPolicyPopulation):
+        population.check_replay_fits(total)  # (the replay is allocated when training starts, after the run directory)
     configure_threads(args.threads)
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     checkpoint = run_dir / CHECKPOINT_NAME

@@ -452,8 +452,6 @@ class PopulationBase:
     #: whether the population applies an env's action masks (`use_masking`), as its solo algorithm does
     supports_action_masks = False
     _masking = False  # whether this run applies them (decided when the env starts: `_start_env`)
-    #: whether the population trains Atari games (their solo preprocessing, training transforms and evaluation games)
-    trains_atari = False
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
     #: iteration is a few env steps, a host read per iteration would cost more than it saves)
     check_divergence_every_iteration = False
@@ -536,13 +534,9 @@ class PopulationBase:
             check_packable(solos[0].spec.observation_space, env_id)
         #: one observation's shape where it is one tensor (images: how `member_observations` unflattens the rows)
         self._observation_shape = None if self._packed else tuple(solos[0].spec.observation_shape)
-        #: (the solo models registered ale-py's ids where it is one: from here `is_atari` can tell)
-        #: an Atari game: the solo's preprocessed envs, its training transforms and its evaluation games (`_make_env`)
+        #: an Atari game: the solo's preprocessed envs, its training transforms and its evaluation games (`_make_env`;
+        #: the solo models registered ale-py's ids where it is one, so from here `is_atari` can tell)
         self._atari = atari.is_atari(env_id)
-        if self._atari and not self.trains_atari:
-            raise UserError(f"{self.algo_name.upper()} populations do not train Atari games yet ({env_id}: their "
-                            "replay would store each 4-frame stack whole, where a solo run stores each frame once): "
-                            f"train the seeds as separate runs (rlspeed train {self.algo_name} {env_id} --seed S).")
         self.config = solos[0].config
         #: each member's values of the per-member hyperparameters (original indices)
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]

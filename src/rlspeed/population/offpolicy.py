@@ -55,6 +55,7 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -228,6 +229,28 @@ class _FlatMemberAdam:
         self.step()
 
 
+def check_member_replay_fits(capacity_steps: int, size: int, num_envs: int, row_bytes: int,
+                             device: torch.device) -> None:
+    """UserError, with the largest buffer_size that fits, when `size` members' replay of `capacity_steps` stored
+    steps of `num_envs` rows (`row_bytes` each) needs more than the share of the device's available memory a replay
+    buffer may take (the share the solo `ReplayBuffer` takes; where a solo buffer on an accelerator would move to host
+    memory, the population's stays on its device): the allocation would fail later, or the process be killed."""
+    free = available_memory_bytes(device)
+    step_bytes = size * num_envs * row_bytes
+    needed = capacity_steps * step_bytes
+    if free is None or needed <= REPLAY_MEMORY_SHARE * free:
+        return
+    budget = int(REPLAY_MEMORY_SHARE * free)
+    fits = int(budget // step_bytes) * num_envs
+    advice = (f"the largest buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members "
+              "at once" if fits >= num_envs else "not even one step of every member's envs fits: train fewer "
+              "members at once, or free memory")
+    raise UserError(f"The replay buffers of {size} members ({capacity_steps * num_envs:,} transitions each, "
+                    f"{row_bytes:,} bytes per transition) need {needed / 2**30:.2f} GiB, more than the "
+                    f"{budget / 2**30:.2f} GiB they may take ({REPLAY_MEMORY_SHARE:.0%} of the available memory of "
+                    f"{device}); {advice}.")
+
+
 class MemberReplay:
     """The members' replay buffers as one: storage `[steps, K, N, ...]`, so that member k's row `r` is the solo
     buffer's row `r` (step `r // N`, env `r % N`), with n-step returns under each member's gamma computed as
@@ -235,16 +258,16 @@ class MemberReplay:
     overwritten, as the solo buffer overwrites its oldest rows (the same rows when `buffer_size` is a multiple of
     `num_envs`). With `mask_size`, each row also keeps the actions allowed at its next observation
     (`next_action_masks`, bool), as the solo buffer made with `mask_size` does. Observations are stored flat in
-    `obs_dtype` (images: their own uint8 or bool, as the solo buffer keeps them)."""
+    `obs_dtype` (images: their own uint8 or bool, as the solo buffer keeps them); Atari's 4-frame stacks whole, where
+    the solo's `FrameStackReplayBuffer` stores each frame once (about 8x its bytes per transition; the same stacks)."""
 
     def __init__(self, capacity_steps: int, size: int, num_envs: int, obs_dim: int, action_dim: int,
                  gammas: torch.Tensor, n_step: int, device: torch.device, mask_size: int | None = None,
                  obs_dtype: torch.dtype = torch.float32):
         self.size, self.num_envs, self.n_step, self.device = size, num_envs, n_step, device
         self.written = 0  # steps written so far (each holds K x N rows)
-        item = torch.empty((), dtype=obs_dtype).element_size()
         #: bytes one row takes (observation, next observation, action, reward, terminated flag, discount, mask)
-        self.row_bytes = 2 * obs_dim * item + 4 * action_dim + 12 + (mask_size or 0)
+        self.row_bytes = self.bytes_per_row(obs_dim, action_dim, mask_size, obs_dtype)
         self._check_fits(capacity_steps)
 
         def zeros(*shape, dtype=torch.float32):
@@ -281,23 +304,15 @@ class MemberReplay:
         """Bytes one stored step of every member's envs takes (the members kept now)."""
         return self.size * self.num_envs * self.row_bytes
 
+    @staticmethod
+    def bytes_per_row(obs_dim: int, action_dim: int, mask_size: int | None, obs_dtype: torch.dtype) -> int:
+        """Bytes one stored row takes (observation, next observation, action, reward, terminated flag, discount,
+        mask)."""
+        item = torch.empty((), dtype=obs_dtype).element_size()
+        return 2 * obs_dim * item + 4 * action_dim + 12 + (mask_size or 0)
+
     def _check_fits(self, capacity_steps: int) -> None:
-        """UserError, with the largest buffer_size that fits, when `capacity_steps` stored steps need more than the
-        share of the device's available memory a replay buffer may take (the share the solo `ReplayBuffer` takes;
-        where a solo buffer on an accelerator would move to host memory, the population's stays on its device): the
-        allocation would fail later, or the process be killed."""
-        free = available_memory_bytes(self.device)
-        needed = capacity_steps * self.step_bytes
-        if free is None or needed <= REPLAY_MEMORY_SHARE * free:
-            return
-        budget = int(REPLAY_MEMORY_SHARE * free)
-        fits = int(budget // self.step_bytes) * self.num_envs
-        advice = (f"the largest buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members "
-                  "at once" if fits >= self.num_envs else "not even one step of every member's envs fits: train "
-                  "fewer members at once, or free memory")
-        raise UserError(f"The replay buffers of {self.size} members ({capacity_steps * self.num_envs:,} transitions "
-                        f"each) need {needed / 2**30:.2f} GiB, more than the {budget / 2**30:.2f} GiB they may take "
-                        f"({REPLAY_MEMORY_SHARE:.0%} of the available memory of {self.device}); {advice}.")
+        check_member_replay_fits(capacity_steps, self.size, self.num_envs, self.row_bytes, self.device)
 
     def grow(self, capacity_steps: int) -> None:
         """Room for `capacity_steps` stored steps (the stored rows are kept; a buffer that has wrapped keeps its
@@ -537,8 +552,7 @@ class OffPolicyPopulation(PopulationBase):
     # --- the loop ----------------------------------------------------------------------------------------------
     def _start(self, total_timesteps: int) -> None:
         cfg = self.config
-        steps_needed = -(-(self.num_timesteps + total_timesteps) // cfg.num_envs) + 1
-        capacity = min(steps_needed, max(cfg.buffer_size // cfg.num_envs, 1))
+        capacity = self._replay_capacity(total_timesteps)
         # schedules (DQN's epsilon) run over this learn call, as `Algorithm.learn` sets them; right after `resume`,
         # over the resumed run's (to this call's end where that is later)
         resumed, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
@@ -562,6 +576,22 @@ class OffPolicyPopulation(PopulationBase):
                                        obs_dtype=self._replay_obs_dtype())
         else:
             self.buffer.grow(capacity)
+
+    def _replay_capacity(self, total_timesteps: int) -> int:
+        """Stored steps the replay needs for `total_timesteps` more env steps per member (at most buffer_size's)."""
+        steps_needed = -(-(self.num_timesteps + total_timesteps) // self.config.num_envs) + 1
+        return min(steps_needed, max(self.config.buffer_size // self.config.num_envs, 1))
+
+    def check_replay_fits(self, total_timesteps: int) -> None:
+        """UserError (`check_member_replay_fits`) where the replay `learn(total_timesteps)` would allocate does not
+        fit in memory: for callers that must know before they start (the CLI, before it makes a run directory).
+        Counts action masks wherever the actions are discrete and `use_masking` is on (at most the rows' action
+        count in bytes: the env says whether it gives masks only when it starts)."""
+        masks = self.action_dim if self.discrete and getattr(self.config, "use_masking", False) else None
+        row_bytes = MemberReplay.bytes_per_row(self.obs_dim, 1 if self.discrete else self.action_dim, masks,
+                                               self._replay_obs_dtype())
+        check_member_replay_fits(self._replay_capacity(total_timesteps), len(self.alive), self.config.num_envs,
+                                 row_bytes, self.device)
 
     def train_iteration(self) -> int:
         """`train_freq` steps of every member's envs into the replay buffer, then `gradient_steps` updates of every
@@ -608,7 +638,11 @@ class OffPolicyPopulation(PopulationBase):
     def _replay_obs_dtype(self) -> torch.dtype:
         """How the replay stores observations: images (members with their own CNN) in the env's dtype, everything
         else as float32 (one-hot indices included)."""
-        return self._obs.dtype if self._member_encoder is not None else torch.float32
+        if self._member_encoder is None:
+            return torch.float32
+        # (the env's observations, as its adapter gives them: the space's dtype)
+        return self._obs.dtype if getattr(self, "_obs", None) is not None else torch.from_numpy(
+            np.zeros(0, dtype=self.spec.observation_space.dtype)).dtype
 
     def _features(self, obs: torch.Tensor, encoder: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): `member_features`,

@@ -96,7 +96,6 @@ class PPOPopulation(PopulationBase):
     algo_cls: type = PPO  # the solo algorithm whose runs the members are
     per_member = PER_MEMBER
     supports_action_masks = True  # (sb3-contrib's MaskablePPO, as the solo PPO: categorical actions)
-    trains_atari = True
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
