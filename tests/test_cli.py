@@ -324,6 +324,25 @@ def test_a_command_that_cannot_train_leaves_the_run_it_would_overwrite(runs, tmp
     assert cli.main(["train", "ppo", "CartPole-v1", "--out", "kept", "--overwrite", "--resume"]) == 2
 
 
+def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(tmp_path, monkeypatch, capsys):
+    """An error once the run directory exists but before anything is trained (here the replay buffer, allocated when
+    training starts, does not fit in a fake 16 KiB of memory): exit 2, its config.yaml removed and the directory it
+    created too; a directory that existed before is kept; then the same command with a buffer that fits trains."""
+    from rlspeed.buffers import replay
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device: 2**14)
+    argv = ["train", "dqn", "CartPole-v1", "--total-timesteps", "200", "--set", "learning_starts=100", "--no-progress"]
+    assert cli.main([*argv, "--out", "new"]) == 2
+    assert "replay buffer" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    assert cli.main([*argv, "--out", "mine"]) == 2
+    assert sorted(path.name for path in (tmp_path / "mine").iterdir()) == ["notes.txt"]
+    assert cli.main([*argv, "--out", "new", "--set", "buffer_size=100"]) == 0  # (not "already holds a run")
+
+
 def test_integer_hyperparameters_take_float_notation(monkeypatch, tmp_path):
     from rlspeed import DQN
 

@@ -346,6 +346,7 @@ def _train_population(args: argparse.Namespace) -> int:
     if isinstance(population, OffPolicyPopulation):
         population.check_replay_fits(total)  # (the replay is allocated when training starts, after the run directory)
     configure_threads(args.threads)
+    created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     checkpoint = run_dir / CHECKPOINT_NAME
     resumed_from = None
@@ -394,7 +395,7 @@ def _train_population(args: argparse.Namespace) -> int:
         return []
 
     try:
-        with _stop_after_iteration() as signals:
+        with _stop_after_iteration() as signals, _left_clean_if_not_started(run_dir, created, not args.resume):
             summary = population.learn(total - (resumed_from or 0), on_eval=progress,
                                        stop_requested=lambda: bool(signals), **learn_kwargs)
     except KeyboardInterrupt as stop:
@@ -622,6 +623,24 @@ def _finished_summary(path: Path) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
+    """On an error escaping the block (a replay buffer that does not fit, an env that fails at its first step, ...),
+    where the run produced nothing (its directory holds config.yaml and no other run file): the config.yaml of a
+    `fresh` run (not --resume) is removed, and the directory with it where this command `created` it and nothing
+    else is in it, so that a rerun is not refused as "already holds a run". (Ctrl-C and SIGTERM are not errors: the
+    run's interruption handling writes its summary.)"""
+    try:
+        yield
+    except Exception:
+        if fresh and [name for name in RUN_FILES if (run_dir / name).exists()] == ["config.yaml"]:
+            with contextlib.suppress(OSError):
+                (run_dir / "config.yaml").unlink()
+                if created and not any(run_dir.iterdir()):
+                    run_dir.rmdir()
+        raise
+
+
 def _write_text(path: Path, text: str) -> None:
     try:
         path.write_text(text)
@@ -735,6 +754,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     # the model first: a command that cannot train (an env the algorithm cannot act in, ...) must fail before
     # --overwrite deletes the run it would replace, and must leave no empty run directory behind
     model = _model(args, algo_cls, hyper, strategy)
+    created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     say = print if main else (lambda *a, **k: None)
     _note_batch_size(model.config, say)
@@ -768,10 +788,12 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "hyperparameters": _plain(model.config)}
     if main:
         _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-    callbacks, tracker = _run_callbacks(args, config, run_dir) if main else ([], None)
+    tracker = None
     try:
-        return _learn_and_save(args, algo_cls, strategy, model, run_dir, target, eval_freq, total, checkpoint,
-                               checkpoint_freq, restarts, resumed_from, callbacks, tracker)
+        with _left_clean_if_not_started(run_dir, created, fresh=main and not args.resume and restarts == 0):
+            callbacks, tracker = _run_callbacks(args, config, run_dir) if main else ([], None)
+            return _learn_and_save(args, algo_cls, strategy, model, run_dir, target, eval_freq, total, checkpoint,
+                                   checkpoint_freq, restarts, resumed_from, callbacks, tracker)
     finally:
         if tracker is not None:
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
