@@ -23,6 +23,9 @@ needs_minigrid = pytest.mark.skipif(importlib.util.find_spec("minigrid") is None
 #: Atari games: ale-py (its wheel ships the ROMs) and OpenCV for the preprocessing; CI installs both (`atari` extra)
 needs_atari = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None or importlib.util.find_spec("cv2") is None,
                                  reason='needs ale-py and OpenCV: pip install -e ".[atari]"')
+#: EnvPool (its Atari games need no ale-py); CI installs it (`envpool` extra)
+needs_envpool = pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
+                                   reason='needs EnvPool: pip install -e ".[envpool]"')
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -11,6 +11,7 @@ from conftest import (
     binary_vector_env_id,
     masked_vector_env_id,
     needs_atari,
+    needs_envpool,
     needs_minatar,
     needs_minigrid,
     random_population_batch,
@@ -52,6 +53,7 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     ("CartPole-v1", "torch", {}),
     ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),
     ("CartPole-v1", "gymnasium", {}),
+    pytest.param("CartPole-v1", "envpool", {}, marks=needs_envpool),  # (one EnvPool pool per member)
     ("CartPole-v1", "torch", {"fused_update": False}),
     ("Pendulum-v1", "torch", {**NORMALIZE, "gamma": [0.99, 0.9]}),
     ("Pendulum-v1", "gymnasium", NORMALIZE),
@@ -69,6 +71,8 @@ NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
     # (an Atari game: the solo's preprocessing, lost lives ending the learner's episodes, clipped rewards; evaluation
     # on whole games with FIRE pressed at every start and lost life; each member's own Nature CNN)
     pytest.param("BreakoutNoFrameskip-v4", "gymnasium", {}, marks=needs_atari),
+    # (one EnvPool pool per member, seeded as the solo run's)
+    pytest.param("BreakoutNoFrameskip-v4", "envpool", {}, marks=[needs_atari, needs_envpool]),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
@@ -253,11 +257,12 @@ def test_other_algorithms_and_envs_are_refused():
     with pytest.raises(UserError, match="no native env"):
         Population(PPO, "LunarLander-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="env_backend"):
-        Population(PPO, "CartPole-v1", seeds=[0], env_backend="envpool")
+        Population(PPO, "CartPole-v1", seeds=[0], env_backend="gymnasium-async")
 
 
 @needs_atari
-def test_atari_members_step_their_solo_runs_training_envs():
+@pytest.mark.parametrize("backend", ["gymnasium", pytest.param("envpool", marks=needs_envpool)])
+def test_atari_members_step_their_solo_runs_training_envs(backend):
     """An Atari population's training env is its members' solo training envs, block by block: the same frames, a
     lost life ending the learner's episode while the game goes on, clipped rewards; also after a member leaves just
     before the kept member loses a life (the kept games' lives are carried over)."""
@@ -266,7 +271,7 @@ def test_atari_members_step_their_solo_runs_training_envs():
     env_id, seeds, envs, steps = "BreakoutNoFrameskip-v4", [3, 7], 2, 600
 
     def solo_envs():
-        return [make_env(env_id, num_envs=envs, seed=seed, backend="gymnasium", device="cpu") for seed in seeds]
+        return [make_env(env_id, num_envs=envs, seed=seed, backend=backend, device="cpu") for seed in seeds]
 
     def actions(generator):  # (the same draws whoever is left)
         return torch.randint(0, 4, (len(seeds) * envs,), generator=generator)
@@ -281,8 +286,9 @@ def test_atari_members_step_their_solo_runs_training_envs():
         if bool((terminated & ~info["done"]).any()):
             losses.append(step)
     cut = next(step for step in losses if step >= 100)
-    population = Population(PPO, env_id, seeds=seeds, num_envs=envs, num_steps=16, batch_size=32, n_epochs=1)
-    assert population.env_backend == "gymnasium"
+    population = Population(PPO, env_id, seeds=seeds, num_envs=envs, num_steps=16, batch_size=32, n_epochs=1,
+                            env_backend=backend)
+    assert population.env_backend == backend
     env = population._make_env(envs, seeds)
     obs, _ = population._reset(env, envs, seeds)
     solos, generator = solo_envs(), torch.Generator().manual_seed(0)

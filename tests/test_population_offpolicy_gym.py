@@ -98,7 +98,7 @@ def test_env_backend_is_checked():
     with pytest.raises(UserError, match="no native env"):
         Population(SAC, "LunarLanderContinuous-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="env_backend"):
-        Population(DQN, "CartPole-v1", seeds=[0], env_backend="envpool")
+        Population(DQN, "CartPole-v1", seeds=[0], env_backend="gymnasium-async")
     assert Population(SAC, "Pendulum-v1", seeds=[0], **SMALL).env_backend == "torch"  # (native where there is one)
 
 

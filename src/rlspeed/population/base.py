@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rlspeed._version import __version__
@@ -99,19 +100,72 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
 
 
 def population_env_backend(env_id: str, env_backend: str) -> str:
-    """The backend a population's envs run on: `env_backend` checked, `"auto"` resolved to the native env
-    (`"torch"`) where the id has one, else `"gymnasium"` (a population steps K x N rows at once, so the native env is
-    the faster choice even where a solo run with few envs on a CPU takes Gymnasium's)."""
+    """The backend a population's envs run on: `env_backend` checked, `"auto"` resolved as a solo run resolves it
+    with many envs (`rlspeed.envs.resolve_backend`): the native env (`"torch"`) where the id has one, else EnvPool's
+    for Atari ids where it is installed, else `"gymnasium"` (a population steps K x N rows at once, so the native env
+    is the faster choice even where a solo run with few envs on a CPU takes Gymnasium's). `"envpool"`: one EnvPool
+    pool per member (`MemberEnvs`), for the ids EnvPool has."""
+    from rlspeed.envs import resolve_backend
     from rlspeed.envs.registry import NATIVE_ENVS
 
     if env_backend == "auto":
-        return "torch" if env_id in NATIVE_ENVS else "gymnasium"
-    if env_backend not in ("torch", "gymnasium"):
-        raise UserError(f"Populations run on env_backend 'torch' (native envs) or 'gymnasium', not '{env_backend}'.")
+        return resolve_backend(env_id, "auto")
+    if env_backend not in ("torch", "gymnasium", "envpool"):
+        raise UserError(f"Populations run on env_backend 'torch' (native envs), 'gymnasium' or 'envpool', not "
+                        f"'{env_backend}'.")
     if env_backend == "torch" and env_id not in NATIVE_ENVS:
         raise UserError(f"'{env_id}' has no native env (those are {', '.join(NATIVE_ENVS)}): use "
                         "env_backend='gymnasium'.")
-    return env_backend
+    return resolve_backend(env_id, env_backend)  # (envpool: installed, and the id is one of EnvPool's)
+
+
+class MemberEnvs(BatchedEnv):
+    """The members' envs as one batched env: one env per member (an EnvPool pool, which takes one seed when it is
+    made), member k's rows block k, each block the env its solo run makes with its seed. `keep(blocks)` gives the
+    same envs (mid-episode) of some blocks, closing the others."""
+
+    def __init__(self, envs: Sequence[BatchedEnv]):
+        self.envs = list(envs)
+        first = self.envs[0]
+        self.spec, self.device, self.backend = first.spec, first.device, first.backend
+        self.atari = getattr(first, "atari", False)  # (as EnvPoolEnv says it: `atari.stacked_frames` reads it)
+        self._sizes = [env.num_envs for env in self.envs]
+        self.num_envs = sum(self._sizes)
+
+    def _joined(self, infos: list[dict]) -> dict:
+        """The envs' infos as one: tensors concatenated by rows, `final_rows` (host indices) offset by block."""
+        joined: dict = {}
+        offsets = np.cumsum([0, *self._sizes[:-1]])
+        for key in infos[0]:
+            values = [info[key] for info in infos]
+            if key == "final_rows":
+                joined[key] = np.concatenate([rows + offset for rows, offset in zip(values, offsets)])
+            else:
+                joined[key] = torch.cat(values)
+        return joined
+
+    def reset(self, seed: int | None = None):
+        """Reset every member's env (each was seeded when it was made)."""
+        if seed is not None:
+            raise ValueError("MemberEnvs' envs are seeded one per member when they are made")
+        parts = [env.reset() for env in self.envs]
+        return torch.cat([obs for obs, _ in parts]), self._joined([info for _, info in parts])
+
+    def step(self, actions: torch.Tensor):
+        """Step each member's env with its block of `actions`."""
+        parts = [env.step(block) for env, block in zip(self.envs, actions.split(self._sizes))]
+        return (*(torch.cat([part[i] for part in parts]) for i in range(4)), self._joined([p[4] for p in parts]))
+
+    def keep(self, blocks: Sequence[int]) -> MemberEnvs:
+        """The envs of `blocks` (positions), as they are; the others closed."""
+        for i, env in enumerate(self.envs):
+            if i not in blocks:
+                env.close()
+        return MemberEnvs([self.envs[i] for i in blocks])
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
 
 
 def generator_like_global(device: torch.device) -> torch.Generator:
@@ -568,15 +622,30 @@ class PopulationBase:
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
 
-        if self.env_backend == "gymnasium":
+        backend = self.env_backend if members is None else self._evaluation_backend(rows_per_member)
+        if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
             env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device))
+        elif backend == "envpool":
+            from rlspeed.envs.envpool_env import EnvPoolEnv
+
+            env = EpisodeStatistics(MemberEnvs([EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device,
+                                                           seed=seed) for seed in seeds]))
         else:
             native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)
             env = EpisodeStatistics(native)
         return self._normalized_env(self._packed_env(self._atari_env(env, members is not None)), rows_per_member,
                                     members)
+
+    def _evaluation_backend(self, episodes: int) -> str:
+        """The backend a member's evaluation of `episodes` episodes runs on: its solo model's (`Algorithm.evaluate`:
+        the training backend where it is the native or Gymnasium one, else `auto`'s choice for that many envs)."""
+        from rlspeed.envs import resolve_backend
+
+        if self.env_backend in ("torch", "gymnasium"):
+            return self.env_backend
+        return resolve_backend(self.env_id, "auto", episodes, self.device)
 
     def _atari_env(self, env, evaluation: bool):
         """An Atari game's env (under its episode statistics) as a solo run has it (`rlspeed.envs.make_env`,
@@ -609,10 +678,10 @@ class PopulationBase:
         return env
 
     def _reset(self, env, rows_per_member: int, seeds: Sequence[int]) -> tuple[torch.Tensor, dict]:
-        """(first observations, info) of a `_make_env` env: a native env's streams are already seeded per block;
-        Gymnasium envs are reset with seed `seeds[k] + i` for member k's env i (as `make_env(seed=seeds[k])` seeds a
-        solo's)."""
-        if self.env_backend == "gymnasium":
+        """(first observations, info) of a `_make_env` env: a native env's streams and the EnvPool pools are already
+        seeded per block; Gymnasium envs are reset with seed `seeds[k] + i` for member k's env i (as
+        `make_env(seed=seeds[k])` seeds a solo's)."""
+        if env.backend == "gymnasium":
             return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])
         return env.reset()
 
@@ -658,8 +727,8 @@ class PopulationBase:
         envs = self.config.num_envs
         index = (torch.tensor(rows, device=self.device, dtype=torch.long).unsqueeze(1) * envs
                  + torch.arange(envs, device=self.device)).flatten()
-        if self.env_backend == "gymnasium":
-            return self._gymnasium_rows(index.tolist()), self._obs[index]
+        if self.env_backend in ("gymnasium", "envpool"):
+            return self._kept_rows(index.tolist(), rows), self._obs[index]
         state = self._env.state_dict()  # (per env row, normalisation's running returns included)
         position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)
         state = {key: value[index] for key, value in state.items()}
@@ -668,9 +737,11 @@ class PopulationBase:
         env.load_state_dict(state)
         return env, self._obs[index]
 
-    def _gymnasium_rows(self, index: list[int]):
-        """The Gymnasium training env cut down to the env rows `index`: the same env objects (mid-episode, their
-        random generators where they are) in a new synchronous vector env; the others are closed."""
+    def _kept_rows(self, index: list[int], blocks: list[int]):
+        """The Gymnasium or EnvPool training env cut down to the env rows `index` (the row blocks `blocks`): the
+        same env objects (mid-episode, their random generators where they are), Gymnasium's in a new synchronous
+        vector env, EnvPool's pools of the blocks kept (`MemberEnvs.keep`); the others are closed. The wrappers'
+        per-row state (episode totals, Atari lives, normalisation's running returns) follows the rows."""
         import gymnasium as gym
 
         from rlspeed.envs.base import EpisodeStatistics
@@ -682,20 +753,23 @@ class PopulationBase:
             if isinstance(old, atari.AtariTraining):
                 lives = old._lives  # (each game's lives at its last step: a drop from them is a lost life)
             old = old.env
-        envs = list(old.env.vector_env.envs)
-        kept = set(index)
-        for i, env in enumerate(envs):
-            if i not in kept:
-                env.close()
-        if self._atari:
-            inner = atari.AtariGymnasiumEnv(self.env_id, device=self.device, envs=[envs[i] for i in index])
+        if isinstance(old.env, MemberEnvs):
+            inner = old.env.keep(blocks)
         else:
-            vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
-                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
-            inner = GymnasiumEnv(self.env_id, vector_env=vector, device=self.device)
+            envs = list(old.env.vector_env.envs)
+            kept = set(index)
+            for i, env in enumerate(envs):
+                if i not in kept:
+                    env.close()
+            if self._atari:
+                inner = atari.AtariGymnasiumEnv(self.env_id, device=self.device, envs=[envs[i] for i in index])
+            else:
+                vector = gym.vector.SyncVectorEnv([lambda env=envs[i]: env for i in index],
+                                                  autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, copy=False)
+                inner = GymnasiumEnv(self.env_id, vector_env=vector, device=self.device)
+            # (a fresh adapter learns that the env gives masks at a reset, and this one continues without one)
+            inner.has_action_masks = old.env.has_action_masks
         new = EpisodeStatistics(inner)
-        # (a fresh adapter learns that the env gives masks at a reset, and this one continues without one)
-        new.env.has_action_masks = old.env.has_action_masks
         rows = torch.tensor(index, device=self.device, dtype=torch.long)
         new._return, new._length = old._return[rows], old._length[rows]  # (the running episode totals)
         training = self._atari_env(new, evaluation=False)

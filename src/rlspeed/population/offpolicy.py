@@ -9,7 +9,9 @@ rows, and one update call takes a gradient step for every member. Member `k` is 
 * its initial weights are the solo model's (K solo models are built and their parameters stacked);
 * its env rows are the solo run's envs: on a native env (`env_backend="torch"`, the default where the id has one)
   they draw the solo run's env streams (`NativeEnv.seed_row_blocks`); on Gymnasium's (`env_backend="gymnasium"`, the
-  default for ids without a native env) member k's env i is reset with seed `seeds[k] + i`, as a solo run's is;
+  default for ids without a native env) member k's env i is reset with seed `seeds[k] + i`, as a solo run's is; on
+  EnvPool's (`env_backend="envpool"`, the default for Atari games where it is installed) member k has its own pool
+  made with seed `seeds[k]`, as a solo run's (`MemberEnvs`);
 * every random draw of the solo run (uniform actions before `learning_starts`, exploration noise or epsilon-greedy's
   draws, replay indices, the policy's and the target smoothing's noise in the update) comes from member k's own
   `torch.Generator`, started from the state the solo run's global generator has when its training starts, in the

@@ -23,7 +23,8 @@ member indices, which every result uses.
 Envs: the native envs (`rlspeed.envs.registry.NATIVE_ENVS`), whose row block k draws the streams of an env seeded
 `seeds[k]`, or any registered Gymnasium env (`env_backend="gymnasium"`; the default for ids without a native env):
 one synchronous vector env of K x N envs, member k's env i reset with seed `seeds[k] + i`, as a solo run's
-Gymnasium envs are.
+Gymnasium envs are, or EnvPool's (`env_backend="envpool"`; the default for Atari games where it is installed): one
+pool per member made with seed `seeds[k]` (`rlspeed.population.base.MemberEnvs`), as a solo run's.
 
 Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy on float-vector observations,
 one-hot encoded Discrete / MultiDiscrete ones (FrozenLake, Taxi), flattened bool or integer vectors, images through
