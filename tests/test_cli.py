@@ -520,3 +520,76 @@ def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypat
     code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--no-progress", "--out", "run"])
     assert code == 2 and "RLSPEED_CHECKPOINT_KEY" in capsys.readouterr().err
     assert not (tmp_path / "run" / "metrics.csv").exists()  # nothing trained
+
+
+# --- what a new user met (each failed before its fix) ----------------------------------------------------------
+def _rlspeed(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`rlspeed ARGV` in a fresh process (the console's own handling of signals and warnings)."""
+    return subprocess.run([sys.executable, "-m", "rlspeed", *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
+
+
+def test_subprocess_envs_close_without_a_traceback(tmp_path):
+    """The env workers stop on their vector env's SIGTERM as they should, not through the CLI's SIGTERM handler."""
+    done = _rlspeed("train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--env-backend", "gymnasium-async",
+                    "--num-envs", "2", "--no-progress", "--out", "run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Terminated" not in done.stderr
+
+
+def test_warnings_are_one_rlspeed_line_and_a_diverged_run_says_how_to_rerun(tmp_path):
+    done = _rlspeed("train", "dqn", "CartPole-v1", "--total-timesteps", "6000", "--set", "learning_rate=1e30",
+                    "--no-progress", "--out", "run", cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert any(line.startswith("rlspeed: warning: non-finite parameters") for line in lines), done.stderr
+    assert "RuntimeWarning" not in done.stderr and "model.learn(" not in done.stderr  # (no source line)
+    assert "give --overwrite to train there again" in lines[-1]
+
+
+def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(tmp_path, monkeypatch, capsys):
+    from rlspeed.checkpoint import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "400", "--no-progress",
+            "--set", "num_steps=16", "--out", "run"]
+    assert cli.main([*argv, "--total-timesteps", "1000"]) == 0
+    steps = json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"]
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")[1]["num_timesteps"] == steps  # (the end)
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    capsys.readouterr()
+    assert cli.main([*argv, "--total-timesteps", "500", "--resume"]) == 0  # (nothing left to train)
+    assert (tmp_path / "run" / "config.yaml").read_text() == config  # (the run's budget stays recorded)
+    assert cli.main([*argv, "--total-timesteps", "1200", "--resume", "--seed", "5"]) == 0
+    out = capsys.readouterr()
+    assert f"resumed from run/checkpoint.safetensors at {steps:,} steps" in out.out
+    assert "other settings than the run started with: seed 0 -> 5" in out.err
+
+
+def test_a_population_checkpoint_resumed_without_seeds_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--no-progress", "--out", "run"]
+    assert cli.main([*argv, "--seeds", "0-1", "--target-return", "none"]) == 0
+    assert cli.main([*argv, "--resume"]) == 2
+    assert "checkpoint of a population (ppo on CartPole-v1, seeds 0,1)" in capsys.readouterr().err
+
+
+def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_missing_directory(tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]
+    assert cli.main(argv) == 0
+    assert cli.main(["export", "run", "--format", "torchscript"]) == 0
+    assert (tmp_path / "run" / "model.pt").exists() and (tmp_path / "run" / "model.pt.json").exists()
+    assert cli.main([*argv, "--overwrite"]) == 0
+    assert not (tmp_path / "run" / "model.pt").exists() and not (tmp_path / "run" / "model.pt.json").exists()
+    assert cli.main(["export", "run", "--format", "torchscript", "--out", "missing/model.pt"]) == 2
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("flag", [["--max-restarts", "2"], ["--wandb-project", "p"], ["--wandb-entity", "e"]])
+def test_flags_that_need_another_flag_are_refused_not_ignored(tmp_path, monkeypatch, capsys, flag):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", *flag]) == 2
+    assert f"{flag[0]} applies only with" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import yaml
@@ -32,7 +33,9 @@ MAX_SEED = 2**32 - 1
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
              "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb",
-             "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
+             "members",  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
+             # `rlspeed export RUN`'s files beside the model (`rlspeed.export.FORMATS`), each with its metadata
+             *(f"model{suffix}{json}" for suffix in (".onnx", ".pt", ".pt2") for json in ("", ".json")))
 
 
 class Terminated(KeyboardInterrupt):
@@ -211,6 +214,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     and summary.json (`"interrupted": true`) and returns 130 or 143.
     """
     _import_env_modules(args, "env_id")
+    # (flags that only act with another one: refused rather than ignored)
+    for flag, given, needs in (("--max-restarts", bool(args.max_restarts) and args.nproc is None and args.seeds is None,
+                                "--nproc N (torchrun restarts the group)"),
+                               ("--wandb-project", args.wandb_project is not None and not args.track, "--track"),
+                               ("--wandb-entity", args.wandb_entity is not None and not args.track, "--track")):
+        if given:
+            raise UserError(f"{flag} applies only with {needs}: add it, or drop {flag}.")
     if args.seeds is not None:
         return _train_population(args)
     if args.nproc is not None:
@@ -632,12 +642,17 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
     run's interruption handling writes its summary.)"""
     try:
         yield
-    except Exception:
-        if fresh and [name for name in RUN_FILES if (run_dir / name).exists()] == ["config.yaml"]:
+    except Exception as error:
+        held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        if fresh and held == ["config.yaml"]:
             with contextlib.suppress(OSError):
                 (run_dir / "config.yaml").unlink()
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()
+        elif fresh and isinstance(error, UserError) and "checkpoint.safetensors" not in held:
+            # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
+            raise UserError(f"{str(error).rstrip('.')}. '{run_dir}' keeps what the run wrote ({', '.join(held)}): "
+                            "give --overwrite to train there again.") from None
         raise
 
 
@@ -648,11 +663,21 @@ def _write_text(path: Path, text: str) -> None:
         raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
 
 
+def _default_in_children(owner: int, signum: int) -> None:
+    """In a process forked from `owner` within a block that set a signal handler (a subprocess env's worker, which
+    its vector env stops with SIGTERM when it closes): the signal's default action, not the parent's handling."""
+    if os.getpid() != owner:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
 @contextlib.contextmanager
 def _sigterm_raises():
     """Within the block SIGTERM raises `Terminated` (a KeyboardInterrupt), as Ctrl-C raises KeyboardInterrupt."""
+    owner = os.getpid()
 
     def handler(signum, frame):
+        _default_in_children(owner, signum)
         raise Terminated()
 
     try:
@@ -672,8 +697,10 @@ def _stop_after_iteration():
     learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint there); a second
     signal stops at once (KeyboardInterrupt or `Terminated`)."""
     received: list[int] = []
+    owner = os.getpid()
 
     def handler(signum, frame):
+        _default_in_children(owner, signum)
         if received:
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
         received.append(signum)
@@ -786,7 +813,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
               "preset": args.preset_info, "nan_policy": args.nan_policy,
               "hyperparameters": _plain(model.config)}
-    if main:
+    if main and resumed_from is not None:
+        _say_changed_settings(run_dir / "config.yaml", config)
+    if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
         _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     tracker = None
     try:
@@ -797,6 +826,21 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     finally:
         if tracker is not None:
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
+
+
+def _say_changed_settings(path: Path, config: dict) -> None:
+    """Before a resumed run rewrites its config.yaml: one line naming the seed and hyperparameters that differ from
+    the ones the run was started with (they apply from the resume on; the checkpoint's weights and state stay)."""
+    try:
+        before = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return
+    changes = [f"seed {before.get('seed')} -> {config['seed']}"] if before.get("seed") != config["seed"] else []
+    old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
+    changes += [f"{key} {old[key]} -> {new[key]}" for key in new if key in old and old[key] != new[key]]
+    if changes:
+        print(f"rlspeed: --resume with other settings than the run started with: {', '.join(changes)} (they apply "
+              "from here on; config.yaml now records them)", file=sys.stderr, flush=True)
 
 
 def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
@@ -1048,6 +1092,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.export import export_checkpoint
 
+    if args.out is not None and not Path(args.out).resolve().parent.is_dir():
+        raise UserError(f"--out '{args.out}': the directory '{Path(args.out).parent}' does not exist; create it first "
+                        "(or give a file in an existing directory).")
     path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
                              action_mask=True if args.action_mask else None)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")
@@ -1206,11 +1253,30 @@ def main(argv: list[str] | None = None) -> int:
     """Run the `rlspeed` command on `argv` (default: `sys.argv[1:]`) and return the exit code.
 
     A `UserError` (a bad argument included) prints one line and returns 2 (with `--debug` it is raised with its
-    traceback); an env that raises prints one line and returns 1; Ctrl-C returns 130.
+    traceback); an env that raises prints one line and returns 1; Ctrl-C returns 130. Warnings print as one
+    `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    with warnings.catch_warnings():
+        if warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
+            warnings.showwarning = _show_warning  # (where no one else shows them: pytest records its own)
+        return _main(argv)
+
+
+#: Python's own `warnings.showwarning` (the CLI shows warnings as its own lines only where it is still in place)
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as the CLI's other lines: `rlspeed: warning: ...`, without the source line (`--debug` keeps
+    Python's form)."""
+    text = _one_line(str(message)).removeprefix("rlspeed: ")
+    print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
+
+
+def _main(argv: list[str]) -> int:
     from rlspeed.envs import EnvStepError
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = build_parser().parse_args(argv)
     except UserError as error:

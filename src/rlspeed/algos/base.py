@@ -644,7 +644,9 @@ class Algorithm:
                     pending, iterations = {}, 0
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
                     clock_start = time.perf_counter()
-                if checkpoint_due:
+                # and at the run's end (its budget, or its target reached): --resume with a larger budget goes on
+                # from there, not from the last periodic checkpoint
+                if checkpoint_due or (next_checkpoint is not None and run_dir is not None and (finished or stop)):
                     next_checkpoint = self.num_timesteps + checkpoint_freq
                     self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
                                       train_wall_s=clock_offset + train_clock)
@@ -929,6 +931,12 @@ class Algorithm:
         `restarts` counts the resumes of the run. `verify` and `allow_nonfinite`: as for `load`.
         """
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=allow_nonfinite)
+        population = meta.get("population")
+        if isinstance(population, dict):  # (a population's checkpoint: `PopulationBase.save`)
+            seeds = ",".join(str(seed) for seed in population.get("seeds", []))
+            raise UserError(f"'{path}' is the checkpoint of a population ({population.get('algo')} on "
+                            f"{population.get('env_id')}, seeds {seeds}), not of one model: resume it as a population "
+                            f"(rlspeed train ... --seeds {seeds} --resume).")
         if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
