@@ -286,7 +286,7 @@ def publish(args) -> None:
         lines += ["", "### Where rlspeed's time goes", "", Path(args.profile).read_text().strip()]
     lines += [
         "",
-        "### (b) Learning at a fixed budget (one seed per library)",
+        "### (b) Learning at fixed budgets (the seeds in the table; one run each)",
         "",
         "Final evaluation: deterministic policy, 10 full games with raw scores (no episodic life, no reward "
         "clipping) on envs separate from training, mean +/- std. Two ways of pressing FIRE (Breakout serves the "
