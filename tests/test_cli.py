@@ -593,3 +593,15 @@ def test_flags_that_need_another_flag_are_refused_not_ignored(tmp_path, monkeypa
     assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", *flag]) == 2
     assert f"{flag[0]} applies only with" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_eval_without_a_seed_prints_the_one_it_drew_which_repeats_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", "run", "--episodes", "3", "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert cli.main(["eval", "run", "--episodes", "3", "--json", "--seed", str(first["seed"])]) == 0
+    assert json.loads(capsys.readouterr().out)["returns"] == first["returns"]
+    assert cli.main(["eval", "run", "--video", "missing/v.gif"]) == 2  # (before evaluating)
+    assert cli.main(["doctor", "--device", "foo"]) == 2

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shutil
 import signal
 import statistics
@@ -1066,17 +1067,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
         from rlspeed.video import check_video_support
 
+        if not Path(args.video).resolve().parent.is_dir():
+            raise UserError(f"--video '{args.video}': the directory '{Path(args.video).parent}' does not exist; "
+                            "create it first.")
         check_video_support(env_id, args.video)
+    seed_note = ""
+    if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation)
+        args.seed = secrets.randbelow(2**31)
+        seed_note = f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
+    else:
+        seed_note = f", seed {args.seed}"
     if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
         result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id)
     else:
         from rlspeed.evaluation import evaluate
 
         result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
-    print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes: "
+    print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes{seed_note}: "
           f"{result['mean']:.1f} +/- {result['std']:.1f}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(strict_json(result))
+        print(strict_json({**result, "seed": args.seed}))
     if args.video is not None:
         from rlspeed.video import record_video
 
@@ -1105,6 +1115,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """`rlspeed doctor`: check the device stack and print what runs here; returns 1 if a check failed, else 0."""
     from rlspeed.diagnostics.doctor import run_doctor
 
+    import torch
+
+    if args.device not in (None, "auto"):  # (a device that is not there is the doctor's to report; a typo is not)
+        try:
+            torch.device(args.device)
+        except (RuntimeError, ValueError):
+            raise UserError(f"--device '{args.device}' is not a device name (auto, cpu, cuda, cuda:1, xpu, mps, "
+                            "npu, ...).") from None
     return run_doctor(device=args.device)
 
 
