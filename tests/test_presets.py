@@ -344,6 +344,7 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  num_envz: 4\n", "num_envz"),  # rlspeed's format: unknown key named
     ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  n_stepz: 4\n", "n_stepz"),  # RL-Zoo's format
     ("CartPole-v1:\n  gamma: 2.0\n", "gamma"),
+    ("CartPole-v1:\n  total_timesteps: abc\n", "total_timesteps"),  # (a run setting)
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
     ("- 1\n- 2\n", "must map env ids"),

@@ -141,6 +141,8 @@ def test_objective_orders_reached_before_unreached():
 @pytest.mark.parametrize("extra, space, names", [
     ([], {"net_arch": {"choices": [[64], [64, 64]]}}, "net_arch"),
     ([], {"batch_size": {"choices": [64, 128]}}, "batch_size"),
+    ([], {"lernrate": {"low": 1e-4, "high": 1e-3}},
+     "unknown hyperparameter 'lernrate' for PPOConfig. Did you mean learning_rate"),
     ([], {"learning_rate": {"low": 1e-2, "high": 1e-4}}, "low"),
     ([], {"learning_rate": {"low": 0, "high": 1e-3, "log": True}}, "low > 0"),
     ([], {"learning_rate": {"min": 1e-4, "max": 1e-3}}, "unknown field"),
@@ -202,3 +204,10 @@ def test_a_resumed_study_prunes_against_the_same_reports(tmp_path, monkeypatch):
     tune(PPO, "CartPole-v1", **kwargs)  # the study is done: it only reopens it
     assert len(pruners) == 2 and pruners[0].reports
     assert pruners[1].reports == pruners[0].reports
+
+
+def test_tune_does_not_replace_a_file_it_did_not_write(tmp_path, capsys):
+    notes = tmp_path / "notes.yaml"
+    notes.write_text("my notes\n")
+    assert "is not a preset rlspeed tune wrote" in cli_error(capsys, _command(tmp_path, "--out", str(notes)))
+    assert notes.read_text() == "my notes\n"

@@ -495,6 +495,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = args.out or f"tuned-{algo_cls.name}-{env_name}.yaml"
     if Path(out).is_dir():
         raise UserError(f"--out {out} is a directory; give the preset file to write.")
+    if Path(out).is_file() and not _tune_preset(Path(out)):  # (a preset tune wrote is its own to rewrite)
+        raise UserError(f"--out {out} exists and is not a preset rlspeed tune wrote; give another --out, or move it "
+                        "away first.")
     device = resolve_device(args.device)
     configure_threads(args.threads)
     if getattr(args, "preset_message", None):
@@ -1096,6 +1099,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_preset(path: Path) -> bool:
+    """Whether the file at `path` is a preset `rlspeed tune` wrote (its first line says so)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as stream:
+            return stream.readline().startswith("# Tuned by rlspeed tune")
+    except OSError:
+        return False
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """`rlspeed export`: write a saved model's deterministic policy (ONNX, TorchScript or a torch.export program)
     with its FILE.json sidecar; returns 0."""
@@ -1113,9 +1125,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """`rlspeed doctor`: check the device stack and print what runs here; returns 1 if a check failed, else 0."""
-    from rlspeed.diagnostics.doctor import run_doctor
-
     import torch
+
+    from rlspeed.diagnostics.doctor import run_doctor
 
     if args.device not in (None, "auto"):  # (a device that is not there is the doctor's to report; a typo is not)
         try:

@@ -25,7 +25,9 @@ do not count toward `trials`, so they are redone. One process at a time may run 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import difflib
 import math
 import sys
 import time
@@ -126,7 +128,12 @@ def load_search_space(path: str | Path | None, algo_cls: type, hyperparameters: 
             raise UserError(f"{path} must map hyperparameter names to ranges ({{low, high}}, {{choices}}) or values.")
         space = {str(key): value for key, value in space.items()}
         where = str(path)
+        known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
         for key in space:
+            if key not in known:  # (a typo: said as --set says it)
+                close = difflib.get_close_matches(key, sorted(member_keys), n=3)
+                hint = f"Did you mean {', '.join(close)}?" if close else f"Searchable: {', '.join(member_keys)}."
+                raise UserError(f"{where}: unknown hyperparameter '{key}' for {algo_cls.config_cls.__name__}. {hint}")
             if key not in member_keys:
                 raise UserError(f"{where}: '{key}' cannot differ across the members of a population, so it cannot be "
                                 f"searched; fix it with --set {key}=VALUE (searchable: {', '.join(member_keys)}).")

@@ -127,7 +127,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     flat entry; an entry in RL-Zoo's format is translated. UserError for a missing or unreadable file, no entry for
     the env, unknown keys or bad values (naming the file and the key)."""
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.algos.base import build_config
+    from rlspeed.algos.base import build_config, coerce
 
     path = Path(path)
     if not path.is_file():
@@ -161,8 +161,11 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         return _from_translation(translation, "file")
     if algo not in ALGORITHMS:
         raise UserError(f"Unknown algorithm '{algo}': use one of {', '.join(ALGORITHMS)}.")
-    _run, hyper = split_run_settings(entry)
+    run, hyper = split_run_settings(entry)
     try:
+        for key in ("total_timesteps", "eval_freq"):  # (the run settings' numbers: attributed to the file too)
+            if key in run:
+                coerce(key, run[key], int)
         build_config(ALGORITHMS[algo].config_cls, hyper)
     except UserError as error:
         raise UserError(f"{where}: {error}") from None
