@@ -326,12 +326,23 @@ def test_a_command_that_cannot_train_leaves_the_run_it_would_overwrite(runs, tmp
 
 def test_a_run_that_fails_before_training_leaves_nothing_a_rerun_must_overwrite(tmp_path, monkeypatch, capsys):
     """An error once the run directory exists but before anything is trained (here the replay buffer, allocated when
-    training starts, does not fit in a fake 16 KiB of memory): exit 2, its config.yaml removed and the directory it
-    created too; a directory that existed before is kept; then the same command with a buffer that fits trains."""
+    training starts, does not fit in a fake 16 KiB of memory): exit 2, its config.yaml (and TensorBoard's directory,
+    which the logger makes before the first step where tensorboard is installed: made here as it would be) removed
+    and the directory it created too; a directory that existed before is kept; then the same command with a buffer
+    that fits trains."""
+    from rlspeed import logging as run_logging
     from rlspeed.buffers import replay
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(replay, "available_memory_bytes", lambda device: 2**14)
+    made = run_logging.RunLogger.__init__
+
+    def with_tensorboard(self, run_dir, *args, **kwargs):
+        (Path(run_dir) / "tensorboard").mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "tensorboard" / "events.out.tfevents.0").write_bytes(b"header")
+        made(self, run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(run_logging.RunLogger, "__init__", with_tensorboard)
     argv = ["train", "dqn", "CartPole-v1", "--total-timesteps", "200", "--set", "learning_starts=100", "--no-progress"]
     assert cli.main([*argv, "--out", "new"]) == 2
     assert "replay buffer" in capsys.readouterr().err
@@ -560,10 +571,12 @@ def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(t
     capsys.readouterr()
     assert cli.main([*argv, "--total-timesteps", "500", "--resume"]) == 0  # (nothing left to train)
     assert (tmp_path / "run" / "config.yaml").read_text() == config  # (the run's budget stays recorded)
-    assert cli.main([*argv, "--total-timesteps", "1200", "--resume", "--seed", "5"]) == 0
+    assert cli.main([*argv, "--total-timesteps", "1200", "--resume", "--seed", "5"]) == 2  # (its random state)
+    assert "continues the run with its own seed 0" in capsys.readouterr().err
+    assert cli.main([*argv, "--total-timesteps", "1200", "--resume", "--set", "ent_coef=0.05"]) == 0
     out = capsys.readouterr()
     assert f"resumed from run/checkpoint.safetensors at {steps:,} steps" in out.out
-    assert "other settings than the run started with: seed 0 -> 5" in out.err
+    assert "other settings than the run started with: ent_coef " in out.err and "-> 0.05" in out.err
 
 
 def test_a_population_checkpoint_resumed_without_seeds_says_so(tmp_path, monkeypatch, capsys):
@@ -585,6 +598,11 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert not (tmp_path / "run" / "model.pt").exists() and not (tmp_path / "run" / "model.pt.json").exists()
     assert cli.main(["export", "run", "--format", "torchscript", "--out", "missing/model.pt"]) == 2
     assert not (tmp_path / "missing").exists()
+    (tmp_path / "mine").mkdir()  # (a user's own model.pt, without export's metadata: not a run's, and kept)
+    (tmp_path / "mine" / "model.pt").write_text("the user's")
+    assert cli.main([*argv[:-1], "mine"]) == 0
+    assert cli.main([*argv[:-1], "mine", "--overwrite"]) == 0
+    assert (tmp_path / "mine" / "model.pt").read_text() == "the user's"
 
 
 @pytest.mark.parametrize("flag", [["--max-restarts", "2"], ["--wandb-project", "p"], ["--wandb-entity", "e"]])

@@ -159,6 +159,8 @@ def test_dqn_members_with_their_own_encoders_train_as_solo_runs(env_id, extra):
     population.learn(STEPS, eval_freq=40, eval_episodes=2, on_eval=lambda steps, means: [1] if steps == 40 else None)
     assert population.alive == [0] and population.q_encoder[0].shape[0] == 1  # (member 1's encoder rows left)
     assert population.buffer.obs.dtype == (torch.bool if env_id.startswith("MinAtar") else torch.float32)
+    # (the dtype the memory check counts before training starts is the one the replay then stores)
+    assert Population(DQN, env_id, seeds=[3], **small)._replay_obs_dtype() == population.buffer.obs.dtype
     for k in range(2):
         solo = population.member_model(k)
         assert population.evaluate([500], episodes=2, members=[k]).item() == pytest.approx(

@@ -34,9 +34,10 @@ MAX_SEED = 2**32 - 1
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
              "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb",
-             "members",  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
-             # `rlspeed export RUN`'s files beside the model (`rlspeed.export.FORMATS`), each with its metadata
-             *(f"model{suffix}{json}" for suffix in (".onnx", ".pt", ".pt2") for json in ("", ".json")))
+             "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
+#: `rlspeed export RUN`'s files beside a run's model (`rlspeed.export.FORMATS`): `--overwrite` removes those whose
+#: `.json` metadata export wrote, with the model they came from
+EXPORT_FILES = tuple(f"model{suffix}" for suffix in (".onnx", ".pt", ".pt2"))
 
 
 class Terminated(KeyboardInterrupt):
@@ -610,6 +611,11 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
                     shutil.rmtree(target)
                 else:
                     target.unlink()
+            for name in EXPORT_FILES:  # (the replaced model's exports, recognised by their metadata)
+                sidecar = run_dir / f"{name}.json"
+                if _export_sidecar(sidecar):
+                    (run_dir / name).unlink(missing_ok=True)
+                    sidecar.unlink()
         elif held and not args.resume:
             raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
                             "continue it, or --overwrite to replace it.")
@@ -628,6 +634,15 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     return run_dir
 
 
+def _export_sidecar(path: Path) -> bool:
+    """Whether `path` is the `.json` metadata `rlspeed export` writes beside an exported policy."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "format" in data and "algo" in data
+
+
 def _finished_summary(path: Path) -> bool:
     """Whether `path` holds the summary.json of a run that ended (not one an interruption wrote, `"interrupted":
     true`, nor an unreadable one: the summary is written last, so a damaged one did not end a run)."""
@@ -640,20 +655,25 @@ def _finished_summary(path: Path) -> bool:
 @contextlib.contextmanager
 def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
     """On an error escaping the block (a replay buffer that does not fit, an env that fails at its first step, ...),
-    where the run produced nothing (its directory holds config.yaml and no other run file): the config.yaml of a
-    `fresh` run (not --resume) is removed, and the directory with it where this command `created` it and nothing
-    else is in it, so that a rerun is not refused as "already holds a run". (Ctrl-C and SIGTERM are not errors: the
+    where the run produced nothing (its directory holds config.yaml and at most TensorBoard's directory): the
+    config.yaml and TensorBoard directory of a `fresh` run (not --resume) are removed, and the directory with them
+    where this command `created` it and nothing else is in it, so that a rerun is not refused as "already holds a
+    run". (Ctrl-C and SIGTERM are not errors: the
     run's interruption handling writes its summary.)"""
     try:
         yield
     except Exception as error:
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
-        if fresh and held == ["config.yaml"]:
+        # (a fresh run's directory held no run files before it: what is there is this command's; the config and
+        # the TensorBoard writer's directory, made before the first step, say nothing of a run that never trained)
+        if fresh and not set(held) - {"config.yaml", "tensorboard"}:
             with contextlib.suppress(OSError):
-                (run_dir / "config.yaml").unlink()
+                (run_dir / "config.yaml").unlink(missing_ok=True)
+                shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()
-        elif fresh and isinstance(error, UserError) and "checkpoint.safetensors" not in held:
+        elif (fresh and isinstance(error, UserError)
+              and not {"checkpoint.safetensors", "model.safetensors"} & set(held)):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
             raise UserError(f"{str(error).rstrip('.')}. '{run_dir}' keeps what the run wrote ({', '.join(held)}): "
                             "give --overwrite to train there again.") from None
@@ -804,6 +824,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
               "--checkpoint-freq steps, by default 1/20 of the budget with --resume or --max-restarts)", flush=True)
     if (args.resume or restarts > 0) and checkpoint.exists():
+        _keep_run_seed(args, model, run_dir / "config.yaml")
         model.make_training_env()
         _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.name.upper()} model (did --set change "
               "its networks since the checkpoint was written?)")
@@ -832,16 +853,36 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
 
 
-def _say_changed_settings(path: Path, config: dict) -> None:
-    """Before a resumed run rewrites its config.yaml: one line naming the seed and hyperparameters that differ from
-    the ones the run was started with (they apply from the resume on; the checkpoint's weights and state stay)."""
+def _run_config(path: Path) -> dict:
+    """A run directory's config.yaml as a dict ({} where there is none or it cannot be read)."""
     try:
-        before = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _keep_run_seed(args, model, path: Path) -> None:
+    """A resumed run keeps the seed it was started with (its random state is in the checkpoint; the seed also names
+    its evaluation episodes and the episodes fresh Gymnasium envs start): without --seed the run's is taken, and
+    another --seed is refused."""
+    seed = _run_config(path).get("seed")
+    if seed is None or seed == args.seed:
         return
-    changes = [f"seed {before.get('seed')} -> {config['seed']}"] if before.get("seed") != config["seed"] else []
+    if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
+        raise UserError(f"--resume continues the run with its own seed {seed} (its random state is in the "
+                        f"checkpoint): drop --seed {args.seed}, or train a new run with it.")
+    args.seed = model.seed = seed
+
+
+def _say_changed_settings(path: Path, config: dict) -> None:
+    """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters that differ from the ones
+    the run was started with (they apply from the resume on; the checkpoint's weights and state stay)."""
+    before = _run_config(path)
+    if not before:
+        return
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
-    changes += [f"{key} {old[key]} -> {new[key]}" for key in new if key in old and old[key] != new[key]]
+    changes = [f"{key} {old[key]} -> {new[key]}" for key in new if key in old and old[key] != new[key]]
     if changes:
         print(f"rlspeed: --resume with other settings than the run started with: {', '.join(changes)} (they apply "
               "from here on; config.yaml now records them)", file=sys.stderr, flush=True)
@@ -1283,13 +1324,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the `rlspeed` command on `argv` (default: `sys.argv[1:]`) and return the exit code.
 
     A `UserError` (a bad argument included) prints one line and returns 2 (with `--debug` it is raised with its
-    traceback); an env that raises prints one line and returns 1; Ctrl-C returns 130. Warnings print as one
-    `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
+    traceback); an env that raises prints one line and returns 1; Ctrl-C returns 130. As the `rlspeed` command
+    (`argv` None), warnings print as one `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
     """
+    console = argv is None  # (the `rlspeed` command; a caller passing argv keeps its own warning handling)
     argv = list(sys.argv[1:] if argv is None else argv)
     with warnings.catch_warnings():
-        if warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
-            warnings.showwarning = _show_warning  # (where no one else shows them: pytest records its own)
+        if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
+            warnings.showwarning = _show_warning
         return _main(argv)
 
 

@@ -603,15 +603,17 @@ class PopulationBase:
         `seeds[j]` as `rlspeed.evaluate` seeds one (one env of `len(seeds) x episodes` rows, made for this call, for
         `members`: see `_normalized_env`), actions from `policy(obs)`: each row's first episode
         (`first_episode_returns`)."""
-        env = self._make_env(episodes, seeds, members)
+        env = None
         try:
+            env = self._make_env(episodes, seeds, members)
             obs, info = self._reset(env, episodes, seeds)
             # (where the members apply the env's action masks, the policy takes (obs, masks))
             applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
             masks = info.get("action_mask") if applies else None
             returns = first_episode_returns(env, obs, policy, masks)
         finally:
-            env.close()
+            if env is not None:
+                env.close()
         return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
@@ -629,8 +631,15 @@ class PopulationBase:
         elif backend == "envpool":
             from rlspeed.envs.envpool_env import EnvPoolEnv
 
-            env = EpisodeStatistics(MemberEnvs([EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device,
-                                                           seed=seed) for seed in seeds]))
+            pools: list = []
+            try:
+                for seed in seeds:
+                    pools.append(EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device, seed=seed))
+            except BaseException:
+                for pool in pools:  # (the pools made so far hold threads)
+                    pool.close()
+                raise
+            env = EpisodeStatistics(MemberEnvs(pools))
         else:
             native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)

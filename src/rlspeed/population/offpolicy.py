@@ -640,7 +640,7 @@ class OffPolicyPopulation(PopulationBase):
     def _replay_obs_dtype(self) -> torch.dtype:
         """How the replay stores observations: images (members with their own CNN) in the env's dtype, everything
         else as float32 (one-hot indices included)."""
-        if self._member_encoder is None:
+        if self._member_encoder is None or self._packed is not None:  # (Dict observations: packed float32 rows)
             return torch.float32
         # (the env's observations, as its adapter gives them: the space's dtype)
         return self._obs.dtype if getattr(self, "_obs", None) is not None else torch.from_numpy(
