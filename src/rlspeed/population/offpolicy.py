@@ -180,7 +180,8 @@ class _FlatMemberAdam:
         self.fused = device.type in ("cpu", "cuda") and sum(sizes) // size >= FUSED_ADAM_MIN_PARAMS
         self._member_lrs = learning_rate.tolist() if self.fused else None  # ok-sync: once per layout
         self._step_count = torch.zeros((), device=device)
-        self._part_params: dict[tuple, list[int]] = {}
+        #: each member's (params, grads, exp_avgs, exp_avg_sqs) views per `parts` of a fused step (`_fused_step`)
+        self._part_views: dict[tuple, list[tuple]] = {}
 
     @torch.no_grad()
     def step(self, parts: Sequence[slice] | None = None, advance: bool = True) -> None:
@@ -206,19 +207,20 @@ class _FlatMemberAdam:
         at parameter boundaries); the kernel reads the step count from one tensor, as `torch.optim.Adam` advances its
         own before the kernel."""
         key = None if parts is None else tuple((part.start, part.stop) for part in parts)
-        indices = self._part_params.get(key)
-        if indices is None:
+        members = self._part_views.get(key)
+        if members is None:  # (made once per `parts`: views of the flat buffers, which live as long as this Adam)
             total = self.offsets[-1]
 
             def inside(i: int) -> bool:
                 return any((part.start or 0) <= self.offsets[i] and self.offsets[i + 1] <= (
                     total if part.stop is None else part.stop) for part in parts)
 
-            indices = self._part_params[key] = [i for i in range(len(self.param_views)) if parts is None or inside(i)]
+            indices = [i for i in range(len(self.param_views)) if parts is None or inside(i)]
+            members = self._part_views[key] = [
+                tuple([views[i][k] for i in indices] for views in (self.param_views, self.grad_views,
+                                                                   self.exp_avg_views, self.exp_avg_sq_views))
+                for k in range(len(self._member_lrs))]
         self._step_count.fill_(self.steps)
-        members = (tuple([views[i][k] for i in indices] for views in (self.param_views, self.grad_views,
-                                                                       self.exp_avg_views, self.exp_avg_sq_views))
-                   for k in range(len(self._member_lrs)))
         fused_adam_members(members, [rate * self.lr_scale for rate in self._member_lrs], self._step_count, self.eps,
                            _ADAM_BETAS)
 
