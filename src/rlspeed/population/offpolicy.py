@@ -134,7 +134,7 @@ def _linear_state(prefix: str, weights: Sequence[torch.Tensor], biases: Sequence
 #: rather than the flat formula over every member at once (a few kernels, each a full pass over all members'
 #: elements): below it the K calls cost more than the passes save. benchmarks/member_adam.py measures both paths on
 #: the shipped presets' populations, on both sides of this value.
-FUSED_ADAM_MIN_PARAMS = 15_000
+FUSED_ADAM_MIN_PARAMS = 4_000
 
 
 class _FlatMemberAdam:
@@ -143,7 +143,7 @@ class _FlatMemberAdam:
     views of `grad`), so a step is a few kernels for all parameters of all members. Every member steps on every
     update of this Adam (a member that stops leaves the buffer), so the step count and bias corrections are shared;
     each element's learning rate is its member's (`learning_rates`, looked up once per layout). Where torch has the
-    fused kernel (CPU, CUDA) and a member has `FUSED_ADAM_MIN_PARAMS` parameters or more (a CNN), each member's
+    fused kernel (CPU, CUDA) and a member has `FUSED_ADAM_MIN_PARAMS` parameters or more, each member's
     views step through it instead (`fused`; tests/test_population_offpolicy_gym.py checks the two agree)."""
 
     def __init__(self, params: Sequence[torch.Tensor], learning_rate: torch.Tensor, eps: float,
