@@ -658,8 +658,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
     where the run produced nothing (its directory holds config.yaml and at most TensorBoard's directory): the
     config.yaml and TensorBoard directory of a `fresh` run (not --resume) are removed, and the directory with them
     where this command `created` it and nothing else is in it, so that a rerun is not refused as "already holds a
-    run". (Ctrl-C and SIGTERM are not errors: the
-    run's interruption handling writes its summary.)"""
+    run". (Ctrl-C and SIGTERM are not errors: the run's interruption handling writes its summary.)"""
     try:
         yield
     except Exception as error:
@@ -1115,7 +1114,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise UserError(f"--video '{args.video}': the directory '{Path(args.video).parent}' does not exist; "
                             "create it first.")
         check_video_support(env_id, args.video)
-    seed_note = ""
     if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation)
         args.seed = secrets.randbelow(2**31)
         seed_note = f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
