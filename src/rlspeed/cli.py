@@ -35,9 +35,6 @@ MAX_SEED = 2**32 - 1
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
              "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb",
              "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
-#: `rlspeed export RUN`'s files beside a run's model (`rlspeed.export.FORMATS`): `--overwrite` removes those whose
-#: `.json` metadata export wrote, with the model they came from
-EXPORT_FILES = tuple(f"model{suffix}" for suffix in (".onnx", ".pt", ".pt2"))
 
 
 class Terminated(KeyboardInterrupt):
@@ -355,8 +352,7 @@ def _train_population(args: argparse.Namespace) -> int:
                             f"{algo_cls.name.upper()}: drop it.")
         options["save_replay_buffer"] = True
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
-    if isinstance(population, OffPolicyPopulation):
-        population.check_replay_fits(total)  # (the replay is allocated when training starts, after the run directory)
+    population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     configure_threads(args.threads)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
@@ -611,10 +607,12 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
                     shutil.rmtree(target)
                 else:
                     target.unlink()
-            for name in EXPORT_FILES:  # (the replaced model's exports, recognised by their metadata)
-                sidecar = run_dir / f"{name}.json"
+            from rlspeed.export import FORMATS
+
+            for suffix in FORMATS.values():  # (`rlspeed export RUN`'s files beside the replaced model, recognised
+                sidecar = run_dir / f"model{suffix}.json"  # by their metadata: a user's own model.pt stays)
                 if _export_sidecar(sidecar):
-                    (run_dir / name).unlink(missing_ok=True)
+                    (run_dir / f"model{suffix}").unlink(missing_ok=True)
                     sidecar.unlink()
         elif held and not args.resume:
             raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
@@ -1140,9 +1138,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def _tune_preset(path: Path) -> bool:
     """Whether the file at `path` is a preset `rlspeed tune` wrote (its first line says so)."""
+    from rlspeed.tune import PRESET_HEADER
+
     try:
         with path.open(encoding="utf-8", errors="replace") as stream:
-            return stream.readline().startswith("# Tuned by rlspeed tune")
+            return stream.readline().startswith(PRESET_HEADER)
     except OSError:
         return False
 

@@ -7,7 +7,8 @@ import warnings
 
 import torch
 
-from rlspeed.envs import atari, make_env
+from rlspeed.device import resolve_device
+from rlspeed.envs import atari, make_env, resolve_backend
 from rlspeed.envs.base import observation_layout, space_to_json
 from rlspeed.errors import UserError
 
@@ -30,10 +31,11 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     """
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
-    if backend == "auto" and env_id in (None, model.env_id) and model.env_backend in ("torch", "gymnasium"):
-        backend = model.env_backend  # the model's own env as it trained on it: the same seed gives the same episodes
+    own_env = env_id in (None, model.env_id)
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
+    if backend == "auto" and own_env:
+        backend = evaluation_backend(env_id, model.env_backend, episodes, device)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
@@ -76,6 +78,15 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     return {"mean": mean, "std": std, "episodes": episodes, "returns": values, "unfinished": unfinished}
+
+
+def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:
+    """The backend an evaluation of `episodes` episodes on a model's own env id runs on (`evaluate`'s `"auto"`): the
+    one it trained on where that is the native or Gymnasium one (the same seed then gives the same episodes), else
+    `auto`'s choice for that many envs on `device` (`rlspeed.envs.resolve_backend`)."""
+    if trained_on in ("torch", "gymnasium"):
+        return trained_on
+    return resolve_backend(env_id, "auto", episodes, resolve_device(device))
 
 
 def _check_compatible(model, env) -> None:

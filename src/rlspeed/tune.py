@@ -579,6 +579,10 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
     return f"best trial {best['number']}: {what} ({values})"
 
 
+#: How the first line of a preset `rlspeed tune` writes begins (the CLI rewrites such a file, and no other, at --out)
+PRESET_HEADER = "# Tuned by rlspeed tune"
+
+
 def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, context: dict) -> None:
     """Write `best` (a trial, or the starting configuration when its number is None) as a preset YAML: `{env_id:
     {run settings, fixed and tuned hyperparameters}}`, with comments saying how it was found and measured."""
@@ -589,7 +593,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         entry["target_return"] = setup.target_return
     entry.update(_plain(setup.hyperparameters))
     entry.update({key: _rounded(value) for key, value in best["hyperparameters"].items()})
-    header = [f"# Tuned by rlspeed tune ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
+    header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
               f"'{context['study_name']}' in {storage_url(context['storage'])}."]
     if context["command"]:
         header.append(f"# Command: {context['command']}")

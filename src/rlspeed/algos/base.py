@@ -720,9 +720,7 @@ class Algorithm:
         """Deterministic evaluation on a separate env (see `rlspeed.evaluate`)."""
         from rlspeed.evaluation import evaluate
 
-        same_env = env_id is None or env_id == self.env_id
-        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed,
-                        backend=self.env_backend if same_env and self.env_backend in ("torch", "gymnasium") else "auto")
+        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,

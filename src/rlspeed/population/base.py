@@ -131,15 +131,15 @@ class MemberEnvs(BatchedEnv):
         self.atari = getattr(first, "atari", False)  # (as EnvPoolEnv says it: `atari.stacked_frames` reads it)
         self._sizes = [env.num_envs for env in self.envs]
         self.num_envs = sum(self._sizes)
+        self._offsets = np.cumsum([0, *self._sizes[:-1]])  # (each block's first row)
 
     def _joined(self, infos: list[dict]) -> dict:
         """The envs' infos as one: tensors concatenated by rows, `final_rows` (host indices) offset by block."""
         joined: dict = {}
-        offsets = np.cumsum([0, *self._sizes[:-1]])
         for key in infos[0]:
             values = [info[key] for info in infos]
             if key == "final_rows":
-                joined[key] = np.concatenate([rows + offset for rows, offset in zip(values, offsets)])
+                joined[key] = np.concatenate([rows + offset for rows, offset in zip(values, self._offsets)])
             else:
                 joined[key] = torch.cat(values)
         return joined
@@ -371,7 +371,6 @@ def check_packable(space, env_id: str) -> None:
     """UserError naming the key when a Dict observation's integer key can hold values float32 does not keep exactly
     (beyond 2**24), which `PackedObservations` would round."""
     import gymnasium as gym
-    import numpy as np
 
     for key, sub in space.spaces.items():
         if isinstance(sub, gym.spaces.Discrete):  # (values start .. start + n - 1)
@@ -623,8 +622,11 @@ class PopulationBase:
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
+        from rlspeed.evaluation import evaluation_backend
 
-        backend = self.env_backend if members is None else self._evaluation_backend(rows_per_member)
+        # (an evaluation env: on the backend the solo model's evaluation takes)
+        backend = self.env_backend if members is None else evaluation_backend(self.env_id, self.env_backend,
+                                                                             rows_per_member, self.device)
         if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
             env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device))
@@ -646,15 +648,6 @@ class PopulationBase:
             env = EpisodeStatistics(native)
         return self._normalized_env(self._packed_env(self._atari_env(env, members is not None)), rows_per_member,
                                     members)
-
-    def _evaluation_backend(self, episodes: int) -> str:
-        """The backend a member's evaluation of `episodes` episodes runs on: its solo model's (`Algorithm.evaluate`:
-        the training backend where it is the native or Gymnasium one, else `auto`'s choice for that many envs)."""
-        from rlspeed.envs import resolve_backend
-
-        if self.env_backend in ("torch", "gymnasium"):
-            return self.env_backend
-        return resolve_backend(self.env_id, "auto", episodes, self.device)
 
     def _atari_env(self, env, evaluation: bool):
         """An Atari game's env (under its episode statistics) as a solo run has it (`rlspeed.envs.make_env`,
@@ -934,6 +927,11 @@ class PopulationBase:
                       f"{', '.join(str(self.seeds[k]) for k in diverged)}) diverged (non-finite parameters) by step "
                       f"{self.num_timesteps} and were dropped; the others continue.", stacklevel=3)
         self.remove(diverged)
+
+    def check_fits(self, total_timesteps: int) -> None:
+        """UserError where what `learn(total_timesteps)` would allocate when it starts does not fit in memory, for
+        callers that must know before (the CLI, before it makes a run directory). Populations without a replay
+        buffer have nothing to check."""
 
     def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,

@@ -57,7 +57,6 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -66,6 +65,7 @@ from rlspeed.algos.off_policy import allowed_uniform, next_masks
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
+from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
 from rlspeed.nn import (
@@ -586,11 +586,11 @@ class OffPolicyPopulation(PopulationBase):
         steps_needed = -(-(self.num_timesteps + total_timesteps) // self.config.num_envs) + 1
         return min(steps_needed, max(self.config.buffer_size // self.config.num_envs, 1))
 
-    def check_replay_fits(self, total_timesteps: int) -> None:
+    def check_fits(self, total_timesteps: int) -> None:
         """UserError (`check_member_replay_fits`) where the replay `learn(total_timesteps)` would allocate does not
-        fit in memory: for callers that must know before they start (the CLI, before it makes a run directory).
-        Counts action masks wherever the actions are discrete and `use_masking` is on (at most the rows' action
-        count in bytes: the env says whether it gives masks only when it starts)."""
+        fit in memory (see `PopulationBase.check_fits`). Counts action masks wherever the actions are discrete and
+        `use_masking` is on (at most the rows' action count in bytes: the env says whether it gives masks only when
+        it starts)."""
         masks = self.action_dim if self.discrete and getattr(self.config, "use_masking", False) else None
         row_bytes = MemberReplay.bytes_per_row(self.obs_dim, 1 if self.discrete else self.action_dim, masks,
                                                self._replay_obs_dtype())
@@ -644,9 +644,7 @@ class OffPolicyPopulation(PopulationBase):
         else as float32 (one-hot indices included)."""
         if self._member_encoder is None or self._packed is not None:  # (Dict observations: packed float32 rows)
             return torch.float32
-        # (the env's observations, as its adapter gives them: the space's dtype)
-        return self._obs.dtype if getattr(self, "_obs", None) is not None else torch.from_numpy(
-            np.zeros(0, dtype=self.spec.observation_space.dtype)).dtype
+        return observation_layout(self.spec.observation_space)[1]  # (the images' dtype, as the env adapters give it)
 
     def _features(self, obs: torch.Tensor, encoder: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): `member_features`,
