@@ -1,12 +1,16 @@
 """Populations on images: K PPO or DQN agents with their own CNN encoders (MinAtar/Breakout-v1, 10x10x4 bool
-images, the small CNN) trained in one process as a `rlspeed.Population`, against one solo run of the same settings:
-total env steps/s of the population over one solo run's, which is its speed-up over K solo runs one after another.
+images, the small CNN; or an Atari game, 84x84x4 uint8 frame stacks, the Nature CNN) trained in one process as a
+`rlspeed.Population`, against one solo run of the same settings: total env steps/s of the population over one solo
+run's, which is its speed-up over K solo runs one after another.
 
-    python benchmarks/population_cnn.py [--algo ppo|dqn] [--members 4] [--pairs 3] [--steps N] [--no-write]
+    python benchmarks/population_cnn.py [--algo ppo|dqn] [--env ID] [--env-backend B] [--members 4] [--pairs 3]
+                                        [--steps N] [--no-write]
 
-Settings: rlspeed's default preset for the algorithm (MinAtar has no shipped preset), Gymnasium envs on both sides;
-PPO without normalize_obs (the CLI's choice for images), DQN with learning_starts 1,000, so most of a run's steps
-train (one gradient step per 4 env steps). Each pair runs the solo run (seed i) and the population (seeds 0..K-1),
+Settings: rlspeed's preset for the algorithm and env (MinAtar has no shipped preset: the default one; Atari ids: the
+Atari preset), the same env backend on both sides (default: Gymnasium's for MinAtar, rlspeed's `auto` choice for
+Atari: EnvPool where installed); PPO without normalize_obs (the CLI's choice for images), DQN with learning_starts
+1,000, so most of a run's steps train (one gradient step per 4 env steps), and each member's replay in the solo's
+layout (Atari: each frame stored once). Each pair runs the solo run (seed i) and the population (seeds 0..K-1),
 each in a fresh process, one after the other, the order reversed every other pair; both train a fixed number of env
 steps per agent with no evaluation inside the timed training (the population's final evaluation comes after it), and
 the ratio of their steps/s (and of their training CPU time per env step) is taken within the pair.
@@ -31,17 +35,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_description, publish, run_child, set_threads, uptime  # noqa: E402
 
 ENV_ID = "MinAtar/Breakout-v1"
+ATARI_STEPS = {"ppo": 8_192, "dqn": 4_000}  # (the Nature CNN costs about 30x the small CNN per observation)
 # (the default PPO preset's normalize_obs is for float vectors: the CLI turns it off for images, as here)
 OVERRIDES = {"ppo": {"normalize_obs": False}, "dqn": {"learning_starts": 1000}}
 DEFAULT_STEPS = {"ppo": 16_384, "dqn": 6_000}
 SHOWN = ("num_envs", "num_steps", "batch_size", "n_epochs", "train_freq", "gradient_steps", "buffer_size")
 
 
-def _settings(algo: str) -> dict:
+def _settings(algo: str, env_id: str) -> dict:
     from rlspeed.presets import load_preset, split_run_settings
 
-    _run, hyper = split_run_settings(dict(load_preset(algo, ENV_ID)))
+    _run, hyper = split_run_settings(dict(load_preset(algo, env_id)))
     return {**hyper, **OVERRIDES[algo]}
+
+
+def _atari(env_id: str) -> bool:
+    from rlspeed.envs import atari
+
+    return atari.register_atari() and atari.is_atari(env_id)
 
 
 def worker(args: argparse.Namespace) -> dict:
@@ -52,25 +63,29 @@ def worker(args: argparse.Namespace) -> dict:
     os.environ["RLSPEED_NUM_THREADS"] = str(args.threads)  # (each model sets its threads from it when built)
     set_threads(args.threads)
     algo = getattr(rlspeed, args.algo.upper())
-    hyper = _settings(args.algo)
+    hyper = _settings(args.algo, args.env)
     if args.worker == "solo":
-        model = algo(ENV_ID, seed=args.seed, env_backend="gymnasium", **hyper)
+        model = algo(args.env, seed=args.seed, env_backend=args.env_backend, **hyper)
         cpu_start = time.process_time()
         model.learn(args.steps, progress_bar=False)
         result = model.result
         return {"side": "solo", "seed": args.seed, "sps": result.sps, "train_wall_s": result.train_wall_s,
                 "train_cpu_s": time.process_time() - cpu_start, "update": model.update_summary(),
+                "env_backend": model.env_backend, "replay": getattr(model, "replay_summary", lambda: None)(),
                 "config": {key: getattr(model.config, key) for key in SHOWN if hasattr(model.config, key)}}
-    population = Population(algo, ENV_ID, seeds=range(args.members), env_backend="gymnasium", **hyper)
-    summary = population.learn(args.steps)  # (its final evaluation is outside `train_wall_s` and `train_cpu_s`)
+    population = Population(algo, args.env, seeds=range(args.members), env_backend=args.env_backend, **hyper)
+    summary = population.learn(args.steps, eval_episodes=1)  # (its final evaluation: outside the training clock)
     return {"side": "population", "members": args.members, "sps": summary["sps"],
             "train_wall_s": summary["train_wall_s"], "train_cpu_s": summary["train_cpu_s"],
-            "update": population.update_path}
+            "update": population.update_path, "env_backend": population.env_backend,
+            "replay": summary.get("replay")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo")
+    parser.add_argument("--env", default=ENV_ID, help=f"an image env id (default {ENV_ID}; or an Atari id)")
+    parser.add_argument("--env-backend", help="both sides' env backend (default: gymnasium; Atari ids: auto)")
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--steps", type=int, help="env steps per agent (default: ppo 16,384, dqn 6,000)")
@@ -79,12 +94,14 @@ def main() -> None:
     parser.add_argument("--worker", choices=("solo", "population"), help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    args.steps = args.steps or DEFAULT_STEPS[args.algo]
+    atari = _atari(args.env)
+    args.steps = args.steps or (ATARI_STEPS if atari else DEFAULT_STEPS)[args.algo]
+    args.env_backend = args.env_backend or ("auto" if atari else "gymnasium")
     if args.worker:
         print(json.dumps(worker(args)))
         return
-    common_flags = ["--algo", args.algo, "--members", str(args.members), "--steps", str(args.steps), "--threads",
-                    str(args.threads)]
+    common_flags = ["--algo", args.algo, "--env", args.env, "--env-backend", args.env_backend, "--members",
+                    str(args.members), "--steps", str(args.steps), "--threads", str(args.threads)]
     load_before = uptime()
     pairs = []
     for pair in range(args.pairs):
@@ -105,14 +122,24 @@ def main() -> None:
     cpu_ratios = [p["cpu_ratio"] for p in pairs]
     solo_sps = [p["solo"]["sps"] for p in pairs]
     population_sps = [p["population"]["sps"] for p in pairs]
-    settings = _settings(args.algo)
+    settings = _settings(args.algo, args.env)
     shown = ", ".join(f"{key}={value}" for key, value in pairs[0]["solo"]["config"].items())
+    backend = pairs[0]["solo"]["env_backend"]
+    flags = f"--algo {args.algo}" + (f" --env {args.env}" if args.env != ENV_ID else "")
+    images = ("84x84x4 uint8 frame stacks; each member's own Nature CNN" if atari
+              else "10x10x4 bool images; each member's own small CNN")
+    replay = ""
+    if args.algo == "dqn":
+        solo_replay, member_replay = pairs[0]["solo"]["replay"], pairs[0]["population"]["replay"]
+        replay = (f" Replay: the solo's {solo_replay['layout']} layout, {solo_replay['bytes_per_transition']:,.0f} "
+                  f"bytes per transition; each member's {member_replay['layout']}, "
+                  f"{member_replay['bytes_per_transition']:,.0f}.")
     lines = [
-        f"## {args.algo.upper()} populations on images (`benchmarks/population_cnn.py --algo {args.algo}`)",
+        f"## {args.algo.upper()} populations on images (`benchmarks/population_cnn.py {flags}`)",
         "",
-        f"{args.members} {args.algo.upper()} agents on {ENV_ID} (10x10x4 bool images; each member's own small CNN, "
+        f"{args.members} {args.algo.upper()} agents on {args.env} ({images}, "
         "its members' convolutions one grouped call) in one process, against one solo run of the same settings, "
-        f"Gymnasium envs on both sides; rlspeed's default {args.algo} preset"
+        f"{backend} envs on both sides; rlspeed's {args.algo} preset for the id"
         + (" with learning_starts 1,000" if args.algo == "dqn" else "")
         + f" ({shown}). "
         f"{args.steps:,} env steps per agent without evaluation; {args.pairs} pairs of fresh processes, the order "
@@ -128,12 +155,13 @@ def main() -> None:
         f"Population over solo per pair: {', '.join(f'{r:.2f}' for r in ratios)} (median "
         f"**{statistics.median(ratios):.2f}x**; by training CPU time {statistics.median(cpu_ratios):.2f}x): the "
         f"population's speed-up over {args.members} solo runs one after another on one core. Update: "
-        f"{pairs[0]['population']['update']} (the hand-derived update covers MLPs on float vectors).",
+        f"{pairs[0]['population']['update']} (the hand-derived update covers MLPs on float vectors).{replay}",
     ]
     machine = machine_description()
     machine["torch_threads"] = args.threads  # what every run set (this publishing process sets none)
-    publish(f"population_cnn_{args.algo}", lines, {"pairs": pairs, "settings": settings, "members": args.members,
-                                                   "steps": args.steps, "load": [load_before, load_after]},
+    key = f"population_cnn_{args.algo}" + ("_atari" if atari else "")
+    publish(key, lines, {"pairs": pairs, "settings": settings, "members": args.members, "env_id": args.env,
+                         "steps": args.steps, "load": [load_before, load_after]},
             write=not args.no_write, machine=machine)
 
 

@@ -12,6 +12,7 @@ from conftest import (
     masked_vector_env_id,
     needs_atari,
     needs_box2d,
+    needs_envpool,
     needs_minatar,
     needs_minigrid,
 )
@@ -169,13 +170,79 @@ def test_dqn_members_with_their_own_encoders_train_as_solo_runs(env_id, extra):
 
 @needs_atari
 def test_dqn_members_train_as_solo_runs_on_an_atari_game():
-    """The solo's preprocessed envs and training transforms, each member's own Nature CNN (online and target); the
-    member replay stores whole frame stacks, the solo's each frame once: the same stacks. A few updates only: the
-    Nature CNN's millions of ReLUs per batch make a unit within rounding of zero likely after more (see the PPO
-    case)."""
+    """The solo's preprocessed envs and training transforms, each member's own Nature CNN (online and target), and
+    each member's replay storing each frame once as the solo's does. A few updates only: the Nature CNN's millions of
+    ReLUs per batch make a unit within rounding of zero likely after more (see the PPO case)."""
     small = {**SMALL_DQN, "learning_starts": 64, "gradient_steps": 1, "buffer_size": 1000}
     _check_members_equal_solo_runs(DQN, "BreakoutNoFrameskip-v4", "gymnasium", small, {"learning_rate": [5e-3, 1e-3]},
                                    96)
+
+
+@needs_atari
+@pytest.mark.parametrize("backend", ["gymnasium", pytest.param("envpool", marks=needs_envpool)])
+def test_dqn_members_on_an_atari_game_store_each_frame_once_as_their_solo_runs(tmp_path, backend):
+    """Each member's replay is its solo run's frame layout, row for row: the same stacks rebuilt from frames stored
+    once, across lost lives, finished games (random play loses Breakout's five lives in about 200 steps),
+    3-step returns and the buffer wrapping around (1,200 env steps per member into 1,000 rows), in the solo's bytes per
+    transition; summary.json's `replay` says so; and a checkpoint with `save_replay_buffer` brings the rows back."""
+    from rlspeed.population.offpolicy import MemberFrameReplay, MemberReplay
+
+    env_id, seeds, steps = "BreakoutNoFrameskip-v4", [3, 7], 1200
+    small = {**SMALL_DQN, "learning_starts": 10_000, "buffer_size": 1000, "n_step": 3, "gamma": [0.99, 0.9]}
+    population = Population(DQN, env_id, seeds=seeds, env_backend=backend, save_replay_buffer=True, **small)
+    population._start(steps)
+    while population.num_timesteps < steps:
+        population.train_iteration()
+    buffer = population.buffer
+    assert isinstance(buffer, MemberFrameReplay)
+    for k, seed in enumerate(seeds):
+        solo = DQN(env_id, seed=seed, env_backend=backend, **{**small, "gamma": small["gamma"][k]})
+        solo.learn(steps, progress_bar=False)
+        mine, theirs = buffer.buffers[k], solo.buffer
+        assert theirs.layout == "frames" and (mine.pos, mine.size, mine.evicted) == (theirs.pos, theirs.size, 0)
+        assert theirs.size == theirs.capacity and theirs.pos > 0  # (wrapped)
+        assert mine._frames_written == theirs._frames_written  # (frames stored anew for the same restarted rows)
+        rows = torch.arange(theirs.capacity)
+        expected, actual = theirs.gather(rows), mine.gather(rows)
+        for name, value in expected.items():
+            assert torch.equal(actual[name], value), name
+        # (lost lives ended episodes, which cut 3-step returns short: discounts of 1, 2 and 3 steps)
+        assert expected["terminated"].sum() > 10 and expected["discounts"].unique().numel() == 3
+        assert buffer.row_bytes == pytest.approx(theirs.bytes_per_transition)
+    replay = population.replay_summary()
+    assert replay["layout"] == "frames" and replay["nbytes"] == 2 * solo.buffer.nbytes
+    whole_stacks = MemberReplay.bytes_per_row(4 * 84 * 84, 1, None, torch.uint8)  # (56,468 bytes)
+    assert replay["bytes_per_transition"] < whole_stacks / 6
+    index = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(0))
+    sample = buffer.sample(index)
+    assert sample["obs"].shape == (2, 64, 4 * 84 * 84) and sample["obs"].dtype == torch.uint8
+    assert torch.equal(sample["obs"][1], buffer.buffers[1].gather(index[1])["obs"].flatten(1))
+    checkpoint = population.save(tmp_path / "checkpoint.safetensors")
+    resumed = Population(DQN, env_id, seeds=seeds, env_backend=backend, save_replay_buffer=True, **small)
+    with pytest.warns(UserWarning):  # (Gymnasium's envs restart their episodes; EnvPool's too)
+        resumed.resume(checkpoint)
+    restored = resumed.buffer.sample(index)
+    for name, value in sample.items():
+        assert torch.equal(restored[name], value), name
+
+
+@needs_atari
+def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_size_that_fits(monkeypatch):
+    """Each member's buffer holds buffer_size transitions (as the solo's, at its bytes per transition: about 7,500
+    for Breakout, where whole stacks take 56,468); the check names the largest buffer_size that fits, and it fits."""
+    from rlspeed.population import offpolicy
+
+    budget = 2 * 2**30  # a fake 2 GiB of available host memory
+    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device: budget)
+    population = Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=100_000, num_envs=2)
+    with pytest.raises(UserError, match=r"4 members \(100,000 transitions each, 7,[0-9]{3} bytes per transition\) "
+                                        r".* the largest buffer_size that fits is ([\d,]+)") as info:
+        population.check_fits(1_000_000)
+    fits = int(info.value.args[0].split("fits is ")[1].split(" ")[0].replace(",", ""))
+    assert 50_000 < fits < 100_000 and fits % 2 == 0
+    Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=fits, num_envs=2).check_fits(1)
+    with pytest.raises(UserError):
+        Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=fits + 2, num_envs=2).check_fits(1)
 
 
 def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp_path, monkeypatch, capsys):

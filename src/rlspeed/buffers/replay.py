@@ -480,10 +480,7 @@ class FrameStackReplayBuffer(ReplayBuffer):
         if not frame_stacks(observation):
             raise ValueError(f"FrameStackReplayBuffer stores uint8 [k, H, W] frame stacks, not {observation}")
         self.stack = int(observation.shape[0])
-        # Frames a row's data may still need besides the live rows' one each: the pending n-step steps and the
-        # stacks' older frames (k + n_step steps of every env, each step writing up to k + 1 frames), and the reserve
-        self.pool_size = int(capacity + (self.stack + 1) * (self.stack + n_step) * num_envs
-                             + int(capacity * self.RESERVE_SHARE))
+        self.pool_size = self.pool_frames(capacity, num_envs, self.stack, n_step)
         super().__init__(capacity, num_envs, observation, action_shape, action_dtype, device, n_step=n_step,
                          gamma=gamma, storage_device=storage_device, mask_size=mask_size)
         self._frames_written = 0  # frames ever written to the pool (host counter); frame f lives in slot f % pool_size
@@ -496,6 +493,31 @@ class FrameStackReplayBuffer(ReplayBuffer):
         self._written_rows = 0  # rows 0..k-1 of the storage ever written
         self.evicted = 0  # transitions given up because the pool's reserve ran out
         self._checked = False
+
+    @classmethod
+    def pool_frames(cls, capacity: int, num_envs: int, stack: int, n_step: int) -> int:
+        """Frames the pool holds: one per row, plus those a row's data may still need besides (the pending n-step
+        steps and the stacks' older frames: k + n_step steps of every env, each step writing up to k + 1 frames), plus
+        the reserve for restarted episodes."""
+        return int(capacity + (stack + 1) * (stack + n_step) * num_envs + int(capacity * cls.RESERVE_SHARE))
+
+    @classmethod
+    def planned_nbytes(cls, capacity: int, num_envs: int, observation: gym.spaces.Box, action_bytes: int,
+                       n_step: int = 1, mask_size: int | None = None) -> int:
+        """The bytes a buffer made with these arguments allocates (`nbytes`), without making it; `action_bytes`:
+        one action's (its element size times its length)."""
+        stack, frame_bytes = int(observation.shape[0]), int(np.prod(observation.shape[1:]))  # (uint8)
+        row_bytes = 4 * 3 + action_bytes + (mask_size or 0)
+        return cls.pool_frames(capacity, num_envs, stack, n_step) * frame_bytes + (2 * stack * 4 + row_bytes) * capacity
+
+    @classmethod
+    def planned_terms(cls, num_envs: int, observation: gym.spaces.Box, action_bytes: int, n_step: int = 1,
+                      mask_size: int | None = None) -> tuple[float, int]:
+        """`planned_nbytes` as bytes per transition and bytes whatever the capacity: `per_row * capacity + fixed`
+        is never less than it (the reserve's frames are a whole number), and equal where the capacity is a
+        multiple of 16."""
+        fixed = cls.planned_nbytes(0, num_envs, observation, action_bytes, n_step, mask_size)
+        return (cls.planned_nbytes(16, num_envs, observation, action_bytes, n_step, mask_size) - fixed) / 16, fixed
 
     def _storage_bytes(self, layout) -> int:
         frame_bytes = int(torch.Size(layout[0][1:]).numel())  # uint8

@@ -3,7 +3,8 @@
 Every parameter, Adam moment, replay row and env row has the members stacked along a leading dimension `K`: each
 layer of the K actors is one batched matmul, the K members' twin critics are one ensemble of `K x n_critics`
 networks, the envs are one env of `K x N` rows (`PopulationBase._make_env`), the replay buffer stores `[steps, K, N]`
-rows, and one update call takes a gradient step for every member. Member `k` is a solo
+rows (Atari frame stacks: each member in its own solo frame buffer, `MemberFrameReplay`, storing each frame once), and
+one update call takes a gradient step for every member. Member `k` is a solo
 `SAC(env_id, seed=seeds[k], ...)` (or TD3, DDPG, DQN):
 
 * its initial weights are the solo model's (K solo models are built and their parameters stacked);
@@ -57,12 +58,13 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.off_policy import allowed_uniform, next_masks
-from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.envs.base import observation_layout
@@ -233,26 +235,25 @@ class _FlatMemberAdam:
         self.step()
 
 
-def check_member_replay_fits(capacity_steps: int, size: int, num_envs: int, row_bytes: int,
-                             device: torch.device) -> None:
-    """UserError, with the largest buffer_size that fits, when `size` members' replay of `capacity_steps` stored
-    steps of `num_envs` rows (`row_bytes` each) needs more than the share of the device's available memory a replay
-    buffer may take (the share the solo `ReplayBuffer` takes; where a solo buffer on an accelerator would move to host
-    memory, the population's stays on its device): the allocation would fail later, or the process be killed."""
+def check_member_replay_fits(rows: int, size: int, num_envs: int, row_bytes: float, device: torch.device,
+                             fixed_bytes: int = 0) -> None:
+    """UserError, with the largest buffer_size that fits, when `size` members' replay of `rows` transitions each
+    (`row_bytes` each, plus `fixed_bytes` per member whatever its size) needs more than the share of the device's
+    available memory a replay buffer may take (the share the solo `ReplayBuffer` takes; where a solo buffer on an
+    accelerator would move to host memory, the population's stays on its device): the allocation would fail later,
+    or the process be killed."""
     free = available_memory_bytes(device)
-    step_bytes = size * num_envs * row_bytes
-    needed = capacity_steps * step_bytes
+    needed = size * (rows * row_bytes + fixed_bytes)
     if free is None or needed <= REPLAY_MEMORY_SHARE * free:
         return
     budget = int(REPLAY_MEMORY_SHARE * free)
-    fits = int(budget // step_bytes) * num_envs
+    fits = max(int((budget / size - fixed_bytes) // row_bytes), 0) // num_envs * num_envs
     advice = (f"the largest buffer_size that fits is {fits:,} (--set buffer_size={fits}), or train fewer members "
               "at once" if fits >= num_envs else "not even one step of every member's envs fits: train fewer "
               "members at once, or free memory")
-    raise UserError(f"The replay buffers of {size} members ({capacity_steps * num_envs:,} transitions each, "
-                    f"{row_bytes:,} bytes per transition) need {needed / 2**30:.2f} GiB, more than the "
-                    f"{budget / 2**30:.2f} GiB they may take ({REPLAY_MEMORY_SHARE:.0%} of the available memory of "
-                    f"{device}); {advice}.")
+    raise UserError(f"The replay buffers of {size} members ({rows:,} transitions each, {row_bytes:,.0f} bytes per "
+                    f"transition) need {needed / 2**30:.2f} GiB, more than the {budget / 2**30:.2f} GiB they may take "
+                    f"({REPLAY_MEMORY_SHARE:.0%} of the available memory of {device}); {advice}.")
 
 
 class MemberReplay:
@@ -262,8 +263,10 @@ class MemberReplay:
     overwritten, as the solo buffer overwrites its oldest rows (the same rows when `buffer_size` is a multiple of
     `num_envs`). With `mask_size`, each row also keeps the actions allowed at its next observation
     (`next_action_masks`, bool), as the solo buffer made with `mask_size` does. Observations are stored flat in
-    `obs_dtype` (images: their own uint8 or bool, as the solo buffer keeps them); Atari's 4-frame stacks whole, where
-    the solo's `FrameStackReplayBuffer` stores each frame once (about 8x its bytes per transition; the same stacks)."""
+    `obs_dtype` (images: their own uint8 or bool, as the solo buffer keeps them). Frame-stacked Atari observations
+    take `MemberFrameReplay` instead (each frame stored once, as the solo's)."""
+
+    layout = "dense"
 
     def __init__(self, capacity_steps: int, size: int, num_envs: int, obs_dim: int, action_dim: int,
                  gammas: torch.Tensor, n_step: int, device: torch.device, mask_size: int | None = None,
@@ -316,7 +319,7 @@ class MemberReplay:
         return 2 * obs_dim * item + 4 * action_dim + 12 + (mask_size or 0)
 
     def _check_fits(self, capacity_steps: int) -> None:
-        check_member_replay_fits(capacity_steps, self.size, self.num_envs, self.row_bytes, self.device)
+        check_member_replay_fits(capacity_steps * self.num_envs, self.size, self.num_envs, self.row_bytes, self.device)
 
     def grow(self, capacity_steps: int) -> None:
         """Room for `capacity_steps` stored steps (the stored rows are kept; a buffer that has wrapped keeps its
@@ -389,6 +392,37 @@ class MemberReplay:
         """Stored rows per member (the solo buffer's `size`)."""
         return min(self.written, self.capacity_steps) * self.num_envs
 
+    def sizes(self) -> list[int]:
+        """Stored rows of each member (all the same here)."""
+        return [len(self)] * self.size
+
+    def restart_episodes(self) -> None:
+        """Every row starts a new episode (the envs were made afresh): pending n-step steps are dropped."""
+        self._window = []
+
+    def summary(self) -> dict:
+        """The layout and footprint as JSON values (summary.json's `replay`), per member and for all members."""
+        return {"layout": self.layout, "capacity": self.capacity_steps * self.num_envs,
+                "bytes_per_transition": self.row_bytes, "members": self.size,
+                "nbytes": self.capacity_steps * self.step_bytes, "storage_device": str(self.device)}
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """What a checkpoint keeps: the stored rows, the pending n-step steps, and the counts."""
+        stored = min(self.written, self.capacity_steps)
+        tensors = {name: getattr(self, name)[:stored] for name in self.fields}
+        tensors.update({f"window.{i}.{j}": value for i, entry in enumerate(self._window)
+                        for j, value in enumerate(entry)})
+        return tensors, {"layout": self.layout, "capacity_steps": self.capacity_steps, "written": self.written,
+                         "window": len(self._window)}
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore what `state` returned (KeyError or RuntimeError where it does not fit this buffer)."""
+        for name in self.fields:
+            getattr(self, name)[:tensors[name].shape[0]] = tensors[name]
+        entries = 7 if self.next_action_masks is not None else 6
+        self._window = [tuple(tensors[f"window.{i}.{j}"] for j in range(entries)) for i in range(int(meta["window"]))]
+        self.written = int(meta["written"])
+
     def sample(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
         """The rows `index` `[K, M]` (solo row numbers, one row of draws per member) as `[K, M, ...]` tensors."""
         size, envs = self.size, self.num_envs
@@ -400,6 +434,117 @@ class MemberReplay:
             return rows.view(*index.shape, *storage.shape[3:])
 
         return {name: gather(getattr(self, name)) for name in self.fields}
+
+
+class MemberFrameReplay:
+    """The members' replay buffers where observations are frame stacks (preprocessed Atari games): one solo
+    `FrameStackReplayBuffer` per member, made as the solo run makes its buffer (`buffer_size` transitions, the member's
+    gamma, n-step and masks), so each frame is stored once and member k's buffer holds, gives up and rebuilds exactly
+    the solo buffer's rows. `MemberReplay`'s interface: `add` takes every member's rows at once, `sample` gathers each
+    member's draws from its own buffer (one gather per member and field) and returns `[K, M, ...]` tensors with
+    observations flattened, as `MemberReplay` stores them."""
+
+    layout = "frames"
+
+    def __init__(self, capacity: int, size: int, num_envs: int, observation, action_shape: tuple[int, ...],
+                 action_dtype: torch.dtype, gammas: torch.Tensor, n_step: int, device: torch.device,
+                 mask_size: int | None = None):
+        self.capacity, self.num_envs, self.device = int(capacity), num_envs, device
+        action_bytes = torch.empty((), dtype=action_dtype).element_size() * int(torch.Size(action_shape).numel())
+        #: bytes one transition takes on average (the frame pool's share included), as the solo buffer reports it
+        self.row_bytes = FrameStackReplayBuffer.planned_nbytes(self.capacity, num_envs, observation, action_bytes,
+                                                               n_step, mask_size) / self.capacity
+        self.check_fits(self.capacity, size, num_envs, observation, action_bytes, n_step, mask_size, device)
+        self.buffers = [FrameStackReplayBuffer(self.capacity, num_envs, observation, action_shape, action_dtype,
+                                               device, n_step=n_step, gamma=float(gamma), mask_size=mask_size)
+                        for gamma in gammas.tolist()]  # (a float32 gamma, as the solo's buffer computes with it)
+
+    @staticmethod
+    def check_fits(capacity: int, size: int, num_envs: int, observation, action_bytes: int, n_step: int,
+                   mask_size: int | None, device: torch.device) -> None:
+        """`check_member_replay_fits` for `size` members' buffers of `capacity` transitions (made with these
+        arguments): their frame pools' bytes per transition and fixed bytes."""
+        row_bytes, fixed = FrameStackReplayBuffer.planned_terms(num_envs, observation, action_bytes, n_step, mask_size)
+        check_member_replay_fits(capacity, size, num_envs, row_bytes, device, fixed_bytes=fixed)
+
+    @property
+    def size(self) -> int:
+        """Members kept."""
+        return len(self.buffers)
+
+    def grow(self, capacity_steps: int) -> None:
+        """Nothing: each member's buffer holds `buffer_size` transitions from the start, as the solo's."""
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only the members at `index`."""
+        self.buffers = [self.buffers[i] for i in index.tolist()]
+
+    def _rows(self, value: torch.Tensor | None, k: int) -> torch.Tensor | None:
+        return None if value is None else value[k * self.num_envs:(k + 1) * self.num_envs]
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None,
+            reset_rows=None) -> None:
+        """One step of every member's envs (rows `[K * N, ...]`, member-major) into each member's buffer;
+        `reset_rows`: the env's `info["final_rows"]` (host indices of the rows it restarted), or None."""
+        for k, buffer in enumerate(self.buffers):
+            mine = None
+            if reset_rows is not None:
+                rows = np.asarray(reset_rows) - k * self.num_envs
+                mine = rows[(rows >= 0) & (rows < self.num_envs)]
+            buffer.add(*(self._rows(value, k) for value in (obs, actions, rewards, next_obs, terminated, truncated,
+                                                            next_action_masks)), reset_rows=mine)
+
+    def __len__(self) -> int:
+        """Stored rows of the member that holds the fewest (they differ only where a pool gave up rows)."""
+        return min(len(buffer) for buffer in self.buffers)
+
+    def sizes(self) -> list[int]:
+        """Stored rows of each member (its solo buffer's `size`)."""
+        return [len(buffer) for buffer in self.buffers]
+
+    def restart_episodes(self) -> None:
+        """Every row starts a new episode (the envs were made afresh)."""
+        for buffer in self.buffers:
+            buffer.restart_episodes()
+
+    def summary(self) -> dict:
+        """The layout and footprint as JSON values (summary.json's `replay`), per member and for all members."""
+        first = self.buffers[0].summary() if self.buffers else {}
+        return {"layout": self.layout, "capacity": self.capacity, "bytes_per_transition": round(self.row_bytes, 1),
+                "members": self.size, "nbytes": sum(b.nbytes for b in self.buffers), "storage_device": str(self.device),
+                "frames_per_stack": first.get("frames_per_stack"), "evicted": [b.evicted for b in self.buffers]}
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """What a checkpoint keeps: each member's `FrameStackReplayBuffer.state_dict`."""
+        tensors, metas = {}, []
+        for k, buffer in enumerate(self.buffers):
+            own, meta = buffer.state_dict()
+            tensors.update({f"member.{k}.{name}": value for name, value in own.items()})
+            metas.append(meta)
+        return tensors, {"layout": self.layout, "capacity": self.capacity, "members": metas}
+
+    def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore what `state` returned (KeyError or RuntimeError where it does not fit this buffer)."""
+        if len(meta["members"]) != self.size:
+            raise KeyError("another number of members")
+        for k, (buffer, own) in enumerate(zip(self.buffers, meta["members"])):
+            prefix = f"member.{k}."
+            reason = buffer.load_state_dict({name[len(prefix):]: value for name, value in tensors.items()
+                                             if name.startswith(prefix)}, own)
+            if reason is not None:
+                raise RuntimeError(reason)
+
+    def sample(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rows `index` `[K, M]` (solo row numbers: member k's below its `sizes()[k]`) as `[K, M, ...]` tensors,
+        each member's from its own buffer as its solo buffer's `sample_batches` maps and gathers them."""
+        batches = []
+        for buffer, draws in zip(self.buffers, index):
+            start = 0 if buffer.size == buffer.capacity else (buffer.pos - buffer.size) % buffer.capacity
+            batches.append(buffer.gather((draws + start) % buffer.capacity if start else draws))
+        out = {name: torch.stack([batch[name] for batch in batches]) for name in batches[0]}
+        for name in ("obs", "next_obs", "actions"):  # (flat rows; Discrete actions `[K, M, 1]`, as `MemberReplay`'s)
+            out[name] = out[name].reshape(*index.shape, -1)
+        return out
 
 
 class OffPolicyPopulation(PopulationBase):
@@ -568,34 +713,64 @@ class OffPolicyPopulation(PopulationBase):
             # per-episode state (pending n-step steps, TD3's noise process) belongs to the episodes the fresh envs
             # replace: every row starts a new episode
             if self.buffer is not None:
-                self.buffer._window = []
+                self.buffer.restart_episodes()
             self._on_dones(torch.ones(len(self.alive) * cfg.num_envs, dtype=torch.bool, device=self.device))
         if self.buffer is None:
             if not self.alive:
                 return
             self._buffer_start = self.num_timesteps
-            self.buffer = MemberReplay(capacity, len(self.alive), cfg.num_envs, self.obs_dim,
-                                       1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
-                                       self.device, mask_size=self.action_dim if self._masking else None,
-                                       obs_dtype=self._replay_obs_dtype())
+            self.buffer = self._new_replay(capacity, self._masking)
         else:
             self.buffer.grow(capacity)
+
+    @property
+    def _frame_replay(self) -> bool:
+        """Whether the replay stores each frame once (`MemberFrameReplay`): frame-stacked Atari games, as the solo
+        run's buffer does (`frame_dedup`, on by default)."""
+        return bool(self._atari and self.config.frame_dedup and frame_stacks(self.spec.observation_space))
+
+    def _new_replay(self, capacity_steps: int, masks: bool) -> MemberReplay | MemberFrameReplay:
+        """An empty replay for the members kept: `MemberFrameReplay` of `buffer_size` transitions each where frames are
+        stored once, else `MemberReplay` of `capacity_steps` steps; with the actions' masks where `masks`."""
+        cfg, mask_size = self.config, self.action_dim if masks else None
+        if self._frame_replay:
+            return MemberFrameReplay(cfg.buffer_size, len(self.alive), cfg.num_envs, self.spec.observation_space,
+                                     self._action_tail, self._index_dtype if self.discrete else torch.float32,
+                                     self.hyper["gamma"], cfg.n_step, self.device, mask_size=mask_size)
+        return MemberReplay(capacity_steps, len(self.alive), cfg.num_envs, self.obs_dim,
+                            1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step, self.device,
+                            mask_size=mask_size, obs_dtype=self._replay_obs_dtype())
 
     def _replay_capacity(self, total_timesteps: int) -> int:
         """Stored steps the replay needs for `total_timesteps` more env steps per member (at most buffer_size's)."""
         steps_needed = -(-(self.num_timesteps + total_timesteps) // self.config.num_envs) + 1
         return min(steps_needed, max(self.config.buffer_size // self.config.num_envs, 1))
 
+    def _summary(self, *args, **kwargs) -> dict:
+        """`PopulationBase._summary` plus the replay's layout and footprint (`replay`, as a solo run's summary)."""
+        return {**super()._summary(*args, **kwargs), "replay": self.replay_summary()}
+
+    def replay_summary(self) -> dict | None:
+        """The replay's layout (`dense`, or `frames`: each frame stored once), transitions and bytes per transition
+        per member, and its bytes for all members kept (summary.json's `replay`); None before `learn` made it."""
+        return None if self.buffer is None else self.buffer.summary()
+
     def check_fits(self, total_timesteps: int) -> None:
         """UserError (`check_member_replay_fits`) where the replay `learn(total_timesteps)` would allocate does not
         fit in memory (see `PopulationBase.check_fits`). Counts action masks wherever the actions are discrete and
         `use_masking` is on (at most the rows' action count in bytes: the env says whether it gives masks only when
         it starts)."""
-        masks = self.action_dim if self.discrete and getattr(self.config, "use_masking", False) else None
+        cfg = self.config
+        masks = self.action_dim if self.discrete and getattr(cfg, "use_masking", False) else None
+        if self._frame_replay:  # (each member's buffer holds buffer_size transitions, as the solo's)
+            MemberFrameReplay.check_fits(cfg.buffer_size, len(self.alive), cfg.num_envs, self.spec.observation_space,
+                                         self._index_dtype.itemsize if self.discrete else 4 * self.action_dim,
+                                         cfg.n_step, masks, self.device)
+            return
         row_bytes = MemberReplay.bytes_per_row(self.obs_dim, 1 if self.discrete else self.action_dim, masks,
                                                self._replay_obs_dtype())
-        check_member_replay_fits(self._replay_capacity(total_timesteps), len(self.alive), self.config.num_envs,
-                                 row_bytes, self.device)
+        check_member_replay_fits(self._replay_capacity(total_timesteps) * cfg.num_envs, len(self.alive),
+                                 cfg.num_envs, row_bytes, self.device)
 
     def train_iteration(self) -> int:
         """`train_freq` steps of every member's envs into the replay buffer, then `gradient_steps` updates of every
@@ -625,7 +800,11 @@ class OffPolicyPopulation(PopulationBase):
                 if masking:
                     following = next_masks(info, terminated | truncated)
                     self._action_mask = info["action_mask"]
-                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following)
+                if self._frame_replay:  # (the rows the env restarted: their next observation is stored whole)
+                    buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following,
+                               reset_rows=info.get("final_rows"))
+                else:
+                    buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following)
                 self._on_dones(terminated | truncated)
                 self._obs = next_obs
         steps = cfg.train_freq * envs
@@ -667,11 +846,11 @@ class OffPolicyPopulation(PopulationBase):
         gradient_steps = steps if cfg.gradient_steps == -1 else cfg.gradient_steps
         batch_size = cfg.batch_size
         chunk = max(1, min(gradient_steps, _SAMPLE_ROWS // batch_size))
-        stored = len(buffer)
+        stored = buffer.sizes()
         for first in range(0, gradient_steps, chunk):
             count = min(chunk, gradient_steps - first)
-            index = torch.stack([torch.randint(0, stored, (count * batch_size,), device=self.device, generator=g)
-                                 for g in self.generators])
+            index = torch.stack([torch.randint(0, rows, (count * batch_size,), device=self.device, generator=g)
+                                 for rows, g in zip(stored, self.generators)])
             rows = buffer.sample(index)
             for i in range(count):
                 self._update({key: value[:, i * batch_size:(i + 1) * batch_size] for key, value in rows.items()})
@@ -739,15 +918,13 @@ class OffPolicyPopulation(PopulationBase):
             return None
         from rlspeed.algos.off_policy import REPLAY_SUFFIX
 
-        stored = min(buffer.written, buffer.capacity_steps)
-        tensors = {name: getattr(buffer, name)[:stored] for name in buffer.fields}
-        tensors.update({f"window.{i}.{j}": value for i, entry in enumerate(buffer._window)
-                        for j, value in enumerate(entry)})
+        tensors, meta = buffer.state()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
-        save_checkpoint(file, tensors, {"replay_buffer": {
-            "token": token, "capacity_steps": buffer.capacity_steps, "written": buffer.written,
-            "window": len(buffer._window), "alive": list(self.alive)}})
+        save_checkpoint(file, tensors, {"replay_buffer": {**meta, "token": token, "alive": list(self.alive),
+                                                          "masks": "next_action_masks" in tensors
+                                                          or any(name.endswith(".next_action_masks")
+                                                                 for name in tensors)}})
         return {"file": file.name, "token": token}
 
     def _load_replay(self, path: Path, saved: dict | None) -> None:
@@ -770,26 +947,20 @@ class OffPolicyPopulation(PopulationBase):
         if info.get("token") != saved.get("token") or info.get("alive") != self.alive:
             warnings.warn(f"'{file}' does not belong to '{path}' (a later save wrote it); {empty}.", stacklevel=3)
             return
-        cfg = self.config
-        masks = "next_action_masks" in tensors  # (a run that applied the env's action masks)
+        masks = info.get("masks", "next_action_masks" in tensors)  # (a run that applied the env's action masks)
+        if info.get("layout", "dense") != ("frames" if self._frame_replay else "dense"):
+            warnings.warn(f"'{file}' holds another replay layout than this population's; {empty}.", stacklevel=3)
+            return
         try:
-            buffer = MemberReplay(int(info["capacity_steps"]), len(self.alive), cfg.num_envs, self.obs_dim,
-                                  1 if self.discrete else self.action_dim, self.hyper["gamma"], cfg.n_step,
-                                  self.device, mask_size=self.action_dim if masks else None,
-                                  obs_dtype=tensors["obs"].dtype)
+            buffer = self._new_replay(int(info.get("capacity_steps", 1)), masks)
         except UserError as error:  # (it does not fit in memory now)
             warnings.warn(f"'{file}' cannot be loaded ({error}); {empty}.", stacklevel=3)
             return
         try:
-            for name in buffer.fields:
-                getattr(buffer, name)[:tensors[name].shape[0]] = tensors[name]
-            entries = 7 if masks else 6
-            buffer._window = [tuple(tensors[f"window.{i}.{j}"] for j in range(entries))
-                              for i in range(int(info["window"]))]
+            buffer.load_state(tensors, info)
         except (KeyError, RuntimeError) as error:
             warnings.warn(f"'{file}' cannot fill this population's replay buffer ({error}); {empty}.", stacklevel=3)
             return
-        buffer.written = int(info["written"])
         self.buffer = buffer
         self._buffer_start = int(self._resumed_buffer_start)
 
