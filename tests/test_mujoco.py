@@ -34,6 +34,17 @@ def test_hopper_is_float32_vectors_and_box_actions_with_final_obs_at_a_fall():
         env.close()
 
 
+def test_making_a_mujoco_env_leaves_no_log_file_in_the_working_directory(tmp_path, monkeypatch):
+    """MuJoCo appends its warnings (HalfCheetah-v5's deprecated compiler attribute, with MuJoCo 4) to MUJOCO_LOG.TXT
+    in the working directory unless a handler takes them: rlspeed routes them to Python's warnings."""
+    import mujoco
+
+    monkeypatch.chdir(tmp_path)
+    make_env("HalfCheetah-v5", num_envs=1, seed=0, backend="gymnasium", device="cpu").close()
+    assert mujoco.get_mju_user_warning() is not None
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
 def _finite(module: torch.nn.Module) -> bool:
     return all(bool(torch.isfinite(parameter).all()) for parameter in module.parameters())
 

@@ -418,6 +418,9 @@ def check_env_families() -> list[Check]:
 
                     env = make_env(env_id, num_envs=1, device="cpu", backend=_MADE_BY_RLSPEED[family])
                 else:
+                    from rlspeed.envs.packages import route_mujoco_messages
+
+                    route_mujoco_messages(env_id)  # (not MUJOCO_LOG.TXT in the working directory)
                     env = gymnasium.make(env_id)
                 try:
                     env.reset(seed=0)

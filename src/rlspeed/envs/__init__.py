@@ -19,7 +19,7 @@ from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
-from rlspeed.envs.packages import PACKAGE_FAMILIES, import_gym_packages, register_family
+from rlspeed.envs.packages import PACKAGE_FAMILIES, import_gym_packages, register_family, route_mujoco_messages
 from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
@@ -66,7 +66,10 @@ def _check_registered(env_id: str) -> None:
     """Register ale-py's envs on the first Atari id (`atari.register_atari`) and the envs of a `PACKAGE_FAMILIES`
     family on its first id; UserError saying what to install for an unregistered id of a known family."""
     register_family(env_id)
-    if env_id in gym.registry or not _looks_like_atari(env_id):
+    if env_id in gym.registry:
+        route_mujoco_messages(env_id)
+        return
+    if not _looks_like_atari(env_id):
         return
     if not atari.register_atari():
         raise UserError(f"'{env_id}' is an Atari id, and Atari envs need ale-py: pip install ale-py "

@@ -1,5 +1,6 @@
 """Env packages that register their ids with Gymnasium when imported: `--gym-packages` modules, and the families of
-ids whose package rlspeed imports by itself on the first id (`PACKAGE_FAMILIES`)."""
+ids whose package rlspeed imports by itself on the first id (`PACKAGE_FAMILIES`); MuJoCo's messages routed to
+Python's warnings (`route_mujoco_messages`)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,34 @@ def register_family(env_id: str) -> None:
                                 f"{package}.")
             import_gym_packages([module], f"(which registers the {family} envs)")
             return
+
+
+_mujoco_routed = False
+
+
+def route_mujoco_messages(env_id: str) -> None:
+    """For an id of Gymnasium's MuJoCo envs: route MuJoCo's warnings (model compiler notices, simulation
+    instabilities) to Python's `warnings` (DeprecationWarning where MuJoCo says deprecated, else RuntimeWarning;
+    each message once per process), unless the user set MuJoCo's handler. Without a handler MuJoCo prints them and
+    appends them to MUJOCO_LOG.TXT in the working directory, a file the user did not ask for (HalfCheetah-v5 writes
+    one on every make with MuJoCo 4)."""
+    global _mujoco_routed
+    spec = gym.registry.get(env_id)
+    entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
+    if _mujoco_routed or not entry.startswith("gymnasium.envs.mujoco") or importlib.util.find_spec("mujoco") is None:
+        return
+    import mujoco
+
+    _mujoco_routed = True
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+_mujoco_said: set[str] = set()
+
+
+def _mujoco_warning(text: str) -> None:
+    if text in _mujoco_said:  # (once per process: each env made would say it again)
+        return
+    _mujoco_said.add(text)
+    warnings.warn(f"MuJoCo: {text}", DeprecationWarning if "deprecated" in text else RuntimeWarning, stacklevel=2)
