@@ -49,6 +49,38 @@ def _solo_statistics(solo) -> dict[str, torch.Tensor]:
 NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
 
 
+def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped_calls_result():
+    """Nature CNNs (Atari-size images) run member by member in the solo's channels-last layout, small CNNs as one
+    grouped call (`MemberEncoder.mode`); both ways give the same features and parameter gradients."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed.nn import CNNEncoder, to_device
+    from rlspeed.population.base import MemberEncoder
+
+    generator = torch.Generator().manual_seed(0)
+    for shape, dtype, mode in (((4, 84, 84), np.uint8, "per-member"), ((10, 10, 4), bool, "grouped")):
+        space = gym.spaces.Box(0, 255 if dtype == np.uint8 else 1, shape, dtype=dtype)
+        torch.manual_seed(0)
+        encoders = [to_device(CNNEncoder(space, features_dim=32), torch.device("cpu")) for _ in range(3)]
+        chosen = MemberEncoder(encoders)
+        assert chosen.mode == mode
+        other = MemberEncoder(encoders, mode="grouped" if mode == "per-member" else "per-member")
+        obs = torch.randint(0, 256 if dtype == np.uint8 else 2, (3, 5, *shape), generator=generator)
+        obs = obs.to(torch.uint8 if dtype == np.uint8 else torch.bool)
+        results = []
+        for encoder in (chosen, other):
+            params = encoder.stack(encoders)
+            features = encoder(params, obs)
+            grads = torch.autograd.grad(features.square().sum(), params)
+            results.append((features, grads))
+        torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(results[0][1], results[1][1]):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        solo = encoders[1](obs[1])  # (member 1's features are its own encoder's)
+        torch.testing.assert_close(results[0][0][1], solo, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("env_id, backend, hyper", [
     ("CartPole-v1", "torch", {}),
     ("Pendulum-v1", "torch", {"normalize_obs": False, "normalize_reward": False}),

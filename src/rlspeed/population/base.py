@@ -296,13 +296,27 @@ class _MemberLinear(torch.autograd.Function):
 
 class MemberEncoder:
     """The members' own copies of a parameterised observation encoder (`rlspeed.nn.CNNEncoder`: each member's
-    convolutions and linear layer, initialised as its solo model's) applied as one batched call: `torch.func.vmap` of
-    the solo's encoder module over the members' stacked parameters (for convolutions, one grouped convolution of K
-    groups per layer). The population holds the stacked parameters (`stack`: leaves `[K, ...]` in `names`' order; the
-    solo's state dict names them `<encoder's prefix>.<name>`) and passes them to every call."""
+    convolutions and linear layer, initialised as its solo model's) applied to all members in one call, on the
+    members' stacked parameters. The population holds the stacked parameters (`stack`: leaves `[K, ...]` in `names`'
+    order; the solo's state dict names them `<encoder's prefix>.<name>`) and passes them to every call.
 
-    def __init__(self, encoders: Sequence[torch.nn.Module]):
-        module = copy.deepcopy(encoders[0])
+    How the convolutions run (`mode`, chosen here): `grouped`, `torch.func.vmap` of the solo's encoder module over the
+    stacked parameters (one grouped convolution of K groups per layer: one call instead of K, which wins where small
+    images make a convolution's cost its call overhead); or `per-member`, the solo's module called once per member
+    with its parameters, in the solo's memory layout (K ordinary convolutions, which win where large images make
+    them arithmetic-bound: oneDNN's grouped convolution is slower than K channels-last ones). `per-member` for the
+    Nature CNN on a CPU, `grouped` elsewhere; `benchmarks/population_cnn.py` re-measures both image sizes."""
+
+    def __init__(self, encoders: Sequence[torch.nn.Module], mode: str | None = None):
+        first = encoders[0]
+        if mode is None:
+            cpu = next(first.parameters()).device.type == "cpu"
+            mode = "per-member" if isinstance(first, CNNEncoder) and first.nature and cpu else "grouped"
+        if mode not in ("per-member", "grouped"):
+            raise ValueError(f"MemberEncoder mode is 'per-member' or 'grouped', not {mode!r}")
+        #: `per-member` or `grouped` (class docstring; `mode` None: the rule there)
+        self.mode = mode
+        module = copy.deepcopy(first)
         for part in module.modules():  # (vmap cannot read a memory format: the batched call takes any)
             if hasattr(part, "input_format"):
                 part.input_format = torch.preserve_format
@@ -319,6 +333,9 @@ class MemberEncoder:
         self._vmapped = [i for i in range(len(self.names)) if i not in self._linear]
         self._vmapped_names = [self.names[i] for i in self._vmapped]
         self._batched = torch.func.vmap(self._one)
+        if self.mode == "per-member":  # (the solo's module as it is: its memory layout for the convolutions' input)
+            self._member_module = copy.deepcopy(first)
+            self._member_module.forward = self._member_module.conv_features
 
     def stack(self, encoders: Sequence[torch.nn.Module], trainable: bool = True) -> list[torch.Tensor]:
         """The members' encoders' parameters stacked `[K, ...]` (new leaves; `trainable=False` for targets)."""
@@ -331,7 +348,12 @@ class MemberEncoder:
     def __call__(self, params: Sequence[torch.Tensor], obs: torch.Tensor | dict[str, torch.Tensor]) -> torch.Tensor:
         """Features `[K, B, features_dim]` of observations `[K, B, *observation shape]` (Dict observations: a dict of
         them), member k's by `params`' row k (stacked parameters laid out as `params`)."""
-        x = self._batched(tuple(params[i] for i in self._vmapped), obs)
+        if self.mode == "per-member":
+            x = torch.stack([torch.func.functional_call(
+                self._member_module, {name: params[i][k] for name, i in zip(self._vmapped_names, self._vmapped)},
+                (obs[k],)) for k in range(obs.shape[0])])
+        else:
+            x = self._batched(tuple(params[i] for i in self._vmapped), obs)
         if not self._split:
             return x
         weight, bias = (params[i] for i in self._linear)  # (x: the convolutions' output [K, B, flat])
@@ -505,6 +527,8 @@ class PopulationBase:
     #: whether the population applies an env's action masks (`use_masking`), as its solo algorithm does
     supports_action_masks = False
     _masking = False  # whether this run applies them (decided when the env starts: `_start_env`)
+    #: the members' own encoders where they have parameters (images, Dict observations), else None
+    _member_encoder: MemberEncoder | None = None
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
     #: iteration is a few env steps, a host read per iteration would cost more than it saves)
     check_divergence_every_iteration = False
@@ -1074,7 +1098,9 @@ class PopulationBase:
         exits = loop.left.values()
         return {
             "algo": self.algo_name, "env_id": self.env_id, "population": self.size, "seeds": self.seeds,
-            "device": str(self.device), "env_backend": self.env_backend, "update": self.update_path, "stop": stop,
+            "device": str(self.device), "env_backend": self.env_backend, "update": self.update_path,
+            # (how the members' own encoders run: `MemberEncoder.mode`; None without one)
+            "member_encoder": None if self._member_encoder is None else self._member_encoder.mode, "stop": stop,
             "total_timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s, "train_cpu_s": loop.train_cpu_s,
             "sps": loop.member_steps / max(loop.train_wall_s, 1e-9), "target_return": target_return,
             "reached": sum(loop.reached), "pruned": sum("pruned_at" in v for v in exits),
