@@ -15,9 +15,10 @@ each in a fresh process, one after the other, the order reversed every other pai
 steps per agent with no evaluation inside the timed training (the population's final evaluation comes after it), and
 the ratio of their steps/s (and of their training CPU time per env step) is taken within the pair.
 torch.set_num_threads(--threads, default 1) in every run; the machine's load (`uptime`) before and after is
-recorded. Where the time goes: the members' convolutions are one grouped convolution of K groups per layer
+recorded. Where the time goes: the members' small CNNs run as one grouped convolution of K groups per layer
 (`torch.func.vmap`), which saves the per-call overhead of K small calls (rollout steps of a few observations) but
-not the arithmetic of the update's minibatches.
+not the arithmetic of the update's minibatches; Nature CNNs on a CPU run member by member (`MemberEncoder.mode`),
+since there the grouped convolution is slower than K ordinary ones.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def worker(args: argparse.Namespace) -> dict:
     return {"side": "population", "members": args.members, "sps": summary["sps"],
             "train_wall_s": summary["train_wall_s"], "train_cpu_s": summary["train_cpu_s"],
             "update": population.update_path, "env_backend": population.env_backend,
-            "replay": summary.get("replay")}
+            "replay": summary.get("replay"), "member_encoder": summary.get("member_encoder")}
 
 
 def main() -> None:
@@ -128,6 +129,9 @@ def main() -> None:
     flags = f"--algo {args.algo}" + (f" --env {args.env}" if args.env != ENV_ID else "")
     images = ("84x84x4 uint8 frame stacks; each member's own Nature CNN" if atari
               else "10x10x4 bool images; each member's own small CNN")
+    per_member = pairs[0]["population"].get("member_encoder") == "per-member"
+    calls = ("its members' convolutions one call per member, in the solo's layout" if per_member
+             else "its members' convolutions one grouped call")
     replay = ""
     if args.algo == "dqn":
         solo_replay, member_replay = pairs[0]["solo"]["replay"], pairs[0]["population"]["replay"]
@@ -138,7 +142,7 @@ def main() -> None:
         f"## {args.algo.upper()} populations on images (`benchmarks/population_cnn.py {flags}`)",
         "",
         f"{args.members} {args.algo.upper()} agents on {args.env} ({images}, "
-        "its members' convolutions one grouped call) in one process, against one solo run of the same settings, "
+        f"{calls}) in one process, against one solo run of the same settings, "
         f"{backend} envs on both sides; rlspeed's {args.algo} preset for the id"
         + (" with learning_starts 1,000" if args.algo == "dqn" else "")
         + f" ({shown}). "

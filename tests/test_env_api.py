@@ -586,6 +586,34 @@ def test_a_vector_env_of_modified_envs_does_not_pass_for_the_registered_one(vari
         model.learn(64, target_return=1.0, progress_bar=False)
 
 
+@pytest.mark.parametrize("wrap", ["gymnasium reward", "sb3 VecNormalize", "sb3 VecFrameStack", "sb3 VecMonitor"])
+def test_a_wrapped_vector_env_is_not_evaluated_as_the_registered_one(wrap):
+    """A wrapper around the vector env itself (Gymnasium's vector wrappers, Stable-Baselines3's VecEnvWrappers) makes
+    it a variant: the model keeps no id, so `evaluate()` refuses in one sentence saying what to pass instead of
+    measuring the unwrapped env; a recording wrapper (VecMonitor) keeps the id."""
+    if wrap.startswith("sb3"):
+        sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+        from stable_baselines3.common.env_util import make_vec_env
+
+        vector_env = getattr(sb3, wrap.split()[1])(make_vec_env("Pendulum-v1", n_envs=2),
+                                                    **({"n_stack": 2} if wrap.endswith("FrameStack") else {}))
+    else:
+        same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+        vector_env = gym.wrappers.vector.TransformReward(
+            gym.make_vec("Pendulum-v1", num_envs=2, vector_kwargs=same_step), lambda reward: 100 * reward)
+    model = rlspeed.PPO(vector_env, device="cpu", num_steps=16, batch_size=32)
+    if wrap.endswith("VecMonitor"):
+        assert model.env_id == "Pendulum-v1"
+        return
+    assert model.env_id.startswith("user-")
+    with pytest.raises(rlspeed.UserError, match=r"stands for the vector env this model was trained on.*"
+                                                 r"rlspeed.evaluate\(model, env, episodes=env.num_envs\)"):
+        model.evaluate(episodes=2)
+    assert rlspeed.evaluate(model, vector_env, episodes=2)["episodes"] == 2  # (the env itself, as it was built)
+    with pytest.raises(rlspeed.UserError, match="this vector env has 2 envs: pass episodes=2"):
+        rlspeed.evaluate(model, vector_env, episodes=3)
+
+
 def test_a_wrapper_may_set_training_before_initialising_its_base():
     class Early(EnvWrapper):
         def __init__(self, env):

@@ -187,6 +187,9 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     device = resolve_device(device)
     atari_game = False
     if isinstance(env_id, gym.vector.VectorEnv) or is_sb3_vec_env(env_id):
+        if num_envs not in (1, env_id.num_envs):  # (1: the default, whatever the vector env's size)
+            raise UserError(f"make_env got a vector env of {env_id.num_envs} envs and num_envs={num_envs}: a vector "
+                            "env is used as it is built (leave num_envs out, or build it with that many envs).")
         if kwargs:
             raise UserError(f"make_env(vector_env, ...) takes no env options ({', '.join(kwargs)}): the vector env "
                             "is already built, so pass them where you build it.")

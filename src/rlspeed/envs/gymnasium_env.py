@@ -17,9 +17,18 @@ from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, mask_size, numpy
 from rlspeed.envs.packages import register_family
 from rlspeed.errors import UserError
 
+#: The env ids of a model trained on a vector env the user built, which rlspeed cannot rebuild from an id
+USER_VECTOR_ENV, USER_SB3_VEC_ENV = "user-vector-env", "user-sb3-vec-env"
+
 
 def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """Gymnasium's registry entry for an id; UserError naming close ids when it does not exist."""
+    """Gymnasium's registry entry for an id; UserError naming close ids when it does not exist (and saying what to
+    pass instead for the id of a user's own vector env)."""
+    if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
+        raise UserError(f"'{env_id}' stands for the vector env this model was trained on, which you built and "
+                        "rlspeed cannot rebuild from an id: pass that env (or another) where one is needed, e.g. "
+                        "rlspeed.evaluate(model, env, episodes=env.num_envs), or Algorithm.load(path, env=env) to "
+                        "train on.")
     register_family(env_id)
     try:
         return gym.spec(env_id)
@@ -129,6 +138,37 @@ def is_registered_env(spec) -> bool:
     wrappers = [w.name for w in getattr(spec, "additional_wrappers", ()) or ()]
     return (kwargs == dict(registered.kwargs or {}) and spec.max_episode_steps == registered.max_episode_steps
             and all(name in _RECORDING_WRAPPERS for name in wrappers))
+
+
+#: vector-level wrappers that only record (Gymnasium's vector RecordEpisodeStatistics, SB3's VecMonitor)
+_RECORDING_VECTOR_WRAPPERS = ("RecordEpisodeStatistics", "VecMonitor")
+
+
+def vector_wrappers(vector_env) -> list[str]:
+    """The class names of the wrappers around a user's vector env, outermost first: Gymnasium's `VectorWrapper`s
+    (`.env`) and Stable-Baselines3's `VecEnvWrapper`s (`.venv`: VecNormalize, VecFrameStack, ...)."""
+    names, inner = [], vector_env
+    while True:
+        if isinstance(inner, gym.vector.VectorWrapper):
+            names.append(type(inner).__name__)
+            inner = inner.env
+        elif hasattr(inner, "venv") and inner is not inner.venv:  # (SB3's VecEnvWrapper)
+            names.append(type(inner).__name__)
+            inner = inner.venv
+        else:
+            return names
+
+
+def registered_vector_env_id(vector_env) -> str | None:
+    """The registered id a user's vector env is, where `make_env(id)` rebuilds the same env (as evaluation and a
+    training target do): its envs' spec is the registered env's (`is_registered_env`) and no wrapper around the vector
+    env changes what it gives (recording ones only); else None (the user's own env or a variant)."""
+    spec = _vector_env_spec(vector_env)
+    if spec is None or not is_registered_env(spec):
+        return None
+    if any(name not in _RECORDING_VECTOR_WRAPPERS for name in vector_wrappers(vector_env)):
+        return None
+    return spec.id
 
 
 def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
@@ -280,8 +320,8 @@ class GymnasiumEnv(BatchedEnv):
                                 f"(this one uses {mode}).")
             spec = _vector_env_spec(vector_env)
             # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id)
-            registered = spec is not None and is_registered_env(spec)
-            env_id = env_id or (spec.id if registered else "user-vector-env")
+            registered = registered_vector_env_id(vector_env) is not None
+            env_id = env_id or (spec.id if registered else USER_VECTOR_ENV)
             max_steps = getattr(spec, "max_episode_steps", None)
             threshold = getattr(spec, "reward_threshold", None) if registered else None
         self.vector_env = vector_env

@@ -15,14 +15,15 @@ import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
 from rlspeed.envs.gymnasium_env import (
+    USER_SB3_VEC_ENV,
     HostObservations,
     _to_numpy_actions,
     _vector_env_spec,
     check_action_masks,
     host_tensor,
-    is_registered_env,
     mask_size,
     obs_and_final,
+    registered_vector_env_id,
     to_device,
 )
 
@@ -46,8 +47,8 @@ class SB3VecEnv(BatchedEnv):
         self.num_envs = int(vec_env.num_envs)
         obs_space, action_space = vec_env.observation_space, vec_env.action_space
         spec = _vector_env_spec(vec_env)  # the first env's: SB3's VecEnvs have no spec of their own
-        registered = spec is not None and is_registered_env(spec)  # see GymnasiumEnv: the id only if it rebuilds
-        self.spec = EnvSpec.from_spaces(spec.id if registered else "user-sb3-vec-env", obs_space, action_space,
+        registered = registered_vector_env_id(vec_env) is not None  # see GymnasiumEnv: the id only if it rebuilds
+        self.spec = EnvSpec.from_spaces(spec.id if registered else USER_SB3_VEC_ENV, obs_space, action_space,
                                         spec.max_episode_steps if spec is not None else None,
                                         spec.reward_threshold if registered else None)
         self._host = HostObservations(self.spec.observation_space)
