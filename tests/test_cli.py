@@ -511,6 +511,11 @@ def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeyp
     assert cli.main(["export", "run", "--format", fmt, "--out", str(out)]) == 0
     assert out.exists() and json.loads(Path(f"{out}.json").read_text())["algo"] == "ppo"
     assert cli.main(["export", "run", "--format", "bogus"]) == 2
+    # (without --format, --out's suffix names it; a --format that contradicts the suffix is refused)
+    named = tmp_path / "named.pt2"
+    assert cli.main(["export", "run", "--out", str(named)]) == 0
+    assert json.loads(Path(f"{named}.json").read_text())["format"] == "exported_program"
+    assert cli.main(["export", "run", "--format", "torchscript", "--out", str(tmp_path / "wrong.pt2")]) == 2
 
 
 def test_export_command_adds_the_action_mask_input_on_request(tmp_path, monkeypatch):

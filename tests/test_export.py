@@ -167,6 +167,14 @@ def test_bad_requests_are_one_sentence(tmp_path, monkeypatch):
         export(model, tmp_path / "q.tflite", format="tflite")
     with pytest.raises(UserError, match="is a directory"):
         export(model, tmp_path, format="torchscript")
+    # (loaders go by the suffix: a format that contradicts it is refused, and without format= it names the format)
+    with pytest.raises(UserError, match=r"ends in \.pt, the suffix of torchscript files, not of onnx"):
+        model.export(tmp_path / "q.pt", format="onnx")
+    with pytest.raises(UserError, match=r"Cannot tell the export format from .*q'.*\.onnx, \.pt, \.pt2"):
+        model.export(tmp_path / "q")
+    assert not list(tmp_path.iterdir())
+    program = model.export(tmp_path / "q.PT2")  # (the suffix's format: an exported program, whatever the case)
+    assert json.loads(program.with_name("q.PT2.json").read_text())["format"] == "exported_program"
     with pytest.raises(UserError, match="without a model.safetensors"):
         export_checkpoint(tmp_path, "onnx", algorithms=ALGORITHMS)
     real_find_spec = importlib.util.find_spec

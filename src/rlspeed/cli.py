@@ -1299,7 +1299,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     exp = sub.add_parser("export", help="export a saved model's deterministic policy (ONNX, TorchScript, torch.export)")
     exp.add_argument("checkpoint", help="a model file or a run directory")
-    exp.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "exported_program"])
+    exp.add_argument("--format", default=None, choices=["onnx", "torchscript", "exported_program"],
+                     help="(default: the one --out's suffix names, .onnx, .pt or .pt2; else onnx)")
     exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
     exp.add_argument("--action-mask", action="store_true",
                      help="add an action_mask input (bool [batch, actions]) for a policy trained with action masks")

@@ -464,9 +464,27 @@ def _replace_atomically(write, path: Path) -> None:
         temporary.unlink(missing_ok=True)
 
 
-def export(model, path: str | Path, format: str = "onnx", action_mask: bool | None = None) -> Path:
-    """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program"),
-    with a sidecar `path + ".json"`; returns the path.
+def export_format(path: str | Path, format: str | None) -> str:
+    """The export format for `path`: `format` when given (UserError when the path's suffix is another format's:
+    loaders go by the suffix), else the one its suffix names (`FORMATS`: .onnx, .pt, .pt2; UserError for another)."""
+    suffix = Path(path).suffix.lower()
+    by_suffix = {value: key for key, value in FORMATS.items()}
+    if format is None:
+        if suffix not in by_suffix:
+            raise UserError(f"Cannot tell the export format from '{path}': give a path ending in "
+                            f"{', '.join(FORMATS.values())} ({', '.join(FORMATS)}), or format=.")
+        return by_suffix[suffix]
+    if format not in FORMATS:
+        raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
+    if suffix in by_suffix and by_suffix[suffix] != format:
+        raise UserError(f"'{path}' ends in {suffix}, the suffix of {by_suffix[suffix]} files, not of {format} "
+                        f"({FORMATS[format]}): change the path's suffix or the format.")
+    return format
+
+
+def export(model, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
+    """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program";
+    None: the one the path's suffix names, `export_format`), with a sidecar `path + ".json"`; returns the path.
 
     Load the result with `onnxruntime.InferenceSession(path)`, `torch.jit.load(path)` or
     `torch.export.load(path).module()`; each maps raw observations `[B, ...]` to the env's actions (RecurrentPPO:
@@ -474,8 +492,7 @@ def export(model, path: str | Path, format: str = "onnx", action_mask: bool | No
     `action_mask` (bool `[B, n]`; all True is no mask) for policies that take masks; None adds it when the model's
     last training run used the env's masks.
     """
-    if format not in FORMATS:
-        raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
+    format = export_format(path, format)
     if format == "onnx":
         _check_onnx_packages()
     path = Path(path)
@@ -525,14 +542,18 @@ def _save_onnx(program, module: PolicyExport, sidecar: dict, file: Path) -> None
     onnx_program.save(file, external_data=False)
 
 
-def export_checkpoint(checkpoint: str | Path, format: str = "onnx", out: str | Path | None = None, *,
+def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: str | Path | None = None, *,
                       algorithms: Mapping[str, type], action_mask: bool | None = None) -> Path:
     """`rlspeed export`: load a model file or a run directory's `model.safetensors` on the CPU and export it.
 
     `algorithms` maps checkpoint algorithm names to classes (`rlspeed.algos.ALGORITHMS`; passed in, so that this
-    module does not import the algorithms that call it). `out` defaults to the model file with the format's suffix
-    (`model.onnx` beside `model.safetensors`); `action_mask` as `export` takes it. Returns the written path.
+    module does not import the algorithms that call it). `format` None: the one `out`'s suffix names, else onnx.
+    `out` defaults to the model file with the format's suffix (`model.onnx` beside `model.safetensors`);
+    `action_mask` as `export` takes it. Returns the written path.
     """
+    if format is None:
+        named = {value: key for key, value in FORMATS.items()}
+        format = named.get(Path(out).suffix.lower(), "onnx") if out is not None else "onnx"
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
     path = run_model(checkpoint)

@@ -710,8 +710,9 @@ class Algorithm:
         normalisation and action mapping inside); an algorithm with another kind of policy overrides it."""
         return default_export_module(self)
 
-    def export(self, path: str | Path, format: str = "onnx", action_mask: bool | None = None) -> Path:
-        """Write the deterministic policy as "onnx", "torchscript" or "exported_program", with a sidecar
+    def export(self, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
+        """Write the deterministic policy as "onnx", "torchscript" or "exported_program" (None: the one the path's
+        suffix names: .onnx, .pt, .pt2), with a sidecar
         `path + ".json"` naming inputs, outputs and spaces (docs/export.md); returns the path. `action_mask`: add an
         `action_mask` input (None: when this model trained with the env's action masks)."""
         return export_policy(self, path, format=format, action_mask=action_mask)
