@@ -64,6 +64,20 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
         algo(env_id, device="cpu", learning_rat=1e-3)
 
 
+def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
+    """`PPO("MlpPolicy", env)` (Stable-Baselines3's first line), extra positional arguments and seeds Gymnasium
+    cannot take are refused when the model is made, not with a TypeError or at the first env reset."""
+    algo, env_id, _, _, _ = trained
+    with pytest.raises(UserError, match=rf"no policy name.*write {algo.__name__}\('{env_id}', \.\.\.\)"):
+        algo("MlpPolicy", env_id, device="cpu")
+    with pytest.raises(UserError, match="takes one positional argument, the env"):
+        algo(env_id, "cpu")
+    for seed in (-1, "a", 1.5, 2**32):
+        with pytest.raises(UserError, match="A seed is a whole number from 0 to 2\\*\\*32 - 1"):
+            algo(env_id, device="cpu", seed=seed)
+    assert algo(env_id, device="cpu", seed=np.int64(3)).seed == 3
+
+
 def test_says_which_update_runs_and_why(trained):
     model = trained[3]
     choice = model.update_summary()

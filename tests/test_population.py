@@ -265,6 +265,8 @@ def test_member_overrides_set_one_member():
 @pytest.mark.parametrize("seeds, hyper, words", [
     ([], {}, "at least one member"),
     ([1, 2, 1], {}, "more than once"),
+    (3, {}, r"a list or range of ints \(e.g. seeds=range\(4\)"),  # (a count, not the seeds)
+    ([0, -1], {}, "A seed is a whole number"),
     ([0, 1], {"learning_rate": [1e-3, 2e-3, 3e-3]}, "3 per-member values"),
     ([0, 1], {"net_arch": [[64, 64], [32, 32]]}, "net_arch"),
     ([0, 1], {"num_envs": [8, 16]}, "cannot differ"),
@@ -288,6 +290,10 @@ def test_other_algorithms_and_envs_are_refused():
         Population(PPO, "FrozenLake-v1", seeds=[0], normalize_obs=True)
     with pytest.raises(UserError, match="no native env"):
         Population(PPO, "LunarLander-v3", seeds=[0], env_backend="torch")
+    import gymnasium as gym
+
+    with pytest.raises(UserError, match="takes an env id.*not a CartPoleVectorEnv"):
+        Population(PPO, gym.make_vec("CartPole-v1", num_envs=2), seeds=[0])
     with pytest.raises(UserError, match="env_backend"):
         Population(PPO, "CartPole-v1", seeds=[0], env_backend="gymnasium-async")
 

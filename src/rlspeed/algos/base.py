@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import numbers
 import random
 import secrets
 import time
@@ -184,6 +185,19 @@ class LearnResult:
     confirmations: list = dataclasses.field(default_factory=list)
 
 
+def check_seed(seed) -> int:
+    """`seed` as an int; UserError unless it is a whole number in [0, 2**32) (what Gymnasium's and numpy's seeding
+    take: a negative seed failed only when the envs were reset)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
+        raise UserError(f"A seed is a whole number from 0 to 2**32 - 1, not {seed!r}.")
+    return int(seed)
+
+
+#: Stable-Baselines3's (and sb3-contrib's) policy names, which its algorithms take before the env
+SB3_POLICY_NAMES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy", "MlpLstmPolicy", "CnnLstmPolicy",
+                    "MultiInputLstmPolicy")
+
+
 class Algorithm:
     """Base of rlspeed algorithms (SB3-like API: `learn`, `predict`, `save`, `load`)."""
 
@@ -192,12 +206,18 @@ class Algorithm:
     #: whether the last `resume` restored the checkpoint's episodes in progress (`_first_obs` sets it per learn call)
     _episodes_restored: bool = False
 
-    def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *, device: str | torch.device = "auto",
-                 seed: int | None = None, env_backend: str = "auto", num_threads: int | None = None,
-                 accelerate: str = "off", strategy: DistributedStrategy | None = None, nan_policy: str = "raise",
-                 numerics_guard: bool = True, save_replay_buffer: bool = False, **hyperparameters):
+    def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *policy_and_env,
+                 device: str | torch.device = "auto", seed: int | None = None, env_backend: str = "auto",
+                 num_threads: int | None = None, accelerate: str = "off", strategy: DistributedStrategy | None = None,
+                 nan_policy: str = "raise", numerics_guard: bool = True, save_replay_buffer: bool = False,
+                 **hyperparameters):
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
-        `EnvSpec` too: the env a checkpoint describes, as `load` passes it).
+        `EnvSpec` too: the env a checkpoint describes, as `load` passes it). No policy name comes before it, as in
+        Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
+        spaces.
+
+        `num_threads`: torch's intra-op threads, which `torch.set_num_threads` sets for the whole process (None:
+        RLSPEED_NUM_THREADS, else 1; see `rlspeed.device.configure_threads`).
 
         `nan_policy`: what a NaN or infinite observation or reward from the training env does: "raise"
         (`rlspeed.numerics.NonFiniteEnvError`, naming the env index and step) or "mask" (replaced by 0, counted).
@@ -205,6 +225,16 @@ class Algorithm:
         `rlspeed.numerics`). `save_replay_buffer`: off-policy checkpoints also write the replay buffer, beside them
         (`<name>.replay.safetensors`), so that a resumed run continues with it.
         """
+        name = type(self).__name__
+        if isinstance(env, str) and env in SB3_POLICY_NAMES:
+            example = policy_and_env[0] if policy_and_env and isinstance(policy_and_env[0], str) else "CartPole-v1"
+            raise UserError(f"{name} takes the env first and no policy name ({env!r} is Stable-Baselines3's): the "
+                            f"networks follow from the env's spaces (net_arch=, encoder= change them), so write "
+                            f"{name}({example!r}, ...).")
+        if policy_and_env:
+            raise UserError(f"{name} takes one positional argument, the env; give the others by name (got "
+                            f"{len(policy_and_env)} more: {', '.join(repr(a)[:40] for a in policy_and_env)}).")
+        seed = None if seed is None else check_seed(seed)
         configure_threads(num_threads)
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
         self.save_replay_buffer = bool(save_replay_buffer)

@@ -31,6 +31,9 @@ def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a c
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:
         raise UserError(f"Populations cover {', '.join(sorted(IMPLEMENTATIONS))} so far, not {name}.")
+    if not isinstance(env_id, str):
+        raise UserError(f"A population takes an env id (it makes each member's envs with the member's seed, as its "
+                        f"solo run would), not a {type(env_id).__name__}.")
     return implementation(algo_cls, env_id, seeds, **kwargs)
 
 

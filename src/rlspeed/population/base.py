@@ -38,8 +38,14 @@ def _seed_text(seeds) -> str:
 
 
 def check_seeds(seeds) -> list[int]:
-    """`seeds` as a list of ints; UserError for none or a seed given twice."""
-    seeds = [int(seed) for seed in seeds]
+    """`seeds` as a list of ints (each `check_seed`'s); UserError for none, a seed given twice, or something else
+    than a sequence of seeds."""
+    from rlspeed.algos.base import check_seed
+
+    if isinstance(seeds, (int, str)) or not isinstance(seeds, Iterable):
+        raise UserError(f"seeds is the members' seeds, a list or range of ints (e.g. seeds=range(4) for 4 members), "
+                        f"not {seeds!r}.")
+    seeds = [check_seed(seed) for seed in seeds]
     if not seeds:
         raise UserError("A population needs at least one member: pass one or more seeds.")
     if len(set(seeds)) != len(seeds):
