@@ -76,6 +76,11 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
         with pytest.raises(UserError, match="A seed is a whole number from 0 to 2\\*\\*32 - 1"):
             algo(env_id, device="cpu", seed=seed)
     assert algo(env_id, device="cpu", seed=np.int64(3)).seed == 3
+    model = trained[3]
+    size = model.spec.observation_shape[0]
+    for wrong in (np.zeros(size + 1), np.zeros((2, 1, size))):  # (an extra axis was flattened into the batch)
+        with pytest.raises(UserError, match=rf"takes observations of shape \({size},\) \(one\) or \(N, {size}\)"):
+            model.predict(wrong)
 
 
 def test_says_which_update_runs_and_why(trained):

@@ -144,6 +144,10 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         observation = np.asarray(observation, dtype=numpy_dtype(dtype))
     obs = torch.as_tensor(observation, device=device, dtype=dtype)
     single = obs.dim() == len(shape)
+    if tuple(obs.shape[1 - int(single):]) != tuple(shape):
+        batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
+        raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
+                        f"not {tuple(obs.shape)}.")
     return (obs.unsqueeze(0) if single else obs), as_numpy, single
 
 
