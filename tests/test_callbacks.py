@@ -41,6 +41,9 @@ class Recorder(BaseCallback):
     def _on_training_start(self):
         self.events.append(("start", self.num_timesteps))
 
+    def _on_rollout_start(self):
+        self.events.append(("rollout_start", self.num_timesteps))
+
     def _on_rollout_end(self):
         self.events.append(("rollout_end", self.num_timesteps, self.metrics is not None))
         if self.hook == "_on_rollout_end" and self.n_calls == self.stop_at_call:
@@ -66,9 +69,11 @@ def test_hooks_run_in_order_and_get_the_row_only_at_log_points():
     steps = [STEPS_PER_ITERATION * i for i in range(1, 5)]
     assert recorder.events == [
         ("start", 0),
-        ("rollout_end", steps[0], False),
+        ("rollout_start", 0), ("rollout_end", steps[0], False),
+        ("rollout_start", steps[0]),
         ("evaluation", steps[1], 2), ("rollout_end", steps[1], True),  # an evaluation is a log point
-        ("rollout_end", steps[2], False),
+        ("rollout_start", steps[1]), ("rollout_end", steps[2], False),
+        ("rollout_start", steps[2]),
         ("evaluation", steps[3], 2), ("rollout_end", steps[3], True),
         ("end", steps[3]),
     ]
@@ -104,12 +109,42 @@ def test_old_plain_callable_still_works_and_can_stop():
     assert model.num_timesteps == 3 * STEPS_PER_ITERATION
 
 
+def test_stable_baselines3_callback_code_runs(tmp_path):
+    """What a callback written for Stable-Baselines3 uses: `self.logger.record` (its values land in the next metrics
+    row: metrics.csv, and `self.metrics` of later iterations), `_on_rollout_start`, and a plain function of
+    `(locals, globals)`."""
+    import csv
+
+    class Logging(BaseCallback):
+        starts = 0
+
+        def _on_rollout_start(self):
+            self.starts += 1
+
+        def _on_step(self):
+            self.logger.record("custom/calls", self.n_calls)
+            self.logger.record("custom/tensor", torch.tensor(0.5))
+            return True
+
+    seen = []
+    callback = Logging()
+    _ppo().learn(3 * STEPS_PER_ITERATION, callback=[callback, lambda _locals, _globals: seen.append(
+        ("PPO" in _globals, _locals["self"].num_timesteps))], progress_bar=False, log_interval_s=0, run_dir=tmp_path)
+    assert callback.starts == 3 and callback.metrics["custom/calls"] == 2  # (recorded in call 2, written in row 3)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [row["custom/calls"] for row in rows] == ["", "1.0", "2.0"] or \
+        [row["custom/calls"] for row in rows] == ["", "1", "2"]
+    assert seen == [(True, STEPS_PER_ITERATION * i) for i in (1, 2, 3)]
+    with pytest.raises(UserError, match="takes a number"):
+        callback.logger.record("custom/text", "abc")
+
+
 def test_callback_list_stops_when_any_member_stops_and_runs_all():
     first, second = Recorder(), Recorder(stop_at_call=1)
     model = _ppo()
     model.learn(10 * STEPS_PER_ITERATION, callback=[first, second], progress_bar=False)
     assert model.num_timesteps == STEPS_PER_ITERATION
-    assert [e[0] for e in first.events] == ["start", "rollout_end", "end"]
+    assert [e[0] for e in first.events] == ["start", "rollout_start", "rollout_end", "end"]
 
 
 def test_learn_refuses_a_callback_of_another_kind():

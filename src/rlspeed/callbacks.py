@@ -11,6 +11,7 @@ Returning False from a hook stops training at the end of that iteration.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterable
@@ -38,6 +39,35 @@ class _Period:
         return True
 
 
+class MetricsRecorder:
+    """`BaseCallback.logger`: Stable-Baselines3's `logger.record(key, value)` for a callback's own scalars. Recorded
+    values go into the next metrics row the loop writes (metrics.csv, TensorBoard, `self.metrics` of later
+    iterations; the last value of a key wins), at the next log interval, so recording adds no write of its own. A
+    tensor value is read (a host sync) when recorded."""
+
+    def __init__(self):
+        self.values: dict[str, float] = {}
+
+    def record(self, key: str, value, exclude=None) -> None:
+        """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`."""
+        try:
+            self.values[str(key)] = float(value.item() if hasattr(value, "item") else value)
+        except (TypeError, ValueError):
+            raise UserError(f"logger.record('{key}', ...) takes a number, not {type(value).__name__}.") from None
+
+    def record_mean(self, key: str, value, exclude=None) -> None:
+        """As `record` (Stable-Baselines3's running mean over a dump interval: here the last value)."""
+        self.record(key, value, exclude)
+
+    def dump(self, step: int = 0) -> None:
+        """Nothing: the loop writes recorded values with its next metrics row."""
+
+    def take(self) -> dict[str, float]:
+        """The recorded values, cleared (the loop calls this when it writes a row)."""
+        values, self.values = self.values, {}
+        return values
+
+
 class BaseCallback:
     """Base of the callbacks `learn(callback=...)` takes; subclasses override the underscore hooks.
 
@@ -63,6 +93,11 @@ class BaseCallback:
         """The model's training env (a `BatchedEnv`)."""
         return getattr(self.model, "_env", None)
 
+    @property
+    def logger(self) -> MetricsRecorder:
+        """The model's recorder for a callback's own scalars (`logger.record(key, value)`, see `MetricsRecorder`)."""
+        return self.model.recorder
+
     # --- what learn calls ---------------------------------------------------------------------------------------
     def init_callback(self, model) -> None:
         """Attach to `model` (called by learn before training starts)."""
@@ -74,6 +109,11 @@ class BaseCallback:
         self.locals = locals_
         self.num_timesteps = self.model.num_timesteps
         self._on_training_start()
+
+    def on_rollout_start(self) -> None:
+        """Called before every iteration collects its steps."""
+        self.num_timesteps = self.model.num_timesteps
+        self._on_rollout_start()
 
     def on_rollout_end(self, locals_: dict, metrics: dict | None = None) -> bool:
         """Called after every iteration; False stops training. Runs `_on_rollout_end`, then `_on_step` (so a callback
@@ -102,6 +142,9 @@ class BaseCallback:
 
     def _on_training_start(self) -> None:
         pass
+
+    def _on_rollout_start(self) -> None:
+        """Before each iteration collects its steps (Stable-Baselines3's hook)."""
 
     def _on_rollout_end(self) -> bool | None:
         """After each iteration; return False to stop."""
@@ -144,6 +187,10 @@ class CallbackList(BaseCallback):
         for callback in self.callbacks:
             callback.on_training_start(locals_)
 
+    def on_rollout_start(self) -> None:
+        for callback in self.callbacks:
+            callback.on_rollout_start()
+
     def on_rollout_end(self, locals_: dict, metrics: dict | None = None) -> bool:
         self.n_calls += 1
         return all([callback.on_rollout_end(locals_, metrics) for callback in self.callbacks])
@@ -157,14 +204,22 @@ class CallbackList(BaseCallback):
 
 
 class FunctionCallback(BaseCallback):
-    """A plain function `fn(locals_dict)` called after every iteration (learn's older callback form); returning
-    False stops training."""
+    """A plain function called after every iteration (learn's older callback form): `fn(locals_dict)`, or
+    Stable-Baselines3's `fn(locals_dict, globals_dict)` (given the loop's module globals); returning False stops
+    training."""
 
-    def __init__(self, fn: Callable[[dict], bool | None]):
+    def __init__(self, fn: Callable[..., bool | None]):
         super().__init__()
         self.fn = fn
+        try:
+            inspect.signature(fn).bind({}, {})
+            self._with_globals = True
+        except (TypeError, ValueError):  # (one parameter, or a signature Python cannot read: the older form)
+            self._with_globals = False
 
     def _on_rollout_end(self) -> bool | None:
+        if self._with_globals:
+            return self.fn(self.locals, vars(inspect.getmodule(type(self.model))))
         return self.fn(self.locals)
 
 

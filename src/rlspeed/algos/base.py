@@ -240,6 +240,10 @@ class Algorithm:
                             f"{len(policy_and_env)} more: {', '.join(repr(a)[:40] for a in policy_and_env)}).")
         seed = None if seed is None else check_seed(seed)
         configure_threads(num_threads)
+        from rlspeed.callbacks import MetricsRecorder
+
+        #: callbacks' own scalars (`BaseCallback.logger.record`), written with the next metrics row
+        self.recorder = MetricsRecorder()
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
         self.save_replay_buffer = bool(save_replay_buffer)
         self.restarts = 0  # resumes of this run so far (`resume` counts them, checkpoints carry them)
@@ -607,6 +611,12 @@ class Algorithm:
                 callbacks.on_training_start(locals())
             while self.num_timesteps < self._total_timesteps and not stop:
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
+                if callbacks is not None and main:
+                    paused = time.perf_counter()
+                    callbacks.on_rollout_start()
+                    paused = time.perf_counter() - paused  # (as after the iteration: not training time)
+                    clock_start += paused
+                    last_log_time += paused
                 steps, metrics = self._train_iteration()
                 for rms in getattr(self, "_synced_stats", ()):
                     rms.flush()
@@ -648,6 +658,7 @@ class Algorithm:
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
+                    row.update(self.recorder.take())  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
                         reached = False
