@@ -281,6 +281,13 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
         Population(PPO, "CartPole-v1", seeds=seeds, **{**SMALL, **hyper})
 
 
+def test_evaluate_seeds_each_member_from_its_own_seed_by_default():
+    population = Population(PPO, "CartPole-v1", seeds=[3, 4], **SMALL)
+    assert torch.equal(population.evaluate(episodes=2), population.evaluate([1_000_003, 1_000_004], episodes=2))
+    with pytest.raises(UserError, match="one seed per member evaluated: 2 members, 1 seeds"):
+        population.evaluate([5], episodes=2)
+
+
 def test_other_algorithms_and_envs_are_refused():
     from rlspeed import RecurrentPPO  # (DQN, SAC, TD3 and DDPG have populations: rlspeed.population.offpolicy)
 

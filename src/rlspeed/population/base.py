@@ -585,9 +585,20 @@ class PopulationBase:
         model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
         return model
 
-    def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
+    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
         raise NotImplementedError
+
+    def _evaluation_seeds(self, seeds: Sequence[int] | None, members: Sequence[int]) -> list[int]:
+        """`evaluate`'s env seeds, one per member evaluated: `seeds` (UserError for another count), or by default
+        each member's seed + 1,000,000 (as `rlspeed train` seeds a solo run's final evaluation)."""
+        if seeds is None:
+            return [self.seeds[k] + 1_000_000 for k in members]
+        seeds = [int(seed) for seed in seeds]
+        if len(seeds) != len(members):
+            raise UserError(f"evaluate takes one seed per member evaluated: {len(members)} members, {len(seeds)} "
+                            "seeds (or leave seeds out: each member's seed + 1,000,000).")
+        return seeds
 
     def remove(self, members: Iterable[int]) -> None:
         raise NotImplementedError

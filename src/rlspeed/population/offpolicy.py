@@ -1024,11 +1024,13 @@ class OffPolicyPopulation(PopulationBase):
         return {name: [torch.stack([p[name][i] for p in parts]) for i in range(len(parts[0][name]))]
                 for name in self._actor_lists}
 
-    def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
+    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes `[len(members)]` (host tensor) of `members` (original
-        indices; default: all), member i's on an env seeded `seeds[i]` as `rlspeed.evaluate` seeds one."""
+        indices; default: all), member i's on an env seeded `seeds[i]` as `rlspeed.evaluate` seeds one (default
+        seeds: `_evaluation_seeds`)."""
         members = list(range(self.size)) if members is None else list(members)
+        seeds = self._evaluation_seeds(seeds, members)
         actor = self._actor_of(members)
         count = len(members)
 

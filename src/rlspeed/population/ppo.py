@@ -560,18 +560,19 @@ class PPOPopulation(PopulationBase):
         return [self.alive[i] for i in (~finite).nonzero().flatten().tolist()]  # ok-sync: once per iteration
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
-    def evaluate(self, seeds: Sequence[int], episodes: int = 10, members: Sequence[int] | None = None
+    def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
         in the computation) as a host tensor, member `members[j]` on an env seeded `seeds[j]` as `rlspeed.evaluate`
-        seeds one (one batched env for all). Members out of the computation are evaluated with the parameters they
-        left with."""
+        seeds one (one batched env for all; default seeds: `_evaluation_seeds`). Members out of the computation are
+        evaluated with the parameters they left with."""
         if members is None or list(members) == self.alive:
             members, params = list(self.alive), self.params
         else:
             members = list(members)
             self._store_alive()
             params = [final[members] for final in self._final_params]
+        seeds = self._evaluation_seeds(seeds, members)
         size = len(members)
         if size == 0:
             return torch.zeros(0)
