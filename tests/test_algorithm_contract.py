@@ -83,6 +83,22 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
             model.predict(wrong)
 
 
+def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
+    """SB3's "auto" (SAC's entropy coefficient), None for a choice and an activation class are taken as rlspeed's
+    spellings; a learning-rate schedule is refused with the way rlspeed anneals; True or NaN for a float refused."""
+    import rlspeed
+
+    assert rlspeed.SAC("Pendulum-v1", device="cpu", ent_coef="auto").config.ent_coef is None
+    td3 = rlspeed.TD3("Pendulum-v1", device="cpu", action_noise=None, activation=torch.nn.ReLU)
+    assert (td3.config.action_noise, td3.config.activation) == ("none", "relu")
+    for schedule in (lambda progress: 3e-4 * progress, "lin_3e-4"):
+        with pytest.raises(UserError, match="give the starting value, and anneal_lr=True"):
+            rlspeed.PPO("CartPole-v1", device="cpu", learning_rate=schedule)
+    for value in (True, float("nan")):
+        with pytest.raises(UserError, match="not a valid float"):
+            rlspeed.PPO("CartPole-v1", device="cpu", gamma=value)
+
+
 def test_says_which_update_runs_and_why(trained):
     model = trained[3]
     choice = model.update_summary()

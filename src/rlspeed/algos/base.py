@@ -72,6 +72,8 @@ def coerce(key: str, value, hint):
     args = typing.get_args(hint)
     if value is None and type(None) in args:
         return None
+    if isinstance(value, str) and value.lower() == "auto" and type(None) in args and str not in args:
+        return None  # (Stable-Baselines3's "auto", e.g. SAC's ent_coef: rlspeed's None, tuned automatically)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         hint = next(a for a in args if a is not type(None))
         origin = typing.get_origin(hint)
@@ -88,6 +90,8 @@ def coerce(key: str, value, hint):
                 raise ValueError
             return int(number)
         if hint is float:
+            if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isnan(value)):
+                raise ValueError
             return float(value)
         if origin in (tuple, list):  # layer widths: a list of whole numbers (one number: one layer)
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
@@ -95,12 +99,20 @@ def coerce(key: str, value, hint):
                 raise ValueError
             return tuple(int(v) for v in items)
         if hint is str:
+            if value is None:  # (a choice given as None: its "none", e.g. TD3's action_noise)
+                return "none"
+            if isinstance(value, type):  # (a class for a named choice: torch.nn.ReLU for activation="relu")
+                return value.__name__.lower()
             return str(value)
     except (TypeError, ValueError):
         pass
     else:
         return value
-    raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid {getattr(hint, '__name__', hint)}.")
+    schedule = callable(value) or (isinstance(value, str) and value.lower().startswith(("lin_", "linear")))
+    advice = (" A schedule is not a hyperparameter value here: give the starting value, and anneal_lr=True decays "
+              "learning rates linearly to 0 (Stable-Baselines3's linear schedule)." if schedule else "")
+    raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid "
+                    f"{getattr(hint, '__name__', hint)}.{advice}")
 
 
 def progress_remaining(timesteps: int, start: int, end: int) -> float:
