@@ -81,6 +81,8 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     for wrong in (np.zeros(size + 1), np.zeros((2, 1, size))):  # (an extra axis was flattened into the batch)
         with pytest.raises(UserError, match=rf"takes observations of shape \({size},\) \(one\) or \(N, {size}\)"):
             model.predict(wrong)
+    with pytest.raises(UserError, match="evaluate needs episodes >= 1"):  # (it said "num_envs must be at least 1")
+        model.evaluate(episodes=0)
 
 
 def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():

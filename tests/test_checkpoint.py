@@ -169,8 +169,22 @@ def test_loading_with_another_algorithm_is_a_user_error(tmp_path, cartpole_model
         pytest.skip("only PPO exists")
     path = cartpole_model.save(tmp_path / "model.safetensors")
     for other in others:
-        with pytest.raises(rlspeed.UserError, match="ppo"):
+        with pytest.raises(rlspeed.UserError, match=rf"holds a model of PPO, not of {other.__name__}; load it with "
+                                                    r"rlspeed\.PPO\.load"):
             other.load(path, device="cpu")
+    from rlspeed.algos.base import Algorithm
+
+    assert type(Algorithm.load(path, device="cpu")) is PPO  # (the base class takes whichever algorithm it holds)
+
+
+def test_a_stable_baselines3_zip_is_named(tmp_path):
+    import zipfile
+
+    path = tmp_path / "ppo_cartpole.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("data", "{}")
+    with pytest.raises(rlspeed.UserError, match="is a zip archive \\(a Stable-Baselines3 model"):
+        PPO.load(path)
 
 
 def test_action_space_metadata_keeps_the_box_dtype():

@@ -551,6 +551,9 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         raise UserError(f"Cannot read the checkpoint '{path}': {error.strerror or error}.") from None
     if data.startswith(MAGIC):
         data = _decrypt(path, data, encryption_key(key))
+    if data.startswith(b"PK\x03\x04"):  # (a zip archive: what Stable-Baselines3's and PyTorch's save() write)
+        raise UserError(f"'{path}' is a zip archive (a Stable-Baselines3 model or a torch.save file), not an rlspeed "
+                        "checkpoint; rlspeed reads the .safetensors files its own save() writes.")
     try:
         tensors = st_load(data)
         header_len = int.from_bytes(data[:8], "little")

@@ -31,6 +31,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     """
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise UserError(f"evaluate needs episodes >= 1 (one env per episode), got {episodes!r}.")
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: one episode per env, in parallel)
     if size is not None and episodes != size:
         raise UserError(f"evaluate runs one episode per env, and this vector env has {size} envs: pass "

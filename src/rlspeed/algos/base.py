@@ -276,7 +276,7 @@ class Algorithm:
         self.seed = seed
         self.accelerate = accelerate
         if accelerate not in ("auto", "off"):
-            raise UserError(f"--accelerate must be auto or off, got '{accelerate}'.")
+            raise UserError(f"accelerate must be auto or off (--accelerate on the command line), got '{accelerate}'.")
         if accelerate == "auto" and self.strategy.enabled:
             raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                             "under torchrun.")
@@ -946,14 +946,23 @@ class Algorithm:
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
              allow_nonfinite: bool = False, **overrides):
         """Rebuild a saved model on `device` (no unpickling). `env` is optional: without it, `learn` builds one.
+        `Algorithm.load` (rlspeed.algos.base) rebuilds whichever algorithm the file holds; `PPO.load` and the others
+        refuse another's.
 
         The checkpoint's digest is checked (`verify=False` skips it) and NaN or infinite tensors are refused
         (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters."""
         device = resolve_device(device)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         if meta.get("algo") != cls.name:
-            raise UserError(f"'{path}' holds a {meta.get('algo')} model, not {cls.name}; "
-                            f"load it with rlspeed.{str(meta.get('algo')).upper()}.load.")
+            from rlspeed.algos import ALGORITHMS
+
+            saved = ALGORITHMS.get(meta.get("algo"))
+            if saved is not None and not cls.name:  # (`Algorithm.load`: whichever algorithm the file holds)
+                return saved.load(path, device=device, env=env, verify=verify, allow_nonfinite=allow_nonfinite,
+                                  **overrides)
+            saved_name = saved.__name__ if saved is not None else str(meta.get("algo"))
+            raise UserError(f"'{path}' holds a model of {saved_name}, not of {cls.__name__}; load it with "
+                            f"rlspeed.{saved_name}.load.")
         config = {**meta["config"], **overrides}
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
