@@ -53,7 +53,9 @@ def test_load_is_construction_plus_saved_state(trained):
     assert loaded.seed == 0 and loaded.num_timesteps == model.num_timesteps
     obs = np.random.default_rng(0).standard_normal((5, *model.spec.observation_shape)).astype(np.float32)
     np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
-    space = model.spec.action_space
+    space = model.action_space  # (Stable-Baselines3's attributes: the spec's spaces)
+    assert space == loaded.action_space == model.spec.action_space
+    assert model.observation_space == loaded.observation_space == model.spec.observation_space
     actions = model.predict(obs)[0]
     assert all(space.contains(np.asarray(a, dtype=space.dtype)) for a in actions)
 

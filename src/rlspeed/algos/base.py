@@ -510,6 +510,16 @@ class Algorithm:
                                 "or recurrent_ppo.")
             return self._policy_actions(obs, deterministic, action_masks=action_masks.to(self.device, torch.bool))
 
+    @property
+    def observation_space(self) -> gym.Space:
+        """The env's observation space, as the model takes observations (Stable-Baselines3's attribute)."""
+        return self.spec.observation_space
+
+    @property
+    def action_space(self) -> gym.Space:
+        """The env's action space, as `predict` returns actions (Stable-Baselines3's attribute)."""
+        return self.spec.action_space
+
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
         """SB3-style: actions for one observation or a batch. Returns (actions, None).
 
