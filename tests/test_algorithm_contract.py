@@ -64,6 +64,11 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
     algo, env_id, _, _, _ = trained
     with pytest.raises(UserError, match="Unknown hyperparameter 'learning_rat'.*learning_rate"):
         algo(env_id, device="cpu", learning_rat=1e-3)
+    # (Stable-Baselines3's keywords say what to write instead)
+    with pytest.raises(UserError, match="'policy_kwargs' is Stable-Baselines3's keyword; .*plain keywords"):
+        algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64]})
+    with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
+        algo(env_id, device="cpu", tensorboard_log="tb")
 
 
 def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):

@@ -94,3 +94,24 @@ def test_non_finite_metrics_are_empty_cells(tmp_path):
     assert rows[1]["episode_return"] == "5.0"
     continued = RunLogger(tmp_path, tensorboard=False, continue_from=2)
     assert continued.rows == [{"timesteps": 1}, {"timesteps": 2, "episode_return": 5.0, "loss": 0.5}]
+
+
+def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
+    """learn runs whole iterations: a budget below one iteration (100 steps, 16 x 64 per iteration) trains one, and
+    the bar's total says 1,024, not 100 (it showed 1.02k of 100)."""
+    from rlspeed import PPO
+    from rlspeed.algos import base
+
+    bars = []
+
+    class Recording(base.ProgressBar):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(base, "ProgressBar", Recording)
+    model = PPO("CartPole-v1", device="cpu", env_backend="torch", num_envs=16, num_steps=64, batch_size=256)
+    model.learn(100, progress_bar=True)
+    assert model.num_timesteps == 1024 and bars[0].bar.total == 1024 and bars[0].bar.n == 1024
+    model.learn(2000, progress_bar=True)  # (a second call: two more iterations, from where the first ended)
+    assert model.num_timesteps == 3072 and bars[1].bar.total == 2048 and bars[1].bar.n == 2048

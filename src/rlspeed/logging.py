@@ -41,12 +41,15 @@ class ProgressBar:
         self.bar = tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not enabled,
                         dynamic_ncols=True, leave=True)
 
-    def update(self, steps: int, **postfix) -> None:
-        """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
+    def update(self, steps: int, total: int | None = None, **postfix) -> None:
+        """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out);
+        `total`: the bar's total from now on (the steps the run will take, once an iteration's size is known)."""
         shown = {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in postfix.items()
                  if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if shown:
             self.bar.set_postfix(shown, refresh=False)
+        if total is not None and total != self.bar.total:
+            self.bar.total = total
         self.bar.update(steps)
 
     def close(self) -> None:

@@ -46,6 +46,19 @@ from rlspeed.numerics import NumericsGuard
 _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 
 
+#: Stable-Baselines3 keywords with no rlspeed hyperparameter of that name, and what to write instead
+SB3_KEYWORDS = {
+    "policy_kwargs": "rlspeed takes the network's options as plain keywords (net_arch=[64, 64], activation='tanh', "
+                     "log_std_init=..., n_critics=..., lstm_hidden_size=...)",
+    "verbose": "learn(progress_bar=...) shows progress, and learn(run_dir=...) writes the metrics",
+    "tensorboard_log": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv there (rlspeed train: --out DIR)",
+    "env_kwargs": "pass the env's options to rlspeed.make_env(env_id, num_envs=..., **options) and the model that "
+                  "vector env",
+    "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
+    "_init_setup_model": "rlspeed builds the model when it is made",
+}
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -56,6 +69,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
         if key in refused:
             raise UserError(f"'{key}' is not an option of {config_cls.__name__}: {refused[key]}.")
         if key not in fields:
+            if key in SB3_KEYWORDS:
+                raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {config_cls.__name__}.{hint}")
@@ -596,6 +611,7 @@ class Algorithm:
             eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
         bar = ProgressBar(int(total_timesteps), enabled=progress_bar and main, desc=f"{self.name} {self.env_id}")
+        bar_start = self.num_timesteps
         global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
         pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
         iterations = 0
@@ -703,7 +719,11 @@ class Algorithm:
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
                             stop = True
-                    bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
+                    # (learn runs whole iterations: the bar's total is what they add up to, at least the budget)
+                    per_iteration = global_steps[steps]
+                    bar.update(self.num_timesteps - last_log_steps,
+                               total=-(-(self._total_timesteps - bar_start) // per_iteration) * per_iteration,
+                               sps=int(sps), ret=row.get("episode_return"),
                                eval=row.get("eval_mean"))
                     if logger is not None:
                         logger.log(row)
