@@ -91,6 +91,7 @@ def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped
     ("Pendulum-v1", "gymnasium", NORMALIZE),
     ("CartPole-v1", "torch", {"normalize_obs": True}),
     ("FrozenLake-v1", "gymnasium", {}),  # (Discrete observations, one-hot encoded)
+    ("Pendulum-v1", "gymnasium-async", {}),  # (one subprocess vector env per member, all stepping at once)
     ("Taxi-v4", "gymnasium", {"use_masking": False}),
     ("Taxi-v4", "gymnasium", {}),  # (info["action_mask"]: sampling, loss and evaluations masked)
     ("masked", "gymnasium", {}),  # (masks on float vectors: the masks alone make the update autograd)
@@ -461,6 +462,29 @@ def test_building_a_population_leaves_every_cuda_generator_as_it_was(device):
     Population(PPO, "CartPole-v1", seeds=[0, 1], device=device, **SMALL)
     for index, state in enumerate(expected):
         assert torch.equal(torch.cuda.get_rng_state(index), state), f"cuda:{index}"
+
+
+def test_subprocess_env_members_step_together_and_continue_as_solo_runs_after_one_leaves():
+    """`env_backend="gymnasium-async"`: one subprocess vector env per member, their steps sent before any result is
+    awaited; a member that leaves closes its processes and the others' envs go on mid-episode, so member 1 after two
+    iterations, one of them without member 0, equals its solo run."""
+    from rlspeed.population.base import MemberEnvs
+
+    population = Population(PPO, "Pendulum-v1", seeds=[3, 7], env_backend="gymnasium-async", **SMALL)
+    population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    population.train_iteration()
+    members = population._env.unwrapped
+    assert isinstance(members, MemberEnvs) and all(env.splits_steps for env in members.envs)
+    leaving = members.envs[0]
+    population.remove([0])
+    assert leaving.vector_env.closed and not members.envs[1].vector_env.closed
+    population.train_iteration()
+    _, solo_trained = _solo_state(7, iterations=2, env_id="Pendulum-v1", env_backend="gymnasium-async")
+    trained = {**population.member_state(1), **population.member_statistics(1)}
+    assert trained.keys() == solo_trained.keys()
+    for name, value in solo_trained.items():
+        torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
+    population.remove([1])
 
 
 def test_the_last_member_leaving_closes_the_training_env():

@@ -151,6 +151,11 @@ class AtariGymnasiumEnv(GymnasiumEnv):
         super().__init__(env_id, vector_env=vector_env, device=device)
         self.spec = spec  # the id's time limit in agent steps (the vector env's spec has none)
 
+    @property
+    def splits_steps(self) -> bool:
+        """False: the lives come with `step` (see `GymnasiumEnv.splits_steps`)."""
+        return False
+
     def _lives(self) -> torch.Tensor:
         if self._sync_envs is not None:
             lives = np.fromiter((env.unwrapped.ale.lives() for env in self._sync_envs), np.int32, self.num_envs)

@@ -460,8 +460,30 @@ class GymnasiumEnv(BatchedEnv):
                                                                    self.spec.action_space, source)
             return (obs_t, host_to(reward, self.device), host_to(terminated, self.device),
                     host_to(truncated, self.device), out_info)
-        obs, reward, terminated, truncated, info = self.vector_env.step(
-            _to_numpy_actions(actions, self.spec.action_space))
+        self.step_send(actions)
+        return self.step_receive()
+
+    @property
+    def splits_steps(self) -> bool:
+        """Whether `step_send` returns before the envs have stepped (subprocess envs, `AsyncVectorEnv`), so that
+        several such envs step at once (`rlspeed.population.base.MemberEnvs`)."""
+        return self._sync_envs is None and isinstance(self.vector_env, gym.vector.AsyncVectorEnv)
+
+    def step_send(self, actions: torch.Tensor) -> None:
+        """The first half of `step` (not for in-process SyncVectorEnvs, which `step` steps env by env): the actions
+        go to the envs (subprocesses: without waiting for them); `step_receive` returns what `step` would."""
+        np_actions = _to_numpy_actions(actions, self.spec.action_space)
+        if self.splits_steps:
+            self.vector_env.step_async(np_actions)
+            self._sent = None
+        else:
+            self._sent = self.vector_env.step(np_actions)
+
+    def step_receive(self):
+        """The second half of `step` (after `step_send`): the step's tensors and info, as `step` returns them."""
+        sent, self._sent = self._sent, None
+        obs, reward, terminated, truncated, info = self.vector_env.step_wait() if sent is None else sent
+        source = f"{self.spec.env_id}'s info['action_mask']"
         # a copy, as in `host_tensor`: the vector env may reuse its buffer
         obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         finished = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool)) if "_final_obs" in info else ()

@@ -110,15 +110,19 @@ def population_env_backend(env_id: str, env_backend: str) -> str:
     with many envs (`rlspeed.envs.resolve_backend`): the native env (`"torch"`) where the id has one, else EnvPool's
     for Atari ids where it is installed, else `"gymnasium"` (a population steps K x N rows at once, so the native env
     is the faster choice even where a solo run with few envs on a CPU takes Gymnasium's). `"envpool"`: one EnvPool
-    pool per member (`MemberEnvs`), for the ids EnvPool has."""
+    pool per member (`MemberEnvs`), for the ids EnvPool has; `"gymnasium-async"`: one subprocess vector env per member
+    (a process per env row, as the solo's), all members' stepping at once (not for Atari games)."""
     from rlspeed.envs import resolve_backend
     from rlspeed.envs.registry import NATIVE_ENVS
 
     if env_backend == "auto":
         return resolve_backend(env_id, "auto")
-    if env_backend not in ("torch", "gymnasium", "envpool"):
-        raise UserError(f"Populations run on env_backend 'torch' (native envs), 'gymnasium' or 'envpool', not "
-                        f"'{env_backend}'.")
+    if env_backend not in ("torch", "gymnasium", "gymnasium-async", "envpool"):
+        raise UserError(f"Populations run on env_backend 'torch' (native envs), 'gymnasium', 'gymnasium-async' or "
+                        f"'envpool', not '{env_backend}'.")
+    if env_backend == "gymnasium-async" and atari.register_atari() and atari.is_atari(env_id):
+        raise UserError(f"Populations of Atari games run on env_backend 'envpool' or 'gymnasium', not "
+                        f"'gymnasium-async' ({env_id}).")
     if env_backend == "torch" and env_id not in NATIVE_ENVS:
         raise UserError(f"'{env_id}' has no native env (those are {', '.join(NATIVE_ENVS)}): use "
                         "env_backend='gymnasium'.")
@@ -127,8 +131,10 @@ def population_env_backend(env_id: str, env_backend: str) -> str:
 
 class MemberEnvs(BatchedEnv):
     """The members' envs as one batched env: one env per member (an EnvPool pool, which takes one seed when it is
-    made), member k's rows block k, each block the env its solo run makes with its seed. `keep(blocks)` gives the
-    same envs (mid-episode) of some blocks, closing the others."""
+    made; Gymnasium's subprocess envs), member k's rows block k, each block the env its solo run makes with its seed.
+    Envs whose steps split (`GymnasiumEnv.splits_steps`: subprocesses) step together: every member's actions are sent
+    before any result is awaited. `keep(blocks)` gives the same envs (mid-episode) of some blocks, closing the
+    others."""
 
     def __init__(self, envs: Sequence[BatchedEnv]):
         self.envs = list(envs)
@@ -150,16 +156,28 @@ class MemberEnvs(BatchedEnv):
                 joined[key] = torch.cat(values)
         return joined
 
-    def reset(self, seed: int | None = None):
-        """Reset every member's env (each was seeded when it was made)."""
-        if seed is not None:
-            raise ValueError("MemberEnvs' envs are seeded one per member when they are made")
-        parts = [env.reset() for env in self.envs]
+    def reset(self, seed: Sequence[int] | None = None):
+        """Reset every member's env: EnvPool's were seeded when they were made (`seed` None); Gymnasium's take
+        `seed`, one per row (member k's block to its env)."""
+        if seed is None:
+            parts = [env.reset() for env in self.envs]
+        else:
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"MemberEnvs.reset takes one seed per row ({self.num_envs}), got {len(seeds)}")
+            parts = [env.reset(seed=seeds[offset:offset + size])
+                     for env, offset, size in zip(self.envs, self._offsets, self._sizes)]
         return torch.cat([obs for obs, _ in parts]), self._joined([info for _, info in parts])
 
     def step(self, actions: torch.Tensor):
-        """Step each member's env with its block of `actions`."""
-        parts = [env.step(block) for env, block in zip(self.envs, actions.split(self._sizes))]
+        """Step each member's env with its block of `actions` (subprocess envs all at once)."""
+        blocks = actions.split(self._sizes)
+        if all(getattr(env, "splits_steps", False) for env in self.envs):
+            for env, block in zip(self.envs, blocks):
+                env.step_send(block)
+            parts = [env.step_receive() for env in self.envs]
+        else:
+            parts = [env.step(block) for env, block in zip(self.envs, blocks)]
         return (*(torch.cat([part[i] for part in parts]) for i in range(4)), self._joined([p[4] for p in parts]))
 
     def keep(self, blocks: Sequence[int]) -> MemberEnvs:
@@ -671,18 +689,23 @@ class PopulationBase:
         if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
             env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device))
-        elif backend == "envpool":
+        elif backend in ("envpool", "gymnasium-async"):
             from rlspeed.envs.envpool_env import EnvPoolEnv
 
-            pools: list = []
+            def member_env(seed: int) -> BatchedEnv:  # (Gymnasium's envs take their seeds at reset: `_reset`)
+                if backend == "envpool":
+                    return EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device, seed=seed)
+                return GymnasiumEnv(self.env_id, num_envs=rows_per_member, device=self.device, vectorization="async")
+
+            parts: list = []
             try:
                 for seed in seeds:
-                    pools.append(EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device, seed=seed))
+                    parts.append(member_env(seed))
             except BaseException:
-                for pool in pools:  # (the pools made so far hold threads)
-                    pool.close()
+                for part in parts:  # (the pools and processes made so far)
+                    part.close()
                 raise
-            env = EpisodeStatistics(MemberEnvs(pools))
+            env = EpisodeStatistics(MemberEnvs(parts))
         else:
             native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)
@@ -724,7 +747,7 @@ class PopulationBase:
         """(first observations, info) of a `_make_env` env: a native env's streams and the EnvPool pools are already
         seeded per block; Gymnasium envs are reset with seed `seeds[k] + i` for member k's env i (as
         `make_env(seed=seeds[k])` seeds a solo's)."""
-        if env.backend == "gymnasium":
+        if env.backend == "gymnasium":  # (in one process, or one subprocess env per member: `MemberEnvs`)
             return env.reset(seed=[seed + i for seed in seeds for i in range(rows_per_member)])
         return env.reset()
 
@@ -770,7 +793,7 @@ class PopulationBase:
         envs = self.config.num_envs
         index = (torch.tensor(rows, device=self.device, dtype=torch.long).unsqueeze(1) * envs
                  + torch.arange(envs, device=self.device)).flatten()
-        if self.env_backend in ("gymnasium", "envpool"):
+        if self.env_backend in ("gymnasium", "gymnasium-async", "envpool"):
             return self._kept_rows(index.tolist(), rows), self._obs[index]
         state = self._env.state_dict()  # (per env row, normalisation's running returns included)
         position = state.pop("native.draws")  # (how far the streams are drawn: the same for every row)

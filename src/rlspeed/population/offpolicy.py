@@ -39,9 +39,9 @@ Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with 
 dueling MLP on envs with Discrete actions (and their action masks, `use_masking`), on float-vector observations (DQN
 also on one-hot Discrete ones, flattened bool or integer vectors, images through each member's own CNN and Dict or
 Tuple observations through its own multi-input encoder, as `rlspeed.population.ppo` says): the native envs
-(`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env), on one device,
-behind `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`. Not yet: subprocess
-Gymnasium envs.
+(`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env, or with
+`env_backend="gymnasium-async"` one subprocess vector env per member: `MemberEnvs`), on one device, behind
+`Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`.
 
 Checkpoints (`save`, `resume`, `learn(run_dir=..., checkpoint_freq=...)`, see `PopulationBase`) hold the stacked
 networks and targets, every row of the members that left (`member_state` returns them), the flat Adams' moments and
