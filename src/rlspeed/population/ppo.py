@@ -30,9 +30,9 @@ Covered now: PPO with Discrete or Box actions and rlspeed's default MLP policy o
 one-hot encoded Discrete / MultiDiscrete ones (FrozenLake, Taxi), flattened bool or integer vectors, images through
 each member's own CNN encoder (`MemberEncoder`: one grouped call for small CNNs, one call per member for Nature
 CNNs on a CPU; the rollout keeps the images' dtype; autograd update), or Dict and Tuple observations through each
-member's own multi-input encoder (the envs pack them into flat rows: `PackedObservations`), with or without observation and
-reward normalisation (each member by its own statistics: `rlspeed.population.normalize`),
-on one device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
+member's own multi-input encoder (the envs pack them into flat rows: `PackedObservations`), with or without
+observation and reward normalisation (each member by its own statistics: `rlspeed.population.normalize`), on one
+device (A2C: `rlspeed.population.a2c`, a subclass; SAC, TD3, DDPG and DQN: `rlspeed.population.offpolicy`).
 Action masks (`use_masking`, sb3-contrib's MaskablePPO) apply as in the solo PPO and A2C, by autograd. Not yet:
 RecurrentPPO.
 
