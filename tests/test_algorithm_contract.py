@@ -90,6 +90,12 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
             model.predict(wrong)
     with pytest.raises(UserError, match="evaluate needs episodes >= 1"):  # (it said "num_envs must be at least 1")
         model.evaluate(episodes=0)
+    for keyword, words in (("reset_num_timesteps", "always continues the model's step count"),
+                           ("log_interval", "log_interval_s"), ("progres_bar", "did you mean progress_bar")):
+        with pytest.raises(UserError, match=words):
+            model.learn(64, **{keyword: False})
+    with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
+        model.learn(1.5)
 
 
 def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():

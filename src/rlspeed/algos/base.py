@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
 import numbers
 import random
@@ -214,6 +215,17 @@ class LearnResult:
     evaluations: list = dataclasses.field(default_factory=list)
     #: (env steps, confirming evaluation's mean) each time an evaluation reached the target
     confirmations: list = dataclasses.field(default_factory=list)
+
+
+#: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
+SB3_LEARN_KEYWORDS = {
+    "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
+                           "from 0)",
+    "log_interval": "learn(log_interval_s=...) sets how often (in seconds) metrics are read and logged",
+    "tb_log_name": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv in DIR",
+    "eval_env": "learn(target_return=..., eval_freq=..., eval_episodes=...) evaluates on a separate env, or use "
+                "rlspeed.callbacks.EvalCallback(eval_env)",
+}
 
 
 def check_seed(seed) -> int:
@@ -563,7 +575,7 @@ class Algorithm:
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None,
-              confirm_target: bool = True):
+              confirm_target: bool = True, **stable_baselines3):
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
         `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
@@ -579,6 +591,16 @@ class Algorithm:
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
         The numerics guard (`rlspeed.numerics`) checks once per log interval and before every checkpoint.
         """
+        for key in stable_baselines3:  # (a keyword of SB3's learn, or a typo)
+            advice = SB3_LEARN_KEYWORDS.get(key)
+            if advice is not None:
+                raise UserError(f"learn's '{key}' is Stable-Baselines3's; {advice}.")
+            close = difflib.get_close_matches(key, list(inspect.signature(Algorithm.learn).parameters), n=2)
+            raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
+        if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
+                or not float(total_timesteps).is_integer()):  # (1e6 is taken: a whole number)
+            raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
+        total_timesteps = int(total_timesteps)
         if total_timesteps <= 0:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         if target_return is not None:
