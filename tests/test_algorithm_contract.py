@@ -85,10 +85,10 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     assert algo(env_id, device="cpu", seed=np.int64(3)).seed == 3
     model = trained[3]
     size = model.spec.observation_shape[0]
-    for wrong in (np.zeros(size + 1), np.zeros((2, 1, size))):  # (an extra axis was flattened into the batch)
+    for wrong in (np.zeros(size + 1), np.zeros((2, 1, size))):  # (another length; an extra axis)
         with pytest.raises(UserError, match=rf"takes observations of shape \({size},\) \(one\) or \(N, {size}\)"):
             model.predict(wrong)
-    with pytest.raises(UserError, match="evaluate needs episodes >= 1"):  # (it said "num_envs must be at least 1")
+    with pytest.raises(UserError, match="evaluate needs episodes >= 1"):
         model.evaluate(episodes=0)
     for keyword, words in (("reset_num_timesteps", "always continues the model's step count"),
                            ("log_interval", "log_interval_s"), ("progres_bar", "did you mean progress_bar")):
@@ -104,6 +104,11 @@ def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
     import rlspeed
 
     assert rlspeed.SAC("Pendulum-v1", device="cpu", ent_coef="auto").config.ent_coef is None
+    sac = rlspeed.SAC("Pendulum-v1", device="cpu", ent_coef="auto_0.1", target_entropy="auto")
+    assert (sac.config.ent_coef, sac.config.ent_coef_init, sac.config.target_entropy) == (None, 0.1, None)
+    for algo, env_id, key in ((rlspeed.PPO, "CartPole-v1", "ent_coef"), (rlspeed.PPO, "CartPole-v1", "clip_range_vf")):
+        with pytest.raises(UserError, match="not a valid float"):  # (no "auto" there: None would mean another thing)
+            algo(env_id, device="cpu", **{key: "auto"})
     td3 = rlspeed.TD3("Pendulum-v1", device="cpu", action_noise=None, activation=torch.nn.ReLU)
     assert (td3.config.action_noise, td3.config.activation) == ("none", "relu")
     for schedule in (lambda progress: 3e-4 * progress, "lin_3e-4"):

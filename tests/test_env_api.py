@@ -612,6 +612,7 @@ def test_a_wrapped_vector_env_is_not_evaluated_as_the_registered_one(wrap):
     assert rlspeed.evaluate(model, vector_env, episodes=2)["episodes"] == 2  # (the env itself, as it was built)
     with pytest.raises(rlspeed.UserError, match="this vector env has 2 envs: pass episodes=2"):
         rlspeed.evaluate(model, vector_env, episodes=3)
+    model.learn(64, progress_bar=False)  # (evaluate left the env it was given open)
 
 
 def test_a_wrapper_may_set_training_before_initialising_its_base():

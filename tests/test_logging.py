@@ -98,7 +98,7 @@ def test_non_finite_metrics_are_empty_cells(tmp_path):
 
 def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
     """learn runs whole iterations: a budget below one iteration (100 steps, 16 x 64 per iteration) trains one, and
-    the bar's total says 1,024, not 100 (it showed 1.02k of 100)."""
+    the bar's total is the 1,024 steps it trains, not the 100 asked for."""
     from rlspeed import PPO
     from rlspeed.algos import base
 

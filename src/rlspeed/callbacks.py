@@ -42,18 +42,24 @@ class _Period:
 class MetricsRecorder:
     """`BaseCallback.logger`: Stable-Baselines3's `logger.record(key, value)` for a callback's own scalars. Recorded
     values go into the next metrics row the loop writes (metrics.csv, TensorBoard, `self.metrics` of later
-    iterations; the last value of a key wins), at the next log interval, so recording adds no write of its own. A
-    tensor value is read (a host sync) when recorded."""
+    iterations; the last value of a key wins), at the next log interval, so recording adds no write of its own; those
+    recorded in the last iteration join its row when `learn` ends (not those of `_on_training_end`: the files are
+    closed by then). A tensor value is read (a host sync) when recorded. Numbers only: anything else (SB3's `Video`,
+    `Figure`, text) is left out, with a warning once per key."""
 
     def __init__(self):
         self.values: dict[str, float] = {}
+        self._warned: set[str] = set()
 
     def record(self, key: str, value, exclude=None) -> None:
         """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`."""
         try:
             self.values[str(key)] = float(value.item() if hasattr(value, "item") else value)
-        except (TypeError, ValueError):
-            raise UserError(f"logger.record('{key}', ...) takes a number, not {type(value).__name__}.") from None
+        except (TypeError, ValueError, RuntimeError):
+            if str(key) not in self._warned:
+                self._warned.add(str(key))
+                warnings.warn(f"logger.record('{key}', ...): rlspeed's metrics hold numbers only, so this "
+                              f"{type(value).__name__} is left out.", stacklevel=2)
 
     def record_mean(self, key: str, value, exclude=None) -> None:
         """As `record` (Stable-Baselines3's running mean over a dump interval: here the last value)."""

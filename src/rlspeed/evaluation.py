@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import torch
@@ -19,19 +20,21 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
     Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``. The env is new (seeded with `seed`), not the
-    training env, and rewards are the env's own (no normalisation). Observations are normalised by the model's
-    frozen statistics when it was trained with observation normalisation. `backend="auto"` on the model's own env id
-    uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)` equals `model.evaluate(seed=s)`. Where
-    the env gives action masks
-    (`info["action_mask"]`) and the model takes them (its `use_masking`), the deterministic policy is masked too: it
-    never picks a masked action. Atari games that wait for FIRE (Breakout, Pong, ...) get it as the first action of
-    every game and after every lost life, in place of the policy's (`rlspeed.envs.atari.FireToStart`; training envs
-    never do). Episodes still running after `max_steps`
-    (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
+    training env, and rewards are the env's own (no normalisation). `env_id` may also be a vector env you built (one
+    episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built as
+    the training env was, not the training env itself (a `VecNormalize` with `training=False, norm_reward=False`).
+    Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
+    `backend="auto"` on the model's own env id uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)`
+    equals `model.evaluate(seed=s)`. Where the env gives action masks (`info["action_mask"]`) and the model takes
+    them (its `use_masking`), the deterministic policy is masked too: it never picks a masked action. Atari games that
+    wait for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place
+    of the policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after
+    `max_steps` (default: the env's time limit, else 10,000) count with the return they had collected by then, with a
+    warning.
     """
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
-    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
         raise UserError(f"evaluate needs episodes >= 1 (one env per episode), got {episodes!r}.")
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: one episode per env, in parallel)
     if size is not None and episodes != size:
@@ -74,7 +77,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
             if step % check_every == 0 and bool(finished.all()):
                 break
     finally:
-        env.close()
+        if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
+            env.close()
     unfinished = int((~finished).sum())
     if unfinished:
         returns = torch.where(finished, returns, running)

@@ -551,9 +551,8 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     `out` defaults to the model file with the format's suffix (`model.onnx` beside `model.safetensors`);
     `action_mask` as `export` takes it. Returns the written path.
     """
-    if format is None:
-        named = {value: key for key, value in FORMATS.items()}
-        format = named.get(Path(out).suffix.lower(), "onnx") if out is not None else "onnx"
+    if format is None:  # (the one --out's suffix names, else ONNX)
+        format = "onnx" if out is None or Path(out).suffix.lower() not in FORMATS.values() else export_format(out, None)
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
     path = run_model(checkpoint)

@@ -41,15 +41,12 @@ class ProgressBar:
         self.bar = tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not enabled,
                         dynamic_ncols=True, leave=True)
 
-    def update(self, steps: int, total: int | None = None, **postfix) -> None:
-        """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out);
-        `total`: the bar's total from now on (the steps the run will take, once an iteration's size is known)."""
+    def update(self, steps: int, **postfix) -> None:
+        """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
         shown = {k: (f"{v:.1f}" if isinstance(v, float) else v) for k, v in postfix.items()
                  if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if shown:
             self.bar.set_postfix(shown, refresh=False)
-        if total is not None and total != self.bar.total:
-            self.bar.total = total
         self.bar.update(steps)
 
     def close(self) -> None:
@@ -120,6 +117,22 @@ class RunLogger:
             step = int(row.get("timesteps", len(self.rows)))
             for key, value in row.items():
                 if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
+                    self._writer.add_scalar(key, value, step)
+
+    def amend_last(self, values: dict) -> None:
+        """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row
+        where none was logged yet."""
+        if not self.rows:
+            self.log(values)
+            return
+        last = self.rows[-1]
+        last.update(values)
+        self._fields.extend(key for key in values if key not in self._fields)
+        self._rewrite_csv()
+        if self._writer is not None:
+            step = int(last.get("timesteps", len(self.rows)))
+            for key, value in values.items():
+                if isinstance(value, (int, float)) and math.isfinite(float(value)):
                     self._writer.add_scalar(key, value, step)
 
     def _rewrite_csv(self) -> None:

@@ -60,6 +60,11 @@ SB3_KEYWORDS = {
 }
 
 
+#: Hyperparameters whose None means "tuned automatically", which Stable-Baselines3 spells "auto" (SAC's entropy
+#: coefficient also "auto_X": tuned, starting at X), with the hyperparameter X goes to
+AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -75,6 +80,14 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             close = difflib.get_close_matches(key, list(fields), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {config_cls.__name__}.{hint}")
+        if (key in AUTO_VALUES and isinstance(value, str) and value.lower().startswith("auto")
+                and type(None) in typing.get_args(hints[key])):
+            values[key], start = None, value[4:].removeprefix("_")  # (None: tuned automatically, as SB3's "auto")
+            if start:
+                if AUTO_VALUES[key] is None:
+                    raise UserError(f"Hyperparameter '{key}' got {value!r}: expected auto or a number.")
+                values[AUTO_VALUES[key]] = coerce(key, start, float)
+            continue
         values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
@@ -88,8 +101,6 @@ def coerce(key: str, value, hint):
     args = typing.get_args(hint)
     if value is None and type(None) in args:
         return None
-    if isinstance(value, str) and value.lower() == "auto" and type(None) in args and str not in args:
-        return None  # (Stable-Baselines3's "auto", e.g. SAC's ent_coef: rlspeed's None, tuned automatically)
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         hint = next(a for a in args if a is not type(None))
         origin = typing.get_origin(hint)
@@ -229,8 +240,10 @@ SB3_LEARN_KEYWORDS = {
 
 
 def check_seed(seed) -> int:
-    """`seed` as an int; UserError unless it is a whole number in [0, 2**32) (what Gymnasium's and numpy's seeding
-    take: a negative seed failed only when the envs were reset)."""
+    """`seed` as an int; UserError unless it is a whole number in [0, 2**32), what Gymnasium's and numpy's seeding
+    take (a one-element tensor counts as its value)."""
+    if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.is_floating_point():
+        seed = seed.item()
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
         raise UserError(f"A seed is a whole number from 0 to 2**32 - 1, not {seed!r}.")
     return int(seed)
@@ -632,8 +645,9 @@ class Algorithm:
         if eval_freq is None:
             eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
-        bar = ProgressBar(int(total_timesteps), enabled=progress_bar and main, desc=f"{self.name} {self.env_id}")
-        bar_start = self.num_timesteps
+        per_iteration = self.steps_per_iteration  # (learn trains whole iterations: the bar counts what they add to)
+        bar = ProgressBar(-(-int(total_timesteps) // per_iteration) * per_iteration, enabled=progress_bar and main,
+                          desc=f"{self.name} {self.env_id}")
         global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
         pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
         iterations = 0
@@ -741,11 +755,7 @@ class Algorithm:
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
                             stop = True
-                    # (learn runs whole iterations: the bar's total is what they add up to, at least the budget)
-                    per_iteration = global_steps[steps]
-                    bar.update(self.num_timesteps - last_log_steps,
-                               total=-(-(self._total_timesteps - bar_start) // per_iteration) * per_iteration,
-                               sps=int(sps), ret=row.get("episode_return"),
+                    bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                eval=row.get("eval_mean"))
                     if logger is not None:
                         logger.log(row)
@@ -775,6 +785,9 @@ class Algorithm:
             set_flush_denormal(flushed_before)
             bar.close()
             if logger is not None:
+                pending = self.recorder.take()  # (recorded by the last iteration's callbacks, after its row)
+                if pending:
+                    logger.amend_last(pending)
                 logger.close()
         self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint, train_wall_s=clock_offset + train_clock)
         result.total_timesteps = self.num_timesteps - start_steps

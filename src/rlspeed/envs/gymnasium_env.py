@@ -26,9 +26,9 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     pass instead for the id of a user's own vector env)."""
     if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
         raise UserError(f"'{env_id}' stands for the vector env this model was trained on, which you built and "
-                        "rlspeed cannot rebuild from an id: pass that env (or another) where one is needed, e.g. "
-                        "rlspeed.evaluate(model, env, episodes=env.num_envs), or Algorithm.load(path, env=env) to "
-                        "train on.")
+                        "rlspeed cannot rebuild from an id: pass an env built the same way where one is needed, e.g. "
+                        "rlspeed.evaluate(model, env, episodes=env.num_envs) with a separate instance, or "
+                        "Algorithm.load(path, env=env) to train on.")
     register_family(env_id)
     try:
         return gym.spec(env_id)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
+import sys
 import warnings
 
 import gymnasium as gym
@@ -83,7 +85,14 @@ _mujoco_said: set[str] = set()
 
 
 def _mujoco_warning(text: str) -> None:
-    if text in _mujoco_said:  # (once per process: each env made would say it again)
+    # MuJoCo calls this from its C code, where an exception must not escape (it aborts the process): a warning
+    # filter that turns warnings into errors gets the text on stderr instead
+    key = re.sub(r"Time = [^.]*\.?", "", text)  # (instability messages carry the simulation time)
+    if key in _mujoco_said:  # (once per process: each env made would say it again)
         return
-    _mujoco_said.add(text)
-    warnings.warn(f"MuJoCo: {text}", DeprecationWarning if "deprecated" in text else RuntimeWarning, stacklevel=2)
+    _mujoco_said.add(key)
+    try:
+        warnings.warn(f"MuJoCo: {text}", DeprecationWarning if "deprecated" in text else RuntimeWarning,
+                      stacklevel=2)
+    except Exception:
+        sys.stderr.write(f"MuJoCo: {text}\n")

@@ -329,7 +329,7 @@ class MemberEncoder:
     images make a convolution's cost its call overhead); or `per-member`, the solo's module called once per member
     with its parameters, in the solo's memory layout (K ordinary convolutions, which win where large images make
     them arithmetic-bound: oneDNN's grouped convolution is slower than K channels-last ones). `per-member` for the
-    Nature CNN on a CPU, `grouped` elsewhere; `benchmarks/population_cnn.py` re-measures both image sizes."""
+    Nature CNN on a CPU, `grouped` elsewhere; `benchmarks/member_encoder.py` re-measures both image sizes."""
 
     def __init__(self, encoders: Sequence[torch.nn.Module], mode: str | None = None):
         first = encoders[0]
@@ -338,6 +338,8 @@ class MemberEncoder:
             mode = "per-member" if isinstance(first, CNNEncoder) and first.nature and cpu else "grouped"
         if mode not in ("per-member", "grouped"):
             raise ValueError(f"MemberEncoder mode is 'per-member' or 'grouped', not {mode!r}")
+        if mode == "per-member" and not isinstance(first, CNNEncoder):
+            raise ValueError(f"MemberEncoder runs per member CNN encoders only, not a {type(first).__name__}")
         #: `per-member` or `grouped` (class docstring; `mode` None: the rule there)
         self.mode = mode
         module = copy.deepcopy(first)

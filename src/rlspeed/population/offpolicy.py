@@ -344,9 +344,11 @@ class MemberReplay:
         self._gammas = self._gammas[index]
         self.size = int(index.numel())
 
-    def add(self, obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None) -> None:
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None,
+            reset_rows=None) -> None:
         """One step of every member's envs (rows `[K * N, ...]`, member-major), as `ReplayBuffer.add` stores it;
-        `next_action_masks` (bool `[K * N, n]`) exactly when the buffer keeps masks."""
+        `next_action_masks` (bool `[K * N, n]`) exactly when the buffer keeps masks; `reset_rows` (the env's
+        restarted rows) matters to the frame layout only (`MemberFrameReplay`)."""
         if (next_action_masks is None) != (self.next_action_masks is None):
             raise ValueError("next_action_masks must be given exactly when the buffer was made with mask_size")
         if self.n_step == 1:  # (the discount is each row's gamma: column 0 of the table, gamma ** 1)
@@ -456,7 +458,8 @@ class MemberFrameReplay:
                                                                n_step, mask_size) / self.capacity
         self.check_fits(self.capacity, size, num_envs, observation, action_bytes, n_step, mask_size, device)
         self.buffers = [FrameStackReplayBuffer(self.capacity, num_envs, observation, action_shape, action_dtype,
-                                               device, n_step=n_step, gamma=float(gamma), mask_size=mask_size)
+                                               device, n_step=n_step, gamma=float(gamma), storage_device=device,
+                                               mask_size=mask_size)
                         for gamma in gammas.tolist()]  # (a float32 gamma, as the solo's buffer computes with it)
 
     @staticmethod
@@ -800,11 +803,8 @@ class OffPolicyPopulation(PopulationBase):
                 if masking:
                     following = next_masks(info, terminated | truncated)
                     self._action_mask = info["action_mask"]
-                if self._frame_replay:  # (the rows the env restarted: their next observation is stored whole)
-                    buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following,
-                               reset_rows=info.get("final_rows"))
-                else:
-                    buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following)
+                buffer.add(obs, actions, rewards, info["final_obs"], terminated, truncated, following,
+                           reset_rows=info.get("final_rows"))
                 self._on_dones(terminated | truncated)
                 self._obs = next_obs
         steps = cfg.train_freq * envs
@@ -1027,9 +1027,10 @@ class OffPolicyPopulation(PopulationBase):
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
         """Mean return over `episodes` deterministic episodes `[len(members)]` (host tensor) of `members` (original
-        indices; default: all), member i's on an env seeded `seeds[i]` as `rlspeed.evaluate` seeds one (default
-        seeds: `_evaluation_seeds`)."""
-        members = list(range(self.size)) if members is None else list(members)
+        indices; default: those in the computation, as PPO's), member i's on an env seeded `seeds[i]` as
+        `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
+        left with."""
+        members = list(self.alive) if members is None else list(members)
         seeds = self._evaluation_seeds(seeds, members)
         actor = self._actor_of(members)
         count = len(members)
