@@ -282,6 +282,25 @@ def test_bad_inputs_are_one_sentence(seeds, hyper, words):
         Population(PPO, "CartPole-v1", seeds=seeds, **{**SMALL, **hyper})
 
 
+def test_learn_shows_a_progress_bar_over_each_members_steps(monkeypatch):
+    from rlspeed.population import base
+
+    bars = []
+
+    class Recording(base.ProgressBar):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.enabled = kwargs["enabled"]
+            bars.append(self)
+
+    monkeypatch.setattr(base, "ProgressBar", Recording)
+    population = Population(PPO, "CartPole-v1", seeds=[3, 4], **SMALL)
+    population.learn(3 * SMALL["num_envs"] * SMALL["num_steps"])
+    assert bars[0].enabled and bars[0].bar.n == bars[0].bar.total == population.num_timesteps
+    population.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    assert not bars[1].enabled
+
+
 def test_evaluate_seeds_each_member_from_its_own_seed_by_default():
     population = Population(PPO, "CartPole-v1", seeds=[3, 4], **SMALL)
     assert torch.equal(population.evaluate(episodes=2), population.evaluate([1_000_003, 1_000_004], episodes=2))

@@ -404,8 +404,8 @@ def _train_population(args: argparse.Namespace) -> int:
 
     try:
         with _stop_after_iteration() as signals, _left_clean_if_not_started(run_dir, created, not args.resume):
-            summary = population.learn(total - (resumed_from or 0), on_eval=progress,
-                                       stop_requested=lambda: bool(signals), **learn_kwargs)
+            summary = population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
+                                       stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs)
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated) or signals[:1] == [signal.SIGTERM]
         code, name = (143, "SIGTERM") if terminated else (130, "Ctrl-C")

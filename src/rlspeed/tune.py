@@ -246,7 +246,7 @@ class _Setup:
                           **{**self.hyperparameters, **per_member})
 
     def learn(self, members, on_eval=None) -> dict:
-        kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval}
+        kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval, "progress_bar": False}
         if self.eval_freq is not None:
             kwargs["eval_freq"] = self.eval_freq
         return members.learn(self.budget, **kwargs)

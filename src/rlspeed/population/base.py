@@ -23,6 +23,7 @@ from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
 from rlspeed.errors import UserError
+from rlspeed.logging import ProgressBar
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
 
@@ -1003,7 +1004,7 @@ class PopulationBase:
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
-              stop_requested: Callable[[], bool] | None = None) -> dict:
+              stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True) -> dict:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
@@ -1032,6 +1033,8 @@ class PopulationBase:
         reached, were pruned or diverged, training times, the schedules' span) and `total_timesteps` counts from its
         `num_timesteps`; from a checkpoint `save` wrote between learn calls, a new loop starts, as a new call does.
 
+        `progress_bar`: a bar over the env steps per member (as a solo `learn`'s), with the members still training.
+
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
         (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
@@ -1051,10 +1054,26 @@ class PopulationBase:
         loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
                 _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
         evaluating = target_return is not None or on_eval is not None
+        bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
+                          desc=f"{self.algo_name} {self.env_id} x{self.size}")
+        try:
+            self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
+                             on_eval, run_dir, stop_requested, bar)
+        finally:
+            bar.close()
+        self.progress = None
+        self.summary = self._summary(loop, target_return, eval_episodes, stop)
+        return self.summary
+
+    def _learn_loop(self, loop: _LoopProgress, end: int, eval_freq: int, evaluating: bool, target_return, eval_episodes,
+                    stop: str, confirm_target: bool, on_eval, run_dir, stop_requested, bar: ProgressBar) -> None:
+        """`learn`'s iterations until `end` env steps per member, the target, or no member left."""
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         while self.num_timesteps < end and self.alive:
             training = len(self.alive)
+            before = self.num_timesteps
             loop.member_steps += self.train_iteration() * training
+            bar.update(self.num_timesteps - before, members=len(self.alive))
             due = self.num_timesteps >= loop.next_eval or self.num_timesteps >= end
             if due or self.check_divergence_every_iteration:
                 self._drop_diverged(loop.left)
@@ -1074,9 +1093,6 @@ class PopulationBase:
             if requested:
                 raise KeyboardInterrupt
             clock_start, cpu_start = time.perf_counter(), time.process_time()
-        self.progress = None
-        self.summary = self._summary(loop, target_return, eval_episodes, stop)
-        return self.summary
 
     def _evaluation_point(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
                           confirm_target: bool, on_eval: Callable | None) -> bool:
