@@ -99,7 +99,7 @@ def test_env_backend_is_checked():
     with pytest.raises(UserError, match="no native env"):
         Population(SAC, "LunarLanderContinuous-v3", seeds=[0], env_backend="torch")
     with pytest.raises(UserError, match="env_backend"):
-        Population(DQN, "CartPole-v1", seeds=[0], env_backend="gymnasium-async")
+        Population(DQN, "CartPole-v1", seeds=[0], env_backend="sb3")
     assert Population(SAC, "Pendulum-v1", seeds=[0], **SMALL).env_backend == "torch"  # (native where there is one)
 
 

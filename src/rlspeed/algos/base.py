@@ -228,6 +228,18 @@ class LearnResult:
     confirmations: list = dataclasses.field(default_factory=list)
 
 
+def _algorithm_classes() -> dict[str, type]:
+    """Every algorithm class defined so far (the `Algorithm` subclasses with a `name`), by that name: what
+    `Algorithm.load` dispatches on (read here, not from `rlspeed.algos`, which imports this module)."""
+    found, todo = {}, list(Algorithm.__subclasses__())
+    while todo:
+        algo = todo.pop()
+        todo.extend(algo.__subclasses__())
+        if getattr(algo, "name", "") and algo.__module__.startswith("rlspeed."):
+            found.setdefault(algo.name, algo)
+    return found
+
+
 #: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
 SB3_LEARN_KEYWORDS = {
     "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
@@ -1019,9 +1031,7 @@ class Algorithm:
         device = resolve_device(device)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         if meta.get("algo") != cls.name:
-            from rlspeed.algos import ALGORITHMS
-
-            saved = ALGORITHMS.get(meta.get("algo"))
+            saved = _algorithm_classes().get(meta.get("algo"))
             if saved is not None and not cls.name:  # (`Algorithm.load`: whichever algorithm the file holds)
                 return saved.load(path, device=device, env=env, verify=verify, allow_nonfinite=allow_nonfinite,
                                   **overrides)
