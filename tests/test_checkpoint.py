@@ -313,3 +313,32 @@ def test_run_model_names_what_a_directory_without_a_model_holds(tmp_path):
         (population / "members" / f"seed_{seed}.safetensors").write_bytes(b"")
     with pytest.raises(UserError, match=r"population's run directory: .*seed_2\.safetensors"):
         run_model(population)
+
+
+def test_a_model_of_an_env_with_unbounded_actions_loads(tmp_path):
+    """Infinite Box bounds are written as null (strict JSON) and must be read back (the loader refused them as a
+    damaged file)."""
+    import gymnasium as gym
+    import numpy as np
+
+    class Unbounded(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.Box(np.array([-np.inf, -1.0], np.float32), np.array([np.inf, np.inf], np.float32))
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return self.observation_space.sample(), {}
+
+        def step(self, action):
+            return self.observation_space.sample(), -float(np.square(action).sum()), False, False, {}
+
+    gym.register("rlspeed-test/Unbounded-v0", entry_point=Unbounded, max_episode_steps=20)
+    try:
+        model = PPO("rlspeed-test/Unbounded-v0", num_envs=2, num_steps=16, batch_size=32, device="cpu", seed=0)
+        model.learn(64, progress_bar=False)
+        loaded = PPO.load(model.save(tmp_path / "model.safetensors"), device="cpu")
+        assert loaded.action_space == model.action_space
+        obs = np.zeros((3, 2), np.float32)
+        np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
+    finally:
+        gym.registry.pop("rlspeed-test/Unbounded-v0")

@@ -449,6 +449,12 @@ def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch,
     assert config["env_id"] == "MyCartPole-v0" and config["gym_packages"] == ["my_rl_envs"]
     assert cli.main(["eval", "run", "--episodes", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    # (the Python API takes the same id, also where learn evaluates for a target)
+    from rlspeed import PPO
+
+    model = PPO("my_rl_envs:MyCartPole-v0", num_envs=4, num_steps=32, batch_size=64, device="cpu")
+    model.learn(256, target_return=1e9, eval_freq=128, eval_episodes=2, progress_bar=False)
+    assert len(model.result.evaluations) == 2
 
 
 def test_a_nan_final_evaluation_is_null_in_summary_json(monkeypatch, tmp_path, capsys):
@@ -628,3 +634,18 @@ def test_eval_without_a_seed_prints_the_one_it_drew_which_repeats_it(tmp_path, m
     assert json.loads(capsys.readouterr().out)["returns"] == first["returns"]
     assert cli.main(["eval", "run", "--video", "missing/v.gif"]) == 2  # (before evaluating)
     assert cli.main(["doctor", "--device", "foo"]) == 2
+
+
+def test_warnings_lose_terminal_colour_codes_and_unknown_ids_say_how_to_register(capsys):
+    """Gymnasium colours its warnings: the CLI's warning line shows the text, not escape codes; an unknown id with
+    a close registered one still says how to register one's own env."""
+    import io
+
+    out = io.StringIO()
+    cli._show_warning("\x1b[33mWARN: The obs returned by the step() method is not within the observation space.\x1b[0m",
+                      UserWarning, "env.py", 1, file=out)
+    assert out.getvalue() == ("rlspeed: warning: WARN: The obs returned by the step() method is not within the "
+                              "observation space.\n")
+    assert cli.main(["train", "ppo", "CartPole-v9", "--total-timesteps", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean CartPole-v1" in err and "`MODULE:EnvId`" in err

@@ -615,11 +615,11 @@ def _shape_ok(value) -> bool:
 
 
 def _bounds_ok(value) -> bool:
-    """A Box bound as JSON: a number or (nested) lists of numbers (JSON has no infinity: inf is written as a float
-    by Python's json, which reads it back as one)."""
+    """A Box bound as JSON: a number, null (an unbounded entry, as `rlspeed.envs.base` writes infinities) or (nested)
+    lists of them (older files hold infinities as Python's json writes them, which it reads back as floats)."""
     if isinstance(value, list):
         return all(_bounds_ok(v) for v in value)
-    return _is_number(value) and not (isinstance(value, float) and math.isnan(value))
+    return value is None or (_is_number(value) and not (isinstance(value, float) and math.isnan(value)))
 
 
 def _action_space_problem(space) -> str | None:

@@ -1315,7 +1315,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(message: str) -> str:
-    """`message` with every unprintable character escaped: a user's text echoed in it cannot break the line."""
+    """`message` without terminal colour codes (Gymnasium colours its warnings) and with every other unprintable
+    character escaped: a user's text echoed in it cannot break the line."""
+    message = re.sub(r"\x1b\[[0-9;]*m", "", message)
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
 
 

@@ -25,7 +25,15 @@ from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, rules, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
-from rlspeed.envs import BatchedEnv, RunningMeanStd, _check_env_id, env_spec, make_env, resolve_backend
+from rlspeed.envs import (
+    BatchedEnv,
+    RunningMeanStd,
+    _check_env_id,
+    env_spec,
+    import_env_module,
+    make_env,
+    resolve_backend,
+)
 from rlspeed.envs.base import (
     EnvSpec,
     numpy_dtype,
@@ -630,7 +638,9 @@ class Algorithm:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         if target_return is not None:
             try:  # evaluation builds a fresh env from the id: find out now, not after the first rollout
-                gym_spec(self.env_id)  # the registry entry alone (env_spec would build an env); native ids have one
+                # (the registry entry alone: env_spec would build an env; native ids have one; `module:EnvId` ids
+                # import their module first)
+                gym_spec(import_env_module(self.env_id))
             except UserError:
                 raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
                                 f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "

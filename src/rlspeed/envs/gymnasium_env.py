@@ -35,7 +35,7 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     except Exception:
         ids = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(close)}?" if close else (
+        hint = (f" Did you mean {', '.join(close)}?" if close else "") + (
             " If a package registers it, import that package first, or name it in the id (`MODULE:EnvId`; the CLI "
             "also takes `--gym-packages MODULE`); `python -c \"import gymnasium; print(list(gymnasium.registry))\"` "
             "lists the registered ids.")
