@@ -421,8 +421,14 @@ class _NeedsImageio(gym.Env):
         raise ModuleNotFoundError("No module named 'imageio'", name="imageio")
 
 
+class _RaisesWhenMade(gym.Env):
+    def __init__(self):
+        raise RuntimeError("cannot open the simulator")
+
+
 gym.register("FaultyRaises-v0", entry_point=_RaisesAtStep5, max_episode_steps=100)
 gym.register("FaultyNeedsImageio-v0", entry_point=_NeedsImageio, max_episode_steps=100)
+gym.register("FaultyRaisesWhenMade-v0", entry_point=_RaisesWhenMade, max_episode_steps=100)
 
 
 def test_an_env_that_raises_mid_episode_is_named():
@@ -440,6 +446,17 @@ def test_an_env_that_raises_is_one_line_from_the_command_line(capsys):
     assert code == 1
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "FaultyRaises-v0" in lines[0] and "sensor disconnected" in lines[0]
+
+
+def test_an_env_that_raises_when_made_is_named_in_one_line(capsys, tmp_path):
+    with pytest.raises(EnvStepError, match=r"'FaultyRaisesWhenMade-v0' \(gymnasium backend\) raised RuntimeError in "
+                                           r"make\(\): cannot open the simulator") as info:
+        make_env("FaultyRaisesWhenMade-v0", num_envs=2, device="cpu", backend="gymnasium")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    out = tmp_path / "run"
+    code = cli.main(["train", "ppo", "FaultyRaisesWhenMade-v0", "--no-progress", "--out", str(out)])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and "cannot open the simulator" in lines[0] and not out.exists()
 
 
 def test_a_missing_env_dependency_says_what_to_install(capsys):

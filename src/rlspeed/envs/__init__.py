@@ -108,6 +108,14 @@ def _dependency_error(env_id: str, error: BaseException) -> UserError | None:
     return None if reason is None else UserError(f"Cannot make '{env_id}': {reason}.")
 
 
+def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
+    """What making an env that raised becomes: a UserError naming the missing package to install, else an
+    `EnvStepError` naming the env and its error (one line from the CLI, exit 1; the env's traceback chained)."""
+    dependency = (_dependency_error(env_id, error)
+                  if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)) else None)
+    return dependency if dependency is not None else EnvStepError(env_id, backend, "make", error)
+
+
 def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = None,
                     device: str | torch.device | None = None) -> str:
     """Which backend `make_env` will use. `auto` picks the native env when one exists for the id, except on a
@@ -145,8 +153,10 @@ def env_spec(env_id: str) -> EnvSpec:
     spec = gym_spec(env_id)
     try:
         env = atari.make_atari_env(spec.id) if atari.is_atari(env_id) else gym.make(spec.id)
-    except (ImportError, gym.error.DependencyNotInstalled) as error:
-        raise _dependency_error(env_id, error) from None
+    except UserError:
+        raise
+    except Exception as error:
+        raise _make_error(env_id, "gymnasium", error) from error
     try:
         if atari.is_atari(env_id):
             return atari.atari_spec(env_id, env)
@@ -232,8 +242,10 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
                 try:
                     env = kind(env_id, num_envs=num_envs, device=device, vectorization=vectorization,
                                env_kwargs=env_kwargs)
-                except (ImportError, gym.error.DependencyNotInstalled) as error:
-                    raise _dependency_error(env_id, error) from None
+                except UserError:
+                    raise
+                except Exception as error:
+                    raise _make_error(env_id, chosen, error) from error
     env = EpisodeStatistics(env)
     if atari_game and not evaluation:
         env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores

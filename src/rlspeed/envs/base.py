@@ -89,6 +89,9 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
     if isinstance(space, _LEAF_SPACES):
         if isinstance(space, gym.spaces.Box) and space.shape is not None and 0 in space.shape:
             raise UserError(f"'{env_id}' has an empty Box observation space {space.shape}: nothing to learn from.")
+        if isinstance(space, gym.spaces.Box) and space.shape == ():
+            raise UserError(f"'{env_id}' has a scalar Box observation space (shape ()); give it one axis with "
+                            "gymnasium.wrappers.ReshapeObservation(env, (1,)).")
         return space
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
         items = (space.spaces.items() if isinstance(space, gym.spaces.Dict)
