@@ -649,3 +649,9 @@ def test_warnings_lose_terminal_colour_codes_and_unknown_ids_say_how_to_register
     assert cli.main(["train", "ppo", "CartPole-v9", "--total-timesteps", "64"]) == 2
     err = capsys.readouterr().err
     assert "Did you mean CartPole-v1" in err and "`MODULE:EnvId`" in err
+
+
+def test_printed_returns_keep_three_significant_digits_below_ten():
+    """Rewards of order 1 (a 0.92 success rate) are not all printed as 0.9; large returns keep one decimal."""
+    assert [cli._score(v) for v in (0.92, -0.125, 0.0, 500.0, -1634.61, float("nan"))] == \
+        ["0.92", "-0.125", "0", "500.0", "-1634.6", "nan"]

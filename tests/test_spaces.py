@@ -557,3 +557,12 @@ def test_dict_statistics_keep_their_names_inside_a_parent_module():
     assert torch.equal(fresh.stats["pos"].mean, stats.stats["pos"].mean)
     with pytest.raises(RuntimeError):
         fresh.load_state_dict({"pos.mean": torch.zeros(3)})
+
+
+def test_predict_refuses_a_discrete_observation_outside_its_space():
+    """A one-hot encoder indexes by the observation: a value outside Discrete(n) would fail inside torch."""
+    model = rlspeed.DQN("FrozenLake-v1", device="cpu", seed=0)
+    assert model.predict(15)[0] in range(4)
+    for wrong in (16, [1, -1]):
+        with pytest.raises(UserError, match=r"values outside Discrete\(16\)"):
+            model.predict(wrong)

@@ -960,8 +960,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                    else f"; target {target:g} not reached")
     say(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
         f"{reached}")
-    say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {final['mean']:.1f} +/- "
-        f"{final['std']:.1f}")
+    say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {_score(final['mean'])} +/- "
+        f"{_score(final['std'])}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
 
@@ -1124,7 +1124,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
     print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes{seed_note}: "
-          f"{result['mean']:.1f} +/- {result['std']:.1f}", file=sys.stderr if args.json else sys.stdout)
+          f"{_score(result['mean'])} +/- {_score(result['std'])}", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(strict_json({**result, "seed": args.seed}))
     if args.video is not None:
@@ -1312,6 +1312,12 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     doctor.set_defaults(func=cmd_doctor)
     return parser
+
+
+def _score(value: float) -> str:
+    """An evaluation's return as printed: one decimal from 10 on (500.0, -1634.6), three significant digits below
+    (0.92, -0.125), where rewards of order 1 would otherwise all read 0.9."""
+    return f"{value:.1f}" if not math.isfinite(value) or abs(value) >= 10 else f"{value:.3g}"
 
 
 def _one_line(message: str) -> str:

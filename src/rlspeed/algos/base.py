@@ -190,6 +190,12 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     if as_numpy:
         observation = np.asarray(observation, dtype=numpy_dtype(dtype))
     obs = torch.as_tensor(observation, device=device, dtype=dtype)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
+        low = torch.as_tensor(np.asarray(space.start), device=device)
+        high = low + torch.as_tensor(np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec),
+                                     device=device)
+        if bool(((obs < low) | (obs >= high)).any()):  # ok-sync: predict returns to the host
+            raise UserError(f"An observation holds values outside {space}: {observation!r}"[:200] + ".")
     single = obs.dim() == len(shape)
     if tuple(obs.shape[1 - int(single):]) != tuple(shape):
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
