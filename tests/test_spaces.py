@@ -421,7 +421,7 @@ def test_a_tuple_of_eleven_elements_or_with_a_dropped_element_is_read_by_positio
     tuple still maps by position."""
     from rlspeed.algos.base import as_observation_batch
 
-    eleven = check_observation_space(gym.spaces.Tuple([gym.spaces.Discrete(5)] * 11), "Eleven-v0")
+    eleven = check_observation_space(gym.spaces.Tuple([gym.spaces.Discrete(11)] * 11), "Eleven-v0")
     batch, _, single = as_observation_batch(tuple(range(11)), eleven, torch.device("cpu"))
     assert single and {key: int(value[0]) for key, value in batch.items()} == {str(i): i for i in range(11)}
     with warnings.catch_warnings():
