@@ -331,8 +331,10 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
 
 
 class EvalCallback(BaseCallback):
-    """Evaluate the deterministic policy every `eval_freq` env steps on a separate env (`eval_env`: an env id,
-    default the model's) for `n_eval_episodes` episodes; keep the best model.
+    """Evaluate the deterministic policy every `eval_freq` env steps on a separate env for `n_eval_episodes`
+    episodes; keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or a vector env
+    you built (Gymnasium's or Stable-Baselines3's, a separate instance from the training env, kept open and reset for
+    each evaluation: one episode per env, so `n_eval_episodes` is its size), for envs that have no registered id.
 
     With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the
     algorithm's `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation;
@@ -342,14 +344,20 @@ class EvalCallback(BaseCallback):
     Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs, not calls.
     """
 
-    def __init__(self, eval_env: str | None = None, callback_on_new_best: BaseCallback | None = None,
-                 callback_after_eval: BaseCallback | None = None, n_eval_episodes: int = 5, eval_freq: int = 10_000,
+    def __init__(self, eval_env=None, callback_on_new_best: BaseCallback | None = None,
+                 callback_after_eval: BaseCallback | None = None, n_eval_episodes: int | None = None,
+                 eval_freq: int = 10_000,
                  log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
                  deterministic: bool = True, seed: int | None = None, verbose: int = 1):
         super().__init__(verbose)
-        if eval_env is not None and not isinstance(eval_env, str):
-            raise UserError("EvalCallback's eval_env must be an env id (evaluation builds fresh envs from it), got "
-                            f"{type(eval_env).__name__}.")
+        size = None if eval_env is None or isinstance(eval_env, str) else getattr(eval_env, "num_envs", None)
+        if eval_env is not None and not isinstance(eval_env, str) and size is None:
+            raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or Stable-Baselines3's), "
+                            f"not a {type(eval_env).__name__}.")
+        if size is not None and n_eval_episodes not in (None, size):
+            raise UserError(f"EvalCallback evaluates one episode per env of a vector env: this one has {size} envs, so "
+                            f"n_eval_episodes is {size} (leave it out), not {n_eval_episodes}.")
+        n_eval_episodes = n_eval_episodes if n_eval_episodes is not None else size if size is not None else 5
         if eval_freq < 1 or n_eval_episodes < 1:
             raise UserError(f"EvalCallback needs eval_freq >= 1 and n_eval_episodes >= 1, got {eval_freq} and "
                             f"{n_eval_episodes}.")
@@ -394,8 +402,8 @@ class EvalCallback(BaseCallback):
 
         model = self.model
         seed = self.seed if self.seed is not None else (model.seed or 0) + 200_000 + self.num_timesteps
-        env_id = self.eval_env or model.env_id
-        same_env = env_id == model.env_id and model.env_backend in ("torch", "gymnasium")
+        env_id = self.eval_env if self.eval_env is not None else model.env_id
+        same_env = isinstance(env_id, str) and env_id == model.env_id and model.env_backend in ("torch", "gymnasium")
         result = evaluate(model, env_id, episodes=self.n_eval_episodes, seed=seed, deterministic=self.deterministic,
                           backend=model.env_backend if same_env else "auto")
         self.last_mean_reward = result["mean"]
