@@ -352,8 +352,8 @@ class EvalCallback(BaseCallback):
         super().__init__(verbose)
         size = None if eval_env is None or isinstance(eval_env, str) else getattr(eval_env, "num_envs", None)
         if eval_env is not None and not isinstance(eval_env, str) and size is None:
-            raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or Stable-Baselines3's), "
-                            f"not a {type(eval_env).__name__}.")
+            raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or "
+                            f"Stable-Baselines3's), not a {type(eval_env).__name__}.")
         if size is not None and n_eval_episodes not in (None, size):
             raise UserError(f"EvalCallback evaluates one episode per env of a vector env: this one has {size} envs, so "
                             f"n_eval_episodes is {size} (leave it out), not {n_eval_episodes}.")
