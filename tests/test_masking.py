@@ -84,6 +84,8 @@ def test_check_action_masks_refuses_wrong_shapes_and_rows_without_an_allowed_act
         check_action_masks([[1, 0, 1]], space, 1, "test")
     with pytest.raises(UserError, match=r"allows no action in row \[1\]"):
         check_action_masks([[1, 0, 0, 0], [0, 0, 0, 0]], space, 2, "test")
+    with pytest.raises(UserError, match=r"in rows \[0, 1, 2, 3, 4\] and 3 more"):  # (all 8 rows empty)
+        check_action_masks([[0, 0, 0, 0]] * 8, space, 8, "test")
     with pytest.raises(UserError, match="in some component"):
         check_action_masks([[1, 1, 0, 0, 0]], gym.spaces.MultiDiscrete([2, 3]), 1, "test")
     with pytest.raises(UserError, match="Discrete and MultiDiscrete actions only"):

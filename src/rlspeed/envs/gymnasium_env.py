@@ -85,8 +85,11 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
     else:
         empty = ~allowed.any(axis=1)
     if empty.any():
-        rows = np.flatnonzero(empty)[:5].tolist()
+        all_rows = np.flatnonzero(empty)
+        rows = all_rows[:5].tolist()
+        more = f" and {len(all_rows) - 5} more" if len(all_rows) > 5 else ""
         raise UserError(f"The action mask from {source} allows no action in row{'s' if len(rows) > 1 else ''} {rows}"
+                        f"{more}"
                         + (" (in some component)" if isinstance(space, gym.spaces.MultiDiscrete) else "")
                         + ": every row needs at least one allowed action; fix the env's mask, or end the episode "
                           "where no action is valid.")
