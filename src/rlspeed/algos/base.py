@@ -650,7 +650,9 @@ class Algorithm:
             except UserError:
                 raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
                                 f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "
-                                "it with gymnasium.register, or train without a target.") from None
+                                "it with gymnasium.register, or evaluate on a vector env you build with "
+                                "callback=EvalCallback(eval_env, callback_on_new_best=StopTrainingOnRewardThreshold("
+                                "target)) from rlspeed.callbacks.") from None
         from rlspeed.callbacks import as_callback
 
         callbacks = as_callback(callback)
