@@ -68,8 +68,8 @@ SB3_KEYWORDS = {
 }
 
 
-#: Hyperparameters whose None means "tuned automatically", which Stable-Baselines3 spells "auto" (SAC's entropy
-#: coefficient also "auto_X": tuned, starting at X), with the hyperparameter X goes to
+#: Hyperparameters whose None means "tuned automatically", which Stable-Baselines3 spells "auto", each with the
+#: hyperparameter that takes X in its "auto_X" (SAC's entropy coefficient: tuned, starting at X), or None
 AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 
 
