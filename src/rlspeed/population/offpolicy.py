@@ -36,9 +36,10 @@ leaves the computation: its parameters, moments, replay rows, env rows and obser
 (`PopulationBase._env_rows`: the others' envs continue exactly, Gymnasium's env objects mid-episode).
 
 Covered now: SAC, TD3 and DDPG with rlspeed's default MLP networks on envs with Box actions, DQN with a plain or
-dueling MLP on envs with Discrete actions (and their action masks, `use_masking`), on float-vector observations (DQN
-also on one-hot Discrete ones, flattened bool or integer vectors, images through each member's own CNN and Dict or
-Tuple observations through its own multi-input encoder, as `rlspeed.population.ppo` says): the native envs
+dueling MLP on envs with Discrete actions (and their action masks, `use_masking`), on float-vector observations,
+one-hot Discrete ones, flattened bool or integer vectors and Dict or Tuple observations of those (the solo's encoder
+without parameters, `_inputs`), and for DQN also images through each member's own CNN and Dict or Tuple observations
+through its own multi-input encoder, as `rlspeed.population.ppo` says: the native envs
 (`rlspeed.envs.registry.NATIVE_ENVS`) and any registered Gymnasium env (one synchronous vector env, or with
 `env_backend="gymnasium-async"` one subprocess vector env per member: `MemberEnvs`), on one device, behind
 `Population(...)`, `rlspeed train --seeds [--env-backend gymnasium]` and `rlspeed tune`.
@@ -557,18 +558,23 @@ class OffPolicyPopulation(PopulationBase):
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
-    #: whether the members' networks take observations through the solo's encoder (`member_features`: one-hot
-    #: Discrete observations, flattened bool or integer vectors; each member's own CNN for images: `MemberEncoder`)
-    observation_encoders = False
+    #: whether the members may have encoders with parameters (each member's own CNN or multi-input encoder:
+    #: `MemberEncoder`); encoders without parameters (one-hot Discrete observations, flattened bool or integer
+    #: vectors, Dict or Tuple observations of those: `member_features`) every off-policy population takes
+    member_encoders = False
+    #: whether `_explore`, `_deterministic` and `_update` take stored observations and encode them themselves (DQN);
+    #: else they take the networks' inputs, which the loop computes (`_inputs`)
+    encodes_inside = False
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):
         solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
         encoder = getattr(solos[0].policy, "encoder", None)
-        if encoder is not None and not self.observation_encoders:
-            raise UserError(f"{algo_cls.__name__} populations cover MLP networks on float vector observations so far; "
-                            f"{env_id} needs a {encoder.kind}.")
+        if has_parameters(encoder) and not self.member_encoders:
+            raise UserError(f"{algo_cls.__name__} populations cover encoders without parameters so far (float, "
+                            f"one-hot Discrete, MultiBinary or integer vectors, and Dict or Tuple observations of "
+                            f"those); {env_id} needs a {encoder.kind} (DQN, PPO and A2C members have their own).")
         #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
         self._encoder = None if has_parameters(encoder) else encoder
         #: each member's own encoder where it has parameters (DQN's CNN: `_build` makes it), else None
@@ -794,9 +800,9 @@ class OffPolicyPopulation(PopulationBase):
                 if timesteps < cfg.learning_starts:
                     actions = self._random_actions(envs, masks)
                 elif masking:
-                    actions = self._explore(obs.view(alive, envs, -1), timesteps, masks)
+                    actions = self._explore(self._inputs(obs.view(alive, envs, -1)), timesteps, masks)
                 else:
-                    actions = self._explore(obs.view(alive, envs, -1), timesteps)
+                    actions = self._explore(self._inputs(obs.view(alive, envs, -1)), timesteps)
                 actions = actions.reshape(alive * envs, *self._action_tail)
                 next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
                 following = None  # (the masks at each row's next observation)
@@ -825,6 +831,12 @@ class OffPolicyPopulation(PopulationBase):
             return torch.float32
         return observation_layout(self.spec.observation_space)[1]  # (the images' dtype, as the env adapters give it)
 
+    def _inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """What `_explore`, `_deterministic` and `_update` take for stored observations `[K, B, ...]`: the networks'
+        input (`_features` of the members' encoder without parameters), or the observations themselves where there
+        is no encoder or the algorithm encodes them itself (`encodes_inside`)."""
+        return obs if self.encodes_inside or self._encoder is None else self._features(obs)
+
     def _features(self, obs: torch.Tensor, encoder: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
         """The networks' input `[K, B, features]` from observations `[K, B, ...]` (stored flat): `member_features`,
         or each member's own encoder by the stacked encoder parameters `encoder`."""
@@ -852,6 +864,7 @@ class OffPolicyPopulation(PopulationBase):
             index = torch.stack([torch.randint(0, rows, (count * batch_size,), device=self.device, generator=g)
                                  for rows, g in zip(stored, self.generators)])
             rows = buffer.sample(index)
+            rows["obs"], rows["next_obs"] = self._inputs(rows["obs"]), self._inputs(rows["next_obs"])
             for i in range(count):
                 self._update({key: value[:, i * batch_size:(i + 1) * batch_size] for key, value in rows.items()})
 
@@ -1038,7 +1051,7 @@ class OffPolicyPopulation(PopulationBase):
         def policy(obs: torch.Tensor, masks: torch.Tensor | None = None) -> torch.Tensor:
             # (masks: given where the members apply the env's action masks, `_mean_returns`)
             member_masks = () if masks is None else (masks.view(count, episodes, -1),)
-            actions = self._deterministic(obs.view(count, episodes, -1), actor, *member_masks)
+            actions = self._deterministic(self._inputs(obs.view(count, episodes, -1)), actor, *member_masks)
             return self._to_env(actions.reshape(count * episodes, *self._action_tail))
 
         return self._mean_returns(seeds, episodes, policy, members)
@@ -1227,7 +1240,7 @@ class SACPopulation(OffPolicyPopulation):
         q_pi = q_pi_all.amin(1, keepdim=True)
         at_min = (q_pi_all == q_pi).to(q_pi_all.dtype)
         grad_pi_q = at_min.div_(at_min.sum(1, keepdim=True).mul_(-rows)).view(size * critics, rows, 1)
-        grad_in = ensemble_input_grad(grad_pi_q, pi_out, critic_weights, tanh, slice(self.obs_dim, None), ws,
+        grad_in = ensemble_input_grad(grad_pi_q, pi_out, critic_weights, tanh, slice(obs.shape[-1], None), ws,
                                       "critic pi")
         grad_pi_actions = grad_in.view(size, critics, rows, -1).sum(1)  # dJ/da~ [K, B, A]
 
@@ -1476,7 +1489,8 @@ class DQNPopulation(OffPolicyPopulation):
     algo_name = "dqn"
     per_member = PER_MEMBER_DQN
     supports_action_masks = True
-    observation_encoders = True
+    member_encoders = True
+    encodes_inside = True
     _member_lists = ("q_weights", "q_biases", "target_weights", "target_biases")
     _actor_lists = ("q_weights", "q_biases")
     #: each member's own encoder parameters (images), online and target: empty without one
