@@ -1243,7 +1243,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tun = sub.add_parser("tune", help="search hyperparameters with Optuna, a population of trials at a time")
     tun.add_argument("algo", help="an algorithm with populations: ppo, a2c, sac, td3, ddpg, dqn")
-    tun.add_argument("env_id", help="a native env id, e.g. CartPole-v1")
+    tun.add_argument("env_id", help="a native or Gymnasium env id, e.g. CartPole-v1")
     tun.add_argument("--trials", type=_whole(1), default=64, help="trials the study should hold when done (64)")
     tun.add_argument("--population", type=_whole(1), default=16, help="trials trained at once as one population (16)")
     tun.add_argument("--storage", default="rlspeed-tune.db",
