@@ -77,7 +77,8 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
         raise UserError(f"The action mask from {source} has shape {list(array.shape)}, but {space} needs "
                         f"[{num}, {width}] (one flag per action" + (", the components' masks concatenated"
                                                                       if width != getattr(space, "n", width) else "")
-                        + "): fix the env's action_mask / action_masks().")
+                        + ("): give one flag per action for each observation." if source.startswith("predict")
+                           else "): fix the env's action_mask / action_masks()."))
     allowed = array.astype(bool)
     if isinstance(space, gym.spaces.MultiDiscrete):
         starts = np.concatenate(([0], np.cumsum(space.nvec.reshape(-1))[:-1]))
