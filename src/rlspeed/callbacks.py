@@ -357,7 +357,8 @@ class EvalCallback(BaseCallback):
         if size is not None and n_eval_episodes not in (None, size):
             raise UserError(f"EvalCallback evaluates one episode per env of a vector env: this one has {size} envs, so "
                             f"n_eval_episodes is {size} (leave it out), not {n_eval_episodes}.")
-        n_eval_episodes = n_eval_episodes if n_eval_episodes is not None else size if size is not None else 5
+        if n_eval_episodes is None:  # (a vector env: its size; an env id: 5)
+            n_eval_episodes = size if size is not None else 5
         if eval_freq < 1 or n_eval_episodes < 1:
             raise UserError(f"EvalCallback needs eval_freq >= 1 and n_eval_episodes >= 1, got {eval_freq} and "
                             f"{n_eval_episodes}.")

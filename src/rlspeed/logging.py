@@ -113,11 +113,15 @@ class RunLogger:
             handle, writer = self._csv
             writer.writerow(_csv_row(row))
             handle.flush()
-        if self._writer is not None:
-            step = int(row.get("timesteps", len(self.rows)))
-            for key, value in row.items():
-                if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
-                    self._writer.add_scalar(key, value, step)
+        self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
+
+    def _send_scalars(self, values: dict, step: int) -> None:
+        """`values`' finite numbers (but the step count) to TensorBoard at `step`, where it is installed."""
+        if self._writer is None:
+            return
+        for key, value in values.items():
+            if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
+                self._writer.add_scalar(key, value, step)
 
     def amend_last(self, values: dict) -> None:
         """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row
@@ -129,11 +133,7 @@ class RunLogger:
         last.update(values)
         self._fields.extend(key for key in values if key not in self._fields)
         self._rewrite_csv()
-        if self._writer is not None:
-            step = int(last.get("timesteps", len(self.rows)))
-            for key, value in values.items():
-                if isinstance(value, (int, float)) and math.isfinite(float(value)):
-                    self._writer.add_scalar(key, value, step)
+        self._send_scalars(values, int(last.get("timesteps", len(self.rows))))
 
     def _rewrite_csv(self) -> None:
         """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append."""

@@ -269,7 +269,7 @@ def check_seed(seed) -> int:
     """`seed` as an int; UserError unless it is a whole number in [0, 2**32), what Gymnasium's and numpy's seeding
     take (a one-element tensor counts as its value)."""
     if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.is_floating_point():
-        seed = seed.item()
+        seed = seed.item()  # ok-sync: a seed, once, when a model is made
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
         raise UserError(f"A seed is a whole number from 0 to 2**32 - 1, not {seed!r}.")
     return int(seed)
@@ -1048,14 +1048,13 @@ class Algorithm:
         (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters."""
         device = resolve_device(device)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
+        algo = cls
         if meta.get("algo") != cls.name:
-            saved = _algorithm_classes().get(meta.get("algo"))
-            if saved is not None and not cls.name:  # (`Algorithm.load`: whichever algorithm the file holds)
-                return saved.load(path, device=device, env=env, verify=verify, allow_nonfinite=allow_nonfinite,
-                                  **overrides)
-            saved_name = saved.__name__ if saved is not None else str(meta.get("algo"))
-            raise UserError(f"'{path}' holds a model of {saved_name}, not of {cls.__name__}; load it with "
-                            f"rlspeed.{saved_name}.load.")
+            algo = _algorithm_classes().get(meta.get("algo"))
+            if algo is None or cls.name:  # (`Algorithm.load` builds whichever algorithm the file holds)
+                saved_name = algo.__name__ if algo is not None else str(meta.get("algo"))
+                raise UserError(f"'{path}' holds a model of {saved_name}, not of {cls.__name__}; load it with "
+                                f"rlspeed.{saved_name}.load.")
         config = {**meta["config"], **overrides}
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
@@ -1068,8 +1067,8 @@ class Algorithm:
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
         # move the caller's random streams
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            model = cls(env if env is not None else spec, device=device,
-                        env_backend=meta.get("env_backend", "auto"), **config)
+            model = algo(env if env is not None else spec, device=device,
+                         env_backend=meta.get("env_backend", "auto"), **config)
         model.seed = meta.get("seed")
         model.num_timesteps = meta.get("num_timesteps", 0)
         model._restore(tensors, meta, path)

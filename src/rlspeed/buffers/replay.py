@@ -506,9 +506,14 @@ class FrameStackReplayBuffer(ReplayBuffer):
                        n_step: int = 1, mask_size: int | None = None) -> int:
         """The bytes a buffer made with these arguments allocates (`nbytes`), without making it; `action_bytes`:
         one action's (its element size times its length)."""
-        stack, frame_bytes = int(observation.shape[0]), int(np.prod(observation.shape[1:]))  # (uint8)
-        row_bytes = 4 * 3 + action_bytes + (mask_size or 0)
-        return cls.pool_frames(capacity, num_envs, stack, n_step) * frame_bytes + (2 * stack * 4 + row_bytes) * capacity
+        pool = cls.pool_frames(capacity, num_envs, int(observation.shape[0]), n_step)
+        return cls._layout_bytes(capacity, pool, observation.shape, 4 * 3 + action_bytes + (mask_size or 0))
+
+    @staticmethod
+    def _layout_bytes(capacity: int, pool: int, shape: tuple[int, ...], row_bytes: int) -> int:
+        """The frame layout's bytes: `pool` uint8 frames of `shape[1:]`, and per row the int32 pool indices of two
+        stacks of `shape[0]` frames and the other fields (`row_bytes`: reward, flags, action, mask)."""
+        return pool * int(np.prod(shape[1:])) + (2 * int(shape[0]) * 4 + row_bytes) * capacity
 
     @classmethod
     def planned_terms(cls, num_envs: int, observation: gym.spaces.Box, action_bytes: int, n_step: int = 1,
@@ -520,8 +525,7 @@ class FrameStackReplayBuffer(ReplayBuffer):
         return (cls.planned_nbytes(16, num_envs, observation, action_bytes, n_step, mask_size) - fixed) / 16, fixed
 
     def _storage_bytes(self, layout) -> int:
-        frame_bytes = int(torch.Size(layout[0][1:]).numel())  # uint8
-        return self.pool_size * frame_bytes + (2 * self.stack * 4 + self._row_bytes) * self.capacity
+        return self._layout_bytes(self.capacity, self.pool_size, layout[0], self._row_bytes)
 
     def _allocate_observations(self, layout) -> None:
         # `obs` and `next_obs` hold pool indices; `frames` the pool

@@ -416,7 +416,7 @@ class MemberReplay:
         tensors.update({f"window.{i}.{j}": value for i, entry in enumerate(self._window)
                         for j, value in enumerate(entry)})
         return tensors, {"layout": self.layout, "capacity_steps": self.capacity_steps, "written": self.written,
-                         "window": len(self._window)}
+                         "window": len(self._window), "masks": self.next_action_masks is not None}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Restore what `state` returned (KeyError or RuntimeError where it does not fit this buffer)."""
@@ -525,7 +525,8 @@ class MemberFrameReplay:
             own, meta = buffer.state_dict()
             tensors.update({f"member.{k}.{name}": value for name, value in own.items()})
             metas.append(meta)
-        return tensors, {"layout": self.layout, "capacity": self.capacity, "members": metas}
+        return tensors, {"layout": self.layout, "capacity": self.capacity, "members": metas,
+                         "masks": bool(self.buffers) and self.buffers[0].next_action_masks is not None}
 
     def load_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Restore what `state` returned (KeyError or RuntimeError where it does not fit this buffer)."""
@@ -934,10 +935,7 @@ class OffPolicyPopulation(PopulationBase):
         tensors, meta = buffer.state()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
-        save_checkpoint(file, tensors, {"replay_buffer": {**meta, "token": token, "alive": list(self.alive),
-                                                          "masks": "next_action_masks" in tensors
-                                                          or any(name.endswith(".next_action_masks")
-                                                                 for name in tensors)}})
+        save_checkpoint(file, tensors, {"replay_buffer": {**meta, "token": token, "alive": list(self.alive)}})
         return {"file": file.name, "token": token}
 
     def _load_replay(self, path: Path, saved: dict | None) -> None:
