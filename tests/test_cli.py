@@ -655,3 +655,39 @@ def test_printed_returns_keep_three_significant_digits_below_ten():
     """Rewards of order 1 (a 0.92 success rate) are not all printed as 0.9; large returns keep one decimal."""
     assert [cli._score(v) for v in (0.92, -0.125, 0.0, 500.0, -1634.61, float("nan"))] == \
         ["0.92", "-0.125", "0", "500.0", "-1634.6", "nan"]
+
+
+def test_the_command_answers_help_without_torch_and_ctrl_c_while_torch_loads_is_interrupted(tmp_path):
+    """`rlspeed --help` (and the import of the command) does not load torch, so it answers at once; Ctrl-C while torch
+    loads (the first second or two of every run) ends as any Ctrl-C does: "rlspeed: interrupted", exit code 130, no
+    traceback (the command's module imported torch before its Ctrl-C handling began)."""
+    script = (
+        "import sys\n"
+        "from rlspeed.cli import main\n"
+        "assert 'torch' not in sys.modules, 'importing the command loaded torch'\n"
+        "class Interrupt:\n"  # Ctrl-C the moment torch starts to load
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "raise SystemExit(main(['train', 'ppo', 'CartPole-v1', '--total-timesteps', '256', '--out', 'run']))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "rlspeed: interrupted" and "Traceback" not in done.stderr
+    helped = subprocess.run([sys.executable, "-c", "import sys\nfrom rlspeed.cli import main\ntry:\n"
+                             "    main(['--help'])\nexcept SystemExit:\n"
+                             "    print('torch loaded:', 'torch' in sys.modules)"],
+                            capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert "usage: rlspeed" in helped.stdout and helped.stdout.splitlines()[-1] == "torch loaded: False"
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """`rlspeed COMMAND --help` describes each argument (an option without help text shows only its name)."""
+    import argparse
+
+    commands = next(action for action in cli.build_parser()._actions
+                    if isinstance(action, argparse._SubParsersAction)).choices
+    silent = {f"{name} {action.option_strings[0] if action.option_strings else action.dest}"
+              for name, parser in commands.items() for action in parser._actions if not action.help}
+    assert not silent, f"options without help text: {sorted(silent)}"

@@ -4,27 +4,66 @@ Public API: `auto_accelerate`, `accelerate_step`,
 `PPO`, `A2C`, `RecurrentPPO`, `DQN`, `SAC`, `TD3`, `DDPG`, `make_env`, `evaluate`, `record_video`, `resolve_device`,
 `UserError`; callbacks for `learn` (`BaseCallback`, `CallbackList`, `EvalCallback`, `CheckpointCallback`,
 `StopTrainingOnRewardThreshold`, `StopTrainingOnNoModelImprovement`, `EveryNTimesteps`; all in `rlspeed.callbacks`).
+
+The names load on first use (PEP 562), so that `import rlspeed.cli` (the `rlspeed` command: `--help`, a bad
+argument) does not import torch first, and Ctrl-C during that import ends as the command's "interrupted".
 """
 
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING
+
 from rlspeed._version import __version__
-from rlspeed.accel import accelerate_step, auto_accelerate
-from rlspeed.algos import A2C, DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
-from rlspeed.callbacks import (
-    BaseCallback,
-    CallbackList,
-    CheckpointCallback,
-    EvalCallback,
-    EveryNTimesteps,
-    StopTrainingOnNoModelImprovement,
-    StopTrainingOnRewardThreshold,
-)
-from rlspeed.device import resolve_device
-from rlspeed.envs import make_env
-from rlspeed.errors import UserError
-from rlspeed.evaluation import evaluate
-from rlspeed.video import record_video
+
+if TYPE_CHECKING:  # (what the names are, for type checkers and the API docs; at run time `__getattr__` loads them)
+    from rlspeed.accel import accelerate_step, auto_accelerate
+    from rlspeed.algos import A2C, DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
+    from rlspeed.callbacks import (
+        BaseCallback,
+        CallbackList,
+        CheckpointCallback,
+        EvalCallback,
+        EveryNTimesteps,
+        StopTrainingOnNoModelImprovement,
+        StopTrainingOnRewardThreshold,
+    )
+    from rlspeed.device import resolve_device
+    from rlspeed.envs import make_env
+    from rlspeed.errors import UserError
+    from rlspeed.evaluation import evaluate
+    from rlspeed.video import record_video
+
+#: each public name and the module it comes from
+_SOURCES = {
+    "auto_accelerate": "rlspeed.accel", "accelerate_step": "rlspeed.accel",
+    **dict.fromkeys(["PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG"], "rlspeed.algos"),
+    **dict.fromkeys(["BaseCallback", "CallbackList", "EvalCallback", "CheckpointCallback",
+                     "StopTrainingOnRewardThreshold", "StopTrainingOnNoModelImprovement", "EveryNTimesteps"],
+                    "rlspeed.callbacks"),
+    "make_env": "rlspeed.envs", "evaluate": "rlspeed.evaluation", "record_video": "rlspeed.video",
+    "resolve_device": "rlspeed.device", "UserError": "rlspeed.errors",
+}
 
 __all__ = ["auto_accelerate", "accelerate_step", "PPO", "A2C", "RecurrentPPO", "DQN", "SAC", "TD3", "DDPG", "make_env",
            "evaluate", "record_video", "resolve_device", "UserError", "__version__", "BaseCallback", "CallbackList",
            "EvalCallback", "CheckpointCallback", "StopTrainingOnRewardThreshold", "StopTrainingOnNoModelImprovement",
            "EveryNTimesteps"]
+
+
+def __getattr__(name: str):
+    """A public name, imported from its module on first use (then kept as a module attribute); a subpackage
+    (`rlspeed.algos`, ...) is imported as `import rlspeed.algos` would."""
+    source = _SOURCES.get(name)
+    if source is None:
+        if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+            raise AttributeError(f"module 'rlspeed' has no attribute {name!r}")
+        return importlib.import_module(f"{__name__}.{name}")
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from rlspeed.errors import UserError
+from rlspeed.errors import EnvStepError, UserError
 from rlspeed.logging import strict_json
 
 # Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
@@ -1193,11 +1193,15 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("algo", help="ppo, a2c, recurrent_ppo, dqn, sac, td3 or ddpg")
     model.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1, or module:EnvId (the module registers it)")
     model.add_argument("--num-envs", type=_whole(1), default=None, help="parallel envs (default: preset)")
-    model.add_argument("--seed", type=_seed, default=0)
+    model.add_argument("--seed", type=_seed, default=0, help="seed of the weights, envs and sampling (default 0)")
     model.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     model.add_argument("--env-backend", default="auto",
-                       choices=["auto", "torch", "gymnasium", "gymnasium-async", "envpool"])
-    model.add_argument("--accelerate", default="off", choices=["auto", "off"])
+                       choices=["auto", "torch", "gymnasium", "gymnasium-async", "envpool"],
+                       help="auto: rlspeed's native env where it has one (Gymnasium's for few envs on a CPU), EnvPool "
+                            "for Atari ids where installed, else Gymnasium's")
+    model.add_argument("--accelerate", default="off", choices=["auto", "off"],
+                       help="auto: measure precision, compilation and graph capture and keep what is faster and "
+                            "accurate (default off)")
     model.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
     model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
@@ -1268,7 +1272,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "maximise the final evaluation)")
     tun.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations (and reports)")
     tun.add_argument("--seed", type=_seed, default=0, help="sampler seed; trial n trains with seed SEED + n")
-    tun.add_argument("--device", default="auto")
+    tun.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     tun.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     tun.set_defaults(func=cmd_tune)
@@ -1276,9 +1280,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
     ev.add_argument("checkpoint", help="a model file or a run directory")
     ev.add_argument("--env", default=None, help="env id (default: the one it was trained on)")
-    ev.add_argument("--episodes", type=_whole(1), default=10)
-    ev.add_argument("--seed", type=_seed, default=None)
-    ev.add_argument("--device", default="auto")
+    ev.add_argument("--episodes", type=_whole(1), default=10, help="episodes to evaluate (default 10)")
+    ev.add_argument("--seed", type=_seed, default=None,
+                    help="seed of the episodes (default: one drawn and printed, so that --seed repeats them)")
+    ev.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],
                     help="(default: the one the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
@@ -1308,7 +1313,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.set_defaults(func=cmd_export)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
-    doctor.add_argument("--device", default="auto")
+    doctor.add_argument("--device", default="auto", help="the device to check (default auto)")
     doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     doctor.set_defaults(func=cmd_doctor)
     return parser
@@ -1354,8 +1359,6 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 
 def _main(argv: list[str]) -> int:
-    from rlspeed.envs import EnvStepError
-
     try:
         args = build_parser().parse_args(argv)
     except UserError as error:

@@ -1,7 +1,20 @@
-"""Errors a user can cause. The CLI prints their message as one sentence and exits with code 2."""
+"""Errors a user can cause (`UserError`: the CLI prints its message as one sentence and exits with code 2) and an
+env's own failure (`EnvStepError`: one sentence, exit code 1). No torch import here: the CLI handles both before it
+imports torch."""
 
 from __future__ import annotations
 
 
 class UserError(Exception):
     """A mistake in what the user asked for (bad env id, bad hyperparameter, missing device, bad checkpoint)."""
+
+
+class EnvStepError(RuntimeError):
+    """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
+    chained (`__cause__`) with its traceback."""
+
+    def __init__(self, env_id: str, backend: str, call: str, error: BaseException):
+        self.env_id, self.call, self.error = env_id, call, error
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
+                         + (f": {detail}" if detail else ""))

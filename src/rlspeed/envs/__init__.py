@@ -24,7 +24,7 @@ from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
-from rlspeed.errors import UserError
+from rlspeed.errors import EnvStepError, UserError
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async", "envpool")
 
@@ -269,17 +269,6 @@ def _check_env_id(env_id) -> None:
                         "gymnasium.vector.SyncVectorEnv([lambda: env], "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
     raise UserError(f"{accepted}; got a {kind}.")
-
-
-class EnvStepError(RuntimeError):
-    """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
-    chained (`__cause__`) with its traceback."""
-
-    def __init__(self, env_id: str, backend: str, call: str, error: BaseException):
-        self.env_id, self.call, self.error = env_id, call, error
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
-                         + (f": {detail}" if detail else ""))
 
 
 class _SeedOnFirstReset(EnvWrapper):
