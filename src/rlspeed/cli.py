@@ -949,7 +949,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     final = model.evaluate(episodes=10, seed=eval_seed)
     result = model.result
     summary = _summary(run, result.total_timesteps, result.train_wall_s, result.sps,
-                       {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"], "seed": eval_seed})
+                       {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"], "seed": eval_seed,
+                        **{key: final[key] for key in ("success_rate",) if key in final}})
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     if tracker is not None:
         tracker.finish(summary)
@@ -960,8 +961,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                    else f"; target {target:g} not reached")
     say(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
         f"{reached}")
+    success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
     say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {_score(final['mean'])} +/- "
-        f"{_score(final['std'])}")
+        f"{_score(final['std'])}{success}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
 
@@ -1123,8 +1125,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from rlspeed.evaluation import evaluate
 
         result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
+    success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
     print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes{seed_note}: "
-          f"{_score(result['mean'])} +/- {_score(result['std'])}", file=sys.stderr if args.json else sys.stdout)
+          f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
+          file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(strict_json({**result, "seed": args.seed}))
     if args.video is not None:

@@ -265,6 +265,16 @@ SB3_LEARN_KEYWORDS = {
 }
 
 
+def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The metrics `success_sum` and `success_count` (the finished episodes that succeeded, and all finished ones)
+    from each step's (`info["done"]`, `info["is_success"]`), on the device; {} when the env reported no success (the
+    log's `success_rate` then stays absent)."""
+    if not successes:
+        return {}
+    dones, flags = (torch.stack(column) for column in zip(*successes))
+    return {"success_sum": (dones & flags).sum(), "success_count": dones.sum()}
+
+
 def check_seed(seed) -> int:
     """`seed` as an int; UserError unless it is a whole number in [0, 2**32), what Gymnasium's and numpy's seeding
     take (a one-element tensor counts as its value)."""
@@ -769,6 +779,8 @@ class Algorithm:
                         if main:
                             evaluation = self.evaluate(episodes=eval_episodes, seed=self._eval_seed())
                             row["eval_mean"] = evaluation["mean"]
+                            if "success_rate" in evaluation:
+                                row["eval_success_rate"] = evaluation["success_rate"]
                             result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
                             reached = evaluation["mean"] >= target_return
                             if reached and confirm_target:
@@ -786,7 +798,7 @@ class Algorithm:
                             result.steps_to_target = self.num_timesteps - run_start
                             stop = True
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
-                               eval=row.get("eval_mean"))
+                               success=row.get("success_rate"), eval=row.get("eval_mean"))
                     if logger is not None:
                         logger.log(row)
                     logged = row
@@ -852,6 +864,9 @@ class Algorithm:
         count = row.pop("episode_count", 0.0)
         total = row.pop("episode_return_sum", math.nan)
         row["episode_return"] = total / count if count > 0 else math.nan
+        if "success_count" in row:  # (envs that report info["is_success"])
+            successes, finished = row.pop("success_sum"), row.pop("success_count")
+            row["success_rate"] = successes / finished if finished > 0 else math.nan
         for key in keys:
             if key in row and key not in ("episode_return",):
                 row[key] = row[key] / counts[key] / self.strategy.world_size

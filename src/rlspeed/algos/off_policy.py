@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rlspeed.algos.base import Algorithm, require
+from rlspeed.algos.base import Algorithm, require, success_totals
 from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer, frame_stacks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
@@ -325,6 +325,7 @@ class OffPolicyAlgorithm(Algorithm):
 
         # 1. Collect train_freq steps of every env into the replay buffer.
         episode_returns, episode_dones = [], []  # per step: the running returns and which rows just finished
+        successes: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, where the env reports is_success
         obs = self._obs
         # Several steps per iteration go to the buffer together after the last one (the same rows as step by step:
         # nothing reads the buffer in between), unless holding them would take much memory.
@@ -362,6 +363,8 @@ class OffPolicyAlgorithm(Algorithm):
                     self._on_dones(dones)  # (TD3/DDPG's OU noise restarts for finished episodes)
                     episode_returns.append(info["episode_return"])
                     episode_dones.append(dones)
+                    if "is_success" in info:
+                        successes.append((dones, info["is_success"]))
                 obs = next_obs
             if staged:
                 with phase("buffer"):
@@ -371,7 +374,8 @@ class OffPolicyAlgorithm(Algorithm):
         # the returns of the episodes that finished, summed, and their count: a few kernels for all steps
         returns, dones = ((episode_returns[0], episode_dones[0]) if len(episode_returns) == 1
                           else (torch.stack(episode_returns), torch.stack(episode_dones)))
-        metrics = {"episode_return_sum": (returns * dones).sum(), "episode_count": dones.sum()}
+        metrics = {"episode_return_sum": (returns * dones).sum(), "episode_count": dones.sum(),
+                   **success_totals(successes)}
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
         if self.num_timesteps + cfg.train_freq * global_envs - self._buffer_start > cfg.learning_starts and len(buffer):

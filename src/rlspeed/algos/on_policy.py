@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import auto_accelerate
-from rlspeed.algos.base import Algorithm, require
+from rlspeed.algos.base import Algorithm, require, success_totals
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
@@ -217,6 +217,7 @@ class OnPolicyAlgorithm(Algorithm):
         # 1. Rollout: everything stays on the device.
         obs = self._obs
         masking = self._masking
+        successes: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, where the env reports is_success
         with torch.no_grad():
             for step in range(cfg.num_steps):
                 # the mask valid for `obs` (from the reset or the step that returned it)
@@ -236,6 +237,8 @@ class OnPolicyAlgorithm(Algorithm):
                         self._store_final_values(buf, step, info)
                     if masking:
                         self._action_mask = info["action_mask"]
+                    if "is_success" in info:
+                        successes.append((info.get("done", dones), info["is_success"]))
                     self._on_dones(dones)
                 obs = next_obs
             self._obs = obs
@@ -248,5 +251,5 @@ class OnPolicyAlgorithm(Algorithm):
         with phase("update"):
             metrics = self._update_rollout(buf, advantages, returns)
         episode_return_sum, episode_count = buf.episode_totals()
-        metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count)
+        metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count, **success_totals(successes))
         return cfg.num_steps * env.num_envs, metrics

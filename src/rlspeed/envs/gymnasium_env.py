@@ -113,6 +113,15 @@ def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.S
     return masks
 
 
+def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch.Tensor:
+    """`info["is_success"]`: bool `[N]`, True for the finished rows whose env's last info said `is_success` (a
+    goal env's convention, SB3's `success_rate`), False elsewhere (read only where `info["done"]`)."""
+    flags = np.zeros(num_envs, dtype=bool)
+    for row, success in successes.items():
+        flags[row] = bool(np.asarray(success).item())
+    return host_to(flags, device)
+
+
 def _has_mask_method(env) -> bool:
     """Whether a Gymnasium env (through its wrappers) has sb3-contrib's `action_masks()` method."""
     try:
@@ -361,6 +370,15 @@ class GymnasiumEnv(BatchedEnv):
                     finally:
                         probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
+        self.reports_success = False  # (True once a finished episode's info has "is_success")
+
+    def _add_success(self, out_info: dict, successes: dict) -> None:
+        """`info["is_success"]` (bool `[N]`, read where `info["done"]`) from the finished rows' last info, on every
+        step once an episode has reported it (`reports_success`): rows whose env said nothing read False."""
+        if successes:
+            self.reports_success = True
+        if self.reports_success:
+            out_info["is_success"] = success_flags(successes, self.num_envs, self.device)
 
     def _masks(self, info_masks, source: str) -> torch.Tensor | None:
         """The step's action masks as bool `[N, n]` on the device, None when the env gives none."""
@@ -402,6 +420,8 @@ class GymnasiumEnv(BatchedEnv):
         masks = [None] * n if self.has_action_masks and not self._mask_method else None
         final_masks: dict[int, object] = {}  # finished row -> the mask its env gave with the last observation
         self._final_masks = final_masks
+        successes: dict[int, object] = {}  # finished row -> its last step's info["is_success"]
+        self._successes = successes
         if self._float_vector:
             obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
             for i, env in enumerate(self._sync_envs):
@@ -412,6 +432,8 @@ class GymnasiumEnv(BatchedEnv):
                     final[i] = observation
                     if masks is not None or self._mask_method:
                         final_masks[i] = self._env_mask(env, info)
+                    if "is_success" in info:
+                        successes[i] = info["is_success"]
                     observation, info = env.reset()
                 obs[i] = observation
                 if masks is not None:
@@ -430,6 +452,8 @@ class GymnasiumEnv(BatchedEnv):
                 host.write(final, i, observation)
                 if masks is not None or self._mask_method:
                     final_masks[i] = self._env_mask(env, info)
+                if "is_success" in info:
+                    successes[i] = info["is_success"]
                 observation, info = env.reset()
             host.write(obs, i, observation)
             if masks is not None:
@@ -462,6 +486,7 @@ class GymnasiumEnv(BatchedEnv):
                 out_info["action_mask"] = self._masks(masks, source)
                 out_info["final_action_mask"] = final_action_masks(out_info["action_mask"], self._final_masks,
                                                                    self.spec.action_space, source)
+            self._add_success(out_info, self._successes)
             return (obs_t, host_to(reward, self.device), host_to(terminated, self.device),
                     host_to(truncated, self.device), out_info)
         self.step_send(actions)
@@ -506,6 +531,13 @@ class GymnasiumEnv(BatchedEnv):
                 out_info["final_action_mask"] = final_action_masks(
                     out_info["action_mask"], {int(row): final_info["action_mask"][row] for row in finished},
                     self.spec.action_space, source)
+        final_info = info.get("final_info") or {}
+        if "is_success" in final_info:
+            reported = np.asarray(final_info.get("_is_success", np.ones(self.num_envs, dtype=bool)), dtype=bool)
+            self._add_success(out_info, {int(row): final_info["is_success"][row] for row in finished
+                                         if reported[row]})
+        else:
+            self._add_success(out_info, {})
         return (obs_t,
                 host_to(np.asarray(reward, dtype=np.float32), self.device),
                 host_to(np.asarray(terminated, dtype=bool), self.device),

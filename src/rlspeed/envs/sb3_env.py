@@ -24,6 +24,7 @@ from rlspeed.envs.gymnasium_env import (
     mask_size,
     obs_and_final,
     registered_vector_env_id,
+    success_flags,
     to_device,
 )
 
@@ -57,6 +58,7 @@ class SB3VecEnv(BatchedEnv):
         has_attr = getattr(vec_env, "has_attr", None)
         self.has_action_masks = (mask_size(self.spec.action_space) is not None and callable(has_attr)
                                  and bool(has_attr("action_masks")))
+        self.reports_success = False  # (True once a finished episode's info has "is_success")
 
     def _masks(self) -> dict:
         """{"action_mask": bool [N, n] on the device} from the envs' `action_masks()`, or {} without masks."""
@@ -78,7 +80,8 @@ class SB3VecEnv(BatchedEnv):
 
     def step(self, actions: torch.Tensor):
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` (and `action_mask`,
-        for the returned observations, where the envs have `action_masks()`)."""
+        for the returned observations, where the envs have `action_masks()`; `is_success` once an episode's info
+        has it, as for Gymnasium envs)."""
         self.vec_env.step_async(_to_numpy_actions(actions, self.spec.action_space))
         obs, rewards, dones, infos = self.vec_env.step_wait()
         obs = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
@@ -93,9 +96,14 @@ class SB3VecEnv(BatchedEnv):
         else:
             obs_t, final_t = obs_and_final(obs, finished, self.device,
                                            lambda row: infos[row]["terminal_observation"], self._host)
+        info = {"final_obs": final_t, "final_rows": finished, **self._masks()}
+        successes = {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]}
+        self.reports_success = self.reports_success or bool(successes)
+        if self.reports_success:
+            info["is_success"] = success_flags(successes, self.num_envs, self.device)
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
-                {"final_obs": final_t, "final_rows": finished, **self._masks()})
+                info)
 
     def close(self) -> None:
         """Close the VecEnv (for SubprocVecEnv, its worker processes too)."""

@@ -1,0 +1,127 @@
+"""Goal envs' `info["is_success"]` (SB3's `success_rate`): passed on by every Gymnasium-facing adapter for the rows
+that finished, logged as `success_rate` while training, and reported by `evaluate`, `rlspeed train` and `rlspeed
+eval`."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed import cli
+
+GOAL_ID = "RlspeedTestLineGoal-v0"
+
+
+class LineGoal(gym.Env):
+    """Walk from 0 (action 1: right, 0: left); reaching +3 within 8 steps succeeds (reward 1, terminated), else the
+    episode is truncated at 8 steps with reward 0. The last info says `is_success`, so success == return."""
+
+    observation_space = gym.spaces.Box(-10, 10, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 0, 0
+        return np.array([self.x], np.float32), {}
+
+    def step(self, action):
+        self.x += 1 if int(action) == 1 else -1
+        self.t += 1
+        success = self.x >= 3
+        done = success or self.t >= 8
+        info = {"is_success": success} if done else {}
+        return np.array([self.x], np.float32), float(success), success, done and not success, info
+
+
+gym.register(GOAL_ID, entry_point=LineGoal, max_episode_steps=8)
+
+
+def _walk(env, steps: int, seed: int = 0):
+    """(done, is_success) per step for seeded random actions."""
+    generator = torch.Generator().manual_seed(seed)
+    env.reset(seed=seed)
+    seen = []
+    for _ in range(steps):
+        actions = torch.randint(0, 2, (env.num_envs,), generator=generator)
+        *_, info = env.step(actions)
+        seen.append((info["done"].clone(), info.get("is_success")))
+    return seen
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_finished_rows_carry_their_envs_is_success(backend):
+    """Each finished row's `is_success` is what its env said; before the first finished episode the key is absent,
+    after it present on every step (False where no episode ended)."""
+    env = rlspeed.make_env(GOAL_ID, num_envs=3, seed=0, backend=backend)
+    try:
+        seen = _walk(env, 24)
+    finally:
+        env.close()
+    first = next(i for i, (done, _) in enumerate(seen) if done.any())
+    assert all(flags is None for _, flags in seen[:first])
+    assert all(flags is not None and flags.dtype == torch.bool and flags.shape == (3,) for _, flags in seen[first:])
+    assert not any((flags & ~done).any() for done, flags in seen[first:])
+    # the same walk in single Gymnasium envs: row i is env i, seeded seed + i, taking row i's actions
+    generator = torch.Generator().manual_seed(0)
+    envs = [gym.make(GOAL_ID) for _ in range(3)]
+    for i, single in enumerate(envs):
+        single.reset(seed=i)
+    expected = []
+    for _ in range(24):
+        actions = torch.randint(0, 2, (3,), generator=generator)
+        row = []
+        for i, single in enumerate(envs):
+            _, _, terminated, truncated, info = single.step(int(actions[i]))
+            row.append(bool(info.get("is_success", False)))
+            if terminated or truncated:
+                single.reset()
+        expected.append(row)
+    assert [flags.tolist() if flags is not None else [False] * 3 for _, flags in seen] == expected
+    assert any(any(row) for row in expected) and not all(all(row) for row in expected)  # both kinds happen
+
+
+def test_a_stable_baselines3_vec_env_passes_is_success_on():
+    env_util = pytest.importorskip("stable_baselines3.common.env_util")
+    env = rlspeed.make_env(env_util.make_vec_env(GOAL_ID, n_envs=2, seed=0))
+    try:
+        seen = _walk(env, 20)
+    finally:
+        env.close()
+    ended = [(done, flags) for done, flags in seen if done.any()]
+    assert ended and all(flags is not None for _, flags in ended)
+    assert not any((flags & ~done).any() for done, flags in seen if flags is not None)
+
+
+@pytest.mark.parametrize("algorithm", [rlspeed.PPO, rlspeed.DQN])
+def test_training_logs_the_success_rate_and_evaluate_reports_it(algorithm, tmp_path):
+    """On LineGoal success == return, so the logged `success_rate` equals the logged mean episode return, and
+    `evaluate`'s success rate equals its mean return; an env without `is_success` logs and reports none."""
+    settings = {"num_steps": 32, "batch_size": 32} if algorithm is rlspeed.PPO else {"learning_starts": 64}
+    model = algorithm(GOAL_ID, num_envs=2, seed=0, device="cpu", **settings)
+    model.learn(512, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    with open(tmp_path / "metrics.csv") as stream:
+        rows = [row for row in csv.DictReader(stream) if row["success_rate"] not in ("", "nan")]
+    assert rows and all(float(row["success_rate"]) == pytest.approx(float(row["episode_return"])) for row in rows)
+    result = model.evaluate(episodes=6, seed=5)
+    assert result["success_rate"] == pytest.approx(result["mean"])
+    plain = algorithm("CartPole-v1", num_envs=2, seed=0, device="cpu", **settings)
+    assert "success_rate" not in plain.evaluate(episodes=2, seed=0)
+
+
+def test_the_command_reports_the_success_rate(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", f"{__name__}:{GOAL_ID}", "--total-timesteps", "2048", "--out", "run",
+                     "--no-progress"])
+    assert code == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_eval"]["success_rate"] == pytest.approx(summary["final_eval"]["mean"])
+    assert f"success rate {summary['final_eval']['success_rate']:.0%}" in capsys.readouterr().out
+    assert cli.main(["eval", "run", "--seed", "3", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["success_rate"] == pytest.approx(printed["mean"])
