@@ -125,3 +125,17 @@ def test_the_command_reports_the_success_rate(tmp_path, monkeypatch, capsys):
     assert cli.main(["eval", "run", "--seed", "3", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["success_rate"] == pytest.approx(printed["mean"])
+
+
+def test_eval_callback_keeps_each_evaluations_successes(tmp_path):
+    """EvalCallback keeps SB3's `successes` in evaluations.npz (one flag per episode per evaluation), matching the
+    returns (success == return on LineGoal), and its last success rate."""
+    from rlspeed.callbacks import EvalCallback
+
+    callback = EvalCallback(n_eval_episodes=4, eval_freq=128, log_path=tmp_path)
+    model = rlspeed.PPO(GOAL_ID, num_envs=2, seed=0, device="cpu", num_steps=32, batch_size=32)
+    model.learn(512, callback=callback, progress_bar=False)
+    saved = np.load(tmp_path / "evaluations.npz")
+    assert saved["successes"].shape == saved["results"].shape == (len(callback.evaluations_timesteps), 4)
+    assert (saved["successes"] == (saved["results"] == 1.0)).all()
+    assert callback.last_success_rate == pytest.approx(saved["successes"][-1].mean())

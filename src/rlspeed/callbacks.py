@@ -331,17 +331,19 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
 
 
 class EvalCallback(BaseCallback):
-    """Evaluate the deterministic policy every `eval_freq` env steps on a separate env for `n_eval_episodes`
-    episodes; keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or a vector env
-    you built (Gymnasium's or Stable-Baselines3's, a separate instance from the training env, kept open and reset for
+    """Evaluate the deterministic policy every `eval_freq` env steps on a separate env for `n_eval_episodes` episodes;
+    keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or a vector env you
+    built (Gymnasium's or Stable-Baselines3's, a separate instance from the training env, kept open and reset for
     each evaluation: one episode per env, so `n_eval_episodes` is its size), for envs that have no registered id.
 
     With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the
     algorithm's `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation;
     either returning False stops training. With `log_path`, `evaluations.npz` holds `timesteps` and `results` (the
-    episode returns per evaluation). Each evaluation is seeded (`seed`, default the model's seed + 200,000 + the
-    step count), so `evaluate(seed=...)` of the saved best model gives its score again (`best_eval_seed`).
-    Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs, not calls.
+    episode returns per evaluation), and `successes` (per episode, as SB3's) where the env reports
+    `info["is_success"]`; `last_success_rate` is the last evaluation's share of successes. Each evaluation is seeded
+    (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the saved best model
+    gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs,
+    not calls.
     """
 
     def __init__(self, eval_env=None, callback_on_new_best: BaseCallback | None = None,
@@ -379,6 +381,8 @@ class EvalCallback(BaseCallback):
         self.best_eval_seed: int | None = None
         self.evaluations_timesteps: list[int] = []
         self.evaluations_results: list[list[float]] = []
+        self.evaluations_successes: list[list[bool]] = []  # (envs that report info["is_success"])
+        self.last_success_rate: float | None = None
         self._period = _Period(self.eval_freq)
 
     def _init_callback(self) -> None:
@@ -410,11 +414,19 @@ class EvalCallback(BaseCallback):
         self.last_mean_reward = result["mean"]
         self.evaluations_timesteps.append(self.num_timesteps)
         self.evaluations_results.append(result["returns"])
+        success = ""
+        if "successes" in result:
+            self.evaluations_successes.append(result["successes"])
+            self.last_success_rate = result.get("success_rate")
+            if self.last_success_rate is not None:
+                success = f", success rate {self.last_success_rate:.0%}"
         if self.log_path is not None:
+            successes = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
             np.savez(self.log_path / "evaluations.npz", timesteps=np.array(self.evaluations_timesteps),
-                     results=np.array(self.evaluations_results))
+                     results=np.array(self.evaluations_results), **successes)
         if self.verbose:
-            print(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- {result['std']:.2f}")
+            print(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- {result['std']:.2f}"
+                  f"{success}")
         keep_going = True
         if result["mean"] > self.best_mean_reward:
             self.best_mean_reward = result["mean"]

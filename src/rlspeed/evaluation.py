@@ -19,8 +19,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
              max_steps: int | None = None) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
-    Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``, and ``"success_rate"`` (the share of finished
-    episodes whose last info said ``is_success``) where the env reports ``info["is_success"]``. The env is new
+    Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``, and ``"successes"`` (per episode, whether its
+    last info said ``is_success``) with ``"success_rate"`` (their share of the finished episodes) where the env
+    reports ``info["is_success"]``. The env is new
     (seeded with `seed`), not the training env, and rewards are the env's own (no normalisation). `env_id` may also
     be a vector env you built (one episode per env: `episodes` its size), which this call resets and leaves open:
     give a separate instance built as the training env was, not the training env itself (a `VecNormalize` with
@@ -93,8 +94,10 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     result = {"mean": mean, "std": std, "episodes": episodes, "returns": values, "unfinished": unfinished}
-    if succeeded is not None and unfinished < episodes:
-        result["success_rate"] = int(succeeded.sum()) / (episodes - unfinished)
+    if succeeded is not None:
+        result["successes"] = succeeded.cpu().tolist()
+        if unfinished < episodes:
+            result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
     return result
 
 
