@@ -223,6 +223,11 @@ SPACE_CASES = {
     "ppo-matrix-box": ("ppo", VECTOR, gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32)),
     "recurrent-dict-multidiscrete": ("recurrent_ppo", DICT, gym.spaces.MultiDiscrete([3, 4])),
     "recurrent-vector-box": ("recurrent_ppo", VECTOR, gym.spaces.Box(-1.0, 1.0, (2,), np.float32)),
+    # indices that start elsewhere than 0 (a graph traced on zeros would index outside the one-hot)
+    "ppo-shifted-discrete-obs": ("ppo", gym.spaces.Discrete(6, start=3), gym.spaces.Discrete(3)),
+    "dqn-shifted-multidiscrete-obs": ("dqn", gym.spaces.Dict({"cells": gym.spaces.MultiDiscrete([4, 3],
+                                                                                                start=[-2, 5])}),
+                                      gym.spaces.Discrete(2)),
 }
 
 

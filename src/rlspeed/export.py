@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -137,9 +138,15 @@ class PolicyExport(nn.Module):
 
     def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor, ...]:
         """Inputs to capture the graph with (a batch of 2: a batch of 1 would be specialised as a constant; masks
-        allow every action)."""
-        return tuple(torch.ones(shape, dtype=dtype) if dtype == torch.bool else torch.zeros(shape, dtype=dtype)
-                     for shape, dtype in self._input_shapes(batch))
+        allow every action): observations inside their space (Discrete and MultiDiscrete ones at their `start`, which
+        a tracer's one-hot encoding must index), zeros for Boxes."""
+        inputs = [torch.ones(shape, dtype=dtype) if dtype == torch.bool else torch.zeros(shape, dtype=dtype)
+                  for shape, dtype in self._input_shapes(batch)]
+        for index, (name, _, _) in enumerate(self.observation_inputs):
+            space = self.observation_space[name] if self.keyed else self.observation_space
+            if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+                inputs[index] += torch.as_tensor(np.asarray(space.start), dtype=inputs[index].dtype)
+        return tuple(inputs)
 
     def check_inputs(self, model, obs, generator: torch.Generator):
         """(graph inputs, expected outputs from the model itself) for raw observations `obs` (a batch): what
