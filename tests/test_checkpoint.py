@@ -342,3 +342,28 @@ def test_a_model_of_an_env_with_unbounded_actions_loads(tmp_path):
         np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
     finally:
         gym.registry.pop("rlspeed-test/Unbounded-v0")
+
+
+def test_an_env_given_to_load_must_have_the_models_spaces(tmp_path, pendulum_model):
+    """`load(path, env=...)` refuses an env whose actions or observations differ from the saved model's, in one
+    sentence (an action Box with other bounds would rescale every action); the same spaces load."""
+    import gymnasium as gym
+
+    class HalfPendulum(gym.Env):  # Pendulum's observation shape, actions in [-1, 1] instead of [-2, 2]
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+        def reset(self, seed=None, options=None):
+            return np.zeros(3, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(3, np.float32), 0.0, False, False, {}
+
+    gym.register("RlspeedTestHalfPendulum-v0", entry_point=HalfPendulum, max_episode_steps=10)
+    path = pendulum_model.save(tmp_path / "model")
+    cls = type(pendulum_model)
+    with pytest.raises(UserError, match=r"does not fit the model .*its actions differ"):
+        cls.load(path, env="RlspeedTestHalfPendulum-v0")
+    with pytest.raises(UserError, match=r"does not fit the model .*its observations and actions differ"):
+        cls.load(path, env="MountainCarContinuous-v0")
+    assert cls.load(path, env="Pendulum-v1").env_id == "Pendulum-v1"

@@ -522,6 +522,17 @@ def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeyp
     assert cli.main(["export", "run", "--out", str(named)]) == 0
     assert json.loads(Path(f"{named}.json").read_text())["format"] == "exported_program"
     assert cli.main(["export", "run", "--format", "torchscript", "--out", str(tmp_path / "wrong.pt2")]) == 2
+    # an existing file is replaced only with --overwrite; the model file never
+    capsys.readouterr()
+    assert cli.main(["export", "run", "--out", str(named)]) == 2
+    assert "exists: pass --overwrite" in capsys.readouterr().err
+    assert cli.main(["export", "run", "--out", str(named), "--overwrite"]) == 0
+    model_bytes = (tmp_path / "run" / "model.safetensors").read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    for out in ("run/model.safetensors", str(notes)):
+        assert cli.main(["export", "run", "--out", out]) == 2
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == model_bytes and notes.read_text() == "mine"
 
 
 def test_export_command_adds_the_action_mask_input_on_request(tmp_path, monkeypatch):
@@ -691,3 +702,22 @@ def test_every_option_of_every_command_says_what_it_does():
     silent = {f"{name} {action.option_strings[0] if action.option_strings else action.dest}"
               for name, parser in commands.items() for action in parser._actions if not action.help}
     assert not silent, f"options without help text: {sorted(silent)}"
+
+
+def test_replay_buffer_files_are_part_of_the_run(tmp_path, monkeypatch, capsys):
+    """--save-replay-buffer writes the replay beside the checkpoint and the model; a replay file given to eval is
+    named as such; --overwrite removes the replays with the rest of the run; an on-policy run refuses the flag."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "dqn", "CartPole-v1", "--total-timesteps", "400", "--no-progress", "--out", "run",
+            "--set", "learning_starts=100", "--checkpoint-freq", "200", "--target-return", "none"]
+    assert cli.main([*argv, "--save-replay-buffer"]) == 0
+    replays = [tmp_path / "run" / name for name in ("model.replay.safetensors", "checkpoint.replay.safetensors")]
+    assert all(path.exists() for path in replays)
+    capsys.readouterr()
+    assert cli.main(["eval", "run/model.replay.safetensors"]) == 2
+    assert "is a replay buffer" in capsys.readouterr().err
+    assert cli.main([*argv, "--overwrite"]) == 0
+    assert not any(path.exists() for path in replays)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--save-replay-buffer", "--out", "ppo"]) == 2
+    assert "--save-replay-buffer applies to off-policy algorithms" in capsys.readouterr().err
+    assert not (tmp_path / "ppo").exists()

@@ -127,6 +127,11 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
     solo = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16, net_arch=(8,)).save(tmp_path / "solo")
     with pytest.raises(UserError, match="single ppo run"):
         population.resume(solo)
+    # and where one model's checkpoint belongs: what to load or resume instead
+    with pytest.raises(UserError, match=r"checkpoint of a population .*members/seed_<S>\.safetensors"):
+        PPO.load(path)
+    with pytest.raises(UserError, match=r"checkpoint of a population .*--seeds 0,1 --resume"):
+        PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16, net_arch=(8,)).resume(path)
 
 
 # CLI runs: 2 members, 8 envs x 16 steps per iteration, an evaluation every 128 steps against a target never reached,

@@ -690,3 +690,21 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
                 break
     if problem is not None:
         raise UserError(f"'{path}' is not a usable model checkpoint: {problem} (the file was edited or damaged).")
+
+
+def refuse_non_model(path, meta: dict, verb: str = "load") -> None:
+    """UserError for a checkpoint file that holds no single model, given where one belongs: a replay buffer
+    (`<name>.replay.safetensors`) or a population's checkpoint (`PopulationBase.save`); the message says what to
+    give instead (`verb`: "load" or "resume")."""
+    if "replay_buffer" in meta and "algo" not in meta:
+        raise UserError(f"'{path}' is a replay buffer (written beside a checkpoint by --save-replay-buffer), not a "
+                        "model: give the model file beside it (model.safetensors or checkpoint.safetensors).")
+    population = meta.get("population")
+    if not isinstance(population, dict):
+        return
+    seeds = ",".join(str(seed) for seed in population.get("seeds", []))
+    advice = (f"resume it as a population (rlspeed train ... --seeds {seeds} --resume)" if verb == "resume" else
+              "load one member's model from the run directory's members/seed_<S>.safetensors (written when the "
+              "population finishes or is interrupted)")
+    raise UserError(f"'{path}' is the checkpoint of a population ({population.get('algo')} on "
+                    f"{population.get('env_id')}, seeds {seeds}), not of one model: {advice}.")

@@ -33,7 +33,8 @@ MAX_SEED = 2**32 - 1
 
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
-             "learning_curve.png", "learning_curves.png", "tensorboard", "videos", "wandb",
+             "model.replay.safetensors", "checkpoint.replay.safetensors", "learning_curve.png", "learning_curves.png",
+             "tensorboard", "videos", "wandb",
              "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
 
 
@@ -227,6 +228,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlspeed.distributed import DistributedStrategy
 
     algo_cls, run_settings, hyper, _config = _settings(args)
+    if args.save_replay_buffer and not hasattr(algo_cls, "replay_summary"):  # (off-policy algorithms keep a replay)
+        raise UserError(f"--save-replay-buffer applies to off-policy algorithms (dqn, sac, td3, ddpg), not "
+                        f"{algo_cls.name}: drop it.")
     total = _total_timesteps(run_settings, args.total_timesteps)
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
@@ -1085,7 +1089,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     `--json` prints the result as JSON on stdout and the human line on stderr.
     """
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, run_model
+    from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, refuse_non_model, run_model
 
     given = Path(args.checkpoint)
     path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
@@ -1101,6 +1105,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.gym_packages = [*recorded, *(args.gym_packages or [])]
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)
+    refuse_non_model(path, meta)
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
@@ -1160,8 +1165,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is not None and not Path(args.out).resolve().parent.is_dir():
         raise UserError(f"--out '{args.out}': the directory '{Path(args.out).parent}' does not exist; create it first "
                         "(or give a file in an existing directory).")
+    if args.out is not None and Path(args.out).suffix.lower() == ".safetensors":
+        raise UserError(f"--out '{args.out}' ends in .safetensors, a model file's suffix (the export would replace "
+                        "it): name the export .onnx, .pt or .pt2.")
     path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
-                             action_mask=True if args.action_mask else None)
+                             action_mask=True if args.action_mask else None, overwrite=args.overwrite)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")
     return 0
 
@@ -1311,6 +1319,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", default=None, choices=["onnx", "torchscript", "exported_program"],
                      help="(default: the one --out's suffix names, .onnx, .pt or .pt2; else onnx)")
     exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
+    exp.add_argument("--overwrite", action="store_true", help="replace an existing export file")
     exp.add_argument("--action-mask", action="store_true",
                      help="add an action_mask input (bool [batch, actions]) for a policy trained with action masks")
     exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)

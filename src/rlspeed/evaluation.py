@@ -114,7 +114,7 @@ def _check_compatible(model, env) -> None:
     """UserError unless `env` has the observations (shapes and dtypes, per key) and action space `model` was trained
     on."""
     trained, given = model.spec, env.spec
-    if (_signature(trained.observation_space) == _signature(given.observation_space)
+    if (observation_signature(trained.observation_space) == observation_signature(given.observation_space)
             and _action_signature(trained.action_space) == _action_signature(given.action_space)):
         return
     raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
@@ -130,13 +130,13 @@ def _action_signature(space) -> object:
     return ("box", tuple(space.shape)) if isinstance(space, gym.spaces.Box) else space_to_json(space)
 
 
-def _signature(space) -> object:
+def observation_signature(space) -> object:
     """What an observation space must share with another for one model to take both: shapes and dtypes per key, and
     the sizes of Discrete-like spaces (their one-hot width); a Box's bounds may differ."""
     import gymnasium as gym
 
     if isinstance(space, gym.spaces.Dict):
-        return {key: _signature(sub) for key, sub in space.spaces.items()}
+        return {key: observation_signature(sub) for key, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Box):
         return observation_layout(space)
     return space_to_json(space)

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import load_checkpoint, run_model
+from rlspeed.checkpoint import load_checkpoint, refuse_non_model, run_model
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
@@ -550,13 +550,15 @@ def _save_onnx(program, module: PolicyExport, sidecar: dict, file: Path) -> None
 
 
 def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: str | Path | None = None, *,
-                      algorithms: Mapping[str, type], action_mask: bool | None = None) -> Path:
+                      algorithms: Mapping[str, type], action_mask: bool | None = None,
+                      overwrite: bool = False) -> Path:
     """`rlspeed export`: load a model file or a run directory's `model.safetensors` on the CPU and export it.
 
     `algorithms` maps checkpoint algorithm names to classes (`rlspeed.algos.ALGORITHMS`; passed in, so that this
     module does not import the algorithms that call it). `format` None: the one `out`'s suffix names, else onnx.
     `out` defaults to the model file with the format's suffix (`model.onnx` beside `model.safetensors`);
-    `action_mask` as `export` takes it. Returns the written path.
+    `action_mask` as `export` takes it. An existing file at the output path is refused unless `overwrite` (the model
+    file itself always). Returns the written path.
     """
     if format is None:  # (the one --out's suffix names, else ONNX)
         format = "onnx" if out is None or Path(out).suffix.lower() not in FORMATS.values() else export_format(out, None)
@@ -564,9 +566,14 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
     path = run_model(checkpoint)
     _, meta = load_checkpoint(path)
+    refuse_non_model(path, meta)
     algo_cls = algorithms.get(meta.get("algo"))
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
+    target = Path(out).expanduser() if out is not None else path.with_suffix(FORMATS[format])
+    if target.exists() and target.resolve() == path.resolve():
+        raise UserError(f"The export would replace the model it is made from ('{path}'): give another --out.")
+    if target.exists() and not overwrite:
+        raise UserError(f"'{target}' exists: pass --overwrite to replace it, or give another --out.")
     model = algo_cls.load(path, device="cpu")
-    return export(model, out if out is not None else path.with_suffix(FORMATS[format]), format=format,
-                  action_mask=action_mask)
+    return export(model, target, format=format, action_mask=action_mask)

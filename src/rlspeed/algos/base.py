@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import checkpoint_path, load_checkpoint, refuse_non_model, save_checkpoint
 from rlspeed.device import configure_threads, resolve_device, rules, set_flush_denormal
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
@@ -273,6 +273,24 @@ def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[s
         return {}
     dones, flags = (torch.stack(column) for column in zip(*successes))
     return {"success_sum": (dones & flags).sum(), "success_count": dones.sum()}
+
+
+def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
+    """UserError unless an env given to `load` has the saved model's spaces: the observations' shapes and dtypes
+    (per key), and the same action space (a Box's bounds too: actions are scaled to them)."""
+    from rlspeed.evaluation import observation_signature
+
+    differ = [what for what, same in (
+        ("observations", observation_signature(given.observation_space) == observation_signature(
+            saved.observation_space)),
+        ("actions", space_to_json(given.action_space) == space_to_json(saved.action_space))) if not same]
+    if not differ:
+        return
+    what = " and ".join(differ)
+    raise UserError(f"The env given to load ({given.env_id}: observations {given.observation_space}, actions "
+                    f"{given.action_space}) does not fit the model in '{path}', trained on {saved.env_id} "
+                    f"(observations {saved.observation_space}, actions {saved.action_space}): its {what} differ; give "
+                    "an env with the spaces the model was trained on.")
 
 
 def check_seed(seed) -> int:
@@ -1063,6 +1081,7 @@ class Algorithm:
         (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters."""
         device = resolve_device(device)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
+        refuse_non_model(path, meta, "load")
         algo = cls
         if meta.get("algo") != cls.name:
             algo = _algorithm_classes().get(meta.get("algo"))
@@ -1077,6 +1096,11 @@ class Algorithm:
                        meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space)
         if env is not None:
             env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
+            try:
+                _check_env_fits(env.spec, spec, path)
+            except UserError:
+                env.close()
+                raise
             if "num_envs" in config:
                 config["num_envs"] = env.num_envs
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
@@ -1103,12 +1127,7 @@ class Algorithm:
         `restarts` counts the resumes of the run. `verify` and `allow_nonfinite`: as for `load`.
         """
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=allow_nonfinite)
-        population = meta.get("population")
-        if isinstance(population, dict):  # (a population's checkpoint: `PopulationBase.save`)
-            seeds = ",".join(str(seed) for seed in population.get("seeds", []))
-            raise UserError(f"'{path}' is the checkpoint of a population ({population.get('algo')} on "
-                            f"{population.get('env_id')}, seeds {seeds}), not of one model: resume it as a population "
-                            f"(rlspeed train ... --seeds {seeds} --resume).")
+        refuse_non_model(path, meta, "resume")
         if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
