@@ -426,6 +426,86 @@ def test_a_kind_of_call_is_searched_once_its_calls_pay_for_the_search(monkeypatc
     assert again.accel_strategy == decision.chosen
 
 
+def test_time_lost_to_other_processes_does_not_make_a_winner_on_a_cpu(monkeypatch):
+    """On a CPU the search counts a speed-up only where the process's CPU time agrees with the wall clock: a
+    baseline whose calls lose wall time waiting for the cores (other processes running) but take the same CPU time
+    as a rival's does not make that rival win. Clocks are simulated: each fp32 call takes 3 ms of wall time and
+    1 ms of CPU time, each rival call 1 ms of both."""
+
+    class Clocks:
+        wall = cpu = 0.0
+
+        def perf_counter(self):
+            return self.wall
+
+        def process_time(self):
+            return self.cpu
+
+    clocks = Clocks()
+    monkeypatch.setattr(search_module, "time", clocks)
+    monkeypatch.setattr(search_module, "compare", lambda result, reference, tolerance, trial: setattr(
+        trial, "passed", True))
+    weight = torch.zeros(2, requires_grad=True)
+
+    def build(strategy):
+        def run():
+            weight.grad = torch.ones(2)
+            clocks.wall += 3e-3 if strategy == EAGER_FP32 else 1e-3
+            clocks.cpu += 1e-3
+            return None, 1.0
+        return run
+
+    chosen, trials, reason = search_module.run_search([EAGER_FP32, Strategy("bf16-matmul")], build, [weight],
+                                                      torch.device("cpu"), budget_s=0.1)
+    assert chosen == EAGER_FP32 and "1.00x" in reason, reason
+    assert trials[1].ms_per_call < trials[0].ms_per_call  # the wall clock alone would have picked it
+
+
+def test_a_tie_goes_to_the_more_precise_candidate():
+    """Rivals within 5% of the fastest: the one earlier in the candidates' order (more precise) is chosen."""
+    candidates = [EAGER_FP32, Strategy("bf16-matmul"), Strategy("bf16")]
+    trials = [Trial(EAGER_FP32, ms_per_call=3.0, speedup=1.0, passed=True, reference=True),
+              Trial(candidates[1], ms_per_call=1.02, speedup=2.9, passed=True),
+              Trial(candidates[2], ms_per_call=1.0, speedup=3.0, passed=True)]
+    assert search_module.choose(candidates, trials)[0] == candidates[1]
+    trials[2].speedup = 3.5  # clearly faster: the less precise one wins
+    assert search_module.choose(candidates, trials)[0] == candidates[2]
+
+
+def test_a_step_runs_plain_until_its_calls_pay_for_the_search_then_uses_the_cached_choice(monkeypatch):
+    """`accelerate_step` waits as modules do: its first calls are the plain step (the same losses and weights as
+    the plain loop, with `fused_optimizer=False`), the search runs once the calls have taken what it is expected to
+    cost / SEARCH_COST_SHARE, and a later step of the same function takes the cached choice at its first call."""
+    monkeypatch.setattr("rlspeed.accel.step.candidates",
+                        lambda *a, **k: ([EAGER_FP32, Strategy("bf16")], []))
+
+    class Clock:  # every plain step takes 0.5 s
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 0.25
+            return self.now
+
+    monkeypatch.setattr("rlspeed.accel.step.time", Clock())
+    monkeypatch.setattr("rlspeed.accel.step.expected_search_s",
+                        lambda per_call_s, *counts: 0.03 * (9.5 * per_call_s or 1e-12))
+    monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 0.03)
+    _, plain_losses = _train_plain(steps=10)
+    model, loss_fn, inputs, targets = _regression_problem()
+    step = accelerate_step(loss_fn, torch.optim.Adam(model.parameters(), lr=1e-2), compile=False,
+                           fused_optimizer=False)
+    losses = torch.stack([step(inputs, targets) for _ in range(10)])
+    assert torch.equal(losses, plain_losses)  # the plain step, bit for bit, while it waits
+    assert [d.source for d in step.report.decisions] == ["waiting"] and "fp32 eager until" in str(step.report)
+    step(inputs, targets)  # 10 calls of 0.5 s pay for the search
+    decision, = step.report.decisions
+    assert decision.source == "search" and "after 10 fp32 calls" in decision.reason
+    again = accelerate_step(loss_fn, torch.optim.Adam(model.parameters(), lr=1e-2), compile=False,
+                            fused_optimizer=False)
+    again(inputs, targets)
+    assert [d.source for d in again.report.decisions] == ["cache"] and again.strategy == decision.chosen
+
+
 @needs_bf16_matmul
 def test_hand_derived_updates_are_checked_and_timed_by_the_same_search():
     from types import SimpleNamespace

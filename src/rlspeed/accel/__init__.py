@@ -20,7 +20,7 @@ otherwise eager fp32 stays, so small models pay only the per-call dispatch. Comp
 where compile is allowed: CUDA/NPU for "auto", anywhere for True) are compiled only in the precision that won
 eagerly. A module's kind of call without a cached choice runs fp32 eager until its calls have taken long enough for
 the search to cost at most 3% of that time (`module.SEARCH_COST_SHARE`), so the line does not slow a short script
-down; a step (`accelerate_step`) searches on its first call. Choices are cached per (model structure, input shapes,
+down; a step (`accelerate_step`) waits by the same rule. Choices are cached per (model structure, input shapes,
 device, torch version) under ``$RLSPEED_CACHE_DIR`` (default ``~/.cache/rlspeed``). ``RLSPEED_ACCELERATE``
 forces a strategy: ``off`` / ``fp32``, ``bf16-matmul``, ``tf32``, ``bf16``, ``fp16``, ``compile``, ``graphs`` or
 combinations like ``bf16+compile``.

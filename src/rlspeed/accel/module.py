@@ -314,8 +314,9 @@ class ModuleAccelerator:
         decision.search_s = time.perf_counter() - started
         self.searches += 1
         if waiting is not None:
-            decision.reason += (f" (searched after {waiting.calls} fp32 calls taking {waiting.spent_s:.2f} s, "
-                                f"so that the search costs at most {SEARCH_COST_SHARE:.0%} of their time)")
+            if waiting.calls:  # (not for example_inputs=, decided before any call)
+                decision.reason += (f" (searched after {waiting.calls} fp32 calls taking {waiting.spent_s:.2f} s, "
+                                    f"so that the search costs at most {SEARCH_COST_SHARE:.0%} of their time)")
             self.report.decisions.remove(waiting.decision)
         self._decide(signature, decision)
         store_choice(self._cache_key(module, args, kwargs, signature), decision, self.report, label, signature=label)

@@ -5,6 +5,7 @@ For every candidate the search
    eager reference (tolerances in `TOLERANCES`);
 2. warms it up, then times it in interleaved rounds (candidate A, B, C, A, B, C, ...; `synchronize` around each
    round) and keeps the best round: on a shared machine the fastest round is the one least disturbed by others;
+   its speed-up is the median of round-paired ratios, on a CPU the smaller of the wall-time and CPU-time ones;
 3. picks the fastest candidate that passed, if it beats the simplest allowed candidate (normally eager fp32) by at
    least `MARGIN`; otherwise the simplest one. Small models therefore stay in eager fp32 and pay nothing.
 
@@ -169,9 +170,11 @@ def compare(candidate: Probe, reference: Probe, tolerance: Tolerance, trial: Tri
 
 
 def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s: float | None = None,
-                 rounds: int | None = None) -> dict[Strategy, list[float]]:
+                 rounds: int | None = None,
+                 cpu_seconds: dict[Strategy, list[float]] | None = None) -> dict[Strategy, list[float]]:
     """Seconds per call of each (warmed-up) runner in each of `rounds` interleaved rounds (a runner that falls
-    behind by 2x stops early, so its list can be shorter)."""
+    behind by 2x stops early, so its list can be shorter). `cpu_seconds`, when given, receives the same rounds
+    measured in the process's CPU time, which time spent waiting for other processes does not inflate."""
     if not runners:
         return {}
     budget_s = TIMING_BUDGET_S if budget_s is None else budget_s
@@ -193,12 +196,14 @@ def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s
         for strategy in active:
             runner, count = runners[strategy], calls[strategy]
             synchronize(device)
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             for _ in range(count):
                 runner()
             synchronize(device)
             seconds = (time.perf_counter() - started) / count
             per_round[strategy].append(seconds)
+            if cpu_seconds is not None:
+                cpu_seconds.setdefault(strategy, []).append((time.process_time() - started_cpu) / count)
             best[strategy] = min(best[strategy], seconds)
         # A candidate at twice the leader's time cannot win by the margin: stop spending time on it.
         leader = min(best[s] for s in active)
@@ -261,16 +266,33 @@ def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runne
                     runners[strategy] = runner
             return runners
 
-        def record(timings: dict[Strategy, list[float]]) -> None:
-            base = timings.get(candidates[0])
+        def timed(timed_runners: dict[Strategy, Runner], budget: float) -> dict[Strategy, tuple[float, float]]:
+            """Each runner's best round (seconds per call) and round-paired speed-up over the simplest candidate (a
+            median: a disturbance hits both sides of a pair, and the median drops outliers; NaN without it). On a
+            CPU the speed-up is also measured in CPU time and the smaller of the two counts: other processes
+            taking the cores inflate the wall time of whichever rounds they hit, not the CPU time."""
+            cpu: dict[Strategy, list[float]] | None = {} if device.type == "cpu" else None
+            timings = time_runners(timed_runners, device, budget, cpu_seconds=cpu)
+            base, measured = timings.get(candidates[0]), {}
             for strategy, rounds in timings.items():
-                trial = trials[strategy]
-                trial.ms_per_call = min(rounds) * 1e3
-                if base:  # paired by round: a disturbance hits both sides of a pair, and the median drops outliers
-                    trial.speedup = statistics.median(b / c for b, c in zip(base, rounds))
+                speedup = math.nan
+                if base:
+                    speedup = statistics.median(b / c for b, c in zip(base, rounds))
+                    pairs = [(b, c) for b, c in zip(cpu[candidates[0]], cpu[strategy]) if b > 0 and c > 0] \
+                        if cpu is not None else []
+                    if pairs:
+                        speedup = min(speedup, statistics.median(b / c for b, c in pairs))
+                measured[strategy] = (min(rounds), speedup)
+            return measured
+
+        def record(measured: dict[Strategy, tuple[float, float]]) -> None:
+            for strategy, (seconds, speedup) in measured.items():
+                trials[strategy].ms_per_call = seconds * 1e3
+                if not math.isnan(speedup):
+                    trials[strategy].speedup = speedup
 
         runners = check(eager)
-        record(time_runners(runners, device, budget_s))
+        record(timed(runners, budget_s))
         if compiled:
             rivals: dict[Strategy, Runner] = {}
             if eager:
@@ -281,15 +303,14 @@ def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runne
                         rivals[strategy] = runners[strategy]
             compiled_runners = check(compiled)
             if compiled_runners:
-                record(time_runners({**rivals, **compiled_runners}, device, budget_s))
+                record(timed({**rivals, **compiled_runners}, budget_s))
             runners.update(compiled_runners)
         ordered = [trials[s] for s in candidates if s in trials]
         chosen, reason = choose(candidates, ordered)
         if chosen != candidates[0] and candidates[0] in runners:
             # Confirm on fresh rounds: on a shared machine one burst can fake a speed-up; two rarely agree.
-            confirm = time_runners({candidates[0]: runners[candidates[0]], chosen: runners[chosen]},
-                                   device, budget_s=CONFIRM_BUDGET_FRACTION * budget_s)
-            again = statistics.median(b / c for b, c in zip(confirm[candidates[0]], confirm[chosen]))
+            again = timed({candidates[0]: runners[candidates[0]], chosen: runners[chosen]},
+                          CONFIRM_BUDGET_FRACTION * budget_s)[chosen][1]
             if again < 1 / (1 - MARGIN):
                 reason = f"{chosen.label} not confirmed ({reason}, then {again:.2f}x on fresh rounds)"
                 chosen = candidates[0]
@@ -318,7 +339,9 @@ def choose(candidates: Sequence[Strategy], trials: Sequence[Trial]) -> tuple[Str
     def speedup(trial: Trial) -> float:
         return trial.speedup if trial.speedup is not None else baseline.ms_per_call / trial.ms_per_call
 
-    best = max(rivals, key=speedup)
+    fastest = max(speedup(t) for t in rivals)
+    # (within 5% of the fastest, the most precise: candidates come in order of precision, `rivals` in their order)
+    best = next(t for t in rivals if speedup(t) >= 0.95 * fastest)
     needed = 1 / (1 - MARGIN)
     if speedup(best) >= needed and best.ms_per_call < baseline.ms_per_call:
         return best.strategy, f"{speedup(best):.2f}x faster than {baseline.strategy.label}"

@@ -39,13 +39,15 @@ from torch import nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from rlspeed.accel import cache
+from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule, shared by steps)
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
 from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
 from rlspeed.accel.introspect import reachable_submodules
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import run_search, store_choice
+from rlspeed.accel.search import expected_search_s, run_search, store_choice
 from rlspeed.accel.strategy import (
+    EAGER_FP32,
     Request,
     Strategy,
     backward_precision,
@@ -74,9 +76,10 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
 
     Args:
         loss_fn: called with the step's arguments; returns the scalar loss, a tuple whose first item is the loss,
-            or a dict with a ``"loss"`` entry. It should be free of side effects other than autograd (the search
-            runs it a few dozen times on the first call's inputs, without stepping the optimizer; the buffers of
-            the modules it calls, such as a train-mode BatchNorm's running statistics, are put back afterwards).
+            or a dict with a ``"loss"`` entry. It should be free of side effects other than autograd: the search
+            runs it on one call's inputs, without stepping the optimizer, as many times as fit its timing budget
+            (about a second: thousands of times for a small model); the buffers of the modules it calls, such as a
+            train-mode BatchNorm's running statistics, are put back afterwards.
         optimizer: one optimizer or a sequence of them, all stepped on each call.
         params: the tensors to differentiate (default: every parameter of the optimizer(s) that requires grad).
         max_grad_norm: clip the global gradient norm of `params` to this before stepping (None: no clipping).
@@ -87,9 +90,10 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
         compile: ``auto`` (torch.compile candidates on CUDA / NPU-with-torchair only), True, False or a backend.
         graphs: ``auto`` (on CUDA: the whole eager step captured and replayed as one CUDA graph, see
             `rlspeed.accel.graphs` for what is checked before each replay and what is not; a compiled strategy
-            gets inductor's graphs instead), True (an error when the first call finds the step cannot be captured;
+            gets inductor's graphs instead), True (an error when the decision finds the step cannot be captured;
             a step found uncapturable later falls back to eager with a note, as with ``auto``) or False.
-        example_inputs: a tuple of `loss_fn` arguments to decide now instead of on the first call.
+        example_inputs: a tuple of `loss_fn` arguments to decide now (otherwise the step runs fp32 eager until its
+            calls have taken long enough to pay for the search, as `auto_accelerate`'s calls do).
         fused_optimizer: ``auto`` switches a fresh torch.optim.Adam/AdamW to its fused kernel (same algorithm, one
             kernel for all parameters) unless ``RLSPEED_ACCELERATE=off``; False leaves it alone.
         name: a name for the report (default: the function's name).
@@ -156,6 +160,7 @@ class AcceleratedStep:
         self._windows = 0
         self.fell_back = False
         self._graphs: StepGraphs | None = None
+        self._waiting = None  # (a `module_policy._Waiting` while the step runs fp32 eager before its search)
         if example_inputs is not None:
             args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
             self.prepare(*args)
@@ -165,7 +170,16 @@ class AcceleratedStep:
         """One update: zero grads, loss, backward, (clip), optimizer step. Returns `loss_fn`'s output, detached."""
         args, kwargs = self.converter(args, kwargs)
         if self._forward is None:
-            self._prepare(args, kwargs)
+            self._prepare(args, kwargs, search_now=False)
+        waiting = self._waiting
+        if waiting is not None:
+            if not self._search_due(waiting):
+                started = time.perf_counter()
+                outputs = self._update(args, kwargs)
+                waiting.spent_s += time.perf_counter() - started
+                waiting.calls += 1
+                return outputs
+            self._search_after_waiting(args, kwargs)
         if self._graphs is not None:
             return self._graphs(args, kwargs)
         return self._update(args, kwargs)
@@ -188,7 +202,8 @@ class AcceleratedStep:
         return _detached(outputs)
 
     def prepare(self, *args: Any, **kwargs: Any) -> Strategy:
-        """Decide the strategy now from example arguments (otherwise the first call does it). Steps nothing."""
+        """Decide the strategy now from example arguments (otherwise the calls do, once they pay for the search).
+        Steps nothing."""
         args, kwargs = self.converter(args, kwargs)
         return self._prepare(args, kwargs)
 
@@ -224,7 +239,12 @@ class AcceleratedStep:
         return f"AcceleratedStep({self.name}, {chosen}, device={self.device})"
 
     # --- deciding -------------------------------------------------------------------------------------------------
-    def _prepare(self, args: tuple, kwargs: dict) -> Strategy:
+    def _prepare(self, args: tuple, kwargs: dict, search_now: bool = True) -> Strategy:
+        """Decide (forced, only candidate, cached, or searched now), or with `search_now` False and a search to
+        run: start waiting, fp32 eager, until the calls have taken long enough to pay for the search (the rule of
+        `auto_accelerate`'s calls, `SEARCH_COST_SHARE`), so that a short script is not slowed by it."""
+        if self._waiting is not None:  # (`prepare` while waiting: search now)
+            return self._search_after_waiting(args, kwargs)
         self._maybe_fuse_optimizers()
         if len(self._candidates) == 1:
             strategy = self._candidates[0]
@@ -233,7 +253,40 @@ class AcceleratedStep:
                 "all calls", strategy, "forced" if forced else "only candidate",
                 f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
         else:
-            strategy = self._decide(args, kwargs)
+            strategy = self._cached(args, kwargs)
+            if strategy is None and not search_now:
+                self._waiting = module_policy._Waiting(Decision("all calls", EAGER_FP32, "waiting", ""))
+                self.report.decisions.append(self._waiting.decision)
+                self._search_due(self._waiting)  # (sets the reason)
+                self._use(EAGER_FP32)
+                return EAGER_FP32
+            if strategy is None:
+                strategy = self._search(args, kwargs)
+        strategy = self._with_step_graphs(strategy)
+        self._use(strategy)
+        return strategy
+
+    def _search_due(self, waiting) -> bool:
+        """Whether the fp32 calls so far have taken long enough to pay for the search (its expected cost grows with
+        the time per call)."""
+        per_call = waiting.spent_s / waiting.calls if waiting.calls else 0.0
+        compiled = sum(1 for c in self._candidates if c.compile != "off")
+        share = module_policy.SEARCH_COST_SHARE
+        waiting.threshold_s = expected_search_s(per_call, len(self._candidates) - compiled, compiled) / share
+        waiting.decision.reason = (f"fp32 eager until the step's calls have taken {waiting.threshold_s:.3g} s, so "
+                                   f"that a search costs at most {share:.0%} of their time")
+        return waiting.spent_s >= waiting.threshold_s
+
+    def _search_after_waiting(self, args: tuple, kwargs: dict) -> Strategy:
+        """Search on this call's inputs once waiting has paid for it, and use the choice from this call on."""
+        waiting, self._waiting = self._waiting, None
+        self.report.decisions.remove(waiting.decision)
+        strategy = self._search(args, kwargs)
+        if waiting.calls:
+            decision = self.report.decisions[-1]
+            decision.reason += (f" (searched after {waiting.calls} fp32 calls taking {waiting.spent_s:.2f} s, so "
+                                f"that the search costs at most {module_policy.SEARCH_COST_SHARE:.0%} of their "
+                                "time)")
         strategy = self._with_step_graphs(strategy)
         self._use(strategy)
         return strategy
@@ -259,10 +312,13 @@ class AcceleratedStep:
                                                 "a CUDA graph (captured after a few eager calls)")
         return graphed
 
-    def _decide(self, args: tuple, kwargs: dict) -> Strategy:
-        key = cache.make_key({"kind": "step", **self._structure_key(args, kwargs), "request": self.request.to_dict(),
-                              **cache.environment_key(self.device)})
-        record = cache.load(key)
+    def _cache_key(self, args: tuple, kwargs: dict) -> str:
+        return cache.make_key({"kind": "step", **self._structure_key(args, kwargs), "request": self.request.to_dict(),
+                               **cache.environment_key(self.device)})
+
+    def _cached(self, args: tuple, kwargs: dict) -> Strategy | None:
+        """The choice a search made for this step before (on disk), or None."""
+        record = cache.load(self._cache_key(args, kwargs))
         if record is not None:
             try:
                 strategy = Strategy.from_dict(record["chosen"])
@@ -272,6 +328,11 @@ class AcceleratedStep:
                 return strategy
             except (KeyError, TypeError, ValueError):
                 pass
+        return None
+
+    def _search(self, args: tuple, kwargs: dict) -> Strategy:
+        """Search the candidates on these inputs (the optimizer is not stepped), cache the choice and return it."""
+        key = self._cache_key(args, kwargs)
         started = time.perf_counter()
         buffers = _BufferSnapshot()
         try:
