@@ -175,6 +175,22 @@ def test_user_errors_are_one_sentence():
         auto_accelerate(make_policy(), device="cpu", precision="fp8")
     with pytest.raises(UserError, match="Module"):
         auto_accelerate(lambda x: x)
+    with pytest.raises(UserError, match="did you mean inductor"):  # a misspelled backend, before any call
+        auto_accelerate(make_policy(), device="cpu", compile="inducter")
+
+    class Agent(nn.Module):  # CleanRL's layout: no forward, methods that call the submodules
+        def __init__(self):
+            super().__init__()
+            self.actor = make_policy()
+
+        def get_action(self, x):
+            return self.actor(x)
+
+    with pytest.raises(UserError, match="has no forward.*agent.actor = auto_accelerate"):
+        auto_accelerate(Agent(), device="cpu")
+    model = make_policy()
+    with pytest.raises(UserError, match="needs a torch.optim.Optimizer"):  # the model where the optimizer goes
+        accelerate_step(lambda x: model(x).sum(), model)
 
 
 # --- numerics per strategy ------------------------------------------------------------------------------------

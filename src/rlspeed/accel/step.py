@@ -117,7 +117,8 @@ class AcceleratedStep:
         if not callable(loss_fn):
             raise UserError("accelerate_step needs a loss function as its first argument.")
         self.loss_fn = loss_fn
-        self.optimizers = [optimizer] if isinstance(optimizer, torch.optim.Optimizer) else list(optimizer)
+        self.optimizers = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer) else
+                           list(optimizer) if isinstance(optimizer, (list, tuple)) else [])
         if not self.optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in self.optimizers):
             raise UserError("accelerate_step needs a torch.optim.Optimizer (or a list of them) as its second "
                             "argument.")

@@ -136,7 +136,22 @@ def _norm_compile(value: bool | str) -> str:
         return "on"
     if text in ("false", "no", "0", "none"):
         return "off"
-    return text  # a backend name, checked when it is used
+    return _check_backend(str(value).strip())  # a backend name
+
+
+def _check_backend(name: str) -> str:
+    """`name` if torch.compile knows a backend of that name (`torch._dynamo.list_backends`), else UserError naming
+    the close ones."""
+    import difflib
+
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if name in known:
+        return name
+    close = difflib.get_close_matches(name, known, n=2)
+    raise UserError(f"compile={name!r} is not a torch.compile backend" + (f"; did you mean {' or '.join(close)}?"
+                    if close else f" (known: {', '.join(known)}); or pass True, False or 'auto'."))
 
 
 def _norm_switch(value: bool | str, name: str) -> str:
