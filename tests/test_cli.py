@@ -601,6 +601,26 @@ def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(t
     assert "other settings than the run started with: ent_coef " in out.err and "-> 0.05" in out.err
 
 
+def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkeypatch, capsys):
+    """`--resume` with only the new budget continues with what the run was started with (a preset file's
+    hyperparameters, the env backend, no target), not the shipped preset's defaults; --set still changes one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("num_envs: 4\nnum_steps: 32\nlearning_rate: 0.001\n")
+    start = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress"]
+    assert cli.main([*start, "--preset", "mine.yaml", "--env-backend", "gymnasium", "--target-return", "none",
+                     "--checkpoint-freq", "256", "--total-timesteps", "512"]) == 0
+    before = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    capsys.readouterr()
+    assert cli.main([*start, "--resume", "--total-timesteps", "768"]) == 0
+    out = capsys.readouterr()
+    after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert "other settings" not in out.err and "stopping at eval return" not in out.out
+    assert after["hyperparameters"] == before["hyperparameters"] and after["env_backend"] == "gymnasium"
+    assert after["total_timesteps"] == 768 and after["target_return"] is None and after["preset"] == before["preset"]
+    assert cli.main([*start, "--resume", "--total-timesteps", "1024", "--set", "learning_rate=0.002"]) == 0
+    assert "learning_rate 0.001 -> 0.002" in capsys.readouterr().err
+
+
 def test_a_population_checkpoint_resumed_without_seeds_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--no-progress", "--out", "run"]

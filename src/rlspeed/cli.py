@@ -223,6 +223,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} applies only with {needs}: add it, or drop {flag}.")
     if args.seeds is not None:
         return _train_population(args)
+    if args.resume:
+        _resume_settings(args)
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
@@ -536,6 +538,11 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
 
         if not normalizable(env_spec(args.env_id).observation_space):
             hyper["normalize_obs"] = False
+    resumed = getattr(args, "resume_hyperparameters", None)
+    if resumed:  # (`--resume`: the run's own hyperparameters, `_resume_settings`)
+        hyper.update(resumed)
+        if isinstance(getattr(args, "resume_preset", None), dict):
+            args.preset_info, args.preset_message = args.resume_preset, None
     overrides = _parse_set(args.set or [])
     _check_set_keys(overrides)
     run_overrides, hyper_overrides = split_run_settings(overrides)
@@ -854,6 +861,34 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
 
 
+def _flag_given(args: argparse.Namespace, flag: str) -> bool:
+    """Whether `flag` is on this command line (as `--flag value` or `--flag=value`)."""
+    return any(item == flag or item.startswith(flag + "=") for item in getattr(args, "argv", []))
+
+
+def _resume_settings(args: argparse.Namespace) -> None:
+    """`--resume` continues a run with the settings it was started with: each flag not on this command line takes
+    the value the run's config.yaml records (budget, target, evaluation frequency, env backend, acceleration, NaN
+    policy), and the recorded hyperparameters replace the preset's; `--set` and the flags given still override
+    them (a change is named when the run resumes). Nothing happens without a config.yaml of this algorithm and env."""
+    if args.out is None:
+        return
+    config = _run_config(Path(args.out) / "config.yaml")
+    if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
+        return
+    for flag, key, convert in (("--total-timesteps", "total_timesteps", int), ("--eval-freq", "eval_freq", int),
+                               ("--env-backend", "env_backend", str), ("--accelerate", "accelerate", str),
+                               ("--nan-policy", "nan_policy", str)):
+        if not _flag_given(args, flag) and config.get(key) is not None:
+            setattr(args, key, convert(config[key]))
+    if not _flag_given(args, "--target-return") and "target_return" in config:
+        args.target_return = "none" if config["target_return"] is None else str(config["target_return"])
+    recorded = config.get("hyperparameters")
+    if isinstance(recorded, dict) and not _flag_given(args, "--preset"):
+        args.resume_hyperparameters = recorded
+        args.resume_preset = config.get("preset")
+
+
 def _run_config(path: Path) -> dict:
     """A run directory's config.yaml as a dict ({} where there is none or it cannot be read)."""
     try:
@@ -870,7 +905,7 @@ def _keep_run_seed(args, model, path: Path) -> None:
     seed = _run_config(path).get("seed")
     if seed is None or seed == args.seed:
         return
-    if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
+    if _flag_given(args, "--seed"):
         raise UserError(f"--resume continues the run with its own seed {seed} (its random state is in the "
                         f"checkpoint): drop --seed {args.seed}, or train a new run with it.")
     args.seed = model.seed = seed

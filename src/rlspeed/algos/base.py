@@ -1003,6 +1003,11 @@ class Algorithm:
                     return obs.clone()
                 except (KeyError, ValueError, RuntimeError) as error:
                     reason = f"the checkpoint's env state does not fit these envs ({error})"
+            elif saved and obs is not None:  # (the checkpoint's envs could; these cannot take their state)
+                saved_backend = resume["meta"].get("env", {}).get("backend")
+                reason = (f"these {env.backend} envs cannot take the checkpoint's env state"
+                          + (f" (it was saved from {saved_backend} envs)" if saved_backend else "")
+                          + " or restore its episodes in progress")
             else:
                 reason = (f"{resume['meta'].get('env', {}).get('backend', self.env_backend)} envs cannot restore their "
                           "episodes in progress or random streams (native envs can)")
