@@ -741,3 +741,16 @@ def test_replay_buffer_files_are_part_of_the_run(tmp_path, monkeypatch, capsys):
     assert cli.main(["train", "ppo", "CartPole-v1", "--save-replay-buffer", "--out", "ppo"]) == 2
     assert "--save-replay-buffer applies to off-policy algorithms" in capsys.readouterr().err
     assert not (tmp_path / "ppo").exists()
+
+
+def test_doctor_explains_an_accelerator_torch_cannot_name_here(capsys, monkeypatch):
+    """`rlspeed doctor --device npu` without torch_npu (or xpu/mps where torch lacks them) is the doctor's to
+    explain, with a FAIL line and exit code 1, not refused as a typo; a name no torch knows still is (exit 2)."""
+    import rlspeed.diagnostics.doctor as doctor
+
+    for check in ("check_matmul", "check_compile", "check_env_families", "check_packages"):  # (the device line only)
+        monkeypatch.setattr(doctor, check, lambda *a: [])
+    if not hasattr(torch, "npu"):  # (this machine: no torch_npu)
+        assert cli.main(["doctor", "--device", "npu:0"]) == 1
+        assert "FAIL  device" in capsys.readouterr().out
+    assert cli.main(["doctor", "--device", "gpu0"]) == 2

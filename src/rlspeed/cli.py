@@ -1216,11 +1216,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from rlspeed.diagnostics.doctor import run_doctor
 
     if args.device not in (None, "auto"):  # (a device that is not there is the doctor's to report; a typo is not)
-        try:
-            torch.device(args.device)
-        except (RuntimeError, ValueError):
-            raise UserError(f"--device '{args.device}' is not a device name (auto, cpu, cuda, cuda:1, xpu, mps, "
-                            "npu, ...).") from None
+        from rlspeed.device import ACCELERATOR_ORDER
+
+        # (the accelerator names pass even where torch cannot parse them: `npu` without torch_npu is what the
+        # doctor is there to explain)
+        kinds = ("cpu", *ACCELERATOR_ORDER)
+        if not re.fullmatch(rf"({'|'.join(kinds)})(:\d+)?", args.device.strip().lower()):
+            try:
+                torch.device(args.device)
+            except (RuntimeError, ValueError):
+                raise UserError(f"--device '{args.device}' is not a device name (auto, cpu, cuda, cuda:1, xpu, mps, "
+                                "npu, ...).") from None
     return run_doctor(device=args.device)
 
 
