@@ -512,7 +512,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target,
                  eval_freq=eval_freq, search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
                  confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
-                 device=device, command=command)
+                 device=device, command=command, progress_bar=not args.no_progress)
         except Terminated:
             print("rlspeed: terminated (SIGTERM)", file=sys.stderr)
             return 143
@@ -1327,6 +1327,7 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--seed", type=_seed, default=0, help="sampler seed; trial n trains with seed SEED + n")
     tun.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     tun.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
+    tun.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of trials trains")
     tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     tun.set_defaults(func=cmd_tune)
 

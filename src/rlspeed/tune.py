@@ -238,6 +238,7 @@ class _Setup:
     seed: int
     device: object
     preset_timesteps: int  # the total_timesteps the preset file gets
+    progress_bar: bool = True  # a bar over each batch's training (and the confirmation's)
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
@@ -246,7 +247,8 @@ class _Setup:
                           **{**self.hyperparameters, **per_member})
 
     def learn(self, members, on_eval=None) -> dict:
-        kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval, "progress_bar": False}
+        kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval,
+                  "progress_bar": self.progress_bar}
         if self.eval_freq is not None:
             kwargs["eval_freq"] = self.eval_freq
         return members.learn(self.budget, **kwargs)
@@ -358,11 +360,12 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
          confirm_top: int = 4, out: str | Path, total_timesteps: int | None = None, seed: int = 0, device="cpu",
-         command: str | None = None, say: Callable[..., None] = print) -> dict:
+         command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
     write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
-    unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`.
+    unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
+    population's env steps per member while it trains.
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -380,7 +383,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     # the study records any trial
     Population(algo_cls, env_id, seeds=[seed], device=device, **hyperparameters)
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
-                   int(total_timesteps or budget) if target_return is not None else int(budget))
+                   int(total_timesteps or budget) if target_return is not None else int(budget), progress_bar)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     study = _open_study(storage, study_name, seed, population, budget, record)
