@@ -367,3 +367,13 @@ def test_an_env_given_to_load_must_have_the_models_spaces(tmp_path, pendulum_mod
     with pytest.raises(UserError, match=r"does not fit the model .*its observations and actions differ"):
         cls.load(path, env="MountainCarContinuous-v0")
     assert cls.load(path, env="Pendulum-v1").env_id == "Pendulum-v1"
+
+
+def test_a_path_from_the_home_directory_is_expanded(tmp_path, monkeypatch, cartpole_model):
+    """`save("~/x")` writes into the home directory (not a directory named "~"), and load reads it from there."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    path = cartpole_model.save("~/ppo")
+    assert path == tmp_path / "home" / "ppo.safetensors" and path.is_file() and not (tmp_path / "~").exists()
+    assert type(cartpole_model).load("~/ppo").num_timesteps == cartpole_model.num_timesteps

@@ -535,13 +535,14 @@ def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeyp
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == model_bytes and notes.read_text() == "mine"
 
 
-def test_export_command_adds_the_action_mask_input_on_request(tmp_path, monkeypatch):
+def test_export_command_adds_the_action_mask_input_of_a_masked_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "ppo", "Taxi-v4", "--total-timesteps", "256", "--num-envs", "2", "--set",
                      "num_steps=64", "--set", "batch_size=64", "--target-return", "none", "--no-progress",
                      "--out", "run"]) == 0
-    for flag, expected in (([], False), (["--action-mask"], True)):
-        out = tmp_path / f"policy{len(flag)}.pt2"
+    # (the run trained with Taxi's masks: the checkpoint says so, and the export takes them unless told not to)
+    for index, (flag, expected) in enumerate((([], True), (["--no-action-mask"], False), (["--action-mask"], True))):
+        out = tmp_path / f"policy{index}.pt2"
         assert cli.main(["export", "run", "--format", "exported_program", "--out", str(out), *flag]) == 0
         sidecar = json.loads(Path(f"{out}.json").read_text())
         assert ("action_mask" in json.dumps(sidecar["inputs"])) == expected, sidecar["inputs"]
@@ -754,3 +755,35 @@ def test_doctor_explains_an_accelerator_torch_cannot_name_here(capsys, monkeypat
         assert cli.main(["doctor", "--device", "npu:0"]) == 1
         assert "FAIL  device" in capsys.readouterr().out
     assert cli.main(["doctor", "--device", "gpu0"]) == 2
+
+
+def test_flags_that_conflict_or_act_only_with_another_are_refused(tmp_path, monkeypatch, capsys):
+    """An option that would be ignored or silently overridden is one sentence, exit code 2, before anything runs;
+    a misplaced option points to its command's help, a short name to the hyperparameter."""
+    monkeypatch.chdir(tmp_path)
+    for argv, says in ((["train", "ppo", "CartPole-v1", "--num-envs", "8", "--set", "num_envs=4"], "disagree"),
+                       (["eval", "run", "--video-episodes", "3"], "applies only with --video"),
+                       (["train", "ppo", "CartPole-v1", "--set", "lr=0.001"], "Did you mean learning_rate?")):
+        assert cli.main(argv) == 2
+        assert says in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["rlspeed", "train", "ppo", "CartPole-v1", "--lr", "1e-3"])
+    assert cli.main(["train", "ppo", "CartPole-v1", "--lr", "1e-3"]) == 2
+    assert "(see 'rlspeed train --help')" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_env_module_in_the_current_directory_is_found(tmp_path):
+    """`rlspeed train ppo myenvs:Line-v0` finds `myenvs.py` in the current directory, as `python -m` would (the
+    console script does not put the directory on sys.path: `-I` runs the module the same way)."""
+    (tmp_path / "myenvs.py").write_text(
+        "import gymnasium as gym\n"
+        "gym.register('RlspeedHereLine-v0', entry_point='gymnasium.envs.classic_control:CartPoleEnv',\n"
+        "             max_episode_steps=50)\n")
+    done = subprocess.run([sys.executable, "-I", "-m", "rlspeed", "train", "ppo", "myenvs:RlspeedHereLine-v0",
+                           "--total-timesteps", "256", "--no-progress", "--out", "run", "--target-return", "none"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    missing = subprocess.run([sys.executable, "-I", "-m", "rlspeed", "train", "ppo", "nosuchmod:Foo-v0"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert missing.returncode == 2 and "(named in 'nosuchmod:Foo-v0')" in missing.stderr

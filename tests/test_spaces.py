@@ -412,6 +412,9 @@ def test_predict_takes_a_tuple_env_s_observation_as_the_env_returns_it():
     actions, _ = model.predict(batch, deterministic=True)
     expected = [model.predict(tuple(int(part[i]) for part in batch), deterministic=True)[0] for i in range(3)]
     assert actions.shape == (3,) and actions.tolist() == [int(a) for a in expected]
+    # a list of observations, one tuple each (3 rows of a 3-element tuple: not to be read as one tuple of columns)
+    rows = [tuple(int(part[i]) for part in batch) for i in range(3)]
+    assert model.predict(rows, deterministic=True)[0].tolist() == actions.tolist()
     with pytest.raises(UserError, match="for a Tuple env: its tuple"):
         model.predict(obs[0])
 

@@ -45,8 +45,8 @@ DIGESTS = ("sha256", "sm3")
 
 def checkpoint_path(path: str | os.PathLike) -> Path:
     """The file a checkpoint path names: `path` itself if it ends in `.safetensors`, else `path` + `.safetensors`
-    (appended, never replacing a suffix: `ppo_lr0.001` is `ppo_lr0.001.safetensors`)."""
-    path = Path(path)
+    (appended, never replacing a suffix: `ppo_lr0.001` is `ppo_lr0.001.safetensors`); `~` is the home directory."""
+    path = Path(path).expanduser()
     return path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
 
 
@@ -57,7 +57,7 @@ MEMBERS_DIR = "members"
 def run_model(path: str | os.PathLike) -> Path:
     """The model file `path` names: `path` itself, or a run directory's `model.safetensors`. UserError for a
     directory without one, naming a member's model where it is a population's run directory."""
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_dir():
         return path
     if (path / "model.safetensors").is_file():
@@ -539,11 +539,13 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     whatever `verify` says; without a key, with another key, or when authentication fails: a UserError naming the
     file. Checkpoints in clear load whether or not a key is set.
     """
-    path = Path(path)
+    given = path
+    path = Path(path).expanduser()
     if not path.exists():
         path = checkpoint_path(path)
     if not path.exists():
-        raise UserError(f"Checkpoint '{path}' does not exist.")
+        also = f" (nor '{path}')" if str(path) != str(given) and not str(given).endswith(("/", os.sep)) else ""
+        raise UserError(f"Checkpoint '{given}' does not exist{also}.")
     remove_stale_temporary_files(path)
     try:
         data = path.read_bytes()

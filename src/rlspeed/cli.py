@@ -42,13 +42,20 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM during training, raised like Ctrl-C's KeyboardInterrupt so that the same path saves the run."""
 
 
+_COMMANDS = ("train", "tune", "eval", "profile", "export", "doctor")
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
 
     def error(self, message: str):
         # "argument --steps: must be positive" reads better as "--steps must be positive"
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
-        raise UserError(f"{message} (see '{self.prog} --help').")
+        prog = self.prog
+        command = next((arg for arg in sys.argv[1:] if arg in _COMMANDS), None) if prog == "rlspeed" else None
+        if command is not None and message.startswith("unrecognized arguments"):
+            prog = f"rlspeed {command}"  # (options after the command are checked by the top parser)
+        raise UserError(f"{message} (see '{prog} --help').")
 
 
 def _whole(minimum: int):
@@ -196,12 +203,13 @@ def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
     from rlspeed.envs import import_gym_packages
 
     packages = list(getattr(args, "gym_packages", None) or [])
+    import_gym_packages(packages)
     env_id = getattr(args, env_attr)
     if env_id is not None and ":" in env_id:
         module, env_id = env_id.split(":", 1)
+        import_gym_packages([module], why=f"(named in '{module}:{env_id}')")
         packages.append(module)
         setattr(args, env_attr, env_id)
-    import_gym_packages(packages)
     args.gym_packages = list(dict.fromkeys(packages))
 
 
@@ -355,7 +363,7 @@ def _train_population(args: argparse.Namespace) -> int:
         off_policy = [name for name, cls in IMPLEMENTATIONS.items() if issubclass(cls, OffPolicyPopulation)]
         if algo_cls.__name__ not in off_policy:
             raise UserError(f"--save-replay-buffer applies to off-policy populations ({', '.join(off_policy)}), not "
-                            f"{algo_cls.name.upper()}: drop it.")
+                            f"{algo_cls.__name__}: drop it.")
         options["save_replay_buffer"] = True
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
@@ -384,7 +392,7 @@ def _train_population(args: argparse.Namespace) -> int:
     _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     if getattr(args, "preset_message", None):
         print(args.preset_message)
-    print(f"rlspeed: training {len(seeds)} {algo_cls.name.upper()} members on {args.env_id} as one population "
+    print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
           f"(device {device}), up to {total:,} steps each"
           + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     learn_kwargs = {"target_return": target}
@@ -549,6 +557,9 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     run_settings.update(run_overrides)
     hyper.update(hyper_overrides)
     if args.num_envs is not None:
+        if "num_envs" in hyper_overrides and hyper_overrides["num_envs"] != args.num_envs:
+            raise UserError(f"--num-envs {args.num_envs} and --set num_envs={hyper_overrides['num_envs']} disagree: "
+                            "give one of them.")
         hyper["num_envs"] = args.num_envs
     config = build_config(algo_cls.config_cls, hyper)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
@@ -834,7 +845,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if (args.resume or restarts > 0) and checkpoint.exists():
         _keep_run_seed(args, model, run_dir / "config.yaml")
         model.make_training_env()
-        _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.name.upper()} model (did --set change "
+        _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set change "
               "its networks since the checkpoint was written?)")
         resumed_from = model.num_timesteps
         restarts = max(restarts, model.restarts)
@@ -963,7 +974,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         say(args.preset_message)
     per_iteration = model.steps_per_iteration
     whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
-    say(f"rlspeed: training {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, "
+    say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
         f"device {model.device}), up to {total:,} steps"
         + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
         + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
@@ -1059,7 +1070,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
     algo_cls, _run_settings, hyper, _config = _settings(args)
     model = _model(args, algo_cls, hyper)
-    print(f"rlspeed: profiling {algo_cls.name.upper()} on {args.env_id} ({model.env_backend} envs, device "
+    print(f"rlspeed: profiling {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, device "
           f"{model.device}): warm-up, an unprofiled run, then a profiled run", file=sys.stderr, flush=True)
     result = profile_run(model, steps=args.steps, trace=trace)
     print(result)
@@ -1126,6 +1137,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, refuse_non_model, run_model
 
+    if args.video is None and _flag_given(args, "--video-episodes"):
+        raise UserError("--video-episodes applies only with --video FILE: add it, or drop --video-episodes.")
     given = Path(args.checkpoint)
     path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
     # the run directory of a run's model or of a population member's model
@@ -1144,7 +1157,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
-    model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.name.upper()} model its "
+    model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.__name__} model its "
                   "metadata describes")
     env_id = args.env or model.env_id
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
@@ -1166,7 +1179,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
     success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
-    print(f"rlspeed: {model.name.upper()} on {env_id}, deterministic, {args.episodes} episodes{seed_note}: "
+    print(f"rlspeed: {type(model).__name__} on {env_id}, deterministic, {args.episodes} episodes{seed_note}: "
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
           file=sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -1204,7 +1217,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise UserError(f"--out '{args.out}' ends in .safetensors, a model file's suffix (the export would replace "
                         "it): name the export .onnx, .pt or .pt2.")
     path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
-                             action_mask=True if args.action_mask else None, overwrite=args.overwrite)
+                             action_mask=args.action_mask, overwrite=args.overwrite)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")
     return 0
 
@@ -1362,8 +1375,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="(default: the one --out's suffix names, .onnx, .pt or .pt2; else onnx)")
     exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing export file")
-    exp.add_argument("--action-mask", action="store_true",
-                     help="add an action_mask input (bool [batch, actions]) for a policy trained with action masks")
+    exp.add_argument("--action-mask", action=argparse.BooleanOptionalAction, default=None,
+                     help="add (or leave out) an action_mask input, bool [batch, actions] (default: when the model "
+                          "trained with the env's action masks)")
     exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     exp.set_defaults(func=cmd_export)
 

@@ -32,6 +32,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -386,7 +387,7 @@ def export_module(model, action_mask: bool | None = None) -> PolicyExport:
     hook = getattr(model, "_export_module", None)
     module = hook() if hook is not None else default_export_module(model)
     if action_mask is None:
-        action_mask = bool(getattr(model, "_masking", False)) and module.takes_action_mask
+        action_mask = bool(getattr(model, "trained_with_action_masks", False)) and module.takes_action_mask
     module.with_action_mask(action_mask)
     module.eval()
     check_matches_model(model, module)
@@ -452,7 +453,9 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
             "observation_normalization": (None if module.obs_rms is None else
                                           {"formula": "clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)",
                                            "clip": module.observation_clip, "in_graph": True}),
-            "action_mapping": module.action_mapping}
+            # (the masking clause only where the graph takes an action_mask input)
+            "action_mapping": (module.action_mapping if module.action_mask
+                               else re.sub(r" \(masked [^)]*\)", "", module.action_mapping))}
 
 
 def _check_onnx_packages() -> None:
@@ -502,7 +505,7 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
     format = export_format(path, format)
     if format == "onnx":
         _check_onnx_packages()
-    path = Path(path)
+    path = Path(path).expanduser()
     if path.is_dir():
         raise UserError(f"'{path}' is a directory; give the file to write, e.g. {path / ('policy' + FORMATS[format])}.")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -526,7 +529,10 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
 
 
 def _save_program(program, text: str, file: Path) -> None:
-    with open(file, "wb") as stream:  # a stream: torch.export.save warns about a file name not ending in .pt2
+    with open(file, "wb") as stream, warnings.catch_warnings():
+        # (a stream: torch.export.save warns about a file name not ending in .pt2; tensors sharing storage, as an
+        # LSTM's, make it warn about weights off the CPU, and an export's weights are on the CPU)
+        warnings.filterwarnings("ignore", message="No complete tensor found in the group")
         torch.export.save(program, stream, extra_files={_SIDECAR_IN_ARCHIVE: text})
 
 

@@ -73,6 +73,11 @@ SB3_KEYWORDS = {
 AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 
 
+#: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
+_SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs", "envs": "num_envs",
+                "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm"}
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -85,9 +90,11 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
         if key not in fields:
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
-            close = difflib.get_close_matches(key, list(fields), n=3)
+            named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())
+            close = [named] if named in fields else difflib.get_close_matches(key, list(fields), n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
-            raise UserError(f"Unknown hyperparameter '{key}' for {config_cls.__name__}.{hint}")
+            owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+            raise UserError(f"Unknown hyperparameter '{key}' for {owner}.{hint}")
         if (key in AUTO_VALUES and isinstance(value, str) and value.lower().startswith("auto")
                 and type(None) in typing.get_args(hints[key])):
             values[key], start = None, value[4:].removeprefix("_")  # (None: tuned automatically, as SB3's "auto")
@@ -166,10 +173,14 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     """`predict`'s input as a batch on `device`: (obs, given as numpy, was a single observation). Numpy arrays and
     lists become tensors in the observation's dtype (float32 vectors, uint8 images, int64 indices); Dict
     observations are a dict of them per key (keys the model does not use, such as MiniGrid's `mission`, are
-    ignored), Tuple observations a tuple of them (as the env returns them); a single observation gets a batch
-    dimension."""
+    ignored), Tuple observations a tuple of them (as the env returns them) or a list of such tuples, one per row; a
+    single observation gets a batch dimension."""
     if isinstance(space, gym.spaces.Dict):
         keys = list(space.spaces)
+        if (isinstance(observation, list) and observation and all(isinstance(row, tuple) for row in observation)
+                and all(key.isdigit() for key in keys)):
+            # a list of a Tuple env's observations, one tuple per row: the batch, element by element
+            observation = tuple(list(column) for column in zip(*observation))
         if isinstance(observation, (tuple, list)) and all(key.isdigit() and int(key) < len(observation)
                                                           for key in keys):
             # a Tuple env's observation: its space became keys "0", "1", ... (an element no encoder takes, such as a
@@ -395,6 +406,7 @@ class Algorithm:
         self.obs_rms: RunningMeanStd | None = None
         self.return_rms: RunningMeanStd | None = None  # reward normalisation's statistics (saved, for resuming)
         self.num_timesteps = 0
+        self._saved_with_action_masks = False  # (`load`: the file's run trained with action masks)
         self.result = LearnResult()
         self._setup()
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
@@ -530,22 +542,22 @@ class Algorithm:
     def _check_action_space(self, spec: EnvSpec) -> None:
         space = spec.action_space
         if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
-            raise UserError(f"{self.name.upper()} needs continuous (Box) actions, but {spec.env_id} has discrete "
+            raise UserError(f"{type(self).__name__} needs continuous (Box) actions, but {spec.env_id} has discrete "
                             "actions; use ppo or dqn.")
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
-            raise UserError(f"{self.name.upper()} needs discrete actions, but {spec.env_id} has continuous "
+            raise UserError(f"{type(self).__name__} needs discrete actions, but {spec.env_id} has continuous "
                             "actions; use ppo, sac, td3 or ddpg.")
         if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 and not self.supports_multi_actions:
             # this algorithm's actors emit a flat action vector; nothing reshapes it to the space's shape
-            raise UserError(f"{self.name.upper()} supports 1-D Box actions and {spec.env_id} has Box actions of shape "
-                            f"{space.shape}: use ppo or a2c, or flatten them with a gymnasium.ActionWrapper.")
+            raise UserError(f"{type(self).__name__} supports 1-D Box actions and {spec.env_id} has Box actions of "
+                            f"shape {space.shape}: use ppo or a2c, or flatten them with a gymnasium.ActionWrapper.")
         if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(np.asarray(space.start) != 0):
             # the policies act in indices 0..n-1 and the env adapters pass them on as they are
             raise UserError(f"{spec.env_id} has {type(space).__name__} actions starting at {space.start}; rlspeed "
                             "needs them to start at 0 (wrap the env in a gymnasium.ActionWrapper that adds the "
                             "offset).")
         if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)) and not self.supports_multi_actions:
-            raise UserError(f"{self.name.upper()} does not take {type(space).__name__} actions ({spec.env_id}): use "
+            raise UserError(f"{type(self).__name__} does not take {type(space).__name__} actions ({spec.env_id}): use "
                             "ppo, a2c or recurrent_ppo.")
         if not isinstance(space, (gym.spaces.Discrete, gym.spaces.Box, gym.spaces.MultiDiscrete,
                                   gym.spaces.MultiBinary)):
@@ -600,7 +612,7 @@ class Algorithm:
             if action_masks is None:
                 return self._policy_actions(obs, deterministic)
             if not self.supports_action_masks:
-                raise UserError(f"{self.name.upper()} does not take action masks: drop action_masks, or use ppo, a2c "
+                raise UserError(f"{type(self).__name__} does not take action masks: drop action_masks, or use ppo, a2c "
                                 "or recurrent_ppo.")
             return self._policy_actions(obs, deterministic, action_masks=action_masks.to(self.device, torch.bool))
 
@@ -1070,7 +1082,9 @@ class Algorithm:
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
                     "schedule": ([self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end")
                                  else None),
-                    "rlspeed_version": __version__, "torch_version": torch.__version__}
+                    "rlspeed_version": __version__, "torch_version": torch.__version__,
+                    # (whether it trained with the env's action masks: what `export` adds a mask input for)
+                    "action_masks": self.trained_with_action_masks}
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path))
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
         return save_checkpoint(path, tensors, metadata)
@@ -1116,7 +1130,14 @@ class Algorithm:
         model.seed = meta.get("seed")
         model.num_timesteps = meta.get("num_timesteps", 0)
         model._restore(tensors, meta, path)
+        model._saved_with_action_masks = bool(meta.get("action_masks", False))
         return model
+
+    @property
+    def trained_with_action_masks(self) -> bool:
+        """Whether this model trained with its env's action masks (in this process, or in the run it was saved
+        from): `export` then adds an `action_mask` input by default."""
+        return bool(getattr(self, "_masking", False) or getattr(self, "_saved_with_action_masks", False))
 
     def resume(self, path: str | Path, verify: bool = True, allow_nonfinite: bool = False) -> None:
         """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps, and

@@ -204,9 +204,9 @@ class OffPolicyAlgorithm(Algorithm):
         if not self.spec.discrete:
             box = self.spec.action_space
             if not (np.isfinite(box.low).all() and np.isfinite(box.high).all()):
-                raise UserError(f"{self.name.upper()} maps its actions in [-1, 1] onto the action space's bounds, but "
-                                f"{self.spec.env_id} has unbounded actions (low {box.low}, high {box.high}); give the "
-                                "env finite bounds (e.g. gymnasium.wrappers.RescaleAction or ClipAction).")
+                raise UserError(f"{type(self).__name__} maps its actions in [-1, 1] onto the action space's bounds, "
+                                f"but {self.spec.env_id} has unbounded actions (low {box.low}, high {box.high}); give "
+                                "the env finite bounds (e.g. gymnasium.wrappers.RescaleAction or ClipAction).")
             low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
             high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
             self._action_center = (high + low) / 2

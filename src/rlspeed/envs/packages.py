@@ -9,6 +9,7 @@ import importlib.util
 import re
 import sys
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 
@@ -25,7 +26,7 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> No
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise UserError(f"'{module}' {why} is not a Python module name.")
         try:
-            imported = importlib.import_module(module)
+            imported = _import_here_too(module)
         except ImportError as error:
             raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
                             f"{error}.") from None
@@ -38,6 +39,22 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> No
                     register()
             except TypeError:  # a register_envs with parameters is not this convention
                 pass
+
+
+def _import_here_too(module: str):
+    """`importlib.import_module(module)`, also finding a module in the current directory (`myenvs.py`), as `python
+    -m` would: the `rlspeed` command does not put the current directory on `sys.path` (appended, so that it never
+    shadows an installed package)."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        top = module.split(".")[0]
+        here = Path.cwd()
+        if error.name != top or not ((here / f"{top}.py").is_file() or (here / top / "__init__.py").is_file()) \
+                or str(here) in sys.path or "" in sys.path:
+            raise
+        sys.path.append(str(here))
+        return importlib.import_module(module)
 
 
 #: Env families whose package registers them when imported (`import_gym_packages`), by id prefix: (family, module

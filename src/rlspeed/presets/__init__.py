@@ -129,7 +129,9 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.algos.base import build_config, coerce
 
-    path = Path(path)
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"--preset {path} is a directory; give a YAML file, or one of {', '.join(SOURCES)}.")
     if not path.is_file():
         raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
     try:
@@ -137,8 +139,9 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
     if not isinstance(data, dict) or not data:
+        holds = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
-                        f"{type(data).__name__}.")
+                        f"{holds}.")
     nested = [isinstance(value, dict) for value in data.values()]
     if all(nested):  # env id -> entry
         key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), "default") if k in data), None)
