@@ -122,10 +122,10 @@ def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
                      "--json"])
     assert code == 0
     captured = capsys.readouterr()
-    out = captured.out
-    assert "rlspeed profile: ppo CartPole-v1 on cpu" in out and "advice:" in out
-    assert "profiling PPO" in captured.err and "trace written" in captured.err  # progress on stderr
-    data = json.loads(out.strip().splitlines()[-1])
+    # with --json, stdout is the JSON alone (for `| jq`): the report and the progress go to stderr
+    assert "rlspeed profile: ppo CartPole-v1 on cpu" in captured.err and "advice:" in captured.err
+    assert "profiling PPO" in captured.err and "trace written" in captured.err
+    data = json.loads(captured.out)
     assert data["steps"] == 256 and {p["name"] for p in data["phases"]} >= {"env", "update", "other"}
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == PREFIX + "update" for e in events)

@@ -1073,7 +1073,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"rlspeed: profiling {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, device "
           f"{model.device}): warm-up, an unprofiled run, then a profiled run", file=sys.stderr, flush=True)
     result = profile_run(model, steps=args.steps, trace=trace)
-    print(result)
+    print(result, file=sys.stderr if args.json else sys.stdout)  # (--json: stdout holds the JSON alone)
     if trace is not None:
         if not trace.is_file():
             raise UserError(f"the profiler could not write the trace to {trace}.")
@@ -1366,7 +1366,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--steps", type=_whole(1), default=None, help="env steps per timed run, rounded up to whole "
                       "iterations (default: 10 iterations, at least 2,000)")
     prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
-    prof.add_argument("--json", action="store_true", help="also print the result as JSON")
+    prof.add_argument("--json", action="store_true",
+                      help="print the result as JSON on stdout (the report goes to stderr)")
     prof.set_defaults(func=cmd_profile)
 
     exp = sub.add_parser("export", help="export a saved model's deterministic policy (ONNX, TorchScript, torch.export)")
