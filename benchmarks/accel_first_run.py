@@ -11,9 +11,14 @@
 (b) A model where the search does pay: a [512, 512, 512] ReLU MLP trained by Adam on batches of 256 rows (fresh
     process each, cold cache), plain against the line: the line's run keeps fp32 eager until the calls have taken
     long enough to pay for the search, then searches once and runs the winner (bf16-matmul on a CPU with AMX).
+(c) `--steps-only`: the same question for `step = accelerate_step(loss_fn, optimizer)` in place of the loop's
+    zero_grad / backward / step: a small [64, 64] tanh MLP regression trained by Adam for `--step-updates` updates
+    (a short script), plain against the line with a cold cache, fresh processes, in alternating rounds. Its own
+    README section (`accel_step_first_run`).
 
 Usage: python benchmarks/accel_first_run.py [--rounds N] [--steps N] [--wide-updates N] [--skip-wide] [--quick]
        [--no-write]
+       python benchmarks/accel_first_run.py --steps-only [--rounds N] [--step-updates N] [--no-write]
 """
 
 from __future__ import annotations
@@ -83,6 +88,77 @@ def child_wide(updates: int, plain: bool) -> dict:
     return result
 
 
+def child_step(updates: int, plain: bool) -> dict:
+    import torch
+    from torch import nn
+
+    from rlspeed import accelerate_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
+    inputs, targets = torch.randn(64, 8), torch.randn(64, 2)
+
+    def loss_fn(x, y):
+        return (model(x) - y).square().mean()
+
+    step = None if plain else accelerate_step(loss_fn, optimizer)
+    started = time.perf_counter()
+    for _ in range(updates):
+        if step is None:
+            loss = loss_fn(inputs, targets)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        else:
+            loss = step(inputs, targets)
+    result = {"script_s": time.perf_counter() - started, "final_loss": float(loss)}
+    if step is not None:
+        decision = step.report.decisions[-1]
+        result.update(chosen=decision.chosen.label, source=decision.source, reason=decision.reason,
+                      search_s=decision.search_s)
+    return result
+
+
+def steps_only(args) -> None:
+    """(c): rounds of plain / cold-cache runs of `child_step`, published as their own README section."""
+    runs: dict[str, list[dict]] = {"plain": [], "cold": []}
+    with tempfile.TemporaryDirectory() as root:
+        for index in range(args.rounds):
+            for variant in runs:
+                result = run_child("step", args.step_updates, variant == "plain", os.path.join(root, f"c{index}"))
+                runs[variant].append(result)
+                print(f"  round {index} {variant}: script {result['script_s']:.2f} s {result.get('source', '')}",
+                      flush=True)
+    ratio = {clock: statistics.median(ratios(runs, "cold", clock)) for clock in ("script_s", "process_s")}
+    medians = {variant: {clock: statistics.median(r[clock] for r in results) for clock in ("script_s", "process_s")}
+               for variant, results in runs.items()}
+    sources = sorted({r.get("source", "") for r in runs["cold"]})
+    rows = [["plain (zero_grad, backward, step)", f"{medians['plain']['script_s']:.2f}", "1.00x",
+             f"{medians['plain']['process_s']:.2f}", "1.00x", "—"],
+            ["`accelerate_step`, cold cache (first run)", f"{medians['cold']['script_s']:.2f}",
+             f"{ratio['script_s']:.3f}x", f"{medians['cold']['process_s']:.2f}", f"{ratio['process_s']:.3f}x",
+             ", ".join(sources)]]
+    last = runs["cold"][-1]
+    lines = [
+        "## accelerate_step on a first run (`benchmarks/accel_first_run.py --steps-only`)",
+        "",
+        f"A [64, 64] tanh MLP regression, batch 64, {args.step_updates} Adam updates (a short script), {args.rounds} "
+        "rounds of plain / `accelerate_step` with a cold cache, each run a fresh process with one torch thread. "
+        "Ratios: median over rounds of (with the line) / (plain of the same round); target <= 1.05x.",
+        "",
+        common.markdown_table(["Variant", "script s (median)", "script ratio", "process s (median)",
+                               "process ratio", "decision at the end"], rows),
+        "",
+        f"The last run's decision: `{last.get('chosen')}` ({last.get('source')}): {last.get('reason')}.",
+    ]
+    machine = common.machine_description()
+    machine["torch_threads"] = int(THREADS)
+    common.publish("accel_step_first_run", lines, {"updates": args.step_updates, "rounds": args.rounds,
+                                                   "runs": runs, "ratios": ratio, "medians": medians},
+                   write=not args.no_write, machine=machine)
+
+
 # --- the parent: rounds of fresh processes ---------------------------------------------------------------------
 def run_child(kind: str, size: int, plain: bool, cache: str) -> dict:
     env = {**os.environ, "RLSPEED_CACHE_DIR": cache, "OMP_NUM_THREADS": THREADS, "RLSPEED_NUM_THREADS": THREADS}
@@ -109,13 +185,20 @@ def main() -> None:
     parser.add_argument("--skip-wide", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny settings, numbers mean nothing")
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child", choices=("example", "wide"), help=argparse.SUPPRESS)
+    parser.add_argument("--steps-only", action="store_true", help="(c) only: accelerate_step on a first run")
+    parser.add_argument("--step-updates", type=int, default=3000, help="(c): Adam updates per run")
+    parser.add_argument("--child", choices=("example", "wide", "step"), help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = (child_example if args.child == "example" else child_wide)(args.size, args.plain)
-        print(json.dumps(result))
+        child = {"example": child_example, "wide": child_wide, "step": child_step}[args.child]
+        print(json.dumps(child(args.size, args.plain)))
+        return
+    if args.steps_only:
+        if args.quick:
+            args.rounds, args.step_updates = 2, 300
+        steps_only(args)
         return
     if args.quick:
         args.rounds, args.steps, args.wide_rounds, args.wide_updates = 2, 1024, 1, 200

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -787,3 +788,14 @@ def test_an_env_module_in_the_current_directory_is_found(tmp_path):
     missing = subprocess.run([sys.executable, "-I", "-m", "rlspeed", "train", "ppo", "nosuchmod:Foo-v0"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert missing.returncode == 2 and "(named in 'nosuchmod:Foo-v0')" in missing.stderr
+
+
+def test_a_run_that_rolled_back_says_so_in_its_closing_lines(tmp_path, monkeypatch, capsys):
+    """A run whose updates went non-finite and were rolled back ends (exit 0, its steps done) with a note naming the
+    rollbacks and the step whose weights the model holds, beside the warnings that scrolled by."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "2048", "--no-progress", "--out", "run",
+                     "--set", "learning_rate=1e30", "--set", "max_grad_norm=1e30", "--target-return", "none"])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert code == 0 and summary["numerics"]["rollbacks"] > 0
+    assert re.search(r"note: \d+ rollback\(s\) .*restored the weights of step \d", capsys.readouterr().err)

@@ -1011,6 +1011,11 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                    else f"; target {target:g} not reached")
     say(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
         f"{reached}")
+    numerics = summary["numerics"]
+    if numerics.get("rollbacks"):  # (the warnings scrolled by: the closing lines say what the model holds)
+        say(f"rlspeed: note: {numerics['rollbacks']} rollback(s) of non-finite updates (see summary.json's "
+            f"numerics); the last one restored the weights of step {model._numerics.last_finite_timesteps:,}: "
+            "lower learning_rate or clip gradients (max_grad_norm).", file=sys.stderr)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
     say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {_score(final['mean'])} +/- "
         f"{_score(final['std'])}{success}")

@@ -306,6 +306,11 @@ class NumericsGuard:
                 else:
                     tensor.zero_()
 
+    @property
+    def last_finite_timesteps(self) -> int:
+        """The step count of the last finite state kept (what a rollback restores)."""
+        return int(self._snapshot_timesteps)
+
     def state(self) -> dict:
         """The counts a checkpoint carries, so that a resumed run's report covers the whole run."""
         return {"rollbacks": self.rollbacks, "rolled_back_timesteps": self.rolled_back_timesteps,
