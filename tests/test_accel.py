@@ -188,6 +188,9 @@ def test_user_errors_are_one_sentence():
 
     with pytest.raises(UserError, match="has no forward.*agent.actor = auto_accelerate"):
         auto_accelerate(Agent(), device="cpu")
+    # (a torch.compile()d module has its forward on the instance: what it wraps is accelerated, not refused)
+    compiled = auto_accelerate(torch.compile(make_policy()), device="cpu")
+    assert isinstance(compiled, nn.Module) and compiled(torch.randn(3, 4)).shape[0] == 3
     model = make_policy()
     with pytest.raises(UserError, match="needs a torch.optim.Optimizer"):  # the model where the optimizer goes
         accelerate_step(lambda x: model(x).sum(), model)
@@ -486,6 +489,9 @@ def test_a_tie_goes_to_the_more_precise_candidate():
     assert search_module.choose(candidates, trials)[0] == candidates[1]
     trials[2].speedup = 3.5  # clearly faster: the less precise one wins
     assert search_module.choose(candidates, trials)[0] == candidates[2]
+    # a more precise rival within 5% that does not pass the 1.11x margin itself does not stop one that does
+    trials[1].speedup, trials[2].speedup = 1.095, 1.15
+    assert search_module.choose(candidates, trials)[0] == candidates[2]
 
 
 def test_a_step_runs_plain_until_its_calls_pay_for_the_search_then_uses_the_cached_choice(monkeypatch):
@@ -512,7 +518,7 @@ def test_a_step_runs_plain_until_its_calls_pay_for_the_search_then_uses_the_cach
                            fused_optimizer=False)
     losses = torch.stack([step(inputs, targets) for _ in range(10)])
     assert torch.equal(losses, plain_losses)  # the plain step, bit for bit, while it waits
-    assert [d.source for d in step.report.decisions] == ["waiting"] and "fp32 eager until" in str(step.report)
+    assert [d.source for d in step.report.decisions] == ["waiting"] and "fp32 until the step" in str(step.report)
     step(inputs, targets)  # 10 calls of 0.5 s pay for the search
     decision, = step.report.decisions
     assert decision.source == "search" and "after 10 fp32 calls" in decision.reason

@@ -621,6 +621,10 @@ def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkey
     assert after["total_timesteps"] == 768 and after["target_return"] is None and after["preset"] == before["preset"]
     assert cli.main([*start, "--resume", "--total-timesteps", "1024", "--set", "learning_rate=0.002"]) == 0
     assert "learning_rate 0.001 -> 0.002" in capsys.readouterr().err
+    # --set of a run setting, and an abbreviated flag, still override what the run recorded
+    assert cli.main([*start, "--resume", "--set", "total_timesteps=1280", "--env-back", "torch"]) == 0
+    after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert after["total_timesteps"] == 1280 and after["env_backend"] == "torch"
 
 
 def test_a_population_checkpoint_resumed_without_seeds_says_so(tmp_path, monkeypatch, capsys):

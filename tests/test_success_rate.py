@@ -139,3 +139,32 @@ def test_eval_callback_keeps_each_evaluations_successes(tmp_path):
     assert saved["successes"].shape == saved["results"].shape == (len(callback.evaluations_timesteps), 4)
     assert (saved["successes"] == (saved["results"] == 1.0)).all()
     assert callback.last_success_rate == pytest.approx(saved["successes"][-1].mean())
+
+
+class SeededLength(LineGoal):
+    """LineGoal whose episodes last 2 + (its reset seed mod 5) steps: envs seeded differently finish (and first
+    report `is_success`) at different steps."""
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.length = 2 + seed % 5
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, _, _, _, _ = super().step(action)
+        done = self.t >= self.length
+        return obs, float(int(action) == 1), False, done, ({"is_success": int(action) == 1} if done else {})
+
+
+gym.register("RlspeedTestSeededLength-v0", entry_point=SeededLength)
+
+
+def test_a_population_on_subprocess_goal_envs_trains(tmp_path):
+    """Members' subprocess envs start to report `is_success` at different steps (each at its own first finished
+    episode): the population joins their infos without the key and trains."""
+    from rlspeed.population import Population
+
+    population = Population(rlspeed.PPO, "RlspeedTestSeededLength-v0", seeds=[0, 1, 2], env_backend="gymnasium-async",
+                            num_envs=1, num_steps=16, batch_size=16, device="cpu")
+    population.learn(256, progress_bar=False)
+    assert population.num_timesteps >= 256

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import difflib
 import json
 import math
@@ -547,8 +548,14 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         if not normalizable(env_spec(args.env_id).observation_space):
             hyper["normalize_obs"] = False
     resumed = getattr(args, "resume_hyperparameters", None)
-    if resumed:  # (`--resume`: the run's own hyperparameters, `_resume_settings`)
-        hyper.update(resumed)
+    if resumed:  # (`--resume`: the run's own hyperparameters and run settings, `_resume_settings`)
+        fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+        dropped = sorted(set(resumed) - fields)
+        if dropped:  # (a config.yaml of an older rlspeed: settings that are no longer hyperparameters)
+            print(f"rlspeed: note: --resume ignores settings of the run's config.yaml that {algo_cls.__name__} no "
+                  f"longer takes: {', '.join(dropped)}", file=sys.stderr)
+        hyper.update({key: value for key, value in resumed.items() if key in fields})
+        run_settings.update(getattr(args, "resume_run_settings", {}))
         if isinstance(getattr(args, "resume_preset", None), dict):
             args.preset_info, args.preset_message = args.resume_preset, None
     overrides = _parse_set(args.set or [])
@@ -700,9 +707,18 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all (a temporary file renamed over it: another process reading it, such as a
+    torchrun worker reading config.yaml, never sees it half written)."""
     try:
-        path.write_text(text)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as stream:
+            stream.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(stream.name, 0o666 & ~umask)  # (as a plain write would leave it, not the temporary file's 0600)
+        os.replace(stream.name, path)
     except OSError as error:
+        with contextlib.suppress(OSError, NameError):
+            os.unlink(stream.name)
         raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
 
 
@@ -872,32 +888,41 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
 
 
-def _flag_given(args: argparse.Namespace, flag: str) -> bool:
-    """Whether `flag` is on this command line (as `--flag value` or `--flag=value`)."""
-    return any(item == flag or item.startswith(flag + "=") for item in getattr(args, "argv", []))
+def _given_options(argv: list[str], command: str) -> set[str]:
+    """The `dest` names of the options this command line gives (abbreviated ones included), found by parsing it
+    again with every default of `command` suppressed."""
+    parser = build_parser()
+    sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for action in sub.choices[command]._actions:
+        if action.option_strings:
+            action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
 
 
 def _resume_settings(args: argparse.Namespace) -> None:
     """`--resume` continues a run with the settings it was started with: each flag not on this command line takes
-    the value the run's config.yaml records (budget, target, evaluation frequency, env backend, acceleration, NaN
-    policy), and the recorded hyperparameters replace the preset's; `--set` and the flags given still override
-    them (a change is named when the run resumes). Nothing happens without a config.yaml of this algorithm and env."""
+    the value the run's config.yaml records (env backend, acceleration, NaN policy), and without `--preset` the
+    recorded hyperparameters and run settings (budget, target, evaluation frequency) replace the preset's; `--set`
+    and the flags given still override them (a change is named when the run resumes). Nothing happens without a
+    config.yaml of this algorithm and env."""
     if args.out is None:
         return
     config = _run_config(Path(args.out) / "config.yaml")
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
         return
-    for flag, key, convert in (("--total-timesteps", "total_timesteps", int), ("--eval-freq", "eval_freq", int),
-                               ("--env-backend", "env_backend", str), ("--accelerate", "accelerate", str),
-                               ("--nan-policy", "nan_policy", str)):
-        if not _flag_given(args, flag) and config.get(key) is not None:
-            setattr(args, key, convert(config[key]))
-    if not _flag_given(args, "--target-return") and "target_return" in config:
-        args.target_return = "none" if config["target_return"] is None else str(config["target_return"])
+    given = _given_options(getattr(args, "argv", []), "train")
+    several = args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    for key in ("env_backend", "accelerate", "nan_policy"):
+        if key == "accelerate" and several:  # (`--accelerate auto` is for one process; not taken over silently)
+            continue
+        if key not in given and config.get(key) is not None:
+            setattr(args, key, str(config[key]))
     recorded = config.get("hyperparameters")
-    if isinstance(recorded, dict) and not _flag_given(args, "--preset"):
+    if isinstance(recorded, dict) and "preset" not in given:
         args.resume_hyperparameters = recorded
         args.resume_preset = config.get("preset")
+        args.resume_run_settings = {key: config[key] for key in ("total_timesteps", "eval_freq", "target_return")
+                                    if key in config and (config[key] is not None or key == "target_return")}
 
 
 def _run_config(path: Path) -> dict:
@@ -916,7 +941,7 @@ def _keep_run_seed(args, model, path: Path) -> None:
     seed = _run_config(path).get("seed")
     if seed is None or seed == args.seed:
         return
-    if _flag_given(args, "--seed"):
+    if "seed" in _given_options(getattr(args, "argv", []), "train"):
         raise UserError(f"--resume continues the run with its own seed {seed} (its random state is in the "
                         f"checkpoint): drop --seed {args.seed}, or train a new run with it.")
     args.seed = model.seed = seed
@@ -1142,7 +1167,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.checkpoint import MEMBERS_DIR, load_checkpoint, refuse_non_model, run_model
 
-    if args.video is None and _flag_given(args, "--video-episodes"):
+    if args.video is None and "video_episodes" in _given_options(getattr(args, "argv", []), "eval"):
         raise UserError("--video-episodes applies only with --video FILE: add it, or drop --video-episodes.")
     given = Path(args.checkpoint)
     path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)

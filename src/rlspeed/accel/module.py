@@ -88,13 +88,13 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
         raise UserError("auto_accelerate needs a Python nn.Module; a TorchScript module cannot be accelerated.")
     if not isinstance(model, nn.Module):
         raise UserError(f"auto_accelerate expects a torch.nn.Module, got {type(model).__name__}.")
+    original = getattr(model, "_orig_mod", None)  # a torch.compile()d module: accelerate what it wraps
+    if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule":
+        model = original
     if type(model).forward is nn.Module.forward:  # (CleanRL's Agent: methods that call its submodules)
         raise UserError(f"{type(model).__name__} has no forward() for auto_accelerate to speed up: accelerate the "
                         "submodules its methods call (e.g. agent.actor = auto_accelerate(agent.actor)), or wrap the "
                         "update in accelerate_step.")
-    original = getattr(model, "_orig_mod", None)  # a torch.compile()d module: accelerate what it wraps
-    if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule":
-        model = original
     target = resolve_device(device)
     request = normalise_request(precision, compile, graphs)
     model.to(target)  # in place: the Parameter objects stay the same

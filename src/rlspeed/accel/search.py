@@ -339,14 +339,18 @@ def choose(candidates: Sequence[Strategy], trials: Sequence[Trial]) -> tuple[Str
     def speedup(trial: Trial) -> float:
         return trial.speedup if trial.speedup is not None else baseline.ms_per_call / trial.ms_per_call
 
-    fastest = max(speedup(t) for t in rivals)
-    # (within 5% of the fastest, the most precise: candidates come in order of precision, `rivals` in their order)
-    best = next(t for t in rivals if speedup(t) >= 0.95 * fastest)
     needed = 1 / (1 - MARGIN)
-    if speedup(best) >= needed and best.ms_per_call < baseline.ms_per_call:
+    winners = [t for t in rivals if speedup(t) >= needed and t.ms_per_call < baseline.ms_per_call]
+    if winners:
+        fastest = max(speedup(t) for t in winners)
+        # (of the winners within 5% of the fastest, the most precise: `rivals` keep the candidates' order, which is
+        # the order of precision)
+        best = next(t for t in winners if speedup(t) >= 0.95 * fastest)
         return best.strategy, f"{speedup(best):.2f}x faster than {baseline.strategy.label}"
-    return baseline.strategy, (f"best alternative {best.strategy.label} {speedup(best):.2f}x "
-                               f"(needs >= {needed:.2f}x)")
+    best = max(rivals, key=speedup)
+    why = (f"needs >= {needed:.2f}x" if speedup(best) < needed
+           else f"its best round, {best.ms_per_call:.3g} ms, is not faster than {baseline.ms_per_call:.3g} ms")
+    return baseline.strategy, f"best alternative {best.strategy.label} {speedup(best):.2f}x ({why})"
 
 
 def none_ran(trials: Sequence[Trial]) -> bool:

@@ -47,7 +47,6 @@ from rlspeed.accel.introspect import reachable_submodules
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import expected_search_s, run_search, store_choice
 from rlspeed.accel.strategy import (
-    EAGER_FP32,
     Request,
     Strategy,
     backward_precision,
@@ -118,7 +117,8 @@ class AcceleratedStep:
             raise UserError("accelerate_step needs a loss function as its first argument.")
         self.loss_fn = loss_fn
         self.optimizers = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer) else
-                           list(optimizer) if isinstance(optimizer, (list, tuple)) else [])
+                           [] if isinstance(optimizer, nn.Module) or not hasattr(optimizer, "__iter__") else
+                           list(optimizer))
         if not self.optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in self.optimizers):
             raise UserError("accelerate_step needs a torch.optim.Optimizer (or a list of them) as its second "
                             "argument.")
@@ -148,6 +148,8 @@ class AcceleratedStep:
         # that cannot be keeps the compiled candidates, whose graphs then cover its forward and backward passes.
         self._graph_blocker = (capture_blocker(self, self.request.precision)
                                if self.device.type == "cuda" and self.request.graphs in ("auto", "on") else None)
+        if self._graph_blocker is not None and self.request.graphs == "on" and self.request.forced_by_env is None:
+            raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {self._graph_blocker}.")
         self._candidates, notes = candidates(self.request, self.device, allow_fp16=True,
                                              whole_step_graphs=self._graph_blocker is None)
         for note in notes:
@@ -162,6 +164,7 @@ class AcceleratedStep:
         self.fell_back = False
         self._graphs: StepGraphs | None = None
         self._waiting = None  # (a `module_policy._Waiting` while the step runs fp32 eager before its search)
+        self._first_key: str | None = None  # (the cache key of the call that started the wait)
         if example_inputs is not None:
             args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
             self.prepare(*args)
@@ -256,11 +259,15 @@ class AcceleratedStep:
         else:
             strategy = self._cached(args, kwargs)
             if strategy is None and not search_now:
-                self._waiting = module_policy._Waiting(Decision("all calls", EAGER_FP32, "waiting", ""))
+                # the simplest allowed candidate while waiting (fp32 eager unless a precision was asked for: then
+                # that precision, eager, with its GradScaler for fp16)
+                simplest = replace(self._candidates[0], compile="off", graphs=False)
+                self._waiting = module_policy._Waiting(Decision("all calls", simplest, "waiting", ""))
+                self._first_key = self._cache_key(args, kwargs)  # (the search may run on other shapes)
                 self.report.decisions.append(self._waiting.decision)
                 self._search_due(self._waiting)  # (sets the reason)
-                self._use(EAGER_FP32)
-                return EAGER_FP32
+                self._use(simplest)
+                return simplest
             if strategy is None:
                 strategy = self._search(args, kwargs)
         strategy = self._with_step_graphs(strategy)
@@ -274,8 +281,9 @@ class AcceleratedStep:
         compiled = sum(1 for c in self._candidates if c.compile != "off")
         share = module_policy.SEARCH_COST_SHARE
         waiting.threshold_s = expected_search_s(per_call, len(self._candidates) - compiled, compiled) / share
-        waiting.decision.reason = (f"fp32 eager until the step's calls have taken {waiting.threshold_s:.3g} s, so "
-                                   f"that a search costs at most {share:.0%} of their time")
+        waiting.decision.reason = (f"{waiting.decision.chosen.label} until the step's calls have taken "
+                                   f"{waiting.threshold_s:.3g} s, so that a search costs at most {share:.0%} of "
+                                   "their time")
         return waiting.spent_s >= waiting.threshold_s
 
     def _search_after_waiting(self, args: tuple, kwargs: dict) -> Strategy:
@@ -283,11 +291,14 @@ class AcceleratedStep:
         waiting, self._waiting = self._waiting, None
         self.report.decisions.remove(waiting.decision)
         strategy = self._search(args, kwargs)
+        decision = self.report.decisions[-1]
         if waiting.calls:
-            decision = self.report.decisions[-1]
-            decision.reason += (f" (searched after {waiting.calls} fp32 calls taking {waiting.spent_s:.2f} s, so "
-                                f"that the search costs at most {module_policy.SEARCH_COST_SHARE:.0%} of their "
-                                "time)")
+            decision.reason += (f" (searched after {waiting.calls} {waiting.decision.chosen.label} calls taking "
+                                f"{waiting.spent_s:.2f} s, so that the search costs at most "
+                                f"{module_policy.SEARCH_COST_SHARE:.0%} of their time)")
+        if self._first_key is not None and self._first_key != self._cache_key(args, kwargs):
+            # (a later process looks its first call's shapes up: a ragged last minibatch must not hide the choice)
+            store_choice(self._first_key, decision, self.report, self.name)
         strategy = self._with_step_graphs(strategy)
         self._use(strategy)
         return strategy

@@ -146,9 +146,10 @@ def _check_backend(name: str) -> str:
 
     import torch._dynamo
 
-    known = torch._dynamo.list_backends(exclude_tags=())
+    known = [*torch._dynamo.list_backends(exclude_tags=()), "torchair"]  # (torchair: Ascend's, `accel.compile`)
     if name in known:
         return name
+    known = [backend for backend in known if "TESTING" not in backend and "minifier" not in backend]
     close = difflib.get_close_matches(name, known, n=2)
     raise UserError(f"compile={name!r} is not a torch.compile backend" + (f"; did you mean {' or '.join(close)}?"
                     if close else f" (known: {', '.join(known)}); or pass True, False or 'auto'."))

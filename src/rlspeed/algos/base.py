@@ -276,14 +276,20 @@ SB3_LEARN_KEYWORDS = {
 }
 
 
-def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]], always: bool = False,
+                   device: torch.device | None = None) -> dict[str, torch.Tensor]:
     """The metrics `success_sum` and `success_count` (the finished episodes that succeeded, and all finished ones)
-    from each step's (`info["done"]`, `info["is_success"]`), on the device; {} when the env reported no success (the
-    log's `success_rate` then stays absent)."""
+    and `success_reported` (1 where the env reported `is_success`) from each step's (`info["done"]`,
+    `info["is_success"]`), on the device; {} when the env reported no success (the log's `success_rate` then stays
+    absent), unless `always` (under torch.distributed every rank must send the same metrics: zeros on `device`)."""
     if not successes:
-        return {}
+        if not always:
+            return {}
+        zero = torch.zeros((), device=device)
+        return {"success_sum": zero, "success_count": zero, "success_reported": zero}
     dones, flags = (torch.stack(column) for column in zip(*successes))
-    return {"success_sum": (dones & flags).sum(), "success_count": dones.sum()}
+    return {"success_sum": (dones & flags).sum(), "success_count": dones.sum(),
+            "success_reported": torch.ones((), device=dones.device)}
 
 
 def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
@@ -896,7 +902,8 @@ class Algorithm:
         row["episode_return"] = total / count if count > 0 else math.nan
         if "success_count" in row:  # (envs that report info["is_success"])
             successes, finished = row.pop("success_sum"), row.pop("success_count")
-            row["success_rate"] = successes / finished if finished > 0 else math.nan
+            if row.pop("success_reported", 1.0) > 0:
+                row["success_rate"] = successes / finished if finished > 0 else math.nan
         for key in keys:
             if key in row and key not in ("episode_return",):
                 row[key] = row[key] / counts[key] / self.strategy.world_size
@@ -1114,11 +1121,13 @@ class Algorithm:
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                        meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space)
         if env is not None:
+            made = not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env)
             env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
             try:
                 _check_env_fits(env.spec, spec, path)
             except UserError:
-                env.close()
+                if made:  # (an env the caller built stays open: it is theirs)
+                    env.close()
                 raise
             if "num_envs" in config:
                 config["num_envs"] = env.num_envs

@@ -375,7 +375,7 @@ class OffPolicyAlgorithm(Algorithm):
         returns, dones = ((episode_returns[0], episode_dones[0]) if len(episode_returns) == 1
                           else (torch.stack(episode_returns), torch.stack(episode_dones)))
         metrics = {"episode_return_sum": (returns * dones).sum(), "episode_count": dones.sum(),
-                   **success_totals(successes)}
+                   **success_totals(successes, self.strategy.enabled, self.device)}
 
         # 2. Gradient steps on uniform replay batches, once past learning_starts (SB3's convention).
         if self.num_timesteps + cfg.train_freq * global_envs - self._buffer_start > cfg.learning_starts and len(buffer):

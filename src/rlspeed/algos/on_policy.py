@@ -251,5 +251,6 @@ class OnPolicyAlgorithm(Algorithm):
         with phase("update"):
             metrics = self._update_rollout(buf, advantages, returns)
         episode_return_sum, episode_count = buf.episode_totals()
-        metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count, **success_totals(successes))
+        metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count,
+                       **success_totals(successes, self.strategy.enabled, self.device))
         return cfg.num_steps * env.num_envs, metrics

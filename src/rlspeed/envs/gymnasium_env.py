@@ -113,9 +113,18 @@ def final_action_masks(step_masks: torch.Tensor, final_masks: dict, space: gym.S
     return masks
 
 
+_NO_SUCCESS: dict[tuple[int, torch.device], torch.Tensor] = {}  # (N, device) -> all-False flags, made once
+
+
 def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch.Tensor:
     """`info["is_success"]`: bool `[N]`, True for the finished rows whose env's last info said `is_success` (a
-    goal env's convention, SB3's `success_rate`), False elsewhere (read only where `info["done"]`)."""
+    goal env's convention, SB3's `success_rate`), False elsewhere (read only where `info["done"]`). A step where
+    no row finished gets one shared all-False tensor (no copy to the device; callers never write into it)."""
+    if not successes:
+        key = (num_envs, torch.device(device))
+        if key not in _NO_SUCCESS:
+            _NO_SUCCESS[key] = torch.zeros(num_envs, dtype=torch.bool, device=device)
+        return _NO_SUCCESS[key]
     flags = np.zeros(num_envs, dtype=bool)
     for row, success in successes.items():
         flags[row] = bool(np.asarray(success).item())

@@ -147,9 +147,12 @@ class MemberEnvs(BatchedEnv):
         self._offsets = np.cumsum([0, *self._sizes[:-1]])  # (each block's first row)
 
     def _joined(self, infos: list[dict]) -> dict:
-        """The envs' infos as one: tensors concatenated by rows, `final_rows` (host indices) offset by block."""
+        """The envs' infos as one: tensors concatenated by rows, `final_rows` (host indices) offset by block; a key
+        only some envs give (`is_success`, from each env's first finished episode that reports it) is dropped."""
         joined: dict = {}
         for key in infos[0]:
+            if not all(key in info for info in infos):
+                continue
             values = [info[key] for info in infos]
             if key == "final_rows":
                 joined[key] = np.concatenate([rows + offset for rows, offset in zip(values, self._offsets)])
