@@ -168,3 +168,18 @@ def test_a_population_on_subprocess_goal_envs_trains(tmp_path):
                             num_envs=1, num_steps=16, batch_size=16, device="cpu")
     population.learn(256, progress_bar=False)
     assert population.num_timesteps >= 256
+
+
+def test_the_success_rate_is_the_flags_share_not_the_returns(tmp_path):
+    """On SeededLength the return counts right moves and success is the last move alone: the logged success rate is
+    a share in [0, 1] that differs from the mean return, and evaluate's equals its own per-episode flags."""
+    model = rlspeed.PPO("RlspeedTestSeededLength-v0", num_envs=2, seed=0, device="cpu", num_steps=32, batch_size=32)
+    model.learn(512, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    with open(tmp_path / "metrics.csv") as stream:
+        rows = [row for row in csv.DictReader(stream) if row["success_rate"] not in ("", "nan")]
+    rates = [float(row["success_rate"]) for row in rows]
+    returns = [float(row["episode_return"]) for row in rows]
+    assert rates and all(0.0 <= rate <= 1.0 for rate in rates)
+    assert any(abs(rate - ret) > 1e-6 for rate, ret in zip(rates, returns))
+    result = model.evaluate(episodes=6, seed=3)
+    assert result["success_rate"] == pytest.approx(sum(result["successes"]) / 6)
