@@ -586,13 +586,14 @@ def _verify_digest(path: Path, tensors: dict[str, torch.Tensor], metadata: dict)
                       "(save it again to add one).", stacklevel=3)
         return
     if digest is None:
-        raise UserError(f"'{path}' carries no digest, so its integrity cannot be checked; load it with verify=False "
-                        "if you trust it.")
+        raise UserError(f"'{path}' carries no digest, so its integrity cannot be checked; load it in Python with "
+                        "Algorithm.load(path, verify=False) if you trust it.")
     if not (isinstance(digest, dict) and digest.get("algorithm") in DIGESTS and isinstance(digest.get("value"), str)):
         raise UserError(f"'{path}' has an unreadable digest entry {digest!r}: the file is damaged.")
     if tensor_digest(tensors, metadata, digest["algorithm"]) != digest["value"]:
         raise UserError(f"'{path}' does not match its {digest['algorithm'].upper()} digest: the file was changed or "
-                        "damaged after it was written; load it with verify=False only if you trust its contents.")
+                        "damaged after it was written; load it in Python with Algorithm.load(path, verify=False) "
+                        "only if you trust its contents.")
 
 
 def _check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -1308,7 +1308,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "and count it (mask)")
     model.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                        help="modules to import first (they register the env ids they provide)")
-    model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show full tracebacks on errors")
 
     train = sub.add_parser("train", parents=[model], help="train an agent (presets per algorithm and env)")
     train.add_argument("--total-timesteps", type=_whole(1), default=None, help="env steps, e.g. 1e5 (default: preset)")
@@ -1371,7 +1372,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     tun.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     tun.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of trials trains")
-    tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                     help="show full tracebacks on errors")
     tun.set_defaults(func=cmd_tune)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
@@ -1389,7 +1391,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--video", default=None, metavar="FILE",
                     help='also record deterministic episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
     ev.add_argument("--video-episodes", type=_whole(1), default=1, help="episodes in the --video file (default 1)")
-    ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                    help="show full tracebacks on errors")
     ev.set_defaults(func=cmd_eval)
 
     prof = sub.add_parser("profile", parents=[model], help="where the time of a training run goes, and what to change")
@@ -1409,12 +1412,14 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--action-mask", action=argparse.BooleanOptionalAction, default=None,
                      help="add (or leave out) an action_mask input, bool [batch, actions] (default: when the model "
                           "trained with the env's action masks)")
-    exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                     help="show full tracebacks on errors")
     exp.set_defaults(func=cmd_export)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
     doctor.add_argument("--device", default="auto", help="the device to check (default auto)")
-    doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show full tracebacks on errors")
     doctor.set_defaults(func=cmd_doctor)
     return parser
 

@@ -103,9 +103,9 @@ class PolicyExport(nn.Module):
         concatenated), False for an action the policy must not choose, as `predict(action_masks=...)` takes it.
         UserError for a policy that takes no masks."""
         if enabled and not self.takes_action_mask:
-            raise UserError(f"This policy ({type(self).__name__} for {type(self.action_space).__name__} actions) "
-                            "takes no action masks: export it without action_mask (masks apply to Discrete and "
-                            "MultiDiscrete actions of the algorithms whose predict takes action_masks).")
+            raise UserError(f"This policy (for {type(self.action_space).__name__} actions) takes no action masks: "
+                            "export it without action_mask=True (CLI: without --action-mask); masks apply to Discrete "
+                            "and MultiDiscrete actions of the algorithms whose predict takes action_masks.")
         self.action_mask = bool(enabled)
         return self
 
