@@ -377,3 +377,17 @@ def test_a_path_from_the_home_directory_is_expanded(tmp_path, monkeypatch, cartp
     path = cartpole_model.save("~/ppo")
     assert path == tmp_path / "home" / "ppo.safetensors" and path.is_file() and not (tmp_path / "~").exists()
     assert type(cartpole_model).load("~/ppo").num_timesteps == cartpole_model.num_timesteps
+
+
+def test_a_saved_model_has_the_mode_of_the_users_other_files(tmp_path, cartpole_model):
+    """A model written through a temporary file gets the mode a plain write would give it (0666 less the umask),
+    not the temporary file's 0600."""
+    import os
+    import stat
+
+    previous = os.umask(0o022)
+    try:
+        path = cartpole_model.save(tmp_path / "model")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -43,6 +43,14 @@ SUFFIX = ".safetensors"
 DIGESTS = ("sha256", "sm3")
 
 
+def plain_file_mode(path: str | os.PathLike) -> None:
+    """Give a temporary file (0600) the mode a plain `open(path, "w")` would have (0666 less the umask), before it is
+    renamed over a user's file: a model or config is as readable as the user's other files."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def checkpoint_path(path: str | os.PathLike) -> Path:
     """The file a checkpoint path names: `path` itself if it ends in `.safetensors`, else `path` + `.safetensors`
     (appended, never replacing a suffix: `ppo_lr0.001` is `ppo_lr0.001.safetensors`); `~` is the home directory."""
@@ -509,6 +517,7 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
+        plain_file_mode(tmp)
         os.replace(tmp, path)
         tmp = None
     except OSError as error:

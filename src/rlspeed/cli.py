@@ -709,12 +709,12 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
 def _write_text(path: Path, text: str) -> None:
     """Write `path` whole or not at all (a temporary file renamed over it: another process reading it, such as a
     torchrun worker reading config.yaml, never sees it half written)."""
+    from rlspeed.checkpoint import plain_file_mode
+
     try:
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as stream:
             stream.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(stream.name, 0o666 & ~umask)  # (as a plain write would leave it, not the temporary file's 0600)
+        plain_file_mode(stream.name)
         os.replace(stream.name, path)
     except OSError as error:
         with contextlib.suppress(OSError, NameError):
