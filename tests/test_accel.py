@@ -694,3 +694,15 @@ def test_inductor_step_matches_eager(monkeypatch):
 def test_public_names_are_exported():
     assert rlspeed.auto_accelerate is auto_accelerate
     assert rlspeed.accelerate_step is accelerate_step
+
+
+def test_a_dtype_change_after_wrapping_takes_the_new_dtype():
+    """`.double()` (or `.to(dtype)`) after `auto_accelerate`: float64 inputs stay float64 and the outputs equal the
+    plain double model's (the wrap-time input conversion narrowed them to float32: a dtype error in the first
+    matmul); `.float()` back narrows them again."""
+    model = make_policy()
+    plain = copy.deepcopy(model).double()
+    model = auto_accelerate(model, device="cpu").double()
+    x = torch.randn(5, 4, dtype=torch.float64)
+    assert torch.equal(model(x), plain(x))
+    assert model.float()(x).dtype == torch.float32

@@ -135,6 +135,21 @@ class AcceleratedModule:
         """Graphs torch.compile has compiled for this module so far (0 when nothing is compiled)."""
         return self.__dict__["_rlspeed_accelerator"].counter.compilations
 
+    def _apply(self, fn, *args: Any, **kwargs: Any):
+        """`nn.Module._apply` (what `.to()`, `.double()`, `.cuda()` ... run), then: parameters now on another device
+        or of another floating dtype start a fresh accelerator there (the decisions and the input conversion were
+        for the old ones)."""
+        result = super()._apply(fn, *args, **kwargs)
+        accelerator = self.__dict__.get("_rlspeed_accelerator")
+        if accelerator is not None:
+            first = next(self.parameters(), None)
+            device = first.device if first is not None else accelerator.device
+            dtype = floating_dtype(self.parameters())
+            if device != accelerator.device or dtype != accelerator.converter.float_dtype:
+                self.__dict__["_rlspeed_accelerator"] = ModuleAccelerator(type(self)._rlspeed_base, device,
+                                                                          accelerator.request, dtype)
+        return result
+
     def __reduce_ex__(self, protocol: int):
         # Rebuild through the original class, which pickle and deepcopy can find by name.
         return _restore, (type(self)._rlspeed_base,), self.__dict__.copy()
