@@ -177,7 +177,9 @@ class AcceleratedStep:
             self._prepare(args, kwargs, search_now=False)
         waiting = self._waiting
         if waiting is not None:
-            if not self._search_due(waiting):
+            # (the threshold is re-estimated only once the calls reach it, as for modules: nothing per call but a
+            # comparison and the timing)
+            if waiting.spent_s < waiting.threshold_s or not self._search_due(waiting):
                 started = time.perf_counter()
                 outputs = self._update(args, kwargs)
                 waiting.spent_s += time.perf_counter() - started
@@ -245,8 +247,9 @@ class AcceleratedStep:
     # --- deciding -------------------------------------------------------------------------------------------------
     def _prepare(self, args: tuple, kwargs: dict, search_now: bool = True) -> Strategy:
         """Decide (forced, only candidate, cached, or searched now), or with `search_now` False and a search to
-        run: start waiting, fp32 eager, until the calls have taken long enough to pay for the search (the rule of
-        `auto_accelerate`'s calls, `SEARCH_COST_SHARE`), so that a short script is not slowed by it."""
+        run: start waiting (the simplest candidate, eager) until the calls have taken long enough to pay for the
+        search (the rule of `auto_accelerate`'s calls, `SEARCH_COST_SHARE`), so that a short script is not slowed by
+        it."""
         if self._waiting is not None:  # (`prepare` while waiting: search now)
             return self._search_after_waiting(args, kwargs)
         self._maybe_fuse_optimizers()
