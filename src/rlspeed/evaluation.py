@@ -21,18 +21,18 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
     Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``, and ``"successes"`` (per episode, whether its
     last info said ``is_success``) with ``"success_rate"`` (their share of the finished episodes) where the env
-    reports ``info["is_success"]``. The env is new
-    (seeded with `seed`), not the training env, and rewards are the env's own (no normalisation). `env_id` may also
-    be a vector env you built (one episode per env: `episodes` its size), which this call resets and leaves open:
-    give a separate instance built as the training env was, not the training env itself (a `VecNormalize` with
-    `training=False, norm_reward=False`). Observations are normalised by the model's frozen statistics when it was
-    trained with observation normalisation. `backend="auto"` on the model's own env id uses the backend it trained
-    with, so `rlspeed.evaluate(model, seed=s)` equals `model.evaluate(seed=s)`. Where the env gives action masks
-    (`info["action_mask"]`) and the model takes them (its `use_masking`), the deterministic policy is masked too: it
-    never picks a masked action. Atari games that wait for FIRE (Breakout, Pong, ...) get it as the first action of
-    every game and after every lost life, in place of the policy's (`rlspeed.envs.atari.FireToStart`; training envs
-    never do). Episodes still running after `max_steps` (default: the env's time limit, else 10,000) count with the
-    return they had collected by then, with a warning.
+    reports ``info["is_success"]``. The env is new (seeded with `seed`), not the training env, and rewards are the
+    env's own (no normalisation). `env_id` may also be a vector env you built (one episode per env: `episodes` its
+    size), which this call resets and leaves open: give a separate instance built as the training env was, not the
+    training env itself (a `VecNormalize` with `training=False, norm_reward=False`). Observations are normalised by
+    the model's frozen statistics when it was trained with observation normalisation. `backend="auto"` on the
+    model's own env id uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)` equals
+    `model.evaluate(seed=s)`. Where the env gives action masks (`info["action_mask"]`) and the model takes them (its
+    `use_masking`), the deterministic policy is masked too: it never picks a masked action. Atari games that wait
+    for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of
+    the policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after
+    `max_steps` (default: the env's time limit, else 10,000) count with the return they had collected by then, with
+    a warning.
     """
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
