@@ -52,6 +52,8 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
     states = _states(tmp_path)
     assert {states[0], states[1]} <= finished and (states[2], states[3]) == ("FAIL", "FAIL") and len(states) == 4
     assert (tmp_path / "best.yaml").is_file()  # the best of batch 1, written before the interruption
+    edited = (tmp_path / "best.yaml").read_text().replace("num_envs: 8", "num_envs: 4")  # (a hand edit)
+    (tmp_path / "best.yaml").write_text(edited)
     monkeypatch.setattr(PPOPopulation, "train_iteration", original)
     # a process killed outright leaves its trial RUNNING: the next run marks it failed
     optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}").ask()
@@ -59,6 +61,7 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
     assert cli.main(command) == 0
     printed = capsys.readouterr().out
     assert "2 of 4 trials finished" in printed
+    assert (tmp_path / "best.yaml.edited").read_text() == edited  # the rewrite kept the edit aside
     states = _states(tmp_path)
     assert len(states) == 7 and {states[n] for n in (0, 1, 5, 6)} <= finished
     assert (states[2], states[3], states[4]) == ("FAIL", "FAIL", "FAIL")

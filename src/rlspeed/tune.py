@@ -28,9 +28,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import hashlib
 import math
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -614,15 +616,40 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         medians = "; ".join(f"{'trial ' + str(c['trial']) if c['trial'] is not None else 'starting'} {c['median']:g}"
                             for c in confirmation["candidates"])
         header.append(f"# Chosen: {what}. Median objective on {each} new seeds each: {medians}.")
-    text = "\n".join(header) + "\n" + yaml.safe_dump({setup.env_id: entry}, sort_keys=False)
+    body = yaml.safe_dump({setup.env_id: entry}, sort_keys=False)
+    header.append(f"{_DIGEST_PREFIX}{_body_digest(body)}")
+    text = "\n".join(header) + "\n" + body
     out = Path(context["out"])
     try:
+        if out.is_file() and not _as_written(out.read_text()):
+            # (a preset this study wrote before, edited since: the edit is kept beside the new file)
+            kept = out.with_name(out.name + ".edited")
+            kept.write_text(out.read_text())
+            warnings.warn(f"{out} was edited since rlspeed tune wrote it: the edited file is kept as {kept}.",
+                          stacklevel=2)
         out.parent.mkdir(parents=True, exist_ok=True)
         temporary = out.with_name(out.name + ".tmp")
         temporary.write_text(text)
         temporary.replace(out)
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
+
+
+_DIGEST_PREFIX = "# Content digest (edits are kept aside on a rewrite): "
+
+
+def _body_digest(body: str) -> str:
+    """SHA-256 of a preset's YAML lines (its comments left out)."""
+    lines = [line for line in body.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def _as_written(text: str) -> bool:
+    """Whether a preset file's YAML is what rlspeed tune wrote there (its digest line matches); a file without the
+    line (an older rlspeed's) counts as edited."""
+    recorded = next((line[len(_DIGEST_PREFIX):].strip() for line in text.splitlines()
+                     if line.startswith(_DIGEST_PREFIX)), None)
+    return recorded is not None and recorded == _body_digest(text)
 
 
 def _rounded(value):
