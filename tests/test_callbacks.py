@@ -318,3 +318,18 @@ def test_a_callback_that_refuses_at_the_start_leaves_the_process_float_settings_
     with pytest.raises(UserError):
         model.learn(256, progress_bar=False, callback=StopTrainingOnRewardThreshold(10))
     assert tiny * 1 != 0
+
+
+def test_stock_callbacks_inside_every_n_timesteps_and_eval_callback_slots_do_their_work(tmp_path):
+    """Stable-Baselines3's patterns: EveryNTimesteps(n, CheckpointCallback(1, ...)) saves at each trigger, and a
+    CheckpointCallback as EvalCallback's callback_on_new_best saves each new best (both did nothing: only the
+    child's `_on_step` ran, and these callbacks work in `_on_rollout_end`)."""
+    from rlspeed.callbacks import CheckpointCallback, EvalCallback, EveryNTimesteps
+
+    every = CheckpointCallback(save_freq=1, save_path=tmp_path / "every")
+    on_best = CheckpointCallback(save_freq=1, save_path=tmp_path / "best")
+    evaluator = EvalCallback(n_eval_episodes=2, eval_freq=512, callback_on_new_best=on_best)
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    model.learn(1536, callback=[EveryNTimesteps(700, every), evaluator], progress_bar=False)
+    assert len(every.saved) == 2 and all(path.is_file() for path in every.saved)  # (at 768 and 1536 steps)
+    assert on_best.saved and len(on_best.saved) <= len(evaluator.evaluations_timesteps)

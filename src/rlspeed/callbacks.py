@@ -168,13 +168,16 @@ class BaseCallback:
         pass
 
     def _child_event(self, callback: BaseCallback | None) -> bool:
-        """Run `callback` (a child: callback_on_new_best, ...) as an event of this one; its False stops training."""
+        """Run `callback` (a child: callback_on_new_best, EveryNTimesteps' callback, ...) as an event of this one:
+        its `_on_rollout_end` (where rlspeed's own callbacks, CheckpointCallback or EvalCallback, do their work, each
+        by its own period of env steps), then its `_on_step` (Stable-Baselines3's hook); its False stops training."""
         if callback is None:
             return True
         callback.n_calls += 1
         callback.num_timesteps = self.num_timesteps
         callback.locals, callback.metrics = self.locals, self.metrics
-        return callback._on_step() is not False
+        keep_going = callback._on_rollout_end() is not False
+        return callback._on_step() is not False and keep_going
 
 
 class CallbackList(BaseCallback):
@@ -242,7 +245,9 @@ def as_callback(callback) -> BaseCallback | None:
 
 
 class EveryNTimesteps(BaseCallback):
-    """Runs `callback` (its `_on_step`) at the end of the first iteration after every `n_steps` env steps."""
+    """Runs `callback` (its `_on_rollout_end`, then its `_on_step`) at the end of the first iteration after every
+    `n_steps` env steps; a CheckpointCallback or EvalCallback inside it also keeps its own period (`save_freq=1`
+    or `eval_freq=1`: at every trigger, as in Stable-Baselines3)."""
 
     def __init__(self, n_steps: int, callback: BaseCallback):
         super().__init__()
