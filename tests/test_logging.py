@@ -115,3 +115,18 @@ def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
     assert model.num_timesteps == 1024 and bars[0].bar.total == 1024 and bars[0].bar.n == 1024
     model.learn(2000, progress_bar=True)  # (a second call: two more iterations, from where the first ended)
     assert model.num_timesteps == 3072 and bars[1].bar.total == 2048 and bars[1].bar.n == 2048
+
+
+def test_an_untrained_model_refuses_a_run_dir_with_another_runs_metrics(tmp_path):
+    """learn(run_dir=DIR) on a fresh model where DIR holds metrics.csv: one sentence, the file kept (it was replaced
+    by the new run's rows); the model that wrote it continues the file."""
+    from rlspeed import PPO, UserError
+
+    first = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    first.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    rows = (tmp_path / "metrics.csv").read_text()
+    with pytest.raises(UserError, match="holds the metrics.csv of another run"):
+        PPO("CartPole-v1", seed=1, num_envs=4, num_steps=32).learn(256, progress_bar=False, run_dir=tmp_path)
+    assert (tmp_path / "metrics.csv").read_text() == rows
+    first.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    assert (tmp_path / "metrics.csv").read_text().startswith(rows)

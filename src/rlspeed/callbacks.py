@@ -100,6 +100,12 @@ class BaseCallback:
         return getattr(self.model, "_env", None)
 
     @property
+    def globals(self) -> dict:
+        """Stable-Baselines3's `self.globals`: the module globals of the model's algorithm (what a function callback
+        `fn(locals, globals)` gets); {} before `init_callback`."""
+        return {} if self.model is None else vars(inspect.getmodule(type(self.model)))
+
+    @property
     def logger(self) -> MetricsRecorder:
         """The model's recorder for a callback's own scalars (`logger.record(key, value)`, see `MetricsRecorder`)."""
         return self.model.recorder
@@ -228,7 +234,7 @@ class FunctionCallback(BaseCallback):
 
     def _on_rollout_end(self) -> bool | None:
         if self._with_globals:
-            return self.fn(self.locals, vars(inspect.getmodule(type(self.model))))
+            return self.fn(self.locals, self.globals)
         return self.fn(self.locals)
 
 

@@ -1004,6 +1004,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
         + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     steps_before, started = model.num_timesteps, time.perf_counter()
+    if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
+        (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
     interrupted = None
     with _sigterm_raises():
         try:

@@ -268,7 +268,9 @@ def _algorithm_classes() -> dict[str, type]:
 #: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
 SB3_LEARN_KEYWORDS = {
     "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
-                           "from 0)",
+                           "from 0), while its schedules (DQN's exploration, anneal_lr, anneal_clip) run again over "
+                           "that call's steps: for one schedule over several calls, give the whole budget to one "
+                           "learn call and stop it from a callback",
     "log_interval": "learn(log_interval_s=...) sets how often (in seconds) metrics are read and logged",
     "tb_log_name": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv in DIR",
     "eval_env": "learn(target_return=..., eval_freq=..., eval_episodes=...) evaluates on a separate env, or use "
@@ -702,8 +704,11 @@ class Algorithm:
         from rlspeed.callbacks import as_callback
 
         callbacks = as_callback(callback)
-        env = self.make_training_env()
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
+        if run_dir is not None and main and not self.num_timesteps and (Path(run_dir) / "metrics.csv").exists():
+            raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model (untrained) would "
+                            "replace: give another run_dir, or delete the file first.")
+        env = self.make_training_env()
         # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
         logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None)
                   if run_dir is not None and main else None)
