@@ -333,3 +333,18 @@ def test_stock_callbacks_inside_every_n_timesteps_and_eval_callback_slots_do_the
     model.learn(1536, callback=[EveryNTimesteps(700, every), evaluator], progress_bar=False)
     assert len(every.saved) == 2 and all(path.is_file() for path in every.saved)  # (at 768 and 1536 steps)
     assert on_best.saved and len(on_best.saved) <= len(evaluator.evaluations_timesteps)
+
+
+def test_eval_callback_refuses_a_next_step_vector_env_before_training():
+    """Gymnasium's default vector env (NEXT_STEP autoreset) as eval_env: one sentence naming EvalCallback and the
+    fix, before any step is trained (it came at the first evaluation)."""
+    import gymnasium as gym
+
+    from rlspeed.callbacks import EvalCallback
+
+    envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    with pytest.raises(UserError, match="EvalCallback's eval_env must be made with autoreset_mode"):
+        model.learn(1024, callback=EvalCallback(envs, eval_freq=512), progress_bar=False)
+    assert model.num_timesteps == 0
+    envs.close()

@@ -77,11 +77,12 @@ class MetricsRecorder:
 class BaseCallback:
     """Base of the callbacks `learn(callback=...)` takes; subclasses override the underscore hooks.
 
-    Set before each hook: `model` (the algorithm), `num_timesteps` (env steps so far, all envs), `n_calls` (iterations
-    so far in this learn call), `locals` (learn's local variables at that point; its tensors are on the device, and
-    reading one syncs), `metrics` (the metrics row of a log interval that ended in this iteration, else None) and,
-    in `_on_evaluation`, `evaluation` (learn's evaluation result: mean, std, episodes, returns). Under
-    torch.distributed callbacks run on rank 0 only, and their decision to stop reaches every rank.
+    Set before each hook: `model` (the algorithm), `num_timesteps` (env steps so far, all envs), `n_calls`
+    (iterations this callback has seen, counting on over further learn calls, as SB3's), `locals` (learn's local
+    variables at that point; its tensors are on the device, and reading one syncs), `metrics` (the metrics row of a
+    log interval that ended in this iteration, else None) and, in `_on_evaluation`, `evaluation` (learn's evaluation
+    result: mean, std, episodes, returns). Under torch.distributed callbacks run on rank 0 only, and their decision
+    to stop reaches every rank.
     """
 
     def __init__(self, verbose: int = 0):
@@ -397,6 +398,14 @@ class EvalCallback(BaseCallback):
         self._period = _Period(self.eval_freq)
 
     def _init_callback(self) -> None:
+        import gymnasium as gym
+
+        mode = getattr(getattr(self.eval_env, "metadata", None), "get", lambda key: None)("autoreset_mode")
+        if isinstance(self.eval_env, gym.vector.VectorEnv) and mode not in (None, gym.vector.AutoresetMode.SAME_STEP):
+            # (before training, not at the first evaluation)
+            raise UserError(f"EvalCallback's eval_env must be made with autoreset_mode=AutoresetMode.SAME_STEP (this "
+                            f"one uses {mode}): gymnasium.make_vec(id, n, vector_kwargs={{'autoreset_mode': "
+                            "gymnasium.vector.AutoresetMode.SAME_STEP}).")
         for path in (self.best_model_save_path, self.log_path):
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)
