@@ -554,3 +554,15 @@ def test_dict_keys_beyond_float32s_integers_are_refused():
     with pytest.raises(UserError, match="'cell'"):
         check_packable(gym.spaces.Dict({"cell": gym.spaces.Discrete(2**24 + 2)}), "big-v0")
     check_packable(gym.spaces.Dict({"cell": gym.spaces.Discrete(2**24 + 1)}), "ok-v0")  # (its largest is 2**24)
+
+
+def test_an_eval_freq_without_a_target_evaluates_the_members():
+    """Population.learn(eval_freq=N) with neither a target nor on_eval evaluates every N steps (the curves and the
+    plot were empty), with the final evaluation's seed in each member's entry."""
+    from rlspeed import PPO
+    from rlspeed.population import Population
+
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=16, batch_size=64, n_epochs=1)
+    summary = population.learn(256, eval_freq=128, eval_episodes=2, progress_bar=False)
+    assert all(len(member["curve"]) == 2 for member in summary["members"])
+    assert all(member["final_eval"]["seed"] == member["seed"] + 200_000 + 256 for member in summary["members"])

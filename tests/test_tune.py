@@ -214,3 +214,30 @@ def test_tune_does_not_replace_a_file_it_did_not_write(tmp_path, capsys):
     notes.write_text("my notes\n")
     assert "is not a preset rlspeed tune wrote" in cli_error(capsys, _command(tmp_path, "--out", str(notes)))
     assert notes.read_text() == "my notes\n"
+
+
+def test_a_second_process_on_a_running_study_and_another_studys_preset_are_refused(tmp_path, capsys):
+    """While one process runs a study, another on the same storage and name is refused in one sentence (it marked
+    the first one's running trials failed and crashed it); a preset another study wrote is not rewritten."""
+    import subprocess
+    import sys
+    import time
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from rlspeed.tune import _lock_study\n"
+        f"_lock_study({str(tmp_path / 'study.db')!r}, 'ppo-CartPole-v1')\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert cli.main(_command(tmp_path, "--trials", "2")) == 2
+        assert "Another rlspeed tune is running the study 'ppo-CartPole-v1'" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    (tmp_path / "best.yaml").write_text("# Tuned by rlspeed tune (2026-12-02 10:00 UTC): study 'other' in "
+                                        "sqlite:///elsewhere.db.\nCartPole-v1:\n  learning_rate: 0.001\n")
+    assert cli.main(_command(tmp_path, "--trials", "2")) == 2
+    assert "holds the preset of study 'other'" in capsys.readouterr().err

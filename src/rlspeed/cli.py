@@ -121,11 +121,24 @@ def _parse_set(pairs: list[str]) -> dict:
         if not key:
             raise UserError(f"--set expects key=value, got '{pair}' (no key).")
         try:
-            out[key] = yaml.safe_load(value)
+            out[key] = _exponent_floats(yaml.safe_load(value))
         except (yaml.YAMLError, ValueError, OverflowError):
             raise UserError(f"--set {key}: cannot read value '{value}'.") from None
         _finite_values(key, out[key])
     return out
+
+
+_EXPONENT_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def _exponent_floats(value):
+    """`value` with strings such as `1e-3` as floats (YAML 1.1, which PyYAML reads, takes a number with an exponent
+    but no dot as text: written back to config.yaml unquoted, it would be read back as text again)."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    if isinstance(value, list):
+        return [_exponent_floats(item) for item in value]
+    return value
 
 
 # Constructor arguments that have a flag of their own: `--set` cannot give them (they would arrive twice).
@@ -510,6 +523,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if Path(out).is_file() and not _tune_preset(Path(out)):  # (a preset tune wrote is its own to rewrite)
         raise UserError(f"--out {out} exists and is not a preset rlspeed tune wrote; give another --out, or move it "
                         "away first.")
+    if Path(out).is_file():  # (another study's preset is not this study's to rewrite)
+        from rlspeed.tune import preset_study, storage_url
+
+        written_by = preset_study(Path(out).read_text(errors="replace"))
+        if written_by is not None and written_by != (study_name, storage_url(args.storage)):
+            raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_by[1]}, not of "
+                            f"'{study_name}' in {storage_url(args.storage)}: give another --out.")
     device = resolve_device(args.device)
     configure_threads(args.threads)
     if getattr(args, "preset_message", None):

@@ -30,6 +30,7 @@ import datetime
 import difflib
 import hashlib
 import math
+import re
 import sys
 import time
 import warnings
@@ -305,6 +306,36 @@ def _make_pruner(warmup_steps: int, min_trials: int) -> BatchPruner:
     return BatchMedianPruner()
 
 
+_LOCKS: dict[str, object] = {}  # lock file -> its open handle, for the studies this process runs (until it exits)
+
+
+def _lock_study(storage: str, study_name: str) -> None:
+    """One process at a time per study: an exclusive lock on a file beside a file storage (`study.db.NAME.lock`),
+    held until this process exits; UserError when another process holds it. (A storage URL of a database server is
+    not locked here.)"""
+    if "://" in storage and not storage.startswith("sqlite:///"):
+        return
+    path = Path(storage.removeprefix("sqlite:///"))
+    lock_path = path.with_name(f"{path.name}.{study_name.replace('/', '_')}.lock")
+    if str(lock_path.resolve()) in _LOCKS:  # (this process holds it already: a study run again in one process)
+        return
+    try:
+        import fcntl
+    except ImportError:  # (no fcntl: Windows; the study is not locked)
+        return
+    try:
+        handle = open(lock_path, "w")  # noqa: SIM115 (held open for the process's life)
+    except OSError:  # (a directory that does not exist: opening the study says so)
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UserError(f"Another rlspeed tune is running the study '{study_name}' in {storage_url(storage)}: "
+                        "wait for it to finish (or stop it), or give another --study-name.") from None
+    _LOCKS[str(lock_path.resolve())] = handle
+
+
 def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):
     """The study `study_name` in `storage`, created or loaded (its completed trials' reports given to the pruner);
     UserError when it was made for another setup."""
@@ -388,6 +419,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
                    int(total_timesteps or budget) if target_return is not None else int(budget), progress_bar)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
+    _lock_study(storage, study_name)  # (before marking "stale" trials failed: they may be another process's)
     study = _open_study(storage, study_name, seed, population, budget, record)
     stale = _fail_stale(study)
     if stale:
@@ -636,6 +668,13 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
 
 
 _DIGEST_PREFIX = "# Content digest (edits are kept aside on a rewrite): "
+
+
+def preset_study(text: str) -> tuple[str, str] | None:
+    """(study name, storage URL) a preset file says it was written for (its first line), or None."""
+    match = re.match(rf"{re.escape(PRESET_HEADER)} \([^)]*\): study '(.*)' in (\S+)\.\s*$",
+                     text.splitlines()[0] if text else "")
+    return (match.group(1), match.group(2)) if match else None
 
 
 def _body_digest(body: str) -> str:

@@ -1003,24 +1003,25 @@ class PopulationBase:
         callers that must know before (the CLI, before it makes a run directory). Populations without a replay
         buffer have nothing to check."""
 
-    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int = 10_000,
+    def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int | None = None,
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
               stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True) -> dict:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
-        excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
+        default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
         `Algorithm.learn` confirms one).
 
         `stop="each"`: a member that reached its target leaves the computation and stops being counted;
         `stop="all"`: it keeps training with the others until all have reached.
 
-        `on_eval(num_timesteps, means)`, called after each evaluation (evaluations run when a target or `on_eval` is
-        given) with the evaluated means of the members in the population at that evaluation (original indices,
-        including those that reached the target at it), returns the members to prune (an iterable of original
-        indices, or None): they leave the computation and their summary entry says `"pruned_at": num_timesteps`.
-        Members that already left (those that reached the target with `stop="each"` among them) are ignored.
+        `on_eval(num_timesteps, means)`, called after each evaluation (evaluations run when a target, `on_eval` or
+        `eval_freq` is given) with the evaluated means of the members in the population at that evaluation (original
+        indices, including those that reached the target at it), returns the members to prune (an iterable of
+        original indices, or None): they leave the computation and their summary entry says `"pruned_at":
+        num_timesteps`. Members that already left (those that reached the target with `stop="each"` among them) are
+        ignored.
 
         A member whose parameters stop being finite is dropped with a warning (`"diverged_at"` in its entry, no
         final evaluation); the others are untouched. Members are checked after every iteration where
@@ -1045,6 +1046,9 @@ class PopulationBase:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        # members are evaluated towards a target, for `on_eval`, or where an evaluation frequency is given
+        evaluating = target_return is not None or on_eval is not None or eval_freq is not None
+        eval_freq = 10_000 if eval_freq is None else eval_freq
         if eval_freq <= 0:
             raise UserError(f"eval_freq must be positive, got {eval_freq}.")
         if checkpoint_freq is not None and (checkpoint_freq <= 0 or run_dir is None):
@@ -1056,7 +1060,6 @@ class PopulationBase:
         end = self.num_timesteps + int(total_timesteps)
         loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
                 _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
-        evaluating = target_return is not None or on_eval is not None
         bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
                           desc=f"{self.algo_name} {self.env_id} x{self.size}")
         try:
@@ -1142,14 +1145,17 @@ class PopulationBase:
         """`learn`'s summary after its loop: a final evaluation of every member that did not diverge, each member's
         entry and the aggregates."""
         scored = [k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})]
-        final_means = (self.evaluate([self.seeds[k] + 200_000 + self.num_timesteps for k in scored], eval_episodes,
-                                     scored).tolist() if scored else [])
+        final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
+        final_means = (self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()
+                       if scored else [])
         final = dict(zip(scored, final_means))
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
                      "time_to_target_s": loop.time_to_target_s[k], "steps_to_target": loop.steps_to_target[k],
-                     "final_eval": ({"mean": final[k], "episodes": eval_episodes} if k in final else None),
+                     # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
+                     "final_eval": ({"mean": final[k], "episodes": eval_episodes, "seed": final_seeds[k]}
+                                    if k in final else None),
                      "curve": loop.curves[k]}
             entry.update(loop.left.get(k, {}))
             members.append(entry)
