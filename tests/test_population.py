@@ -566,3 +566,12 @@ def test_an_eval_freq_without_a_target_evaluates_the_members():
     summary = population.learn(256, eval_freq=128, eval_episodes=2, progress_bar=False)
     assert all(len(member["curve"]) == 2 for member in summary["members"])
     assert all(member["final_eval"]["seed"] == member["seed"] + 200_000 + 256 for member in summary["members"])
+
+
+def test_evaluate_refuses_a_member_outside_the_population():
+    from rlspeed import PPO, UserError
+    from rlspeed.population import Population
+
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], num_envs=4, num_steps=16, batch_size=64, n_epochs=1)
+    with pytest.raises(UserError, match="members takes indices 0-2 of this population of 3, got 7"):
+        population.evaluate(members=[7])

@@ -241,3 +241,14 @@ def test_a_second_process_on_a_running_study_and_another_studys_preset_are_refus
                                         "sqlite:///elsewhere.db.\nCartPole-v1:\n  learning_rate: 0.001\n")
     assert cli.main(_command(tmp_path, "--trials", "2")) == 2
     assert "holds the preset of study 'other'" in capsys.readouterr().err
+
+
+def test_a_search_space_written_with_exponents_reads_them_as_numbers(tmp_path):
+    """`low: 1e-5` (text to YAML 1.1, which PyYAML reads) is the number 1e-5 in a search-space file."""
+    from rlspeed.algos import PPO
+    from rlspeed.tune import load_search_space
+
+    path = tmp_path / "space.yaml"
+    path.write_text("learning_rate: {low: 1e-5, high: 1e-2, log: true}\n")
+    space, _ = load_search_space(path, PPO, {}, ())
+    assert space["learning_rate"]["low"] == 1e-5 and space["learning_rate"]["high"] == 1e-2

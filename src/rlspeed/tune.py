@@ -170,6 +170,9 @@ def _check_spec(where: str, key: str, spec) -> None:
         if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
             raise UserError(f"{where}: {key}: choices must be a non-empty list, alone.")
         return
+    for bound in ("low", "high"):  # (YAML 1.1 reads 1e-5, an exponent without a dot, as text)
+        if isinstance(spec.get(bound), str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", spec[bound]):
+            spec[bound] = float(spec[bound])
     low, high = spec.get("low"), spec.get("high")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
         raise UserError(f"{where}: {key} needs numbers low and high, got low={low!r}, high={high!r}.")

@@ -613,6 +613,14 @@ class PopulationBase:
                  ) -> torch.Tensor:
         raise NotImplementedError
 
+    def _check_members(self, members: Sequence[int]) -> None:
+        """UserError for a member index outside the population (`evaluate(members=...)`)."""
+        bad = [k for k in members
+               if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < self.size]
+        if bad:
+            raise UserError(f"members takes indices 0-{self.size - 1} of this population of {self.size}, got "
+                            f"{bad[0]!r}.")
+
     def _evaluation_seeds(self, seeds: Sequence[int] | None, members: Sequence[int]) -> list[int]:
         """`evaluate`'s env seeds, one per member evaluated: `seeds` (UserError for another count), or by default
         each member's seed + 1,000,000 (as `rlspeed train` seeds a solo run's final evaluation)."""

@@ -1042,6 +1042,7 @@ class OffPolicyPopulation(PopulationBase):
         `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
         left with."""
         members = list(self.alive) if members is None else list(members)
+        self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)
         actor = self._actor_of(members)
         count = len(members)

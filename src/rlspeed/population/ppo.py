@@ -570,6 +570,7 @@ class PPOPopulation(PopulationBase):
             members, params = list(self.alive), self.params
         else:
             members = list(members)
+            self._check_members(members)
             self._store_alive()
             params = [final[members] for final in self._final_params]
         seeds = self._evaluation_seeds(seeds, members)
