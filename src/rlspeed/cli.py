@@ -136,8 +136,9 @@ def _exponent_floats(value):
     but no dot as text: written back to config.yaml unquoted, it would be read back as text again)."""
     if isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
         return float(value)
-    if isinstance(value, list):
-        return [_exponent_floats(item) for item in value]
+    if isinstance(value, list):  # (one level: per-member lists; a YAML alias can make a list contain itself)
+        return [float(item) if isinstance(item, str) and _EXPONENT_NUMBER.fullmatch(item.strip()) else item
+                for item in value]
     return value
 
 
