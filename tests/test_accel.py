@@ -405,18 +405,21 @@ def test_first_calls_of_a_small_model_run_plain_without_searching(monkeypatch):
     assert not os.path.isdir(os.path.join(os.environ["RLSPEED_CACHE_DIR"], "accel"))  # nothing decided, nothing cached
 
 
+class _HalfSecondCalls:
+    """A `time` module whose perf_counter advances 0.25 s per read: a call timed by two reads takes 0.5 s."""
+
+    now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.25
+        return self.now
+
+
 def test_a_kind_of_call_is_searched_once_its_calls_pay_for_the_search(monkeypatch):
     _two_candidates(monkeypatch)
     # A clock on which every plain call takes 0.5 s, and a search expected to cost as much as 49.5 calls' share:
     # the search is due once 50 calls have run.
-    class Clock:
-        now = 0.0
-
-        def perf_counter(self) -> float:
-            self.now += 0.25
-            return self.now
-
-    monkeypatch.setattr("rlspeed.accel.module.time", Clock())
+    monkeypatch.setattr("rlspeed.accel.module.time", _HalfSecondCalls())
     monkeypatch.setattr("rlspeed.accel.module.expected_search_s",
                         lambda per_call_s, *counts: 0.03 * (49.5 * per_call_s or 1e-12))
     monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 0.03)
@@ -501,15 +504,8 @@ def test_a_step_runs_plain_until_its_calls_pay_for_the_search_then_uses_the_cach
     monkeypatch.setattr("rlspeed.accel.step.candidates",
                         lambda *a, **k: ([EAGER_FP32, Strategy("bf16")], []))
 
-    class Clock:  # every plain step takes 0.5 s
-        now = 0.0
-
-        def perf_counter(self) -> float:
-            self.now += 0.25
-            return self.now
-
-    monkeypatch.setattr("rlspeed.accel.step.time", Clock())
-    monkeypatch.setattr("rlspeed.accel.step.expected_search_s",
+    monkeypatch.setattr("rlspeed.accel.step.time", _HalfSecondCalls())  # every plain step takes 0.5 s
+    monkeypatch.setattr("rlspeed.accel.module.expected_search_s",
                         lambda per_call_s, *counts: 0.03 * (9.5 * per_call_s or 1e-12))
     monkeypatch.setattr("rlspeed.accel.module.SEARCH_COST_SHARE", 0.03)
     _, plain_losses = _train_plain(steps=10)
@@ -518,7 +514,7 @@ def test_a_step_runs_plain_until_its_calls_pay_for_the_search_then_uses_the_cach
                            fused_optimizer=False)
     losses = torch.stack([step(inputs, targets) for _ in range(10)])
     assert torch.equal(losses, plain_losses)  # the plain step, bit for bit, while it waits
-    assert [d.source for d in step.report.decisions] == ["waiting"] and "fp32 until the step" in str(step.report)
+    assert [d.source for d in step.report.decisions] == ["waiting"] and "fp32 eager until the step" in str(step.report)
     step(inputs, targets)  # 10 calls of 0.5 s pay for the search
     decision, = step.report.decisions
     assert decision.source == "search" and "after 10 fp32 calls" in decision.reason

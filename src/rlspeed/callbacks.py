@@ -400,12 +400,10 @@ class EvalCallback(BaseCallback):
     def _init_callback(self) -> None:
         import gymnasium as gym
 
-        mode = getattr(getattr(self.eval_env, "metadata", None), "get", lambda key: None)("autoreset_mode")
-        if isinstance(self.eval_env, gym.vector.VectorEnv) and mode not in (None, gym.vector.AutoresetMode.SAME_STEP):
-            # (before training, not at the first evaluation)
-            raise UserError(f"EvalCallback's eval_env must be made with autoreset_mode=AutoresetMode.SAME_STEP (this "
-                            f"one uses {mode}): gymnasium.make_vec(id, n, vector_kwargs={{'autoreset_mode': "
-                            "gymnasium.vector.AutoresetMode.SAME_STEP}).")
+        from rlspeed.envs.gymnasium_env import check_same_step
+
+        if isinstance(self.eval_env, gym.vector.VectorEnv):  # (before training, not at the first evaluation)
+            check_same_step(self.eval_env, "EvalCallback's eval_env must be")
         for path in (self.best_model_save_path, self.log_path):
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)

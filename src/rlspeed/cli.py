@@ -43,20 +43,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM during training, raised like Ctrl-C's KeyboardInterrupt so that the same path saves the run."""
 
 
-_COMMANDS = ("train", "tune", "eval", "profile", "export", "doctor")
-
-
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
 
     def error(self, message: str):
         # "argument --steps: must be positive" reads better as "--steps must be positive"
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
-        prog = self.prog
-        command = next((arg for arg in sys.argv[1:] if arg in _COMMANDS), None) if prog == "rlspeed" else None
-        if command is not None and message.startswith("unrecognized arguments"):
-            prog = f"rlspeed {command}"  # (options after the command are checked by the top parser)
-        raise UserError(f"{message} (see '{prog} --help').")
+        raise UserError(f"{message} (see '{self.prog} --help').")
 
 
 def _whole(minimum: int):
@@ -730,16 +723,12 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
 def _write_text(path: Path, text: str) -> None:
     """Write `path` whole or not at all (a temporary file renamed over it: another process reading it, such as a
     torchrun worker reading config.yaml, never sees it half written)."""
-    from rlspeed.checkpoint import plain_file_mode
-
+    temporary = path.with_name(f".{path.name}.tmp")  # (written by rank 0 alone; a plain write's mode)
     try:
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as stream:
-            stream.write(text)
-        plain_file_mode(stream.name)
-        os.replace(stream.name, path)
+        temporary.write_text(text)
+        temporary.replace(path)
     except OSError as error:
-        with contextlib.suppress(OSError, NameError):
-            os.unlink(stream.name)
+        temporary.unlink(missing_ok=True)
         raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
 
 
@@ -1492,7 +1481,12 @@ def _main(argv: list[str]) -> int:
     except UserError as error:
         if "--debug" in argv:
             raise
-        print(f"rlspeed: error: {_one_line(str(error))}", file=sys.stderr)
+        text = _one_line(str(error))
+        command = next((arg for arg in argv if not arg.startswith("-")), None)
+        if text.startswith("unrecognized arguments") and command is not None:
+            # (options after the command are checked by the top parser: point to the command's own help)
+            text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
+        print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
     try:

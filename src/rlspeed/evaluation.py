@@ -114,12 +114,21 @@ def _check_compatible(model, env) -> None:
     """UserError unless `env` has the observations (shapes and dtypes, per key) and action space `model` was trained
     on."""
     trained, given = model.spec, env.spec
-    if (observation_signature(trained.observation_space) == observation_signature(given.observation_space)
-            and _action_signature(trained.action_space) == _action_signature(given.action_space)):
+    if not space_mismatch(trained, given):
         return
     raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
                     f"does not fit this model, trained on {trained.env_id} (observations "
                     f"{trained.observation_space}, actions {trained.action_space}).")
+
+
+def space_mismatch(trained, given, action_bounds: bool = False) -> list[str]:
+    """What of `given` (an EnvSpec) one model trained on `trained` cannot take: "observations" (shapes and dtypes per
+    key), "actions" (a Box's shape; with `action_bounds`, its bounds too, which actions are scaled to)."""
+    same_actions = (space_to_json(trained.action_space) == space_to_json(given.action_space) if action_bounds
+                    else _action_signature(trained.action_space) == _action_signature(given.action_space))
+    return [what for what, same in (
+        ("observations", _observation_signature(trained.observation_space) == _observation_signature(
+            given.observation_space)), ("actions", same_actions)) if not same]
 
 
 def _action_signature(space) -> object:
@@ -130,13 +139,13 @@ def _action_signature(space) -> object:
     return ("box", tuple(space.shape)) if isinstance(space, gym.spaces.Box) else space_to_json(space)
 
 
-def observation_signature(space) -> object:
+def _observation_signature(space) -> object:
     """What an observation space must share with another for one model to take both: shapes and dtypes per key, and
     the sizes of Discrete-like spaces (their one-hot width); a Box's bounds may differ."""
     import gymnasium as gym
 
     if isinstance(space, gym.spaces.Dict):
-        return {key: observation_signature(sub) for key, sub in space.spaces.items()}
+        return {key: _observation_signature(sub) for key, sub in space.spaces.items()}
     if isinstance(space, gym.spaces.Box):
         return observation_layout(space)
     return space_to_json(space)

@@ -268,13 +268,7 @@ class ModuleAccelerator:
         return outputs
 
     def _search_due(self, waiting: _Waiting) -> bool:
-        """Whether the calls of a waiting kind have taken long enough to pay for its search; otherwise the
-        threshold is raised to what the search is now expected to cost (it grows with the time per call)."""
-        per_call = waiting.spent_s / waiting.calls if waiting.calls else 0.0
-        waiting.threshold_s = expected_search_s(per_call, *self._candidate_counts) / SEARCH_COST_SHARE
-        waiting.decision.reason = (f"fp32 eager until calls like this have taken {waiting.threshold_s:.3g} s, so that "
-                                   f"a search costs at most {SEARCH_COST_SHARE:.0%} of their time")
-        return waiting.spent_s >= waiting.threshold_s
+        return waiting.search_due(*self._candidate_counts, what="calls like this")
 
     @staticmethod
     def _signature(module: nn.Module, args: tuple, kwargs: dict) -> tuple:
@@ -448,6 +442,17 @@ class _Waiting:
 
     def __init__(self, decision: Decision):
         self.decision, self.spent_s, self.calls, self.threshold_s = decision, 0.0, 0, 0.0
+
+    def search_due(self, eager: int, compiled: int, what: str) -> bool:
+        """Whether the calls (`what`, for the reason) have taken long enough to pay for a search of `eager` and
+        `compiled` candidates; otherwise the threshold is raised to what the search is now expected to cost (it grows
+        with the time per call). The rule of module calls and of steps alike."""
+        per_call = self.spent_s / self.calls if self.calls else 0.0
+        self.threshold_s = expected_search_s(per_call, eager, compiled) / SEARCH_COST_SHARE
+        label = "fp32 eager" if self.decision.chosen == EAGER_FP32 else self.decision.chosen.label
+        self.decision.reason = (f"{label} until {what} have taken {self.threshold_s:.3g} s, so that a search costs at "
+                                f"most {SEARCH_COST_SHARE:.0%} of their time")
+        return self.spent_s >= self.threshold_s
 
 
 class _OpaqueOutputs(Exception):

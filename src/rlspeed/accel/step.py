@@ -45,7 +45,7 @@ from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
 from rlspeed.accel.introspect import reachable_submodules
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import expected_search_s, run_search, store_choice
+from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
     Request,
     Strategy,
@@ -278,16 +278,8 @@ class AcceleratedStep:
         return strategy
 
     def _search_due(self, waiting) -> bool:
-        """Whether the fp32 calls so far have taken long enough to pay for the search (its expected cost grows with
-        the time per call)."""
-        per_call = waiting.spent_s / waiting.calls if waiting.calls else 0.0
         compiled = sum(1 for c in self._candidates if c.compile != "off")
-        share = module_policy.SEARCH_COST_SHARE
-        waiting.threshold_s = expected_search_s(per_call, len(self._candidates) - compiled, compiled) / share
-        waiting.decision.reason = (f"{waiting.decision.chosen.label} until the step's calls have taken "
-                                   f"{waiting.threshold_s:.3g} s, so that a search costs at most {share:.0%} of "
-                                   "their time")
-        return waiting.spent_s >= waiting.threshold_s
+        return waiting.search_due(len(self._candidates) - compiled, compiled, what="the step's calls")
 
     def _search_after_waiting(self, args: tuple, kwargs: dict) -> Strategy:
         """Search on this call's inputs once waiting has paid for it, and use the choice from this call on."""

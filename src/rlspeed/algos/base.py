@@ -297,12 +297,9 @@ def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]], always: b
 def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
     """UserError unless an env given to `load` has the saved model's spaces: the observations' shapes and dtypes
     (per key), and the same action space (a Box's bounds too: actions are scaled to them)."""
-    from rlspeed.evaluation import observation_signature
+    from rlspeed.evaluation import space_mismatch
 
-    differ = [what for what, same in (
-        ("observations", observation_signature(given.observation_space) == observation_signature(
-            saved.observation_space)),
-        ("actions", space_to_json(given.action_space) == space_to_json(saved.action_space))) if not same]
+    differ = space_mismatch(saved, given, action_bounds=True)
     if not differ:
         return
     what = " and ".join(differ)
@@ -1126,7 +1123,7 @@ class Algorithm:
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                        meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space)
         if env is not None:
-            made = not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env)
+            made = isinstance(env, str)  # (an id: this call makes the env)
             env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
             try:
                 _check_env_fits(env.spec, spec, path)

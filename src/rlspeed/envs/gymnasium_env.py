@@ -131,6 +131,24 @@ def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch
     return host_to(flags, device)
 
 
+def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> None:
+    """UserError unless a Gymnasium vector env resets finished envs in the same step (`who`: the sentence's start)."""
+    mode = vector_env.metadata.get("autoreset_mode")
+    if mode is not None and mode != gym.vector.AutoresetMode.SAME_STEP:
+        raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP (this one uses {mode}): "
+                        "gymnasium.make_vec(id, n, vector_kwargs={'autoreset_mode': "
+                        "gymnasium.vector.AutoresetMode.SAME_STEP}).")
+
+
+def add_success(adapter, out_info: dict, successes: dict) -> None:
+    """`info["is_success"]` (`success_flags`) on an adapter's step info, on every step once one of its finished
+    episodes has reported it (`adapter.reports_success`): rows whose env said nothing read False."""
+    if successes:
+        adapter.reports_success = True
+    if adapter.reports_success:
+        out_info["is_success"] = success_flags(successes, adapter.num_envs, adapter.device)
+
+
 def _has_mask_method(env) -> bool:
     """Whether a Gymnasium env (through its wrappers) has sb3-contrib's `action_masks()` method."""
     try:
@@ -336,10 +354,7 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
         else:
-            mode = vector_env.metadata.get("autoreset_mode")
-            if mode is not None and mode != gym.vector.AutoresetMode.SAME_STEP:
-                raise UserError("Pass a Gymnasium vector env made with autoreset_mode=AutoresetMode.SAME_STEP "
-                                f"(this one uses {mode}).")
+            check_same_step(vector_env)
             spec = _vector_env_spec(vector_env)
             # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id)
             registered = registered_vector_env_id(vector_env) is not None
@@ -380,14 +395,6 @@ class GymnasiumEnv(BatchedEnv):
                         probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
         self.reports_success = False  # (True once a finished episode's info has "is_success")
-
-    def _add_success(self, out_info: dict, successes: dict) -> None:
-        """`info["is_success"]` (bool `[N]`, read where `info["done"]`) from the finished rows' last info, on every
-        step once an episode has reported it (`reports_success`): rows whose env said nothing read False."""
-        if successes:
-            self.reports_success = True
-        if self.reports_success:
-            out_info["is_success"] = success_flags(successes, self.num_envs, self.device)
 
     def _masks(self, info_masks, source: str) -> torch.Tensor | None:
         """The step's action masks as bool `[N, n]` on the device, None when the env gives none."""
@@ -495,7 +502,7 @@ class GymnasiumEnv(BatchedEnv):
                 out_info["action_mask"] = self._masks(masks, source)
                 out_info["final_action_mask"] = final_action_masks(out_info["action_mask"], self._final_masks,
                                                                    self.spec.action_space, source)
-            self._add_success(out_info, self._successes)
+            add_success(self, out_info, self._successes)
             return (obs_t, host_to(reward, self.device), host_to(terminated, self.device),
                     host_to(truncated, self.device), out_info)
         self.step_send(actions)
@@ -528,25 +535,21 @@ class GymnasiumEnv(BatchedEnv):
         obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
                                        None if self._float_vector else self._host)
         out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
+        final_info = info.get("final_info") or {}  # (the finished envs' last infos, before their reset)
         if self.has_action_masks:
             if not self._mask_method and "action_mask" not in info:
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
                                 "on every step and reset, or pass use_masking=false.")
             out_info["action_mask"] = self._masks(info.get("action_mask"), source)
-            final_info = info.get("final_info") or {}
             if not len(finished):
                 out_info["final_action_mask"] = out_info["action_mask"]
             elif not self._mask_method and "action_mask" in final_info:  # (the envs' masks before their reset)
                 out_info["final_action_mask"] = final_action_masks(
                     out_info["action_mask"], {int(row): final_info["action_mask"][row] for row in finished},
                     self.spec.action_space, source)
-        final_info = info.get("final_info") or {}
-        if "is_success" in final_info:
-            reported = np.asarray(final_info.get("_is_success", np.ones(self.num_envs, dtype=bool)), dtype=bool)
-            self._add_success(out_info, {int(row): final_info["is_success"][row] for row in finished
-                                         if reported[row]})
-        else:
-            self._add_success(out_info, {})
+        reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
+        add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
+                                     if "is_success" in final_info and (not reported.size or reported[row])})
         return (obs_t,
                 host_to(np.asarray(reward, dtype=np.float32), self.device),
                 host_to(np.asarray(terminated, dtype=bool), self.device),

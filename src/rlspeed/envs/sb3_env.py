@@ -19,12 +19,12 @@ from rlspeed.envs.gymnasium_env import (
     HostObservations,
     _to_numpy_actions,
     _vector_env_spec,
+    add_success,
     check_action_masks,
     host_tensor,
     mask_size,
     obs_and_final,
     registered_vector_env_id,
-    success_flags,
     to_device,
 )
 
@@ -97,10 +97,7 @@ class SB3VecEnv(BatchedEnv):
             obs_t, final_t = obs_and_final(obs, finished, self.device,
                                            lambda row: infos[row]["terminal_observation"], self._host)
         info = {"final_obs": final_t, "final_rows": finished, **self._masks()}
-        successes = {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]}
-        self.reports_success = self.reports_success or bool(successes)
-        if self.reports_success:
-            info["is_success"] = success_flags(successes, self.num_envs, self.device)
+        add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
                 info)
