@@ -159,6 +159,8 @@ def test_eval_callback_evaluates_on_a_vector_env_the_user_built():
     model.learn(384, callback=evaluation, progress_bar=False)
     assert evaluation.evaluations_timesteps == [128, 256, 384]
     assert all(len(returns) == 4 and max(returns) <= 30 for returns in evaluation.evaluations_results)
+    # (CartPole pays 1 per step: each episode's length is its return)
+    assert evaluation.evaluations_length == [[int(r) for r in rs] for rs in evaluation.evaluations_results]
 
 
 def test_callback_list_stops_when_any_member_stops_and_runs_all():
@@ -188,6 +190,7 @@ def test_eval_callback_saves_the_best_model_and_it_reproduces_its_score(tmp_path
     logged = np.load(tmp_path / "logs" / "evaluations.npz")
     assert logged["timesteps"].tolist() == callback.evaluations_timesteps
     assert logged["results"].shape == (4, 3)
+    assert logged["ep_lengths"].tolist() == logged["results"].astype(int).tolist()  # (CartPole: 1 per step)
 
 
 def test_stop_on_reward_threshold_as_new_best_child_stops_at_the_first_evaluation():

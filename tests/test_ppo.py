@@ -95,9 +95,10 @@ def test_evaluate_counts_episodes_cut_by_max_steps_with_their_return_so_far():
     with pytest.warns(UserWarning, match="still running after 5 steps"):
         result = rlspeed.evaluate(model, "CartPole-v1", episodes=4, seed=0, max_steps=5)
     # CartPole pays 1 per step and no episode of an untrained policy ends within 5 steps from a near-upright start
-    assert result["unfinished"] == 4 and result["returns"] == [5.0] * 4
+    assert result["unfinished"] == 4 and result["returns"] == [5.0] * 4 and result["lengths"] == [5] * 4
     full = rlspeed.evaluate(model, "CartPole-v1", episodes=4, seed=0)
     assert full["unfinished"] == 0 and all(1.0 <= r <= 500.0 for r in full["returns"])
+    assert full["lengths"] == [int(r) for r in full["returns"]]  # (one reward per step: a length is its return)
 
 
 class OffsetActions(gym.Env):

@@ -69,7 +69,7 @@ def test_study_resumes_after_an_interruption(tmp_path, monkeypatch, capsys):
     assert len(_states(tmp_path)) == 7
 
 
-def test_written_preset_trains_with_preset_file(tmp_path):
+def test_written_preset_trains_with_preset_file(tmp_path, capsys):
     assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "4")) == 0
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
     # the completed trials (best first) and the starting configuration, each trained again on 4 new seeds; the
@@ -92,6 +92,10 @@ def test_written_preset_trains_with_preset_file(tmp_path):
     assert config["eval_freq"] == 128
     assert config["hyperparameters"]["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
     assert config["hyperparameters"]["num_steps"] == 16
+    # the file names the algorithm it was tuned for: another one is refused in one sentence, not on a key it lacks
+    assert cli.main(["train", "a2c", "CartPole-v1", "--preset", str(tmp_path / "best.yaml"), "--total-timesteps",
+                     "128", "--no-progress", "--out", str(tmp_path / "a2c")]) == 2
+    assert "was tuned for ppo by rlspeed tune, not for a2c" in capsys.readouterr().err
 
 
 class _PruneOdd(optuna.pruners.BasePruner):

@@ -348,13 +348,13 @@ class EvalCallback(BaseCallback):
     built (Gymnasium's or Stable-Baselines3's, a separate instance from the training env, kept open and reset for
     each evaluation: one episode per env, so `n_eval_episodes` is its size), for envs that have no registered id.
 
-    With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the
-    algorithm's `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation;
-    either returning False stops training. With `log_path`, `evaluations.npz` holds `timesteps` and `results` (the
-    episode returns per evaluation), and `successes` (per episode, as SB3's) where the env reports
-    `info["is_success"]`; `last_success_rate` is the last evaluation's share of successes. Each evaluation is seeded
-    (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the saved best model
-    gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs,
+    With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the algorithm's
+    `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation; either
+    returning False stops training. With `log_path`, `evaluations.npz` holds `timesteps`, `results` and `ep_lengths`
+    (the episode returns and lengths per evaluation), and `successes` (per episode) where the env reports
+    `info["is_success"]`, as SB3's; `last_success_rate` is the last evaluation's share of successes. Each evaluation is
+    seeded (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the saved best
+    model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs,
     not calls.
     """
 
@@ -393,6 +393,7 @@ class EvalCallback(BaseCallback):
         self.best_eval_seed: int | None = None
         self.evaluations_timesteps: list[int] = []
         self.evaluations_results: list[list[float]] = []
+        self.evaluations_length: list[list[int]] = []
         self.evaluations_successes: list[list[bool]] = []  # (envs that report info["is_success"])
         self.last_success_rate: float | None = None
         self._period = _Period(self.eval_freq)
@@ -432,6 +433,7 @@ class EvalCallback(BaseCallback):
         self.last_mean_reward = result["mean"]
         self.evaluations_timesteps.append(self.num_timesteps)
         self.evaluations_results.append(result["returns"])
+        self.evaluations_length.append(result["lengths"])
         success = ""
         if "successes" in result:
             self.evaluations_successes.append(result["successes"])
@@ -441,7 +443,8 @@ class EvalCallback(BaseCallback):
         if self.log_path is not None:
             successes = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
             np.savez(self.log_path / "evaluations.npz", timesteps=np.array(self.evaluations_timesteps),
-                     results=np.array(self.evaluations_results), **successes)
+                     results=np.array(self.evaluations_results), ep_lengths=np.array(self.evaluations_length),
+                     **successes)
         if self.verbose:
             print(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- {result['std']:.2f}"
                   f"{success}")

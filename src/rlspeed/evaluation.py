@@ -19,20 +19,19 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
              max_steps: int | None = None) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
-    Returns ``{"mean", "std", "episodes", "returns", "unfinished"}``, and ``"successes"`` (per episode, whether its
-    last info said ``is_success``) with ``"success_rate"`` (their share of the finished episodes) where the env
-    reports ``info["is_success"]``. The env is new (seeded with `seed`), not the training env, and rewards are the
-    env's own (no normalisation). `env_id` may also be a vector env you built (one episode per env: `episodes` its
-    size), which this call resets and leaves open: give a separate instance built as the training env was, not the
-    training env itself (a `VecNormalize` with `training=False, norm_reward=False`). Observations are normalised by
-    the model's frozen statistics when it was trained with observation normalisation. `backend="auto"` on the
-    model's own env id uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)` equals
-    `model.evaluate(seed=s)`. Where the env gives action masks (`info["action_mask"]`) and the model takes them (its
-    `use_masking`), the deterministic policy is masked too: it never picks a masked action. Atari games that wait
-    for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of
-    the policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after
-    `max_steps` (default: the env's time limit, else 10,000) count with the return they had collected by then, with
-    a warning.
+    Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
+    and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
+    the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`), not the
+    training env, and rewards are the env's own (no normalisation). `env_id` may also be a vector env you built (one
+    episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built as the
+    training env was, not the training env itself (a `VecNormalize` with `training=False, norm_reward=False`).
+    Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
+    `backend="auto"` on the model's own env id uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)`
+    equals `model.evaluate(seed=s)`. Where the env gives action masks (`info["action_mask"]`) and the model takes them
+    (its `use_masking`), the deterministic policy is masked too: it never picks a masked action. Atari games that wait
+    for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of the
+    policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after `max_steps`
+    (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     """
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
@@ -53,8 +52,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
                                         evaluation=True))
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
     returns = torch.zeros(episodes, device=env.device)
+    lengths = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
-    running = returns
+    running, running_lengths = returns, lengths
     succeeded = None  # (an env reporting info["is_success"]: each first episode's)
     try:
         _check_compatible(model, env)
@@ -74,11 +74,13 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
             episode_start = info["done"]
             newly_done = info["done"] & ~finished
             returns = torch.where(newly_done, info["episode_return"], returns)
+            lengths = torch.where(newly_done, info["episode_length"], lengths)
             if "is_success" in info:
                 succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
                     newly_done & info["is_success"])
             finished |= info["done"]
-            running = info["episode_return"]  # the running return of rows still in their first episode
+            # the running return and length of rows still in their first episode
+            running, running_lengths = info["episode_return"], info["episode_length"]
             # Device-native envs are checked every few steps only, to avoid a host sync per step.
             if step % check_every == 0 and bool(finished.all()):
                 break
@@ -88,12 +90,14 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     unfinished = int((~finished).sum())
     if unfinished:
         returns = torch.where(finished, returns, running)
+        lengths = torch.where(finished, lengths, running_lengths)
         warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; "
                       "they count with the return collected so far (pass max_steps= to run longer).", stacklevel=2)
     values = returns.cpu().tolist()
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-    result = {"mean": mean, "std": std, "episodes": episodes, "returns": values, "unfinished": unfinished}
+    result = {"mean": mean, "std": std, "episodes": episodes, "returns": values,
+              "lengths": [int(n) for n in lengths.cpu().tolist()], "unfinished": unfinished}
     if succeeded is not None:
         result["successes"] = succeeded.cpu().tolist()
         if unfinished < episodes:

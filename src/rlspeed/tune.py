@@ -621,6 +621,8 @@ def _best_line(best: dict | None, target_return: float | None) -> str:
 
 #: How the first line of a preset `rlspeed tune` writes begins (the CLI rewrites such a file, and no other, at --out)
 PRESET_HEADER = "# Tuned by rlspeed tune"
+#: How its line naming the algorithm begins (`rlspeed train` with another algorithm refuses the file)
+PRESET_ALGORITHM = "# For: rlspeed train "
 
 
 def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, context: dict) -> None:
@@ -635,6 +637,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     entry.update({key: _rounded(value) for key, value in best["hyperparameters"].items()})
     header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
               f"'{context['study_name']}' in {storage_url(context['storage'])}."]
+    header.append(f"{PRESET_ALGORITHM}{setup.algo_cls.name} (its hyperparameters are {setup.algo_cls.__name__}'s)")
     if context["command"]:
         header.append(f"# Command: {context['command']}")
     if best["number"] is not None:
@@ -671,6 +674,12 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
 
 
 _DIGEST_PREFIX = "# Content digest (edits are kept aside on a rewrite): "
+
+
+def preset_algorithm(text: str) -> str | None:
+    """The algorithm (CLI name) a preset `rlspeed tune` wrote was tuned for (its `PRESET_ALGORITHM` line), or None."""
+    return next((line[len(PRESET_ALGORITHM):].split()[0] for line in text.splitlines()
+                 if line.startswith(PRESET_ALGORITHM) and line[len(PRESET_ALGORITHM):].strip()), None)
 
 
 def preset_study(text: str) -> tuple[str, str] | None:

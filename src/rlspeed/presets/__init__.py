@@ -135,9 +135,14 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     if not path.is_file():
         raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        data = yaml.safe_load(text)
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
+    tuned_for = _tuned_algorithm(text)
+    if tuned_for is not None and tuned_for != algo:
+        raise UserError(f"{path} was tuned for {tuned_for} by rlspeed tune, not for {algo}: train {tuned_for} with "
+                        f"it (rlspeed train {tuned_for} ... --preset {path}), or tune {algo}.")
     if not isinstance(data, dict) or not data:
         holds = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
@@ -173,6 +178,13 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     except UserError as error:
         raise UserError(f"{where}: {error}") from None
     return Preset(entry, "file", f"{where}, rlspeed's format")
+
+
+def _tuned_algorithm(text: str) -> str | None:
+    """The algorithm a preset file `rlspeed tune` wrote was tuned for (None for any other file)."""
+    from rlspeed.tune import PRESET_HEADER, preset_algorithm
+
+    return preset_algorithm(text) if text.startswith(PRESET_HEADER) else None
 
 
 def split_run_settings(preset: dict) -> tuple[dict, dict]:
