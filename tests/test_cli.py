@@ -616,9 +616,12 @@ def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkey
     assert cli.main([*start, "--resume", "--total-timesteps", "768"]) == 0
     out = capsys.readouterr()
     after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert "other settings" not in out.err and "stopping at eval return" not in out.out
+    # only the budget changed (the run's evaluation frequency, None, is kept, not the shipped preset's)
+    assert "other settings than the run started with: total_timesteps 512 -> 768 (" in out.err
+    assert "stopping at eval return" not in out.out
     assert after["hyperparameters"] == before["hyperparameters"] and after["env_backend"] == "gymnasium"
     assert after["total_timesteps"] == 768 and after["target_return"] is None and after["preset"] == before["preset"]
+    assert after["eval_freq"] == before["eval_freq"] is None
     assert cli.main([*start, "--resume", "--total-timesteps", "1024", "--set", "learning_rate=0.002"]) == 0
     assert "learning_rate 0.001 -> 0.002" in capsys.readouterr().err
     # --set of a run setting, and an abbreviated flag, still override what the run recorded

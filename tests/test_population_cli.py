@@ -25,7 +25,7 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
             *SMALL, "--out", str(out)]
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["population"] == 4
+    assert summary["population"] == 4 and summary["interrupted"] is False  # (a finished run, as a solo summary says)
     assert [member["seed"] for member in summary["members"]] == [0, 3, 5, 6]
     rates = [member["hyperparameters"]["learning_rate"] for member in summary["members"]]
     assert rates == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])

@@ -186,6 +186,28 @@ def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, mon
     assert [step for step, _ in summary["members"][0]["curve"]] == [128, 256, 384, 512, 640, 768]
 
 
+def test_resume_with_another_budget_says_so_and_trains_to_it(tmp_path, monkeypatch, capsys):
+    """A population resumed with another --total-timesteps names the change, then trains to the new budget."""
+    from rlspeed.population import base
+
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(tmp_path / "run")]
+    save = base.PopulationBase.save
+
+    def crash_after_first_save(self, path):
+        save(self, path)
+        raise Killed
+
+    monkeypatch.setattr(base.PopulationBase, "save", crash_after_first_save)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    monkeypatch.setattr(base.PopulationBase, "save", save)
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume", "--total-timesteps", "1024"]) == 0
+    assert "other settings than the run started with: total_timesteps 768 -> 1024 " in capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["resumed_from"] == 256 and summary["total_timesteps"] == 1024
+
+
 def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_path, capsys, monkeypatch):
     """SIGTERM at the second evaluation: the run finishes the iteration, writes its checkpoint there (not only the
     last periodic one) and summary.json, and exits 143; `--resume` goes on from that step to the uninterrupted end."""

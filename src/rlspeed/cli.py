@@ -397,6 +397,8 @@ def _train_population(args: argparse.Namespace) -> int:
               "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
               "gym_packages": args.gym_packages, "preset": args.preset_info,
               "hyperparameters": {**_plain(_config), **per_member}}
+    if resumed_from is not None:
+        _say_changed_settings(run_dir / "config.yaml", config)
     _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     if getattr(args, "preset_message", None):
         print(args.preset_message)
@@ -446,7 +448,7 @@ def _train_population(args: argparse.Namespace) -> int:
         print(f"rlspeed: interrupted ({name}) after {population.num_timesteps:,} steps per member: summary.json holds "
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
-    summary["preset"] = args.preset_info
+    summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")  # (before anything else can fail)
     summary["member_models"] = _save_member_models(population, summary, run_dir)
@@ -931,8 +933,9 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if isinstance(recorded, dict) and "preset" not in given:
         args.resume_hyperparameters = recorded
         args.resume_preset = config.get("preset")
+        # (a recorded None is kept: no target, or learn's own evaluation frequency, not the preset's)
         args.resume_run_settings = {key: config[key] for key in ("total_timesteps", "eval_freq", "target_return")
-                                    if key in config and (config[key] is not None or key == "target_return")}
+                                    if key in config and (config[key] is not None or key != "total_timesteps")}
 
 
 def _run_config(path: Path) -> dict:
@@ -958,13 +961,16 @@ def _keep_run_seed(args, model, path: Path) -> None:
 
 
 def _say_changed_settings(path: Path, config: dict) -> None:
-    """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters that differ from the ones
-    the run was started with (they apply from the resume on; the checkpoint's weights and state stay)."""
+    """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters and run settings (budget,
+    target, evaluation frequency) that differ from the ones the run was started with (they apply from the resume on;
+    the checkpoint's weights and state stay)."""
     before = _run_config(path)
     if not before:
         return
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
     changes = [f"{key} {old[key]} -> {new[key]}" for key in new if key in old and old[key] != new[key]]
+    changes += [f"{key} {before[key]} -> {config[key]}" for key in ("total_timesteps", "target_return", "eval_freq")
+                if key in before and key in config and before[key] != config[key]]
     if changes:
         print(f"rlspeed: --resume with other settings than the run started with: {', '.join(changes)} (they apply "
               "from here on; config.yaml now records them)", file=sys.stderr, flush=True)
