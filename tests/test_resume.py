@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import random
 
 import numpy as np
@@ -76,6 +77,12 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path, algo, env_id):
                   checkpoint_freq=CHECKPOINT_FREQ)
     assert resumed.num_timesteps == uninterrupted.num_timesteps == TOTAL
     assert resumed.restarts == 1
+    # metrics.csv goes on where the checkpoint left it: steps and the training clock both increase row by row
+    with open(tmp_path / "b" / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    for key in ("timesteps", "train_wall_s"):
+        values = [float(row[key]) for row in rows]
+        assert values == sorted(values) and len(set(values)) == len(values), (key, values)
     got = resumed.save(tmp_path / "b" / "final")
 
     want_tensors, got_tensors = checkpoint_tensors(expected), checkpoint_tensors(got)

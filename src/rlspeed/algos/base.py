@@ -809,7 +809,8 @@ class Algorithm:
                             last_check_time = now
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
-                    row.update(timesteps=self.num_timesteps, train_wall_s=train_clock, sps=sps)
+                    # (a resumed run's rows go on from the interrupted run's training clock, as its step count does)
+                    row.update(timesteps=self.num_timesteps, train_wall_s=clock_offset + train_clock, sps=sps)
                     row.update(self.recorder.take())  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
