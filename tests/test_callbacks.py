@@ -351,3 +351,18 @@ def test_eval_callback_refuses_a_next_step_vector_env_before_training():
         model.learn(1024, callback=EvalCallback(envs, eval_freq=512), progress_bar=False)
     assert model.num_timesteps == 0
     envs.close()
+
+
+def test_stable_baselines3_callback_examples_run_as_written(tmp_path):
+    """SB3's documented keyword sets are taken (`warn`, `render=False`, `save_vecnormalize`); the checkpoint of a run
+    with observation normalisation holds its statistics; `render=True` is refused in one sentence."""
+    model = _ppo(normalize_obs=True)
+    checkpoints = CheckpointCallback(save_freq=STEPS_PER_ITERATION, save_path=tmp_path / "logs",
+                                     name_prefix="rl_model", save_replay_buffer=True, save_vecnormalize=True)
+    evaluation = EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, log_path=tmp_path / "logs",
+                              deterministic=True, render=False, warn=True, verbose=0)
+    model.learn(STEPS_PER_ITERATION, callback=[checkpoints, evaluation], progress_bar=False)
+    saved = PPO.load(checkpoints.saved[0], device="cpu")
+    assert torch.equal(saved.obs_rms.mean, model.obs_rms.mean) and evaluation.evaluations_timesteps
+    with pytest.raises(UserError, match="EvalCallback does not render episodes: add a VideoRecorderCallback"):
+        EvalCallback(render=True)

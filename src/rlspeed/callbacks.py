@@ -355,15 +355,20 @@ class EvalCallback(BaseCallback):
     `info["is_success"]`, as SB3's; `last_success_rate` is the last evaluation's share of successes. Each evaluation is
     seeded (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the saved best
     model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs,
-    not calls.
+    not calls. Stable-Baselines3's `warn` is taken and has nothing to do (an eval env whose spaces differ from the
+    model's is refused in one sentence); `render=True` is refused (`VideoRecorderCallback` records the policy).
     """
 
     def __init__(self, eval_env=None, callback_on_new_best: BaseCallback | None = None,
                  callback_after_eval: BaseCallback | None = None, n_eval_episodes: int | None = None,
                  eval_freq: int = 10_000,
                  log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
-                 deterministic: bool = True, seed: int | None = None, verbose: int = 1):
+                 deterministic: bool = True, seed: int | None = None, verbose: int = 1, render: bool = False,
+                 warn: bool = True):
         super().__init__(verbose)
+        if render:
+            raise UserError("EvalCallback does not render episodes: add a VideoRecorderCallback (or rlspeed eval "
+                            "--video FILE.mp4) to watch the policy.")
         size = None if eval_env is None or isinstance(eval_env, str) else getattr(eval_env, "num_envs", None)
         if eval_env is not None and not isinstance(eval_env, str) and size is None:
             raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or "
@@ -462,10 +467,11 @@ class CheckpointCallback(BaseCallback):
     """Save the model every `save_freq` env steps to `save_path/{name_prefix}_{steps}_steps.safetensors`; with
     `save_replay_buffer`, off-policy models also write their replay buffer beside each file
     (`....replay.safetensors`). Unlike Stable-Baselines3, `save_freq` counts env steps of all envs, not calls;
-    a save happens at the end of the first iteration that reaches the step."""
+    a save happens at the end of the first iteration that reaches the step. `save_vecnormalize` (Stable-Baselines3's)
+    is taken either way: each saved file holds the model's observation and reward normalisation statistics."""
 
     def __init__(self, save_freq: int, save_path: str | Path, name_prefix: str = "rl_model",
-                 save_replay_buffer: bool = False, verbose: int = 0):
+                 save_replay_buffer: bool = False, save_vecnormalize: bool = False, verbose: int = 0):
         super().__init__(verbose)
         if save_freq < 1:
             raise UserError(f"CheckpointCallback needs save_freq >= 1, got {save_freq}.")
