@@ -121,7 +121,7 @@ def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
     assert [(o["name"], o["dtype"], o["shape"]) for o in sidecar["outputs"]] == [("actions", "float32", ["batch", 1])]
     assert sidecar["action_space"] == {"type": "box", "shape": [1], "low": [-2.0], "high": [2.0], "dtype": "float32"}
     # the space as checkpoints record it (rlspeed.envs.base.space_to_json): unbounded entries as null
-    assert sidecar["observation_space"] == {"type": "box", "shape": [3], "low": [None] * 3, "high": [None] * 3,
+    assert sidecar["observation_space"] == {"type": "box", "shape": [3], "low": None, "high": None,
                                             "dtype": "float32"}
     assert sidecar["observation_normalization"] is None
     proto = onnx.load(str(path))

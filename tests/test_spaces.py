@@ -168,8 +168,13 @@ def test_spaces_round_trip_through_strict_json():
 
     for space in [gym.spaces.Box(-np.inf, np.inf, (3,)), _box((7, 7, 3)), gym.spaces.Discrete(5, start=1),
                   gym.spaces.MultiDiscrete([2, 3]), gym.spaces.MultiBinary(4),
-                  gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.Box(0.0, 1.0, (2,))})]:
-        assert space_from_json(json.loads(json.dumps(space_to_json(space), allow_nan=False))) == space
+                  gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": gym.spaces.Box(0.0, 1.0, (2,))}),
+                  gym.spaces.Box(np.array([-np.inf, 0.0]), np.array([1.0, 1.0])), gym.spaces.Box(-1.0, 1.0, ()),
+                  gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)]:
+        restored = space_from_json(json.loads(json.dumps(space_to_json(space), allow_nan=False)))
+        assert restored == space and restored.dtype == space.dtype
+    # an image's bounds are one number each, not one per pixel (checkpoint metadata and export sidecars hold them)
+    assert len(json.dumps(space_to_json(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)))) < 200
 
 
 # --- dtypes kept from the env to the storage ----------------------------------------------------------------------

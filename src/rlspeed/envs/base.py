@@ -181,20 +181,27 @@ def space_from_json(data: dict) -> gym.Space:
     if kind == "tuple":
         return gym.spaces.Tuple([space_from_json(sub) for sub in data["spaces"]])
     dtype = np.dtype(data.get("dtype", "float32"))
-    low, high = _bounds_from_json(data["low"], -np.inf, dtype), _bounds_from_json(data["high"], np.inf, dtype)
-    return gym.spaces.Box(low, high, tuple(data["shape"]), dtype=dtype)
+    shape = tuple(data["shape"])
+    low, high = (np.broadcast_to(_bounds_from_json(data[key], unbounded, dtype), shape).copy()
+                 for key, unbounded in (("low", -np.inf), ("high", np.inf)))
+    return gym.spaces.Box(low, high, shape, dtype=dtype)
 
 
-def _bounds_to_json(bounds: np.ndarray) -> list:
-    """A Box bound as strict JSON: unbounded (infinite) entries as null."""
+def _bounds_to_json(bounds: np.ndarray) -> list | float | int | None:
+    """A Box bound as strict JSON: unbounded (infinite) entries as null; one value where every entry has it (an
+    image's 0 and 255: not one per pixel)."""
     values = bounds.astype(object)
     if np.issubdtype(bounds.dtype, np.floating):
         values[~np.isfinite(bounds)] = None
+    flat = values.ravel().tolist()
+    if flat and all(value == flat[0] for value in flat) and bounds.ndim > 0 and bounds.size > 1:
+        return flat[0]
     return values.tolist()
 
 
 def _bounds_from_json(values, unbounded: float, dtype: np.dtype) -> np.ndarray:
-    """`_bounds_to_json`'s list back as an array (null: `unbounded`; older files' infinities are read as they are)."""
+    """`_bounds_to_json`'s list (or one value for every entry) back as an array (null: `unbounded`; older files'
+    infinities are read as they are); the Box broadcasts one value to its shape."""
     array = np.array(values, dtype=object)
     array[np.equal(array, None)] = unbounded
     return array.astype(dtype)
