@@ -805,3 +805,33 @@ def test_a_run_that_rolled_back_says_so_in_its_closing_lines(tmp_path, monkeypat
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert code == 0 and summary["numerics"]["rollbacks"] > 0
     assert re.search(r"note: \d+ rollback\(s\) .*restored the weights of step \d", capsys.readouterr().err)
+
+
+def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path, monkeypatch, capsys):
+    """`--env-kwargs` makes the training env with the options; config.yaml and the checkpoint record them, so the
+    final evaluation, `rlspeed eval` and `--resume` use the same env (Pendulum-v1 with g=2.0 scores otherwise than
+    with its default g)."""
+    import rlspeed
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "Pendulum-v1", "--env-kwargs", "g=2.0", "--target-return", "none", "--no-progress",
+            "--set", "num_envs=2", "--set", "num_steps=16", "--set", "batch_size=32", "--out", "run"]
+    assert cli.main([*argv, "--total-timesteps", "64", "--checkpoint-freq", "32"]) == 0
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["env_kwargs"] == {"g": 2.0} and config["env_backend"] == "gymnasium"
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    model = rlspeed.PPO.load(tmp_path / "run" / "model.safetensors", device="cpu")
+    seed = summary["final_eval"]["seed"]
+    again = rlspeed.evaluate(model, rlspeed.make_env("Pendulum-v1", num_envs=10, device="cpu", g=2.0), episodes=10,
+                             seed=seed)
+    assert summary["final_eval"]["mean"] == pytest.approx(again["mean"])
+    capsys.readouterr()
+    assert cli.main(["eval", "run", "--seed", str(seed), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mean"] == pytest.approx(again["mean"])
+    assert cli.main(["train", "ppo", "Pendulum-v1", "--out", "run", "--resume", "--total-timesteps", "128",
+                     "--no-progress"]) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["env_kwargs"] == {"g": 2.0}
+    assert cli.main([*argv[:-2], "--seeds", "0-1", "--out", "population"]) == 2
+    assert "--env-kwargs does not apply to a population" in capsys.readouterr().err
+    assert cli.main([*argv[:-2], "--env-kwargs", "gg=1", "--out", "typo"]) == 2
+    assert "rejected the options g, gg" in capsys.readouterr().err

@@ -625,3 +625,31 @@ def test_a_wrapper_may_set_training_before_initialising_its_base():
     inner.training = False
     wrapped = Early(inner)
     assert wrapped.training is False and inner.training is False  # the frozen inner env stays frozen
+
+
+def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
+    """A model of an env made with options (`make_env(id, **options)` or `env_kwargs=`) evaluates, and reloads, on
+    that env, not on the id's default one: here Pendulum-v1 with g=2.0, whose returns differ from the default g's."""
+    settings = dict(seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32)
+    env = rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", seed=0, g=2.0)
+    model = rlspeed.PPO(env, **settings)
+    assert model.spec.env_kwargs == {"g": 2.0}
+    given = rlspeed.PPO("Pendulum-v1", env_kwargs={"g": 2.0}, **settings)
+    assert given.env_backend == "gymnasium" and given.spec.env_kwargs == {"g": 2.0}
+    assert given.make_training_env().unwrapped.vector_env.envs[0].unwrapped.g == 2.0
+    own = rlspeed.evaluate(model, episodes=2, seed=5)
+    with_options = rlspeed.evaluate(model, rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", g=2.0),
+                                    episodes=2, seed=5)  # (an env make_env made is evaluated as it is)
+    default = rlspeed.evaluate(model, rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu",
+                                                       backend="gymnasium"), episodes=2, seed=5)
+    assert own["returns"] == with_options["returns"] != default["returns"]
+    model.save(tmp_path / "model")
+    loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu")
+    assert loaded.spec.env_kwargs == {"g": 2.0}
+    assert rlspeed.evaluate(loaded, episodes=2, seed=5)["returns"] == own["returns"]
+    with pytest.raises(rlspeed.UserError, match="env_kwargs with an env id; this env is already built"):
+        rlspeed.PPO(env, env_kwargs={"g": 2.0}, **settings)
+    with pytest.raises(rlspeed.UserError, match="env_backend='gymnasium'"):
+        rlspeed.PPO("Pendulum-v1", env_kwargs={"g": 2.0}, env_backend="torch", **settings)
+    with pytest.raises(rlspeed.UserError, match="rejected the options gg"):
+        rlspeed.PPO("Pendulum-v1", env_kwargs={"gg": 2.0}, **settings)

@@ -109,13 +109,28 @@ class _Blind(gym.Env):
         self.render_mode = render_mode
 
 
+class _NoRenderMode(gym.Env):
+    """A hand-written env whose constructor takes no render_mode."""
+
+    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, size=6):
+        self.size = size
+
+
 def test_env_that_cannot_render_and_bad_file_names_are_refused(tmp_path):
     gym.register("rlspeed-test/Blind-v0", entry_point=_Blind, disable_env_checker=True)
+    gym.register("rlspeed-test/NoRenderMode-v0", entry_point=_NoRenderMode, disable_env_checker=True)
     try:
         with pytest.raises(UserError, match="cannot render"):
             video.check_video_support("rlspeed-test/Blind-v0")
+        with pytest.raises(UserError, match="its constructor takes no render_mode"):  # (a TypeError in gym.make)
+            video.check_video_support("rlspeed-test/NoRenderMode-v0")
+        with pytest.raises(UserError, match="could not be made for a video: .*unexpected keyword argument 'sise'"):
+            video.check_video_support("rlspeed-test/Blind-v0", env_kwargs={"sise": 3})
     finally:
-        del gym.registry["rlspeed-test/Blind-v0"]
+        del gym.registry["rlspeed-test/Blind-v0"], gym.registry["rlspeed-test/NoRenderMode-v0"]
     with pytest.raises(UserError, match=r"\.mp4 or \.gif"):
         video.record_video(_cartpole(), tmp_path / "x.avi")
     with pytest.raises(UserError, match="does not exist"):

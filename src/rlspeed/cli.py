@@ -103,20 +103,20 @@ def _finite_values(key: str, value) -> None:
             raise UserError(f"--set {key}={value}: values must be finite numbers.")
 
 
-def _parse_set(pairs: list[str]) -> dict:
+def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
     """`key=value` pairs, values read as YAML scalars/lists (`lr=1e-3`, `net_arch=[64,64]`, `x=null`)."""
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise UserError(f"--set expects key=value, got '{pair}'.")
+            raise UserError(f"{flag} expects key=value, got '{pair}'.")
         key, value = pair.split("=", 1)
         key = key.strip()
         if not key:
-            raise UserError(f"--set expects key=value, got '{pair}' (no key).")
+            raise UserError(f"{flag} expects key=value, got '{pair}' (no key).")
         try:
             out[key] = _exponent_floats(yaml.safe_load(value))
         except (yaml.YAMLError, ValueError, OverflowError):
-            raise UserError(f"--set {key}: cannot read value '{value}'.") from None
+            raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
         _finite_values(key, out[key])
     return out
 
@@ -330,7 +330,8 @@ def _train_population(args: argparse.Namespace) -> int:
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
                                         ("--nan-policy mask", args.nan_policy != "raise"),
-                                        ("--max-restarts", bool(args.max_restarts)))
+                                        ("--max-restarts", bool(args.max_restarts)),
+                                        ("--env-kwargs", bool(args.env_kwargs)))
                if given]
     if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
         refused.insert(0, "--seed")
@@ -463,8 +464,8 @@ def _train_population(args: argparse.Namespace) -> int:
                      f"{steps['iqm_ci'][0]:,.0f} to {steps['iqm_ci'][1]:,.0f})")
         print(f"rlspeed: {line}")
     if final is not None:
-        print(f"rlspeed: final evaluation (deterministic, 10 episodes each): median {final['median']:.1f}, IQM "
-              f"{final['iqm']:.1f} (95% CI {final['iqm_ci'][0]:.1f} to {final['iqm_ci'][1]:.1f}); training "
+        print(f"rlspeed: final evaluation (deterministic, 10 episodes each): median {_score(final['median'])}, IQM "
+              f"{_score(final['iqm'])} (95% CI {_score(final['iqm_ci'][0])} to {_score(final['iqm_ci'][1])}); training "
               f"{summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
     if saved:
@@ -604,7 +605,16 @@ def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None)
     """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent)."""
     return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
-                    nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False), **hyper)
+                    nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
+                    env_kwargs=_env_kwargs(args), **hyper)
+
+
+def _env_kwargs(args: argparse.Namespace) -> dict | None:
+    """`--env-kwargs KEY=VALUE ...` as the model's `env_kwargs` (None without any; `--resume` takes the run's)."""
+    given = getattr(args, "env_kwargs", None)
+    if given:
+        return _parse_set(given, "--env-kwargs")
+    return getattr(args, "resume_env_kwargs", None) or None
 
 
 def _fresh_run_dir(base: Path) -> Path:
@@ -883,7 +893,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
-              "preset": args.preset_info, "nan_policy": args.nan_policy,
+              "preset": args.preset_info, "nan_policy": args.nan_policy, "env_kwargs": model.spec.env_kwargs or None,
               "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config)
@@ -929,6 +939,8 @@ def _resume_settings(args: argparse.Namespace) -> None:
             continue
         if key not in given and config.get(key) is not None:
             setattr(args, key, str(config[key]))
+    if "env_kwargs" not in given and isinstance(config.get("env_kwargs"), dict):
+        args.resume_env_kwargs = config["env_kwargs"]
     recorded = config.get("hyperparameters")
     if isinstance(recorded, dict) and "preset" not in given:
         args.resume_hyperparameters = recorded
@@ -983,7 +995,7 @@ def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
     if args.video_every is not None:
         from rlspeed.video import check_video_support
 
-        check_video_support(args.env_id)
+        check_video_support(args.env_id, env_kwargs=config.get("env_kwargs"))
     if args.track:
         from rlspeed.tracking import WandbCallback, WandbTracker
 
@@ -1318,6 +1330,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "accurate (default off)")
     model.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
     model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    model.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
+                       help="an option of the Gymnasium env (gymnasium.make(env_id, KEY=VALUE)); recorded with the "
+                            "run, so evaluation and rlspeed eval make the same env")
     model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
                        help="hyperparameter source: auto (rlspeed's preset for the pair, else RL-Zoo's if rl_zoo3 is "
                             "installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated) or a YAML file")

@@ -10,7 +10,7 @@ import torch
 
 from rlspeed.device import resolve_device
 from rlspeed.envs import atari, make_env, resolve_backend
-from rlspeed.envs.base import observation_layout, space_to_json
+from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout, space_to_json
 from rlspeed.errors import UserError
 
 
@@ -21,10 +21,11 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
     and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
-    the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`), not the
-    training env, and rewards are the env's own (no normalisation). `env_id` may also be a vector env you built (one
-    episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built as the
-    training env was, not the training env itself (a `VecNormalize` with `training=False, norm_reward=False`).
+    the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`; for the
+    model's own env id made with the options its env had, `model.spec.env_kwargs`), not the training env, and rewards
+    are the env's own (no normalisation). `env_id` may also be a vector env you built, or an env `rlspeed.make_env` made
+    (one episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built
+    as the training env was, not the training env itself (a `VecNormalize` with `training=False, norm_reward=False`).
     Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
     `backend="auto"` on the model's own env id uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)`
     equals `model.evaluate(seed=s)`. Where the env gives action masks (`info["action_mask"]`) and the model takes them
@@ -48,8 +49,12 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
-    env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
-                                        evaluation=True))
+    if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
+        env = atari.for_evaluation(env_id if seed is None else _Reseeded(env_id, seed))
+    else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
+        options = model.spec.env_kwargs if own_env else {}
+        env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
+                                            evaluation=True, **options))
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
     returns = torch.zeros(episodes, device=env.device)
     lengths = torch.zeros(episodes, device=env.device)
@@ -103,6 +108,18 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         if unfinished < episodes:
             result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
     return result
+
+
+class _Reseeded(EnvWrapper):
+    """A caller's env whose next reset takes `seed` (`evaluate(model, env, seed=...)`)."""
+
+    def __init__(self, env: BatchedEnv, seed: int):
+        super().__init__(env)
+        self._seed = seed
+
+    def reset(self, seed: int | None = None):
+        seed, self._seed = (seed if seed is not None else self._seed), None
+        return self.env.reset(seed=seed)
 
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:

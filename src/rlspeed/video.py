@@ -33,16 +33,20 @@ def _require_writer(path: Path) -> None:
         raise UserError(f"Recording videos needs {', '.join(missing)}, which is not installed: {INSTALL}.")
 
 
-def _render_env(model_or_id, env_id: str | None = None) -> gym.Env:
-    """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array."""
+def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
+    """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
+    with `env_kwargs`, or the options the model's own env was made with (`spec.env_kwargs`)."""
     from rlspeed.envs import NATIVE_ENVS
 
     if isinstance(model_or_id, str):
         env_id, backend = model_or_id, "auto"
     else:
         backend = model_or_id.env_backend
+        if env_id in (None, model_or_id.env_id) and env_kwargs is None:
+            env_kwargs = model_or_id.spec.env_kwargs
         env_id = env_id or model_or_id.env_id
-    native = env_id in NATIVE_ENVS and backend in ("torch", "auto")
+    env_kwargs = dict(env_kwargs or {})
+    native = env_id in NATIVE_ENVS and backend in ("torch", "auto") and not env_kwargs
     make_id = f"rlspeed/{env_id}" if native else env_id
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
         # headless (no window is possible): pygame's dummy video driver draws the same frames without SDL's errors
@@ -50,7 +54,12 @@ def _render_env(model_or_id, env_id: str | None = None) -> gym.Env:
     try:
         with warnings.catch_warnings():  # (gymnasium warns of a mode the env lacks; the check below says it once)
             warnings.simplefilter("ignore", UserWarning)
-            env = gym.make(make_id, render_mode="rgb_array")
+            env = gym.make(make_id, render_mode="rgb_array", **env_kwargs)
+    except TypeError as error:
+        if "argument 'render_mode'" not in str(error):
+            raise UserError(f"'{env_id}' could not be made for a video: {error}.") from None
+        raise UserError(f"'{env_id}' cannot render frames for a video: its constructor takes no render_mode (give "
+                        "it render_mode=None and a render() that returns an RGB array).") from None
     except (ImportError, gym.error.DependencyNotInstalled) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise UserError(f"Cannot render '{env_id}' for a video ({first}): {INSTALL}.") from None
@@ -63,11 +72,12 @@ def _render_env(model_or_id, env_id: str | None = None) -> gym.Env:
     return env
 
 
-def check_video_support(env_id: str, path: str | Path = "video.mp4") -> None:
-    """UserError now, in one sentence, when a video of `env_id` to `path` could not be recorded (imageio, its ffmpeg
-    or the env's renderer missing, or an env without frames); `rlspeed train --video-every` checks before training."""
+def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs: dict | None = None) -> None:
+    """UserError now, in one sentence, when a video of `env_id` (made with `env_kwargs`) to `path` could not be
+    recorded (imageio, its ffmpeg or the env's renderer missing, or an env without frames); `rlspeed train
+    --video-every` checks before training."""
     _require_writer(Path(path))
-    env = _render_env(env_id)
+    env = _render_env(env_id, env_kwargs=env_kwargs)
     try:
         env.reset(seed=0)
         frame = env.render()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import json
 import math
 import numbers
 import random
@@ -61,11 +62,23 @@ SB3_KEYWORDS = {
                      "log_std_init=..., n_critics=..., lstm_hidden_size=...)",
     "verbose": "learn(progress_bar=...) shows progress, and learn(run_dir=...) writes the metrics",
     "tensorboard_log": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv there (rlspeed train: --out DIR)",
-    "env_kwargs": "pass the env's options to rlspeed.make_env(env_id, num_envs=..., **options) and the model that "
-                  "vector env",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
 }
+
+
+def recorded_env_kwargs(spec: EnvSpec) -> dict:
+    """The env options a checkpoint records (`spec.env_kwargs`): those strict JSON can hold, with a warning naming
+    the others (a loaded model then makes its env without them)."""
+    kept = {}
+    for key, value in spec.env_kwargs.items():
+        try:
+            json.dumps(value, allow_nan=False)
+            kept[key] = value
+        except (TypeError, ValueError):
+            warnings.warn(f"The env option {key}={value!r:.60} cannot be saved in a checkpoint (not JSON): a loaded "
+                          f"model makes {spec.env_id} without it.", stacklevel=3)
+    return kept
 
 
 #: Hyperparameters whose None means "tuned automatically", which Stable-Baselines3 spells "auto", each with the
@@ -336,7 +349,7 @@ class Algorithm:
                  device: str | torch.device = "auto", seed: int | None = None, env_backend: str = "auto",
                  num_threads: int | None = None, accelerate: str = "off", strategy: DistributedStrategy | None = None,
                  nan_policy: str = "raise", numerics_guard: bool = True, save_replay_buffer: bool = False,
-                 **hyperparameters):
+                 env_kwargs: dict | None = None, **hyperparameters):
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
         `EnvSpec` too: the env a checkpoint describes, as `load` passes it). No policy name comes before it, as in
         Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
@@ -350,6 +363,11 @@ class Algorithm:
         `numerics_guard=False` turns the whole guard off (env checks and the rollback of non-finite parameters; see
         `rlspeed.numerics`). `save_replay_buffer`: off-policy checkpoints also write the replay buffer, beside them
         (`<name>.replay.safetensors`), so that a resumed run continues with it.
+
+        `env_kwargs`: options of the Gymnasium env an id names (`gymnasium.make(env, **env_kwargs)`, as
+        Stable-Baselines3's `make_vec_env(env_kwargs=...)`); its envs are then Gymnasium's. The model records them
+        (`spec.env_kwargs`, saved with it), so evaluation, videos and a loaded model make the same env again; an env
+        from `make_env(env_id, **options)` carries its options the same way.
         """
         name = type(self).__name__
         if isinstance(env, str) and env in SB3_POLICY_NAMES:
@@ -372,6 +390,9 @@ class Algorithm:
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
         self._loop: dict = {}  # the learn loop's position, as checkpoints save it
         from_spec = isinstance(env, EnvSpec)
+        if env_kwargs is not None and not isinstance(env, str):
+            raise UserError(f"{name} takes env_kwargs with an env id; this env is already built, so give its options "
+                            "where it is made (rlspeed.make_env(env_id, **options) records them).")
         if not from_spec and not isinstance(env, (BatchedEnv, gym.vector.VectorEnv)) and not is_sb3_vec_env(env):
             _check_env_id(env)  # a str passes; other objects get the UserError that says which envs are accepted
         if (not isinstance(env, str) and not from_spec
@@ -395,7 +416,12 @@ class Algorithm:
             self.env_id, self.spec, self.env_backend = env.env_id, env, env_backend
         elif isinstance(env, str):
             self.env_id = env
-            self.spec = env_spec(env)
+            self.spec = env_spec(env, env_kwargs)
+            if self.spec.env_kwargs and env_backend == "auto":
+                env_backend = "gymnasium"  # (env options exist only for Gymnasium's envs, as make_env decides)
+            elif self.spec.env_kwargs and env_backend not in ("gymnasium", "gymnasium-async"):
+                raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or "
+                                f"'gymnasium-async'), not '{env_backend}'.")
             self.env_backend = resolve_backend(env, env_backend, self.strategy.split_envs(self.config.num_envs),
                                                self.device)
         else:
@@ -577,7 +603,7 @@ class Algorithm:
                                  seed=self.strategy.seed_for_rank(self.seed),
                                  backend=self.env_backend, normalize_obs=getattr(cfg, "normalize_obs", False),
                                  normalize_reward=getattr(cfg, "normalize_reward", False),
-                                 gamma=getattr(cfg, "gamma", 0.99))
+                                 gamma=getattr(cfg, "gamma", 0.99), **self.spec.env_kwargs)
             # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
             # iteration (`_sync_statistics`).
             self._synced_stats = [rms for rms in (getattr(self._env, name, None) for name, _ in _STATISTICS)
@@ -1088,7 +1114,7 @@ class Algorithm:
                     "seed": self.seed, "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
-                    "max_episode_steps": self.spec.max_episode_steps,
+                    "max_episode_steps": self.spec.max_episode_steps, "env_kwargs": recorded_env_kwargs(self.spec),
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
                     "schedule": ([self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end")
                                  else None),
@@ -1122,7 +1148,8 @@ class Algorithm:
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
-                       meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space)
+                       meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space,
+                       dict(meta.get("env_kwargs") or {}))
         if env is not None:
             made = isinstance(env, str)  # (an id: this call makes the env)
             env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import gymnasium as gym
@@ -144,26 +145,45 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
     return backend
 
 
-def env_spec(env_id: str) -> EnvSpec:
-    """The EnvSpec of an id without building N envs (validates the id; `module:EnvId` imports `module` first)."""
+def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
+    """The EnvSpec of an id without building N envs (validates the id; `module:EnvId` imports `module` first), made
+    with the Gymnasium env options `env_kwargs` (recorded in the spec)."""
     env_id = import_env_module(env_id)
-    if env_id in NATIVE_ENVS:
+    env_kwargs = check_env_kwargs(env_kwargs)
+    if env_id in NATIVE_ENVS and not env_kwargs:
         return NATIVE_ENVS[env_id].spec
     _check_registered(env_id)
     spec = gym_spec(env_id)
     try:
-        env = atari.make_atari_env(spec.id) if atari.is_atari(env_id) else gym.make(spec.id)
+        env = (atari.make_atari_env(spec.id, **env_kwargs) if atari.is_atari(env_id)
+               else gym.make(spec.id, **env_kwargs))
     except UserError:
         raise
+    except TypeError as error:
+        if not env_kwargs:
+            raise _make_error(env_id, "gymnasium", error) from error
+        raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
     except Exception as error:
         raise _make_error(env_id, "gymnasium", error) from error
     try:
         if atari.is_atari(env_id):
-            return atari.atari_spec(env_id, env)
-        return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
-                                   spec.reward_threshold)
+            made = atari.atari_spec(env_id, env)
+        else:
+            made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
+                                       spec.reward_threshold)
+        return dataclasses.replace(made, env_kwargs=env_kwargs)
     finally:
         env.close()
+
+
+def check_env_kwargs(env_kwargs) -> dict:
+    """`env_kwargs` as a dict of Gymnasium env options keyed by name ({} for None); UserError for anything else."""
+    if env_kwargs is None:
+        return {}
+    if not isinstance(env_kwargs, dict) or not all(isinstance(key, str) for key in env_kwargs):
+        raise UserError(f"env_kwargs is a dict of the env's options by name (gymnasium.make(env_id, **env_kwargs)), "
+                        f"got {env_kwargs!r:.80}.")
+    return dict(env_kwargs)
 
 
 #: The keywords a native env takes besides `num_envs`, `device` and `seed` (`NativeEnv.__init__`; no subclass adds
@@ -246,6 +266,8 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
                     raise
                 except Exception as error:
                     raise _make_error(env_id, chosen, error) from error
+        if env_kwargs:  # (recorded: a model of this env evaluates, records videos and reloads with them)
+            env.spec = dataclasses.replace(env.spec, env_kwargs=dict(env_kwargs))
     env = EpisodeStatistics(env)
     if atari_game and not evaluation:
         env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores
@@ -264,6 +286,8 @@ def _check_env_id(env_id) -> None:
     kind = type(env_id).__name__
     accepted = ("make_env takes a Gymnasium env id (str), a Gymnasium vector env made with "
                 "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP, or a Stable-Baselines3 VecEnv")
+    if isinstance(env_id, BatchedEnv):
+        raise UserError(f"{accepted}; this env ({kind}) is one rlspeed.make_env made already: use it as it is.")
     if isinstance(env_id, gym.Env):
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): wrap it as "
                         "gymnasium.vector.SyncVectorEnv([lambda: env], "
@@ -307,5 +331,5 @@ __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "
            "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
            "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS",
            "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend",
-           "import_env_module", "import_gym_packages", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES",
-           "register_family"]
+           "import_env_module", "import_gym_packages", "check_env_kwargs", "missing_dependency", "EnvStepError",
+           "PACKAGE_FAMILIES", "register_family"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 import numpy as np
@@ -222,6 +222,9 @@ class EnvSpec:
     max_episode_steps: int | None
     reward_threshold: float | None
     observation_space: gym.Space | None = None
+    #: the options the env was made with (`make_env(env_id, **env_kwargs)`, `PPO(env_id, env_kwargs=...)`): what
+    #: evaluation, videos and a loaded model make the env with again
+    env_kwargs: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         if self.observation_space is None:
