@@ -530,3 +530,33 @@ def test_sm3_from_gmssl_equals_openssl_s(monkeypatch, tmp_path):
     monkeypatch.setattr(hashlib, "new", lambda name, *a, **k: (_ for _ in ()).throw(ValueError(name))
                         if name == "sm3" else real_new(name, *a, **k))
     assert tensor_digest(tensors, {"x": 1}, "sm3") == expected
+
+
+def test_sigterm_stops_a_run_at_the_end_of_its_iteration_and_the_resume_is_the_uninterrupted_run(tmp_path, monkeypatch,
+                                                                                                   capsys):
+    """The first SIGTERM (or Ctrl-C) lets the iteration finish, so the checkpoint written then holds a whole state:
+    `--resume` ends with the uninterrupted run's weights, bit for bit (native envs, one process). Saving in the
+    middle of an update kept part of it, and the resumed run differed."""
+    from safetensors.torch import load_file
+
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--env-backend", "torch",
+            "--set", "num_envs=4", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "1024",
+            "--checkpoint-freq", "256"]
+    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    learn = PPO.learn
+
+    def terminated_learn(self, *args, callback=None, **kwargs):
+        def terminate_at_384(_locals):
+            if self.num_timesteps == 384:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return learn(self, *args, callback=[terminate_at_384, *(callback or [])], **kwargs)
+
+    monkeypatch.setattr(PPO, "learn", terminated_learn)
+    assert cli.main([*argv, "--out", str(tmp_path / "b")]) == 143
+    assert "stopping after this iteration" in capsys.readouterr().err
+    assert load_checkpoint(tmp_path / "b" / "checkpoint.safetensors")[1]["num_timesteps"] == 384
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["interrupted"] is True
+    monkeypatch.setattr(PPO, "learn", learn)
+    assert cli.main([*argv, "--out", str(tmp_path / "b"), "--resume"]) == 0
+    want, got = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
+    assert want.keys() == got.keys() and all(torch.equal(want[key], got[key]) for key in want)

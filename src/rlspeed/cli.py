@@ -1035,12 +1035,21 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
         (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
     interrupted = None
-    with _sigterm_raises():
+    # One process: the first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole
+    # (the checkpoint then resumes as the uninterrupted run); a second stops at once. Several processes stop at once
+    # (a rank stopping alone would leave the others waiting in its collectives).
+    signals: list[int] = []
+    stopping = _sigterm_raises() if strategy.enabled else _stop_after_iteration()
+    with stopping as received:
+        signals = received if received is not None else signals
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                        run_dir=run_dir, checkpoint_freq=checkpoint_freq, callback=callbacks or None)
+                        run_dir=run_dir, checkpoint_freq=checkpoint_freq,
+                        callback=[*callbacks, _stop_on_signal(signals)] if not strategy.enabled else callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
+    if interrupted is None and signals:  # (stopped at the end of an iteration)
+        interrupted = Terminated() if signals[0] == signal.SIGTERM else KeyboardInterrupt()
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker}
@@ -1051,7 +1060,16 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         return 0
     model.save(run_dir / "model.safetensors")
     eval_seed = args.seed + 1_000_000
-    final = model.evaluate(episodes=10, seed=eval_seed)
+    try:
+        final = model.evaluate(episodes=10, seed=eval_seed)
+    except KeyboardInterrupt:  # (training is done and saved: the summary says so, without the evaluation)
+        result = model.result
+        _write_text(run_dir / "summary.json", strict_json(_summary(run, result.total_timesteps, result.train_wall_s,
+                                                                   result.sps, None), indent=2) + "\n")
+        print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
+              f"summary.json are saved in {run_dir} (rlspeed eval {run_dir} --seed {eval_seed} evaluates it)",
+              file=sys.stderr, flush=True)
+        return 130
     result = model.result
     summary = _summary(run, result.total_timesteps, result.train_wall_s, result.sps,
                        {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"], "seed": eval_seed,
@@ -1099,6 +1117,14 @@ def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, f
                                   "max_lost_timesteps": run["checkpoint_freq"] if run["resumed_from"] is not None
                                   else 0}
     return summary
+
+
+def _stop_on_signal(signals: list[int]):
+    """A callback that stops `learn` at the end of the iteration in which `signals` (`_stop_after_iteration`'s list)
+    got its first signal."""
+    from rlspeed.callbacks import FunctionCallback
+
+    return FunctionCallback(lambda _locals: not signals)
 
 
 def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: int, wall_s: float) -> int:
