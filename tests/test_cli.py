@@ -534,6 +534,10 @@ def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeyp
     for out in ("run/model.safetensors", str(notes)):
         assert cli.main(["export", "run", "--out", out]) == 2
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == model_bytes and notes.read_text() == "mine"
+    # a file of the user's where the sidecar goes is theirs too
+    (tmp_path / "fresh.pt2.json").write_text('{"mine": true}')
+    assert cli.main(["export", "run", "--out", str(tmp_path / "fresh.pt2")]) == 2
+    assert (tmp_path / "fresh.pt2.json").read_text() == '{"mine": true}' and not (tmp_path / "fresh.pt2").exists()
 
 
 def test_export_command_adds_the_action_mask_input_of_a_masked_run(tmp_path, monkeypatch):
@@ -798,13 +802,20 @@ def test_an_env_module_in_the_current_directory_is_found(tmp_path):
 
 def test_a_run_that_rolled_back_says_so_in_its_closing_lines(tmp_path, monkeypatch, capsys):
     """A run whose updates went non-finite and were rolled back ends (exit 0, its steps done) with a note naming the
-    rollbacks and the step whose weights the model holds, beside the warnings that scrolled by."""
+    rollbacks and the step whose weights the model holds, beside the warnings that scrolled by; a population whose
+    members all diverged ends with exit 2."""
     monkeypatch.chdir(tmp_path)
     code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "2048", "--no-progress", "--out", "run",
                      "--set", "learning_rate=1e30", "--set", "max_grad_norm=1e30", "--target-return", "none"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert code == 0 and summary["numerics"]["rollbacks"] > 0
     assert re.search(r"note: \d+ rollback\(s\) .*restored the weights of step \d", capsys.readouterr().err)
+    # a population whose every member diverged trained nothing usable: exit 2 with one sentence, not 0
+    code = cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "1024", "--out", "pop",
+                     "--set", "learning_rate=1e30", "--set", "max_grad_norm=1e30", "--target-return", "none",
+                     "--env-backend", "torch"])
+    assert code == 2 and json.loads((tmp_path / "pop" / "summary.json").read_text())["diverged"] == 2
+    assert "error: every member diverged" in capsys.readouterr().err
 
 
 def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path, monkeypatch, capsys):

@@ -474,6 +474,11 @@ def _train_population(args: argparse.Namespace) -> int:
         print(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
               f"{run_dir / MEMBERS_DIR}/seed_<S>.safetensors, {len(saved)} of {len(seeds)} members")
     print(f"rlspeed: run directory {run_dir}")
+    if summary["diverged"] == len(seeds):  # (nothing usable was trained: not a success)
+        print("rlspeed: error: every member diverged (non-finite parameters or env values; summary.json's members "
+              "say at which step): lower learning_rate, clip gradients (max_grad_norm) or check the env's rewards.",
+              file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

@@ -579,7 +579,9 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     target = Path(out).expanduser() if out is not None else path.with_suffix(FORMATS[format])
     if target.exists() and target.resolve() == path.resolve():
         raise UserError(f"The export would replace the model it is made from ('{path}'): give another --out.")
-    if target.exists() and not overwrite:
-        raise UserError(f"'{target}' exists: pass --overwrite to replace it, or give another --out.")
+    sidecar = target.with_name(target.name + ".json")
+    for existing in (target, sidecar):  # (the sidecar is written too: a file of the user's there is theirs)
+        if existing.exists() and not overwrite:
+            raise UserError(f"'{existing}' exists: pass --overwrite to replace it, or give another --out.")
     model = algo_cls.load(path, device="cpu")
     return export(model, target, format=format, action_mask=action_mask)

@@ -950,11 +950,12 @@ class Algorithm:
         `action_mask` input (None: when this model trained with the env's action masks)."""
         return export_policy(self, path, format=format, action_mask=action_mask)
 
-    def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None) -> dict:
-        """Deterministic evaluation on a separate env (see `rlspeed.evaluate`)."""
+    def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
+                 max_steps: int | None = None) -> dict:
+        """Deterministic evaluation on a separate env (see `rlspeed.evaluate`; `max_steps` caps each episode)."""
         from rlspeed.evaluation import evaluate
 
-        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed)
+        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
