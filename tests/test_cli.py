@@ -846,3 +846,20 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert "--env-kwargs does not apply to a population" in capsys.readouterr().err
     assert cli.main([*argv[:-2], "--env-kwargs", "gg=1", "--out", "typo"]) == 2
     assert "rejected the options g, gg" in capsys.readouterr().err
+
+
+def test_a_second_process_training_in_the_same_out_is_refused(tmp_path, monkeypatch, capsys):
+    """Two `rlspeed train` in one --out both ran to exit 0, one run's files lost and metrics.csv interleaved: the run
+    directory's lock (held while a process trains there) refuses the second in one sentence, whatever its flags."""
+    import fcntl
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none", "--no-progress"]
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / cli.RUN_LOCK, "w") as held:  # (another process's lock: another open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for extra in ([], ["--overwrite"], ["--resume"], ["--seeds", "0-1"]):
+            assert cli.main([*argv, "--out", "run", *extra]) == 2
+            assert "Another rlspeed process is training in 'run'" in capsys.readouterr().err
+    assert sorted(path.name for path in (tmp_path / "run").iterdir()) == [cli.RUN_LOCK]
+    assert cli.main([*argv, "--out", "run"]) == 0  # (released: the run goes ahead)

@@ -116,6 +116,9 @@ def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, 
     assert "interrupted (Ctrl-C)" in captured.err
     assert summary["interrupted"] is True
     assert [[step for step, _ in member["curve"]] for member in summary["members"]] == [[128, 256], [128, 256]]
+    # each member as a model of its own, as `rlspeed eval`'s pointer for a population checkpoint says
+    assert summary["member_models"] == {str(seed): f"members/seed_{seed}.safetensors" for seed in (0, 1)}
+    assert cli.main(["eval", str(out / "members" / "seed_1.safetensors"), "--episodes", "2", "--seed", "0"]) == 0
 
 
 def test_tune_without_optuna_names_the_package(capsys, monkeypatch):

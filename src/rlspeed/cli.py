@@ -434,10 +434,14 @@ def _train_population(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated) or signals[:1] == [signal.SIGTERM]
         code, name = (143, "SIGTERM") if terminated else (130, "Ctrl-C")
+        left = dict((int(k), v) for k, v in (getattr(population, "progress", None) or {}).get("left", []))
         partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
                    "total_timesteps": population.num_timesteps, "preset": args.preset_info,
-                   "members": [{"seed": seed, "curve": curves[k]} for k, seed in enumerate(seeds)]}
+                   "members": [{"seed": seed, "curve": curves[k], **left.get(k, {})} for k, seed in enumerate(seeds)]}
         with _signals_ignored():
+            # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
+            partial["member_models"] = (_save_member_models(population, partial, run_dir)
+                                        if population.num_timesteps > 0 else {})
             _write_text(run_dir / "summary.json", strict_json(partial, indent=2) + "\n")
         if checkpoint.exists():
             from rlspeed.checkpoint import load_checkpoint
@@ -651,11 +655,15 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     if args.overwrite and args.resume:
         raise UserError("--overwrite starts the run in --out afresh and --resume continues it: give one of them.")
     if args.out is None:
-        return _fresh_run_dir(_default_run_dir(args, algo, seeds))
+        run_dir = _fresh_run_dir(_default_run_dir(args, algo, seeds))
+        if not checked_before:
+            _lock_run_dir(run_dir)
+        return run_dir
     run_dir = Path(args.out)
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--out '{run_dir}' is a file; the run directory must be a directory.")
     if not checked_before and run_dir.is_dir():
+        _lock_run_dir(run_dir)  # (before the checks: a second process started at once sees the first's run)
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         # (a summary.json written on an interruption does not make the run finished: --resume may start it again)
         finished = [name for name in ("model.safetensors", "summary.json")
@@ -684,12 +692,49 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise UserError(f"Cannot create the run directory '{run_dir}': {error.strerror or error}.") from None
+    if not checked_before:
+        _lock_run_dir(run_dir)
     try:  # fail now, not after training: an existing directory may not be writable
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as error:
         raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
     return run_dir
+
+
+#: The lock file in a run directory: held (flock) by the process that trains there, released when it exits
+RUN_LOCK = ".rlspeed.lock"
+_RUN_LOCKS: dict[str, object] = {}  # run directory -> its lock file's open handle (held for the process's life)
+
+
+def _lock_run_dir(run_dir: Path) -> None:
+    """One training process per run directory: an exclusive lock on `run_dir/.rlspeed.lock`, held until the command
+    ends (`main`) or the process exits (torchrun's workers run under the lock of the command that started them);
+    UserError when another process holds it. (Without fcntl, on Windows, nothing is locked.)"""
+    key = str(run_dir.resolve())
+    if key in _RUN_LOCKS:  # (this process holds it already)
+        return
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        handle = open(run_dir / RUN_LOCK, "w")  # noqa: SIM115 (held open for the process's life)
+    except OSError:  # (an unwritable directory: the write check that follows says so)
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UserError(f"Another rlspeed process is training in '{run_dir}': wait for it to finish (or stop it), or "
+                        "give another --out.") from None
+    _RUN_LOCKS[key] = handle
+
+
+def _release_run_locks() -> None:
+    """Release the run directories this process locked (`_lock_run_dir`)."""
+    while _RUN_LOCKS:
+        _RUN_LOCKS.popitem()[1].close()
 
 
 def _export_sidecar(path: Path) -> bool:
@@ -727,6 +772,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
             with contextlib.suppress(OSError):
                 (run_dir / "config.yaml").unlink(missing_ok=True)
                 shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
+                (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()
         elif (fresh and isinstance(error, UserError)
@@ -1513,7 +1559,10 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning
-        return _main(argv)
+        try:
+            return _main(argv)
+        finally:
+            _release_run_locks()  # (the command is over: the next one in this process may train there)
 
 
 #: Python's own `warnings.showwarning` (the CLI shows warnings as its own lines only where it is still in place)
