@@ -135,3 +135,18 @@ def test_env_that_cannot_render_and_bad_file_names_are_refused(tmp_path):
         video.record_video(_cartpole(), tmp_path / "x.avi")
     with pytest.raises(UserError, match="does not exist"):
         video.record_video(_cartpole(), tmp_path / "missing" / "x.mp4")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
+def test_an_atari_policy_is_filmed_in_the_games_frames_with_fire_to_start(tmp_path):
+    """An Atari model acts on its preprocessed frame stacks while the video shows the game's RGB frames at the game's
+    speed; a game that waits for FIRE gets it first, as evaluation gives it (a policy that never fires would film a
+    ball never served). It failed: the raw env's (210, 160, 3) observations against the model's (4, 84, 84)."""
+    model = PPO("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=16,
+                batch_size=32)
+    model.predict = lambda obs, **kwargs: (np.zeros((), dtype=np.int64), None)  # NOOP, always
+    result = video.record_video(model, tmp_path / "breakout.gif", seed=0, max_steps=40)
+    assert result["frames"] == 41 and result["size"] == (210, 160) and result["fps"] == 15
+    # the ball was served and moves; without FIRE every frame is the same (the GIF writer keeps one of them)
+    frames = imageio.mimread(tmp_path / "breakout.gif")
+    assert len(frames) > 1 and not np.array_equal(frames[0], frames[-1])

@@ -12,6 +12,7 @@ import importlib.util
 import math
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -36,7 +37,7 @@ def _require_writer(path: Path) -> None:
 def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
     """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
     with `env_kwargs`, or the options the model's own env was made with (`spec.env_kwargs`)."""
-    from rlspeed.envs import NATIVE_ENVS
+    from rlspeed.envs import NATIVE_ENVS, _check_registered, atari, import_env_module
 
     if isinstance(model_or_id, str):
         env_id, backend = model_or_id, "auto"
@@ -46,6 +47,10 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
             env_kwargs = model_or_id.spec.env_kwargs
         env_id = env_id or model_or_id.env_id
     env_kwargs = dict(env_kwargs or {})
+    env_id = import_env_module(env_id)
+    _check_registered(env_id)  # (ale-py's ids and the package families' register on first use)
+    # an Atari game: the preprocessed env the model acts in (frame stacks), filmed in the game's own RGB frames
+    atari_game = atari.is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
     native = env_id in NATIVE_ENVS and backend in ("torch", "auto") and not env_kwargs
     make_id = f"rlspeed/{env_id}" if native else env_id
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
@@ -54,7 +59,8 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     try:
         with warnings.catch_warnings():  # (gymnasium warns of a mode the env lacks; the check below says it once)
             warnings.simplefilter("ignore", UserWarning)
-            env = gym.make(make_id, render_mode="rgb_array", **env_kwargs)
+            env = (atari.make_atari_env(env_id, render_mode="rgb_array", **env_kwargs) if atari_game
+                   else gym.make(make_id, render_mode="rgb_array", **env_kwargs))
     except TypeError as error:
         if "argument 'render_mode'" not in str(error):
             raise UserError(f"'{env_id}' could not be made for a video: {error}.") from None
@@ -70,6 +76,22 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
         raise UserError(f"'{env_id}' cannot render frames for a video (its render modes: "
                         f"{', '.join(env.metadata.get('render_modes') or []) or 'none'}).")
     return env
+
+
+@dataclass(frozen=True)
+class _AtariGame:
+    frame_skip: int
+    max_steps: int
+    fire: int | None  # FIRE's action index where the game waits for it (`atari.fire_action`)
+
+
+def _atari_game(env_id: str) -> _AtariGame | None:
+    """How a video plays an Atari image id (None for other envs)."""
+    from rlspeed.envs import atari
+
+    if not (atari.register_atari() and atari.is_atari(env_id)):
+        return None
+    return _AtariGame(atari.FRAME_SKIP, atari.max_episode_steps(env_id), atari.fire_action(env_id))
 
 
 def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs: dict | None = None) -> None:
@@ -116,8 +138,11 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         env.close()
         raise UserError(f"'{env_id or model.env_id}' gives observations of shape {env.observation_space.shape}, but "
                         f"this model takes {expected}: it cannot be filmed on that env.")
-    fps = fps or env.metadata.get("render_fps") or 30
-    limit = max_steps or (env.spec.max_episode_steps if env.spec is not None else None) or 10_000
+    game = _atari_game(env_id or model.env_id)
+    # (an Atari step is FRAME_SKIP of the game's 60 frames a second: the video plays at the game's speed)
+    fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)
+    limit = max_steps or (game.max_steps if game else None) or (
+        env.spec.max_episode_steps if env.spec is not None else None) or 10_000
     options = {"fps": fps, "macro_block_size": 1} if path.suffix.lower() == ".mp4" else {"duration": 1000 / fps}
     recurrent = hasattr(model, "act_with_state")
     returns, frames, size = [], 0, None
@@ -128,8 +153,10 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise UserError(f"Cannot write a video to '{path}': {error}.") from None
     try:
         for episode in range(episodes):
-            obs, _ = env.reset(seed=None if seed is None else seed + episode)
+            obs, info = env.reset(seed=None if seed is None else seed + episode)
             state, start, total = None, np.ones(1, dtype=bool), 0.0
+            # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
+            fire_next, lives = game is not None and game.fire is not None, info.get("lives")
             frame = _even(np.asarray(env.render()))
             size = size or frame.shape[:2]
             writer.append_data(frame)
@@ -140,7 +167,11 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                     start = np.zeros(1, dtype=bool)
                 else:
                     action, _ = model.predict(obs, deterministic=True)
-                obs, reward, terminated, truncated, _ = env.step(action)
+                if fire_next:
+                    action = np.asarray(game.fire).reshape(np.shape(action))
+                obs, reward, terminated, truncated, info = env.step(action)
+                fire_next = game is not None and game.fire is not None and info.get("lives", lives) < lives
+                lives = info.get("lives", lives)
                 total += float(reward)
                 writer.append_data(_even(np.asarray(env.render())))
                 frames += 1
