@@ -298,10 +298,27 @@ def test_auto_takes_rl_zoos_preset_where_rlspeed_has_none_and_says_so(algo, env_
 
 @requires_zoo
 def test_auto_falls_back_to_the_default_when_rl_zoos_entry_needs_what_rlspeed_has_not():
-    preset = load_preset("ppo", "AlienNoFrameskip-v4", "auto")  # no rlspeed entry; RL-Zoo's needs a wrapper
+    preset = load_preset("ppo", "CarRacing-v3", "auto")  # no rlspeed entry; RL-Zoo's needs a wrapper, 2 frames
     assert preset.source == "rlspeed-default" and "frame_stack" in preset.message()
     with pytest.raises(UserError, match="frame_stack"):
-        load_preset("ppo", "PongNoFrameskip-v4", "zoo")
+        load_preset("ppo", "CarRacing-v3", "zoo")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_every_atari_game_takes_the_atari_preset_and_rl_zoos_atari_entry_translates(algo):
+    """A game without an entry of its own gets the `atari` entry (it got the MLP-tuned default: 10 epochs, reward
+    normalisation over clipped rewards, a 1M replay); RL-Zoo's `atari` entry, whose AtariWrapper and 4 stacked frames
+    rlspeed's Atari envs apply, translates instead of being refused, into the same values where both set one."""
+    own = load_preset(algo, "AsterixNoFrameskip-v4", "auto")
+    assert own.source == "rlspeed" and dict(own) == dict(load_preset(algo, "BreakoutNoFrameskip-v4", "rlspeed"))
+    assert dict(load_preset(algo, "ALE/Alien-v5")) == dict(own)
+    if zoo.zoo_version() is None:
+        return
+    translated = load_preset(algo, "PongNoFrameskip-v4", "zoo")
+    assert translated.unsupported == [] and any("AtariWrapper" in note for note in translated.notes)
+    shared = set(translated) & set(own) - {"ortho_init", "adam_eps", "anneal_lr"}  # (the DQN preset's comment)
+    assert shared and {key: translated[key] for key in shared} == {key: own[key] for key in shared}
 
 
 def test_zoo_without_rl_zoo3_is_one_sentence_with_the_pip_command(monkeypatch):

@@ -16,6 +16,8 @@ import yaml
 from rlspeed.errors import UserError
 
 RUN_KEYS = ("total_timesteps", "eval_freq", "target_return")
+#: A preset file's entry for every Atari image id without an entry of its own (RL-Zoo's name for it)
+ATARI_KEY = "atari"
 SOURCES = ("auto", "rlspeed", "zoo")
 #: keys only an RL-Zoo entry has: one of them marks a user's file as RL-Zoo's format
 ZOO_KEYS = ("n_timesteps", "policy", "n_envs", "n_steps", "policy_kwargs", "normalize", "noise_type", "noise_std",
@@ -74,9 +76,18 @@ def _shipped(algo: str, env_id: str) -> Preset:
     presets = yaml.safe_load(path.read_text()) or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
-    if env_id in presets and env_id != "default":
+    if env_id in presets and env_id not in ("default", ATARI_KEY):
         return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
+    if ATARI_KEY in presets and _atari_image_id(env_id):
+        return Preset(presets[ATARI_KEY], "rlspeed", f"rlspeed's Atari preset for {algo} (every Atari game)")
     return Preset(presets.get("default", {}), "rlspeed-default", f"rlspeed's default {algo} preset (none for {env_id})")
+
+
+def _atari_image_id(env_id: str) -> bool:
+    """Whether `env_id` is an Atari game with image observations (ale-py installed and registered)."""
+    from rlspeed.envs import atari
+
+    return atari.register_atari() and atari.is_atari(env_id)
 
 
 def _zoo(algo: str, env_id: str) -> Preset:

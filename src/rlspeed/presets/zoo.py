@@ -215,18 +215,31 @@ def translate(algo: str, env_id: str) -> Translation:
     if key is None:
         raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}.")
     source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
-    return translate_entry(algo, entries[key], source)
+    return translate_entry(algo, entries[key], source, atari=_atari_image_id(env_id))
 
 
-def translate_entry(algo: str, entry: dict, source: str, strict: bool = False) -> Translation:
+#: The SB3 wrapper RL-Zoo's Atari entries name, whose preprocessing rlspeed's Atari envs apply (rlspeed.envs.atari)
+ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
+
+
+def _atari_image_id(env_id: str) -> bool:
+    from rlspeed.envs import atari
+
+    return atari.register_atari() and atari.is_atari(env_id)
+
+
+def translate_entry(algo: str, entry: dict, source: str, strict: bool = False, atari: bool = False) -> Translation:
     """`entry` (RL-Zoo's format: SB3 argument names plus n_envs, n_timesteps, normalize, ...) in rlspeed's terms.
 
     With `strict` (a user's own file), a key that is neither RL-Zoo's nor SB3's is blocking, as a typo would be.
+    With `atari` (the entry is for an Atari image id), SB3's `AtariWrapper` and `frame_stack: 4` are what rlspeed's
+    Atari envs apply already (`rlspeed.envs.atari`), noted rather than refused.
     """
     if algo not in ZOO_NAMES:
         raise UserError(f"RL-Zoo's format has no presets for rlspeed's '{algo}'; it has "
                         f"{', '.join(sorted(ZOO_NAMES))}.")
     translator = _Translator(algo, strict)
+    translator.atari = atari
     for key, value in entry.items():
         translator.entry(str(key), value)
     return translator.finish(source)
@@ -237,6 +250,7 @@ class _Translator:
 
     def __init__(self, algo: str, strict: bool):
         self.algo, self.strict = algo, strict
+        self.atari = False  # (the entry is for an Atari image id: `translate_entry`)
         self.hyper: dict = {}
         self.origin: dict[str, str] = {}  # rlspeed key -> the RL-Zoo key it came from (for refusal lines)
         self.run: dict = {}
@@ -309,6 +323,11 @@ class _Translator:
                 self.refuse(key, f"{value!r}: rlspeed has normal and ornstein-uhlenbeck action noise")
         elif key == "noise_std":
             self.set("action_noise_std", value, key)
+        elif key == "frame_stack" and self.atari and value == 4:
+            self.notes.append("frame_stack 4: rlspeed's Atari envs stack 4 frames")
+        elif key == "env_wrapper" and self.atari and value in (ATARI_WRAPPER, [ATARI_WRAPPER]):
+            self.notes.append("AtariWrapper: rlspeed's Atari envs apply its preprocessing (no-op reset, frame skip 4, "
+                              "84x84 grey, episodic life, clipped rewards), except FIRE after each reset")
         elif key == "frame_stack":
             self.refuse(key, f"{value}: rlspeed stacks frames only in its Atari envs (rlspeed.envs.atari, which its "
                              "own Atari presets use), not for other env ids yet")
