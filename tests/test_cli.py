@@ -801,15 +801,30 @@ def test_an_env_module_in_the_current_directory_is_found(tmp_path):
 
 
 def test_a_run_that_rolled_back_says_so_in_its_closing_lines(tmp_path, monkeypatch, capsys):
-    """A run whose updates went non-finite and were rolled back ends (exit 0, its steps done) with a note naming the
-    rollbacks and the step whose weights the model holds, beside the warnings that scrolled by; a population whose
+    """A run whose updates went non-finite once and were rolled back ends (exit 0, its steps done) with a note naming
+    the rollbacks and the step whose weights the model holds, beside the warnings that scrolled by; a run whose every
+    update was rolled back ends with exit 2 (it ended with exit 0 and its starting weights); a population whose
     members all diverged ends with exit 2."""
+    from rlspeed.numerics import NumericsGuard
+
     monkeypatch.chdir(tmp_path)
-    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "2048", "--no-progress", "--out", "run",
-                     "--set", "learning_rate=1e30", "--set", "max_grad_norm=1e30", "--target-return", "none"])
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "2048", "--no-progress", "--target-return", "none",
+            "--checkpoint-freq", "256", "--env-backend", "torch"]  # (a check before every checkpoint)
+    reads = []
+    after_read = NumericsGuard.after_read
+
+    def third_check_not_finite(self, values, *args):
+        reads.append(values[0])
+        return after_read(self, [0.0, *values[1:]] if len(reads) == 3 else values, *args)
+
+    monkeypatch.setattr(NumericsGuard, "after_read", third_check_not_finite)
+    assert cli.main([*argv, "--out", "run"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert code == 0 and summary["numerics"]["rollbacks"] > 0
-    assert re.search(r"note: \d+ rollback\(s\) .*restored the weights of step \d", capsys.readouterr().err)
+    assert summary["numerics"]["rollbacks"] == 1 and 0 < summary["numerics"]["rolled_back_timesteps"] <= 256
+    assert re.search(r"note: 1 rollback\(s\) .*restored the weights of step \d", capsys.readouterr().err)
+    monkeypatch.setattr(NumericsGuard, "after_read", after_read)
+    assert cli.main([*argv, "--out", "diverged", "--set", "learning_rate=1e30", "--set", "max_grad_norm=1e30"]) == 2
+    assert "Every update of this training was NaN or infinite and rolled back" in capsys.readouterr().err
     # a population whose every member diverged trained nothing usable: exit 2 with one sentence, not 0
     code = cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "1024", "--out", "pop",
                      "--set", "learning_rate=1e30", "--set", "max_grad_norm=1e30", "--target-return", "none",

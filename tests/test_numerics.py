@@ -160,3 +160,22 @@ def test_the_guard_can_be_switched_off():
                 **SMALL[PPO])
     model.learn(128, progress_bar=False)
     assert model.numerics_report()["guard"] is False
+
+
+def test_rolled_back_steps_count_each_discarded_step_once_and_an_all_rolled_back_learn_raises():
+    """Rollbacks at 100, 200 and 300 steps to one snapshot at 0 discard 300 steps (it counted 100 + 200 + 300); a
+    `learn` whose last check rolled back to where it started kept no update: DivergedError, not a silent return."""
+    from rlspeed.numerics import NumericsGuard
+
+    guard = NumericsGuard(max_rollbacks=10)
+    weights = {"w": torch.ones(3)}
+    guard.snapshot(weights, 0)
+    with pytest.warns(RuntimeWarning, match="non-finite parameters"):
+        for steps in (100, 200, 300):
+            weights["w"].fill_(math.nan)
+            assert guard.after_read([0.0], weights, "Env-v0", steps)
+    assert guard.rolled_back_timesteps == 300 and torch.equal(weights["w"], torch.ones(3))
+    with pytest.raises(DivergedError, match="Every update of this training was NaN or infinite"):
+        guard.check_kept(0, 300)
+    assert not guard.after_read([1.0], weights, "Env-v0", 400)  # (a kept update: the learn call kept something)
+    guard.check_kept(0, 400)

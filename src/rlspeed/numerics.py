@@ -218,6 +218,7 @@ class NumericsGuard:
         self.first_env_step: int | None = None
         self._snapshot: dict[str, torch.Tensor] | None = None
         self._snapshot_timesteps = 0
+        self._rolled_back_to = 0  # the step of the last rollback (or snapshot): what a rollback discards starts there
 
     def attach(self, env) -> None:
         """Watch the training env's values (through its `EpisodeStatistics` wrapper; an env without one is not
@@ -255,7 +256,7 @@ class NumericsGuard:
                 torch._foreach_copy_([old[k] for k in tensors], list(tensors.values()))
         else:
             self._snapshot = {name: t.detach().clone() for name, t in tensors.items()}
-        self._snapshot_timesteps = timesteps
+        self._snapshot_timesteps = self._rolled_back_to = timesteps
 
     def after_read(self, values: list[float], tensors: dict[str, torch.Tensor], env_id: str,
                    timesteps: int) -> bool:
@@ -278,7 +279,9 @@ class NumericsGuard:
             return False
         self.rollbacks += 1
         self.consecutive_rollbacks += 1
-        self.rolled_back_timesteps += timesteps - self._snapshot_timesteps
+        # (the steps since the last snapshot or rollback: a second rollback to the same snapshot counts only its own)
+        self.rolled_back_timesteps += timesteps - max(self._snapshot_timesteps, self._rolled_back_to)
+        self._rolled_back_to = timesteps
         self.restore(tensors)  # (also before stopping: the model a caller then saves holds the last finite state)
         if self.consecutive_rollbacks >= self.max_rollbacks:
             raise DivergedError(
@@ -305,6 +308,17 @@ class NumericsGuard:
                     tensor.copy_(saved)
                 else:
                     tensor.zero_()
+
+    def check_kept(self, start_timesteps: int, timesteps: int) -> None:
+        """At the end of `learn` (started at `start_timesteps`): DivergedError when its last check rolled back to the
+        state it started from, so no update of the call was kept (a short run can end before `max_rollbacks`
+        rollbacks in a row stop it)."""
+        if self.enabled and self.consecutive_rollbacks and self._snapshot_timesteps <= start_timesteps:
+            raise DivergedError(
+                f"Every update of this training was NaN or infinite and rolled back ({self.consecutive_rollbacks} "
+                f"rollback(s) up to {timesteps:,} steps): the model holds the weights it started with (step "
+                f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
+                "(max_grad_norm).")
 
     @property
     def last_finite_timesteps(self) -> int:

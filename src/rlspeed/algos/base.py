@@ -897,6 +897,7 @@ class Algorithm:
                     logger.amend_last(pending)
                 logger.close()
         self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint, train_wall_s=clock_offset + train_clock)
+        self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
         result.total_timesteps = self.num_timesteps - start_steps
         result.train_wall_s = train_clock
         result.sps = result.total_timesteps / max(train_clock, 1e-9)
