@@ -64,6 +64,9 @@ def test_v5_ids_skip_frames_in_the_wrapper_and_keep_sticky_actions():
     spec = env_spec("ALE/Breakout-v5")
     assert spec.observation_shape == (4, 84, 84) and spec.observation_space.dtype == np.uint8
     assert spec.action_space == gym.spaces.Discrete(4) and spec.max_episode_steps == 108_000 // 4
+    # the id's own frameskip given as an option: one sentence (it was Gymnasium's ValueError from the wrapper)
+    with pytest.raises(UserError, match="skips 4 frames itself .* leave frameskip out"):
+        atari.make_atari_env("ALE/Breakout-v5", frameskip=4)
 
 
 def test_training_variant_ends_episodes_at_lost_lives_and_clips_rewards_but_reports_whole_games():

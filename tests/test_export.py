@@ -123,7 +123,7 @@ def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
     # the space as checkpoints record it (rlspeed.envs.base.space_to_json): unbounded entries as null
     assert sidecar["observation_space"] == {"type": "box", "shape": [3], "low": None, "high": None,
                                             "dtype": "float32"}
-    assert sidecar["observation_normalization"] is None
+    assert sidecar["observation_normalization"] is None and sidecar["preprocessing"] is None
     proto = onnx.load(str(path))
     metadata = {prop.key: prop.value for prop in proto.metadata_props}
     assert metadata["algo"] == "sac" and metadata["rlspeed_version"] == rlspeed.__version__
@@ -401,3 +401,16 @@ def test_a_model_trained_with_masks_exports_the_mask_input_by_default(tmp_path):
                                   model.predict(states, action_masks=masks)[0])
     path = export(model, tmp_path / "plain.pt", format="torchscript", action_mask=False)
     np.testing.assert_array_equal(_graph_runner("torchscript", path)(states)[0], model.predict(states)[0])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
+def test_an_atari_policys_sidecar_says_how_its_frames_are_made(tmp_path):
+    """An exported Atari policy takes preprocessed frame stacks: the sidecar says how they are made (and that
+    Breakout needs FIRE to serve), which "raw observations as the env returns them" left out."""
+    model = rlspeed.PPO("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", num_envs=2,
+                        num_steps=16, batch_size=32)
+    model.export(tmp_path / "breakout.pt2")
+    sidecar = json.loads((tmp_path / "breakout.pt2.json").read_text())
+    assert sidecar["preprocessing"]["kind"] == "atari" and sidecar["preprocessing"]["frame_stack"] == 4
+    assert sidecar["preprocessing"]["frame_skip"] == 4 and sidecar["preprocessing"]["screen_size"] == 84
+    assert sidecar["preprocessing"]["fire_action_on_start_and_after_life_loss"] == 1

@@ -455,7 +455,22 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
                                            "clip": module.observation_clip, "in_graph": True}),
             # (the masking clause only where the graph takes an action_mask input)
             "action_mapping": (module.action_mapping if module.action_mask
-                               else re.sub(r" \(masked [^)]*\)", "", module.action_mapping))}
+                               else re.sub(r" \(masked [^)]*\)", "", module.action_mapping)),
+            "preprocessing": _preprocessing(model.env_id)}
+
+
+def _preprocessing(env_id: str) -> dict | None:
+    """What the env does to the game's frames before the policy sees them, where the policy needs it repeated
+    outside rlspeed (an Atari game: `rlspeed.envs.atari`); None for envs whose observations are the env's own."""
+    from rlspeed.envs import atari
+
+    if not (atari.register_atari() and atari.is_atari(env_id)):
+        return None
+    return {"kind": "atari", "noop_max": atari.NOOP_MAX, "frame_skip": atari.FRAME_SKIP,
+            "max_pool_last_two_frames": True, "grayscale": True, "screen_size": atari.SCREEN_SIZE,
+            "frame_stack": atari.FRAME_STACK, "stack_axis": 0,
+            "fire_action_on_start_and_after_life_loss": atari.fire_action(env_id),
+            "reference": "gymnasium.wrappers.AtariPreprocessing + FrameStackObservation (rlspeed.envs.atari)"}
 
 
 def _check_onnx_packages() -> None:

@@ -72,6 +72,9 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
     is, and what the EnvPool backend reproduces. `env_kwargs` go to `gymnasium.make` (e.g.
     `repeat_action_probability=0.0`)."""
     registered = gym.spec(env_id).kwargs or {}
+    if env_kwargs.get("frameskip", 1) != 1:
+        raise UserError(f"{env_id}: rlspeed's Atari preprocessing skips {FRAME_SKIP} frames itself (max-pooling the "
+                        f"last two), so the env must not: leave frameskip out (got {env_kwargs['frameskip']!r}).")
     if registered.get("frameskip", 1) != 1:
         env_kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself and refuses an env that does
     env = gym.make(env_id, **env_kwargs)

@@ -71,6 +71,9 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
         raise UserError("Populations do not support gSDE (use_sde) yet: remove it, or train the seeds as separate "
                         "runs.")
     for key, unused in _SOLO_OPTIONS.items():
+        if key == "save_replay_buffer" and hyperparameters.get(key):  # (off-policy populations take it themselves)
+            raise UserError("save_replay_buffer applies to populations with a replay buffer (DQN, SAC, TD3, DDPG); "
+                            "this one keeps none: leave it out.")
         if key in hyperparameters and hyperparameters[key] != unused:
             raise UserError(f"Populations do not support {key}={hyperparameters[key]!r} yet: leave it out (it would "
                             "apply to no member).")
@@ -791,6 +794,7 @@ class PopulationBase:
         `alive`, `generators`, the training env's rows and observations follow."""
         self.alive = [self.alive[i] for i in rows]
         self.generators = [self.generators[i] for i in rows]
+        self._env_nonfinite = self._sent_nonfinite = None  # (read at the check before the removal; the rows change)
         if self._env is not None:
             if self._masking:  # (the action masks valid for the kept rows' observations)
                 envs = self.config.num_envs
@@ -995,7 +999,47 @@ class PopulationBase:
     progress: dict | None = None
     _resumed = False
 
+    #: rows (of the training env as it is) whose observation or reward was NaN or infinite since the last check while
+    #: their actions were finite, on the device (`_note_env_values`; read with the divergence flags)
+    _env_nonfinite: torch.Tensor | None = None
+    #: rows that were sent a non-finite action since the last check (a diverged policy: what the env returns then is
+    #: not the env's fault, as the single runs' guard decides)
+    _sent_nonfinite: torch.Tensor | None = None
+
+    def _note_env_values(self, actions: torch.Tensor, obs: torch.Tensor, rewards: torch.Tensor) -> None:
+        """After each step of the training env with `actions`: mark the rows whose reward or (float) observation is
+        not finite although every action they were sent so far was."""
+        rows = rewards.shape[0]
+        sent = (~torch.isfinite(actions.reshape(rows, -1)).all(1) if actions.is_floating_point()
+                else torch.zeros(rows, dtype=torch.bool, device=rewards.device))
+        bad = ~torch.isfinite(rewards.reshape(rows, -1)).all(1)
+        if obs.is_floating_point():
+            bad |= ~torch.isfinite(obs.reshape(rows, -1)).all(1)
+        if self._env_nonfinite is None or self._env_nonfinite.shape != bad.shape:
+            self._env_nonfinite, self._sent_nonfinite = torch.zeros_like(bad), torch.zeros_like(bad)
+        self._sent_nonfinite |= sent
+        self._env_nonfinite |= bad & ~self._sent_nonfinite
+
+    def _check_env_values(self) -> None:
+        """NonFiniteEnvError (a `UserError`) naming the member whose env returned a NaN or infinite observation or
+        reward since the last check: a population stops, as a single run with `nan_policy="raise"` does (a member
+        trained on such values would only show up as diverged)."""
+        from rlspeed.numerics import NonFiniteEnvError
+
+        seen, self._env_nonfinite, self._sent_nonfinite = self._env_nonfinite, None, None
+        if seen is None or not bool(seen.any()):  # ok-sync: once per divergence check
+            return
+        rows = seen.nonzero().flatten().tolist()
+        member = self.alive[rows[0] // self.config.num_envs]
+        error = NonFiniteEnvError(self.env_id, rows[0], self.num_timesteps, len(rows))
+        error.args = (f"The env '{self.env_id}' returned a NaN or infinite observation or reward to population "
+                      f"member {member} (seed {self.seeds[member]}) by step {self.num_timesteps:,}"
+                      + (f" ({len(rows) - 1} other env rows too)" if len(rows) > 1 else "")
+                      + "; fix the env (populations do not mask such values).",)
+        raise error
+
     def _drop_diverged(self, left: dict[int, dict]) -> None:
+        self._check_env_values()
         diverged = self._diverged()
         if not diverged:
             return

@@ -806,6 +806,7 @@ class OffPolicyPopulation(PopulationBase):
                     actions = self._explore(self._inputs(obs.view(alive, envs, -1)), timesteps)
                 actions = actions.reshape(alive * envs, *self._action_tail)
                 next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
+                self._note_env_values(actions, next_obs, rewards)
                 following = None  # (the masks at each row's next observation)
                 if masking:
                     following = next_masks(info, terminated | truncated)

@@ -294,6 +294,7 @@ class PPOPopulation(PopulationBase):
                     masks = self._action_mask
                     actions, log_probs = self._sample(out, step, masks.view(size, envs, -1))
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
+                self._note_env_values(actions, next_obs, rewards)
                 if buf_masks is not None:
                     buf_masks[step].copy_(masks)
                     self._action_mask = info["action_mask"]
