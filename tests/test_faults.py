@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -560,3 +561,46 @@ def test_sigterm_stops_a_run_at_the_end_of_its_iteration_and_the_resume_is_the_u
     assert cli.main([*argv, "--out", str(tmp_path / "b"), "--resume"]) == 0
     want, got = (load_file(tmp_path / run / "model.safetensors") for run in ("a", "b"))
     assert want.keys() == got.keys() and all(torch.equal(want[key], got[key]) for key in want)
+
+
+class _CrashesOnceAtItsStep200(gym.Env):
+    """CartPole-like spaces; the 200th step of the first env made raises (a simulator that crashes mid-run)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (4,))
+    action_space = gym.spaces.Discrete(2)
+    crash = True
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = getattr(self, "t", 0)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 200 and _CrashesOnceAtItsStep200.crash:
+            _CrashesOnceAtItsStep200.crash = False
+            raise RuntimeError("simulator crashed")
+        return np.zeros(4, np.float32), 1.0, self.t % 50 == 0, False, {}
+
+
+def test_a_crash_keeps_the_timed_checkpoint_and_resume_goes_on_from_it(tmp_path, monkeypatch, capsys):
+    """Without --checkpoint-freq a single run still writes its checkpoint every CHECKPOINT_INTERVAL_S seconds (here
+    0: every iteration, as saving's 5% cap allows), so an env that crashes mid-run loses at most that much: the
+    checkpoint stays and --resume finishes the run (it lost everything: no checkpoint was written)."""
+    gym.register("rlspeed-test/CrashesOnce-v0", entry_point=_CrashesOnceAtItsStep200, max_episode_steps=100)
+    monkeypatch.setattr(cli, "CHECKPOINT_INTERVAL_S", 0.0)
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "rlspeed-test/CrashesOnce-v0", "--no-progress", "--total-timesteps", "1024",
+            "--num-envs", "2", "--set", "num_steps=32", "--set", "batch_size=64", "--target-return", "none",
+            "--out", "run"]
+    try:
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert "simulator crashed" in err and "--resume --out run continues from it" in err
+        saved = load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")[1]["num_timesteps"]
+        assert 0 < saved < 400  # (the crash came at the first env's step 200: 400 steps of both envs)
+        assert cli.main([*argv, "--resume"]) == 0
+        assert json.loads((tmp_path / "run" / "summary.json").read_text())["distributed"]["resumed_from_timesteps"] \
+            == saved
+    finally:
+        del gym.registry["rlspeed-test/CrashesOnce-v0"]

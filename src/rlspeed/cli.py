@@ -702,6 +702,10 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     return run_dir
 
 
+#: Without --checkpoint-freq, a single run writes its checkpoint at least this often (seconds of training): a crash
+#: loses at most about this much (`learn(checkpoint_interval_s=...)`, which also caps saving at 5% of the time)
+CHECKPOINT_INTERVAL_S = 60.0
+
 #: The lock file in a run directory: held (flock) by the process that trains there, released when it exits
 RUN_LOCK = ".rlspeed.lock"
 _RUN_LOCKS: dict[str, object] = {}  # run directory -> its lock file's open handle (held for the process's life)
@@ -780,6 +784,9 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
             raise UserError(f"{str(error).rstrip('.')}. '{run_dir}' keeps what the run wrote ({', '.join(held)}): "
                             "give --overwrite to train there again.") from None
+        elif "checkpoint.safetensors" in held:  # (what the crash did not lose, and how to go on from it)
+            print(f"rlspeed: {run_dir / 'checkpoint.safetensors'} is kept: --resume --out {run_dir} continues from it "
+                  "(once the cause is fixed)", file=sys.stderr, flush=True)
         raise
 
 
@@ -1096,6 +1103,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
                         run_dir=run_dir, checkpoint_freq=checkpoint_freq,
+                        # (without a step frequency, a crash still loses at most about this much training)
+                        checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
                         callback=[*callbacks, _stop_on_signal(signals)] if not strategy.enabled else callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop

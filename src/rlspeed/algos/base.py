@@ -685,7 +685,7 @@ class Algorithm:
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None,
-              confirm_target: bool = True, **stable_baselines3):
+              confirm_target: bool = True, checkpoint_interval_s: float | None = None, **stable_baselines3):
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
         `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
@@ -700,6 +700,11 @@ class Algorithm:
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
         The numerics guard (`rlspeed.numerics`) checks once per log interval and before every checkpoint.
+
+        With `run_dir`, `run_dir/checkpoint.safetensors` is written every `checkpoint_freq` env steps (and at the
+        end), and, with `checkpoint_interval_s` (one process), also once that many seconds have passed since the
+        last one, or 20 times the last save's duration if that is longer (saving then takes at most 5% of the time):
+        what a crash loses is bounded in time whatever the budget.
         """
         for key in stable_baselines3:  # (a keyword of SB3's learn, or a typo)
             advice = SB3_LEARN_KEYWORDS.get(key)
@@ -776,6 +781,8 @@ class Algorithm:
             self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
         last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
         last_check_time = last_log_time
+        last_checkpoint_time, checkpoint_cost = last_log_time, 0.0  # (`checkpoint_interval_s`)
+        timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
         train_clock = 0.0
         clock_start = time.perf_counter()
         stop = False
@@ -808,8 +815,10 @@ class Algorithm:
                 now = time.perf_counter()
                 finished = self.num_timesteps >= self._total_timesteps
                 eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
-                checkpoint_due = (next_checkpoint is not None and self.num_timesteps >= next_checkpoint
-                                  and run_dir is not None)
+                checkpoint_due = ((next_checkpoint is not None and self.num_timesteps >= next_checkpoint
+                                   and run_dir is not None)
+                                  or (timed_checkpoints and now - last_checkpoint_time
+                                      >= max(checkpoint_interval_s, 20 * checkpoint_cost)))
                 # Under torch.distributed every rank must take part in the same collectives: log every iteration.
                 if (now - last_log_time >= log_interval_s or eval_due or finished or checkpoint_due
                         or self.strategy.enabled):
@@ -873,11 +882,15 @@ class Algorithm:
                 # and at the run's end (its budget, or its target reached): --resume with a larger budget goes on
                 # from there, not from the last periodic checkpoint
                 if checkpoint_due or (next_checkpoint is not None and run_dir is not None and (finished or stop)):
-                    next_checkpoint = self.num_timesteps + checkpoint_freq
+                    if checkpoint_freq:
+                        next_checkpoint = self.num_timesteps + checkpoint_freq
                     self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
                                       train_wall_s=clock_offset + train_clock)
                     if main:
+                        saving = time.perf_counter()
                         self.save(Path(run_dir) / "checkpoint.safetensors")
+                        checkpoint_cost = time.perf_counter() - saving
+                    last_checkpoint_time = time.perf_counter()
                 if callbacks is not None:
                     paused = time.perf_counter()
                     if main and not callbacks.on_rollout_end(locals(), logged):
