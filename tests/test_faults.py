@@ -602,5 +602,8 @@ def test_a_crash_keeps_the_timed_checkpoint_and_resume_goes_on_from_it(tmp_path,
         assert cli.main([*argv, "--resume"]) == 0
         assert json.loads((tmp_path / "run" / "summary.json").read_text())["distributed"]["resumed_from_timesteps"] \
             == saved
+        # the run's end has a checkpoint too: never older than the model a finished run saves
+        final = load_checkpoint(tmp_path / "run" / "model.safetensors")[1]["num_timesteps"]
+        assert load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")[1]["num_timesteps"] == final >= 1024
     finally:
         del gym.registry["rlspeed-test/CrashesOnce-v0"]

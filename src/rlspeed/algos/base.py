@@ -881,7 +881,10 @@ class Algorithm:
                     clock_start = time.perf_counter()
                 # and at the run's end (its budget, or its target reached): --resume with a larger budget goes on
                 # from there, not from the last periodic checkpoint
-                if checkpoint_due or (next_checkpoint is not None and run_dir is not None and (finished or stop)):
+                # (timed checkpoints: where one was written, the end gets one too, so that it is never older than
+                # the model a finished run saves)
+                at_end = next_checkpoint is not None or (timed_checkpoints and checkpoint_cost > 0)
+                if checkpoint_due or (at_end and run_dir is not None and (finished or stop)):
                     if checkpoint_freq:
                         next_checkpoint = self.num_timesteps + checkpoint_freq
                     self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
