@@ -183,3 +183,33 @@ def test_the_success_rate_is_the_flags_share_not_the_returns(tmp_path):
     assert any(abs(rate - ret) > 1e-6 for rate, ret in zip(rates, returns))
     result = model.evaluate(episodes=6, seed=3)
     assert result["success_rate"] == pytest.approx(sum(result["successes"]) / 6)
+
+
+def test_a_population_reports_each_members_final_success_rate():
+    """Populations report goal envs' success too (they dropped the key): each member's `final_eval` has its
+    `success_rate`, equal to its return here (success pays 1, else 0), and the aggregate has `final_success_rate`."""
+    from rlspeed.population import Population
+
+    population = Population(rlspeed.PPO, GOAL_ID, seeds=[0, 1, 2], device="cpu", env_backend="gymnasium",
+                            num_envs=4, num_steps=16, batch_size=32)
+    summary = population.learn(256, progress_bar=False)
+    for member in summary["members"]:
+        assert member["final_eval"]["success_rate"] == pytest.approx(member["final_eval"]["mean"])
+    rates = [member["final_eval"]["success_rate"] for member in summary["members"]]
+    assert summary["aggregate"]["final_success_rate"]["median"] == pytest.approx(float(np.median(rates)))
+
+
+def test_population_evaluation_keeps_each_members_successes_apart():
+    """Member 0 walks right (succeeds), member 1 left (fails): the success rates follow the members, although member
+    1's envs never report a success before member 0's do (their blocks read False until they report)."""
+    from rlspeed.population import Population
+
+    population = Population(rlspeed.PPO, GOAL_ID, seeds=[0, 1], device="cpu", env_backend="gymnasium", num_envs=2,
+                            num_steps=16, batch_size=32)
+    episodes = 3
+
+    def right_then_left(obs: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([1] * episodes + [0] * episodes)
+
+    means = population._mean_returns([5, 6], episodes, right_then_left, [0, 1])
+    assert means.tolist() == [1.0, 0.0] and population.last_success_rates == [1.0, 0.0]

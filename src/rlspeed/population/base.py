@@ -151,12 +151,17 @@ class MemberEnvs(BatchedEnv):
 
     def _joined(self, infos: list[dict]) -> dict:
         """The envs' infos as one: tensors concatenated by rows, `final_rows` (host indices) offset by block; a key
-        only some envs give (`is_success`, from each env's first finished episode that reports it) is dropped."""
+        only some envs give is dropped, but for `is_success` (given from an env's first finished episode that
+        reports it on): the blocks of envs that have not reported it yet read False, as such an adapter's rows do."""
         joined: dict = {}
-        for key in infos[0]:
-            if not all(key in info for info in infos):
+        for key in dict.fromkeys(key for info in infos for key in info):
+            if key == "is_success":
+                values = [info.get(key, torch.zeros(size, dtype=torch.bool, device=self.device))
+                          for info, size in zip(infos, self._sizes)]
+            elif not all(key in info for info in infos):
                 continue
-            values = [info[key] for info in infos]
+            else:
+                values = [info[key] for info in infos]
             if key == "final_rows":
                 joined[key] = np.concatenate([rows + offset for rows, offset in zip(values, self._offsets)])
             else:
@@ -456,22 +461,28 @@ def unpack_observations(rows: torch.Tensor, layout: dict[str, tuple]) -> dict[st
 
 
 def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None
-                          ) -> torch.Tensor:
-    """The return of each env row's first episode `[rows]` (a row still running at the step limit: its return so
-    far), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`; with the first
-    action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the training
-    clock: a host read every 64 steps ends the loop once every row has finished."""
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(return, finished, succeeded) of each env row's first episode, `[rows]` each (a row still running at the step
+    limit: its return so far, not finished; succeeded: its last info's `is_success`, None where the env reports no
+    success), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`; with the
+    first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
+    training clock: a host read every 64 steps ends the loop once every row has finished."""
     limit = env.spec.max_episode_steps or 10_000
     returns = torch.zeros(obs.shape[0], device=obs.device)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
+    succeeded = None
     for step in range(1, limit + 1):
         obs, _, _, _, info = env.step(policy(obs) if masks is None else policy(obs, masks))
         masks = info["action_mask"] if masks is not None else None
-        returns = torch.where(info["done"] & ~finished, info["episode_return"], returns)
+        newly_done = info["done"] & ~finished
+        returns = torch.where(newly_done, info["episode_return"], returns)
+        if "is_success" in info:
+            succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
+                newly_done & info["is_success"])
         finished |= info["done"]
         if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
             break
-    return torch.where(finished, returns, info["episode_return"])
+    return torch.where(finished, returns, info["episode_return"]), finished, succeeded
 
 
 @dataclasses.dataclass
@@ -685,10 +696,17 @@ class PopulationBase:
             # (where the members apply the env's action masks, the policy takes (obs, masks))
             applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
             masks = info.get("action_mask") if applies else None
-            returns = first_episode_returns(env, obs, policy, masks)
+            returns, finished, succeeded = first_episode_returns(env, obs, policy, masks)
         finally:
             if env is not None:
                 env.close()
+        #: each evaluated member's share of successful episodes among the finished ones (None: not known), where
+        #: the env reports `info["is_success"]` (goal envs), else None; the last `evaluate`'s, by position
+        self.last_success_rates = None
+        if succeeded is not None:
+            done = finished.view(len(seeds), episodes).sum(1).cpu()  # ok-sync: evaluation
+            wins = succeeded.view(len(seeds), episodes).sum(1).cpu()
+            self.last_success_rates = [float(w) / float(d) if d > 0 else None for w, d in zip(wins, done)]
         return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
@@ -998,6 +1016,7 @@ class PopulationBase:
     #: `learn` with checkpoints): next evaluation and checkpoint, each member's curve, reached, pruned / diverged, times
     progress: dict | None = None
     _resumed = False
+    last_success_rates: list[float | None] | None = None  # (`_mean_returns`)
 
     #: rows (of the training env as it is) whose observation or reward was NaN or infinite since the last check while
     #: their actions were finite, on the device (`_note_env_values`; read with the divergence flags)
@@ -1201,12 +1220,14 @@ class PopulationBase:
         final_means = (self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()
                        if scored else [])
         final = dict(zip(scored, final_means))
+        rates = dict(zip(scored, self.last_success_rates)) if scored and self.last_success_rates else {}
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
                      "time_to_target_s": loop.time_to_target_s[k], "steps_to_target": loop.steps_to_target[k],
                      # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
-                     "final_eval": ({"mean": final[k], "episodes": eval_episodes, "seed": final_seeds[k]}
+                     "final_eval": ({"mean": final[k], "episodes": eval_episodes, "seed": final_seeds[k],
+                                     **({"success_rate": rates[k]} if rates.get(k) is not None else {})}
                                     if k in final else None),
                      "curve": loop.curves[k]}
             entry.update(loop.left.get(k, {}))
@@ -1225,6 +1246,9 @@ class PopulationBase:
             "reached": sum(loop.reached), "pruned": sum("pruned_at" in v for v in exits),
             "diverged": sum("diverged_at" in v for v in exits), "members": members,
             "aggregate": {"final_eval": aggregate(finals) if finals else None,
+                          # (goal envs: each member's final success rate, aggregated as the returns are)
+                          **({"final_success_rate": aggregate([r for r in rates.values() if r is not None])}
+                             if any(r is not None for r in rates.values()) else {}),
                           "steps_to_target": aggregate(reached_steps) if reached_steps else None,
                           "time_to_target_s": aggregate(reached_times) if reached_steps else None},
         }
