@@ -857,8 +857,12 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert cli.main(["train", "ppo", "Pendulum-v1", "--out", "run", "--resume", "--total-timesteps", "128",
                      "--no-progress"]) == 0
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["env_kwargs"] == {"g": 2.0}
-    assert cli.main([*argv[:-2], "--seeds", "0-1", "--out", "population"]) == 2
-    assert "--env-kwargs does not apply to a population" in capsys.readouterr().err
+    assert cli.main([*argv[:-2], "--seeds", "0-1", "--total-timesteps", "64", "--set", "use_sde=false", "--out",
+                     "population"]) == 0
+    config = yaml.safe_load((tmp_path / "population" / "config.yaml").read_text())
+    assert config["env_kwargs"] == {"g": 2.0} and config["env_backend"] == "gymnasium"
+    member = rlspeed.PPO.load(tmp_path / "population" / "members" / "seed_1.safetensors", device="cpu")
+    assert member.spec.env_kwargs == {"g": 2.0}
     assert cli.main([*argv[:-2], "--env-kwargs", "gg=1", "--out", "typo"]) == 2
     assert "rejected the options g, gg" in capsys.readouterr().err
 

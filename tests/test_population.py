@@ -615,3 +615,21 @@ def test_a_nan_reward_stops_a_population_in_one_sentence_naming_the_member(algo)
             population.learn(512, eval_freq=64, progress_bar=False)
     finally:
         del gym.registry["rlspeed-test/NanReward-v0"]
+
+
+def test_env_options_reach_every_members_env_its_evaluation_and_its_model():
+    """`env_kwargs` (Pendulum-v1 with g=2.0) make every member's env, as a solo run's: a member's evaluation equals
+    its model's (which records the options) on the same seed, and differs from the default env's."""
+    import rlspeed
+
+    population = Population(PPO, "Pendulum-v1", seeds=[0, 1], device="cpu", env_kwargs={"g": 2.0}, **SMALL)
+    assert population.env_backend == "gymnasium" and population.env_kwargs == {"g": 2.0}
+    means = population.evaluate([5, 6], episodes=2).tolist()
+    member = population.member_model(1)
+    assert member.spec.env_kwargs == {"g": 2.0}
+    assert rlspeed.evaluate(member, episodes=2, seed=6)["mean"] == pytest.approx(means[1], rel=1e-5)
+    default = rlspeed.evaluate(member, rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu",
+                                                        backend="gymnasium"), episodes=2, seed=6)
+    assert default["mean"] != pytest.approx(means[1], rel=1e-3)
+    with pytest.raises(UserError, match="env_backend='gymnasium'"):
+        Population(PPO, "Pendulum-v1", seeds=[0, 1], env_kwargs={"g": 2.0}, env_backend="torch", **SMALL)

@@ -330,8 +330,7 @@ def _train_population(args: argparse.Namespace) -> int:
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
                                         ("--nan-policy mask", args.nan_policy != "raise"),
-                                        ("--max-restarts", bool(args.max_restarts)),
-                                        ("--env-kwargs", bool(args.env_kwargs)))
+                                        ("--max-restarts", bool(args.max_restarts)))
                if given]
     if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
         refused.insert(0, "--seed")
@@ -374,6 +373,9 @@ def _train_population(args: argparse.Namespace) -> int:
             raise UserError(f"--save-replay-buffer applies to off-policy populations ({', '.join(off_policy)}), not "
                             f"{algo_cls.__name__}: drop it.")
         options["save_replay_buffer"] = True
+    env_kwargs = _env_kwargs(args)
+    if env_kwargs:
+        options["env_kwargs"] = env_kwargs
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     configure_threads(args.threads)
@@ -396,7 +398,7 @@ def _train_population(args: argparse.Namespace) -> int:
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": population.env_backend, "total_timesteps": total,
               "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
-              "gym_packages": args.gym_packages, "preset": args.preset_info,
+              "gym_packages": args.gym_packages, "preset": args.preset_info, "env_kwargs": env_kwargs or None,
               "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config)

@@ -619,7 +619,7 @@ class PopulationBase:
         hyperparameters = {**dataclasses.asdict(self.config), **self.member_hyperparameters[k]}
         with _forked_generators(self.device):
             model = self.algo_cls(self.env_id, seed=self.seeds[k], device=self.device, env_backend=self.env_backend,
-                                  **hyperparameters)
+                                  env_kwargs=self.env_kwargs or None, **hyperparameters)
         model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
         return model
 
@@ -660,12 +660,26 @@ class PopulationBase:
             raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
                             f"{getattr(algo_cls, '__name__', algo_cls)}.")
         self.seeds = seeds = check_seeds(seeds)
+        from rlspeed.envs import check_env_kwargs
+
+        #: the options of every member's Gymnasium env (`env_kwargs`, as a solo run takes them; Gymnasium's envs)
+        self.env_kwargs = check_env_kwargs(hyperparameters.pop("env_kwargs", None))
+        try:  # (checkpoints and config.yaml record them)
+            json.dumps(self.env_kwargs, allow_nan=False)
+        except (TypeError, ValueError):
+            raise UserError(f"A population's env_kwargs are recorded in its checkpoints, so they must be JSON values "
+                            f"(numbers, strings, lists, dicts); got {self.env_kwargs!r:.100}.") from None
+        if self.env_kwargs and env_backend == "auto":
+            env_backend = "gymnasium"  # (env options exist only for Gymnasium's envs)
+        elif self.env_kwargs and env_backend not in ("gymnasium", "gymnasium-async"):
+            raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or "
+                            f"'gymnasium-async'), not '{env_backend}'.")
         self.env_backend = population_env_backend(env_id, env_backend)
         self.env_id, self.size, self.device = env_id, len(seeds), torch.device(device)
         members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member)
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
-                                             env_backend=self.env_backend)
+                                             env_backend=self.env_backend, env_kwargs=self.env_kwargs or None)
         layout = observation_layout(solos[0].spec.observation_space)
         #: Dict observations' layout (`{key: (shape, dtype)}`): the envs pack them into flat rows
         #: (`PackedObservations`); None for one tensor
@@ -723,14 +737,16 @@ class PopulationBase:
                                                                              rows_per_member, self.device)
         if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
-            env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device))
+            env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device,
+                                         env_kwargs=self.env_kwargs))
         elif backend in ("envpool", "gymnasium-async"):
             from rlspeed.envs.envpool_env import EnvPoolEnv
 
             def member_env(seed: int) -> BatchedEnv:  # (Gymnasium's envs take their seeds at reset: `_reset`)
                 if backend == "envpool":
                     return EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device, seed=seed)
-                return GymnasiumEnv(self.env_id, num_envs=rows_per_member, device=self.device, vectorization="async")
+                return GymnasiumEnv(self.env_id, num_envs=rows_per_member, device=self.device, vectorization="async",
+                                    env_kwargs=self.env_kwargs)
 
             parts: list = []
             try:
@@ -921,7 +937,7 @@ class PopulationBase:
             tensors["obs"] = obs
         metadata = {"population": {
             "algo": self.algo_name, "env_id": self.env_id, "seeds": self.seeds, "env_backend": self.env_backend,
-            "config": dataclasses.asdict(self.config),
+            "env_kwargs": self.env_kwargs, "config": dataclasses.asdict(self.config),
             "member_hyperparameters": [self._member_hyperparameters(k) for k in range(self.size)],
             "alive": list(self.alive), "num_timesteps": self.num_timesteps, "state": own,
             "env": {"restorable": env_state is not None}, "loop": self.progress,
@@ -994,6 +1010,9 @@ class PopulationBase:
                             f"{_seed_text(theirs['seeds'])}, not of this population ({mine['algorithm']} on "
                             f"{mine['env']} with seeds {_seed_text(self.seeds)}): resume with the same "
                             f"{' and '.join(differ)}.")
+        if (saved.get("env_kwargs") or {}) != json.loads(json.dumps(self.env_kwargs)):
+            raise UserError(f"'{path}' was trained with the env options {saved.get('env_kwargs') or {}}, this "
+                            f"population has {self.env_kwargs}: resume with the same env_kwargs.")
         if saved.get("env_backend") != self.env_backend:
             raise UserError(f"'{path}' was trained on env_backend={saved.get('env_backend')!r}, this population runs "
                             f"on {self.env_backend!r}: resume with env_backend={saved.get('env_backend')!r}.")
