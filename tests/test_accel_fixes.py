@@ -327,3 +327,16 @@ def test_train_and_eval_calls_are_decided_separately(two_candidates):
         model(x)
     labels = [d.signature for d in model.accel_report.decisions]
     assert len(labels) == 2 and labels[1].endswith(", eval") and not labels[0].endswith(", eval")
+
+
+def test_a_wrapped_module_can_be_traced_exported_and_compiled_whole():
+    """`torch.jit.trace`, the TorchScript ONNX exporter and `torch.compile(fullgraph=True)` of an accelerated module
+    record its plain forward (the trace failed on a traced batch size; compiling broke the graph at the call timer)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    wrapped = auto_accelerate(copy.deepcopy(model))
+    x = torch.randn(8, 4)
+    traced = torch.jit.trace(wrapped, x)
+    assert torch.allclose(traced(x), model(x))
+    compiled = torch.compile(wrapped, fullgraph=True, backend="eager")  # (Dynamo alone: a graph break raises)
+    assert torch.allclose(compiled(x), model(x))
+    assert torch.allclose(wrapped(x), model(x))  # (and the module itself still runs its accelerator)

@@ -172,6 +172,13 @@ def _accelerated_class(base: type) -> type:
     return _ACCELERATED_CLASSES[base]
 
 
+def _recording() -> bool:
+    """Whether the current call is being recorded rather than run: `torch.jit.trace` (and the TorchScript ONNX
+    exporter), or `torch.compile` / `torch.export` tracing the model. Such calls run the plain `forward`: what they
+    record is the model itself, not this module's timing and search (which would break their graph)."""
+    return torch._C._get_tracing_state() is not None or torch.compiler.is_compiling()
+
+
 def unaccelerate(model: nn.Module) -> nn.Module:
     """Undo `auto_accelerate` in place (the original class back; parameters untouched) and return the model."""
     if isinstance(model, AcceleratedModule):
@@ -227,13 +234,18 @@ class ModuleAccelerator:
         if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a plain or a waiting kind of call
             x = args[0]
             if type(x) is torch.Tensor and x.device == self.device and x.dtype not in self.converter.convert_dtypes:
-                key = (1 << (x.shape[0] - 1).bit_length() if x.dim() >= 2 else None, torch.is_grad_enabled(),
+                size = x.shape[0] if x.dim() >= 2 else None
+                if size is not None and type(size) is not int:  # (torch.jit.trace: shapes are traced values)
+                    return self.base_forward(module, x)
+                key = (1 << (size - 1).bit_length() if size is not None else None, torch.is_grad_enabled(),
                        module.training)
                 if key in self._plain_keys:
                     return self.base_forward(module, x)
                 waiting = self._waiting.get(key)
                 if waiting is not None and waiting.spent_s < waiting.threshold_s:
                     return self._timed(waiting, module, args, kwargs)
+        if _recording():  # (tracing, TorchScript ONNX export, torch.compile of this module: they record the model)
+            return self.base_forward(module, *args, **kwargs)
         args, kwargs = self.converter(args, kwargs)
         strategy = self._single
         if strategy is None:
@@ -259,7 +271,7 @@ class ModuleAccelerator:
 
     def _timed(self, waiting: _Waiting | None, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         """An eager fp32 call of a kind not decided yet, its time added to what a search of that kind must earn."""
-        if waiting is None:  # an empty batch: nothing to decide or to count
+        if waiting is None or torch.compiler.is_compiling():  # (an empty batch, or compiled code: nothing to time)
             return self.base_forward(module, *args, **kwargs)
         started = time.perf_counter()
         outputs = self.base_forward(module, *args, **kwargs)
