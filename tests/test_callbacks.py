@@ -3,6 +3,7 @@ CheckpointCallback's files, the older plain-function form, and that callbacks ad
 
 from __future__ import annotations
 
+import csv
 import types
 
 import numpy as np
@@ -366,3 +367,20 @@ def test_stable_baselines3_callback_examples_run_as_written(tmp_path):
     assert torch.equal(saved.obs_rms.mean, model.obs_rms.mean) and evaluation.evaluations_timesteps
     with pytest.raises(UserError, match="EvalCallback does not render episodes: add a VideoRecorderCallback"):
         EvalCallback(render=True)
+
+
+def test_a_recorded_value_named_as_a_loop_column_does_not_replace_it(tmp_path):
+    """`logger.record("timesteps", ...)` replaced the loop's own step count in metrics.csv (and a loss column likewise):
+    such a key goes to `custom/<key>`, with a warning once."""
+
+    class Clobber(BaseCallback):
+        def _on_step(self):
+            self.logger.record("timesteps", -1)
+            return True
+
+    with pytest.warns(UserWarning, match="'timesteps' is a column the training loop writes itself"):
+        _ppo().learn(3 * STEPS_PER_ITERATION, callback=Clobber(), progress_bar=False, log_interval_s=0,
+                     run_dir=tmp_path)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert [int(float(row["timesteps"])) for row in rows] == [STEPS_PER_ITERATION * i for i in (1, 2, 3)]
+    assert [row["custom/timesteps"] for row in rows][1:] == ["-1.0", "-1.0"]

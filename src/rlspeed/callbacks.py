@@ -50,6 +50,7 @@ class MetricsRecorder:
     def __init__(self):
         self.values: dict[str, float] = {}
         self._warned: set[str] = set()
+        self._given: set[str] = set()  # the columns `take` has returned
 
     def record(self, key: str, value, exclude=None) -> None:
         """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`."""
@@ -68,10 +69,20 @@ class MetricsRecorder:
     def dump(self, step: int = 0) -> None:
         """Nothing: the loop writes recorded values with its next metrics row."""
 
-    def take(self) -> dict[str, float]:
-        """The recorded values, cleared (the loop calls this when it writes a row)."""
+    def take(self, columns=()) -> dict[str, float]:
+        """The recorded values, cleared (the loop calls this when it writes a row); a key that is one of the row's own
+        `columns` (`timesteps`, `sps`, a loss, ...) comes back as `custom/<key>`, with a warning once per key, so a
+        callback's value never replaces the loop's."""
         values, self.values = self.values, {}
-        return values
+        clashes = [key for key in values if key in columns and key not in self._given]
+        for key in clashes:
+            if key not in self._warned:
+                self._warned.add(key)
+                warnings.warn(f"logger.record('{key}', ...): '{key}' is a column the training loop writes itself, so "
+                              f"this value goes to 'custom/{key}'.", stacklevel=2)
+        taken = {(f"custom/{key}" if key in clashes else key): value for key, value in values.items()}
+        self._given.update(taken)  # (columns of its own: a later row that has them is no clash)
+        return taken
 
 
 class BaseCallback:

@@ -846,7 +846,7 @@ class Algorithm:
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     # (a resumed run's rows go on from the interrupted run's training clock, as its step count does)
                     row.update(timesteps=self.num_timesteps, train_wall_s=clock_offset + train_clock, sps=sps)
-                    row.update(self.recorder.take())  # (callbacks' `logger.record` values since the last row)
+                    row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
                         reached = False
@@ -908,7 +908,8 @@ class Algorithm:
             set_flush_denormal(flushed_before)
             bar.close()
             if logger is not None:
-                pending = self.recorder.take()  # (recorded by the last iteration's callbacks, after its row)
+                # (recorded by the last iteration's callbacks, after its row)
+                pending = self.recorder.take(logger.rows[-1] if logger.rows else ())
                 if pending:
                     logger.amend_last(pending)
                 logger.close()
