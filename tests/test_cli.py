@@ -270,19 +270,21 @@ def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
     import subprocess as subprocess_module
 
     calls = []
-    monkeypatch.setattr(subprocess_module, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(subprocess_module, "call", lambda command, env: calls.append((command, env)) or 0)
     monkeypatch.setattr(sys, "argv", ["pytest", "-x", "tests"])
     monkeypatch.chdir(tmp_path)
     code = cli.main(["train", "ppo", "CartPole-v1", "--nproc", "2", "--max-restarts=1", "--seed", "3",
                      "--no-progress"])
     assert code == 0 and len(calls) == 1
-    command = calls[0]
+    command, env = calls[0]
     assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "--max-restarts=1"]
     worker = command[command.index("rlspeed") + 1:]
     assert worker[:5] == ["train", "ppo", "CartPole-v1", "--seed", "3"]
     assert "--nproc" not in worker and "-x" not in worker and not any(a.startswith("--max-restarts") for a in worker)
     assert worker[worker.index("--out") + 1].startswith("runs/ppo-CartPole-v1-3-")
+    # (the workers train under the launcher's lock of that directory)
+    assert env[cli.RUN_LOCKED_BY_LAUNCHER] == str((tmp_path / worker[worker.index("--out") + 1]).resolve())
 
 
 def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_uses_it(monkeypatch, tmp_path):
@@ -857,6 +859,10 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert cli.main(["train", "ppo", "Pendulum-v1", "--out", "run", "--resume", "--total-timesteps", "128",
                      "--no-progress"]) == 0
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["env_kwargs"] == {"g": 2.0}
+    capsys.readouterr()
+    assert cli.main(["train", "ppo", "Pendulum-v1", "--out", "run", "--resume", "--total-timesteps", "192",
+                     "--no-progress", "--env-kwargs", "g=3.0"]) == 0  # (another option is named, as --set is)
+    assert "env_kwargs {'g': 2.0} -> {'g': 3.0}" in capsys.readouterr().err
     assert cli.main([*argv[:-2], "--seeds", "0-1", "--total-timesteps", "64", "--set", "use_sde=false", "--out",
                      "population"]) == 0
     config = yaml.safe_load((tmp_path / "population" / "config.yaml").read_text())
@@ -870,7 +876,7 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
 def test_a_second_process_training_in_the_same_out_is_refused(tmp_path, monkeypatch, capsys):
     """Two `rlspeed train` in one --out both ran to exit 0, one run's files lost and metrics.csv interleaved: the run
     directory's lock (held while a process trains there) refuses the second in one sentence, whatever its flags."""
-    import fcntl
+    fcntl = pytest.importorskip("fcntl", reason="run directories are locked where fcntl is (not on Windows)")
 
     monkeypatch.chdir(tmp_path)
     argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none", "--no-progress"]

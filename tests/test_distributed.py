@@ -212,3 +212,14 @@ def test_unseeded_ranks_draw_their_own_randomness():
         DQN("CartPole-v1", device="cpu", strategy=TwinRanks(), num_envs=2, net_arch=(8,))
         draws.append(torch.rand(3))
     assert not torch.equal(draws[0], draws[1])
+
+
+def test_nproc_1_trains_under_its_launchers_run_directory_lock(tmp_path):
+    """`rlspeed train --nproc 1` (one worker under torchrun, for --max-restarts) runs: the launcher holds the run
+    directory's lock and its worker does not take it again (it refused itself: "another rlspeed process")."""
+    result = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "1",
+                             "--total-timesteps", "256", "--target-return", "none", "--no-progress", "--device", "cpu",
+                             "--out", str(tmp_path / "run")], env=clean_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 256

@@ -607,3 +607,29 @@ def test_a_crash_keeps_the_timed_checkpoint_and_resume_goes_on_from_it(tmp_path,
         assert load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")[1]["num_timesteps"] == final >= 1024
     finally:
         del gym.registry["rlspeed-test/CrashesOnce-v0"]
+
+
+def test_a_signal_to_the_process_group_of_a_run_with_subprocess_envs_still_saves_it(tmp_path):
+    """A terminal's Ctrl-C or a scheduler's SIGTERM reaches every process of the group: the env subprocesses stop at
+    once, so a run on them stops at once too and saves (finishing the iteration stepped dead workers: "The env ...
+    raised ConnectionResetError", exit 1, nothing saved)."""
+    out = tmp_path / "run"
+    env = {**os.environ, "RLSPEED_NUM_THREADS": "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
+    env.pop("RLSPEED_DEVICE", None)
+    process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--env-backend",
+                                "gymnasium-async", "--num-envs", "2", "--set", "num_steps=1024", "--set",
+                                "n_epochs=1", "--target-return", "none", "--total-timesteps", "1e8", "--no-progress",
+                                "--device", "cpu", "--out", str(out)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)  # (its own process group, as a terminal's job)
+    try:
+        _wait_for(lambda: (out / "metrics.csv").exists(), process)
+        os.killpg(process.pid, signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 143, stderr[-2000:]
+    assert "interrupted (SIGTERM)" in stderr and "ConnectionResetError" not in stderr
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    assert (out / "checkpoint.safetensors").exists() and (out / "model.safetensors").exists()

@@ -582,36 +582,40 @@ def test_evaluate_refuses_a_member_outside_the_population():
 
 
 class _NanRewardAfter(gym.Env):
-    """CartPole-like spaces whose reward turns NaN at the 40th step of an env's life (the reliability pass's env)."""
+    """CartPole-like spaces whose reward turns NaN at the 40th step of an env first reset with a seed >= 10 (the
+    reliability pass's env, for the second member of seeds [0, 10] only)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
     def __init__(self):
-        self.steps = 0
+        self.steps, self.seed_given = 0, None
 
     def reset(self, seed=None, options=None):
         super().reset(seed=seed)
+        if self.seed_given is None:
+            self.seed_given = seed
         return np.zeros(4, np.float32), {}
 
     def step(self, action):
         self.steps += 1
-        reward = math.nan if self.steps == 40 else 1.0
+        reward = math.nan if self.steps == 40 and (self.seed_given or 0) >= 10 else 1.0
         return np.zeros(4, np.float32), reward, self.steps % 20 == 0, False, {}
 
 
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])
 def test_a_nan_reward_stops_a_population_in_one_sentence_naming_the_member(algo):
     """A NaN or infinite reward or observation stops a population as it stops a single run (NonFiniteEnvError, exit
-    2 from the CLI); members trained on it were only reported as diverged, and a population of them exited 0."""
+    2 from the CLI), naming the member whose env gave it; members trained on it were only reported as diverged, and
+    a population of them exited 0."""
     from rlspeed.numerics import NonFiniteEnvError
 
     gym.register("rlspeed-test/NanReward-v0", entry_point=_NanRewardAfter)
     try:
         hyper = SMALL if algo == "PPO" else {"num_envs": 2, "learning_starts": 16, "batch_size": 16}
-        population = Population(ALGORITHMS[algo.lower()], "rlspeed-test/NanReward-v0", seeds=[0, 1], device="cpu",
+        population = Population(ALGORITHMS[algo.lower()], "rlspeed-test/NanReward-v0", seeds=[0, 10], device="cpu",
                                 env_backend="gymnasium", **hyper)
-        with pytest.raises(NonFiniteEnvError, match=r"to population member 0 \(seed 0\) by step \d"):
+        with pytest.raises(NonFiniteEnvError, match=r"to population member 1 \(seed 10\) by step \d"):
             population.learn(512, eval_freq=64, progress_bar=False)
     finally:
         del gym.registry["rlspeed-test/NanReward-v0"]

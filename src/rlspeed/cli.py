@@ -429,8 +429,11 @@ def _train_population(args: argparse.Namespace) -> int:
               f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []
 
+    signals: list[int] = []
     try:
-        with _stop_after_iteration() as signals, _left_clean_if_not_started(run_dir, created, not args.resume):
+        with (_stopping(population.env_backend, False) as received,
+              _left_clean_if_not_started(run_dir, created, not args.resume)):
+            signals = received if received is not None else signals
             summary = population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                        stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs)
     except KeyboardInterrupt as stop:
@@ -710,6 +713,8 @@ CHECKPOINT_INTERVAL_S = 60.0
 
 #: The lock file in a run directory: held (flock) by the process that trains there, released when it exits
 RUN_LOCK = ".rlspeed.lock"
+#: Set by `rlspeed train --nproc` for the workers it starts: the run directory the launcher holds the lock of
+RUN_LOCKED_BY_LAUNCHER = "RLSPEED_RUN_LOCKED_BY_LAUNCHER"
 _RUN_LOCKS: dict[str, object] = {}  # run directory -> its lock file's open handle (held for the process's life)
 
 
@@ -718,7 +723,7 @@ def _lock_run_dir(run_dir: Path) -> None:
     ends (`main`) or the process exits (torchrun's workers run under the lock of the command that started them);
     UserError when another process holds it. (Without fcntl, on Windows, nothing is locked.)"""
     key = str(run_dir.resolve())
-    if key in _RUN_LOCKS:  # (this process holds it already)
+    if key in _RUN_LOCKS or os.environ.get(RUN_LOCKED_BY_LAUNCHER) == key:  # (held by this process, or its launcher)
         return
     try:
         import fcntl
@@ -836,7 +841,8 @@ def _sigterm_raises():
 def _stop_after_iteration():
     """Within the block the first Ctrl-C (SIGINT) or SIGTERM is recorded in the list yielded, for the population's
     learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint there); a second
-    signal stops at once (KeyboardInterrupt or `Terminated`)."""
+    signal stops at once (KeyboardInterrupt or `Terminated`). A signal the process was started ignoring (SIGINT in a
+    shell's background job) stays ignored."""
     received: list[int] = []
     owner = os.getpid()
 
@@ -849,7 +855,8 @@ def _stop_after_iteration():
               "(again to stop at once)", file=sys.stderr, flush=True)
 
     try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+                    if signal.getsignal(sig) is not signal.SIG_IGN}
     except ValueError:  # not the main thread: signals stay as they are
         yield received
         return
@@ -858,6 +865,15 @@ def _stop_after_iteration():
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _stopping(backend: str, several_processes: bool):
+    """How a run stops on Ctrl-C or SIGTERM: at the end of its iteration (`_stop_after_iteration`), or at once
+    (`_sigterm_raises`) where ranks would wait for each other or the env steps in subprocesses, which a signal to the
+    process group (a terminal's Ctrl-C, a scheduler's SIGTERM) stops at once: the iteration could not finish."""
+    if several_processes or backend == "gymnasium-async":
+        return _sigterm_raises()
+    return _stop_after_iteration()
 
 
 def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]) -> None:
@@ -1033,16 +1049,17 @@ def _keep_run_seed(args, model, path: Path) -> None:
 
 
 def _say_changed_settings(path: Path, config: dict) -> None:
-    """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters and run settings (budget,
-    target, evaluation frequency) that differ from the ones the run was started with (they apply from the resume on;
-    the checkpoint's weights and state stay)."""
+    """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters, run settings (budget, target,
+    evaluation frequency) and env options that differ from the ones the run was started with (they apply from the resume
+    on; the checkpoint's weights and state stay)."""
     before = _run_config(path)
     if not before:
         return
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
     changes = [f"{key} {old[key]} -> {new[key]}" for key in new if key in old and old[key] != new[key]]
-    changes += [f"{key} {before[key]} -> {config[key]}" for key in ("total_timesteps", "target_return", "eval_freq")
-                if key in before and key in config and before[key] != config[key]]
+    changes += [f"{key} {before.get(key)} -> {config.get(key)}"
+                for key in ("total_timesteps", "target_return", "eval_freq", "env_kwargs")
+                if (key in before or key == "env_kwargs") and key in config and before.get(key) != config[key]]
     if changes:
         print(f"rlspeed: --resume with other settings than the run started with: {', '.join(changes)} (they apply "
               "from here on; config.yaml now records them)", file=sys.stderr, flush=True)
@@ -1099,8 +1116,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # (the checkpoint then resumes as the uninterrupted run); a second stops at once. Several processes stop at once
     # (a rank stopping alone would leave the others waiting in its collectives).
     signals: list[int] = []
-    stopping = _sigterm_raises() if strategy.enabled else _stop_after_iteration()
-    with stopping as received:
+    with _stopping(model.env_backend, strategy.enabled) as received:
         signals = received if received is not None else signals
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
@@ -1110,7 +1126,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                         callback=[*callbacks, _stop_on_signal(signals)] if not strategy.enabled else callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
-    if interrupted is None and signals:  # (stopped at the end of an iteration)
+    finished = model.num_timesteps - steps_before >= total or model.result.steps_to_target is not None
+    if interrupted is None and signals and not finished:  # (stopped at the end of an iteration)
         interrupted = Terminated() if signals[0] == signal.SIGTERM else KeyboardInterrupt()
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
@@ -1198,6 +1215,9 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: 
     with _signals_ignored():
         run["model"].save(run_dir / "model.safetensors")
         run["model"].save(run_dir / "checkpoint.safetensors")
+        training_env = getattr(run["model"], "_env", None)
+        if training_env is not None:  # (now, not at exit: subprocess envs stopped mid-step are terminated quietly)
+            training_env.close()
         summary = _summary(run, steps, wall_s, steps / max(wall_s, 1e-9), None, interrupted=True)
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
         if run["tracker"] is not None:
@@ -1266,7 +1286,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
     print("rlspeed: " + " ".join(command[2:]), flush=True)
-    return subprocess.call(command)
+    # (the workers train under this command's lock of the run directory: they must not take it again)
+    return subprocess.call(command, env={**os.environ, RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())})
 
 
 def _plain(config) -> dict:

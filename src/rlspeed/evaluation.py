@@ -53,6 +53,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         env = atari.for_evaluation(env_id if seed is None else _Reseeded(env_id, seed))
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
         options = model.spec.env_kwargs if own_env else {}
+        if options and backend not in ("gymnasium", "gymnasium-async"):
+            backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
                                             evaluation=True, **options))
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)

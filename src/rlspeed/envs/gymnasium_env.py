@@ -12,6 +12,7 @@ import difflib
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.vector.async_vector_env import AsyncState
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, mask_size, numpy_dtype, observation_layout
 from rlspeed.envs.packages import register_family
@@ -557,5 +558,13 @@ class GymnasiumEnv(BatchedEnv):
                 out_info)
 
     def close(self) -> None:
-        """Close the vector env (for async, its worker subprocesses too)."""
+        """Close the vector env (for async, its worker subprocesses too). Subprocesses left with a step pending or
+        stopped already (a run stopped at once by a signal, which may have stopped them too) are terminated without a
+        word to them: a stopped worker's pipe raises, and Gymnasium would try again, with a traceback, at exit."""
+        inner = getattr(self.vector_env, "unwrapped", self.vector_env)
+        if isinstance(inner, gym.vector.AsyncVectorEnv) and not inner.closed and (
+                inner._state != AsyncState.DEFAULT or not all(process.is_alive() for process in inner.processes)):
+            inner._state = AsyncState.DEFAULT  # (Gymnasium's own flag of the pending call: nothing to wait for)
+            self.vector_env.close(terminate=True)
+            return
         self.vector_env.close()

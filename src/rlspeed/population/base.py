@@ -557,7 +557,7 @@ class PopulationBase:
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
     `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path`, `alive`
     (original indices of the members in the computation, in row order) and `num_timesteps` (env steps per member),
-    and provides `_begin`, `train_iteration`, `_diverged`, `evaluate(seeds, episodes, members)`, `remove(members)`
+    and provides `_begin`, `train_iteration`, `_finite_members`, `evaluate(seeds, episodes, members)`, `remove(members)`
     and, for checkpoints, `_state` and `_load_state`.
 
     The env rows (`_make_env`, `_reset`, `_env_rows`) are shared: one env of K x N rows, member k's block of N rows
@@ -585,8 +585,9 @@ class PopulationBase:
         """One training iteration of every member in the computation; returns the env steps each ran."""
         raise NotImplementedError
 
-    def _diverged(self) -> list[int]:
-        """Original indices of the members in the computation whose parameters are no longer finite."""
+    def _finite_members(self) -> torch.Tensor:
+        """Device flags `[len(alive)]`: whether each member in the computation still has finite parameters (and
+        optimiser state); `_drop_diverged` reads them."""
         raise NotImplementedError
 
     def _member_hyperparameters(self, k: int) -> dict:
@@ -818,6 +819,7 @@ class PopulationBase:
             self._start_masking()
             self._action_mask = info["action_mask"]
         self._env, self._obs = env, obs
+        self._attach_env_guard()
 
     def _start_masking(self) -> None:
         """The run applies the env's action masks from now on (see `supports_action_masks`)."""
@@ -828,12 +830,12 @@ class PopulationBase:
         `alive`, `generators`, the training env's rows and observations follow."""
         self.alive = [self.alive[i] for i in rows]
         self.generators = [self.generators[i] for i in rows]
-        self._env_nonfinite = self._sent_nonfinite = None  # (read at the check before the removal; the rows change)
         if self._env is not None:
             if self._masking:  # (the action masks valid for the kept rows' observations)
                 envs = self.config.num_envs
                 self._action_mask = self._action_mask.view(-1, envs, self._action_mask.shape[-1])[rows].flatten(0, 1)
             self._env, self._obs = self._env_rows(rows)
+            self._attach_env_guard()  # (the kept rows' env: checked from here on)
 
     def _env_rows(self, rows: list[int]):
         """(env, observations) of the training env cut down to the row blocks of the members at `rows` (positions
@@ -1037,48 +1039,45 @@ class PopulationBase:
     _resumed = False
     last_success_rates: list[float | None] | None = None  # (`_mean_returns`)
 
-    #: rows (of the training env as it is) whose observation or reward was NaN or infinite since the last check while
-    #: their actions were finite, on the device (`_note_env_values`; read with the divergence flags)
-    _env_nonfinite: torch.Tensor | None = None
-    #: rows that were sent a non-finite action since the last check (a diverged policy: what the env returns then is
-    #: not the env's fault, as the single runs' guard decides)
-    _sent_nonfinite: torch.Tensor | None = None
+    #: the training env's `rlspeed.numerics.EnvValueGuard` (`raise` policy: steps checked a block at a time), on the
+    #: innermost `EpisodeStatistics`, as a single run's guard sits (`_attach_env_guard`)
+    _env_guard = None
 
-    def _note_env_values(self, actions: torch.Tensor, obs: torch.Tensor, rewards: torch.Tensor) -> None:
-        """After each step of the training env with `actions`: mark the rows whose reward or (float) observation is
-        not finite although every action they were sent so far was."""
-        rows = rewards.shape[0]
-        sent = (~torch.isfinite(actions.reshape(rows, -1)).all(1) if actions.is_floating_point()
-                else torch.zeros(rows, dtype=torch.bool, device=rewards.device))
-        bad = ~torch.isfinite(rewards.reshape(rows, -1)).all(1)
-        if obs.is_floating_point():
-            bad |= ~torch.isfinite(obs.reshape(rows, -1)).all(1)
-        if self._env_nonfinite is None or self._env_nonfinite.shape != bad.shape:
-            self._env_nonfinite, self._sent_nonfinite = torch.zeros_like(bad), torch.zeros_like(bad)
-        self._sent_nonfinite |= sent
-        self._env_nonfinite |= bad & ~self._sent_nonfinite
+    def _attach_env_guard(self) -> None:
+        """Check the training env's observations and rewards for NaN and infinity as a single run does (its
+        `EnvValueGuard`, read with the divergence flags); a new env (members left) gets a new guard."""
+        from rlspeed.numerics import EnvValueGuard, _find_episode_statistics
 
-    def _check_env_values(self) -> None:
+        stats = _find_episode_statistics(self._env) if self._env is not None else None
+        self._env_guard = None
+        if stats is not None:
+            stats.numerics = self._env_guard = EnvValueGuard(stats.num_envs, stats.device, "raise")
+
+    def _env_error(self, own: int, first: int) -> None:
         """NonFiniteEnvError (a `UserError`) naming the member whose env returned a NaN or infinite observation or
-        reward since the last check: a population stops, as a single run with `nan_policy="raise"` does (a member
-        trained on such values would only show up as diverged)."""
+        reward (`own` env rows did, the first one `first`): a population stops, as a single run with
+        `nan_policy="raise"` does (a member trained on such values would only show up as diverged). Rows a diverged
+        policy sent non-finite actions first are not the env's doing (the guard tells them apart)."""
         from rlspeed.numerics import NonFiniteEnvError
 
-        seen, self._env_nonfinite, self._sent_nonfinite = self._env_nonfinite, None, None
-        if seen is None or not bool(seen.any()):  # ok-sync: once per divergence check
-            return
-        rows = seen.nonzero().flatten().tolist()
-        member = self.alive[rows[0] // self.config.num_envs]
-        error = NonFiniteEnvError(self.env_id, rows[0], self.num_timesteps, len(rows))
+        member = self.alive[first // self.config.num_envs]
+        error = NonFiniteEnvError(self.env_id, first, self.num_timesteps, own)
         error.args = (f"The env '{self.env_id}' returned a NaN or infinite observation or reward to population "
                       f"member {member} (seed {self.seeds[member]}) by step {self.num_timesteps:,}"
-                      + (f" ({len(rows) - 1} other env rows too)" if len(rows) > 1 else "")
+                      + (f" ({own - 1} other env rows too)" if own > 1 else "")
                       + "; fix the env (populations do not mask such values).",)
         raise error
 
     def _drop_diverged(self, left: dict[int, dict]) -> None:
-        self._check_env_values()
-        diverged = self._diverged()
+        finite = self._finite_members()
+        guard = self._env_guard
+        # (one host read: the members' finite flags, then the env guard's [own rows, first row, step, masked, caused])
+        read = torch.cat([finite.long(), guard.summary().long()] if guard is not None else [finite.long()])
+        values = read.tolist()  # ok-sync: once per divergence check
+        flags, env = values[:len(self.alive)], values[len(self.alive):]
+        if env and env[0] > 0:
+            self._env_error(env[0], env[1])
+        diverged = [k for k, ok in zip(self.alive, flags) if not ok]
         if not diverged:
             return
         for k in diverged:

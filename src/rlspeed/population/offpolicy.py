@@ -806,7 +806,6 @@ class OffPolicyPopulation(PopulationBase):
                     actions = self._explore(self._inputs(obs.view(alive, envs, -1)), timesteps)
                 actions = actions.reshape(alive * envs, *self._action_tail)
                 next_obs, rewards, terminated, truncated, info = env.step(self._to_env(actions))
-                self._note_env_values(actions, next_obs, rewards)
                 following = None  # (the masks at each row's next observation)
                 if masking:
                     following = next_masks(info, terminated | truncated)
@@ -1010,13 +1009,11 @@ class OffPolicyPopulation(PopulationBase):
     def _after_remove(self, index: torch.Tensor) -> None:
         """After the stacks kept the members at `index` (SAC rebuilds its flat Adam)."""
 
-    def _diverged(self) -> list[int]:
-        """Original indices of the members still in the computation whose parameters are not all finite (one host
-        read)."""
+    def _finite_members(self) -> torch.Tensor:
+        """Whether each member still in the computation has all-finite parameters (device flags)."""
         params = [t for name in self._member_lists for t in getattr(self, name)]
         params += [getattr(self, name) for name in self._member_tensors]
-        finite = torch.stack([p.detach().flatten(1).isfinite().all(1) for p in params]).all(0)
-        return [k for k, ok in zip(self.alive, finite.tolist()) if not ok]  # ok-sync: once per eval_freq steps
+        return torch.stack([p.detach().flatten(1).isfinite().all(1) for p in params]).all(0)
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:

@@ -294,7 +294,6 @@ class PPOPopulation(PopulationBase):
                     masks = self._action_mask
                     actions, log_probs = self._sample(out, step, masks.view(size, envs, -1))
                 next_obs, rewards, terminated, truncated, info = env.step(self._env_actions(actions))
-                self._note_env_values(actions, next_obs, rewards)
                 if buf_masks is not None:
                     buf_masks[step].copy_(masks)
                     self._action_mask = info["action_mask"]
@@ -553,12 +552,12 @@ class PPOPopulation(PopulationBase):
         if self.kind == "gaussian":
             self.log_std = params[-1]
 
-    def _diverged(self) -> list[int]:
-        """Original indices of the members whose parameters or Adam moments are no longer finite (one host read)."""
+    def _finite_members(self) -> torch.Tensor:
+        """Whether each member's parameters and Adam moments are still finite (device flags)."""
         finite = torch.ones(len(self.alive), dtype=torch.bool, device=self.device)
         for x in (*self.params, self._exp_avg_sq):
             finite &= x.detach().flatten(1).sum(1).isfinite()  # (a sum of finite values can overflow: also out)
-        return [self.alive[i] for i in (~finite).nonzero().flatten().tolist()]  # ok-sync: once per iteration
+        return finite
 
     # --- evaluation and the learn loop -------------------------------------------------------------------------
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
