@@ -339,3 +339,38 @@ def test_masks_found_at_the_start_give_the_autograd_update_its_own_optimizer_sta
     assert switched.update_summary()["implementation"] == plain.update_summary()["implementation"] == "autograd"
     for name, value in plain.policy.state_dict().items():
         torch.testing.assert_close(switched.policy.state_dict()[name], value, atol=1e-6, rtol=0, msg=name)
+
+
+class _MultiBinaryWithMasks(gym.Env):
+    """MultiBinary(3) actions and an info["action_mask"], which rlspeed does not apply to such actions."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.MultiBinary(3)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {"action_mask": np.ones(6, dtype=bool)}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {"action_mask": np.ones(6, dtype=bool)}
+
+
+def test_masks_of_actions_rlspeed_does_not_mask_are_a_warning_not_silence():
+    """MultiBinary actions with masks (sb3-contrib's MaskablePPO applies them; rlspeed masks Discrete and
+    MultiDiscrete only): one warning naming the env, on both adapters (training ignored them without a word)."""
+    from rlspeed.envs import gymnasium_env
+
+    gym.register("rlspeed-test/MultiBinaryMasks-v0", entry_point=_MultiBinaryWithMasks, max_episode_steps=10)
+    gymnasium_env._WARNED_MASKS.clear()
+    try:
+        with pytest.warns(UserWarning, match="MultiBinaryMasks-v0 gives action masks for its MultiBinary actions"):
+            rlspeed.PPO("rlspeed-test/MultiBinaryMasks-v0", seed=0, device="cpu", num_envs=2, num_steps=8,
+                        batch_size=16).learn(16, progress_bar=False)
+    finally:
+        del gym.registry["rlspeed-test/MultiBinaryMasks-v0"]
+    contrib = pytest.importorskip("sb3_contrib.common.envs")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    vec_env = DummyVecEnv([lambda: contrib.InvalidActionEnvMultiBinary(dims=3, n_invalid_actions=1)] * 2)
+    with pytest.warns(UserWarning, match="gives action masks for its MultiBinary actions"):
+        rlspeed.PPO(vec_env, seed=0, device="cpu", num_steps=8, batch_size=16)

@@ -8,6 +8,7 @@ observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the de
 from __future__ import annotations
 
 import difflib
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -148,6 +149,20 @@ def add_success(adapter, out_info: dict, successes: dict) -> None:
         adapter.reports_success = True
     if adapter.reports_success:
         out_info["is_success"] = success_flags(successes, adapter.num_envs, adapter.device)
+
+
+_WARNED_MASKS: set[str] = set()
+
+
+def warn_unapplied_masks(spec: EnvSpec) -> None:
+    """Warn once per env id that its action masks are not applied: rlspeed masks Discrete and MultiDiscrete actions
+    only (sb3-contrib's MaskablePPO also MultiBinary ones), so training and evaluation choose among all actions."""
+    if spec.env_id in _WARNED_MASKS:
+        return
+    _WARNED_MASKS.add(spec.env_id)
+    warnings.warn(f"{spec.env_id} gives action masks for its {type(spec.action_space).__name__} actions, which rlspeed "
+                  "does not apply (it masks Discrete and MultiDiscrete actions): every action stays allowed.",
+                  stacklevel=3)
 
 
 def _has_mask_method(env) -> bool:
@@ -381,6 +396,9 @@ class GymnasiumEnv(BatchedEnv):
         # convention); found at reset, then read every step (after autoreset: the new episode's first mask).
         self._mask_width = mask_size(self.spec.action_space)
         self._mask_method = False
+        if self._mask_width is None and isinstance(vector_env, gym.vector.SyncVectorEnv) \
+                and _has_mask_method(vector_env.envs[0]):
+            warn_unapplied_masks(self.spec)
         if self._mask_width is not None:
             if self._sync_envs is not None or isinstance(vector_env, gym.vector.SyncVectorEnv):
                 self._mask_method = _has_mask_method(vector_env.envs[0])
@@ -414,6 +432,8 @@ class GymnasiumEnv(BatchedEnv):
         """
         obs, reset_info = self.vector_env.reset(seed=seed)
         info = {}
+        if self._mask_width is None and "action_mask" in reset_info:
+            warn_unapplied_masks(self.spec)
         if self._mask_width is not None and ("action_mask" in reset_info or self._mask_method):
             self.has_action_masks = True
             info["action_mask"] = self._masks(reset_info.get("action_mask"),

@@ -26,6 +26,7 @@ from rlspeed.envs.gymnasium_env import (
     obs_and_final,
     registered_vector_env_id,
     to_device,
+    warn_unapplied_masks,
 )
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
@@ -56,8 +57,10 @@ class SB3VecEnv(BatchedEnv):
         self._float_vector = self.spec.float_vector_obs
         # Action masks as sb3-contrib's MaskablePPO reads them: the envs' `action_masks()` method
         has_attr = getattr(vec_env, "has_attr", None)
-        self.has_action_masks = (mask_size(self.spec.action_space) is not None and callable(has_attr)
-                                 and bool(has_attr("action_masks")))
+        offers_masks = callable(has_attr) and bool(has_attr("action_masks"))
+        self.has_action_masks = mask_size(self.spec.action_space) is not None and offers_masks
+        if offers_masks and not self.has_action_masks:
+            warn_unapplied_masks(self.spec)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
 
     def _masks(self) -> dict:

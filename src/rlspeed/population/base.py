@@ -1068,15 +1068,20 @@ class PopulationBase:
                       + "; fix the env (populations do not mask such values).",)
         raise error
 
+    def _env_value_flags(self) -> torch.Tensor | None:
+        """[env rows whose own observation or reward was NaN or infinite, the first such row] on the device, since the
+        last check (the training env's guard); None without one."""
+        return None if self._env_guard is None else self._env_guard.summary()[:2]
+
     def _drop_diverged(self, left: dict[int, dict]) -> None:
         finite = self._finite_members()
-        guard = self._env_guard
-        # (one host read: the members' finite flags, then the env guard's [own rows, first row, step, masked, caused])
-        read = torch.cat([finite.long(), guard.summary().long()] if guard is not None else [finite.long()])
+        env = self._env_value_flags()
+        # (one host read: the members' finite flags, then [env rows with their own non-finite values, the first])
+        read = torch.cat([finite.long(), env.long()] if env is not None else [finite.long()])
         values = read.tolist()  # ok-sync: once per divergence check
-        flags, env = values[:len(self.alive)], values[len(self.alive):]
-        if env and env[0] > 0:
-            self._env_error(env[0], env[1])
+        flags, env_values = values[:len(self.alive)], values[len(self.alive):]
+        if env_values and env_values[0] > 0:
+            self._env_error(env_values[0], env_values[1])
         diverged = [k for k, ok in zip(self.alive, flags) if not ok]
         if not diverged:
             return

@@ -302,6 +302,7 @@ class PPOPopulation(PopulationBase):
                                                   values, rewards, terminated, terminated | truncated))
                 obs = next_obs
             self._obs = obs
+            self._note_rollout_values(buf_obs, buf_next, buf_rewards, buf_actions)
             next_obs_per_member = buf_next.view(steps, size, envs, -1).transpose(0, 1).reshape(size, -1, obs_dim)
             next_values = self.forward(next_obs_per_member)[1]
             next_values = next_values.view(size, steps, envs).transpose(0, 1).reshape(steps, size * envs)
@@ -551,6 +552,41 @@ class PPOPopulation(PopulationBase):
         self.encoder_params = params[2 * layers:2 * layers + len(self.encoder_params)]
         if self.kind == "gaussian":
             self.log_std = params[-1]
+
+    #: rows of the rollouts since the last check whose observations or rewards were not finite, and rows that were
+    #: sent a non-finite action (device flags; `_note_rollout_values`)
+    _rollout_bad: torch.Tensor | None = None
+    _rollout_sent: torch.Tensor | None = None
+
+    def _attach_env_guard(self) -> None:
+        """No per-step guard: the rollout storage is checked once per iteration (`_note_rollout_values`)."""
+        self._env_guard = None
+        self._rollout_bad = self._rollout_sent = None  # (the rows change with the env)
+
+    def _note_rollout_values(self, obs: torch.Tensor, final_obs: torch.Tensor, rewards: torch.Tensor,
+                             actions: torch.Tensor) -> None:
+        """After a rollout: flag the env rows whose observations, final observations or rewards `[T, rows, ...]` were
+        NaN or infinite, and those sent a non-finite action (a diverged policy's doing, not the env's), a few kernels
+        per rollout (the single runs' guard checks the same values: `rlspeed.numerics.EnvValueGuard`)."""
+        steps, rows = rewards.shape
+        bad = ~rewards.isfinite().all(0)
+        for values in (obs, final_obs):
+            if values.is_floating_point():
+                bad |= ~values.reshape(steps, rows, -1).isfinite().all(2).all(0)
+        sent = (~actions.reshape(steps, rows, -1).isfinite().all(2).all(0) if actions.is_floating_point()
+                else torch.zeros_like(bad))
+        if self._rollout_bad is None or self._rollout_bad.shape != bad.shape:
+            self._rollout_bad, self._rollout_sent = torch.zeros_like(bad), torch.zeros_like(bad)
+        self._rollout_sent |= sent
+        self._rollout_bad |= bad
+
+    def _env_value_flags(self) -> torch.Tensor | None:
+        if self._rollout_bad is None:
+            return None
+        own = self._rollout_bad & ~self._rollout_sent
+        self._rollout_bad = self._rollout_sent = None
+        first = torch.where(own, torch.arange(own.shape[0], device=own.device), own.shape[0]).min()
+        return torch.stack((own.sum(), first))
 
     def _finite_members(self) -> torch.Tensor:
         """Whether each member's parameters and Adam moments are still finite (device flags)."""
