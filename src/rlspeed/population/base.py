@@ -990,6 +990,7 @@ class PopulationBase:
             if restored:
                 self._env.load_state_dict(env_state)
                 self._obs = tensors["obs"].clone()
+                self._attach_env_guard()
             else:
                 self._env.close()
                 self._env = None
