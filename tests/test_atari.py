@@ -132,6 +132,14 @@ def test_ram_observations_are_not_preprocessed_as_images():
         assert obs.shape == (1, 128) and obs.dtype == torch.uint8
     finally:
         env.close()
+    # a model asked for the RAM (its spec as its envs: it was built for 84x84 frame stacks) and the -ram id hint
+    from rlspeed import PPO
+
+    model = PPO("ALE/Pong-v5", env_kwargs={"obs_type": "ram"}, device="cpu", num_envs=2, num_steps=8, batch_size=16)
+    assert model.spec.observation_shape == (128,) and model.spec.observation_space.dtype == np.uint8
+    model.learn(16, progress_bar=False)
+    with pytest.raises(UserError, match='with the env option obs_type="ram"'):
+        make_env("ALE/Pong-ram-v5")
 
 
 @pytest.mark.parametrize("algo_name", ["ppo", "dqn"])

@@ -154,9 +154,10 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         return NATIVE_ENVS[env_id].spec
     _check_registered(env_id)
     spec = gym_spec(env_id)
+    # (an Atari game asked for with obs_type="ram" observes 128 bytes of RAM: no image preprocessing, as make_env)
+    atari_game = atari.is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
     try:
-        env = (atari.make_atari_env(spec.id, **env_kwargs) if atari.is_atari(env_id)
-               else gym.make(spec.id, **env_kwargs))
+        env = atari.make_atari_env(spec.id, **env_kwargs) if atari_game else gym.make(spec.id, **env_kwargs)
     except UserError:
         raise
     except TypeError as error:
@@ -166,7 +167,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
     except Exception as error:
         raise _make_error(env_id, "gymnasium", error) from error
     try:
-        if atari.is_atari(env_id):
+        if atari_game:
             made = atari.atari_spec(env_id, env)
         else:
             made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,

@@ -8,6 +8,7 @@ observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the de
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 
 import gymnasium as gym
@@ -37,6 +38,11 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     except Exception:
         ids = list(gym.registry.keys())
         close = difflib.get_close_matches(env_id, ids, n=3, cutoff=0.5)
+        ram = re.fullmatch(r"(ALE/[A-Za-z]+)-ram(-v\d+)", env_id)  # (ale-py 0.9+ registers no -ram v5 ids)
+        if ram and ram.group(1) + ram.group(2) in gym.registry:
+            raise UserError(f"Unknown env id '{env_id}': ale-py gives the RAM of {ram.group(1)}{ram.group(2)} with the "
+                            f"env option obs_type=\"ram\" (make_env(..., obs_type=\"ram\"), env_kwargs={{\"obs_type\": "
+                            "\"ram\"}, or --env-kwargs obs_type=ram).") from None
         hint = (f" Did you mean {', '.join(close)}?" if close else "") + (
             " If a package registers it, import that package first, or name it in the id (`MODULE:EnvId`; the CLI "
             "also takes `--gym-packages MODULE`); `python -c \"import gymnasium; print(list(gymnasium.registry))\"` "
