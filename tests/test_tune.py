@@ -256,3 +256,18 @@ def test_a_search_space_written_with_exponents_reads_them_as_numbers(tmp_path):
     path.write_text("learning_rate: {low: 1e-5, high: 1e-2, log: true}\n")
     space, _ = load_search_space(path, PPO, {}, ())
     assert space["learning_rate"]["low"] == 1e-5 and space["learning_rate"]["high"] == 1e-2
+
+
+def test_env_options_reach_every_trial_and_the_preset_names_them(tmp_path, capsys):
+    """`--env-kwargs` makes every trial's env with the options (CartPole-v1 with Sutton and Barto's reward: 0 per step,
+    -1 at the end, so no return is positive), the study records them and the preset says to give them to train."""
+    command = [item for item in _command(tmp_path, "--trials", "2", "--confirm-seeds", "0", "--env-kwargs",
+                                         "sutton_barto_reward=true") if item != "1000"]
+    command[command.index("--target-return") + 1:command.index("--target-return") + 1] = ["none"]
+    assert cli.main(command) == 0
+    study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert study.user_attrs["rlspeed"]["env_kwargs"] == {"sutton_barto_reward": True}
+    finals = [trial.user_attrs["final_eval"] for trial in study.get_trials(deepcopy=False)]
+    assert len(finals) == 2 and all(value <= 0 for value in finals)
+    assert "# Tuned on the env made with options: train with --env-kwargs sutton_barto_reward=true" in (
+        tmp_path / "best.yaml").read_text()

@@ -552,7 +552,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  study_name=study_name, hyperparameters=hyper, budget=budget, target_return=target,
                  eval_freq=eval_freq, search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
                  confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
-                 device=device, command=command, progress_bar=not args.no_progress)
+                 device=device, command=command, progress_bar=not args.no_progress,
+                 env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None)
         except Terminated:
             print("rlspeed: terminated (SIGTERM)", file=sys.stderr)
             return 143
@@ -1505,6 +1506,8 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
                      help="the fixed hyperparameters every trial starts from (as for train)")
     tun.add_argument("--set", action="append", metavar="KEY=VALUE", help="fix a hyperparameter (leaves the search)")
+    tun.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
+                     help="an option of the Gymnasium env for every trial (gymnasium.make(env_id, KEY=VALUE))")
     tun.add_argument("--num-envs", type=_whole(1), default=None, help="envs per trial (default: preset)")
     tun.add_argument("--target-return", type=_target_text, default=None,
                      help="the objective's target (default: the preset's, else the env's reward_threshold; 'none' = "

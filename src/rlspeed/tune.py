@@ -29,6 +29,7 @@ import dataclasses
 import datetime
 import difflib
 import hashlib
+import json
 import math
 import re
 import sys
@@ -245,12 +246,13 @@ class _Setup:
     device: object
     preset_timesteps: int  # the total_timesteps the preset file gets
     progress_bar: bool = True  # a bar over each batch's training (and the confirmation's)
+    env_kwargs: dict = dataclasses.field(default_factory=dict)  # the env's options, every trial's
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
 
         return Population(self.algo_cls, self.env_id, seeds=seeds, device=self.device,
-                          **{**self.hyperparameters, **per_member})
+                          env_kwargs=self.env_kwargs or None, **{**self.hyperparameters, **per_member})
 
     def learn(self, members, on_eval=None) -> dict:
         kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval,
@@ -396,12 +398,14 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
          confirm_top: int = 4, out: str | Path, total_timesteps: int | None = None, seed: int = 0, device="cpu",
-         command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True) -> dict:
+         command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True,
+         env_kwargs: dict | None = None) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
     write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
     unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
-    population's env steps per member while it trains.
+    population while it trains. `env_kwargs`: the env's options, for every trial (recorded with the study; the preset
+    file names them, since `rlspeed train` needs them given again).
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -417,11 +421,15 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         say(f"rlspeed: {note}")
     # a setup the population refuses (gSDE, Atari games, an encoder SAC or TD3 members lack, ...) fails here, before
     # the study records any trial
-    Population(algo_cls, env_id, seeds=[seed], device=device, **hyperparameters)
+    env_kwargs = dict(env_kwargs or {})
+    Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None, **hyperparameters)
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
-                   int(total_timesteps or budget) if target_return is not None else int(budget), progress_bar)
+                   int(total_timesteps or budget) if target_return is not None else int(budget), progress_bar,
+                   env_kwargs)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
+    if env_kwargs:  # (a study made without options records none: it resumes as before)
+        record["env_kwargs"] = env_kwargs
     _lock_study(storage, study_name)  # (before marking "stale" trials failed: they may be another process's)
     study = _open_study(storage, study_name, seed, population, budget, record)
     stale = _fail_stale(study)
@@ -638,6 +646,9 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
               f"'{context['study_name']}' in {storage_url(context['storage'])}."]
     header.append(f"{PRESET_ALGORITHM}{setup.algo_cls.name} (its hyperparameters are {setup.algo_cls.__name__}'s)")
+    if setup.env_kwargs:  # (a preset holds hyperparameters only: the options are given to rlspeed train again)
+        options = " ".join(f"--env-kwargs {key}={json.dumps(value)}" for key, value in setup.env_kwargs.items())
+        header.append(f"# Tuned on the env made with options: train with {options}")
     if context["command"]:
         header.append(f"# Command: {context['command']}")
     if best["number"] is not None:
