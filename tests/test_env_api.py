@@ -653,3 +653,10 @@ def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
         rlspeed.PPO("Pendulum-v1", env_kwargs={"g": 2.0}, env_backend="torch", **settings)
     with pytest.raises(rlspeed.UserError, match="rejected the options gg"):
         rlspeed.PPO("Pendulum-v1", env_kwargs={"gg": 2.0}, **settings)
+    # a time limit set by the options is the variant's (evaluation ran the registered 200 steps), and the stock env's
+    # reward threshold says nothing of a variant
+    longer = rlspeed.PPO("Pendulum-v1", env_kwargs={"max_episode_steps": 300}, **settings)
+    assert longer.spec.max_episode_steps == 300 and longer.spec.reward_threshold is None
+    assert rlspeed.evaluate(longer, episodes=2, seed=0)["lengths"] == [300, 300]
+    with pytest.raises(rlspeed.UserError, match="only Gymnasium's envs take: evaluate it with backend 'gymnasium'"):
+        rlspeed.evaluate(model, episodes=2, backend="torch")

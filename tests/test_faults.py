@@ -440,13 +440,17 @@ def test_an_env_that_raises_mid_episode_is_named():
     assert isinstance(info.value.__cause__, ValueError)  # the env's own traceback is kept
 
 
-def test_an_env_that_raises_is_one_line_from_the_command_line(capsys):
+def test_an_env_that_raises_is_one_line_from_the_command_line(capsys, tmp_path):
+    out = tmp_path / "r"
     code = cli.main(["train", "ppo", "FaultyRaises-v0", "--no-progress", "--total-timesteps", "256", "--num-envs", "4",
-                     "--target-return", "none", "--out", "r"])
+                     "--target-return", "none", "--out", str(out)])
     captured = capsys.readouterr()
     assert code == 1
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "FaultyRaises-v0" in lines[0] and "sensor disconnected" in lines[0]
+    # it failed before its first metrics row: the run directory it made is gone, so the same command can run again
+    # (it kept config.yaml, an empty metrics.csv and plot: "already holds a run")
+    assert not out.exists()
 
 
 def test_an_env_that_raises_when_made_is_named_in_one_line(capsys, tmp_path):

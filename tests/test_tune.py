@@ -271,3 +271,7 @@ def test_env_options_reach_every_trial_and_the_preset_names_them(tmp_path, capsy
     assert len(finals) == 2 and all(value <= 0 for value in finals)
     assert "# Tuned on the env made with options: train with --env-kwargs sutton_barto_reward=true" in (
         tmp_path / "best.yaml").read_text()
+    without = [item for item in command if item not in ("--env-kwargs", "sutton_barto_reward=true")]
+    capsys.readouterr()
+    assert cli.main(without) == 2  # (the study's options are named: the message named nothing)
+    assert "was made with another env_kwargs" in capsys.readouterr().err

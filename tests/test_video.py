@@ -129,6 +129,8 @@ def test_env_that_cannot_render_and_bad_file_names_are_refused(tmp_path):
             video.check_video_support("rlspeed-test/NoRenderMode-v0")
         with pytest.raises(UserError, match="could not be made for a video: .*unexpected keyword argument 'sise'"):
             video.check_video_support("rlspeed-test/Blind-v0", env_kwargs={"sise": 3})
+        # (a run's own render_mode option gives way to the video's: it clashed and blamed the constructor)
+        video.check_video_support("CartPole-v1", env_kwargs={"render_mode": "human"})
     finally:
         del gym.registry["rlspeed-test/Blind-v0"], gym.registry["rlspeed-test/NoRenderMode-v0"]
     with pytest.raises(UserError, match=r"\.mp4 or \.gif"):

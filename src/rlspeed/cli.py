@@ -89,7 +89,7 @@ def _target_text(text: str) -> str:
     return text
 
 
-def _finite_values(key: str, value) -> None:
+def _finite_values(key: str, value, flag: str = "--set") -> None:
     """UserError for NaN or infinity in a `--set` value (YAML's .nan/.inf, or text such as 'inf' or '1e999')."""
     items = value if isinstance(value, list) else [value]
     for item in items:
@@ -100,7 +100,7 @@ def _finite_values(key: str, value) -> None:
             except ValueError:
                 continue
         if isinstance(number, float) and not math.isfinite(number):
-            raise UserError(f"--set {key}={value}: values must be finite numbers.")
+            raise UserError(f"{flag} {key}={value}: values must be finite numbers.")
 
 
 def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
@@ -117,7 +117,7 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
             out[key] = _exponent_floats(yaml.safe_load(value))
         except (yaml.YAMLError, ValueError, OverflowError):
             raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
-        _finite_values(key, out[key])
+        _finite_values(key, out[key], flag)
     return out
 
 
@@ -190,6 +190,9 @@ def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) ->
         target = _target(args.target_return, spec)
     else:
         target = run_settings.get("target_return", spec.reward_threshold)
+        if target is not None and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None)):
+            print(f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as registered; with env "
+                  "options it may not fit: give --target-return R (or none)", file=sys.stderr, flush=True)
     eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
     return target, eval_freq
 
@@ -778,11 +781,15 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
         yield
     except Exception as error:
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
-        # (a fresh run's directory held no run files before it: what is there is this command's; the config and
-        # the TensorBoard writer's directory, made before the first step, say nothing of a run that never trained)
-        if fresh and not set(held) - {"config.yaml", "tensorboard"}:
+        # (a fresh run's directory held no run files before it: what is there is this command's; the config, the
+        # TensorBoard writer's directory, and a metrics.csv without a row (with its empty plot), made before the first
+        # step, say nothing of a run that never trained)
+        never_logged = {"metrics.csv", "learning_curve.png"} if _no_rows(run_dir / "metrics.csv") else set()
+        if fresh and not set(held) - {"config.yaml", "tensorboard"} - never_logged:
             with contextlib.suppress(OSError):
                 (run_dir / "config.yaml").unlink(missing_ok=True)
+                for name in never_logged:
+                    (run_dir / name).unlink(missing_ok=True)
                 shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
                 (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
                 if created and not any(run_dir.iterdir()):
@@ -796,6 +803,15 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
             print(f"rlspeed: {run_dir / 'checkpoint.safetensors'} is kept: --resume --out {run_dir} continues from it "
                   "(once the cause is fixed)", file=sys.stderr, flush=True)
         raise
+
+
+def _no_rows(path: Path) -> bool:
+    """Whether the metrics file `path` is missing or holds no row (at most its header)."""
+    try:
+        with open(path) as handle:
+            return sum(1 for line in handle if line.strip()) <= 1
+    except OSError:
+        return True
 
 
 def _write_text(path: Path, text: str) -> None:

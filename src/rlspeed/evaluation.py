@@ -43,6 +43,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         raise UserError(f"evaluate runs one episode per env, and this vector env has {size} envs: pass "
                         f"episodes={size}, or an env id (which makes `episodes` envs).")
     own_env = env_id in (None, model.env_id)
+    asked = backend
     env_id = env_id or model.env_id
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
@@ -54,6 +55,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
         options = model.spec.env_kwargs if own_env else {}
         if options and backend not in ("gymnasium", "gymnasium-async"):
+            if asked not in ("auto", "gymnasium", "gymnasium-async"):
+                raise UserError(f"This model's env was made with options ({', '.join(options)}), which only "
+                                f"Gymnasium's envs take: evaluate it with backend 'gymnasium', not '{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
                                             evaluation=True, **options))

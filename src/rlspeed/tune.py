@@ -364,7 +364,7 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
         study = optuna.load_study(study_name=study_name, storage=rdb)
         made_for = study.user_attrs.get(_STUDY_ATTR)
         if made_for is not None and made_for != record:
-            changed = [key for key in record if made_for.get(key) != record[key]]
+            changed = [key for key in dict.fromkeys([*record, *made_for]) if made_for.get(key) != record.get(key)]
             raise UserError(f"Study '{study_name}' in {storage} was made with another {', '.join(changed)}; resume it "
                             "with the same command, or give a new --study-name.")
         previous = study.get_trials(deepcopy=False)

@@ -47,6 +47,7 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
             env_kwargs = model_or_id.spec.env_kwargs
         env_id = env_id or model_or_id.env_id
     env_kwargs = dict(env_kwargs or {})
+    env_kwargs.pop("render_mode", None)  # (a video renders frames: its own render_mode replaces the run's)
     env_id = import_env_module(env_id)
     _check_registered(env_id)  # (ale-py's ids and the package families' register on first use)
     # an Atari game: the preprocessed env the model acts in (frame stacks), filmed in the game's own RGB frames

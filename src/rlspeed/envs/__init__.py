@@ -172,6 +172,10 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         else:
             made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
                                        spec.reward_threshold)
+        if env_kwargs:  # (a variant: its own time limit where the options set one; no threshold of the stock env's)
+            made = dataclasses.replace(made, max_episode_steps=env_kwargs.get("max_episode_steps",
+                                                                             made.max_episode_steps),
+                                       reward_threshold=None)
         return dataclasses.replace(made, env_kwargs=env_kwargs)
     finally:
         env.close()

@@ -375,6 +375,9 @@ class GymnasiumEnv(BatchedEnv):
                 # most likely an option the env's constructor does not take (a typo, or a native-env option)
                 raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
+            if env_kwargs:  # (a variant: its own time limit where the options set one; the stock env's threshold
+                # says nothing of it)
+                max_steps, threshold = env_kwargs.get("max_episode_steps", max_steps), None
         else:
             check_same_step(vector_env)
             spec = _vector_env_spec(vector_env)
