@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import json
 import math
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -647,6 +649,10 @@ def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
     loaded = rlspeed.PPO.load(tmp_path / "model", device="cpu")
     assert loaded.spec.env_kwargs == {"g": 2.0}
     assert rlspeed.evaluate(loaded, episodes=2, seed=5)["returns"] == own["returns"]
+    with pytest.warns(UserWarning, match="made with the options .* makes that env without them"):
+        rlspeed.PPO.load(tmp_path / "model", device="cpu", env="Pendulum-v1")
+    sidecar = json.loads(Path(f"{model.export(tmp_path / 'policy.pt2')}.json").read_text())
+    assert sidecar["env_kwargs"] == {"g": 2.0}
     with pytest.raises(rlspeed.UserError, match="env_kwargs with an env id; this env is already built"):
         rlspeed.PPO(env, env_kwargs={"g": 2.0}, **settings)
     with pytest.raises(rlspeed.UserError, match="env_backend='gymnasium'"):

@@ -444,7 +444,10 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
 
 def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     """The sidecar's content: what the exported file takes and gives, and where it came from."""
+    from rlspeed.algos.base import recorded_env_kwargs
+
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
+            "env_kwargs": recorded_env_kwargs(model.spec),  # (the env's options: the same env needs them)
             "rlspeed_version": __version__, "torch_version": torch.__version__,
             "num_timesteps": int(model.num_timesteps), "deterministic": True,
             "inputs": module.inputs(), "outputs": module.outputs(),

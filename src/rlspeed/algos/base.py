@@ -1171,6 +1171,10 @@ class Algorithm:
                        dict(meta.get("env_kwargs") or {}))
         if env is not None:
             made = isinstance(env, str)  # (an id: this call makes the env)
+            if made and spec.env_kwargs:
+                warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
+                              f"load(env={env!r}) makes that env without them (pass an env made with them: "
+                              "rlspeed.make_env(env_id, **options)).", stacklevel=2)
             env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
             try:
                 _check_env_fits(env.spec, spec, path)
