@@ -44,7 +44,7 @@ from torch import nn
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, refuse_non_model, run_model
-from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, space_to_json
+from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.nn import (
@@ -444,8 +444,6 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
 
 def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     """The sidecar's content: what the exported file takes and gives, and where it came from."""
-    from rlspeed.algos.base import recorded_env_kwargs
-
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
             "env_kwargs": recorded_env_kwargs(model.spec),  # (the env's options: the same env needs them)
             "rlspeed_version": __version__, "torch_version": torch.__version__,

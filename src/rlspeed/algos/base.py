@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import json
 import math
 import numbers
 import random
@@ -40,6 +39,7 @@ from rlspeed.envs.base import (
     numpy_dtype,
     obs_batch_size,
     observation_layout,
+    recorded_env_kwargs,
     space_from_json,
     space_to_json,
 )
@@ -65,20 +65,6 @@ SB3_KEYWORDS = {
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
 }
-
-
-def recorded_env_kwargs(spec: EnvSpec) -> dict:
-    """The env options a checkpoint records (`spec.env_kwargs`): those strict JSON can hold, with a warning naming
-    the others (a loaded model then makes its env without them)."""
-    kept = {}
-    for key, value in spec.env_kwargs.items():
-        try:
-            json.dumps(value, allow_nan=False)
-            kept[key] = value
-        except (TypeError, ValueError):
-            warnings.warn(f"The env option {key}={value!r:.60} cannot be saved in a checkpoint (not JSON): a loaded "
-                          f"model makes {spec.env_id} without it.", stacklevel=3)
-    return kept
 
 
 #: Hyperparameters whose None means "tuned automatically", which Stable-Baselines3 spells "auto", each with the

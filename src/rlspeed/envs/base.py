@@ -19,6 +19,7 @@ input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -205,6 +206,20 @@ def _bounds_from_json(values, unbounded: float, dtype: np.dtype) -> np.ndarray:
     array = np.array(values, dtype=object)
     array[np.equal(array, None)] = unbounded
     return array.astype(dtype)
+
+
+def recorded_env_kwargs(spec: EnvSpec) -> dict:
+    """The env options a checkpoint records (`spec.env_kwargs`): those strict JSON can hold, with a warning naming
+    the others (a loaded model then makes its env without them)."""
+    kept = {}
+    for key, value in spec.env_kwargs.items():
+        try:
+            json.dumps(value, allow_nan=False)
+            kept[key] = value
+        except (TypeError, ValueError):
+            warnings.warn(f"The env option {key}={value!r:.60} cannot be saved in a checkpoint (not JSON): a loaded "
+                          f"model makes {spec.env_id} without it.", stacklevel=3)
+    return kept
 
 
 @dataclass(frozen=True)
