@@ -726,24 +726,12 @@ def _lock_run_dir(run_dir: Path) -> None:
     """One training process per run directory: an exclusive lock on `run_dir/.rlspeed.lock`, held until the command
     ends (`main`) or the process exits (torchrun's workers run under the lock of the command that started them);
     UserError when another process holds it. (Without fcntl, on Windows, nothing is locked.)"""
-    key = str(run_dir.resolve())
-    if key in _RUN_LOCKS or os.environ.get(RUN_LOCKED_BY_LAUNCHER) == key:  # (held by this process, or its launcher)
+    from rlspeed.locks import hold_lock
+
+    if os.environ.get(RUN_LOCKED_BY_LAUNCHER) == str(run_dir.resolve()):  # (its launcher holds it)
         return
-    try:
-        import fcntl
-    except ImportError:
-        return
-    try:
-        handle = open(run_dir / RUN_LOCK, "w")  # noqa: SIM115 (held open for the process's life)
-    except OSError:  # (an unwritable directory: the write check that follows says so)
-        return
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise UserError(f"Another rlspeed process is training in '{run_dir}': wait for it to finish (or stop it), or "
-                        "give another --out.") from None
-    _RUN_LOCKS[key] = handle
+    hold_lock(run_dir / RUN_LOCK, _RUN_LOCKS, f"Another rlspeed process is training in '{run_dir}': wait for it to "
+              "finish (or stop it), or give another --out.")
 
 
 def _release_run_locks() -> None:

@@ -321,24 +321,11 @@ def _lock_study(storage: str, study_name: str) -> None:
     if "://" in storage and not storage.startswith("sqlite:///"):
         return
     path = Path(storage.removeprefix("sqlite:///"))
+    from rlspeed.locks import hold_lock
+
     lock_path = path.with_name(f"{path.name}.{study_name.replace('/', '_')}.lock")
-    if str(lock_path.resolve()) in _LOCKS:  # (this process holds it already: a study run again in one process)
-        return
-    try:
-        import fcntl
-    except ImportError:  # (no fcntl: Windows; the study is not locked)
-        return
-    try:
-        handle = open(lock_path, "w")  # noqa: SIM115 (held open for the process's life)
-    except OSError:  # (a directory that does not exist: opening the study says so)
-        return
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.close()
-        raise UserError(f"Another rlspeed tune is running the study '{study_name}' in {storage_url(storage)}: "
-                        "wait for it to finish (or stop it), or give another --study-name.") from None
-    _LOCKS[str(lock_path.resolve())] = handle
+    hold_lock(lock_path, _LOCKS, f"Another rlspeed tune is running the study '{study_name}' in "
+              f"{storage_url(storage)}: wait for it to finish (or stop it), or give another --study-name.")
 
 
 def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):

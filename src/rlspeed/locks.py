@@ -1,0 +1,32 @@
+"""Exclusive file locks a process holds while it works on something another process must not touch at the same time
+(a run directory, a tune study). No torch import here: the CLI takes them before it imports torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlspeed.errors import UserError
+
+
+def hold_lock(path: Path, held: dict, busy: str) -> None:
+    """Take an exclusive lock (`flock`) on the file `path` and keep its handle in `held` (keyed by the resolved path:
+    the lock lasts while the handle stays open, at most the process's life); nothing when this process holds it
+    already. UserError `busy` when another process holds it. Without fcntl (Windows), or where the file cannot be
+    opened (the caller's own checks say why), nothing is locked."""
+    key = str(Path(path).resolve())
+    if key in held:
+        return
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        handle = open(path, "w")  # noqa: SIM115 (held open while the lock lasts)
+    except OSError:
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise UserError(busy) from None
+    held[key] = handle
