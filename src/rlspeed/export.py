@@ -465,7 +465,7 @@ def _preprocessing(env_id: str) -> dict | None:
     outside rlspeed (an Atari game: `rlspeed.envs.atari`); None for envs whose observations are the env's own."""
     from rlspeed.envs import atari
 
-    if not (atari.register_atari() and atari.is_atari(env_id)):
+    if not atari.atari_image_id(env_id):
         return None
     return {"kind": "atari", "noop_max": atari.NOOP_MAX, "frame_skip": atari.FRAME_SKIP,
             "max_pool_last_two_frames": True, "grayscale": True, "screen_size": atari.SCREEN_SIZE,

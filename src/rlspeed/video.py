@@ -90,7 +90,7 @@ def _atari_game(env_id: str) -> _AtariGame | None:
     """How a video plays an Atari image id (None for other envs)."""
     from rlspeed.envs import atari
 
-    if not (atari.register_atari() and atari.is_atari(env_id)):
+    if not atari.atari_image_id(env_id):
         return None
     return _AtariGame(atari.FRAME_SKIP, atari.max_episode_steps(env_id), atari.fire_action(env_id))
 

@@ -60,6 +60,12 @@ def is_atari(env_id: str) -> bool:
             and (spec.kwargs or {}).get("obs_type", "rgb") in ("rgb", "grayscale"))
 
 
+def atari_image_id(env_id: str) -> bool:
+    """Whether `env_id` is an Atari game with image observations, ale-py's ids registered first (`register_atari`;
+    False without ale-py)."""
+    return register_atari() and is_atari(env_id)
+
+
 def max_episode_steps(env_id: str) -> int:
     """Agent steps per game at most: ALE truncates a game after `max_num_frames_per_episode` frames (108,000 for
     the registered ids, 30 minutes of play), and each agent step is `FRAME_SKIP` frames."""
@@ -268,6 +274,6 @@ def for_evaluation(env: BatchedEnv) -> BatchedEnv:
     return env if fire is None else FireToStart(env, fire)
 
 
-__all__ = ["register_atari", "is_atari", "make_atari_env", "atari_spec", "max_episode_steps", "AtariGymnasiumEnv",
-           "AtariTraining", "stacked_frames", "fire_action", "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP",
-           "SCREEN_SIZE", "FRAME_STACK"]
+__all__ = ["register_atari", "is_atari", "atari_image_id", "make_atari_env", "atari_spec", "max_episode_steps",
+           "AtariGymnasiumEnv", "AtariTraining", "stacked_frames", "fire_action", "FireToStart", "for_evaluation",
+           "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]

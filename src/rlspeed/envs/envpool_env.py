@@ -47,7 +47,7 @@ def envpool_task(env_id: str) -> str | None:
     if not envpool_installed():
         return None
     ids = _all_envpool_ids()
-    if atari.register_atari() and atari.is_atari(env_id):
+    if atari.atari_image_id(env_id):
         game = _atari_game(env_id)
         task = f"{game}-v5" if game else None
         return task if task in ids else None

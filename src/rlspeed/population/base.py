@@ -124,7 +124,7 @@ def population_env_backend(env_id: str, env_backend: str) -> str:
     if env_backend not in ("torch", "gymnasium", "gymnasium-async", "envpool"):
         raise UserError(f"Populations run on env_backend 'torch' (native envs), 'gymnasium', 'gymnasium-async' or "
                         f"'envpool', not '{env_backend}'.")
-    if env_backend == "gymnasium-async" and atari.register_atari() and atari.is_atari(env_id):
+    if env_backend == "gymnasium-async" and atari.atari_image_id(env_id):
         raise UserError(f"Populations of Atari games run on env_backend 'envpool' or 'gymnasium', not "
                         f"'gymnasium-async' ({env_id}).")
     if env_backend == "torch" and env_id not in NATIVE_ENVS:

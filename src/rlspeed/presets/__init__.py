@@ -78,16 +78,11 @@ def _shipped(algo: str, env_id: str) -> Preset:
         env_id = env_id[len("rlspeed/"):]
     if env_id in presets and env_id not in ("default", ATARI_KEY):
         return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
-    if ATARI_KEY in presets and _atari_image_id(env_id):
+    from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
+
+    if ATARI_KEY in presets and atari_image_id(env_id):
         return Preset(presets[ATARI_KEY], "rlspeed", f"rlspeed's Atari preset for {algo} (every Atari game)")
     return Preset(presets.get("default", {}), "rlspeed-default", f"rlspeed's default {algo} preset (none for {env_id})")
-
-
-def _atari_image_id(env_id: str) -> bool:
-    """Whether `env_id` is an Atari game with image observations (ale-py installed and registered)."""
-    from rlspeed.envs import atari
-
-    return atari.register_atari() and atari.is_atari(env_id)
 
 
 def _zoo(algo: str, env_id: str) -> Preset:

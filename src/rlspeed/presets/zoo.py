@@ -215,17 +215,13 @@ def translate(algo: str, env_id: str) -> Translation:
     if key is None:
         raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}.")
     source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
-    return translate_entry(algo, entries[key], source, atari=_atari_image_id(env_id))
+    from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
+
+    return translate_entry(algo, entries[key], source, atari=atari_image_id(env_id))
 
 
 #: The SB3 wrapper RL-Zoo's Atari entries name, whose preprocessing rlspeed's Atari envs apply (rlspeed.envs.atari)
 ATARI_WRAPPER = "stable_baselines3.common.atari_wrappers.AtariWrapper"
-
-
-def _atari_image_id(env_id: str) -> bool:
-    from rlspeed.envs import atari
-
-    return atari.register_atari() and atari.is_atari(env_id)
 
 
 def translate_entry(algo: str, entry: dict, source: str, strict: bool = False, atari: bool = False) -> Translation:
@@ -238,8 +234,7 @@ def translate_entry(algo: str, entry: dict, source: str, strict: bool = False, a
     if algo not in ZOO_NAMES:
         raise UserError(f"RL-Zoo's format has no presets for rlspeed's '{algo}'; it has "
                         f"{', '.join(sorted(ZOO_NAMES))}.")
-    translator = _Translator(algo, strict)
-    translator.atari = atari
+    translator = _Translator(algo, strict, atari)
     for key, value in entry.items():
         translator.entry(str(key), value)
     return translator.finish(source)
@@ -248,9 +243,8 @@ def translate_entry(algo: str, entry: dict, source: str, strict: bool = False, a
 class _Translator:
     """Builds one Translation: `entry` per RL-Zoo key, then `finish` fills SB3's defaults and checks the config."""
 
-    def __init__(self, algo: str, strict: bool):
-        self.algo, self.strict = algo, strict
-        self.atari = False  # (the entry is for an Atari image id: `translate_entry`)
+    def __init__(self, algo: str, strict: bool, atari: bool = False):
+        self.algo, self.strict, self.atari = algo, strict, atari
         self.hyper: dict = {}
         self.origin: dict[str, str] = {}  # rlspeed key -> the RL-Zoo key it came from (for refusal lines)
         self.run: dict = {}
