@@ -29,6 +29,7 @@ from rlspeed.envs import (
     BatchedEnv,
     RunningMeanStd,
     _check_env_id,
+    backend_for_options,
     env_spec,
     import_env_module,
     make_env,
@@ -403,11 +404,7 @@ class Algorithm:
         elif isinstance(env, str):
             self.env_id = env
             self.spec = env_spec(env, env_kwargs)
-            if self.spec.env_kwargs and env_backend == "auto":
-                env_backend = "gymnasium"  # (env options exist only for Gymnasium's envs, as make_env decides)
-            elif self.spec.env_kwargs and env_backend not in ("gymnasium", "gymnasium-async"):
-                raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or "
-                                f"'gymnasium-async'), not '{env_backend}'.")
+            env_backend = backend_for_options(self.spec.env_kwargs, env_backend)
             self.env_backend = resolve_backend(env, env_backend, self.strategy.split_envs(self.config.num_envs),
                                                self.device)
         else:

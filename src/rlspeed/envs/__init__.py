@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import gymnasium as gym
@@ -172,13 +171,20 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         else:
             made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
                                        spec.reward_threshold)
-        if env_kwargs:  # (a variant: its own time limit where the options set one; no threshold of the stock env's)
-            made = dataclasses.replace(made, max_episode_steps=env_kwargs.get("max_episode_steps",
-                                                                             made.max_episode_steps),
-                                       reward_threshold=None)
-        return dataclasses.replace(made, env_kwargs=env_kwargs)
+        return made.with_options(env_kwargs)
     finally:
         env.close()
+
+
+def backend_for_options(env_kwargs: dict, backend: str) -> str:
+    """The env backend of a model or population whose env takes the options `env_kwargs`: Gymnasium's (what `auto`
+    becomes; options exist only for Gymnasium's envs, as `make_env` decides); UserError for another backend."""
+    if not env_kwargs or backend in ("gymnasium", "gymnasium-async"):
+        return backend
+    if backend == "auto":
+        return "gymnasium"
+    raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or 'gymnasium-async'), "
+                    f"not '{backend}'.")
 
 
 def check_env_kwargs(env_kwargs) -> dict:
@@ -271,8 +277,6 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
                     raise
                 except Exception as error:
                     raise _make_error(env_id, chosen, error) from error
-        if env_kwargs:  # (recorded: a model of this env evaluates, records videos and reloads with them)
-            env.spec = dataclasses.replace(env.spec, env_kwargs=dict(env_kwargs))
     env = EpisodeStatistics(env)
     if atari_game and not evaluation:
         env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores
@@ -332,9 +336,8 @@ class _SeedOnFirstReset(EnvWrapper):
             raise EnvStepError(self.spec.env_id, self.backend, "step", error) from error
 
 
-__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv", "CartPole",
-           "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation", "NormalizeReward",
-           "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS",
-           "CPU_NATIVE_MIN_ENVS", "make_env", "env_spec", "resolve_backend",
-           "import_env_module", "import_gym_packages", "check_env_kwargs", "missing_dependency", "EnvStepError",
-           "PACKAGE_FAMILIES", "register_family"]
+__all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv",
+           "CartPole", "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation",
+           "NormalizeReward", "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env",
+           "env_spec", "resolve_backend", "import_env_module", "import_gym_packages", "check_env_kwargs",
+           "backend_for_options", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES", "register_family"]

@@ -158,7 +158,7 @@ class AtariGymnasiumEnv(GymnasiumEnv):
             else:
                 vector_env = _RecordLives(gym.vector.AsyncVectorEnv(factories, **vector_kwargs))
         super().__init__(env_id, vector_env=vector_env, device=device)
-        self.spec = spec  # the id's time limit in agent steps (the vector env's spec has none)
+        self.spec = spec.with_options(env_kwargs)  # the id's time limit in agent steps (the vector env's spec has none)
 
     @property
     def splits_steps(self) -> bool:

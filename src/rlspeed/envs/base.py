@@ -19,6 +19,7 @@ input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections.abc import Callable
@@ -254,6 +255,15 @@ class EnvSpec:
         space = check_observation_space(observation_space, env_id)
         shape = () if isinstance(space, (gym.spaces.Dict, gym.spaces.Discrete)) else tuple(space.shape)
         return cls(env_id, shape, action_space, max_episode_steps, reward_threshold, space)
+
+    def with_options(self, env_kwargs: dict | None) -> EnvSpec:
+        """This spec for the env made with the Gymnasium options `env_kwargs` (itself without any): the options
+        recorded, the time limit a `max_episode_steps` option sets, and no reward threshold (the registered env's
+        says nothing of a variant)."""
+        if not env_kwargs:
+            return self
+        return dataclasses.replace(self, env_kwargs=dict(env_kwargs), reward_threshold=None,
+                                   max_episode_steps=env_kwargs.get("max_episode_steps", self.max_episode_steps))
 
     @property
     def discrete(self) -> bool:

@@ -375,9 +375,6 @@ class GymnasiumEnv(BatchedEnv):
                 # most likely an option the env's constructor does not take (a typo, or a native-env option)
                 raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
-            if env_kwargs:  # (a variant: its own time limit where the options set one; the stock env's threshold
-                # says nothing of it)
-                max_steps, threshold = env_kwargs.get("max_episode_steps", max_steps), None
         else:
             check_same_step(vector_env)
             spec = _vector_env_spec(vector_env)
@@ -389,8 +386,9 @@ class GymnasiumEnv(BatchedEnv):
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
         try:
-            self.spec = EnvSpec.from_spaces(env_id, vector_env.single_observation_space,
-                                            vector_env.single_action_space, max_steps, threshold)
+            spec = EnvSpec.from_spaces(env_id, vector_env.single_observation_space, vector_env.single_action_space,
+                                       max_steps, threshold)
+            self.spec = spec.with_options(env_kwargs)  # (options made it: recorded, with their time limit)
         except UserError:
             vector_env.close()
             raise

@@ -661,7 +661,7 @@ class PopulationBase:
             raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
                             f"{getattr(algo_cls, '__name__', algo_cls)}.")
         self.seeds = seeds = check_seeds(seeds)
-        from rlspeed.envs import check_env_kwargs
+        from rlspeed.envs import backend_for_options, check_env_kwargs
 
         #: the options of every member's Gymnasium env (`env_kwargs`, as a solo run takes them; Gymnasium's envs)
         self.env_kwargs = check_env_kwargs(hyperparameters.pop("env_kwargs", None))
@@ -670,12 +670,7 @@ class PopulationBase:
         except (TypeError, ValueError):
             raise UserError(f"A population's env_kwargs are recorded in its checkpoints, so they must be JSON values "
                             f"(numbers, strings, lists, dicts); got {self.env_kwargs!r:.100}.") from None
-        if self.env_kwargs and env_backend == "auto":
-            env_backend = "gymnasium"  # (env options exist only for Gymnasium's envs)
-        elif self.env_kwargs and env_backend not in ("gymnasium", "gymnasium-async"):
-            raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or "
-                            f"'gymnasium-async'), not '{env_backend}'.")
-        self.env_backend = population_env_backend(env_id, env_backend)
+        self.env_backend = population_env_backend(env_id, backend_for_options(self.env_kwargs, env_backend))
         self.env_id, self.size, self.device = env_id, len(seeds), torch.device(device)
         members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member)
         # K solo models: their initial weights, and the state their global generator has when training starts
