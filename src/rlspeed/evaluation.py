@@ -9,8 +9,8 @@ import warnings
 import torch
 
 from rlspeed.device import resolve_device
-from rlspeed.envs import atari, make_env, resolve_backend
-from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout, space_to_json
+from rlspeed.envs import SeedOnFirstReset, atari, make_env, resolve_backend
+from rlspeed.envs.base import BatchedEnv, observation_layout, space_to_json
 from rlspeed.errors import UserError
 
 
@@ -51,7 +51,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
-        env = atari.for_evaluation(env_id if seed is None else _Reseeded(env_id, seed))
+        env = atari.for_evaluation(env_id if seed is None else SeedOnFirstReset(env_id, seed))
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
         options = model.spec.env_kwargs if own_env else {}
         if options and backend not in ("gymnasium", "gymnasium-async"):
@@ -114,18 +114,6 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         if unfinished < episodes:
             result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
     return result
-
-
-class _Reseeded(EnvWrapper):
-    """A caller's env whose next reset takes `seed` (`evaluate(model, env, seed=...)`)."""
-
-    def __init__(self, env: BatchedEnv, seed: int):
-        super().__init__(env)
-        self._seed = seed
-
-    def reset(self, seed: int | None = None):
-        seed, self._seed = (seed if seed is not None else self._seed), None
-        return self.env.reset(seed=seed)
 
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:

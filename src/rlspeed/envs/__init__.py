@@ -280,7 +280,7 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     env = EpisodeStatistics(env)
     if atari_game and not evaluation:
         env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores
-    env = _SeedOnFirstReset(env, seed)
+    env = SeedOnFirstReset(env, seed)
     if normalize_obs:
         env = NormalizeObservation(env)
     if normalize_reward:
@@ -304,7 +304,7 @@ def _check_env_id(env_id) -> None:
     raise UserError(f"{accepted}; got a {kind}.")
 
 
-class _SeedOnFirstReset(EnvWrapper):
+class SeedOnFirstReset(EnvWrapper):
     """Applies the seed given to `make_env` on the first `reset()`, unless that reset passes a seed itself.
 
     Any reset uses up the pending seed: after `reset(seed=1)`, a plain `reset()` continues the streams of seed 1
@@ -339,5 +339,5 @@ class _SeedOnFirstReset(EnvWrapper):
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv",
            "CartPole", "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation",
            "NormalizeReward", "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env",
-           "env_spec", "resolve_backend", "import_env_module", "import_gym_packages", "check_env_kwargs",
-           "backend_for_options", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES", "register_family"]
+           "SeedOnFirstReset", "env_spec", "resolve_backend", "import_env_module", "import_gym_packages",
+           "check_env_kwargs", "backend_for_options", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES", "register_family"]
