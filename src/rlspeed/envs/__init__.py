@@ -340,4 +340,5 @@ __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "
            "CartPole", "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation",
            "NormalizeReward", "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env",
            "SeedOnFirstReset", "env_spec", "resolve_backend", "import_env_module", "import_gym_packages",
-           "check_env_kwargs", "backend_for_options", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES", "register_family"]
+           "check_env_kwargs", "backend_for_options", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES",
+           "register_family"]
