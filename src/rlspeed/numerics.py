@@ -45,11 +45,19 @@ class NonFiniteEnvError(NumericsError):
     """The env returned a NaN or infinite observation or reward (with `nan_policy="raise"`).
 
     `env_index` is the env's row in the batch, `step` the env's step at which it happened (0 is the first reset),
-    `rows` how many envs returned such values by the time it was noticed.
+    `rows` how many envs returned such values by the time it was noticed. A population's (`member`: its index and
+    seed) names the member instead, `step` being the population's step count when it was noticed (populations do not
+    mask such values).
     """
 
-    def __init__(self, env_id: str, env_index: int, step: int, rows: int):
+    def __init__(self, env_id: str, env_index: int, step: int, rows: int, member: tuple[int, int] | None = None):
         self.env_index, self.step, self.rows = env_index, step, rows
+        if member is not None:
+            others = f" ({rows - 1} other env rows too)" if rows > 1 else ""
+            super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward to population "
+                             f"member {member[0]} (seed {member[1]}) by step {step:,}{others}; fix the env "
+                             "(populations do not mask such values).")
+            return
         others = f" ({rows - 1} other envs too)" if rows > 1 else ""
         where = "at its first reset" if step == 0 else f"at its step {step:,}"
         super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward in env {env_index} "

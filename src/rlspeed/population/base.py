@@ -1057,12 +1057,7 @@ class PopulationBase:
         from rlspeed.numerics import NonFiniteEnvError
 
         member = self.alive[first // self.config.num_envs]
-        error = NonFiniteEnvError(self.env_id, first, self.num_timesteps, own)
-        error.args = (f"The env '{self.env_id}' returned a NaN or infinite observation or reward to population "
-                      f"member {member} (seed {self.seeds[member]}) by step {self.num_timesteps:,}"
-                      + (f" ({own - 1} other env rows too)" if own > 1 else "")
-                      + "; fix the env (populations do not mask such values).",)
-        raise error
+        raise NonFiniteEnvError(self.env_id, first, self.num_timesteps, own, member=(member, self.seeds[member]))
 
     def _env_value_flags(self) -> torch.Tensor | None:
         """[env rows whose own observation or reward was NaN or infinite, the first such row] on the device, since the
