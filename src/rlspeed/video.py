@@ -51,7 +51,7 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     env_id = import_env_module(env_id)
     _check_registered(env_id)  # (ale-py's ids and the package families' register on first use)
     # an Atari game: the preprocessed env the model acts in (frame stacks), filmed in the game's own RGB frames
-    atari_game = atari.is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
+    atari_game = atari.preprocessed(env_id, env_kwargs)
     native = env_id in NATIVE_ENVS and backend in ("torch", "auto") and not env_kwargs
     make_id = f"rlspeed/{env_id}" if native else env_id
     if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):

@@ -153,8 +153,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         return NATIVE_ENVS[env_id].spec
     _check_registered(env_id)
     spec = gym_spec(env_id)
-    # (an Atari game asked for with obs_type="ram" observes 128 bytes of RAM: no image preprocessing, as make_env)
-    atari_game = atari.is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
+    atari_game = atari.preprocessed(env_id, env_kwargs)
     try:
         env = atari.make_atari_env(spec.id, **env_kwargs) if atari_game else gym.make(spec.id, **env_kwargs)
     except UserError:
@@ -250,8 +249,7 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
             backend = "gymnasium"  # env options exist only for Gymnasium's envs
         # native-only options (compile=..., state_dtype=...) ask for the native env whatever the number of envs
         chosen = resolve_backend(env_id, backend, None if native_kwargs else num_envs, device)
-        # (an Atari game asked for with obs_type="ram" observes 128 bytes of RAM: no image preprocessing)
-        atari_game = atari.is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
+        atari_game = atari.preprocessed(env_id, env_kwargs)
         if chosen == "torch":
             if env_kwargs:
                 raise UserError(f"The native env '{env_id}' takes no env options ({', '.join(env_kwargs)}); its "

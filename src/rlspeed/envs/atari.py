@@ -66,6 +66,13 @@ def atari_image_id(env_id: str) -> bool:
     return register_atari() and is_atari(env_id)
 
 
+def preprocessed(env_id: str, env_kwargs: dict) -> bool:
+    """Whether `env_id` made with the options `env_kwargs` is one of this module's preprocessed games (frame stacks):
+    an Atari image id (registered already), unless the options ask for its RAM (`obs_type="ram"`: 128 bytes, no
+    image preprocessing)."""
+    return is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
+
+
 def max_episode_steps(env_id: str) -> int:
     """Agent steps per game at most: ALE truncates a game after `max_num_frames_per_episode` frames (108,000 for
     the registered ids, 30 minutes of play), and each agent step is `FRAME_SKIP` frames."""
@@ -274,6 +281,6 @@ def for_evaluation(env: BatchedEnv) -> BatchedEnv:
     return env if fire is None else FireToStart(env, fire)
 
 
-__all__ = ["register_atari", "is_atari", "atari_image_id", "make_atari_env", "atari_spec", "max_episode_steps",
-           "AtariGymnasiumEnv", "AtariTraining", "stacked_frames", "fire_action", "FireToStart", "for_evaluation",
-           "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]
+__all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec",
+           "max_episode_steps", "AtariGymnasiumEnv", "AtariTraining", "stacked_frames", "fire_action", "FireToStart",
+           "for_evaluation", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]
