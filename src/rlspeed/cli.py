@@ -432,11 +432,10 @@ def _train_population(args: argparse.Namespace) -> int:
               f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []
 
-    signals: list[int] = []
+    signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
     try:
-        with (_stopping(population.env_backend, False) as received,
+        with (_stopping(population.env_backend, False) as signals,
               _left_clean_if_not_started(run_dir, created, not args.resume)):
-            signals = received if received is not None else signals
             summary = population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                        stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs)
     except KeyboardInterrupt as stop:
@@ -824,7 +823,8 @@ def _default_in_children(owner: int, signum: int) -> None:
 
 @contextlib.contextmanager
 def _sigterm_raises():
-    """Within the block SIGTERM raises `Terminated` (a KeyboardInterrupt), as Ctrl-C raises KeyboardInterrupt."""
+    """Within the block SIGTERM raises `Terminated` (a KeyboardInterrupt), as Ctrl-C raises KeyboardInterrupt. Yields
+    an empty list: no signal waits to be acted on later (as `_stop_after_iteration`'s list can hold one)."""
     owner = os.getpid()
 
     def handler(signum, frame):
@@ -834,10 +834,10 @@ def _sigterm_raises():
     try:
         previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread: signals stay as they are
-        yield
+        yield []
         return
     try:
-        yield
+        yield []
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -1120,9 +1120,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # One process: the first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole
     # (the checkpoint then resumes as the uninterrupted run); a second stops at once. Several processes stop at once
     # (a rank stopping alone would leave the others waiting in its collectives).
-    signals: list[int] = []
-    with _stopping(model.env_backend, strategy.enabled) as received:
-        signals = received if received is not None else signals
+    with _stopping(model.env_backend, strategy.enabled) as signals:
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
                         run_dir=run_dir, checkpoint_freq=checkpoint_freq,
