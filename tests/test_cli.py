@@ -243,6 +243,19 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
+@pytest.mark.parametrize("flag", ["--set", "--env-kwargs"])
+def test_a_key_given_twice_with_two_values_is_refused(flag, capsys, monkeypatch, tmp_path):
+    """`--set lr=1e-3 --set lr=3e-4` (a typo'd command line, or a copied one edited) trained with the last value
+    without a word; it is one sentence naming both values, before anything is made."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "Pendulum-v1", flag, "g=9.0", flag, "g=2.0", "--out", "run", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "g twice (9.0 and 2.0)" in captured.err and len(captured.err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+    assert cli._parse_set(["g=2.0", "g=2.0"], flag) == {"g": 2.0}  # the same value twice is the same command
+
+
 @pytest.mark.parametrize("value", ["four", "2.5"])
 def test_unreadable_thread_variable_is_a_one_line_error(value, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

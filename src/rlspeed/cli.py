@@ -114,9 +114,12 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
         if not key:
             raise UserError(f"{flag} expects key=value, got '{pair}' (no key).")
         try:
-            out[key] = _exponent_floats(yaml.safe_load(value))
+            parsed = _exponent_floats(yaml.safe_load(value))
         except (yaml.YAMLError, ValueError, OverflowError):
             raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
+        if key in out and out[key] != parsed:
+            raise UserError(f"{flag} gives {key} twice ({out[key]!r} and {parsed!r}): give it once.")
+        out[key] = parsed
         _finite_values(key, out[key], flag)
     return out
 
