@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer
+from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer, SharedObservationReplayBuffer
 from rlspeed.buffers.replay import _HostStaging
 
 STACK, SIDE = 4, 3
@@ -37,9 +37,12 @@ class FrameStacker:
             return np.stack([frame] * STACK)
         return np.stack([np.zeros_like(frame)] * (STACK - 1) + [frame])
 
+    def _next(self, stack: np.ndarray) -> np.ndarray:
+        return np.concatenate((stack[1:], self._frame()[None]))
+
     def step(self):
         obs = torch.as_tensor(self.stacks.copy())
-        final = np.stack([np.concatenate((stack[1:], self._frame()[None])) for stack in self.stacks])
+        final = np.stack([self._next(stack) for stack in self.stacks])
         draw = self.rng.random(self.num_envs)
         terminated = draw < self.end_rate
         truncated = (draw >= self.end_rate) & (draw < 1.5 * self.end_rate)
@@ -294,3 +297,104 @@ def test_dqn_on_atari_runs_on_the_frame_layout_and_its_replay_survives_resume(tm
     dense = DQN("BreakoutNoFrameskip-v4", seed=0, frame_dedup=False, **options)
     dense.learn(8, progress_bar=False)
     assert dense.buffer.layout == "dense" and "dense" in dense.report()
+
+
+# --- images that are not frame stacks: each observation stored once (`SharedObservationReplayBuffer`) -----------
+
+
+class ImageStream(FrameStacker):
+    """N envs of single images (channel-last `[S, S, 3]`, uint8 or bool) as the batched contract gives them, with the
+    same random episode ends as `FrameStacker` (lost lives included): a next observation is a new image."""
+
+    def __init__(self, num_envs: int, seed: int, dtype=np.uint8, end_rate: float = 0.08):
+        self.dtype = dtype
+        super().__init__(num_envs, seed, end_rate=end_rate)
+
+    def _image(self) -> np.ndarray:
+        image = self.rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+        return image if self.dtype == np.uint8 else image < 128
+
+    def _first(self) -> np.ndarray:
+        return self._image()
+
+    def _next(self, stack: np.ndarray) -> np.ndarray:
+        return self._image()
+
+
+def image_buffers(capacity, num_envs, dtype=np.uint8, n_step=1, mask_size=None):
+    space = gym.spaces.Box(0, 255 if dtype == np.uint8 else 1, (SIDE, SIDE, 3), dtype)
+    args = (capacity, num_envs, space, (), torch.int64, "cpu")
+    return (ReplayBuffer(*args, n_step=n_step, gamma=0.9, mask_size=mask_size),
+            SharedObservationReplayBuffer(*args, n_step=n_step, gamma=0.9, mask_size=mask_size))
+
+
+@pytest.mark.parametrize(("capacity", "num_envs", "n_step", "dtype", "give_rows"),
+                         [(40, 1, 1, np.uint8, True), (30, 3, 1, np.bool_, True), (36, 4, 3, np.uint8, True),
+                          (25, 5, 2, np.bool_, False), (500, 2, 1, np.uint8, True)])
+def test_images_stored_once_equal_the_dense_buffers(capacity, num_envs, n_step, dtype, give_rows):
+    """Each observation stored once gives back exactly the dense buffer's transitions, in their dtype, across episode
+    starts, lost lives, truncations, wrap-around and n-step returns, told the restarted rows or not."""
+    dense, lean = image_buffers(capacity, num_envs, dtype, n_step, mask_size=4)
+    env = ImageStream(num_envs, seed=capacity + num_envs, dtype=dtype)
+    for _ in range(12):
+        fill(dense, lean, env, 7, give_rows=give_rows)
+        assert_same_rows(dense, lean)
+    assert lean.evicted == 0 and lean.frames.dtype == dense.obs.dtype == torch.as_tensor(np.zeros(1, dtype)).dtype
+    for want, got in zip(dense.sample_batches(3, 16, generator=torch.Generator().manual_seed(5)),
+                         lean.sample_batches(3, 16, generator=torch.Generator().manual_seed(5))):
+        assert all(torch.equal(want[key], got[key]) for key in want)
+    tensors, meta = lean.state_dict()  # a checkpoint's buffer continues exactly
+    restored = image_buffers(capacity, num_envs, dtype, n_step, mask_size=4)[1]
+    assert restored.load_state_dict(tensors, meta) is None
+    fill(dense, restored, env, 9, give_rows=give_rows)
+    assert_same_rows(dense, restored)
+
+
+def test_images_stored_once_take_about_half_the_dense_bytes():
+    minatar = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
+    dense = ReplayBuffer(16_000, 1, minatar, (), torch.int64, "cpu")
+    lean = SharedObservationReplayBuffer(16_000, 1, minatar, (), torch.int64, "cpu")
+    row = 4 * 3 + 8
+    assert dense.bytes_per_transition == 2 * 400 + row
+    assert lean.pool_size == 16_000 + 16_000 // 4 + 2 * 2  # a row's observation, and first ones of restarts
+    assert lean.nbytes == lean.pool_size * 400 + 16_000 * (2 * 4 + row) == \
+        sum(t.numel() * t.element_size() for t in lean.storage_tensors().values()) + lean.frames.numel()
+    assert lean.bytes_per_transition < 0.65 * dense.bytes_per_transition
+    assert lean.summary()["layout"] == "observations" and "each stored once" in lean.describe()
+
+
+def test_observations_that_do_not_continue_are_refused():
+    """An env whose next step does not start from the observation it gave as next (not the batched contract) is
+    refused at the second step rather than stored wrong."""
+    _, lean = image_buffers(30, 2)
+    env = ImageStream(2, seed=0, end_rate=0.0)
+    obs, final, terminated, truncated, restarted = env.step()
+    lean.add(obs, torch.zeros(2, dtype=torch.int64), torch.zeros(2), final, terminated, truncated, reset_rows=restarted)
+    obs, final, terminated, truncated, restarted = env.step()
+    with pytest.raises(ValueError, match="do not continue"):
+        lean.add(obs.flip(1), torch.zeros(2, dtype=torch.int64), torch.zeros(2), final, terminated, truncated,
+                 reset_rows=restarted)
+
+
+def test_dqn_on_minatar_stores_each_observation_once_and_trains_as_the_dense_layout(monkeypatch):
+    """Same seed, same samples: the layout changes the bytes, not one weight of the trained network. Images are
+    stored once where storing them twice takes 1 GiB or more (here: from 0 bytes); below, and with
+    frame_dedup=False, twice."""
+    pytest.importorskip("minatar")
+    from rlspeed import DQN
+    from rlspeed.algos import off_policy
+
+    options = dict(device="cpu", env_backend="gymnasium", buffer_size=300, learning_starts=100, batch_size=16,
+                   target_update_interval=50, num_envs=2, train_freq=4, seed=3)
+    small = DQN("MinAtar/Breakout-v1", **options)
+    small.learn(8, progress_bar=False)
+    monkeypatch.setattr(off_policy, "_SHARED_OBSERVATIONS_BYTES", 2 * 300 * 400)  # this buffer's two copies
+    lean = DQN("MinAtar/Breakout-v1", **options)
+    lean.learn(800, progress_bar=False)
+    dense = DQN("MinAtar/Breakout-v1", frame_dedup=False, **options)
+    dense.learn(800, progress_bar=False)
+    assert small.replay_summary()["layout"] == "dense"
+    assert lean.replay_summary()["layout"] == "observations" and dense.replay_summary()["layout"] == "dense"
+    assert lean.buffer.bytes_per_transition < 0.7 * dense.buffer.bytes_per_transition
+    for (name, want), got in zip(dense.q_network.state_dict().items(), lean.q_network.state_dict().values()):
+        assert torch.equal(want, got), name

@@ -16,8 +16,10 @@ transition's next observation (`next_masks`: for rows whose episode ended, the m
 gives it, else all actions).
 
 Replay layout: frame-stacked Atari observations (`rlspeed.envs.atari.stacked_frames`) go to a
-`FrameStackReplayBuffer`, which stores each frame once (about an eighth of the dense layout's bytes), unless
-`frame_dedup` is off; `report()` and `replay_summary()` say which layout runs and its bytes per transition.
+`FrameStackReplayBuffer`, which stores each frame once (about an eighth of the dense layout's bytes), other uint8 or
+bool images to a `SharedObservationReplayBuffer`, which stores each observation once (about 5/8) where storing them
+twice would take 1 GiB or more, unless `frame_dedup` is off; `report()` and `replay_summary()` say which layout runs
+and its bytes per transition.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ import numpy as np
 import torch
 
 from rlspeed.algos.base import Algorithm, require, success_totals
-from rlspeed.buffers import FrameStackReplayBuffer, ReplayBuffer, frame_stacks
+from rlspeed.buffers import (
+    FrameStackReplayBuffer,
+    ReplayBuffer,
+    SharedObservationReplayBuffer,
+    frame_stacks,
+    image_space,
+)
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
@@ -48,6 +56,10 @@ REPLAY_SUFFIX = ".replay.safetensors"
 
 _SAMPLE_ROWS = 2**16  # replay rows gathered at once for several gradient steps
 _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while they wait to be stored together
+# Images that are not frame stacks are stored once per transition (SharedObservationReplayBuffer) where storing them
+# twice would take this much: its step-by-step bookkeeping costs each env step more than the dense layout's staged
+# writes (DQN on MinAtar: benchmarks/replay_layouts.py), which only memory this large outweighs.
+_SHARED_OBSERVATIONS_BYTES = 2**30
 
 
 @dataclass
@@ -74,7 +86,9 @@ class OffPolicyConfig:
     encoder: str = "auto"  # observations -> features: auto (from the space), mlp or cnn (`rlspeed.nn.make_encoder`)
     cnn_features_dim: int = 512  # output width of the CNN encoders (SB3's features_dim)
     normalize_images: bool = True  # uint8 images scaled to [0, 1] on the device
-    # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer); off: whole stacks
+    # frame-stacked Atari observations: the replay stores each frame once (FrameStackReplayBuffer), other uint8 or bool
+    # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:
+    # observation and next observation whole
     frame_dedup: bool = True
 
     def validate(self) -> None:
@@ -244,8 +258,12 @@ class OffPolicyAlgorithm(Algorithm):
         discrete = self.spec.discrete
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         space = self.spec.observation_space
-        kind = (FrameStackReplayBuffer if cfg.frame_dedup and frame_stacks(space) and stacked_frames(env)
-                else ReplayBuffer)
+        kind = ReplayBuffer
+        if cfg.frame_dedup and frame_stacks(space) and stacked_frames(env):
+            kind = FrameStackReplayBuffer
+        elif (cfg.frame_dedup and image_space(space)
+              and 2 * cfg.buffer_size * int(np.prod(space.shape)) >= _SHARED_OBSERVATIONS_BYTES):
+            kind = SharedObservationReplayBuffer
         self.buffer = kind(cfg.buffer_size, env.num_envs, space,
                            () if discrete else tuple(self.spec.action_space.shape),
                            rules(self.device).index_dtype if discrete else torch.float32,
@@ -268,8 +286,8 @@ class OffPolicyAlgorithm(Algorithm):
         return super().report() + ("" if buffer is None else "\n" + buffer.describe())
 
     def replay_summary(self) -> dict | None:
-        """The replay buffer's layout (`dense` or `frames`), capacity, bytes per transition, bytes and placement, as
-        JSON values (for summary.json); None before learn made it."""
+        """The replay buffer's layout (`dense`, `frames` or `observations`), capacity, bytes per transition, bytes and
+        placement, as JSON values (for summary.json); None before learn made it."""
         buffer = getattr(self, "buffer", None)
         return None if buffer is None else buffer.summary()
 

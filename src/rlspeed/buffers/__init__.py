@@ -2,11 +2,19 @@
 
 Observations are stored in their own dtype (uint8 images as uint8, Discrete indices as int64), one tensor per key for
 Dict observations;
-frame-stacked images store each frame once (`FrameStackReplayBuffer`).
+frame-stacked images store each frame once (`FrameStackReplayBuffer`), other images each observation once
+(`SharedObservationReplayBuffer`).
 """
 
-from rlspeed.buffers.replay import FrameStackReplayBuffer, ReplayBuffer, frame_stacks
+from rlspeed.buffers.replay import (
+    FrameStackReplayBuffer,
+    ReplayBuffer,
+    SharedObservationReplayBuffer,
+    frame_stacks,
+    image_space,
+)
 from rlspeed.buffers.rollout import RolloutBuffer, allocate_observations, gae, observation_nbytes
 
-__all__ = ["FrameStackReplayBuffer", "ReplayBuffer", "frame_stacks", "RolloutBuffer",
+__all__ = ["FrameStackReplayBuffer", "ReplayBuffer", "SharedObservationReplayBuffer", "frame_stacks", "image_space",
+           "RolloutBuffer",
            "allocate_observations", "gae", "observation_nbytes"]

@@ -13,9 +13,10 @@ With `mask_size`, the buffer also stores `next_action_masks`: the actions allowe
 observation (bool `[n]`), for a target that maximises over allowed actions only. The caller gives them (for a row
 whose episode ended, the mask at its final observation: see `off_policy.next_masks`).
 
-Two layouts: `ReplayBuffer` stores each observation and next observation whole (`dense`); `FrameStackReplayBuffer`
-stores frame-stacked images one frame per transition and rebuilds the stacks at sampling (`frames`). `describe()`
-and `summary()` say which, with the bytes per transition.
+Three layouts: `ReplayBuffer` stores each observation and next observation whole (`dense`); `FrameStackReplayBuffer`
+stores frame-stacked images one frame per transition and rebuilds the stacks at sampling (`frames`);
+`SharedObservationReplayBuffer` stores other uint8 or bool images once, a next observation being the next step's
+observation (`observations`). `describe()` and `summary()` say which, with the bytes per transition.
 
 The buffer sizes itself against the memory available before allocating: when the storage would not fit in the
 device's free memory, it lives in pinned host memory instead (it says so): sampled batches are gathered into host
@@ -477,9 +478,7 @@ class FrameStackReplayBuffer(ReplayBuffer):
                  action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device | str,
                  n_step: int = 1, gamma: float = 0.99, storage_device: torch.device | str | None = None,
                  mask_size: int | None = None):
-        if not frame_stacks(observation):
-            raise ValueError(f"FrameStackReplayBuffer stores uint8 [k, H, W] frame stacks, not {observation}")
-        self.stack = int(observation.shape[0])
+        self.stack, self._frame_shape, self._frame_dtype = self._frames_of(observation)
         self.pool_size = self.pool_frames(capacity, num_envs, self.stack, n_step)
         super().__init__(capacity, num_envs, observation, action_shape, action_dtype, device, n_step=n_step,
                          gamma=gamma, storage_device=storage_device, mask_size=mask_size)
@@ -494,6 +493,13 @@ class FrameStackReplayBuffer(ReplayBuffer):
         self.evicted = 0  # transitions given up because the pool's reserve ran out
         self._checked = False
 
+    @staticmethod
+    def _frames_of(observation) -> tuple[int, tuple[int, ...], torch.dtype]:
+        """(frames per observation, a frame's shape, its dtype) of the observations this layout stores."""
+        if not frame_stacks(observation):
+            raise ValueError(f"FrameStackReplayBuffer stores uint8 [k, H, W] frame stacks, not {observation}")
+        return int(observation.shape[0]), tuple(int(d) for d in observation.shape[1:]), torch.uint8
+
     @classmethod
     def pool_frames(cls, capacity: int, num_envs: int, stack: int, n_step: int) -> int:
         """Frames the pool holds: one per row, plus those a row's data may still need besides (the pending n-step
@@ -506,14 +512,16 @@ class FrameStackReplayBuffer(ReplayBuffer):
                        n_step: int = 1, mask_size: int | None = None) -> int:
         """The bytes a buffer made with these arguments allocates (`nbytes`), without making it; `action_bytes`:
         one action's (its element size times its length)."""
-        pool = cls.pool_frames(capacity, num_envs, int(observation.shape[0]), n_step)
-        return cls._layout_bytes(capacity, pool, observation.shape, 4 * 3 + action_bytes + (mask_size or 0))
+        stack, frame_shape, dtype = cls._frames_of(observation)
+        pool = cls.pool_frames(capacity, num_envs, stack, n_step)
+        return cls._layout_bytes(capacity, pool, stack, _bytes(frame_shape, dtype),
+                                 4 * 3 + action_bytes + (mask_size or 0))
 
     @staticmethod
-    def _layout_bytes(capacity: int, pool: int, shape: tuple[int, ...], row_bytes: int) -> int:
-        """The frame layout's bytes: `pool` uint8 frames of `shape[1:]`, and per row the int32 pool indices of two
-        stacks of `shape[0]` frames and the other fields (`row_bytes`: reward, flags, action, mask)."""
-        return pool * int(np.prod(shape[1:])) + (2 * int(shape[0]) * 4 + row_bytes) * capacity
+    def _layout_bytes(capacity: int, pool: int, stack: int, frame_bytes: int, row_bytes: int) -> int:
+        """The frame layout's bytes: `pool` frames of `frame_bytes` each, and per row the int32 pool indices of two
+        stacks of `stack` frames and the other fields (`row_bytes`: reward, flags, action, mask)."""
+        return pool * frame_bytes + (2 * stack * 4 + row_bytes) * capacity
 
     @classmethod
     def planned_terms(cls, num_envs: int, observation: gym.spaces.Box, action_bytes: int, n_step: int = 1,
@@ -525,11 +533,12 @@ class FrameStackReplayBuffer(ReplayBuffer):
         return (cls.planned_nbytes(16, num_envs, observation, action_bytes, n_step, mask_size) - fixed) / 16, fixed
 
     def _storage_bytes(self, layout) -> int:
-        return self._layout_bytes(self.capacity, self.pool_size, layout[0], self._row_bytes)
+        return self._layout_bytes(self.capacity, self.pool_size, self.stack,
+                                  _bytes(self._frame_shape, self._frame_dtype), self._row_bytes)
 
     def _allocate_observations(self, layout) -> None:
         # `obs` and `next_obs` hold pool indices; `frames` the pool
-        self.frames = self._zeros(*layout[0][1:], dtype=torch.uint8, rows=self.pool_size)
+        self.frames = self._zeros(*self._frame_shape, dtype=self._frame_dtype, rows=self.pool_size)
         self.obs = self._zeros(self.stack, dtype=torch.int32)
         self.next_obs = self._zeros(self.stack, dtype=torch.int32)
 
@@ -678,6 +687,79 @@ class FrameStackReplayBuffer(ReplayBuffer):
         self._stack_slots = self._stack_serials = self._restarted = None
         self._checked = True
         return None
+
+
+class SharedObservationReplayBuffer(FrameStackReplayBuffer):
+    """The replay buffer for images that are not frame stacks (uint8 or bool `[H, W, C]` or `[C, H, W]`: MinAtar,
+    a camera; `image_space`): each observation is stored once, a transition's next observation being the next
+    step's observation of its row, as Stable-Baselines3's `optimize_memory_usage` stores them, but exactly across
+    episode starts and wrap-around: a row restarted by its env stores its first observation too
+    (`FrameStackReplayBuffer` with one-frame stacks, the whole observation being the frame). The pool holds a
+    quarter more observations than rows, for those first observations (episodes of 4 steps on average fit without
+    giving up rows; random play in MinAtar Breakout averages about 8): about 5/8 of the dense layout's bytes.
+
+    It relies on a row's next step starting from its next observation unless the env restarted the row, which the
+    batched env contract gives (same-step autoreset, `final_obs`); the second step checks it, and refuses an env
+    that breaks it (use `frame_dedup=False`).
+    """
+
+    layout = "observations"
+    RESERVE_SHARE = 1 / 4
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._previous_next: torch.Tensor | None = None  # the first step's next observations, for the check
+
+    @staticmethod
+    def _frames_of(observation) -> tuple[int, tuple[int, ...], torch.dtype]:
+        if not image_space(observation):
+            raise ValueError(f"SharedObservationReplayBuffer stores uint8 or bool images, not {observation}")
+        return 1, tuple(int(d) for d in observation.shape), observation_layout(observation)[1]
+
+    def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
+            terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None,
+            reset_rows=None) -> None:
+        """Store one step of all N envs (see `ReplayBuffer.add`): each next observation, and the first observation
+        of rows the env restarted on the previous step."""
+        if self._previous_next is not None:  # second step only: rows carried on start where they ended
+            carried = np.setdiff1d(np.arange(self.num_envs), self._restarted)
+            rows = torch.as_tensor(carried, device=obs.device)
+            if not torch.equal(obs[rows], self._previous_next[rows]):  # ok-sync (second step only)
+                raise ValueError("these observations do not continue from the previous step's next observations: "
+                                 "use the dense replay layout (frame_dedup=False)")
+            self._previous_next = None
+        elif self._stack_slots is None and not self._checked:
+            self._previous_next = next_obs.clone()
+        super().add(obs.unsqueeze(1), actions, rewards, next_obs.unsqueeze(1), terminated, truncated,
+                    next_action_masks, reset_rows)
+
+    def _layout_text(self) -> str:
+        text = "observations: each stored once, a next observation being the next step's observation"
+        if self.evicted:
+            text += (f"; {self.evicted:,} transitions given up early because episodes restarted more often than the "
+                     "reserve allows")
+        return text
+
+    def summary(self) -> dict:
+        summary = super().summary()
+        del summary["frames_per_stack"]
+        return summary
+
+    def gather(self, index: torch.Tensor, staging: _HostStaging | None = None) -> dict[str, torch.Tensor]:
+        batch = super().gather(index, staging)
+        return {**batch, "obs": batch["obs"].squeeze(1), "next_obs": batch["next_obs"].squeeze(1)}
+
+
+def _bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+
+
+def image_space(observation) -> bool:
+    """Whether an observation space is a uint8 or bool image Box (rank 3, channels first or last). Frame stacks are
+    images too; where the env says its channels are consecutive frames (`rlspeed.envs.atari.stacked_frames`),
+    `FrameStackReplayBuffer` stores them in fewer bytes."""
+    return (isinstance(observation, gym.spaces.Box) and len(observation.shape) == 3
+            and np.dtype(observation.dtype) in (np.uint8, np.bool_))
 
 
 def frame_stacks(observation) -> bool:
