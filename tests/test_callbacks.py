@@ -339,6 +339,24 @@ def test_stock_callbacks_inside_every_n_timesteps_and_eval_callback_slots_do_the
     assert on_best.saved and len(on_best.saved) <= len(evaluator.evaluations_timesteps)
 
 
+def test_a_callback_list_as_a_child_runs_each_of_its_callbacks():
+    """SB3's `EvalCallback(callback_after_eval=CallbackList([...]))` and `EveryNTimesteps(n, CallbackList([...]))`:
+    the list's callbacks run at each event, and one returning False stops training (the list did nothing: as a
+    child, only its own hooks ran)."""
+    after_eval, every, stopper = Recorder(), Recorder(), Recorder(stop_at_call=2, hook="_on_step")
+    evaluator = EvalCallback(n_eval_episodes=1, eval_freq=STEPS_PER_ITERATION, callback_after_eval=CallbackList(
+        [after_eval]))
+    _ppo().learn(4 * STEPS_PER_ITERATION, progress_bar=False,
+                 callback=[evaluator, EveryNTimesteps(STEPS_PER_ITERATION, CallbackList([every]))])
+    assert after_eval.n_calls == len(evaluator.evaluations_timesteps) == 4 and every.n_calls == 4
+    assert [event[1] for event in every.events if event[0] == "rollout_end"] == [
+        n * STEPS_PER_ITERATION for n in range(1, 5)]
+    model = _ppo()
+    model.learn(6 * STEPS_PER_ITERATION, progress_bar=False,
+                callback=EveryNTimesteps(STEPS_PER_ITERATION, CallbackList([Recorder(), stopper])))
+    assert stopper.n_calls == 2 and model.num_timesteps == 2 * STEPS_PER_ITERATION
+
+
 def test_eval_callback_refuses_a_next_step_vector_env_before_training():
     """Gymnasium's default vector env (NEXT_STEP autoreset) as eval_env: one sentence naming EvalCallback and the
     fix, before any step is trained (it came at the first evaluation)."""

@@ -225,6 +225,11 @@ class CallbackList(BaseCallback):
     def on_evaluation(self, evaluation: dict) -> bool:
         return all([callback.on_evaluation(evaluation) for callback in self.callbacks])
 
+    def _on_rollout_end(self) -> bool:
+        # a child (EvalCallback(callback_after_eval=CallbackList([...])), EveryNTimesteps(n, CallbackList([...]))):
+        # each of its callbacks runs as an event of it
+        return all([self._child_event(callback) for callback in self.callbacks])
+
     def on_training_end(self) -> None:
         for callback in self.callbacks:
             callback.on_training_end()
