@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import inspect
 import json
 import math
@@ -666,3 +667,30 @@ def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
     assert rlspeed.evaluate(longer, episodes=2, seed=0)["lengths"] == [300, 300]
     with pytest.raises(rlspeed.UserError, match="only Gymnasium's envs take: evaluate it with backend 'gymnasium'"):
         rlspeed.evaluate(model, episodes=2, backend="torch")
+
+
+def test_sb3_vec_normalize_returns_are_the_envs_own_and_eval_callback_syncs_its_statistics(tmp_path):
+    """Stable-Baselines3's VecNormalize pattern: episode returns (metrics.csv, `evaluate`) are the env's own rewards',
+    as SB3's Monitor records them, not the normalised ones the model trains on; an EvalCallback on a VecNormalize
+    eval env evaluates with the training env's statistics (SB3's `sync_envs_normalization`)."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from rlspeed.callbacks import EvalCallback
+
+    train_env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0))
+    eval_env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=1, seed=1), training=False, norm_reward=False)
+    model = rlspeed.PPO(train_env, device="cpu", num_steps=128, batch_size=64, seed=0)
+    model.learn(1024, callback=EvalCallback(eval_env, eval_freq=1024, n_eval_episodes=1, verbose=0),
+                run_dir=tmp_path / "run", log_interval_s=0, progress_bar=False)
+    assert np.allclose(eval_env.obs_rms.mean, train_env.obs_rms.mean) and not np.allclose(eval_env.obs_rms.mean, 0)
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        logged = [float(row["episode_return"]) for row in csv.DictReader(f) if row["episode_return"]]
+    monitored = [r for env in train_env.venv.envs for r in env.get_episode_rewards()]
+    assert logged and min(logged) >= min(monitored) - 1e-3 and max(logged) <= max(monitored) + 1e-3
+    assert min(logged) < -100  # (Pendulum's own scale; normalised returns are a few units)
+    scored = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=2))  # norm_reward=True, as saved runs load
+    result = rlspeed.evaluate(model, scored, episodes=2)
+    assert np.allclose(sorted(result["returns"]), sorted(r for env in scored.venv.envs
+                                                          for r in env.get_episode_rewards()), atol=1e-3)

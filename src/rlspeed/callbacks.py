@@ -255,6 +255,20 @@ class FunctionCallback(BaseCallback):
         return self.fn(self.locals)
 
 
+def _sync_normalization(training_env, eval_env) -> None:
+    """As Stable-Baselines3's EvalCallback does before each evaluation: where the model trains on an SB3 VecEnv with
+    VecNormalize and the evaluation env is an SB3 VecEnv too, its VecNormalize statistics become the training ones
+    (`sync_envs_normalization`), so the policy is evaluated on the observations it trains on."""
+    while training_env is not None and not hasattr(training_env, "vec_env"):  # (rlspeed's wrappers, outermost first)
+        training_env = getattr(training_env, "env", None)
+    if training_env is None or eval_env is None or isinstance(eval_env, str):
+        return
+    from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization, unwrap_vec_normalize
+
+    if isinstance(eval_env, VecEnv) and unwrap_vec_normalize(training_env.vec_env) is not None:
+        sync_envs_normalization(training_env.vec_env, eval_env)
+
+
 def as_callback(callback) -> BaseCallback | None:
     """What `learn(callback=...)` accepts as one `BaseCallback`: None, a BaseCallback, a list of them, or a plain
     function of learn's locals; UserError for anything else."""
@@ -448,6 +462,7 @@ class EvalCallback(BaseCallback):
         model = self.model
         seed = self.seed if self.seed is not None else (model.seed or 0) + 200_000 + self.num_timesteps
         env_id = self.eval_env if self.eval_env is not None else model.env_id
+        _sync_normalization(self.training_env, self.eval_env)
         same_env = isinstance(env_id, str) and env_id == model.env_id and model.env_backend in ("torch", "gymnasium")
         result = evaluate(model, env_id, episodes=self.n_eval_episodes, seed=seed, deterministic=self.deterministic,
                           backend=model.env_backend if same_env else "auto")

@@ -434,7 +434,8 @@ class EnvWrapper(BatchedEnv):
 
 
 class EpisodeStatistics(EnvWrapper):
-    """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards.
+    """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards (the
+    inner env's `info["raw_reward"]` where it gives them: SB3 VecEnvs under a reward-normalising VecNormalize).
 
     Applied innermost by `make_env`, so returns are the env's own, before any reward normalisation. The numerics
     guard of the model training on it (`rlspeed.numerics.EnvValueGuard`, set as `numerics`) checks the env's values
@@ -469,8 +470,9 @@ class EpisodeStatistics(EnvWrapper):
         if self.numerics is not None:
             obs, reward, info["final_obs"] = _checked(self.numerics, obs, reward, info["final_obs"], actions)
         done = terminated | truncated
-        # Fresh tensors each step (no copies): the returned totals stay valid after later steps.
-        episode_return, episode_length = self._return + reward, self._length + 1.0
+        # Fresh tensors each step (no copies): the returned totals stay valid after later steps. An env that
+        # normalises its rewards itself (SB3's VecNormalize) gives the original ones as `raw_reward`.
+        episode_return, episode_length = self._return + info.get("raw_reward", reward), self._length + 1.0
         self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0.0)
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length

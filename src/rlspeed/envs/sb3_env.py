@@ -38,6 +38,17 @@ def is_sb3_vec_env(env: object) -> bool:
             and hasattr(env, "num_envs") and hasattr(env, "observation_space") and hasattr(env, "action_space"))
 
 
+def _reward_normalizer(vec_env):
+    """The VecNormalize in `vec_env`'s wrappers that normalises rewards, or None."""
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    while vec_env is not None:
+        if isinstance(vec_env, VecNormalize) and vec_env.norm_reward:
+            return vec_env
+        vec_env = getattr(vec_env, "venv", None)
+    return None
+
+
 class SB3VecEnv(BatchedEnv):
     """N envs of a Stable-Baselines3 VecEnv behind the batched contract (tensors on `device`)."""
 
@@ -62,6 +73,8 @@ class SB3VecEnv(BatchedEnv):
         if offers_masks and not self.has_action_masks:
             warn_unapplied_masks(self.spec)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
+        #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
+        self._normalizer = _reward_normalizer(vec_env)
 
     def _masks(self) -> dict:
         """{"action_mask": bool [N, n] on the device} from the envs' `action_masks()`, or {} without masks."""
@@ -100,6 +113,8 @@ class SB3VecEnv(BatchedEnv):
             obs_t, final_t = obs_and_final(obs, finished, self.device,
                                            lambda row: infos[row]["terminal_observation"], self._host)
         info = {"final_obs": final_t, "final_rows": finished, **self._masks()}
+        if self._normalizer is not None:  # episode returns are the env's own rewards', as SB3's Monitor records them
+            info["raw_reward"] = host_tensor(self._normalizer.get_original_reward(), self.device).reshape(-1)
         add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
