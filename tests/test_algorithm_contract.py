@@ -114,9 +114,54 @@ def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
     for schedule in (lambda progress: 3e-4 * progress, "lin_3e-4"):
         with pytest.raises(UserError, match="give the starting value, and anneal_lr=True"):
             rlspeed.PPO("CartPole-v1", device="cpu", learning_rate=schedule)
-    for value in (True, float("nan")):
-        with pytest.raises(UserError, match="not a valid float"):
-            rlspeed.PPO("CartPole-v1", device="cpu", gamma=value)
+    with pytest.raises(UserError, match="not a valid float"):
+        rlspeed.PPO("CartPole-v1", device="cpu", gamma=True)
+
+
+@pytest.mark.parametrize(("algo", "key", "value"), [
+    ("PPO", "gamma", float("nan")), ("PPO", "log_std_init", "nan"), ("PPO", "clip_range", float("inf")),
+    ("PPO", "clip_range", 1e39), ("TD3", "action_noise_std", float("inf")), ("DQN", "adam_eps", "inf"),
+    ("A2C", "rms_prop_eps", float("-inf")), ("SAC", "ent_coef_init", "1e300")])
+def test_a_float_hyperparameter_out_of_float32s_finite_range_is_refused_from_any_source(algo, key, value, tmp_path,
+                                                                                       capsys):
+    """NaN, infinities and values no float32 tensor holds (TD3 with infinite exploration noise trained to exit 0; 1e39
+    ended in a traceback): refused whether they come as floats, as strings or from a preset file (YAML's .inf)."""
+    import yaml
+
+    import rlspeed
+    from rlspeed import cli
+
+    env_id = "CartPole-v1" if algo in ("DQN",) or (algo in ("PPO", "A2C") and key != "log_std_init") else "Pendulum-v1"
+    with pytest.raises(UserError, match=f"'{key}' got .*finite number within float32's range"):
+        getattr(rlspeed, algo)(env_id, device="cpu", **{key: value})
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(f"{key}: {value if isinstance(value, str) else yaml.safe_dump(value).splitlines()[0]}\n")
+    code = cli.main(["train", algo.lower(), env_id, "--preset", str(preset), "--total-timesteps", "64",
+                     "--out", str(tmp_path / "run"), "--no-progress"])
+    assert code == 2 and "finite number" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_ddpg_refuses_td3s_settings():
+    """DDPG with twin critics, a policy delay or target smoothing is TD3 recorded as DDPG: refused, naming td3."""
+    import rlspeed
+
+    for key, value in (("n_critics", 2), ("policy_delay", 2), ("target_policy_noise", 0.2)):
+        with pytest.raises(UserError, match=f"DDPG has {key}=.*train td3"):
+            rlspeed.DDPG("Pendulum-v1", device="cpu", **{key: value})
+
+
+@pytest.mark.parametrize(("setting", "value"), [("eval_freq", 0), ("eval_freq", -5), ("checkpoint_freq", 0),
+                                                ("eval_episodes", 0), ("eval_freq", "abc"),
+                                                ("target_return", float("nan")), ("target_return", "abc")])
+def test_learns_run_settings_are_checked_before_training(setting, value, tmp_path):
+    """`learn(checkpoint_freq=0)` wrote no checkpoint at all, eval_freq 0 or below evaluated every iteration, a NaN
+    target could never be reached, and text ended in a TypeError deep in the loop: one sentence, before any step."""
+    import rlspeed
+
+    model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16, batch_size=32)
+    with pytest.raises(UserError, match=setting):
+        model.learn(64, run_dir=tmp_path / "run", progress_bar=False, **{setting: value})
+    assert model.num_timesteps == 0
 
 
 def test_says_which_update_runs_and_why(trained):

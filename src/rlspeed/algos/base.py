@@ -109,6 +109,9 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     return config
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 def coerce(key: str, value, hint):
     """`value` as type `hint`, accepting YAML/CLI spellings (1e5 for an int when whole, lists for tuples);
     UserError naming `key` for the wrong kind (hyperparameters, and the CLI's run settings)."""
@@ -132,9 +135,13 @@ def coerce(key: str, value, hint):
                 raise ValueError
             return int(number)
         if hint is float:
-            if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isnan(value)):
+            if isinstance(value, bool):
                 raise ValueError
-            return float(value)
+            number = float(value)
+            if not abs(number) <= _FLOAT32_MAX:  # (NaN, infinities and values float32 tensors cannot hold)
+                raise UserError(f"Hyperparameter '{key}' got {value!r}: it must be a finite number within float32's "
+                                f"range (at most {_FLOAT32_MAX:.3g} in size).")
+            return number
         if origin in (tuple, list):  # layer widths: a list of whole numbers (one number: one layer)
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
             if isinstance(items, (str, bytes)) or any(isinstance(v, bool) or not float(v).is_integer() for v in items):
@@ -155,6 +162,15 @@ def coerce(key: str, value, hint):
               "learning rates linearly to 0 (Stable-Baselines3's linear schedule)." if schedule else "")
     raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid "
                     f"{getattr(hint, '__name__', hint)}.{advice}")
+
+
+def _positive_whole(name: str, value):
+    """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
+        raise UserError(f"{name} must be a whole number >= 1, got {value!r}.")
+    return int(value)
 
 
 def progress_remaining(timesteps: int, start: int, end: int) -> float:
@@ -701,6 +717,12 @@ class Algorithm:
         total_timesteps = int(total_timesteps)
         if total_timesteps <= 0:
             raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        eval_freq, checkpoint_freq = _positive_whole("eval_freq", eval_freq), _positive_whole("checkpoint_freq",
+                                                                                               checkpoint_freq)
+        eval_episodes = _positive_whole("eval_episodes", eval_episodes)
+        if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
+                                          or not math.isfinite(target_return)):
+            raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
         if target_return is not None:
             try:  # evaluation builds a fresh env from the id: find out now, not after the first rollout
                 # (the registry entry alone: env_spec would build an env; native ids have one; `module:EnvId` ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlspeed.algos.base import require
 from rlspeed.algos.td3 import TD3, TD3Config
 
 
@@ -19,6 +20,14 @@ class DDPGConfig(TD3Config):
     n_critics: int = 1
     policy_delay: int = 1
     target_policy_noise: float = 0.0
+
+    def validate(self) -> None:
+        """TD3's checks, and DDPG's own settings kept (another value of them is TD3: a DDPG run would record it as
+        DDPG while training TD3's update)."""
+        super().validate()
+        for key, value in (("n_critics", 1), ("policy_delay", 1), ("target_policy_noise", 0.0)):
+            require(getattr(self, key) == value, f"DDPG has {key}={value} (got {getattr(self, key)}): for twin "
+                    "critics, delayed actor updates or target policy smoothing, train td3 (rlspeed.TD3).")
 
 
 class DDPG(TD3):
