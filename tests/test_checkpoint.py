@@ -391,3 +391,15 @@ def test_a_saved_model_has_the_mode_of_the_users_other_files(tmp_path, cartpole_
     finally:
         os.umask(previous)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_load_with_an_env_id_makes_as_many_envs_as_the_run_trained_with(tmp_path):
+    """SB3's `PPO.load(path, env=...)`: with an id, the model keeps its num_envs (it came back with 1, so further
+    training ran another rollout size than the run's); a built env keeps its own."""
+    from rlspeed import PPO, make_env
+
+    model = PPO("CartPole-v1", device="cpu", num_envs=8, num_steps=16, batch_size=64, seed=0)
+    path = model.save(tmp_path / "model")
+    loaded = PPO.load(path, env="CartPole-v1")
+    assert loaded.config.num_envs == 8 and loaded.make_training_env().num_envs == 8
+    assert PPO.load(path, env=make_env("CartPole-v1", num_envs=4)).config.num_envs == 4

@@ -1180,7 +1180,10 @@ class Algorithm:
                 warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
                               f"load(env={env!r}) makes that env without them (pass an env made with them: "
                               "rlspeed.make_env(env_id, **options)).", stacklevel=2)
-            env = env if isinstance(env, BatchedEnv) else make_env(env, device=device)
+            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them)
+                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device)
+            elif not isinstance(env, BatchedEnv):
+                env = make_env(env, device=device)
             try:
                 _check_env_fits(env.spec, spec, path)
             except UserError:
