@@ -179,3 +179,33 @@ def test_refuses_an_action_space_it_cannot_act_in(trained):
         pytest.skip(f"{algo.__name__} supports Discrete and Box actions")
     with pytest.raises(UserError, match="needs"):
         algo(other, device="cpu")
+
+
+def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
+    """SB3 2.x's `net_arch=dict(pi=..., vf=...)` with equal widths, `train_freq=(4, "step")` and torch's class names
+    for activations are taken; unequal widths, per-episode training, HER and SB3-only options are one sentence each."""
+    import rlspeed
+
+    ppo = rlspeed.PPO("CartPole-v1", device="cpu", net_arch=dict(pi=[32, 32], vf=[32, 32]), activation="ReLU")
+    assert (ppo.config.net_arch, ppo.config.activation) == ((32, 32), "relu")
+    assert rlspeed.DQN("CartPole-v1", device="cpu", train_freq=(4, "step")).config.train_freq == 4
+    assert rlspeed.SAC("Pendulum-v1", device="cpu", net_arch={"pi": [64], "qf": [64]}).config.net_arch == (64,)
+    refusals = [(rlspeed.PPO, "CartPole-v1", {"net_arch": dict(pi=[64], vf=[32])}, "one list of layer widths"),
+                (rlspeed.DQN, "CartPole-v1", {"train_freq": (1, "episode")}, "no per-episode training frequency"),
+                (rlspeed.SAC, "Pendulum-v1", {"replay_buffer_class": object}, "HerReplayBuffer"),
+                (rlspeed.PPO, "CartPole-v1", {"target_kl": 0.01}, "lower n_epochs"),
+                (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 1}, "after every gradient step")]
+    for algo, env_id, options, message in refusals:
+        with pytest.raises(UserError, match=message):
+            algo(env_id, device="cpu", **options)
+
+
+def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
+    """`model.get_env()` (SB3's first README example), `get_parameters`, `q_net`, ...: an AttributeError that names
+    rlspeed's way; other missing attributes stay plain AttributeErrors (hasattr and getattr defaults work)."""
+    model = trained[3]
+    with pytest.raises(AttributeError, match=r"get_env is Stable-Baselines3's; .*make_training_env"):
+        model.get_env()
+    with pytest.raises(AttributeError, match=r"get_parameters is Stable-Baselines3's; .*state_dict"):
+        model.get_parameters()
+    assert not hasattr(model, "no_such_attribute") and getattr(model, "replay_buffer", None) is None

@@ -65,6 +65,37 @@ SB3_KEYWORDS = {
     "tensorboard_log": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv there (rlspeed train: --out DIR)",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
+    "replay_buffer_class": "rlspeed's off-policy algorithms have one replay buffer of their own, which stores frame "
+                           "stacks and large images compactly by itself (frame_dedup); Hindsight Experience Replay "
+                           "(HerReplayBuffer) is not supported",
+    "replay_buffer_kwargs": "rlspeed's replay buffer takes buffer_size, n_step and frame_dedup as hyperparameters",
+    "optimize_memory_usage": "rlspeed's replay stores frame stacks and large images once per transition by itself "
+                             "(frame_dedup=True, the default), exactly across episode ends",
+    "target_kl": "rlspeed's PPO does not stop its epochs early on the KL divergence: lower n_epochs or clip_range "
+                 "for smaller updates",
+    "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
+                         "(learn(log_interval_s=...))",
+    "target_update_interval": "rlspeed's SAC, TD3 and DDPG update their target networks after every gradient step "
+                              "(tau sets how far), as SB3's default of 1 does",
+}
+
+
+#: Stable-Baselines3 model attributes rlspeed's models lack, with what to use instead (`Algorithm.__getattr__`)
+SB3_ATTRIBUTES = {
+    **dict.fromkeys(("get_env", "env"), "rlspeed models make their envs in learn: model.make_training_env() makes "
+                                        "one like them, rlspeed.make_env(model.env_id) another, and model.evaluate() "
+                                        "plays episodes"),
+    "set_env": "give the env when making or loading the model (Algo(env, ...), Algo.load(path, env=...))",
+    **dict.fromkeys(("get_parameters", "set_parameters"),
+                    "model.policy.state_dict() and model.policy.load_state_dict(...) hold the policy's weights, "
+                    "model.save(path) and Algo.load(path) the whole model"),
+    **dict.fromkeys(("replay_buffer", "rollout_buffer"), "the model's storage is model.buffer (once learn made it)"),
+    "load_replay_buffer": "the replay buffer is saved beside a checkpoint with save_replay_buffer=True, and "
+                          "model.resume(path) restores it",
+    "get_vec_normalize_env": "normalize_obs=True / normalize_reward=True keep the statistics in the model",
+    "q_net": "DQN's network is model.q_network (its target: model.q_target)",
+    "q_net_target": "DQN's target network is model.q_target",
+    "exploration_rate": "DQN's exploration rate at a step is model.epsilon(timesteps)",
 }
 
 
@@ -103,6 +134,19 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                     raise UserError(f"Hyperparameter '{key}' got {value!r}: expected auto or a number.")
                 values[AUTO_VALUES[key]] = coerce(key, start, float)
             continue
+        if key == "train_freq" and isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], str):
+            if value[1] != "step":  # SB3's (n, "step") / (n, "episode")
+                raise UserError(f"train_freq={tuple(value)!r}: rlspeed's train_freq counts env steps (per env); "
+                                "there is no per-episode training frequency, give a number of steps.")
+            value = value[0]
+        if key == "net_arch" and isinstance(value, dict):  # SB3 2.x: dict(pi=[...], vf=[...]) (or qf= off-policy)
+            parts = {tuple(widths) if isinstance(widths, (list, tuple)) else widths for widths in value.values()}
+            if set(value) - {"pi", "vf", "qf"} or len(parts) != 1:
+                raise UserError(f"net_arch={value}: rlspeed's actor and critic take one list of layer widths "
+                                "(net_arch=[64, 64]); different widths per network are not supported.")
+            value = next(iter(value.values()))
+        if key == "activation" and isinstance(value, str):
+            value = value.lower()  # (torch's class names: "ReLU", "Tanh")
         values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
@@ -593,6 +637,13 @@ class Algorithm:
                                   gym.spaces.MultiBinary)):
             raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete, "
                             "Box, MultiDiscrete and MultiBinary (wrap others in a gymnasium.ActionWrapper).")
+
+    def __getattr__(self, name: str):
+        # (only for attributes that do not exist: Stable-Baselines3's model attributes say what to use instead)
+        advice = SB3_ATTRIBUTES.get(name)
+        if advice is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
 
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation."""
