@@ -4,6 +4,8 @@ model is, same actions), refuses an unknown hyperparameter with one sentence, an
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -209,3 +211,16 @@ def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
     with pytest.raises(AttributeError, match=r"get_parameters is Stable-Baselines3's; .*state_dict"):
         model.get_parameters()
     assert not hasattr(model, "no_such_attribute") and getattr(model, "replay_buffer", None) is None
+
+
+def test_an_off_policy_run_that_cannot_update_says_so():
+    """learning_starts at or beyond the steps a learn call stores: the run ended with exit 0 and the untrained
+    network's score, without a word."""
+    import rlspeed
+
+    model = rlspeed.DQN("CartPole-v1", device="cpu", learning_starts=5000)
+    with pytest.warns(UserWarning, match=r"learning_starts \(5,000\).*no gradient update will run"):
+        model.learn(1000, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rlspeed.DQN("CartPole-v1", device="cpu", learning_starts=100).learn(256, progress_bar=False)

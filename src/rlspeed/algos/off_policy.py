@@ -270,6 +270,10 @@ class OffPolicyAlgorithm(Algorithm):
                            self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
+        if self._total_timesteps - self._buffer_start <= cfg.learning_starts:
+            warnings.warn(f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call "
+                          f"stores ({self._total_timesteps - self._buffer_start:,}): no gradient update will run; "
+                          "lower learning_starts or train longer.", stacklevel=3)
 
     # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
     def _on_env_reset(self) -> None:
