@@ -224,3 +224,17 @@ def test_an_off_policy_run_that_cannot_update_says_so():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rlspeed.DQN("CartPole-v1", device="cpu", learning_starts=100).learn(256, progress_bar=False)
+
+
+def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monkeypatch):
+    """`--set batch_size=1e9` got the machine killed for memory: the sampled batch's bytes are checked as the replay
+    buffer's are."""
+    import rlspeed
+    from rlspeed.algos import off_policy
+
+    monkeypatch.setattr(off_policy, "available_memory_bytes", lambda device: 2**20)
+    model = rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=100_000)
+    with pytest.raises(UserError, match=r"batch_size=100,000 takes .* GiB per sampled batch.*lower batch_size"):
+        model.learn(256, progress_bar=False)
+    assert model.num_timesteps == 0
+    rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=64).learn(256, progress_bar=False)

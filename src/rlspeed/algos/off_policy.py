@@ -41,6 +41,7 @@ from rlspeed.buffers import (
     frame_stacks,
     image_space,
 )
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
@@ -270,6 +271,12 @@ class OffPolicyAlgorithm(Algorithm):
                            self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
+        free = available_memory_bytes(self.buffer.storage_device)
+        batch_bytes = cfg.batch_size * self.buffer.bytes_per_transition
+        if free is not None and batch_bytes > REPLAY_MEMORY_SHARE * free:  # (each sampled batch is a copy of its rows)
+            raise UserError(f"batch_size={cfg.batch_size:,} takes {batch_bytes / 2**30:.1f} GiB per sampled batch, "
+                            f"more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may take: lower "
+                            "batch_size.")
         if self._total_timesteps - self._buffer_start <= cfg.learning_starts:
             warnings.warn(f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call "
                           f"stores ({self._total_timesteps - self._buffer_start:,}): no gradient update will run; "
