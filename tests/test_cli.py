@@ -884,6 +884,11 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert member.spec.env_kwargs == {"g": 2.0}
     assert cli.main([*argv[:-2], "--env-kwargs", "gg=1", "--out", "typo"]) == 2
     assert "rejected the options g, gg" in capsys.readouterr().err
+    # a value the env refuses (a ValueError, not a TypeError) is the user's input too: one sentence, exit 2 (was 1)
+    assert cli.main(["train", "ppo", "Pendulum-v1", "--env-kwargs", "max_episode_steps=0", "--out", "zero",
+                     "--no-progress"]) == 2
+    error = capsys.readouterr().err
+    assert "rejected the options max_episode_steps" in error and "raised from the environment creator" not in error
 
 
 def test_a_second_process_training_in_the_same_out_is_refused(tmp_path, monkeypatch, capsys):

@@ -15,7 +15,7 @@ from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
 from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
-from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec
+from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec, rejected_options
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
@@ -158,10 +158,10 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         env = atari.make_atari_env(spec.id, **env_kwargs) if atari_game else gym.make(spec.id, **env_kwargs)
     except UserError:
         raise
-    except TypeError as error:
+    except (TypeError, ValueError) as error:
         if not env_kwargs:
             raise _make_error(env_id, "gymnasium", error) from error
-        raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
+        raise rejected_options(env_id, env_kwargs, error) from None
     except Exception as error:
         raise _make_error(env_id, "gymnasium", error) from error
     try:

@@ -338,6 +338,14 @@ def obs_and_final(obs, finished_rows: np.ndarray, device: torch.device, final_ro
     return obs_t, to_device(final, device)
 
 
+
+def rejected_options(env_id: str, env_kwargs: dict, error: BaseException) -> UserError:
+    """The UserError for an env that raised TypeError or ValueError when made with the user's options: their names
+    and the env's own message (without Gymnasium's note on where it was raised)."""
+    message = str(error).split(" was raised from the environment creator")[0].rstrip(".")
+    return UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {message}.")
+
+
 class GymnasiumEnv(BatchedEnv):
     """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset."""
 
@@ -369,11 +377,12 @@ class GymnasiumEnv(BatchedEnv):
                                               **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
-            except TypeError as error:
+            except (TypeError, ValueError) as error:
                 if not env_kwargs:
                     raise
-                # most likely an option the env's constructor does not take (a typo, or a native-env option)
-                raise UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {error}") from None
+                # most likely an option the env's constructor does not take (a typo, or a native-env option), or a
+                # value it refuses
+                raise rejected_options(env_id, env_kwargs, error) from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
         else:
             check_same_step(vector_env)
