@@ -196,7 +196,8 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
                 (rlspeed.DQN, "CartPole-v1", {"train_freq": (1, "episode")}, "no per-episode training frequency"),
                 (rlspeed.SAC, "Pendulum-v1", {"replay_buffer_class": object}, "HerReplayBuffer"),
                 (rlspeed.PPO, "CartPole-v1", {"target_kl": 0.01}, "lower n_epochs"),
-                (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 1}, "after every gradient step")]
+                (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 1}, "after every gradient step"),
+                (rlspeed.SAC, "Pendulum-v1", {"ent_coef": "autox"}, "got 'autox': expected auto, auto_X")]
     for algo, env_id, options, message in refusals:
         with pytest.raises(UserError, match=message):
             algo(env_id, device="cpu", **options)

@@ -132,7 +132,11 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             if start:
                 if AUTO_VALUES[key] is None:
                     raise UserError(f"Hyperparameter '{key}' got {value!r}: expected auto or a number.")
-                values[AUTO_VALUES[key]] = coerce(key, start, float)
+                try:
+                    values[AUTO_VALUES[key]] = coerce(key, start, float)
+                except UserError:
+                    raise UserError(f"Hyperparameter '{key}' got {value!r}: expected auto, auto_X with a number X "
+                                    "(auto_0.1), or a number.") from None
             continue
         if key == "train_freq" and isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], str):
             if value[1] != "step":  # SB3's (n, "step") / (n, "episode")
