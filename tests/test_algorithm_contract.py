@@ -197,7 +197,8 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
                 (rlspeed.SAC, "Pendulum-v1", {"replay_buffer_class": object}, "HerReplayBuffer"),
                 (rlspeed.PPO, "CartPole-v1", {"target_kl": 0.01}, "lower n_epochs"),
                 (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 1}, "after every gradient step"),
-                (rlspeed.SAC, "Pendulum-v1", {"ent_coef": "autox"}, "got 'autox': expected auto, auto_X")]
+                (rlspeed.SAC, "Pendulum-v1", {"ent_coef": "autox"}, "got 'autox': expected auto, auto_X"),
+                (rlspeed.PPO, "CartPole-v1", {"clip_range": lambda progress: 0.2 * progress}, "anneal_clip=True")]
     for algo, env_id, options, message in refusals:
         with pytest.raises(UserError, match=message):
             algo(env_id, device="cpu", **options)

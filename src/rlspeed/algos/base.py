@@ -206,8 +206,10 @@ def coerce(key: str, value, hint):
     else:
         return value
     schedule = callable(value) or (isinstance(value, str) and value.lower().startswith(("lin_", "linear")))
-    advice = (" A schedule is not a hyperparameter value here: give the starting value, and anneal_lr=True decays "
-              "learning rates linearly to 0 (Stable-Baselines3's linear schedule)." if schedule else "")
+    annealed = {"learning_rate": "anneal_lr=True decays learning rates", "clip_range": "anneal_clip=True decays the "
+                "clip range"}.get(key, "only learning_rate (anneal_lr=True) and clip_range (anneal_clip=True) decay,")
+    advice = (f" A schedule is not a hyperparameter value here: give the starting value, and {annealed} linearly to 0 "
+              "(Stable-Baselines3's linear schedule)." if schedule else "")
     raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid "
                     f"{getattr(hint, '__name__', hint)}.{advice}")
 
