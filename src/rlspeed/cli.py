@@ -105,7 +105,7 @@ def _finite_values(key: str, value, flag: str = "--set") -> None:
 
 def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
     """`key=value` pairs, values read as YAML scalars/lists (`lr=1e-3`, `net_arch=[64,64]`, `x=null`)."""
-    out = {}
+    out, written = {}, {}
     for pair in pairs:
         if "=" not in pair:
             raise UserError(f"{flag} expects key=value, got '{pair}'.")
@@ -113,13 +113,13 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
         key = key.strip()
         if not key:
             raise UserError(f"{flag} expects key=value, got '{pair}' (no key).")
+        if key in written and written[key] != value.strip():  # (the text: a YAML alias may make a value recursive)
+            raise UserError(f"{flag} gives {key} twice ({written[key]} and {value.strip()}): give it once.")
+        written[key] = value.strip()
         try:
-            parsed = _exponent_floats(yaml.safe_load(value))
+            out[key] = _exponent_floats(yaml.safe_load(value))
         except (yaml.YAMLError, ValueError, OverflowError):
             raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
-        if key in out and out[key] != parsed:
-            raise UserError(f"{flag} gives {key} twice ({out[key]!r} and {parsed!r}): give it once.")
-        out[key] = parsed
         _finite_values(key, out[key], flag)
     return out
 
