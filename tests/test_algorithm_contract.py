@@ -240,3 +240,19 @@ def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monke
         model.learn(256, progress_bar=False)
     assert model.num_timesteps == 0
     rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=64).learn(256, progress_bar=False)
+
+
+def test_stable_baselines3_save_and_load_keywords_are_one_sentence(trained, tmp_path):
+    """`model.save(io.BytesIO())`, `save(path, exclude=[...])`, `load(path, custom_objects=...)` and
+    `PPO(policy="MlpPolicy", env=...)` ended in TypeErrors or an "Unknown hyperparameter" list."""
+    import io
+
+    algo, env_id, _, model, path = trained
+    with pytest.raises(UserError, match="save writes a file: give a path"):
+        model.save(io.BytesIO())
+    with pytest.raises(UserError, match="exclude: Stable-Baselines3's keywords"):
+        model.save(tmp_path / "model", exclude=["env"])
+    with pytest.raises(UserError, match="custom_objects: Stable-Baselines3's keywords"):
+        algo.load(path, custom_objects={"learning_rate": 0.0})
+    with pytest.raises(UserError, match="'policy' is Stable-Baselines3's keyword; .*without a policy"):
+        algo(env=env_id, policy="MlpPolicy", device="cpu")

@@ -9,6 +9,7 @@ import difflib
 import inspect
 import math
 import numbers
+import os
 import random
 import secrets
 import time
@@ -65,6 +66,8 @@ SB3_KEYWORDS = {
     "tensorboard_log": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv there (rlspeed train: --out DIR)",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
+    "policy": "rlspeed builds the networks from the env's spaces: write Algo(env, ...) without a policy (net_arch=..., "
+              "activation=... shape them)",
     "replay_buffer_class": "rlspeed's off-policy algorithms have one replay buffer of their own, which stores frame "
                            "stacks and large images compactly by itself (frame_dedup); Hindsight Experience Replay "
                            "(HerReplayBuffer) is not supported",
@@ -1176,10 +1179,15 @@ class Algorithm:
                             "edited or damaged.") from None
 
     # --- checkpoints ------------------------------------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, **stable_baselines3) -> Path:
         """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON), and what exact
         resume needs (`resume`; `Algorithm.load` ignores it): random generators, native envs' state, the learn
         loop's position, and with `save_replay_buffer` the replay buffer in a second file beside this one."""
+        if stable_baselines3:
+            raise UserError(f"save takes a path only; {', '.join(stable_baselines3)}: Stable-Baselines3's keywords "
+                            "(rlspeed saves every tensor the model needs, in one safetensors file).")
+        if not isinstance(path, (str, os.PathLike)):
+            raise UserError(f"save writes a file: give a path (str or pathlib.Path), not a {type(path).__name__}.")
         tensors = self._state_tensors()
         optim_meta = {}
         for name, optimizer in self._optimizers().items():
@@ -1215,6 +1223,11 @@ class Algorithm:
 
         The checkpoint's digest is checked (`verify=False` skips it) and NaN or infinite tensors are refused
         (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters."""
+        sb3 = [key for key in ("custom_objects", "print_system_info", "force_reset") if key in overrides]
+        if sb3:
+            raise UserError(f"load's {', '.join(sb3)}: Stable-Baselines3's keywords; rlspeed checkpoints hold no "
+                            "pickled objects (replace a saved hyperparameter with a keyword: load(path, "
+                            "learning_rate=...)), and an env given to load starts fresh episodes.")
         device = resolve_device(device)
         tensors, meta = load_checkpoint(path, device=device, verify=verify, allow_nonfinite=allow_nonfinite)
         refuse_non_model(path, meta, "load")
