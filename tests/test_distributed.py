@@ -223,3 +223,43 @@ def test_nproc_1_trains_under_its_launchers_run_directory_lock(tmp_path):
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 256
+
+
+def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_path):
+    """Ctrl-C (SIGINT to the launcher's process group) during `rlspeed train --nproc 2`: the launcher handed it to
+    torchrun and waits for it, every rank stops at the end of the iteration where rank 0 got it, and the run is
+    saved as interrupted (exit 130). The launcher died at once and left its workers orphaned, waiting in collectives
+    their peers had left until the process group timed out, then writing over the directory it had unlocked."""
+    out = tmp_path / "run"
+    stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(stdout_path, "w") as stdout_file, open(stderr_path, "w") as stderr_file:
+        process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
+                                    "--total-timesteps", "2000000", "--checkpoint-freq", "4096", "--target-return",
+                                    "none", "--no-progress", "--device", "cpu", "--out", str(out)],
+                                   env=clean_env(), stdout=stdout_file, stderr=stderr_file, text=True,
+                                   start_new_session=True)
+    deadline = time.time() + 240
+    while not (out / "checkpoint.safetensors").exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    assert (out / "checkpoint.safetensors").exists(), stderr_path.read_text()[-3000:]
+    os.killpg(process.pid, signal.SIGINT)  # (a terminal's Ctrl-C)
+    assert process.wait(timeout=120) == 130, stderr_path.read_text()[-3000:]
+    left = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True).stdout.split()
+    assert not left  # (no worker outlives the launcher)
+    stderr = stderr_path.read_text()
+    assert stderr.count("stopping after this iteration") == 2 and "[rank" not in stderr  # (no rank's traceback)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and (out / "model.safetensors").exists()
+
+
+def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
+    """`--accelerate auto` with --nproc printed its refusal once per worker, then torchrun's traceback (exit 1),
+    and left a directory; --nproc under torchrun started a second torchrun."""
+    base = [sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress",
+            "--out", str(tmp_path / "run")]
+    auto = subprocess.run([*base, "--accelerate", "auto"], env=clean_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert auto.returncode == 2 and auto.stderr.count("--accelerate auto is not supported") == 1
+    assert not (tmp_path / "run").exists()
+    nested = subprocess.run(base, env={**clean_env(), "WORLD_SIZE": "2"}, capture_output=True, text=True, timeout=120)
+    assert nested.returncode == 2 and "under torchrun (WORLD_SIZE is set) leave --nproc out" in nested.stderr

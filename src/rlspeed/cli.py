@@ -437,7 +437,7 @@ def _train_population(args: argparse.Namespace) -> int:
 
     signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
     try:
-        with (_stopping(population.env_backend, False) as signals,
+        with (_stopping(population.env_backend) as signals,
               _left_clean_if_not_started(run_dir, created, not args.resume)):
             summary = population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                        stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs)
@@ -875,11 +875,13 @@ def _stop_after_iteration():
             signal.signal(sig, old)
 
 
-def _stopping(backend: str, several_processes: bool):
-    """How a run stops on Ctrl-C or SIGTERM: at the end of its iteration (`_stop_after_iteration`), or at once
-    (`_sigterm_raises`) where ranks would wait for each other or the env steps in subprocesses, which a signal to the
-    process group (a terminal's Ctrl-C, a scheduler's SIGTERM) stops at once: the iteration could not finish."""
-    if several_processes or backend == "gymnasium-async":
+def _stopping(backend: str):
+    """How a run stops on Ctrl-C or SIGTERM: at the end of its iteration (`_stop_after_iteration`; under
+    torch.distributed every rank at the iteration where rank 0 got the signal, which torchrun sends to each of its
+    workers, so that no rank waits in a collective its peers left), or at once (`_sigterm_raises`) where the env steps
+    in subprocesses, which a signal to the process group (a terminal's Ctrl-C, a scheduler's SIGTERM) stops at once:
+    the iteration could not finish."""
+    if backend == "gymnasium-async":
         return _sigterm_raises()
     return _stop_after_iteration()
 
@@ -1120,16 +1122,16 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
         (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
     interrupted = None
-    # One process: the first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole
-    # (the checkpoint then resumes as the uninterrupted run); a second stops at once. Several processes stop at once
-    # (a rank stopping alone would leave the others waiting in its collectives).
-    with _stopping(model.env_backend, strategy.enabled) as signals:
+    # The first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole (the checkpoint
+    # then resumes as the uninterrupted run; several processes stop together, at rank 0's iteration: its callbacks'
+    # decision reaches every rank); a second stops at once.
+    with _stopping(model.env_backend) as signals:
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
                         run_dir=run_dir, checkpoint_freq=checkpoint_freq,
                         # (without a step frequency, a crash still loses at most about this much training)
                         checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
-                        callback=[*callbacks, _stop_on_signal(signals)] if not strategy.enabled else callbacks or None)
+                        callback=[*callbacks, _stop_on_signal(signals)])
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
     finished = model.num_timesteps - steps_before >= total or model.result.steps_to_target is not None
@@ -1261,8 +1263,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _launch_torchrun(args: argparse.Namespace) -> int:
     """`rlspeed train --nproc N ...`: check what the workers would refuse (settings, num_envs, devices, the run
     directory) once, then start torchrun with N local processes running the same command."""
+    import signal
     import subprocess
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError("--nproc starts torchrun itself: under torchrun (WORLD_SIZE is set) leave --nproc out.")
+    if args.accelerate == "auto":
+        raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
+                        "with --nproc.")
     _algo_cls, _run_settings, _hyper, config = _settings(args)
     num_envs = getattr(config, "num_envs", None)
     if num_envs is not None and num_envs % args.nproc:
@@ -1292,8 +1300,28 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
     print("rlspeed: " + " ".join(command[2:]), flush=True)
-    # (the workers train under this command's lock of the run directory: they must not take it again)
-    return subprocess.call(command, env={**os.environ, RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())})
+    # The workers train under this command's lock of the run directory (they must not take it again), so this
+    # command lives as long as torchrun does: a Ctrl-C or SIGTERM to it (or to its process group: torchrun runs in a
+    # session of its own, so that it gets one signal, this one) goes to torchrun, which stops its workers (SIGTERM,
+    # SIGKILL after its grace period) and exits; only then is the directory unlocked.
+    process = subprocess.Popen(command, env={**os.environ, RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
+                               start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, _frame) -> None:
+        if not received:
+            print(f"rlspeed: stopping the {args.nproc} processes (they save where they are)", file=sys.stderr,
+                  flush=True)
+        received.append(signum)
+        process.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = process.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 + received[0] if received else code
 
 
 def _plain(config) -> dict:
