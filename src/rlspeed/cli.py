@@ -1106,7 +1106,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
             f"{model.config.num_envs // strategy.world_size} envs each")
     if resumed_from is not None:
-        say(f"rlspeed: restart {restarts}: resumed from {checkpoint} at {resumed_from:,} steps")
+        how = ("torchrun restarted the group" if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+               else "--resume")
+        say(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps ({how}; resume {restarts} of this run)")
     if total <= 0:
         say("rlspeed: nothing left to train")
         return 0
