@@ -1576,8 +1576,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(func=cmd_eval)
 
     prof = sub.add_parser("profile", parents=[model], help="where the time of a training run goes, and what to change")
-    prof.add_argument("--steps", type=_whole(1), default=None, help="env steps per timed run, rounded up to whole "
-                      "iterations (default: 10 iterations, at least 2,000)")
+    prof.add_argument("--steps", type=_whole(1), default=None, help="env steps of the unprofiled timed run, rounded "
+                      "up to whole iterations (default: 10 iterations, at least 2,000); the profiled run records at "
+                      "most 2,048 of them (at least one iteration): the profiler keeps every operation in memory")
     prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
     prof.add_argument("--json", action="store_true",
                       help="print the result as JSON on stdout (the report goes to stderr)")

@@ -33,6 +33,9 @@ from rlspeed.errors import UserError
 
 DEFAULT_ITERATIONS = 10  # iterations profiled by default ...
 DEFAULT_MIN_STEPS = 2_000  # ... and at least this many env steps
+# The profiler keeps every operation it records, in memory (2 GB for 4,096 steps of native Acrobot's 16 envs, whose
+# steps are many small operations): the profiled run records at most this many env steps (at least one iteration)
+PROFILED_MAX_STEPS = 2_048
 # CUDA runtime calls that block the host until the device catches up (`.item()` is a copy, then a stream sync)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 # Thresholds of `advise` (shares of the profiled wall time, unless said otherwise)
@@ -152,7 +155,8 @@ def parameter_count(model) -> int:
 
 def profile_run(model, steps: int | None = None, warmup_steps: int | None = None, top: int = 8,
                 trace: str | Path | None = None) -> Profile:
-    """Warm `model` up, time `steps` env steps of `learn` unprofiled, then `steps` more under torch.profiler.
+    """Warm `model` up, time `steps` env steps of `learn` unprofiled, then up to `PROFILED_MAX_STEPS` more (at least
+    one iteration) under torch.profiler, which keeps every operation in memory.
 
     Defaults: `steps` = the larger of 10 iterations and 2,000 env steps (always rounded up to whole iterations);
     `warmup_steps` = ``learning_starts`` plus two iterations (gradient steps and the acceleration search then run
@@ -178,9 +182,10 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
 
     on_cuda = model.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    profiled = min(steps, math.ceil(PROFILED_MAX_STEPS / per_iteration) * per_iteration)
     with profile(activities=activities) as prof:
         started = time.perf_counter()
-        model.learn(steps, progress_bar=False)
+        model.learn(profiled, progress_bar=False)
         synchronize(model.device)
         wall_s = time.perf_counter() - started
     if trace is not None:
