@@ -130,3 +130,26 @@ def test_an_untrained_model_refuses_a_run_dir_with_another_runs_metrics(tmp_path
     assert (tmp_path / "metrics.csv").read_text() == rows
     first.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
     assert (tmp_path / "metrics.csv").read_text().startswith(rows)
+
+
+def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
+    """Redirected to a file (nohup, a batch job), tqdm's in-place bar became one line of hundreds of redraws: there
+    a status line is written every LINE_INTERVAL_S seconds, and a last one at the end; a short run writes none."""
+    from rlspeed.logging import ProgressBar
+
+    monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)
+    bar = ProgressBar(1000, desc="ppo CartPole-v1")
+    assert bar.lines  # (pytest's captured stderr is not a terminal)
+    bar.update(250, sps=1234, ret=20.5)
+    bar.update(750, sps=1500, ret=None)
+    bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["ppo CartPole-v1: 250/1,000 steps (25%), sps 1234, ret 20.5",
+                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500",  # (as the bar: the last postfix)
+                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500"]
+    assert "\r" not in "".join(lines)
+    monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 3600.0)
+    quick = ProgressBar(1000, desc="quick")
+    quick.update(1000, sps=10)
+    quick.close()
+    assert capsys.readouterr().err == "" and quick.bar.n == 1000

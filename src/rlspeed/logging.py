@@ -7,6 +7,8 @@ import importlib.util
 import json
 import math
 import os
+import sys
+import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -35,11 +37,24 @@ def _csv_row(row: dict) -> dict:
 
 
 class ProgressBar:
-    """A tqdm bar over env steps showing steps/s and the recent episode return."""
+    """A tqdm bar over env steps showing steps/s and the recent episode return. Where stderr is not a terminal (a
+    log file, a batch job's output), a bar redrawn in place would pile up as one endless line: there it writes a
+    status line every `LINE_INTERVAL_S` seconds instead, and a last one at the end of a run that wrote any."""
+
+    #: seconds between status lines where stderr is not a terminal
+    LINE_INTERVAL_S = 30.0
 
     def __init__(self, total: int, enabled: bool = True, desc: str = "train"):
+        # (a notebook's stderr is no terminal either, but tqdm.auto draws its bars as widgets there)
+        self.lines = enabled and not _is_terminal(sys.stderr) and "ipykernel" not in sys.modules
+        # (in line mode the bar still counts, drawn nowhere)
+        self._null = open(os.devnull, "w") if self.lines else None
         self.bar = tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not enabled,
-                        dynamic_ncols=True, leave=True)
+                        dynamic_ncols=True, leave=True, file=self._null)
+        self.desc = desc
+        self._shown: dict = {}
+        self._last_line = time.monotonic()
+        self._wrote_line = False
 
     def update(self, steps: int, **postfix) -> None:
         """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
@@ -47,11 +62,33 @@ class ProgressBar:
                  if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if shown:
             self.bar.set_postfix(shown, refresh=False)
+            self._shown = shown
         self.bar.update(steps)
+        if self.lines and time.monotonic() - self._last_line >= self.LINE_INTERVAL_S:
+            self._line()
+
+    def _line(self) -> None:
+        total = self.bar.total or 0
+        share = f" ({100 * self.bar.n / total:.0f}%)" if total else ""
+        details = "".join(f", {key} {value}" for key, value in self._shown.items())
+        print(f"{self.desc}: {self.bar.n:,}/{total:,} steps{share}{details}", file=sys.stderr, flush=True)
+        self._last_line, self._wrote_line = time.monotonic(), True
 
     def close(self) -> None:
-        """Finish the bar (it stays on screen)."""
+        """Finish the bar (it stays on screen; in line mode, a last line where any was written)."""
+        if self.lines and self._wrote_line:
+            self._line()
         self.bar.close()
+        if self._null is not None:
+            self._null.close()
+            self._null = None
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # (a closed or replaced stream)
+        return False
 
 
 class RunLogger:
