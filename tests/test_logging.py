@@ -153,3 +153,44 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     quick.update(1000, sps=10)
     quick.close()
     assert capsys.readouterr().err == "" and quick.bar.n == 1000
+
+
+def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_path, capsys, monkeypatch):
+    """A full disk at a metrics.csv write ended the run with two tracebacks and exit 1 (the write's and close's):
+    now one UserError naming the file and the reason, close() after it raises nothing, and the CLI exits 2."""
+    import errno
+
+    from rlspeed import UserError, cli
+    from rlspeed.logging import RunLogger
+
+    class FullDisk:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        flush = close = lambda self: None
+
+    logger = RunLogger(tmp_path / "run", tensorboard=False)
+    logger.log({"timesteps": 1, "episode_return": 1.0})
+    logger._csv = (FullDisk(), __import__("csv").DictWriter(FullDisk(), fieldnames=logger._fields))
+    with pytest.raises(UserError, match=r"Cannot write metrics.csv in .* \(No space left on device\)"):
+        logger.log({"timesteps": 2, "episode_return": 2.0})
+    logger.close()  # (nothing raised, no plot attempted)
+    assert not (tmp_path / "run" / "learning_curve.png").exists()
+
+    from rlspeed import logging as run_logging
+
+    def full_disk_open(path, *args, **kwargs):
+        if str(path).endswith("metrics.csv") and "w" in (args[0] if args else kwargs.get("mode", "r")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(run_logging, "open", full_disk_open, raising=False)
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "4096", "--target-return", "none",
+                     "--out", "cli", "--no-progress", "--set", "num_envs=4", "--set", "num_steps=64",
+                     "--set", "batch_size=64"])
+    err = capsys.readouterr().err
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err

@@ -521,8 +521,9 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
         os.replace(tmp, path)
         tmp = None
     except OSError as error:
-        raise UserError(f"Cannot write the checkpoint '{path}' ({error.strerror or error}); an earlier checkpoint "
-                        "there is unchanged.") from None
+        kept = ("an earlier checkpoint there is unchanged" if path.exists()
+                else "nothing was written there (no earlier file of that name exists)")
+        raise UserError(f"Cannot write the checkpoint '{path}' ({error.strerror or error}); {kept}.") from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)

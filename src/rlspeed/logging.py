@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
@@ -12,6 +13,8 @@ import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from rlspeed.errors import UserError
 
 
 def finite_or_none(value):
@@ -110,6 +113,7 @@ class RunLogger:
             self._read_rows(continue_from)
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
+        self._failed = False  # a write failed (`_writing`)
         if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -141,16 +145,28 @@ class RunLogger:
         self.rows.append(dict(row))
         new_fields = [key for key in row if key not in self._fields]
         self._fields.extend(new_fields)
-        if new_fields or (self._csv is None and not self._appendable):
-            self._rewrite_csv()
-        else:
-            if self._csv is None:
-                handle = open(self.run_dir / "metrics.csv", "a", newline="")
-                self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
-            handle, writer = self._csv
-            writer.writerow(_csv_row(row))
-            handle.flush()
-        self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
+        with self._writing():
+            if new_fields or (self._csv is None and not self._appendable):
+                self._rewrite_csv()
+            else:
+                if self._csv is None:
+                    handle = open(self.run_dir / "metrics.csv", "a", newline="")
+                    self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
+                handle, writer = self._csv
+                writer.writerow(_csv_row(row))
+                handle.flush()
+            self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """A write to the run directory that fails (a full disk, a directory made read-only) is one sentence, and
+        `close` then only lets go of the files."""
+        try:
+            yield
+        except OSError as error:
+            self._failed = True
+            raise UserError(f"Cannot write metrics.csv in '{self.run_dir}' ({error.strerror or error}): training "
+                            "stopped there (its last checkpoint, if it wrote one, is kept).") from None
 
     def _send_scalars(self, values: dict, step: int) -> None:
         """`values`' finite numbers (but the step count) to TensorBoard at `step`, where it is installed."""
@@ -184,13 +200,21 @@ class RunLogger:
         self._csv = (handle, writer)
 
     def close(self) -> None:
-        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot."""
-        if self._csv is None:
-            self._rewrite_csv()  # a header-only file when nothing was logged
-        self._csv[0].close()
-        if self._writer is not None:
-            self._writer.close()
-        self.plot()
+        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot;
+        after a failed write, only close the files."""
+        if self._failed:
+            for close in ((self._csv[0].close,) if self._csv is not None else ()) + (
+                    (self._writer.close,) if self._writer is not None else ()):
+                with contextlib.suppress(OSError):
+                    close()
+            return
+        with self._writing():
+            if self._csv is None:
+                self._rewrite_csv()  # a header-only file when nothing was logged
+            self._csv[0].close()
+            if self._writer is not None:
+                self._writer.close()
+            self.plot()
 
     def plot(self) -> None:
         """Save `learning_curve.png`: training episode return and evaluation mean against env steps."""
