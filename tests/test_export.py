@@ -414,3 +414,26 @@ def test_an_atari_policys_sidecar_says_how_its_frames_are_made(tmp_path):
     assert sidecar["preprocessing"]["kind"] == "atari" and sidecar["preprocessing"]["frame_stack"] == 4
     assert sidecar["preprocessing"]["frame_skip"] == 4 and sidecar["preprocessing"]["screen_size"] == 84
     assert sidecar["preprocessing"]["fire_action_on_start_and_after_life_loss"] == 1
+
+
+@pytest.mark.parametrize("format", ["torchscript", "exported_program"])
+def test_an_export_the_file_system_refuses_is_one_sentence_and_writes_nothing(format, tmp_path, monkeypatch):
+    """A read-only or full destination ended in an OSError traceback (raised twice: by the write and by the cleanup);
+    now one sentence, and no file (not even the temporary one) is left."""
+    import errno
+    import os
+
+    from rlspeed import export as export_module
+
+    model = rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,))
+    real_replace = os.replace
+
+    def full(source, target):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(export_module.os, "replace", full)
+    path = tmp_path / f"policy{FORMATS[format]}"
+    with pytest.raises(UserError, match=r"Cannot write .*policy.* \(No space left on device\): nothing was written"):
+        export(model, path, format=format)
+    monkeypatch.setattr(export_module.os, "replace", real_replace)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -27,6 +27,7 @@ ONNX file is `torch.onnx.export(..., dynamo=True)` of that same program; it need
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -481,13 +482,23 @@ def _check_onnx_packages() -> None:
 
 
 def _replace_atomically(write, path: Path) -> None:
-    """Write through `write(temporary path)`, then rename: a failed export leaves no half-written file at `path`."""
-    temporary = path.with_name(f".{path.stem}.tmp{path.suffix}")  # same suffix: torch.export.save warns otherwise
+    """Write through `write(temporary path)`, then rename: a failed export leaves no half-written file at `path`;
+    a write the file system refuses (read-only, full) is one sentence."""
+    # (same suffix: torch.export.save warns otherwise; the process id: two exports to one path do not collide)
+    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:
         write(temporary)
         os.replace(temporary, path)
+    except OSError as error:
+        raise _unwritable(path, error) from None
     finally:
-        temporary.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+
+
+def _unwritable(path: Path, error: OSError) -> UserError:
+    return UserError(f"Cannot write '{path}' ({error.strerror or error}): nothing was written there; export to a "
+                     "writable place with free space (--out).")
 
 
 def export_format(path: str | Path, format: str | None) -> str:
@@ -540,7 +551,11 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
                 _replace_atomically(lambda f: _save_program(program, text, f), path)
             else:
                 _replace_atomically(lambda f: _save_onnx(program, module, sidecar, f), path)
-    path.with_name(path.name + ".json").write_text(text + "\n")
+    sidecar_path = path.with_name(path.name + ".json")
+    try:
+        sidecar_path.write_text(text + "\n")
+    except OSError as error:
+        raise _unwritable(sidecar_path, error) from None
     return path
 
 
