@@ -906,3 +906,19 @@ def test_a_second_process_training_in_the_same_out_is_refused(tmp_path, monkeypa
             assert "Another rlspeed process is training in 'run'" in capsys.readouterr().err
     assert sorted(path.name for path in (tmp_path / "run").iterdir()) == [cli.RUN_LOCK]
     assert cli.main([*argv, "--out", "run"]) == 0  # (released: the run goes ahead)
+
+
+def test_resuming_from_a_damaged_checkpoint_names_the_model_that_is_kept(tmp_path, monkeypatch, capsys):
+    """A checkpoint damaged from outside (writes are atomic) cannot be resumed: the one sentence also says the run's
+    model.safetensors is kept and how to evaluate it or start afresh."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--target-return", "none", "--out", "run",
+            "--no-progress", "--checkpoint-freq", "256"]
+    assert cli.main(argv) == 0
+    checkpoint = tmp_path / "run" / "checkpoint.safetensors"
+    checkpoint.write_bytes(checkpoint.read_bytes()[:1000])
+    capsys.readouterr()
+    assert cli.main([*argv[:4], "1024", *argv[5:], "--resume"]) == 2
+    error = capsys.readouterr().err
+    assert "checkpoint.safetensors" in error and "model.safetensors is kept (rlspeed eval run evaluates it)" in error
+    assert len(error.strip().splitlines()) == 1

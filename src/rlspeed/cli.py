@@ -969,8 +969,14 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if (args.resume or restarts > 0) and checkpoint.exists():
         _keep_run_seed(args, model, run_dir / "config.yaml")
         model.make_training_env()
-        _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set change "
-              "its networks since the checkpoint was written?)")
+        try:
+            _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set change "
+                  "its networks since the checkpoint was written?)")
+        except UserError as error:
+            if not (run_dir / "model.safetensors").exists():
+                raise
+            raise UserError(f"{error} The run's model.safetensors is kept (rlspeed eval {run_dir} evaluates it); "
+                            "--overwrite starts the run afresh.") from None
         resumed_from = model.num_timesteps
         restarts = max(restarts, model.restarts)
     run_total = total  # the run's budget (config.yaml), of which a resumed run trains what is left
