@@ -520,6 +520,9 @@ def run_doctor(device: str = "auto") -> int:
     report([device_line])
     if chosen is not None:  # without a device there is nothing to time or compile on
         report(_guarded("matmul", lambda: check_matmul(chosen)))
+        if os.environ.get(SKIP_COMPILE_ENV, "") in ("", "0") and chosen.type != "mps":  # (the slow check: say so)
+            print(f"(compiling a small function on {chosen}, up to {COMPILE_TIMEOUT_S:.0f} s ...)", file=sys.stderr,
+                  flush=True)
         report(_guarded("torch.compile", lambda: check_compile(chosen)))
     report(_guarded("envs", check_env_families))
     report(_guarded("threads", check_threads))
