@@ -227,6 +227,8 @@ class NumericsGuard:
         self._snapshot: dict[str, torch.Tensor] | None = None
         self._snapshot_timesteps = 0
         self._rolled_back_to = 0  # the step of the last rollback (or snapshot): what a rollback discards starts there
+        #: the run's hyperparameters that differ from the defaults (`key=value, ...`), named when training diverges
+        self.settings = ""
 
     def attach(self, env) -> None:
         """Watch the training env's values (through its `EpisodeStatistics` wrapper; an env without one is not
@@ -296,7 +298,7 @@ class NumericsGuard:
                 f"Training made the parameters or optimizer state NaN or infinite {self.consecutive_rollbacks} times "
                 f"in a row (at {timesteps:,} steps), even after restoring the last finite ones (those of step "
                 f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
-                "(max_grad_norm).")
+                f"(max_grad_norm){self._settings_text()}.")
         if self.env_guard is not None:
             self._masked_before = self.masked_env_rows  # (the device count restarts)
             self.env_guard.forget()
@@ -326,7 +328,10 @@ class NumericsGuard:
                 f"Every update of this training was NaN or infinite and rolled back ({self.consecutive_rollbacks} "
                 f"rollback(s) up to {timesteps:,} steps): the model holds the weights it started with (step "
                 f"{self._snapshot_timesteps:,}); lower learning_rate, check the rewards' scale, or clip gradients "
-                "(max_grad_norm).")
+                f"(max_grad_norm){self._settings_text()}.")
+
+    def _settings_text(self) -> str:
+        return f" (this run's settings other than the defaults: {self.settings})" if self.settings else ""
 
     @property
     def last_finite_timesteps(self) -> int:

@@ -217,6 +217,18 @@ def coerce(key: str, value, hint):
                     f"{getattr(hint, '__name__', hint)}.{advice}")
 
 
+def changed_settings(config) -> str:
+    """The hyperparameters of `config` that differ from its class's defaults, as `key=value, ...` ('' for none)."""
+    changed = []
+    for field in dataclasses.fields(config):
+        if field.default is dataclasses.MISSING:
+            continue
+        value = getattr(config, field.name)
+        if value != field.default:
+            changed.append(f"{field.name}={value:g}" if isinstance(value, float) else f"{field.name}={value}")
+    return ", ".join(changed)
+
+
 def _positive_whole(name: str, value):
     """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise."""
     if value is None:
@@ -458,6 +470,7 @@ class Algorithm:
                 raise UserError(f"num_envs={hyperparameters['num_envs']} does not match the env passed in, "
                                 f"which has {given} envs.")
         self.config = build_config(self.config_cls, hyperparameters)
+        self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy = strategy or single_process()
         self.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
         self.seed = seed
