@@ -283,7 +283,16 @@ def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
     import subprocess as subprocess_module
 
     calls = []
-    monkeypatch.setattr(subprocess_module, "call", lambda command, env: calls.append((command, env)) or 0)
+
+    class Torchrun:  # (what the launcher starts and waits for)
+        def __init__(self, command, env, start_new_session):
+            calls.append((command, env))
+            assert start_new_session  # (a Ctrl-C reaches torchrun once: from the launcher)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess_module, "Popen", Torchrun)
     monkeypatch.setattr(sys, "argv", ["pytest", "-x", "tests"])
     monkeypatch.chdir(tmp_path)
     code = cli.main(["train", "ppo", "CartPole-v1", "--nproc", "2", "--max-restarts=1", "--seed", "3",
