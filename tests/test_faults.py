@@ -91,7 +91,7 @@ def test_profile_steps_0_is_one_sentence(capsys):
 
 def test_num_envs_that_nproc_does_not_divide_is_refused_before_torchrun(monkeypatch, capsys):
     calls = []
-    monkeypatch.setattr(subprocess, "call", lambda command: calls.append(command) or 0)
+    monkeypatch.setattr(subprocess, "Popen", lambda command, **kwargs: calls.append(command))
     code = cli.main([*TRAIN, "--num-envs", "3", "--nproc", "2"])
     assert_one_line_error(code, capsys.readouterr(), "num_envs (3) must be a multiple of --nproc (2)")
     assert calls == []  # torchrun never started
