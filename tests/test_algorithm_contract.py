@@ -226,6 +226,8 @@ def test_an_off_policy_run_that_cannot_update_says_so():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rlspeed.DQN("CartPole-v1", device="cpu", learning_starts=100).learn(256, progress_bar=False)
+        # (learn trains whole iterations: 100 steps of 8 envs are 104, past learning_starts=100)
+        rlspeed.DQN("CartPole-v1", device="cpu", num_envs=8, learning_starts=100).learn(100, progress_bar=False)
 
 
 def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monkeypatch):

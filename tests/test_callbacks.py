@@ -355,6 +355,12 @@ def test_a_callback_list_as_a_child_runs_each_of_its_callbacks():
     model.learn(6 * STEPS_PER_ITERATION, progress_bar=False,
                 callback=EveryNTimesteps(STEPS_PER_ITERATION, CallbackList([Recorder(), stopper])))
     assert stopper.n_calls == 2 and model.num_timesteps == 2 * STEPS_PER_ITERATION
+    # the list's callbacks are its parent's children: StopTrainingOnRewardThreshold reads the EvalCallback's best
+    model = _ppo()
+    evaluator = EvalCallback(n_eval_episodes=1, eval_freq=STEPS_PER_ITERATION, verbose=0, callback_on_new_best=(
+        CallbackList([StopTrainingOnRewardThreshold(reward_threshold=-1e9)])))
+    model.learn(6 * STEPS_PER_ITERATION, progress_bar=False, callback=evaluator)
+    assert model.num_timesteps == STEPS_PER_ITERATION  # (stopped at the first evaluation)
 
 
 def test_eval_callback_refuses_a_next_step_vector_env_before_training():

@@ -363,6 +363,20 @@ def test_images_stored_once_take_about_half_the_dense_bytes():
     assert lean.summary()["layout"] == "observations" and "each stored once" in lean.describe()
 
 
+def test_images_stored_once_continue_exactly_after_the_envs_restart():
+    """The learn loop restarts the envs (a rollback of non-finite weights) between any two steps: the next add starts
+    afresh, also between the first and the second (where the continuity check runs)."""
+    dense, lean = image_buffers(30, 2)
+    env = ImageStream(2, seed=4)
+    for steps in (1, 5, 1, 7):
+        fill(dense, lean, env, steps)
+        env.stacks = np.stack([env._first() for _ in range(2)])  # (the envs restarted outside the step loop)
+        dense.restart_episodes()
+        lean.restart_episodes()
+    fill(dense, lean, env, 9)
+    assert_same_rows(dense, lean)
+
+
 def test_observations_that_do_not_continue_are_refused():
     """An env whose next step does not start from the observation it gave as next (not the batched contract) is
     refused at the second step rather than stored wrong."""

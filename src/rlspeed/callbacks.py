@@ -207,6 +207,10 @@ class CallbackList(BaseCallback):
 
     def _init_callback(self) -> None:
         for callback in self.callbacks:
+            # (a list in a child's place: its callbacks are the children of its parent, e.g. the EvalCallback
+            # whose best mean reward StopTrainingOnRewardThreshold reads, as in Stable-Baselines3)
+            if self.parent is not None:
+                callback.parent = self.parent
             callback.init_callback(self.model)
 
     def on_training_start(self, locals_: dict) -> None:

@@ -277,10 +277,12 @@ class OffPolicyAlgorithm(Algorithm):
             raise UserError(f"batch_size={cfg.batch_size:,} takes {batch_bytes / 2**30:.1f} GiB per sampled batch, "
                             f"more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may take: lower "
                             "batch_size.")
-        if self._total_timesteps - self._buffer_start <= cfg.learning_starts:
+        per_iteration = self.steps_per_iteration  # (learn trains whole iterations, updating after each collection)
+        stored = self.num_timesteps - self._buffer_start + -(-total_timesteps // per_iteration) * per_iteration
+        if stored <= cfg.learning_starts:
             warnings.warn(f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call "
-                          f"stores ({self._total_timesteps - self._buffer_start:,}): no gradient update will run; "
-                          "lower learning_starts or train longer.", stacklevel=3)
+                          f"stores ({stored:,}): no gradient update will run; lower learning_starts or train "
+                          "longer.", stacklevel=3)
 
     # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
     def _on_env_reset(self) -> None:

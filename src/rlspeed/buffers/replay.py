@@ -733,6 +733,10 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
         super().add(obs.unsqueeze(1), actions, rewards, next_obs.unsqueeze(1), terminated, truncated,
                     next_action_masks, reset_rows)
 
+    def restart_episodes(self) -> None:
+        super().restart_episodes()
+        self._previous_next = None  # (the envs restarted: nothing continues from the steps before)
+
     def _layout_text(self) -> str:
         text = "observations: each stored once, a next observation being the next step's observation"
         if self.evicted:
