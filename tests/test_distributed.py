@@ -225,7 +225,20 @@ def test_nproc_1_trains_under_its_launchers_run_directory_lock(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 256
 
 
-def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_path):
+def _rank_pid(out: Path, rank: int) -> int:
+    """The process id of the worker of rank `rank` training in `out` (Linux: read from its environment)."""
+    for pid in subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and b"LOCAL_RANK" in b"".join(environ):
+            return int(pid)
+    raise AssertionError(f"no worker of rank {rank} found")
+
+
+@pytest.mark.parametrize("target", ["group", "rank 1"])
+def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_path, target):
     """Ctrl-C (SIGINT to the launcher's process group) during `rlspeed train --nproc 2`: the launcher handed it to
     torchrun and waits for it, every rank stops at the end of the iteration where rank 0 got it, and the run is
     saved as interrupted (exit 130). The launcher died at once and left its workers orphaned, waiting in collectives
@@ -242,12 +255,19 @@ def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_
     while not (out / "checkpoint.safetensors").exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.2)
     assert (out / "checkpoint.safetensors").exists(), stderr_path.read_text()[-3000:]
-    os.killpg(process.pid, signal.SIGINT)  # (a terminal's Ctrl-C)
-    assert process.wait(timeout=120) == 130, stderr_path.read_text()[-3000:]
-    left = subprocess.run(["pgrep", "-s", str(process.pid)], capture_output=True, text=True).stdout.split()
-    assert not left  # (no worker outlives the launcher)
+    if target == "group":
+        os.killpg(process.pid, signal.SIGINT)  # (a terminal's Ctrl-C)
+        assert process.wait(timeout=120) == 130, stderr_path.read_text()[-3000:]
+    else:  # a signal that reaches one worker only stops every rank too
+        if sys.platform != "linux":
+            pytest.skip("finds the rank's process through /proc")
+        os.kill(_rank_pid(out, 1), signal.SIGTERM)
+        process.wait(timeout=120)
+    left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert not left  # (no worker outlives the launcher: their command lines name the run directory)
     stderr = stderr_path.read_text()
-    assert stderr.count("stopping after this iteration") == 2 and "[rank" not in stderr  # (no rank's traceback)
+    assert stderr.count("stopping after this iteration") == (2 if target == "group" else 1)
+    assert "[rank" not in stderr  # (no rank's traceback)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True and (out / "model.safetensors").exists()
 

@@ -1134,6 +1134,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # then resumes as the uninterrupted run; several processes stop together, at rank 0's iteration: its callbacks'
     # decision reaches every rank); a second stops at once.
     with _stopping(model.env_backend) as signals:
+        model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
         try:
             model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
                         run_dir=run_dir, checkpoint_freq=checkpoint_freq,
@@ -1143,8 +1144,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
     finished = model.num_timesteps - steps_before >= total or model.result.steps_to_target is not None
-    if interrupted is None and signals and not finished:  # (stopped at the end of an iteration)
-        interrupted = Terminated() if signals[0] == signal.SIGTERM else KeyboardInterrupt()
+    if interrupted is None and (signals or model.result.stop_requested) and not finished:
+        # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
+        interrupted = KeyboardInterrupt() if signals and signals[0] == signal.SIGINT else Terminated()
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker}
@@ -1321,9 +1323,13 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
             print(f"rlspeed: stopping the {args.nproc} processes (they save where they are)", file=sys.stderr,
                   flush=True)
         received.append(signum)
-        process.send_signal(signum)
+        # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more)
+        if len(received) <= 2:
+            process.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session)
+    hangups = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM, *hangups)}
     try:
         code = process.wait()
     finally:

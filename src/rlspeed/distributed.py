@@ -112,6 +112,14 @@ class DistributedStrategy:
         dist.broadcast(tensor, src=0)
         return bool(tensor.item())  # ok-sync: once per log interval
 
+    def max_over_ranks(self, value: int) -> int:
+        """The largest of the ranks' `value`s (e.g. 'a signal came: stop'), known to every rank."""
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([float(value)], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())  # ok-sync: once per iteration, with callbacks
+
     def barrier(self) -> None:
         """Wait until every rank reaches this point (no-op in a single process)."""
         if self.enabled:

@@ -15,6 +15,7 @@ import secrets
 import time
 import typing
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -332,6 +333,8 @@ class LearnResult:
     evaluations: list = dataclasses.field(default_factory=list)
     #: (env steps, confirming evaluation's mean) each time an evaluation reached the target
     confirmations: list = dataclasses.field(default_factory=list)
+    #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
+    stop_requested: bool = False
 
 
 def _algorithm_classes() -> dict[str, type]:
@@ -454,6 +457,9 @@ class Algorithm:
         self.recorder = MetricsRecorder()
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
         self.save_replay_buffer = bool(save_replay_buffer)
+        #: under torch.distributed, a function telling whether this rank was asked to stop (the CLI's signals): learn
+        #: stops every rank at the end of the iteration where one was, with callbacks given
+        self.stop_requested: Callable[[], bool] | None = None
         self.restarts = 0  # resumes of this run so far (`resume` counts them, checkpoints carry them)
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
         self._loop: dict = {}  # the learn loop's position, as checkpoints save it
@@ -976,8 +982,12 @@ class Algorithm:
                     paused = time.perf_counter()
                     if main and not callbacks.on_rollout_end(locals(), logged):
                         callback_stop = True
-                    if self.strategy.broadcast_flag(callback_stop):  # every rank stops with rank 0
-                        stop = True
+                    # every rank stops where rank 0's callbacks (1), or a signal to any rank (2: `stop_requested`),
+                    # ask to
+                    asked = 2 if self.stop_requested is not None and self.stop_requested() else int(callback_stop)
+                    asked = self.strategy.max_over_ranks(asked)
+                    stop = stop or asked > 0
+                    result.stop_requested = result.stop_requested or asked == 2
                     paused = time.perf_counter() - paused  # (callbacks' evaluations are not training time)
                     clock_start += paused
                     last_log_time += paused
