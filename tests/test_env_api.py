@@ -694,3 +694,44 @@ def test_sb3_vec_normalize_returns_are_the_envs_own_and_eval_callback_syncs_its_
     result = rlspeed.evaluate(model, scored, episodes=2)
     assert np.allclose(sorted(result["returns"]), sorted(r for env in scored.venv.envs
                                                           for r in env.get_episode_rewards()), atol=1e-3)
+
+
+class _ScalarStepObs(gym.Env):
+    """A float (4,) observation space whose step() returns a scalar (a typo an env author makes)."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        return np.float32(1.0), 0.0, False, False, {}
+
+
+def test_an_observation_of_another_shape_than_its_space_is_refused_not_broadcast():
+    """numpy broadcast a scalar (or a shorter array) from step() into the batch row, and training went on with
+    [1, 1, 1, 1] observations; Gymnasium's own vector env refuses it."""
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    env = rlspeed.make_env(gym.vector.SyncVectorEnv([_ScalarStepObs] * 2, **same_step))
+    env.reset(seed=0)
+    with pytest.raises(rlspeed.UserError, match=r"observation of shape \(\) where its observation_space declares "
+                                                r"\(4,\)"):
+        env.step(torch.zeros(2, dtype=torch.int64))
+
+
+def test_a_vector_env_that_does_not_say_how_it_autoresets_is_refused():
+    """A hand-written gymnasium.vector.VectorEnv without metadata['autoreset_mode'] (Gymnasium then assumes
+    NEXT_STEP: a finished row's next step is a reset, not a transition) trained as if it reset in the same step."""
+
+    class MyVector(gym.vector.VectorEnv):
+        def __init__(self):
+            self.num_envs = 2
+            self.single_observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+            self.single_action_space = gym.spaces.Discrete(2)
+            self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, 2)
+            self.action_space = gym.vector.utils.batch_space(self.single_action_space, 2)
+
+    with pytest.raises(rlspeed.UserError, match=r"does not say how it resets finished envs.*"
+                                                r"metadata\['autoreset_mode'\]"):
+        rlspeed.PPO(MyVector(), device="cpu")

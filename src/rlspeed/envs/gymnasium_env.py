@@ -141,8 +141,14 @@ def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch
 
 def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> None:
     """UserError unless a Gymnasium vector env resets finished envs in the same step (`who`: the sentence's start)."""
-    mode = vector_env.metadata.get("autoreset_mode")
-    if mode is not None and mode != gym.vector.AutoresetMode.SAME_STEP:
+    mode = (getattr(vector_env, "metadata", None) or {}).get("autoreset_mode")
+    if mode is None:  # (Gymnasium takes a vector env that does not say for NEXT_STEP, its default)
+        raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP; this one ("
+                        f"{type(vector_env).__name__}) does not say how it resets finished envs (its metadata has no "
+                        "'autoreset_mode'): reset them within step() and give their last observation as "
+                        "info['final_obs'], and set metadata['autoreset_mode'] = "
+                        "gymnasium.vector.AutoresetMode.SAME_STEP.")
+    if mode != gym.vector.AutoresetMode.SAME_STEP:
         raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP (this one uses {mode}): "
                         "gymnasium.make_vec(id, n, vector_kwargs={'autoreset_mode': "
                         "gymnasium.vector.AutoresetMode.SAME_STEP}).")
@@ -257,6 +263,15 @@ def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
     return torch.as_tensor(np.array(array, dtype=dtype), device=device)
 
 
+def check_shape(observation, shape: tuple[int, ...], where: str = "") -> None:
+    """UserError unless one env's `observation` has the `shape` its observation space declares: numpy would
+    broadcast a scalar or a shorter array into the batch row, and training would go on with wrong observations."""
+    if np.shape(observation) != tuple(shape):
+        raise UserError(f"An env returned an observation{where} of shape {np.shape(observation)} where its "
+                        f"observation_space declares {tuple(shape)}: make its reset() and step() return that shape, or "
+                        "declare the shape they return.")
+
+
 class HostObservations:
     """Host observation batches of an env (numpy arrays; dicts or tuples of them for Dict and Tuple spaces) as
     fresh host arrays in the contract's dtypes, keyed as `EnvSpec.observation_space` (`check_observation_space`:
@@ -285,12 +300,16 @@ class HostObservations:
         return {key: np.empty((num, *shape), dtype=numpy_dtype(dtype)) for key, (shape, dtype) in self.layout.items()}
 
     def write(self, target, row: int, observation) -> None:
-        """Put one env's observation into row `row` of `target` (from `empty`)."""
+        """Put one env's observation into row `row` of `target` (from `empty`); UserError for one of another shape
+        than its space's (numpy would broadcast it into the row)."""
         if not self.keyed:
+            check_shape(observation, self.layout[0])
             target[row] = observation
             return
-        for key in self.layout:
-            target[key][row] = self._part(observation, key)
+        for key, (shape, _) in self.layout.items():
+            part = self._part(observation, key)
+            check_shape(part, shape, f" (key {key!r})")
+            target[key][row] = part
 
     def copy_rows(self, target, source, rows) -> None:
         """target[rows] = source[rows], per key."""
@@ -477,8 +496,10 @@ class GymnasiumEnv(BatchedEnv):
         self._successes = successes
         if self._float_vector:
             obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
+            shape = self.spec.observation_shape
             for i, env in enumerate(self._sync_envs):
                 observation, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
+                check_shape(observation, shape)
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = np.empty_like(obs)
@@ -488,6 +509,7 @@ class GymnasiumEnv(BatchedEnv):
                     if "is_success" in info:
                         successes[i] = info["is_success"]
                     observation, info = env.reset()
+                    check_shape(observation, shape)
                 obs[i] = observation
                 if masks is not None:
                     masks[i] = info.get("action_mask")
