@@ -931,3 +931,27 @@ def test_resuming_from_a_damaged_checkpoint_names_the_model_that_is_kept(tmp_pat
     error = capsys.readouterr().err
     assert "checkpoint.safetensors" in error and "model.safetensors is kept (rlspeed eval run evaluates it)" in error
     assert len(error.strip().splitlines()) == 1
+
+
+def test_a_run_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypatch, capsys):
+    """A CPU's results depend on the thread count (the order of its sums): config.yaml records it and --resume
+    without --threads takes it (it fell back to one thread, and the resumed run differed from the uninterrupted)."""
+    import os
+
+    import torch
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs 2 cores")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--out", "run", "--no-progress",
+            "--checkpoint-freq", "256"]
+    try:
+        assert cli.main([*argv, "--total-timesteps", "512", "--threads", "2"]) == 0
+        assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
+        torch.set_num_threads(1)
+        assert cli.main([*argv, "--total-timesteps", "1024", "--resume"]) == 0
+        assert torch.get_num_threads() == 2
+        assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
+    finally:
+        torch.set_num_threads(1)

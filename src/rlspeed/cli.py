@@ -499,6 +499,8 @@ def _train_population(args: argparse.Namespace) -> int:
 def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, str]:
     """Each member that did not diverge as a solo model file `run_dir/members/seed_<S>.safetensors` (its parameters as
     it ended or left, `Population.member_model`); returns {seed: path in the run directory} of those written."""
+    import torch
+
     from rlspeed.checkpoint import MEMBERS_DIR
 
     saved = {}
@@ -507,7 +509,11 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
             continue
         name = f"{MEMBERS_DIR}/seed_{population.seeds[k]}.safetensors"
         (run_dir / MEMBERS_DIR).mkdir(parents=True, exist_ok=True)
-        population.member_model(k).save(run_dir / name)
+        # (the file records the process's torch generator for a resume: the member's seed's, so that identical runs
+        # write identical files)
+        with torch.random.fork_rng():
+            torch.manual_seed(population.seeds[k])
+            population.member_model(k).save(run_dir / name)
         saved[str(population.seeds[k])] = name
     return saved
 
@@ -986,7 +992,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
               "preset": args.preset_info, "nan_policy": args.nan_policy, "env_kwargs": model.spec.env_kwargs or None,
-              "hyperparameters": _plain(model.config)}
+              # (a CPU's results depend on the thread count: the order of its sums)
+              "threads": _torch_threads(), "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config)
     if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
@@ -1033,6 +1040,9 @@ def _resume_settings(args: argparse.Namespace) -> None:
             setattr(args, key, str(config[key]))
     if "env_kwargs" not in given and isinstance(config.get("env_kwargs"), dict):
         args.resume_env_kwargs = config["env_kwargs"]
+    threads = config.get("threads")
+    if "threads" not in given and isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
+        args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
     recorded = config.get("hyperparameters")
     if isinstance(recorded, dict) and "preset" not in given:
         args.resume_hyperparameters = recorded
@@ -1336,6 +1346,12 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return 128 + received[0] if received else code
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _plain(config) -> dict:

@@ -70,7 +70,7 @@ class DivergedError(NumericsError):
     finite ones."""
 
 
-def _find_episode_statistics(env):
+def find_episode_statistics(env):
     """The innermost `EpisodeStatistics` wrapper of a batched env (every env `make_env` builds has one), or None."""
     from rlspeed.envs.base import EnvWrapper, EpisodeStatistics
 
@@ -235,7 +235,7 @@ class NumericsGuard:
         watched, and `report` says so)."""
         if not self.enabled:
             return
-        stats = _find_episode_statistics(env)
+        stats = find_episode_statistics(env)
         self.env_checked = stats is not None
         if stats is None:
             return

@@ -39,6 +39,7 @@ from rlspeed.envs import (
 )
 from rlspeed.envs.base import (
     EnvSpec,
+    EpisodeStatistics,
     numpy_dtype,
     obs_batch_size,
     observation_layout,
@@ -53,7 +54,7 @@ from rlspeed.errors import UserError
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
-from rlspeed.numerics import NumericsGuard
+from rlspeed.numerics import NumericsGuard, find_episode_statistics
 
 # The normalisation statistics a model holds, each with the config flag that turns it on
 _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
@@ -498,6 +499,8 @@ class Algorithm:
         else:
             if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
                 env = make_env(env, device=self.device)
+            elif find_episode_statistics(env) is None:  # a batched env of the user's own (make_env's have one)
+                env = EpisodeStatistics(env)
             self._env = env
             self.env_id = env.spec.env_id
             self.spec = env.spec
