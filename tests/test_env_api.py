@@ -735,3 +735,50 @@ def test_a_vector_env_that_does_not_say_how_it_autoresets_is_refused():
     with pytest.raises(rlspeed.UserError, match=r"does not say how it resets finished envs.*"
                                                 r"metadata\['autoreset_mode'\]"):
         rlspeed.PPO(MyVector(), device="cpu")
+
+
+class _Counter(BatchedEnv):
+    """A batched env of a user's own: obs [t, 1, 1, 1], episodes of 5 steps; `breaks` names a contract break."""
+
+    backend = "mine"
+
+    def __init__(self, breaks: str = ""):
+        self.num_envs, self.device, self.breaks = 2, torch.device("cpu"), breaks
+        self.spec = EnvSpec("my-counter", (4,), gym.spaces.Discrete(2), max_episode_steps=8, reward_threshold=None)
+        self.t = torch.zeros(2, dtype=torch.int64)
+        self.buffer = torch.ones(2, 4)
+
+    def _obs(self):
+        obs = self.buffer if self.breaks == "alias" else torch.ones(2, 4)
+        obs[:, 0] = self.t.float()
+        return obs.double() if self.breaks == "float64" else obs
+
+    def reset(self, seed=None):
+        self.t.zero_()
+        return self._obs(), {}
+
+    def step(self, actions):
+        self.t += 1
+        final = self._obs().clone()
+        terminated = self.t >= 5
+        self.t[terminated] = 0
+        reward = torch.ones(2, 1) if self.breaks == "reward [N,1]" else torch.ones(2)
+        flags = terminated.float() if self.breaks == "float flags" else terminated
+        info = {} if self.breaks == "no final_obs" else {"final_obs": final}
+        return self._obs(), reward, flags, torch.zeros_like(flags), info
+
+
+def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
+    """A model given a BatchedEnv of the user's own stopped with KeyError 'episode_return' (only make_env added the
+    episode statistics); each break of the contract ended in an error from deep inside, or (a tensor written in place
+    every step) trained with next observations equal to observations."""
+    model = rlspeed.PPO(_Counter(), device="cpu", num_steps=16, batch_size=32, seed=0)
+    model.learn(64, progress_bar=False)
+    assert model.num_timesteps == 64
+    for breaks, message in [("alias", "same observation tensor on two steps"),
+                            ("reward [N,1]", r"rewards as torch.float32 \(2, 1\), not torch.float32 \[2\]"),
+                            ("float flags", "terminated as torch.float32"),
+                            ("no final_obs", "no info\\['final_obs'\\]"),
+                            ("float64", "as torch.float64, not torch.float32")]:
+        with pytest.raises(rlspeed.UserError, match=f"_Counter \\(a batched env of your own\\) .*{message}"):
+            rlspeed.DQN(_Counter(breaks), device="cpu", learning_starts=4, batch_size=4).learn(16, progress_bar=False)

@@ -38,6 +38,7 @@ from rlspeed.envs import (
     resolve_backend,
 )
 from rlspeed.envs.base import (
+    ContractCheck,
     EnvSpec,
     EpisodeStatistics,
     numpy_dtype,
@@ -500,7 +501,7 @@ class Algorithm:
             if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
                 env = make_env(env, device=self.device)
             elif find_episode_statistics(env) is None:  # a batched env of the user's own (make_env's have one)
-                env = EpisodeStatistics(env)
+                env = EpisodeStatistics(ContractCheck(env))
             self._env = env
             self.env_id = env.spec.env_id
             self.spec = env.spec

@@ -294,7 +294,8 @@ def _check_env_id(env_id) -> None:
     accepted = ("make_env takes a Gymnasium env id (str), a Gymnasium vector env made with "
                 "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP, or a Stable-Baselines3 VecEnv")
     if isinstance(env_id, BatchedEnv):
-        raise UserError(f"{accepted}; this env ({kind}) is one rlspeed.make_env made already: use it as it is.")
+        raise UserError(f"{accepted}; this env ({kind}) is a batched env already (one make_env made, or your own "
+                        "BatchedEnv): give it to the algorithm as it is (Algo(env)).")
     if isinstance(env_id, gym.Env):
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): wrap it as "
                         "gymnasium.vector.SyncVectorEnv([lambda: env], "

@@ -433,6 +433,75 @@ class EnvWrapper(BatchedEnv):
         return getattr(self.env, name)
 
 
+class ContractCheck(EnvWrapper):
+    """A batched env of the user's own (not one `make_env` made), checked against the contract of `BatchedEnv` on
+    its first reset and its first `CHECKED_STEPS` steps: tensors on its device, observations `[N, ...]` in the
+    observation space's dtype, float32 rewards `[N]`, bool `terminated` and `truncated` `[N]`, `info["final_obs"]`
+    laid out as the observations, and fresh observation tensors each step (an env writing every step into one tensor
+    would hand the learner its next observation as the previous one). A break is one UserError naming it, instead of
+    an error from deep inside training or, worse, training on wrong data. Later steps go through unchecked."""
+
+    CHECKED_STEPS = 2
+
+    def __init__(self, env: BatchedEnv):
+        super().__init__(env)
+        self._steps = 0
+        self._last_obs: torch.Tensor | None = None
+        self._layout = observation_layout(env.spec.observation_space)
+
+    def _refuse(self, what: str) -> None:
+        raise UserError(f"{type(self.env).__name__} (a batched env of your own) {what}; the contract is "
+                        "rlspeed.envs.base.BatchedEnv's (reset and step docstrings).")
+
+    def _check_obs(self, obs, where: str) -> None:
+        parts = obs.items() if isinstance(obs, dict) else [("", obs)]
+        layouts = self._layout if isinstance(self._layout, dict) else {"": self._layout}
+        for key, value in parts:
+            shape, dtype = layouts.get(key, (None, None))
+            name = f"{where}'s observations" + (f" [{key!r}]" if key else "")
+            if not isinstance(value, torch.Tensor):
+                self._refuse(f"returned {name} as {type(value).__name__}, not a torch.Tensor")
+            if shape is not None and tuple(value.shape) != (self.num_envs, *shape):
+                self._refuse(f"returned {name} of shape {tuple(value.shape)}, not {(self.num_envs, *shape)}")
+            if dtype is not None and value.dtype != dtype:
+                self._refuse(f"returned {name} as {value.dtype}, not {dtype} (its observation space's)")
+
+    def _check_flags(self, value, name: str, dtype: torch.dtype) -> None:
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != (self.num_envs,) or value.dtype != dtype:
+            got = (f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                   else type(value).__name__)
+            self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}]")
+
+    def reset(self, seed: int | None = None):
+        """Reset the inner env; its first reset is checked."""
+        obs, info = self.env.reset(seed=seed)
+        if self._steps == 0:
+            self._check_obs(obs, "reset()")
+        return obs, info
+
+    def step(self, actions: torch.Tensor):
+        """Step the inner env; its first `CHECKED_STEPS` steps are checked."""
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        if self._steps < self.CHECKED_STEPS:
+            self._steps += 1
+            self._check_obs(obs, "step()")
+            self._check_flags(reward, "rewards", torch.float32)
+            self._check_flags(terminated, "terminated", torch.bool)
+            self._check_flags(truncated, "truncated", torch.bool)
+            if "final_obs" not in info:
+                self._refuse("gave no info['final_obs'] (each row's observation before any reset: for finished rows "
+                             "their true last one)")
+            self._check_obs(info["final_obs"], "step()'s info['final_obs']")
+            first = obs if isinstance(obs, torch.Tensor) else next(iter(obs.values()))
+            if self._last_obs is not None and first.data_ptr() == self._last_obs.data_ptr():
+                self._refuse("returned the same observation tensor on two steps (written in place): return a fresh "
+                             "tensor each step, since the learner keeps the previous one")
+            self._last_obs = first
+        else:
+            self._last_obs = None
+        return obs, reward, terminated, truncated, info
+
+
 class EpisodeStatistics(EnvWrapper):
     """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards (the
     inner env's `info["raw_reward"]` where it gives them: SB3 VecEnvs under a reward-normalising VecNormalize).
