@@ -437,3 +437,6 @@ def test_an_export_the_file_system_refuses_is_one_sentence_and_writes_nothing(fo
         export(model, path, format=format)
     monkeypatch.setattr(export_module.os, "replace", real_replace)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    (tmp_path / "a-file").write_text("")  # a write the file system refuses (torch.jit.save raised a RuntimeError)
+    with pytest.raises(UserError, match=r"Cannot write .*a-file.*nothing was written"):
+        export(model, tmp_path / "a-file" / f"policy{FORMATS[format]}", format=format)

@@ -496,6 +496,12 @@ def _replace_atomically(write, path: Path) -> None:
             temporary.unlink(missing_ok=True)
 
 
+def _save_torchscript(traced, sidecar_text: str, path: Path) -> None:
+    # (through a file Python opens: torch.jit.save reports a file it cannot open or write as a RuntimeError)
+    with open(path, "wb") as handle:
+        torch.jit.save(traced, handle, _extra_files={_SIDECAR_IN_ARCHIVE: sidecar_text})
+
+
 def _unwritable(path: Path, error: OSError) -> UserError:
     return UserError(f"Cannot write '{path}' ({error.strerror or error}): nothing was written there; export to a "
                      "writable place with free space (--out).")
@@ -535,7 +541,10 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
     path = Path(path).expanduser()
     if path.is_dir():
         raise UserError(f"'{path}' is a directory; give the file to write, e.g. {path / ('policy' + FORMATS[format])}.")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise _unwritable(path, error) from None
     module = export_module(model, action_mask)
     sidecar = describe(model, module, format, path)
     text = json.dumps(sidecar, indent=2)
@@ -543,8 +552,7 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
     with torch.no_grad():
         if format == "torchscript":
             traced = torch.jit.trace(module, example)
-            _replace_atomically(lambda f: torch.jit.save(traced, str(f), _extra_files={_SIDECAR_IN_ARCHIVE: text}),
-                                path)
+            _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
         else:
             program = torch.export.export(module, example, dynamic_shapes=module.dynamic_shapes(), strict=False)
             if format == "exported_program":
