@@ -47,6 +47,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
+from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError
 from rlspeed.nn import ENCODERS, QEnsemble, default_init_, encoder_from_config, to_device
 
@@ -61,6 +62,12 @@ _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while th
 # twice would take this much: its step-by-step bookkeeping costs each env step more than the dense layout's staged
 # writes (DQN on MinAtar: benchmarks/replay_layouts.py), which only memory this large outweighs.
 _SHARED_OBSERVATIONS_BYTES = 2**30
+
+
+def _layouts(space) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each part of one observation of `space` (one for most spaces, one per key of a Dict)."""
+    layout = observation_layout(space)
+    return list(layout.values()) if isinstance(layout, dict) else [layout]
 
 
 @dataclass
@@ -271,9 +278,13 @@ class OffPolicyAlgorithm(Algorithm):
                            self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
-        free = available_memory_bytes(self.buffer.storage_device)
-        batch_bytes = cfg.batch_size * self.buffer.bytes_per_transition
-        if free is not None and batch_bytes > REPLAY_MEMORY_SHARE * free:  # (each sampled batch is a copy of its rows)
+        # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
+        # rebuilt): observation and next observation, and the row's other fields
+        free = available_memory_bytes(self.device)
+        obs_bytes = sum(int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+                        for shape, dtype in _layouts(space))
+        batch_bytes = cfg.batch_size * (2 * obs_bytes + self.buffer._row_bytes)
+        if free is not None and batch_bytes > REPLAY_MEMORY_SHARE * free:
             raise UserError(f"batch_size={cfg.batch_size:,} takes {batch_bytes / 2**30:.1f} GiB per sampled batch, "
                             f"more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may take: lower "
                             "batch_size.")
