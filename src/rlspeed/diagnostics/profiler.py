@@ -182,7 +182,7 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
 
     on_cuda = model.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    profiled = min(steps, math.ceil(PROFILED_MAX_STEPS / per_iteration) * per_iteration)
+    profiled = min(steps, max(per_iteration, PROFILED_MAX_STEPS // per_iteration * per_iteration))
     with profile(activities=activities) as prof:
         started = time.perf_counter()
         model.learn(profiled, progress_bar=False)
