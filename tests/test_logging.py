@@ -145,8 +145,7 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     bar.close()
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["ppo CartPole-v1: 250/1,000 steps (25%), sps 1234, ret 20.5",
-                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500",  # (as the bar: the last postfix)
-                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500"]
+                     "ppo CartPole-v1: 1,000/1,000 steps (100%), sps 1500"]  # (as the bar: the last postfix)
     assert "\r" not in "".join(lines)
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 3600.0)
     quick = ProgressBar(1000, desc="quick")
@@ -175,7 +174,7 @@ def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_pa
     logger = RunLogger(tmp_path / "run", tensorboard=False)
     logger.log({"timesteps": 1, "episode_return": 1.0})
     logger._csv = (FullDisk(), __import__("csv").DictWriter(FullDisk(), fieldnames=logger._fields))
-    with pytest.raises(UserError, match=r"Cannot write metrics.csv in .* \(No space left on device\)"):
+    with pytest.raises(UserError, match=r"Cannot write .*metrics.csv.* \(No space left on device\)"):
         logger.log({"timesteps": 2, "episode_return": 2.0})
     logger.close()  # (nothing raised, no plot attempted)
     assert not (tmp_path / "run" / "learning_curve.png").exists()

@@ -42,7 +42,8 @@ def _csv_row(row: dict) -> dict:
 class ProgressBar:
     """A tqdm bar over env steps showing steps/s and the recent episode return. Where stderr is not a terminal (a
     log file, a batch job's output), a bar redrawn in place would pile up as one endless line: there it writes a
-    status line every `LINE_INTERVAL_S` seconds instead, and a last one at the end of a run that wrote any."""
+    status line every `LINE_INTERVAL_S` seconds instead, and a last one at the end of a run that wrote any (unless
+    the last one already shows the end)."""
 
     #: seconds between status lines where stderr is not a terminal
     LINE_INTERVAL_S = 30.0
@@ -58,6 +59,7 @@ class ProgressBar:
         self._shown: dict = {}
         self._last_line = time.monotonic()
         self._wrote_line = False
+        self._lined = 0  # the step count the last status line showed
 
     def update(self, steps: int, **postfix) -> None:
         """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
@@ -75,11 +77,11 @@ class ProgressBar:
         share = f" ({100 * self.bar.n / total:.0f}%)" if total else ""
         details = "".join(f", {key} {value}" for key, value in self._shown.items())
         print(f"{self.desc}: {self.bar.n:,}/{total:,} steps{share}{details}", file=sys.stderr, flush=True)
-        self._last_line, self._wrote_line = time.monotonic(), True
+        self._last_line, self._wrote_line, self._lined = time.monotonic(), True, self.bar.n
 
     def close(self) -> None:
         """Finish the bar (it stays on screen; in line mode, a last line where any was written)."""
-        if self.lines and self._wrote_line:
+        if self.lines and self._wrote_line and self.bar.n != self._lined:
             self._line()
         self.bar.close()
         if self._null is not None:
@@ -158,15 +160,17 @@ class RunLogger:
             self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
 
     @contextlib.contextmanager
-    def _writing(self):
+    def _writing(self, closing: bool = False):
         """A write to the run directory that fails (a full disk, a directory made read-only) is one sentence, and
         `close` then only lets go of the files."""
         try:
             yield
         except OSError as error:
             self._failed = True
-            raise UserError(f"Cannot write metrics.csv in '{self.run_dir}' ({error.strerror or error}): training "
-                            "stopped there (its last checkpoint, if it wrote one, is kept).") from None
+            where = getattr(error, "filename", None) or self.run_dir / "metrics.csv"
+            then = ("the run's metrics and plot are incomplete" if closing
+                    else "training stopped there (its last checkpoint, if it wrote one, is kept)")
+            raise UserError(f"Cannot write '{where}' ({error.strerror or error}): {then}.") from None
 
     def _send_scalars(self, values: dict, step: int) -> None:
         """`values`' finite numbers (but the step count) to TensorBoard at `step`, where it is installed."""
@@ -185,8 +189,9 @@ class RunLogger:
         last = self.rows[-1]
         last.update(values)
         self._fields.extend(key for key in values if key not in self._fields)
-        self._rewrite_csv()
-        self._send_scalars(values, int(last.get("timesteps", len(self.rows))))
+        with self._writing():
+            self._rewrite_csv()
+            self._send_scalars(values, int(last.get("timesteps", len(self.rows))))
 
     def _rewrite_csv(self) -> None:
         """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append."""
@@ -208,7 +213,7 @@ class RunLogger:
                 with contextlib.suppress(OSError):
                     close()
             return
-        with self._writing():
+        with self._writing(closing=True):
             if self._csv is None:
                 self._rewrite_csv()  # a header-only file when nothing was logged
             self._csv[0].close()
