@@ -690,6 +690,9 @@ def test_sb3_vec_normalize_returns_are_the_envs_own_and_eval_callback_syncs_its_
     monitored = [r for env in train_env.venv.envs for r in env.get_episode_rewards()]
     assert logged and min(logged) >= min(monitored) - 1e-3 and max(logged) <= max(monitored) + 1e-3
     assert min(logged) < -100  # (Pendulum's own scale; normalised returns are a few units)
+    plain = make_vec_env("Pendulum-v1", n_envs=1, seed=1)  # (SB3 asserts at the first evaluation)
+    with pytest.raises(rlspeed.UserError, match=r"eval_env needs VecNormalize too"):
+        model.learn(256, callback=EvalCallback(plain, eval_freq=128, n_eval_episodes=1), progress_bar=False)
     scored = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=2))  # norm_reward=True, as saved runs load
     result = rlspeed.evaluate(model, scored, episodes=2)
     assert np.allclose(sorted(result["returns"]), sorted(r for env in scored.venv.envs

@@ -259,18 +259,42 @@ class FunctionCallback(BaseCallback):
         return self.fn(self.locals)
 
 
+def _normalized_vec_envs(training_env, eval_env):
+    """(the training SB3 VecEnv, the eval SB3 VecEnv) where the model trains on an SB3 VecEnv with VecNormalize and
+    the evaluation env is an SB3 VecEnv; else None."""
+    while training_env is not None and not hasattr(training_env, "vec_env"):  # (rlspeed's wrappers, outermost first)
+        training_env = getattr(training_env, "env", None)
+    if training_env is None or eval_env is None or isinstance(eval_env, str):
+        return None
+    from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+
+    if isinstance(eval_env, VecEnv) and unwrap_vec_normalize(training_env.vec_env) is not None:
+        return training_env.vec_env, eval_env
+    return None
+
+
+def _check_normalization(training_env, eval_env) -> None:
+    """UserError, before training, where the training VecEnv normalises observations (VecNormalize) and the SB3
+    eval VecEnv does not: its policy would be evaluated on observations it never sees (SB3 asserts, mid-run)."""
+    pair = _normalized_vec_envs(training_env, eval_env)
+    if pair is not None:
+        from stable_baselines3.common.vec_env import unwrap_vec_normalize
+
+        if unwrap_vec_normalize(pair[1]) is None:
+            raise UserError("EvalCallback's eval_env needs VecNormalize too, as the training VecEnv has it: wrap it as "
+                            "VecNormalize(eval_env, training=False, norm_reward=False) (its statistics are the "
+                            "training env's at each evaluation).")
+
+
 def _sync_normalization(training_env, eval_env) -> None:
     """As Stable-Baselines3's EvalCallback does before each evaluation: where the model trains on an SB3 VecEnv with
     VecNormalize and the evaluation env is an SB3 VecEnv too, its VecNormalize statistics become the training ones
     (`sync_envs_normalization`), so the policy is evaluated on the observations it trains on."""
-    while training_env is not None and not hasattr(training_env, "vec_env"):  # (rlspeed's wrappers, outermost first)
-        training_env = getattr(training_env, "env", None)
-    if training_env is None or eval_env is None or isinstance(eval_env, str):
-        return
-    from stable_baselines3.common.vec_env import VecEnv, sync_envs_normalization, unwrap_vec_normalize
+    pair = _normalized_vec_envs(training_env, eval_env)
+    if pair is not None:
+        from stable_baselines3.common.vec_env import sync_envs_normalization
 
-    if isinstance(eval_env, VecEnv) and unwrap_vec_normalize(training_env.vec_env) is not None:
-        sync_envs_normalization(training_env.vec_env, eval_env)
+        sync_envs_normalization(*pair)
 
 
 def as_callback(callback) -> BaseCallback | None:
@@ -444,6 +468,7 @@ class EvalCallback(BaseCallback):
 
         if isinstance(self.eval_env, gym.vector.VectorEnv):  # (before training, not at the first evaluation)
             check_same_step(self.eval_env, "EvalCallback's eval_env must be")
+        _check_normalization(self.training_env, self.eval_env)
         for path in (self.best_model_save_path, self.log_path):
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)
