@@ -81,8 +81,8 @@ SB3_KEYWORDS = {
                  "for smaller updates",
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
                          "(learn(log_interval_s=...))",
-    "target_update_interval": "rlspeed's SAC, TD3 and DDPG update their target networks after every gradient step "
-                              "(tau sets how far), as SB3's default of 1 does",
+    "target_update_interval": "only DQN takes it; rlspeed's SAC, TD3 and DDPG update their target networks after "
+                              "every gradient step (tau sets how far), as SB3's default of 1 does",
 }
 
 

@@ -52,7 +52,8 @@ SAME_NAME = ("gamma", "gae_lambda", "ent_coef", "max_grad_norm", "n_epochs", "ba
 
 #: SB3/RL-Zoo keys rlspeed has no counterpart for, with SB3's default (which is then nothing to translate) and why
 NO_COUNTERPART: dict[str, tuple[object, str]] = {
-    "optimize_memory_usage": (False, "rlspeed's replay buffer stores next observations separately"),
+    "optimize_memory_usage": (False, "rlspeed's replay buffer picks its layout itself (frame stacks and large images "
+                                     "stored once, frame_dedup)"),
     "target_kl": (None, "rlspeed's PPO has no early stop on the KL divergence"),
     "stats_window_size": (100, "rlspeed logs its own episode statistics"),
     "callback": (None, "RL-Zoo callbacks do not apply to rlspeed"),
