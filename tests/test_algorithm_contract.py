@@ -126,8 +126,8 @@ def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
     ("A2C", "rms_prop_eps", float("-inf")), ("SAC", "ent_coef_init", "1e300")])
 def test_a_float_hyperparameter_out_of_float32s_finite_range_is_refused_from_any_source(algo, key, value, tmp_path,
                                                                                        capsys):
-    """NaN, infinities and values no float32 tensor holds (TD3 with infinite exploration noise trained to exit 0; 1e39
-    ended in a traceback): refused whether they come as floats, as strings or from a preset file (YAML's .inf)."""
+    """NaN, infinities and values no float32 tensor holds are refused, whether they come as floats, as strings or
+    from a preset file (YAML's .inf): nothing trains on them."""
     import yaml
 
     import rlspeed
@@ -156,8 +156,8 @@ def test_ddpg_refuses_td3s_settings():
                                                 ("eval_episodes", 0), ("eval_freq", "abc"),
                                                 ("target_return", float("nan")), ("target_return", "abc")])
 def test_learns_run_settings_are_checked_before_training(setting, value, tmp_path):
-    """`learn(checkpoint_freq=0)` wrote no checkpoint at all, eval_freq 0 or below evaluated every iteration, a NaN
-    target could never be reached, and text ended in a TypeError deep in the loop: one sentence, before any step."""
+    """learn's run settings (eval_freq, checkpoint_freq, eval_episodes: whole numbers >= 1; target_return: a finite
+    number) are checked before any step: one sentence naming the setting."""
     import rlspeed
 
     model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16, batch_size=32)
@@ -216,8 +216,8 @@ def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
 
 
 def test_an_off_policy_run_that_cannot_update_says_so():
-    """learning_starts at or beyond the steps a learn call stores: the run ended with exit 0 and the untrained
-    network's score, without a word."""
+    """learning_starts at or beyond the steps a learn call stores (whole iterations): a warning says no update will
+    run."""
     import rlspeed
 
     model = rlspeed.DQN("CartPole-v1", device="cpu", learning_starts=5000)
@@ -231,8 +231,8 @@ def test_an_off_policy_run_that_cannot_update_says_so():
 
 
 def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monkeypatch):
-    """`--set batch_size=1e9` got the machine killed for memory: the sampled batch's bytes are checked as the replay
-    buffer's are."""
+    """A sampled batch's bytes are checked against the memory available, as the replay buffer's are: a batch_size
+    that does not fit is one sentence before training."""
     import rlspeed
     from rlspeed.algos import off_policy
 
@@ -246,7 +246,7 @@ def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monke
 
 def test_stable_baselines3_save_and_load_keywords_are_one_sentence(trained, tmp_path):
     """`model.save(io.BytesIO())`, `save(path, exclude=[...])`, `load(path, custom_objects=...)` and
-    `PPO(policy="MlpPolicy", env=...)` ended in TypeErrors or an "Unknown hyperparameter" list."""
+    `PPO(policy="MlpPolicy", env=...)` are each one sentence saying what rlspeed does instead."""
     import io
 
     algo, env_id, _, model, path = trained

@@ -341,8 +341,8 @@ def test_stock_callbacks_inside_every_n_timesteps_and_eval_callback_slots_do_the
 
 def test_a_callback_list_as_a_child_runs_each_of_its_callbacks():
     """SB3's `EvalCallback(callback_after_eval=CallbackList([...]))` and `EveryNTimesteps(n, CallbackList([...]))`:
-    the list's callbacks run at each event, and one returning False stops training (the list did nothing: as a
-    child, only its own hooks ran)."""
+    the list's callbacks run at each event as children of the list's parent, and one returning False stops
+    training."""
     after_eval, every, stopper = Recorder(), Recorder(), Recorder(stop_at_call=2, hook="_on_step")
     evaluator = EvalCallback(n_eval_episodes=1, eval_freq=STEPS_PER_ITERATION, callback_after_eval=CallbackList(
         [after_eval]))

@@ -394,8 +394,8 @@ def test_a_saved_model_has_the_mode_of_the_users_other_files(tmp_path, cartpole_
 
 
 def test_load_with_an_env_id_makes_as_many_envs_as_the_run_trained_with(tmp_path):
-    """SB3's `PPO.load(path, env=...)`: with an id, the model keeps its num_envs (it came back with 1, so further
-    training ran another rollout size than the run's); a built env keeps its own."""
+    """SB3's `PPO.load(path, env=...)`: with an id, the model keeps its num_envs (further training runs the run's
+    rollout size); a built env keeps its own."""
     from rlspeed import PPO, make_env
 
     model = PPO("CartPole-v1", device="cpu", num_envs=8, num_steps=16, batch_size=64, seed=0)

@@ -245,8 +245,8 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("flag", ["--set", "--env-kwargs"])
 def test_a_key_given_twice_with_two_values_is_refused(flag, capsys, monkeypatch, tmp_path):
-    """`--set lr=1e-3 --set lr=3e-4` (a typo'd command line, or a copied one edited) trained with the last value
-    without a word; it is one sentence naming both values, before anything is made."""
+    """`--set lr=1e-3 --set lr=3e-4` (a typo'd command line, or a copied one edited) is one sentence naming both
+    values, before anything is made; the same value twice is the same command."""
     monkeypatch.chdir(tmp_path)
     code = cli.main(["train", "ppo", "Pendulum-v1", flag, "g=9.0", flag, "g=2.0", "--out", "run", "--no-progress"])
     captured = capsys.readouterr()
@@ -893,7 +893,7 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert member.spec.env_kwargs == {"g": 2.0}
     assert cli.main([*argv[:-2], "--env-kwargs", "gg=1", "--out", "typo"]) == 2
     assert "rejected the options g, gg" in capsys.readouterr().err
-    # a value the env refuses (a ValueError, not a TypeError) is the user's input too: one sentence, exit 2 (was 1)
+    # a value the env refuses (a ValueError, not a TypeError) is the user's input too: one sentence, exit 2
     assert cli.main(["train", "ppo", "Pendulum-v1", "--env-kwargs", "max_episode_steps=0", "--out", "zero",
                      "--no-progress"]) == 2
     error = capsys.readouterr().err
@@ -935,7 +935,7 @@ def test_resuming_from_a_damaged_checkpoint_names_the_model_that_is_kept(tmp_pat
 
 def test_a_run_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypatch, capsys):
     """A CPU's results depend on the thread count (the order of its sums): config.yaml records it and --resume
-    without --threads takes it (it fell back to one thread, and the resumed run differed from the uninterrupted)."""
+    without --threads takes it, so that the resumed run computes as the uninterrupted one."""
     import os
 
     import torch

@@ -239,10 +239,10 @@ def _rank_pid(out: Path, rank: int) -> int:
 
 @pytest.mark.parametrize("target", ["group", "rank 1"])
 def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_path, target):
-    """Ctrl-C (SIGINT to the launcher's process group) during `rlspeed train --nproc 2`: the launcher handed it to
-    torchrun and waits for it, every rank stops at the end of the iteration where rank 0 got it, and the run is
-    saved as interrupted (exit 130). The launcher died at once and left its workers orphaned, waiting in collectives
-    their peers had left until the process group timed out, then writing over the directory it had unlocked."""
+    """Ctrl-C (SIGINT to the launcher's process group) during `rlspeed train --nproc 2`, or SIGTERM to one worker: the
+    launcher hands a signal it gets to torchrun and waits for it, every rank stops at the end of the iteration where
+    a rank got it (none waits in a collective its peers left), the run is saved as interrupted, and no worker
+    outlives the launcher (which holds the run directory's lock until then)."""
     out = tmp_path / "run"
     stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(stdout_path, "w") as stdout_file, open(stderr_path, "w") as stderr_file:
@@ -273,8 +273,8 @@ def test_ctrl_c_to_an_nproc_run_stops_every_rank_at_one_iteration_and_saves(tmp_
 
 
 def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
-    """`--accelerate auto` with --nproc printed its refusal once per worker, then torchrun's traceback (exit 1),
-    and left a directory; --nproc under torchrun started a second torchrun."""
+    """What the workers would refuse (`--accelerate auto`), and --nproc under torchrun, are one sentence from the
+    launcher, exit 2, before any worker starts or any directory is made."""
     base = [sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress",
             "--out", str(tmp_path / "run")]
     auto = subprocess.run([*base, "--accelerate", "auto"], env=clean_env(), capture_output=True, text=True,

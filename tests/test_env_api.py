@@ -713,8 +713,8 @@ class _ScalarStepObs(gym.Env):
 
 
 def test_an_observation_of_another_shape_than_its_space_is_refused_not_broadcast():
-    """numpy broadcast a scalar (or a shorter array) from step() into the batch row, and training went on with
-    [1, 1, 1, 1] observations; Gymnasium's own vector env refuses it."""
+    """An observation of another shape than the space's (a scalar, a shorter array) is one sentence: numpy would
+    broadcast it into the batch row (Gymnasium's own vector env refuses it too)."""
     same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
     env = rlspeed.make_env(gym.vector.SyncVectorEnv([_ScalarStepObs] * 2, **same_step))
     env.reset(seed=0)
@@ -725,7 +725,7 @@ def test_an_observation_of_another_shape_than_its_space_is_refused_not_broadcast
 
 def test_a_vector_env_that_does_not_say_how_it_autoresets_is_refused():
     """A hand-written gymnasium.vector.VectorEnv without metadata['autoreset_mode'] (Gymnasium then assumes
-    NEXT_STEP: a finished row's next step is a reset, not a transition) trained as if it reset in the same step."""
+    NEXT_STEP: a finished row's next step is a reset, not a transition) is refused, saying what to set."""
 
     class MyVector(gym.vector.VectorEnv):
         def __init__(self):
@@ -772,9 +772,9 @@ class _Counter(BatchedEnv):
 
 
 def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
-    """A model given a BatchedEnv of the user's own stopped with KeyError 'episode_return' (only make_env added the
-    episode statistics); each break of the contract ended in an error from deep inside, or (a tensor written in place
-    every step) trained with next observations equal to observations."""
+    """A model given a BatchedEnv of the user's own trains on it (the model adds the episode statistics), and each
+    break of the contract on its first steps (a tensor written in place every step, shapes, dtypes, no final_obs) is
+    one sentence naming it."""
     model = rlspeed.PPO(_Counter(), device="cpu", num_steps=16, batch_size=32, seed=0)
     model.learn(64, progress_bar=False)
     assert model.num_timesteps == 64

@@ -418,8 +418,8 @@ def test_an_atari_policys_sidecar_says_how_its_frames_are_made(tmp_path):
 
 @pytest.mark.parametrize("format", ["torchscript", "exported_program"])
 def test_an_export_the_file_system_refuses_is_one_sentence_and_writes_nothing(format, tmp_path, monkeypatch):
-    """A read-only or full destination ended in an OSError traceback (raised twice: by the write and by the cleanup);
-    now one sentence, and no file (not even the temporary one) is left."""
+    """A destination the file system refuses (full, read-only, not a directory) is one sentence, and no file (not
+    even the temporary one) is left."""
     import errno
     import os
 

@@ -133,8 +133,9 @@ def test_an_untrained_model_refuses_a_run_dir_with_another_runs_metrics(tmp_path
 
 
 def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
-    """Redirected to a file (nohup, a batch job), tqdm's in-place bar became one line of hundreds of redraws: there
-    a status line is written every LINE_INTERVAL_S seconds, and a last one at the end; a short run writes none."""
+    """Where stderr is not a terminal (nohup, a batch job) a status line is written every LINE_INTERVAL_S seconds
+    (never a redrawn bar, which piles up as one line), and a last one at the end where it shows more; a short run
+    writes none."""
     from rlspeed.logging import ProgressBar
 
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)
@@ -155,8 +156,8 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
 
 
 def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_path, capsys, monkeypatch):
-    """A full disk at a metrics.csv write ended the run with two tracebacks and exit 1 (the write's and close's):
-    now one UserError naming the file and the reason, close() after it raises nothing, and the CLI exits 2."""
+    """A metrics.csv write that fails (a full disk) is one UserError naming the file and the reason, close() after it
+    raises nothing, and the CLI exits 2."""
     import errno
 
     from rlspeed import UserError, cli

@@ -127,8 +127,8 @@ def test_non_finite_weights_are_rolled_back_to_the_last_finite_ones(fused_update
 
 
 def test_training_that_keeps_diverging_stops_with_a_clear_error():
-    """... naming the run's settings that differ from the defaults (the advice named learning_rate alone, also where
-    a huge ent_coef or vf_coef was the cause)."""
+    """... naming the run's settings that differ from the defaults beside the advice (a huge ent_coef or vf_coef
+    diverges too)."""
     model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, ent_coef=0.5, **SMALL[PPO])
 
     def poison(local):

@@ -32,9 +32,8 @@ def test_profile_splits_a_ppo_run_into_the_phases_of_its_loop():
 
 
 def test_the_profiled_run_records_at_most_a_bounded_number_of_steps(monkeypatch):
-    """The profiler keeps every operation: native Acrobot's default (10 iterations of 4,096 steps) grew to 16 GB.
-    The unprofiled timing runs the steps asked for; the profiled run at most PROFILED_MAX_STEPS, whole iterations,
-    at least one."""
+    """The profiler keeps every operation in memory: the unprofiled timing runs the steps asked for, the profiled run
+    at most PROFILED_MAX_STEPS, whole iterations, at least one."""
     from rlspeed.diagnostics import profiler
 
     model = PPO("CartPole-v1", device="cpu", seed=0, env_backend="torch", **SMALL_PPO)  # 128 steps per iteration
