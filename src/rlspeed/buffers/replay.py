@@ -695,8 +695,8 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
     step's observation of its row, as Stable-Baselines3's `optimize_memory_usage` stores them, but exactly across
     episode starts and wrap-around: a row restarted by its env stores its first observation too
     (`FrameStackReplayBuffer` with one-frame stacks, the whole observation being the frame). The pool holds a
-    quarter more observations than rows, for those first observations (episodes of 4 steps on average fit without
-    giving up rows; random play in MinAtar Breakout averages about 8): about 5/8 of the dense layout's bytes.
+    quarter more observations than rows, for those first observations (episodes of 4 steps or more on average fit
+    without giving up rows): about 5/8 of the dense layout's bytes.
 
     It relies on a row's next step starting from its next observation unless the env restarted the row, which the
     batched env contract gives (same-step autoreset, `final_obs`); the second step checks it, and refuses an env

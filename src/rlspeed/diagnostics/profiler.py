@@ -33,8 +33,9 @@ from rlspeed.errors import UserError
 
 DEFAULT_ITERATIONS = 10  # iterations profiled by default ...
 DEFAULT_MIN_STEPS = 2_000  # ... and at least this many env steps
-# The profiler keeps every operation it records, in memory (2 GB for 4,096 steps of native Acrobot's 16 envs, whose
-# steps are many small operations): the profiled run records at most this many env steps (at least one iteration)
+# The profiler keeps every operation it records in memory, which grows with the env steps recorded (gigabytes for a
+# few thousand steps of an env made of many small operations): the profiled run records at most this many env steps
+# (whole iterations, at least one)
 PROFILED_MAX_STEPS = 2_048
 # CUDA runtime calls that block the host until the device catches up (`.item()` is a copy, then a stream sync)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
