@@ -779,7 +779,7 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
     model.learn(64, progress_bar=False)
     assert model.num_timesteps == 64
     for breaks, message in [("alias", "same observation tensor on two steps"),
-                            ("reward [N,1]", r"rewards as torch.float32 \(2, 1\), not torch.float32 \[2\]"),
+                            ("reward [N,1]", r"rewards as torch.float32 \(2, 1\) on cpu, not torch.float32 \[2\]"),
                             ("float flags", "terminated as torch.float32"),
                             ("no final_obs", "no info\\['final_obs'\\]"),
                             ("float64", "as torch.float64, not torch.float32")]:

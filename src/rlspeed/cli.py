@@ -883,10 +883,10 @@ def _stop_after_iteration():
 
 def _stopping(backend: str):
     """How a run stops on Ctrl-C or SIGTERM: at the end of its iteration (`_stop_after_iteration`; under
-    torch.distributed every rank at the iteration where rank 0 got the signal, which torchrun sends to each of its
-    workers, so that no rank waits in a collective its peers left), or at once (`_sigterm_raises`) where the env steps
-    in subprocesses, which a signal to the process group (a terminal's Ctrl-C, a scheduler's SIGTERM) stops at once:
-    the iteration could not finish."""
+    torch.distributed every rank at the iteration where any rank got the signal, which torchrun sends to each of its
+    workers, so that no rank waits in a collective its peers left: `Algorithm.stop_requested`), or at once
+    (`_sigterm_raises`) where the env steps in subprocesses, which a signal to the process group (a terminal's Ctrl-C,
+    a scheduler's SIGTERM) stops at once: the iteration could not finish."""
     if backend == "gymnasium-async":
         return _sigterm_raises()
     return _stop_after_iteration()
@@ -1141,8 +1141,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
     interrupted = None
     # The first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole (the checkpoint
-    # then resumes as the uninterrupted run; several processes stop together, at rank 0's iteration: its callbacks'
-    # decision reaches every rank); a second stops at once.
+    # then resumes as the uninterrupted run; several processes stop together, at the iteration where any rank got
+    # it); a second stops at once.
     with _stopping(model.env_backend) as signals:
         model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
         try:
@@ -1321,9 +1321,9 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
     print("rlspeed: " + " ".join(command[2:]), flush=True)
     # The workers train under this command's lock of the run directory (they must not take it again), so this
-    # command lives as long as torchrun does: a Ctrl-C or SIGTERM to it (or to its process group: torchrun runs in a
-    # session of its own, so that it gets one signal, this one) goes to torchrun, which stops its workers (SIGTERM,
-    # SIGKILL after its grace period) and exits; only then is the directory unlocked.
+    # command lives as long as torchrun does: a Ctrl-C, SIGTERM or SIGHUP to it (or to its process group: torchrun
+    # runs in a session of its own, so that it gets one signal, this one) goes to torchrun, which stops its workers
+    # (SIGTERM, SIGKILL after its grace period) and exits; only then is the directory unlocked.
     process = subprocess.Popen(command, env={**os.environ, RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
                                start_new_session=True)
     received: list[int] = []

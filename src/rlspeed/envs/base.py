@@ -461,16 +461,19 @@ class ContractCheck(EnvWrapper):
             name = f"{where}'s observations" + (f" [{key!r}]" if key else "")
             if not isinstance(value, torch.Tensor):
                 self._refuse(f"returned {name} as {type(value).__name__}, not a torch.Tensor")
+            if value.device != self.device:
+                self._refuse(f"returned {name} on {value.device}, not on its device {self.device}")
             if shape is not None and tuple(value.shape) != (self.num_envs, *shape):
                 self._refuse(f"returned {name} of shape {tuple(value.shape)}, not {(self.num_envs, *shape)}")
             if dtype is not None and value.dtype != dtype:
                 self._refuse(f"returned {name} as {value.dtype}, not {dtype} (its observation space's)")
 
     def _check_flags(self, value, name: str, dtype: torch.dtype) -> None:
-        if not isinstance(value, torch.Tensor) or tuple(value.shape) != (self.num_envs,) or value.dtype != dtype:
-            got = (f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+        if (not isinstance(value, torch.Tensor) or tuple(value.shape) != (self.num_envs,) or value.dtype != dtype
+                or value.device != self.device):
+            got = (f"{value.dtype} {tuple(value.shape)} on {value.device}" if isinstance(value, torch.Tensor)
                    else type(value).__name__)
-            self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}]")
+            self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}] on {self.device}")
 
     def reset(self, seed: int | None = None):
         """Reset the inner env; its first reset is checked."""
