@@ -213,3 +213,42 @@ def test_population_evaluation_keeps_each_members_successes_apart():
 
     means = population._mean_returns([5, 6], episodes, right_then_left, [0, 1])
     assert means.tolist() == [1.0, 0.0] and population.last_success_rates == [1.0, 0.0]
+
+
+def test_an_is_success_that_is_not_a_bool_is_refused():
+    """`info["is_success"]` is read as a bool (or a 0/1 number): a text or another number would count as a success
+    under `bool()`, so it is one sentence instead."""
+    from rlspeed.envs.gymnasium_env import success_flags
+
+    assert success_flags({0: np.True_, 1: 0, 2: 1.0}, 3, torch.device("cpu")).tolist() == [True, False, True]
+    for value in ("no", 0.7, [True, False]):
+        with pytest.raises(rlspeed.UserError, match=r"info\['is_success'\] is .*must be a bool"):
+            success_flags({0: value}, 2, torch.device("cpu"))
+
+
+def test_an_sb3_vec_env_without_terminal_observations_or_with_extra_rewards_is_one_sentence():
+    """A VecEnv of one's own must give SB3's `terminal_observation` for finished envs and one reward per env (it was
+    reported as the env raising KeyError, or a shape error deep inside)."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecEnvWrapper
+
+    class Broken(VecEnvWrapper):
+        def __init__(self, venv, mode):
+            super().__init__(venv)
+            self.mode = mode
+
+        def reset(self):
+            return self.venv.reset()
+
+        def step_wait(self):
+            obs, rewards, dones, infos = self.venv.step_wait()
+            if self.mode == "rewards":
+                return obs, np.repeat(rewards, 2), dones, infos
+            dones = np.ones_like(dones)
+            return obs, rewards, dones, [{} for _ in infos]
+
+    for mode, message in (("rewards", "returned 4 rewards and 2 dones"), ("final", "terminal_observation")):
+        env = rlspeed.make_env(Broken(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 2), mode))
+        env.reset(seed=0)
+        with pytest.raises(rlspeed.UserError, match=message):
+            env.step(torch.zeros(2, dtype=torch.int64))

@@ -135,7 +135,11 @@ def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch
         return _NO_SUCCESS[key]
     flags = np.zeros(num_envs, dtype=bool)
     for row, success in successes.items():
-        flags[row] = bool(np.asarray(success).item())
+        value = np.asarray(success)
+        if value.size != 1 or value.item() not in (True, False):  # (bool, or a 0/1 number: "no" is not False)
+            raise UserError(f"An env's info['is_success'] is {success!r}: it must be a bool (True where the episode "
+                            "reached its goal), as Gymnasium's goal envs and Stable-Baselines3 read it.")
+        flags[row] = bool(value.item())
     return host_to(flags, device)
 
 

@@ -28,6 +28,7 @@ from rlspeed.envs.gymnasium_env import (
     to_device,
     warn_unapplied_masks,
 )
+from rlspeed.errors import UserError
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
 
@@ -103,6 +104,14 @@ class SB3VecEnv(BatchedEnv):
         obs = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         dones = np.asarray(dones, dtype=bool).reshape(-1)
         finished = np.flatnonzero(dones)
+        if np.size(rewards) != self.num_envs or dones.size != self.num_envs:
+            raise UserError(f"This VecEnv of {self.num_envs} envs returned {np.size(rewards)} rewards and "
+                            f"{dones.size} dones from step_wait(): one of each per env.")
+        lacking = [int(row) for row in finished if "terminal_observation" not in infos[row]]
+        if lacking:
+            raise UserError(f"This VecEnv gave no infos[{lacking[0]}]['terminal_observation'] for a finished env: "
+                            "SB3's VecEnvs (DummyVecEnv, SubprocVecEnv) put the episode's last observation there, and "
+                            "a VecEnv of your own must too (rlspeed bootstraps truncated episodes from it).")
         truncated = np.zeros_like(dones)
         truncated[finished] = [bool(infos[row].get("TimeLimit.truncated", False)) for row in finished]
         if self._float_vector:
