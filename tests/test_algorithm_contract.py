@@ -258,3 +258,5 @@ def test_stable_baselines3_save_and_load_keywords_are_one_sentence(trained, tmp_
         algo.load(path, custom_objects={"learning_rate": 0.0})
     with pytest.raises(UserError, match="'policy' is Stable-Baselines3's keyword; .*without a policy"):
         algo(env=env_id, policy="MlpPolicy", device="cpu")
+    with pytest.raises(UserError, match="predict takes observations of shape .* as numbers, got 'abc'"):
+        model.predict("abc")

@@ -283,7 +283,11 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     shape, dtype = observation_layout(space)
     as_numpy = not isinstance(observation, torch.Tensor)
     if as_numpy:
-        observation = np.asarray(observation, dtype=numpy_dtype(dtype))
+        try:
+            observation = np.asarray(observation, dtype=numpy_dtype(dtype))
+        except (TypeError, ValueError):
+            raise UserError(f"predict takes observations of shape {tuple(shape)} (or a batch of them) as numbers, "
+                            f"got {str(observation)[:60]!r}.") from None
     obs = torch.as_tensor(observation, device=device, dtype=dtype)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
         low = torch.as_tensor(np.asarray(space.start), device=device)
