@@ -778,6 +778,10 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
     model = rlspeed.PPO(_Counter(), device="cpu", num_steps=16, batch_size=32, seed=0)
     model.learn(64, progress_bar=False)
     assert model.num_timesteps == 64
+    as_text = _Counter()
+    as_text.device = "cpu"  # (a device named as a string)
+    result = rlspeed.evaluate(model, as_text, episodes=2)  # (evaluated as it trains: counted and checked)
+    assert result["returns"] == [5.0, 5.0] and result["lengths"] == [5, 5]
     for breaks, message in [("alias", "same observation tensor on two steps"),
                             ("reward [N,1]", r"rewards as torch.float32 \(2, 1\) on cpu, not torch.float32 \[2\]"),
                             ("float flags", "terminated as torch.float32"),

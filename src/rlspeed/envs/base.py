@@ -445,6 +445,7 @@ class ContractCheck(EnvWrapper):
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
+        self.device = torch.device(env.device)  # (an env may name its device as a string)
         self._steps = 0
         self._last_obs: torch.Tensor | None = None
         self._layout = observation_layout(env.spec.observation_space)
