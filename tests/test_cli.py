@@ -955,3 +955,25 @@ def test_a_run_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypa
         assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["threads"] == 2
     finally:
         torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("under_torchrun", [False, True])
+def test_a_second_signal_stops_at_once_except_in_a_torchrun_worker(under_torchrun, monkeypatch):
+    """One process: the first SIGTERM is recorded (stop at the iteration's end), a second stops at once. A torchrun
+    worker gets a scheduler's signal and torchrun's own: it keeps to the iteration's end, where its peers stop too."""
+    import os
+    import signal
+
+    if under_torchrun:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with cli._stop_after_iteration() as received:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert received == [signal.SIGTERM]
+        if under_torchrun:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert received == [signal.SIGTERM]
+        else:
+            with pytest.raises(cli.Terminated):
+                os.kill(os.getpid(), signal.SIGTERM)

@@ -855,13 +855,19 @@ def _sigterm_raises():
 def _stop_after_iteration():
     """Within the block the first Ctrl-C (SIGINT) or SIGTERM is recorded in the list yielded, for the population's
     learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint there); a second
-    signal stops at once (KeyboardInterrupt or `Terminated`). A signal the process was started ignoring (SIGINT in a
-    shell's background job) stays ignored."""
+    signal stops at once (KeyboardInterrupt or `Terminated`), except in a torchrun worker, which waits for its peers
+    at the iteration's end whatever comes (torchrun's own deadline ends it). A signal the process was started ignoring
+    (SIGINT in a shell's background job) stays ignored."""
     received: list[int] = []
     owner = os.getpid()
+    # A torchrun worker gets a scheduler's signal and torchrun's own shutdown signal too (a worker stopping at once
+    # would leave its peers waiting in collectives); torchrun kills workers that have not ended 30 s after its signal.
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
 
     def handler(signum, frame):
         _default_in_children(owner, signum)
+        if received and under_torchrun:
+            return
         if received:
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
         received.append(signum)
