@@ -872,7 +872,8 @@ def _stop_after_iteration():
             raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
         received.append(signum)
         print(f"rlspeed: {'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}: stopping after this iteration "
-              "(again to stop at once)", file=sys.stderr, flush=True)
+              + ("(torchrun ends workers 30 s after its signal)" if under_torchrun else "(again to stop at once)"),
+              file=sys.stderr, flush=True)
 
     try:
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
