@@ -136,11 +136,13 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     """Where stderr is not a terminal (nohup, a batch job) a status line is written every LINE_INTERVAL_S seconds
     (never a redrawn bar, which piles up as one line), and a last one at the end where it shows more; a short run
     writes none."""
+    from rlspeed import logging as run_logging
     from rlspeed.logging import ProgressBar
 
+    monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: False)  # (also when run with pytest -s)
     monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)
     bar = ProgressBar(1000, desc="ppo CartPole-v1")
-    assert bar.lines  # (pytest's captured stderr is not a terminal)
+    assert bar.lines
     bar.update(250, sps=1234, ret=20.5)
     bar.update(750, sps=1500, ret=None)
     bar.close()

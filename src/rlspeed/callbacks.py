@@ -262,14 +262,13 @@ class FunctionCallback(BaseCallback):
 def _normalized_vec_envs(training_env, eval_env):
     """(the training SB3 VecEnv, the eval SB3 VecEnv) where the model trains on an SB3 VecEnv with VecNormalize and
     the evaluation env is an SB3 VecEnv; else None."""
-    while training_env is not None and not hasattr(training_env, "vec_env"):  # (rlspeed's wrappers, outermost first)
-        training_env = getattr(training_env, "env", None)
-    if training_env is None or eval_env is None or isinstance(eval_env, str):
+    training_vec_env = getattr(training_env, "vec_env", None)  # (rlspeed's wrappers forward it from the adapter)
+    if training_vec_env is None or eval_env is None or isinstance(eval_env, str):
         return None
     from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
 
-    if isinstance(eval_env, VecEnv) and unwrap_vec_normalize(training_env.vec_env) is not None:
-        return training_env.vec_env, eval_env
+    if isinstance(eval_env, VecEnv) and unwrap_vec_normalize(training_vec_env) is not None:
+        return training_vec_env, eval_env
     return None
 
 

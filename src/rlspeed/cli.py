@@ -1157,7 +1157,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                         run_dir=run_dir, checkpoint_freq=checkpoint_freq,
                         # (without a step frequency, a crash still loses at most about this much training)
                         checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
-                        callback=[*callbacks, _stop_on_signal(signals)])
+                        callback=callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
     finished = model.num_timesteps - steps_before >= total or model.result.steps_to_target is not None
@@ -1231,14 +1231,6 @@ def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, f
                                   "max_lost_timesteps": run["checkpoint_freq"] if run["resumed_from"] is not None
                                   else 0}
     return summary
-
-
-def _stop_on_signal(signals: list[int]):
-    """A callback that stops `learn` at the end of the iteration in which `signals` (`_stop_after_iteration`'s list)
-    got its first signal."""
-    from rlspeed.callbacks import FunctionCallback
-
-    return FunctionCallback(lambda _locals: not signals)
 
 
 def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: int, wall_s: float) -> int:

@@ -10,15 +10,8 @@ import torch
 
 from rlspeed.device import resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, resolve_backend
-from rlspeed.envs.base import (
-    BatchedEnv,
-    ContractCheck,
-    EpisodeStatistics,
-    observation_layout,
-    space_to_json,
-)
+from rlspeed.envs.base import BatchedEnv, counted, observation_layout, space_to_json
 from rlspeed.errors import UserError
-from rlspeed.numerics import find_episode_statistics
 
 
 def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
@@ -58,9 +51,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
-        env = env_id
-        if find_episode_statistics(env) is None:  # a batched env of the user's own: checked and counted as training's
-            env = EpisodeStatistics(ContractCheck(env))
+        env = counted(env_id)  # (a batched env of the user's own: checked and counted as in training)
         env = atari.for_evaluation(env if seed is None else SeedOnFirstReset(env, seed))
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
         options = model.spec.env_kwargs if own_env else {}

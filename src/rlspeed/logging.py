@@ -208,10 +208,10 @@ class RunLogger:
         """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot;
         after a failed write, only close the files."""
         if self._failed:
-            for close in ((self._csv[0].close,) if self._csv is not None else ()) + (
-                    (self._writer.close,) if self._writer is not None else ()):
-                with contextlib.suppress(OSError):
-                    close()
+            for handle in (self._csv[0] if self._csv is not None else None, self._writer):
+                if handle is not None:
+                    with contextlib.suppress(OSError):
+                        handle.close()
             return
         with self._writing(closing=True):
             if self._csv is None:

@@ -70,17 +70,6 @@ class DivergedError(NumericsError):
     finite ones."""
 
 
-def find_episode_statistics(env):
-    """The innermost `EpisodeStatistics` wrapper of a batched env (every env `make_env` builds has one), or None."""
-    from rlspeed.envs.base import EnvWrapper, EpisodeStatistics
-
-    while env is not None:
-        if isinstance(env, EpisodeStatistics):
-            return env
-        env = env.__dict__.get("env") if isinstance(env, EnvWrapper) else None
-    return None
-
-
 #: Under the `raise` policy, steps are checked in blocks of up to this many (one pass over stacked values: a few
 #: kernels per block instead of a few per step) ...
 _BLOCK_STEPS = 32
@@ -235,6 +224,8 @@ class NumericsGuard:
         watched, and `report` says so)."""
         if not self.enabled:
             return
+        from rlspeed.envs.base import find_episode_statistics
+
         stats = find_episode_statistics(env)
         self.env_checked = stats is not None
         if stats is None:

@@ -38,9 +38,8 @@ from rlspeed.envs import (
     resolve_backend,
 )
 from rlspeed.envs.base import (
-    ContractCheck,
     EnvSpec,
-    EpisodeStatistics,
+    counted,
     numpy_dtype,
     obs_batch_size,
     observation_layout,
@@ -55,7 +54,7 @@ from rlspeed.errors import UserError
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
-from rlspeed.numerics import NumericsGuard, find_episode_statistics
+from rlspeed.numerics import NumericsGuard
 
 # The normalisation statistics a model holds, each with the config flag that turns it on
 _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
@@ -463,8 +462,8 @@ class Algorithm:
         self.recorder = MetricsRecorder()
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
         self.save_replay_buffer = bool(save_replay_buffer)
-        #: under torch.distributed, a function telling whether this rank was asked to stop (the CLI's signals): learn
-        #: stops every rank at the end of the iteration where one was, with callbacks given
+        #: a function telling whether this process was asked to stop (the CLI's signals): learn stops at the end of
+        #: the iteration where it was, under torch.distributed every rank where any one was
         self.stop_requested: Callable[[], bool] | None = None
         self.restarts = 0  # resumes of this run so far (`resume` counts them, checkpoints carry them)
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
@@ -504,8 +503,8 @@ class Algorithm:
         else:
             if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
                 env = make_env(env, device=self.device)
-            elif find_episode_statistics(env) is None:  # a batched env of the user's own (make_env's have one)
-                env = EpisodeStatistics(ContractCheck(env))
+            else:
+                env = counted(env)  # (a batched env of the user's own: checked and counted)
             self._env = env
             self.env_id = env.spec.env_id
             self.spec = env.spec
@@ -986,9 +985,9 @@ class Algorithm:
                         self.save(Path(run_dir) / "checkpoint.safetensors")
                         checkpoint_cost = time.perf_counter() - saving
                     last_checkpoint_time = time.perf_counter()
-                if callbacks is not None:
+                if callbacks is not None or self.stop_requested is not None:
                     paused = time.perf_counter()
-                    if main and not callbacks.on_rollout_end(locals(), logged):
+                    if callbacks is not None and main and not callbacks.on_rollout_end(locals(), logged):
                         callback_stop = True
                     # every rank stops where rank 0's callbacks (1), or a signal to any rank (2: `stop_requested`),
                     # ask to

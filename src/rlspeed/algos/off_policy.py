@@ -41,7 +41,7 @@ from rlspeed.buffers import (
     frame_stacks,
     image_space,
 )
-from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
@@ -63,11 +63,6 @@ _STAGE_BYTES = 2**26  # most memory an iteration's transitions may take while th
 # writes (DQN on MinAtar: benchmarks/replay_layouts.py), which only memory this large outweighs.
 _SHARED_OBSERVATIONS_BYTES = 2**30
 
-
-def _layouts(space) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """(shape, dtype) of each part of one observation of `space` (one for most spaces, one per key of a Dict)."""
-    layout = observation_layout(space)
-    return list(layout.values()) if isinstance(layout, dict) else [layout]
 
 
 @dataclass
@@ -266,11 +261,11 @@ class OffPolicyAlgorithm(Algorithm):
         discrete = self.spec.discrete
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         space = self.spec.observation_space
+        obs_bytes = layout_nbytes(observation_layout(space))
         kind = ReplayBuffer
         if cfg.frame_dedup and frame_stacks(space) and stacked_frames(env):
             kind = FrameStackReplayBuffer
-        elif (cfg.frame_dedup and image_space(space)
-              and 2 * cfg.buffer_size * int(np.prod(space.shape)) >= _SHARED_OBSERVATIONS_BYTES):
+        elif cfg.frame_dedup and image_space(space) and 2 * cfg.buffer_size * obs_bytes >= _SHARED_OBSERVATIONS_BYTES:
             kind = SharedObservationReplayBuffer
         self.buffer = kind(cfg.buffer_size, env.num_envs, space,
                            () if discrete else tuple(self.spec.action_space.shape),
@@ -281,8 +276,6 @@ class OffPolicyAlgorithm(Algorithm):
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
         # rebuilt): observation and next observation, and the row's other fields
         free = available_memory_bytes(self.device)
-        obs_bytes = sum(int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-                        for shape, dtype in _layouts(space))
         batch_bytes = cfg.batch_size * (2 * obs_bytes + self.buffer._row_bytes)
         if free is not None and batch_bytes > REPLAY_MEMORY_SHARE * free:
             raise UserError(f"batch_size={cfg.batch_size:,} takes {batch_bytes / 2**30:.1f} GiB per sampled batch, "

@@ -193,10 +193,7 @@ class ReplayBuffer:
 
     def _storage_bytes(self, layout) -> int:
         """Bytes the storage will take: here an observation and a next observation per row, each in its dtype."""
-        parts = layout.values() if isinstance(layout, dict) else (layout,)
-        obs_bytes = sum(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-                        for shape, dtype in parts)
-        return (2 * obs_bytes + self._row_bytes) * self.capacity
+        return (2 * layout_nbytes(layout) + self._row_bytes) * self.capacity
 
     def _zeros(self, *shape, dtype=torch.float32, rows: int | None = None) -> torch.Tensor:
         """Zeroed storage of `rows` (default: capacity) rows, allocated pinned where it is host memory feeding an
@@ -543,11 +540,14 @@ class FrameStackReplayBuffer(ReplayBuffer):
         self.next_obs = self._zeros(self.stack, dtype=torch.int32)
 
     def _layout_text(self) -> str:
-        text = f"frames: each frame stored once, stacks of {self.stack} rebuilt at sampling"
+        text = self._stored_text()
         if self.evicted:
             text += (f"; {self.evicted:,} transitions given up early because episodes restarted more often than the "
                      "frame reserve allows")
         return text
+
+    def _stored_text(self) -> str:
+        return f"frames: each frame stored once, stacks of {self.stack} rebuilt at sampling"
 
     def summary(self) -> dict:
         return {**super().summary(), "frames_per_stack": self.stack, "pool_frames": self.pool_size,
@@ -737,12 +737,8 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
         super().restart_episodes()
         self._previous_next = None  # (the envs restarted: nothing continues from the steps before)
 
-    def _layout_text(self) -> str:
-        text = "observations: each stored once, a next observation being the next step's observation"
-        if self.evicted:
-            text += (f"; {self.evicted:,} transitions given up early because episodes restarted more often than the "
-                     "reserve allows")
-        return text
+    def _stored_text(self) -> str:
+        return "observations: each stored once, a next observation being the next step's observation"
 
     def summary(self) -> dict:
         summary = super().summary()
@@ -756,6 +752,12 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
 
 def _bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+
+
+def layout_nbytes(layout) -> int:
+    """Bytes of one observation of an `observation_layout` (all keys of a Dict's)."""
+    parts = layout.values() if isinstance(layout, dict) else (layout,)
+    return sum(_bytes(shape, dtype) for shape, dtype in parts)
 
 
 def image_space(observation) -> bool:

@@ -342,6 +342,7 @@ def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) ->
     if device.type == "mps":
         return Check(WARN, name, "skipped on mps: rlspeed does not compile there", "nothing to do: training runs eager")
     eager_advice = "training still works eager (--accelerate off)"
+    print(f"(compiling a small function on {device}, up to {timeout_s:.0f} s ...)", file=sys.stderr, flush=True)
     rc, out, err = _run_child([sys.executable, "-c", COMPILE_SCRIPT, str(device)], timeout_s)
     if rc is None:
         return Check(WARN, name, f"no answer within {timeout_s:.0f} s on {device} (compiler hung)", eager_advice)
@@ -520,9 +521,6 @@ def run_doctor(device: str = "auto") -> int:
     report([device_line])
     if chosen is not None:  # without a device there is nothing to time or compile on
         report(_guarded("matmul", lambda: check_matmul(chosen)))
-        if os.environ.get(SKIP_COMPILE_ENV, "") in ("", "0") and chosen.type != "mps":  # (the slow check: say so)
-            print(f"(compiling a small function on {chosen}, up to {COMPILE_TIMEOUT_S:.0f} s ...)", file=sys.stderr,
-                  flush=True)
         report(_guarded("torch.compile", lambda: check_compile(chosen)))
     report(_guarded("envs", check_env_families))
     report(_guarded("threads", check_threads))

@@ -500,9 +500,7 @@ class ContractCheck(EnvWrapper):
             if self._last_obs is not None and first.data_ptr() == self._last_obs.data_ptr():
                 self._refuse("returned the same observation tensor on two steps (written in place): return a fresh "
                              "tensor each step, since the learner keeps the previous one")
-            self._last_obs = first
-        else:
-            self._last_obs = None
+            self._last_obs = first if self._steps < self.CHECKED_STEPS else None
         return obs, reward, terminated, truncated, info
 
 
@@ -550,6 +548,22 @@ class EpisodeStatistics(EnvWrapper):
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length
         return obs, reward, terminated, truncated, info
+
+
+def find_episode_statistics(env):
+    """The innermost `EpisodeStatistics` wrapper of a batched env (every env `make_env` builds has one), or None."""
+    while env is not None:
+        if isinstance(env, EpisodeStatistics):
+            return env
+        env = env.__dict__.get("env") if isinstance(env, EnvWrapper) else None
+    return None
+
+
+def counted(env: BatchedEnv) -> BatchedEnv:
+    """`env` as training and evaluation take it: as it is where it counts its episodes (every env `make_env`
+    builds), else (a batched env of the user's own) checked against the contract and counted
+    (`EpisodeStatistics(ContractCheck(env))`)."""
+    return env if find_episode_statistics(env) is not None else EpisodeStatistics(ContractCheck(env))
 
 
 def _checked(numerics, obs: Observation, reward=None, final_obs: Observation | None = None, actions=None):

@@ -41,13 +41,10 @@ def is_sb3_vec_env(env: object) -> bool:
 
 def _reward_normalizer(vec_env):
     """The VecNormalize in `vec_env`'s wrappers that normalises rewards, or None."""
-    from stable_baselines3.common.vec_env import VecNormalize
+    from stable_baselines3.common.vec_env import unwrap_vec_normalize
 
-    while vec_env is not None:
-        if isinstance(vec_env, VecNormalize) and vec_env.norm_reward:
-            return vec_env
-        vec_env = getattr(vec_env, "venv", None)
-    return None
+    normalizer = unwrap_vec_normalize(vec_env)
+    return normalizer if normalizer is not None and normalizer.norm_reward else None
 
 
 class SB3VecEnv(BatchedEnv):

@@ -1042,7 +1042,8 @@ class PopulationBase:
     def _attach_env_guard(self) -> None:
         """Check the training env's observations and rewards for NaN and infinity as a single run does (its
         `EnvValueGuard`, read with the divergence flags); a new env (members left) gets a new guard."""
-        from rlspeed.numerics import EnvValueGuard, find_episode_statistics
+        from rlspeed.envs.base import find_episode_statistics
+        from rlspeed.numerics import EnvValueGuard
 
         stats = find_episode_statistics(self._env) if self._env is not None else None
         self._env_guard = None
