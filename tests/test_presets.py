@@ -364,6 +364,8 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  total_timesteps: abc\n", "total_timesteps"),  # (a run setting)
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
+    ("CartPole-v1: 5\n", "entry CartPole-v1 holds 5, not hyperparameters"),  # an env's entry must be a mapping
+    ("default: lin_3e-4\n", "entry default holds"),
     ("- 1\n- 2\n", "must map env ids"),
     ("CartPole-v1: [\n", "not valid YAML"),
 ])

@@ -8,6 +8,7 @@ mapping of hyperparameters), or be in RL-Zoo's format (SB3 names, n_timesteps, p
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -161,6 +162,10 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
                             f"{', '.join(map(str, data))}).")
         entry, where = data[key], f"{path} ({key} entry)"
     elif not any(nested):  # one entry for any env
+        env_like = [k for k in map(str, data) if k in (env_id, "default") or re.search(r"-v\d+$", k)]
+        if env_like:
+            raise UserError(f"{path}: the entry {env_like[0]} holds {data[env_like[0]]!r}, not hyperparameters; "
+                            f"write them under it as `name: value` lines, indented.")
         entry, where = data, f"{path}"
     else:
         raise UserError(f"{path} mixes env entries and hyperparameters at the top level: put every hyperparameter "
