@@ -631,6 +631,36 @@ def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(t
     assert "other settings than the run started with: ent_coef " in out.err and "-> 0.05" in out.err
 
 
+def test_a_resumed_runs_summary_describes_the_whole_run(tmp_path, monkeypatch):
+    """summary.json after --resume: total_timesteps, train_wall_s and sps are the whole run's (from its start), as
+    its target fields and an uninterrupted run's summary are; `distributed` says where the resume took over."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "256", "--no-progress",
+            "--set", "num_steps=16", "--num-envs", "4", "--out", "run"]
+    assert cli.main([*argv, "--total-timesteps", "512"]) == 0
+    first = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert cli.main([*argv, "--total-timesteps", "1024", "--resume"]) == 0
+    whole = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert first["total_timesteps"] == 512 and whole["total_timesteps"] == 1024
+    assert whole["train_wall_s"] > first["train_wall_s"]
+    assert whole["sps"] == pytest.approx(whole["total_timesteps"] / whole["train_wall_s"], rel=1e-3)
+    assert whole["distributed"]["resumed_from_timesteps"] == 512
+
+
+def test_eval_freq_without_a_target_gives_an_evaluation_curve(tmp_path, monkeypatch):
+    """`--target-return none --eval-freq N` evaluates every N steps (metrics.csv's eval_mean); without --eval-freq a
+    run without a target does not evaluate (a preset's eval_freq serves its target)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--set", "num_steps=16",
+            "--num-envs", "4", "--total-timesteps", "512"]
+    assert cli.main([*argv, "--eval-freq", "256", "--out", "evaluated"]) == 0
+    with open(tmp_path / "evaluated" / "metrics.csv", newline="") as handle:
+        means = [row["eval_mean"] for row in csv.DictReader(handle) if row["eval_mean"]]
+    assert len(means) == 2
+    assert cli.main([*argv, "--out", "plain"]) == 0
+    assert "eval_mean" not in (tmp_path / "plain" / "metrics.csv").read_text().splitlines()[0]
+
+
 def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkeypatch, capsys):
     """`--resume` with only the new budget continues with what the run was started with (a preset file's
     hyperparameters, the env backend, no target), not the shipped preset's defaults; --set still changes one."""

@@ -132,6 +132,90 @@ def test_an_untrained_model_refuses_a_run_dir_with_another_runs_metrics(tmp_path
     assert (tmp_path / "metrics.csv").read_text().startswith(rows)
 
 
+def test_a_trained_model_continues_only_its_own_run_directory(tmp_path):
+    """A model that trained elsewhere (or without a run_dir) is refused a run_dir holding another run's
+    metrics.csv, as an untrained one is; a model loaded from a run directory continues that run's file."""
+    from rlspeed import PPO, UserError
+
+    first = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    first.learn(256, progress_bar=False, run_dir=tmp_path / "a", log_interval_s=0.0)
+    first.save(tmp_path / "a" / "model.safetensors")
+    rows = (tmp_path / "a" / "metrics.csv").read_text()
+    other = PPO("CartPole-v1", seed=1, num_envs=4, num_steps=32)
+    other.learn(128, progress_bar=False)
+    with pytest.raises(UserError, match=r"another run, which this model \(trained in another run\)"):
+        other.learn(256, progress_bar=False, run_dir=tmp_path / "a")
+    other.learn(128, progress_bar=False, run_dir=tmp_path / "b")
+    with pytest.raises(UserError, match="holds the metrics.csv of another run"):
+        other.learn(128, progress_bar=False, run_dir=tmp_path / "a")
+    assert (tmp_path / "a" / "metrics.csv").read_text() == rows
+    loaded = PPO.load(tmp_path / "a" / "model.safetensors")
+    loaded.learn(128, progress_bar=False, run_dir=tmp_path / "a", log_interval_s=0.0)
+    assert (tmp_path / "a" / "metrics.csv").read_text().startswith(rows)
+
+
+def test_a_short_learn_writes_at_least_fifty_rows_by_default(tmp_path):
+    """The default log interval (one second) would leave a run of a second or two with a two-point curve: by default
+    a call of 50 or more iterations also writes at least 50 rows; an explicit log_interval_s is the only rule."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16)  # 64 steps per iteration
+    model.learn(64 * 60, progress_bar=False, run_dir=tmp_path / "default")
+    assert len(read_rows(tmp_path / "default" / "metrics.csv")) >= 50
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16)
+    model.learn(64 * 60, progress_bar=False, run_dir=tmp_path / "explicit", log_interval_s=1e9)
+    assert len(read_rows(tmp_path / "explicit" / "metrics.csv")) == 1  # (the run's end)
+
+
+def test_a_stop_between_log_points_still_writes_the_steps_since_the_last_row(tmp_path):
+    """A callback (or a signal, through stop_requested) that stops training between two rows: metrics.csv ends at
+    the step training stopped at, and the model's result counts those steps."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    calls = []
+    model.learn(128 * 10, progress_bar=False, run_dir=tmp_path, log_interval_s=1e9,
+                callback=lambda local: calls.append(1) or len(calls) < 3)
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert model.num_timesteps == 3 * 128 == int(rows[-1]["timesteps"]) == model.result.total_timesteps
+    assert rows[-1]["episode_return"] != ""  # (the iterations' metrics, not an empty row)
+
+
+def test_an_interrupted_learn_leaves_its_result_and_loop_position(tmp_path):
+    """KeyboardInterrupt inside learn (Ctrl-C in a notebook): the exception reaches the caller, and model.result
+    still says how many steps were trained in how long (the next learn continues from there)."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+
+    def interrupt(local):
+        if model.num_timesteps >= 256:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(128 * 10, progress_bar=False, callback=interrupt)
+    assert model.result.total_timesteps == model.num_timesteps == 256
+    assert model.result.train_wall_s > 0 and model.result.sps > 0
+    assert model._loop["train_wall_s"] == pytest.approx(model.result.train_wall_s)
+
+
+def test_eval_freq_without_a_target_evaluates_and_the_header_has_the_column_from_the_start(tmp_path):
+    """learn(eval_freq=N) without a target: an evaluation every N steps (an evaluation curve), nothing stops; the
+    evaluation columns are in metrics.csv's header from its first row, so a reader following the file sees one
+    header."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    model.learn(128 * 6, progress_bar=False, run_dir=tmp_path, eval_freq=256, eval_episodes=2, log_interval_s=0.0)
+    assert [steps for steps, _clock, _mean in model.result.evaluations] == [256, 512, 768]
+    assert model.num_timesteps == 768 and model.result.steps_to_target is None
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert "eval_mean" in lines[0].split(",") and len(lines) == 7
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    model.learn(128 * 2, progress_bar=False)
+    assert model.result.evaluations == []  # (no target, no eval_freq: no evaluations)
+
+
 def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     """Where stderr is not a terminal (nohup, a batch job) a status line is written every LINE_INTERVAL_S seconds
     (never a redrawn bar, which piles up as one line), and a last one at the end where it shows more; a short run

@@ -19,6 +19,21 @@ SMALL = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64
          "--total-timesteps", "256", "--eval-freq", "128", "--target-return", "1000"]
 
 
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, capsys, backend):
+    """A member's final_eval mean equals `rlspeed eval MEMBER --seed S --json`'s, number for number (a script
+    comparing the two finds them equal), whatever the env backend."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0,3", *SMALL, "--env-backend", backend,
+                     "--out", str(out)]) == 0
+    for member in json.loads((out / "summary.json").read_text())["members"]:
+        final = member["final_eval"]
+        capsys.readouterr()
+        assert cli.main(["eval", str(out / "members" / f"seed_{member['seed']}.safetensors"), "--episodes",
+                         str(final["episodes"]), "--seed", str(final["seed"]), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["mean"] == final["mean"]
+
+
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",

@@ -149,6 +149,31 @@ def test_policy_kwargs_net_arch_and_activation():
         "policy_kwargs.log_std_init", "policy_kwargs.use_expln"}
 
 
+def test_policy_kwargs_features_extractor_options_become_the_cnn_encoders_options():
+    """SB3's `features_extractor_kwargs=dict(features_dim=N)` (CombinedExtractor's `cnn_output_dim` too) is
+    `cnn_features_dim` and `normalize_images` is `normalize_images`, for every algorithm (each has both); the
+    extractor's other options and `features_extractor_class` are not honoured, with the reason."""
+    cnn = "dict(features_extractor_kwargs=dict(features_dim=64), normalize_images=False, net_arch=[32])"
+    for algo in ALGORITHMS:
+        translation = translated(algo, {"policy": "CnnLstmPolicy" if algo == "recurrent_ppo" else "CnnPolicy",
+                                        "policy_kwargs": cnn})
+        assert translation.status == "full", (algo, translation.unsupported)
+        hyper = translation.hyperparameters
+        assert (hyper["cnn_features_dim"], hyper["normalize_images"], hyper["encoder"]) == (64, False, "cnn"), algo
+    multi = translated("ppo", {"policy": "MultiInputPolicy",
+                               "policy_kwargs": "dict(features_extractor_kwargs=dict(cnn_output_dim=128))"})
+    assert multi.status == "full" and multi.hyperparameters["cnn_features_dim"] == 128
+    extractor = "dict(features_extractor_class=NatureCNN, features_extractor_kwargs=dict(features_dim=256, " \
+                "normalized_image=True))"
+    other = translated("dqn", {"policy_kwargs": extractor})
+    assert refused(other) == {"policy_kwargs.features_extractor_class",
+                              "policy_kwargs.features_extractor_kwargs.normalized_image"}
+    assert other.hyperparameters["cnn_features_dim"] == 256 and other.status == "partial"
+    assert all("no such option" not in line for line in other.unsupported)
+    assert refused(translated("ppo", {"policy_kwargs": "dict(features_extractor_kwargs=64)"})) == {
+        "policy_kwargs.features_extractor_kwargs"}
+
+
 def test_schedules():
     ppo = translated("ppo", {"learning_rate": "lin_3e-4", "clip_range": "lin_0.2"}).hyperparameters
     assert (ppo["learning_rate"], ppo["anneal_lr"], ppo["clip_range"], ppo["anneal_clip"]) == (3e-4, True, 0.2, True)

@@ -85,6 +85,9 @@ def test_train_track_writes_an_offline_run_with_config_metrics_video_and_summary
     summary = json.loads((run_dir / "summary.json").read_text())
     assert run["summary"]["final_eval.mean"] == pytest.approx(summary["final_eval"]["mean"])
     assert run["summary"]["total_timesteps"] == summary["total_timesteps"] == 2048
+    # the run summary is summary.json's, not the last metrics row's values of the same names
+    assert run["summary"]["sps"] == pytest.approx(summary["sps"])
+    assert run["summary"]["train_wall_s"] == pytest.approx(summary["train_wall_s"])
     assert run["config"]["algo"] == "ppo" and run["config"]["env_id"] == "CartPole-v1"
     rows = [row for row in run["history"] if "timesteps" in row]
     assert rows and rows[-1]["timesteps"] == 2048
@@ -103,6 +106,21 @@ def test_wandb_callback_on_its_own_starts_and_finishes_a_run(tmp_path, offline):
     assert run["summary"]["total_timesteps"] == 1024
     assert [row["timesteps"] for row in run["history"]] == [512, 1024]  # one row per log interval
     assert run["config"]["algo"] == "ppo"
+
+
+def test_a_tracker_for_the_same_run_directory_continues_its_wandb_run(tmp_path, offline):
+    """`--resume --track` (or a restart) logs to the run's W&B run, not to a second one."""
+    from rlspeed.tracking import WandbTracker
+
+    first = WandbTracker({"algo": "ppo"}, run_dir=tmp_path / "run")
+    run_id = first.run.id
+    first.finish({"total_timesteps": 1})
+    again = WandbTracker({"algo": "ppo"}, run_dir=tmp_path / "run")
+    assert again.run.id == run_id
+    again.finish()
+    other = WandbTracker({"algo": "ppo"}, run_dir=tmp_path / "other")
+    assert other.run.id != run_id
+    other.finish()
 
 
 def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypatch, capsys):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -152,3 +153,24 @@ def test_an_atari_policy_is_filmed_in_the_games_frames_with_fire_to_start(tmp_pa
     # the ball was served and moves; without FIRE every frame is the same (the GIF writer keeps one of them)
     frames = imageio.mimread(tmp_path / "breakout.gif")
     assert len(frames) > 1 and not np.array_equal(frames[0], frames[-1])
+
+
+@pytest.mark.parametrize("before", [None, "offscreen"], ids=["unset", "set"])
+def test_a_headless_video_leaves_sdl_videodriver_as_it_was(tmp_path, monkeypatch, before):
+    """Without a display, a video is drawn with pygame's dummy driver for the call only: SDL_VIDEODRIVER is as it was
+    afterwards (unset stays unset), and a driver the user chose is used as it is."""
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER"):
+        monkeypatch.delenv(name, raising=False)
+    if before is not None:
+        monkeypatch.setenv("SDL_VIDEODRIVER", before)
+    render_env, seen = video._render_env, []
+
+    def render_env_and_record(*args, **kwargs):
+        seen.append(os.environ.get("SDL_VIDEODRIVER"))
+        return render_env(*args, **kwargs)
+
+    monkeypatch.setattr(video, "_render_env", render_env_and_record)
+    video.record_video(_cartpole(), tmp_path / "cartpole.gif", seed=0, max_steps=5)
+    video.check_video_support("CartPole-v1", tmp_path / "cartpole.gif")
+    assert seen == [before or "dummy"] * 2
+    assert os.environ.get("SDL_VIDEODRIVER") == before

@@ -549,6 +549,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     whatever `verify` says; without a key, with another key, or when authentication fails: a UserError naming the
     file. Checkpoints in clear load whether or not a key is set.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise UserError(f"A checkpoint is read from a file: give its path (a str or pathlib.Path), not {path!r}.")
     given = path
     path = Path(path).expanduser()
     if not path.exists():

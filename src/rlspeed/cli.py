@@ -628,11 +628,16 @@ def _note_batch_size(config, say) -> None:
 
 
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
-    """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent)."""
-    return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
-                    accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
-                    nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
-                    env_kwargs=_env_kwargs(args), **hyper)
+    """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent); the
+    process's torch threads set from `--threads` (its final evaluation and videos run outside `learn`)."""
+    from rlspeed.device import configure_threads
+
+    model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
+                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
+                     nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
+                     env_kwargs=_env_kwargs(args), **hyper)
+    configure_threads(args.threads)
+    return model
 
 
 def _env_kwargs(args: argparse.Namespace) -> dict | None:
@@ -659,7 +664,9 @@ def _fresh_run_dir(base: Path) -> Path:
 
 def _default_run_dir(args: argparse.Namespace, algo: str, seeds: list[int] | None = None) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    seed = args.seed if seeds is None else f"seeds{seeds[0]}-{seeds[-1]}"
+    contiguous = seeds is not None and seeds == list(range(seeds[0], seeds[0] + len(seeds)))
+    seed = (args.seed if seeds is None else f"seeds{seeds[0]}-{seeds[-1]}" if contiguous
+            else f"{len(seeds)}seeds{seeds[0]}-{seeds[-1]}")  # (0,3,5: "3seeds0-5", not a range it did not train)
     return Path(f"runs/{algo}-{args.env_id.replace('/', '_')}-{seed}-{stamp}")
 
 
@@ -1139,17 +1146,20 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         say(args.preset_message)
     per_iteration = model.steps_per_iteration
     whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
+    say(f"rlspeed: run directory {run_dir}")  # (at the start too: a run stopped or watched is found there)
     say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
         f"device {model.device}), up to {total:,} steps"
         + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
         + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
-    steps_before, started = model.num_timesteps, time.perf_counter()
+    steps_before = model.num_timesteps
     if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
         (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
     interrupted = None
     # The first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole (the checkpoint
     # then resumes as the uninterrupted run; several processes stop together, at the iteration where any rank got
     # it); a second stops at once.
+    if target is None and args.eval_freq is None:  # (a preset's eval_freq serves its target: no evaluations)
+        eval_freq = None
     with _stopping(model.env_backend) as signals:
         model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
         try:
@@ -1168,8 +1178,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker}
     if interrupted is not None:
-        return _save_interrupted(run, run_dir, interrupted, model.num_timesteps - steps_before,
-                                 time.perf_counter() - started)
+        return _save_interrupted(run, run_dir, interrupted)
     if not main:
         return 0
     model.save(run_dir / "model.safetensors")
@@ -1177,17 +1186,14 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     try:
         final = model.evaluate(episodes=10, seed=eval_seed)
     except KeyboardInterrupt:  # (training is done and saved: the summary says so, without the evaluation)
-        result = model.result
-        _write_text(run_dir / "summary.json", strict_json(_summary(run, result.total_timesteps, result.train_wall_s,
-                                                                   result.sps, None), indent=2) + "\n")
+        _write_text(run_dir / "summary.json", strict_json(_summary(run, None), indent=2) + "\n")
         print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
               f"summary.json are saved in {run_dir} (rlspeed eval {run_dir} --seed {eval_seed} evaluates it)",
               file=sys.stderr, flush=True)
         return 130
     result = model.result
-    summary = _summary(run, result.total_timesteps, result.train_wall_s, result.sps,
-                       {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"], "seed": eval_seed,
-                        **{key: final[key] for key in ("success_rate",) if key in final}})
+    summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
+                             "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
     _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
     if tracker is not None:
         tracker.finish(summary)
@@ -1196,8 +1202,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
                    f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
                    else f"; target {target:g} not reached")
-    say(f"rlspeed: {result.total_timesteps:,} steps in {result.train_wall_s:.2f} s ({result.sps:,.0f} steps/s)"
-        f"{reached}")
+    say(f"rlspeed: {summary['total_timesteps']:,} steps in {summary['train_wall_s']:.2f} s ({summary['sps']:,.0f} "
+        f"steps/s)" + (" over the whole run" if resumed_from is not None else "") + reached)
     numerics = summary["numerics"]
     if numerics.get("rollbacks"):  # (the warnings scrolled by: the closing lines say what the model holds)
         say(f"rlspeed: note: {numerics['rollbacks']} rollback(s) of non-finite updates (see summary.json's "
@@ -1210,11 +1216,14 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     return 0
 
 
-def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, final_eval: dict | None,
-             interrupted: bool = False) -> dict:
-    """summary.json's fields (docs/cli.md, "The run directory") for the run `_train` describes in `run`."""
+def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> dict:
+    """summary.json's fields (docs/cli.md, "The run directory") for the run `_train` describes in `run`: its steps
+    and training clock are the whole run's, from its start (before any resume) to now, as its target fields are."""
     args, model, strategy = run["args"], run["model"], run["strategy"]
     result = model.result
+    total_timesteps = model.num_timesteps - int(model._loop.get("run_start", model.num_timesteps))
+    train_wall_s = float(model._loop.get("train_wall_s", 0.0))
+    sps = total_timesteps / train_wall_s if train_wall_s > 0 else 0.0
     summary = {"algo": run["algo"], "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
                "env_backend": model.env_backend, "total_timesteps": total_timesteps,
                "train_wall_s": round(train_wall_s, 4), "sps": round(sps, 1), "target_return": run["target"],
@@ -1233,9 +1242,9 @@ def _summary(run: dict, total_timesteps: int, train_wall_s: float, sps: float, f
     return summary
 
 
-def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: int, wall_s: float) -> int:
+def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
     """After Ctrl-C or SIGTERM: save the model, a checkpoint (`--resume` continues from it) and summary.json
-    (`"interrupted": true`, no final evaluation; the wall time includes evaluations); return 130 or 143."""
+    (`"interrupted": true`, no final evaluation); return 130 or 143."""
     code, name = (143, "SIGTERM") if isinstance(stop, Terminated) else (130, "Ctrl-C")
     if not run["strategy"].is_main:
         return code
@@ -1245,7 +1254,8 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt, steps: 
         training_env = getattr(run["model"], "_env", None)
         if training_env is not None:  # (now, not at exit: subprocess envs stopped mid-step are terminated quietly)
             training_env.close()
-        summary = _summary(run, steps, wall_s, steps / max(wall_s, 1e-9), None, interrupted=True)
+        summary = _summary(run, None, interrupted=True)
+        steps = summary["total_timesteps"]
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
         if run["tracker"] is not None:
             run["tracker"].finish(summary, exit_code=code)
@@ -1391,6 +1401,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
     model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.__name__} model its "
                   "metadata describes")
+    from rlspeed.device import configure_threads
+
+    configure_threads()  # (as training did: one thread, or RLSPEED_NUM_THREADS)
     env_id = args.env or model.env_id
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
         from rlspeed.video import check_video_support

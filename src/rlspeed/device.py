@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -61,6 +62,9 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     """
     if isinstance(spec, torch.device):
         spec = str(spec)
+    if spec is not None and not isinstance(spec, str):
+        raise UserError(f"A device is a name (auto, cpu, cuda[:i], npu[:i], xpu[:i] or mps) or a torch.device, not "
+                        f"{spec!r}.")
     spec = (spec or "auto").strip().lower()
     if spec == "auto":
         forced = os.environ.get("RLSPEED_DEVICE", "").strip().lower()
@@ -79,7 +83,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         raise UserError(f"Unknown device '{spec}': use auto, cpu, cuda[:i], npu[:i], xpu[:i] or mps.")
     if not is_available(kind):
         raise UserError(f"Device '{spec}' is not available on this machine; run `rlspeed doctor` to see why, "
-                        "or use --device auto.")
+                        "or use device='auto' (--device auto on the command line).")
     if index:
         if not index.isdigit():
             raise UserError(f"Device index in '{spec}' must be a number.")
@@ -173,16 +177,47 @@ def autocast_device_type(device: torch.device) -> str:
     return device.type
 
 
+#: the count `configure_threads` last set for the whole process (the command line's `--threads`), which training
+#: without a `num_threads` of its own uses (`set_training_threads`); None until it is called
+_process_threads: int | None = None
+
+
 def configure_threads(num_threads: int | None = None) -> int:
-    """Set torch's intra-op threads deliberately: small RL models lose time to thread hand-offs.
+    """Set torch's intra-op threads for the whole process, deliberately: small RL models lose time to thread
+    hand-offs. The command line calls it; from Python, models apply their count only while they train
+    (`set_training_threads`), and those without a `num_threads` of their own then use the count set here.
 
     Default: ``RLSPEED_NUM_THREADS`` if set, else 1 thread, never more than the cores visible. RL-sized networks
     spend their time in per-kernel overhead, which more threads do not shorten; one thread also leaves the other
     cores to env subprocesses and data-parallel ranks. Returns the value set.
     """
+    global _process_threads
     num_threads = default_num_threads() if num_threads is None else _within_cores(num_threads)
     torch.set_num_threads(num_threads)
+    _process_threads = num_threads
     return num_threads
+
+
+def check_num_threads(num_threads) -> int | None:
+    """A model's `num_threads` as given: None (the default count, see `set_training_threads`) or a whole number of
+    threads, at least 1; UserError in one sentence otherwise."""
+    if num_threads is None:
+        return None
+    if isinstance(num_threads, bool) or not isinstance(num_threads, numbers.Integral) or num_threads < 1:
+        raise UserError(f"num_threads is a whole number of torch threads, at least 1 (None: RLSPEED_NUM_THREADS, "
+                        f"else 1), got {num_threads!r}.")
+    return int(num_threads)
+
+
+def set_training_threads(num_threads: int | None = None) -> int:
+    """Set torch's intra-op threads for training and return the caller's count, which training gives back with
+    `torch.set_num_threads(previous)` when it ends, also on error (`learn` does). `num_threads`: at most the cores
+    visible; None: the count `configure_threads` set for the process, else `default_num_threads()`."""
+    previous = torch.get_num_threads()
+    count = _within_cores(num_threads) if num_threads is not None else (_process_threads or default_num_threads())
+    if count != previous:
+        torch.set_num_threads(count)
+    return previous
 
 
 def default_num_threads() -> int:

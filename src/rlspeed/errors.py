@@ -8,6 +8,15 @@ from __future__ import annotations
 class UserError(Exception):
     """A mistake in what the user asked for (bad env id, bad hyperparameter, missing device, bad checkpoint)."""
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython and Jupyter show instead of a traceback (their hook): the message, which says what to do,
+        without the frames of rlspeed's internals; the error it was raised from, where there is one, below it."""
+        lines = [f"{type(self).__name__}: {self}"]
+        cause = self.__cause__
+        if cause is not None:
+            lines.append(f"(raised from {type(cause).__name__}: {cause})")
+        return lines
+
 
 class EnvStepError(RuntimeError):
     """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is

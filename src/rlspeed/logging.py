@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from rlspeed.errors import UserError
 
 
@@ -53,6 +51,12 @@ class ProgressBar:
         self.lines = enabled and not _is_terminal(sys.stderr) and "ipykernel" not in sys.modules
         # (in line mode the bar still counts, drawn nowhere)
         self._null = open(os.devnull, "w") if self.lines else None
+        # (imported here, not with rlspeed: tqdm.auto picks its bar on import, and in a notebook without ipywidgets
+        # it falls back to the console bar with a TqdmWarning; there, the console bar without the warning)
+        if importlib.util.find_spec("ipywidgets") is None:
+            from tqdm.std import tqdm
+        else:
+            from tqdm.auto import tqdm
         self.bar = tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not enabled,
                         dynamic_ncols=True, leave=True, file=self._null)
         self.desc = desc
@@ -102,14 +106,18 @@ class RunLogger:
     Each row reaches the file as it is logged (flushed), so the file can be read during a run and a killed run
     keeps what it logged. A row with a new key adds a column: the file is then rewritten with the wider header.
     `continue_from`: a run that continues (resume, a restart, a further `learn`) keeps the rows already in
-    `metrics.csv` up to that env step, instead of starting the file afresh.
+    `metrics.csv` up to that env step (and its TensorBoard events), instead of starting the file afresh.
+    `columns`: keys that later rows will bring (evaluations), in the header from the first row on, so that a reader
+    following the file as it grows sees one header.
     """
 
-    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, continue_from: int | None = None):
+    def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, continue_from: int | None = None,
+                 columns: tuple[str, ...] = ()):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         self._fields: list[str] = []
+        self._columns = tuple(columns)
         self._appendable = False  # metrics.csv holds exactly `rows` under `_fields`: new rows can be appended to it
         if continue_from is not None:
             self._read_rows(continue_from)
@@ -119,7 +127,9 @@ class RunLogger:
         if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"))
+            # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
+            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
+                                         purge_step=None if continue_from is None else continue_from + 1)
 
     def _read_rows(self, up_to: int) -> None:
         """The rows of an existing metrics.csv at env steps <= `up_to` (numbers parsed back), in its columns."""
@@ -145,7 +155,7 @@ class RunLogger:
         The row is appended to `metrics.csv` at once; a new key becomes a new column (the file is rewritten).
         """
         self.rows.append(dict(row))
-        new_fields = [key for key in row if key not in self._fields]
+        new_fields = [key for key in (*row, *self._columns) if key not in self._fields]
         self._fields.extend(new_fields)
         with self._writing():
             if new_fields or (self._csv is None and not self._appendable):

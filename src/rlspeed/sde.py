@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import gymnasium as gym
 import torch
@@ -45,6 +46,8 @@ class SDEConfig:
     sde_sample_freq: int = -1  # resample the exploration matrices every this many steps (-1: once per rollout)
     full_std: bool = True  # log_std [latent_dim, action_dim] (False: [latent_dim, 1])
     use_expln: bool = False  # sigma from SB3's expln of log_std instead of exp (bounded growth above 0)
+    #: the options that do something only with use_sde (`rlspeed.algos.base.unused_settings` warns about the others)
+    needs_sde: ClassVar[tuple[str, ...]] = ("sde_sample_freq", "full_std", "use_expln")
 
     def validate_sde(self) -> None:
         """UserError naming the hyperparameter for a value out of range."""

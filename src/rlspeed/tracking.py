@@ -34,7 +34,10 @@ class WandbTracker:
     """One Weights & Biases run: `log` metrics rows, `log_video` files, `finish` with the summary.
 
     `project` (default: WANDB_PROJECT, else "rlspeed"), `entity` (default: WANDB_ENTITY, else the account's),
-    `name` (default: the run directory's name), `config`: the run's resolved config.
+    `name` (default: the run directory's name), `config`: the run's resolved config. With `run_dir`, the W&B run's id
+    is kept in `run_dir/wandb/run-id`, and a later tracker for the same directory (`--resume`, a restart) continues
+    that W&B run instead of starting another (W&B keeps the steps it had: rows of steps a resume trains again after
+    a crash are dropped by W&B, as its steps only increase).
     """
 
     def __init__(self, config: dict | None = None, run_dir: str | Path | None = None, project: str | None = None,
@@ -47,13 +50,21 @@ class WandbTracker:
         self._wandb = wandb
         # (read here at each run: wandb reads its environment once per process)
         directory = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
+        id_file = Path(run_dir) / "wandb" / "run-id" if run_dir is not None else None
+        run_id = None
+        if id_file is not None and id_file.is_file():
+            run_id = id_file.read_text().strip() or None
         try:
             self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "rlspeed",
                                   entity=entity or None, name=name or (Path(run_dir).name if run_dir else None),
-                                  config=config or {}, dir=directory, tags=tags)
+                                  config=config or {}, dir=directory, tags=tags, id=run_id,
+                                  resume="allow" if run_id else None)
         except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
             raise UserError(f"Weights & Biases refused the run ({str(error).strip().splitlines()[0]}): run "
                             "`wandb login`, or set WANDB_MODE=offline to log locally.") from None
+        if id_file is not None and run_id is None:
+            id_file.parent.mkdir(parents=True, exist_ok=True)
+            id_file.write_text(self.run.id + "\n")
 
     @property
     def run_path(self) -> Path:
@@ -80,6 +91,7 @@ class WandbTracker:
         if self.run is None:
             return
         if summary:
+            self.run.log({}, commit=True)  # (the last row first: flushed at finish, it would overwrite the summary)
             self.run.summary.update({key: value for key, value in _flat(summary).items() if value is not None})
         self.run.finish(exit_code=exit_code)
         self.run = None

@@ -8,10 +8,12 @@ Gymnasium's renderer of that id); other models on `gymnasium.make(env_id)`. Reco
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +36,21 @@ def _require_writer(path: Path) -> None:
         raise UserError(f"Recording videos needs {', '.join(missing)}, which is not installed: {INSTALL}.")
 
 
+@contextlib.contextmanager
+def _headless_rendering() -> Iterator[None]:
+    """Where no display exists (no window is possible), pygame's dummy video driver for the block: it draws the same
+    frames without SDL's errors. SDL_VIDEODRIVER is as it was afterwards (absent stays absent; a value the user set
+    is kept throughout)."""
+    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or "SDL_VIDEODRIVER" in os.environ:
+        yield
+        return
+    os.environ["SDL_VIDEODRIVER"] = "dummy"
+    try:
+        yield
+    finally:
+        os.environ.pop("SDL_VIDEODRIVER", None)
+
+
 def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
     """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
     with `env_kwargs`, or the options the model's own env was made with (`spec.env_kwargs`)."""
@@ -54,9 +71,6 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     atari_game = atari.preprocessed(env_id, env_kwargs)
     native = env_id in NATIVE_ENVS and backend in ("torch", "auto") and not env_kwargs
     make_id = f"rlspeed/{env_id}" if native else env_id
-    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
-        # headless (no window is possible): pygame's dummy video driver draws the same frames without SDL's errors
-        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     try:
         with warnings.catch_warnings():  # (gymnasium warns of a mode the env lacks; the check below says it once)
             warnings.simplefilter("ignore", UserWarning)
@@ -95,6 +109,7 @@ def _atari_game(env_id: str) -> _AtariGame | None:
     return _AtariGame(atari.FRAME_SKIP, atari.max_episode_steps(env_id), atari.fire_action(env_id))
 
 
+@_headless_rendering()
 def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs: dict | None = None) -> None:
     """UserError now, in one sentence, when a video of `env_id` (made with `env_kwargs`) to `path` could not be
     recorded (imageio, its ffmpeg or the env's renderer missing, or an env without frames); `rlspeed train
@@ -116,6 +131,7 @@ def _even(frame: np.ndarray) -> np.ndarray:
     return np.pad(frame, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge") if pad_h or pad_w else frame
 
 
+@_headless_rendering()
 def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
                  fps: int | None = None, max_steps: int | None = None) -> dict:
     """Record `episodes` episodes of `model`'s deterministic policy into one video file (`.mp4` or `.gif`).

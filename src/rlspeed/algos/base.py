@@ -24,7 +24,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, refuse_non_model, save_checkpoint
-from rlspeed.device import configure_threads, resolve_device, rules, set_flush_denormal
+from rlspeed.device import check_num_threads, resolve_device, rules, set_flush_denormal, set_training_threads
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import (
@@ -54,6 +54,7 @@ from rlspeed.errors import UserError
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
+from rlspeed.nn import image_channels_first
 from rlspeed.numerics import NumericsGuard
 
 # The normalisation statistics a model holds, each with the config flag that turns it on
@@ -64,7 +65,8 @@ _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 SB3_KEYWORDS = {
     "policy_kwargs": "rlspeed takes the network's options as plain keywords (net_arch=[64, 64], activation='tanh', "
                      "log_std_init=..., n_critics=..., lstm_hidden_size=...)",
-    "verbose": "learn(progress_bar=...) shows progress, and learn(run_dir=...) writes the metrics",
+    "verbose": "learn(progress_bar=False) silences training (its progress bar is all it prints), and "
+               "learn(run_dir=...) writes the metrics",
     "tensorboard_log": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv there (rlspeed train: --out DIR)",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
@@ -111,7 +113,8 @@ AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
 _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs", "envs": "num_envs",
-                "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm"}
+                "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm",
+                "n_steps": "num_steps", "n_envs": "num_envs"}  # (and Stable-Baselines3's names for rlspeed's)
 
 
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
@@ -127,9 +130,14 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
             named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())
-            close = [named] if named in fields else difflib.get_close_matches(key, list(fields), n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else f" Valid: {', '.join(sorted(fields))}."
+            close = [named] if named in fields else _close_names(key, list(fields))
             owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+            others = "" if named in fields else _other_owners(named, config_cls)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            if others:
+                hint = f" {named} is a setting of {others}; {owner} has none.{hint}"
+            elif not close:
+                hint = f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {owner}.{hint}")
         if (key in AUTO_VALUES and isinstance(value, str) and value.lower().startswith("auto")
                 and type(None) in typing.get_args(hints[key])):
@@ -148,18 +156,52 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 raise UserError(f"train_freq={tuple(value)!r}: rlspeed's train_freq counts env steps (per env); "
                                 "there is no per-episode training frequency, give a number of steps.")
             value = value[0]
+        if key == "net_arch" and isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
+            if len(value) != 1:  # SB3 1.x: [shared widths..., dict(pi=[...], vf=[...])]
+                raise UserError(f"net_arch={list(value)}: rlspeed's actor and critic share no layers; give one list "
+                                "of layer widths for both (net_arch=[64, 64]).")
+            value = value[0]  # SB3 1.x: [dict(pi=[...], vf=[...])], the dict form below
         if key == "net_arch" and isinstance(value, dict):  # SB3 2.x: dict(pi=[...], vf=[...]) (or qf= off-policy)
             parts = {tuple(widths) if isinstance(widths, (list, tuple)) else widths for widths in value.values()}
             if set(value) - {"pi", "vf", "qf"} or len(parts) != 1:
                 raise UserError(f"net_arch={value}: rlspeed's actor and critic take one list of layer widths "
                                 "(net_arch=[64, 64]); different widths per network are not supported.")
             value = next(iter(value.values()))
-        if key == "activation" and isinstance(value, str):
-            value = value.lower()  # (torch's class names: "ReLU", "Tanh")
+        if key == "activation" and isinstance(value, str):  # (torch's class names: "ReLU", "nn.Tanh")
+            value = value.lower().removeprefix("torch.").removeprefix("th.").removeprefix("nn.")
         values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
     return config
+
+
+def _close_names(key: str, names: list[str]) -> list[str]:
+    """Up to three of `names` that `key` looks like a misspelling of: close as a whole (difflib), and each of its
+    words (split at "_") close to a word of the name, or, for a key without "_", close to the name without them. A
+    shared first word alone is no likeness: normalize_obs is not a misspelling of normalize_images."""
+    def close(a: str, b: str, cutoff: float) -> bool:
+        return difflib.SequenceMatcher(None, a, b).ratio() >= cutoff
+
+    def like(word: str, part: str) -> bool:
+        return close(word, part, 0.75) or (min(len(word), len(part)) >= 3
+                                           and (word.startswith(part) or part.startswith(word)))
+
+    def words_match(name: str) -> bool:
+        words, parts = [word for word in key.lower().split("_") if word], name.split("_")
+        if len(words) == 1:
+            return close(words[0], name.replace("_", ""), 0.75)
+        return (all(any(like(word, part) for part in parts) for word in words)  # (a misspelling, or words left out)
+                or all(any(like(word, part) for word in words) for part in parts))  # (words added: activation_fn)
+
+    return [name for name in difflib.get_close_matches(key, names, n=6) if words_match(name)][:3]
+
+
+def _other_owners(key: str, config_cls: type) -> str:
+    """The other algorithms whose config has hyperparameter `key`, as "PPO, A2C and SAC" ('' for none)."""
+    owners = sorted(algo.__name__ for algo in _algorithm_classes().values() if algo.config_cls is not config_cls
+                    and key in {field.name for field in dataclasses.fields(algo.config_cls)}
+                    and key not in getattr(algo.config_cls, "refused", {}))
+    return ", ".join(owners[:-1]) + f" and {owners[-1]}" if len(owners) > 1 else "".join(owners)
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -231,6 +273,58 @@ def changed_settings(config) -> str:
     return ", ".join(changed)
 
 
+def unused_settings(config, spec: EnvSpec) -> list[str]:
+    """The hyperparameters set away from their defaults that change nothing on this env, one sentence each: the CNN
+    encoders' options without images they apply to, log_std_init without Gaussian actions, gSDE's options without
+    use_sde (the config's `needs_sde`), and a batch_size above buffer_size (every batch then repeats rows)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+
+    def given(name: str) -> bool:
+        return name in defaults and getattr(config, name) != defaults[name]
+
+    found = []
+    images = [space for space in _leaf_spaces(spec.observation_space) if image_channels_first(space) is not None]
+    if given("cnn_features_dim") and (not images or config.encoder == "mlp"):
+        why = "encoder=mlp flattens the images" if images else f"{spec.env_id} has no image observations"
+        found.append(f"cnn_features_dim={config.cnn_features_dim} has no effect: {why}, so no CNN is built.")
+    if given("normalize_images") and not any(np.dtype(space.dtype) == np.uint8 for space in images):
+        what = "bool images" if images else "no image observations"
+        found.append(f"normalize_images={config.normalize_images} has no effect: it scales uint8 images to [0, 1], "
+                     f"and {spec.env_id} has {what}.")
+    needs_sde = getattr(config, "needs_sde", ())
+    for name in needs_sde:
+        if given(name) and not config.use_sde:
+            found.append(f"{name}={getattr(config, name)} has no effect: it is an option of gSDE, which is off "
+                         "(use_sde=False).")
+    if given("log_std_init") and "log_std_init" not in needs_sde and not isinstance(spec.action_space,
+                                                                                     gym.spaces.Box):
+        found.append(f"log_std_init={config.log_std_init} has no effect: it starts the Gaussian of Box actions, and "
+                     f"{spec.env_id} has {type(spec.action_space).__name__} actions.")
+    batch_size, buffer_size = getattr(config, "batch_size", None), getattr(config, "buffer_size", None)
+    if batch_size is not None and buffer_size is not None and batch_size > buffer_size:
+        found.append(f"batch_size ({batch_size:,}) is above buffer_size ({buffer_size:,}): every batch samples the at "
+                     f"most {buffer_size:,} stored transitions with repeats; lower batch_size or raise buffer_size.")
+    return found
+
+
+def warn_unused_settings(config, spec: EnvSpec) -> None:
+    """`unused_settings` as one warning each, shown at the caller outside rlspeed (the model's construction)."""
+    frame, level = inspect.currentframe(), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "rlspeed":
+        frame, level = frame.f_back, level + 1
+    for sentence in unused_settings(config, spec):
+        warnings.warn(sentence, stacklevel=level)
+
+
+def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
+    """The spaces inside Dict and Tuple observations (each encoded by its own encoder), else the space itself."""
+    if isinstance(space, gym.spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in _leaf_spaces(sub)]
+    if isinstance(space, gym.spaces.Tuple):
+        return [leaf for sub in space.spaces for leaf in _leaf_spaces(sub)]
+    return [space]
+
+
 def _positive_whole(name: str, value):
     """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise."""
     if value is None:
@@ -238,6 +332,15 @@ def _positive_whole(name: str, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
         raise UserError(f"{name} must be a whole number >= 1, got {value!r}.")
     return int(value)
+
+
+def _seconds(name: str, value) -> float | None:
+    """`value` (None, or a number of seconds >= 0) as a float; UserError naming `name` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+        raise UserError(f"{name} is a number of seconds, at least 0, got {value!r}.")
+    return float(value)
 
 
 def progress_remaining(timesteps: int, start: int, end: int) -> float:
@@ -323,6 +426,8 @@ def _device_rng(device: torch.device):
 
 #: The confirming evaluation's seeds are this far from the evaluation's own (episode seeds never shared)
 CONFIRM_SEED = 50_000_000
+#: By default `learn` writes a metrics row every second and at least this many over a call (a short run's curve)
+ROWS_PER_LEARN = 50
 
 
 @dataclasses.dataclass
@@ -364,6 +469,7 @@ SB3_LEARN_KEYWORDS = {
     "tb_log_name": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv in DIR",
     "eval_env": "learn(target_return=..., eval_freq=..., eval_episodes=...) evaluates on a separate env, or use "
                 "rlspeed.callbacks.EvalCallback(eval_env)",
+    "verbose": SB3_KEYWORDS["verbose"],
 }
 
 
@@ -431,8 +537,10 @@ class Algorithm:
         Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
         spaces.
 
-        `num_threads`: torch's intra-op threads, which `torch.set_num_threads` sets for the whole process (None:
-        RLSPEED_NUM_THREADS, else 1; see `rlspeed.device.configure_threads`).
+        `num_threads`: torch's intra-op threads while this model trains (`learn`, its evaluations included; the
+        caller's count holds again when learn returns or raises). None: the count `rlspeed.device.configure_threads`
+        set for the process (the command line's `--threads`), else RLSPEED_NUM_THREADS, else 1. Building or loading a
+        model and `predict` leave torch's setting as it is.
 
         `nan_policy`: what a NaN or infinite observation or reward from the training env does: "raise"
         (`rlspeed.numerics.NonFiniteEnvError`, naming the env index and step) or "mask" (replaced by 0, counted).
@@ -455,7 +563,8 @@ class Algorithm:
             raise UserError(f"{name} takes one positional argument, the env; give the others by name (got "
                             f"{len(policy_and_env)} more: {', '.join(repr(a)[:40] for a in policy_and_env)}).")
         seed = None if seed is None else check_seed(seed)
-        configure_threads(num_threads)
+        #: torch's threads while `learn` runs (None: `rlspeed.device.set_training_threads`' default)
+        self.num_threads = check_num_threads(num_threads)
         from rlspeed.callbacks import MetricsRecorder
 
         #: callbacks' own scalars (`BaseCallback.logger.record`), written with the next metrics row
@@ -468,6 +577,7 @@ class Algorithm:
         self.restarts = 0  # resumes of this run so far (`resume` counts them, checkpoints carry them)
         self._resume: dict | None = None  # what `resume` read for the next learn() (RNG, env, loop position)
         self._loop: dict = {}  # the learn loop's position, as checkpoints save it
+        self._run_dir: Path | None = None  # the run directory it trained in or was loaded from (`_continues`)
         from_spec = isinstance(env, EnvSpec)
         if env_kwargs is not None and not isinstance(env, str):
             raise UserError(f"{name} takes env_kwargs with an env id; this env is already built, so give its options "
@@ -680,6 +790,14 @@ class Algorithm:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
 
+    def __repr__(self) -> str:
+        # (what a notebook shows for `model.learn(...)`, which returns the model; getattr: a debugger may show a
+        # model whose constructor raised)
+        num_envs = getattr(getattr(self, "config", None), "num_envs", None)
+        envs = "" if num_envs is None else f", num_envs={num_envs}"
+        return (f"{type(self).__name__}({getattr(self, 'env_id', None)!r}{envs}, "
+                f"device={str(getattr(self, 'device', None))!r}, num_timesteps={getattr(self, 'num_timesteps', 0)})")
+
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation."""
         if self._env is None:
@@ -769,7 +887,8 @@ class Algorithm:
 
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
-              run_dir: str | Path | None = None, log_interval_s: float = 1.0, checkpoint_freq: int | None = None,
+              run_dir: str | Path | None = None, log_interval_s: float | None = None,
+              checkpoint_freq: int | None = None,
               confirm_target: bool = True, checkpoint_interval_s: float | None = None, **stable_baselines3):
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
@@ -779,8 +898,14 @@ class Algorithm:
         rank 0). With a target, the policy is evaluated (deterministic, `eval_episodes` episodes, separate env) every
         `eval_freq` steps, with evaluation time excluded from the training clock. An evaluation that reaches the target
         is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
-        that one reaches it too, so the model it stops with meets the target on new episodes. Results land in
-        `self.result`.
+        that one reaches it too, so the model it stops with meets the target on new episodes. Without a target, an
+        `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
+        also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far.
+
+        Metrics (steps/s, episode returns, losses) are read once per `log_interval_s` seconds; by default every
+        second and at least 50 times over the call. With `run_dir` each reading is a row of `run_dir/metrics.csv`
+        (also the last iterations before a stop a callback or signal asked for); a `run_dir` holding another run's
+        metrics.csv is refused (a model continues only the run it trained in or was loaded from).
 
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
@@ -806,6 +931,10 @@ class Algorithm:
         eval_freq, checkpoint_freq = _positive_whole("eval_freq", eval_freq), _positive_whole("checkpoint_freq",
                                                                                                checkpoint_freq)
         eval_episodes = _positive_whole("eval_episodes", eval_episodes)
+        log_interval_s = _seconds("log_interval_s", log_interval_s)
+        checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
+        if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
+            raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
         if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
                                           or not math.isfinite(target_return)):
             raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
@@ -824,13 +953,18 @@ class Algorithm:
 
         callbacks = as_callback(callback)
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
-        if run_dir is not None and main and not self.num_timesteps and (Path(run_dir) / "metrics.csv").exists():
-            raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model (untrained) would "
+        if run_dir is not None and main and (Path(run_dir) / "metrics.csv").exists() and not self._continues(run_dir):
+            which = "untrained" if not self.num_timesteps else "trained in another run"
+            raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model ({which}) would "
                             "replace: give another run_dir, or delete the file first.")
+        if run_dir is not None:
+            self._run_dir = Path(run_dir).resolve()
         env = self.make_training_env()
         # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
-        logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None)
-                  if run_dir is not None and main else None)
+        columns = (("eval_mean",) if target_return is not None or eval_freq is not None else ()) + (
+            ("eval_confirm_mean",) if target_return is not None and confirm_target else ())
+        logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None,
+                            columns=columns) if run_dir is not None and main else None)
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         resume = self._resume
         self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
@@ -842,6 +976,9 @@ class Algorithm:
         if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
             self._learn_start, self._schedule_end = resumed_schedule[0], max(resumed_schedule[1], self._total_timesteps)
         saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
+        # evaluations every eval_freq steps: for a target, or because eval_freq was asked for (a resumed run keeps
+        # its own choice)
+        evaluating = target_return is not None or eval_freq is not None or bool(saved_loop.get("evaluating"))
         if eval_freq is None:
             eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
@@ -866,57 +1003,67 @@ class Algorithm:
                 next_checkpoint = int(saved_loop["next_checkpoint"])
         self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
                       "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
-                      "train_wall_s": clock_offset}
+                      "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None}
         guarded = self._guarded_tensors() if self._numerics.enabled else {}
         if self._numerics.enabled:
             self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
         last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
         last_check_time = last_log_time
+        # a metrics row every `log_interval_s` seconds; by default every second and at least ROWS_PER_LEARN rows
+        # over the call (a short run's curve)
+        row_iterations = (max(1, -(-int(total_timesteps) // self.steps_per_iteration) // ROWS_PER_LEARN)
+                          if log_interval_s is None else math.inf)
+        log_interval_s = 1.0 if log_interval_s is None else log_interval_s
         last_checkpoint_time, checkpoint_cost = last_log_time, 0.0  # (`checkpoint_interval_s`)
         timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
         train_clock = 0.0
         clock_start = time.perf_counter()
         stop = False
+        # after a stop that no row followed (a callback's, a signal's): one more pass through the logging, without
+        # training, so that the steps since the last row are in metrics.csv
+        closing = False
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
         flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
+        threads_before = set_training_threads(self.num_threads)  # (the model's, evaluations included)
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
             if resume is not None:
                 self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
             if callbacks is not None and main:
                 callbacks.init_callback(self)
                 callbacks.on_training_start(locals())
-            while self.num_timesteps < self._total_timesteps and not stop:
+            while closing or (self.num_timesteps < self._total_timesteps and not stop):
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
-                if callbacks is not None and main:
-                    paused = time.perf_counter()
-                    callbacks.on_rollout_start()
-                    paused = time.perf_counter() - paused  # (as after the iteration: not training time)
-                    clock_start += paused
-                    last_log_time += paused
-                steps, metrics = self._train_iteration()
-                for rms in getattr(self, "_synced_stats", ()):
-                    rms.flush()
-                if steps not in global_steps:
-                    summed = self.strategy.all_reduce_sum(torch.tensor([steps], device=self.device))
-                    global_steps[steps] = int(summed.item())  # ok-sync: once per learn() call
-                self.num_timesteps += global_steps[steps]
-                iterations += 1
-                for key, value in metrics.items():
-                    pending.setdefault(key, []).append(value)
+                if not closing:
+                    if callbacks is not None and main:
+                        paused = time.perf_counter()
+                        callbacks.on_rollout_start()
+                        paused = time.perf_counter() - paused  # (as after the iteration: not training time)
+                        clock_start += paused
+                        last_log_time += paused
+                    steps, metrics = self._train_iteration()
+                    for rms in getattr(self, "_synced_stats", ()):
+                        rms.flush()
+                    if steps not in global_steps:
+                        summed = self.strategy.all_reduce_sum(torch.tensor([steps], device=self.device))
+                        global_steps[steps] = int(summed.item())  # ok-sync: once per learn() call
+                    self.num_timesteps += global_steps[steps]
+                    iterations += 1
+                    for key, value in metrics.items():
+                        pending.setdefault(key, []).append(value)
                 now = time.perf_counter()
                 finished = self.num_timesteps >= self._total_timesteps
-                eval_due = target_return is not None and (self.num_timesteps >= next_eval or finished)
-                checkpoint_due = ((next_checkpoint is not None and self.num_timesteps >= next_checkpoint
-                                   and run_dir is not None)
-                                  or (timed_checkpoints and now - last_checkpoint_time
-                                      >= max(checkpoint_interval_s, 20 * checkpoint_cost)))
+                eval_due = evaluating and not closing and (self.num_timesteps >= next_eval or finished)
+                checkpoint_due = not closing and (
+                    (next_checkpoint is not None and self.num_timesteps >= next_checkpoint and run_dir is not None)
+                    or (timed_checkpoints and now - last_checkpoint_time
+                        >= max(checkpoint_interval_s, 20 * checkpoint_cost)))
                 # Under torch.distributed every rank must take part in the same collectives: log every iteration.
-                if (now - last_log_time >= log_interval_s or eval_due or finished or checkpoint_due
-                        or self.strategy.enabled):
-                    # the numerics guard reads with the metrics: per log interval, and before an evaluation or a
-                    # checkpoint sees the parameters
+                if (now - last_log_time >= log_interval_s or iterations >= row_iterations
+                        or eval_due or finished or checkpoint_due or closing or self.strategy.enabled):
+                    # the numerics guard reads with the metrics: per log interval, and before an evaluation, a
+                    # checkpoint or the caller (after a stop) sees the parameters
                     check = self._numerics.enabled and (now - last_check_time >= log_interval_s or eval_due
-                                                        or finished or checkpoint_due)
+                                                        or finished or checkpoint_due or closing)
                     with phase("metrics"):
                         sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
                                 for key, values in pending.items()}
@@ -947,7 +1094,7 @@ class Algorithm:
                             if "success_rate" in evaluation:
                                 row["eval_success_rate"] = evaluation["success_rate"]
                             result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
-                            reached = evaluation["mean"] >= target_return
+                            reached = target_return is not None and evaluation["mean"] >= target_return
                             if reached and confirm_target:
                                 # The target holds only if fresh episodes (other seeds) also reach it: one lucky
                                 # evaluation does not end training with a model below the threshold.
@@ -970,6 +1117,8 @@ class Algorithm:
                     pending, iterations = {}, 0
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
                     clock_start = time.perf_counter()
+                if closing:
+                    break
                 # and at the run's end (its budget, or its target reached): --resume with a larger budget goes on
                 # from there, not from the last periodic checkpoint
                 # (timed checkpoints: where one was written, the end gets one too, so that it is never older than
@@ -998,9 +1147,11 @@ class Algorithm:
                     paused = time.perf_counter() - paused  # (callbacks' evaluations are not training time)
                     clock_start += paused
                     last_log_time += paused
-            train_clock += time.perf_counter() - clock_start if iterations else 0.0
+                    closing = stop and iterations > 0  # (iterations since the last row)
         finally:
+            train_clock += time.perf_counter() - clock_start if iterations else 0.0
             set_flush_denormal(flushed_before)
+            torch.set_num_threads(threads_before)
             bar.close()
             if logger is not None:
                 # (recorded by the last iteration's callbacks, after its row)
@@ -1008,14 +1159,21 @@ class Algorithm:
                 if pending:
                     logger.amend_last(pending)
                 logger.close()
-        self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint, train_wall_s=clock_offset + train_clock)
+            # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got)
+            self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                              train_wall_s=clock_offset + train_clock)
+            result.total_timesteps = self.num_timesteps - start_steps
+            result.train_wall_s = train_clock
+            result.sps = result.total_timesteps / max(train_clock, 1e-9)
         self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
-        result.total_timesteps = self.num_timesteps - start_steps
-        result.train_wall_s = train_clock
-        result.sps = result.total_timesteps / max(train_clock, 1e-9)
         if callbacks is not None and main:
             callbacks.on_training_end()  # (self.result is complete)
         return self
+
+    def _continues(self, run_dir: str | Path) -> bool:
+        """Whether `run_dir` is this model's own run: the one it last trained in, or the one it was loaded or resumed
+        from (a model that has trained continues its run's metrics.csv there)."""
+        return bool(self.num_timesteps) and self._run_dir == Path(run_dir).resolve()
 
     def _eval_seed(self) -> int:
         return (self.seed if self.seed is not None else 0) + 100_000 + self.num_timesteps
@@ -1300,6 +1458,7 @@ class Algorithm:
         model.seed = meta.get("seed")
         model.num_timesteps = meta.get("num_timesteps", 0)
         model._restore(tensors, meta, path)
+        model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
         return model
 
@@ -1328,6 +1487,7 @@ class Algorithm:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
         self._restore(tensors, meta, path)
+        self._run_dir = Path(path).resolve().parent
         self.num_timesteps = int(meta.get("num_timesteps", 0))
         schedule = meta.get("schedule")
         # the next learn() continues the schedules where the checkpoint's run left them (see `learn`)

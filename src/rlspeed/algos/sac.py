@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from rlspeed.algos.base import require
+from rlspeed.algos.base import require, warn_unused_settings
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -49,6 +50,7 @@ class SACConfig(OffPolicyConfig, SDEConfig):
     fused_update: bool = True
     use_sde_at_warmup: bool = False  # with use_sde: gSDE's actions instead of uniform ones before learning_starts
     log_std_init: float = -3.0  # gSDE's initial log sigma (SB3's SAC default; used only with use_sde)
+    needs_sde: ClassVar[tuple[str, ...]] = (*SDEConfig.needs_sde, "use_sde_at_warmup", "log_std_init")
 
     def validate(self) -> None:
         """The `OffPolicyConfig` checks, plus SAC's own: entropy coefficient, its initial value, number of critics,
@@ -79,6 +81,7 @@ class SAC(OffPolicyAlgorithm):
     supports_discrete = False
 
     def _setup(self) -> None:
+        warn_unused_settings(self.config, self.spec)
         if loss_owner(self, "_loss") is not None:  # (a subclass written for rlspeed before the two steps)
             raise UserError(f"{type(self).__name__} defines _loss, which SAC no longer calls: its update is two "
                             "steps, _critic_loss and then _actor_loss (through the updated critics); override those.")

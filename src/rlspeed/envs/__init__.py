@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 
 import gymnasium as gym
@@ -222,8 +223,9 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     `g=9.81` for Pendulum-v1) and makes `auto` pick Gymnasium, since native envs take no env options. Asking for
     both kinds at once, or for a kind the chosen backend does not take, is a UserError.
     """
-    if num_envs < 1:
-        raise UserError(f"num_envs must be at least 1, got {num_envs}.")
+    if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
+        raise UserError(f"num_envs is a whole number of envs, at least 1, got {num_envs!r}.")
+    num_envs = int(num_envs)
     device = resolve_device(device)
     atari_game = False
     if isinstance(env_id, gym.vector.VectorEnv) or is_sb3_vec_env(env_id):

@@ -20,6 +20,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
 from rlspeed.errors import UserError
@@ -576,6 +577,9 @@ class PopulationBase:
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
     #: iteration is a few env steps, a host read per iteration would cost more than it saves)
     check_divergence_every_iteration = False
+    #: torch's threads while `learn` runs (the members' `num_threads`; None: `rlspeed.device.set_training_threads`'
+    #: default)
+    num_threads: int | None = None
 
     # --- what a population class provides ----------------------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:
@@ -688,6 +692,7 @@ class PopulationBase:
         #: the solo models registered ale-py's ids where it is one, so from here `is_atari` can tell)
         self._atari = atari.is_atari(env_id)
         self.config = solos[0].config
+        self.num_threads = solos[0].num_threads
         #: each member's values of the per-member hyperparameters (original indices)
         self.member_hyperparameters = [{key: getattr(s.config, key) for key in self.per_member} for s in solos]
         return solos
@@ -1148,10 +1153,12 @@ class PopulationBase:
                 _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
         bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
                           desc=f"{self.algo_name} {self.env_id} x{self.size}")
+        threads_before = set_training_threads(self.num_threads)  # (as a solo model's learn)
         try:
             self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                              on_eval, run_dir, stop_requested, bar)
         finally:
+            torch.set_num_threads(threads_before)
             bar.close()
         self.progress = None
         self.summary = self._summary(loop, target_return, eval_episodes, stop)
@@ -1232,7 +1239,10 @@ class PopulationBase:
         entry and the aggregates."""
         scored = [k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})]
         final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
-        final_means = (self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()
+        # (float32 means, written as their shortest decimals: 403.3, as `rlspeed eval` prints the member's, not
+        # 403.29998779296875)
+        final_means = ([float(str(np.float32(mean))) for mean in
+                        self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()]
                        if scored else [])
         final = dict(zip(scored, final_means))
         rates = dict(zip(scored, self.last_success_rates)) if scored and self.last_success_rates else {}

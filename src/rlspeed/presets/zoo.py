@@ -433,7 +433,8 @@ class _Translator:
             self.set("train_freq", value, "train_freq")
 
     def policy_kwargs(self, value) -> None:
-        """SB3 policy arguments: net_arch, activation_fn, log_std_init, ortho_init, lstm_hidden_size, ..."""
+        """SB3 policy arguments: net_arch, activation_fn, log_std_init, ortho_init, lstm_hidden_size, normalize_images,
+        features_extractor_kwargs (its features_dim: cnn_features_dim), ..."""
         try:
             kwargs = parse_python_literal(value, "policy_kwargs") if isinstance(value, str) else value
         except UserError as error:
@@ -484,8 +485,29 @@ class _Translator:
             elif name in ("optimizer_class", "optimizer_kwargs"):
                 instead = " (torch RMSprop or Adam: use_rms_prop, rms_prop_eps)" if self.algo == "a2c" else ""
                 self.refuse(key, f"{item!r}: rlspeed's {self.algo} builds its own optimizer{instead}")
+            elif name == "normalize_images":  # (the config check refuses it where absent)
+                self.set("normalize_images", item, key)
+            elif name == "features_extractor_kwargs":
+                self.features_extractor_kwargs(key, item)
+            elif name == "features_extractor_class":
+                self.refuse(key, f"{item}: rlspeed picks its encoder from the observation space (encoder auto, mlp "
+                                 "or cnn), not from a class")
             else:
                 self.refuse(key, f"{item!r}: rlspeed's {self.algo} has no such option")
+
+    def features_extractor_kwargs(self, key: str, value) -> None:
+        """SB3's features extractor options: `features_dim` (NatureCNN's) and `cnn_output_dim` (CombinedExtractor's,
+        MultiInputPolicy) are the width of rlspeed's CNN encoders, `cnn_features_dim`; rlspeed's encoders take no
+        other option."""
+        if not isinstance(value, dict):
+            self.refuse(key, f"{value!r}: expected dict(...)")
+            return
+        for name, item in value.items():
+            if name in ("features_dim", "cnn_output_dim"):
+                self.set("cnn_features_dim", item, f"{key}.{name}")
+            else:
+                self.refuse(f"{key}.{name}", f"{item!r}: rlspeed's encoders take only the CNN's output width "
+                                             "(features_dim, as cnn_features_dim)")
 
     def net_arch(self, key: str, value) -> None:
         """A width list, or dict(pi=[...], vf=[...]) / dict(pi=..., qf=...): rlspeed has one list for both."""

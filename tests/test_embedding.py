@@ -1,0 +1,185 @@
+"""rlspeed inside a larger program or a notebook: it leaves the process's torch thread count as the caller set it
+(outside `learn`), refuses arguments of the wrong type in one sentence, and reads well in IPython (errors without
+rlspeed's internal frames, a model's repr)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from rlspeed import PPO, UserError, make_env
+from rlspeed.population import Population
+
+SMALL = {"num_envs": 4, "num_steps": 16, "batch_size": 32, "n_epochs": 1}
+
+needs_two_cores = pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="needs 2 cores to tell thread counts apart")
+
+
+@pytest.fixture
+def caller_threads():
+    """The caller's torch thread count is 2 during the test (the suite's 1 again afterwards)."""
+    torch.set_num_threads(2)
+    yield 2
+    torch.set_num_threads(1)
+
+
+def _model(**options) -> PPO:
+    return PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", **SMALL, **options)
+
+
+@needs_two_cores
+def test_learn_trains_with_the_models_threads_and_gives_the_callers_back(caller_threads):
+    """A model's num_threads holds while learn runs, its callbacks and evaluations included; the caller's count holds
+    again when learn returns, and when it raises."""
+    model = _model(num_threads=1)
+    seen = []
+    evaluate = model.evaluate
+
+    def evaluate_and_record(*args, **kwargs):
+        seen.append(("evaluate", torch.get_num_threads()))
+        return evaluate(*args, **kwargs)
+
+    model.evaluate = evaluate_and_record
+    model.learn(128, progress_bar=False, target_return=1e9, eval_freq=64, eval_episodes=1,
+                callback=lambda local: seen.append(("callback", torch.get_num_threads())))
+    assert {kind for kind, _ in seen} == {"evaluate", "callback"}
+    assert {threads for _, threads in seen} == {1}
+    assert torch.get_num_threads() == caller_threads
+
+    def fail(local):
+        raise RuntimeError("the caller's own error")
+
+    with pytest.raises(RuntimeError, match="the caller's own error"):
+        model.learn(64, progress_bar=False, callback=fail)
+    assert torch.get_num_threads() == caller_threads
+
+
+@needs_two_cores
+def test_building_loading_and_predicting_leave_the_callers_threads(caller_threads, tmp_path):
+    """Making a model (also one whose constructor refuses an argument), loading one and predicting with it leave
+    torch's thread count as the caller set it."""
+    with pytest.raises(UserError):
+        PPO("CartPole-v1", num_threads=1, learning_rat=3e-4)
+    assert torch.get_num_threads() == caller_threads
+    model = _model(num_threads=1)
+    assert torch.get_num_threads() == caller_threads
+    path = model.save(tmp_path / "model")
+    loaded = PPO.load(path, device="cpu")
+    loaded.predict(torch.zeros(4).numpy())
+    assert torch.get_num_threads() == caller_threads
+
+
+@needs_two_cores
+def test_a_population_trains_with_its_members_threads(caller_threads):
+    """A population's learn runs with its members' num_threads and gives the caller's count back."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_threads=1, **SMALL)
+    assert torch.get_num_threads() == caller_threads
+    seen = []
+    train_iteration = population.train_iteration
+
+    def train_and_record():
+        seen.append(torch.get_num_threads())
+        return train_iteration()
+
+    population.train_iteration = train_and_record
+    population.learn(64, progress_bar=False)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == caller_threads
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: PPO("CartPole-v1", device=5), "device"),
+    (lambda: PPO("CartPole-v1", num_threads="two"), "num_threads"),
+    (lambda: PPO("CartPole-v1", num_threads=1.5), "num_threads"),
+    (lambda: PPO("CartPole-v1", num_threads=0), "num_threads"),
+    (lambda: PPO("CartPole-v1", num_threads=-3), "num_threads"),
+    (lambda: _model().learn(64, log_interval_s="x"), "log_interval_s"),
+    (lambda: _model().learn(64, log_interval_s=-1), "log_interval_s"),
+    (lambda: _model().learn(64, checkpoint_interval_s="x"), "checkpoint_interval_s"),
+    (lambda: _model().learn(64, run_dir=123), "run_dir"),
+    (lambda: PPO.load(None), "path"),
+    (lambda: make_env("CartPole-v1", num_envs="2"), "num_envs"),
+], ids=["device", "threads-str", "threads-float", "threads-zero", "threads-negative", "log-interval-str",
+        "log-interval-negative", "checkpoint-interval-str", "run-dir-int", "load-none", "make-env-num-envs-str"])
+def test_an_argument_of_the_wrong_type_is_refused_in_one_sentence(call, name):
+    """An argument of the wrong type or out of range is a UserError: one line naming the argument, not an
+    AttributeError, TypeError or a value silently replaced."""
+    with pytest.raises(UserError) as raised:
+        call()
+    message = str(raised.value)
+    assert name in message and "\n" not in message
+
+
+def test_learn_says_how_to_silence_it_when_given_sb3s_verbose():
+    """learn(verbose=0) says how to turn training's output off (progress_bar=False), as the constructor does."""
+    for call in (lambda: _model().learn(64, verbose=0), lambda: PPO("CartPole-v1", verbose=0)):
+        with pytest.raises(UserError, match=r"progress_bar=False"):
+            call()
+
+
+def test_a_missing_device_names_the_python_keyword():
+    """From Python, the advice for a device that is not there names the keyword (device='auto'), not only the
+    command line's flag."""
+    from rlspeed import device as devices
+
+    if devices.is_available("cuda"):
+        pytest.skip("a CUDA device is there")
+    with pytest.raises(UserError, match=r"device='auto'"):
+        PPO("CartPole-v1", device="cuda")
+
+
+def test_ipython_shows_a_user_error_as_its_message():
+    """In IPython and Jupyter a UserError shows as its one-line message (IPython's `_render_traceback_` hook), not
+    as a traceback through rlspeed's internals; the error it was raised from, where there is one, follows it."""
+    with pytest.raises(UserError) as raised:
+        PPO("CartPole-v1", learning_rat=3e-4)
+    assert raised.value._render_traceback_() == [f"UserError: {raised.value}"]
+    try:
+        try:
+            int("x")
+        except ValueError as error:
+            raise UserError("Give a number.") from error
+    except UserError as chained:
+        lines = chained._render_traceback_()
+    assert lines[0] == "UserError: Give a number." and "ValueError" in lines[1] and len(lines) == 2
+
+
+def test_a_model_shows_its_env_envs_device_and_steps():
+    """A model's repr (what a notebook shows for `model.learn(...)`, which returns the model) names its algorithm,
+    env, number of envs, device and env steps trained."""
+    model = _model()
+    assert repr(model) == "PPO('CartPole-v1', num_envs=4, device='cpu', num_timesteps=0)"
+    model.learn(64, progress_bar=False)
+    assert repr(model) == "PPO('CartPole-v1', num_envs=4, device='cpu', num_timesteps=64)"
+
+
+def test_a_notebook_without_ipywidgets_gets_no_tqdm_warning():
+    """In a Jupyter kernel without ipywidgets, `import rlspeed` and a progress bar warn nothing (tqdm.auto's
+    "IProgress not found" TqdmWarning): the bar is tqdm's console bar there."""
+    script = textwrap.dedent("""
+        import sys, types, warnings
+
+        # a Jupyter kernel as tqdm recognises one, without ipywidgets
+        sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")
+        ipython = types.ModuleType("IPython")
+        ipython.get_ipython = lambda: type("ZMQInteractiveShell", (), {})()
+        sys.modules["IPython"] = ipython
+        sys.modules["ipywidgets"] = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import rlspeed  # noqa: F401
+            from rlspeed.logging import ProgressBar
+
+            bar = ProgressBar(10, enabled=True)
+            bar.update(10)
+            bar.close()
+        print([str(w.message) for w in caught if w.category.__name__ == "TqdmWarning"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -1,0 +1,117 @@
+"""Hyperparameters as users bring them: Stable-Baselines3's spellings, misspellings and other algorithms' options
+(one sentence each), and settings that change nothing on the env they are given for (one warning each)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rlspeed
+from rlspeed.algos.base import unused_settings
+from rlspeed.envs.base import EnvSpec
+from rlspeed.errors import UserError
+
+
+def test_sb3_1x_net_arch_and_torch_activation_names_are_taken():
+    """SB3 1.x's `net_arch=[dict(pi=..., vf=...)]` is taken where SB3 2.x's dict form is (equal widths), and an
+    activation may be written as torch's class path (`nn.ReLU`, `torch.nn.Tanh`), as in `--set activation=nn.ReLU`."""
+    ppo = rlspeed.PPO("CartPole-v1", device="cpu", net_arch=[dict(pi=[32], vf=[32])], activation="nn.ReLU")
+    assert (ppo.config.net_arch, ppo.config.activation) == ((32,), "relu")
+    sac = rlspeed.SAC("Pendulum-v1", device="cpu", net_arch=[{"pi": [64, 64], "qf": [64, 64]}],
+                      activation="torch.nn.Tanh")
+    assert (sac.config.net_arch, sac.config.activation) == ((64, 64), "tanh")
+    for net_arch, message in [([dict(pi=[32], vf=[64])], "one list of layer widths"),
+                              ([64, dict(pi=[32], vf=[32])], "share no layers")]:
+        with pytest.raises(UserError, match=message):
+            rlspeed.PPO("CartPole-v1", device="cpu", net_arch=net_arch)
+
+
+def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_that_have_it():
+    """A name that shares only its first word or letters with a hyperparameter is no misspelling of it; one that
+    other algorithms have says which, and misspellings still get their "Did you mean"."""
+    cases = [(rlspeed.DQN, {"ent_coef": 0.1}, r"ent_coef is a setting of A2C, PPO, RecurrentPPO and SAC; DQN has "),
+             (rlspeed.DQN, {"normalize_obs": True}, r"normalize_obs is a setting of A2C, PPO and RecurrentPPO; DQN "),
+             (rlspeed.PPO, {"buffer_size": 100}, r"buffer_size is a setting of DDPG, DQN, SAC and TD3; PPO has none"),
+             (rlspeed.PPO, {"n_steps": 64}, r"Did you mean num_steps\?"),
+             (rlspeed.PPO, {"lerning_rate": 1e-3}, r"Did you mean learning_rate\?"),
+             (rlspeed.PPO, {"activation_fn": "relu"}, r"Did you mean activation\?"),
+             (rlspeed.DQN, {"exploration_eps": 0.1}, r"Did you mean exploration_final_eps, exploration_initial_eps\?")]
+    for algo, options, message in cases:
+        with pytest.raises(UserError, match=message) as raised:
+            algo("CartPole-v1", device="cpu", **options)
+        if "setting of" in message:
+            assert "Did you mean" not in str(raised.value), str(raised.value)
+
+
+def _spec(observation_space: gym.Space, action_space: gym.Space) -> EnvSpec:
+    return EnvSpec.from_spaces("TestEnv-v0", observation_space, action_space, None, None)
+
+
+VECTOR = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+BOX_ACTIONS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+UINT8_IMAGE = gym.spaces.Box(0, 255, (3, 40, 40), np.uint8)
+BOOL_IMAGE = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
+
+
+@pytest.mark.parametrize(("algo", "options", "observations", "actions", "message"), [
+    (rlspeed.PPO, {"cnn_features_dim": 64}, VECTOR, gym.spaces.Discrete(2), "no image observations, so no CNN"),
+    (rlspeed.DQN, {"cnn_features_dim": 64, "encoder": "mlp"}, UINT8_IMAGE, gym.spaces.Discrete(2),
+     "encoder=mlp flattens the images"),
+    (rlspeed.SAC, {"normalize_images": False}, VECTOR, BOX_ACTIONS, "normalize_images=False has no effect"),
+    (rlspeed.PPO, {"normalize_images": False}, BOOL_IMAGE, gym.spaces.Discrete(2), "has bool images"),
+    (rlspeed.PPO, {"log_std_init": -1.0}, VECTOR, gym.spaces.Discrete(3), "has Discrete actions"),
+    (rlspeed.A2C, {"log_std_init": -1.0}, VECTOR, gym.spaces.MultiDiscrete([2, 3]), "has MultiDiscrete actions"),
+    (rlspeed.PPO, {"log_std_init": -1.0}, VECTOR, gym.spaces.MultiBinary(3), "has MultiBinary actions"),
+    (rlspeed.PPO, {"sde_sample_freq": 4}, VECTOR, BOX_ACTIONS, "sde_sample_freq=4 has no effect: .*use_sde=False"),
+    (rlspeed.A2C, {"full_std": False}, VECTOR, BOX_ACTIONS, "full_std=False has no effect"),
+    (rlspeed.SAC, {"use_expln": True}, VECTOR, BOX_ACTIONS, "use_expln=True has no effect"),
+    (rlspeed.SAC, {"log_std_init": -2.0}, VECTOR, BOX_ACTIONS, "log_std_init=-2.0 has no effect: .*gSDE"),
+    (rlspeed.DQN, {"batch_size": 64, "buffer_size": 16}, VECTOR, gym.spaces.Discrete(2),
+     r"batch_size \(64\) is above buffer_size \(16\)"),
+])
+def test_a_setting_that_changes_nothing_on_the_env_is_named(algo, options, observations, actions, message):
+    """A hyperparameter set away from its default that does nothing for this env's spaces (image options without
+    the images they apply to, log_std_init without Gaussian actions, gSDE's options without use_sde, a batch larger
+    than the replay buffer) gets one sentence."""
+    config = algo.config_cls(**options)
+    found = unused_settings(config, _spec(observations, actions))
+    assert len(found) == 1 and re.search(message, found[0]), found
+
+
+@pytest.mark.parametrize(("algo", "options", "observations", "actions"), [
+    (rlspeed.PPO, {}, VECTOR, gym.spaces.Discrete(2)),
+    (rlspeed.PPO, {"encoder": "mlp"}, VECTOR, gym.spaces.Discrete(2)),  # (what auto picks there anyway)
+    (rlspeed.PPO, {"cnn_features_dim": 64, "normalize_images": False}, UINT8_IMAGE, gym.spaces.Discrete(2)),
+    (rlspeed.DQN, {"cnn_features_dim": 64}, gym.spaces.Dict({"image": BOOL_IMAGE, "vector": VECTOR}),
+     gym.spaces.Discrete(2)),
+    (rlspeed.PPO, {"normalize_images": False, "encoder": "mlp"}, UINT8_IMAGE, gym.spaces.Discrete(2)),
+    (rlspeed.PPO, {"log_std_init": -1.0}, VECTOR, BOX_ACTIONS),
+    (rlspeed.PPO, {"use_sde": True, "sde_sample_freq": 4, "full_std": False, "use_expln": True, "log_std_init": -2.0},
+     VECTOR, BOX_ACTIONS),
+    (rlspeed.SAC, {"use_sde": True, "use_sde_at_warmup": True, "log_std_init": -2.0}, VECTOR, BOX_ACTIONS),
+    (rlspeed.DQN, {"batch_size": 16, "buffer_size": 16}, VECTOR, gym.spaces.Discrete(2)),
+])
+def test_a_setting_that_acts_on_the_env_is_not_named(algo, options, observations, actions):
+    """Settings at their defaults, and settings the env's spaces use, get no sentence."""
+    assert unused_settings(algo.config_cls(**options), _spec(observations, actions)) == []
+
+
+def test_a_model_warns_once_per_setting_without_effect():
+    """Making a model with settings that change nothing warns once for each (a model of several networks too), and
+    a model whose settings all act warns nothing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rlspeed.SAC("Pendulum-v1", device="cpu", cnn_features_dim=64, full_std=False)
+        rlspeed.PPO("CartPole-v1", device="cpu", log_std_init=-0.5)
+    named = [warning for warning in caught if "has no effect" in str(warning.message)]
+    assert sorted(str(warning.message).split(" ")[0] for warning in named) == [
+        "cnn_features_dim=64", "full_std=False", "log_std_init=-0.5"], [str(warning.message) for warning in caught]
+    assert all(warning.filename == __file__ for warning in named)  # (shown where the model is made)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rlspeed.PPO("MinAtar/Breakout-v1", device="cpu", cnn_features_dim=64)
+        rlspeed.PPO("Pendulum-v1", device="cpu", use_sde=True, sde_sample_freq=4, log_std_init=-1.0)
