@@ -572,6 +572,26 @@ def test_an_eval_freq_without_a_target_evaluates_the_members():
     assert all(member["final_eval"]["seed"] == member["seed"] + 200_000 + 256 for member in summary["members"])
 
 
+def test_each_members_confirming_evaluations_are_in_its_entry():
+    """An evaluation that reaches the target is confirmed on fresh episodes; the member's entry lists each
+    confirmation ([steps, mean]), so a curve that touched the target without a steps_to_target is explained, and a
+    steps_to_target is the first confirmation at or above the target."""
+    from rlspeed import PPO
+    from rlspeed.population import Population
+
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1, 2], num_envs=4, num_steps=16, batch_size=64,
+                            n_epochs=2, learning_rate=1e-3)
+    target = 80.0  # (within reach of a few evaluations of these short runs, not of every confirmation)
+    summary = population.learn(2048, target_return=target, eval_freq=128, eval_episodes=2, stop="all",
+                               progress_bar=False)
+    for member in summary["members"]:
+        confirmed = [steps for steps, mean in member["confirmations"] if mean >= target]
+        assert member["steps_to_target"] == (confirmed[0] if confirmed else None)
+        until = member["steps_to_target"] or math.inf  # (a member that reached it is not confirmed again)
+        reaching = [steps for steps, mean in member["curve"] if mean >= target and steps <= until]
+        assert [steps for steps, _ in member["confirmations"]] == reaching
+
+
 def test_evaluate_refuses_a_member_outside_the_population():
     from rlspeed import PPO, UserError
     from rlspeed.population import Population

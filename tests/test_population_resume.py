@@ -235,7 +235,12 @@ def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_pa
     err = capsys.readouterr().err
     assert "stopping after this iteration" in err
     assert "--resume continues from checkpoint.safetensors, written at 384 steps per member" in err
-    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    partial = json.loads((out / "summary.json").read_text())
+    assert partial["interrupted"] is True
+    # each member's results so far, as the finished summary has them up to that step
+    for member, whole in zip(partial["members"], expected["members"]):
+        assert member["curve"] == [point for point in whole["curve"] if point[0] <= 384]
+        assert member["steps_to_target"] is None and member["confirmations"] == []  # (a target of 1000)
     monkeypatch.setattr(ppo.PPOPopulation, "learn", learn)
     assert cli.main([*argv, "--out", str(out), "--resume"]) == 0
     summary = json.loads((out / "summary.json").read_text())

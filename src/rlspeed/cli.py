@@ -444,10 +444,19 @@ def _train_population(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated) or signals[:1] == [signal.SIGTERM]
         code, name = (143, "SIGTERM") if terminated else (130, "Ctrl-C")
-        left = dict((int(k), v) for k, v in (getattr(population, "progress", None) or {}).get("left", []))
+        progress = getattr(population, "progress", None) or {}  # (the loop's, as its last checkpoint saved it)
+        left = dict((int(k), v) for k, v in progress.get("left", []))
+
+        def so_far(key: str, k: int):
+            values = progress.get(key)
+            return values[k] if isinstance(values, list) and len(values) == len(seeds) else None
+
         partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
                    "total_timesteps": population.num_timesteps, "preset": args.preset_info,
-                   "members": [{"seed": seed, "curve": curves[k], **left.get(k, {})} for k, seed in enumerate(seeds)]}
+                   "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
+                                "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
+                                "confirmations": so_far("confirmations", k) or [], **left.get(k, {})}
+                               for k, seed in enumerate(seeds)]}
         with _signals_ignored():
             # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
             partial["member_models"] = (_save_member_models(population, partial, run_dir)

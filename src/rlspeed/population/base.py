@@ -503,6 +503,8 @@ class _LoopProgress:
     curves: list[list[list[float]]]
     #: member -> {"pruned_at": steps} or {"diverged_at": steps}
     left: dict[int, dict]
+    #: each member's `[[steps, confirming evaluation's mean], ...]`: every evaluation that reached the target
+    confirmations: list[list[list[float]]] = dataclasses.field(default_factory=list)
     train_wall_s: float = 0.0
     #: this process's CPU time in training (on a shared machine the wall clock also counts others)
     train_cpu_s: float = 0.0
@@ -516,7 +518,7 @@ class _LoopProgress:
         return cls(eval_freq=eval_freq, next_eval=num_timesteps + eval_freq, checkpoint_freq=checkpoint_freq,
                    next_checkpoint=num_timesteps + checkpoint_freq if checkpoint_freq else None,
                    time_to_target_s=[None] * size, steps_to_target=[None] * size, reached=[False] * size,
-                   curves=[[] for _ in range(size)], left={})
+                   curves=[[] for _ in range(size)], left={}, confirmations=[[] for _ in range(size)])
 
     @classmethod
     def from_checkpoint(cls, saved: dict, size: int, num_timesteps: int, eval_freq: int,
@@ -532,6 +534,8 @@ class _LoopProgress:
             progress.left = {int(k): dict(entry) for k, entry in saved["left"]}
             progress.train_wall_s, progress.train_cpu_s = float(saved["train_wall_s"]), float(saved["train_cpu_s"])
             progress.member_steps = int(saved["member_steps"])
+            if "confirmations" in saved:  # (checkpoints written before they were recorded have none)
+                progress.confirmations = [list(c) for c in saved["confirmations"]]
             if saved["eval_freq"] == eval_freq:
                 progress.next_eval = int(saved["next_eval"])
             if checkpoint_freq and saved["checkpoint_freq"] == checkpoint_freq:
@@ -549,8 +553,8 @@ class _LoopProgress:
         return {"eval_freq": self.eval_freq, "next_eval": self.next_eval, "checkpoint_freq": self.checkpoint_freq,
                 "next_checkpoint": self.next_checkpoint, "time_to_target_s": self.time_to_target_s,
                 "steps_to_target": self.steps_to_target, "reached": self.reached, "curves": self.curves,
-                "left": sorted(self.left.items()), "train_wall_s": self.train_wall_s,
-                "train_cpu_s": self.train_cpu_s, "member_steps": self.member_steps}
+                "confirmations": self.confirmations, "left": sorted(self.left.items()),
+                "train_wall_s": self.train_wall_s, "train_cpu_s": self.train_cpu_s, "member_steps": self.member_steps}
 
 
 class PopulationBase:
@@ -1212,6 +1216,8 @@ class PopulationBase:
             if confirm_target and hits:
                 confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits],
                                            eval_episodes, hits).tolist()
+                for k, mean in zip(hits, confirming):
+                    loop.confirmations[k].append([self.num_timesteps, mean])
                 hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
             for k in hits:
                 loop.reached[k] = True
@@ -1254,7 +1260,7 @@ class PopulationBase:
                      "final_eval": ({"mean": final[k], "episodes": eval_episodes, "seed": final_seeds[k],
                                      **({"success_rate": rates[k]} if rates.get(k) is not None else {})}
                                     if k in final else None),
-                     "curve": loop.curves[k]}
+                     "curve": loop.curves[k], "confirmations": loop.confirmations[k]}
             entry.update(loop.left.get(k, {}))
             members.append(entry)
         finals = [mean for mean in final.values() if math.isfinite(mean)]
