@@ -702,3 +702,16 @@ def test_a_dtype_change_after_wrapping_takes_the_new_dtype():
     x = torch.randn(5, 4, dtype=torch.float64)
     assert torch.equal(model(x), plain(x))
     assert model.float()(x).dtype == torch.float32
+
+
+@pytest.mark.parametrize(("loss_fn", "match"), [
+    (lambda net, x: net(x).detach().mean(), "does not depend on any parameter"),  # (no gradient would flow)
+    (lambda net, x: net(x), "must be a scalar"),
+    (lambda net, x: 1.0, "must return a scalar loss tensor"),
+])
+def test_accelerate_step_names_a_loss_it_cannot_train_on(loss_fn, match):
+    """A loss without a gradient, a non-scalar loss and a non-tensor are each one sentence, not torch's errors."""
+    net = torch.nn.Linear(3, 1)
+    step = accelerate_step(lambda x: loss_fn(net, x), torch.optim.Adam(net.parameters()))
+    with pytest.raises(UserError, match=match):
+        step(torch.randn(4, 3))

@@ -647,6 +647,29 @@ def test_a_resumed_runs_summary_describes_the_whole_run(tmp_path, monkeypatch):
     assert whole["distributed"]["resumed_from_timesteps"] == 512
 
 
+def test_ctrl_c_before_a_resumed_run_trains_keeps_its_checkpoint(tmp_path, monkeypatch):
+    """Ctrl-C while a resumed run is still starting (its envs, before the first iteration): the checkpoint it resumed
+    from is kept as it was, and summary.json describes the run as that checkpoint left it."""
+    from rlspeed.algos.on_policy import OnPolicyAlgorithm
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "256", "--no-progress",
+            "--set", "num_steps=16", "--num-envs", "4", "--out", "run"]
+    assert cli.main([*argv, "--total-timesteps", "512"]) == 0
+    checkpoint = (tmp_path / "run" / "checkpoint.safetensors").read_bytes()
+    finished = json.loads((tmp_path / "run" / "summary.json").read_text())
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(OnPolicyAlgorithm, "_start", interrupted)
+    assert cli.main([*argv, "--total-timesteps", "1024", "--resume"]) == 130
+    assert (tmp_path / "run" / "checkpoint.safetensors").read_bytes() == checkpoint
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] is True
+    assert (summary["total_timesteps"], summary["train_wall_s"]) == (512, finished["train_wall_s"])
+
+
 def test_eval_freq_without_a_target_gives_an_evaluation_curve(tmp_path, monkeypatch):
     """`--target-return none --eval-freq N` evaluates every N steps (metrics.csv's eval_mean); without --eval-freq a
     run without a target does not evaluate (a preset's eval_freq serves its target)."""

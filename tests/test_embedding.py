@@ -75,6 +75,35 @@ def test_building_loading_and_predicting_leave_the_callers_threads(caller_thread
 
 
 @needs_two_cores
+def test_the_same_seed_builds_the_same_model_whatever_the_callers_threads():
+    """A model's initial weights (an orthogonal init) are drawn under its own thread count, so the same seed and
+    settings give the same model whatever the caller's (or the machine's) torch thread count is."""
+    def weights(threads: int) -> list[torch.Tensor]:
+        torch.set_num_threads(threads)
+        try:
+            return [p.detach().clone() for p in PPO("CartPole-v1", seed=0, net_arch=[256, 256]).policy.parameters()]
+        finally:
+            torch.set_num_threads(1)
+
+    assert all(torch.equal(a, b) for a, b in zip(weights(1), weights(2)))
+
+
+def test_a_setting_without_effect_warns_when_the_model_is_made_not_when_it_is_loaded(tmp_path):
+    """The warning for a setting that does nothing on the env is said once, where the model is made; loading the
+    saved model (rlspeed eval, a member model) does not repeat it."""
+    import warnings
+
+    from rlspeed.errors import UnusedSettingWarning
+
+    with pytest.warns(UnusedSettingWarning, match="cnn_features_dim=16 has no effect"):
+        model = PPO("CartPole-v1", seed=0, cnn_features_dim=16, **SMALL)
+    path = model.save(tmp_path / "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedSettingWarning)
+        PPO.load(path)
+
+
+@needs_two_cores
 def test_a_population_trains_with_its_members_threads(caller_threads):
     """A population's learn runs with its members' num_threads and gives the caller's count back."""
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_threads=1, **SMALL)

@@ -210,7 +210,13 @@ def test_eval_freq_without_a_target_evaluates_and_the_header_has_the_column_from
     assert [steps for steps, _clock, _mean in model.result.evaluations] == [256, 512, 768]
     assert model.num_timesteps == 768 and model.result.steps_to_target is None
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
-    assert "eval_mean" in lines[0].split(",") and len(lines) == 7
+    assert lines[0].split(",").count("eval_mean") == 1 and len(lines) == 7
+    # a first row that has an evaluation: each column once
+    model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
+    model.learn(128 * 2, progress_bar=False, run_dir=tmp_path / "first", target_return=1e9, eval_freq=128,
+                eval_episodes=2, log_interval_s=0.0)
+    header = (tmp_path / "first" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert len(header) == len(set(header)) and {"eval_mean", "eval_confirm_mean"} <= set(header)
     model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32)
     model.learn(128 * 2, progress_bar=False)
     assert model.result.evaluations == []  # (no target, no eval_freq: no evaluations)

@@ -123,6 +123,18 @@ def test_a_tracker_for_the_same_run_directory_continues_its_wandb_run(tmp_path, 
     other.finish()
 
 
+def test_the_row_after_a_stop_between_log_points_reaches_the_wandb_run(tmp_path, offline):
+    """A callback (or Ctrl-C) that stops training between two rows: the closing row metrics.csv gets reaches W&B too."""
+    from rlspeed.tracking import WandbCallback
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32)
+    calls = []
+    model.learn(128 * 10, callback=[WandbCallback(project="rlspeed-tests"), lambda local: calls.append(1)
+                                    or len(calls) < 3], progress_bar=False, log_interval_s=1e9)
+    run, _ = read_offline_run(offline)
+    assert [row["timesteps"] for row in run["history"]] == [3 * 128]
+
+
 def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))

@@ -106,3 +106,101 @@ def test_a_sac_subclass_with_its_own_loss_is_told_that_sac_no_longer_calls_it():
     with pytest.raises(UserError, match="defines _loss, which SAC no longer calls") as error:
         OldStyle("Pendulum-v1", device="cpu", seed=0)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("algo", [PPO, A2C], ids=lambda c: c.__name__)
+def test_loss_coefficients_a_callback_changes_apply_whichever_update_runs(algo):
+    """ent_coef, vf_coef and normalize_advantage changed on model.config between iterations (a schedule in a
+    callback) apply from the next update in the hand-derived update as in the autograd loss, which reads them at
+    every step: both end with the same weights, and not with those of a run without the change."""
+    def schedule(local):
+        model = local["self"]
+        if model.num_timesteps >= 256:
+            model.config.ent_coef, model.config.vf_coef, model.config.normalize_advantage = 0.5, 0.1, False
+
+    def trained(callback, **settings):
+        model = algo("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, **settings)
+        model.learn(768, callback=callback, progress_bar=False)
+        return torch.cat([p.detach().flatten() for p in model.policy.parameters()])
+
+    hand_derived, reference = trained(schedule), trained(schedule, fused_update=False)
+    torch.testing.assert_close(hand_derived, reference, rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(hand_derived, trained(None), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize(("make", "reason"), [
+    (lambda params, lr: torch.optim.AdamW(params, lr=lr), "the optimizer is AdamW"),
+    (lambda params, lr: torch.optim.SGD(params, lr=lr), "the optimizer is SGD"),
+    (lambda params, lr: torch.optim.Adam(params, lr=lr, amsgrad=True), "amsgrad"),
+    (lambda params, lr: type("MyAdam", (torch.optim.Adam,), {})(params, lr=lr), "the optimizer is MyAdam"),
+])
+def test_an_optimizer_the_hand_derived_update_does_not_step_trains_with_autograd(make, reason):
+    """A subclass's `_make_optimizer` returning another optimizer (or Adam configured otherwise) trains with it:
+    autograd, saying why; the hand-derived update steps plain torch.optim.Adam only (A2C: RMSprop)."""
+    class OwnOptimizer(PPO):
+        def _make_optimizer(self, params):
+            return make(params, self.config.learning_rate)
+
+    model = OwnOptimizer("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32)
+    choice = model.update_summary()
+    assert choice["implementation"] == "autograd" and reason in choice["reason"]
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    steps = []
+    original = model.optimizer.step
+    model.optimizer.step = lambda *a, **k: steps.append(1) or original(*a, **k)
+    model.learn(128, progress_bar=False)
+    assert steps and any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+
+
+def test_a_dqn_subclass_overriding_update_gets_the_documented_batch():
+    """DQN's `_update(batch)` overridden in a subclass: autograd, whose batch holds every documented field (the
+    hand-derived update's prepared batch holds others)."""
+    seen = []
+
+    class Logged(DQN):
+        def _update(self, batch):
+            seen.append(set(batch))
+            return super()._update(batch)
+
+    model = Logged("CartPole-v1", device="cpu", seed=0, learning_starts=64)
+    assert model.update_summary()["implementation"] == "autograd"
+    model.learn(256, progress_bar=False)
+    assert seen and {"obs", "actions", "rewards", "next_obs"} <= seen[0]
+
+
+@pytest.mark.parametrize("batch_size", [64, 128])  # (minibatches of the 128-step rollout, and the whole of it)
+def test_an_overridden_ppo_loss_gets_the_advantages_as_gae_made_them(batch_size):
+    """A subclass's `_loss` is given the rollout's advantages unnormalised, whether or not one minibatch covers the
+    rollout (normalize_advantage is the loss's own step: the reference loss does it, an override may not)."""
+    means = []
+
+    class Recorded(PPO):
+        def _loss(self, obs, actions, old_log_probs, old_values, advantages, *rest):
+            means.append(float(advantages.mean()))
+            return super()._loss(obs, actions, old_log_probs, old_values, advantages, *rest)
+
+    Recorded("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=batch_size,
+             n_epochs=1).learn(128, progress_bar=False)
+    assert means and all(mean > 1.0 for mean in means)  # (untrained values: advantages near the returns, > 0)
+
+
+def test_a_subclass_checkpoint_loaded_by_the_base_class_says_so(tmp_path):
+    """Checkpoints record the class that saved them: loading or resuming a subclass's checkpoint with rlspeed's own
+    class (whose loss, network or actions may differ) warns, naming the subclass; the subclass's own load does not,
+    nor a subclass loading rlspeed's checkpoint (fine-tuning with its own loss)."""
+    import warnings
+
+    class FlipPPO(PPO):
+        pass
+
+    model = FlipPPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32)
+    path = model.save(tmp_path / "flip")
+    with pytest.warns(UserWarning, match=r"saved by .*FlipPPO.*use FlipPPO\.load"):
+        PPO.load(path)
+    with pytest.warns(UserWarning, match=r"saved by .*FlipPPO.*use FlipPPO\.resume"):
+        PPO("CartPole-v1", device="cpu", num_envs=4, num_steps=32).resume(path)
+    plain = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32).save(tmp_path / "plain")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        FlipPPO.load(path)
+        FlipPPO.load(plain)

@@ -155,9 +155,13 @@ class BaseCallback:
         self.num_timesteps = self.model.num_timesteps
         return self._on_evaluation() is not False
 
-    def on_training_end(self) -> None:
-        """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error)."""
+    def on_training_end(self, metrics: dict | None = None) -> None:
+        """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error).
+        `metrics`: the row learn wrote after the last iteration's callbacks ran (a stop between log points asked for
+        by a callback or a signal), which `self.metrics` then holds; None otherwise."""
         self.num_timesteps = self.model.num_timesteps
+        if metrics is not None:
+            self.metrics = metrics
         self._on_training_end()
 
     # --- what subclasses override -----------------------------------------------------------------------------
@@ -234,9 +238,9 @@ class CallbackList(BaseCallback):
         # each of its callbacks runs as an event of it
         return all([self._child_event(callback) for callback in self.callbacks])
 
-    def on_training_end(self) -> None:
+    def on_training_end(self, metrics: dict | None = None) -> None:
         for callback in self.callbacks:
-            callback.on_training_end()
+            callback.on_training_end(metrics)
 
 
 class FunctionCallback(BaseCallback):

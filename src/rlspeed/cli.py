@@ -382,9 +382,9 @@ def _train_population(args: argparse.Namespace) -> int:
     env_kwargs = _env_kwargs(args)
     if env_kwargs:
         options["env_kwargs"] = env_kwargs
+    configure_threads(args.threads)
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
-    configure_threads(args.threads)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -638,15 +638,14 @@ def _note_batch_size(config, say) -> None:
 
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
     """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent); the
-    process's torch threads set from `--threads` (its final evaluation and videos run outside `learn`)."""
+    process's torch threads set from `--threads` first (the final evaluation and videos run outside `learn`)."""
     from rlspeed.device import configure_threads
 
-    model = algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
-                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
-                     nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
-                     env_kwargs=_env_kwargs(args), **hyper)
     configure_threads(args.threads)
-    return model
+    return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
+                    accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
+                    nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
+                    env_kwargs=_env_kwargs(args), **hyper)
 
 
 def _env_kwargs(args: argparse.Namespace) -> dict | None:
@@ -1021,6 +1020,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         _say_changed_settings(run_dir / "config.yaml", config)
     if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
         _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    if main and resumed_from is None:  # (a run starting afresh is a W&B run of its own, not an earlier attempt's)
+        (run_dir / "wandb" / "run-id").unlink(missing_ok=True)
     tracker = None
     try:
         with _left_clean_if_not_started(run_dir, created, fresh=main and not args.resume and restarts == 0):
@@ -1258,8 +1259,9 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
     if not run["strategy"].is_main:
         return code
     with _signals_ignored():
-        run["model"].save(run_dir / "model.safetensors")
-        run["model"].save(run_dir / "checkpoint.safetensors")
+        if run["model"]._resume is None:  # (else it stopped before training: the checkpoint it resumed from stays)
+            run["model"].save(run_dir / "model.safetensors")
+            run["model"].save(run_dir / "checkpoint.safetensors")
         training_env = getattr(run["model"], "_env", None)
         if training_env is not None:  # (now, not at exit: subprocess envs stopped mid-step are terminated quietly)
             training_env.close()
@@ -1408,11 +1410,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
-    model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.__name__} model its "
-                  "metadata describes")
     from rlspeed.device import configure_threads
 
     configure_threads()  # (as training did: one thread, or RLSPEED_NUM_THREADS)
+    model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.__name__} model its "
+                  "metadata describes")
     env_id = args.env or model.env_id
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
         from rlspeed.video import check_video_support

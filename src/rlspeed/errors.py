@@ -18,6 +18,11 @@ class UserError(Exception):
         return lines
 
 
+class UnusedSettingWarning(UserWarning):
+    """A hyperparameter that changes nothing on the env it is given for (say `cnn_features_dim` without images):
+    said when a model is made, not again when one is loaded or a population's member models are rebuilt."""
+
+
 class EnvStepError(RuntimeError):
     """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
     chained (`__cause__`) with its traceback."""

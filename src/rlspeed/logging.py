@@ -155,7 +155,7 @@ class RunLogger:
         The row is appended to `metrics.csv` at once; a new key becomes a new column (the file is rewritten).
         """
         self.rows.append(dict(row))
-        new_fields = [key for key in (*row, *self._columns) if key not in self._fields]
+        new_fields = [key for key in dict.fromkeys((*row, *self._columns)) if key not in self._fields]
         self._fields.extend(new_fields)
         with self._writing():
             if new_fields or (self._csv is None and not self._appendable):

@@ -111,6 +111,7 @@ class WandbCallback(BaseCallback):
         self.tracker = tracker
         self._own = tracker is None
         self._settings = {"project": project, "entity": entity, "run_dir": run_dir}
+        self._logged: dict | None = None  # the last row logged
 
     def _on_training_start(self) -> None:
         if self.tracker is None:
@@ -124,9 +125,12 @@ class WandbCallback(BaseCallback):
     def _on_rollout_end(self) -> bool:
         if self.metrics is not None:
             self.tracker.log(self.metrics)
+            self._logged = self.metrics
         return True
 
     def _on_training_end(self) -> None:
+        if self.metrics is not None and self.metrics is not self._logged:
+            self.tracker.log(self.metrics)  # (the row written after a stop between log points)
         if self._own and self.tracker is not None:
             result = self.model.result
             self.tracker.finish({"total_timesteps": result.total_timesteps, "train_wall_s": result.train_wall_s,

@@ -506,6 +506,9 @@ def _loss_of(outputs: Any) -> torch.Tensor:
                         "or a dict with a 'loss' entry.")
     if loss.numel() != 1:
         raise UserError(f"The loss must be a scalar (one element), got shape {tuple(loss.shape)}: take .mean().")
+    if torch.is_grad_enabled() and not loss.requires_grad:
+        raise UserError("The loss does not depend on any parameter that requires grad: compute it from the model's "
+                        "outputs, outside torch.no_grad() and without .detach().")
     return loss
 
 

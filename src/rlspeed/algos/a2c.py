@@ -78,7 +78,8 @@ class A2C(OnPolicyAlgorithm):
             name=self.name, reference_cls=A2C, unsupported=unsupported_reason(self.policy, self._masking),
             hand_derived=lambda: FusedA2CUpdate(self.policy, self.optimizer, max_grad_norm=cfg.max_grad_norm,
                                                 vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
-                                                normalize_advantage=cfg.normalize_advantage, strategy=self.strategy))
+                                                normalize_advantage=cfg.normalize_advantage, strategy=self.strategy),
+            optimizers=(torch.optim.RMSprop, torch.optim.Adam))
 
     def _flat_forward(self) -> FusedA2CUpdate | None:
         """The hand-derived update whose flat parameters the rollout's forward passes may use: when it runs and
@@ -122,6 +123,9 @@ class A2C(OnPolicyAlgorithm):
         obs = (buf.obs.flatten(2).flatten(0, 1) if self.policy.encoder is None
                else map_obs(lambda v: v.flatten(0, 1), buf.obs))
         masks = () if buf.action_masks is None else (buf.action_masks.flatten(0, 1),)
+        hand_derived = getattr(self._update_step, "hand_derived", None)  # (None also where a caller wrapped the step)
+        if hand_derived is not None:
+            hand_derived.follow(self.config)  # (coefficients a callback may have changed)
         _, stats = self._update_step(obs, buf.actions.flatten(0, 1),
                                      advantages.flatten(), returns.flatten(), *masks)
         return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2]}

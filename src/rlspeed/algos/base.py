@@ -50,7 +50,7 @@ from rlspeed.envs.base import (
 from rlspeed.envs.gymnasium_env import check_action_masks, gym_spec
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.envs.wrappers import observation_statistics
-from rlspeed.errors import UserError
+from rlspeed.errors import UnusedSettingWarning, UserError
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
@@ -168,7 +168,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 "(net_arch=[64, 64]); different widths per network are not supported.")
             value = next(iter(value.values()))
         if key == "activation" and isinstance(value, str):  # (torch's class names: "ReLU", "nn.Tanh")
-            value = value.lower().removeprefix("torch.").removeprefix("th.").removeprefix("nn.")
+            value = value.rpartition(".")[2].lower()  # (nn.ReLU, torch.nn.modules.activation.ReLU: the class)
         values[key] = coerce(key, value, hints[key])
     config = config_cls(**values)
     config.validate()
@@ -191,7 +191,8 @@ def _close_names(key: str, names: list[str]) -> list[str]:
         if len(words) == 1:
             return close(words[0], name.replace("_", ""), 0.75)
         return (all(any(like(word, part) for part in parts) for word in words)  # (a misspelling, or words left out)
-                or all(any(like(word, part) for word in words) for part in parts))  # (words added: activation_fn)
+                or all(any(like(word, part) for word in words) for part in parts)  # (words added: activation_fn)
+                or like(words[-1], parts[-1]))  # (the same thing, named otherwise: update_epochs, n_epochs)
 
     return [name for name in difflib.get_close_matches(key, names, n=6) if words_match(name)][:3]
 
@@ -313,7 +314,7 @@ def warn_unused_settings(config, spec: EnvSpec) -> None:
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "rlspeed":
         frame, level = frame.f_back, level + 1
     for sentence in unused_settings(config, spec):
-        warnings.warn(sentence, stacklevel=level)
+        warnings.warn(sentence, UnusedSettingWarning, stacklevel=level)
 
 
 def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
@@ -445,6 +446,22 @@ class LearnResult:
     confirmations: list = dataclasses.field(default_factory=list)
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
     stop_requested: bool = False
+
+
+def _class_name(cls: type) -> str:
+    """A class as checkpoints record the one that saved them: `module.QualName`."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
+    """A warning when the checkpoint at `path` was saved by a subclass of rlspeed's algorithm (a user's own loss,
+    network or update) and `cls`, another class, `call`s it (load, resume): the model it builds may act otherwise."""
+    saved = meta.get("class")
+    if not saved or saved == _class_name(cls) or saved.startswith("rlspeed."):
+        return
+    warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {meta.get('algo')}; {cls.__name__}.{call} "
+                  f"makes it a {cls.__name__}, whose networks, losses or actions may differ from it: use "
+                  f"{saved.rpartition('.')[2]}.{call} (with its module imported).", stacklevel=3)
 
 
 def _algorithm_classes() -> dict[str, type]:
@@ -627,7 +644,13 @@ class Algorithm:
         self.num_timesteps = 0
         self._saved_with_action_masks = False  # (`load`: the file's run trained with action masks)
         self.result = LearnResult()
-        self._setup()
+        # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
+        # thread count, and the same seed must give the same model on any machine
+        threads_before = set_training_threads(self.num_threads)
+        try:
+            self._setup()
+        finally:
+            torch.set_num_threads(threads_before)
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
             for module in self._modules_to_sync():
                 self.strategy.broadcast_module(module)
@@ -903,7 +926,8 @@ class Algorithm:
         also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far.
 
         Metrics (steps/s, episode returns, losses) are read once per `log_interval_s` seconds; by default every
-        second and at least 50 times over the call. With `run_dir` each reading is a row of `run_dir/metrics.csv`
+        second and, with `run_dir`, also at least 50 times over a call of 50 iterations or more. With `run_dir` each
+        reading is a row of `run_dir/metrics.csv`
         (also the last iterations before a stop a callback or signal asked for); a `run_dir` holding another run's
         metrics.csv is refused (a model continues only the run it trained in or was loaded from).
 
@@ -1009,10 +1033,10 @@ class Algorithm:
             self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
         last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
         last_check_time = last_log_time
-        # a metrics row every `log_interval_s` seconds; by default every second and at least ROWS_PER_LEARN rows
-        # over the call (a short run's curve)
+        # a metrics row every `log_interval_s` seconds; by default every second and, with a run_dir, at least
+        # ROWS_PER_LEARN rows over a call of that many iterations or more (a short run's curve in metrics.csv)
         row_iterations = (max(1, -(-int(total_timesteps) // self.steps_per_iteration) // ROWS_PER_LEARN)
-                          if log_interval_s is None else math.inf)
+                          if log_interval_s is None and run_dir is not None else math.inf)
         log_interval_s = 1.0 if log_interval_s is None else log_interval_s
         last_checkpoint_time, checkpoint_cost = last_log_time, 0.0  # (`checkpoint_interval_s`)
         timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
@@ -1022,9 +1046,10 @@ class Algorithm:
         # after a stop that no row followed (a callback's, a signal's): one more pass through the logging, without
         # training, so that the steps since the last row are in metrics.csv
         closing = False
+        closing_row = None  # (that pass's row: callbacks get it at training end)
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
-        flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
         threads_before = set_training_threads(self.num_threads)  # (the model's, evaluations included)
+        flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
             if resume is not None:
                 self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
@@ -1048,8 +1073,9 @@ class Algorithm:
                         global_steps[steps] = int(summed.item())  # ok-sync: once per learn() call
                     self.num_timesteps += global_steps[steps]
                     iterations += 1
-                    for key, value in metrics.items():
-                        pending.setdefault(key, []).append(value)
+                    for key, value in metrics.items():  # (a subclass's metric may be a plain number)
+                        pending.setdefault(key, []).append(value if isinstance(value, torch.Tensor)
+                                                           else torch.as_tensor(float(value), device=self.device))
                 now = time.perf_counter()
                 finished = self.num_timesteps >= self._total_timesteps
                 eval_due = evaluating and not closing and (self.num_timesteps >= next_eval or finished)
@@ -1118,6 +1144,7 @@ class Algorithm:
                     last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
                     clock_start = time.perf_counter()
                 if closing:
+                    closing_row = logged
                     break
                 # and at the run's end (its budget, or its target reached): --resume with a larger budget goes on
                 # from there, not from the last periodic checkpoint
@@ -1167,7 +1194,7 @@ class Algorithm:
             result.sps = result.total_timesteps / max(train_clock, 1e-9)
         self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
         if callbacks is not None and main:
-            callbacks.on_training_end()  # (self.result is complete)
+            callbacks.on_training_end(closing_row)  # (self.result is complete)
         return self
 
     def _continues(self, run_dir: str | Path) -> bool:
@@ -1386,7 +1413,8 @@ class Algorithm:
             # (a tensor learning rate, as annealed on graph devices, is saved as its value)
             optim_meta[name] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
                                 for group in state["param_groups"]]
-        metadata = {"algo": self.name, "env_id": self.env_id, "env_backend": self.env_backend,
+        metadata = {"algo": self.name, "class": _class_name(type(self)), "env_id": self.env_id,
+                    "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
                     "seed": self.seed, "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
@@ -1422,10 +1450,14 @@ class Algorithm:
         algo = cls
         if meta.get("algo") != cls.name:
             algo = _algorithm_classes().get(meta.get("algo"))
-            if algo is None or cls.name:  # (`Algorithm.load` builds whichever algorithm the file holds)
-                saved_name = algo.__name__ if algo is not None else str(meta.get("algo"))
-                raise UserError(f"'{path}' holds a model of {saved_name}, not of {cls.__name__}; load it with "
-                                f"rlspeed.{saved_name}.load.")
+            if algo is None:  # (an algorithm of a user's own, or of a module not imported yet)
+                saved = meta.get("class") or str(meta.get("algo"))
+                raise UserError(f"'{path}' holds a model of {saved}, which is not one of rlspeed's algorithms: load "
+                                f"it with {saved.rpartition('.')[2]}.load (its module imported).")
+            if cls.name:  # (`Algorithm.load` builds whichever algorithm the file holds)
+                raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
+                                f"rlspeed.{algo.__name__}.load.")
+        _warn_other_class(meta, algo, path, "load")
         config = {**meta["config"], **overrides}
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
@@ -1452,7 +1484,8 @@ class Algorithm:
                 config["num_envs"] = env.num_envs
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
         # move the caller's random streams
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
             model = algo(env if env is not None else spec, device=device,
                          env_backend=meta.get("env_backend", "auto"), **config)
         model.seed = meta.get("seed")
@@ -1486,6 +1519,7 @@ class Algorithm:
         if meta.get("algo") != self.name or meta.get("env_id") != self.env_id:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
+        _warn_other_class(meta, type(self), path, "resume")
         self._restore(tensors, meta, path)
         self._run_dir = Path(path).resolve().parent
         self.num_timesteps = int(meta.get("num_timesteps", 0))
@@ -1499,6 +1533,9 @@ class Algorithm:
         self.restarts = (int(state.get("restarts", 0)) if state is not None else 0) + 1
         if state is not None:
             self._numerics.load_state(state.get("numerics") or {})
+            # (the run's position as the checkpoint left it, also for what reads it before the next learn: a
+            # summary after an interruption before that learn trained)
+            self._loop = dict(state.get("loop") or {})
         file = Path(path) if Path(path).exists() else checkpoint_path(path)
         self._resume = {"meta": state or {}, "path": file,
                         "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")}}

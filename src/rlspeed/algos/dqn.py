@@ -122,7 +122,8 @@ class DQN(OffPolicyAlgorithm):
         cfg = self.config
         return select_update(
             self, loss_fn=self._loss, optimizer=self.optimizer, params=self._params, max_grad_norm=cfg.max_grad_norm,
-            name="dqn", reference_cls=DQN, unsupported=unsupported_reason(self.q_network, masking=self._masking),
+            name="dqn", reference_cls=DQN, reference_methods=("_loss", "_update"),
+            unsupported=unsupported_reason(self.q_network, masking=self._masking),
             hand_derived=lambda: FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
                                                 max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
                                                 strategy=self.strategy))

@@ -85,6 +85,9 @@ class PPO(OnPolicyAlgorithm):
                         returns: torch.Tensor) -> dict[str, torch.Tensor]:
         cfg = self.config
         clip_range = cfg.clip_range * self._progress_remaining() if cfg.anneal_clip else cfg.clip_range
+        hand_derived = getattr(self._update_step, "hand_derived", None)  # (None also where a caller wrapped the step)
+        if hand_derived is not None:
+            hand_derived.follow(cfg)  # (coefficients a callback may have changed)
         stats = self._update_epochs(buf, advantages, returns, clip_range)
         return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2], "approx_kl": stats[3],
                 "clipfrac": stats[4]}
@@ -110,8 +113,10 @@ class PPO(OnPolicyAlgorithm):
         stats = torch.zeros(5, device=self.device)  # policy loss, value loss, entropy, approx_kl, clipfrac
         updates = 0
         clip = torch.full((), clip_range, device=self.device)  # a tensor: a compiled step must not specialise on it
-        # One minibatch covering the whole batch: normalise its advantages once, not in every epoch.
-        normalized = cfg.normalize_advantage and minibatch == batch_size > 1
+        # One minibatch covering the whole batch: the hand-derived update takes its advantages normalised once, not in
+        # every epoch (the autograd loss, rlspeed's or a subclass's `_loss`, always gets them as GAE made them)
+        normalized = (cfg.normalize_advantage and minibatch == batch_size > 1
+                      and getattr(self._update_step, "hand_derived", None) is not None)
         if normalized:
             batch_advantages = (batch_advantages - batch_advantages.mean()) / (batch_advantages.std() + 1e-8)
         for epoch in range(cfg.n_epochs):

@@ -15,10 +15,12 @@ by the same rules; SAC's hand-derived update does both). Alternatives must match
 `select_update` applies these rules in order and records the first that decided in `UpdateChoice`, which
 `summary.json` (`update`) and `model.report()` show:
 
-1. a subclass that overrides `_loss` (SAC: `_critic_loss` or `_actor_loss`) trains with its own loss: autograd;
+1. a subclass that overrides `_loss` (SAC: `_critic_loss` or `_actor_loss`; DQN: also `_update`, which feeds the
+   loss its batch) trains with its own: autograd;
 2. `fused_update=False`: autograd;
-3. gSDE (`use_sde=true`: state-dependent noise the hand-derived gradients do not cover), or a network the
-   hand-derived update does not cover (say `activation=elu`): autograd;
+3. gSDE (`use_sde=true`: state-dependent noise the hand-derived gradients do not cover), a network the
+   hand-derived update does not cover (say `activation=elu`), or an optimizer other than the plain torch.optim.Adam
+   (A2C: RMSprop) it steps (a subclass's `_make_optimizer`): autograd;
 4. a device with whole-step graphs: autograd+graphs;
 5. `RLSPEED_ACCELERATE` forcing a strategy the hand-derived update cannot run (bf16 autocast, compile): autograd;
 6. otherwise hand-derived (with `--accelerate auto`, in the matmul precision measured fastest within tolerance).
@@ -36,6 +38,7 @@ from rlspeed.accel import accelerate_step
 from rlspeed.accel.strategy import ENV_VAR, normalise_request
 from rlspeed.device import rules
 from rlspeed.fused import precision as fused_precision
+from rlspeed.fused.flat import plain_optimizer_reason
 from rlspeed.nn import clip_grad_norm
 
 HAND_DERIVED, AUTOGRAD, GRAPHS = "hand-derived", "autograd", "autograd+graphs"
@@ -102,13 +105,15 @@ def loss_owner(algo, method: str = "_loss") -> type | None:
 def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
                   max_grad_norm: float | None, name: str, reference_cls: type | None = None,
                   reference_methods: Sequence[str] = ("_loss",), hand_derived: Callable[[], Any] | None = None,
-                  unsupported: str | None = None, updates_targets: bool = False) -> UpdateStep:
+                  unsupported: str | None = None, updates_targets: bool = False,
+                  optimizers: tuple[type, ...] = (torch.optim.Adam,)) -> UpdateStep:
     """The update step `algo` trains with (the rules are in this module's docstring).
 
     `reference_cls`: the class whose loss methods (`reference_methods`, default `_loss`) the hand-derived update
     implements; `hand_derived`: builds it (None: the algorithm has none); `unsupported`: why this model's networks
     are outside what it covers (None: covered); `updates_targets`: the hand-derived update also does the target
-    networks' Polyak step.
+    networks' Polyak step; `optimizers`: the optimizer classes the hand-derived update steps (`optimizer` must be
+    one of them exactly, plainly configured).
     """
     device, accelerate, strategy = algo.device, algo.accelerate, algo.strategy
     # whole-step graphs do not all-reduce gradients: several processes keep the eager steps
@@ -119,14 +124,16 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
             (owner, method) for method in reference_methods
             if (owner := loss_owner(algo, method)) is not reference_cls]):
         owner, method = overridden[0]
-        reason = (f"{owner.__name__}.{method} overrides {reference_cls.__name__}.{method} (the hand-derived update's "
-                  "loss)")
+        reason = (f"{owner.__name__}.{method} overrides {reference_cls.__name__}.{method} (the hand-derived update "
+                  "implements rlspeed's)")
     elif not algo.config.fused_update:
         reason = "fused_update=false"
     elif getattr(algo.config, "use_sde", False):
         reason = "use_sde=true (gSDE; the hand-derived updates cover state-independent Gaussian noise only)"
     elif unsupported is not None:
         reason = unsupported
+    elif (optimizer_reason := plain_optimizer_reason(optimizer, optimizers)) is not None:
+        reason = optimizer_reason
     elif graphs:
         reason = f"whole-step graphs on {device.type}"
     elif accelerate == "auto" and not fused_precision.applies():

@@ -105,6 +105,14 @@ class FusedA2CUpdate:
         self._signs = torch.tensor([-1.0, 1.0, 1.0], device=device)
         self._loss_weights = torch.tensor([1.0, self.vf_coef, -self.ent_coef], device=device)
 
+
+    def follow(self, config) -> None:
+        """Take `config`'s loss coefficients as they are now: the autograd loss reads them at every step, so a
+        callback that changes them between iterations changes either update alike."""
+        self.normalize_advantage = config.normalize_advantage
+        if (float(config.vf_coef), float(config.ent_coef)) != (self.vf_coef, self.ent_coef):
+            self.vf_coef, self.ent_coef = float(config.vf_coef), float(config.ent_coef)
+            self._loss_weights = torch.tensor([1.0, self.vf_coef, -self.ent_coef], device=self._loss_weights.device)
     # --- the rollout's forward passes ------------------------------------------------------------------------------
     def _output(self, obs: torch.Tensor) -> torch.Tensor:
         """`EnsembleMLP.forward`'s kernels on float vectors `[B, in]`: the output `[2, B, out]`."""

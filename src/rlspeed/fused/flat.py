@@ -18,6 +18,27 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+#: the options of each optimizer the flat steps implement that they do not (`plain_optimizer_reason`)
+_UNSUPPORTED_OPTIONS = {torch.optim.Adam: ("amsgrad", "maximize", "decoupled_weight_decay"),
+                        torch.optim.RMSprop: ("momentum", "centered", "weight_decay", "maximize")}
+
+
+def plain_optimizer_reason(optimizer: torch.optim.Optimizer, kinds: tuple[type, ...]) -> str | None:
+    """Why the flat steps (`FlatAdam`, `FlatRMSprop`) cannot stand in for `optimizer`, or None when they can: it must
+    be one of `kinds` exactly (a subclass may step differently), with one param group and none of the options they
+    leave out."""
+    kind = type(optimizer)
+    if kind not in kinds:
+        return (f"the optimizer is {kind.__name__}, not {' or '.join(k.__module__ + '.' + k.__name__ for k in kinds)}"
+                " (what the hand-derived update steps)")
+    if len(optimizer.param_groups) != 1:
+        return f"the optimizer has {len(optimizer.param_groups)} param groups (the hand-derived update steps one)"
+    group = optimizer.param_groups[0]
+    options = [name for name in _UNSUPPORTED_OPTIONS.get(kind, ()) if group.get(name)]
+    if options:
+        return f"the optimizer's {', '.join(options)} (the hand-derived update steps plain {kind.__name__})"
+    return None
+
 
 class FlatAdam:
     """Adam over `params` (the parameters `optimizer` holds, in its order) on flat buffers.

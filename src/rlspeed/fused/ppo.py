@@ -83,6 +83,12 @@ class FusedPPOUpdate:
         self.log_std_grad = None if policy.discrete else self.adam.grad_views[-1]
 
     # --- the update ------------------------------------------------------------------------------------------------
+
+    def follow(self, config) -> None:
+        """Take `config`'s loss coefficients as they are now: the autograd loss reads them at every step, so a
+        callback that changes them between iterations changes either update alike."""
+        self.vf_coef, self.ent_coef = float(config.vf_coef), float(config.ent_coef)
+        self.clip_range_vf, self.normalize_advantage = config.clip_range_vf, config.normalize_advantage
     def __call__(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, *,
                  normalized: bool = False, with_stats: bool = True):
         self.adam.check()

@@ -23,7 +23,7 @@ from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
-from rlspeed.errors import UserError
+from rlspeed.errors import UnusedSettingWarning, UserError
 from rlspeed.logging import ProgressBar
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
@@ -251,8 +251,10 @@ def solo_models(algo_cls: type, env_id: str, seeds: Sequence[int], members: Sequ
     members start from, and for each a generator in the state the solo run's global generator has when its training
     starts; torch's global generators (the CPU's and every accelerator's) are left as they were."""
     solos, generators = [], []
-    with _forked_generators(device):
-        for seed, hyperparameters in zip(seeds, members):
+    with _forked_generators(device), warnings.catch_warnings():
+        for k, (seed, hyperparameters) in enumerate(zip(seeds, members)):
+            if k == 1:  # (a setting without effect is said once, for the first member, not K times)
+                warnings.simplefilter("ignore", UnusedSettingWarning)
             solos.append(algo_cls(env_id, seed=seed, device=device, **kwargs, **hyperparameters))
             generators.append(generator_like_global(device))
     return solos, generators
@@ -626,7 +628,8 @@ class PopulationBase:
             raise UserError(f"Member {k} is outside 0..{self.size - 1} (original indices).")
         k = int(k)
         hyperparameters = {**dataclasses.asdict(self.config), **self.member_hyperparameters[k]}
-        with _forked_generators(self.device):
+        with _forked_generators(self.device), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the population was made)
             model = self.algo_cls(self.env_id, seed=self.seeds[k], device=self.device, env_backend=self.env_backend,
                                   env_kwargs=self.env_kwargs or None, **hyperparameters)
         model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
@@ -666,8 +669,11 @@ class PopulationBase:
         (the solos') and `member_hyperparameters` (each member's values of `per_member`). UserError for an algorithm
         other than the class's."""
         if algo_cls is not self.algo_cls:
-            raise UserError(f"{type(self).__name__} trains {self.algo_cls.__name__}, not "
-                            f"{getattr(algo_cls, '__name__', algo_cls)}.")
+            given = getattr(algo_cls, "__name__", algo_cls)
+            if given == self.algo_cls.__name__:  # (a subclass of the same name: say which is which)
+                given = (f"{algo_cls.__module__}.{algo_cls.__qualname__} (a class of its own, whose loss or networks "
+                         "the population's batched update would not run)")
+            raise UserError(f"{type(self).__name__} trains rlspeed's {self.algo_cls.__name__}, not {given}.")
         self.seeds = seeds = check_seeds(seeds)
         from rlspeed.envs import backend_for_options, check_env_kwargs
 
