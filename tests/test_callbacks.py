@@ -408,3 +408,20 @@ def test_a_recorded_value_named_as_a_loop_column_does_not_replace_it(tmp_path):
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(float(row["timesteps"])) for row in rows] == [STEPS_PER_ITERATION * i for i in (1, 2, 3)]
     assert [row["custom/timesteps"] for row in rows][1:] == ["-1.0", "-1.0"]
+
+
+def test_a_callback_overriding_the_public_hooks_keeps_working():
+    """A callback written for Stable-Baselines3 that overrides the public `on_training_end(self)` (not the
+    underscore hook) still runs, also after a stop between log points."""
+    ended = []
+
+    class Public(BaseCallback):
+        def on_training_end(self):
+            ended.append(self.model.num_timesteps)
+
+        def _on_step(self):
+            return self.n_calls < 2
+
+    model = _ppo()
+    model.learn(4 * STEPS_PER_ITERATION, callback=Public(), progress_bar=False, log_interval_s=1e9)
+    assert ended == [2 * STEPS_PER_ITERATION]

@@ -155,14 +155,16 @@ class BaseCallback:
         self.num_timesteps = self.model.num_timesteps
         return self._on_evaluation() is not False
 
-    def on_training_end(self, metrics: dict | None = None) -> None:
+    def on_training_end(self) -> None:
         """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error).
-        `metrics`: the row learn wrote after the last iteration's callbacks ran (a stop between log points asked for
-        by a callback or a signal), which `self.metrics` then holds; None otherwise."""
+        Where a stop between log points (asked for by a callback or a signal) made learn write one more row after
+        the last iteration's callbacks ran, `self.metrics` holds that row here."""
         self.num_timesteps = self.model.num_timesteps
-        if metrics is not None:
-            self.metrics = metrics
         self._on_training_end()
+
+    def set_final_metrics(self, metrics: dict) -> None:
+        """(learn) The row written after the last iteration's callbacks ran, for `on_training_end`."""
+        self.metrics = metrics
 
     # --- what subclasses override -----------------------------------------------------------------------------
     def _init_callback(self) -> None:
@@ -238,9 +240,14 @@ class CallbackList(BaseCallback):
         # each of its callbacks runs as an event of it
         return all([self._child_event(callback) for callback in self.callbacks])
 
-    def on_training_end(self, metrics: dict | None = None) -> None:
+    def set_final_metrics(self, metrics: dict) -> None:
+        super().set_final_metrics(metrics)
         for callback in self.callbacks:
-            callback.on_training_end(metrics)
+            callback.set_final_metrics(metrics)
+
+    def on_training_end(self) -> None:
+        for callback in self.callbacks:
+            callback.on_training_end()
 
 
 class FunctionCallback(BaseCallback):

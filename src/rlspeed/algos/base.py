@@ -1194,7 +1194,9 @@ class Algorithm:
             result.sps = result.total_timesteps / max(train_clock, 1e-9)
         self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
         if callbacks is not None and main:
-            callbacks.on_training_end(closing_row)  # (self.result is complete)
+            if closing_row is not None:
+                callbacks.set_final_metrics(closing_row)
+            callbacks.on_training_end()  # (self.result is complete)
         return self
 
     def _continues(self, run_dir: str | Path) -> bool:
