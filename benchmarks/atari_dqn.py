@@ -225,22 +225,24 @@ def publish(args) -> None:
     per_library = {library: [run["seed"] for run in runs if run["library"] == library]
                    for library in ("rlspeed", "stable-baselines3")}
     budget = budgets[0] if len(budgets) == 1 else None
-    if budget is not None:
-        learning_steps = budget - SETTINGS["learning_starts"]
+    starts = sorted({run.get("learning_starts", SETTINGS["learning_starts"]) for run in runs})
+    learning_starts = starts[0] if len(starts) == 1 else None
+    if budget is not None and learning_starts is not None:
+        learning_steps = budget - learning_starts
         schedule = (f"so a {budget:,}-step run has {learning_steps:,} learning steps, "
                     f"{learning_steps // SETTINGS['train_freq']:,} gradient steps")
         epsilon = (f"here the first {int(SETTINGS['exploration_fraction'] * budget):,} steps, inside the random "
                    "phase, so every learning step acts with epsilon 0.01; RL-Zoo's 10M-step run anneals over 1M")
     else:
-        schedule, epsilon = "budgets differ between runs", "the runs' budgets differ"
+        schedule, epsilon = "budgets or learning_starts differ between runs", "the runs differ"
     lines = [
         "## DQN on Atari Breakout (`benchmarks/atari_dqn.py`)",
         "",
         f"Learning at a fixed budget: {', '.join(f'{b:,}' for b in budgets)} env steps per run, seeds "
         f"{', '.join(map(str, seeds))} ({len(per_library['rlspeed'])} run(s) of rlspeed, "
         f"{len(per_library['stable-baselines3'])} of SB3). RL-Zoo's DQN `atari` settings for both (rlspeed: its "
-        "preset, presets/dqn.yaml): 1 env, replay 100,000, learning_starts 100,000 (uniform random actions and no "
-        f"updates until then, {schedule}), batch 32 "
+        f"preset, presets/dqn.yaml): 1 env, replay 100,000, learning_starts {common.fmt(learning_starts, ',')} "
+        f"(uniform random actions and no updates until then, {schedule}), batch 32 "
         "every 4 env steps, target copied every 1,000 env steps, Adam lr 1e-4 (eps 1e-5 on both: rlspeed's fixed "
         "value, set on SB3 whose own is 1e-8), Huber loss, grad norm 10, gamma 0.99, no double Q, epsilon "
         f"1 -> 0.01 over the first 10% of the learn call's budget (both libraries; {epsilon}). "

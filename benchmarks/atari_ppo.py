@@ -322,7 +322,9 @@ def main() -> None:
     t.add_argument("--json", default=common.default_pairs_json("atari_throughput.json"))
     for p in (w, t):
         p.add_argument("--iterations", type=int, default=3, help="timed rollouts (each with its update)")
-        p.add_argument("--warmup", type=int, default=1, help="untimed rollouts (each with its update) first")
+        p.add_argument("--warmup", type=int, default=1, choices=range(1, 1000), metavar="N>=1",
+                       help="untimed rollouts (each with its update) first (at least 1: the timed window starts at "
+                            "the end of one)")
         p.add_argument("--threads", type=int, default=1)
     s = sub.add_parser("sb3-learn", help="one SB3 learning run at a fixed budget")
     s.add_argument("--budget", type=int, default=200_000)

@@ -48,8 +48,12 @@ python benchmarks/ppo_cartpole.py --help     # --seeds, --steps, --budget, --thr
 
 
 def set_threads(num_threads: int) -> int:
-    """Set torch's intra-op threads for the process (both libraries share them); returns the value in effect."""
-    torch.set_num_threads(num_threads)
+    """Set torch's intra-op threads for the process (both libraries share them), also as the count rlspeed's models
+    without a `num_threads` of their own train with (`rlspeed.device.configure_threads`: a model applies its count
+    only while it is built and trains); returns the value in effect."""
+    from rlspeed.device import configure_threads
+
+    configure_threads(num_threads)
     return torch.get_num_threads()
 
 

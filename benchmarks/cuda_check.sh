@@ -53,7 +53,7 @@ train() {  # train LABEL ALGO ENV [ARGS...]: a run on $DEVICE with --accelerate 
   local dir="/tmp/rlspeed-runs/$1"
   rm -rf "$dir"
   python3 -m rlspeed train "$2" "$3" --device "$DEVICE" --accelerate auto --no-progress --out "$dir" "${@:4}" \
-    >"$dir.log" 2>&1 || { tail -n 20 "$dir.log"; return; }
+    >"$dir.log" 2>&1 || { tail -n 20 "$dir.log"; return 1; }
   python3 - "$dir" "$1" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1] + "/summary.json"))
@@ -67,13 +67,16 @@ export DEVICE
 # learning with every algorithm (presets stop at their target), then throughput of SAC and DQN at a fixed number
 # of steps: --accelerate auto (on CUDA: autograd through accelerate_step, whole-step graphs) against --accelerate off
 # (the hand-derived updates, fp32)
-learning="train ppo ppo CartPole-v1; train dqn dqn CartPole-v1; train sac sac Pendulum-v1; train ddpg ddpg Pendulum-v1;"
+# (every run goes on after a failed one; the part fails if any did)
+learning="train ppo ppo CartPole-v1 || failed=1; train dqn dqn CartPole-v1 || failed=1; \
+train sac sac Pendulum-v1 || failed=1; train ddpg ddpg Pendulum-v1 || failed=1;"
 [ "$QUICK" = 1 ] && learning=""
-part train 200 bash -c "mkdir -p /tmp/rlspeed-runs; $learning train td3 td3 Pendulum-v1; \
-train sac-3k-auto sac Pendulum-v1 --target-return none --total-timesteps 3000; \
-train sac-3k-off sac Pendulum-v1 --target-return none --total-timesteps 3000 --accelerate off; \
-train dqn-30k-auto dqn CartPole-v1 --target-return none --total-timesteps 30000; \
-train dqn-30k-off dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off"
+part train 200 bash -c "failed=0; mkdir -p /tmp/rlspeed-runs; $learning train td3 td3 Pendulum-v1 || failed=1; \
+train sac-3k-auto sac Pendulum-v1 --target-return none --total-timesteps 3000 || failed=1; \
+train sac-3k-off sac Pendulum-v1 --target-return none --total-timesteps 3000 --accelerate off || failed=1; \
+train dqn-30k-auto dqn CartPole-v1 --target-return none --total-timesteps 30000 || failed=1; \
+train dqn-30k-off dqn CartPole-v1 --target-return none --total-timesteps 30000 --accelerate off || failed=1; \
+exit \$failed"
 # rlspeed profile on the GPU (its device busy time, sync count and small-network advice were written without one)
 part profile 60 python3 -m rlspeed profile ppo CartPole-v1 --device "$DEVICE"
 # SB3=1: Stable-Baselines3 on the same GPU, side by side with rlspeed (SAC, RL-Zoo settings; its wheel and

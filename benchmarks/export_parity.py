@@ -222,7 +222,7 @@ def run_case(name: str, args, workdir: Path) -> dict:
         steps = min(steps, 1_024)
     torch.set_num_threads(args.threads)
     begin = time.perf_counter()
-    model = ALGORITHMS[algo](env_id, seed=0, **hyperparameters)
+    model = ALGORITHMS[algo](env_id, seed=0, num_threads=args.threads, **hyperparameters)
     model.learn(steps, progress_bar=False)
     train_s = time.perf_counter() - begin
     model = model.__class__.load(model.save(workdir / f"{name}.safetensors"), device="cpu")  # as `rlspeed export`

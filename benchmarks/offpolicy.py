@@ -186,7 +186,7 @@ def parse_args() -> argparse.Namespace:
                         help="env steps per throughput run (a); default SAC 3000 / DQN 20000, quick 300 / 2048")
     parser.add_argument("--budget", type=int, default=None,
                         help="env step budget per time-to-target run (b); default rlspeed's preset total_timesteps "
-                             "(RL-Zoo's: SAC 20000, DQN 50000), quick 2000 / 5000")
+                             "(RL-Zoo's: SAC 20000, DQN 50000), quick 3000 / 5000")
     parser.add_argument("--eval-freq", type=int, default=None,
                         help="evaluate every N env steps in (b), both libraries; default rlspeed's preset eval_freq")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for every run")

@@ -61,7 +61,7 @@ def worker(args: argparse.Namespace) -> dict:
     import rlspeed
     from rlspeed.population import Population
 
-    os.environ["RLSPEED_NUM_THREADS"] = str(args.threads)  # (each model sets its threads from it when built)
+    os.environ["RLSPEED_NUM_THREADS"] = str(args.threads)  # (each model builds and trains with it)
     set_threads(args.threads)
     algo = getattr(rlspeed, args.algo.upper())
     hyper = _settings(args.algo, args.env)

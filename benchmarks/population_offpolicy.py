@@ -49,7 +49,7 @@ def worker(args: argparse.Namespace) -> dict:
     from rlspeed import SAC
     from rlspeed.population import Population
 
-    os.environ["RLSPEED_NUM_THREADS"] = str(args.threads)  # (each model sets its threads from it when built)
+    os.environ["RLSPEED_NUM_THREADS"] = str(args.threads)  # (each model builds and trains with it)
     set_threads(args.threads)
     run, hyper = _preset()
     cpu_start = time.process_time()

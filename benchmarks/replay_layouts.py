@@ -19,7 +19,6 @@ import time
 import warnings
 
 import common
-import torch
 
 ENV_ID = "MinAtar/Breakout-v1"
 # benchmarks/cnn_encoder.py's DQN settings (RL-Zoo's Atari DQN, scaled to MinAtar), its small CNN
@@ -38,7 +37,7 @@ def worker(layout: str, steps: int, seed: int, threads: int) -> dict:
 
     warnings.simplefilter("ignore")
     minatar.gym.register_envs()
-    torch.set_num_threads(threads)
+    common.set_threads(threads)
     off_policy._SHARED_OBSERVATIONS_BYTES = 0  # the shared layout for any size, where frame_dedup is on
     model = DQN(ENV_ID, seed=seed, device="cpu", env_backend="gymnasium", frame_dedup=layout == "observations",
                 **SETTINGS)

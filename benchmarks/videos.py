@@ -108,9 +108,9 @@ def main() -> None:
              "under runs/videos/ (gitignored). Load average (1, 5, 15 min): "
              f"{load_before} before, {load_after} after.", "", table]
     data = {"load_before": load_before, "load_after": load_after, "cases": results}
-    common.publish("export_videos", lines, data, write=not args.no_write,
-                   machine=common.machine_description(("rlspeed", "torch", "gymnasium", "imageio", "imageio-ffmpeg",
-                                                       "pygame-ce")))
+    machine = common.machine_description(("rlspeed", "torch", "gymnasium", "imageio", "imageio-ffmpeg", "pygame-ce"))
+    machine["torch_threads"] = 1  # (the `rlspeed train` and `eval` processes': their --threads default)
+    common.publish("export_videos", lines, data, write=not args.no_write, machine=machine)
 
 
 if __name__ == "__main__":

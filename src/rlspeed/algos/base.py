@@ -447,6 +447,15 @@ class LearnResult:
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
     stop_requested: bool = False
 
+    def __repr__(self) -> str:
+        # (a notebook shows it: rounded figures, and how many evaluations rather than all of them)
+        def short(value):
+            return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+        fields = [f"{f.name}={short(getattr(self, f.name))}" for f in dataclasses.fields(self)
+                  if f.name not in ("evaluations", "confirmations")]
+        return f"LearnResult({', '.join(fields)}, evaluations=[{len(self.evaluations)} of (steps, clock, mean)])"
+
 
 def _class_name(cls: type) -> str:
     """A class as checkpoints record the one that saved them: `module.QualName`."""
