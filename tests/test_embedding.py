@@ -187,6 +187,15 @@ def test_a_model_shows_its_env_envs_device_and_steps():
     assert repr(model) == "PPO('CartPole-v1', num_envs=4, device='cpu', num_timesteps=64)"
 
 
+def test_a_learn_result_shows_rounded_figures_and_counts_its_evaluations():
+    """`model.result` in a notebook: its figures to 6 significant digits, and how many evaluations (not the list)."""
+    model = _model()
+    model.learn(128, progress_bar=False, eval_freq=64, eval_episodes=1)
+    shown = repr(model.result)
+    assert shown.startswith("LearnResult(total_timesteps=128, train_wall_s=") and "[2 of (steps" in shown
+    assert f"train_wall_s={model.result.train_wall_s:.6g}," in shown
+
+
 def test_a_notebook_without_ipywidgets_gets_no_tqdm_warning():
     """In a Jupyter kernel without ipywidgets, `import rlspeed` and a progress bar warn nothing (tqdm.auto's
     "IProgress not found" TqdmWarning): the bar is tqdm's console bar there."""
