@@ -425,3 +425,19 @@ def test_a_callback_overriding_the_public_hooks_keeps_working():
     model = _ppo()
     model.learn(4 * STEPS_PER_ITERATION, callback=Public(), progress_bar=False, log_interval_s=1e9)
     assert ended == [2 * STEPS_PER_ITERATION]
+
+
+def test_a_wrapped_callback_gets_the_row_written_after_a_stop():
+    """EveryNTimesteps' callback, like a direct one, holds at training end the row learn wrote after a stop between
+    log points (W&B logs it from there)."""
+    seen = []
+
+    class AtEnd(BaseCallback):
+        def _on_training_end(self):
+            seen.append(None if self.metrics is None else self.metrics["timesteps"])
+
+    model = _ppo()
+    calls = []
+    model.learn(4 * STEPS_PER_ITERATION, progress_bar=False, log_interval_s=1e9,
+                callback=[EveryNTimesteps(1, AtEnd()), lambda local: calls.append(1) or len(calls) < 2])
+    assert seen == [2 * STEPS_PER_ITERATION]

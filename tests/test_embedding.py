@@ -101,6 +101,8 @@ def test_a_setting_without_effect_warns_when_the_model_is_made_not_when_it_is_lo
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnusedSettingWarning)
         PPO.load(path)
+    with pytest.warns(UnusedSettingWarning, match="normalize_images=False has no effect"):  # (a value given now)
+        PPO.load(path, normalize_images=False)
 
 
 @needs_two_cores

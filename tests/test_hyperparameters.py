@@ -39,10 +39,13 @@ def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_t
              (rlspeed.PPO, {"n_steps": 64}, r"Did you mean num_steps\?"),
              (rlspeed.PPO, {"lerning_rate": 1e-3}, r"Did you mean learning_rate\?"),
              (rlspeed.PPO, {"activation_fn": "relu"}, r"Did you mean activation\?"),
-             (rlspeed.DQN, {"exploration_eps": 0.1}, r"Did you mean exploration_final_eps, exploration_initial_eps\?")]
+             (rlspeed.DQN, {"exploration_eps": 0.1}, r"Did you mean exploration_final_eps, exploration_initial_eps\?"),
+             (rlspeed.PPO, {"update_epochs": 4}, r"Did you mean n_epochs\?$"),  # (named otherwise: the last word)
+             (rlspeed.DQN, {"exploration_final_epsilon": 0.1}, r"Did you mean exploration_final_eps\?$"),
+             (rlspeed.SAC, {"vf_coef": 0.5}, r"vf_coef is a setting of A2C, PPO and RecurrentPPO; SAC has none")]
     for algo, options, message in cases:
         with pytest.raises(UserError, match=message) as raised:
-            algo("CartPole-v1", device="cpu", **options)
+            algo("Pendulum-v1" if algo is rlspeed.SAC else "CartPole-v1", device="cpu", **options)
         if "setting of" in message:
             assert "Did you mean" not in str(raised.value), str(raised.value)
 

@@ -204,3 +204,18 @@ def test_a_subclass_checkpoint_loaded_by_the_base_class_says_so(tmp_path):
         warnings.simplefilter("error")
         FlipPPO.load(path)
         FlipPPO.load(plain)
+
+
+def test_double_q_a_callback_changes_applies_whichever_dqn_update_runs():
+    """DQN's double_q changed on model.config mid-run reaches the hand-derived update as it reaches the autograd loss:
+    both end with the same weights."""
+    def switch(local):
+        if local["self"].num_timesteps >= 256:
+            local["self"].config.double_q = False
+
+    def trained(**settings):
+        model = DQN("CartPole-v1", device="cpu", seed=0, learning_starts=64, **settings)
+        model.learn(768, callback=switch, progress_bar=False)
+        return torch.cat([p.detach().flatten() for p in model.q_network.parameters()])
+
+    torch.testing.assert_close(trained(), trained(fused_update=False), rtol=1e-4, atol=1e-5)

@@ -163,8 +163,12 @@ class BaseCallback:
         self._on_training_end()
 
     def set_final_metrics(self, metrics: dict) -> None:
-        """(learn) The row written after the last iteration's callbacks ran, for `on_training_end`."""
+        """(learn) The row written after the last iteration's callbacks ran, for `on_training_end` (and a wrapped
+        child's: EveryNTimesteps' callback)."""
         self.metrics = metrics
+        child = getattr(self, "callback", None)
+        if isinstance(child, BaseCallback):
+            child.set_final_metrics(metrics)
 
     # --- what subclasses override -----------------------------------------------------------------------------
     def _init_callback(self) -> None:

@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 import random
+import re
 import secrets
 import time
 import typing
@@ -130,9 +131,10 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
             named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())
-            close = [named] if named in fields else _close_names(key, list(fields))
             owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
             others = "" if named in fields else _other_owners(named, config_cls)
+            # (a key of another algorithm is named as such, not guessed at)
+            close = [named] if named in fields else [] if others else _close_names(key, list(fields))
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             if others:
                 hint = f" {named} is a setting of {others}; {owner} has none.{hint}"
@@ -191,10 +193,14 @@ def _close_names(key: str, names: list[str]) -> list[str]:
         if len(words) == 1:
             return close(words[0], name.replace("_", ""), 0.75)
         return (all(any(like(word, part) for part in parts) for word in words)  # (a misspelling, or words left out)
-                or all(any(like(word, part) for word in words) for part in parts)  # (words added: activation_fn)
-                or like(words[-1], parts[-1]))  # (the same thing, named otherwise: update_epochs, n_epochs)
+                or all(any(like(word, part) for word in words) for part in parts))  # (words added: activation_fn)
 
-    return [name for name in difflib.get_close_matches(key, names, n=6) if words_match(name)][:3]
+    candidates = difflib.get_close_matches(key, names, n=6)
+    found = [name for name in candidates if words_match(name)][:3]
+    if not found:  # (the same thing named otherwise, by its last word: update_epochs for n_epochs)
+        last = key.lower().rpartition("_")[2]
+        found = [name for name in candidates if "_" in key and name.rpartition("_")[2] == last][:1]
+    return found
 
 
 def _other_owners(key: str, config_cls: type) -> str:
@@ -1001,7 +1007,6 @@ class Algorithm:
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         resume = self._resume
         self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
-        self._resume = None
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
         # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
         self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
@@ -1062,6 +1067,7 @@ class Algorithm:
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
             if resume is not None:
                 self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
+            self._resume = None  # (from here the model is the resumed run's, whole: an interruption saves it)
             if callbacks is not None and main:
                 callbacks.init_callback(self)
                 callbacks.on_training_start(locals())
@@ -1499,6 +1505,9 @@ class Algorithm:
             warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
             model = algo(env if env is not None else spec, device=device,
                          env_backend=meta.get("env_backend", "auto"), **config)
+        for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
+            if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
+                warnings.warn(sentence, UnusedSettingWarning, stacklevel=2)
         model.seed = meta.get("seed")
         model.num_timesteps = meta.get("num_timesteps", 0)
         model._restore(tensors, meta, path)

@@ -233,6 +233,7 @@ class DQN(OffPolicyAlgorithm):
         update, context = self._update_step.hand_derived, self._update_step.precision_context()
         if update is None or context is None:
             return rows
+        update.follow(self.config)  # (double_q as the config says now: the autograd loss reads it at each step)
         with context:
             prepared = update.prepare(*(rows[field] for field in _PREPARE_FIELDS))
         return {"obs": rows["obs"], "next_obs": rows["next_obs"], "prepared": prepared}

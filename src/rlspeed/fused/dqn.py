@@ -50,6 +50,11 @@ class FusedDQNUpdate:
         self.weight_grads, self.bias_grads = self.adam.grad_views[0::2], self.adam.grad_views[1::2]
         self.target_linears = sequential_linears(q_target.body)[0]
 
+
+    def follow(self, config) -> None:
+        """Take `config.double_q` as it is now (a callback may change it between iterations; the autograd loss reads
+        it at every step)."""
+        self.double_q = bool(config.double_q)
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         return self.step_prepared(obs, next_obs, self.prepare(actions, rewards, next_obs, terminated, discounts))
 
