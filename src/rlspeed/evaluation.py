@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import secrets
 import warnings
 
 import torch
 
 from rlspeed.device import resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, resolve_backend
-from rlspeed.envs.base import BatchedEnv, counted, observation_layout, space_to_json
+from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.errors import UserError
 
 
@@ -33,7 +35,13 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of the
     policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
+
+    `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
+    evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and
+    so the training that follows) as they were. Without a seed one is drawn; the result's ``"seed"`` repeats it
+    (None for a vector env you built, which this call does not seed then).
     """
+    seed = None if seed is None else check_seed(seed)
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
     if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
@@ -48,6 +56,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
+    if seed is None and not isinstance(env_id, BatchedEnv) and size is None:  # (an env this call makes: seeded)
+        seed = secrets.randbelow(2**31)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
@@ -68,34 +78,40 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
     running, running_lengths = returns, lengths
     succeeded = None  # (an env reporting info["is_success"]: each first episode's)
+    # a stochastic policy samples from a stream of its own, seeded by `seed`: the caller's generators (training's)
+    # are left as they were
+    sampling = _own_random_stream(model.device, env.device, seed) if not deterministic else contextlib.nullcontext()
     try:
         _check_compatible(model, env)
-        obs, info = env.reset()
-        masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
-        check_every = 64 if env.backend == "torch" else 1
-        # a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts
-        recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
-        for step in range(1, limit + 1):
-            # the env may live on another device than the model (`device=`; act moves obs): a no-op when they share
-            masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
-            if recurrent:
-                actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic, **masks)
-            else:
-                actions = model.act(obs, deterministic=deterministic, **masks)
-            obs, _reward, _terminated, _truncated, info = env.step(actions.to(env.device))
-            episode_start = info["done"]
-            newly_done = info["done"] & ~finished
-            returns = torch.where(newly_done, info["episode_return"], returns)
-            lengths = torch.where(newly_done, info["episode_length"], lengths)
-            if "is_success" in info:
-                succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
-                    newly_done & info["is_success"])
-            finished |= info["done"]
-            # the running return and length of rows still in their first episode
-            running, running_lengths = info["episode_return"], info["episode_length"]
-            # Device-native envs are checked every few steps only, to avoid a host sync per step.
-            if step % check_every == 0 and bool(finished.all()):
-                break
+        _warn_reward_wrappers(env_id)
+        with sampling:
+            obs, info = env.reset()
+            masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
+            check_every = 64 if env.backend == "torch" else 1
+            # a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts
+            recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
+            for step in range(1, limit + 1):
+                # the env may live on another device than the model (`device=`; act moves obs): a no-op when they share
+                masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
+                if recurrent:
+                    actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic,
+                                                          **masks)
+                else:
+                    actions = model.act(obs, deterministic=deterministic, **masks)
+                obs, _reward, _terminated, _truncated, info = env.step(actions.to(env.device))
+                episode_start = info["done"]
+                newly_done = info["done"] & ~finished
+                returns = torch.where(newly_done, info["episode_return"], returns)
+                lengths = torch.where(newly_done, info["episode_length"], lengths)
+                if "is_success" in info:
+                    succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
+                        newly_done & info["is_success"])
+                finished |= info["done"]
+                # the running return and length of rows still in their first episode
+                running, running_lengths = info["episode_return"], info["episode_length"]
+                # Device-native envs are checked every few steps only, to avoid a host sync per step.
+                if step % check_every == 0 and bool(finished.all()):
+                    break
     finally:
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             env.close()
@@ -109,12 +125,40 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     result = {"mean": mean, "std": std, "episodes": episodes, "returns": values,
-              "lengths": [int(n) for n in lengths.cpu().tolist()], "unfinished": unfinished}
+              "lengths": [int(n) for n in lengths.cpu().tolist()], "unfinished": unfinished, "seed": seed}
     if succeeded is not None:
         result["successes"] = succeeded.cpu().tolist()
         if unfinished < episodes:
             result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
     return result
+
+
+@contextlib.contextmanager
+def _own_random_stream(model_device: torch.device, env_device: torch.device, seed: int | None):
+    """torch's generators of the CPU and the devices involved forked for the block (restored after it), and seeded
+    from `seed` (or drawn when there is none)."""
+    devices = {device for device in (torch.device(model_device), torch.device(env_device)) if device.type != "cpu"}
+    kinds = {device.type for device in devices}
+    device_type = kinds.pop() if len(kinds) == 1 else "cuda"
+    with torch.random.fork_rng(devices=[device.index or 0 for device in devices if device.type == device_type],
+                               device_type=device_type):
+        torch.manual_seed(seed if seed is not None else secrets.randbelow(2**31))
+        yield
+
+
+def _warn_reward_wrappers(env) -> None:
+    """A warning where a vector env the caller built changes its rewards (Gymnasium's NormalizeReward, ...): the
+    returns evaluate reports are then the changed rewards', not the env's own."""
+    changers = []
+    while env is not None and not isinstance(env, str):
+        name = type(env).__name__
+        if name in ("NormalizeReward", "TransformReward", "ClipReward", "ScaleReward"):
+            changers.append(name)
+        env = getattr(env, "env", None)
+    if changers:
+        warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
+                      "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",
+                      stacklevel=3)
 
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:

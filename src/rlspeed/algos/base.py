@@ -40,6 +40,7 @@ from rlspeed.envs import (
 )
 from rlspeed.envs.base import (
     EnvSpec,
+    check_seed,
     counted,
     numpy_dtype,
     obs_batch_size,
@@ -534,16 +535,6 @@ def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
                     f"{given.action_space}) does not fit the model in '{path}', trained on {saved.env_id} "
                     f"(observations {saved.observation_space}, actions {saved.action_space}): its {what} differ; give "
                     "an env with the spaces the model was trained on.")
-
-
-def check_seed(seed) -> int:
-    """`seed` as an int; UserError unless it is a whole number in [0, 2**32), what Gymnasium's and numpy's seeding
-    take (a one-element tensor counts as its value)."""
-    if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.is_floating_point():
-        seed = seed.item()  # ok-sync: a seed, once, when a model is made
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
-        raise UserError(f"A seed is a whole number from 0 to 2**32 - 1, not {seed!r}.")
-    return int(seed)
 
 
 #: Stable-Baselines3's (and sb3-contrib's) policy names, which its algorithms take before the env

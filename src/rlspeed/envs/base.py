@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,16 @@ Observation = torch.Tensor | dict[str, torch.Tensor]
 
 #: Leaf spaces an observation may consist of (alone, or as the values of a Dict or Tuple).
 _LEAF_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def check_seed(seed) -> int:
+    """`seed` as an int; UserError unless it is a whole number in [0, 2**32), what Gymnasium's and numpy's seeding
+    take (a one-element tensor or a numpy integer counts as its value)."""
+    if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.is_floating_point():
+        seed = seed.item()  # ok-sync: a seed, once
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
+        raise UserError(f"A seed is a whole number from 0 to 2**32 - 1, not {seed!r}.")
+    return int(seed)
 
 
 def _leaf_dtype(space: gym.Space) -> torch.dtype:

@@ -22,7 +22,7 @@ from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
-from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
+from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError
 from rlspeed.logging import ProgressBar
 from rlspeed.nn import CNNEncoder, OneHotEncoder
@@ -42,8 +42,6 @@ def _seed_text(seeds) -> str:
 def check_seeds(seeds) -> list[int]:
     """`seeds` as a list of ints (each `check_seed`'s); UserError for none, a seed given twice, or something else
     than a sequence of seeds."""
-    from rlspeed.algos.base import check_seed
-
     if isinstance(seeds, (int, str)) or not isinstance(seeds, Iterable):
         raise UserError(f"seeds is the members' seeds, a list or range of ints (e.g. seeds=range(4) for 4 members), "
                         f"not {seeds!r}.")

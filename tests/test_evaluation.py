@@ -1,0 +1,68 @@
+"""`rlspeed.evaluate` as careful evaluation needs it: a seed repeats a stochastic evaluation exactly, an evaluation
+leaves the caller's random generators (and so the training after it) alone, a seed without one is drawn and
+returned, seeds of any integer type work on every backend, and rewards a wrapper changed are said to be changed."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed import PPO, SAC
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, env_backend="gymnasium")
+    return model.learn(1024, progress_bar=False)
+
+
+@pytest.mark.parametrize("algo, env_id", [(PPO, "CartPole-v1"), (SAC, "Pendulum-v1")])
+def test_a_seed_repeats_a_stochastic_evaluation_and_leaves_the_global_generators(algo, env_id):
+    model = algo(env_id, device="cpu", seed=0, **({"learning_starts": 50} if algo is SAC else {}))
+    model.learn(200 if algo is SAC else 256, progress_bar=False)
+    state = torch.get_rng_state()
+    first = rlspeed.evaluate(model, env_id, episodes=3, seed=3, deterministic=False)
+    assert torch.equal(torch.get_rng_state(), state)  # (the samples came from the evaluation's own stream)
+    again = rlspeed.evaluate(model, env_id, episodes=3, seed=3, deterministic=False)
+    assert again["returns"] == first["returns"]
+    other = rlspeed.evaluate(model, env_id, episodes=3, seed=4, deterministic=False)
+    assert other["returns"] != first["returns"]
+
+
+def test_a_stochastic_evaluation_between_learn_calls_does_not_change_training():
+    def trained(evaluate_between: bool) -> torch.Tensor:
+        model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32)
+        model.learn(256, progress_bar=False)
+        if evaluate_between:
+            rlspeed.evaluate(model, episodes=2, seed=1, deterministic=False)
+        model.learn(256, progress_bar=False)
+        return torch.cat([p.detach().flatten() for p in model.policy.parameters()])
+
+    assert torch.equal(trained(False), trained(True))
+
+
+def test_without_a_seed_one_is_drawn_and_returned_to_repeat_it(ppo):
+    result = rlspeed.evaluate(ppo, "CartPole-v1", episodes=2, deterministic=False)
+    assert isinstance(result["seed"], int)
+    again = rlspeed.evaluate(ppo, "CartPole-v1", episodes=2, seed=result["seed"], deterministic=False)
+    assert again["returns"] == result["returns"]
+
+
+@pytest.mark.parametrize("seed", [np.int64(5), np.uint32(5), torch.tensor(5)])
+def test_a_seed_of_any_integer_type_works_on_every_backend(ppo, seed):
+    expected = rlspeed.evaluate(ppo, episodes=2, seed=5)["returns"]
+    assert rlspeed.evaluate(ppo, episodes=2, seed=seed)["returns"] == expected
+    with pytest.raises(rlspeed.UserError, match="A seed is a whole number"):
+        rlspeed.evaluate(ppo, episodes=2, seed=-1)
+
+
+def test_rewards_a_vector_wrapper_changes_are_said_to_be_changed(ppo):
+    env = gym.wrappers.vector.NormalizeReward(gym.make_vec(
+        "CartPole-v1", 2, vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}))
+    with pytest.warns(UserWarning, match="NormalizeReward"):
+        rlspeed.evaluate(ppo, env, episodes=2, seed=0)
+    env.close()
