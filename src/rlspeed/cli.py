@@ -1270,12 +1270,11 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
         if run["tracker"] is not None:
             run["tracker"].finish(summary, exit_code=code)
-    saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it)"
+    saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"
              if run["model"]._resume is None else
-             "before training resumed: checkpoint.safetensors, the one it resumed from, is kept (--resume continues "
-             "from it); saved")
-    print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} and summary.json in {run_dir}",
-          file=sys.stderr, flush=True)
+             "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
+             "it), and saved summary.json")
+    print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
     return code
 
 

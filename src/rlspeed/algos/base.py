@@ -181,7 +181,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
 def _close_names(key: str, names: list[str]) -> list[str]:
     """Up to three of `names` that `key` looks like a misspelling of: close as a whole (difflib), and each of its
     words (split at "_") close to a word of the name, or, for a key without "_", close to the name without them. A
-    shared first word alone is no likeness: normalize_obs is not a misspelling of normalize_images."""
+    shared first word alone is no likeness: normalize_obs is not a misspelling of normalize_images. Where none is,
+    the closest whose last word is the key's (update_epochs: n_epochs)."""
     def close(a: str, b: str, cutoff: float) -> bool:
         return difflib.SequenceMatcher(None, a, b).ratio() >= cutoff
 
@@ -434,7 +435,8 @@ def _device_rng(device: torch.device):
 
 #: The confirming evaluation's seeds are this far from the evaluation's own (episode seeds never shared)
 CONFIRM_SEED = 50_000_000
-#: By default `learn` writes a metrics row every second and at least this many over a call (a short run's curve)
+#: By default `learn` writes a metrics row every second and, with a run_dir, at least this many over a call of as
+#: many iterations or more (a short run's curve)
 ROWS_PER_LEARN = 50
 
 
@@ -560,10 +562,10 @@ class Algorithm:
         Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
         spaces.
 
-        `num_threads`: torch's intra-op threads while this model trains (`learn`, its evaluations included; the
-        caller's count holds again when learn returns or raises). None: the count `rlspeed.device.configure_threads`
-        set for the process (the command line's `--threads`), else RLSPEED_NUM_THREADS, else 1. Building or loading a
-        model and `predict` leave torch's setting as it is.
+        `num_threads`: torch's intra-op threads while this model is built (its initial weights: the same on any
+        machine) and while it trains (`learn`, its evaluations included); the caller's count holds again after each,
+        and `predict` leaves it as it is. None: the count `rlspeed.device.configure_threads` set for the process (the
+        command line's `--threads`), else RLSPEED_NUM_THREADS, else 1.
 
         `nan_policy`: what a NaN or infinite observation or reward from the training env does: "raise"
         (`rlspeed.numerics.NonFiniteEnvError`, naming the env index and step) or "mask" (replaced by 0, counted).
