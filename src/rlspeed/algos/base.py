@@ -935,9 +935,9 @@ class Algorithm:
 
         Metrics (steps/s, episode returns, losses) are read once per `log_interval_s` seconds; by default every
         second and, with `run_dir`, also at least 50 times over a call of 50 iterations or more. With `run_dir` each
-        reading is a row of `run_dir/metrics.csv`
-        (also the last iterations before a stop a callback or signal asked for); a `run_dir` holding another run's
-        metrics.csv is refused (a model continues only the run it trained in or was loaded from).
+        reading is a row of `run_dir/metrics.csv` (the last iterations before a stop a callback or signal asked for
+        included); a `run_dir` holding another run's metrics.csv is refused (a model continues only the run it
+        trained in or was loaded from).
 
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
