@@ -4,6 +4,8 @@ returned, seeds of any integer type work on every backend, and rewards a wrapper
 
 from __future__ import annotations
 
+import json
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -66,3 +68,22 @@ def test_rewards_a_vector_wrapper_changes_are_said_to_be_changed(ppo):
     with pytest.warns(UserWarning, match="NormalizeReward"):
         rlspeed.evaluate(ppo, env, episodes=2, seed=0)
     env.close()
+
+
+def test_a_models_own_evaluate_takes_deterministic_as_rlspeed_evaluate_does(ppo):
+    sampled = ppo.evaluate(episodes=3, seed=2, deterministic=False)
+    assert sampled["returns"] == rlspeed.evaluate(ppo, episodes=3, seed=2, deterministic=False)["returns"]
+    assert ppo.evaluate(episodes=3, seed=2)["returns"] == rlspeed.evaluate(ppo, episodes=3, seed=2)["returns"]
+
+
+def test_rlspeed_eval_stochastic_samples_and_its_seed_repeats_them(ppo, tmp_path, capsys):
+    from rlspeed import cli
+
+    path = ppo.save(tmp_path / "model")
+    results = []
+    for flags in (["--stochastic"], ["--stochastic"], []):
+        capsys.readouterr()
+        assert cli.main(["eval", str(path), "--episodes", "4", "--seed", "3", "--json", *flags]) == 0
+        results.append(json.loads(capsys.readouterr().out)["returns"])
+    assert results[0] == results[1] == rlspeed.evaluate(ppo, episodes=4, seed=3, deterministic=False)["returns"]
+    assert results[2] == rlspeed.evaluate(ppo, episodes=4, seed=3)["returns"]

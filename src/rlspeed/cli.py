@@ -1431,14 +1431,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed_note = f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
     else:
         seed_note = f", seed {args.seed}"
+    deterministic = not args.stochastic
     if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
-        result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id)
+        result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id, deterministic=deterministic)
     else:
         from rlspeed.evaluation import evaluate
 
-        result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend)
+        result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend,
+                          deterministic=deterministic)
     success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
-    print(f"rlspeed: {type(model).__name__} on {env_id}, deterministic, {args.episodes} episodes{seed_note}: "
+    how = "deterministic" if deterministic else "stochastic"
+    print(f"rlspeed: {type(model).__name__} on {env_id}, {how}, {args.episodes} episodes{seed_note}: "
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
           file=sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -1610,7 +1613,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="show full tracebacks on errors")
     tun.set_defaults(func=cmd_tune)
 
-    ev = sub.add_parser("eval", help="evaluate a saved model (deterministic)")
+    ev = sub.add_parser("eval", help="evaluate a saved model (deterministic; --stochastic samples)")
     ev.add_argument("checkpoint", help="a model file or a run directory")
     ev.add_argument("--env", default=None, help="env id (default: the one it was trained on)")
     ev.add_argument("--episodes", type=_whole(1), default=10, help="episodes to evaluate (default 10)")
@@ -1621,6 +1624,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="(default: the one the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide)")
+    ev.add_argument("--stochastic", action="store_true",
+                    help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
     ev.add_argument("--video", default=None, metavar="FILE",
                     help='also record deterministic episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')

@@ -1259,11 +1259,13 @@ class Algorithm:
         return export_policy(self, path, format=format, action_mask=action_mask)
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
-                 max_steps: int | None = None) -> dict:
-        """Deterministic evaluation on a separate env (see `rlspeed.evaluate`; `max_steps` caps each episode)."""
+                 max_steps: int | None = None, deterministic: bool = True) -> dict:
+        """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`; `max_steps` caps each
+        episode; `deterministic=False` samples the policy, from a random stream `seed` seeds)."""
         from rlspeed.evaluation import evaluate
 
-        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps)
+        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
+                        deterministic=deterministic)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
