@@ -87,3 +87,11 @@ def test_rlspeed_eval_stochastic_samples_and_its_seed_repeats_them(ppo, tmp_path
         results.append(json.loads(capsys.readouterr().out)["returns"])
     assert results[0] == results[1] == rlspeed.evaluate(ppo, episodes=4, seed=3, deterministic=False)["returns"]
     assert results[2] == rlspeed.evaluate(ppo, episodes=4, seed=3)["returns"]
+
+
+def test_a_models_largest_seed_still_evaluates_with_its_offsets():
+    """A model's seed may be up to 2**32 - 1; its evaluations add offsets (learn's, the final one's) beyond it."""
+    model = PPO("CartPole-v1", device="cpu", seed=2**32 - 1, num_envs=4, num_steps=16)
+    model.learn(128, progress_bar=False, target_return=1e9, eval_freq=64, eval_episodes=2)
+    assert len(model.result.evaluations) == 2
+    assert rlspeed.evaluate(model, episodes=2, seed=2**32 - 1 + 1_000_000)["seed"] == 2**32 - 1 + 1_000_000

@@ -41,7 +41,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     so the training that follows) as they were. Without a seed one is drawn; the result's ``"seed"`` repeats it
     (None for a vector env you built, which this call does not seed then).
     """
-    seed = None if seed is None else check_seed(seed)
+    seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     if max_steps is not None and max_steps < 1:
         raise UserError(f"max_steps must be at least 1, got {max_steps}.")
     if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:

@@ -39,13 +39,14 @@ Observation = torch.Tensor | dict[str, torch.Tensor]
 _LEAF_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-def check_seed(seed) -> int:
-    """`seed` as an int; UserError unless it is a whole number in [0, 2**32), what Gymnasium's and numpy's seeding
-    take (a one-element tensor or a numpy integer counts as its value)."""
+def check_seed(seed, limit_bits: int = 32) -> int:
+    """`seed` as an int; UserError unless it is a whole number below 2**`limit_bits`: a model's seed below 2**32,
+    what Gymnasium's and numpy's seeding take; an evaluation's (a model's seed plus offsets) below 2**63 (a
+    one-element tensor or a numpy integer counts as its value)."""
     if isinstance(seed, torch.Tensor) and seed.numel() == 1 and not seed.is_floating_point():
         seed = seed.item()  # ok-sync: a seed, once
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**32:
-        raise UserError(f"A seed is a whole number from 0 to 2**32 - 1, not {seed!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**limit_bits:
+        raise UserError(f"A seed is a whole number from 0 to 2**{limit_bits} - 1, not {seed!r}.")
     return int(seed)
 
 
