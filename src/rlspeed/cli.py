@@ -1625,7 +1625,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide)")
     ev.add_argument("--stochastic", action="store_true",
-                    help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones")
+                    help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones "
+                         "(--video still films the deterministic policy)")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
     ev.add_argument("--video", default=None, metavar="FILE",
                     help='also record deterministic episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')

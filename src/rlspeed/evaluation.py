@@ -140,9 +140,19 @@ def _own_random_stream(model_device: torch.device, env_device: torch.device, see
     devices = {device for device in (torch.device(model_device), torch.device(env_device)) if device.type != "cpu"}
     kinds = {device.type for device in devices}
     device_type = kinds.pop() if len(kinds) == 1 else "cuda"
-    with torch.random.fork_rng(devices=[device.index or 0 for device in devices if device.type == device_type],
-                               device_type=device_type):
-        torch.manual_seed(seed if seed is not None else secrets.randbelow(2**31))
+    module = getattr(torch, device_type, None)
+    indices = sorted({device.index if device.index is not None else module.current_device()
+                      for device in devices if device.type == device_type})
+    with torch.random.fork_rng(devices=indices, device_type=device_type):
+        value = seed if seed is not None else secrets.randbelow(2**31)
+        # (only the generators forked: `torch.manual_seed` would also reseed every other device's, left so after)
+        torch.default_generator.manual_seed(value)
+        generators = getattr(module, "default_generators", None)
+        for index in indices:
+            if generators is not None:
+                generators[index].manual_seed(value)
+            else:  # (a backend with one device and no generator list: MPS)
+                module.manual_seed(value)
         yield
 
 
