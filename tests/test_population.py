@@ -584,6 +584,7 @@ def test_each_members_confirming_evaluations_are_in_its_entry():
     target = 80.0  # (within reach of a few evaluations of these short runs, not of every confirmation)
     summary = population.learn(2048, target_return=target, eval_freq=128, eval_episodes=2, stop="all",
                                progress_bar=False)
+    assert any(member["confirmations"] for member in summary["members"])  # (the rule below is exercised)
     for member in summary["members"]:
         confirmed = [steps for steps, mean in member["confirmations"] if mean >= target]
         assert member["steps_to_target"] == (confirmed[0] if confirmed else None)
