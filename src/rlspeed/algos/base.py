@@ -659,6 +659,7 @@ class Algorithm:
             self._setup()
         finally:
             torch.set_num_threads(threads_before)
+        warn_unused_settings(self.config, self.spec)  # (every algorithm's, once: load and members leave it out)
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
             for module in self._modules_to_sync():
                 self.strategy.broadcast_module(module)

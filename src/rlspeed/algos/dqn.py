@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rlspeed.algos.base import require, warn_unused_settings
+from rlspeed.algos.base import require
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -97,7 +97,6 @@ class DQN(OffPolicyAlgorithm):
     def _setup(self) -> None:
         self._masking = False  # whether this run applies the env's action masks (decided in `_start_masking`)
         cfg, spec = self.config, self.spec
-        warn_unused_settings(cfg, spec)
         q_network = QNetwork(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling,
                              encoder=encoder_from_config(spec.observation_space, cfg))
         if not cfg.ortho_init:

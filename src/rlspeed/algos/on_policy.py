@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import auto_accelerate
-from rlspeed.algos.base import Algorithm, require, success_totals, warn_unused_settings
+from rlspeed.algos.base import Algorithm, require, success_totals
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
@@ -158,7 +158,6 @@ class OnPolicyAlgorithm(Algorithm):
     # --- shared ---------------------------------------------------------------------------------------------
     def _setup(self) -> None:
         self._masking = False  # whether the rollouts use the env's action masks (decided in `_start`)
-        warn_unused_settings(self.config, self.spec)
         self.policy = self._build_policy()
         if not self.config.ortho_init:
             default_init_(self.policy)

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from rlspeed.algos.base import require, warn_unused_settings
+from rlspeed.algos.base import require
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -81,7 +81,6 @@ class SAC(OffPolicyAlgorithm):
     supports_discrete = False
 
     def _setup(self) -> None:
-        warn_unused_settings(self.config, self.spec)
         if loss_owner(self, "_loss") is not None:  # (a subclass written for rlspeed before the two steps)
             raise UserError(f"{type(self).__name__} defines _loss, which SAC no longer calls: its update is two "
                             "steps, _critic_loss and then _actor_loss (through the updated critics); override those.")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlspeed.algos.base import require, warn_unused_settings
+from rlspeed.algos.base import require
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
@@ -72,7 +72,6 @@ class TD3(OffPolicyAlgorithm):
 
     def _setup(self) -> None:
         cfg, spec = self.config, self.spec
-        warn_unused_settings(cfg, spec)
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
         self._place_actor_and_critics(DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
