@@ -56,7 +56,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
-    if seed is None and not isinstance(env_id, BatchedEnv) and size is None:  # (an env this call makes: seeded)
+    if seed is None and size is None:  # (an env this call makes, from an id: seeded; a caller's env stays as it is)
         seed = secrets.randbelow(2**31)
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
