@@ -61,11 +61,21 @@ def test_a_seed_of_any_integer_type_works_on_every_backend(ppo, seed):
         rlspeed.evaluate(ppo, episodes=2, seed=-1)
 
 
-def test_rewards_a_vector_wrapper_changes_are_said_to_be_changed(ppo):
-    env = gym.wrappers.vector.NormalizeReward(gym.make_vec(
-        "CartPole-v1", 2, vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}))
-    with pytest.warns(UserWarning, match="NormalizeReward"):
+def _same_step_cartpoles(wrappers=()):
+    return gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=wrappers,
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: gym.wrappers.vector.NormalizeReward(_same_step_cartpoles()), "NormalizeReward"),
+    (lambda: gym.wrappers.vector.VectorizeTransformReward(_same_step_cartpoles(), gym.wrappers.TransformReward,
+                                                          func=lambda r: 2 * r), "VectorizeTransformReward"),
+    # (wrappers of the envs inside the vector env)
+    (lambda: _same_step_cartpoles([lambda e: gym.wrappers.TransformReward(e, lambda r: 2 * r)]), "TransformReward"),
+])
+def test_rewards_a_vector_wrapper_changes_are_said_to_be_changed(ppo, make, name):
+    env = make()
+    with pytest.warns(UserWarning, match=name):
         rlspeed.evaluate(ppo, env, episodes=2, seed=0)
     env.close()
 

@@ -9,6 +9,7 @@ import os
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from rlspeed import PPO, SAC, UserError, cli, video
 from rlspeed.envs.gym_view import NativeGymEnv
@@ -174,3 +175,30 @@ def test_a_headless_video_leaves_sdl_videodriver_as_it_was(tmp_path, monkeypatch
     video.check_video_support("CartPole-v1", tmp_path / "cartpole.gif")
     assert seen == [before or "dummy"] * 2
     assert os.environ.get("SDL_VIDEODRIVER") == before
+
+
+def test_stochastic_video_repeats_with_its_seed_and_leaves_torch_generators_alone(tmp_path):
+    model = _cartpole()
+    before = torch.get_rng_state()
+    runs = [video.record_video(model, tmp_path / f"{name}.gif", episodes=3, seed=5, max_steps=60,
+                               deterministic=False) for name in ("a", "b")]
+    assert torch.equal(torch.get_rng_state(), before)  # (training after the video draws what it would have)
+    assert runs[0]["returns"] == runs[1]["returns"]
+    greedy = video.record_video(model, tmp_path / "c.gif", episodes=3, seed=5, max_steps=60)
+    assert greedy["returns"] != runs[0]["returns"]  # (it sampled: the untrained policy's samples differ from its mode)
+
+
+def test_masked_policy_is_filmed_with_the_envs_masks(tmp_path):
+    model = PPO("Taxi-v4", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    assert model.config.use_masking
+    seen, predict = [], model.predict
+
+    def recording(obs, *args, action_masks=None, **kwargs):
+        action, state = predict(obs, *args, action_masks=action_masks, **kwargs)
+        seen.append((action_masks, action))
+        return action, state
+
+    model.predict = recording
+    video.record_video(model, tmp_path / "taxi.gif", seed=0, max_steps=20, deterministic=False)
+    assert len(seen) == 20
+    assert all(mask is not None and mask[int(action)] for mask, action in seen)

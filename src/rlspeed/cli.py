@@ -1449,8 +1449,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.video is not None:
         from rlspeed.video import record_video
 
-        video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id)
-        print(f"rlspeed: wrote {video['path']} ({video['episodes']} episodes, {video['frames']} frames, return "
+        video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
+                             deterministic=deterministic)
+        episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
+        print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, return "
               f"{video['mean']:.1f})", file=sys.stderr if args.json else sys.stdout)
     return 0
 
@@ -1625,11 +1627,11 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide)")
     ev.add_argument("--stochastic", action="store_true",
-                    help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones "
-                         "(--video still films the deterministic policy)")
+                    help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones, "
+                         "in the evaluation and in --video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
     ev.add_argument("--video", default=None, metavar="FILE",
-                    help='also record deterministic episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
+                    help='also record episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
     ev.add_argument("--video-episodes", type=_whole(1), default=1, help="episodes in the --video file (default 1)")
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                     help="show full tracebacks on errors")

@@ -157,18 +157,27 @@ def _own_random_stream(model_device: torch.device, env_device: torch.device, see
 
 
 def _warn_reward_wrappers(env) -> None:
-    """A warning where a vector env the caller built changes its rewards (Gymnasium's NormalizeReward, ...): the
-    returns evaluate reports are then the changed rewards', not the env's own."""
-    changers = []
-    while env is not None and not isinstance(env, str):
+    """A warning where a vector env the caller built changes its rewards (Gymnasium's NormalizeReward, ...), or the
+    envs inside it do (a `SyncVectorEnv` of wrapped envs): the returns evaluate reports are then the changed rewards',
+    not the env's own."""
+    changers, seen = [], set()
+    while env is not None and not isinstance(env, str) and id(env) not in seen:
+        seen.add(id(env))
         name = type(env).__name__
-        if name in ("NormalizeReward", "TransformReward", "ClipReward", "ScaleReward"):
+        if name in REWARD_WRAPPERS:
             changers.append(name)
-        env = getattr(env, "env", None)
+        inner = getattr(env, "env", None)
+        if inner is None and isinstance(getattr(env, "envs", None), (list, tuple)) and env.envs:
+            inner = env.envs[0]  # (the first of a SyncVectorEnv's envs stands for all: they are made alike)
+        env = inner
     if changers:
         warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
                       "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",
                       stacklevel=3)
+
+
+# Gymnasium's wrappers that change rewards (vector and single-env ones share these names)
+REWARD_WRAPPERS = ("NormalizeReward", "TransformReward", "VectorizeTransformReward", "ClipReward", "ScaleReward")
 
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:

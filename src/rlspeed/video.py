@@ -21,6 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlspeed.errors import UserError
+from rlspeed.evaluation import _own_random_stream
 
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
@@ -133,12 +134,16 @@ def _even(frame: np.ndarray) -> np.ndarray:
 
 @_headless_rendering()
 def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
-                 fps: int | None = None, max_steps: int | None = None) -> dict:
-    """Record `episodes` episodes of `model`'s deterministic policy into one video file (`.mp4` or `.gif`).
+                 fps: int | None = None, max_steps: int | None = None, deterministic: bool = True) -> dict:
+    """Record `episodes` episodes of `model`'s policy (deterministic; `deterministic=False` samples) into one video
+    file (`.mp4` or `.gif`).
 
     Each episode starts from `env.reset(seed=seed + i)` (unseeded when `seed` is None) and runs until it ends or
     reaches `max_steps` (default: the env's time limit, else 10,000); every step is one frame, plus the first
-    observation's. `fps` defaults to the env's `render_fps`. Returns {"path", "episodes", "frames", "returns",
+    observation's. A stochastic policy's samples come from a random stream of the video's own seeded by `seed`, as
+    `evaluate`'s do (torch's generators are left as they were). Where the env gives action masks
+    (`info["action_mask"]`) and the model takes them, the policy is masked as in `evaluate`. `fps` defaults to the
+    env's `render_fps`. Returns {"path", "episodes", "frames", "returns",
     "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing.
     """
     path = Path(path)
@@ -162,39 +167,48 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         env.spec.max_episode_steps if env.spec is not None else None) or 10_000
     options = {"fps": fps, "macro_block_size": 1} if path.suffix.lower() == ".mp4" else {"duration": 1000 / fps}
     recurrent = hasattr(model, "act_with_state")
+    discrete = isinstance(env.action_space, gym.spaces.Discrete)
+    masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
     returns, frames, size = [], 0, None
     try:
         writer = imageio.get_writer(path, **options)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
         env.close()
         raise UserError(f"Cannot write a video to '{path}': {error}.") from None
+    # (a stochastic policy samples from a stream of its own, seeded by `seed`; the caller's generators stay as they are)
+    sampling = _own_random_stream(model.device, "cpu", seed) if not deterministic else contextlib.nullcontext()
     try:
-        for episode in range(episodes):
-            obs, info = env.reset(seed=None if seed is None else seed + episode)
-            state, start, total = None, np.ones(1, dtype=bool), 0.0
-            # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
-            fire_next, lives = game is not None and game.fire is not None, info.get("lives")
-            frame = _even(np.asarray(env.render()))
-            size = size or frame.shape[:2]
-            writer.append_data(frame)
-            frames += 1
-            for _ in range(limit):
-                if recurrent:
-                    action, state = model.predict(obs, state=state, episode_start=start, deterministic=True)
-                    start = np.zeros(1, dtype=bool)
-                else:
-                    action, _ = model.predict(obs, deterministic=True)
-                if fire_next:
-                    action = np.asarray(game.fire).reshape(np.shape(action))
-                obs, reward, terminated, truncated, info = env.step(action)
-                fire_next = game is not None and game.fire is not None and info.get("lives", lives) < lives
-                lives = info.get("lives", lives)
-                total += float(reward)
-                writer.append_data(_even(np.asarray(env.render())))
+        with sampling:
+            for episode in range(episodes):
+                obs, info = env.reset(seed=None if seed is None else seed + episode)
+                state, start, total = None, np.ones(1, dtype=bool), 0.0
+                # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
+                fire_next, lives = game is not None and game.fire is not None, info.get("lives")
+                frame = _even(np.asarray(env.render()))
+                size = size or frame.shape[:2]
+                writer.append_data(frame)
                 frames += 1
-                if terminated or truncated:
-                    break
-            returns.append(total)
+                for _ in range(limit):
+                    masks = info["action_mask"] if masking and "action_mask" in info else None
+                    if recurrent:
+                        action, state = model.predict(obs, state=state, episode_start=start,
+                                                      deterministic=deterministic, action_masks=masks)
+                        start = np.zeros(1, dtype=bool)
+                    else:
+                        action, _ = model.predict(obs, deterministic=deterministic, action_masks=masks)
+                    if fire_next:
+                        action = np.asarray(game.fire).reshape(np.shape(action))
+                    if discrete:  # (a plain int: envs that look the action up in a table (Taxi) refuse a 0-d array)
+                        action = int(action)
+                    obs, reward, terminated, truncated, info = env.step(action)
+                    fire_next = game is not None and game.fire is not None and info.get("lives", lives) < lives
+                    lives = info.get("lives", lives)
+                    total += float(reward)
+                    writer.append_data(_even(np.asarray(env.render())))
+                    frames += 1
+                    if terminated or truncated:
+                        break
+                returns.append(total)
     finally:
         writer.close()
         env.close()
