@@ -197,11 +197,11 @@ def main() -> None:
         return
     if args.steps_only:
         if args.quick:
-            args.rounds, args.step_updates = 2, 300
+            common.quick_settings(args, rounds=2, step_updates=300)
         steps_only(args)
         return
     if args.quick:
-        args.rounds, args.steps, args.wide_rounds, args.wide_updates = 2, 1024, 1, 200
+        common.quick_settings(args, rounds=2, steps=1024, wide_rounds=1, wide_updates=200)
 
     with tempfile.TemporaryDirectory() as root:
         warm_cache = os.path.join(root, "warm")

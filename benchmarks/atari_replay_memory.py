@@ -116,7 +116,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="alternating sampling rounds")
     args = parser.parse_args()
     if args.quick:
-        args.capacity, args.sample_capacity, args.rounds = 1_000, 500, 1
+        common.quick_settings(args, capacity=1_000, sample_capacity=500, rounds=1)
     return args
 
 

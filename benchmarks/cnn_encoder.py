@@ -180,7 +180,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dqn-steps", type=int, default=12_000)
     args = parser.parse_args()
     if args.quick:
-        args.repeats, args.ppo_steps, args.dqn_steps = 1, 2_048, 1_500
+        common.quick_settings(args, repeats=1, ppo_steps=2_048, dqn_steps=1_500)
     return args
 
 

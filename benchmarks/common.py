@@ -184,6 +184,15 @@ def script_arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def quick_settings(args: argparse.Namespace, **values) -> None:
+    """`--quick`'s small settings, for the options the command line did not give: an explicit `--repeats 3` with
+    `--quick` keeps 3 (a smoke run of one option's full value)."""
+    given = {arg.split("=", 1)[0] for arg in sys.argv[1:] if arg.startswith("--")}
+    for name, value in values.items():
+        if f"--{name.replace('_', '-')}" not in given:
+            setattr(args, name, value)
+
+
 def sweep_arguments(description: str, sizes: str, envs: str, seconds: float) -> argparse.ArgumentParser:
     """The command line of an env-stepping sweep (sizes x envs, alternating repeats), with these defaults."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)

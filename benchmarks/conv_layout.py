@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--ppo-pairs", type=int, default=3, help="end-to-end PPO Breakout pairs (0: skip)")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.calls, args.ppo_pairs = 1, 1, min(args.ppo_pairs, 1)
+        common.quick_settings(args, rounds=1, calls=1, ppo_pairs=min(args.ppo_pairs, 1))
     args.threads = common.set_threads(args.threads)
     load_before = common.load_average()
     rows, records = [], []

@@ -27,6 +27,7 @@ from common import (  # noqa: E402
     fmt_range,
     markdown_table,
     publish,
+    quick_settings,
     set_threads,
     spread,
 )
@@ -90,7 +91,7 @@ def main() -> None:
         all_reduce_worker(args.all_reduce_worker)
         return
     if args.quick:
-        args.steps, args.repeats = 8192, 1
+        quick_settings(args, steps=8192, repeats=1)
     runs: list[dict] = []
     for repeat in range(args.repeats):
         for nproc in (1, 2):

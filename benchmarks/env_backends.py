@@ -24,6 +24,7 @@ from common import (  # noqa: E402
     fmt,
     markdown_table,
     publish,
+    quick_settings,
     set_threads,
     spread,
     steps_per_second,
@@ -49,7 +50,7 @@ def time_backend(env_id: str, num_envs: int, backend: str, seconds: float) -> fl
 def main() -> None:
     args = sweep_arguments(__doc__, sizes="1,2,4,8,16,32,64", envs=",".join(NATIVE_ENVS), seconds=0.5).parse_args()
     if args.quick:
-        args.sizes, args.seconds, args.repeats, args.envs = "1,16", 0.1, 1, "CartPole-v1"
+        quick_settings(args, sizes="1,16", seconds=0.1, repeats=1, envs="CartPole-v1")
     threads = set_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
     raw: list[dict] = []

@@ -26,6 +26,7 @@ from common import (  # noqa: E402
     fmt,
     markdown_table,
     publish,
+    quick_settings,
     set_threads,
     spread,
     steps_per_second,
@@ -78,7 +79,7 @@ def main() -> None:
     parser.add_argument("--sync-max", type=int, default=4096, help="largest N for SyncVectorEnv (slow beyond)")
     args = parser.parse_args()
     if args.quick:
-        args.sizes, args.seconds, args.repeats, args.envs = "1,4096", 0.2, 1, "CartPole-v1,Pendulum-v1"
+        quick_settings(args, sizes="1,4096", seconds=0.2, repeats=1, envs="CartPole-v1,Pendulum-v1")
     threads = set_threads(1)
     sizes = [int(s) for s in args.sizes.split(",")]
     env_ids = args.envs.split(",")

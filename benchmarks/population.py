@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.members, args.solo_seeds, args.sb3_seeds = 4, 5, 1
+        common.quick_settings(args, members=4, solo_seeds=5, sb3_seeds=1)
     common.set_threads(1)
     run, hyper = split_run_settings(dict(load_preset("ppo", ENV_ID)))
     total, eval_freq = int(run["total_timesteps"]), int(run["eval_freq"])
