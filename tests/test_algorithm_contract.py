@@ -4,6 +4,7 @@ model is, same actions), refuses an unknown hyperparameter with one sentence, an
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -260,3 +261,24 @@ def test_stable_baselines3_save_and_load_keywords_are_one_sentence(trained, tmp_
         algo(env=env_id, policy="MlpPolicy", device="cpu")
     with pytest.raises(UserError, match="predict takes observations of shape .* as numbers, got 'abc'"):
         model.predict("abc")
+
+
+def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
+    """sb3-contrib's and RL-Zoo's algorithm names (MaskablePPO, ppo_lstm, QR-DQN, ...), its LSTM policy names and
+    MaskablePPO.learn's use_masking: one sentence naming rlspeed's counterpart, not a bare list or a TypeError."""
+    import rlspeed
+    from rlspeed import cli
+
+    with pytest.raises(ImportError, match="rlspeed has no MaskablePPO: rlspeed's ppo masks actions"):
+        from rlspeed import MaskablePPO  # noqa: F401
+    with pytest.raises(ImportError, match="use rlspeed.EvalCallback"):
+        rlspeed.MaskableEvalCallback  # noqa: B018
+    assert not hasattr(rlspeed, "NoSuchName")  # (other names stay AttributeErrors)
+    for name, words in (("maskable_ppo", "use ppo"), ("ppo_lstm", "is recurrent_ppo"), ("qrdqn", "dqn .* closest"),
+                        ("TQC", "sac .* closest"), ("trpo", "ppo is the closest")):
+        assert cli.main(["train", name, "CartPole-v1"]) == 2
+        assert re.search(f"Unknown algorithm '{name}': .*{words}", capsys.readouterr().err)
+    with pytest.raises(UserError, match=r"sb3-contrib's RecurrentPPO policy: .*rlspeed.RecurrentPPO\('CartPole-v1'"):
+        rlspeed.PPO("MlpLstmPolicy", "CartPole-v1")
+    with pytest.raises(UserError, match=r"learn takes no 'use_masking': it is a setting of the model.*PPO\(env, "):
+        rlspeed.PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32).learn(32, use_masking=False)

@@ -111,6 +111,29 @@ def test_taxi_masks_follow_every_observation_including_after_autoreset():
     assert finished > 0  # the loop crossed autoresets
 
 
+def test_sb3_vec_env_masks_in_infos_follow_every_observation_and_train_masked():
+    """An SB3 VecEnv of Taxi (`make_vec_env`) gives its masks in the infos (a new episode's in `reset_infos`): they are
+    read as Gymnasium's are, and a model trained on it masks (it trained unmasked without a word)."""
+    env_util = pytest.importorskip("stable_baselines3.common.env_util")
+    env = rlspeed.make_env(env_util.make_vec_env("Taxi-v4", n_envs=3, seed=0))
+    reference = gym.make("Taxi-v4").unwrapped
+    obs, info = env.reset(seed=0)
+    generator = torch.Generator().manual_seed(0)
+    finished = 0
+    for _ in range(300):
+        expected = np.stack([reference.action_mask(int(state)) for state in obs]).astype(bool)
+        np.testing.assert_array_equal(info["action_mask"].numpy(), expected)
+        obs, _, terminated, truncated, info = env.step(torch.multinomial(info["action_mask"].float(), 1,
+                                                                         generator=generator)[:, 0])
+        finished += int((terminated | truncated).sum())
+    assert finished > 0  # the loop crossed autoresets
+    env.close()
+    model = rlspeed.PPO(env_util.make_vec_env("Taxi-v4", n_envs=2, seed=0), seed=0, num_envs=2, num_steps=16,
+                        batch_size=32)
+    model.learn(64, progress_bar=False)
+    assert model.trained_with_action_masks
+
+
 class _BadMask(gym.Wrapper):
     """Taxi with a broken info["action_mask"]: `kind` "short" (one flag missing) or "empty" (nothing allowed after
     a few steps)."""
@@ -374,3 +397,18 @@ def test_masks_of_actions_rlspeed_does_not_mask_are_a_warning_not_silence():
     vec_env = DummyVecEnv([lambda: contrib.InvalidActionEnvMultiBinary(dims=3, n_invalid_actions=1)] * 2)
     with pytest.warns(UserWarning, match="gives action masks for its MultiBinary actions"):
         rlspeed.PPO(vec_env, seed=0, device="cpu", num_steps=8, batch_size=16)
+
+
+@pytest.mark.parametrize("algo, options", [(rlspeed.PPO, {"num_steps": 16, "batch_size": 32}),
+                                           (rlspeed.DQN, {"learning_starts": 8})])
+def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, options):
+    """A port from sb3-contrib that lost its ActionMasker wrapper trains unmasked: asking for masks says so."""
+    from rlspeed.errors import UnusedSettingWarning
+
+    model = algo("CartPole-v1", seed=0, num_envs=2, use_masking=True, **options)
+    with pytest.warns(UnusedSettingWarning, match="use_masking=True has no effect: CartPole-v1 gives no action masks"):
+        model.learn(32, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedSettingWarning)
+        model.learn(32, progress_bar=False)  # (said once)
+        algo("CartPole-v1", seed=0, num_envs=2, **options).learn(32, progress_bar=False)  # (the default: no word)

@@ -180,6 +180,7 @@ def test_dqn_members_apply_action_masks_as_solo_runs(env):
     for k in range(2):
         solo = population.member_model(k)
         assert solo._masking is False  # (a fresh model: it learns of the masks from the env, as evaluate does)
+        assert solo.trained_with_action_masks  # (its file says so: `export` adds the mask input, as for a solo's)
         assert population.evaluate([500], episodes=2, members=[k]).item() == pytest.approx(
             solo.evaluate(episodes=2, seed=500)["mean"], abs=1e-3)
 
@@ -188,6 +189,7 @@ def test_dqn_members_choose_among_all_actions_with_use_masking_off():
     population = Population(DQN, masked_vector_env_id(), seeds=[0, 1], use_masking=False, **SMALL_DQN)
     assert population.learn(80)["total_timesteps"] == 80
     assert not population._masking and population.buffer.next_action_masks is None
+    assert not population.member_model(0).trained_with_action_masks
 
 
 def test_dqn_members_train_as_solo_runs_on_binary_vectors():

@@ -179,6 +179,23 @@ def test_predict_follows_sb3(trained):
     np.testing.assert_array_equal(tensor_actions.numpy(), actions)
 
 
+def test_predict_refuses_a_state_or_episode_start_of_another_shape(trained):
+    """sb3-contrib's shape errors surface as torch's; a mis-shaped state was broadcast or cut (a one-env state reused
+    for 3 observations, an `n_lstm_layers=2` state's second layer dropped): one sentence instead."""
+    hidden = SMALL["lstm_hidden_size"]
+    obs = np.zeros((3, 4), dtype=np.float32)
+    one_env = trained.predict(obs[:1])[1]
+    for state, match in [(one_env, r"h has shape \[1, 1, \d+\].*needs \[1, 3, \d+\]"),
+                         ((np.zeros((2, 3, hidden)),) * 2, r"h has shape \[2, 3"),
+                         ((np.zeros((1, 3, hidden + 1)),) * 2, "lstm_hidden_size"),
+                         (np.zeros((1, 3, hidden)), "takes the \\(h, c\\) pair")]:
+        with pytest.raises(UserError, match=match):
+            trained.predict(obs, state=state)
+    for starts in (np.ones(1, dtype=bool), np.ones(2, dtype=bool)):
+        with pytest.raises(UserError, match=f"episode_start=...\\) has {starts.size} entries for 3 observations"):
+            trained.predict(obs, episode_start=starts)
+
+
 def test_act_without_a_state_is_a_clear_error(trained):
     with pytest.raises(UserError, match="predict"):
         trained.act(torch.zeros(1, 4))

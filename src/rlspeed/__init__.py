@@ -57,6 +57,12 @@ def __getattr__(name: str):
     (`rlspeed.algos`, ...) is imported as `import rlspeed.algos` would."""
     source = _SOURCES.get(name)
     if source is None:
+        if not name.startswith("_") and name[:1].isupper():
+            from rlspeed.errors import peer_algorithm_advice
+
+            advice = peer_algorithm_advice(name)
+            if advice is not None:  # (an ImportError, so that `from rlspeed import MaskablePPO` shows the advice)
+                raise ImportError(f"rlspeed has no {name}: {advice}.", name=__name__)
         if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
             raise AttributeError(f"module 'rlspeed' has no attribute {name!r}")
         return importlib.import_module(f"{__name__}.{name}")

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from rlspeed.errors import EnvStepError, UserError
+from rlspeed.errors import EnvStepError, UserError, peer_algorithm_advice
 from rlspeed.logging import strict_json
 
 # Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
@@ -205,6 +205,9 @@ def _algorithm(name: str):
 
     key = name.lower()
     if key not in ALGORITHMS:
+        advice = peer_algorithm_advice(key)
+        if advice is not None:
+            raise UserError(f"Unknown algorithm '{name}': {advice}.")
         close = difflib.get_close_matches(key, list(ALGORITHMS), n=2)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise UserError(f"Unknown algorithm '{name}': available are {', '.join(ALGORITHMS)}.{hint}")

@@ -32,3 +32,27 @@ class EnvStepError(RuntimeError):
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
         super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
                          + (f": {detail}" if detail else ""))
+
+
+#: Algorithms of sb3-contrib and RL-Zoo under their names (lower case, without "_" and "-"), each with what rlspeed
+#: offers in their place: `peer_algorithm_advice` says it where such a name is asked for
+_PEER_ALGORITHMS = {
+    **dict.fromkeys(("maskableppo", "ppomask"),
+                    "rlspeed's ppo masks actions as sb3-contrib's MaskablePPO does (use_masking, on by default: the "
+                    "env's info['action_mask'] or action_masks() method): use ppo (rlspeed.PPO)"),
+    **dict.fromkeys(("ppolstm", "recurrentppo"),
+                    "sb3-contrib's RecurrentPPO (RL-Zoo's ppo_lstm) is recurrent_ppo (rlspeed.RecurrentPPO)"),
+    "maskableevalcallback": "rlspeed's EvalCallback masks actions wherever the model trained with masks: use "
+                            "rlspeed.EvalCallback",
+    "qrdqn": "rlspeed has no QR-DQN (sb3-contrib's); dqn (with double_q, dueling and n_step) is the closest",
+    "tqc": "rlspeed has no TQC (sb3-contrib's); sac (with n_critics) is the closest",
+    "crossq": "rlspeed has no CrossQ (sb3-contrib's); sac is the closest",
+    "trpo": "rlspeed has no TRPO (sb3-contrib's); ppo is the closest",
+    "ars": "rlspeed has no ARS (sb3-contrib's gradient-free search); ppo and sac are its gradient-based choices",
+}
+
+
+def peer_algorithm_advice(name: str) -> str | None:
+    """What rlspeed offers in place of sb3-contrib's or RL-Zoo's algorithm `name` (`MaskablePPO`, `ppo_lstm`,
+    `qrdqn`, ...), or None for other names."""
+    return _PEER_ALGORITHMS.get(name.lower().replace("_", "").replace("-", ""))

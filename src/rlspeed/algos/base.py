@@ -318,11 +318,16 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
 
 def warn_unused_settings(config, spec: EnvSpec) -> None:
     """`unused_settings` as one warning each, shown at the caller outside rlspeed (the model's construction)."""
+    for sentence in unused_settings(config, spec):
+        warn_at_caller(sentence, UnusedSettingWarning)
+
+
+def warn_at_caller(sentence: str, category: type[Warning]) -> None:
+    """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
     frame, level = inspect.currentframe(), 1
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "rlspeed":
         frame, level = frame.f_back, level + 1
-    for sentence in unused_settings(config, spec):
-        warnings.warn(sentence, UnusedSettingWarning, stacklevel=level)
+    warnings.warn(sentence, category, stacklevel=level)
 
 
 def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
@@ -581,6 +586,10 @@ class Algorithm:
         name = type(self).__name__
         if isinstance(env, str) and env in SB3_POLICY_NAMES:
             example = policy_and_env[0] if policy_and_env and isinstance(policy_and_env[0], str) else "CartPole-v1"
+            if "Lstm" in env and not hasattr(self, "act_with_state"):
+                raise UserError(f"{env!r} is sb3-contrib's RecurrentPPO policy: rlspeed's recurrent PPO is "
+                                f"rlspeed.RecurrentPPO({example!r}, ...), which takes the env first and no policy "
+                                "name.")
             raise UserError(f"{name} takes the env first and no policy name ({env!r} is Stable-Baselines3's): the "
                             f"networks follow from the env's spaces (net_arch=, encoder= change them), so write "
                             f"{name}({example!r}, ...).")
@@ -615,6 +624,8 @@ class Algorithm:
             if hyperparameters.setdefault("num_envs", given) != given:
                 raise UserError(f"num_envs={hyperparameters['num_envs']} does not match the env passed in, "
                                 f"which has {given} envs.")
+        #: use_masking=True given by the caller (not a checkpoint's config): an env without masks is then worth a word
+        self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec
         self.config = build_config(self.config_cls, hyperparameters)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
         self.strategy = strategy or single_process()
@@ -727,6 +738,11 @@ class Algorithm:
         loss: the hand-derived update, which has none, gives way to autograd (recorded in `update_summary`)."""
         masking = (self.supports_action_masks and getattr(self.config, "use_masking", False)
                    and self._action_mask is not None)
+        if getattr(self, "_asked_for_masks", False) and self._action_mask is None:
+            self._asked_for_masks = False  # (said once)
+            warn_at_caller(f"use_masking=True has no effect: {self.env_id} gives no action masks (rlspeed reads "
+                           "info['action_mask'] or an action_masks() method; an env whose mask method has another "
+                           "name can be wrapped in sb3-contrib's ActionMasker(env, mask_fn)).", UnusedSettingWarning)
         if masking != getattr(self, "_masking", False):
             self._masking = masking
             hand_derived = getattr(getattr(self, "_update_step", None), "hand_derived", None)
@@ -953,6 +969,9 @@ class Algorithm:
             advice = SB3_LEARN_KEYWORDS.get(key)
             if advice is not None:
                 raise UserError(f"learn's '{key}' is Stable-Baselines3's; {advice}.")
+            if key in {field.name for field in dataclasses.fields(self.config_cls)}:
+                raise UserError(f"learn takes no '{key}': it is a setting of the model, given when it is made "
+                                f"({type(self).__name__}(env, {key}=...)).")
             close = difflib.get_close_matches(key, list(inspect.signature(Algorithm.learn).parameters), n=2)
             raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
         if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)

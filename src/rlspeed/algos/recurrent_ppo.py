@@ -131,17 +131,38 @@ class RecurrentPPO(PPO):
         the state of envs whose observation starts an episode (None: none does); `action_masks` as `Algorithm.predict`
         takes them."""
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
-        masks = self._check_masks(action_masks, obs_batch_size(obs))
+        num = obs_batch_size(obs)
+        masks = self._check_masks(action_masks, num)
         if state is not None:
-            state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32) for s in state)
+            state = self._check_state(state, num, as_numpy)
         if episode_start is not None:
             episode_start = torch.as_tensor(np.asarray(episode_start) if as_numpy else episode_start).reshape(-1)
+            if episode_start.numel() != num:
+                raise UserError(f"predict(episode_start=...) has {episode_start.numel()} entries for {num} "
+                                f"observation{'s' if num != 1 else ''}: give one flag per observation.")
         actions, (h, c) = self.act_with_state(obs, state, episode_start, deterministic, masks)
         if single:
             actions = actions[0]
         if as_numpy:
             return actions.cpu().numpy(), (h.cpu().numpy(), c.cpu().numpy())  # ok-sync: predict returns to the host
         return actions, (h, c)
+
+    def _check_state(self, state, num: int, as_numpy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`predict`'s state as float tensors (h, c), each `[1, num, lstm_hidden_size]`; UserError for anything else
+        (sb3-contrib's states of several LSTM layers included: rlspeed's LSTM has one)."""
+        expected = (1, num, self.config.lstm_hidden_size)
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise UserError(f"predict(state=...) takes the (h, c) pair the previous call returned, each of shape "
+                            f"{list(expected)}; got {type(state).__name__}"
+                            f"{f' of {len(state)} items' if isinstance(state, (tuple, list)) else ''}.")
+        state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32) for s in state)
+        for name, part in zip("hc", state):
+            if tuple(part.shape) != expected:
+                raise UserError(f"predict(state=...)'s {name} has shape {list(part.shape)}, and this model needs "
+                                f"{list(expected)} (one LSTM layer, {num} observation{'s' if num != 1 else ''}, "
+                                f"lstm_hidden_size {self.config.lstm_hidden_size}): pass back the state the previous "
+                                "call returned for the same observations, or None at the start.")
+        return state
 
     # --- rollout ----------------------------------------------------------------------------------------------
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:

@@ -64,37 +64,62 @@ class SB3VecEnv(BatchedEnv):
                                         spec.reward_threshold if registered else None)
         self._host = HostObservations(self.spec.observation_space)
         self._float_vector = self.spec.float_vector_obs
-        # Action masks as sb3-contrib's MaskablePPO reads them: the envs' `action_masks()` method
+        # Action masks as sb3-contrib's MaskablePPO reads them, the envs' `action_masks()` method, or (Gymnasium's
+        # Taxi) their infos' "action_mask" (a reset's in the VecEnv's `reset_infos`; seen at the first reset)
         has_attr = getattr(vec_env, "has_attr", None)
-        offers_masks = callable(has_attr) and bool(has_attr("action_masks"))
-        self.has_action_masks = mask_size(self.spec.action_space) is not None and offers_masks
-        if offers_masks and not self.has_action_masks:
+        self._mask_method = callable(has_attr) and bool(has_attr("action_masks"))
+        self._maskable = mask_size(self.spec.action_space) is not None
+        self.has_action_masks = self._maskable and self._mask_method
+        if self._mask_method and not self.has_action_masks:
             warn_unapplied_masks(self.spec)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
         self._normalizer = _reward_normalizer(vec_env)
 
-    def _masks(self) -> dict:
-        """{"action_mask": bool [N, n] on the device} from the envs' `action_masks()`, or {} without masks."""
+    def _masks(self, infos=None, finished=()) -> dict:
+        """{"action_mask": bool [N, n] on the device} for the current observations, from the envs' `action_masks()`
+        or their infos (`infos`: a step's, whose `finished` rows' masks are in `reset_infos`: their observations
+        start new episodes; None: the reset's), or {} without masks."""
         if not self.has_action_masks:
             return {}
-        masks = check_action_masks(self.vec_env.env_method("action_masks"), self.spec.action_space, self.num_envs,
-                                   f"{self.spec.env_id}'s action_masks()")
+        if self._mask_method:
+            masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
+        else:
+            reset_infos = getattr(self.vec_env, "reset_infos", None) or [{}] * self.num_envs
+            rows = reset_infos if infos is None else [reset_infos[i] if i in finished else infos[i]
+                                                      for i in range(self.num_envs)]
+            masks, source = [row.get("action_mask") for row in rows], f"{self.spec.env_id}'s info['action_mask']"
+            if any(mask is None for mask in masks):
+                missing = next(i for i, mask in enumerate(masks) if mask is None)
+                raise UserError(f"{source}: env {missing} gave no action mask with this observation, though the "
+                                "envs gave one at their reset: give one with every observation.")
+        masks = check_action_masks(masks, self.spec.action_space, self.num_envs, source)
         return {"action_mask": torch.as_tensor(masks, device=self.device)}
+
+    def _masks_in_reset_infos(self) -> None:
+        """After a reset: masks in the envs' reset infos (`info["action_mask"]`, as Gymnasium's Taxi gives them) are
+        applied from now on, where the action space takes masks (else a warning)."""
+        reset_infos = getattr(self.vec_env, "reset_infos", None) or []
+        if self._mask_method or not any("action_mask" in info for info in reset_infos):
+            return
+        self.has_action_masks = self._maskable
+        if not self._maskable:
+            warn_unapplied_masks(self.spec)
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, info); info holds
-        `action_mask` where the envs have an `action_masks()` method."""
+        `action_mask` where the envs give masks (an `action_masks()` method, or `info["action_mask"]`)."""
         if seed is not None:
             self.vec_env.seed(seed)
         obs = self.vec_env.reset()
+        self._masks_in_reset_infos()
         if self._float_vector:
             return host_tensor(obs, self.device), self._masks()
         return to_device(self._host.batch(obs), self.device), self._masks()
 
     def step(self, actions: torch.Tensor):
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` (and `action_mask`,
-        for the returned observations, where the envs have `action_masks()`; `is_success` once an episode's info
+        for the returned observations, where the envs give masks; `is_success` once an episode's info
         has it, as for Gymnasium envs)."""
         self.vec_env.step_async(_to_numpy_actions(actions, self.spec.action_space))
         obs, rewards, dones, infos = self.vec_env.step_wait()
@@ -118,7 +143,7 @@ class SB3VecEnv(BatchedEnv):
         else:
             obs_t, final_t = obs_and_final(obs, finished, self.device,
                                            lambda row: infos[row]["terminal_observation"], self._host)
-        info = {"final_obs": final_t, "final_rows": finished, **self._masks()}
+        info = {"final_obs": final_t, "final_rows": finished, **self._masks(infos, set(finished.tolist()))}
         if self._normalizer is not None:  # episode returns are the env's own rewards', as SB3's Monitor records them
             info["raw_reward"] = host_tensor(self._normalizer.get_original_reward(), self.device).reshape(-1)
         add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})

@@ -631,6 +631,9 @@ class PopulationBase:
             model = self.algo_cls(self.env_id, seed=self.seeds[k], device=self.device, env_backend=self.env_backend,
                                   env_kwargs=self.env_kwargs or None, **hyperparameters)
         model._restore_tensors({**self._member_checkpoint(k), **self.member_statistics(k)}, {})
+        # (a member of a run that applied its env's action masks trained with them: its file says so, and `export`
+        # then adds the mask input, as for a solo run's model)
+        model._saved_with_action_masks = bool(self._masking)
         return model
 
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
