@@ -1030,3 +1030,13 @@ def test_a_second_signal_stops_at_once_except_in_a_torchrun_worker(under_torchru
         else:
             with pytest.raises(cli.Terminated):
                 os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    import rlspeed
+
+    for flag in ("--version", "-V"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([flag])
+        assert exit_info.value.code == 0
+        assert capsys.readouterr().out.strip() == f"rlspeed {rlspeed.__version__}"

@@ -143,7 +143,7 @@ def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypat
     assert code == 2
     assert 'pip install "rlspeed[track]"' in capsys.readouterr().err
     assert not (tmp_path / "run" / "model.safetensors").exists()
-    with pytest.raises(UserError, match="wandb is not installed"):
+    with pytest.raises(UserError, match="needs wandb, which is not installed"):
         from rlspeed.tracking import WandbTracker
 
         WandbTracker({})

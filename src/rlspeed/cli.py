@@ -26,6 +26,7 @@ from pathlib import Path
 
 import yaml
 
+from rlspeed._version import __version__
 from rlspeed.errors import EnvStepError, UserError, peer_algorithm_advice
 from rlspeed.logging import strict_json
 
@@ -1519,6 +1520,8 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    parser.add_argument("-V", "--version", action="version", version=f"rlspeed {__version__}",
+                        help="print rlspeed's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     # what builds the model, shared by train and profile

@@ -478,7 +478,7 @@ def _preprocessing(env_id: str) -> dict | None:
 def _check_onnx_packages() -> None:
     missing = [name for name in _EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
     if missing:
-        raise UserError(f"ONNX export needs {' and '.join(missing)}: pip install rlspeed[export]")
+        raise UserError(f"ONNX export needs {' and '.join(missing)}: pip install \"rlspeed[export]\".")
 
 
 def _replace_atomically(write, path: Path) -> None:

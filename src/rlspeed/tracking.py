@@ -43,8 +43,8 @@ class WandbTracker:
     def __init__(self, config: dict | None = None, run_dir: str | Path | None = None, project: str | None = None,
                  entity: str | None = None, name: str | None = None, tags: list[str] | None = None):
         if importlib.util.find_spec("wandb") is None:
-            raise UserError(f"--track logs to Weights & Biases, and wandb is not installed: {INSTALL} (or drop "
-                            "--track).")
+            raise UserError(f"Tracking with Weights & Biases (--track) needs wandb, which is not installed: {INSTALL} "
+                            "(or drop --track).")
         import wandb
 
         self._wandb = wandb

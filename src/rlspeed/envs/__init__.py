@@ -135,7 +135,7 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
         return "envpool" if _envpool_for_auto(env_id) else "gymnasium"
     if backend == "envpool":
         if not envpool_installed():
-            raise UserError(f"--env-backend envpool needs EnvPool: {ENVPOOL_INSTALL}.")
+            raise UserError(f"The envpool backend (--env-backend envpool) needs EnvPool: {ENVPOOL_INSTALL}.")
         if envpool_task(env_id) is None:
             raise UserError(f"EnvPool has no env for '{env_id}' (`envpool.list_all_envs()` lists its ids); use "
                             "--env-backend gymnasium.")
