@@ -82,7 +82,7 @@ def _major_minor(version: str) -> tuple[int, int]:
 
 
 def check_python_torch() -> list[Check]:
-    """Python version, and torch version and build (WARN below torch 2.4, which rlspeed needs)."""
+    """Python version, and torch version and build (WARN below torch 2.6, which rlspeed needs)."""
     python = f"Python {platform.python_version()} ({sys.executable})"
     checks = [Check(PASS, "python", python) if sys.version_info >= (3, 10)
               else Check(WARN, "python", python, "rlspeed needs Python 3.10 or newer")]
@@ -93,8 +93,8 @@ def check_python_torch() -> list[Check]:
     else:
         build = "no CUDA in this build"
     detail = f"torch {torch.__version__} ({build})"
-    if _major_minor(torch.__version__) < (2, 4):
-        checks.append(Check(WARN, "torch", detail, 'rlspeed needs torch 2.4 or newer: pip install -U "torch>=2.4"'))
+    if _major_minor(torch.__version__) < (2, 6):
+        checks.append(Check(WARN, "torch", detail, 'rlspeed needs torch 2.6 or newer: pip install -U "torch>=2.6"'))
     else:
         checks.append(Check(PASS, "torch", detail))
     return checks
