@@ -277,6 +277,15 @@ def test_debug_before_the_subcommand_shows_the_traceback(monkeypatch, tmp_path):
         cli.main(["--debug", "train", "ppo", "CartPol-v1"])
 
 
+def test_debug_keeps_the_commands_exit_code_2(tmp_path):
+    """As the `rlspeed` command, --debug adds the traceback and keeps exit code 2 (a raised error would exit 1)."""
+    done = subprocess.run([sys.executable, "-c", "import sys\nfrom rlspeed.cli import main\nsys.exit(main())",
+                           "train", "ppo", "CartPol-v1", "--debug"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2
+    assert "Traceback" in done.stderr and "Unknown env id 'CartPol-v1'" in done.stderr
+
+
 def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
     """`main([... "--nproc", "2"])` hands torchrun the arguments it was given (not the host process's argv), less
     `--nproc` and `--max-restarts`, with a fixed `--out` so that every worker writes one run directory."""
@@ -531,6 +540,40 @@ def test_summary_has_the_numerics_report_and_nan_policy_reaches_the_model(tmp_pa
     assert code == 0
     numerics = json.loads((tmp_path / "run" / "summary.json").read_text())["numerics"]
     assert numerics["nan_policy"] == "mask" and numerics["rollbacks"] == 0
+
+
+NAN_ENV_MODULE = """
+import math
+import gymnasium as gym
+
+
+class NanRewards(gym.Wrapper):
+    def __init__(self):
+        super().__init__(gym.make("CartPole-v1"))
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, math.nan if self.steps % 7 == 0 else reward, terminated, truncated, info
+
+
+gym.register("NanRewards-v0", entry_point=NanRewards, max_episode_steps=100)
+"""
+
+
+def test_masked_non_finite_env_rows_are_counted_in_the_closing_lines(tmp_path, monkeypatch, capsys):
+    """--nan-policy mask keeps training through NaN rewards: how many rows it replaced is said at the end, not only
+    in summary.json."""
+    (tmp_path / "nan_rewards_env.py").write_text(NAN_ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "NanRewards-v0", "--gym-packages", "nan_rewards_env", "--num-envs", "2",
+                     "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "256",
+                     "--target-return", "none", "--no-progress", "--nan-policy", "mask", "--out", "run"]) == 0
+    masked = json.loads((tmp_path / "run" / "summary.json").read_text())["numerics"]["nonfinite_env_rows_masked"]
+    assert masked > 0
+    assert f"--nan-policy mask replaced {masked:,} env rows of 256 holding NaN" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "exported_program"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
 
@@ -83,17 +84,21 @@ def test_summary_json_is_strict_json():
         "final_eval": {"mean": None, "std": None, "episodes": 10}, "returns": [1.0, None], "sps": 3.5}
 
 
-def test_non_finite_metrics_are_empty_cells(tmp_path):
+def test_no_episode_is_an_empty_cell_and_a_diverged_loss_is_nan(tmp_path):
+    """An interval in which no episode finished has no episode_return (empty); a loss that diverged is written as
+    nan or inf, not an empty cell that looks like "no update in this row"."""
     logger = RunLogger(tmp_path, tensorboard=False)
-    logger.log({"timesteps": 1, "episode_return": float("nan"), "loss": float("inf")})
+    logger.log({"timesteps": 1, "episode_return": float("nan"), "loss": float("inf"), "policy_loss": float("nan")})
     logger.log({"timesteps": 2, "episode_return": 5.0, "loss": 0.5})
     logger.close()
     with open(tmp_path / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert rows[0]["episode_return"] == "" and rows[0]["loss"] == ""
-    assert rows[1]["episode_return"] == "5.0"
+    assert rows[0]["episode_return"] == "" and rows[0]["loss"] == "inf" and rows[0]["policy_loss"] == "nan"
+    assert rows[1]["episode_return"] == "5.0" and rows[1]["policy_loss"] == ""
     continued = RunLogger(tmp_path, tensorboard=False, continue_from=2)
-    assert continued.rows == [{"timesteps": 1}, {"timesteps": 2, "episode_return": 5.0, "loss": 0.5}]
+    assert continued.rows[1] == {"timesteps": 2, "episode_return": 5.0, "loss": 0.5}
+    assert continued.rows[0]["loss"] == float("inf") and math.isnan(continued.rows[0]["policy_loss"])
+    assert "episode_return" not in continued.rows[0]
 
 
 def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):

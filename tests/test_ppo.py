@@ -266,3 +266,25 @@ def test_ortho_init_false_keeps_pytorchs_default_initialisation(algo, env_id, ex
 
     assert min(spread(weight) for weight, _ in default_layers) < 0.05
     assert min(spread(weight) for weight, _ in plain_layers) > 0.45
+
+
+def test_explained_variance_is_logged_as_stable_baselines3_computes_it(tmp_path):
+    """SB3's first diagnostic of a value function: 1 - Var(returns - values) / Var(returns) over the rollout, in every
+    on-policy algorithm's metrics rows."""
+    import csv
+
+    from rlspeed.algos.on_policy import explained_variance
+
+    utils = pytest.importorskip("stable_baselines3.common.utils")
+    generator = torch.Generator().manual_seed(0)
+    returns = torch.randn(64, 8, generator=generator)
+    values = returns + 0.5 * torch.randn(64, 8, generator=generator)
+    expected = utils.explained_variance(values.flatten().numpy(), returns.flatten().numpy())
+    assert explained_variance(values, returns).item() == pytest.approx(expected, rel=1e-5)
+    assert explained_variance(values, torch.ones(64, 8)).isnan()  # (constant returns: nothing to explain)
+    for algo, options in ((rlspeed.PPO, {"num_steps": 16, "batch_size": 64}), (rlspeed.A2C, {})):
+        run = tmp_path / algo.__name__
+        algo("CartPole-v1", seed=0, num_envs=4, **options).learn(512, progress_bar=False, run_dir=run)
+        with open(run / "metrics.csv", newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        assert all(-10 < float(row["explained_variance"]) <= 1 for row in rows)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlspeed import DQN, PPO, SAC, UserError, cli
+from rlspeed.diagnostics import profiler
 from rlspeed.diagnostics.phases import PREFIX
 from rlspeed.diagnostics.profiler import PhaseTime, Profile, advise, profile_run
 
@@ -88,7 +89,7 @@ def _profile(**changes) -> Profile:
 NOTHING = ["no phase stands out; the top operations above are where the time goes."]
 
 
-def test_advice_on_env_bound_runs_names_the_faster_backend_where_there_is_one():
+def test_advice_on_env_bound_runs_names_the_faster_backend_where_there_is_one(monkeypatch):
     assert advise(_profile()) == NOTHING
     env_bound = [PhaseTime("env", 60, 0.6), PhaseTime("update", 1, 0.2), PhaseTime("other", 1, 0.2)]
     [line] = advise(_profile(env_backend="gymnasium", phases=env_bound))
@@ -96,11 +97,16 @@ def test_advice_on_env_bound_runs_names_the_faster_backend_where_there_is_one():
     # with few envs on a CPU Gymnasium's version is the faster one (CPU_NATIVE_MIN_ENVS): no native advice then
     [line] = advise(_profile(env_backend="gymnasium", num_envs=2, phases=env_bound))
     assert "--env-backend torch" not in line and "--num-envs" in line
-    [line] = advise(_profile(env_backend="gymnasium", env_id="Slow-v0", phases=env_bound))
-    assert "gymnasium-async" in line and "60 us per env step" in line
-    fast_env = [PhaseTime("env", 10, 0.6), PhaseTime("other", 1, 0.4)]  # 10 us a step: subprocesses cost more
-    [line] = advise(_profile(env_backend="gymnasium", env_id="Fast-v0", phases=fast_env))
-    assert "gymnasium-async" not in line and "--num-envs" in line
+    # subprocess envs: for envs of 1 ms a step or more on 4 cores or more (on 2 cores, LunarLander's 60 us a step
+    # trained 3x slower in them)
+    slow_env = [PhaseTime("env", 2_000, 0.6), PhaseTime("other", 1, 0.4)]
+    monkeypatch.setattr(profiler, "usable_cores", lambda: 8)
+    [line] = advise(_profile(env_backend="gymnasium", env_id="Slow-v0", phases=slow_env))
+    assert "gymnasium-async" in line and "2000 us per env step" in line and "on 8 cores" in line
+    for cores, phases in ((2, slow_env), (8, [PhaseTime("env", 60, 0.6), PhaseTime("other", 1, 0.4)])):
+        monkeypatch.setattr(profiler, "usable_cores", lambda cores=cores: cores)
+        [line] = advise(_profile(env_backend="gymnasium", env_id="Fast-v0", phases=phases))
+        assert "gymnasium-async" not in line and "--num-envs" in line
     [line] = advise(_profile(phases=[PhaseTime("act", 1, 0.5), PhaseTime("other", 1, 0.5)]))
     assert "choosing actions takes 50%" in line
 
@@ -154,3 +160,20 @@ def test_profile_command_refuses_bad_arguments_before_training(args, message, ca
     assert cli.main(["profile", "ppo", "CartPole-v1", "--device", "cpu", *args]) == 2
     captured = capsys.readouterr()
     assert message in captured.err and "profiling" not in captured.err + captured.out
+
+
+def test_update_advice_names_the_setting_that_changes_gradient_steps_per_env_step():
+    """'Fewer, larger minibatches' cannot help where each epoch is already one minibatch (batch_size above the
+    rollout is cut to it): the advice names the setting that would change something under this config."""
+    from rlspeed.algos import A2CConfig, DQNConfig, PPOConfig
+
+    one = profiler.update_lever(PPOConfig(num_envs=32, num_steps=8, batch_size=512, n_epochs=20))
+    assert one.startswith("fewer epochs (n_epochs, now 20; each epoch is already one minibatch of the 256-step")
+    several = profiler.update_lever(PPOConfig(num_envs=32, num_steps=8, batch_size=64, n_epochs=4))
+    assert "batch_size, now 64: 4 per epoch" in several and "n_epochs, now 4" in several
+    assert "gradient_steps, now 1 per iteration" in profiler.update_lever(DQNConfig())
+    assert "one per env step collected" in profiler.update_lever(DQNConfig(gradient_steps=-1))
+    assert profiler.update_lever(A2CConfig(num_steps=5)).startswith("longer rollouts (num_steps, now 5")
+    line = advise(_profile(parameters=1_000, update_lever=one,
+                           phases=[PhaseTime("update", 1, 0.6), PhaseTime("other", 1, 0.4)]))[0]
+    assert "fewer epochs (n_epochs, now 20" in line and "larger minibatches" not in line

@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -1223,6 +1224,11 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         say(f"rlspeed: note: {numerics['rollbacks']} rollback(s) of non-finite updates (see summary.json's "
             f"numerics); the last one restored the weights of step {model._numerics.last_finite_timesteps:,}: "
             "lower learning_rate or clip gradients (max_grad_norm).", file=sys.stderr)
+    if numerics.get("nonfinite_env_rows_masked"):  # (--nan-policy mask: how much of the data it replaced)
+        say(f"rlspeed: note: --nan-policy mask replaced {numerics['nonfinite_env_rows_masked']:,} env rows of "
+            f"{summary['total_timesteps']:,} holding NaN or infinite values by 0 (the first: env "
+            f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
+            file=sys.stderr)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
     say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {_score(final['mean'])} +/- "
         f"{_score(final['std'])}{success}")
@@ -1689,9 +1695,10 @@ def _one_line(message: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the `rlspeed` command on `argv` (default: `sys.argv[1:]`) and return the exit code.
 
-    A `UserError` (a bad argument included) prints one line and returns 2 (with `--debug` it is raised with its
-    traceback); an env that raises prints one line and returns 1; Ctrl-C returns 130. As the `rlspeed` command
-    (`argv` None), warnings print as one `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
+    A `UserError` (a bad argument included) prints one line and returns 2 (with `--debug` its traceback, still exit
+    code 2 as the `rlspeed` command; a caller passing `argv` gets it raised); an env that raises prints one line and
+    returns 1; Ctrl-C returns 130. As the `rlspeed` command (`argv` None), warnings print as one
+    `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
     """
     console = argv is None  # (the `rlspeed` command; a caller passing argv keeps its own warning handling)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -1700,6 +1707,11 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _show_warning
         try:
             return _main(argv)
+        except UserError:  # (raised only with --debug: the command prints its traceback, with the same exit code)
+            if not console:
+                raise
+            traceback.print_exc()
+            return 2
         finally:
             _release_run_locks()  # (the command is over: the next one in this process may train there)
 

@@ -32,9 +32,15 @@ def strict_json(value, **kwargs) -> str:
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
 
 
+#: metrics of finished episodes: NaN where no episode finished in the row's interval, written as an empty cell
+EPISODE_METRICS = ("episode_return", "success_rate")
+
+
 def _csv_row(row: dict) -> dict:
-    """A metrics row as written to metrics.csv: a non-finite value is an empty cell (read back as missing)."""
-    return {key: "" if isinstance(value, float) and not math.isfinite(value) else value for key, value in row.items()}
+    """A metrics row as written to metrics.csv: an episode metric without episodes (`EPISODE_METRICS`) is an empty
+    cell (read back as missing); any other non-finite value, a diverged loss, is written as nan, inf or -inf."""
+    return {key: "" if key in EPISODE_METRICS and isinstance(value, float) and math.isnan(value) else value
+            for key, value in row.items()}
 
 
 class ProgressBar:

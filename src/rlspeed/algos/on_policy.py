@@ -250,7 +250,16 @@ class OnPolicyAlgorithm(Algorithm):
         # 3. The algorithm's updates.
         with phase("update"):
             metrics = self._update_rollout(buf, advantages, returns)
+            metrics["explained_variance"] = explained_variance(buf.values, returns)
         episode_return_sum, episode_count = buf.episode_totals()
         metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count,
                        **success_totals(successes, self.strategy.enabled, self.device))
         return cfg.num_steps * env.num_envs, metrics
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> torch.Tensor:
+    """How much of the returns' variance the value estimates made during the rollout explain, as Stable-Baselines3
+    logs it: 1 - Var(returns - values) / Var(returns) (1: perfect, 0: no better than a constant, negative: worse);
+    NaN where the returns do not vary."""
+    spread = returns.var(correction=0)
+    return torch.where(spread > 0, 1 - (returns - values).var(correction=0) / spread, torch.nan)

@@ -27,6 +27,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from rlspeed.device import synchronize
+from rlspeed.diagnostics.doctor import usable_cores
 from rlspeed.diagnostics.phases import PHASES, PREFIX
 from rlspeed.envs import resolve_backend
 from rlspeed.errors import UserError
@@ -43,7 +44,11 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 ENV_SHARE = 0.35
 UPDATE_SHARE = 0.5
 ACT_SHARE = 0.35
-SLOW_ENV_MS = 50.0  # env ms per 1k env steps (50 us a step), from which subprocess envs may pay off
+# Subprocess envs (Gymnasium's AsyncVectorEnv: one process per env) pay a round trip per env step and need cores of
+# their own: they are suggested only for envs slower than SLOW_ENV_MS per 1k env steps (1 ms a step) on a machine
+# with at least ASYNC_MIN_CORES usable cores, and then as something to compare, not a sure gain
+SLOW_ENV_MS = 1_000.0
+ASYNC_MIN_CORES = 4
 SMALL_NETWORK = 20_000  # parameters; with fewer than SMALL_NETWORK_ENVS envs, launch latency rules on accelerators
 SMALL_NETWORK_ENVS = 256
 SYNCS_PER_1K = 10.0
@@ -87,6 +92,8 @@ class Profile:
     top_ops: list[OpTime] = field(default_factory=list)
     device_busy_ms: float | None = None  # CUDA: kernel and copy time per 1,000 env steps; None elsewhere
     host_syncs: float | None = None  # CUDA: blocking runtime calls per 1,000 env steps; None elsewhere
+    #: the settings that set how many gradient steps an env step costs, in words (`update_lever`)
+    update_lever: str = "fewer gradient steps per env step"
     advice: list[str] = field(default_factory=list)
 
     def phase(self, name: str) -> PhaseTime:
@@ -223,11 +230,33 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      num_envs=int(model.config.num_envs), parameters=parameter_count(model),
                      accelerate=model.acceleration_summary() if model.accelerate == "auto" else {},
                      steps=steps_done, sps=sps, profiled_sps=steps_done / max(wall_s, 1e-9), phases=phases,
-                     top_ops=top_ops,
+                     top_ops=top_ops, update_lever=update_lever(model.config),
                      device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
                      host_syncs=syncs * per_1k if on_cuda else None)
     result.advice = advise(result)
     return result
+
+
+def update_lever(config) -> str:
+    """What lowers the gradient steps per env step under `config`, in words for `advise`: fewer epochs where each
+    epoch is already one minibatch (larger minibatches cannot help then), fewer and larger minibatches where there
+    are several, fewer gradient steps per env step off-policy, longer rollouts for A2C (one step per rollout)."""
+    values = vars(config) if not hasattr(config, "__dataclass_fields__") else {
+        name: getattr(config, name) for name in config.__dataclass_fields__}
+    if "gradient_steps" in values:  # (off-policy)
+        steps = values["gradient_steps"]
+        per = f"{steps} per iteration" if steps >= 1 else "one per env step collected"
+        return (f"fewer gradient steps per env step (gradient_steps, now {per}; train_freq "
+                f"{values.get('train_freq', 1)})")
+    if "n_epochs" not in values:  # (A2C: one gradient step per rollout)
+        return f"longer rollouts (num_steps, now {values.get('num_steps')}: one gradient step each)"
+    rollout = int(values["num_envs"]) * int(values["num_steps"])
+    minibatches = -(-rollout // max(min(int(values["batch_size"]), rollout), 1))
+    if minibatches == 1:
+        return (f"fewer epochs (n_epochs, now {values['n_epochs']}; each epoch is already one minibatch of the "
+                f"{rollout:,}-step rollout)")
+    return (f"fewer, larger minibatches (batch_size, now {values['batch_size']}: {minibatches} per epoch) or fewer "
+            f"epochs (n_epochs, now {values['n_epochs']})")
 
 
 def _device_us(op) -> float:
@@ -245,10 +274,11 @@ def advise(result: Profile) -> list[str]:
         if result.env_backend.startswith("gymnasium") and native_faster:
             advice.append(f"env.step takes {env_share:.0%} of the time and this env has a device-native version: "
                           "--env-backend torch steps all envs with a few tensor operations.")
-        elif result.env_backend == "gymnasium" and result.num_envs >= 4 and result.host_ms("env") >= SLOW_ENV_MS:
+        elif (result.env_backend == "gymnasium" and result.num_envs >= 4 and result.host_ms("env") >= SLOW_ENV_MS
+              and usable_cores() >= ASYNC_MIN_CORES):
             advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
-                          "step): --env-backend gymnasium-async steps the envs in subprocesses, which can pay off "
-                          "for envs this slow.")
+                          f"step): --env-backend gymnasium-async steps each env in a subprocess of its own, which "
+                          f"can pay off for envs this slow on {usable_cores()} cores; compare the two runs' steps/s.")
         else:
             advice.append(f"env.step takes {env_share:.0%} of the time: more envs per step (--num-envs) spread "
                           "its fixed cost over more transitions.")
@@ -257,7 +287,7 @@ def advise(result: Profile) -> list[str]:
             advice.append(f"gradient steps take {update_share:.0%} of the time, and with {result.parameters:,} "
                           "parameters they are bound by per-operation overhead, not arithmetic: reduced precision "
                           "seldom helps there (--accelerate auto measures it and keeps fp32 eager when nothing is "
-                          "faster); fewer, larger minibatches do, at the price of other learning dynamics.")
+                          f"faster); {result.update_lever} do, at the price of other learning dynamics.")
         elif not result.accelerate:
             measured = {"cpu": "bf16 matrix products", "cuda": "TF32/bf16 and whole-step CUDA graphs"}.get(
                 device_type, "reduced precision and compilation")
