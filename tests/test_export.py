@@ -180,7 +180,7 @@ def test_bad_requests_are_one_sentence(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("onnx", "onnxscript") else real_find_spec(name, *a))
-    with pytest.raises(UserError, match=r"needs onnx and onnxscript: pip install rlspeed\[export\]"):
+    with pytest.raises(UserError, match=r"needs onnx and onnxscript: pip install \"rlspeed\[export\]\""):
         export(model, tmp_path / "q.onnx", format="onnx")
     assert not (tmp_path / "q.onnx").exists() and not (tmp_path / "q.onnx.json").exists()
 
