@@ -154,3 +154,57 @@ def test_save_and_load_give_identical_actions_for_every_policy_kind(tmp_path, al
     assert original.shape == (5, *model.spec.action_space.shape)
     if masks is not None and task == "taxi":
         assert masks[np.arange(5), original].all()
+
+
+class _CheckedBox(gym.Env):
+    """An env with the given Box actions that counts the actions it receives outside its space (as an env that
+    asserts `action_space.contains(action)` would fail on them)."""
+
+    def __init__(self, low, high, dtype=np.float32):
+        self.observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+        self.action_space = gym.spaces.Box(np.array(low, dtype), np.array(high, dtype), dtype=dtype)
+        self.outside, self.steps = 0, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        self.outside += not self.action_space.contains(action)
+        return np.zeros(3, np.float32), 0.0, False, self.steps % 20 == 0, {}
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize("algo", [rlspeed.PPO, rlspeed.SAC, rlspeed.TD3])
+@pytest.mark.parametrize("bounds", [
+    ([-0.1], [0.3], np.float64),  # (float64 bounds float32 cannot hold: a float32 action just past them)
+    ([0.1], [0.3], np.float32),  # (asymmetric: center + half_range * 1 rounds past high)
+    ([-9.1805296], [-3.6176543], np.float32),
+    ([-FLOAT32_MAX] * 2, [FLOAT32_MAX] * 2, np.float32),  # (float32's widest: (high - low) / 2 overflowed to inf)
+])
+def test_every_box_action_the_env_receives_is_in_its_space(algo, bounds):
+    vector = gym.vector.SyncVectorEnv([lambda: _CheckedBox(*bounds)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    options = {"num_steps": 16, "batch_size": 16} if algo is rlspeed.PPO else {"learning_starts": 10}
+    model = algo(vector, seed=0, device="cpu", **options)
+    model.learn(120, progress_bar=False)
+    env = vector.envs[0]
+    assert env.steps >= 120 and env.outside == 0
+    if algo is not rlspeed.PPO:  # (the actor's extreme outputs, as a saturated tanh gives them, stay in the bounds)
+        extremes = model._to_env(torch.tensor([[1.0] * len(bounds[0]), [-1.0] * len(bounds[0])]))
+        low, high = np.asarray(bounds[0], np.float32), np.asarray(bounds[1], np.float32)
+        assert (extremes.numpy() <= high).all() and (extremes.numpy() >= low).all()
+
+
+def test_box_actions_beyond_float32_or_of_integers_are_refused_in_one_sentence():
+    wide = gym.vector.SyncVectorEnv([lambda: _CheckedBox([-1e300], [1e300], np.float64)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.raises(UserError, match="action bounds .* are beyond float32's numbers"):
+        rlspeed.SAC(wide, device="cpu")
+    integers = gym.vector.SyncVectorEnv([lambda: _CheckedBox([0], [10], np.int64)],
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    for algo in (rlspeed.PPO, rlspeed.SAC):
+        with pytest.raises(UserError, match="Box actions of dtype int64; .*MultiDiscrete"):
+            algo(integers, device="cpu")

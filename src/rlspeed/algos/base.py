@@ -814,6 +814,12 @@ class Algorithm:
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             raise UserError(f"{type(self).__name__} needs discrete actions, but {spec.env_id} has continuous "
                             "actions; use ppo, sac, td3 or ddpg.")
+        if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+            # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
+            # not be members of the space
+            raise UserError(f"{spec.env_id} has Box actions of dtype {np.dtype(space.dtype).name}; rlspeed's "
+                            "continuous policies act in real numbers: give the env a MultiDiscrete action space "
+                            "(one choice per integer), or a float Box and round in a gymnasium.ActionWrapper.")
         if isinstance(space, gym.spaces.Box) and len(space.shape) != 1 and not self.supports_multi_actions:
             # this algorithm's actors emit a flat action vector; nothing reshapes it to the space's shape
             raise UserError(f"{type(self).__name__} supports 1-D Box actions and {spec.env_id} has Box actions of "

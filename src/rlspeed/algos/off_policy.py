@@ -30,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -157,6 +158,21 @@ def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module).requires_grad_(False)
 
 
+def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple[torch.Tensor, ...]:
+    """(center, half_range, low, high) of a bounded Box as float32 tensors on `device`, for actions in [-1, 1] mapped
+    to center + half_range * a and clamped to [low, high]; computed in float64 (float32's (high - low) overflows for
+    bounds near its largest number), UserError where the half range is beyond float32's numbers."""
+    low, high = np.asarray(box.low, dtype=np.float64), np.asarray(box.high, dtype=np.float64)
+    center, half_range = high / 2 + low / 2, high / 2 - low / 2
+    with np.errstate(over="ignore"):
+        values = [part.astype(np.float32) for part in (center, half_range, low, high)]
+    if not all(np.isfinite(part).all() for part in values):
+        raise UserError(f"{who}: the action bounds (low {box.low}, high {box.high}) are beyond float32's numbers, in "
+                        "which the actor's actions are rescaled; give the env narrower bounds (e.g. "
+                        "gymnasium.wrappers.RescaleAction).")
+    return tuple(torch.as_tensor(part, device=device) for part in values)
+
+
 class OffPolicyAlgorithm(Algorithm):
     """Base of the replay-buffer algorithms. Subclasses provide `_setup`, `_explore`, `_update`, `_modules`."""
 
@@ -224,16 +240,16 @@ class OffPolicyAlgorithm(Algorithm):
                 raise UserError(f"{type(self).__name__} maps its actions in [-1, 1] onto the action space's bounds, "
                                 f"but {self.spec.env_id} has unbounded actions (low {box.low}, high {box.high}); give "
                                 "the env finite bounds (e.g. gymnasium.wrappers.RescaleAction or ClipAction).")
-            low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32)
-            high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32)
-            self._action_center = (high + low) / 2
-            self._action_half_range = (high - low) / 2
+            self._action_center, self._action_half_range, self._action_low, self._action_high = action_scaling(
+                box, self.device, f"{type(self).__name__} on {self.spec.env_id}")
 
     def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
-        """Policy-space actions as the env expects them: Box values in [-1, 1] rescaled to [low, high]."""
+        """Policy-space actions as the env expects them: Box values in [-1, 1] rescaled to [low, high] (clamped
+        there: center + half_range * 1 may round past an asymmetric bound)."""
         if self.spec.discrete:
             return actions
-        return torch.addcmul(self._action_center, self._action_half_range, actions)
+        return torch.addcmul(self._action_center, self._action_half_range, actions).clamp_(self._action_low,
+                                                                                             self._action_high)
 
     def _random_actions(self, num: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Uniform random policy-space actions for `num` envs, drawn on the device; with `action_masks` (bool

@@ -588,6 +588,7 @@ class OffPolicyPopulation(PopulationBase):
         self._action_tail = () if self.discrete else (self.action_dim,)  # an action's shape as the env takes it
         if not self.discrete:
             self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
+            self._action_low, self._action_high = solos[0]._action_low, solos[0]._action_high
         self._index_dtype = rules(self.device).index_dtype
         self.activation = ACTIVATIONS[self.config.activation]()
         self.hyper = config_tensors(solos, ("learning_rate", "gamma", "tau"), self.device)
@@ -706,7 +707,8 @@ class OffPolicyPopulation(PopulationBase):
         """Policy-space actions as the env takes them: indices as they are, Box values rescaled to the bounds."""
         if self.discrete:
             return actions
-        return torch.addcmul(self._action_center, self._action_half_range, actions)
+        return torch.addcmul(self._action_center, self._action_half_range, actions).clamp_(self._action_low,
+                                                                                             self._action_high)
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def _start(self, total_timesteps: int) -> None:
