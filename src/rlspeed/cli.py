@@ -1291,7 +1291,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """`rlspeed profile`: train ALGO on ENV_ID (preset, `--set`, flags as for train) for a while under the profiler
     and print where the time goes, per phase of the loop and per operation, with advice; returns the exit code."""
-    from rlspeed.diagnostics.profiler import profile_run
+    from rlspeed.diagnostics.profiler import planned_steps, profile_run
 
     _import_env_modules(args, "env_id")
     trace = Path(args.trace) if args.trace else None
@@ -1299,8 +1299,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
     algo_cls, _run_settings, hyper, _config = _settings(args)
     model = _model(args, algo_cls, hyper)
+    steps, warmup, profiled = planned_steps(model, args.steps)
     print(f"rlspeed: profiling {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, device "
-          f"{model.device}): warm-up, an unprofiled run, then a profiled run", file=sys.stderr, flush=True)
+          f"{model.device}): a warm-up of {warmup:,} env steps, an unprofiled run of {steps:,} (whole iterations), "
+          f"then a profiled run of {profiled:,}", file=sys.stderr, flush=True)
     result = profile_run(model, steps=args.steps, trace=trace)
     print(result, file=sys.stderr if args.json else sys.stdout)  # (--json: stdout holds the JSON alone)
     if trace is not None:

@@ -161,6 +161,20 @@ def parameter_count(model) -> int:
     return total
 
 
+def planned_steps(model, steps: int | None = None) -> tuple[int, int, int]:
+    """(the unprofiled run's env steps, the default warm-up's, the profiled run's) of `profile_run` for `model`:
+    `steps` (default: the larger of 10 iterations and 2,000 env steps) rounded up to whole iterations;
+    learning_starts plus two iterations; at most `PROFILED_MAX_STEPS` of `steps` (whole iterations, at least one)."""
+    per_iteration = steps_per_iteration(model)
+    if steps is None:
+        steps = max(DEFAULT_ITERATIONS * per_iteration, DEFAULT_MIN_STEPS)
+    if steps <= 0:
+        raise UserError(f"steps must be positive, got {steps}.")
+    steps = math.ceil(steps / per_iteration) * per_iteration
+    return (steps, int(getattr(model.config, "learning_starts", 0)) + 2 * per_iteration,
+            min(steps, max(per_iteration, PROFILED_MAX_STEPS // per_iteration * per_iteration)))
+
+
 def profile_run(model, steps: int | None = None, warmup_steps: int | None = None, top: int = 8,
                 trace: str | Path | None = None) -> Profile:
     """Warm `model` up, time `steps` env steps of `learn` unprofiled, then up to `PROFILED_MAX_STEPS` more (at least
@@ -175,14 +189,8 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
     if model.strategy.enabled:
         raise UserError("rlspeed profile runs in one process; profile without torchrun (one rank is what each "
                         "process of a data-parallel run does, plus the gradient all-reduce).")
-    per_iteration = steps_per_iteration(model)
-    if steps is None:
-        steps = max(DEFAULT_ITERATIONS * per_iteration, DEFAULT_MIN_STEPS)
-    if steps <= 0:
-        raise UserError(f"steps must be positive, got {steps}.")
-    steps = math.ceil(steps / per_iteration) * per_iteration
-    if warmup_steps is None:
-        warmup_steps = int(getattr(model.config, "learning_starts", 0)) + 2 * per_iteration
+    steps, default_warmup, profiled = planned_steps(model, steps)
+    warmup_steps = default_warmup if warmup_steps is None else warmup_steps
     if warmup_steps > 0:
         model.learn(warmup_steps, progress_bar=False)
     model.learn(steps, progress_bar=False)
@@ -190,7 +198,6 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
 
     on_cuda = model.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    profiled = min(steps, max(per_iteration, PROFILED_MAX_STEPS // per_iteration * per_iteration))
     with profile(activities=activities) as prof:
         started = time.perf_counter()
         model.learn(profiled, progress_bar=False)
