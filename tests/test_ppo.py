@@ -288,3 +288,18 @@ def test_explained_variance_is_logged_as_stable_baselines3_computes_it(tmp_path)
         with open(run / "metrics.csv", newline="") as handle:
             rows = list(csv.DictReader(handle))
         assert all(-10 < float(row["explained_variance"]) <= 1 for row in rows)
+
+
+def test_a_runaway_policy_update_is_said_once():
+    """learning_rate=10 collapses the policy in the first update (approx_kl in the hundreds, entropy 0) while the run
+    goes on to its budget: one warning names approx_kl and the learning rate; a sane run says nothing."""
+    import warnings
+
+    model = PPO("CartPole-v1", seed=0, num_envs=8, num_steps=32, batch_size=64, learning_rate=10.0)
+    with pytest.warns(RuntimeWarning, match=r"approx_kl averaged .* lower learning_rate \(now 10\)") as caught:
+        model.learn(2048, progress_bar=False, log_interval_s=0)
+    assert sum("approx_kl" in str(w.message) for w in caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        PPO("CartPole-v1", seed=0, num_envs=8, num_steps=32, batch_size=64).learn(2048, progress_bar=False,
+                                                                                   log_interval_s=0)

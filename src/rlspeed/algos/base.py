@@ -806,6 +806,9 @@ class Algorithm:
         return {"policy": self.policy}
 
     # --- shared ---------------------------------------------------------------------------------------------
+    def _check_metrics(self, row: dict) -> None:
+        """A look at each metrics row as it is read (the algorithm's own signs of a run gone wrong); nothing here."""
+
     def _check_action_space(self, spec: EnvSpec) -> None:
         space = spec.action_space
         if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
@@ -1132,6 +1135,7 @@ class Algorithm:
                             guarded = self._guarded_tensors()
                         extra = self._numerics.device_values(guarded, self.device) if check else None
                         row = self._read_metrics(sums, counts, extra)  # the one host sync per log interval
+                        self._check_metrics(row)
                         numerics = row.pop("_numerics", None)
                         if numerics is not None:
                             if self._numerics.after_read(numerics, guarded, self.env_id, self.num_timesteps):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rlspeed.accel import auto_accelerate
-from rlspeed.algos.base import Algorithm, require, success_totals
+from rlspeed.algos.base import Algorithm, require, success_totals, warn_at_caller
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer, gae
 from rlspeed.device import rules
@@ -183,6 +183,23 @@ class OnPolicyAlgorithm(Algorithm):
                         action_masks: torch.Tensor | None = None) -> torch.Tensor:
         actions, _, _ = self.policy.act(obs, deterministic=deterministic, action_masks=action_masks)
         return self._to_env(actions)
+
+    #: approx_kl above which a metrics row says the policy moves far beyond what PPO's clipping keeps it to
+    #: (clipped updates keep it to a few hundredths; one of 1 means the new policy's log-probabilities are about 1 nat
+    #: away from the rollout's on average)
+    RUNAWAY_KL = 1.0
+
+    def _check_metrics(self, row: dict) -> None:
+        """One warning per model where a row's approx_kl exceeds `RUNAWAY_KL`: the updates change the policy far more
+        than the clip range allows (a learning rate far too high, usually), which training then goes on with."""
+        kl = row.get("approx_kl")
+        if kl is None or not kl > self.RUNAWAY_KL or getattr(self, "_warned_runaway", False):
+            return
+        self._warned_runaway = True
+        warn_at_caller(f"{type(self).__name__}: approx_kl averaged {kl:.3g} over the updates before step "
+                       f"{self.num_timesteps:,} (clipped PPO updates keep it to a few hundredths): each update moves "
+                       f"the policy far from the one that collected the data; lower learning_rate (now "
+                       f"{self.config.learning_rate:g}) or n_epochs.", RuntimeWarning)
 
     def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
         """Actions as the env takes them: Gaussian samples clipped to the Box (stored unclipped, as sampled); the
