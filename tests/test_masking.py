@@ -401,14 +401,23 @@ def test_masks_of_actions_rlspeed_does_not_mask_are_a_warning_not_silence():
 
 @pytest.mark.parametrize("algo, options", [(rlspeed.PPO, {"num_steps": 16, "batch_size": 32}),
                                            (rlspeed.DQN, {"learning_starts": 8})])
-def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, options):
-    """A port from sb3-contrib that lost its ActionMasker wrapper trains unmasked: asking for masks says so."""
+def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, options, tmp_path):
+    """A port from sb3-contrib that lost its ActionMasker wrapper trains unmasked: asking for masks says so (the
+    saved config's use_masking, on loading or resuming, asks for nothing)."""
+    from rlspeed import cli
     from rlspeed.errors import UnusedSettingWarning
 
     model = algo("CartPole-v1", seed=0, num_envs=2, use_masking=True, **options)
     with pytest.warns(UnusedSettingWarning, match="use_masking=True has no effect: CartPole-v1 gives no action masks"):
         model.learn(32, progress_bar=False)
+    model.save(tmp_path / "model")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnusedSettingWarning)
         model.learn(32, progress_bar=False)  # (said once)
         algo("CartPole-v1", seed=0, num_envs=2, **options).learn(32, progress_bar=False)  # (the default: no word)
+        algo.load(tmp_path / "model", env="CartPole-v1").learn(32, progress_bar=False)
+        run = ["train", algo.name, "CartPole-v1", "--num-envs", "2", "--target-return", "none", "--no-progress",
+               "--out", str(tmp_path / "run"), "--checkpoint-freq", "32", *sum((["--set", f"{k}={v}"]
+                                                                              for k, v in options.items()), [])]
+        assert cli.main([*run, "--total-timesteps", "64"]) == 0
+        assert cli.main([*run, "--total-timesteps", "128", "--resume"]) == 0

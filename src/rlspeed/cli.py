@@ -612,6 +612,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
             print(f"rlspeed: note: --resume ignores settings of the run's config.yaml that {algo_cls.__name__} no "
                   f"longer takes: {', '.join(dropped)}", file=sys.stderr)
         hyper.update({key: value for key, value in resumed.items() if key in fields})
+        if hyper.get("use_masking") is True and getattr(algo_cls.config_cls, "use_masking", None) is True:
+            del hyper["use_masking"]  # (the default, which the run did not ask for: no word about masks it lacks)
         run_settings.update(getattr(args, "resume_run_settings", {}))
         if isinstance(getattr(args, "resume_preset", None), dict):
             args.preset_info, args.preset_message = args.resume_preset, None

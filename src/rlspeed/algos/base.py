@@ -1538,6 +1538,8 @@ class Algorithm:
         model._restore(tensors, meta, path)
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
+        # (the saved config's use_masking is no request of the caller's: only one given to load now is)
+        model._asked_for_masks = overrides.get("use_masking") is True
         return model
 
     @property
