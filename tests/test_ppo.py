@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -303,3 +305,34 @@ def test_a_runaway_policy_update_is_said_once():
         warnings.simplefilter("error", RuntimeWarning)
         PPO("CartPole-v1", seed=0, num_envs=8, num_steps=32, batch_size=64).learn(2048, progress_bar=False,
                                                                                    log_interval_s=0)
+
+
+@pytest.mark.parametrize("algo, options", [
+    (rlspeed.PPO, {"num_steps": 64, "batch_size": 64}), (rlspeed.A2C, {"num_steps": 64}),
+    (rlspeed.RecurrentPPO, {"num_steps": 64, "batch_size": 64, "lstm_hidden_size": 8})])
+def test_a_further_learn_continues_the_episodes_in_progress(algo, options, tmp_path):
+    """Training in chunks (learn, evaluate, learn, ...): each further learn goes on from the observation the last
+    one left, as SB3's and rlspeed's off-policy algorithms do. Each call reset the envs: ten learn(64) calls on
+    Pendulum (200-step episodes) finished no episode."""
+    model = algo("Pendulum-v1", seed=0, num_envs=1, env_backend="gymnasium", **options)
+    model.learn(64, progress_bar=False, run_dir=tmp_path)
+    left = model._obs.clone()
+    calls = []
+    first_obs = model._first_obs
+    model._first_obs = lambda env: calls.append(env) or first_obs(env)
+    model.learn(64, progress_bar=False, run_dir=tmp_path)
+    assert calls == [] and not torch.equal(model._obs, left)
+    for _ in range(8):
+        model.learn(64, progress_bar=False, run_dir=tmp_path)
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert sum(row["episode_return"] != "" for row in rows) >= 2  # (200-step episodes finished over 640 steps)
+    # a rollout cut short (here by an interrupt inside env.step) leaves the envs past the stored observation: the
+    # next learn starts from a reset
+    env, step = model._env, model._env.step
+    env.step = lambda actions: (_ for _ in ()).throw(KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64, progress_bar=False)
+    env.step = step
+    model.learn(64, progress_bar=False)
+    assert len(calls) == 1

@@ -957,7 +957,9 @@ class Algorithm:
         is confirmed on fresh episodes (other seeds; `confirm_target=False` skips it) and training stops only if
         that one reaches it too, so the model it stops with meets the target on new episodes. Without a target, an
         `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
-        also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far.
+        also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far. A
+        further learn() call goes on from where the last one stopped: its step count, the envs' episodes in progress
+        (after a call cut short inside a rollout, from a reset) and, off-policy, the replay buffer.
 
         Metrics (steps/s, episode returns, losses) are read once per `log_interval_s` seconds; by default every
         second and, with `run_dir`, also at least 50 times over a call of 50 iterations or more. With `run_dir` each

@@ -217,8 +217,19 @@ class OnPolicyAlgorithm(Algorithm):
             return (len(self.policy.nvec),), index_dtype
         return (self.policy.action_dim,), torch.float32
 
+    def _continues_episodes(self, env: BatchedEnv) -> bool:
+        """Whether a further learn() call goes on from where the last one stopped (its envs' episodes, observation and
+        rollout storage), as the off-policy algorithms and SB3's further `learn` do: not after `resume` or `load`, a
+        rollout cut short (an exception or Ctrl-C inside it) or a change of rollout size."""
+        buffer = getattr(self, "buffer", None)
+        return (buffer is not None and self._resume is None and getattr(self, "_obs", None) is not None
+                and not getattr(self, "_mid_rollout", False) and buffer.num_envs == env.num_envs
+                and buffer.num_steps == self.config.num_steps)
+
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
+        if self._continues_episodes(env):
+            return
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         action_shape, action_dtype = self._action_storage()
         # images and other encoded observations are stored once: the bootstrap values are taken during the rollout
@@ -233,6 +244,7 @@ class OnPolicyAlgorithm(Algorithm):
 
         # 1. Rollout: everything stays on the device.
         obs = self._obs
+        self._mid_rollout = True  # (until `_obs` is the envs' observation again: a learn cut short here resets)
         masking = self._masking
         successes: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, where the env reports is_success
         with torch.no_grad():
@@ -258,7 +270,7 @@ class OnPolicyAlgorithm(Algorithm):
                         successes.append((info.get("done", dones), info["is_success"]))
                     self._on_dones(dones)
                 obs = next_obs
-            self._obs = obs
+            self._obs, self._mid_rollout = obs, False
             # 2. GAE, bootstrapping every step from V(final_obs); termination cuts the bootstrap, truncation not.
             with phase("gae"):
                 advantages, returns = gae(buf.rewards, buf.values, self._next_values(buf), buf.terminated, buf.dones,

@@ -166,6 +166,8 @@ class RecurrentPPO(PPO):
 
     # --- rollout ----------------------------------------------------------------------------------------------
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
+        if self._continues_episodes(env):  # (the LSTM state and episode starts go on with the episodes)
+            return
         action_shape, action_dtype = self._action_storage()
         self._state = self.policy.initial_state(env.num_envs)
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was; masks in _action_mask)
