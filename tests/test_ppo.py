@@ -309,7 +309,8 @@ def test_a_runaway_policy_update_is_said_once():
 
 @pytest.mark.parametrize("algo, options", [
     (rlspeed.PPO, {"num_steps": 64, "batch_size": 64}), (rlspeed.A2C, {"num_steps": 64}),
-    (rlspeed.RecurrentPPO, {"num_steps": 64, "batch_size": 64, "lstm_hidden_size": 8})])
+    (rlspeed.RecurrentPPO, {"num_steps": 64, "batch_size": 64, "lstm_hidden_size": 8}),
+    (rlspeed.SAC, {"train_freq": 64, "learning_starts": 32, "batch_size": 32})])
 def test_a_further_learn_continues_the_episodes_in_progress(algo, options, tmp_path):
     """Training in chunks (learn, evaluate, learn, ...): each further learn goes on from the observation the last
     one left, as SB3's and rlspeed's off-policy algorithms do. Each call reset the envs: ten learn(64) calls on

@@ -268,7 +268,11 @@ class OffPolicyAlgorithm(Algorithm):
             self._hold_learning_rates_as_tensors()
         buffer = getattr(self, "buffer", None)
         if buffer is not None and buffer.num_envs == env.num_envs and self._resume is None:
-            return  # a further learn() call continues the same episodes with the same replay data
+            # a further learn() call continues the same episodes with the same replay data (after a call cut short
+            # during collection, the envs are past the stored observation: they start afresh)
+            if getattr(self, "_mid_rollout", False):
+                self._obs, self._mid_rollout = self._first_obs(env), False
+            return
         # Updates wait until the new buffer holds learning_starts transitions, also after `load` or `resume`, whose
         # step count is already past learning_starts but whose replay data was not saved.
         self._buffer_start = self.num_timesteps
@@ -378,6 +382,7 @@ class OffPolicyAlgorithm(Algorithm):
         episode_returns, episode_dones = [], []  # per step: the running returns and which rows just finished
         successes: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, where the env reports is_success
         obs = self._obs
+        self._mid_rollout = True  # (until `_obs` is the envs' observation again: a learn cut short here resets)
         # Several steps per iteration go to the buffer together after the last one (the same rows as step by step:
         # nothing reads the buffer in between), unless holding them would take much memory.
         # (the frame layout stores step by step: it needs each step's restarted rows)
@@ -420,7 +425,7 @@ class OffPolicyAlgorithm(Algorithm):
             if staged:
                 with phase("buffer"):
                     buffer.extend(*(_stack(field) for field in zip(*staged)))
-        self._obs = obs
+        self._obs, self._mid_rollout = obs, False
         steps = cfg.train_freq * num_envs
         # the returns of the episodes that finished, summed, and their count: a few kernels for all steps
         returns, dones = ((episode_returns[0], episode_dones[0]) if len(episode_returns) == 1
