@@ -561,3 +561,17 @@ def test_sac_update_equals_stable_baselines3s_train_step(monkeypatch):
                                                ours_critic.body.weights, ours_critic.body.biases):
                     torch.testing.assert_close(weight[k].T, layer.weight, **tolerance)
                     torch.testing.assert_close(bias[k, 0], layer.bias, **tolerance)
+
+
+def test_td3_reports_actor_loss_only_from_actor_updates(tmp_path):
+    """Delayed policy updates: a metrics row before the first actor update has no actor_loss (it showed 0.0), and a
+    row without one repeats no older value."""
+    import csv
+
+    TD3("Pendulum-v1", num_envs=1, learning_starts=4, batch_size=4, policy_delay=3, seed=0, device="cpu").learn(
+        8, run_dir=tmp_path, log_interval_s=0, progress_bar=False)
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        rows = {int(row["timesteps"]): row for row in csv.DictReader(handle)}
+    # critic updates from step 5 on (past learning_starts); the third moves the actor
+    assert [step for step, row in rows.items() if row["critic_loss"]] == [5, 6, 7, 8]
+    assert [step for step, row in rows.items() if row["actor_loss"]] == [7]

@@ -90,7 +90,6 @@ class TD3(OffPolicyAlgorithm):
         self._actor_step = select_update(self, loss_fn=self._actor_loss, optimizer=self.optimizer,
                                          params=self._online_params, max_grad_norm=None, name=f"{self.name}-actor")
         self._critic_updates = 0
-        self._latest_actor_loss = torch.zeros((), device=self.device)  # reported on every step
         self._ou_noise: torch.Tensor | None = None
         self._setup_action_scaling()
 
@@ -171,9 +170,10 @@ class TD3(OffPolicyAlgorithm):
         _, metrics = self._update_step(*(batch[field] for field in BATCH_FIELDS))
         self._critic_updates += 1
         if self._critic_updates % self.config.policy_delay == 0:
-            self._latest_actor_loss = self._actor_step(obs)[1]["actor_loss"]
+            actor_metrics = self._actor_step(obs)[1]
             polyak_update(self._target_params, self._online_params, self.config.tau)
-        return {**metrics, "actor_loss": self._latest_actor_loss}
+            return {**metrics, "actor_loss": actor_metrics["actor_loss"]}
+        return metrics  # (actor_loss only from the updates that moved the actor: averaged over those)
 
     def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
                      terminated: torch.Tensor, discounts: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
