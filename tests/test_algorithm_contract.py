@@ -282,3 +282,17 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
         rlspeed.PPO("MlpLstmPolicy", "CartPole-v1")
     with pytest.raises(UserError, match=r"learn takes no 'use_masking': it is a setting of the model.*PPO\(env, "):
         rlspeed.PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32).learn(32, use_masking=False)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):
+    """As `--save-replay-buffer` on the command line: an on-policy model refuses it in one sentence (it was taken and
+    did nothing)."""
+    algo = ALGORITHMS[name]
+    env_id = "CartPole-v1" if algo.supports_discrete else "Pendulum-v1"
+    if algo.keeps_replay_buffer:
+        assert algo(env_id, device="cpu", save_replay_buffer=True).save_replay_buffer
+    else:
+        with pytest.raises(UserError, match=f"save_replay_buffer applies to off-policy algorithms .*{algo.__name__} "
+                                            "keeps no replay buffer"):
+            algo(env_id, device="cpu", save_replay_buffer=True)

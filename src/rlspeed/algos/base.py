@@ -605,6 +605,9 @@ class Algorithm:
         self.recorder = MetricsRecorder()
         self._numerics = NumericsGuard(numerics_guard, nan_policy)
         self.save_replay_buffer = bool(save_replay_buffer)
+        if self.save_replay_buffer and not self.keeps_replay_buffer:
+            raise UserError(f"save_replay_buffer applies to off-policy algorithms (DQN, SAC, TD3, DDPG): "
+                            f"{type(self).__name__} keeps no replay buffer; drop it.")
         #: a function telling whether this process was asked to stop (the CLI's signals): learn stops at the end of
         #: the iteration where it was, under torch.distributed every rank where any one was
         self.stop_requested: Callable[[], bool] | None = None
@@ -730,6 +733,8 @@ class Algorithm:
     #: MultiDiscrete and MultiBinary actions, Box actions of any shape, and action masks (the on-policy algorithms)
     supports_multi_actions = False
     supports_action_masks = False
+    #: whether the algorithm learns from a replay buffer (which `save_replay_buffer` saves with checkpoints)
+    keeps_replay_buffer = False
     policy: torch.nn.Module
 
     def _start_masking(self) -> int | None:

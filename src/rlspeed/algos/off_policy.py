@@ -176,6 +176,8 @@ def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple
 class OffPolicyAlgorithm(Algorithm):
     """Base of the replay-buffer algorithms. Subclasses provide `_setup`, `_explore`, `_update`, `_modules`."""
 
+    keeps_replay_buffer = True
+
     config: OffPolicyConfig
     #: explore with the policy (`_explore`) before learning_starts too, instead of uniform random actions (SAC's
     #: use_sde_at_warmup)
