@@ -575,3 +575,18 @@ def test_td3_reports_actor_loss_only_from_actor_updates(tmp_path):
     # critic updates from step 5 on (past learning_starts); the third moves the actor
     assert [step for step, row in rows.items() if row["critic_loss"]] == [5, 6, 7, 8]
     assert [step for step, row in rows.items() if row["actor_loss"]] == [7]
+
+
+def test_a_loaded_model_of_a_normalising_env_trains_on_normalised_observations(tmp_path):
+    """An off-policy model trained on `make_env(..., normalize_obs=True)` keeps the statistics (predict uses them):
+    loaded and trained further from its env id, it trained on raw observations while predict normalised them."""
+    from rlspeed import make_env
+
+    model = SAC(make_env("Pendulum-v1", num_envs=2, normalize_obs=True), seed=0, device="cpu", learning_starts=32)
+    model.learn(128, progress_bar=False)
+    model.save(tmp_path / "model")
+    loaded = SAC.load(tmp_path / "model")
+    count = float(loaded.obs_rms.count)
+    loaded.learn(128, progress_bar=False)
+    assert float(loaded.obs_rms.count) >= count + 128  # (its training env normalised, and updated them)
+    assert loaded._env.obs_rms is loaded.obs_rms

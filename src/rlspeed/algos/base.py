@@ -864,10 +864,14 @@ class Algorithm:
         """The training env: built from the env id on first use, with the config's normalisation."""
         if self._env is None:
             cfg = self.config
+            # (statistics a loaded model holds, from a normalising env it trained on, go on normalising: off-policy
+            # configs have no normalize_obs of their own)
+            normalize_obs = getattr(cfg, "normalize_obs", False) or self.obs_rms is not None
+            normalize_reward = getattr(cfg, "normalize_reward", False) or self.return_rms is not None
             self._env = make_env(self.env_id, num_envs=self.strategy.split_envs(cfg.num_envs), device=self.device,
                                  seed=self.strategy.seed_for_rank(self.seed),
-                                 backend=self.env_backend, normalize_obs=getattr(cfg, "normalize_obs", False),
-                                 normalize_reward=getattr(cfg, "normalize_reward", False),
+                                 backend=self.env_backend, normalize_obs=normalize_obs,
+                                 normalize_reward=normalize_reward,
                                  gamma=getattr(cfg, "gamma", 0.99), **self.spec.env_kwargs)
             # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
             # iteration (`_sync_statistics`).
