@@ -271,9 +271,13 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
 
     with pytest.raises(ImportError, match="rlspeed has no MaskablePPO: rlspeed's ppo masks actions"):
         from rlspeed import MaskablePPO  # noqa: F401
-    with pytest.raises(ImportError, match="use rlspeed.EvalCallback"):
+    with pytest.raises(ImportError, match="rlspeed has no TQC \\(sb3-contrib's\\); sac"):
+        from rlspeed import TQC  # noqa: F401
+    with pytest.raises(AttributeError, match="use rlspeed.EvalCallback"):
         rlspeed.MaskableEvalCallback  # noqa: B018
-    assert not hasattr(rlspeed, "NoSuchName")  # (other names stay AttributeErrors)
+    # (attribute lookups keep their AttributeError: hasattr and getattr with a default work as for any name)
+    assert not hasattr(rlspeed, "MaskablePPO") and getattr(rlspeed, "TQC", None) is None
+    assert not hasattr(rlspeed, "NoSuchName")
     for name, words in (("maskable_ppo", "use ppo"), ("ppo_lstm", "is recurrent_ppo"), ("qrdqn", "dqn .* closest"),
                         ("TQC", "sac .* closest"), ("trpo", "ppo is the closest")):
         assert cli.main(["train", name, "CartPole-v1"]) == 2

@@ -128,10 +128,13 @@ def test_sb3_vec_env_masks_in_infos_follow_every_observation_and_train_masked():
         finished += int((terminated | truncated).sum())
     assert finished > 0  # the loop crossed autoresets
     env.close()
-    model = rlspeed.PPO(env_util.make_vec_env("Taxi-v4", n_envs=2, seed=0), seed=0, num_envs=2, num_steps=16,
-                        batch_size=32)
-    model.learn(64, progress_bar=False)
-    assert model.trained_with_action_masks
+    from stable_baselines3.common.vec_env import VecMonitor
+
+    for vec_env in (env_util.make_vec_env("Taxi-v4", n_envs=2, seed=0),
+                    VecMonitor(env_util.make_vec_env("Taxi-v4", n_envs=2, seed=0))):  # (a wrapper's own reset_infos)
+        model = rlspeed.PPO(vec_env, seed=0, num_envs=2, num_steps=16, batch_size=32)
+        model.learn(64, progress_bar=False)
+        assert model.trained_with_action_masks
 
 
 class _BadMask(gym.Wrapper):
@@ -421,3 +424,15 @@ def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, option
                                                                               for k, v in options.items()), [])]
         assert cli.main([*run, "--total-timesteps", "64"]) == 0
         assert cli.main([*run, "--total-timesteps", "128", "--resume"]) == 0
+
+
+def test_a_population_members_model_asks_for_no_masks():
+    """member_model builds a solo model from the population's whole config (use_masking's default included): its
+    learn says nothing about masks the env lacks."""
+    from rlspeed.errors import UnusedSettingWarning
+    from rlspeed.population import Population
+
+    population = Population(rlspeed.PPO, "CartPole-v1", seeds=[0, 1], num_envs=2, num_steps=16, batch_size=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnusedSettingWarning)
+        population.member_model(0).learn(32, progress_bar=False)

@@ -284,6 +284,10 @@ def test_explained_variance_is_logged_as_stable_baselines3_computes_it(tmp_path)
     expected = utils.explained_variance(values.flatten().numpy(), returns.flatten().numpy())
     assert explained_variance(values, returns).item() == pytest.approx(expected, rel=1e-5)
     assert explained_variance(values, torch.ones(64, 8)).isnan()  # (constant returns: nothing to explain)
+    from rlspeed.logging import _csv_row
+
+    written = _csv_row({"explained_variance": float("nan"), "value_loss": float("nan")})
+    assert written["explained_variance"] == "" and np.isnan(written["value_loss"])  # (a NaN loss is written "nan")
     for algo, options in ((rlspeed.PPO, {"num_steps": 16, "batch_size": 64}), (rlspeed.A2C, {})):
         run = tmp_path / algo.__name__
         algo("CartPole-v1", seed=0, num_envs=4, **options).learn(512, progress_bar=False, run_dir=run)

@@ -202,3 +202,25 @@ def test_masked_policy_is_filmed_with_the_envs_masks(tmp_path):
     video.record_video(model, tmp_path / "taxi.gif", seed=0, max_steps=20, deterministic=False)
     assert len(seen) == 20
     assert all(mask is not None and mask[int(action)] for mask, action in seen)
+
+
+class _OnlySouth(gym.Wrapper):
+    """Taxi whose action_masks() method (sb3-contrib's ActionMasker convention) allows moving south only, while its
+    info["action_mask"] stays Taxi's own."""
+
+    def action_masks(self):
+        return np.array([True, False, False, False, False, False])
+
+
+def test_a_masked_policy_is_filmed_with_the_envs_action_masks_method(tmp_path):
+    gym.register("rlspeed-test/TaxiOnlySouth-v0", max_episode_steps=200,
+                 entry_point=lambda **kwargs: _OnlySouth(gym.make("Taxi-v4", **kwargs)))
+    try:
+        model = PPO("rlspeed-test/TaxiOnlySouth-v0", seed=0, num_envs=2, num_steps=16, batch_size=32)
+        model.learn(32, progress_bar=False)
+        actions, predict = [], model.predict
+        model.predict = lambda obs, **kwargs: actions.append(predict(obs, **kwargs)[0]) or (actions[-1], None)
+        video.record_video(model, tmp_path / "taxi.gif", seed=0, max_steps=10, deterministic=False)
+    finally:
+        del gym.registry["rlspeed-test/TaxiOnlySouth-v0"]
+    assert len(actions) == 10 and all(int(action) == 0 for action in actions)

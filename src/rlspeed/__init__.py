@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from typing import TYPE_CHECKING
 
 from rlspeed._version import __version__
@@ -61,14 +62,29 @@ def __getattr__(name: str):
             from rlspeed.errors import peer_algorithm_advice
 
             advice = peer_algorithm_advice(name)
-            if advice is not None:  # (an ImportError, so that `from rlspeed import MaskablePPO` shows the advice)
-                raise ImportError(f"rlspeed has no {name}: {advice}.", name=__name__)
+            if advice is not None:
+                text = advice if advice.startswith("rlspeed has no") else f"rlspeed has no {name}: {advice}"
+                # `from rlspeed import MaskablePPO` turns an AttributeError into a bare "cannot import name": there
+                # the advice is an ImportError of its own; hasattr and getattr with a default keep their AttributeError
+                if _importing_from(sys._getframe(1)):
+                    raise ImportError(f"{text}.", name=__name__)
+                raise AttributeError(f"{text}.")
         if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
             raise AttributeError(f"module 'rlspeed' has no attribute {name!r}")
         return importlib.import_module(f"{__name__}.{name}")
     value = getattr(importlib.import_module(source), name)
     globals()[name] = value
     return value
+
+
+def _importing_from(frame) -> bool:
+    """Whether `frame` is executing a `from ... import name` (its current instruction IMPORT_FROM)."""
+    import dis
+
+    try:
+        return dis.opname[frame.f_code.co_code[frame.f_lasti]] == "IMPORT_FROM"
+    except (IndexError, AttributeError):  # (an interpreter that lays out frames otherwise)
+        return False
 
 
 def __dir__() -> list[str]:

@@ -1227,8 +1227,10 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"numerics); the last one restored the weights of step {model._numerics.last_finite_timesteps:,}: "
             "lower learning_rate or clip gradients (max_grad_norm).", file=sys.stderr)
     if numerics.get("nonfinite_env_rows_masked"):  # (--nan-policy mask: how much of the data it replaced)
-        say(f"rlspeed: note: --nan-policy mask replaced {numerics['nonfinite_env_rows_masked']:,} env rows of "
-            f"{summary['total_timesteps']:,} holding NaN or infinite values by 0 (the first: env "
+        of = (f"of this process's {summary['total_timesteps'] // model.strategy.world_size:,} (rank 0)"
+              if model.strategy.enabled else f"of {summary['total_timesteps']:,}")
+        say(f"rlspeed: note: --nan-policy mask replaced {numerics['nonfinite_env_rows_masked']:,} env rows {of} "
+            f"holding NaN or infinite values by 0 (the first: env "
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""

@@ -32,14 +32,15 @@ def strict_json(value, **kwargs) -> str:
     return json.dumps(finite_or_none(value), allow_nan=False, **kwargs)
 
 
-#: metrics of finished episodes: NaN where no episode finished in the row's interval, written as an empty cell
-EPISODE_METRICS = ("episode_return", "success_rate")
+#: metrics whose NaN means "nothing to measure", written as an empty cell: no episode finished in the row's interval,
+#: or (explained_variance) returns that did not vary
+NO_DATA_METRICS = ("episode_return", "success_rate", "explained_variance")
 
 
 def _csv_row(row: dict) -> dict:
-    """A metrics row as written to metrics.csv: an episode metric without episodes (`EPISODE_METRICS`) is an empty
-    cell (read back as missing); any other non-finite value, a diverged loss, is written as nan, inf or -inf."""
-    return {key: "" if key in EPISODE_METRICS and isinstance(value, float) and math.isnan(value) else value
+    """A metrics row as written to metrics.csv: a metric with nothing to measure (`NO_DATA_METRICS`) is an empty cell
+    (read back as missing); any other non-finite value, a diverged loss, is written as nan, inf or -inf."""
+    return {key: "" if key in NO_DATA_METRICS and isinstance(value, float) and math.isnan(value) else value
             for key, value in row.items()}
 
 

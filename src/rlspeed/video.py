@@ -1,5 +1,6 @@
-"""Videos of a policy: deterministic episodes on one Gymnasium env made with render_mode="rgb_array", written with
-imageio (`pip install rlspeed[video]`: imageio, its ffmpeg, and pygame for the classic-control renderers).
+"""Videos of a policy: episodes (deterministic unless asked to sample) on one Gymnasium env made with
+render_mode="rgb_array", written with imageio (`pip install "rlspeed[video]"`: imageio, its ffmpeg, and pygame for the
+classic-control renderers).
 
 A model trained on a native env is filmed on its Gymnasium view `rlspeed/<id>` (the same dynamics, drawn by
 Gymnasium's renderer of that id); other models on `gymnasium.make(env_id)`. Recording is a host loop of
@@ -169,6 +170,11 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     recurrent = hasattr(model, "act_with_state")
     discrete = isinstance(env.action_space, gym.spaces.Discrete)
     masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
+    try:
+        mask_method = env.get_wrapper_attr("action_masks") if masking else None
+    except AttributeError:
+        mask_method = None
+    mask_method = mask_method if callable(mask_method) else None
     returns, frames, size = [], 0, None
     try:
         writer = imageio.get_writer(path, **options)
@@ -189,7 +195,9 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                 writer.append_data(frame)
                 frames += 1
                 for _ in range(limit):
-                    masks = info["action_mask"] if masking and "action_mask" in info else None
+                    masks = None
+                    if masking:  # (an `action_masks()` method, as sb3-contrib's ActionMasker gives, or the info's)
+                        masks = mask_method() if mask_method is not None else info.get("action_mask")
                     if recurrent:
                         action, state = model.predict(obs, state=state, episode_start=start,
                                                       deterministic=deterministic, action_masks=masks)

@@ -258,7 +258,7 @@ def update_lever(config) -> str:
     if "n_epochs" not in values:  # (A2C: one gradient step per rollout)
         return f"longer rollouts (num_steps, now {values.get('num_steps')}: one gradient step each)"
     rollout = int(values["num_envs"]) * int(values["num_steps"])
-    minibatches = -(-rollout // max(min(int(values["batch_size"]), rollout), 1))
+    minibatches = rollout // max(min(int(values["batch_size"]), rollout), 1)  # (PPO drops a partial last one)
     if minibatches == 1:
         return (f"fewer epochs (n_epochs, now {values['n_epochs']}; each epoch is already one minibatch of the "
                 f"{rollout:,}-step rollout)")

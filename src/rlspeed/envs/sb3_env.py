@@ -65,7 +65,8 @@ class SB3VecEnv(BatchedEnv):
         self._host = HostObservations(self.spec.observation_space)
         self._float_vector = self.spec.float_vector_obs
         # Action masks as sb3-contrib's MaskablePPO reads them, the envs' `action_masks()` method, or (Gymnasium's
-        # Taxi) their infos' "action_mask" (a reset's in the VecEnv's `reset_infos`; seen at the first reset)
+        # Taxi) their infos' "action_mask" (a reset's in the innermost VecEnv's `reset_infos`: SB3's VecEnv wrappers
+        # keep lists of their own that stay empty; seen at the first reset)
         has_attr = getattr(vec_env, "has_attr", None)
         self._mask_method = callable(has_attr) and bool(has_attr("action_masks"))
         self._maskable = mask_size(self.spec.action_space) is not None
@@ -85,7 +86,7 @@ class SB3VecEnv(BatchedEnv):
         if self._mask_method:
             masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
         else:
-            reset_infos = getattr(self.vec_env, "reset_infos", None) or [{}] * self.num_envs
+            reset_infos = self._reset_infos() or [{}] * self.num_envs
             rows = reset_infos if infos is None else [reset_infos[i] if i in finished else infos[i]
                                                       for i in range(self.num_envs)]
             masks, source = [row.get("action_mask") for row in rows], f"{self.spec.env_id}'s info['action_mask']"
@@ -96,10 +97,15 @@ class SB3VecEnv(BatchedEnv):
         masks = check_action_masks(masks, self.spec.action_space, self.num_envs, source)
         return {"action_mask": torch.as_tensor(masks, device=self.device)}
 
+    def _reset_infos(self) -> list | None:
+        """The reset infos of the innermost VecEnv (SB3's wrappers, VecMonitor and VecNormalize, keep their own list,
+        which stays empty)."""
+        return getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "reset_infos", None)
+
     def _masks_in_reset_infos(self) -> None:
         """After a reset: masks in the envs' reset infos (`info["action_mask"]`, as Gymnasium's Taxi gives them) are
         applied from now on, where the action space takes masks (else a warning)."""
-        reset_infos = getattr(self.vec_env, "reset_infos", None) or []
+        reset_infos = self._reset_infos() or []
         if self._mask_method or not any("action_mask" in info for info in reset_infos):
             return
         self.has_action_masks = self._maskable

@@ -634,6 +634,7 @@ class PopulationBase:
         # (a member of a run that applied its env's action masks trained with them: its file says so, and `export`
         # then adds the mask input, as for a solo run's model)
         model._saved_with_action_masks = bool(self._masking)
+        model._asked_for_masks = False  # (the population's config, use_masking's default included, asked for nothing)
         return model
 
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
