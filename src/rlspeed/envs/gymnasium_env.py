@@ -60,9 +60,12 @@ def _to_numpy_actions(actions: torch.Tensor, space: gym.Space) -> np.ndarray:
     if isinstance(space, gym.spaces.Discrete):
         return array.astype(np.int64).reshape(-1)
     if isinstance(space, gym.spaces.Box):
-        # clipped in the space's dtype: float32 actions clipped to float32 bounds can lie just outside float64 ones
         array = array.astype(space.dtype).reshape((-1,) + space.shape)
-        return np.clip(array, space.low, space.high, out=array)
+        if space.dtype != np.float32:
+            # clipped in the space's dtype: float32 actions clipped to float32 bounds can lie just outside float64
+            # ones (the policies clip or clamp float32 actions to a float32 Box's bounds themselves)
+            np.clip(array, space.low, space.high, out=array)
+        return array
     if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         return array.astype(space.dtype).reshape((-1,) + space.shape)
     return array
