@@ -105,3 +105,36 @@ def test_a_models_largest_seed_still_evaluates_with_its_offsets():
     model.learn(128, progress_bar=False, target_return=1e9, eval_freq=64, eval_episodes=2)
     assert len(model.result.evaluations) == 2
     assert rlspeed.evaluate(model, episodes=2, seed=2**32 - 1 + 1_000_000)["seed"] == 2**32 - 1 + 1_000_000
+
+
+def test_a_vector_envs_time_limit_and_recording_wrappers_are_its_envs(ppo):
+    """gym.make_vec's own spec keeps the registered time limit: the envs' (max_episode_steps=N, a TimeLimit wrapper)
+    is the one evaluation runs to; RecordEpisodeStatistics passed as `wrappers=` keeps the registered id."""
+    from rlspeed import make_env
+
+    def vec(**options):
+        return gym.make_vec("Pendulum-v1", 2, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, **options)
+
+    for options in ({"max_episode_steps": 40}, {"wrappers": [lambda env: gym.wrappers.TimeLimit(env, 40)]}):
+        env = make_env(vec(**options))
+        assert env.spec.env_id == "user-vector-env" and env.spec.max_episode_steps == 40
+        model = rlspeed.PPO(env, seed=0, num_steps=16, batch_size=32)
+        assert rlspeed.evaluate(model, vec(**options), episodes=2)["lengths"] == [40, 40]
+    recorded = make_env(vec(wrappers=[gym.wrappers.RecordEpisodeStatistics]))
+    assert recorded.spec.env_id == "Pendulum-v1" and recorded.spec.max_episode_steps == 200
+
+
+def test_other_action_bounds_or_reward_wrappers_in_training_are_said():
+    """SAC trained on RescaleAction(-1, 1) scales its actions to [-1, 1]: evaluated on the stock Pendulum they are half
+    the torques (evaluate warns); a reward wrapper around the training env changes the logged returns (the model
+    warns)."""
+    rescaled = gym.make_vec("Pendulum-v1", 2, vectorization_mode="sync",
+                            wrappers=[lambda env: gym.wrappers.RescaleAction(env, -1.0, 1.0)],
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = rlspeed.SAC(rescaled, seed=0, device="cpu", learning_starts=10)
+    with pytest.warns(UserWarning, match="action bounds .* differ from those this model trained with"):
+        rlspeed.evaluate(model, "Pendulum-v1", episodes=1, max_steps=5)
+    normalized = gym.wrappers.vector.NormalizeReward(_same_step_cartpoles())
+    with pytest.warns(UserWarning, match="rewards pass through NormalizeReward, so the episode returns in the metrics"):
+        rlspeed.PPO(normalized, seed=0, num_steps=16, batch_size=32)

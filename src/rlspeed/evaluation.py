@@ -13,6 +13,7 @@ import torch
 from rlspeed.device import resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
+from rlspeed.envs.gymnasium_env import reward_wrappers
 from rlspeed.errors import UserError
 
 
@@ -160,24 +161,11 @@ def _warn_reward_wrappers(env) -> None:
     """A warning where a vector env the caller built changes its rewards (Gymnasium's NormalizeReward, ...), or the
     envs inside it do (a `SyncVectorEnv` of wrapped envs): the returns evaluate reports are then the changed rewards',
     not the env's own."""
-    changers, seen = [], set()
-    while env is not None and not isinstance(env, str) and id(env) not in seen:
-        seen.add(id(env))
-        name = type(env).__name__
-        if name in REWARD_WRAPPERS:
-            changers.append(name)
-        inner = getattr(env, "env", None)
-        if inner is None and isinstance(getattr(env, "envs", None), (list, tuple)) and env.envs:
-            inner = env.envs[0]  # (the first of a SyncVectorEnv's envs stands for all: they are made alike)
-        env = inner
+    changers = reward_wrappers(env)
     if changers:
         warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
                       "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",
                       stacklevel=3)
-
-
-# Gymnasium's wrappers that change rewards (vector and single-env ones share these names)
-REWARD_WRAPPERS = ("NormalizeReward", "TransformReward", "VectorizeTransformReward", "ClipReward", "ScaleReward")
 
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:
@@ -194,6 +182,12 @@ def _check_compatible(model, env) -> None:
     on."""
     trained, given = model.spec, env.spec
     if not space_mismatch(trained, given):
+        if space_mismatch(trained, given, action_bounds=True):  # (the same shapes; other Box bounds)
+            warnings.warn(f"evaluate: {given.env_id}'s action bounds (low {given.action_space.low}, high "
+                          f"{given.action_space.high}) differ from those this model trained with (low "
+                          f"{trained.action_space.low}, high {trained.action_space.high}), to which its actions are "
+                          "scaled or clipped: the returns are those of another task (evaluate on an env made as the "
+                          "training env was, e.g. with the same RescaleAction).", stacklevel=3)
         return
     raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
                     f"does not fit this model, trained on {trained.env_id} (observations "

@@ -49,7 +49,7 @@ from rlspeed.envs.base import (
     space_from_json,
     space_to_json,
 )
-from rlspeed.envs.gymnasium_env import check_action_masks, gym_spec
+from rlspeed.envs.gymnasium_env import check_action_masks, gym_spec, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UnusedSettingWarning, UserError
@@ -651,6 +651,12 @@ class Algorithm:
                                                self.device)
         else:
             if not isinstance(env, BatchedEnv):  # a Gymnasium or Stable-Baselines3 vector env
+                changers = reward_wrappers(env) if isinstance(env, gym.vector.VectorEnv) else []
+                if changers:  # (SB3's VecNormalize hands its original rewards on: those returns are the env's own)
+                    warn_at_caller(f"{name}: this vector env's rewards pass through {', '.join(changers)}, so the "
+                                   "episode returns in the metrics (and a target_return) are the changed rewards' "
+                                   "sums, not the env's own; normalize_reward=True normalises what the model learns "
+                                   "from while the metrics keep the env's returns.", UserWarning)
                 env = make_env(env, device=self.device)
             else:
                 env = counted(env)  # (a batched env of the user's own: checked and counted)

@@ -211,7 +211,8 @@ def is_registered_env(spec) -> bool:
     except Exception:
         return False
     kwargs = dict(getattr(spec, "kwargs", None) or {})
-    if kwargs.get("wrappers"):
+    # (gym.make_vec's `wrappers=`: only recording wrapper classes keep the env as registered)
+    if any(getattr(wrapper, "__name__", None) not in _RECORDING_WRAPPERS for wrapper in kwargs.get("wrappers") or ()):
         return False
     kwargs = {key: value for key, value in kwargs.items() if key not in _VECTOR_KEYS}
     wrappers = [w.name for w in getattr(spec, "additional_wrappers", ()) or ()]
@@ -265,6 +266,38 @@ def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return None
     return spec if isinstance(spec, gym.envs.registration.EnvSpec) else None
+
+
+# Gymnasium's wrappers that change rewards (vector and single-env ones share these names; rlspeed's NormalizeReward
+# too, which logs the env's own returns but changes what evaluate would sum)
+REWARD_WRAPPERS = ("NormalizeReward", "TransformReward", "VectorizeTransformReward", "ClipReward", "ScaleReward")
+
+
+def reward_wrappers(env) -> list[str]:
+    """The names of the reward-changing wrappers (`REWARD_WRAPPERS`) around a vector env and around the first of the
+    envs inside a `SyncVectorEnv` (they are made alike), outermost first."""
+    changers, seen = [], set()
+    while env is not None and not isinstance(env, str) and id(env) not in seen:
+        seen.add(id(env))
+        name = type(env).__name__
+        if name in REWARD_WRAPPERS:
+            changers.append(name)
+        inner = getattr(env, "env", None)
+        if inner is None and isinstance(getattr(env, "envs", None), (list, tuple)) and env.envs:
+            inner = env.envs[0]
+        env = inner
+    return changers
+
+
+def _envs_time_limit(vector_env, default: int | None) -> int | None:
+    """The time limit of the envs inside a user's vector env (their specs': a TimeLimit wrapper or gym.make_vec's
+    max_episode_steps sets it there, while make_vec's own spec keeps the registered one), else `default`."""
+    try:
+        specs = vector_env.get_attr("spec")
+    except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
+        return default
+    limit = getattr(specs[0], "max_episode_steps", None) if specs else None
+    return limit if limit is not None else default
 
 
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
@@ -420,7 +453,7 @@ class GymnasiumEnv(BatchedEnv):
             # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id)
             registered = registered_vector_env_id(vector_env) is not None
             env_id = env_id or (spec.id if registered else USER_VECTOR_ENV)
-            max_steps = getattr(spec, "max_episode_steps", None)
+            max_steps = _envs_time_limit(vector_env, getattr(spec, "max_episode_steps", None))
             threshold = getattr(spec, "reward_threshold", None) if registered else None
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
