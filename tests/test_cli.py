@@ -1083,3 +1083,16 @@ def test_version_flag_prints_the_package_version(capsys):
             cli.main([flag])
         assert exit_info.value.code == 0
         assert capsys.readouterr().out.strip() == f"rlspeed {rlspeed.__version__}"
+
+
+@pytest.mark.parametrize("flag, setting", [(["--total-timesteps", "3072"], "total_timesteps=1024"),
+                                           (["--eval-freq", "1024"], "eval_freq=256"),
+                                           (["--target-return", "300"], "target_return=50")])
+def test_a_run_setting_given_as_flag_and_set_is_refused(flag, setting, tmp_path, monkeypatch, capsys):
+    """The flag won silently (--set total_timesteps=1024 --total-timesteps 3072 ran 3,072), as --num-envs against
+    --set num_envs does not."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--set", setting, *flag, "--out", "run"])
+    captured = capsys.readouterr()
+    assert_one_line_error(code, captured.out, captured.err, f"both set {setting.split('=')[0]}: give one of them")
+    assert not (tmp_path / "run").exists()

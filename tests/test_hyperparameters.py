@@ -118,3 +118,15 @@ def test_a_model_warns_once_per_setting_without_effect():
         warnings.simplefilter("error")
         rlspeed.PPO("MinAtar/Breakout-v1", device="cpu", cnn_features_dim=64)
         rlspeed.PPO("Pendulum-v1", device="cpu", use_sde=True, sde_sample_freq=4, log_std_init=-1.0)
+
+
+def test_an_on_off_setting_takes_only_on_off_values():
+    """`--set anneal_lr=[false]` (a list) or `normalize_obs=2.5` were taken as bool(value): true, silently."""
+    from rlspeed.algos import PPOConfig
+    from rlspeed.algos.base import build_config
+
+    for value in ([False], 2.5, {}, 2, "maybe"):
+        with pytest.raises(UserError, match="not a valid bool"):
+            build_config(PPOConfig, {"anneal_lr": value})
+    for value, expected in ((True, True), (0, False), (1, True), ("no", False), (np.True_, True)):
+        assert build_config(PPOConfig, {"anneal_lr": value}).anneal_lr is expected

@@ -12,7 +12,7 @@ import yaml
 from rlspeed.algos import ALGORITHMS
 from rlspeed.algos.base import build_config
 from rlspeed.errors import UserError
-from rlspeed.presets import load_preset, split_run_settings, zoo
+from rlspeed.presets import load_preset, load_preset_file, split_run_settings, zoo
 
 requires_zoo = pytest.mark.skipif(importlib.util.find_spec("rl_zoo3") is None, reason="rl_zoo3 is not installed")
 
@@ -423,3 +423,26 @@ def test_auto_takes_a_gsde_preset_where_the_algorithm_has_gsde():
     auto = load_preset("ppo", "MountainCarContinuous-v0", "auto")
     assert auto.source == "zoo"
     assert auto["use_sde"] is True and auto["log_std_init"] == -3.29
+
+
+def test_a_runs_config_yaml_is_a_preset_of_its_hyperparameters_and_run_settings(tmp_path, monkeypatch, capsys):
+    """Re-running an experiment from its config.yaml (`--preset RUN/config.yaml`): the same hyperparameters and run
+    settings (eval_freq null included), the seed and backend named as flags'; a population's or another algorithm's
+    config.yaml is one sentence."""
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "ppo", "CartPole-v1", "--no-progress", "--total-timesteps", "512", "--target-return", "none"]
+    assert cli.main([*base, "--set", "n_epochs=3", "--set", "learning_rate=1e-3", "--out", "first"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--preset", "first/config.yaml",
+                     "--out", "again"]) == 0
+    assert "a run's config.yaml (CartPole-v1); not taken from it: seed 0" in capsys.readouterr().out
+    first, again = (yaml.safe_load((tmp_path / name / "config.yaml").read_text()) for name in ("first", "again"))
+    assert again["hyperparameters"] == first["hyperparameters"]
+    assert (again["total_timesteps"], again["target_return"]) == (512, None)
+    with pytest.raises(UserError, match="is the config.yaml of a ppo run: train ppo with it"):
+        load_preset_file(tmp_path / "first" / "config.yaml", "a2c", "CartPole-v1")
+    assert cli.main([*base, "--seeds", "0,1", "--set", "learning_rate=1e-3,2e-3", "--out", "pop"]) == 0
+    with pytest.raises(UserError, match="is a population's config.yaml"):
+        load_preset_file(tmp_path / "pop" / "config.yaml", "ppo", "CartPole-v1")

@@ -131,6 +131,11 @@ def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
     assert result["best"]["number"] in (0, 2)
     # without a target, the objective is minus the final evaluation
     assert study.best_value == pytest.approx(-study.best_trial.user_attrs["final_eval"])
+    # and the preset says so: without the key, train would stop at the env's reward threshold
+    from rlspeed.presets import load_preset_file
+
+    written = load_preset_file(tmp_path / "best.yaml", "ppo", "CartPole-v1")
+    assert "target_return" in written and written["target_return"] is None
 
 
 def test_objective_orders_reached_before_unreached():

@@ -620,6 +620,10 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     overrides = _parse_set(args.set or [])
     _check_set_keys(overrides)
     run_overrides, hyper_overrides = split_run_settings(overrides)
+    for key in run_overrides:  # (a flag would win silently: the two say different things, or the same twice)
+        flag = f"--{key.replace('_', '-')}"
+        if getattr(args, key, None) is not None:
+            raise UserError(f"{flag} and --set {key}={run_overrides[key]} both set {key}: give one of them.")
     run_settings.update(run_overrides)
     hyper.update(hyper_overrides)
     if args.num_envs is not None:

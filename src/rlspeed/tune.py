@@ -626,8 +626,8 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     entry = {"total_timesteps": setup.preset_timesteps}
     if setup.eval_freq is not None:
         entry["eval_freq"] = int(setup.eval_freq)
-    if setup.target_return is not None:
-        entry["target_return"] = setup.target_return
+    # (null when the study had no target: without the key, train would stop at the env's reward threshold)
+    entry["target_return"] = setup.target_return
     entry.update(_plain(setup.hyperparameters))
     entry.update({key: _rounded(value) for key, value in best["hyperparameters"].items()})
     header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "

@@ -232,7 +232,10 @@ def coerce(key: str, value, hint):
                 if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError
                 return value.lower() in ("true", "1", "yes")
-            return bool(value)
+            # (a list, a mapping or 2.5 is no on/off value: bool() would take it as one)
+            if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and value in (0, 1)):
+                return bool(value)
+            raise ValueError
         if hint is int:  # also 1e6 / "1e6" (YAML 1.1 reads a float without a dot as a string) when whole
             number = float(value) if isinstance(value, str) else value
             if isinstance(number, bool) or (isinstance(number, float) and not number.is_integer()):

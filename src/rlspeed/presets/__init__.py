@@ -154,6 +154,8 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         holds = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
                         f"{holds}.")
+    if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
+        return _from_run_config(path, data, algo)
     nested = [isinstance(value, dict) for value in data.values()]
     if all(nested):  # env id -> entry
         key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), "default") if k in data), None)
@@ -183,12 +185,39 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     run, hyper = split_run_settings(entry)
     try:
         for key in ("total_timesteps", "eval_freq"):  # (the run settings' numbers: attributed to the file too)
-            if key in run:
+            if run.get(key) is not None:  # (null: the default, as a run's config.yaml records it)
                 coerce(key, run[key], int)
         build_config(ALGORITHMS[algo].config_cls, hyper)
     except UserError as error:
         raise UserError(f"{where}: {error}") from None
     return Preset(entry, "file", f"{where}, rlspeed's format")
+
+
+def _from_run_config(path: Path, data: dict, algo: str) -> Preset:
+    """A run's config.yaml given as a preset: its hyperparameters and run settings (the seed, env backend and env
+    options are the command line's: a note names the run's). UserError for another algorithm's run or a
+    population's (per-member values)."""
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.algos.base import build_config
+
+    if data["algo"] != algo:
+        raise UserError(f"{path} is the config.yaml of a {data['algo']} run: train {data['algo']} with it, or give "
+                        f"{algo} a preset of its own.")
+    hyper = dict(data["hyperparameters"])
+    if "seeds" in data or any(isinstance(value, list) and key != "net_arch" for key, value in hyper.items()):
+        raise UserError(f"{path} is a population's config.yaml: its per-member values do not fit one run (train the "
+                        f"population again with --seeds, or copy one member's values into a preset).")
+    if hyper.get("use_masking") is True:
+        del hyper["use_masking"]  # (its default, which the run did not ask for: no word about masks the env lacks)
+    entry = {key: data[key] for key in RUN_KEYS if key in data}
+    entry.update(hyper)
+    try:
+        build_config(ALGORITHMS[algo].config_cls, hyper)
+    except UserError as error:
+        raise UserError(f"{path} (a run's config.yaml): {error}") from None
+    given = {key: data[key] for key in ("seed", "env_backend", "env_kwargs") if data.get(key) is not None}
+    note = f"; not taken from it: {', '.join(f'{k} {v}' for k, v in given.items())} (flags)" if given else ""
+    return Preset(entry, "file", f"{path}, a run's config.yaml ({data['env_id']}){note}")
 
 
 def _tuned_algorithm(text: str) -> str | None:
