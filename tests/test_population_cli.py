@@ -140,3 +140,15 @@ def test_tune_without_optuna_names_the_package(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # as on an install without the tune extra
     message = cli_error(capsys, ["tune", "ppo", "CartPole-v1", "--trials", "4"])
     assert "pip install optuna" in message
+
+
+def test_a_single_run_resume_of_a_population_names_the_population_command(tmp_path, monkeypatch, capsys):
+    """--resume without --seeds on a population's directory failed on its per-member values ("learning_rate got
+    [0.001, 0.002], which is not a valid float")."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--total-timesteps", "512", "--target-return",
+                     "none", "--seeds", "0,1", "--set", "learning_rate=1e-3,2e-3", "--out", "pop"]) == 0
+    capsys.readouterr()
+    code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--out", "pop", "--resume"])
+    assert code == 2
+    assert "holds a population's run (seeds 0,1): resume it as a population" in capsys.readouterr().err

@@ -1066,6 +1066,10 @@ def _resume_settings(args: argparse.Namespace) -> None:
     config = _run_config(Path(args.out) / "config.yaml")
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
         return
+    if isinstance(config.get("seeds"), list) and getattr(args, "seeds", None) is None:
+        seeds = ",".join(str(seed) for seed in config["seeds"])
+        raise UserError(f"'{args.out}' holds a population's run (seeds {seeds}): resume it as a population "
+                        f"(rlspeed train {args.algo} {args.env_id} --seeds {seeds} --out {args.out} --resume).")
     given = _given_options(getattr(args, "argv", []), "train")
     several = args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
     for key in ("env_backend", "accelerate", "nan_policy"):
