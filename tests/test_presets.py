@@ -446,3 +446,14 @@ def test_a_runs_config_yaml_is_a_preset_of_its_hyperparameters_and_run_settings(
     assert cli.main([*base, "--seeds", "0,1", "--set", "learning_rate=1e-3,2e-3", "--out", "pop"]) == 0
     with pytest.raises(UserError, match="is a population's config.yaml"):
         load_preset_file(tmp_path / "pop" / "config.yaml", "ppo", "CartPole-v1")
+
+
+@pytest.mark.parametrize("line, message", [("target_return: high", "target_return must be a number or 'none'"),
+                                           ("target_return: .inf", "target_return must be a number or 'none'"),
+                                           ("total_timesteps: -5", "total_timesteps must be a positive whole"),
+                                           ("eval_freq: 0", "eval_freq must be a positive whole")])
+def test_a_bad_run_setting_in_a_preset_file_names_the_file(tmp_path, line, message):
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"CartPole-v1:\n  {line}\n")
+    with pytest.raises(UserError, match=f"mine.yaml \\(CartPole-v1 entry\\): {message}"):
+        load_preset_file(path, "ppo", "CartPole-v1")

@@ -8,6 +8,7 @@ mapping of hyperparameters), or be in RL-Zoo's format (SB3 names, n_timesteps, p
 
 from __future__ import annotations
 
+import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -186,7 +187,16 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     try:
         for key in ("total_timesteps", "eval_freq"):  # (the run settings' numbers: attributed to the file too)
             if run.get(key) is not None:  # (null: the default, as a run's config.yaml records it)
-                coerce(key, run[key], int)
+                if coerce(key, run[key], int) < 1:
+                    raise UserError(f"{key} must be a positive whole number of steps, got {run[key]}.")
+        target = run.get("target_return")
+        if target is not None and not (isinstance(target, str) and target.strip().lower() in ("none", "off", "null")):
+            try:
+                finite = not isinstance(target, bool) and math.isfinite(float(target))
+            except (TypeError, ValueError):
+                finite = False
+            if not finite:
+                raise UserError(f"target_return must be a number or 'none', got {target!r}.")
         build_config(ALGORITHMS[algo].config_cls, hyper)
     except UserError as error:
         raise UserError(f"{where}: {error}") from None
