@@ -403,3 +403,19 @@ def test_load_with_an_env_id_makes_as_many_envs_as_the_run_trained_with(tmp_path
     loaded = PPO.load(path, env="CartPole-v1")
     assert loaded.config.num_envs == 8 and loaded.make_training_env().num_envs == 8
     assert PPO.load(path, env=make_env("CartPole-v1", num_envs=4)).config.num_envs == 4
+
+
+def test_load_with_an_env_id_normalises_as_the_run_did_and_an_override_turns_it_off(tmp_path):
+    """load(path, env=id) made a plain env while predict normalised; load(path, normalize_reward=False) was turned
+    back on by the saved statistics."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=16, batch_size=32, normalize_obs=True,
+                normalize_reward=True)
+    model.learn(64, progress_bar=False)
+    model.save(tmp_path / "model")
+    loaded = PPO.load(tmp_path / "model", env="CartPole-v1")
+    env = loaded.make_training_env()
+    assert env.obs_rms is loaded.obs_rms and getattr(env, "return_rms", None) is not None
+    plain = PPO.load(tmp_path / "model", normalize_reward=False)
+    assert getattr(plain.make_training_env(), "return_rms", None) is None and not plain.config.normalize_reward

@@ -441,6 +441,8 @@ def test_a_runs_config_yaml_is_a_preset_of_its_hyperparameters_and_run_settings(
     first, again = (yaml.safe_load((tmp_path / name / "config.yaml").read_text()) for name in ("first", "again"))
     assert again["hyperparameters"] == first["hyperparameters"]
     assert (again["total_timesteps"], again["target_return"]) == (512, None)
+    other = load_preset_file(tmp_path / "first" / "config.yaml", "ppo", "Acrobot-v1")  # (another env's target: not)
+    assert "target_return" not in other and other["n_epochs"] == 3 and "target_return is CartPole-v1's" in other.origin
     with pytest.raises(UserError, match="is the config.yaml of a ppo run: train ppo with it"):
         load_preset_file(tmp_path / "first" / "config.yaml", "a2c", "CartPole-v1")
     assert cli.main([*base, "--seeds", "0,1", "--set", "learning_rate=1e-3,2e-3", "--out", "pop"]) == 0

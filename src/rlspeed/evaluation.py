@@ -8,6 +8,8 @@ import numbers
 import secrets
 import warnings
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from rlspeed.device import resolve_device
@@ -182,7 +184,7 @@ def _check_compatible(model, env) -> None:
     on."""
     trained, given = model.spec, env.spec
     if not space_mismatch(trained, given):
-        if space_mismatch(trained, given, action_bounds=True):  # (the same shapes; other Box bounds)
+        if _other_bounds(trained.action_space, given.action_space):  # (the same shapes; other Box bounds)
             warnings.warn(f"evaluate: {given.env_id}'s action bounds (low {given.action_space.low}, high "
                           f"{given.action_space.high}) differ from those this model trained with (low "
                           f"{trained.action_space.low}, high {trained.action_space.high}), to which its actions are "
@@ -192,6 +194,14 @@ def _check_compatible(model, env) -> None:
     raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
                     f"does not fit this model, trained on {trained.env_id} (observations "
                     f"{trained.observation_space}, actions {trained.action_space}).")
+
+
+def _other_bounds(trained, given) -> bool:
+    """Whether two Box action spaces of one shape have other bounds (values compared, whatever their dtypes)."""
+    if not isinstance(trained, gym.spaces.Box) or not isinstance(given, gym.spaces.Box):
+        return False
+    return not (np.array_equal(np.asarray(trained.low, np.float64), np.asarray(given.low, np.float64))
+                and np.array_equal(np.asarray(trained.high, np.float64), np.asarray(given.high, np.float64)))
 
 
 def space_mismatch(trained, given, action_bounds: bool = False) -> list[str]:

@@ -875,8 +875,9 @@ class Algorithm:
             cfg = self.config
             # (statistics a loaded model holds, from a normalising env it trained on, go on normalising: off-policy
             # configs have no normalize_obs of their own)
-            normalize_obs = getattr(cfg, "normalize_obs", False) or self.obs_rms is not None
-            normalize_reward = getattr(cfg, "normalize_reward", False) or self.return_rms is not None
+            normalize_obs = cfg.normalize_obs if hasattr(cfg, "normalize_obs") else self.obs_rms is not None
+            normalize_reward = (cfg.normalize_reward if hasattr(cfg, "normalize_reward")
+                                else self.return_rms is not None)
             self._env = make_env(self.env_id, num_envs=self.strategy.split_envs(cfg.num_envs), device=self.device,
                                  seed=self.strategy.seed_for_rank(self.seed),
                                  backend=self.env_backend, normalize_obs=normalize_obs,
@@ -1381,7 +1382,9 @@ class Algorithm:
                 "loop": dict(self._loop) or {"run_start": self.num_timesteps},
                 "restarts": self.restarts, "numerics": self._numerics.state()}
         obs = getattr(self, "_obs", None)
-        env_state = self._env.state_dict() if self._env is not None and isinstance(obs, torch.Tensor) else None
+        # (a save inside a rollout, after a second Ctrl-C: the envs are past `_obs`, so resume starts them afresh)
+        env_state = (self._env.state_dict() if self._env is not None and isinstance(obs, torch.Tensor)
+                     and not getattr(self, "_mid_rollout", False) else None)
         meta["env"] = {"restorable": env_state is not None, "backend": self.env_backend}
         if env_state is not None:
             tensors.update({f"env.{key}": value for key, value in env_state.items()})
@@ -1532,8 +1535,14 @@ class Algorithm:
                 warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
                               f"load(env={env!r}) makes that env without them (pass an env made with them: "
                               "rlspeed.make_env(env_id, **options)).", stacklevel=2)
-            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them)
-                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device)
+            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them),
+                # normalised as it trained (a config without the options: where the file holds statistics)
+                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device,
+                               normalize_obs=bool(config.get("normalize_obs", any(
+                                   key.startswith("obs_rms.") for key in tensors))),
+                               normalize_reward=bool(config.get("normalize_reward", any(
+                                   key.startswith("return_rms.") for key in tensors))),
+                               gamma=float(config.get("gamma", 0.99)))
             elif not isinstance(env, BatchedEnv):
                 env = make_env(env, device=device)
             try:

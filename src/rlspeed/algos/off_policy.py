@@ -275,6 +275,7 @@ class OffPolicyAlgorithm(Algorithm):
             # during collection, the envs are past the stored observation: they start afresh)
             if getattr(self, "_mid_rollout", False):
                 self._obs, self._mid_rollout = self._first_obs(env), False
+                self._on_env_reset()  # (pending n-step steps and frame stacks of the ended episodes go)
             return
         # Updates wait until the new buffer holds learning_starts transitions, also after `load` or `resume`, whose
         # step count is already past learning_starts but whose replay data was not saved.

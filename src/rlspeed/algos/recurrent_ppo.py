@@ -202,6 +202,8 @@ class RecurrentPPO(PPO):
 
     def _on_env_reset(self) -> None:
         self._episode_start = torch.ones_like(self._episode_start)  # every env starts a fresh episode
+        # (zeroed outright: the episode-start reset multiplies, and a state a diverged update made NaN stays NaN)
+        self._state = torch.zeros_like(self._state)
 
     def _act(self, obs: torch.Tensor, step: int,
              action_masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -294,10 +294,10 @@ def _envs_time_limit(vector_env, default: int | None) -> int | None:
     max_episode_steps sets it there, while make_vec's own spec keeps the registered one), else `default`."""
     try:
         specs = vector_env.get_attr("spec")
+        limit = getattr(specs[0], "max_episode_steps", None) if specs else None
     except Exception:  # a custom vector env without `get_attr`, or envs that fail to report one
         return default
-    limit = getattr(specs[0], "max_episode_steps", None) if specs else None
-    return limit if limit is not None else default
+    return limit if isinstance(limit, int) and limit > 0 else default
 
 
 def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:

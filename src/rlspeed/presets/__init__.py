@@ -156,7 +156,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
                         f"{holds}.")
     if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
-        return _from_run_config(path, data, algo)
+        return _from_run_config(path, data, algo, env_id)
     nested = [isinstance(value, dict) for value in data.values()]
     if all(nested):  # env id -> entry
         key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), "default") if k in data), None)
@@ -203,7 +203,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     return Preset(entry, "file", f"{where}, rlspeed's format")
 
 
-def _from_run_config(path: Path, data: dict, algo: str) -> Preset:
+def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> Preset:
     """A run's config.yaml given as a preset: its hyperparameters and run settings (the seed, env backend and env
     options are the command line's: a note names the run's). UserError for another algorithm's run or a
     population's (per-member values)."""
@@ -220,6 +220,9 @@ def _from_run_config(path: Path, data: dict, algo: str) -> Preset:
     if hyper.get("use_masking") is True:
         del hyper["use_masking"]  # (its default, which the run did not ask for: no word about masks the env lacks)
     entry = {key: data[key] for key in RUN_KEYS if key in data}
+    other_env = data["env_id"] != env_id
+    if other_env:  # (its target is the other env's: this env's own threshold applies, or --target-return)
+        entry.pop("target_return", None)
     entry.update(hyper)
     try:
         build_config(ALGORITHMS[algo].config_cls, hyper)
@@ -227,6 +230,8 @@ def _from_run_config(path: Path, data: dict, algo: str) -> Preset:
         raise UserError(f"{path} (a run's config.yaml): {error}") from None
     given = {key: data[key] for key in ("seed", "env_backend", "env_kwargs") if data.get(key) is not None}
     note = f"; not taken from it: {', '.join(f'{k} {v}' for k, v in given.items())} (flags)" if given else ""
+    if other_env:
+        note += f"; its target_return is {data['env_id']}'s, not taken"
     return Preset(entry, "file", f"{path}, a run's config.yaml ({data['env_id']}){note}")
 
 
