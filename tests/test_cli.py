@@ -759,7 +759,8 @@ def test_a_population_checkpoint_resumed_without_seeds_says_so(tmp_path, monkeyp
     argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--no-progress", "--out", "run"]
     assert cli.main([*argv, "--seeds", "0-1", "--target-return", "none"]) == 0
     assert cli.main([*argv, "--resume"]) == 2
-    assert "checkpoint of a population (ppo on CartPole-v1, seeds 0,1)" in capsys.readouterr().err
+    assert ("'run' holds a population's run (seeds 0,1): resume it as a population (rlspeed train ppo CartPole-v1 "
+            "--seeds 0,1 --out run --resume)") in capsys.readouterr().err
 
 
 def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_missing_directory(tmp_path,
