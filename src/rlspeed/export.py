@@ -318,24 +318,28 @@ class RecurrentActorCriticExport(ActorCriticExport):
 class _RescaledExport(PolicyExport):
     """Off-policy actors whose actions lie in [-1, 1]: rescaled onto the Box as `OffPolicyAlgorithm._to_env` does."""
 
-    action_mapping = "tanh output in [-1, 1] rescaled to the Box: center + half_range * a, clamped to [low, high]"
+    action_mapping = ("tanh output in [-1, 1] rescaled to the Box: center + half_range * a (clamped to [low, high] "
+                      "where it could round past them)")
 
     def __init__(self, model):
         super().__init__(model)
         self.actor = _cpu_copy(model.actor)
-        center, half_range, low, high = _box_tensors(model, "_action_center", "_action_half_range", "_action_low",
-                                                     "_action_high")
+        center, half_range = _box_tensors(model, "_action_center", "_action_half_range")
         self.register_buffer("action_center", center)
         self.register_buffer("action_half_range", half_range)
-        self.register_buffer("action_low", low)
-        self.register_buffer("action_high", high)
+        # (the bounds where the rescaling can round past them, as `OffPolicyAlgorithm._to_env` clamps: else none)
+        self.clamps = model._action_low is not None
+        if self.clamps:
+            low, high = _box_tensors(model, "_action_low", "_action_high")
+            self.register_buffer("action_low", low)
+            self.register_buffer("action_high", high)
 
     def unit_actions(self, obs: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def actions(self, obs: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(torch.addcmul(self.action_center, self.action_half_range, self.unit_actions(obs)),
-                           self.action_low, self.action_high)
+        actions = torch.addcmul(self.action_center, self.action_half_range, self.unit_actions(obs))
+        return torch.clamp(actions, self.action_low, self.action_high) if self.clamps else actions
 
 
 class SquashedGaussianExport(_RescaledExport):

@@ -158,10 +158,12 @@ def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(module).requires_grad_(False)
 
 
-def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple[torch.Tensor, ...]:
+def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple[torch.Tensor, ...] | None:
     """(center, half_range, low, high) of a bounded Box as float32 tensors on `device`, for actions in [-1, 1] mapped
     to center + half_range * a and clamped to [low, high]; computed in float64 (float32's (high - low) overflows for
-    bounds near its largest number), UserError where the half range is beyond float32's numbers."""
+    bounds near its largest number), UserError where the half range is beyond float32's numbers. low and high are
+    None where the mapping cannot leave the bounds (it rises with a, so its values at -1 and 1 decide): no clamp
+    then, in a step that runs once per env step."""
     low, high = np.asarray(box.low, dtype=np.float64), np.asarray(box.high, dtype=np.float64)
     center, half_range = high / 2 + low / 2, high / 2 - low / 2
     with np.errstate(over="ignore"):
@@ -170,7 +172,16 @@ def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple
         raise UserError(f"{who}: the action bounds (low {box.low}, high {box.high}) are beyond float32's numbers, in "
                         "which the actor's actions are rescaled; give the env narrower bounds (e.g. "
                         "gymnasium.wrappers.RescaleAction).")
-    return tuple(torch.as_tensor(part, device=device) for part in values)
+    center, half_range, low, high = (torch.as_tensor(part, device=device) for part in values)
+    ends = torch.addcmul(center, half_range, torch.tensor([[-1.0], [1.0]], device=device))
+    if bool((ends[0] >= low).all() and (ends[1] <= high).all()):  # ok-sync: once, when the model is built
+        return center, half_range, None, None
+    return center, half_range, low, high
+
+
+def clamped(actions: torch.Tensor, low: torch.Tensor | None, high: torch.Tensor | None) -> torch.Tensor:
+    """`actions` clamped in place to [low, high] (`action_scaling`'s bounds; None: nothing to clamp)."""
+    return actions if low is None else actions.clamp_(low, high)
 
 
 class OffPolicyAlgorithm(Algorithm):
@@ -251,8 +262,8 @@ class OffPolicyAlgorithm(Algorithm):
         there: center + half_range * 1 may round past an asymmetric bound)."""
         if self.spec.discrete:
             return actions
-        return torch.addcmul(self._action_center, self._action_half_range, actions).clamp_(self._action_low,
-                                                                                             self._action_high)
+        return clamped(torch.addcmul(self._action_center, self._action_half_range, actions), self._action_low,
+                       self._action_high)
 
     def _random_actions(self, num: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Uniform random policy-space actions for `num` envs, drawn on the device; with `action_masks` (bool

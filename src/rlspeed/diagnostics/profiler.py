@@ -248,22 +248,19 @@ def update_lever(config) -> str:
     """What lowers the gradient steps per env step under `config`, in words for `advise`: fewer epochs where each
     epoch is already one minibatch (larger minibatches cannot help then), fewer and larger minibatches where there
     are several, fewer gradient steps per env step off-policy, longer rollouts for A2C (one step per rollout)."""
-    values = vars(config) if not hasattr(config, "__dataclass_fields__") else {
-        name: getattr(config, name) for name in config.__dataclass_fields__}
-    if "gradient_steps" in values:  # (off-policy)
-        steps = values["gradient_steps"]
-        per = f"{steps} per iteration" if steps >= 1 else "one per env step collected"
-        return (f"fewer gradient steps per env step (gradient_steps, now {per}; train_freq "
-                f"{values.get('train_freq', 1)})")
-    if "n_epochs" not in values:  # (A2C: one gradient step per rollout)
-        return f"longer rollouts (num_steps, now {values.get('num_steps')}: one gradient step each)"
-    rollout = int(values["num_envs"]) * int(values["num_steps"])
-    minibatches = rollout // max(min(int(values["batch_size"]), rollout), 1)  # (PPO drops a partial last one)
+    if hasattr(config, "gradient_steps"):  # (off-policy)
+        per = (f"{config.gradient_steps} per iteration" if config.gradient_steps >= 1
+               else "one per env step collected")
+        return f"fewer gradient steps per env step (gradient_steps, now {per}; train_freq {config.train_freq})"
+    if not hasattr(config, "n_epochs"):  # (A2C: one gradient step per rollout)
+        return f"longer rollouts (num_steps, now {config.num_steps}: one gradient step each)"
+    rollout = config.num_envs * config.num_steps
+    minibatches = rollout // max(min(config.batch_size, rollout), 1)  # (PPO drops a partial last one)
     if minibatches == 1:
-        return (f"fewer epochs (n_epochs, now {values['n_epochs']}; each epoch is already one minibatch of the "
+        return (f"fewer epochs (n_epochs, now {config.n_epochs}; each epoch is already one minibatch of the "
                 f"{rollout:,}-step rollout)")
-    return (f"fewer, larger minibatches (batch_size, now {values['batch_size']}: {minibatches} per epoch) or fewer "
-            f"epochs (n_epochs, now {values['n_epochs']})")
+    return (f"fewer, larger minibatches (batch_size, now {config.batch_size}: {minibatches} per epoch) or fewer "
+            f"epochs (n_epochs, now {config.n_epochs})")
 
 
 def _device_us(op) -> float:

@@ -86,9 +86,10 @@ class SB3VecEnv(BatchedEnv):
         if self._mask_method:
             masks, source = self.vec_env.env_method("action_masks"), f"{self.spec.env_id}'s action_masks()"
         else:
-            reset_infos = self._reset_infos() or [{}] * self.num_envs
-            rows = reset_infos if infos is None else [reset_infos[i] if i in finished else infos[i]
-                                                      for i in range(self.num_envs)]
+            rows = list(self._reset_infos() or [{}] * self.num_envs)
+            if infos is not None:  # (a step's: finished rows' new observations have their reset's masks)
+                restarted = set(np.asarray(finished).tolist())
+                rows = [rows[i] if i in restarted else infos[i] for i in range(self.num_envs)]
             masks, source = [row.get("action_mask") for row in rows], f"{self.spec.env_id}'s info['action_mask']"
             if any(mask is None for mask in masks):
                 missing = next(i for i, mask in enumerate(masks) if mask is None)
@@ -149,7 +150,7 @@ class SB3VecEnv(BatchedEnv):
         else:
             obs_t, final_t = obs_and_final(obs, finished, self.device,
                                            lambda row: infos[row]["terminal_observation"], self._host)
-        info = {"final_obs": final_t, "final_rows": finished, **self._masks(infos, set(finished.tolist()))}
+        info = {"final_obs": final_t, "final_rows": finished, **self._masks(infos, finished)}
         if self._normalizer is not None:  # episode returns are the env's own rewards', as SB3's Monitor records them
             info["raw_reward"] = host_tensor(self._normalizer.get_original_reward(), self.device).reshape(-1)
         add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})

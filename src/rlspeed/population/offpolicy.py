@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
-from rlspeed.algos.off_policy import allowed_uniform, next_masks
+from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
@@ -707,8 +707,8 @@ class OffPolicyPopulation(PopulationBase):
         """Policy-space actions as the env takes them: indices as they are, Box values rescaled to the bounds."""
         if self.discrete:
             return actions
-        return torch.addcmul(self._action_center, self._action_half_range, actions).clamp_(self._action_low,
-                                                                                             self._action_high)
+        return clamped(torch.addcmul(self._action_center, self._action_half_range, actions), self._action_low,
+                       self._action_high)
 
     # --- the loop ----------------------------------------------------------------------------------------------
     def _start(self, total_timesteps: int) -> None:

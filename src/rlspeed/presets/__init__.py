@@ -155,10 +155,10 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         holds = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
                         f"{holds}.")
-    if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
-        return _from_run_config(path, data, algo, env_id)
     nested = [isinstance(value, dict) for value in data.values()]
-    if all(nested):  # env id -> entry
+    if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
+        entry, where = _from_run_config(path, data, algo, env_id)  # (checked below as any entry)
+    elif all(nested):  # env id -> entry
         key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), "default") if k in data), None)
         if key is None:
             raise UserError(f"{path} has no entry for {env_id} and no default entry (it has "
@@ -203,13 +203,10 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     return Preset(entry, "file", f"{where}, rlspeed's format")
 
 
-def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> Preset:
-    """A run's config.yaml given as a preset: its hyperparameters and run settings (the seed, env backend and env
-    options are the command line's: a note names the run's). UserError for another algorithm's run or a
-    population's (per-member values)."""
-    from rlspeed.algos import ALGORITHMS
-    from rlspeed.algos.base import build_config
-
+def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> tuple[dict, str]:
+    """(entry, where) of a run's config.yaml given as a preset: its hyperparameters and run settings (the seed, env
+    backend and env options are the command line's: `where` names the run's). UserError for another algorithm's run
+    or a population's (per-member values)."""
     if data["algo"] != algo:
         raise UserError(f"{path} is the config.yaml of a {data['algo']} run: train {data['algo']} with it, or give "
                         f"{algo} a preset of its own.")
@@ -224,15 +221,11 @@ def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> Preset:
     if other_env:  # (its target is the other env's: this env's own threshold applies, or --target-return)
         entry.pop("target_return", None)
     entry.update(hyper)
-    try:
-        build_config(ALGORITHMS[algo].config_cls, hyper)
-    except UserError as error:
-        raise UserError(f"{path} (a run's config.yaml): {error}") from None
     given = {key: data[key] for key in ("seed", "env_backend", "env_kwargs") if data.get(key) is not None}
     note = f"; not taken from it: {', '.join(f'{k} {v}' for k, v in given.items())} (flags)" if given else ""
     if other_env:
         note += f"; its target_return is {data['env_id']}'s, not taken"
-    return Preset(entry, "file", f"{path}, a run's config.yaml ({data['env_id']}){note}")
+    return entry, f"{path}, a run's config.yaml ({data['env_id']}){note}"
 
 
 def _tuned_algorithm(text: str) -> str | None:
