@@ -293,7 +293,7 @@ def test_explained_variance_is_logged_as_stable_baselines3_computes_it(tmp_path)
         algo("CartPole-v1", seed=0, num_envs=4, **options).learn(512, progress_bar=False, run_dir=run)
         with open(run / "metrics.csv", newline="") as handle:
             rows = list(csv.DictReader(handle))
-        assert all(-10 < float(row["explained_variance"]) <= 1 for row in rows)
+        assert rows and all(-10 < float(row["explained_variance"]) <= 1 for row in rows)
 
 
 def test_a_runaway_policy_update_is_said_once():
