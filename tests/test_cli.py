@@ -256,6 +256,13 @@ def test_a_key_given_twice_with_two_values_is_refused(flag, capsys, monkeypatch,
     assert cli._parse_set(["g=2.0", "g=2.0"], flag) == {"g": 2.0}  # the same value twice is the same command
 
 
+@pytest.mark.parametrize("value, match", [("010", "octal number 8"), ("{a: 1, a: 2}", "a twice")])
+def test_a_set_value_yaml_would_read_as_another_value_is_refused(value, match):
+    """`--set num_steps=010` was 8 (YAML 1.1 octal); a mapping with one key twice kept the last value."""
+    with pytest.raises(UserError, match=match):
+        cli._parse_set([f"num_steps={value}"])
+
+
 @pytest.mark.parametrize("value", ["four", "2.5"])
 def test_unreadable_thread_variable_is_a_one_line_error(value, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

@@ -367,6 +367,11 @@ def test_a_users_file_round_trip(tmp_path):
     flat = tmp_path / "flat.yaml"
     flat.write_text("num_envs: 2\nlearning_rate: 1.0e-3\n")
     assert load_preset("ppo", "Anything-v0", str(flat)) == {"num_envs": 2, "learning_rate": 1e-3}
+    # a hyperparameter that holds a mapping (SB3's net_arch form) belongs to the flat entry, not an env id
+    flat.write_text("net_arch: {pi: [32], vf: [32]}\n")
+    assert load_preset("ppo", "CartPole-v1", str(flat)) == {"net_arch": {"pi": [32], "vf": [32]}}
+    flat.write_text("net_arch: {pi: [32], vf: [32]}\nlearning_rate: 1.0e-3\n")
+    assert load_preset("ppo", "CartPole-v1", str(flat))["learning_rate"] == 1e-3
 
 
 def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
@@ -393,6 +398,11 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("default: lin_3e-4\n", "entry default holds"),
     ("- 1\n- 2\n", "must map env ids"),
     ("CartPole-v1: [\n", "not valid YAML"),
+    # YAML reads these as something else than what was written: refused, not used
+    ("CartPole-v1:\n  num_envs: 4\n  num_envs: 8\n", "num_envs twice \\(lines 2 and 3\\)"),
+    ("num_steps: 4\nnum_steps: 8\n", "num_steps twice"),
+    ("CartPole-v1:\n  num_steps: 010\n", "010 with a leading zero.*octal number 8"),
+    ("CartPole-v1:\n  num_steps: 1:30\n", "base-60 number 90"),
 ])
 def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text, match):
     path = tmp_path / "bad.yaml"

@@ -11,7 +11,7 @@ from conftest import cli_error
 optuna = pytest.importorskip("optuna")
 
 import rlspeed.tune  # noqa: E402
-from rlspeed import PPO, cli  # noqa: E402
+from rlspeed import PPO, UserError, cli  # noqa: E402
 from rlspeed.population.ppo import PPOPopulation  # noqa: E402
 from rlspeed.presets import load_preset_file  # noqa: E402
 from rlspeed.tune import objective, tune  # noqa: E402
@@ -261,6 +261,9 @@ def test_a_search_space_written_with_exponents_reads_them_as_numbers(tmp_path):
     path.write_text("learning_rate: {low: 1e-5, high: 1e-2, log: true}\n")
     space, _ = load_search_space(path, PPO, {}, ())
     assert space["learning_rate"]["low"] == 1e-5 and space["learning_rate"]["high"] == 1e-2
+    path.write_text("learning_rate: {low: 1e-5, high: 1e-2}\nlearning_rate: {low: 1e-4, high: 1e-3}\n")
+    with pytest.raises(UserError, match="learning_rate twice"):  # (the second range silently replaced the first)
+        load_search_space(path, PPO, {}, ())
 
 
 def test_env_options_reach_every_trial_and_the_preset_names_them(tmp_path, capsys):

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.errors import EnvStepError, UserError, peer_algorithm_advice
 from rlspeed.logging import strict_json
@@ -119,8 +120,8 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
             raise UserError(f"{flag} gives {key} twice ({written[key]} and {value.strip()}): give it once.")
         written[key] = value.strip()
         try:
-            out[key] = _exponent_floats(yaml.safe_load(value))
-        except (yaml.YAMLError, ValueError, OverflowError):
+            out[key] = _exponent_floats(yamlfile.read(value, f"{flag} {key}={value.strip()}"))
+        except (yamlfile.InvalidYAML, ValueError, OverflowError):
             raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
         _finite_values(key, out[key], flag)
     return out

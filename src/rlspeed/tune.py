@@ -42,6 +42,7 @@ from typing import Protocol
 
 import yaml
 
+from rlspeed import yamlfile
 from rlspeed.errors import UserError
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
@@ -125,9 +126,10 @@ def load_search_space(path: str | Path | None, algo_cls: type, hyperparameters: 
             raise UserError(f"--search-space {path}: no such file; give a YAML file mapping hyperparameters to "
                             "ranges (see docs/tune.md).")
         try:
-            space = yaml.safe_load(path.read_text())
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            text = path.read_text()
+        except UnicodeDecodeError as error:
             raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
+        space = yamlfile.read(text, str(path))
         if not isinstance(space, dict) or not space:
             raise UserError(f"{path} must map hyperparameter names to ranges ({{low, high}}, {{choices}}) or values.")
         space = {str(key): value for key, value in space.items()}

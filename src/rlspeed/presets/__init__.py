@@ -8,6 +8,7 @@ mapping of hyperparameters), or be in RL-Zoo's format (SB3 names, n_timesteps, p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from importlib import resources
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from rlspeed import yamlfile
 from rlspeed.errors import UserError
 
 RUN_KEYS = ("total_timesteps", "eval_freq", "target_return")
@@ -144,9 +146,9 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
     try:
         text = path.read_text()
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
+    data = yamlfile.read(text, str(path))
     tuned_for = _tuned_algorithm(text)
     if tuned_for is not None and tuned_for != algo:
         raise UserError(f"{path} was tuned for {tuned_for} by rlspeed tune, not for {algo}: train {tuned_for} with "
@@ -155,7 +157,10 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         holds = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
                         f"{holds}.")
-    nested = [isinstance(value, dict) for value in data.values()]
+    names = set(RUN_KEYS) | set(ZOO_KEYS) | {field.name for cls in ALGORITHMS.values()
+                                             for field in dataclasses.fields(cls.config_cls)}
+    # (a hyperparameter may hold a mapping too, net_arch: {pi: [...], vf: [...]}: not an env entry)
+    nested = [isinstance(value, dict) and str(key) not in names for key, value in data.items()]
     if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
         entry, where = _from_run_config(path, data, algo, env_id)  # (checked below as any entry)
     elif all(nested):  # env id -> entry

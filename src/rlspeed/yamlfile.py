@@ -1,0 +1,67 @@
+"""Reading YAML a person wrote (preset files, search spaces, `--set` values) without silent surprises: a key given
+twice, or an integer with a leading zero (YAML 1.1, which PyYAML reads, takes `010` as the octal number 8) or with
+colons (`1:30` is the base-60 number 90), is refused in one sentence instead of being read as something else."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from rlspeed.errors import UserError
+
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+
+
+class InvalidYAML(UserError):
+    """Text that is not YAML at all (a refused key or value is a plain UserError)."""
+
+
+class _Surprise(yaml.YAMLError):
+    """A value or key the reader refuses (its message is the sentence's end)."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses duplicate keys and octal or base-60 integers."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            lines = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # (`<<: *base` overrides on purpose)
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    first = lines.get(key)
+                except TypeError:  # (an unhashable key: the base loader's own error)
+                    continue
+                if first is not None:
+                    where = f"line {line}" if first == line else f"lines {first} and {line}"
+                    raise _Surprise(f"gives {key} twice ({where}): give it once")
+                lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _int(loader: _StrictLoader, node):
+    text = node.value
+    if _OCTAL.fullmatch(text):
+        raise _Surprise(f"writes {text} with a leading zero, which YAML reads as the octal number "
+                        f"{loader.construct_yaml_int(node)}: write it without the zero")
+    if ":" in text:
+        raise _Surprise(f"writes {text}, which YAML reads as the base-60 number {loader.construct_yaml_int(node)}: "
+                        "quote it or write the number")
+    return loader.construct_yaml_int(node)
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _int)
+
+
+def read(text: str, where: str):
+    """The data of the YAML `text`; UserError naming `where` (a file, a flag) for invalid YAML, a key given twice in
+    one mapping, or an integer YAML would read in another base."""
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 (a SafeLoader subclass)
+    except _Surprise as error:
+        raise UserError(f"{where} {error}.") from None
+    except yaml.YAMLError as error:
+        raise InvalidYAML(f"{where} is not valid YAML: {str(error).splitlines()[0]}.") from None
