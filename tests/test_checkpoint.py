@@ -419,3 +419,48 @@ def test_load_with_an_env_id_normalises_as_the_run_did_and_an_override_turns_it_
     assert env.obs_rms is loaded.obs_rms and getattr(env, "return_rms", None) is not None
     plain = PPO.load(tmp_path / "model", normalize_reward=False)
     assert getattr(plain.make_training_env(), "return_rms", None) is None and not plain.config.normalize_reward
+
+
+def _same_step_vector_env(env_id: str, num: int):
+    import gymnasium as gym
+
+    return gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * num,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def test_normalisation_asked_for_applies_to_a_vector_env_passed_in_and_to_a_callers_env_at_load(tmp_path):
+    """PPO(vector_env, normalize_obs=True, normalize_reward=True) trained on raw observations and rewards (the
+    options were recorded but nothing normalised); a normalising run loaded with an env of the caller's trained it
+    raw while predict normalised (an off-policy model's too). Rewards are counted before normalisation."""
+    from rlspeed import SAC
+
+    model = PPO(_same_step_vector_env("CartPole-v1", 2), normalize_obs=True, normalize_reward=True, seed=0,
+                device="cpu", num_steps=16, batch_size=32).learn(64, progress_bar=False)
+    assert model.obs_rms is model._env.obs_rms and float(model.obs_rms.count) >= 64
+    assert model.return_rms is model._env.return_rms
+    env, finished, scaled = model._env, [], []
+    env.reset()
+    for _ in range(40):  # (always pushing left ends CartPole's episodes in about ten steps)
+        _, reward, _, _, info = env.step(torch.zeros(2, dtype=torch.long))
+        scaled.append(reward)
+        finished += info["episode_return"][info["done"]].tolist()
+    assert not torch.all(torch.cat(scaled) == 1)  # the learner's rewards are scaled ...
+    assert finished and all(r >= 5 and r == int(r) for r in finished)  # ... the episode returns are CartPole's own
+    model.save(tmp_path / "ppo")
+    loaded = PPO.load(tmp_path / "ppo", env=_same_step_vector_env("CartPole-v1", 2), device="cpu")
+    assert loaded.make_training_env().obs_rms is loaded.obs_rms
+
+    sac = SAC(rlspeed.make_env("Pendulum-v1", normalize_obs=True), learning_starts=10, seed=0, device="cpu")
+    sac.learn(64, progress_bar=False).save(tmp_path / "sac")
+    count = float(sac.obs_rms.count)
+    loaded = SAC.load(tmp_path / "sac", env=_same_step_vector_env("Pendulum-v1", 1), device="cpu")
+    loaded.learn(64, progress_bar=False)
+    assert loaded.obs_rms is loaded._env.obs_rms and float(loaded.obs_rms.count) >= count + 64
+
+
+def test_a_vecnormalize_env_with_the_same_normalisation_asked_for_again_warns():
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    with pytest.warns(UserWarning, match=r"VecNormalize \(norm_obs=True\) already normalises what normalize_obs=True"):
+        PPO(VecNormalize(make_vec_env("CartPole-v1", 2), norm_reward=False), normalize_obs=True, device="cpu")

@@ -61,9 +61,18 @@ def test_a_seed_of_any_integer_type_works_on_every_backend(ppo, seed):
         rlspeed.evaluate(ppo, episodes=2, seed=-1)
 
 
-def _same_step_cartpoles(wrappers=()):
-    return gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", wrappers=wrappers,
+def _same_step_cartpoles(wrappers=(), mode="sync"):
+    return gym.make_vec("CartPole-v1", 2, vectorization_mode=mode, wrappers=wrappers,
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+
+def _clip_reward(env):  # (module level: an AsyncVectorEnv's subprocesses take it by pickle)
+    return gym.wrappers.ClipReward(env, -0.5, 0.5)
+
+
+def _unlike_cartpoles():  # (the second env alone changes its rewards)
+    return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1"), lambda: _clip_reward(gym.make("CartPole-v1"))],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
 @pytest.mark.parametrize("make, name", [
@@ -72,6 +81,9 @@ def _same_step_cartpoles(wrappers=()):
                                                           func=lambda r: 2 * r), "VectorizeTransformReward"),
     # (wrappers of the envs inside the vector env)
     (lambda: _same_step_cartpoles([lambda e: gym.wrappers.TransformReward(e, lambda r: 2 * r)]), "TransformReward"),
+    # (inside an AsyncVectorEnv's subprocesses, and in a SyncVectorEnv's envs other than the first: not seen before)
+    (lambda: _same_step_cartpoles([_clip_reward], mode="async"), "ClipReward"),
+    (_unlike_cartpoles, "ClipReward"),
 ])
 def test_rewards_a_vector_wrapper_changes_are_said_to_be_changed(ppo, make, name):
     env = make()

@@ -4,6 +4,7 @@ import torch
 
 import rlspeed
 from rlspeed import DQN, SAC
+from rlspeed.accel.strategy import reduced_matmul_supported
 from rlspeed.fused.precision import AutoMatmulPrecision
 from rlspeed.fused.sac import FusedSACUpdate
 
@@ -26,6 +27,10 @@ def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
     auto._update(_batch())
     chosen = auto._update_step.fn.precision
     assert chosen in ("fp32", "bf16-matmul")
+    if not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul"):  # (a CPU without native bf16: nothing to try)
+        assert chosen == "fp32" and not auto._update_step.fn.trials
+        assert "no reduced matmul precision" in str(auto._update_step.fn)
+        return
     assert [t.strategy.precision for t in auto._update_step.fn.trials][0] == "fp32"
     assert auto.acceleration_summary() == {"precision": chosen, "compile": "off"}
     assert chosen in str(auto._update_step.fn)
@@ -110,3 +115,17 @@ def test_a_graphs_device_takes_the_captured_autograd_step_unless_graphs_are_forc
         assert asked[-1]["precision"] == "fp32" and asked[-1]["compile"] is False
     monkeypatch.setenv("RLSPEED_ACCELERATE", "off")
     assert rlspeed.PPO("CartPole-v1", device="cpu").update_summary()["implementation"] == "hand-derived"
+
+
+def test_summary_records_the_rollout_policys_choice_beside_the_updates(monkeypatch):
+    """PPO's rollout policy is measured on its own under accelerate="auto": summary.json named only the update's
+    choice."""
+    from rlspeed import PPO
+
+    monkeypatch.delenv("RLSPEED_ACCELERATE", raising=False)
+    model = PPO("CartPole-v1", device="cpu", seed=0, accelerate="auto", num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False)
+    summary = model.acceleration_summary()
+    assert summary["rollout_policy"] == dict(model.policy.accel_report.summary())
+    assert summary["rollout_policy"]["precision"] in ("fp32", "bf16-matmul", "bf16", "fp16")
+    assert "rollout_policy" not in PPO("CartPole-v1", device="cpu").acceleration_summary()

@@ -61,6 +61,9 @@ def test_members_start_and_update_as_solo_runs_with_their_own_hyperparameters(al
     population = Population(algo, "Pendulum-v1", seeds=seeds, **{**SMALL, **per_member, **update})
     assert population.update_path == ("hand-derived" if algo is SAC and update.get("fused_update", True)
                                       else "autograd")
+    assert population.update_reason == ("fused_update=False" if "fused_update" in update else "default (an MLP with "
+                                        "ReLU or tanh)" if algo is SAC else "populations have a hand-derived update "
+                                        "for SAC only")
     initial = [population.member_state(k) for k in range(2)]
     population._start(STEPS)
     while population.num_timesteps < STEPS:

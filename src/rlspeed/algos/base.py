@@ -36,6 +36,7 @@ from rlspeed.envs import (
     env_spec,
     import_env_module,
     make_env,
+    normalised,
     resolve_backend,
 )
 from rlspeed.envs.base import (
@@ -532,6 +533,21 @@ def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]], always: b
             "success_reported": torch.ones((), device=dones.device)}
 
 
+def _warn_double_normalisation(vector_env, config) -> None:
+    """Warn where a Stable-Baselines3 VecEnv passed in normalises what the config asks rlspeed to normalise too."""
+    if not is_sb3_vec_env(vector_env):
+        return
+    from stable_baselines3.common.vec_env import unwrap_vec_normalize
+
+    normalizer = unwrap_vec_normalize(vector_env)
+    both = [(ours, theirs) for ours, theirs in (("normalize_obs", "norm_obs"), ("normalize_reward", "norm_reward"))
+            if normalizer is not None and getattr(config, ours, False) and getattr(normalizer, theirs, False)]
+    if both:
+        ours, theirs = (" and ".join(names) for names in zip(*both))
+        warn_at_caller(f"this VecEnv's VecNormalize ({theirs}=True) already normalises what {ours}=True would "
+                       "normalise again: set one of the two to False.", UserWarning)
+
+
 def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
     """UserError unless an env given to `load` has the saved model's spaces: the observations' shapes and dtypes
     (per key), and the same action space (a Box's bounds too: actions are scaled to them)."""
@@ -660,10 +676,13 @@ class Algorithm:
                                    "episode returns in the metrics (and a target_return) are the changed rewards' "
                                    "sums, not the env's own; normalize_reward=True normalises what the model learns "
                                    "from while the metrics keep the env's returns.", UserWarning)
+                _warn_double_normalisation(env, self.config)
                 env = make_env(env, device=self.device)
             else:
                 env = counted(env)  # (a batched env of the user's own: checked and counted)
-            self._env = env
+            # (the normalisation the config asks for and the env lacks: a vector env passed in has none of rlspeed's)
+            self._env = normalised(env, getattr(self.config, "normalize_obs", False),
+                                   getattr(self.config, "normalize_reward", False), getattr(self.config, "gamma", 0.99))
             self.env_id = env.spec.env_id
             self.spec = env.spec
             self.env_backend = env.backend
@@ -1535,16 +1554,18 @@ class Algorithm:
                 warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
                               f"load(env={env!r}) makes that env without them (pass an env made with them: "
                               "rlspeed.make_env(env_id, **options)).", stacklevel=2)
-            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them),
-                # normalised as it trained (a config without the options: where the file holds statistics)
-                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device,
-                               normalize_obs=bool(config.get("normalize_obs", any(
-                                   key.startswith("obs_rms.") for key in tensors))),
-                               normalize_reward=bool(config.get("normalize_reward", any(
-                                   key.startswith("return_rms.") for key in tensors))),
-                               gamma=float(config.get("gamma", 0.99)))
+            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them)
+                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device)
             elif not isinstance(env, BatchedEnv):
                 env = make_env(env, device=device)
+            else:
+                env = counted(env)  # (counted before a reward normalisation: the episode returns stay the env's)
+            # normalised as it trained (a config without the options: where the file holds statistics), also an env
+            # of the caller's, which predict's normalised observations would otherwise not match in training
+            env = normalised(env, bool(config.get("normalize_obs", any(key.startswith("obs_rms.") for key in tensors))),
+                             bool(config.get("normalize_reward", any(key.startswith("return_rms.")
+                                                                     for key in tensors))),
+                             float(config.get("gamma", 0.99)))
             try:
                 _check_env_fits(env.spec, spec, path)
             except UserError:

@@ -179,6 +179,15 @@ class OnPolicyAlgorithm(Algorithm):
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
+    def acceleration_summary(self) -> dict:
+        """The update step's choice (`Algorithm.acceleration_summary`) and, under `accelerate="auto"`, the rollout
+        policy's under `rollout_policy` (its own measurement: the two may differ)."""
+        summary = super().acceleration_summary()
+        report = getattr(self.policy, "accel_report", None)
+        if report is not None:
+            summary["rollout_policy"] = dict(report.summary())
+        return summary
+
     def _policy_actions(self, obs: torch.Tensor, deterministic: bool,
                         action_masks: torch.Tensor | None = None) -> torch.Tensor:
         actions, _, _ = self.policy.act(obs, deterministic=deterministic, action_masks=action_masks)

@@ -280,10 +280,15 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     env = EpisodeStatistics(env)
     if atari_game and not evaluation:
         env = atari.AtariTraining(env)  # outside EpisodeStatistics: reported episodes stay whole games, raw scores
-    env = SeedOnFirstReset(env, seed)
-    if normalize_obs:
+    return normalised(SeedOnFirstReset(env, seed), normalize_obs, normalize_reward, gamma)
+
+
+def normalised(env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float = 0.99) -> BatchedEnv:
+    """`env` with the running-statistics normalisation asked for that it lacks (`NormalizeObservation`, then
+    `NormalizeReward` outermost, as `make_env` builds them); a normalisation it has already is kept, not doubled."""
+    if normalize_obs and getattr(env, "obs_rms", None) is None:
         env = NormalizeObservation(env)
-    if normalize_reward:
+    if normalize_reward and getattr(env, "return_rms", None) is None:
         env = NormalizeReward(env, gamma=gamma)
     return env
 

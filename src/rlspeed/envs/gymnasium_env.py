@@ -274,17 +274,30 @@ REWARD_WRAPPERS = ("NormalizeReward", "TransformReward", "VectorizeTransformRewa
 
 
 def reward_wrappers(env) -> list[str]:
-    """The names of the reward-changing wrappers (`REWARD_WRAPPERS`) around a vector env and around the first of the
-    envs inside a `SyncVectorEnv` (they are made alike), outermost first."""
+    """The names of the reward-changing wrappers (`REWARD_WRAPPERS`) around a vector env and around the envs inside
+    it (a `SyncVectorEnv`'s walked, an `AsyncVectorEnv`'s read from their `str()`, which names every wrapper),
+    outermost first, each once."""
     changers, seen = [], set()
+
+    def add(names) -> None:
+        changers.extend(name for name in names if name in REWARD_WRAPPERS and name not in changers)
+
     while env is not None and not isinstance(env, str) and id(env) not in seen:
         seen.add(id(env))
-        name = type(env).__name__
-        if name in REWARD_WRAPPERS:
-            changers.append(name)
+        add([type(env).__name__])
         inner = getattr(env, "env", None)
-        if inner is None and isinstance(getattr(env, "envs", None), (list, tuple)) and env.envs:
-            inner = env.envs[0]
+        envs = getattr(env, "envs", None)
+        if inner is None and isinstance(envs, (list, tuple)) and envs:
+            for other in envs[1:]:  # (envs made unlike each other: any one's wrappers change what is summed)
+                add(reward_wrappers(other))
+            inner = envs[0]
+        elif inner is None and isinstance(env, gym.vector.AsyncVectorEnv):
+            try:
+                described = env.call("__str__")  # ("<ClipReward<TimeLimit<...<CartPoleEnv<CartPole-v1>>>>" per env)
+            except Exception:  # (envs that cannot answer: nothing known, nothing said)
+                described = ()
+            for text in described:
+                add(re.findall(r"<(\w+)", str(text)))
         env = inner
     return changers
 

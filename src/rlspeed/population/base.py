@@ -560,8 +560,9 @@ class _LoopProgress:
 class PopulationBase:
     """`learn`, `save`/`resume` and `write_summary` of every population class. A subclass sets `algo_name`,
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
-    `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path`, `alive`
-    (original indices of the members in the computation, in row order) and `num_timesteps` (env steps per member),
+    `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path` and
+    `update_reason`, `alive` (original indices of the members in the computation, in row order) and `num_timesteps`
+    (env steps per member),
     and provides `_begin`, `train_iteration`, `_finite_members`, `evaluate(seeds, episodes, members)`, `remove(members)`
     and, for checkpoints, `_state` and `_load_state`.
 
@@ -1277,7 +1278,8 @@ class PopulationBase:
         exits = loop.left.values()
         return {
             "algo": self.algo_name, "env_id": self.env_id, "population": self.size, "seeds": self.seeds,
-            "device": str(self.device), "env_backend": self.env_backend, "update": self.update_path,
+            "device": str(self.device), "env_backend": self.env_backend,
+            "update": {"implementation": self.update_path, "reason": self.update_reason},
             # (how the members' own encoders run: `MemberEncoder.mode`; None without one)
             "member_encoder": None if self._member_encoder is None else self._member_encoder.mode, "stop": stop,
             "total_timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s, "train_cpu_s": loop.train_cpu_s,

@@ -592,8 +592,8 @@ class OffPolicyPopulation(PopulationBase):
         self._index_dtype = rules(self.device).index_dtype
         self.activation = ACTIVATIONS[self.config.activation]()
         self.hyper = config_tensors(solos, ("learning_rate", "gamma", "tau"), self.device)
-        #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd"
-        self.update_path = "autograd"
+        #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd", and why
+        self.update_path, self.update_reason = "autograd", "populations have a hand-derived update for SAC only"
         self._build(solos)
         del solos
         #: original indices of the members still in the computation; every stacked tensor follows this order
@@ -1115,7 +1115,11 @@ class SACPopulation(OffPolicyPopulation):
         self._tanh = activation is torch.nn.Tanh
         self._workspace = Workspace()
         if self._hand_derived:
-            self.update_path = "hand-derived"
+            self.update_path, self.update_reason = "hand-derived", "default (an MLP with ReLU or tanh)"
+        else:
+            self.update_reason = ("fused_update=False" if not self.config.fused_update
+                                  else f"{activation.__name__} has no hand-derived gradient"
+                                  if len(self.actor_weights) > 1 else "networks without hidden layers")
 
     def _params(self) -> list[torch.Tensor]:
         return [*self.actor_weights, *self.actor_biases, *self.critic_weights, *self.critic_biases, self.log_alpha]

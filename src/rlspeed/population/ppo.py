@@ -147,8 +147,10 @@ class PPOPopulation(PopulationBase):
         # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
         # tests/test_population.py checks the two agree
         # (a run that finds action masks when its env starts switches to autograd then: `_start_masking`)
-        self.update_path = ("autograd" if not self.config.fused_update or unsupported_reason(policy)
-                            else "hand-derived")
+        unsupported = "fused_update=False" if not self.config.fused_update else unsupported_reason(policy)
+        #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd", and why
+        self.update_path = "autograd" if unsupported else "hand-derived"
+        self.update_reason = unsupported or "default (the network is one rlspeed.fused covers)"
         self._tanh = isinstance(self.activation, torch.nn.Tanh)
         # the activation as a function where it is one (a module call costs as much as the kernel on a few rows)
         self._activate = {torch.nn.Tanh: torch.tanh, torch.nn.ReLU: torch.relu}.get(type(self.activation),
@@ -210,7 +212,8 @@ class PPOPopulation(PopulationBase):
 
     def _start_masking(self) -> None:
         super()._start_masking()
-        self.update_path = "autograd"  # (the hand-derived update has no masks, as for the solo run)
+        # (the hand-derived update has no masks, as for the solo run)
+        self.update_path, self.update_reason = "autograd", "action masks"
 
     def _sample(self, out: torch.Tensor, step: int,
                 masks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
