@@ -585,7 +585,7 @@ def test_a_vector_env_of_modified_envs_does_not_pass_for_the_registered_one(vari
     env = rlspeed.make_env(vector_env, device="cpu")
     assert env.spec.env_id == "user-vector-env" and env.spec.reward_threshold is None
     model = rlspeed.PPO(vector_env, device="cpu", num_steps=16, batch_size=32)
-    with pytest.raises(rlspeed.UserError, match="not a registered Gymnasium id"):
+    with pytest.raises(rlspeed.UserError, match="is no id rlspeed can make an env of"):
         model.learn(64, target_return=1.0, progress_bar=False)
 
 
@@ -609,7 +609,7 @@ def test_a_wrapped_vector_env_is_not_evaluated_as_the_registered_one(wrap):
         assert model.env_id == "Pendulum-v1"
         return
     assert model.env_id.startswith("user-")
-    with pytest.raises(rlspeed.UserError, match=r"stands for the vector env this model was trained on.*"
+    with pytest.raises(rlspeed.UserError, match=r"trained on an env you built \('user-.*"
                                                  r"rlspeed.evaluate\(model, env, episodes=env.num_envs\)"):
         model.evaluate(episodes=2)
     assert rlspeed.evaluate(model, vector_env, episodes=2)["episodes"] == 2  # (the env itself, as it was built)
@@ -749,10 +749,11 @@ class _Counter(BatchedEnv):
         self.num_envs, self.device, self.breaks = 2, torch.device("cpu"), breaks
         self.spec = EnvSpec("my-counter", (4,), gym.spaces.Discrete(2), max_episode_steps=8, reward_threshold=None)
         self.t = torch.zeros(2, dtype=torch.int64)
-        self.buffer = torch.ones(2, 4)
+        self.buffers, self.steps = [torch.ones(2, 4), torch.ones(2, 4)], 0
 
     def _obs(self):
-        obs = self.buffer if self.breaks == "alias" else torch.ones(2, 4)
+        obs = (self.buffers[0] if self.breaks == "alias"
+               else self.buffers[self.steps % 2] if self.breaks == "two in turn" else torch.ones(2, 4))
         obs[:, 0] = self.t.float()
         return obs.double() if self.breaks == "float64" else obs
 
@@ -762,7 +763,8 @@ class _Counter(BatchedEnv):
 
     def step(self, actions):
         self.t += 1
-        final = self._obs().clone()
+        self.steps += 1
+        final = self.buffers[1].copy_(self._obs()) if self.breaks == "final_obs in place" else self._obs().clone()
         terminated = self.t >= 5
         self.t[terminated] = 0
         reward = torch.ones(2, 1) if self.breaks == "reward [N,1]" else torch.ones(2)
@@ -782,10 +784,60 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
     as_text.device = "cpu"  # (a device named as a string)
     result = rlspeed.evaluate(model, as_text, episodes=2)  # (evaluated as it trains: counted and checked)
     assert result["returns"] == [5.0, 5.0] and result["lengths"] == [5, 5]
-    for breaks, message in [("alias", "same observation tensor on two steps"),
+    on_cpu0 = _Counter()
+    on_cpu0.device = torch.device("cpu:0")  # (its tensors on "cpu": the same device)
+    rlspeed.PPO(on_cpu0, device="cpu", num_steps=16, batch_size=32).learn(32, progress_bar=False)
+    for breaks, message in [("alias", "returned observations in a tensor it returned on an earlier step"),
+                            # (DQN holds train_freq steps' tensors before storing them: these corrupted its replay)
+                            ("two in turn", "returned observations in a tensor it returned on an earlier step"),
+                            ("final_obs in place", r"returned info\['final_obs'\] in a tensor it returned on an "
+                                                   "earlier step"),
                             ("reward [N,1]", r"rewards as torch.float32 \(2, 1\) on cpu, not torch.float32 \[2\]"),
                             ("float flags", "terminated as torch.float32"),
                             ("no final_obs", "no info\\['final_obs'\\]"),
                             ("float64", "as torch.float64, not torch.float32")]:
         with pytest.raises(rlspeed.UserError, match=f"_Counter \\(a batched env of your own\\) .*{message}"):
             rlspeed.DQN(_Counter(breaks), device="cpu", learning_starts=4, batch_size=4).learn(16, progress_bar=False)
+
+
+class _Noisy(_Counter):
+    """_Counter whose observations carry noise from its own generator, seeded by reset(seed) (else from entropy)."""
+
+    def reset(self, seed=None):
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else int(np.random.SeedSequence()
+                                                                                          .entropy) % 2**63)
+        return super().reset(seed)
+
+    def _obs(self):
+        return super()._obs() + torch.randn(2, 4, generator=self.generator)
+
+
+def test_a_models_seed_seeds_an_env_passed_in():
+    """PPO(env, seed=0) left a batched env of the user's own and a Gymnasium vector env unseeded (two runs differed)
+    while docs/algorithms.md says seed= seeds the envs; make_env's own seed is kept."""
+    def weights(make_env):
+        model = rlspeed.PPO(make_env(), device="cpu", num_steps=16, batch_size=32, seed=0)
+        return torch.cat([p.detach().flatten() for p in model.learn(64, progress_bar=False).policy.parameters()])
+
+    def cartpoles():
+        return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2,
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    for make in (_Noisy, cartpoles):
+        assert torch.equal(weights(make), weights(make))
+    own_seed = rlspeed.make_env("CartPole-v1", num_envs=2, seed=7)
+    rlspeed.PPO(own_seed, device="cpu", num_steps=16, batch_size=32, seed=0)
+    assert own_seed._pending_seed == 7
+
+
+def test_evaluating_a_model_of_an_env_of_ones_own_without_it_says_to_pass_it():
+    """model.evaluate() of a model trained on a batched env of the user's own pointed to --env-backend gymnasium,
+    which then said "Unknown env id"; learn(eval_freq=...) failed only after its first rollout."""
+    model = rlspeed.PPO(_Counter(), device="cpu", num_steps=16, batch_size=32)
+    with pytest.raises(rlspeed.UserError, match=r"trained on an env you built \('my-counter'\).*"
+                                                r"rlspeed.evaluate\(model, env"):
+        model.evaluate(episodes=2)
+    with pytest.raises(rlspeed.UserError, match=r"learn\(eval_freq=...\) evaluates on fresh envs.*EvalCallback"):
+        model.learn(64, eval_freq=32, progress_bar=False)
+    assert model.num_timesteps == 0
+    assert rlspeed.evaluate(model, _Counter(), episodes=2)["lengths"] == [5, 5]

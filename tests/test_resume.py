@@ -128,6 +128,33 @@ def test_resuming_gymnasium_envs_says_what_cannot_be_restored(tmp_path):
         resumed.learn(32, progress_bar=False)
 
 
+@pytest.mark.parametrize("num_envs", [2, 3])
+def test_steps_waiting_for_their_n_step_return_are_dropped_when_the_resumed_envs_start_afresh(tmp_path, num_envs):
+    """A checkpoint of Gymnasium envs holds the replay buffer's steps still waiting for their n-step return; the
+    resumed run's envs start fresh episodes, to which those steps were joined (an impossible transition per env and
+    pending step), or with other num_envs crashed in torch.stack."""
+    settings = dict(seed=0, device="cpu", env_backend="gymnasium", learning_starts=16, batch_size=8, n_step=3,
+                    buffer_size=500, net_arch=(8,), save_replay_buffer=True)
+    DQN("CartPole-v1", num_envs=2, **settings).learn(101, progress_bar=False, run_dir=tmp_path, checkpoint_freq=50)
+    assert checkpoint_metadata(tmp_path / "checkpoint.safetensors")["num_timesteps"] % 2 == 0
+    resumed = DQN("CartPole-v1", num_envs=num_envs, **settings)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    loaded_rows = []
+    load_replay = resumed._load_replay
+
+    def _load_replay(resume):
+        loaded = load_replay(resume)
+        loaded_rows.append(resumed.buffer.size)
+        return loaded
+
+    resumed._load_replay = _load_replay
+    with pytest.warns(UserWarning, match="cannot restore their episodes in progress"):
+        resumed.learn(4 * num_envs, progress_bar=False)
+    # four steps of fresh episodes: the first n - 1 = 2 only fill the n-step window, the next 2 store a row per env
+    # (the checkpoint's 2 waiting steps per env, joined to the new episodes, made 4)
+    assert loaded_rows[0] > 0 and resumed.buffer.size - loaded_rows[0] == 2 * num_envs
+
+
 def test_a_checkpoint_without_resume_state_still_resumes_and_loads(tmp_path):
     """Checkpoints written before they carried the resume state (no `resume` metadata, no `resume.*` tensors) load
     and resume as before: fresh episodes, the saved weights."""

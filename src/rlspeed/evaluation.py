@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rlspeed.device import resolve_device
-from rlspeed.envs import SeedOnFirstReset, atari, make_env, resolve_backend
+from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.envs.gymnasium_env import reward_wrappers
 from rlspeed.errors import UserError
@@ -56,6 +56,10 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     own_env = env_id in (None, model.env_id)
     asked = backend
     env_id = env_id or model.env_id
+    if own_env and isinstance(env_id, str) and not remakeable(env_id):
+        raise UserError(f"This model trained on an env you built ('{env_id}'), which rlspeed cannot make again from "
+                        f"its id: pass one, rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
+                        "EvalCallback(env) instead of eval_freq).")
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)

@@ -34,10 +34,11 @@ from rlspeed.envs import (
     _check_env_id,
     backend_for_options,
     env_spec,
-    import_env_module,
     make_env,
     normalised,
+    remakeable,
     resolve_backend,
+    seeded,
 )
 from rlspeed.envs.base import (
     EnvSpec,
@@ -50,7 +51,7 @@ from rlspeed.envs.base import (
     space_from_json,
     space_to_json,
 )
-from rlspeed.envs.gymnasium_env import check_action_masks, gym_spec, reward_wrappers
+from rlspeed.envs.gymnasium_env import check_action_masks, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UnusedSettingWarning, UserError
@@ -680,6 +681,8 @@ class Algorithm:
                 env = make_env(env, device=self.device)
             else:
                 env = counted(env)  # (a batched env of the user's own: checked and counted)
+            # seed= seeds an env passed in (on the model's first reset), unless make_env gave it a seed of its own
+            env = seeded(env, None if seed is None else self.strategy.seed_for_rank(seed))
             # (the normalisation the config asks for and the env lacks: a vector env passed in has none of rlspeed's)
             self._env = normalised(env, getattr(self.config, "normalize_obs", False),
                                    getattr(self.config, "normalize_reward", False), getattr(self.config, "gamma", 0.99))
@@ -1039,17 +1042,15 @@ class Algorithm:
         if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
                                           or not math.isfinite(target_return)):
             raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
-        if target_return is not None:
-            try:  # evaluation builds a fresh env from the id: find out now, not after the first rollout
-                # (the registry entry alone: env_spec would build an env; native ids have one; `module:EnvId` ids
-                # import their module first)
-                gym_spec(import_env_module(self.env_id))
-            except UserError:
-                raise UserError(f"learn(target_return=...) evaluates on fresh envs made from the env id, and "
-                                f"'{self.env_id}' (the env passed in) is not a registered Gymnasium id: register "
-                                "it with gymnasium.register, or evaluate on a vector env you build with "
-                                "callback=EvalCallback(eval_env, callback_on_new_best=StopTrainingOnRewardThreshold("
-                                "target)) from rlspeed.callbacks.") from None
+        if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
+            # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
+            asked = "target_return" if target_return is not None else "eval_freq"
+            raise UserError(f"learn({asked}=...) evaluates on fresh envs made from the env id, and "
+                            f"'{self.env_id}' (the env passed in) is no id rlspeed can make an env of: evaluate on "
+                            "an env you build with callback=EvalCallback(eval_env"
+                            + (", callback_on_new_best=StopTrainingOnRewardThreshold(target)" if target_return
+                               is not None else "") + ") from rlspeed.callbacks (an env of your own can also be "
+                            "registered with gymnasium.register when it is a gymnasium.Env).")
         from rlspeed.callbacks import as_callback
 
         callbacks = as_callback(callback)

@@ -308,6 +308,8 @@ class OffPolicyAlgorithm(Algorithm):
                            self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
+            if not self._episodes_restored:  # (the envs start fresh episodes: steps waiting for their n-step
+                self.buffer.restart_episodes()  # return, saved with the buffer, belong to the ended ones)
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
         # rebuilt): observation and next observation, and the row's other fields
         free = available_memory_bytes(self.device)

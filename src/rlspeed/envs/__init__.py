@@ -293,6 +293,29 @@ def normalised(env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gam
     return env
 
 
+def remakeable(env_id: str) -> bool:
+    """Whether `make_env` can make envs of `env_id` (a registered Gymnasium id, once its module is imported for a
+    `module:EnvId` id, or a native env's), judged from the registry alone without making one: not the id of an env a
+    user built and passed in."""
+    try:
+        gym_spec(import_env_module(env_id))
+    except UserError:
+        return env_id in NATIVE_ENVS
+    return True
+
+
+def seeded(env: BatchedEnv, seed: int | None) -> BatchedEnv:
+    """`env` (passed to a model with `seed=`) seeded by `seed` on its next reset, unless `make_env` gave it a seed: its
+    `SeedOnFirstReset` takes the seed, or one is added outermost (a batched env of the user's own)."""
+    inner = env
+    while inner is not None and not isinstance(inner, SeedOnFirstReset):
+        inner = inner.__dict__.get("env")
+    if inner is None:
+        return SeedOnFirstReset(env, seed)
+    inner.seed_unless_given(seed)
+    return env
+
+
 def _check_env_id(env_id) -> None:
     """UserError unless `env_id` is a str, saying what `make_env` accepts instead of other kinds of envs."""
     if isinstance(env_id, str):
@@ -320,6 +343,12 @@ class SeedOnFirstReset(EnvWrapper):
     def __init__(self, env: BatchedEnv, seed: int | None):
         super().__init__(env)
         self._pending_seed = seed
+        self._seed_given = seed is not None
+
+    def seed_unless_given(self, seed: int | None) -> None:
+        """Take `seed` for the next reset where `make_env` was given none (a model's `seed=` for an env passed in)."""
+        if not self._seed_given:
+            self._pending_seed = seed
 
     def reset(self, seed: int | None = None):
         if seed is None:

@@ -447,19 +447,22 @@ class EnvWrapper(BatchedEnv):
 
 class ContractCheck(EnvWrapper):
     """A batched env of the user's own (not one `make_env` made), checked against the contract of `BatchedEnv` on
-    its first reset and its first `CHECKED_STEPS` steps: tensors on its device, observations `[N, ...]` in the
-    observation space's dtype, float32 rewards `[N]`, bool `terminated` and `truncated` `[N]`, `info["final_obs"]`
-    laid out as the observations, and fresh observation tensors each step (an env writing every step into one tensor
-    would hand the learner its next observation as the previous one). A break is one UserError naming it, instead of
-    an error from deep inside training or, worse, training on wrong data. Later steps go through unchecked."""
+    its first reset and its first `CHECKED_STEPS` steps: tensors on its device, observations `[N, ...]` (a Dict
+    space's: a dict of its keys) in the observation space's dtype, float32 rewards `[N]`, bool `terminated` and
+    `truncated` `[N]`, `info["final_obs"]` laid out as the observations, and fresh tensors each step (an env writing
+    every step into one tensor, or a few in turn, would hand the learner its next observation as the previous one, and
+    the off-policy algorithms keep several steps' tensors before storing them). A break is one UserError naming it,
+    instead of an error from deep inside training or, worse, training on wrong data. Later steps go through
+    unchecked."""
 
-    CHECKED_STEPS = 2
+    CHECKED_STEPS = 3
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
         self.device = torch.device(env.device)  # (an env may name its device as a string)
         self._steps = 0
-        self._last_obs: torch.Tensor | None = None
+        # the tensors the checked steps returned, by storage address (held: a freed tensor's address may be reused)
+        self._held: dict[int, tuple[str, torch.Tensor]] = {}
         self._layout = observation_layout(env.spec.observation_space)
 
     def _refuse(self, what: str) -> None:
@@ -467,23 +470,31 @@ class ContractCheck(EnvWrapper):
                         "rlspeed.envs.base.BatchedEnv's (reset and step docstrings).")
 
     def _check_obs(self, obs, where: str) -> None:
-        parts = obs.items() if isinstance(obs, dict) else [("", obs)]
-        layouts = self._layout if isinstance(self._layout, dict) else {"": self._layout}
+        keyed = isinstance(self._layout, dict)
+        if isinstance(obs, dict) != keyed:
+            self._refuse(f"returned {where}'s observations as {type(obs).__name__}, not "
+                         + ("a dict of its Dict observation space's keys" if keyed else "a torch.Tensor"))
+        if keyed and set(obs) != set(self._layout):
+            self._refuse(f"returned {where}'s observations with the keys {sorted(map(str, obs))}, not its Dict "
+                         f"observation space's {sorted(self._layout)}")
+        parts = obs.items() if keyed else [("", obs)]
+        layouts = self._layout if keyed else {"": self._layout}
         for key, value in parts:
             shape, dtype = layouts.get(key, (None, None))
             name = f"{where}'s observations" + (f" [{key!r}]" if key else "")
             if not isinstance(value, torch.Tensor):
                 self._refuse(f"returned {name} as {type(value).__name__}, not a torch.Tensor")
-            if value.device != self.device:
+            if not _same_device(value.device, self.device):
                 self._refuse(f"returned {name} on {value.device}, not on its device {self.device}")
             if shape is not None and tuple(value.shape) != (self.num_envs, *shape):
                 self._refuse(f"returned {name} of shape {tuple(value.shape)}, not {(self.num_envs, *shape)}")
             if dtype is not None and value.dtype != dtype:
-                self._refuse(f"returned {name} as {value.dtype}, not {dtype} (its observation space's)")
+                self._refuse(f"returned {name} as {value.dtype}, not {dtype} (the dtype the contract keeps its "
+                             f"observation space's values in)")
 
     def _check_flags(self, value, name: str, dtype: torch.dtype) -> None:
         if (not isinstance(value, torch.Tensor) or tuple(value.shape) != (self.num_envs,) or value.dtype != dtype
-                or value.device != self.device):
+                or not _same_device(value.device, self.device)):
             got = (f"{value.dtype} {tuple(value.shape)} on {value.device}" if isinstance(value, torch.Tensor)
                    else type(value).__name__)
             self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}] on {self.device}")
@@ -493,6 +504,8 @@ class ContractCheck(EnvWrapper):
         obs, info = self.env.reset(seed=seed)
         if self._steps == 0:
             self._check_obs(obs, "reset()")
+            self._held = {tensor.data_ptr(): ("observations", tensor)
+                          for tensor in (obs.values() if isinstance(obs, dict) else [obs])}
         return obs, info
 
     def step(self, actions: torch.Tensor):
@@ -508,12 +521,33 @@ class ContractCheck(EnvWrapper):
                 self._refuse("gave no info['final_obs'] (each row's observation before any reset: for finished rows "
                              "their true last one)")
             self._check_obs(info["final_obs"], "step()'s info['final_obs']")
-            first = obs if isinstance(obs, torch.Tensor) else next(iter(obs.values()))
-            if self._last_obs is not None and first.data_ptr() == self._last_obs.data_ptr():
-                self._refuse("returned the same observation tensor on two steps (written in place): return a fresh "
-                             "tensor each step, since the learner keeps the previous one")
-            self._last_obs = first if self._steps < self.CHECKED_STEPS else None
+            final = info["final_obs"]
+            returned = {"observations": obs, "rewards": reward, "terminated": terminated, "truncated": truncated}
+            if final is not obs:  # (a step where no row finished may hand `obs` itself as final_obs)
+                returned["info['final_obs']"] = final
+            now = {}
+            for name, value in returned.items():
+                for tensor in (value.values() if isinstance(value, dict) else [value]):
+                    now.setdefault(tensor.data_ptr(), (name, tensor))
+            again = [name for ptr, (name, tensor) in now.items() if ptr in self._held and tensor.numel()]
+            if again:
+                self._refuse(f"returned {again[0]} in a tensor it returned on an earlier step (written in place): "
+                             "return fresh tensors each step, since the learner keeps earlier steps' tensors")
+            self._held.update(now)
+            if self._steps == self.CHECKED_STEPS:
+                self._held.clear()
         return obs, reward, terminated, truncated, info
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one, a device without an index ("cuda") being the current one of its type."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        module = getattr(torch, a.type, None)
+        current = module.current_device() if a.type != "cpu" and hasattr(module, "current_device") else 0
+        return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    return a.index == b.index
 
 
 class EpisodeStatistics(EnvWrapper):
