@@ -375,11 +375,14 @@ def test_tiny_model_stays_fp32_and_the_search_leaves_no_trace(monkeypatch):
         model = auto_accelerate(model, device="cpu", example_inputs=obs)
     assert torch.equal(torch.get_rng_state(), rng_before)
     decision = model.accel_report.decisions[0]
+    assert all(p.grad is None for p in model.parameters())
+    if decision.source == "only candidate":  # (a CPU without native bf16: nothing to compare fp32 with)
+        assert decision.chosen == EAGER_FP32 and not decision.trials
+        return
     assert decision.source == "search"
     assert [t.strategy.precision for t in decision.trials][0] == "fp32"
     if len(decision.trials) > 1:  # bf16 exists on this CPU: at batch 8 it is much slower, fp32 must stay
         assert decision.chosen == EAGER_FP32
-    assert all(p.grad is None for p in model.parameters())
     text = str(model.accel_report)
     assert "fp32" in text and "candidate" in text
 

@@ -109,6 +109,9 @@ def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():
     assert rlspeed.SAC("Pendulum-v1", device="cpu", ent_coef="auto").config.ent_coef is None
     sac = rlspeed.SAC("Pendulum-v1", device="cpu", ent_coef="auto_0.1", target_entropy="auto")
     assert (sac.config.ent_coef, sac.config.ent_coef_init, sac.config.target_entropy) == (None, 0.1, None)
+    # auto_X sets the starting value whatever the keywords' order, and over a saved config's (load, a run's preset)
+    for given in ({"ent_coef": "auto_0.1", "ent_coef_init": 0.5}, {"ent_coef_init": 0.5, "ent_coef": "auto_0.1"}):
+        assert rlspeed.SAC("Pendulum-v1", device="cpu", **given).config.ent_coef_init == 0.1
     for algo, env_id, key in ((rlspeed.PPO, "CartPole-v1", "ent_coef"), (rlspeed.PPO, "CartPole-v1", "clip_range_vf")):
         with pytest.raises(UserError, match="not a valid float"):  # (no "auto" there: None would mean another thing)
             algo(env_id, device="cpu", **{key: "auto"})

@@ -162,3 +162,14 @@ def test_preset_settings_train_a_cnn_on_uint8_frame_stacks(algo_name):
     assert networks and all(bool(torch.isfinite(p).all()) for module in networks for p in module.parameters())
     action = model.predict(torch.zeros(4, 84, 84, dtype=torch.uint8))[0]
     assert 0 <= int(torch.as_tensor(action).reshape(-1)[0]) < 4
+
+
+def test_an_atari_id_is_one_rlspeed_can_make_again_in_a_fresh_process():
+    """`remakeable` (which decides whether evaluate and learn(eval_freq) may make fresh envs of a model's id) said no
+    for every ALE id until something had registered ale-py's envs: `rlspeed eval` of a saved Atari model refused."""
+    import subprocess
+    import sys
+
+    code = "from rlspeed.envs import remakeable; print(remakeable('ALE/Pong-v5'), remakeable('PongNoFrameskip-v4'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split()[-2:] == ["True", "True"], result.stderr

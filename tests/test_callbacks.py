@@ -410,6 +410,41 @@ def test_a_recorded_value_named_as_a_loop_column_does_not_replace_it(tmp_path):
     assert [row["custom/timesteps"] for row in rows][1:] == ["-1.0", "-1.0"]
 
 
+def test_a_loop_column_missing_from_some_rows_is_not_taken_over_by_a_callback(tmp_path):
+    """A key the loop writes on some rows only (eval_mean between evaluations, DQN's loss before learning_starts)
+    was the callback's column from its first row on: its values replaced the loop's, without a warning."""
+
+    class Clobber(BaseCallback):
+        def _on_step(self):
+            self.logger.record("eval_mean", -1.0)
+            return True
+
+    with pytest.warns(UserWarning, match="'eval_mean' is a column the training loop writes itself"):
+        _ppo().learn(4 * STEPS_PER_ITERATION, callback=Clobber(), progress_bar=False, log_interval_s=0,
+                     eval_freq=2 * STEPS_PER_ITERATION, eval_episodes=2, run_dir=tmp_path)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    evaluations = [float(row["eval_mean"]) for row in rows if row["eval_mean"]]
+    assert len(evaluations) == 2 and all(mean > 0 for mean in evaluations)  # (CartPole's returns: the loop's own)
+    assert {row["custom/eval_mean"] for row in rows[1:]} == {"-1.0"}
+
+
+def test_every_column_the_loop_writes_is_one_a_callback_cannot_take_over(tmp_path):
+    """`LOOP_COLUMNS` (the names a callback's value is renamed from) holds every metrics.csv column of every
+    algorithm's loop, evaluations included."""
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.callbacks import LOOP_COLUMNS
+
+    for name, algo in ALGORITHMS.items():
+        env_id = "CartPole-v1" if algo.name in ("dqn", "ppo", "a2c", "recurrent_ppo") else "Pendulum-v1"
+        options = dict(learning_starts=32, batch_size=16) if algo.keeps_replay_buffer else {}
+        run_dir = tmp_path / name
+        algo(env_id, device="cpu", seed=0, **options).learn(256, progress_bar=False, log_interval_s=0,
+                                                            target_return=1e9, eval_freq=128, eval_episodes=1,
+                                                            run_dir=run_dir)
+        header = next(csv.reader((run_dir / "metrics.csv").open()))
+        assert set(header) <= LOOP_COLUMNS, (name, set(header) - LOOP_COLUMNS)
+
+
 def test_a_callback_overriding_the_public_hooks_keeps_working():
     """A callback written for Stable-Baselines3 that overrides the public `on_training_end(self)` (not the
     underscore hook) still runs, also after a stop between log points."""

@@ -749,11 +749,13 @@ class _Counter(BatchedEnv):
         self.num_envs, self.device, self.breaks = 2, torch.device("cpu"), breaks
         self.spec = EnvSpec("my-counter", (4,), gym.spaces.Discrete(2), max_episode_steps=8, reward_threshold=None)
         self.t = torch.zeros(2, dtype=torch.int64)
-        self.buffers, self.steps = [torch.ones(2, 4), torch.ones(2, 4)], 0
+        self.buffers, self.steps = [torch.ones(2, 4) for _ in range(5)], 0
+        self.never = torch.zeros(2, dtype=torch.bool)  # (a constant tensor returned every step: no break)
 
     def _obs(self):
         obs = (self.buffers[0] if self.breaks == "alias"
-               else self.buffers[self.steps % 2] if self.breaks == "two in turn" else torch.ones(2, 4))
+               else self.buffers[self.steps % 2] if self.breaks == "two in turn"
+               else self.buffers[self.steps % 4] if self.breaks == "four in turn" else torch.ones(2, 4))
         obs[:, 0] = self.t.float()
         return obs.double() if self.breaks == "float64" else obs
 
@@ -770,7 +772,7 @@ class _Counter(BatchedEnv):
         reward = torch.ones(2, 1) if self.breaks == "reward [N,1]" else torch.ones(2)
         flags = terminated.float() if self.breaks == "float flags" else terminated
         info = {} if self.breaks == "no final_obs" else {"final_obs": final}
-        return self._obs(), reward, flags, torch.zeros_like(flags), info
+        return self._obs(), reward, flags, (torch.zeros_like(flags) if self.breaks else self.never), info
 
 
 def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
@@ -787,11 +789,11 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
     on_cpu0 = _Counter()
     on_cpu0.device = torch.device("cpu:0")  # (its tensors on "cpu": the same device)
     rlspeed.PPO(on_cpu0, device="cpu", num_steps=16, batch_size=32).learn(32, progress_bar=False)
-    for breaks, message in [("alias", "returned observations in a tensor it returned on an earlier step"),
+    for breaks, message in [("alias", "wrote over observations it returned on an earlier step"),
                             # (DQN holds train_freq steps' tensors before storing them: these corrupted its replay)
-                            ("two in turn", "returned observations in a tensor it returned on an earlier step"),
-                            ("final_obs in place", r"returned info\['final_obs'\] in a tensor it returned on an "
-                                                   "earlier step"),
+                            ("two in turn", "wrote over observations it returned on an earlier step"),
+                            ("final_obs in place", r"wrote over info\['final_obs'\] it returned on an earlier step"),
+                            ("four in turn", "wrote over observations"),  # (DQN's train_freq 4 holds five steps')
                             ("reward [N,1]", r"rewards as torch.float32 \(2, 1\) on cpu, not torch.float32 \[2\]"),
                             ("float flags", "terminated as torch.float32"),
                             ("no final_obs", "no info\\['final_obs'\\]"),
@@ -825,6 +827,9 @@ def test_a_models_seed_seeds_an_env_passed_in():
 
     for make in (_Noisy, cartpoles):
         assert torch.equal(weights(make), weights(make))
+    holder = _Counter()
+    holder.env = "a variant"  # (an attribute of the user's own named `env`: not a wrapper to look inside)
+    rlspeed.PPO(holder, device="cpu", num_steps=16, batch_size=32, seed=0).learn(32, progress_bar=False)
     own_seed = rlspeed.make_env("CartPole-v1", num_envs=2, seed=7)
     rlspeed.PPO(own_seed, device="cpu", num_steps=16, batch_size=32, seed=0)
     assert own_seed._pending_seed == 7

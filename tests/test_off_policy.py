@@ -342,6 +342,17 @@ def test_resume_continues_the_epsilon_schedule_of_the_interrupted_run(tmp_path):
     assert seen[0] == pytest.approx(expected, abs=1e-6)
 
 
+def test_a_loaded_dqn_tells_the_exploration_rate_its_run_had(tmp_path):
+    """`DQN.epsilon(t)` (where SB3's `exploration_rate` points) of a loaded model gave exploration_initial_eps."""
+    model = DQN("CartPole-v1", seed=0, learning_starts=32, train_freq=8, batch_size=16, net_arch=(16,),
+                exploration_initial_eps=0.8, exploration_final_eps=0.02, exploration_fraction=0.5)
+    model.learn(256, progress_bar=False).save(tmp_path / "dqn")
+    loaded = DQN.load(tmp_path / "dqn")
+    for step in (0, 64, 200):
+        assert loaded.epsilon(step) == model.epsilon(step)
+    assert loaded.epsilon(200) == pytest.approx(0.02)
+
+
 def test_resume_continues_the_learning_rate_schedule_of_the_interrupted_run(tmp_path):
     """anneal_lr after a restart: the learning rate the uninterrupted run would have, not learning_rate again."""
     settings = dict(seed=0, learning_starts=64, train_freq=16, batch_size=32, net_arch=(16,), learning_rate=1e-3,

@@ -262,6 +262,21 @@ def test_per_member_learning_rate_applies():
     assert moved[1] < 1e-6 and moved[0] > 1e-3 and moved[2] > 1e-3
 
 
+@pytest.mark.parametrize("algo", ["ppo", "a2c"])
+def test_a_further_learn_call_starts_the_schedules_afresh_as_a_solo_runs_does(algo, monkeypatch):
+    """The second learn() of a PPO or A2C population went on with the first call's schedule (progress 0.5, 0.375,
+    ...) while a solo run's starts again at 1, as population.md says the members' do."""
+    population = Population(ALGORITHMS[algo], "CartPole-v1", seeds=[0, 1], anneal_lr=True,
+                            **({**SMALL, "n_epochs": 1} if algo == "ppo" else {"num_envs": 4, "num_steps": 8}))
+    seen = []
+    own = population._progress_remaining
+    monkeypatch.setattr(population, "_progress_remaining", lambda: seen.append(own()) or seen[-1])
+    steps = 4 * population.config.num_envs * population.config.num_steps
+    for _ in range(2):
+        population.learn(steps, progress_bar=False)
+    assert seen[0] == seen[len(seen) // 2] == 1.0 and seen[1] < 1.0
+
+
 def test_member_overrides_set_one_member():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], member_overrides=[{}, {"gamma": 0.9}], **SMALL)
     assert population.hyper["gamma"].tolist() == pytest.approx([0.99, 0.9])

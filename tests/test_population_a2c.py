@@ -188,7 +188,7 @@ def test_cli_trains_an_a2c_population(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["algo"] == "a2c" and summary["population"] == 3
     # (the shape of a single run's `update`: the implementation and the rule that chose it)
-    assert summary["update"] == {"implementation": "hand-derived", "reason": summary["update"]["reason"]}
-    assert "default" in summary["update"]["reason"]
+    assert set(summary["update"]) == {"implementation", "reason"}
+    assert summary["update"]["implementation"] == "hand-derived" and "default" in summary["update"]["reason"]
     assert [m["hyperparameters"]["rms_prop_eps"] for m in summary["members"]] == pytest.approx([1e-5, 1e-3, 1e-2])
     assert [[step for step, _ in m["curve"]] for m in summary["members"]] == [[40, 80]] * 3

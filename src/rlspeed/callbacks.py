@@ -39,6 +39,14 @@ class _Period:
         return True
 
 
+#: every column the training loop writes to metrics.csv (docs/cli.md's table), also where a row lacks it (a DQN loss
+#: before learning_starts, an evaluation's mean between evaluations): a callback's value never takes one of them over
+LOOP_COLUMNS = frozenset({
+    "timesteps", "train_wall_s", "sps", "episode_return", "success_rate", "eval_mean", "eval_success_rate",
+    "eval_confirm_mean", "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance", "loss",
+    "q_values", "epsilon", "critic_loss", "actor_loss", "alpha"})
+
+
 class MetricsRecorder:
     """`BaseCallback.logger`: Stable-Baselines3's `logger.record(key, value)` for a callback's own scalars. Recorded
     values go into the next metrics row the loop writes (metrics.csv, TensorBoard, `self.metrics` of later
@@ -70,11 +78,11 @@ class MetricsRecorder:
         """Nothing: the loop writes recorded values with its next metrics row."""
 
     def take(self, columns=()) -> dict[str, float]:
-        """The recorded values, cleared (the loop calls this when it writes a row); a key that is one of the row's own
-        `columns` (`timesteps`, `sps`, a loss, ...) comes back as `custom/<key>`, with a warning once per key, so a
-        callback's value never replaces the loop's."""
+        """The recorded values, cleared (the loop calls this when it writes a row); a key the loop writes
+        (`LOOP_COLUMNS`, or one of the row's own `columns` that no callback gave) comes back as `custom/<key>`, with
+        a warning once per key, so a callback's value never replaces the loop's."""
         values, self.values = self.values, {}
-        clashes = [key for key in values if key in columns and key not in self._given]
+        clashes = [key for key in values if key in LOOP_COLUMNS or (key in columns and key not in self._given)]
         for key in clashes:
             if key not in self._warned:
                 self._warned.add(key)

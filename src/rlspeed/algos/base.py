@@ -126,7 +126,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
     hints = typing.get_type_hints(config_cls)
     values = {}
-    for key, value in overrides.items():
+    # (auto_X last: it sets the value it names, ent_coef_init, whatever comes first, also over a saved config's)
+    for key, value in sorted(overrides.items(), key=lambda item: item[0] in AUTO_VALUES):
         refused = getattr(config_cls, "refused", {})
         if key in refused:
             raise UserError(f"'{key}' is not an option of {config_cls.__name__}: {refused[key]}.")
@@ -695,6 +696,9 @@ class Algorithm:
         self.obs_rms: RunningMeanStd | None = None
         self.return_rms: RunningMeanStd | None = None  # reward normalisation's statistics (saved, for resuming)
         self.num_timesteps = 0
+        # the schedules' span (`_progress_remaining`): set by learn, or by `load` to where the saved run's stood
+        self._learn_start: int | None = None
+        self._schedule_end: int | None = None
         self._saved_with_action_masks = False  # (`load`: the file's run trained with action masks)
         self.result = LearnResult()
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
@@ -905,12 +909,12 @@ class Algorithm:
                                  backend=self.env_backend, normalize_obs=normalize_obs,
                                  normalize_reward=normalize_reward,
                                  gamma=getattr(cfg, "gamma", 0.99), **self.spec.env_kwargs)
-            # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
-            # iteration (`_sync_statistics`).
-            self._synced_stats = [rms for rms in (getattr(self._env, name, None) for name, _ in _STATISTICS)
-                                  if rms is not None and self.strategy.enabled]
-            for rms in self._synced_stats:
-                rms.reduce = self.strategy.all_reduce_sum
+        # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
+        # iteration (`_sync_statistics`); also those of a normalising env passed in.
+        self._synced_stats = [rms for rms in (getattr(self._env, name, None) for name, _ in _STATISTICS)
+                              if rms is not None and self.strategy.enabled]
+        for rms in self._synced_stats:
+            rms.reduce = self.strategy.all_reduce_sum
         # The env's observation statistics (built here, or a normalising env passed in) are the model's: predict,
         # evaluate and save use them. Saved statistics (load, resume) seed the env's, which then carry on.
         self._adopt_statistics()
@@ -1046,7 +1050,8 @@ class Algorithm:
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
             asked = "target_return" if target_return is not None else "eval_freq"
             raise UserError(f"learn({asked}=...) evaluates on fresh envs made from the env id, and "
-                            f"'{self.env_id}' (the env passed in) is no id rlspeed can make an env of: evaluate on "
+                            f"'{self.env_id}' (an env built and passed in) is no id rlspeed can make an env of: "
+                            "evaluate on "
                             "an env you build with callback=EvalCallback(eval_env"
                             + (", callback_on_new_best=StopTrainingOnRewardThreshold(target)" if target_return
                                is not None else "") + ") from rlspeed.callbacks (an env of your own can also be "
@@ -1506,7 +1511,7 @@ class Algorithm:
                     "action_space": space_to_json(self.spec.action_space),
                     "max_episode_steps": self.spec.max_episode_steps, "env_kwargs": recorded_env_kwargs(self.spec),
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
-                    "schedule": ([self._learn_start, self._schedule_end] if hasattr(self, "_schedule_end")
+                    "schedule": ([self._learn_start, self._schedule_end] if self._schedule_end is not None
                                  else None),
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
@@ -1586,6 +1591,8 @@ class Algorithm:
                 warnings.warn(sentence, UnusedSettingWarning, stacklevel=2)
         model.seed = meta.get("seed")
         model.num_timesteps = meta.get("num_timesteps", 0)
+        if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
+            model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
         model._restore(tensors, meta, path)
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))

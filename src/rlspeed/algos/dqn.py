@@ -145,7 +145,7 @@ class DQN(OffPolicyAlgorithm):
         """Linear schedule from exploration_initial_eps to exploration_final_eps over exploration_fraction of the
         current learn() call (a host float from host step counts: no device read)."""
         cfg = self.config
-        if not hasattr(self, "_schedule_end"):  # (before learn: no schedule yet, the value it starts from)
+        if self._schedule_end is None:  # (before learn: no schedule yet, the value it starts from)
             return cfg.exploration_initial_eps
         span = cfg.exploration_fraction * max(self._schedule_end - self._learn_start, 1)
         progress = min((timesteps - self._learn_start) / span, 1.0)

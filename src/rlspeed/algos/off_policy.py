@@ -48,7 +48,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
-from rlspeed.envs.base import observation_layout
+from rlspeed.envs.base import check_steps_held, observation_layout
 from rlspeed.errors import UserError
 from rlspeed.nn import ENCODERS, QEnsemble, default_init_, encoder_from_config, to_device
 
@@ -294,6 +294,7 @@ class OffPolicyAlgorithm(Algorithm):
         require(cfg.buffer_size >= env.num_envs,
                 f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
         discrete = self.spec.discrete
+        check_steps_held(env, cfg.train_freq + 1)  # (a collection's steps' tensors are held until it ends)
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         space = self.spec.observation_space
         obs_bytes = layout_nbytes(observation_layout(space))

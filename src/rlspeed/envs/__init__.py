@@ -295,22 +295,21 @@ def normalised(env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gam
 
 def remakeable(env_id: str) -> bool:
     """Whether `make_env` can make envs of `env_id` (a registered Gymnasium id, once its module is imported for a
-    `module:EnvId` id, or a native env's), judged from the registry alone without making one: not the id of an env a
-    user built and passed in."""
-    try:
-        gym_spec(import_env_module(env_id))
-    except UserError:
-        return env_id in NATIVE_ENVS
-    return True
+    `module:EnvId` id and its family's or Atari's envs registered, or a native env's), judged from the registry alone
+    without making one: not the id of an env a user built and passed in. A package the id needs and lacks is the
+    UserError saying what to install, not False."""
+    env_id = import_env_module(env_id)
+    _check_registered(env_id)
+    return env_id in gym.registry or env_id in NATIVE_ENVS
 
 
 def seeded(env: BatchedEnv, seed: int | None) -> BatchedEnv:
     """`env` (passed to a model with `seed=`) seeded by `seed` on its next reset, unless `make_env` gave it a seed: its
     `SeedOnFirstReset` takes the seed, or one is added outermost (a batched env of the user's own)."""
     inner = env
-    while inner is not None and not isinstance(inner, SeedOnFirstReset):
-        inner = inner.__dict__.get("env")
-    if inner is None:
+    while isinstance(inner, EnvWrapper) and not isinstance(inner, SeedOnFirstReset):
+        inner = inner.__dict__.get("env")  # (rlspeed's wrappers only: a user's env may hold anything as `env`)
+    if not isinstance(inner, SeedOnFirstReset):
         return SeedOnFirstReset(env, seed)
     inner.seed_unless_given(seed)
     return env

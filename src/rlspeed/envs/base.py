@@ -449,11 +449,14 @@ class ContractCheck(EnvWrapper):
     """A batched env of the user's own (not one `make_env` made), checked against the contract of `BatchedEnv` on
     its first reset and its first `CHECKED_STEPS` steps: tensors on its device, observations `[N, ...]` (a Dict
     space's: a dict of its keys) in the observation space's dtype, float32 rewards `[N]`, bool `terminated` and
-    `truncated` `[N]`, `info["final_obs"]` laid out as the observations, and fresh tensors each step (an env writing
-    every step into one tensor, or a few in turn, would hand the learner its next observation as the previous one, and
-    the off-policy algorithms keep several steps' tensors before storing them). A break is one UserError naming it,
-    instead of an error from deep inside training or, worse, training on wrong data. Later steps go through
-    unchecked."""
+    `truncated` `[N]`, `info["final_obs"]` laid out as the observations, and no tensor of an earlier step written
+    over (an env writing every step into one tensor, or a few in turn, would hand the learner its next observation as
+    the previous one, and the off-policy algorithms keep several steps' tensors before storing them; a constant tensor
+    returned again, never written, is fine). A break is one UserError naming it, instead of an error from deep inside
+    training or, worse, training on wrong data. Later steps go through unchecked.
+
+    `checked_steps` (at least `CHECKED_STEPS`) may be raised by the model before training: to the steps whose tensors
+    it holds at once (an off-policy collection's)."""
 
     CHECKED_STEPS = 3
 
@@ -461,8 +464,10 @@ class ContractCheck(EnvWrapper):
         super().__init__(env)
         self.device = torch.device(env.device)  # (an env may name its device as a string)
         self._steps = 0
-        # the tensors the checked steps returned, by storage address (held: a freed tensor's address may be reused)
-        self._held: dict[int, tuple[str, torch.Tensor]] = {}
+        self.checked_steps = self.CHECKED_STEPS
+        # the tensors the checked steps returned, by storage address (held: a freed tensor's address may be reused),
+        # each with a copy of what it held then
+        self._held: dict[int, tuple[str, torch.Tensor, torch.Tensor]] = {}
         self._layout = observation_layout(env.spec.observation_space)
 
     def _refuse(self, what: str) -> None:
@@ -504,14 +509,14 @@ class ContractCheck(EnvWrapper):
         obs, info = self.env.reset(seed=seed)
         if self._steps == 0:
             self._check_obs(obs, "reset()")
-            self._held = {tensor.data_ptr(): ("observations", tensor)
-                          for tensor in (obs.values() if isinstance(obs, dict) else [obs])}
+            self._held = {}
+            self._hold({"observations": obs})
         return obs, info
 
     def step(self, actions: torch.Tensor):
         """Step the inner env; its first `CHECKED_STEPS` steps are checked."""
         obs, reward, terminated, truncated, info = self.env.step(actions)
-        if self._steps < self.CHECKED_STEPS:
+        if self._steps < self.checked_steps:
             self._steps += 1
             self._check_obs(obs, "step()")
             self._check_flags(reward, "rewards", torch.float32)
@@ -525,18 +530,40 @@ class ContractCheck(EnvWrapper):
             returned = {"observations": obs, "rewards": reward, "terminated": terminated, "truncated": truncated}
             if final is not obs:  # (a step where no row finished may hand `obs` itself as final_obs)
                 returned["info['final_obs']"] = final
-            now = {}
-            for name, value in returned.items():
-                for tensor in (value.values() if isinstance(value, dict) else [value]):
-                    now.setdefault(tensor.data_ptr(), (name, tensor))
-            again = [name for ptr, (name, tensor) in now.items() if ptr in self._held and tensor.numel()]
-            if again:
-                self._refuse(f"returned {again[0]} in a tensor it returned on an earlier step (written in place): "
-                             "return fresh tensors each step, since the learner keeps earlier steps' tensors")
-            self._held.update(now)
-            if self._steps == self.CHECKED_STEPS:
+            # an earlier step's tensor whose values changed was written over (a constant one returned again is not)
+            written = [name for name, tensor, then in self._held.values() if not _unchanged(tensor, then)]
+            if written:
+                self._refuse(f"wrote over {written[0]} it returned on an earlier step (in place): return fresh "
+                             "tensors each step, since the learner keeps earlier steps' tensors")
+            self._hold(returned)
+            if self._steps == self.checked_steps:
                 self._held.clear()
         return obs, reward, terminated, truncated, info
+
+    def _hold(self, returned: dict) -> None:
+        """Keep the tensors of one step (name -> tensor, or a dict of them) with a copy of their values."""
+        for name, value in returned.items():
+            items = value.items() if isinstance(value, dict) else [("", value)]
+            for key, tensor in items:
+                if tensor.data_ptr() not in self._held:
+                    label = f"{name} [{key!r}]" if key else name
+                    self._held[tensor.data_ptr()] = (label, tensor, tensor.clone())
+
+
+def check_steps_held(env: BatchedEnv, steps: int) -> None:
+    """Have the contract check of a batched env of the user's own (where `env` has one) cover `steps` steps whose
+    tensors the model holds at once."""
+    while isinstance(env, EnvWrapper) and not isinstance(env, ContractCheck):
+        env = env.__dict__.get("env")
+    if isinstance(env, ContractCheck):
+        env.checked_steps = max(env.checked_steps, int(steps))
+
+
+def _unchanged(tensor: torch.Tensor, then: torch.Tensor) -> bool:
+    """Whether `tensor` holds the values `then` copied (NaN where NaN was: the NaN checks come after)."""
+    if tensor.is_floating_point():
+        return torch.allclose(tensor, then, rtol=0.0, atol=0.0, equal_nan=True)
+    return torch.equal(tensor, then)
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -277,7 +277,7 @@ def reward_wrappers(env) -> list[str]:
     """The names of the reward-changing wrappers (`REWARD_WRAPPERS`) around a vector env and around the envs inside
     it (a `SyncVectorEnv`'s walked, an `AsyncVectorEnv`'s read from their `str()`, which names every wrapper),
     outermost first, each once."""
-    changers, seen = [], set()
+    changers, seen, later = [], set(), []
 
     def add(names) -> None:
         changers.extend(name for name in names if name in REWARD_WRAPPERS and name not in changers)
@@ -288,8 +288,7 @@ def reward_wrappers(env) -> list[str]:
         inner = getattr(env, "env", None)
         envs = getattr(env, "envs", None)
         if inner is None and isinstance(envs, (list, tuple)) and envs:
-            for other in envs[1:]:  # (envs made unlike each other: any one's wrappers change what is summed)
-                add(reward_wrappers(other))
+            later = envs[1:]  # (envs made unlike each other: any one's wrappers change what is summed)
             inner = envs[0]
         elif inner is None and isinstance(env, gym.vector.AsyncVectorEnv):
             try:
@@ -299,6 +298,8 @@ def reward_wrappers(env) -> list[str]:
             for text in described:
                 add(re.findall(r"<(\w+)", str(text)))
         env = inner
+    for other in later:
+        add(reward_wrappers(other))
     return changers
 
 

@@ -248,7 +248,7 @@ class PPOPopulation(PopulationBase):
 
     # --- training ----------------------------------------------------------------------------------------------
     def _progress_remaining(self) -> float:
-        return progress_remaining(self.num_timesteps, 0, self._total_timesteps)
+        return progress_remaining(self.num_timesteps, getattr(self, "_schedule_start", 0), self._total_timesteps)
 
     def _rollout_storage(self, size: int, obs_dim: int, action_shape: tuple[int, ...]
                          ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
@@ -648,9 +648,11 @@ class PPOPopulation(PopulationBase):
 
     # --- what `PopulationBase.learn` asks of a population ---------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:
-        # the learning-rate and clip schedules' end: this call's, or right after `resume` the resumed run's where
-        # that is later
+        # the learning-rate and clip schedules' span: this call's (a further call starts them afresh, as a solo run's
+        # does), or right after `resume` the resumed run's (its end where that is later)
         resumed_end, self._resumed_schedule_end = getattr(self, "_resumed_schedule_end", None), None
+        resumed_start, self._resumed_schedule_start = getattr(self, "_resumed_schedule_start", None), None
+        self._schedule_start = self.num_timesteps if resumed_start is None else resumed_start
         self._total_timesteps = max(self.num_timesteps + total_timesteps, resumed_end or 0)
 
     # --- checkpoints (see `PopulationBase.save`) ----------------------------------------------------------------
@@ -666,7 +668,8 @@ class PPOPopulation(PopulationBase):
         # the next learn call sets its own
         in_learn = self.progress is not None
         return tensors, {"adam_steps": self._adam_steps,
-                         "schedule_end": getattr(self, "_total_timesteps", None) if in_learn else None}
+                         "schedule_end": getattr(self, "_total_timesteps", None) if in_learn else None,
+                         "schedule_start": getattr(self, "_schedule_start", None) if in_learn else None}
 
     def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         def take(name: str, like: torch.Tensor) -> torch.Tensor:
@@ -683,6 +686,8 @@ class PPOPopulation(PopulationBase):
         self._adam_steps = int(values["adam_steps"])
         end = values.get("schedule_end")
         self._resumed_schedule_end = None if end is None else int(end)
+        # (checkpoints written before the start was saved: their runs' schedules started at 0)
+        self._resumed_schedule_start = None if end is None else int(values.get("schedule_start") or 0)
 
     def _member_checkpoint(self, k: int) -> dict[str, torch.Tensor]:
         return {f"policy.{name}": value for name, value in self.member_state(k).items()}
