@@ -198,6 +198,7 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
     assert rlspeed.SAC("Pendulum-v1", device="cpu", net_arch={"pi": [64], "qf": [64]}).config.net_arch == (64,)
     refusals = [(rlspeed.PPO, "CartPole-v1", {"net_arch": dict(pi=[64], vf=[32])}, "one list of layer widths"),
                 (rlspeed.DQN, "CartPole-v1", {"train_freq": (1, "episode")}, "no per-episode training frequency"),
+                (rlspeed.DQN, "CartPole-v1", {"train_freq": (4, "steps")}, r"its unit is .step."),
                 (rlspeed.SAC, "Pendulum-v1", {"replay_buffer_class": object}, "HerReplayBuffer"),
                 (rlspeed.PPO, "CartPole-v1", {"target_kl": 0.01}, "lower n_epochs"),
                 (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 1}, "after every gradient step"),

@@ -181,9 +181,14 @@ def test_eval_callback_saves_the_best_model_and_it_reproduces_its_score(tmp_path
     model = _ppo()
     callback = EvalCallback(n_eval_episodes=3, eval_freq=2 * STEPS_PER_ITERATION,
                             best_model_save_path=tmp_path / "best", log_path=tmp_path / "logs", verbose=0)
-    model.learn(8 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    model.learn(8 * STEPS_PER_ITERATION, callback=callback, progress_bar=False, run_dir=tmp_path / "run",
+                log_interval_s=0)
     assert callback.evaluations_timesteps == [STEPS_PER_ITERATION * i for i in (2, 4, 6, 8)]
     means = [float(np.mean(returns)) for returns in callback.evaluations_results]
+    # each evaluation's mean reaches metrics.csv as Stable-Baselines3's eval/mean_reward (the row after it)
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    logged_means = [float(row["eval/mean_reward"]) for row in rows if row["eval/mean_reward"]]
+    assert logged_means == pytest.approx(means)
     assert callback.best_mean_reward == pytest.approx(max(means))
     best = PPO.load(tmp_path / "best" / "best_model.safetensors", device="cpu")
     again = evaluate(best, episodes=3, seed=callback.best_eval_seed, backend=best.env_backend)
@@ -393,17 +398,23 @@ def test_stable_baselines3_callback_examples_run_as_written(tmp_path):
         EvalCallback(render=True)
 
 
+class _Clobber(BaseCallback):
+    """Records -1 under `key` at every step."""
+
+    def __init__(self, key: str):
+        super().__init__()
+        self.key = key
+
+    def _on_step(self):
+        self.logger.record(self.key, -1.0)
+        return True
+
+
 def test_a_recorded_value_named_as_a_loop_column_does_not_replace_it(tmp_path):
     """`logger.record("timesteps", ...)` replaced the loop's own step count in metrics.csv (and a loss column likewise):
     such a key goes to `custom/<key>`, with a warning once."""
-
-    class Clobber(BaseCallback):
-        def _on_step(self):
-            self.logger.record("timesteps", -1)
-            return True
-
     with pytest.warns(UserWarning, match="'timesteps' is a column the training loop writes itself"):
-        _ppo().learn(3 * STEPS_PER_ITERATION, callback=Clobber(), progress_bar=False, log_interval_s=0,
+        _ppo().learn(3 * STEPS_PER_ITERATION, callback=_Clobber("timesteps"), progress_bar=False, log_interval_s=0,
                      run_dir=tmp_path)
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert [int(float(row["timesteps"])) for row in rows] == [STEPS_PER_ITERATION * i for i in (1, 2, 3)]
@@ -413,14 +424,8 @@ def test_a_recorded_value_named_as_a_loop_column_does_not_replace_it(tmp_path):
 def test_a_loop_column_missing_from_some_rows_is_not_taken_over_by_a_callback(tmp_path):
     """A key the loop writes on some rows only (eval_mean between evaluations, DQN's loss before learning_starts)
     was the callback's column from its first row on: its values replaced the loop's, without a warning."""
-
-    class Clobber(BaseCallback):
-        def _on_step(self):
-            self.logger.record("eval_mean", -1.0)
-            return True
-
     with pytest.warns(UserWarning, match="'eval_mean' is a column the training loop writes itself"):
-        _ppo().learn(4 * STEPS_PER_ITERATION, callback=Clobber(), progress_bar=False, log_interval_s=0,
+        _ppo().learn(4 * STEPS_PER_ITERATION, callback=_Clobber("eval_mean"), progress_bar=False, log_interval_s=0,
                      eval_freq=2 * STEPS_PER_ITERATION, eval_episodes=2, run_dir=tmp_path)
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     evaluations = [float(row["eval_mean"]) for row in rows if row["eval_mean"]]
@@ -476,3 +481,13 @@ def test_a_wrapped_callback_gets_the_row_written_after_a_stop():
     model.learn(4 * STEPS_PER_ITERATION, progress_bar=False, log_interval_s=1e9,
                 callback=[EveryNTimesteps(1, AtEnd()), lambda local: calls.append(1) or len(calls) < 2])
     assert seen == [2 * STEPS_PER_ITERATION]
+
+
+@pytest.mark.parametrize("member, advice", [("name_to_value", "logger.values"), ("get_dir", "run_dir"),
+                                            ("info", "print")])
+def test_stable_baselines3_logger_members_say_what_to_use_instead(member, advice):
+    from rlspeed.callbacks import MetricsRecorder
+
+    with pytest.raises(AttributeError, match=f"logger.{member} is Stable-Baselines3's; .*{advice}"):
+        getattr(MetricsRecorder(), member)
+    assert not hasattr(MetricsRecorder(), "no_such_member")

@@ -47,6 +47,15 @@ LOOP_COLUMNS = frozenset({
     "q_values", "epsilon", "critic_loss", "actor_loss", "alpha"})
 
 
+_PRINT = "print, or Python's logging module, writes text (rlspeed's logger holds a metrics row's numbers)"
+#: Stable-Baselines3 Logger members rlspeed's logger lacks, with what to use instead
+_SB3_LOGGER_MEMBERS = {
+    "name_to_value": "the values recorded since the last metrics row are `logger.values`",
+    "get_dir": "the run directory is the one given to learn(run_dir=...) (rlspeed train: --out)",
+    "output_formats": "rlspeed writes metrics.csv and TensorBoard logs in the run directory (and W&B with --track)",
+    "log": _PRINT, "info": _PRINT, "warn": _PRINT, "debug": _PRINT, "error": _PRINT}
+
+
 class MetricsRecorder:
     """`BaseCallback.logger`: Stable-Baselines3's `logger.record(key, value)` for a callback's own scalars. Recorded
     values go into the next metrics row the loop writes (metrics.csv, TensorBoard, `self.metrics` of later
@@ -76,6 +85,13 @@ class MetricsRecorder:
 
     def dump(self, step: int = 0) -> None:
         """Nothing: the loop writes recorded values with its next metrics row."""
+
+    def __getattr__(self, name: str):
+        # (only for names not found: Stable-Baselines3's Logger members say what rlspeed has instead)
+        advice = _SB3_LOGGER_MEMBERS.get(name)
+        if advice is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        raise AttributeError(f"logger.{name} is Stable-Baselines3's; {advice}.")
 
     def take(self, columns=()) -> dict[str, float]:
         """The recorded values, cleared (the loop calls this when it writes a row); a key the loop writes
@@ -521,12 +537,16 @@ class EvalCallback(BaseCallback):
         self.evaluations_timesteps.append(self.num_timesteps)
         self.evaluations_results.append(result["returns"])
         self.evaluations_length.append(result["lengths"])
+        # (as Stable-Baselines3's EvalCallback logs them: columns of the next metrics row, and of W&B's)
+        self.logger.record("eval/mean_reward", result["mean"])
+        self.logger.record("eval/mean_ep_length", float(np.mean(result["lengths"])))
         success = ""
         if "successes" in result:
             self.evaluations_successes.append(result["successes"])
             self.last_success_rate = result.get("success_rate")
             if self.last_success_rate is not None:
                 success = f", success rate {self.last_success_rate:.0%}"
+                self.logger.record("eval/success_rate", self.last_success_rate)
         if self.log_path is not None:
             successes = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
             np.savez(self.log_path / "evaluations.npz", timesteps=np.array(self.evaluations_timesteps),

@@ -71,7 +71,8 @@ SB3_KEYWORDS = {
                      "log_std_init=..., n_critics=..., lstm_hidden_size=...)",
     "verbose": "learn(progress_bar=False) silences training (its progress bar is all it prints), and "
                "learn(run_dir=...) writes the metrics",
-    "tensorboard_log": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv there (rlspeed train: --out DIR)",
+    "tensorboard_log": "learn(run_dir=DIR) writes metrics.csv there, and TensorBoard logs where the tensorboard "
+                       "package is installed (rlspeed train: --out DIR)",
     "create_eval_env": "evaluation uses a separate env already (learn(target_return=...), rlspeed.evaluate)",
     "_init_setup_model": "rlspeed builds the model when it is made",
     "policy": "rlspeed builds the networks from the env's spaces: write Algo(env, ...) without a policy (net_arch=..., "
@@ -158,9 +159,12 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                     "(auto_0.1), or a number.") from None
             continue
         if key == "train_freq" and isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], str):
-            if value[1] != "step":  # SB3's (n, "step") / (n, "episode")
+            if value[1] == "episode":  # SB3's (n, "step") / (n, "episode")
                 raise UserError(f"train_freq={tuple(value)!r}: rlspeed's train_freq counts env steps (per env); "
                                 "there is no per-episode training frequency, give a number of steps.")
+            if value[1] != "step":
+                raise UserError(f"train_freq={tuple(value)!r}: its unit is 'step' (or SB3's 'episode', which rlspeed "
+                                f"has not); give ({value[0]}, 'step') or the number {value[0]}.")
             value = value[0]
         if key == "net_arch" and isinstance(value, (list, tuple)) and any(isinstance(v, dict) for v in value):
             if len(value) != 1:  # SB3 1.x: [shared widths..., dict(pi=[...], vf=[...])]
@@ -512,7 +516,8 @@ SB3_LEARN_KEYWORDS = {
                            "that call's steps: for one schedule over several calls, give the whole budget to one "
                            "learn call and stop it from a callback",
     "log_interval": "learn(log_interval_s=...) sets how often (in seconds) metrics are read and logged",
-    "tb_log_name": "learn(run_dir=DIR) writes TensorBoard logs and metrics.csv in DIR",
+    "tb_log_name": "learn(run_dir=DIR) writes metrics.csv in DIR, and TensorBoard logs where the tensorboard package "
+                   "is installed",
     "eval_env": "learn(target_return=..., eval_freq=..., eval_episodes=...) evaluates on a separate env, or use "
                 "rlspeed.callbacks.EvalCallback(eval_env)",
     "verbose": SB3_KEYWORDS["verbose"],

@@ -42,7 +42,9 @@ _REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, d
 
 @dataclass
 class RecurrentPPOConfig(PPOConfig):
-    """RecurrentPPO hyperparameters: PPO's (`PPOConfig`) plus the LSTM's size. Defaults are sb3-contrib's.
+    """RecurrentPPO hyperparameters: PPO's (`PPOConfig`) plus the LSTM's size. `num_steps`, `batch_size` and the LSTM's
+    size default to sb3-contrib's; the others are PPO's (`num_envs=8`, `anneal_lr=True`, where sb3-contrib keeps the
+    rate constant and trains on the envs it is given).
 
     `net_arch` is the MLP head after each LSTM (actor and critic alike). `batch_size` counts steps, as in PPO, and
     must be a multiple of `num_steps`: a minibatch is `batch_size / num_steps` whole env columns.
