@@ -514,11 +514,47 @@ def test_a_replay_buffer_too_big_for_memory_is_refused_with_what_fits(monkeypatc
         ReplayBuffer(fits + 4, 4, shape, (), torch.int64, "cpu")
 
 
+def test_the_frame_layouts_largest_buffer_that_fits_is_accepted(monkeypatch):
+    """For Atari frame stacks the size said to fit was refused again (bytes per row at the asked capacity left out
+    the pool's frames beyond one per row)."""
+    from rlspeed.buffers import replay
+
+    budget = 64 * 2**20
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device: budget)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    with pytest.raises(UserError, match=r"largest replay buffer that fits is ([\d,]+) transitions") as info:
+        replay.FrameStackReplayBuffer(1_000_000, 8, frames, (), torch.int64, "cpu", n_step=3)
+    fits = int(info.value.args[0].split("fits is ")[1].split(" ")[0].replace(",", ""))
+    buffer = replay.FrameStackReplayBuffer(fits, 8, frames, (), torch.int64, "cpu", n_step=3)
+    assert 0.75 * budget < buffer.nbytes <= 0.8 * budget
+    with pytest.raises(UserError, match="needs"):
+        replay.FrameStackReplayBuffer(fits + 8, 8, frames, (), torch.int64, "cpu", n_step=3)
+
+
 def test_host_memory_is_read_from_the_system():
     from rlspeed.buffers.replay import available_memory_bytes
 
     available = available_memory_bytes(torch.device("cpu"))
     assert available is None or available > 0
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_host_memory_is_no_more_than_a_containers_memory_limit_leaves(monkeypatch, tmp_path, version):
+    """A container's memory limit (cgroup v1 or v2) was not read: a buffer sized against the host's MemAvailable was
+    accepted, then the container was OOM-killed while zero-filling it."""
+    from rlspeed.buffers import replay
+
+    files = ({"memory.max": "1073741824", "memory.current": "536870912", "memory.stat": "inactive_file 134217728\n"}
+             if version == 2 else
+             {"memory/memory.limit_in_bytes": "1073741824", "memory/memory.usage_in_bytes": "536870912",
+              "memory/memory.stat": "cache 1\ntotal_inactive_file 134217728\n"})
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(replay, "CGROUP_ROOT", str(tmp_path))
+    assert replay.available_memory_bytes(torch.device("cpu")) == 2**30 - (2**29 - 2**27)  # (page cache reclaimable)
+    (tmp_path / next(iter(files))).write_text("max" if version == 2 else str(2**63 - 4096))  # no limit
+    assert replay.available_memory_bytes(torch.device("cpu")) > 2**30 - (2**29 - 2**27)
 
 
 def test_sm3_from_gmssl_equals_openssl_s(monkeypatch, tmp_path):

@@ -28,6 +28,7 @@ fit in the host's available memory either, it refuses with the largest capacity 
 from __future__ import annotations
 
 import collections
+import os
 import warnings
 from collections.abc import Callable
 
@@ -46,16 +47,55 @@ REPLAY_MEMORY_SHARE = 0.8
 def available_memory_bytes(device: torch.device) -> int | None:
     """Memory that `device` can still give, in bytes, or None when it cannot tell: the device's free memory
     (`torch.cuda.mem_get_info` and its kin), and for the host Linux's MemAvailable (free memory plus what the kernel
-    can reclaim: page cache), else the free physical pages."""
+    can reclaim: page cache), else the free physical pages; on the host, no more than this process's memory cgroup
+    (a container's limit: Docker's --memory, Kubernetes' limits) has left."""
     if device.type == "cpu":
+        available = None
         try:
             with open("/proc/meminfo") as handle:
                 for line in handle:
                     if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
+                        available = int(line.split()[1]) * 1024
+                        break
         except (OSError, ValueError, IndexError):
             pass
+        if available is None:
+            available = free_memory_bytes(device)
+        limited = _cgroup_available_bytes()
+        return limited if available is None else available if limited is None else min(available, limited)
     return free_memory_bytes(device)
+
+
+#: where Linux mounts the cgroup hierarchies (a test points it elsewhere)
+CGROUP_ROOT = "/sys/fs/cgroup"
+_NO_LIMIT = 2**60  # (cgroup v1 writes "no limit" as a page-rounded 2**63 - 1)
+
+
+def _cgroup_available_bytes() -> int | None:
+    """What the memory cgroup's limit leaves (limit - usage, page cache it can reclaim not counted as used), or None
+    without a limit: cgroup v2's memory.max / memory.current, else v1's memory.limit_in_bytes / usage_in_bytes."""
+    for limit_file, usage_file, stat_file, reclaimable in (
+            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+             "total_inactive_file")):
+        try:
+            with open(os.path.join(CGROUP_ROOT, limit_file)) as handle:
+                text = handle.read().strip()
+            if text == "max" or int(text) >= _NO_LIMIT:
+                return None
+            limit = int(text)
+            with open(os.path.join(CGROUP_ROOT, usage_file)) as handle:
+                usage = int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+        try:
+            with open(os.path.join(CGROUP_ROOT, stat_file)) as handle:
+                stats = dict(line.split() for line in handle if line.strip())
+            usage -= int(stats.get(reclaimable, 0))
+        except (OSError, ValueError):
+            pass
+        return max(limit - usage, 0)
+    return None
 
 
 def _split(value: torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor], size: int) -> list:
@@ -167,7 +207,7 @@ class ReplayBuffer:
                               f"free memory ({free / 2**30:.2f} GiB): keeping it in pinned host memory.",
                               stacklevel=2)
         self.storage_device = torch.device(storage_device)
-        self._check_fits(self.bytes_per_transition)
+        self._check_fits()
         self._pin = self.storage_device.type == "cpu" and self.device.type != "cpu" and torch.cuda.is_available()
         # host storage feeding an accelerator: samples (and the frame layout's new frames) go through reused staging
         self._staging = (_HostStaging(self.device, self._pin)
@@ -213,14 +253,23 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
-    def _check_fits(self, bytes_per_row: float) -> None:
+    def _nbytes_at(self, capacity: int) -> int:
+        """The bytes this layout would take at another `capacity` (the dense layout: the same bytes per row)."""
+        return int(capacity * self.bytes_per_transition)
+
+    def _check_fits(self) -> None:
         """UserError, with the largest capacity that fits, when the storage needs more than the share of the storage
         device's available memory that a buffer may take (allocating it anyway fails later, or is killed)."""
         free = available_memory_bytes(self.storage_device)
         if free is None or self.nbytes <= REPLAY_MEMORY_SHARE * free:
             return
         budget = int(REPLAY_MEMORY_SHARE * free)
-        fits = max(int(budget // bytes_per_row) // self.num_envs * self.num_envs, 0)
+        # (bytes per row and bytes whatever the capacity: the frame layouts' pool holds frames beyond one per row)
+        fixed = self._nbytes_at(0)
+        per_row = max((self._nbytes_at(16 * self.num_envs) - fixed) / (16 * self.num_envs), 1e-9)
+        fits = max(int(max(budget - fixed, 0) // per_row) // self.num_envs * self.num_envs, 0)
+        while fits >= self.num_envs and self._nbytes_at(fits) > budget:  # (a whole number of frames: round down)
+            fits -= self.num_envs
         where = "host memory" if self.storage_device.type == "cpu" else f"{self.storage_device}'s free memory"
         advice = (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
                   f"line --set buffer_size={fits})" if fits >= self.num_envs
@@ -530,8 +579,11 @@ class FrameStackReplayBuffer(ReplayBuffer):
         return (cls.planned_nbytes(16, num_envs, observation, action_bytes, n_step, mask_size) - fixed) / 16, fixed
 
     def _storage_bytes(self, layout) -> int:
-        return self._layout_bytes(self.capacity, self.pool_size, self.stack,
-                                  _bytes(self._frame_shape, self._frame_dtype), self._row_bytes)
+        return self._nbytes_at(self.capacity)
+
+    def _nbytes_at(self, capacity: int) -> int:
+        return self._layout_bytes(capacity, self.pool_frames(capacity, self.num_envs, self.stack, self.n_step),
+                                  self.stack, _bytes(self._frame_shape, self._frame_dtype), self._row_bytes)
 
     def _allocate_observations(self, layout) -> None:
         # `obs` and `next_obs` hold pool indices; `frames` the pool
