@@ -56,8 +56,11 @@ def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
     model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
     model.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
     model.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
-    steps = [float(r["timesteps"]) for r in read_rows(tmp_path / "metrics.csv")]
+    rows = read_rows(tmp_path / "metrics.csv")
+    steps = [float(r["timesteps"]) for r in rows]
     assert min(steps) <= 256 < max(steps) and steps == sorted(steps)
+    clock = [float(r["train_wall_s"]) for r in rows]  # (the second call's rows went back to 0)
+    assert clock == sorted(clock) and clock[-1] > model._loop["train_wall_s"]  # (summary.json's: this call's)
 
 
 def test_the_plot_leaves_matplotlib_s_backend_alone(tmp_path):

@@ -1102,6 +1102,11 @@ class Algorithm:
         # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's
         run_start = int(saved_loop.get("run_start", self.num_timesteps))
         clock_offset = float(saved_loop.get("train_wall_s", 0.0)) if resume is not None else 0.0
+        # metrics.csv's clock column goes on over further learn() calls of one model, as its step count does (their
+        # training time before this call's run_start; the clock of summary.json and time_to_target_s is the run's)
+        earlier = (saved_loop if resume is not None else self._loop) if self.num_timesteps else {}
+        clock_before = float(earlier.get("clock_before", 0.0)) + (
+            float(earlier.get("train_wall_s", 0.0)) if resume is None else 0.0)
         start_steps = self.num_timesteps
         # the resumed run's next evaluation and checkpoint, where they follow the same frequencies
         next_eval = self.num_timesteps + eval_freq
@@ -1114,7 +1119,8 @@ class Algorithm:
                 next_checkpoint = int(saved_loop["next_checkpoint"])
         self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
                       "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
-                      "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None}
+                      "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None,
+                      "clock_before": clock_before}
         guarded = self._guarded_tensors() if self._numerics.enabled else {}
         if self._numerics.enabled:
             self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
@@ -1198,7 +1204,8 @@ class Algorithm:
                     train_clock += now - clock_start
                     sps = (self.num_timesteps - last_log_steps) / max(now - last_log_time, 1e-9)
                     # (a resumed run's rows go on from the interrupted run's training clock, as its step count does)
-                    row.update(timesteps=self.num_timesteps, train_wall_s=clock_offset + train_clock, sps=sps)
+                    row.update(timesteps=self.num_timesteps, train_wall_s=clock_before + clock_offset + train_clock,
+                               sps=sps)
                     row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
