@@ -846,3 +846,12 @@ def test_evaluating_a_model_of_an_env_of_ones_own_without_it_says_to_pass_it():
         model.learn(64, eval_freq=32, progress_bar=False)
     assert model.num_timesteps == 0
     assert rlspeed.evaluate(model, _Counter(), episodes=2)["lengths"] == [5, 5]
+
+
+def test_an_env_of_ones_own_under_a_registered_id_is_warned_about():
+    """A CartPole variant of the user's own named "CartPole-v1" was evaluated (and loaded) as the stock CartPole-v1
+    without a word: evaluate() and targets make envs from the id."""
+    borrowed = _Counter()
+    borrowed.spec = EnvSpec("CartPole-v1", (4,), gym.spaces.Discrete(2), max_episode_steps=8, reward_threshold=None)
+    with pytest.warns(UserWarning, match="names itself 'CartPole-v1', a registered env"):
+        rlspeed.PPO(borrowed, device="cpu", num_steps=16, batch_size=32)

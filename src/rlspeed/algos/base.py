@@ -540,6 +540,21 @@ def success_totals(successes: list[tuple[torch.Tensor, torch.Tensor]], always: b
             "success_reported": torch.ones((), device=dones.device)}
 
 
+def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
+    """Warn where a batched env of the user's own (not one `make_env` made, nor a native env class itself) names a
+    registered env id: what makes fresh envs from the id (evaluate, eval_freq, a target, load) makes that env
+    instead."""
+    from rlspeed.envs import NATIVE_ENVS
+    from rlspeed.envs.base import find_episode_statistics
+
+    env_id = env.spec.env_id
+    if (find_episode_statistics(env) is None and type(env) not in NATIVE_ENVS.values()
+            and isinstance(env_id, str) and env_id in gym.registry):
+        warn_at_caller(f"{name}: {type(env).__name__} (a batched env of your own) names itself '{env_id}', a "
+                       "registered env: evaluate(), eval_freq, a target and load() make that env from the id, not "
+                       f"yours; give your env an id of its own (EnvSpec('my-{env_id}', ...)).", UserWarning)
+
+
 def _warn_double_normalisation(vector_env, config) -> None:
     """Warn where a Stable-Baselines3 VecEnv passed in normalises what the config asks rlspeed to normalise too."""
     if not is_sb3_vec_env(vector_env):
@@ -686,6 +701,7 @@ class Algorithm:
                 _warn_double_normalisation(env, self.config)
                 env = make_env(env, device=self.device)
             else:
+                _warn_borrowed_id(env, name)
                 env = counted(env)  # (a batched env of the user's own: checked and counted)
             # seed= seeds an env passed in (on the model's first reset), unless make_env gave it a seed of its own
             env = seeded(env, None if seed is None else self.strategy.seed_for_rank(seed))
