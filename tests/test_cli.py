@@ -1104,3 +1104,14 @@ def test_a_run_setting_given_as_flag_and_set_is_refused(flag, setting, tmp_path,
     captured = capsys.readouterr()
     assert_one_line_error(code, captured.out, captured.err, f"both set {setting.split('=')[0]}: give one of them")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_off_policy_run_says_its_replay_buffers_footprint_when_training_starts(capsys, monkeypatch, tmp_path):
+    """A memory-constrained user saw the replay buffer's size only in summary.json, after the run."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "dqn", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none",
+                     "--set", "buffer_size=1000", "--set", "learning_starts=64", "--no-progress", "--out", "run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    footprint = [line for line in lines if line.startswith("rlspeed: replay buffer: 1,000 transitions")]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["replay"]
+    assert len(footprint) == 1 and f"{summary['bytes_per_transition']} bytes per transition" in footprint[0]

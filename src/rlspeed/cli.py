@@ -1152,6 +1152,19 @@ def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
     return callbacks, tracker
 
 
+def _replay_footprint(say):
+    """A callback saying the replay buffer's footprint when training starts (the buffer is made by learn)."""
+    from rlspeed.callbacks import BaseCallback
+
+    class ReplayFootprint(BaseCallback):
+        def _on_training_start(self) -> None:
+            buffer = getattr(self.model, "buffer", None)
+            if buffer is not None:
+                say(f"rlspeed: {buffer.describe()}", flush=True)
+
+    return ReplayFootprint()
+
+
 def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval_freq, total: int, checkpoint: Path,
                     checkpoint_freq, restarts: int, resumed_from, callbacks: list, tracker) -> int:
     """`_train`'s second half: learn (with `callbacks`), then save the model, evaluate and write summary.json (also
@@ -1186,6 +1199,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # it); a second stops at once.
     if target is None and args.eval_freq is None:  # (a preset's eval_freq serves its target: no evaluations)
         eval_freq = None
+    if main and model.keeps_replay_buffer:  # (the replay buffer's footprint, said once it is made)
+        callbacks = [*callbacks, _replay_footprint(say)]
     with _stopping(model.env_backend) as signals:
         model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
         try:
