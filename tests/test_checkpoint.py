@@ -419,6 +419,16 @@ def test_load_with_an_env_id_normalises_as_the_run_did_and_an_override_turns_it_
     assert env.obs_rms is loaded.obs_rms and getattr(env, "return_rms", None) is not None
     plain = PPO.load(tmp_path / "model", normalize_reward=False)
     assert getattr(plain.make_training_env(), "return_rms", None) is None and not plain.config.normalize_reward
+    # normalize_obs=False at load (or resume): the statistics go too, or predict would normalise what trains raw
+    raw = PPO.load(tmp_path / "model", normalize_obs=False)
+    assert raw.obs_rms is None and getattr(raw.make_training_env(), "obs_rms", None) is None
+    obs = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
+    with torch.no_grad():
+        own = raw._policy_actions(torch.as_tensor(obs), True).numpy()
+    np.testing.assert_array_equal(raw.predict(obs)[0], own)
+    resumed = PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32, normalize_obs=False)
+    resumed.resume(tmp_path / "model")
+    assert resumed.obs_rms is None
 
 
 def _same_step_vector_env(env_id: str, num: int):

@@ -1058,8 +1058,9 @@ def _given_options(argv: list[str], command: str) -> set[str]:
 
 def _resume_settings(args: argparse.Namespace) -> None:
     """`--resume` continues a run with the settings it was started with: each flag not on this command line takes
-    the value the run's config.yaml records (env backend, acceleration, NaN policy), and without `--preset` the
-    recorded hyperparameters and run settings (budget, target, evaluation frequency) replace the preset's; `--set`
+    the value the run's config.yaml records (env backend, acceleration, NaN policy), and without `--preset` (or with
+    the one the run used) the recorded hyperparameters and run settings (budget, target, evaluation frequency) replace
+    the preset's; `--set`
     and the flags given still override them (a change is named when the run resumes). Nothing happens without a
     config.yaml of this algorithm and env."""
     if args.out is None:
@@ -1084,7 +1085,10 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if "threads" not in given and isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
         args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
     recorded = config.get("hyperparameters")
-    if isinstance(recorded, dict) and "preset" not in given:
+    # (--preset naming the preset the run already used changes nothing: the recorded values, --set's included, stay)
+    source = (config.get("preset") or {}).get("source") if isinstance(config.get("preset"), dict) else None
+    same_preset = args.preset == source or (args.preset == "auto" and source in ("rlspeed", "zoo"))
+    if isinstance(recorded, dict) and ("preset" not in given or same_preset):
         args.resume_hyperparameters = recorded
         args.resume_preset = config.get("preset")
         # (a recorded None is kept: no target, or learn's own evaluation frequency, not the preset's)

@@ -1701,8 +1701,13 @@ class Algorithm:
                     if key in expected:
                         _check_shape(f"{name}.{key}", value.shape, expected[key].shape)
                 module.load_state_dict(saved)
-        for name, _ in _STATISTICS:
+        for name, flag in _STATISTICS:
             rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
+            if hasattr(self.config, flag) and not getattr(self.config, flag):
+                # normalisation turned off (a load or resume override): its statistics go, or predict, evaluate and
+                # export would go on normalising what the model now trains on raw
+                rms_state = {}
+                setattr(self, name, None)
             if rms_state:
                 if getattr(self, name, None) is None:
                     setattr(self, name, observation_statistics(self.spec.observation_space, self.device)
