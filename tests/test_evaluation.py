@@ -150,3 +150,21 @@ def test_other_action_bounds_or_reward_wrappers_in_training_are_said():
     normalized = gym.wrappers.vector.NormalizeReward(_same_step_cartpoles())
     with pytest.warns(UserWarning, match="rewards pass through NormalizeReward, so the episode returns in the metrics"):
         rlspeed.PPO(normalized, seed=0, num_steps=16, batch_size=32)
+
+
+def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():
+    """gSDE's exploration matrices came from the caller's generator when the model was made (or loaded), so
+    `rlspeed eval --stochastic --seed S` gave other returns in another process; the evaluation draws them from its
+    own seeded stream now, and puts the model's back."""
+    from rlspeed.sde import SDENoise
+
+    model = rlspeed.SAC("Pendulum-v1", device="cpu", seed=0, use_sde=True, learning_starts=10, batch_size=16)
+    noise = next(module for module in model.actor.modules() if isinstance(module, SDENoise))
+    results = []
+    for draw in range(2):
+        torch.manual_seed(100 + draw)
+        noise.resample(1)  # (the matrices a fresh process would hold: other ones each time)
+        held = noise.exploration.clone()
+        results.append(rlspeed.evaluate(model, episodes=2, seed=3, deterministic=False, max_steps=50)["returns"])
+        assert torch.equal(noise.exploration, held)
+    assert results[0] == results[1]

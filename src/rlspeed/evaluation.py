@@ -87,7 +87,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     succeeded = None  # (an env reporting info["is_success"]: each first episode's)
     # a stochastic policy samples from a stream of its own, seeded by `seed`: the caller's generators (training's)
     # are left as they were
-    sampling = _own_random_stream(model.device, env.device, seed) if not deterministic else contextlib.nullcontext()
+    sampling = (_own_random_stream(model, env.device, seed, env.num_envs) if not deterministic
+                else contextlib.nullcontext())
     try:
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
@@ -141,9 +142,17 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
 
 
 @contextlib.contextmanager
-def _own_random_stream(model_device: torch.device, env_device: torch.device, seed: int | None):
+def _own_random_stream(model, env_device: torch.device, seed: int | None, num_envs: int):
     """torch's generators of the CPU and the devices involved forked for the block (restored after it), and seeded
-    from `seed` (or drawn when there is none)."""
+    from `seed` (or drawn when there is none); a gSDE policy's exploration matrices drawn from that stream for
+    `num_envs` envs (the model's own put back after: they were drawn from the caller's generator, so a seed did not
+    repeat the samples)."""
+    from rlspeed.sde import SDENoise
+
+    model_device = model.device
+    noises = list({id(noise): noise for value in vars(model).values() if isinstance(value, torch.nn.Module)
+                   for noise in value.modules() if isinstance(noise, SDENoise)}.values())
+    held = [(noise.standard_draws.clone(), noise.exploration.clone()) for noise in noises]
     devices = {device for device in (torch.device(model_device), torch.device(env_device)) if device.type != "cpu"}
     kinds = {device.type for device in devices}
     device_type = kinds.pop() if len(kinds) == 1 else "cuda"
@@ -160,7 +169,13 @@ def _own_random_stream(model_device: torch.device, env_device: torch.device, see
                 generators[index].manual_seed(value)
             else:  # (a backend with one device and no generator list: MPS)
                 module.manual_seed(value)
-        yield
+        try:
+            for noise in noises:
+                noise.resample(num_envs)
+            yield
+        finally:
+            for noise, (draws, exploration) in zip(noises, held):
+                noise.standard_draws, noise.exploration = draws, exploration
 
 
 def _warn_reward_wrappers(env) -> None:

@@ -182,7 +182,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         env.close()
         raise UserError(f"Cannot write a video to '{path}': {error}.") from None
     # (a stochastic policy samples from a stream of its own, seeded by `seed`; the caller's generators stay as they are)
-    sampling = _own_random_stream(model.device, "cpu", seed) if not deterministic else contextlib.nullcontext()
+    sampling = _own_random_stream(model, "cpu", seed, 1) if not deterministic else contextlib.nullcontext()
     try:
         with sampling:
             for episode in range(episodes):
