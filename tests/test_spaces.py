@@ -449,6 +449,8 @@ def test_observation_normalisation_applies_to_float_keys_only():
     assert model.buffer.obs["state"].abs().max() <= 10.0  # normalised and clipped
     with pytest.raises(UserError, match="normalize_obs applies to float vector observations"):
         make_env(_pendulum("image"), normalize_obs=True)
+    with pytest.raises(UserError, match="normalize_obs applies to float vector observations"):  # (when made, not
+        rlspeed.PPO("FrozenLake-v1", normalize_obs=True)  # at learn: it accepted them before)
 
 
 def test_evaluating_on_an_env_with_other_observations_is_refused():

@@ -712,6 +712,8 @@ class Algorithm:
             self.spec = env.spec
             self.env_backend = env.backend
         self._check_action_space(self.spec)
+        if getattr(self.config, "normalize_obs", False):  # (observations it cannot normalise: said now, not at learn)
+            observation_statistics(self.spec.observation_space, "cpu")
         if seed is not None:
             torch.manual_seed(seed)
         self.obs_rms: RunningMeanStd | None = None
