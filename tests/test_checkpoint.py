@@ -429,6 +429,10 @@ def test_load_with_an_env_id_normalises_as_the_run_did_and_an_override_turns_it_
     resumed = PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32, normalize_obs=False)
     resumed.resume(tmp_path / "model")
     assert resumed.obs_rms is None
+    # (a model built on a normalising env passed in keeps them: its config says so only once learn adopts the env's)
+    passed_in = PPO(rlspeed.make_env("CartPole-v1", num_envs=2, normalize_obs=True), num_steps=16, batch_size=32)
+    passed_in.resume(tmp_path / "model")
+    assert passed_in.obs_rms is not None and float(passed_in.obs_rms.count) == float(model.obs_rms.count)
 
 
 def _same_step_vector_env(env_id: str, num: int):

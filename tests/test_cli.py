@@ -761,11 +761,12 @@ def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkey
     assert after["total_timesteps"] == 1280 and after["env_backend"] == "torch"
 
 
-def test_resume_naming_the_preset_the_run_used_keeps_the_runs_values(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])  # (a shipped preset, and rlspeed's default)
+def test_resume_naming_the_preset_the_run_used_keeps_the_runs_values(tmp_path, monkeypatch, capsys, env_id):
     """`--resume --preset rlspeed` on a run started with that preset and --set values went back to the preset's
     (num_steps, normalize_obs, the target), as if the run had been started without them."""
     monkeypatch.chdir(tmp_path)
-    start = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress", "--preset", "rlspeed"]
+    start = ["train", "ppo", env_id, "--out", "run", "--no-progress", "--preset", "rlspeed"]
     assert cli.main([*start, "--set", "num_steps=16", "--set", "normalize_obs=true", "--num-envs", "2",
                      "--target-return", "none", "--total-timesteps", "64", "--checkpoint-freq", "32"]) == 0
     before = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())

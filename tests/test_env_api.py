@@ -800,6 +800,9 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
                             ("float64", "as torch.float64, not torch.float32")]:
         with pytest.raises(rlspeed.UserError, match=f"_Counter \\(a batched env of your own\\) .*{message}"):
             rlspeed.DQN(_Counter(breaks), device="cpu", learning_starts=4, batch_size=4).learn(16, progress_bar=False)
+    with pytest.raises(rlspeed.UserError, match="wrote over observations"):  # (n-step's window holds 5 steps')
+        rlspeed.DQN(_Counter("four in turn"), device="cpu", learning_starts=4, batch_size=4, train_freq=1,
+                    n_step=5).learn(16, progress_bar=False)
 
 
 class _Noisy(_Counter):
@@ -855,3 +858,10 @@ def test_an_env_of_ones_own_under_a_registered_id_is_warned_about():
     borrowed.spec = EnvSpec("CartPole-v1", (4,), gym.spaces.Discrete(2), max_episode_steps=8, reward_threshold=None)
     with pytest.warns(UserWarning, match="names itself 'CartPole-v1', a registered env"):
         rlspeed.PPO(borrowed, device="cpu", num_steps=16, batch_size=32)
+    import warnings
+
+    from rlspeed.envs import GymnasiumEnv
+
+    with warnings.catch_warnings():  # (rlspeed's own adapter made directly is the stock env: no word)
+        warnings.simplefilter("error")
+        rlspeed.PPO(GymnasiumEnv("CartPole-v1", num_envs=2), device="cpu", num_steps=16, batch_size=32)

@@ -595,7 +595,9 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     algo_cls = _algorithm(args.algo)
     preset = load_preset(algo_cls.name, args.env_id, getattr(args, "preset", "auto"))
     args.preset_message = preset.message()  # None for rlspeed's own preset for the pair
-    args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported}
+    # (`requested`: the --preset value as given, which a --resume naming the same preset is compared with)
+    args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported,
+                        "requested": str(getattr(args, "preset", "auto"))}
     run_settings, hyper = split_run_settings(preset)
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
@@ -1086,8 +1088,8 @@ def _resume_settings(args: argparse.Namespace) -> None:
         args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
     recorded = config.get("hyperparameters")
     # (--preset naming the preset the run already used changes nothing: the recorded values, --set's included, stay)
-    source = (config.get("preset") or {}).get("source") if isinstance(config.get("preset"), dict) else None
-    same_preset = args.preset == source or (args.preset == "auto" and source in ("rlspeed", "zoo"))
+    requested = config["preset"].get("requested") if isinstance(config.get("preset"), dict) else None
+    same_preset = requested is not None and str(args.preset) == requested
     if isinstance(recorded, dict) and ("preset" not in given or same_preset):
         args.resume_hyperparameters = recorded
         args.resume_preset = config.get("preset")

@@ -152,7 +152,8 @@ def _own_random_stream(model, env_device: torch.device, seed: int | None, num_en
     model_device = model.device
     noises = list({id(noise): noise for value in vars(model).values() if isinstance(value, torch.nn.Module)
                    for noise in value.modules() if isinstance(noise, SDENoise)}.values())
-    held = [(noise.standard_draws.clone(), noise.exploration.clone()) for noise in noises]
+    held = [(noise.standard_draws, noise.exploration, noise.standard_draws.clone(), noise.exploration.clone())
+            for noise in noises]
     devices = {device for device in (torch.device(model_device), torch.device(env_device)) if device.type != "cpu"}
     kinds = {device.type for device in devices}
     device_type = kinds.pop() if len(kinds) == 1 else "cuda"
@@ -174,7 +175,9 @@ def _own_random_stream(model, env_device: torch.device, seed: int | None, num_en
                 noise.resample(num_envs)
             yield
         finally:
-            for noise, (draws, exploration) in zip(noises, held):
+            for noise, (draws, exploration, draws_then, exploration_then) in zip(noises, held):
+                draws.copy_(draws_then)  # (resample may have drawn into the model's own tensors in place)
+                exploration.copy_(exploration_then)
                 noise.standard_draws, noise.exploration = draws, exploration
 
 

@@ -548,7 +548,8 @@ def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
     from rlspeed.envs.base import find_episode_statistics
 
     env_id = env.spec.env_id
-    if (find_episode_statistics(env) is None and type(env) not in NATIVE_ENVS.values()
+    own = not type(env).__module__.startswith("rlspeed.")  # (rlspeed's adapters made directly make the stock env)
+    if (own and find_episode_statistics(env) is None and type(env) not in NATIVE_ENVS.values()
             and isinstance(env_id, str) and env_id in gym.registry):
         warn_at_caller(f"{name}: {type(env).__name__} (a batched env of your own) names itself '{env_id}', a "
                        "registered env: evaluate(), eval_freq, a target and load() make that env from the id, not "
@@ -1705,9 +1706,11 @@ class Algorithm:
                 module.load_state_dict(saved)
         for name, flag in _STATISTICS:
             rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
-            if hasattr(self.config, flag) and not getattr(self.config, flag):
-                # normalisation turned off (a load or resume override): its statistics go, or predict, evaluate and
-                # export would go on normalising what the model now trains on raw
+            if (hasattr(self.config, flag) and not getattr(self.config, flag)
+                    and getattr(self._env, name, None) is None):
+                # normalisation turned off (a load or resume override; not a normalising env passed in, which sets
+                # the flag when learn adopts its statistics): its statistics go, or predict, evaluate and export would
+                # go on normalising what the model now trains on raw
                 rms_state = {}
                 setattr(self, name, None)
             if rms_state:

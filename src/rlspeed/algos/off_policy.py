@@ -294,7 +294,8 @@ class OffPolicyAlgorithm(Algorithm):
         require(cfg.buffer_size >= env.num_envs,
                 f"buffer_size ({cfg.buffer_size}) must be at least the number of envs ({env.num_envs}).")
         discrete = self.spec.discrete
-        check_steps_held(env, cfg.train_freq + 1)  # (a collection's steps' tensors are held until it ends)
+        # (a collection's steps' tensors are held until it ends, and n-step's window holds n_step steps' more)
+        check_steps_held(env, cfg.train_freq + cfg.n_step)
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         space = self.spec.observation_space
         obs_bytes = layout_nbytes(observation_layout(space))

@@ -298,7 +298,10 @@ def remakeable(env_id: str) -> bool:
     `module:EnvId` id and its family's or Atari's envs registered, or a native env's), judged from the registry alone
     without making one: not the id of an env a user built and passed in. A package the id needs and lacks is the
     UserError saying what to install, not False."""
-    env_id = import_env_module(env_id)
+    try:
+        env_id = import_env_module(env_id)
+    except UserError:  # (a `team:counter-v0` id of an env one built: no module to import, nothing to make)
+        return False
     _check_registered(env_id)
     return env_id in gym.registry or env_id in NATIVE_ENVS
 
