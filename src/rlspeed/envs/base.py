@@ -514,7 +514,7 @@ class ContractCheck(EnvWrapper):
         return obs, info
 
     def step(self, actions: torch.Tensor):
-        """Step the inner env; its first `CHECKED_STEPS` steps are checked."""
+        """Step the inner env; its first `checked_steps` steps are checked."""
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self._steps < self.checked_steps:
             self._steps += 1
