@@ -1062,9 +1062,8 @@ def _resume_settings(args: argparse.Namespace) -> None:
     """`--resume` continues a run with the settings it was started with: each flag not on this command line takes
     the value the run's config.yaml records (env backend, acceleration, NaN policy), and without `--preset` (or with
     the one the run used) the recorded hyperparameters and run settings (budget, target, evaluation frequency) replace
-    the preset's; `--set`
-    and the flags given still override them (a change is named when the run resumes). Nothing happens without a
-    config.yaml of this algorithm and env."""
+    the preset's; `--set` and the flags given still override them (a change is named when the run resumes). Nothing
+    happens without a config.yaml of this algorithm and env."""
     if args.out is None:
         return
     config = _run_config(Path(args.out) / "config.yaml")

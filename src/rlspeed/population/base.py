@@ -562,9 +562,8 @@ class PopulationBase:
     `algo_cls` and `per_member`, builds its members from `_solo_members` (which sets `env_id`, `seeds`, `size`,
     `device`, `env_backend`, `generators`, `config` and `member_hyperparameters`), sets `update_path` and
     `update_reason`, `alive` (original indices of the members in the computation, in row order) and `num_timesteps`
-    (env steps per member),
-    and provides `_begin`, `train_iteration`, `_finite_members`, `evaluate(seeds, episodes, members)`, `remove(members)`
-    and, for checkpoints, `_state` and `_load_state`.
+    (env steps per member), and provides `_begin`, `train_iteration`, `_finite_members`, `evaluate(seeds, episodes,
+    members)`, `remove(members)` and, for checkpoints, `_state` and `_load_state`.
 
     The env rows (`_make_env`, `_reset`, `_env_rows`) are shared: one env of K x N rows, member k's block of N rows
     its solo run's envs; `_env_rows` reads the training env `_env`, its observations `_obs` and `config.num_envs`."""
