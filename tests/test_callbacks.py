@@ -441,11 +441,12 @@ def test_every_column_the_loop_writes_is_one_a_callback_cannot_take_over(tmp_pat
 
     for name, algo in ALGORITHMS.items():
         env_id = "CartPole-v1" if algo.name in ("dqn", "ppo", "a2c", "recurrent_ppo") else "Pendulum-v1"
-        options = dict(learning_starts=32, batch_size=16) if algo.keeps_replay_buffer else {}
+        options = (dict(learning_starts=16, batch_size=16, train_freq=16) if algo.keeps_replay_buffer
+                   else dict(num_envs=2, num_steps=32, **({} if algo.name == "a2c" else {"batch_size": 64})))
         run_dir = tmp_path / name
-        algo(env_id, device="cpu", seed=0, **options).learn(256, progress_bar=False, log_interval_s=0,
-                                                            target_return=1e9, eval_freq=128, eval_episodes=1,
-                                                            run_dir=run_dir)
+        algo(env_id, device="cpu", seed=0, net_arch=(16,), **options).learn(
+            128, progress_bar=False, log_interval_s=0, target_return=1e9, eval_freq=64, eval_episodes=1,
+            run_dir=run_dir)
         header = next(csv.reader((run_dir / "metrics.csv").open()))
         assert set(header) <= LOOP_COLUMNS, (name, set(header) - LOOP_COLUMNS)
 
