@@ -11,7 +11,7 @@ import torch
 from rlspeed.device import resolve_device
 from rlspeed.envs import atari
 from rlspeed.envs.acrobot import Acrobot
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics, find_wrapper
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
 from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
@@ -309,10 +309,8 @@ def remakeable(env_id: str) -> bool:
 def seeded(env: BatchedEnv, seed: int | None) -> BatchedEnv:
     """`env` (passed to a model with `seed=`) seeded by `seed` on its next reset, unless `make_env` gave it a seed: its
     `SeedOnFirstReset` takes the seed, or one is added outermost (a batched env of the user's own)."""
-    inner = env
-    while isinstance(inner, EnvWrapper) and not isinstance(inner, SeedOnFirstReset):
-        inner = inner.__dict__.get("env")  # (rlspeed's wrappers only: a user's env may hold anything as `env`)
-    if not isinstance(inner, SeedOnFirstReset):
+    inner = find_wrapper(env, SeedOnFirstReset)
+    if inner is None:
         return SeedOnFirstReset(env, seed)
     inner.seed_unless_given(seed)
     return env

@@ -553,10 +553,9 @@ class ContractCheck(EnvWrapper):
 def check_steps_held(env: BatchedEnv, steps: int) -> None:
     """Have the contract check of a batched env of the user's own (where `env` has one) cover `steps` steps whose
     tensors the model holds at once."""
-    while isinstance(env, EnvWrapper) and not isinstance(env, ContractCheck):
-        env = env.__dict__.get("env")
-    if isinstance(env, ContractCheck):
-        env.checked_steps = max(env.checked_steps, int(steps))
+    check = find_wrapper(env, ContractCheck)
+    if check is not None:
+        check.checked_steps = max(check.checked_steps, int(steps))
 
 
 def _unchanged(tensor: torch.Tensor, then: torch.Tensor) -> bool:
@@ -623,13 +622,19 @@ class EpisodeStatistics(EnvWrapper):
         return obs, reward, terminated, truncated, info
 
 
-def find_episode_statistics(env):
-    """The innermost `EpisodeStatistics` wrapper of a batched env (every env `make_env` builds has one), or None."""
+def find_wrapper(env, kind: type):
+    """The outermost wrapper of `kind` in a batched env's chain of rlspeed's wrappers, or None (a user's env may hold
+    anything as `env`: only `EnvWrapper`s are looked inside)."""
     while env is not None:
-        if isinstance(env, EpisodeStatistics):
+        if isinstance(env, kind):
             return env
         env = env.__dict__.get("env") if isinstance(env, EnvWrapper) else None
     return None
+
+
+def find_episode_statistics(env):
+    """The `EpisodeStatistics` wrapper of a batched env (every env `make_env` builds has one), or None."""
+    return find_wrapper(env, EpisodeStatistics)
 
 
 def counted(env: BatchedEnv) -> BatchedEnv:
