@@ -229,6 +229,24 @@ def test_reduced_precision_module_stays_within_tolerance(precision):
     assert model.accel_strategy.precision == precision
 
 
+@pytest.mark.parametrize(("flags", "native"), [({"avx512f", "avx512bw"}, False), ({"avx512f", "avx512_bf16"}, True),
+                                              ({"avx2", "amx_bf16"}, True), (None, True)])
+def test_bf16_is_tried_on_x86_cpus_only_where_their_flags_say_it_is_native(monkeypatch, flags, native):
+    """oneDNN's own check accepts AVX-512 CPUs that emulate bf16 (slower than fp32; its bf16 matmul mode then
+    computes fp32): bf16 and bf16-matmul are offered only with AVX512_BF16 or AMX (unreadable flags: oneDNN's check)."""
+    from rlspeed.accel import strategy
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(strategy.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(strategy, "_x86_cpu_flags", lambda: flags)
+    strategy._cpu_native_bf16.cache_clear()
+    try:
+        assert bf16_supported(CPU) is native
+        assert reduced_matmul_supported(CPU, "bf16-matmul") is native
+    finally:
+        strategy._cpu_native_bf16.cache_clear()
+
+
 @needs_bf16_matmul
 def test_bf16_matmul_setting_is_held_only_while_accelerated_code_runs():
     setting = torch.backends.mkldnn.matmul

@@ -8,8 +8,10 @@ strategies worth measuring on a device. Nothing here measures anything: see `sea
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
+import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -191,11 +193,37 @@ def _apply_env(value: str) -> Request:
 
 
 # --- what a device can run ------------------------------------------------------------------------------------
+def _x86_cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo (Linux), or None where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return None
+
+
+@functools.cache
+def _cpu_native_bf16() -> bool:
+    """Whether this CPU computes bf16 in hardware. oneDNN's own check also accepts x86 CPUs with AVX-512 but no
+    AVX512_BF16 or AMX: there bf16 is emulated (slower than fp32) and its bf16 matmul mode computes in fp32, so on x86
+    the CPU's flags decide where they can be read."""
+    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+        return False
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        flags = _x86_cpu_flags()
+        if flags is not None:
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return True
+
+
 def bf16_supported(device: torch.device) -> bool:
     """Whether bf16 autocast has native kernels here (emulated bf16 is never faster, so it is not tried)."""
     try:
         if device.type == "cpu":
-            return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+            return _cpu_native_bf16()
         if device.type == "cuda":
             return bool(torch.cuda.is_bf16_supported())
         module = getattr(torch, device.type, None)
