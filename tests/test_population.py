@@ -31,17 +31,18 @@ SMALL = {"num_envs": 8, "num_steps": 16, "batch_size": 64, "n_epochs": 2, "learn
 
 
 def _solo_state(seed: int, iterations: int, env_id: str = "CartPole-v1", env_backend: str = "torch",
-                evaluation_seed: int | None = None, **hyper) -> tuple[dict, dict]:
+                evaluation_seed: int | None = None, episodes: int = 2, **hyper) -> tuple[dict, dict]:
     """(initial policy state, state after `iterations` iterations with the normalisation statistics); with
-    `evaluation_seed`, also the trained solo's mean return over 2 deterministic episodes from that seed."""
-    solo = PPO(env_id, seed=seed, env_backend=env_backend, **{**SMALL, **hyper})
+    `evaluation_seed`, also the trained solo's mean return over `episodes` deterministic episodes from that seed."""
+    config = {**SMALL, **hyper}
+    solo = PPO(env_id, seed=seed, env_backend=env_backend, **config)
     initial = {name: value.detach().clone() for name, value in solo.policy.state_dict().items()}
     if iterations:
-        solo.learn(iterations * SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+        solo.learn(iterations * config["num_envs"] * config["num_steps"], progress_bar=False)
     trained = {**solo.policy.state_dict(), **_solo_statistics(solo)}
     if evaluation_seed is None:
         return initial, trained
-    return initial, trained, solo.evaluate(episodes=2, seed=evaluation_seed)["mean"]
+    return initial, trained, solo.evaluate(episodes=episodes, seed=evaluation_seed)["mean"]
 
 
 def _solo_statistics(solo) -> dict[str, torch.Tensor]:
@@ -51,6 +52,7 @@ def _solo_statistics(solo) -> dict[str, torch.Tensor]:
 
 
 NORMALIZE = {"normalize_obs": True, "normalize_reward": True}
+ATARI_SMALL = {"num_envs": 2, "batch_size": 32}
 
 
 def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped_calls_result():
@@ -106,10 +108,10 @@ def test_member_encoders_run_the_nature_cnn_per_member_on_a_cpu_with_the_grouped
     pytest.param("MiniGrid-DoorKey-5x5-v0", "gymnasium", {"cnn_features_dim": 16}, marks=needs_minigrid),
     ("Blackjack-v1", "gymnasium", {}),  # (a Tuple of Discretes: a multi-input encoder of one-hot parts, no parameters)
     # (an Atari game: the solo's preprocessing, lost lives ending the learner's episodes, clipped rewards; evaluation
-    # on whole games with FIRE pressed at every start and lost life; each member's own Nature CNN)
-    pytest.param("BreakoutNoFrameskip-v4", "gymnasium", {}, marks=needs_atari),
+    # on whole games with FIRE pressed at every start and lost life; each member's own Nature CNN, on fewer envs)
+    pytest.param("BreakoutNoFrameskip-v4", "gymnasium", ATARI_SMALL, marks=needs_atari),
     # (one EnvPool pool per member, seeded as the solo run's)
-    pytest.param("BreakoutNoFrameskip-v4", "envpool", {}, marks=[needs_atari, needs_envpool]),
+    pytest.param("BreakoutNoFrameskip-v4", "envpool", ATARI_SMALL, marks=[needs_atari, needs_envpool]),
 ])
 def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     """Categorical and Gaussian (clipped to the Box) policies, native and Gymnasium envs alike; `fused_update=False`
@@ -118,8 +120,9 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     seeds = [3, 7]
     masked = env_id == "masked"
     env_id = masked_vector_env_id() if masked else binary_vector_env_id() if env_id == "bits" else env_id
-    population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **SMALL, **hyper)
-    population._total_timesteps = 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    config = {**SMALL, **hyper}
+    population = Population(PPO, env_id, seeds=seeds, env_backend=backend, **config)
+    population._total_timesteps = 2 * config["num_envs"] * config["num_steps"]
     initial = [population.member_state(k) for k in range(2)]
     # Atari: the first update only. The Nature CNN has ~2M ReLUs per minibatch, and from the second update one whose
     # input is within rounding of zero in one computation and not the other (seed 3, conv 2 channel 43) can move
@@ -134,11 +137,14 @@ def test_members_start_and_update_as_solo_runs(env_id, backend, hyper):
     assert population.update_path == expected
     for k, seed in enumerate(seeds):
         own = {key: value[k] if isinstance(value, list) else value for key, value in hyper.items()}
+        episodes = 1 if env_id == "BreakoutNoFrameskip-v4" else 2  # (a whole Breakout game is hundreds of steps)
         solo_initial, solo_trained, solo_eval = _solo_state(seed, iterations=iterations, env_id=env_id,
-                                                            env_backend=backend, evaluation_seed=100 + k, **own)
+                                                            env_backend=backend, evaluation_seed=100 + k,
+                                                            episodes=episodes, **own)
         trained = {**population.member_state(k), **population.member_statistics(k)}
         # (evaluated on the solo's evaluation episodes, observations normalised by the member's own statistics)
-        assert population.evaluate([100 + k], episodes=2, members=[k]).item() == pytest.approx(solo_eval, abs=1e-3)
+        assert population.evaluate([100 + k], episodes=episodes, members=[k]).item() == pytest.approx(solo_eval,
+                                                                                                      abs=1e-3)
         assert trained.keys() == solo_trained.keys()
         for name, value in solo_initial.items():
             assert torch.equal(initial[k][name], value), name
