@@ -243,6 +243,22 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
+@pytest.mark.parametrize("extra", [[], ["--set", "anneal_lr=false"]])
+def test_a_set_learning_rate_under_an_annealing_preset_says_it_still_decays(extra, capsys, monkeypatch, tmp_path):
+    """RL-Zoo's `learning_rate: 0.001` is constant, its `lin_0.001` a decay; here `--set learning_rate=X` is the start
+    and the preset's anneal_lr stays: the run says so and how to hold it (which then runs constant, without a note)."""
+    monkeypatch.chdir(tmp_path)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--set", "learning_rate=0.001", *extra, "--total-timesteps", "256",
+                     "--target-return", "none", "--out", "run", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["hyperparameters"]["learning_rate"] == 0.001
+    assert config["hyperparameters"]["anneal_lr"] is (not extra)
+    assert ("starts a linear decay to 0 (anneal_lr is true" in captured.err) is (not extra)
+    assert ("--set anneal_lr=false to hold it constant" in captured.err) is (not extra)
+
+
 @pytest.mark.parametrize("flag", ["--set", "--env-kwargs"])
 def test_a_key_given_twice_with_two_values_is_refused(flag, capsys, monkeypatch, tmp_path):
     """`--set lr=1e-3 --set lr=3e-4` (a typo'd command line, or a copied one edited) is one sentence naming both

@@ -635,7 +635,17 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
                             "give one of them.")
         hyper["num_envs"] = args.num_envs
     config = build_config(algo_cls.config_cls, hyper)
+    _note_annealed_override(hyper_overrides, config)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
+
+
+def _note_annealed_override(overrides: dict, config) -> None:
+    """Say when `--set learning_rate=X` (or clip_range) is the start of a decay the preset or run asked for: RL-Zoo's
+    constant `X` and `lin_X` are one value and a flag here, and the flag came from elsewhere."""
+    for key, flag in (("learning_rate", "anneal_lr"), ("clip_range", "anneal_clip")):
+        if key in overrides and flag not in overrides and getattr(config, flag, False) is True:
+            print(f"rlspeed: note: --set {key}={overrides[key]} starts a linear decay to 0 ({flag} is true in the "
+                  f"preset or run); add --set {flag}=false to hold it constant.", file=sys.stderr)
 
 
 def _note_batch_size(config, say) -> None:
