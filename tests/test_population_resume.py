@@ -153,8 +153,9 @@ CLI_SAC = ["--set", "num_envs=2", "--set", "learning_starts=64", "--set", "batch
     ["train", "ddpg", "Pendulum-v1", "--seeds", "0-1", "--set", "learning_rate=1e-3,2e-3", *CLI_SAC],
 ], ids=["ppo", "sac", "ddpg"])
 def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, monkeypatch, argv):
-    """A run that crashes (an exception) after its second checkpoint leaves checkpoint.safetensors; `--resume`
-    continues it to the end, and its summary.json has the uninterrupted run's fields and values (times aside)."""
+    """A run that crashes (an exception) after its second checkpoint leaves checkpoint.safetensors; `--resume`, given
+    no settings, continues it to the end with the run's own (config.yaml), and its summary.json has the uninterrupted
+    run's fields and values (times aside)."""
     from rlspeed.population import base
 
     assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
@@ -178,7 +179,8 @@ def test_cli_resume_finishes_a_killed_run_as_the_uninterrupted_run(tmp_path, mon
     monkeypatch.setattr(base.PopulationBase, "save", save)
     assert saves == [256, 512]
     assert not (out / "summary.json").exists()
-    assert cli.main([*argv, "--out", str(out), "--resume"]) == 0
+    # (resumed with the algorithm, env, seeds and directory alone: config.yaml gives the rest, per-member values too)
+    assert cli.main([*argv[:5], "--out", str(out), "--resume"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == 512
     assert set(summary) == set(expected)

@@ -249,10 +249,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                                ("--wandb-entity", args.wandb_entity is not None and not args.track, "--track")):
         if given:
             raise UserError(f"{flag} applies only with {needs}: add it, or drop {flag}.")
-    if args.seeds is not None:
-        return _train_population(args)
     if args.resume:
         _resume_settings(args)
+    if args.seeds is not None:
+        return _train_population(args)
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
@@ -351,6 +351,13 @@ def _train_population(args: argparse.Namespace) -> int:
     per_member = _member_sets(args)
     algo_cls = _algorithm(args.algo)
     member_keys = per_member_keys(algo_cls)  # UserError when the algorithm has no population
+    resumed = getattr(args, "resume_hyperparameters", None)
+    if isinstance(resumed, dict):  # (`--resume`: the run's per-member values, unless --set gives the key anew)
+        given = set(per_member) | {pair.partition("=")[0].strip() for pair in args.set or []}
+        args.resume_hyperparameters = {key: value for key, value in resumed.items()
+                                       if not (key in member_keys and isinstance(value, list))}
+        per_member.update({key: value for key, value in resumed.items() if key in member_keys
+                           and isinstance(value, list) and len(value) == len(seeds) and key not in given})
     algo_cls, run_settings, hyper, _config = _settings(args)
     for key, values in per_member.items():
         _check_set_keys({key: None})
@@ -1070,10 +1077,11 @@ def _given_options(argv: list[str], command: str) -> set[str]:
 
 def _resume_settings(args: argparse.Namespace) -> None:
     """`--resume` continues a run with the settings it was started with: each flag not on this command line takes
-    the value the run's config.yaml records (env backend, acceleration, NaN policy), and without `--preset` (or with
-    the one the run used) the recorded hyperparameters and run settings (budget, target, evaluation frequency) replace
-    the preset's; `--set` and the flags given still override them (a change is named when the run resumes). Nothing
-    happens without a config.yaml of this algorithm and env."""
+    the value the run's config.yaml records (env backend, acceleration, NaN policy, a population's checkpoint
+    interval), and without `--preset` (or with the one the run used) the recorded hyperparameters (a population's
+    per-member values too) and run settings (budget, target, evaluation frequency) replace the preset's; `--set` and
+    the flags given still override them (a change is named when the run resumes). Nothing happens without a
+    config.yaml of this algorithm and env."""
     if args.out is None:
         return
     config = _run_config(Path(args.out) / "config.yaml")
@@ -1092,6 +1100,9 @@ def _resume_settings(args: argparse.Namespace) -> None:
             setattr(args, key, str(config[key]))
     if "env_kwargs" not in given and isinstance(config.get("env_kwargs"), dict):
         args.resume_env_kwargs = config["env_kwargs"]
+    freq = config.get("checkpoint_freq")  # (a population's run records its checkpoint interval)
+    if "checkpoint_freq" not in given and isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
+        args.checkpoint_freq = freq
     threads = config.get("threads")
     if "threads" not in given and isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
         args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
