@@ -243,6 +243,23 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["train", "ppo", "CartPole-v1", "--num-steps", "128"], "are given with --set: --set num_steps=128"),
+    (["profile", "dqn", "CartPole-v1", "--learning-starts=64"], "--set learning_starts=64."),
+    (["train", "ppo", "CartPole-v1", "--clip-coef", "0.1"], "CleanRL's argument: PPO's clip range is clip_range"),
+    (["train", "ppo", "CartPole-v1", "--capture-video"], "--video-every N"),
+    (["train", "ppo", "CartPole-v1", "--set", "num_minibatches=4"], "batch_size = num_envs * num_steps / num_minib"),
+    (["train", "sac", "Pendulum-v1", "--set", "q_lr=1e-3"], "one learning_rate trains the actor, the critics"),
+    (["train", "td3", "Pendulum-v1", "--set", "policy_frequency=2"], "updates per actor update are policy_delay"),
+])
+def test_cleanrl_arguments_and_hyperparameter_flags_name_the_setting_to_use(argv, expected, capsys):
+    """CleanRL's script arguments (as flags or --set keys) and hyperparameters written as flags are one sentence
+    naming what rlspeed takes instead (not a bare "unrecognized arguments", a list of valid names or a wrong guess)."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize("extra", [[], ["--set", "anneal_lr=false"]])
 def test_a_set_learning_rate_under_an_annealing_preset_says_it_still_decays(extra, capsys, monkeypatch, tmp_path):
     """RL-Zoo's `learning_rate: 0.001` is constant, its `lin_0.001` a decay; here `--set learning_rate=X` is the start

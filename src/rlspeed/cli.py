@@ -1783,6 +1783,33 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
 
 
+def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
+    """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
+    `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
+    from rlspeed.algos import ALGORITHMS
+    from rlspeed.algos.base import CLEANRL_NAMES
+
+    unknown = text.removeprefix("unrecognized arguments:").split(" (see ")[0].split()
+    flag = next((item for item in unknown if item.startswith("--")), None)
+    words = [arg for arg in argv if not arg.startswith("-")]
+    if flag is None or command not in ("train", "profile", "tune") or len(words) < 2:
+        return text
+    name, _, value = flag[2:].partition("=")
+    name = name.replace("-", "_")
+    if not value:
+        following = argv[argv.index(flag) + 1:argv.index(flag) + 2] if flag in argv else []
+        value = following[0] if following and not following[0].startswith("-") else "VALUE"
+    algo_cls = ALGORITHMS.get(words[1].lower())
+    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)} if algo_cls is not None else set()
+    given = " ".join(unknown)
+    if name in fields:
+        return f"unrecognized arguments: {given}; hyperparameters are given with --set: --set {name}={value}."
+    if name in CLEANRL_NAMES:
+        return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "
+                "(hyperparameters are given with --set KEY=VALUE).")
+    return text
+
+
 def _main(argv: list[str]) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -1794,6 +1821,7 @@ def _main(argv: list[str]) -> int:
         if text.startswith("unrecognized arguments") and command is not None:
             # (options after the command are checked by the top parser: point to the command's own help)
             text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
+            text = _unrecognized_hint(text, argv, command)
         print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)

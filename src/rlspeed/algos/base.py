@@ -87,8 +87,37 @@ SB3_KEYWORDS = {
                  "for smaller updates",
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
                          "(learn(log_interval_s=...))",
-    "target_update_interval": "only DQN takes it; rlspeed's SAC, TD3 and DDPG update their target networks after "
-                              "every gradient step (tau sets how far), as SB3's default of 1 does",
+    "target_update_interval": "only DQN takes it; rlspeed's SAC and DDPG move their target networks after every "
+                              "gradient step, TD3 after every policy_delay critic updates (tau sets how far), as "
+                              "SB3's do",
+}
+
+#: CleanRL's script arguments (ppo.py, dqn.py, sac_continuous_action.py, td3_continuous_action.py) that are no
+#: rlspeed hyperparameter, with the setting that does their work (`build_config`'s refusal names it)
+CLEANRL_NAMES = {
+    "clip_coef": "PPO's clip range is clip_range",
+    "num_minibatches": "rlspeed takes the minibatch size: batch_size = num_envs * num_steps / num_minibatches",
+    "update_epochs": "the epochs per PPO update are n_epochs",
+    "norm_adv": "advantage normalisation is normalize_advantage",
+    "clip_vloss": "clip_range_vf=X clips the value loss (CleanRL's clip_vloss clips it at its clip_coef: give that "
+                  "number); clip_range_vf=null leaves it unclipped",
+    "target_network_frequency": "DQN's is target_update_interval (env steps, as CleanRL counts); SAC and DDPG move "
+                                "their targets every gradient step, TD3 every policy_delay critic updates, by tau",
+    "start_e": "DQN's starting epsilon is exploration_initial_eps",
+    "end_e": "DQN's final epsilon is exploration_final_eps",
+    "train_frequency": "env steps between DQN updates are train_freq",
+    "alpha": "SAC's entropy coefficient is ent_coef: a number holds it fixed, ent_coef=auto (the default) tunes it",
+    "autotune": "SAC tunes its entropy coefficient with ent_coef=auto (the default); ent_coef=X holds it at X",
+    "policy_frequency": "TD3's critic updates per actor update are policy_delay; SAC updates its actor with every "
+                        "critic update",
+    "exploration_noise": "TD3's and DDPG's exploration noise std is action_noise_std (with action_noise=normal)",
+    **dict.fromkeys(("policy_lr", "q_lr"), "one learning_rate trains the actor, the critics and SAC's entropy "
+                                           "coefficient (as SB3's does)"),
+    "torch_deterministic": "runs on a CPU with the same seed repeat exactly; on a GPU, call "
+                           "torch.use_deterministic_algorithms(True) before making the model",
+    "capture_video": "rlspeed train --video-every N records evaluation videos (rlspeed eval --video one)",
+    **dict.fromkeys(("track", "wandb_project_name", "wandb_entity"), "rlspeed train --track --wandb-project NAME "
+                                                                      "[--wandb-entity NAME] logs to W&B"),
 }
 
 
@@ -135,6 +164,8 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
         if key not in fields:
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
+            if key in CLEANRL_NAMES:
+                raise UserError(f"'{key}' is CleanRL's argument, not a hyperparameter here; {CLEANRL_NAMES[key]}.")
             named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())
             owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
             others = "" if named in fields else _other_owners(named, config_cls)
