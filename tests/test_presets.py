@@ -435,6 +435,28 @@ def test_auto_takes_a_gsde_preset_where_the_algorithm_has_gsde():
     assert auto["use_sde"] is True and auto["log_std_init"] == -3.29
 
 
+def test_set_over_a_shipped_preset_names_what_it_keeps_and_preset_none_trains_on_the_defaults(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """`--set` over rlspeed's preset keeps the preset's other values and says which (gSDE on Pendulum's PPO preset
+    is not what someone giving CleanRL's settings expects); `--preset none` trains with the algorithm's defaults and
+    the --set values alone, and says so."""
+    from rlspeed import PPO, cli
+
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "ppo", "Pendulum-v1", "--set", "num_envs=1", "--no-progress", "--total-timesteps", "256",
+            "--target-return", "none"]
+    assert cli.main([*base, "--out", "shipped"]) == 0
+    err = capsys.readouterr().err
+    assert "note: rlspeed's preset for ppo Pendulum-v1 also sets " in err and "use_sde=True" in err
+    assert "num_envs=" not in err.split("also sets")[1].split("(--preset none")[0]
+    assert cli.main([*base, "--preset", "none", "--out", "none"]) == 0
+    captured = capsys.readouterr()
+    assert "also sets" not in captured.err and "using ppo's own defaults (--preset none" in captured.out
+    recorded = yaml.safe_load((tmp_path / "none" / "config.yaml").read_text())
+    assert recorded["preset"]["source"] == "none"
+    assert build_config(PPO.config_cls, recorded["hyperparameters"]) == build_config(PPO.config_cls, {"num_envs": 1})
+
+
 def test_a_runs_config_yaml_is_a_preset_of_its_hyperparameters_and_run_settings(tmp_path, monkeypatch, capsys):
     """Re-running an experiment from its config.yaml (`--preset RUN/config.yaml`): the same hyperparameters and run
     settings (eval_freq null included), the seed and backend named as flags'; a population's or another algorithm's

@@ -422,8 +422,7 @@ def _train_population(args: argparse.Namespace) -> int:
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config)
     _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
-    if getattr(args, "preset_message", None):
-        print(args.preset_message)
+    _say_preset(args)
     print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
           f"(device {device}), up to {total:,} steps each"
           + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
@@ -576,7 +575,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                             f"'{study_name}' in {storage_url(args.storage)}: give another --out.")
     device = resolve_device(args.device)
     configure_threads(args.threads)
-    if getattr(args, "preset_message", None):
+    if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
         print(args.preset_message)
     command = "rlspeed " + " ".join(getattr(args, "argv", []))
     with _sigterm_raises():
@@ -642,17 +641,41 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
                             "give one of them.")
         hyper["num_envs"] = args.num_envs
     config = build_config(algo_cls.config_cls, hyper)
-    _note_annealed_override(hyper_overrides, config)
+    # (said when training starts, after the preset's line: a refusal before it stays one line)
+    args.setting_notes = _annealed_override_notes(hyper_overrides, config)
+    if hyper_overrides and not resumed and preset.source not in ("file", "none"):
+        args.setting_notes += _preset_values_kept(preset, algo_cls, hyper_overrides)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
 
 
-def _note_annealed_override(overrides: dict, config) -> None:
-    """Say when `--set learning_rate=X` (or clip_range) is the start of a decay the preset or run asked for: RL-Zoo's
-    constant `X` and `lin_X` are one value and a flag here, and the flag came from elsewhere."""
-    for key, flag in (("learning_rate", "anneal_lr"), ("clip_range", "anneal_clip")):
-        if key in overrides and flag not in overrides and getattr(config, flag, False) is True:
-            print(f"rlspeed: note: --set {key}={overrides[key]} starts a linear decay to 0 ({flag} is true in the "
-                  f"preset or run); add --set {flag}=false to hold it constant.", file=sys.stderr)
+def _say_preset(args: argparse.Namespace, say=print) -> None:
+    """The preset's line (where it is not rlspeed's own for the pair) and the notes on how --set combined with it."""
+    if getattr(args, "preset_message", None):
+        say(args.preset_message)
+    for note in getattr(args, "setting_notes", []):
+        say(note, file=sys.stderr)
+
+
+def _annealed_override_notes(overrides: dict, config) -> list[str]:
+    """`--set learning_rate=X` (or clip_range) that starts a decay the preset or run asked for: RL-Zoo's constant `X`
+    and `lin_X` are one value and a flag here, and the flag came from elsewhere."""
+    return [f"rlspeed: note: --set {key}={overrides[key]} starts a linear decay to 0 ({flag} is true in the preset or "
+            f"run); add --set {flag}=false to hold it constant."
+            for key, flag in (("learning_rate", "anneal_lr"), ("clip_range", "anneal_clip"))
+            if key in overrides and flag not in overrides and getattr(config, flag, False) is True]
+
+
+def _preset_values_kept(preset, algo_cls: type, overrides: dict) -> list[str]:
+    """With `--set` values over a shipped or RL-Zoo preset, the preset's hyperparameters that stay: someone giving a
+    peer's whole configuration with --set (CleanRL's, a paper's) would otherwise train with others unseen."""
+    from rlspeed.presets import split_run_settings
+
+    kept = {key: value for key, value in split_run_settings(preset)[1].items() if key not in overrides}
+    if not kept:
+        return []
+    values = ", ".join(f"{key}={value}" for key, value in kept.items())
+    return [f"rlspeed: note: {preset.origin.split(';')[0]} also sets {values} (--preset none: "
+            f"{algo_cls.__name__}'s defaults and your --set values alone)."]
 
 
 def _note_batch_size(config, say) -> None:
@@ -1207,8 +1230,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     if total <= 0:
         say("rlspeed: nothing left to train")
         return 0
-    if getattr(args, "preset_message", None):
-        say(args.preset_message)
+    _say_preset(args, say)
     per_iteration = model.steps_per_iteration
     whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
     say(f"rlspeed: run directory {run_dir}")  # (at the start too: a run stopped or watched is found there)
@@ -1605,9 +1627,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
                        help="an option of the Gymnasium env (gymnasium.make(env_id, KEY=VALUE)); recorded with the "
                             "run, so evaluation and rlspeed eval make the same env")
-    model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
+    model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|none|FILE",
                        help="hyperparameter source: auto (rlspeed's preset for the pair, else RL-Zoo's if rl_zoo3 is "
-                            "installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated) or a YAML file")
+                            "installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated), none (the "
+                            "algorithm's own defaults) or a YAML file")
     model.add_argument("--nan-policy", default="raise", choices=["raise", "mask"],
                        help="a NaN or infinite observation or reward from the env: stop naming it (raise), or zero it "
                             "and count it (mask)")
@@ -1665,7 +1688,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "the best median (default 16; 0 = write the best trial unconfirmed)")
     tun.add_argument("--out", default=None, metavar="FILE",
                      help="the best configuration as a preset YAML (default tuned-ALGO-ENV_ID.yaml)")
-    tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|FILE",
+    tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|none|FILE",
                      help="the fixed hyperparameters every trial starts from (as for train)")
     tun.add_argument("--set", action="append", metavar="KEY=VALUE", help="fix a hyperparameter (leaves the search)")
     tun.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",

@@ -22,7 +22,7 @@ from rlspeed.errors import UserError
 RUN_KEYS = ("total_timesteps", "eval_freq", "target_return")
 #: A preset file's entry for every Atari image id without an entry of its own (RL-Zoo's name for it)
 ATARI_KEY = "atari"
-SOURCES = ("auto", "rlspeed", "zoo")
+SOURCES = ("auto", "rlspeed", "zoo", "none")
 #: keys only an RL-Zoo entry has: one of them marks a user's file as RL-Zoo's format
 ZOO_KEYS = ("n_timesteps", "policy", "n_envs", "n_steps", "policy_kwargs", "normalize", "noise_type", "noise_std",
             "frame_stack", "env_wrapper")
@@ -32,8 +32,9 @@ class Preset(dict):
     """A preset's values (a dict: hyperparameters and run settings) plus where they came from.
 
     `source`: 'rlspeed' (its own entry for the env), 'rlspeed-default' (its `default` entry, or {} where no file
-    ships), 'zoo' (RL-Zoo's, translated) or 'file'; `origin`: the same in words for a person; `unsupported`: the
-    entries of an RL-Zoo-format preset that are not honoured ("key: why"); `notes`: meaning changes applied.
+    ships), 'zoo' (RL-Zoo's, translated), 'file' or 'none' (no preset: the algorithm's defaults); `origin`: the same
+    in words for a person; `unsupported`: the entries of an RL-Zoo-format preset that are not honoured ("key: why");
+    `notes`: meaning changes applied.
     """
 
     def __init__(self, values: dict, source: str, origin: str, unsupported: list[str] | None = None,
@@ -61,8 +62,11 @@ def load_preset(algo: str, env_id: str, source: str = "rlspeed") -> Preset:
       needs what rlspeed has not: an image policy, env wrappers, frame stacking);
     - 'auto': rlspeed's own entry for the env if it has one, else RL-Zoo's if rl_zoo3 is installed and its entry
       translates, else rlspeed's `default` entry (`Preset.message` says which and why);
+    - 'none': no preset: the algorithm's own defaults (as its Python constructor has them);
     - a path: the user's YAML file (rlspeed's or RL-Zoo's format, detected per entry; unknown keys are a UserError).
     """
+    if source == "none":
+        return Preset({}, "none", f"{algo}'s own defaults (--preset none: no preset)")
     if source == "rlspeed":
         return _shipped(algo, env_id)
     if source == "zoo":
