@@ -75,11 +75,15 @@ BOOL_IMAGE = gym.spaces.Box(0, 1, (10, 10, 4), np.bool_)
     (rlspeed.SAC, {"log_std_init": -2.0}, VECTOR, BOX_ACTIONS, "log_std_init=-2.0 has no effect: .*gSDE"),
     (rlspeed.DQN, {"batch_size": 64, "buffer_size": 16}, VECTOR, gym.spaces.Discrete(2),
      r"batch_size \(64\) is above buffer_size \(16\)"),
+    (rlspeed.SAC, {"ent_coef": 0.2, "ent_coef_init": 0.5}, VECTOR, BOX_ACTIONS,
+     "ent_coef_init=0.5 has no effect: .*ent_coef=0.2 holds it fixed .*ent_coef=auto_0.5"),
+    (rlspeed.PPO, {"num_envs": 4, "num_steps": 16, "batch_size": 128}, VECTOR, gym.spaces.Discrete(2),
+     r"batch_size 128 is larger than a rollout \(num_envs 4 x num_steps 16 = 64 steps\)"),
 ])
 def test_a_setting_that_changes_nothing_on_the_env_is_named(algo, options, observations, actions, message):
     """A hyperparameter set away from its default that does nothing for this env's spaces (image options without
     the images they apply to, log_std_init without Gaussian actions, gSDE's options without use_sde, a batch larger
-    than the replay buffer) gets one sentence."""
+    than the replay buffer or the rollout, ent_coef_init beside a fixed ent_coef) gets one sentence."""
     config = algo.config_cls(**options)
     found = unused_settings(config, _spec(observations, actions))
     assert len(found) == 1 and re.search(message, found[0]), found
@@ -97,6 +101,8 @@ def test_a_setting_that_changes_nothing_on_the_env_is_named(algo, options, obser
      VECTOR, BOX_ACTIONS),
     (rlspeed.SAC, {"use_sde": True, "use_sde_at_warmup": True, "log_std_init": -2.0}, VECTOR, BOX_ACTIONS),
     (rlspeed.DQN, {"batch_size": 16, "buffer_size": 16}, VECTOR, gym.spaces.Discrete(2)),
+    (rlspeed.SAC, {"ent_coef_init": 0.5}, VECTOR, BOX_ACTIONS),  # (the start of the tuned coefficient)
+    (rlspeed.PPO, {"num_envs": 4, "num_steps": 16, "batch_size": 64}, VECTOR, gym.spaces.Discrete(2)),
 ])
 def test_a_setting_that_acts_on_the_env_is_not_named(algo, options, observations, actions):
     """Settings at their defaults, and settings the env's spaces use, get no sentence."""

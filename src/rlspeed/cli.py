@@ -644,7 +644,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     # (said when training starts, after the preset's line: a refusal before it stays one line)
     args.setting_notes = _annealed_override_notes(hyper_overrides, config)
     if hyper_overrides and not resumed and preset.source not in ("file", "none"):
-        args.setting_notes += _preset_values_kept(preset, algo_cls, hyper_overrides)
+        given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {})}
+        args.setting_notes += _preset_values_kept(preset, algo_cls, given)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
 
 
@@ -676,18 +677,6 @@ def _preset_values_kept(preset, algo_cls: type, overrides: dict) -> list[str]:
     values = ", ".join(f"{key}={value}" for key, value in kept.items())
     return [f"rlspeed: note: {preset.origin.split(';')[0]} also sets {values} (--preset none: "
             f"{algo_cls.__name__}'s defaults and your --set values alone)."]
-
-
-def _note_batch_size(config, say) -> None:
-    """Say when an on-policy batch_size is larger than a rollout (the config accepts it: one minibatch is then the
-    whole rollout, so the update differs from what the number suggests)."""
-    batch_size, num_steps = getattr(config, "batch_size", None), getattr(config, "num_steps", None)
-    num_envs = getattr(config, "num_envs", None)
-    if None in (batch_size, num_steps, num_envs) or batch_size <= num_envs * num_steps:
-        return
-    say(f"rlspeed: note: batch_size {batch_size:,} is larger than a rollout (num_envs {num_envs} x num_steps "
-        f"{num_steps} = {num_envs * num_steps:,} steps): every update uses the whole rollout as one minibatch.",
-        file=sys.stderr)
 
 
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
@@ -1032,8 +1021,6 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     model = _model(args, algo_cls, hyper, strategy)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
-    say = print if main else (lambda *a, **k: None)
-    _note_batch_size(model.config, say)
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq

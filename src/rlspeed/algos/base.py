@@ -97,7 +97,6 @@ SB3_KEYWORDS = {
 CLEANRL_NAMES = {
     "clip_coef": "PPO's clip range is clip_range",
     "num_minibatches": "rlspeed takes the minibatch size: batch_size = num_envs * num_steps / num_minibatches",
-    "update_epochs": "the epochs per PPO update are n_epochs",
     "norm_adv": "advantage normalisation is normalize_advantage",
     "clip_vloss": "clip_range_vf=X clips the value loss (CleanRL's clip_vloss clips it at its clip_coef: give that "
                   "number); clip_range_vf=null leaves it unclipped",
@@ -105,7 +104,6 @@ CLEANRL_NAMES = {
                                 "their targets every gradient step, TD3 every policy_delay critic updates, by tau",
     "start_e": "DQN's starting epsilon is exploration_initial_eps",
     "end_e": "DQN's final epsilon is exploration_final_eps",
-    "train_frequency": "env steps between DQN updates are train_freq",
     "alpha": "SAC's entropy coefficient is ent_coef: a number holds it fixed, ent_coef=auto (the default) tunes it",
     "autotune": "SAC tunes its entropy coefficient with ent_coef=auto (the default); ent_coef=X holds it at X",
     "policy_frequency": "TD3's critic updates per actor update are policy_delay; SAC updates its actor with every "
@@ -326,7 +324,8 @@ def changed_settings(config) -> str:
 def unused_settings(config, spec: EnvSpec) -> list[str]:
     """The hyperparameters set away from their defaults that change nothing on this env, one sentence each: the CNN
     encoders' options without images they apply to, log_std_init without Gaussian actions, gSDE's options without
-    use_sde (the config's `needs_sde`), and a batch_size above buffer_size (every batch then repeats rows)."""
+    use_sde (the config's `needs_sde`), SAC's ent_coef_init beside a fixed ent_coef, an on-policy batch_size above
+    the rollout (one minibatch of the whole rollout) and a batch_size above buffer_size (every batch repeats rows)."""
     defaults = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
 
     def given(name: str) -> bool:
@@ -350,7 +349,16 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
                                                                                      gym.spaces.Box):
         found.append(f"log_std_init={config.log_std_init} has no effect: it starts the Gaussian of Box actions, and "
                      f"{spec.env_id} has {type(spec.action_space).__name__} actions.")
+    if given("ent_coef_init") and "ent_coef" in defaults and config.ent_coef is not None:
+        found.append(f"ent_coef_init={config.ent_coef_init:g} has no effect: it starts a tuned entropy coefficient, "
+                     f"and ent_coef={config.ent_coef:g} holds it fixed (ent_coef=auto_{config.ent_coef_init:g} tunes "
+                     "it from there).")
     batch_size, buffer_size = getattr(config, "batch_size", None), getattr(config, "buffer_size", None)
+    num_envs, num_steps = getattr(config, "num_envs", None), getattr(config, "num_steps", None)
+    if None not in (batch_size, num_envs, num_steps) and batch_size > num_envs * num_steps:
+        found.append(f"batch_size {batch_size:,} is larger than a rollout (num_envs {num_envs} x num_steps "
+                     f"{num_steps} = {num_envs * num_steps:,} steps): every update uses the whole rollout as one "
+                     "minibatch.")
     if batch_size is not None and buffer_size is not None and batch_size > buffer_size:
         found.append(f"batch_size ({batch_size:,}) is above buffer_size ({buffer_size:,}): every batch samples the at "
                      f"most {buffer_size:,} stored transitions with repeats; lower batch_size or raise buffer_size.")
