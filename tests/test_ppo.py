@@ -341,3 +341,42 @@ def test_a_further_learn_continues_the_episodes_in_progress(algo, options, tmp_p
     env.step = step
     model.learn(64, progress_bar=False)
     assert len(calls) == 1
+
+
+class _CountingStep:
+    """An update step that counts its calls and passes everything else through (the choice it reports included)."""
+
+    def __init__(self, step):
+        self.step, self.calls = step, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.step(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
+
+
+@pytest.mark.parametrize("options", [{}, {"fused_update": False}], ids=["hand-derived", "autograd"])
+def test_target_kl_ends_the_epochs_after_the_minibatch_that_crosses_it(options):
+    """SB3's early stop: a minibatch whose approx_kl (before its step) exceeds 1.5 * target_kl ends the update. The
+    first minibatch of an update is the rollout's own policy (approx_kl 0), so a tiny target_kl stops after the second;
+    a loose one (or none) runs every epoch's minibatches, whichever update implementation runs."""
+    calls = {}
+    for target_kl in (None, 1e-9, 10.0):
+        model = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=32, batch_size=32, n_epochs=4, target_kl=target_kl,
+                    **options)
+        model._update_step = _CountingStep(model._update_step)
+        model.learn(128, progress_bar=False)
+        calls[target_kl] = model._update_step.calls
+    assert calls == {None: 16, 1e-9: 2, 10.0: 16}
+
+
+def test_target_kl_is_refused_where_it_cannot_apply():
+    from rlspeed.errors import UserError
+    from rlspeed.population import Population
+
+    with pytest.raises(UserError, match="target_kl must be > 0 or null"):
+        PPO("CartPole-v1", target_kl=0.0)
+    with pytest.raises(UserError, match="Populations do not support target_kl"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], target_kl=0.01)

@@ -379,3 +379,18 @@ def test_the_actor_step_equals_the_full_policy_on_the_actor_member():
     h2, c2 = policy._cell(policy.lstm_actor, policy.encode(obs), h, c)
     expected, _, _ = policy.act(torch.stack((h2, torch.randn_like(h2))), deterministic=True)
     assert torch.equal(actions, expected) and torch.equal(h1, h2) and torch.equal(c1, c2)
+
+
+def test_target_kl_ends_the_epochs_early_as_ppos_does():
+    """RecurrentPPO's minibatches of env columns stop as PPO's do once one's approx_kl exceeds 1.5 * target_kl (the
+    first, the rollout's own policy, never does)."""
+    from test_ppo import _CountingStep
+
+    calls = {}
+    for target_kl in (None, 1e-9):
+        model = RecurrentPPO("CartPole-v1", seed=0, num_envs=4, num_steps=32, batch_size=32, n_epochs=4,
+                             target_kl=target_kl)
+        model._update_step = _CountingStep(model._update_step)
+        model.learn(128, progress_bar=False)
+        calls[target_kl] = model._update_step.calls
+    assert calls[None] == 16 and 2 <= calls[1e-9] < 16, calls

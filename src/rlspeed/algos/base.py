@@ -83,8 +83,6 @@ SB3_KEYWORDS = {
     "replay_buffer_kwargs": "rlspeed's replay buffer takes buffer_size, n_step and frame_dedup as hyperparameters",
     "optimize_memory_usage": "rlspeed's replay stores frame stacks and large images once per transition by itself "
                              "(frame_dedup=True, the default), exactly across episode ends",
-    "target_kl": "rlspeed's PPO does not stop its epochs early on the KL divergence: lower n_epochs or clip_range "
-                 "for smaller updates",
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
                          "(learn(log_interval_s=...))",
     "target_update_interval": "only DQN takes it; rlspeed's SAC and DDPG move their target networks after every "

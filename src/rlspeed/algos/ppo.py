@@ -33,6 +33,8 @@ class PPOConfig(OnPolicyConfig):
     clip_range: float = 0.2
     anneal_clip: bool = False  # linear decay of clip_range to 0
     clip_range_vf: float | None = None  # value clipping (off by default)
+    # early stop: an update's epochs end once a minibatch's approx_kl exceeds 1.5 * target_kl (SB3's rule)
+    target_kl: float | None = None
     fused_update: bool = True  # hand-derived gradient + flat Adam (rlspeed/fused/ppo.py) where the network allows
 
     def validate(self) -> None:
@@ -45,6 +47,7 @@ class PPOConfig(OnPolicyConfig):
         require(self.n_epochs >= 1, f"n_epochs must be >= 1, got {self.n_epochs}.")
         require(self.clip_range > 0, f"clip_range must be > 0, got {self.clip_range}.")
         require(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf must be > 0 or null.")
+        require(self.target_kl is None or self.target_kl > 0, "target_kl must be > 0 or null.")
         rollout = self.num_envs * self.num_steps
         require(rollout % self.batch_size == 0 or self.batch_size >= rollout,
                 f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}).")
@@ -119,12 +122,17 @@ class PPO(OnPolicyAlgorithm):
                       and getattr(self._update_step, "hand_derived", None) is not None)
         if normalized:
             batch_advantages = (batch_advantages - batch_advantages.mean()) / (batch_advantages.std() + 1e-8)
+        stopped = False
         for epoch in range(cfg.n_epochs):
             # One minibatch covering the whole batch needs no shuffle: its gradient does not depend on order.
             order = torch.randperm(batch_size, device=self.device) if minibatch < batch_size else None
-            # The logged statistics are the last epoch's, whichever implementation runs; hints it may use (the
-            # hand-derived one does): advantages already normalised, statistics wanted (fewer kernels without).
-            last_epoch = epoch == cfg.n_epochs - 1
+            # The logged statistics are the last epoch's (with target_kl: the last that ran), whichever implementation
+            # runs; hints it may use (the hand-derived one does): advantages already normalised, statistics wanted
+            # (fewer kernels without).
+            last_epoch = epoch == cfg.n_epochs - 1 or cfg.target_kl is not None
+            if cfg.target_kl is not None:
+                stats.zero_()
+                updates = 0
             hints = {"normalized": normalized, "with_stats": last_epoch}
             for start in range(0, batch_size - minibatch + 1, minibatch):
                 index = order[start:start + minibatch] if order is not None else slice(None)
@@ -138,7 +146,21 @@ class PPO(OnPolicyAlgorithm):
                 if minibatch_stats is not None and last_epoch:
                     stats += minibatch_stats
                     updates += 1
+                if cfg.target_kl is not None and minibatch_stats is not None and self._kl_exceeded(minibatch_stats):
+                    stopped = True
+                    break
+            if stopped:
+                break
         return stats / max(updates, 1)
+
+    def _kl_exceeded(self, minibatch_stats: torch.Tensor) -> bool:
+        """`target_kl`'s early stop, SB3's rule: the minibatch's approx_kl (measured before its step) above 1.5 *
+        target_kl ends the update's epochs. SB3 leaves that minibatch's step out; here it has been taken. One host
+        read per minibatch; several processes decide on their mean, so all stop at the same minibatch."""
+        kl = minibatch_stats[3]
+        if self.strategy.world_size > 1:
+            kl = self.strategy.all_reduce_sum(kl.clone()) / self.strategy.world_size
+        return bool(kl > 1.5 * self.config.target_kl)  # ok-sync: only with target_kl set
 
     def _loss(self, obs, actions, old_log_probs, old_values, advantages, returns, clip_range, action_masks=None):
         """The PPO loss of one minibatch: (loss, [policy loss, value loss, entropy, approx_kl, clipfrac]).

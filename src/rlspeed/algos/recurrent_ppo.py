@@ -239,7 +239,11 @@ class RecurrentPPO(PPO):
         clip = torch.full((), clip_range, device=self.device)
         stats = torch.zeros(5, device=self.device)
         updates = 0
+        stopped = False
         for epoch in range(cfg.n_epochs):
+            if cfg.target_kl is not None:  # (the statistics of the last epoch that ran)
+                stats.zero_()
+                updates = 0
             # one minibatch holding every column needs no shuffle: its gradient does not depend on the order; the
             # segmented path cuts sequences on the host (`SequenceLayout`), the graphed one keeps indices on the device
             order = (None if columns == num_envs else torch.randperm(num_envs) if segmented
@@ -262,9 +266,14 @@ class RecurrentPPO(PPO):
                     buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
                     buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip,
                     *masks)
-                if epoch == cfg.n_epochs - 1:  # the last epoch's statistics, as PPO logs them
+                if epoch == cfg.n_epochs - 1 or cfg.target_kl is not None:  # the last epoch's, as PPO logs them
                     stats += minibatch_stats
                     updates += 1
+                if cfg.target_kl is not None and self._kl_exceeded(minibatch_stats):
+                    stopped = True
+                    break
+            if stopped:
+                break
         return stats / max(updates, 1)
 
     def _loss(self, obs, state, episode_starts, layout, actions, old_log_probs, old_values, advantages, returns,

@@ -66,6 +66,9 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
     values (same rule). UserError for a solo run's option populations do not have (`accelerate`, `strategy`,
     `nan_policy`, `save_replay_buffer` other than their defaults): the solo models would take it, the population
     would not."""
+    if hyperparameters.get("target_kl") is not None:
+        raise UserError("Populations do not support target_kl yet (each member would stop its epochs at another "
+                        "minibatch): leave it out, or train the seeds as separate runs.")
     if any(hyperparameters.get(key) for key in ("use_sde", "use_sde_at_warmup")):
         raise UserError("Populations do not support gSDE (use_sde) yet: remove it (a preset's: --set use_sde=false, "
                         "where the preset tuned its other values with gSDE), or train the seeds as separate runs.")

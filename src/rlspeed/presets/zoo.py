@@ -45,7 +45,7 @@ SB3_DEFAULTS: dict[str, dict] = {
 }
 
 #: keys with the same name and meaning in SB3 and rlspeed (the config build says which algorithm has which)
-SAME_NAME = ("gamma", "gae_lambda", "ent_coef", "max_grad_norm", "n_epochs", "batch_size", "buffer_size",
+SAME_NAME = ("gamma", "gae_lambda", "ent_coef", "max_grad_norm", "n_epochs", "batch_size", "buffer_size", "target_kl",
              "learning_starts", "tau", "gradient_steps", "exploration_fraction", "exploration_initial_eps",
              "exploration_final_eps", "target_update_interval", "normalize_advantage", "use_rms_prop",
              "rms_prop_eps", "policy_delay", "target_policy_noise", "target_noise_clip", "clip_range_vf")
@@ -54,7 +54,6 @@ SAME_NAME = ("gamma", "gae_lambda", "ent_coef", "max_grad_norm", "n_epochs", "ba
 NO_COUNTERPART: dict[str, tuple[object, str]] = {
     "optimize_memory_usage": (False, "rlspeed's replay buffer picks its layout itself (frame stacks and large images "
                                      "stored once, frame_dedup)"),
-    "target_kl": (None, "rlspeed's PPO has no early stop on the KL divergence"),
     "stats_window_size": (100, "rlspeed logs its own episode statistics"),
     "callback": (None, "RL-Zoo callbacks do not apply to rlspeed"),
     "monitor_kwargs": (None, "rlspeed records episodes itself"),
