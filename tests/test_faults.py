@@ -112,6 +112,29 @@ def test_batch_size_larger_than_the_rollout_is_said(capsys):
 
 # --- run directories ------------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize(("code", "busy"), [("EWOULDBLOCK", True), ("ENOSYS", False), ("ENOLCK", False)])
+def test_only_a_held_lock_means_another_process_is_training(tmp_path, monkeypatch, code, busy):
+    """A lock another process holds (EWOULDBLOCK) refuses the run; a filesystem without locks (Lustre without flock:
+    ENOSYS, NFS without a lock daemon: ENOLCK) warns that nothing guards the directory and goes on."""
+    import errno
+    import fcntl
+
+    from rlspeed.locks import hold_lock
+
+    def flock(handle, operation):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    held = {}
+    if busy:
+        with pytest.raises(UserError, match="another process"):
+            hold_lock(tmp_path / "lock", held, "another process holds it")
+    else:
+        with pytest.warns(UserWarning, match="the filesystem has no file locks"):
+            hold_lock(tmp_path / "lock", held, "another process holds it")
+    assert held == {}
+
+
 def test_an_unwritable_out_directory_is_one_sentence(tmp_path, capsys):
     out = tmp_path / "locked"
     out.mkdir()
@@ -364,8 +387,11 @@ def _wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> N
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGUSR1, 143),
+                                       (signal.SIGHUP, 143)])
 def test_a_signal_during_training_saves_the_model_and_summary(tmp_path, sig, code):
+    """Ctrl-C, a scheduler's SIGTERM (or SLURM's --signal warning, SIGUSR1/SIGUSR2) and a closed terminal's SIGHUP
+    stop at the end of the iteration with the model, a checkpoint and the summary saved, naming the signal."""
     out = tmp_path / "run"
     process = _start_training(out)
     try:
@@ -377,11 +403,51 @@ def test_a_signal_during_training_saves_the_model_and_summary(tmp_path, sig, cod
             process.kill()
     assert process.returncode == code, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
+    assert f"interrupted ({'Ctrl-C' if sig == signal.SIGINT else signal.Signals(sig).name})" in stderr
     summary = json.loads((out / "summary.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert summary["interrupted"] is True and summary["final_eval"] is None and summary["total_timesteps"] > 0
     model = PPO.load(out / "model.safetensors", device="cpu")
     assert model.num_timesteps == summary["total_timesteps"]
     assert load_checkpoint(out / "checkpoint.safetensors")[1]["num_timesteps"] == model.num_timesteps
+
+
+def test_a_path_the_output_encoding_cannot_show_is_escaped_not_a_traceback(tmp_path):
+    """A batch job's ASCII-only output (PYTHONIOENCODING=ascii) and a run directory named in another script: the
+    lines show the path escaped (r\\xe9sult), and the run finishes with exit code 0."""
+    out = tmp_path / "r\u00e9sult"
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "RLSPEED_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "rlspeed", *TRAIN, "--total-timesteps", "256", "--out", str(out)],
+                            capture_output=True, env=env, timeout=120)
+    stdout = result.stdout.decode("ascii")
+    assert result.returncode == 0, result.stderr.decode("ascii", "replace")
+    assert "r\\xe9sult" in stdout and (out / "summary.json").exists()
+
+
+def test_a_run_stopped_after_training_is_finished_by_resume(tmp_path, monkeypatch, capsys):
+    """A run whose last checkpoint holds its whole budget but whose model could not be written (a full disk, a signal
+    in the final save) is finished by --resume: nothing left to train, so it saves the model, evaluates it and writes
+    the summary (it said "nothing left to train" and exited 0 without them)."""
+    from rlspeed.algos.base import Algorithm
+
+    save = Algorithm.save
+
+    def disk_full_at_the_model(self, path, *args, **kwargs):
+        if Path(path).name == "model.safetensors":
+            raise UserError(f"Cannot write the checkpoint '{path}' (No space left on device).")
+        return save(self, path, *args, **kwargs)
+
+    argv = [*TRAIN, "--total-timesteps", "512", "--checkpoint-freq", "256", "--out", str(tmp_path / "run")]
+    monkeypatch.setattr(Algorithm, "save", disk_full_at_the_model)
+    assert cli.main(argv) == 2
+    monkeypatch.setattr(Algorithm, "save", save)
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing left to train; saving the model and evaluating it" in out and "final evaluation" in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final_eval"]["episodes"] == 10 and summary["total_timesteps"] >= 512
+    assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
 
 
 def test_kill_9_during_checkpointing_leaves_a_loadable_checkpoint(tmp_path):

@@ -43,7 +43,22 @@ RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", 
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM during training, raised like Ctrl-C's KeyboardInterrupt so that the same path saves the run."""
+    """SIGTERM (or another of `STOP_SIGNALS`) during training, raised like Ctrl-C's KeyboardInterrupt so that the same
+    path saves the run; its argument names the signal."""
+
+    @property
+    def name(self) -> str:
+        return str(self.args[0]) if self.args else "SIGTERM"
+
+
+#: signals that stop a run as SIGTERM does (saved, exit code 143): a scheduler's (SIGTERM; SLURM's --signal sends
+#: SIGUSR1 or SIGUSR2 ahead of its deadline) and a closed terminal's (SIGHUP)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+                     if hasattr(signal, name))
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 class _Parser(argparse.ArgumentParser):
@@ -454,8 +469,9 @@ def _train_population(args: argparse.Namespace) -> int:
             summary = population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                        stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs)
     except KeyboardInterrupt as stop:
-        terminated = isinstance(stop, Terminated) or signals[:1] == [signal.SIGTERM]
-        code, name = (143, "SIGTERM") if terminated else (130, "Ctrl-C")
+        terminated = isinstance(stop, Terminated) or bool(signals[:1]) and signals[0] != signal.SIGINT
+        name = stop.name if isinstance(stop, Terminated) else _signal_name(signals[0]) if terminated else "Ctrl-C"
+        code = 143 if terminated else 130
         progress = getattr(population, "progress", None) or {}  # (the loop's, as its last checkpoint saved it)
         left = dict((int(k), v) for k, v in progress.get("left", []))
 
@@ -586,8 +602,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
                  device=device, command=command, progress_bar=not args.no_progress,
                  env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None)
-        except Terminated:
-            print("rlspeed: terminated (SIGTERM)", file=sys.stderr)
+        except Terminated as stop:
+            print(f"rlspeed: terminated ({stop.name})", file=sys.stderr)
             return 143
     return 0
 
@@ -890,32 +906,34 @@ def _default_in_children(owner: int, signum: int) -> None:
 
 @contextlib.contextmanager
 def _sigterm_raises():
-    """Within the block SIGTERM raises `Terminated` (a KeyboardInterrupt), as Ctrl-C raises KeyboardInterrupt. Yields
-    an empty list: no signal waits to be acted on later (as `_stop_after_iteration`'s list can hold one)."""
+    """Within the block SIGTERM (and the other `STOP_SIGNALS`) raises `Terminated` (a KeyboardInterrupt), as Ctrl-C
+    raises KeyboardInterrupt. Yields an empty list: no signal waits to be acted on later (as `_stop_after_iteration`'s
+    list can hold one)."""
     owner = os.getpid()
 
     def handler(signum, frame):
         _default_in_children(owner, signum)
-        raise Terminated()
+        raise Terminated(_signal_name(signum))
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals stay as they are
         yield []
         return
     try:
         yield []
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def _stop_after_iteration():
-    """Within the block the first Ctrl-C (SIGINT) or SIGTERM is recorded in the list yielded, for the population's
-    learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint there); a second
-    signal stops at once (KeyboardInterrupt or `Terminated`), except in a torchrun worker, which waits for its peers
-    at the iteration's end whatever comes (torchrun's own deadline ends it). A signal the process was started ignoring
-    (SIGINT in a shell's background job) stays ignored."""
+    """Within the block the first Ctrl-C (SIGINT) or SIGTERM (or another of `STOP_SIGNALS`) is recorded in the list
+    yielded, for the learn loop to stop at the end of its iteration (where its state is whole: it writes its checkpoint
+    there); a second signal stops at once (KeyboardInterrupt or `Terminated`), except in a torchrun worker, which
+    waits for its peers at the iteration's end whatever comes (torchrun's own deadline ends it). A signal the process
+    was started ignoring (SIGINT in a shell's background job) stays ignored."""
     received: list[int] = []
     owner = os.getpid()
     # A torchrun worker gets a scheduler's signal and torchrun's own shutdown signal too (a worker stopping at once
@@ -927,14 +945,14 @@ def _stop_after_iteration():
         if received and under_torchrun:
             return
         if received:
-            raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt
+            raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(_signal_name(signum))
         received.append(signum)
-        print(f"rlspeed: {'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}: stopping after this iteration "
+        print(f"rlspeed: {_signal_name(signum)}: stopping after this iteration "
               + ("(torchrun ends workers 30 s after its signal)" if under_torchrun else "(again to stop at once)"),
               file=sys.stderr, flush=True)
 
     try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
                     if signal.getsignal(sig) is not signal.SIG_IGN}
     except ValueError:  # not the main thread: signals stay as they are
         yield received
@@ -982,9 +1000,10 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
 
 @contextlib.contextmanager
 def _signals_ignored():
-    """SIGINT and SIGTERM ignored within the block (a second Ctrl-C must not cut the final save short)."""
+    """SIGINT, SIGTERM and the other `STOP_SIGNALS` ignored within the block (a second Ctrl-C must not cut the final
+    save short)."""
     try:
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, *STOP_SIGNALS)}
     except ValueError:
         yield
         return
@@ -1214,17 +1233,20 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         how = ("torchrun restarted the group" if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
                else "--resume")
         say(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps ({how}; resume {restarts} of this run)")
-    if total <= 0:
-        say("rlspeed: nothing left to train")
-        return 0
+    # (a checkpoint of the whole budget: the run stopped after training, before its model and summary were written)
+    trained = total <= 0
     _say_preset(args, say)
     per_iteration = model.steps_per_iteration
     whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
     say(f"rlspeed: run directory {run_dir}")  # (at the start too: a run stopped or watched is found there)
-    say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
-        f"device {model.device}), up to {total:,} steps"
-        + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
-        + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    if trained:
+        say("rlspeed: the checkpoint holds the whole budget: nothing left to train; saving the model and evaluating it",
+            flush=True)
+    else:
+        say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
+            f"device {model.device}), up to {total:,} steps"
+            + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
+            + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     steps_before = model.num_timesteps
     if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
         (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
@@ -1236,20 +1258,24 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         eval_freq = None
     if main and model.keeps_replay_buffer:  # (the replay buffer's footprint, said once it is made)
         callbacks = [*callbacks, _replay_footprint(say)]
-    with _stopping(model.env_backend) as signals:
+    signals: list[int] = []
+    with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
         model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
         try:
-            model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                        run_dir=run_dir, checkpoint_freq=checkpoint_freq,
-                        # (without a step frequency, a crash still loses at most about this much training)
-                        checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
-                        callback=callbacks or None)
+            if not trained:
+                model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
+                            run_dir=run_dir, checkpoint_freq=checkpoint_freq,
+                            # (without a step frequency, a crash still loses at most about this much training)
+                            checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
+                            callback=callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
-    finished = model.num_timesteps - steps_before >= total or model.result.steps_to_target is not None
+    finished = (trained or model.num_timesteps - steps_before >= total
+                or model.result.steps_to_target is not None)
     if interrupted is None and (signals or model.result.stop_requested) and not finished:
         # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
-        interrupted = KeyboardInterrupt() if signals and signals[0] == signal.SIGINT else Terminated()
+        interrupted = (KeyboardInterrupt() if signals and signals[0] == signal.SIGINT
+                       else Terminated(_signal_name(signals[0]) if signals else "SIGTERM"))
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker}
@@ -1260,13 +1286,14 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     model.save(run_dir / "model.safetensors")
     eval_seed = args.seed + 1_000_000
     try:
-        final = model.evaluate(episodes=10, seed=eval_seed)
-    except KeyboardInterrupt:  # (training is done and saved: the summary says so, without the evaluation)
+        with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
+            final = model.evaluate(episodes=10, seed=eval_seed)
+    except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         _write_text(run_dir / "summary.json", strict_json(_summary(run, None), indent=2) + "\n")
         print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
               f"summary.json are saved in {run_dir} (rlspeed eval {run_dir} --seed {eval_seed} evaluates it)",
               file=sys.stderr, flush=True)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
                              "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
@@ -1328,7 +1355,7 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
 def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
     """After Ctrl-C or SIGTERM: save the model, a checkpoint (`--resume` continues from it) and summary.json
     (`"interrupted": true`, no final evaluation); return 130 or 143."""
-    code, name = (143, "SIGTERM") if isinstance(stop, Terminated) else (130, "Ctrl-C")
+    code, name = (143, stop.name) if isinstance(stop, Terminated) else (130, "Ctrl-C")
     if not run["strategy"].is_main:
         return code
     with _signals_ignored():
@@ -1433,17 +1460,17 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         received.append(signum)
         # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more)
         if len(received) <= 2:
-            process.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
-    # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session)
-    hangups = (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ()
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, signal.SIGTERM, *hangups)}
+    # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
+    # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, *STOP_SIGNALS)}
     try:
         code = process.wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return 128 + received[0] if received else code
+    return (130 if received[0] == signal.SIGINT else 143) if received else code
 
 
 def _torch_threads() -> int:
@@ -1768,6 +1795,10 @@ def main(argv: list[str] | None = None) -> int:
     """
     console = argv is None  # (the `rlspeed` command; a caller passing argv keeps its own warning handling)
     argv = list(sys.argv[1:] if argv is None else argv)
+    if console:  # (a path or env id the output's encoding cannot show, PYTHONIOENCODING=ascii: escaped, no traceback)
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning
