@@ -177,3 +177,12 @@ def test_update_advice_names_the_setting_that_changes_gradient_steps_per_env_ste
     line = advise(_profile(parameters=1_000, update_lever=one,
                            phases=[PhaseTime("update", 1, 0.6), PhaseTime("other", 1, 0.4)]))[0]
     assert "fewer epochs (n_epochs, now 20" in line and "larger minibatches" not in line
+
+
+def test_the_header_names_nested_acceleration_choices_in_words():
+    """An on-policy model's acceleration choice holds its rollout policy's (a dict): the header shows it in the same
+    words, not as a Python dict."""
+    choice = {"precision": "fp32", "compile": "off", "rollout_policy": {"precision": "fp32", "graphs": "false"}}
+    assert profiler._describe(choice) == ("precision fp32, compile off, rollout_policy (precision fp32, graphs "
+                                          "false)")
+    assert profiler._describe({}) == "off"

@@ -139,7 +139,11 @@ _PHASE_TEXT = {**PHASES, "other": "the Python loop, schedules and everything not
 
 
 def _describe(accelerate: dict) -> str:
-    return ", ".join(f"{key} {value}" for key, value in accelerate.items()) if accelerate else "off"
+    """`precision fp32, compile off, rollout_policy (precision fp32, compile off)`: nested choices in parentheses."""
+    if not accelerate:
+        return "off"
+    return ", ".join(f"{key} ({_describe(value)})" if isinstance(value, dict) else f"{key} {value}"
+                     for key, value in accelerate.items())
 
 
 def steps_per_iteration(model) -> int:
