@@ -125,6 +125,30 @@ def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
     assert model.num_timesteps == 3072 and bars[1].bar.total == 2048 and bars[1].bar.n == 2048
 
 
+def test_a_resumed_runs_progress_bar_counts_the_whole_run(monkeypatch, tmp_path):
+    """After resume(checkpoint) the bar (and a batch job's status lines) count the run from its start, as
+    metrics.csv does: 1,024 steps of the interrupted run, then the 1,024 this call trains, out of 2,048."""
+    from rlspeed import PPO
+    from rlspeed.algos import base
+
+    bars = []
+
+    class Recording(base.ProgressBar):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(base, "ProgressBar", Recording)
+    options = {"device": "cpu", "env_backend": "torch", "num_envs": 16, "num_steps": 64, "batch_size": 256}
+    first = PPO("CartPole-v1", **options)
+    first.learn(1024, progress_bar=False)
+    path = first.save(tmp_path / "checkpoint")
+    resumed = PPO("CartPole-v1", **options)
+    resumed.resume(path)
+    resumed.learn(1024, progress_bar=True)
+    assert (bars[-1].bar.total, bars[-1].bar.n, bars[-1].bar.initial) == (2048, 2048, 1024)
+
+
 def test_an_untrained_model_refuses_a_run_dir_with_another_runs_metrics(tmp_path):
     """learn(run_dir=DIR) on a fresh model where DIR holds metrics.csv: one sentence, the file kept (it was replaced
     by the new run's rows); the model that wrote it continues the file."""

@@ -53,7 +53,7 @@ class ProgressBar:
     #: seconds between status lines where stderr is not a terminal
     LINE_INTERVAL_S = 30.0
 
-    def __init__(self, total: int, enabled: bool = True, desc: str = "train"):
+    def __init__(self, total: int, enabled: bool = True, desc: str = "train", initial: int = 0):
         # (a notebook's stderr is no terminal either, but tqdm.auto draws its bars as widgets there)
         self.lines = enabled and not _is_terminal(sys.stderr) and "ipykernel" not in sys.modules
         # (in line mode the bar still counts, drawn nowhere)
@@ -64,13 +64,13 @@ class ProgressBar:
             from tqdm.std import tqdm
         else:
             from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, unit="step", unit_scale=True, desc=desc, disable=not enabled,
+        self.bar = tqdm(total=total, initial=initial, unit="step", unit_scale=True, desc=desc, disable=not enabled,
                         dynamic_ncols=True, leave=True, file=self._null)
         self.desc = desc
         self._shown: dict = {}
         self._last_line = time.monotonic()
         self._wrote_line = False
-        self._lined = 0  # the step count the last status line showed
+        self._lined = initial  # the step count the last status line showed
 
     def update(self, steps: int, **postfix) -> None:
         """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""

@@ -1150,13 +1150,15 @@ class Algorithm:
             eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
         result = self.result = LearnResult(target_return=target_return)
         per_iteration = self.steps_per_iteration  # (learn trains whole iterations: the bar counts what they add to)
-        bar = ProgressBar(-(-int(total_timesteps) // per_iteration) * per_iteration, enabled=progress_bar and main,
-                          desc=f"{self.name} {self.env_id}")
+        # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's (whose steps
+        # so far the bar starts from: it counts the whole run, as metrics.csv does)
+        run_start = int(saved_loop.get("run_start", self.num_timesteps))
+        so_far = self.num_timesteps - run_start if resume is not None else 0
+        bar = ProgressBar(so_far + -(-int(total_timesteps) // per_iteration) * per_iteration,
+                          enabled=progress_bar and main, desc=f"{self.name} {self.env_id}", initial=so_far)
         global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
         pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
         iterations = 0
-        # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's
-        run_start = int(saved_loop.get("run_start", self.num_timesteps))
         clock_offset = float(saved_loop.get("train_wall_s", 0.0)) if resume is not None else 0.0
         # metrics.csv's clock column goes on over further learn() calls of one model, as its step count does (their
         # training time before this call's run_start; the clock of summary.json and time_to_target_s is the run's)
