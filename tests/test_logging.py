@@ -61,6 +61,12 @@ def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
     assert min(steps) <= 256 < max(steps) and steps == sorted(steps)
     clock = [float(r["train_wall_s"]) for r in rows]  # (the second call's rows went back to 0)
     assert clock == sorted(clock) and clock[-1] > model._loop["train_wall_s"]  # (summary.json's: this call's)
+    # a saved and loaded model continuing in the same directory goes on too (its rows went back to 0)
+    loaded = PPO.load(model.save(tmp_path / "model"))
+    loaded.learn(256, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    rows = read_rows(tmp_path / "metrics.csv")
+    later = [float(r["train_wall_s"]) for r in rows][len(clock):]
+    assert [float(r["train_wall_s"]) for r in rows][:len(clock)] == clock and later and min(later) > clock[-1]
 
 
 def test_the_plot_leaves_matplotlib_s_backend_alone(tmp_path):

@@ -1665,6 +1665,10 @@ class Algorithm:
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
         model._restore(tensors, meta, path)
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
+        # (its training clock so far: metrics.csv's train_wall_s goes on where the saved model's ended, as its steps)
+        loop = meta["resume"].get("loop") if isinstance(meta.get("resume"), dict) else None
+        if isinstance(loop, dict):
+            model._loop = {key: float(loop[key]) for key in ("train_wall_s", "clock_before") if key in loop}
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True
