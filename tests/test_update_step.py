@@ -220,3 +220,19 @@ def test_double_q_a_callback_changes_applies_whichever_dqn_update_runs():
         return torch.cat([p.detach().flatten() for p in model.q_network.parameters()])
 
     torch.testing.assert_close(trained(), trained(fused_update=False), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("algo", "env_id", "config"), CASES, ids=lambda c: getattr(c, "__name__", None))
+def test_parameters_frozen_after_the_model_was_made_stay_where_they_are(algo, env_id, config):
+    """A layer frozen with `requires_grad_(False)` (fine-tuning the rest) is left alone: the hand-derived update,
+    which steps every parameter, gives way to autograd when learn starts, and update_summary says why."""
+    model = algo(env_id, device="cpu", seed=0, **config)
+    assert model.update_summary()["implementation"] == "hand-derived"
+    frozen = next(model.policy.parameters())
+    frozen.requires_grad_(False)
+    before, others = frozen.detach().clone(), [p.detach().clone() for p in list(model.policy.parameters())[1:]]
+    model.learn(128 if "learning_starts" in config else 1024, progress_bar=False)
+    assert torch.equal(frozen, before)
+    assert any(not torch.equal(p, b) for p, b in zip(list(model.policy.parameters())[1:], others))
+    choice = model.update_summary()
+    assert choice["implementation"] == "autograd" and "1 frozen parameter tensor(s)" in choice["reason"]

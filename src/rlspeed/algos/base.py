@@ -852,6 +852,18 @@ class Algorithm:
             self._update_step = self._make_update_step()
         return self._action_mask.shape[-1] if masking else None
 
+    def _follow_frozen_parameters(self) -> None:
+        """Parameters the caller froze (`requires_grad_(False)`) after the model was made: the hand-derived update
+        steps every parameter, so the update is chosen again (autograd, whose optimizer step leaves a parameter
+        without a gradient alone; `update_summary` says why)."""
+        hand_derived = getattr(getattr(self, "_update_step", None), "hand_derived", None)
+        params = getattr(self, "_params", None)
+        if hand_derived is None or not params or all(p.requires_grad for p in params):
+            return
+        if getattr(hand_derived, "adam", None) is not None:  # (its flat optimizer gives the parameters back)
+            hand_derived.adam.release()
+        self._update_step = self._make_update_step()
+
     def _setup(self) -> None:
         """Build networks and optimisers (called once from __init__, env not built yet)."""
         raise NotImplementedError
@@ -1135,6 +1147,7 @@ class Algorithm:
                             columns=columns) if run_dir is not None and main else None)
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         resume = self._resume
+        self._follow_frozen_parameters()
         self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
         # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.

@@ -108,22 +108,25 @@ class SAC(OffPolicyAlgorithm):
         # step, the parameters without a gradient are left alone.
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
-        # the critics' step (the hand-derived update: the whole update, both steps and the Polyak step)
-        self._update_step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer,
-                                          params=self._params, max_grad_norm=None, name="sac", reference_cls=SAC,
-                                          reference_methods=("_critic_loss", "_actor_loss"),
-                                          unsupported=unsupported_reason(self.actor, self.critic),
-                                          hand_derived=lambda: FusedSACUpdate(self, strategy=self.strategy),
-                                          updates_targets=True)
-        self._actor_step = None  # the actor's and temperature's step, after the critics' (autograd only)
-        if self._update_step.hand_derived is None:
-            self._actor_step = select_update(self, loss_fn=self._actor_loss, optimizer=self.optimizer,
-                                             params=self._params, max_grad_norm=None, name="sac-actor")
+        self._update_step = self._make_update_step()
         self._setup_action_scaling()
         # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
         found = sequential_linears(self.actor.net) if self.actor.encoder is None and not cfg.use_sde else None
         self._actor_linears = None if found is None else (
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
+
+    def _make_update_step(self):
+        """The critics' step (the hand-derived update: the whole update, both steps and the Polyak step); with
+        autograd, `_actor_step` is the actor's and temperature's step after it (else None)."""
+        step = select_update(self, loss_fn=self._critic_loss, optimizer=self.optimizer, params=self._params,
+                             max_grad_norm=None, name="sac", reference_cls=SAC,
+                             reference_methods=("_critic_loss", "_actor_loss"),
+                             unsupported=unsupported_reason(self.actor, self.critic),
+                             hand_derived=lambda: FusedSACUpdate(self, strategy=self.strategy), updates_targets=True)
+        self._actor_step = None if step.hand_derived is not None else select_update(
+            self, loss_fn=self._actor_loss, optimizer=self.optimizer, params=self._params, max_grad_norm=None,
+            name="sac-actor")
+        return step
 
     def _modules(self):
         # A fixed entropy coefficient is the config's (one given to `load` included): `_setup` sets log_alpha from

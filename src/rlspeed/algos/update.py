@@ -130,6 +130,9 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         reason = "fused_update=false"
     elif getattr(algo.config, "use_sde", False):
         reason = "use_sde=true (gSDE; the hand-derived updates cover state-independent Gaussian noise only)"
+    elif frozen := sum(not p.requires_grad for p in params):
+        reason = (f"{frozen} frozen parameter tensor(s) (requires_grad=False: the hand-derived update steps every "
+                  "parameter)")
     elif unsupported is not None:
         reason = unsupported
     elif (optimizer_reason := plain_optimizer_reason(optimizer, optimizers)) is not None:
