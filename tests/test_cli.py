@@ -246,6 +246,9 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
 @pytest.mark.parametrize(("argv", "expected"), [
     (["train", "ppo", "CartPole-v1", "--num-steps", "128"], "are given with --set: --set num_steps=128"),
     (["profile", "dqn", "CartPole-v1", "--learning-starts=64"], "--set learning_starts=64."),
+    (["train", "--device", "cpu", "ppo", "CartPole-v1", "--update-epochs", "4"], "--set n_epochs=4."),
+    (["train", "ppo", "CartPole-v1", "--vf-coef", "-1"], "--set vf_coef=-1."),
+    (["train", "td3", "Pendulum-v1", "--policy-noise", "0.2"], "--set target_policy_noise=0.2."),
     (["train", "ppo", "CartPole-v1", "--clip-coef", "0.1"], "CleanRL's argument: PPO's clip range is clip_range"),
     (["train", "ppo", "CartPole-v1", "--capture-video"], "--video-every N"),
     (["train", "ppo", "CartPole-v1", "--set", "num_minibatches=4"], "batch_size = num_envs * num_steps / num_minib"),
@@ -272,7 +275,7 @@ def test_a_set_learning_rate_under_an_annealing_preset_says_it_still_decays(extr
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["hyperparameters"]["learning_rate"] == 0.001
     assert config["hyperparameters"]["anneal_lr"] is (not extra)
-    assert ("starts a linear decay to 0 (anneal_lr is true" in captured.err) is (not extra)
+    assert ("starts a linear decay to 0 (PPO's default anneal_lr=true)" in captured.err) is (not extra)
     assert ("--set anneal_lr=false to hold it constant" in captured.err) is (not extra)
 
 
@@ -955,6 +958,8 @@ def test_flags_that_conflict_or_act_only_with_another_are_refused(tmp_path, monk
         assert cli.main(argv) == 2
         assert says in capsys.readouterr().err
     assert cli.main(["train", "ppo", "CartPole-v1", "--lr", "1e-3"]) == 2
+    assert "--set learning_rate=1e-3" in capsys.readouterr().err
+    assert cli.main(["train", "ppo", "CartPole-v1", "--no-such-flag", "1"]) == 2
     assert "(see 'rlspeed train --help')" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 

@@ -436,18 +436,39 @@ def test_a_run_stopped_after_training_is_finished_by_resume(tmp_path, monkeypatc
             raise UserError(f"Cannot write the checkpoint '{path}' (No space left on device).")
         return save(self, path, *args, **kwargs)
 
-    argv = [*TRAIN, "--total-timesteps", "512", "--checkpoint-freq", "256", "--out", str(tmp_path / "run")]
-    monkeypatch.setattr(Algorithm, "save", disk_full_at_the_model)
-    assert cli.main(argv) == 2
-    monkeypatch.setattr(Algorithm, "save", save)
-    assert not (tmp_path / "run" / "model.safetensors").exists()
-    capsys.readouterr()
-    assert cli.main([*argv, "--resume"]) == 0
-    out = capsys.readouterr().out
-    assert "nothing left to train; saving the model and evaluating it" in out and "final evaluation" in out
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["final_eval"]["episodes"] == 10 and summary["total_timesteps"] >= 512
-    assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
+    for name, run in (("budget", ["--total-timesteps", "512"]),
+                      ("target", ["--total-timesteps", "100000", "--target-return", "5", "--eval-freq", "256"])):
+        argv = [*TRAIN, *run, "--checkpoint-freq", "256", "--out", str(tmp_path / name)]
+        monkeypatch.setattr(Algorithm, "save", disk_full_at_the_model)
+        assert cli.main(argv) == 2
+        monkeypatch.setattr(Algorithm, "save", save)
+        assert not (tmp_path / name / "model.safetensors").exists()
+        capsys.readouterr()
+        assert cli.main([*argv, "--resume"]) == 0
+        out = capsys.readouterr().out
+        assert "nothing left to train; saving the model and evaluating it" in out and "final evaluation" in out
+        summary = json.loads((tmp_path / name / "summary.json").read_text())
+        assert summary["final_eval"]["episodes"] == 10 and summary["total_timesteps"] >= 512
+        assert PPO.load(tmp_path / name / "model.safetensors").num_timesteps == summary["total_timesteps"]
+        if name == "target":  # (reached before the stop: reported as the uninterrupted run would, not trained on)
+            assert summary["steps_to_target"] == summary["total_timesteps"] < 100000
+        # and once finished, --resume changes nothing
+        written = (tmp_path / name / "summary.json").read_text()
+        assert cli.main([*argv, "--resume"]) == 0 and "the run finished" in capsys.readouterr().out
+        assert (tmp_path / name / "summary.json").read_text() == written
+
+
+def test_a_signal_the_process_was_started_ignoring_stays_ignored():
+    """`nohup rlspeed train ...` ignores SIGHUP: a closed terminal must not stop the run, whichever way it stops on
+    the others (at the iteration's end, or at once with subprocess envs, or in the final evaluation)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        for stopping in (cli._stop_after_iteration, cli._sigterm_raises):
+            with stopping():
+                assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+                assert signal.getsignal(signal.SIGUSR1) not in (signal.SIG_IGN, signal.SIG_DFL)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_kill_9_during_checkpointing_leaves_a_loadable_checkpoint(tmp_path):

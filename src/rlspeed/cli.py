@@ -61,6 +61,25 @@ def _signal_name(signum: int) -> str:
     return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
+def _quiet_closed_terminal(signum: int) -> None:
+    """After SIGHUP the terminal may be gone, and every write to it fails (EIO): the run must still save. Standard
+    output and error that are a terminal, or cannot be written, go to /dev/null from here on (files and pipes stay)."""
+    if signum != getattr(signal, "SIGHUP", None):
+        return
+    for fd in (1, 2):
+        try:
+            gone = os.isatty(fd) or os.write(fd, b"") < 0
+        except OSError:
+            gone = True
+        if gone:
+            try:
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
+            except OSError:
+                pass
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
 
@@ -364,6 +383,7 @@ def _train_population(args: argparse.Namespace) -> int:
     if refused:
         raise UserError(f"{refused[0]} does not apply to a population (--seeds): drop it.")
     per_member = _member_sets(args)
+    args.member_keys = tuple(per_member)  # (for `_settings`' note on the preset values kept)
     algo_cls = _algorithm(args.algo)
     member_keys = per_member_keys(algo_cls)  # UserError when the algorithm has no population
     resumed = getattr(args, "resume_hyperparameters", None)
@@ -658,10 +678,12 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         hyper["num_envs"] = args.num_envs
     config = build_config(algo_cls.config_cls, hyper)
     # (said when training starts, after the preset's line: a refusal before it stays one line)
-    args.setting_notes = _annealed_override_notes(hyper_overrides, config)
-    if hyper_overrides and not resumed and preset.source not in ("file", "none"):
-        given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {})}
-        args.setting_notes += _preset_values_kept(preset, algo_cls, given)
+    args.setting_notes = _annealed_override_notes(hyper_overrides, config, set(hyper) - set(hyper_overrides),
+                                                  algo_cls.__name__)
+    given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {}),
+             **dict.fromkeys(getattr(args, "member_keys", ()))}  # (a population's per-member --set values)
+    if (hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none"):
+        args.setting_notes += _preset_values_kept(preset, algo_cls, given, hyper)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
 
 
@@ -673,21 +695,24 @@ def _say_preset(args: argparse.Namespace, say=print) -> None:
         say(note, file=sys.stderr)
 
 
-def _annealed_override_notes(overrides: dict, config) -> list[str]:
-    """`--set learning_rate=X` (or clip_range) that starts a decay the preset or run asked for: RL-Zoo's constant `X`
-    and `lin_X` are one value and a flag here, and the flag came from elsewhere."""
-    return [f"rlspeed: note: --set {key}={overrides[key]} starts a linear decay to 0 ({flag} is true in the preset or "
-            f"run); add --set {flag}=false to hold it constant."
+def _annealed_override_notes(overrides: dict, config, from_preset: set, algo: str) -> list[str]:
+    """`--set learning_rate=X` (or clip_range) that starts a decay the preset, the run or the algorithm's default asked
+    for: RL-Zoo's constant `X` and `lin_X` are one value and a flag here, and the flag came from elsewhere."""
+    return [f"rlspeed: note: --set {key}={overrides[key]} starts a linear decay to 0 ("
+            + (f"{flag} is true in the preset or run" if flag in from_preset else f"{algo}'s default {flag}=true")
+            + f"); add --set {flag}=false to hold it constant."
             for key, flag in (("learning_rate", "anneal_lr"), ("clip_range", "anneal_clip"))
             if key in overrides and flag not in overrides and getattr(config, flag, False) is True]
 
 
-def _preset_values_kept(preset, algo_cls: type, overrides: dict) -> list[str]:
-    """With `--set` values over a shipped or RL-Zoo preset, the preset's hyperparameters that stay: someone giving a
-    peer's whole configuration with --set (CleanRL's, a paper's) would otherwise train with others unseen."""
+def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) -> list[str]:
+    """With `--set` values over a shipped or RL-Zoo preset, the preset's hyperparameters that stay (as `hyper`, the
+    values that train, has them): someone giving a peer's whole configuration with --set (CleanRL's, a paper's)
+    would otherwise train with others unseen."""
     from rlspeed.presets import split_run_settings
 
-    kept = {key: value for key, value in split_run_settings(preset)[1].items() if key not in overrides}
+    kept = {key: value for key, value in split_run_settings(preset)[1].items()
+            if key not in overrides and hyper.get(key, value) == value}
     if not kept:
         return []
     values = ", ".join(f"{key}={value}" for key, value in kept.items())
@@ -913,10 +938,12 @@ def _sigterm_raises():
 
     def handler(signum, frame):
         _default_in_children(owner, signum)
+        _quiet_closed_terminal(signum)
         raise Terminated(_signal_name(signum))
 
-    try:
-        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:  # (a signal the process was started ignoring, SIGHUP under nohup, stays ignored)
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS
+                    if signal.getsignal(sig) is not signal.SIG_IGN}
     except ValueError:  # not the main thread: signals stay as they are
         yield []
         return
@@ -942,6 +969,7 @@ def _stop_after_iteration():
 
     def handler(signum, frame):
         _default_in_children(owner, signum)
+        _quiet_closed_terminal(signum)
         if received and under_torchrun:
             return
         if received:
@@ -1120,6 +1148,9 @@ def _resume_settings(args: argparse.Namespace) -> None:
         seeds = ",".join(str(seed) for seed in config["seeds"])
         raise UserError(f"'{args.out}' holds a population's run (seeds {seeds}): resume it as a population "
                         f"(rlspeed train {args.algo} {args.env_id} --seeds {seeds} --out {args.out} --resume).")
+    if "seeds" not in config and getattr(args, "seeds", None) is not None:  # (as `_same_population_run` says)
+        raise UserError(f"--resume: '{args.out}' holds a single {config.get('algo')} run (seed {config.get('seed')}), "
+                        "not a population: resume it without --seeds, or give another --out.")
     given = _given_options(getattr(args, "argv", []), "train")
     several = args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
     for key in ("env_backend", "accelerate", "nan_policy"):
@@ -1233,15 +1264,26 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         how = ("torchrun restarted the group" if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
                else "--resume")
         say(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps ({how}; resume {restarts} of this run)")
-    # (a checkpoint of the whole budget: the run stopped after training, before its model and summary were written)
-    trained = total <= 0
+    # (a checkpoint of the whole budget, or of this target reached: the run stopped after training, before its model
+    # and summary were written)
+    reached = resumed_from is not None and model._loop.get("steps_to_target") is not None and (
+        target is not None and model._loop.get("target_return") == target)
+    trained = total <= 0 or reached
+    if trained and _finished_summary(run_dir / "summary.json") and (run_dir / "model.safetensors").exists():
+        say("rlspeed: nothing left to train: the run finished (its summary.json); a larger --total-timesteps "
+            "continues it")
+        return 0
+    if trained and model._loop.get("steps_to_target") is not None and model._loop.get("target_return") == target:
+        model.result.target_return = target
+        model.result.steps_to_target = int(model._loop["steps_to_target"])
+        model.result.time_to_target_s = float(model._loop["time_to_target_s"])
     _say_preset(args, say)
     per_iteration = model.steps_per_iteration
     whole = -(-total // per_iteration) * per_iteration  # (learn trains whole iterations)
     say(f"rlspeed: run directory {run_dir}")  # (at the start too: a run stopped or watched is found there)
     if trained:
-        say("rlspeed: the checkpoint holds the whole budget: nothing left to train; saving the model and evaluating it",
-            flush=True)
+        why = "its run reached the target" if reached else "the checkpoint holds the whole budget"
+        say(f"rlspeed: {why}: nothing left to train; saving the model and evaluating it", flush=True)
     else:
         say(f"rlspeed: training {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, "
             f"device {model.device}), up to {total:,} steps"
@@ -1454,6 +1496,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
+        _quiet_closed_terminal(signum)
         if not received:
             print(f"rlspeed: stopping the {args.nproc} processes (they save where they are)", file=sys.stderr,
                   flush=True)
@@ -1464,7 +1507,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, *STOP_SIGNALS)}
+    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, *STOP_SIGNALS)
+                if signal.getsignal(signum) is not signal.SIG_IGN}
     try:
         code = process.wait()
     finally:
@@ -1828,23 +1872,29 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
     `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.algos.base import CLEANRL_NAMES
+    from rlspeed.algos.base import _SHORT_NAMES, CLEANRL_NAMES, _close_names
 
     unknown = text.removeprefix("unrecognized arguments:").split(" (see ")[0].split()
     flag = next((item for item in unknown if item.startswith("--")), None)
-    words = [arg for arg in argv if not arg.startswith("-")]
-    if flag is None or command not in ("train", "profile", "tune") or len(words) < 2:
+    if flag is None or command not in ("train", "profile", "tune"):
         return text
     name, _, value = flag[2:].partition("=")
     name = name.replace("-", "_")
     if not value:
         following = argv[argv.index(flag) + 1:argv.index(flag) + 2] if flag in argv else []
-        value = following[0] if following and not following[0].startswith("-") else "VALUE"
-    algo_cls = ALGORITHMS.get(words[1].lower())
-    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)} if algo_cls is not None else set()
+        is_value = following and (not following[0].startswith("-") or re.fullmatch(r"-[\d.]+(e[+-]?\d+)?",
+                                                                                    following[0]))
+        value = following[0] if is_value else "VALUE"
+    # (the algorithm: the first word after the command that names one, options and their values before it or not)
+    after = argv[argv.index(command) + 1:]
+    algo_cls = next((ALGORITHMS[word.lower()] for word in after if word.lower() in ALGORITHMS), None)
+    fields = [field.name for field in dataclasses.fields(algo_cls.config_cls)] if algo_cls is not None else []
     given = " ".join(unknown)
-    if name in fields:
-        return f"unrecognized arguments: {given}; hyperparameters are given with --set: --set {name}={value}."
+    name = _SHORT_NAMES.get(name, name)  # (--lr: learning_rate)
+    close = _close_names(name, fields)[:1] if name not in CLEANRL_NAMES else []
+    if name in fields or close:
+        key = name if name in fields else close[0]
+        return f"unrecognized arguments: {given}; hyperparameters are given with --set: --set {key}={value}."
     if name in CLEANRL_NAMES:
         return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "
                 "(hyperparameters are given with --set KEY=VALUE).")

@@ -508,6 +508,14 @@ class LearnResult:
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
     stop_requested: bool = False
 
+    def reached(self) -> dict:
+        """The target's steps and clock once reached ({} before): a checkpoint keeps them with the loop's position,
+        so a run stopped after training still reports them when `--resume` finishes it."""
+        if self.steps_to_target is None:
+            return {}
+        return {"steps_to_target": self.steps_to_target, "time_to_target_s": self.time_to_target_s,
+                "target_return": self.target_return}
+
     def __repr__(self) -> str:
         # (a notebook shows it: rounded figures, and how many evaluations rather than all of them)
         def short(value):
@@ -769,7 +777,8 @@ class Algorithm:
             self._setup()
         finally:
             torch.set_num_threads(threads_before)
-        warn_unused_settings(self.config, self.spec)  # (every algorithm's, once: load and members leave it out)
+        if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
+            warn_unused_settings(self.config, self.spec)
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
             for module in self._modules_to_sync():
                 self.strategy.broadcast_module(module)
@@ -1322,7 +1331,7 @@ class Algorithm:
                     if checkpoint_freq:
                         next_checkpoint = self.num_timesteps + checkpoint_freq
                     self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                                      train_wall_s=clock_offset + train_clock)
+                                      train_wall_s=clock_offset + train_clock, **result.reached())
                     if main:
                         saving = time.perf_counter()
                         self.save(Path(run_dir) / "checkpoint.safetensors")
@@ -1355,7 +1364,7 @@ class Algorithm:
                 logger.close()
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got)
             self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                              train_wall_s=clock_offset + train_clock)
+                              train_wall_s=clock_offset + train_clock, **result.reached())
             result.total_timesteps = self.num_timesteps - start_steps
             result.train_wall_s = train_clock
             result.sps = result.total_timesteps / max(train_clock, 1e-9)
