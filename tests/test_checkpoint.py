@@ -478,3 +478,40 @@ def test_a_vecnormalize_env_with_the_same_normalisation_asked_for_again_warns():
 
     with pytest.warns(UserWarning, match=r"VecNormalize \(norm_obs=True\) already normalises what normalize_obs=True"):
         PPO(VecNormalize(make_vec_env("CartPole-v1", 2), norm_reward=False), normalize_obs=True, device="cpu")
+
+
+def test_a_seed_given_to_load_seeds_what_the_loaded_model_draws(tmp_path):
+    """Fine-tuning one saved model with several seeds (`PPO.load(path, seed=s)`): the same seed repeats whatever the
+    caller's random state, other seeds differ, and the model records the seed it was given (it kept the file's and
+    left the draws to the caller's state)."""
+    from rlspeed import PPO
+
+    options = {"num_envs": 4, "num_steps": 64, "batch_size": 128, "device": "cpu", "env_backend": "torch"}
+    path = PPO("CartPole-v1", seed=0, **options).save(tmp_path / "pretrained")
+
+    def fine_tuned(seed: int, caller_state: int) -> torch.Tensor:
+        torch.manual_seed(caller_state)
+        model = PPO.load(path, device="cpu", seed=seed)
+        assert model.seed == seed
+        model.learn(512, progress_bar=False)
+        return torch.cat([p.detach().flatten() for p in model.policy.parameters()])
+
+    assert torch.equal(fine_tuned(1, caller_state=5), fine_tuned(1, caller_state=6))
+    assert not torch.equal(fine_tuned(1, caller_state=5), fine_tuned(2, caller_state=5))
+
+
+@pytest.mark.parametrize(("key", "value"), [("activation", "relu"), ("net_arch", [32])])
+def test_load_and_resume_refuse_other_networks_for_the_saved_weights(tmp_path, key, value):
+    """`load(path, activation="relu")` ran tanh-trained weights through ReLUs silently (same shapes), and so did a
+    resume with another activation: both name the setting; another learning rate or env backend is taken."""
+    from rlspeed import PPO, UserError
+
+    path = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=16).save(tmp_path / "model")
+    with pytest.raises(UserError, match=f"holds networks built with {key}="):
+        PPO.load(path, **{key: value})
+    with pytest.raises(UserError, match=f"holds networks built with {key}="):
+        PPO("CartPole-v1", num_envs=2, num_steps=16, **{key: value}).resume(path)
+    loaded = PPO.load(path, learning_rate=1e-4, env_backend="torch")
+    assert loaded.config.learning_rate == 1e-4 and loaded.env_backend == "torch"
+    with pytest.raises(UserError, match="num_envs=8.* with an env of 2 envs"):  # (the env's 2 trained, silently)
+        PPO.load(path, env=rlspeed.make_env("CartPole-v1", num_envs=2), num_envs=8)

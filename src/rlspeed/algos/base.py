@@ -141,6 +141,10 @@ SB3_ATTRIBUTES = {
 AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 
 
+#: hyperparameters that shape the networks a checkpoint's weights belong to: `load` refuses another value for them
+_ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde", "full_std", "use_expln", "encoder",
+                      "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
+
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
 _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs", "envs": "num_envs",
                 "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm",
@@ -1640,7 +1644,15 @@ class Algorithm:
                 raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
                                 f"rlspeed.{algo.__name__}.load.")
         _warn_other_class(meta, algo, path, "load")
+        saved = build_config(algo.config_cls, meta["config"])
+        for key in _ARCHITECTURE_KEYS:  # (the saved weights are of these networks: another would run them wrongly)
+            if key in overrides and hasattr(saved, key) and build_config(
+                    algo.config_cls, {**meta["config"], key: overrides[key]}).__dict__[key] != getattr(saved, key):
+                raise UserError(f"load(..., {key}={overrides[key]!r}): '{path}' holds networks built with {key}="
+                                f"{getattr(saved, key)!r}, which its weights belong to; a loaded model keeps its "
+                                f"networks (make a new model for another {key}).")
         config = {**meta["config"], **overrides}
+        env_backend = config.pop("env_backend", meta.get("env_backend", "auto"))
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
@@ -1670,18 +1682,23 @@ class Algorithm:
                 if made:  # (an env the caller built stays open: it is theirs)
                     env.close()
                 raise
+            if "num_envs" in overrides and overrides["num_envs"] != env.num_envs and not made:
+                raise UserError(f"load(..., num_envs={overrides['num_envs']}) with an env of {env.num_envs} envs: the "
+                                "env passed decides; leave num_envs out, or pass an env of that many.")
             if "num_envs" in config:
                 config["num_envs"] = env.num_envs
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
         # move the caller's random streams
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
-            model = algo(env if env is not None else spec, device=device,
-                         env_backend=meta.get("env_backend", "auto"), **config)
+            model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
         for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
             if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
                 warnings.warn(sentence, UnusedSettingWarning, stacklevel=2)
-        model.seed = meta.get("seed")
+        model.seed = overrides["seed"] if "seed" in overrides else meta.get("seed")
+        if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it, as
+            seed = overrides["seed"]  # a model made with it; the weights are the file's)
+            torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
         model.num_timesteps = meta.get("num_timesteps", 0)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
@@ -1721,6 +1738,16 @@ class Algorithm:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
         _warn_other_class(meta, type(self), path, "resume")
+        fields = {field.name for field in dataclasses.fields(self.config_cls)}
+        try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
+            saved = build_config(self.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
+        except UserError:
+            saved = None
+        for key in _ARCHITECTURE_KEYS if saved is not None else ():  # (same shapes, other networks: run wrongly)
+            if hasattr(saved, key) and getattr(saved, key) != getattr(self.config, key):
+                raise UserError(f"'{path}' holds networks built with {key}={getattr(saved, key)!r}, this model has "
+                                f"{key}={getattr(self.config, key)!r}: resume with the run's own {key} (a run keeps "
+                                "its networks).")
         self._restore(tensors, meta, path)
         self._run_dir = Path(path).resolve().parent
         self.num_timesteps = int(meta.get("num_timesteps", 0))
