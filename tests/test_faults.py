@@ -291,7 +291,8 @@ def test_resume_with_a_changed_net_arch_is_one_sentence(tmp_path, capsys):
     assert cli.main(base) == 0
     capsys.readouterr()
     code = cli.main([*base, "--resume", "--total-timesteps", "1024", "--set", "net_arch=[16]"])
-    assert_one_line_error(code, capsys.readouterr(), "shape")
+    assert_one_line_error(code, capsys.readouterr(), "holds networks built with net_arch=(64, 64), this model has "
+                                                     "net_arch=(16,)")
 
 
 def test_sm3_digest_detects_tampering(tmp_path):
@@ -454,7 +455,7 @@ def test_a_run_stopped_after_training_is_finished_by_resume(tmp_path, monkeypatc
             assert summary["steps_to_target"] == summary["total_timesteps"] < 100000
         # and once finished, --resume changes nothing
         written = (tmp_path / name / "summary.json").read_text()
-        assert cli.main([*argv, "--resume"]) == 0 and "the run finished" in capsys.readouterr().out
+        assert cli.main([*argv, "--resume"]) == 0 and "nothing left to train: the run " in capsys.readouterr().out
         assert (tmp_path / name / "summary.json").read_text() == written
 
 

@@ -236,3 +236,22 @@ def test_parameters_frozen_after_the_model_was_made_stay_where_they_are(algo, en
     assert any(not torch.equal(p, b) for p, b in zip(list(model.policy.parameters())[1:], others))
     choice = model.update_summary()
     assert choice["implementation"] == "autograd" and "1 frozen parameter tensor(s)" in choice["reason"]
+
+
+def test_a_layer_a_callback_freezes_after_a_warm_up_stays_where_it_is():
+    """Freezing from a callback (`_on_rollout_end` once warmed up): the next updates leave the layer alone."""
+    from rlspeed.callbacks import BaseCallback
+
+    class FreezeAfterWarmUp(BaseCallback):
+        frozen = None
+
+        def _on_rollout_end(self) -> None:
+            if self.frozen is None and self.model.num_timesteps >= 512:
+                self.frozen = next(self.model.policy.parameters()).requires_grad_(False)
+                self.before = self.frozen.detach().clone()
+
+    callback = FreezeAfterWarmUp()
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=64, batch_size=128)
+    model.learn(2048, progress_bar=False, callback=callback)
+    assert callback.frozen is not None and torch.equal(callback.frozen, callback.before)
+    assert model.update_summary()["implementation"] == "autograd"

@@ -63,12 +63,14 @@ def _signal_name(signum: int) -> str:
 
 def _quiet_closed_terminal(signum: int) -> None:
     """After SIGHUP the terminal may be gone, and every write to it fails (EIO): the run must still save. Standard
-    output and error that are a terminal, or cannot be written, go to /dev/null from here on (files and pipes stay)."""
+    output and error that cannot be written go to /dev/null from here on (a terminal still open, files and pipes
+    stay)."""
     if signum != getattr(signal, "SIGHUP", None):
         return
     for fd in (1, 2):
         try:
-            gone = os.isatty(fd) or os.write(fd, b"") < 0
+            os.write(fd, b"")
+            gone = False
         except OSError:
             gone = True
         if gone:
@@ -1098,6 +1100,15 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     run_total = total  # the run's budget (config.yaml), of which a resumed run trains what is left
     if resumed_from is not None:
         total = max(total - resumed_from, 0)
+    reached = resumed_from is not None and _reached_before(model, target)
+    if (resumed_from is not None and (total <= 0 or reached) and _finished_summary(run_dir / "summary.json")
+            and (run_dir / "model.safetensors").exists()):  # (a finished run: left as it is, config.yaml too)
+        if main:
+            print(f"rlspeed: nothing left to train: the run reached its target {target:g} (its summary.json); "
+                  "--target-return none or a higher target trains on" if reached else
+                  "rlspeed: nothing left to train: the run finished its budget (its summary.json); a larger "
+                  "--total-timesteps continues it", flush=True)
+        return 0
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
@@ -1251,6 +1262,12 @@ def _replay_footprint(say):
     return ReplayFootprint()
 
 
+def _reached_before(model, target) -> bool:
+    """Whether the resumed run's checkpoint records this target as reached (`LearnResult.reached`)."""
+    loop = model._loop
+    return target is not None and loop.get("steps_to_target") is not None and loop.get("target_return") == target
+
+
 def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval_freq, total: int, checkpoint: Path,
                     checkpoint_freq, restarts: int, resumed_from, callbacks: list, tracker) -> int:
     """`_train`'s second half: learn (with `callbacks`), then save the model, evaluate and write summary.json (also
@@ -1265,15 +1282,10 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                else "--resume")
         say(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps ({how}; resume {restarts} of this run)")
     # (a checkpoint of the whole budget, or of this target reached: the run stopped after training, before its model
-    # and summary were written)
-    reached = resumed_from is not None and model._loop.get("steps_to_target") is not None and (
-        target is not None and model._loop.get("target_return") == target)
+    # and summary were written; `_train` left a finished run as it is)
+    reached = resumed_from is not None and _reached_before(model, target)
     trained = total <= 0 or reached
-    if trained and _finished_summary(run_dir / "summary.json") and (run_dir / "model.safetensors").exists():
-        say("rlspeed: nothing left to train: the run finished (its summary.json); a larger --total-timesteps "
-            "continues it")
-        return 0
-    if trained and model._loop.get("steps_to_target") is not None and model._loop.get("target_return") == target:
+    if trained and reached:
         model.result.target_return = target
         model.result.steps_to_target = int(model._loop["steps_to_target"])
         model.result.time_to_target_s = float(model._loop["time_to_target_s"])
@@ -1868,11 +1880,19 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
 
 
+#: CleanRL's flags for settings rlspeed has under another name (those with no one name: `CLEANRL_NAMES`)
+_CLEANRL_FLAGS = {"update_epochs": "n_epochs", "train_frequency": "train_freq", "policy_noise": "target_policy_noise",
+                  "noise_clip": "target_noise_clip", "norm_adv": "normalize_advantage", "clip_coef": "clip_range",
+                  "target_network_frequency": "target_update_interval", "start_e": "exploration_initial_eps",
+                  "end_e": "exploration_final_eps", "policy_frequency": "policy_delay",
+                  "exploration_noise": "action_noise_std"}
+
+
 def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
     `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.algos.base import _SHORT_NAMES, CLEANRL_NAMES, _close_names
+    from rlspeed.algos.base import _SHORT_NAMES, CLEANRL_NAMES
 
     unknown = text.removeprefix("unrecognized arguments:").split(" (see ")[0].split()
     flag = next((item for item in unknown if item.startswith("--")), None)
@@ -1890,10 +1910,9 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     algo_cls = next((ALGORITHMS[word.lower()] for word in after if word.lower() in ALGORITHMS), None)
     fields = [field.name for field in dataclasses.fields(algo_cls.config_cls)] if algo_cls is not None else []
     given = " ".join(unknown)
-    name = _SHORT_NAMES.get(name, name)  # (--lr: learning_rate)
-    close = _close_names(name, fields)[:1] if name not in CLEANRL_NAMES else []
-    if name in fields or close:
-        key = name if name in fields else close[0]
+    # (--lr: learning_rate; CleanRL's names of rlspeed's settings; close names are not guessed at: --steps is no n_step)
+    key = {**_SHORT_NAMES, **_CLEANRL_FLAGS}.get(name, name)
+    if key in fields:
         return f"unrecognized arguments: {given}; hyperparameters are given with --set: --set {key}={value}."
     if name in CLEANRL_NAMES:
         return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "

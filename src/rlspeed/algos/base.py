@@ -1234,6 +1234,7 @@ class Algorithm:
             if callbacks is not None and main:
                 callbacks.init_callback(self)
                 callbacks.on_training_start(locals())
+                self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
                 if not closing:
@@ -1345,6 +1346,8 @@ class Algorithm:
                     paused = time.perf_counter()
                     if callbacks is not None and main and not callbacks.on_rollout_end(locals(), logged):
                         callback_stop = True
+                    if callbacks is not None:
+                        self._follow_frozen_parameters()  # (a layer a callback froze, after a warm-up say)
                     # every rank stops where rank 0's callbacks (1), or a signal to any rank (2: `stop_requested`),
                     # ask to
                     asked = 2 if self.stop_requested is not None and self.stop_requested() else int(callback_stop)
