@@ -513,5 +513,7 @@ def test_load_and_resume_refuse_other_networks_for_the_saved_weights(tmp_path, k
         PPO("CartPole-v1", num_envs=2, num_steps=16, **{key: value}).resume(path)
     loaded = PPO.load(path, learning_rate=1e-4, env_backend="torch")
     assert loaded.config.learning_rate == 1e-4 and loaded.env_backend == "torch"
+    with pytest.raises(UserError, match="env_backend='bogus'.*expected one of auto, torch"):
+        PPO.load(path, env_backend="bogus")
     with pytest.raises(UserError, match="num_envs=8.* with an env of 2 envs"):  # (the env's 2 trained, silently)
         PPO.load(path, env=rlspeed.make_env("CartPole-v1", num_envs=2), num_envs=8)

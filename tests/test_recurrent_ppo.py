@@ -394,3 +394,11 @@ def test_target_kl_ends_the_epochs_early_as_ppos_does():
         model.learn(128, progress_bar=False)
         calls[target_kl] = model._update_step.calls
     assert calls[None] == 16 and 2 <= calls[1e-9] < 16, calls
+
+
+def test_an_untrained_model_saves_and_loads(tmp_path):
+    """Saving before any learn (to keep the initial weights, say) writes a model that loads with the same weights."""
+    model = RecurrentPPO("CartPole-v1", seed=0, num_envs=2, num_steps=16)
+    loaded = RecurrentPPO.load(model.save(tmp_path / "untrained"))
+    for name, value in model.policy.state_dict().items():
+        assert torch.equal(loaded.policy.state_dict()[name], value), name

@@ -29,6 +29,7 @@ from rlspeed.device import check_num_threads, resolve_device, rules, set_flush_d
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import (
+    BACKENDS,
     BatchedEnv,
     RunningMeanStd,
     _check_env_id,
@@ -1656,6 +1657,8 @@ class Algorithm:
                                 f"networks (make a new model for another {key}).")
         config = {**meta["config"], **overrides}
         env_backend = config.pop("env_backend", meta.get("env_backend", "auto"))
+        if env_backend not in BACKENDS:  # (the constructor takes it without an env, and learn would refuse it late)
+            raise UserError(f"load(..., env_backend={env_backend!r}): expected one of {', '.join(BACKENDS)}.")
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),

@@ -180,8 +180,10 @@ class RecurrentPPO(PPO):
 
     def _algorithm_state(self):
         tensors, values = super()._algorithm_state()
-        # the LSTM state each env carries into its next step, and which envs start an episode there
-        tensors.update(lstm_state=self._state, episode_start=self._episode_start)
+        # the LSTM state each env carries into its next step, and which envs start an episode there (none before learn
+        # made the envs: a model saved untrained)
+        if getattr(self, "_state", None) is not None:
+            tensors.update(lstm_state=self._state, episode_start=self._episode_start)
         return tensors, values
 
     def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
