@@ -1657,7 +1657,8 @@ class Algorithm:
                                 f"networks (make a new model for another {key}).")
         config = {**meta["config"], **overrides}
         env_backend = config.pop("env_backend", meta.get("env_backend", "auto"))
-        if env_backend not in BACKENDS:  # (the constructor takes it without an env, and learn would refuse it late)
+        if "env_backend" in overrides and env_backend not in BACKENDS:  # (given now: the file's may be "sb3", ...;
+            # the constructor takes it without an env, and learn would refuse it late)
             raise UserError(f"load(..., env_backend={env_backend!r}): expected one of {', '.join(BACKENDS)}.")
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
