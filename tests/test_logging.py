@@ -110,10 +110,9 @@ def test_no_episode_is_an_empty_cell_and_a_diverged_loss_is_nan(tmp_path):
     assert "episode_return" not in continued.rows[0]
 
 
-def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
-    """learn runs whole iterations: a budget below one iteration (100 steps, 16 x 64 per iteration) trains one, and
-    the bar's total is the 1,024 steps it trains, not the 100 asked for."""
-    from rlspeed import PPO
+@pytest.fixture
+def recorded_bars(monkeypatch) -> list:
+    """The progress bars learn makes, in order (each still holds its counts after learn closed it)."""
     from rlspeed.algos import base
 
     bars = []
@@ -124,6 +123,15 @@ def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
             bars.append(self)
 
     monkeypatch.setattr(base, "ProgressBar", Recording)
+    return bars
+
+
+def test_the_progress_bar_counts_the_steps_learn_runs(recorded_bars):
+    """learn runs whole iterations: a budget below one iteration (100 steps, 16 x 64 per iteration) trains one, and
+    the bar's total is the 1,024 steps it trains, not the 100 asked for."""
+    from rlspeed import PPO
+
+    bars = recorded_bars
     model = PPO("CartPole-v1", device="cpu", env_backend="torch", num_envs=16, num_steps=64, batch_size=256)
     model.learn(100, progress_bar=True)
     assert model.num_timesteps == 1024 and bars[0].bar.total == 1024 and bars[0].bar.n == 1024
@@ -131,20 +139,12 @@ def test_the_progress_bar_counts_the_steps_learn_runs(monkeypatch):
     assert model.num_timesteps == 3072 and bars[1].bar.total == 2048 and bars[1].bar.n == 2048
 
 
-def test_a_resumed_runs_progress_bar_counts_the_whole_run(monkeypatch, tmp_path):
+def test_a_resumed_runs_progress_bar_counts_the_whole_run(recorded_bars, tmp_path):
     """After resume(checkpoint) the bar (and a batch job's status lines) count the run from its start, as
     metrics.csv does: 1,024 steps of the interrupted run, then the 1,024 this call trains, out of 2,048."""
     from rlspeed import PPO
-    from rlspeed.algos import base
 
-    bars = []
-
-    class Recording(base.ProgressBar):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            bars.append(self)
-
-    monkeypatch.setattr(base, "ProgressBar", Recording)
+    bars = recorded_bars
     options = {"device": "cpu", "env_backend": "torch", "num_envs": 16, "num_steps": 64, "batch_size": 256}
     first = PPO("CartPole-v1", **options)
     first.learn(1024, progress_bar=False)
