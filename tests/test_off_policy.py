@@ -59,6 +59,26 @@ def test_target_networks_follow_the_online_networks():
     assert all(torch.equal(o, t) for o, t in zip(dqn.q_network.parameters(), dqn.q_target.parameters()))
 
 
+def test_weights_loaded_into_a_network_reach_its_target_and_a_checkpoint_keeps_its_own(tmp_path):
+    """Starting from pretrained weights (`model.policy.load_state_dict`): the TD target bootstraps from them at once,
+    as Stable-Baselines3's policy (which holds both networks) loads both."""
+    pretrained = DQN("CartPole-v1", seed=1, **TINY)
+    dqn = DQN("CartPole-v1", seed=0, **TINY)
+    dqn.policy.load_state_dict(pretrained.policy.state_dict())
+    assert all(torch.equal(t, p) for t, p in zip(dqn.q_target.parameters(), pretrained.q_network.parameters()))
+    td3, other = TD3("Pendulum-v1", seed=0, **TINY), TD3("Pendulum-v1", seed=1, **TINY)
+    td3.policy.load_state_dict(other.policy.state_dict())
+    td3.critic.load_state_dict(other.critic.state_dict())
+    for target, source in ((td3.actor_target, other.actor), (td3.critic_target, other.critic)):
+        assert all(torch.equal(t, p) for t, p in zip(target.parameters(), source.parameters()))
+
+    dqn.learn(150, progress_bar=False)  # updates since, target not refreshed yet (interval 10,000)
+    assert any(not torch.equal(o, t) for o, t in zip(dqn.q_network.parameters(), dqn.q_target.parameters()))
+    dqn.save(tmp_path / "dqn")
+    loaded = DQN.load(tmp_path / "dqn")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.q_target.parameters(), dqn.q_target.parameters()))
+
+
 # --- the collection loop stores what the TD target needs ------------------------------------------------------
 class ScriptedEnv(BatchedEnv):
     """Two envs whose observation is (steps into the episode, env index): env 0 is truncated after 4 steps,

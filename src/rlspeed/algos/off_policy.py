@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import secrets
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,8 +155,36 @@ def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.T
 
 
 def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A target network: a deep copy of `module` that takes no gradients."""
-    return copy.deepcopy(module).requires_grad_(False)
+    """A target network: a deep copy of `module` that takes no gradients, and takes a copy of whatever is loaded into
+    `module` later (`model.policy.load_state_dict(pretrained)`: Stable-Baselines3's policy holds both networks and
+    loads both; without it the target would bootstrap from its initial weights until its next update). A checkpoint
+    loads the target after its network, so the target it saved is the one kept."""
+    target = copy.deepcopy(module).requires_grad_(False)
+    module.register_load_state_dict_post_hook(_TargetFollower(module, target))
+    return target
+
+
+class _TargetFollower:
+    """`frozen_copy`'s load hook: copies `online`'s state into `target` after `online.load_state_dict`. It holds
+    weak references and acts on its own module only: a deep copy or a pickle of the network carries an inert one."""
+
+    def __init__(self, online: torch.nn.Module | None, target: torch.nn.Module | None):
+        self._online = weakref.ref(online) if online is not None else None
+        self._target = weakref.ref(target) if target is not None else None
+
+    def __call__(self, module: torch.nn.Module, incompatible_keys) -> None:
+        target = self._target() if self._target is not None else None
+        if target is None or self._online is None or module is not self._online():
+            return
+        with torch.no_grad():
+            for name, value in module.state_dict().items():
+                target.state_dict()[name].copy_(value)
+
+    def __deepcopy__(self, memo) -> _TargetFollower:
+        return _TargetFollower(None, None)
+
+    def __reduce__(self):
+        return _TargetFollower, (None, None)
 
 
 def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple[torch.Tensor, ...] | None:
