@@ -576,3 +576,18 @@ def test_predict_refuses_a_discrete_observation_outside_its_space():
     for wrong in (16, [1, -1]):
         with pytest.raises(UserError, match=r"values outside Discrete\(16\)"):
             model.predict(wrong)
+
+
+def test_load_and_resume_keep_the_image_scale_and_take_gsde_options_without_gsde(tmp_path):
+    """normalize_images decides the scale a CNN's weights were trained on (same shapes, another input): load and
+    resume refuse another value, as they refuse another activation. gSDE's full_std with use_sde off builds nothing:
+    load takes it (with the warning that it does nothing)."""
+    from rlspeed.errors import UnusedSettingWarning
+
+    path = rlspeed.PPO(_pendulum("image", 4), seed=0, **ON_POLICY).save(tmp_path / "model")
+    with pytest.raises(UserError, match="holds networks built with normalize_images=True"):
+        rlspeed.PPO.load(path, normalize_images=False)
+    with pytest.raises(UserError, match="holds networks built with normalize_images=True"):
+        rlspeed.PPO(_pendulum("image", 4), normalize_images=False, **ON_POLICY).resume(path)
+    with pytest.warns(UnusedSettingWarning, match="full_std=False has no effect"):
+        assert rlspeed.PPO.load(path, full_std=False).config.full_std is False

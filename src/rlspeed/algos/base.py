@@ -146,6 +146,18 @@ AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde", "full_std", "use_expln", "encoder",
                       "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
 
+def _network_keys(config, observation_space: gym.Space | None) -> list[str]:
+    """The settings that decide what a config's saved weights compute, which load and resume keep: the
+    `_ARCHITECTURE_KEYS` less gSDE's options where use_sde is off (they build nothing), plus normalize_images where
+    the observations hold uint8 images (it decides the scale the encoder's weights were trained on)."""
+    idle = () if getattr(config, "use_sde", False) else getattr(config, "needs_sde", ())
+    keys = [key for key in _ARCHITECTURE_KEYS if key not in idle]
+    leaves = _leaf_spaces(observation_space) if observation_space is not None else []
+    if any(image_channels_first(space) is not None and np.dtype(space.dtype) == np.uint8 for space in leaves):
+        keys.append("normalize_images")
+    return keys
+
+
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
 _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs", "envs": "num_envs",
                 "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm",
@@ -1649,7 +1661,10 @@ class Algorithm:
                                 f"rlspeed.{algo.__name__}.load.")
         _warn_other_class(meta, algo, path, "load")
         saved = build_config(algo.config_cls, meta["config"])
-        for key in _ARCHITECTURE_KEYS:  # (the saved weights are of these networks: another would run them wrongly)
+        # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
+        observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+        for key in _network_keys(saved, observation_space):  # (the saved weights are of these networks: another
+            # would run them wrongly)
             if key in overrides and hasattr(saved, key) and build_config(
                     algo.config_cls, {**meta["config"], key: overrides[key]}).__dict__[key] != getattr(saved, key):
                 raise UserError(f"load(..., {key}={overrides[key]!r}): '{path}' holds networks built with {key}="
@@ -1660,8 +1675,6 @@ class Algorithm:
         if "env_backend" in overrides and env_backend not in BACKENDS:  # (given now: the file's may be "sb3", ...;
             # the constructor takes it without an env, and learn would refuse it late)
             raise UserError(f"load(..., env_backend={env_backend!r}): expected one of {', '.join(BACKENDS)}.")
-        # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
-        observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                        meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space,
                        dict(meta.get("env_kwargs") or {}))
@@ -1750,7 +1763,8 @@ class Algorithm:
             saved = build_config(self.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
         except UserError:
             saved = None
-        for key in _ARCHITECTURE_KEYS if saved is not None else ():  # (same shapes, other networks: run wrongly)
+        for key in _network_keys(saved, self.spec.observation_space) if saved is not None else ():  # (same shapes,
+            # other networks: run wrongly)
             if hasattr(saved, key) and getattr(saved, key) != getattr(self.config, key):
                 raise UserError(f"'{path}' holds networks built with {key}={getattr(saved, key)!r}, this model has "
                                 f"{key}={getattr(self.config, key)!r}: resume with the run's own {key} (a run keeps "
