@@ -1035,7 +1035,14 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert summary["final_eval"]["mean"] == pytest.approx(again["mean"])
     capsys.readouterr()
     assert cli.main(["eval", "run", "--seed", str(seed), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["mean"] == pytest.approx(again["mean"])
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["mean"] == pytest.approx(again["mean"])
+    assert "on Pendulum-v1 (g=2.0)," in captured.err  # (the recorded options named)
+    # --env-kwargs over the recorded options: a variant of the training env (here a shorter episode, g kept)
+    assert cli.main(["eval", "run", "--seed", str(seed), "--json", "--episodes", "2", "--env-kwargs",
+                     "max_episode_steps=5"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["lengths"] == [5, 5] and "(g=2.0, max_episode_steps=5)" in captured.err
     assert cli.main(["train", "ppo", "Pendulum-v1", "--out", "run", "--resume", "--total-timesteps", "128",
                      "--no-progress"]) == 0
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["env_kwargs"] == {"g": 2.0}

@@ -1545,7 +1545,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """`rlspeed eval`: load a checkpoint and print its deterministic evaluation (mean +/- std); returns 0.
 
     The env is `--env` or the one the model was trained on, with the backend the model was trained with unless
-    `--env-backend` says otherwise (so `--seed` reproduces summary.json's `final_eval` with its recorded seed).
+    `--env-backend` says otherwise (so `--seed` reproduces summary.json's `final_eval` with its recorded seed), made
+    with the options its run recorded (on its own id) and `--env-kwargs` over them; the result line names them.
     `--json` prints the result as JSON on stdout and the human line on stderr.
     """
     from rlspeed.algos import ALGORITHMS
@@ -1577,13 +1578,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.__name__} model its "
                   "metadata describes")
     env_id = args.env or model.env_id
+    env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
+    # the env's options: those its run recorded (on its own id) with --env-kwargs over them, named in the result line
+    options = {**(model.spec.env_kwargs if env_id == model.env_id else {}), **(env_kwargs or {})}
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
         from rlspeed.video import check_video_support
 
         if not Path(args.video).resolve().parent.is_dir():
             raise UserError(f"--video '{args.video}': the directory '{Path(args.video).parent}' does not exist; "
                             "create it first.")
-        check_video_support(env_id, args.video)
+        check_video_support(env_id, args.video, env_kwargs=options)
     if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation)
         args.seed = secrets.randbelow(2**31)
         seed_note = f", seed {args.seed} (drawn: --seed {args.seed} repeats it)"
@@ -1591,15 +1595,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed_note = f", seed {args.seed}"
     deterministic = not args.stochastic
     if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
-        result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id, deterministic=deterministic)
+        result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id, deterministic=deterministic,
+                                env_kwargs=env_kwargs)
     else:
         from rlspeed.evaluation import evaluate
 
         result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend,
-                          deterministic=deterministic)
+                          deterministic=deterministic, env_kwargs=env_kwargs)
     success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
     how = "deterministic" if deterministic else "stochastic"
-    print(f"rlspeed: {type(model).__name__} on {env_id}, {how}, {args.episodes} episodes{seed_note}: "
+    made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
+    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {args.episodes} episodes{seed_note}: "
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
           file=sys.stderr if args.json else sys.stdout)
     if args.json:
@@ -1608,7 +1614,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from rlspeed.video import record_video
 
         video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
-                             deterministic=deterministic)
+                             deterministic=deterministic, env_kwargs=env_kwargs)
         episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
         print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, return "
               f"{video['mean']:.1f})", file=sys.stderr if args.json else sys.stdout)
@@ -1778,7 +1784,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic; --stochastic samples)")
     ev.add_argument("checkpoint", help="a model file or a run directory")
-    ev.add_argument("--env", default=None, help="env id (default: the one it was trained on)")
+    ev.add_argument("--env", default=None, help="env id (default: the one it was trained on, with the options its run "
+                                                "recorded)")
+    ev.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
+                    help="an option of the Gymnasium env (gymnasium.make(env_id, KEY=VALUE)), over those the run "
+                         "recorded")
     ev.add_argument("--episodes", type=_whole(1), default=10, help="episodes to evaluate (default 10)")
     ev.add_argument("--seed", type=_seed, default=None,
                     help="seed of the episodes (default: one drawn and printed, so that --seed repeats them)")

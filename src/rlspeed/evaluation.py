@@ -21,7 +21,7 @@ from rlspeed.errors import UserError
 
 def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
-             max_steps: int | None = None) -> dict:
+             max_steps: int | None = None, env_kwargs: dict | None = None) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
@@ -31,6 +31,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     are the env's own (no normalisation). `env_id` may also be a vector env you built, or an env `rlspeed.make_env` made
     (one episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built
     as the training env was, not the training env itself (a `VecNormalize` with `training=False, norm_reward=False`).
+    `env_kwargs` are options of the env an id names (`gymnasium.make(env_id, **env_kwargs)`): on the model's own id
+    they replace those of its recorded options they name (evaluating a variant of the training env).
     Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
     `backend="auto"` on the model's own env id uses the backend it trained with, so `rlspeed.evaluate(model, seed=s)`
     equals `model.evaluate(seed=s)`. Where the env gives action masks (`info["action_mask"]`) and the model takes them
@@ -54,6 +56,11 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         raise UserError(f"evaluate runs one episode per env, and this vector env has {size} envs: pass "
                         f"episodes={size}, or an env id (which makes `episodes` envs).")
     own_env = env_id in (None, model.env_id)
+    if env_kwargs is not None and not isinstance(env_id or model.env_id, str):
+        raise UserError("evaluate takes env_kwargs with an env id; this env is already built, so give its options "
+                        "where you make it.")
+    if env_kwargs is not None and not isinstance(env_kwargs, dict):
+        raise UserError(f"env_kwargs must be a dict of the env's options, got {type(env_kwargs).__name__}.")
     asked = backend
     env_id = env_id or model.env_id
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
@@ -71,7 +78,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         env = counted(env_id)  # (a batched env of the user's own: checked and counted as in training)
         env = atari.for_evaluation(env if seed is None else SeedOnFirstReset(env, seed))
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
-        options = model.spec.env_kwargs if own_env else {}
+        options = {**(model.spec.env_kwargs if own_env else {}), **(env_kwargs or {})}
         if options and backend not in ("gymnasium", "gymnasium-async"):
             if asked not in ("auto", "gymnasium", "gymnasium-async"):
                 raise UserError(f"This model's env was made with options ({', '.join(options)}), which only "

@@ -55,15 +55,15 @@ def _headless_rendering() -> Iterator[None]:
 
 def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
     """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
-    with `env_kwargs`, or the options the model's own env was made with (`spec.env_kwargs`)."""
+    with the options the model's own env was made with (`spec.env_kwargs`, on its own id) and `env_kwargs` over them."""
     from rlspeed.envs import NATIVE_ENVS, _check_registered, atari, import_env_module
 
     if isinstance(model_or_id, str):
         env_id, backend = model_or_id, "auto"
     else:
         backend = model_or_id.env_backend
-        if env_id in (None, model_or_id.env_id) and env_kwargs is None:
-            env_kwargs = model_or_id.spec.env_kwargs
+        if env_id in (None, model_or_id.env_id):
+            env_kwargs = {**model_or_id.spec.env_kwargs, **(env_kwargs or {})}
         env_id = env_id or model_or_id.env_id
     env_kwargs = dict(env_kwargs or {})
     env_kwargs.pop("render_mode", None)  # (a video renders frames: its own render_mode replaces the run's)
@@ -135,7 +135,8 @@ def _even(frame: np.ndarray) -> np.ndarray:
 
 @_headless_rendering()
 def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
-                 fps: int | None = None, max_steps: int | None = None, deterministic: bool = True) -> dict:
+                 fps: int | None = None, max_steps: int | None = None, deterministic: bool = True,
+                 env_kwargs: dict | None = None) -> dict:
     """Record `episodes` episodes of `model`'s policy (deterministic; `deterministic=False` samples) into one video
     file (`.mp4` or `.gif`).
 
@@ -144,7 +145,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     observation's. A stochastic policy's samples come from a random stream of the video's own seeded by `seed`, as
     `evaluate`'s do (torch's generators are left as they were). Where the env gives action masks
     (`info["action_mask"]`) and the model takes them, the policy is masked as in `evaluate`. `fps` defaults to the
-    env's `render_fps`. Returns {"path", "episodes", "frames", "returns",
+    env's `render_fps`. `env_kwargs` replace options of the env (those recorded with the model, on its own id), as in
+    `evaluate`. Returns {"path", "episodes", "frames", "returns",
     "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing.
     """
     path = Path(path)
@@ -155,7 +157,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
     import imageio.v2 as imageio
 
-    env = _render_env(model, env_id)
+    env = _render_env(model, env_id, env_kwargs)
     expected = tuple(model.spec.observation_shape)
     if isinstance(env.observation_space, gym.spaces.Box) and tuple(env.observation_space.shape) != expected:
         env.close()

@@ -1447,13 +1447,14 @@ class Algorithm:
         return export_policy(self, path, format=format, action_mask=action_mask)
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
-                 max_steps: int | None = None, deterministic: bool = True) -> dict:
+                 max_steps: int | None = None, deterministic: bool = True, env_kwargs: dict | None = None) -> dict:
         """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`; `max_steps` caps each
-        episode; `deterministic=False` samples the policy, from a random stream `seed` seeds)."""
+        episode; `deterministic=False` samples the policy, from a random stream `seed` seeds; `env_kwargs` replace
+        options of the env, the recorded ones on the model's own id)."""
         from rlspeed.evaluation import evaluate
 
         return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
-                        deterministic=deterministic)
+                        deterministic=deterministic, env_kwargs=env_kwargs)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
