@@ -642,6 +642,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     # (`requested`: the --preset value as given, which a --resume naming the same preset is compared with)
     args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported,
                         "requested": str(getattr(args, "preset", "auto"))}
+    if preset.notes:  # (an RL-Zoo-format preset: how its entries were translated, and where rlspeed differs)
+        args.preset_info.update(translation_notes=preset.notes, differs_from_sb3=preset.differences)
     run_settings, hyper = split_run_settings(preset)
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices

@@ -34,15 +34,16 @@ class Preset(dict):
     `source`: 'rlspeed' (its own entry for the env), 'rlspeed-default' (its `default` entry, or {} where no file
     ships), 'zoo' (RL-Zoo's, translated), 'file' or 'none' (no preset: the algorithm's defaults); `origin`: the same
     in words for a person; `unsupported`: the entries of an RL-Zoo-format preset that are not honoured ("key: why");
-    `notes`: meaning changes applied.
+    `notes`: meaning changes applied; `differences`: those of them where rlspeed then behaves otherwise than SB3.
     """
 
     def __init__(self, values: dict, source: str, origin: str, unsupported: list[str] | None = None,
-                 notes: list[str] | None = None):
+                 notes: list[str] | None = None, differences: list[str] | None = None):
         super().__init__(values)
         self.source, self.origin = source, origin
         self.unsupported = list(unsupported or [])
         self.notes = list(notes or [])
+        self.differences = list(differences or [])
 
     def message(self) -> str | None:
         """The line for the CLI to print when the preset is not rlspeed's own for the pair (None when it is)."""
@@ -51,6 +52,8 @@ class Preset(dict):
         line = f"rlspeed: using {self.origin}"
         if self.unsupported:
             line += "; not honoured: " + "; ".join(self.unsupported)
+        if self.differences:
+            line += "; differs from SB3: " + "; ".join(self.differences)
         return line + "."
 
 
@@ -105,7 +108,7 @@ def _zoo(algo: str, env_id: str) -> Preset:
 
 def _from_translation(translation, source: str) -> Preset:
     return Preset({**translation.run, **translation.hyperparameters}, source, translation.source,
-                  translation.unsupported, translation.notes)
+                  translation.unsupported, translation.notes, translation.differences)
 
 
 def _auto(algo: str, env_id: str) -> Preset:

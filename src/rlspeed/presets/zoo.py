@@ -134,8 +134,9 @@ class Translation:
     `hyperparameters` build the algorithm's config; `run` holds run settings (total_timesteps); `unsupported` has one
     line per entry that could not be honoured, `"key: why"`; `blocking` the subset that makes the entry a different
     problem (policy, env wrappers, frame stacking, a config that does not build); `notes` the changes of meaning
-    applied (vf_coef doubled, SB3 defaults set) and the entries that needed nothing set; `translated` which rlspeed
-    keys each entry key set; `source` where the entry came from.
+    applied (vf_coef doubled, SB3 defaults set) and the entries that needed nothing set; `differences` the notes on
+    what rlspeed then does otherwise than SB3 (the run says them); `translated` which rlspeed keys each entry key set;
+    `source` where the entry came from.
     """
 
     hyperparameters: dict
@@ -145,6 +146,7 @@ class Translation:
     notes: list[str] = dataclasses.field(default_factory=list)
     blocking: list[str] = dataclasses.field(default_factory=list)
     translated: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # entry key -> rlspeed keys it set
+    differences: list[str] = dataclasses.field(default_factory=list)  # the notes where rlspeed behaves otherwise
 
     @property
     def status(self) -> str:
@@ -198,14 +200,34 @@ def has_entry(algo: str, env_id: str) -> bool:
 
 
 def _entry_key(entries: dict, env_id: str) -> str | None:
-    """The key of `env_id`'s entry: the id itself, the native id behind `rlspeed/ID`, or `atari` for Atari ids
-    (RL-Zoo's rule); None when there is none."""
+    """The key of `env_id`'s entry: the id itself, the native id behind `rlspeed/ID`, `atari` for every id of an
+    Atari game (RL-Zoo's rule: an env made by ale-py's AtariEnv), or a MuJoCo `-v5` id's `-v4` entry where RL-Zoo
+    has none for v5 (`MUJOCO_V4_NOTE`); None when there is none."""
     for key in (env_id, env_id.removeprefix("rlspeed/")):
         if key in entries:
             return key
-    if "atari" in entries and (env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")):
+    from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
+
+    if "atari" in entries and (env_id.startswith("ALE/") or env_id.endswith("NoFrameskip-v4")
+                               or atari_image_id(env_id)):
         return "atari"
-    return None
+    older = _mujoco_v4(env_id)
+    return older if older in entries else None
+
+
+#: how a preset says that a MuJoCo v5 id took RL-Zoo's v4 entry
+MUJOCO_V4_NOTE = "its {older} entry: RL-Zoo has none for v5, the same task with Gymnasium's fixes"
+
+
+def _mujoco_v4(env_id: str) -> str | None:
+    """`Name-v4` for a registered Gymnasium MuJoCo `Name-v5` id (RL-Zoo's entries are for v4), else None."""
+    import gymnasium as gym
+
+    spec = gym.registry.get(env_id)
+    entry = str(getattr(spec, "entry_point", "")) if spec is not None else ""
+    if not env_id.endswith("-v5") or not entry.startswith("gymnasium.envs.mujoco"):
+        return None
+    return env_id.removesuffix("-v5") + "-v4"
 
 
 def translate(algo: str, env_id: str) -> Translation:
@@ -215,6 +237,8 @@ def translate(algo: str, env_id: str) -> Translation:
     if key is None:
         raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}.")
     source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
+    if key == _mujoco_v4(env_id):
+        source = f"{source[:-1]}; {MUJOCO_V4_NOTE.format(older=key)})"
     from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
 
     return translate_entry(algo, entries[key], source, atari=atari_image_id(env_id))
@@ -251,6 +275,12 @@ class _Translator:
         self.unsupported: list[str] = []
         self.blocking: list[str] = []
         self.notes: list[str] = []
+        self.differences: list[str] = []
+
+    def differ(self, note: str) -> None:
+        """A note on what rlspeed does otherwise than SB3 with the entry (among `notes`, and said by the run)."""
+        self.notes.append(note)
+        self.differences.append(note)
 
     def set(self, key: str, value, origin: str) -> None:
         self.hyper[key] = value
@@ -320,8 +350,8 @@ class _Translator:
         elif key == "frame_stack" and self.atari and value == 4:
             self.notes.append("frame_stack 4: rlspeed's Atari envs stack 4 frames")
         elif key == "env_wrapper" and self.atari and value in (ATARI_WRAPPER, [ATARI_WRAPPER]):
-            self.notes.append("AtariWrapper: rlspeed's Atari envs apply its preprocessing (no-op reset, frame skip 4, "
-                              "84x84 grey, episodic life, clipped rewards), except FIRE after each reset")
+            self.differ("AtariWrapper: rlspeed's Atari envs apply its preprocessing (no-op reset, frame skip 4, "
+                        "84x84 grey, episodic life, clipped rewards), except FIRE after each reset")
         elif key == "frame_stack":
             self.refuse(key, f"{value}: rlspeed stacks frames only in its Atari envs (rlspeed.envs.atari, which its "
                              "own Atari presets use), not for other env ids yet")
@@ -333,8 +363,8 @@ class _Translator:
             self.policy_kwargs(value)
         elif key == "clip_range_vf" and not isinstance(value, str):
             self.set(key, value, key)
-            self.notes.append("clip_range_vf: rlspeed's PPO takes the larger of the clipped and unclipped value errors "
-                              "(SB3 the clipped one)")
+            self.differ("clip_range_vf: rlspeed's PPO takes the larger of the clipped and unclipped value errors "
+                        "(SB3 the clipped one)")
         elif key in SAME_NAME:
             self.set(key, value, key)
         elif key in SDE_KEYS:
@@ -561,7 +591,8 @@ class _Translator:
             if key in hyper or key in self.run:
                 translated.setdefault(origin, []).append(key)
         return Translation(hyperparameters=hyper, run=self.run, unsupported=self.unsupported, source=source,
-                           notes=self.notes, blocking=self.blocking, translated=translated)
+                           notes=self.notes, blocking=self.blocking, translated=translated,
+                           differences=self.differences)
 
     def whole_sequences(self, hyper: dict, config_cls: type) -> None:
         """sb3-contrib's RecurrentPPO cuts minibatches of `batch_size` steps out of the sequences; rlspeed's takes
