@@ -155,7 +155,8 @@ def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [(["--steps", "0"], "--steps must be positive"),
                                            (["--trace", "/nonexistent-dir/t.json"], "--trace"),
-                                           (["--trace", "."], "--trace")])
+                                           (["--trace", "."], "--trace"),
+                                           (["--trace", "/proc/t.json"], "--trace /proc/t.json: cannot write there")])
 def test_profile_command_refuses_bad_arguments_before_training(args, message, capsys):
     assert cli.main(["profile", "ppo", "CartPole-v1", "--device", "cpu", *args]) == 2
     captured = capsys.readouterr()

@@ -1443,6 +1443,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     trace = Path(args.trace) if args.trace else None
     if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
+    if trace is not None:  # (a place it cannot be written to is said now, not after profiling)
+        existed = trace.exists()
+        try:
+            trace.open("a").close()
+        except OSError as error:
+            raise UserError(f"--trace {args.trace}: cannot write there ({error.strerror}); give a file in a directory "
+                            "you can write to.") from None
+        if not existed:
+            trace.unlink()
     algo_cls, _run_settings, hyper, _config = _settings(args)
     model = _model(args, algo_cls, hyper)
     steps, warmup, profiled = planned_steps(model, args.steps)
