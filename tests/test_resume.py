@@ -174,3 +174,26 @@ def test_a_checkpoint_without_resume_state_still_resumes_and_loads(tmp_path):
     assert resumed.restarts == 1
     with pytest.warns(UserWarning, match="fresh episodes"):
         resumed.learn(32, progress_bar=False)
+
+
+def test_learn_after_load_says_that_the_replay_buffer_saved_beside_the_model_is_not_read(tmp_path):
+    """`Algo.load` builds a new model: its learn starts an empty replay buffer (waiting learning_starts
+    transitions), though the file beside it holds the run's: the first learn says so and names `resume`, once; a
+    resume reads it and says nothing."""
+    import warnings
+
+    model = DQN("CartPole-v1", seed=0, learning_starts=64, batch_size=16, save_replay_buffer=True)
+    model.learn(128, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    loaded = DQN.load(path)
+    with pytest.warns(UserWarning, match="model.replay.safetensors' beside the loaded model holds its run's replay "
+                                         "buffer, which load does not read") as caught:
+        loaded.learn(64, progress_bar=False)
+    assert all(w.filename == __file__ for w in caught if "replay buffer" in str(w.message))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*beside the loaded model")
+        loaded.learn(64, progress_bar=False)  # (said once)
+        resumed = DQN("CartPole-v1", seed=0, learning_starts=64, batch_size=16, save_replay_buffer=True)
+        resumed.resume(path)
+        resumed.learn(64, progress_bar=False)
+    assert resumed.buffer.size > loaded.buffer.size  # (the saved rows too)

@@ -337,6 +337,11 @@ class OffPolicyAlgorithm(Algorithm):
                            () if discrete else tuple(self.spec.action_space.shape),
                            rules(self.device).index_dtype if discrete else torch.float32,
                            self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
+        left, self._replay_left = getattr(self, "_replay_left", None), None
+        if left is not None and self._resume is None:  # (a loaded model's first learn: the file beside it not read)
+            warnings.warn(f"'{left.name}' beside the loaded model holds its run's replay buffer, which load does not "
+                          f"read: this learn starts an empty one (updates wait for learning_starts transitions); "
+                          f"model.resume(path) on a model made as the run's continues with it.", stacklevel=3)
         if self._resume is not None and self._load_replay(self._resume):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
             if not self._episodes_restored:  # (the envs start fresh episodes: steps waiting for their n-step
