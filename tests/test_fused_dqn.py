@@ -27,6 +27,8 @@ def _batch(seed, batch=64):
     {},
     {"double_q": False, "activation": "tanh", "net_arch": (32,), "max_grad_norm": 0.5},
     {"net_arch": (16, 16, 16), "max_grad_norm": 1000.0},
+    {"td_loss": "mse", "max_grad_norm": 1000.0},  # (CleanRL's squared error)
+    {"td_loss": "mse", "double_q": False},
 ])
 def test_fused_step_matches_autograd_and_adam(config):
     plain, fused = _pair(**config)
@@ -87,3 +89,22 @@ def test_dueling_uses_autograd():
     model = DQN("CartPole-v1", device="cpu", seed=0, dueling=True, learning_starts=32, train_freq=8, batch_size=16)
     assert not isinstance(model._update_step, FusedDQNUpdate)
     model.learn(128, progress_bar=False)
+
+
+def test_td_loss_mse_is_the_mean_squared_td_error_and_huber_the_smooth_l1():
+    """`td_loss` picks the loss both updates take (CleanRL's DQN: squared error; SB3's: Huber): with TD errors above
+    1 the two differ, and each is its formula of Q(s, a) and the Double DQN target."""
+    batch = _batch(3)
+    obs, actions, rewards, next_obs, terminated, discounts = batch
+    losses = {}
+    for name in ("mse", "huber"):
+        model = DQN("CartPole-v1", device="cpu", seed=0, td_loss=name)
+        with torch.no_grad():
+            next_actions = model.q_network(next_obs).argmax(1, keepdim=True)
+            target = rewards + discounts * (1 - terminated) * model.q_target(next_obs).gather(1, next_actions).squeeze(1)
+            error = model.q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1) - target
+        losses[name] = model._update_step(*batch)[0]
+        expected = error.pow(2).mean() if name == "mse" else torch.where(
+            error.abs() < 1, 0.5 * error.pow(2), error.abs() - 0.5).mean()
+        torch.testing.assert_close(losses[name], expected, rtol=1e-5, atol=1e-6)
+    assert losses["mse"] > 1.5 * losses["huber"]

@@ -4,9 +4,9 @@ Epsilon-greedy exploration decides per env row on the device (`torch.where` over
 of a whole collection phase (`train_freq` steps of every env) are drawn at its start, in two calls, against the
 epsilon of each step's place in the linear schedule, computed on the device from the host's step counter: nothing
 is read back, and a collection step costs the Q-network's forward, its argmax and one `where`. Targets use Double
-DQN (van Hasselt et al., 2016) unless `double_q` is off; the loss is Huber, gradients are clipped by global norm,
-and the target network follows the online one every `target_update_interval` env steps, by hard copy (`tau=1`) or
-Polyak.
+DQN (van Hasselt et al., 2016) unless `double_q` is off; the loss is Huber (`td_loss="mse"`: squared error),
+gradients are clipped by global norm, and the target network follows the online one every
+`target_update_interval` env steps, by hard copy (`tau=1`) or Polyak.
 
 Action masks (an env's `info["action_mask"]`, `use_masking`): masked actions are never chosen. The greedy action is
 the argmax of Q with masked actions at the dtype's lowest value; exploration draws uniformly among the allowed actions
@@ -41,6 +41,10 @@ from rlspeed.nn import QNetwork, default_init_, encoder_from_config, make_adam, 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
 
 
+#: DQN's TD losses of Q(s, a) and its target, by `td_loss` name (each the mean over the batch's last dimension)
+TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
+
+
 @dataclass
 class DQNConfig(OffPolicyConfig):
     """DQN hyperparameters (names and defaults follow Stable-Baselines3)."""
@@ -56,6 +60,7 @@ class DQNConfig(OffPolicyConfig):
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.05
     max_grad_norm: float = 10.0
+    td_loss: str = "huber"  # the TD error's loss: "huber" (SB3's smooth L1) or "mse" (CleanRL's squared error)
     double_q: bool = True
     dueling: bool = False
     # hand-derived gradient + flat Adam (fused/) where the network allows; `rlspeed.algos.update.select_update`
@@ -73,6 +78,7 @@ class DQNConfig(OffPolicyConfig):
         require(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
                 "exploration epsilons must satisfy 0 <= exploration_final_eps <= exploration_initial_eps <= 1.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
+        require(self.td_loss in TD_LOSSES, f"td_loss must be one of {', '.join(TD_LOSSES)}, got {self.td_loss!r}.")
 
 
 def masked_argmax(q_values: torch.Tensor, action_masks: torch.Tensor | None) -> torch.Tensor:
@@ -125,7 +131,7 @@ class DQN(OffPolicyAlgorithm):
             unsupported=unsupported_reason(self.q_network, masking=self._masking),
             hand_derived=lambda: FusedDQNUpdate(self.q_network, self.q_target, self.optimizer,
                                                 max_grad_norm=cfg.max_grad_norm, double_q=cfg.double_q,
-                                                strategy=self.strategy))
+                                                td_loss=cfg.td_loss, strategy=self.strategy))
 
     def _modules(self):
         return {"q_network": self.q_network, "q_target": self.q_target}
@@ -250,8 +256,8 @@ class DQN(OffPolicyAlgorithm):
     def _loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
               terminated: torch.Tensor, discounts: torch.Tensor, next_action_masks: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The Huber TD loss of one replay batch; with `next_action_masks` (bool `[B, n]`) the target's argmax (or
-        max) runs over the actions allowed at the next observation only."""
+        """The TD loss (`td_loss`: Huber or squared error) of one replay batch; with `next_action_masks` (bool
+        `[B, n]`) the target's argmax (or max) runs over the actions allowed at the next observation only."""
         cfg = self.config
         with torch.no_grad():
             next_q_target = self.q_target(next_obs)
@@ -265,5 +271,5 @@ class DQN(OffPolicyAlgorithm):
             target_q = rewards + discounts * (1 - terminated) * next_q
 
         q_values = self.q_network(obs).gather(1, actions.long().unsqueeze(1)).squeeze(1)  # Q(s, a)
-        loss = F.smooth_l1_loss(q_values, target_q)  # Huber
+        loss = TD_LOSSES[cfg.td_loss](q_values, target_q)
         return loss, {"loss": loss.detach(), "q_values": q_values.detach().mean()}

@@ -5,8 +5,9 @@ The same update as `DQN._loss` + backward + clipping + `torch.optim.Adam` (check
 tanh. The online network evaluates `obs` and `next_obs` (for Double DQN's argmax) as one batch of 2B rows; the
 target network evaluates `next_obs` in `prepare`, which DQN calls once for all the batches of an iteration's
 gradient steps (the target network changes only after them), so that each step runs only the online network.
-With d = Q(s, a) - y, the Huber loss mean(huber(d)) has gradient clamp(d, -1, 1) / B at Q(s, a) and zero at the
-other actions; the backward pass of a linear layer y = x W^T + b is dW = g^T x, db = sum g, dx = g W.
+With d = Q(s, a) - y, the Huber loss mean(huber(d)) has gradient clamp(d, -1, 1) / B at Q(s, a) (the squared error
+mean(d^2), `td_loss="mse"`: 2 d / B) and zero at the other actions; the backward pass of a linear layer
+y = x W^T + b is dW = g^T x, db = sum g, dx = g W.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ class FusedDQNUpdate:
     """One DQN gradient step: `update(obs, actions, rewards, next_obs, terminated, discounts) -> (loss, metrics)`."""
 
     def __init__(self, q_network: nn.Module, q_target: nn.Module, optimizer: torch.optim.Optimizer, *,
-                 max_grad_norm: float | None, double_q: bool, strategy=None):
+                 max_grad_norm: float | None, double_q: bool, td_loss: str = "huber", strategy=None):
         if unsupported_reason(q_network) is not None:
             raise ValueError("FusedDQNUpdate needs a non-dueling Q-network whose body is an MLP with ReLU or tanh.")
-        self.double_q = double_q
+        self.double_q, self.mse = double_q, td_loss == "mse"
         linears, self.tanh = sequential_linears(q_network.body)
         params = [p for layer in linears for p in (layer.weight, layer.bias)]
         self.adam = FlatAdam(params, optimizer, max_grad_norm=max_grad_norm, strategy=strategy)
@@ -52,9 +53,10 @@ class FusedDQNUpdate:
 
 
     def follow(self, config) -> None:
-        """Take `config.double_q` as it is now (a callback may change it between iterations; the autograd loss reads
-        it at every step)."""
-        self.double_q = bool(config.double_q)
+        """Take `config.double_q` and `td_loss` as they are now (a callback may change them between iterations; the
+        autograd loss reads them at every step)."""
+        self.double_q, self.mse = bool(config.double_q), config.td_loss == "mse"
+
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
         return self.step_prepared(obs, next_obs, self.prepare(actions, rewards, next_obs, terminated, discounts))
 
@@ -100,8 +102,12 @@ class FusedDQNUpdate:
             outputs = linear_forward(obs, self.weights, self.biases, self.tanh)
 
         q_values = outputs[-1].gather(1, index).squeeze(1)
-        loss = torch.nn.functional.smooth_l1_loss(q_values, target_q)  # Huber
-        grad_q = (q_values - target_q).clamp_(-1.0, 1.0).div_(batch)  # its gradient at Q(s, a)
+        if self.mse:
+            loss = torch.nn.functional.mse_loss(q_values, target_q)
+            grad_q = (q_values - target_q).mul_(2.0 / batch)  # its gradient at Q(s, a)
+        else:
+            loss = torch.nn.functional.smooth_l1_loss(q_values, target_q)  # Huber
+            grad_q = (q_values - target_q).clamp_(-1.0, 1.0).div_(batch)
         grad = torch.zeros_like(outputs[-1]).scatter_(1, index, grad_q.unsqueeze(1))
 
         linear_backward(grad, outputs, self.weights, self.weight_grads, self.bias_grads, self.tanh)

@@ -64,6 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
+from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
@@ -1476,7 +1477,7 @@ class DDPGPopulation(TD3Population):
 class DQNPopulation(OffPolicyPopulation):
     """K independent DQN members trained as one batched model (see the module docstring): each layer of the K
     Q-networks is one batched matmul; epsilon-greedy's draws for a collection phase come from each member's
-    generator as `DQN._prepare_collection` draws them; Double DQN targets, Huber loss, per-member gradient clipping
+    generator as `DQN._prepare_collection` draws them; Double DQN targets, the TD loss (`td_loss`), per-member clipping
     and Adam (autograd of the members' summed losses); target networks copied (or Polyak-averaged) every
     `target_update_interval` env steps.
 
@@ -1616,7 +1617,7 @@ class DQNPopulation(OffPolicyPopulation):
 
     # --- one gradient step ------------------------------------------------------------------------------------
     def _update(self, batch: dict[str, torch.Tensor]) -> None:
-        """`DQN._loss` of every member (Double DQN target, Huber; the argmax or max over the actions allowed at the
+        """`DQN._loss` of every member (Double DQN target, `td_loss`; the argmax or max over the actions allowed at the
         next observation where the rows keep masks), summed; each member's gradient clipped to its own global norm
         (`max_grad_norm`); per-member Adam."""
         obs, rewards, next_obs = batch["obs"], batch["rewards"], batch["next_obs"]
@@ -1636,7 +1637,7 @@ class DQNPopulation(OffPolicyPopulation):
         params = self._params()
         with torch.enable_grad():
             q_values = self._q_values(obs).gather(-1, actions).squeeze(-1)
-            loss = F.smooth_l1_loss(q_values, target_q, reduction="none").mean(-1).sum()
+            loss = TD_LOSSES[self.config.td_loss](q_values, target_q, reduction="none").mean(-1).sum()
             grads = torch.autograd.grad(loss, params)
         adam = self._adam
         with torch.no_grad():
