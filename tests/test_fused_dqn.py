@@ -101,7 +101,8 @@ def test_td_loss_mse_is_the_mean_squared_td_error_and_huber_the_smooth_l1():
         model = DQN("CartPole-v1", device="cpu", seed=0, td_loss=name)
         with torch.no_grad():
             next_actions = model.q_network(next_obs).argmax(1, keepdim=True)
-            target = rewards + discounts * (1 - terminated) * model.q_target(next_obs).gather(1, next_actions).squeeze(1)
+            next_q = model.q_target(next_obs).gather(1, next_actions).squeeze(1)
+            target = rewards + discounts * (1 - terminated) * next_q
             error = model.q_network(obs).gather(1, actions.unsqueeze(1)).squeeze(1) - target
         losses[name] = model._update_step(*batch)[0]
         expected = error.pow(2).mean() if name == "mse" else torch.where(
