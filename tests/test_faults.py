@@ -459,6 +459,47 @@ def test_a_run_stopped_after_training_is_finished_by_resume(tmp_path, monkeypatc
         assert (tmp_path / name / "summary.json").read_text() == written
 
 
+def test_resume_of_a_finished_run_whose_checkpoint_does_not_record_the_target_leaves_it_as_it_is(tmp_path, capsys):
+    """A run of an older rlspeed that reached its target: its checkpoint does not say so (its summary.json does), and
+    --resume trained on past the target, replacing the model and the summary's steps to target."""
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    argv = [*TRAIN, "--total-timesteps", "100000", "--target-return", "5", "--eval-freq", "256", "--checkpoint-freq",
+            "256", "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    checkpoint = tmp_path / "run" / "checkpoint.safetensors"
+    tensors, meta = load_checkpoint(checkpoint)
+    meta["resume"]["loop"] = {key: value for key, value in meta["resume"]["loop"].items()
+                              if key not in ("steps_to_target", "time_to_target_s", "target_return")}
+    save_checkpoint(checkpoint, tensors, meta)  # (as an rlspeed before the loop recorded them wrote it)
+    written = {name: (tmp_path / "run" / name).read_bytes() for name in ("summary.json", "model.safetensors")}
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "nothing left to train: the run reached its target 5" in capsys.readouterr().out
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in written} == written
+
+
+def test_resume_takes_the_algorithms_default_for_a_setting_an_older_config_yaml_lacks(tmp_path, capsys):
+    """A run of an older rlspeed records no value for a setting added since; --resume filled it from today's preset
+    (PPO Pendulum-v1's has gSDE: a run without it was refused, "holds networks built with use_sde=False"), where the
+    older rlspeed ran the algorithm's default."""
+    import yaml
+
+    assert cli.main(["train", "ppo", "Pendulum-v1", "--set", "use_sde=false", "--set", "num_envs=2", "--set",
+                     "num_steps=64", "--set", "batch_size=64", "--total-timesteps", "256", "--checkpoint-freq", "128",
+                     "--target-return", "none", "--no-progress", "--out", str(tmp_path / "run")]) == 0
+    config_file = tmp_path / "run" / "config.yaml"
+    config = yaml.safe_load(config_file.read_text())
+    for key in ("use_sde", "sde_sample_freq", "full_std", "use_expln", "log_std_init"):
+        del config["hyperparameters"][key]  # (as a config.yaml of an rlspeed before gSDE)
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+    capsys.readouterr()
+    assert cli.main(["train", "ppo", "Pendulum-v1", "--resume", "--total-timesteps", "512", "--no-progress", "--out",
+                     str(tmp_path / "run")]) == 0, capsys.readouterr().err
+    assert "has no effect" not in capsys.readouterr().err  # (no preset value of sde_sample_freq came back)
+    assert yaml.safe_load(config_file.read_text())["hyperparameters"]["use_sde"] is False
+
+
 def test_a_signal_the_process_was_started_ignoring_stays_ignored():
     """`nohup rlspeed train ...` ignores SIGHUP: a closed terminal must not stop the run, whichever way it stops on
     the others (at the iteration's end, or at once with subprocess envs, or in the final evaluation)."""

@@ -660,7 +660,9 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         if dropped:  # (a config.yaml of an older rlspeed: settings that are no longer hyperparameters)
             print(f"rlspeed: note: --resume ignores settings of the run's config.yaml that {algo_cls.__name__} no "
                   f"longer takes: {', '.join(dropped)}", file=sys.stderr)
-        hyper.update({key: value for key, value in resumed.items() if key in fields})
+        # the run's recorded values, and no preset's: a setting its config.yaml lacks (one an older rlspeed did not
+        # have yet) takes the algorithm's default, which is what that rlspeed did, not the value today's preset has
+        hyper = {key: value for key, value in resumed.items() if key in fields}
         if hyper.get("use_masking") is True and getattr(algo_cls.config_cls, "use_masking", None) is True:
             del hyper["use_masking"]  # (the default, which the run did not ask for: no word about masks it lacks)
         run_settings.update(getattr(args, "resume_run_settings", {}))
@@ -858,6 +860,18 @@ def _export_sidecar(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and "format" in data and "algo" in data
+
+
+def _summary_reached(path: Path, target) -> bool:
+    """Whether `path` holds the summary.json of a run that ended having reached `target` (a run of an rlspeed whose
+    checkpoints did not record it yet: `_reached_before` cannot tell)."""
+    if target is None or not _finished_summary(path):
+        return False
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return summary.get("steps_to_target") is not None and summary.get("target_return") == target
 
 
 def _finished_summary(path: Path) -> bool:
@@ -1102,7 +1116,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     run_total = total  # the run's budget (config.yaml), of which a resumed run trains what is left
     if resumed_from is not None:
         total = max(total - resumed_from, 0)
-    reached = resumed_from is not None and _reached_before(model, target)
+    reached = resumed_from is not None and (_reached_before(model, target)
+                                            or _summary_reached(run_dir / "summary.json", target))
     if (resumed_from is not None and (total <= 0 or reached) and _finished_summary(run_dir / "summary.json")
             and (run_dir / "model.safetensors").exists()):  # (a finished run: left as it is, config.yaml too)
         if main:
