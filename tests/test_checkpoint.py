@@ -517,3 +517,18 @@ def test_load_and_resume_refuse_other_networks_for_the_saved_weights(tmp_path, k
         PPO.load(path, env_backend="bogus")
     with pytest.raises(UserError, match="num_envs=8.* with an env of 2 envs"):  # (the env's 2 trained, silently)
         PPO.load(path, env=rlspeed.make_env("CartPole-v1", num_envs=2), num_envs=8)
+
+
+def test_a_file_with_settings_this_rlspeed_lacks_is_said_to_be_from_a_newer_rlspeed(tmp_path):
+    """A newer rlspeed adds settings without a new file format: loading its file said "Unknown hyperparameter ... for
+    DQN" without naming the file; it names the file, the settings and the upgrade."""
+    from rlspeed import DQN, UserError
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    path = DQN("CartPole-v1", seed=0).save(tmp_path / "model")
+    tensors, meta = load_checkpoint(path)
+    meta["config"]["future_knob"] = 3
+    save_checkpoint(path, tensors, meta)
+    with pytest.raises(UserError, match=r"model.safetensors' holds settings this rlspeed's DQN does not have "
+                                        r"\(future_knob\): a newer rlspeed wrote it"):
+        DQN.load(path)

@@ -1661,6 +1661,11 @@ class Algorithm:
                 raise UserError(f"'{path}' holds a model of {algo.__name__}, not of {cls.__name__}; load it with "
                                 f"rlspeed.{algo.__name__}.load.")
         _warn_other_class(meta, algo, path, "load")
+        unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
+        if unknown:  # (the version is not told apart: a newer rlspeed's settings are the likely cause)
+            raise UserError(f"'{path}' holds settings this rlspeed's {algo.__name__} does not have "
+                            f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or its "
+                            "metadata was edited.")
         saved = build_config(algo.config_cls, meta["config"])
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
