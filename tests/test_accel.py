@@ -736,3 +736,27 @@ def test_accelerate_step_names_a_loss_it_cannot_train_on(loss_fn, match):
     step = accelerate_step(lambda x: loss_fn(net, x), torch.optim.Adam(net.parameters()))
     with pytest.raises(UserError, match=match):
         step(torch.randn(4, 3))
+
+
+def test_integer_inputs_are_never_narrowed_and_auto_keeps_the_models_accelerator(monkeypatch):
+    """Where a device prefers int32 indices (NPU), a script's int64 actions were narrowed to int32, and
+    F.cross_entropy(logits, actions) failed ("expected ... Long"); narrower integers are still widened. `device="auto"`
+    moved a model on an accelerator (`model.to("npu:1")`, a torchrun rank's device) to device 0: it stays where it is,
+    and otherwise auto takes the current device of the chosen type."""
+    from rlspeed import device as devices
+    from rlspeed.accel.inputs import InputConverter
+    from rlspeed.accel.module import _target_device
+    from rlspeed.device import DeviceRules
+
+    monkeypatch.setattr("rlspeed.accel.inputs.rules", lambda device: DeviceRules(torch.int32, True, True))
+    converter = InputConverter(torch.device("cpu"))
+    assert converter.convert(torch.tensor([1, 0], dtype=torch.int64)).dtype == torch.int64
+    assert converter.convert(np.array([1, 0], dtype=np.int64)).dtype == torch.int64
+    assert converter.convert(torch.tensor([1], dtype=torch.int16)).dtype == torch.int32
+
+    on_meta = nn.Linear(2, 2, device="meta")  # (a device other than the CPU, as an accelerator is)
+    assert _target_device(on_meta, "auto") == torch.device("meta")
+    assert _target_device(nn.Linear(2, 2), "auto") == devices.resolve_device("auto")
+    monkeypatch.setattr(devices, "is_available", lambda kind: kind in ("cpu", "cuda"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert devices.resolve_device("auto") == torch.device("cuda", 1)

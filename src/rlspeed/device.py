@@ -46,6 +46,15 @@ def is_available(kind: str) -> bool:
     return False
 
 
+def _current_index(kind: str) -> int:
+    """The current device of an accelerator type (`torch.cuda.set_device(i)`'s, as a bare `"cuda"` means in PyTorch;
+    0 where the backend cannot tell)."""
+    try:
+        return int(getattr(torch, kind).current_device())
+    except Exception:  # (a backend without current_device, or one that fails to initialise)
+        return 0
+
+
 def device_count(kind: str) -> int:
     """Number of visible devices of a type (1 for cpu and mps)."""
     if not is_available(kind):
@@ -76,7 +85,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
                                 "automatically)") from None
         for kind in ACCELERATOR_ORDER:
             if is_available(kind):
-                return torch.device(kind, 0) if kind != "mps" else torch.device("mps")
+                return torch.device(kind, _current_index(kind)) if kind != "mps" else torch.device("mps")
         return torch.device("cpu")
     kind, _, index = spec.partition(":")
     if kind not in ("cpu",) + ACCELERATOR_ORDER:

@@ -2,8 +2,10 @@
 
 Numpy arrays, lists of numbers and tensors on another device become tensors on the accelerated device: float64 is
 narrowed to the model's floating dtype (float32 for a float32 model, left alone for a float64 one; float32,
-float16 and bfloat16 are kept), signed integers as the device's preferred index dtype (`rlspeed.device.rules`), bool
-and uint8 unchanged. Tensors already on the device only get the dtype rule.
+float16 and bfloat16 are kept), signed integers narrower than the device's preferred index dtype
+(`rlspeed.device.rules`) widened to it, never narrowed (an int64 stays int64 where the device prefers int32: losses
+such as `cross_entropy` and `one_hot` need int64, and a user's code must run as written), bool and uint8 unchanged.
+Tensors already on the device only get the dtype rule.
 Python scalars, strings and other objects pass through untouched.
 """
 
@@ -32,7 +34,8 @@ class InputConverter:
         self.float_dtype = float_dtype
         narrowed = {torch.float64} if float_dtype != torch.float64 else set()
         # dtypes a tensor on the right device still has to be converted from
-        self.convert_dtypes = {*narrowed, *(d for d in _SIGNED_INTS if d != self.index_dtype)}
+        self.widened = {d for d in _SIGNED_INTS if d.itemsize < self.index_dtype.itemsize}
+        self.convert_dtypes = {*narrowed, *self.widened}
 
     def _ready(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):
@@ -74,7 +77,7 @@ class InputConverter:
         dtype = tensor.dtype
         if dtype == torch.float64:
             dtype = self.float_dtype
-        elif dtype in _SIGNED_INTS:
+        elif dtype in self.widened:
             dtype = self.index_dtype
         if tensor.device == self.device and dtype == tensor.dtype:
             return tensor

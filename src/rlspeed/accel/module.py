@@ -66,10 +66,12 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
 
     Args:
         model: any Python ``nn.Module``.
-        device: ``auto`` (npu > cuda > xpu > mps > cpu), a device string or a torch.device; the model moves there.
+        device: ``auto`` (the accelerator the model is on already, else npu > cuda > xpu > mps > cpu, the current
+            device of that type: ``torch.cuda.set_device(LOCAL_RANK)``'s), a device string or a torch.device; the
+            model moves there.
             Inputs given as numpy arrays, lists or tensors elsewhere are moved and converted (float64 to the
-            model's floating dtype, so float32 unless the model is float64; signed integers to the device's index
-            dtype); outputs stay on the device.
+            model's floating dtype, so float32 unless the model is float64; narrower signed integers widened to
+            the device's index dtype, int64 kept); outputs stay on the device.
         precision: ``auto`` (the fastest of the reduced precisions below that is measured faster and stays within
             tolerance, else fp32), ``fp32``, ``bf16-matmul`` (CPU: fp32 tensors, matmuls computed in bf16 by
             oneDNN), ``tf32`` (CUDA: the same with TF32) or ``bf16`` (autocast). fp16 needs a GradScaler, which
@@ -95,7 +97,7 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
         raise UserError(f"{type(model).__name__} has no forward() for auto_accelerate to speed up: accelerate the "
                         "submodules its methods call (e.g. agent.actor = auto_accelerate(agent.actor)), or wrap the "
                         "update in accelerate_step.")
-    target = resolve_device(device)
+    target = _target_device(model, device)
     request = normalise_request(precision, compile, graphs)
     model.to(target)  # in place: the Parameter objects stay the same
     base = type(model)._rlspeed_base if isinstance(model, AcceleratedModule) else type(model)
@@ -106,6 +108,17 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
         model._rlspeed_accelerator.prepare(model, args, {})
     return model
+
+
+def _target_device(model: nn.Module, device) -> torch.device:
+    """Where `auto_accelerate` places `model`: `device`, except that ``auto`` keeps a model already on an
+    accelerator where it is (a script's `model.to("cuda:1")`, or each torchrun rank's device: moving it to device 0
+    would part it from the tensors the script puts beside it)."""
+    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
+        placed = next((t.device for t in (*model.parameters(), *model.buffers())), None)
+        if placed is not None and placed.type != "cpu":
+            return placed
+    return resolve_device(device)
 
 
 class AcceleratedModule:
