@@ -175,3 +175,29 @@ def test_compile_check_reads_the_child_answer(monkeypatch):
     assert check.status == doctor.PASS and "2.5 s" in check.detail
     monkeypatch.setattr(doctor, "COMPILE_SCRIPT", answer.replace("0.0", "0.5"))
     assert doctor.check_compile(torch.device("cpu")).status == doctor.WARN
+
+
+def test_training_and_auto_accelerate_on_the_cpu_say_when_an_accelerator_is_installed_but_unusable(
+        monkeypatch, tmp_path, capsys):
+    """An Ascend machine without torch_npu (or an NVIDIA driver beside a CPU-only torch): `--device auto` trained on
+    the CPU saying only "device cpu"; the run and auto_accelerate name what `rlspeed doctor` would warn of."""
+    from torch import nn
+
+    from rlspeed import auto_accelerate, cli
+    from rlspeed.diagnostics import doctor
+
+    warned = doctor.Check(doctor.WARN, "npu", "not visible: torch_npu not installed", "pip install torch-npu")
+    monkeypatch.setattr(doctor, "check_accelerators", lambda: [warned])
+    doctor.idle_accelerator.cache_clear()
+    try:
+        assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--target-return",
+                         "none", "--out", str(tmp_path / "run")]) == 0
+        assert ("warning: training on the CPU: npu not visible: torch_npu not installed (fix: pip install torch-npu)"
+                in capsys.readouterr().err)
+        with pytest.warns(UserWarning, match="auto_accelerate runs the model on the CPU: npu not visible"):
+            auto_accelerate(nn.Linear(2, 2))
+        assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--target-return",
+                         "none", "--device", "cpu", "--out", str(tmp_path / "asked")]) == 0
+        assert "training on the CPU" not in capsys.readouterr().err  # (the CPU asked for: nothing to say)
+    finally:
+        doctor.idle_accelerator.cache_clear()

@@ -463,6 +463,7 @@ def _train_population(args: argparse.Namespace) -> int:
     print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
           f"(device {device}), up to {total:,} steps each"
           + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    _warn_idle_accelerator(args, device)
     learn_kwargs = {"target_return": target}
     if eval_freq is not None:
         learn_kwargs["eval_freq"] = eval_freq
@@ -1279,6 +1280,19 @@ def _replay_footprint(say):
     return ReplayFootprint()
 
 
+def _warn_idle_accelerator(args: argparse.Namespace, device) -> None:
+    """With `--device auto` (the default) on the CPU: one line where an accelerator's software is here but unusable
+    (a missing torch_npu, a CPU-only torch beside an NVIDIA driver), as `rlspeed doctor` would say."""
+    if device.type != "cpu" or str(getattr(args, "device", "auto")).lower() != "auto":
+        return
+    from rlspeed.diagnostics.doctor import idle_accelerator
+
+    idle = idle_accelerator()
+    if idle is not None:
+        print(f"rlspeed: warning: training on the CPU: {idle}; `rlspeed doctor` checks the whole stack",
+              file=sys.stderr, flush=True)
+
+
 def _reached_before(model, target) -> bool:
     """Whether the resumed run's checkpoint records this target as reached (`LearnResult.reached`)."""
     loop = model._loop
@@ -1318,6 +1332,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"device {model.device}), up to {total:,} steps"
             + (f" ({whole:,}: whole iterations of {per_iteration:,})" if whole != total else "")
             + (f", stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    if main:
+        _warn_idle_accelerator(args, model.device)
     steps_before = model.num_timesteps
     if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
         (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)

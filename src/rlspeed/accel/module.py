@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -114,11 +115,20 @@ def _target_device(model: nn.Module, device) -> torch.device:
     """Where `auto_accelerate` places `model`: `device`, except that ``auto`` keeps a model already on an
     accelerator where it is (a script's `model.to("cuda:1")`, or each torchrun rank's device: moving it to device 0
     would part it from the tensors the script puts beside it)."""
-    if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
+    auto = device is None or (isinstance(device, str) and device.strip().lower() == "auto")
+    if auto:
         placed = next((t.device for t in (*model.parameters(), *model.buffers())), None)
         if placed is not None and placed.type != "cpu":
             return placed
-    return resolve_device(device)
+    target = resolve_device(device)
+    if auto and target.type == "cpu":  # (an accelerator's software here but unusable: said, not silently the CPU)
+        from rlspeed.diagnostics.doctor import idle_accelerator
+
+        idle = idle_accelerator()
+        if idle is not None:
+            warnings.warn(f"auto_accelerate runs the model on the CPU: {idle}; `rlspeed doctor` checks the whole "
+                          "stack.", stacklevel=3)
+    return target
 
 
 class AcceleratedModule:

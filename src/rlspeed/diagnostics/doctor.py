@@ -9,6 +9,7 @@ PASS, WARN or FAIL; a WARN or FAIL line ends with what to do. The exit code is 1
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -209,6 +210,16 @@ def check_mps() -> Check:
                      "pip install --force-reinstall torch")
     return Check(WARN, "mps", "not visible: torch has MPS but the machine does not offer it",
                  "MPS needs macOS 12.3+ on Apple silicon (arm64 Python, not Rosetta)")
+
+
+@functools.cache
+def idle_accelerator() -> str | None:
+    """Where `device="auto"` chose the CPU: the accelerator whose software is on this machine but unusable (the first
+    of `rlspeed doctor`'s accelerator warnings, with its fix), as a clause for a warning; None where there is none."""
+    for check in check_accelerators():
+        if check.status != PASS:
+            return f"{check.name} {check.detail} (fix: {check.advice})"
+    return None
 
 
 def check_accelerators() -> list[Check]:
