@@ -691,6 +691,27 @@ def test_host_memory_is_no_more_than_a_containers_memory_limit_leaves(monkeypatc
     assert replay.available_memory_bytes(torch.device("cpu")) > 2**30 - (2**29 - 2**27)
 
 
+def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypatch, tmp_path, capsys):
+    """SM3 was reachable through the low-level save_checkpoint only (`model.save(path, digest="sm3")` was called
+    "Stable-Baselines3's keywords"): `save` takes digest=, and `RLSPEED_CHECKPOINT_DIGEST=sm3` gives a run's files
+    theirs; an unknown name is refused before training."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    assert load_checkpoint(model.save(tmp_path / "model", digest="sm3"))[1]["digest"]["algorithm"] == "sm3"
+    with pytest.raises(UserError, match="digest_name: not a keyword of save"):
+        model.save(tmp_path / "model", digest_name="sm3")
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_DIGEST", "sm3")
+    assert cli.main([*TRAIN, "--total-timesteps", "64", "--checkpoint-freq", "32", "--out", str(tmp_path / "run")]) == 0
+    for name in ("model.safetensors", "checkpoint.safetensors"):
+        assert load_checkpoint(tmp_path / "run" / name)[1]["digest"]["algorithm"] == "sm3", name
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_DIGEST", "md5")
+    capsys.readouterr()
+    assert cli.main([*TRAIN, "--total-timesteps", "64", "--out", str(tmp_path / "md5")]) == 2
+    assert "Unknown checkpoint digest 'RLSPEED_CHECKPOINT_DIGEST=md5'" in capsys.readouterr().err
+    assert not (tmp_path / "md5").exists()
+
+
 def test_sm3_from_gmssl_equals_openssl_s(monkeypatch, tmp_path):
     """Where OpenSSL has no SM3, the gmssl package gives the same digest (checkpoints stay loadable either way)."""
     import hashlib

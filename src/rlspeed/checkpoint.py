@@ -215,10 +215,24 @@ def _cipher_name(cipher: str | None, key: CheckpointKey) -> str:
     return name
 
 
+def checkpoint_digest(digest: str | None = None) -> str:
+    """The digest algorithm of the next save: `digest`, else `RLSPEED_CHECKPOINT_DIGEST` (sha256 or sm3), else
+    sha256; UserError now where it is unknown or SM3 has no implementation here."""
+    asked = digest if digest is not None else os.environ.get("RLSPEED_CHECKPOINT_DIGEST", "").strip().lower()
+    name = asked or "sha256"
+    if name not in DIGESTS:
+        where = "" if digest is not None else "RLSPEED_CHECKPOINT_DIGEST="
+        raise UserError(f"Unknown checkpoint digest '{where}{name}': use one of {', '.join(DIGESTS)}.")
+    _hasher(name)  # (SM3 without OpenSSL's or gmssl's: the pip command, now)
+    return name
+
+
 def encryption_settings(path: str | os.PathLike = "checkpoint") -> dict | None:
     """What `save_checkpoint` will do under the environment's settings: None (files in clear), or
     {"cipher", "key_id", "key_source"}. UserError now for what would fail at the first save (a malformed or unreadable
-    key, an unknown cipher, a cipher without a key or without its package), so a run can check before it trains."""
+    key, an unknown cipher, a cipher without a key or without its package, an unknown `RLSPEED_CHECKPOINT_DIGEST`), so
+    a run can check before it trains."""
+    checkpoint_digest()
     key = encryption_key()
     if key is None:
         _refuse_cipher_without_key(None)
@@ -474,12 +488,12 @@ def remove_stale_temporary_files(path: str | os.PathLike) -> list[Path]:
 
 
 def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict,
-                    digest: str = "sha256", key: bytes | str | None = None, cipher: str | None = None) -> Path:
+                    digest: str | None = None, key: bytes | str | None = None, cipher: str | None = None) -> Path:
     """Write `tensors` and JSON-serialisable `metadata` to `checkpoint_path(path)` atomically (temp file, fsync,
     rename); returns that path.
 
-    The metadata gets a `digest` entry ({"algorithm", "value"}: `digest` is "sha256" or "sm3") that `load_checkpoint`
-    checks. A write that fails (a full disk, a file-size limit, no permission) is a UserError and leaves an existing
+    The metadata gets a `digest` entry ({"algorithm", "value"}: `digest` is "sha256" or "sm3", by default
+    `RLSPEED_CHECKPOINT_DIGEST`'s, else "sha256"; `checkpoint_digest`) that `load_checkpoint` checks. A write that fails (a full disk, a file-size limit, no permission) is a UserError and leaves an existing
     checkpoint at `path` as it was.
 
     With a key (`key`, else `RLSPEED_CHECKPOINT_KEY` or `RLSPEED_CHECKPOINT_KEY_FILE`; see `encryption_key`) the file
@@ -487,6 +501,7 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     without a key is a UserError rather than a file written in clear.
     """
     path = checkpoint_path(path)
+    digest = checkpoint_digest(digest)
     encryption = encryption_key(key)
     if encryption is None:
         _refuse_cipher_without_key(cipher)

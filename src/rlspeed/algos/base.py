@@ -1597,13 +1597,17 @@ class Algorithm:
                             "edited or damaged.") from None
 
     # --- checkpoints ------------------------------------------------------------------------------------------
-    def save(self, path: str | Path, **stable_baselines3) -> Path:
+    def save(self, path: str | Path, digest: str | None = None, **stable_baselines3) -> Path:
         """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON), and what exact
         resume needs (`resume`; `Algorithm.load` ignores it): random generators, native envs' state, the learn
-        loop's position, and with `save_replay_buffer` the replay buffer in a second file beside this one."""
+        loop's position, and with `save_replay_buffer` the replay buffer in a second file beside this one.
+        `digest`: the file's integrity digest, "sha256" or "sm3" (default: `RLSPEED_CHECKPOINT_DIGEST`, else
+        sha256; the checkpoints a run writes take the variable's)."""
         if stable_baselines3:
-            raise UserError(f"save takes a path only; {', '.join(stable_baselines3)}: Stable-Baselines3's keywords "
-                            "(rlspeed saves every tensor the model needs, in one safetensors file).")
+            sb3 = {"exclude", "include"} & set(stable_baselines3)
+            raise UserError(f"save takes a path (and digest=); {', '.join(stable_baselines3)}: " + (
+                "Stable-Baselines3's keywords (rlspeed saves every tensor the model needs, in one safetensors file)."
+                if sb3 else "not a keyword of save."))
         if not isinstance(path, (str, os.PathLike)):
             raise UserError(f"save writes a file: give a path (str or pathlib.Path), not a {type(path).__name__}.")
         tensors = self._state_tensors()
@@ -1631,7 +1635,7 @@ class Algorithm:
                     "action_masks": self.trained_with_action_masks}
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path))
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
-        return save_checkpoint(path, tensors, metadata)
+        return save_checkpoint(path, tensors, metadata, digest=digest)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
