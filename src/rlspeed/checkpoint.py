@@ -493,8 +493,9 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     rename); returns that path.
 
     The metadata gets a `digest` entry ({"algorithm", "value"}: `digest` is "sha256" or "sm3", by default
-    `RLSPEED_CHECKPOINT_DIGEST`'s, else "sha256"; `checkpoint_digest`) that `load_checkpoint` checks. A write that fails (a full disk, a file-size limit, no permission) is a UserError and leaves an existing
-    checkpoint at `path` as it was.
+    `RLSPEED_CHECKPOINT_DIGEST`'s, else "sha256"; `checkpoint_digest`) that `load_checkpoint` checks. A write that
+    fails (a full disk, a file-size limit, no permission) is a UserError and leaves an existing checkpoint at `path`
+    as it was.
 
     With a key (`key`, else `RLSPEED_CHECKPOINT_KEY` or `RLSPEED_CHECKPOINT_KEY_FILE`; see `encryption_key`) the file
     is encrypted with `cipher` (else `RLSPEED_CHECKPOINT_CIPHER`, else "aes-gcm"; see CIPHERS). A cipher asked for
