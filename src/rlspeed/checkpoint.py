@@ -611,7 +611,8 @@ def _verify_digest(path: Path, tensors: dict[str, torch.Tensor], metadata: dict)
     digest = metadata.get("digest")
     if digest is None and metadata.get("version") == 1:
         warnings.warn(f"'{path}' was written before checkpoints carried a digest: its integrity is not checked "
-                      "(save it again to add one).", stacklevel=3)
+                      "(a model file gets one when saved again: rlspeed.algos.base.Algorithm.load(path).save(path)).",
+                      stacklevel=3)
         return
     if digest is None:
         raise UserError(f"'{path}' carries no digest, so its integrity cannot be checked; load it in Python with "

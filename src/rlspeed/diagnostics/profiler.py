@@ -17,6 +17,7 @@ The thresholds of `advise` are rules of thumb; each line of advice states the sh
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
@@ -202,6 +203,9 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
 
     on_cuda = model.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    # (Kineto, which reads this at its first use, logs its start and stop on stderr, "USDT: ... profiler_start", at
+    # a level above its errors': 6 silences both, unless the user set a level)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=activities) as prof:
         started = time.perf_counter()
         model.learn(profiled, progress_bar=False)
