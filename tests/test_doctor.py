@@ -199,5 +199,14 @@ def test_training_and_auto_accelerate_on_the_cpu_say_when_an_accelerator_is_inst
         assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--target-return",
                          "none", "--device", "cpu", "--out", str(tmp_path / "asked")]) == 0
         assert "training on the CPU" not in capsys.readouterr().err  # (the CPU asked for: nothing to say)
+        for name, value in (("RLSPEED_DEVICE", "cpu"), ("ASCEND_RT_VISIBLE_DEVICES", ""),
+                            ("ASCEND_RT_VISIBLE_DEVICES", "-1")):  # (the CPU chosen, or the NPUs hidden, on purpose)
+            with monkeypatch.context() as env:
+                env.setenv(name, value)
+                doctor.idle_accelerator.cache_clear()
+                assert doctor.idle_accelerator() is None, (name, value)
+        monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1")
+        doctor.idle_accelerator.cache_clear()
+        assert doctor.idle_accelerator() is not None
     finally:
         doctor.idle_accelerator.cache_clear()

@@ -699,6 +699,12 @@ def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypat
 
     model = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=16, batch_size=32)
     assert load_checkpoint(model.save(tmp_path / "model", digest="sm3"))[1]["digest"]["algorithm"] == "sm3"
+    from rlspeed import DQN
+
+    dqn = DQN("CartPole-v1", seed=0, learning_starts=16, batch_size=8, save_replay_buffer=True)
+    dqn.learn(32, progress_bar=False)
+    dqn.save(tmp_path / "dqn", digest="sm3")  # (the replay buffer's file beside it takes the digest too)
+    assert load_checkpoint(tmp_path / "dqn.replay.safetensors")[1]["digest"]["algorithm"] == "sm3"
     with pytest.raises(UserError, match="digest_name: not a keyword of save"):
         model.save(tmp_path / "model", digest_name="sm3")
     monkeypatch.setenv("RLSPEED_CHECKPOINT_DIGEST", "sm3")
@@ -709,7 +715,9 @@ def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypat
     capsys.readouterr()
     assert cli.main([*TRAIN, "--total-timesteps", "64", "--out", str(tmp_path / "md5")]) == 2
     assert "Unknown checkpoint digest 'RLSPEED_CHECKPOINT_DIGEST=md5'" in capsys.readouterr().err
-    assert not (tmp_path / "md5").exists()
+    assert cli.main([*TRAIN, "--seeds", "0,1", "--total-timesteps", "64", "--out", str(tmp_path / "md5")]) == 2
+    assert "Unknown checkpoint digest 'RLSPEED_CHECKPOINT_DIGEST=md5'" in capsys.readouterr().err
+    assert not (tmp_path / "md5").exists()  # (refused before training, a population too)
 
 
 def test_sm3_from_gmssl_equals_openssl_s(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 
 import gymnasium as gym
@@ -71,6 +72,10 @@ def test_weights_loaded_into_a_network_reach_its_target_and_a_checkpoint_keeps_i
     td3.critic.load_state_dict(other.critic.state_dict())
     for target, source in ((td3.actor_target, other.actor), (td3.critic_target, other.critic)):
         assert all(torch.equal(t, p) for t, p in zip(target.parameters(), source.parameters()))
+    copied = copy.deepcopy(dqn)  # (a copy of the model follows its own loads; the original's target stays)
+    copied.policy.load_state_dict(other_dqn := DQN("CartPole-v1", seed=2, **TINY).policy.state_dict())
+    assert all(torch.equal(t, other_dqn[k]) for k, t in copied.q_target.state_dict().items())
+    assert all(torch.equal(t, p) for t, p in zip(dqn.q_target.parameters(), pretrained.q_network.parameters()))
 
     dqn.learn(150, progress_bar=False)  # updates since, target not refreshed yet (interval 10,000)
     assert any(not torch.equal(o, t) for o, t in zip(dqn.q_network.parameters(), dqn.q_target.parameters()))

@@ -433,6 +433,9 @@ def _train_population(args: argparse.Namespace) -> int:
     if env_kwargs:
         options["env_kwargs"] = env_kwargs
     configure_threads(args.threads)
+    from rlspeed.checkpoint import encryption_settings
+
+    encryption_settings()  # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     created = args.out is None or not Path(args.out).exists()

@@ -101,7 +101,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         return torch.device(kind, int(index))
     if kind in ("cpu", "mps"):
         return torch.device(kind)
-    return torch.device(kind, 0)
+    return torch.device(kind, _current_index(kind))  # (a bare "cuda": the current device, as PyTorch reads it)
 
 
 @dataclass(frozen=True)

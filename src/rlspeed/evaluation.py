@@ -81,8 +81,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         options = {**(model.spec.env_kwargs if own_env else {}), **(env_kwargs or {})}
         if options and backend not in ("gymnasium", "gymnasium-async"):
             if asked not in ("auto", "gymnasium", "gymnasium-async"):
-                raise UserError(f"This model's env was made with options ({', '.join(options)}), which only "
-                                f"Gymnasium's envs take: evaluate it with backend 'gymnasium', not '{asked}'.")
+                whose = "The env options" if env_kwargs else "This model's env was made with options"
+                raise UserError(f"{whose} ({', '.join(options)}), which only Gymnasium's envs take: evaluate it with "
+                                f"backend 'gymnasium', not '{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
                                             evaluation=True, **options))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -116,6 +117,8 @@ def _target_device(model: nn.Module, device) -> torch.device:
     accelerator where it is (a script's `model.to("cuda:1")`, or each torchrun rank's device: moving it to device 0
     would part it from the tensors the script puts beside it)."""
     auto = device is None or (isinstance(device, str) and device.strip().lower() == "auto")
+    # (RLSPEED_DEVICE=cpu or another device: the user's choice, which `resolve_device` takes)
+    auto = auto and os.environ.get("RLSPEED_DEVICE", "").strip().lower() in ("", "auto")
     if auto:
         placed = next((t.device for t in (*model.parameters(), *model.buffers())), None)
         if placed is not None and placed.type != "cpu":

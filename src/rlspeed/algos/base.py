@@ -146,6 +146,7 @@ AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde", "full_std", "use_expln", "encoder",
                       "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
 
+
 def _network_keys(config, observation_space: gym.Space | None) -> list[str]:
     """The settings that decide what a config's saved weights compute, which load and resume keep: the
     `_ARCHITECTURE_KEYS` less gSDE's options where use_sde is off (they build nothing), plus normalize_images where
@@ -1497,12 +1498,12 @@ class Algorithm:
     def _load_algorithm_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
         """Restore what `_algorithm_state` returned (called by the first learn() after `resume`, after `_start`)."""
 
-    def _save_replay(self, path: Path) -> dict | None:
-        """Off-policy algorithms with `save_replay_buffer`: write the replay buffer beside the checkpoint `path` and
-        return what the checkpoint records about it; None: nothing written."""
+    def _save_replay(self, path: Path, digest: str | None = None) -> dict | None:
+        """Off-policy algorithms with `save_replay_buffer`: write the replay buffer beside the checkpoint `path` (with
+        its `digest`) and return what the checkpoint records about it; None: nothing written."""
         return None
 
-    def _resume_state(self, path: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    def _resume_state(self, path: Path, digest: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
         """What a checkpoint carries for exact resume besides the model (tensors, JSON): the random generators
         (torch's CPU and device generators as byte tensors, numpy's and Python's as JSON), the training env's state
         where its backend can restore it (native envs) with the current observation, the learn loop's position, the
@@ -1529,7 +1530,7 @@ class Algorithm:
             tensors["obs"] = obs
         algo_tensors, meta["algo"] = self._algorithm_state()
         tensors.update({f"algo.{key}": value for key, value in algo_tensors.items()})
-        meta["replay_buffer"] = self._save_replay(path)
+        meta["replay_buffer"] = self._save_replay(path, digest)
         return tensors, meta
 
     def _first_obs(self, env: BatchedEnv) -> torch.Tensor:
@@ -1633,7 +1634,7 @@ class Algorithm:
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
                     "action_masks": self.trained_with_action_masks}
-        resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path))
+        resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path), digest)
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
         return save_checkpoint(path, tensors, metadata, digest=digest)
 
@@ -1668,8 +1669,8 @@ class Algorithm:
         unknown = sorted(set(meta["config"]) - {field.name for field in dataclasses.fields(algo.config_cls)})
         if unknown:  # (the version is not told apart: a newer rlspeed's settings are the likely cause)
             raise UserError(f"'{path}' holds settings this rlspeed's {algo.__name__} does not have "
-                            f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or its "
-                            "metadata was edited.")
+                            f"({', '.join(unknown)}): a newer rlspeed wrote it (pip install -U rlspeed), or a "
+                            "config class of someone else's, or its metadata was edited.")
         saved = build_config(algo.config_cls, meta["config"])
         # (checkpoints written before observation spaces were recorded hold float vectors of observation_shape)
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None

@@ -108,7 +108,7 @@ class DQN(OffPolicyAlgorithm):
         if not cfg.ortho_init:
             default_init_(q_network)
         self.q_network = to_device(q_network, self.device)
-        self.q_target = frozen_copy(self.q_network)
+        self.q_target = frozen_copy(self.q_network, self, ("q_network", "q_target"))
         self.policy = self.q_network
         self._params = list(self.q_network.parameters())
         self._target_params = list(self.q_target.parameters())

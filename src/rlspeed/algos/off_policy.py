@@ -154,37 +154,48 @@ def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.T
             torch._foreach_lerp_(target_params, online_params, tau)
 
 
-def frozen_copy(module: torch.nn.Module) -> torch.nn.Module:
-    """A target network: a deep copy of `module` that takes no gradients, and takes a copy of whatever is loaded into
-    `module` later (`model.policy.load_state_dict(pretrained)`: Stable-Baselines3's policy holds both networks and
-    loads both; without it the target would bootstrap from its initial weights until its next update). A checkpoint
-    loads the target after its network, so the target it saved is the one kept."""
+def frozen_copy(module: torch.nn.Module, owner=None, names: tuple[str, str] | None = None) -> torch.nn.Module:
+    """A target network: a deep copy of `module` that takes no gradients. Given the model that holds both (`owner`)
+    and their attribute names (`names`: online, target), the target also takes a copy of whatever is loaded into the
+    online network later (`model.policy.load_state_dict(pretrained)`: Stable-Baselines3's policy holds both networks
+    and loads both; without it the target would bootstrap from its initial weights until its next update). A
+    checkpoint loads the target after its network, so the target it saved is the one kept."""
     target = copy.deepcopy(module).requires_grad_(False)
-    module.register_load_state_dict_post_hook(_TargetFollower(module, target))
+    if owner is not None and names is not None:
+        module.register_load_state_dict_post_hook(_TargetFollower(owner, *names))
     return target
 
 
 class _TargetFollower:
-    """`frozen_copy`'s load hook: copies `online`'s state into `target` after `online.load_state_dict`. It holds
-    weak references and acts on its own module only: a deep copy or a pickle of the network carries an inert one."""
+    """`frozen_copy`'s load hook: after `load_state_dict` into the model's online network (`owner.<online>`), the same
+    state goes into its target (`owner.<target>`), key by key where both have it. It holds the model weakly and acts
+    on the model's own network only; a deep copy of the model gets one for the copy, a copy or pickle of the network
+    alone an inert one."""
 
-    def __init__(self, online: torch.nn.Module | None, target: torch.nn.Module | None):
-        self._online = weakref.ref(online) if online is not None else None
-        self._target = weakref.ref(target) if target is not None else None
+    def __init__(self, owner, online: str, target: str):
+        self._owner = weakref.ref(owner) if owner is not None else None
+        self._names = (online, target)
 
     def __call__(self, module: torch.nn.Module, incompatible_keys) -> None:
-        target = self._target() if self._target is not None else None
-        if target is None or self._online is None or module is not self._online():
+        owner = self._owner() if self._owner is not None else None
+        if owner is None or module is not getattr(owner, self._names[0], None):
             return
+        target = getattr(owner, self._names[1], None)
+        if not isinstance(target, torch.nn.Module):
+            return
+        held = target.state_dict()
         with torch.no_grad():
             for name, value in module.state_dict().items():
-                target.state_dict()[name].copy_(value)
+                if name in held and held[name].shape == value.shape:
+                    held[name].copy_(value)
 
     def __deepcopy__(self, memo) -> _TargetFollower:
-        return _TargetFollower(None, None)
+        # (a deep copy of the model registers the copy in `memo` before it copies the networks)
+        owner = self._owner() if self._owner is not None else None
+        return _TargetFollower(memo.get(id(owner)) if owner is not None else None, *self._names)
 
     def __reduce__(self):
-        return _TargetFollower, (None, None)
+        return _TargetFollower, (None, *self._names)
 
 
 def action_scaling(box: gym.spaces.Box, device: torch.device, who: str) -> tuple[torch.Tensor, ...] | None:
@@ -272,7 +283,7 @@ class OffPolicyAlgorithm(Algorithm):
             default_init_(actor)
             default_init_(critic)
         self.actor, self.critic = to_device(actor, self.device), to_device(critic, self.device)
-        self.critic_target = frozen_copy(self.critic)
+        self.critic_target = frozen_copy(self.critic, self, ("critic", "critic_target"))
 
     def _setup_action_scaling(self) -> None:
         """Device tensors for the policy-space <-> env-space mapping of Box actions."""
@@ -387,7 +398,7 @@ class OffPolicyAlgorithm(Algorithm):
             values["buffer_start"] = self._buffer_start
         return tensors, values
 
-    def _save_replay(self, path: Path) -> dict | None:
+    def _save_replay(self, path: Path, digest: str | None = None) -> dict | None:
         """With `save_replay_buffer`: the buffer's stored rows, write position and pending n-step steps
         (`ReplayBuffer.state_dict`) in `<checkpoint>.replay.safetensors` (written first; a token in both files pairs
         them, so a replay file left by a later save that was killed before its checkpoint is not taken for this
@@ -398,7 +409,7 @@ class OffPolicyAlgorithm(Algorithm):
         tensors, meta = buffer.state_dict()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
-        save_checkpoint(file, tensors, {"replay_buffer": {"token": token, **meta}})
+        save_checkpoint(file, tensors, {"replay_buffer": {"token": token, **meta}}, digest=digest)
         return {"file": file.name, "token": token}
 
     def _load_replay(self, resume: dict) -> bool:

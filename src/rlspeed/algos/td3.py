@@ -76,7 +76,7 @@ class TD3(OffPolicyAlgorithm):
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
         self._place_actor_and_critics(DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
                                                          encoder=encoder_from_config(spec.observation_space, cfg)))
-        self.actor_target = frozen_copy(self.actor)
+        self.actor_target = frozen_copy(self.actor, self, ("actor", "actor_target"))
         self.policy = self.actor
         self._critic_params = list(self.critic.parameters())
         # Actor and critic targets move together: one fused Polyak update for both.

@@ -212,12 +212,29 @@ def check_mps() -> Check:
                  "MPS needs macOS 12.3+ on Apple silicon (arm64 Python, not Rosetta)")
 
 
+#: The variables that hide an accelerator type's devices from a process (set to no device: a CPU run on purpose)
+_VISIBLE_DEVICES = {"cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), "npu": ("ASCEND_RT_VISIBLE_DEVICES",),
+                    "xpu": ("ZE_AFFINITY_MASK",)}
+
+
+def _hidden(kind: str) -> bool:
+    """Whether the environment hides every device of `kind` (a visible-devices variable set to none: "", "-1")."""
+    for name in _VISIBLE_DEVICES.get(kind, ()):
+        value = os.environ.get(name)
+        if value is not None and not any(part.strip().isdigit() for part in value.split(",")):
+            return True
+    return False
+
+
 @functools.cache
 def idle_accelerator() -> str | None:
     """Where `device="auto"` chose the CPU: the accelerator whose software is on this machine but unusable (the first
-    of `rlspeed doctor`'s accelerator warnings, with its fix), as a clause for a warning; None where there is none."""
+    of `rlspeed doctor`'s accelerator warnings, with its fix), as a clause for a warning; None where there is none,
+    where `RLSPEED_DEVICE` chose the device, and for a type whose devices the environment hides (the CPU on purpose)."""
+    if os.environ.get("RLSPEED_DEVICE", "").strip().lower() not in ("", "auto"):
+        return None
     for check in check_accelerators():
-        if check.status != PASS:
+        if check.status != PASS and not _hidden(check.name):
             return f"{check.name} {check.detail} (fix: {check.advice})"
     return None
 

@@ -203,14 +203,21 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
 
     on_cuda = model.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
-    # (Kineto, which reads this at its first use, logs its start and stop on stderr, "USDT: ... profiler_start", at
-    # a level above its errors': 6 silences both, unless the user set a level)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    with profile(activities=activities) as prof:
-        started = time.perf_counter()
-        model.learn(profiled, progress_bar=False)
-        synchronize(model.device)
-        wall_s = time.perf_counter() - started
+    # Kineto, which reads KINETO_LOG_LEVEL at its first use in the process, logs its start and stop on stderr
+    # ("USDT: ... profiler_start") at a level above its errors: 6 silences both. Host-only profiles set it (unless
+    # the user did); device profiles keep Kineto's errors (a CUPTI permission failure means no device times).
+    quiet = not on_cuda and "KINETO_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["KINETO_LOG_LEVEL"] = "6"
+    try:
+        with profile(activities=activities) as prof:
+            started = time.perf_counter()
+            model.learn(profiled, progress_bar=False)
+            synchronize(model.device)
+            wall_s = time.perf_counter() - started
+    finally:
+        if quiet:  # (not passed on to processes started later)
+            del os.environ["KINETO_LOG_LEVEL"]
     if trace is not None:
         prof.export_chrome_trace(str(trace))
     steps_done = model.result.total_timesteps

@@ -51,7 +51,6 @@ class FusedDQNUpdate:
         self.weight_grads, self.bias_grads = self.adam.grad_views[0::2], self.adam.grad_views[1::2]
         self.target_linears = sequential_linears(q_target.body)[0]
 
-
     def follow(self, config) -> None:
         """Take `config.double_q` and `td_loss` as they are now (a callback may change them between iterations; the
         autograd loss reads them at every step)."""

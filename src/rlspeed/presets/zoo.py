@@ -216,7 +216,7 @@ def _entry_key(entries: dict, env_id: str) -> str | None:
 
 
 #: how a preset says that a MuJoCo v5 id took RL-Zoo's v4 entry
-MUJOCO_V4_NOTE = "its {older} entry: RL-Zoo has none for v5, the same task with Gymnasium's fixes"
+MUJOCO_V4_NOTE = "its {older} entry: RL-Zoo has none for v5, which revises the env (Ant's observations differ)"
 
 
 def _mujoco_v4(env_id: str) -> str | None:
