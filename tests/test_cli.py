@@ -1050,6 +1050,9 @@ def test_env_kwargs_reach_the_env_the_run_evaluates_on_and_rlspeed_eval(tmp_path
     assert cli.main(["train", "ppo", "Pendulum-v1", "--out", "run", "--resume", "--total-timesteps", "192",
                      "--no-progress", "--env-kwargs", "g=3.0"]) == 0  # (another option is named, as --set is)
     assert "env_kwargs {'g': 2.0} -> {'g': 3.0}" in capsys.readouterr().err
+    changes = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["changes"]  # (each resume's, kept)
+    assert [change["settings"]["total_timesteps"] for change in changes] == [[64, 128], [128, 192]]
+    assert changes[-1]["settings"]["env_kwargs"] == [{"g": 2.0}, {"g": 3.0}] and changes[-1]["at_steps"] >= 128
     assert cli.main([*argv[:-2], "--seeds", "0-1", "--total-timesteps", "64", "--set", "use_sde=false", "--out",
                      "population"]) == 0
     config = yaml.safe_load((tmp_path / "population" / "config.yaml").read_text())

@@ -460,7 +460,7 @@ def _train_population(args: argparse.Namespace) -> int:
               "gym_packages": args.gym_packages, "preset": args.preset_info, "env_kwargs": env_kwargs or None,
               "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
-        _say_changed_settings(run_dir / "config.yaml", config)
+        _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     _say_preset(args)
     print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
@@ -1137,7 +1137,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               # (a CPU's results depend on the thread count: the order of its sums)
               "threads": _torch_threads(), "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
-        _say_changed_settings(run_dir / "config.yaml", config)
+        _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
         _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
     if main and resumed_from is None:  # (a run starting afresh is a W&B run of its own, not an earlier attempt's)
@@ -1232,21 +1232,27 @@ def _keep_run_seed(args, model, path: Path) -> None:
     args.seed = model.seed = seed
 
 
-def _say_changed_settings(path: Path, config: dict) -> None:
+def _say_changed_settings(path: Path, config: dict, at_steps: int) -> None:
     """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters, run settings (budget, target,
     evaluation frequency) and env options that differ from the ones the run was started with (they apply from the resume
-    on; the checkpoint's weights and state stay)."""
+    on; the checkpoint's weights and state stay), and `config["changes"]` (written with it) keeps each resume's changes
+    with the step it made them at, [{"at_steps", "settings": {key: [before, after]}}], the earlier ones included."""
     before = _run_config(path)
     if not before:
         return
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
-    changes = [f"{key} {old[key]} -> {new[key]}" for key in new if key in old and old[key] != new[key]]
-    changes += [f"{key} {before.get(key)} -> {config.get(key)}"
-                for key in ("total_timesteps", "target_return", "eval_freq", "env_kwargs")
-                if (key in before or key == "env_kwargs") and key in config and before.get(key) != config[key]]
-    if changes:
-        print(f"rlspeed: --resume with other settings than the run started with: {', '.join(changes)} (they apply "
-              "from here on; config.yaml now records them)", file=sys.stderr, flush=True)
+    changed = {key: [old[key], new[key]] for key in new if key in old and old[key] != new[key]}
+    changed.update({key: [before.get(key), config.get(key)]
+                    for key in ("total_timesteps", "target_return", "eval_freq", "env_kwargs")
+                    if (key in before or key == "env_kwargs") and key in config and before.get(key) != config[key]})
+    history = before.get("changes") if isinstance(before.get("changes"), list) else []
+    if changed:
+        history = [*history, {"at_steps": int(at_steps), "settings": changed}]
+        print(f"rlspeed: --resume with other settings than the run started with: "
+              f"{', '.join(f'{key} {a} -> {b}' for key, (a, b) in changed.items())} (they apply from here on; "
+              "config.yaml now records them, and its changes list when)", file=sys.stderr, flush=True)
+    if history:
+        config["changes"] = history
 
 
 def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
