@@ -1179,3 +1179,20 @@ def test_an_off_policy_run_says_its_replay_buffers_footprint_when_training_start
     footprint = [line for line in lines if line.startswith("rlspeed: replay buffer: 1,000 transitions")]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["replay"]
     assert len(footprint) == 1 and f"{summary['bytes_per_transition']} bytes per transition" in footprint[0]
+
+
+def test_resume_keeps_the_runs_checkpoint_interval_and_replay_saving(tmp_path, monkeypatch):
+    """`--checkpoint-freq` and `--save-replay-buffer` were not recorded: a `--resume` without them wrote no replay
+    file (the first attempt's rows stayed beside later checkpoints, and the next resume started an empty buffer) and
+    checkpointed at another interval."""
+    from rlspeed.checkpoint import load_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "dqn", "CartPole-v1", "--target-return", "none", "--no-progress", "--out", "run", "--set",
+            "learning_starts=64", "--set", "batch_size=16"]
+    assert cli.main([*argv, "--total-timesteps", "256", "--checkpoint-freq", "128", "--save-replay-buffer"]) == 0
+    assert cli.main([*argv, "--total-timesteps", "512", "--resume"]) == 0
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["checkpoint_freq"] == 128 and config["save_replay_buffer"] is True
+    replay = load_checkpoint(tmp_path / "run" / "model.replay.safetensors")[1]["replay_buffer"]
+    assert replay["size"] == 512  # (the first attempt's rows and the resumed run's)

@@ -51,6 +51,9 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     assert png.startswith(b"\x89PNG")
     # each member as a model of its own, which `rlspeed eval` and `export` take (the directory itself: one sentence)
     assert summary["member_models"] == {str(seed): f"members/seed_{seed}.safetensors" for seed in (0, 3, 5, 6)}
+    from rlspeed import PPO  # (a member's file holds the steps it trained: its learn counts on, as a solo model's)
+
+    assert PPO.load(out / "members" / "seed_3.safetensors").num_timesteps == summary["total_timesteps"] == 256
     capsys.readouterr()
     assert cli.main(["eval", str(out / "members" / "seed_3.safetensors"), "--episodes", "2"]) == 0
     assert "PPO on CartPole-v1" in capsys.readouterr().out

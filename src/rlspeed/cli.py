@@ -457,7 +457,8 @@ def _train_population(args: argparse.Namespace) -> int:
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": population.env_backend, "total_timesteps": total,
               "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
-              "gym_packages": args.gym_packages, "preset": args.preset_info, "env_kwargs": env_kwargs or None,
+              "save_replay_buffer": bool(args.save_replay_buffer), "gym_packages": args.gym_packages,
+              "preset": args.preset_info, "env_kwargs": env_kwargs or None,
               "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
@@ -561,7 +562,8 @@ def _train_population(args: argparse.Namespace) -> int:
 
 def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, str]:
     """Each member that did not diverge as a solo model file `run_dir/members/seed_<S>.safetensors` (its parameters as
-    it ended or left, `Population.member_model`); returns {seed: path in the run directory} of those written."""
+    it ended or left, `Population.member_model`, with the env steps it trained: a loaded member's learn counts on from
+    them, as a solo run's model's does); returns {seed: path in the run directory} of those written."""
     import torch
 
     from rlspeed.checkpoint import MEMBERS_DIR
@@ -576,7 +578,12 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
         # write identical files)
         with torch.random.fork_rng():
             torch.manual_seed(population.seeds[k])
-            population.member_model(k).save(run_dir / name)
+            model = population.member_model(k)
+            left_at = member.get("pruned_at")
+            if left_at is None and summary.get("stop", "each") == "each":  # (a member that reached its target left)
+                left_at = member.get("steps_to_target")
+            model.num_timesteps = int(left_at if left_at is not None else population.num_timesteps)
+            model.save(run_dir / name)
         saved[str(population.seeds[k])] = name
     return saved
 
@@ -1134,6 +1141,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
               "preset": args.preset_info, "nan_policy": args.nan_policy, "env_kwargs": model.spec.env_kwargs or None,
+              # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
+              "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
               # (a CPU's results depend on the thread count: the order of its sums)
               "threads": _torch_threads(), "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
@@ -1192,9 +1201,11 @@ def _resume_settings(args: argparse.Namespace) -> None:
             setattr(args, key, str(config[key]))
     if "env_kwargs" not in given and isinstance(config.get("env_kwargs"), dict):
         args.resume_env_kwargs = config["env_kwargs"]
-    freq = config.get("checkpoint_freq")  # (a population's run records its checkpoint interval)
+    freq = config.get("checkpoint_freq")  # (the checkpoint interval the run was given, or a population's)
     if "checkpoint_freq" not in given and isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
         args.checkpoint_freq = freq
+    if "save_replay_buffer" not in given and config.get("save_replay_buffer") is True:  # (else its replay file
+        args.save_replay_buffer = True  # would stay at the rows of the first attempt)
     threads = config.get("threads")
     if "threads" not in given and isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
         args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
