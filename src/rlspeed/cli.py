@@ -656,14 +656,26 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if preset.notes:  # (an RL-Zoo-format preset: how its entries were translated, and where rlspeed differs)
         args.preset_info.update(translation_notes=preset.notes, differs_from_sb3=preset.differences)
     run_settings, hyper = split_run_settings(preset)
+    dropped_note = None
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
         # one-hot encoded instead (asked for with --set, the same is an error that says so)
-        from rlspeed.envs import env_spec
-        from rlspeed.envs.wrappers import normalizable
+        import torch
 
-        if not normalizable(env_spec(args.env_id).observation_space):
+        from rlspeed.envs import env_spec
+        from rlspeed.envs.base import observation_layout
+        from rlspeed.envs.wrappers import normalizable
+        from rlspeed.nn import image_channels_first
+
+        space = env_spec(args.env_id).observation_space
+        layout = observation_layout(space)
+        vectors = not isinstance(layout, dict) and layout[1] == torch.float32 and image_channels_first(space) is None
+        if not normalizable(space):
             hyper["normalize_obs"] = False
+        elif getattr(args, "seeds", None) is not None and not vectors:  # (populations normalise float vectors only)
+            hyper["normalize_obs"] = False
+            dropped_note = (f"rlspeed: note: the preset's normalize_obs is left out: a population normalises float "
+                            f"vector observations only, and {args.env_id}'s are not (a solo run normalises them)")
     resumed = getattr(args, "resume_hyperparameters", None)
     if resumed:  # (`--resume`: the run's own hyperparameters and run settings, `_resume_settings`)
         fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
@@ -697,6 +709,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     # (said when training starts, after the preset's line: a refusal before it stays one line)
     args.setting_notes = _annealed_override_notes(hyper_overrides, config, set(hyper) - set(hyper_overrides),
                                                   algo_cls.__name__)
+    if dropped_note is not None and not hyper_overrides.get("normalize_obs"):
+        args.setting_notes.append(dropped_note)
     given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {}),
              **dict.fromkeys(getattr(args, "member_keys", ()))}  # (a population's per-member --set values)
     if (hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none"):
