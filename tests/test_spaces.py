@@ -402,6 +402,11 @@ def test_predict_takes_a_numpy_dict_as_the_env_returns_it(minigrid_id):
     assert actions.shape == (3,) and len(set(actions.tolist())) == 1  # deterministic: the same obs, the same action
     with pytest.raises(UserError, match="Dict observations"):
         model.predict(obs["image"])
+    # keys of different batch sizes (a torch error from the encoder), a key of the wrong shape (the key unnamed)
+    with pytest.raises(UserError, match=r"keys hold different numbers of rows \(direction 2, image 3\)"):
+        model.predict({"image": batch["image"], "direction": batch["direction"][:2]})
+    with pytest.raises(UserError, match="The observation's key 'image': This model takes observations of shape"):
+        model.predict({"image": obs["image"][:3], "direction": obs["direction"]})
 
 
 def test_predict_takes_a_tuple_env_s_observation_as_the_env_returns_it():

@@ -458,7 +458,17 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         if missing:
             raise UserError(f"The observation has no key '{missing[0]}', which this model takes (keys "
                             f"{', '.join(space.spaces)}).")
-        parts = {key: as_observation_batch(observation[key], sub, device) for key, sub in space.spaces.items()}
+        parts = {}
+        for key, sub in space.spaces.items():
+            try:
+                parts[key] = as_observation_batch(observation[key], sub, device)
+            except UserError as error:  # (the key named: "shape (4,)" alone does not say which part is wrong)
+                raise UserError(f"The observation's key '{key}': {error}") from None
+        rows = {key: 1 if part[2] else part[0].shape[0] for key, part in parts.items()}
+        if len(set(rows.values())) > 1 or (len({part[2] for part in parts.values()}) > 1):
+            sizes = ", ".join(f"{key} {'one' if parts[key][2] else n}" for key, n in rows.items())
+            raise UserError(f"The observation's keys hold different numbers of rows ({sizes}): give every key one "
+                            "observation, or the same batch of N.")
         return ({key: part[0] for key, part in parts.items()}, any(part[1] for part in parts.values()),
                 all(part[2] for part in parts.values()))
     shape, dtype = observation_layout(space)
