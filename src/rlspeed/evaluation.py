@@ -64,9 +64,10 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     asked = backend
     env_id = env_id or model.env_id
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
-        raise UserError(f"This model trained on an env you built ('{env_id}'), which rlspeed cannot make again from "
-                        f"its id: pass one, rlspeed.evaluate(model, env, episodes=env.num_envs) (and "
-                        "EvalCallback(env) instead of eval_freq).")
+        raise UserError(f"This model trained on '{env_id}', which is not a registered id here: import the module that "
+                        f"registers it first (rlspeed eval --gym-packages MODULE), or, for an env you built, pass one: "
+                        f"rlspeed.evaluate(model, env, episodes=env.num_envs) (and EvalCallback(env) instead of "
+                        "eval_freq).")
     device = device if device is not None else model.device
     if backend == "auto" and own_env:
         backend = evaluation_backend(env_id, model.env_backend, episodes, device)
