@@ -277,6 +277,13 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
         from rlspeed import MaskablePPO  # noqa: F401
     with pytest.raises(ImportError, match="rlspeed has no TQC \\(sb3-contrib's\\); sac"):
         from rlspeed import TQC  # noqa: F401
+    with pytest.raises(ImportError, match="rlspeed has no HER \\(Stable-Baselines3's HerReplayBuffer\\)"):
+        from rlspeed import HerReplayBuffer  # noqa: F401
+    with pytest.raises(ImportError, match="action_noise='normal' or 'ornstein-uhlenbeck' with action_noise_std"):
+        from rlspeed import NormalActionNoise  # noqa: F401
+    noise = pytest.importorskip("stable_baselines3.common.noise")  # (SB3's object passed in: the setting named)
+    with pytest.raises(UserError, match="not Stable-Baselines3's NormalActionNoise object: action_noise='normal'"):
+        rlspeed.TD3("Pendulum-v1", action_noise=noise.NormalActionNoise(np.zeros(1), 0.1 * np.ones(1)))
     with pytest.raises(AttributeError, match="use rlspeed.EvalCallback"):
         rlspeed.MaskableEvalCallback  # noqa: B018
     # (attribute lookups keep their AttributeError: hasattr and getattr with a default work as for any name)

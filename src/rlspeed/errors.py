@@ -49,6 +49,11 @@ _PEER_ALGORITHMS = {
     "crossq": "rlspeed has no CrossQ (sb3-contrib's); sac is the closest",
     "trpo": "rlspeed has no TRPO (sb3-contrib's); ppo is the closest",
     "ars": "rlspeed has no ARS (sb3-contrib's gradient-free search); ppo and sac are its gradient-based choices",
+    "herreplaybuffer": "rlspeed has no HER (Stable-Baselines3's HerReplayBuffer): its off-policy algorithms replay "
+                       "the transitions as collected, the goal envs' success rate reported (info['is_success'])",
+    **dict.fromkeys(("normalactionnoise", "ornsteinuhlenbeckactionnoise"),
+                    "rlspeed's action noise is a setting: action_noise='normal' or 'ornstein-uhlenbeck' with "
+                    "action_noise_std=sigma (TD3, DDPG)"),
 }
 
 
