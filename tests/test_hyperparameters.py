@@ -42,7 +42,10 @@ def test_unknown_hyperparameter_suggests_misspellings_and_names_the_algorithms_t
              (rlspeed.DQN, {"exploration_eps": 0.1}, r"Did you mean exploration_final_eps, exploration_initial_eps\?"),
              (rlspeed.PPO, {"update_epochs": 4}, r"Did you mean n_epochs\?$"),  # (named otherwise: the last word)
              (rlspeed.DQN, {"exploration_final_epsilon": 0.1}, r"Did you mean exploration_final_eps\?$"),
-             (rlspeed.SAC, {"vf_coef": 0.5}, r"vf_coef is a setting of A2C, PPO and RecurrentPPO; SAC has none")]
+             (rlspeed.SAC, {"vf_coef": 0.5}, r"vf_coef is a setting of A2C, PPO and RecurrentPPO; SAC has none"),
+             (rlspeed.SAC, {"normalize_obs": True},
+              r"normalize_obs is a setting of .*; SAC has none\. Give SAC an env that normalises: "
+              r"rlspeed\.make_env\(env_id, .*normalize_obs=True")]
     for algo, options, message in cases:
         with pytest.raises(UserError, match=message) as raised:
             algo("Pendulum-v1" if algo is rlspeed.SAC else "CartPole-v1", device="cpu", **options)

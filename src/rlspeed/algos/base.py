@@ -188,6 +188,9 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             if others:
                 hint = f" {named} is a setting of {others}; {owner} has none.{hint}"
+                if named == "normalize_obs":  # (the env's wrapper normalises for any algorithm, kept with the model)
+                    hint += (f" Give {owner} an env that normalises: rlspeed.make_env(env_id, num_envs=..., "
+                             "normalize_obs=True); the model keeps its statistics.")
             elif not close:
                 hint = f" Valid: {', '.join(sorted(fields))}."
             raise UserError(f"Unknown hyperparameter '{key}' for {owner}.{hint}")
