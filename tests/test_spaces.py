@@ -131,6 +131,8 @@ def test_encoder_overrides_that_do_not_fit_the_space_are_one_sentence():
     (gym.spaces.Dict({"outer": gym.spaces.Dict({"inner": gym.spaces.Discrete(2)})}), "nested Dict"),
     (gym.spaces.Dict({"mission": gym.spaces.Text(10)}), "no key rlspeed can encode"),
     (gym.spaces.Box(-1.0, 1.0, ()), "scalar Box observation space"),  # (no axis for the networks to take)
+    (gym.spaces.Dict({"pos": gym.spaces.Box(-1.0, 1.0, (2,)), "t": gym.spaces.Box(0.0, 1.0, ())}),
+     "scalar Box \\(shape \\(\\)\\) under the observation key 't'"),  # (the key named, with a fix that fits a Dict)
 ])
 def test_spaces_no_encoder_handles_are_refused_in_one_sentence(space, named):
     with pytest.raises(UserError, match=named) as error:

@@ -117,6 +117,10 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
                                 "rlspeed encodes Dict and Tuple observations one level deep: flatten the inner keys "
                                 "with a gymnasium.ObservationWrapper (e.g. gymnasium.wrappers.FlattenObservation "
                                 "on that part).")
+            if isinstance(sub, gym.spaces.Box) and sub.shape == ():  # (the key named; no Dict-wide reshape fits)
+                raise UserError(f"'{env_id}' has a scalar Box (shape ()) under the observation key '{key}'; give it "
+                                "one axis with a gymnasium.ObservationWrapper (that key's value reshaped to (1,), its "
+                                "space Box(low, high, (1,))).")
             if isinstance(sub, _LEAF_SPACES):
                 kept[str(key)] = check_observation_space(sub, env_id)
             else:
