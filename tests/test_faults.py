@@ -836,3 +836,16 @@ def test_a_signal_to_the_process_group_of_a_run_with_subprocess_envs_still_saves
     assert "interrupted (SIGTERM)" in stderr and "ConnectionResetError" not in stderr
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
     assert (out / "checkpoint.safetensors").exists() and (out / "model.safetensors").exists()
+
+
+def test_symlinks_planted_in_a_run_directory_are_not_written_through(tmp_path):
+    """A run directory received from someone else may hold symlinks: the lock file was opened for writing through
+    one (truncating what it pointed at), and config.yaml's fixed temporary name was written through one."""
+    out = tmp_path / "run"
+    out.mkdir()
+    victims = {name: tmp_path / f"victim_{name}" for name in (".rlspeed.lock", ".config.yaml.tmp")}
+    for name, victim in victims.items():
+        victim.write_text("keep me")
+        (out / name).symlink_to(victim)
+    cli.main([*TRAIN, "--total-timesteps", "64", "--out", str(out)])
+    assert all(victim.read_text() == "keep me" for victim in victims.values())

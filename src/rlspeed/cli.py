@@ -955,12 +955,19 @@ def _no_rows(path: Path) -> bool:
 def _write_text(path: Path, text: str) -> None:
     """Write `path` whole or not at all (a temporary file renamed over it: another process reading it, such as a
     torchrun worker reading config.yaml, never sees it half written)."""
-    temporary = path.with_name(f".{path.name}.tmp")  # (written by rank 0 alone; a plain write's mode)
-    try:
-        temporary.write_text(text)
+    temporary = None
+    try:  # (a new file of its own, never one a symlink in the directory points at; a plain write's mode)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        temporary = Path(name)
+        with os.fdopen(fd, "w") as stream:
+            stream.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        temporary.chmod(0o666 & ~mask)
         temporary.replace(path)
     except OSError as error:
-        temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
         raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
 
 
@@ -1641,6 +1648,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         except (yaml.YAMLError, AttributeError, OSError):
             recorded = []
         if isinstance(recorded, list):
+            if recorded:  # (importing runs a module's code: said, for a run directory from elsewhere)
+                print(f"rlspeed: importing {', '.join(map(str, recorded))}, which {config_file} records "
+                      "(gym_packages: the modules that register its env)", file=sys.stderr, flush=True)
             args.gym_packages = [*recorded, *(args.gym_packages or [])]
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)

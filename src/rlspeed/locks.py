@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import warnings
 from pathlib import Path
 
@@ -23,8 +24,10 @@ def hold_lock(path: Path, held: dict, busy: str) -> None:
         import fcntl
     except ImportError:
         return
-    try:
-        handle = open(path, "w")  # noqa: SIM115 (held open while the lock lasts)
+    try:  # (never through a symlink planted in the run directory, and never truncating: the file's content is
+        # unused, only its lock counts)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        handle = os.fdopen(fd, "w")  # noqa: SIM115 (held open while the lock lasts)
     except OSError:
         return
     try:
