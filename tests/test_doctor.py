@@ -205,6 +205,11 @@ def test_training_and_auto_accelerate_on_the_cpu_say_when_an_accelerator_is_inst
                 env.setenv(name, value)
                 doctor.idle_accelerator.cache_clear()
                 assert doctor.idle_accelerator() is None, (name, value)
+        monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1")  # (devices named: by index, UUID or sub-device)
+        for value in ("GPU-8932f937", "0.0"):
+            monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", value)
+            doctor.idle_accelerator.cache_clear()
+            assert doctor.idle_accelerator() is not None, value
         monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1")
         doctor.idle_accelerator.cache_clear()
         assert doctor.idle_accelerator() is not None

@@ -407,6 +407,8 @@ def test_predict_takes_a_numpy_dict_as_the_env_returns_it(minigrid_id):
     # keys of different batch sizes (a torch error from the encoder), a key of the wrong shape (the key unnamed)
     with pytest.raises(UserError, match=r"keys hold different numbers of rows \(direction 2, image 3\)"):
         model.predict({"image": batch["image"], "direction": batch["direction"][:2]})
+    single = {"image": obs["image"][None], "direction": obs["direction"]}  # (a batch of one beside a lone index)
+    assert model.predict(single)[0].shape == (1,)
     with pytest.raises(UserError, match="The observation's key 'image': This model takes observations of shape"):
         model.predict({"image": obs["image"][:3], "direction": obs["direction"]})
 

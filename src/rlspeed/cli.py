@@ -960,15 +960,24 @@ def _write_text(path: Path, text: str) -> None:
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         temporary = Path(name)
         with os.fdopen(fd, "w") as stream:
+            os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
             stream.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        temporary.chmod(0o666 & ~mask)
         temporary.replace(path)
+        temporary = None
     except OSError as error:
+        raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
+    finally:  # (also on Ctrl-C: no temporary file left behind)
         if temporary is not None:
             temporary.unlink(missing_ok=True)
-        raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
+
+
+def _process_umask() -> int:
+    mask = os.umask(0o022)  # (read once, at import: setting it back and forth is not thread-safe later)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
 
 
 def _default_in_children(owner: int, signum: int) -> None:

@@ -25,10 +25,13 @@ def hold_lock(path: Path, held: dict, busy: str) -> None:
     except ImportError:
         return
     try:  # (never through a symlink planted in the run directory, and never truncating: the file's content is
-        # unused, only its lock counts)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        handle = os.fdopen(fd, "w")  # noqa: SIM115 (held open while the lock lasts)
+        # unused, only its lock counts; read-only, so that others of the group may lock it too)
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        handle = os.fdopen(fd, "r")  # noqa: SIM115 (held open while the lock lasts)
     except OSError:
+        if os.path.islink(path):
+            warnings.warn(f"'{path}' is a symlink: it is not followed, and nothing stops another rlspeed process "
+                          "from using the same directory at the same time (remove the link).", stacklevel=2)
         return
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -117,12 +117,14 @@ def _target_device(model: nn.Module, device) -> torch.device:
     accelerator where it is (a script's `model.to("cuda:1")`, or each torchrun rank's device: moving it to device 0
     would part it from the tensors the script puts beside it)."""
     auto = device is None or (isinstance(device, str) and device.strip().lower() == "auto")
-    # (RLSPEED_DEVICE=cpu or another device: the user's choice, which `resolve_device` takes)
-    auto = auto and os.environ.get("RLSPEED_DEVICE", "").strip().lower() in ("", "auto")
+    # (RLSPEED_DEVICE naming another type or an index is the user's choice, which `resolve_device` takes; a bare
+    # type the model is on already keeps its placement)
+    forced = os.environ.get("RLSPEED_DEVICE", "").strip().lower()
     if auto:
         placed = next((t.device for t in (*model.parameters(), *model.buffers())), None)
-        if placed is not None and placed.type != "cpu":
+        if placed is not None and placed.type != "cpu" and forced in ("", "auto", placed.type):
             return placed
+    auto = auto and forced in ("", "auto")
     target = resolve_device(device)
     if auto and target.type == "cpu":  # (an accelerator's software here but unusable: said, not silently the CPU)
         from rlspeed.diagnostics.doctor import idle_accelerator

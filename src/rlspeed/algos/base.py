@@ -467,9 +467,9 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
                 parts[key] = as_observation_batch(observation[key], sub, device)
             except UserError as error:  # (the key named: "shape (4,)" alone does not say which part is wrong)
                 raise UserError(f"The observation's key '{key}': {error}") from None
-        rows = {key: 1 if part[2] else part[0].shape[0] for key, part in parts.items()}
-        if len(set(rows.values())) > 1 or (len({part[2] for part in parts.values()}) > 1):
-            sizes = ", ".join(f"{key} {'one' if parts[key][2] else n}" for key, n in rows.items())
+        rows = {key: part[0].shape[0] for key, part in parts.items()}  # (each with its batch dimension)
+        if len(set(rows.values())) > 1:
+            sizes = ", ".join(f"{key} {n}" for key, n in rows.items())
             raise UserError(f"The observation's keys hold different numbers of rows ({sizes}): give every key one "
                             "observation, or the same batch of N.")
         return ({key: part[0] for key, part in parts.items()}, any(part[1] for part in parts.values()),

@@ -218,10 +218,11 @@ _VISIBLE_DEVICES = {"cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), "np
 
 
 def _hidden(kind: str) -> bool:
-    """Whether the environment hides every device of `kind` (a visible-devices variable set to none: "", "-1")."""
+    """Whether the environment hides every device of `kind` (a visible-devices variable set to none: "" or a first
+    entry of -1; device UUIDs and sub-devices are devices)."""
     for name in _VISIBLE_DEVICES.get(kind, ()):
         value = os.environ.get(name)
-        if value is not None and not any(part.strip().isdigit() for part in value.split(",")):
+        if value is not None and (not value.strip(", ") or value.split(",")[0].strip().startswith("-")):
             return True
     return False
 
