@@ -756,7 +756,9 @@ def test_integer_inputs_are_never_narrowed_and_auto_keeps_the_models_accelerator
 
     on_meta = nn.Linear(2, 2, device="meta")  # (a device other than the CPU, as an accelerator is)
     assert _target_device(on_meta, "auto") == torch.device("meta")
-    assert _target_device(nn.Linear(2, 2), "auto") == devices.resolve_device("auto")
+    with monkeypatch.context() as env:  # (RLSPEED_DEVICE naming another type is the user's choice over the placement)
+        env.setenv("RLSPEED_DEVICE", "cpu")
+        assert _target_device(on_meta, "auto") == torch.device("cpu")
     monkeypatch.setattr(devices, "is_available", lambda kind: kind in ("cpu", "cuda"))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     assert devices.resolve_device("auto") == torch.device("cuda", 1)

@@ -660,19 +660,15 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
         # one-hot encoded instead (asked for with --set, the same is an error that says so)
-        import torch
-
         from rlspeed.envs import env_spec
-        from rlspeed.envs.base import observation_layout
         from rlspeed.envs.wrappers import normalizable
-        from rlspeed.nn import image_channels_first
+        from rlspeed.nn import make_encoder
 
         space = env_spec(args.env_id).observation_space
-        layout = observation_layout(space)
-        vectors = not isinstance(layout, dict) and layout[1] == torch.float32 and image_channels_first(space) is None
         if not normalizable(space):
             hyper["normalize_obs"] = False
-        elif getattr(args, "seeds", None) is not None and not vectors:  # (populations normalise float vectors only)
+        elif getattr(args, "seeds", None) is not None and make_encoder(space, hyper.get("encoder", "auto")) is not None:
+            # (a population normalises what reaches its networks without an encoder, float vectors, only)
             hyper["normalize_obs"] = False
             dropped_note = (f"rlspeed: note: the preset's normalize_obs is left out: a population normalises float "
                             f"vector observations only, and {args.env_id}'s are not (a solo run normalises them)")
@@ -887,25 +883,19 @@ def _export_sidecar(path: Path) -> bool:
     return isinstance(data, dict) and "format" in data and "algo" in data
 
 
-def _summary_reached(path: Path, target) -> bool:
-    """Whether `path` holds the summary.json of a run that ended having reached `target` (a run of an rlspeed whose
-    checkpoints did not record it yet: `_reached_before` cannot tell)."""
-    if target is None or not _finished_summary(path):
-        return False
+def _ended_summary(path: Path) -> dict | None:
+    """The summary.json at `path` of a run that ended, or None: none there, one an interruption wrote (`"interrupted":
+    true`), or an unreadable one (the summary is written last, so a damaged one did not end a run)."""
     try:
-        summary = json.loads(path.read_text())
+        summary = json.loads(path.read_text()) if path.exists() else None
     except (OSError, ValueError):
-        return False
-    return summary.get("steps_to_target") is not None and summary.get("target_return") == target
+        return None
+    return summary if isinstance(summary, dict) and summary.get("interrupted") is not True else None
 
 
 def _finished_summary(path: Path) -> bool:
-    """Whether `path` holds the summary.json of a run that ended (not one an interruption wrote, `"interrupted":
-    true`, nor an unreadable one: the summary is written last, so a damaged one did not end a run)."""
-    try:
-        return path.exists() and json.loads(path.read_text()).get("interrupted") is not True
-    except (OSError, ValueError, AttributeError):
-        return False
+    """Whether `path` holds the summary.json of a run that ended (`_ended_summary`)."""
+    return _ended_summary(path) is not None
 
 
 @contextlib.contextmanager
@@ -1157,9 +1147,11 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     run_total = total  # the run's budget (config.yaml), of which a resumed run trains what is left
     if resumed_from is not None:
         total = max(total - resumed_from, 0)
-    reached = resumed_from is not None and (_reached_before(model, target)
-                                            or _summary_reached(run_dir / "summary.json", target))
-    if (resumed_from is not None and (total <= 0 or reached) and _finished_summary(run_dir / "summary.json")
+    ended = _ended_summary(run_dir / "summary.json") if resumed_from is not None else None
+    # (reached: as the checkpoint records it, or, for an rlspeed whose checkpoints did not, as the run's summary does)
+    reached = resumed_from is not None and target is not None and (_reached_before(model, target) or (
+        ended is not None and ended.get("steps_to_target") is not None and ended.get("target_return") == target))
+    if (ended is not None and (total <= 0 or reached)
             and (run_dir / "model.safetensors").exists()):  # (a finished run: left as it is, config.yaml too)
         if main:
             print(f"rlspeed: nothing left to train: the run reached its target {target:g} (its summary.json); "
@@ -1674,8 +1666,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                   "metadata describes")
     env_id = args.env or model.env_id
     env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
-    # the env's options: those its run recorded (on its own id) with --env-kwargs over them, named in the result line
-    options = {**(model.spec.env_kwargs if env_id == model.env_id else {}), **(env_kwargs or {})}
+    from rlspeed.evaluation import env_options
+
+    options = env_options(model, env_id, env_kwargs)  # (named in the result line)
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
         from rlspeed.video import check_video_support
 

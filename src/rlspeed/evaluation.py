@@ -19,6 +19,12 @@ from rlspeed.envs.gymnasium_env import reward_wrappers
 from rlspeed.errors import UserError
 
 
+def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> dict:
+    """The options an env of `env_id` is made with for `model`: those its own env was made with (`spec.env_kwargs`,
+    on its own id) with `env_kwargs` over them (evaluate, videos and `rlspeed eval` take the same)."""
+    return {**(model.spec.env_kwargs if env_id in (None, model.env_id) else {}), **(env_kwargs or {})}
+
+
 def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
              max_steps: int | None = None, env_kwargs: dict | None = None) -> dict:
@@ -79,7 +85,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
         env = counted(env_id)  # (a batched env of the user's own: checked and counted as in training)
         env = atari.for_evaluation(env if seed is None else SeedOnFirstReset(env, seed))
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
-        options = {**(model.spec.env_kwargs if own_env else {}), **(env_kwargs or {})}
+        options = env_options(model, env_id, env_kwargs)
         if options and backend not in ("gymnasium", "gymnasium-async"):
             if asked not in ("auto", "gymnasium", "gymnasium-async"):
                 whose = "The env options" if env_kwargs else "This model's env was made with options"

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 
 from rlspeed.errors import UserError
-from rlspeed.evaluation import _own_random_stream
+from rlspeed.evaluation import _own_random_stream, env_options
 
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
@@ -62,8 +62,7 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
         env_id, backend = model_or_id, "auto"
     else:
         backend = model_or_id.env_backend
-        if env_id in (None, model_or_id.env_id):
-            env_kwargs = {**model_or_id.spec.env_kwargs, **(env_kwargs or {})}
+        env_kwargs = env_options(model_or_id, env_id, env_kwargs)
         env_id = env_id or model_or_id.env_id
     env_kwargs = dict(env_kwargs or {})
     env_kwargs.pop("render_mode", None)  # (a video renders frames: its own render_mode replaces the run's)

@@ -1753,8 +1753,9 @@ class Algorithm:
         if isinstance(loop, dict):
             model._loop = {key: float(loop[key]) for key in ("train_wall_s", "clock_before") if key in loop}
         replay = meta["resume"].get("replay_buffer") if isinstance(meta.get("resume"), dict) else None
-        if isinstance(replay, dict) and Path(path).resolve().with_name(str(replay.get("file"))).is_file():
-            model._replay_left = Path(path).resolve().with_name(str(replay["file"]))  # (said when learn starts)
+        beside = Path(path).resolve().with_name(str(replay.get("file"))) if isinstance(replay, dict) else None
+        if beside is not None and beside.is_file():
+            model._replay_left = beside  # (said when learn starts)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True
