@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 
 import numpy as np
@@ -161,6 +162,19 @@ def test_non_checkpoint_file_is_a_user_error(tmp_path, content):
         torch.save({"weight": torch.zeros(3)}, path)
     with pytest.raises(rlspeed.UserError):
         PPO.load(path, device="cpu")
+
+
+def test_a_pipe_or_device_given_as_a_checkpoint_is_refused_without_reading_it(tmp_path, monkeypatch):
+    # (reading a FIFO blocks until a writer comes, /dev/zero never ends: neither may be read)
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(rlspeed.UserError, match="not a regular file"):
+        PPO.load(fifo, device="cpu")
+    with pytest.raises(rlspeed.UserError, match="not a regular file"):
+        PPO.load("/dev/zero", device="cpu")
+    monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY_FILE", str(fifo))
+    with pytest.raises(rlspeed.UserError, match="key file .* not a regular file"):
+        rlspeed.checkpoint.encryption_key()
 
 
 def test_loading_with_another_algorithm_is_a_user_error(tmp_path, cartpole_model):

@@ -527,6 +527,17 @@ def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch,
     assert config["env_id"] == "MyCartPole-v0" and config["gym_packages"] == ["my_rl_envs"]
     assert cli.main(["eval", "run", "--episodes", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 2
+    # as in a fresh process (nothing registered yet), for the model file in the run directory too
+    import sys
+
+    import gymnasium
+
+    for path in ("run", "run/model.safetensors"):
+        monkeypatch.delitem(gymnasium.registry, "MyCartPole-v0", raising=False)
+        monkeypatch.delitem(sys.modules, "my_rl_envs", raising=False)
+        assert cli.main(["eval", path, "--episodes", "2", "--json"]) == 0
+        said = capsys.readouterr()
+        assert json.loads(said.out)["episodes"] == 2 and "importing my_rl_envs" in said.err
     # (the Python API takes the same id, also where learn evaluates for a target)
     from rlspeed import PPO
 
@@ -1196,3 +1207,8 @@ def test_resume_keeps_the_runs_checkpoint_interval_and_replay_saving(tmp_path, m
     assert config["checkpoint_freq"] == 128 and config["save_replay_buffer"] is True
     replay = load_checkpoint(tmp_path / "run" / "model.replay.safetensors")[1]["replay_buffer"]
     assert replay["size"] == 512  # (the first attempt's rows and the resumed run's)
+    # --no-save-replay-buffer turns it off from there on (recorded, so that the next resume keeps that)
+    (tmp_path / "run" / "model.replay.safetensors").unlink()
+    assert cli.main([*argv, "--total-timesteps", "768", "--resume", "--no-save-replay-buffer"]) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["save_replay_buffer"] is False
+    assert not (tmp_path / "run" / "model.replay.safetensors").exists()

@@ -587,6 +587,20 @@ def test_predict_refuses_a_discrete_observation_outside_its_space():
             model.predict(wrong)
 
 
+def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():
+    """A MultiBinary observation is bits: a 2 is outside the space (the network would take it as a value it never
+    trained on, silently)."""
+    space = gym.spaces.MultiBinary(4)
+    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync", wrappers=[
+        lambda env: gym.wrappers.TransformObservation(env, lambda o: (o > 0).astype(np.int8), space)],
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = rlspeed.PPO(env, seed=0, num_envs=4, num_steps=8, batch_size=16, net_arch=(16,))
+    assert model.predict(np.array([1, 0, 1, 1], dtype=np.int8))[0] in range(2)
+    for wrong in ([1, 0, 2, 1], [[0, 0, 0, 0], [0, -1, 0, 0]]):
+        with pytest.raises(UserError, match=r"values other than 0 and 1, outside MultiBinary\(4\)"):
+            model.predict(np.array(wrong))
+
+
 def test_load_and_resume_keep_the_image_scale_and_take_gsde_options_without_gsde(tmp_path):
     """normalize_images decides the scale a CNN's weights were trained on (same shapes, another input): load and
     resume refuse another value, as they refuse another activation. gSDE's full_std with use_sde off builds nothing:

@@ -184,6 +184,8 @@ def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
         return CheckpointKey(_parse_key(value.encode(), KEY_ENV), KEY_ENV)
     if file is not None:
         source = f"The key file '{file}' ({KEY_FILE_ENV})"
+        if Path(file).expanduser().exists() and not Path(file).expanduser().is_file():
+            raise UserError(f"{source} is not a regular file (a directory, pipe or device): give the key's file.")
         try:
             text = Path(file).expanduser().read_bytes()
         except OSError as error:
@@ -574,6 +576,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if not path.exists():
         also = f" (nor '{path}')" if str(path) != str(given) and not str(given).endswith(("/", os.sep)) else ""
         raise UserError(f"Checkpoint '{given}' does not exist{also}.")
+    if not path.is_file():  # (a FIFO would block the read, a device such as /dev/zero never end it)
+        raise UserError(f"'{path}' is not a regular file (a directory, pipe or device): give a checkpoint file.")
     remove_stale_temporary_files(path)
     try:
         data = path.read_bytes()

@@ -1640,8 +1640,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError("--video-episodes applies only with --video FILE: add it, or drop --video-episodes.")
     given = Path(args.checkpoint)
     path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
-    # the run directory of a run's model or of a population member's model
-    run_dir = given if given.is_dir() else given.parent.parent if given.parent.name == MEMBERS_DIR else None
+    # the run directory of a run's model (the directory, or a file in it) or of a population member's model
+    run_dir = (given if given.is_dir() else given.parent.parent if given.parent.name == MEMBERS_DIR
+               else given.parent if (given.parent / "config.yaml").is_file() else None)
     config_file = run_dir / "config.yaml" if run_dir is not None else None
     if config_file is not None and config_file.is_file():  # the modules that registered the run's env
         try:
@@ -1819,8 +1820,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-restarts", type=_whole(0), default=0,
                        help="with --nproc: restarts torchrun may do after a failure (resuming from the checkpoint)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
-    train.add_argument("--save-replay-buffer", action="store_true",
-                       help="off-policy checkpoints also hold the replay buffer (exact resume; a second file)")
+    train.add_argument("--save-replay-buffer", action=argparse.BooleanOptionalAction, default=False,
+                       help="off-policy checkpoints also hold the replay buffer (exact resume; a second file); "
+                            "--resume keeps the run's choice unless --no-save-replay-buffer or this is given")
     train.add_argument("--video-every", type=_whole(1), default=None, metavar="N",
                        help="record one deterministic evaluation episode every N env steps into OUT/videos/ "
                             '(pip install "rlspeed[video]")')

@@ -489,6 +489,8 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
                                      device=device)
         if bool(((obs < low) | (obs >= high)).any()):  # ok-sync: predict returns to the host
             raise UserError(f"An observation holds values outside {space}: {observation!r}"[:200] + ".")
+    if isinstance(space, gym.spaces.MultiBinary) and obs.numel() and bool(((obs != 0) & (obs != 1)).any()):  # ok-sync
+        raise UserError(f"An observation holds values other than 0 and 1, outside {space}: {observation!r}"[:200] + ".")
     single = obs.dim() == len(shape)
     if tuple(obs.shape[1 - int(single):]) != tuple(shape):
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
