@@ -79,9 +79,11 @@ SB3_KEYWORDS = {
     "policy": "rlspeed builds the networks from the env's spaces: write Algo(env, ...) without a policy (net_arch=..., "
               "activation=... shape them)",
     "replay_buffer_class": "rlspeed's off-policy algorithms have one replay buffer of their own, which stores frame "
-                           "stacks and large images compactly by itself (frame_dedup); Hindsight Experience Replay "
-                           "(HerReplayBuffer) is not supported",
-    "replay_buffer_kwargs": "rlspeed's replay buffer takes buffer_size, n_step and frame_dedup as hyperparameters",
+                           "stacks and large images compactly by itself (frame_dedup); for Hindsight Experience "
+                           "Replay (HerReplayBuffer) write her=True",
+    "replay_buffer_kwargs": "rlspeed's replay buffer takes buffer_size, n_step and frame_dedup as hyperparameters, "
+                            "and HerReplayBuffer's options as her=True, n_sampled_goal=4, "
+                            "goal_selection_strategy='future'",
     "optimize_memory_usage": "rlspeed's replay stores frame stacks and large images once per transition by itself "
                              "(frame_dedup=True, the default), exactly across episode ends",
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
@@ -368,6 +370,10 @@ def unused_settings(config, spec: EnvSpec) -> list[str]:
                                                                                      gym.spaces.Box):
         found.append(f"log_std_init={config.log_std_init} has no effect: it starts the Gaussian of Box actions, and "
                      f"{spec.env_id} has {type(spec.action_space).__name__} actions.")
+    for name in ("n_sampled_goal", "goal_selection_strategy"):
+        if given(name) and not config.her:
+            found.append(f"{name}={getattr(config, name)} has no effect: it is an option of Hindsight Experience "
+                         "Replay, which is off (her=False).")
     if given("ent_coef_init") and "ent_coef" in defaults and config.ent_coef is not None:
         found.append(f"ent_coef_init={config.ent_coef_init:g} has no effect: it starts a tuned entropy coefficient, "
                      f"and ent_coef={config.ent_coef:g} holds it fixed (ent_coef=auto_{config.ent_coef_init:g} tunes "
@@ -790,7 +796,7 @@ class Algorithm:
             self.env_id = env.spec.env_id
             self.spec = env.spec
             self.env_backend = env.backend
-        self._check_action_space(self.spec)
+        self._check_spaces(self.spec)
         if getattr(self.config, "normalize_obs", False):  # (observations it cannot normalise: said now, not at learn)
             observation_statistics(self.spec.observation_space, "cpu")
         if seed is not None:
@@ -964,7 +970,9 @@ class Algorithm:
     def _check_metrics(self, row: dict) -> None:
         """A look at each metrics row as it is read (the algorithm's own signs of a run gone wrong); nothing here."""
 
-    def _check_action_space(self, spec: EnvSpec) -> None:
+    def _check_spaces(self, spec: EnvSpec) -> None:
+        """UserError, when the model is made, for an action space (or, in subclasses, an observation space for what
+        the config asks) this algorithm cannot train on."""
         space = spec.action_space
         if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
             raise UserError(f"{type(self).__name__} needs continuous (Box) actions, but {spec.env_id} has discrete "

@@ -38,11 +38,13 @@ import torch
 from rlspeed.algos.base import Algorithm, require, success_totals
 from rlspeed.buffers import (
     FrameStackReplayBuffer,
+    HerReplayBuffer,
     ReplayBuffer,
     SharedObservationReplayBuffer,
     frame_stacks,
     image_space,
 )
+from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem, reward_function
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint
 from rlspeed.device import rules
@@ -95,6 +97,11 @@ class OffPolicyConfig:
     # images each observation once where their replay takes 1 GiB or more (SharedObservationReplayBuffer); off:
     # observation and next observation whole
     frame_dedup: bool = True
+    #: Hindsight Experience Replay for goal-conditioned envs (Dict observations with achieved_goal and desired_goal,
+    #: and compute_reward): SB3's HerReplayBuffer, `rlspeed.buffers.her`
+    her: bool = False
+    n_sampled_goal: int = 4  # relabelled goals per real one (her: n / (n + 1) of the samples relabelled)
+    goal_selection_strategy: str = "future"  # future, final or episode
 
     def validate(self) -> None:
         """Raise UserError, naming the hyperparameter, for a value out of range (`build_config` calls it)."""
@@ -115,6 +122,11 @@ class OffPolicyConfig:
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {list(self.net_arch)}.")
         require(self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}, got '{self.encoder}'.")
         require(self.cnn_features_dim >= 1, f"cnn_features_dim must be >= 1, got {self.cnn_features_dim}.")
+        require(self.n_sampled_goal >= 0, f"n_sampled_goal must be >= 0, got {self.n_sampled_goal}.")
+        require(self.goal_selection_strategy in GOAL_STRATEGIES, f"goal_selection_strategy must be one of "
+                f"{', '.join(GOAL_STRATEGIES)}, got '{self.goal_selection_strategy}'.")
+        require(not (self.her and self.n_step > 1), f"her relabels one-step transitions (as SB3's HerReplayBuffer), "
+                f"and n_step is {self.n_step}: leave one of them out.")
 
 
 def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -285,6 +297,13 @@ class OffPolicyAlgorithm(Algorithm):
         self.actor, self.critic = to_device(actor, self.device), to_device(critic, self.device)
         self.critic_target = frozen_copy(self.critic, self, ("critic", "critic_target"))
 
+    def _check_spaces(self, spec) -> None:
+        super()._check_spaces(spec)
+        problem = goal_space_problem(spec.observation_space) if self.config.her else None
+        if problem is not None:
+            raise UserError(f"her=True (Hindsight Experience Replay) needs goal-conditioned observations, and "
+                            f"{spec.env_id} does not have them: {problem}.")
+
     def _setup_action_scaling(self) -> None:
         """Device tensors for the policy-space <-> env-space mapping of Box actions."""
         if not self.spec.discrete:
@@ -339,15 +358,19 @@ class OffPolicyAlgorithm(Algorithm):
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
         space = self.spec.observation_space
         obs_bytes = layout_nbytes(observation_layout(space))
-        kind = ReplayBuffer
-        if cfg.frame_dedup and frame_stacks(space) and stacked_frames(env):
+        kind, options = ReplayBuffer, {"n_step": cfg.n_step}
+        if cfg.her:
+            kind, options = HerReplayBuffer, {"compute_reward": reward_function(env_compute_reward(env), self.device),
+                                              "n_sampled_goal": cfg.n_sampled_goal,
+                                              "goal_selection_strategy": cfg.goal_selection_strategy}
+        elif cfg.frame_dedup and frame_stacks(space) and stacked_frames(env):
             kind = FrameStackReplayBuffer
         elif cfg.frame_dedup and image_space(space) and 2 * cfg.buffer_size * obs_bytes >= _SHARED_OBSERVATIONS_BYTES:
             kind = SharedObservationReplayBuffer
         self.buffer = kind(cfg.buffer_size, env.num_envs, space,
                            () if discrete else tuple(self.spec.action_space.shape),
                            rules(self.device).index_dtype if discrete else torch.float32,
-                           self.device, n_step=cfg.n_step, gamma=cfg.gamma, mask_size=self._start_masking())
+                           self.device, gamma=cfg.gamma, mask_size=self._start_masking(), **options)
         left, self._replay_left = getattr(self, "_replay_left", None), None
         if left is not None and self._resume is None:  # (a loaded model's first learn: the file beside it not read)
             warnings.warn(f"'{left.name}' beside the loaded model holds its run's replay buffer, which load does not "

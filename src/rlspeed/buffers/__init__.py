@@ -3,9 +3,10 @@
 Observations are stored in their own dtype (uint8 images as uint8, Discrete indices as int64), one tensor per key for
 Dict observations;
 frame-stacked images store each frame once (`FrameStackReplayBuffer`), other images each observation once
-(`SharedObservationReplayBuffer`).
+(`SharedObservationReplayBuffer`); goal-conditioned observations can relabel goals (`HerReplayBuffer`).
 """
 
+from rlspeed.buffers.her import HerReplayBuffer
 from rlspeed.buffers.replay import (
     FrameStackReplayBuffer,
     ReplayBuffer,
@@ -15,6 +16,6 @@ from rlspeed.buffers.replay import (
 )
 from rlspeed.buffers.rollout import RolloutBuffer, allocate_observations, gae, observation_nbytes
 
-__all__ = ["FrameStackReplayBuffer", "ReplayBuffer", "SharedObservationReplayBuffer", "frame_stacks", "image_space",
-           "RolloutBuffer",
+__all__ = ["FrameStackReplayBuffer", "HerReplayBuffer", "ReplayBuffer", "SharedObservationReplayBuffer", "frame_stacks",
+           "image_space", "RolloutBuffer",
            "allocate_observations", "gae", "observation_nbytes"]

@@ -463,6 +463,11 @@ class ReplayBuffer:
                 batch[name] = take(name, storage, index)
         return batch
 
+    def _relabel(self, batch: dict, index: torch.Tensor, generator: torch.Generator | None) -> dict:
+        """The sampled `batch` (rows `index` of the storage) as training takes it: unchanged here; Hindsight
+        Experience Replay gives some rows other goals (`rlspeed.buffers.her.HerReplayBuffer`)."""
+        return batch
+
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """A uniform batch of stored transitions, as tensors on the training device."""
         return self.sample_batches(1, batch_size, generator)[0]
@@ -491,6 +496,7 @@ class ReplayBuffer:
             batch = self.gather(index)
             if self.storage_device != self.device:
                 batch = {key: map_obs(lambda v: v.to(self.device), value) for key, value in batch.items()}
+        batch = self._relabel(batch, index, generator)
         if prepare is not None:
             batch = prepare(batch)
         if count == 1:

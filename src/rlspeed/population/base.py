@@ -72,6 +72,9 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
     if any(hyperparameters.get(key) for key in ("use_sde", "use_sde_at_warmup")):
         raise UserError("Populations do not support gSDE (use_sde) yet: remove it (a preset's: --set use_sde=false, "
                         "where the preset tuned its other values with gSDE), or train the seeds as separate runs.")
+    if hyperparameters.get("her"):
+        raise UserError("Populations do not support Hindsight Experience Replay (her) yet: leave it out, or train the "
+                        "seeds as separate runs.")
     for key, unused in _SOLO_OPTIONS.items():
         if key == "save_replay_buffer" and hyperparameters.get(key):  # (off-policy populations take it themselves)
             raise UserError("save_replay_buffer applies to populations with a replay buffer (DQN, SAC, TD3, DDPG); "

@@ -59,8 +59,6 @@ NO_COUNTERPART: dict[str, tuple[object, str]] = {
     "monitor_kwargs": (None, "rlspeed records episodes itself"),
     "vec_env_wrapper": (None, "rlspeed has no RL-Zoo vector-env wrappers"),
     "env_kwargs": (None, "rlspeed builds envs from the id alone"),
-    "replay_buffer_class": (None, "rlspeed has one replay buffer (no HER)"),
-    "replay_buffer_kwargs": (None, "rlspeed has one replay buffer (no HER)"),
 }
 
 #: gSDE's keys (rlspeed.sde) with SB3's defaults, and the algorithms that have gSDE (`finish` refuses a key that an
@@ -361,6 +359,13 @@ class _Translator:
             self.refuse(key, f"{shown}: rlspeed does not apply RL-Zoo's env wrappers yet")
         elif key == "policy_kwargs":
             self.policy_kwargs(value)
+        elif key == "replay_buffer_class":
+            if value == "HerReplayBuffer" and algo not in ON_POLICY:
+                self.set("her", True, key)
+            elif value is not None:
+                self.refuse(key, f"{value!r}: rlspeed has its own replay buffer, and HerReplayBuffer (her=True)")
+        elif key == "replay_buffer_kwargs":
+            self.replay_buffer_kwargs(value)
         elif key == "clip_range_vf" and not isinstance(value, str):
             self.set(key, value, key)
             self.differ("clip_range_vf: rlspeed's PPO takes the larger of the clipped and unclipped value errors "
@@ -385,6 +390,26 @@ class _Translator:
             self.blocking.append(self.unsupported[-1])
         else:
             self.refuse(key, f"{value!r}: not a key rlspeed knows how to translate")
+
+    def replay_buffer_kwargs(self, value) -> None:
+        """HerReplayBuffer's options (a dict, or its string): n_sampled_goal and goal_selection_strategy, rlspeed's
+        hyperparameters of the same names; copy_info_dict is refused (rlspeed's compute_reward gets empty infos)."""
+        try:
+            options = parse_python_literal(value, "replay_buffer_kwargs") if isinstance(value, str) else value
+        except UserError as error:
+            self.refuse("replay_buffer_kwargs", str(error))
+            return
+        if not isinstance(options, dict):
+            self.refuse("replay_buffer_kwargs", f"{value!r}: expected a dict of HerReplayBuffer options")
+            return
+        for option, option_value in options.items():
+            if option in ("n_sampled_goal", "goal_selection_strategy"):
+                self.set(option, option_value, "replay_buffer_kwargs")
+            elif option == "copy_info_dict" and option_value is False:
+                self.notes.append("replay_buffer_kwargs copy_info_dict False: SB3's default, nothing to set")
+            else:
+                self.refuse(f"replay_buffer_kwargs.{option}", f"{option_value!r}: rlspeed's HER takes n_sampled_goal "
+                                                              "and goal_selection_strategy")
 
     def normalize(self, value) -> None:
         """RL-Zoo's `normalize`: a bool, or a dict (or its string) of VecNormalize arguments."""

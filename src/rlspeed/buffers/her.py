@@ -1,0 +1,224 @@
+"""Hindsight Experience Replay (Andrychowicz et al. 2017), as Stable-Baselines3's `HerReplayBuffer` defines it.
+
+Goal-conditioned envs (Gymnasium-Robotics' Fetch and other `GoalEnv`s, SB3's `BitFlippingEnv`) return Dict
+observations with `achieved_goal` and `desired_goal` keys and have a `compute_reward(achieved_goal, desired_goal,
+info)` method that takes batches. A sampled transition is relabelled with probability `1 - 1 / (n_sampled_goal +
+1)`: its `desired_goal` (in `obs` and `next_obs`) becomes an `achieved_goal` of a `next_obs` of the same episode in
+the same env, and its reward becomes `compute_reward(next_obs achieved_goal, new goal, {})`:
+
+- `future`: a transition of the same episode at this step or later (SB3's default);
+- `final`: the episode's last transition;
+- `episode`: any transition of the episode still stored.
+
+As in SB3, `terminated` stays what the env said (a relabelled goal reached does not end the episode), and
+`compute_reward` gets empty info dicts (SB3's `copy_info_dict=False`). Unlike SB3, which samples only transitions
+of finished episodes, every stored transition is sampled: one of an episode still running takes its goal from the
+steps stored so far.
+
+Bookkeeping: each row keeps the step it was written at (one step is one `add` of all N envs, so the row of env `e`
+at step `t` is `(t * N + e) % capacity`), the step its episode started at and, once it finished, the step it ended
+at (-1 while it runs): 24 bytes per transition more, which `bytes_per_transition` counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from rlspeed.buffers.replay import ReplayBuffer
+from rlspeed.errors import UserError
+
+#: How a relabelled transition's goal is chosen (SB3's goal_selection_strategy)
+GOAL_STRATEGIES = ("future", "final", "episode")
+#: The Dict keys goal-conditioned observations have (Gymnasium-Robotics' GoalEnv)
+GOAL_KEYS = ("achieved_goal", "desired_goal")
+
+
+def goal_space_problem(space: gym.Space) -> str | None:
+    """Why observations of `space` cannot take Hindsight Experience Replay (None when they can): a Dict with
+    `achieved_goal` and `desired_goal` keys of one shape and dtype is needed."""
+    if not isinstance(space, gym.spaces.Dict):
+        return f"its observations are {type(space).__name__}, not a Dict with achieved_goal and desired_goal keys"
+    missing = [key for key in GOAL_KEYS if key not in space.spaces]
+    if missing:
+        return f"its Dict observations have no {' and no '.join(missing)} key (keys: {', '.join(space.spaces)})"
+    achieved, desired = space["achieved_goal"], space["desired_goal"]
+    if achieved.shape != desired.shape or achieved.dtype != desired.dtype:
+        return (f"its achieved_goal ({achieved}) and desired_goal ({desired}) differ in shape or dtype, so one cannot "
+                "stand for the other")
+    return None
+
+
+def reward_function(compute_reward: Callable, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor],
+                                                                                  torch.Tensor]:
+    """`compute_reward(achieved_goal, desired_goal, infos)` of an env (NumPy batches) as a function of two tensor
+    batches `[B, ...]` returning float32 rewards `[B]` on `device`; UserError naming what it returned when that is
+    not one number per goal."""
+    def rewards(achieved: torch.Tensor, desired: torch.Tensor) -> torch.Tensor:
+        count = achieved.shape[0]
+        out = compute_reward(achieved.cpu().numpy(), desired.cpu().numpy(), [{} for _ in range(count)])
+        out = np.asarray(out, dtype=np.float32)
+        if out.size != count:
+            raise UserError(f"The env's compute_reward returned {out.size} values for a batch of {count} goals: "
+                            "Hindsight Experience Replay needs one reward per goal (a compute_reward that takes "
+                            "batches, as Gymnasium-Robotics' GoalEnv defines it).")
+        return torch.as_tensor(out.reshape(count), device=device)
+
+    return rewards
+
+
+def env_compute_reward(env) -> Callable:
+    """The `compute_reward` method of the envs behind the batched env `env` (rlspeed's adapters of a Gymnasium
+    vector env or a Stable-Baselines3 VecEnv, and wrappers around them): the first env's, for a subprocess vector env
+    that of a probe env made by the same constructor in this process (a method cannot be called across the pipe as
+    a batch). UserError when there is none, or when a wrapper normalises observations (their goals would not be the
+    env's)."""
+    while hasattr(env, "env") and not hasattr(env, "vector_env"):  # (rlspeed's EnvWrappers)
+        if getattr(env, "obs_rms", None) is not None:
+            raise UserError("Hindsight Experience Replay relabels goals with the env's compute_reward, which takes the "
+                            "env's own goals: it cannot run on normalised observations (leave normalize_obs off).")
+        env = env.env
+    vector_env = getattr(env, "vector_env", None)
+    if vector_env is not None:
+        vector_env = getattr(vector_env, "unwrapped", vector_env)
+        if hasattr(vector_env, "envs"):
+            source = vector_env.envs[0]
+        elif getattr(vector_env, "env_fns", None):
+            source = vector_env.env_fns[0]()  # (kept open while its method is used; never stepped)
+        else:
+            source = None
+        method = getattr(getattr(source, "unwrapped", source), "compute_reward", None)
+    elif getattr(env, "vec_env", None) is not None:  # (a Stable-Baselines3 VecEnv: its own way of calling a method)
+        vec_env = env.vec_env
+        has = vec_env.has_attr("compute_reward") if hasattr(vec_env, "has_attr") else False
+
+        def method(achieved, desired, infos):
+            return vec_env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]
+
+        method = method if has else None
+    else:
+        method = None
+    if not callable(method):
+        raise UserError("Hindsight Experience Replay needs the env's compute_reward(achieved_goal, desired_goal, info) "
+                        f"to relabel goals, and {env.spec.env_id} has none (rlspeed's native envs have none; "
+                        "Gymnasium-Robotics' GoalEnv defines it).")
+    return method
+
+
+class HerReplayBuffer(ReplayBuffer):
+    """`ReplayBuffer` whose samples relabel goals (see the module's docstring). `compute_reward`: the env's, as
+    `reward_function` wraps it; `n_sampled_goal` relabelled goals per real one (`her_ratio` = n / (n + 1));
+    `goal_selection_strategy`: one of `GOAL_STRATEGIES`. One-step transitions only (no `n_step`)."""
+
+    layout = "her"
+
+    def __init__(self, capacity: int, num_envs: int, observation: gym.spaces.Dict, action_shape: tuple[int, ...],
+                 action_dtype: torch.dtype, device: torch.device | str,
+                 compute_reward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], n_sampled_goal: int = 4,
+                 goal_selection_strategy: str = "future", gamma: float = 0.99,
+                 storage_device: torch.device | str | None = None, mask_size: int | None = None):
+        problem = goal_space_problem(observation)
+        if problem is not None:
+            raise UserError(f"Hindsight Experience Replay needs goal-conditioned observations: {problem}.")
+        if goal_selection_strategy not in GOAL_STRATEGIES:
+            raise UserError(f"goal_selection_strategy must be one of {', '.join(GOAL_STRATEGIES)}, got "
+                            f"{goal_selection_strategy!r}.")
+        super().__init__(capacity, num_envs, observation, action_shape, action_dtype, device, n_step=1, gamma=gamma,
+                         storage_device=storage_device, mask_size=mask_size)
+        self.compute_reward, self.strategy = compute_reward, goal_selection_strategy
+        self.her_ratio = 1.0 - 1.0 / (n_sampled_goal + 1)
+        self.steps = self._zeros(dtype=torch.int64)  # the step each row was written at
+        self.episode_starts = self._zeros(dtype=torch.int64)  # the step its episode started at
+        self.episode_ends = torch.full_like(self.steps, -1)  # the step its episode ended at; -1: still running
+        self._episode_start = torch.zeros(self.num_envs, dtype=torch.int64, device=self.storage_device)
+        self._step = 0  # steps added so far (the next one's number)
+
+    def _storage_bytes(self, layout) -> int:
+        return super()._storage_bytes(layout) + 3 * 8 * self.capacity
+
+    def _layout_text(self) -> str:
+        return (f"dense, with Hindsight Experience Replay ({self.strategy} goals, {self.her_ratio:.0%} of samples "
+                "relabelled)")
+
+    def storage_tensors(self) -> dict[str, torch.Tensor]:
+        return {**super().storage_tensors(), "steps": self.steps, "episode_starts": self.episode_starts,
+                "episode_ends": self.episode_ends}
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, meta = super().state_dict()
+        return {**tensors, "episode_start": self._episode_start}, {**meta, "step": self._step}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
+        if "episode_start" not in tensors or "step" not in meta:
+            return "it holds another replay layout than this model's"
+        reason = super().load_state_dict(tensors, meta)
+        if reason is None:
+            self._episode_start.copy_(tensors["episode_start"])
+            self._step = int(meta["step"])
+        return reason
+
+    def _oldest_steps(self, env: torch.Tensor) -> torch.Tensor:
+        """Per env index in `env`, the earliest step whose row is still stored (later writes overwrite the oldest
+        rows)."""
+        overwritten = self._step * self.num_envs - self.capacity - env  # rows before the stored ones, per env
+        return torch.clamp(-torch.div(-overwritten, self.num_envs, rounding_mode="floor"), min=0)
+
+    def _end_episodes(self, env: torch.Tensor, last: int) -> None:
+        """The episodes running in envs `env` (host int64 indices) ended at step `last`: their stored rows get it."""
+        for e in env.tolist():
+            first = max(int(self._episode_start[e]), int(self._oldest_steps(torch.tensor(e))))
+            if first <= last:
+                steps = torch.arange(first, last + 1, device=self.storage_device)
+                self.episode_ends[(steps * self.num_envs + e) % self.capacity] = last
+
+    def add(self, obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None,
+            reset_rows=None) -> None:
+        """`ReplayBuffer.add`, recording each row's step and episode; an episode that ended (terminated or
+        truncated) gives its stored rows its last step."""
+        rows = (self.pos + self._rows) % self.capacity
+        super().add(obs, actions, rewards, next_obs, terminated, truncated, next_action_masks, reset_rows)
+        step = self._step
+        self._step += 1
+        self.steps[rows] = step
+        self.episode_starts[rows] = self._episode_start
+        self.episode_ends[rows] = -1
+        done = (terminated | truncated).to(self.storage_device)
+        ended = done.nonzero().flatten().cpu()  # ok-sync: the rows of ended episodes are written from the host
+        if ended.numel():
+            self._end_episodes(ended, step)
+            self._episode_start[ended.to(self.storage_device)] = step + 1
+
+    def restart_episodes(self) -> None:
+        """The envs were reset outside the step loop: the episodes they were running end at the last stored step."""
+        super().restart_episodes()
+        if self._step:
+            self._end_episodes(torch.arange(self.num_envs), self._step - 1)
+        self._episode_start.fill_(self._step)
+
+    def _relabel(self, batch: dict, index: torch.Tensor, generator: torch.Generator | None) -> dict:
+        """Relabel a random `her_ratio` of the sampled rows `index` with goals of their episodes (see the module's
+        docstring); the others stay as stored."""
+        chosen = torch.rand(index.shape, device=self.storage_device, generator=generator) < self.her_ratio
+        rows = index[chosen]
+        if rows.numel() == 0:
+            return batch
+        step = self.steps[rows]
+        env = (rows - step * self.num_envs) % self.capacity
+        end = self.episode_ends[rows]
+        end = torch.where(end < 0, self._step - 1, end)
+        if self.strategy == "final":
+            goal_step = end
+        else:
+            first = step if self.strategy == "future" else torch.maximum(self.episode_starts[rows],
+                                                                         self._oldest_steps(env))
+            draw = torch.rand(rows.shape, device=self.storage_device, generator=generator)
+            goal_step = first + torch.minimum((draw * (end - first + 1)).long(), end - first)
+        goals = self.next_obs["achieved_goal"][(goal_step * self.num_envs + env) % self.capacity].to(self.device)
+        where = chosen.to(self.device)
+        for name in ("obs", "next_obs"):
+            batch[name]["desired_goal"][where] = goals
+        batch["rewards"][where] = self.compute_reward(batch["next_obs"]["achieved_goal"][where], goals)
+        return batch

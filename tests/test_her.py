@@ -1,0 +1,186 @@
+"""Hindsight Experience Replay (`her=True`, `rlspeed.buffers.her`): which goals relabelled samples get, their rewards,
+checkpoints, refusals, and learning on a goal-conditioned env of a published package (SB3's BitFlippingEnv)."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import rlspeed
+from rlspeed.buffers.her import HerReplayBuffer
+from rlspeed.errors import UserError
+from rlspeed.population import Population
+
+N_ENVS, CAPACITY = 2, 23  # (a capacity that is no multiple of the envs: rows of one env move across the wrap)
+SPACE = gym.spaces.Dict({key: gym.spaces.Box(-1e6, 1e6, (2,)) for key in ("observation", "achieved_goal",
+                                                                         "desired_goal")})
+
+
+def _distance_reward(achieved, desired, infos):
+    assert len(infos) == len(achieved) and all(info == {} for info in infos)
+    return -(np.abs(achieved - desired).sum(-1) > 0).astype(np.float32)
+
+
+def _filled(lengths: list[list[int]], steps: int | None = None) -> tuple[HerReplayBuffer, dict]:
+    """A buffer of two envs whose episodes have `lengths` (per env, in order; the last may run on unfinished when
+    `steps` is larger than its episodes) and whose achieved goal after step t of env e is (e, t): which row a goal came
+    from can be read off it. Also returns, per (env, step), the (first, last) step of its episode."""
+    from rlspeed.buffers.her import reward_function
+
+    buffer = HerReplayBuffer(CAPACITY, N_ENVS, SPACE, (), torch.int64, "cpu",
+                             compute_reward=reward_function(_distance_reward, torch.device("cpu")),
+                             goal_selection_strategy="future")
+    ends = [np.cumsum(env) - 1 for env in lengths]
+    steps = steps if steps is not None else max(int(sum(env)) for env in lengths)
+    episode = {}
+    for t in range(steps):
+        done = torch.tensor([bool(np.any(ends[e] == t)) for e in range(N_ENVS)])
+        for e in range(N_ENVS):
+            first = max([int(end) + 1 for end in ends[e] if end < t], default=0)
+            later = [int(end) for end in ends[e] if t <= end < steps]
+            episode[e, t] = (first, later[0] if later else None)
+        achieved = torch.tensor([[e, t] for e in range(N_ENVS)], dtype=torch.float32)
+        obs = {"observation": achieved - 1, "achieved_goal": achieved - 1, "desired_goal": torch.full((2, 2), -7.0)}
+        next_obs = {"observation": achieved, "achieved_goal": achieved, "desired_goal": torch.full((2, 2), -7.0)}
+        buffer.add(obs, torch.zeros(N_ENVS, dtype=torch.int64), torch.full((N_ENVS,), -1.0), next_obs, done,
+                   torch.zeros(N_ENVS, dtype=torch.bool))
+    return buffer, episode
+
+
+@pytest.mark.parametrize("strategy", ["future", "final", "episode"])
+def test_relabelled_goals_come_from_the_same_episode_as_the_strategy_says(strategy):
+    """Across episode ends, the storage's wrap-around and an episode still running: a relabelled row's goal is an
+    achieved goal of its own env and episode, at its step or later (future), at the episode's last stored step
+    (final; the latest step for a running episode) or anywhere in the part still stored (episode); its reward is
+    compute_reward of its achieved goal and that goal; other rows stay as stored."""
+    buffer, episode = _filled([[3, 5, 4, 9], [7, 2, 6, 5]], steps=20)
+    buffer.strategy = strategy
+    batch = buffer.sample(4000, generator=torch.Generator().manual_seed(0))
+    achieved = batch["next_obs"]["achieved_goal"]
+    env, step = achieved[:, 0].long(), achieved[:, 1].long()
+    goal = batch["obs"]["desired_goal"]
+    relabelled = goal[:, 0] != -7
+    assert 0.75 < relabelled.float().mean() < 0.85  # (n_sampled_goal 4: 4 of 5)
+    assert torch.equal(batch["next_obs"]["desired_goal"], goal)
+    assert torch.equal(batch["rewards"][~relabelled], torch.full(((~relabelled).sum(),), -1.0))
+    oldest = [max(0, -(-(20 * N_ENVS - CAPACITY - e) // N_ENVS)) for e in range(N_ENVS)]
+    chosen = {"future": set(), "final": set(), "episode": set()}
+    for i in torch.nonzero(relabelled).flatten().tolist():
+        e, t = int(env[i]), int(step[i])
+        first, last = episode[e, t]
+        last = 19 if last is None else last  # (still running: the latest stored step)
+        goal_env, goal_step = int(goal[i, 0]), int(goal[i, 1])
+        assert goal_env == e
+        low = {"future": t, "final": last, "episode": max(first, oldest[e])}[strategy]
+        assert low <= goal_step <= last
+        assert float(batch["rewards"][i]) == (0.0 if goal_step == t else -1.0)
+        chosen[strategy].add((e, t, goal_step))
+    if strategy != "final":  # (draws cover the range, not just its ends)
+        assert any(t < g < episode[e, t][1] for e, t, g in chosen[strategy] if episode[e, t][1] is not None)
+
+
+def test_the_replay_state_round_trips_and_samples_the_same_goals():
+    buffer, _ = _filled([[4, 6, 30], [5, 5, 30]], steps=17)
+    tensors, meta = buffer.state_dict()
+    other, _ = _filled([[1] * 40, [1] * 40], steps=1)
+    assert other.load_state_dict(tensors, meta) is None
+    one = buffer.sample(64, generator=torch.Generator().manual_seed(3))
+    two = other.sample(64, generator=torch.Generator().manual_seed(3))
+    for key in ("obs", "next_obs"):
+        for part in one[key]:
+            assert torch.equal(one[key][part], two[key][part])
+    assert torch.equal(one["rewards"], two["rewards"])
+    # a plain replay file has no episode bookkeeping: refused (the buffer then refills)
+    plain = rlspeed.buffers.ReplayBuffer(CAPACITY, N_ENVS, SPACE, (), torch.int64, "cpu")
+    assert "another replay layout" in other.load_state_dict(*plain.state_dict())
+
+
+def _bit_flipping(n_bits: int, envs: int = 1, continuous: bool = False):
+    from stable_baselines3.common.envs import BitFlippingEnv
+
+    return gym.vector.SyncVectorEnv([lambda: BitFlippingEnv(n_bits=n_bits, continuous=continuous,
+                                                            max_steps=n_bits)] * envs,
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+DQN_BITS = {"learning_starts": 100, "buffer_size": 20_000, "net_arch": (64,), "batch_size": 64, "gamma": 0.95,
+            "exploration_fraction": 0.1, "exploration_final_eps": 0.05, "target_update_interval": 500,
+            "learning_rate": 1e-3, "train_freq": 1}
+
+
+def test_dqn_with_her_solves_bit_flipping_that_it_does_not_solve_without():
+    """SB3's BitFlippingEnv with 10 bits: the reward is -1 until every bit matches the goal, which random
+    exploration almost never finds in 10 steps; with relabelled goals DQN learns it (deterministic evaluation of 20
+    episodes on a separate env)."""
+    pytest.importorskip("stable_baselines3")
+    from rlspeed.evaluation import evaluate
+
+    results = {}
+    for her in (True, False):
+        model = rlspeed.DQN(_bit_flipping(10), seed=0, her=her, **DQN_BITS)
+        model.learn(4000, progress_bar=False)
+        results[her] = evaluate(model, _bit_flipping(10, envs=20), episodes=20, seed=1)["success_rate"]
+        if her:
+            assert "Hindsight Experience Replay" in model.report()
+    assert results[True] >= 0.9 and results[False] <= 0.1, results
+
+
+def test_sac_with_her_trains_on_box_actions_and_a_stable_baselines3_vec_env(tmp_path):
+    """The continuous bit-flipping env through SB3's DummyVecEnv (its compute_reward called with env_method), and
+    a save and resume of the replay."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.envs import BitFlippingEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    def env():
+        return DummyVecEnv([lambda: BitFlippingEnv(n_bits=4, continuous=True, max_steps=50)] * 2)
+
+    options = {"her": True, "learning_starts": 16, "batch_size": 16, "net_arch": (16,), "buffer_size": 256,
+               "save_replay_buffer": True, "num_envs": 2}
+    model = rlspeed.SAC(env(), seed=0, **options)
+    model.learn(64, progress_bar=False)
+    assert model.buffer.layout == "her"
+    model.save(tmp_path / "model")
+    resumed = rlspeed.SAC(env(), seed=0, **options)
+    resumed.resume(tmp_path / "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the envs start fresh episodes on resume, with a warning)
+        resumed.learn(8, progress_bar=False)
+    # the saved rows and their episodes, those still running ended by the envs' fresh start at the resume
+    old, new = model.buffer.episode_ends[:64], resumed.buffer.episode_ends[:64]
+    assert torch.equal(new[old >= 0], old[old >= 0])
+    assert bool((old < 0).any()) and bool((new[old < 0] == model.buffer._step - 1).all())
+    assert torch.equal(resumed.buffer.steps[:64], model.buffer.steps[:64])
+    assert torch.equal(resumed.buffer.next_obs["achieved_goal"][:64], model.buffer.next_obs["achieved_goal"][:64])
+
+
+def test_her_is_refused_where_it_cannot_run(tmp_path):
+    with pytest.raises(UserError, match="her=True .* needs goal-conditioned observations.*not a Dict"):
+        rlspeed.DQN("CartPole-v1", her=True)
+    with pytest.raises(UserError, match="her relabels one-step transitions .* n_step is 3"):
+        rlspeed.DQN("CartPole-v1", her=True, n_step=3)
+    with pytest.raises(UserError, match="goal_selection_strategy must be one of future, final, episode"):
+        rlspeed.DQN("CartPole-v1", goal_selection_strategy="last")
+    with pytest.warns(rlspeed.errors.UnusedSettingWarning, match="n_sampled_goal=2 has no effect"):
+        rlspeed.DQN("CartPole-v1", n_sampled_goal=2)
+    with pytest.raises(UserError, match="Populations do not support Hindsight Experience Replay"):
+        Population(rlspeed.DQN, "CartPole-v1", seeds=[0, 1], her=True)
+
+    class NoReward(gym.Env):  # goal keys, but no compute_reward
+        observation_space = SPACE
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return SPACE.sample(), {}
+
+        def step(self, action):
+            return SPACE.sample(), 0.0, False, False, {}
+
+    env = gym.vector.SyncVectorEnv([NoReward], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = rlspeed.DQN(env, her=True, learning_starts=4, batch_size=4)
+    with pytest.raises(UserError, match="needs the env's compute_reward"):
+        model.learn(8, progress_bar=False)
