@@ -391,17 +391,23 @@ class _Translator:
         else:
             self.refuse(key, f"{value!r}: not a key rlspeed knows how to translate")
 
+    def options(self, key: str, value, expected: str) -> dict:
+        """An RL-Zoo value of keyword arguments (a dict, or its Python text) as a dict; an empty one, with `key`
+        refused, where it is neither."""
+        try:
+            options = parse_python_literal(value, key) if isinstance(value, str) else value
+        except UserError as error:
+            self.refuse(key, str(error))
+            return {}
+        if not isinstance(options, dict):
+            self.refuse(key, f"{value!r}: expected {expected}")
+            return {}
+        return options
+
     def replay_buffer_kwargs(self, value) -> None:
         """HerReplayBuffer's options (a dict, or its string): n_sampled_goal and goal_selection_strategy, rlspeed's
         hyperparameters of the same names; copy_info_dict is refused (rlspeed's compute_reward gets empty infos)."""
-        try:
-            options = parse_python_literal(value, "replay_buffer_kwargs") if isinstance(value, str) else value
-        except UserError as error:
-            self.refuse("replay_buffer_kwargs", str(error))
-            return
-        if not isinstance(options, dict):
-            self.refuse("replay_buffer_kwargs", f"{value!r}: expected a dict of HerReplayBuffer options")
-            return
+        options = self.options("replay_buffer_kwargs", value, "a dict of HerReplayBuffer options")
         for option, option_value in options.items():
             if option in ("n_sampled_goal", "goal_selection_strategy"):
                 self.set(option, option_value, "replay_buffer_kwargs")
@@ -489,14 +495,7 @@ class _Translator:
     def policy_kwargs(self, value) -> None:
         """SB3 policy arguments: net_arch, activation_fn, log_std_init, ortho_init, lstm_hidden_size, normalize_images,
         features_extractor_kwargs (its features_dim: cnn_features_dim), ..."""
-        try:
-            kwargs = parse_python_literal(value, "policy_kwargs") if isinstance(value, str) else value
-        except UserError as error:
-            self.refuse("policy_kwargs", str(error))
-            return
-        if not isinstance(kwargs, dict):
-            self.refuse("policy_kwargs", f"{value!r}: expected dict(...)")
-            return
+        kwargs = self.options("policy_kwargs", value, "dict(...)")
         for name, item in kwargs.items():
             key = f"policy_kwargs.{name}"
             if name == "net_arch":
