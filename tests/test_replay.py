@@ -208,3 +208,64 @@ def test_dqn_stores_the_mask_of_the_final_observation_for_episodes_that_ended():
         target = batch["rewards"] + 0.99 * model.q_target(batch["next_obs"]).gather(1, best[:, None])[:, 0]
         taken = model.q_network(batch["obs"]).gather(1, batch["actions"].long()[:, None])[:, 0]
     torch.testing.assert_close(loss, torch.nn.functional.smooth_l1_loss(taken, target))
+
+
+def test_a_saved_replay_takes_the_loading_models_discount_or_says_why_it_cannot():
+    """One-step rows discount by the loading buffer's gamma (a resume with another gamma trained on the saved
+    run's gamma for ever: 1-step discounts are written once); n-step rows summed with another gamma or n, and a
+    buffer of another capacity (whose ring positions would point at empty rows), are refused with the reason."""
+    saved = make_buffer(10, 2, gamma=0.99)
+    for step in range(7):  # (wrapped: pos 4)
+        add_ids(saved, [2 * step, 2 * step + 1])
+    loaded = make_buffer(10, 2, gamma=0.5)
+    assert loaded.load_state_dict(*saved.state_dict()) is None
+    assert torch.equal(loaded.obs, saved.obs) and bool((loaded.discounts == 0.5).all())
+    add_ids(loaded, [100, 101])
+    assert bool((loaded.discounts == 0.5).all())
+    for n_step, gamma, capacity, reason in [(3, 0.99, 10, "holds 1-step transitions, and this model takes 3-step"),
+                                            (1, 0.99, 20, "holds a buffer of 10 transitions, and this one takes 20")]:
+        assert reason in make_buffer(capacity, 2, n_step=n_step, gamma=gamma).load_state_dict(*saved.state_dict())
+    three = make_buffer(10, 2, n_step=3, gamma=0.99)
+    for step in range(5):
+        add_ids(three, [2 * step, 2 * step + 1])
+    assert "summed with gamma 0.99, and this model's gamma is 0.5" in make_buffer(10, 2, n_step=3, gamma=0.5
+                                                                                 ).load_state_dict(*three.state_dict())
+
+
+def test_a_resume_with_another_gamma_trains_on_it(tmp_path):
+    import warnings
+
+    from rlspeed import DQN
+
+    options = {"seed": 0, "learning_starts": 0, "buffer_size": 200, "batch_size": 32, "save_replay_buffer": True,
+               "net_arch": (16,)}
+    model = DQN("CartPole-v1", gamma=0.99, **options)
+    model.learn(300, progress_bar=False)
+    path = model.save(tmp_path / "model")
+    resumed = DQN("CartPole-v1", gamma=0.5, **options)
+    resumed.resume(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed.learn(10, progress_bar=False)
+    assert len(resumed.buffer) == 200 and resumed.buffer.discounts.unique().tolist() == [0.5]
+    n_step = DQN("CartPole-v1", gamma=0.99, n_step=3, **options)
+    n_step.resume(path)
+    with pytest.warns(UserWarning, match="holds 1-step transitions, and this model takes 3-step ones; it refills"):
+        n_step.learn(10, progress_bar=False)
+    assert len(n_step.buffer) == 10
+
+
+def test_add_says_what_it_takes_for_numpy_arrays_and_for_another_number_of_rows():
+    """NumPy arrays (or SB3's argument order) were an AttributeError about a str's type; K rows for a buffer of N
+    envs were stored, and with n_step > 1 every row took env 0's next observation."""
+    from rlspeed.errors import UserError
+
+    buffer = make_buffer(10, 1, n_step=2)
+    zeros = np.zeros((1, 1), dtype=np.float32)
+    with pytest.raises(UserError, match=r"takes torch tensors .* \(not NumPy arrays"):
+        buffer.add(zeros, np.zeros(1, dtype=np.int64), np.zeros(1, np.float32), zeros, np.zeros(1, bool),
+                   np.zeros(1, bool))
+    with pytest.raises(UserError, match=r"one step of all 1 envs .* got \(3,\) and \(3,\)"):
+        add_ids(buffer, [1, 2, 3])
+    assert len(buffer) == 0
+

@@ -449,9 +449,9 @@ class OffPolicyAlgorithm(Algorithm):
                           "empty.", stacklevel=4)
             return False
         info = meta.get("replay_buffer") or {}
-        if info.get("token") != saved.get("token") or info.get("capacity") != self.buffer.capacity:
-            warnings.warn(f"'{file}' does not belong to '{resume['path']}' (a later save wrote it, or the buffer size "
-                          "changed); the replay buffer refills from empty.", stacklevel=4)
+        if info.get("token") != saved.get("token"):
+            warnings.warn(f"'{file}' does not belong to '{resume['path']}' (a later save wrote it); the replay buffer "
+                          "refills from empty.", stacklevel=4)
             return False
         reason = self.buffer.load_state_dict(tensors, info)
         if reason is not None:

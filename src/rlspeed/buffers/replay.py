@@ -300,6 +300,7 @@ class ReplayBuffer:
         `next_action_masks` (bool `[N, n]`, buffers made with `mask_size` only) the actions allowed there.
         `reset_rows` (the adapters' host `info["final_rows"]`: the rows the env restarted) matters to the frame
         layout only (`FrameStackReplayBuffer`)."""
+        self._check_step(actions, rewards)
         self._check_masks(next_action_masks)
         if self.n_step == 1:
             self._write(obs, actions, rewards, next_obs, terminated,  # the copy converts bool to float
@@ -333,6 +334,17 @@ class ReplayBuffer:
         self._write(*(map_obs(lambda v: v.flatten(0, 1), value)
                       for value in (obs, actions, rewards, next_obs, terminated)),
                     next_action_masks=None if next_action_masks is None else next_action_masks.flatten(0, 1))
+
+    def _check_step(self, actions, rewards) -> None:
+        """UserError unless `add` got torch tensors of one step of all `num_envs` envs (a shape check on the host)."""
+        if not (isinstance(actions, torch.Tensor) and isinstance(rewards, torch.Tensor)):
+            raise UserError("ReplayBuffer.add takes torch tensors [num_envs, ...] in the order obs, actions, rewards, "
+                            "next_obs, terminated, truncated (not NumPy arrays, nor Stable-Baselines3's order obs, "
+                            "next_obs, action, reward, done, infos): convert them with torch.as_tensor.")
+        if tuple(rewards.shape) != (self.num_envs,) or actions.shape[:1] != (self.num_envs,):
+            raise UserError(f"ReplayBuffer.add stores one step of all {self.num_envs} envs the buffer was made for: "
+                            f"rewards of shape ({self.num_envs},) and actions of {self.num_envs} rows, got "
+                            f"{tuple(rewards.shape)} and {tuple(actions.shape)}.")
 
     def _check_masks(self, next_action_masks: torch.Tensor | None) -> None:
         """Masks are given exactly when the buffer stores them (a shape check on the host: no device read)."""
@@ -387,7 +399,7 @@ class ReplayBuffer:
                 else:
                     tensors[f"window.{step}.{i}"] = value
         return tensors, {"pos": self.pos, "size": self.size, "rows": rows, "capacity": self.capacity,
-                         "window": len(self._window), "layout": self.layout}
+                         "window": len(self._window), "layout": self.layout, "n_step": self.n_step, "gamma": self.gamma}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
         """Restore `state_dict`'s output (tensors on any device); returns why it cannot (another layout, other
@@ -395,10 +407,19 @@ class ReplayBuffer:
         storage = self.storage_tensors()
         if meta.get("layout", "dense") != self.layout or set(storage) - set(tensors):
             return "it holds another replay layout or other observation keys than this model's"
+        if meta.get("capacity", self.capacity) != self.capacity:
+            return f"it holds a buffer of {meta['capacity']:,} transitions, and this one takes {self.capacity:,}"
+        if meta.get("n_step", self.n_step) != self.n_step:
+            return f"it holds {meta['n_step']}-step transitions, and this model takes {self.n_step}-step ones"
+        if self.n_step > 1 and meta.get("gamma", self.gamma) != self.gamma:
+            return (f"its {self.n_step}-step returns were summed with gamma {meta['gamma']}, and this model's gamma is "
+                    f"{self.gamma}")
         rows = int(meta.get("rows", meta["size"]))
         with torch.no_grad():
             for name, target in storage.items():
                 target[:rows].copy_(tensors[name])
+            if self.n_step == 1:  # (one-step rows discount by this model's gamma, whichever the saved run had)
+                self.discounts.fill_(self.gamma)
         self.pos, self.size = int(meta["pos"]), int(meta["size"])
 
         def entry(step: int, i: int):
@@ -648,6 +669,7 @@ class FrameStackReplayBuffer(ReplayBuffer):
             reset_rows=None) -> None:
         """Store one step of all N envs (see `ReplayBuffer.add`): the newest frame of each next observation, and
         the whole first observation of rows the env restarted on the previous step."""
+        self._check_step(actions, rewards)
         if not self._checked:  # once: the observations are frame stacks (a next one is the obs shifted by a frame)
             if not torch.equal(next_obs[:, :-1], obs[:, 1:]):  # ok-sync (first step only)
                 raise ValueError("these observations are not frame stacks (a next observation is not the observation "
@@ -779,6 +801,7 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
             reset_rows=None) -> None:
         """Store one step of all N envs (see `ReplayBuffer.add`): each next observation, and the first observation
         of rows the env restarted on the previous step."""
+        self._check_step(actions, rewards)
         if self._previous_next is not None:  # second step only: rows carried on start where they ended
             carried = np.setdiff1d(np.arange(self.num_envs), self._restarted)
             rows = torch.as_tensor(carried, device=obs.device)
