@@ -203,7 +203,15 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
                 (rlspeed.A2C, "CartPole-v1", {"target_kl": 0.01}, "target_kl is a setting of PPO and RecurrentPPO"),
                 (rlspeed.SAC, "Pendulum-v1", {"target_update_interval": 1}, "after every gradient step"),
                 (rlspeed.SAC, "Pendulum-v1", {"ent_coef": "autox"}, "got 'autox': expected auto, auto_X"),
-                (rlspeed.PPO, "CartPole-v1", {"clip_range": lambda progress: 0.2 * progress}, "anneal_clip=True")]
+                (rlspeed.PPO, "CartPole-v1", {"clip_range": lambda progress: 0.2 * progress}, "anneal_clip=True"),
+                # (a partial dict: SB3 gives the network left out no hidden layers, or refuses; never both these widths)
+                (rlspeed.PPO, "CartPole-v1", {"net_arch": dict(pi=[32])}, r"dict\(pi=\[...\], vf=\[...\]\)"),
+                (rlspeed.PPO, "CartPole-v1", {"net_arch": dict(qf=[32])}, r"dict\(pi=\[...\], vf=\[...\]\)"),
+                (rlspeed.SAC, "Pendulum-v1", {"net_arch": dict(pi=[32], vf=[32])}, r"dict\(pi=\[...\], qf="),
+                (rlspeed.DQN, "CartPole-v1", {"net_arch": dict(pi=[32], vf=[32])}, "DQN's Q-network takes one list"),
+                # (whole-number settings: NumPy and torch scalars are never truncated)
+                (rlspeed.PPO, "CartPole-v1", {"num_steps": np.float32(16.5)}, "'num_steps' got .*16.5"),
+                (rlspeed.DQN, "CartPole-v1", {"batch_size": torch.tensor(16.7)}, "'batch_size' got .*16.7")]
     for algo, env_id, options, message in refusals:
         with pytest.raises(UserError, match=message):
             algo(env_id, device="cpu", **options)

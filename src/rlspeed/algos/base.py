@@ -222,11 +222,7 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 "of layer widths for both (net_arch=[64, 64]).")
             value = value[0]  # SB3 1.x: [dict(pi=[...], vf=[...])], the dict form below
         if key == "net_arch" and isinstance(value, dict):  # SB3 2.x: dict(pi=[...], vf=[...]) (or qf= off-policy)
-            parts = {tuple(widths) if isinstance(widths, (list, tuple)) else widths for widths in value.values()}
-            if set(value) - {"pi", "vf", "qf"} or len(parts) != 1:
-                raise UserError(f"net_arch={value}: rlspeed's actor and critic take one list of layer widths "
-                                "(net_arch=[64, 64]); different widths per network are not supported.")
-            value = next(iter(value.values()))
+            value = _shared_widths(value, config_cls)
         if key == "activation" and isinstance(value, str):  # (torch's class names: "ReLU", "nn.Tanh")
             value = value.rpartition(".")[2].lower()  # (nn.ReLU, torch.nn.modules.activation.ReLU: the class)
         values[key] = coerce(key, value, hints[key])
@@ -273,6 +269,26 @@ def _other_owners(key: str, config_cls: type) -> str:
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def _shared_widths(net_arch: dict, config_cls: type):
+    """SB3 2.x's `net_arch=dict(pi=[...], vf=[...])` (`qf=` for SAC, TD3 and DDPG) as rlspeed's one list of widths
+    for both networks: UserError unless it names exactly this algorithm's two networks with the same widths (SB3 gives
+    a network left out no hidden layers, and ignores a key its algorithm lacks: taking either silently would build
+    other networks than SB3 does)."""
+    fields = {field.name for field in dataclasses.fields(config_cls)}
+    if "exploration_fraction" in fields:  # (DQN: one Q-network)
+        raise UserError(f"net_arch={net_arch}: DQN's Q-network takes one list of layer widths (net_arch=[64, 64]), "
+                        "as SB3's DQN does.")
+    keys = {"pi", "vf"} if "gae_lambda" in fields else {"pi", "qf"}
+    if set(net_arch) != keys:
+        raise UserError(f"net_arch={net_arch}: SB3's dict form names this algorithm's actor and critic, "
+                        f"dict({', '.join(f'{k}=[...]' for k in sorted(keys))}), and rlspeed takes it where both are "
+                        "the same widths; give them, or one list for both (net_arch=[64, 64]).")
+    if len({repr(list(w) if isinstance(w, (list, tuple)) else w) for w in net_arch.values()}) != 1:
+        raise UserError(f"net_arch={net_arch}: rlspeed's actor and critic take one list of layer widths "
+                        "(net_arch=[64, 64]); different widths per network are not supported.")
+    return next(iter(net_arch.values()))
+
+
 def coerce(key: str, value, hint):
     """`value` as type `hint`, accepting YAML/CLI spellings (1e5 for an int when whole, lists for tuples);
     UserError naming `key` for the wrong kind (hyperparameters, and the CLI's run settings)."""
@@ -294,8 +310,12 @@ def coerce(key: str, value, hint):
                 return bool(value)
             raise ValueError
         if hint is int:  # also 1e6 / "1e6" (YAML 1.1 reads a float without a dot as a string) when whole
-            number = float(value) if isinstance(value, str) else value
-            if isinstance(number, bool) or (isinstance(number, float) and not number.is_integer()):
+            if isinstance(value, (bool, np.bool_)):
+                raise ValueError
+            if isinstance(value, numbers.Integral):
+                return int(value)
+            number = float(value)  # (NumPy and torch scalars, fractions: whole ones only, never truncated)
+            if not number.is_integer():
                 raise ValueError
             return int(number)
         if hint is float:
