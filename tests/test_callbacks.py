@@ -312,6 +312,8 @@ def test_stop_on_reward_threshold_where_no_evaluation_reaches_it_is_refused_at_t
     with pytest.raises(UserError, match="inside a EveryNTimesteps"):
         model.learn(256, progress_bar=False, callback=EveryNTimesteps(64, StopTrainingOnRewardThreshold(10)))
     assert model.num_timesteps == 0
+    with pytest.raises(UserError, match="reward_threshold is a finite number, got nan"):  # (never reached)
+        StopTrainingOnRewardThreshold(float("nan"))
 
 
 def test_a_callback_that_refuses_at_the_start_leaves_the_process_float_settings_alone():

@@ -301,10 +301,29 @@ def test_member_overrides_set_one_member():
     ([0, 1], {"numerics_guard": [True, False]}, "'numerics_guard' cannot differ"),  # (not a config field: was taken)
     ([0, 1], {"accelerate": "auto"}, "do not support accelerate"),  # (the solos took it, the population did not)
     ([0, 1], {"nan_policy": "mask"}, "do not support nan_policy"),
+    ([0, 1], {"member_overrides": [["gamma", 0.9], {}]}, "member_overrides is a list of 2 dicts"),
+    ([0, 1], {"seed": 0}, "take their seeds from seeds="),
 ])
 def test_bad_inputs_are_one_sentence(seeds, hyper, words):
     with pytest.raises(UserError, match=words):
         Population(PPO, "CartPole-v1", seeds=seeds, **{**SMALL, **hyper})
+    with pytest.raises(UserError, match=r"takes the algorithm's class \(rlspeed.PPO\), not 'PPO'"):
+        Population("PPO", "CartPole-v1", seeds=[0, 1])
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"total_timesteps": 40.5}, "total_timesteps is a whole number"),  # (trained 64 steps per member)
+    ({"total_timesteps": float("nan")}, "total_timesteps is a whole number"),
+    ({"total_timesteps": "100"}, "total_timesteps is a whole number"),
+    ({"total_timesteps": 64, "eval_freq": 1.5}, "eval_freq must be a whole number"),  # (evaluated every iteration)
+    ({"total_timesteps": 64, "eval_episodes": 0}, "eval_episodes must be a whole number"),
+    ({"total_timesteps": 64, "target_return": float("nan")}, "target_return must be a finite number"),
+])
+def test_learn_checks_its_values_as_a_solo_learn_does(options, words):
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], **SMALL)
+    with pytest.raises(UserError, match=words):
+        population.learn(progress_bar=False, **options)
+    assert population.num_timesteps == 0
 
 
 def test_learn_shows_a_progress_bar_over_each_members_steps(monkeypatch):

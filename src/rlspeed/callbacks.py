@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -385,6 +386,10 @@ class StopTrainingOnRewardThreshold(BaseCallback):
 
     def __init__(self, reward_threshold: float, verbose: int = 0):
         super().__init__(verbose)
+        if (isinstance(reward_threshold, bool) or not isinstance(reward_threshold, numbers.Real)
+                or not math.isfinite(reward_threshold)):  # (NaN is never reached: training would never stop)
+            raise UserError(f"StopTrainingOnRewardThreshold's reward_threshold is a finite number, got "
+                            f"{reward_threshold!r}.")
         self.reward_threshold = float(reward_threshold)
 
     def _on_training_start(self) -> None:

@@ -442,6 +442,23 @@ def _positive_whole(name: str, value):
     return int(value)
 
 
+def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq) -> tuple:
+    """`learn`'s budget and evaluation settings (a model's and a population's) as (total_timesteps, eval_freq,
+    eval_episodes, checkpoint_freq) ints (None where not given); UserError naming the one that is not a whole number
+    >= 1 (1e6 is one), or a target_return that is not a finite number."""
+    if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
+            or not math.isfinite(total_timesteps) or not float(total_timesteps).is_integer()):
+        raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
+    if total_timesteps <= 0:
+        raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+    if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
+                                      or not math.isfinite(target_return)):
+        raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
+    return (int(total_timesteps), _positive_whole("eval_freq", eval_freq), _positive_whole("eval_episodes",
+                                                                                            eval_episodes),
+            _positive_whole("checkpoint_freq", checkpoint_freq))
+
+
 def _seconds(name: str, value) -> float | None:
     """`value` (None, or a number of seconds >= 0) as a float; UserError naming `name` otherwise."""
     if value is None:
@@ -1173,22 +1190,12 @@ class Algorithm:
                                 f"({type(self).__name__}(env, {key}=...)).")
             close = difflib.get_close_matches(key, list(inspect.signature(Algorithm.learn).parameters), n=2)
             raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
-        if (isinstance(total_timesteps, bool) or not isinstance(total_timesteps, numbers.Real)
-                or not float(total_timesteps).is_integer()):  # (1e6 is taken: a whole number)
-            raise UserError(f"total_timesteps is a whole number of env steps, got {total_timesteps!r}.")
-        total_timesteps = int(total_timesteps)
-        if total_timesteps <= 0:
-            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
-        eval_freq, checkpoint_freq = _positive_whole("eval_freq", eval_freq), _positive_whole("checkpoint_freq",
-                                                                                               checkpoint_freq)
-        eval_episodes = _positive_whole("eval_episodes", eval_episodes)
+        total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
+            total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
         log_interval_s = _seconds("log_interval_s", log_interval_s)
         checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
-        if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
-                                          or not math.isfinite(target_return)):
-            raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
             asked = "target_return" if target_return is not None else "eval_freq"

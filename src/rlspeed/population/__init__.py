@@ -31,6 +31,10 @@ def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a c
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:
         raise UserError(f"Populations cover {', '.join(sorted(IMPLEMENTATIONS))} so far, not {name}.")
+    if not isinstance(algo_cls, type):  # (a name: the class is what members are made of)
+        raise UserError(f"Population takes the algorithm's class (rlspeed.{name}), not {algo_cls!r}.")
+    if "seed" in kwargs:
+        raise UserError("A population's members take their seeds from seeds=[...] (one per member), not seed=.")
     if not isinstance(env_id, str):
         raise UserError(f"A population takes an env id (it makes each member's envs with the member's seed, as its "
                         f"solo run would), not a {type(env_id).__name__}.")

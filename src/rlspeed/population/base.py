@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
+from rlspeed.algos.base import checked_learn_values
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
@@ -102,6 +103,10 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
         for k in range(size):
             members[k][key] = values[k] if values is not None else value
     if member_overrides is not None:
+        if not (isinstance(member_overrides, (list, tuple))
+                and all(isinstance(overrides, dict) or overrides is None for overrides in member_overrides)):
+            raise UserError(f"member_overrides is a list of {size} dicts (or None), one per member, e.g. "
+                            "[{'learning_rate': 1e-3}, {}], not " + f"{member_overrides!r}"[:80] + ".")
         if len(member_overrides) != size:
             raise UserError(f"member_overrides has {len(member_overrides)} entries but the population has {size} "
                             "members.")
@@ -1151,18 +1156,15 @@ class PopulationBase:
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
         (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
-        if total_timesteps <= 0:
-            raise UserError(f"total_timesteps must be positive, got {total_timesteps}.")
+        total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
+            total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
         if stop not in ("each", "all"):
             raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
         # members are evaluated towards a target, for `on_eval`, or where an evaluation frequency is given
         evaluating = target_return is not None or on_eval is not None or eval_freq is not None
         eval_freq = 10_000 if eval_freq is None else eval_freq
-        if eval_freq <= 0:
-            raise UserError(f"eval_freq must be positive, got {eval_freq}.")
-        if checkpoint_freq is not None and (checkpoint_freq <= 0 or run_dir is None):
-            raise UserError(f"checkpoint_freq={checkpoint_freq} needs a positive value and a run_dir to write the "
-                            "checkpoints to.")
+        if checkpoint_freq is not None and run_dir is None:
+            raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
         saved = self.progress if self._resumed else None
         self._resumed, self.progress = False, None
         self._begin(int(total_timesteps))
