@@ -1212,3 +1212,17 @@ def test_resume_keeps_the_runs_checkpoint_interval_and_replay_saving(tmp_path, m
     assert cli.main([*argv, "--total-timesteps", "768", "--resume", "--no-save-replay-buffer"]) == 0
     assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["save_replay_buffer"] is False
     assert not (tmp_path / "run" / "model.replay.safetensors").exists()
+
+
+def test_temporary_files_a_killed_write_left_are_removed_when_the_run_directory_is_next_used(tmp_path, monkeypatch):
+    """config.yaml, summary.json and metrics.csv are written to a temporary file and renamed: a kill in between left
+    `.summary.json.XXXX.tmp` in the run directory for ever; the next command that locks the directory removes them."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "128", "--num-envs", "4", "--set", "num_steps=32",
+            "--set", "batch_size=64", "--target-return", "none", "--out", "run", "--no-progress"]
+    assert cli.main(argv) == 0
+    left = [tmp_path / "run" / f".{name}.k1ll3d00.tmp" for name in ("config.yaml", "summary.json", "metrics.csv")]
+    for path in left:
+        path.write_text("half")
+    assert cli.main([*argv, "--overwrite"]) == 0
+    assert not any(path.exists() for path in left)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 
 import pytest
 
@@ -312,15 +313,52 @@ def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_pa
 
     from rlspeed import logging as run_logging
 
-    def full_disk_open(path, *args, **kwargs):
-        if str(path).endswith("metrics.csv") and "w" in (args[0] if args else kwargs.get("mode", "r")):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return open(path, *args, **kwargs)
+    def full_disk_write(path, text):  # (metrics.csv is written whole, then renamed into place)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(run_logging, "open", full_disk_open, raising=False)
+    monkeypatch.setattr(run_logging, "write_atomic", full_disk_write)
     monkeypatch.chdir(tmp_path)
     code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "4096", "--target-return", "none",
                      "--out", "cli", "--no-progress", "--set", "num_envs=4", "--set", "num_steps=64",
                      "--set", "batch_size=64"])
     err = capsys.readouterr().err
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
+
+
+def test_metrics_csv_is_replaced_whole_so_a_kill_in_its_rewrite_keeps_the_old_rows(tmp_path, monkeypatch):
+    """A resume (or a new column) rewrites metrics.csv: it was truncated in place, so a kill between the open and the
+    write left an empty file and the run's earlier rows were lost for good. It is written to a temporary file and
+    renamed over the old one now."""
+    from rlspeed import files
+
+    logger = RunLogger(tmp_path, tensorboard=False)
+    logger.log({"timesteps": 1, "episode_return": 1.0})
+    logger.close()
+    before = (tmp_path / "metrics.csv").read_text()
+
+    class Killed(BaseException):
+        pass
+
+    class Stream:
+        def __init__(self, fd, *args, **kwargs):
+            self.fd = fd
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            os.close(self.fd)
+
+        def fileno(self):
+            return self.fd
+
+        def write(self, text):
+            raise Killed
+
+    monkeypatch.setattr(files.os, "fdopen", Stream)
+    logger = RunLogger(tmp_path, tensorboard=False)
+    with pytest.raises(Killed):
+        logger.amend_last({"new_column": 2.0})
+    monkeypatch.undo()
+    assert (tmp_path / "metrics.csv").read_text() == before
+    assert not list(tmp_path.glob(".metrics.csv.*.tmp"))

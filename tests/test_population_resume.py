@@ -329,12 +329,29 @@ def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_e
     assert len(resumed.buffer) == (64 - 2) * 2
 
 
-def test_resume_refuses_a_finished_run(tmp_path, capsys):
+def test_resume_refuses_a_finished_run_and_finishes_one_killed_in_its_final_save(tmp_path, capsys, monkeypatch):
+    """A finished run is refused; one killed after its first summary but before its member models were written
+    (its summary's member_models null) was refused too, for ever: --resume finishes it from its last checkpoint."""
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]
     assert cli.main(argv) == 0
     capsys.readouterr()
     assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume"])
+
+    def killed(*args):
+        raise Killed
+
+    killed_run = tmp_path / "killed"
+    argv = [*argv[:-1], str(killed_run)]
+    monkeypatch.setattr(cli, "_save_member_models", killed)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    monkeypatch.undo()
+    assert json.loads((killed_run / "summary.json").read_text())["member_models"] is None
+    assert cli.main([*argv, "--resume"]) == 0
+    summary = json.loads((killed_run / "summary.json").read_text())
+    assert summary["resumed_from"] == 512 and sorted(summary["member_models"]) == ["0", "1"]
+    assert (killed_run / "members" / "seed_1.safetensors").is_file()
 
 
 @pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1"),

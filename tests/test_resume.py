@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import random
 
@@ -197,3 +198,40 @@ def test_learn_after_load_says_that_the_replay_buffer_saved_beside_the_model_is_
         resumed.resume(path)
         resumed.learn(64, progress_bar=False)
     assert resumed.buffer.size > loaded.buffer.size  # (the saved rows too)
+
+
+@pytest.mark.parametrize("kill", ["before the checkpoint", "after the checkpoint"])
+def test_a_kill_between_a_replay_file_and_its_checkpoint_leaves_a_whole_pair(tmp_path, monkeypatch, kill):
+    """The replay file was written under its final name before the checkpoint: a kill in between left the previous
+    checkpoint with a replay of another token (refilled from empty). It is staged now: before the checkpoint's write
+    the previous pair stays whole; after it, resume takes the staged file as the new checkpoint's."""
+    import warnings
+
+    from rlspeed import checkpoint as checkpoint_module
+    from rlspeed.algos import base
+
+    settings = dict(seed=0, device="cpu", env_backend="torch", learning_starts=16, batch_size=8, buffer_size=500,
+                    net_arch=(8,), save_replay_buffer=True)
+    model = DQN("CartPole-v1", **settings)
+    model.learn(64, progress_bar=False)
+    first = model.save(tmp_path / "checkpoint")
+    rows = model.buffer.size
+    model.learn(64, progress_bar=False)
+    if kill == "before the checkpoint":
+        def killed(path, *args, **kwargs):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(base, "save_checkpoint", killed)  # (the model's file; the replay's is written before it)
+    else:
+        monkeypatch.setattr(base, "commit_staged", lambda file: None)
+    with contextlib.suppress(KeyboardInterrupt):
+        model.save(tmp_path / "checkpoint")
+    monkeypatch.undo()
+    assert checkpoint_module.staged_path(tmp_path / "checkpoint.replay.safetensors").is_file()
+    resumed = DQN("CartPole-v1", **settings)
+    resumed.resume(first)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*refills from empty")
+        resumed.learn(8, progress_bar=False)
+    expected = rows if kill == "before the checkpoint" else model.buffer.size
+    assert resumed.buffer.size == expected + 8

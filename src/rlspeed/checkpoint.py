@@ -611,6 +611,44 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     return {name: t.to(device) for name, t in tensors.items()}, metadata
 
 
+def staged_path(file: str | os.PathLike) -> Path:
+    """Where a file that belongs to a checkpoint (a replay buffer beside it) is written first: `name.next.safetensors`
+    beside `name.safetensors`. `commit_staged` moves it into place once the checkpoint naming it is written, so a kill
+    in between leaves the previous checkpoint's pair whole; `load_paired` finds it where the kill came after the
+    checkpoint's write."""
+    file = Path(file)
+    return file.with_name(file.name[:-len(SUFFIX)] + ".next" + SUFFIX)
+
+
+def commit_staged(file: str | os.PathLike) -> None:
+    """Move `staged_path(file)` into place as `file` (after the checkpoint that names it was written)."""
+    staged = staged_path(file)
+    if staged.exists():
+        os.replace(staged, file)
+
+
+def load_paired(file: str | os.PathLike, token: str | None, device: torch.device | str = "cpu",
+                allow_nonfinite: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+    """`load_checkpoint(file)` for the file a checkpoint names with its `replay_buffer` `token`: where `file` is
+    missing or holds another token and the staged one (`staged_path`) holds this token (a kill between the
+    checkpoint's write and `commit_staged`), the staged one, moved into place first. The caller compares the tokens
+    of what it gets."""
+    file = Path(file)
+    staged = staged_path(file)
+    if not file.exists() and staged.is_file():
+        commit_staged(file)
+    tensors, meta = load_checkpoint(file, device=device, allow_nonfinite=allow_nonfinite)
+    if (meta.get("replay_buffer") or {}).get("token") != token and staged.is_file():
+        try:
+            other = load_checkpoint(staged, device=device, allow_nonfinite=allow_nonfinite)
+        except UserError:
+            return tensors, meta
+        if (other[1].get("replay_buffer") or {}).get("token") == token:
+            commit_staged(file)
+            return other
+    return tensors, meta
+
+
 def _verify_digest(path: Path, tensors: dict[str, torch.Tensor], metadata: dict) -> None:
     digest = metadata.get("digest")
     if digest is None and metadata.get("version") == 1:

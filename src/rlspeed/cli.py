@@ -30,6 +30,8 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.errors import EnvStepError, UserError, peer_algorithm_advice
+from rlspeed.files import remove_stale_temporaries
+from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
 
 # Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
@@ -37,7 +39,10 @@ MAX_SEED = 2**32 - 1
 
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
-             "model.replay.safetensors", "checkpoint.replay.safetensors", "learning_curve.png", "learning_curves.png",
+             "model.replay.safetensors", "checkpoint.replay.safetensors",
+             # (a replay file written before its checkpoint, moved into place after it: `checkpoint.staged_path`)
+             "model.replay.next.safetensors", "checkpoint.replay.next.safetensors",
+             "learning_curve.png", "learning_curves.png",
              "tensorboard", "videos", "wandb",
              "members")  # (`rlspeed.checkpoint.MEMBERS_DIR`: a population's member models)
 
@@ -529,10 +534,14 @@ def _train_population(args: argparse.Namespace) -> int:
         return code
     summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
-    _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")  # (before anything else can fail)
-    summary["member_models"] = _save_member_models(population, summary, run_dir)
-    _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
-    plot_learning_curves(summary, run_dir / "learning_curves.png")
+    with _signals_ignored():  # (a Ctrl-C or SIGTERM now must not cut the final save short)
+        # written before anything else can fail, its member_models null until they are: a run killed in between is
+        # no finished one (`_same_population_run` lets --resume finish it)
+        summary["member_models"] = None
+        _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+        summary["member_models"] = _save_member_models(population, summary, run_dir)
+        _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+        plot_learning_curves(summary, run_dir / "learning_curves.png")
     steps = summary["aggregate"]["steps_to_target"]
     final = summary["aggregate"]["final_eval"]
     if target is not None:
@@ -866,6 +875,8 @@ def _lock_run_dir(run_dir: Path) -> None:
         return
     hold_lock(run_dir / RUN_LOCK, _RUN_LOCKS, f"Another rlspeed process is training in '{run_dir}': wait for it to "
               "finish (or stop it), or give another --out.")
+    # (what a killed writer left between a temporary file's write and its rename: no other process writes here now)
+    remove_stale_temporaries(run_dir, ("config.yaml", "summary.json", "metrics.csv"))
 
 
 def _release_run_locks() -> None:
@@ -940,34 +951,6 @@ def _no_rows(path: Path) -> bool:
             return sum(1 for line in handle if line.strip()) <= 1
     except OSError:
         return True
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Write `path` whole or not at all (a temporary file renamed over it: another process reading it, such as a
-    torchrun worker reading config.yaml, never sees it half written)."""
-    temporary = None
-    try:  # (a new file of its own, never one a symlink in the directory points at; a plain write's mode)
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        temporary = Path(name)
-        with os.fdopen(fd, "w") as stream:
-            os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
-            stream.write(text)
-        temporary.replace(path)
-        temporary = None
-    except OSError as error:
-        raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
-    finally:  # (also on Ctrl-C: no temporary file left behind)
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
-
-
-def _process_umask() -> int:
-    mask = os.umask(0o022)  # (read once, at import: setting it back and forth is not thread-safe later)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _process_umask()
 
 
 def _default_in_children(owner: int, signum: int) -> None:
@@ -1070,7 +1053,9 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
         seed_text = ",".join(map(str, config.get("seeds") or []))
         raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same ones, or another --out.")
-    if _finished_summary(run_dir / "summary.json"):
+    ended = _ended_summary(run_dir / "summary.json")
+    if ended is not None and ended.get("member_models", {}) is not None:  # (null: killed before its members were
+        # written, which --resume finishes from the last checkpoint)
         raise UserError(f"--resume: '{run_dir}' holds a finished population run (its summary.json): give --overwrite "
                         "to train it again, or another --out.")
 

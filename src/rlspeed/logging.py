@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib.util
+import io
 import json
 import math
 import os
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 from rlspeed.errors import UserError
+from rlspeed.files import write_atomic
 
 
 def finite_or_none(value):
@@ -214,12 +216,13 @@ class RunLogger:
         """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append."""
         if self._csv is not None:
             self._csv[0].close()
-        handle = open(self.run_dir / "metrics.csv", "w", newline="")
-        writer = csv.DictWriter(handle, fieldnames=self._fields)
+        text = io.StringIO(newline="")  # (written whole, then renamed over the old file: a kill keeps the old rows)
+        writer = csv.DictWriter(text, fieldnames=self._fields)
         writer.writeheader()
         writer.writerows(_csv_row(row) for row in self.rows)
-        handle.flush()
-        self._csv = (handle, writer)
+        write_atomic(self.run_dir / "metrics.csv", text.getvalue())
+        handle = open(self.run_dir / "metrics.csv", "a", newline="")  # noqa: SIM115 (kept open to append rows)
+        self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
 
     def close(self) -> None:
         """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot;

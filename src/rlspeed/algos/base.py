@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import checkpoint_path, load_checkpoint, refuse_non_model, save_checkpoint
+from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, refuse_non_model, save_checkpoint
 from rlspeed.device import check_num_threads, resolve_device, rules, set_flush_denormal, set_training_threads
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
@@ -1686,7 +1686,11 @@ class Algorithm:
                     "action_masks": self.trained_with_action_masks}
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path), digest)
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
-        return save_checkpoint(path, tensors, metadata, digest=digest)
+        written = save_checkpoint(path, tensors, metadata, digest=digest)
+        replay = metadata["resume"].get("replay_buffer")
+        if replay is not None:  # (written to its staged name first: into place now that the checkpoint names it)
+            commit_staged(written.with_name(replay["file"]))
+        return written
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,

@@ -46,7 +46,7 @@ from rlspeed.buffers import (
 )
 from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem, reward_function
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
-from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
@@ -423,16 +423,16 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _save_replay(self, path: Path, digest: str | None = None) -> dict | None:
         """With `save_replay_buffer`: the buffer's stored rows, write position and pending n-step steps
-        (`ReplayBuffer.state_dict`) in `<checkpoint>.replay.safetensors` (written first; a token in both files pairs
-        them, so a replay file left by a later save that was killed before its checkpoint is not taken for this
-        checkpoint's)."""
+        (`ReplayBuffer.state_dict`) for `<checkpoint>.replay.safetensors`, written first to its staged name
+        (`rlspeed.checkpoint.staged_path`; `save` moves it into place after the checkpoint), so that a kill between the
+        two files leaves the previous pair whole; a token in both files pairs them."""
         buffer = getattr(self, "buffer", None)
         if not self.save_replay_buffer or buffer is None:
             return None
         tensors, meta = buffer.state_dict()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
-        save_checkpoint(file, tensors, {"replay_buffer": {"token": token, **meta}}, digest=digest)
+        save_checkpoint(staged_path(file), tensors, {"replay_buffer": {"token": token, **meta}}, digest=digest)
         return {"file": file.name, "token": token}
 
     def _load_replay(self, resume: dict) -> bool:
@@ -443,7 +443,7 @@ class OffPolicyAlgorithm(Algorithm):
             return False
         file = resume["path"].with_name(str(saved.get("file")))
         try:
-            tensors, meta = load_checkpoint(file, device=self.buffer.storage_device)
+            tensors, meta = load_paired(file, saved.get("token"), device=self.buffer.storage_device)
         except UserError as error:
             warnings.warn(f"The replay buffer saved with '{resume['path']}' cannot be read ({error}); it refills from "
                           "empty.", stacklevel=4)

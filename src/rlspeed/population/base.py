@@ -20,7 +20,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values
-from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, save_checkpoint
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
@@ -968,7 +968,11 @@ class PopulationBase:
             "env": {"restorable": env_state is not None}, "loop": self.progress,
             "replay_buffer": self._save_replay(checkpoint_path(path)),
             "rlspeed_version": __version__, "torch_version": torch.__version__}}
-        return save_checkpoint(path, tensors, metadata)
+        written = save_checkpoint(path, tensors, metadata)
+        replay = metadata["population"]["replay_buffer"]
+        if replay is not None:  # (written to its staged name first, as a solo run's: into place now)
+            commit_staged(written.with_name(replay["file"]))
+        return written
 
     def resume(self, path: str | Path, verify: bool = True) -> None:
         """Continue the run a checkpoint (`save`, or `learn(run_dir=...)`'s) was written from, on this newly built

@@ -67,7 +67,7 @@ from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
-from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError
@@ -929,7 +929,7 @@ class OffPolicyPopulation(PopulationBase):
 
     def _save_replay(self, path: Path) -> dict | None:
         """With `save_replay_buffer`: the replay buffer's stored rows, write count and pending n-step steps in
-        `<checkpoint>.replay.safetensors` (written first; a token in both files pairs them, as a solo run's)."""
+        `<checkpoint>.replay.safetensors`, staged as a solo run's (`OffPolicyAlgorithm._save_replay`)."""
         buffer = self.buffer
         if not self.save_replay_buffer or buffer is None or not self.alive:
             return None
@@ -938,7 +938,8 @@ class OffPolicyPopulation(PopulationBase):
         tensors, meta = buffer.state()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
-        save_checkpoint(file, tensors, {"replay_buffer": {**meta, "token": token, "alive": list(self.alive)}})
+        save_checkpoint(staged_path(file), tensors, {"replay_buffer": {**meta, "token": token,
+                                                                       "alive": list(self.alive)}})
         return {"file": file.name, "token": token}
 
     def _load_replay(self, path: Path, saved: dict | None) -> None:
@@ -953,7 +954,7 @@ class OffPolicyPopulation(PopulationBase):
         file = path.with_name(str(saved.get("file")))
         try:
             # (non-finite rows are a diverging member's, as its parameters are: dropped when the loop finds it)
-            tensors, meta = load_checkpoint(file, device=self.device, allow_nonfinite=True)
+            tensors, meta = load_paired(file, saved.get("token"), device=self.device, allow_nonfinite=True)
         except UserError as error:
             warnings.warn(f"The replay buffer saved with '{path}' cannot be read ({error}); {empty}.", stacklevel=3)
             return

@@ -1,0 +1,58 @@
+"""Files a run directory holds that are rewritten whole (config.yaml, summary.json, metrics.csv): written to a
+temporary file of their own and renamed over the old one, so that a reader (a torchrun worker reading config.yaml,
+a person's `tail`) never sees one half written, and a kill leaves the old one whole. No torch import here: the CLI
+writes them before it imports torch."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from rlspeed.errors import UserError
+
+
+def _process_umask() -> int:
+    mask = os.umask(0o022)  # (read once, at import: setting it back and forth is not thread-safe later)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
+
+
+def _temporaries(path: Path) -> list[Path]:
+    """The temporary files `write_text_atomic` makes for `path` (`.NAME.XXXXXXXX.tmp` beside it)."""
+    return list(path.parent.glob(f".{path.name}.*.tmp"))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
+    at), with a plain write's mode, renamed over `path`. OSError where it cannot be written."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    temporary = Path(name)
+    try:
+        with os.fdopen(fd, "w", newline="") as stream:
+            os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
+            stream.write(text)
+        temporary.replace(path)
+        temporary = None
+    finally:  # (also on Ctrl-C: no temporary file left behind)
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """`write_atomic`, with a UserError naming the file where it cannot be written."""
+    try:
+        write_atomic(path, text)
+    except OSError as error:
+        raise UserError(f"Cannot write '{path}': {error.strerror or error}.") from None
+
+
+def remove_stale_temporaries(directory: Path, names: tuple[str, ...]) -> None:
+    """Remove the temporary files `write_text_atomic` left for `directory/NAME` where a kill came between their
+    write and their rename: call it holding the directory's lock (no other writer then)."""
+    for name in names:
+        for temporary in _temporaries(directory / name):
+            temporary.unlink(missing_ok=True)
