@@ -172,9 +172,29 @@ def test_callback_list_stops_when_any_member_stops_and_runs_all():
     assert [e[0] for e in first.events] == ["start", "rollout_start", "rollout_end", "end"]
 
 
-def test_learn_refuses_a_callback_of_another_kind():
-    with pytest.raises(UserError, match="callback must be"):
-        _ppo().learn(STEPS_PER_ITERATION, callback=5, progress_bar=False)
+@pytest.mark.parametrize("callback, words", [
+    (5, "callback must be"),
+    ([None], "A list of callbacks holds None"),  # (an AttributeError of NoneType)
+    (EvalCallback, r"callback=EvalCallback is the class: pass an instance"),  # (taken for a function)
+    (lambda: True, "A function callback takes learn's locals"),  # (a TypeError at the first iteration)
+])
+def test_learn_refuses_a_callback_of_another_kind(callback, words):
+    model = _ppo()
+    with pytest.raises(UserError, match=words):
+        model.learn(STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert model.num_timesteps == 0
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda: EveryNTimesteps(10, callback=None), "needs the callback to run"),
+    (lambda: EveryNTimesteps(1.5, callback=CallbackList([])), "n_steps must be a whole number >= 1, got 1.5"),
+    (lambda: EvalCallback("CartPole-v1", eval_freq="32"), "eval_freq must be a whole number >= 1, got '32'"),
+    (lambda: EvalCallback("CartPole-v1", n_eval_episodes=0), "n_eval_episodes must be a whole number >= 1, got 0"),
+    (lambda: CheckpointCallback(save_freq=32, save_path=None), "save_path is a directory's path"),
+])
+def test_callbacks_made_with_bad_values_are_one_sentence(make, words):
+    with pytest.raises(UserError, match=words):
+        make()
 
 
 def test_eval_callback_saves_the_best_model_and_it_reproduces_its_score(tmp_path):

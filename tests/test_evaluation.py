@@ -59,6 +59,8 @@ def test_a_seed_of_any_integer_type_works_on_every_backend(ppo, seed):
     assert rlspeed.evaluate(ppo, episodes=2, seed=seed)["returns"] == expected
     with pytest.raises(rlspeed.UserError, match="A seed is a whole number"):
         rlspeed.evaluate(ppo, episodes=2, seed=-1)
+    with pytest.raises(rlspeed.UserError, match="max_steps must be a whole number >= 1, got 2.5"):
+        rlspeed.evaluate(ppo, episodes=2, max_steps=2.5)  # (a TypeError deep in the loop)
 
 
 def _same_step_cartpoles(wrappers=(), mode="sync"):

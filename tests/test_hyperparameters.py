@@ -139,3 +139,11 @@ def test_an_on_off_setting_takes_only_on_off_values():
             build_config(PPOConfig, {"anneal_lr": value})
     for value, expected in ((True, True), (0, False), (1, True), ("no", False), (np.True_, True)):
         assert build_config(PPOConfig, {"anneal_lr": value}).anneal_lr is expected
+
+
+def test_a_rollout_that_would_not_fit_in_memory_is_refused_before_it_is_allocated():
+    """num_steps=1e9 failed inside the allocator, 1e30 inside torch: one sentence naming the settings instead."""
+    model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=1, num_steps=10**12, batch_size=64)
+    with pytest.raises(rlspeed.UserError, match=r"A rollout of num_steps 1,000,000,000,000 x num_envs 1 .* lower "
+                                                r"num_steps or num_envs"):
+        model.learn(100, progress_bar=False)

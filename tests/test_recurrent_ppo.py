@@ -194,6 +194,8 @@ def test_predict_refuses_a_state_or_episode_start_of_another_shape(trained):
     for starts in (np.ones(1, dtype=bool), np.ones(2, dtype=bool)):
         with pytest.raises(UserError, match=f"episode_start=...\\) has {starts.size} entries for 3 observations"):
             trained.predict(obs, episode_start=starts)
+    with pytest.raises(UserError, match=r"takes one flag \(bool or 0/1\) per observation, got 'yes'"):
+        trained.predict(obs, episode_start="yes")  # (torch's "can't convert np.ndarray of type numpy.str_")
 
 
 def test_act_without_a_state_is_a_clear_error(trained):

@@ -14,13 +14,14 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, positive_whole
 
 
 class _Period:
@@ -239,6 +240,8 @@ class CallbackList(BaseCallback):
     def __init__(self, callbacks: Iterable[BaseCallback]):
         super().__init__()
         self.callbacks = [as_callback(callback) for callback in callbacks]
+        if None in self.callbacks:
+            raise UserError("A list of callbacks holds None: leave it out (learn(callback=None) is no callback).")
 
     def _init_callback(self) -> None:
         for callback in self.callbacks:
@@ -292,6 +295,14 @@ class FunctionCallback(BaseCallback):
             self._with_globals = True
         except (TypeError, ValueError):  # (one parameter, or a signature Python cannot read: the older form)
             self._with_globals = False
+        try:
+            if not self._with_globals:
+                inspect.signature(fn).bind({})
+        except TypeError:
+            raise UserError(f"A function callback takes learn's locals (fn(locals_) or Stable-Baselines3's "
+                            f"fn(locals_, globals_)); {getattr(fn, '__name__', fn)!s} takes neither.") from None
+        except ValueError:  # (no signature Python can read, a builtin's: called as the older form)
+            pass
 
     def _on_rollout_end(self) -> bool | None:
         if self._with_globals:
@@ -343,6 +354,8 @@ def as_callback(callback) -> BaseCallback | None:
         return callback
     if isinstance(callback, (list, tuple)):
         return CallbackList(callback)
+    if isinstance(callback, type) and issubclass(callback, BaseCallback):  # (the class: callable, but no callback)
+        raise UserError(f"callback={callback.__name__} is the class: pass an instance, {callback.__name__}(...).")
     if callable(callback):
         return FunctionCallback(callback)
     raise UserError(f"callback must be a BaseCallback, a list of them or a function, got {type(callback).__name__}.")
@@ -355,9 +368,10 @@ class EveryNTimesteps(BaseCallback):
 
     def __init__(self, n_steps: int, callback: BaseCallback):
         super().__init__()
-        if n_steps < 1:
-            raise UserError(f"EveryNTimesteps needs n_steps >= 1, got {n_steps}.")
-        self.n_steps = int(n_steps)
+        self.n_steps = positive_whole("EveryNTimesteps's n_steps", n_steps)
+        callback = as_callback(callback)
+        if callback is None:
+            raise UserError("EveryNTimesteps needs the callback to run (EveryNTimesteps(n_steps, callback)), not None.")
         self.callback = callback
         callback.parent = self
         self._period = _Period(self.n_steps)
@@ -479,9 +493,8 @@ class EvalCallback(BaseCallback):
                             f"n_eval_episodes is {size} (leave it out), not {n_eval_episodes}.")
         if n_eval_episodes is None:  # (a vector env: its size; an env id: 5)
             n_eval_episodes = size if size is not None else 5
-        if eval_freq < 1 or n_eval_episodes < 1:
-            raise UserError(f"EvalCallback needs eval_freq >= 1 and n_eval_episodes >= 1, got {eval_freq} and "
-                            f"{n_eval_episodes}.")
+        eval_freq = positive_whole("EvalCallback's eval_freq", eval_freq)
+        n_eval_episodes = positive_whole("EvalCallback's n_eval_episodes", n_eval_episodes)
         self.eval_env = eval_env
         self.callback_on_new_best = callback_on_new_best
         self.callback_after_eval = callback_after_eval
@@ -580,9 +593,10 @@ class CheckpointCallback(BaseCallback):
     def __init__(self, save_freq: int, save_path: str | Path, name_prefix: str = "rl_model",
                  save_replay_buffer: bool = False, save_vecnormalize: bool = False, verbose: int = 0):
         super().__init__(verbose)
-        if save_freq < 1:
-            raise UserError(f"CheckpointCallback needs save_freq >= 1, got {save_freq}.")
-        self.save_freq = int(save_freq)
+        self.save_freq = positive_whole("CheckpointCallback's save_freq", save_freq)
+        if not isinstance(save_path, (str, os.PathLike)):
+            raise UserError(f"CheckpointCallback's save_path is a directory's path (a str or pathlib.Path), not "
+                            f"{save_path!r}.")
         self.save_path = Path(save_path)
         self.name_prefix = name_prefix
         self.save_replay_buffer = save_replay_buffer

@@ -4,6 +4,8 @@ imports torch."""
 
 from __future__ import annotations
 
+import numbers
+
 
 class UserError(Exception):
     """A mistake in what the user asked for (bad env id, bad hyperparameter, missing device, bad checkpoint)."""
@@ -49,8 +51,8 @@ _PEER_ALGORITHMS = {
     "crossq": "rlspeed has no CrossQ (sb3-contrib's); sac is the closest",
     "trpo": "rlspeed has no TRPO (sb3-contrib's); ppo is the closest",
     "ars": "rlspeed has no ARS (sb3-contrib's gradient-free search); ppo and sac are its gradient-based choices",
-    "herreplaybuffer": "rlspeed has no HER (Stable-Baselines3's HerReplayBuffer): its off-policy algorithms replay "
-                       "the transitions as collected, the goal envs' success rate reported (info['is_success'])",
+    "herreplaybuffer": "Hindsight Experience Replay is a setting of rlspeed's DQN, SAC, TD3 and DDPG: her=True "
+                       "(with n_sampled_goal and goal_selection_strategy), e.g. rlspeed.SAC(env, her=True)",
     **dict.fromkeys(("normalactionnoise", "ornsteinuhlenbeckactionnoise"),
                     "rlspeed's action noise is a setting: action_noise='normal' or 'ornstein-uhlenbeck' with "
                     "action_noise_std=sigma (TD3, DDPG)"),
@@ -61,3 +63,13 @@ def peer_algorithm_advice(name: str) -> str | None:
     """What rlspeed offers in place of sb3-contrib's or RL-Zoo's algorithm `name` (`MaskablePPO`, `ppo_lstm`,
     `qrdqn`, ...), or None for other names."""
     return _PEER_ALGORITHMS.get(name.lower().replace("_", "").replace("-", ""))
+
+
+def positive_whole(name: str, value):
+    """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise (a bool, a
+    string, 2.5, NaN or infinity)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
+        raise UserError(f"{name} must be a whole number >= 1, got {value!r}.")
+    return int(value)

@@ -16,7 +16,7 @@ from rlspeed.device import resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.envs.gymnasium_env import reward_wrappers
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, positive_whole
 
 
 def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> dict:
@@ -53,8 +53,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     (None for a vector env you built, which this call does not seed then).
     """
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
-    if max_steps is not None and max_steps < 1:
-        raise UserError(f"max_steps must be at least 1, got {max_steps}.")
+    max_steps = positive_whole("max_steps", max_steps)
     if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
         raise UserError(f"evaluate needs episodes >= 1 (one env per episode), got {episodes!r}.")
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: one episode per env, in parallel)

@@ -55,7 +55,7 @@ from rlspeed.envs.base import (
 from rlspeed.envs.gymnasium_env import check_action_masks, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.envs.wrappers import observation_statistics
-from rlspeed.errors import UnusedSettingWarning, UserError
+from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
@@ -433,15 +433,6 @@ def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
     return [space]
 
 
-def _positive_whole(name: str, value):
-    """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
-        raise UserError(f"{name} must be a whole number >= 1, got {value!r}.")
-    return int(value)
-
-
 def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq) -> tuple:
     """`learn`'s budget and evaluation settings (a model's and a population's) as (total_timesteps, eval_freq,
     eval_episodes, checkpoint_freq) ints (None where not given); UserError naming the one that is not a whole number
@@ -454,9 +445,9 @@ def checked_learn_values(total_timesteps, target_return, eval_freq, eval_episode
     if target_return is not None and (isinstance(target_return, bool) or not isinstance(target_return, numbers.Real)
                                       or not math.isfinite(target_return)):
         raise UserError(f"target_return must be a finite number (or None for no target), got {target_return!r}.")
-    return (int(total_timesteps), _positive_whole("eval_freq", eval_freq), _positive_whole("eval_episodes",
+    return (int(total_timesteps), positive_whole("eval_freq", eval_freq), positive_whole("eval_episodes",
                                                                                             eval_episodes),
-            _positive_whole("checkpoint_freq", checkpoint_freq))
+            positive_whole("checkpoint_freq", checkpoint_freq))
 
 
 def _seconds(name: str, value) -> float | None:

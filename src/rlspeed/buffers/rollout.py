@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import gymnasium as gym
 import torch
 
 from rlspeed.envs.base import Observation, observation_layout
+from rlspeed.errors import UserError
 
 
 def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int, ...],
@@ -78,6 +80,27 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     return advantages, advantages + values
 
 
+def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
+                        action_dtype: torch.dtype, device: torch.device, mask_size: int | None,
+                        store_next_obs: bool) -> None:
+    """UserError, before anything is allocated, when a rollout's storage would take more than the share of the
+    device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): num_steps=1e9 failed inside the
+    allocator, 1e30 inside torch."""
+    from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
+
+    layout = observation_layout(observation) if isinstance(observation, gym.Space) else (tuple(observation),
+                                                                                         torch.float32)
+    action_bytes = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
+    # observations (twice with next_obs), actions, 5 float32 and 3 bool fields per step and env, the masks
+    per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 5 * 4 + 3 + (mask_size or 0))
+    needed = num_steps * num_envs * per_step
+    free = available_memory_bytes(torch.device(device))
+    if free is not None and needed > REPLAY_MEMORY_SHARE * free:
+        raise UserError(f"A rollout of num_steps {num_steps:,} x num_envs {num_envs:,} steps needs "
+                        f"{needed / 2**30:,.1f} GiB, more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may "
+                        "take: lower num_steps or num_envs.")
+
+
 class RolloutBuffer:
     """Fixed-shape `[T, N, ...]` tensors for one rollout; written in place, one row of N envs per step.
 
@@ -98,6 +121,8 @@ class RolloutBuffer:
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
+        _check_rollout_fits(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size,
+                            store_next_obs)
         self.num_steps, self.num_envs = num_steps, num_envs
         self.obs = allocate_observations(observation, (num_steps, num_envs), device)
         # info["final_obs"], or the bootstrap values of finished rows (see the class docstring)
