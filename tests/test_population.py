@@ -297,7 +297,8 @@ def test_member_overrides_set_one_member():
     ([0, 1], {"net_arch": [[64, 64], [32, 32]]}, "net_arch"),
     ([0, 1], {"num_envs": [8, 16]}, "cannot differ"),
     ([0, 1], {"member_overrides": [{}]}, "member_overrides has 1"),
-    ([0, 1], {"member_overrides": [{}, {"net_arch": (32,)}]}, "cannot differ"),
+    ([0, 1], {"member_overrides": [{}, {"net_arch": (32,)}]}, "'net_arch', which is no per-member hyperparameter"),
+    ([0, 1], {"member_overrides": [{}, {"foo": 1}]}, "'foo', which is no per-member hyperparameter"),
     ([0, 1], {"numerics_guard": [True, False]}, "'numerics_guard' cannot differ"),  # (not a config field: was taken)
     ([0, 1], {"accelerate": "auto"}, "do not support accelerate"),  # (the solos took it, the population did not)
     ([0, 1], {"nan_policy": "mask"}, "do not support nan_policy"),

@@ -221,6 +221,17 @@ def test_member_overrides_set_one_member():
     assert population.member_hyperparameters[1]["gamma"] == 0.9
 
 
+def test_sb3_forms_a_solo_run_takes_are_taken_by_a_population():
+    """SB3's train_freq=(4, "step") was refused as "cannot differ across members" (its two items taken for two
+    members' values), and per-member values in a NumPy array as "not a valid float"."""
+    import numpy as np
+
+    population = Population(DQN, "CartPole-v1", seeds=[0, 1], train_freq=(4, "step"),
+                            learning_rate=np.array([1e-3, 2e-3]))
+    assert population.config.train_freq == 4
+    assert [population.member_hyperparameters[k]["learning_rate"] for k in range(2)] == [1e-3, 2e-3]
+
+
 @pytest.mark.parametrize("algo, seeds, hyper, words", [
     (SAC, [], {}, "at least one member"),
     (SAC, [1, 2, 1], {}, "more than once"),

@@ -85,10 +85,12 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
                             "apply to no member).")
     members: list[dict] = [dict() for _ in range(size)]
     for key, value in hyperparameters.items():
-        if isinstance(value, torch.Tensor):
-            value = value.tolist() if value.dim() > 0 else value.item()
+        if isinstance(value, (torch.Tensor, np.ndarray)):  # (K values as an array: a list of them)
+            value = value.tolist()
         values = None
-        if key == "net_arch":
+        if key == "train_freq" and isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], str):
+            pass  # (SB3's (4, "step"): one value, which the config reads)
+        elif key == "net_arch":
             if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
                 raise UserError("net_arch changes the networks' shapes, so every member of a population must share "
                                 "it: pass one net_arch.")
@@ -113,7 +115,8 @@ def split_member_values(hyperparameters: dict, member_overrides, size: int, per_
         for k, overrides in enumerate(member_overrides):
             for key, value in (overrides or {}).items():
                 if key not in per_member:
-                    raise UserError(f"member_overrides sets '{key}', which cannot differ across members; per-member "
+                    raise UserError(f"member_overrides sets '{key}', which is no per-member hyperparameter of this "
+                                    f"population (one that changes shapes or the loop, or none at all); per-member "
                                     f"values are allowed for {', '.join(per_member)}.")
                 members[k][key] = value
     return members
