@@ -24,7 +24,6 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
