@@ -33,7 +33,7 @@ import rlspeed  # noqa: E402
 EPISODES = 20
 
 
-def _settings(n_bits: int) -> dict:
+def _settings() -> dict:
     return {"learning_starts": 100, "buffer_size": 100_000, "batch_size": 64, "gamma": 0.95, "learning_rate": 1e-3,
             "target_update_interval": 500, "exploration_fraction": 0.1, "exploration_final_eps": 0.05,
             "train_freq": 1, "gradient_steps": 1, "max_grad_norm": 10.0}
@@ -64,7 +64,7 @@ def _evaluate(predict, n_bits: int, seed: int) -> dict:
 def run_rlspeed(n_bits: int, steps: int, seed: int, her: bool) -> dict:
     env = gym.vector.SyncVectorEnv([lambda: _bit_flipping(n_bits)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     model = rlspeed.DQN(env, seed=seed, her=her, net_arch=(64,), double_q=False, ortho_init=False, adam_eps=1e-8,
-                        **_settings(n_bits))
+                        **_settings())
     started = time.perf_counter()
     model.learn(steps, progress_bar=False)
     wall = time.perf_counter() - started
@@ -76,7 +76,7 @@ def run_rlspeed(n_bits: int, steps: int, seed: int, her: bool) -> dict:
 def run_sb3(n_bits: int, steps: int, seed: int, her: bool) -> dict:
     from stable_baselines3 import DQN, HerReplayBuffer
 
-    settings = _settings(n_bits)
+    settings = _settings()
     her_options = ({"replay_buffer_class": HerReplayBuffer,
                     "replay_buffer_kwargs": {"n_sampled_goal": 4, "goal_selection_strategy": "future"}}
                    if her else {})
@@ -132,7 +132,7 @@ def main() -> None:
              "after.", "", table]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3"))
     data = {"settings": {"bits": args.bits, "steps": args.steps, "seeds": args.seeds, "threads": args.threads,
-                         "episodes": EPISODES, "quick": args.quick, **_settings(args.bits)},
+                         "episodes": EPISODES, "quick": args.quick, **_settings()},
             "load_before": load_before, "load_after": load_after, "runs": results, "sps": sps}
     common.publish("her", lines, data, write=not args.no_write, machine=machine)
 
