@@ -184,3 +184,15 @@ def test_her_is_refused_where_it_cannot_run(tmp_path):
     model = rlspeed.DQN(env, her=True, learning_starts=4, batch_size=4)
     with pytest.raises(UserError, match="needs the env's compute_reward"):
         model.learn(8, progress_bar=False)
+
+
+def test_her_behind_sb3s_vec_normalize_is_refused():
+    """VecNormalize hands out normalised goals and rewards: compute_reward on them would relabel wrongly."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.envs import BitFlippingEnv
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+
+    env = VecNormalize(DummyVecEnv([lambda: BitFlippingEnv(n_bits=4, continuous=True, max_steps=4)]), norm_obs=False)
+    model = rlspeed.SAC(env, her=True, learning_starts=4, batch_size=4, net_arch=(8,))
+    with pytest.raises(UserError, match="cannot run behind SB3's VecNormalize"):
+        model.learn(8, progress_bar=False)

@@ -93,6 +93,14 @@ def env_compute_reward(env) -> Callable:
         method = getattr(getattr(source, "unwrapped", source), "compute_reward", None)
     elif getattr(env, "vec_env", None) is not None:  # (a Stable-Baselines3 VecEnv: its own way of calling a method)
         vec_env = env.vec_env
+        wrapper = vec_env
+        while wrapper is not None:  # (SB3's VecNormalize hands out normalised goals: relabelled rewards would be
+            # computed on them)
+            if getattr(wrapper, "norm_obs", False) or getattr(wrapper, "norm_reward", False):
+                raise UserError("Hindsight Experience Replay relabels goals with the env's compute_reward, which takes "
+                                "the env's own goals and rewards: it cannot run behind SB3's VecNormalize (leave it "
+                                "out).")
+            wrapper = getattr(wrapper, "venv", None)
         has = vec_env.has_attr("compute_reward") if hasattr(vec_env, "has_attr") else False
 
         def method(achieved, desired, infos):
