@@ -285,8 +285,8 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
         from rlspeed import MaskablePPO  # noqa: F401
     with pytest.raises(ImportError, match="rlspeed has no TQC \\(sb3-contrib's\\); sac"):
         from rlspeed import TQC  # noqa: F401
-    with pytest.raises(ImportError, match="rlspeed has no HerReplayBuffer: Hindsight Experience Replay is a "
-                                          "setting of rlspeed's DQN, SAC, TD3 and DDPG: her=True"):
+    with pytest.raises(ImportError, match="rlspeed has no top-level HerReplayBuffer: Hindsight Experience Replay is "
+                                          "a setting of its DQN, SAC, TD3 and DDPG, her=True"):
         from rlspeed import HerReplayBuffer  # noqa: F401
     with pytest.raises(ImportError, match="action_noise='normal' or 'ornstein-uhlenbeck' with action_noise_std"):
         from rlspeed import NormalActionNoise  # noqa: F401

@@ -196,3 +196,22 @@ def test_her_behind_sb3s_vec_normalize_is_refused():
     model = rlspeed.SAC(env, her=True, learning_starts=4, batch_size=4, net_arch=(8,))
     with pytest.raises(UserError, match="cannot run behind SB3's VecNormalize"):
         model.learn(8, progress_bar=False)
+
+
+def test_a_her_replay_of_another_number_of_envs_refills_and_reward_wrappers_are_refused(tmp_path):
+    """The rows of env e at step t are t * N + e: a replay saved by N envs cannot be read by M (it crashed, or
+    relabelled with goals of other episodes); a reward wrapper's rewards would be mixed with compute_reward's."""
+    pytest.importorskip("stable_baselines3")
+    options = {"her": True, "learning_starts": 8, "batch_size": 8, "net_arch": (8,), "buffer_size": 256,
+               "save_replay_buffer": True}
+    model = rlspeed.DQN(_bit_flipping(4, envs=2), seed=0, num_envs=2, **options)
+    model.learn(32, progress_bar=False)
+    model.save(tmp_path / "model")
+    resumed = rlspeed.DQN(_bit_flipping(4, envs=1), seed=0, num_envs=1, **options)
+    resumed.resume(tmp_path / "model")
+    with pytest.warns(UserWarning, match="stored by 2 envs, and this model has 1"):
+        resumed.learn(8, progress_bar=False)
+    assert len(resumed.buffer) == 8
+    normalised = gym.wrappers.vector.NormalizeReward(_bit_flipping(4))
+    with pytest.raises(UserError, match="NormalizeReward changes the rewards"):
+        rlspeed.DQN(normalised, her=True, learning_starts=4, batch_size=4).learn(8, progress_bar=False)

@@ -352,6 +352,16 @@ def test_resume_refuses_a_finished_run_and_finishes_one_killed_in_its_final_save
     summary = json.loads((killed_run / "summary.json").read_text())
     assert summary["resumed_from"] == 512 and sorted(summary["member_models"]) == ["0", "1"]
     assert (killed_run / "members" / "seed_1.safetensors").is_file()
+    # killed so before any checkpoint was written: --resume trains it again from the start
+    early = tmp_path / "early"
+    argv = [*argv[:-1], str(early), "--checkpoint-freq", "100000"]
+    monkeypatch.setattr(cli, "_save_member_models", killed)
+    with pytest.raises(Killed):
+        cli.main(argv)
+    monkeypatch.undo()
+    assert not (early / "checkpoint.safetensors").exists()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert sorted(json.loads((early / "summary.json").read_text())["member_models"]) == ["0", "1"]
 
 
 @pytest.mark.parametrize("algo_name, env_id", [("PPO", "CartPole-v1"), ("SAC", "Pendulum-v1"),

@@ -901,7 +901,11 @@ def _ended_summary(path: Path) -> dict | None:
         summary = json.loads(path.read_text()) if path.exists() else None
     except (OSError, ValueError):
         return None
-    return summary if isinstance(summary, dict) and summary.get("interrupted") is not True else None
+    if not isinstance(summary, dict) or summary.get("interrupted") is True:
+        return None
+    # (a population's summary with member_models null: killed before its member models were written, which
+    # --resume finishes)
+    return None if summary.get("member_models", {}) is None else summary
 
 
 def _finished_summary(path: Path) -> bool:
@@ -1053,9 +1057,7 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
         seed_text = ",".join(map(str, config.get("seeds") or []))
         raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same ones, or another --out.")
-    ended = _ended_summary(run_dir / "summary.json")
-    if ended is not None and ended.get("member_models", {}) is not None:  # (null: killed before its members were
-        # written, which --resume finishes from the last checkpoint)
+    if _finished_summary(run_dir / "summary.json"):
         raise UserError(f"--resume: '{run_dir}' holds a finished population run (its summary.json): give --overwrite "
                         "to train it again, or another --out.")
 

@@ -51,8 +51,9 @@ _PEER_ALGORITHMS = {
     "crossq": "rlspeed has no CrossQ (sb3-contrib's); sac is the closest",
     "trpo": "rlspeed has no TRPO (sb3-contrib's); ppo is the closest",
     "ars": "rlspeed has no ARS (sb3-contrib's gradient-free search); ppo and sac are its gradient-based choices",
-    "herreplaybuffer": "Hindsight Experience Replay is a setting of rlspeed's DQN, SAC, TD3 and DDPG: her=True "
-                       "(with n_sampled_goal and goal_selection_strategy), e.g. rlspeed.SAC(env, her=True)",
+    "herreplaybuffer": "rlspeed has no top-level HerReplayBuffer: Hindsight Experience Replay is a setting of its "
+                       "DQN, SAC, TD3 and DDPG, her=True (with n_sampled_goal and goal_selection_strategy), e.g. "
+                       "rlspeed.SAC(env, her=True), which then use rlspeed.buffers.HerReplayBuffer",
     **dict.fromkeys(("normalactionnoise", "ornsteinuhlenbeckactionnoise"),
                     "rlspeed's action noise is a setting: action_noise='normal' or 'ornstein-uhlenbeck' with "
                     "action_noise_std=sigma (TD3, DDPG)"),

@@ -83,6 +83,13 @@ def env_compute_reward(env) -> Callable:
         env = env.env
     vector_env = getattr(env, "vector_env", None)
     if vector_env is not None:
+        from rlspeed.envs.gymnasium_env import reward_wrappers
+
+        changed = reward_wrappers(vector_env)
+        if changed:  # (stored rewards would be the wrappers', relabelled ones compute_reward's: two scales)
+            raise UserError(f"Hindsight Experience Replay recomputes relabelled rewards with the env's compute_reward, "
+                            f"and {', '.join(changed)} changes the rewards the env returns: the two would be mixed in "
+                            "training (leave the reward wrapper out).")
         vector_env = getattr(vector_env, "unwrapped", vector_env)
         if hasattr(vector_env, "envs"):
             source = vector_env.envs[0]
@@ -162,6 +169,9 @@ class HerReplayBuffer(ReplayBuffer):
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
         if "episode_start" not in tensors or "step" not in meta:
             return "it holds another replay layout than this model's"
+        if tensors["episode_start"].numel() != self.num_envs:  # (the rows of env e at step t are t * N + e)
+            return (f"its episodes were stored by {tensors['episode_start'].numel()} envs, and this model has "
+                    f"{self.num_envs}: their rows cannot be told apart")
         reason = super().load_state_dict(tensors, meta)
         if reason is None:
             self._episode_start.copy_(tensors["episode_start"])
@@ -193,7 +203,7 @@ class HerReplayBuffer(ReplayBuffer):
         self.steps[rows] = step
         self.episode_starts[rows] = self._episode_start
         self.episode_ends[rows] = -1
-        done = (terminated | truncated).to(self.storage_device)
+        done = (terminated.bool() | truncated.bool()).to(self.storage_device)
         ended = done.nonzero().flatten().cpu()  # ok-sync: the rows of ended episodes are written from the host
         if ended.numel():
             self._end_episodes(ended, step)

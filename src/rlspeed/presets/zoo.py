@@ -362,8 +362,11 @@ class _Translator:
         elif key == "replay_buffer_class":
             if value == "HerReplayBuffer" and algo not in ON_POLICY:
                 self.set("her", True, key)
+            elif algo in ON_POLICY:
+                self.refuse(key, f"{value!r}: a replay buffer, which rlspeed's {algo} (on-policy) has not")
             elif value is not None:
-                self.refuse(key, f"{value!r}: rlspeed has its own replay buffer, and HerReplayBuffer (her=True)")
+                self.refuse(key, f"{value!r}: rlspeed's off-policy algorithms have their own replay buffer, and "
+                                 "HerReplayBuffer (her=True)")
         elif key == "replay_buffer_kwargs":
             self.replay_buffer_kwargs(value)
         elif key == "clip_range_vf" and not isinstance(value, str):
@@ -414,8 +417,9 @@ class _Translator:
             elif option == "copy_info_dict" and option_value is False:
                 self.notes.append("replay_buffer_kwargs copy_info_dict False: SB3's default, nothing to set")
             else:
-                self.refuse(f"replay_buffer_kwargs.{option}", f"{option_value!r}: rlspeed's HER takes n_sampled_goal "
-                                                              "and goal_selection_strategy")
+                self.refuse(f"replay_buffer_kwargs.{option}", f"{option_value!r}: rlspeed's replay buffer has no such "
+                                                              "option (HerReplayBuffer's n_sampled_goal and "
+                                                              "goal_selection_strategy are taken)")
 
     def normalize(self, value) -> None:
         """RL-Zoo's `normalize`: a bool, or a dict (or its string) of VecNormalize arguments."""
