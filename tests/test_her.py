@@ -29,10 +29,7 @@ def _filled(lengths: list[list[int]], steps: int | None = None) -> tuple[HerRepl
     """A buffer of two envs whose episodes have `lengths` (per env, in order; the last may run on unfinished when
     `steps` is larger than its episodes) and whose achieved goal after step t of env e is (e, t): which row a goal came
     from can be read off it. Also returns, per (env, step), the (first, last) step of its episode."""
-    from rlspeed.buffers.her import reward_function
-
-    buffer = HerReplayBuffer(CAPACITY, N_ENVS, SPACE, (), torch.int64, "cpu",
-                             compute_reward=reward_function(_distance_reward, torch.device("cpu")),
+    buffer = HerReplayBuffer(CAPACITY, N_ENVS, SPACE, (), torch.int64, "cpu", compute_reward=_distance_reward,
                              goal_selection_strategy="future")
     ends = [np.cumsum(env) - 1 for env in lengths]
     steps = steps if steps is not None else max(int(sum(env)) for env in lengths)

@@ -627,8 +627,9 @@ class CheckpointCallback(BaseCallback):
 
 class VideoRecorderCallback(BaseCallback):
     """Record `episodes` deterministic evaluation episodes every `video_every` env steps into
-    `video_folder/step-{steps}.mp4` (see `rlspeed.video.record_video`; needs `pip install rlspeed[video]`).
-    `on_video(path, steps)`, when given, receives each file (the W&B tracker uploads it)."""
+    `video_folder/step-{steps}.mp4` (see `rlspeed.video.record_video`; needs `pip install rlspeed[video]`), at `fps`
+    frames per second (None: the env's render_fps). `on_video(path, steps)`, when given, receives each file (the W&B
+    tracker uploads it)."""
 
     def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
                  on_video: Callable[[Path, int], None] | None = None, verbose: int = 0):

@@ -46,6 +46,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of the
     policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
+    `device`: where the evaluation env and the policy's inputs live (default: the model's device).
 
     `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
     evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and

@@ -3,7 +3,8 @@
 Every graph the backend compiles is counted (`CompileCounter`), so "no recompile storm" is something a test and a
 user can check. Varying batch sizes are left to dynamo's automatic dynamic shapes: the first batch size compiles a
 static graph, a second one a graph with a symbolic batch dimension that serves every later size. (Padding batches
-to power-of-two buckets instead compiled more graphs and ran slower: benchmarks/README.md, "what accel/ buys".)
+to power-of-two buckets instead compiled more graphs and ran slower: benchmarks/README.md, "What each mechanism
+of `rlspeed.accel` buys".)
 """
 
 from __future__ import annotations

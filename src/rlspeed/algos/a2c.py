@@ -28,7 +28,8 @@ from rlspeed.fused.ppo import unsupported_reason
 
 @dataclass
 class A2CConfig(OnPolicyConfig):
-    """A2C hyperparameters; names and defaults follow Stable-Baselines3's A2C (the shared ones: `OnPolicyConfig`)."""
+    """A2C hyperparameters; names follow Stable-Baselines3's A2C (the shared ones: `OnPolicyConfig`), defaults as
+    docs/algorithms.md's tables give them, with SB3's where they differ."""
 
     num_steps: int = 5
     learning_rate: float = 7e-4
@@ -57,7 +58,10 @@ class A2C(OnPolicyAlgorithm):
     """A2C for Discrete, MultiDiscrete, MultiBinary and Box action spaces, with the env's action masks where it has
     them (unless `use_masking=False`).
 
+    >>> import gymnasium
+    >>> from rlspeed import A2C
     >>> model = A2C("CartPole-v1", seed=0).learn(100_000)
+    >>> obs, _ = gymnasium.make("CartPole-v1").reset(seed=0)
     >>> action, _ = model.predict(obs, deterministic=True)
     """
 

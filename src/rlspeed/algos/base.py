@@ -719,7 +719,18 @@ class Algorithm:
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
         `EnvSpec` too: the env a checkpoint describes, as `load` passes it). No policy name comes before it, as in
         Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
-        spaces.
+        spaces. `**hyperparameters`: the algorithm's config fields by name (its `config_cls`: `PPOConfig`,
+        `DQNConfig`, ...; a misspelt or other algorithm's name is refused, naming the likely one).
+
+        `device`: "auto" (the accelerator torch finds: CUDA, NPU, XPU or MPS, else the CPU; `RLSPEED_DEVICE`
+        overrides it), "cpu", "cuda[:i]", "npu[:i]", "xpu[:i]" or "mps". `seed`: seeds the initial weights, the envs
+        (on their first reset) and every random draw of training; None draws nothing fixed. `env_backend` (for an env
+        id): "auto" (`rlspeed.envs.resolve_backend`: rlspeed's native env where it has one, but for few envs on a CPU;
+        EnvPool for Atari ids where it is installed; else Gymnasium's), "torch", "gymnasium", "gymnasium-async" or
+        "envpool". `accelerate`: "off", or "auto"
+        (precision, compilation and graph capture of the update step chosen by measuring, `rlspeed.auto_accelerate`'s
+        choice; `acceleration_summary()` says what ran). `strategy`: a `rlspeed.distributed.DistributedStrategy` for
+        data-parallel training under torchrun (None: made from the environment when torchrun started the process).
 
         `num_threads`: torch's intra-op threads while this model is built (its initial weights: the same on any
         machine) and while it trains (`learn`, its evaluations included); the caller's count holds again after each,
@@ -1117,9 +1128,11 @@ class Algorithm:
         """SB3-style: actions for one observation or a batch. Returns (actions, None).
 
         Accepts numpy arrays, lists or tensors (for Dict observations, a dict of them per key, as the env gives them);
-        numpy in gives numpy out, a tensor in gives a tensor out. `action_masks` (sb3-contrib's `MaskablePPO`): one
-        bool flag per action, `[n]` or `[N, n]` (MultiDiscrete: the components' flags concatenated); a masked action
-        is never chosen.
+        numpy in gives numpy out, a tensor in gives a tensor out. `deterministic` (True by default, where SB3's is
+        False): the policy's most likely action; False samples one. `state` and `episode_start` are SB3's recurrent
+        arguments: RecurrentPPO takes them (its `predict`), the others take None. `action_masks` (sb3-contrib's
+        `MaskablePPO`): one bool flag per action, `[n]` or `[N, n]` (MultiDiscrete: the components' flags
+        concatenated); a masked action is never chosen.
         """
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
         masks = self._check_masks(action_masks, obs_batch_size(obs))
@@ -1145,6 +1158,7 @@ class Algorithm:
               confirm_target: bool = True, checkpoint_interval_s: float | None = None, **stable_baselines3):
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
+        `progress_bar`: training's progress on stderr (False: learn prints nothing).
         `callback`: a `rlspeed.callbacks.BaseCallback`, a list of them, or a function `fn(locals_dict)` called after
         every iteration; returning False stops training at the end of that iteration (docs/callbacks.md: the points
         where callbacks run; their time is excluded from the training clock; under torch.distributed they run on

@@ -33,7 +33,10 @@ class DDPGConfig(TD3Config):
 class DDPG(TD3):
     """DDPG for Box action spaces.
 
+    >>> import gymnasium
+    >>> from rlspeed import DDPG
     >>> model = DDPG("Pendulum-v1", seed=0).learn(20_000)
+    >>> obs, _ = gymnasium.make("Pendulum-v1").reset(seed=0)
     >>> action, _ = model.predict(obs, deterministic=True)
     """
 

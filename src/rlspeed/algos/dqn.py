@@ -47,7 +47,8 @@ TD_LOSSES = {"huber": F.smooth_l1_loss, "mse": F.mse_loss}
 
 @dataclass
 class DQNConfig(OffPolicyConfig):
-    """DQN hyperparameters (names and defaults follow Stable-Baselines3)."""
+    """DQN hyperparameters (names follow Stable-Baselines3; defaults as docs/algorithms.md's tables give them, with
+    SB3's where they differ: Double-Q, orthogonal initialisation, Adam's epsilon)."""
 
     train_freq: int = 4
     batch_size: int = 32
@@ -90,7 +91,10 @@ def masked_argmax(q_values: torch.Tensor, action_masks: torch.Tensor | None) -> 
 class DQN(OffPolicyAlgorithm):
     """DQN for Discrete action spaces.
 
+    >>> import gymnasium
+    >>> from rlspeed import DQN
     >>> model = DQN("CartPole-v1", seed=0).learn(50_000)
+    >>> obs, _ = gymnasium.make("CartPole-v1").reset(seed=0)
     >>> action, _ = model.predict(obs, deterministic=True)
     """
 

@@ -44,7 +44,7 @@ from rlspeed.buffers import (
     frame_stacks,
     image_space,
 )
-from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem, reward_function
+from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
 from rlspeed.checkpoint import load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
@@ -360,7 +360,7 @@ class OffPolicyAlgorithm(Algorithm):
         obs_bytes = layout_nbytes(observation_layout(space))
         kind, options = ReplayBuffer, {"n_step": cfg.n_step}
         if cfg.her:
-            kind, options = HerReplayBuffer, {"compute_reward": reward_function(env_compute_reward(env), self.device),
+            kind, options = HerReplayBuffer, {"compute_reward": env_compute_reward(env),
                                               "n_sampled_goal": cfg.n_sampled_goal,
                                               "goal_selection_strategy": cfg.goal_selection_strategy}
         elif cfg.frame_dedup and frame_stacks(space) and stacked_frames(env):

@@ -58,7 +58,10 @@ class PPO(OnPolicyAlgorithm):
     `MaskablePPO`: used when the env gives them, unless `use_masking=False`), with any observation space an encoder
     takes (`rlspeed.nn.make_encoder`: vectors, images, Dict, Discrete).
 
+    >>> import gymnasium
+    >>> from rlspeed import PPO
     >>> model = PPO("CartPole-v1", seed=0).learn(100_000)
+    >>> obs, _ = gymnasium.make("CartPole-v1").reset(seed=0)
     >>> action, _ = model.predict(obs, deterministic=True)
     """
 

@@ -72,9 +72,14 @@ class RecurrentPPOConfig(PPOConfig):
 class RecurrentPPO(PPO):
     """PPO with LSTM actor and critic for Discrete and Box action spaces.
 
+    >>> import numpy as np
+    >>> from rlspeed import RecurrentPPO, make_env
     >>> model = RecurrentPPO("CartPoleNoVel-v1", seed=0).learn(100_000)
-    >>> actions, state = model.predict(obs, state=None, episode_start=np.ones(num_envs, dtype=bool))
-    >>> actions, state = model.predict(next_obs, state=state, episode_start=dones)
+    >>> env = make_env("CartPoleNoVel-v1", num_envs=4, seed=1)
+    >>> obs, _ = env.reset()
+    >>> actions, state = model.predict(obs, state=None, episode_start=np.ones(4, dtype=bool))
+    >>> obs, rewards, terminated, truncated, info = env.step(actions)
+    >>> actions, state = model.predict(obs, state=state, episode_start=terminated | truncated)
     """
 
     name = "recurrent_ppo"

@@ -38,7 +38,8 @@ from rlspeed.sde import SDEConfig, SDESquashedGaussianActor, resample_due
 
 @dataclass
 class SACConfig(OffPolicyConfig, SDEConfig):
-    """SAC hyperparameters (names and defaults follow Stable-Baselines3; gSDE's: `SDEConfig`)."""
+    """SAC hyperparameters (names follow Stable-Baselines3; defaults as docs/algorithms.md's tables give them, with
+    SB3's where they differ; gSDE's: `SDEConfig`)."""
 
     learning_rate: float = 3e-4
     ent_coef: float | None = None  # the temperature alpha; None: tuned automatically towards target_entropy
@@ -71,7 +72,10 @@ def _log(alpha: float) -> float:
 class SAC(OffPolicyAlgorithm):
     """Soft Actor-Critic for Box action spaces.
 
+    >>> import gymnasium
+    >>> from rlspeed import SAC
     >>> model = SAC("Pendulum-v1", seed=0).learn(20_000)
+    >>> obs, _ = gymnasium.make("Pendulum-v1").reset(seed=0)
     >>> action, _ = model.predict(obs, deterministic=True)
     """
 

@@ -32,7 +32,8 @@ ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
 @dataclass
 class TD3Config(OffPolicyConfig):
-    """TD3 hyperparameters (names and defaults follow Stable-Baselines3)."""
+    """TD3 hyperparameters (names follow Stable-Baselines3; defaults as docs/algorithms.md's tables give them, with
+    SB3's where they differ: normal action noise, orthogonal initialisation, Adam's epsilon)."""
 
     learning_rate: float = 1e-3
     net_arch: tuple[int, ...] = (400, 300)
@@ -65,7 +66,10 @@ class TD3Config(OffPolicyConfig):
 class TD3(OffPolicyAlgorithm):
     """TD3 for Box action spaces.
 
+    >>> import gymnasium
+    >>> from rlspeed import TD3
     >>> model = TD3("Pendulum-v1", seed=0).learn(20_000)
+    >>> obs, _ = gymnasium.make("Pendulum-v1").reset(seed=0)
     >>> action, _ = model.predict(obs, deterministic=True)
     """
 

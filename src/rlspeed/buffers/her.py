@@ -124,9 +124,25 @@ def env_compute_reward(env) -> Callable:
 
 
 class HerReplayBuffer(ReplayBuffer):
-    """`ReplayBuffer` whose samples relabel goals (see the module's docstring). `compute_reward`: the env's, as
-    `reward_function` wraps it; `n_sampled_goal` relabelled goals per real one (`her_ratio` = n / (n + 1));
-    `goal_selection_strategy`: one of `GOAL_STRATEGIES`. One-step transitions only (no `n_step`)."""
+    """A `ReplayBuffer` whose samples relabel goals, as Stable-Baselines3's HerReplayBuffer: a sampled transition
+    gets, with probability n / (n + 1), the achieved goal of a transition of its own episode as its `desired_goal`
+    (in `obs` and `next_obs`) and `compute_reward` of its achieved goal and that goal as its reward; `terminated`
+    stays as stored. Unlike SB3, transitions of episodes still running are sampled too (goals from the steps stored so
+    far). The algorithms make it for `her=True`; to use it in a loop of your own:
+
+    - `capacity`, `num_envs`, `observation` (a Dict space with `achieved_goal` and `desired_goal` keys of one shape
+      and dtype), `action_shape`, `action_dtype`, `device`, `gamma`, `storage_device`, `mask_size`: as for
+      `ReplayBuffer`;
+    - `compute_reward`: the env's `compute_reward(achieved_goal, desired_goal, info)`, which takes NumPy batches (and
+      a list of info dicts, given empty) and returns one reward per goal (Gymnasium-Robotics' GoalEnv's method);
+    - `n_sampled_goal`: relabelled goals per real one (4: 80% of the samples relabelled);
+    - `goal_selection_strategy`: "future" (a transition of the same episode at this step or later), "final" (the
+      episode's last) or "episode" (any of it still stored).
+
+    `add` takes one step of all `num_envs` envs, with `terminated` and `truncated` marking episode ends (their rows
+    learn their episode's last step); `restart_episodes()` ends the running episodes where the envs were reset
+    outside the steps. One-step transitions only (no `n_step`); 24 bytes per transition more than the dense layout.
+    """
 
     layout = "her"
 
@@ -143,7 +159,8 @@ class HerReplayBuffer(ReplayBuffer):
                             f"{goal_selection_strategy!r}.")
         super().__init__(capacity, num_envs, observation, action_shape, action_dtype, device, n_step=1, gamma=gamma,
                          storage_device=storage_device, mask_size=mask_size)
-        self.compute_reward, self.strategy = compute_reward, goal_selection_strategy
+        self.compute_reward = reward_function(compute_reward, self.device)  # (tensors in, rewards on the device)
+        self.strategy = goal_selection_strategy
         self.her_ratio = 1.0 - 1.0 / (n_sampled_goal + 1)
         self.steps = self._zeros(dtype=torch.int64)  # the step each row was written at
         self.episode_starts = self._zeros(dtype=torch.int64)  # the step its episode started at

@@ -205,14 +205,16 @@ NATIVE_OPTIONS = ("state_dtype", "compile")
 def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str | torch.device = "auto",
              seed: int | None = None, backend: str = "auto", normalize_obs: bool = False,
              normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False, **kwargs) -> BatchedEnv:
-    """Make `num_envs` copies of an env as one batched env on `device` (README.md, "Envs", has the contract).
+    """Make `num_envs` copies of an env as one batched env on `device` (docs/envs.md, "The batched env contract").
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
     VecEnv (`SB3VecEnv`: its same-step resets and `terminal_observation` map onto the contract). `backend` is
     `auto` (the native torch env when one exists, unless fewer than 16 envs on a CPU; EnvPool for Atari ids when
     it is installed; else Gymnasium), `torch`, `gymnasium` (in-process), `gymnasium-async` (one subprocess
     per env) or `envpool` (`EnvPoolEnv`). The returned env reports raw episode returns in `info["episode_return"]`
-    where `info["done"]`, and is seeded by `seed` on its first `reset()`.
+    where `info["done"]`, and is seeded by `seed` on its first `reset()`. `normalize_obs` / `normalize_reward` wrap
+    it in rlspeed's running normalisation of observations / rewards (the latter by the running std of returns
+    discounted by `gamma`, as SB3's VecNormalize).
 
     Atari ids get the standard preprocessing (`rlspeed.envs.atari`: uint8 `[N, 4, 84, 84]` frame stacks) and, for
     training, a lost life ends the learner's episode and rewards are clipped to their sign; `evaluation=True` builds

@@ -1,4 +1,4 @@
-"""The batched env contract every rlspeed env and wrapper follows (README.md, "Envs"), and the observation spaces it
+"""The batched env contract every rlspeed env and wrapper follows (docs/envs.md), and the observation spaces it
 carries.
 
 `reset(seed=None) -> (obs, info)` and `step(actions) -> (obs, reward, terminated, truncated, info)`, all torch

@@ -26,7 +26,9 @@ IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "A2C": A2CPopulation, 
 def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
     """K members of `algo_cls` on `env_id`, one per seed, as one batched model: `.learn(...)` trains them all and
     returns the summary (per-member results and aggregates). Keywords are those of the population class for the
-    algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters, `member_overrides`, `device`."""
+    algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters (one value, or a list of K for the per-member
+    ones), `member_overrides`, `env_backend`, `save_replay_buffer` (off-policy) and `device`, which is "cpu" unless
+    given (a solo model's "auto" picks the accelerator; a population is placed where you say: `device="cuda"`)."""
     name = getattr(algo_cls, "__name__", str(algo_cls))
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:

@@ -33,6 +33,8 @@ _RMS_PROP_ALPHA = 0.99  # as `A2C._make_optimizer` (SB3's)
 class A2CPopulation(PPOPopulation):
     """K independent A2C members trained as one batched model (see the module docstring).
 
+    >>> from rlspeed import A2C
+    >>> from rlspeed.population import Population
     >>> population = Population(A2C, "CartPole-v1", seeds=range(8), learning_rate=[7e-4] * 4 + [1e-3] * 4)
     >>> summary = population.learn(500_000, target_return=475, eval_freq=10_000)
 

@@ -653,6 +653,11 @@ class PopulationBase:
 
     def evaluate(self, seeds: Sequence[int] | None = None, episodes: int = 10, members: Sequence[int] | None = None
                  ) -> torch.Tensor:
+        """Mean return over `episodes` deterministic episodes of each of `members` (original indices; default: those
+        in the computation), as a host tensor `[len(members)]`: member `members[j]` on an env seeded `seeds[j]`, as
+        `rlspeed.evaluate` seeds one (default: each member's seed + 1,000,000). Members out of the computation are
+        evaluated with the parameters they left with. UserError for an index outside the population or another
+        number of seeds."""
         raise NotImplementedError
 
     def _check_members(self, members: Sequence[int]) -> None:
@@ -675,6 +680,9 @@ class PopulationBase:
         return seeds
 
     def remove(self, members: Iterable[int]) -> None:
+        """Take `members` (original indices) out of the computation (a member that reached its target, was pruned
+        or diverged): their rows of every stacked tensor are cut out and their parameters kept as they are now, for
+        `member_state`, `member_model` and the final evaluation. Members already out are ignored."""
         raise NotImplementedError
 
     # --- members -----------------------------------------------------------------------------------------------

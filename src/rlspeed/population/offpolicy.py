@@ -1081,7 +1081,9 @@ class OffPolicyPopulation(PopulationBase):
 class SACPopulation(OffPolicyPopulation):
     """K independent SAC members trained as one batched model (see the module docstring).
 
-    >>> population = Population(SAC, "Pendulum-v1", seeds=range(16), **preset)
+    >>> from rlspeed import SAC
+    >>> from rlspeed.population import Population
+    >>> population = Population(SAC, "Pendulum-v1", seeds=range(16), learning_rate=[1e-3] * 8 + [3e-4] * 8)
     >>> summary = population.learn(20_000, target_return=-200, eval_freq=500)
 
     `seeds`: one per member (distinct). Hyperparameters: one value for all members, or, for those in
@@ -1319,7 +1321,9 @@ class SACPopulation(OffPolicyPopulation):
 class TD3Population(OffPolicyPopulation):
     """K independent TD3 members trained as one batched model (see the module docstring).
 
-    >>> population = Population(TD3, "Pendulum-v1", seeds=range(16), **preset)
+    >>> from rlspeed import TD3
+    >>> from rlspeed.population import Population
+    >>> population = Population(TD3, "Pendulum-v1", seeds=range(16), learning_rate=[1e-3] * 8 + [3e-4] * 8)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_TD3`, a list of K values.
     """
@@ -1461,7 +1465,9 @@ class DDPGPopulation(TD3Population):
     """K independent DDPG members trained as one batched model: TD3's population with DDPG's configuration (one
     critic, the actor updated at every critic update, no target policy smoothing: `DDPGConfig`'s defaults).
 
-    >>> population = Population(DDPG, "Pendulum-v1", seeds=range(16), **preset)
+    >>> from rlspeed import DDPG
+    >>> from rlspeed.population import Population
+    >>> population = Population(DDPG, "Pendulum-v1", seeds=range(16), learning_rate=[1e-3] * 8 + [3e-4] * 8)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_TD3`, a list of K values.
     """
@@ -1482,7 +1488,9 @@ class DQNPopulation(OffPolicyPopulation):
     and Adam (autograd of the members' summed losses); target networks copied (or Polyak-averaged) every
     `target_update_interval` env steps.
 
-    >>> population = Population(DQN, "CartPole-v1", seeds=range(8), **preset)
+    >>> from rlspeed import DQN
+    >>> from rlspeed.population import Population
+    >>> population = Population(DQN, "CartPole-v1", seeds=range(8), learning_rate=[1e-4] * 4 + [6e-4] * 4)
 
     Hyperparameters: one value for all members, or, for those in `PER_MEMBER_DQN`, a list of K values. Plain or
     dueling Q-networks, on float-vector or one-hot Discrete observations, flattened bool or integer vectors, or images

@@ -86,6 +86,8 @@ def _normalized(advantages: torch.Tensor) -> torch.Tensor:
 class PPOPopulation(PopulationBase):
     """K independent PPO members trained as one batched model (see the module docstring).
 
+    >>> from rlspeed import PPO
+    >>> from rlspeed.population import Population
     >>> population = Population(PPO, "CartPole-v1", seeds=range(4), learning_rate=[1e-3, 2e-3, 3e-3, 4e-3])
     >>> summary = population.learn(100_000, target_return=475, eval_freq=1024)
 
