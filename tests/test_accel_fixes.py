@@ -340,3 +340,49 @@ def test_a_wrapped_module_can_be_traced_exported_and_compiled_whole():
     compiled = torch.compile(wrapped, fullgraph=True, backend="eager")  # (Dynamo alone: a graph break raises)
     assert torch.allclose(compiled(x), model(x))
     assert torch.allclose(wrapped(x), model(x))  # (and the module itself still runs its accelerator)
+
+
+def test_concurrent_calls_of_an_accelerated_module_all_run_its_chosen_strategy(monkeypatch):
+    """The guard against nested calls was one counter for all threads: while one thread was inside the chosen
+    runner, calls from other threads ran plain fp32 (other numbers for the same input, from a server's threads)."""
+    import threading
+
+    import rlspeed.accel.strategy as strategy
+
+    monkeypatch.setattr(strategy, "_cpu_native_bf16", lambda: True)  # (bf16 autocast runs on any CPU, slowly)
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 4))
+    accelerated = auto_accelerate(module, precision="bf16")
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        expected = accelerated(x).clone()
+    outputs = []
+
+    def work():
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            for _ in range(50):
+                outputs.append(accelerated(x).clone())
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(outputs) == 200 and all(torch.equal(output, expected) for output in outputs)
+
+
+def test_overlapping_matmul_precision_blocks_restore_the_setting_from_before_the_first():
+    """Two accelerated models called at once from two threads: each block restored what it found on entry, so the
+    one entered second and left last put the first one's reduced precision back for the whole process."""
+    from rlspeed.accel.strategy import MatmulPrecision
+
+    backend = torch.backends.mkldnn.matmul
+    before = backend.fp32_precision
+    first, second = (MatmulPrecision(torch.device("cpu"), "bf16-matmul") for _ in range(2))
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert backend.fp32_precision == "bf16"  # (the second block still runs)
+    second.__exit__(None, None, None)
+    assert backend.fp32_precision == before

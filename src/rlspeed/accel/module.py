@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -231,7 +232,7 @@ class ModuleAccelerator:
         self._plain_keys: set[tuple] = set()  # signatures decided as eager fp32 (the fast path of __call__)
         self._waiting: dict[tuple, _Waiting] = {}  # signatures running eager fp32 until a search pays for itself
         self.searches = 0  # searches run (each times every candidate)
-        self._depth = 0
+        self._local = threading.local()  # (per thread: a nested call in one thread is no nested call in another)
         self._candidates, notes = candidates(request, device, allow_fp16=False)
         compiled = sum(s.compile != "off" for s in self._candidates)
         self._candidate_counts = (len(self._candidates) - compiled, compiled)
@@ -249,12 +250,25 @@ class ModuleAccelerator:
                 "all calls", fixed, "forced" if forced else "only candidate",
                 f"RLSPEED_ACCELERATE={forced}" if forced else "nothing else to try with these settings"))
 
+    @property
+    def _depth(self) -> int:
+        """How deep this thread is in accelerated calls of this module (a call inside one runs as is)."""
+        return getattr(self._local, "depth", 0)
+
+    @_depth.setter
+    def _depth(self, value: int) -> None:
+        self._local.depth = value
+
     # pickling / deepcopy: decisions travel, compiled code and runners are rebuilt on demand
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["runners"] = {}
-        state["_depth"] = 0
+        state.pop("_local", None)
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         if self._depth:  # a nested call (a method calling self() inside an accelerated call): run as is

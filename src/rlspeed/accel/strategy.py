@@ -12,6 +12,7 @@ import functools
 import importlib.util
 import os
 import platform
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -272,24 +273,39 @@ def _matmul_precision_backends(device: torch.device) -> list[Any]:
     return []
 
 
+#: MatmulPrecision blocks open in the process (any thread), and the settings before the first of them opened
+_OPEN_PRECISIONS = {"count": 0, "saved": {}}
+_OPEN_PRECISIONS_LOCK = threading.Lock()
+
+
 class MatmulPrecision(contextlib.ContextDecorator):
-    """fp32 matmuls/convolutions computed internally in bf16 or TF32 inside the block; the previous settings are
-    restored on exit. The setting is process-wide, so it is held only while accelerated code runs."""
+    """fp32 matmuls/convolutions computed internally in bf16 or TF32 inside the block. The setting is process-wide,
+    so it is held only while accelerated code runs, and the settings from before the first block that opened are
+    restored when the last one closes: blocks that overlap in several threads (two accelerated models called at
+    once) cannot leave a reduced precision on for the process, as each restoring what it found would."""
 
     def __init__(self, device: torch.device, precision: str):
         self.value = _MATMUL_PRECISION[(device.type, precision)]
         self.backends = _matmul_precision_backends(device)
-        self.saved: list[str] = []
 
     def __enter__(self) -> MatmulPrecision:
-        self.saved = [backend.fp32_precision for backend in self.backends]
-        for backend in self.backends:
-            backend.fp32_precision = self.value
+        with _OPEN_PRECISIONS_LOCK:
+            if _OPEN_PRECISIONS["count"] == 0:
+                _OPEN_PRECISIONS["saved"] = {}
+            _OPEN_PRECISIONS["count"] += 1
+            saved = _OPEN_PRECISIONS["saved"]
+            for backend in self.backends:
+                saved.setdefault(id(backend), (backend, backend.fp32_precision))
+                backend.fp32_precision = self.value
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for backend, value in zip(self.backends, self.saved):
-            backend.fp32_precision = value
+        with _OPEN_PRECISIONS_LOCK:
+            _OPEN_PRECISIONS["count"] -= 1
+            if _OPEN_PRECISIONS["count"] == 0:
+                for backend, value in _OPEN_PRECISIONS["saved"].values():
+                    backend.fp32_precision = value
+                _OPEN_PRECISIONS["saved"] = {}
 
 
 def precision_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
