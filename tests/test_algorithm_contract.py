@@ -320,3 +320,41 @@ def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):
         with pytest.raises(UserError, match=f"save_replay_buffer applies to off-policy algorithms .*{algo.__name__} "
                                             "keeps no replay buffer"):
             algo(env_id, device="cpu", save_replay_buffer=True)
+
+
+@pytest.mark.parametrize("algo, env_id, options", [
+    ("PPO", "CartPole-v1", {"num_envs": 4, "num_steps": 16, "batch_size": 32, "n_epochs": 1}),
+    ("A2C", "CartPole-v1", {"num_envs": 2, "num_steps": 8}),
+    ("SAC", "Pendulum-v1", {"learning_starts": 16, "batch_size": 16}),
+    ("DQN", "CartPole-v1", {"learning_starts": 16, "batch_size": 16}),
+])
+def test_a_deep_copy_of_a_trained_model_trains_on_its_own(algo, env_id, options, tmp_path):
+    """A snapshot (`copy.deepcopy(model)`) predicted but failed its first update: a Parameter's deepcopy clones its
+    data, and the hand-derived updates' flat buffers no longer held the copy's parameters. The copy trains now, and
+    neither it nor the original moves the other's weights."""
+    import copy
+
+    import rlspeed
+
+    model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", **options)
+    model.learn(64, progress_bar=False)
+    snapshot = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model._state_tensors().items()}
+    snapshot.learn(64, progress_bar=False)
+    assert all(torch.equal(v, before[k]) for k, v in model._state_tensors().items())
+    assert any(not torch.equal(v, before[k]) for k, v in snapshot._state_tensors().items())
+    model.learn(64, progress_bar=False)
+
+
+def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):
+    """Its update step was a closure ("Can't pickle local object 'autograd_step.<locals>.step'")."""
+    import pickle
+
+    import rlspeed
+
+    model = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=8, batch_size=16)
+    model.learn(32, progress_bar=False)
+    loaded = rlspeed.RecurrentPPO.load(model.save(tmp_path / "model"))
+    copy = pickle.loads(pickle.dumps(loaded))
+    obs = np.zeros((1, 4), dtype=np.float32)
+    assert np.array_equal(copy.predict(obs)[0], loaded.predict(obs)[0])

@@ -79,22 +79,28 @@ class UpdateStep:
         return fused_precision.chosen_precision(self.fn)
 
 
+class _AutogradStep:
+    """`autograd_step`'s update (a class, not a closure: a model holding it pickles, for multiprocessing)."""
+
+    def __init__(self, loss_fn, optimizer, params, max_grad_norm, strategy):
+        self.loss_fn, self.optimizer, self.params = loss_fn, optimizer, list(params)
+        self.max_grad_norm, self.strategy = max_grad_norm, strategy
+
+    def __call__(self, *batch):
+        loss, metrics = self.loss_fn(*batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.strategy.all_reduce_gradients(self.params)  # no-op in a single process
+        if self.max_grad_norm is not None:
+            clip_grad_norm(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        return loss.detach(), metrics
+
+
 def autograd_step(loss_fn: Callable[..., tuple[torch.Tensor, Any]], optimizer: torch.optim.Optimizer,
                   params: Sequence[torch.Tensor], max_grad_norm: float | None, strategy) -> Callable:
     """The reference update in fp32 eager: zero_grad, `loss_fn(*batch)`, backward, all-reduce, clip, step."""
-    params = list(params)
-
-    def step(*batch):
-        loss, metrics = loss_fn(*batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        strategy.all_reduce_gradients(params)  # no-op in a single process
-        if max_grad_norm is not None:
-            clip_grad_norm(params, max_grad_norm)
-        optimizer.step()
-        return loss.detach(), metrics
-
-    return step
+    return _AutogradStep(loss_fn, optimizer, params, max_grad_norm, strategy)
 
 
 def loss_owner(algo, method: str = "_loss") -> type | None:

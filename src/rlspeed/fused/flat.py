@@ -13,6 +13,7 @@ as with autograd: its per-parameter state tensors are views of the flat moments,
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -77,6 +78,22 @@ class FlatAdam:
             p.grad = grad
         self._fused_adam = getattr(torch, "_fused_adam_", None) if device.type in ("cpu", "cuda") else None
         self._adopt_optimizer_state()
+
+    def __deepcopy__(self, memo: dict) -> FlatAdam:
+        """A copy whose parameters live in its own flat buffer again: a Parameter's deepcopy clones its data, so the
+        copied model's parameters (`copy.deepcopy(model)`, a frozen snapshot) would no longer be views of the copied
+        buffer, and its next update would refuse them."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        with torch.no_grad():
+            for p, view, grad in zip(new.params, new.param_views, new.grad_views):
+                if p.data_ptr() != view.data_ptr():
+                    view.copy_(p.detach())
+                    p.data = view
+                    p.grad = grad
+        return new
 
     def release(self) -> None:
         """Hand the parameters back to the optimizer's own `step` (an update that stops using this one): each

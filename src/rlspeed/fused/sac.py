@@ -18,6 +18,8 @@ body is an MLP of `nn.Linear` layers and a `QEnsemble` of K critics, both with R
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -114,11 +116,37 @@ class FusedSACUpdate:
         self._critic_parts = [slice(actor_end, critic_end)]
         self._actor_parts = [slice(0, actor_end)] + ([slice(critic_end, None)] if sac.autotune else [])
 
+    def __deepcopy__(self, memo: dict):
+        """A copy whose target critics become views of its own flat buffer again at its first update (a Parameter's
+        deepcopy clones its data, and the copied model is not whole yet while this is copied; `FlatAdam.__deepcopy__`
+        re-points the online parameters)."""
+        new = copy.copy(self)
+        memo[id(self)] = new
+        for name, value in vars(self).items():
+            setattr(new, name, copy.deepcopy(value, memo))
+        new._copied = True
+        return new
+
+    def _repoint_targets(self) -> None:
+        """After a deepcopy: the copied target critics' parameters as views of the copied flat buffer."""
+        body = self.sac.critic_target.body
+        target_params = [*body.weights, *body.biases]
+        with torch.no_grad():
+            for p, chunk in zip(target_params, self._target_flat.split([p.numel() for p in target_params])):
+                if p.data_ptr() != chunk.data_ptr():
+                    chunk.copy_(p.detach().reshape(-1))
+                    p.data = chunk.view_as(p)
+        self.target_weights = [p.detach() for p in body.weights]
+        self.target_biases = [p.detach() for p in body.biases]
+        self._copied = False
+
     def _critic_step(self) -> None:
         """The critics' part of the Adam step (between the critics' gradient and the actor's)."""
         self.adam.step(self._critic_parts)
 
     def __call__(self, obs, actions, rewards, next_obs, terminated, discounts):
+        if getattr(self, "_copied", False):
+            self._repoint_targets()
         self.adam.check()
         if self.sac.critic_target.body.weights[0].data_ptr() != self._target_flat.data_ptr():
             raise RuntimeError("The target critics were replaced after FusedSACUpdate was built.")
