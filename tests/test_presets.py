@@ -529,3 +529,15 @@ def test_the_coverage_table_in_the_presets_doc_is_the_installed_rl_zoos():
         statuses = [zoo.translate_entry(algo, entry, "", atari=key == "atari").status for key, entry in entries.items()]
         assert rows[algo] == (len(entries), statuses.count("full"), statuses.count("partial"),
                               statuses.count("none")), algo
+
+
+def test_replay_buffer_entries_translate_for_off_policy_and_sb3s_default_is_nothing_to_set():
+    """HerReplayBuffer and its kwargs become her, n_sampled_goal and goal_selection_strategy; the class None (SB3's
+    default) sets nothing for any algorithm (an on-policy entry with it was refused as a whole); another class is
+    refused."""
+    her = zoo.translate_entry("sac", {"replay_buffer_class": "HerReplayBuffer", "replay_buffer_kwargs":
+                                      "dict(n_sampled_goal=2, goal_selection_strategy='final')"}, "")
+    assert her.status == "full" and her.hyperparameters["her"] is True
+    assert (her.hyperparameters["n_sampled_goal"], her.hyperparameters["goal_selection_strategy"]) == (2, "final")
+    assert zoo.translate_entry("ppo", {"replay_buffer_class": None}, "").status == "full"
+    assert zoo.translate_entry("td3", {"replay_buffer_class": "PrioritizedReplayBuffer"}, "").status == "none"

@@ -291,18 +291,21 @@ class FunctionCallback(BaseCallback):
         super().__init__()
         self.fn = fn
         try:
-            inspect.signature(fn).bind({}, {})
-            self._with_globals = True
-        except (TypeError, ValueError):  # (one parameter, or a signature Python cannot read: the older form)
-            self._with_globals = False
-        try:
-            if not self._with_globals:
-                inspect.signature(fn).bind({})
-        except TypeError:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # (no signature Python can read, a builtin's: called as the older form)
+            signature = None
+
+        def takes(*arguments) -> bool:
+            try:
+                signature.bind(*arguments)
+            except TypeError:
+                return False
+            return True
+
+        self._with_globals = signature is not None and takes({}, {})
+        if signature is not None and not self._with_globals and not takes({}):
             raise UserError(f"A function callback takes learn's locals (fn(locals_) or Stable-Baselines3's "
-                            f"fn(locals_, globals_)); {getattr(fn, '__name__', fn)!s} takes neither.") from None
-        except ValueError:  # (no signature Python can read, a builtin's: called as the older form)
-            pass
+                            f"fn(locals_, globals_)); {getattr(fn, '__name__', fn)!s} takes neither.")
 
     def _on_rollout_end(self) -> bool | None:
         if self._with_globals:

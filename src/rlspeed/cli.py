@@ -536,7 +536,7 @@ def _train_population(args: argparse.Namespace) -> int:
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
     with _signals_ignored():  # (a Ctrl-C or SIGTERM now must not cut the final save short)
         # written before anything else can fail, its member_models null until they are: a run killed in between is
-        # no finished one (`_same_population_run` lets --resume finish it)
+        # no finished one (`_ended_summary`: --resume finishes it)
         summary["member_models"] = None
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
         summary["member_models"] = _save_member_models(population, summary, run_dir)

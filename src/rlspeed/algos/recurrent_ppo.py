@@ -143,12 +143,11 @@ class RecurrentPPO(PPO):
         if state is not None:
             state = self._check_state(state, num, as_numpy)
         if episode_start is not None:
-            flags = np.asarray(episode_start) if not isinstance(episode_start, torch.Tensor) else episode_start
-            if not (flags.dtype == torch.bool or (isinstance(flags, np.ndarray) and flags.dtype.kind in "biuf")
-                    or (isinstance(flags, torch.Tensor) and not flags.dtype.is_complex)):
+            flags = episode_start if isinstance(episode_start, torch.Tensor) else np.asarray(episode_start)
+            if isinstance(flags, np.ndarray) and flags.dtype.kind not in "biuf":  # (strings, objects: no flags)
                 raise UserError(f"predict(episode_start=...) takes one flag (bool or 0/1) per observation, got "
                                 f"{episode_start!r}"[:160] + ".")
-            episode_start = torch.as_tensor(np.asarray(episode_start) if as_numpy else episode_start).reshape(-1)
+            episode_start = torch.as_tensor(flags).reshape(-1)
             if episode_start.numel() != num:
                 raise UserError(f"predict(episode_start=...) has {episode_start.numel()} entries for {num} "
                                 f"observation{'s' if num != 1 else ''}: give one flag per observation.")

@@ -195,16 +195,17 @@ class HerReplayBuffer(ReplayBuffer):
             self._step = int(meta["step"])
         return reason
 
-    def _oldest_steps(self, env: torch.Tensor) -> torch.Tensor:
-        """Per env index in `env`, the earliest step whose row is still stored (later writes overwrite the oldest
-        rows)."""
+    def _oldest_steps(self, env):
+        """For env index `env` (an int, or a tensor of them), the earliest step whose row is still stored (later
+        writes overwrite the oldest rows)."""
         overwritten = self._step * self.num_envs - self.capacity - env  # rows before the stored ones, per env
-        return torch.clamp(-torch.div(-overwritten, self.num_envs, rounding_mode="floor"), min=0)
+        first = -(-overwritten // self.num_envs)  # (ceiling division)
+        return first.clamp(min=0) if isinstance(first, torch.Tensor) else max(first, 0)
 
     def _end_episodes(self, env: torch.Tensor, last: int) -> None:
         """The episodes running in envs `env` (host int64 indices) ended at step `last`: their stored rows get it."""
         for e in env.tolist():
-            first = max(int(self._episode_start[e]), int(self._oldest_steps(torch.tensor(e))))
+            first = max(int(self._episode_start[e]), self._oldest_steps(e))
             if first <= last:
                 steps = torch.arange(first, last + 1, device=self.storage_device)
                 self.episode_ends[(steps * self.num_envs + e) % self.capacity] = last

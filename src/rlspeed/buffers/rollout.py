@@ -8,6 +8,7 @@ import math
 import gymnasium as gym
 import torch
 
+from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
 from rlspeed.envs.base import Observation, observation_layout
 from rlspeed.errors import UserError
 
@@ -86,8 +87,6 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     """UserError, before anything is allocated, when a rollout's storage would take more than the share of the
     device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): num_steps=1e9 failed inside the
     allocator, 1e30 inside torch."""
-    from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
-
     layout = observation_layout(observation) if isinstance(observation, gym.Space) else (tuple(observation),
                                                                                          torch.float32)
     action_bytes = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)

@@ -41,6 +41,30 @@ def plain_optimizer_reason(optimizer: torch.optim.Optimizer, kinds: tuple[type, 
     return None
 
 
+def hold_in(flat: torch.Tensor, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None = None) -> None:
+    """Make each of `params` a view of its chunk of `flat` (laid out in their order) again where it is not one,
+    carrying its values over (and its `.grad` as the view of `grads`, where given): after a deepcopy, which clones a
+    Parameter's data, the copy's parameters no longer live in the copied flat buffer."""
+    chunks = flat.split([p.numel() for p in params])
+    with torch.no_grad():
+        for index, (p, chunk) in enumerate(zip(params, chunks)):
+            if p.data_ptr() != chunk.data_ptr():
+                chunk.copy_(p.detach().reshape(-1))
+                p.data = chunk.view_as(p)
+                if grads is not None:
+                    p.grad = grads[index]
+
+
+def copy_attributes(obj, memo: dict):
+    """A deepcopy of `obj` attribute by attribute (registered in `memo` first), for a `__deepcopy__` that then
+    re-points what the copy holds (`hold_in`)."""
+    new = copy.copy(obj)
+    memo[id(obj)] = new
+    for name, value in vars(obj).items():
+        setattr(new, name, copy.deepcopy(value, memo))
+    return new
+
+
 class FlatAdam:
     """Adam over `params` (the parameters `optimizer` holds, in its order) on flat buffers.
 
@@ -83,16 +107,8 @@ class FlatAdam:
         """A copy whose parameters live in its own flat buffer again: a Parameter's deepcopy clones its data, so the
         copied model's parameters (`copy.deepcopy(model)`, a frozen snapshot) would no longer be views of the copied
         buffer, and its next update would refuse them."""
-        new = copy.copy(self)
-        memo[id(self)] = new
-        for name, value in vars(self).items():
-            setattr(new, name, copy.deepcopy(value, memo))
-        with torch.no_grad():
-            for p, view, grad in zip(new.params, new.param_views, new.grad_views):
-                if p.data_ptr() != view.data_ptr():
-                    view.copy_(p.detach())
-                    p.data = view
-                    p.grad = grad
+        new = copy_attributes(self, memo)
+        hold_in(new.flat, new.params, new.grad_views)
         return new
 
     def release(self) -> None:

@@ -18,18 +18,18 @@ body is an MLP of `nn.Linear` layers and a `QEnsemble` of K critics, both with R
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from rlspeed.fused.flat import (
     FlatAdam,
     Workspace,
+    copy_attributes,
     ensemble_backward,
     ensemble_forward,
     ensemble_input_grad,
     ensemble_rows_input_grad,
+    hold_in,
     linear_backward,
     linear_forward,
     reduced_matmuls,
@@ -93,8 +93,7 @@ class FusedSACUpdate:
         target_params = [*sac.critic_target.body.weights, *sac.critic_target.body.biases]
         with torch.no_grad():
             self._target_flat = torch.cat([p.detach().reshape(-1) for p in target_params])
-        for p, chunk in zip(target_params, self._target_flat.split([p.numel() for p in target_params])):
-            p.data = chunk.view_as(p)
+        hold_in(self._target_flat, target_params)
         self.target_weights = [p.detach() for p in sac.critic_target.body.weights]
         self.target_biases = [p.detach() for p in sac.critic_target.body.biases]
         self.workspace = Workspace()  # activations and gradients, reused from step to step
@@ -120,22 +119,14 @@ class FusedSACUpdate:
         """A copy whose target critics become views of its own flat buffer again at its first update (a Parameter's
         deepcopy clones its data, and the copied model is not whole yet while this is copied; `FlatAdam.__deepcopy__`
         re-points the online parameters)."""
-        new = copy.copy(self)
-        memo[id(self)] = new
-        for name, value in vars(self).items():
-            setattr(new, name, copy.deepcopy(value, memo))
+        new = copy_attributes(self, memo)
         new._copied = True
         return new
 
     def _repoint_targets(self) -> None:
         """After a deepcopy: the copied target critics' parameters as views of the copied flat buffer."""
         body = self.sac.critic_target.body
-        target_params = [*body.weights, *body.biases]
-        with torch.no_grad():
-            for p, chunk in zip(target_params, self._target_flat.split([p.numel() for p in target_params])):
-                if p.data_ptr() != chunk.data_ptr():
-                    chunk.copy_(p.detach().reshape(-1))
-                    p.data = chunk.view_as(p)
+        hold_in(self._target_flat, [*body.weights, *body.biases])
         self.target_weights = [p.detach() for p in body.weights]
         self.target_biases = [p.detach() for p in body.biases]
         self._copied = False

@@ -360,11 +360,13 @@ class _Translator:
         elif key == "policy_kwargs":
             self.policy_kwargs(value)
         elif key == "replay_buffer_class":
-            if value == "HerReplayBuffer" and algo not in ON_POLICY:
+            if value is None:
+                self.notes.append(f"{key} None: SB3's default, nothing to set")
+            elif value == "HerReplayBuffer" and algo not in ON_POLICY:
                 self.set("her", True, key)
             elif algo in ON_POLICY:
                 self.refuse(key, f"{value!r}: a replay buffer, which rlspeed's {algo} (on-policy) has not")
-            elif value is not None:
+            else:
                 self.refuse(key, f"{value!r}: rlspeed's off-policy algorithms have their own replay buffer, and "
                                  "HerReplayBuffer (her=True)")
         elif key == "replay_buffer_kwargs":
