@@ -279,7 +279,7 @@ def test_checkpoint_callback_saves_the_replay_buffer_when_asked(tmp_path):
     assert len(callback.saved) == 2
     for path in callback.saved:
         assert path.is_file() and path.with_name(path.name.replace(".safetensors", ".replay.safetensors")).is_file()
-    assert model.save_replay_buffer is False  # the model's own setting is left as it was
+    assert not model.save_replay_buffer  # the model's own setting is left as it was
 
 
 def test_every_n_timesteps_runs_its_child_after_each_n_steps():

@@ -212,8 +212,8 @@ def test_dqn_stores_the_mask_of_the_final_observation_for_episodes_that_ended():
 
 def test_a_saved_replay_takes_the_loading_models_discount_or_says_why_it_cannot():
     """One-step rows discount by the loading buffer's gamma (a resume with another gamma trained on the saved
-    run's gamma for ever: 1-step discounts are written once); n-step rows summed with another gamma or n, and a
-    buffer of another capacity (whose ring positions would point at empty rows), are refused with the reason."""
+    run's gamma for ever: 1-step discounts are written once); n-step rows summed with another gamma or n, and rows of
+    another shape or a float field into integer storage, are refused with the reason."""
     saved = make_buffer(10, 2, gamma=0.99)
     for step in range(7):  # (wrapped: pos 4)
         add_ids(saved, [2 * step, 2 * step + 1])
@@ -222,14 +222,88 @@ def test_a_saved_replay_takes_the_loading_models_discount_or_says_why_it_cannot(
     assert torch.equal(loaded.obs, saved.obs) and bool((loaded.discounts == 0.5).all())
     add_ids(loaded, [100, 101])
     assert bool((loaded.discounts == 0.5).all())
-    for n_step, gamma, capacity, reason in [(3, 0.99, 10, "holds 1-step transitions, and this model takes 3-step"),
-                                            (1, 0.99, 20, "holds a buffer of 10 transitions, and this one takes 20")]:
-        assert reason in make_buffer(capacity, 2, n_step=n_step, gamma=gamma).load_state_dict(*saved.state_dict())
+    assert "holds 1-step transitions, and this model takes 3-step" in make_buffer(10, 2, n_step=3).load_state_dict(
+        *saved.state_dict())
+    assert "its obs rows have shape (1,), and this model's (3,)" in make_buffer(10, 2, obs_dim=3).load_state_dict(
+        *saved.state_dict())
+    continuous = ReplayBuffer(10, 2, (1,), (), torch.float32, "cpu")
+    add_ids(continuous, [0.5, 1.5])
+    assert "its actions holds torch.float32 values, and this model stores torch.int64" in make_buffer(
+        10, 2).load_state_dict(*continuous.state_dict())
     three = make_buffer(10, 2, n_step=3, gamma=0.99)
     for step in range(5):
         add_ids(three, [2 * step, 2 * step + 1])
     assert "summed with gamma 0.99, and this model's gamma is 0.5" in make_buffer(10, 2, n_step=3, gamma=0.5
                                                                                  ).load_state_dict(*three.state_dict())
+
+
+@pytest.mark.parametrize(("capacity", "steps"), [(20, 3), (20, 7), (6, 7), (4, 2)])
+def test_a_saved_replay_fills_a_buffer_of_another_capacity_with_its_newest_transitions_oldest_first(capacity, steps):
+    """A buffer of 10 rows (wrapped after 5 steps of 2 envs, or not) loaded into one of another capacity: the newest
+    transitions that fit, in the order they were stored, from row 0 on; the next add follows them."""
+    saved = make_buffer(10, 2)
+    for step in range(steps):
+        add_ids(saved, [2 * step, 2 * step + 1])
+    written = list(range(2 * steps))[-10:]
+    loaded = make_buffer(capacity, 2)
+    assert loaded.load_state_dict(*saved.state_dict()) is None
+    kept = written[-capacity:]
+    assert len(loaded) == len(kept) and loaded.obs[:len(kept), 0].long().tolist() == kept
+    assert loaded.actions[:len(kept)].tolist() == kept and loaded.next_obs[:len(kept), 0].tolist() == [
+        k + 0.5 for k in kept]
+    add_ids(loaded, [100, 101])
+    assert sorted(loaded.obs[:len(loaded), 0].long().tolist()) == sorted((kept + [100, 101])[-capacity:])
+
+
+def test_save_replay_buffer_and_load_replay_buffer_carry_transitions_to_another_model(tmp_path):
+    """Stable-Baselines3's `model.save_replay_buffer(path)` / `model.load_replay_buffer(path)`: another model takes
+    the transitions (loaded before its first learn, or given as `model.buffer = ...`), and they count towards its
+    `learning_starts`, so it updates in a learn too short to collect them; `save_replay_buffer` stays the checkpoint
+    flag as a truth value. Files without a buffer, on-policy models and other shapes are refused in one sentence."""
+    from rlspeed import DQN, PPO, SAC
+    from rlspeed.errors import UserError
+
+    options = {"learning_starts": 300, "buffer_size": 400, "env_backend": "gymnasium"}
+    source = DQN("CartPole-v1", seed=0, **options)
+    assert not source.save_replay_buffer and source.save_replay_buffer == False  # noqa: E712 (the flag's value)
+    source.save_replay_buffer = True
+    assert source.save_replay_buffer and DQN("CartPole-v1", save_replay_buffer=True).save_replay_buffer
+    source.save_replay_buffer = False
+    with pytest.raises(UserError, match="no replay buffer to save yet: learn makes it"):
+        source.save_replay_buffer(tmp_path / "early")
+    source.learn(500, progress_bar=False)
+    path = source.save_replay_buffer(tmp_path / "replay")
+    assert path == tmp_path / "replay.safetensors" and not source.save_replay_buffer
+
+    def trains(model) -> bool:
+        before = [p.clone() for p in model.q_network.parameters()]
+        model.learn(32, progress_bar=False)
+        return any(not torch.equal(a, b) for a, b in zip(before, model.q_network.parameters()))
+
+    loaded = DQN("CartPole-v1", seed=1, **options)
+    loaded.load_replay_buffer(path)
+    assert trains(loaded)
+    kept = torch.ones(400, dtype=torch.bool)
+    kept[100:132] = False  # (as stored, but for the rows its own 32 steps wrote from the write position on, 500 % 400)
+    assert torch.equal(loaded.buffer.obs[kept], source.buffer.obs[kept])
+    assert not torch.equal(loaded.buffer.obs[~kept], source.buffer.obs[~kept])
+    given = DQN("CartPole-v1", seed=1, **options)
+    given.buffer = source.buffer
+    assert trains(given) and given.buffer is not source.buffer
+    with pytest.warns(UserWarning, match="no gradient update will run"):
+        assert not trains(DQN("CartPole-v1", seed=1, **options))
+    source.save(tmp_path / "model")
+    for model, argument, message in [
+            (DQN("CartPole-v1"), tmp_path / "model", "holds no replay buffer"),
+            (PPO("CartPole-v1"), path, "PPO keeps no replay buffer"),
+            (DQN("CartPole-v1"), 3, "reads a file .* or takes an rlspeed.buffers.ReplayBuffer, not int")]:
+        with pytest.raises(UserError, match=message):
+            model.load_replay_buffer(argument)
+    pendulum = SAC("Pendulum-v1", learning_starts=0, env_backend="gymnasium")
+    pendulum.load_replay_buffer(path)
+    with pytest.raises(UserError, match=r"replay.safetensors' cannot fill this model's replay buffer: its obs rows "
+                                        r"have shape \(4,\), and this model's \(3,\)"):
+        pendulum.learn(8, progress_bar=False)
 
 
 def test_a_resume_with_another_gamma_trains_on_it(tmp_path):

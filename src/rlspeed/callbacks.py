@@ -616,7 +616,7 @@ class CheckpointCallback(BaseCallback):
         if not self._period.due(self.num_timesteps):
             return True
         path = self.save_path / f"{self.name_prefix}_{self.num_timesteps}_steps.safetensors"
-        before = self.model.save_replay_buffer
+        before = bool(self.model.save_replay_buffer)
         self.model.save_replay_buffer = before or self.save_replay_buffer
         try:
             self.model.save(path)

@@ -130,8 +130,6 @@ SB3_ATTRIBUTES = {
                     "model.policy.state_dict() and model.policy.load_state_dict(...) hold the policy's weights, "
                     "model.save(path) and Algo.load(path) the whole model"),
     **dict.fromkeys(("replay_buffer", "rollout_buffer"), "the model's storage is model.buffer (once learn made it)"),
-    "load_replay_buffer": "the replay buffer is saved beside a checkpoint with save_replay_buffer=True, and "
-                          "model.resume(path) restores it",
     "get_vec_normalize_env": "normalize_obs=True / normalize_reward=True keep the statistics in the model",
     "q_net": "DQN's network is model.q_network (its target: model.q_target)",
     "q_net_target": "DQN's target network is model.q_target",
@@ -703,8 +701,49 @@ SB3_POLICY_NAMES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy", "MlpLstmPolicy
                     "MultiInputLstmPolicy")
 
 
+class ReplayBufferSaving:
+    """What `model.save_replay_buffer` is: whether the model's checkpoints also write its replay buffer (its truth
+    value, set by assigning a bool or by the `save_replay_buffer=` keyword), and, called with a path,
+    Stable-Baselines3's method of that name: `model.save_replay_buffer(path)` writes the replay buffer to that file
+    (`Algorithm.write_replay_buffer`)."""
+
+    __slots__ = ("_model",)
+
+    def __init__(self, model: Algorithm):
+        self._model = model
+
+    def __bool__(self) -> bool:
+        return self._model._checkpoint_replay
+
+    def __eq__(self, other) -> bool:
+        return bool(self) == other
+
+    __hash__ = None  # (compares as the bool it stands for)
+
+    def __repr__(self) -> str:
+        return repr(bool(self))
+
+    def __call__(self, path: str | os.PathLike, digest: str | None = None) -> Path:
+        return self._model.write_replay_buffer(path, digest=digest)
+
+
+class _SaveReplayBuffer:
+    """The `save_replay_buffer` attribute of models: reads give a `ReplayBufferSaving`, assignments set the flag."""
+
+    def __get__(self, model, owner=None):
+        return self if model is None else ReplayBufferSaving(model)
+
+    def __set__(self, model, value) -> None:
+        model._checkpoint_replay = bool(value)
+
+
 class Algorithm:
     """Base of rlspeed algorithms (SB3-like API: `learn`, `predict`, `save`, `load`)."""
+
+    #: whether checkpoints also write the replay buffer (a bool), and `model.save_replay_buffer(path)` writes it now
+    #: (see `ReplayBufferSaving`)
+    save_replay_buffer = _SaveReplayBuffer()
+    _checkpoint_replay = False
 
     name: str = ""
     config_cls: type
@@ -1557,6 +1596,20 @@ class Algorithm:
         """Off-policy algorithms with `save_replay_buffer`: write the replay buffer beside the checkpoint `path` (with
         its `digest`) and return what the checkpoint records about it; None: nothing written."""
         return None
+
+    def write_replay_buffer(self, path: str | os.PathLike, digest: str | None = None) -> Path:
+        """Off-policy algorithms: write the replay buffer (its stored transitions, write position and the steps
+        waiting for their n-step return) to the safetensors file `path` (`.safetensors` added when it has no
+        suffix), for `load_replay_buffer`; returns the path written. `model.save_replay_buffer(path)` (as in
+        Stable-Baselines3) calls it."""
+        raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
+                        "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
+
+    def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
+        """Off-policy algorithms: fill the replay buffer from a file `save_replay_buffer(path)` wrote (or a
+        checkpoint's `.replay.safetensors`), or from an `rlspeed.buffers.ReplayBuffer` given in place of the path."""
+        raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
+                        "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
 
     def _resume_state(self, path: Path, digest: str | None = None) -> tuple[dict[str, torch.Tensor], dict]:
         """What a checkpoint carries for exact resume besides the model (tensors, JSON): the random generators

@@ -25,6 +25,7 @@ and its bytes per transition.
 from __future__ import annotations
 
 import copy
+import os
 import secrets
 import warnings
 import weakref
@@ -46,7 +47,7 @@ from rlspeed.buffers import (
 )
 from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
-from rlspeed.checkpoint import load_paired, save_checkpoint, staged_path
+from rlspeed.checkpoint import load_checkpoint, load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
@@ -340,7 +341,13 @@ class OffPolicyAlgorithm(Algorithm):
         if cfg.anneal_lr:
             self._hold_learning_rates_as_tensors()
         buffer = getattr(self, "buffer", None)
-        if buffer is not None and buffer.num_envs == env.num_envs and self._resume is None:
+        if buffer is not None and buffer is not getattr(self, "_made_buffer", None):
+            # (a buffer put in place by hand, `model.buffer = ...`: its transitions go into the one made here)
+            if not isinstance(buffer, ReplayBuffer):
+                raise UserError(f"model.buffer holds an object of type {type(buffer).__name__}: it takes an "
+                                "rlspeed.buffers.ReplayBuffer (or fill it with model.load_replay_buffer(path)).")
+            self.load_replay_buffer(buffer)
+        elif buffer is not None and buffer.num_envs == env.num_envs and self._resume is None:
             # a further learn() call continues the same episodes with the same replay data (after a call cut short
             # during collection, the envs are past the stored observation: they start afresh)
             if getattr(self, "_mid_rollout", False):
@@ -380,6 +387,9 @@ class OffPolicyAlgorithm(Algorithm):
             self._buffer_start = int(self._resume["meta"].get("algo", {}).get("buffer_start", self._buffer_start))
             if not self._episodes_restored:  # (the envs start fresh episodes: steps waiting for their n-step
                 self.buffer.restart_episodes()  # return, saved with the buffer, belong to the ended ones)
+        self._made_buffer = self.buffer
+        if getattr(self, "_replay_source", None) is not None:  # (`load_replay_buffer` before this learn)
+            self._fill_replay()
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
         # rebuilt): observation and next observation, and the row's other fields
         free = available_memory_bytes(self.device)
@@ -459,6 +469,53 @@ class OffPolicyAlgorithm(Algorithm):
                           stacklevel=4)
             return False
         return True
+
+    def write_replay_buffer(self, path, digest: str | None = None) -> Path:
+        """`Algorithm.write_replay_buffer`: the replay buffer learn made, written to `path` (a checkpoint file of
+        its own, `rlspeed.checkpoint`: digest, atomic write, encryption where a key is set)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise UserError(f"save_replay_buffer writes a file: give a path (str or pathlib.Path), not "
+                            f"{type(path).__name__}.")
+        buffer = getattr(self, "buffer", None)
+        if buffer is None:
+            raise UserError(f"{type(self).__name__} has no replay buffer to save yet: learn makes it.")
+        tensors, meta = buffer.state_dict()
+        return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "algo": self.name, "env_id": self.env_id}},
+                               digest=digest)
+
+    def load_replay_buffer(self, path) -> None:
+        """`Algorithm.load_replay_buffer`: the transitions of the file (or of the `ReplayBuffer` given) go into this
+        model's replay buffer, now if learn made it, else when the next learn makes it; updates may start as soon
+        as it holds `learning_starts` transitions, the loaded ones counted. The stored rows must match this model's
+        observation and action shapes and its n_step (n-step rows: also its gamma); a buffer of another capacity
+        gives its newest transitions. Steps still waiting for their n-step return are dropped (the envs' episodes
+        are not theirs)."""
+        if isinstance(path, ReplayBuffer):
+            name = f"the {type(path).__name__} given"
+            tensors, meta = path.state_dict()
+        elif isinstance(path, (str, os.PathLike)):
+            name = f"'{path}'"
+            tensors, meta = load_checkpoint(path, device="cpu")
+            meta = meta.get("replay_buffer")
+            if not isinstance(meta, dict):
+                raise UserError(f"'{path}' holds no replay buffer (save_replay_buffer(path) writes one; a model file "
+                                "is read by load).")
+        else:
+            raise UserError(f"load_replay_buffer reads a file (a str or pathlib.Path) or takes an "
+                            f"rlspeed.buffers.ReplayBuffer, not {type(path).__name__}.")
+        self._replay_source = (tensors, {**meta, "window": 0}, name)
+        if getattr(self, "buffer", None) is not None and getattr(self, "_made_buffer", None) is self.buffer:
+            self._fill_replay()
+
+    def _fill_replay(self) -> None:
+        """Fill the buffer learn made from `load_replay_buffer`'s source; a UserError naming it when it does not
+        fit."""
+        (tensors, meta, name), self._replay_source = self._replay_source, None
+        reason = self.buffer.load_state_dict(tensors, meta)
+        if reason is not None:
+            raise UserError(f"{name} cannot fill this model's replay buffer: {reason}.")
+        self.buffer.restart_episodes()
+        self._buffer_start = self.num_timesteps - len(self.buffer)  # (the loaded rows count for learning_starts)
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         cfg, env, buffer = self.config, self._env, self.buffer

@@ -399,28 +399,45 @@ class ReplayBuffer:
                 else:
                     tensors[f"window.{step}.{i}"] = value
         return tensors, {"pos": self.pos, "size": self.size, "rows": rows, "capacity": self.capacity,
-                         "window": len(self._window), "layout": self.layout, "n_step": self.n_step, "gamma": self.gamma}
+                         "window": len(self._window), "layout": self.layout, "n_step": self.n_step, "gamma": self.gamma,
+                         "num_envs": self.num_envs}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
         """Restore `state_dict`'s output (tensors on any device); returns why it cannot (another layout, other
-        observation keys), else None."""
+        observation keys, shapes or dtypes that do not convert without loss), else None. The dense layout takes a
+        buffer of another capacity too: its newest transitions, oldest first from row 0 (as many as fit)."""
         storage = self.storage_tensors()
         if meta.get("layout", "dense") != self.layout or set(storage) - set(tensors):
             return "it holds another replay layout or other observation keys than this model's"
-        if meta.get("capacity", self.capacity) != self.capacity:
-            return f"it holds a buffer of {meta['capacity']:,} transitions, and this one takes {self.capacity:,}"
+        capacity = int(meta.get("capacity", self.capacity))
+        if capacity != self.capacity and self.layout != "dense":
+            return f"it holds a buffer of {capacity:,} transitions, and this one takes {self.capacity:,}"
+        for name, target in storage.items():
+            source = tensors[name]
+            if tuple(source.shape[1:]) != tuple(target.shape[1:]):
+                return (f"its {name} rows have shape {tuple(source.shape[1:])}, and this model's "
+                        f"{tuple(target.shape[1:])}")
+            if source.dtype.is_floating_point and not target.dtype.is_floating_point:
+                return f"its {name} holds {source.dtype} values, and this model stores {target.dtype}"
         if meta.get("n_step", self.n_step) != self.n_step:
             return f"it holds {meta['n_step']}-step transitions, and this model takes {self.n_step}-step ones"
         if self.n_step > 1 and meta.get("gamma", self.gamma) != self.gamma:
             return (f"its {self.n_step}-step returns were summed with gamma {meta['gamma']}, and this model's gamma is "
                     f"{self.gamma}")
-        rows = int(meta.get("rows", meta["size"]))
+        rows, pos, size = int(meta.get("rows", meta["size"])), int(meta["pos"]), int(meta["size"])
+        order = None
+        if capacity != self.capacity:  # (the newest rows that fit, oldest first: a full ring's oldest is at pos)
+            kept = min(size, self.capacity)
+            order = (torch.arange(size - kept, size) + pos - size) % capacity
+            rows = size = kept
+            pos = size % self.capacity
         with torch.no_grad():
             for name, target in storage.items():
-                target[:rows].copy_(tensors[name])
+                source = tensors[name]
+                target[:rows].copy_(source if order is None else source[order.to(source.device)])
             if self.n_step == 1:  # (one-step rows discount by this model's gamma, whichever the saved run had)
                 self.discounts.fill_(self.gamma)
-        self.pos, self.size = int(meta["pos"]), int(meta["size"])
+        self.pos, self.size = pos, size
 
         def entry(step: int, i: int):
             name = f"window.{step}.{i}"
@@ -430,7 +447,9 @@ class ReplayBuffer:
                     if key.startswith(name + ".")}
 
         width = 6 if self.next_action_masks is None else 7  # (masked runs: the next mask last)
-        self._window = [tuple(entry(step, i) for i in range(width)) for step in range(int(meta.get("window", 0)))]
+        # (steps waiting for their n-step return continue only in as many envs as they came from)
+        waiting = int(meta.get("window", 0)) if int(meta.get("num_envs", self.num_envs)) == self.num_envs else 0
+        self._window = [tuple(entry(step, i) for i in range(width)) for step in range(waiting)]
         return None
 
     def restart_episodes(self) -> None:
