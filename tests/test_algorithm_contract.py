@@ -346,6 +346,64 @@ def test_a_deep_copy_of_a_trained_model_trains_on_its_own(algo, env_id, options,
     model.learn(64, progress_bar=False)
 
 
+@pytest.mark.parametrize("algo, env_id, options", [
+    ("PPO", "CartPole-v1", {"num_envs": 4, "num_steps": 16, "batch_size": 32, "n_epochs": 2}),
+    ("A2C", "CartPole-v1", {"num_envs": 2, "num_steps": 8}),
+    ("SAC", "Pendulum-v1", {"learning_starts": 16, "batch_size": 16}),
+    ("TD3", "Pendulum-v1", {"learning_starts": 16, "batch_size": 16}),
+    ("DQN", "CartPole-v1", {"learning_starts": 16, "batch_size": 16}),
+])
+def test_a_pickled_model_trains_as_the_original_would(algo, env_id, options):
+    """A model sent to another process (pickled) trains on: plain pickle copied each view of the hand-derived
+    updates' flat buffers on its own, so the copy's parameters left its optimizer's buffer (PPO, A2C, DQN: trained on
+    gradients nothing read; SAC: refused). From the same random state, the copy's next updates equal the original's;
+    DQN's target network follows a state loaded into the copy's online one."""
+    import pickle
+
+    import rlspeed
+
+    model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", env_backend="torch", **options)
+    model.learn(64, progress_bar=False)
+    copy = pickle.loads(pickle.dumps(model))
+    for each in (copy, model):
+        torch.manual_seed(1)
+        each.learn(64, progress_bar=False)
+    assert all(torch.equal(a, b) for a, b in zip(copy._state_tensors().values(), model._state_tensors().values()))
+    assert any(not torch.equal(a, b) for a, b in zip(copy._state_tensors().values(),
+                                                      getattr(rlspeed, algo)(env_id, seed=0, device="cpu",
+                                                                             **options)._state_tensors().values()))
+    if algo == "DQN":
+        copy.q_network.load_state_dict({k: torch.zeros_like(v) for k, v in copy.q_network.state_dict().items()})
+        assert all(bool((v == 0).all()) for v in copy.q_target.state_dict().values())
+        assert any(bool((v != 0).any()) for v in model.q_target.state_dict().values())
+
+
+def test_a_hyperparameter_set_on_the_model_is_refused_and_one_set_on_its_config_reaches_the_next_learn():
+    """Stable-Baselines3 users set `model.ent_coef = ...` between stages: it made a new attribute nothing read, so
+    training went on unchanged. It is refused, naming model.config; reading it says where it is. A learning rate set
+    on model.config between learn calls reaches the optimisers (it was read once, at construction), while one set in
+    their param_groups by hand holds until config.learning_rate changes."""
+    from rlspeed import DQN, PPO, SAC
+
+    for model in (PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16, anneal_lr=False),
+                  DQN("CartPole-v1", device="cpu", learning_starts=0, batch_size=8)):
+        with pytest.raises(UserError, match=r"model.learning_rate = \.\.\. changes nothing: .* set "
+                                            r"model.config.learning_rate"):
+            model.learning_rate = 0.5
+        with pytest.raises(AttributeError, match="keeps its hyperparameters in model.config: model.config.gamma"):
+            _ = model.gamma
+        model.learn(32, progress_bar=False)
+        model.optimizer.param_groups[0]["lr"] = 2e-3
+        model.learn(32, progress_bar=False)
+        assert model.optimizer.param_groups[0]["lr"] == 2e-3
+        model.config.learning_rate = 1e-2
+        model.learn(32, progress_bar=False)
+        assert [group["lr"] for group in model.optimizer.param_groups] == [1e-2]
+    sac = SAC("Pendulum-v1", device="cpu")
+    sac.target_entropy = -2.0  # (an attribute of SAC's own, as of Stable-Baselines3's)
+    assert sac.target_entropy == -2.0
+
+
 def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):
     """Its update step was a closure ("Can't pickle local object 'autograd_step.<locals>.step'")."""
     import pickle

@@ -289,6 +289,23 @@ def test_every_n_timesteps_runs_its_child_after_each_n_steps():
     assert child.n_calls == 2
 
 
+def test_a_callback_given_to_each_of_several_learn_calls_keeps_counting_steps(tmp_path):
+    """A curriculum's loop of short learn calls with the same callbacks (as Stable-Baselines3's keep counting): their
+    periods go on across the calls (each was restarted with its learn call: a period longer than one call never
+    came); a callback given to another model starts counting again."""
+    child = Recorder()
+    every, checkpoints = EveryNTimesteps(2 * STEPS_PER_ITERATION - 1, child), CheckpointCallback(
+        3 * STEPS_PER_ITERATION, tmp_path)
+    model = _ppo()
+    for _ in range(6):
+        model.learn(STEPS_PER_ITERATION, callback=[every, checkpoints], progress_bar=False)
+    assert child.n_calls == 3  # (at 1024, 2048 and 3072 steps)
+    assert [path.name for path in checkpoints.saved] == ["rl_model_1536_steps.safetensors",
+                                                         "rl_model_3072_steps.safetensors"]
+    _ppo().learn(3 * STEPS_PER_ITERATION, callback=checkpoints, progress_bar=False)
+    assert [path.name for path in checkpoints.saved[2:]] == ["rl_model_1536_steps.safetensors"]
+
+
 class _Counter:
     """Counts calls of the tensor methods that read a tensor back to the host."""
 

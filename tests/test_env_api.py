@@ -652,6 +652,13 @@ def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
     assert rlspeed.evaluate(loaded, episodes=2, seed=5)["returns"] == own["returns"]
     with pytest.warns(UserWarning, match="made with the options .* makes that env without them"):
         rlspeed.PPO.load(tmp_path / "model", device="cpu", env="Pendulum-v1")
+    # a curriculum's next stage: load with other options (over the recorded ones); `load` refused them, saying that
+    # the env was already built, where none was given
+    harder = rlspeed.PPO.load(tmp_path / "model", device="cpu", env_kwargs={"g": 5.0})
+    assert harder.spec.env_kwargs == {"g": 5.0}
+    assert harder.make_training_env().unwrapped.vector_env.envs[0].unwrapped.g == 5.0
+    with pytest.raises(rlspeed.UserError, match="an env already built has its own: make it with them"):
+        rlspeed.PPO.load(tmp_path / "model", device="cpu", env=env, env_kwargs={"g": 5.0})
     sidecar = json.loads(Path(f"{model.export(tmp_path / 'policy.pt2')}.json").read_text())
     assert sidecar["env_kwargs"] == {"g": 2.0}
     with pytest.raises(rlspeed.UserError, match="env_kwargs with an env id; this env is already built"):

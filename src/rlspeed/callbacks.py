@@ -25,16 +25,21 @@ from rlspeed.errors import UserError, positive_whole
 
 
 class _Period:
-    """An env-step period: `due(timesteps)` is True once `every` steps have passed since `start` or the last True
-    (the frequencies of EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback)."""
+    """An env-step period: `due(timesteps)` is True once `every` steps have passed since the first `start` or the
+    last True (the frequencies of EveryNTimesteps, EvalCallback, CheckpointCallback and VideoRecorderCallback). A
+    later `start` where the step count went on (the same callback given to each of several `learn` calls) keeps the
+    count, as Stable-Baselines3's callbacks do; one where it went back (another model) starts it again."""
 
     def __init__(self, every: int):
-        self.every, self.next = int(every), 0
+        self.every, self.next = int(every), None
 
     def start(self, timesteps: int) -> None:
-        self.next = timesteps + self.every
+        if self.next is None or timesteps < self.next - self.every:
+            self.next = timesteps + self.every
 
     def due(self, timesteps: int) -> bool:
+        if self.next is None:
+            self.start(timesteps)
         if timesteps < self.next:
             return False
         self.next = timesteps + self.every

@@ -4,15 +4,19 @@ predict, save and load. An algorithm file holds only its own maths: `_setup`, `_
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import functools
 import inspect
+import io
 import math
 import numbers
 import os
 import random
 import re
 import secrets
+import threading
 import time
 import typing
 import warnings
@@ -145,6 +149,24 @@ AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 #: hyperparameters that shape the networks a checkpoint's weights belong to: `load` refuses another value for them
 _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde", "full_std", "use_expln", "encoder",
                       "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
+
+
+@functools.cache
+def _config_names(algorithm: type) -> frozenset[str]:
+    """The hyperparameter names of an algorithm class (its config's fields; none for a class without one)."""
+    config_cls = getattr(algorithm, "config_cls", None)
+    return frozenset(f.name for f in dataclasses.fields(config_cls)) if config_cls is not None else frozenset()
+
+
+#: whether this thread is inside `Algorithm.__reduce_ex__`'s torch.save (a model pickles attribute by attribute there)
+_TORCH_PICKLING = threading.local()
+
+
+def _unpickle_model(data: bytes) -> Algorithm:
+    """A model `Algorithm.__reduce_ex__` pickled, whose networks' followers then follow it (`_own_modules`)."""
+    model = torch.load(io.BytesIO(data), weights_only=False)
+    model._own_modules()
+    return model
 
 
 def _network_keys(config, observation_space: gym.Space | None) -> list[str]:
@@ -902,6 +924,7 @@ class Algorithm:
             # Without a seed, every process would keep torch's fixed default seed: the ranks would draw the same
             # exploration noise and replay indices. Each draws its own then.
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
+        self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -1026,6 +1049,19 @@ class Algorithm:
                 if not isinstance(group["lr"], torch.Tensor):
                     group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
 
+    def _follow_learning_rate(self) -> None:
+        """A `config.learning_rate` changed since the optimisers last took it (between learn calls) reaches them;
+        a rate set in their param_groups by hand holds until then (and `anneal_lr` sets its own)."""
+        learning_rate = self.config.learning_rate
+        if getattr(self, "_learning_rate_given", learning_rate) != learning_rate and not self.config.anneal_lr:
+            for optimizer in self._optimizers().values():
+                for group in optimizer.param_groups:
+                    if isinstance(group["lr"], torch.Tensor):
+                        group["lr"].fill_(learning_rate)
+                    else:
+                        group["lr"] = learning_rate
+        self._learning_rate_given = learning_rate
+
     def _anneal_learning_rate(self, timesteps: int | None = None) -> None:
         """`anneal_lr`: every optimizer's learning rate set to config.learning_rate times the progress remaining at
         `timesteps` (linear decay to 0, SB3's and RL-Zoo's `lin_X`)."""
@@ -1084,9 +1120,46 @@ class Algorithm:
     def __getattr__(self, name: str):
         # (only for attributes that do not exist: Stable-Baselines3's model attributes say what to use instead)
         advice = SB3_ATTRIBUTES.get(name)
+        if advice is None and name in _config_names(type(self)):
+            raise AttributeError(f"{type(self).__name__} keeps its hyperparameters in model.config: "
+                                 f"model.config.{name}.")
         if advice is None:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
+
+    def __reduce_ex__(self, protocol):
+        # Pickled by torch's pickler, which writes each storage once: parameters and gradients that are views of a
+        # hand-derived update's flat buffers stay its views (plain pickle copies each view on its own, and the copy
+        # would train on gradients its optimizer never reads). Inside it, attribute by attribute, as any object.
+        if getattr(_TORCH_PICKLING, "active", False):
+            return super().__reduce_ex__(protocol)
+        _TORCH_PICKLING.active = True
+        try:
+            buffer = io.BytesIO()
+            torch.save(self, buffer)
+        finally:
+            _TORCH_PICKLING.active = False
+        return _unpickle_model, (buffer.getvalue(),)
+
+    def __deepcopy__(self, memo: dict) -> Algorithm:
+        # (the default deep copy, attribute by attribute: storages shared within the model stay shared in the copy)
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+    def _own_modules(self) -> None:
+        """After unpickling: what follows this model's networks (a target network following a `load_state_dict` of
+        its online one, `rlspeed.algos.off_policy.frozen_copy`) follows this copy's, not nothing."""
+
+    def __setattr__(self, name: str, value) -> None:
+        # (a hyperparameter set on the model, as on Stable-Baselines3's, would be a new attribute nothing reads)
+        if (self.__dict__.get("_built") and name not in self.__dict__ and not hasattr(type(self), name)
+                and name in _config_names(type(self))):
+            raise UserError(f"model.{name} = ... changes nothing: {type(self).__name__} reads its hyperparameters "
+                            f"from model.config; set model.config.{name} (docs/callbacks.md says which take effect "
+                            "once the model is built).")
+        object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:
         # (what a notebook shows for `model.learn(...)`, which returns the model; getattr: a debugger may show a
@@ -1270,6 +1343,7 @@ class Algorithm:
         resume = self._resume
         self._follow_frozen_parameters()
         self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
+        self._follow_learning_rate()
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
         # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
         self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
@@ -1758,7 +1832,9 @@ class Algorithm:
         refuse another's.
 
         The checkpoint's digest is checked (`verify=False` skips it) and NaN or infinite tensors are refused
-        (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters."""
+        (`allow_nonfinite=True` accepts them); `overrides` replace saved hyperparameters. `env_kwargs=` (a dict)
+        makes the env to go on with from the saved id (or an id given as `env`) with those options over the
+        recorded ones, checked against the model's spaces (a curriculum's next stage)."""
         sb3 = [key for key in ("custom_objects", "print_system_info", "force_reset") if key in overrides]
         if sb3:
             raise UserError(f"load's {', '.join(sb3)}: Stable-Baselines3's keywords; rlspeed checkpoints hold no "
@@ -1798,17 +1874,27 @@ class Algorithm:
         if "env_backend" in overrides and env_backend not in BACKENDS:  # (given now: the file's may be "sb3", ...;
             # the constructor takes it without an env, and learn would refuse it late)
             raise UserError(f"load(..., env_backend={env_backend!r}): expected one of {', '.join(BACKENDS)}.")
+        env_kwargs = config.pop("env_kwargs", None)  # (options of the env to go on with, over the recorded ones)
+        if env_kwargs is not None and not isinstance(env_kwargs, dict):
+            raise UserError(f"load(..., env_kwargs=...) takes a dict of the env's options, not {env_kwargs!r}.")
+        if env_kwargs is not None and env is not None and not isinstance(env, str):
+            raise UserError("load(..., env_kwargs=...) gives options to the env load makes (from the saved id, or an "
+                            "id given as env=); an env already built has its own: make it with them "
+                            "(rlspeed.make_env(env_id, **options)).")
         spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
                        meta.get("max_episode_steps"), meta.get("reward_threshold"), observation_space,
                        dict(meta.get("env_kwargs") or {}))
+        if env_kwargs is not None:  # (made here, where its spaces are checked against the model's)
+            env = spec.env_id if env is None else env
+            env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
         if env is not None:
             made = isinstance(env, str)  # (an id: this call makes the env)
-            if made and spec.env_kwargs:
+            if made and meta.get("env_kwargs") and env_kwargs is None:
                 warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
-                              f"load(env={env!r}) makes that env without them (pass an env made with them: "
-                              "rlspeed.make_env(env_id, **options)).", stacklevel=2)
+                              f"load(env={env!r}) makes that env without them (pass them again: "
+                              "load(path, env=env_id, env_kwargs=options)).", stacklevel=2)
             if made:  # as many envs as the run trained with (as load without an env, whose learn makes them)
-                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device)
+                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device, **(env_kwargs or {}))
             elif not isinstance(env, BatchedEnv):
                 env = make_env(env, device=device)
             else:

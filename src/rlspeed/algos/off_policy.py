@@ -182,8 +182,8 @@ def frozen_copy(module: torch.nn.Module, owner=None, names: tuple[str, str] | No
 class _TargetFollower:
     """`frozen_copy`'s load hook: after `load_state_dict` into the model's online network (`owner.<online>`), the same
     state goes into its target (`owner.<target>`), key by key where both have it. It holds the model weakly and acts
-    on the model's own network only; a deep copy of the model gets one for the copy, a copy or pickle of the network
-    alone an inert one."""
+    on the model's own network only; a deep copy or pickle of the model gets one for the copy (`_own_modules`), a copy
+    or pickle of the network alone an inert one."""
 
     def __init__(self, owner, online: str, target: str):
         self._owner = weakref.ref(owner) if owner is not None else None
@@ -404,6 +404,15 @@ class OffPolicyAlgorithm(Algorithm):
             warnings.warn(f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call "
                           f"stores ({stored:,}): no gradient update will run; lower learning_starts or train "
                           "longer.", stacklevel=3)
+
+    def _own_modules(self) -> None:
+        """`Algorithm._own_modules`: the unpickled target followers (inert, `_TargetFollower.__reduce__`) follow this
+        model."""
+        for value in vars(self).values():
+            if isinstance(value, torch.nn.Module):
+                for hook in value._load_state_dict_post_hooks.values():
+                    if isinstance(hook, _TargetFollower) and hook._owner is None:
+                        hook._owner = weakref.ref(self)
 
     # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
     def _on_env_reset(self) -> None:
