@@ -404,6 +404,45 @@ def test_a_hyperparameter_set_on_the_model_is_refused_and_one_set_on_its_config_
     assert sac.target_entropy == -2.0
 
 
+@pytest.mark.parametrize("algo, env_id, options", [
+    ("PPO", "CartPole-v1", {"num_envs": 4, "num_steps": 16, "batch_size": 32, "n_epochs": 2}),
+    ("A2C", "CartPole-v1", {"num_envs": 2, "num_steps": 8}),
+    ("SAC", "Pendulum-v1", {"learning_starts": 16, "batch_size": 16}),
+    ("DQN", "CartPole-v1", {"learning_starts": 16, "batch_size": 16}),
+])
+def test_pretrained_values_given_as_new_parameter_data_are_what_trains(algo, env_id, options):
+    """Behaviour cloning's transfer `param.data = pretrained` on a parameter other than the first left the
+    hand-derived update training the old values in its flat buffer (while predict used the new ones), and
+    `vector_to_parameters` failed with advice to rebuild the model: both train now as values copied in place do. A
+    network put in place of the model's (`model.policy = other.policy`: acting, not training) is refused."""
+    import rlspeed
+
+    def made():
+        return getattr(rlspeed, algo)(env_id, seed=0, device="cpu", env_backend="torch", **options)
+
+    assigned, copied = made(), made()
+    new = [torch.randn_like(p) for p in assigned.policy.parameters()]
+    parameters = list(assigned.policy.parameters())
+    parameters[-1].data = new[-1].clone()
+    with torch.no_grad():
+        list(copied.policy.parameters())[-1].copy_(new[-1])
+    for model in (assigned, copied):
+        assert model.update_summary()["implementation"] == "hand-derived"
+        torch.manual_seed(1)
+        model.learn(64, progress_bar=False)
+    assert all(torch.equal(a, b) for a, b in zip(assigned._state_tensors().values(), copied._state_tensors().values()))
+    torch.nn.utils.vector_to_parameters(torch.cat([value.flatten() for value in new]), assigned.policy.parameters())
+    with torch.no_grad():
+        for parameter, value in zip(copied.policy.parameters(), new):
+            parameter.copy_(value)
+    for model in (assigned, copied):
+        torch.manual_seed(2)
+        model.learn(64, progress_bar=False)
+    assert all(torch.equal(a, b) for a, b in zip(assigned._state_tensors().values(), copied._state_tensors().values()))
+    with pytest.raises(UserError, match=r"model.policy = \.\.\. would not be what trains: .*load_state_dict"):
+        assigned.policy = made().policy
+
+
 def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):
     """Its update step was a closure ("Can't pickle local object 'autograd_step.<locals>.step'")."""
     import pickle

@@ -39,11 +39,14 @@ def test_refuses_adam_variants_it_does_not_implement():
         FlatAdam([net.weight], torch.optim.Adam(net.parameters()))
 
 
-def test_notices_parameters_replaced_after_flattening():
+def test_parameters_given_new_data_go_back_into_the_flat_buffer_and_another_shape_is_refused():
     net = nn.Linear(2, 2)
     adam = FlatAdam(list(net.parameters()), torch.optim.Adam(net.parameters()))
-    net.weight.data = net.weight.data.clone()
-    with pytest.raises(RuntimeError, match="moved or replaced"):
+    net.bias.data = torch.tensor([3.0, 4.0])  # (a pretrained value: the flat buffer, which the update reads, takes it)
+    adam.check()
+    assert net.bias.data_ptr() == adam.param_views[1].data_ptr() and adam.flat[-2:].tolist() == [3.0, 4.0]
+    net.weight.data = torch.zeros(3, 2)
+    with pytest.raises(RuntimeError, match="moved to another device or given another shape"):
         adam.check()
 
 

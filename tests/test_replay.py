@@ -306,6 +306,59 @@ def test_save_replay_buffer_and_load_replay_buffer_carry_transitions_to_another_
         pendulum.learn(8, progress_bar=False)
 
 
+def test_restart_episodes_stores_the_steps_waiting_for_their_n_step_return_as_shorter_ones():
+    """A demonstration added by hand and ended by `restart_episodes()`: its last n - 1 steps, which carry the
+    terminal reward, were dropped (5 steps, 3 stored); they are stored as the m-step transitions an episode
+    truncated there gives (rewards summed to its end, no bootstrap past a terminal step; else from the last next
+    observation, discounted gamma^m)."""
+    buffer = make_buffer(20, 1, n_step=3, gamma=0.5)
+    rewards = [1.0, 2.0, 4.0, 8.0, 16.0]
+    for t, reward in enumerate(rewards):
+        buffer.add(torch.tensor([[float(t)]]), torch.tensor([0]), torch.tensor([reward]), torch.tensor([[t + 0.5]]),
+                   torch.tensor([t == 4]), torch.tensor([False]))
+    assert len(buffer) == 3
+    buffer.restart_episodes()
+    assert len(buffer) == 5 and buffer.obs[:5, 0].tolist() == [0, 1, 2, 3, 4]
+    assert buffer.rewards[:5].tolist() == [1 + 1 + 1, 2 + 2 + 2, 4 + 4 + 4, 8 + 8, 16]
+    assert buffer.terminated[:5].tolist() == [0, 0, 1, 1, 1] and buffer.next_obs[:5, 0].tolist() == [2.5, 3.5, 4.5,
+                                                                                                     4.5, 4.5]
+    unfinished = make_buffer(20, 1, n_step=3, gamma=0.5)  # (no episode end: bootstraps from the last step's next
+    for t in range(2):  # observation, over the steps it has)
+        unfinished.add(torch.tensor([[float(t)]]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([[t + 0.5]]),
+                       torch.tensor([False]), torch.tensor([False]))
+    unfinished.restart_episodes()
+    assert unfinished.rewards[:2].tolist() == [1.5, 1.0] and unfinished.discounts[:2].tolist() == [0.25, 0.5]
+    assert unfinished.terminated[:2].tolist() == [0, 0] and unfinished.next_obs[:2, 0].tolist() == [1.5, 1.5]
+
+
+def test_load_replay_buffer_refuses_values_the_spaces_do_not_have_and_keeps_refusing_until_they_fit():
+    """Demonstrations whose actions a Discrete space does not have (they failed in the update's indexing, or a
+    device assert), Box actions in the env's units, and SB3's truncate_last_traj=False are refused in one sentence;
+    a buffer a learn refuses (another n_step) is refused again by the next learn, which trained without it."""
+    from rlspeed import DQN, SAC
+    from rlspeed.errors import UserError
+
+    bad = make_buffer(10, 1, obs_dim=4)
+    for action in (0, 5):
+        bad.add(torch.zeros(1, 4), torch.tensor([action]), torch.ones(1), torch.zeros(1, 4), torch.tensor([False]),
+                torch.tensor([False]))
+    with pytest.raises(UserError, match=r"its actions hold values outside CartPole-v1's Discrete\(2\) actions 0..1"):
+        DQN("CartPole-v1", device="cpu").load_replay_buffer(bad)
+    with pytest.raises(UserError, match=r"truncate_last_traj=False\) would continue the saved episodes"):
+        DQN("CartPole-v1", device="cpu").load_replay_buffer(bad, truncate_last_traj=False)
+    box = ReplayBuffer(10, 1, (3,), (1,), torch.float32, "cpu")
+    box.add(torch.zeros(1, 3), torch.full((1, 1), 2.0), torch.ones(1), torch.zeros(1, 3), torch.tensor([False]),
+            torch.tensor([False]))
+    with pytest.raises(UserError, match=r"its actions reach 2: the buffer holds actions in the policy's scale"):
+        SAC("Pendulum-v1", device="cpu").load_replay_buffer(box)
+    three = make_buffer(10, 1, n_step=3, obs_dim=4)
+    model = DQN("CartPole-v1", device="cpu", learning_starts=0, batch_size=4)
+    model.buffer = three
+    for _ in range(2):
+        with pytest.raises(UserError, match="the ReplayBuffer given cannot fill .* holds 3-step transitions"):
+            model.learn(8, progress_bar=False)
+
+
 def test_a_resume_with_another_gamma_trains_on_it(tmp_path):
     import warnings
 

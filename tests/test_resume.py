@@ -130,10 +130,11 @@ def test_resuming_gymnasium_envs_says_what_cannot_be_restored(tmp_path):
 
 
 @pytest.mark.parametrize("num_envs", [2, 3])
-def test_steps_waiting_for_their_n_step_return_are_dropped_when_the_resumed_envs_start_afresh(tmp_path, num_envs):
+def test_steps_waiting_for_their_n_step_return_are_not_joined_to_the_fresh_episodes_of_a_resume(tmp_path, num_envs):
     """A checkpoint of Gymnasium envs holds the replay buffer's steps still waiting for their n-step return; the
     resumed run's envs start fresh episodes, to which those steps were joined (an impossible transition per env and
-    pending step), or with other num_envs crashed in torch.stack."""
+    pending step), or with other num_envs crashed in torch.stack. They are stored as shorter returns, their episodes
+    truncated at the checkpoint, and the new episodes' steps wait for their own."""
     settings = dict(seed=0, device="cpu", env_backend="gymnasium", learning_starts=16, batch_size=8, n_step=3,
                     buffer_size=500, net_arch=(8,), save_replay_buffer=True)
     DQN("CartPole-v1", num_envs=2, **settings).learn(101, progress_bar=False, run_dir=tmp_path, checkpoint_freq=50)
@@ -144,16 +145,18 @@ def test_steps_waiting_for_their_n_step_return_are_dropped_when_the_resumed_envs
     load_replay = resumed._load_replay
 
     def _load_replay(resume):
-        loaded = load_replay(resume)
-        loaded_rows.append(resumed.buffer.size)
+        loaded = load_replay(resume)  # (the rows stored, and those of the steps still waiting: 2 steps of 2 envs)
+        loaded_rows.append((resumed.buffer.size, sum(step[2].shape[0] for step in resumed.buffer._window)))
         return loaded
 
     resumed._load_replay = _load_replay
     with pytest.warns(UserWarning, match="cannot restore their episodes in progress"):
         resumed.learn(4 * num_envs, progress_bar=False)
+    (stored, waiting), = loaded_rows
+    assert stored > 0 and stored + waiting == resumed.buffer.size - 2 * num_envs
+    assert waiting == (4 if num_envs == 2 else 0)  # (with other num_envs: stored while loading)
     # four steps of fresh episodes: the first n - 1 = 2 only fill the n-step window, the next 2 store a row per env
-    # (the checkpoint's 2 waiting steps per env, joined to the new episodes, made 4)
-    assert loaded_rows[0] > 0 and resumed.buffer.size - loaded_rows[0] == 2 * num_envs
+    assert len(resumed.buffer._window) == 2 and resumed.buffer._window[0][2].shape[0] == num_envs
 
 
 def test_a_checkpoint_without_resume_state_still_resumes_and_loads(tmp_path):

@@ -1054,24 +1054,22 @@ class Algorithm:
         a rate set in their param_groups by hand holds until then (and `anneal_lr` sets its own)."""
         learning_rate = self.config.learning_rate
         if getattr(self, "_learning_rate_given", learning_rate) != learning_rate and not self.config.anneal_lr:
-            for optimizer in self._optimizers().values():
-                for group in optimizer.param_groups:
-                    if isinstance(group["lr"], torch.Tensor):
-                        group["lr"].fill_(learning_rate)
-                    else:
-                        group["lr"] = learning_rate
+            self._set_learning_rate(learning_rate)
         self._learning_rate_given = learning_rate
 
-    def _anneal_learning_rate(self, timesteps: int | None = None) -> None:
-        """`anneal_lr`: every optimizer's learning rate set to config.learning_rate times the progress remaining at
-        `timesteps` (linear decay to 0, SB3's and RL-Zoo's `lin_X`)."""
-        learning_rate = self.config.learning_rate * self._progress_remaining(timesteps)
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        """Every optimizer's learning rate (in place where it is a device tensor, as a captured step reads it)."""
         for optimizer in self._optimizers().values():
             for group in optimizer.param_groups:
                 if isinstance(group["lr"], torch.Tensor):
                     group["lr"].fill_(learning_rate)
                 else:
                     group["lr"] = learning_rate
+
+    def _anneal_learning_rate(self, timesteps: int | None = None) -> None:
+        """`anneal_lr`: every optimizer's learning rate set to config.learning_rate times the progress remaining at
+        `timesteps` (linear decay to 0, SB3's and RL-Zoo's `lin_X`)."""
+        self._set_learning_rate(self.config.learning_rate * self._progress_remaining(timesteps))
 
     def _modules(self) -> dict[str, torch.nn.Module | torch.Tensor]:
         """What a checkpoint holds besides optimisers: name -> module, or a lone tensor (e.g. SAC's log_alpha).
@@ -1153,12 +1151,20 @@ class Algorithm:
         its online one, `rlspeed.algos.off_policy.frozen_copy`) follows this copy's, not nothing."""
 
     def __setattr__(self, name: str, value) -> None:
-        # (a hyperparameter set on the model, as on Stable-Baselines3's, would be a new attribute nothing reads)
-        if (self.__dict__.get("_built") and name not in self.__dict__ and not hasattr(type(self), name)
-                and name in _config_names(type(self))):
-            raise UserError(f"model.{name} = ... changes nothing: {type(self).__name__} reads its hyperparameters "
-                            f"from model.config; set model.config.{name} (docs/callbacks.md says which take effect "
-                            "once the model is built).")
+        if self.__dict__.get("_built"):
+            # (a hyperparameter set on the model, as on Stable-Baselines3's, would be a new attribute nothing reads)
+            if name not in self.__dict__ and not hasattr(type(self), name) and name in _config_names(type(self)):
+                raise UserError(f"model.{name} = ... changes nothing: {type(self).__name__} reads its "
+                                f"hyperparameters from model.config; set model.config.{name} (docs/callbacks.md says "
+                                "which take effect once the model is built).")
+            # (a network put in place of one the model was built with: its optimisers and update steps hold the
+            # first one's parameters, so the new one would act but not train, or neither)
+            current = self.__dict__.get(name)
+            if (isinstance(current, torch.nn.Module) and isinstance(value, torch.nn.Module) and value is not current
+                    and any(True for _ in current.parameters())):
+                raise UserError(f"model.{name} = ... would not be what trains: the model's optimisers and update "
+                                f"step hold the networks it was built with; load the other's weights into them "
+                                f"(model.{name}.load_state_dict(other.state_dict())).")
         object.__setattr__(self, name, value)
 
     def __repr__(self) -> str:

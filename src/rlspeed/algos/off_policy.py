@@ -353,6 +353,8 @@ class OffPolicyAlgorithm(Algorithm):
             if getattr(self, "_mid_rollout", False):
                 self._obs, self._mid_rollout = self._first_obs(env), False
                 self._on_env_reset()  # (pending n-step steps and frame stacks of the ended episodes go)
+            if getattr(self, "_replay_source", None) is not None:  # (one the last learn refused)
+                self._fill_replay()
             return
         # Updates wait until the new buffer holds learning_starts transitions, also after `load` or `resume`, whose
         # step count is already past learning_starts but whose replay data was not saved.
@@ -379,7 +381,8 @@ class OffPolicyAlgorithm(Algorithm):
                            rules(self.device).index_dtype if discrete else torch.float32,
                            self.device, gamma=cfg.gamma, mask_size=self._start_masking(), **options)
         left, self._replay_left = getattr(self, "_replay_left", None), None
-        if left is not None and self._resume is None:  # (a loaded model's first learn: the file beside it not read)
+        if left is not None and self._resume is None and getattr(self, "_replay_source", None) is None:
+            # (a loaded model's first learn: the file beside it not read)
             warnings.warn(f"'{left.name}' beside the loaded model holds its run's replay buffer, which load does not "
                           f"read: this learn starts an empty one (updates wait for learning_starts transitions); "
                           f"model.resume(path) on a model made as the run's continues with it.", stacklevel=3)
@@ -492,13 +495,20 @@ class OffPolicyAlgorithm(Algorithm):
         return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "algo": self.name, "env_id": self.env_id}},
                                digest=digest)
 
-    def load_replay_buffer(self, path) -> None:
+    def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
         """`Algorithm.load_replay_buffer`: the transitions of the file (or of the `ReplayBuffer` given) go into this
-        model's replay buffer, now if learn made it, else when the next learn makes it; updates may start as soon
-        as it holds `learning_starts` transitions, the loaded ones counted. The stored rows must match this model's
-        observation and action shapes and its n_step (n-step rows: also its gamma); a buffer of another capacity
-        gives its newest transitions. Steps still waiting for their n-step return are dropped (the envs' episodes
-        are not theirs)."""
+        model's replay buffer, now if learn made it, else when the next learn makes it (where they do not fit, that
+        learn refuses them, and the next one again); updates may start as soon as it holds `learning_starts`
+        transitions, the loaded ones counted. The stored rows must match this model's observation and action shapes,
+        its n_step (n-step rows: also its gamma) and its action space's values (Discrete actions below n; Box
+        actions in the policy's scale, [-1, 1]); a buffer of another capacity gives its newest transitions. Steps
+        still waiting for their n-step return are stored as shorter ones, their episodes truncated there
+        (Stable-Baselines3's `truncate_last_traj=True`; False, which continues them in the model's envs, is
+        refused: the envs' episodes are not theirs)."""
+        if truncate_last_traj is not True:
+            raise UserError("load_replay_buffer(..., truncate_last_traj=False) would continue the saved episodes in "
+                            "this model's envs, whose episodes are not theirs: leave it True (the steps of unfinished "
+                            "episodes are stored as truncated there).")
         if isinstance(path, ReplayBuffer):
             name = f"the {type(path).__name__} given"
             tensors, meta = path.state_dict()
@@ -512,19 +522,48 @@ class OffPolicyAlgorithm(Algorithm):
         else:
             raise UserError(f"load_replay_buffer reads a file (a str or pathlib.Path) or takes an "
                             f"rlspeed.buffers.ReplayBuffer, not {type(path).__name__}.")
-        self._replay_source = (tensors, {**meta, "window": 0}, name)
+        problem = self._replay_values_problem(tensors, meta)
+        if problem is not None:
+            raise UserError(f"{name} cannot fill this model's replay buffer: {problem}.")
+        self._replay_source = (tensors, meta, name)
         if getattr(self, "buffer", None) is not None and getattr(self, "_made_buffer", None) is self.buffer:
             self._fill_replay()
 
     def _fill_replay(self) -> None:
         """Fill the buffer learn made from `load_replay_buffer`'s source; a UserError naming it when it does not
-        fit."""
-        (tensors, meta, name), self._replay_source = self._replay_source, None
+        fit (the source stays, for the next learn to say it again rather than train without it)."""
+        tensors, meta, name = self._replay_source
         reason = self.buffer.load_state_dict(tensors, meta)
         if reason is not None:
             raise UserError(f"{name} cannot fill this model's replay buffer: {reason}.")
-        self.buffer.restart_episodes()
+        self._replay_source = None
+        self.buffer.restart_episodes()  # (its steps waiting for their n-step return: stored, truncated)
         self._buffer_start = self.num_timesteps - len(self.buffer)  # (the loaded rows count for learning_starts)
+
+    def _replay_values_problem(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
+        """Why the stored actions (and Discrete observations) of a replay source cannot be this model's, else None:
+        values a Discrete space does not have fail in the update's indexing, and Box actions outside [-1, 1] are
+        in the env's units, not the policy's scale the buffer holds."""
+        rows = int(meta.get("rows", meta.get("size", 0)))
+        actions = tensors.get("actions")
+        if actions is None or not rows:
+            return None
+        actions = actions[:rows]
+        if self.spec.discrete:
+            n = self.spec.action_dim
+            if actions.is_floating_point() or bool(((actions < 0) | (actions >= n)).any()):
+                return f"its actions hold values outside {self.spec.env_id}'s Discrete({n}) actions 0..{n - 1}"
+        elif actions.is_floating_point() and bool((actions.abs() > 1).any()):
+            return (f"its actions reach {float(actions.abs().max()):.4g}: the buffer holds actions in the policy's "
+                    "scale [-1, 1] (an env action a is 2 (a - low) / (high - low) - 1)")
+        space = self.spec.observation_space
+        if isinstance(space, gym.spaces.Discrete):
+            for key in ("obs", "next_obs"):
+                values = tensors.get(key)
+                if values is not None and bool(((values[:rows] < space.start)
+                                                | (values[:rows] >= space.start + space.n)).any()):
+                    return f"its {key} hold values outside {self.spec.env_id}'s observation space {space}"
+        return None
 
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         cfg, env, buffer = self.config, self._env, self.buffer

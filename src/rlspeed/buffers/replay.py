@@ -354,16 +354,16 @@ class ReplayBuffer:
     def _n_step_transition(self):
         """The n-step transition starting at the oldest pending step, for all N envs at once."""
         obs, actions = self._window[0][0], self._window[0][1]
-        rewards = torch.stack([w[2] for w in self._window])  # [n, N]
+        rewards = torch.stack([w[2] for w in self._window])  # [n, N] (fewer steps: `_flush_window`)
         next_obs = (torch.stack([w[3] for w in self._window]) if not isinstance(obs, dict)  # [n, N, ...]
                     else {key: torch.stack([w[3][key] for w in self._window]) for key in obs})
         terminated = torch.stack([w[4] for w in self._window])
         done = torch.stack([w[5] for w in self._window])
         # alive[k] = 1 while no episode end happened before step k: later steps belong to the next episode.
         alive = torch.cumprod(torch.cat((torch.ones_like(done[:1]), 1.0 - done[:-1])), dim=0)
-        returns = (self._powers.unsqueeze(1) * alive * rewards).sum(0)
+        returns = (self._powers[:len(self._window)].unsqueeze(1) * alive * rewards).sum(0)
         last = (alive.sum(0) - 1).long()  # index of the last step used: the first done, else n - 1
-        columns = torch.arange(self.num_envs, device=last.device)
+        columns = torch.arange(last.shape[0], device=last.device)
         discounts = self.gamma ** (last + 1).to(torch.float32)
         last_obs = map_obs(lambda v: v[last, columns], next_obs)
         masks = None
@@ -407,7 +407,11 @@ class ReplayBuffer:
         observation keys, shapes or dtypes that do not convert without loss), else None. The dense layout takes a
         buffer of another capacity too: its newest transitions, oldest first from row 0 (as many as fit)."""
         storage = self.storage_tensors()
-        if meta.get("layout", "dense") != self.layout or set(storage) - set(tensors):
+        missing = set(storage) - set(tensors)
+        if meta.get("layout", "dense") == self.layout and missing == {"next_action_masks"}:
+            return ("it holds no action masks, and this model's env gives them (make the buffer with mask_size, "
+                    "the number of actions)")
+        if meta.get("layout", "dense") != self.layout or missing:
             return "it holds another replay layout or other observation keys than this model's"
         capacity = int(meta.get("capacity", self.capacity))
         if capacity != self.capacity and self.layout != "dense":
@@ -447,15 +451,27 @@ class ReplayBuffer:
                     if key.startswith(name + ".")}
 
         width = 6 if self.next_action_masks is None else 7  # (masked runs: the next mask last)
-        # (steps waiting for their n-step return continue only in as many envs as they came from)
-        waiting = int(meta.get("window", 0)) if int(meta.get("num_envs", self.num_envs)) == self.num_envs else 0
-        self._window = [tuple(entry(step, i) for i in range(width)) for step in range(waiting)]
+        self._window = [tuple(entry(step, i) for i in range(width)) for step in range(int(meta.get("window", 0)))]
+        if int(meta.get("num_envs", self.num_envs)) != self.num_envs:  # (steps waiting for their n-step return
+            self.restart_episodes()  # continue only in as many envs as they came from)
         return None
 
     def restart_episodes(self) -> None:
-        """The envs were reset outside the step loop: steps still waiting for their n-step return would be joined to
-        the new episodes' rewards, so they are dropped."""
+        """The envs were reset outside the step loop (or the next steps added do not continue the last ones: a
+        demonstration added by hand): steps still waiting for their n-step return would be joined to the new
+        episodes' rewards. In the dense layout they are stored now, each with the return of the steps after it
+        (`_flush_window`); the frame layouts drop them."""
+        if self.layout == "dense":
+            self._flush_window()
         self._window.clear()
+
+    def _flush_window(self) -> None:
+        """Store the steps waiting for their n-step return, each as an m-step transition (m < n) over the steps
+        after it: ending where its episode ended, else bootstrapping from the last step's next observation, as a
+        truncated episode does."""
+        while self._window:
+            self._write(*self._n_step_transition())
+            self._window.pop(0)
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts=None, next_action_masks=None) -> None:
         """Write `len(obs)` (at most `capacity`) rows from `pos` on, wrapping around the end of the storage."""

@@ -127,7 +127,9 @@ class FusedA2CUpdate:
     def rollout_noise(self, num_steps: int, num_envs: int) -> torch.Tensor:
         """The random draws of a whole rollout, `[T, N, A]`, made at once (the parameters do not change during a
         rollout): Gumbel noise -log(E), E ~ Exp(1), for a categorical policy; N(0, 1) scaled by the current std for
-        a Gaussian one."""
+        a Gaussian one. (First, as before an update: parameters given new data go back into the flat buffer that
+        the rollout's forward passes read.)"""
+        self.adam.check()
         width = self.weights[-1].shape[-1]
         noise = torch.empty((num_steps, num_envs, width), device=self.adam.flat.device)
         if self.policy.discrete:

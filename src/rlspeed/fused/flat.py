@@ -141,14 +141,19 @@ class FlatAdam:
             state[p] = {"step": self.step_count, **{key: key_views[index] for key, key_views in views.items()}}
 
     def check(self) -> None:
-        """Before an update: re-adopt the optimizer state if it was replaced (load_state_dict); fail if the
-        parameters no longer live in the flat buffer (moved with `.to()`, or replaced)."""
+        """Before an update: re-adopt the optimizer state if it was replaced (load_state_dict); parameters whose
+        data was replaced on their device (`p.data = pretrained`, `vector_to_parameters`) go back into the flat
+        buffer with their new values (`hold_in`), and the update trains those; fail if one was moved to another
+        device or given another shape."""
         key, views = next(iter(self._state_views().items()))
         if self.optimizer.state.get(self.params[0], {}).get(key) is not views[0]:
             self._adopt_optimizer_state()
-        if self.params[0].data_ptr() != self.flat.data_ptr():
-            raise RuntimeError("The parameters were moved or replaced after their flat buffer was built; "
-                               "build the model again on its device instead.")
+        if any(p.data_ptr() != view.data_ptr() for p, view in zip(self.params, self.param_views)):
+            if any(p.device != self.flat.device or p.shape != view.shape
+                   for p, view in zip(self.params, self.param_views)):
+                raise RuntimeError("The parameters were moved to another device or given another shape after "
+                                   "their flat buffer was built; build the model again on its device instead.")
+            hold_in(self.flat, self.params, self.grad_views)
 
     def _reduce_and_clip(self, as_grad_scale: bool = False, grad: torch.Tensor | None = None) -> torch.Tensor | None:
         """Average the gradient (or the part of it `grad`) over the processes (several processes), then clip its
