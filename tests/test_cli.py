@@ -386,6 +386,53 @@ def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_use
     assert not (out / "checkpoint.safetensors").exists()
 
 
+def test_a_run_directory_named_with_a_tilde_or_left_empty_or_without_its_config_is_no_silent_split(monkeypatch,
+                                                                                                    tmp_path, capsys):
+    """Hostile paths: `--out '~/runs/a'` (quoted, from a config file) wrote config.yaml, metrics.csv and summary.json
+    into ./~/runs/a and the model and checkpoint into $HOME/runs/a, over another run there; `--out ""` (an unset
+    variable) meant the current directory; `--resume` of a run whose config.yaml is missing swapped in the preset's
+    hyperparameters and budget without a word; over-long names and dangling symlinks were tracebacks or a wrong
+    reason. One directory; one-sentence refusals (exit 2)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    args = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none", "--no-progress",
+            "--set", "num_steps=32", "--checkpoint-freq", "128"]
+    assert cli.main([*args, "--out", "~/runs/a"]) == 0
+    home_run = tmp_path / "home" / "runs" / "a"
+    assert {"config.yaml", "metrics.csv", "summary.json", "model.safetensors"} <= {p.name for p in home_run.iterdir()}
+    assert not (tmp_path / "~").exists()
+    assert cli.main([*args, "--out", "~/runs/a"]) == 2  # (the run there is not replaced without --overwrite)
+    assert "already holds a run" in capsys.readouterr().err
+    assert cli.main([*args, "--out", ""]) == 2
+    assert "--out is empty" in capsys.readouterr().err
+    assert cli.main([*args, "--out", "x" * 300]) == 2  # (a name longer than the filesystem takes: a traceback)
+    assert "File name too long" in capsys.readouterr().err
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # ("Cannot create ...: File exists")
+    assert cli.main([*args, "--out", "dangling"]) == 2
+    assert "is a symlink to nothing" in capsys.readouterr().err
+    (home_run / "config.yaml").write_text("")
+    assert cli.main([*args, "--out", str(home_run), "--resume"]) == 2
+    assert "config.yaml' is missing, empty or damaged" in capsys.readouterr().err
+
+
+def test_overwrite_that_cannot_delete_the_old_run_is_one_sentence(tmp_path, monkeypatch):
+    """A run file that cannot be deleted (another owner's, a read-only mount) was a PermissionError traceback after
+    half the run was gone."""
+    import shutil
+
+    run = tmp_path / "run"
+    (run / "tensorboard").mkdir(parents=True)
+    (run / "metrics.csv").write_text("timesteps\n")
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(shutil, "rmtree", refuse)
+    with pytest.raises(UserError, match=r"--overwrite cannot delete the run in .*Permission denied.*nothing was "
+                                        r"trained"):
+        cli._remove_run_files(run, ["tensorboard", "metrics.csv"])
+
+
 def test_a_command_that_cannot_train_leaves_the_run_it_would_overwrite(runs, tmp_path, monkeypatch):
     """--overwrite deletes the old run only once the new one can start (a typo must not cost a finished run), and a
     failed command leaves no empty run directory."""

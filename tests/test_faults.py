@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlspeed import PPO, UserError, cli
+from rlspeed import PPO, UserError, checkpoint, cli
 from rlspeed.buffers.replay import ReplayBuffer
 from rlspeed.checkpoint import load_checkpoint, save_checkpoint, tensor_digest
 from rlspeed.envs import EnvStepError, make_env
@@ -332,6 +332,38 @@ def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
     stale.write_bytes(b"half a checkpoint")
     save_checkpoint(path, {"w": torch.zeros(2)}, {})
     assert not stale.exists() and alive.exists()
+    # a killed writer with this process's id (a container's process often has the id of the one before it): its
+    # file is stale too, but for one this process is writing now
+    own = tmp_path / f".model.safetensors.{os.getpid()}.ghi789.tmp"
+    writing = tmp_path / f".model.safetensors.{os.getpid()}.jkl012.tmp"
+    own.write_bytes(b"half a checkpoint")
+    writing.write_bytes(b"being written")
+    checkpoint._WRITING.add(str(writing))
+    try:
+        load_checkpoint(path)
+    finally:
+        checkpoint._WRITING.discard(str(writing))
+    assert not own.exists() and writing.exists()
+
+
+def test_a_failure_closing_the_logs_does_not_hide_the_error_that_stopped_training(tmp_path, monkeypatch):
+    """A checkpoint write that failed (a full disk) was replaced by the logger's own failure in learn's cleanup,
+    which named metrics.csv for a plot that could not be written: the first error is raised, the second warned."""
+    from rlspeed.logging import RunLogger
+
+    model = PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16, env_backend="torch")
+
+    def full(*args, **kwargs):
+        raise UserError("Cannot write the checkpoint (No space left on device)")
+
+    def plot(self):
+        raise OSError(28, "No space left on device", str(self.run_dir / "learning_curve.png"))
+
+    monkeypatch.setattr(model, "save", full)
+    monkeypatch.setattr(RunLogger, "plot", plot)
+    with pytest.raises(UserError, match="Cannot write the checkpoint"), pytest.warns(
+            UserWarning, match=r"learning_curve.png.*after the error below"):
+        model.learn(64, progress_bar=False, run_dir=tmp_path / "run", checkpoint_freq=32)
 
 
 FULL_DISK = textwrap.dedent("""

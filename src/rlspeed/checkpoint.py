@@ -458,6 +458,11 @@ def tensor_digest(tensors: dict[str, torch.Tensor], metadata: dict, algorithm: s
     return hasher.hexdigest()
 
 
+#: the temporary files this process is writing now (`save_checkpoint`): its own others are stale (a container's
+#: process often has the id of the one before it, killed in a write)
+_WRITING: set[str] = set()
+
+
 def _temporary_files(path: Path) -> list[Path]:
     """Temporary files of interrupted writes of `path` whose writing process is gone (a running writer's file is
     kept: its name holds the writer's process id)."""
@@ -473,7 +478,7 @@ def _temporary_files(path: Path) -> list[Path]:
                 pass
             except PermissionError:
                 continue
-        elif pid == os.getpid():
+        elif pid == os.getpid() and str(tmp) in _WRITING:
             continue
         stale.append(tmp)
     return stale
@@ -483,7 +488,7 @@ def remove_stale_temporary_files(path: str | os.PathLike) -> list[Path]:
     """Delete what interrupted writes of the checkpoint `path` left behind; returns the files removed."""
     removed = []
     for tmp in _temporary_files(checkpoint_path(path)):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # (gone already, or a directory this process may only read)
             tmp.unlink()
             removed.append(tmp)
     return removed
@@ -531,23 +536,28 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
+        _WRITING.add(tmp)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         plain_file_mode(tmp)
         os.replace(tmp, path)
+        _WRITING.discard(tmp)
         tmp = None
     except OSError as error:
         kept = ("an earlier checkpoint there is unchanged" if path.exists()
                 else "nothing was written there (no earlier file of that name exists)")
         raise UserError(f"Cannot write the checkpoint '{path}' ({error.strerror or error}); {kept}.") from None
     finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
+        if tmp is not None:
+            _WRITING.discard(tmp)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
+    try:  # (the rename on disk too; some filesystems refuse a directory's fsync, EINVAL: the file's was done)
+        with contextlib.suppress(OSError):
+            os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
     return path

@@ -283,6 +283,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     and summary.json (`"interrupted": true`) and returns 130 or 143.
     """
     _import_env_modules(args, "env_id")
+    if args.out is not None:  # (one path for every file of the run: the checkpoints' writer expands "~" too)
+        if not args.out.strip():
+            raise UserError("--out is empty (an unset variable?): give the run directory, or leave --out out for a "
+                            "new one under runs/.")
+        args.out = str(Path(args.out).expanduser())
+        try:
+            exists = Path(args.out).exists()
+        except OSError as error:  # (a name longer than the filesystem takes, ...)
+            raise UserError(f"--out '{args.out}': {error.strerror or error}.") from None
+        if not exists and os.path.islink(args.out):
+            raise UserError(f"--out '{args.out}' is a symlink to nothing (or a loop of them): remove it, or give "
+                            "another directory.")
     # (flags that only act with another one: refused rather than ignored)
     for flag, given, needs in (("--max-restarts", bool(args.max_restarts) and args.nproc is None and args.seeds is None,
                                 "--nproc N (torchrun restarts the group)"),
@@ -541,7 +553,11 @@ def _train_population(args: argparse.Namespace) -> int:
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
         summary["member_models"] = _save_member_models(population, summary, run_dir)
         _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
-        plot_learning_curves(summary, run_dir / "learning_curves.png")
+        try:
+            plot_learning_curves(summary, run_dir / "learning_curves.png")
+        except OSError as error:  # (the run is saved whole: the plot is the one thing missing)
+            print(f"rlspeed: cannot write '{run_dir / 'learning_curves.png'}' ({error.strerror or error}); the run "
+                  "is saved (summary.json and the member models hold its results).", file=sys.stderr, flush=True)
     steps = summary["aggregate"]["steps_to_target"]
     final = summary["aggregate"]["final_eval"]
     if target is not None:
@@ -821,19 +837,7 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         finished = [name for name in ("model.safetensors", "summary.json")
                     if name in held and (name != "summary.json" or _finished_summary(run_dir / name))]
         if held and args.overwrite:
-            for name in held:
-                target = run_dir / name
-                if target.is_dir():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink()
-            from rlspeed.export import FORMATS
-
-            for suffix in FORMATS.values():  # (`rlspeed export RUN`'s files beside the replaced model, recognised
-                sidecar = run_dir / f"model{suffix}.json"  # by their metadata: a user's own model.pt stays)
-                if _export_sidecar(sidecar):
-                    (run_dir / f"model{suffix}").unlink(missing_ok=True)
-                    sidecar.unlink()
+            _remove_run_files(run_dir, held)
         elif held and not args.resume:
             raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
                             "continue it, or --overwrite to replace it.")
@@ -852,6 +856,30 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     except OSError as error:
         raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
     return run_dir
+
+
+def _remove_run_files(run_dir: Path, held: list[str]) -> None:
+    """`--overwrite`: delete the run files `held` in `run_dir` and `rlspeed export RUN`'s files beside its model
+    (recognised by their metadata: a user's own model.pt stays); one sentence where one cannot be deleted."""
+    from rlspeed.export import FORMATS
+
+    try:  # (the writability check, first: a read-only directory loses nothing)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass
+        for name in held:
+            target = run_dir / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+        for suffix in FORMATS.values():
+            sidecar = run_dir / f"model{suffix}.json"
+            if _export_sidecar(sidecar):
+                (run_dir / f"model{suffix}").unlink(missing_ok=True)
+                sidecar.unlink()
+    except OSError as error:
+        raise UserError(f"--overwrite cannot delete the run in '{run_dir}' ({error.strerror or error}"
+                        f"{f': {error.filename}' if error.filename else ''}); nothing was trained.") from None
 
 
 #: Without --checkpoint-freq, a single run writes its checkpoint at least this often (seconds of training): a crash
@@ -1192,6 +1220,13 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if args.out is None:
         return
     config = _run_config(Path(args.out) / "config.yaml")
+    # (the command line writes config.yaml first: one that is gone or unreadable beside the files it writes later is
+    # lost, not a run of a checkpoint saved from Python)
+    if not config and ((Path(args.out) / "config.yaml").exists()
+                       or any((Path(args.out) / name).exists() for name in ("metrics.csv", "summary.json"))):
+        raise UserError(f"--resume: '{Path(args.out) / 'config.yaml'}' is missing, empty or damaged, so the settings "
+                        f"the run in '{args.out}' was started with are unknown (the preset's would replace them "
+                        "silently): restore it, or start the run again with --overwrite.")
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
         return
     if isinstance(config.get("seeds"), list) and getattr(args, "seeds", None) is None:

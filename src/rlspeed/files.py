@@ -28,13 +28,15 @@ def _temporaries(path: Path) -> list[Path]:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
-    at), with a plain write's mode, renamed over `path`. OSError where it cannot be written."""
+    at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written."""
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     temporary = Path(name)
     try:
         with os.fdopen(fd, "w", newline="") as stream:
             os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
             stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())  # (on disk before the rename: a power loss leaves the old file, not an empty one)
         temporary.replace(path)
         temporary = None
     finally:  # (also on Ctrl-C: no temporary file left behind)

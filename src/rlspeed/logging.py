@@ -261,7 +261,12 @@ class RunLogger:
         if ax.lines:  # a run too short to finish an episode has nothing to label
             ax.legend()
         fig.tight_layout()
-        fig.savefig(self.run_dir / "learning_curve.png", dpi=100)
+        path = self.run_dir / "learning_curve.png"
+        try:
+            fig.savefig(path, dpi=100)
+        except OSError as error:  # (matplotlib's carries no file name: the message names the plot, not metrics.csv)
+            error.filename = error.filename or str(path)
+            raise
 
 
 def _parse(text: str):

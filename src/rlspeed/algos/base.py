@@ -1319,6 +1319,8 @@ class Algorithm:
         checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
+        if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
+            run_dir = Path(run_dir).expanduser().absolute()  # chdir during learn)
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
             asked = "target_return" if target_return is not None else "eval_freq"
@@ -1415,6 +1417,7 @@ class Algorithm:
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
         threads_before = set_training_threads(self.num_threads)  # (the model's, evaluations included)
         flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
+        raising = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
             if resume is not None:
                 self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
@@ -1546,6 +1549,9 @@ class Algorithm:
                     clock_start += paused
                     last_log_time += paused
                     closing = stop and iterations > 0  # (iterations since the last row)
+        except BaseException:
+            raising = True  # (a failure closing the logs then must not hide this one)
+            raise
         finally:
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
             set_flush_denormal(flushed_before)
@@ -1556,7 +1562,12 @@ class Algorithm:
                 pending = self.recorder.take(logger.rows[-1] if logger.rows else ())
                 if pending:
                     logger.amend_last(pending)
-                logger.close()
+                try:
+                    logger.close()
+                except UserError as error:
+                    if not raising:
+                        raise
+                    warnings.warn(f"{error} (after the error below, which stopped training)", stacklevel=2)
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got)
             self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
                               train_wall_s=clock_offset + train_clock, **result.reached())
