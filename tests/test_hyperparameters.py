@@ -147,3 +147,21 @@ def test_a_rollout_that_would_not_fit_in_memory_is_refused_before_it_is_allocate
     with pytest.raises(rlspeed.UserError, match=r"A rollout of num_steps 1,000,000,000,000 x num_envs 1 .* lower "
                                                 r"num_steps or num_envs"):
         model.learn(100, progress_bar=False)
+
+
+@pytest.mark.parametrize("algo", ["PPO", "DQN"])
+def test_gamma_zero_is_a_bandit_and_outside_zero_to_one_is_refused(algo):
+    """gamma=0 (each action judged by its own reward, as Stable-Baselines3 accepts) was refused; the n-step buffer's
+    returns are then the first reward alone."""
+    import rlspeed
+
+    options = {"n_step": 3, "learning_starts": 8, "batch_size": 8} if algo == "DQN" else {"num_envs": 2,
+                                                                                          "num_steps": 16}
+    model = getattr(rlspeed, algo)("CartPole-v1", device="cpu", env_backend="torch", gamma=0.0, **options)
+    model.learn(64, progress_bar=False)
+    if algo == "DQN":
+        stored = len(model.buffer)
+        assert bool((model.buffer.rewards[:stored] == 1).all()) and bool((model.buffer.discounts[:stored] == 0).all())
+    for gamma in (-0.1, 1.5):
+        with pytest.raises(rlspeed.UserError, match=r"gamma must be in \[0, 1\]"):
+            getattr(rlspeed, algo)("CartPole-v1", device="cpu", gamma=gamma)

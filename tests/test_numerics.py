@@ -73,6 +73,30 @@ def test_the_error_names_the_exact_step():
     assert (caught.value.env_index, caught.value.step, caught.value.rows) == (1, 37, 1)
 
 
+class Scaled(gym.Wrapper):
+    """CartPole with observations (made positive) and rewards times 1e36: finite float32 values whose sum over a run
+    is not."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        return (np.abs(obs) * 1e36).astype(np.float32), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return (np.abs(obs) * 1e36).astype(np.float32), reward * 1e36, terminated, truncated, info
+
+
+@pytest.mark.parametrize("algo", [PPO, DQN], ids=lambda a: a.__name__)
+def test_large_finite_values_are_no_nan(algo):
+    """The guard folded every value into one float32 running sum over the run, which overflowed after a few hundred
+    steps of 1e36 and stopped training with 'returned a NaN or infinite observation' for values that were finite."""
+    env = gym.vector.SyncVectorEnv([lambda: Scaled(gym.make("CartPole-v1"))] * 2,
+                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = algo(env, seed=0, device="cpu", **SMALL[algo])
+    model.learn(1024, progress_bar=False)
+    assert model.numerics_report()["first_nonfinite_env"] is None and model.num_timesteps >= 1024
+
+
 @pytest.mark.parametrize("algo", [PPO, A2C, DQN, SAC, TD3], ids=lambda a: a.__name__)
 def test_masked_nan_and_inf_are_counted_and_the_weights_stay_finite(algo):
     vector_env = _vector_env(ENV_OF[algo], faulty_env=0, probability=0.01, seed=1)

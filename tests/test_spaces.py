@@ -614,3 +614,41 @@ def test_load_and_resume_keep_the_image_scale_and_take_gsde_options_without_gsde
         rlspeed.PPO(_pendulum("image", 4), normalize_images=False, **ON_POLICY).resume(path)
     with pytest.warns(UnusedSettingWarning, match="full_std=False has no effect"):
         assert rlspeed.PPO.load(path, full_std=False).config.full_std is False
+
+
+class _OutOfSpace(gym.Env):
+    """An env whose observation leaves its Discrete or MultiDiscrete space at the fifth step (a bug of its own)."""
+
+    def __init__(self, kind: str = "multi"):
+        self.kind = kind
+        inner = gym.spaces.MultiDiscrete([3, 3]) if kind != "discrete" else gym.spaces.Discrete(4)
+        self.observation_space = gym.spaces.Dict({"cell": inner}) if kind == "dict" else inner
+        self.action_space = gym.spaces.Discrete(2)
+
+    def _obs(self, value):
+        obs = np.array([value, 1]) if self.kind != "discrete" else value
+        return {"cell": obs} if self.kind == "dict" else obs
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(0), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(4 if self.t == 5 else 1), 1.0, False, self.t >= 20, {}
+
+
+@pytest.mark.parametrize("kind", ["multi", "discrete", "dict"])
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_an_observation_outside_its_discrete_space_is_one_sentence(kind, vector):
+    """MultiDiscrete([3, 3]) observation [4, 1] was one-hot encoded into the second component's slots (trained on
+    silently), and a Discrete value past n failed with a raw index error (a device assert on a GPU)."""
+    make = gym.vector.SyncVectorEnv if vector == "sync" else gym.vector.AsyncVectorEnv
+    env = make([lambda: _OutOfSpace(kind)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    try:
+        model = rlspeed.PPO(env, device="cpu", num_envs=2, num_steps=16)
+        with pytest.raises(rlspeed.UserError, match=r"observation value 4.*outside its observation space"):
+            model.learn(64, progress_bar=False)
+    finally:
+        env.close()

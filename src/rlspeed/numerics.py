@@ -81,8 +81,9 @@ class EnvValueGuard:
     """Per-env device counters of non-finite observations and rewards, fed by `EpisodeStatistics` each step.
 
     `sums[0]` accumulates each env's reward and observation and final-observation row sums, `sums[1]` the sums of
-    the (float) actions it was given: a sum is non-finite once any of its terms was, and stays so. The sums are float32;
-    finite values overflow them only when they reach ~1e38. `clean[k]` counts the observations (resets included) made
+    the (float) actions it was given, each step's times 0 (0, or NaN where a term was not finite): a sum is non-finite
+    once any of its terms was, and stays so; finite values overflow it only where one step's row sums past float32's
+    ~3.4e38. `clean[k]` counts the observations (resets included) made
     while `sums[k]` was finite: for an env, the step of its first non-finite value. Under the `raise` policy the steps
     are kept (the env's fresh tensors, by reference) and checked a block at a time (`flush`); under `mask` each step
     is checked at once, its non-finite values replaced by 0, and `bad` counts each env's steps that had any.
@@ -138,8 +139,10 @@ class EnvValueGuard:
         return zeroed(obs), zeroed(reward), zeroed(final_obs)
 
     def _accumulate(self, sums: torch.Tensor, clean: torch.Tensor, totals: torch.Tensor) -> None:
-        """Fold per-step row totals `[T, N]` into a running sum and its clean-step count."""
-        running = totals.cumsum(0).add_(sums)
+        """Fold per-step row totals `[T, N]` into a running sum and its clean-step count. The totals are taken
+        times 0 first (0 where finite, NaN where not): large finite values summed over a run would overflow float32
+        and read as non-finite."""
+        running = totals.mul(0).cumsum_(0).add_(sums)
         clean.add_(running.isfinite().sum(0))
         sums.copy_(running[-1])
 

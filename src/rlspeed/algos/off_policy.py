@@ -117,7 +117,7 @@ class OffPolicyConfig:
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}.")
         require(self.adam_eps > 0, f"adam_eps must be > 0, got {self.adam_eps}.")
         require(0 < self.tau <= 1, f"tau must be in (0, 1], got {self.tau}.")
-        require(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}.")
+        require(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}.")
         require(self.n_step >= 1, f"n_step must be >= 1, got {self.n_step}.")
         # (an empty net_arch: linear heads on the encoder's features, SB3's CnnPolicy default)
         require(all(w > 0 for w in self.net_arch), f"net_arch widths must be positive, got {list(self.net_arch)}.")

@@ -72,7 +72,7 @@ class OnPolicyConfig(SDEConfig):
         require(self.num_envs >= 1, f"num_envs must be >= 1, got {self.num_envs}.")
         require(self.num_steps >= 1, f"num_steps must be >= 1, got {self.num_steps}.")
         require(self.learning_rate > 0, f"learning_rate must be > 0, got {self.learning_rate}.")
-        require(0 < self.gamma <= 1, f"gamma must be in (0, 1], got {self.gamma}.")
+        require(0 <= self.gamma <= 1, f"gamma must be in [0, 1], got {self.gamma}.")
         require(0 <= self.gae_lambda <= 1, f"gae_lambda must be in [0, 1], got {self.gae_lambda}.")
         require(self.ent_coef >= 0, f"ent_coef must be >= 0, got {self.ent_coef}.")
         require(self.vf_coef >= 0, f"vf_coef must be >= 0, got {self.vf_coef}.")

@@ -338,17 +338,38 @@ class HostObservations:
     def __init__(self, space: gym.Space):
         self.layout = observation_layout(space)
         self.keyed = isinstance(self.layout, dict)
+        # the Discrete and MultiDiscrete parts' value ranges [low, high), by key (None: the whole observation)
+        parts = ({key: _subspace(space, key) for key in self.layout} if self.keyed else {None: space})
+        self.ranges = {key: (part, *_integer_range(part)) for key, part in parts.items()
+                       if isinstance(part, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))}
 
     def _part(self, value, key: str):
         return value[int(key)] if isinstance(value, (tuple, list)) else value[key]
 
     def batch(self, value) -> np.ndarray | dict[str, np.ndarray]:
-        """A copy of a batch `[N, ...]` in the contract's dtypes (a vector env may reuse its own buffers)."""
+        """A copy of a batch `[N, ...]` in the contract's dtypes (a vector env may reuse its own buffers); UserError
+        where a Discrete or MultiDiscrete part holds a value its space does not have (its one-hot encoding would set
+        another part's slot, or index past the last)."""
         if not self.keyed:
             shape, dtype = self.layout
-            return np.array(value, dtype=numpy_dtype(dtype))
-        return {key: np.array(self._part(value, key), dtype=numpy_dtype(dtype))
-                for key, (shape, dtype) in self.layout.items()}
+            batch = np.array(value, dtype=numpy_dtype(dtype))
+        else:
+            batch = {key: np.array(self._part(value, key), dtype=numpy_dtype(dtype))
+                     for key, (shape, dtype) in self.layout.items()}
+        for key in self.ranges:
+            self._check_values(batch if key is None else batch[key], key)
+        return batch
+
+    def _check_values(self, part, key: str | None) -> None:
+        """UserError where the Discrete or MultiDiscrete `part` (one observation's, or a batch's) holds a value its
+        space does not have."""
+        space, low, high = self.ranges[key]
+        outside = (np.asarray(part) < low) | (np.asarray(part) >= high)
+        if outside.any():
+            bad = np.asarray(part)[outside].flat[0]
+            where = "" if key is None else f" (key {key!r})"
+            raise UserError(f"An env returned the observation value {bad}{where} outside its observation space "
+                            f"{space}: make the env keep to its space, or declare the values it returns.")
 
     def empty(self, num: int) -> np.ndarray | dict[str, np.ndarray]:
         """Uninitialised host storage for `num` observations."""
@@ -362,11 +383,15 @@ class HostObservations:
         than its space's (numpy would broadcast it into the row)."""
         if not self.keyed:
             check_shape(observation, self.layout[0])
+            if self.ranges:
+                self._check_values(observation, None)
             target[row] = observation
             return
         for key, (shape, _) in self.layout.items():
             part = self._part(observation, key)
             check_shape(part, shape, f" (key {key!r})")
+            if key in self.ranges:
+                self._check_values(part, key)
             target[key][row] = part
 
     def copy_rows(self, target, source, rows) -> None:
@@ -379,6 +404,22 @@ class HostObservations:
 
     def copy(self, value):
         return {key: array.copy() for key, array in value.items()} if self.keyed else value.copy()
+
+
+def _subspace(space: gym.Space, key: str) -> gym.Space | None:
+    """The part of a Dict or Tuple `space` that `check_observation_space` keys `key`, where it is one level down."""
+    try:
+        return space[int(key)] if isinstance(space, gym.spaces.Tuple) else space[key]
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+
+
+def _integer_range(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> tuple[np.ndarray, np.ndarray]:
+    """[low, high) of a Discrete or MultiDiscrete space's values (per component)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return np.int64(space.start), np.int64(space.start + space.n)
+    start = np.asarray(getattr(space, "start", 0), dtype=np.int64)
+    return start, start + np.asarray(space.nvec, dtype=np.int64)
 
 
 def host_to(array, device: torch.device) -> torch.Tensor:
