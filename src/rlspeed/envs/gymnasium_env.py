@@ -364,6 +364,8 @@ class HostObservations:
         """UserError where the Discrete or MultiDiscrete `part` (one observation's, or a batch's) holds a value its
         space does not have."""
         space, low, high = self.ranges[key]
+        if isinstance(space, gym.spaces.Discrete) and np.ndim(part) == 0 and low <= part < high:
+            return  # (one env's Discrete value, the common case: no array made)
         outside = (np.asarray(part) < low) | (np.asarray(part) >= high)
         if outside.any():
             bad = np.asarray(part)[outside].flat[0]
