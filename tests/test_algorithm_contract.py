@@ -362,8 +362,11 @@ def test_a_pickled_model_trains_as_the_original_would(algo, env_id, options):
 
     import rlspeed
 
+    import copy as copying
+
     model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", env_backend="torch", **options)
     model.learn(64, progress_bar=False)
+    assert copying.copy(model).policy is model.policy  # (a shallow copy stays shallow)
     copy = pickle.loads(pickle.dumps(model))
     for each in (copy, model):
         torch.manual_seed(1)
@@ -392,7 +395,9 @@ def test_a_hyperparameter_set_on_the_model_is_refused_and_one_set_on_its_config_
             model.learning_rate = 0.5
         with pytest.raises(AttributeError, match="keeps its hyperparameters in model.config: model.config.gamma"):
             _ = model.gamma
+        model.config.learning_rate = 3e-3  # (before the first learn too)
         model.learn(32, progress_bar=False)
+        assert model.optimizer.param_groups[0]["lr"] == 3e-3
         model.optimizer.param_groups[0]["lr"] = 2e-3
         model.learn(32, progress_bar=False)
         assert model.optimizer.param_groups[0]["lr"] == 2e-3
@@ -441,6 +446,18 @@ def test_pretrained_values_given_as_new_parameter_data_are_what_trains(algo, env
     assert all(torch.equal(a, b) for a, b in zip(assigned._state_tensors().values(), copied._state_tensors().values()))
     with pytest.raises(UserError, match=r"model.policy = \.\.\. would not be what trains: .*load_state_dict"):
         assigned.policy = made().policy
+
+    class Wrapper(torch.nn.Module):  # (as torch.compile's: the same parameters, taken)
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *args):
+            return self.inner(*args)
+
+    assigned.policy = Wrapper(assigned.policy)
+    assigned.teacher = torch.nn.Linear(2, 2)  # (a network of the user's own, which no optimiser holds)
+    assigned.teacher = torch.nn.Linear(2, 2)
 
 
 def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):

@@ -390,7 +390,7 @@ def test_a_run_directory_named_with_a_tilde_or_left_empty_or_without_its_config_
                                                                                                     tmp_path, capsys):
     """Hostile paths: `--out '~/runs/a'` (quoted, from a config file) wrote config.yaml, metrics.csv and summary.json
     into ./~/runs/a and the model and checkpoint into $HOME/runs/a, over another run there; `--out ""` (an unset
-    variable) meant the current directory; `--resume` of a run whose config.yaml is missing swapped in the preset's
+    variable) meant the current directory; `--resume` of a run whose config.yaml is torn swapped in the preset's
     hyperparameters and budget without a word; over-long names and dangling symlinks were tracebacks or a wrong
     reason. One directory; one-sentence refusals (exit 2)."""
     monkeypatch.chdir(tmp_path)
@@ -412,7 +412,7 @@ def test_a_run_directory_named_with_a_tilde_or_left_empty_or_without_its_config_
     assert "is a symlink to nothing" in capsys.readouterr().err
     (home_run / "config.yaml").write_text("")
     assert cli.main([*args, "--out", str(home_run), "--resume"]) == 2
-    assert "config.yaml' is missing, empty or damaged" in capsys.readouterr().err
+    assert "config.yaml' is empty or damaged" in capsys.readouterr().err
 
 
 def test_overwrite_that_cannot_delete_the_old_run_is_one_sentence(tmp_path, monkeypatch):

@@ -290,6 +290,13 @@ def test_save_replay_buffer_and_load_replay_buffer_carry_transitions_to_another_
     given = DQN("CartPole-v1", seed=1, **options)
     given.buffer = source.buffer
     assert trains(given) and given.buffer is not source.buffer
+    copied = DQN("CartPole-v1", seed=1, **options)
+    copied.load_replay_buffer(source.buffer)  # (its rows as they are now: later adds to it stay its own)
+    rows = source.buffer.obs.clone()
+    source.learn(40, progress_bar=False)
+    copied.learn(8, progress_bar=False)
+    assert torch.equal(copied.buffer.obs[:100], rows[:100]) and torch.equal(copied.buffer.obs[108:], rows[108:])
+    assert not torch.equal(source.buffer.obs[108:140], rows[108:140])
     with pytest.warns(UserWarning, match="no gradient update will run"):
         assert not trains(DQN("CartPole-v1", seed=1, **options))
     source.save(tmp_path / "model")

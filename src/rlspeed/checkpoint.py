@@ -21,6 +21,7 @@ import json
 import math
 import os
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,9 +459,9 @@ def tensor_digest(tensors: dict[str, torch.Tensor], metadata: dict, algorithm: s
     return hasher.hexdigest()
 
 
-#: the temporary files this process is writing now (`save_checkpoint`): its own others are stale (a container's
-#: process often has the id of the one before it, killed in a write)
-_WRITING: set[str] = set()
+#: when this module was imported: a temporary file with this process's id made before then is a killed process's (a
+#: container's process often has the id of the one before it); this process's own are newer
+_STARTED = time.time()
 
 
 def _temporary_files(path: Path) -> list[Path]:
@@ -478,10 +479,18 @@ def _temporary_files(path: Path) -> list[Path]:
                 pass
             except PermissionError:
                 continue
-        elif pid == os.getpid() and str(tmp) in _WRITING:
+        elif pid == os.getpid() and _modified_since_start(tmp):
             continue
         stale.append(tmp)
     return stale
+
+
+def _modified_since_start(tmp: Path) -> bool:
+    """Whether `tmp` was written since this process started (or is gone): one of this process's own writes."""
+    try:
+        return tmp.stat().st_mtime >= _STARTED - 1.0  # (a second's slack for filesystem clocks)
+    except OSError:
+        return True
 
 
 def remove_stale_temporary_files(path: str | os.PathLike) -> list[Path]:
@@ -536,24 +545,20 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-        _WRITING.add(tmp)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
         plain_file_mode(tmp)
         os.replace(tmp, path)
-        _WRITING.discard(tmp)
         tmp = None
     except OSError as error:
         kept = ("an earlier checkpoint there is unchanged" if path.exists()
                 else "nothing was written there (no earlier file of that name exists)")
         raise UserError(f"Cannot write the checkpoint '{path}' ({error.strerror or error}); {kept}.") from None
     finally:
-        if tmp is not None:
-            _WRITING.discard(tmp)
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:  # (the rename on disk too; some filesystems refuse a directory's fsync, EINVAL: the file's was done)
         with contextlib.suppress(OSError):

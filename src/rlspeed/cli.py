@@ -287,7 +287,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not args.out.strip():
             raise UserError("--out is empty (an unset variable?): give the run directory, or leave --out out for a "
                             "new one under runs/.")
-        args.out = str(Path(args.out).expanduser())
+        try:
+            args.out = str(Path(args.out).expanduser())
+        except RuntimeError as error:  # ("~nosuchuser/x")
+            raise UserError(f"--out '{args.out}': {str(error).rstrip('.')}.") from None
         try:
             exists = Path(args.out).exists()
         except OSError as error:  # (a name longer than the filesystem takes, ...)
@@ -1220,11 +1223,10 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if args.out is None:
         return
     config = _run_config(Path(args.out) / "config.yaml")
-    # (the command line writes config.yaml first: one that is gone or unreadable beside the files it writes later is
-    # lost, not a run of a checkpoint saved from Python)
-    if not config and ((Path(args.out) / "config.yaml").exists()
-                       or any((Path(args.out) / name).exists() for name in ("metrics.csv", "summary.json"))):
-        raise UserError(f"--resume: '{Path(args.out) / 'config.yaml'}' is missing, empty or damaged, so the settings "
+    # (a config.yaml there that cannot be read is a damaged one; a directory without one may be a Python run's,
+    # `learn(run_dir=...)`, which writes none: it resumes with the given settings, as before)
+    if not config and (Path(args.out) / "config.yaml").exists():
+        raise UserError(f"--resume: '{Path(args.out) / 'config.yaml'}' is empty or damaged, so the settings "
                         f"the run in '{args.out}' was started with are unknown (the preset's would replace them "
                         "silently): restore it, or start the run again with --overwrite.")
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:

@@ -151,6 +151,12 @@ _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde
                       "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
 
 
+def _trained_parameters(model) -> set[int]:
+    """The ids of the parameters the model's optimisers hold."""
+    return {id(p) for optimizer in model._optimizers().values() for group in optimizer.param_groups
+            for p in group["params"]}
+
+
 @functools.cache
 def _config_names(algorithm: type) -> frozenset[str]:
     """The hyperparameter names of an algorithm class (its config's fields; none for a class without one)."""
@@ -727,7 +733,8 @@ class ReplayBufferSaving:
     """What `model.save_replay_buffer` is: whether the model's checkpoints also write its replay buffer (its truth
     value, set by assigning a bool or by the `save_replay_buffer=` keyword), and, called with a path,
     Stable-Baselines3's method of that name: `model.save_replay_buffer(path)` writes the replay buffer to that file
-    (`Algorithm.write_replay_buffer`)."""
+    (`Algorithm.write_replay_buffer`). It compares equal to that bool but is none: `bool(model.save_replay_buffer)`
+    gives one (for JSON, YAML or `is True`)."""
 
     __slots__ = ("_model",)
 
@@ -924,6 +931,8 @@ class Algorithm:
             # Without a seed, every process would keep torch's fixed default seed: the ranks would draw the same
             # exploration noise and replay indices. Each draws its own then.
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
+        self._learning_rate_given = getattr(self.config, "learning_rate", None)  # (what the optimisers were built
+        # with: `_follow_learning_rate` passes on a change)
         self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
 
     @property
@@ -1053,7 +1062,7 @@ class Algorithm:
         """A `config.learning_rate` changed since the optimisers last took it (between learn calls) reaches them;
         a rate set in their param_groups by hand holds until then (and `anneal_lr` sets its own)."""
         learning_rate = self.config.learning_rate
-        if getattr(self, "_learning_rate_given", learning_rate) != learning_rate and not self.config.anneal_lr:
+        if self._learning_rate_given != learning_rate and not self.config.anneal_lr:
             self._set_learning_rate(learning_rate)
         self._learning_rate_given = learning_rate
 
@@ -1126,10 +1135,13 @@ class Algorithm:
         raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
 
     def __reduce_ex__(self, protocol):
-        # Pickled by torch's pickler, which writes each storage once: parameters and gradients that are views of a
-        # hand-derived update's flat buffers stay its views (plain pickle copies each view on its own, and the copy
-        # would train on gradients its optimizer never reads). Inside it, attribute by attribute, as any object.
-        if getattr(_TORCH_PICKLING, "active", False):
+        # Pickled by torch's pickler, which writes each storage once: the views a model holds (a hand-derived
+        # update's parameters and gradients in its flat buffers, storage fields of one allocation) stay views; plain
+        # pickle copies each view on its own, and the copy would train on gradients its optimizer never reads. Inside
+        # it, attribute by attribute, as any object; also where the parameters are in shared memory
+        # (`share_memory()` for torch.multiprocessing: its pickler shares them, which a copy made here would not).
+        if getattr(_TORCH_PICKLING, "active", False) or any(
+                p.is_shared() for p in getattr(self, "policy", torch.nn.Module()).parameters()):
             return super().__reduce_ex__(protocol)
         _TORCH_PICKLING.active = True
         try:
@@ -1140,10 +1152,21 @@ class Algorithm:
         return _unpickle_model, (buffer.getvalue(),)
 
     def __deepcopy__(self, memo: dict) -> Algorithm:
-        # (the default deep copy, attribute by attribute: storages shared within the model stay shared in the copy)
+        # (the default deep copy, attribute by attribute, a subclass's __getstate__ and __setstate__ honoured:
+        # storages shared within the model stay shared in the copy)
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        state = copy.deepcopy(self.__getstate__(), memo)
+        if hasattr(new, "__setstate__"):
+            new.__setstate__(state)
+        else:
+            new.__dict__.update(state)
+        return new
+
+    def __copy__(self) -> Algorithm:
+        # (the default shallow copy: the same networks, envs and buffers)
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
         return new
 
     def _own_modules(self) -> None:
@@ -1157,11 +1180,13 @@ class Algorithm:
                 raise UserError(f"model.{name} = ... changes nothing: {type(self).__name__} reads its "
                                 f"hyperparameters from model.config; set model.config.{name} (docs/callbacks.md says "
                                 "which take effect once the model is built).")
-            # (a network put in place of one the model was built with: its optimisers and update steps hold the
-            # first one's parameters, so the new one would act but not train, or neither)
+            # (a network put in place of one the model's optimisers train: they and the update steps hold the first
+            # one's parameters, so the new one would act but not train, or neither; a wrapper of the same parameters,
+            # torch.compile's, and networks of the user's own that no optimiser holds are taken)
             current = self.__dict__.get(name)
             if (isinstance(current, torch.nn.Module) and isinstance(value, torch.nn.Module) and value is not current
-                    and any(True for _ in current.parameters())):
+                    and _trained_parameters(self) & {id(p) for p in current.parameters()}
+                    and {id(p) for p in value.parameters()} != {id(p) for p in current.parameters()}):
                 raise UserError(f"model.{name} = ... would not be what trains: the model's optimisers and update "
                                 f"step hold the networks it was built with; load the other's weights into them "
                                 f"(model.{name}.load_state_dict(other.state_dict())).")

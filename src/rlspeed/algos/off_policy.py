@@ -352,7 +352,7 @@ class OffPolicyAlgorithm(Algorithm):
             # during collection, the envs are past the stored observation: they start afresh)
             if getattr(self, "_mid_rollout", False):
                 self._obs, self._mid_rollout = self._first_obs(env), False
-                self._on_env_reset()  # (pending n-step steps and frame stacks of the ended episodes go)
+                self._on_env_reset()  # (pending n-step steps stored as shorter ones, frame stacks restarted)
             if getattr(self, "_replay_source", None) is not None:  # (one the last learn refused)
                 self._fill_replay()
             return
@@ -420,7 +420,7 @@ class OffPolicyAlgorithm(Algorithm):
     # --- the replay buffer in checkpoints (`save_replay_buffer`) ----------------------------------------------
     def _on_env_reset(self) -> None:
         # steps of the episodes the reset ended, still waiting for their n-step return, would be joined to the new
-        # episodes' rewards: drop them
+        # episodes' rewards: stored as shorter ones (`ReplayBuffer.restart_episodes`)
         buffer = getattr(self, "buffer", None)
         if buffer is not None:
             buffer.restart_episodes()
@@ -512,6 +512,7 @@ class OffPolicyAlgorithm(Algorithm):
         if isinstance(path, ReplayBuffer):
             name = f"the {type(path).__name__} given"
             tensors, meta = path.state_dict()
+            tensors = {key: value.clone() for key, value in tensors.items()}  # (its rows now: later adds stay its)
         elif isinstance(path, (str, os.PathLike)):
             name = f"'{path}'"
             tensors, meta = load_checkpoint(path, device="cpu")
