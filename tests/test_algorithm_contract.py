@@ -358,11 +358,10 @@ def test_a_pickled_model_trains_as_the_original_would(algo, env_id, options):
     updates' flat buffers on its own, so the copy's parameters left its optimizer's buffer (PPO, A2C, DQN: trained on
     gradients nothing read; SAC: refused). From the same random state, the copy's next updates equal the original's;
     DQN's target network follows a state loaded into the copy's online one."""
+    import copy as copying
     import pickle
 
     import rlspeed
-
-    import copy as copying
 
     model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", env_backend="torch", **options)
     model.learn(64, progress_bar=False)
