@@ -49,6 +49,7 @@ from rlspeed.envs.base import (
     EnvSpec,
     check_seed,
     counted,
+    integer_range,
     numpy_dtype,
     obs_batch_size,
     observation_layout,
@@ -544,9 +545,7 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
                             f"got {str(observation)[:60]!r}.") from None
     obs = torch.as_tensor(observation, device=device, dtype=dtype)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
-        low = torch.as_tensor(np.asarray(space.start), device=device)
-        high = low + torch.as_tensor(np.asarray(space.n if isinstance(space, gym.spaces.Discrete) else space.nvec),
-                                     device=device)
+        low, high = (torch.as_tensor(bound, device=device) for bound in integer_range(space))
         if bool(((obs < low) | (obs >= high)).any()):  # ok-sync: predict returns to the host
             raise UserError(f"An observation holds values outside {space}: {observation!r}"[:200] + ".")
     if isinstance(space, gym.spaces.MultiBinary) and obs.numel() and bool(((obs != 0) & (obs != 1)).any()):  # ok-sync

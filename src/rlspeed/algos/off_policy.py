@@ -52,7 +52,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
-from rlspeed.envs.base import check_steps_held, observation_layout
+from rlspeed.envs.base import check_steps_held, integer_range, observation_layout
 from rlspeed.errors import UserError
 from rlspeed.nn import ENCODERS, QEnsemble, default_init_, encoder_from_config, to_device
 
@@ -558,11 +558,13 @@ class OffPolicyAlgorithm(Algorithm):
             return (f"its actions reach {float(actions.abs().max()):.4g}: the buffer holds actions in the policy's "
                     "scale [-1, 1] (an env action a is 2 (a - low) / (high - low) - 1)")
         space = self.spec.observation_space
-        if isinstance(space, gym.spaces.Discrete):
+        if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
             for key in ("obs", "next_obs"):
                 values = tensors.get(key)
-                if values is not None and bool(((values[:rows] < space.start)
-                                                | (values[:rows] >= space.start + space.n)).any()):
+                if values is None:
+                    continue
+                low, high = (torch.as_tensor(bound, device=values.device) for bound in integer_range(space))
+                if bool(((values[:rows] < low) | (values[:rows] >= high)).any()):
                     return f"its {key} hold values outside {self.spec.env_id}'s observation space {space}"
         return None
 

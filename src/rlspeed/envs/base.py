@@ -676,3 +676,12 @@ def _checked(numerics, obs: Observation, reward=None, final_obs: Observation | N
 
     obs_out = zeroed(obs)
     return obs_out, reward, (obs_out if same else zeroed(final_obs))
+
+
+def integer_range(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> tuple[np.ndarray, np.ndarray]:
+    """[low, high) of a Discrete or MultiDiscrete space's values (per component), int64: the one rule for which
+    values such a space has (the Gymnasium adapter's observations, predict's, a loaded replay buffer's)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return np.int64(space.start), np.int64(space.start + space.n)
+    start = np.asarray(getattr(space, "start", 0), dtype=np.int64)
+    return start, start + np.asarray(space.nvec, dtype=np.int64)

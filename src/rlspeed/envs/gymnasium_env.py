@@ -16,7 +16,15 @@ import numpy as np
 import torch
 from gymnasium.vector.async_vector_env import AsyncState
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec, Observation, mask_size, numpy_dtype, observation_layout
+from rlspeed.envs.base import (
+    BatchedEnv,
+    EnvSpec,
+    Observation,
+    integer_range,
+    mask_size,
+    numpy_dtype,
+    observation_layout,
+)
 from rlspeed.envs.packages import register_family
 from rlspeed.errors import UserError
 
@@ -340,7 +348,7 @@ class HostObservations:
         self.keyed = isinstance(self.layout, dict)
         # the Discrete and MultiDiscrete parts' value ranges [low, high), by key (None: the whole observation)
         parts = ({key: _subspace(space, key) for key in self.layout} if self.keyed else {None: space})
-        self.ranges = {key: (part, *_integer_range(part)) for key, part in parts.items()
+        self.ranges = {key: (part, *integer_range(part)) for key, part in parts.items()
                        if isinstance(part, (gym.spaces.Discrete, gym.spaces.MultiDiscrete))}
 
     def _part(self, value, key: str):
@@ -414,14 +422,6 @@ def _subspace(space: gym.Space, key: str) -> gym.Space | None:
         return space[int(key)] if isinstance(space, gym.spaces.Tuple) else space[key]
     except (KeyError, IndexError, ValueError, TypeError):
         return None
-
-
-def _integer_range(space: gym.spaces.Discrete | gym.spaces.MultiDiscrete) -> tuple[np.ndarray, np.ndarray]:
-    """[low, high) of a Discrete or MultiDiscrete space's values (per component)."""
-    if isinstance(space, gym.spaces.Discrete):
-        return np.int64(space.start), np.int64(space.start + space.n)
-    start = np.asarray(getattr(space, "start", 0), dtype=np.int64)
-    return start, start + np.asarray(space.nvec, dtype=np.int64)
 
 
 def host_to(array, device: torch.device) -> torch.Tensor:
