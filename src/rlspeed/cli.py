@@ -853,12 +853,17 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         raise UserError(f"Cannot create the run directory '{run_dir}': {error.strerror or error}.") from None
     if not checked_before:
         _lock_run_dir(run_dir)
-    try:  # fail now, not after training: an existing directory may not be writable
+    _check_writable(run_dir)  # fail now, not after training: an existing directory may not be writable
+    return run_dir
+
+
+def _check_writable(run_dir: Path) -> None:
+    """UserError unless a file can be made in `run_dir`."""
+    try:
         with tempfile.TemporaryFile(dir=run_dir):
             pass
     except OSError as error:
         raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
-    return run_dir
 
 
 def _remove_run_files(run_dir: Path, held: list[str]) -> None:
@@ -866,9 +871,8 @@ def _remove_run_files(run_dir: Path, held: list[str]) -> None:
     (recognised by their metadata: a user's own model.pt stays); one sentence where one cannot be deleted."""
     from rlspeed.export import FORMATS
 
-    try:  # (the writability check, first: a read-only directory loses nothing)
-        with tempfile.TemporaryFile(dir=run_dir):
-            pass
+    _check_writable(run_dir)  # (first: a read-only directory loses nothing)
+    try:
         for name in held:
             target = run_dir / name
             if target.is_dir():
