@@ -26,6 +26,10 @@ needs_atari = pytest.mark.skipif(importlib.util.find_spec("ale_py") is None or i
 #: EnvPool (its Atari games need no ale-py); CI installs it (`envpool` extra)
 needs_envpool = pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
                                    reason='needs EnvPool: pip install -e ".[envpool]"')
+#: torch's fp32_precision settings (reduced-precision matmul regions) and size-independent CPU exponential draws
+#: (A2C's rollout noise drawn at once equals its per-step draws) came with torch 2.9; pyproject allows torch 2.6
+needs_torch_2_9 = pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 9),
+                                     reason="needs torch 2.9 or newer")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import needs_torch_2_9
 from torch import nn
 
 import rlspeed
@@ -229,6 +230,7 @@ def test_reduced_precision_module_stays_within_tolerance(precision):
     assert model.accel_strategy.precision == precision
 
 
+@needs_torch_2_9
 @pytest.mark.parametrize(("flags", "native"), [({"avx512f", "avx512bw"}, False), ({"avx512f", "avx512_bf16"}, True),
                                               ({"avx2", "amx_bf16"}, True), (None, True)])
 def test_bf16_is_tried_on_x86_cpus_only_where_their_flags_say_it_is_native(monkeypatch, flags, native):

@@ -18,6 +18,7 @@ import sys
 
 import pytest
 import torch
+from conftest import needs_torch_2_9
 from torch import nn
 
 from rlspeed.accel import accelerate_step, auto_accelerate, unaccelerate
@@ -372,6 +373,7 @@ def test_concurrent_calls_of_an_accelerated_module_all_run_its_chosen_strategy(m
     assert len(outputs) == 200 and all(torch.equal(output, expected) for output in outputs)
 
 
+@needs_torch_2_9
 def test_overlapping_matmul_precision_blocks_restore_the_setting_from_before_the_first():
     """Two accelerated models called at once from two threads: each block restored what it found on entry, so the
     one entered second and left last put the first one's reduced precision back for the whole process."""
@@ -386,3 +388,27 @@ def test_overlapping_matmul_precision_blocks_restore_the_setting_from_before_the
     assert backend.fp32_precision == "bf16"  # (the second block still runs)
     second.__exit__(None, None, None)
     assert backend.fp32_precision == before
+
+
+def test_a_torch_without_the_fp32_precision_settings_offers_no_reduced_matmuls_and_trains(monkeypatch):
+    """torch before 2.9 has no `torch.backends.mkldnn.matmul.fp32_precision` (pyproject allows 2.6): reading it at
+    import made `import rlspeed.algos` fail; now no bf16-matmul region is offered, asking for one is one sentence
+    naming the torch it needs, and the hand-derived update trains in fp32."""
+    from rlspeed import PPO
+    from rlspeed.accel.strategy import reduced_matmul_supported
+    from rlspeed.errors import UserError
+    from rlspeed.fused import flat
+
+    class OldTorchSetting:  # (what torch 2.6-2.8 have there: a module without fp32_precision)
+        pass
+
+    monkeypatch.setattr(torch.backends.mkldnn, "matmul", OldTorchSetting(), raising=False)
+    monkeypatch.setattr(flat, "_MKLDNN_MATMUL", None)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul")
+    assert not flat.reduced_matmuls()
+    with pytest.raises(UserError, match="torch 2.9 or newer"):
+        auto_accelerate(nn.Linear(3, 2), precision="bf16-matmul", device="cpu")(torch.ones(4, 3))
+    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32, n_epochs=1)
+    model.learn(64)
+    assert all(torch.isfinite(p).all() for p in model.policy.parameters())

@@ -487,6 +487,7 @@ def test_normalisation_asked_for_applies_to_a_vector_env_passed_in_and_to_a_call
 
 
 def test_a_vecnormalize_env_with_the_same_normalisation_asked_for_again_warns():
+    pytest.importorskip("stable_baselines3")
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 

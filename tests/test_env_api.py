@@ -6,6 +6,7 @@ import csv
 import inspect
 import json
 import math
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -501,6 +502,14 @@ class FakeSB3VecEnv:
 
     def close(self):
         pass
+
+
+def test_a_vec_env_with_sb3s_interface_works_without_stable_baselines3_installed(monkeypatch):
+    """A VecEnv of another package with SB3's interface, where SB3 is not installed (the README's test install):
+    looking for a reward-normalising VecNormalize imported SB3 and failed."""
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)
+    env = rlspeed.make_env(FakeSB3VecEnv(), device="cpu", seed=7)
+    assert env.reset()[0].shape == (2, 3)
 
 
 def test_a_stable_baselines3_vec_env_meets_the_contract():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import rlspeed
 
 ROOT = Path(rlspeed.__file__).parent
@@ -76,3 +78,13 @@ def test_no_import_cycles():
 def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_a_public_name_whose_module_fails_to_import_says_why(tmp_path, monkeypatch):
+    """`from rlspeed import PPO` where importing rlspeed.algos raised an AttributeError (a torch attribute missing in
+    an older torch) reported only "cannot import name 'PPO'": the error names the module and the cause."""
+    (tmp_path / "rlspeed_broken_module.py").write_text("import torch\ntorch.backends.no_such_backend.setting\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(rlspeed._SOURCES, "BrokenName", "rlspeed_broken_module")
+    with pytest.raises(ImportError, match="importing rlspeed_broken_module .*no_such_backend"):
+        from rlspeed import BrokenName  # noqa: F401

@@ -72,7 +72,11 @@ def __getattr__(name: str):
         if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is None:
             raise AttributeError(f"module 'rlspeed' has no attribute {name!r}")
         return importlib.import_module(f"{__name__}.{name}")
-    value = getattr(importlib.import_module(source), name)
+    try:
+        module = importlib.import_module(source)
+    except AttributeError as error:  # (else `from rlspeed import PPO` reports only "cannot import name 'PPO'")
+        raise ImportError(f"importing {source} (for rlspeed.{name}) failed: {error}", name=source) from error
+    value = getattr(module, name)
     globals()[name] = value
     return value
 

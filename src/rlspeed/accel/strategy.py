@@ -253,11 +253,12 @@ def compile_backend(device: torch.device, name: str = "on") -> str | None:
 
 
 def reduced_matmul_supported(device: torch.device, precision: str) -> bool:
-    """Whether a reduced-internal-precision fp32 matmul mode (``bf16-matmul``, ``tf32``) exists on the device."""
-    if (device.type, precision) not in _MATMUL_PRECISION:
+    """Whether a reduced-internal-precision fp32 matmul mode (``bf16-matmul``, ``tf32``) exists on the device (and
+    in this torch: the ``fp32_precision`` settings it is set through came with torch 2.9)."""
+    if (device.type, precision) not in _MATMUL_PRECISION or not _matmul_precision_backends(device):
         return False
     if device.type == "cpu":
-        return bf16_supported(device) and hasattr(torch.backends.mkldnn, "matmul")
+        return bf16_supported(device)
     try:
         return bool(torch.cuda.get_device_capability(device)[0] >= 8)  # TF32 tensor cores: Ampere and later
     except Exception:
@@ -265,12 +266,16 @@ def reduced_matmul_supported(device: torch.device, precision: str) -> bool:
 
 
 def _matmul_precision_backends(device: torch.device) -> list[Any]:
+    """The torch backends whose ``fp32_precision`` a reduced matmul precision sets on the device (none in a torch
+    without that setting)."""
     if device.type == "cpu":
-        return [b for b in (getattr(torch.backends.mkldnn, "matmul", None), getattr(torch.backends.mkldnn, "conv",
-                                                                                      None)) if b is not None]
-    if device.type == "cuda":
-        return [torch.backends.cuda.matmul, torch.backends.cudnn.conv]
-    return []
+        backends = [getattr(torch.backends.mkldnn, "matmul", None), getattr(torch.backends.mkldnn, "conv", None)]
+    elif device.type == "cuda":
+        backends = [torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None)]
+    else:
+        return []
+    backends = [b for b in backends if b is not None]
+    return backends if all(hasattr(b, "fp32_precision") for b in backends) else []
 
 
 #: MatmulPrecision blocks open in the process (any thread), and the settings before the first of them opened
@@ -407,7 +412,8 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
     elif request.precision in ("bf16-matmul", "tf32") and not reduced_matmul_supported(device, request.precision):
         if request.forced_by_env is None:
             raise UserError(f"precision '{request.precision}' is not available on {device.type}: bf16-matmul needs "
-                            "a CPU with native bf16 (oneDNN), tf32 a CUDA GPU of compute capability 8.0 or newer.")
+                            "a CPU with native bf16 (oneDNN), tf32 a CUDA GPU of compute capability 8.0 or newer, "
+                            "both torch 2.9 or newer.")
         notes.append(f"{request.precision} forced but not available on {device.type}: running in fp32.")
         precisions = ["fp32"]
     else:

@@ -40,8 +40,12 @@ def is_sb3_vec_env(env: object) -> bool:
 
 
 def _reward_normalizer(vec_env):
-    """The VecNormalize in `vec_env`'s wrappers that normalises rewards, or None."""
-    from stable_baselines3.common.vec_env import unwrap_vec_normalize
+    """The VecNormalize in `vec_env`'s wrappers that normalises rewards, or None (always without Stable-Baselines3
+    installed: a VecEnv of another package that has SB3's interface holds no VecNormalize)."""
+    try:
+        from stable_baselines3.common.vec_env import unwrap_vec_normalize
+    except ImportError:
+        return None
 
     normalizer = unwrap_vec_normalize(vec_env)
     return normalizer if normalizer is not None and normalizer.norm_reward else None

@@ -273,7 +273,8 @@ def sequential_linears(network: nn.Module) -> tuple[list[nn.Linear], bool] | Non
 # these sizes therefore run in fp32 even inside a bf16-matmul region. oneDNN's batched product also copies
 # transposed or sliced operands that its plain product reads in place, so wide ensembles run one product per member
 # under that precision. benchmarks/fused_updates.py and benchmarks/accel_update_step.py measure the effect.
-_MKLDNN_MATMUL = torch.backends.mkldnn.matmul
+# (torch.backends.mkldnn.matmul and its fp32_precision came with torch 2.9: before it, no bf16-matmul region exists)
+_MKLDNN_MATMUL = getattr(torch.backends.mkldnn, "matmul", None)
 REDUCED_MIN_DIM = 64  # every dimension at least this ...
 REDUCED_MIN_MACS = 1 << 22  # ... and at least this many multiply-adds (~4M: 256x256x64) for a reduced precision
 PER_MEMBER_MIN_WIDTH = 128  # ensembles with a layer this wide run one product per member
@@ -288,7 +289,7 @@ COLUMN_MAJOR_MIN_ROWS = 64
 
 def reduced_matmuls() -> bool:
     """Whether a bf16-matmul region is active (read once per pass, not per product: reading the setting is not free)."""
-    return _MKLDNN_MATMUL.fp32_precision == "bf16"
+    return _MKLDNN_MATMUL is not None and _MKLDNN_MATMUL.fp32_precision == "bf16"
 
 
 def column_major(rows: int, cols: int, device: torch.device) -> bool:
