@@ -737,6 +737,20 @@ def _rlspeed(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
 
 
+def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
+    """`rlspeed train ... | head -1`: the first write after the reader left raised BrokenPipeError, a traceback and
+    exit code 1 after a run that had trained and saved (or in the middle of one)."""
+    process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--total-timesteps",
+                                "300", "--num-envs", "2", "--out", "run"], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    first = process.stdout.readline()
+    process.stdout.close()  # (the reader leaves after one line)
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 0, stderr
+    assert first.startswith("rlspeed: ") and "Traceback" not in stderr and "BrokenPipe" not in stderr
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 300
+
+
 def test_subprocess_envs_close_without_a_traceback(tmp_path):
     """The env workers stop on their vector env's SIGTERM as they should, not through the CLI's SIGTERM handler."""
     done = _rlspeed("train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--env-backend", "gymnasium-async",

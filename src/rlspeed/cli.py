@@ -1983,6 +1983,7 @@ def main(argv: list[str] | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
+        sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning
@@ -1995,6 +1996,41 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         finally:
             _release_run_locks()  # (the command is over: the next one in this process may train there)
+
+
+class _ReaderMayLeave:
+    """An output stream of the `rlspeed` command whose reader may leave (`rlspeed train ... | head -1`, `| grep -m1`):
+    from then on its lines go to os.devnull and the command goes on with the exit code it would have had (a training
+    run is not stopped, nor its success turned into a BrokenPipeError traceback, by the program reading its log)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_left()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_left()
+
+    def _reader_left(self) -> None:
+        """Point the stream's file descriptor at os.devnull (what is still buffered, and Python's flush at exit, then
+        write nowhere instead of failing again)."""
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 #: Python's own `warnings.showwarning` (the CLI shows warnings as its own lines only where it is still in place)
