@@ -283,3 +283,30 @@ def test_env_options_reach_every_trial_and_the_preset_names_them(tmp_path, capsy
     capsys.readouterr()
     assert cli.main(without) == 2  # (the study's options are named: the message named nothing)
     assert "was made with another env_kwargs" in capsys.readouterr().err
+
+
+def test_the_preset_names_its_study_when_the_storage_path_has_a_space():
+    """A storage path with a space was not read back from a preset's first line, so another study's preset at --out
+    was rewritten without a word."""
+    from rlspeed.tune import PRESET_HEADER, preset_study
+
+    first = f"{PRESET_HEADER} (2026-12-04 10:00 UTC): study '我的 研究' in sqlite:////tmp/调参 库.db.\n"
+    assert preset_study(first + "CartPole-v1:\n  n_steps: 32\n") == ("我的 研究", "sqlite:////tmp/调参 库.db")
+
+
+def test_the_commands_a_study_suggests_give_back_its_env_and_options(tmp_path):
+    """The train command a study prints and the options its preset names are pasted into a shell: they dropped the
+    module registering the env, were not quoted (a space split a value) and wrote text as \\u escapes (which
+    --env-kwargs then took literally)."""
+    import shlex
+
+    from rlspeed.algos import PPO
+    from rlspeed.tune import _env_kwargs_arguments, _train_command
+
+    options = {"模式": "困难 模式", "size": 3, "flags": [1, 2]}
+    command = _train_command(PPO, "中文/平衡杆-v0", tmp_path / "预设 文件.yaml", options, ("中文环境",))
+    args = cli.build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.env_id, args.preset, args.gym_packages) == ("中文/平衡杆-v0", str(tmp_path / "预设 文件.yaml"),
+                                                             ["中文环境"])
+    assert cli._parse_set(args.env_kwargs, "--env-kwargs") == options
+    assert "\\u" not in shlex.join(_env_kwargs_arguments(options))

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import statistics
@@ -646,7 +647,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if Path(out).is_file():  # (another study's preset is not this study's to rewrite)
         from rlspeed.tune import preset_study, storage_url
 
-        written_by = preset_study(Path(out).read_text(errors="replace"))
+        written_by = preset_study(Path(out).read_text(encoding="utf-8", errors="surrogateescape"))
         if written_by is not None and written_by != (study_name, storage_url(args.storage)):
             raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_by[1]}, not of "
                             f"'{study_name}' in {storage_url(args.storage)}: give another --out.")
@@ -654,7 +655,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     configure_threads(args.threads)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
         print(args.preset_message)
-    command = "rlspeed " + " ".join(getattr(args, "argv", []))
+    command = shlex.join(["rlspeed", *getattr(args, "argv", [])])
     with _sigterm_raises():
         try:
             tune(algo_cls, args.env_id, trials=args.trials, population=args.population, storage=args.storage,
@@ -662,7 +663,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  eval_freq=eval_freq, search_space=args.search_space, fixed=tuple(_parse_set(args.set or [])),
                  confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
                  device=device, command=command, progress_bar=not args.no_progress,
-                 env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None)
+                 env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None,
+                 gym_packages=tuple(args.gym_packages or ()))
         except Terminated as stop:
             print(f"rlspeed: terminated ({stop.name})", file=sys.stderr)
             return 143
@@ -1610,7 +1612,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         rest += ["--out", str(run_dir)]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
                f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
-    print("rlspeed: " + " ".join(command[2:]), flush=True)
+    print("rlspeed: " + shlex.join(command[2:]), flush=True)
     # The workers train under this command's lock of the run directory (they must not take it again), so this
     # command lives as long as torchrun does: a Ctrl-C, SIGTERM or SIGHUP to it (or to its process group: torchrun
     # runs in a session of its own, so that it gets one signal, this one) goes to torchrun, which stops its workers

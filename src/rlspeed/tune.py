@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import re
+import shlex
 import sys
 import time
 import warnings
@@ -388,13 +389,14 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
          confirm_top: int = 4, out: str | Path, total_timesteps: int | None = None, seed: int = 0, device="cpu",
          command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True,
-         env_kwargs: dict | None = None) -> dict:
+         env_kwargs: dict | None = None, gym_packages: tuple[str, ...] = ()) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
     write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
     unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
     population while it trains. `env_kwargs`: the env's options, for every trial (recorded with the study; the preset
-    file names them, since `rlspeed train` needs them given again).
+    file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register the env
+    (for the `rlspeed train` command the last line suggests).
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -432,7 +434,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         f"{batches} batch(es) of up to {population} to go, {budget:,} steps per trial"
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
-    context = {"out": out, "command": command, "storage": storage, "study_name": study_name}
+    context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
+               "train": _train_command(algo_cls, env_id, out, env_kwargs, gym_packages)}
     batch = 0
     while finished < trials:
         batch += 1
@@ -473,7 +476,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
             "unchanged")
     else:
         say(f"rlspeed: {_best_line(best, target_return)}; preset written to {out} "
-            f"(rlspeed train {algo_cls.name} {env_id} --preset {out})")
+            f"({context['train']})")
     return {"finished": finished, "best": best, "out": str(out), "wall_s": time.perf_counter() - started,
             "confirmation": confirmation}
 
@@ -636,7 +639,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
               f"'{context['study_name']}' in {storage_url(context['storage'])}."]
     header.append(f"{PRESET_ALGORITHM}{setup.algo_cls.name} (its hyperparameters are {setup.algo_cls.__name__}'s)")
     if setup.env_kwargs:  # (a preset holds hyperparameters only: the options are given to rlspeed train again)
-        options = " ".join(f"--env-kwargs {key}={json.dumps(value)}" for key, value in setup.env_kwargs.items())
+        options = shlex.join(_env_kwargs_arguments(setup.env_kwargs))
         header.append(f"# Tuned on the env made with options: train with {options}")
     if context["command"]:
         header.append(f"# Command: {context['command']}")
@@ -659,18 +662,36 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     text = "\n".join(header) + "\n" + body
     out = Path(context["out"])
     try:
-        if out.is_file() and not _as_written(out.read_text()):
+        # (UTF-8 whatever the locale; a path that is not UTF-8, in the header, is written back as its bytes)
+        if out.is_file() and not _as_written(out.read_text(encoding="utf-8", errors="surrogateescape")):
             # (a preset this study wrote before, edited since: the edit is kept beside the new file)
             kept = out.with_name(out.name + ".edited")
-            kept.write_text(out.read_text())
+            kept.write_bytes(out.read_bytes())
             warnings.warn(f"{out} was edited since rlspeed tune wrote it: the edited file is kept as {kept}.",
                           stacklevel=2)
         out.parent.mkdir(parents=True, exist_ok=True)
         temporary = out.with_name(out.name + ".tmp")
-        temporary.write_text(text)
+        temporary.write_text(text, encoding="utf-8", errors="surrogateescape")
         temporary.replace(out)
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
+
+
+def _env_kwargs_arguments(env_kwargs: dict) -> list[str]:
+    """`--env-kwargs KEY=VALUE` arguments that give `env_kwargs` again (values as JSON, which --env-kwargs' YAML
+    reads back as the same value; text as it is, not as \\u escapes)."""
+    return [part for key, value in env_kwargs.items()
+            for part in ("--env-kwargs", f"{key}={json.dumps(value, ensure_ascii=False)}")]
+
+
+def _train_command(algo_cls: type, env_id: str, out: str | Path, env_kwargs: dict | None,
+                   gym_packages: tuple[str, ...]) -> str:
+    """The `rlspeed train` command that trains with the preset a study writes, quoted for a POSIX shell (with the
+    modules registering the env and the env's options, which a preset does not hold)."""
+    arguments = ["rlspeed", "train", algo_cls.name, env_id, "--preset", str(out)]
+    if gym_packages:
+        arguments += ["--gym-packages", *gym_packages]
+    return shlex.join(arguments + _env_kwargs_arguments(env_kwargs or {}))
 
 
 _DIGEST_PREFIX = "# Content digest (edits are kept aside on a rewrite): "
@@ -684,7 +705,7 @@ def preset_algorithm(text: str) -> str | None:
 
 def preset_study(text: str) -> tuple[str, str] | None:
     """(study name, storage URL) a preset file says it was written for (its first line), or None."""
-    match = re.match(rf"{re.escape(PRESET_HEADER)} \([^)]*\): study '(.*)' in (\S+)\.\s*$",
+    match = re.match(rf"{re.escape(PRESET_HEADER)} \([^)]*\): study '(.*)' in (.+)\.\s*$",
                      text.splitlines()[0] if text else "")
     return (match.group(1), match.group(2)) if match else None
 
