@@ -206,3 +206,19 @@ def test_rolled_back_steps_count_each_discarded_step_once_and_an_all_rolled_back
         guard.check_kept(0, 300)
     assert not guard.after_read([1.0], weights, "Env-v0", 400)  # (a kept update: the learn call kept something)
     guard.check_kept(0, 400)
+
+
+def test_an_infinite_loss_with_finite_weights_is_reported():
+    """Returns of ~1e21 make PPO's value loss overflow float32 to inf while its gradient stays finite: clipped to
+    max_grad_norm it left the policy's gradient almost nothing, so the policy stopped changing with no word (the
+    parameters were finite, so nothing rolled back) and `rlspeed train` ended normally."""
+    def huge_rewards():
+        return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: r * 1e20)
+
+    env = gym.vector.SyncVectorEnv([huge_rewards] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = PPO(env, seed=0, device="cpu", num_steps=64, batch_size=64, n_epochs=1, normalize_reward=False)
+    with pytest.warns(RuntimeWarning, match=r"value_loss is inf at .*scale the rewards down"):
+        model.learn(256, progress_bar=False)
+    first = model.numerics_report()["nonfinite_losses"]
+    assert list(first) == ["value_loss"] and 0 < first["value_loss"] <= model.num_timesteps
+    assert all(torch.isfinite(p).all() for p in model.policy.parameters())

@@ -1471,6 +1471,11 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         say(f"rlspeed: note: {numerics['rollbacks']} rollback(s) of non-finite updates (see summary.json's "
             f"numerics); the last one restored the weights of step {model._numerics.last_finite_timesteps:,}: "
             "lower learning_rate or clip gradients (max_grad_norm).", file=sys.stderr)
+    if numerics.get("nonfinite_losses"):  # (the parameters stayed finite, so nothing rolled back: said again here)
+        losses = ", ".join(f"{name} from {step:,} steps" for name, step in numerics["nonfinite_losses"].items())
+        say(f"rlspeed: note: non-finite losses ({losses}; see summary.json's numerics): updates with such a loss "
+            "train little or not at all; scale the rewards down (normalize_reward=True where the algorithm has it).",
+            file=sys.stderr)
     if numerics.get("nonfinite_env_rows_masked"):  # (--nan-policy mask: how much of the data it replaced)
         of = (f"of this process's {summary['total_timesteps'] // model.strategy.world_size:,} (rank 0)"
               if model.strategy.enabled else f"of {summary['total_timesteps']:,}")

@@ -219,6 +219,8 @@ class NumericsGuard:
         self._snapshot: dict[str, torch.Tensor] | None = None
         self._snapshot_timesteps = 0
         self._rolled_back_to = 0  # the step of the last rollback (or snapshot): what a rollback discards starts there
+        #: each logged loss first seen non-finite while the parameters stayed finite: {name: step}
+        self.nonfinite_losses: dict[str, int] = {}
         #: the run's hyperparameters that differ from the defaults (`key=value, ...`), named when training diverges
         self.settings = ""
 
@@ -301,6 +303,24 @@ class NumericsGuard:
                       "episodes.", RuntimeWarning, stacklevel=3)
         return True
 
+    def check_losses(self, row: dict, timesteps: int) -> None:
+        """Warn (once per loss) where a logged loss is NaN or infinite while the parameters are finite: a value loss
+        of returns too large for float32 squares is infinite, and its gradient, clipped to max_grad_norm, leaves the
+        other terms' gradients almost nothing (the policy stops changing, silently)."""
+        if not self.enabled:
+            return
+        for name, value in row.items():
+            if (name.endswith("loss") and name not in self.nonfinite_losses and isinstance(value, float)
+                    and not math.isfinite(value)):
+                self.nonfinite_losses[name] = int(timesteps)
+                returns = row.get("episode_return")
+                scale = (f" (episode returns about {returns:.3g})" if isinstance(returns, float)
+                         and math.isfinite(returns) else "")
+                warnings.warn(f"rlspeed: {name} is {value} at {timesteps:,} steps while the parameters are finite: "
+                              f"its terms overflow float32{scale}, and the clipped gradient leaves the rest of the "
+                              "update almost nothing; scale the rewards down (normalize_reward=True where the "
+                              "algorithm has it, or a reward wrapper).", RuntimeWarning, stacklevel=3)
+
     def restore(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy the snapshot into `tensors` in place (views of flat buffers and captured graphs keep their memory);
         a tensor the snapshot lacks (optimizer state created after it) starts from zero, as a fresh optimizer's."""
@@ -336,7 +356,7 @@ class NumericsGuard:
         """The counts a checkpoint carries, so that a resumed run's report covers the whole run."""
         return {"rollbacks": self.rollbacks, "rolled_back_timesteps": self.rolled_back_timesteps,
                 "masked_env_rows": self.masked_env_rows, "first_env_index": self.first_env_index,
-                "first_env_step": self.first_env_step}
+                "first_env_step": self.first_env_step, "nonfinite_losses": dict(self.nonfinite_losses)}
 
     def load_state(self, state: dict) -> None:
         """Continue the counts of `state` (the env counters on the device start again from zero)."""
@@ -345,10 +365,12 @@ class NumericsGuard:
         self._masked_before = int(state.get("masked_env_rows", 0))
         self.masked_env_rows = self._masked_before
         self.first_env_index, self.first_env_step = state.get("first_env_index"), state.get("first_env_step")
+        self.nonfinite_losses = {str(k): int(v) for k, v in (state.get("nonfinite_losses") or {}).items()}
 
     def report(self) -> dict:
         """What the guard saw and did (summary.json's `numerics`)."""
         return {"guard": self.enabled, "nan_policy": self.nan_policy, "env_values_checked": self.env_checked,
                 "nonfinite_env_rows_masked": self.masked_env_rows, "first_nonfinite_env": self.first_env_index,
                 "first_nonfinite_env_step": self.first_env_step, "rollbacks": self.rollbacks,
-                "rolled_back_timesteps": self.rolled_back_timesteps, "max_consecutive_rollbacks": self.max_rollbacks}
+                "rolled_back_timesteps": self.rolled_back_timesteps, "max_consecutive_rollbacks": self.max_rollbacks,
+                "nonfinite_losses": dict(self.nonfinite_losses)}
