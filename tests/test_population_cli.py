@@ -179,3 +179,17 @@ def test_a_population_on_float_dict_observations_trains_under_the_default_preset
     assert cli.main(["train", "ppo", "DictCartPole-v0", "--seeds", "0-1", *SMALL, "--no-progress", "--out",
                      str(tmp_path / "run")]) == 0
     assert "the preset's normalize_obs is left out: a population normalises float vector" in capsys.readouterr().err
+
+
+def test_the_population_plot_of_an_env_id_the_font_cannot_draw_warns_nothing(tmp_path):
+    """A Chinese env id in the plot's title drew boxes and printed one 'Glyph ... missing from font' warning per
+    character after the run."""
+    import warnings
+
+    from rlspeed.population.plot import plot_learning_curves
+
+    summary = {"algo": "ppo", "env_id": "中文/平衡杆-v0", "target_return": None,
+               "members": [{"curve": [[0, 1.0], [100, 2.0]]}, {"curve": [[0, 1.5], [100, 2.5]]}]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0

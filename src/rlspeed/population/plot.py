@@ -67,7 +67,11 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path:
         ax.plot(steps, centre, color="tab:orange", linewidth=2.2, label=f"IQM over {len(drawn)} members")
     if summary.get("target_return") is not None:
         ax.axhline(summary["target_return"], color="grey", linestyle="--", linewidth=1, label="target")
-    title = f"{summary.get('algo', '').upper()} {summary.get('env_id', '')}: {len(curves)} members".strip()
+    env_id = summary.get("env_id", "")
+    if not env_id.isascii():  # (matplotlib's default font has no CJK glyphs: boxes and a warning per character)
+        env_id = ""
+    title = " ".join(part for part in (summary.get("algo", "").upper(), env_id) if part)
+    title = f"{title}: {len(curves)} members"
     ax.set_title(title)
     ax.set_xlabel("env steps per member")
     ax.set_ylabel("evaluation return (deterministic)")
