@@ -905,6 +905,11 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert not (tmp_path / "run" / "model.pt").exists() and not (tmp_path / "run" / "model.pt.json").exists()
     assert cli.main(["export", "run", "--format", "torchscript", "--out", "missing/model.pt"]) == 2
     assert not (tmp_path / "missing").exists()
+    (tmp_path / "a file").write_text("")  # (its parent a file: "does not exist" was wrong)
+    with pytest.raises(UserError, match="'a file' is a file, not a directory"):
+        cli.main(["--debug", "export", "run", "--format", "torchscript", "--out", "a file/model.pt"])
+    with pytest.raises(UserError, match="'a file' is a file, not a directory"):
+        cli.main(["--debug", "eval", "run", "--video", "a file/v.gif"])
     (tmp_path / "mine").mkdir()  # (a user's own model.pt, without export's metadata: not a run's, and kept)
     (tmp_path / "mine" / "model.pt").write_text("the user's")
     assert cli.main([*argv[:-1], "mine"]) == 0

@@ -1708,9 +1708,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.video is not None:  # before evaluating: a missing package or renderer is one sentence now
         from rlspeed.video import check_video_support
 
-        if not Path(args.video).resolve().parent.is_dir():
-            raise UserError(f"--video '{args.video}': the directory '{Path(args.video).parent}' does not exist; "
-                            "create it first.")
+        _check_parent_directory("--video", args.video)
         check_video_support(env_id, args.video, env_kwargs=options)
     if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation)
         args.seed = secrets.randbelow(2**31)
@@ -1745,6 +1743,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_parent_directory(flag: str, given: str) -> None:
+    """One sentence where the file `given` to `flag` cannot be made because its directory does not exist or is a
+    file."""
+    parent = Path(given).parent
+    if parent.resolve().is_dir():
+        return
+    what = "is a file, not a directory" if parent.resolve().exists() else "does not exist; create it first"
+    raise UserError(f"{flag} '{given}': '{parent}' {what} (give a file in an existing directory).")
+
+
 def _tune_preset(path: Path) -> bool:
     """Whether the file at `path` is a preset `rlspeed tune` wrote (its first line says so)."""
     from rlspeed.tune import PRESET_HEADER
@@ -1762,9 +1770,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rlspeed.algos import ALGORITHMS
     from rlspeed.export import export_checkpoint
 
-    if args.out is not None and not Path(args.out).resolve().parent.is_dir():
-        raise UserError(f"--out '{args.out}': the directory '{Path(args.out).parent}' does not exist; create it first "
-                        "(or give a file in an existing directory).")
+    if args.out is not None:
+        _check_parent_directory("--out", args.out)
     if args.out is not None and Path(args.out).suffix.lower() == ".safetensors":
         raise UserError(f"--out '{args.out}' ends in .safetensors, a model file's suffix (the export would replace "
                         "it): name the export .onnx, .pt or .pt2.")
