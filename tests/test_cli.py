@@ -1292,3 +1292,11 @@ def test_temporary_files_a_killed_write_left_are_removed_when_the_run_directory_
         path.write_text("half")
     assert cli.main([*argv, "--overwrite"]) == 0
     assert not any(path.exists() for path in left)
+
+
+def test_a_value_whose_yaml_comment_would_be_dropped_is_refused():
+    """`--env-kwargs mode=实验 #3` trained with mode='实验' (YAML reads ' #...' as a comment), without a word."""
+    with pytest.raises(UserError, match="as a comment"):
+        cli._parse_set(["mode=实验 #3"], "--env-kwargs")
+    assert cli._parse_set(['mode="实验 #3"', "tag=abc#d", 'names=[a, "b #c"]']) == {
+        "mode": "实验 #3", "tag": "abc#d", "names": ["a", "b #c"]}

@@ -165,6 +165,9 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
             out[key] = _exponent_floats(yamlfile.read(value, f"{flag} {key}={value.strip()}"))
         except (yamlfile.InvalidYAML, ValueError, OverflowError):
             raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
+        if re.search(r"(?:^|\s)#", value) and "#" not in repr(out[key]):  # (YAML read " #..." as a comment)
+            raise UserError(f"{flag} {key}={value.strip()}: YAML reads ' #' and what follows as a comment, which "
+                            f"would be dropped; quote a text ({key}='\"{value.strip()}\"') or leave the comment out.")
         _finite_values(key, out[key], flag)
     return out
 
