@@ -147,3 +147,12 @@ def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypat
         from rlspeed.tracking import WandbTracker
 
         WandbTracker({})
+
+
+def test_a_wandb_setting_wandb_refuses_is_one_sentence(offline, tmp_path, monkeypatch, capsys):
+    """WANDB_MODE= (an empty variable) was a pydantic ValidationError traceback from wandb.init."""
+    monkeypatch.setenv("WANDB_MODE", "")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--track",
+                     "--out", "run"]) == 2
+    assert "Weights & Biases refused its settings" in capsys.readouterr().err

@@ -62,6 +62,10 @@ class WandbTracker:
         except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
             raise UserError(f"Weights & Biases refused the run ({str(error).strip().splitlines()[0]}): run "
                             "`wandb login`, or set WANDB_MODE=offline to log locally.") from None
+        except ValueError as error:  # (wandb's settings check: WANDB_MODE= empty or misspelt, a bad WANDB_* value)
+            first = str(error).strip().splitlines()
+            raise UserError(f"Weights & Biases refused its settings ({' '.join(first[:3]).strip()}): check the "
+                            "WANDB_* environment variables (WANDB_MODE is online, offline or disabled).") from None
         if id_file is not None and run_id is None:
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(self.run.id + "\n")
