@@ -161,6 +161,18 @@ def test_model_export_method(tmp_path):
     _assert_same_actions(model, _runner("exported_program", path), seed=6)
 
 
+def test_torch_export_formats_on_a_torch_whose_programs_fail_are_one_sentence(tmp_path, monkeypatch):
+    """On torch 2.9 exported programs of several inputs failed when called (NameError in a guard) and loaded with
+    parameters that require grad; ONNX export failed on 2.6: both formats name the torch they need, TorchScript
+    still exports."""
+    model = rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,))
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    for name in ("q.pt2", "q.onnx"):
+        with pytest.raises(UserError, match=r"export needs torch 2\.10 or newer .*torchscript"):
+            export(model, tmp_path / name)
+    assert not (tmp_path / "q.pt2").exists() and export(model, tmp_path / "q.pt").is_file()
+
+
 def test_bad_requests_are_one_sentence(tmp_path, monkeypatch):
     model = rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,))
     with pytest.raises(UserError, match="Unknown export format 'tflite': use one of onnx, torchscript"):

@@ -11,6 +11,7 @@ import functools
 import importlib
 import numbers
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,12 @@ import torch
 from rlspeed.errors import UserError
 
 ACCELERATOR_ORDER = ("npu", "cuda", "xpu", "mps")
+
+
+def major_minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a version text such as torch's "2.10.0+cu128"; (0, 0) where it has none."""
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
 def _npu_available() -> bool:

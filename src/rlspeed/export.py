@@ -483,6 +483,21 @@ def _preprocessing(env_id: str) -> dict | None:
             "reference": "gymnasium.wrappers.AtariPreprocessing + FrameStackObservation (rlspeed.envs.atari)"}
 
 
+#: The oldest torch whose torch.export makes programs that run as exported (tests/test_export.py passes on it): 2.9's
+#: fail in guards of policies with several inputs (NameError) and load with parameters that require grad; ONNX export
+#: of an ensemble's batched product failed on 2.6. TorchScript export works on every torch rlspeed takes.
+EXPORT_MIN_TORCH = (2, 10)
+
+
+def _check_torch(format: str) -> None:
+    from rlspeed.device import major_minor
+
+    if format != "torchscript" and major_minor(torch.__version__) < EXPORT_MIN_TORCH:
+        raise UserError(f"{format} export needs torch {'.'.join(map(str, EXPORT_MIN_TORCH))} or newer (this is torch "
+                        f"{torch.__version__}, whose torch.export makes programs that fail): pip install -U "
+                        f"\"torch>={'.'.join(map(str, EXPORT_MIN_TORCH))}\", or export torchscript (a .pt file).")
+
+
 def _check_onnx_packages() -> None:
     missing = [name for name in _EXPORT_PACKAGES if importlib.util.find_spec(name) is None]
     if missing:
@@ -544,6 +559,7 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
     last training run used the env's masks.
     """
     format = export_format(path, format)
+    _check_torch(format)
     if format == "onnx":
         _check_onnx_packages()
     path = Path(path).expanduser()

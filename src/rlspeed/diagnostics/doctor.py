@@ -74,11 +74,6 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _major_minor(version: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-
-
 # --- 1. Python and torch ------------------------------------------------------------------------------------
 
 
@@ -94,7 +89,7 @@ def check_python_torch() -> list[Check]:
     else:
         build = "no CUDA in this build"
     detail = f"torch {torch.__version__} ({build})"
-    if _major_minor(torch.__version__) < (2, 6):
+    if devices.major_minor(torch.__version__) < (2, 6):
         checks.append(Check(WARN, "torch", detail, 'rlspeed needs torch 2.6 or newer: pip install -U "torch>=2.6"'))
     else:
         checks.append(Check(PASS, "torch", detail))
@@ -127,7 +122,7 @@ def check_npu() -> Check:
     if not (has_plugin or has_smi or env_set):
         return Check(PASS, "npu", "none (no Ascend software found)")
     detail = "not visible: " + ", ".join(facts)
-    torch_minor = ".".join(map(str, _major_minor(torch.__version__)))
+    torch_minor = ".".join(map(str, devices.major_minor(torch.__version__)))
     install_plugin = f'pip install "torch-npu=={torch_minor}.*" (it must match torch {torch_minor})'
     if not has_plugin:
         return Check(WARN, "npu", detail, install_plugin)
