@@ -30,6 +30,9 @@ needs_envpool = pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
 #: (A2C's rollout noise drawn at once equals its per-step draws) came with torch 2.9; pyproject allows torch 2.6
 needs_torch_2_9 = pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 9),
                                      reason="needs torch 2.9 or newer")
+#: ONNX and .pt2 export (rlspeed.export.EXPORT_MIN_TORCH; older torch is refused with a sentence)
+needs_torch_export = pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 10),
+                                        reason="ONNX and .pt2 export need torch 2.10 or newer")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

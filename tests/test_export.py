@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import needs_torch_export
 
 import rlspeed
 from rlspeed.algos import ALGORITHMS, Algorithm
@@ -20,6 +21,8 @@ from rlspeed.envs.base import EnvSpec
 from rlspeed.envs.wrappers import normalizable, observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.export import FORMATS, export, export_checkpoint, random_action_masks, random_observations
+
+pytestmark = needs_torch_export  # (on an older torch every format but TorchScript is refused)
 
 BATCHES = (1, 17)
 # torch deprecates TorchScript (trace, save, load) in favour of torch.export; the format is still exported on request
