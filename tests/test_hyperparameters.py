@@ -9,6 +9,7 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import needs_minatar
 
 import rlspeed
 from rlspeed.algos.base import unused_settings
@@ -125,8 +126,14 @@ def test_a_model_warns_once_per_setting_without_effect():
     assert all(warning.filename == __file__ for warning in named)  # (shown where the model is made)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        rlspeed.PPO("MinAtar/Breakout-v1", device="cpu", cnn_features_dim=64)
         rlspeed.PPO("Pendulum-v1", device="cpu", use_sde=True, sde_sample_freq=4, log_std_init=-1.0)
+
+
+@needs_minatar
+def test_an_image_model_warns_nothing_for_its_cnn_setting():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rlspeed.PPO("MinAtar/Breakout-v1", device="cpu", cnn_features_dim=64)
 
 
 def test_an_on_off_setting_takes_only_on_off_values():
