@@ -751,6 +751,17 @@ def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 300
 
 
+def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(tmp_path):
+    """A directory named in another encoding (a GBK zip unpacked here) was printed as backslash escapes, a path that
+    cannot be copied back into the shell."""
+    out = os.fsencode(tmp_path) + b"/gbk_\xce\xd2/run"
+    done = subprocess.run([os.fsencode(sys.executable), b"-m", b"rlspeed", b"train", b"ppo", b"CartPole-v1",
+                           b"--total-timesteps", b"256", b"--no-progress", b"--out", out], capture_output=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert b"rlspeed: run directory " + out + b"\n" in done.stdout
+
+
 def test_subprocess_envs_close_without_a_traceback(tmp_path):
     """The env workers stop on their vector env's SIGTERM as they should, not through the CLI's SIGTERM handler."""
     done = _rlspeed("train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--env-backend", "gymnasium-async",

@@ -6,6 +6,7 @@ Errors the user can cause print one sentence and exit with code 2 (`--debug` sho
 from __future__ import annotations
 
 import argparse
+import codecs
 import collections
 import contextlib
 import dataclasses
@@ -1997,9 +1998,10 @@ def main(argv: list[str] | None = None) -> int:
     console = argv is None  # (the `rlspeed` command; a caller passing argv keeps its own warning handling)
     argv = list(sys.argv[1:] if argv is None else argv)
     if console:  # (a path or env id the output's encoding cannot show, PYTHONIOENCODING=ascii: escaped, no traceback)
+        codecs.register_error(_OUTPUT_ERRORS, _path_bytes_else_escaped)
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
-                stream.reconfigure(errors="backslashreplace")
+                stream.reconfigure(errors=_OUTPUT_ERRORS)
         sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
@@ -2013,6 +2015,20 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         finally:
             _release_run_locks()  # (the command is over: the next one in this process may train there)
+
+
+_OUTPUT_ERRORS = "rlspeed-output"
+
+
+def _path_bytes_else_escaped(error: UnicodeError) -> tuple[str | bytes, int]:
+    """The CLI's output error handler: the bytes of a file name that is not valid in the locale's encoding
+    (os.fsdecode's surrogates: printed as the name is, so it can be copied back), backslash escapes for any other
+    character the output's encoding cannot show (PYTHONIOENCODING=ascii), never an exception."""
+    if isinstance(error, UnicodeEncodeError):
+        part = error.object[error.start:error.end]
+        if all(0xDC80 <= ord(char) <= 0xDCFF for char in part):
+            return bytes(ord(char) - 0xDC00 for char in part), error.end
+    return codecs.backslashreplace_errors(error)
 
 
 class _ReaderMayLeave:
