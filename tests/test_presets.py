@@ -541,3 +541,19 @@ def test_replay_buffer_entries_translate_for_off_policy_and_sb3s_default_is_noth
     assert (her.hyperparameters["n_sampled_goal"], her.hyperparameters["goal_selection_strategy"]) == (2, "final")
     assert zoo.translate_entry("ppo", {"replay_buffer_class": None}, "").status == "full"
     assert zoo.translate_entry("td3", {"replay_buffer_class": "PrioritizedReplayBuffer"}, "").status == "none"
+
+
+def test_a_preset_file_in_another_encoding_or_broken_says_where_and_what_to_do(tmp_path):
+    """A preset saved in GBK was "'utf-8' codec can't decode byte 0xce" (and under a C locale a UTF-8 one failed to
+    read); invalid YAML named no line."""
+    gbk = tmp_path / "gbk.yaml"
+    gbk.write_bytes("CartPole-v1:\n  # 中文注释\n  n_steps: 32\n".encode("gbk"))
+    with pytest.raises(UserError, match=r"is not UTF-8 text \(byte 0x.. at offset 17\): save it as UTF-8"):
+        load_preset_file(gbk, "ppo", "CartPole-v1")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("CartPole-v1:\n  net_arch: [64, 64\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"is not valid YAML \(line \d+, column \d+\)"):
+        load_preset_file(broken, "ppo", "CartPole-v1")
+    utf8 = tmp_path / "utf8.yaml"
+    utf8.write_text("CartPole-v1:\n  # 中文注释\n  learning_rate: 0.001\n", encoding="utf-8")
+    assert load_preset_file(utf8, "ppo", "CartPole-v1")

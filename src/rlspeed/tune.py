@@ -126,11 +126,7 @@ def load_search_space(path: str | Path | None, algo_cls: type, hyperparameters: 
         if not path.is_file():
             raise UserError(f"--search-space {path}: no such file; give a YAML file mapping hyperparameters to "
                             "ranges (see docs/tune.md).")
-        try:
-            text = path.read_text()
-        except UnicodeDecodeError as error:
-            raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
-        space = yamlfile.read(text, str(path))
+        space = yamlfile.read_file(path)[1]
         if not isinstance(space, dict) or not space:
             raise UserError(f"{path} must map hyperparameter names to ranges ({{low, high}}, {{choices}}) or values.")
         space = {str(key): value for key, value in space.items()}

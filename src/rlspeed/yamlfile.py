@@ -5,6 +5,7 @@ colons (`1:30` is the base-60 number 90), is refused in one sentence instead of 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import yaml
 
@@ -64,4 +65,17 @@ def read(text: str, where: str):
     except _Surprise as error:
         raise UserError(f"{where} {error}.") from None
     except yaml.YAMLError as error:
-        raise InvalidYAML(f"{where} is not valid YAML: {str(error).splitlines()[0]}.") from None
+        mark = getattr(error, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise InvalidYAML(f"{where} is not valid YAML{at}: {str(error).splitlines()[0]}.") from None
+
+
+def read_file(path: Path) -> tuple[str, object]:
+    """(text, data) of the YAML file at `path`, read as UTF-8 whatever the locale (as rlspeed writes its files);
+    UserError naming the file where it is not UTF-8 text, or as `read`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise UserError(f"{path} is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}): "
+                        "save it as UTF-8.") from None
+    return text, read(text, str(path))

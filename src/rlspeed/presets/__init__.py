@@ -151,11 +151,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         raise UserError(f"--preset {path} is a directory; give a YAML file, or one of {', '.join(SOURCES)}.")
     if not path.is_file():
         raise UserError(f"--preset {path}: no such file; give a YAML file, or one of {', '.join(SOURCES)}.")
-    try:
-        text = path.read_text()
-    except UnicodeDecodeError as error:
-        raise UserError(f"{path} is not valid YAML: {str(error).splitlines()[0]}.") from None
-    data = yamlfile.read(text, str(path))
+    text, data = yamlfile.read_file(path)
     tuned_for = _tuned_algorithm(text)
     if tuned_for is not None and tuned_for != algo:
         raise UserError(f"{path} was tuned for {tuned_for} by rlspeed tune, not for {algo}: train {tuned_for} with "
