@@ -415,22 +415,25 @@ def test_a_run_directory_named_with_a_tilde_or_left_empty_or_without_its_config_
     assert "config.yaml' is empty or damaged" in capsys.readouterr().err
 
 
-def test_overwrite_that_cannot_delete_the_old_run_is_one_sentence(tmp_path, monkeypatch):
+def test_overwrite_that_cannot_move_the_old_run_aside_is_one_sentence_and_moves_nothing(tmp_path, monkeypatch):
     """A run file that cannot be deleted (another owner's, a read-only mount) was a PermissionError traceback after
-    half the run was gone."""
-    import shutil
-
+    half the run was gone; the run is moved aside all or nothing."""
     run = tmp_path / "run"
     (run / "tensorboard").mkdir(parents=True)
     (run / "metrics.csv").write_text("timesteps\n")
+    replace = os.replace
 
-    def refuse(path, *args, **kwargs):
-        raise PermissionError(13, "Permission denied", str(path))
+    def refuse_the_second(source, target):
+        if Path(source).name == "metrics.csv":
+            raise PermissionError(13, "Permission denied", str(source))
+        replace(source, target)
 
-    monkeypatch.setattr(shutil, "rmtree", refuse)
-    with pytest.raises(UserError, match=r"--overwrite cannot delete the run in .*Permission denied.*nothing was "
-                                        r"trained"):
+    monkeypatch.setattr(os, "replace", refuse_the_second)
+    with pytest.raises(UserError, match=r"--overwrite cannot move the run in .* aside .*Permission denied.*nothing "
+                                        r"was trained"):
         cli._remove_run_files(run, ["tensorboard", "metrics.csv"])
+    assert (run / "tensorboard").is_dir() and (run / "metrics.csv").is_file() and not cli._OVERWRITTEN
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.csv", "tensorboard"]
 
 
 def test_a_command_that_cannot_train_leaves_the_run_it_would_overwrite(runs, tmp_path, monkeypatch):
@@ -926,6 +929,29 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert cli.main([*argv[:-1], "mine"]) == 0
     assert cli.main([*argv[:-1], "mine", "--overwrite"]) == 0
     assert (tmp_path / "mine" / "model.pt").read_text() == "the user's"
+
+
+def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(tmp_path, monkeypatch, capsys):
+    """--overwrite deleted the run first; a failure found after that (W&B refusing the run, an env failing to start)
+    left the directory with neither run."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]
+    assert cli.main(argv) == 0
+    before = (tmp_path / "run" / "model.safetensors").read_bytes()
+
+    def refuse(*args, **kwargs):
+        raise UserError("a check after the run directory was prepared failed.")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cli, "_target_and_eval_freq", refuse)
+        assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 2
+    assert "keeps the run it held" in capsys.readouterr().err
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == [
+        "config.yaml", "learning_curve.png", "metrics.csv", "model.safetensors", "summary.json"]
+    assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 0  # (a run that trains replaces it, nothing left aside)
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() != before
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".rlspeed-overwritten")]
 
 
 @pytest.mark.parametrize("flag", [["--max-restarts", "2"], ["--wandb-project", "p"], ["--wandb-entity", "e"]])

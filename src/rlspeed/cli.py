@@ -873,26 +873,66 @@ def _check_writable(run_dir: Path) -> None:
 
 
 def _remove_run_files(run_dir: Path, held: list[str]) -> None:
-    """`--overwrite`: delete the run files `held` in `run_dir` and `rlspeed export RUN`'s files beside its model
-    (recognised by their metadata: a user's own model.pt stays); one sentence where one cannot be deleted."""
+    """`--overwrite`: move the run files `held` in `run_dir` and `rlspeed export RUN`'s files beside its model
+    (recognised by their metadata: a user's own model.pt stays) into a hidden directory there, deleted when the
+    command ends (`_settle_overwrites`), or moved back where it failed before the new run saved anything; one sentence
+    where they cannot be moved."""
     from rlspeed.export import FORMATS
 
     _check_writable(run_dir)  # (first: a read-only directory loses nothing)
+    names = list(held)
+    for suffix in FORMATS.values():
+        if _export_sidecar(run_dir / f"model{suffix}.json"):
+            names += [name for name in (f"model{suffix}", f"model{suffix}.json") if (run_dir / name).exists()]
+    moved: list[str] = []
+    aside = None
     try:
-        for name in held:
-            target = run_dir / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
-        for suffix in FORMATS.values():
-            sidecar = run_dir / f"model{suffix}.json"
-            if _export_sidecar(sidecar):
-                (run_dir / f"model{suffix}").unlink(missing_ok=True)
-                sidecar.unlink()
+        aside = Path(tempfile.mkdtemp(prefix=".rlspeed-overwritten-", dir=run_dir))
+        for name in names:
+            os.replace(run_dir / name, aside / name)
+            moved.append(name)
     except OSError as error:
-        raise UserError(f"--overwrite cannot delete the run in '{run_dir}' ({error.strerror or error}"
+        for name in moved:  # (all or nothing)
+            with contextlib.suppress(OSError):
+                os.replace(aside / name, run_dir / name)
+        if aside is not None:
+            with contextlib.suppress(OSError):
+                aside.rmdir()
+        raise UserError(f"--overwrite cannot move the run in '{run_dir}' aside ({error.strerror or error}"
                         f"{f': {error.filename}' if error.filename else ''}); nothing was trained.") from None
+    _OVERWRITTEN[run_dir] = aside
+
+
+#: `--overwrite`: run directory -> the hidden directory its replaced run was moved to, until the command ends
+_OVERWRITTEN: dict[Path, Path] = {}
+
+
+def _settle_overwrites(succeeded: bool) -> None:
+    """At the end of a command: delete the runs `--overwrite` moved aside, unless the command failed before the new run
+    saved a model or a checkpoint (a wrong flag found late, a tracker that refused, an env that failed to start):
+    then the new run's files go and the replaced run comes back, said in one line."""
+    while _OVERWRITTEN:
+        run_dir, aside = _OVERWRITTEN.popitem()
+        saved = any((run_dir / name).exists() for name in ("model.safetensors", "checkpoint.safetensors"))
+        if succeeded or saved:
+            shutil.rmtree(aside, ignore_errors=True)
+            continue
+        try:
+            for name in RUN_FILES:
+                target = run_dir / name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
+            for item in aside.iterdir():
+                os.replace(item, run_dir / item.name)
+            aside.rmdir()
+        except OSError as error:
+            print(f"rlspeed: --overwrite: the command failed before training, and the run it replaced could not be "
+                  f"moved back ({error.strerror or error}): it is in '{aside}'.", file=sys.stderr)
+            continue
+        print(f"rlspeed: --overwrite: the command failed before training, so '{run_dir}' keeps the run it held.",
+              file=sys.stderr)
 
 
 #: Without --checkpoint-freq, a single run writes its checkpoint at least this often (seconds of training): a crash
@@ -2006,14 +2046,17 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning
+        code = None
         try:
-            return _main(argv)
+            code = _main(argv)
+            return code
         except UserError:  # (raised only with --debug: the command prints its traceback, with the same exit code)
             if not console:
                 raise
             traceback.print_exc()
             return 2
         finally:
+            _settle_overwrites(succeeded=code == 0)  # (under the run directory's lock)
             _release_run_locks()  # (the command is over: the next one in this process may train there)
 
 
