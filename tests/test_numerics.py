@@ -4,6 +4,7 @@ rolled back, and training never ends normally with them."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -222,3 +223,19 @@ def test_an_infinite_loss_with_finite_weights_is_reported():
     first = model.numerics_report()["nonfinite_losses"]
     assert list(first) == ["value_loss"] and 0 < first["value_loss"] <= model.num_timesteps
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
+
+
+def test_losses_of_a_rolled_back_update_are_not_called_finite_weights():
+    """Rewards of 1e38 make the parameters non-finite (rolled back): the loss warning said "while the parameters are
+    finite" beside the rollback, and summary.json listed both."""
+    def huge_rewards():
+        return gym.wrappers.TransformReward(gym.make("CartPole-v1"), lambda r: r * 1e38)
+
+    env = gym.vector.SyncVectorEnv([huge_rewards] * 4, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = PPO(env, seed=0, device="cpu", num_steps=32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(DivergedError):
+            model.learn(1024, progress_bar=False)
+    assert model.numerics_report()["rollbacks"] >= 1 and model.numerics_report()["nonfinite_losses"] == {}
+    assert not [w for w in caught if "while the parameters are finite" in str(w.message)]

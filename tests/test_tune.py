@@ -310,3 +310,15 @@ def test_the_commands_a_study_suggests_give_back_its_env_and_options(tmp_path):
                                                              ["中文环境"])
     assert cli._parse_set(args.env_kwargs, "--env-kwargs") == options
     assert "\\u" not in shlex.join(_env_kwargs_arguments(options))
+
+
+def test_a_preset_from_a_directory_whose_name_is_not_utf8_is_utf8():
+    """The header of a study stored under a directory named in another encoding held the raw byte, and `rlspeed
+    train --preset` (which reads UTF-8) refused the file tune had just written."""
+    import os
+
+    from rlspeed.tune import utf8_text
+
+    storage = "sqlite:///" + os.fsdecode(b"/tmp/tu\xffne/s.db")
+    assert utf8_text(storage) == "sqlite:////tmp/tu\\udcffne/s.db"
+    assert utf8_text(storage).encode("utf-8") and utf8_text("调参 库") == "调参 库"

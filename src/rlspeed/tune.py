@@ -658,7 +658,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     text = "\n".join(header) + "\n" + body
     out = Path(context["out"])
     try:
-        # (UTF-8 whatever the locale; a path that is not UTF-8, in the header, is written back as its bytes)
+        # (UTF-8 whatever the locale, as presets are read; a path in the header that is not UTF-8 is escaped)
         if out.is_file() and not _as_written(out.read_text(encoding="utf-8", errors="surrogateescape")):
             # (a preset this study wrote before, edited since: the edit is kept beside the new file)
             kept = out.with_name(out.name + ".edited")
@@ -667,10 +667,16 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
                           stacklevel=2)
         out.parent.mkdir(parents=True, exist_ok=True)
         temporary = out.with_name(out.name + ".tmp")
-        temporary.write_text(text, encoding="utf-8", errors="surrogateescape")
+        temporary.write_text(utf8_text(text), encoding="utf-8")
         temporary.replace(out)
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
+
+
+def utf8_text(text: str) -> str:
+    """`text` with what UTF-8 cannot hold (a file name's undecodable bytes, as surrogates) as backslash escapes: a
+    preset file is UTF-8, as `rlspeed train --preset` reads it."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _env_kwargs_arguments(env_kwargs: dict) -> list[str]:

@@ -1494,8 +1494,12 @@ class Algorithm:
                         row = self._read_metrics(sums, counts, extra)  # the one host sync per log interval
                         self._check_metrics(row)
                         numerics = row.pop("_numerics", None)
+                        finite_checked = False  # (this row's parameters checked and finite: its losses are read)
                         if numerics is not None:
-                            if self._numerics.after_read(numerics, guarded, self.env_id, self.num_timesteps):
+                            rolled_back = self._numerics.after_read(numerics, guarded, self.env_id,
+                                                                    self.num_timesteps)
+                            finite_checked = not rolled_back
+                            if rolled_back:
                                 # (episodes a diverged policy may have made non-finite)
                                 self._obs, reset_info = env.reset()
                                 self._action_mask = reset_info.get("action_mask")
@@ -1531,7 +1535,8 @@ class Algorithm:
                             result.time_to_target_s = clock_offset + train_clock
                             result.steps_to_target = self.num_timesteps - run_start
                             stop = True
-                    self._numerics.check_losses(row, self.num_timesteps)
+                    if finite_checked:
+                        self._numerics.check_losses(row, self.num_timesteps)
                     bar.update(self.num_timesteps - last_log_steps, sps=int(sps), ret=row.get("episode_return"),
                                success=row.get("success_rate"), eval=row.get("eval_mean"))
                     if logger is not None:
