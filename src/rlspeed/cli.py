@@ -1793,8 +1793,10 @@ def _check_parent_directory(flag: str, given: str) -> None:
     parent = Path(given).parent
     if parent.resolve().is_dir():
         return
-    what = "is a file, not a directory" if parent.resolve().exists() else "does not exist; create it first"
-    raise UserError(f"{flag} '{given}': '{parent}' {what} (give a file in an existing directory).")
+    blocking = next((folder for folder in (parent, *parent.parents) if folder.resolve().exists()), None)
+    what = (f"'{blocking}' is a file, not a directory" if blocking is not None and not blocking.resolve().is_dir()
+            else f"'{parent}' does not exist; create it first")
+    raise UserError(f"{flag} '{given}': {what} (give a file in an existing directory).")
 
 
 def _tune_preset(path: Path) -> bool:
@@ -2042,7 +2044,8 @@ def main(argv: list[str] | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors=_OUTPUT_ERRORS)
-        sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+        sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(stream)
+                                  for stream in (sys.stdout, sys.stderr))
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning

@@ -67,10 +67,10 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path:
         ax.plot(steps, centre, color="tab:orange", linewidth=2.2, label=f"IQM over {len(drawn)} members")
     if summary.get("target_return") is not None:
         ax.axhline(summary["target_return"], color="grey", linestyle="--", linewidth=1, label="target")
-    env_id = summary.get("env_id", "")
+    env_id = str(summary.get("env_id") or "")
     if not env_id.isascii():  # (matplotlib's default font has no CJK glyphs: boxes and a warning per character)
         env_id = ""
-    title = " ".join(part for part in (summary.get("algo", "").upper(), env_id) if part)
+    title = " ".join(part for part in (str(summary.get("algo") or "").upper(), env_id) if part)
     title = f"{title}: {len(curves)} members"
     ax.set_title(title)
     ax.set_xlabel("env steps per member")
