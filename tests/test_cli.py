@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import needs_torch_export
 
 from rlspeed import PPO, UserError, cli
 from rlspeed.algos import ALGORITHMS
@@ -681,6 +682,7 @@ def test_masked_non_finite_env_rows_are_counted_in_the_closing_lines(tmp_path, m
     assert f"--nan-policy mask replaced {masked:,} env rows of 256 holding NaN" in capsys.readouterr().err
 
 
+@needs_torch_export
 @pytest.mark.parametrize("fmt", ["torchscript", "exported_program"])
 def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -712,6 +714,7 @@ def test_export_command_writes_the_policy_and_its_sidecar(fmt, tmp_path, monkeyp
     assert (tmp_path / "fresh.pt2.json").read_text() == '{"mine": true}' and not (tmp_path / "fresh.pt2").exists()
 
 
+@needs_torch_export
 def test_export_command_adds_the_action_mask_input_of_a_masked_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "ppo", "Taxi-v4", "--total-timesteps", "256", "--num-envs", "2", "--set",

@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import needs_torch_export
 
 import rlspeed
 from rlspeed.envs import NATIVE_ENVS, BatchedEnv, EnvSpec, EnvWrapper, NormalizeObservation, NormalizeReward
@@ -639,6 +640,7 @@ def test_a_wrapper_may_set_training_before_initialising_its_base():
     assert wrapped.training is False and inner.training is False  # the frozen inner env stays frozen
 
 
+@needs_torch_export
 def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
     """A model of an env made with options (`make_env(id, **options)` or `env_kwargs=`) evaluates, and reloads, on
     that env, not on the id's default one: here Pendulum-v1 with g=2.0, whose returns differ from the default g's."""

@@ -22,11 +22,10 @@ from rlspeed.envs.wrappers import normalizable, observation_statistics
 from rlspeed.errors import UserError
 from rlspeed.export import FORMATS, export, export_checkpoint, random_action_masks, random_observations
 
-pytestmark = needs_torch_export  # (on an older torch every format but TorchScript is refused)
-
 BATCHES = (1, 17)
-# torch deprecates TorchScript (trace, save, load) in favour of torch.export; the format is still exported on request
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning")
+# torch deprecates TorchScript (trace, save, load) in favour of torch.export; the format is still exported on request;
+# on a torch older than 2.10 every format but TorchScript is refused
+pytestmark = [pytest.mark.filterwarnings("ignore:`torch.jit:DeprecationWarning"), needs_torch_export]
 
 
 def _randomise(model, seed: int) -> None:

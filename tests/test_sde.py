@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import cli_error
+from conftest import cli_error, needs_torch_export
 
 from rlspeed.algos.a2c import A2C
 from rlspeed.algos.ppo import PPO
@@ -148,6 +148,7 @@ def test_a_loaded_model_explores_with_its_saved_sigma(tmp_path, algo):
     assert 2.0 < spread < 3.5  # (64 or 256 draws of N(0, e))
 
 
+@needs_torch_export
 def test_export_gives_the_mean(tmp_path):
     from rlspeed.export import export
 
@@ -256,6 +257,7 @@ def test_sac_explores_with_gsde_at_warmup_only_when_asked(at_warmup):
     assert len(calls) == (20 if at_warmup else 0)
 
 
+@needs_torch_export
 def test_sac_gsde_trains_log_std_and_exports_the_squashed_mean(tmp_path):
     from rlspeed.export import export
 
