@@ -221,8 +221,12 @@ def test_evaluate_carries_the_state_and_resets_it_per_episode(trained):
     for (_, _, produced), (taken, episode_start, _) in zip(calls, calls[1:]):
         assert taken is produced  # the state returned by one step goes into the next
         assert episode_start.dtype == torch.bool and episode_start.shape == (4,)
-    # every evaluation episode ended; each end but the last (which stops the evaluation) reset its row next step
-    assert sum(int(call[1].sum()) for call in calls[1:]) >= 3
+    # every evaluation episode ended; each one that ended before the last step reset its row at the next step (and
+    # no other row was reset): an episode of L steps ends at call L-1, its row flagged at call L
+    lengths = [int(length) for length in evaluation["lengths"]]
+    assert len(calls) == max(lengths)
+    expected = {(length, row) for row, length in enumerate(lengths) if length < max(lengths)}
+    assert {(t, row) for t, call in enumerate(calls[1:], 1) for row in call[1].nonzero().flatten().tolist()} == expected
     assert evaluation["unfinished"] == 0
 
 
