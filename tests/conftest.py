@@ -8,6 +8,9 @@ import os
 import pytest
 import torch
 
+from rlspeed.device import major_minor
+from rlspeed.export import EXPORT_MIN_TORCH
+
 # Small RL networks are fastest on one thread, and the test machine is shared: no oversubscription.
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
@@ -28,11 +31,11 @@ needs_envpool = pytest.mark.skipif(importlib.util.find_spec("envpool") is None,
                                    reason='needs EnvPool: pip install -e ".[envpool]"')
 #: torch's fp32_precision settings (reduced-precision matmul regions) and size-independent CPU exponential draws
 #: (A2C's rollout noise drawn at once equals its per-step draws) came with torch 2.9; pyproject allows torch 2.6
-needs_torch_2_9 = pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 9),
-                                     reason="needs torch 2.9 or newer")
-#: ONNX and .pt2 export (rlspeed.export.EXPORT_MIN_TORCH; older torch is refused with a sentence)
-needs_torch_export = pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 10),
-                                        reason="ONNX and .pt2 export need torch 2.10 or newer")
+needs_torch_2_9 = pytest.mark.skipif(major_minor(torch.__version__) < (2, 9), reason="needs torch 2.9 or newer")
+#: ONNX and .pt2 export (older torch is refused with a sentence)
+_EXPORT_TORCH = ".".join(map(str, EXPORT_MIN_TORCH))
+needs_torch_export = pytest.mark.skipif(major_minor(torch.__version__) < EXPORT_MIN_TORCH,
+                                        reason=f"ONNX and .pt2 export need torch {_EXPORT_TORCH} or newer")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 

@@ -432,7 +432,7 @@ def test_overwrite_that_cannot_move_the_old_run_aside_is_one_sentence_and_moves_
     monkeypatch.setattr(os, "replace", refuse_the_second)
     with pytest.raises(UserError, match=r"--overwrite cannot move the run in .* aside .*Permission denied.*nothing "
                                         r"was trained"):
-        cli._remove_run_files(run, ["tensorboard", "metrics.csv"])
+        cli._move_run_aside(run, ["tensorboard", "metrics.csv"])
     assert (run / "tensorboard").is_dir() and (run / "metrics.csv").is_file() and not cli._OVERWRITTEN
     assert sorted(p.name for p in run.iterdir()) == ["metrics.csv", "tensorboard"]
 
@@ -949,6 +949,17 @@ def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(t
         patch.setattr(cli, "_target_and_eval_freq", refuse)
         assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 2
     assert "keeps the run it held" in capsys.readouterr().err
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+
+    def fail_after_logging(args, algo_cls, strategy, model, run_dir, *rest):  # (a NaN from the env, mid-run)
+        (run_dir / "metrics.csv").write_text("timesteps\n128\n")
+        raise UserError("the env returned a NaN observation.")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(cli, "_learn_and_save", fail_after_logging)
+        assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 2
+    err = capsys.readouterr().err  # (not also "keeps what the run wrote": the old run, not the new one, is kept)
+    assert "keeps the run it held" in err and "keeps what the run wrote" not in err
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == [
         "config.yaml", "learning_curve.png", "metrics.csv", "model.safetensors", "summary.json"]

@@ -846,7 +846,7 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         finished = [name for name in ("model.safetensors", "summary.json")
                     if name in held and (name != "summary.json" or _finished_summary(run_dir / name))]
         if held and args.overwrite:
-            _remove_run_files(run_dir, held)
+            _move_run_aside(run_dir, held)
         elif held and not args.resume:
             raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
                             "continue it, or --overwrite to replace it.")
@@ -872,7 +872,7 @@ def _check_writable(run_dir: Path) -> None:
         raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
 
 
-def _remove_run_files(run_dir: Path, held: list[str]) -> None:
+def _move_run_aside(run_dir: Path, held: list[str]) -> None:
     """`--overwrite`: move the run files `held` in `run_dir` and `rlspeed export RUN`'s files beside its model
     (recognised by their metadata: a user's own model.pt stays) into a hidden directory there, deleted when the
     command ends (`_settle_overwrites`), or moved back where it failed before the new run saved anything; one sentence
@@ -928,11 +928,12 @@ def _settle_overwrites(succeeded: bool) -> None:
                 os.replace(item, run_dir / item.name)
             aside.rmdir()
         except OSError as error:
-            print(f"rlspeed: --overwrite: the command failed before training, and the run it replaced could not be "
-                  f"moved back ({error.strerror or error}): it is in '{aside}'.", file=sys.stderr)
+            print(f"rlspeed: --overwrite: the command failed before the new run saved a model or a checkpoint, and "
+                  f"the run it replaced could not be moved back ({error.strerror or error}): it is in '{aside}'.",
+                  file=sys.stderr)
             continue
-        print(f"rlspeed: --overwrite: the command failed before training, so '{run_dir}' keeps the run it held.",
-              file=sys.stderr)
+        print(f"rlspeed: --overwrite: the command failed before the new run saved a model or a checkpoint, so "
+              f"'{run_dir}' keeps the run it held.", file=sys.stderr)
 
 
 #: Without --checkpoint-freq, a single run writes its checkpoint at least this often (seconds of training): a crash
@@ -1018,7 +1019,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
                 (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()
-        elif (fresh and isinstance(error, UserError)
+        elif (fresh and isinstance(error, UserError) and run_dir not in _OVERWRITTEN  # (which puts the old run back)
               and not {"checkpoint.safetensors", "model.safetensors"} & set(held)):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
             raise UserError(f"{str(error).rstrip('.')}. '{run_dir}' keeps what the run wrote ({', '.join(held)}): "

@@ -45,6 +45,7 @@ from torch import nn
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, refuse_non_model, run_model
+from rlspeed.device import major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
@@ -490,8 +491,6 @@ EXPORT_MIN_TORCH = (2, 10)
 
 
 def _check_torch(format: str) -> None:
-    from rlspeed.device import major_minor
-
     if format != "torchscript" and major_minor(torch.__version__) < EXPORT_MIN_TORCH:
         raise UserError(f"{format} export needs torch {'.'.join(map(str, EXPORT_MIN_TORCH))} or newer (this is torch "
                         f"{torch.__version__}, whose torch.export makes programs that fail): pip install -U "
