@@ -244,6 +244,24 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
+def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
+    """A preset in a Chinese directory: config.yaml and summary.json name it as written (they held `\\u9884\\u8bbe`
+    escapes: the right value, unreadable to the person who wrote it), and `rlspeed eval` reads the run back."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "1")
+    (tmp_path / "预设").mkdir()
+    (tmp_path / "预设" / "我的.yaml").write_text("CartPole-v1:\n  n_steps: 32\n", encoding="utf-8")
+    argv = ["train", "ppo", "CartPole-v1", "--preset", "预设/我的.yaml", "--out", "运行", "--no-progress"]
+    assert cli.main([*argv, "--total-timesteps", "256"]) == 0, capsys.readouterr().err
+    for name in ("config.yaml", "summary.json"):
+        assert "预设/我的.yaml (CartPole-v1 entry)" in (tmp_path / "运行" / name).read_text(encoding="utf-8")
+    config = yaml.safe_load((tmp_path / "运行" / "config.yaml").read_text(encoding="utf-8"))
+    assert config["preset"]["requested"] == "预设/我的.yaml"
+    capsys.readouterr()
+    assert cli.main(["eval", "运行", "--episodes", "1", "--json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["episodes"] == 1
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (["train", "ppo", "CartPole-v1", "--num-steps", "128"], "are given with --set: --set num_steps=128"),
     (["profile", "dqn", "CartPole-v1", "--learning-starts=64"], "--set learning_starts=64."),

@@ -94,6 +94,28 @@ def test_summary_json_is_strict_json():
         "final_eval": {"mean": None, "std": None, "episodes": 10}, "returns": [1.0, None], "sps": 3.5}
 
 
+def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(tmp_path):
+    """config.yaml and summary.json are UTF-8 under an ASCII locale too (LC_ALL=C without Python's UTF-8 mode: a
+    Chinese value was a UnicodeEncodeError there), and a file name that was not UTF-8 (a lone surrogate) comes back
+    from the JSON as the same string."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    value = {"preset": "预设/我的.yaml", "bytes": "run-\udcff"}
+    script = (f"import json, pathlib, yaml; from rlspeed.files import write_atomic; value = {ascii(value)}; "
+              f"d = pathlib.Path({ascii(str(tmp_path))}); "
+              "write_atomic(d / 'summary.json', json.dumps(value, ensure_ascii=False)); "
+              "write_atomic(d / 'config.yaml', yaml.safe_dump(value, allow_unicode=True))")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "预设/我的.yaml" in (tmp_path / "config.yaml").read_text(encoding="utf-8")
+    assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8")) == value
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8")) == value
+
+
 def test_no_episode_is_an_empty_cell_and_a_diverged_loss_is_nan(tmp_path):
     """An interval in which no episode finished has no episode_return (empty); a loss that diverged is written as
     nan or inf, not an empty cell that looks like "no update in this row"."""

@@ -487,7 +487,7 @@ def _train_population(args: argparse.Namespace) -> int:
               "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
-    _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+    _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     _say_preset(args)
     print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
           f"(device {device}), up to {total:,} steps each"
@@ -541,7 +541,7 @@ def _train_population(args: argparse.Namespace) -> int:
             # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
             partial["member_models"] = (_save_member_models(population, partial, run_dir)
                                         if population.num_timesteps > 0 else {})
-            _write_text(run_dir / "summary.json", strict_json(partial, indent=2) + "\n")
+            _write_text(run_dir / "summary.json", strict_json(partial, indent=2, ensure_ascii=False) + "\n")
         if checkpoint.exists():
             from rlspeed.checkpoint import load_checkpoint
 
@@ -558,9 +558,9 @@ def _train_population(args: argparse.Namespace) -> int:
         # written before anything else can fail, its member_models null until they are: a run killed in between is
         # no finished one (`_ended_summary`: --resume finishes it)
         summary["member_models"] = None
-        _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+        _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
         summary["member_models"] = _save_member_models(population, summary, run_dir)
-        _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+        _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
         try:
             plot_learning_curves(summary, run_dir / "learning_curves.png")
         except OSError as error:  # (the run is saved whole: the plot is the one thing missing)
@@ -970,7 +970,7 @@ def _release_run_locks() -> None:
 def _export_sidecar(path: Path) -> bool:
     """Whether `path` is the `.json` metadata `rlspeed export` writes beside an exported policy."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and "format" in data and "algo" in data
@@ -980,7 +980,7 @@ def _ended_summary(path: Path) -> dict | None:
     """The summary.json at `path` of a run that ended, or None: none there, one an interruption wrote (`"interrupted":
     true`), or an unreadable one (the summary is written last, so a damaged one did not end a run)."""
     try:
-        summary = json.loads(path.read_text()) if path.exists() else None
+        summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
     except (OSError, ValueError):
         return None
     if not isinstance(summary, dict) or summary.get("interrupted") is True:
@@ -1033,7 +1033,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
 def _no_rows(path: Path) -> bool:
     """Whether the metrics file `path` is missing or holds no row (at most its header)."""
     try:
-        with open(path) as handle:
+        with open(path, encoding="utf-8") as handle:
             return sum(1 for line in handle if line.strip()) <= 1
     except OSError:
         return True
@@ -1126,7 +1126,7 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
     `env_id` with `seeds` that has not finished: --resume continues the same, unfinished run only."""
     path = run_dir / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_text()) if path.exists() else None
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"--resume: cannot read '{path}' ({error}).") from None
     if not isinstance(config, dict):
@@ -1239,7 +1239,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
-        _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+        _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
     if main and resumed_from is None:  # (a run starting afresh is a W&B run of its own, not an earlier attempt's)
         (run_dir / "wandb" / "run-id").unlink(missing_ok=True)
     tracker = None
@@ -1321,7 +1321,7 @@ def _resume_settings(args: argparse.Namespace) -> None:
 def _run_config(path: Path) -> dict:
     """A run directory's config.yaml as a dict ({} where there is none or it cannot be read)."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -1493,7 +1493,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
             final = model.evaluate(episodes=10, seed=eval_seed)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
-        _write_text(run_dir / "summary.json", strict_json(_summary(run, None), indent=2) + "\n")
+        _write_text(run_dir / "summary.json", strict_json(_summary(run, None), indent=2, ensure_ascii=False) + "\n")
         print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
               f"summary.json are saved in {run_dir} (rlspeed eval {run_dir} --seed {eval_seed} evaluates it)",
               file=sys.stderr, flush=True)
@@ -1501,7 +1501,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
                              "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
-    _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+    _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
     if tracker is not None:
         tracker.finish(summary)
     reached = ""
@@ -1576,7 +1576,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
             training_env.close()
         summary = _summary(run, None, interrupted=True)
         steps = summary["total_timesteps"]
-        _write_text(run_dir / "summary.json", strict_json(summary, indent=2) + "\n")
+        _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
         if run["tracker"] is not None:
             run["tracker"].finish(summary, exit_code=code)
     saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"
@@ -1726,7 +1726,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config_file = run_dir / "config.yaml" if run_dir is not None else None
     if config_file is not None and config_file.is_file():  # the modules that registered the run's env
         try:
-            recorded = (yaml.safe_load(config_file.read_text()) or {}).get("gym_packages") or []
+            recorded = (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).get("gym_packages") or []
         except (yaml.YAMLError, AttributeError, OSError):
             recorded = []
         if isinstance(recorded, list):

@@ -584,7 +584,8 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
                 _replace_atomically(lambda f: _save_onnx(program, module, sidecar, f), path)
     sidecar_path = path.with_name(path.name + ".json")
     try:
-        sidecar_path.write_text(text + "\n")
+        sidecar_path.write_text(json.dumps(sidecar, indent=2, ensure_ascii=False) + "\n", encoding="utf-8",
+                                errors="backslashreplace")  # (readable; the archives' copy stays ASCII)
     except OSError as error:
         raise _unwritable(sidecar_path, error) from None
     return path

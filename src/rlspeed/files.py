@@ -28,11 +28,15 @@ def _temporaries(path: Path) -> list[Path]:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
-    at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written."""
+    at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written.
+
+    The text is written as UTF-8 whatever the locale (so a reader passing encoding="utf-8" reads it back on any
+    machine); a lone surrogate (a file name that was not UTF-8) is written as its `\\udcXX` escape, which a JSON
+    reader turns back into the same character."""
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     temporary = Path(name)
     try:
-        with os.fdopen(fd, "w", newline="") as stream:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as stream:
             os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
             stream.write(text)
             stream.flush()

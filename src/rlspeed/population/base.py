@@ -1337,5 +1337,6 @@ class PopulationBase:
         """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.summary, indent=2))
+        path.write_text(json.dumps(self.summary, indent=2, ensure_ascii=False), encoding="utf-8",
+                        errors="backslashreplace")
         return path
