@@ -459,6 +459,40 @@ def test_pretrained_values_given_as_new_parameter_data_are_what_trains(algo, env
     assigned.teacher = torch.nn.Linear(2, 2)
 
 
+@pytest.mark.parametrize(("algo", "env_id", "network"), [
+    ("PPO", "CartPole-v1", "policy"), ("SAC", "Pendulum-v1", "actor"), ("DQN", "CartPole-v1", "q_network")])
+def test_replaced_parameters_are_refused_not_left_untrained(algo, env_id, network):
+    """`model.policy.load_state_dict(state, assign=True)` (or a layer put in place of one) gave the network new
+    parameter tensors that no optimizer holds: learn trained the old ones and the policy never changed, silently.
+    learn refuses it in one sentence; the in-place `load_state_dict` trains."""
+    import rlspeed
+
+    def made(seed):
+        return getattr(rlspeed, algo)(env_id, seed=seed, device="cpu", env_backend="torch", learning_starts=0) \
+            if algo != "PPO" else rlspeed.PPO(env_id, seed=seed, device="cpu", env_backend="torch")
+
+    model = made(0)
+    getattr(model, network).load_state_dict(getattr(made(1), network).state_dict(), assign=True)
+    with pytest.raises(UserError, match=rf"{algo}.{network}'s parameter '.+' is not the tensor this model trains: "
+                                        rf".*assign=True.*model.{network}.load_state_dict\(state\)"):
+        model.learn(64, progress_bar=False)
+    model = made(0)
+    layer = next((name for name, child in getattr(model, network).named_modules()
+                  if isinstance(child, torch.nn.Linear)), None)  # (PPO's policy holds its weights as tensors)
+    if layer:  # (a layer swapped in: the same refusal)
+        parent, _, leaf = layer.rpartition(".")
+        owner = getattr(model, network).get_submodule(parent) if parent else getattr(model, network)
+        old = getattr(owner, leaf)
+        setattr(owner, leaf, torch.nn.Linear(old.in_features, old.out_features))
+        with pytest.raises(UserError, match="is not the tensor this model trains"):
+            model.learn(64, progress_bar=False)
+    model = made(0)
+    getattr(model, network).load_state_dict(getattr(made(1), network).state_dict())
+    before = [p.detach().clone() for p in getattr(model, network).parameters()]
+    model.learn(256, progress_bar=False)
+    assert any(not torch.equal(a, b) for a, b in zip(before, getattr(model, network).parameters()))
+
+
 def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):
     """Its update step was a closure ("Can't pickle local object 'autograd_step.<locals>.step'")."""
     import pickle

@@ -1009,6 +1009,24 @@ class Algorithm:
             self._update_step = self._make_update_step()
         return self._action_mask.shape[-1] if masking else None
 
+    def _check_parameters_held(self) -> None:
+        """UserError where a network holds a parameter that requires grad but no optimizer of the model holds: its
+        parameters were replaced after the model was made (`load_state_dict(..., assign=True)`, a layer put in place
+        of one), so training would step the old tensors and leave the new ones as they are. (Parameters that do not
+        require grad, target networks' and frozen ones', are not trained anyway.)"""
+        held = _trained_parameters(self)
+        for name, module in self._modules().items():
+            if not isinstance(module, torch.nn.Module):
+                continue
+            for param_name, param in module.named_parameters():
+                if param.requires_grad and id(param) not in held:
+                    raise UserError(
+                        f"{type(self).__name__}.{name}'s parameter '{param_name}' is not the tensor this model "
+                        "trains: the network's parameters were replaced after the model was made "
+                        "(load_state_dict(..., assign=True), or a layer put in place of one), and learn would leave "
+                        f"them unchanged; copy weights in with model.{name}.load_state_dict(state) (no assign=True), "
+                        "or make a new model with the architecture you want (net_arch, activation, ...).")
+
     def _follow_frozen_parameters(self) -> None:
         """Parameters the caller froze (`requires_grad_(False)`) after the model was made: the hand-derived update
         steps every parameter, so the update is chosen again (autograd, whose optimizer step leaves a parameter
@@ -1363,6 +1381,7 @@ class Algorithm:
             which = "untrained" if not self.num_timesteps else "trained in another run"
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model ({which}) would "
                             "replace: give another run_dir, or delete the file first.")
+        self._check_parameters_held()
         if run_dir is not None:
             self._run_dir = Path(run_dir).resolve()
         env = self.make_training_env()
