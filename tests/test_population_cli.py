@@ -37,13 +37,14 @@ def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, 
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",
-            *SMALL, "--out", str(out)]
+            "--set", "gamma=[0.99, 0.98, 0.97, 0.96]", *SMALL, "--out", str(out)]  # (a list, as the Python API's)
     assert cli.main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["population"] == 4 and summary["interrupted"] is False  # (a finished run, as a solo summary says)
     assert [member["seed"] for member in summary["members"]] == [0, 3, 5, 6]
     rates = [member["hyperparameters"]["learning_rate"] for member in summary["members"]]
     assert rates == pytest.approx([1e-3, 2e-3, 3e-3, 4e-3])
+    assert [member["hyperparameters"]["gamma"] for member in summary["members"]] == [0.99, 0.98, 0.97, 0.96]
     for member in summary["members"]:
         assert [step for step, _ in member["curve"]] == [128, 256]
     assert summary["aggregate"]["final_eval"]["runs"] == 4
@@ -73,6 +74,7 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     (["--seeds", "1,1"], "more than once"),
     (["--seeds", "0-4000000000"], "at most"),
     (["--seeds", "0-2", "--set", "learning_rate=1e-3,2e-3"], "2 per-member values"),
+    (["--seeds", "0-2", "--set", "learning_rate=[1e-3, 2e-3]"], "2 per-member values"),
     (["--seeds", "0-1", "--set", "net_arch=[64,64],[32,32]"], "net_arch"),
     (["--seeds", "0-1", "--set", "batch_size=64,128"], "batch_size"),
     (["--seeds", "0-1", "--set", "learning_rate=1e-3,-1"], "learning_rate"),
@@ -86,6 +88,15 @@ def test_bad_population_input_is_one_sentence(capsys, tmp_path, argv, names):
     message = cli_error(capsys, ["train", "ppo", "CartPole-v1", *argv, "--out", str(tmp_path / "run")])
     assert names in message
     assert not (tmp_path / "run").exists()  # nothing written
+
+
+@pytest.mark.parametrize("value", ["1e-3,2e-3", "[1e-3, 2e-3]"])
+def test_per_member_values_without_seeds_say_to_add_seeds(capsys, tmp_path, value):
+    """A solo run given one learning rate per member said the list 'is not a valid float'."""
+    message = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", f"learning_rate={value}", "--out",
+                                 str(tmp_path / "run")])
+    assert "gives 2 values, one per member of a population: add --seeds with 2 seeds (e.g. --seeds 0-1)" in message
+    assert not (tmp_path / "run").exists()
 
 
 def test_seeds_with_an_algorithm_without_population(capsys, tmp_path):

@@ -314,6 +314,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         _resume_settings(args)
     if args.seeds is not None:
         return _train_population(args)
+    _refuse_member_values_without_seeds(args)
     if args.nproc is not None:
         return _launch_torchrun(args)
     from rlspeed.distributed import DistributedStrategy
@@ -377,19 +378,51 @@ def _top_level_split(text: str) -> list[str]:
     return parts
 
 
-def _member_sets(args: argparse.Namespace) -> dict[str, list]:
-    """The per-member `--set key=a,b,c` values (one per member, split at top-level commas), taken out of `args.set`
-    (which keeps the values for all members)."""
+def _several_values(pair: str, member_keys: tuple[str, ...]) -> list | None:
+    """The values of a `--set key=a,b,c` (split at top-level commas) or, for a key that may differ across members
+    (all of them scalars), `key=[a, b, c]` (as the Python API's list): None where it gives one value."""
+    key, equals, value = pair.partition("=")
+    key = key.strip()
+    if not equals:
+        return None
+    parts = _top_level_split(value)
+    if len(parts) > 1:
+        return [_parse_set([f"{key}={part.strip()}"])[key] for part in parts]
+    if key in member_keys and value.strip().startswith("["):
+        listed = _parse_set([pair])[key]
+        if isinstance(listed, list):
+            return listed
+    return None
+
+
+def _member_sets(args: argparse.Namespace, member_keys: tuple[str, ...]) -> dict[str, list]:
+    """The per-member `--set key=a,b,c` (or `key=[a, b, c]`) values, one per member, taken out of `args.set` (which
+    keeps the values for all members)."""
     per_member, shared = {}, []
     for pair in args.set or []:
-        key, _, value = pair.partition("=")
-        parts = _top_level_split(value)
-        if "=" in pair and len(parts) > 1:
-            per_member[key.strip()] = [_parse_set([f"{key}={part.strip()}"])[key.strip()] for part in parts]
+        values = _several_values(pair, member_keys)
+        if values is not None:
+            per_member[pair.partition("=")[0].strip()] = values
         else:
             shared.append(pair)
     args.set = shared
     return per_member
+
+
+def _refuse_member_values_without_seeds(args: argparse.Namespace) -> None:
+    """A solo run's `--set learning_rate=1e-3,2e-3` (one value per member of a population): one sentence saying
+    so, not that the list is no float."""
+    from rlspeed.population import IMPLEMENTATIONS
+
+    implementation = IMPLEMENTATIONS.get(_algorithm(args.algo).__name__)
+    member_keys = tuple(implementation.per_member) if implementation is not None else ()
+    for pair in args.set or []:
+        values = _several_values(pair, member_keys) if pair.partition("=")[0].strip() in member_keys else None
+        if values is not None:
+            key = pair.partition("=")[0].strip()
+            raise UserError(f"--set {pair.strip()} gives {len(values)} values, one per member of a population: add "
+                            f"--seeds with {len(values)} seeds (e.g. --seeds 0-{len(values) - 1}) to train them "
+                            f"together, or give {key} one value.")
 
 
 def _train_population(args: argparse.Namespace) -> int:
@@ -409,10 +442,10 @@ def _train_population(args: argparse.Namespace) -> int:
         refused.insert(0, "--seed")
     if refused:
         raise UserError(f"{refused[0]} does not apply to a population (--seeds): drop it.")
-    per_member = _member_sets(args)
-    args.member_keys = tuple(per_member)  # (for `_settings`' note on the preset values kept)
     algo_cls = _algorithm(args.algo)
     member_keys = per_member_keys(algo_cls)  # UserError when the algorithm has no population
+    per_member = _member_sets(args, member_keys)
+    args.member_keys = tuple(per_member)  # (for `_settings`' note on the preset values kept)
     resumed = getattr(args, "resume_hyperparameters", None)
     if isinstance(resumed, dict):  # (`--resume`: the run's per-member values, unless --set gives the key anew)
         given = set(per_member) | {pair.partition("=")[0].strip() for pair in args.set or []}
