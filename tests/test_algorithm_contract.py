@@ -72,6 +72,10 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
         algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64]})
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
         algo(env_id, device="cpu", tensorboard_log="tb")
+    # (several agents at once, `PPO(..., population=K)`: the Population class, named)
+    with pytest.raises(UserError, match=rf"'population' is not a hyperparameter of {algo.__name__}: .*"
+                                        rf"rlspeed.population.Population\({algo.__name__}, env_id, seeds=range\(K\)"):
+        algo(env_id, device="cpu", population=4)
 
 
 def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):

@@ -194,6 +194,10 @@ _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs",
                 "n_steps": "num_steps", "n_envs": "num_envs"}  # (and Stable-Baselines3's names for rlspeed's)
 
 
+#: keywords people try for several agents at once (the issue's `PPO(..., population=K)`), which a Population is
+_POPULATION_KEYS = ("population", "population_size", "seeds", "n_seeds", "num_seeds", "n_agents", "num_agents")
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -205,6 +209,11 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
         if key in refused:
             raise UserError(f"'{key}' is not an option of {config_cls.__name__}: {refused[key]}.")
         if key not in fields:
+            if key in _POPULATION_KEYS:
+                owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+                raise UserError(f"'{key}' is not a hyperparameter of {owner}: several agents trained at once are a "
+                                f"population, rlspeed.population.Population({owner}, env_id, seeds=range(K), ...) "
+                                "(docs/population.md; rlspeed train ... --seeds 0-31).")
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
             if key in CLEANRL_NAMES:
