@@ -83,6 +83,44 @@ def test_cli_train_video_every_keeps_videos_in_the_run_directory(tmp_path):
     assert _read(run / "videos" / "step-1024.mp4")[1] == (400, 600)
 
 
+def _disk_fills_after(monkeypatch, frames: int) -> None:
+    """imageio's writers fail as on a full disk once `frames` frames are written."""
+    import errno
+
+    real = imageio.get_writer
+
+    class Filling:
+        def __init__(self, *args, **kwargs):
+            self.inner, self.written = real(*args, **kwargs), 0
+
+        def append_data(self, frame):
+            if self.written >= frames:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            self.written += 1
+            self.inner.append_data(frame)
+
+        def close(self):
+            self.inner.close()
+
+    monkeypatch.setattr(imageio, "get_writer", Filling)
+
+
+def test_a_full_disk_is_one_sentence_and_training_goes_on_without_its_video(tmp_path, monkeypatch, capsys):
+    """A full disk while filming was an OSError traceback from the encoder (`rlspeed eval --video`), and stopped a
+    `--video-every` training run; now: one sentence and no partial file, and training keeps going."""
+    _disk_fills_after(monkeypatch, 3)
+    with pytest.raises(video.VideoWriteError, match=r"x.mp4': No space left on device \(the partial file was removed"):
+        video.record_video(_cartpole(), tmp_path / "x.mp4", seed=0)
+    assert not (tmp_path / "x.mp4").exists()
+    run = tmp_path / "run"
+    with pytest.warns(RuntimeWarning, match=r"No space left on device \(the partial file was removed\)\. Training"):
+        code = cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set",
+                         "num_steps=32", "--total-timesteps", "1024", "--target-return", "none", "--no-progress",
+                         "--out", str(run), "--video-every", "512"])
+    assert code == 0, capsys.readouterr().err
+    assert (run / "model.safetensors").exists() and not list((run / "videos").iterdir())
+
+
 def test_missing_imageio_is_one_sentence_with_the_fix(tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio" else real(name, *a))

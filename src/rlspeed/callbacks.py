@@ -664,13 +664,18 @@ class VideoRecorderCallback(BaseCallback):
     def _on_rollout_end(self) -> bool:
         if not self._period.due(self.num_timesteps):
             return True
-        from rlspeed.video import record_video
+        from rlspeed.video import VideoWriteError, record_video
 
         path = self.video_folder / f"step-{self.num_timesteps}.mp4"
         seed = (self.model.seed or 0) + 300_000 + self.num_timesteps
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # (an episode cut at the step limit is still a video)
-            record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # (an episode cut at the step limit is still a video)
+                record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps)
+        except VideoWriteError as error:  # (a video is not worth the run: training goes on without it)
+            warnings.warn(f"rlspeed: {error} Training goes on; the next video is due in {self._period.every:,} steps.",
+                          RuntimeWarning, stacklevel=2)
+            return True
         self.videos.append(path)
         if self.verbose:
             print(f"rlspeed: video {path}")

@@ -132,6 +132,29 @@ def _even(frame: np.ndarray) -> np.ndarray:
     return np.pad(frame, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge") if pad_h or pad_w else frame
 
 
+class VideoWriteError(UserError):
+    """A video file that could not be written (a full disk, a quota, the encoder gone); the partial file is removed."""
+
+
+class _WriteFailed(Exception):
+    """The video writer's OSError (args[0]), told apart from one the env or the model raises."""
+
+
+def _append(writer, frame) -> None:
+    try:
+        writer.append_data(frame)
+    except OSError as error:
+        raise _WriteFailed(error) from None
+
+
+def _close_writer(writer) -> None:
+    """Close a video writer after a failure, whose own errors on closing are beside the point then."""
+    try:
+        writer.close()
+    except Exception:  # noqa: S110 (imageio's backends close with their own exception types)
+        pass
+
+
 @_headless_rendering()
 def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
                  fps: int | None = None, max_steps: int | None = None, deterministic: bool = True,
@@ -193,7 +216,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                 fire_next, lives = game is not None and game.fire is not None, info.get("lives")
                 frame = _even(np.asarray(env.render()))
                 size = size or frame.shape[:2]
-                writer.append_data(frame)
+                _append(writer, frame)
                 frames += 1
                 for _ in range(limit):
                     masks = None
@@ -213,13 +236,25 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                     fire_next = game is not None and game.fire is not None and info.get("lives", lives) < lives
                     lives = info.get("lives", lives)
                     total += float(reward)
-                    writer.append_data(_even(np.asarray(env.render())))
+                    _append(writer, _even(np.asarray(env.render())))
                     frames += 1
                     if terminated or truncated:
                         break
                 returns.append(total)
+        try:
+            writer.close()  # (an encoder flushes its last frames here: this can fail for lack of space too)
+        except OSError as error:
+            raise _WriteFailed(error) from None
+    except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
+        _close_writer(writer)
+        path.unlink(missing_ok=True)
+        error = failed.args[0]
+        raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
+                              "was removed).") from None
+    except BaseException:
+        _close_writer(writer)
+        raise
     finally:
-        writer.close()
         env.close()
     return {"path": str(path), "episodes": episodes, "frames": frames, "returns": returns,
             "size": tuple(int(v) for v in size), "fps": fps, "mean": math.fsum(returns) / len(returns)}
