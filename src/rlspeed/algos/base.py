@@ -1024,6 +1024,8 @@ class Algorithm:
         of one), so training would step the old tensors and leave the new ones as they are. (Parameters that do not
         require grad, target networks' and frozen ones', are not trained anyway.)"""
         held = _trained_parameters(self)
+        if not held:  # (an algorithm of the caller's own whose optimisers the model does not list: nothing to compare)
+            return
         for name, module in self._modules().items():
             if not isinstance(module, torch.nn.Module):
                 continue
