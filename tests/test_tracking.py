@@ -156,3 +156,12 @@ def test_a_wandb_setting_wandb_refuses_is_one_sentence(offline, tmp_path, monkey
     assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--track",
                      "--out", "run"]) == 2
     assert "Weights & Biases refused its settings" in capsys.readouterr().err
+
+
+def test_a_project_name_wandb_refuses_names_the_flag_not_the_login(offline, tmp_path, monkeypatch, capsys):
+    """`--wandb-project a/b` under WANDB_MODE=offline said to run `wandb login` or set WANDB_MODE=offline."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--track",
+                     "--wandb-project", "a/b", "--out", "run"]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid project name 'a/b'" in err and "give another --wandb-project" in err and "login" not in err

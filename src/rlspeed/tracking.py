@@ -30,6 +30,17 @@ def _flat(values: dict, prefix: str = "") -> dict:
     return out
 
 
+def _wandb_fix(reason: str, otherwise: str = "run `wandb login`, or set WANDB_MODE=offline to log locally") -> str:
+    """What to do about W&B's refusal `reason`: a bad project or entity name is the flag's (logging in changes
+    nothing there)."""
+    lowered = reason.lower()
+    if "project" in lowered:
+        return "give another --wandb-project (WandbTracker's project)"
+    if "entity" in lowered:
+        return "check --wandb-entity (WandbTracker's entity): a W&B user or team name"
+    return otherwise
+
+
 class WandbTracker:
     """One Weights & Biases run: `log` metrics rows, `log_video` files, `finish` with the summary.
 
@@ -60,12 +71,13 @@ class WandbTracker:
                                   config=config or {}, dir=directory, tags=tags, id=run_id,
                                   resume="allow" if run_id else None)
         except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
-            raise UserError(f"Weights & Biases refused the run ({str(error).strip().splitlines()[0]}): run "
-                            "`wandb login`, or set WANDB_MODE=offline to log locally.") from None
+            reason = str(error).strip().splitlines()[0]
+            raise UserError(f"Weights & Biases refused the run ({reason}): {_wandb_fix(reason)}.") from None
         except ValueError as error:  # (wandb's settings check: WANDB_MODE= empty or misspelt, a bad WANDB_* value)
-            first = str(error).strip().splitlines()
-            raise UserError(f"Weights & Biases refused its settings ({' '.join(first[:3]).strip()}): check the "
-                            "WANDB_* environment variables (WANDB_MODE is online, offline or disabled).") from None
+            reason = " ".join(str(error).strip().splitlines()[:3]).strip()
+            fix = _wandb_fix(reason, "check the WANDB_* environment variables (WANDB_MODE is online, offline or "
+                                     "disabled)")
+            raise UserError(f"Weights & Biases refused its settings ({reason}): {fix}.") from None
         if id_file is not None and run_id is None:
             id_file.parent.mkdir(parents=True, exist_ok=True)
             id_file.write_text(self.run.id + "\n")
