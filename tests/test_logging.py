@@ -308,6 +308,28 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     assert capsys.readouterr().err == "" and quick.bar.n == 1000
 
 
+@pytest.mark.parametrize("backend", ["torch", "gymnasium"])
+def test_evaluate_shows_a_bar_over_the_episodes_it_finished(monkeypatch, capsys, backend):
+    """A long evaluation (Atari games, many episodes; `rlspeed eval`, a run's final one) wrote nothing until its
+    result; with progress_bar=True a bar counts the finished episodes (status lines where stderr is no terminal), and
+    the result is the one without the bar."""
+    from rlspeed import PPO
+    from rlspeed import logging as run_logging
+    from rlspeed.logging import ProgressBar
+
+    monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: False)
+    monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend=backend, num_envs=4, num_steps=16)
+    quiet = model.evaluate(episodes=6, seed=3)
+    assert capsys.readouterr().err == ""
+    shown = model.evaluate(episodes=6, seed=3, progress_bar=True)
+    assert shown == quiet
+    lines = capsys.readouterr().err.splitlines()
+    counts = [int(line.split(": ")[1].split("/")[0]) for line in lines]
+    assert lines and all(line.startswith("evaluate CartPole-v1: ") and "/6 episodes" in line for line in lines)
+    assert counts == sorted(counts) and counts[-1] == 6
+
+
 def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_path, capsys, monkeypatch):
     """A metrics.csv write that fails (a full disk) is one UserError naming the file and the reason, close() after it
     raises nothing, and the CLI exits 2."""

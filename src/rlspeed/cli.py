@@ -1524,7 +1524,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     eval_seed = args.seed + 1_000_000
     try:
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
-            final = model.evaluate(episodes=10, seed=eval_seed)
+            final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         _write_text(run_dir / "summary.json", strict_json(_summary(run, None), indent=2, ensure_ascii=False) + "\n")
         print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
@@ -1796,12 +1796,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     deterministic = not args.stochastic
     if args.env_backend is None:  # the backend it was trained with, when evaluating on its own env
         result = model.evaluate(episodes=args.episodes, seed=args.seed, env_id=env_id, deterministic=deterministic,
-                                env_kwargs=env_kwargs)
+                                env_kwargs=env_kwargs, progress_bar=not args.no_progress)
     else:
         from rlspeed.evaluation import evaluate
 
         result = evaluate(model, env_id, episodes=args.episodes, seed=args.seed, backend=args.env_backend,
-                          deterministic=deterministic, env_kwargs=env_kwargs)
+                          deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=not args.no_progress)
     success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
     how = "deterministic" if deterministic else "stochastic"
     made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
@@ -2013,6 +2013,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones, "
                          "in the evaluation and in --video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
+    ev.add_argument("--no-progress", action="store_true", help="no progress bar over the episodes")
     ev.add_argument("--video", default=None, metavar="FILE",
                     help='also record episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
     ev.add_argument("--video-episodes", type=_whole(1), default=1, help="episodes in the --video file (default 1)")

@@ -17,6 +17,7 @@ from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.envs.gymnasium_env import reward_wrappers
 from rlspeed.errors import UserError, positive_whole
+from rlspeed.logging import ProgressBar
 
 
 def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> dict:
@@ -27,7 +28,7 @@ def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> di
 
 def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
-             max_steps: int | None = None, env_kwargs: dict | None = None) -> dict:
+             max_steps: int | None = None, env_kwargs: dict | None = None, progress_bar: bool = False) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
@@ -46,7 +47,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     for FIRE (Breakout, Pong, ...) get it as the first action of every game and after every lost life, in place of the
     policy's (`rlspeed.envs.atari.FireToStart`; training envs never do). Episodes still running after `max_steps`
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
-    `device`: where the evaluation env and the policy's inputs live (default: the model's device).
+    `device`: where the evaluation env and the policy's inputs live (default: the model's device). `progress_bar`:
+    a bar over the episodes finished (long evaluations: Atari games, many episodes), as `learn`'s over its steps.
 
     `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
     evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and
@@ -104,6 +106,7 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     # are left as they were
     sampling = (_own_random_stream(model, env.device, seed, env.num_envs) if not deterministic
                 else contextlib.nullcontext())
+    bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env.spec.env_id}", unit="episode")
     try:
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
@@ -133,9 +136,16 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
                 # the running return and length of rows still in their first episode
                 running, running_lengths = info["episode_return"], info["episode_length"]
                 # Device-native envs are checked every few steps only, to avoid a host sync per step.
-                if step % check_every == 0 and bool(finished.all()):
-                    break
+                if step % check_every == 0:
+                    if progress_bar:
+                        done = int(finished.sum())
+                        bar.update(done - bar.bar.n)
+                        if done == episodes:
+                            break
+                    elif bool(finished.all()):
+                        break
     finally:
+        bar.close()
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             env.close()
     unfinished = int((~finished).sum())

@@ -47,15 +47,15 @@ def _csv_row(row: dict) -> dict:
 
 
 class ProgressBar:
-    """A tqdm bar over env steps showing steps/s and the recent episode return. Where stderr is not a terminal (a
-    log file, a batch job's output), a bar redrawn in place would pile up as one endless line: there it writes a
-    status line every `LINE_INTERVAL_S` seconds instead, and a last one at the end of a run that wrote any (unless
-    the last one already shows the end)."""
+    """A tqdm bar over env steps (or another `unit`: evaluation episodes) showing steps/s and the recent episode
+    return. Where stderr is not a terminal (a log file, a batch job's output), a bar redrawn in place would pile up as
+    one endless line: there it writes a status line every `LINE_INTERVAL_S` seconds instead, and a last one at the end
+    of a run that wrote any (unless the last one already shows the end)."""
 
     #: seconds between status lines where stderr is not a terminal
     LINE_INTERVAL_S = 30.0
 
-    def __init__(self, total: int, enabled: bool = True, desc: str = "train", initial: int = 0):
+    def __init__(self, total: int, enabled: bool = True, desc: str = "train", initial: int = 0, unit: str = "step"):
         # (a notebook's stderr is no terminal either, but tqdm.auto draws its bars as widgets there)
         self.lines = enabled and not _is_terminal(sys.stderr) and "ipykernel" not in sys.modules
         # (in line mode the bar still counts, drawn nowhere)
@@ -66,9 +66,9 @@ class ProgressBar:
             from tqdm.std import tqdm
         else:
             from tqdm.auto import tqdm
-        self.bar = tqdm(total=total, initial=initial, unit="step", unit_scale=True, desc=desc, disable=not enabled,
+        self.bar = tqdm(total=total, initial=initial, unit=unit, unit_scale=True, desc=desc, disable=not enabled,
                         dynamic_ncols=True, leave=True, file=self._null)
-        self.desc = desc
+        self.desc, self.unit = desc, unit
         self._shown: dict = {}
         self._last_line = time.monotonic()
         self._wrote_line = False
@@ -89,7 +89,7 @@ class ProgressBar:
         total = self.bar.total or 0
         share = f" ({100 * self.bar.n / total:.0f}%)" if total else ""
         details = "".join(f", {key} {value}" for key, value in self._shown.items())
-        print(f"{self.desc}: {self.bar.n:,}/{total:,} steps{share}{details}", file=sys.stderr, flush=True)
+        print(f"{self.desc}: {self.bar.n:,}/{total:,} {self.unit}s{share}{details}", file=sys.stderr, flush=True)
         self._last_line, self._wrote_line, self._lined = time.monotonic(), True, self.bar.n
 
     def close(self) -> None:

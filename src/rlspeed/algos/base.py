@@ -1693,14 +1693,15 @@ class Algorithm:
         return export_policy(self, path, format=format, action_mask=action_mask)
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
-                 max_steps: int | None = None, deterministic: bool = True, env_kwargs: dict | None = None) -> dict:
+                 max_steps: int | None = None, deterministic: bool = True, env_kwargs: dict | None = None,
+                 progress_bar: bool = False) -> dict:
         """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`; `max_steps` caps each
         episode; `deterministic=False` samples the policy, from a random stream `seed` seeds; `env_kwargs` replace
-        options of the env, the recorded ones on the model's own id)."""
+        options of the env, the recorded ones on the model's own id; `progress_bar`: a bar over the episodes)."""
         from rlspeed.evaluation import evaluate
 
         return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
-                        deterministic=deterministic, env_kwargs=env_kwargs)
+                        deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=progress_bar)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
