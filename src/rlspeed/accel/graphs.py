@@ -36,6 +36,7 @@ makes to Python state (they happen once, at capture). Use graphs=False for such 
 
 from __future__ import annotations
 
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -100,6 +101,21 @@ class _Captured:
 
 _LIVE: weakref.WeakSet[StepGraphs] = weakref.WeakSet()  # every StepGraphs, for `_repair_generators`
 
+#: one side stream per (device, thread): cuBLAS caches a workspace (32 MiB, twice with cuBLASLt) for every stream it
+#: runs on, for the life of the process, so a stream per StepGraphs pinned 64 MiB per model after the model was gone
+_SIDE_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
+_SIDE_STREAMS_LOCK = threading.Lock()
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream that warm-ups and captures on `device` run on in this thread (made on first use)."""
+    key = (str(device), threading.get_ident())
+    with _SIDE_STREAMS_LOCK:
+        stream = _SIDE_STREAMS.get(key)
+        if stream is None:
+            stream = _SIDE_STREAMS[key] = torch.cuda.Stream(device)
+    return stream
+
 
 class StepGraphs:
     """The whole-step CUDA graphs of one `AcceleratedStep` (see the module docstring)."""
@@ -107,7 +123,7 @@ class StepGraphs:
     def __init__(self, step: AcceleratedStep, update: Callable[[tuple, dict], Any]):
         self.step = step
         self.update = update  # (args, kwargs) -> detached outputs: one eager update
-        self.stream = torch.cuda.Stream(step.device)
+        self.stream = _side_stream(step.device)
         self.graphs: dict[tuple, _Captured] = {}
         self.warming: dict[tuple, int] = {}
         self.state: tuple | None = None
