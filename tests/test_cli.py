@@ -244,6 +244,27 @@ def test_set_run_settings_accept_float_notation(capsys, monkeypatch, tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] == 512
 
 
+def test_main_in_process_leaves_the_callers_threads_and_returns_codes_for_help(capsys, monkeypatch, tmp_path):
+    """`cli.main([...])` from a script set torch's thread count to the command's (1) for the rest of the process,
+    and made later models without num_threads train with it; `main(["--help"])` raised SystemExit instead of
+    returning the exit code its docstring promises."""
+    from rlspeed import device
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "1")
+    before = torch.get_num_threads()
+    process_before = device._process_threads
+    torch.set_num_threads(2)
+    try:
+        assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--out", "run",
+                         "--no-progress"]) == 0
+        assert torch.get_num_threads() == 2 and device._process_threads == process_before
+    finally:
+        torch.set_num_threads(before)
+    assert cli.main(["--help"]) == 0 and cli.main(["train", "--help"]) == 0 and cli.main(["--version"]) == 0
+    assert "usage: rlspeed" in capsys.readouterr().out
+
+
 def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     """A preset in a Chinese directory: config.yaml and summary.json name it as written (they held `\\u9884\\u8bbe`
     escapes: the right value, unreadable to the person who wrote it), and `rlspeed eval` reads the run back."""

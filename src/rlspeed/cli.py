@@ -2081,6 +2081,11 @@ def main(argv: list[str] | None = None) -> int:
                 stream.reconfigure(errors=_OUTPUT_ERRORS)
         sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(stream)
                                   for stream in (sys.stdout, sys.stderr))
+    # (a caller in the same process keeps its torch thread count, and its later models their default one: the
+    # command sets both for itself, `configure_threads`)
+    threads_before = None if console or "torch" not in sys.modules else sys.modules["torch"].get_num_threads()
+    device_module = sys.modules.get("rlspeed.device")
+    process_threads_before = getattr(device_module, "_process_threads", None)
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning
@@ -2093,9 +2098,19 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             traceback.print_exc()
             return 2
+        except SystemExit as leaving:  # (--help, --version: argparse exits; a caller passing argv gets the code)
+            if console:
+                raise
+            code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
+            return code
         finally:
             _settle_overwrites(succeeded=code == 0)  # (under the run directory's lock)
             _release_run_locks()  # (the command is over: the next one in this process may train there)
+            if not console:
+                if threads_before is not None:
+                    sys.modules["torch"].set_num_threads(threads_before)
+                if "rlspeed.device" in sys.modules:
+                    sys.modules["rlspeed.device"]._process_threads = process_threads_before
 
 
 _OUTPUT_ERRORS = "rlspeed-output"
