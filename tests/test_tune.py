@@ -322,3 +322,17 @@ def test_a_preset_from_a_directory_whose_name_is_not_utf8_is_utf8():
     storage = "sqlite:///" + os.fsdecode(b"/tmp/tu\xffne/s.db")
     assert utf8_text(storage) == "sqlite:////tmp/tu\\udcffne/s.db"
     assert utf8_text(storage).encode("utf-8") and utf8_text("调参 库") == "调参 库"
+
+
+def test_tune_lets_go_of_the_study_and_optunas_verbosity_when_it_returns(tmp_path):
+    """A notebook or sweep driver calling tune in-process kept the study's lock until the process exited (another
+    process was refused the study: "Another rlspeed tune is running") and Optuna's log level lowered for good."""
+    import fcntl
+
+    optuna.logging.set_verbosity(optuna.logging.INFO)
+    assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "0")) == 0
+    assert optuna.logging.get_verbosity() == optuna.logging.INFO
+    locks = list(tmp_path.glob("study.db.*.lock"))
+    assert locks and not rlspeed.tune._LOCKS
+    with open(locks[0]) as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (raises BlockingIOError while a lock is held)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -310,13 +311,13 @@ def _make_pruner(warmup_steps: int, min_trials: int) -> BatchPruner:
     return BatchMedianPruner()
 
 
-_LOCKS: dict[str, object] = {}  # lock file -> its open handle, for the studies this process runs (until it exits)
+_LOCKS: dict[str, object] = {}  # lock file -> its open handle, for the studies `tune` is running in this process
 
 
 def _lock_study(storage: str, study_name: str) -> None:
     """One process at a time per study: an exclusive lock on a file beside a file storage (`study.db.NAME.lock`),
-    held until this process exits; UserError when another process holds it. (A storage URL of a database server is
-    not locked here.)"""
+    held until `tune` returns (`_gives_back_process_state`); UserError when another process holds it. (A storage
+    URL of a database server is not locked here.)"""
     if "://" in storage and not storage.startswith("sqlite:///"):
         return
     path = Path(storage.removeprefix("sqlite:///"))
@@ -380,6 +381,28 @@ def _fail_stale(study) -> int:
     return len(stale)
 
 
+def _gives_back_process_state(function: Callable) -> Callable:
+    """`function` (`tune`), which leaves the process as it found it when it returns or raises: the study locks it
+    took are let go (another process may tune the study then) and Optuna's log verbosity, which it lowers, is put
+    back (a notebook or a sweep driver that uses Optuna itself keeps its logs)."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        held = set(_LOCKS)
+        optuna = sys.modules.get("optuna")
+        verbosity = optuna.logging.get_verbosity() if optuna is not None else None
+        try:
+            return function(*args, **kwargs)
+        finally:
+            for key in set(_LOCKS) - held:
+                _LOCKS.pop(key).close()
+            optuna = sys.modules.get("optuna")
+            if optuna is not None:  # (imported by the call: Optuna's default, INFO, is what the caller had)
+                optuna.logging.set_verbosity(verbosity if verbosity is not None else optuna.logging.INFO)
+
+    return wrapper
+
+
+@_gives_back_process_state
 def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: str, study_name: str,
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
