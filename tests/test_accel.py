@@ -24,6 +24,7 @@ from torch import nn
 import rlspeed
 from rlspeed.accel import accelerate_step, auto_accelerate, unaccelerate
 from rlspeed.accel import search as search_module
+from rlspeed.accel.module import AcceleratedModule
 from rlspeed.accel.report import Trial
 from rlspeed.accel.strategy import EAGER_FP32, Strategy, bf16_supported, reduced_matmul_supported
 from rlspeed.errors import UserError
@@ -138,6 +139,36 @@ def test_whole_module_pickles_and_unaccelerate_restores_the_class():
     unaccelerate(model)
     assert type(model) is Policy
     assert "_rlspeed_accelerator" not in model.__dict__
+
+
+def test_a_class_accelerated_once_is_freed_with_its_models():
+    """auto_accelerate kept every module class it had seen (a module-level table) and all it held: a notebook cell
+    or a factory defining a new class per run grew the process for good. A subclass accelerated too gets its own."""
+    import gc
+    import weakref
+
+    classes = []
+    for _ in range(3):
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.layer = nn.Linear(4, 2)
+
+            def forward(self, x):
+                return self.layer(x)
+
+        model = auto_accelerate(Net(), device="cpu")
+        model(torch.zeros(3, 4))
+        assert isinstance(model, Net) and type(auto_accelerate(Net(), device="cpu")) is type(model)
+        classes.append(weakref.ref(Net))
+        del model, Net
+    gc.collect()
+    assert all(ref() is None for ref in classes)
+
+    class Wider(Policy):
+        pass
+
+    assert type(auto_accelerate(Wider(), device="cpu")).__mro__[1:3] == (AcceleratedModule, Wider)
 
 
 def test_inputs_are_converted_and_moved():

@@ -58,7 +58,7 @@ from rlspeed.errors import UserError
 # A kind of call is searched once the time spent in its calls is at least the search's expected cost divided by this.
 SEARCH_COST_SHARE = 0.03
 
-_ACCELERATED_CLASSES: dict[type, type] = {}
+_CLASS_ATTRIBUTE = "_rlspeed_accelerated_class"  # where `_accelerated_class` keeps a class's accelerated subclass
 _ALL_BUCKETS = (None, *(1 << i for i in range(48)))  # every signature batch bucket (for fixed plain strategies)
 
 
@@ -189,7 +189,12 @@ def _restore(base: type) -> nn.Module:
 
 
 def _accelerated_class(base: type) -> type:
-    if base not in _ACCELERATED_CLASSES:
+    """The accelerated subclass of `base`, made once per class. It is kept on `base` itself (its own `__dict__`, not
+    inherited), not in a module-level table: a table would keep every class a process ever accelerated alive, with
+    all they hold (a notebook cell or a factory defining a new class per run); on the class, the two form a cycle
+    the garbage collector frees with it."""
+    cached = base.__dict__.get(_CLASS_ATTRIBUTE)
+    if cached is None:
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return self.__dict__["_rlspeed_accelerator"](self, args, kwargs)
@@ -197,8 +202,9 @@ def _accelerated_class(base: type) -> type:
         functools.update_wrapper(forward, base.forward)  # the user's signature and docstring, for inspect/help
         namespace = {"forward": forward, "_rlspeed_base": base, "__module__": base.__module__,
                      "__qualname__": base.__qualname__, "__doc__": base.__doc__}
-        _ACCELERATED_CLASSES[base] = type(base.__name__, (AcceleratedModule, base), namespace)
-    return _ACCELERATED_CLASSES[base]
+        cached = type(base.__name__, (AcceleratedModule, base), namespace)
+        setattr(base, _CLASS_ATTRIBUTE, cached)
+    return cached
 
 
 def _recording() -> bool:
