@@ -497,6 +497,23 @@ def test_replaced_parameters_are_refused_not_left_untrained(algo, env_id, networ
     assert any(not torch.equal(a, b) for a, b in zip(before, getattr(model, network).parameters()))
 
 
+def test_a_model_holding_a_gymnasium_env_that_cannot_pickle_says_to_send_a_file():
+    """Gymnasium's vector env holds a local function: a model that had trained on one failed to pickle with
+    "Can't pickle local object 'make_vec.<locals>.create_single_env'" from deep in torch.save, which under the spawn
+    start method (macOS, Windows) is every `mp.Process(args=(model,))` of a model trained with the defaults."""
+    import pickle
+
+    import rlspeed
+
+    model = rlspeed.PPO("CartPole-v1", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=16)
+    pickle.loads(pickle.dumps(model))  # (no env yet: it pickles)
+    model.learn(32, progress_bar=False)
+    with pytest.raises(UserError, match=r"This PPO holds the gymnasium env it trained on, which cannot be pickled "
+                                        r"\(.*\): send the model as a file instead \(model.save\(path\) here, "
+                                        r"PPO.load\(path\) in the other process\)"):
+        pickle.dumps(model)
+
+
 def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):
     """Its update step was a closure ("Can't pickle local object 'autograd_step.<locals>.step'")."""
     import pickle

@@ -13,6 +13,7 @@ import io
 import math
 import numbers
 import os
+import pickle
 import random
 import re
 import secrets
@@ -167,6 +168,15 @@ def _config_names(algorithm: type) -> frozenset[str]:
 
 #: whether this thread is inside `Algorithm.__reduce_ex__`'s torch.save (a model pickles attribute by attribute there)
 _TORCH_PICKLING = threading.local()
+
+
+def _picklable(value) -> bool:
+    """Whether `value` pickles (with torch's pickler, as a model's attributes do)."""
+    try:
+        torch.save(value, io.BytesIO())
+    except Exception:  # noqa: BLE001 (whatever its pickling raises: it does not pickle)
+        return False
+    return True
 
 
 def _unpickle_model(data: bytes) -> Algorithm:
@@ -1175,6 +1185,17 @@ class Algorithm:
         try:
             buffer = io.BytesIO()
             torch.save(self, buffer)
+        except (pickle.PicklingError, AttributeError, TypeError) as error:
+            env = self.__dict__.get("_env")
+            if env is None or _picklable(env):
+                raise
+            # (Gymnasium's vector envs hold their env constructor, a local function: under the spawn start method,
+            # macOS's and Windows' default, every model that trained on one met this in mp.Process(args=(model,)))
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise UserError(f"This {type(self).__name__} holds the {env.backend} env it trained on, which cannot be "
+                            f"pickled ({reason}): send the model as a file instead "
+                            f"(model.save(path) here, {type(self).__name__}.load(path) in the other process), or "
+                            "pickle it before learn builds its env.") from None
         finally:
             _TORCH_PICKLING.active = False
         return _unpickle_model, (buffer.getvalue(),)
