@@ -883,3 +883,26 @@ def test_an_env_of_ones_own_under_a_registered_id_is_warned_about():
     with warnings.catch_warnings():  # (rlspeed's own adapter made directly is the stock env: no word)
         warnings.simplefilter("error")
         rlspeed.PPO(GymnasiumEnv("CartPole-v1", num_envs=2), device="cpu", num_steps=16, batch_size=32)
+
+
+def test_async_envs_from_a_script_without_the_main_guard_under_spawn_say_so(tmp_path):
+    """Under the spawn start method (macOS's and Windows' default) a script without `if __name__ == "__main__":`
+    that trains on gymnasium-async envs ended in 'The env CartPole-v1 raised ConnectionResetError in make()',
+    blaming the env; Python's own advice was cut to its first line in each child."""
+    import os
+    import subprocess
+
+    (tmp_path / "sc").mkdir()
+    (tmp_path / "sc" / "sitecustomize.py").write_text(
+        "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n")
+    (tmp_path / "script.py").write_text(
+        "from rlspeed import PPO\n"
+        "PPO('CartPole-v1', env_backend='gymnasium-async', num_envs=2, num_steps=16).learn(32, progress_bar=False)\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'sc'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RLSPEED_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and last.startswith("rlspeed.errors.UserError: The env subprocesses of backend "
+                                                    "'gymnasium-async' could not start"), done.stderr[-2000:]
+    assert 'under `if __name__ == "__main__":`' in last

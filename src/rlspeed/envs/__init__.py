@@ -114,7 +114,27 @@ def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
     `EnvStepError` naming the env and its error (one line from the CLI, exit 1; the env's traceback chained)."""
     dependency = (_dependency_error(env_id, error)
                   if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)) else None)
-    return dependency if dependency is not None else EnvStepError(env_id, backend, "make", error)
+    if dependency is not None:
+        return dependency
+    if backend == "gymnasium-async" and _unguarded_spawn(error):
+        return UserError(f"The env subprocesses of backend 'gymnasium-async' could not start ({type(error).__name__}: "
+                         f"{(str(error).strip().splitlines() or [''])[0]}): with the 'spawn' start method (the "
+                         "default on macOS and Windows) each one imports your script again, so its code must be "
+                         "under `if __name__ == \"__main__\":`; or use env_backend='gymnasium' (one process).")
+    return EnvStepError(env_id, backend, "make", error)
+
+
+def _unguarded_spawn(error: BaseException) -> bool:
+    """Whether making async envs failed as it does where subprocesses are spawned (not forked) from a script without
+    the `__main__` guard: the child's RuntimeError about the bootstrapping phase, or the parent's broken pipe to the
+    child that died of it."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method() == "fork":  # (set by the async env already: no side effect here)
+        return False
+    if isinstance(error, RuntimeError) and "bootstrapping phase" in str(error):
+        return True
+    return isinstance(error, (ConnectionResetError, BrokenPipeError, EOFError))
 
 
 def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = None,
