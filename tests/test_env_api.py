@@ -889,20 +889,49 @@ def test_async_envs_from_a_script_without_the_main_guard_under_spawn_say_so(tmp_
     """Under the spawn start method (macOS's and Windows' default) a script without `if __name__ == "__main__":`
     that trains on gymnasium-async envs ended in 'The env CartPole-v1 raised ConnectionResetError in make()',
     blaming the env; Python's own advice was cut to its first line in each child."""
+    done = _spawned_script(tmp_path, "from rlspeed import PPO\n"
+                                     "PPO('CartPole-v1', env_backend='gymnasium-async', num_envs=2, num_steps=16)"
+                                     ".learn(32, progress_bar=False)\n")
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and last.startswith("rlspeed.errors.UserError: The env subprocesses of backend "
+                                                    "'gymnasium-async' could not start"), done.stderr[-2000:]
+    assert 'under `if __name__ == "__main__":`' in last
+
+
+def _spawned_script(tmp_path, code: str):
+    """`code` run as a script whose Python starts subprocesses with `spawn` (as on macOS and Windows)."""
     import os
     import subprocess
 
     (tmp_path / "sc").mkdir()
     (tmp_path / "sc" / "sitecustomize.py").write_text(
         "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)\n")
-    (tmp_path / "script.py").write_text(
-        "from rlspeed import PPO\n"
-        "PPO('CartPole-v1', env_backend='gymnasium-async', num_envs=2, num_steps=16).learn(32, progress_bar=False)\n")
+    (tmp_path / "script.py").write_text(code)
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'sc'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "RLSPEED_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+def test_env_options_that_cannot_reach_spawned_subprocesses_say_so(tmp_path):
+    """An option that does not pickle (a lock, an open file) for gymnasium-async envs under spawn was 'Env ...
+    rejected the options log: cannot pickle ...' (the env rejected nothing) or an EnvStepError blaming the env."""
+    done = _spawned_script(tmp_path, """import threading
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+from rlspeed import PPO
+
+
+class LogCartPole(CartPoleEnv):
+    def __init__(self, log=None, **kwargs):
+        super().__init__(**kwargs)
+
+
+gym.register("LogCartPole-v0", entry_point=LogCartPole, max_episode_steps=500)
+if __name__ == "__main__":
+    PPO("LogCartPole-v0", env_backend="gymnasium-async", num_envs=2, num_steps=16,
+        env_kwargs={"log": threading.Lock()}).learn(32, progress_bar=False)
+""")
     last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode != 0 and last.startswith("rlspeed.errors.UserError: The env subprocesses of backend "
-                                                    "'gymnasium-async' could not start"), done.stderr[-2000:]
-    assert 'under `if __name__ == "__main__":`' in last
+    assert done.returncode != 0 and last.startswith("rlspeed.errors.UserError: The env options log cannot be sent "
+                                                    "to the env subprocesses"), done.stderr[-2000:]

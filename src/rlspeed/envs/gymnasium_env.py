@@ -8,6 +8,8 @@ observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the de
 from __future__ import annotations
 
 import difflib
+import multiprocessing
+import pickle
 import re
 import warnings
 
@@ -466,6 +468,17 @@ def rejected_options(env_id: str, env_kwargs: dict, error: BaseException) -> Use
     return UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {message}.")
 
 
+def _unpicklable_options(env_kwargs: dict) -> list[str]:
+    """The names of the env options that do not pickle (a lock, an open file, a local function)."""
+    names = []
+    for name, value in env_kwargs.items():
+        try:
+            pickle.dumps(value)
+        except Exception:  # noqa: BLE001 (whatever pickling raises: it does not pickle)
+            names.append(name)
+    return names
+
+
 class GymnasiumEnv(BatchedEnv):
     """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset."""
 
@@ -497,9 +510,16 @@ class GymnasiumEnv(BatchedEnv):
                                               **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
-            except (TypeError, ValueError) as error:
+            except (TypeError, ValueError, pickle.PicklingError) as error:
                 if not env_kwargs:
                     raise
+                spawned = vectorization == "async" and multiprocessing.get_start_method() != "fork"
+                unsent = _unpicklable_options(env_kwargs) if spawned else []
+                if unsent:  # (the subprocesses get the options pickled: spawn and forkserver, not fork)
+                    raise UserError(f"The env options {', '.join(unsent)} cannot be sent to the env subprocesses of "
+                                    f"backend 'gymnasium-async' (they are pickled where processes are spawned, as "
+                                    f"on macOS and Windows): give options that pickle, or use "
+                                    f"env_backend='gymnasium' (one process).") from None
                 # most likely an option the env's constructor does not take (a typo, or a native-env option), or a
                 # value it refuses
                 raise rejected_options(env_id, env_kwargs, error) from None
