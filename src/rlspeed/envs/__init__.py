@@ -120,7 +120,8 @@ def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
         return UserError(f"The env subprocesses of backend 'gymnasium-async' could not start ({type(error).__name__}: "
                          f"{(str(error).strip().splitlines() or [''])[0]}): with the 'spawn' start method (the "
                          "default on macOS and Windows) each one imports your script again, so its code must be "
-                         "under `if __name__ == \"__main__\":`; or use env_backend='gymnasium' (one process).")
+                         "under `if __name__ == \"__main__\":`; or use env_backend='gymnasium' (one process). (An "
+                         "env that crashed while being made breaks the pipe too: its own error is printed above.)")
     return EnvStepError(env_id, backend, "make", error)
 
 
