@@ -935,3 +935,25 @@ if __name__ == "__main__":
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode != 0 and last.startswith("rlspeed.errors.UserError: The env options log cannot be sent "
                                                     "to the env subprocesses"), done.stderr[-2000:]
+
+
+def test_learn_goes_on_after_an_interrupt_left_subprocess_envs_waiting(monkeypatch):
+    """Jupyter's stop button during `learn` on gymnasium-async envs, between a step's send and its answer: the next
+    `learn` failed with "raised AlreadyPendingCallError in reset()" (the vector env still waited for the step)."""
+    from rlspeed import PPO
+    from rlspeed.envs.gymnasium_env import GymnasiumEnv
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=16)
+    receive, calls = GymnasiumEnv.step_receive, {"n": 0}
+
+    def interrupted_once(self):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt  # (the step was sent; its answer is not read)
+        return receive(self)
+
+    monkeypatch.setattr(GymnasiumEnv, "step_receive", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64, progress_bar=False)
+    model.learn(64, progress_bar=False)
+    assert model.num_timesteps >= 64

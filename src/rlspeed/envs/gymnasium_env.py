@@ -479,6 +479,10 @@ def _unpicklable_options(env_kwargs: dict) -> list[str]:
     return names
 
 
+#: seconds `GymnasiumEnv` waits for the answer of subprocess envs an interrupt left pending before it gives up
+PENDING_ANSWER_TIMEOUT_S = 10.0
+
+
 class GymnasiumEnv(BatchedEnv):
     """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset."""
 
@@ -586,6 +590,7 @@ class GymnasiumEnv(BatchedEnv):
         info holds `action_mask` (bool `[N, n]`) where the env gives masks; the rest of Gymnasium's reset info is
         dropped.
         """
+        self._finish_pending()
         obs, reset_info = self.vector_env.reset(seed=seed)
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
@@ -699,6 +704,7 @@ class GymnasiumEnv(BatchedEnv):
         go to the envs (subprocesses: without waiting for them); `step_receive` returns what `step` would."""
         np_actions = _to_numpy_actions(actions, self.spec.action_space)
         if self.splits_steps:
+            self._finish_pending()
             self.vector_env.step_async(np_actions)
             self._sent = None
         else:
@@ -735,6 +741,24 @@ class GymnasiumEnv(BatchedEnv):
                 host_to(np.asarray(terminated, dtype=bool), self.device),
                 host_to(np.asarray(truncated, dtype=bool), self.device),
                 out_info)
+
+    def _finish_pending(self) -> None:
+        """A KeyboardInterrupt between a subprocess env's step (or reset) and its answer (Jupyter's stop button during
+        `learn`) leaves Gymnasium's AsyncVectorEnv waiting: its next step or reset raised AlreadyPendingCallError,
+        so no further `learn` could run. The answer is collected here and dropped (the envs went on one step); where
+        it does not come (the interrupt came while it was being read), one sentence says to make the env again."""
+        inner = getattr(self.vector_env, "unwrapped", self.vector_env)
+        state = getattr(inner, "_state", AsyncState.DEFAULT)
+        if not isinstance(inner, gym.vector.AsyncVectorEnv) or state == AsyncState.DEFAULT:
+            return
+        waits = {AsyncState.WAITING_STEP: inner.step_wait, AsyncState.WAITING_RESET: inner.reset_wait,
+                 AsyncState.WAITING_CALL: inner.call_wait}
+        try:
+            waits[state](timeout=PENDING_ANSWER_TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 (a timeout or a broken pipe: the envs cannot go on)
+            raise UserError(f"{self.spec.env_id}'s env subprocesses were interrupted in the middle of a "
+                            f"{state.value} and do not answer ({type(error).__name__}): their episodes cannot go "
+                            "on; make the model's envs again (a new model, or load it from its checkpoint).") from None
 
     def close(self) -> None:
         """Close the vector env (for async, its worker subprocesses too). Subprocesses left with a step pending or
