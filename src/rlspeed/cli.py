@@ -417,9 +417,9 @@ def _refuse_member_values_without_seeds(args: argparse.Namespace) -> None:
     implementation = IMPLEMENTATIONS.get(_algorithm(args.algo).__name__)
     member_keys = tuple(implementation.per_member) if implementation is not None else ()
     for pair in args.set or []:
-        values = _several_values(pair, member_keys) if pair.partition("=")[0].strip() in member_keys else None
+        key = pair.partition("=")[0].strip()
+        values = _several_values(pair, member_keys) if key in member_keys else None
         if values is not None:
-            key = pair.partition("=")[0].strip()
             raise UserError(f"--set {pair.strip()} gives {len(values)} values, one per member of a population: add "
                             f"--seeds with {len(values)} seeds (e.g. --seeds 0-{len(values) - 1}) to train them "
                             f"together, or give {key} one value.")
@@ -520,7 +520,7 @@ def _train_population(args: argparse.Namespace) -> int:
               "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
-    _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    _write_config(run_dir, config)
     _say_preset(args)
     print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
           f"(device {device}), up to {total:,} steps each"
@@ -574,7 +574,7 @@ def _train_population(args: argparse.Namespace) -> int:
             # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
             partial["member_models"] = (_save_member_models(population, partial, run_dir)
                                         if population.num_timesteps > 0 else {})
-            _write_text(run_dir / "summary.json", strict_json(partial, indent=2, ensure_ascii=False) + "\n")
+            _write_summary(run_dir, partial)
         if checkpoint.exists():
             from rlspeed.checkpoint import load_checkpoint
 
@@ -591,9 +591,9 @@ def _train_population(args: argparse.Namespace) -> int:
         # written before anything else can fail, its member_models null until they are: a run killed in between is
         # no finished one (`_ended_summary`: --resume finishes it)
         summary["member_models"] = None
-        _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
+        _write_summary(run_dir, summary)
         summary["member_models"] = _save_member_models(population, summary, run_dir)
-        _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
+        _write_summary(run_dir, summary)
         try:
             plot_learning_curves(summary, run_dir / "learning_curves.png")
         except OSError as error:  # (the run is saved whole: the plot is the one thing missing)
@@ -1000,6 +1000,16 @@ def _release_run_locks() -> None:
         _RUN_LOCKS.popitem()[1].close()
 
 
+def _write_summary(run_dir: Path, summary: dict) -> None:
+    """`run_dir/summary.json`: strict JSON (no NaN), non-ASCII text as it is (the file is UTF-8, `write_atomic`)."""
+    _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_config(run_dir: Path, config: dict) -> None:
+    """`run_dir/config.yaml`, in the order the keys were given, non-ASCII text as it is."""
+    _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+
+
 def _export_sidecar(path: Path) -> bool:
     """Whether `path` is the `.json` metadata `rlspeed export` writes beside an exported policy."""
     try:
@@ -1272,7 +1282,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
-        _write_text(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+        _write_config(run_dir, config)
     if main and resumed_from is None:  # (a run starting afresh is a W&B run of its own, not an earlier attempt's)
         (run_dir / "wandb" / "run-id").unlink(missing_ok=True)
     tracker = None
@@ -1526,7 +1536,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
-        _write_text(run_dir / "summary.json", strict_json(_summary(run, None), indent=2, ensure_ascii=False) + "\n")
+        _write_summary(run_dir, _summary(run, None))
         print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
               f"summary.json are saved in {run_dir} (rlspeed eval {run_dir} --seed {eval_seed} evaluates it)",
               file=sys.stderr, flush=True)
@@ -1534,7 +1544,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
                              "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
-    _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
+    _write_summary(run_dir, summary)
     if tracker is not None:
         tracker.finish(summary)
     reached = ""
@@ -1609,7 +1619,7 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
             training_env.close()
         summary = _summary(run, None, interrupted=True)
         steps = summary["total_timesteps"]
-        _write_text(run_dir / "summary.json", strict_json(summary, indent=2, ensure_ascii=False) + "\n")
+        _write_summary(run_dir, summary)
         if run["tracker"] is not None:
             run["tracker"].finish(summary, exit_code=code)
     saved = ("saved model.safetensors, checkpoint.safetensors (--resume continues from it) and summary.json"

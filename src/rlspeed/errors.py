@@ -25,13 +25,19 @@ class UnusedSettingWarning(UserWarning):
     said when a model is made, not again when one is loaded or a population's member models are rebuilt."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message ("" where it has none): what a one-sentence error quotes of another."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
 class EnvStepError(RuntimeError):
     """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
     chained (`__cause__`) with its traceback."""
 
     def __init__(self, env_id: str, backend: str, call: str, error: BaseException):
         self.env_id, self.call, self.error = env_id, call, error
-        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        detail = first_line(error)
         super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
                          + (f": {detail}" if detail else ""))
 

@@ -137,12 +137,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
                 running, running_lengths = info["episode_return"], info["episode_length"]
                 # Device-native envs are checked every few steps only, to avoid a host sync per step.
                 if step % check_every == 0:
-                    if progress_bar:
-                        done = int(finished.sum())
-                        bar.update(done - bar.bar.n)
-                        if done == episodes:
-                            break
-                    elif bool(finished.all()):
+                    done = int(finished.sum())  # (one host read, as `finished.all()` was)
+                    bar.update(done - bar.bar.n)
+                    if done == episodes:
                         break
     finally:
         bar.close()

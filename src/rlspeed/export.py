@@ -49,6 +49,7 @@ from rlspeed.device import major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UserError
+from rlspeed.files import write_atomic
 from rlspeed.nn import (
     ActorCritic,
     DeterministicActor,
@@ -584,8 +585,8 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
                 _replace_atomically(lambda f: _save_onnx(program, module, sidecar, f), path)
     sidecar_path = path.with_name(path.name + ".json")
     try:
-        sidecar_path.write_text(json.dumps(sidecar, indent=2, ensure_ascii=False) + "\n", encoding="utf-8",
-                                errors="backslashreplace")  # (readable; the archives' copy stays ASCII)
+        # (readable: non-ASCII as it is, UTF-8; the archives' copy stays ASCII)
+        write_atomic(sidecar_path, json.dumps(sidecar, indent=2, ensure_ascii=False) + "\n")
     except OSError as error:
         raise _unwritable(sidecar_path, error) from None
     return path

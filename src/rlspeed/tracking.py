@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from rlspeed.callbacks import BaseCallback
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, first_line
 
 INSTALL = 'pip install "rlspeed[track]"'
 
@@ -71,7 +71,7 @@ class WandbTracker:
                                   config=config or {}, dir=directory, tags=tags, id=run_id,
                                   resume="allow" if run_id else None)
         except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
-            reason = str(error).strip().splitlines()[0]
+            reason = first_line(error)
             raise UserError(f"Weights & Biases refused the run ({reason}): {_wandb_fix(reason)}.") from None
         except ValueError as error:  # (wandb's settings check: WANDB_MODE= empty or misspelt, a bad WANDB_* value)
             reason = " ".join(str(error).strip().splitlines()[:3]).strip()

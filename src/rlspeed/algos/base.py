@@ -61,7 +61,7 @@ from rlspeed.envs.base import (
 from rlspeed.envs.gymnasium_env import check_action_masks, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env
 from rlspeed.envs.wrappers import observation_statistics
-from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
+from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger
@@ -1191,9 +1191,8 @@ class Algorithm:
                 raise
             # (Gymnasium's vector envs hold their env constructor, a local function: under the spawn start method,
             # macOS's and Windows' default, every model that trained on one met this in mp.Process(args=(model,)))
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise UserError(f"This {type(self).__name__} holds the {env.backend} env it trained on, which cannot be "
-                            f"pickled ({reason}): send the model as a file instead "
+                            f"pickled ({first_line(error) or type(error).__name__}): send the model as a file instead "
                             f"(model.save(path) here, {type(self).__name__}.load(path) in the other process), or "
                             "pickle it before learn builds its env.") from None
         finally:

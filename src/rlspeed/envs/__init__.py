@@ -25,7 +25,7 @@ from rlspeed.envs.pendulum import Pendulum
 from rlspeed.envs.registry import NATIVE_ENVS
 from rlspeed.envs.sb3_env import SB3VecEnv, is_sb3_vec_env
 from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward, RunningMeanStd
-from rlspeed.errors import EnvStepError, UserError
+from rlspeed.errors import EnvStepError, UserError, first_line
 
 BACKENDS = ("auto", "torch", "gymnasium", "gymnasium-async", "envpool")
 
@@ -118,7 +118,7 @@ def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
         return dependency
     if backend == "gymnasium-async" and _unguarded_spawn(error):
         return UserError(f"The env subprocesses of backend 'gymnasium-async' could not start ({type(error).__name__}: "
-                         f"{(str(error).strip().splitlines() or [''])[0]}): with the 'spawn' start method (the "
+                         f"{first_line(error)}): with the 'spawn' start method (the "
                          "default on macOS and Windows) each one imports your script again, so its code must be "
                          "under `if __name__ == \"__main__\":`; or use env_backend='gymnasium' (one process). (An "
                          "env that crashed while being made breaks the pipe too: its own error is printed above.)")

@@ -25,6 +25,7 @@ from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError
+from rlspeed.files import write_atomic
 from rlspeed.logging import ProgressBar
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
@@ -1337,6 +1338,5 @@ class PopulationBase:
         """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.summary, indent=2, ensure_ascii=False), encoding="utf-8",
-                        errors="backslashreplace")
+        write_atomic(path, json.dumps(self.summary, indent=2, ensure_ascii=False))  # (UTF-8, whole or not at all)
         return path
