@@ -392,7 +392,7 @@ def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
                      "--no-progress"])
     assert code == 0 and len(calls) == 1
     command, env = calls[0]
-    assert command[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+    assert command[:6] == [sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=2",
                            "--max-restarts=1"]
     worker = command[command.index("rlspeed") + 1:]
     assert worker[:5] == ["train", "ppo", "CartPole-v1", "--seed", "3"]

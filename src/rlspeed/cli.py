@@ -326,10 +326,42 @@ def cmd_train(args: argparse.Namespace) -> int:
     total = _total_timesteps(run_settings, args.total_timesteps)
     strategy = DistributedStrategy(device=args.device)  # a no-op unless started by torchrun
     try:
-        # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
-        return strategy.leave(_train(args, algo_cls, strategy, run_settings, hyper, total))
+        with _forked_children_apart("TORCHELASTIC_RUN_ID" in os.environ):
+            # leave together (the other ranks wait while rank 0 saves and evaluates), see DistributedStrategy.leave
+            return strategy.leave(_train(args, algo_cls, strategy, run_settings, hyper, total))
     finally:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
+
+
+_CHILDREN_APART = False  # (read by `_leave_process_group` in each forked child)
+_FORK_HOOK = []  # (registered once per process: os.register_at_fork has no undo)
+
+
+def _leave_process_group() -> None:
+    if _CHILDREN_APART:
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
+
+
+@contextlib.contextmanager
+def _forked_children_apart(apart: bool):
+    """Within the block (where `apart`: a torchrun worker), processes forked from this one (subprocess envs) start a
+    process group of their own. torchrun stops a worker by signalling its process group: the env processes would die
+    of it mid-iteration, and the ranks, stopping wherever their envs failed, would wait for each other in different
+    collectives until torchrun's deadline killed them. Apart, they live until the worker closes them at the end of its
+    iteration (`_stopping`), or see their pipe close if it dies."""
+    global _CHILDREN_APART
+    if not apart:
+        yield
+        return
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_leave_process_group)
+        _FORK_HOOK.append(True)
+    _CHILDREN_APART = True
+    try:
+        yield
+    finally:
+        _CHILDREN_APART = False
 
 
 # --- `rlspeed train --seeds`: a population ---------------------------------------------------------------------
@@ -1136,6 +1168,8 @@ def _stop_after_iteration():
         if received:
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(_signal_name(signum))
         received.append(signum)
+        if under_torchrun and os.environ.get("RANK", "0") != "0":
+            return  # (each rank gets the signal: one says it)
         print(f"rlspeed: {_signal_name(signum)}: stopping after this iteration "
               + ("(torchrun ends workers 30 s after its signal)" if under_torchrun else "(again to stop at once)"),
               file=sys.stderr, flush=True)
@@ -1158,8 +1192,11 @@ def _stopping(backend: str):
     torch.distributed every rank at the iteration where any rank got the signal, which torchrun sends to each of its
     workers, so that no rank waits in a collective its peers left: `Algorithm.stop_requested`), or at once
     (`_sigterm_raises`) where the env steps in subprocesses, which a signal to the process group (a terminal's Ctrl-C,
-    a scheduler's SIGTERM) stops at once: the iteration could not finish."""
-    if backend == "gymnasium-async":
+    a scheduler's SIGTERM) stops at once: the iteration could not finish. A torchrun worker always stops at the end
+    of its iteration: its env processes are apart from its process group, which torchrun signals
+    (`_forked_children_apart`), and ranks stopping at once would stop in different collectives and wait in them for
+    their peers until torchrun's deadline killed them."""
+    if backend == "gymnasium-async" and "TORCHELASTIC_RUN_ID" not in os.environ:
         return _sigterm_raises()
     return _stop_after_iteration()
 
@@ -1703,15 +1740,18 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         rest.append(item)
     if args.out is None:
         rest += ["--out", str(run_dir)]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
-               f"--max-restarts={args.max_restarts}", "-m", "rlspeed", *rest]
-    print("rlspeed: " + shlex.join(command[2:]), flush=True)
+    torchrun = ["--standalone", f"--nproc_per_node={args.nproc}", f"--max-restarts={args.max_restarts}", "-m",
+                "rlspeed", *rest]
+    command = [sys.executable, "-m", "rlspeed._torchrun", *torchrun]  # (torch.distributed.run, quiet when stopped)
+    print("rlspeed: " + shlex.join(["torch.distributed.run", *torchrun]), flush=True)
     # The workers train under this command's lock of the run directory (they must not take it again), so this
     # command lives as long as torchrun does: a Ctrl-C, SIGTERM or SIGHUP to it (or to its process group: torchrun
     # runs in a session of its own, so that it gets one signal, this one) goes to torchrun, which stops its workers
     # (SIGTERM, SIGKILL after its grace period) and exits; only then is the directory unlocked.
-    process = subprocess.Popen(command, env={**os.environ, RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())},
-                               start_new_session=True)
+    # (OMP_NUM_THREADS: torchrun's default, set for it so that it does not print a banner about it; rlspeed sets its
+    # own thread count in each worker)
+    process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
+                                             RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())}, start_new_session=True)
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
@@ -2178,7 +2218,10 @@ _PYTHON_SHOWWARNING = warnings.showwarning
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as the CLI's other lines: `rlspeed: warning: ...`, without the source line (`--debug` keeps
-    Python's form)."""
+    Python's form). Under torchrun, rank 0's only: every rank runs the same code on its share of the envs and would
+    say it once each (`--debug` shows every rank's)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
+        return
     text = _one_line(str(message)).removeprefix("rlspeed: ")
     print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
 
