@@ -129,8 +129,8 @@ CLEANRL_NAMES = {
 #: Stable-Baselines3 model attributes rlspeed's models lack, with what to use instead (`Algorithm.__getattr__`)
 SB3_ATTRIBUTES = {
     **dict.fromkeys(("get_env", "env"), "rlspeed models make their envs in learn: model.make_training_env() makes "
-                                        "one like them, rlspeed.make_env(model.env_id) another, and model.evaluate() "
-                                        "plays episodes"),
+                                        "one like them, rlspeed.make_env(model.env_id) another, model.evaluate() "
+                                        "plays episodes and model.close() closes them"),
     "set_env": "give the env when making or loading the model (Algo(env, ...), Algo.load(path, env=...))",
     **dict.fromkeys(("get_parameters", "set_parameters"),
                     "model.policy.state_dict() and model.policy.load_state_dict(...) hold the policy's weights, "
@@ -892,6 +892,8 @@ class Algorithm:
             raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                             "under torchrun.")
         self._env: BatchedEnv | None = None
+        self._closed_given_env = False  # (`close` closed an env the caller passed: learn cannot make it again)
+        self._env_given = not (from_spec or isinstance(env, str))  # (else made from the env id: made again)
         if from_spec:
             self.env_id, self.spec, self.env_backend = env.env_id, env, env_backend
         elif isinstance(env, str):
@@ -1248,8 +1250,28 @@ class Algorithm:
         return (f"{type(self).__name__}({getattr(self, 'env_id', None)!r}{envs}, "
                 f"device={str(getattr(self, 'device', None))!r}, num_timesteps={getattr(self, 'num_timesteps', 0)})")
 
+    def close(self) -> None:
+        """Close the training env: its subprocesses (`gymnasium-async`), EnvPool's threads, its render window. The
+        model stays usable (predict, evaluate, save, export); a later `learn` makes new envs from the env id, whose
+        episodes start afresh (a model given an env object is refused: pass a new one to `load(path, env=...)`).
+        Closing twice is a no-op. `with PPO(...) as model:` closes it at the block's end."""
+        env, self._env = self._env, None
+        if env is not None:
+            self._closed_given_env = self._env_given
+            self._mid_rollout = True  # (the next learn's envs start afresh, as after a learn cut short)
+            env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def make_training_env(self) -> BatchedEnv:
         """The training env: built from the env id on first use, with the config's normalisation."""
+        if self._env is None and self._closed_given_env:
+            raise UserError(f"This model's env was closed (model.close()) and was passed in, so learn cannot make it "
+                            f"again: save the model and {type(self).__name__}.load(path, env=...) with a new env.")
         if self._env is None:
             cfg = self.config
             # (statistics a loaded model holds, from a normalising env it trained on, go on normalising: off-policy
@@ -2019,6 +2041,7 @@ class Algorithm:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
             model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
+        model._env_given = env is not None and not made  # (an env load made from an id is made again after close)
         for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
             if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
                 warnings.warn(sentence, UnusedSettingWarning, stacklevel=2)

@@ -1334,6 +1334,20 @@ class PopulationBase:
             left[k] = {"pruned_at": self.num_timesteps}
         self.remove(pruned)
 
+    def close(self) -> None:
+        """Close the members' training envs (subprocesses, EnvPool's threads). The population stays usable (evaluate,
+        save, write_summary); a later `learn` makes new envs, whose episodes start afresh. Closing twice is a no-op.
+        `with Population(...) as population:` closes it at the block's end."""
+        env, self._env, self._obs = self._env, None, None
+        if env is not None:
+            env.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def write_summary(self, path: str | Path) -> Path:
         """Write the last `learn`'s summary as JSON (summary.json) and return its path."""
         path = Path(path)

@@ -1,0 +1,73 @@
+"""`model.close()` and `with ... as model:`: a model or population gives back its env subprocesses and goes on."""
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+from rlspeed import DQN, PPO, UserError, make_env
+from rlspeed.population import Population
+
+
+def env_processes() -> list:
+    """The subprocesses of Gymnasium's AsyncVectorEnv (multiprocessing's children) alive now."""
+    return [child for child in multiprocessing.active_children() if child.is_alive()]
+
+
+def test_close_ends_the_env_subprocesses_and_a_further_learn_makes_new_ones():
+    before = len(env_processes())
+    model = PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16, batch_size=32, seed=0,
+                device="cpu")
+    model.learn(64, progress_bar=False)
+    assert len(env_processes()) == before + 2
+    model.close()
+    assert len(env_processes()) == before
+    model.close()  # (twice: nothing more to do)
+    obs = np.zeros((1, 4), dtype=np.float32)
+    action, _ = model.predict(obs)  # (the model itself goes on)
+    model.learn(64, progress_bar=False)  # (new envs, episodes afresh)
+    assert model.num_timesteps == 128 and len(env_processes()) == before + 2
+    model.close()
+    assert len(env_processes()) == before
+
+
+def test_a_with_block_closes_the_model_at_its_end_also_after_an_error():
+    before = len(env_processes())
+    with pytest.raises(RuntimeError, match="stop here"):
+        with PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16, batch_size=32,
+                 device="cpu") as model:
+            model.learn(32, progress_bar=False)
+            assert len(env_processes()) == before + 2
+            raise RuntimeError("stop here")
+    assert len(env_processes()) == before
+
+
+def test_an_off_policy_model_keeps_its_replay_data_across_close():
+    model = DQN("CartPole-v1", num_envs=2, learning_starts=32, buffer_size=1000, seed=0, device="cpu")
+    model.learn(64, progress_bar=False)
+    stored = len(model.buffer)
+    model.close()
+    model.learn(64, progress_bar=False)
+    assert model.num_timesteps == 128 and len(model.buffer) == stored + 64
+
+
+def test_a_closed_env_the_caller_passed_is_not_made_again():
+    env = make_env("CartPole-v1", num_envs=2, backend="gymnasium")
+    model = PPO(env, num_steps=16, batch_size=32, device="cpu")
+    model.learn(32, progress_bar=False)
+    model.close()
+    with pytest.raises(UserError, match=r"env was closed .*load\(path, env=\.\.\.\)"):
+        model.learn(32, progress_bar=False)
+
+
+def test_a_population_closes_its_members_envs_and_trains_on():
+    before = len(env_processes())
+    with Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium-async", num_envs=2, num_steps=16,
+                    batch_size=32, device="cpu") as population:
+        population.learn(32, progress_bar=False)
+        assert len(env_processes()) > before
+        population.close()
+        assert len(env_processes()) == before
+        population.learn(32, progress_bar=False)
+        assert population.num_timesteps == 64
+    assert len(env_processes()) == before
