@@ -796,6 +796,25 @@ def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 300
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="closes a file descriptor before exec")
+@pytest.mark.parametrize("closed", [1, 2])
+def test_a_closed_output_stream_changes_neither_the_exit_code_nor_the_other_streams_output(tmp_path, closed):
+    """`rlspeed ... >&-` or `2>&-` (a cron job, a daemon's closed stream): the wrapper of the missing stream failed on
+    its first write and at exit (AttributeError, exit code 120), and `eval --json 2>&-` printed no JSON."""
+    run = tmp_path / "run"
+    PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16).learn(32, progress_bar=False).save(
+        run / "model.safetensors")
+    for argv, code in ((["eval", str(run), "--episodes", "1", "--json"], 0), (["train", "ppo", "CartPole-v1", "--set",
+                                                                               "nope=1"], 2)):
+        done = subprocess.run([sys.executable, "-m", "rlspeed", *argv], capture_output=True, text=True, timeout=300,
+                              preexec_fn=lambda: os.close(closed))
+        assert done.returncode == code, done.stderr
+        output = done.stderr if closed == 1 else done.stdout
+        assert "Traceback" not in output and "Exception ignored" not in output
+        if closed == 2 and argv[0] == "eval":
+            assert json.loads(done.stdout)["episodes"] == 1
+
+
 def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(tmp_path):
     """A directory named in another encoding (a GBK zip unpacked here) was printed as backslash escapes, a path that
     cannot be copied back into the shell."""

@@ -2129,8 +2129,10 @@ def main(argv: list[str] | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors=_OUTPUT_ERRORS)
-        sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(stream)
-                                  for stream in (sys.stdout, sys.stderr))
+        # (a closed stream, `>&-` or `2>&-`, is None in Python: its lines go nowhere, as Python's own do)
+        sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(
+            stream if stream is not None else open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 (for the run)
+            for stream in (sys.stdout, sys.stderr))
     # (a caller in the same process keeps its torch thread count, and its later models their default one: the
     # command sets both for itself, `configure_threads`)
     threads_before = None if console or "torch" not in sys.modules else sys.modules["torch"].get_num_threads()
