@@ -802,8 +802,8 @@ def test_a_closed_output_stream_changes_neither_the_exit_code_nor_the_other_stre
     """`rlspeed ... >&-` or `2>&-` (a cron job, a daemon's closed stream): the wrapper of the missing stream failed on
     its first write and at exit (AttributeError, exit code 120), and `eval --json 2>&-` printed no JSON."""
     run = tmp_path / "run"
-    PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16).learn(32, progress_bar=False).save(
-        run / "model.safetensors")
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False).save(run / "model.safetensors")
     for argv, code in ((["eval", str(run), "--episodes", "1", "--json"], 0), (["train", "ppo", "CartPole-v1", "--set",
                                                                                "nope=1"], 2)):
         done = subprocess.run([sys.executable, "-m", "rlspeed", *argv], capture_output=True, text=True, timeout=300,
@@ -1413,3 +1413,53 @@ def test_a_value_whose_yaml_comment_would_be_dropped_is_refused():
         cli._parse_set(["mode=实验 #3"], "--env-kwargs")
     assert cli._parse_set(['mode="实验 #3"', "tag=abc#d", 'names=[a, "b #c"]']) == {
         "mode": "实验 #3", "tag": "abc#d", "names": ["a", "b #c"]}
+
+
+# (signals a function of the CLI's module at its start, then runs it: a signal that comes at that point of the command)
+SIGNAL_AT = """
+import os, signal, sys
+from rlspeed import cli
+from rlspeed.algos.base import Algorithm
+where, name = sys.argv.pop(1), sys.argv.pop(1)
+owner, attribute = (Algorithm, "save") if where == "save" else (cli, where)
+original = getattr(owner, attribute)
+def signalled(*args, **kwargs):
+    os.kill(os.getpid(), getattr(signal, name))
+    return original(*args, **kwargs)
+setattr(owner, attribute, signalled)
+raise SystemExit(cli.main())
+"""
+
+
+def signalled_train(tmp_path, where: str, name: str, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", SIGNAL_AT, where, name, "train", "ppo", "CartPole-v1",
+                           "--total-timesteps", "512", "--num-envs", "4", "--target-return", "none", "--no-progress",
+                           *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGHUP", 143), ("SIGINT", 130)])
+def test_a_signal_while_a_run_starts_leaves_no_half_made_run_behind(tmp_path, name, code):
+    """SIGTERM or SIGHUP after config.yaml was written and before training began (a tracker starting) killed the
+    process silently: the directory kept a lone config.yaml, which the next run there was refused for, and with
+    --overwrite the replaced run stayed hidden in '.rlspeed-overwritten-*'. Now the start ends as Ctrl-C does."""
+    done = signalled_train(tmp_path, "_run_callbacks", name, "--out", "run")
+    assert done.returncode == code and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("rlspeed: interrupted")
+    assert not (tmp_path / "run").exists()  # (made by this command, and nothing trained there)
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False).save(tmp_path / "old" / "model.safetensors")
+    (tmp_path / "old" / "config.yaml").write_text("algo: ppo\n")
+    done = signalled_train(tmp_path, "_run_callbacks", name, "--out", "old", "--overwrite")
+    assert done.returncode == code, done.stderr
+    assert sorted(path.name for path in (tmp_path / "old").iterdir()) == ["config.yaml", "model.safetensors"]
+    assert (tmp_path / "old" / "config.yaml").read_text() == "algo: ppo\n"  # (the replaced run is back)
+
+
+def test_a_signal_while_the_finished_training_is_saved_waits_for_the_save(tmp_path):
+    """SIGTERM while a finished run wrote its model (before its final evaluation) killed it: no model, no summary,
+    the training lost. The save finishes, then the signal skips the evaluation as it does during it."""
+    done = signalled_train(tmp_path, "save", "SIGTERM", "--out", "run")
+    assert done.returncode == 143 and "interrupted during the final evaluation" in done.stderr, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
+    assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]

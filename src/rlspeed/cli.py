@@ -11,6 +11,7 @@ import collections
 import contextlib
 import dataclasses
 import difflib
+import functools
 import json
 import math
 import os
@@ -279,6 +280,20 @@ def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
     args.gym_packages = list(dict.fromkeys(packages))
 
 
+def _signals_stop_cleanly(command):
+    """`command` with SIGTERM (and the other `STOP_SIGNALS`) raising `Terminated` wherever no narrower block decides
+    (training's `_stopping`, the final save's `_signals_ignored`): a signal while the run starts (its directory made,
+    a replaced run moved aside, a tracker starting) ends as Ctrl-C does there, the run directory left as before."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        with _sigterm_raises():
+            return command(args)
+
+    return run
+
+
+@_signals_stop_cleanly
 def cmd_train(args: argparse.Namespace) -> int:
     """`rlspeed train`: train ALGO on ENV_ID from its preset, `--set` overrides and flags; returns the exit code.
 
@@ -1079,7 +1094,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
     run". (Ctrl-C and SIGTERM are not errors: the run's interruption handling writes its summary.)"""
     try:
         yield
-    except Exception as error:
+    except (Exception, KeyboardInterrupt) as error:  # (an interruption that escapes: the run had not started)
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         # (a fresh run's directory held no run files before it: what is there is this command's; the config, the
         # TensorBoard writer's directory, and a metrics.csv without a row (with its empty plot), made before the first
@@ -1238,6 +1253,33 @@ def _signals_ignored():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Within the block Ctrl-C, SIGTERM and the other `STOP_SIGNALS` wait: the first one is raised when the block ends
+    (KeyboardInterrupt or `Terminated`), so that what the block writes is written whole."""
+    received: list[int] = []
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        _default_in_children(owner, signum)
+        _quiet_closed_terminal(signum)
+        received.append(signum)
+
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
+                    if signal.getsignal(sig) is not signal.SIG_IGN}
+    except ValueError:  # not the main thread: signals stay as they are
+        yield
+        return
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if received:
+        raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(_signal_name(received[0]))
 
 
 def _fits(load, path: Path, what: str):
@@ -1567,10 +1609,11 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         return _save_interrupted(run, run_dir, interrupted)
     if not main:
         return 0
-    model.save(run_dir / "model.safetensors")
     eval_seed = args.seed + 1_000_000
     try:
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
+            with _signals_deferred():  # (the finished training is saved whole, then a signal stops the rest)
+                model.save(run_dir / "model.safetensors")
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         _write_summary(run_dir, _summary(run, None))
@@ -2303,9 +2346,10 @@ def _main(argv: list[str]) -> int:
         print(f"rlspeed: error: out of memory ({_one_line(text or type(error).__name__)[:160]}): use fewer envs, "
               "episodes or a smaller buffer (--device cpu when a device is full).", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("rlspeed: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
+        terminated = isinstance(stop, Terminated)
+        print(f"rlspeed: interrupted{f' ({stop.name})' if terminated else ''}", file=sys.stderr)
+        return 143 if terminated else 130
 
 
 if __name__ == "__main__":
