@@ -288,3 +288,15 @@ def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
     assert not (tmp_path / "run").exists()
     nested = subprocess.run(base, env={**clean_env(), "WORLD_SIZE": "2"}, capture_output=True, text=True, timeout=120)
     assert nested.returncode == 2 and "under torchrun (WORLD_SIZE is set) leave --nproc out" in nested.stderr
+
+
+def test_a_bad_input_the_workers_find_exits_2_without_torchruns_report_or_a_directory_left(tmp_path):
+    """An env option the env refuses is found by the workers (they make the env): the launcher exited 1 under
+    torchrun's ChildFailedError traceback and left a directory holding only its lock, which the rerun was refused
+    for. Now exit code 2, the workers' one-line error, and no directory."""
+    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
+                           "--no-progress", "--env-kwargs", "nope=1", "--out", str(tmp_path / "run")],
+                          env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "rejected the options nope" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()

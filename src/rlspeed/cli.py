@@ -1768,6 +1768,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     if device.type != "cpu" and args.nproc > device_count(device.type):
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
+    created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, _algo_cls.name, checked_before=False)
     rest: list[str] = []
     skip = False
@@ -1816,6 +1817,10 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
+        with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
+            (run_dir / RUN_LOCK).unlink(missing_ok=True)
+            run_dir.rmdir()
     return (130 if received[0] == signal.SIGINT else 143) if received else code
 
 
