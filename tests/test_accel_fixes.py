@@ -412,3 +412,47 @@ def test_a_torch_without_the_fp32_precision_settings_offers_no_reduced_matmuls_a
     model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32, n_epochs=1)
     model.learn(64)
     assert all(torch.isfinite(p).all() for p in model.policy.parameters())
+
+
+@needs_torch_2_9
+@pytest.mark.parametrize("after", ["call", "backward"])
+def test_a_backward_pass_that_raises_does_not_leave_the_reduced_precision_on(after):
+    """The backward region of an accelerated module's precision opens at its outputs' gradient hook and closes in an
+    engine callback, which a backward pass that raises (a second `loss.backward()` on a freed graph) never runs: the
+    reduced precision stayed on for every later matmul of the process, later backward passes included. The module's
+    next call, or the next backward pass through it, closes it."""
+    from rlspeed.accel.module import _with_backward_hook
+    from rlspeed.accel.strategy import BackwardPrecisionHook
+
+    backend = torch.backends.mkldnn.matmul
+    before = backend.fp32_precision
+    module = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    accelerated = _with_backward_hook(module, BackwardPrecisionHook(torch.device("cpu"), "bf16-matmul"))
+    x = torch.randn(16, 4)
+    loss = accelerated(x).sum()
+    loss.backward()
+    assert backend.fp32_precision == before
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+    if after == "call":
+        accelerated(x)
+    else:
+        accelerated(x).sum().backward()
+    assert backend.fp32_precision == before
+    accelerated(x).sum().backward()  # (and the region opens and closes as before)
+    assert backend.fp32_precision == before
+
+
+def test_a_refused_auto_accelerate_leaves_the_module_as_it_was(monkeypatch):
+    """A request the device refuses (tf32 on a CPU) raised its UserError after the module's class had been swapped:
+    every later call of the module failed with KeyError '_rlspeed_accelerator'."""
+    from rlspeed.errors import UserError
+
+    module = nn.Linear(3, 1)
+    expected = module(torch.ones(2, 3))
+    with pytest.raises(UserError, match="tf32"):
+        auto_accelerate(module, precision="tf32", device="cpu")
+    assert type(module) is nn.Linear and torch.equal(module(torch.ones(2, 3)), expected)
+    with pytest.raises(RuntimeError):  # (example inputs the module refuses)
+        auto_accelerate(module, device="cpu", example_inputs=torch.ones(2, 5))
+    assert type(module) is nn.Linear and torch.equal(module(torch.ones(2, 3)), expected)

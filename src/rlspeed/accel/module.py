@@ -102,14 +102,24 @@ def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "au
                         "update in accelerate_step.")
     target = _target_device(model, device)
     request = normalise_request(precision, compile, graphs)
-    model.to(target)  # in place: the Parameter objects stay the same
     base = type(model)._rlspeed_base if isinstance(model, AcceleratedModule) else type(model)
+    # (made before the model changes: a request the device refuses leaves the model as it was)
+    accelerator = ModuleAccelerator(base, target, request, floating_dtype(model.parameters()))
+    before = type(model), model.__dict__.get("_rlspeed_accelerator")
+    model.to(target)  # in place: the Parameter objects stay the same
     model.__class__ = _accelerated_class(base)
-    model.__dict__["_rlspeed_accelerator"] = ModuleAccelerator(base, target, request,
-                                                               floating_dtype(model.parameters()))
+    model.__dict__["_rlspeed_accelerator"] = accelerator
     if example_inputs is not None:
         args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-        model._rlspeed_accelerator.prepare(model, args, {})
+        try:
+            accelerator.prepare(model, args, {})
+        except BaseException:  # (example inputs the model refuses: it stays callable as it was)
+            model.__class__ = before[0]
+            if before[1] is None:
+                model.__dict__.pop("_rlspeed_accelerator", None)
+            else:
+                model.__dict__["_rlspeed_accelerator"] = before[1]
+            raise
     return model
 
 
@@ -537,6 +547,7 @@ def _with_backward_hook(fn: Callable, hook: BackwardPrecisionHook) -> Callable:
     """Register `hook` on the outputs that will receive gradients, so their backward runs in the same precision."""
 
     def call(*args, **kwargs):
+        hook.settle()
         outputs = fn(*args, **kwargs)
         if torch.is_grad_enabled():
             for tensor in tensors_in(outputs):

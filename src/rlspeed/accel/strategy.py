@@ -345,22 +345,41 @@ class BackwardPrecisionHook:
 
     A module does not own the backward pass (the user calls ``loss.backward()``), so the setting is switched on by a
     gradient hook on the outputs (the first thing backward reaches) and switched off by an engine callback queued
-    at that moment, which runs when that backward pass ends.
+    at that moment, which runs when that backward pass ends. A backward pass that raises runs no callback: the
+    setting it left on is switched off by the next backward pass that reaches the hook (another graph task) or the
+    module's next call outside backward (`settle`), so that it does not stay on for the process.
     """
 
     def __init__(self, device: torch.device, precision: str):
         self.context = MatmulPrecision(device, precision)
         self.active = False
+        self.task: int | None = None  # (the backward pass, autograd's graph task, that switched it on)
 
     def __call__(self, grad: torch.Tensor) -> None:
+        task = _graph_task()
+        if self.active and task != self.task:  # (left on by a backward pass that raised, or one nested in it)
+            self._finish()
         if not self.active:
-            self.active = True
+            self.active, self.task = True, task
             self.context.__enter__()
             torch.autograd.Variable._execution_engine.queue_callback(self._finish)
 
+    def settle(self) -> None:
+        """Outside backward: switch off what a backward pass that raised left on."""
+        if self.active and _graph_task() == -1:
+            self._finish()
+
     def _finish(self) -> None:
-        self.context.__exit__(None, None, None)
-        self.active = False
+        if self.active:
+            self.active = False
+            self.context.__exit__(None, None, None)
+
+
+def _graph_task() -> int | None:
+    """The backward pass running in this thread (autograd's graph task id; -1 outside backward), None where torch does
+    not say."""
+    current = getattr(torch._C, "_current_graph_task_id", None)
+    return current() if current is not None else None
 
 
 def with_precision(fn: Callable, device: torch.device, precision: str) -> Callable:
