@@ -456,3 +456,61 @@ def test_a_refused_auto_accelerate_leaves_the_module_as_it_was(monkeypatch):
     with pytest.raises(RuntimeError):  # (example inputs the module refuses)
         auto_accelerate(module, device="cpu", example_inputs=torch.ones(2, 5))
     assert type(module) is nn.Linear and torch.equal(module(torch.ones(2, 3)), expected)
+
+
+def _frozen_then_changed(accelerated: bool, change: str) -> list[torch.Tensor]:
+    """Ten Adam updates of a small regression (plus a temperature-like scalar), `change` made before the sixth."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1))
+    log_alpha = torch.zeros(1, requires_grad=True)
+    if change == "unfreeze":
+        model[0].requires_grad_(False)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+
+    def loss_fn():
+        return (model(x) - y).pow(2).mean() + (log_alpha - 1).pow(2).sum()
+
+    step = accelerate_step(loss_fn, optimizer, precision="fp32", compile=False, graphs=False, fused_optimizer=False)
+    for i in range(10):
+        if i == 5:
+            if change == "group":
+                optimizer.add_param_group({"params": [log_alpha]})
+            else:
+                model[0].requires_grad_(change == "unfreeze")
+        if accelerated:
+            step()
+        else:
+            optimizer.zero_grad()
+            loss_fn().backward()
+            optimizer.step()
+    return [p.detach().clone() for p in (*model.parameters(), log_alpha)]
+
+
+@pytest.mark.parametrize("change", ["unfreeze", "freeze", "group"])
+def test_an_update_step_trains_the_parameters_as_they_are_at_each_call(change):
+    """accelerate_step took its parameter list when it was made: a layer unfrozen later never trained, a param group
+    added later (SAC's temperature) stayed at its initial value, and a layer frozen later failed the backward pass.
+    Each now matches the plain loop exactly."""
+    plain, accelerated = _frozen_then_changed(False, change), _frozen_then_changed(True, change)
+    assert all(torch.equal(a, b) for a, b in zip(plain, accelerated))
+    if change == "group":  # (the added group trained)
+        assert not torch.equal(accelerated[-1], torch.zeros(1))
+
+
+def test_an_update_step_says_when_its_loss_cannot_train_the_optimizers_parameters():
+    """A loss that does not reach the optimizer's parameters (the actor's optimizer given with the critic's loss)
+    stepped nothing in silence, or failed in clip_grad_norm ("Tensor list must have at least one tensor"); a call
+    inside torch.no_grad() failed with torch's "element 0 of tensors does not require grad"."""
+    from rlspeed.errors import UserError
+
+    actor, critic, x = nn.Linear(3, 1), nn.Linear(3, 1), torch.randn(4, 3)
+    for clip in (None, 0.5):
+        step = accelerate_step(lambda: critic(x).pow(2).mean(), torch.optim.Adam(actor.parameters()),
+                               max_grad_norm=clip, precision="fp32", compile=False)
+        with pytest.raises(UserError, match="does not reach any parameter of the optimizer"):
+            step()
+    step = accelerate_step(lambda: actor(x).pow(2).mean(), torch.optim.Adam(actor.parameters()), precision="fp32",
+                           compile=False)
+    with torch.no_grad(), pytest.raises(UserError, match=r"inside torch.no_grad\(\)"):
+        step()

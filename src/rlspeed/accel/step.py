@@ -122,9 +122,8 @@ class AcceleratedStep:
         if not self.optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in self.optimizers):
             raise UserError("accelerate_step needs a torch.optim.Optimizer (or a list of them) as its second "
                             "argument.")
-        optimizer_params = [p for o in self.optimizers for group in o.param_groups for p in group["params"]]
-        chosen_params = list(params) if params is not None else optimizer_params
-        self.params = [p for p in _unique(chosen_params) if p.requires_grad]
+        self._given_params = list(params) if params is not None else None
+        self.params = self._trained_params()
         if not self.params:
             raise UserError("accelerate_step found no parameters that require grad in the optimizer.")
         if max_grad_norm is not None and max_grad_norm <= 0:
@@ -172,6 +171,7 @@ class AcceleratedStep:
     # --- public -------------------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """One update: zero grads, loss, backward, (clip), optimizer step. Returns `loss_fn`'s output, detached."""
+        self._follow_params()
         args, kwargs = self.converter(args, kwargs)
         if self._forward is None:
             self._prepare(args, kwargs, search_now=False)
@@ -190,6 +190,33 @@ class AcceleratedStep:
             return self._graphs(args, kwargs)
         return self._update(args, kwargs)
 
+    def _trained_params(self) -> list[torch.Tensor]:
+        """The parameters a call trains: `params` where given, else the optimizers' (their param groups as they are
+        now), those that require grad."""
+        chosen = (self._given_params if self._given_params is not None else
+                  [p for o in self.optimizers for group in o.param_groups for p in group["params"]])
+        return [p for p in _unique(chosen) if p.requires_grad]
+
+    def _follow_params(self) -> None:
+        """Train what the parameters are at this call: a layer frozen or unfrozen (`requires_grad_`), or a param group
+        added to an optimizer (`add_param_group`), since the step was made. Whole-step graphs, captured with the
+        earlier ones, are dropped (eager from then on, said in the report)."""
+        params = self._trained_params()
+        if len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params)):
+            return
+        if not params:
+            raise UserError("accelerate_step: no parameter of the optimizer requires grad any more (all frozen): "
+                            "unfreeze some, or skip the update.")
+        kept = {id(p) for p in params}
+        for p in self.params:  # (a parameter no longer trained keeps no gradient for the optimizer to step with)
+            if id(p) not in kept:
+                p.grad = None
+        self.params = params
+        if self._graphs is not None:
+            self._graphs = None
+            self.report.note("the parameters the step trains changed (frozen, unfrozen or added): its whole-step "
+                             "CUDA graph was dropped, and it runs eagerly from here.")
+
     def _update(self, args: tuple, kwargs: dict) -> Any:
         """One eager update on converted arguments (also what a whole-step CUDA graph captures)."""
         for p in self.params:  # zero_grad(set_to_none=True), also for `params` outside the optimizers
@@ -199,6 +226,9 @@ class AcceleratedStep:
         if self.scaler is None:
             with backward_precision(self.device, self.strategy.precision):
                 torch.autograd.backward(loss if loss.dtype == torch.float32 else loss.float(), inputs=self.params)
+            if all(p.grad is None for p in self.params):
+                raise UserError("The loss does not reach any parameter of the optimizer given to accelerate_step: "
+                                "pass the optimizer of the networks the loss is computed from (or params=...).")
             if self.max_grad_norm is not None:
                 clip_grad_norm(self.params, self.max_grad_norm)
             for optimizer in self.optimizers:
@@ -506,9 +536,11 @@ def _loss_of(outputs: Any) -> torch.Tensor:
                         "or a dict with a 'loss' entry.")
     if loss.numel() != 1:
         raise UserError(f"The loss must be a scalar (one element), got shape {tuple(loss.shape)}: take .mean().")
-    if torch.is_grad_enabled() and not loss.requires_grad:
+    if not loss.requires_grad:
         raise UserError("The loss does not depend on any parameter that requires grad: compute it from the model's "
-                        "outputs, outside torch.no_grad() and without .detach().")
+                        "outputs, outside torch.no_grad() and without .detach()." if torch.is_grad_enabled() else
+                        "The update step was called inside torch.no_grad() (or torch.inference_mode()), where no "
+                        "gradient can be taken: call it outside that block.")
     return loss
 
 
