@@ -202,3 +202,15 @@ def test_reset_with_the_same_seed_gives_the_same_episodes():
         env.step(torch.zeros(3, dtype=torch.int64))
     assert torch.equal(env.reset(seed=3)[0], first)
     env.close()
+
+
+@needs_envpool
+def test_an_envpool_env_whose_observations_differ_from_gymnasiums_is_refused_in_one_sentence():
+    """EnvPool's Blackjack-v1 gives a Box(0, 31, (3,), int32) where Gymnasium's gives a Tuple, which the model was
+    built for: `--env-backend envpool` failed deep in the encoder (TypeError: new(): invalid data type 'str')."""
+    from rlspeed import PPO
+
+    model = PPO("Blackjack-v1", env_backend="envpool", num_envs=2, num_steps=16, batch_size=32, device="cpu")
+    with pytest.raises(UserError, match=r"envpool backend's Blackjack-v1 gives its observations as Box.*"
+                                        r"--env-backend gymnasium"):
+        model.learn(32, progress_bar=False)

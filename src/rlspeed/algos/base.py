@@ -1284,6 +1284,13 @@ class Algorithm:
                                  backend=self.env_backend, normalize_obs=normalize_obs,
                                  normalize_reward=normalize_reward,
                                  gamma=getattr(cfg, "gamma", 0.99), **self.spec.env_kwargs)
+            made = self._env.spec.observation_space
+            if type(made) is not type(self.spec.observation_space) or made.shape != self.spec.observation_space.shape:
+                self._env.close()
+                self._env = None
+                raise UserError(f"The {self.env_backend} backend's {self.env_id} gives its observations as {made}, not "
+                                f"as {self.spec.observation_space} (Gymnasium's env's), which the model was built for: "
+                                "use --env-backend gymnasium (env_backend='gymnasium').")
         # Distributed: normalisation statistics from every rank's data, identical everywhere, merged once per
         # iteration (`_sync_statistics`); also those of a normalising env passed in.
         self._synced_stats = [rms for rms in (getattr(self._env, name, None) for name, _ in _STATISTICS)
