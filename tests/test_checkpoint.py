@@ -547,3 +547,34 @@ def test_a_file_with_settings_this_rlspeed_lacks_is_said_to_be_from_a_newer_rlsp
     with pytest.raises(UserError, match=r"model.safetensors' holds settings this rlspeed's DQN does not have "
                                         r"\(future_knob\): a newer rlspeed wrote it"):
         DQN.load(path)
+
+
+def test_a_damaged_files_message_names_the_way_to_read_that_kind_of_file_anyway(tmp_path):
+    """The digest refusal said "load it in Python with Algorithm.load(path, verify=False)" for every file: no such
+    top-level name, and for a population's checkpoint or a replay buffer that call fails too."""
+    from rlspeed import DQN, PPO
+    from rlspeed.checkpoint import load_checkpoint
+    from rlspeed.population import Population
+
+    def damaged(path):
+        data = bytearray(path.read_bytes())
+        data[-8] ^= 0xFF
+        path.write_bytes(bytes(data))
+        return path
+
+    model = DQN("CartPole-v1", device="cpu", seed=0, learning_starts=16, buffer_size=256, num_envs=2)
+    model.learn(32, progress_bar=False)
+    path = damaged(model.save(tmp_path / "m.safetensors"))
+    with pytest.raises(UserError, match=r"rlspeed\.DQN\.load\(path, verify=False\)"):
+        load_checkpoint(path)
+    assert DQN.load(path, device="cpu", verify=False).num_timesteps == 32  # (what the message says works)
+    replay = damaged(model.save_replay_buffer(tmp_path / "m.replay.safetensors"))
+    with pytest.raises(UserError, match="delete it"):
+        model.load_replay_buffer(replay)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_envs=2, num_steps=16, batch_size=32)
+    path = damaged(population.save(tmp_path / "p.safetensors"))
+    with pytest.raises(UserError, match=r"population\.resume\(path, verify=False\)"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_envs=2, num_steps=16,
+                   batch_size=32).resume(path)
+    Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_envs=2, num_steps=16,
+               batch_size=32).resume(path, verify=False)

@@ -672,14 +672,26 @@ def _verify_digest(path: Path, tensors: dict[str, torch.Tensor], metadata: dict)
                       stacklevel=3)
         return
     if digest is None:
-        raise UserError(f"'{path}' carries no digest, so its integrity cannot be checked; load it in Python with "
-                        "Algorithm.load(path, verify=False) if you trust it.")
+        raise UserError(f"'{path}' carries no digest, so its integrity cannot be checked; {_unverified(metadata)} if "
+                        "you trust it.")
     if not (isinstance(digest, dict) and digest.get("algorithm") in DIGESTS and isinstance(digest.get("value"), str)):
         raise UserError(f"'{path}' has an unreadable digest entry {digest!r}: the file is damaged.")
     if tensor_digest(tensors, metadata, digest["algorithm"]) != digest["value"]:
         raise UserError(f"'{path}' does not match its {digest['algorithm'].upper()} digest: the file was changed or "
-                        "damaged after it was written; load it in Python with Algorithm.load(path, verify=False) "
-                        "only if you trust its contents.")
+                        f"damaged after it was written; {_unverified(metadata)} only if you trust its contents.")
+
+
+def _unverified(metadata: dict) -> str:
+    """How to read the file `metadata` describes without checking its digest, by the kind of file it is."""
+    if "replay_buffer" in metadata and "algo" not in metadata:
+        return "delete it (the replay buffer refills as training goes on)"
+    if isinstance(metadata.get("population"), dict):
+        return "resume it in Python with population.resume(path, verify=False)"
+    from rlspeed.algos import ALGORITHMS
+
+    algo = ALGORITHMS.get(str(metadata.get("algo")))
+    name = f"rlspeed.{algo.__name__}" if algo is not None else "rlspeed.algos.base.Algorithm"
+    return f"load it in Python with {name}.load(path, verify=False)"
 
 
 def _check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:

@@ -171,8 +171,8 @@ def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> Non
                         "gymnasium.vector.AutoresetMode.SAME_STEP.")
     if mode != gym.vector.AutoresetMode.SAME_STEP:
         raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP (this one uses {mode}): "
-                        "gymnasium.make_vec(id, n, vector_kwargs={'autoreset_mode': "
-                        "gymnasium.vector.AutoresetMode.SAME_STEP}).")
+                        "gymnasium.make_vec(id, n, vectorization_mode='sync', vector_kwargs={'autoreset_mode': "
+                        "gymnasium.vector.AutoresetMode.SAME_STEP}) (or 'async').")
 
 
 def add_success(adapter, out_info: dict, successes: dict) -> None:

@@ -1033,10 +1033,14 @@ class PopulationBase:
             else:
                 self._env.close()
                 self._env = None
-        if self.alive and not restored:
-            warnings.warn(f"Resuming from '{path}': {self.env_backend} envs cannot restore their episodes in progress "
-                          "or random streams (native envs without action masks can), so training continues from fresh "
-                          "episodes and is not identical to the uninterrupted run.", stacklevel=2)
+        if self.alive and not restored and self.num_timesteps:  # (a population saved before training had none)
+            why = ("envs with action masks start their episodes afresh (their masks are not saved)"
+                   if self.env_backend == "torch" and env_state else
+                   f"{self.env_backend} envs cannot restore their episodes in progress or random streams (native envs "
+                   "without action masks can)" if self.env_backend != "torch" else
+                   "the checkpoint holds no env state")
+            warnings.warn(f"Resuming from '{path}': {why}, so training continues from fresh episodes and is not "
+                          "identical to the uninterrupted run.", stacklevel=2)
         self._load_replay(Path(path) if Path(path).exists() else checkpoint_path(path), saved.get("replay_buffer"))
         self.progress = saved.get("loop") or None
         self._resumed = True
