@@ -1463,3 +1463,14 @@ def test_a_signal_while_the_finished_training_is_saved_waits_for_the_save(tmp_pa
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
     assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
+
+
+def test_eval_with_a_bad_device_blames_the_flag_not_the_model_file(tmp_path, capsys):
+    """`rlspeed eval RUN --device foo` said "'RUN/model.safetensors': Unknown device 'foo'", as if the file were at
+    fault."""
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    path = model.save(tmp_path / "run" / "model.safetensors")
+    code = cli.main(["eval", str(path.parent), "--device", "foo"])
+    captured = capsys.readouterr()
+    assert_one_line_error(code, captured.out, captured.err, "Unknown device 'foo'")
+    assert "model.safetensors" not in captured.err

@@ -125,10 +125,14 @@ def test_rlspeed_device_auto_means_no_preference(value, monkeypatch, capsys):
     assert check.status == doctor.PASS and chosen == expected
 
 
-def test_rlspeed_device_error_names_the_variable(monkeypatch):
-    monkeypatch.setenv("RLSPEED_DEVICE", "tpu")
-    with pytest.raises(UserError, match="RLSPEED_DEVICE"):
+@pytest.mark.parametrize("value", ["tpu", "cpu:3"])
+def test_rlspeed_device_error_names_the_variable_and_a_fix_that_works(monkeypatch, value):
+    """The error advised device='auto', which is what read RLSPEED_DEVICE and failed: the fix it names works."""
+    monkeypatch.setenv("RLSPEED_DEVICE", value)
+    with pytest.raises(UserError, match=f"RLSPEED_DEVICE={value} names a device") as error:
         devices.resolve_device("auto")
+    assert "device='auto'" not in str(error.value) and "--device cpu" in str(error.value)
+    assert devices.resolve_device("cpu") == torch.device("cpu")
 
 
 def test_missing_safetensors_fails(monkeypatch):

@@ -1871,10 +1871,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     algo_cls = _algorithm(meta.get("algo", "?")) if meta.get("algo") in ALGORITHMS else None
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
-    from rlspeed.device import configure_threads
+    from rlspeed.device import configure_threads, resolve_device
 
     configure_threads()  # (as training did: one thread, or RLSPEED_NUM_THREADS)
-    model = _fits(lambda: algo_cls.load(path, device=args.device), path, f"the {algo_cls.__name__} model its "
+    device = resolve_device(args.device)  # (a bad --device is the flag's error, not the file's)
+    model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
                   "metadata describes")
     env_id = args.env or model.env_id
     env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
@@ -1903,7 +1904,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     success = f", success rate {result['success_rate']:.0%}" if "success_rate" in result else ""
     how = "deterministic" if deterministic else "stochastic"
     made_with = f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
-    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {args.episodes} episodes{seed_note}: "
+    episodes = f"{args.episodes} episode{'s' if args.episodes != 1 else ''}"
+    print(f"rlspeed: {type(model).__name__} on {env_id}{made_with}, {how}, {episodes}{seed_note}: "
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
           file=sys.stderr if args.json else sys.stdout)
     if args.json:

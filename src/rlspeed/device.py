@@ -87,9 +87,10 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         if forced and forced != "auto":  # "auto" there means no preference (and must not recurse)
             try:
                 return resolve_device(forced)
-            except UserError as error:
-                raise UserError(f"{error} (RLSPEED_DEVICE={forced} chose it; unset RLSPEED_DEVICE to choose "
-                                "automatically)") from None
+            except UserError as error:  # (its own advice, device='auto', is what chose it: say what to change)
+                reason = re.split(r"; |: use ", str(error))[0].rstrip(".")
+                raise UserError(f"RLSPEED_DEVICE={forced} names a device this machine cannot use ({reason}): unset "
+                                "RLSPEED_DEVICE (or set it to auto), or give a device (--device cpu).") from None
         for kind in ACCELERATOR_ORDER:
             if is_available(kind):
                 return torch.device(kind, _current_index(kind)) if kind != "mps" else torch.device("mps")
