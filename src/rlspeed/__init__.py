@@ -53,7 +53,7 @@ __all__ = ["auto_accelerate", "accelerate_step", "PPO", "A2C", "RecurrentPPO", "
            "EveryNTimesteps"]
 
 
-def __getattr__(name: str):
+def _lazy_getattr(name: str):
     """A public name, imported from its module on first use (then kept as a module attribute); a subpackage
     (`rlspeed.algos`, ...) is imported as `import rlspeed.algos` would."""
     source = _SOURCES.get(name)
@@ -79,6 +79,10 @@ def __getattr__(name: str):
     value = getattr(module, name)
     globals()[name] = value
     return value
+
+
+if not TYPE_CHECKING:  # (for type checkers only the names imported above exist: a misspelt one is an error)
+    __getattr__ = _lazy_getattr
 
 
 def _importing_from(frame) -> bool:

@@ -15,6 +15,7 @@ import inspect
 import math
 import numbers
 import os
+import typing
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -22,6 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from rlspeed.errors import UserError, positive_whole
+
+if typing.TYPE_CHECKING:
+    from rlspeed.algos.base import Algorithm
 
 
 class _Period:
@@ -129,7 +133,7 @@ class BaseCallback:
 
     def __init__(self, verbose: int = 0):
         self.verbose = verbose
-        self.model = None
+        self.model: Algorithm = None  # type: ignore[assignment]  # (set by `init_callback` before any hook runs)
         self.num_timesteps = 0
         self.n_calls = 0
         self.locals: dict = {}

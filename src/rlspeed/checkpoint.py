@@ -687,10 +687,9 @@ def _unverified(metadata: dict) -> str:
         return "delete it (the replay buffer refills as training goes on)"
     if isinstance(metadata.get("population"), dict):
         return "resume it in Python with population.resume(path, verify=False)"
-    from rlspeed.algos import ALGORITHMS
-
-    algo = ALGORITHMS.get(str(metadata.get("algo")))
-    name = f"rlspeed.{algo.__name__}" if algo is not None else "rlspeed.algos.base.Algorithm"
+    saved = str(metadata.get("class") or "")  # (rlspeed's algorithms are top-level names; a subclass, its own)
+    name = (f"rlspeed.{saved.rpartition('.')[2]}" if saved.startswith("rlspeed.algos.")
+            else saved or "rlspeed.algos.base.Algorithm")
     return f"load it in Python with {name}.load(path, verify=False)"
 
 

@@ -624,9 +624,10 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
                       overwrite: bool = False) -> Path:
     """`rlspeed export`: load a model file or a run directory's `model.safetensors` on the CPU and export it.
 
-    `algorithms` maps checkpoint algorithm names to classes (`rlspeed.algos.ALGORITHMS`; passed in, so that this
-    module does not import the algorithms that call it). `format` None: the one `out`'s suffix names, else onnx.
-    `out` defaults to the model file with the format's suffix (`model.onnx` beside `model.safetensors`);
+    `algorithms` maps checkpoint algorithm names to classes: pass `rlspeed.algos.ALGORITHMS` (this module does not
+    import the algorithms that call it; from Python, `rlspeed.PPO.load(path).export(out)` does the same for one
+    algorithm). `format` None: the one `out`'s suffix names, else onnx. `out` defaults to the model file with the
+    format's suffix (`model.onnx` beside `model.safetensors`);
     `action_mask` as `export` takes it. An existing file at the output path is refused unless `overwrite` (the model
     file itself always). Returns the written path.
     """

@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -62,9 +62,12 @@ _CLASS_ATTRIBUTE = "_rlspeed_accelerated_class"  # where `_accelerated_class` ke
 _ALL_BUCKETS = (None, *(1 << i for i in range(48)))  # every signature batch bucket (for fixed plain strategies)
 
 
-def auto_accelerate(model: nn.Module, *, device: str | torch.device | None = "auto", precision: str = "auto",
+_Module = TypeVar("_Module", bound=nn.Module)
+
+
+def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto", precision: str = "auto",
                     compile: bool | str = "auto", graphs: bool | str = "auto",
-                    example_inputs: Any = None) -> nn.Module:
+                    example_inputs: Any = None) -> _Module:
     """Accelerate a module in place and return it; use it exactly like before.
 
     Args:

@@ -68,6 +68,9 @@ from rlspeed.logging import ProgressBar, RunLogger
 from rlspeed.nn import image_channels_first
 from rlspeed.numerics import NumericsGuard
 
+if typing.TYPE_CHECKING:
+    from typing_extensions import Self  # (typing's from Python 3.11)
+
 # The normalisation statistics a model holds, each with the config flag that turns it on
 _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
 
@@ -777,10 +780,15 @@ class ReplayBufferSaving:
 class _SaveReplayBuffer:
     """The `save_replay_buffer` attribute of models: reads give a `ReplayBufferSaving`, assignments set the flag."""
 
+    @typing.overload
+    def __get__(self, model: None, owner: type | None = None) -> _SaveReplayBuffer: ...
+    @typing.overload
+    def __get__(self, model: Algorithm, owner: type | None = None) -> ReplayBufferSaving: ...
+
     def __get__(self, model, owner=None):
         return self if model is None else ReplayBufferSaving(model)
 
-    def __set__(self, model, value) -> None:
+    def __set__(self, model: Algorithm, value: bool) -> None:
         model._checkpoint_replay = bool(value)
 
 
@@ -1261,7 +1269,7 @@ class Algorithm:
             self._mid_rollout = True  # (the next learn's envs start afresh, as after a learn cut short)
             env.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -1375,7 +1383,8 @@ class Algorithm:
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,
               checkpoint_freq: int | None = None,
-              confirm_target: bool = True, checkpoint_interval_s: float | None = None, **stable_baselines3):
+              confirm_target: bool = True, checkpoint_interval_s: float | None = None,
+              **stable_baselines3: typing.Any) -> Self:
         """Train for `total_timesteps` env steps (or until `target_return` is reached in evaluation).
 
         `progress_bar`: training's progress on stderr (False: learn prints nothing).
@@ -1953,7 +1962,7 @@ class Algorithm:
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
-             allow_nonfinite: bool = False, **overrides):
+             allow_nonfinite: bool = False, **overrides: typing.Any) -> Self:
         """Rebuild a saved model on `device` (no unpickling). `env` is optional: without it, `learn` builds one.
         `Algorithm.load` (rlspeed.algos.base) rebuilds whichever algorithm the file holds; `PPO.load` and the others
         refuse another's.
