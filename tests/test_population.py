@@ -699,3 +699,24 @@ def test_env_options_reach_every_members_env_its_evaluation_and_its_model():
     assert default["mean"] != pytest.approx(means[1], rel=1e-3)
     with pytest.raises(UserError, match="env_backend='gymnasium'"):
         Population(PPO, "Pendulum-v1", seeds=[0, 1], env_kwargs={"g": 2.0}, env_backend="torch", **SMALL)
+
+
+def test_population_mistakes_are_one_sentence_each():
+    """A name for the class said populations do not cover PPO; a bad device, episodes=0, an unknown learn keyword and
+    a non-path save raised torch's RuntimeError, a reshape error or Python's TypeError."""
+    from rlspeed import PPO, UserError
+    from rlspeed.population import Population
+
+    with pytest.raises(UserError, match=r"takes the algorithm's class \(rlspeed\.PPO\), not 'ppo'"):
+        Population("ppo", "CartPole-v1", seeds=[0, 1])
+    with pytest.raises(UserError, match="Unknown device 'gpu'"):
+        Population(PPO, "CartPole-v1", seeds=[0, 1], device="gpu")
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=2, num_steps=16, batch_size=32)
+    with pytest.raises(UserError, match="episodes must be a whole number >= 1, got 0"):
+        population.evaluate(episodes=0)
+    with pytest.raises(UserError, match=r"a setting of the model.*Population\(PPO, env_id, seeds, gamma=\.\.\.\)"):
+        population.learn(32, gamma=0.9)
+    with pytest.raises(UserError, match="learn takes no 'totl_timesteps'; did you mean total_timesteps"):
+        population.learn(32, totl_timesteps=64)
+    with pytest.raises(UserError, match="save takes a file's path"):
+        population.save(5)

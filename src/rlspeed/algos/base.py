@@ -465,6 +465,22 @@ def warn_unused_settings(config, spec: EnvSpec) -> None:
         warn_at_caller(sentence, UnusedSettingWarning)
 
 
+def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn: Callable) -> None:
+    """UserError for the first of `keywords` that `learn` does not take: a keyword of Stable-Baselines3's learn (with
+    rlspeed's way), a setting of the model (`config_cls`'s, given when it is made: `made_as` is the start of that
+    call, "PPO(env"), or a typo (the close names among `learn`'s parameters)."""
+    taken = set(inspect.signature(learn).parameters)
+    for key in keywords:
+        advice = SB3_LEARN_KEYWORDS.get(key)
+        if advice is not None and set(re.findall(r"learn\((\w+)=", advice)) <= taken:  # (its way is this learn's)
+            raise UserError(f"learn's '{key}' is Stable-Baselines3's; {advice}.")
+        if key in {field.name for field in dataclasses.fields(config_cls)}:
+            raise UserError(f"learn takes no '{key}': it is a setting of the model, given when it is made "
+                            f"({made_as}, {key}=...)).")
+        close = difflib.get_close_matches(key, sorted(taken), n=2)
+        raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
+
+
 def warn_at_caller(sentence: str, category: type[Warning]) -> None:
     """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
     frame, level = inspect.currentframe(), 1
@@ -1415,15 +1431,7 @@ class Algorithm:
         last one, or 20 times the last save's duration if that is longer (saving then takes at most 5% of the time):
         what a crash loses is bounded in time whatever the budget.
         """
-        for key in stable_baselines3:  # (a keyword of SB3's learn, or a typo)
-            advice = SB3_LEARN_KEYWORDS.get(key)
-            if advice is not None:
-                raise UserError(f"learn's '{key}' is Stable-Baselines3's; {advice}.")
-            if key in {field.name for field in dataclasses.fields(self.config_cls)}:
-                raise UserError(f"learn takes no '{key}': it is a setting of the model, given when it is made "
-                                f"({type(self).__name__}(env, {key}=...)).")
-            close = difflib.get_close_matches(key, list(inspect.signature(Algorithm.learn).parameters), n=2)
-            raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
+        refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
             total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
         log_interval_s = _seconds("log_interval_s", log_interval_s)

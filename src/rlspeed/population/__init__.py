@@ -29,12 +29,15 @@ def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a c
     algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters (one value, or a list of K for the per-member
     ones), `member_overrides`, `env_backend`, `save_replay_buffer` (off-policy) and `device`, which is "cpu" unless
     given (a solo model's "auto" picks the accelerator; a population is placed where you say: `device="cuda"`)."""
-    name = getattr(algo_cls, "__name__", str(algo_cls))
+    if not isinstance(algo_cls, type):  # (a name: the class is what members are made of)
+        named = {name.lower(): name for name in IMPLEMENTATIONS}.get(str(algo_cls).lower())
+        every = ", ".join(f"rlspeed.{n}" for n in sorted(IMPLEMENTATIONS))
+        classes = f"rlspeed.{named}" if named else f"one of {every}"
+        raise UserError(f"Population takes the algorithm's class ({classes}), not {algo_cls!r}.")
+    name = algo_cls.__name__
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:
         raise UserError(f"Populations cover {', '.join(sorted(IMPLEMENTATIONS))} so far, not {name}.")
-    if not isinstance(algo_cls, type):  # (a name: the class is what members are made of)
-        raise UserError(f"Population takes the algorithm's class (rlspeed.{name}), not {algo_cls!r}.")
     if "seed" in kwargs:
         raise UserError("A population's members take their seeds from seeds=[...] (one per member), not seed=.")
     if not isinstance(env_id, str):

@@ -10,16 +10,18 @@ import copy
 import dataclasses
 import json
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.algos.base import checked_learn_values
+from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, save_checkpoint
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
@@ -710,7 +712,9 @@ class PopulationBase:
             raise UserError(f"A population's env_kwargs are recorded in its checkpoints, so they must be JSON values "
                             f"(numbers, strings, lists, dicts); got {self.env_kwargs!r:.100}.") from None
         self.env_backend = population_env_backend(env_id, backend_for_options(self.env_kwargs, env_backend))
-        self.env_id, self.size, self.device = env_id, len(seeds), torch.device(device)
+        from rlspeed.device import resolve_device
+
+        self.env_id, self.size, self.device = env_id, len(seeds), resolve_device(device)
         members = split_member_values(hyperparameters, member_overrides, self.size, self.per_member)
         # K solo models: their initial weights, and the state their global generator has when training starts
         solos, self.generators = solo_models(self.algo_cls, env_id, seeds, members, self.device,
@@ -963,6 +967,8 @@ class PopulationBase:
         (`progress`; None outside `learn`). `resume` continues from it. Call it between `learn` calls, or let `learn`
         write checkpoints: a save from within `on_eval` would pair this moment's parameters with the last
         checkpoint's progress."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise UserError(f"save takes a file's path (a str or pathlib.Path), not {path!r}.")
         own_tensors, own = self._state()
         tensors = {f"state.{key}": value for key, value in own_tensors.items()}
         for row, k in enumerate(self.alive):
@@ -1141,7 +1147,7 @@ class PopulationBase:
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
-              stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True) -> dict:
+              stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True, **unknown: Any) -> dict:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
@@ -1176,6 +1182,8 @@ class PopulationBase:
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
         (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
+        refuse_learn_keywords(unknown, self.algo_cls.config_cls, f"Population({self.algo_cls.__name__}, env_id, seeds",
+                              PopulationBase.learn)
         total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
             total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
         if stop not in ("each", "all"):

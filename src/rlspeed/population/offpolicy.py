@@ -70,7 +70,7 @@ from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, 
 from rlspeed.checkpoint import load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
 from rlspeed.envs.base import observation_layout
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
 from rlspeed.nn import (
     ACTIVATIONS,
@@ -1043,6 +1043,7 @@ class OffPolicyPopulation(PopulationBase):
         indices; default: those in the computation, as PPO's), member i's on an env seeded `seeds[i]` as
         `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
         left with."""
+        episodes = positive_whole("episodes", episodes)
         members = list(self.alive) if members is None else list(members)
         self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)

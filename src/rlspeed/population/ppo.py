@@ -51,7 +51,7 @@ import torch
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
 from rlspeed.nn import categorical_entropy, env_actions, gaussian_log_prob, masked_logits
@@ -607,6 +607,7 @@ class PPOPopulation(PopulationBase):
         in the computation) as a host tensor, member `members[j]` on an env seeded `seeds[j]` as `rlspeed.evaluate`
         seeds one (one batched env for all; default seeds: `_evaluation_seeds`). Members out of the computation are
         evaluated with the parameters they left with."""
+        episodes = positive_whole("episodes", episodes)
         if members is None or list(members) == self.alive:
             members, params = list(self.alive), self.params
         else:
