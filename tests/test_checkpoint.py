@@ -578,3 +578,14 @@ def test_a_damaged_files_message_names_the_way_to_read_that_kind_of_file_anyway(
                    batch_size=32).resume(path)
     Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", num_envs=2, num_steps=16,
                batch_size=32).resume(path, verify=False)
+
+
+def test_a_file_that_is_not_safetensors_is_named_as_no_checkpoint_with_what_to_give(tmp_path):
+    """`rlspeed eval RUN/config.yaml` said "is not a readable rlspeed checkpoint (Error while deserializing header:
+    header too large)", the reader's words and no fix."""
+    from rlspeed.checkpoint import load_checkpoint
+
+    path = tmp_path / "config.yaml"
+    path.write_text("algo: ppo\nenv_id: CartPole-v1\n")
+    with pytest.raises(UserError, match=r"is not an rlspeed checkpoint .*give a model file \(\.safetensors\)"):
+        load_checkpoint(path)

@@ -172,3 +172,12 @@ def test_gamma_zero_is_a_bandit_and_outside_zero_to_one_is_refused(algo):
     for gamma in (-0.1, 1.5):
         with pytest.raises(rlspeed.UserError, match=r"gamma must be in \[0, 1\]"):
             getattr(rlspeed, algo)("CartPole-v1", device="cpu", gamma=gamma)
+
+
+def test_an_alias_of_another_algorithms_setting_suggests_the_close_name_this_one_has():
+    """`n_steps` (SB3's name for PPO's num_steps) given to DQN said "num_steps is a setting of A2C, PPO and
+    RecurrentPPO; DQN has none", where DQN's n_step was the likely intent."""
+    from rlspeed import DQN, UserError
+
+    with pytest.raises(UserError, match="Did you mean n_step"):
+        DQN("CartPole-v1", n_steps=3)

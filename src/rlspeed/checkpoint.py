@@ -153,8 +153,8 @@ def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
     used as a key)."""
     stripped = text.strip()
     if not stripped:
-        raise UserError(f"{source} is empty: give a 16- or 32-byte key in hex or base64 (e.g. the output of "
-                        "`python -c \"import secrets; print(secrets.token_hex(32))\"`).")
+        raise UserError(f"{source} is empty: give a 32-byte key (16 for sm4-gcm) in hex or base64 (e.g. "
+                        "the output of `python -c \"import secrets; print(secrets.token_hex(32))\"`, 16 for sm4-gcm).")
     candidates = []
     with contextlib.suppress(ValueError):
         candidates.append(bytes.fromhex(stripped.decode("ascii")))
@@ -166,7 +166,7 @@ def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
         if len(key) in (16, 32):
             return key
     raise UserError(f"{source} is not a 16- or 32-byte key in hex or base64 (e.g. the output of "
-                    "`python -c \"import secrets; print(secrets.token_hex(32))\"`).")
+                    "`python -c \"import secrets; print(secrets.token_hex(32))\"`, 16 for sm4-gcm).")
 
 
 def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
@@ -609,7 +609,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         header = json.loads(data[8:8 + header_len])
         metadata = json.loads(header.get("__metadata__", {}).get("rlspeed", "{}"))
     except (SafetensorError, ValueError, AttributeError, json.JSONDecodeError) as error:
-        raise UserError(f"'{path}' is not a readable rlspeed checkpoint ({error}).") from None
+        raise UserError(f"'{path}' is not an rlspeed checkpoint (its contents are not safetensors: {error}): give "
+                        "a model file (.safetensors) that rlspeed wrote, or its run directory.") from None
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise UserError(f"'{path}' is a safetensors file but not an rlspeed checkpoint.")
     version = metadata.get("version", 0)

@@ -1953,8 +1953,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is not None:
         _check_parent_directory("--out", args.out)
     if args.out is not None and Path(args.out).suffix.lower() == ".safetensors":
-        raise UserError(f"--out '{args.out}' ends in .safetensors, a model file's suffix (the export would replace "
-                        "it): name the export .onnx, .pt or .pt2.")
+        raise UserError(f"--out '{args.out}' ends in .safetensors, the suffix of rlspeed's model files, which an "
+                        "export is not: name the export .onnx, .pt or .pt2.")
     path = export_checkpoint(args.checkpoint, args.format, out=args.out, algorithms=ALGORITHMS,
                              action_mask=args.action_mask, overwrite=args.overwrite)
     print(f"rlspeed: wrote {path} and {path.name}.json beside it")

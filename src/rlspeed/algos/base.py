@@ -233,9 +233,11 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                 raise UserError(f"'{key}' is CleanRL's argument, not a hyperparameter here; {CLEANRL_NAMES[key]}.")
             named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())
             owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
-            others = "" if named in fields else _other_owners(named, config_cls)
+            # (an alias of another algorithm's setting with a close name here, n_steps for DQN's n_step: that name)
+            close_here = _close_names(key, list(fields)) if named not in fields and named != key else []
+            others = "" if named in fields or close_here else _other_owners(named, config_cls)
             # (a key of another algorithm is named as such, not guessed at)
-            close = [named] if named in fields else [] if others else _close_names(key, list(fields))
+            close = [named] if named in fields else close_here or ([] if others else _close_names(key, list(fields)))
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             if others:
                 hint = f" {named} is a setting of {others}; {owner} has none.{hint}"

@@ -89,7 +89,9 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
     width = mask_size(space)
     if width is None:
         raise UserError(f"The action mask from {source} is for a {type(space).__name__} action space; masks apply to "
-                        "Discrete and MultiDiscrete actions only: drop the mask (use_masking=false).")
+                        "Discrete and MultiDiscrete actions only: " + ("leave action_masks out." if
+                                                                       source.startswith("predict") else
+                                                                       "drop the mask (use_masking=false)."))
     try:
         array = np.asarray(masks)
         if array.dtype == object:

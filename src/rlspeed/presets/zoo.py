@@ -177,7 +177,8 @@ def hyperparams_file(algo: str) -> Path:
         raise UserError(f"RL-Zoo has no presets for rlspeed's '{algo}'; it has {', '.join(sorted(ZOO_NAMES))}.")
     package = _package_dir()
     if package is None:
-        raise UserError("RL-Zoo's presets need the rl_zoo3 package: pip install rl_zoo3 (or rlspeed[zoo]).")
+        raise UserError("RL-Zoo's presets need the rl_zoo3 package: pip install rl_zoo3 (or pip install "
+                        "\"rlspeed[zoo]\").")
     path = package / "hyperparams" / f"{ZOO_NAMES[algo]}.yml"
     if not path.is_file():
         raise UserError(f"The installed rl_zoo3 has no {path.name} (looked in {path.parent}).")
@@ -233,7 +234,8 @@ def translate(algo: str, env_id: str) -> Translation:
     entries = zoo_entries(algo)
     key = _entry_key(entries, env_id)
     if key is None:
-        raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}.")
+        raise UserError(f"RL-Zoo (rl_zoo3 {zoo_version()}) has no {ZOO_NAMES[algo]} preset for {env_id}: use --preset "
+                        "auto (rlspeed's, else the defaults) or a preset file.")
     source = f"RL-Zoo's preset for {algo} {env_id} (rl_zoo3 {zoo_version()})"
     if key == _mujoco_v4(env_id):
         source = f"{source[:-1]}; {MUJOCO_V4_NOTE.format(older=key)})"
