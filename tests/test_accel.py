@@ -262,11 +262,14 @@ def test_reduced_precision_module_stays_within_tolerance(precision):
 
 
 @needs_torch_2_9
-@pytest.mark.parametrize(("flags", "native"), [({"avx512f", "avx512bw"}, False), ({"avx512f", "avx512_bf16"}, True),
-                                              ({"avx2", "amx_bf16"}, True), (None, True)])
-def test_bf16_is_tried_on_x86_cpus_only_where_their_flags_say_it_is_native(monkeypatch, flags, native):
-    """oneDNN's own check accepts AVX-512 CPUs that emulate bf16 (slower than fp32; its bf16 matmul mode then
-    computes fp32): bf16 and bf16-matmul are offered only with AVX512_BF16 or AMX (unreadable flags: oneDNN's check)."""
+@pytest.mark.parametrize(("flags", "native", "matmul_mode"), [({"avx512f", "avx512bw"}, False, False),
+                                                             ({"avx512f", "avx512_bf16"}, True, False),
+                                                             ({"avx2", "amx_bf16"}, True, True), (None, True, True)])
+def test_bf16_is_tried_on_x86_cpus_only_where_their_flags_say_it_is_native(monkeypatch, flags, native, matmul_mode):
+    """oneDNN's own check accepts AVX-512 CPUs that emulate bf16 (slower than fp32): bf16 is offered only with
+    AVX512_BF16 or AMX (unreadable flags: oneDNN's check). Its bf16 math mode for fp32 matmuls computes fp32 without
+    AMX (with AVX512_BF16 alone it gives fp32's results), so bf16-matmul is offered only with AMX: a search would time
+    fp32 twice."""
     from rlspeed.accel import strategy
 
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
@@ -275,9 +278,23 @@ def test_bf16_is_tried_on_x86_cpus_only_where_their_flags_say_it_is_native(monke
     strategy._cpu_native_bf16.cache_clear()
     try:
         assert bf16_supported(CPU) is native
-        assert reduced_matmul_supported(CPU, "bf16-matmul") is native
+        assert reduced_matmul_supported(CPU, "bf16-matmul") is matmul_mode
     finally:
         strategy._cpu_native_bf16.cache_clear()
+
+
+@needs_bf16_matmul
+def test_where_bf16_matmul_is_offered_it_computes_in_bf16():
+    """The mode is offered only where it changes the arithmetic (bf16's 8-bit mantissa: errors of about 1e-3 where
+    fp32's are about 1e-7), not where oneDNN runs its fp32 kernels under it."""
+    from rlspeed.accel.strategy import MatmulPrecision
+
+    generator = torch.Generator().manual_seed(0)
+    a, w = torch.randn(256, 256, generator=generator), torch.randn(256, 256, generator=generator)
+    exact = a.double() @ w.double().T
+    with MatmulPrecision(CPU, "bf16-matmul"):
+        reduced = torch.nn.functional.linear(a, w)
+    assert ((reduced.double() - exact).abs().max() / exact.abs().max()).item() > 1e-4
 
 
 @needs_bf16_matmul

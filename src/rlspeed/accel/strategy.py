@@ -220,6 +220,17 @@ def _cpu_native_bf16() -> bool:
     return True
 
 
+def _cpu_bf16_matmul_mode() -> bool:
+    """Whether oneDNN's bf16 math mode for fp32 matmuls (`fp32_precision = "bf16"`) computes in bf16 on this CPU: on
+    x86 only with AMX, where the CPU's flags can be read (with AVX512_BF16 alone it runs its fp32 kernels: the same
+    results, so there is nothing to gain, and a search of it would time fp32 twice)."""
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        flags = _x86_cpu_flags()
+        if flags is not None:
+            return "amx_bf16" in flags
+    return True
+
+
 def bf16_supported(device: torch.device) -> bool:
     """Whether bf16 autocast has native kernels here (emulated bf16 is never faster, so it is not tried)."""
     try:
@@ -258,7 +269,7 @@ def reduced_matmul_supported(device: torch.device, precision: str) -> bool:
     if (device.type, precision) not in _MATMUL_PRECISION or not _matmul_precision_backends(device):
         return False
     if device.type == "cpu":
-        return bf16_supported(device)
+        return bf16_supported(device) and _cpu_bf16_matmul_mode()
     try:
         return bool(torch.cuda.get_device_capability(device)[0] >= 8)  # TF32 tensor cores: Ampere and later
     except Exception:
@@ -431,8 +442,8 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
     elif request.precision in ("bf16-matmul", "tf32") and not reduced_matmul_supported(device, request.precision):
         if request.forced_by_env is None:
             raise UserError(f"precision '{request.precision}' is not available on {device.type}: bf16-matmul needs "
-                            "a CPU with native bf16 (oneDNN), tf32 a CUDA GPU of compute capability 8.0 or newer, "
-                            "both torch 2.9 or newer.")
+                            "a CPU whose oneDNN computes it in bf16 (AMX on x86), tf32 a CUDA GPU of compute "
+                            "capability 8.0 or newer, both torch 2.9 or newer.")
         notes.append(f"{request.precision} forced but not available on {device.type}: running in fp32.")
         precisions = ["fp32"]
     else:
