@@ -1,12 +1,17 @@
 """`--accelerate auto` on the hand-derived updates: a measured matmul precision, forced choices, no trace."""
 
+import pytest
 import torch
+from conftest import needs_torch_2_9
 
 import rlspeed
 from rlspeed import DQN, SAC
 from rlspeed.accel.strategy import reduced_matmul_supported
 from rlspeed.fused.precision import AutoMatmulPrecision
 from rlspeed.fused.sac import FusedSACUpdate
+
+
+pytestmark = pytest.mark.usefixtures("isolated_accel")  # (conftest: own cache, nothing forced, short timing)
 
 
 def _batch(batch=256):
@@ -129,3 +134,25 @@ def test_summary_records_the_rollout_policys_choice_beside_the_updates(monkeypat
     assert summary["rollout_policy"] == dict(model.policy.accel_report.summary())
     assert summary["rollout_policy"]["precision"] in ("fp32", "bf16-matmul", "bf16", "fp16")
     assert "rollout_policy" not in PPO("CartPole-v1", device="cpu").acceleration_summary()
+
+
+@needs_torch_2_9
+def test_the_choice_is_cached_so_a_later_run_on_the_machine_does_not_search_again(monkeypatch):
+    """`--accelerate auto` searched the hand-derived update's matmul precision at the first update of every run and
+    stored nothing: every run paid for the search again. (bf16-matmul is offered here whatever the CPU: the search's
+    mechanics are what is tested.)"""
+    from rlspeed.fused import precision
+
+    monkeypatch.setattr(precision, "reduced_matmul_supported", lambda device, p: p == "bf16-matmul")
+    sources = []
+    for _ in range(2):
+        model = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
+        torch.manual_seed(1)
+        model._update(_batch())
+        decision = model._update_step.fn._report.decisions[-1]
+        sources.append((decision.source, decision.chosen.precision))
+    assert sources[0][0] == "search" and sources[1] == ("cache", sources[0][1])
+    batch = _batch(128)  # (another batch shape: searched for itself)
+    model = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
+    model._update(batch)
+    assert model._update_step.fn._report.decisions[-1].source == "search"

@@ -2,13 +2,15 @@
 
 The hand-derived updates (`rlspeed.fused.ppo`, `.dqn`, `.sac`) are already the fast form of the step in fp32; what
 the acceleration layer can add on top is a reduced internal precision for the matrix products (bf16 inside fp32
-matmuls on CPUs with AVX512-BF16/AMX, TF32 on CUDA), where they dominate (256-wide layers). On the first call
+matmuls on x86 CPUs with AMX, TF32 on CUDA), where they dominate (256-wide layers). On the first call
 `AutoMatmulPrecision` hands the update's gradient computation to `rlspeed.accel.search.run_search`, the search
 `auto_accelerate` and `accelerate_step` use: fp32 and each reduced matmul precision compute the gradient of that
 batch from the same RNG seed, candidates whose gradient leaves the tolerances (`search.TOLERANCES`) are rejected,
 the rest are timed against fp32 in interleaved rounds, and the fastest wins only if it is at least `search.MARGIN`
-faster (confirmed on fresh rounds), else fp32. `RLSPEED_ACCELERATE` forces a precision. The search leaves no
-trace: the RNG is forked, and the gradient buffer is overwritten by the real step.
+faster (confirmed on fresh rounds), else fp32; the choice is cached (`rlspeed.accel.cache`: the update, its batch's
+shapes, the machine and software), so a later run on the same machine takes it without searching.
+`RLSPEED_ACCELERATE` forces a precision. The search leaves no trace: the RNG is forked, and the gradient buffer is
+overwritten by the real step.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from types import SimpleNamespace
 
 import torch
 
+from rlspeed.accel import cache
 from rlspeed.accel.report import AccelReport, Decision, Trial
-from rlspeed.accel.search import run_search
+from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
     EAGER_FP32,
     ENV_VAR,
@@ -82,6 +85,15 @@ class AutoMatmulPrecision:
             self._decided(Decision("all calls", EAGER_FP32, "only candidate",
                                    "no reduced matmul precision on this device"))
             return
+        key = self._cache_key(batch, options)
+        record = cache.load(key)
+        if record is not None:  # (a search of this update on this machine before: its choice)
+            try:
+                self._decided(Decision("all calls", Strategy.from_dict(record["chosen"]), "cache",
+                                       record.get("reason", ""), [Trial.from_dict(t) for t in record["trials"]]))
+                return
+            except (KeyError, TypeError, ValueError):
+                pass
         self.adam.check()
 
         def build(strategy: Strategy):
@@ -97,7 +109,19 @@ class AutoMatmulPrecision:
         started = time.perf_counter()
         chosen, trials, reason = run_search(candidates, build, [flat_gradient], self.device,
                                             budget_s=TIMING_BUDGET_S)
-        self._decided(Decision("all calls", chosen, "search", reason, trials, time.perf_counter() - started))
+        decision = Decision("all calls", chosen, "search", reason, trials, time.perf_counter() - started)
+        self._decided(decision)
+        store_choice(key, decision, self._report, f"the hand-derived {self.name} update")
+
+    def _cache_key(self, batch, options) -> str:
+        """The search's cache key: the update (its class, its gradient's size), the batch's shapes and dtypes, the
+        options, the machine and software (`cache.environment_key`)."""
+        return cache.make_key({"kind": "hand-derived update", "update": type(self.update).__qualname__,
+                               "name": self.name, "gradient": int(self.adam.grad.numel()),
+                               "batch": [[list(t.shape), str(t.dtype)] if isinstance(t, torch.Tensor) else repr(t)
+                                         for t in batch],
+                               "options": {k: repr(v) for k, v in sorted(options.items())},
+                               **cache.environment_key(self.device)})
 
 
 def for_accelerate(update, accelerate: str, device: torch.device, name: str):
