@@ -1474,3 +1474,25 @@ def test_eval_with_a_bad_device_blames_the_flag_not_the_model_file(tmp_path, cap
     captured = capsys.readouterr()
     assert_one_line_error(code, captured.out, captured.err, "Unknown device 'foo'")
     assert "model.safetensors" not in captured.err
+
+
+def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_path, monkeypatch):
+    """`--set eval_freq=512 --target-return none` (or a preset file with eval_freq, such as a run's config.yaml) ran no
+    evaluation, while config.yaml recorded eval_freq 512 and `--eval-freq 512` evaluated: the flag alone counted. A
+    shipped preset's eval_freq serves its target, and config.yaml now records that none ran."""
+    monkeypatch.chdir(tmp_path)
+    base = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--total-timesteps", "1024", "--no-progress"]
+
+    def evaluations(out: str) -> tuple[list[str], object]:
+        rows = list(csv.DictReader(open(tmp_path / out / "metrics.csv")))
+        steps = [row["timesteps"] for row in rows if row.get("eval_mean")]
+        return steps, yaml.safe_load((tmp_path / out / "config.yaml").read_text())["eval_freq"]
+
+    assert cli.main([*base, "--set", "eval_freq=512", "--out", "set"]) == 0
+    assert evaluations("set") == (["512", "1024"], 512)
+    assert cli.main([*base, "--out", "shipped"]) == 0
+    assert evaluations("shipped") == ([], None)
+    preset = yaml.safe_load((tmp_path / "set" / "config.yaml").read_text())
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump({**preset, "eval_freq": 256}))
+    assert cli.main([*base, "--preset", "preset.yaml", "--out", "file"]) == 0
+    assert evaluations("file") == (["256", "512", "768", "1024"], 256)

@@ -10,7 +10,6 @@ from rlspeed.accel.strategy import reduced_matmul_supported
 from rlspeed.fused.precision import AutoMatmulPrecision
 from rlspeed.fused.sac import FusedSACUpdate
 
-
 pytestmark = pytest.mark.usefixtures("isolated_accel")  # (conftest: own cache, nothing forced, short timing)
 
 

@@ -770,6 +770,9 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if preset.notes:  # (an RL-Zoo-format preset: how its entries were translated, and where rlspeed differs)
         args.preset_info.update(translation_notes=preset.notes, differs_from_sb3=preset.differences)
     run_settings, hyper = split_run_settings(preset)
+    # (an evaluation frequency the user gave, in a preset file or --set, holds without a target, as --eval-freq does;
+    # a shipped or RL-Zoo preset's serves its target only)
+    args.eval_freq_given = preset.source == "file" and "eval_freq" in run_settings
     dropped_note = None
     if hyper.get("normalize_obs") and preset.source != "file":
         # a shipped or RL-Zoo default meant for float vectors: images are scaled by the CNN encoder and indices
@@ -809,6 +812,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         if getattr(args, key, None) is not None:
             raise UserError(f"{flag} and --set {key}={run_overrides[key]} both set {key}: give one of them.")
     run_settings.update(run_overrides)
+    args.eval_freq_given = (args.eval_freq_given and not resumed) or "eval_freq" in run_overrides
     hyper.update(hyper_overrides)
     if args.num_envs is not None:
         if "num_envs" in hyper_overrides and hyper_overrides["num_envs"] != args.num_envs:
@@ -1309,6 +1313,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
+    if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
+        eval_freq = None  # (a shipped preset's eval_freq serves its target: no evaluations; config.yaml says so)
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
@@ -1580,8 +1586,6 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # The first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole (the checkpoint
     # then resumes as the uninterrupted run; several processes stop together, at the iteration where any rank got
     # it); a second stops at once.
-    if target is None and args.eval_freq is None:  # (a preset's eval_freq serves its target: no evaluations)
-        eval_freq = None
     if main and model.keeps_replay_buffer:  # (the replay buffer's footprint, said once it is made)
         callbacks = [*callbacks, _replay_footprint(say)]
     signals: list[int] = []
