@@ -1496,3 +1496,18 @@ def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_p
     (tmp_path / "preset.yaml").write_text(yaml.safe_dump({**preset, "eval_freq": 256}))
     assert cli.main([*base, "--preset", "preset.yaml", "--out", "file"]) == 0
     assert evaluations("file") == (["256", "512", "768", "1024"], 256)
+
+
+def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(tmp_path, monkeypatch, capsys):
+    """`rlspeed eval RUN --seed S` evaluated on one thread whatever the run used: for a `--threads 2` run the returns
+    differed from summary.json's final_eval in their last digits (a CPU's sums depend on the thread count). It takes
+    the run's recorded threads now."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
+    assert cli.main(["train", "sac", "Pendulum-v1", "--threads", "2", "--total-timesteps", "1500", "--target-return",
+                     "none", "--no-progress", "--out", "run"]) == 0
+    final = json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]
+    capsys.readouterr()
+    assert cli.main(["eval", "run", "--seed", str(final["seed"]), "--json", "--no-progress"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["mean"], result["std"]) == (final["mean"], final["std"])

@@ -170,3 +170,24 @@ def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():
         results.append(rlspeed.evaluate(model, episodes=2, seed=3, deterministic=False, max_steps=50)["returns"])
         assert torch.equal(noise.exploration, held)
     assert results[0] == results[1]
+
+
+def test_model_evaluate_runs_on_the_models_threads_and_gives_the_callers_back(monkeypatch):
+    """model.evaluate() ran on the caller's thread count, learn's evaluations on the model's: the same seed could give
+    other returns in their last digits (a CPU's sums depend on the thread count)."""
+    import torch
+
+    import rlspeed.evaluation
+    from rlspeed import PPO
+
+    seen = []
+    real = rlspeed.evaluation.evaluate
+    monkeypatch.setattr(rlspeed.evaluation, "evaluate",
+                        lambda *args, **kwargs: seen.append(torch.get_num_threads()) or real(*args, **kwargs))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        PPO("CartPole-v1", device="cpu", num_threads=1, num_envs=2, num_steps=16).evaluate(episodes=1, seed=0)
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

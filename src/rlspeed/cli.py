@@ -1859,11 +1859,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_dir = (given if given.is_dir() else given.parent.parent if given.parent.name == MEMBERS_DIR
                else given.parent if (given.parent / "config.yaml").is_file() else None)
     config_file = run_dir / "config.yaml" if run_dir is not None else None
+    run_config: dict = {}
     if config_file is not None and config_file.is_file():  # the modules that registered the run's env
         try:
-            recorded = (yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}).get("gym_packages") or []
+            run_config = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+            recorded = run_config.get("gym_packages") or []
         except (yaml.YAMLError, AttributeError, OSError):
-            recorded = []
+            run_config, recorded = {}, []
         if isinstance(recorded, list):
             if recorded:  # (importing runs a module's code: said, for a run directory from elsewhere)
                 print(f"rlspeed: importing {', '.join(map(str, recorded))}, which {config_file} records "
@@ -1877,7 +1879,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
     from rlspeed.device import configure_threads, resolve_device
 
-    configure_threads()  # (as training did: one thread, or RLSPEED_NUM_THREADS)
+    # (as the run's final evaluation did: its threads, as config.yaml records them, else one or RLSPEED_NUM_THREADS;
+    # a CPU's sums depend on the thread count, so `--seed` repeats summary.json's final_eval exactly)
+    threads = run_config.get("threads") if isinstance(run_config, dict) else None
+    configure_threads(threads if isinstance(threads, int) and threads >= 1
+                      and not os.environ.get("RLSPEED_NUM_THREADS", "").strip() else None)
     device = resolve_device(args.device)  # (a bad --device is the flag's error, not the file's)
     model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
                   "metadata describes")

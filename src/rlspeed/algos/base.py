@@ -1765,11 +1765,17 @@ class Algorithm:
                  progress_bar: bool = False) -> dict:
         """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`; `max_steps` caps each
         episode; `deterministic=False` samples the policy, from a random stream `seed` seeds; `env_kwargs` replace
-        options of the env, the recorded ones on the model's own id; `progress_bar`: a bar over the episodes)."""
+        options of the env, the recorded ones on the model's own id; `progress_bar`: a bar over the episodes). Runs
+        on the model's `num_threads`, as `learn` and its evaluations do (a CPU's sums depend on the thread count:
+        the same seed gives the same returns as the run's own evaluation); the caller's count is given back."""
         from rlspeed.evaluation import evaluate
 
-        return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
-                        deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=progress_bar)
+        threads_before = set_training_threads(self.num_threads)
+        try:
+            return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
+                            deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=progress_bar)
+        finally:
+            torch.set_num_threads(threads_before)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,
