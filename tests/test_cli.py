@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import needs_torch_export
+from conftest import cli_error, needs_torch_export
 
 from rlspeed import PPO, UserError, cli
 from rlspeed.algos import ALGORITHMS
@@ -1511,3 +1511,21 @@ def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(t
     assert cli.main(["eval", "run", "--seed", str(final["seed"]), "--json", "--no-progress"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert (result["mean"], result["std"]) == (final["mean"], final["std"])
+
+
+def test_run_options_given_to_set_name_their_flags(capsys):
+    """--set nan_policy=mask, env_kwargs, checkpoint_freq or save_replay_buffer said "Unknown hyperparameter" and
+    listed thirty names, none of them the flag that takes it."""
+    for key, flag in (("nan_policy=mask", "--nan-policy"), ("checkpoint_freq=100", "--checkpoint-freq"),
+                      ("save_replay_buffer=true", "--save-replay-buffer")):
+        error = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--set", key])
+        assert error.endswith(f"is not a hyperparameter: use {flag}.")
+
+
+def test_eval_takes_the_seed_of_a_final_evaluation_past_the_training_seeds_limit(tmp_path, capsys):
+    """A run with seed 2**32 - 1 is evaluated at the end with seed 2**32 - 1 + 1,000,000, which `rlspeed eval --seed`
+    refused (at most 2**32 - 1), although the interrupted-run message suggests that very command."""
+    PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32).save(
+        tmp_path / "run" / "model.safetensors")
+    assert cli.main(["eval", str(tmp_path / "run"), "--seed", str(2**32 - 1 + 1_000_000), "--episodes", "1",
+                     "--no-progress"]) == 0

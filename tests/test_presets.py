@@ -557,3 +557,20 @@ def test_a_preset_file_in_another_encoding_or_broken_says_where_and_what_to_do(t
     utf8 = tmp_path / "utf8.yaml"
     utf8.write_text("CartPole-v1:\n  # 中文注释\n  learning_rate: 0.001\n", encoding="utf-8")
     assert load_preset_file(utf8, "ppo", "CartPole-v1")
+
+
+def test_a_presets_run_settings_go_to_learn_as_the_command_line_reads_them():
+    """A preset file's run settings came back as YAML read them ('2e3', 'none'): learn(**run) refused each, while
+    the CLI converted them; and PPO(env, **preset) named none of them as learn's ("Unknown hyperparameter")."""
+    from rlspeed import PPO
+    from rlspeed.presets import split_run_settings
+
+    run, hyper = split_run_settings({"total_timesteps": "2e2", "eval_freq": "1e2", "target_return": "none",
+                                     "num_envs": 2, "num_steps": 16, "batch_size": 32})
+    assert run == {"total_timesteps": 200, "eval_freq": 100, "target_return": None}
+    model = PPO("CartPole-v1", device="cpu", seed=0, **hyper)
+    model.learn(**run, progress_bar=False)
+    assert model.num_timesteps >= 200 and len(model.result.evaluations) == 2
+    with pytest.raises(UserError, match=r"'eval_freq' is a setting of the run.*model\.learn\(total_timesteps, "
+                                        r"eval_freq=\.\.\.\)"):
+        PPO("CartPole-v1", eval_freq=100)

@@ -119,12 +119,18 @@ def _whole(minimum: int):
     return parse
 
 
-def _seed(text: str) -> int:
-    """An argparse type: a seed from 0 to MAX_SEED."""
+def _seed(text: str, limit: int = MAX_SEED) -> int:
+    """An argparse type: a seed from 0 to `limit` (MAX_SEED)."""
     value = _whole(0)(text)
-    if value > MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_SEED}, got {value}")
+    if value > limit:
+        raise argparse.ArgumentTypeError(f"must be at most {limit}, got {value}")
     return value
+
+
+def _evaluation_seed(text: str) -> int:
+    """An argparse type: an evaluation's seed, below 2**63 as `rlspeed.evaluate` takes it (a run's final evaluation
+    used its seed + 1,000,000, past MAX_SEED for the largest run seeds)."""
+    return _seed(text, 2**63 - 1)
 
 
 def _target_text(text: str) -> str:
@@ -190,7 +196,10 @@ def _exponent_floats(value):
 
 # Constructor arguments that have a flag of their own: `--set` cannot give them (they would arrive twice).
 _FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads", "env_backend": "--env-backend",
-              "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)"}
+              "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)",
+              "env_kwargs": "--env-kwargs KEY=VALUE", "nan_policy": "--nan-policy",
+              "checkpoint_freq": "--checkpoint-freq", "save_replay_buffer": "--save-replay-buffer",
+              "progress_bar": "--no-progress"}
 
 
 def _check_set_keys(overrides: dict) -> None:
@@ -200,19 +209,10 @@ def _check_set_keys(overrides: dict) -> None:
 
 
 def _coerce_run_settings(run_settings: dict) -> dict:
-    """total_timesteps and eval_freq as positive ints (also 1e5, which YAML reads as a string), target_return as a
-    float or None; UserError naming the key otherwise."""
-    from rlspeed.algos.base import coerce  # (here: the CLI imports torch only for the commands that need it)
+    """`rlspeed.presets.coerce_run_settings` (here: the CLI imports torch only for the commands that need it)."""
+    from rlspeed.presets import coerce_run_settings
 
-    out = dict(run_settings)
-    for key in ("total_timesteps", "eval_freq"):
-        if out.get(key) is not None:
-            out[key] = coerce(key, out[key], int)
-            if out[key] < 1:
-                raise UserError(f"{key} must be a positive whole number of steps, got {out[key]}.")
-    if out.get("target_return") is not None:
-        out["target_return"] = _target(str(out["target_return"]), None, "target_return")
-    return out
+    return coerce_run_settings(run_settings)
 
 
 def _target(arg: str | None, spec, name: str = "--target-return") -> float | None:
@@ -2112,7 +2112,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an option of the Gymnasium env (gymnasium.make(env_id, KEY=VALUE)), over those the run "
                          "recorded")
     ev.add_argument("--episodes", type=_whole(1), default=10, help="episodes to evaluate (default 10)")
-    ev.add_argument("--seed", type=_seed, default=None,
+    ev.add_argument("--seed", type=_evaluation_seed, default=None,
                     help="seed of the episodes (default: one drawn and printed, so that --seed repeats them)")
     ev.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],

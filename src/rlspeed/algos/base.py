@@ -207,6 +207,9 @@ _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs",
                 "n_steps": "num_steps", "n_envs": "num_envs"}  # (and Stable-Baselines3's names for rlspeed's)
 
 
+#: `learn`'s arguments that presets and the command line hold beside the hyperparameters (`split_run_settings`)
+_RUN_KEYWORDS = ("total_timesteps", "target_return", "eval_freq", "eval_episodes", "checkpoint_freq", "run_dir")
+
 #: keywords people try for several agents at once (the issue's `PPO(..., population=K)`), which a Population is
 _POPULATION_KEYS = ("population", "population_size", "seeds", "n_seeds", "num_seeds", "n_agents", "num_agents")
 
@@ -229,6 +232,11 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
+            if key in _RUN_KEYWORDS:  # (a preset's run settings, or the CLI's flags: learn's arguments here)
+                call = "total_timesteps=..." if key == "total_timesteps" else f"total_timesteps, {key}=..."
+                raise UserError(f"'{key}' is a setting of the run, not of the model: give it to learn "
+                                f"(model.learn({call})); rlspeed.presets.split_run_settings separates a preset's "
+                                "run settings from its hyperparameters.")
             if key in CLEANRL_NAMES:
                 raise UserError(f"'{key}' is CleanRL's argument, not a hyperparameter here; {CLEANRL_NAMES[key]}.")
             named = _SHORT_NAMES.get(key.lower(), key.replace("-", "_").lower())

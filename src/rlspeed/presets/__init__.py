@@ -144,7 +144,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     flat entry; an entry in RL-Zoo's format is translated. UserError for a missing or unreadable file, no entry for
     the env, unknown keys or bad values (naming the file and the key)."""
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.algos.base import build_config, coerce
+    from rlspeed.algos.base import build_config
 
     path = Path(path).expanduser()
     if path.is_dir():
@@ -191,20 +191,8 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
         return _from_translation(translation, "file")
     if algo not in ALGORITHMS:
         raise UserError(f"Unknown algorithm '{algo}': use one of {', '.join(ALGORITHMS)}.")
-    run, hyper = split_run_settings(entry)
     try:
-        for key in ("total_timesteps", "eval_freq"):  # (the run settings' numbers: attributed to the file too)
-            if run.get(key) is not None:  # (null: the default, as a run's config.yaml records it)
-                if coerce(key, run[key], int) < 1:
-                    raise UserError(f"{key} must be a positive whole number of steps, got {run[key]}.")
-        target = run.get("target_return")
-        if target is not None and not (isinstance(target, str) and target.strip().lower() in ("none", "off", "null")):
-            try:
-                finite = not isinstance(target, bool) and math.isfinite(float(target))
-            except (TypeError, ValueError):
-                finite = False
-            if not finite:
-                raise UserError(f"target_return must be a number or 'none', got {target!r}.")
+        _, hyper = split_run_settings(entry)  # (the run settings' numbers checked too: attributed to the file)
         build_config(ALGORITHMS[algo].config_cls, hyper)
     except UserError as error:
         raise UserError(f"{where}: {error}") from None
@@ -244,7 +232,33 @@ def _tuned_algorithm(text: str) -> str | None:
 
 
 def split_run_settings(preset: dict) -> tuple[dict, dict]:
-    """Separate run settings (total_timesteps, eval_freq, target_return) from algorithm hyperparameters."""
-    run = {k: preset[k] for k in RUN_KEYS if k in preset}
+    """Separate run settings (total_timesteps, eval_freq, target_return) from algorithm hyperparameters; the run
+    settings as `learn` takes them (`coerce_run_settings`), so that `model.learn(**run)` runs what the CLI would."""
+    run = coerce_run_settings({k: preset[k] for k in RUN_KEYS if k in preset})
     hyper = {k: v for k, v in preset.items() if k not in RUN_KEYS}
     return run, hyper
+
+
+def coerce_run_settings(run_settings: dict) -> dict:
+    """total_timesteps and eval_freq as whole numbers of steps >= 1 (also 1e5, which YAML reads as a string),
+    target_return as a float or None (none, off or null in a file); UserError naming the key otherwise."""
+    from rlspeed.algos.base import coerce  # (torch, for the callers that train)
+
+    out = dict(run_settings)
+    for key in ("total_timesteps", "eval_freq"):
+        if out.get(key) is not None:
+            out[key] = coerce(key, out[key], int)
+            if out[key] < 1:
+                raise UserError(f"{key} must be a positive whole number of steps, got {out[key]}.")
+    target = out.get("target_return")
+    if isinstance(target, str) and target.strip().lower() in ("none", "off", "null"):
+        out["target_return"] = None
+    elif target is not None:
+        try:
+            value = float(target)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(target, bool) or not math.isfinite(value):
+            raise UserError(f"target_return must be a number or 'none', got '{target}'.")
+        out["target_return"] = value
+    return out
