@@ -36,7 +36,7 @@ def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
         assert "no reduced matmul precision" in str(auto._update_step.fn)
         return
     assert [t.strategy.precision for t in auto._update_step.fn.trials][0] == "fp32"
-    assert auto.acceleration_summary() == {"precision": chosen, "compile": "off"}
+    assert auto.acceleration_summary() == {"precision": chosen, "compile": "off", "chosen_by": "search"}
     assert chosen in str(auto._update_step.fn)
 
     # The same first step with the choice forced (no search): identical weights, so the search changed nothing
@@ -155,3 +155,16 @@ def test_the_choice_is_cached_so_a_later_run_on_the_machine_does_not_search_agai
     model = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
     model._update(batch)
     assert model._update_step.fn._report.decisions[-1].source == "search"
+
+
+def test_the_summary_says_how_the_precision_was_chosen(monkeypatch):
+    """summary.json's accelerate field said which precision ran but not whether it was measured, cached or forced, and
+    the update's reason said "measured by --accelerate auto" when RLSPEED_ACCELERATE had forced it."""
+    model = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
+    assert model.acceleration_summary()["chosen_by"] == "not yet"
+    model._update(_batch())
+    assert model.acceleration_summary()["chosen_by"] in ("search", "only candidate")
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "fp32")
+    forced = SAC("Pendulum-v1", device="cpu", seed=0, accelerate="auto", net_arch=(64, 64))
+    assert forced.acceleration_summary()["chosen_by"] == "forced"
+    assert "forced by RLSPEED_ACCELERATE" in forced.update_summary()["reason"]

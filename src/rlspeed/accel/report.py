@@ -85,9 +85,11 @@ class AccelReport:
                 "decisions": [decision.to_dict() for decision in self.decisions], "notes": list(self.notes)}
 
     def summary(self) -> dict[str, str]:
-        """The short form for summary.json: ``{"precision": ..., "compile": ...}`` of the latest decision."""
+        """The short form for summary.json: ``{"precision": ..., "compile": ..., "graphs": ..., "chosen_by": ...}`` of
+        the latest decision (`chosen_by`: search, cache, forced, only candidate, fallback; "not yet" before one)."""
         chosen = self.chosen or Strategy()
-        return {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower()}
+        return {"precision": chosen.precision, "compile": chosen.compile, "graphs": str(chosen.graphs).lower(),
+                "chosen_by": self.decisions[-1].source if self.decisions else "not yet"}
 
     def __str__(self) -> str:
         requested = " ".join(f"{key}={value}" for key, value in self.requested.items() if value is not None)

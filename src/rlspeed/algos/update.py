@@ -150,8 +150,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
     else:
         update = hand_derived()
         step = fused_precision.for_accelerate(update, accelerate, device, name)
-        reason = "default on this device" + (" (matmul precision measured by --accelerate auto)"
-                                             if accelerate == "auto" else "")
+        how = f"forced by {ENV_VAR}" if getattr(step, "forced", False) else "measured by --accelerate auto"
+        reason = "default on this device" + (f" (matmul precision {how})" if accelerate == "auto" else "")
         return UpdateStep(step, UpdateChoice(HAND_DERIVED, reason), accepts_hints=True,
                           updates_targets=updates_targets, report=getattr(step, "report", None), hand_derived=update)
     if graphs or accelerate == "auto":

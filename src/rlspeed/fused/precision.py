@@ -59,8 +59,16 @@ class AutoMatmulPrecision:
         self.report = self  # what Algorithm.acceleration_summary reads
 
     def summary(self) -> dict[str, str]:
-        """The short form for summary.json (README.md): precision and compile of the update step."""
-        return {"precision": self.precision or "fp32", "compile": "off"}
+        """The short form for summary.json (README.md): precision and compile of the update step, and how the
+        precision was chosen (search, cache, forced, only candidate; "not yet" before the first update)."""
+        decisions = self._report.decisions
+        return {"precision": self.precision or "fp32", "compile": "off",
+                "chosen_by": decisions[-1].source if decisions else "not yet"}
+
+    @property
+    def forced(self) -> bool:
+        """Whether RLSPEED_ACCELERATE forced the precision (nothing is measured)."""
+        return any(decision.source == "forced" for decision in self._report.decisions)
 
     def __str__(self) -> str:
         return str(self._report)
