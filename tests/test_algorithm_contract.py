@@ -95,8 +95,9 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     for wrong in (np.zeros(size + 1), np.zeros((2, 1, size))):  # (another length; an extra axis)
         with pytest.raises(UserError, match=rf"takes observations of shape \({size},\) \(one\) or \(N, {size}\)"):
             model.predict(wrong)
-    with pytest.raises(UserError, match="evaluate needs episodes >= 1"):
+    with pytest.raises(UserError, match="episodes must be a whole number >= 1, got 0"):
         model.evaluate(episodes=0)
+    assert model.evaluate(episodes=2.0, seed=0)["episodes"] == 2  # (a whole number written as a float, as the CLI)
     for keyword, words in (("reset_num_timesteps", "always continues the model's step count"),
                            ("log_interval", "log_interval_s"), ("progres_bar", "did you mean progress_bar")):
         with pytest.raises(UserError, match=words):

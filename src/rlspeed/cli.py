@@ -2201,6 +2201,7 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         if console and warnings.showwarning is _PYTHON_SHOWWARNING and "--debug" not in argv:
             warnings.showwarning = _show_warning
+            _SHOWN_WARNINGS.clear()
         code = None
         try:
             code = _main(argv)
@@ -2274,6 +2275,9 @@ class _ReaderMayLeave:
         return getattr(self._stream, name)
 
 
+#: the warnings this command has shown (`_show_warning`: each once)
+_SHOWN_WARNINGS: set[str] = set()
+
 #: Python's own `warnings.showwarning` (the CLI shows warnings as its own lines only where it is still in place)
 _PYTHON_SHOWWARNING = warnings.showwarning
 
@@ -2285,6 +2289,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
         return
     text = _one_line(str(message)).removeprefix("rlspeed: ")
+    if text in _SHOWN_WARNINGS:  # (once per command, as Python's default: the same env made three times said it thrice)
+        return
+    _SHOWN_WARNINGS.add(text)
     print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import numbers
 import secrets
 import warnings
 
@@ -57,8 +56,9 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
     """
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
-    if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
-        raise UserError(f"evaluate needs episodes >= 1 (one env per episode), got {episodes!r}.")
+    episodes = positive_whole("episodes", episodes)  # (10.0 and 1e1 too, as the command line takes them)
+    if episodes is None:
+        raise UserError("evaluate needs episodes, a whole number >= 1 (one env per episode), not None.")
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: one episode per env, in parallel)
     if size is not None and episodes != size:
         raise UserError(f"evaluate runs one episode per env, and this vector env has {size} envs: pass "
