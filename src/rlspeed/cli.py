@@ -1512,6 +1512,16 @@ def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
     return callbacks, tracker
 
 
+def _print_beside_bars(*values, file=None, flush: bool = False) -> None:
+    """`print`, drawn above a progress bar running in the same terminal (tqdm's write) instead of into its line."""
+    from tqdm import tqdm
+
+    stream = file or sys.stdout
+    tqdm.write(" ".join(map(str, values)), file=stream)
+    if flush:
+        stream.flush()
+
+
 def _replay_footprint(say):
     """A callback saying the replay buffer's footprint when training starts (the buffer is made by learn)."""
     from rlspeed.callbacks import BaseCallback
@@ -1549,7 +1559,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     """`_train`'s second half: learn (with `callbacks`), then save the model, evaluate and write summary.json (also
     to the W&B `tracker`); returns the exit code."""
     main = strategy.is_main
-    say = print if main else (lambda *a, **k: None)
+    say = _print_beside_bars if main else (lambda *a, **k: None)
     if strategy.enabled:
         say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
             f"{model.config.num_envs // strategy.world_size} envs each")
