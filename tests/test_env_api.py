@@ -683,7 +683,7 @@ def test_env_options_stay_with_the_model_for_evaluation_and_loading(tmp_path):
     longer = rlspeed.PPO("Pendulum-v1", env_kwargs={"max_episode_steps": 300}, **settings)
     assert longer.spec.max_episode_steps == 300 and longer.spec.reward_threshold is None
     assert rlspeed.evaluate(longer, episodes=2, seed=0)["lengths"] == [300, 300]
-    with pytest.raises(rlspeed.UserError, match="only Gymnasium's envs take: evaluate it with backend 'gymnasium'"):
+    with pytest.raises(rlspeed.UserError, match="only Gymnasium's envs take: evaluate it with backend='gymnasium'"):
         rlspeed.evaluate(model, episodes=2, backend="torch")
 
 

@@ -158,11 +158,16 @@ def test_tune_without_optuna_names_the_package(capsys, monkeypatch):
 
 def test_a_single_run_resume_of_a_population_names_the_population_command(tmp_path, monkeypatch, capsys):
     """--resume without --seeds on a population's directory failed on its per-member values ("learning_rate got
-    [0.001, 0.002], which is not a valid float")."""
+    [0.001, 0.002], which is not a valid float"); for a finished population the command it then named was refused
+    in turn ("holds a finished population run"): that is said at once."""
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--total-timesteps", "512", "--target-return",
                      "none", "--seeds", "0,1", "--set", "learning_rate=1e-3,2e-3", "--out", "pop"]) == 0
     capsys.readouterr()
+    code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--out", "pop", "--resume"])
+    assert code == 2
+    assert "holds a finished population run (seeds 0,1, its summary.json): give --overwrite" in capsys.readouterr().err
+    (tmp_path / "pop" / "summary.json").unlink()  # (as a population killed before its end leaves it)
     code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--out", "pop", "--resume"])
     assert code == 2
     assert "holds a population's run (seeds 0,1): resume it as a population" in capsys.readouterr().err

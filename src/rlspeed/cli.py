@@ -1236,8 +1236,11 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
     theirs = (config.get("algo"), config.get("env_id"), config.get("seeds"))
     if theirs != (algo, env_id, seeds):
         seed_text = ",".join(map(str, config.get("seeds") or []))
+        pairs = (("algorithm", algo, theirs[0]), ("env", env_id, theirs[1]), ("seeds", seeds, theirs[2]))
+        differ = " and ".join(what for what, mine, recorded in pairs if mine != recorded)
         raise UserError(f"--resume: '{run_dir}' holds a population of {theirs[0]} on {theirs[1]} with --seeds "
-                        f"{seed_text}, not {algo} on {env_id} with these seeds: give the same ones, or another --out.")
+                        f"{seed_text}, not {algo} on {env_id} with these seeds: give the same {differ}, or another "
+                        "--out.")
     if _finished_summary(run_dir / "summary.json"):
         raise UserError(f"--resume: '{run_dir}' holds a finished population run (its summary.json): give --overwrite "
                         "to train it again, or another --out.")
@@ -1412,6 +1415,9 @@ def _resume_settings(args: argparse.Namespace) -> None:
         return
     if isinstance(config.get("seeds"), list) and getattr(args, "seeds", None) is None:
         seeds = ",".join(str(seed) for seed in config["seeds"])
+        if _finished_summary(Path(args.out) / "summary.json"):  # (resuming it as a population would be refused too)
+            raise UserError(f"--resume: '{args.out}' holds a finished population run (seeds {seeds}, its "
+                            "summary.json): give --overwrite to train it again, or another --out.")
         raise UserError(f"'{args.out}' holds a population's run (seeds {seeds}): resume it as a population "
                         f"(rlspeed train {args.algo} {args.env_id} --seeds {seeds} --out {args.out} --resume).")
     if "seeds" not in config and getattr(args, "seeds", None) is not None:  # (as `_same_population_run` says)

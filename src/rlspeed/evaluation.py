@@ -92,7 +92,8 @@ def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | N
             if asked not in ("auto", "gymnasium", "gymnasium-async"):
                 whose = "The env options" if env_kwargs else "This model's env was made with options"
                 raise UserError(f"{whose} ({', '.join(options)}), which only Gymnasium's envs take: evaluate it with "
-                                f"backend 'gymnasium', not '{asked}'.")
+                                f"backend='gymnasium' (--env-backend gymnasium on the command line), not "
+                                f"'{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
                                             evaluation=True, **options))

@@ -204,8 +204,8 @@ def backend_for_options(env_kwargs: dict, backend: str) -> str:
         return backend
     if backend == "auto":
         return "gymnasium"
-    raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or 'gymnasium-async'), "
-                    f"not '{backend}'.")
+    raise UserError(f"env_kwargs are options of Gymnasium's env: use env_backend='gymnasium' (or 'gymnasium-async'; "
+                    f"--env-backend gymnasium on the command line), not '{backend}'.")
 
 
 def check_env_kwargs(env_kwargs) -> dict:

@@ -145,7 +145,7 @@ def population_env_backend(env_id: str, env_backend: str) -> str:
                         f"'gymnasium-async' ({env_id}).")
     if env_backend == "torch" and env_id not in NATIVE_ENVS:
         raise UserError(f"'{env_id}' has no native env (those are {', '.join(NATIVE_ENVS)}): use "
-                        "env_backend='gymnasium'.")
+                        "env_backend='gymnasium' (--env-backend gymnasium on the command line).")
     return resolve_backend(env_id, env_backend)  # (envpool: installed, and the id is one of EnvPool's)
 
 
