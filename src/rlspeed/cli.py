@@ -282,7 +282,7 @@ def _import_env_modules(args: argparse.Namespace, env_attr: str) -> None:
 
 def _signals_stop_cleanly(command):
     """`command` with SIGTERM (and the other `STOP_SIGNALS`) raising `Terminated` wherever no narrower block decides
-    (training's `_stopping`, the final save's `_signals_ignored`): a signal while the run starts (its directory made,
+    (training's `_stopping`, the final save's `_signals_deferred`): a signal while the run starts (its directory made,
     a replaced run moved aside, a tracker starting) ends as Ctrl-C does there, the run directory left as before."""
 
     @functools.wraps(command)
