@@ -583,8 +583,12 @@ def test_predict_refuses_a_discrete_observation_outside_its_space():
     model = rlspeed.DQN("FrozenLake-v1", device="cpu", seed=0)
     assert model.predict(15)[0] in range(4)
     for wrong in (16, [1, -1]):
-        with pytest.raises(UserError, match=r"values outside Discrete\(16\)"):
+        with pytest.raises(UserError, match=r"outside Discrete\(16\) \(values from 0 to 15\)"):
             model.predict(wrong)
+    assert model.predict(3.0)[0] == model.predict(3)[0]
+    for cut in (3.5, [1.0, 2.5]):  # (cast to 3 and [1, 2] without a word before)
+        with pytest.raises(UserError, match=r"predict takes whole numbers for Discrete\(16\)"):
+            model.predict(cut)
 
 
 def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():
@@ -597,7 +601,8 @@ def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():
     model = rlspeed.PPO(env, seed=0, num_envs=4, num_steps=8, batch_size=16, net_arch=(16,))
     assert model.predict(np.array([1, 0, 1, 1], dtype=np.int8))[0] in range(2)
     for wrong in ([1, 0, 2, 1], [[0, 0, 0, 0], [0, -1, 0, 0]]):
-        with pytest.raises(UserError, match=r"values other than 0 and 1, outside MultiBinary\(4\)"):
+        with pytest.raises(UserError, match=r"holds (2 at position \[2\]|-1 at position \[1, 1\]), outside "
+                                            r"MultiBinary\(4\) \(values 0 and 1\)"):
             model.predict(np.array(wrong))
 
 

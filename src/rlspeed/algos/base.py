@@ -491,6 +491,12 @@ def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn:
         raise UserError(f"learn takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
 
 
+def _first_value(values: torch.Tensor, where: torch.Tensor) -> str:
+    """The first of `values` where `where` holds, in words with its place (`obs[3] = 20`)."""
+    index = tuple(int(i) for i in where.nonzero()[0])  # ok-sync: an error message
+    return f"{values[index].item()} at position {list(index)}" if index else f"{values.item()}"
+
+
 def warn_at_caller(sentence: str, category: type[Warning]) -> None:
     """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
     frame, level = inspect.currentframe(), 1
@@ -587,6 +593,11 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     as_numpy = not isinstance(observation, torch.Tensor)
     if as_numpy:
         try:
+            raw = np.asarray(observation)
+            if (raw.dtype.kind == "f" and not dtype.is_floating_point and raw.size
+                    and not np.array_equal(raw, np.trunc(raw))):  # (the cast would cut 3.5 to 3, silently)
+                raise UserError(f"predict takes whole numbers for {space}, got {raw.flat[0] if raw.size == 1 else raw}"
+                                [:200] + ".")
             observation = np.asarray(observation, dtype=numpy_dtype(dtype))
         except (TypeError, ValueError):
             raise UserError(f"predict takes observations of shape {tuple(shape)} (or a batch of them) as numbers, "
@@ -594,10 +605,14 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     obs = torch.as_tensor(observation, device=device, dtype=dtype)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
         low, high = (torch.as_tensor(bound, device=device) for bound in integer_range(space))
-        if bool(((obs < low) | (obs >= high)).any()):  # ok-sync: predict returns to the host
-            raise UserError(f"An observation holds values outside {space}: {observation!r}"[:200] + ".")
-    if isinstance(space, gym.spaces.MultiBinary) and obs.numel() and bool(((obs != 0) & (obs != 1)).any()):  # ok-sync
-        raise UserError(f"An observation holds values other than 0 and 1, outside {space}: {observation!r}"[:200] + ".")
+        outside = (obs < low) | (obs >= high)
+        if bool(outside.any()):  # ok-sync: predict returns to the host
+            raise UserError(f"An observation holds {_first_value(obs, outside)}, outside {space} (values from "
+                            f"{int(low.min())} to {int(high.max()) - 1}).")
+    if isinstance(space, gym.spaces.MultiBinary) and obs.numel():
+        outside = (obs != 0) & (obs != 1)
+        if bool(outside.any()):  # ok-sync: predict returns to the host
+            raise UserError(f"An observation holds {_first_value(obs, outside)}, outside {space} (values 0 and 1).")
     single = obs.dim() == len(shape)
     if tuple(obs.shape[1 - int(single):]) != tuple(shape):
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
