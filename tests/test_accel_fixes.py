@@ -514,3 +514,11 @@ def test_an_update_step_says_when_its_loss_cannot_train_the_optimizers_parameter
                            compile=False)
     with torch.no_grad(), pytest.raises(UserError, match=r"inside torch.no_grad\(\)"):
         step()
+
+
+def test_a_choice_that_cannot_be_cached_says_so(tmp_path, monkeypatch, two_candidates):
+    """An RLSPEED_CACHE_DIR that cannot be written (a file there) left every run searching again, without a word."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RLSPEED_CACHE_DIR", str(tmp_path / "file"))
+    model = auto_accelerate(nn.Linear(4, 2), device="cpu", example_inputs=torch.ones(8, 4))
+    assert any("could not be written" in note for note in model.accel_report.notes)
