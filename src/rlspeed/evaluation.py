@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import secrets
+import typing
 import warnings
 
 import gymnasium as gym
@@ -18,6 +19,11 @@ from rlspeed.envs.gymnasium_env import reward_wrappers
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.logging import ProgressBar
 
+if typing.TYPE_CHECKING:
+    from rlspeed.algos.base import Algorithm
+
+    VecEnvLike = typing.Any  # (a Stable-Baselines3 VecEnv: step_async, step_wait, reset, close)
+
 
 def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> dict:
     """The options an env of `env_id` is made with for `model`: those its own env was made with (`spec.env_kwargs`,
@@ -25,7 +31,8 @@ def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> di
     return {**(model.spec.env_kwargs if env_id in (None, model.env_id) else {}), **(env_kwargs or {})}
 
 
-def evaluate(model, env_id: str | None = None, episodes: int = 10, seed: int | None = None,
+def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
+             episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
              max_steps: int | None = None, env_kwargs: dict | None = None, progress_bar: bool = False) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.

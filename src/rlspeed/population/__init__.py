@@ -4,6 +4,9 @@ what it covers. See docs/population.md."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 from rlspeed.errors import UserError
 from rlspeed.population.a2c import PER_MEMBER_A2C, A2CPopulation
 from rlspeed.population.offpolicy import (
@@ -17,13 +20,18 @@ from rlspeed.population.offpolicy import (
 )
 from rlspeed.population.ppo import PER_MEMBER, SHARED_ONLY, PPOPopulation
 
+if TYPE_CHECKING:
+    from rlspeed.algos.base import Algorithm
+    from rlspeed.population.base import PopulationBase
+
 #: algorithm class name -> the population class that trains it (the one list: `Population`, `rlspeed train --seeds`
 #: and `rlspeed tune` read it)
 IMPLEMENTATIONS: dict[str, type] = {"PPO": PPOPopulation, "A2C": A2CPopulation, "SAC": SACPopulation,
                                      "TD3": TD3Population, "DDPG": DDPGPopulation, "DQN": DQNPopulation}
 
 
-def Population(algo_cls: type, env_id: str, seeds, **kwargs):  # noqa: N802 (a class-like factory)
+def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # noqa: N802 (a class-like factory)
+               **kwargs: Any) -> PopulationBase:
     """K members of `algo_cls` on `env_id`, one per seed, as one batched model: `.learn(...)` trains them all and
     returns the summary (per-member results and aggregates). Keywords are those of the population class for the
     algorithm (`PPOPopulation`, `A2CPopulation`, ...): hyperparameters (one value, or a list of K for the per-member
