@@ -173,8 +173,10 @@ def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s
                  rounds: int | None = None,
                  cpu_seconds: dict[Strategy, list[float]] | None = None) -> dict[Strategy, list[float]]:
     """Seconds per call of each (warmed-up) runner in each of `rounds` interleaved rounds (a runner that falls
-    behind by 2x stops early, so its list can be shorter). `cpu_seconds`, when given, receives the same rounds
-    measured in the process's CPU time, which time spent waiting for other processes does not inflate."""
+    behind by 2x stops early, so its list can be shorter; never the first, the reference every speed-up is measured
+    against, whose one slow round would otherwise leave a ratio of a single pair of timings). `cpu_seconds`, when
+    given, receives the same rounds measured in the process's CPU time, which time spent waiting for other processes
+    does not inflate."""
     if not runners:
         return {}
     budget_s = TIMING_BUDGET_S if budget_s is None else budget_s
@@ -191,6 +193,7 @@ def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s
     best = {s: math.inf for s in runners}
     per_round: dict[Strategy, list[float]] = {s: [] for s in runners}
     active = list(runners)
+    reference = active[0]
     deadline = time.perf_counter() + HARD_LIMIT_FACTOR * budget_s
     for round_index in range(rounds):
         for strategy in active:
@@ -207,7 +210,7 @@ def time_runners(runners: dict[Strategy, Runner], device: torch.device, budget_s
             best[strategy] = min(best[strategy], seconds)
         # A candidate at twice the leader's time cannot win by the margin: stop spending time on it.
         leader = min(best[s] for s in active)
-        active = [s for s in active if best[s] <= 2.0 * leader]
+        active = [s for s in active if s is reference or best[s] <= 2.0 * leader]
         if round_index >= 1 and time.perf_counter() > deadline:
             break  # a busy machine: keep what was measured rather than stall the caller
     return per_round
