@@ -12,7 +12,7 @@ from torch.distributed.run import main
 #: (130) or SIGTERM (143) after saving
 SAID_CODES = (2, 130, 143)
 #: how torchrun ends the other workers once one has ended (their exit codes: minus the signal's number)
-_ENDED_BY_TORCHRUN = tuple(-int(signal) for signal in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL))
+_ENDED_BY_TORCHRUN = tuple(-int(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL))
 
 
 def _quiet_code(error: Exception) -> int | None:

@@ -153,8 +153,8 @@ def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
     used as a key)."""
     stripped = text.strip()
     if not stripped:
-        raise UserError(f"{source} is empty: give a 32-byte key (16 for sm4-gcm) in hex or base64 (e.g. "
-                        "the output of `python -c \"import secrets; print(secrets.token_hex(32))\"`, 16 for sm4-gcm).")
+        raise UserError(f"{source} is empty: give a 32-byte key in hex or base64 (e.g. the output of "
+                        "`python -c \"import secrets; print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
     candidates = []
     with contextlib.suppress(ValueError):
         candidates.append(bytes.fromhex(stripped.decode("ascii")))
@@ -166,7 +166,7 @@ def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
         if len(key) in (16, 32):
             return key
     raise UserError(f"{source} is not a 16- or 32-byte key in hex or base64 (e.g. the output of "
-                    "`python -c \"import secrets; print(secrets.token_hex(32))\"`, 16 for sm4-gcm).")
+                    "`python -c \"import secrets; print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
 
 
 def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
