@@ -589,3 +589,12 @@ def test_a_file_that_is_not_safetensors_is_named_as_no_checkpoint_with_what_to_g
     path.write_text("algo: ppo\nenv_id: CartPole-v1\n")
     with pytest.raises(UserError, match=r"is not an rlspeed checkpoint .*give a model file \(\.safetensors\)"):
         load_checkpoint(path)
+
+
+def test_a_checkpoint_frequency_without_a_run_directory_is_refused():
+    """learn(checkpoint_freq=64) without run_dir wrote nothing, without a word (a population's learn refused it)."""
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    with pytest.raises(UserError, match="checkpoint_freq=64 needs a run_dir"):
+        model.learn(128, checkpoint_freq=64, progress_bar=False)

@@ -1463,6 +1463,9 @@ class Algorithm:
         checkpoint_interval_s = _seconds("checkpoint_interval_s", checkpoint_interval_s)
         if run_dir is not None and not isinstance(run_dir, (str, os.PathLike)):
             raise UserError(f"run_dir is a directory's path (a str or pathlib.Path), not {run_dir!r}.")
+        if checkpoint_freq is not None and run_dir is None:  # (as a population's learn says it)
+            raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to "
+                            "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
         if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
             run_dir = Path(run_dir).expanduser().absolute()  # chdir during learn)
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
