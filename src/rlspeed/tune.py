@@ -134,10 +134,14 @@ def load_search_space(path: str | Path | None, algo_cls: type, hyperparameters: 
         where = str(path)
         known = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
         for key in space:
-            if key not in known:  # (a typo: said as --set says it)
-                close = difflib.get_close_matches(key, sorted(member_keys), n=3)
+            if key not in known:  # (a typo, or another library's short name: said as --set says it)
+                from rlspeed.algos.base import _SHORT_NAMES
+
+                named = _SHORT_NAMES.get(key.lower())
+                close = ([named] if named in member_keys else []) or difflib.get_close_matches(key, sorted(member_keys),
+                                                                                            n=3)
                 hint = f"Did you mean {', '.join(close)}?" if close else f"Searchable: {', '.join(member_keys)}."
-                raise UserError(f"{where}: unknown hyperparameter '{key}' for {algo_cls.config_cls.__name__}. {hint}")
+                raise UserError(f"{where}: unknown hyperparameter '{key}' for {algo_cls.__name__}. {hint}")
             if key not in member_keys:
                 raise UserError(f"{where}: '{key}' cannot differ across the members of a population, so it cannot be "
                                 f"searched; fix it with --set {key}=VALUE (searchable: {', '.join(member_keys)}).")
@@ -153,7 +157,9 @@ def load_search_space(path: str | Path | None, algo_cls: type, hyperparameters: 
             except UserError as error:
                 raise UserError(f"{where}: {key} = {value} is refused: {error}") from None
     if not any(isinstance(spec, dict) for spec in space.values()):
-        raise UserError(f"{where} leaves nothing to search: give at least one range or list of choices.")
+        pinned = f" (--set fixed {', '.join(overlap)})" if overlap else ""
+        raise UserError(f"{where} leaves nothing to search{pinned}: give at least one range or list of choices"
+                        + (" that --set does not fix." if overlap else "."))
     return space, notes
 
 
