@@ -366,7 +366,7 @@ def _forked_children_apart(apart: bool):
     collectives until torchrun's deadline killed them. Apart, they live until the worker closes them at the end of its
     iteration (`_stopping`), or see their pipe close if it dies."""
     global _CHILDREN_APART
-    if not apart:
+    if not apart or not hasattr(os, "register_at_fork") or not hasattr(os, "setpgid"):  # (Windows: neither exists)
         yield
         return
     if not _FORK_HOOK:
