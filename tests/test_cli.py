@@ -1476,7 +1476,7 @@ def test_eval_with_a_bad_device_blames_the_flag_not_the_model_file(tmp_path, cap
     assert "model.safetensors" not in captured.err
 
 
-def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_path, monkeypatch):
+def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_path, monkeypatch, capsys):
     """`--set eval_freq=512 --target-return none` (or a preset file with eval_freq, such as a run's config.yaml) ran no
     evaluation, while config.yaml recorded eval_freq 512 and `--eval-freq 512` evaluated: the flag alone counted. A
     shipped preset's eval_freq serves its target, and config.yaml now records that none ran."""
@@ -1496,7 +1496,14 @@ def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_p
     (tmp_path / "preset.yaml").write_text(yaml.safe_dump({**preset, "eval_freq": 256}))
     assert cli.main([*base, "--preset", "preset.yaml", "--out", "file"]) == 0
     assert evaluations("file") == (["256", "512", "768", "1024"], 256)
-
+    # (a resumed run keeps its recorded frequency: it said "eval_freq 512 -> None" and recorded null)
+    assert cli.main([*base[:-3], "--total-timesteps", "2048", "--no-progress", "--checkpoint-freq", "512", "--out",
+                     "set", "--overwrite", "--set", "eval_freq=512"]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "3072", "--no-progress", "--out", "set",
+                     "--resume"]) == 0
+    assert "eval_freq" not in capsys.readouterr().out
+    assert evaluations("set")[1] == 512
 
 def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(tmp_path, monkeypatch, capsys):
     """`rlspeed eval RUN --seed S` evaluated on one thread whatever the run used: for a `--threads 2` run the returns

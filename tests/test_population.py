@@ -714,6 +714,8 @@ def test_population_mistakes_are_one_sentence_each():
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=2, num_steps=16, batch_size=32)
     with pytest.raises(UserError, match="episodes must be a whole number >= 1, got 0"):
         population.evaluate(episodes=0)
+    with pytest.raises(UserError, match="needs episodes, a whole number >= 1, not None"):
+        population.evaluate(episodes=None)
     with pytest.raises(UserError, match=r"a setting of the model.*Population\(PPO, env_id, seeds, gamma=\.\.\.\)"):
         population.learn(32, gamma=0.9)
     with pytest.raises(UserError, match="learn takes no 'totl_timesteps'; did you mean total_timesteps"):

@@ -348,6 +348,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         strategy.shutdown(wait=False)  # after an error; a no-op once the group is gone
 
 
+def _children_kept_apart() -> bool:
+    """Whether `_forked_children_apart` can keep env subprocesses out of their parent's process group here: they are
+    forked (not spawned: macOS, Windows, forkserver) and the platform has the calls it needs."""
+    import multiprocessing
+
+    # (the start method set, else the platform's default, listed first; asking get_start_method() would fix it)
+    method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return hasattr(os, "register_at_fork") and hasattr(os, "setpgid") and method == "fork"
+
+
 _CHILDREN_APART = False  # (read by `_leave_process_group` in each forked child)
 _FORK_HOOK = []  # (registered once per process: os.register_at_fork has no undo)
 
@@ -366,7 +376,7 @@ def _forked_children_apart(apart: bool):
     collectives until torchrun's deadline killed them. Apart, they live until the worker closes them at the end of its
     iteration (`_stopping`), or see their pipe close if it dies."""
     global _CHILDREN_APART
-    if not apart or not hasattr(os, "register_at_fork") or not hasattr(os, "setpgid"):  # (Windows: neither exists)
+    if not apart or not _children_kept_apart():
         yield
         return
     if not _FORK_HOOK:
@@ -1215,7 +1225,7 @@ def _stopping(backend: str):
     of its iteration: its env processes are apart from its process group, which torchrun signals
     (`_forked_children_apart`), and ranks stopping at once would stop in different collectives and wait in them for
     their peers until torchrun's deadline killed them."""
-    if backend == "gymnasium-async" and "TORCHELASTIC_RUN_ID" not in os.environ:
+    if backend == "gymnasium-async" and not ("TORCHELASTIC_RUN_ID" in os.environ and _children_kept_apart()):
         return _sigterm_raises()
     return _stop_after_iteration()
 
@@ -1316,8 +1326,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
+    recorded_eval_freq = eval_freq  # (config.yaml's: a resumed run keeps its own, which its checkpoint follows)
     if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
         eval_freq = None  # (a shipped preset's eval_freq serves its target: no evaluations; config.yaml says so)
+        recorded_eval_freq = recorded_eval_freq if args.resume else None
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
@@ -1361,7 +1373,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         return 0
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
-              "eval_freq": eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
+              "eval_freq": recorded_eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
               "preset": args.preset_info, "nan_policy": args.nan_policy, "env_kwargs": model.spec.env_kwargs or None,
               # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
               "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),

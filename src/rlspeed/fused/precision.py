@@ -126,8 +126,9 @@ class AutoMatmulPrecision:
         options, the machine and software (`cache.environment_key`)."""
         return cache.make_key({"kind": "hand-derived update", "update": type(self.update).__qualname__,
                                "name": self.name, "gradient": int(self.adam.grad.numel()),
-                               "batch": [[list(t.shape), str(t.dtype)] if isinstance(t, torch.Tensor) else repr(t)
-                                         for t in batch],
+                               "batch": [[list(t.shape), str(t.dtype)] if isinstance(t, torch.Tensor) else
+                                         repr(t) if isinstance(t, (bool, int, float, str, type(None))) else
+                                         type(t).__name__ for t in batch],
                                "options": {k: repr(v) for k, v in sorted(options.items())},
                                **cache.environment_key(self.device)})
 

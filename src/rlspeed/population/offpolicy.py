@@ -1044,6 +1044,8 @@ class OffPolicyPopulation(PopulationBase):
         `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
         left with."""
         episodes = positive_whole("episodes", episodes)
+        if episodes is None:
+            raise UserError("evaluate needs episodes, a whole number >= 1, not None.")
         members = list(self.alive) if members is None else list(members)
         self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)

@@ -608,6 +608,8 @@ class PPOPopulation(PopulationBase):
         seeds one (one batched env for all; default seeds: `_evaluation_seeds`). Members out of the computation are
         evaluated with the parameters they left with."""
         episodes = positive_whole("episodes", episodes)
+        if episodes is None:
+            raise UserError("evaluate needs episodes, a whole number >= 1, not None.")
         if members is None or list(members) == self.alive:
             members, params = list(self.alive), self.params
         else:
