@@ -1163,14 +1163,23 @@ def _sigterm_raises():
         _quiet_closed_terminal(signum)
         raise Terminated(_signal_name(signum))
 
-    try:  # (a signal the process was started ignoring, SIGHUP under nohup, stays ignored)
-        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS
-                    if signal.getsignal(sig) is not signal.SIG_IGN}
-    except ValueError:  # not the main thread: signals stay as they are
+    with _signal_handler(handler, STOP_SIGNALS):
         yield []
+
+
+@contextlib.contextmanager
+def _signal_handler(handler, signums, keep_ignored: bool = True):
+    """`handler` for `signums` within the block, the previous handlers back after it. A signal the process was started
+    ignoring (SIGHUP under nohup, SIGINT in a shell's background job) stays ignored where `keep_ignored`. Outside the
+    main thread, where signals cannot be set, nothing changes."""
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig in signums
+                    if not keep_ignored or signal.getsignal(sig) is not signal.SIG_IGN}
+    except ValueError:  # not the main thread: signals stay as they are
+        yield
         return
     try:
-        yield []
+        yield
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -1203,17 +1212,8 @@ def _stop_after_iteration():
               + ("(torchrun ends workers 30 s after its signal)" if under_torchrun else "(again to stop at once)"),
               file=sys.stderr, flush=True)
 
-    try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
-                    if signal.getsignal(sig) is not signal.SIG_IGN}
-    except ValueError:  # not the main thread: signals stay as they are
+    with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
         yield received
-        return
-    try:
-        yield received
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _stopping(backend: str):
@@ -1260,16 +1260,8 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
 def _signals_ignored():
     """SIGINT, SIGTERM and the other `STOP_SIGNALS` ignored within the block (a second Ctrl-C must not cut the final
     save short)."""
-    try:
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, *STOP_SIGNALS)}
-    except ValueError:
+    with _signal_handler(signal.SIG_IGN, (signal.SIGINT, *STOP_SIGNALS), keep_ignored=False):
         yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
@@ -1284,17 +1276,8 @@ def _signals_deferred():
         _quiet_closed_terminal(signum)
         received.append(signum)
 
-    try:
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, *STOP_SIGNALS)
-                    if signal.getsignal(sig) is not signal.SIG_IGN}
-    except ValueError:  # not the main thread: signals stay as they are
+    with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
         yield
-        return
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
     if received:
         raise KeyboardInterrupt if received[0] == signal.SIGINT else Terminated(_signal_name(received[0]))
 
@@ -1842,13 +1825,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
     # SIGUSR2: a scheduler's warning before its deadline. torchrun is sent SIGTERM for them: it dies of the others.)
-    previous = {signum: signal.signal(signum, forward) for signum in (signal.SIGINT, *STOP_SIGNALS)
-                if signal.getsignal(signum) is not signal.SIG_IGN}
-    try:
+    with _signal_handler(forward, (signal.SIGINT, *STOP_SIGNALS)):
         code = process.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     if code and created and {path.name for path in run_dir.iterdir()} <= {RUN_LOCK}:
         with contextlib.suppress(OSError):  # (the workers failed before writing anything: a rerun is not refused)
             (run_dir / RUN_LOCK).unlink(missing_ok=True)

@@ -494,7 +494,8 @@ def refuse_learn_keywords(keywords: dict, config_cls: type, made_as: str, learn:
 def _first_value(values: torch.Tensor, where: torch.Tensor) -> str:
     """The first of `values` where `where` holds, in words with its place (`obs[3] = 20`)."""
     index = tuple(int(i) for i in where.nonzero()[0])  # ok-sync: an error message
-    return f"{values[index].item()} at position {list(index)}" if index else f"{values.item()}"
+    return (f"{values[index].item()} at position {list(index)}" if index  # ok-sync: an error message
+            else f"{values.item()}")  # ok-sync: an error message
 
 
 def warn_at_caller(sentence: str, category: type[Warning]) -> None:
