@@ -35,7 +35,7 @@ EVAL_SEED_OFFSET = 100_000
 
 # --- throughput --------------------------------------------------------------------------------------------------
 
-def worker(side: str, steps: int, warmup: int, threads: int, seed: int) -> dict:
+def worker(side: str, steps: int, warmup: int, threads: int, seed: int, device: str = "cpu") -> dict:
     """One throughput run in this process: train for LEARNING_STARTS + warmup + steps, time the last `steps`."""
     common.set_threads(threads)
     marks: list[tuple[float, int]] = []
@@ -50,7 +50,7 @@ def worker(side: str, steps: int, warmup: int, threads: int, seed: int) -> dict:
                     marks.append((time.perf_counter(), self.num_timesteps))
                 return True
 
-        model = SAC("MlpPolicy", ENV_ID, learning_starts=LEARNING_STARTS, seed=seed, device="cpu", verbose=0)
+        model = SAC("MlpPolicy", ENV_ID, learning_starts=LEARNING_STARTS, seed=seed, device=device, verbose=0)
         common.set_threads(threads)
         model.learn(total, callback=Marks())
         record = {"library": "stable-baselines3", "update": "SB3 SAC, fp32 eager"}
@@ -66,14 +66,14 @@ def worker(side: str, steps: int, warmup: int, threads: int, seed: int) -> dict:
 
         accelerate = "auto" if side == "rlspeed-auto" else "off"
         _run, hyperparameters = split_run_settings(load_preset("sac", ENV_ID))  # RL-Zoo's MuJoCo settings
-        model = rlspeed.SAC(ENV_ID, seed=seed, device="cpu", env_backend="gymnasium", accelerate=accelerate,
+        model = rlspeed.SAC(ENV_ID, seed=seed, device=device, env_backend="gymnasium", accelerate=accelerate,
                             num_threads=threads, **hyperparameters)
         common.set_threads(threads)
         model.learn(total, callback=mark, progress_bar=False)
         record = {"library": "rlspeed", "accelerate_arg": accelerate,
                   "accelerate": _json_safe(model.acceleration_summary()), "update": _json_safe(model.update_summary()),
                   "report": model.report()}
-    return {"side": side, "threads": threads, "warmup_steps": warmup, **record,
+    return {"side": side, "threads": threads, "device": device, "warmup_steps": warmup, **record,
             **common.window_sps(marks, LEARNING_STARTS + warmup)}
 
 
@@ -82,8 +82,10 @@ def _json_safe(value):
 
 
 def throughput(args) -> dict:
-    worker_args = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    worker_args = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads),
+                   "--device", args.device]
     data = {"steps": args.steps, "warmup": args.warmup, "pairs": args.pairs, "threads": args.threads,
+            "device": args.device,
             **common.worker_pairs(__file__, ["rlspeed", "sb3", "rlspeed-auto"], args.pairs, worker_args),
             "machine": common.machine_description(("rlspeed", "torch", "gymnasium", "mujoco", "stable-baselines3"))}
     Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
@@ -208,6 +210,7 @@ def main() -> None:
         p.add_argument("--steps", type=int, default=2000, help="timed env steps per run")
         p.add_argument("--warmup", type=int, default=500, help="update steps after learning_starts, not timed")
         p.add_argument("--threads", type=int, default=1)
+        p.add_argument("--device", default="cpu", help="both libraries train on this device (cpu, cuda)")
     w.add_argument("--seed", type=int, default=0)
     t.add_argument("--pairs", type=int, default=3)
     t.add_argument("--json", default=common.default_pairs_json("mujoco_throughput.json"))
@@ -222,7 +225,7 @@ def main() -> None:
     p.add_argument("--throughput", default=common.default_pairs_json("mujoco_throughput.json"))
     args = parser.parse_args()
     if args.command == "worker":
-        print(json.dumps(worker(args.side, args.steps, args.warmup, args.threads, args.seed)))
+        print(json.dumps(worker(args.side, args.steps, args.warmup, args.threads, args.seed, args.device)))
     else:
         {"throughput": throughput, "sb3-learn": sb3_learn, "publish": publish}[args.command](args)
 

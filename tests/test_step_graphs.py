@@ -380,6 +380,72 @@ def test_deleted_graphed_steps_give_back_their_gpu_memory(isolated_accel):
     assert all(stream is first for stream in streams)
 
 
+def test_a_graph_dropped_during_a_capture_is_destroyed_after_it():
+    """CUDA refuses to destroy a graph while another is being captured, and the attempt invalidates that capture: a
+    dropped model's graph, freed by the garbage collector inside another step's capture, made that capture fail."""
+    import gc
+
+    from rlspeed.accel import graphs
+
+    class Graph:  # (a stand-in for torch.cuda.CUDAGraph, which is destroyed when its last reference goes)
+        pass
+
+    captured = graphs._Captured(Graph(), [], None, [])
+    captured.cycle = captured  # (freed by the collector, as a dropped model's graphs are)
+    with graphs._capturing():
+        del captured
+        gc.collect()
+        assert [type(kept) for kept in graphs._DROPPED_DURING_CAPTURE] == [Graph]  # still referenced
+    assert not graphs._DROPPED_DURING_CAPTURE
+
+
+@cuda
+def test_a_capture_survives_the_collection_of_a_dropped_steps_graph(isolated_accel):
+    import gc
+
+    old_net = _net()
+    old = accelerate_step(_regression(old_net), torch.optim.Adam(old_net.parameters(), lr=1e-3), precision="fp32")
+    for x, y in _batches(WARMUP_CALLS + 2):
+        old(x, y)
+    assert old.graph_captures == 1
+    net = _net(1)
+    regression = _regression(net)
+
+    def loss(x, y):
+        if torch.cuda.is_current_stream_capturing():
+            gc.collect()  # (as the collector may at any allocation)
+        return regression(x, y)
+
+    step = accelerate_step(loss, torch.optim.Adam(net.parameters(), lr=1e-3), precision="fp32")
+    gc.disable()  # the dropped step (a reference cycle) stays uncollected until the capture
+    try:
+        del old, old_net
+        for x, y in _batches(WARMUP_CALLS + 2):
+            step(x, y)
+    finally:
+        gc.enable()
+    assert step.graph_captures == 1 and step._graphs.off is None
+
+
+@cuda
+def test_a_step_waiting_for_its_search_runs_as_a_graph(isolated_accel):
+    """Until a search pays for itself the step waits on its simplest candidate: on CUDA that ran eagerly, without
+    the whole-step graph an algorithm's accelerate="off" captures (SAC with --accelerate auto trained several times
+    slower than with off). It waits as a graph, and the search's choice is captured anew."""
+    net = _net()
+    step = accelerate_step(_regression(net), torch.optim.Adam(net.parameters(), lr=1e-3))
+    batches = _batches(2 * WARMUP_CALLS + 4)
+    for x, y in batches[:WARMUP_CALLS + 2]:
+        step(x, y)
+    assert step.report.summary()["chosen_by"] == "waiting"
+    assert step.strategy.graphs and step.graph_captures == 1 and step.graph_replays == 2
+    step.prepare(*batches[0])  # (searches now)
+    assert step.report.summary()["chosen_by"] == "search"
+    losses = [step(x, y)[0] for x, y in batches[WARMUP_CALLS + 2:]]
+    assert step.strategy.graphs and step.graph_captures == 1
+    assert all(torch.isfinite(loss) for loss in losses)
+
+
 @cuda
 def test_graphed_step_replays_without_host_syncs(isolated_accel):
     batches = _batches(CALLS)

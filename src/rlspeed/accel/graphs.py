@@ -36,10 +36,11 @@ makes to Python state (they happen once, at capture). Use graphs=False for such 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,12 +92,25 @@ def make_capturable(optimizers: list[torch.optim.Optimizer], device: torch.devic
     return changed
 
 
+#: captures under way in this process (any thread), and the graphs dropped meanwhile, destroyed once none is: CUDA
+#: refuses to destroy a graph while a capture is under way, and the attempt invalidates that capture. A dropped model
+#: keeps its graph until the garbage collector breaks its reference cycle, which can happen inside another step's
+#: capture (the capture then failed and that step ran without graphs).
+_CAPTURES_UNDER_WAY = [0]
+_DROPPED_DURING_CAPTURE: list[torch.cuda.CUDAGraph] = []
+_CAPTURES_LOCK = threading.Lock()
+
+
 class _Captured:
     """One captured step: the graph, its static inputs and outputs, and the gradients it writes."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: list[torch.Tensor], outputs: Any,
                  grads: list[torch.Tensor | None]):
         self.graph, self.inputs, self.outputs, self.grads = graph, inputs, outputs, grads
+
+    def __del__(self) -> None:
+        if _CAPTURES_UNDER_WAY[0]:  # (no lock: a collection can run this inside `_capturing` itself)
+            _DROPPED_DURING_CAPTURE.append(self.graph)
 
 
 _LIVE: weakref.WeakSet[StepGraphs] = weakref.WeakSet()  # every StepGraphs, for `_repair_generators`
@@ -233,7 +247,7 @@ class StepGraphs:
             p.grad = None  # the graph allocates its own gradient buffers and rewrites them on every replay
         graph = torch.cuda.CUDAGraph()
         self.stream.wait_stream(torch.cuda.current_stream(self.step.device))
-        with torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
+        with _capturing(), torch.cuda.graph(graph, pool=pool, stream=self.stream, capture_error_mode="thread_local"):
             outputs = self.update(static_args, static_kwargs)
         self.captures += 1
         return _Captured(graph, tensors_in((static_args, static_kwargs)), outputs,
@@ -269,6 +283,22 @@ class StepGraphs:
         return (optimizers, tuple((p.data_ptr(), p.requires_grad) for p in self.step.params),
                 tuple(m.training for m in self._modules), tuple(read() for read in self._values),
                 tuple(_identity(read()) for read in self._objects))
+
+
+@contextlib.contextmanager
+def _capturing() -> Iterator[None]:
+    """Around a capture: graphs dropped meanwhile are kept until no capture is under way (`_CAPTURES_UNDER_WAY`)."""
+    with _CAPTURES_LOCK:
+        _CAPTURES_UNDER_WAY[0] += 1
+    try:
+        yield
+    finally:
+        with _CAPTURES_LOCK:
+            _CAPTURES_UNDER_WAY[0] -= 1
+            dropped = [] if _CAPTURES_UNDER_WAY[0] else _DROPPED_DURING_CAPTURE[:]
+            if dropped:
+                _DROPPED_DURING_CAPTURE.clear()
+        del dropped  # (destroyed here, outside any capture)
 
 
 def split_sync_warnings(caught: list[warnings.WarningMessage]) -> tuple[str | None, list[warnings.WarningMessage]]:
