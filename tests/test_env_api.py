@@ -717,6 +717,52 @@ def test_sb3_vec_normalize_returns_are_the_envs_own_and_eval_callback_syncs_its_
                                                           for r in env.get_episode_rewards()), atol=1e-3)
 
 
+def test_sb3_vec_normalize_statistics_are_checkpointed_and_an_env_from_the_id_is_refused(tmp_path):
+    """A model training on a VecNormalize: CheckpointCallback(save_vecnormalize=True) writes its statistics beside
+    each model as Stable-Baselines3 does (it wrote nothing); evaluating on an env made from the id (raw observations
+    for a policy trained on normalised ones) is refused, by evaluate, learn's evaluations and EvalCallback alike."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from rlspeed.callbacks import CheckpointCallback, EvalCallback
+
+    train_env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0))
+    model = rlspeed.PPO(train_env, device="cpu", num_steps=64, batch_size=64, seed=0)
+    checkpoints = CheckpointCallback(128, tmp_path, save_vecnormalize=True)
+    model.learn(128, callback=checkpoints, progress_bar=False)
+    statistics = tmp_path / "rl_model_vecnormalize_128_steps.pkl"
+    assert statistics in checkpoints.saved
+    loaded = VecNormalize.load(str(statistics), make_vec_env("Pendulum-v1", n_envs=1))
+    assert np.allclose(loaded.obs_rms.mean, train_env.obs_rms.mean) and not np.allclose(loaded.obs_rms.mean, 0)
+    refused = "trains on a Stable-Baselines3 VecNormalize that normalises its observations"
+    with pytest.raises(rlspeed.UserError, match=refused):
+        rlspeed.evaluate(model, "Pendulum-v1", episodes=2)
+    with pytest.raises(rlspeed.UserError, match=refused):
+        model.learn(128, callback=EvalCallback("Pendulum-v1", eval_freq=64, n_eval_episodes=1), progress_bar=False)
+    assert model.num_timesteps == 128
+
+
+def test_an_evaluation_env_that_normalises_its_observations_is_refused():
+    """The model normalises observations with its own frozen statistics: an evaluation env made with
+    normalize_obs=True (what "built as the training env was" suggested) normalised them a second time, with fresh
+    statistics that the evaluation itself updated."""
+    from rlspeed.callbacks import EvalCallback
+
+    model = rlspeed.PPO("Pendulum-v1", device="cpu", num_steps=64, batch_size=64, seed=0, normalize_obs=True)
+    model.learn(128, progress_bar=False)
+    trained = model.num_timesteps
+    env = rlspeed.make_env("Pendulum-v1", num_envs=2, normalize_obs=True)
+    with pytest.raises(rlspeed.UserError, match=r"normalises its observations itself .* evaluate on an env made "
+                                                r"without normalize_obs"):
+        rlspeed.evaluate(model, env, episodes=2)
+    with pytest.raises(rlspeed.UserError, match="normalises its observations itself"):
+        model.learn(128, callback=EvalCallback(env, eval_freq=64, n_eval_episodes=2), progress_bar=False)
+    assert model.num_timesteps == trained
+    plain = rlspeed.make_env("Pendulum-v1", num_envs=2)
+    assert rlspeed.evaluate(model, plain, episodes=2, seed=3)["mean"] == model.evaluate(episodes=2, seed=3)["mean"]
+
+
 class _ScalarStepObs(gym.Env):
     """A float (4,) observation space whose step() returns a scalar (a typo an env author makes)."""
 

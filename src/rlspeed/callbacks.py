@@ -537,6 +537,12 @@ class EvalCallback(BaseCallback):
         if isinstance(self.eval_env, gym.vector.VectorEnv):  # (before training, not at the first evaluation)
             check_same_step(self.eval_env, "EvalCallback's eval_env must be")
         _check_normalization(self.training_env, self.eval_env)
+        from rlspeed.envs.base import BatchedEnv
+
+        if self.eval_env is None or isinstance(self.eval_env, (str, BatchedEnv)):
+            from rlspeed.evaluation import check_evaluation_env
+
+            check_evaluation_env(self.model, self.eval_env if self.eval_env is not None else self.model.env_id)
         for path in (self.best_model_save_path, self.log_path):
             if path is not None:
                 path.mkdir(parents=True, exist_ok=True)
@@ -599,8 +605,10 @@ class CheckpointCallback(BaseCallback):
     """Save the model every `save_freq` env steps to `save_path/{name_prefix}_{steps}_steps.safetensors`; with
     `save_replay_buffer`, off-policy models also write their replay buffer beside each file
     (`....replay.safetensors`). Unlike Stable-Baselines3, `save_freq` counts env steps of all envs, not calls;
-    a save happens at the end of the first iteration that reaches the step. `save_vecnormalize` (Stable-Baselines3's)
-    is taken either way: each saved file holds the model's observation and reward normalisation statistics."""
+    a save happens at the end of the first iteration that reaches the step. Each saved file holds the model's own
+    observation and reward normalisation statistics; where the model trains on a Stable-Baselines3 VecEnv with a
+    `VecNormalize`, `save_vecnormalize` also writes its statistics beside it, as Stable-Baselines3 does
+    (`{name_prefix}_vecnormalize_{steps}_steps.pkl`, for `VecNormalize.load`)."""
 
     def __init__(self, save_freq: int, save_path: str | Path, name_prefix: str = "rl_model",
                  save_replay_buffer: bool = False, save_vecnormalize: bool = False, verbose: int = 0):
@@ -612,6 +620,7 @@ class CheckpointCallback(BaseCallback):
         self.save_path = Path(save_path)
         self.name_prefix = name_prefix
         self.save_replay_buffer = save_replay_buffer
+        self.save_vecnormalize = save_vecnormalize
         self.saved: list[Path] = []
         self._period = _Period(self.save_freq)
 
@@ -632,9 +641,26 @@ class CheckpointCallback(BaseCallback):
         finally:
             self.model.save_replay_buffer = before
         self.saved.append(path)
+        vec_normalize = self._vec_normalize() if self.save_vecnormalize else None
+        if vec_normalize is not None:
+            statistics = self.save_path / f"{self.name_prefix}_vecnormalize_{self.num_timesteps}_steps.pkl"
+            vec_normalize.save(str(statistics))
+            self.saved.append(statistics)
+            if self.verbose:
+                print(f"rlspeed: saved {statistics}")
         if self.verbose:
             print(f"rlspeed: saved {path}")
         return True
+
+
+    def _vec_normalize(self):
+        """The VecNormalize of the Stable-Baselines3 VecEnv the model trains on, or None."""
+        vec_env = getattr(self.training_env, "vec_env", None)  # (rlspeed's wrappers forward the adapter's)
+        if vec_env is None:
+            return None
+        from stable_baselines3.common.vec_env import unwrap_vec_normalize
+
+        return unwrap_vec_normalize(vec_env)
 
 
 class VideoRecorderCallback(BaseCallback):

@@ -43,7 +43,10 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     model's own env id made with the options its env had, `model.spec.env_kwargs`), not the training env, and rewards
     are the env's own (no normalisation). `env_id` may also be a vector env you built, or an env `rlspeed.make_env` made
     (one episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built
-    as the training env was, not the training env itself (a `VecNormalize` with `training=False, norm_reward=False`).
+    as the training env was, not the training env itself, and without rlspeed's normalisation (the model normalises
+    observations with its own frozen statistics; an env made with `normalize_obs=True` is refused); a model training
+    on Stable-Baselines3's `VecNormalize` is evaluated on a `VecNormalize(eval_env, training=False,
+    norm_reward=False)` holding its statistics (an env id is refused for it).
     `env_kwargs` are options of the env an id names (`gymnasium.make(env_id, **env_kwargs)`): on the model's own id
     they replace those of its recorded options they name (evaluating a variant of the training env).
     Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
@@ -91,9 +94,12 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     # Atari: whole games with raw rewards (`evaluation=True`: no training transforms), and games that wait for FIRE
     # get it at every start and lost life (`rlspeed.envs.atari.FireToStart`)
     if isinstance(env_id, BatchedEnv):  # (one `make_env` made: used as it is, seeded by `seed` where given)
+        check_evaluation_env(model, env_id)
         env = counted(env_id)  # (a batched env of the user's own: checked and counted as in training)
         env = atari.for_evaluation(env if seed is None else SeedOnFirstReset(env, seed))
     else:  # (the model's own env id: made with the options it trained with, `spec.env_kwargs`)
+        if isinstance(env_id, str):
+            check_evaluation_env(model, env_id)
         options = env_options(model, env_id, env_kwargs)
         if options and backend not in ("gymnasium", "gymnasium-async"):
             if asked not in ("auto", "gymnasium", "gymnasium-async"):
@@ -229,6 +235,37 @@ def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str 
     if trained_on in ("torch", "gymnasium"):
         return trained_on
     return resolve_backend(env_id, "auto", episodes, resolve_device(device))
+
+
+def check_evaluation_env(model, env) -> None:
+    """UserError where evaluating `model` on `env` (an env `make_env` made, or an env id) would show the policy
+    observations in another scale than it trains on: an env that normalises its observations itself (the model
+    normalises them with its own frozen statistics, or trained on raw ones), or an env made from an id for a model
+    training on a Stable-Baselines3 VecNormalize that normalises observations (the env would give raw ones)."""
+    from rlspeed.envs import NormalizeObservation
+    from rlspeed.envs.base import find_wrapper
+
+    if isinstance(env, BatchedEnv) and find_wrapper(env, NormalizeObservation) is not None:
+        why = ("the model normalises them again with its own statistics (frozen for evaluation)"
+               if getattr(model, "obs_rms", None) is not None else "the model trained on raw observations")
+        raise UserError(f"This evaluation env normalises its observations itself (make_env(..., normalize_obs=True)), "
+                        f"and {why}: evaluate on an env made without normalize_obs (or by its id).")
+    if isinstance(env, str) and _sb3_normalizer(model) is not None:
+        raise UserError(f"This model trains on a Stable-Baselines3 VecNormalize that normalises its observations, "
+                        f"which an env made from '{env}' does not: evaluate on VecNormalize(eval_env, training=False, "
+                        "norm_reward=False) holding the training statistics (EvalCallback(eval_env) copies them at "
+                        "each evaluation; sync_envs_normalization does it by hand).")
+
+
+def _sb3_normalizer(model):
+    """The VecNormalize that normalises observations in the Stable-Baselines3 VecEnv `model` trains on, or None."""
+    vec_env = getattr(getattr(model, "_env", None), "vec_env", None)  # (rlspeed's wrappers forward the adapter's)
+    if vec_env is None:
+        return None
+    from stable_baselines3.common.vec_env import unwrap_vec_normalize
+
+    normalizer = unwrap_vec_normalize(vec_env)
+    return normalizer if normalizer is not None and getattr(normalizer, "norm_obs", False) else None
 
 
 def _check_compatible(model, env) -> None:

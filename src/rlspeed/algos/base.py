@@ -1479,6 +1479,10 @@ class Algorithm:
                             + (", callback_on_new_best=StopTrainingOnRewardThreshold(target)" if target_return
                                is not None else "") + ") from rlspeed.callbacks (an env of your own can also be "
                             "registered with gymnasium.register when it is a gymnasium.Env).")
+        if target_return is not None or eval_freq is not None:  # (evaluations on envs made from the id)
+            from rlspeed.evaluation import check_evaluation_env
+
+            check_evaluation_env(self, self.env_id)
         from rlspeed.callbacks import as_callback
 
         callbacks = as_callback(callback)
