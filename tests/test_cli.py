@@ -1504,7 +1504,13 @@ def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_p
     assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "3072", "--no-progress", "--out", "set",
                      "--resume"]) == 0
     assert "eval_freq" not in capsys.readouterr().out
-    assert evaluations("set")[1] == 512
+    assert evaluations("set") == (["512", "1024", "1536", "2048", "2560", "3072"], 512)
+    # a run that evaluated for its target, resumed without one, goes on evaluating at its recorded frequency (it
+    # stopped, while config.yaml said eval_freq 512)
+    assert cli.main([*base[:3], "--total-timesteps", "1024", "--eval-freq", "512", "--checkpoint-freq", "512",
+                     "--no-progress", "--out", "target"]) == 0
+    assert cli.main([*base[:5], "--total-timesteps", "2048", "--no-progress", "--out", "target", "--resume"]) == 0
+    assert evaluations("target") == (["512", "1024", "1536", "2048"], 512)
 
 def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(tmp_path, monkeypatch, capsys):
     """`rlspeed eval RUN --seed S` evaluated on one thread whatever the run used: for a `--threads 2` run the returns

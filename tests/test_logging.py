@@ -116,6 +116,25 @@ def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(
     assert yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8")) == value
 
 
+def test_metrics_csv_with_a_non_ascii_column_is_read_and_appended_as_utf8_whatever_the_locale(tmp_path):
+    """A callback's `logger.record("custom/récompense", ...)`: under an ASCII locale the second learn (or a --resume)
+    failed with UnicodeDecodeError reading metrics.csv back, and the rows it appended were in the locale's encoding."""
+    import subprocess
+    import sys
+
+    script = (f"import pathlib; from rlspeed.logging import RunLogger; d = pathlib.Path({ascii(str(tmp_path))}); "
+              "first = RunLogger(d, tensorboard=False); "
+              "first.log({'timesteps': 1, '\\u5956\\u52b1/r\\u00e9compense': 1.5}); first.close(); "
+              "later = RunLogger(d, tensorboard=False, continue_from=1); "
+              "later.log({'timesteps': 2, '\\u5956\\u52b1/r\\u00e9compense': 2.5}); later.close()")
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["奖励/récompense"] for row in rows] == ["1.5", "2.5"]
+
+
 def test_no_episode_is_an_empty_cell_and_a_diverged_loss_is_nan(tmp_path):
     """An interval in which no episode finished has no episode_return (empty); a loss that diverged is written as
     nan or inf, not an empty cell that looks like "no update in this row"."""

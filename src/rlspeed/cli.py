@@ -822,7 +822,10 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         if getattr(args, key, None) is not None:
             raise UserError(f"{flag} and --set {key}={run_overrides[key]} both set {key}: give one of them.")
     run_settings.update(run_overrides)
-    args.eval_freq_given = (args.eval_freq_given and not resumed) or "eval_freq" in run_overrides
+    # (a resumed run's recorded frequency is its own: config.yaml records one without a target only where it
+    # evaluated, and with a target the run evaluated at it, so it goes on evaluating without one)
+    args.eval_freq_given = ((args.eval_freq_given and not resumed) or "eval_freq" in run_overrides
+                            or bool(resumed and run_settings.get("eval_freq") is not None))
     hyper.update(hyper_overrides)
     if args.num_envs is not None:
         if "num_envs" in hyper_overrides and hyper_overrides["num_envs"] != args.num_envs:

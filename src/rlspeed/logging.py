@@ -145,7 +145,7 @@ class RunLogger:
         path = self.run_dir / "metrics.csv"
         if not path.is_file():
             return
-        with open(path, newline="") as handle:
+        with open(path, newline="", encoding="utf-8") as handle:
             reader = csv.DictReader(handle)
             self._fields = list(reader.fieldnames or [])
             dropped = False
@@ -171,7 +171,7 @@ class RunLogger:
                 self._rewrite_csv()
             else:
                 if self._csv is None:
-                    handle = open(self.run_dir / "metrics.csv", "a", newline="")
+                    handle = open(self.run_dir / "metrics.csv", "a", newline="", encoding="utf-8")
                     self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
                 handle, writer = self._csv
                 writer.writerow(_csv_row(row))
@@ -221,7 +221,8 @@ class RunLogger:
         writer.writeheader()
         writer.writerows(_csv_row(row) for row in self.rows)
         write_atomic(self.run_dir / "metrics.csv", text.getvalue())
-        handle = open(self.run_dir / "metrics.csv", "a", newline="")  # noqa: SIM115 (kept open to append rows)
+        # (kept open to append rows)
+        handle = open(self.run_dir / "metrics.csv", "a", newline="", encoding="utf-8")  # noqa: SIM115
         self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
 
     def close(self) -> None:

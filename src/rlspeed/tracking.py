@@ -64,7 +64,7 @@ class WandbTracker:
         id_file = Path(run_dir) / "wandb" / "run-id" if run_dir is not None else None
         run_id = None
         if id_file is not None and id_file.is_file():
-            run_id = id_file.read_text().strip() or None
+            run_id = id_file.read_text(encoding="utf-8").strip() or None
         try:
             self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "rlspeed",
                                   entity=entity or None, name=name or (Path(run_dir).name if run_dir else None),

@@ -120,7 +120,7 @@ def load(key: str) -> dict[str, Any] | None:
     if root is None:
         return None
     try:
-        return json.loads((root / f"{key}.json").read_text())
+        return json.loads((root / f"{key}.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 

@@ -84,7 +84,7 @@ def _shipped(algo: str, env_id: str) -> Preset:
     path = resources.files(__package__) / f"{algo}.yaml"
     if not path.is_file():
         return Preset({}, "rlspeed-default", f"{algo}'s defaults (rlspeed ships no {algo} presets)")
-    presets = yaml.safe_load(path.read_text()) or {}
+    presets = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
     if env_id in presets and env_id not in ("default", ATARI_KEY):

@@ -187,7 +187,7 @@ def hyperparams_file(algo: str) -> Path:
 
 def zoo_entries(algo: str) -> dict[str, dict]:
     """Every entry of the installed RL-Zoo YAML for `algo`, by env id (and RL-Zoo's `atari` entry)."""
-    entries = yaml.safe_load(hyperparams_file(algo).read_text()) or {}
+    entries = yaml.safe_load(hyperparams_file(algo).read_text(encoding="utf-8")) or {}
     return {str(env_id): dict(entry or {}) for env_id, entry in entries.items()}
 
 
