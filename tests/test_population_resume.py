@@ -239,6 +239,11 @@ def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_pa
     assert "--resume continues from checkpoint.safetensors, written at 384 steps per member" in err
     partial = json.loads((out / "summary.json").read_text())
     assert partial["interrupted"] is True
+    # the finished summary's keys (it had 8 of them: no aggregate, population, sps, ...), null where not measured
+    assert set(partial) == set(expected) and partial["aggregate"]["final_eval"] is None
+    assert [set(member) for member in partial["members"]] == [set(member) for member in expected["members"]]
+    assert all(member["final_eval"] is None for member in partial["members"])
+    assert (out / "learning_curves.png").is_file()
     # each member's results so far, as the finished summary has them up to that step
     for member, whole in zip(partial["members"], expected["members"]):
         assert member["curve"] == [point for point in whole["curve"] if point[0] <= 384]

@@ -621,17 +621,26 @@ def _train_population(args: argparse.Namespace) -> int:
             values = progress.get(key)
             return values[k] if isinstance(values, list) and len(values) == len(seeds) else None
 
-        partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
-                   "total_timesteps": population.num_timesteps, "preset": args.preset_info,
-                   "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
-                                "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
-                                "confirmations": so_far("confirmations", k) or [], **left.get(k, {})}
-                               for k, seed in enumerate(seeds)]}
+        so_far_summary = getattr(population, "summary", None)
+        if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
+            # (the loop's own: a finished run's keys, null where nothing was measured yet)
+            partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
+                       "resumed_from": resumed_from}
+        else:  # (stopped before the training loop began)
+            partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
+                       "total_timesteps": population.num_timesteps, "preset": args.preset_info,
+                       "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
+                                    "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
+                                    "confirmations": so_far("confirmations", k) or [], **left.get(k, {})}
+                                   for k, seed in enumerate(seeds)]}
         with _signals_ignored():
             # each member as a model of its own, as it stands (rlspeed eval / export take them), then the summary
             partial["member_models"] = (_save_member_models(population, partial, run_dir)
                                         if population.num_timesteps > 0 else {})
             _write_summary(run_dir, partial)
+            if any(member.get("curve") for member in partial["members"]):
+                with contextlib.suppress(OSError):  # (the plot of the evaluations so far: the summary holds them)
+                    plot_learning_curves(partial, run_dir / "learning_curves.png")
         if checkpoint.exists():
             from rlspeed.checkpoint import load_checkpoint
 

@@ -503,6 +503,12 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
     return torch.where(finished, returns, info["episode_return"]), finished, succeeded
 
 
+def _shortest(means: list[float]) -> list[float]:
+    """float32 evaluation means as their shortest decimals (403.3, as `rlspeed eval` prints a member's, not
+    403.29998779296875): summary.json's curves and final evaluations, and what `on_eval` receives."""
+    return [float(str(np.float32(mean))) for mean in means]
+
+
 @dataclasses.dataclass
 class _LoopProgress:
     """What a `learn` loop has measured so far (members by original index), and when its next evaluation and
@@ -1205,6 +1211,10 @@ class PopulationBase:
         try:
             self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                              on_eval, run_dir, stop_requested, bar)
+        except KeyboardInterrupt:
+            # (what the members reached so far, in the finished summary's form, without its final evaluation)
+            self.summary = self._summary(loop, target_return, eval_episodes, stop, final=False)
+            raise
         finally:
             torch.set_num_threads(threads_before)
             bar.close()
@@ -1251,15 +1261,16 @@ class PopulationBase:
         from rlspeed.algos.base import CONFIRM_SEED
 
         members = list(self.alive)
-        means = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members], eval_episodes,
-                              members).tolist()
+        means = _shortest(self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps for k in members],
+                                        eval_episodes, members).tolist())
         for k, mean in zip(members, means):
             loop.curves[k].append([self.num_timesteps, mean])
         if target_return is not None:
             hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
             if confirm_target and hits:
-                confirming = self.evaluate([self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits],
-                                           eval_episodes, hits).tolist()
+                confirming = _shortest(self.evaluate(
+                    [self.seeds[k] + 100_000 + self.num_timesteps + CONFIRM_SEED for k in hits], eval_episodes,
+                    hits).tolist())
                 for k, mean in zip(hits, confirming):
                     loop.confirmations[k].append([self.num_timesteps, mean])
                 hits = [k for k, mean in zip(hits, confirming) if mean >= target_return]
@@ -1284,30 +1295,29 @@ class PopulationBase:
         self.progress = loop.snapshot()
         self.save(Path(run_dir) / CHECKPOINT_NAME)
 
-    def _summary(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str) -> dict:
+    def _summary(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
+                 final: bool = True) -> dict:
         """`learn`'s summary after its loop: a final evaluation of every member that did not diverge, each member's
-        entry and the aggregates."""
-        scored = [k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})]
+        entry and the aggregates; `final` False (an interrupted loop): the same keys, `"interrupted": True`, and no
+        final evaluation (each member's `final_eval` and the aggregate's None)."""
+        scored = [k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})] if final else []
         final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
-        # (float32 means, written as their shortest decimals: 403.3, as `rlspeed eval` prints the member's, not
-        # 403.29998779296875)
-        final_means = ([float(str(np.float32(mean))) for mean in
-                        self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist()]
+        final_means = (_shortest(self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist())
                        if scored else [])
-        final = dict(zip(scored, final_means))
+        finals_by_member = dict(zip(scored, final_means))
         rates = dict(zip(scored, self.last_success_rates)) if scored and self.last_success_rates else {}
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
                      "time_to_target_s": loop.time_to_target_s[k], "steps_to_target": loop.steps_to_target[k],
                      # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
-                     "final_eval": ({"mean": final[k], "episodes": eval_episodes, "seed": final_seeds[k],
+                     "final_eval": ({"mean": finals_by_member[k], "episodes": eval_episodes, "seed": final_seeds[k],
                                      **({"success_rate": rates[k]} if rates.get(k) is not None else {})}
-                                    if k in final else None),
+                                    if k in finals_by_member else None),
                      "curve": loop.curves[k], "confirmations": loop.confirmations[k]}
             entry.update(loop.left.get(k, {}))
             members.append(entry)
-        finals = [mean for mean in final.values() if math.isfinite(mean)]
+        finals = [mean for mean in finals_by_member.values() if math.isfinite(mean)]
         reached_steps = [s for s in loop.steps_to_target if s is not None]
         reached_times = [t for t in loop.time_to_target_s if t is not None]
         exits = loop.left.values()
@@ -1320,7 +1330,7 @@ class PopulationBase:
             "total_timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s, "train_cpu_s": loop.train_cpu_s,
             "sps": loop.member_steps / max(loop.train_wall_s, 1e-9), "target_return": target_return,
             "reached": sum(loop.reached), "pruned": sum("pruned_at" in v for v in exits),
-            "diverged": sum("diverged_at" in v for v in exits), "members": members,
+            "diverged": sum("diverged_at" in v for v in exits), "interrupted": not final, "members": members,
             "aggregate": {"final_eval": aggregate(finals) if finals else None,
                           # (goal envs: each member's final success rate, aggregated as the returns are)
                           **({"final_success_rate": aggregate([r for r in rates.values() if r is not None])}
