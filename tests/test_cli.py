@@ -796,6 +796,18 @@ def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 300
 
 
+def test_a_command_whose_output_is_all_it_does_stops_when_its_reader_leaves(tmp_path):
+    """`rlspeed doctor | head -2`: the doctor went on measuring for half a minute after the reader had left, its
+    lines going nowhere. It stops at the next line, with exit code 141 (128 + SIGPIPE) as Unix tools do."""
+    process = subprocess.Popen([sys.executable, "-m", "rlspeed", "doctor"], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    first = process.stdout.readline()
+    process.stdout.close()  # (the reader leaves after one line)
+    stderr = process.stderr.read()
+    assert process.wait(timeout=300) == 141, stderr
+    assert first.startswith("rlspeed doctor") and "Traceback" not in stderr and "BrokenPipe" not in stderr
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="closes a file descriptor before exec")
 @pytest.mark.parametrize("closed", [1, 2])
 def test_a_closed_output_stream_changes_neither_the_exit_code_nor_the_other_streams_output(tmp_path, closed):

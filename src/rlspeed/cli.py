@@ -2211,6 +2211,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(
             stream if stream is not None else open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 (for the run)
             for stream in (sys.stdout, sys.stderr))
+        # (a command whose output is all it does stops when the reader of its output leaves, `rlspeed doctor | head`,
+        # as Unix tools do; training, tuning, exporting and filming go on)
+        command = next((arg for arg in argv if not arg.startswith("-")), None)
+        sys.stdout.stop_when_gone = command in ("doctor", "profile") or (
+            command == "eval" and not any(arg.startswith("--video") for arg in argv))
     # (a caller in the same process keeps its torch thread count, and its later models their default one: the
     # command sets both for itself, `configure_threads`)
     threads_before = None if console or "torch" not in sys.modules else sys.modules["torch"].get_num_threads()
@@ -2229,6 +2234,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             traceback.print_exc()
             return 2
+        except _ReaderLeft:  # (a command whose output is all it does, its reader gone: 128 + SIGPIPE, as Unix tools)
+            code = 141
+            return code
         except SystemExit as leaving:  # (--help, --version: argparse exits; a caller passing argv gets the code)
             if console:
                 raise
@@ -2265,6 +2273,8 @@ class _ReaderMayLeave:
 
     def __init__(self, stream):
         self._stream = stream
+        #: raise `_ReaderLeft` once the reader has left (a command whose output is all it does: `main` sets it)
+        self.stop_when_gone = False
 
     def write(self, text: str) -> int:
         try:
@@ -2281,13 +2291,20 @@ class _ReaderMayLeave:
 
     def _reader_left(self) -> None:
         """Point the stream's file descriptor at os.devnull (what is still buffered, and Python's flush at exit, then
-        write nowhere instead of failing again)."""
+        write nowhere instead of failing again); then `_ReaderLeft` where the command should stop."""
         with contextlib.suppress(OSError, ValueError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:
                 os.dup2(devnull, self._stream.fileno())
             finally:
                 os.close(devnull)
+        if self.stop_when_gone:
+            self.stop_when_gone = False  # (once: the command's own clean-up may still write)
+            raise _ReaderLeft
+
+
+class _ReaderLeft(BaseException):  # noqa: N818 (a stop, like KeyboardInterrupt: past `except Exception`)
+    """The reader of a command's output left, and the command's output is all it does (`_ReaderMayLeave`)."""
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
