@@ -782,16 +782,22 @@ def _rlspeed(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
 
 
-def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
-    """`rlspeed train ... | head -1`: the first write after the reader left raised BrokenPipeError, a traceback and
-    exit code 1 after a run that had trained and saved (or in the middle of one)."""
-    process = subprocess.Popen([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--total-timesteps",
-                                "300", "--num-envs", "2", "--out", "run"], cwd=tmp_path, stdout=subprocess.PIPE,
+def _reader_leaves_after_one_line(argv: list[str], cwd) -> tuple[str, str, int]:
+    """`rlspeed ARGV | head -1` in a fresh process: (the line read, its stderr, its exit code)."""
+    process = subprocess.Popen([sys.executable, "-m", "rlspeed", *argv], cwd=cwd, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     first = process.stdout.readline()
     process.stdout.close()  # (the reader leaves after one line)
     stderr = process.stderr.read()
-    assert process.wait(timeout=300) == 0, stderr
+    return first, stderr, process.wait(timeout=300)
+
+
+def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
+    """`rlspeed train ... | head -1`: the first write after the reader left raised BrokenPipeError, a traceback and
+    exit code 1 after a run that had trained and saved (or in the middle of one)."""
+    first, stderr, code = _reader_leaves_after_one_line(["train", "ppo", "CartPole-v1", "--total-timesteps", "300",
+                                                         "--num-envs", "2", "--out", "run"], tmp_path)
+    assert code == 0, stderr
     assert first.startswith("rlspeed: ") and "Traceback" not in stderr and "BrokenPipe" not in stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 300
 
@@ -799,12 +805,8 @@ def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
 def test_a_command_whose_output_is_all_it_does_stops_when_its_reader_leaves(tmp_path):
     """`rlspeed doctor | head -2`: the doctor went on measuring for half a minute after the reader had left, its
     lines going nowhere. It stops at the next line, with exit code 141 (128 + SIGPIPE) as Unix tools do."""
-    process = subprocess.Popen([sys.executable, "-m", "rlspeed", "doctor"], cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    first = process.stdout.readline()
-    process.stdout.close()  # (the reader leaves after one line)
-    stderr = process.stderr.read()
-    assert process.wait(timeout=300) == 141, stderr
+    first, stderr, code = _reader_leaves_after_one_line(["doctor"], tmp_path)
+    assert code == 141, stderr
     assert first.startswith("rlspeed doctor") and "Traceback" not in stderr and "BrokenPipe" not in stderr
 
 
