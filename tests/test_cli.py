@@ -20,6 +20,7 @@ from conftest import cli_error, needs_torch_export
 
 from rlspeed import PPO, UserError, cli
 from rlspeed.algos import ALGORITHMS
+from rlspeed.device import resolve_device
 
 TIMEOUT_S = 300
 
@@ -139,7 +140,7 @@ def test_train_writes_the_run_directory(runs):
     for field, expected in SUMMARY_FIELDS.items():
         assert_type(summary[field], expected)
     assert summary["algo"] == "ppo" and summary["env_id"] == "CartPole-v1" and summary["seed"] == 0
-    assert summary["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    assert summary["device"] == str(resolve_device("auto"))  # (cuda:0, npu:0, xpu:0, mps:0 or cpu)
     assert summary["env_backend"] in ("torch", "gymnasium")
     assert summary["total_timesteps"] == 4096
     assert summary["train_wall_s"] > 0 and summary["sps"] > 0
@@ -1434,6 +1435,7 @@ def test_a_value_whose_yaml_comment_would_be_dropped_is_refused():
 SIGNAL_AT = """
 import os, signal, sys
 from rlspeed import cli
+from rlspeed.device import resolve_device
 from rlspeed.algos.base import Algorithm
 where, name = sys.argv.pop(1), sys.argv.pop(1)
 owner, attribute = (Algorithm, "save") if where == "save" else (cli, where)

@@ -14,12 +14,13 @@ import numpy as np
 import pytest
 import torch
 
+from rlspeed.device import ACCELERATOR_ORDER, is_available
 from rlspeed.envs import NATIVE_ENVS, resolve_backend
 from rlspeed.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
 from rlspeed.envs.mountain_car import MAX_SPEED
 
 ENV_IDS = list(NATIVE_ENVS)
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + [kind for kind in ACCELERATOR_ORDER if is_available(kind)]  # (each accelerator present)
 
 #: Documented reset distributions: each state component uniform in [low, high] (low == high: constant).
 RESET_BOUNDS = {

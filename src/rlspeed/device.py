@@ -93,7 +93,8 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
                                 "RLSPEED_DEVICE (or set it to auto), or give a device (--device cpu).") from None
         for kind in ACCELERATOR_ORDER:
             if is_available(kind):
-                return torch.device(kind, _current_index(kind)) if kind != "mps" else torch.device("mps")
+                # (with its index, as its tensors report theirs: `mps` and `mps:0` are unequal devices in torch)
+                return torch.device(kind, _current_index(kind))
         return torch.device("cpu")
     kind, _, index = spec.partition(":")
     if kind not in ("cpu",) + ACCELERATOR_ORDER:
@@ -107,7 +108,7 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
         if int(index) >= device_count(kind):
             raise UserError(f"Device '{spec}' does not exist: {device_count(kind)} {kind} device(s) visible.")
         return torch.device(kind, int(index))
-    if kind in ("cpu", "mps"):
+    if kind == "cpu":
         return torch.device(kind)
     return torch.device(kind, _current_index(kind))  # (a bare "cuda": the current device, as PyTorch reads it)
 
@@ -137,8 +138,18 @@ def rules(device: torch.device) -> DeviceRules:
         return DeviceRules(torch.int64, supports_compile=False, supports_graphs=False, float64=False)
     if device.type == "cuda":
         return DeviceRules(torch.int64, supports_compile=True, supports_graphs=True)
+    if device.type == "xpu":  # (Intel's Arc and integrated GPUs have no float64; Data Center GPUs do)
+        return DeviceRules(torch.int64, supports_compile=True, supports_graphs=False, float64=_xpu_has_fp64(device))
     return DeviceRules(torch.int64, supports_compile=True, supports_graphs=False,
                        channels_last_convs=device.type == "cpu")
+
+
+def _xpu_has_fp64(device: torch.device) -> bool:
+    """Whether an Intel GPU computes in float64 (its properties' `has_fp64`; assumed not where torch cannot say)."""
+    try:
+        return bool(torch.xpu.get_device_properties(device).has_fp64)
+    except Exception:
+        return False
 
 
 def synchronize(device: torch.device) -> None:
@@ -170,6 +181,11 @@ def free_memory_bytes(device: torch.device) -> int | None:
         try:
             free, _total = module.mem_get_info(device)
             return int(free)
+        except Exception:
+            return None
+    if device.type == "mps":  # (no mem_get_info: what Metal recommends for the process, less what it holds)
+        try:
+            return max(int(torch.mps.recommended_max_memory()) - int(torch.mps.driver_allocated_memory()), 0)
         except Exception:
             return None
     return None

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.device import resolve_device
+from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.envs.gymnasium_env import reward_wrappers
@@ -194,7 +194,7 @@ def _own_random_stream(model, env_device: torch.device, seed: int | None, num_en
     kinds = {device.type for device in devices}
     device_type = kinds.pop() if len(kinds) == 1 else "cuda"
     module = getattr(torch, device_type, None)
-    indices = sorted({device.index if device.index is not None else module.current_device()
+    indices = sorted({device.index if device.index is not None else _current_index(device_type)
                       for device in devices if device.type == device_type})
     with torch.random.fork_rng(devices=indices, device_type=device_type):
         value = seed if seed is not None else secrets.randbelow(2**31)

@@ -2101,7 +2101,8 @@ class Algorithm:
                 config["num_envs"] = env.num_envs
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
         # move the caller's random streams
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), warnings.catch_warnings():
+        forked = {"devices": [device], "device_type": device.type} if device.type != "cpu" else {"devices": []}
+        with torch.random.fork_rng(**forked), warnings.catch_warnings():
             warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
             model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
         model._env_given = env is not None and not made  # (an env load made from an id is made again after close)
