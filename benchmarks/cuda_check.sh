@@ -68,7 +68,7 @@ export DEVICE
 # of steps: --accelerate auto (on CUDA: autograd through accelerate_step, whole-step graphs) against --accelerate off
 # (the hand-derived updates, fp32)
 # (every run goes on after a failed one; the part fails if any did)
-learning="train ppo ppo CartPole-v1 || failed=1; train dqn dqn CartPole-v1 || failed=1; \
+learning="train ppo ppo CartPole-v1 || failed=1; train a2c a2c CartPole-v1 || failed=1; train dqn dqn CartPole-v1 || failed=1; \
 train sac sac Pendulum-v1 || failed=1; train ddpg ddpg Pendulum-v1 || failed=1;"
 [ "$QUICK" = 1 ] && learning=""
 part train 200 bash -c "failed=0; mkdir -p /tmp/rlspeed-runs; $learning train td3 td3 Pendulum-v1 || failed=1; \

@@ -541,3 +541,21 @@ def test_the_reference_is_timed_in_every_round_even_after_one_slow_round():
     timings = time_runners({EAGER_FP32: reference, BF16: lambda: time.sleep(0.002)}, torch.device("cpu"),
                            budget_s=0.2, rounds=5)
     assert len(timings[EAGER_FP32]) == len(timings[BF16]) == 5
+
+
+def test_a_pinned_host_input_is_copied_before_the_call_returns(monkeypatch):
+    """A pinned host batch was copied to CUDA with non_blocking=True: the call returned while the copy could still
+    be reading it, and a caller refilling its pinned buffer (a DataLoader's, a staging tensor) changed the batch the
+    step trained on. The copy blocks, as the plain `.to(device)` the call stands in for. (Faked on a CPU.)"""
+    from rlspeed.accel.inputs import InputConverter
+
+    asked = {}
+
+    def to(self, *args, **kwargs):
+        asked.update(kwargs)
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
+    InputConverter(torch.device("cuda"), torch.float32)((torch.zeros(4, 3),), {})
+    assert asked["device"] == torch.device("cuda") and not asked.get("non_blocking", False)

@@ -15,6 +15,7 @@ from torch import nn
 
 from rlspeed.accel import accelerate_step
 from rlspeed.accel.graphs import (
+    MAX_GRAPHS,
     MAX_SIGNATURES,
     MAX_STATE_CHANGES,
     WARMUP_CALLS,
@@ -218,6 +219,25 @@ def test_graphs_warm_up_then_capture_once_and_replay(traced):
     assert trace == WARM + ["capture", "replay", "replay", "replay"]
 
 
+def test_signatures_kept_are_the_recently_replayed_and_more_in_turn_than_kept_turn_graphs_off(traced):
+    """A fifth batch size dropped the oldest capture, not the least recently used (a rare size cost the hot one its
+    graph); five sizes in turn captured on every call, far slower than eager, and nothing turned graphs off."""
+    graphs, _, trace = traced
+    sizes = [8, 16, 32, 64]
+    for rows in sizes:
+        _calls(graphs, WARMUP_CALLS + 1, rows)
+    _calls(graphs, 1, 8)  # (the first size replayed again: now the most recently used)
+    _calls(graphs, WARMUP_CALLS + 1, 128)  # (a fifth: the least recently used, 16, makes room)
+    trace.clear()
+    _calls(graphs, 1, 8)
+    assert trace == ["replay"]
+    for _ in range(MAX_GRAPHS + 2):
+        for rows in [*sizes, 128]:
+            _calls(graphs, 1, rows)
+    assert graphs.off is not None and "input signatures in use in turn" in graphs.off
+    assert trace.count("capture") <= MAX_GRAPHS + 1
+
+
 def test_changed_optimizer_state_is_warmed_up_again_before_the_next_capture(traced):
     graphs, step, trace = traced
     _calls(graphs, WARMUP_CALLS + 1)
@@ -304,6 +324,24 @@ def test_turning_graphs_off_shows_in_the_strategy_report_and_summary(isolated_ac
     assert not step.strategy.graphs
     assert step.report.summary()["graphs"] == "false"
     assert step.report.decisions[-1].source == "fallback" and "a reason" in str(step.report)
+
+
+def test_an_optimizer_a_capture_cannot_record_gets_no_graph_label_and_keeps_its_hand_derived_update(monkeypatch):
+    """On a graphs device (CUDA), A2C's RMSprop cannot be captured: its update said "autograd+graphs" while it ran
+    eagerly, and its hand-derived update was passed over. It takes the hand-derived update, saying why there is no
+    graph; PPO's Adam keeps the whole-step graph. (A CPU standing in for a graphs device.)"""
+    import dataclasses
+
+    from rlspeed import A2C, PPO
+    from rlspeed.algos import update
+    from rlspeed.device import rules
+
+    monkeypatch.setattr(update, "rules", lambda device: dataclasses.replace(rules(device), supports_graphs=True))
+    a2c = A2C("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=8)
+    summary = a2c.update_summary()
+    assert summary["implementation"] == "hand-derived" and a2c._update_step.hand_derived is not None
+    assert "no whole-step CUDA graph: RMSprop is not captured" in summary["reason"]
+    assert PPO("CartPole-v1", device="cpu", seed=0).update_summary()["implementation"] == "autograd+graphs"
 
 
 # --- on a GPU -----------------------------------------------------------------------------------------------------

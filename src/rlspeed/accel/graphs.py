@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from rlspeed.accel.step import AcceleratedStep
 
 WARMUP_CALLS = 3  # eager calls per input signature before its capture
-MAX_GRAPHS = 4  # input signatures kept captured at once (the oldest is dropped for a fifth)
+MAX_GRAPHS = 4  # input signatures kept captured at once (the least recently replayed is dropped for a fifth)
 MAX_STATE_CHANGES = 3  # state changes within STATE_CHANGE_WINDOW calls of each other before graphs turn off
 STATE_CHANGE_WINDOW = 200
 MAX_SIGNATURES = 16  # distinct input signatures seen before graphs turn off (arguments that change on every call)
@@ -65,7 +65,12 @@ def capture_blocker(step: AcceleratedStep, precision: str) -> str | None:
     """Why `step` (on CUDA) cannot be captured as a whole-step CUDA graph with `precision` (None: it can)."""
     if precision == "fp16":
         return "fp16's GradScaler reads the skipped-step decision on the host"
-    for optimizer in step.optimizers:
+    return optimizer_capture_blocker(step.optimizers)
+
+
+def optimizer_capture_blocker(optimizers: list[torch.optim.Optimizer]) -> str | None:
+    """Why a step of `optimizers` cannot be captured as a whole-step CUDA graph (None: it can)."""
+    for optimizer in optimizers:
         if type(optimizer) not in CAPTURABLE_OPTIMIZERS:
             return (f"{type(optimizer).__name__} is not captured (whole-step graphs take "
                     f"{'/'.join(c.__name__ for c in CAPTURABLE_OPTIMIZERS)})")
@@ -146,6 +151,7 @@ class StepGraphs:
         self.calls_at_change = 0
         self.captures = 0
         self.replays = 0
+        self.evictions = 0  # captured graphs dropped for another signature's
         self.off: str | None = None  # why graphs were turned off for good
         self._modules = reachable_submodules(step.loss_fn)
         self._values = named_numbers(step.loss_fn)
@@ -180,8 +186,10 @@ class StepGraphs:
             # capture follows only a call that changed nothing.
             self.warming = {key: min(count, WARMUP_CALLS - 1) for key, count in self.warming.items()}
             self.state = state
-        captured = self.graphs.get(signature)
-        if captured is None:
+        captured = self.graphs.pop(signature, None)  # (put back last: the dict runs least to most recently used)
+        if captured is not None:
+            self.graphs[signature] = captured
+        else:
             if signature not in self.warming and len(self.warming) >= MAX_SIGNATURES:
                 self._turn_off(f"more than {MAX_SIGNATURES} different input signatures (shapes, dtypes or values of "
                                "non-tensor arguments: a float argument that changes on every call?)")
@@ -196,6 +204,12 @@ class StepGraphs:
                     self._turn_off(f"the step synchronises with the host ({synced}), e.g. .item() or a branch on a "
                                    "tensor's value, which a CUDA graph cannot replay")
                 return outputs
+            if len(self.graphs) >= MAX_GRAPHS and self.evictions >= MAX_GRAPHS:
+                # (more signatures in turn than graphs kept, five batch sizes in a cycle: every call would capture,
+                # far slower than eager)
+                self._turn_off(f"more than {MAX_GRAPHS} input signatures in use in turn (batch sizes, shapes): "
+                               "each was captured again and again")
+                return self.update(args, kwargs)
             current = torch.cuda.current_stream(self.step.device)
             pool = torch.cuda.graph_pool_handle()
             try:
@@ -209,8 +223,9 @@ class StepGraphs:
                 self._discard_failed_capture()
                 self._turn_off(f"capture failed ({_first_line(_first_cause(error))})")
                 return self.update(args, kwargs)
-            if len(self.graphs) >= MAX_GRAPHS:
+            if len(self.graphs) >= MAX_GRAPHS:  # (the least recently replayed goes)
                 self.graphs.pop(next(iter(self.graphs)))
+                self.evictions += 1
             self.graphs[signature] = captured
             self.state = self._state()  # capturing may switch lazily created state (first grads)
         return self._replay(captured, args, kwargs)

@@ -81,8 +81,9 @@ class InputConverter:
             dtype = self.index_dtype
         if tensor.device == self.device and dtype == tensor.dtype:
             return tensor
-        return tensor.to(device=self.device, dtype=dtype, non_blocking=tensor.device.type == "cpu"
-                         and self.device.type == "cuda" and tensor.is_pinned())
+        # (a blocking copy, as the plain `.to(device)` the call stands in for: a caller may refill its pinned host
+        # buffer as soon as the call returns, which an asynchronous copy could still be reading)
+        return tensor.to(device=self.device, dtype=dtype)
 
 
 def floating_dtype(tensors: Any) -> torch.dtype:

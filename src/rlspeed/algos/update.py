@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from rlspeed.accel import accelerate_step
+from rlspeed.accel.graphs import optimizer_capture_blocker
 from rlspeed.accel.strategy import ENV_VAR, normalise_request
 from rlspeed.device import rules
 from rlspeed.fused import precision as fused_precision
@@ -124,6 +125,10 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
     device, accelerate, strategy = algo.device, algo.accelerate, algo.strategy
     # whole-step graphs do not all-reduce gradients: several processes keep the eager steps
     graphs = (rules(device).supports_graphs and normalise_request().graphs != "off" and not strategy.enabled)
+    # (an optimizer a capture cannot record, A2C's RMSprop: no graph, so the hand-derived update where there is one)
+    blocker = optimizer_capture_blocker([optimizer]) if graphs else None
+    graphs = graphs and blocker is None
+    not_graphed = f"; no whole-step CUDA graph: {blocker}" if blocker else ""
     if hand_derived is None:
         reason = f"{type(algo).__name__} has no hand-derived update"
     elif reference_cls is not None and (overridden := [
@@ -151,9 +156,10 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         update = hand_derived()
         step = fused_precision.for_accelerate(update, accelerate, device, name)
         how = f"forced by {ENV_VAR}" if getattr(step, "forced", False) else "measured by --accelerate auto"
-        reason = "default on this device" + (f" (matmul precision {how})" if accelerate == "auto" else "")
+        reason = "default on this device" + (f" (matmul precision {how})" if accelerate == "auto" else "") + not_graphed
         return UpdateStep(step, UpdateChoice(HAND_DERIVED, reason), accepts_hints=True,
                           updates_targets=updates_targets, report=getattr(step, "report", None), hand_derived=update)
+    reason += not_graphed
     if graphs or accelerate == "auto":
         # On a graphs device without --accelerate auto: the fp32 eager step, captured (no precision or compile search)
         options = {} if accelerate == "auto" else {"precision": "fp32", "compile": False}
