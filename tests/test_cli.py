@@ -803,6 +803,23 @@ def test_a_log_reader_that_leaves_neither_stops_the_run_nor_fails_it(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["total_timesteps"] >= 300
 
 
+def test_the_console_streams_tell_what_the_real_ones_do(tmp_path):
+    """The wrapper the command puts on stdout and stderr (for a reader that leaves) lost its forwarding of the
+    stream's attributes: isatty() was missing, so a terminal got status lines instead of a progress bar, and
+    fileno() and encoding failed for anything that reads them."""
+    from rlspeed.cli import _ReaderMayLeave
+    from rlspeed.logging import _is_terminal
+
+    with open(tmp_path / "log", "w", encoding="utf-8") as file:
+        wrapped = _ReaderMayLeave(file)
+        assert wrapped.fileno() == file.fileno() and wrapped.encoding == "utf-8" and not _is_terminal(wrapped)
+    if hasattr(os, "openpty"):
+        leader, follower = os.openpty()
+        with os.fdopen(follower, "w") as terminal:
+            assert _is_terminal(_ReaderMayLeave(terminal))
+        os.close(leader)
+
+
 def test_a_command_whose_output_is_all_it_does_stops_when_its_reader_leaves(tmp_path):
     """`rlspeed doctor | head -2`: the doctor went on measuring for half a minute after the reader had left, its
     lines going nowhere. It stops at the next line, with exit code 141 (128 + SIGPIPE) as Unix tools do."""

@@ -18,6 +18,7 @@ from rlspeed.accel.graphs import (
     MAX_GRAPHS,
     MAX_SIGNATURES,
     MAX_STATE_CHANGES,
+    MIN_REPLAYS_PER_CAPTURE,
     WARMUP_CALLS,
     StepGraphs,
     _signature,
@@ -231,6 +232,12 @@ def test_signatures_kept_are_the_recently_replayed_and_more_in_turn_than_kept_tu
     trace.clear()
     _calls(graphs, 1, 8)
     assert trace == ["replay"]
+    for _ in range(3):  # (a rare fifth size now and then, between long stretches of the four: graphs stay on)
+        for rows in sizes:
+            _calls(graphs, MIN_REPLAYS_PER_CAPTURE + 1, rows)
+        _calls(graphs, 1, 128)
+    assert graphs.off is None
+    trace.clear()
     for _ in range(MAX_GRAPHS + 2):
         for rows in [*sizes, 128]:
             _calls(graphs, 1, rows)

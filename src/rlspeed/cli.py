@@ -2214,8 +2214,8 @@ def main(argv: list[str] | None = None) -> int:
         # (a command whose output is all it does stops when the reader of its output leaves, `rlspeed doctor | head`,
         # as Unix tools do; training, tuning, exporting and filming go on)
         command = next((arg for arg in argv if not arg.startswith("-")), None)
-        sys.stdout.stop_when_gone = command in ("doctor", "profile") or (
-            command == "eval" and not any(arg.startswith("--video") for arg in argv))
+        sys.stdout.stop_when_gone = command in ("doctor", "profile") or (command == "eval" and not any(
+            len(flag) > 3 and "--video".startswith(flag) for flag in (arg.split("=")[0] for arg in argv)))
     # (a caller in the same process keeps its torch thread count, and its later models their default one: the
     # command sets both for itself, `configure_threads`)
     threads_before = None if console or "torch" not in sys.modules else sys.modules["torch"].get_num_threads()
@@ -2302,12 +2302,12 @@ class _ReaderMayLeave:
             self.stop_when_gone = False  # (once: the command's own clean-up may still write)
             raise _ReaderLeft
 
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
 
 class _ReaderLeft(BaseException):  # noqa: N818 (a stop, like KeyboardInterrupt: past `except Exception`)
     """The reader of a command's output left, and the command's output is all it does (`_ReaderMayLeave`)."""
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
 
 
 #: the warnings this command has shown (`_show_warning`: each once)

@@ -56,6 +56,9 @@ WARMUP_CALLS = 3  # eager calls per input signature before its capture
 MAX_GRAPHS = 4  # input signatures kept captured at once (the least recently replayed is dropped for a fifth)
 MAX_STATE_CHANGES = 3  # state changes within STATE_CHANGE_WINDOW calls of each other before graphs turn off
 STATE_CHANGE_WINDOW = 200
+#: replays between two captures that drop a kept graph (one signature too many) below which they count as a cycle:
+#: more than MAX_GRAPHS such in a row turn graphs off (a capture costs many eager steps)
+MIN_REPLAYS_PER_CAPTURE = 32
 MAX_SIGNATURES = 16  # distinct input signatures seen before graphs turn off (arguments that change on every call)
 CAPTURABLE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)  # whose step state make_capturable moves correctly
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's warning in sync debug mode "warn"
@@ -151,7 +154,8 @@ class StepGraphs:
         self.calls_at_change = 0
         self.captures = 0
         self.replays = 0
-        self.evictions = 0  # captured graphs dropped for another signature's
+        self.evictions = 0  # captured graphs dropped for another signature's, few replays apart
+        self.replays_at_eviction = 0
         self.off: str | None = None  # why graphs were turned off for good
         self._modules = reachable_submodules(step.loss_fn)
         self._values = named_numbers(step.loss_fn)
@@ -204,7 +208,8 @@ class StepGraphs:
                     self._turn_off(f"the step synchronises with the host ({synced}), e.g. .item() or a branch on a "
                                    "tensor's value, which a CUDA graph cannot replay")
                 return outputs
-            if len(self.graphs) >= MAX_GRAPHS and self.evictions >= MAX_GRAPHS:
+            if (len(self.graphs) >= MAX_GRAPHS and self.evictions >= MAX_GRAPHS
+                    and self.replays - self.replays_at_eviction < MIN_REPLAYS_PER_CAPTURE):
                 # (more signatures in turn than graphs kept, five batch sizes in a cycle: every call would capture,
                 # far slower than eager)
                 self._turn_off(f"more than {MAX_GRAPHS} input signatures in use in turn (batch sizes, shapes): "
@@ -225,7 +230,11 @@ class StepGraphs:
                 return self.update(args, kwargs)
             if len(self.graphs) >= MAX_GRAPHS:  # (the least recently replayed goes)
                 self.graphs.pop(next(iter(self.graphs)))
-                self.evictions += 1
+                # (counted while fewer than MIN_REPLAYS_PER_CAPTURE replays come between them: a rare fifth signature,
+                # or signatures used in long stretches, each capture paid for by many replays, is no cycle)
+                cycling = self.replays - self.replays_at_eviction < MIN_REPLAYS_PER_CAPTURE
+                self.evictions = self.evictions + 1 if cycling else 1
+                self.replays_at_eviction = self.replays
             self.graphs[signature] = captured
             self.state = self._state()  # capturing may switch lazily created state (first grads)
         return self._replay(captured, args, kwargs)

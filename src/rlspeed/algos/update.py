@@ -21,7 +21,8 @@ by the same rules; SAC's hand-derived update does both). Alternatives must match
 3. gSDE (`use_sde=true`: state-dependent noise the hand-derived gradients do not cover), a network the
    hand-derived update does not cover (say `activation=elu`), or an optimizer other than the plain torch.optim.Adam
    (A2C: RMSprop, or Adam) it steps (a subclass's `_make_optimizer`): autograd;
-4. a device with whole-step graphs: autograd+graphs;
+4. a device with whole-step graphs and an optimizer a capture can record (Adam, AdamW; not A2C's RMSprop, which
+   goes on to the next rules): autograd+graphs;
 5. `RLSPEED_ACCELERATE` forcing a strategy the hand-derived update cannot run (bf16 autocast, compile): autograd;
 6. otherwise hand-derived (with `--accelerate auto`, in the matmul precision measured fastest within tolerance).
 """
