@@ -216,7 +216,9 @@ class AcceleratedStep:
         if self._graphs is not None:
             self._graphs = None
             self.report.note("the parameters the step trains changed (frozen, unfrozen or added): its whole-step "
-                             "CUDA graph was dropped, and it runs eagerly from here.")
+                             "CUDA graph was dropped, and it runs eagerly from here"
+                             + (" until its search chooses (which captures anew)." if self._waiting is not None
+                                else "."))
 
     def _update(self, args: tuple, kwargs: dict) -> Any:
         """One eager update on converted arguments (also what a whole-step CUDA graph captures)."""
