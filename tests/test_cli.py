@@ -6,6 +6,7 @@ The runs are started together (each is mostly interpreter and torch start-up) an
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import re
@@ -1052,8 +1053,9 @@ def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(t
     err = capsys.readouterr().err  # (not also "keeps what the run wrote": the old run, not the new one, is kept)
     assert "keeps the run it held" in err and "keeps what the run wrote" not in err
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+    tensorboard = ["tensorboard"] if importlib.util.find_spec("tensorboard") is not None else []
     assert sorted(p.name for p in (tmp_path / "run").iterdir() if not p.name.startswith(".")) == [
-        "config.yaml", "learning_curve.png", "metrics.csv", "model.safetensors", "summary.json"]
+        "config.yaml", "learning_curve.png", "metrics.csv", "model.safetensors", "summary.json", *tensorboard]
     assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 0  # (a run that trains replaces it, nothing left aside)
     assert (tmp_path / "run" / "model.safetensors").read_bytes() != before
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".rlspeed-overwritten")]

@@ -425,3 +425,25 @@ def test_metrics_csv_is_replaced_whole_so_a_kill_in_its_rewrite_keeps_the_old_ro
     monkeypatch.undo()
     assert (tmp_path / "metrics.csv").read_text() == before
     assert not list(tmp_path.glob(".metrics.csv.*.tmp"))
+
+
+def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
+    """TensorBoard's events hold each metric once per row: a callback's value recorded after the last row was sent
+    again at that step (two points), while metrics.csv kept one cell."""
+    pytest.importorskip("tensorboard")
+    import collections
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    logger = RunLogger(tmp_path, tensorboard=True)
+    logger.log({"timesteps": 100, "episode_return": 5.0, "custom/x": 1.5})
+    logger.log({"timesteps": 200, "episode_return": 6.0, "custom/x": 1.5})
+    logger.amend_last({"custom/x": 1.5, "custom/y": 2.0})  # (what the last iteration's callbacks recorded after it)
+    logger.close()
+    points = collections.Counter()
+    for path in (tmp_path / "tensorboard").iterdir():
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                points[value.tag, event.step] += 1
+    assert points[("custom/x", 200)] == 1 and points[("custom/y", 200)] == 1 and points[("episode_return", 100)] == 1
+    assert max(points.values()) == 1

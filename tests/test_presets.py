@@ -199,6 +199,9 @@ def test_meaning_differences():
     assert translated("ddpg", {"train_freq": [4, "step"]}).hyperparameters["train_freq"] == 4
     episode = translated("ddpg", {"train_freq": [1, "episode"], "gradient_steps": -1})
     assert refused(episode) == {"train_freq"} and episode.hyperparameters["gradient_steps"] == -1
+    # a fixed gradient_steps per episode would become that many per env step (200x as many updates on Pendulum)
+    per_episode = translated("sac", {"train_freq": [1, "episode"], "gradient_steps": 8})
+    assert per_episode.status == "none" and "8 updates per episode" in "; ".join(per_episode.blocking)
     td3 = translated("td3", {"noise_type": "ornstein-uhlenbeck", "noise_std": 0.5}).hyperparameters
     assert (td3["action_noise"], td3["action_noise_std"]) == ("ornstein-uhlenbeck", 0.5)
     assert translated("td3", {"use_sde": False}).status == "full"  # SB3's default: nothing to honour

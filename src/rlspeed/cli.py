@@ -2189,7 +2189,9 @@ def _one_line(message: str) -> str:
     """`message` without terminal colour codes (Gymnasium colours its warnings) and with every other unprintable
     character escaped: a user's text echoed in it cannot break the line."""
     message = re.sub(r"\x1b\[[0-9;]*m", "", message)
-    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in message)
+    # (a file name's undecodable bytes, os.fsdecode's surrogates, are kept: the output prints them as those bytes)
+    return "".join(ch if ch.isprintable() or 0xDC80 <= ord(ch) <= 0xDCFF else ch.encode("unicode_escape").decode(
+        "ascii") for ch in message)
 
 
 def main(argv: list[str] | None = None) -> int:

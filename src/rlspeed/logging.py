@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from rlspeed.errors import UserError
@@ -102,6 +103,16 @@ class ProgressBar:
             self._null = None
 
 
+def _utf8_name(path: Path) -> bool:
+    """Whether a path's name is valid UTF-8 (a directory unpacked from a GBK zip may not be: os.fsdecode's
+    surrogates)."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_terminal(stream) -> bool:
     try:
         return bool(stream.isatty())
@@ -133,7 +144,11 @@ class RunLogger:
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
         self._failed = False  # a write failed (`_writing`)
-        if tensorboard and importlib.util.find_spec("tensorboard") is not None:
+        if tensorboard and importlib.util.find_spec("tensorboard") is not None and not _utf8_name(self.run_dir):
+            # (TensorBoard encodes its file names as UTF-8, and failed on a directory named in another encoding)
+            warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', whose name is not UTF-8: this run has no "
+                          "TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
+        elif tensorboard and importlib.util.find_spec("tensorboard") is not None:
             from torch.utils.tensorboard import SummaryWriter
 
             # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
@@ -206,11 +221,14 @@ class RunLogger:
             self.log(values)
             return
         last = self.rows[-1]
+        # (TensorBoard gets only what is new to the row: a value it has already at that step would be a second
+        # point there)
+        changed = {key: value for key, value in values.items() if key not in last or last[key] != value}
         last.update(values)
         self._fields.extend(key for key in values if key not in self._fields)
         with self._writing():
             self._rewrite_csv()
-            self._send_scalars(values, int(last.get("timesteps", len(self.rows))))
+            self._send_scalars(changed, int(last.get("timesteps", len(self.rows))))
 
     def _rewrite_csv(self) -> None:
         """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append."""

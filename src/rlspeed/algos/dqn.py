@@ -224,8 +224,9 @@ class DQN(OffPolicyAlgorithm):
                 self._prepare_collection(before)
         steps, metrics = super()._train_iteration()
         self._draws = self._collect_weights = None
-        # Target network: every target_update_interval env steps (Stable-Baselines3's convention), by copy (tau=1)
-        # or Polyak. The online network is fixed during collection, so k updates due now are one with 1-(1-tau)^k.
+        # Target network: every target_update_interval env steps of all envs, by copy (tau=1) or Polyak (SB3 counts
+        # vector steps, every interval // n_envs of them: the same with one env, more often with several). The online
+        # network is fixed during collection, so k updates due now are one with 1-(1-tau)^k.
         interval = self.config.target_update_interval
         due = (before + global_steps) // interval - before // interval
         if due > 0:

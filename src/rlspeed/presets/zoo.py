@@ -276,6 +276,7 @@ class _Translator:
         self.blocking: list[str] = []
         self.notes: list[str] = []
         self.differences: list[str] = []
+        self.episode_train_freq: list | None = None  # (an entry's `[n, "episode"]` train_freq, refused)
 
     def differ(self, note: str) -> None:
         """A note on what rlspeed does otherwise than SB3 with the entry (among `notes`, and said by the run)."""
@@ -497,6 +498,7 @@ class _Translator:
         if isinstance(value, (list, tuple)):
             self.refuse("train_freq", f"{list(value)}: rlspeed collects a fixed number of steps per iteration, not "
                                       "whole episodes; its train_freq 1 (with the entry's gradient_steps) is used")
+            self.episode_train_freq = list(value)
         else:
             self.set("train_freq", value, "train_freq")
 
@@ -592,6 +594,16 @@ class _Translator:
         from rlspeed.algos import ALGORITHMS
         from rlspeed.algos.base import build_config, coerce
 
+        episodes = self.episode_train_freq
+        steps = self.hyper.get("gradient_steps", SB3_DEFAULTS[self.algo].get("gradient_steps", 1))
+        if episodes is not None and steps != -1:
+            # (SB3: that many updates per collected episode; here per env step: an episode's length times as many)
+            line = (f"train_freq: {episodes} with gradient_steps {steps} ({steps} updates per episode) would be "
+                    f"{steps} per env step here, an episode's length times as many: give train_freq in steps (the "
+                    "env's episode length, e.g. 200) or gradient_steps -1 (one update per env step collected, as "
+                    "SB3's -1)")
+            self.unsupported.append(line)
+            self.blocking.append(line)
         filled = {k: v for k, v in SB3_DEFAULTS[self.algo].items() if k not in self.hyper}
         if filled:
             self.notes.append("SB3's defaults where rlspeed's differ: "
