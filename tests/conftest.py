@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 
 import pytest
 import torch
@@ -14,6 +15,13 @@ from rlspeed.export import EXPORT_MIN_TORCH
 # Small RL networks are fastest on one thread, and the test machine is shared: no oversubscription.
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
+# The tests' caches are their own (rlspeed's accel decisions, matplotlib's fonts, W&B's logs): a test that searches a
+# precision must not find what an earlier run on this machine decided, nor leave anything in the user's home.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rlspeed-tests-cache-")
+os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.environ["XDG_CACHE_HOME"], "matplotlib"))
+os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb"))
+os.environ.setdefault("WANDB_CONFIG_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb-config"))
+os.environ.pop("RLSPEED_CACHE_DIR", None)  # (a test that wants one sets it: isolated_accel)
 
 #: Box2D envs (LunarLander, BipedalWalker) need the `box2d` extra; CI installs it, `pip install -e ".[test]"` does not
 needs_box2d = pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,

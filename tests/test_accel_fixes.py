@@ -524,22 +524,27 @@ def test_a_choice_that_cannot_be_cached_says_so(tmp_path, monkeypatch, two_candi
     assert any("could not be written" in note for note in model.accel_report.notes)
 
 
-def test_the_reference_is_timed_in_every_round_even_after_one_slow_round():
+def test_the_reference_is_timed_in_every_round_even_after_one_slow_round(monkeypatch):
     """A candidate at twice the leader's time stops being timed; the fp32 reference did too, after a single round a
     disturbance had slowed: every speed-up then rested on one pair of timings (reports read "7.8 ms/call against
     1.8 ms/call, speed-up 0.67x")."""
-    import time
+    import types
 
-    from rlspeed.accel.search import time_runners
+    from rlspeed.accel import search
 
+    clock = types.SimpleNamespace(now=0.0)  # (a clock the runners advance: no dependence on the machine's load)
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(perf_counter=lambda: clock.now,
+                                                              process_time=lambda: clock.now))
     calls = [0]
 
     def reference():  # (slow in its first calls, as a round another process interrupted)
         calls[0] += 1
-        time.sleep(0.02 if calls[0] <= 3 else 0.002)
+        clock.now += 0.02 if calls[0] <= 3 else 0.002
 
-    timings = time_runners({EAGER_FP32: reference, BF16: lambda: time.sleep(0.002)}, torch.device("cpu"),
-                           budget_s=0.2, rounds=5)
+    def bf16():
+        clock.now += 0.002
+
+    timings = search.time_runners({EAGER_FP32: reference, BF16: bf16}, torch.device("cpu"), budget_s=0.2, rounds=5)
     assert len(timings[EAGER_FP32]) == len(timings[BF16]) == 5
 
 

@@ -228,6 +228,14 @@ def test_stop_on_reward_threshold_as_new_best_child_stops_at_the_first_evaluatio
     assert callback.evaluations_timesteps == [STEPS_PER_ITERATION]
 
 
+def test_stop_on_reward_threshold_lets_training_go_on_below_its_threshold():
+    model = _ppo()
+    stop = StopTrainingOnRewardThreshold(reward_threshold=1e9)  # no episode reaches it
+    callback = EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, callback_on_new_best=stop, verbose=0)
+    model.learn(3 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert model.num_timesteps == 3 * STEPS_PER_ITERATION and len(callback.evaluations_timesteps) == 3
+
+
 def test_stop_on_reward_threshold_alone_reads_learns_own_evaluations():
     model = _ppo()
     model.learn(50 * STEPS_PER_ITERATION, callback=StopTrainingOnRewardThreshold(1.0), progress_bar=False,
@@ -246,6 +254,12 @@ def test_stop_on_no_model_improvement_counts_evaluations_without_a_new_best():
         decisions.append((BaseCallback._child_event(parent, stop), stop.no_improvement_evals))
     # the second evaluation in a row without a new best is more than 1: stop
     assert decisions == [(True, 0), (True, 0), (True, 1), (False, 2)]
+    # min_evals: the first evaluations never stop training, however little they improve
+    parent.best_mean_reward, patient = -np.inf, StopTrainingOnNoModelImprovement(max_no_improvement_evals=0,
+                                                                                   min_evals=3)
+    patient.parent = parent
+    kept = [BaseCallback._child_event(parent, patient) for _ in range(4)]  # (no new best after the first)
+    assert kept == [True, True, True, False]
 
 
 def test_stop_on_no_model_improvement_stops_a_run():

@@ -32,6 +32,8 @@ def test_a_seed_repeats_a_stochastic_evaluation_and_leaves_the_global_generators
     assert again["returns"] == first["returns"]
     other = rlspeed.evaluate(model, env_id, episodes=3, seed=4, deterministic=False)
     assert other["returns"] != first["returns"]
+    # (the same episodes, seed 3, acted greedily: the samples are what changed them)
+    assert rlspeed.evaluate(model, env_id, episodes=3, seed=3)["returns"] != first["returns"]
 
 
 def test_a_stochastic_evaluation_between_learn_calls_does_not_change_training():

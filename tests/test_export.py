@@ -155,8 +155,6 @@ def test_export_checkpoint_from_a_run_directory(tmp_path):
 
 
 def test_model_export_method(tmp_path):
-    if not hasattr(Algorithm, "export"):
-        pytest.skip("Algorithm.export is not added yet")
     model = rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,))
     _randomise(model, seed=6)
     path = model.export(tmp_path / "q.pt2", format="exported_program")

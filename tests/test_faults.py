@@ -646,11 +646,21 @@ def test_doctor_names_the_missing_module_of_an_installed_family(monkeypatch):
 
 
 @pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4", "Breakout-v5"])
-def test_an_atari_id_says_install_ale_py(env_id, capsys):
+def test_an_atari_id_says_install_ale_py(env_id, capsys, monkeypatch):
     import importlib.util
 
-    if importlib.util.find_spec("ale_py") is not None:
-        pytest.skip("ale-py is installed")
+    import gymnasium as gym
+
+    from rlspeed.envs import atari
+
+    # (as without ale-py, also where it is installed: its ids unregistered, the module not found)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "ale_py" else find_spec(
+        name, *args))
+    monkeypatch.setattr(atari, "_registered", False)
+    for registered in [key for key in gym.registry if key.startswith("ALE/") or "NoFrameskip" in key
+                       or key.split("-v")[0] in ("Breakout", "Pong")]:
+        monkeypatch.delitem(gym.registry, registered)
     assert_one_line_error(cli.main(["train", "dqn", env_id]), capsys.readouterr(), "pip install ale-py")
 
 

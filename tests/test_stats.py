@@ -36,7 +36,24 @@ def test_bootstrap_interval_is_stratified_over_tasks():
     scores = np.array([[5.0, 0.0], [5.0, 1.0], [5.0, 2.0], [5.0, 3.0]])
     seen = []
     bootstrap_ci(scores, statistic=lambda x: seen.append(x.copy()) or 0.0, reps=50)
+    assert len(seen) == 50
     assert all((x[:, 0] == 5.0).all() and set(x[:, 1]) <= {0.0, 1.0, 2.0, 3.0} for x in seen)
+    # each task's runs drawn on their own (rliable's): a run's two scores do not travel together as a row
+    paired = np.array([[0.0, 10.0], [1.0, 11.0], [2.0, 12.0], [3.0, 13.0]])
+    rows = []
+    bootstrap_ci(paired, statistic=lambda x: rows.append(x.copy()) or 0.0, reps=50)
+    assert any((x[:, 1] - x[:, 0] != 10.0).any() for x in rows)
+
+
+def test_a_bootstrap_interval_is_of_the_statistic_asked_for():
+    """The percentile interval of `statistic` over rliable's resamples, recomputed here replicate by replicate (an
+    interval of another statistic, the IQM's for the median's, would be summary.json's median_ci)."""
+    scores = np.random.default_rng(2).exponential(size=(9, 2))
+    runs, tasks = scores.shape
+    draws = np.random.RandomState(5).choice(runs, (400, runs, tasks), replace=True)
+    values = [np.median(scores[draw, np.arange(tasks)]) for draw in draws]
+    expected = np.percentile(values, [2.5, 97.5])
+    assert bootstrap_ci(scores, median, reps=400, seed=5) == pytest.approx(tuple(expected), abs=1e-12)
 
 
 def test_vectorised_statistics_equal_the_plain_ones():
