@@ -219,3 +219,12 @@ def test_training_and_auto_accelerate_on_the_cpu_say_when_an_accelerator_is_inst
         assert doctor.idle_accelerator() is not None
     finally:
         doctor.idle_accelerator.cache_clear()
+
+
+def test_an_intel_gpu_build_of_torch_is_named_as_such(monkeypatch):
+    """An XPU wheel of torch was reported as "no CUDA in this build", which reads as a broken install."""
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
+    monkeypatch.setattr(torch.version, "xpu", "20250201", raising=False)
+    (_, torch_check) = doctor.check_python_torch()
+    assert "XPU 20250201 build" in torch_check.detail

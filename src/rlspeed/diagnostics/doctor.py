@@ -86,6 +86,8 @@ def check_python_torch() -> list[Check]:
         build = f"CUDA {torch.version.cuda} build"
     elif getattr(torch.version, "hip", None):
         build = f"ROCm {torch.version.hip} build"
+    elif getattr(torch.version, "xpu", None):  # (Intel GPU wheels)
+        build = f"XPU {torch.version.xpu} build"
     else:
         build = "no CUDA in this build"
     detail = f"torch {torch.__version__} ({build})"
