@@ -116,9 +116,10 @@ class _Captured:
                  grads: list[torch.Tensor | None]):
         self.graph, self.inputs, self.outputs, self.grads = graph, inputs, outputs, grads
 
-    def __del__(self) -> None:
-        if _CAPTURES_UNDER_WAY[0]:  # (no lock: a collection can run this inside `_capturing` itself)
-            _DROPPED_DURING_CAPTURE.append(self.graph)
+    # (the lists bound as defaults: at interpreter exit the module's globals may already be gone)
+    def __del__(self, _under_way: list = _CAPTURES_UNDER_WAY, _dropped: list = _DROPPED_DURING_CAPTURE) -> None:
+        if _under_way[0]:  # (no lock: a collection can run this inside `_capturing` itself)
+            _dropped.append(self.graph)
 
 
 _LIVE: weakref.WeakSet[StepGraphs] = weakref.WeakSet()  # every StepGraphs, for `_repair_generators`
