@@ -53,3 +53,9 @@ def test_cli_refuses_a_minibatch_size_for_a2c(capsys, tmp_path, monkeypatch):
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "without minibatches" in err[0]
+
+
+def test_a2c_steps_with_sb3s_rmsprop_settings():
+    """RMSprop with alpha 0.99 and eps rms_prop_eps, as SB3's A2C (only a population parity test noticed otherwise)."""
+    defaults = A2C("CartPole-v1", seed=0, rms_prop_eps=1e-4).optimizer.defaults
+    assert (defaults["alpha"], defaults["eps"]) == (0.99, 1e-4)

@@ -1026,6 +1026,47 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert (tmp_path / "mine" / "model.pt").read_text() == "the user's"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
+def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
+    """Another process is refused the directory while a run trains there (tested from outside elsewhere): here, that
+    the command itself holds the lock during training, not only checks it."""
+    import fcntl
+
+    learn_and_save, held = cli._learn_and_save, []
+
+    def probing(args, algo_cls, strategy, model, run_dir, *rest, **kwargs):
+        with open(run_dir / cli.RUN_LOCK) as probe:  # (another open file: its lock conflicts with the command's)
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return learn_and_save(args, algo_cls, strategy, model, run_dir, *rest, **kwargs)
+
+    monkeypatch.setattr(cli, "_learn_and_save", probing)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out",
+                     str(tmp_path / "run")]) == 0
+    assert held == [True]
+
+
+def test_overwrite_keeps_a_new_run_that_saved_a_checkpoint_before_it_failed(tmp_path, monkeypatch, capsys):
+    """A new run that wrote its checkpoint and then failed keeps it (--resume continues it); the replaced run is gone
+    for good then, not brought back over it."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]
+    assert cli.main(argv) == 0
+
+    def fail_after_a_checkpoint(args, algo_cls, strategy, model, run_dir, *rest, **kwargs):
+        model.save(run_dir / "checkpoint.safetensors")
+        raise UserError("the env returned a NaN observation.")
+
+    monkeypatch.setattr(cli, "_learn_and_save", fail_after_a_checkpoint)
+    assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 2
+    assert (tmp_path / "run" / "checkpoint.safetensors").is_file()
+    assert not (tmp_path / "run" / "model.safetensors").exists()  # (the replaced run's model)
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".rlspeed-overwritten")]
+
+
 def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(tmp_path, monkeypatch, capsys):
     """--overwrite deleted the run first; a failure found after that (W&B refusing the run, an env failing to start)
     left the directory with neither run."""

@@ -7,6 +7,7 @@ import copy
 import json
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from conftest import first_ou_noise, needs_box2d, network_layers
@@ -626,3 +627,26 @@ def test_a_loaded_model_of_a_normalising_env_trains_on_normalised_observations(t
     loaded.learn(128, progress_bar=False)
     assert float(loaded.obs_rms.count) >= count + 128  # (its training env normalised, and updated them)
     assert loaded._env.obs_rms is loaded.obs_rms
+
+
+def test_sac_tunes_its_temperature_towards_minus_the_action_dimension_by_default():
+    """SB3's `target_entropy="auto"`: -dim(A) (the population copies the solo model's value, so no parity test can
+    see a wrong one)."""
+    assert SAC("Pendulum-v1", seed=0).target_entropy == -1.0
+    assert SAC("MountainCarContinuous-v0", seed=0, target_entropy=-0.5).target_entropy == -0.5
+    wide = gym.vector.SyncVectorEnv([_ThreeActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    assert SAC(wide, seed=0).target_entropy == -3.0
+    wide.close()
+
+
+class _ThreeActions(gym.Env):
+    """A Box action of 3 dimensions."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}

@@ -372,6 +372,14 @@ def test_target_kl_ends_the_epochs_after_the_minibatch_that_crosses_it(options):
     assert calls == {None: 16, 1e-9: 2, 10.0: 16}
 
 
+def test_target_kl_stops_above_one_and_a_half_times_it_as_sb3():
+    model = PPO("CartPole-v1", seed=0, target_kl=0.01)
+    stats = torch.zeros(5)
+    for kl, stops in ((0.014, False), (0.016, True)):
+        stats[3] = kl  # (approx_kl's place among the minibatch's statistics)
+        assert model._kl_exceeded(stats) is stops
+
+
 def test_target_kl_is_refused_where_it_cannot_apply():
     from rlspeed.errors import UserError
     from rlspeed.population import Population
