@@ -388,3 +388,13 @@ def test_target_kl_is_refused_where_it_cannot_apply():
         PPO("CartPole-v1", target_kl=0.0)
     with pytest.raises(UserError, match="Populations do not support target_kl"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], target_kl=0.01)
+
+
+def test_a_time_limit_is_stored_as_a_truncation_not_a_termination():
+    """An episode cut by its time limit is bootstrapped (its value goes on past the cut): the rollout stores it as
+    done but not terminated (only a population test noticed when the two were stored alike)."""
+    model = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=16, batch_size=32, env_backend="gymnasium",
+                env_kwargs={"max_episode_steps": 3})  # (cut before CartPole can fall: every end is a truncation)
+    model.learn(32, progress_bar=False)
+    buffer = model.buffer
+    assert buffer.dones.any() and not buffer.terminated.any()
