@@ -325,14 +325,13 @@ class FunctionCallback(BaseCallback):
 def _normalized_vec_envs(training_env, eval_env):
     """(the training SB3 VecEnv, the eval SB3 VecEnv) where the model trains on an SB3 VecEnv with VecNormalize and
     the evaluation env is an SB3 VecEnv; else None."""
-    training_vec_env = getattr(training_env, "vec_env", None)  # (rlspeed's wrappers forward it from the adapter)
-    if training_vec_env is None or eval_env is None or isinstance(eval_env, str):
-        return None
-    from stable_baselines3.common.vec_env import VecEnv, unwrap_vec_normalize
+    from rlspeed.envs.sb3_env import vec_normalize_of
 
-    if isinstance(eval_env, VecEnv) and unwrap_vec_normalize(training_vec_env) is not None:
-        return training_vec_env, eval_env
-    return None
+    if eval_env is None or isinstance(eval_env, str) or vec_normalize_of(training_env) is None:
+        return None
+    from stable_baselines3.common.vec_env import VecEnv
+
+    return (training_env.vec_env, eval_env) if isinstance(eval_env, VecEnv) else None
 
 
 def _check_normalization(training_env, eval_env) -> None:
@@ -641,7 +640,9 @@ class CheckpointCallback(BaseCallback):
         finally:
             self.model.save_replay_buffer = before
         self.saved.append(path)
-        vec_normalize = self._vec_normalize() if self.save_vecnormalize else None
+        from rlspeed.envs.sb3_env import vec_normalize_of
+
+        vec_normalize = vec_normalize_of(self.training_env) if self.save_vecnormalize else None
         if vec_normalize is not None:
             statistics = self.save_path / f"{self.name_prefix}_vecnormalize_{self.num_timesteps}_steps.pkl"
             vec_normalize.save(str(statistics))
@@ -651,16 +652,6 @@ class CheckpointCallback(BaseCallback):
         if self.verbose:
             print(f"rlspeed: saved {path}")
         return True
-
-
-    def _vec_normalize(self):
-        """The VecNormalize of the Stable-Baselines3 VecEnv the model trains on, or None."""
-        vec_env = getattr(self.training_env, "vec_env", None)  # (rlspeed's wrappers forward the adapter's)
-        if vec_env is None:
-            return None
-        from stable_baselines3.common.vec_env import unwrap_vec_normalize
-
-        return unwrap_vec_normalize(vec_env)
 
 
 class VideoRecorderCallback(BaseCallback):

@@ -1264,8 +1264,13 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same {differ}, or another "
                         "--out.")
     if _finished_summary(run_dir / "summary.json"):
-        raise UserError(f"--resume: '{run_dir}' holds a finished population run (its summary.json): give --overwrite "
-                        "to train it again, or another --out.")
+        raise _finished_population(run_dir)
+
+
+def _finished_population(run_dir, seeds: str = "") -> UserError:
+    """The refusal of `--resume` on a population run that finished (`seeds`: "seeds 0,1, " where they are said)."""
+    return UserError(f"--resume: '{run_dir}' holds a finished population run ({seeds}its summary.json): give "
+                     "--overwrite to train it again, or another --out.")
 
 
 @contextlib.contextmanager
@@ -1423,8 +1428,7 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if isinstance(config.get("seeds"), list) and getattr(args, "seeds", None) is None:
         seeds = ",".join(str(seed) for seed in config["seeds"])
         if _finished_summary(Path(args.out) / "summary.json"):  # (resuming it as a population would be refused too)
-            raise UserError(f"--resume: '{args.out}' holds a finished population run (seeds {seeds}, its "
-                            "summary.json): give --overwrite to train it again, or another --out.")
+            raise _finished_population(args.out, f"seeds {seeds}, ")
         raise UserError(f"'{args.out}' holds a population's run (seeds {seeds}): resume it as a population "
                         f"(rlspeed train {args.algo} {args.env_id} --seeds {seeds} --out {args.out} --resume).")
     if "seeds" not in config and getattr(args, "seeds", None) is not None:  # (as `_same_population_run` says)
@@ -2189,9 +2193,15 @@ def _one_line(message: str) -> str:
     """`message` without terminal colour codes (Gymnasium colours its warnings) and with every other unprintable
     character escaped: a user's text echoed in it cannot break the line."""
     message = re.sub(r"\x1b\[[0-9;]*m", "", message)
-    # (a file name's undecodable bytes, os.fsdecode's surrogates, are kept: the output prints them as those bytes)
-    return "".join(ch if ch.isprintable() or 0xDC80 <= ord(ch) <= 0xDCFF else ch.encode("unicode_escape").decode(
-        "ascii") for ch in message)
+    # (a file name's undecodable bytes are kept: the output prints them as those bytes, `_path_bytes_else_escaped`)
+    return "".join(ch if ch.isprintable() or _undecodable_byte(ch) else ch.encode("unicode_escape").decode("ascii")
+                   for ch in message)
+
+
+def _undecodable_byte(char: str) -> bool:
+    """Whether `char` stands for a byte of a file name that was not valid in the locale's encoding (os.fsdecode's
+    surrogate escapes)."""
+    return 0xDC80 <= ord(char) <= 0xDCFF
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -2213,11 +2223,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(
             stream if stream is not None else open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 (for the run)
             for stream in (sys.stdout, sys.stderr))
-        # (a command whose output is all it does stops when the reader of its output leaves, `rlspeed doctor | head`,
-        # as Unix tools do; training, tuning, exporting and filming go on)
-        command = next((arg for arg in argv if not arg.startswith("-")), None)
-        sys.stdout.stop_when_gone = command in ("doctor", "profile") or (command == "eval" and not any(
-            len(flag) > 3 and "--video".startswith(flag) for flag in (arg.split("=")[0] for arg in argv)))
     # (a caller in the same process keeps its torch thread count, and its later models their default one: the
     # command sets both for itself, `configure_threads`)
     threads_before = None if console or "torch" not in sys.modules else sys.modules["torch"].get_num_threads()
@@ -2263,7 +2268,7 @@ def _path_bytes_else_escaped(error: UnicodeError) -> tuple[str | bytes, int]:
     character the output's encoding cannot show (PYTHONIOENCODING=ascii), never an exception."""
     if isinstance(error, UnicodeEncodeError):
         part = error.object[error.start:error.end]
-        if all(0xDC80 <= ord(char) <= 0xDCFF for char in part):
+        if all(map(_undecodable_byte, part)):
             return bytes(ord(char) - 0xDC00 for char in part), error.end
     return codecs.backslashreplace_errors(error)
 
@@ -2387,6 +2392,11 @@ def _main(argv: list[str]) -> int:
         print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
+    if isinstance(sys.stdout, _ReaderMayLeave):  # (the `rlspeed` command's stdout, `main`)
+        # a command whose output is all it does stops when the reader of its output leaves (`rlspeed doctor | head`),
+        # as Unix tools do; training, tuning, exporting and filming go on
+        sys.stdout.stop_when_gone = args.func in (cmd_doctor, cmd_profile) or (args.func is cmd_eval
+                                                                                and args.video is None)
     try:
         return int(args.func(args) or 0)
     except UserError as error:

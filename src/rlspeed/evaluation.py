@@ -66,9 +66,7 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     """
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
-    episodes = positive_whole("episodes", episodes)  # (10.0 and 1e1 too, as the command line takes them)
-    if episodes is None:
-        raise UserError("evaluate needs episodes, a whole number >= 1 (one env per episode), not None.")
+    episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)
     size = getattr(env_id, "num_envs", None)  # (a vector env the user built: one episode per env, in parallel)
     if size is not None and episodes != size:
         raise UserError(f"evaluate runs one episode per env, and this vector env has {size} envs: pass "
@@ -244,28 +242,18 @@ def check_evaluation_env(model, env) -> None:
     training on a Stable-Baselines3 VecNormalize that normalises observations (the env would give raw ones)."""
     from rlspeed.envs import NormalizeObservation
     from rlspeed.envs.base import find_wrapper
+    from rlspeed.envs.sb3_env import vec_normalize_of
 
     if isinstance(env, BatchedEnv) and find_wrapper(env, NormalizeObservation) is not None:
         why = ("the model normalises them again with its own statistics (frozen for evaluation)"
                if getattr(model, "obs_rms", None) is not None else "the model trained on raw observations")
         raise UserError(f"This evaluation env normalises its observations itself (make_env(..., normalize_obs=True)), "
                         f"and {why}: evaluate on an env made without normalize_obs (or by its id).")
-    if isinstance(env, str) and _sb3_normalizer(model) is not None:
+    if isinstance(env, str) and vec_normalize_of(getattr(model, "_env", None), "norm_obs") is not None:
         raise UserError(f"This model trains on a Stable-Baselines3 VecNormalize that normalises its observations, "
                         f"which an env made from '{env}' does not: evaluate on VecNormalize(eval_env, training=False, "
                         "norm_reward=False) holding the training statistics (EvalCallback(eval_env) copies them at "
                         "each evaluation; sync_envs_normalization does it by hand).")
-
-
-def _sb3_normalizer(model):
-    """The VecNormalize that normalises observations in the Stable-Baselines3 VecEnv `model` trains on, or None."""
-    vec_env = getattr(getattr(model, "_env", None), "vec_env", None)  # (rlspeed's wrappers forward the adapter's)
-    if vec_env is None:
-        return None
-    from stable_baselines3.common.vec_env import unwrap_vec_normalize
-
-    normalizer = unwrap_vec_normalize(vec_env)
-    return normalizer if normalizer is not None and getattr(normalizer, "norm_obs", False) else None
 
 
 def _check_compatible(model, env) -> None:

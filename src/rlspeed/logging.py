@@ -144,16 +144,16 @@ class RunLogger:
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
         self._failed = False  # a write failed (`_writing`)
-        if tensorboard and importlib.util.find_spec("tensorboard") is not None and not _utf8_name(self.run_dir):
-            # (TensorBoard encodes its file names as UTF-8, and failed on a directory named in another encoding)
-            warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', whose name is not UTF-8: this run has no "
-                          "TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
-        elif tensorboard and importlib.util.find_spec("tensorboard") is not None:
-            from torch.utils.tensorboard import SummaryWriter
+        if tensorboard and importlib.util.find_spec("tensorboard") is not None:
+            if _utf8_name(self.run_dir):
+                from torch.utils.tensorboard import SummaryWriter
 
-            # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
-            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
-                                         purge_step=None if continue_from is None else continue_from + 1)
+                # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
+                self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
+                                             purge_step=None if continue_from is None else continue_from + 1)
+            else:  # (TensorBoard encodes its file names as UTF-8, and failed on a directory named otherwise)
+                warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', whose name is not UTF-8: this run has "
+                              "no TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
 
     def _read_rows(self, up_to: int) -> None:
         """The rows of an existing metrics.csv at env steps <= `up_to` (numbers parsed back), in its columns."""

@@ -59,7 +59,7 @@ from rlspeed.envs.base import (
     space_to_json,
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, reward_wrappers
-from rlspeed.envs.sb3_env import is_sb3_vec_env
+from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole
 from rlspeed.export import default_export_module
@@ -759,11 +759,7 @@ def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
 
 def _warn_double_normalisation(vector_env, config) -> None:
     """Warn where a Stable-Baselines3 VecEnv passed in normalises what the config asks rlspeed to normalise too."""
-    if not is_sb3_vec_env(vector_env):
-        return
-    from stable_baselines3.common.vec_env import unwrap_vec_normalize
-
-    normalizer = unwrap_vec_normalize(vector_env)
+    normalizer = vec_normalize_of(vector_env) if is_sb3_vec_env(vector_env) else None
     both = [(ours, theirs) for ours, theirs in (("normalize_obs", "norm_obs"), ("normalize_reward", "norm_reward"))
             if normalizer is not None and getattr(config, ours, False) and getattr(normalizer, theirs, False)]
     if both:

@@ -39,16 +39,20 @@ def is_sb3_vec_env(env: object) -> bool:
             and hasattr(env, "num_envs") and hasattr(env, "observation_space") and hasattr(env, "action_space"))
 
 
-def _reward_normalizer(vec_env):
-    """The VecNormalize in `vec_env`'s wrappers that normalises rewards, or None (always without Stable-Baselines3
-    installed: a VecEnv of another package that has SB3's interface holds no VecNormalize)."""
+def vec_normalize_of(env, normalising: str | None = None):
+    """The Stable-Baselines3 `VecNormalize` among the wrappers of `env` (an SB3 VecEnv, or a batched env holding one
+    as `vec_env`, as rlspeed's adapter and the wrappers over it do), or None; with `normalising` ("norm_obs" or
+    "norm_reward"), only one that normalises that. None without Stable-Baselines3 installed (a VecEnv of another
+    package with SB3's interface holds no VecNormalize); SB3 is imported only for an env that holds a VecEnv."""
+    vec_env = env if is_sb3_vec_env(env) else getattr(env, "vec_env", None)
+    if vec_env is None:
+        return None
     try:
         from stable_baselines3.common.vec_env import unwrap_vec_normalize
     except ImportError:
         return None
-
     normalizer = unwrap_vec_normalize(vec_env)
-    return normalizer if normalizer is not None and normalizer.norm_reward else None
+    return normalizer if normalizer is not None and (normalising is None or getattr(normalizer, normalising)) else None
 
 
 class SB3VecEnv(BatchedEnv):
@@ -79,7 +83,7 @@ class SB3VecEnv(BatchedEnv):
             warn_unapplied_masks(self.spec)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
-        self._normalizer = _reward_normalizer(vec_env)
+        self._normalizer = vec_normalize_of(vec_env, "norm_reward")
 
     def _masks(self, infos=None, finished=()) -> dict:
         """{"action_mask": bool [N, n] on the device} for the current observations, from the envs' `action_masks()`

@@ -1043,9 +1043,7 @@ class OffPolicyPopulation(PopulationBase):
         indices; default: those in the computation, as PPO's), member i's on an env seeded `seeds[i]` as
         `rlspeed.evaluate` seeds one (default seeds: `_evaluation_seeds`); members that left with the parameters they
         left with."""
-        episodes = positive_whole("episodes", episodes)
-        if episodes is None:
-            raise UserError("evaluate needs episodes, a whole number >= 1, not None.")
+        episodes = positive_whole("episodes", episodes, needed_by="evaluate")
         members = list(self.alive) if members is None else list(members)
         self._check_members(members)
         seeds = self._evaluation_seeds(seeds, members)

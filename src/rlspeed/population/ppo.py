@@ -607,9 +607,7 @@ class PPOPopulation(PopulationBase):
         in the computation) as a host tensor, member `members[j]` on an env seeded `seeds[j]` as `rlspeed.evaluate`
         seeds one (one batched env for all; default seeds: `_evaluation_seeds`). Members out of the computation are
         evaluated with the parameters they left with."""
-        episodes = positive_whole("episodes", episodes)
-        if episodes is None:
-            raise UserError("evaluate needs episodes, a whole number >= 1, not None.")
+        episodes = positive_whole("episodes", episodes, needed_by="evaluate")
         if members is None or list(members) == self.alive:
             members, params = list(self.alive), self.params
         else:

@@ -287,10 +287,11 @@ class _Translator:
         self.hyper[key] = value
         self.origin[key] = origin
 
-    def refuse(self, key: str, why: str) -> None:
+    def refuse(self, key: str, why: str, blocking: bool = False) -> None:
+        """`key` not honoured; `blocking` (or a key in BLOCKING): the entry cannot be used without it."""
         line = f"{key}: {why}"
         self.unsupported.append(line)
-        if key.split(".")[0] in BLOCKING:
+        if blocking or key.split(".")[0] in BLOCKING:
             self.blocking.append(line)
 
     def policy(self, value) -> None:
@@ -594,16 +595,13 @@ class _Translator:
         from rlspeed.algos import ALGORITHMS
         from rlspeed.algos.base import build_config, coerce
 
-        episodes = self.episode_train_freq
-        steps = self.hyper.get("gradient_steps", SB3_DEFAULTS[self.algo].get("gradient_steps", 1))
-        if episodes is not None and steps != -1:
+        steps = self.hyper.get("gradient_steps", 1)  # (SB3's default)
+        if self.episode_train_freq is not None and steps != -1:
             # (SB3: that many updates per collected episode; here per env step: an episode's length times as many)
-            line = (f"train_freq: {episodes} with gradient_steps {steps} ({steps} updates per episode) would be "
-                    f"{steps} per env step here, an episode's length times as many: give train_freq in steps (the "
-                    "env's episode length, e.g. 200) or gradient_steps -1 (one update per env step collected, as "
-                    "SB3's -1)")
-            self.unsupported.append(line)
-            self.blocking.append(line)
+            self.refuse("train_freq", f"{self.episode_train_freq} with gradient_steps {steps} ({steps} updates per "
+                        f"episode) would be {steps} per env step here, an episode's length times as many: give "
+                        "train_freq in steps (the env's episode length, e.g. 200) or gradient_steps -1 (one update per "
+                        "env step collected, as SB3's -1)", blocking=True)
         filled = {k: v for k, v in SB3_DEFAULTS[self.algo].items() if k not in self.hyper}
         if filled:
             self.notes.append("SB3's defaults where rlspeed's differ: "
