@@ -16,7 +16,15 @@ import torch
 from conftest import needs_torch_export
 
 import rlspeed
-from rlspeed.envs import NATIVE_ENVS, BatchedEnv, EnvSpec, EnvWrapper, NormalizeObservation, NormalizeReward
+from rlspeed.envs import (
+    NATIVE_ENVS,
+    BatchedEnv,
+    EnvSpec,
+    EnvWrapper,
+    NormalizeObservation,
+    NormalizeReward,
+    RunningMeanStd,
+)
 from rlspeed.envs.cartpole import THETA_THRESHOLD, X_THRESHOLD
 
 CASES = [("torch", "CartPole-v1"), ("gymnasium", "CartPole-v1"), ("gymnasium", "Pendulum-v1")]
@@ -286,6 +294,33 @@ class ScriptedEnv(BatchedEnv):
         return obs, self.rewards[self.t - 1].clone(), flags, flags.clone(), {"final_obs": obs.clone()}
 
 
+def test_normalisation_statistics_keep_a_large_offset_and_a_long_count():
+    """SB3 keeps its statistics in float64; in float32 a mean offset by 1e6 stops following a spread of 1 (each
+    step's share of the correction rounds away) and a count stops counting past 2**24 rows."""
+    generator = torch.Generator().manual_seed(0)
+    steps, num_envs = 2000, 8
+    data = 1e6 + torch.randn(steps + 1, num_envs, 1, generator=generator, dtype=torch.float64)
+    env = NormalizeObservation(ScriptedEnv(data.float(), torch.zeros(steps, num_envs)))
+    actions = torch.zeros(num_envs, dtype=torch.long)
+    env.reset()
+    for _ in range(steps):
+        normalized, *_ = env.step(actions)
+    assert normalized.dtype == torch.float32  # the normalised data keep the observations' dtype
+    mean, var, count = 0.0, 1.0, 1e-4  # SB3's RunningMeanStd in numpy float64, step by step
+    for batch in data.float().double().numpy():
+        delta, total = batch.mean() - mean, count + len(batch)
+        mean, var = mean + delta * len(batch) / total, (
+            var * count + batch.var() * len(batch) + delta**2 * count * len(batch) / total) / total
+        count = total
+    assert abs(env.obs_rms.mean.item() - mean) < 1e-3  # a thousandth of the spread (float32: half of it)
+    assert abs(env.obs_rms.var.item() - var) < 1e-3 * var
+
+    rms = RunningMeanStd()
+    rms.load_state_dict({"mean": torch.zeros(()), "var": torch.ones(()), "count": torch.tensor(2.0**24)})
+    rms.update(torch.zeros(1))
+    assert rms.count.item() == 2.0**24 + 1
+
+
 def test_normalize_observation_tracks_the_data_statistics():
     generator = torch.Generator().manual_seed(0)
     steps, num_envs = 100, 32
@@ -300,7 +335,7 @@ def test_normalize_observation_tracks_the_data_statistics():
     seen = data.reshape(-1, 3).double()
     torch.testing.assert_close(env.obs_rms.mean.double(), seen.mean(0), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(env.obs_rms.var.double(), seen.var(0, unbiased=False), rtol=1e-3, atol=1e-6)
-    torch.testing.assert_close(env.obs_rms.mean, mean, rtol=0, atol=0.1)
+    torch.testing.assert_close(env.obs_rms.mean.float(), mean, rtol=0, atol=0.1)
     # Normalised observations of fresh data from the same distribution: mean ~0, std ~1 per feature.
     env.training = False
     frozen = env.obs_rms.mean.clone()

@@ -100,6 +100,7 @@ class PolicyExport(nn.Module):
         if model.obs_rms is not None:  # a fresh copy: the model's may be tied to a training env or a process group
             self.obs_rms = observation_statistics(self.observation_space)
             self.obs_rms.load_state_dict({k: v.detach().cpu() for k, v in model.obs_rms.state_dict().items()})
+            self.obs_rms.float()  # float32 constants in the graph: its input's dtype, what every runtime computes in
 
     def with_action_mask(self, enabled: bool = True) -> PolicyExport:
         """Add (or drop) the `action_mask` input: bool `[B, n]` (MultiDiscrete: the components' flags

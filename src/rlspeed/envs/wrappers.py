@@ -13,14 +13,23 @@ from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
 from rlspeed.errors import UserError
 
 
+def statistics_dtype(device: torch.device | str) -> torch.dtype:
+    """The dtype running statistics are kept in: float64 where the device has it (as SB3's `RunningMeanStd`), else
+    float32. In float32 a mean stops moving for features offset by 1e5 or more against their spread, a count stops
+    counting past 2**24 rows and a square of 2e19 overflows; the normalised data keep the observations' dtype."""
+    return torch.float64 if rules(torch.device(device)).float64 else torch.float32
+
+
 class RunningMeanStd(nn.Module):
-    """Running mean and variance (parallel Welford update) as module buffers, so checkpoints carry them."""
+    """Running mean and variance (parallel Welford update) as module buffers, so checkpoints carry them; kept in
+    `statistics_dtype` (float64 where the device has it)."""
 
     def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4, device: torch.device | str = "cpu"):
         super().__init__()
-        self.register_buffer("mean", torch.zeros(shape, device=device, dtype=torch.float32))
-        self.register_buffer("var", torch.ones(shape, device=device, dtype=torch.float32))
-        self.register_buffer("count", torch.full((), epsilon, device=device, dtype=torch.float32))
+        dtype = statistics_dtype(device)
+        self.register_buffer("mean", torch.zeros(shape, device=device, dtype=dtype))
+        self.register_buffer("var", torch.ones(shape, device=device, dtype=dtype))
+        self.register_buffer("count", torch.full((), epsilon, device=device, dtype=dtype))
         # Optional in-place sum over processes (set by DistributedStrategy). With it, `update` only accumulates
         # this rank's moments and `flush` (once per training iteration) folds the sum over all ranks into the
         # statistics: one collective per iteration instead of one per env step, identical statistics everywhere.
@@ -30,17 +39,17 @@ class RunningMeanStd(nn.Module):
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
         """Fold a batch `[B, *shape]` into the statistics (pure tensor ops: no host sync)."""
-        batch = batch.to(torch.float32)
+        batch = batch.to(self.mean.dtype)
         if self.reduce is None:
             self._fold(float(batch.shape[0]), batch.mean(0), batch.var(0, unbiased=False))
             return
         # Moments of x - mean (the running mean: the same on every rank, and fixed until the next flush). Raw sums
         # of x and x^2 would give var = E[x^2] - E[x]^2, which cancels catastrophically in float32 for features
         # whose mean is large against their spread (negative variances, NaN observations).
-        # The sums are float64 where the device and collectives have it: before the first flush the running mean is
-        # still 0, and float32 could not hold both E[x^2] and the spread there.
-        dtype = torch.float64 if rules(batch.device).float64 else torch.float32
-        shifted = batch.reshape(batch.shape[0], -1).to(dtype) - self.mean.reshape(1, -1).to(dtype)
+        # The sums are in the statistics' dtype, float64 where the device and its collectives have it: before the
+        # first flush the running mean is still 0, and float32 could not hold both E[x^2] and the spread there.
+        dtype = self.mean.dtype
+        shifted = batch.reshape(batch.shape[0], -1) - self.mean.reshape(1, -1)
         moments = torch.cat((torch.full((1,), float(batch.shape[0]), device=batch.device, dtype=dtype),
                              shifted.sum(0), shifted.square().sum(0)))
         self._pending = moments if self._pending is None else self._pending + moments
@@ -55,7 +64,7 @@ class RunningMeanStd(nn.Module):
         count, total, squares = moments[0], moments[1:1 + size], moments[1 + size:]
         shift = (total / count).view(self.mean.shape)  # the batch mean minus the running mean
         batch_var = ((squares / count).view(self.mean.shape) - shift.square()).clamp_(min=0.0)
-        self._fold(count.float(), self.mean + shift.float(), batch_var.float())
+        self._fold(count, self.mean + shift, batch_var)
 
     def _fold(self, batch_count, batch_mean: torch.Tensor, batch_var: torch.Tensor) -> None:
         """Parallel-variance merge of a batch's (count, mean, variance) into the running statistics."""
@@ -67,8 +76,10 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(total)
 
     def normalize(self, x: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
-        """`(x - mean) / sqrt(var + 1e-8)`, clipped to [-clip, clip]; the statistics are not updated."""
-        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip)
+        """`(x - mean) / sqrt(var + 1e-8)`, clipped to [-clip, clip], in `x`'s dtype (computed in the statistics');
+        the statistics are not updated."""
+        dtype = x.dtype if x.is_floating_point() else torch.float32
+        return ((x - self.mean) / torch.sqrt(self.var + 1e-8)).clamp(-clip, clip).to(dtype)
 
 
 def _drop_stats_prefix(module, state_dict, prefix, local_metadata) -> None:
@@ -213,5 +224,5 @@ class NormalizeReward(EnvWrapper):
             self._returns.mul_(self.gamma).add_(reward)
             self.return_rms.update(self._returns)
             self._returns.mul_((~(terminated | truncated)).to(torch.float32))
-        scaled = (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip)
+        scaled = (reward / torch.sqrt(self.return_rms.var + 1e-8)).clamp(-self.clip, self.clip).to(reward.dtype)
         return obs, scaled, terminated, truncated, info

@@ -18,6 +18,7 @@ import dataclasses
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvWrapper
+from rlspeed.envs.wrappers import statistics_dtype
 
 _CLIP, _EPS, _INITIAL_COUNT = 10.0, 1e-8, 1e-4  # as `NormalizeObservation`, `NormalizeReward` and `RunningMeanStd`
 
@@ -37,10 +38,13 @@ class MemberStatistics:
     @classmethod
     def fresh(cls, size: int, observation_shape: tuple[int, ...], observations: bool, rewards: bool,
               device: torch.device) -> MemberStatistics:
-        """Statistics before any data (mean 0, variance 1, count 1e-4, as `RunningMeanStd` starts)."""
+        """Statistics before any data (mean 0, variance 1, count 1e-4, in `statistics_dtype`, as `RunningMeanStd`
+        starts)."""
+        dtype = statistics_dtype(device)
+
         def moments(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return (torch.zeros(shape, device=device), torch.ones(shape, device=device),
-                    torch.full((size,), _INITIAL_COUNT, device=device))
+            return (torch.zeros(shape, device=device, dtype=dtype), torch.ones(shape, device=device, dtype=dtype),
+                    torch.full((size,), _INITIAL_COUNT, device=device, dtype=dtype))
 
         obs = moments((size, *observation_shape)) if observations else (None, None, None)
         ret = moments((size,)) if rewards else (None, None, None)
@@ -112,12 +116,12 @@ class MemberNormalize(EnvWrapper):
         stats = self.statistics
         blocks = self._blocks(obs)
         normalized = (blocks - stats.obs_mean.unsqueeze(1)) / torch.sqrt(stats.obs_var.unsqueeze(1) + _EPS)
-        return normalized.clamp_(-_CLIP, _CLIP).reshape(obs.shape)
+        return normalized.clamp_(-_CLIP, _CLIP).reshape(obs.shape).to(obs.dtype)
 
     def _update_obs(self, obs: torch.Tensor) -> None:
         if self.statistics.obs_mean is not None and self._training:
             stats = self.statistics
-            _fold(stats.obs_mean, stats.obs_var, stats.obs_count, self._blocks(obs.to(torch.float32)))
+            _fold(stats.obs_mean, stats.obs_var, stats.obs_count, self._blocks(obs.to(stats.obs_mean.dtype)))
 
     def reset(self, seed=None):
         """Zero the running returns, reset the inner env, fold the first observations in (while `training`) and
@@ -145,8 +149,8 @@ class MemberNormalize(EnvWrapper):
             if self._training:
                 self._returns.mul_(self._gamma).add_(reward)
                 _fold(stats.ret_mean, stats.ret_var, stats.ret_count,
-                      self._returns.view(self.members, self.rows_per_member))
+                      self._returns.view(self.members, self.rows_per_member).to(stats.ret_mean.dtype))
                 self._returns.mul_((~(terminated | truncated)).to(torch.float32))
             scale = torch.sqrt(stats.ret_var.unsqueeze(1) + _EPS)
-            reward = (self._blocks(reward) / scale).clamp_(-_CLIP, _CLIP).reshape(reward.shape)
+            reward = (self._blocks(reward) / scale).clamp_(-_CLIP, _CLIP).reshape(reward.shape).to(reward.dtype)
         return obs, reward, terminated, truncated, info
