@@ -429,8 +429,13 @@ def test_predict_takes_a_tuple_env_s_observation_as_the_env_returns_it():
     # a list of observations, one tuple each (3 rows of a 3-element tuple: not to be read as one tuple of columns)
     rows = [tuple(int(part[i]) for part in batch) for i in range(3)]
     assert model.predict(rows, deterministic=True)[0].tolist() == actions.tolist()
-    with pytest.raises(UserError, match="for a Tuple env: its tuple"):
-        model.predict(obs[0])
+    # rows as lists (`[list(o) for o in history]`) are rows too, however many
+    assert model.predict([list(row) for row in rows], deterministic=True)[0].tolist() == actions.tolist()
+    four = model.predict([list(row) for row in rows] + [list(obs)], deterministic=True)[0]
+    assert four.tolist() == actions.tolist() + [int(action)]
+    for wrong in (obs[0], obs[:2], [list(obs[:2])]):
+        with pytest.raises(UserError, match="takes Tuple observations of 3 elements"):
+            model.predict(wrong)
 
 
 def test_a_tuple_of_eleven_elements_or_with_a_dropped_element_is_read_by_position():
@@ -589,6 +594,30 @@ def test_predict_refuses_a_discrete_observation_outside_its_space():
     for cut in (3.5, [1.0, 2.5]):  # (cast to 3 and [1, 2] without a word before)
         with pytest.raises(UserError, match=r"predict takes whole numbers for Discrete\(16\)"):
             model.predict(cut)
+
+
+def test_predict_refuses_observations_it_would_change_silently():
+    """A NaN observation (a policy's argmax of NaN is action 0), a float image in [0, 1] as a tensor (the uint8 cast
+    would make it black), an image value past 255 (the cast would wrap it to 0) and a fractional Discrete tensor (cut
+    to the index below): one sentence each, numpy or tensor alike."""
+    cartpole = rlspeed.PPO("CartPole-v1", seed=0, device="cpu")
+    for bad in (np.array([np.nan, 0, 0, 0], np.float32), torch.tensor([[0.1, 0, 0, 0], [0, 0, float("inf"), 0]])):
+        with pytest.raises(UserError, match=r"holds (nan at position \[0\]|inf at position \[1, 2\]) for Box"):
+            cartpole.predict(bad)
+    image = rlspeed.PPO(_pendulum("image", 4), seed=0, **ON_POLICY)
+    frame = np.random.default_rng(0).integers(0, 256, image.spec.observation_space.shape, dtype=np.uint8)
+    assert image.predict(frame)[0] == image.predict(torch.from_numpy(frame))[0].numpy()
+    for scaled in (frame / 255.0, torch.from_numpy(frame / 255.0)):
+        with pytest.raises(UserError, match=r"whole numbers .*not scaled to \[0, 1\]"):
+            image.predict(scaled)
+    wrapped = frame.astype(np.int64)
+    wrapped.flat[5] = 256
+    with pytest.raises(UserError, match=r"holds 256 at position .*\(torch.uint8: 0 to 255\)"):
+        image.predict(wrapped)
+    frozen = rlspeed.DQN("FrozenLake-v1", device="cpu", seed=0)
+    with pytest.raises(UserError, match=r"predict takes whole numbers for Discrete\(16\)"):
+        frozen.predict(torch.tensor(3.5))
+    assert frozen.predict(torch.tensor(3))[0] == frozen.predict(3)[0]
 
 
 def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():

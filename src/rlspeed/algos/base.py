@@ -51,7 +51,6 @@ from rlspeed.envs.base import (
     check_seed,
     counted,
     integer_range,
-    numpy_dtype,
     obs_batch_size,
     observation_layout,
     recorded_env_kwargs,
@@ -557,22 +556,31 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     """`predict`'s input as a batch on `device`: (obs, given as numpy, was a single observation). Numpy arrays and
     lists become tensors in the observation's dtype (float32 vectors, uint8 images, int64 indices); Dict
     observations are a dict of them per key (keys the model does not use, such as MiniGrid's `mission`, are
-    ignored), Tuple observations a tuple of them (as the env returns them) or a list of such tuples, one per row; a
-    single observation gets a batch dimension."""
+    ignored), Tuple observations a tuple of them (one observation, or a batch element by element, as the env returns
+    them) or a list of observations, one tuple (or list) per row; a single observation gets a batch dimension. Float
+    observations must be finite; whole-number ones (indices, uint8 images) whole and within their dtype's range."""
     if isinstance(space, gym.spaces.Dict):
         keys = list(space.spaces)
-        if (isinstance(observation, list) and observation and all(isinstance(row, tuple) for row in observation)
-                and all(key.isdigit() for key in keys)):
-            # a list of a Tuple env's observations, one tuple per row: the batch, element by element
-            observation = tuple(list(column) for column in zip(*observation))
-        if isinstance(observation, (tuple, list)) and all(key.isdigit() and int(key) < len(observation)
-                                                          for key in keys):
-            # a Tuple env's observation: its space became keys "0", "1", ... (an element no encoder takes, such as a
-            # Text, dropped; the keys in text order)
-            observation = {str(i): value for i, value in enumerate(observation)}
+        if all(key.isdigit() for key in keys):  # a Tuple env's: its space became keys "0", "1", ...
+            # (an element no encoder takes, such as a Text, dropped: the keys need not be every position)
+            width = max(int(key) for key in keys) + 1
+            shape_of = (f"This model takes Tuple observations of {width} elements: pass one as the env returns it "
+                        "(a tuple), a list of them (one per row) or a tuple of arrays (a batch, element by element)")
+            if (isinstance(observation, list) and observation
+                    and all(isinstance(row, (tuple, list)) for row in observation)):
+                # a list of observations, one per row: the batch, element by element
+                if any(len(row) < width for row in observation):
+                    raise UserError(f"{shape_of}; a row holds {min(len(row) for row in observation)}.")
+                observation = tuple(list(column) for column in zip(*observation))
+            if isinstance(observation, (tuple, list)):
+                if len(observation) < width:
+                    raise UserError(f"{shape_of}; got {len(observation)} elements.")
+                observation = {str(i): value for i, value in enumerate(observation)}
+            elif not isinstance(observation, dict):
+                raise UserError(f"{shape_of}; got {type(observation).__name__}.")
         if not isinstance(observation, dict):
             raise UserError(f"This model takes Dict observations (keys {', '.join(space.spaces)}); pass a dict of "
-                            "arrays, one per key, as the env returns them (for a Tuple env: its tuple).")
+                            "arrays, one per key, as the env returns them.")
         missing = [key for key in space.spaces if key not in observation]
         if missing:
             raise UserError(f"The observation has no key '{missing[0]}', which this model takes (keys "
@@ -595,15 +603,17 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     if as_numpy:
         try:
             raw = np.asarray(observation)
-            if (raw.dtype.kind == "f" and not dtype.is_floating_point and raw.size
-                    and not np.array_equal(raw, np.trunc(raw))):  # (the cast would cut 3.5 to 3, silently)
-                raise UserError(f"predict takes whole numbers for {space}, got {raw.flat[0] if raw.size == 1 else raw}"
-                                [:200] + ".")
-            observation = np.asarray(observation, dtype=numpy_dtype(dtype))
+            if raw.dtype.kind not in "bif" and raw.dtype != np.uint8:  # (lists of mixed types; uint16 and wider)
+                raw = raw.astype(np.float64)
+            raw = torch.as_tensor(raw)
         except (TypeError, ValueError):
             raise UserError(f"predict takes observations of shape {tuple(shape)} (or a batch of them) as numbers, "
                             f"got {str(observation)[:60]!r}.") from None
-    obs = torch.as_tensor(observation, device=device, dtype=dtype)
+    else:
+        raw = observation
+    if raw.numel() and (raw.is_floating_point() or not dtype.is_floating_point):
+        _check_representable(raw, space, dtype)  # (before the cast: it would cut 3.5 to 3 and wrap 256 to 0)
+    obs = torch.as_tensor(raw if as_numpy else observation, device=device, dtype=dtype)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
         low, high = (torch.as_tensor(bound, device=device) for bound in integer_range(space))
         outside = (obs < low) | (obs >= high)
@@ -620,6 +630,32 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
                         f"not {tuple(obs.shape)}.")
     return (obs.unsqueeze(0) if single else obs), as_numpy, single
+
+
+def _check_representable(raw: torch.Tensor, space: gym.Space, dtype: torch.dtype) -> None:
+    """UserError for an observation `predict` cannot take as `dtype` without changing it: a NaN or infinity (a
+    policy's argmax of NaN is action 0, silently), or, for whole-number dtypes (indices, uint8 images), a fraction or
+    a value outside the dtype's range."""
+    if raw.is_floating_point():
+        bad = ~torch.isfinite(raw)
+        if bool(bad.any()):  # ok-sync: predict returns to the host
+            raise UserError(f"An observation holds {_first_value(raw, bad)} for {space}: a policy cannot act on "
+                            "it (find where the env or its wrapper produced it).")
+    if dtype.is_floating_point:
+        return
+    if raw.is_floating_point():
+        bad = raw != torch.trunc(raw)
+        if bool(bad.any()):  # ok-sync: predict returns to the host
+            image = " (images: values 0 to 255, as the env gives them, not scaled to [0, 1])" if dtype == torch.uint8 \
+                else ""
+            raise UserError(f"predict takes whole numbers for {space}{image}; an observation holds "
+                            f"{_first_value(raw, bad)}.")
+    if dtype != torch.bool:
+        info = torch.iinfo(dtype)
+        bad = (raw < info.min) | (raw > info.max)
+        if bool(bad.any()):  # ok-sync: predict returns to the host
+            raise UserError(f"An observation holds {_first_value(raw, bad)}, outside what {space} stores "
+                            f"({dtype}: {info.min} to {info.max}).")
 
 
 def _check_shape(name: str, saved: torch.Size, expected: torch.Size) -> None:
