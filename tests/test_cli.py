@@ -1014,6 +1014,10 @@ def test_overwrite_removes_exports_of_the_replaced_model_and_export_refuses_a_mi
     assert not (tmp_path / "run" / "model.pt").exists() and not (tmp_path / "run" / "model.pt.json").exists()
     assert cli.main(["export", "run", "--format", "torchscript", "--out", "missing/model.pt"]) == 2
     assert not (tmp_path / "missing").exists()
+    # an --out whose suffix names no format, without --format: refused as model.export refuses it (not ONNX in it)
+    with pytest.raises(UserError, match=r"Cannot tell the export format from 'policy.bin'.*--format"):
+        cli.main(["--debug", "export", "run", "--out", "policy.bin"])
+    assert not (tmp_path / "policy.bin").exists()
     (tmp_path / "a file").write_text("")  # (its parent a file: "does not exist" was wrong)
     with pytest.raises(UserError, match="'a file' is a file, not a directory"):
         cli.main(["--debug", "export", "run", "--format", "torchscript", "--out", "a file/model.pt"])

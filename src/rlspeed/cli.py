@@ -2165,7 +2165,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="export a saved model's deterministic policy (ONNX, TorchScript, torch.export)")
     exp.add_argument("checkpoint", help="a model file or a run directory")
     exp.add_argument("--format", default=None, choices=["onnx", "torchscript", "exported_program"],
-                     help="(default: the one --out's suffix names, .onnx, .pt or .pt2; else onnx)")
+                     help="(default: the one --out's suffix names, .onnx, .pt or .pt2; onnx without --out)")
     exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing export file")
     exp.add_argument("--action-mask", action=argparse.BooleanOptionalAction, default=None,

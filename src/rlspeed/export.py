@@ -539,7 +539,7 @@ def export_format(path: str | Path, format: str | None) -> str:
     if format is None:
         if suffix not in by_suffix:
             raise UserError(f"Cannot tell the export format from '{path}': give a path ending in "
-                            f"{', '.join(FORMATS.values())} ({', '.join(FORMATS)}), or format=.")
+                            f"{', '.join(FORMATS.values())} ({', '.join(FORMATS)}), or the format (format=, --format).")
         return by_suffix[suffix]
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
@@ -627,13 +627,14 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
 
     `algorithms` maps checkpoint algorithm names to classes: pass `rlspeed.algos.ALGORITHMS` (this module does not
     import the algorithms that call it; from Python, `rlspeed.PPO.load(path).export(out)` does the same for one
-    algorithm). `format` None: the one `out`'s suffix names, else onnx. `out` defaults to the model file with the
+    algorithm). `format` None: the one `out`'s suffix names (UserError for another suffix, as `export`), onnx
+    without `out`. `out` defaults to the model file with the
     format's suffix (`model.onnx` beside `model.safetensors`);
     `action_mask` as `export` takes it. An existing file at the output path is refused unless `overwrite` (the model
     file itself always). Returns the written path.
     """
     if format is None:  # (the one --out's suffix names, else ONNX)
-        format = "onnx" if out is None or Path(out).suffix.lower() not in FORMATS.values() else export_format(out, None)
+        format = "onnx" if out is None else export_format(out, None)
     if format not in FORMATS:
         raise UserError(f"Unknown export format '{format}': use one of {', '.join(FORMATS)}.")
     path = run_model(checkpoint)

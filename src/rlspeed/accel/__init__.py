@@ -21,8 +21,9 @@ where compile is allowed: CUDA/NPU for "auto", anywhere for True) are compiled o
 eagerly. A module's kind of call without a cached choice runs fp32 eager until its calls have taken long enough for
 the search to cost at most 3% of that time (`module.SEARCH_COST_SHARE`), so the line does not slow a short script
 down; a step (`accelerate_step`) waits by the same rule. Choices are cached per (model structure, input shapes,
-device, torch version) under ``$RLSPEED_CACHE_DIR`` (default ``~/.cache/rlspeed``). ``RLSPEED_ACCELERATE``
-forces a strategy: ``off`` / ``fp32``, ``bf16-matmul``, ``tf32``, ``bf16``, ``fp16``, ``compile``, ``graphs`` or
+device, torch version) under ``$RLSPEED_CACHE_DIR/accel`` (default ``$XDG_CACHE_HOME/rlspeed/accel``, else
+``~/.cache/rlspeed/accel``). ``RLSPEED_ACCELERATE`` forces a strategy: ``off`` / ``fp32``, ``bf16-matmul``,
+``tf32``, ``bf16``, ``fp16``, ``compile``, ``graphs`` or
 combinations like ``bf16+compile``.
 """
 

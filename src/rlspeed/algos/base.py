@@ -890,7 +890,7 @@ class Algorithm:
         spaces. `**hyperparameters`: the algorithm's config fields by name (its `config_cls`: `PPOConfig`,
         `DQNConfig`, ...; a misspelt or other algorithm's name is refused, naming the likely one).
 
-        `device`: "auto" (the accelerator torch finds: CUDA, NPU, XPU or MPS, else the CPU; `RLSPEED_DEVICE`
+        `device`: "auto" (the accelerator torch finds: NPU, CUDA, XPU or MPS, else the CPU; `RLSPEED_DEVICE`
         overrides it), "cpu", "cuda[:i]", "npu[:i]", "xpu[:i]" or "mps". `seed`: seeds the initial weights, the envs
         (on their first reset) and every random draw of training; None draws nothing fixed. `env_backend` (for an env
         id): "auto" (`rlspeed.envs.resolve_backend`: rlspeed's native env where it has one, but for few envs on a CPU;
