@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -16,8 +18,11 @@ from rlspeed.export import EXPORT_MIN_TORCH
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
 # The tests' caches are their own (rlspeed's accel decisions, matplotlib's fonts, W&B's logs): a test that searches a
-# precision must not find what an earlier run on this machine decided, nor leave anything in the user's home.
+# precision must not find what an earlier run on this machine decided, nor leave anything in the user's home (or in
+# the temp directory: removed when the tests end).
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rlspeed-tests-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
+os.environ.setdefault("SB3_LOGDIR", os.path.join(os.environ["XDG_CACHE_HOME"], "sb3"))  # (else a /tmp/SB3-* per learn)
 os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.environ["XDG_CACHE_HOME"], "matplotlib"))
 os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb"))
 os.environ.setdefault("WANDB_CONFIG_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb-config"))
