@@ -1632,3 +1632,29 @@ def test_the_command_shows_each_warning_once(tmp_path):
                     "--num-envs", "2", "--no-progress", "--out", "run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("out of date") == 1
+
+
+def test_a_directory_of_the_user_s_own_files_is_no_run_to_overwrite_or_resume(tmp_path, monkeypatch):
+    """A project's own config.yaml, videos/ or wandb/ share names with a run's files, but only rlspeed's (known by
+    content) are a run: --overwrite deleted them and --resume replaced them before. Another run's directory is
+    refused to --resume of another algorithm or env, checkpoint or not (its config.yaml and metrics were replaced)."""
+    monkeypatch.chdir(tmp_path)
+    project = tmp_path / "proj"
+    (project / "videos").mkdir(parents=True)
+    (project / "config.yaml").write_text("name: my-app\nport: 8080\n")
+    (project / "videos" / "holiday.mp4").write_text("mine")
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--target-return", "none"]
+    for flags in ([], ["--overwrite"], ["--resume"]):
+        with pytest.raises(UserError, match=r"'proj' holds config.yaml, videos, which are not an rlspeed run's"):
+            cli.main(["--debug", *argv, "--out", "proj", *flags])
+    assert (project / "config.yaml").read_text() == "name: my-app\nport: 8080\n"
+    assert (project / "videos" / "holiday.mp4").read_text() == "mine"
+    # an rlspeed run (even one that stopped before its first checkpoint: config.yaml only) is one
+    assert cli.main([*argv, "--out", "run"]) == 0
+    (tmp_path / "run" / "model.safetensors").unlink()
+    (tmp_path / "run" / "summary.json").unlink()
+    with pytest.raises(UserError, match=r"--resume: 'run' holds a ppo CartPole-v1 run, not a2c Pendulum-v1"):
+        cli.main(["--debug", "train", "a2c", "Pendulum-v1", "--total-timesteps", "256", "--no-progress",
+                  "--out", "run", "--resume"])
+    assert "algo: ppo" in (tmp_path / "run" / "config.yaml").read_text()
+    assert cli.main([*argv, "--out", "run", "--overwrite"]) == 0

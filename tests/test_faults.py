@@ -245,6 +245,10 @@ STRUCTURE_FAULTS = {
     "observation-shape-text": lambda t, m: m.update(observation_shape="4"),
     "num-timesteps-text": lambda t, m: m.update(num_timesteps="many"),
     "optimizer-groups-not-a-list": lambda t, m: m.update(optimizers={"policy": 3}),
+    "env-kwargs-a-list": lambda t, m: m.update(env_kwargs=[1, 2]),
+    "observation-space-text": lambda t, m: m.update(observation_space="zz"),
+    "observation-space-box-without-shape": lambda t, m: m.update(observation_space={"type": "box"}),
+    "observation-shape-huge": lambda t, m: m.update(observation_shape=[10**9, 10**9]),
 }
 
 
@@ -255,6 +259,32 @@ def test_valid_json_metadata_of_the_wrong_structure_is_a_user_error(saved, tmp_p
         PPO.load(target, device="cpu")
     assert_one_line_error(cli.main(["eval", str(target), "--episodes", "1"]), capsys.readouterr(),
                           "is not a usable model checkpoint")
+    assert_one_line_error(cli.main(["export", str(target), "--out", str(tmp_path / "policy.pt"),
+                                    "--format", "torchscript"]), capsys.readouterr(),
+                          "is not a usable model checkpoint")
+
+
+def test_resume_state_of_another_shape_is_refused_or_set_aside(saved, tmp_path):
+    """Optimizer moments of another shape than their parameter's failed inside the first update (a size mismatch in
+    Adam's step); saved observations of another shape failed in the first forward pass. The moments are refused in
+    one sentence naming the tensor; the observations are set aside (fresh episodes, said in a warning)."""
+    def moment(tensors, meta):
+        name = next(k for k in tensors if k.startswith("optim.") and k.endswith(".exp_avg"))
+        tensors[name] = torch.zeros(3, 3)
+
+    target = _resave(saved, tmp_path / "moment.safetensors", moment)
+    with pytest.raises(UserError, match=r"The checkpoint's 'optim\.\w+\.\d+\.exp_avg' has shape \(3, 3\)"):
+        PPO("CartPole-v1", seed=0, device="cpu", **TINY).resume(target)
+
+    native = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", **TINY).learn(128, progress_bar=False)
+    path = native.save(tmp_path / "native")
+    assert load_checkpoint(path)[0]["resume.obs"].shape == (4, 4)  # (native envs save their observations)
+    target = _resave(path, tmp_path / "obs.safetensors", lambda tensors, meta: tensors.update(
+        {"resume.obs": torch.zeros(1)}))
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", **TINY)
+    model.resume(target)
+    with pytest.warns(UserWarning, match=r"the checkpoint's observations have shape \(1,\), these envs' \(4, 4\)"):
+        model.learn(64, progress_bar=False)
 
 
 def test_nan_in_a_bias_is_refused_unless_allowed(saved, tmp_path, capsys):
@@ -320,6 +350,9 @@ def test_a_checkpoint_without_digest_from_format_1_loads_with_a_warning(tmp_path
 
 
 def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
+    """The next write of a checkpoint removes what killed writes of it left; a load removes nothing (on storage that
+    machines share, a writer on another machine has a process id unknown here), nor does a write remove files whose
+    name save_checkpoint does not make, or another checkpoint's (`a[bc]` is no glob pattern for `ab`)."""
     path = save_checkpoint(tmp_path / "model", {"w": torch.ones(2)}, {})
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -327,11 +360,16 @@ def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
     stale.write_bytes(b"half a checkpoint")
     alive = tmp_path / f".model.safetensors.{os.getppid()}.def456.tmp"  # a running writer's file is kept
     alive.write_bytes(b"being written")
+    notes = tmp_path / ".model.safetensors.notes.tmp"  # a user's
+    notes.write_text("mine")
     load_checkpoint(path)
-    assert not stale.exists() and alive.exists()
-    stale.write_bytes(b"half a checkpoint")
+    assert stale.exists() and alive.exists()
     save_checkpoint(path, {"w": torch.zeros(2)}, {})
-    assert not stale.exists() and alive.exists()
+    assert not stale.exists() and alive.exists() and notes.exists()
+    other = tmp_path / f".ab.safetensors.{dead.pid}.abc123.tmp"
+    other.write_bytes(b"another checkpoint's")
+    save_checkpoint(tmp_path / "a[bc]", {"w": torch.zeros(2)}, {})
+    assert other.exists()
     # a killed writer with this process's id (a container's process often has the id of the one before it): its
     # file, older than this process, is stale too; one written since it started may be its own (another thread's)
     own = tmp_path / f".model.safetensors.{os.getpid()}.ghi789.tmp"
@@ -340,7 +378,7 @@ def test_stale_temporary_files_of_dead_writers_are_removed(tmp_path):
     writing.write_bytes(b"being written")
     before = checkpoint._STARTED - 60
     os.utime(own, (before, before))
-    load_checkpoint(path)
+    save_checkpoint(path, {"w": torch.zeros(2)}, {})
     assert not own.exists() and writing.exists()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import glob
 import hashlib
 import hmac
 import json
@@ -465,13 +466,15 @@ _STARTED = time.time()
 
 
 def _temporary_files(path: Path) -> list[Path]:
-    """Temporary files of interrupted writes of `path` whose writing process is gone (a running writer's file is
-    kept: its name holds the writer's process id)."""
+    """Temporary files of interrupted writes of `path` (`save_checkpoint`'s `.{name}.{pid}.{random}.tmp`, no other
+    file) whose writing process is gone (a running writer's file is kept: its name holds the writer's process id)."""
     stale = []
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        parts = tmp.name[len(path.name) + 2:].split(".")
-        pid = int(parts[0]) if parts and parts[0].isdigit() else None
-        if pid is not None and pid != os.getpid():
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        parts = tmp.name[len(path.name) + 2:-len(".tmp")].split(".")
+        if len(parts) != 2 or not parts[0].isdigit() or not parts[1]:
+            continue  # (not a name save_checkpoint makes: someone else's file)
+        pid = int(parts[0])
+        if pid != os.getpid():
             try:
                 os.kill(pid, 0)
                 continue  # that process still runs: it may be writing this file now
@@ -494,7 +497,9 @@ def _modified_since_start(tmp: Path) -> bool:
 
 
 def remove_stale_temporary_files(path: str | os.PathLike) -> list[Path]:
-    """Delete what interrupted writes of the checkpoint `path` left behind; returns the files removed."""
+    """Delete what interrupted writes of the checkpoint `path` left behind; returns the files removed. Writing only
+    (`save_checkpoint`): a load deletes nothing, and on storage several machines share, another machine's writer (its
+    process id unknown here) would lose the file it is writing."""
     removed = []
     for tmp in _temporary_files(checkpoint_path(path)):
         with contextlib.suppress(OSError):  # (gone already, or a directory this process may only read)
@@ -593,7 +598,6 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         raise UserError(f"Checkpoint '{given}' does not exist{also}.")
     if not path.is_file():  # (a FIFO would block the read, a device such as /dev/zero never end it)
         raise UserError(f"'{path}' is not a regular file (a directory, pipe or device): give a checkpoint file.")
-    remove_stale_temporary_files(path)
     try:
         data = path.read_bytes()
     except OSError as error:
@@ -772,6 +776,7 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
         optional = {"num_timesteps": _is_int, "seed": lambda v: v is None or _is_int(v),
                     "env_backend": lambda v: isinstance(v, str), "optimizers": lambda v: isinstance(v, dict),
                     "max_episode_steps": lambda v: v is None or _is_int(v),
+                    "env_kwargs": lambda v: v is None or isinstance(v, dict),
                     "reward_threshold": lambda v: v is None or _is_number(v),
                     "schedule": lambda v: v is None or (isinstance(v, list) and len(v) == 2
                                                         and all(_is_number(x) for x in v))}
@@ -781,6 +786,15 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
                 break
     if problem is None and not _shape_ok(metadata["observation_shape"]):
         problem = "'observation_shape' is not a list of sizes"
+    if problem is None and math.prod(metadata["observation_shape"]) > 2**31:
+        problem = f"'observation_shape' {metadata['observation_shape']} is larger than any observation"
+    if problem is None and "observation_space" in metadata:
+        from rlspeed.envs.base import space_from_json
+
+        try:
+            space_from_json(metadata["observation_space"])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            problem = "'observation_space' is not a space rlspeed wrote"
     if problem is None:
         problem = _action_space_problem(metadata["action_space"])
     if problem is None:

@@ -948,6 +948,10 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
     if not checked_before and run_dir.is_dir():
         _lock_run_dir(run_dir)  # (before the checks: a second process started at once sees the first's run)
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        if held and not _holds_rlspeed_run(run_dir):  # (a project's own config.yaml, videos/ or wandb/: not ours)
+            raise UserError(f"'{run_dir}' holds {', '.join(held)}, which are not an rlspeed run's (no config.yaml, "
+                            "summary.json or model of rlspeed's): a run there would write over them; give another "
+                            "--out (a new directory).")
         # (a summary.json written on an interruption does not make the run finished: --resume may start it again)
         finished = [name for name in ("model.safetensors", "summary.json")
                     if name in held and (name != "summary.json" or _finished_summary(run_dir / name))]
@@ -967,6 +971,43 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         _lock_run_dir(run_dir)
     _check_writable(run_dir)  # fail now, not after training: an existing directory may not be writable
     return run_dir
+
+
+def _holds_rlspeed_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run rlspeed wrote (`rlspeed train`'s config.yaml, or a summary.json, model or
+    checkpoint of `learn(run_dir=...)`, known by their content): only then are its `RUN_FILES` a run's, which
+    `--overwrite` may replace and `--resume` continue. A file of the same name that is not rlspeed's is the user's."""
+    config = _run_config(run_dir / "config.yaml")
+    if isinstance(config.get("algo"), str) and isinstance(config.get("env_id"), str):
+        return True
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        if isinstance(summary, dict) and {"algo", "env_id"} <= set(summary):
+            return True
+    except (OSError, ValueError):
+        pass
+    return any(_rlspeed_checkpoint(run_dir / name) for name in ("model.safetensors", "checkpoint.safetensors"))
+
+
+def _rlspeed_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint rlspeed wrote: encrypted by it, or a safetensors file whose metadata holds
+    rlspeed's entry (read from its header only; a damaged one is still rlspeed's where the entry is there)."""
+    from rlspeed.checkpoint import MAGIC
+
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(len(MAGIC)) == MAGIC:
+                return True
+            handle.seek(0)
+            start = handle.read(8)  # (safetensors: the header's size, then the header as JSON)
+            size = int.from_bytes(start, "little") if len(start) == 8 else 0
+            if not 2 <= size <= 100_000_000:
+                return False
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and isinstance(header.get("__metadata__"), dict) and \
+        "rlspeed" in header["__metadata__"]
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -1423,8 +1464,13 @@ def _resume_settings(args: argparse.Namespace) -> None:
         raise UserError(f"--resume: '{Path(args.out) / 'config.yaml'}' is empty or damaged, so the settings "
                         f"the run in '{args.out}' was started with are unknown (the preset's would replace them "
                         "silently): restore it, or start the run again with --overwrite.")
+    if not (isinstance(config.get("algo"), str) and isinstance(config.get("env_id"), str)):
+        return  # (no run's config.yaml: `_prepare_run_dir` refuses a directory of someone else's files)
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
-        return
+        # (resumed, its config.yaml and metrics would be replaced by another run's)
+        raise UserError(f"--resume: '{args.out}' holds a {config.get('algo')} {config.get('env_id')} run, not "
+                        f"{args.algo.lower()} {args.env_id}: resume it with its algorithm and env, or give another "
+                        "--out.")
     if isinstance(config.get("seeds"), list) and getattr(args, "seeds", None) is None:
         seeds = ",".join(str(seed) for seed in config["seeds"])
         if _finished_summary(Path(args.out) / "summary.json"):  # (resuming it as a population would be refused too)

@@ -1944,7 +1944,10 @@ class Algorithm:
         elif resume is not None and not self.strategy.enabled:
             saved = {key[4:]: value for key, value in resume["tensors"].items() if key.startswith("env.")}
             obs = resume["tensors"].get("obs")
-            if saved and obs is not None and env.state_dict() is not None:
+            expected = (env.num_envs, *self.spec.observation_shape)
+            if isinstance(obs, torch.Tensor) and tuple(obs.shape) != expected:  # (an edited or damaged file)
+                reason = f"the checkpoint's observations have shape {tuple(obs.shape)}, these envs' {expected}"
+            elif saved and obs is not None and env.state_dict() is not None:
                 try:
                     env.load_state_dict(saved)
                     self._episodes_restored = True
@@ -2274,6 +2277,11 @@ class Algorithm:
             # config, overrides included (a saved PPO learning rate is the last annealed one); the checkpoint gives
             # the per-parameter state (moments, step).
             groups = optimizer.state_dict()["param_groups"]
+            params = [param for group in optimizer.param_groups for param in group["params"]]
+            for index, fields in state.items():  # (moments of another shape would fail inside the first step)
+                for field, value in fields.items():
+                    if index < len(params) and value.numel() > 1:
+                        _check_shape(f"{prefix}{index}.{field}", value.shape, params[index].shape)
             saved_count = sum(len(group["params"]) for group in meta["optimizers"][name])
             if saved_count != sum(len(group["params"]) for group in groups):
                 warnings.warn(f"The optimizer state in the checkpoint is for {saved_count} parameters; this model "
