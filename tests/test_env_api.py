@@ -453,6 +453,20 @@ def test_make_env_rejects_keywords_the_backend_does_not_take(backend, kwargs, ma
         rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", backend=backend, **kwargs)
 
 
+def test_an_option_value_the_env_cannot_use_is_named():
+    """FrozenLake's map_name="9x9" raises KeyError in its constructor (an internal error, exit 1, before); a value
+    the env takes but fails on later (Pendulum's g="abc", in its first step) names the options it was made with."""
+    from rlspeed.errors import EnvStepError
+
+    with pytest.raises(rlspeed.UserError, match=r"Env 'FrozenLake-v1' rejected the options map_name: '9x9'"):
+        rlspeed.make_env("FrozenLake-v1", num_envs=2, device="cpu", map_name="9x9")
+    env = rlspeed.make_env("Pendulum-v1", num_envs=2, device="cpu", backend="gymnasium", g="abc")
+    env.reset(seed=0)
+    with pytest.raises(EnvStepError, match=r"raised TypeError in step\(\).*made with the options g: check"):
+        env.step(torch.zeros(2, 1))
+    env.close()
+
+
 def test_make_env_rejects_env_options_for_a_built_vector_env():
     vector_env = gym.make_vec("Pendulum-v1", num_envs=2, vectorization_mode="sync",
                               vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})

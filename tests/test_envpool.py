@@ -22,7 +22,7 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-IDS = ["CartPole-v1", "Pendulum-v1",
+IDS = ["CartPole-v1", "Pendulum-v1", "FrozenLake-v1",  # (a Discrete observation: int64 indices, EnvPool's int32)
        pytest.param("BreakoutNoFrameskip-v4", marks=pytest.mark.skipif(not (_has("ale_py") and _has("cv2")),
                                                                         reason="ale-py or OpenCV is not installed"))]
 
@@ -202,6 +202,15 @@ def test_reset_with_the_same_seed_gives_the_same_episodes():
         env.step(torch.zeros(3, dtype=torch.int64))
     assert torch.equal(env.reset(seed=3)[0], first)
     env.close()
+
+
+@needs_envpool
+def test_an_envpool_env_with_dict_observations_is_refused_in_one_sentence():
+    """EnvPool's MiniGrid ids give a dict of arrays (its mission as bytes): the first reset failed with "Could not
+    infer dtype of dict" (exit 1)."""
+    with pytest.raises(UserError, match=r"EnvPool's 'MiniGrid-Empty-5x5-v0' gives Dict observations.*"
+                                        r"--env-backend gymnasium"):
+        make_env("MiniGrid-Empty-5x5-v0", num_envs=2, backend="envpool", device="cpu")
 
 
 @needs_envpool

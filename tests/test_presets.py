@@ -349,6 +349,18 @@ def test_every_atari_game_takes_the_atari_preset_and_rl_zoos_atari_entry_transla
     assert shared and {key: translated[key] for key in shared} == {key: own[key] for key in shared}
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_an_atari_game_s_ram_variant_is_not_given_the_image_preset(algo):
+    """`--env-kwargs obs_type=ram` makes a game of 128 bytes: the Atari preset's CNN encoder was refused for it (and
+    with encoder=auto, its linear heads on raw bytes were kept); it takes the default preset, saying why."""
+    for env_id, source in (("ALE/Pong-v5", "auto"), ("PongNoFrameskip-v4", "rlspeed"), ("ALE/Alien-v5", "auto")):
+        ram = load_preset(algo, env_id, source, {"obs_type": "ram"})
+        assert ram.source == "rlspeed-default" and "not obs_type=ram" in ram.origin
+        assert dict(ram) == dict(load_preset(algo, "NoSuchGame-v0", "rlspeed"))
+        assert load_preset(algo, env_id, source, {"obs_type": "grayscale"}).source == "rlspeed"
+
+
 @requires_zoo
 def test_rl_zoos_atari_entry_serves_every_game_id_and_a_mujoco_v5_id_its_v4_entry_said():
     """RL-Zoo gives every id ale-py makes its `atari` entry (Pong-v4 too, not only NoFrameskip and ALE/ ids: those

@@ -781,7 +781,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     from rlspeed.presets import load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
-    preset = load_preset(algo_cls.name, args.env_id, getattr(args, "preset", "auto"))
+    preset = load_preset(algo_cls.name, args.env_id, getattr(args, "preset", "auto"), _env_kwargs(args))
     args.preset_message = preset.message()  # None for rlspeed's own preset for the pair
     # (`requested`: the --preset value as given, which a --resume naming the same preset is compared with)
     args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported,

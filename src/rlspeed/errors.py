@@ -35,11 +35,13 @@ class EnvStepError(RuntimeError):
     """An env raised inside `reset` or `step`: the message names the env and the call; the env's own exception is
     chained (`__cause__`) with its traceback."""
 
-    def __init__(self, env_id: str, backend: str, call: str, error: BaseException):
+    def __init__(self, env_id: str, backend: str, call: str, error: BaseException, options=()):
         self.env_id, self.call, self.error = env_id, call, error
         detail = first_line(error)
+        # (`options`: the env options it was made with, which may hold the value it could not use)
+        made_with = f" (it was made with the options {', '.join(options)}: check their values)" if options else ""
         super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
-                         + (f": {detail}" if detail else ""))
+                         + (f": {detail}" if detail else "") + made_with)
 
 
 #: Algorithms of sb3-contrib and RL-Zoo under their names (lower case, without "_" and "-"), each with what rlspeed

@@ -16,7 +16,7 @@ from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
 from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
-from rlspeed.envs.gymnasium_env import GymnasiumEnv, gym_spec, rejected_options
+from rlspeed.envs.gymnasium_env import REJECTED_VALUE_ERRORS, GymnasiumEnv, gym_spec, rejected_options
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
@@ -180,7 +180,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         env = atari.make_atari_env(spec.id, **env_kwargs) if atari_game else gym.make(spec.id, **env_kwargs)
     except UserError:
         raise
-    except (TypeError, ValueError) as error:
+    except REJECTED_VALUE_ERRORS as error:
         if not env_kwargs:
             raise _make_error(env_id, "gymnasium", error) from error
         raise rejected_options(env_id, env_kwargs, error) from None
@@ -382,7 +382,7 @@ class SeedOnFirstReset(EnvWrapper):
         except (UserError, EnvStepError):
             raise
         except Exception as error:
-            raise EnvStepError(self.spec.env_id, self.backend, "reset", error) from error
+            raise EnvStepError(self.spec.env_id, self.backend, "reset", error, self.spec.env_kwargs or ()) from error
 
     def step(self, actions: torch.Tensor):
         # the outermost wrapper of every env make_env returns: an exception from inside the env names the env
@@ -391,7 +391,7 @@ class SeedOnFirstReset(EnvWrapper):
         except (UserError, EnvStepError):
             raise
         except Exception as error:
-            raise EnvStepError(self.spec.env_id, self.backend, "step", error) from error
+            raise EnvStepError(self.spec.env_id, self.backend, "step", error, self.spec.env_kwargs or ()) from error
 
 
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv",

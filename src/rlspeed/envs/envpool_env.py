@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs import atari
-from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.envs.base import BatchedEnv, EnvSpec, numpy_dtype, observation_layout
 from rlspeed.errors import UserError
 
 INSTALL = "pip install envpool"
@@ -103,9 +103,14 @@ class EnvPoolEnv(BatchedEnv):
             max_steps = int(self.pool.spec.config.max_episode_steps)
         registered_spec = gym.registry.get(env_id)
         threshold = registered_spec.reward_threshold if registered_spec is not None else None
+        if isinstance(self.pool.observation_space, (gym.spaces.Dict, gym.spaces.Tuple)):
+            self.pool.close()  # (EnvPool's MiniGrid ids: a dict of arrays, its mission as bytes)
+            raise UserError(f"EnvPool's '{env_id}' gives {type(self.pool.observation_space).__name__} observations, "
+                            "which the envpool backend does not take; use --env-backend gymnasium (or auto).")
         self.spec = EnvSpec.from_spaces(env_id, _float32(self.pool.observation_space),
                                         _float32(self.pool.action_space), max_steps, threshold)
-        self._obs_dtype = np.float32 if self.spec.float_vector_obs else None
+        # (the contract's dtypes: float32 vectors, int64 indices where EnvPool gives int32, uint8 images)
+        self._obs_dtype = numpy_dtype(observation_layout(self.spec.observation_space)[1])
         self._action_dtype = (np.int32 if isinstance(self.spec.action_space, gym.spaces.Discrete)
                               else np.asarray(self.pool.action_space.sample()).dtype)
 

@@ -463,6 +463,11 @@ def obs_and_final(obs, finished_rows: np.ndarray, device: torch.device, final_ro
 
 
 
+#: What an env's constructor raises for an option it does not take or a value it cannot use (FrozenLake's
+#: `map_name="9x9"`: a KeyError): made with the user's options, such an error is theirs (`rejected_options`)
+REJECTED_VALUE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AssertionError)
+
+
 def rejected_options(env_id: str, env_kwargs: dict, error: BaseException) -> UserError:
     """The UserError for an env that raised TypeError or ValueError when made with the user's options: their names
     and the env's own message (without Gymnasium's note on where it was raised)."""
@@ -516,7 +521,7 @@ class GymnasiumEnv(BatchedEnv):
                                               **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
-            except (TypeError, ValueError, pickle.PicklingError) as error:
+            except (*REJECTED_VALUE_ERRORS, pickle.PicklingError) as error:
                 if not env_kwargs:
                     raise
                 spawned = vectorization == "async" and multiprocessing.get_start_method() != "fork"

@@ -57,8 +57,9 @@ class Preset(dict):
         return line + "."
 
 
-def load_preset(algo: str, env_id: str, source: str = "rlspeed") -> Preset:
-    """The preset of (`algo`, `env_id`) from `source`:
+def load_preset(algo: str, env_id: str, source: str = "rlspeed", env_kwargs: dict | None = None) -> Preset:
+    """The preset of (`algo`, `env_id`) from `source` (`env_kwargs`: the env's options; an Atari id made with
+    `obs_type="ram"` is a task of 128 bytes, not of images: the Atari presets, rlspeed's and RL-Zoo's, are not its):
 
     - 'rlspeed': rlspeed's own entry for the env, else the algorithm's `default` entry (no merging), else {};
     - 'zoo': RL-Zoo's entry, translated (UserError without rl_zoo3, without an entry for the pair, or when the entry
@@ -70,29 +71,35 @@ def load_preset(algo: str, env_id: str, source: str = "rlspeed") -> Preset:
     """
     if source == "none":
         return Preset({}, "none", f"{algo}'s own defaults (--preset none: no preset)")
+    images = (env_kwargs or {}).get("obs_type") != "ram"
     if source == "rlspeed":
-        return _shipped(algo, env_id)
+        return _shipped(algo, env_id, images)
     if source == "zoo":
         return _zoo(algo, env_id)
     if source == "auto":
-        return _auto(algo, env_id)
+        return _auto(algo, env_id, images)
     return load_preset_file(source, algo, env_id)
 
 
-def _shipped(algo: str, env_id: str) -> Preset:
-    """rlspeed's own preset for `env_id` (or the native id behind `rlspeed/ID`), else the `default` entry."""
+def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
+    """rlspeed's own preset for `env_id` (or the native id behind `rlspeed/ID`), else the `default` entry (`images`
+    False: an Atari id's RAM variant, which the Atari preset is not for)."""
     path = resources.files(__package__) / f"{algo}.yaml"
     if not path.is_file():
         return Preset({}, "rlspeed-default", f"{algo}'s defaults (rlspeed ships no {algo} presets)")
     presets = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
-    if env_id in presets and env_id not in ("default", ATARI_KEY):
-        return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
     from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
 
-    if ATARI_KEY in presets and atari_image_id(env_id):
-        return Preset(presets[ATARI_KEY], "rlspeed", f"rlspeed's Atari preset for {algo} (every Atari game)")
+    atari = atari_image_id(env_id)
+    if env_id in presets and env_id not in ("default", ATARI_KEY) and (images or not atari):
+        return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
+    if ATARI_KEY in presets and atari:
+        if images:
+            return Preset(presets[ATARI_KEY], "rlspeed", f"rlspeed's Atari preset for {algo} (every Atari game)")
+        return Preset(presets.get("default", {}), "rlspeed-default",
+                      f"rlspeed's default {algo} preset (the Atari preset is for images, not obs_type=ram)")
     return Preset(presets.get("default", {}), "rlspeed-default", f"rlspeed's default {algo} preset (none for {env_id})")
 
 
@@ -111,12 +118,12 @@ def _from_translation(translation, source: str) -> Preset:
                   translation.unsupported, translation.notes, translation.differences)
 
 
-def _auto(algo: str, env_id: str) -> Preset:
+def _auto(algo: str, env_id: str, images: bool = True) -> Preset:
     """rlspeed's own preset, else RL-Zoo's (when installed, with an entry that translates), else the default."""
     from rlspeed.presets import zoo
 
-    own = _shipped(algo, env_id)
-    if own.source == "rlspeed":
+    own = _shipped(algo, env_id, images)
+    if own.source == "rlspeed" or not images:  # (RL-Zoo's Atari entries are for images too)
         return own
     version = zoo.zoo_version()
     if algo not in zoo.ZOO_NAMES:
