@@ -436,6 +436,13 @@ def test_predict_takes_a_tuple_env_s_observation_as_the_env_returns_it():
     for wrong in (obs[0], obs[:2], [list(obs[:2])]):
         with pytest.raises(UserError, match="takes Tuple observations of 3 elements"):
             model.predict(wrong)
+    # where a part is a vector, a list of lists is one observation, element by element (a JSON round trip)
+    from rlspeed.algos.base import as_observation_batch
+
+    vectors = check_observation_space(gym.spaces.Tuple((gym.spaces.Box(-1, 1, (2,)),) * 2), "Vectors-v0")
+    batch, _, single = as_observation_batch([[0.1, 0.2], [0.3, 0.4]], vectors, torch.device("cpu"))
+    assert single and torch.equal(batch["0"], torch.tensor([[0.1, 0.2]])) and torch.equal(batch["1"],
+                                                                                   torch.tensor([[0.3, 0.4]]))
 
 
 def test_a_tuple_of_eleven_elements_or_with_a_dropped_element_is_read_by_position():
@@ -618,6 +625,13 @@ def test_predict_refuses_observations_it_would_change_silently():
     with pytest.raises(UserError, match=r"predict takes whole numbers for Discrete\(16\)"):
         frozen.predict(torch.tensor(3.5))
     assert frozen.predict(torch.tensor(3))[0] == frozen.predict(3)[0]
+    # narrower integers fit as they are (EnvPool's int32 indices; an int8 image), and a float64 past float32's range
+    # is the infinity the cast makes of it
+    for narrow in (np.array([3], np.int32), np.array([3], np.int8), torch.tensor([3], dtype=torch.int32)):
+        assert frozen.predict(narrow)[0].tolist() == [int(frozen.predict(3)[0])]
+    assert image.predict((frame // 2).astype(np.int8))[0] == image.predict(frame // 2)[0]
+    with pytest.raises(UserError, match=r"holds inf at position \[0\] for Box"):
+        cartpole.predict(np.full(4, 1e300))
 
 
 def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():

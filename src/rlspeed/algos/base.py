@@ -51,6 +51,7 @@ from rlspeed.envs.base import (
     check_seed,
     counted,
     integer_range,
+    numpy_dtype,
     obs_batch_size,
     observation_layout,
     recorded_env_kwargs,
@@ -567,7 +568,8 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
             shape_of = (f"This model takes Tuple observations of {width} elements: pass one as the env returns it "
                         "(a tuple), a list of them (one per row) or a tuple of arrays (a batch, element by element)")
             if (isinstance(observation, list) and observation
-                    and all(isinstance(row, (tuple, list)) for row in observation)):
+                    and all(isinstance(row, (tuple, list)) for row in observation)
+                    and _one_observation_per_row(observation[0], space)):
                 # a list of observations, one per row: the batch, element by element
                 if any(len(row) < width for row in observation):
                     raise UserError(f"{shape_of}; a row holds {min(len(row) for row in observation)}.")
@@ -603,17 +605,23 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     if as_numpy:
         try:
             raw = np.asarray(observation)
-            if raw.dtype.kind not in "bif" and raw.dtype != np.uint8:  # (lists of mixed types; uint16 and wider)
+            if raw.dtype.kind not in "biuf":  # (lists of mixed types: numbers, or the error below)
                 raw = raw.astype(np.float64)
-            raw = torch.as_tensor(raw)
         except (TypeError, ValueError):
             raise UserError(f"predict takes observations of shape {tuple(shape)} (or a batch of them) as numbers, "
                             f"got {str(observation)[:60]!r}.") from None
-    else:
-        raw = observation
-    if raw.numel() and (raw.is_floating_point() or not dtype.is_floating_point):
-        _check_representable(raw, space, dtype)  # (before the cast: it would cut 3.5 to 3 and wrap 256 to 0)
-    obs = torch.as_tensor(raw if as_numpy else observation, device=device, dtype=dtype)
+        if raw.size and not dtype.is_floating_point:
+            _check_whole(raw, space, dtype)  # (before the cast, which would cut 3.5 to 3 and wrap 256 to 0)
+        with np.errstate(over="ignore", invalid="ignore"):  # (an overflow to infinity is refused just below)
+            observation = raw.astype(numpy_dtype(dtype), copy=False)
+        if observation.size and dtype.is_floating_point and not _finite_on_host(observation):
+            _refuse_non_finite(torch.from_numpy(observation), space)
+    elif observation.numel() and not dtype.is_floating_point:
+        _check_whole(observation, space, dtype)
+    obs = torch.as_tensor(observation, device=device, dtype=dtype)
+    # (a tensor's: after the cast, which makes a float64 1e300 infinite; one sum, one sync, where it is finite)
+    if not as_numpy and obs.numel() and dtype.is_floating_point and not math.isfinite(obs.sum().item()):  # ok-sync
+        _refuse_non_finite(obs, space)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
         low, high = (torch.as_tensor(bound, device=device) for bound in integer_range(space))
         outside = (obs < low) | (obs >= high)
@@ -632,16 +640,49 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     return (obs.unsqueeze(0) if single else obs), as_numpy, single
 
 
-def _check_representable(raw: torch.Tensor, space: gym.Space, dtype: torch.dtype) -> None:
-    """UserError for an observation `predict` cannot take as `dtype` without changing it: a NaN or infinity (a
-    policy's argmax of NaN is action 0, silently), or, for whole-number dtypes (indices, uint8 images), a fraction or
-    a value outside the dtype's range."""
-    if raw.is_floating_point():
-        bad = ~torch.isfinite(raw)
-        if bool(bad.any()):  # ok-sync: predict returns to the host
-            raise UserError(f"An observation holds {_first_value(raw, bad)} for {space}: a policy cannot act on "
-                            "it (find where the env or its wrapper produced it).")
-    if dtype.is_floating_point:
+def _one_observation_per_row(row, space: gym.spaces.Dict) -> bool:
+    """Whether `row`, the first item of a list given for a Tuple model, is one observation: each of its elements has
+    the shape of one observation of its part (a list of lists is rows where the parts are indices; where a part is a
+    vector, `[[0.1, 0.2], [0.3, 0.4]]` is one observation, element by element)."""
+    try:
+        return all(np.shape(row[int(key)]) == tuple(observation_layout(sub)[0]) for key, sub in space.spaces.items())
+    except (IndexError, ValueError):
+        return len(row) < max(int(key) for key in space.spaces) + 1  # (a short row: refused as one below)
+
+
+def _finite_on_host(values: np.ndarray) -> bool:
+    """Whether a numpy array holds no NaN or infinity. A few values (predict's usual single observation) are summed
+    in Python, whose float64 sum of float32 values is infinite only where one is: a numpy reduction right after
+    torch's kernels costs several times more. A float64 sum that overflows says False; `_refuse_non_finite` then
+    looks value by value."""
+    return math.isfinite(sum(values.ravel().tolist())) if values.size <= 64 else bool(np.isfinite(values).all())
+
+
+def _refuse_non_finite(values: torch.Tensor, space: gym.Space) -> None:
+    """UserError naming the first NaN or infinity in `values` (a policy's argmax of NaN is action 0, silently)."""
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):  # ok-sync: predict returns to the host
+        raise UserError(f"An observation holds {_first_value(values, bad)} for {space}: a policy cannot act on it "
+                        "(find where the env or its wrapper produced it).")
+
+
+def _check_whole(raw: torch.Tensor | np.ndarray, space: gym.Space, dtype: torch.dtype) -> None:
+    """UserError for an observation a whole-number `dtype` (indices, uint8 images) cannot hold as it is: a fraction,
+    NaN or infinity, or a value outside the dtype's range. Integers whose dtype fits in `dtype` (uint8 in uint8,
+    int32 in int64) are not looked at; numpy arrays are checked as numpy, and as a tensor only to say where."""
+    if dtype == torch.bool:
+        return
+    info = torch.iinfo(dtype)
+    if isinstance(raw, np.ndarray):
+        floating = raw.dtype.kind == "f"
+        if floating:
+            bad = not np.array_equal(raw, np.trunc(raw))  # (NaN is unequal to itself: counted here)
+        elif raw.dtype.kind == "b" or np.can_cast(raw.dtype, numpy_dtype(dtype)):
+            return
+        else:
+            bad = False
+        if bad or raw.min() < info.min or raw.max() > info.max:
+            _check_whole(torch.from_numpy(raw.astype(np.float64 if floating else np.int64)), space, dtype)
         return
     if raw.is_floating_point():
         bad = raw != torch.trunc(raw)
@@ -650,12 +691,14 @@ def _check_representable(raw: torch.Tensor, space: gym.Space, dtype: torch.dtype
                 else ""
             raise UserError(f"predict takes whole numbers for {space}{image}; an observation holds "
                             f"{_first_value(raw, bad)}.")
-    if dtype != torch.bool:
-        info = torch.iinfo(dtype)
-        bad = (raw < info.min) | (raw > info.max)
-        if bool(bad.any()):  # ok-sync: predict returns to the host
-            raise UserError(f"An observation holds {_first_value(raw, bad)}, outside what {space} stores "
-                            f"({dtype}: {info.min} to {info.max}).")
+    elif raw.dtype == torch.bool or (torch.iinfo(raw.dtype).min >= info.min and torch.iinfo(raw.dtype).max <= info.max):
+        return  # (every value of its dtype fits)
+    else:
+        raw = raw.to(torch.int64)  # (compared with the limits in a dtype that holds them)
+    bad = (raw < info.min) | (raw > info.max)
+    if bool(bad.any()):  # ok-sync: predict returns to the host
+        raise UserError(f"An observation holds {_first_value(raw, bad)}, outside what {space} stores "
+                        f"({dtype}: {info.min} to {info.max}).")
 
 
 def _check_shape(name: str, saved: torch.Size, expected: torch.Size) -> None:
