@@ -1658,3 +1658,7 @@ def test_a_directory_of_the_user_s_own_files_is_no_run_to_overwrite_or_resume(tm
                   "--out", "run", "--resume"])
     assert "algo: ppo" in (tmp_path / "run" / "config.yaml").read_text()
     assert cli.main([*argv, "--out", "run", "--overwrite"]) == 0
+    # a short learn(run_dir=...) run leaves metrics.csv (and its plot) only: a run too
+    for name in ("config.yaml", "summary.json", "model.safetensors"):
+        (tmp_path / "run" / name).unlink()
+    assert cli.main([*argv, "--out", "run", "--overwrite"]) == 0

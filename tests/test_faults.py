@@ -249,6 +249,8 @@ STRUCTURE_FAULTS = {
     "observation-space-text": lambda t, m: m.update(observation_space="zz"),
     "observation-space-box-without-shape": lambda t, m: m.update(observation_space={"type": "box"}),
     "observation-shape-huge": lambda t, m: m.update(observation_shape=[10**9, 10**9]),
+    "observation-space-box-huge": lambda t, m: m.update(observation_space={"type": "box", "shape": [100000, 100000],
+                                                                           "low": None, "high": None}),
 }
 
 

@@ -547,3 +547,24 @@ def test_a_dqn_population_with_action_masks_resumes_its_replay_with_the_masks(tm
     assert len(buffer._window) == 2 and all(len(entry) == 7 for entry in buffer._window)
     resumed.learn(64)
     assert resumed.num_timesteps == 128 and resumed._masking
+
+
+def test_a_checkpoint_with_float32_normalisation_statistics_resumes(tmp_path):
+    """Normalisation statistics are float64 where the device has it, float32 in older checkpoints and on devices
+    without float64: such a checkpoint resumes (it was refused as a file that does not fit), its statistics taken in
+    the population's dtype."""
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    population = _population(PPO, "Pendulum-v1", normalize_obs=True, normalize_reward=True)
+    population.learn(256)
+    tensors, meta = load_checkpoint(population.save(tmp_path / "population"))
+    assert tensors["state.norm.obs_var"].dtype == torch.float64
+    older = {name: value.float() if ".norm." in name or "final_norm" in name else value
+             for name, value in tensors.items()}
+    for key in ("format", "version", "digest"):
+        meta.pop(key, None)
+    path = save_checkpoint(tmp_path / "older", older, meta)
+    resumed = _population(PPO, "Pendulum-v1", normalize_obs=True, normalize_reward=True)
+    resumed.resume(path)
+    assert torch.equal(resumed._normalization.obs_var, tensors["state.norm.obs_var"].float().double())
+    resumed.learn(128)

@@ -359,6 +359,8 @@ def test_an_atari_game_s_ram_variant_is_not_given_the_image_preset(algo):
         assert ram.source == "rlspeed-default" and "not obs_type=ram" in ram.origin
         assert dict(ram) == dict(load_preset(algo, "NoSuchGame-v0", "rlspeed"))
         assert load_preset(algo, env_id, source, {"obs_type": "grayscale"}).source == "rlspeed"
+    with pytest.raises(UserError, match="RL-Zoo's Atari entry for ALE/Pong-v5 is for its images, not obs_type=ram"):
+        load_preset(algo, "ALE/Pong-v5", "zoo", {"obs_type": "ram"})
 
 
 @requires_zoo

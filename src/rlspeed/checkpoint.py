@@ -755,6 +755,24 @@ def _action_space_problem(space) -> str | None:
     return f"action_space has unknown type {space.get('type')!r}"
 
 
+#: More elements than any observation or action a checkpoint's metadata may describe (an edited file otherwise
+#: allocates the space's bounds: 37 GiB for a Box of 100,000 x 100,000)
+_MAX_ELEMENTS = 2**31
+
+
+def _largest_shape(space) -> int:
+    """The most elements of any shape inside a space's JSON (`space_to_json`: "shape" lists, nested "spaces")."""
+    if isinstance(space, list):
+        return max((_largest_shape(item) for item in space), default=0)
+    if not isinstance(space, dict):
+        return 0
+    shape = space.get("shape")
+    own = math.prod(shape) if isinstance(shape, list) and all(_is_int(v) and v >= 0 for v in shape) else 0
+    spaces = space.get("spaces")
+    inner = _largest_shape(list(spaces.values()) if isinstance(spaces, dict) else spaces)
+    return max(own, inner)
+
+
 def _flat(values) -> list:
     """A nested list of numbers as one flat list (MultiDiscrete's nvec may have several dimensions)."""
     return [v for item in values for v in (_flat(item) if isinstance(item, list) else [item])]
@@ -786,8 +804,11 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
                 break
     if problem is None and not _shape_ok(metadata["observation_shape"]):
         problem = "'observation_shape' is not a list of sizes"
-    if problem is None and math.prod(metadata["observation_shape"]) > 2**31:
+    if problem is None and math.prod(metadata["observation_shape"]) > _MAX_ELEMENTS:
         problem = f"'observation_shape' {metadata['observation_shape']} is larger than any observation"
+    for key in ("observation_space", "action_space"):  # (before a space is built: its bounds are allocated)
+        if problem is None and _largest_shape(metadata.get(key)) > _MAX_ELEMENTS:
+            problem = f"'{key}' holds a shape larger than any observation or action"
     if problem is None and "observation_space" in metadata:
         from rlspeed.envs.base import space_from_json
 

@@ -974,12 +974,19 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
 
 
 def _holds_rlspeed_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run rlspeed wrote (`rlspeed train`'s config.yaml, or a summary.json, model or
-    checkpoint of `learn(run_dir=...)`, known by their content): only then are its `RUN_FILES` a run's, which
-    `--overwrite` may replace and `--resume` continue. A file of the same name that is not rlspeed's is the user's."""
+    """Whether `run_dir` holds a run rlspeed wrote (`rlspeed train`'s config.yaml, or a metrics.csv, summary.json,
+    model or checkpoint of `learn(run_dir=...)`, known by their content): only then are its `RUN_FILES` a run's,
+    which `--overwrite` may replace and `--resume` continue. A file of the same name that is not rlspeed's is the
+    user's."""
     config = _run_config(run_dir / "config.yaml")
     if isinstance(config.get("algo"), str) and isinstance(config.get("env_id"), str):
         return True
+    try:  # (rlspeed's columns: every row has the step count and the training clock)
+        with open(run_dir / "metrics.csv", encoding="utf-8") as handle:
+            if {"timesteps", "train_wall_s"} <= set(handle.readline().strip().split(",")):
+                return True
+    except (OSError, ValueError):
+        pass
     try:
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
         if isinstance(summary, dict) and {"algo", "env_id"} <= set(summary):

@@ -5,6 +5,7 @@ writes them before it imports torch."""
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -23,7 +24,7 @@ _UMASK = _process_umask()
 
 def _temporaries(path: Path) -> list[Path]:
     """The temporary files `write_text_atomic` makes for `path` (`.NAME.XXXXXXXX.tmp` beside it)."""
-    return list(path.parent.glob(f".{path.name}.*.tmp"))
+    return list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
 def write_atomic(path: Path, text: str) -> None:

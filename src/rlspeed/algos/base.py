@@ -2320,17 +2320,17 @@ class Algorithm:
             # config, overrides included (a saved PPO learning rate is the last annealed one); the checkpoint gives
             # the per-parameter state (moments, step).
             groups = optimizer.state_dict()["param_groups"]
-            params = [param for group in optimizer.param_groups for param in group["params"]]
-            for index, fields in state.items():  # (moments of another shape would fail inside the first step)
-                for field, value in fields.items():
-                    if index < len(params) and value.numel() > 1:
-                        _check_shape(f"{prefix}{index}.{field}", value.shape, params[index].shape)
             saved_count = sum(len(group["params"]) for group in meta["optimizers"][name])
             if saved_count != sum(len(group["params"]) for group in groups):
                 warnings.warn(f"The optimizer state in the checkpoint is for {saved_count} parameters; this model "
                               "trains a different set (an override changed it), so its optimizer starts afresh.",
                               stacklevel=3)
                 continue
+            params = [param for group in optimizer.param_groups for param in group["params"]]
+            for index, fields in state.items():  # (moments of another shape would fail inside the first step)
+                for field, value in fields.items():
+                    if index < len(params) and value.numel() > 1:
+                        _check_shape(f"{prefix}{index}.{field}", value.shape, params[index].shape)
             optimizer.load_state_dict({"state": state, "param_groups": groups})
             _match_parameter_layouts(optimizer)
 

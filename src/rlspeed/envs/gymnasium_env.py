@@ -469,8 +469,8 @@ REJECTED_VALUE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AssertionE
 
 
 def rejected_options(env_id: str, env_kwargs: dict, error: BaseException) -> UserError:
-    """The UserError for an env that raised TypeError or ValueError when made with the user's options: their names
-    and the env's own message (without Gymnasium's note on where it was raised)."""
+    """The UserError for an env that raised one of `REJECTED_VALUE_ERRORS` when made with the user's options: their
+    names and the env's own message (without Gymnasium's note on where it was raised)."""
     message = str(error).split(" was raised from the environment creator")[0].rstrip(".")
     return UserError(f"Env '{env_id}' rejected the options {', '.join(env_kwargs)}: {message}.")
 

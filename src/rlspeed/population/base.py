@@ -235,10 +235,15 @@ def stack_leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([t.detach() for t in tensors]).clone().requires_grad_()
 
 
-def saved_like(tensors: dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
+def saved_like(tensors: dict[str, torch.Tensor], name: str, like: torch.Tensor,
+               any_float: bool = False) -> torch.Tensor:
     """A checkpoint's tensor `tensors[name]`, checked to have `like`'s shape and dtype (ValueError otherwise, which
-    `resume` reports as a file that does not fit the population)."""
+    `resume` reports as a file that does not fit the population). `any_float`: a float tensor of another float dtype
+    is taken in `like`'s (normalisation statistics: float64 where the device has it, float32 in older checkpoints and
+    on devices without float64)."""
     saved = tensors[name]
+    if any_float and saved.shape == like.shape and saved.is_floating_point() and like.is_floating_point():
+        return saved.to(like.dtype)
     if saved.shape != like.shape or saved.dtype != like.dtype:
         raise ValueError(f"'{name}' is {saved.dtype} {tuple(saved.shape)}, this population's {like.dtype} "
                          f"{tuple(like.shape)}")

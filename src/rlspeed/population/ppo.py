@@ -675,8 +675,8 @@ class PPOPopulation(PopulationBase):
                          "schedule_start": getattr(self, "_schedule_start", None) if in_learn else None}
 
     def _load_state(self, tensors: dict[str, torch.Tensor], values: dict) -> None:
-        def take(name: str, like: torch.Tensor) -> torch.Tensor:
-            return saved_like(tensors, name, like).clone()
+        def take(name: str, like: torch.Tensor, any_float: bool = False) -> torch.Tensor:
+            return saved_like(tensors, name, like, any_float).clone()
 
         self._set_params([take(f"param.{i}", p).requires_grad_() for i, p in enumerate(self.params)])
         self._final_params = [take(f"final.{i}", p) for i, p in enumerate(self._final_params)]
@@ -685,7 +685,7 @@ class PPOPopulation(PopulationBase):
         if self._normalization is not None:
             for prefix, stats in (("norm", self._normalization), ("final_norm", self._final_normalization)):
                 for key, value in stats.tensors().items():
-                    setattr(stats, key, take(f"{prefix}.{key}", value))
+                    setattr(stats, key, take(f"{prefix}.{key}", value, any_float=True))
         self._adam_steps = int(values["adam_steps"])
         end = values.get("schedule_end")
         self._resumed_schedule_end = None if end is None else int(end)

@@ -75,10 +75,20 @@ def load_preset(algo: str, env_id: str, source: str = "rlspeed", env_kwargs: dic
     if source == "rlspeed":
         return _shipped(algo, env_id, images)
     if source == "zoo":
+        if not images and atari_image_id(env_id):
+            raise UserError(f"RL-Zoo's Atari entry for {env_id} is for its images, not obs_type=ram: use --preset "
+                            "rlspeed (its default preset) or a preset file of your own.")
         return _zoo(algo, env_id)
     if source == "auto":
         return _auto(algo, env_id, images)
     return load_preset_file(source, algo, env_id)
+
+
+def atari_image_id(env_id: str) -> bool:
+    """`rlspeed.envs.atari.atari_image_id`, imported when asked (presets load without torch)."""
+    from rlspeed.envs.atari import atari_image_id as image_id
+
+    return image_id(env_id)
 
 
 def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
@@ -90,8 +100,6 @@ def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
     presets = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
-    from rlspeed.envs.atari import atari_image_id  # (late: presets load without torch)
-
     atari = atari_image_id(env_id)
     if env_id in presets and env_id not in ("default", ATARI_KEY) and (images or not atari):
         return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
