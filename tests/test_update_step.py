@@ -65,6 +65,69 @@ def test_an_overridden_loss_trains_with_the_override(algo, env_id, config):
     assert results[0] > 0 and results[1] == 0.0, results
 
 
+def test_a_network_subclass_with_its_own_forward_trains_with_autograd():
+    """A subclass's _setup may put a network of its own class in place (CONTRIBUTING.md): DQN's and SAC's hand-derived
+    updates compute rlspeed's networks, not its forward, and trained on reporting "hand-derived". Autograd trains it,
+    and SAC's exploration calls the actor as a module (it read the original actor's layers)."""
+    from rlspeed.nn import QNetwork, SquashedGaussianActor
+
+    class HalfQ(QNetwork):
+        def forward(self, obs):
+            return 0.5 * super().forward(obs)
+
+    class HalfQDQN(DQN):
+        def _setup(self):
+            super()._setup()
+            self.q_network.__class__ = HalfQ
+            self._update_step = self._make_update_step()
+
+    choice = HalfQDQN("CartPole-v1", device="cpu", seed=0).update_summary()
+    assert choice["implementation"] == "autograd" and "the Q-network is a HalfQ" in choice["reason"]
+
+    calls = []
+
+    class Counted(SquashedGaussianActor):
+        def forward(self, obs):
+            calls.append(1)
+            return super().forward(obs)
+
+    class CountedSAC(SAC):
+        def _setup(self):
+            super()._setup()
+            self.actor = self.policy = Counted(self.spec.obs_dim, self.spec.action_dim, self.config.net_arch,
+                                               self.config.activation).to(self.device)
+            self._params = [*self.actor.parameters(), *self._critic_params, self.log_alpha]
+            self.optimizer = torch.optim.Adam(self._params, lr=self.config.learning_rate)
+            self._update_step = self._make_update_step()
+
+    model = CountedSAC("Pendulum-v1", device="cpu", seed=0, learning_starts=16, batch_size=16, num_envs=1)
+    assert model.update_summary()["implementation"] == "autograd"
+    assert "the actor is a Counted" in model.update_summary()["reason"]
+    model.learn(32, progress_bar=False)
+    calls.clear()
+    model._explore(torch.zeros(1, 3), model.num_timesteps)  # (an exploring step: the module's forward, once)
+    assert len(calls) == 1
+
+
+def test_optimizer_and_activation_overrides_that_would_be_ignored_are_refused():
+    """An off-policy subclass's _make_optimizer was never called (they make their optimizer in _setup), and a class of
+    one's own for `activation` was replaced by torch's of the same name: both silently trained something else."""
+    with pytest.raises(TypeError, match="AdamWDQN._make_optimizer would never be called"):
+        type("AdamWDQN", (DQN,), {"_make_optimizer": lambda self, params: torch.optim.AdamW(params)})
+
+    class Tanh(torch.nn.Module):  # (LeCun's scaled tanh, named as torch's)
+        def forward(self, x):
+            return 1.7159 * torch.tanh(2 / 3 * x)
+
+    with pytest.raises(UserError, match=r"'activation' takes a name, or torch's own class for it, not .*\.Tanh"):
+        PPO("CartPole-v1", device="cpu", activation=Tanh)
+    assert PPO("CartPole-v1", device="cpu", activation=torch.nn.Tanh).config.activation == "tanh"
+    # an optimizer over some of the parameters: not the hand-derived update (its flat Adam failed to build)
+    Partial = type("Partial", (PPO,), {"_make_optimizer": lambda self, params: torch.optim.Adam(params[2:])})
+    choice = Partial("CartPole-v1", device="cpu").update_summary()
+    assert choice["implementation"] == "autograd" and "the optimizer steps 4 of the model's 6" in choice["reason"]
+
+
 def test_algorithms_without_a_hand_derived_update_say_so():
     assert TD3("Pendulum-v1", device="cpu").update_summary()["reason"] == "TD3 has no hand-derived update"
     assert TD3("Pendulum-v1", device="cpu").update_summary()["implementation"] == "autograd"

@@ -394,6 +394,11 @@ def coerce(key: str, value, hint):
             if value is None:  # (a choice given as None: its "none", e.g. TD3's action_noise)
                 return "none"
             if isinstance(value, type):  # (a class for a named choice: torch.nn.ReLU for activation="relu")
+                if not value.__module__.startswith("torch."):  # (a class of one's own named Tanh is not torch's)
+                    raise UserError(f"Hyperparameter '{key}' takes a name, or torch's own class for it, not "
+                                    f"{value.__module__}.{value.__qualname__}: the network is built from the name, "
+                                    "so your class would be replaced by torch's; give your network to a subclass "
+                                    "(docs/algorithms.md).")
                 return value.__name__.lower()
             return str(value)
     except (TypeError, ValueError):
@@ -1171,9 +1176,11 @@ class Algorithm:
                     raise UserError(
                         f"{type(self).__name__}.{name}'s parameter '{param_name}' is not the tensor this model "
                         "trains: the network's parameters were replaced after the model was made "
-                        "(load_state_dict(..., assign=True), or a layer put in place of one), and learn would leave "
-                        f"them unchanged; copy weights in with model.{name}.load_state_dict(state) (no assign=True), "
-                        "or make a new model with the architecture you want (net_arch, activation, ...).")
+                        "(load_state_dict(..., assign=True), or a layer put in place of one), or an optimizer of "
+                        "_make_optimizer leaves it out, and learn would leave them unchanged; copy weights in with "
+                        f"model.{name}.load_state_dict(state) (no assign=True), make a new model with the "
+                        "architecture you want (net_arch, activation, ...), or freeze a parameter with "
+                        "requires_grad_(False).")
 
     def _follow_frozen_parameters(self) -> None:
         """Parameters the caller froze (`requires_grad_(False)`) after the model was made: the hand-derived update

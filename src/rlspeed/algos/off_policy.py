@@ -247,6 +247,13 @@ class OffPolicyAlgorithm(Algorithm):
     #: use_sde_at_warmup)
     _policy_at_warmup: bool = False
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_make_optimizer" in cls.__dict__:  # (the on-policy algorithms' hook: here it would never be called)
+            raise TypeError(f"{cls.__name__}._make_optimizer would never be called: the replay-buffer algorithms make "
+                            "their optimizer in _setup; override _setup, set self.optimizer and remake "
+                            "self._update_step (CONTRIBUTING.md).")
+
     @property
     def steps_per_iteration(self) -> int:
         """Env steps of one collection (`train_freq` steps of all `num_envs` envs), over all processes: `learn`

@@ -114,10 +114,14 @@ class SAC(OffPolicyAlgorithm):
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
         self._update_step = self._make_update_step()
         self._setup_action_scaling()
-        # (weights, biases, tanh?) of an MLP actor for `_explore`'s kernel-by-kernel pass; None: module calls
-        found = sequential_linears(self.actor.net) if self.actor.encoder is None and not cfg.use_sde else None
+        # (weights, biases, tanh?) of rlspeed's MLP actor for `_explore`'s kernel-by-kernel pass, while it is the
+        # actor (a subclass's forward, or an actor a subclass's _setup puts in its place, is called as a module)
+        own = getattr(type(self.actor), "_rlspeed_base", type(self.actor)) is SquashedGaussianActor
+        found = (sequential_linears(self.actor.net) if own and self.actor.encoder is None and not cfg.use_sde
+                 else None)
         self._actor_linears = None if found is None else (
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
+        self._actor_linears_of = self.actor
 
     def _make_update_step(self):
         """The critics' step (the hand-derived update: the whole update, both steps and the Polyak step); with
@@ -165,7 +169,7 @@ class SAC(OffPolicyAlgorithm):
                 self.actor.sde.resample(self._env.num_envs)
             mean, latent = self.actor(obs)
             return torch.tanh(mean + self.actor.sde.noise(latent))
-        if self._actor_linears is None:
+        if self._actor_linears is None or self._actor_linears_of is not self.actor:
             mean, log_std = self.actor(obs)
             return torch.tanh(mean + log_std.exp() * torch.randn_like(mean))
         mean, log_std = linear_forward(obs.flatten(1), *self._actor_linears)[-1].chunk(2, dim=-1)

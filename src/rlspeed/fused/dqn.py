@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
+from rlspeed.nn import QNetwork
 
 
 def unsupported_reason(q_network: nn.Module, masking: bool = False) -> str | None:
@@ -23,6 +24,9 @@ def unsupported_reason(q_network: nn.Module, masking: bool = False) -> str | Non
     tanh, trained without action masks)."""
     if masking:
         return "action masks (the hand-derived update's target maximises over all actions)"
+    cls = getattr(type(q_network), "_rlspeed_base", type(q_network))  # (auto_accelerate swaps in a subclass)
+    if cls is not QNetwork:  # (a subclass's own forward, which the hand-derived update would not run)
+        return f"the Q-network is a {cls.__name__}, not rlspeed's QNetwork MLP"
     encoder = getattr(q_network, "encoder", None)
     if encoder is not None:
         return f"a {encoder.kind} (the hand-derived update covers MLPs on float vectors)"

@@ -35,12 +35,17 @@ from rlspeed.fused.flat import (
     reduced_matmuls,
     sequential_linears,
 )
-from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN
+from rlspeed.nn import LOG_2, LOG_2PI, LOG_STD_MAX, LOG_STD_MIN, QEnsemble, SquashedGaussianActor
 
 
 def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
     """Why `FusedSACUpdate` cannot update these networks, or None when it can (an MLP actor body with ReLU or tanh,
-    critics with ReLU or tanh)."""
+    critics with ReLU or tanh), rlspeed's own classes (a subclass's forward is not what it computes)."""
+    for network, base in ((actor, SquashedGaussianActor), (critic, QEnsemble)):
+        cls = getattr(type(network), "_rlspeed_base", type(network))  # (auto_accelerate swaps in a subclass)
+        if cls is not base:
+            return f"the {'actor' if base is SquashedGaussianActor else 'critic'} is a {cls.__name__}, not rlspeed's " \
+                   f"{base.__name__} MLP"
     for network in (actor, critic):
         encoder = getattr(network, "encoder", None)
         if encoder is not None:
