@@ -80,11 +80,14 @@ def test_written_preset_trains_with_preset_file(tmp_path, capsys):
     assert all(len(c["objectives"]) == 4 for c in candidates)
     best = min(candidates, key=lambda c: (c["median"], c["trial"] is not None))["hyperparameters"]
     preset = load_preset_file(tmp_path / "best.yaml", "ppo", "CartPole-v1")
-    assert preset["learning_rate"] == pytest.approx(best["learning_rate"], rel=1e-5)
+    assert preset["learning_rate"] == best["learning_rate"]  # (to the last digit: rounded, it trained otherwise)
     assert preset["clip_range"] == best["clip_range"]
     assert {key: preset[key] for key in FIXED} == FIXED
-    # with a target, the training budget is the starting preset's (training stops at the target), not the trials'
-    assert preset["total_timesteps"] == 100_000 and preset["eval_freq"] == 128 and preset["target_return"] == 1000
+    # the shipped preset anneals its clip range over a learn call's steps: the preset trains over the trials' budget,
+    # as its trial did (with the starting preset's 100,000 steps the clip range decayed 400 times slower)
+    assert preset["anneal_clip"] and preset["total_timesteps"] == 256
+    assert preset["eval_freq"] == 128 and preset["target_return"] == 1000
+    assert "total_timesteps is the trials' budget" in (tmp_path / "best.yaml").read_text()
     run = tmp_path / "run"
     assert cli.main(["train", "ppo", "CartPole-v1", "--preset", str(tmp_path / "best.yaml"), "--target-return",
                      "none", "--total-timesteps", "128", "--no-progress", "--out", str(run)]) == 0
@@ -145,9 +148,37 @@ def test_objective_orders_reached_before_unreached():
     scores = [objective(member(steps, final), 475.0, 10_000) for steps, final in
               [(2048, 480.0), (9216, 500.0), (None, 470.0), (None, 300.0), (None, 20.0)]]
     assert scores == sorted(scores)
-    assert scores[1] < 10_000 <= scores[2]
+    assert scores[1] < 10_000 < scores[2]
+    # a member that reached the target at the last step is ahead of one whose final evaluation alone reached it
+    assert objective(member(10_240, 480.0), 475.0, 10_240) < objective(member(None, 480.0), 475.0, 10_240)
     assert objective(member(None, -300.0), -200.0, 1000) > objective(member(None, -250.0), -200.0, 1000)
     assert objective(member(None, 321.0), None, 1000) == -321.0
+
+
+def test_a_study_another_tool_made_is_refused(tmp_path, capsys):
+    """An Optuna study of the same name made by another search (its own trials, direction maximize) was taken over:
+    its trials counted as rlspeed's, the best of a maximising study was the worst trial, and confirmation crashed."""
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    foreign = optuna.create_study(study_name="ppo-CartPole-v1", storage=storage, direction="maximize")
+    foreign.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)
+    assert cli_error(capsys, _command(tmp_path, "--trials", "2")) == (
+        f"rlspeed: error: Study 'ppo-CartPole-v1' in {tmp_path / 'study.db'} was not made by rlspeed tune (its trials "
+        "and direction are another search's); give a new --study-name.")
+    assert "rlspeed" not in optuna.load_study(study_name="ppo-CartPole-v1", storage=storage).user_attrs
+
+
+def test_no_trial_is_pruned_at_its_last_evaluation(tmp_path, monkeypatch):
+    """Pruning at the last evaluation saves nothing and threw away a finished trial's result."""
+    class PruneAll(_PruneOdd):
+        def prune(self, study, trial) -> bool:
+            return True
+
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: PruneAll())
+    tune(PPO, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"), study_name="last",
+         hyperparameters=dict(FIXED), budget=128, target_return=None, eval_freq=128, search_space=None,
+         confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    study = optuna.load_study(study_name="last", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert [trial.state.name for trial in study.get_trials(deepcopy=False)] == ["COMPLETE", "COMPLETE"]
 
 
 @pytest.mark.parametrize("extra, space, names", [

@@ -220,15 +220,17 @@ def sample(trial, space: dict) -> dict:
 
 # --- the objective ---------------------------------------------------------------------------------------------
 def objective(member: dict, target_return: float | None, budget: int) -> float:
-    """A member's score (lower is better): steps to the target when reached; else `budget * (1 + gap)` with
-    `gap = max(target - final_eval, 0) / max(|target|, 1)`; without a target, minus the final evaluation."""
+    """A member's score (lower is better): steps to the target when reached; else `budget * (1 + gap) + 1` with
+    `gap = max(target - final_eval, 0) / max(|target|, 1)`, `budget` the steps each member trained (the learn call's
+    budget rounded up to whole iterations): above every member that reached it, even at the last step; without a
+    target, minus the final evaluation."""
     final = float(member["final_eval"]["mean"])
     if target_return is None:
         return -final
     if member.get("steps_to_target") is not None:
         return float(member["steps_to_target"])
     gap = max(target_return - final, 0.0) / max(abs(target_return), 1.0)
-    return float(budget) * (1.0 + gap)
+    return float(budget) * (1.0 + gap) + 1.0
 
 
 # --- the study -------------------------------------------------------------------------------------------------
@@ -356,6 +358,10 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
     if study_name in existing:
         study = optuna.load_study(study_name=study_name, storage=rdb)
         made_for = study.user_attrs.get(_STUDY_ATTR)
+        if made_for is None and (study.get_trials(deepcopy=False)
+                                 or study.direction != optuna.study.StudyDirection.MINIMIZE):
+            raise UserError(f"Study '{study_name}' in {storage} was not made by rlspeed tune (its trials and "
+                            "direction are another search's); give a new --study-name.")
         if made_for is not None and made_for != record:
             changed = [key for key in dict.fromkeys([*record, *made_for]) if made_for.get(key) != record.get(key)]
             raise UserError(f"Study '{study_name}' in {storage} was made with another {', '.join(changed)}; resume it "
@@ -426,8 +432,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
     steps per member. `total_timesteps`: the training budget the preset file gets when there is a target (training
-    stops at the target anyway; default `budget`); without a target the preset gets `budget`, the steps its final
-    evaluation was measured after. See the module docstring for the objective, pruning and resume."""
+    stops at the target anyway; default `budget`); without a target, or where the configuration anneals its learning
+    rate or clip range (`anneal_lr`, `anneal_clip`: schedules over a learn call's steps, which in the trials were
+    `budget`), the preset gets `budget`. See the module docstring for the objective, pruning and resume."""
     from optuna.trial import TrialState
 
     from rlspeed.population import Population
@@ -438,10 +445,14 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     # a setup the population refuses (gSDE, Atari games, an encoder SAC or TD3 members lack, ...) fails here, before
     # the study records any trial
     env_kwargs = dict(env_kwargs or {})
-    Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None, **hyperparameters)
+    probe = Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None,
+                       **hyperparameters)
+    # (schedules decay over a learn call's steps: a preset that anneals trains as its trial did over the budget)
+    annealed = [key for key in ("anneal_lr", "anneal_clip") if getattr(probe.config, key, False)]
+    preset_timesteps = (int(total_timesteps or budget) if target_return is not None and not annealed
+                        else int(budget))
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
-                   int(total_timesteps or budget) if target_return is not None else int(budget), progress_bar,
-                   env_kwargs)
+                   preset_timesteps, progress_bar, env_kwargs)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     if env_kwargs:  # (a study made without options records none: it resumes as before)
@@ -543,7 +554,8 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
             last[k] = float(mean)
             report(k, float(mean), step)
             reached = target_return is not None and mean >= target_return
-            if not reached and asked[k].should_prune():
+            # (not at the last evaluation: nothing is left to save, and the trial's result would be lost)
+            if not reached and step < setup.budget and asked[k].should_prune():
                 pruned.append(k)
         return pruned
 
@@ -564,7 +576,7 @@ def _run_batch(setup: _Setup, study, asked: list, told: set[int]) -> dict:
             counts["failed"] += 1
             ended.add(trial.number)
         else:
-            study.tell(trial, objective(member, target_return, setup.budget))
+            study.tell(trial, objective(member, target_return, max(setup.budget, summary["total_timesteps"])))
             counts["complete"] += 1
             counts["reached"] += member.get("steps_to_target") is not None
         told.add(trial.number)
@@ -605,8 +617,8 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
     summary = setup.learn(setup.population(seeds, per_member))
     for index, candidate in enumerate(candidates):
         members = summary["members"][index * seeds_each:(index + 1) * seeds_each]
-        scores = [objective(m, setup.target_return, setup.budget) if m.get("final_eval") else math.inf
-                  for m in members]
+        trained = max(setup.budget, summary["total_timesteps"])
+        scores = [objective(m, setup.target_return, trained) if m.get("final_eval") else math.inf for m in members]
         candidate["objectives"] = scores
         candidate["median"] = statistics.median(scores)
         candidate["steps_to_target"] = [m.get("steps_to_target") for m in members]
@@ -659,10 +671,13 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     # (null when the study had no target: without the key, train would stop at the env's reward threshold)
     entry["target_return"] = setup.target_return
     entry.update(_plain(setup.hyperparameters))
-    entry.update({key: _rounded(value) for key, value in best["hyperparameters"].items()})
+    entry.update(best["hyperparameters"])  # (the values the trial trained with, to the last digit)
     header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
               f"'{context['study_name']}' in {storage_url(context['storage'])}."]
     header.append(f"{PRESET_ALGORITHM}{setup.algo_cls.name} (its hyperparameters are {setup.algo_cls.__name__}'s)")
+    if setup.target_return is not None and setup.preset_timesteps == setup.budget:
+        header.append("# total_timesteps is the trials' budget: schedules (anneal_lr, anneal_clip) decay over it, as "
+                      "they did in the trials")
     if setup.env_kwargs:  # (a preset holds hyperparameters only: the options are given to rlspeed train again)
         options = shlex.join(_env_kwargs_arguments(setup.env_kwargs))
         header.append(f"# Tuned on the env made with options: train with {options}")
@@ -753,11 +768,6 @@ def _as_written(text: str) -> bool:
     recorded = next((line[len(_DIGEST_PREFIX):].strip() for line in text.splitlines()
                      if line.startswith(_DIGEST_PREFIX)), None)
     return recorded is not None and recorded == _body_digest(text)
-
-
-def _rounded(value):
-    """A float to 6 significant digits (a preset is read by people; the sampler's last digits carry nothing)."""
-    return float(f"{value:.6g}") if isinstance(value, float) else value
 
 
 def _plain(values: dict) -> dict:
