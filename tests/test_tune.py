@@ -252,6 +252,18 @@ def test_a_resumed_study_prunes_against_the_same_reports(tmp_path, monkeypatch):
     assert pruners[1].reports == pruners[0].reports
 
 
+def test_one_database_spelled_another_way_is_the_same_study(tmp_path, monkeypatch):
+    """`--storage two.db`, `./two.db` and its absolute path name one database: its study's preset was refused as
+    another study's."""
+    from rlspeed.tune import same_storage
+
+    monkeypatch.chdir(tmp_path)
+    assert same_storage("sqlite:///two.db", f"sqlite:///{tmp_path / 'two.db'}")
+    assert same_storage("sqlite:///two.db", "sqlite:///./two.db")
+    assert not same_storage("sqlite:///two.db", "sqlite:///three.db")
+    assert not same_storage("sqlite:///two.db", "postgresql://host/two.db")
+
+
 def test_tune_does_not_replace_a_file_it_did_not_write(tmp_path, capsys):
     notes = tmp_path / "notes.yaml"
     notes.write_text("my notes\n")

@@ -32,6 +32,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import shlex
 import sys
@@ -237,6 +238,15 @@ def objective(member: dict, target_return: float | None, budget: int) -> float:
 def storage_url(storage: str) -> str:
     """An Optuna storage URL: a URL as given, or a plain file path as `sqlite:///PATH`."""
     return storage if "://" in storage else f"sqlite:///{storage}"
+
+
+def same_storage(first: str, second: str) -> bool:
+    """Whether two storage URLs name one database: SQLite files by their resolved paths (`two.db`, `./two.db` and its
+    absolute path are one), other URLs as written."""
+    paths = [url[len("sqlite:///"):] if url.startswith("sqlite:///") else None for url in (first, second)]
+    if paths[0] is not None and paths[1] is not None:
+        return os.path.realpath(paths[0]) == os.path.realpath(paths[1])
+    return first == second
 
 
 @dataclass
