@@ -194,6 +194,7 @@ def test_no_trial_is_pruned_at_its_last_evaluation(tmp_path, monkeypatch):
     ([], {"learning_rate": {"min": 1e-4, "max": 1e-3}}, "unknown field"),
     ([], {"gamma": {"low": 0.9, "high": 1.5, "one_minus": True}}, "below 1"),
     ([], {"clip_range": {"choices": []}}, "choices"),
+    ([], {"clip_range": {"choices": [0.1, "0.2"]}}, "choices mix numbers and other values"),
     ([], {"learning_rate": 1e-3}, "nothing to search"),
     ([], {"gamma": {"low": 0.9, "high": 1.2}}, "gamma"),
     (["--storage", "/no/such/dir/study.db"], None, "does not exist"),

@@ -89,6 +89,8 @@ DEFAULT_SPACES: dict[str, dict] = {
 }
 DEFAULT_SPACES["ddpg"] = DEFAULT_SPACES["td3"]  # (RL-Zoo samples DDPG's as TD3's)
 _SPEC_FIELDS = {"low", "high", "log", "one_minus", "choices"}
+#: A number with an exponent but no dot, which YAML 1.1 reads as text (1e-5)
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
 _STUDY_ATTR = "rlspeed"  # the study's user attribute that records what it was made for
 
 
@@ -177,9 +179,14 @@ def _check_spec(where: str, key: str, spec) -> None:
         choices = spec["choices"]
         if set(spec) != {"choices"} or not isinstance(choices, list) or not choices:
             raise UserError(f"{where}: {key}: choices must be a non-empty list, alone.")
+        choices[:] = [float(c) if isinstance(c, str) and _EXPONENT.fullmatch(c) else c for c in choices]
+        numbers = [isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices]
+        if any(numbers) and not all(numbers):  # ("0.2" beside 0.1: trained as a number, written as text)
+            raise UserError(f"{where}: {key}: choices mix numbers and other values ({choices!r}); quote none of "
+                            "the numbers.")
         return
     for bound in ("low", "high"):  # (YAML 1.1 reads 1e-5, an exponent without a dot, as text)
-        if isinstance(spec.get(bound), str) and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+", spec[bound]):
+        if isinstance(spec.get(bound), str) and _EXPONENT.fullmatch(spec[bound]):
             spec[bound] = float(spec[bound])
     low, high = spec.get("low"), spec.get("high")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
@@ -675,6 +682,8 @@ PRESET_ALGORITHM = "# For: rlspeed train "
 def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, context: dict) -> None:
     """Write `best` (a trial, or the starting configuration when its number is None) as a preset YAML: `{env_id:
     {run settings, fixed and tuned hyperparameters}}`, with comments saying how it was found and measured."""
+    from optuna.trial import TrialState
+
     entry = {"total_timesteps": setup.preset_timesteps}
     if setup.eval_freq is not None:
         entry["eval_freq"] = int(setup.eval_freq)
@@ -696,7 +705,8 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     if best["number"] is not None:
         result = (f"reached {setup.target_return:g} after {best['steps_to_target']:,} steps"
                   if best["steps_to_target"] is not None else f"final evaluation {best['final_eval']:.1f}")
-        header.append(f"# Trial {best['number']} of {len(study.get_trials(deepcopy=False))} (seed {best['seed']}) "
+        finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        header.append(f"# Trial {best['number']} of {len(finished)} finished (seed {best['seed']}) "
                       f"{result}; objective {best['value']:g} (lower is better).")
     if confirmation is None:
         header.append("# Not confirmed yet: one trial is one seed (check it: rlspeed train ... --preset FILE "
