@@ -1476,9 +1476,11 @@ def _resume_settings(args: argparse.Namespace) -> None:
         return  # (no run's config.yaml: `_prepare_run_dir` refuses a directory of someone else's files)
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
         # (resumed, its config.yaml and metrics would be replaced by another run's)
-        raise UserError(f"--resume: '{args.out}' holds a {config.get('algo')} {config.get('env_id')} run, not "
-                        f"{args.algo.lower()} {args.env_id}: resume it with its algorithm and env, or give another "
-                        "--out.")
+        algo, env = config.get("algo"), config.get("env_id")
+        held = (f"a population of {algo} on {env}" if isinstance(config.get("seeds"), list)
+                else f"a {algo} {env} run")
+        raise UserError(f"--resume: '{args.out}' holds {held}, not {args.algo.lower()} {args.env_id}: resume it with "
+                        "its algorithm and env, or give another --out.")
     if isinstance(config.get("seeds"), list) and getattr(args, "seeds", None) is None:
         seeds = ",".join(str(seed) for seed in config["seeds"])
         if _finished_summary(Path(args.out) / "summary.json"):  # (resuming it as a population would be refused too)
