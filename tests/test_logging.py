@@ -427,6 +427,24 @@ def test_metrics_csv_is_replaced_whole_so_a_kill_in_its_rewrite_keeps_the_old_ro
     assert not list(tmp_path.glob(".metrics.csv.*.tmp"))
 
 
+def test_an_installed_tensorboard_that_cannot_be_imported_leaves_the_run_without_events(tmp_path, monkeypatch):
+    """An installed but broken TensorBoard (doctor said PASS) ended `rlspeed train` with a traceback before training;
+    the run goes on with metrics.csv, said in a warning, and doctor warns."""
+    pytest.importorskip("tensorboard")
+    import sys
+
+    from rlspeed.diagnostics.doctor import WARN, check_packages
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # (its import raises ImportError)
+    with pytest.warns(UserWarning, match="TensorBoard is installed but cannot be imported"):
+        logger = RunLogger(tmp_path, tensorboard=True)
+    logger.log({"timesteps": 100, "episode_return": 5.0})
+    logger.close()
+    assert (tmp_path / "metrics.csv").exists() and not (tmp_path / "tensorboard").exists()
+    [line] = [check for check in check_packages() if check.name == "tensorboard"]
+    assert line.status == WARN and "cannot be imported" in line.detail
+
+
 def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
     """TensorBoard's events hold each metric once per row: a callback's value recorded after the last row was sent
     again at that step (two points), while metrics.csv kept one cell."""

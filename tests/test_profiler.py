@@ -109,6 +109,15 @@ def test_advice_on_env_bound_runs_names_the_faster_backend_where_there_is_one(mo
         assert "gymnasium-async" not in line and "--num-envs" in line
     [line] = advise(_profile(phases=[PhaseTime("act", 1, 0.5), PhaseTime("other", 1, 0.5)]))
     assert "choosing actions takes 50%" in line
+    # subprocess envs already, for a fast env or on few cores: back to one process (it advised more envs, while
+    # CartPole on 2 cores trained 3,353 steps/s in-process against 1,814-2,200 in 4 subprocesses)
+    for cores, phases in ((2, slow_env), (8, [PhaseTime("env", 60, 0.6), PhaseTime("other", 1, 0.4)])):
+        monkeypatch.setattr(profiler, "usable_cores", lambda cores=cores: cores)
+        [line] = advise(_profile(env_backend="gymnasium-async", env_id="Fast-v0", num_envs=4, phases=phases))
+        assert "--env-backend gymnasium steps the envs in this process" in line
+    monkeypatch.setattr(profiler, "usable_cores", lambda: 8)
+    [line] = advise(_profile(env_backend="gymnasium-async", env_id="Slow-v0", num_envs=4, phases=slow_env))
+    assert "--num-envs" in line  # (slow envs on many cores: the subprocesses are the right choice)
 
 
 def test_advice_on_update_bound_runs_depends_on_network_size_and_acceleration():

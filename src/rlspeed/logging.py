@@ -146,11 +146,16 @@ class RunLogger:
         self._failed = False  # a write failed (`_writing`)
         if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             if _utf8_name(self.run_dir):
-                from torch.utils.tensorboard import SummaryWriter
-
-                # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
-                self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
-                                             purge_step=None if continue_from is None else continue_from + 1)
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+                except Exception as error:  # noqa: BLE001 (an installed tensorboard that cannot be imported: any error)
+                    warnings.warn(f"TensorBoard is installed but cannot be imported ({type(error).__name__}: "
+                                  f"{str(error).splitlines()[0] if str(error) else ''}): this run has no TensorBoard "
+                                  "events (metrics.csv has its metrics); `rlspeed doctor` checks it.", stacklevel=2)
+                else:
+                    # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
+                    self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
+                                                 purge_step=None if continue_from is None else continue_from + 1)
             else:  # (TensorBoard encodes its file names as UTF-8, and failed on a directory named otherwise)
                 warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', whose name is not UTF-8: this run has "
                               "no TensorBoard events (metrics.csv has its metrics).", stacklevel=2)

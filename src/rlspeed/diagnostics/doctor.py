@@ -512,7 +512,13 @@ def check_packages() -> list[Check]:
                             'checkpoints need it: pip install "safetensors>=0.4"'))
     tensorboard = _version("tensorboard") if importlib.util.find_spec("tensorboard") else None
     if tensorboard:
-        checks.append(Check(PASS, "tensorboard", f"{tensorboard} (run logs)"))
+        try:  # (what a run imports: installed is not enough)
+            importlib.import_module("torch.utils.tensorboard")
+            checks.append(Check(PASS, "tensorboard", f"{tensorboard} (run logs)"))
+        except Exception as error:  # noqa: BLE001 (whatever its import raises)
+            checks.append(Check(WARN, "tensorboard", f"{tensorboard} cannot be imported: {_first_line(error, 90)}",
+                                "runs will have no TensorBoard events: pip install --force-reinstall "
+                                '"rlspeed[tensorboard]"'))
     else:
         checks.append(Check(WARN, "tensorboard", "not installed: runs will have no TensorBoard events",
                             'pip install "rlspeed[tensorboard]"'))

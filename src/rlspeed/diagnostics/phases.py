@@ -17,8 +17,8 @@ PHASES = {
     "act": "the policy's forward pass choosing actions (exploration noise included)",
     "env": "env.step (the env's own computation, autoreset, conversion to tensors)",
     "buffer": "writing transitions and episode statistics",
-    "gae": "advantages and returns (PPO)",
-    "update": "gradient steps (replay sampling included for off-policy algorithms)",
+    "gae": "advantages and returns (on-policy algorithms)",
+    "update": "gradient steps (and, off-policy, sampling the replay buffer)",
     "metrics": "reading logged metrics back (the one host sync per log interval)",
 }
 _NULL = contextlib.nullcontext()

@@ -293,6 +293,12 @@ def advise(result: Profile) -> list[str]:
         if result.env_backend.startswith("gymnasium") and native_faster:
             advice.append(f"env.step takes {env_share:.0%} of the time and this env has a device-native version: "
                           "--env-backend torch steps all envs with a few tensor operations.")
+        elif result.env_backend == "gymnasium-async" and (result.host_ms("env") < SLOW_ENV_MS
+                                                          or usable_cores() < ASYNC_MIN_CORES):
+            # (the subprocesses' pipes cost more than a fast env's step, and few cores run them in turn)
+            advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
+                          f"step) with one subprocess per env on {usable_cores()} cores: --env-backend gymnasium "
+                          "steps the envs in this process without the pipes; compare the two runs' steps/s.")
         elif (result.env_backend == "gymnasium" and result.num_envs >= 4 and result.host_ms("env") >= SLOW_ENV_MS
               and usable_cores() >= ASYNC_MIN_CORES):
             advice.append(f"env.step takes {env_share:.0%} of the time ({result.host_ms('env'):.0f} us per env "
