@@ -262,3 +262,69 @@ def test_a_masked_policy_is_filmed_with_the_envs_action_masks_method(tmp_path):
     finally:
         del gym.registry["rlspeed-test/TaxiOnlySouth-v0"]
     assert len(actions) == 10 and all(int(action) == 0 for action in actions)
+
+
+def test_an_mp4_the_encoder_could_not_finish_is_no_video(tmp_path, monkeypatch):
+    """ffmpeg that cannot write its trailer (a full disk) says so on stderr and exits non-zero, which imageio-ffmpeg
+    does not check: a file without its index was reported written (exit 0). It is refused and removed now."""
+    path = tmp_path / "whole.mp4"
+    video.record_video(_cartpole(), path, seed=0)
+    assert video._complete_mp4(path)
+    data = path.read_bytes()
+    index = data.index(b"moov") - 4
+    (tmp_path / "cut.mp4").write_bytes(data[:index])  # (what a full disk leaves: the frames, no index)
+    assert not video._complete_mp4(tmp_path / "cut.mp4")
+    (tmp_path / "short.mp4").write_bytes(data[:-100])
+    assert not video._complete_mp4(tmp_path / "short.mp4")
+    real_writer = imageio.get_writer
+
+    class Truncating:  # (the encoder's close "succeeds" and leaves the file without its index)
+        def __init__(self, target, **options):
+            self.target, self.inner = target, real_writer(target, **options)
+
+        def append_data(self, frame):
+            self.inner.append_data(frame)
+
+        def close(self):
+            self.inner.close()
+            with open(self.target, "r+b") as handle:
+                handle.truncate(handle.read().index(b"moov") - 4)
+
+    monkeypatch.setattr(imageio, "get_writer", Truncating)
+    with pytest.raises(video.VideoWriteError, match=r"the encoder could not finish the file .*partial file was"):
+        video.record_video(_cartpole(), tmp_path / "x.mp4", seed=0)
+    assert not (tmp_path / "x.mp4").exists()
+
+
+def test_frames_an_env_draws_small_or_as_floats_are_filmed_as_uint8(tmp_path):
+    """MinAtar draws 10 x 10 float frames: a 10-pixel video with a lossy-conversion warning per frame before."""
+    class Small:
+        def render(self):
+            return np.full((10, 10, 3), 0.5)
+
+    frame = video._frame(Small(), "Small-v0")
+    assert frame.dtype == np.uint8 and frame.shape == (160, 160, 3) and int(frame[0, 0, 0]) == 128
+
+
+def test_a_renderer_that_fails_is_one_sentence_with_the_mujoco_hint():
+    class NoOpenGL:
+        def render(self):
+            raise RuntimeError("an OpenGL platform library has not been loaded into this process")
+
+    with pytest.raises(UserError, match=r"'HalfCheetah-v5' cannot render frames here \(RuntimeError: an OpenGL .*"
+                                        r"set MUJOCO_GL=egl"):
+        video._rendered(NoOpenGL(), "HalfCheetah-v5")
+
+
+def test_a_video_env_of_other_actions_and_a_callback_without_episodes_are_refused(tmp_path):
+    """record_video on an env made with other options than the model's (Discrete LunarLander filmed on the continuous
+    one) failed with an IndexError inside the policy; VideoRecorderCallback(episodes=0) was taken and stopped training
+    at its first video."""
+    pytest.importorskip("Box2D")
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    model = PPO("LunarLander-v3", seed=0, device="cpu", num_envs=2, num_steps=16)
+    with pytest.raises(UserError, match=r"'LunarLander-v3' gives actions other than this model trained on"):
+        video.record_video(model, tmp_path / "x.gif", seed=1, env_kwargs={"continuous": True})
+    with pytest.raises(UserError, match="at least one episode per video, got episodes=0"):
+        VideoRecorderCallback(300, tmp_path, episodes=0)

@@ -2004,8 +2004,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
                              deterministic=deterministic, env_kwargs=env_kwargs)
         episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
-        print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, return "
-              f"{video['mean']:.1f})", file=sys.stderr if args.json else sys.stdout)
+        returns = "return" if video["episodes"] == 1 else "mean return"
+        print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "
+              f"{_score(video['mean'])})", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -10,6 +10,7 @@ Gymnasium's renderer of that id); other models on `gymnasium.make(env_id)`. Reco
 from __future__ import annotations
 
 import contextlib
+import errno
 import importlib.util
 import math
 import os
@@ -119,11 +120,39 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
     env = _render_env(env_id, env_kwargs=env_kwargs)
     try:
         env.reset(seed=0)
-        frame = env.render()
+        frame = _rendered(env, env_id)
     finally:
         env.close()
     if not isinstance(frame, np.ndarray) or frame.ndim != 3:
         raise UserError(f"'{env_id}' rendered no RGB frame (got {type(frame).__name__}); it cannot be recorded.")
+
+
+def _rendered(env: gym.Env, env_id: str):
+    """`env.render()`, or UserError in one sentence where the env cannot render here (MuJoCo without an OpenGL
+    platform on a machine without a display: MUJOCO_GL)."""
+    try:
+        return env.render()
+    except Exception as error:  # noqa: BLE001 (a renderer's own exception types: mujoco.FatalError, ...)
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        mujoco = "mujoco" in type(error).__module__ or "MUJOCO_GL" in str(error) or "OpenGL" in str(error) \
+            or "glGetError" in str(error)
+        hint = ("; on a machine without a display, set MUJOCO_GL=egl (or osmesa, with its library installed) before "
+                "the command" if mujoco else "")
+        raise UserError(f"'{env_id}' cannot render frames here ({type(error).__name__}: {detail[:160]}){hint}.") \
+            from None
+
+
+def _frame(env: gym.Env, env_id: str) -> np.ndarray:
+    """The env's rendered frame as a video takes it: uint8 (float frames in [0, 1], as MinAtar draws them, scaled),
+    enlarged by whole pixels where it is smaller than 160 on a side (MinAtar's 10 x 10), padded to even sides."""
+    frame = np.asarray(_rendered(env, env_id))
+    if frame.dtype != np.uint8:
+        scale = 255.0 if frame.dtype.kind == "f" and frame.size and float(frame.max()) <= 1.0 else 1.0
+        frame = np.clip(frame.astype(np.float64) * scale, 0, 255).round().astype(np.uint8)
+    if frame.ndim == 3 and 0 < min(frame.shape[:2]) < 160:
+        factor = -(-160 // min(frame.shape[:2]))
+        frame = frame.repeat(factor, axis=0).repeat(factor, axis=1)
+    return _even(frame)
 
 
 def _even(frame: np.ndarray) -> np.ndarray:
@@ -145,6 +174,30 @@ def _append(writer, frame) -> None:
         writer.append_data(frame)
     except OSError as error:
         raise _WriteFailed(error) from None
+
+
+def _complete_mp4(path: Path) -> bool:
+    """Whether an MP4 file is whole: its top-level boxes fill the file exactly and one is the index (`moov`)."""
+    try:
+        size, offset, boxes = path.stat().st_size, 0, set()
+        with open(path, "rb") as handle:
+            while offset < size:
+                handle.seek(offset)
+                header = handle.read(16)
+                if len(header) < 8:
+                    return False
+                length, kind = int.from_bytes(header[:4], "big"), header[4:8]
+                if length == 1 and len(header) == 16:  # (a 64-bit size follows)
+                    length = int.from_bytes(header[8:16], "big")
+                elif length == 0:  # (to the end of the file)
+                    length = size - offset
+                if length < 8:
+                    return False
+                boxes.add(kind)
+                offset += length
+        return offset == size and b"moov" in boxes
+    except OSError:
+        return False
 
 
 def _close_writer(writer) -> None:
@@ -180,11 +233,20 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     import imageio.v2 as imageio
 
     env = _render_env(model, env_id, env_kwargs)
-    expected = tuple(model.spec.observation_shape)
-    if isinstance(env.observation_space, gym.spaces.Box) and tuple(env.observation_space.shape) != expected:
+    from rlspeed.envs.base import EnvSpec
+    from rlspeed.evaluation import space_mismatch
+
+    try:  # (observations and actions of the kinds the model trained on, as `evaluate` checks them)
+        given = EnvSpec.from_spaces(env_id or model.env_id, env.observation_space, env.action_space, None, None)
+        wrong = space_mismatch(model.spec, given)
+    except BaseException:
         env.close()
-        raise UserError(f"'{env_id or model.env_id}' gives observations of shape {env.observation_space.shape}, but "
-                        f"this model takes {expected}: it cannot be filmed on that env.")
+        raise
+    if wrong:
+        env.close()
+        raise UserError(f"'{env_id or model.env_id}' gives {' and '.join(wrong)} other than this model trained on "
+                        f"(observations {model.spec.observation_space}, actions {model.spec.action_space}): it cannot "
+                        "be filmed on that env.")
     game = _atari_game(env_id or model.env_id)
     # (an Atari step is FRAME_SKIP of the game's 60 frames a second: the video plays at the game's speed)
     fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)
@@ -214,7 +276,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                 state, start, total = None, np.ones(1, dtype=bool), 0.0
                 # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
                 fire_next, lives = game is not None and game.fire is not None, info.get("lives")
-                frame = _even(np.asarray(env.render()))
+                frame = _frame(env, env_id or model.env_id)
                 size = size or frame.shape[:2]
                 _append(writer, frame)
                 frames += 1
@@ -236,7 +298,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                     fire_next = game is not None and game.fire is not None and info.get("lives", lives) < lives
                     lives = info.get("lives", lives)
                     total += float(reward)
-                    _append(writer, _even(np.asarray(env.render())))
+                    _append(writer, _frame(env, env_id or model.env_id))
                     frames += 1
                     if terminated or truncated:
                         break
@@ -245,6 +307,10 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
             writer.close()  # (an encoder flushes its last frames here: this can fail for lack of space too)
         except OSError as error:
             raise _WriteFailed(error) from None
+        if path.suffix.lower() == ".mp4" and not _complete_mp4(path):
+            # (ffmpeg that failed to write its trailer, on a full disk, says so on stderr and exits non-zero, which
+            # imageio-ffmpeg does not check: the file has no index, and no player opens it)
+            raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
     except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
         _close_writer(writer)
         path.unlink(missing_ok=True)
