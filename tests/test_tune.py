@@ -194,7 +194,7 @@ def test_no_trial_is_pruned_at_its_last_evaluation(tmp_path, monkeypatch):
     ([], {"learning_rate": {"min": 1e-4, "max": 1e-3}}, "unknown field"),
     ([], {"gamma": {"low": 0.9, "high": 1.5, "one_minus": True}}, "below 1"),
     ([], {"clip_range": {"choices": []}}, "choices"),
-    ([], {"clip_range": {"choices": [0.1, "0.2"]}}, "choices mix numbers and other values"),
+    ([], {"clip_range": {"choices": [0.1, "0.2"]}}, "choices hold numbers and quoted numbers"),
     ([], {"learning_rate": 1e-3}, "nothing to search"),
     ([], {"gamma": {"low": 0.9, "high": 1.2}}, "gamma"),
     (["--storage", "/no/such/dir/study.db"], None, "does not exist"),
@@ -251,6 +251,32 @@ def test_a_resumed_study_prunes_against_the_same_reports(tmp_path, monkeypatch):
     tune(PPO, "CartPole-v1", **kwargs)  # the study is done: it only reopens it
     assert len(pruners) == 2 and pruners[0].reports
     assert pruners[1].reports == pruners[0].reports
+
+
+def test_choices_of_none_or_auto_beside_numbers_are_a_search_space(tmp_path):
+    """SAC's ent_coef may be None or "auto" beside numbers (a population takes them per member): only quoted numbers
+    beside numbers are refused."""
+    from rlspeed import SAC
+    from rlspeed.tune import load_search_space
+
+    path = tmp_path / "space.yaml"
+    for choices in ("[null, 0.1]", "[auto, 0.1]"):
+        path.write_text(f"ent_coef: {{choices: {choices}}}\n")
+        assert load_search_space(path, SAC, {})[0]["ent_coef"]["choices"][1] == 0.1
+
+
+def test_a_dqn_preset_trains_its_exploration_over_the_trials_budget(tmp_path):
+    """DQN's epsilon decays over exploration_fraction of a learn call's steps: with the starting preset's budget the
+    preset explored 500 times longer than its trial had."""
+    from rlspeed import DQN
+
+    tune(DQN, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"), study_name="dqn",
+         hyperparameters={"learning_starts": 64, "num_envs": 2}, budget=256, target_return=400.0, eval_freq=128,
+         search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", total_timesteps=100_000,
+         say=lambda *a, **k: None)
+    preset = load_preset_file(tmp_path / "best.yaml", "dqn", "CartPole-v1")
+    assert preset["total_timesteps"] == 256
+    assert "schedules (exploration_fraction)" in (tmp_path / "best.yaml").read_text()
 
 
 def test_one_database_spelled_another_way_is_the_same_study(tmp_path, monkeypatch):

@@ -115,6 +115,17 @@ def test_optimizer_and_activation_overrides_that_would_be_ignored_are_refused():
     with pytest.raises(TypeError, match="AdamWDQN._make_optimizer would never be called"):
         type("AdamWDQN", (DQN,), {"_make_optimizer": lambda self, params: torch.optim.AdamW(params)})
 
+    class SGDDQN(DQN):  # (a _setup of its own that calls it, as the message says to do: taken)
+        def _make_optimizer(self, params):
+            return torch.optim.SGD(params, lr=1e-3)
+
+        def _setup(self):
+            super()._setup()
+            self.optimizer = self._make_optimizer(self._params)
+            self._update_step = self._make_update_step()
+
+    assert type(SGDDQN("CartPole-v1", device="cpu").optimizer) is torch.optim.SGD
+
     class Tanh(torch.nn.Module):  # (LeCun's scaled tanh, named as torch's)
         def forward(self, x):
             return 1.7159 * torch.tanh(2 / 3 * x)
@@ -122,6 +133,12 @@ def test_optimizer_and_activation_overrides_that_would_be_ignored_are_refused():
     with pytest.raises(UserError, match=r"'activation' takes a name, or torch's own class for it, not .*\.Tanh"):
         PPO("CartPole-v1", device="cpu", activation=Tanh)
     assert PPO("CartPole-v1", device="cpu", activation=torch.nn.Tanh).config.activation == "tanh"
+
+    class NormalActionNoise:  # (SB3's class for TD3's action_noise: the choice's own message, not activation's)
+        pass
+
+    with pytest.raises(UserError, match="action_noise.* normal, ornstein-uhlenbeck, none"):
+        TD3("Pendulum-v1", device="cpu", action_noise=NormalActionNoise)
     # an optimizer over some of the parameters: not the hand-derived update (its flat Adam failed to build)
     Partial = type("Partial", (PPO,), {"_make_optimizer": lambda self, params: torch.optim.Adam(params[2:])})
     choice = Partial("CartPole-v1", device="cpu").update_summary()

@@ -328,3 +328,4 @@ def test_a_video_env_of_other_actions_and_a_callback_without_episodes_are_refuse
         video.record_video(model, tmp_path / "x.gif", seed=1, env_kwargs={"continuous": True})
     with pytest.raises(UserError, match="at least one episode per video, got episodes=0"):
         VideoRecorderCallback(300, tmp_path, episodes=0)
+    assert VideoRecorderCallback(300, tmp_path, episodes=np.int64(2), fps=np.int64(30)).episodes == 2

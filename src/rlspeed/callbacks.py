@@ -665,9 +665,10 @@ class VideoRecorderCallback(BaseCallback):
         super().__init__(verbose)
         if video_every < 1:
             raise UserError(f"--video-every must be at least 1 step, got {video_every}.")
-        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:  # (not at the first video)
+        # (checked here, not at the first video)
+        if isinstance(episodes, bool) or not isinstance(episodes, numbers.Integral) or episodes < 1:
             raise UserError(f"VideoRecorderCallback needs at least one episode per video, got episodes={episodes!r}.")
-        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, (int, float)) or not fps > 0):
+        if fps is not None and (isinstance(fps, bool) or not isinstance(fps, numbers.Real) or not fps > 0):
             raise UserError(f"VideoRecorderCallback's fps must be a number above 0 (or None), got {fps!r}.")
         self.video_every = int(video_every)
         self.video_folder = Path(video_folder)

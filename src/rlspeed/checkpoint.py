@@ -756,8 +756,9 @@ def _action_space_problem(space) -> str | None:
 
 
 #: More elements than any observation or action a checkpoint's metadata may describe (an edited file otherwise
-#: allocates the space's bounds: 37 GiB for a Box of 100,000 x 100,000)
-_MAX_ELEMENTS = 2**31
+#: allocates the space's bounds, 16 bytes an element: 37 GiB for a Box of 100,000 x 100,000; 4096 x 4096 RGB images
+#: are 50M elements)
+_MAX_ELEMENTS = 2**26
 
 
 def _largest_shape(space) -> int:

@@ -91,6 +91,8 @@ DEFAULT_SPACES["ddpg"] = DEFAULT_SPACES["td3"]  # (RL-Zoo samples DDPG's as TD3'
 _SPEC_FIELDS = {"low", "high", "log", "one_minus", "choices"}
 #: A number with an exponent but no dot, which YAML 1.1 reads as text (1e-5)
 _EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+#: A number written as text
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 _STUDY_ATTR = "rlspeed"  # the study's user attribute that records what it was made for
 
 
@@ -181,9 +183,10 @@ def _check_spec(where: str, key: str, spec) -> None:
             raise UserError(f"{where}: {key}: choices must be a non-empty list, alone.")
         choices[:] = [float(c) if isinstance(c, str) and _EXPONENT.fullmatch(c) else c for c in choices]
         numbers = [isinstance(c, (int, float)) and not isinstance(c, bool) for c in choices]
-        if any(numbers) and not all(numbers):  # ("0.2" beside 0.1: trained as a number, written as text)
-            raise UserError(f"{where}: {key}: choices mix numbers and other values ({choices!r}); quote none of "
-                            "the numbers.")
+        quoted = [c for c in choices if isinstance(c, str) and _NUMBER.fullmatch(c.strip())]
+        if any(numbers) and quoted:  # ("0.2" beside 0.1: trained as a number, written as text; null and auto are fine)
+            raise UserError(f"{where}: {key}: choices hold numbers and quoted numbers "
+                            f"({', '.join(map(repr, quoted))}); write every number unquoted.")
         return
     for bound in ("low", "high"):  # (YAML 1.1 reads 1e-5, an exponent without a dot, as text)
         if isinstance(spec.get(bound), str) and _EXPONENT.fullmatch(spec[bound]):
@@ -272,6 +275,7 @@ class _Setup:
     preset_timesteps: int  # the total_timesteps the preset file gets
     progress_bar: bool = True  # a bar over each batch's training (and the confirmation's)
     env_kwargs: dict = dataclasses.field(default_factory=dict)  # the env's options, every trial's
+    annealed: tuple[str, ...] = ()  # the settings whose schedules decay over a learn call's steps (the budget)
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
@@ -450,8 +454,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
     steps per member. `total_timesteps`: the training budget the preset file gets when there is a target (training
     stops at the target anyway; default `budget`); without a target, or where the configuration anneals its learning
-    rate or clip range (`anneal_lr`, `anneal_clip`: schedules over a learn call's steps, which in the trials were
-    `budget`), the preset gets `budget`. See the module docstring for the objective, pruning and resume."""
+    rate, clip range or exploration (`anneal_lr`, `anneal_clip`, DQN's `exploration_fraction`: schedules over a learn
+    call's steps, which in the trials were `budget`), the preset gets `budget`. See the module docstring for the
+    objective, pruning and resume."""
     from optuna.trial import TrialState
 
     from rlspeed.population import Population
@@ -465,11 +470,12 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     probe = Population(algo_cls, env_id, seeds=[seed], device=device, env_kwargs=env_kwargs or None,
                        **hyperparameters)
     # (schedules decay over a learn call's steps: a preset that anneals trains as its trial did over the budget)
-    annealed = [key for key in ("anneal_lr", "anneal_clip") if getattr(probe.config, key, False)]
+    annealed = [key for key in ("anneal_lr", "anneal_clip", "exploration_fraction")
+                if getattr(probe.config, key, False)]
     preset_timesteps = (int(total_timesteps or budget) if target_return is not None and not annealed
                         else int(budget))
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
-                   preset_timesteps, progress_bar, env_kwargs)
+                   preset_timesteps, progress_bar, env_kwargs, tuple(annealed))
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     if env_kwargs:  # (a study made without options records none: it resumes as before)
@@ -694,9 +700,9 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
               f"'{context['study_name']}' in {storage_url(context['storage'])}."]
     header.append(f"{PRESET_ALGORITHM}{setup.algo_cls.name} (its hyperparameters are {setup.algo_cls.__name__}'s)")
-    if setup.target_return is not None and setup.preset_timesteps == setup.budget:
-        header.append("# total_timesteps is the trials' budget: schedules (anneal_lr, anneal_clip) decay over it, as "
-                      "they did in the trials")
+    if setup.target_return is not None and setup.annealed:
+        header.append(f"# total_timesteps is the trials' budget: schedules ({', '.join(setup.annealed)}) decay over "
+                      "it, as they did in the trials")
     if setup.env_kwargs:  # (a preset holds hyperparameters only: the options are given to rlspeed train again)
         options = shlex.join(_env_kwargs_arguments(setup.env_kwargs))
         header.append(f"# Tuned on the env made with options: train with {options}")

@@ -394,7 +394,7 @@ def coerce(key: str, value, hint):
             if value is None:  # (a choice given as None: its "none", e.g. TD3's action_noise)
                 return "none"
             if isinstance(value, type):  # (a class for a named choice: torch.nn.ReLU for activation="relu")
-                if not value.__module__.startswith("torch."):  # (a class of one's own named Tanh is not torch's)
+                if key == "activation" and not value.__module__.startswith("torch."):  # (one's own Tanh is not torch's)
                     raise UserError(f"Hyperparameter '{key}' takes a name, or torch's own class for it, not "
                                     f"{value.__module__}.{value.__qualname__}: the network is built from the name, "
                                     "so your class would be replaced by torch's; give your network to a subclass "

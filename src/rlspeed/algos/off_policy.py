@@ -249,7 +249,8 @@ class OffPolicyAlgorithm(Algorithm):
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "_make_optimizer" in cls.__dict__:  # (the on-policy algorithms' hook: here it would never be called)
+        # (the on-policy algorithms' hook, never called here, unless the subclass's own _setup calls it)
+        if "_make_optimizer" in cls.__dict__ and cls._setup.__module__.startswith("rlspeed."):
             raise TypeError(f"{cls.__name__}._make_optimizer would never be called: the replay-buffer algorithms make "
                             "their optimizer in _setup; override _setup, set self.optimizer and remake "
                             "self._update_step (CONTRIBUTING.md).")
