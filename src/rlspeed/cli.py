@@ -951,8 +951,8 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         held = [name for name in RUN_FILES if (run_dir / name).exists()]
         if held and not _holds_rlspeed_run(run_dir):  # (a project's own config.yaml, videos/ or wandb/: not ours)
             raise UserError(f"'{run_dir}' holds {', '.join(held)}, which are not an rlspeed run's (no config.yaml, "
-                            "summary.json or model of rlspeed's): a run there would write over them; give another "
-                            "--out (a new directory).")
+                            "metrics.csv, summary.json or model of rlspeed's): a run there would write over them; give "
+                            "another --out (a new directory).")
         # (a summary.json written on an interruption does not make the run finished: --resume may start it again)
         finished = [name for name in ("model.safetensors", "summary.json")
                     if name in held and (name != "summary.json" or _finished_summary(run_dir / name))]

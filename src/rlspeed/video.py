@@ -147,7 +147,8 @@ def _frame(env: gym.Env, env_id: str) -> np.ndarray:
     enlarged by whole pixels where it is smaller than 160 on a side (MinAtar's 10 x 10), padded to even sides."""
     frame = np.asarray(_rendered(env, env_id))
     if frame.dtype != np.uint8:
-        scale = 255.0 if frame.dtype.kind == "f" and frame.size and float(frame.max()) <= 1.0 else 1.0
+        scale = 255.0 if frame.dtype.kind == "b" or (frame.dtype.kind == "f" and frame.size
+                                                     and float(frame.max()) <= 1.0) else 1.0
         frame = np.clip(frame.astype(np.float64) * scale, 0, 255).round().astype(np.uint8)
     if frame.ndim == 3 and 0 < min(frame.shape[:2]) < 160:
         factor = -(-160 // min(frame.shape[:2]))
