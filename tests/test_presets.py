@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -591,3 +593,14 @@ def test_a_presets_run_settings_go_to_learn_as_the_command_line_reads_them():
     with pytest.raises(UserError, match=r"'eval_freq' is a setting of the run.*model\.learn\(total_timesteps, "
                                         r"eval_freq=\.\.\.\)"):
         PPO("CartPole-v1", eval_freq=100)
+
+
+def test_a_named_preset_loads_without_torch():
+    """Presets load without torch (its import takes a second or two): asking whether an id is an Atari game imports
+    it, so that is asked only where the answer matters (an Atari id's RAM variant, an id without an entry)."""
+    script = ("import sys\nfrom rlspeed.presets import load_preset\n"
+              "assert load_preset('ppo', 'CartPole-v1', 'rlspeed').source == 'rlspeed'\n"
+              "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -408,6 +408,21 @@ def is_encrypted(path: str | os.PathLike) -> bool:
         return handle.read(len(MAGIC)) == MAGIC
 
 
+def written_by_rlspeed(path: str | os.PathLike) -> bool:
+    """Whether `path` is a file rlspeed's save wrote, read from its header only (no key needed, no digest checked: a
+    damaged one is still rlspeed's): encrypted by it, or safetensors whose metadata holds rlspeed's entry."""
+    try:
+        if is_encrypted(path):
+            return True
+        with open(path, "rb") as handle:  # (safetensors: the header's size, then the header as JSON)
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size)) if 2 <= size <= 100_000_000 else None
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and isinstance(header.get("__metadata__"), dict) and \
+        "rlspeed" in header["__metadata__"]
+
+
 def _decrypt(path: Path, data: bytes, key: CheckpointKey | None) -> bytes:
     """The safetensors bytes of the encrypted checkpoint `data` (read from `path`); UserError naming the file without
     a key, with another key, or when authentication fails (the file was changed)."""

@@ -988,34 +988,11 @@ def _holds_rlspeed_run(run_dir: Path) -> bool:
                 return True
     except (OSError, ValueError):
         pass
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-        if isinstance(summary, dict) and {"algo", "env_id"} <= set(summary):
-            return True
-    except (OSError, ValueError):
-        pass
-    return any(_rlspeed_checkpoint(run_dir / name) for name in ("model.safetensors", "checkpoint.safetensors"))
+    if {"algo", "env_id"} <= set(_run_summary(run_dir / "summary.json") or {}):
+        return True
+    from rlspeed.checkpoint import written_by_rlspeed
 
-
-def _rlspeed_checkpoint(path: Path) -> bool:
-    """Whether `path` is a checkpoint rlspeed wrote: encrypted by it, or a safetensors file whose metadata holds
-    rlspeed's entry (read from its header only; a damaged one is still rlspeed's where the entry is there)."""
-    from rlspeed.checkpoint import MAGIC
-
-    try:
-        with open(path, "rb") as handle:
-            if handle.read(len(MAGIC)) == MAGIC:
-                return True
-            handle.seek(0)
-            start = handle.read(8)  # (safetensors: the header's size, then the header as JSON)
-            size = int.from_bytes(start, "little") if len(start) == 8 else 0
-            if not 2 <= size <= 100_000_000:
-                return False
-            header = json.loads(handle.read(size))
-    except (OSError, ValueError):
-        return False
-    return isinstance(header, dict) and isinstance(header.get("__metadata__"), dict) and \
-        "rlspeed" in header["__metadata__"]
+    return any(written_by_rlspeed(run_dir / name) for name in ("model.safetensors", "checkpoint.safetensors"))
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -1144,15 +1121,21 @@ def _export_sidecar(path: Path) -> bool:
 def _ended_summary(path: Path) -> dict | None:
     """The summary.json at `path` of a run that ended, or None: none there, one an interruption wrote (`"interrupted":
     true`), or an unreadable one (the summary is written last, so a damaged one did not end a run)."""
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-    except (OSError, ValueError):
-        return None
-    if not isinstance(summary, dict) or summary.get("interrupted") is True:
+    summary = _run_summary(path)
+    if summary is None or summary.get("interrupted") is True:
         return None
     # (a population's summary with member_models null: killed before its member models were written, which
     # --resume finishes)
     return None if summary.get("member_models", {}) is None else summary
+
+
+def _run_summary(path: Path) -> dict | None:
+    """A run directory's summary.json as a dict (None where there is none or it cannot be read as one)."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def _finished_summary(path: Path) -> bool:

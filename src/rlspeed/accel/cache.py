@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.accel.introspect import code_names
+from rlspeed.accel.introspect import code_names, made_as
 from rlspeed.device import describe
 
 # bump when the search, its tolerances or the keys change: old choices are then ignored
@@ -96,7 +96,7 @@ def forward_digest(modules: Iterable[Any]) -> str:
     digest = hashlib.sha256()
     seen: set[type] = set()
     for module in modules:
-        cls = getattr(type(module), "_rlspeed_base", type(module))
+        cls = made_as(module)
         if cls in seen:
             continue
         seen.add(cls)

@@ -18,6 +18,11 @@ import torch
 from torch import nn
 
 
+def made_as(module: nn.Module) -> type:
+    """The class `module` was made as: `auto_accelerate` swaps in a subclass of it, whose `_rlspeed_base` names it."""
+    return getattr(type(module), "_rlspeed_base", type(module))
+
+
 def _unwrap(fn: Any) -> tuple[Any, list[Any]]:
     """(the function inside any `functools.partial` layers, the arguments those layers bind)."""
     bound: list[Any] = []

@@ -40,6 +40,7 @@ from rlspeed.accel.compile import (
     graph_safe,
 )
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, opaque_leaf, tensors_in, to_float32
+from rlspeed.accel.introspect import made_as
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import expected_search_s, run_search, store_choice
 from rlspeed.accel.strategy import (
@@ -105,7 +106,7 @@ def auto_accelerate(model: _Module, *, device: str | torch.device | None = "auto
                         "update in accelerate_step.")
     target = _target_device(model, device)
     request = normalise_request(precision, compile, graphs)
-    base = type(model)._rlspeed_base if isinstance(model, AcceleratedModule) else type(model)
+    base = made_as(model)
     # (made before the model changes: a request the device refuses leaves the model as it was)
     accelerator = ModuleAccelerator(base, target, request, floating_dtype(model.parameters()))
     before = type(model), model.__dict__.get("_rlspeed_accelerator")

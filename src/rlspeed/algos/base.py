@@ -680,13 +680,10 @@ def _check_whole(raw: torch.Tensor | np.ndarray, space: gym.Space, dtype: torch.
     info = torch.iinfo(dtype)
     if isinstance(raw, np.ndarray):
         floating = raw.dtype.kind == "f"
-        if floating:
-            bad = not np.array_equal(raw, np.trunc(raw))  # (NaN is unequal to itself: counted here)
-        elif raw.dtype.kind == "b" or np.can_cast(raw.dtype, numpy_dtype(dtype)):
+        if not floating and (raw.dtype.kind == "b" or np.can_cast(raw.dtype, numpy_dtype(dtype))):
             return
-        else:
-            bad = False
-        if bad or raw.min() < info.min or raw.max() > info.max:
+        # (NaN is unequal to itself: a fraction here)
+        if (floating and not np.array_equal(raw, np.trunc(raw))) or raw.min() < info.min or raw.max() > info.max:
             _check_whole(torch.from_numpy(raw.astype(np.float64 if floating else np.int64)), space, dtype)
         return
     if raw.is_floating_point():

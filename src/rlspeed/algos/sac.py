@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import torch
 
+from rlspeed.accel.introspect import made_as
 from rlspeed.algos.base import require
 from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
@@ -116,9 +117,8 @@ class SAC(OffPolicyAlgorithm):
         self._setup_action_scaling()
         # (weights, biases, tanh?) of rlspeed's MLP actor for `_explore`'s kernel-by-kernel pass, while it is the
         # actor (a subclass's forward, or an actor a subclass's _setup puts in its place, is called as a module)
-        own = getattr(type(self.actor), "_rlspeed_base", type(self.actor)) is SquashedGaussianActor
-        found = (sequential_linears(self.actor.net) if own and self.actor.encoder is None and not cfg.use_sde
-                 else None)
+        own = made_as(self.actor) is SquashedGaussianActor and self.actor.encoder is None and not cfg.use_sde
+        found = sequential_linears(self.actor.net) if own else None
         self._actor_linears = None if found is None else (
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
         self._actor_linears_of = self.actor

@@ -147,12 +147,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
                   "parameter)")
     elif unsupported is not None:
         reason = unsupported
-    elif (optimizer_reason := plain_optimizer_reason(optimizer, optimizers)) is not None:
+    elif (optimizer_reason := plain_optimizer_reason(optimizer, optimizers, params)) is not None:
         reason = optimizer_reason
-    elif len(held := {id(p) for group in optimizer.param_groups for p in group["params"]}) != len(
-            {id(p) for p in params}) or not held <= {id(p) for p in params}:
-        reason = (f"the optimizer steps {len(held)} of the model's {len({id(p) for p in params})} parameter tensors "
-                  "(the hand-derived update steps every one)")
     elif graphs:
         reason = f"whole-step graphs on {device.type}"
     elif accelerate == "auto" and not fused_precision.applies():

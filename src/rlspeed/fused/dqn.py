@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlspeed.accel.introspect import made_as
 from rlspeed.fused.flat import FlatAdam, linear_backward, linear_forward, sequential_linears
 from rlspeed.nn import QNetwork
 
@@ -24,7 +25,7 @@ def unsupported_reason(q_network: nn.Module, masking: bool = False) -> str | Non
     tanh, trained without action masks)."""
     if masking:
         return "action masks (the hand-derived update's target maximises over all actions)"
-    cls = getattr(type(q_network), "_rlspeed_base", type(q_network))  # (auto_accelerate swaps in a subclass)
+    cls = made_as(q_network)
     if cls is not QNetwork:  # (a subclass's own forward, which the hand-derived update would not run)
         return f"the Q-network is a {cls.__name__}, not rlspeed's QNetwork MLP"
     encoder = getattr(q_network, "encoder", None)

@@ -24,10 +24,11 @@ _UNSUPPORTED_OPTIONS = {torch.optim.Adam: ("amsgrad", "maximize", "decoupled_wei
                         torch.optim.RMSprop: ("momentum", "centered", "weight_decay", "maximize")}
 
 
-def plain_optimizer_reason(optimizer: torch.optim.Optimizer, kinds: tuple[type, ...]) -> str | None:
+def plain_optimizer_reason(optimizer: torch.optim.Optimizer, kinds: tuple[type, ...],
+                           params: Sequence[torch.Tensor]) -> str | None:
     """Why the flat steps (`FlatAdam`, `FlatRMSprop`) cannot stand in for `optimizer`, or None when they can: it must
-    be one of `kinds` exactly (a subclass may step differently), with one param group and none of the options they
-    leave out."""
+    be one of `kinds` exactly (a subclass may step differently), with one param group holding exactly `params` (the
+    flat steps step every one) and none of the options they leave out."""
     kind = type(optimizer)
     if kind not in kinds:
         return (f"the optimizer is {kind.__name__}, not {' or '.join(k.__module__ + '.' + k.__name__ for k in kinds)}"
@@ -35,6 +36,10 @@ def plain_optimizer_reason(optimizer: torch.optim.Optimizer, kinds: tuple[type, 
     if len(optimizer.param_groups) != 1:
         return f"the optimizer has {len(optimizer.param_groups)} param groups (the hand-derived update steps one)"
     group = optimizer.param_groups[0]
+    held, wanted = {id(p) for p in group["params"]}, {id(p) for p in params}
+    if held != wanted:
+        return (f"the optimizer steps {len(held & wanted)} of the model's {len(wanted)} parameter tensors (the "
+                "hand-derived update steps every one)")
     options = [name for name in _UNSUPPORTED_OPTIONS.get(kind, ()) if group.get(name)]
     if options:
         return f"the optimizer's {', '.join(options)} (the hand-derived update steps plain {kind.__name__})"

@@ -28,6 +28,7 @@ import math
 import torch
 from torch import nn
 
+from rlspeed.accel.introspect import made_as
 from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward
 from rlspeed.nn import ActorCritic
 
@@ -37,7 +38,7 @@ SUPPORTED_ACTIVATIONS = (nn.Tanh, nn.ReLU)
 def unsupported_reason(policy: nn.Module, masked: bool = False) -> str | None:
     """Why `FusedPPOUpdate` cannot update this policy, or None when it can (an `ActorCritic` with a tanh or ReLU
     body, Discrete or Box actions, no action masks: `masked` says the run uses them)."""
-    cls = getattr(type(policy), "_rlspeed_base", type(policy))  # (auto_accelerate swaps in a subclass)
+    cls = made_as(policy)
     if cls is not ActorCritic:
         return f"the policy is a {cls.__name__}, not rlspeed's ActorCritic MLP"
     kind = getattr(policy, "kind", "categorical" if policy.discrete else "gaussian")

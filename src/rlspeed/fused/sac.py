@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlspeed.accel.introspect import made_as
 from rlspeed.fused.flat import (
     FlatAdam,
     Workspace,
@@ -42,7 +43,7 @@ def unsupported_reason(actor: nn.Module, critic: nn.Module) -> str | None:
     """Why `FusedSACUpdate` cannot update these networks, or None when it can (an MLP actor body with ReLU or tanh,
     critics with ReLU or tanh), rlspeed's own classes (a subclass's forward is not what it computes)."""
     for network, base in ((actor, SquashedGaussianActor), (critic, QEnsemble)):
-        cls = getattr(type(network), "_rlspeed_base", type(network))  # (auto_accelerate swaps in a subclass)
+        cls = made_as(network)
         if cls is not base:
             return f"the {'actor' if base is SquashedGaussianActor else 'critic'} is a {cls.__name__}, not rlspeed's " \
                    f"{base.__name__} MLP"

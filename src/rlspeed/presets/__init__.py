@@ -100,10 +100,10 @@ def _shipped(algo: str, env_id: str, images: bool = True) -> Preset:
     presets = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if env_id not in presets and env_id.startswith("rlspeed/"):  # the Gymnasium view of a native env: same task
         env_id = env_id[len("rlspeed/"):]
-    atari = atari_image_id(env_id)
-    if env_id in presets and env_id not in ("default", ATARI_KEY) and (images or not atari):
+    # (asked only where the answer matters: it imports torch, and presets load without it)
+    if env_id in presets and env_id not in ("default", ATARI_KEY) and (images or not atari_image_id(env_id)):
         return Preset(presets[env_id], "rlspeed", f"rlspeed's preset for {algo} {env_id}")
-    if ATARI_KEY in presets and atari:
+    if ATARI_KEY in presets and atari_image_id(env_id):
         if images:
             return Preset(presets[ATARI_KEY], "rlspeed", f"rlspeed's Atari preset for {algo} (every Atari game)")
         return Preset(presets.get("default", {}), "rlspeed-default",
