@@ -617,8 +617,12 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
                             f"got {str(observation)[:60]!r}.") from None
         if raw.size and not dtype.is_floating_point:
             _check_whole(raw, space, dtype)  # (before the cast, which would cut 3.5 to 3 and wrap 256 to 0)
-        with np.errstate(over="ignore", invalid="ignore"):  # (an overflow to infinity is refused just below)
-            observation = raw.astype(numpy_dtype(dtype), copy=False)
+        target = numpy_dtype(dtype)
+        if raw.dtype == target:  # (no cast: predict's usual float32 observation, without errstate's cost)
+            observation = raw
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):  # (an overflow to infinity is refused just below)
+                observation = raw.astype(target)
         if observation.size and dtype.is_floating_point and not _finite_on_host(observation):
             _refuse_non_finite(torch.from_numpy(observation), space)
     elif observation.numel() and not dtype.is_floating_point:
