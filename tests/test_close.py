@@ -71,3 +71,32 @@ def test_a_population_closes_its_members_envs_and_trains_on():
         population.learn(32, progress_bar=False)
         assert population.num_timesteps == 64
     assert len(env_processes()) == before
+
+
+@pytest.mark.parametrize("algo,env_id,settings", [
+    ("PPO", "CartPole-v1", {"fused_update": False}), ("A2C", "CartPole-v1", {}), ("DQN", "CartPole-v1", {}),
+    ("SAC", "Pendulum-v1", {}), ("SAC", "Pendulum-v1", {"fused_update": False}), ("TD3", "Pendulum-v1", {}),
+    ("DDPG", "Pendulum-v1", {}), ("RecurrentPPO", "CartPole-v1", {})])
+def test_del_frees_a_trained_model_without_the_garbage_collector(algo, env_id, settings):
+    """A model must not refer to itself (through its update step's loss, say): `del model` then frees its tensors,
+    envs and device memory at once, not at some later full collection."""
+    import gc
+    import weakref
+
+    import torch._dynamo  # noqa: F401 (torch imports it at a first optimizer and keeps that caller's frames)
+
+    import rlspeed
+
+    off_policy = algo in ("DQN", "SAC", "TD3", "DDPG")
+    model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", num_envs=2, **settings,
+                                   **({"learning_starts": 32, "batch_size": 16} if off_policy else
+                                      {"num_steps": 16, **({} if algo == "A2C" else {"batch_size": 32})}))
+    gc.collect()
+    gc.disable()
+    try:
+        model.learn(96 if off_policy else 64, progress_bar=False)
+        alive = weakref.ref(model)
+        del model
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -30,6 +30,7 @@ by the same rules; SAC's hand-derived update does both). Alternatives must match
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -99,6 +100,39 @@ class _AutogradStep:
         return loss.detach(), metrics
 
 
+class WeakBoundLoss:
+    """An algorithm's own loss method, held without holding the algorithm.
+
+    An algorithm keeps its update step, and the step its loss: holding the bound method would hold the algorithm
+    in a reference cycle, which only the cyclic garbage collector frees (`del model` would keep its tensors and
+    device memory until a full collection). It reads as the bound method (`__self__`, `__func__`) for
+    `accelerate_step`'s introspection, and pickles as it.
+    """
+
+    def __init__(self, method: Callable[..., Any]):
+        self._method = weakref.WeakMethod(method)
+
+    def bound(self) -> Callable[..., Any]:
+        method = self._method()
+        if method is None:
+            raise ReferenceError("This update step's model has been deleted.")
+        return method
+
+    @property
+    def __self__(self) -> Any:
+        return self.bound().__self__
+
+    @property
+    def __func__(self) -> Any:
+        return self.bound().__func__
+
+    def __call__(self, *args, **kwargs):
+        return self.bound()(*args, **kwargs)
+
+    def __reduce__(self):
+        return WeakBoundLoss, (self.bound(),)
+
+
 def autograd_step(loss_fn: Callable[..., tuple[torch.Tensor, Any]], optimizer: torch.optim.Optimizer,
                   params: Sequence[torch.Tensor], max_grad_norm: float | None, strategy) -> Callable:
     """The reference update in fp32 eager: zero_grad, `loss_fn(*batch)`, backward, all-reduce, clip, step."""
@@ -124,6 +158,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
     one of them exactly, plainly configured).
     """
     device, accelerate, strategy = algo.device, algo.accelerate, algo.strategy
+    if getattr(loss_fn, "__self__", None) is algo:
+        loss_fn = WeakBoundLoss(loss_fn)
     # whole-step graphs do not all-reduce gradients: several processes keep the eager steps
     graphs = (rules(device).supports_graphs and normalise_request().graphs != "off" and not strategy.enabled)
     # (an optimizer a capture cannot record, A2C's RMSprop: no graph, so the hand-derived update where there is one)

@@ -18,6 +18,9 @@ body is an MLP of `nn.Linear` layers and a `QEnsemble` of K critics, both with R
 
 from __future__ import annotations
 
+import copy
+import weakref
+
 import torch
 from torch import nn
 
@@ -77,7 +80,8 @@ class FusedSACUpdate:
         if unsupported_reason(actor, critic) is not None:
             raise ValueError("FusedSACUpdate needs an MLP actor and critics with ReLU or tanh.")
 
-        self.sac, self.log_std_min, self.log_std_max = sac, LOG_STD_MIN, LOG_STD_MAX
+        # (a weak reference: SAC holds this update, which would otherwise hold SAC in a reference cycle)
+        self._sac, self.log_std_min, self.log_std_max = weakref.ref(sac), LOG_STD_MIN, LOG_STD_MAX
         linears, self.actor_tanh = sequential_linears(actor.net)
         self.critic_tanh = isinstance(critic.body.activation, nn.Tanh)
         actor_params = [p for layer in linears for p in (layer.weight, layer.bias)]
@@ -121,11 +125,26 @@ class FusedSACUpdate:
         self._critic_parts = [slice(actor_end, critic_end)]
         self._actor_parts = [slice(0, actor_end)] + ([slice(critic_end, None)] if sac.autotune else [])
 
+
+    @property
+    def sac(self):
+        """The SAC model this update steps."""
+        sac = self._sac()
+        if sac is None:
+            raise ReferenceError("This update step's model has been deleted.")
+        return sac
+
+    def __getstate__(self) -> dict:  # (pickled with its model: the reference is made strong for the pickle)
+        return {**self.__dict__, "_sac": self.sac}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _sac=weakref.ref(state["_sac"]))
     def __deepcopy__(self, memo: dict):
         """A copy whose target critics become views of its own flat buffer again at its first update (a Parameter's
         deepcopy clones its data, and the copied model is not whole yet while this is copied; `FlatAdam.__deepcopy__`
         re-points the online parameters)."""
         new = copy_attributes(self, memo)
+        new._sac = weakref.ref(copy.deepcopy(self.sac, memo))  # (a weak reference copies as itself: the copy's model)
         new._copied = True
         return new
 
