@@ -78,9 +78,10 @@ def test_cli_train_video_every_keeps_videos_in_the_run_directory(tmp_path):
                      "num_steps=32", "--total-timesteps", "2048", "--target-return", "none", "--no-progress",
                      "--out", str(run), "--video-every", "1000"])
     assert code == 0
-    # one video at the end of the first iteration (512 steps each) after every 1000 steps
-    assert sorted(p.name for p in (run / "videos").iterdir()) == ["step-1024.mp4", "step-2048.mp4"]
-    assert _read(run / "videos" / "step-1024.mp4")[1] == (400, 600)
+    # one video at the end of the first iteration (512 steps each) after every 1000 steps, named with the step
+    # zero-padded (step-1024.mp4 sorted after step-10240.mp4)
+    assert sorted(p.name for p in (run / "videos").iterdir()) == ["step-000001024.mp4", "step-000002048.mp4"]
+    assert _read(run / "videos" / "step-000001024.mp4")[1] == (400, 600)
 
 
 def _disk_fills_after(monkeypatch, frames: int) -> None:

@@ -656,8 +656,9 @@ class CheckpointCallback(BaseCallback):
 
 class VideoRecorderCallback(BaseCallback):
     """Record `episodes` deterministic evaluation episodes every `video_every` env steps into
-    `video_folder/step-{steps}.mp4` (see `rlspeed.video.record_video`; needs `pip install rlspeed[video]`), at `fps`
-    frames per second (None: the env's render_fps). `on_video(path, steps)`, when given, receives each file (the W&B
+    `video_folder/step-{steps:09d}.mp4` (`step-000020000.mp4`: zero-padded, so that the files sort by step; see
+    `rlspeed.video.record_video`; needs `pip install rlspeed[video]`), at `fps` frames per second (None: the env's
+    render_fps). `on_video(path, steps)`, when given, receives each file (the W&B
     tracker uploads it)."""
 
     def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
@@ -692,7 +693,7 @@ class VideoRecorderCallback(BaseCallback):
             return True
         from rlspeed.video import VideoWriteError, record_video
 
-        path = self.video_folder / f"step-{self.num_timesteps}.mp4"
+        path = self.video_folder / f"step-{self.num_timesteps:09d}.mp4"  # (sorted by name, sorted by step)
         seed = (self.model.seed or 0) + 300_000 + self.num_timesteps
         try:
             with warnings.catch_warnings():
