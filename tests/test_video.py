@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -330,3 +331,17 @@ def test_a_video_env_of_other_actions_and_a_callback_without_episodes_are_refuse
     with pytest.raises(UserError, match="at least one episode per video, got episodes=0"):
         VideoRecorderCallback(300, tmp_path, episodes=0)
     assert VideoRecorderCallback(300, tmp_path, episodes=np.int64(2), fps=np.int64(30)).episodes == 2
+
+
+def test_an_episode_cut_at_max_steps_is_said_as_evaluate_says_it(tmp_path):
+    """record_video(max_steps=...) ended an episode silently, where `evaluate` warns that it cut one; an episode
+    that ends by itself (Pendulum's time limit) is no warning."""
+    model = _cartpole()
+    with pytest.warns(UserWarning, match=r"record_video: 2 of 2 episodes were still running after 5 steps; .*pass "
+                                         r"max_steps= to run longer") as caught:
+        result = video.record_video(model, tmp_path / "cut.gif", episodes=2, seed=0, max_steps=5)
+    assert result["frames"] == 12 and caught[0].filename == __file__  # (the caller's line, as evaluate's)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert video.record_video(SAC("Pendulum-v1", seed=0, device="cpu"), tmp_path / "whole.mp4", seed=0)[
+            "frames"] == 201

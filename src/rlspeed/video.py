@@ -217,12 +217,12 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     file (`.mp4` or `.gif`).
 
     Each episode starts from `env.reset(seed=seed + i)` (unseeded when `seed` is None) and runs until it ends or
-    reaches `max_steps` (default: the env's time limit, else 10,000); every step is one frame, plus the first
-    observation's. A stochastic policy's samples come from a random stream of the video's own seeded by `seed`, as
-    `evaluate`'s do (torch's generators are left as they were). Where the env gives action masks
-    (`info["action_mask"]`) and the model takes them, the policy is masked as in `evaluate`. `fps` defaults to the
-    env's `render_fps`. `env_kwargs` replace options of the env (those recorded with the model, on its own id), as in
-    `evaluate`. Returns {"path", "episodes", "frames", "returns",
+    reaches `max_steps` (default: the env's time limit, else 10,000), with a warning where that limit cut one short
+    (as `evaluate` warns); every step is one frame, plus the first observation's. A stochastic policy's samples come
+    from a random stream of the video's own seeded by `seed`, as `evaluate`'s do (torch's generators are left as they
+    were). Where the env gives action masks (`info["action_mask"]`) and the model takes them, the policy is masked as
+    in `evaluate`. `fps` defaults to the env's `render_fps`. `env_kwargs` replace options of the env (those recorded
+    with the model, on its own id), as in `evaluate`. Returns {"path", "episodes", "frames", "returns",
     "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing.
     """
     path = Path(path)
@@ -262,7 +262,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     except AttributeError:
         mask_method = None
     mask_method = mask_method if callable(mask_method) else None
-    returns, frames, size = [], 0, None
+    returns, frames, size, cut = [], 0, None, 0
     try:
         writer = imageio.get_writer(path, **options)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
@@ -303,6 +303,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                     frames += 1
                     if terminated or truncated:
                         break
+                else:
+                    cut += 1
                 returns.append(total)
         try:
             writer.close()  # (an encoder flushes its last frames here: this can fail for lack of space too)
@@ -323,5 +325,9 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise
     finally:
         env.close()
+    if cut:  # (as `evaluate` says it; stacklevel 3: past the _headless_rendering wrapper, the caller's line)
+        warnings.warn(f"record_video: {cut} of {episodes} episodes were still running after {limit} steps; the video "
+                      "ends them there and they count with the return collected so far (pass max_steps= to run "
+                      "longer).", stacklevel=3)
     return {"path": str(path), "episodes": episodes, "frames": frames, "returns": returns,
             "size": tuple(int(v) for v in size), "fps": fps, "mean": math.fsum(returns) / len(returns)}
