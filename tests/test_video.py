@@ -345,3 +345,27 @@ def test_an_episode_cut_at_max_steps_is_said_as_evaluate_says_it(tmp_path):
         warnings.simplefilter("error")
         assert video.record_video(SAC("Pendulum-v1", seed=0, device="cpu"), tmp_path / "whole.mp4", seed=0)[
             "frames"] == 201
+
+
+def test_a_gif_on_a_full_disk_is_one_sentence_without_tracebacks_after_it(tmp_path, monkeypatch):
+    """Pillow writes a GIF's frames when the writer closes: on a full disk the one sentence was followed by two
+    "Exception ignored in ... __del__" tracebacks, imageio's writers trying the frames again when collected."""
+    import errno
+    import gc
+    import sys
+
+    import PIL.Image
+
+    def full_disk(image, fp, *args, **kwargs):
+        fp.write(b"GIF89a")  # (a start, then no space)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(PIL.Image.Image, "save", full_disk)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)  # (where `__del__`'s errors are printed)
+    model = _cartpole()
+    with pytest.raises(video.VideoWriteError, match=r"x.gif': No space left on device \(the partial file was removed"):
+        video.record_video(model, tmp_path / "x.gif", seed=0, max_steps=20)
+    gc.collect()  # (the writer, left with the exception's frames)
+    assert [f"{hook.exc_type.__name__} in {hook.object}" for hook in unraisable] == []
+    assert not (tmp_path / "x.gif").exists()

@@ -201,8 +201,15 @@ def _complete_mp4(path: Path) -> bool:
         return False
 
 
-def _close_writer(writer) -> None:
-    """Close a video writer after a failure, whose own errors on closing are beside the point then."""
+def _close_writer(writer, discard: bool = False) -> None:
+    """Close a video writer after a failure, whose own errors on closing are beside the point then. `discard` (the
+    file could not be written): first drop the frames it still holds, which a GIF writer (Pillow) writes only when
+    closed: each later close (imageio's `__del__`s) would try them again on the full disk, and print its traceback
+    after the one sentence; dropped, the writer closes its file and is closed for good."""
+    if discard:
+        pending = getattr(getattr(writer, "instance", None), "images_to_write", None)  # (imageio's Pillow plugin)
+        if isinstance(pending, list):
+            pending.clear()
     try:
         writer.close()
     except Exception:  # noqa: S110 (imageio's backends close with their own exception types)
@@ -315,7 +322,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
             # imageio-ffmpeg does not check: the file has no index, and no player opens it)
             raise _WriteFailed(OSError(errno.ENOSPC, "the encoder could not finish the file (a full disk?)"))
     except _WriteFailed as failed:  # (a full disk, a quota, ffmpeg gone: a partial video is no video)
-        _close_writer(writer)
+        _close_writer(writer, discard=True)
         path.unlink(missing_ok=True)
         error = failed.args[0]
         raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
