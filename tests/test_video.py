@@ -369,3 +369,38 @@ def test_a_gif_on_a_full_disk_is_one_sentence_without_tracebacks_after_it(tmp_pa
     gc.collect()  # (the writer, left with the exception's frames)
     assert [f"{hook.exc_type.__name__} in {hook.object}" for hook in unraisable] == []
     assert not (tmp_path / "x.gif").exists()
+
+
+def test_an_existing_video_file_is_replaced_only_when_asked(tmp_path, capsys):
+    """A video file that existed was overwritten without a word (`record_video`, `rlspeed eval --video`, and a
+    `VideoRecorderCallback` folder holding another run's videos). Now the API and the CLI refuse it in one sentence
+    that names the way out (overwrite=True, --overwrite), and the callback writes beside it with a warning."""
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    model = _cartpole()
+    mine = tmp_path / "mine.gif"
+    mine.write_bytes(b"the user's own")
+    with pytest.raises(UserError, match=r"mine.gif' exists: pass overwrite=True to replace it, or give another file"):
+        video.record_video(model, mine, seed=0, max_steps=5)
+    assert mine.read_bytes() == b"the user's own"
+    model.save(tmp_path / "model.safetensors")
+    command = ["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--seed", "1", "--no-progress",
+               "--video", str(mine)]
+    assert cli.main(command) == 2
+    err = capsys.readouterr().err
+    assert "mine.gif' exists: pass --overwrite to replace it, or give another --video FILE." in err
+    assert len(err.strip().splitlines()) == 1 and mine.read_bytes() == b"the user's own"
+    assert cli.main(command + ["--overwrite"]) == 0
+    assert imageio.mimread(mine) and "wrote" in capsys.readouterr().out
+    assert cli.main(command[:-2] + ["--overwrite"]) == 2
+    assert "--overwrite (replace an existing --video file) applies only with --video" in capsys.readouterr().err
+    # the callback: another run's step-000000512.mp4 in the folder is kept; this run's video goes beside it
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    (folder / "step-000000512.mp4").write_bytes(b"another run's")
+    callback = VideoRecorderCallback(512, folder)
+    with pytest.warns(RuntimeWarning, match=r"step-000000512.mp4' exists and is kept: this video is "
+                                            r"'step-000000512-1.mp4' beside it"):
+        _cartpole().learn(512, callback=callback, progress_bar=False)
+    assert (folder / "step-000000512.mp4").read_bytes() == b"another run's"
+    assert callback.videos == [folder / "step-000000512-1.mp4"] and _read(callback.videos[0])[1] == (400, 600)

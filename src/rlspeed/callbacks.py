@@ -658,7 +658,8 @@ class VideoRecorderCallback(BaseCallback):
     """Record `episodes` deterministic evaluation episodes every `video_every` env steps into
     `video_folder/step-{steps:09d}.mp4` (`step-000020000.mp4`: zero-padded, so that the files sort by step; see
     `rlspeed.video.record_video`; needs `pip install rlspeed[video]`), at `fps` frames per second (None: the env's
-    render_fps). `on_video(path, steps)`, when given, receives each file (the W&B
+    render_fps). A file already of that name (another run's in the folder) is kept: the video goes beside it, as
+    `step-000020000-1.mp4`, with a warning. `on_video(path, steps)`, when given, receives each file (the W&B
     tracker uploads it)."""
 
     def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
@@ -694,6 +695,12 @@ class VideoRecorderCallback(BaseCallback):
         from rlspeed.video import VideoWriteError, record_video
 
         path = self.video_folder / f"step-{self.num_timesteps:09d}.mp4"  # (sorted by name, sorted by step)
+        if path.exists() or path.is_symlink():  # (another run's, or this run's before a resume: kept, not replaced)
+            taken, copy = path, 1
+            while path.exists() or path.is_symlink():
+                path, copy = self.video_folder / f"step-{self.num_timesteps:09d}-{copy}.mp4", copy + 1
+            warnings.warn(f"rlspeed: '{taken}' exists and is kept: this video is '{path.name}' beside it.",
+                          RuntimeWarning, stacklevel=2)
         seed = (self.model.seed or 0) + 300_000 + self.num_timesteps
         try:
             with warnings.catch_warnings():

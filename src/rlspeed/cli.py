@@ -1914,6 +1914,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.video is None and "video_episodes" in _given_options(getattr(args, "argv", []), "eval"):
         raise UserError("--video-episodes applies only with --video FILE: add it, or drop --video-episodes.")
+    if args.video is None and args.overwrite:
+        raise UserError("--overwrite (replace an existing --video file) applies only with --video FILE: add it, or "
+                        "drop --overwrite.")
     given = Path(args.checkpoint)
     path = run_model(given)  # (a run directory, as `rlspeed train` prints it: its model)
     # the run directory of a run's model (the directory, or a file in it) or of a population member's model
@@ -1957,6 +1960,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from rlspeed.video import check_video_support
 
         _check_parent_directory("--video", args.video)
+        if not args.overwrite and (Path(args.video).exists() or Path(args.video).is_symlink()):
+            raise UserError(f"--video '{args.video}' exists: pass --overwrite to replace it, or give another --video "
+                            "FILE.")
         check_video_support(env_id, args.video, env_kwargs=options)
     if args.seed is None:  # (a seed drawn here and printed, so that `--seed` repeats this evaluation)
         args.seed = secrets.randbelow(2**31)
@@ -1985,7 +1991,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from rlspeed.video import record_video
 
         video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
-                             deterministic=deterministic, env_kwargs=env_kwargs)
+                             deterministic=deterministic, env_kwargs=env_kwargs, overwrite=args.overwrite)
         episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
         returns = "return" if video["episodes"] == 1 else "mean return"
         print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "
@@ -2189,6 +2195,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--video", default=None, metavar="FILE",
                     help='also record episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
     ev.add_argument("--video-episodes", type=_whole(1), default=1, help="episodes in the --video file (default 1)")
+    ev.add_argument("--overwrite", action="store_true", help="replace an existing --video file")
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                     help="show full tracebacks on errors")
     ev.set_defaults(func=cmd_eval)

@@ -219,9 +219,9 @@ def _close_writer(writer, discard: bool = False) -> None:
 @_headless_rendering()
 def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
                  fps: int | None = None, max_steps: int | None = None, deterministic: bool = True,
-                 env_kwargs: dict | None = None) -> dict:
+                 env_kwargs: dict | None = None, overwrite: bool = False) -> dict:
     """Record `episodes` episodes of `model`'s policy (deterministic; `deterministic=False` samples) into one video
-    file (`.mp4` or `.gif`).
+    file (`.mp4` or `.gif`); a file already at `path` is refused unless `overwrite`.
 
     Each episode starts from `env.reset(seed=seed + i)` (unseeded when `seed` is None) and runs until it ends or
     reaches `max_steps` (default: the env's time limit, else 10,000), with a warning where that limit cut one short
@@ -238,6 +238,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise UserError(f"A video needs at least one episode, got {episodes}.")
     if not path.parent.is_dir():
         raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
+    if not overwrite and (path.exists() or path.is_symlink()):  # (a user's file: replaced only when asked)
+        raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
     import imageio.v2 as imageio
 
     env = _render_env(model, env_id, env_kwargs)
