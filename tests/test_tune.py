@@ -409,3 +409,49 @@ def test_tune_lets_go_of_the_study_and_optunas_verbosity_when_it_returns(tmp_pat
     assert locks and not rlspeed.tune._LOCKS
     with open(locks[0]) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (raises BlockingIOError while a lock is held)
+
+
+class _PruneNone(_PruneOdd):
+    def prune(self, study, trial) -> bool:
+        return False
+
+
+def test_the_studys_confirmation_is_never_an_older_best_trials(tmp_path, monkeypatch):
+    """The study's `confirmation` attribute measured the finalists of its time: a batch that completes better trials
+    (here: two more finalists) clears it, and so does a confirmation that starts over; one interrupted left the older
+    confirmation, of other trials, beside a preset it did not choose."""
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: _PruneNone())
+    storage = tmp_path / "study.db"
+    kwargs = dict(population=2, storage=str(storage), study_name="confirm", hyperparameters=dict(FIXED), budget=256,
+                  target_return=None, eval_freq=128, search_space=None, confirm_seeds=1, confirm_top=4,
+                  out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+
+    def confirmation():
+        return optuna.load_study(study_name="confirm", storage=f"sqlite:///{storage}").user_attrs.get("confirmation")
+
+    tune(PPO, "CartPole-v1", trials=2, **kwargs)
+    assert {c["trial"] for c in confirmation()["candidates"]} == {0, 1, None}
+    original = rlspeed.tune._Setup.learn
+    calls = {"batches": 0}
+
+    def learn(self, members, on_eval=None):
+        if on_eval is None:  # the confirmation: Ctrl-C
+            raise KeyboardInterrupt
+        calls["batches"] += 1
+        if calls["batches"] == 2:  # Ctrl-C in the second batch, after one that completed trials 2 and 3
+            raise KeyboardInterrupt
+        return original(self, members, on_eval)
+
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", learn)
+    with pytest.raises(KeyboardInterrupt):
+        tune(PPO, "CartPole-v1", trials=6, **kwargs)
+    assert confirmation() is None
+    assert "Not confirmed yet" in (tmp_path / "best.yaml").read_text()
+    # the same finalists on other seeds: the confirmation starts over, and an interrupted one leaves none
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", original)
+    tune(PPO, "CartPole-v1", trials=4, **kwargs)
+    assert len(confirmation()["candidates"]) == 5
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", learn)
+    with pytest.raises(KeyboardInterrupt):
+        tune(PPO, "CartPole-v1", trials=4, **{**kwargs, "confirm_seeds": 2})
+    assert confirmation() is None

@@ -512,6 +512,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
                 file=sys.stderr, flush=True)
             raise
         finished += counts["complete"] + counts["pruned"]
+        _forget_outdated_confirmation(study)
         best = _best_trial(study)
         if best is not None:
             _write_preset(setup, study, best, None, context)
@@ -623,17 +624,16 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
     candidates again on seeds no trial used (`seed + 1_000_000 + i`) and picks by median."""
     import statistics
 
-    from optuna.trial import TrialState
-
-    completed = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)), key=lambda t: t.value)
     candidates = [{"trial": t.number, "hyperparameters": dict(t.user_attrs.get("hyperparameters", {}))}
-                  for t in completed[:top]]
+                  for t in _finalists(study, top)]
     candidates.append({"trial": None, "hyperparameters": _starting_values(setup)})
     seeds = [setup.seed + 1_000_000 + i for i in range(len(candidates) * seeds_each)]
     stored = study.user_attrs.get("confirmation")
     if stored is not None and [c["trial"] for c in stored["candidates"]] == [c["trial"] for c in candidates] \
             and stored.get("seeds") == seeds:
         return stored  # the same candidates on the same seeds: measured already
+    if stored is not None:  # (an interrupted confirmation leaves none, not the older one of other candidates)
+        study.set_user_attr("confirmation", None)
     started = time.perf_counter()
     per_member = {key: [c["hyperparameters"][key] for c in candidates for _ in range(seeds_each)]
                   for key in setup.space}
@@ -651,6 +651,27 @@ def _confirm(setup: _Setup, study, top: int, seeds_each: int, say) -> dict:
         + "; ".join(f"{'trial ' + str(c['trial']) if c['trial'] is not None else 'starting configuration'} median "
                     f"{c['median']:,.0f}" for c in candidates), flush=True)
     return confirmation
+
+
+def _finalists(study, top: int) -> list:
+    """The `top` best completed trials, best first: the trials a confirmation measures (beside the starting
+    configuration)."""
+    from optuna.trial import TrialState
+
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return sorted(completed, key=lambda t: t.value)[:top]
+
+
+def _forget_outdated_confirmation(study) -> None:
+    """Clear the study's `confirmation` attribute when the trials it measured are no longer the best ones (a batch
+    completed a better trial): it describes the preset of an earlier best, and the preset now written is not
+    confirmed."""
+    stored = study.user_attrs.get("confirmation")
+    if stored is None:
+        return
+    measured = [c["trial"] for c in stored["candidates"] if c["trial"] is not None]
+    if [t.number for t in _finalists(study, len(measured))] != measured:
+        study.set_user_attr("confirmation", None)
 
 
 def _best_trial(study) -> dict | None:
