@@ -4,6 +4,8 @@ documented, and bad input is one sentence with exit code 2."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from conftest import cli_error
@@ -455,3 +457,21 @@ def test_the_studys_confirmation_is_never_an_older_best_trials(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         tune(PPO, "CartPole-v1", trials=4, **{**kwargs, "confirm_seeds": 2})
     assert confirmation() is None
+
+
+def test_every_hand_edit_of_the_preset_is_kept(tmp_path):
+    """Each rewrite of a preset edited by hand keeps the edit under a name no earlier edit holds (a second edit
+    replaced FILE.edited, the first one, which was lost) and says where."""
+    command = _command(tmp_path, "--trials", "2", "--confirm-seeds", "0")
+    assert cli.main(command) == 0
+    preset = tmp_path / "best.yaml"
+    edits = []
+    for number in (4, 2):
+        edits.append(preset.read_text().replace("num_envs: 8", f"num_envs: {number}"))
+        preset.write_text(edits[-1])
+        kept = tmp_path / ("best.yaml.edited" + (".1" if number == 2 else ""))
+        with pytest.warns(UserWarning, match=f"the edited file is kept as {re.escape(str(kept))}\\."):
+            assert cli.main(command) == 0  # (the study is done: the preset is written again)
+    assert (tmp_path / "best.yaml.edited").read_text() == edits[0]
+    assert (tmp_path / "best.yaml.edited.1").read_text() == edits[1]
+    assert "num_envs: 8" in preset.read_text()

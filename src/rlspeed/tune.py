@@ -30,6 +30,7 @@ import datetime
 import difflib
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -752,8 +753,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         # (UTF-8 whatever the locale, as presets are read; a path in the header that is not UTF-8 is escaped)
         if out.is_file() and not _as_written(out.read_text(encoding="utf-8", errors="surrogateescape")):
             # (a preset this study wrote before, edited since: the edit is kept beside the new file)
-            kept = out.with_name(out.name + ".edited")
-            kept.write_bytes(out.read_bytes())
+            kept = _keep_edited(out)
             warnings.warn(f"{out} was edited since rlspeed tune wrote it: the edited file is kept as {kept}.",
                           stacklevel=2)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -762,6 +762,26 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         temporary.replace(out)
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
+
+
+def _keep_edited(out: Path) -> Path:
+    """Copy the edited preset `out` to the first of `OUT.edited`, `OUT.edited.1`, `OUT.edited.2`, ... that does not
+    exist (an earlier edit kept there stays), or to none where one of them holds the same bytes already (a rewrite
+    that failed after keeping it); returns where the edit is."""
+    edited = out.read_bytes()
+    for number in itertools.count():
+        kept = out.with_name(out.name + ".edited" + (f".{number}" if number else ""))
+        try:
+            with open(kept, "xb") as file:  # (exclusive: never over a file that exists)
+                try:
+                    file.write(edited)
+                except OSError:  # (a full disk: not a partial copy that the next rewrite would keep beside)
+                    kept.unlink(missing_ok=True)
+                    raise
+            return kept
+        except FileExistsError:
+            if kept.is_file() and kept.read_bytes() == edited:
+                return kept
 
 
 def utf8_text(text: str) -> str:
