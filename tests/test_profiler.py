@@ -196,3 +196,21 @@ def test_the_header_names_nested_acceleration_choices_in_words():
     assert profiler._describe(choice) == ("precision fp32, compile off, rollout_policy (precision fp32, graphs "
                                           "false)")
     assert profiler._describe({}) == "off"
+
+
+def test_profile_says_it_reads_the_record_back_and_caveats_a_run_of_a_few_steps(capsys):
+    """Off-policy profiles spent minutes reading the profiler's events back without a word; `--steps 1` (one
+    iteration: 2 envs x the preset's train_freq 16 here, start-up and the closing metrics read included) was
+    reported as if it were representative. A run of the default length gets no caveat."""
+    small = ["--device", "cpu", "--env-backend", "torch", "--num-envs", "2", "--set", "learning_starts=16",
+             "--set", "batch_size=16", "--set", "net_arch=[16, 16]"]
+    assert cli.main(["profile", "dqn", "CartPole-v1", "--steps", "1", *small]) == 0
+    captured = capsys.readouterr()
+    err = captured.err
+    assert "rlspeed: 32 env steps profiled in" in err and "reading back the profiler's record of every operation" in err
+    assert err.index("reading back") > err.index("profiling DQN")
+    report = " ".join(captured.out.split())
+    assert "caveat: only 32 env steps (1 iteration) were profiled, fewer than the 2,016 of the default run" in report
+    assert report.index("caveat:") < report.index("advice:")
+    model = DQN("CartPole-v1", device="cpu", seed=0, env_backend="torch", num_envs=2, train_freq=16)
+    assert profiler.too_few_steps(model, 2_016) == [] and profiler.too_few_steps(model, 1_984)

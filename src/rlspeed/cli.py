@@ -1804,7 +1804,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"rlspeed: profiling {algo_cls.__name__} on {args.env_id} ({model.env_backend} envs, device "
           f"{model.device}): a warm-up of {warmup:,} env steps, an unprofiled run of {steps:,} (whole iterations), "
           f"then a profiled run of {profiled:,}", file=sys.stderr, flush=True)
-    result = profile_run(model, steps=args.steps, trace=trace)
+    result = profile_run(model, steps=args.steps, trace=trace, say=lambda line: print(line, file=sys.stderr,
+                                                                                     flush=True))
     print(result, file=sys.stderr if args.json else sys.stdout)  # (--json: stdout holds the JSON alone)
     if trace is not None:
         if not trace.is_file():

@@ -20,6 +20,7 @@ import math
 import os
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -96,6 +97,8 @@ class Profile:
     #: the settings that set how many gradient steps an env step costs, in words (`update_lever`)
     update_lever: str = "fewer gradient steps per env step"
     advice: list[str] = field(default_factory=list)
+    #: what makes the figures less telling (a profiled run shorter than the default's: `too_few_steps`)
+    caveats: list[str] = field(default_factory=list)
 
     def phase(self, name: str) -> PhaseTime:
         """Phase `name` (zero time when it did not run)."""
@@ -118,8 +121,10 @@ class Profile:
         lines = [f"rlspeed profile: {self.algo} {self.env_id} on {self.device} ({self.env_backend} envs x "
                  f"{self.num_envs}, {self.parameters:,} parameters, accelerate {_describe(self.accelerate)})",
                  f"  {self.sps:,.0f} steps/s unprofiled; {self.steps:,} steps profiled at {self.profiled_sps:,.0f} "
-                 "steps/s", "  (shares are approximate: the profiler slows operation-heavy phases most)",
-                 "", f"  {'phase':<10}{'ms/1k steps':>12}{'share':>8}   what it is"]
+                 "steps/s", "  (shares are approximate: the profiler slows operation-heavy phases most)"]
+        for line in self.caveats:
+            lines += textwrap.wrap(line, REPORT_WIDTH, initial_indent="  caveat: ", subsequent_indent="    ")
+        lines += ["", f"  {'phase':<10}{'ms/1k steps':>12}{'share':>8}   what it is"]
         for p in self.phases:
             lines.append(f"  {p.name:<10}{p.host_ms:>12.1f}{p.share:>8.0%}   {_PHASE_TEXT.get(p.name, '')}")
         if on_device:
@@ -181,15 +186,17 @@ def planned_steps(model, steps: int | None = None) -> tuple[int, int, int]:
 
 
 def profile_run(model, steps: int | None = None, warmup_steps: int | None = None, top: int = 8,
-                trace: str | Path | None = None) -> Profile:
+                trace: str | Path | None = None, say: Callable[[str], None] | None = None) -> Profile:
     """Warm `model` up, time `steps` env steps of `learn` unprofiled, then up to `PROFILED_MAX_STEPS` more (at least
     one iteration) under torch.profiler, which keeps every operation in memory.
 
     Defaults: `steps` = the larger of 10 iterations and 2,000 env steps (always rounded up to whole iterations);
     `warmup_steps` = ``learning_starts`` plus two iterations (gradient steps and the acceleration search then run
     before anything is timed). `top`: how many operations to list. `trace`: also write a Chrome/Perfetto trace
-    there. The model keeps training throughout: three `learn` calls, each running its schedules (PPO's annealing,
-    DQN's epsilon) over its own steps as `learn` does; afterwards `model.result` is the profiled (slowed) run's.
+    there. `say`: called with a line before the profiler's record is read back, which can take minutes (`rlspeed
+    profile` prints it on stderr). The model keeps training throughout: three `learn` calls, each running its
+    schedules (PPO's annealing, DQN's epsilon) over its own steps as `learn` does; afterwards `model.result` is the
+    profiled (slowed) run's.
     """
     if model.strategy.enabled:
         raise UserError("rlspeed profile runs in one process; profile without torchrun (one rank is what each "
@@ -215,6 +222,10 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
             model.learn(profiled, progress_bar=False)
             synchronize(model.device)
             wall_s = time.perf_counter() - started
+            if say is not None:  # (leaving the block and reading the events back is where the time goes now)
+                say(f"rlspeed: {model.result.total_timesteps:,} env steps profiled in {wall_s:.1f} s; reading back "
+                    "the profiler's record of every operation they ran, which takes a while (minutes off-policy: "
+                    "each of the many small gradient steps is hundreds of operations)")
     finally:
         if quiet:  # (not passed on to processes started later)
             del os.environ["KINETO_LOG_LEVEL"]
@@ -256,7 +267,24 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
                      device_busy_ms=sum(_device_us(op) for op in ops) / 1e3 * per_1k if on_cuda else None,
                      host_syncs=syncs * per_1k if on_cuda else None)
     result.advice = advise(result)
+    result.caveats = too_few_steps(model, steps_done)
     return result
+
+
+def too_few_steps(model, profiled: int) -> list[str]:
+    """A caveat when the profiled run recorded fewer env steps than the default run would (`planned_steps` without
+    `steps`: 10 iterations and at least 2,000 env steps, at most `PROFILED_MAX_STEPS`), else none. Each `learn` call
+    pays once for its start (the envs' reset, a host sync) and its closing metrics read, which a short run spreads
+    over few steps: in one run, 4 steps of DQN CartPole (`--steps 1`) put 45% of the time in `metrics` and
+    `other`, 2,000 steps 7%."""
+    default = planned_steps(model)[2]
+    if profiled >= default:
+        return []
+    iterations = max(profiled // steps_per_iteration(model), 1)
+    return [f"only {profiled:,} env steps ({iterations:,} iteration{'s' if iterations > 1 else ''}) were profiled, "
+            f"fewer than the {default:,} of the default run: the learn call's start (env reset, a host sync) and "
+            "its closing metrics read weigh on every figure here; profile without --steps, or with "
+            f"--steps {default} or more, for figures to compare."]
 
 
 def update_lever(config) -> str:
