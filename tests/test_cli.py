@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -454,7 +455,30 @@ def test_a_run_directory_named_with_a_tilde_or_left_empty_or_without_its_config_
     assert "is a symlink to nothing" in capsys.readouterr().err
     (home_run / "config.yaml").write_text("")
     assert cli.main([*args, "--out", str(home_run), "--resume"]) == 2
-    assert "config.yaml' is empty or damaged" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "config.yaml' is empty or damaged" in err and "start the run again with --overwrite" in err
+
+
+def test_the_advice_for_a_damaged_config_of_a_run_with_nothing_else_works(tmp_path, capsys):
+    """--resume of a run whose config.yaml is damaged advised --overwrite, which then refused the directory where
+    nothing else there was known as rlspeed's (a config.yaml that cannot be read may be anyone's): the advice is to
+    move it aside, and that works; where the run's other files are there, --overwrite is advised and works."""
+    out = tmp_path / "run"
+    args = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none", "--no-progress",
+            "--set", "num_steps=32", "--out", str(out)]
+    assert cli.main(args) == 0
+    for path in out.iterdir():
+        if path.name != "config.yaml":
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (out / "config.yaml").write_text((out / "config.yaml").read_text() + "hyperparameters: [\n")
+    assert cli.main([*args, "--resume"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "config.yaml' is empty or damaged" in err and "start the run again with --overwrite" not in err
+    assert "move or delete it to start the run again there" in err and "--overwrite would refuse" in err
+    assert cli.main([*args, "--overwrite"]) == 2  # (as the message says: the file may be anyone's, it is kept)
+    assert "which are not an rlspeed run's" in capsys.readouterr().err and (out / "config.yaml").exists()
+    (out / "config.yaml").rename(tmp_path / "config.yaml.damaged")  # (the advice, followed)
+    assert cli.main(args) == 0 and (out / "model.safetensors").is_file()
 
 
 def test_overwrite_that_cannot_move_the_old_run_aside_is_one_sentence_and_moves_nothing(tmp_path, monkeypatch):

@@ -1452,9 +1452,14 @@ def _resume_settings(args: argparse.Namespace) -> None:
     # (a config.yaml there that cannot be read is a damaged one; a directory without one may be a Python run's,
     # `learn(run_dir=...)`, which writes none: it resumes with the given settings, as before)
     if not config and (Path(args.out) / "config.yaml").exists():
+        # (--overwrite replaces a directory's files only where something there is known as rlspeed's: a config.yaml
+        # that cannot be read may be anyone's, so without such a file the advice is to move it aside)
+        again = ("start the run again with --overwrite" if _holds_rlspeed_run(Path(args.out)) else
+                 f"move or delete it to start the run again there (nothing else in '{args.out}' is known as "
+                 "rlspeed's, so --overwrite would refuse the directory), or give another --out")
         raise UserError(f"--resume: '{Path(args.out) / 'config.yaml'}' is empty or damaged, so the settings "
                         f"the run in '{args.out}' was started with are unknown (the preset's would replace them "
-                        "silently): restore it, or start the run again with --overwrite.")
+                        f"silently): restore it, or {again}.")
     if not (isinstance(config.get("algo"), str) and isinstance(config.get("env_id"), str)):
         return  # (no run's config.yaml: `_prepare_run_dir` refuses a directory of someone else's files)
     if config.get("algo") != args.algo.lower() or config.get("env_id") != args.env_id:
