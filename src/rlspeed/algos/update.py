@@ -53,6 +53,8 @@ class UpdateChoice:
 
     implementation: str
     reason: str
+    #: the rule that decided was frozen parameters (a model whose parameters are all trained again chooses anew)
+    by_frozen_parameters: bool = False
 
     def as_dict(self) -> dict[str, str]:
         return {"implementation": self.implementation, "reason": self.reason}
@@ -166,6 +168,7 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
     blocker = optimizer_capture_blocker([optimizer]) if graphs else None
     graphs = graphs and blocker is None
     not_graphed = f"; no whole-step CUDA graph: {blocker}" if blocker else ""
+    by_frozen = 0
     if hand_derived is None:
         reason = f"{type(algo).__name__} has no hand-derived update"
     elif reference_cls is not None and (overridden := [
@@ -178,8 +181,8 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         reason = "fused_update=false"
     elif getattr(algo.config, "use_sde", False):
         reason = "use_sde=true (gSDE; the hand-derived updates cover state-independent Gaussian noise only)"
-    elif frozen := sum(not p.requires_grad for p in params):
-        reason = (f"{frozen} frozen parameter tensor(s) (requires_grad=False: the hand-derived update steps every "
+    elif by_frozen := sum(not p.requires_grad for p in params):
+        reason = (f"{by_frozen} frozen parameter tensor(s) (requires_grad=False: the hand-derived update steps every "
                   "parameter)")
     elif unsupported is not None:
         reason = unsupported
@@ -202,6 +205,7 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
         options = {} if accelerate == "auto" else {"precision": "fp32", "compile": False}
         step = accelerate_step(loss_fn, optimizer, params=list(params), max_grad_norm=max_grad_norm, device=device,
                                name=name, **options)
-        return UpdateStep(step, UpdateChoice(GRAPHS if graphs else AUTOGRAD, reason), report=step.report)
+        return UpdateStep(step, UpdateChoice(GRAPHS if graphs else AUTOGRAD, reason, bool(by_frozen)),
+                          report=step.report)
     return UpdateStep(autograd_step(loss_fn, optimizer, params, max_grad_norm, strategy),
-                      UpdateChoice(AUTOGRAD, reason))
+                      UpdateChoice(AUTOGRAD, reason, bool(by_frozen)))
