@@ -463,5 +463,34 @@ def test_tensorboard_has_one_point_per_metric_and_step(tmp_path):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
                 points[value.tag, event.step] += 1
-    assert points[("custom/x", 200)] == 1 and points[("custom/y", 200)] == 1 and points[("episode_return", 100)] == 1
+    assert points[("custom/x", 200)] == 1 and points[("custom/y", 200)] == 1
+    assert points[("rollout/episode_return", 100)] == 1
     assert max(points.values()) == 1
+
+
+def test_tensorboard_groups_a_runs_metrics_by_section_with_metrics_csv_values(tmp_path):
+    """A trained run's TensorBoard events hold metrics.csv's values, at its steps, under sections as
+    Stable-Baselines3's are (rollout/, train/, time/, eval/), not one flat list of every tag."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    model.learn(1024, run_dir=tmp_path, eval_freq=512, eval_episodes=2, progress_bar=False)
+    model.close()
+    events = {}
+    for path in (tmp_path / "tensorboard").iterdir():
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                events[value.tag, event.step] = value.simple_value if value.HasField("simple_value") else \
+                    float(value.tensor.float_val[0])
+    with open(tmp_path / "metrics.csv", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    tags = {tag for tag, _ in events}
+    assert {"rollout/episode_return", "train/policy_loss", "train/value_loss", "time/sps", "eval/eval_mean"} <= tags
+    assert all("/" in tag for tag in tags)
+    for row in rows:
+        for column, tag in (("policy_loss", "train/policy_loss"), ("eval_mean", "eval/eval_mean")):
+            if row[column]:
+                assert events[tag, int(row["timesteps"])] == pytest.approx(float(row[column]), rel=1e-6)

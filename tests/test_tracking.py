@@ -91,8 +91,9 @@ def test_train_track_writes_an_offline_run_with_config_metrics_video_and_summary
     assert run["config"]["algo"] == "ppo" and run["config"]["env_id"] == "CartPole-v1"
     rows = [row for row in run["history"] if "timesteps" in row]
     assert rows and rows[-1]["timesteps"] == 2048
-    assert {"episode_return", "policy_loss", "sps"} <= set().union(*rows)
-    assert [row["eval_mean"] for row in rows if "eval_mean" in row]  # learn's evaluations reach the run
+    # (named as TensorBoard's tags: W&B groups its panels by the section before the slash)
+    assert {"rollout/episode_return", "train/policy_loss", "time/sps"} <= set().union(*rows)
+    assert [row["eval/eval_mean"] for row in rows if "eval/eval_mean" in row]  # learn's evaluations reach the run
     if (run_dir / "videos").is_dir():
         assert list((run_path / "files" / "media" / "videos").rglob("*.mp4"))
 

@@ -17,6 +17,21 @@ from pathlib import Path
 from rlspeed.errors import UserError
 from rlspeed.files import write_atomic
 
+#: TensorBoard's section of each metrics.csv column (as Stable-Baselines3 groups its logger's keys); a column not
+#: named here (a loss or other value of the update) is under train/, a key with a section of its own (a callback's
+#: `self.logger.record("custom/x", ...)`) keeps it
+TENSORBOARD_SECTIONS = {
+    "train_wall_s": "time", "sps": "time",
+    "episode_return": "rollout", "success_rate": "rollout", "epsilon": "rollout",
+    "eval_mean": "eval", "eval_success_rate": "eval", "eval_confirm_mean": "eval",
+}
+
+
+def tensorboard_tag(key: str) -> str:
+    """The TensorBoard tag of metrics.csv column `key`: `section/key` (`rollout/episode_return`, `train/value_loss`;
+    `TENSORBOARD_SECTIONS`)."""
+    return key if "/" in key else f"{TENSORBOARD_SECTIONS.get(key, 'train')}/{key}"
+
 
 def finite_or_none(value):
     """`value` with every NaN or infinite float (also inside dicts, lists and tuples) replaced by None."""
@@ -217,7 +232,7 @@ class RunLogger:
             return
         for key, value in values.items():
             if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
-                self._writer.add_scalar(key, value, step)
+                self._writer.add_scalar(tensorboard_tag(key), value, step)
 
     def amend_last(self, values: dict) -> None:
         """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row

@@ -88,9 +88,12 @@ class WandbTracker:
         return Path(self.run.dir).parent
 
     def log(self, row: dict) -> None:
-        """One metrics row at env step `row["timesteps"]` (its finite numbers; NaN and text are left out)."""
+        """One metrics row at env step `row["timesteps"]` (its finite numbers; NaN and text are left out), named as
+        TensorBoard's tags are (`rlspeed.logging.tensorboard_tag`: `rollout/episode_return`), W&B's panel sections."""
+        from rlspeed.logging import tensorboard_tag
+
         step = row.get("timesteps")
-        values = {key: value for key, value in row.items()
+        values = {tensorboard_tag(key): value for key, value in row.items()
                   if key != "timesteps" and isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value)}
         values["timesteps"] = step
