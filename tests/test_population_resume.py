@@ -86,7 +86,39 @@ def _assert_resumes_as_uninterrupted(tmp_path, make, checkpoint, saved_steps: in
     for name, value in expected.items():
         assert torch.equal(actual[name], value), name
     assert _without_times(summary) == _without_times(expected_summary)
+    assert _metrics(tmp_path / "b") == _metrics(tmp_path / "a")  # (metrics.csv: no row lost or written twice)
     return actual
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    """metrics.csv's rows less what the clock measures."""
+    import csv
+
+    with open(run_dir / "metrics.csv", encoding="utf-8") as file:
+        return [{key: value for key, value in row.items() if key not in ("train_wall_s", "sps")}
+                for row in csv.DictReader(file)]
+
+
+def test_a_population_run_writes_each_members_evaluations_to_metrics_csv(tmp_path):
+    """metrics.csv of a population: a row per evaluation with each member's mean in its seed's column (the
+    summary's curves), the members training, and a row where training ended; TensorBoard groups the members' curves
+    under one section. An untrained population refuses a directory holding another run's metrics.csv."""
+    population = _population(PPO, "CartPole-v1")
+    summary = population.learn(640, run_dir=tmp_path / "run", eval_freq=256, on_eval=_prune_member_1)
+    rows = _metrics(tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv", encoding="utf-8") as file:
+        header = file.readline().strip().split(",")
+    assert header[:4] == ["timesteps", "train_wall_s", "sps", "members"]
+    assert header[4:] == ["eval_mean/seed_3", "eval_mean/seed_5", "eval_mean/seed_8"]
+    assert [int(row["timesteps"]) for row in rows] == [256, 512, 640]
+    assert [int(row["members"]) for row in rows] == [3, 2, 2]  # (member 1, seed 5, pruned at 256)
+    for member in summary["members"]:
+        column = [(int(row["timesteps"]), float(row[f"eval_mean/seed_{member['seed']}"])) for row in rows
+                  if row[f"eval_mean/seed_{member['seed']}"]]
+        assert column == [(steps, pytest.approx(mean)) for steps, mean in member["curve"]]
+    assert not (tmp_path / "run" / "learning_curve.png").exists()  # (a population's plot is learning_curves.png)
+    with pytest.raises(UserError, match="holds the metrics.csv of another run, which this population \\(untrained\\)"):
+        _population(PPO, "CartPole-v1").learn(256, run_dir=tmp_path / "run")
 
 
 @pytest.mark.parametrize(("algo", "env_id", "extra"), [

@@ -21,7 +21,7 @@ from rlspeed.files import write_atomic
 #: named here (a loss or other value of the update) is under train/, a key with a section of its own (a callback's
 #: `self.logger.record("custom/x", ...)`) keeps it
 TENSORBOARD_SECTIONS = {
-    "train_wall_s": "time", "sps": "time",
+    "train_wall_s": "time", "sps": "time", "members": "time",
     "episode_return": "rollout", "success_rate": "rollout", "epsilon": "rollout",
     "eval_mean": "eval", "eval_success_rate": "eval", "eval_confirm_mean": "eval",
 }
@@ -143,12 +143,13 @@ class RunLogger:
     `continue_from`: a run that continues (resume, a restart, a further `learn`) keeps the rows already in
     `metrics.csv` up to that env step (and its TensorBoard events), instead of starting the file afresh.
     `columns`: keys that later rows will bring (evaluations), in the header from the first row on, so that a reader
-    following the file as it grows sees one header.
+    following the file as it grows sees one header. `plot`: save `learning_curve.png` at `close`.
     """
 
     def __init__(self, run_dir: str | os.PathLike, tensorboard: bool = True, continue_from: int | None = None,
-                 columns: tuple[str, ...] = ()):
+                 columns: tuple[str, ...] = (), plot: bool = True):
         self.run_dir = Path(run_dir)
+        self._plot = plot  # (learning_curve.png at close; a population plots its members itself)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         self._fields: list[str] = []
@@ -278,7 +279,8 @@ class RunLogger:
             self._csv[0].close()
             if self._writer is not None:
                 self._writer.close()
-            self.plot()
+            if self._plot:
+                self.plot()
 
     def plot(self) -> None:
         """Save `learning_curve.png`: training episode return and evaluation mean against env steps."""

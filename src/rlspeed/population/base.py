@@ -28,7 +28,7 @@ from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError
 from rlspeed.files import write_atomic
-from rlspeed.logging import ProgressBar
+from rlspeed.logging import ProgressBar, RunLogger
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
 
@@ -604,6 +604,8 @@ class PopulationBase:
     #: whether the population applies an env's action masks (`use_masking`), as its solo algorithm does
     supports_action_masks = False
     _masking = False  # whether this run applies them (decided when the env starts: `_start_env`)
+    _metrics_dir: Path | None = None  # the run directory whose metrics.csv `learn` last wrote (`_metrics_logger`)
+    _metrics_since: tuple[int, float] | None = None  # (member steps, training clock) at the last metrics row
     #: the members' own encoders where they have parameters (images, Dict observations), else None
     _member_encoder: MemberEncoder | None = None
     #: True: non-finite members are looked for after every iteration; False: every `eval_freq` steps (where an
@@ -1204,6 +1206,7 @@ class PopulationBase:
         eval_freq = 10_000 if eval_freq is None else eval_freq
         if checkpoint_freq is not None and run_dir is None:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
+        logger = self._metrics_logger(run_dir, evaluating)
         saved = self.progress if self._resumed else None
         self._resumed, self.progress = False, None
         self._begin(int(total_timesteps))
@@ -1215,7 +1218,7 @@ class PopulationBase:
         threads_before = set_training_threads(self.num_threads)  # (as a solo model's learn)
         try:
             self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
-                             on_eval, run_dir, stop_requested, bar)
+                             on_eval, run_dir, stop_requested, bar, logger)
         except KeyboardInterrupt:
             # (what the members reached so far, in the finished summary's form, without its final evaluation)
             self.summary = self._summary(loop, target_return, eval_episodes, stop, final=False)
@@ -1223,12 +1226,44 @@ class PopulationBase:
         finally:
             torch.set_num_threads(threads_before)
             bar.close()
+            if logger is not None:
+                if not logger.rows or logger.rows[-1]["timesteps"] != self.num_timesteps:
+                    logger.log(self._metrics_row(loop))  # (where training ended or stopped, between evaluations)
+                logger.close()
         self.progress = None
         self.summary = self._summary(loop, target_return, eval_episodes, stop)
         return self.summary
 
+    def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:
+        """`learn`'s metrics.csv (and TensorBoard events) in `run_dir`: a row per evaluation, each member's mean in a
+        column `eval_mean/seed_S` of its own, and one where training ends; a population that has trained continues
+        its run's file, an untrained one refuses another run's."""
+        if run_dir is None:
+            return None
+        run_dir = Path(run_dir)
+        own = self._metrics_dir is None or self._metrics_dir == run_dir.resolve()
+        if (run_dir / "metrics.csv").exists() and not (self.num_timesteps and own):
+            which = "untrained" if not self.num_timesteps else "trained in another run"
+            raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this population ({which}) "
+                            "would replace: give another run_dir, or delete the file first.")
+        columns = ("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds)) if evaluating else ("members",)
+        logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False)
+        self._metrics_dir, self._metrics_since = run_dir.resolve(), None
+        return logger
+
+    def _metrics_row(self, loop: _LoopProgress, means: dict[int, float] | None = None) -> dict:
+        """A metrics.csv row at this step: the training clock, the env steps per second of all members since the
+        previous row (of this `learn` call), the members training, and `means` (member -> evaluated mean) in their
+        seeds' columns."""
+        steps, wall = self._metrics_since or (0, 0.0)
+        self._metrics_since = (loop.member_steps, loop.train_wall_s)
+        return {"timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s,
+                "sps": (loop.member_steps - steps) / max(loop.train_wall_s - wall, 1e-9), "members": len(self.alive),
+                **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}}
+
     def _learn_loop(self, loop: _LoopProgress, end: int, eval_freq: int, evaluating: bool, target_return, eval_episodes,
-                    stop: str, confirm_target: bool, on_eval, run_dir, stop_requested, bar: ProgressBar) -> None:
+                    stop: str, confirm_target: bool, on_eval, run_dir, stop_requested, bar: ProgressBar,
+                    logger: RunLogger | None = None) -> None:
         """`learn`'s iterations until `end` env steps per member, the target, or no member left."""
         clock_start, cpu_start = time.perf_counter(), time.process_time()
         while self.num_timesteps < end and self.alive:
@@ -1246,7 +1281,7 @@ class PopulationBase:
                 loop.next_eval = self.num_timesteps + eval_freq
                 if evaluating and self.alive:
                     finished = self._evaluation_point(loop, target_return, eval_episodes, stop, confirm_target,
-                                                      on_eval)
+                                                      on_eval, logger)
             if finished or self.num_timesteps >= end or not self.alive:
                 break
             requested = stop_requested is not None and stop_requested()
@@ -1257,7 +1292,7 @@ class PopulationBase:
             clock_start, cpu_start = time.perf_counter(), time.process_time()
 
     def _evaluation_point(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
-                          confirm_target: bool, on_eval: Callable | None) -> bool:
+                          confirm_target: bool, on_eval: Callable | None, logger: RunLogger | None = None) -> bool:
         """One evaluation of the members in the computation (`learn`'s, at `num_timesteps`): each one's mean goes on
         its curve; with a target, those that reach it for the first time (confirmed on fresh episode seeds with
         `confirm_target`) are marked reached at the training clock and, with `stop="each"`, leave the computation;
@@ -1270,6 +1305,8 @@ class PopulationBase:
                                         eval_episodes, members).tolist())
         for k, mean in zip(members, means):
             loop.curves[k].append([self.num_timesteps, mean])
+        if logger is not None:  # (the members' means before any leaves: "members" counts those evaluated)
+            logger.log(self._metrics_row(loop, dict(zip(members, means))))
         if target_return is not None:
             hits = [k for k, mean in zip(members, means) if not loop.reached[k] and mean >= target_return]
             if confirm_target and hits:
