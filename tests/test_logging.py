@@ -494,3 +494,26 @@ def test_tensorboard_groups_a_runs_metrics_by_section_with_metrics_csv_values(tm
         for column, tag in (("policy_loss", "train/policy_loss"), ("eval_mean", "eval/eval_mean")):
             if row[column]:
                 assert events[tag, int(row["timesteps"])] == pytest.approx(float(row[column]), rel=1e-6)
+
+
+@pytest.mark.parametrize("seeds", [None, "0-1"])
+def test_a_run_without_an_importable_matplotlib_is_saved_whole_without_its_plot(tmp_path, monkeypatch, capsys, seeds):
+    """matplotlib that cannot be imported (a broken install) cost a finished run its model (the plot came first and
+    raised): the run is saved, the plot left out with a warning naming the pip command, and the command succeeds."""
+    import sys
+
+    from rlspeed import cli
+
+    for name in ("matplotlib", "matplotlib.figure", "matplotlib.backends.backend_agg"):
+        monkeypatch.setitem(sys.modules, name, None)  # (an import of it raises ImportError)
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--no-progress", "--out", str(out)]
+    with pytest.warns(UserWarning, match="matplotlib cannot be imported .*pip install matplotlib"):
+        code = cli.main(argv + (["--seeds", seeds, "--target-return", "none"] if seeds else []))
+    assert code == 0
+    assert (out / "summary.json").is_file() and (out / "metrics.csv").is_file()
+    if seeds:
+        assert len(list((out / "members").glob("seed_*.safetensors"))) == 2
+        assert not (out / "learning_curves.png").exists()
+    else:
+        assert (out / "model.safetensors").is_file() and not (out / "learning_curve.png").exists()

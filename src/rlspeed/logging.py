@@ -33,6 +33,22 @@ def tensorboard_tag(key: str) -> str:
     return key if "/" in key else f"{TENSORBOARD_SECTIONS.get(key, 'train')}/{key}"
 
 
+def agg_figure(path: Path, **options):
+    """A matplotlib Figure (`options`: its keywords) on an Agg canvas of its own, for the plot saved at `path`: no
+    pyplot, so the user's matplotlib backend and figures are left alone. None, with a warning, where matplotlib
+    cannot be imported (a broken install): the run is kept whole without that plot."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        warnings.warn(f"matplotlib cannot be imported ({error}): the run is kept without its plot '{path.name}'; "
+                      "pip install matplotlib (rlspeed doctor checks it).", stacklevel=3)
+        return None
+    figure = Figure(**options)
+    FigureCanvasAgg(figure)
+    return figure
+
+
 def finite_or_none(value):
     """`value` with every NaN or infinite float (also inside dicts, lists and tuples) replaced by None."""
     if isinstance(value, float):
@@ -284,12 +300,10 @@ class RunLogger:
 
     def plot(self) -> None:
         """Save `learning_curve.png`: training episode return and evaluation mean against env steps."""
-        # A Figure with its own Agg canvas: no pyplot, so the user's matplotlib backend and figures are left alone
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(6, 4))
-        FigureCanvasAgg(fig)
+        path = self.run_dir / "learning_curve.png"
+        fig = agg_figure(path, figsize=(6, 4))
+        if fig is None:
+            return
         ax = fig.add_subplot()
         for key, label in (("episode_return", "training episodes"), ("eval_mean", "evaluation (deterministic)")):
             points = [(r["timesteps"], r[key]) for r in self.rows
@@ -302,7 +316,6 @@ class RunLogger:
         if ax.lines:  # a run too short to finish an episode has nothing to label
             ax.legend()
         fig.tight_layout()
-        path = self.run_dir / "learning_curve.png"
         try:
             fig.savefig(path, dpi=100)
         except OSError as error:  # (matplotlib's carries no file name: the message names the plot, not metrics.csv)

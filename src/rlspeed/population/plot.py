@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlspeed.logging import agg_figure
 from rlspeed.stats import bootstrap_ci, iqm
 
 #: bootstrap replicates per evaluation step for the band (the band is a picture, not a reported number)
@@ -43,19 +44,17 @@ def iqm_band(curves: list[list[tuple[int, float]]], reps: int = BAND_REPS) -> tu
     return out_steps, centre, low, high
 
 
-def plot_learning_curves(summary: dict, path: str | Path) -> Path:
+def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
     """Save the learning curves of a population's summary (`Population.learn`'s dict; each member's `curve` is a
     list of `[steps, eval_mean]`) as a PNG at `path` and return the path: one thin line per member, the IQM across
-    members as a thick line with its 95% bootstrap band, and the target return as a dashed line when there is one."""
-    # A Figure with its own Agg canvas: no pyplot, so the user's matplotlib backend and figures are left alone
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+    members as a thick line with its 95% bootstrap band, and the target return as a dashed line when there is one.
+    None, with a warning, where matplotlib cannot be imported (`rlspeed.logging.agg_figure`)."""
     path = Path(path)
+    fig = agg_figure(path, figsize=(7, 4.5))
+    if fig is None:  # (matplotlib cannot be imported: warned, no plot)
+        return None
     curves = [[(int(step), float(value)) for step, value in member.get("curve") or []]
               for member in summary.get("members", [])]
-    fig = Figure(figsize=(7, 4.5))
-    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for curve in curves:
         if curve:
