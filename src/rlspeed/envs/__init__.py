@@ -73,8 +73,8 @@ def _check_registered(env_id: str) -> None:
     if not _looks_like_atari(env_id):
         return
     if not atari.register_atari():
-        raise UserError(f"'{env_id}' is an Atari id, and Atari envs need ale-py: pip install ale-py "
-                        "(or \"rlspeed[atari]\").")
+        raise UserError(f"'{env_id}' is an Atari id, and Atari envs need ale-py and OpenCV (its preprocessing): "
+                        f"{ATARI_INSTALL}.")
 
 
 def _envpool_for_auto(env_id: str) -> bool:
@@ -85,9 +85,11 @@ def _envpool_for_auto(env_id: str) -> bool:
     return atari.is_atari(env_id) and envpool_task(env_id) is not None
 
 
+#: What to install for Atari envs (ale-py, and OpenCV for Gymnasium's AtariPreprocessing): the `atari` extra's
+ATARI_INSTALL = 'pip install ale-py opencv-python-headless (or "rlspeed[atari]")'
 #: What to install for a module an env family needs, by the missing module's top-level name.
 _INSTALL = {"mujoco": 'pip install "gymnasium[mujoco]"', "imageio": 'pip install imageio (or "gymnasium[mujoco]")',
-            "Box2D": 'pip install "gymnasium[box2d]"', "pygame": "pip install pygame", "ale_py": "pip install ale-py"}
+            "Box2D": 'pip install "gymnasium[box2d]"', "pygame": "pip install pygame", "ale_py": ATARI_INSTALL}
 
 
 def missing_dependency(error: BaseException) -> str | None:
@@ -147,6 +149,10 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
     env_id = import_env_module(env_id)
     if backend not in BACKENDS:
         raise UserError(f"Unknown env backend '{backend}': use one of {', '.join(BACKENDS)}.")
+    if backend == "envpool" and not envpool_installed():  # (named first: the id's own packages come with it)
+        atari_too = _looks_like_atari(env_id) and not atari.register_atari()
+        raise UserError(f"The envpool backend (--env-backend envpool) needs EnvPool: {ENVPOOL_INSTALL}"
+                        + (f"; '{env_id}' also needs ale-py and OpenCV: {ATARI_INSTALL}" if atari_too else "") + ".")
     _check_registered(env_id)
     if backend == "auto":
         few_on_cpu = (num_envs is not None and num_envs < CPU_NATIVE_MIN_ENVS and device is not None
@@ -155,8 +161,6 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
             return "torch"
         return "envpool" if _envpool_for_auto(env_id) else "gymnasium"
     if backend == "envpool":
-        if not envpool_installed():
-            raise UserError(f"The envpool backend (--env-backend envpool) needs EnvPool: {ENVPOOL_INSTALL}.")
         if envpool_task(env_id) is None:
             raise UserError(f"EnvPool has no env for '{env_id}' (`envpool.list_all_envs()` lists its ids); use "
                             "--env-backend gymnasium.")
