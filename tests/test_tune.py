@@ -475,3 +475,15 @@ def test_every_hand_edit_of_the_preset_is_kept(tmp_path):
     assert (tmp_path / "best.yaml.edited").read_text() == edits[0]
     assert (tmp_path / "best.yaml.edited.1").read_text() == edits[1]
     assert "num_envs: 8" in preset.read_text()
+
+
+def test_tune_without_optuna_is_one_sentence_from_python_and_the_cli(monkeypatch, capsys):
+    """`rlspeed.tune.tune` from Python raised a bare ModuleNotFoundError where the CLI named the pip command."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    monkeypatch.setitem(sys.modules, "optuna.trial", None)
+    with pytest.raises(UserError, match=r"needs Optuna: pip install optuna \(or \"rlspeed\[tune\]\"\)"):
+        tune(PPO, "CartPole-v1", trials=2, population=2, storage="unused.db", study_name="s", hyperparameters={},
+             budget=256, target_return=None, eval_freq=None, out="unused.yaml")
+    assert "needs Optuna: pip install optuna" in cli_error(capsys, ["tune", "ppo", "CartPole-v1"])

@@ -724,10 +724,9 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
 def cmd_tune(args: argparse.Namespace) -> int:
     """`rlspeed tune`: an Optuna study over per-member hyperparameters, `--population` trials trained at once as one
     population (`rlspeed.tune`), resumable from its storage; writes the best configuration as a preset YAML."""
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        raise UserError('rlspeed tune needs Optuna: pip install optuna (or "rlspeed[tune]").') from None
+    from rlspeed.tune import require_optuna
+
+    require_optuna()
     _import_env_modules(args, "env_id")
     from rlspeed.device import configure_threads, resolve_device
     from rlspeed.envs import env_spec

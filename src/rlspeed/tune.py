@@ -437,6 +437,14 @@ def _gives_back_process_state(function: Callable) -> Callable:
 
 
 @_gives_back_process_state
+def require_optuna() -> None:
+    """UserError naming the pip command where Optuna is not installed (`tune` and `rlspeed tune` need it)."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UserError('rlspeed tune needs Optuna: pip install optuna (or "rlspeed[tune]").') from None
+
+
 def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: str, study_name: str,
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
@@ -458,6 +466,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     rate, clip range or exploration (`anneal_lr`, `anneal_clip`, DQN's `exploration_fraction`: schedules over a learn
     call's steps, which in the trials were `budget`), the preset gets `budget`. See the module docstring for the
     objective, pruning and resume."""
+    require_optuna()
     from optuna.trial import TrialState
 
     from rlspeed.population import Population

@@ -36,7 +36,8 @@ def _require_writer(path: Path) -> None:
     needed = ["imageio"] + (["imageio_ffmpeg"] if path.suffix.lower() == ".mp4" else [])
     missing = [name for name in needed if importlib.util.find_spec(name) is None]
     if missing:
-        raise UserError(f"Recording videos needs {', '.join(missing)}, which is not installed: {INSTALL}.")
+        raise UserError(f"Recording videos needs {', '.join(missing)}, which "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed: {INSTALL}.")
 
 
 @contextlib.contextmanager
