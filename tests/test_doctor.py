@@ -135,10 +135,27 @@ def test_rlspeed_device_error_names_the_variable_and_a_fix_that_works(monkeypatc
     assert devices.resolve_device("cpu") == torch.device("cpu")
 
 
-def test_missing_safetensors_fails(monkeypatch):
-    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # makes the import raise ImportError
-    check = {check.name: check for check in doctor.check_packages()}["safetensors"]
-    assert check.status == doctor.FAIL and "pip install" in check.advice
+@pytest.mark.parametrize(("name", "module", "status"), [
+    ("safetensors", "safetensors.torch", "FAIL"), ("pyyaml", "yaml", "FAIL"), ("tqdm", "tqdm", "FAIL"),
+    ("matplotlib", "matplotlib.backends.backend_agg", "WARN")])
+def test_a_dependency_that_cannot_be_imported_is_named_with_its_pip_line(monkeypatch, name, module, status):
+    """Each of rlspeed's own dependencies is checked as a run imports it (doctor checked safetensors alone: a broken
+    pyyaml, tqdm or matplotlib went unnoticed until training failed)."""
+    monkeypatch.setitem(sys.modules, module, None)  # makes the import raise ImportError
+    checks = {check.name: check for check in doctor.check_packages()}
+    assert checks[name].status == getattr(doctor, status) and f'pip install "{name}>=' in checks[name].advice
+    assert all(check.status == doctor.PASS for other, check in checks.items()
+               if other != name and other in {"safetensors", "pyyaml", "tqdm", "matplotlib"})
+
+
+def test_a_compile_failing_for_a_missing_python_package_names_that_package(monkeypatch):
+    """inductor failing to import tqdm was advised a C++ compiler (its traceback's paths say 'compile')."""
+    err = ("Traceback ...\n  File \".../torch/_inductor/compile_fx.py\", line 1\n"
+           "ModuleNotFoundError: No module named 'tqdm'\n")
+    monkeypatch.setattr(doctor, "_run_child", lambda args, timeout_s: (1, "", err))
+    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV, raising=False)
+    check = doctor.check_compile(torch.device("cpu"))
+    assert check.status == doctor.WARN and "pip install tqdm" in check.advice and "g++" not in check.advice
 
 
 def test_env_families_one_line_each():

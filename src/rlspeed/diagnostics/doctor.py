@@ -380,8 +380,12 @@ def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) ->
     if rc != 0:
         lines = [line for line in err.strip().splitlines() if line.strip()]
         reason = _first_line(lines[-1] if lines else f"exit code {rc}", 110)
+        missing = re.search(r"No module named '([\w.]+)'", err)
         if device.type == "npu" and "torchair" in err:
             advice = f"install torchair for this torch_npu to compile on NPU; {eager_advice}"
+        elif missing:  # (a Python package inductor imports, not the C++ toolchain)
+            top = missing.group(1).split(".")[0]
+            advice = f"the compiler needs the Python package '{top}': pip install {top}; {eager_advice}"
         elif re.search(r"c\+\+|cxx|compiler|gcc|Python\.h", err, re.IGNORECASE):
             advice = f"inductor needs a C++ compiler and Python headers (e.g. apt-get install g++ python3-dev); " \
                      f"{eager_advice}"
@@ -501,15 +505,27 @@ def check_threads() -> Check:
 # --- 8. Optional packages -----------------------------------------------------------------------------------
 
 
+#: rlspeed's own dependencies besides torch and gymnasium (pyproject.toml): (name, module, what needs it, status
+#: when it cannot be imported, the pip requirement)
+DEPENDENCIES = (
+    ("safetensors", "safetensors.torch", "checkpoints", FAIL, "safetensors>=0.4"),
+    ("pyyaml", "yaml", "configs and presets", FAIL, "pyyaml>=6"),
+    ("tqdm", "tqdm", "progress bars", FAIL, "tqdm>=4.60"),
+    ("matplotlib", "matplotlib.backends.backend_agg", "learning-curve plots", WARN, "matplotlib>=3.7"),
+)
+
+
 def check_packages() -> list[Check]:
-    """safetensors (checkpoints need it: FAIL), tensorboard (WARN), stable_baselines3 (information only)."""
+    """rlspeed's dependencies (`DEPENDENCIES`: FAIL where training needs one, WARN for the plots), tensorboard
+    (WARN), stable_baselines3 (information only)."""
     checks = []
-    try:
-        importlib.import_module("safetensors.torch")
-        checks.append(Check(PASS, "safetensors", f"{_version('safetensors')} (checkpoints)"))
-    except Exception as error:
-        checks.append(Check(FAIL, "safetensors", f"cannot import: {_first_line(error, 90)}",
-                            'checkpoints need it: pip install "safetensors>=0.4"'))
+    for name, module, used_for, status, requirement in DEPENDENCIES:
+        try:  # (what a run imports: installed is not enough)
+            importlib.import_module(module)
+            checks.append(Check(PASS, name, f"{_version(name)} ({used_for})"))
+        except Exception as error:  # noqa: BLE001 (whatever its import raises)
+            checks.append(Check(status, name, f"cannot import: {_first_line(error, 90)}",
+                                f'{used_for} need it: pip install "{requirement}"'))
     tensorboard = _version("tensorboard") if importlib.util.find_spec("tensorboard") else None
     if tensorboard:
         try:  # (what a run imports: installed is not enough)
