@@ -1526,11 +1526,17 @@ from rlspeed import cli
 from rlspeed.device import resolve_device
 from rlspeed.algos.base import Algorithm
 where, name = sys.argv.pop(1), sys.argv.pop(1)
-owner, attribute = (Algorithm, "save") if where == "save" else (cli, where)
+from rlspeed.population.base import PopulationBase
+attribute = where.split(":")[0]
+owner = {"save": Algorithm, "learn": Algorithm, "_learn_loop": PopulationBase}.get(attribute, cli)
 original = getattr(owner, attribute)
 def signalled(*args, **kwargs):
-    os.kill(os.getpid(), getattr(signal, name))
-    return original(*args, **kwargs)
+    if not where.endswith(":after"):
+        os.kill(os.getpid(), getattr(signal, name))
+    result = original(*args, **kwargs)
+    if where.endswith(":after"):
+        os.kill(os.getpid(), getattr(signal, name))
+    return result
 setattr(owner, attribute, signalled)
 raise SystemExit(cli.main())
 """
@@ -1564,10 +1570,30 @@ def test_a_signal_while_the_finished_training_is_saved_waits_for_the_save(tmp_pa
     """SIGTERM while a finished run wrote its model (before its final evaluation) killed it: no model, no summary,
     the training lost. The save finishes, then the signal skips the evaluation as it does during it."""
     done = signalled_train(tmp_path, "save", "SIGTERM", "--out", "run")
-    assert done.returncode == 143 and "interrupted during the final evaluation" in done.stderr, done.stderr
+    assert done.returncode == 143 and "interrupted (SIGTERM) after training finished" in done.stderr, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
     assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path, name, code):
+    """A Ctrl-C or SIGTERM that came after the last iteration, before the model was saved, was said ('stopping after
+    this iteration') and then ignored: the final evaluation ran and the run exited 0. The finished training is
+    saved, the evaluation skipped, and the exit code is the signal's."""
+    done = signalled_train(tmp_path, "learn:after", name, "--out", "run")
+    assert done.returncode == code and "after training finished" in done.stderr, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
+    assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
+    # a population likewise (it said nothing at all, and evaluated every member)
+    done = signalled_train(tmp_path, "_learn_loop:after", name, "--out", "population", "--seeds", "0-1")
+    assert done.returncode == code and "without the final evaluation" in done.stderr, done.stderr
+    summary = json.loads((tmp_path / "population" / "summary.json").read_text())
+    assert summary["total_timesteps"] >= 512 and summary["aggregate"]["final_eval"] is None
+    assert all(member["final_eval"] is None for member in summary["members"])
+    assert sorted(path.name for path in (tmp_path / "population" / "members").iterdir()) == [
+        "seed_0.safetensors", "seed_1.safetensors"]
 
 
 def test_eval_with_a_bad_device_blames_the_flag_not_the_model_file(tmp_path, capsys):

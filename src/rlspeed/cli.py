@@ -665,6 +665,13 @@ def _train_population(args: argparse.Namespace) -> int:
         except OSError as error:  # (the run is saved whole: the plot is the one thing missing)
             print(f"rlspeed: cannot write '{run_dir / 'learning_curves.png'}' ({error.strerror or error}); the run "
                   "is saved (summary.json and the member models hold its results).", file=sys.stderr, flush=True)
+    if signals:  # (a stop that came as the last iteration ended: the training is saved, its final evaluation skipped)
+        name = _signal_name(signals[0])
+        skipped = summary["aggregate"]["final_eval"] is None
+        print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are saved "
+              f"in {run_dir}" + (f", without the final evaluation (rlspeed eval {run_dir}/members/seed_<S>.safetensors "
+                                 "evaluates a member)" if skipped else ""), file=sys.stderr, flush=True)
+        return 130 if signals[0] == signal.SIGINT else 143
     steps = summary["aggregate"]["steps_to_target"]
     final = summary["aggregate"]["final_eval"]
     if target is not None:
@@ -1688,12 +1695,14 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
             with _signals_deferred():  # (the finished training is saved whole, then a signal stops the rest)
                 model.save(run_dir / "model.safetensors")
+            if signals:  # (one that came as the last iteration ended: the training is done, the evaluation skipped)
+                raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         _write_summary(run_dir, _summary(run, None))
-        print(f"rlspeed: interrupted during the final evaluation; training finished and model.safetensors and "
-              f"summary.json are saved in {run_dir} (rlspeed eval {run_dir} --seed {eval_seed} evaluates it)",
-              file=sys.stderr, flush=True)
+        print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
+              f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
+              f"(rlspeed eval {run_dir} --seed {eval_seed} evaluates it)", file=sys.stderr, flush=True)
         return 143 if isinstance(stop, Terminated) else 130
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],

@@ -1184,7 +1184,7 @@ class PopulationBase:
         `checkpoint_freq` env steps per member, between iterations (none is due once training ends), so a crash
         loses at most that many steps: `resume` continues from it. `stop_requested()`, where given, is asked after
         every iteration; True: the checkpoint is written (with `run_dir`) and KeyboardInterrupt raised (the CLI's
-        Ctrl-C and SIGTERM).
+        Ctrl-C and SIGTERM); asked once the last iteration is done, True skips the final evaluation.
 
         Right after `resume`, the loop continues where the checkpoint's left it (evaluations, curves, members that
         reached, were pruned or diverged, training times, the schedules' span) and `total_timesteps` counts from its
@@ -1231,7 +1231,9 @@ class PopulationBase:
                     logger.log(self._metrics_row(loop))  # (where training ended or stopped, between evaluations)
                 logger.close()
         self.progress = None
-        self.summary = self._summary(loop, target_return, eval_episodes, stop)
+        # (a stop asked for as the last iteration ended: the training is done, its final evaluation skipped)
+        skip_final = stop_requested is not None and stop_requested()
+        self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
         return self.summary
 
     def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:
@@ -1338,11 +1340,13 @@ class PopulationBase:
         self.save(Path(run_dir) / CHECKPOINT_NAME)
 
     def _summary(self, loop: _LoopProgress, target_return: float | None, eval_episodes: int, stop: str,
-                 final: bool = True) -> dict:
+                 final: bool = True, evaluate: bool = True) -> dict:
         """`learn`'s summary after its loop: a final evaluation of every member that did not diverge, each member's
         entry and the aggregates; `final` False (an interrupted loop): the same keys, `"interrupted": True`, and no
-        final evaluation (each member's `final_eval` and the aggregate's None)."""
-        scored = [k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})] if final else []
+        final evaluation (each member's `final_eval` and the aggregate's None); `evaluate` False (a finished loop
+        whose final evaluation a stop request skipped): no final evaluation either."""
+        scored = ([k for k in range(self.size) if "diverged_at" not in loop.left.get(k, {})]
+                  if final and evaluate else [])
         final_seeds = {k: self.seeds[k] + 200_000 + self.num_timesteps for k in scored}
         final_means = (_shortest(self.evaluate([final_seeds[k] for k in scored], eval_episodes, scored).tolist())
                        if scored else [])
