@@ -230,7 +230,38 @@ def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
         model.get_env()
     with pytest.raises(AttributeError, match=r"get_parameters is Stable-Baselines3's; .*state_dict"):
         model.get_parameters()
+    name = type(model).__name__
+    for attribute, advice in (("set_logger", r"learn\(run_dir=DIR\) writes the metrics .*self.logger.record"),
+                              ("logger", ".*metrics.csv"), ("n_steps", r"model.config.num_steps"),
+                              ("n_envs", r"model.config.num_envs"), ("verbose", r"learn\(progress_bar=False\)"),
+                              ("policy_kwargs", r"model.config.net_arch"), ("ent_coef_optimizer", "model.log_alpha")):
+        with pytest.raises(AttributeError, match=rf"^{name}.{attribute} is Stable-Baselines3's; .*{advice}"):
+            getattr(model, attribute)
+    with pytest.raises(AttributeError, match=r"model.config.gamma"):  # (a hyperparameter, also where SB3's is named)
+        _ = model.gamma
+    if name != "DQN":
+        with pytest.raises(AttributeError, match="target_update_interval is Stable-Baselines3's; only DQN takes it"):
+            _ = model.target_update_interval
     assert not hasattr(model, "no_such_attribute") and getattr(model, "replay_buffer", None) is None
+
+
+def test_the_buffer_before_the_first_learn_says_learn_makes_it(tmp_path):
+    """`model.buffer` (where the `replay_buffer` hint sends people) before any learn: learn makes it, and the
+    transitions `load_replay_buffer` read wait for it."""
+    from rlspeed import DQN, PPO
+
+    with pytest.raises(AttributeError, match=r"^PPO.buffer is made by learn, .* no learn has made it yet\.$"):
+        _ = PPO("CartPole-v1", device="cpu").buffer
+    model = DQN("CartPole-v1", device="cpu", num_envs=2, learning_starts=0, batch_size=8).learn(32, progress_bar=False)
+    path = model.save_replay_buffer(tmp_path / "replay")
+    fresh = DQN("CartPole-v1", device="cpu", num_envs=2)
+    fresh.load_replay_buffer(path)
+    with pytest.raises(AttributeError, match=r"no learn has made it yet \(the transitions load_replay_buffer read go "
+                                             r"into it then\)"):
+        _ = fresh.buffer
+    assert getattr(fresh, "buffer", None) is None
+    fresh.learn(8, progress_bar=False)
+    assert len(fresh.buffer) >= len(model.buffer)
 
 
 def test_an_off_policy_run_that_cannot_update_says_so():

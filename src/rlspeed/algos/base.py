@@ -143,6 +143,20 @@ SB3_ATTRIBUTES = {
     "q_net": "DQN's network is model.q_network (its target: model.q_target)",
     "q_net_target": "DQN's target network is model.q_target",
     "exploration_rate": "DQN's exploration rate at a step is model.epsilon(timesteps)",
+    **dict.fromkeys(("logger", "set_logger"), "learn(run_dir=DIR) writes the metrics (metrics.csv, and TensorBoard "
+                                              "logs where the tensorboard package is installed) in DIR, and a "
+                                              "callback's self.logger.record(key, value) adds a column of its own "
+                                              "to them"),
+    "n_steps": "the rollout length is model.config.num_steps (the off-policy algorithms' n-step returns: "
+               "model.config.n_step)",
+    "target_update_interval": SB3_KEYWORDS["target_update_interval"],
+    "n_envs": "the number of envs is model.config.num_envs",
+    "verbose": "rlspeed models have no verbosity: learn(progress_bar=False) silences training (its progress bar is "
+               "all it prints)",
+    "policy_kwargs": "the network's options are hyperparameters in model.config (model.config.net_arch, "
+                     "model.config.activation, ...)",
+    "ent_coef_optimizer": "SAC trains its entropy coefficient (model.log_alpha, with ent_coef=None) with the actor "
+                          "and critics, in model.optimizer",
 }
 
 
@@ -1324,7 +1338,12 @@ class Algorithm:
     def __getattr__(self, name: str):
         # (only for attributes that do not exist: Stable-Baselines3's model attributes say what to use instead)
         advice = SB3_ATTRIBUTES.get(name)
-        if advice is None and name in _config_names(type(self)):
+        if name == "buffer":  # (rlspeed's own: a rollout or replay buffer, made by learn for its envs)
+            pending = (" (the transitions load_replay_buffer read go into it then)"
+                       if self.__dict__.get("_replay_source") is not None else "")
+            raise AttributeError(f"{type(self).__name__}.buffer is made by learn, for the envs it trains on, and no "
+                                 f"learn has made it yet{pending}.")
+        if name in _config_names(type(self)):
             raise AttributeError(f"{type(self).__name__} keeps its hyperparameters in model.config: "
                                  f"model.config.{name}.")
         if advice is None:
