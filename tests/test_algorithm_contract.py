@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -86,6 +87,21 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
         algo("MlpPolicy", env_id, device="cpu")
     with pytest.raises(UserError, match="takes one positional argument, the env"):
         algo(env_id, "cpu")
+    # (an env object after the policy name: the example writes it as it is, or a single env by its id)
+    single = gym.make(env_id)
+    vector = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    for env, written in ((single, f"'{env_id}'"), (vector, "env")):
+        with pytest.raises(UserError, match=rf"no policy name.*write {algo.__name__}\({written}, \.\.\.\)\.$"):
+            algo("MultiInputPolicy", env, device="cpu")
+    single.close()
+    vector.close()
+
+    class ActorCriticPolicy(torch.nn.Module):  # (Stable-Baselines3's policy class, passed first)
+        pass
+
+    with pytest.raises(UserError, match=rf"no policy class \(ActorCriticPolicy, .*net_arch=, activation=.*override "
+                                        rf"_build_policy.*write {algo.__name__}\('{env_id}', \.\.\.\)"):
+        algo(ActorCriticPolicy, env_id, device="cpu")
     for seed in (-1, "a", 1.5, 2**32):
         with pytest.raises(UserError, match="A seed is a whole number from 0 to 2\\*\\*32 - 1"):
             algo(env_id, device="cpu", seed=seed)

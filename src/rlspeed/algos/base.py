@@ -887,6 +887,17 @@ SB3_POLICY_NAMES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy", "MlpLstmPolicy
                     "MultiInputLstmPolicy")
 
 
+def _env_example(env) -> str:
+    """How to write `env` as a model's first argument, for a refusal's example: an id as it is, a single Gymnasium env
+    (which the model refuses) by its registered id where it has one, another env object as `env`."""
+    if isinstance(env, str):
+        return repr(env)
+    env_id = getattr(getattr(env, "spec", None), "id", None)
+    if isinstance(env, gym.Env) and isinstance(env_id, str):
+        return repr(env_id)
+    return "env"
+
+
 class ReplayBufferSaving:
     """What `model.save_replay_buffer` is: whether the model's checkpoints also write its replay buffer (its truth
     value, set by assigning a bool or by the `save_replay_buffer=` keyword), and, called with a path,
@@ -981,14 +992,20 @@ class Algorithm:
         """
         name = type(self).__name__
         if isinstance(env, str) and env in SB3_POLICY_NAMES:
-            example = policy_and_env[0] if policy_and_env and isinstance(policy_and_env[0], str) else "CartPole-v1"
+            example = _env_example(policy_and_env[0]) if policy_and_env else "'CartPole-v1'"
             if "Lstm" in env and not hasattr(self, "act_with_state"):
                 raise UserError(f"{env!r} is sb3-contrib's RecurrentPPO policy: rlspeed's recurrent PPO is "
-                                f"rlspeed.RecurrentPPO({example!r}, ...), which takes the env first and no policy "
+                                f"rlspeed.RecurrentPPO({example}, ...), which takes the env first and no policy "
                                 "name.")
             raise UserError(f"{name} takes the env first and no policy name ({env!r} is Stable-Baselines3's): the "
                             f"networks follow from the env's spaces (net_arch=, encoder= change them), so write "
-                            f"{name}({example!r}, ...).")
+                            f"{name}({example}, ...).")
+        if isinstance(env, type) and (issubclass(env, torch.nn.Module) or env.__name__.endswith("Policy")):
+            example = _env_example(policy_and_env[0]) if policy_and_env else "env"
+            raise UserError(f"{name} takes the env first and no policy class ({env.__name__}, as Stable-Baselines3's "
+                            f"policies): the networks follow from the env's spaces (net_arch=, activation=, encoder= "
+                            f"shape them; a network of your own: override _build_policy, docs/algorithms.md), so write "
+                            f"{name}({example}, ...).")
         if policy_and_env:
             raise UserError(f"{name} takes one positional argument, the env; give the others by name (got "
                             f"{len(policy_and_env)} more: {', '.join(repr(a)[:40] for a in policy_and_env)}).")
