@@ -73,6 +73,13 @@ def test_unknown_hyperparameter_is_one_sentence(trained):
         algo(env_id, device="cpu", policy_kwargs={"net_arch": [64, 64]})
     with pytest.raises(UserError, match="'tensorboard_log' is Stable-Baselines3's keyword; learn\\(run_dir=DIR\\)"):
         algo(env_id, device="cpu", tensorboard_log="tb")
+    # (SB3's policy options given as keywords: rlspeed's setting, or the override that does their work)
+    for key, advice in (("features_extractor_class", "_build_policy override"),
+                        ("features_extractor_kwargs", "features_dim is cnn_features_dim=N"),
+                        ("share_features_extractor", "actor and critic share one encoder"),
+                        ("optimizer_class", "_make_optimizer override"), ("optimizer_kwargs", "adam_eps")):
+        with pytest.raises(UserError, match=f"'{key}' is Stable-Baselines3's keyword; .*{advice}"):
+            algo(env_id, device="cpu", **{key: None})
     # (several agents at once, `PPO(..., population=K)`: the Population class, named)
     with pytest.raises(UserError, match=rf"'population' is not a hyperparameter of {algo.__name__}: .*"
                                         rf"rlspeed.population.Population\({algo.__name__}, env_id, seeds=range\(K\)"):

@@ -97,6 +97,18 @@ SB3_KEYWORDS = {
                              "(frame_dedup=True, the default), exactly across episode ends",
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
                          "(learn(log_interval_s=...))",
+    "features_extractor_class": "rlspeed picks the encoder from the observation space (encoder='auto', or 'cnn' or "
+                                "'mlp'), and an encoder of your own goes in a subclass's _build_policy override "
+                                "(docs/algorithms.md)",
+    "features_extractor_kwargs": "the CNN's features_dim is cnn_features_dim=N, and an encoder of your own takes "
+                                 "its options in a subclass's _build_policy override (docs/algorithms.md)",
+    "share_features_extractor": "PPO's, A2C's and RecurrentPPO's actor and critic share one encoder, and SAC's, "
+                                "TD3's and DDPG's actor and critics have one each (SB3's defaults), which no setting "
+                                "changes",
+    **dict.fromkeys(("optimizer_class", "optimizer_kwargs"),
+                    "rlspeed trains with Adam (its eps: adam_eps for DQN, SAC, TD3 and DDPG; A2C's RMSprop: "
+                    "use_rms_prop, rms_prop_eps), and another optimizer or its options go in a subclass's "
+                    "_make_optimizer override (PPO, A2C, RecurrentPPO) or its _setup (docs/algorithms.md)"),
     "target_update_interval": "only DQN takes it; rlspeed's SAC and DDPG move their target networks after every "
                               "gradient step, TD3 after every policy_delay critic updates (tau sets how far), as "
                               "SB3's do",
