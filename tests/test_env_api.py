@@ -504,8 +504,18 @@ def test_a_vector_env_of_unregistered_envs_keeps_a_placeholder_id():
 
 def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
     single = gym.make("CartPole-v1")
-    with pytest.raises(rlspeed.UserError, match=r"SyncVectorEnv\(\[lambda: env\]"):
+    with pytest.raises(rlspeed.UserError, match=r"give its id \('CartPole-v1'\), or wrap it as Stable-Baselines3's "
+                                                r"DummyVecEnv\(\[lambda: env\]\) or .*SyncVectorEnv\(\[lambda: env\]"):
         rlspeed.make_env(single, device="cpu")
+    # (the model, load and evaluate say the same; an env without a registered id is not given one)
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(CartPoleEnv\): wrap it as "
+                                                r"Stable-Baselines3's DummyVecEnv"):
+        rlspeed.PPO(CartPoleEnv(), device="cpu")
+    with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(TimeLimit\): give its id "
+                                                r"\('CartPole-v1'\), or wrap it as Stable-Baselines3's DummyVecEnv"):
+        rlspeed.evaluate(rlspeed.PPO("CartPole-v1", device="cpu"), single)
     single.close()
     with pytest.raises(rlspeed.UserError, match="Gymnasium env id"):
         rlspeed.make_env(42, device="cpu")

@@ -354,8 +354,10 @@ def _check_env_id(env_id) -> None:
         raise UserError(f"{accepted}; this env ({kind}) is a batched env already (one make_env made, or your own "
                         "BatchedEnv): give it to the algorithm as it is (Algo(env)).")
     if isinstance(env_id, gym.Env):
-        raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): wrap it as "
-                        "gymnasium.vector.SyncVectorEnv([lambda: env], "
+        registered = getattr(env_id.spec, "id", None)
+        by_id = f"give its id ('{registered}'), or " if isinstance(registered, str) else ""
+        raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): {by_id}wrap it as Stable-Baselines3's "
+                        "DummyVecEnv([lambda: env]) or gymnasium.vector.SyncVectorEnv([lambda: env], "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
     raise UserError(f"{accepted}; got a {kind}.")
 
