@@ -199,6 +199,9 @@ def test_a_stable_baselines3_zip_is_named(tmp_path):
         archive.writestr("data", "{}")
     with pytest.raises(rlspeed.UserError, match="is a zip archive \\(a Stable-Baselines3 model"):
         PPO.load(path)
+    # (SB3's PPO.load("ppo_cartpole") finds its .zip: the same refusal, not "does not exist")
+    with pytest.raises(rlspeed.UserError, match="'.*ppo_cartpole.zip' is a zip archive \\(a Stable-Baselines3 model"):
+        PPO.load(tmp_path / "ppo_cartpole")
 
 
 def test_action_space_metadata_keeps_the_box_dtype():

@@ -607,7 +607,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     given = path
     path = Path(path).expanduser()
     if not path.exists():
-        path = checkpoint_path(path)
+        zipped = path.with_name(path.name + ".zip")  # (Stable-Baselines3's save("name") writes name.zip)
+        path = zipped if zipped.is_file() and not checkpoint_path(path).exists() else checkpoint_path(path)
     if not path.exists():
         also = f" (nor '{path}')" if str(path) != str(given) and not str(given).endswith(("/", os.sep)) else ""
         raise UserError(f"Checkpoint '{given}' does not exist{also}.")
