@@ -55,6 +55,19 @@ def test_without_a_seed_one_is_drawn_and_returned_to_repeat_it(ppo):
     assert again["returns"] == result["returns"]
 
 
+def test_stable_baselines3_evaluate_policy_keywords_say_what_to_write_instead(ppo):
+    """`evaluate_policy`'s n_eval_episodes, return_episode_rewards and render, to rlspeed.evaluate or model.evaluate:
+    one sentence naming rlspeed's way (a TypeError before); deterministic is taken as SB3's."""
+    for evaluate in (lambda **options: rlspeed.evaluate(ppo, "CartPole-v1", **options), ppo.evaluate):
+        for key, advice in (("n_eval_episodes", "rlspeed's is episodes=N"), ("return_episode_rewards", "'returns'"),
+                            ("render", r"rlspeed.record_video\(model, path\)")):
+            with pytest.raises(rlspeed.UserError, match=f"^evaluate's '{key}' is Stable-Baselines3's; .*{advice}"):
+                evaluate(**{key: 2})
+        with pytest.raises(rlspeed.UserError, match="evaluate takes no 'episode'; did you mean episodes"):
+            evaluate(episode=2)
+        assert evaluate(episodes=1, deterministic=True, seed=0)["episodes"] == 1
+
+
 @pytest.mark.parametrize("seed", [np.int64(5), np.uint32(5), torch.tensor(5)])
 def test_a_seed_of_any_integer_type_works_on_every_backend(ppo, seed):
     expected = rlspeed.evaluate(ppo, episodes=2, seed=5)["returns"]

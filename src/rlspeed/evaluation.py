@@ -31,10 +31,36 @@ def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> di
     return {**(model.spec.env_kwargs if env_id in (None, model.env_id) else {}), **(env_kwargs or {})}
 
 
+#: Stable-Baselines3's `evaluate_policy` keywords rlspeed's `evaluate` has no counterpart of, and what to write instead
+SB3_EVALUATE_KEYWORDS = {
+    "n_eval_episodes": "rlspeed's is episodes=N",
+    "return_episode_rewards": "evaluate returns a dict whose 'returns' and 'lengths' are each episode's (its 'mean' "
+                              "and 'std' their statistics)",
+    "render": "rlspeed.record_video(model, path) records episodes to a video file (rlspeed eval --video)",
+    "reward_threshold": "compare the result's 'mean' with it",
+    "callback": "evaluate plays the episodes on the device in one loop, with no per-step call",
+}
+
+
+def refuse_evaluate_keywords(keywords: dict) -> None:
+    """UserError for the first of `keywords` that `evaluate` does not take: a keyword of Stable-Baselines3's
+    `evaluate_policy` (with rlspeed's way), or a typo (the close names among `evaluate`'s parameters)."""
+    import difflib
+    import inspect
+
+    for key in keywords:
+        advice = SB3_EVALUATE_KEYWORDS.get(key)
+        if advice is not None:
+            raise UserError(f"evaluate's '{key}' is Stable-Baselines3's; {advice}.")
+        close = difflib.get_close_matches(key, sorted(inspect.signature(evaluate).parameters), n=2)
+        raise UserError(f"evaluate takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
+
+
 def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
-             max_steps: int | None = None, env_kwargs: dict | None = None, progress_bar: bool = False) -> dict:
+             max_steps: int | None = None, env_kwargs: dict | None = None, progress_bar: bool = False,
+             **stable_baselines3: typing.Any) -> dict:
     """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
 
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
@@ -64,6 +90,7 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     so the training that follows) as they were. Without a seed one is drawn; the result's ``"seed"`` repeats it
     (None for a vector env you built, which this call does not seed then).
     """
+    refuse_evaluate_keywords(stable_baselines3)
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)

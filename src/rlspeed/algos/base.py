@@ -1948,14 +1948,15 @@ class Algorithm:
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
                  max_steps: int | None = None, deterministic: bool = True, env_kwargs: dict | None = None,
-                 progress_bar: bool = False) -> dict:
+                 progress_bar: bool = False, **stable_baselines3: typing.Any) -> dict:
         """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`; `max_steps` caps each
         episode; `deterministic=False` samples the policy, from a random stream `seed` seeds; `env_kwargs` replace
         options of the env, the recorded ones on the model's own id; `progress_bar`: a bar over the episodes). Runs
         on the model's `num_threads`, as `learn` and its evaluations do (a CPU's sums depend on the thread count:
         the same seed gives the same returns as the run's own evaluation); the caller's count is given back."""
-        from rlspeed.evaluation import evaluate
+        from rlspeed.evaluation import evaluate, refuse_evaluate_keywords
 
+        refuse_evaluate_keywords(stable_baselines3)
         threads_before = set_training_threads(self.num_threads)
         try:
             return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
