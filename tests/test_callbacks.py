@@ -545,3 +545,18 @@ def test_stable_baselines3_logger_members_say_what_to_use_instead(member, advice
     with pytest.raises(AttributeError, match=f"logger.{member} is Stable-Baselines3's; .*{advice}"):
         getattr(MetricsRecorder(), member)
     assert not hasattr(MetricsRecorder(), "no_such_member")
+
+
+def test_stable_baselines3_callbacks_rlspeed_lacks_say_what_to_use_instead():
+    """`from rlspeed.callbacks import ProgressBarCallback` (or StopTrainingOnMaxEpisodes, ...): an ImportError naming
+    rlspeed's way, not a bare "cannot import name"; hasattr and getattr with a default keep their AttributeError."""
+    import rlspeed.callbacks
+
+    with pytest.raises(ImportError, match=r"rlspeed has no ProgressBarCallback \(Stable-Baselines3's\): "
+                                          r"learn\(progress_bar=True\)"):
+        from rlspeed.callbacks import ProgressBarCallback  # noqa: F401
+    with pytest.raises(ImportError, match="rlspeed has no StopTrainingOnMaxEpisodes .*BaseCallback of your own"):
+        from rlspeed.callbacks import StopTrainingOnMaxEpisodes  # noqa: F401
+    with pytest.raises(AttributeError, match=r"LogEveryNTimesteps .*learn\(log_interval_s=\.\.\.\)"):
+        rlspeed.callbacks.LogEveryNTimesteps  # noqa: B018
+    assert not hasattr(rlspeed.callbacks, "ConvertCallback") and not hasattr(rlspeed.callbacks, "NoSuchCallback")

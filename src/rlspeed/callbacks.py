@@ -720,3 +720,35 @@ class VideoRecorderCallback(BaseCallback):
 
 __all__ = ["BaseCallback", "CallbackList", "FunctionCallback", "EveryNTimesteps", "EvalCallback", "CheckpointCallback",
            "StopTrainingOnRewardThreshold", "StopTrainingOnNoModelImprovement", "VideoRecorderCallback", "as_callback"]
+
+
+#: Stable-Baselines3 callbacks rlspeed has no class of, with what to use instead (the module's `__getattr__`)
+_SB3_CALLBACKS = {
+    "ProgressBarCallback": "learn(progress_bar=True) shows the progress bar (the default)",
+    "StopTrainingOnMaxEpisodes": "learn(total_timesteps=...) bounds a run in env steps, and a BaseCallback of your "
+                                 "own whose _on_step returns False stops it after N episodes (PPO's and A2C's "
+                                 "self.model.buffer.episode_ends marks those that ended in the iteration)",
+    "LogEveryNTimesteps": "learn(log_interval_s=...) sets how often (in seconds) metrics are logged, and "
+                          "EveryNTimesteps(n, callback) calls a callback every n env steps",
+    "ConvertCallback": "learn(callback=fn) takes a plain function fn(locals_) or fn(locals_, globals_) as it is",
+}
+
+
+def _missing_callback(name: str):
+    # (only for names not found: Stable-Baselines3's callbacks rlspeed lacks say what to use instead; `from
+    # rlspeed.callbacks import X` gets an ImportError of its own, as `from rlspeed import MaskablePPO` does)
+    import sys
+
+    from rlspeed import _importing_from
+
+    advice = _SB3_CALLBACKS.get(name)
+    if advice is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    text = f"rlspeed has no {name} (Stable-Baselines3's): {advice}."
+    if _importing_from(sys._getframe(1)):
+        raise ImportError(text, name=__name__)
+    raise AttributeError(text)
+
+
+if not typing.TYPE_CHECKING:  # (for type checkers only the names defined here exist: a misspelt one is an error)
+    __getattr__ = _missing_callback
