@@ -560,3 +560,35 @@ def test_stable_baselines3_callbacks_rlspeed_lacks_say_what_to_use_instead():
     with pytest.raises(AttributeError, match=r"LogEveryNTimesteps .*learn\(log_interval_s=\.\.\.\)"):
         rlspeed.callbacks.LogEveryNTimesteps  # noqa: B018
     assert not hasattr(rlspeed.callbacks, "ConvertCallback") and not hasattr(rlspeed.callbacks, "NoSuchCallback")
+
+
+def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
+    """`self.locals["infos"]` / `["rewards"]` (SB3's per-step locals) and `self.training_env.get_attr(...)` /
+    `env_method(...)` (SB3's VecEnv's): errors naming what rlspeed has instead; `get`, `in` and hasattr as before."""
+    import rlspeed
+    from rlspeed.callbacks import LearnLocals
+
+    seen = {}
+
+    class SB3Style(BaseCallback):
+        def _on_step(self):
+            for key in ("infos", "rewards"):
+                with pytest.raises(KeyError, match=rf"self.locals\['{key}'\] is Stable-Baselines3's; .*model.buffer"):
+                    self.locals[key]  # noqa: B018
+            with pytest.raises(KeyError, match="^'no_such_local'$"):
+                self.locals["no_such_local"]  # noqa: B018
+            seen["get"], seen["in"] = self.locals.get("infos"), "infos" in self.locals
+            seen["self"] = self.locals["self"] is self.model
+            for member in ("get_attr", "env_method"):
+                with pytest.raises(AttributeError, match=rf"^{member} is Stable-Baselines3's VecEnv's; .*batched"):
+                    getattr(self.training_env, member)
+            seen["hasattr"] = hasattr(self.training_env, "get_attr") or hasattr(self.training_env, "no_such")
+            return False
+
+    _ppo().learn(4 * STEPS_PER_ITERATION, callback=SB3Style(), progress_bar=False)
+    assert seen == {"get": None, "in": False, "self": True, "hasattr": False}
+    assert isinstance(LearnLocals(a=1), dict)
+    env = rlspeed.make_env("CartPole-v1", num_envs=2, backend="gymnasium", device="cpu")
+    with pytest.raises(AttributeError, match=r"the Gymnasium vector env this one adapts is env.unwrapped.vector_env"):
+        env.get_attr("spec")
+    env.close()

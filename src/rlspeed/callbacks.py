@@ -67,6 +67,31 @@ _SB3_LOGGER_MEMBERS = {
     "log": _PRINT, "info": _PRINT, "warn": _PRINT, "debug": _PRINT, "error": _PRINT}
 
 
+_STEPS = "the iteration's steps (rewards, dones, actions, ...) are tensors in self.model.buffer"
+#: Stable-Baselines3's per-step `self.locals` entries, which rlspeed's learn has no variable of, with what to use
+SB3_LOCALS = {
+    "infos": "rlspeed keeps no per-step infos: the metrics row of a log interval is self.metrics (episode_return, "
+             "success_rate, ...), and " + _STEPS,
+    **dict.fromkeys(("rewards", "dones", "actions", "values", "log_probs", "new_obs", "obs_tensor", "clipped_actions",
+                     "buffer_actions", "rollout_buffer", "replay_buffer"), "callbacks run once per iteration, and " +
+                    _STEPS),
+    "env": "the training env is self.training_env",
+}
+
+
+class LearnLocals(dict):
+    """learn's local variables as a callback's `self.locals` gets them: a dict, where a missing key of
+    Stable-Baselines3's (`SB3_LOCALS`) raises a KeyError saying what to use instead (`get` and `in` are a dict's)."""
+
+    __slots__ = ()
+
+    def __missing__(self, key):
+        advice = SB3_LOCALS.get(key) if isinstance(key, str) else None
+        if advice is None:
+            raise KeyError(key)
+        raise KeyError(f"self.locals[{key!r}] is Stable-Baselines3's; {advice}.")
+
+
 class MetricsRecorder:
     """`BaseCallback.logger`: Stable-Baselines3's `logger.record(key, value)` for a callback's own scalars. Recorded
     values go into the next metrics row the loop writes (metrics.csv, TensorBoard, `self.metrics` of later

@@ -1731,8 +1731,10 @@ class Algorithm:
                 self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
             self._resume = None  # (from here the model is the resumed run's, whole: an interruption saves it)
             if callbacks is not None and main:
+                from rlspeed.callbacks import LearnLocals
+
                 callbacks.init_callback(self)
-                callbacks.on_training_start(locals())
+                callbacks.on_training_start(LearnLocals(locals()))
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
                 logged = None  # the metrics row, when this iteration ends a log interval (callbacks get it)
@@ -1849,7 +1851,7 @@ class Algorithm:
                     last_checkpoint_time = time.perf_counter()
                 if callbacks is not None or self.stop_requested is not None:
                     paused = time.perf_counter()
-                    if callbacks is not None and main and not callbacks.on_rollout_end(locals(), logged):
+                    if callbacks is not None and main and not callbacks.on_rollout_end(LearnLocals(locals()), logged):
                         callback_stop = True
                     if callbacks is not None:
                         self._follow_frozen_parameters()  # (a layer a callback froze, after a warm-up say)

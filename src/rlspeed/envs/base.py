@@ -304,6 +304,11 @@ class EnvSpec:
         return int(torch.Size(self.action_space.shape).numel())
 
 
+#: Stable-Baselines3 VecEnv members a batched env lacks (`BatchedEnv.__getattr__` says where the env adapted has them)
+_SB3_VEC_ENV_MEMBERS = frozenset({"get_attr", "set_attr", "env_method", "envs", "step_async", "step_wait",
+                                  "get_images", "env_is_wrapped"})
+
+
 class BatchedEnv:
     """Base class of batched envs: N copies of one task stepped together, tensors in and out on `device`."""
 
@@ -354,6 +359,18 @@ class BatchedEnv:
     @property
     def unwrapped(self) -> BatchedEnv:
         return self
+
+    def __getattr__(self, name: str):
+        # (only for names not found, here innermost: SB3's VecEnv members say where the env this one adapts has them)
+        if name not in _SB3_VEC_ENV_MEMBERS:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        own = object.__getattribute__(self, "__dict__")
+        where = next((f"the {kind} this one adapts is env.unwrapped.{field} (a callback's "
+                      f"self.training_env.unwrapped.{field})" for field, kind in
+                      (("vec_env", "Stable-Baselines3 VecEnv"), ("vector_env", "Gymnasium vector env"))
+                      if field in own), "this one has no env objects of its own to reach")
+        raise AttributeError(f"{name} is Stable-Baselines3's VecEnv's; an rlspeed env is batched (tensors in and "
+                             f"out), and {where}.")
 
     def __enter__(self) -> BatchedEnv:
         return self
