@@ -1000,6 +1000,38 @@ def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkey
     assert cli.main([*start, "--resume", "--set", "total_timesteps=1280", "--env-back", "torch"]) == 0
     after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert after["total_timesteps"] == 1280 and after["env_backend"] == "torch"
+    # how the run trains, changed, is named too and listed in config.yaml's changes (it was applied silently)
+    capsys.readouterr()
+    assert cli.main([*start, "--resume", "--total-timesteps", "1536", "--checkpoint-freq", "512",
+                     "--nan-policy", "mask"]) == 0
+    err = capsys.readouterr().err
+    assert "checkpoint_freq 256 -> 512" in err and "nan_policy raise -> mask" in err
+    after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert after["changes"][-1]["settings"]["checkpoint_freq"] == [256, 512]
+
+
+def test_resume_with_a_budget_below_the_steps_trained_is_refused(tmp_path, monkeypatch, capsys):
+    """A resumed budget below the steps already trained said config.yaml recorded it (it did not), wrote a finished
+    summary, and a later plain --resume trained on to the old budget: refused, naming the budget that ends the run."""
+    monkeypatch.chdir(tmp_path)
+    start = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress", "--target-return", "none",
+             "--num-envs", "4", "--checkpoint-freq", "128", "--total-timesteps", "4096"]
+
+    def stop_at_256(self, *args, **kwargs):  # (a stop at 256 steps, as a signal's: the checkpoint is written there)
+        self.stop_requested = lambda: self.num_timesteps >= 256
+        return learn(self, *args, **kwargs)
+
+    from rlspeed.algos.base import Algorithm
+
+    learn = Algorithm.learn
+    monkeypatch.setattr(Algorithm, "learn", stop_at_256)
+    assert cli.main(start) == 143
+    monkeypatch.setattr(Algorithm, "learn", learn)
+    trained = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    capsys.readouterr()
+    error = cli_error(capsys, [*start[:-2], "--resume", "--total-timesteps", "100"])
+    assert "--total-timesteps 100 is below the" in error and "steps the run has trained" in error
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text()) == trained
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])  # (a shipped preset, and rlspeed's default)

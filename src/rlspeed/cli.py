@@ -1409,6 +1409,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                   "rlspeed: nothing left to train: the run finished its budget (its summary.json); a larger "
                   "--total-timesteps continues it", flush=True)
         return 0
+    if resumed_from is not None and run_total < resumed_from:
+        raise UserError(f"--resume: --total-timesteps {run_total:,} is below the {resumed_from:,} steps the run has "
+                        f"trained: give --total-timesteps {resumed_from} to end it there (its final evaluation and "
+                        "model), or more to train on.")
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": recorded_eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
@@ -1419,7 +1423,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "threads": _torch_threads(), "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
-    if main and not (resumed_from is not None and total <= 0):  # (a resume with nothing left leaves the run as it is)
+    if main:
         _write_config(run_dir, config)
     if main and resumed_from is None:  # (a run starting afresh is a W&B run of its own, not an earlier attempt's)
         (run_dir / "wandb" / "run-id").unlink(missing_ok=True)
@@ -1535,18 +1539,24 @@ def _keep_run_seed(args, model, path: Path) -> None:
     args.seed = model.seed = seed
 
 
+#: config.yaml's settings of how a run trains (not what it learns) that a --resume may change, named when it does
+RESUMED_RUN_SETTINGS = ("device", "env_backend", "accelerate", "nan_policy", "checkpoint_freq", "save_replay_buffer",
+                        "threads")
+
+
 def _say_changed_settings(path: Path, config: dict, at_steps: int) -> None:
     """Before a resumed run rewrites its config.yaml: one line naming the hyperparameters, run settings (budget, target,
-    evaluation frequency) and env options that differ from the ones the run was started with (they apply from the resume
-    on; the checkpoint's weights and state stay), and `config["changes"]` (written with it) keeps each resume's changes
-    with the step it made them at, [{"at_steps", "settings": {key: [before, after]}}], the earlier ones included."""
+    evaluation frequency, `RESUMED_RUN_SETTINGS`) and env options that differ from the ones the run was started with
+    (they apply from the resume on; the checkpoint's weights and state stay), and `config["changes"]` (written with
+    it) keeps each resume's changes with the step it made them at, [{"at_steps", "settings": {key: [before, after]}}],
+    the earlier ones included."""
     before = _run_config(path)
     if not before:
         return
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
     changed = {key: [old[key], new[key]] for key in new if key in old and old[key] != new[key]}
     changed.update({key: [before.get(key), config.get(key)]
-                    for key in ("total_timesteps", "target_return", "eval_freq", "env_kwargs")
+                    for key in ("total_timesteps", "target_return", "eval_freq", "env_kwargs", *RESUMED_RUN_SETTINGS)
                     if (key in before or key == "env_kwargs") and key in config and before.get(key) != config[key]})
     history = before.get("changes") if isinstance(before.get("changes"), list) else []
     if changed:
