@@ -66,6 +66,11 @@ def test_stable_baselines3_evaluate_policy_keywords_say_what_to_write_instead(pp
         with pytest.raises(rlspeed.UserError, match="evaluate takes no 'episode'; did you mean episodes"):
             evaluate(episode=2)
         assert evaluate(episodes=1, deterministic=True, seed=0)["episodes"] == 1
+    # (the method's own parameters, not rlspeed.evaluate's: it takes no backend, and suggests none)
+    with pytest.raises(rlspeed.UserError, match="^evaluate takes no 'backend'.$"):
+        ppo.evaluate(backend="gymnasium")
+    with pytest.raises(rlspeed.UserError, match="evaluate takes no 'devic'; did you mean device"):
+        rlspeed.evaluate(ppo, "CartPole-v1", devic="cpu")
 
 
 @pytest.mark.parametrize("seed", [np.int64(5), np.uint32(5), torch.tensor(5)])

@@ -604,6 +604,8 @@ def _train_population(args: argparse.Namespace) -> int:
               f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []
 
+    if resumed_from is None:
+        _forget_unsaved_attempt(run_dir)
     signals: list[int] = []  # (bound before the block: a signal may come while it is entered)
     try:
         with (_stopping(population.env_backend) as signals,
@@ -697,6 +699,13 @@ def _train_population(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def _forget_unsaved_attempt(run_dir: Path) -> None:
+    """Before a run starts afresh in its own directory: the metrics.csv rows and TensorBoard events of an attempt
+    there killed before its first checkpoint, which are not this run's (its own would follow them)."""
+    (run_dir / "metrics.csv").unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
 
 
 def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, str]:
@@ -1667,8 +1676,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     if main:
         _warn_idle_accelerator(args, model.device)
     steps_before = model.num_timesteps
-    if resumed_from is None and main:  # (a run starting afresh in its own directory: an attempt killed before its
-        (run_dir / "metrics.csv").unlink(missing_ok=True)  # first checkpoint left rows that are not this run's)
+    if resumed_from is None and main:
+        _forget_unsaved_attempt(run_dir)
     interrupted = None
     # The first Ctrl-C or SIGTERM stops at the end of the iteration, where the model's state is whole (the checkpoint
     # then resumes as the uninterrupted run; several processes stop together, at the iteration where any rank got

@@ -42,17 +42,20 @@ SB3_EVALUATE_KEYWORDS = {
 }
 
 
-def refuse_evaluate_keywords(keywords: dict) -> None:
-    """UserError for the first of `keywords` that `evaluate` does not take: a keyword of Stable-Baselines3's
-    `evaluate_policy` (with rlspeed's way), or a typo (the close names among `evaluate`'s parameters)."""
+def refuse_evaluate_keywords(keywords: dict, function: typing.Callable | None = None) -> None:
+    """UserError for the first of `keywords` that `function` (default `evaluate`; `Algorithm.evaluate` names
+    itself) does not take: a keyword of Stable-Baselines3's `evaluate_policy` (with rlspeed's way), or a typo (the
+    close names among `function`'s own parameters)."""
     import difflib
     import inspect
 
+    taken = [name for name, parameter in inspect.signature(function or evaluate).parameters.items()
+             if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name != "self"]
     for key in keywords:
         advice = SB3_EVALUATE_KEYWORDS.get(key)
         if advice is not None:
             raise UserError(f"evaluate's '{key}' is Stable-Baselines3's; {advice}.")
-        close = difflib.get_close_matches(key, sorted(inspect.signature(evaluate).parameters), n=2)
+        close = difflib.get_close_matches(key, sorted(taken), n=2)
         raise UserError(f"evaluate takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
 
 

@@ -436,7 +436,6 @@ def _gives_back_process_state(function: Callable) -> Callable:
     return wrapper
 
 
-@_gives_back_process_state
 def require_optuna() -> None:
     """UserError naming the pip command where Optuna is not installed (`tune` and `rlspeed tune` need it)."""
     try:
@@ -445,6 +444,7 @@ def require_optuna() -> None:
         raise UserError('rlspeed tune needs Optuna: pip install optuna (or "rlspeed[tune]").') from None
 
 
+@_gives_back_process_state
 def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: str, study_name: str,
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,

@@ -159,8 +159,8 @@ SB3_ATTRIBUTES = {
                                               "logs where the tensorboard package is installed) in DIR, and a "
                                               "callback's self.logger.record(key, value) adds a column of its own "
                                               "to them"),
-    "n_steps": "the rollout length is model.config.num_steps (the off-policy algorithms' n-step returns: "
-               "model.config.n_step)",
+    "n_steps": "an on-policy model's rollout length is model.config.num_steps (an off-policy model collects "
+               "model.config.train_freq steps between updates, and DQN's n-step returns are model.config.n_step)",
     "target_update_interval": SB3_KEYWORDS["target_update_interval"],
     "n_envs": "the number of envs is model.config.num_envs",
     "verbose": "rlspeed models have no verbosity: learn(progress_bar=False) silences training (its progress bar is "
@@ -1226,11 +1226,12 @@ class Algorithm:
                         "architecture you want (net_arch, activation, ...), or freeze a parameter with "
                         "requires_grad_(False).")
 
-    def _follow_frozen_parameters(self) -> None:
+    def _follow_frozen_parameters(self, learn_start: bool = False) -> None:
         """Parameters the caller froze (`requires_grad_(False)`) after the model was made: the hand-derived update
         steps every parameter, so the update is chosen again (autograd, whose optimizer step leaves a parameter
         without a gradient alone; `update_summary` says why). Likewise when every parameter is trained again after
-        frozen ones decided the update: it is chosen anew (the hand-derived one where the other rules allow)."""
+        frozen ones decided the update: it is chosen anew (the hand-derived one where the other rules allow; looked
+        at when `learn` starts, `learn_start`, not after every callback: it reads every parameter's step count)."""
         step = getattr(self, "_update_step", None)
         hand_derived = getattr(step, "hand_derived", None)
         params = getattr(self, "_params", None)
@@ -1240,7 +1241,7 @@ class Algorithm:
         if hand_derived is not None and frozen:
             if getattr(hand_derived, "adam", None) is not None:  # (its flat optimizer gives the parameters back)
                 hand_derived.adam.release()
-        elif frozen or not getattr(getattr(step, "choice", None), "by_frozen_parameters", False):
+        elif frozen or not learn_start or not getattr(getattr(step, "choice", None), "by_frozen_parameters", False):
             return
         elif not self._optimizer_steps_aligned():
             # (Adam's bias correction counts each parameter's own steps, the hand-derived update one count for all:
@@ -1657,7 +1658,7 @@ class Algorithm:
                             columns=columns) if run_dir is not None and main else None)
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         resume = self._resume
-        self._follow_frozen_parameters()
+        self._follow_frozen_parameters(learn_start=True)
         self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
         self._follow_learning_rate()
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
@@ -1958,7 +1959,7 @@ class Algorithm:
         the same seed gives the same returns as the run's own evaluation); the caller's count is given back."""
         from rlspeed.evaluation import evaluate, refuse_evaluate_keywords
 
-        refuse_evaluate_keywords(stable_baselines3)
+        refuse_evaluate_keywords(stable_baselines3, type(self).evaluate)
         threads_before = set_training_threads(self.num_threads)
         try:
             return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,

@@ -365,6 +365,10 @@ def _run_child(args: list[str], timeout_s: float) -> tuple[int | None, str, str]
         return None, out, err
 
 
+#: pip's names of modules whose distribution is named otherwise (for the advice on a module that is missing)
+_PIP_NAMES = {"yaml": "pyyaml", "cv2": "opencv-python-headless", "PIL": "pillow", "sklearn": "scikit-learn"}
+
+
 def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) -> Check:
     """Compile a tiny function on the device in a child process, run it, compare it to eager (failure is a WARN)."""
     name = "torch.compile"
@@ -385,7 +389,9 @@ def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) ->
             advice = f"install torchair for this torch_npu to compile on NPU; {eager_advice}"
         elif missing:  # (a Python package inductor imports, not the C++ toolchain)
             top = missing.group(1).split(".")[0]
-            advice = f"the compiler needs the Python package '{top}': pip install {top}; {eager_advice}"
+            install = ("reinstall torch (its own module is missing)" if top == "torch" else
+                       f"pip install {_PIP_NAMES.get(top, top)}")
+            advice = f"the compiler needs the Python module '{top}': {install}; {eager_advice}"
         elif re.search(r"c\+\+|cxx|compiler|gcc|Python\.h", err, re.IGNORECASE):
             advice = f"inductor needs a C++ compiler and Python headers (e.g. apt-get install g++ python3-dev); " \
                      f"{eager_advice}"

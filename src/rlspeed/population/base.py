@@ -1213,6 +1213,7 @@ class PopulationBase:
         end = self.num_timesteps + int(total_timesteps)
         loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
                 _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
+        self._metrics_since = (loop.member_steps, loop.train_wall_s)  # (a resumed loop's counts go on from there)
         bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
                           desc=f"{self.algo_name} {self.env_id} x{self.size}")
         threads_before = set_training_threads(self.num_threads)  # (as a solo model's learn)
@@ -1250,7 +1251,7 @@ class PopulationBase:
                             "would replace: give another run_dir, or delete the file first.")
         columns = ("members", *(f"eval_mean/seed_{seed}" for seed in self.seeds)) if evaluating else ("members",)
         logger = RunLogger(run_dir, continue_from=self.num_timesteps or None, columns=columns, plot=False)
-        self._metrics_dir, self._metrics_since = run_dir.resolve(), None
+        self._metrics_dir = run_dir.resolve()
         return logger
 
     def _metrics_row(self, loop: _LoopProgress, means: dict[int, float] | None = None) -> dict:
