@@ -581,3 +581,44 @@ def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):
     copy = pickle.loads(pickle.dumps(loaded))
     obs = np.zeros((1, 4), dtype=np.float32)
     assert np.array_equal(copy.predict(obs)[0], loaded.predict(obs)[0])
+
+
+@pytest.mark.parametrize("where", ["in a no_grad block", "before training began"])
+def test_an_interrupted_learn_gives_back_grad_mode_threads_and_denormals(monkeypatch, where):
+    """A notebook's stop button (KeyboardInterrupt) landing inside the rollout's `torch.no_grad()` left grad mode off
+    for the whole kernel, and one between setting the training threads and the loop's `try` left the model's thread
+    count and denormal flushing: the caller's are given back wherever the interrupt lands (a population's learn too)."""
+    import rlspeed.algos.base as base
+    from rlspeed import PPO
+    from rlspeed.device import flush_denormal_enabled
+    from rlspeed.population import Population
+
+    def interrupted(*args, **kwargs):
+        if where == "in a no_grad block":
+            torch.set_grad_enabled(False)  # (entered, and the interrupt came before its exit)
+        raise KeyboardInterrupt
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    torch.set_flush_denormal(False)
+    try:
+        model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32, num_threads=1)
+        population = Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="torch", num_envs=2, num_steps=16,
+                                batch_size=32)
+        if where == "in a no_grad block":
+            monkeypatch.setattr(model, "_train_iteration", interrupted)
+            monkeypatch.setattr(population, "train_iteration", interrupted)
+        else:  # (right after the model's own settings were made, before the loop's try)
+            import rlspeed.population.base as population_base
+
+            monkeypatch.setattr(base, "set_flush_denormal", lambda enabled: torch.set_flush_denormal(enabled) and
+                                interrupted())
+            monkeypatch.setattr(population_base, "set_training_threads",
+                                lambda count=None: torch.set_num_threads(1) or interrupted())
+        for learner in (model, population):
+            with pytest.raises(KeyboardInterrupt):
+                learner.learn(64, progress_bar=False)
+            assert torch.is_grad_enabled() and torch.get_num_threads() == 2 and not flush_denormal_enabled()
+    finally:
+        torch.set_grad_enabled(True)
+        torch.set_num_threads(threads)

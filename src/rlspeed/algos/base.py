@@ -30,7 +30,14 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, refuse_non_model, save_checkpoint
-from rlspeed.device import check_num_threads, resolve_device, rules, set_flush_denormal, set_training_threads
+from rlspeed.device import (
+    check_num_threads,
+    gives_back_torch_state,
+    resolve_device,
+    rules,
+    set_flush_denormal,
+    set_training_threads,
+)
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import (
@@ -1577,6 +1584,7 @@ class Algorithm:
         return torch.as_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
                                device=self.device)
 
+    @gives_back_torch_state
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,
@@ -1650,6 +1658,8 @@ class Algorithm:
         self._check_parameters_held()
         if run_dir is not None:
             self._run_dir = Path(run_dir).resolve()
+        # (from here on, also when interrupted before training began: this call's result, not the previous one's)
+        result = self.result = LearnResult(target_return=target_return)
         env = self.make_training_env()
         # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
         columns = (("eval_mean",) if target_return is not None or eval_freq is not None else ()) + (
@@ -1673,7 +1683,6 @@ class Algorithm:
         evaluating = target_return is not None or eval_freq is not None or bool(saved_loop.get("evaluating"))
         if eval_freq is None:
             eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
-        result = self.result = LearnResult(target_return=target_return)
         per_iteration = self.steps_per_iteration  # (learn trains whole iterations: the bar counts what they add to)
         # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's (whose steps
         # so far the bar starts from: it counts the whole run, as metrics.csv does)

@@ -23,7 +23,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, save_checkpoint
-from rlspeed.device import set_training_threads
+from rlspeed.device import gives_back_torch_state, set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError
@@ -1156,6 +1156,7 @@ class PopulationBase:
         callers that must know before (the CLI, before it makes a run directory). Populations without a replay
         buffer have nothing to check."""
 
+    @gives_back_torch_state
     def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int | None = None,
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
