@@ -1418,7 +1418,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                   "rlspeed: nothing left to train: the run finished its budget (its summary.json); a larger "
                   "--total-timesteps continues it", flush=True)
         return 0
-    if resumed_from is not None and run_total < resumed_from:
+    # (a budget lowered below the steps trained; the run's own budget may be: learn trains whole iterations)
+    recorded_total = (_run_config(run_dir / "config.yaml") or {}).get("total_timesteps") if resumed_from else None
+    if resumed_from is not None and run_total < resumed_from and run_total != recorded_total:
         raise UserError(f"--resume: --total-timesteps {run_total:,} is below the {resumed_from:,} steps the run has "
                         f"trained: give --total-timesteps {resumed_from} to end it there (its final evaluation and "
                         "model), or more to train on.")
