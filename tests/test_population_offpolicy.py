@@ -292,3 +292,37 @@ def test_no_host_to_device_copy_per_iteration_after_a_member_left(algo, monkeypa
     for _ in range(10):
         population.train_iteration()
     assert len(made) <= 1, made  # (the rows, once)
+
+
+def test_a_replay_growth_interrupted_midway_leaves_the_population_trainable(monkeypatch):
+    """A stop (a notebook's button) while learn grew the members' replay for a larger budget left some fields grown
+    and others not: every later learn failed with an IndexError. The fields change all at once, or not at all."""
+    from rlspeed import DQN
+    from rlspeed.population import Population
+
+    population = Population(DQN, "CartPole-v1", seeds=[0, 1], device="cpu", learning_starts=32, batch_size=32)
+    population.learn(64, progress_bar=False)
+    replay_type, real_zeros, calls = type(population.buffer), torch.zeros, [0]
+    real_grow = replay_type.grow
+
+    def zeros(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 2:  # (after the first field was made)
+            raise KeyboardInterrupt
+        return real_zeros(*args, **kwargs)
+
+    def grow(self, capacity):
+        monkeypatch.setattr(torch, "zeros", zeros)
+        try:
+            return real_grow(self, capacity)
+        finally:
+            monkeypatch.setattr(torch, "zeros", real_zeros)
+
+    monkeypatch.setattr(replay_type, "grow", grow)
+    with pytest.raises(KeyboardInterrupt):
+        population.learn(1000, progress_bar=False)
+    monkeypatch.setattr(replay_type, "grow", real_grow)
+    assert len({getattr(population.buffer, name).shape[0] for name in population.buffer.fields}) == 1
+    before = population.num_timesteps
+    population.learn(1000, progress_bar=False)
+    assert population.num_timesteps >= before + 1000

@@ -329,11 +329,14 @@ class MemberReplay:
         if capacity_steps <= self.capacity_steps or self.written > self.capacity_steps:
             return
         self._check_fits(capacity_steps)
+        grown = {}
         for name in self.fields:
             old = getattr(self, name)
-            new = torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype)
-            new[:self.written] = old[:self.written]
-            setattr(self, name, new)
+            grown[name] = torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype)
+            grown[name][:self.written] = old[:self.written]
+        # every field at once (one call: an interrupt, a notebook's stop, lands before or after it, never between two
+        # fields of different sizes, which every later learn would fail on)
+        self.__dict__.update(grown)
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the members at `index`."""
