@@ -404,3 +404,7 @@ def test_an_existing_video_file_is_replaced_only_when_asked(tmp_path, capsys):
         _cartpole().learn(512, callback=callback, progress_bar=False)
     assert (folder / "step-000000512.mp4").read_bytes() == b"another run's"
     assert callback.videos == [folder / "step-000000512-1.mp4"] and _read(callback.videos[0])[1] == (400, 600)
+    # overwrite=True (rlspeed train's, in the run's own folder: a resumed run films those steps again) replaces it
+    callback = VideoRecorderCallback(512, folder, overwrite=True)
+    _cartpole().learn(512, callback=callback, progress_bar=False)
+    assert callback.videos == [folder / "step-000000512.mp4"] and _read(callback.videos[0])[1] == (400, 600)

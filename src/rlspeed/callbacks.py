@@ -684,11 +684,12 @@ class VideoRecorderCallback(BaseCallback):
     `video_folder/step-{steps:09d}.mp4` (`step-000020000.mp4`: zero-padded, so that the files sort by step; see
     `rlspeed.video.record_video`; needs `pip install rlspeed[video]`), at `fps` frames per second (None: the env's
     render_fps). A file already of that name (another run's in the folder) is kept: the video goes beside it, as
-    `step-000020000-1.mp4`, with a warning. `on_video(path, steps)`, when given, receives each file (the W&B
-    tracker uploads it)."""
+    `step-000020000-1.mp4`, with a warning; `overwrite=True` replaces it instead (a folder of the run's own, which
+    a resumed run films again from its checkpoint on: `rlspeed train --video-every`). `on_video(path, steps)`,
+    when given, receives each file (the W&B tracker uploads it)."""
 
     def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
-                 on_video: Callable[[Path, int], None] | None = None, verbose: int = 0):
+                 on_video: Callable[[Path, int], None] | None = None, verbose: int = 0, overwrite: bool = False):
         super().__init__(verbose)
         if video_every < 1:
             raise UserError(f"--video-every must be at least 1 step, got {video_every}.")
@@ -702,6 +703,7 @@ class VideoRecorderCallback(BaseCallback):
         self.episodes = episodes
         self.fps = fps
         self.on_video = on_video
+        self.overwrite = bool(overwrite)
         self.videos: list[Path] = []
         self._period = _Period(self.video_every)
 
@@ -720,7 +722,7 @@ class VideoRecorderCallback(BaseCallback):
         from rlspeed.video import VideoWriteError, record_video
 
         path = self.video_folder / f"step-{self.num_timesteps:09d}.mp4"  # (sorted by name, sorted by step)
-        if path.exists() or path.is_symlink():  # (another run's, or this run's before a resume: kept, not replaced)
+        if not self.overwrite and (path.exists() or path.is_symlink()):  # (another run's: kept, not replaced)
             taken, copy = path, 1
             while path.exists() or path.is_symlink():
                 path, copy = self.video_folder / f"step-{self.num_timesteps:09d}-{copy}.mp4", copy + 1
@@ -730,7 +732,8 @@ class VideoRecorderCallback(BaseCallback):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # (an episode cut at the step limit is still a video)
-                record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps)
+                record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps,
+                             overwrite=self.overwrite)
         except VideoWriteError as error:  # (a video is not worth the run: training goes on without it)
             warnings.warn(f"rlspeed: {error} Training goes on; the next video is due in {self._period.every:,} steps.",
                           RuntimeWarning, stacklevel=2)

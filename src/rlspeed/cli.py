@@ -1595,7 +1595,7 @@ def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
     if args.video_every is not None:
         from rlspeed.callbacks import VideoRecorderCallback
 
-        callbacks.append(VideoRecorderCallback(args.video_every, run_dir / "videos",
+        callbacks.append(VideoRecorderCallback(args.video_every, run_dir / "videos", overwrite=True,  # (the run's own)
                                                on_video=tracker.log_video if tracker is not None else None))
     return callbacks, tracker
 
