@@ -517,3 +517,26 @@ def test_a_run_without_an_importable_matplotlib_is_saved_whole_without_its_plot(
         assert not (out / "learning_curves.png").exists()
     else:
         assert (out / "model.safetensors").is_file() and not (out / "learning_curve.png").exists()
+
+
+def test_a_continued_run_begun_with_flat_tensorboard_tags_keeps_them(tmp_path):
+    """A run an earlier rlspeed began (TensorBoard tags as metrics.csv's names) and this one continues: its new
+    events keep those names, so that each curve stays one curve (they split into `episode_return` up to the resume
+    and `rollout/episode_return` after it); a new run takes the sections."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from torch.utils.tensorboard import SummaryWriter
+
+    from rlspeed.logging import flat_tags
+
+    old = SummaryWriter(str(tmp_path / "tensorboard"))  # (what an earlier rlspeed wrote)
+    old.add_scalar("episode_return", 5.0, 100)
+    old.close()
+    (tmp_path / "metrics.csv").write_text("timesteps,train_wall_s,episode_return\n100,1.0,5.0\n", encoding="utf-8")
+    assert flat_tags(tmp_path) and not flat_tags(tmp_path / "elsewhere")
+    logger = RunLogger(tmp_path, tensorboard=True, continue_from=100)
+    logger.log({"timesteps": 200, "train_wall_s": 2.0, "episode_return": 6.0})
+    logger.close()
+    tags = {value.tag for path in (tmp_path / "tensorboard").iterdir()
+            for event in EventFileLoader(str(path)).Load() for value in event.summary.value}
+    assert tags == {"episode_return", "train_wall_s"}

@@ -33,6 +33,24 @@ def tensorboard_tag(key: str) -> str:
     return key if "/" in key else f"{TENSORBOARD_SECTIONS.get(key, 'train')}/{key}"
 
 
+def flat_tags(run_dir: str | os.PathLike) -> bool:
+    """Whether the run in `run_dir` began writing TensorBoard tags flat, as metrics.csv's column names (an rlspeed
+    before the sections of `tensorboard_tag`): a continued run keeps writing them so, and its curves stay whole."""
+    try:
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    except Exception:  # noqa: BLE001 (no tensorboard, or one that cannot be imported: no events to follow)
+        return False
+    files = sorted((Path(run_dir) / "tensorboard").glob("events.out.tfevents.*"))
+    for path in files[:1]:  # (the run's first events: its first scalar's tag says how it named them)
+        try:
+            for event in EventFileLoader(str(path)).Load():
+                for value in event.summary.value:
+                    return "/" not in value.tag or value.tag.split("/")[0] not in {"time", "rollout", "eval", "train"}
+        except Exception:  # noqa: BLE001 (an unreadable file: the sections, as for a new run)
+            return False
+    return False
+
+
 def agg_figure(path: Path, **options):
     """A matplotlib Figure (`options`: its keywords) on an Agg canvas of its own, for the plot saved at `path`: no
     pyplot, so the user's matplotlib backend and figures are left alone. None, with a warning, where matplotlib
@@ -175,6 +193,7 @@ class RunLogger:
             self._read_rows(continue_from)
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
         self._writer = None
+        self._flat = False  # (tags as metrics.csv's columns: a run an earlier rlspeed began, `flat_tags`)
         self._failed = False  # a write failed (`_writing`)
         if tensorboard and importlib.util.find_spec("tensorboard") is not None:
             if _utf8_name(self.run_dir):
@@ -186,6 +205,7 @@ class RunLogger:
                                   "events (metrics.csv has its metrics); `rlspeed doctor` checks it.", stacklevel=2)
                 else:
                     # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
+                    self._flat = continue_from is not None and flat_tags(self.run_dir)
                     self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
                                                  purge_step=None if continue_from is None else continue_from + 1)
             else:  # (TensorBoard encodes its file names as UTF-8, and failed on a directory named otherwise)
@@ -249,7 +269,7 @@ class RunLogger:
             return
         for key, value in values.items():
             if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
-                self._writer.add_scalar(tensorboard_tag(key), value, step)
+                self._writer.add_scalar(key if self._flat else tensorboard_tag(key), value, step)
 
     def amend_last(self, values: dict) -> None:
         """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row

@@ -65,6 +65,10 @@ class WandbTracker:
         run_id = None
         if id_file is not None and id_file.is_file():
             run_id = id_file.read_text(encoding="utf-8").strip() or None
+        from rlspeed.logging import flat_tags
+
+        # (a continued run an earlier rlspeed began with metrics.csv's names keeps them: its curves stay whole)
+        self._flat = run_id is not None and flat_tags(run_dir)
         try:
             self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "rlspeed",
                                   entity=entity or None, name=name or (Path(run_dir).name if run_dir else None),
@@ -93,7 +97,7 @@ class WandbTracker:
         from rlspeed.logging import tensorboard_tag
 
         step = row.get("timesteps")
-        values = {tensorboard_tag(key): value for key, value in row.items()
+        values = {(key if self._flat else tensorboard_tag(key)): value for key, value in row.items()
                   if key != "timesteps" and isinstance(value, (int, float)) and not isinstance(value, bool)
                   and math.isfinite(value)}
         values["timesteps"] = step
