@@ -208,3 +208,36 @@ def test_box_actions_beyond_float32_or_of_integers_are_refused_in_one_sentence()
     for algo in (rlspeed.PPO, rlspeed.SAC):
         with pytest.raises(UserError, match="Box actions of dtype int64; .*MultiDiscrete"):
             algo(integers, device="cpu")
+
+
+class OffCenterActions(gym.Env):
+    """Box actions in [0, 10] x [5, 6] (a throttle and a gear's range, say)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def __init__(self, low=(0.0, 5.0), high=(10.0, 6.0)):
+        self.action_space = gym.spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_box_bounds_off_center_are_said_with_the_rescaling_wrapper():
+    """A Gaussian policy starts around 0 and its samples are clipped to the bounds: a component whose range lies off
+    0 ([5, 6]) stood at its bound and learnt nothing, without a word (Stable-Baselines3's env checker warns)."""
+    def vector_env(**bounds):
+        return gym.vector.SyncVectorEnv([lambda: gym.wrappers.TimeLimit(OffCenterActions(**bounds), 8)] * 2,
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    with pytest.warns(UserWarning, match=r"bounds are not centred on 0 \(component 0: \[0, 10\]\).*RescaleAction"):
+        rlspeed.PPO(vector_env(), device="cpu", num_steps=8, batch_size=16).learn(16, progress_bar=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (centred bounds, [-2, 2] x [-1, 1]: no warning)
+        rlspeed.PPO(vector_env(low=(-2.0, -1.0), high=(2.0, 1.0)), device="cpu", num_steps=8,
+                    batch_size=16).learn(16, progress_bar=False)

@@ -179,6 +179,23 @@ class OnPolicyAlgorithm(Algorithm):
     def _optimizers(self):
         return {"optimizer": self.optimizer}
 
+    def _warn_off_center_bounds(self) -> None:
+        """A warning (once per process, at learn) for Box actions whose bounds are not centred on 0: the policy's
+        Gaussian starts around 0 and its samples are clipped to the bounds, so a component whose range lies off 0
+        (say [5, 6]) sits at a bound and learns nothing from exploring."""
+        low, high = self._action_low, self._action_high
+        if low is None or not bool(torch.isfinite(low).all() and torch.isfinite(high).all()):  # ok-sync: once
+            return
+        off = (low + high).abs() > 1e-6 * (high - low).clamp_min(1.0)
+        if bool(off.any()):  # ok-sync: once per learn
+            index = int(off.nonzero()[0, 0])
+            warn_at_caller(
+                f"{self.name}: the action space's bounds are not centred on 0 (component {index}: "
+                f"[{float(low[index]):g}, {float(high[index]):g}]); the policy's Gaussian starts around 0 and its "
+                "samples are clipped to the bounds, so such a component explores little: rescale the env's actions "
+                "to [-1, 1] with gymnasium.wrappers.RescaleAction (as Stable-Baselines3's env checker advises).",
+                UserWarning)
+
     def acceleration_summary(self) -> dict:
         """The update step's choice (`Algorithm.acceleration_summary`) and, under `accelerate="auto"`, the rollout
         policy's under `rollout_policy` (its own measurement: the two may differ)."""
@@ -237,6 +254,7 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _start(self, env: BatchedEnv, total_timesteps: int) -> None:
         cfg = self.config
+        self._warn_off_center_bounds()
         if self._continues_episodes(env):
             return
         self._obs = self._first_obs(env)  # (after `resume`: where the checkpoint's run was)
