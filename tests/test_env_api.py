@@ -1062,3 +1062,107 @@ def test_learn_goes_on_after_an_interrupt_left_subprocess_envs_waiting(monkeypat
         model.learn(64, progress_bar=False)
     model.learn(64, progress_bar=False)
     assert model.num_timesteps >= 64
+
+
+class _InterruptedPipe:
+    """A worker's pipe (of an AsyncVectorEnv) whose next `method` call raises KeyboardInterrupt, as Jupyter's stop
+    button does when it lands there: the workers before it were sent to (or read from), the rest not."""
+
+    def __init__(self, pipe, method: str):
+        self._pipe, self._method, self.fired = pipe, method, False
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._pipe, name)
+        if name != self._method or self.fired:
+            return attribute
+
+        def interrupted(*args, **kwargs):
+            self.fired = True
+            raise KeyboardInterrupt
+        return interrupted
+
+
+def _async_model(num_steps: int = 16):
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=num_steps,
+                batch_size=32)
+    model.learn(32, progress_bar=False)
+    return model, model._env.unwrapped.vector_env.unwrapped
+
+
+@pytest.mark.parametrize("method", ["send", "recv"])
+def test_learn_goes_on_after_an_interrupt_left_subprocess_pipes_out_of_step(method):
+    """A KeyboardInterrupt between one worker's pipe and the next (step_async sent worker 0 its action, not worker 1;
+    or step_wait read worker 0's answer, not worker 1's): every further learn failed (stale answers, "too many values
+    to unpack", a 10 s wait then "make the model's envs again") until model.close(). The envs are made again."""
+    model, vector_env = _async_model()
+    pipe = vector_env.parent_pipes[1] = _InterruptedPipe(vector_env.parent_pipes[1], method)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64, progress_bar=False)
+    assert pipe.fired
+    before = model.num_timesteps
+    model.learn(64, progress_bar=False)
+    model.learn(64, progress_bar=False)
+    assert model.num_timesteps >= before + 128
+    assert model._env.unwrapped.vector_env.unwrapped is not vector_env and vector_env.closed
+    model.close()
+
+
+def test_learn_goes_on_after_a_signal_stopped_a_subprocess_worker():
+    """SIGINT to the process group (Jupyter's stop button) stops the idle workers too: each reports the
+    KeyboardInterrupt and exits, and the next learn failed with it ("re-raised from a worker"), then with
+    'NoneType' object has no attribute 'send'."""
+    import os
+    import signal
+
+    model, vector_env = _async_model()
+    worker = vector_env.processes[1]
+    os.kill(worker.pid, signal.SIGINT)
+    worker.join(10)
+    assert not worker.is_alive()
+    before = model.num_timesteps
+    model.learn(64, progress_bar=False)
+    model.learn(64, progress_bar=False)
+    assert model.num_timesteps >= before + 128
+    model.close()
+
+
+def test_an_interrupted_learn_makes_subprocess_envs_again(monkeypatch):
+    """A KeyboardInterrupt that leaves learn may have reached the workers too and not yet stopped them (they report
+    it a moment later, mid-way through the next learn): the next learn makes the envs again, whatever they look
+    like; a model given the envs cannot, and says so."""
+    from rlspeed import PPO
+
+    model, vector_env = _async_model()
+    update = PPO._update_rollout
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PPO, "_update_rollout", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64, progress_bar=False)
+    monkeypatch.setattr(PPO, "_update_rollout", update)
+    assert not vector_env.closed
+    before = model.num_timesteps
+    model.learn(64, progress_bar=False)
+    assert model.num_timesteps >= before + 64 and vector_env.closed
+    model.learn(64, progress_bar=False)  # (a learn that ended normally keeps its envs)
+    assert model._env.unwrapped.vector_env.unwrapped is not vector_env and not model._env.unwrapped.vector_env.closed
+    kept = model._env
+    model.learn(32, progress_bar=False)
+    assert model._env is kept
+    model.close()
+
+    given = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="async",
+                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = PPO(given, seed=0, device="cpu", num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False)
+    monkeypatch.setattr(PPO, "_update_rollout", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64, progress_bar=False)
+    monkeypatch.setattr(PPO, "_update_rollout", update)
+    with pytest.raises(rlspeed.UserError, match="which was passed in, cannot go on"):
+        model.learn(64, progress_bar=False)
+    assert given.closed

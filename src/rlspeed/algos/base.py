@@ -971,6 +971,7 @@ class Algorithm:
     config_cls: type
     #: whether the last `resume` restored the checkpoint's episodes in progress (`_first_obs` sets it per learn call)
     _episodes_restored: bool = False
+    _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_disrupted_env`)
 
     def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *policy_and_env,
                  device: str | torch.device = "auto", seed: int | None = None, env_backend: str = "auto",
@@ -1481,7 +1482,10 @@ class Algorithm:
         self.close()
 
     def make_training_env(self) -> BatchedEnv:
-        """The training env: built from the env id on first use, with the config's normalisation."""
+        """The training env: built from the env id on first use, with the config's normalisation; built again where
+        an interrupt left the envs unable to go on (`BatchedEnv.disrupted`), as after `close`."""
+        if self._env is not None:
+            self._drop_disrupted_env()
         if self._env is None and self._closed_given_env:
             raise UserError(f"This model's env was closed (model.close()) and was passed in, so learn cannot make it "
                             f"again: save the model and {type(self).__name__}.load(path, env=...) with a new env.")
@@ -1515,6 +1519,25 @@ class Algorithm:
         self._adopt_statistics()
         self._numerics.attach(self._env)
         return self._env
+
+    def _drop_disrupted_env(self) -> None:
+        """Close the training env where it cannot go on (`BatchedEnv.disrupted`: subprocess envs a KeyboardInterrupt
+        left with their pipes out of step, or stopped, as Jupyter's stop button does, which signals the workers too),
+        so that `make_training_env` makes it again from the env id, as `close` then `learn` would: the model goes on
+        (its step count, statistics and replay buffer), its episodes start afresh (without a warning: a learn cut
+        short inside a rollout starts them afresh anyway). An env passed in cannot be made again: UserError."""
+        disrupted = getattr(self._env.unwrapped, "disrupted", None)
+        interrupted, self._learn_interrupted = self._learn_interrupted, False
+        reason = disrupted(interrupted=interrupted) if callable(disrupted) else None
+        if reason is None:
+            return
+        env_given = self._env_given
+        self.close()  # (terminates the subprocesses: they are not asked, and may not answer)
+        if env_given:
+            raise UserError(f"The env subprocesses of '{self.env_id}', which was passed in, cannot go on ({reason}: "
+                            f"an interrupt inside a step, Ctrl-C or Jupyter's stop button, leaves them so), and "
+                            f"learn cannot make them again: save the model and {type(self).__name__}.load(path, "
+                            "env=...) with a new env.")
 
     def _adopt_statistics(self) -> None:
         """Make the training env's normalisation statistics the model's (`obs_rms`, `return_rms`); statistics the
@@ -1669,7 +1692,11 @@ class Algorithm:
         self._total_timesteps = self.num_timesteps + int(total_timesteps)
         resume = self._resume
         self._follow_frozen_parameters(learn_start=True)
-        self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
+        try:
+            self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
+        except KeyboardInterrupt:
+            self._learn_interrupted = True
+            raise
         self._follow_learning_rate()
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
         # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
@@ -1875,8 +1902,10 @@ class Algorithm:
                     clock_start += paused
                     last_log_time += paused
                     closing = stop and iterations > 0  # (iterations since the last row)
-        except BaseException:
+        except BaseException as error:
             raising = True  # (a failure closing the logs then must not hide this one)
+            # (a signal to the process group, Jupyter's stop button, reaches subprocess envs' workers too)
+            self._learn_interrupted = isinstance(error, KeyboardInterrupt)
             raise
         finally:
             train_clock += time.perf_counter() - clock_start if iterations else 0.0

@@ -338,6 +338,14 @@ class BatchedEnv:
     def close(self) -> None:
         """Release subprocesses or other resources (no-op by default)."""
 
+    def disrupted(self, interrupted: bool = False) -> str | None:
+        """Why this env cannot go on stepping as it is (subprocesses an interrupt left out of step with their pipes,
+        or stopped), or None (by default: nothing to check). `interrupted`: a KeyboardInterrupt stopped its last use
+        (subprocess envs then answer that the signal may have reached their workers too). A model's envs found so are
+        made again on its next `learn` (`Algorithm.make_training_env`, which asks the innermost env:
+        `env.unwrapped.disrupted(...)`)."""
+        return None
+
     def state_dict(self) -> dict[str, torch.Tensor] | None:
         """Everything needed to continue exactly where the env is now, as tensors (native envs: physical state,
         step counters and random streams), or None when the backend cannot restore its episodes in progress

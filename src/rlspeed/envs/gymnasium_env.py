@@ -581,11 +581,17 @@ class GymnasiumEnv(BatchedEnv):
                         probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
         self.reports_success = False  # (True once a finished episode's info has "is_success")
+        # set where a call to the vector env raised (a KeyboardInterrupt say) part-way: `disrupted`
+        self._interrupted_call: str | None = None
 
     def _masks(self, info_masks, source: str) -> torch.Tensor | None:
         """The step's action masks as bool `[N, n]` on the device, None when the env gives none."""
         if self._mask_method:
-            info_masks, source = self.vector_env.call("action_masks"), f"{self.spec.env_id}'s action_masks()"
+            try:
+                info_masks, source = self.vector_env.call("action_masks"), f"{self.spec.env_id}'s action_masks()"
+            except BaseException:
+                self._interrupted_call = "call"
+                raise
         if info_masks is None:
             return None
         return torch.as_tensor(check_action_masks(info_masks, self.spec.action_space, self.num_envs, source),
@@ -598,7 +604,11 @@ class GymnasiumEnv(BatchedEnv):
         dropped.
         """
         self._finish_pending()
-        obs, reset_info = self.vector_env.reset(seed=seed)
+        try:
+            obs, reset_info = self.vector_env.reset(seed=seed)
+        except BaseException:
+            self._interrupted_call = "reset"
+            raise
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
             warn_unapplied_masks(self.spec)
@@ -712,7 +722,11 @@ class GymnasiumEnv(BatchedEnv):
         np_actions = _to_numpy_actions(actions, self.spec.action_space)
         if self.splits_steps:
             self._finish_pending()
-            self.vector_env.step_async(np_actions)
+            try:  # (free unless it raises: an interrupt part-way leaves some envs sent to, others not)
+                self.vector_env.step_async(np_actions)
+            except BaseException:
+                self._interrupted_call = "step"
+                raise
             self._sent = None
         else:
             self._sent = self.vector_env.step(np_actions)
@@ -720,7 +734,11 @@ class GymnasiumEnv(BatchedEnv):
     def step_receive(self):
         """The second half of `step` (after `step_send`): the step's tensors and info, as `step` returns them."""
         sent, self._sent = self._sent, None
-        obs, reward, terminated, truncated, info = self.vector_env.step_wait() if sent is None else sent
+        try:
+            obs, reward, terminated, truncated, info = self.vector_env.step_wait() if sent is None else sent
+        except BaseException:
+            self._interrupted_call = "step"
+            raise
         source = f"{self.spec.env_id}'s info['action_mask']"
         # a copy, as in `host_tensor`: the vector env may reuse its buffer
         obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
@@ -767,14 +785,49 @@ class GymnasiumEnv(BatchedEnv):
                             f"{state.value} and do not answer ({type(error).__name__}): their episodes cannot go "
                             "on; make the model's envs again (a new model, or load it from its checkpoint).") from None
 
-    def close(self) -> None:
-        """Close the vector env (for async, its worker subprocesses too). Subprocesses left with a step pending or
-        stopped already (a run stopped at once by a signal, which may have stopped them too) are terminated without a
-        word to them: a stopped worker's pipe raises, and Gymnasium would try again, with a traceback, at exit."""
+    def disrupted(self, interrupted: bool = False) -> str | None:
+        """Why these subprocess envs (Gymnasium's AsyncVectorEnv) cannot go on as they are, or None where they are
+        idle and whole (and for every other vector env). A KeyboardInterrupt inside a step (Jupyter's stop button
+        signals the whole process group, the workers too) can leave some workers sent to or read from and others
+        not, a call waiting for its answer, or workers stopped: their pipes are then out of step, and every further
+        step fails. `interrupted` (a KeyboardInterrupt stopped their last use): not idle either, since a worker the
+        signal reached may not have stopped or reported it yet. `Algorithm.make_training_env` makes such envs
+        again."""
         inner = getattr(self.vector_env, "unwrapped", self.vector_env)
-        if isinstance(inner, gym.vector.AsyncVectorEnv) and not inner.closed and (
-                inner._state != AsyncState.DEFAULT or not all(process.is_alive() for process in inner.processes)):
+        if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
+            return None
+        if self._interrupted_call is not None:
+            return f"a {self._interrupted_call} was interrupted part-way"
+        if inner._state != AsyncState.DEFAULT:
+            return f"a {inner._state.value} is waiting for its answer"
+        stopped = [index for index, (pipe, process) in enumerate(zip(inner.parent_pipes, inner.processes))
+                   if pipe is None or pipe.closed or not process.is_alive()]
+        if stopped:
+            return f"worker{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))} stopped"
+        try:  # (an answer nobody asked for: a worker that stopped on a signal reports it before it exits)
+            unread = [index for index, pipe in enumerate(inner.parent_pipes) if pipe.poll()]
+        except (OSError, EOFError, ValueError):
+            return "a worker's pipe is broken"
+        if unread:
+            return f"worker {unread[0]} sent an answer no call asked for"
+        if interrupted:
+            return "a KeyboardInterrupt stopped their last use and may have reached the workers too"
+        return None
+
+    def close(self) -> None:
+        """Close the vector env (for async, its worker subprocesses too). Subprocesses left with a step pending,
+        interrupted part-way or stopped already (a run stopped at once by a signal, which may have stopped them too;
+        `disrupted`) are terminated without a word to them: a stopped worker's pipe raises, and Gymnasium would try
+        again, with a traceback, at exit."""
+        inner = getattr(self.vector_env, "unwrapped", self.vector_env)
+        if isinstance(inner, gym.vector.AsyncVectorEnv) and not inner.closed and self.disrupted() is not None:
             inner._state = AsyncState.DEFAULT  # (Gymnasium's own flag of the pending call: nothing to wait for)
             self.vector_env.close(terminate=True)
             return
-        self.vector_env.close()
+        try:
+            self.vector_env.close()
+        except (OSError, EOFError):  # (a worker a signal stopped while it was asked to close: the rest are ended)
+            if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
+                raise
+            inner._state = AsyncState.DEFAULT
+            self.vector_env.close(terminate=True)
