@@ -1166,3 +1166,76 @@ def test_an_interrupted_learn_makes_subprocess_envs_again(monkeypatch):
     with pytest.raises(rlspeed.UserError, match="which was passed in, cannot go on"):
         model.learn(64, progress_bar=False)
     assert given.closed
+
+
+class _ContractBreakingEnv(gym.Env):
+    """A user's env (registered with disable_env_checker=True, past Gymnasium's checker) that breaks Gymnasium's
+    contract in one way, `fault`; episodes of 3 steps."""
+
+    observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, fault: str = ""):
+        self.fault, self.t = fault, 0
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        obs = np.zeros(5 if self.fault == "reset_shape" else 4, np.float32)
+        return obs if self.fault == "reset_obs_only" else (obs, {})
+
+    def step(self, action):
+        self.t += 1
+        if self.fault == "raises" and self.t == 2:
+            raise ValueError("setting an array element with a sequence (the env's own)")
+        obs, done = np.zeros(4, np.float32), self.t >= 3
+        reward = np.array([1.0]) if self.fault == "reward_shape" else 1.0
+        info = None if self.fault == "info_none" else {}
+        return (obs, reward, done, info) if self.fault == "four" else (obs, reward, done, False, info)
+
+
+gym.register("ContractBreaking-v0", entry_point=_ContractBreakingEnv, disable_env_checker=True, max_episode_steps=50)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("reward_shape", "'ContractBreaking-v0'.step() returned a reward of shape (1,): a reward is one number per step"),
+    ("info_none", "'ContractBreaking-v0'.step() returned an info of type NoneType: info is a dict"),
+    ("reset_obs_only", "'ContractBreaking-v0'.reset() returned a ndarray of shape (4,): Gymnasium's reset returns "
+                       "(obs, info)"),
+    ("four", "'ContractBreaking-v0'.step() returned 4 values: Gymnasium's step returns (obs, reward, terminated, "
+             "truncated, info), and (obs, reward, done, info) is the old gym API's step; Shimmy's"),
+    ("reset_shape", "'ContractBreaking-v0'.reset() returned an observation of shape (5,) where its observation_space "
+                    "declares (4,)"),
+])
+def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, message):
+    """What an env of the user's own returns against Gymnasium's contract failed where rlspeed (or Gymnasium's
+    TimeLimit, SyncVectorEnv) stores it: "The env 'X' raised ValueError in step(): setting an array element with a
+    sequence" (EnvStepError, exit 1), naming neither the field nor what is expected. One sentence now (UserError)."""
+    from rlspeed import PPO
+
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": fault})
+    with pytest.raises(rlspeed.UserError) as raised:
+        model.learn(16, progress_bar=False)
+    assert str(raised.value).startswith(message), str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_envs_own_error_in_step_is_not_taken_for_a_contract_breach():
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": "raises"})
+    with pytest.raises(EnvStepError, match=r"raised ValueError in step\(\): setting an array element with a sequence "
+                                           r"\(the env's own\)"):
+        model.learn(16, progress_bar=False)
+
+
+def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys):
+    """The CLI's exit code for a UserError (2, one line), not an env's failure's (1)."""
+    from rlspeed import cli
+
+    code = cli.main(["train", "ppo", "ContractBreaking-v0", "--env-backend", "gymnasium", "--total-timesteps", "64",
+                     "--num-envs", "2", "--no-progress", "--out", str(tmp_path / "run"), "--env-kwargs", "fault=four"])
+    assert code == 2 and "returned 4 values" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import multiprocessing
+import os
 import pickle
 import re
 import warnings
@@ -333,13 +334,103 @@ def host_tensor(array, device: torch.device, dtype=np.float32) -> torch.Tensor:
     return torch.as_tensor(np.array(array, dtype=dtype), device=device)
 
 
-def check_shape(observation, shape: tuple[int, ...], where: str = "") -> None:
+def check_shape(observation, shape: tuple[int, ...], where: str = "", source: str = "An env") -> None:
     """UserError unless one env's `observation` has the `shape` its observation space declares: numpy would
-    broadcast a scalar or a shorter array into the batch row, and training would go on with wrong observations."""
+    broadcast a scalar or a shorter array into the batch row, and training would go on with wrong observations.
+    `source`: who returned it (`"'X'.reset()"`)."""
     if np.shape(observation) != tuple(shape):
-        raise UserError(f"An env returned an observation{where} of shape {np.shape(observation)} where its "
+        raise UserError(f"{source} returned an observation{where} of shape {np.shape(observation)} where its "
                         f"observation_space declares {tuple(shape)}: make its reset() and step() return that shape, or "
                         "declare the shape they return.")
+
+
+# what an env written for the old gym API (step: obs, reward, done, info; reset: obs) is wrapped in, in Gymnasium 1.x
+OLD_GYM_API = ('Shimmy\'s compatibility env adapts envs of the old gym API: pip install "shimmy[gym-v21]", then '
+               'gymnasium.make("GymV21Environment-v0", env=YourEnv())')
+_NOT_CALLED = object()  # (`contract_problem`: no value returned yet)
+
+
+def _returned(value) -> str:
+    """What an env call returned, in a few words: "4 values", "a ndarray of shape (4,)", "None"."""
+    if value is None:
+        return "None"
+    if isinstance(value, tuple):
+        return f"{len(value)} values"
+    shape = f" of shape {np.shape(value)}" if isinstance(value, np.ndarray) else ""
+    return f"a {type(value).__name__}{shape}"
+
+
+def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...] | None) -> str | None:
+    """One sentence saying what breaks Gymnasium's contract in what `env_id`'s `call` ("reset" or "step")
+    returned, or None where nothing is found. Only asked after storing the value raised (the step loop stays as it
+    is): numpy's and Python's own messages ("setting an array element with a sequence", "not enough values to
+    unpack") name neither the env nor the field. `obs_shape`: the declared shape of a float vector observation
+    (None: not checked here)."""
+    if returned is _NOT_CALLED:
+        return None
+    name = f"'{env_id}'.{call}()"
+    if call == "reset":
+        if not isinstance(returned, tuple) or len(returned) != 2:
+            return (f"{name} returned {_returned(returned)}: Gymnasium's reset returns (obs, info), an observation "
+                    f"and a dict, and only obs is the old gym API's reset; {OLD_GYM_API}.")
+        observation, info = returned
+    else:
+        if not isinstance(returned, tuple) or len(returned) != 5:
+            old = (f", and (obs, reward, done, info) is the old gym API's step; {OLD_GYM_API}"
+                   if isinstance(returned, tuple) and len(returned) == 4 else "")
+            return (f"{name} returned {_returned(returned)}: Gymnasium's step returns (obs, reward, terminated, "
+                    f"truncated, info){old}.")
+        observation, reward, terminated, truncated, info = returned
+        if np.ndim(reward) != 0:
+            return (f"{name} returned a reward of shape {np.shape(reward)}: a reward is one number per step (a "
+                    "float; a one-element array's is array.item()).")
+        try:
+            float(reward)
+        except (TypeError, ValueError):
+            return f"{name} returned a reward of type {type(reward).__name__}: a reward is one number per step."
+        for field, flag in (("terminated", terminated), ("truncated", truncated)):
+            if np.ndim(flag) != 0:
+                return (f"{name} returned {field} of shape {np.shape(flag)}: terminated and truncated are one bool "
+                        "each per step.")
+    if not isinstance(info, dict):
+        return (f"{name} returned an info of type {type(info).__name__}: info is a dict (an empty one where there is "
+                "nothing to report).")
+    if obs_shape is not None and np.shape(observation) != tuple(obs_shape):
+        try:
+            check_shape(observation, obs_shape, source=name)
+        except UserError as error:
+            return str(error)
+    return None
+
+
+_GYMNASIUM_DIR = os.path.dirname(gym.__file__) + os.sep
+_GYMNASIUM_ENVS_DIR = os.path.join(_GYMNASIUM_DIR, "envs") + os.sep
+_NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
+
+
+def _raised_storing(error: BaseException) -> bool:
+    """Whether `error` was raised where what an env returned is unpacked or stored: in this module's own code, or in
+    Gymnasium's wrappers and vector envs (TimeLimit unpacks every step; SyncVectorEnv.reset batches with numpy); not
+    inside the env (nor a built-in one)."""
+    filename, tb = None, error.__traceback__
+    while tb is not None:  # (the innermost frame outside numpy)
+        if not tb.tb_frame.f_code.co_filename.startswith(_NUMPY_DIR):
+            filename = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    return filename is not None and (filename == __file__ or (filename.startswith(_GYMNASIUM_DIR)
+                                                              and not filename.startswith(_GYMNASIUM_ENVS_DIR)))
+
+
+def probe_contract(env_id: str, call: str, env: gym.Env, obs_shape: tuple[int, ...] | None, action=None) -> str | None:
+    """`contract_problem` for what `env` (without Gymnasium's wrappers, which unpack it themselves) returns from
+    one more `call`, after storing its last answer raised inside Gymnasium's code; None where that call raises too
+    or returns what the contract asks for. The run fails anyway: the env's state no longer matters."""
+    try:
+        inner = env.unwrapped
+        returned = inner.reset() if call == "reset" else inner.step(action)
+    except Exception:  # noqa: BLE001 (the env's own failure: the first error is the one to show)
+        return None
+    return contract_problem(env_id, call, returned, obs_shape)
 
 
 class HostObservations:
@@ -606,8 +697,15 @@ class GymnasiumEnv(BatchedEnv):
         self._finish_pending()
         try:
             obs, reset_info = self.vector_env.reset(seed=seed)
-        except BaseException:
+        except BaseException as error:
             self._interrupted_call = "reset"
+            envs = getattr(getattr(self.vector_env, "unwrapped", None), "envs", None)  # (SyncVectorEnv's)
+            if isinstance(error, Exception) and not isinstance(error, UserError) and envs and _raised_storing(error):
+                shape = self.spec.observation_shape if self._float_vector else None
+                problem = next(filter(None, (probe_contract(self.spec.env_id, "reset", env, shape) for env in envs)),
+                               None)
+                if problem:
+                    raise UserError(problem) from error
             raise
         info = {}
         if self._mask_width is None and "action_mask" in reset_info:
@@ -627,58 +725,77 @@ class GymnasiumEnv(BatchedEnv):
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
         None); a row's mask is the one valid for its returned observation (after autoreset, the reset's)."""
-        n = self.num_envs
-        reward = np.empty(n, dtype=np.float32)
-        terminated = np.empty(n, dtype=bool)
-        truncated = np.empty(n, dtype=bool)
-        final = None
-        masks = [None] * n if self.has_action_masks and not self._mask_method else None
-        final_masks: dict[int, object] = {}  # finished row -> the mask its env gave with the last observation
-        self._final_masks = final_masks
-        successes: dict[int, object] = {}  # finished row -> its last step's info["is_success"]
-        self._successes = successes
-        if self._float_vector:
-            obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
-            shape = self.spec.observation_shape
+        stepped = reset_returned = _NOT_CALLED  # (what the envs returned: looked at only if storing it raised)
+        i = None
+        try:
+            n = self.num_envs
+            reward = np.empty(n, dtype=np.float32)
+            terminated = np.empty(n, dtype=bool)
+            truncated = np.empty(n, dtype=bool)
+            final = None
+            masks = [None] * n if self.has_action_masks and not self._mask_method else None
+            final_masks: dict[int, object] = {}  # finished row -> the mask its env gave with the last observation
+            self._final_masks = final_masks
+            successes: dict[int, object] = {}  # finished row -> its last step's info["is_success"]
+            self._successes = successes
+            if self._float_vector:
+                obs = np.empty((n, *self.spec.observation_shape), dtype=np.float32)  # fresh: callers keep the tensors
+                shape = self.spec.observation_shape
+                for i, env in enumerate(self._sync_envs):
+                    stepped = env.step(actions[i])
+                    observation, reward[i], terminated[i], truncated[i], info = stepped
+                    check_shape(observation, shape)
+                    if terminated[i] or truncated[i]:
+                        if final is None:
+                            final = np.empty_like(obs)
+                        final[i] = observation
+                        if masks is not None or self._mask_method:
+                            final_masks[i] = self._env_mask(env, info)
+                        if "is_success" in info:
+                            successes[i] = info["is_success"]
+                        reset_returned = env.reset()
+                        observation, info = reset_returned
+                        check_shape(observation, shape)
+                    obs[i] = observation
+                    if masks is not None:
+                        masks[i] = info.get("action_mask")
+                if final is not None:
+                    done = terminated | truncated
+                    final[~done] = obs[~done]
+                return obs, reward, terminated, truncated, final, masks
+            host = self._host
+            obs = host.empty(n)
             for i, env in enumerate(self._sync_envs):
-                observation, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
-                check_shape(observation, shape)
+                stepped = env.step(actions[i])
+                observation, reward[i], terminated[i], truncated[i], info = stepped
                 if terminated[i] or truncated[i]:
                     if final is None:
-                        final = np.empty_like(obs)
-                    final[i] = observation
+                        final = host.empty(n)
+                    host.write(final, i, observation)
                     if masks is not None or self._mask_method:
                         final_masks[i] = self._env_mask(env, info)
                     if "is_success" in info:
                         successes[i] = info["is_success"]
-                    observation, info = env.reset()
-                    check_shape(observation, shape)
-                obs[i] = observation
+                    reset_returned = env.reset()
+                    observation, info = reset_returned
+                host.write(obs, i, observation)
                 if masks is not None:
                     masks[i] = info.get("action_mask")
             if final is not None:
-                done = terminated | truncated
-                final[~done] = obs[~done]
+                host.copy_rows(final, obs, ~(terminated | truncated))
             return obs, reward, terminated, truncated, final, masks
-        host = self._host
-        obs = host.empty(n)
-        for i, env in enumerate(self._sync_envs):
-            observation, reward[i], terminated[i], truncated[i], info = env.step(actions[i])
-            if terminated[i] or truncated[i]:
-                if final is None:
-                    final = host.empty(n)
-                host.write(final, i, observation)
-                if masks is not None or self._mask_method:
-                    final_masks[i] = self._env_mask(env, info)
-                if "is_success" in info:
-                    successes[i] = info["is_success"]
-                observation, info = env.reset()
-            host.write(obs, i, observation)
-            if masks is not None:
-                masks[i] = info.get("action_mask")
-        if final is not None:
-            host.copy_rows(final, obs, ~(terminated | truncated))
-        return obs, reward, terminated, truncated, final, masks
+        except UserError:
+            raise
+        except Exception as error:
+            if not _raised_storing(error):
+                raise
+            shape, env_id = (self.spec.observation_shape if self._float_vector else None), self.spec.env_id
+            problem = (contract_problem(env_id, "step", stepped, shape)
+                       or contract_problem(env_id, "reset", reset_returned, shape)
+                       or (i is not None and probe_contract(env_id, "step", self._sync_envs[i], shape, actions[i])))
+            if not problem:
+                raise
+            raise UserError(problem) from error
 
     def step(self, actions: torch.Tensor):
         """Step the Gymnasium envs (actions go to the host once) and return the batched contract's tensors.
