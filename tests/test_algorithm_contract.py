@@ -612,7 +612,7 @@ def test_an_interrupted_learn_gives_back_grad_mode_threads_and_denormals(monkeyp
             import rlspeed.population.base as population_base
 
             monkeypatch.setattr(base, "set_flush_denormal", lambda enabled: torch.set_flush_denormal(enabled) and
-                                interrupted())
+                                enabled and interrupted())  # (set to True, then the interrupt)
             monkeypatch.setattr(population_base, "set_training_threads",
                                 lambda count=None: torch.set_num_threads(1) or interrupted())
         for learner in (model, population):

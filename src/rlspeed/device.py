@@ -273,27 +273,6 @@ def flush_denormal_enabled() -> bool:
     return bool((torch.tensor([1e-39], dtype=torch.float32) * 1.0)[0] == 0)  # ok-sync: CPU scalar
 
 
-def gives_back_torch_state(method):
-    """Decorate a training call (`learn`) so that torch's process-wide settings it changes, the thread count, the
-    denormal flushing (`set_flush_denormal`) and grad mode (a `torch.no_grad()` block interrupted between its entry
-    and exit leaves it off), are the caller's again when it returns or raises, a KeyboardInterrupt at any point
-    included (a notebook's stop button)."""
-
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        threads, flushed, grad = torch.get_num_threads(), flush_denormal_enabled(), torch.is_grad_enabled()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            torch.set_grad_enabled(grad)
-            if torch.get_num_threads() != threads:
-                torch.set_num_threads(threads)
-            if flush_denormal_enabled() != flushed:
-                torch.set_flush_denormal(flushed)
-
-    return wrapper
-
-
 def set_flush_denormal(enabled: bool) -> bool:
     """Treat denormal floats (|x| < 1.2e-38) as zero on the CPU, or not; returns the previous setting.
 

@@ -32,7 +32,7 @@ from rlspeed._version import __version__
 from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, refuse_non_model, save_checkpoint
 from rlspeed.device import (
     check_num_threads,
-    gives_back_torch_state,
+    flush_denormal_enabled,
     resolve_device,
     rules,
     set_flush_denormal,
@@ -1607,7 +1607,6 @@ class Algorithm:
         return torch.as_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
                                device=self.device)
 
-    @gives_back_torch_state
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,
@@ -1644,6 +1643,9 @@ class Algorithm:
         last one, or 20 times the last save's duration if that is longer (saving then takes at most 5% of the time):
         what a crash loses is bounded in time whatever the budget.
         """
+        # (the caller's, given back wherever an interrupt lands, a notebook's stop button included: one inside a
+        # `torch.no_grad()` block would leave grad mode off for the process)
+        threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
             total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
@@ -1696,6 +1698,7 @@ class Algorithm:
             self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
         except KeyboardInterrupt:
             self._learn_interrupted = True
+            torch.set_grad_enabled(grad_before)
             raise
         self._follow_learning_rate()
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
@@ -1760,10 +1763,11 @@ class Algorithm:
         closing = False
         closing_row = None  # (that pass's row: callbacks get it at training end)
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
-        threads_before = set_training_threads(self.num_threads)  # (the model's, evaluations included)
-        flushed_before = set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
+        flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         raising = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
+            set_training_threads(self.num_threads)  # (the model's, evaluations included)
+            set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
             if resume is not None:
                 self._apply_resume(resume)  # last: the random generators as the checkpoint's run left them
             self._resume = None  # (from here the model is the resumed run's, whole: an interruption saves it)
@@ -1911,6 +1915,7 @@ class Algorithm:
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
             set_flush_denormal(flushed_before)
             torch.set_num_threads(threads_before)
+            torch.set_grad_enabled(grad_before)
             bar.close()
             if logger is not None:
                 # (recorded by the last iteration's callbacks, after its row)

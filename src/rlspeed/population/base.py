@@ -23,7 +23,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, save_checkpoint
-from rlspeed.device import gives_back_torch_state, set_training_threads
+from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError
@@ -1156,7 +1156,6 @@ class PopulationBase:
         callers that must know before (the CLI, before it makes a run directory). Populations without a replay
         buffer have nothing to check."""
 
-    @gives_back_torch_state
     def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int | None = None,
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
@@ -1217,8 +1216,9 @@ class PopulationBase:
         self._metrics_since = (loop.member_steps, loop.train_wall_s)  # (a resumed loop's counts go on from there)
         bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
                           desc=f"{self.algo_name} {self.env_id} x{self.size}")
-        threads_before = set_training_threads(self.num_threads)  # (as a solo model's learn)
+        threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()  # (given back, as a model's)
         try:
+            set_training_threads(self.num_threads)  # (as a solo model's learn)
             self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                              on_eval, run_dir, stop_requested, bar, logger)
         except KeyboardInterrupt:
@@ -1227,6 +1227,7 @@ class PopulationBase:
             raise
         finally:
             torch.set_num_threads(threads_before)
+            torch.set_grad_enabled(grad_before)
             bar.close()
             if logger is not None:
                 if not logger.rows or logger.rows[-1]["timesteps"] != self.num_timesteps:
