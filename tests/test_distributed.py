@@ -288,6 +288,22 @@ def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
     assert not (tmp_path / "run").exists()
     nested = subprocess.run(base, env={**clean_env(), "WORLD_SIZE": "2"}, capture_output=True, text=True, timeout=120)
     assert nested.returncode == 2 and "under torchrun (WORLD_SIZE is set) leave --nproc out" in nested.stderr
+    # more CPU processes than cores: refused before num_envs's advice, which named a multiple of them
+    many = str((os.cpu_count() or 1) * 32)
+    crowded = subprocess.run([*base[:7], many, *base[8:]], env=clean_env(), capture_output=True, text=True,
+                             timeout=120)
+    assert crowded.returncode == 2 and f"--nproc {many} is more processes than this machine's" in crowded.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", [["tune", "ppo", "CartPole-v1"], ["profile", "ppo", "CartPole-v1"]])
+def test_tune_and_profile_under_torchrun_are_refused_in_one_sentence(command, capsys, monkeypatch):
+    """Under torchrun every rank ran its own study (one killed the other over the study's lock) or profiled a run of
+    its own, printing and writing the same files twice: they run in one process."""
+    from conftest import cli_error
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert "runs in one process" in cli_error(capsys, command) and "without torchrun" in cli_error(capsys, command)
 
 
 def test_a_bad_input_the_workers_find_exits_2_without_torchruns_report_or_a_directory_left(tmp_path):

@@ -736,12 +736,24 @@ def _save_member_models(population, summary: dict, run_dir: Path) -> dict[str, s
     return saved
 
 
+def _count(number: int, noun: str) -> str:
+    """'1 env', '4 envs'."""
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def _one_process_only(command: str, why: str) -> None:
+    """UserError where this command was started under torchrun (WORLD_SIZE above 1): `command` runs in one process."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(f"rlspeed {command} runs in one process ({why}): start it without torchrun.")
+
+
 # --- `rlspeed tune` ----------------------------------------------------------------------------------------------
 def cmd_tune(args: argparse.Namespace) -> int:
     """`rlspeed tune`: an Optuna study over per-member hyperparameters, `--population` trials trained at once as one
     population (`rlspeed.tune`), resumable from its storage; writes the best configuration as a preset YAML."""
     from rlspeed.tune import require_optuna
 
+    _one_process_only("tune", "its trials train as one population; each process would run the study on its own")
     require_optuna()
     _import_env_modules(args, "env_id")
     from rlspeed.device import configure_threads, resolve_device
@@ -1650,7 +1662,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     say = _print_beside_bars if main else (lambda *a, **k: None)
     if strategy.enabled:
         say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
-            f"{model.config.num_envs // strategy.world_size} envs each")
+            f"{_count(model.config.num_envs // strategy.world_size, 'env')} each")
     if resumed_from is not None:
         how = ("torchrun restarted the group" if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
                else "--resume")
@@ -1819,6 +1831,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     and print where the time goes, per phase of the loop and per operation, with advice; returns the exit code."""
     from rlspeed.diagnostics.profiler import planned_steps, profile_run
 
+    _one_process_only("profile", "each process would profile a run of its own, not the distributed one")
     _import_env_modules(args, "env_id")
     trace = Path(args.trace) if args.trace else None
     if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
@@ -1863,13 +1876,16 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                         "with --nproc.")
     _algo_cls, _run_settings, _hyper, config = _settings(args)
+    from rlspeed.device import device_count, resolve_device
+
+    device = resolve_device(args.device)
+    if device.type == "cpu" and args.nproc > (os.cpu_count() or 1):
+        raise UserError(f"--nproc {args.nproc} is more processes than this machine's {os.cpu_count() or 1} CPU cores "
+                        "(on the CPU each process trains on a core of its own); start at most that many.")
     num_envs = getattr(config, "num_envs", None)
     if num_envs is not None and num_envs % args.nproc:
         raise UserError(f"num_envs ({num_envs}) must be a multiple of --nproc ({args.nproc}) so that every process "
                         f"steps as many envs: use --num-envs {max(num_envs // args.nproc, 1) * args.nproc}.")
-    from rlspeed.device import device_count, resolve_device
-
-    device = resolve_device(args.device)
     if device.type != "cpu" and args.nproc > device_count(device.type):
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
@@ -1906,7 +1922,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     def forward(signum, _frame) -> None:
         _quiet_closed_terminal(signum)
         if not received:
-            print(f"rlspeed: stopping the {args.nproc} processes (they save where they are)", file=sys.stderr,
+            print(f"rlspeed: stopping the {args.nproc} processes (they save where they are)"
+                  if args.nproc != 1 else "rlspeed: stopping the process (it saves where it is)", file=sys.stderr,
                   flush=True)
         received.append(signum)
         # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more)
