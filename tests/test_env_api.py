@@ -1221,6 +1221,24 @@ def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, mes
     assert "\n" not in str(raised.value)
 
 
+def test_a_contract_breach_is_told_under_a_time_limit_another_package_put_in_place(monkeypatch):
+    """rl_zoo3 (rlspeed's `--preset zoo`) replaces Gymnasium's TimeLimit with a subclass of its own when imported: the
+    old API's 4-value step then failed in that subclass's file, not Gymnasium's, and was taken for the env's own
+    error (EnvStepError, exit 1)."""
+    from rlspeed import PPO
+
+    class PatchedTimeLimit(gym.wrappers.TimeLimit):  # (what rl_zoo3.gym_patches does, in a file of its own)
+        def step(self, action):
+            observation, reward, terminated, truncated, info = self.env.step(action)
+            return observation, reward, terminated, truncated, info
+
+    monkeypatch.setattr(gym.wrappers, "TimeLimit", PatchedTimeLimit)  # (what gymnasium.make wraps with)
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": "four"})
+    with pytest.raises(rlspeed.UserError, match=r"'ContractBreaking-v0'.step\(\) returned 4 values"):
+        model.learn(16, progress_bar=False)
+
+
 def test_an_envs_own_error_in_step_is_not_taken_for_a_contract_breach():
     from rlspeed import PPO
     from rlspeed.errors import EnvStepError

@@ -410,15 +410,20 @@ _NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
 
 def _raised_storing(error: BaseException) -> bool:
     """Whether `error` was raised where what an env returned is unpacked or stored: in this module's own code, or in
-    Gymnasium's wrappers and vector envs (TimeLimit unpacks every step; SyncVectorEnv.reset batches with numpy); not
-    inside the env (nor a built-in one)."""
-    filename, tb = None, error.__traceback__
+    a wrapper's or vector env's method (Gymnasium's TimeLimit unpacks every step, and so does a TimeLimit another
+    package put in its place, as rl_zoo3 does; SyncVectorEnv.reset batches with numpy) or elsewhere in Gymnasium
+    outside its envs; not inside the env (nor a built-in one)."""
+    frame, tb = None, error.__traceback__
     while tb is not None:  # (the innermost frame outside numpy)
         if not tb.tb_frame.f_code.co_filename.startswith(_NUMPY_DIR):
-            filename = tb.tb_frame.f_code.co_filename
+            frame = tb.tb_frame
         tb = tb.tb_next
-    return filename is not None and (filename == __file__ or (filename.startswith(_GYMNASIUM_DIR)
-                                                              and not filename.startswith(_GYMNASIUM_ENVS_DIR)))
+    if frame is None:
+        return False
+    filename = frame.f_code.co_filename
+    owner = frame.f_locals.get("self")
+    return (filename == __file__ or isinstance(owner, (gym.Wrapper, gym.vector.VectorEnv))
+            or (filename.startswith(_GYMNASIUM_DIR) and not filename.startswith(_GYMNASIUM_ENVS_DIR)))
 
 
 def probe_contract(env_id: str, call: str, env: gym.Env, obs_shape: tuple[int, ...] | None, action=None) -> str | None:
