@@ -1250,6 +1250,21 @@ def test_an_envs_own_error_in_step_is_not_taken_for_a_contract_breach():
         model.learn(16, progress_bar=False)
 
 
+def test_an_envs_array_reward_in_subprocess_envs_is_one_sentence():
+    """With gymnasium-async, rewards of shape (1,) batch to [N, 1] in the workers' answer, which reached the device
+    copy as a torch broadcast error: one sentence naming the shape."""
+    from rlspeed import PPO
+
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": "reward_shape"})
+    try:
+        with pytest.raises(rlspeed.UserError, match=r"returned rewards of shape \(2, 1\) for 2 envs: each env's step "
+                                                    "returns one number"):
+            model.learn(16, progress_bar=False)
+    finally:
+        model.close()
+
+
 def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys):
     """The CLI's exit code for a UserError (2, one line), not an env's failure's (1)."""
     from rlspeed import cli

@@ -883,10 +883,14 @@ class GymnasiumEnv(BatchedEnv):
         reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
         add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
                                      if "is_success" in final_info and (not reported.size or reported[row])})
-        return (obs_t,
-                host_to(np.asarray(reward, dtype=np.float32), self.device),
-                host_to(np.asarray(terminated, dtype=bool), self.device),
-                host_to(np.asarray(truncated, dtype=bool), self.device),
+        reward, terminated, truncated = (np.asarray(reward, dtype=np.float32), np.asarray(terminated, dtype=bool),
+                                         np.asarray(truncated, dtype=bool))
+        for field, value in (("rewards", reward), ("terminated", terminated), ("truncated", truncated)):
+            if value.shape != (self.num_envs,):  # (an env's reward of shape (1,) batches to [N, 1], not [N])
+                raise UserError(f"'{self.spec.env_id}' (its vector env) returned {field} of shape {value.shape} for "
+                                f"{self.num_envs} envs: each env's step returns one number (a reward) and one bool "
+                                "(terminated, truncated), not an array.")
+        return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
 
     def _finish_pending(self) -> None:
