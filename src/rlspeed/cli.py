@@ -741,9 +741,14 @@ def _count(number: int, noun: str) -> str:
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
+def _under_torchrun() -> bool:
+    """Whether this process is one of several torchrun started (WORLD_SIZE above 1)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def _one_process_only(command: str, why: str) -> None:
-    """UserError where this command was started under torchrun (WORLD_SIZE above 1): `command` runs in one process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    """UserError where this command was started under torchrun: `command` runs in one process."""
+    if _under_torchrun():
         raise UserError(f"rlspeed {command} runs in one process ({why}): start it without torchrun.")
 
 
@@ -1512,7 +1517,7 @@ def _resume_settings(args: argparse.Namespace) -> None:
         raise UserError(f"--resume: '{args.out}' holds a single {config.get('algo')} run (seed {config.get('seed')}), "
                         "not a population: resume it without --seeds, or give another --out.")
     given = _given_options(getattr(args, "argv", []), "train")
-    several = args.nproc is not None or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    several = args.nproc is not None or _under_torchrun()
     for key in ("env_backend", "accelerate", "nan_policy"):
         if key == "accelerate" and several:  # (`--accelerate auto` is for one process; not taken over silently)
             continue
@@ -1870,7 +1875,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     import signal
     import subprocess
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if _under_torchrun():
         raise UserError("--nproc starts torchrun itself: under torchrun (WORLD_SIZE is set) leave --nproc out.")
     if args.accelerate == "auto":
         raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "

@@ -511,27 +511,38 @@ def check_threads() -> Check:
 # --- 8. Optional packages -----------------------------------------------------------------------------------
 
 
-#: rlspeed's own dependencies besides torch and gymnasium (pyproject.toml): (name, module, what needs it, status
-#: when it cannot be imported, the pip requirement)
+#: rlspeed's own dependencies besides torch and gymnasium (pyproject.toml): (distribution, module, what needs it,
+#: status when it cannot be imported)
 DEPENDENCIES = (
-    ("safetensors", "safetensors.torch", "checkpoints", FAIL, "safetensors>=0.4"),
-    ("pyyaml", "yaml", "configs and presets", FAIL, "pyyaml>=6"),
-    ("tqdm", "tqdm", "progress bars", FAIL, "tqdm>=4.60"),
-    ("matplotlib", "matplotlib.backends.backend_agg", "learning-curve plots", WARN, "matplotlib>=3.7"),
+    ("safetensors", "safetensors.torch", "checkpoints", FAIL),
+    ("pyyaml", "yaml", "configs and presets", FAIL),
+    ("tqdm", "tqdm", "progress bars", FAIL),
+    ("matplotlib", "matplotlib.backends.backend_agg", "learning-curve plots", WARN),
 )
+
+
+def _requirement(name: str) -> str:
+    """rlspeed's requirement of distribution `name` as its installed metadata (pyproject.toml) states it
+    ("pyyaml>=6"), else the name alone."""
+    try:
+        listed = importlib.metadata.requires("rlspeed") or []
+    except importlib.metadata.PackageNotFoundError:
+        listed = []
+    pattern = re.compile(rf"{re.escape(name)}\b", re.IGNORECASE)
+    return next((item.split(";")[0].strip() for item in listed if pattern.match(item) and ";" not in item), name)
 
 
 def check_packages() -> list[Check]:
     """rlspeed's dependencies (`DEPENDENCIES`: FAIL where training needs one, WARN for the plots), tensorboard
     (WARN), stable_baselines3 (information only)."""
     checks = []
-    for name, module, used_for, status, requirement in DEPENDENCIES:
+    for name, module, used_for, status in DEPENDENCIES:
         try:  # (what a run imports: installed is not enough)
             importlib.import_module(module)
             checks.append(Check(PASS, name, f"{_version(name)} ({used_for})"))
         except Exception as error:  # noqa: BLE001 (whatever its import raises)
             checks.append(Check(status, name, f"cannot import: {_first_line(error, 90)}",
-                                f'{used_for} need it: pip install "{requirement}"'))
+                                f'{used_for} need it: pip install "{_requirement(name)}"'))
     tensorboard = _version("tensorboard") if importlib.util.find_spec("tensorboard") else None
     if tensorboard:
         try:  # (what a run imports: installed is not enough)

@@ -946,14 +946,18 @@ class GymnasiumEnv(BatchedEnv):
         `disrupted`) are terminated without a word to them: a stopped worker's pipe raises, and Gymnasium would try
         again, with a traceback, at exit."""
         inner = getattr(self.vector_env, "unwrapped", self.vector_env)
-        if isinstance(inner, gym.vector.AsyncVectorEnv) and not inner.closed and self.disrupted() is not None:
+        asynchronous = isinstance(inner, gym.vector.AsyncVectorEnv) and not inner.closed
+
+        def terminate() -> None:
             inner._state = AsyncState.DEFAULT  # (Gymnasium's own flag of the pending call: nothing to wait for)
             self.vector_env.close(terminate=True)
+
+        if asynchronous and self.disrupted() is not None:
+            terminate()
             return
         try:
             self.vector_env.close()
         except (OSError, EOFError):  # (a worker a signal stopped while it was asked to close: the rest are ended)
-            if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
+            if not asynchronous or inner.closed:
                 raise
-            inner._state = AsyncState.DEFAULT
-            self.vector_env.close(terminate=True)
+            terminate()
