@@ -316,3 +316,85 @@ def test_a_bad_input_the_workers_find_exits_2_without_torchruns_report_or_a_dire
     assert done.returncode == 2, done.stderr
     assert "rejected the options nope" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("failing_rank", ["1", "0"])
+def test_one_ranks_env_error_ends_an_nproc_run_in_its_sentence_and_one_line_per_peer(tmp_path, failing_rank):
+    """One rank's env raising ended `rlspeed train --nproc 2` in ~100 lines: that rank's sentence, a misleading
+    "SIGTERM: stopping after this iteration" from rank 0 (torchrun's stop for the failure), rank 0's gloo traceback
+    ("Connection closed by peer") and torchrun's failure report. Now the env's sentence, one line from the peer
+    naming the process that ended, exit code 1."""
+    env = {**clean_env(), "FAILING_RANK": failing_rank,
+           "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "failing_rank_env:FailingRank-v0",
+                           "--nproc", "2", "--env-backend", "gymnasium", "--no-progress", "--total-timesteps",
+                           "20000", "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.count("raised RuntimeError in step(): sensor cable unplugged") == 1, done.stderr[-3000:]
+    other = 1 - int(failing_rank)
+    assert f"Process {other} of 2 stopped: process {failing_rank} ended with exit code 1" in done.stderr
+    for noise in ("Traceback", "[rank", "stopping after this iteration", "ChildFailedError", "closing signal"):
+        assert noise not in done.stderr, done.stderr[-3000:]
+
+
+def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_errors_stay(monkeypatch, tmp_path):
+    """A collective whose peer ended (gloo's "Connection closed by peer") raises PeerEnded naming the process that said
+    why it ended (`tell_launcher`, in the launcher's folder), or saying that one ended where none did; a collective's
+    other errors are not renamed."""
+    import torch.distributed as dist
+
+    from rlspeed.distributed import SAID_FOLDER_VARIABLE, tell_launcher
+    from rlspeed.errors import PeerEnded
+
+    strategy = DistributedStrategy.__new__(DistributedStrategy)
+    strategy.world_size, strategy.rank, strategy.local_rank, strategy.device = 3, 0, 0, torch.device("cpu")
+    error = RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:22955")
+
+    def broken(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(dist, "all_reduce", broken)
+    monkeypatch.setenv(SAID_FOLDER_VARIABLE, str(tmp_path))
+    with pytest.raises(PeerEnded, match="another process of the run ended or stopped answering") as ended:
+        strategy.all_reduce_sum(torch.zeros(2))
+    assert ended.value.__cause__ is error
+    monkeypatch.setenv("RANK", "2")
+    tell_launcher(1)  # (rank 2 of this attempt said why it ends: exit code 1)
+    with pytest.raises(PeerEnded, match=r"^Process 0 of 3 stopped: process 2 ended with exit code 1 \(its message"):
+        strategy.max_over_ranks(1)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # (a restarted attempt: the earlier attempt's end is old)
+    parameter = torch.zeros(2, requires_grad=True)
+    parameter.grad = torch.ones(2)
+    with pytest.raises(PeerEnded, match="another process of the run ended"):
+        strategy.all_reduce_gradients([parameter])
+    error = RuntimeError("Tensors must be contiguous")
+    with pytest.raises(RuntimeError, match="must be contiguous") as other:
+        strategy.all_reduce_sum(torch.zeros(2))
+    assert not isinstance(other.value, PeerEnded)
+
+
+def test_the_launcher_keeps_torchruns_report_unless_every_failed_worker_said_why():
+    """`python -m rlspeed._torchrun` ends with the first failed worker's code where it said why (its file in the
+    launcher's folder, or a code only a said ending has) and every other failed worker said why too or was ended by
+    torchrun; a worker that crashed (killed, an uncaught exception) keeps torchrun's report."""
+    from rlspeed._torchrun import _quiet_code
+
+    class Failure:
+        def __init__(self, pid, exitcode):
+            self.pid, self.exitcode = pid, exitcode
+
+    class ChildFailedError(Exception):
+        def __init__(self, *failures):
+            self.failures = dict(enumerate(failures))
+
+        def get_first_failure(self):
+            return 0, self.failures[0]
+
+    said = {101: ("0", 1, 1), 102: ("0", 0, 1)}
+    assert _quiet_code(ChildFailedError(Failure(101, 1), Failure(102, 1)), said) == 1
+    assert _quiet_code(ChildFailedError(Failure(101, -6), Failure(102, -15)), said) == 1  # (aborted at teardown)
+    assert _quiet_code(ChildFailedError(Failure(103, 2), Failure(102, 1)), said) == 2
+    assert _quiet_code(ChildFailedError(Failure(103, -9), Failure(102, 1)), said) is None  # (killed: report stays)
+    assert _quiet_code(ChildFailedError(Failure(101, 1), Failure(103, 1)), said) is None  # (a traceback: stays)
+    assert _quiet_code(ChildFailedError(Failure(103, 1), Failure(104, -15)), {}) is None

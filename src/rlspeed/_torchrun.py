@@ -1,40 +1,71 @@
 """`python -m rlspeed._torchrun ARGS`: torchrun (`python -m torch.distributed.run ARGS`) as `rlspeed train --nproc`
-starts it, ending quietly where its workers stopped for a signal: a signal that stops torchrun itself (the launcher's
-forwarded Ctrl-C or SIGTERM) ends it with 128 + the signal's number, and workers that ended saying why in their own
-line (a bad input, 2; a saved interrupted run, 130 or 143) end it with that code, instead of torchrun's traceback and
-failure report under the workers' line."""
+starts it, ending quietly where its workers stopped saying why: a signal that stops torchrun itself (the launcher's
+forwarded Ctrl-C or SIGTERM) ends it with 128 + the signal's number, and workers whose first failure ended saying why
+in its own line (a bad input, 2; an env's error, 1; a saved interrupted run, 130 or 143), the others ending with a line
+of their own or by torchrun's signal, end it with that worker's code, instead of torchrun's traceback and failure
+report under the workers' lines. A worker that ends any other way (an uncaught exception, a crash) keeps torchrun's
+report."""
+import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
 
 from torch.distributed.run import main
 
+from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
+
 #: the exit codes of an rlspeed command that said why it ended, in one line: a bad input (2), a run stopped by Ctrl-C
-#: (130) or SIGTERM (143) after saving
+#: (130) or SIGTERM (143) after saving (a worker ending through `DistributedStrategy.leave` says so by its code alone)
 SAID_CODES = (2, 130, 143)
 #: how torchrun ends the other workers once one has ended (their exit codes: minus the signal's number)
 _ENDED_BY_TORCHRUN = tuple(-int(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL))
 
 
-def _quiet_code(error: Exception) -> int | None:
+def _quiet_code(error: Exception, said: dict[int, tuple[str, int, int]] | None = None) -> int | None:
     """The exit code for `error` where it is torchrun's report of a stop, or of workers whose first failure said why it
-    ended (`SAID_CODES`: a bad input found by the workers is exit code 2, as without --nproc), the others ending with
-    it; else None: torchrun's report stays (its classes' modules are internal: read by name)."""
+    ended (`said`, process id -> (attempt, rank, code), from `workers_said`; or one of `SAID_CODES`: a bad input found
+    by the workers is exit code 2, as without --nproc), the others saying why too or ending by torchrun's signal; else
+    None: torchrun's report stays (its classes' modules are internal: read by name)."""
+    said = said or {}
     if type(error).__name__ == "SignalException" and getattr(error, "sigval", None) is not None:
         return 128 + int(error.sigval)
     if type(error).__name__ == "ChildFailedError" and hasattr(error, "get_first_failure"):
-        first = getattr(error.get_first_failure()[1], "exitcode", None)
-        codes = {getattr(failure, "exitcode", None) for failure in getattr(error, "failures", {}).values()}
-        if first in SAID_CODES and codes <= {*SAID_CODES, *_ENDED_BY_TORCHRUN}:
+
+        def told(failure) -> int | None:
+            if getattr(failure, "pid", None) in said:
+                return said[failure.pid][2]
+            code = getattr(failure, "exitcode", None)
+            return code if code in SAID_CODES else None
+
+        first = told(error.get_first_failure()[1])
+        failures = getattr(error, "failures", {}).values()
+        if first is not None and all(told(failure) is not None or getattr(failure, "exitcode", None)
+                                     in _ENDED_BY_TORCHRUN for failure in failures):
             return first
     return None
 
 
+def _quiet_torchrun_logs() -> None:
+    """torchrun's own log lines about ending workers ("Sending process ... closing signal", "failed (exitcode: ...)")
+    repeat what the workers said, or its failure report says: off (its loggers set their levels one by one)."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 if __name__ == "__main__":
+    folder = tempfile.mkdtemp(prefix="rlspeed-workers-")
+    os.environ[SAID_FOLDER_VARIABLE] = folder  # (the workers inherit it)
+    _quiet_torchrun_logs()
     try:
         main()
     except Exception as stop:
-        code = _quiet_code(stop)
+        code = _quiet_code(stop, workers_said(folder))
         if code is None:
             raise
         sys.stderr.flush()
         sys.exit(code)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -32,7 +32,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed._version import __version__
-from rlspeed.errors import EnvStepError, UserError, peer_algorithm_advice
+from rlspeed.errors import EnvStepError, PeerEnded, UserError, peer_algorithm_advice
 from rlspeed.files import remove_stale_temporaries
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
@@ -1282,14 +1282,22 @@ def _stop_after_iteration():
         if received:
             raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(_signal_name(signum))
         received.append(signum)
-        if under_torchrun and os.environ.get("RANK", "0") != "0":
-            return  # (each rank gets the signal: one says it)
+        if under_torchrun and (os.environ.get("RANK", "0") != "0" or _peer_said_why()):
+            return  # (each rank gets the signal: one says it; none where torchrun stops the run for a peer's end)
         print(f"rlspeed: {_signal_name(signum)}: stopping after this iteration "
               + ("(torchrun ends workers 30 s after its signal)" if under_torchrun else "(again to stop at once)"),
               file=sys.stderr, flush=True)
 
     with _signal_handler(handler, (signal.SIGINT, *STOP_SIGNALS)):
         yield received
+
+
+def _peer_said_why() -> bool:
+    """Under `rlspeed train --nproc`: whether another worker of this attempt has ended saying why (torchrun then
+    stops the others with SIGTERM, which is no stop a user asked for)."""
+    from rlspeed.distributed import peers_said
+
+    return any(rank != int(os.environ.get("RANK", "0")) for rank in peers_said())
 
 
 def _stopping(backend: str):
@@ -2354,6 +2362,10 @@ def main(argv: list[str] | None = None) -> int:
             code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
             return code
         finally:
+            if code and "TORCHELASTIC_RUN_ID" in os.environ:  # (a torchrun worker that said why it ends)
+                from rlspeed.distributed import tell_launcher
+
+                tell_launcher(code)
             _settle_overwrites(succeeded=code == 0)  # (under the run directory's lock)
             _release_run_locks()  # (the command is over: the next one in this process may train there)
             if not console:
@@ -2512,6 +2524,11 @@ def _main(argv: list[str]) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"rlspeed: error: {_one_line(str(error))} (--debug shows the env's traceback).", file=sys.stderr)
+        return 1
+    except PeerEnded as error:  # (the process that ended has said why: this one's line only names it)
+        if getattr(args, "debug", False):
+            raise
+        print(f"rlspeed: {_one_line(str(error))}", file=sys.stderr)
         return 1
     except (MemoryError, RuntimeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)
         text = str(error)

@@ -9,18 +9,27 @@ no-op and the algorithms run exactly the same code path.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from rlspeed.device import device_count, resolve_device
-from rlspeed.errors import UserError
+from rlspeed.errors import PeerEnded, UserError
 
 BACKEND_FOR_DEVICE = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo", "xpu": "xccl"}
+#: the environment variable naming the folder where each worker of `python -m rlspeed._torchrun` (`rlspeed train
+#: --nproc`) that ends having said why in its own line leaves a file (`tell_launcher`), so that the launcher ends with
+#: that worker's exit code instead of torchrun's failure report under the worker's line
+SAID_FOLDER_VARIABLE = "RLSPEED_WORKERS_SAID"
+#: what a broken collective's error says where a peer process ended or stopped answering (gloo, NCCL, the store)
+_PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "timed out",
+              "communicator was aborted")
 
 
 class DistributedStrategy:
@@ -82,8 +91,9 @@ class DistributedStrategy:
         """Make every rank start from rank 0's parameters and buffers."""
         if not self.enabled:
             return
-        for tensor in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(tensor.data, src=0)
+        with self._peers_answer():
+            for tensor in list(module.parameters()) + list(module.buffers()):
+                dist.broadcast(tensor.data, src=0)
 
     def all_reduce_gradients(self, params: Iterable[torch.Tensor]) -> None:
         """Average gradients over ranks in one collective on one flat buffer (call after backward)."""
@@ -93,7 +103,8 @@ class DistributedStrategy:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        with self._peers_answer():
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         flat /= self.world_size
         torch._foreach_copy_(grads, [chunk.view_as(g) for chunk, g in
                                      zip(flat.split([g.numel() for g in grads]), grads)])
@@ -101,7 +112,8 @@ class DistributedStrategy:
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum a tensor over ranks (in place; returned for convenience). No-op in a single process."""
         if self.enabled:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            with self._peers_answer():
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
     def broadcast_flag(self, flag: bool) -> bool:
@@ -109,21 +121,24 @@ class DistributedStrategy:
         if not self.enabled:
             return flag
         tensor = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.broadcast(tensor, src=0)
-        return bool(tensor.item())  # ok-sync: once per log interval
+        with self._peers_answer():
+            dist.broadcast(tensor, src=0)
+            return bool(tensor.item())  # ok-sync: once per log interval
 
     def max_over_ranks(self, value: int) -> int:
         """The largest of the ranks' `value`s (e.g. 'a signal came: stop'), known to every rank."""
         if not self.enabled:
             return value
         tensor = torch.tensor([float(value)], device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return int(tensor.item())  # ok-sync: once per iteration, with callbacks
+        with self._peers_answer():
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            return int(tensor.item())  # ok-sync: once per iteration, with callbacks
 
     def barrier(self) -> None:
         """Wait until every rank reaches this point (no-op in a single process)."""
         if self.enabled:
-            dist.barrier()
+            with self._peers_answer():
+                dist.barrier()
 
     def shutdown(self, wait: bool = True) -> None:
         """Leave the process group cleanly: by default after every rank has reached this point (`barrier`), since a
@@ -132,7 +147,8 @@ class DistributedStrategy:
         a peer may never arrive)."""
         if self.enabled and dist.is_initialized():
             if wait:
-                dist.barrier()
+                with self._peers_answer():
+                    dist.barrier()
             dist.destroy_process_group()
 
     def leave(self, code: int = 0) -> int:
@@ -142,10 +158,64 @@ class DistributedStrategy:
         In a single process it only returns `code`."""
         self.shutdown(wait=True)
         if self.enabled:
+            tell_launcher(code)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
         return code
+
+    @contextlib.contextmanager
+    def _peers_answer(self) -> Iterator[None]:
+        """Within the block, a collective that fails because another process of the run ended or stopped answering
+        (`_PEER_GONE`) raises `PeerEnded`, one line naming that process where it said why (`peers_said`), instead
+        of the backend's traceback under that process's own error."""
+        try:
+            yield
+        except RuntimeError as error:
+            if isinstance(error, PeerEnded) or not any(gone in str(error).lower() for gone in _PEER_GONE):
+                raise
+            said = {rank: code for rank, code in peers_said().items() if rank != self.rank}
+            here = f"Process {self.rank} of {self.world_size}"
+            if said:
+                rank = min(said)
+                raise PeerEnded(f"{here} stopped: process {rank} ended with exit code {said[rank]} (its message is "
+                                "above).") from error
+            raise PeerEnded(f"{here} stopped: another process of the run ended or stopped answering (its message, "
+                            "if it left one, is above; --debug shows where this one stopped).") from error
+
+
+def _attempt() -> str:
+    """Which of torchrun's attempts this process belongs to (0, then one more per restart)."""
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+
+
+def tell_launcher(code: int) -> None:
+    """Where this worker of `python -m rlspeed._torchrun` ends with `code` (not 0) after saying why in its own line:
+    leave that in the launcher's folder (`SAID_FOLDER_VARIABLE`), as `ATTEMPT RANK CODE` in a file named after this
+    process's id, which torchrun's failure report gives. Elsewhere nothing."""
+    folder = os.environ.get(SAID_FOLDER_VARIABLE)
+    if code and folder:
+        with contextlib.suppress(OSError):
+            Path(folder, str(os.getpid())).write_text(f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}")
+
+
+def workers_said(folder: str | os.PathLike) -> dict[int, tuple[str, int, int]]:
+    """What `tell_launcher` left in `folder`: process id -> (attempt, rank, exit code)."""
+    said = {}
+    with contextlib.suppress(OSError):
+        for path in Path(folder).iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                attempt, rank, code = path.read_text().split()
+                said[int(path.name)] = (attempt, int(rank), int(code))
+    return said
+
+
+def peers_said() -> dict[int, int]:
+    """The processes of this attempt that have ended saying why (`tell_launcher`): rank -> exit code."""
+    folder = os.environ.get(SAID_FOLDER_VARIABLE)
+    if not folder:
+        return {}
+    return {rank: code for attempt, rank, code in workers_said(folder).values() if attempt == _attempt()}
 
 
 def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:

@@ -1,6 +1,6 @@
-"""Errors a user can cause (`UserError`: the CLI prints its message as one sentence and exits with code 2) and an
-env's own failure (`EnvStepError`: one sentence, exit code 1). No torch import here: the CLI handles both before it
-imports torch."""
+"""Errors a user can cause (`UserError`: the CLI prints its message as one sentence and exits with code 2), an env's
+own failure (`EnvStepError`: one sentence, exit code 1) and the end of a distributed run's process whose peer ended
+(`PeerEnded`: one line, exit code 1). No torch import here: the CLI handles them before it imports torch."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ class EnvStepError(RuntimeError):
         made_with = f" (it was made with the options {', '.join(options)}: check their values)" if options else ""
         super().__init__(f"The env '{env_id}' ({backend} backend) raised {type(error).__name__} in {call}()"
                          + (f": {detail}" if detail else "") + made_with)
+
+
+class PeerEnded(RuntimeError):
+    """A process of a torch.distributed run found a collective broken because another process ended or stopped
+    answering (that process's own error is the cause to read): the CLI prints its message as one line, exit code 1;
+    the collective's error is chained (`__cause__`)."""
 
 
 #: Algorithms of sb3-contrib and RL-Zoo under their names (lower case, without "_" and "-"), each with what rlspeed
