@@ -287,6 +287,35 @@ def test_a_subclass_checkpoint_loaded_by_the_base_class_says_so(tmp_path):
         FlipPPO.load(plain)
 
 
+def test_a_subclass_gets_its_own_init_arguments_back_from_its_file_or_is_told_they_are_not_saved(tmp_path):
+    """A subclass's own `__init__` arguments (`MyPPO(env, bonus=0.9)`) came back from `MyPPO.load` as their defaults,
+    silently. Those the model holds as plain values under their names (or `_name`) are saved and given back (a value
+    given to load wins; a subclass of another signature and rlspeed's own class ignore them); one held otherwise is
+    said once, when saved."""
+    import warnings
+
+    class BonusPPO(PPO):
+        def __init__(self, env, bonus=0.5, scales=(1, 2), reward_fn=None, **hyperparameters):
+            self.bonus, self._scales, self.reward_fn = bonus, scales, reward_fn
+            super().__init__(env, **hyperparameters)
+
+    model = BonusPPO("CartPole-v1", bonus=0.9, scales=(3, 4), reward_fn=abs, device="cpu", seed=0, num_envs=4,
+                     num_steps=32, batch_size=128)
+    with pytest.warns(UserWarning, match=r"BonusPPO.__init__'s argument reward_fn is not saved .*"
+                                          r"BonusPPO\.load\(path, reward_fn=\.\.\.\)") as said:
+        path = model.save(tmp_path / "bonus")
+    assert len(said) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (said once)
+        model.save(tmp_path / "again")
+        loaded = BonusPPO.load(path)
+    assert (loaded.bonus, loaded._scales, loaded.reward_fn) == (0.9, [3, 4], None)
+    assert loaded.config.batch_size == 128
+    assert BonusPPO.load(path, bonus=0.1).bonus == 0.1
+    with pytest.warns(UserWarning, match="saved by"):
+        assert type(PPO.load(path)) is PPO
+
+
 def test_double_q_a_callback_changes_applies_whichever_dqn_update_runs():
     """DQN's double_q changed on model.config mid-run reaches the hand-derived update as it reaches the autograd loss:
     both end with the same weights."""

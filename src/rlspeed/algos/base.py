@@ -805,6 +805,37 @@ def _class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def _plain_value(value) -> bool:
+    """Whether `value` goes into a checkpoint's JSON metadata and comes back as itself: None, a bool, an int, a finite
+    float, a string, or a list or str-keyed dict of such values."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(map(_plain_value, value))
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _plain_value(item) for key, item in value.items())
+    return False
+
+
+def _own_init_parameters(cls: type) -> list[str]:
+    """The named parameters of a subclass's `__init__` that the rlspeed algorithm it derives from does not take (a
+    user's own option, `MyPPO(env, aux_coef=0.5)`); none for rlspeed's own classes."""
+    base = next((klass for klass in cls.__mro__ if klass.__module__.startswith("rlspeed.")), Algorithm)
+    if base is cls:
+        return []
+    taken = set(inspect.signature(base.__init__).parameters) | {field.name for field in
+                                                                 dataclasses.fields(cls.config_cls)}
+    plain = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [name for name, parameter in inspect.signature(cls.__init__).parameters.items()
+            if parameter.kind in plain and name not in taken]
+
+
+#: (class, argument) pairs whose not being saved was said (once per process)
+_UNSAVED_ARGUMENTS_SAID: set[tuple[type, str]] = set()
+
+
 def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
     """A warning when the checkpoint at `path` was saved by a subclass of rlspeed's algorithm (a user's own loss,
     network or update) and `cls`, another class, `call`s it (load, resume): the model it builds may act otherwise."""
@@ -2204,6 +2235,9 @@ class Algorithm:
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
                     "action_masks": self.trained_with_action_masks}
+        arguments = self._own_init_arguments()
+        if arguments:
+            metadata["init_arguments"] = arguments
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path), digest)
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
         written = save_checkpoint(path, tensors, metadata, digest=digest)
@@ -2211,6 +2245,25 @@ class Algorithm:
         if replay is not None:  # (written to its staged name first: into place now that the checkpoint names it)
             commit_staged(written.with_name(replay["file"]))
         return written
+
+    def _own_init_arguments(self) -> dict:
+        """A subclass's own `__init__` arguments (`_own_init_parameters`) that this model holds under their names as
+        plain values (`self.aux_coef = aux_coef`, or `self._aux_coef`; a tuple comes back as a list): what `save`
+        records and `load` gives the class again. One held otherwise is said once: load would give it its default."""
+        arguments = {}
+        for name in _own_init_parameters(type(self)):
+            held = next((attribute for attribute in (name, f"_{name}") if hasattr(self, attribute)), None)
+            value = getattr(self, held) if held is not None else None
+            value = list(value) if isinstance(value, tuple) else value
+            if held is not None and _plain_value(value):
+                arguments[name] = value
+            elif (type(self), name) not in _UNSAVED_ARGUMENTS_SAID:
+                _UNSAVED_ARGUMENTS_SAID.add((type(self), name))
+                warnings.warn(f"{type(self).__name__}.__init__'s argument {name} is not saved (the model holds no "
+                              f"number, string or list of them as self.{name}): {type(self).__name__}.load gives it "
+                              f"its default; pass it again ({type(self).__name__}.load(path, {name}=...)), or keep "
+                              f"it as self.{name}.", stacklevel=3)
+        return arguments
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
@@ -2257,7 +2310,10 @@ class Algorithm:
                 raise UserError(f"load(..., {key}={overrides[key]!r}): '{path}' holds networks built with {key}="
                                 f"{getattr(saved, key)!r}, which its weights belong to; a loaded model keeps its "
                                 f"networks (make a new model for another {key}).")
-        config = {**meta["config"], **overrides}
+        # (a subclass's own __init__ arguments, where the file holds them and the class loading it takes them)
+        arguments = meta.get("init_arguments") if isinstance(meta.get("init_arguments"), dict) else {}
+        own = _own_init_parameters(algo)
+        config = {**{key: value for key, value in arguments.items() if key in own}, **meta["config"], **overrides}
         env_backend = config.pop("env_backend", meta.get("env_backend", "auto"))
         if "env_backend" in overrides and env_backend not in BACKENDS:  # (given now: the file's may be "sb3", ...;
             # the constructor takes it without an env, and learn would refuse it late)
