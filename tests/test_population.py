@@ -561,6 +561,49 @@ def test_the_last_member_leaving_closes_the_training_env():
     assert population._env is None and env.env.vector_env.closed
 
 
+@pytest.mark.parametrize("env_backend", ["torch", "gymnasium"])
+def test_a_learn_cut_short_mid_rollout_is_followed_by_fresh_episodes(monkeypatch, env_backend):
+    """A KeyboardInterrupt inside a rollout (a notebook's stop button) left the population holding observations
+    from before the steps its envs had taken: the next learn paired them with the envs' later states (and subprocess
+    envs cut short mid-step failed every later step). It starts from fresh episodes now, as a single model does: the
+    seeds' first observations again."""
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend=env_backend, **SMALL)
+    firsts, forward = [], population.forward
+
+    def recording(obs, params=None):
+        firsts.append(obs.clone())
+        return forward(obs, params)
+
+    monkeypatch.setattr(population, "forward", recording)
+    population.learn(128, progress_bar=False)
+    env, steps = population._env, [0]
+    real_step = env.step
+
+    def interrupted(actions):
+        steps[0] += 1
+        if steps[0] == 3:
+            raise KeyboardInterrupt
+        return real_step(actions)
+
+    monkeypatch.setattr(env, "step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        population.learn(128, progress_bar=False)
+    firsts.clear()
+    population.learn(128, progress_bar=False)
+    assert population._env is not env
+    assert torch.equal(firsts[0], _first_observations(population))  # (the next learn's first rollout step)
+
+
+def _first_observations(population) -> torch.Tensor:
+    """The observations a fresh population of the same seeds and settings acts on first."""
+    fresh = Population(PPO, population.env_id, seeds=population.seeds, env_backend=population.env_backend, **SMALL)
+    seen = []
+    forward = fresh.forward
+    fresh.forward = lambda obs, params=None: (seen.append(obs.clone()), forward(obs, params))[1]
+    fresh.learn(SMALL["num_envs"] * SMALL["num_steps"], progress_bar=False)
+    return seen[0]
+
+
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_fused_adam_steps_equal_the_flat_formula(env_id):
     """Adam through torch's fused kernel per member (CPU and CUDA) and the flat `[K, P]` formula (other devices) give

@@ -873,6 +873,16 @@ class PopulationBase:
         self._env, self._obs = env, obs
         self._attach_env_guard()
 
+    def _drop_interrupted_env(self) -> None:
+        """After a learn a KeyboardInterrupt cut short (Jupyter's stop button, a second Ctrl-C), the training env is
+        made again and its episodes start afresh, as a single model's are (`Algorithm._drop_disrupted_env`): a
+        rollout cut short left the observations held behind the envs' own, and subprocess envs may be out of step
+        with their pipes, failing every later step. The members go on (weights, step counts, replay)."""
+        interrupted, self._learn_interrupted = self._learn_interrupted, False
+        if interrupted and self._env is not None:
+            env, self._env, self._obs = self._env, None, None
+            env.close()
+
     def _start_masking(self) -> None:
         """The run applies the env's action masks from now on (see `supports_action_masks`)."""
         self._masking = True
@@ -1100,6 +1110,7 @@ class PopulationBase:
     #: `learn` with checkpoints): next evaluation and checkpoint, each member's curve, reached, pruned / diverged, times
     progress: dict | None = None
     _resumed = False
+    _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_interrupted_env`)
     last_success_rates: list[float | None] | None = None  # (`_mean_returns`)
 
     #: the training env's `rlspeed.numerics.EnvValueGuard` (`raise` policy: steps checked a block at a time), on the
@@ -1209,6 +1220,7 @@ class PopulationBase:
         logger = self._metrics_logger(run_dir, evaluating)
         saved = self.progress if self._resumed else None
         self._resumed, self.progress = False, None
+        self._drop_interrupted_env()
         self._begin(int(total_timesteps))
         end = self.num_timesteps + int(total_timesteps)
         loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
@@ -1222,6 +1234,7 @@ class PopulationBase:
             self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                              on_eval, run_dir, stop_requested, bar, logger)
         except KeyboardInterrupt:
+            self._learn_interrupted = True
             # (what the members reached so far, in the finished summary's form, without its final evaluation)
             self.summary = self._summary(loop, target_return, eval_episodes, stop, final=False)
             raise
