@@ -1744,3 +1744,31 @@ def test_a_directory_of_the_user_s_own_files_is_no_run_to_overwrite_or_resume(tm
     for name in ("config.yaml", "summary.json", "model.safetensors"):
         (tmp_path / "run" / name).unlink()
     assert cli.main([*argv, "--out", "run", "--overwrite"]) == 0
+
+
+def test_resume_with_nothing_left_to_train_keeps_the_replay_entry_of_summary_json(tmp_path, monkeypatch):
+    """An off-policy run interrupted at its checkpoint, resumed with --total-timesteps at the steps it trained (nothing
+    left to train: the model saved, evaluated, the summary written): summary.json's `replay` described the run's
+    buffer before the resume and was null after it (no learn call made a buffer)."""
+    from rlspeed.algos.off_policy import OffPolicyAlgorithm
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "dqn", "CartPole-v1", "--target-return", "none", "--no-progress", "--num-envs", "4", "--set",
+            "train_freq=16", "--set", "learning_starts=64", "--set", "buffer_size=4096", "--out", "run"]
+    train_iteration = OffPolicyAlgorithm._train_iteration
+
+    def interrupted_at_256(self, *args, **kwargs):
+        if self.num_timesteps >= 256:
+            raise KeyboardInterrupt
+        return train_iteration(self, *args, **kwargs)
+
+    monkeypatch.setattr(OffPolicyAlgorithm, "_train_iteration", interrupted_at_256)
+    assert cli.main([*argv, "--total-timesteps", "2048"]) == 130
+    monkeypatch.setattr(OffPolicyAlgorithm, "_train_iteration", train_iteration)
+    before = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert before["interrupted"] is True and before["total_timesteps"] == 256
+    assert before["replay"]["capacity"] == 4096
+    assert cli.main([*argv, "--total-timesteps", "256", "--resume"]) == 0
+    after = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert after["interrupted"] is False and after["final_eval"]["episodes"] == 10
+    assert after["replay"] == before["replay"]

@@ -1731,7 +1731,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                        else Terminated(_signal_name(signals[0]) if signals else "SIGTERM"))
     run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
-           "tracker": tracker}
+           "tracker": tracker, "run_dir": run_dir}
     if interrupted is not None:
         return _save_interrupted(run, run_dir, interrupted)
     if not main:
@@ -1804,7 +1804,11 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                "numerics": model.numerics_report(), "preset": args.preset_info,
                "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted}
     if hasattr(model, "replay_summary"):  # off-policy: the replay buffer's layout and bytes per transition
-        summary["replay"] = model.replay_summary()
+        replay = model.replay_summary()
+        if replay is None and run["resumed_from"] is not None and run.get("run_dir") is not None:
+            # (a resume with nothing left to train makes no buffer: the run's, as its earlier summary.json says)
+            replay = (_run_summary(Path(run["run_dir"]) / "summary.json") or {}).get("replay")
+        summary["replay"] = replay
     if strategy.enabled or run["resumed_from"] is not None:
         summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
                                   "restarts": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
