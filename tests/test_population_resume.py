@@ -242,27 +242,36 @@ def test_resume_with_another_budget_says_so_and_trains_to_it(tmp_path, monkeypat
     assert summary["resumed_from"] == 256 and summary["total_timesteps"] == 1024
 
 
-def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_path, capsys, monkeypatch):
-    """SIGTERM at the second evaluation: the run finishes the iteration, writes its checkpoint there (not only the
-    last periodic one) and summary.json, and exits 143; `--resume` goes on from that step to the uninterrupted end."""
+def _sigterm_at_evaluation(monkeypatch, at: int):
+    """PPO populations' learn sends this process SIGTERM at the evaluation at `at` steps per member; returns the real
+    learn."""
     import os
     import signal
 
     from rlspeed.population import ppo
 
-    argv = ["train", "ppo", "CartPole-v1", "--seeds", "2,4", *CLI]
-    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
-    expected = json.loads((tmp_path / "a" / "summary.json").read_text())
     learn = ppo.PPOPopulation.learn
 
     def terminated_learn(self, *args, on_eval, **kwargs):
-        def terminate_at_384(steps, means):
-            if steps == 384:
+        def terminate_at(steps, means):
+            if steps == at:
                 os.kill(os.getpid(), signal.SIGTERM)
             return on_eval(steps, means)
-        return learn(self, *args, on_eval=terminate_at_384, **kwargs)
+        return learn(self, *args, on_eval=terminate_at, **kwargs)
 
     monkeypatch.setattr(ppo.PPOPopulation, "learn", terminated_learn)
+    return learn
+
+
+def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_path, capsys, monkeypatch):
+    """SIGTERM at the second evaluation: the run finishes the iteration, writes its checkpoint there (not only the
+    last periodic one) and summary.json, and exits 143; `--resume` goes on from that step to the uninterrupted end."""
+    from rlspeed.population import ppo
+
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "2,4", *CLI]
+    assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
+    expected = json.loads((tmp_path / "a" / "summary.json").read_text())
+    learn = _sigterm_at_evaluation(monkeypatch, 384)
     out = tmp_path / "b"
     capsys.readouterr()
     assert cli.main([*argv, "--out", str(out)]) == 143
@@ -285,6 +294,26 @@ def test_sigterm_stops_after_the_iteration_with_a_checkpoint_that_resumes(tmp_pa
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed_from"] == 384
     assert {**_without_times(summary), "resumed_from": None} == _without_times(expected)
+
+
+def test_an_interrupted_population_ends_at_the_steps_it_trained(tmp_path, capsys, monkeypatch):
+    """A population stopped mid-run could not be ended where it stood (its final evaluation and member models without
+    more training), which a single run can: `--resume --total-timesteps STEPS` was refused ("the whole budget: give a
+    larger --total-timesteps"). It evaluates the members now; a budget below the steps trained is refused."""
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "2,4", *CLI, "--out", str(tmp_path / "run")]
+    _sigterm_at_evaluation(monkeypatch, 384)
+    assert cli.main(argv) == 143
+    monkeypatch.undo()
+    partial = json.loads((tmp_path / "run" / "summary.json").read_text())
+    capsys.readouterr()
+    assert "below the 384 steps per member" in cli_error(capsys, [*argv, "--resume", "--total-timesteps", "256"])
+    assert cli.main([*argv, "--resume", "--total-timesteps", "384"]) == 0
+    assert "nothing left to train; evaluating the members" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] is False and summary["resumed_from"] == 384 and summary["total_timesteps"] == 384
+    assert all(member["final_eval"] is not None for member in summary["members"])
+    assert [member["curve"] for member in summary["members"]] == [member["curve"] for member in partial["members"]]
+    assert sorted(summary["member_models"]) == ["2", "4"]
 
 
 @pytest.mark.parametrize("argv, names", [

@@ -557,14 +557,18 @@ def _train_population(args: argparse.Namespace) -> int:
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     checkpoint = run_dir / CHECKPOINT_NAME
     resumed_from = None
+    finishing = False  # (a checkpoint of the whole budget, of a run that did not finish: evaluated, not trained)
     if args.resume:
         _same_population_run(run_dir, algo_cls.name, args.env_id, seeds)
         if checkpoint.exists():
             _fits(lambda: population.resume(checkpoint), checkpoint, "this population")
             resumed_from = population.num_timesteps
-            if resumed_from >= total:
-                raise UserError(f"--resume: '{checkpoint}' has trained {resumed_from:,} steps per member already, "
-                                f"the whole budget of {total:,}: give a larger --total-timesteps.")
+            recorded_total = (_run_config(run_dir / "config.yaml") or {}).get("total_timesteps")
+            if resumed_from > total and total != recorded_total:
+                raise UserError(f"--resume: --total-timesteps {total:,} is below the {resumed_from:,} steps per "
+                                f"member '{checkpoint}' has trained: give --total-timesteps {resumed_from} to end it "
+                                "there (its final evaluation and member models), or more to train on.")
+            finishing = resumed_from >= total  # (a finished run was refused: `_prepare_run_dir`)
         else:
             print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
@@ -579,9 +583,13 @@ def _train_population(args: argparse.Namespace) -> int:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     _write_config(run_dir, config)
     _say_preset(args)
-    print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
-          f"(device {device}), up to {total:,} steps each"
-          + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+    if finishing:
+        print(f"rlspeed: the checkpoint holds the whole budget ({resumed_from:,} steps per member): nothing left to "
+              "train; evaluating the members and saving them", flush=True)
+    else:
+        print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
+              f"(device {device}), up to {total:,} steps each"
+              + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     _warn_idle_accelerator(args, device)
     learn_kwargs = {"target_return": target}
     if eval_freq is not None:
@@ -610,8 +618,9 @@ def _train_population(args: argparse.Namespace) -> int:
     try:
         with (_stopping(population.env_backend) as signals,
               _left_clean_if_not_started(run_dir, created, not args.resume)):
-            summary = population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
-                                       stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs)
+            summary = (population.finish_resumed(target) if finishing else
+                       population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
+                                        stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs))
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated) or bool(signals[:1]) and signals[0] != signal.SIGINT
         name = stop.name if isinstance(stop, Terminated) else _signal_name(signals[0]) if terminated else "Ctrl-C"

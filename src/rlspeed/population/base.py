@@ -26,7 +26,7 @@ from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, 
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
-from rlspeed.errors import UnusedSettingWarning, UserError
+from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
 from rlspeed.files import write_atomic
 from rlspeed.logging import ProgressBar, RunLogger
 from rlspeed.nn import CNNEncoder, OneHotEncoder
@@ -1278,6 +1278,29 @@ class PopulationBase:
         return {"timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s,
                 "sps": (loop.member_steps - steps) / max(loop.train_wall_s - wall, 1e-9), "members": len(self.alive),
                 **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}}
+
+    def finish_resumed(self, target_return: float | None = None, eval_episodes: int = 10, stop: str = "each") -> dict:
+        """The summary `learn` ends with (a final evaluation of every member that did not diverge, each member's
+        entry, the aggregates), without training: for a population `resume`d from a checkpoint that holds its whole
+        budget (a run stopped as its last iteration ended, or killed before its summary was written). The loop's
+        measurements (curves, steps and time to target) are the checkpoint's."""
+        if not self._resumed:
+            raise UserError("finish_resumed ends a population resumed from a checkpoint (resume(path)): this one was "
+                            "not; learn trains it.")
+        if stop not in ("each", "all"):
+            raise UserError(f"stop must be 'each' or 'all', got '{stop}'.")
+        eval_episodes = positive_whole("eval_episodes", eval_episodes)
+        saved, self._resumed, self.progress = self.progress, False, None
+        loop = (_LoopProgress.start(self.size, self.num_timesteps, 10_000, None) if saved is None else
+                _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, 10_000, None))
+        threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()
+        try:
+            set_training_threads(self.num_threads)
+            self.summary = self._summary(loop, target_return, eval_episodes, stop)
+        finally:
+            torch.set_num_threads(threads_before)
+            torch.set_grad_enabled(grad_before)
+        return self.summary
 
     def _learn_loop(self, loop: _LoopProgress, end: int, eval_freq: int, evaluating: bool, target_return, eval_episodes,
                     stop: str, confirm_target: bool, on_eval, run_dir, stop_requested, bar: ProgressBar,
