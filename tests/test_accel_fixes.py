@@ -564,3 +564,42 @@ def test_a_pinned_host_input_is_copied_before_the_call_returns(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: True)
     InputConverter(torch.device("cuda"), torch.float32)((torch.zeros(4, 3),), {})
     assert asked["device"] == torch.device("cuda") and not asked.get("non_blocking", False)
+
+
+@pytest.mark.parametrize("searched", [False, True])
+@pytest.mark.parametrize("when", [0, 2])
+def test_an_update_step_follows_its_model_converted_to_float64(searched, when, request):
+    """`model.double()` after `accelerate_step` (the parameters stay the same objects), before the first update or
+    between updates of a stateless optimizer: the step narrowed the float64 inputs to float32, as for the model it
+    was made with, and failed with torch's "mat1 and mat2 must have the same dtype" where the plain loop trains. It
+    now trains as the plain loop does, and decides its strategy anew."""
+    if searched:
+        request.getfixturevalue("two_candidates")
+
+    def run(accelerated: bool) -> list[torch.Tensor]:
+        model = _mlp(4, 2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(1)
+        xs = [torch.randn(8, 4, dtype=torch.float32 if i < when else torch.float64) for i in range(4)]
+        kwargs = {} if searched else {"precision": "fp32"}
+        step = accelerate_step(lambda x: model(x).square().mean(), optimizer, compile=False, **kwargs)
+        for i, x in enumerate(xs):
+            if i == when:
+                model.double()
+            if accelerated:
+                step(x)
+            else:
+                optimizer.zero_grad()
+                model(x).square().mean().backward()
+                optimizer.step()
+        if accelerated and searched and when:
+            assert any("became torch.float64" in note for note in step.report.notes)
+        return [p.detach().clone() for p in model.parameters()]
+
+    plain = run(False)
+    accelerated = run(True)
+    assert all(p.dtype == torch.float64 for p in accelerated)
+    if searched and when:  # (the search may choose bf16 for the float32 calls)
+        assert all(torch.allclose(a, b, rtol=0.05, atol=1e-3) for a, b in zip(plain, accelerated))
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(plain, accelerated))

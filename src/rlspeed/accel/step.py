@@ -201,10 +201,15 @@ class AcceleratedStep:
     def _follow_params(self) -> None:
         """Train what the parameters are at this call: a layer frozen or unfrozen (`requires_grad_`), or a param group
         added to an optimizer (`add_param_group`), since the step was made. Whole-step graphs, captured with the
-        earlier ones, are dropped (eager from then on, said in the report)."""
+        earlier ones, are dropped (eager from then on, said in the report). Parameters converted to another floating
+        dtype (`.double()`) are followed too (`_follow_dtype`)."""
         params = self._trained_params()
-        if len(params) == len(self.params) and all(a is b for a, b in zip(params, self.params)):
-            return
+        if len(params) != len(self.params) or not all(a is b for a, b in zip(params, self.params)):
+            self._follow_param_list(params)
+        if floating_dtype(self.params) != self.converter.float_dtype:
+            self._follow_dtype()
+
+    def _follow_param_list(self, params: list[torch.Tensor]) -> None:
         if not params:
             raise UserError("accelerate_step: no parameter of the optimizer requires grad any more (all frozen): "
                             "unfreeze some, or skip the update.")
@@ -219,6 +224,20 @@ class AcceleratedStep:
                              "CUDA graph was dropped, and it runs eagerly from here"
                              + (" until its search chooses (which captures anew)." if self._waiting is not None
                                 else "."))
+
+    def _follow_dtype(self) -> None:
+        """The parameters were converted to another floating dtype since the step was made (`model.double()`, as the
+        parameters stay the same objects): float64 inputs are kept or narrowed as for that dtype, as the plain loop
+        takes them, and the strategy, decided for the old dtype, is decided anew from this call."""
+        dtype, old = floating_dtype(self.params), self.converter.float_dtype
+        self.converter = InputConverter(self.device, dtype)
+        if self._forward is None:  # (nothing decided yet)
+            return
+        if self._waiting is not None:
+            self.report.decisions.remove(self._waiting.decision)
+            self._waiting = None
+        self.strategy, self._forward, self._graphs, self.scaler, self._skips = None, None, None, None, None
+        self.report.note(f"the parameters became {dtype} (they were {old}): the strategy is decided anew.")
 
     def _update(self, args: tuple, kwargs: dict) -> Any:
         """One eager update on converted arguments (also what a whole-step CUDA graph captures)."""
@@ -243,6 +262,7 @@ class AcceleratedStep:
     def prepare(self, *args: Any, **kwargs: Any) -> Strategy:
         """Decide the strategy now from example arguments (otherwise the calls do, once they pay for the search).
         Steps nothing."""
+        self._follow_params()
         args, kwargs = self.converter(args, kwargs)
         return self._prepare(args, kwargs)
 
