@@ -343,6 +343,35 @@ def test_a_wrapped_module_can_be_traced_exported_and_compiled_whole():
     assert torch.allclose(wrapped(x), model(x))  # (and the module itself still runs its accelerator)
 
 
+class _Scripted(nn.Module):
+    """A CleanRL-style network with a forward of its own, for torch.jit.script (which reads the source)."""
+
+    def __init__(self):
+        super().__init__()
+        self.network = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.network(x)
+
+
+def test_an_accelerated_module_can_be_scripted(tmp_path):
+    """`torch.jit.script` of an accelerated module (or of a module holding one) compiles its plain forward, as the
+    plain module's; it failed with "Module 'QNetwork' has no attribute '__dict__'" (the accel_* properties)."""
+    torch.manual_seed(0)
+    model = _Scripted()
+    plain = copy.deepcopy(model)
+    model = auto_accelerate(model, device="cpu")
+    model.network = auto_accelerate(model.network, device="cpu")
+    x = torch.randn(8, 4)
+    scripted = torch.jit.script(model)
+    assert torch.equal(scripted(x), plain(x))
+    path = str(tmp_path / "q.pt")
+    torch.jit.save(scripted, path)
+    assert torch.equal(torch.jit.load(path)(x), plain(x))
+    assert torch.equal(torch.jit.script(model.network)(x), plain.network(x))
+    assert torch.equal(model(x), plain(x)) and model.accel_report.decisions  # (still accelerated)
+
+
 def test_concurrent_calls_of_an_accelerated_module_all_run_its_chosen_strategy(monkeypatch):
     """The guard against nested calls was one counter for all threads: while one thread was inside the chosen
     runner, calls from other threads ran plain fp32 (other numbers for the same input, from a server's threads)."""

@@ -155,6 +155,9 @@ class AcceleratedModule:
     """Mixin placed in front of the user's class by `auto_accelerate`; see the module docstring."""
 
     _rlspeed_base: type
+    # torch.jit.script compiles every property of a module unless named here; these read the accelerator, which is
+    # Python only. (Its forward is the user's: `inspect` unwraps the copy `_accelerated_class` makes to their source.)
+    __jit_unused_properties__ = ["accel_report", "accel_strategy", "accel_compilations"]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the original `forward` through this module's accelerator (the strategy decided for this kind of call).
