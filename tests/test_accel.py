@@ -775,6 +775,29 @@ def test_a_dtype_change_after_wrapping_takes_the_new_dtype():
     assert model.float()(x).dtype == torch.float32
 
 
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"max_grad_norm": "0.5"}, "max_grad_norm must be a number > 0 or None, got '0.5'"),  # (a flag read as a string)
+    ({"max_grad_norm": float("nan")}, "max_grad_norm must be a number > 0"),  # (it made every weight NaN in silence)
+    ({"max_grad_norm": 0}, "max_grad_norm must be a number > 0"),
+    ({"fused_optimizer": "maybe"}, "Unknown fused_optimizer setting 'maybe'"),  # (taken as auto in silence)
+])
+def test_accelerate_step_refuses_a_bad_setting_in_one_sentence(kwargs, match):
+    """A max_grad_norm given as a string failed with "'<=' not supported between instances of 'str' and 'int'"; NaN
+    was taken and turned every gradient (and weight) NaN; an unknown fused_optimizer value was taken as auto."""
+    net = torch.nn.Linear(3, 1)
+    with pytest.raises(UserError, match=match):
+        accelerate_step(lambda x: net(x).mean(), torch.optim.Adam(net.parameters()), **kwargs)
+
+
+def test_accelerate_step_takes_its_settings_in_their_usual_spellings():
+    net = torch.nn.Linear(3, 1)
+    for kwargs in ({"max_grad_norm": 1}, {"max_grad_norm": np.float32(0.5)}, {"fused_optimizer": "off"},
+                   {"fused_optimizer": "True"}, {"fused_optimizer": False}):
+        step = accelerate_step(lambda x: net(x).mean(), torch.optim.Adam(net.parameters()), **kwargs)
+        step(torch.randn(4, 3))
+    assert step.max_grad_norm is None
+
+
 @pytest.mark.parametrize(("loss_fn", "match"), [
     (lambda net, x: net(x).detach().mean(), "does not depend on any parameter"),  # (no gradient would flow)
     (lambda net, x: net(x), "must be a scalar"),

@@ -32,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
+from numbers import Real
 from typing import Any
 
 import torch
@@ -127,9 +128,10 @@ class AcceleratedStep:
         self.params = self._trained_params()
         if not self.params:
             raise UserError("accelerate_step found no parameters that require grad in the optimizer.")
-        if max_grad_norm is not None and max_grad_norm <= 0:
-            raise UserError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}.")
-        self.max_grad_norm = max_grad_norm
+        if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, Real)
+                                          or not max_grad_norm > 0):  # (NaN too: it would turn every weight NaN)
+            raise UserError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}.")
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         params_device = self.params[0].device
         if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
             self.device = params_device
@@ -154,7 +156,7 @@ class AcceleratedStep:
                                              whole_step_graphs=self._graph_blocker is None)
         for note in notes:
             self.report.note(note)
-        self._fused_request = fused_optimizer
+        self._fused_request = _fused_request(fused_optimizer)
         self.strategy: Strategy | None = None
         self._forward: Callable | None = None
         self.scaler: Any = None
@@ -473,7 +475,7 @@ class AcceleratedStep:
             self.scaler = None
 
     def _maybe_fuse_optimizers(self) -> None:
-        if self._fused_request is False or str(self._fused_request).lower() in ("false", "off"):
+        if self._fused_request is False:
             return
         if self.request.forced_by_env is not None and self._candidates == [Strategy()]:
             return  # RLSPEED_ACCELERATE=off/fp32: leave everything as the user wrote it
@@ -522,6 +524,17 @@ class AcceleratedStep:
         self.report.decisions.append(Decision("all calls", fp32, "fallback", why))
         self.fell_back = True
         self._use(fp32)
+
+
+def _fused_request(value: bool | str) -> bool | str:
+    """`fused_optimizer` as True, False or "auto"; anything else is refused in one sentence."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    mapping = {"auto": "auto", "true": True, "on": True, "false": False, "off": False}
+    if text not in mapping:
+        raise UserError(f"Unknown fused_optimizer setting {value!r}: use auto, True or False.")
+    return mapping[text]
 
 
 def _fused_blocker(optimizer: torch.optim.Optimizer, device: torch.device) -> str | None:
