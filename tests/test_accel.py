@@ -775,6 +775,65 @@ def test_a_dtype_change_after_wrapping_takes_the_new_dtype():
     assert model.float()(x).dtype == torch.float32
 
 
+def _adam_run(steps: int, checkpoint: dict | None = None, accelerated: bool = True):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    if checkpoint is not None:  # (a resume: loaded before the step is made, as a script does)
+        checkpoint = copy.deepcopy(checkpoint)  # (as read from a file: torch.load gives each load its own tensors)
+        net.load_state_dict(checkpoint["net"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    step = accelerate_step(lambda x: net(x).square().mean(), optimizer, precision="fp32", compile=False)
+    torch.manual_seed(1 if checkpoint is None else 2)
+    for _ in range(steps):
+        x = torch.randn(8, 3)
+        if accelerated:
+            step(x)
+        else:
+            optimizer.zero_grad()
+            net(x).square().mean().backward()
+            optimizer.step()
+    return net, optimizer
+
+
+def test_the_fused_adam_switch_stays_out_of_the_optimizers_checkpoint():
+    """accelerate_step's switch to fused Adam went into `optimizer.state_dict()`: a plain script resuming from that
+    checkpoint got a fused Adam it never asked for (other roundings). Now the checkpoint keeps the optimizer's own
+    settings, and a resumed accelerated run is fused again, as the uninterrupted one."""
+    net, optimizer = _adam_run(3)
+    assert optimizer.param_groups[0]["fused"] is True
+    checkpoint = {"net": copy.deepcopy(net.state_dict()), "optimizer": copy.deepcopy(optimizer.state_dict())}
+    assert checkpoint["optimizer"]["param_groups"][0]["fused"] is None
+    assert checkpoint["optimizer"]["param_groups"][0]["foreach"] is None
+
+    _, plain = _adam_run(0, checkpoint, accelerated=False)
+    assert plain.param_groups[0]["fused"] is None and plain.param_groups[0]["foreach"] is None
+
+    _, resumed = _adam_run(2, checkpoint)
+    assert resumed.param_groups[0]["fused"] is True
+    optimizer.load_state_dict(copy.deepcopy(checkpoint["optimizer"]))  # (into the accelerated optimizer itself)
+    assert optimizer.param_groups[0]["fused"] is True
+
+    torch.manual_seed(5)
+    xs = [torch.randn(8, 3) for _ in range(4)]
+    whole, whole_optimizer = _adam_run(0, checkpoint)
+    whole_step = accelerate_step(lambda x: whole(x).square().mean(), whole_optimizer, precision="fp32",
+                                 compile=False)
+    for x in xs:
+        whole_step(x)
+    half, half_optimizer = _adam_run(0, checkpoint)
+    half_step = accelerate_step(lambda x: half(x).square().mean(), half_optimizer, precision="fp32", compile=False)
+    for x in xs[:2]:
+        half_step(x)
+    again = {"net": copy.deepcopy(half.state_dict()), "optimizer": copy.deepcopy(half_optimizer.state_dict())}
+    resumed, resumed_optimizer = _adam_run(0, again)
+    resumed_step = accelerate_step(lambda x: resumed(x).square().mean(), resumed_optimizer, precision="fp32",
+                                   compile=False)
+    for x in xs[2:]:
+        resumed_step(x)
+    assert all(torch.equal(a, b) for a, b in zip(whole.parameters(), resumed.parameters()))  # (fused throughout)
+
+
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"max_grad_norm": "0.5"}, "max_grad_norm must be a number > 0 or None, got '0.5'"),  # (a flag read as a string)
     ({"max_grad_norm": float("nan")}, "max_grad_norm must be a number > 0"),  # (it made every weight NaN in silence)

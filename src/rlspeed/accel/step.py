@@ -95,8 +95,9 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
         example_inputs: a tuple of `loss_fn` arguments to decide now (otherwise the step runs fp32, uncompiled,
             with its whole-step CUDA graph on CUDA, until its calls have taken long enough to pay for the search, as
             `auto_accelerate`'s calls do).
-        fused_optimizer: ``auto`` switches a fresh torch.optim.Adam/AdamW to its fused kernel (same algorithm, one
-            kernel for all parameters) unless ``RLSPEED_ACCELERATE=off``; False leaves it alone.
+        fused_optimizer: ``auto`` switches a torch.optim.Adam/AdamW to its fused kernel (same algorithm, one kernel
+            for all parameters; not saved in its `state_dict()`) unless ``RLSPEED_ACCELERATE=off``; False leaves it
+            alone.
         name: a name for the report (default: the function's name).
 
     ``RLSPEED_ACCELERATE`` forces a strategy as for `auto_accelerate`.
@@ -482,9 +483,7 @@ class AcceleratedStep:
         for optimizer in self.optimizers:
             why_not = _fused_blocker(optimizer, self.device)
             if why_not is None:
-                for group in optimizer.param_groups:
-                    group["foreach"], group["fused"] = False, True
-                optimizer._step_supports_amp_scaling = True  # as torch.optim.Adam(fused=True) sets it
+                _switch_to_fused(optimizer)
                 self.report.note(f"{type(optimizer).__name__} switched to its fused kernel (same algorithm, one "
                                  "kernel for all parameters).")
             elif self._fused_request is True:
@@ -526,6 +525,32 @@ class AcceleratedStep:
         self._use(fp32)
 
 
+def _switch_to_fused(optimizer: torch.optim.Optimizer) -> None:
+    """Switch an Adam/AdamW to its fused kernel, as a private setting of this process: its `state_dict()` keeps the
+    user's own `foreach`/`fused` values (a checkpoint loaded into a plain script's optimizer leaves it as that script
+    made it, not fused), and `load_state_dict` (a resume) switches it back to fused, with its step counts where the
+    fused kernel keeps them (as torch loads them for a fused optimizer)."""
+    originals = [(group.get("foreach"), group.get("fused")) for group in optimizer.param_groups]
+
+    def fuse(opt: torch.optim.Optimizer) -> None:
+        for group in opt.param_groups[:len(originals)]:
+            group["foreach"], group["fused"] = False, True
+            for p in group["params"]:
+                step = opt.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor) and (step.device != p.device or step.dtype != torch.float32):
+                    opt.state[p]["step"] = step.to(dtype=torch.float32, device=p.device)
+        opt._step_supports_amp_scaling = True  # as torch.optim.Adam(fused=True) sets it
+
+    def saved(opt: torch.optim.Optimizer, state_dict: dict) -> dict:
+        for group, (foreach, fused) in zip(state_dict["param_groups"], originals):
+            group["foreach"], group["fused"] = foreach, fused
+        return state_dict
+
+    fuse(optimizer)
+    optimizer.register_state_dict_post_hook(saved)
+    optimizer.register_load_state_dict_post_hook(fuse)
+
+
 def _fused_request(value: bool | str) -> bool | str:
     """`fused_optimizer` as True, False or "auto"; anything else is refused in one sentence."""
     if isinstance(value, bool):
@@ -543,8 +568,6 @@ def _fused_blocker(optimizer: torch.optim.Optimizer, device: torch.device) -> st
         return f"only {', '.join(c.__name__ for c in FUSED_OPTIMIZERS)} are switched"
     if device.type not in FUSED_DEVICES:
         return f"no fused kernel used on {device.type}"
-    if optimizer.state:
-        return "it has already taken steps (its state would need converting)"
     for group in optimizer.param_groups:
         if group.get("fused"):
             return "already fused"
