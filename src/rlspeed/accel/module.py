@@ -276,7 +276,7 @@ class ModuleAccelerator:
     @property
     def _depth(self) -> int:
         """How deep this thread is in accelerated calls of this module (a call inside one runs as is)."""
-        return getattr(self._local, "depth", 0)
+        return self._local.__dict__.get("depth", 0)  # (the thread's own dict: no AttributeError raised and caught)
 
     @_depth.setter
     def _depth(self, value: int) -> None:
@@ -294,12 +294,13 @@ class ModuleAccelerator:
         self._local = threading.local()
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        if self._depth:  # a nested call (a method calling self() inside an accelerated call): run as is
+        # (the fast path's checks are what every call of a small model pays: each is the cheapest form of itself)
+        if self._local.__dict__.get("depth"):  # a nested call (a method calling self() inside an accelerated call)
             return self.base_forward(module, *args, **kwargs)
         if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a plain or a waiting kind of call
             x = args[0]
             if type(x) is torch.Tensor and x.device == self.device and x.dtype not in self.converter.convert_dtypes:
-                size = x.shape[0] if x.dim() >= 2 else None
+                size = x.shape[0] if x.ndim >= 2 else None
                 if size is not None and type(size) is not int:  # (torch.jit.trace: shapes are traced values)
                     return self.base_forward(module, x)
                 key = (1 << (size - 1).bit_length() if size is not None else None, torch.is_grad_enabled(),
