@@ -686,6 +686,12 @@ def test_environment_variable_forces_the_strategy(monkeypatch):
         model(torch.randn(8, 4))
         assert model.accel_strategy == Strategy("bf16")
 
+    # graphs, which a CPU cannot capture, were ignored, but the torch.compile they imply ran (inductor's minutes)
+    monkeypatch.setenv("RLSPEED_ACCELERATE", "graphs")
+    model = auto_accelerate(make_policy(), device="cpu")
+    model(torch.randn(8, 4))
+    assert model.accel_strategy == EAGER_FP32 and "and the torch.compile" in " ".join(model.accel_report.notes)
+
     monkeypatch.setenv("RLSPEED_ACCELERATE", "fp16")  # modules have no GradScaler: fp32, with a note
     model = auto_accelerate(make_policy(), device="cpu")
     assert model.accel_strategy == EAGER_FP32 and "fp16" in " ".join(model.accel_report.notes)

@@ -193,6 +193,13 @@ def _apply_env(value: str) -> Request:
     return Request(precision, compile_, graphs, forced_by_env=value)
 
 
+def _names_compile(value: str) -> bool:
+    """Whether an ``RLSPEED_ACCELERATE`` value names torch.compile itself (``compile``, ``compile:<backend>``,
+    ``inductor``), not only through ``graphs``, which implies it."""
+    tokens = [token.strip() for token in value.replace(",", "+").split("+")]
+    return any(token in ("compile", "inductor") or token.startswith("compile:") for token in tokens)
+
+
 # --- what a device can run ------------------------------------------------------------------------------------
 def _x86_cpu_flags() -> set[str] | None:
     """The CPU's feature flags from /proc/cpuinfo (Linux), or None where they cannot be read."""
@@ -484,7 +491,12 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
         if request.forced_by_env is None:
             raise UserError(f"CUDA graph capture is only available on CUDA devices, not {device.type}; "
                             "use graphs='auto' or False.")
-        notes.append(f"graphs forced but {device.type} has no graph capture: ignored.")
+        if _names_compile(request.forced_by_env):
+            notes.append(f"graphs forced but {device.type} has no graph capture: ignored.")
+        else:  # (the torch.compile that graphs ride on was not asked for by itself: not run either)
+            notes.append(f"graphs forced but {device.type} has no graph capture: ignored, and the torch.compile "
+                         "they ride on with them.")
+            compiles = ["off"]
     want_graphs = graph_support and request.graphs in ("auto", "on")
     if want_graphs and request.graphs == "on" and compiles == ["off"] and not step_graphs:
         if request.forced_by_env is None:
