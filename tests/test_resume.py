@@ -114,6 +114,12 @@ def test_steps_to_target_counts_from_the_start_of_the_run_and_restarts_count_res
     assert resumed_at == 512 and second.restarts == 1
     second.learn(256, progress_bar=False, run_dir=tmp_path, checkpoint_freq=128, target_return=-1.0, eval_freq=128)
     assert second.result.steps_to_target == resumed_at + 128  # evaluated at 640 steps of the run
+    # the rest of the result counts the same run (its steps and clocks were this call's, the target's the run's)
+    result = second.result
+    assert result.total_timesteps == second.num_timesteps == 640
+    assert result.evaluations[0][:2] == (640, result.time_to_target_s)
+    assert result.train_wall_s >= result.time_to_target_s > first.result.train_wall_s
+    assert result.sps == pytest.approx(result.total_timesteps / result.train_wall_s)
     third = PPO("CartPole-v1", **settings)
     third.resume(tmp_path / "checkpoint.safetensors")
     assert third.restarts == 2

@@ -768,7 +768,9 @@ ROWS_PER_LEARN = 50
 
 @dataclasses.dataclass
 class LearnResult:
-    """What `learn` measured; `summary.json` is built from it."""
+    """What `learn` measured; `summary.json` is built from it. Its steps and clocks (`total_timesteps`, `train_wall_s`,
+    `sps`, the target's, and each evaluation's `(steps, clock, mean)`: steps counted as `num_timesteps` is) cover the
+    call, or, for the first call after `resume`, the resumed run from its start, as summary.json does."""
 
     total_timesteps: int = 0
     train_wall_s: float = 0.0
@@ -1877,7 +1879,8 @@ class Algorithm:
                             row["eval_mean"] = evaluation["mean"]
                             if "success_rate" in evaluation:
                                 row["eval_success_rate"] = evaluation["success_rate"]
-                            result.evaluations.append((self.num_timesteps, train_clock, evaluation["mean"]))
+                            result.evaluations.append((self.num_timesteps, clock_offset + train_clock,
+                                                       evaluation["mean"]))
                             reached = target_return is not None and evaluation["mean"] >= target_return
                             if reached and confirm_target:
                                 # The target holds only if fresh episodes (other seeds) also reach it: one lucky
@@ -1962,9 +1965,11 @@ class Algorithm:
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got)
             self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
                               train_wall_s=clock_offset + train_clock, **result.reached())
-            result.total_timesteps = self.num_timesteps - start_steps
-            result.train_wall_s = train_clock
-            result.sps = result.total_timesteps / max(train_clock, 1e-9)
+            # (this call's; right after `resume`, the resumed run's from its start, as steps_to_target and
+            # time_to_target_s count and summary.json says)
+            result.total_timesteps = self.num_timesteps - (run_start if resume is not None else start_steps)
+            result.train_wall_s = clock_offset + train_clock
+            result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
         self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
         if callbacks is not None and main:
             if closing_row is not None:
