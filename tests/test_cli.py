@@ -181,6 +181,10 @@ def test_eval_a_saved_model(runs, capsys):
     assert result["episodes"] == 3 and len(result["returns"]) == 3
     assert result["mean"] == pytest.approx(sum(result["returns"]) / 3)
     assert all(1 <= r <= 500 for r in result["returns"])
+    # the JSON alone tells a sampled evaluation from the deterministic one (it did not say)
+    assert result["deterministic"] is True
+    assert cli.main(["eval", str(model_path), "--episodes", "1", "--stochastic", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["deterministic"] is False
 
 
 def test_train_stops_at_a_reached_target(runs):

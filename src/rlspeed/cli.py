@@ -2064,7 +2064,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
           f"{_score(result['mean'])} +/- {_score(result['std'])}{success}",
           file=sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(strict_json({**result, "seed": args.seed}))
+        print(strict_json({**result, "seed": args.seed, "deterministic": deterministic}))
     if args.video is not None:
         from rlspeed.video import record_video
 
