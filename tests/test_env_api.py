@@ -6,6 +6,8 @@ import csv
 import inspect
 import json
 import math
+import multiprocessing
+import re
 import sys
 from pathlib import Path
 
@@ -1182,31 +1184,43 @@ class _ContractBreakingEnv(gym.Env):
         super().reset(seed=seed)
         self.t = 0
         obs = np.zeros(5 if self.fault == "reset_shape" else 4, np.float32)
+        if self.fault == "reset_info_none":
+            return obs, None
         return obs if self.fault == "reset_obs_only" else (obs, {})
 
     def step(self, action):
         self.t += 1
         if self.fault == "raises" and self.t == 2:
             raise ValueError("setting an array element with a sequence (the env's own)")
-        obs, done = np.zeros(4, np.float32), self.t >= 3
-        reward = np.array([1.0]) if self.fault == "reward_shape" else 1.0
+        obs, done = np.zeros(3 if self.fault == "obs_shape" else 4, np.float32), self.t >= 3
+        reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x"}.get(self.fault, 1.0)
+        terminated = np.array([done, done]) if self.fault == "terminated_array" else done
         info = None if self.fault == "info_none" else {}
-        return (obs, reward, done, info) if self.fault == "four" else (obs, reward, done, False, info)
+        return (obs, reward, done, info) if self.fault == "four" else (obs, reward, terminated, False, info)
 
 
 gym.register("ContractBreaking-v0", entry_point=_ContractBreakingEnv, disable_env_checker=True, max_episode_steps=50)
 
 
-@pytest.mark.parametrize("fault, message", [
+_BREACHES = [
     ("reward_shape", "'ContractBreaking-v0'.step() returned a reward of shape (1,): a reward is one number per step"),
+    ("reward_str", "'ContractBreaking-v0'.step() returned a reward of type str: a reward is one number per step"),
+    ("terminated_array", "'ContractBreaking-v0'.step() returned terminated of shape (2,): terminated and truncated "
+                         "are one bool each"),
     ("info_none", "'ContractBreaking-v0'.step() returned an info of type NoneType: info is a dict"),
+    ("reset_info_none", "'ContractBreaking-v0'.reset() returned an info of type NoneType: info is a dict"),
+    # (one process: "An env returned ...", from the check of each observation as it is stored)
+    ("obs_shape", "returned an observation of shape (3,) where its observation_space declares (4,)"),
     ("reset_obs_only", "'ContractBreaking-v0'.reset() returned a ndarray of shape (4,): Gymnasium's reset returns "
                        "(obs, info)"),
     ("four", "'ContractBreaking-v0'.step() returned 4 values: Gymnasium's step returns (obs, reward, terminated, "
              "truncated, info), and (obs, reward, done, info) is the old gym API's step; Shimmy's"),
     ("reset_shape", "'ContractBreaking-v0'.reset() returned an observation of shape (5,) where its observation_space "
                     "declares (4,)"),
-])
+]
+
+
+@pytest.mark.parametrize("fault, message", _BREACHES)
 def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, message):
     """What an env of the user's own returns against Gymnasium's contract failed where rlspeed (or Gymnasium's
     TimeLimit, SyncVectorEnv) stores it: "The env 'X' raised ValueError in step(): setting an array element with a
@@ -1217,7 +1231,7 @@ def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, mes
                 batch_size=16, env_kwargs={"fault": fault})
     with pytest.raises(rlspeed.UserError) as raised:
         model.learn(16, progress_bar=False)
-    assert str(raised.value).startswith(message), str(raised.value)
+    assert message in str(raised.value), str(raised.value)
     assert "\n" not in str(raised.value)
 
 
@@ -1250,25 +1264,61 @@ def test_an_envs_own_error_in_step_is_not_taken_for_a_contract_breach():
         model.learn(16, progress_bar=False)
 
 
-def test_an_envs_array_reward_in_subprocess_envs_is_one_sentence():
-    """With gymnasium-async, rewards of shape (1,) batch to [N, 1] in the workers' answer, which reached the device
-    copy as a torch broadcast error: one sentence naming the shape."""
+@pytest.mark.parametrize("fault, message", _BREACHES)
+def test_a_contract_breach_in_subprocess_envs_is_the_same_sentence(fault, message, recwarn):
+    """With gymnasium-async (AsyncVectorEnv: the env in worker processes), a breach failed in a worker or in
+    Gymnasium's batching of the answers: Gymnasium's log of the worker's traceback (warnings), then "The env 'X'
+    raised ValueError in step(): not enough values to unpack (expected 5, got 4)" (EnvStepError, exit 1), workers
+    left running until the model was dropped (an array reward: a sentence of its own, naming the batched shape).
+    Now the one-process backend's sentence (a fresh env probed in this process), nothing logged, workers ended."""
     from rlspeed import PPO
 
     model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=8,
-                batch_size=16, env_kwargs={"fault": "reward_shape"})
+                batch_size=16, env_kwargs={"fault": fault})
     try:
-        with pytest.raises(rlspeed.UserError, match=r"returned rewards of shape \(2, 1\) for 2 envs: each env's step "
-                                                    "returns one number"):
+        with pytest.raises(rlspeed.UserError) as raised:
             model.learn(16, progress_bar=False)
+        assert message in str(raised.value), str(raised.value)
+        assert "\n" not in str(raised.value)
+        assert not multiprocessing.active_children()  # (the workers were ended with the error)
+        assert not [str(w.message) for w in recwarn if "Worker" in str(w.message)]
+        with pytest.raises(rlspeed.UserError, match=re.escape(message)):  # (envs made again: the same error)
+            model.learn(16, progress_bar=False)
+    finally:
+        model.close()
+    assert not multiprocessing.active_children()
+
+
+def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
+    """An env's own error in a worker is not taken for a breach (nothing probed breaks the contract): EnvStepError
+    with Gymnasium's log of the worker's traceback as before, the traceback also chained; workers ended."""
+    from rlspeed import PPO
+    from rlspeed.envs.gymnasium_env import WorkerTraceback
+    from rlspeed.errors import EnvStepError
+
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium-async", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": "raises"})
+    try:
+        with pytest.raises(EnvStepError, match=r"raised ValueError in step\(\): setting an array element with a "
+                                               r"sequence \(the env's own\)") as raised:
+            model.learn(16, progress_bar=False)
+        assert isinstance(raised.value.__cause__.__cause__, WorkerTraceback)
+        assert "in step" in str(raised.value.__cause__.__cause__)
+        assert any("Received the following error from Worker" in str(w.message) for w in recwarn)
+        assert not multiprocessing.active_children()
     finally:
         model.close()
 
 
-def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys):
-    """The CLI's exit code for a UserError (2, one line), not an env's failure's (1)."""
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys, backend):
+    """The CLI's exit code for a UserError (2, one line), not an env's failure's (1); with subprocess envs, no lines
+    of Gymnasium's log of its worker's error before it."""
     from rlspeed import cli
 
-    code = cli.main(["train", "ppo", "ContractBreaking-v0", "--env-backend", "gymnasium", "--total-timesteps", "64",
+    code = cli.main(["train", "ppo", "ContractBreaking-v0", "--env-backend", backend, "--total-timesteps", "64",
                      "--num-envs", "2", "--no-progress", "--out", str(tmp_path / "run"), "--env-kwargs", "fault=four"])
-    assert code == 2 and "returned 4 values" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert code == 2 and "returned 4 values" in err, err
+    assert "warning" not in err and err.count("rlspeed: error:") == 1, err
+    assert not multiprocessing.active_children()

@@ -12,7 +12,9 @@ import multiprocessing
 import os
 import pickle
 import re
+import time
 import warnings
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -438,6 +440,126 @@ def probe_contract(env_id: str, call: str, env: gym.Env, obs_shape: tuple[int, .
     return contract_problem(env_id, call, returned, obs_shape)
 
 
+#: what `probe_made_env` gives a fresh env to show its breach: at most this many steps and seconds
+PROBE_STEPS, PROBE_SECONDS = 1000, 2.0
+
+
+def probe_made_env(env_id: str, call: str, env_fn, obs_shape: tuple[int, ...] | None,
+                   host: HostObservations | None = None) -> str | None:
+    """`contract_problem` for a fresh env made with `env_fn` in this process (a subprocess env's constructor: its
+    worker, which failed, has closed its env), after a subprocess env's `call` ("reset" or "step") failed where
+    Gymnasium stores what it returned: its reset, then (for "step") random actions, episode after episode, until an
+    answer breaks the contract, it raises (the env's own failure: None, the first error is the one to show) or
+    `PROBE_STEPS` / `PROBE_SECONDS` pass (None). Without Gymnasium's wrappers, which unpack answers themselves, as
+    `probe_contract`. `host`: where the observations are not float vectors, their layout, checked as the one-process
+    backend checks it (`HostObservations.write`)."""
+    try:
+        env = env_fn()
+    except Exception:  # noqa: BLE001 (the env cannot be made here: nothing to show)
+        return None
+    try:
+        inner, deadline = env.unwrapped, time.monotonic() + PROBE_SECONDS
+        for step in range(PROBE_STEPS + 1):
+            returned = inner.reset() if step == 0 else inner.step(inner.action_space.sample())
+            problem = _answer_problem(env_id, "reset" if step == 0 else "step", returned, obs_shape, host)
+            if problem or call == "reset" or time.monotonic() > deadline:
+                return problem
+            if step and (returned[2] or returned[3]):  # (a finished episode: the worker resets it within the step)
+                problem = _answer_problem(env_id, "reset", inner.reset(), obs_shape, host)
+                if problem:
+                    return problem
+        return None
+    except Exception:  # noqa: BLE001 (the env's own failure)
+        return None
+    finally:
+        try:
+            env.close()
+        except Exception:  # noqa: BLE001, S110 (the probe's close: nothing to report)
+            pass
+
+
+def _answer_problem(env_id: str, call: str, returned, obs_shape, host: HostObservations | None) -> str | None:
+    """`contract_problem`, and for observations that are not float vectors, `host`'s check of their shape."""
+    problem = contract_problem(env_id, call, returned, obs_shape)
+    if problem or host is None or obs_shape is not None:
+        return problem
+    try:
+        host.write(host.empty(1), 0, returned[0])
+    except UserError as error:
+        return str(error).replace("An env returned", f"'{env_id}'.{call}() returned", 1)
+    except (ValueError, TypeError, KeyError, IndexError):  # (not read as its layout: nothing more to say)
+        pass
+    return None
+
+
+class WorkerTraceback(Exception):
+    """A subprocess env's traceback, as its worker wrote it (tracebacks do not cross processes): chained as the
+    cause of the error Gymnasium raises again in this process, so that `--debug` (and Python) show where in the
+    env it was raised."""
+
+    def __init__(self, trace: str):
+        super().__init__(trace)
+        self.trace = trace
+
+    def __str__(self) -> str:
+        return "\n" + self.trace.rstrip()
+
+
+_TRACE_FILE = re.compile(r'^\s*File "([^"]+)", line \d+, in ', re.MULTILINE)
+
+
+def _worker_raised_storing(trace: str) -> bool:
+    """`_raised_storing` for a subprocess env's error, from its worker's traceback text: whether its innermost frame
+    outside numpy is in Gymnasium outside its envs (the worker unpacking or writing what the env returned)."""
+    files = [name for name in _TRACE_FILE.findall(trace) if not name.startswith(_NUMPY_DIR)]
+    return bool(files) and files[-1].startswith(_GYMNASIUM_DIR) and not files[-1].startswith(_GYMNASIUM_ENVS_DIR)
+
+
+def _worker_error(logged: list) -> tuple[int | None, str | None]:
+    """(worker index, traceback) of the error Gymnasium raised again from a subprocess env's worker (the last it
+    reported), from the messages its `_raise_if_errors` logs; (None, None) where they say none."""
+    index = trace = None
+    for message in logged:
+        text = str(message.message)
+        found = re.search(r"Received the following error from Worker-(\d+)", text)
+        if found:
+            index, trace = int(found.group(1)), None
+        elif "Traceback (most recent call last)" in text and index is not None:
+            trace = text[text.index("Traceback"):]
+    return (index, trace) if trace is not None else (None, None)
+
+
+def _hold_worker_errors(vector_env: gym.vector.AsyncVectorEnv, held: list) -> None:
+    """Make `vector_env` (subprocess envs rlspeed made) report its workers' errors in a step or reset without
+    Gymnasium's log of them (its `_raise_if_errors`, only ever called with all answers in hand, and only past its
+    first line when one failed: a successful step costs what it did): the log is put in `held`, with the error
+    raised, for `GymnasiumEnv._subprocess_failure` to show where the error is the env's own (a breach of the contract
+    is one sentence instead). The worker's traceback becomes the error's cause (`WorkerTraceback`)."""
+    method = getattr(type(vector_env), "_raise_if_errors", None)
+    if method is None:  # (a Gymnasium without it: its log stays)
+        return
+    ref = weakref.ref(vector_env)  # (no cycle: the env is closed when it is dropped, as Gymnasium's own)
+
+    def raise_if_errors(successes) -> None:
+        if all(successes):
+            return
+        env = ref()
+        if env is None or env._state not in (AsyncState.WAITING_STEP, AsyncState.WAITING_RESET):
+            return method(env, successes)  # (a call or attribute: Gymnasium's log, as it was)
+        with warnings.catch_warnings(record=True) as logged:
+            warnings.simplefilter("always")
+            try:
+                method(env, successes)
+            except Exception as error:
+                trace = _worker_error(logged)[1]
+                if trace is not None and error.__cause__ is None:
+                    error.__cause__ = WorkerTraceback(trace)
+                held[:] = [error, list(logged)]
+                raise
+
+    vector_env._raise_if_errors = raise_if_errors
+
+
 class HostObservations:
     """Host observation batches of an env (numpy arrays; dicts or tuples of them for Dict and Tuple spaces) as
     fresh host arrays in the contract's dtypes, keyed as `EnvSpec.observation_space` (`check_observation_space`:
@@ -595,6 +717,7 @@ class GymnasiumEnv(BatchedEnv):
                  vectorization: str = "sync", vector_env: gym.vector.VectorEnv | None = None,
                  env_kwargs: dict | None = None):
         self.device = torch.device(device)
+        made = vector_env is None
         if vector_env is None:
             if env_id is None:
                 raise ValueError("GymnasiumEnv needs env_id or vector_env")
@@ -641,6 +764,10 @@ class GymnasiumEnv(BatchedEnv):
             threshold = getattr(spec, "reward_threshold", None) if registered else None
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
+        # (the error a subprocess env's step or reset raised, and Gymnasium's log of it: `_subprocess_failure`)
+        self._worker_errors: list = []
+        if made and isinstance(vector_env, gym.vector.AsyncVectorEnv):  # (not a user's: their log stays theirs)
+            _hold_worker_errors(vector_env, self._worker_errors)
         try:
             spec = EnvSpec.from_spaces(env_id, vector_env.single_observation_space, vector_env.single_action_space,
                                        max_steps, threshold)
@@ -679,6 +806,7 @@ class GymnasiumEnv(BatchedEnv):
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         # set where a call to the vector env raised (a KeyboardInterrupt say) part-way: `disrupted`
         self._interrupted_call: str | None = None
+        self._failed: str | None = None  # (why subprocess envs were closed after a failed step or reset)
 
     def _masks(self, info_masks, source: str) -> torch.Tensor | None:
         """The step's action masks as bool `[N, n]` on the device, None when the env gives none."""
@@ -704,6 +832,8 @@ class GymnasiumEnv(BatchedEnv):
             obs, reset_info = self.vector_env.reset(seed=seed)
         except BaseException as error:
             self._interrupted_call = "reset"
+            if isinstance(error, Exception):
+                self._subprocess_failure("reset", error)
             envs = getattr(getattr(self.vector_env, "unwrapped", None), "envs", None)  # (SyncVectorEnv's)
             if isinstance(error, Exception) and not isinstance(error, UserError) and envs and _raised_storing(error):
                 shape = self.spec.observation_shape if self._float_vector else None
@@ -851,15 +981,21 @@ class GymnasiumEnv(BatchedEnv):
                 raise
             self._sent = None
         else:
-            self._sent = self.vector_env.step(np_actions)
+            try:
+                self._sent = self.vector_env.step(np_actions)
+            except Exception as error:
+                self._subprocess_failure("step", error)  # (a user's AsyncVectorEnv inside wrappers)
+                raise
 
     def step_receive(self):
         """The second half of `step` (after `step_send`): the step's tensors and info, as `step` returns them."""
         sent, self._sent = self._sent, None
         try:
             obs, reward, terminated, truncated, info = self.vector_env.step_wait() if sent is None else sent
-        except BaseException:
+        except BaseException as error:
             self._interrupted_call = "step"
+            if isinstance(error, Exception):
+                self._subprocess_failure("step", error)
             raise
         source = f"{self.spec.env_id}'s info['action_mask']"
         # a copy, as in `host_tensor`: the vector env may reuse its buffer
@@ -887,11 +1023,44 @@ class GymnasiumEnv(BatchedEnv):
                                          np.asarray(truncated, dtype=bool))
         for field, value in (("rewards", reward), ("terminated", terminated), ("truncated", truncated)):
             if value.shape != (self.num_envs,):  # (an env's reward of shape (1,) batches to [N, 1], not [N])
+                self._subprocess_failure("step")  # (subprocess envs: one env's answer named, as with one process)
                 raise UserError(f"'{self.spec.env_id}' (its vector env) returned {field} of shape {value.shape} for "
                                 f"{self.num_envs} envs: each env's step returns one number (a reward) and one bool "
                                 "(terminated, truncated), not an array.")
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
+
+    def _subprocess_failure(self, call: str, error: Exception | None = None) -> None:
+        """After subprocess envs (Gymnasium's AsyncVectorEnv) failed in a `call` ("step" or "reset"; `error`: what
+        it raised, None where its answer broke the contract without an error): UserError in one sentence where a
+        fresh env made from their constructor (`probe_made_env`) shows what breaks Gymnasium's contract in what the
+        env returns, as the one-process backend says it; else Gymnasium's log of a worker's own error, as it gave it.
+        Either way the subprocesses are ended first (their workers that failed have stopped; a run cannot go on with
+        them: `disrupted` says so). Nothing for other vector envs."""
+        inner = getattr(self.vector_env, "unwrapped", self.vector_env)
+        if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed or isinstance(error, UserError):
+            return
+        held, self._worker_errors[:] = list(self._worker_errors), []
+        worker, logged = None, []
+        if held and held[0] is error:
+            logged = held[1]
+            worker, trace = _worker_error(logged)
+            storing = trace is not None and _worker_raised_storing(trace)
+        else:
+            storing = error is None or _raised_storing(error)
+        problem = None
+        env_fns = getattr(inner, "env_fns", None) or ()
+        if storing and env_fns:
+            shape = self.spec.observation_shape if self._float_vector else None
+            problem = probe_made_env(self.spec.env_id, call, env_fns[worker if worker is not None and worker < len(
+                env_fns) else 0], shape, None if self._float_vector else self._host)
+        if problem is None:
+            for message in logged:  # (Gymnasium's log of its worker's error, held back by `_hold_worker_errors`)
+                warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+        self.close()
+        self._failed = f"their {call} failed"
+        if problem is not None:
+            raise UserError(problem) from error
 
     def _finish_pending(self) -> None:
         """A KeyboardInterrupt between a subprocess env's step (or reset) and its answer (Jupyter's stop button during
@@ -918,7 +1087,9 @@ class GymnasiumEnv(BatchedEnv):
         not, a call waiting for its answer, or workers stopped: their pipes are then out of step, and every further
         step fails. `interrupted` (a KeyboardInterrupt stopped their last use): not idle either, since a worker the
         signal reached may not have stopped or reported it yet. `Algorithm.make_training_env` makes such envs
-        again."""
+        again, as it does envs closed after a failed step or reset (`_subprocess_failure`)."""
+        if self._failed is not None:
+            return self._failed
         inner = getattr(self.vector_env, "unwrapped", self.vector_env)
         if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
             return None
