@@ -1184,6 +1184,8 @@ class _ContractBreakingEnv(gym.Env):
         super().reset(seed=seed)
         self.t = 0
         obs = np.zeros(5 if self.fault == "reset_shape" else 4, np.float32)
+        if self.fault == "reset_text":
+            obs = np.array(["a", "b", "c", "d"])
         if self.fault == "reset_info_none":
             return obs, None
         return obs if self.fault == "reset_obs_only" else (obs, {})
@@ -1195,6 +1197,8 @@ class _ContractBreakingEnv(gym.Env):
         obs, done = np.zeros(3 if self.fault == "obs_shape" else 4, np.float32), self.t >= 3
         reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x"}.get(self.fault, 1.0)
         terminated = np.array([done, done]) if self.fault == "terminated_array" else done
+        if self.fault == "obs_text":
+            obs = np.array(["a", "b", "c", "d"])
         info = None if self.fault == "info_none" else {}
         return (obs, reward, done, info) if self.fault == "four" else (obs, reward, terminated, False, info)
 
@@ -1211,6 +1215,10 @@ _BREACHES = [
     ("reset_info_none", "'ContractBreaking-v0'.reset() returned an info of type NoneType: info is a dict"),
     # (one process: "An env returned ...", from the check of each observation as it is stored)
     ("obs_shape", "returned an observation of shape (3,) where its observation_space declares (4,)"),
+    ("obs_text", "'ContractBreaking-v0'.step() returned an observation of dtype <U1 where its observation_space "
+                 "declares numbers"),
+    ("reset_text", "'ContractBreaking-v0'.reset() returned an observation of dtype <U1 where its observation_space "
+                   "declares numbers"),
     ("reset_obs_only", "'ContractBreaking-v0'.reset() returned a ndarray of shape (4,): Gymnasium's reset returns "
                        "(obs, info)"),
     ("four", "'ContractBreaking-v0'.step() returned 4 values: Gymnasium's step returns (obs, reward, terminated, "

@@ -397,11 +397,21 @@ def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...
     if not isinstance(info, dict):
         return (f"{name} returned an info of type {type(info).__name__}: info is a dict (an empty one where there is "
                 "nothing to report).")
-    if obs_shape is not None and np.shape(observation) != tuple(obs_shape):
+    if obs_shape is None:
+        return None
+    try:
+        dtype = np.asarray(observation).dtype
+    except (ValueError, TypeError):  # (lists of unequal lengths)
+        return (f"{name} returned an observation that is no array ({_returned(observation)}): make its reset() and "
+                f"step() return an array of shape {tuple(obs_shape)}, as its observation_space declares.")
+    if np.shape(observation) != tuple(obs_shape):
         try:
             check_shape(observation, obs_shape, source=name)
         except UserError as error:
             return str(error)
+    if dtype.kind not in "biuf":  # (text, objects: not numbers)
+        return (f"{name} returned an observation of dtype {dtype} where its observation_space declares numbers "
+                "(float32): make its reset() and step() return a numeric array.")
     return None
 
 
