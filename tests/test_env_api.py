@@ -1318,6 +1318,24 @@ def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
         model.close()
 
 
+def test_subprocess_envs_passed_in_that_failed_are_not_blamed_on_an_interrupt():
+    """Subprocess envs passed in, closed after their step failed, cannot be made again by the next learn: it said so
+    as after an interrupt ("an interrupt inside a step, Ctrl-C or Jupyter's stop button, leaves them so"), which did
+    not happen; it names the failed step only."""
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+
+    given = gym.make_vec("ContractBreaking-v0", num_envs=2, vectorization_mode="async",
+                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, fault="raises")
+    model = PPO(given, seed=0, device="cpu", num_steps=8, batch_size=16)
+    with pytest.warns(UserWarning, match="Worker"), pytest.raises(EnvStepError):
+        model.learn(16, progress_bar=False)
+    with pytest.raises(rlspeed.UserError, match=r"cannot go on \(their step failed\), and learn") as again:
+        model.learn(16, progress_bar=False)
+    assert "interrupt" not in str(again.value)
+    assert not multiprocessing.active_children()
+
+
 @pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
 def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys, backend):
     """The CLI's exit code for a UserError (2, one line), not an env's failure's (1); with subprocess envs, no lines

@@ -1567,10 +1567,11 @@ class Algorithm:
         env_given = self._env_given
         self.close()  # (terminates the subprocesses: they are not asked, and may not answer)
         if env_given:
-            raise UserError(f"The env subprocesses of '{self.env_id}', which was passed in, cannot go on ({reason}: "
-                            f"an interrupt inside a step, Ctrl-C or Jupyter's stop button, leaves them so), and "
-                            f"learn cannot make them again: save the model and {type(self).__name__}.load(path, "
-                            "env=...) with a new env.")
+            how = ("" if "failed" in reason else
+                   ": an interrupt inside a step, Ctrl-C or Jupyter's stop button, leaves them so")
+            raise UserError(f"The env subprocesses of '{self.env_id}', which was passed in, cannot go on ({reason}"
+                            f"{how}), and learn cannot make them again: save the model and {type(self).__name__}"
+                            ".load(path, env=...) with a new env.")
 
     def _adopt_statistics(self) -> None:
         """Make the training env's normalisation statistics the model's (`obs_rms`, `return_rms`); statistics the
