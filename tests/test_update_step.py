@@ -316,6 +316,24 @@ def test_a_subclass_gets_its_own_init_arguments_back_from_its_file_or_is_told_th
         assert type(PPO.load(path)) is PPO
 
 
+def test_a_subclass_argument_named_as_an_rlspeed_attribute_is_not_saved_as_that_attribute(tmp_path):
+    """A subclass's own argument of the name of an attribute rlspeed holds (`name`, the algorithm's "ppo";
+    `restarts`), which the subclass keeps elsewhere, was saved as rlspeed's value and given back by load in place of
+    the argument: it is said not to be saved, and load gives its default."""
+    class TaggedPPO(PPO):
+        def __init__(self, env, name="mine", restarts=3, **hyperparameters):
+            super().__init__(env, **hyperparameters)
+            self.tag, self.tries = name, restarts
+
+    model = TaggedPPO("CartPole-v1", name="exp1", restarts=5, device="cpu", seed=0, num_envs=4, num_steps=32,
+                      batch_size=128)
+    with pytest.warns(UserWarning, match=r"argument (name|restarts) is not saved") as said:
+        path = model.save(tmp_path / "tagged")
+    assert len(said) == 2
+    loaded = TaggedPPO.load(path)
+    assert (loaded.tag, loaded.tries, loaded.name) == ("mine", 3, "ppo")
+
+
 def test_double_q_a_callback_changes_applies_whichever_dqn_update_runs():
     """DQN's double_q changed on model.config mid-run reaches the hand-derived update as it reaches the autograd loss:
     both end with the same weights."""

@@ -1043,6 +1043,7 @@ class Algorithm:
         (`spec.env_kwargs`, saved with it), so evaluation, videos and a loaded model make the same env again; an env
         from `make_env(env_id, **options)` carries its options the same way.
         """
+        subclass_set = set(self.__dict__)  # (a subclass's own attributes, set before it called this)
         name = type(self).__name__
         if isinstance(env, str) and env in SB3_POLICY_NAMES:
             example = _env_example(policy_and_env[0]) if policy_and_env else "'CartPole-v1'"
@@ -1168,6 +1169,8 @@ class Algorithm:
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
         self._learning_rate_given = getattr(self.config, "learning_rate", None)  # (what the optimisers were built
         # with: `_follow_learning_rate` passes on a change)
+        # (the attributes rlspeed set here, never a subclass's own argument: `_own_init_arguments`)
+        self._rlspeed_attributes = frozenset(self.__dict__) - subclass_set
         self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
 
     @property
@@ -2257,8 +2260,12 @@ class Algorithm:
         plain values (`self.aux_coef = aux_coef`, or `self._aux_coef`; a tuple comes back as a list): what `save`
         records and `load` gives the class again. One held otherwise is said once: load would give it its default."""
         arguments = {}
+        # (rlspeed's own attributes, `name` ("ppo"), `restarts`, `_resume`, ..., are no subclass's argument)
+        rlspeed_own = set(getattr(self, "_rlspeed_attributes", ())).union(
+            *(vars(klass) for klass in type(self).__mro__ if klass.__module__.startswith("rlspeed.")))
         for name in _own_init_parameters(type(self)):
-            held = next((attribute for attribute in (name, f"_{name}") if hasattr(self, attribute)), None)
+            held = next((attribute for attribute in (name, f"_{name}")
+                         if attribute not in rlspeed_own and hasattr(self, attribute)), None)
             value = getattr(self, held) if held is not None else None
             value = list(value) if isinstance(value, tuple) else value
             if held is not None and _plain_value(value):
