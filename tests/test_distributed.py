@@ -398,3 +398,17 @@ def test_the_launcher_keeps_torchruns_report_unless_every_failed_worker_said_why
     assert _quiet_code(ChildFailedError(Failure(103, -9), Failure(102, 1)), said) is None  # (killed: report stays)
     assert _quiet_code(ChildFailedError(Failure(101, 1), Failure(103, 1)), said) is None  # (a traceback: stays)
     assert _quiet_code(ChildFailedError(Failure(103, 1), Failure(104, -15)), {}) is None
+
+
+def test_the_launcher_keeps_torchruns_log_where_loglevel_asks_for_it(tmp_path):
+    """`python -m rlspeed._torchrun` (`rlspeed train --nproc`) turns torchrun's own log off, which repeats what the
+    workers say; it also turned off the log LOGLEVEL=INFO asks torchrun for (its rendezvous, its restarts), which is
+    how torchrun is debugged."""
+    script = tmp_path / "worker.py"
+    script.write_text("print('worker ran')\n")
+    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=1",
+                           str(script)], env={**clean_env(), "LOGLEVEL": "INFO"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "worker ran" in done.stdout
+    assert "Rendezvous complete" in done.stderr, done.stderr[-3000:]

@@ -49,7 +49,10 @@ def _quiet_code(error: Exception, said: dict[int, tuple[str, int, int]] | None =
 
 def _quiet_torchrun_logs() -> None:
     """torchrun's own log lines about ending workers ("Sending process ... closing signal", "failed (exitcode: ...)")
-    repeat what the workers said, or its failure report says: off (its loggers set their levels one by one)."""
+    repeat what the workers said, or its failure report says: off (its loggers set their levels one by one), unless
+    LOGLEVEL asks torchrun for its log (`LOGLEVEL=INFO`: its rendezvous and restarts, to debug them)."""
+    if os.environ.get("LOGLEVEL"):
+        return
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
