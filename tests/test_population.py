@@ -19,6 +19,7 @@ from conftest import (
     needs_minigrid,
     random_population_batch,
 )
+from gymnasium.envs.classic_control import CartPoleEnv
 
 from rlspeed import PPO
 from rlspeed.algos import ALGORITHMS
@@ -592,6 +593,35 @@ def test_a_learn_cut_short_mid_rollout_is_followed_by_fresh_episodes(monkeypatch
     population.learn(128, progress_bar=False)
     assert population._env is not env
     assert torch.equal(firsts[0], _first_observations(population))  # (the next learn's first rollout step)
+
+
+class _FailingCartPole(CartPoleEnv):
+    """CartPole whose 5th step raises (the env's own error), in each new env."""
+
+    steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 5:
+            raise ValueError("sensor glitch (the env's own)")
+        return super().step(action)
+
+
+gym.register("PopulationFailingCartPole-v0", entry_point=_FailingCartPole, max_episode_steps=50)
+
+
+def test_subprocess_envs_closed_after_a_failed_step_are_made_again_by_the_next_learn():
+    """Subprocess envs whose step failed are closed with the error (their worker has stopped): the population's next
+    learn stepped them again and failed with Gymnasium's "Trying to operate on `AsyncVectorEnv`, after a call to
+    `close()`" where a single model makes its envs again; the population does too (here: the env's error again)."""
+    population = Population(PPO, "PopulationFailingCartPole-v0", seeds=[0, 1], env_backend="gymnasium-async",
+                            num_envs=2, num_steps=8, batch_size=16)
+    try:
+        for _ in range(2):
+            with pytest.warns(UserWarning, match="Worker"), pytest.raises(ValueError, match="sensor glitch"):
+                population.learn(64, progress_bar=False)
+    finally:
+        population.close()
 
 
 def _first_observations(population) -> torch.Tensor:

@@ -208,6 +208,11 @@ class MemberEnvs(BatchedEnv):
             parts = [env.step(block) for env, block in zip(self.envs, blocks)]
         return (*(torch.cat([part[i] for part in parts]) for i in range(4)), self._joined([p[4] for p in parts]))
 
+    def disrupted(self, interrupted: bool = False) -> str | None:
+        """The first reason a member's env gives that it cannot go on (`BatchedEnv.disrupted`: subprocess envs closed
+        after a failed step, say), or None."""
+        return next(filter(None, (env.unwrapped.disrupted(interrupted=interrupted) for env in self.envs)), None)
+
     def keep(self, blocks: Sequence[int]) -> MemberEnvs:
         """The envs of `blocks` (positions), as they are; the others closed."""
         for i, env in enumerate(self.envs):
@@ -874,12 +879,16 @@ class PopulationBase:
         self._attach_env_guard()
 
     def _drop_interrupted_env(self) -> None:
-        """After a learn a KeyboardInterrupt cut short (Jupyter's stop button, a second Ctrl-C), the training env is
-        made again and its episodes start afresh, as a single model's are (`Algorithm._drop_disrupted_env`): a
-        rollout cut short left the observations held behind the envs' own, and subprocess envs may be out of step
-        with their pipes, failing every later step. The members go on (weights, step counts, replay)."""
+        """After a learn a KeyboardInterrupt cut short (Jupyter's stop button, a second Ctrl-C), or subprocess envs
+        that cannot go on (`BatchedEnv.disrupted`: closed after a failed step), the training env is made again and
+        its episodes start afresh, as a single model's are (`Algorithm._drop_disrupted_env`): a rollout cut short
+        left the observations held behind the envs' own, and subprocess envs may be out of step with their pipes, or
+        closed, failing every later step. The members go on (weights, step counts, replay)."""
         interrupted, self._learn_interrupted = self._learn_interrupted, False
-        if interrupted and self._env is not None:
+        if self._env is None:
+            return
+        disrupted = getattr(self._env.unwrapped, "disrupted", None)
+        if interrupted or (callable(disrupted) and disrupted() is not None):
             env, self._env, self._obs = self._env, None, None
             env.close()
 
