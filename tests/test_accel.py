@@ -857,7 +857,7 @@ def test_accelerate_step_refuses_a_bad_setting_in_one_sentence(kwargs, match):
 def test_accelerate_step_takes_its_settings_in_their_usual_spellings():
     net = torch.nn.Linear(3, 1)
     for kwargs in ({"max_grad_norm": 1}, {"max_grad_norm": np.float32(0.5)}, {"fused_optimizer": "off"},
-                   {"fused_optimizer": "True"}, {"fused_optimizer": False}):
+                   {"fused_optimizer": "True"}, {"fused_optimizer": None}, {"fused_optimizer": False}):
         step = accelerate_step(lambda x: net(x).mean(), torch.optim.Adam(net.parameters()), **kwargs)
         step(torch.randn(4, 3))
     assert step.max_grad_norm is None

@@ -551,10 +551,13 @@ def _switch_to_fused(optimizer: torch.optim.Optimizer) -> None:
     optimizer.register_load_state_dict_post_hook(fuse)
 
 
-def _fused_request(value: bool | str) -> bool | str:
-    """`fused_optimizer` as True, False or "auto"; anything else is refused in one sentence."""
+def _fused_request(value: bool | str | None) -> bool | str:
+    """`fused_optimizer` as True, False or "auto" (None: "auto", a setting left unset); anything else is refused in
+    one sentence."""
     if isinstance(value, bool):
         return value
+    if value is None:
+        return "auto"
     text = str(value).strip().lower()
     mapping = {"auto": "auto", "true": True, "on": True, "false": False, "off": False}
     if text not in mapping:
