@@ -1006,6 +1006,30 @@ class Algorithm:
     _episodes_restored: bool = False
     _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_disrupted_env`)
 
+    def __new__(cls, *args: typing.Any, **kwargs: typing.Any) -> Self:
+        """A new model, with a subclass's own `__init__` arguments recorded as it was called (`_own_init_arguments`:
+        what `save` keeps of them, whatever its `__init__` then makes of them)."""
+        self = super().__new__(cls)
+        own = _own_init_parameters(cls) if args or kwargs else ()
+        if own:
+            try:
+                bound = inspect.signature(cls.__init__).bind(self, *args, **kwargs)
+            except TypeError:  # (the call does not fit: `__init__` says so)
+                pass
+            else:
+                bound.apply_defaults()
+                parameters = bound.signature.parameters
+                plain, unsaved = {}, {}
+                for name in (name for name in own if name in bound.arguments):
+                    value = bound.arguments[name]
+                    value = list(value) if isinstance(value, tuple) else value
+                    if _plain_value(value):
+                        plain[name] = copy.deepcopy(value)  # (as passed: not as the model may change it later)
+                    elif value is not parameters[name].default:  # (only its type: the model holds no object)
+                        unsaved[name] = type(value).__name__
+                self.__dict__["_init_arguments"] = (plain, unsaved)
+        return self
+
     def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *policy_and_env,
                  device: str | torch.device = "auto", seed: int | None = None, env_backend: str = "auto",
                  num_threads: int | None = None, accelerate: str = "off", strategy: DistributedStrategy | None = None,
@@ -1043,7 +1067,6 @@ class Algorithm:
         (`spec.env_kwargs`, saved with it), so evaluation, videos and a loaded model make the same env again; an env
         from `make_env(env_id, **options)` carries its options the same way.
         """
-        subclass_set = set(self.__dict__)  # (a subclass's own attributes, set before it called this)
         name = type(self).__name__
         if isinstance(env, str) and env in SB3_POLICY_NAMES:
             example = _env_example(policy_and_env[0]) if policy_and_env else "'CartPole-v1'"
@@ -1169,8 +1192,6 @@ class Algorithm:
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
         self._learning_rate_given = getattr(self.config, "learning_rate", None)  # (what the optimisers were built
         # with: `_follow_learning_rate` passes on a change)
-        # (the attributes rlspeed set here, never a subclass's own argument: `_own_init_arguments`)
-        self._rlspeed_attributes = frozenset(self.__dict__) - subclass_set
         self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
 
     @property
@@ -2256,27 +2277,18 @@ class Algorithm:
         return written
 
     def _own_init_arguments(self) -> dict:
-        """A subclass's own `__init__` arguments (`_own_init_parameters`) that this model holds under their names as
-        plain values (`self.aux_coef = aux_coef`, or `self._aux_coef`; a tuple comes back as a list): what `save`
-        records and `load` gives the class again. One held otherwise is said once: load would give it its default."""
-        arguments = {}
-        # (rlspeed's own attributes, `name` ("ppo"), `restarts`, `_resume`, ..., are no subclass's argument)
-        rlspeed_own = set(getattr(self, "_rlspeed_attributes", ())).union(
-            *(vars(klass) for klass in type(self).__mro__ if klass.__module__.startswith("rlspeed.")))
-        for name in _own_init_parameters(type(self)):
-            held = next((attribute for attribute in (name, f"_{name}")
-                         if attribute not in rlspeed_own and hasattr(self, attribute)), None)
-            value = getattr(self, held) if held is not None else None
-            value = list(value) if isinstance(value, tuple) else value
-            if held is not None and _plain_value(value):
-                arguments[name] = value
-            elif (type(self), name) not in _UNSAVED_ARGUMENTS_SAID:
+        """A subclass's own `__init__` arguments (`_own_init_parameters`) as it was called (`__new__` records them),
+        where they are plain values (`_plain_value`; a tuple comes back as a list): what `save` records and `load`
+        gives the class again. One that is not, and is not its default, is said once: load would give the default."""
+        plain, unsaved = self.__dict__.get("_init_arguments") or ({}, {})
+        for name, kind in unsaved.items():
+            if (type(self), name) not in _UNSAVED_ARGUMENTS_SAID:
                 _UNSAVED_ARGUMENTS_SAID.add((type(self), name))
-                warnings.warn(f"{type(self).__name__}.__init__'s argument {name} is not saved (the model holds no "
-                              f"number, string or list of them as self.{name}): {type(self).__name__}.load gives it "
-                              f"its default; pass it again ({type(self).__name__}.load(path, {name}=...)), or keep "
-                              f"it as self.{name}.", stacklevel=3)
-        return arguments
+                warnings.warn(f"{type(self).__name__}.__init__'s argument {name} is not saved (a file keeps numbers, "
+                              f"strings, and lists or dicts of them, not a {kind}): {type(self).__name__}.load gives "
+                              f"it its default; pass it again ({type(self).__name__}.load(path, {name}=...)).",
+                              stacklevel=3)
+        return dict(plain)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
