@@ -17,7 +17,8 @@ from torch.distributed.run import main
 from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
 
 #: the exit codes of an rlspeed command that said why it ended, in one line: a bad input (2), a run stopped by Ctrl-C
-#: (130) or SIGTERM (143) after saving (a worker ending through `DistributedStrategy.leave` says so by its code alone)
+#: (130) or SIGTERM (143) after saving (read where a worker left no file in the launcher's folder: one that ended
+#: before its command could write it, or workers started by another launcher)
 SAID_CODES = (2, 130, 143)
 #: how torchrun ends the other workers once one has ended (their exit codes: minus the signal's number)
 _ENDED_BY_TORCHRUN = tuple(-int(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL))
