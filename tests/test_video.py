@@ -408,3 +408,27 @@ def test_an_existing_video_file_is_replaced_only_when_asked(tmp_path, capsys):
     callback = VideoRecorderCallback(512, folder, overwrite=True)
     _cartpole().learn(512, callback=callback, progress_bar=False)
     assert callback.videos == [folder / "step-000000512.mp4"] and _read(callback.videos[0])[1] == (400, 600)
+
+
+@pytest.mark.parametrize("name", ["cut.mp4", "cut.gif"])
+def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(tmp_path, monkeypatch, name):
+    """A notebook's stop button (KeyboardInterrupt) during `record_video` left the half-made file behind (a broken
+    mp4 when the interrupt landed in a frame's write, ffmpeg being killed), and running the same cell again was
+    refused ("exists: pass overwrite=True"). Now an interrupted or failed recording leaves no file."""
+    model = _cartpole()
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return PPO.predict(model, *args, **kwargs)
+
+    monkeypatch.setattr(model, "predict", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        video.record_video(model, tmp_path / name, seed=0, max_steps=20)
+    assert not (tmp_path / name).exists()
+    monkeypatch.undo()
+    with pytest.warns(UserWarning, match="still running after 20 steps"):  # (the same call again: no refusal)
+        video.record_video(model, tmp_path / name, seed=0, max_steps=20)
+    assert _read(tmp_path / name)[1] == (400, 600)

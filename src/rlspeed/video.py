@@ -231,7 +231,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     were). Where the env gives action masks (`info["action_mask"]`) and the model takes them, the policy is masked as
     in `evaluate`. `fps` defaults to the env's `render_fps`. `env_kwargs` replace options of the env (those recorded
     with the model, on its own id), as in `evaluate`. Returns {"path", "episodes", "frames", "returns",
-    "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing.
+    "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing. A call that does not
+    return (interrupted, or an error of the env or the model) leaves no file at `path`.
     """
     path = Path(path)
     _require_writer(path)
@@ -331,7 +332,11 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise VideoWriteError(f"Cannot write a video to '{path}': {error.strerror or error} (the partial file "
                               "was removed).") from None
     except BaseException:
-        _close_writer(writer)
+        # (an interruption, Ctrl-C or a notebook's stop button, or an error of the env or the model: the episodes
+        # were not filmed, and a file left at `path` would be a broken video (ffmpeg is killed when the interrupt
+        # lands in a frame's write) that refuses the same call run again)
+        _close_writer(writer, discard=True)
+        path.unlink(missing_ok=True)
         raise
     finally:
         env.close()
