@@ -181,6 +181,25 @@ def test_the_progress_bar_counts_the_steps_learn_runs(recorded_bars):
     assert model.num_timesteps == 3072 and bars[1].bar.total == 2048 and bars[1].bar.n == 2048
 
 
+def test_an_interrupted_learns_progress_bar_shows_the_steps_it_trained(recorded_bars):
+    """A notebook's stop button (KeyboardInterrupt) or an error in a callback ended learn with its bar at the last
+    metrics row (up to a second before: 0 of 100k steps, drawn red, after 1,024 trained). Now the bar it leaves on
+    screen counts every step the model trained."""
+    from rlspeed import PPO
+    from rlspeed.callbacks import BaseCallback
+
+    class Stop(BaseCallback):
+        def _on_step(self):
+            if self.num_timesteps >= 2048:
+                raise KeyboardInterrupt
+
+    bars = recorded_bars
+    model = PPO("CartPole-v1", device="cpu", env_backend="torch", num_envs=16, num_steps=64, batch_size=256)
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(100_000, progress_bar=True, callback=Stop(), log_interval_s=1000)
+    assert model.num_timesteps == 2048 and bars[0].bar.n == 2048
+
+
 def test_a_resumed_runs_progress_bar_counts_the_whole_run(recorded_bars, tmp_path):
     """After resume(checkpoint) the bar (and a batch job's status lines) count the run from its start, as
     metrics.csv does: 1,024 steps of the interrupted run, then the 1,024 this call trains, out of 2,048."""

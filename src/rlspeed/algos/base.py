@@ -1975,6 +1975,8 @@ class Algorithm:
             set_flush_denormal(flushed_before)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
+            if self.num_timesteps > last_log_steps:  # (a call an exception ended: its bar shows where it stopped,
+                bar.update(self.num_timesteps - last_log_steps)  # not the last metrics row, up to a second before)
             bar.close()
             if logger is not None:
                 # (recorded by the last iteration's callbacks, after its row)
