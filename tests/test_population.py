@@ -347,6 +347,19 @@ def test_learn_shows_a_progress_bar_over_each_members_steps(monkeypatch):
     assert not bars[1].enabled
 
 
+def test_a_population_shows_as_a_solo_model_does():
+    """A notebook showed a population as `<rlspeed.population.ppo.PPOPopulation at 0x7f...>` where a solo model shows
+    its env, envs, device and steps: now it shows those, its members' seeds (a long list shortened) and, once some
+    have left, how many still train."""
+    population = Population(PPO, "CartPole-v1", seeds=[3, 4], **SMALL)
+    assert repr(population) == (f"PPOPopulation('CartPole-v1', members=2, seeds=[3, 4], num_envs={SMALL['num_envs']}, "
+                                "device='cpu', num_timesteps=0)")
+    population.remove([0])
+    assert "members=2, seeds=[3, 4], training=1," in repr(population)
+    assert "members=12, seeds=[0, 1, 2, ..., 11], num_envs" in repr(Population(PPO, "CartPole-v1", seeds=range(12),
+                                                                               **SMALL))
+
+
 def test_evaluate_seeds_each_member_from_its_own_seed_by_default():
     population = Population(PPO, "CartPole-v1", seeds=[3, 4], **SMALL)
     assert torch.equal(population.evaluate(episodes=2), population.evaluate([1_000_003, 1_000_004], episodes=2))

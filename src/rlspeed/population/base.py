@@ -620,6 +620,20 @@ class PopulationBase:
     #: default)
     num_threads: int | None = None
 
+    def __repr__(self) -> str:
+        # (what a notebook shows for a population, as a solo model's repr: the members' seeds (a long range shortened),
+        # how many still train where some left, and the env steps each has run; getattr: a debugger may show one
+        # whose constructor raised)
+        seeds = list(getattr(self, "seeds", ()))
+        shown = repr(seeds) if len(seeds) <= 8 else f"[{', '.join(map(str, seeds[:3]))}, ..., {seeds[-1]}]"
+        size, alive = len(seeds), getattr(self, "alive", None)
+        training = f", training={len(alive)}" if alive is not None and len(alive) != size else ""
+        num_envs = getattr(getattr(self, "config", None), "num_envs", None)
+        envs = "" if num_envs is None else f", num_envs={num_envs}"
+        return (f"{type(self).__name__}({getattr(self, 'env_id', None)!r}, members={size}, seeds={shown}{training}"
+                f"{envs}, device={str(getattr(self, 'device', None))!r}, "
+                f"num_timesteps={getattr(self, 'num_timesteps', 0)})")
+
     # --- what a population class provides ----------------------------------------------------------------------
     def _begin(self, total_timesteps: int) -> None:
         """Before the loop of a `learn` call of `total_timesteps` more env steps per member."""
