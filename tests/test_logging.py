@@ -231,6 +231,34 @@ def test_an_untrained_model_refuses_a_run_dir_with_another_runs_metrics(tmp_path
     assert (tmp_path / "metrics.csv").read_text().startswith(rows)
 
 
+def test_a_run_dir_a_learn_left_without_rows_takes_a_new_model(tmp_path):
+    """A learn call that an error (a bug in the user's callback or env) or the stop button ended before its first
+    metrics row left an empty metrics.csv, and running the cell again (a new model, the same run_dir) was refused as
+    "the metrics.csv of another run". Now a file without rows is no run's: the new model trains there; a file with
+    rows is still refused, a population's learn as a solo model's."""
+    from rlspeed import PPO, UserError
+    from rlspeed.population import Population
+
+    def bug(_locals):
+        raise ValueError("a bug in the callback")
+
+    options = {"seed": 0, "num_envs": 4, "num_steps": 32, "batch_size": 64}
+    with pytest.raises(ValueError, match="a bug in the callback"):
+        PPO("CartPole-v1", **options).learn(100_000, progress_bar=False, run_dir=tmp_path / "a", callback=bug)
+    assert (tmp_path / "a" / "metrics.csv").read_text().strip() == ""  # (no header either: no row gave its keys)
+    model = PPO("CartPole-v1", **options).learn(256, progress_bar=False, run_dir=tmp_path / "a", log_interval_s=0.0)
+    assert model.num_timesteps == 256 and len((tmp_path / "a" / "metrics.csv").read_text().splitlines()) > 1
+    with pytest.raises(UserError, match="holds the metrics.csv of another run"):
+        PPO("CartPole-v1", **options).learn(256, progress_bar=False, run_dir=tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "metrics.csv").write_text("timesteps,train_wall_s\n")  # (a header, no row)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=32, batch_size=64)
+    population.learn(128, progress_bar=False, run_dir=tmp_path / "b")
+    with pytest.raises(UserError, match="holds the metrics.csv of another run"):
+        Population(PPO, "CartPole-v1", seeds=[2], num_envs=4, num_steps=32, batch_size=64).learn(
+            128, progress_bar=False, run_dir=tmp_path / "b")
+
+
 def test_a_trained_model_continues_only_its_own_run_directory(tmp_path):
     """A model that trained elsewhere (or without a run_dir) is refused a run_dir holding another run's
     metrics.csv, as an untrained one is; a model loaded from a run directory continues that run's file."""

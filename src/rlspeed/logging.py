@@ -152,6 +152,21 @@ class ProgressBar:
             self._null = None
 
 
+def holds_metrics(run_dir: str | os.PathLike) -> bool:
+    """Whether `run_dir/metrics.csv` holds a run's metrics: a row under its header. The empty file a learn call leaves
+    when an error or an interrupt (a notebook's stop button) stopped it before its first row holds none, and another
+    run may start there (the cell run again). A file that cannot be read counts as holding some."""
+    path = Path(run_dir) / "metrics.csv"
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            handle.readline()  # (the header)
+            return bool(handle.readline().strip())
+    except FileNotFoundError:
+        return False
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
 def _utf8_name(path: Path) -> bool:
     """Whether a path's name is valid UTF-8 (a directory unpacked from a GBK zip may not be: os.fsdecode's
     surrogates)."""

@@ -71,7 +71,7 @@ from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
-from rlspeed.logging import ProgressBar, RunLogger
+from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import image_channels_first
 from rlspeed.numerics import NumericsGuard
 
@@ -1690,7 +1690,7 @@ class Algorithm:
         second and, with `run_dir`, also at least 50 times over a call of 50 iterations or more. With `run_dir` each
         reading is a row of `run_dir/metrics.csv` (the last iterations before a stop a callback or signal asked for
         included); a `run_dir` holding another run's metrics.csv is refused (a model continues only the run it
-        trained in or was loaded from).
+        trained in or was loaded from), not one without rows (a call stopped before its first row left it).
 
         Right after `resume`, training continues where the checkpoint's run was: its random generators, native envs,
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
@@ -1734,7 +1734,7 @@ class Algorithm:
 
         callbacks = as_callback(callback)
         main = self.strategy.is_main  # only rank 0 logs, evaluates for the target and writes files
-        if run_dir is not None and main and (Path(run_dir) / "metrics.csv").exists() and not self._continues(run_dir):
+        if run_dir is not None and main and holds_metrics(run_dir) and not self._continues(run_dir):
             which = "untrained" if not self.num_timesteps else "trained in another run"
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model ({which}) would "
                             "replace: give another run_dir, or delete the file first.")

@@ -28,7 +28,7 @@ from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
 from rlspeed.files import write_atomic
-from rlspeed.logging import ProgressBar, RunLogger
+from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
 
@@ -1283,7 +1283,7 @@ class PopulationBase:
             return None
         run_dir = Path(run_dir)
         own = self._metrics_dir is None or self._metrics_dir == run_dir.resolve()
-        if (run_dir / "metrics.csv").exists() and not (self.num_timesteps and own):
+        if holds_metrics(run_dir) and not (self.num_timesteps and own):
             which = "untrained" if not self.num_timesteps else "trained in another run"
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this population ({which}) "
                             "would replace: give another run_dir, or delete the file first.")
