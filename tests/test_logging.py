@@ -259,6 +259,34 @@ def test_a_run_dir_a_learn_left_without_rows_takes_a_new_model(tmp_path):
             128, progress_bar=False, run_dir=tmp_path / "b")
 
 
+def test_a_learn_whose_env_cannot_reset_leaves_no_tensorboard_writer_running(tmp_path):
+    """learn(run_dir=...) on an env whose reset raises (a notebook cell run again and again while its env is being
+    fixed) left the run's TensorBoard writer open, one more background thread per call. Now the call closes it."""
+    pytest.importorskip("tensorboard")
+    import threading
+
+    import gymnasium as gym
+
+    from rlspeed import PPO
+    from rlspeed.errors import EnvStepError
+
+    class Broken(gym.Env):
+        observation_space = gym.spaces.Box(-1, 1, (4,))
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            raise RuntimeError("reset is broken")
+
+    if "BrokenReset-v0" not in gym.registry:
+        gym.register("BrokenReset-v0", entry_point=Broken)
+    before = threading.active_count()
+    for attempt in range(2):
+        with pytest.raises(EnvStepError, match="reset is broken"):
+            PPO("BrokenReset-v0", device="cpu", num_envs=2, num_steps=16, batch_size=32).learn(
+                64, progress_bar=False, run_dir=tmp_path / str(attempt))
+    assert threading.active_count() == before
+
+
 def test_a_trained_model_continues_only_its_own_run_directory(tmp_path):
     """A model that trained elsewhere (or without a run_dir) is refused a run_dir holding another run's
     metrics.csv, as an untrained one is; a model loaded from a run directory continues that run's file."""

@@ -1754,9 +1754,15 @@ class Algorithm:
         self._follow_frozen_parameters(learn_start=True)
         try:
             self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
-        except KeyboardInterrupt:
-            self._learn_interrupted = True
+        except BaseException as error:  # (an env whose reset raises, an interrupt)
+            if isinstance(error, KeyboardInterrupt):
+                self._learn_interrupted = True
             torch.set_grad_enabled(grad_before)
+            if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
+                try:
+                    logger.close()
+                except UserError as closing:
+                    warnings.warn(f"{closing} (after the error below, which stopped training)", stacklevel=2)
             raise
         self._follow_learning_rate()
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
