@@ -424,6 +424,27 @@ def test_evaluate_shows_a_bar_over_the_episodes_it_finished(monkeypatch, capsys,
     assert counts == sorted(counts) and counts[-1] == 6
 
 
+def test_a_bar_of_fewer_than_a_thousand_counts_whole_numbers(monkeypatch, capsys):
+    """The bar (a terminal's, or a notebook's without ipywidgets) showed an evaluation of 20 episodes as
+    "8.00/20.0 [..., 79.8episode/s]" (tqdm's scaled units); below a thousand it now counts 8/20, and from a thousand
+    on it still abbreviates (4.10k)."""
+    from rlspeed import logging as run_logging
+    from rlspeed.logging import ProgressBar
+
+    monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: True)  # (a redrawn bar on stderr)
+    bar = ProgressBar(20, desc="evaluate CartPole-v1", unit="episode")
+    bar.update(8)
+    bar.bar.refresh()
+    bar.update(12)
+    bar.close()
+    shown = capsys.readouterr().err
+    assert " 8/20 [" in shown and " 20/20 [" in shown and "8.00" not in shown and "20.0" not in shown
+    bar = ProgressBar(4096, desc="ppo CartPole-v1")
+    bar.update(4096)
+    bar.close()
+    assert "4.10k/4.10k" in capsys.readouterr().err
+
+
 def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_path, capsys, monkeypatch):
     """A metrics.csv write that fails (a full disk) is one UserError naming the file and the reason, close() after it
     raises nothing, and the CLI exits 2."""
