@@ -22,7 +22,7 @@ SMALL = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64
 @pytest.mark.parametrize("backend", ["torch", "gymnasium"])
 def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, capsys, backend):
     """A member's final_eval mean equals `rlspeed eval MEMBER --seed S --json`'s, number for number (a script
-    comparing the two finds them equal), whatever the env backend."""
+    comparing the two finds them equal), whatever the env backend; its std too (it had none, a solo run's has)."""
     out = tmp_path / "run"
     assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0,3", *SMALL, "--env-backend", backend,
                      "--out", str(out)]) == 0
@@ -31,7 +31,9 @@ def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, 
         capsys.readouterr()
         assert cli.main(["eval", str(out / "members" / f"seed_{member['seed']}.safetensors"), "--episodes",
                          str(final["episodes"]), "--seed", str(final["seed"]), "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["mean"] == final["mean"]
+        evaluated = json.loads(capsys.readouterr().out)
+        assert evaluated["mean"] == final["mean"]
+        assert evaluated["std"] == pytest.approx(final["std"], rel=1e-6, abs=1e-6)
 
 
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):

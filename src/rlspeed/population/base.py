@@ -793,6 +793,9 @@ class PopulationBase:
             done = finished.view(len(seeds), episodes).sum(1).cpu()  # ok-sync: evaluation
             wins = succeeded.view(len(seeds), episodes).sum(1).cpu()
             self.last_success_rates = [float(w) / float(d) if d > 0 else None for w, d in zip(wins, done)]
+        #: each evaluated member's standard deviation of its episodes' returns (population, as `rlspeed.evaluate`'s
+        #: `std`), the last `evaluate`'s, by position
+        self.last_return_stds = returns.view(len(seeds), episodes).double().std(1, unbiased=False).tolist()
         return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
@@ -1135,6 +1138,7 @@ class PopulationBase:
     _resumed = False
     _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_interrupted_env`)
     last_success_rates: list[float | None] | None = None  # (`_mean_returns`)
+    last_return_stds: list[float] | None = None  # (`_mean_returns`)
 
     #: the training env's `rlspeed.numerics.EnvValueGuard` (`raise` policy: steps checked a block at a time), on the
     #: innermost `EpisodeStatistics`, as a single run's guard sits (`_attach_env_guard`)
@@ -1414,12 +1418,14 @@ class PopulationBase:
                        if scored else [])
         finals_by_member = dict(zip(scored, final_means))
         rates = dict(zip(scored, self.last_success_rates)) if scored and self.last_success_rates else {}
+        stds = dict(zip(scored, _shortest(self.last_return_stds))) if scored and self.last_return_stds else {}
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
                      "time_to_target_s": loop.time_to_target_s[k], "steps_to_target": loop.steps_to_target[k],
                      # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
-                     "final_eval": ({"mean": finals_by_member[k], "episodes": eval_episodes, "seed": final_seeds[k],
+                     "final_eval": ({"mean": finals_by_member[k], "std": stds.get(k), "episodes": eval_episodes,
+                                     "seed": final_seeds[k],
                                      **({"success_rate": rates[k]} if rates.get(k) is not None else {})}
                                     if k in finals_by_member else None),
                      "curve": loop.curves[k], "confirmations": loop.confirmations[k]}
