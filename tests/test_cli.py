@@ -419,7 +419,9 @@ def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_use
             "--no-progress", "--set", "num_steps=32"]
     saved = (out / "checkpoint.safetensors").read_bytes()
     assert cli.main([*args, "--resume"]) == 0
-    assert json.loads((out / "summary.json").read_text())["distributed"]["resumed_from_timesteps"] == 256
+    entry = json.loads((out / "summary.json").read_text())["distributed"]
+    assert entry["resumed_from_timesteps"] == 256
+    assert (entry["restarts"], entry["resumes"]) == (0, 1)  # (a resume asked for is no restart of torchrun's)
     (out / "checkpoint.safetensors").write_bytes(saved)
     assert cli.main(args) == 2  # not resuming: the run there is not overwritten without --overwrite
     assert (out / "checkpoint.safetensors").read_bytes() == saved

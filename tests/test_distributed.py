@@ -104,7 +104,7 @@ def test_killed_rank_restarts_group_and_resumes_from_checkpoint(tmp_path):
     assert process.returncode == 0, stderr[-3000:]
     assert "resumed from" in stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["distributed"]["restarts"] == 1
+    assert summary["distributed"]["restarts"] == summary["distributed"]["resumes"] == 1
     resumed = summary["distributed"]["resumed_from_timesteps"]
     assert resumed is not None and resumed >= 4096
     # the restarted group trained only what was left after the checkpoint

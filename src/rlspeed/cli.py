@@ -1820,7 +1820,10 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
         summary["replay"] = replay
     if strategy.enabled or run["resumed_from"] is not None:
         summary["distributed"] = {"world_size": strategy.world_size, "backend": strategy.backend,
-                                  "restarts": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
+                                  # (torchrun's restarts of the group in this command; the run's resumes from
+                                  # a checkpoint, by --resume or a restart, in every command so far)
+                                  "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                                  "resumes": run["restarts"], "resumed_from_timesteps": run["resumed_from"],
                                   "max_lost_timesteps": run["checkpoint_freq"] if run["resumed_from"] is not None
                                   else 0}
     return summary
