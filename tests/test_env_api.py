@@ -1310,6 +1310,7 @@ def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
         with pytest.raises(EnvStepError, match=r"raised ValueError in step\(\): setting an array element with a "
                                                r"sequence \(the env's own\)") as raised:
             model.learn(16, progress_bar=False)
+        assert "(gymnasium-async backend)" in str(raised.value)  # (it said "gymnasium backend")
         assert isinstance(raised.value.__cause__.__cause__, WorkerTraceback)
         assert "in step" in str(raised.value.__cause__.__cause__)
         assert any("Received the following error from Worker" in str(w.message) for w in recwarn)

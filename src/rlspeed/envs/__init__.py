@@ -362,6 +362,11 @@ def _check_env_id(env_id) -> None:
     raise UserError(f"{accepted}; got a {kind}.")
 
 
+
+def _backend_name(env: BatchedEnv) -> str:
+    """`env`'s backend as users name it (`GymnasiumEnv.backend_name`: gymnasium-async for subprocess envs)."""
+    return getattr(env.unwrapped, "backend_name", env.backend)
+
 class SeedOnFirstReset(EnvWrapper):
     """Applies the seed given to `make_env` on the first `reset()`, unless that reset passes a seed itself.
 
@@ -388,7 +393,8 @@ class SeedOnFirstReset(EnvWrapper):
         except (UserError, EnvStepError):
             raise
         except Exception as error:
-            raise EnvStepError(self.spec.env_id, self.backend, "reset", error, self.spec.env_kwargs or ()) from error
+            raise EnvStepError(self.spec.env_id, _backend_name(self), "reset", error,
+                               self.spec.env_kwargs or ()) from error
 
     def step(self, actions: torch.Tensor):
         # the outermost wrapper of every env make_env returns: an exception from inside the env names the env
@@ -397,7 +403,8 @@ class SeedOnFirstReset(EnvWrapper):
         except (UserError, EnvStepError):
             raise
         except Exception as error:
-            raise EnvStepError(self.spec.env_id, self.backend, "step", error, self.spec.env_kwargs or ()) from error
+            raise EnvStepError(self.spec.env_id, _backend_name(self), "step", error,
+                               self.spec.env_kwargs or ()) from error
 
 
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv",

@@ -818,6 +818,13 @@ class GymnasiumEnv(BatchedEnv):
         self._interrupted_call: str | None = None
         self._failed: str | None = None  # (why subprocess envs were closed after a failed step or reset)
 
+    @property
+    def backend_name(self) -> str:
+        """The backend as `make_env` and the CLI name it: "gymnasium-async" for subprocess envs (`backend` is
+        "gymnasium" for both)."""
+        inner = getattr(self.vector_env, "unwrapped", self.vector_env)
+        return "gymnasium-async" if isinstance(inner, gym.vector.AsyncVectorEnv) else self.backend
+
     def _masks(self, info_masks, source: str) -> torch.Tensor | None:
         """The step's action masks as bool `[N, n]` on the device, None when the env gives none."""
         if self._mask_method:
