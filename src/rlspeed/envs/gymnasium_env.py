@@ -515,14 +515,23 @@ class WorkerTraceback(Exception):
         return "\n" + self.trace.rstrip()
 
 
-_TRACE_FILE = re.compile(r'^\s*File "([^"]+)", line \d+, in ', re.MULTILINE)
+#: a frame of a traceback's text: its file and the source line shown under it
+_TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in [^\n]*\n\s*([^\n]*)', re.MULTILINE)
+#: a wrapper's line unpacking its inner env's answer (Gymnasium's convention, kept by other packages' wrappers:
+#: rl_zoo3 replaces Gymnasium's TimeLimit with a subclass of its own file when it is imported)
+_UNPACKS_INNER_ENV = re.compile(r"=\s*self\.env\.(step|reset)\(")
 
 
 def _worker_raised_storing(trace: str) -> bool:
     """`_raised_storing` for a subprocess env's error, from its worker's traceback text: whether its innermost frame
-    outside numpy is in Gymnasium outside its envs (the worker unpacking or writing what the env returned)."""
-    files = [name for name in _TRACE_FILE.findall(trace) if not name.startswith(_NUMPY_DIR)]
-    return bool(files) and files[-1].startswith(_GYMNASIUM_DIR) and not files[-1].startswith(_GYMNASIUM_ENVS_DIR)
+    outside numpy is in Gymnasium outside its envs, or a wrapper's line unpacking its inner env's answer (the worker
+    or a wrapper unpacking or writing what the env returned)."""
+    frames = [(name, line) for name, line in _TRACE_FRAME.findall(trace) if not name.startswith(_NUMPY_DIR)]
+    if not frames:
+        return False
+    name, line = frames[-1]
+    return (name.startswith(_GYMNASIUM_DIR) and not name.startswith(_GYMNASIUM_ENVS_DIR)
+            or _UNPACKS_INNER_ENV.search(line) is not None)
 
 
 def _worker_error(logged: list) -> tuple[int | None, str | None]:
