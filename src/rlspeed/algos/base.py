@@ -674,8 +674,9 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         outside = (obs != 0) & (obs != 1)
         if bool(outside.any()):  # ok-sync: predict returns to the host
             raise UserError(f"An observation holds {_first_value(obs, outside)}, outside {space} (values 0 and 1).")
-    single = obs.dim() == len(shape)
-    if tuple(obs.shape[1 - int(single):]) != tuple(shape):
+    dims = observation.shape if as_numpy else obs.shape  # (a numpy array's is a tuple: no torch.Size made)
+    single = len(dims) == len(shape)
+    if dims[1 - single:] != shape:
         batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
         raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
                         f"not {tuple(obs.shape)}.")

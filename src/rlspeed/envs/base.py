@@ -78,9 +78,15 @@ def observation_layout(space: gym.Space) -> tuple | dict[str, tuple]:
     return _leaf_shape(space), _leaf_dtype(space)
 
 
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype] = {}  # (numpy_dtype's, found once per dtype)
+
+
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype of a torch dtype (for the host arrays the env adapters fill)."""
-    return torch.empty((), dtype=dtype).numpy().dtype
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:  # (a dtype numpy has no match for, bfloat16, raises here every time)
+        found = _NUMPY_DTYPES[dtype] = torch.empty((), dtype=dtype).numpy().dtype
+    return found
 
 
 def _describe(space: gym.Space) -> str:
