@@ -73,6 +73,20 @@ def isolated_accel(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "ROUNDS", 3)
 
 
+def update(step, *inputs, accelerated: bool = True):
+    """One update through an `accelerate_step` `step`, or (`accelerated=False`) through the plain loop it stands for:
+    zero_grad, its loss's backward, its optimizers' step (the reference the accelerated step must match)."""
+    if accelerated:
+        return step(*inputs)
+    for optimizer in step.optimizers:
+        optimizer.zero_grad()
+    loss = step.loss_fn(*inputs)
+    loss.backward()
+    for optimizer in step.optimizers:
+        optimizer.step()
+    return loss
+
+
 def cli_error(capsys, argv: list[str]) -> str:
     """The one error line (`rlspeed: error: ...`) of an `rlspeed` command that must exit with code 2."""
     from rlspeed import cli

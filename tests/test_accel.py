@@ -18,7 +18,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import needs_torch_2_9
+from conftest import needs_torch_2_9, update
 from torch import nn
 
 import rlspeed
@@ -792,13 +792,7 @@ def _adam_run(steps: int, checkpoint: dict | None = None, accelerated: bool = Tr
     step = accelerate_step(lambda x: net(x).square().mean(), optimizer, precision="fp32", compile=False)
     torch.manual_seed(1 if checkpoint is None else 2)
     for _ in range(steps):
-        x = torch.randn(8, 3)
-        if accelerated:
-            step(x)
-        else:
-            optimizer.zero_grad()
-            net(x).square().mean().backward()
-            optimizer.step()
+        update(step, torch.randn(8, 3), accelerated=accelerated)
     return net, optimizer
 
 

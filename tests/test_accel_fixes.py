@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from conftest import needs_torch_2_9
+from conftest import needs_torch_2_9, update
 from torch import nn
 
 from rlspeed.accel import accelerate_step, auto_accelerate, unaccelerate
@@ -507,12 +507,7 @@ def _frozen_then_changed(accelerated: bool, change: str) -> list[torch.Tensor]:
                 optimizer.add_param_group({"params": [log_alpha]})
             else:
                 model[0].requires_grad_(change == "unfreeze")
-        if accelerated:
-            step()
-        else:
-            optimizer.zero_grad()
-            loss_fn().backward()
-            optimizer.step()
+        update(step, accelerated=accelerated)
     return [p.detach().clone() for p in (*model.parameters(), log_alpha)]
 
 
@@ -615,12 +610,7 @@ def test_an_update_step_follows_its_model_converted_to_float64(searched, when, r
         for i, x in enumerate(xs):
             if i == when:
                 model.double()
-            if accelerated:
-                step(x)
-            else:
-                optimizer.zero_grad()
-                model(x).square().mean().backward()
-                optimizer.step()
+            update(step, x, accelerated=accelerated)
         if accelerated and searched and when:
             assert any("became torch.float64" in note for note in step.report.notes)
         return [p.detach().clone() for p in model.parameters()]

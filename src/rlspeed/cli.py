@@ -563,11 +563,8 @@ def _train_population(args: argparse.Namespace) -> int:
         if checkpoint.exists():
             _fits(lambda: population.resume(checkpoint), checkpoint, "this population")
             resumed_from = population.num_timesteps
-            recorded_total = (_run_config(run_dir / "config.yaml") or {}).get("total_timesteps")
-            if resumed_from > total and total != recorded_total:
-                raise UserError(f"--resume: --total-timesteps {total:,} is below the {resumed_from:,} steps per "
-                                f"member '{checkpoint}' has trained: give --total-timesteps {resumed_from} to end it "
-                                "there (its final evaluation and member models), or more to train on.")
+            _refuse_budget_below_trained(run_dir, total, resumed_from, f"steps per member '{checkpoint}' has "
+                                         "trained", "its final evaluation and member models")
             finishing = resumed_from >= total  # (a finished run was refused: `_prepare_run_dir`)
         else:
             print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
@@ -708,6 +705,15 @@ def _train_population(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def _refuse_budget_below_trained(run_dir: Path, total: int, trained: int, trained_by: str, ends: str) -> None:
+    """UserError where a resumed run's budget `total` is below the `trained` steps its checkpoint holds (`trained_by`
+    says whose), unless it is the run's own budget in its config.yaml (learn trains whole iterations, so a run
+    passes its budget): `--total-timesteps TRAINED` ends the run there (`ends`: what it then gives)."""
+    if trained > total and total != (_run_config(run_dir / "config.yaml") or {}).get("total_timesteps"):
+        raise UserError(f"--resume: --total-timesteps {total:,} is below the {trained:,} {trained_by}: give "
+                        f"--total-timesteps {trained} to end it there ({ends}), or more to train on.")
 
 
 def _forget_unsaved_attempt(run_dir: Path) -> None:
@@ -1452,12 +1458,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                   "rlspeed: nothing left to train: the run finished its budget (its summary.json); a larger "
                   "--total-timesteps continues it", flush=True)
         return 0
-    # (a budget lowered below the steps trained; the run's own budget may be: learn trains whole iterations)
-    recorded_total = (_run_config(run_dir / "config.yaml") or {}).get("total_timesteps") if resumed_from else None
-    if resumed_from is not None and run_total < resumed_from and run_total != recorded_total:
-        raise UserError(f"--resume: --total-timesteps {run_total:,} is below the {resumed_from:,} steps the run has "
-                        f"trained: give --total-timesteps {resumed_from} to end it there (its final evaluation and "
-                        "model), or more to train on.")
+    if resumed_from is not None:
+        _refuse_budget_below_trained(run_dir, run_total, resumed_from, "steps the run has trained",
+                                     "its final evaluation and model")
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": recorded_eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,

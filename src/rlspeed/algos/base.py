@@ -835,6 +835,17 @@ def _own_init_parameters(cls: type) -> list[str]:
             if parameter.kind in plain and name not in taken]
 
 
+def _close_logger(logger: RunLogger, raising: bool) -> None:
+    """Close a `learn` call's logger: a failure to write its last rows raises, unless learn is raising already (the
+    error that stopped training is the one to see), where it is a warning at learn's caller."""
+    try:
+        logger.close()
+    except UserError as error:
+        if not raising:
+            raise
+        warnings.warn(f"{error} (after the error below, which stopped training)", stacklevel=3)
+
+
 #: (class, argument) pairs whose not being saved was said (once per process)
 _UNSAVED_ARGUMENTS_SAID: set[tuple[type, str]] = set()
 
@@ -1760,10 +1771,7 @@ class Algorithm:
                 self._learn_interrupted = True
             torch.set_grad_enabled(grad_before)
             if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
-                try:
-                    logger.close()
-                except UserError as closing:
-                    warnings.warn(f"{closing} (after the error below, which stopped training)", stacklevel=2)
+                _close_logger(logger, raising=True)
             raise
         self._follow_learning_rate()
         # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
@@ -1990,12 +1998,7 @@ class Algorithm:
                 pending = self.recorder.take(logger.rows[-1] if logger.rows else ())
                 if pending:
                     logger.amend_last(pending)
-                try:
-                    logger.close()
-                except UserError as error:
-                    if not raising:
-                        raise
-                    warnings.warn(f"{error} (after the error below, which stopped training)", stacklevel=2)
+                _close_logger(logger, raising)
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got)
             self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
                               train_wall_s=clock_offset + train_clock, **result.reached())

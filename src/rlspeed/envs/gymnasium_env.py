@@ -562,8 +562,8 @@ def _hold_worker_errors(vector_env: gym.vector.AsyncVectorEnv, held: list) -> No
     def raise_if_errors(successes) -> None:
         if all(successes):
             return
-        env = ref()
-        if env is None or env._state not in (AsyncState.WAITING_STEP, AsyncState.WAITING_RESET):
+        env = ref()  # (alive: it is the one calling)
+        if env._state not in (AsyncState.WAITING_STEP, AsyncState.WAITING_RESET):
             return method(env, successes)  # (a call or attribute: Gymnasium's log, as it was)
         with warnings.catch_warnings(record=True) as logged:
             warnings.simplefilter("always")
