@@ -50,6 +50,12 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     for member in summary["members"]:
         assert [step for step, _ in member["curve"]] == [128, 256]
     assert summary["aggregate"]["final_eval"]["runs"] == 4
+    # what a single run's summary says of the machinery, read the same way by scripts comparing runs: what ran, the
+    # checkpoints' encryption, clocks to 0.1 ms and sps to 0.1
+    assert summary["accelerate"] == {"precision": "fp32", "compile": "off"}
+    assert "checkpoint_encryption" in summary and summary["checkpoint_encryption"] is None
+    for key, digits in (("train_wall_s", 4), ("train_cpu_s", 4), ("sps", 1)):
+        assert summary[key] > 0 and summary[key] == round(summary[key], digits), (key, summary[key])
     png = (out / "learning_curves.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     # each member as a model of its own, which `rlspeed eval` and `export` take (the directory itself: one sentence)

@@ -550,7 +550,8 @@ def _train_population(args: argparse.Namespace) -> int:
     configure_threads(args.threads)
     from rlspeed.checkpoint import encryption_settings
 
-    encryption_settings()  # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
+    # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
+    args.encryption = encryption_settings()
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
     created = args.out is None or not Path(args.out).exists()
@@ -633,7 +634,7 @@ def _train_population(args: argparse.Namespace) -> int:
         if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
             # (the loop's own: a finished run's keys, null where nothing was measured yet)
             partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
-                       "resumed_from": resumed_from}
+                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption}
         else:  # (stopped before the training loop began)
             partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
                        "total_timesteps": population.num_timesteps, "preset": args.preset_info,
@@ -660,6 +661,7 @@ def _train_population(args: argparse.Namespace) -> int:
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
     summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
+    summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
     with _signals_ignored():  # (a Ctrl-C or SIGTERM now must not cut the final save short)
         # written before anything else can fail, its member_models null until they are: a run killed in between is

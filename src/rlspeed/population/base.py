@@ -59,6 +59,11 @@ def check_seeds(seeds) -> list[int]:
     return seeds
 
 
+def _seconds(value: float | None) -> float | None:
+    """A clock reading as summaries give it (a single run's too): to 0.1 ms."""
+    return None if value is None else round(value, 4)
+
+
 #: options of a solo run that a population does not have, with the value that means "not used"
 _SOLO_OPTIONS = {"accelerate": "off", "strategy": None, "nan_policy": "raise", "save_replay_buffer": False}
 
@@ -1422,7 +1427,8 @@ class PopulationBase:
         members = []
         for k, seed in enumerate(self.seeds):
             entry = {"seed": seed, "hyperparameters": self._member_hyperparameters(k),
-                     "time_to_target_s": loop.time_to_target_s[k], "steps_to_target": loop.steps_to_target[k],
+                     "time_to_target_s": _seconds(loop.time_to_target_s[k]),
+                     "steps_to_target": loop.steps_to_target[k],
                      # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
                      "final_eval": ({"mean": finals_by_member[k], "std": stds.get(k), "episodes": eval_episodes,
                                      "seed": final_seeds[k],
@@ -1433,16 +1439,20 @@ class PopulationBase:
             members.append(entry)
         finals = [mean for mean in finals_by_member.values() if math.isfinite(mean)]
         reached_steps = [s for s in loop.steps_to_target if s is not None]
-        reached_times = [t for t in loop.time_to_target_s if t is not None]
+        reached_times = [_seconds(t) for t in loop.time_to_target_s if t is not None]
         exits = loop.left.values()
         return {
             "algo": self.algo_name, "env_id": self.env_id, "population": self.size, "seeds": self.seeds,
             "device": str(self.device), "env_backend": self.env_backend,
             "update": {"implementation": self.update_path, "reason": self.update_reason},
+            # (a single run's `accelerate` entry: populations train without the acceleration layer)
+            "accelerate": {"precision": "fp32", "compile": "off"},
             # (how the members' own encoders run: `MemberEncoder.mode`; None without one)
             "member_encoder": None if self._member_encoder is None else self._member_encoder.mode, "stop": stop,
-            "total_timesteps": self.num_timesteps, "train_wall_s": loop.train_wall_s, "train_cpu_s": loop.train_cpu_s,
-            "sps": loop.member_steps / max(loop.train_wall_s, 1e-9), "target_return": target_return,
+            "total_timesteps": self.num_timesteps, "train_wall_s": _seconds(loop.train_wall_s),
+            "train_cpu_s": _seconds(loop.train_cpu_s),
+            "sps": round(loop.member_steps / loop.train_wall_s, 1) if loop.train_wall_s > 0 else 0.0,
+            "target_return": target_return,
             "reached": sum(loop.reached), "pruned": sum("pruned_at" in v for v in exits),
             "diverged": sum("diverged_at" in v for v in exits), "interrupted": not final, "members": members,
             "aggregate": {"final_eval": aggregate(finals) if finals else None,
