@@ -1196,11 +1196,12 @@ class _ContractBreakingEnv(gym.Env):
             raise ValueError("setting an array element with a sequence (the env's own)")
         obs, done = np.zeros(3 if self.fault == "obs_shape" else 4, np.float32), self.t >= 3
         reward = {"reward_shape": np.array([1.0]), "reward_str": "1.0x"}.get(self.fault, 1.0)
-        terminated = np.array([done, done]) if self.fault == "terminated_array" else done
+        terminated = {"terminated_array": np.array([done, done]), "terminated_str": str(done)}.get(self.fault, done)
+        truncated = None if self.fault == "truncated_none" else False
         if self.fault == "obs_text":
             obs = np.array(["a", "b", "c", "d"])
         info = None if self.fault == "info_none" else {}
-        return (obs, reward, done, info) if self.fault == "four" else (obs, reward, terminated, False, info)
+        return (obs, reward, done, info) if self.fault == "four" else (obs, reward, terminated, truncated, info)
 
 
 gym.register("ContractBreaking-v0", entry_point=_ContractBreakingEnv, disable_env_checker=True, max_episode_steps=50)
@@ -1241,6 +1242,25 @@ def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, mes
         model.learn(16, progress_bar=False)
     assert message in str(raised.value), str(raised.value)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("fault, message", [
+    ("terminated_str", "'ContractBreaking-v0'.step() returned terminated='False' (str): terminated and truncated are "
+                       "one bool each per step (True or False), and a string or None would be taken as its truth"),
+    ("truncated_none", "'ContractBreaking-v0'.step() returned truncated=None (NoneType): terminated and truncated "
+                       "are one bool each")])
+def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message):
+    """A `terminated` of "False" (a string) was stored as True: every episode ended after one step and training went
+    on without a word (Gymnasium's checker only warns); None was stored as False. One sentence now, at the first
+    step."""
+    from rlspeed import PPO
+
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": fault})
+    with pytest.raises(rlspeed.UserError) as raised:
+        model.learn(16, progress_bar=False)
+    assert message in str(raised.value), str(raised.value)
+    assert model.num_timesteps == 0
 
 
 def test_a_contract_breach_is_told_under_a_time_limit_another_package_put_in_place(monkeypatch):

@@ -362,6 +362,20 @@ def _returned(value) -> str:
     return f"a {type(value).__name__}{shape}"
 
 
+def flags_problem(name: str, terminated, truncated) -> str | None:
+    """One sentence where a step's `terminated` or `truncated` (from `name`, "'X'.step()") is no single bool-like
+    value, else None. A string or None would be stored as its truth value ("False" ends the episode, None never
+    does), an array broadcast into the batch; numbers (0, 1, numpy bools) mean what they say."""
+    for field, flag in (("terminated", terminated), ("truncated", truncated)):
+        if np.ndim(flag) != 0:
+            return (f"{name} returned {field} of shape {np.shape(flag)}: terminated and truncated are one bool "
+                    "each per step.")
+        if flag is None or isinstance(flag, (str, bytes, np.str_, np.bytes_)):
+            return (f"{name} returned {field}={flag!r} ({type(flag).__name__}): terminated and truncated are one bool "
+                    "each per step (True or False), and a string or None would be taken as its truth value.")
+    return None
+
+
 def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...] | None) -> str | None:
     """One sentence saying what breaks Gymnasium's contract in what `env_id`'s `call` ("reset" or "step")
     returned, or None where nothing is found. Only asked after storing the value raised (the step loop stays as it
@@ -390,10 +404,9 @@ def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...
             float(reward)
         except (TypeError, ValueError):
             return f"{name} returned a reward of type {type(reward).__name__}: a reward is one number per step."
-        for field, flag in (("terminated", terminated), ("truncated", truncated)):
-            if np.ndim(flag) != 0:
-                return (f"{name} returned {field} of shape {np.shape(flag)}: terminated and truncated are one bool "
-                        "each per step.")
+        problem = flags_problem(name, terminated, truncated)
+        if problem:
+            return problem
     if not isinstance(info, dict):
         return (f"{name} returned an info of type {type(info).__name__}: info is a dict (an empty one where there is "
                 "nothing to report).")
@@ -801,6 +814,7 @@ class GymnasiumEnv(BatchedEnv):
         # per-step info merging and batching (for CartPole those cost more than the physics).
         same_step = vector_env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
+        self._first_step = True
         # Action masks: info["action_mask"] (Gymnasium's Taxi) or an `action_masks()` method (sb3-contrib's
         # convention); found at reset, then read every step (after autoreset: the new episode's first mask).
         self._mask_width = mask_size(self.spec.action_space)
@@ -883,11 +897,19 @@ class GymnasiumEnv(BatchedEnv):
         """One env's mask for its current observation: its `action_masks()` or its step's `info["action_mask"]`."""
         return env.get_wrapper_attr("action_masks")() if self._mask_method else info.get("action_mask")
 
+    def _check_flags(self, stepped: tuple) -> None:
+        """UserError where one env's first step returned a `terminated` or `truncated` that is no bool (`flags_problem`:
+        a string or None would be taken as its truth value on every later step)."""
+        problem = flags_problem(f"'{self.spec.env_id}'.step()", stepped[2], stepped[3])
+        if problem:
+            raise UserError(problem)
+
     def _step_sync(self, actions: np.ndarray):
         """SyncVectorEnv.step's SAME_STEP loop: (obs, reward, terminated, truncated, final obs or None, masks or
         None); a row's mask is the one valid for its returned observation (after autoreset, the reset's)."""
         stepped = reset_returned = _NOT_CALLED  # (what the envs returned: looked at only if storing it raised)
         i = None
+        first, self._first_step = self._first_step, False  # (each env's first step: its flags' types are checked)
         try:
             n = self.num_envs
             reward = np.empty(n, dtype=np.float32)
@@ -905,6 +927,8 @@ class GymnasiumEnv(BatchedEnv):
                 for i, env in enumerate(self._sync_envs):
                     stepped = env.step(actions[i])
                     observation, reward[i], terminated[i], truncated[i], info = stepped
+                    if first:
+                        self._check_flags(stepped)
                     check_shape(observation, shape)
                     if terminated[i] or truncated[i]:
                         if final is None:
@@ -929,6 +953,8 @@ class GymnasiumEnv(BatchedEnv):
             for i, env in enumerate(self._sync_envs):
                 stepped = env.step(actions[i])
                 observation, reward[i], terminated[i], truncated[i], info = stepped
+                if first:
+                    self._check_flags(stepped)
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = host.empty(n)
