@@ -108,3 +108,14 @@ def test_an_inf_delta_does_not_reach_later_steps(monkeypatch, path):
     finite = gae(torch.ones(steps, 2), values, next_values, dones, dones, gamma=0.99, gae_lambda=0.95)[0]
     torch.testing.assert_close(advantages[2:, 0], finite[2:, 0])
     torch.testing.assert_close(advantages[:, 1], finite[:, 1])
+
+
+@pytest.mark.parametrize("path", ["matrix", "loop"])
+def test_float64_rollouts_get_float64_advantages(monkeypatch, path):
+    """gamma * lambda is applied in the rollout's dtype: 0.5 * 0.9 was rounded to float32 (0.44999998807907104)."""
+    monkeypatch.setattr(rollout_module, "_MATRIX_GAE_MAX_ELEMENTS", 2**62 if path == "matrix" else 0)
+    rollout = random_rollout(9, 3, seed=3)
+    advantages, returns = gae(*rollout, 0.5, 0.9)
+    expected_advantages, expected_returns = reference_gae(*(x.numpy() for x in rollout), 0.5, 0.9)
+    np.testing.assert_allclose(advantages.numpy(), expected_advantages, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(returns.numpy(), expected_returns, rtol=1e-12, atol=1e-12)

@@ -60,8 +60,8 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
     """
     not_terminated = (~terminated).to(rewards.dtype)
     deltas = torch.addcmul(rewards, next_values.mul(gamma), not_terminated).sub_(values)
-    # c_t, [T, N]
-    carry = torch.where(dones, 0.0, gamma * gae_lambda).to(rewards.dtype)
+    # c_t, [T, N], in the rewards' dtype (a Python gamma * lambda in torch.where would be rounded to float32 first)
+    carry = (~dones).to(rewards.dtype).mul_(gamma * gae_lambda)
     steps = rewards.shape[0]
     if steps * steps * rewards[0].numel() > _MATRIX_GAE_MAX_ELEMENTS:
         advantages = torch.empty_like(deltas)
