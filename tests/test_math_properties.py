@@ -205,10 +205,13 @@ def test_n_step_rows_are_the_textbook_returns_across_wraparound_and_restarts(num
 def test_a_populations_replay_rows_are_each_members_solo_rows(members, num_envs, n_step, capacity_steps, steps, masked,
                                                               data):
     """`MemberReplay` (all members in one storage, each its own gamma) holds, bit for bit, what each member's solo
-    `ReplayBuffer` holds: n-step returns cut at terminations and truncations, discounts, masks, wrap-around."""
+    `ReplayBuffer` holds: n-step returns cut at terminations and truncations, discounts, masks, wrap-around, and the
+    steps waiting for their n-step return when the envs restart (a resume, envs made again after an interrupt: the
+    population dropped them, the solo buffer stores them)."""
     gammas = torch.tensor(data.draw(st.lists(DISCOUNTS, min_size=members, max_size=members)), dtype=torch.float32)
     rows = members * num_envs
     terminated, dones = data.draw(episode_ends(steps, rows))
+    restarts = set(data.draw(st.lists(st.integers(0, steps - 1), max_size=2)))
     generator = torch.Generator().manual_seed(data.draw(st.integers(0, 10**6)))
     mask_size = 3 if masked else None
     population = MemberReplay(capacity_steps, members, num_envs, 2, 1, gammas, n_step, torch.device("cpu"),
@@ -224,6 +227,9 @@ def test_a_populations_replay_rows_are_each_members_solo_rows(members, num_envs,
         population.add(*step)
         for k, solo in enumerate(solos):
             solo.add(*(None if value is None else value[k * num_envs:(k + 1) * num_envs] for value in step))
+        if t in restarts:
+            for buffer in (population, *solos):
+                buffer.restart_episodes()
     for k, solo in enumerate(solos):
         assert len(population) == len(solo)
         index = torch.zeros(members, len(solo), dtype=torch.long)

@@ -365,22 +365,27 @@ class MemberReplay:
         entry = (obs, actions, rewards.to(torch.float32), next_obs, terminated, done)
         self._window.append(entry if next_action_masks is None else (*entry, next_action_masks))
         if len(self._window) == self.n_step:
-            window = self._window
-            rewards = torch.stack([w[2] for w in window])
-            next_obs = torch.stack([w[3] for w in window])
-            terminated = torch.stack([w[4] for w in window])
-            done = torch.stack([w[5] for w in window])
-            alive = torch.cumprod(torch.cat((torch.ones_like(done[:1]), 1.0 - done[:-1])), dim=0)
-            returns = (self._powers * alive * rewards).sum(0)
-            last = (alive.sum(0) - 1).long()
-            columns = torch.arange(last.shape[0], device=self.device)
-            discounts = self._discount_table[columns, last]
-            masks = None  # (the mask at the observation the transition bootstraps from)
-            if self.next_action_masks is not None:
-                masks = torch.stack([w[6] for w in window])[last, columns]
-            self._write(window[0][0], window[0][1], returns, next_obs[last, columns], terminated[last, columns],
-                        discounts, masks)
-            self._window.pop(0)
+            self._write_oldest()
+
+    def _write_oldest(self) -> None:
+        """Store the oldest pending step as the transition over the pending steps after it (all n, or fewer where
+        `restart_episodes` flushes them: the solo buffer's `_n_step_transition`), and drop it from the window."""
+        window = self._window
+        rewards = torch.stack([w[2] for w in window])
+        next_obs = torch.stack([w[3] for w in window])
+        terminated = torch.stack([w[4] for w in window])
+        done = torch.stack([w[5] for w in window])
+        alive = torch.cumprod(torch.cat((torch.ones_like(done[:1]), 1.0 - done[:-1])), dim=0)
+        returns = (self._powers[:len(window)] * alive * rewards).sum(0)
+        last = (alive.sum(0) - 1).long()
+        columns = torch.arange(last.shape[0], device=self.device)
+        discounts = self._discount_table[columns, last]
+        masks = None  # (the mask at the observation the transition bootstraps from)
+        if self.next_action_masks is not None:
+            masks = torch.stack([w[6] for w in window])[last, columns]
+        self._write(window[0][0], window[0][1], returns, next_obs[last, columns], terminated[last, columns],
+                    discounts, masks)
+        window.pop(0)
 
     def _write(self, obs, actions, rewards, next_obs, terminated, discounts, next_action_masks=None) -> None:
         shape = (self.size, self.num_envs)
@@ -404,8 +409,11 @@ class MemberReplay:
         return [len(self)] * self.size
 
     def restart_episodes(self) -> None:
-        """Every row starts a new episode (the envs were made afresh): pending n-step steps are dropped."""
-        self._window = []
+        """Every row starts a new episode (the envs were made afresh): the steps still waiting for their n-step
+        return are stored now, each over the steps after it, bootstrapping from the last one's next observation, as
+        the solo dense buffer stores them (`ReplayBuffer.restart_episodes`)."""
+        while self._window:
+            self._write_oldest()
 
     def summary(self) -> dict:
         """The layout and footprint as JSON values (summary.json's `replay`), per member and for all members."""
