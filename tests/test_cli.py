@@ -1203,6 +1203,31 @@ def test_warnings_lose_terminal_colour_codes_and_unknown_ids_say_how_to_register
     assert "Did you mean CartPole-v1" in err and "`MODULE:EnvId`" in err
 
 
+def test_a_warning_while_the_progress_bar_runs_in_a_terminal_is_a_line_of_its_own(monkeypatch):
+    """A warning during training (approx_kl far too high, ...) is drawn above the progress bar on a terminal: the bar's
+    line is cleared first and drawn again below it, so the warning does not start in the middle of the bar's line."""
+    import io
+
+    from rlspeed.logging import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(cli, "_SHOWN_WARNINGS", set())
+    bar = ProgressBar(4096, desc="ppo CartPole-v1")
+    assert not bar.lines  # (a terminal: the bar is drawn)
+    bar.update(1024, sps=5000, ret=20.5)
+    cli._show_warning("PPO: approx_kl averaged 2.12", UserWarning, "ppo.py", 1)
+    bar.update(1024, sps=5000, ret=30.5)
+    bar.close()
+    before, _, after = terminal.getvalue().partition("rlspeed: warning: PPO: approx_kl averaged 2.12\n")
+    assert before.rstrip(" ").endswith("\r") and "ppo CartPole-v1" in before  # (the bar's line cleared)
+    assert "2.05k/4.10k" in after  # (the bar goes on below the warning)
+
+
 def test_printed_returns_keep_three_significant_digits_below_ten():
     """Rewards of order 1 (a 0.92 success rate) are not all printed as 0.9; large returns keep one decimal."""
     assert [cli._score(v) for v in (0.92, -0.125, 0.0, 500.0, -1634.61, float("nan"))] == \

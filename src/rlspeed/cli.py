@@ -2471,7 +2471,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if text in _SHOWN_WARNINGS:  # (once per command, as Python's default: the same env made three times said it thrice)
         return
     _SHOWN_WARNINGS.add(text)
-    print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
+    if "tqdm" in sys.modules:  # (a progress bar may be drawn on this terminal: the line goes above it, not into it)
+        _print_beside_bars(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
+    else:
+        print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
 
 
 #: CleanRL's flags for settings rlspeed has under another name (those with no one name: `CLEANRL_NAMES`)
