@@ -424,6 +424,26 @@ def test_evaluate_shows_a_bar_over_the_episodes_it_finished(monkeypatch, capsys,
     assert counts == sorted(counts) and counts[-1] == 6
 
 
+def test_evaluates_bar_ends_at_the_episodes_it_finished_on_device_native_envs(monkeypatch):
+    """Device-native envs are checked for finished episodes every 64 steps only: Pendulum's episodes, all ending at
+    step 200 (between two checks), left the bar at 0/4 above a result of 4 finished episodes."""
+    from rlspeed import PPO, evaluation
+    from rlspeed.logging import ProgressBar
+
+    shown = []
+
+    class Recording(ProgressBar):
+        def close(self) -> None:
+            shown.append(self.bar.n)
+            super().close()
+
+    monkeypatch.setattr(evaluation, "ProgressBar", Recording)
+    model = PPO("Pendulum-v1", seed=0, device="cpu", env_backend="torch", num_envs=2, num_steps=128)
+    result = model.evaluate(episodes=4, seed=1, progress_bar=True)
+    assert result["lengths"] == [200] * 4 and result["unfinished"] == 0
+    assert shown == [4]
+
+
 def test_a_bar_of_fewer_than_a_thousand_counts_whole_numbers(monkeypatch, capsys):
     """The bar (a terminal's, or a notebook's without ipywidgets) showed an evaluation of 20 episodes as
     "8.00/20.0 [..., 79.8episode/s]" (tqdm's scaled units); below a thousand it now counts 8/20, and from a thousand

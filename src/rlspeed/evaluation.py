@@ -183,6 +183,8 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
                     bar.update(done - bar.bar.n)
                     if done == episodes:
                         break
+            # (the last steps since a check: a Pendulum's episodes all end at step 200, between two checks)
+            bar.update(int(finished.sum()) - bar.bar.n)
     finally:
         bar.close()
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
