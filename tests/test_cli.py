@@ -814,6 +814,21 @@ def _rlspeed(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
 
 
+def test_a_warning_made_an_error_by_python_w_error_is_one_line_without_a_traceback(tmp_path):
+    """`python -W error -m rlspeed train ...` (a CI job that lets no warning pass): rlspeed's warning about a setting
+    raised as an exception with a 20-line traceback; now it is one `rlspeed: error:` line naming the warning, exit
+    code 1, and nothing is left in --out."""
+    done = subprocess.run([sys.executable, "-W", "error", "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--num-envs",
+                           "2", "--total-timesteps", "64", "--no-progress", "--out", "run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [
+        "rlspeed: error: batch_size 256 is larger than a rollout (num_envs 2 x num_steps 8 = 16 steps): every update "
+        "uses the whole rollout as one minibatch (UnusedSettingWarning, an error by the warning filter, -W error or "
+        "PYTHONWARNINGS; --debug shows the traceback)."]
+    assert not (tmp_path / "run").exists()
+
+
 def _reader_leaves_after_one_line(argv: list[str], cwd) -> tuple[str, str, int]:
     """`rlspeed ARGV | head -1` in a fresh process: (the line read, its stderr, its exit code)."""
     process = subprocess.Popen([sys.executable, "-m", "rlspeed", *argv], cwd=cwd, stdout=subprocess.PIPE,

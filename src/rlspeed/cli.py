@@ -2342,8 +2342,8 @@ def main(argv: list[str] | None = None) -> int:
 
     A `UserError` (a bad argument included) prints one line and returns 2 (with `--debug` its traceback, still exit
     code 2 as the `rlspeed` command; a caller passing `argv` gets it raised); an env that raises prints one line and
-    returns 1; Ctrl-C returns 130. As the `rlspeed` command (`argv` None), warnings print as one
-    `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
+    returns 1 (as does a warning that `-W error` makes an error); Ctrl-C returns 130. As the `rlspeed` command
+    (`argv` None), warnings print as one `rlspeed: warning: ...` line each (with `--debug`, as Python prints them).
     """
     console = argv is None  # (the `rlspeed` command; a caller passing argv keeps its own warning handling)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -2548,6 +2548,13 @@ def _main(argv: list[str]) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"rlspeed: error: {_one_line(str(error))} (--debug shows the env's traceback).", file=sys.stderr)
+        return 1
+    except Warning as error:  # (a warning raised as an error: `python -W error`, PYTHONWARNINGS=error)
+        if getattr(args, "debug", False):
+            raise
+        text = _one_line(str(error)).removeprefix("rlspeed: ").rstrip(".")
+        print(f"rlspeed: error: {text} ({type(error).__name__}, an error by the warning filter, -W error or "
+              "PYTHONWARNINGS; --debug shows the traceback).", file=sys.stderr)
         return 1
     except PeerEnded as error:  # (the process that ended has said why: this one's line only names it)
         if getattr(args, "debug", False):
