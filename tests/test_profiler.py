@@ -146,6 +146,21 @@ def test_report_shows_device_figures_on_cuda_only_and_wraps_advice():
     assert max(len(line) for line in cpu.splitlines() if line.lstrip().startswith(("-", "word"))) <= 116
 
 
+def test_report_fits_a_terminal_narrower_than_its_width(monkeypatch):
+    """At 80 columns the report's lines of up to 116 characters (advice, the phases' descriptions, the heading) each
+    wrapped mid-word into a ragged second line; it is now wrapped at the terminal's width, and at 116 elsewhere."""
+    report = _profile(advice=["word " * 60], caveats=["caveat " * 30],
+                      phases=[PhaseTime("act", 1, 0.5), PhaseTime("other", 1, 0.5)])
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = str(report)
+    assert max(map(len, narrow.splitlines())) < 80
+    other = next(line for line in narrow.splitlines() if line.startswith("  other"))
+    assert other.endswith("the Python loop, schedules and everything")  # (its description goes on aligned below it)
+    assert "    " * 8 + " not in a phase" in narrow
+    monkeypatch.setenv("COLUMNS", "200")
+    assert 100 < max(map(len, str(report).splitlines())) <= 116
+
+
 def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
     trace = tmp_path / "trace.json"
     code = cli.main(["profile", "ppo", "CartPole-v1", "--device", "cpu", "--env-backend", "torch", "--steps", "256",

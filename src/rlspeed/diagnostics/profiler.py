@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import textwrap
 import time
 from collections.abc import Callable
@@ -54,7 +55,7 @@ ASYNC_MIN_CORES = 4
 SMALL_NETWORK = 20_000  # parameters; with fewer than SMALL_NETWORK_ENVS envs, launch latency rules on accelerators
 SMALL_NETWORK_ENVS = 256
 SYNCS_PER_1K = 10.0
-REPORT_WIDTH = 116
+REPORT_WIDTH = 116  # the report's widest line: a terminal narrower than that gets its own width (`_report_width`)
 
 
 @dataclass
@@ -118,15 +119,19 @@ class Profile:
 
     def __str__(self) -> str:
         on_device = self.device_busy_ms is not None
-        lines = [f"rlspeed profile: {self.algo} {self.env_id} on {self.device} ({self.env_backend} envs x "
-                 f"{self.num_envs}, {self.parameters:,} parameters, accelerate {_describe(self.accelerate)})",
-                 f"  {self.sps:,.0f} steps/s unprofiled; {self.steps:,} steps profiled at {self.profiled_sps:,.0f} "
-                 "steps/s", "  (shares are approximate: the profiler slows operation-heavy phases most)"]
+        width = _report_width()
+        lines = textwrap.wrap(f"rlspeed profile: {self.algo} {self.env_id} on {self.device} ({self.env_backend} envs "
+                              f"x {self.num_envs}, {self.parameters:,} parameters, accelerate "
+                              f"{_describe(self.accelerate)})", width, subsequent_indent="  ")
+        lines += [f"  {self.sps:,.0f} steps/s unprofiled; {self.steps:,} steps profiled at {self.profiled_sps:,.0f} "
+                  "steps/s", "  (shares are approximate: the profiler slows operation-heavy phases most)"]
         for line in self.caveats:
-            lines += textwrap.wrap(line, REPORT_WIDTH, initial_indent="  caveat: ", subsequent_indent="    ")
+            lines += textwrap.wrap(line, width, initial_indent="  caveat: ", subsequent_indent="    ")
         lines += ["", f"  {'phase':<10}{'ms/1k steps':>12}{'share':>8}   what it is"]
         for p in self.phases:
-            lines.append(f"  {p.name:<10}{p.host_ms:>12.1f}{p.share:>8.0%}   {_PHASE_TEXT.get(p.name, '')}")
+            row = f"  {p.name:<10}{p.host_ms:>12.1f}{p.share:>8.0%}   "
+            lines += textwrap.wrap(_PHASE_TEXT.get(p.name, ""), width, initial_indent=row,
+                                   subsequent_indent=" " * len(row)) or [row.rstrip()]
         if on_device:
             busy = self.device_busy_ms * self.profiled_sps / 1e6
             lines.append(f"  device busy {self.device_busy_ms:,.1f} ms per 1k steps ({busy:.0%} of the wall time); "
@@ -137,8 +142,14 @@ class Profile:
                          + f" {op.calls:>9,.0f} calls")
         lines += ["", "  advice:"]
         for line in self.advice:
-            lines += textwrap.wrap(line, REPORT_WIDTH, initial_indent="  - ", subsequent_indent="    ")
+            lines += textwrap.wrap(line, width, initial_indent="  - ", subsequent_indent="    ")
         return "\n".join(lines)
+
+
+def _report_width() -> int:
+    """The width the report's text is wrapped to: `REPORT_WIDTH`, or a narrower terminal's (COLUMNS, else the
+    terminal stdout is), less one column, where lines of 116 characters would each wrap mid-word; at least 60."""
+    return max(60, min(REPORT_WIDTH, shutil.get_terminal_size((REPORT_WIDTH + 1, 24)).columns - 1))
 
 
 _PHASE_TEXT = {**PHASES, "other": "the Python loop, schedules and everything not in a phase"}
