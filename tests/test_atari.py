@@ -173,3 +173,18 @@ def test_an_atari_id_is_one_rlspeed_can_make_again_in_a_fresh_process():
     code = "from rlspeed.envs import remakeable; print(remakeable('ALE/Pong-v5'), remakeable('PongNoFrameskip-v4'))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.split()[-2:] == ["True", "True"], result.stderr
+
+
+def test_making_an_atari_env_prints_no_ale_banner_on_stderr():
+    """ALE's emulator printed "A.L.E: Arcade Learning Environment (version ...)" and "[Powered by Stella]" on stderr
+    (from its C++ code, past Python's warnings) when a process made its first Atari env: the first lines of every
+    Atari run's log and of `rlspeed doctor`."""
+    import subprocess
+    import sys
+
+    code = ("from rlspeed.envs import make_env\n"
+            "env = make_env('ALE/Pong-v5', num_envs=1, device='cpu', backend='gymnasium')\n"
+            "env.reset(seed=0)\nenv.close()\nprint('made')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout == "made\n"
+    assert "Arcade Learning Environment" not in done.stderr and "Stella" not in done.stderr

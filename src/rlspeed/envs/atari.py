@@ -16,6 +16,7 @@ env's lives in `info["lives"]` (int32 `[N]`), which `AtariTraining` reads.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 
@@ -47,6 +48,11 @@ def register_atari() -> bool:
         return False
     import ale_py
 
+    # ALE prints a banner on stderr ("A.L.E: Arcade Learning Environment ...", "[Powered by Stella]") when the first
+    # emulator of a process is made, at its Info level: every AtariEnv sets the Error level on its emulator right
+    # after, so setting it first leaves out the banner and nothing else
+    with contextlib.suppress(AttributeError):  # (an ale-py without logger modes)
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
     gym.register_envs(ale_py)
     _registered = True
     return True
