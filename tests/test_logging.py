@@ -465,6 +465,24 @@ def test_a_bar_of_fewer_than_a_thousand_counts_whole_numbers(monkeypatch, capsys
     assert "4.10k/4.10k" in capsys.readouterr().err
 
 
+def test_the_bar_on_an_80_column_terminal_shows_the_returns(monkeypatch, capsys):
+    """tqdm cuts a line wider than the terminal at its end, where its layout put the postfix: at 80 columns the
+    training bar read "... [00:00<00:00, 7.09kstep/s, sps=10250, ret=" and never showed a return or an evaluation.
+    The postfix now comes before the times, which are what a narrow terminal loses."""
+    from rlspeed import logging as run_logging
+    from rlspeed.logging import ProgressBar
+
+    monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: True)  # (a redrawn bar on stderr)
+    bar = ProgressBar(4096, desc="ppo CartPole-v1")
+    bar.update(1024, sps=10250, ret=21.7, eval=58.1)
+    line = bar.bar.format_meter(**{**bar.bar.format_dict, "ncols": 80})
+    bar.close()
+    capsys.readouterr()
+    assert len(line) <= 80 and "1.02k/4.10k, sps=10250, ret=21.7, eval=58.1 [00:" in line
+    wide = bar.bar.format_meter(**{**bar.bar.format_dict, "ncols": 200})
+    assert "eval=58.1 [" in wide and wide.endswith("step/s]")  # (a wide terminal shows the times too)
+
+
 def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_path, capsys, monkeypatch):
     """A metrics.csv write that fails (a full disk) is one UserError naming the file and the reason, close() after it
     raises nothing, and the CLI exits 2."""

@@ -116,10 +116,13 @@ class ProgressBar:
             from tqdm.std import tqdm
         else:
             from tqdm.auto import tqdm
-        # (counts of thousands as 4.10k; below, whole numbers: 8/20 episodes, not tqdm's scaled 8.00/20.0)
-        whole = "{l_bar}{bar}| {n}/{total} [{elapsed}<{remaining}, {rate_fmt}{postfix}]" if total < 1000 else None
+        # (counts of thousands as 4.10k; below, whole numbers: 8/20 episodes, not tqdm's scaled 8.00/20.0; the
+        # postfix, the returns, before the times: a line wider than the terminal is cut at its end, and at 80
+        # columns tqdm's layout cut the returns off)
+        counts = "{n}/{total}" if total < 1000 else "{n_fmt}/{total_fmt}"
         self.bar = tqdm(total=total, initial=initial, unit=unit, unit_scale=True, desc=desc, disable=not enabled,
-                        dynamic_ncols=True, leave=True, file=self._null, bar_format=whole)
+                        dynamic_ncols=True, leave=True, file=self._null,
+                        bar_format="{l_bar}{bar}| " + counts + "{postfix} [{elapsed}<{remaining}, {rate_fmt}]")
         self.desc, self.unit = desc, unit
         self._shown: dict = {}
         self._last_line = time.monotonic()
