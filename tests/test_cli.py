@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -827,6 +828,61 @@ def test_a_warning_made_an_error_by_python_w_error_is_one_line_without_a_traceba
         "uses the whole rollout as one minibatch (UnusedSettingWarning, an error by the warning filter, -W error or "
         "PYTHONWARNINGS; --debug shows the traceback)."]
     assert not (tmp_path / "run").exists()
+
+
+_WARNING_ENV = """
+import warnings
+
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class WarningEnv(CartPoleEnv):
+    def __init__(self, **options):
+        super().__init__(**options)
+        warnings.warn("WarningEnv made: a warning\\nof two lines", UserWarning)
+        self.stepped = False
+
+    def step(self, action):
+        if not self.stepped:
+            self.stepped = True
+            warnings.warn("WarningEnv stepped", RuntimeWarning)
+        return super().step(action)
+
+
+gym.register("WarningEnv-v0", entry_point="warning_env:WarningEnv", max_episode_steps=100)
+"""
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_subprocess_envs_warnings_are_the_commands_lines_each_said_once(tmp_path, start_method):
+    """An env that warns, in subprocess envs (gymnasium-async): each worker said each warning again (a line per env),
+    and a spawned worker (macOS; Python 3.14's forkserver) as Python's multi-line warning with its source line. Now
+    each is one `rlspeed: warning:` line, once over the command's processes."""
+    import multiprocessing
+
+    if start_method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no {start_method} here")
+    (tmp_path / "warning_env.py").write_text(_WARNING_ENV)
+    command = ("import multiprocessing, sys\n"
+               f"multiprocessing.set_start_method({start_method!r})\n"
+               "from rlspeed.cli import main\n"
+               "sys.argv[1:] = ['train', 'ppo', 'warning_env:WarningEnv-v0', '--env-backend', 'gymnasium-async',\n"
+               "                '--num-envs', '3', '--set', 'num_steps=16', '--set', 'batch_size=48',\n"
+               "                '--total-timesteps', '48', '--target-return', 'none', '--no-progress',\n"
+               "                '--out', 'run']\n"
+               "raise SystemExit(main())\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": ""})
+    assert done.returncode == 0, done.stderr
+    output = (done.stdout + done.stderr).splitlines()
+    said = [line for line in output if any(text in line for text in ("WarningEnv made", "of two", "Env stepped"))]
+    assert said == ["rlspeed: warning: WarningEnv made: a warning\\nof two lines",
+                    "rlspeed: warning: WarningEnv stepped"], output
+    assert not any("warnings.warn" in line or "leaked" in line for line in output), output
+    assert not [path for path in Path(tempfile.gettempdir()).glob("rlspeed-warnings-*")
+                if path.stat().st_mtime >= (tmp_path / "warning_env.py").stat().st_mtime]  # (removed at the end)
 
 
 def _reader_leaves_after_one_line(argv: list[str], cwd) -> tuple[str, str, int]:

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import hashlib
 import json
 import math
 import os
@@ -2387,6 +2388,7 @@ def main(argv: list[str] | None = None) -> int:
                 from rlspeed.distributed import tell_launcher
 
                 tell_launcher(code)
+            _forget_worker_warnings()
             _settle_overwrites(succeeded=code == 0)  # (under the run directory's lock)
             _release_run_locks()  # (the command is over: the next one in this process may train there)
             if not console:
@@ -2397,6 +2399,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _OUTPUT_ERRORS = "rlspeed-output"
+
+
+def _forget_worker_warnings() -> None:
+    """The command is over: the warnings its subprocess envs' workers and it marked are removed."""
+    global _warnings_dir
+    if _warnings_dir is not None:
+        shutil.rmtree(_warnings_dir, ignore_errors=True)
+        _warnings_dir = None
 
 
 def _path_bytes_else_escaped(error: UnicodeError) -> tuple[str | bytes, int]:
@@ -2457,6 +2467,11 @@ class _ReaderLeft(BaseException):  # noqa: N818 (a stop, like KeyboardInterrupt:
 #: the warnings this command has shown (`_show_warning`: each once)
 _SHOWN_WARNINGS: set[str] = set()
 
+#: where the command and the workers of its subprocess envs mark the warnings shown, a file each, so that each is
+#: shown once over them (`_workers_show_warnings`); None until subprocess envs are made
+_warnings_dir: str | None = None
+_in_worker = False  # (this process is a worker of the command's subprocess envs: `_show_warnings_in_worker`)
+
 #: Python's own `warnings.showwarning` (the CLI shows warnings as its own lines only where it is still in place)
 _PYTHON_SHOWWARNING = warnings.showwarning
 
@@ -2471,10 +2486,50 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     if text in _SHOWN_WARNINGS:  # (once per command, as Python's default: the same env made three times said it thrice)
         return
     _SHOWN_WARNINGS.add(text)
-    if "tqdm" in sys.modules:  # (a progress bar may be drawn on this terminal: the line goes above it, not into it)
+    if not _first_among_processes(text):  # (a subprocess env's worker, or the command, said it already)
+        return
+    if "tqdm" in sys.modules and not _in_worker:  # (a progress bar may be drawn on this terminal: the line goes above
+        # it, not into it; a worker of subprocess envs draws none, and tqdm's lock would be a semaphore left behind)
         _print_beside_bars(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
     else:
         print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
+
+
+def _first_among_processes(text: str) -> bool:
+    """Whether warning `text` is shown for the first time among the command's processes (always, where it has no
+    subprocess envs): the first to mark it in `_warnings_dir` shows it."""
+    if _warnings_dir is None:
+        return True
+    name = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    try:
+        os.close(os.open(os.path.join(_warnings_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError:  # (the directory is gone: shown, rather than lost)
+        return True
+    return True
+
+
+def _workers_show_warnings():
+    """What each worker process of subprocess envs runs first (GymnasiumEnv asks `warnings.showwarning` for it,
+    so only where this display is in place): there warnings are the command's one line too, and each is shown once
+    over the command's processes. Without it each worker said each warning again, and a spawned worker (macOS, Python
+    3.14's forkserver) as Python's multi-line warning."""
+    global _warnings_dir
+    if _warnings_dir is None:
+        _warnings_dir = tempfile.mkdtemp(prefix="rlspeed-warnings-")
+        for text in _SHOWN_WARNINGS:  # (what the command said before: not again in a worker)
+            _first_among_processes(text)
+    return functools.partial(_show_warnings_in_worker, _warnings_dir)
+
+
+def _show_warnings_in_worker(directory: str) -> None:
+    global _warnings_dir, _in_worker
+    _warnings_dir, _in_worker = directory, True
+    warnings.showwarning = _show_warning
+
+
+_show_warning.for_workers = _workers_show_warnings
 
 
 #: CleanRL's flags for settings rlspeed has under another name (those with no one name: `CLEANRL_NAMES`)

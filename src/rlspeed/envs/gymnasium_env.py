@@ -8,6 +8,7 @@ observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the de
 from __future__ import annotations
 
 import difflib
+import functools
 import multiprocessing
 import os
 import pickle
@@ -736,6 +737,22 @@ def _unpicklable_options(env_kwargs: dict) -> list[str]:
     return names
 
 
+def _worker_warnings() -> dict:
+    """AsyncVectorEnv's options for workers that show warnings as the process making them does, where its display
+    of warnings says how (`for_workers`: the `rlspeed` command's one line, each warning once over its processes);
+    none elsewhere (Python's display, in each worker)."""
+    spread = getattr(warnings.showwarning, "for_workers", None)
+    if spread is None or not hasattr(gym.vector.async_vector_env, "_async_worker"):
+        return {}
+    return {"worker": functools.partial(_subprocess_env_worker, spread())}
+
+
+def _subprocess_env_worker(setup, *args) -> None:
+    """Gymnasium's worker of a subprocess env, after `setup` (`_worker_warnings`)."""
+    setup()
+    gym.vector.async_vector_env._async_worker(*args)
+
+
 #: seconds `GymnasiumEnv` waits for the answer of subprocess envs an interrupt left pending before it gives up
 PENDING_ANSWER_TIMEOUT_S = 10.0
 
@@ -758,6 +775,8 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
             # copy=False: every observation is copied here anyway (`_obs`, `step`)
             vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False}
+            if vectorization == "async":
+                vector_kwargs.update(_worker_warnings())
             try:
                 try:
                     vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
