@@ -885,6 +885,27 @@ def test_subprocess_envs_warnings_are_the_commands_lines_each_said_once(tmp_path
                 if path.stat().st_mtime >= (tmp_path / "warning_env.py").stat().st_mtime]  # (removed at the end)
 
 
+def test_an_envs_own_error_in_subprocess_envs_is_one_line_without_gymnasiums_log(tmp_path):
+    """An env that raises in a gymnasium-async worker: four `rlspeed: warning: ERROR: ...` lines of Gymnasium's log
+    (one the worker's whole traceback with its line breaks escaped, over a thousand characters) came before the error
+    line, which already says that --debug shows the env's traceback; now the error line alone."""
+    (tmp_path / "raising_env.py").write_text(
+        "import gymnasium as gym\nfrom gymnasium.envs.classic_control import CartPoleEnv\n\n\n"
+        "class RaisingEnv(CartPoleEnv):\n    def step(self, action):\n        raise ValueError('broken env')\n\n\n"
+        "gym.register('RaisingEnv-v0', entry_point='raising_env:RaisingEnv', max_episode_steps=100)\n")
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "raising_env:RaisingEnv-v0",
+                           "--env-backend", "gymnasium-async", "--num-envs", "2", "--preset", "none", "--set",
+                           "num_steps=8", "--set", "batch_size=16", "--target-return", "none", "--no-progress", "--out",
+                           "run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": ""})
+    assert done.returncode == 1
+    assert "warning" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == ("rlspeed: error: The env 'RaisingEnv-v0' (gymnasium-async backend) raised "
+                                            "ValueError in step(): broken env (--debug shows the env's traceback).")
+
+
 def _reader_leaves_after_one_line(argv: list[str], cwd) -> tuple[str, str, int]:
     """`rlspeed ARGV | head -1` in a fresh process: (the line read, its stderr, its exit code)."""
     process = subprocess.Popen([sys.executable, "-m", "rlspeed", *argv], cwd=cwd, stdout=subprocess.PIPE,

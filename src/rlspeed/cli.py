@@ -2482,6 +2482,8 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     say it once each (`--debug` shows every rank's)."""
     if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "0") != "0":
         return
+    if getattr(category, "told_by_the_error", False):  # (a subprocess env's log of its error: the error line says it)
+        return
     text = _one_line(str(message)).removeprefix("rlspeed: ")
     if text in _SHOWN_WARNINGS:  # (once per command, as Python's default: the same env made three times said it thrice)
         return

@@ -516,6 +516,15 @@ def _answer_problem(env_id: str, call: str, returned, obs_shape, host: HostObser
     return None
 
 
+class WorkerLogWarning(UserWarning):
+    """A line of Gymnasium's log of a subprocess env's own error (its worker's traceback among them), given before
+    the error is raised again in this process."""
+
+    #: the error that follows says it, its traceback chained (`WorkerTraceback`): the `rlspeed` command, whose error
+    #: is one sentence (`--debug` shows the traceback), leaves these lines out
+    told_by_the_error = True
+
+
 class WorkerTraceback(Exception):
     """A subprocess env's traceback, as its worker wrote it (tracebacks do not cross processes): chained as the
     cause of the error Gymnasium raises again in this process, so that `--debug` (and Python) show where in the
@@ -1127,7 +1136,8 @@ class GymnasiumEnv(BatchedEnv):
                 env_fns) else 0], shape, None if self._float_vector else self._host)
         if problem is None:
             for message in logged:  # (Gymnasium's log of its worker's error, held back by `_hold_worker_errors`)
-                warnings.warn_explicit(message.message, message.category, message.filename, message.lineno)
+                warnings.warn_explicit(WorkerLogWarning(str(message.message)), WorkerLogWarning, message.filename,
+                                       message.lineno)
         self.close()
         self._failed = f"their {call} failed"
         if problem is not None:
