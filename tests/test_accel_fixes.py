@@ -402,6 +402,90 @@ def test_concurrent_calls_of_an_accelerated_module_all_run_its_chosen_strategy(m
     assert len(outputs) == 200 and all(torch.equal(output, expected) for output in outputs)
 
 
+def test_threads_whose_calls_make_a_search_due_at_once_search_once(two_candidates, monkeypatch):
+    """A server's threads reach a kind of call's search threshold together: each of them searched it (each search
+    timed under the others' load, the report listing a decision per thread, a later one replacing an earlier one's
+    choice), and their first calls each added a 'waiting' decision to the report, never removed. Now one thread
+    searches while the others' calls run eager fp32, and every call after the decision runs the chosen strategy."""
+    import threading
+
+    import rlspeed.accel.module as module_policy
+
+    entered, second_entered = [], threading.Event()
+    real_search = module_policy.run_search
+
+    def slow_search(*args, **kwargs):  # (long enough for every thread to reach the search while one runs)
+        entered.append(threading.get_ident())
+        if len(entered) > 1:
+            second_entered.set()
+        second_entered.wait(timeout=1.0)
+        return real_search(*args, **kwargs)
+
+    monkeypatch.setattr(module_policy, "run_search", slow_search)
+    accelerated = auto_accelerate(_mlp(8, 4), device="cpu")
+    x = torch.randn(4, 8)
+    start = threading.Barrier(4)
+    errors = []
+
+    def work():
+        torch.set_num_threads(1)
+        try:
+            start.wait(timeout=10)
+            with torch.no_grad():
+                for _ in range(20):
+                    accelerated(x)
+        except Exception as error:  # (reported below: an assertion in a thread would go unseen)
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert len(entered) == 1 and accelerated._rlspeed_accelerator.searches == 1
+    decisions = accelerated.accel_report.decisions
+    assert [decision.source for decision in decisions] == ["search"]
+    chosen = decisions[0].chosen
+    with torch.no_grad():
+        expected = accelerated._rlspeed_accelerator._runner(accelerated, chosen)(x)
+        assert torch.equal(accelerated(x), expected)
+
+
+def test_first_calls_of_one_kind_from_several_threads_wait_for_one_decision(monkeypatch):
+    """Threads calling a new kind of call at once each looked its choice up in the cache and each put a 'waiting'
+    decision in the report (of which a search later removed one): the report of a server's model listed the kind
+    once per thread."""
+    import threading
+    import time
+
+    import rlspeed.accel.module as module_policy
+
+    real_load = module_policy.cache.load
+
+    def slow_load(key):  # (a cache on a slow disk: the lookup outlasts the other threads' arrival)
+        time.sleep(0.2)
+        return real_load(key)
+
+    monkeypatch.setattr(module_policy.cache, "load", slow_load)
+    monkeypatch.setattr(module_policy, "candidates", lambda request, device, *, allow_fp16: ([EAGER_FP32, BF16], []))
+    accelerated = auto_accelerate(_mlp(8, 4), device="cpu")
+    x = torch.randn(4, 8)
+    start = threading.Barrier(4)
+
+    def work():
+        start.wait(timeout=10)
+        with torch.no_grad():
+            accelerated(x)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [decision.source for decision in accelerated.accel_report.decisions] == ["waiting"]
+
+
 @needs_torch_2_9
 def test_overlapping_matmul_precision_blocks_restore_the_setting_from_before_the_first():
     """Two accelerated models called at once from two threads: each block restored what it found on entry, so the

@@ -256,6 +256,7 @@ class ModuleAccelerator:
         self._waiting: dict[tuple, _Waiting] = {}  # signatures running eager fp32 until a search pays for itself
         self.searches = 0  # searches run (each times every candidate)
         self._local = threading.local()  # (per thread: a nested call in one thread is no nested call in another)
+        self._make_locks()
         self._candidates, notes = candidates(request, device, allow_fp16=False)
         compiled = sum(s.compile != "off" for s in self._candidates)
         self._candidate_counts = (len(self._candidates) - compiled, compiled)
@@ -286,12 +287,22 @@ class ModuleAccelerator:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["runners"] = {}
-        state.pop("_local", None)
+        for name in ("_local", "_first_call_lock", "_search_lock"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._local = threading.local()
+        self._make_locks()
+
+    def _make_locks(self) -> None:
+        # Calls from several threads (a server's) decide each kind of call once: the first calls of a kind wait for
+        # one cache lookup (`_first_call_lock`, held only for that and for building a runner), so that each sees the
+        # cached choice a single-threaded first call would run; one thread at a time searches (`_search_lock`),
+        # while calls from the others run eager fp32, as the kind's calls before its decision do, and do not wait.
+        self._first_call_lock = threading.Lock()
+        self._search_lock = threading.Lock()
 
     def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         # (the fast path's checks are what every call of a small model pays: each is the cheapest form of itself)
@@ -320,12 +331,22 @@ class ModuleAccelerator:
             if strategy is None:
                 waiting = self._waiting.get(signature)
                 if waiting is None and batch_size_of(args, kwargs) != 0:
-                    strategy = self._known(module, args, kwargs, signature)
-                    waiting = self._waiting.get(signature)
+                    with self._first_call_lock:  # (another thread's first call of this kind may be deciding it)
+                        strategy = self.strategies.get(signature)
+                        waiting = self._waiting.get(signature)
+                        if strategy is None and waiting is None:
+                            strategy = self._known(module, args, kwargs, signature)
+                            waiting = self._waiting.get(signature)
                 if strategy is None:
                     if waiting is None or not self._search_due(waiting):
                         return self._timed(waiting, module, args, kwargs)
-                    strategy = self._search_signature(module, args, kwargs, signature)
+                    if not self._search_lock.acquire(blocking=False):  # another thread searches: eager fp32 meanwhile
+                        return self.base_forward(module, *args, **kwargs)
+                    try:  # (decided meanwhile by a search that just ended: not searched again)
+                        strategy = self.strategies.get(signature) or self._search_signature(module, args, kwargs,
+                                                                                            signature)
+                    finally:
+                        self._search_lock.release()
         if strategy.is_plain:
             return self.base_forward(module, *args, **kwargs)
         runner = self._runner(module, strategy)
@@ -370,8 +391,13 @@ class ModuleAccelerator:
             # padding it is impossible: eager fp32 for this call, nothing decided.
             return EAGER_FP32
         signature = self._signature(module, args, kwargs)
-        strategy = self.strategies.get(signature) or self._known(module, args, kwargs, signature)
-        return strategy or self._search_signature(module, args, kwargs, signature)
+        with self._first_call_lock:
+            strategy = self.strategies.get(signature) or (
+                None if signature in self._waiting else self._known(module, args, kwargs, signature))
+        if strategy is not None:
+            return strategy
+        with self._search_lock:
+            return self.strategies.get(signature) or self._search_signature(module, args, kwargs, signature)
 
     def _known(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> Strategy | None:
         """The cached strategy for a new kind of call; None when it has to be searched, and then the kind waits in
@@ -399,9 +425,14 @@ class ModuleAccelerator:
     def _search_signature(self, module: nn.Module, args: tuple, kwargs: dict, signature: tuple) -> Strategy:
         """Search the strategy for a kind of call on these inputs, remember it and cache it."""
         label = self._label(signature)
-        waiting = self._waiting.pop(signature, None)
+        # (the kind stays waiting until it is decided: calls from other threads meanwhile run eager fp32, and do not
+        # take it for a new kind of call)
+        waiting = self._waiting.get(signature)
         started = time.perf_counter()
-        strategy, decision = self._search(module, args, kwargs, label)
+        try:
+            strategy, decision = self._search(module, args, kwargs, label)
+        finally:
+            self._waiting.pop(signature, None)
         decision.search_s = time.perf_counter() - started
         self.searches += 1
         if waiting is not None:
@@ -485,15 +516,22 @@ class ModuleAccelerator:
 
     def _runner(self, module: nn.Module, strategy: Strategy) -> Callable:
         """The callable running `forward` under a strategy: autocast, compile, graphs, fp32 outputs."""
-        if strategy in self.runners:
-            return self.runners[strategy]
+        runner = self.runners.get(strategy)
+        if runner is not None:
+            return runner
+        with self._first_call_lock:  # (built once: two compiled copies would each compile)
+            runner = self.runners.get(strategy)
+            if runner is None:
+                runner = self.runners[strategy] = self._build_runner(module, strategy)
+        return runner
+
+    def _build_runner(self, module: nn.Module, strategy: Strategy) -> Callable:
         base_forward = self.base_forward
 
         def forward(*args, **kwargs):
             return base_forward(module, *args, **kwargs)
 
         if strategy.is_plain:
-            self.runners[strategy] = forward
             return forward
 
         fn = _with_precision(forward, self.device, strategy.precision)
@@ -509,7 +547,6 @@ class ModuleAccelerator:
             def fn(*args, **kwargs):
                 return to_float32(inner(*args, **kwargs))
 
-        self.runners[strategy] = fn
         return fn
 
 
