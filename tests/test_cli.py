@@ -49,6 +49,10 @@ def _mismatch_algorithm() -> tuple[str, str] | None:
 ERROR_CASES = {
     "unknown-env": (["train", "ppo", "CartPol-v1"], "CartPole-v1"),
     "unknown-algo": (["train", "pp0", "CartPole-v1"], "ppo"),
+    # (argparse's choices: "command invalid choice: 'trian'" before, the closest choice named now)
+    "misspelled-command": (["trian", "ppo", "CartPole-v1"], "unknown command 'trian': did you mean 'train'?"),
+    "misspelled-choice": (["train", "ppo", "CartPole-v1", "--env-backend", "gymnasium_async"],
+                          "unknown --env-backend 'gymnasium_async': did you mean 'gymnasium-async'? choose from"),
     "unknown-hyperparameter": (["train", "ppo", "CartPole-v1", "--set", "gama=0.9"], "gamma"),
     "invalid-hyperparameter": (["train", "ppo", "CartPole-v1", "--set", "gamma=3"], "gamma"),
     "unavailable-device": (["train", "ppo", "CartPole-v1", "--device", "cuda"], "cuda"),

@@ -95,6 +95,14 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
 
     def error(self, message: str):
+        # argparse's "argument command: invalid choice: 'trian' (choose from ...)": the closest choice named first
+        choice = re.match(r"^argument ([^:]+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if choice:
+            name, given, choices = choice.groups()
+            close = difflib.get_close_matches(given, re.findall(r"'([^']*)'", choices), n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'? " if close else ""
+            what = "command" if name == "command" else name
+            message = f"unknown {what} '{given}': {hint}choose from {choices}"
         # "argument --steps: must be positive" reads better as "--steps must be positive"
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
         raise UserError(f"{message} (see '{self.prog} --help').")
