@@ -487,3 +487,39 @@ def test_tune_without_optuna_is_one_sentence_from_python_and_the_cli(monkeypatch
         tune(PPO, "CartPole-v1", trials=2, population=2, storage="unused.db", study_name="s", hyperparameters={},
              budget=256, target_return=None, eval_freq=None, out="unused.yaml")
     assert "needs Optuna: pip install optuna" in cli_error(capsys, ["tune", "ppo", "CartPole-v1"])
+
+
+def test_the_preset_is_never_written_through_a_link_planted_beside_it(tmp_path):
+    """The preset was written to `OUT.tmp` (a fixed name) opened as it stood: a symlink planted there by anyone who
+    can write to the preset's directory made tune overwrite the file it points at (and left OUT a link to it)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "best.yaml.tmp").symlink_to(victim)
+    assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "0")) == 0
+    assert victim.read_text() == "precious\n"
+    preset = tmp_path / "best.yaml"
+    assert not preset.is_symlink() and load_preset_file(preset, "ppo", "CartPole-v1")
+
+
+def test_a_storage_password_is_never_printed_or_written(tmp_path, capsys):
+    """A database server's storage URL (`postgresql://user:PASSWORD@host/db`, Optuna's way to name one) was printed
+    as given: in the error when it cannot be opened, the study line, and the preset's header and `# Command:` line,
+    which are shared with the tuned hyperparameters."""
+    url = "postgresql+psycopg2://tuner:hunter2@127.0.0.1:1/optuna"
+    code = cli.main(["tune", "ppo", "CartPole-v1", "--storage", url, "--trials", "2", "--out",
+                     str(tmp_path / "best.yaml")])
+    said = capsys.readouterr()
+    assert code == 2 and "--storage postgresql+psycopg2://tuner:***@127.0.0.1:1/optuna" in said.err
+    assert "hunter2" not in said.out + said.err
+    from rlspeed.tune import without_password
+
+    command = f"rlspeed tune ppo CartPole-v1 --storage {url} --out best.yaml"
+    assert without_password(command) == ("rlspeed tune ppo CartPole-v1 --storage "
+                                          "postgresql+psycopg2://tuner:***@127.0.0.1:1/optuna --out best.yaml")
+    # (a file path is no URL: an '@' or ':' in it stays)
+    assert without_password("sqlite:////data/a:b@c.db") == "sqlite:////data/a:b@c.db"
+    tune(PPO, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"), study_name="pw",
+         hyperparameters=dict(FIXED), budget=256, target_return=None, eval_freq=128, search_space=None,
+         confirm_seeds=0, out=tmp_path / "best.yaml", command=command, say=lambda *a, **k: None)
+    preset = (tmp_path / "best.yaml").read_text()
+    assert "hunter2" not in preset and "# Command: " + without_password(command) in preset

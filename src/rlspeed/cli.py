@@ -806,13 +806,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out} exists and is not a preset rlspeed tune wrote; give another --out, or move it "
                         "away first.")
     if Path(out).is_file():  # (another study's preset is not this study's to rewrite)
-        from rlspeed.tune import preset_study, same_storage, storage_url, utf8_text
+        from rlspeed.tune import preset_study, same_storage, storage_url, utf8_text, without_password
 
         written_by = preset_study(Path(out).read_text(encoding="utf-8", errors="surrogateescape"))
+        shown = without_password(storage_url(args.storage))  # (as the preset names it)
         if written_by is not None and (written_by[0] != utf8_text(study_name)
-                                       or not same_storage(written_by[1], utf8_text(storage_url(args.storage)))):
+                                       or not same_storage(written_by[1], utf8_text(shown))):
             raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_by[1]}, not of "
-                            f"'{study_name}' in {storage_url(args.storage)}: give another --out.")
+                            f"'{study_name}' in {shown}: give another --out.")
     device = resolve_device(args.device)
     configure_threads(args.threads)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)

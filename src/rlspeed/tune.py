@@ -48,6 +48,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed.errors import UserError
+from rlspeed.files import write_atomic
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
 #: (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters that may differ across members of a population. Ranges
@@ -251,6 +252,16 @@ def storage_url(storage: str) -> str:
     return storage if "://" in storage else f"sqlite:///{storage}"
 
 
+#: the password of a URL (`scheme://user:PASSWORD@host`), in a storage URL or a command line holding one
+_URL_PASSWORD = re.compile(r"(?P<before>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)[^@\s]+(?=@)")
+
+
+def without_password(text: str) -> str:
+    """`text` (a storage URL, a command or a message holding one) with the password of each URL in it as `***`: what
+    rlspeed prints, writes into a preset or puts in an error message (a database server's URL carries one)."""
+    return _URL_PASSWORD.sub(r"\g<before>***", text)
+
+
 def same_storage(first: str, second: str) -> bool:
     """Whether two storage URLs name one database: SQLite files by their resolved paths (`two.db`, `./two.db` and its
     absolute path are one), other URLs as written."""
@@ -374,7 +385,8 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
         rdb = optuna.storages.RDBStorage(url)
     except Exception as error:  # SQLAlchemy's errors for a bad URL or an unreadable file
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise UserError(f"--storage {storage}: cannot open it as an Optuna storage ({first[:200]}).") from None
+        raise UserError(f"--storage {without_password(storage)}: cannot open it as an Optuna storage "
+                        f"({without_password(first)[:200]}).") from None
     existing = {summary.study_name for summary in optuna.get_all_study_summaries(rdb)}
     previous = []
     if study_name in existing:
@@ -382,12 +394,12 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
         made_for = study.user_attrs.get(_STUDY_ATTR)
         if made_for is None and (study.get_trials(deepcopy=False)
                                  or study.direction != optuna.study.StudyDirection.MINIMIZE):
-            raise UserError(f"Study '{study_name}' in {storage} was not made by rlspeed tune (its trials and "
-                            "direction are another search's); give a new --study-name.")
+            raise UserError(f"Study '{study_name}' in {without_password(storage)} was not made by rlspeed tune (its "
+                            "trials and direction are another search's); give a new --study-name.")
         if made_for is not None and made_for != record:
             changed = [key for key in dict.fromkeys([*record, *made_for]) if made_for.get(key) != record.get(key)]
-            raise UserError(f"Study '{study_name}' in {storage} was made with another {', '.join(changed)}; resume it "
-                            "with the same command, or give a new --study-name.")
+            raise UserError(f"Study '{study_name}' in {without_password(storage)} was made with another "
+                            f"{', '.join(changed)}; resume it with the same command, or give a new --study-name.")
         previous = study.get_trials(deepcopy=False)
     finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in previous)
     # the sampler's seed moves on with the study, so a resumed study does not replay the draws it already made
@@ -499,8 +511,8 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     finished = sum(t.state in counted for t in study.get_trials(deepcopy=False))
     started = time.perf_counter()
     batches = math.ceil(max(trials - finished, 0) / population)
-    say(f"rlspeed: study '{study_name}' in {storage_url(storage)}: {finished} of {trials} trials finished; "
-        f"{batches} batch(es) of up to {population} to go, {budget:,} steps per trial"
+    say(f"rlspeed: study '{study_name}' in {without_password(storage_url(storage))}: {finished} of {trials} trials "
+        f"finished; {batches} batch(es) of up to {population} to go, {budget:,} steps per trial"
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
     context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
@@ -729,7 +741,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     entry.update(_plain(setup.hyperparameters))
     entry.update(best["hyperparameters"])  # (the values the trial trained with, to the last digit)
     header = [f"{PRESET_HEADER} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC): study "
-              f"'{context['study_name']}' in {storage_url(context['storage'])}."]
+              f"'{context['study_name']}' in {without_password(storage_url(context['storage']))}."]
     header.append(f"{PRESET_ALGORITHM}{setup.algo_cls.name} (its hyperparameters are {setup.algo_cls.__name__}'s)")
     if setup.target_return is not None and setup.annealed:
         header.append(f"# total_timesteps is the trials' budget: schedules ({', '.join(setup.annealed)}) decay over "
@@ -738,7 +750,7 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
         options = shlex.join(_env_kwargs_arguments(setup.env_kwargs))
         header.append(f"# Tuned on the env made with options: train with {options}")
     if context["command"]:
-        header.append(f"# Command: {context['command']}")
+        header.append(f"# Command: {without_password(context['command'])}")
     if best["number"] is not None:
         result = (f"reached {setup.target_return:g} after {best['steps_to_target']:,} steps"
                   if best["steps_to_target"] is not None else f"final evaluation {best['final_eval']:.1f}")
@@ -766,9 +778,8 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
             warnings.warn(f"{out} was edited since rlspeed tune wrote it: the edited file is kept as {kept}.",
                           stacklevel=2)
         out.parent.mkdir(parents=True, exist_ok=True)
-        temporary = out.with_name(out.name + ".tmp")
-        temporary.write_text(utf8_text(text), encoding="utf-8")
-        temporary.replace(out)
+        # (a temporary file of its own, never one a link planted at a predictable name points at)
+        write_atomic(out, utf8_text(text))
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
 
