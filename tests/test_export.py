@@ -452,3 +452,22 @@ def test_an_export_the_file_system_refuses_is_one_sentence_and_writes_nothing(fo
     (tmp_path / "a-file").write_text("")  # a write the file system refuses (torch.jit.save raised a RuntimeError)
     with pytest.raises(UserError, match=r"Cannot write .*a-file.*nothing was written"):
         export(model, tmp_path / "a-file" / f"policy{FORMATS[format]}", format=format)
+
+
+def test_an_export_never_writes_through_a_link_planted_beside_its_file(tmp_path):
+    """The export was written to `.NAME.PID.tmp.SUFFIX` (a name anyone could foresee) opened as it stood: a symlink
+    planted there by anyone who can write to the directory made the export overwrite the file it points at, and the
+    rename then left the policy a link to that file. The exported file is as readable as the user's other files."""
+    import os
+
+    from rlspeed.files import _UMASK
+
+    model = rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / f".policy.{os.getpid()}.tmp.pt").symlink_to(victim)
+    path = export(model, tmp_path / "policy.pt", format="torchscript")
+    assert victim.read_bytes() == b"precious\n" and not path.is_symlink()
+    obs = np.random.default_rng(5).normal(size=(8, 4)).astype(np.float32)
+    np.testing.assert_array_equal(_runner("torchscript", path)(obs), model.predict(obs, deterministic=True)[0])
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_UMASK

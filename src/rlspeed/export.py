@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,7 +45,7 @@ import torch
 from torch import nn
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import load_checkpoint, refuse_non_model, run_model
+from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
 from rlspeed.device import major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import observation_statistics
@@ -508,16 +509,22 @@ def _check_onnx_packages() -> None:
 def _replace_atomically(write, path: Path) -> None:
     """Write through `write(temporary path)`, then rename: a failed export leaves no half-written file at `path`;
     a write the file system refuses (read-only, full) is one sentence."""
-    # (same suffix: torch.export.save warns otherwise; the process id: two exports to one path do not collide)
-    temporary = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    # (a new file of its own, made exclusively: never one a symlink planted at a predictable name points at; two
+    # exports to one path do not collide. Same suffix: torch.export.save warns otherwise)
+    temporary = None
     try:
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}")
+        os.close(fd)
+        temporary = Path(name)
         write(temporary)
+        plain_file_mode(temporary)  # (mkstemp's 0600: the policy is as readable as a file the user writes)
         os.replace(temporary, path)
     except OSError as error:
         raise _unwritable(path, error) from None
     finally:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                temporary.unlink(missing_ok=True)
 
 
 def _save_torchscript(traced, sidecar_text: str, path: Path) -> None:
