@@ -601,3 +601,46 @@ def test_a_checkpoint_frequency_without_a_run_directory_is_refused():
     model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
     with pytest.raises(UserError, match="checkpoint_freq=64 needs a run_dir"):
         model.learn(128, checkpoint_freq=64, progress_bar=False)
+
+
+def test_metadata_nested_deeper_than_rlspeed_writes_is_one_sentence(tmp_path):
+    """An edited file whose metadata nests lists thousands deep made loading (and `rlspeed eval`) end in a
+    RecursionError traceback instead of saying the file is damaged."""
+    from safetensors.torch import save
+
+    deep = "[" * 5000 + "]" * 5000
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(save({"x": torch.zeros(1)}, metadata={
+        "rlspeed": '{"format": "rlspeed-checkpoint", "version": 1, "algo": "ppo", "low": ' + deep + "}"}))
+    with pytest.raises(UserError, match="nested deeper than any rlspeed writes"):
+        rlspeed.checkpoint.load_checkpoint(path)
+    from rlspeed.checkpoint import _MAX_NESTING, _nesting
+
+    assert _nesting({"a": [[1], {"b": []}]}) == 4 and _MAX_NESTING >= 16
+
+
+def test_a_replay_file_named_outside_the_checkpoints_directory_is_never_read(tmp_path):
+    """An off-policy checkpoint names its replay buffer's file beside it; an edited one naming `../x` made load raise
+    ValueError (a traceback), and resume must not read from elsewhere: the buffer refills, with a warning."""
+    from rlspeed import DQN
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    settings = dict(seed=0, device="cpu", num_envs=2, learning_starts=32, batch_size=16, buffer_size=500,
+                    net_arch=(16, 16), save_replay_buffer=True)
+    path = DQN("CartPole-v1", **settings).learn(64, progress_bar=False).save(tmp_path / "run" / "dqn")
+    tensors, meta = load_checkpoint(path)
+    meta = {key: value for key, value in meta.items() if key not in ("format", "version", "digest")}
+    meta["resume"]["replay_buffer"]["file"] = "../dqn.replay.safetensors"
+    (tmp_path / "dqn.replay.safetensors").write_bytes((tmp_path / "run" / "dqn.replay.safetensors").read_bytes())
+    edited = save_checkpoint(tmp_path / "run" / "edited", tensors, meta)
+    DQN.load(edited, device="cpu")
+    model = DQN("CartPole-v1", **settings)
+    model.resume(edited)
+    with pytest.warns(UserWarning) as said:
+        model.learn(96, progress_bar=False)
+    assert any("names '../dqn.replay.safetensors', no file beside it" in str(w.message) for w in said), \
+        [str(w.message) for w in said]
+    from rlspeed.checkpoint import beside
+
+    assert [beside(path, name) for name in ("..", ".", "", "a/b", "/etc/passwd")] == [None] * 5
+    assert beside(path, "x.safetensors") == path.with_name("x.safetensors")

@@ -631,6 +631,12 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     except (SafetensorError, ValueError, AttributeError, json.JSONDecodeError) as error:
         raise UserError(f"'{path}' is not an rlspeed checkpoint (its contents are not safetensors: {error}): give "
                         "a model file (.safetensors) that rlspeed wrote, or its run directory.") from None
+    except RecursionError:
+        metadata = None
+    # (before anything walks it recursively: the digest, the checks, a load)
+    if metadata is None or _nesting(metadata) > _MAX_NESTING:
+        raise UserError(f"'{path}' has metadata nested deeper than any rlspeed writes: the file was edited or "
+                        "damaged.")
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
         raise UserError(f"'{path}' is a safetensors file but not an rlspeed checkpoint.")
     version = metadata.get("version", 0)
@@ -647,6 +653,22 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     return {name: t.to(device) for name, t in tensors.items()}, metadata
 
 
+#: Deeper than any metadata rlspeed writes nests its lists and objects (a Dict space of Box spaces with bounds of
+#: several dimensions is under 10 levels); an edited file's deeper nesting would exhaust Python's recursion limit
+_MAX_NESTING = 64
+
+
+def _nesting(value) -> int:
+    """How deep lists and dicts nest in `value` (JSON data), counted without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            todo.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 def staged_path(file: str | os.PathLike) -> Path:
     """Where a file that belongs to a checkpoint (a replay buffer beside it) is written first: `name.next.safetensors`
     beside `name.safetensors`. `commit_staged` moves it into place once the checkpoint naming it is written, so a kill
@@ -654,6 +676,17 @@ def staged_path(file: str | os.PathLike) -> Path:
     checkpoint's write."""
     file = Path(file)
     return file.with_name(file.name[:-len(SUFFIX)] + ".next" + SUFFIX)
+
+
+def beside(path: str | os.PathLike, name) -> Path | None:
+    """The file `name` in the directory of `path`, as a checkpoint's metadata names a file written beside it (its
+    replay buffer); None where `name` is no plain file name (a path, `..`, empty): a file's metadata never names a
+    place elsewhere."""
+    name = str(name)
+    separators = [os.sep, os.altsep or os.sep, "\0"]
+    if name in ("", ".", "..") or any(separator in name for separator in separators):
+        return None
+    return Path(path).with_name(name)
 
 
 def commit_staged(file: str | os.PathLike) -> None:

@@ -29,7 +29,14 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
-from rlspeed.checkpoint import checkpoint_path, commit_staged, load_checkpoint, refuse_non_model, save_checkpoint
+from rlspeed.checkpoint import (
+    beside,
+    checkpoint_path,
+    commit_staged,
+    load_checkpoint,
+    refuse_non_model,
+    save_checkpoint,
+)
 from rlspeed.device import (
     check_num_threads,
     flush_denormal_enabled,
@@ -2421,9 +2428,9 @@ class Algorithm:
         if isinstance(loop, dict):
             model._loop = {key: float(loop[key]) for key in ("train_wall_s", "clock_before") if key in loop}
         replay = meta["resume"].get("replay_buffer") if isinstance(meta.get("resume"), dict) else None
-        beside = Path(path).resolve().with_name(str(replay.get("file"))) if isinstance(replay, dict) else None
-        if beside is not None and beside.is_file():
-            model._replay_left = beside  # (said when learn starts)
+        left = beside(Path(path).resolve(), replay.get("file")) if isinstance(replay, dict) else None
+        if left is not None and left.is_file():
+            model._replay_left = left  # (said when learn starts)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True

@@ -47,7 +47,7 @@ from rlspeed.buffers import (
 )
 from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
-from rlspeed.checkpoint import load_checkpoint, load_paired, save_checkpoint, staged_path
+from rlspeed.checkpoint import beside, load_checkpoint, load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
@@ -471,8 +471,10 @@ class OffPolicyAlgorithm(Algorithm):
         saved = resume["meta"].get("replay_buffer")
         if not isinstance(saved, dict) or self.strategy.enabled:
             return False
-        file = resume["path"].with_name(str(saved.get("file")))
+        file = beside(resume["path"], saved.get("file"))
         try:
+            if file is None:  # (an edited file's)
+                raise UserError(f"it names {str(saved.get('file'))!r}, no file beside it")
             tensors, meta = load_paired(file, saved.get("token"), device=self.buffer.storage_device)
         except UserError as error:
             warnings.warn(f"The replay buffer saved with '{resume['path']}' cannot be read ({error}); it refills from "

@@ -67,7 +67,7 @@ from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
-from rlspeed.checkpoint import load_paired, save_checkpoint, staged_path
+from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
@@ -962,8 +962,10 @@ class OffPolicyPopulation(PopulationBase):
             warnings.warn(f"Resuming from '{path}': it holds no replay buffer (save_replay_buffer=True, or "
                           f"--save-replay-buffer, saves one with each checkpoint), so {empty}.", stacklevel=3)
             return
-        file = path.with_name(str(saved.get("file")))
+        file = beside(path, saved.get("file"))
         try:
+            if file is None:  # (an edited file's)
+                raise UserError(f"it names {str(saved.get('file'))!r}, no file beside it")
             # (non-finite rows are a diverging member's, as its parameters are: dropped when the loop finds it)
             tensors, meta = load_paired(file, saved.get("token"), device=self.device, allow_nonfinite=True)
         except UserError as error:
