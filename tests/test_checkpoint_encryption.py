@@ -310,3 +310,28 @@ def test_a_password_in_the_key_variable_is_refused(monkeypatch):
     monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "passwordpassword")
     with pytest.raises(UserError, match="hex or base64"):
         encryption_key()
+
+
+@needs_a_cipher
+def test_a_key_file_others_can_read_is_said_once(tmp_path, monkeypatch):
+    """A key file that other users can read (as `echo KEY > key` leaves it under umask 022) was taken without a
+    word: anyone who reads it decrypts the checkpoints. A warning names it and the chmod, once per process; an
+    owner-only file says nothing."""
+    import os
+    import warnings
+
+    key_file = tmp_path / "key"
+    key_file.write_text(ANY_KEY.hex())
+    os.chmod(key_file, 0o644)
+    monkeypatch.setenv(ckpt.KEY_FILE_ENV, str(key_file))
+    monkeypatch.setenv(ckpt.CIPHER_ENV, ANY_CIPHER)
+    monkeypatch.setattr(ckpt, "_SHARED_KEY_FILES_SAID", set(), raising=False)
+    with pytest.warns(UserWarning, match=rf"key file '{key_file}' .* can be read or changed by other users \(mode "
+                                         rf"0644\).*chmod 600"):
+        _save(tmp_path / "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _save(tmp_path / "model")  # (said once)
+        os.chmod(key_file, 0o600)
+        monkeypatch.setattr(ckpt, "_SHARED_KEY_FILES_SAID", set(), raising=False)
+        assert torch.equal(load_checkpoint(tmp_path / "model")[0]["policy.weight"], MARKER)

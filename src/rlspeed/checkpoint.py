@@ -193,8 +193,30 @@ def encryption_key(key: bytes | str | None = None) -> CheckpointKey | None:
         except OSError as error:
             raise UserError(f"Cannot read the checkpoint key file '{file}' ({KEY_FILE_ENV}): "
                             f"{error.strerror or error}.") from None
-        return CheckpointKey(_parse_key(text, source, raw=True), f"the key file '{file}'")
+        key = CheckpointKey(_parse_key(text, source, raw=True), f"the key file '{file}'")
+        _warn_shared_key_file(file)
+        return key
     return None
+
+
+_SHARED_KEY_FILES_SAID: set[tuple[str, int]] = set()
+
+
+def _warn_shared_key_file(file: str) -> None:
+    """A warning (once per file and mode in a process) where the key file `file` may be read or changed by users
+    other than its owner (group or others have read or write permission): they can then decrypt the checkpoints, or
+    put in a key of their own. A warning, not a refusal: a container's secrets are often mounted so (0644, 0444)."""
+    if os.name != "posix":
+        return
+    try:
+        mode = Path(file).expanduser().stat().st_mode & 0o777
+    except OSError:
+        return
+    if not mode & 0o066 or (file, mode) in _SHARED_KEY_FILES_SAID:
+        return
+    _SHARED_KEY_FILES_SAID.add((file, mode))
+    warnings.warn(f"The checkpoint key file '{file}' ({KEY_FILE_ENV}) can be read or changed by other users (mode "
+                  f"{mode:04o}): they can decrypt its checkpoints; chmod 600 '{file}'.", stacklevel=3)
 
 
 def _refuse_cipher_without_key(cipher: str | None) -> None:
