@@ -671,6 +671,11 @@ def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch,
     model = PPO("my_rl_envs:MyCartPole-v0", num_envs=4, num_steps=32, batch_size=64, device="cpu")
     model.learn(256, target_return=1e9, eval_freq=128, eval_episodes=2, progress_bar=False)
     assert len(model.result.evaluations) == 2
+    # (its model file names the module in its env id: rlspeed eval imports it, and says so, as for config.yaml's)
+    model.save(tmp_path / "api_model")
+    capsys.readouterr()
+    assert cli.main(["eval", "api_model.safetensors", "--episodes", "2", "--json"]) == 0
+    assert "importing my_rl_envs, which the model's env id my_rl_envs:MyCartPole-v0 names" in capsys.readouterr().err
 
 
 def test_a_nan_final_evaluation_is_null_in_summary_json(monkeypatch, tmp_path, capsys):

@@ -2048,6 +2048,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
                   "metadata describes")
     env_id = args.env or model.env_id
+    if args.env is None and ":" in env_id:  # (importing runs a module's code: said, as config.yaml's modules are)
+        print(f"rlspeed: importing {env_id.split(':', 1)[0]}, which the model's env id {env_id} names",
+              file=sys.stderr, flush=True)
     env_kwargs = _parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None
     from rlspeed.evaluation import env_options
 
