@@ -14,8 +14,8 @@ from rlspeed import checkpoint as ckpt
 from rlspeed.checkpoint import MAGIC, is_encrypted, load_checkpoint, save_checkpoint
 from rlspeed.errors import UserError
 
-KEY_32 = bytes(range(32, 64))
-KEY_16 = bytes(range(100, 116))
+KEY_32 = bytes(range(160, 192))  # (raw keys: random bytes, not typed characters)
+KEY_16 = bytes(range(200, 216))
 #: A tensor whose bytes are easy to look for in a file.
 MARKER = torch.arange(1000, 1064, dtype=torch.float32)
 SECRET_NOTE = "metadata-that-must-not-be-readable"
@@ -208,6 +208,16 @@ def test_the_key_can_come_from_a_file(tmp_path, monkeypatch, form):
     monkeypatch.delenv(ckpt.KEY_FILE_ENV)
     monkeypatch.setenv(ckpt.KEY_ENV, base64.b64encode(ANY_KEY).decode())  # the same key, given another way
     assert torch.equal(load_checkpoint(path)[0]["policy.weight"], MARKER)
+
+
+def test_a_key_file_of_typed_characters_is_refused_as_a_password(tmp_path, monkeypatch):
+    """`printf 'passwordpassword' > key`: 16 typed characters were taken as the raw key bytes (the variable refuses
+    them); a random key's bytes are all typed characters with odds of about 1e-8 (16 bytes) or 1e-14 (32)."""
+    key_file = tmp_path / "key"
+    key_file.write_bytes(b"passwordpassword")
+    monkeypatch.setenv(ckpt.KEY_FILE_ENV, str(key_file))
+    with pytest.raises(UserError, match="holds 16 typed characters, a password rather than a key"):
+        ckpt.encryption_key()
 
 
 @pytest.mark.parametrize(("env", "message"), [

@@ -150,8 +150,8 @@ class CheckpointKey:
 
 def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
     """The 16 or 32 key bytes `text` holds as hex or base64 (`raw`: or as the bytes themselves, as a key file written
-    with `head -c 32 /dev/urandom` holds them; never for a variable, where 16 typed characters would be a password
-    used as a key)."""
+    with `head -c 32 /dev/urandom` holds them, unless they are all typed characters; never for a variable: in either,
+    16 typed characters would be a password used as a key)."""
     stripped = text.strip()
     if not stripped:
         raise UserError(f"{source} is empty: give a 32-byte key in hex or base64 (e.g. the output of "
@@ -161,11 +161,16 @@ def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
         candidates.append(bytes.fromhex(stripped.decode("ascii")))
     with contextlib.suppress(binascii.Error, ValueError):
         candidates.append(base64.b64decode(stripped, validate=True))
-    if raw:
+    typed = all(32 <= byte < 127 for byte in text)
+    if raw and not typed:  # (16 or 32 typed characters are a password, which random bytes all but never look like)
         candidates.append(text)  # raw bytes, as `head -c 32 /dev/urandom > key` writes them
     for key in candidates:
         if len(key) in (16, 32):
             return key
+    if raw and typed and len(text) in (16, 32):
+        raise UserError(f"{source} holds {len(text)} typed characters, a password rather than a key: write a random "
+                        "key there (`head -c 32 /dev/urandom > FILE`, or the output of `python -c \"import secrets; "
+                        "print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
     raise UserError(f"{source} is not a 16- or 32-byte key in hex or base64 (e.g. the output of "
                     "`python -c \"import secrets; print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
 
