@@ -6,6 +6,7 @@ import atexit
 import importlib.util
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -27,6 +28,11 @@ os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.environ["XDG_CACHE_HOME"],
 os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb"))
 os.environ.setdefault("WANDB_CONFIG_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb-config"))
 os.environ.pop("RLSPEED_CACHE_DIR", None)  # (a test that wants one sets it: isolated_accel)
+# The tests that Ctrl-C a run expect Python's SIGINT handling, in this process and in those it starts; a shell's
+# background job (`pytest &`, `nohup ... &`) starts with SIGINT ignored, which every process started from it inherits
+# (rlspeed keeps a signal ignored at start ignored, by design): the tests run as from a terminal, wherever started.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: Box2D envs (LunarLander, BipedalWalker) need the `box2d` extra; CI installs it, `pip install -e ".[test]"` does not
 needs_box2d = pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
