@@ -51,6 +51,31 @@ def test_a_continued_run_keeps_the_rows_before_it(tmp_path):
     assert rows[0] == {"timesteps": "100", "sps": "150.0", "phase": "a", "eval_mean": ""}
 
 
+
+@pytest.mark.parametrize(("cut", "continue_from"), [("in_the_step", 200), ("after_the_step", 300)])
+def test_a_continued_run_drops_a_last_line_a_crash_cut_short(tmp_path, cut, continue_from):
+    """A power loss can leave metrics.csv's last row cut short (its appended line not yet on disk whole): a resumed run
+    drops that line, and the rows it logs follow on lines of their own (a cut step such as '3' of '300' was kept as
+    a row at step 3, a row cut after its step was kept without its clock, and the next row was appended to its
+    line)."""
+    first = RunLogger(tmp_path, tensorboard=False)
+    for step in (100, 200, 300):
+        first.log({"sps": 50.0 + step, "timesteps": step, "train_wall_s": step / 100})
+    first.close()
+    text = (tmp_path / "metrics.csv").read_text()
+    end = text.rindex("300,") + (1 if cut == "in_the_step" else 4)
+    (tmp_path / "metrics.csv").write_text(text[:end], newline="")
+    continued = RunLogger(tmp_path, tensorboard=False, continue_from=continue_from)
+    continued.log({"sps": 1.0, "timesteps": 356, "train_wall_s": 3.5})
+    continued.log({"sps": 2.0, "timesteps": 512, "train_wall_s": 5.0})
+    continued.close()
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        lines = list(csv.reader(handle))
+    assert lines[0] == ["sps", "timesteps", "train_wall_s"]
+    assert [line[1] for line in lines[1:]] == ["100", "200", "356", "512"]
+    assert all(len(line) == 3 for line in lines)
+
+
 def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
     from rlspeed import PPO
 

@@ -233,20 +233,27 @@ class RunLogger:
                               "no TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
 
     def _read_rows(self, up_to: int) -> None:
-        """The rows of an existing metrics.csv at env steps <= `up_to` (numbers parsed back), in its columns."""
+        """The rows of an existing metrics.csv at env steps <= `up_to` (numbers parsed back), in its columns. A last
+        line without its line end (a power loss cut the file there) and a row whose cells do not match the header are
+        damaged: dropped, and the file is then written whole again (an appended row would join the cut line)."""
         path = self.run_dir / "metrics.csv"
         if not path.is_file():
             return
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            self._fields = list(reader.fieldnames or [])
-            dropped = False
-            for row in reader:
-                parsed = {key: _parse(value) for key, value in row.items() if value not in ("", None)}
-                if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
-                    self.rows.append(parsed)
-                else:
-                    dropped = True
+        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+        whole = text[:text.rfind("\n") + 1]  # (complete lines only)
+        reader = csv.DictReader(io.StringIO(whole, newline=""))
+        self._fields = list(reader.fieldnames or [])
+        dropped = whole != text
+        for row in reader:
+            if None in row or None in row.values():  # (more cells than the header, or fewer)
+                dropped = True
+                continue
+            parsed = {key: _parse(value) for key, value in row.items() if value != ""}
+            if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
+                self.rows.append(parsed)
+            else:
+                dropped = True
         # a further learn() keeps every row: append to the file rather than write it all again on each call
         self._appendable = bool(self._fields) and not dropped
 
