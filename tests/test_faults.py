@@ -431,6 +431,50 @@ def test_a_full_disk_is_a_user_error_and_keeps_the_old_checkpoint(tmp_path):
     assert list(tmp_path.glob("*.tmp")) + list(tmp_path.glob(".*.tmp")) == []
 
 
+CUT_PLOT = textwrap.dedent("""
+    import resource, signal, sys
+    from pathlib import Path
+    from rlspeed.logging import RunLogger
+    from rlspeed.population.plot import plot_learning_curves
+    run = Path(sys.argv[1])
+    def draw(points):
+        if sys.argv[2] == "run":
+            logger = RunLogger(run, tensorboard=False)
+            for step in range(1, points + 1):
+                logger.log({"timesteps": step * 100, "episode_return": float(step % 7), "eval_mean": float(step)})
+            logger.plot()
+        else:
+            curve = [[step * 100, float(step % 7)] for step in range(1, points + 1)]
+            plot_learning_curves({"algo": "ppo", "env_id": "CartPole-v1", "members": [{"curve": curve}] * 2},
+                                 run / "learning_curves.png")
+    draw(3)
+    size = sum(path.stat().st_size for path in run.glob("learning_curve*.png"))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG, cut short
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+    try:
+        draw(300)
+    except OSError as error:
+        print(error.filename)
+        sys.exit(2)
+""")
+
+
+@pytest.mark.parametrize("plot", ["run", "population"])
+def test_a_plot_write_cut_short_keeps_the_previous_plot_whole(tmp_path, plot):
+    """A kill (or a full disk) while learning_curve.png / learning_curves.png is written left a truncated image,
+    which a resumed run that had nothing left to train kept: the plot is written whole or not at all."""
+    from PIL import Image
+
+    completed = subprocess.run([sys.executable, "-c", CUT_PLOT, str(tmp_path), plot], capture_output=True, text=True,
+                               timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert completed.returncode == 2, completed.stderr
+    (path,) = tmp_path.glob("learning_curve*.png")
+    assert completed.stdout.strip() == str(path)  # (the error names the plot, not a temporary file)
+    with Image.open(path) as image:
+        image.load()  # (a truncated PNG raises here)
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
 # --- kills and signals ----------------------------------------------------------------------------------------------
 
 def _sigint_default() -> None:

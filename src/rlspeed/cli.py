@@ -1149,7 +1149,8 @@ def _lock_run_dir(run_dir: Path) -> None:
     hold_lock(run_dir / RUN_LOCK, _RUN_LOCKS, f"Another rlspeed process is training in '{run_dir}': wait for it to "
               "finish (or stop it), or give another --out.")
     # (what a killed writer left between a temporary file's write and its rename: no other process writes here now)
-    remove_stale_temporaries(run_dir, ("config.yaml", "summary.json", "metrics.csv"))
+    remove_stale_temporaries(run_dir, ("config.yaml", "summary.json", "metrics.csv", "learning_curve.png",
+                                       "learning_curves.png"))
 
 
 def _release_run_locks() -> None:

@@ -1,7 +1,7 @@
-"""Files a run directory holds that are rewritten whole (config.yaml, summary.json, metrics.csv): written to a
-temporary file of their own and renamed over the old one, so that a reader (a torchrun worker reading config.yaml,
-a person's `tail`) never sees one half written, and a kill leaves the old one whole. No torch import here: the CLI
-writes them before it imports torch."""
+"""Files a run directory holds that are rewritten whole (config.yaml, summary.json, metrics.csv, the plots): written
+to a temporary file of their own and renamed over the old one, so that a reader (a torchrun worker reading
+config.yaml, a person's `tail`) never sees one half written, and a kill leaves the old one whole. No torch import
+here: the CLI writes them before it imports torch."""
 
 from __future__ import annotations
 
@@ -27,17 +27,18 @@ def _temporaries(path: Path) -> list[Path]:
     return list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
     at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written.
 
-    The text is written as UTF-8 whatever the locale (so a reader passing encoding="utf-8" reads it back on any
+    Text is written as UTF-8 whatever the locale (so a reader passing encoding="utf-8" reads it back on any
     machine); a lone surrogate (a file name that was not UTF-8) is written as its `\\udcXX` escape, which a JSON
-    reader turns back into the same character."""
+    reader turns back into the same character. Bytes (a plot's PNG) are written as they are."""
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     temporary = Path(name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as stream:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
+              os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="")) as stream:
             os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
             stream.write(text)
             stream.flush()

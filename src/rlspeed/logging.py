@@ -363,11 +363,20 @@ class RunLogger:
         if ax.lines:  # a run too short to finish an episode has nothing to label
             ax.legend()
         fig.tight_layout()
-        try:
-            fig.savefig(path, dpi=100)
-        except OSError as error:  # (matplotlib's carries no file name: the message names the plot, not metrics.csv)
-            error.filename = error.filename or str(path)
-            raise
+        save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> None:
+    """Save the matplotlib Figure `fig` at `path` (its format from the suffix) whole or not at all (`write_atomic`:
+    a kill while it is written leaves the previous plot, not a truncated image that a finished run would keep). An
+    OSError names `path`, not its temporary file (the message names the plot, not metrics.csv)."""
+    image = io.BytesIO()
+    fig.savefig(image, format=path.suffix[1:] or None, dpi=100)
+    try:
+        write_atomic(path, image.getvalue())
+    except OSError as error:
+        error.filename = str(path)
+        raise
 
 
 def _parse(text: str):

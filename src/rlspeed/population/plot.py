@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlspeed.logging import agg_figure
+from rlspeed.logging import agg_figure, save_figure
 from rlspeed.stats import bootstrap_ci, iqm
 
 #: bootstrap replicates per evaluation step for the band (the band is a picture, not a reported number)
@@ -79,5 +79,5 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
         ax.legend(loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     return path
