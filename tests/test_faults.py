@@ -573,6 +573,34 @@ def test_a_run_stopped_after_training_is_finished_by_resume(tmp_path, monkeypatc
         assert (tmp_path / name / "summary.json").read_text() == written
 
 
+def test_a_run_killed_in_its_final_save_keeps_its_model_s_replay_buffer_when_resume_finishes_it(tmp_path, capsys):
+    """With --save-replay-buffer, a kill in the final save after the model's replay file was written to its staged
+    name (model.replay.next.safetensors) and before the model was: --resume, with nothing left to train, saved the
+    model without a replay buffer (an uninterrupted run has model.replay.safetensors beside it) and left the staged
+    file, the buffer's size on disk, for ever."""
+    from rlspeed.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    argv = ["train", "dqn", "CartPole-v1", "--no-progress", "--target-return", "none", "--total-timesteps", "256",
+            "--checkpoint-freq", "128", "--save-replay-buffer", "--set", "learning_starts=64", "--set",
+            "batch_size=16", "--out", str(run)]
+    assert cli.main(argv) == 0
+    # what the kill left: the staged replay file of the model, no model, no summary
+    (run / "model.replay.safetensors").rename(run / "model.replay.next.safetensors")
+    (run / "model.safetensors").unlink()
+    (run / "summary.json").unlink()
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "nothing left to train; saving the model" in capsys.readouterr().out
+    assert not (run / "model.replay.next.safetensors").exists()
+    model = load_checkpoint(run / "model.safetensors")[1]["resume"]["replay_buffer"]
+    replay = load_checkpoint(run / "model.replay.safetensors")[1]["replay_buffer"]
+    saved = load_checkpoint(run / "checkpoint.replay.safetensors")[1]["replay_buffer"]
+    assert model["token"] == replay["token"]
+    assert {k: v for k, v in replay.items() if k != "token"} == {k: v for k, v in saved.items() if k != "token"}
+    assert replay["size"] == 256
+
+
 def test_resume_of_a_finished_run_whose_checkpoint_does_not_record_the_target_leaves_it_as_it_is(tmp_path, capsys):
     """A run of an older rlspeed that reached its target: its checkpoint does not say so (its summary.json does), and
     --resume trained on past the target, replacing the model and the summary's steps to target."""

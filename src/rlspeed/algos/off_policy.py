@@ -457,13 +457,44 @@ class OffPolicyAlgorithm(Algorithm):
         (`rlspeed.checkpoint.staged_path`; `save` moves it into place after the checkpoint), so that a kill between the
         two files leaves the previous pair whole; a token in both files pairs them."""
         buffer = getattr(self, "buffer", None)
-        if not self.save_replay_buffer or buffer is None:
+        if not self.save_replay_buffer:
             return None
-        tensors, meta = buffer.state_dict()
+        if buffer is None:
+            if self._resume is None:
+                return None
+            # (resumed and saved before a learn made the buffer: a run whose checkpoint holds its whole budget,
+            # finished by --resume; its model keeps the checkpoint's buffer beside it, as the uninterrupted run's)
+            replay = self._resumed_replay()
+            if replay is None:
+                return None
+            tensors, meta = replay
+        else:
+            tensors, meta = buffer.state_dict()
         token = secrets.token_hex(16)
         file = path.with_name(path.name[:-len(path.suffix)] + REPLAY_SUFFIX)
         save_checkpoint(staged_path(file), tensors, {"replay_buffer": {"token": token, **meta}}, digest=digest)
         return {"file": file.name, "token": token}
+
+    def _resumed_replay(self) -> tuple[dict[str, torch.Tensor], dict] | None:
+        """The replay buffer saved with the checkpoint this model was resumed from (its tensors and `replay_buffer`
+        metadata, as `ReplayBuffer.state_dict` gave them), or None where the checkpoint names none; a file that
+        cannot be read or does not belong to it is a warning, and None."""
+        saved = self._resume["meta"].get("replay_buffer")
+        if not isinstance(saved, dict):
+            return None
+        file = self._resume["path"].with_name(str(saved.get("file")))
+        try:
+            tensors, meta = load_paired(file, saved.get("token"))
+        except UserError as error:
+            warnings.warn(f"The replay buffer saved with '{self._resume['path']}' cannot be read ({error}): the "
+                          "model is saved without one.", stacklevel=4)
+            return None
+        info = meta.get("replay_buffer") or {}
+        if info.get("token") != saved.get("token"):
+            warnings.warn(f"'{file}' does not belong to '{self._resume['path']}' (a later save wrote it): the model "
+                          "is saved without a replay buffer.", stacklevel=4)
+            return None
+        return tensors, {key: value for key, value in info.items() if key != "token"}
 
     def _load_replay(self, resume: dict) -> bool:
         """Fill the new replay buffer from the file the checkpoint names, when it was saved with one; a missing or
