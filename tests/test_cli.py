@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -1232,6 +1233,42 @@ def test_overwrite_keeps_a_new_run_that_saved_a_checkpoint_before_it_failed(tmp_
     assert (tmp_path / "run" / "checkpoint.safetensors").is_file()
     assert not (tmp_path / "run" / "model.safetensors").exists()  # (the replaced run's model)
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".rlspeed-overwritten")]
+
+
+@pytest.mark.parametrize("new_run_saved", [True, False])
+def test_an_overwrite_killed_mid_run_is_settled_by_the_next_command_there(tmp_path, monkeypatch, capsys,
+                                                                          new_run_saved):
+    """An --overwrite command killed (SIGKILL, the OOM killer) before its end left the run it replaced in a hidden
+    `.rlspeed-overwritten-*` folder for ever: the next command in the directory settles it as the killed one would
+    have, deleting it where the new run saved a checkpoint, else moving the replaced run back."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--target-return", "none"]
+    assert cli.main([*argv, "--out", "run"]) == 0
+    old_model = (tmp_path / "run" / "model.safetensors").read_bytes()
+    # the state the kill left: the old run moved aside, then what the new run wrote until it was killed
+    aside = tmp_path / "run" / ".rlspeed-overwritten-k1ll3d"
+    aside.mkdir()
+    for name in cli.RUN_FILES:
+        if (tmp_path / "run" / name).exists():
+            os.replace(tmp_path / "run" / name, aside / name)
+    os.utime(aside, (time.time() - 60, time.time() - 60))
+    assert cli.main([*argv, "--out", "new", "--seed", "1", "--checkpoint-freq", "128"]) == 0
+    written = ["config.yaml", "metrics.csv", "tensorboard"] + (["checkpoint.safetensors"] if new_run_saved else [])
+    for name in written:
+        copy = shutil.copytree if name == "tensorboard" else shutil.copy
+        copy(tmp_path / "new" / name, tmp_path / "run" / name)
+    capsys.readouterr()
+    code = cli.main([*argv, "--out", "run", "--seed", "1", "--resume", "--total-timesteps", "512"])
+    out, err = capsys.readouterr()
+    assert not aside.exists()
+    if new_run_saved:  # (the new run goes on: the replaced one was to be deleted)
+        assert code == 0 and "resumed from" in out
+        assert (tmp_path / "run" / "model.safetensors").read_bytes() != old_model
+    else:  # (the replaced run is back, whole: a finished run without a checkpoint, which --resume refuses)
+        assert "keeps the run it held (moved back)" in err
+        assert code == 2 and "holds a finished run" in err
+        assert (tmp_path / "run" / "model.safetensors").read_bytes() == old_model
+        assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == 0
 
 
 def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(tmp_path, monkeypatch, capsys):

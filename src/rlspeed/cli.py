@@ -1127,6 +1127,44 @@ def _settle_overwrites(succeeded: bool) -> None:
               f"'{run_dir}' keeps the run it held.", file=sys.stderr)
 
 
+def _settle_killed_overwrites(run_dir: Path) -> None:
+    """The `.rlspeed-overwritten-*` folder an `--overwrite` command left in `run_dir` when it was killed before its end
+    (SIGKILL, the OOM killer, a power loss), settled as that command would have settled it (`_settle_overwrites`):
+    deleted where the new run saved a model or a checkpoint after it was made, else its run moved back over the files
+    of the same names the new run wrote (said in one line). Call it holding the directory's lock, before this
+    command moves anything aside."""
+    try:
+        asides = [path for path in run_dir.glob(".rlspeed-overwritten-*")
+                  if path.is_dir() and not path.is_symlink() and path not in _OVERWRITTEN.values()]
+    except OSError:
+        return
+    for aside in asides:
+        try:
+            made = aside.stat().st_mtime  # (its last entry moved in: the new run's files are newer)
+            saved = any(path.is_file() and path.stat().st_mtime >= made
+                        for path in (run_dir / "model.safetensors", run_dir / "checkpoint.safetensors"))
+            if saved:
+                shutil.rmtree(aside)
+                continue
+            if len(asides) > 1:  # (which one the files came from is unknown: left as they are)
+                continue
+            for item in aside.iterdir():
+                target = run_dir / item.name
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif target.exists() or target.is_symlink():
+                    target.unlink()
+                os.replace(item, target)
+            aside.rmdir()
+        except OSError as error:
+            print(f"rlspeed: an --overwrite command killed in '{run_dir}' left the run it replaced in '{aside}', "
+                  f"which cannot be settled ({error.strerror or error}): move it back or delete it.",
+                  file=sys.stderr, flush=True)
+            continue
+        print(f"rlspeed: an --overwrite command was killed in '{run_dir}' before its new run saved a model or a "
+              "checkpoint, so the directory keeps the run it held (moved back).", file=sys.stderr, flush=True)
+
+
 #: Without --checkpoint-freq, a single run writes its checkpoint at least this often (seconds of training): a crash
 #: loses at most about this much (`learn(checkpoint_interval_s=...)`, which also caps saving at 5% of the time)
 CHECKPOINT_INTERVAL_S = 60.0
@@ -1146,8 +1184,11 @@ def _lock_run_dir(run_dir: Path) -> None:
 
     if os.environ.get(RUN_LOCKED_BY_LAUNCHER) == str(run_dir.resolve()):  # (its launcher holds it)
         return
+    held_before = len(_RUN_LOCKS)
     hold_lock(run_dir / RUN_LOCK, _RUN_LOCKS, f"Another rlspeed process is training in '{run_dir}': wait for it to "
               "finish (or stop it), or give another --out.")
+    if len(_RUN_LOCKS) > held_before:  # (taken now, not already held: no other process works here)
+        _settle_killed_overwrites(run_dir)
     # (what a killed writer left between a temporary file's write and its rename: no other process writes here now)
     remove_stale_temporaries(run_dir, ("config.yaml", "summary.json", "metrics.csv", "learning_curve.png",
                                        "learning_curves.png"))
