@@ -493,6 +493,19 @@ def test_a_directly_built_vector_env_takes_its_spec_from_its_envs(vector_class):
         env.close()
 
 
+def test_a_vector_env_made_without_the_env_checker_keeps_its_id():
+    """gym.make_vec(..., disable_env_checker=True) makes the registered env, only unchecked: the model keeps its id,
+    so evaluate() and a target rebuild it."""
+    vector_env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", disable_env_checker=True,
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = rlspeed.PPO(vector_env, device="cpu", num_steps=16, batch_size=32)
+    try:
+        assert model.env_id == "CartPole-v1" and model.spec.reward_threshold == 475.0
+        assert model.evaluate(episodes=2)["episodes"] == 2
+    finally:
+        model.close()
+
+
 def test_a_vector_env_of_unregistered_envs_keeps_a_placeholder_id():
     from gymnasium.envs.classic_control import CartPoleEnv
 

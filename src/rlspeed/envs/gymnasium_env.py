@@ -212,9 +212,10 @@ def _has_mask_method(env) -> bool:
         return False
 
 
-# Keys gym.make_vec adds to a vector env's spec kwargs (and render_mode, which SB3's make_vec_env sets), and wrappers
-# that only record: none of them changes an observation, reward or time limit
-_VECTOR_KEYS = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "render_mode")
+# Keys gym.make_vec adds to a vector env's spec kwargs (and render_mode, which SB3's make_vec_env sets, and
+# disable_env_checker, which only skips Gymnasium's checks), and wrappers that only record: none of them changes an
+# observation, reward or time limit
+_VECTOR_KEYS = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "render_mode", "disable_env_checker")
 _RECORDING_WRAPPERS = ("Monitor", "RecordEpisodeStatistics")
 
 
