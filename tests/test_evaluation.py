@@ -174,6 +174,25 @@ def test_other_action_bounds_or_reward_wrappers_in_training_are_said():
         rlspeed.PPO(normalized, seed=0, num_steps=16, batch_size=32)
 
 
+def test_a_reward_wrapper_of_the_users_own_is_said_as_gymnasiums_are():
+    """A gymnasium.RewardWrapper subclass of one's own (around each env or the vector env) changes the logged and
+    evaluated returns as TransformReward does: the model and evaluate warn, naming it."""
+    class Bonus(gym.RewardWrapper):
+        def reward(self, reward):
+            return reward + 1.0
+
+    class VectorBonus(gym.vector.VectorRewardWrapper):
+        def rewards(self, rewards):
+            return rewards + 1.0
+
+    for name, built in (("Bonus", lambda: _same_step_cartpoles(wrappers=[Bonus])),
+                        ("VectorBonus", lambda: VectorBonus(_same_step_cartpoles()))):
+        with pytest.warns(UserWarning, match=f"rewards pass through {name}, so the episode returns in the metrics"):
+            model = rlspeed.PPO(built(), seed=0, num_steps=16, batch_size=32)
+        with pytest.warns(UserWarning, match=f"rewards pass through {name}, so the returns reported"):
+            rlspeed.evaluate(model, built(), episodes=2)
+
+
 def test_a_stochastic_evaluation_of_a_gsde_policy_repeats_with_its_seed():
     """gSDE's exploration matrices came from the caller's generator when the model was made (or loaded), so
     `rlspeed eval --stochastic --seed S` gave other returns in another process; the evaluation draws them from its

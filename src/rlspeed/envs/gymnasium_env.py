@@ -290,22 +290,18 @@ def _vector_env_spec(vector_env) -> gym.envs.registration.EnvSpec | None:
 REWARD_WRAPPERS = ("NormalizeReward", "TransformReward", "VectorizeTransformReward", "ClipReward", "ScaleReward")
 
 
-def reward_wrappers(env) -> list[str]:
-    """The names of the reward-changing wrappers (`REWARD_WRAPPERS`) around a vector env and around the envs inside
-    it (a `SyncVectorEnv`'s walked, an `AsyncVectorEnv`'s read from their `str()`, which names every wrapper),
-    outermost first, each once."""
-    changers, seen, later = [], set(), []
-
-    def add(names) -> None:
-        changers.extend(name for name in names if name in REWARD_WRAPPERS and name not in changers)
-
+def _wrapper_layers(env) -> list[tuple[str, object | None]]:
+    """(class name, wrapper) of every layer of a vector env and of the envs inside it (a `SyncVectorEnv`'s walked,
+    an `AsyncVectorEnv`'s read from their `str()`, which names every wrapper: those come as (name, None)), outermost
+    first."""
+    layers, seen, later = [], set(), []
     while env is not None and not isinstance(env, str) and id(env) not in seen:
         seen.add(id(env))
-        add([type(env).__name__])
+        layers.append((type(env).__name__, env))
         inner = getattr(env, "env", None)
         envs = getattr(env, "envs", None)
         if inner is None and isinstance(envs, (list, tuple)) and envs:
-            later = envs[1:]  # (envs made unlike each other: any one's wrappers change what is summed)
+            later = envs[1:]  # (envs made unlike each other: any one's wrappers count)
             inner = envs[0]
         elif inner is None and isinstance(env, gym.vector.AsyncVectorEnv):
             try:
@@ -313,10 +309,22 @@ def reward_wrappers(env) -> list[str]:
             except Exception:  # (envs that cannot answer: nothing known, nothing said)
                 described = ()
             for text in described:
-                add(re.findall(r"<(\w+)", str(text)))
+                layers.extend((name, None) for name in re.findall(r"<(\w+)", str(text)))
         env = inner
     for other in later:
-        add(reward_wrappers(other))
+        layers.extend(_wrapper_layers(other))
+    return layers
+
+
+def reward_wrappers(env) -> list[str]:
+    """The names of the reward-changing wrappers around a vector env and around the envs inside it
+    (`REWARD_WRAPPERS`, and any Gymnasium `RewardWrapper` or `VectorRewardWrapper` of the caller's own, where the
+    wrapper itself is at hand: not inside subprocess envs), outermost first, each once."""
+    changers = []
+    for name, wrapper in _wrapper_layers(env):
+        changing = name in REWARD_WRAPPERS or isinstance(wrapper, (gym.RewardWrapper, gym.vector.VectorRewardWrapper))
+        if changing and name not in changers:
+            changers.append(name)
     return changers
 
 
