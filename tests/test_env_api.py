@@ -9,6 +9,7 @@ import math
 import multiprocessing
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -1388,3 +1389,54 @@ def test_a_contract_breach_exits_2_from_the_cli(tmp_path, capsys, backend):
     assert code == 2 and "returned 4 values" in err, err
     assert "warning" not in err and err.count("rlspeed: error:") == 1, err
     assert not multiprocessing.active_children()
+
+
+def _self_normalising_cartpole():
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    return gym.wrappers.NormalizeObservation(gym.wrappers.TimeLimit(CartPoleEnv(), 50))
+
+
+gym.register("SelfNormalisingCartPole-v0", entry_point=_self_normalising_cartpole)
+
+
+def _same_step_vector_env(wrappers=()):
+    return gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", wrappers=list(wrappers),
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+
+@pytest.mark.parametrize("wrapper, option", [(gym.wrappers.NormalizeObservation, "normalize_obs"),
+                                             (gym.wrappers.NormalizeReward, "normalize_reward")])
+def test_gymnasium_normalisation_in_a_vector_env_and_the_same_option_is_warned_about(wrapper, option):
+    """normalize_obs=True (normalize_reward=True) on a vector env whose envs normalise with Gymnasium's wrapper
+    normalises twice: the model warns, as it does for SB3's VecNormalize; either alone is no double."""
+    with pytest.warns(UserWarning, match=f"Gymnasium {wrapper.__name__} already normalises what {option}=True would "
+                                         "normalise again"):
+        rlspeed.PPO(_same_step_vector_env([wrapper]), device="cpu", num_steps=16, batch_size=32, **{option: True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rlspeed.PPO(_same_step_vector_env(), device="cpu", num_steps=16, batch_size=32, **{option: True})
+        rlspeed.PPO(_same_step_vector_env([wrapper]), device="cpu", num_steps=16, batch_size=32)
+    assert not [w for w in caught if "normalise again" in str(w.message)]
+
+
+def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_models(monkeypatch):
+    """Gymnasium's NormalizeObservation inside the envs (a registered id's entry point, or the envs of a vector env one
+    built) keeps statistics each env starts afresh: evaluation, videos and a loaded model's env see observations
+    scaled unlike in training, and the checkpoint holds none. The model says so, naming normalize_obs=True."""
+    import rlspeed.envs.gymnasium_env as gymnasium_env
+
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    said = "observations pass through Gymnasium's NormalizeObservation, whose running statistics belong to each env"
+    with pytest.warns(UserWarning, match=f"SelfNormalisingCartPole-v0's {said}.*normalize_obs=True in place"):
+        model = rlspeed.PPO("SelfNormalisingCartPole-v0", device="cpu", env_backend="gymnasium", num_envs=2,
+                            num_steps=16, batch_size=32)
+        model.learn(32, progress_bar=False)
+    with pytest.warns(UserWarning, match=f"this vector env's {said}"):
+        rlspeed.PPO(_same_step_vector_env([gym.wrappers.NormalizeObservation]), device="cpu", num_steps=16,
+                    batch_size=32)
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STATISTICS", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rlspeed.PPO(_same_step_vector_env([gym.wrappers.NormalizeReward]), device="cpu", num_steps=16, batch_size=32)
+    assert not [w for w in caught if said in str(w.message)]

@@ -4,7 +4,9 @@ own failure (`EnvStepError`: one sentence, exit code 1) and the end of a distrib
 
 from __future__ import annotations
 
+import inspect
 import numbers
+import warnings
 
 
 class UserError(Exception):
@@ -90,3 +92,11 @@ def positive_whole(name: str, value, needed_by: str | None = None):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value).is_integer() or value < 1:
         raise UserError(f"{name} must be a whole number >= 1, got {value!r}.")
     return int(value)
+
+
+def warn_at_caller(sentence: str, category: type[Warning]) -> None:
+    """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
+    frame, level = inspect.currentframe(), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "rlspeed":
+        frame, level = frame.f_back, level + 1
+    warnings.warn(sentence, category, stacklevel=level)

@@ -72,10 +72,10 @@ from rlspeed.envs.base import (
     space_from_json,
     space_to_json,
 )
-from rlspeed.envs.gymnasium_env import check_action_masks, reward_wrappers
+from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
-from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole
+from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole, warn_at_caller
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
@@ -543,14 +543,6 @@ def _first_value(values: torch.Tensor, where: torch.Tensor) -> str:
             else f"{values.item()}")  # ok-sync: an error message
 
 
-def warn_at_caller(sentence: str, category: type[Warning]) -> None:
-    """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
-    frame, level = inspect.currentframe(), 1
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "rlspeed":
-        frame, level = frame.f_back, level + 1
-    warnings.warn(sentence, category, stacklevel=level)
-
-
 def _leaf_spaces(space: gym.Space) -> list[gym.Space]:
     """The spaces inside Dict and Tuple observations (each encoded by its own encoder), else the space itself."""
     if isinstance(space, gym.spaces.Dict):
@@ -928,14 +920,31 @@ def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
 
 
 def _warn_double_normalisation(vector_env, config) -> None:
-    """Warn where a Stable-Baselines3 VecEnv passed in normalises what the config asks rlspeed to normalise too."""
-    normalizer = vec_normalize_of(vector_env) if is_sb3_vec_env(vector_env) else None
-    both = [(ours, theirs) for ours, theirs in (("normalize_obs", "norm_obs"), ("normalize_reward", "norm_reward"))
-            if normalizer is not None and getattr(config, ours, False) and getattr(normalizer, theirs, False)]
+    """Warn where a vector env passed in normalises what the config asks rlspeed to normalise too: a
+    Stable-Baselines3 VecEnv's VecNormalize, or Gymnasium's NormalizeObservation and NormalizeReward around a
+    Gymnasium vector env or its envs."""
+    asked = [name for name in ("normalize_obs", "normalize_reward") if getattr(config, name, False)]
+    if not asked:
+        return
+    if is_sb3_vec_env(vector_env):
+        normalizer = vec_normalize_of(vector_env)
+        both = [(ours, theirs) for ours, theirs in (("normalize_obs", "norm_obs"), ("normalize_reward", "norm_reward"))
+                if normalizer is not None and ours in asked and getattr(normalizer, theirs, False)]
+        if both:
+            ours, theirs = (" and ".join(names) for names in zip(*both))
+            warn_at_caller(f"this VecEnv's VecNormalize ({theirs}=True) already normalises what {ours}=True would "
+                           "normalise again: set one of the two to False.", UserWarning)
+        return
+    if not isinstance(vector_env, gym.vector.VectorEnv):
+        return
+    both = [(ours, theirs) for ours, theirs, present in zip(("normalize_obs", "normalize_reward"),
+                                                            ("NormalizeObservation", "NormalizeReward"),
+                                                            normalising_wrappers(vector_env))
+            if present and ours in asked]
     if both:
         ours, theirs = (" and ".join(names) for names in zip(*both))
-        warn_at_caller(f"this VecEnv's VecNormalize ({theirs}=True) already normalises what {ours}=True would "
-                       "normalise again: set one of the two to False.", UserWarning)
+        warn_at_caller(f"this vector env's Gymnasium {theirs} already normalises what {ours}=True would normalise "
+                       f"again: set {ours} to False, or leave the wrapper out.", UserWarning)
 
 
 def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:

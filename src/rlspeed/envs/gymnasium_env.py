@@ -32,7 +32,7 @@ from rlspeed.envs.base import (
     observation_layout,
 )
 from rlspeed.envs.packages import register_family
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, warn_at_caller
 
 #: The env ids of a model trained on a vector env the user built, which rlspeed cannot rebuild from an id
 USER_VECTOR_ENV, USER_SB3_VEC_ENV = "user-vector-env", "user-sb3-vec-env"
@@ -326,6 +326,31 @@ def reward_wrappers(env) -> list[str]:
         if changing and name not in changers:
             changers.append(name)
     return changers
+
+
+def normalising_wrappers(env) -> tuple[bool, bool]:
+    """Whether Gymnasium's running-statistics wrappers are around a vector env or the envs inside it:
+    (`NormalizeObservation` there, `NormalizeReward` there)."""
+    names = {name for name, _ in _wrapper_layers(env)}
+    return "NormalizeObservation" in names, "NormalizeReward" in names
+
+
+_WARNED_STATISTICS: set[str] = set()
+
+
+def warn_env_statistics(vector_env, env_id: str) -> None:
+    """A warning (once per env id in a process) where `env_id`'s envs normalise their observations with Gymnasium's
+    NormalizeObservation: its statistics belong to each env, so a model neither saves them nor shows a new env
+    (evaluation, a video, a loaded model's env) those it trained with."""
+    if env_id in _WARNED_STATISTICS or not normalising_wrappers(vector_env)[0]:
+        return
+    _WARNED_STATISTICS.add(env_id)
+    whose = "this vector env's" if env_id == USER_VECTOR_ENV else f"{env_id}'s"
+    warn_at_caller(f"{whose} observations pass through Gymnasium's NormalizeObservation, whose running statistics "
+                   "belong to each env: the model does not save them, and an env made anew (to evaluate, film, or "
+                   "train a loaded model) starts its own from nothing, so the policy sees observations scaled unlike "
+                   "in training; normalize_obs=True in place of the wrapper keeps the statistics in the model (saved, "
+                   "and frozen for evaluation).", UserWarning)
 
 
 def _envs_time_limit(vector_env, default: int | None) -> int | None:
@@ -833,6 +858,7 @@ class GymnasiumEnv(BatchedEnv):
             threshold = getattr(spec, "reward_threshold", None) if registered else None
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
+        warn_env_statistics(vector_env, env_id)
         # (the error a subprocess env's step or reset raised, and Gymnasium's log of it: `_subprocess_failure`)
         self._worker_errors: list = []
         if made and isinstance(vector_env, gym.vector.AsyncVectorEnv):  # (not a user's: their log stays theirs)
