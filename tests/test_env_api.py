@@ -537,6 +537,25 @@ def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
         rlspeed.make_env(42, device="cpu")
 
 
+def test_a_wrapped_single_env_or_an_env_factory_is_not_answered_with_an_id_that_drops_its_wrappers():
+    """A single env with wrappers or a time limit of its own is not the env its id makes: the refusal says to wrap it
+    in a vector env, not to give the id (which would train on the unwrapped env); an env factory (SB3's habit) is told
+    how to make the vector env of its envs."""
+    wrapped = gym.wrappers.NormalizeObservation(gym.make("CartPole-v1"))
+    limited = gym.make("CartPole-v1", max_episode_steps=20)
+    for env in (wrapped, limited):
+        with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(\w+\): wrap it as ") as refused:
+            rlspeed.PPO(env, device="cpu")
+        assert "give its id" not in str(refused.value)
+        with pytest.raises(rlspeed.UserError, match=r"so write PPO\(env, \.\.\.\)"):
+            rlspeed.PPO("MlpPolicy", env, device="cpu")
+    with pytest.raises(rlspeed.UserError, match=r"so write PPO\('CartPole-v1', \.\.\.\)"):
+        rlspeed.PPO("MlpPolicy", gym.make("CartPole-v1", disable_env_checker=True), device="cpu")
+    with pytest.raises(rlspeed.UserError, match=r"not a function \(<lambda>\): give the vector env of the envs it "
+                                                r"makes, gymnasium.vector.SyncVectorEnv\(\[function\] \* N"):
+        rlspeed.PPO(lambda: gym.make("CartPole-v1"), device="cpu")
+
+
 class FakeSB3VecEnv:
     """Stable-Baselines3's VecEnv interface, without SB3: 2 envs; env 0 ends (terminates) on every 2nd step, env 1
     is cut by a time limit on every 3rd; observations count the steps."""

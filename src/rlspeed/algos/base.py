@@ -72,7 +72,7 @@ from rlspeed.envs.base import (
     space_from_json,
     space_to_json,
 )
-from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers
+from rlspeed.envs.gymnasium_env import check_action_masks, is_registered_env, normalising_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole, warn_at_caller
@@ -969,12 +969,13 @@ SB3_POLICY_NAMES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy", "MlpLstmPolicy
 
 def _env_example(env) -> str:
     """How to write `env` as a model's first argument, for a refusal's example: an id as it is, a single Gymnasium env
-    (which the model refuses) by its registered id where it has one, another env object as `env`."""
+    (which the model refuses) by its registered id where it is that env unchanged (no wrapper, option or time limit
+    of its own, which the id would drop), another env object as `env`."""
     if isinstance(env, str):
         return repr(env)
-    env_id = getattr(getattr(env, "spec", None), "id", None)
-    if isinstance(env, gym.Env) and isinstance(env_id, str):
-        return repr(env_id)
+    spec = getattr(env, "spec", None)
+    if isinstance(env, gym.Env) and isinstance(getattr(spec, "id", None), str) and is_registered_env(spec):
+        return repr(spec.id)
     return "env"
 
 

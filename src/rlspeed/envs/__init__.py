@@ -16,7 +16,13 @@ from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
 from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
 from rlspeed.envs.gym_view import NativeGymEnv, register_native_envs
-from rlspeed.envs.gymnasium_env import REJECTED_VALUE_ERRORS, GymnasiumEnv, gym_spec, rejected_options
+from rlspeed.envs.gymnasium_env import (
+    REJECTED_VALUE_ERRORS,
+    GymnasiumEnv,
+    gym_spec,
+    is_registered_env,
+    rejected_options,
+)
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
 from rlspeed.envs.native import NativeEnv
@@ -354,10 +360,16 @@ def _check_env_id(env_id) -> None:
         raise UserError(f"{accepted}; this env ({kind}) is a batched env already (one make_env made, or your own "
                         "BatchedEnv): give it to the algorithm as it is (Algo(env)).")
     if isinstance(env_id, gym.Env):
-        registered = getattr(env_id.spec, "id", None)
+        # (its id only where the id makes this env: not one with wrappers, options or a time limit of its own)
+        registered = getattr(env_id.spec, "id", None) if is_registered_env(env_id.spec) else None
         by_id = f"give its id ('{registered}'), or " if isinstance(registered, str) else ""
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): {by_id}wrap it as Stable-Baselines3's "
                         "DummyVecEnv([lambda: env]) or gymnasium.vector.SyncVectorEnv([lambda: env], "
+                        "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
+    if callable(env_id):  # (an env factory, as SB3's make_vec_env and Gymnasium's vector envs take)
+        what = "class" if isinstance(env_id, type) else "function"
+        raise UserError(f"{accepted}, not a {what} ({getattr(env_id, '__name__', kind)}): give the vector env of the "
+                        f"envs it makes, gymnasium.vector.SyncVectorEnv([{what}] * N, "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
     raise UserError(f"{accepted}; got a {kind}.")
 
