@@ -181,6 +181,22 @@ def test_env_that_cannot_render_and_bad_file_names_are_refused(tmp_path):
         video.record_video(_cartpole(), tmp_path / "missing" / "x.mp4")
 
 
+def test_a_model_of_a_vector_env_one_built_is_filmed_on_an_id_given_not_said_unrenderable(tmp_path):
+    """A model trained on a vector env of one's own has no id a video can make its env from: the refusal says so and
+    how to film it (it said the env 'cannot render frames', as if its renderer were missing); with env_id given it
+    films that env."""
+    vector_env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
+                              wrappers=[lambda env: gym.wrappers.TimeLimit(env, 30)],
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = PPO(vector_env, seed=0, device="cpu", num_steps=16, batch_size=32)
+    assert model.env_id == "user-vector-env"
+    with pytest.raises(UserError, match=r"trained on a vector env you built \('user-vector-env'\), which a video "
+                                        r"cannot make again from an id: .*record_video\(model, path, env_id=ID\)"):
+        video.record_video(model, tmp_path / "x.gif")
+    assert not (tmp_path / "x.gif").exists()
+    assert video.record_video(model, tmp_path / "x.gif", env_id="CartPole-v1", max_steps=5)["frames"] == 6
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
 def test_an_atari_policy_is_filmed_in_the_games_frames_with_fire_to_start(tmp_path):
     """An Atari model acts on its preprocessed frame stacks while the video shows the game's RGB frames at the game's

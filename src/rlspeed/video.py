@@ -59,6 +59,7 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
     with the options the model's own env was made with (`spec.env_kwargs`, on its own id) and `env_kwargs` over them."""
     from rlspeed.envs import NATIVE_ENVS, _check_registered, atari, import_env_module
+    from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV
 
     if isinstance(model_or_id, str):
         env_id, backend = model_or_id, "auto"
@@ -66,6 +67,10 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
         backend = model_or_id.env_backend
         env_kwargs = env_options(model_or_id, env_id, env_kwargs)
         env_id = env_id or model_or_id.env_id
+    if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
+        raise UserError(f"This model trained on a vector env you built ('{env_id}'), which a video cannot make again "
+                        "from an id: film a registered env with the same spaces, record_video(model, path, "
+                        "env_id=ID) (gymnasium.register gives an env of yours an id).")
     env_kwargs = dict(env_kwargs or {})
     env_kwargs.pop("render_mode", None)  # (a video renders frames: its own render_mode replaces the run's)
     env_id = import_env_module(env_id)
