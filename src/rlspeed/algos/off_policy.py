@@ -482,7 +482,9 @@ class OffPolicyAlgorithm(Algorithm):
         saved = self._resume["meta"].get("replay_buffer")
         if not isinstance(saved, dict):
             return None
-        file = self._resume["path"].with_name(str(saved.get("file")))
+        file = beside(self._resume["path"], saved.get("file"))
+        if file is None:  # (no plain file name: no file of this checkpoint's)
+            return None
         try:
             tensors, meta = load_paired(file, saved.get("token"))
         except UserError as error:
