@@ -8,6 +8,7 @@ Pendulum wrapped into a Dict / an image gives Box-action algorithms (SAC, TD3, D
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import gymnasium as gym
@@ -112,6 +113,21 @@ def test_dict_observations_get_one_encoder_per_key_concatenated():
     # a Tuple is a Dict keyed "0", "1", ...
     tuple_encoder = make_encoder(gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (2,)))))
     assert tuple_encoder.keys == ["0", "1"] and tuple_encoder.features_dim == 5
+
+
+@pytest.mark.parametrize("shape, fix", [((2, 64, 64, 3), "fold the stacked frames into the channel axis"),
+                                        ((50, 40), "give the frame a channel axis")])
+def test_images_in_a_layout_the_cnn_does_not_take_are_flattened_with_a_warning(shape, fix):
+    """Stacked colour frames (FrameStackObservation over RGB frames: 4-D) and a grey frame without its channel axis
+    (2-D) went into an MLP, pixel by pixel, without a word (24,576 inputs for two 64x64 RGB frames); encoder='mlp'
+    keeps that silently, and small integer tables are no images."""
+    with pytest.warns(UserWarning, match=rf"shape {re.escape(str(shape))} .* look like images.*{fix}"):
+        assert isinstance(make_encoder(_box(shape)), FlattenEncoder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert isinstance(make_encoder(_box(shape), encoder="mlp"), FlattenEncoder)
+        assert isinstance(make_encoder(_box((10, 4))), FlattenEncoder)
+        assert isinstance(make_encoder(_box((4, 84, 84))), CNNEncoder)
 
 
 def test_encoder_overrides_that_do_not_fit_the_space_are_one_sentence():

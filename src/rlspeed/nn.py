@@ -23,7 +23,7 @@ from torch import nn
 
 from rlspeed.device import rules
 from rlspeed.envs.base import Observation, check_observation_space, observation_layout
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, warn_at_caller
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # SAC's actor: log std clamped to this range
 LOG_2PI = math.log(2 * math.pi)
@@ -292,12 +292,32 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
     image = image_channels_first(space) is not None
     if encoder == "cnn" or (encoder == "auto" and image):
         return CNNEncoder(space, cnn_features_dim, normalize_images)
+    if encoder == "auto":
+        _warn_image_like(space)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         return OneHotEncoder(space)
     _, dtype = observation_layout(space)
     if dtype == torch.float32:
         return None
     return FlattenEncoder(space, normalize_images)
+
+
+def _warn_image_like(space: gym.Space) -> None:
+    """A warning where `auto` flattens a Box that holds images in another layout than the CNN takes (one 3-D image):
+    a uint8 Box in [0, 255] of 2 dimensions (a frame without its channel axis) or of 4 or more (stacked colour
+    frames), which an MLP then takes pixel by pixel (as Stable-Baselines3 would)."""
+    if not isinstance(space, gym.spaces.Box) or np.dtype(space.dtype) != np.uint8 or len(space.shape) == 3:
+        return
+    if np.any(space.low != 0) or np.any(space.high != 255) or len(space.shape) < 2 or sorted(space.shape)[-2] < 8:
+        return
+    shape, size = tuple(space.shape), int(np.prod(space.shape))
+    fix = ("give the frame a channel axis (gymnasium.wrappers.ReshapeObservation to (1, *shape), or "
+           "AtariPreprocessing(grayscale_newaxis=True))" if len(shape) == 2 else
+           "fold the stacked frames into the channel axis (grey frames: AtariPreprocessing then "
+           "FrameStackObservation give (4, 84, 84)), or reshape them to one 3-D image")
+    warn_at_caller(f"Observations of shape {shape} (uint8 in [0, 255]) look like images, but the CNN encoder takes one "
+                   f"3-D image (channels first or last): they are flattened into an MLP input of {size:,} values; "
+                   f"{fix}, or pass encoder='mlp' to keep the MLP without this warning.", UserWarning)
 
 
 def encoder_from_config(space: gym.Space, config) -> Encoder | None:
