@@ -1030,6 +1030,21 @@ def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(t
     assert "other settings than the run started with: ent_coef " in out.err and "-> 0.05" in out.err
 
 
+def test_a_run_killed_before_its_plot_is_finished_by_resume_with_the_plot(tmp_path, monkeypatch):
+    """A run killed after its last checkpoint (the whole budget) and before learn drew learning_curve.png: --resume,
+    with nothing left to train, saved and evaluated it, and the finished run had no plot for good."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "256", "--no-progress",
+            "--set", "num_steps=16", "--num-envs", "4", "--out", "run", "--total-timesteps", "512"]
+    assert cli.main(argv) == 0
+    plot = (tmp_path / "run" / "learning_curve.png").read_bytes()
+    for name in ("learning_curve.png", "summary.json", "model.safetensors"):  # (what the kill left unwritten)
+        (tmp_path / "run" / name).unlink()
+    assert cli.main([*argv, "--resume"]) == 0
+    redrawn = (tmp_path / "run" / "learning_curve.png").read_bytes()
+    assert redrawn.startswith(b"\x89PNG") and len(redrawn) > len(plot) // 2
+
+
 def test_a_resumed_runs_summary_describes_the_whole_run(tmp_path, monkeypatch):
     """summary.json after --resume: total_timesteps, train_wall_s and sps are the whole run's (from its start), as
     its target fields and an uninterrupted run's summary are; `distributed` says where the resume took over."""

@@ -1807,6 +1807,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
             with _signals_deferred():  # (the finished training is saved whole, then a signal stops the rest)
                 model.save(run_dir / "model.safetensors")
+                if trained:
+                    _redraw_learning_curve(run_dir, model.num_timesteps)
             if signals:  # (one that came as the last iteration ended: the training is done, the evaluation skipped)
                 raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
@@ -1851,6 +1853,21 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         f"{_score(final['std'])}{success}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
+
+
+def _redraw_learning_curve(run_dir: Path, steps: int) -> None:
+    """A run finished by --resume with nothing left to train (killed after its last checkpoint, before its learn
+    ended) has no learn to draw `learning_curve.png` at its end: drawn here from metrics.csv's rows up to `steps`
+    where it is missing, as the uninterrupted run's."""
+    if (run_dir / "learning_curve.png").exists() or _no_rows(run_dir / "metrics.csv"):
+        return
+    from rlspeed.logging import RunLogger
+
+    try:  # (the file is only read: nothing is logged, so nothing is written to it)
+        RunLogger(run_dir, tensorboard=False, continue_from=steps).plot()
+    except OSError as error:  # (the plot is a picture of metrics.csv, which holds the numbers)
+        warnings.warn(f"learning_curve.png cannot be written in '{run_dir}' ({error.strerror or error}); "
+                      "metrics.csv holds the run's metrics.", stacklevel=2)
 
 
 def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> dict:
