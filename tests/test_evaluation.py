@@ -230,3 +230,20 @@ def test_model_evaluate_runs_on_the_models_threads_and_gives_the_callers_back(mo
         assert seen == [1] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_model_of_a_vector_env_one_built_says_how_to_evaluate_it_from_the_cli_too(tmp_path, capsys):
+    """`rlspeed eval` of a model trained on a vector env of the user's own (no id) answered 'not a registered id
+    here: import the module that registers it (--gym-packages)', which no module does, and Python advice only;
+    `--env ID` (a registered env of the same spaces) is the CLI's way, and it works."""
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    from rlspeed import cli
+
+    env = gym.vector.SyncVectorEnv([lambda: gym.wrappers.TimeLimit(CartPoleEnv(), 100)] * 2,
+                                   autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = PPO(env, seed=0, device="cpu", num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False).save(tmp_path / "model.safetensors")
+    with pytest.raises(rlspeed.UserError, match=r"a vector env you built, which has no id .*eval MODEL --env ID"):
+        PPO.load(tmp_path / "model.safetensors").evaluate(episodes=2)
+    assert cli.main(["eval", str(tmp_path / "model.safetensors"), "--env", "CartPole-v1", "--episodes", "2"]) == 0

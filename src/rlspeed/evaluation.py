@@ -15,7 +15,7 @@ import torch
 from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
-from rlspeed.envs.gymnasium_env import reward_wrappers
+from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, reward_wrappers
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.logging import ProgressBar
 
@@ -109,6 +109,11 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
         raise UserError(f"env_kwargs must be a dict of the env's options, got {type(env_kwargs).__name__}.")
     asked = backend
     env_id = env_id or model.env_id
+    if own_env and env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
+        raise UserError("This model trained on a vector env you built, which has no id to make it again: give an env "
+                        "with the same spaces to evaluate on (rlspeed eval MODEL --env ID, a registered id; in Python "
+                        "rlspeed.evaluate(model, env, episodes=env.num_envs), and EvalCallback(env) instead of "
+                        "eval_freq).")
     if own_env and isinstance(env_id, str) and not remakeable(env_id):
         raise UserError(f"This model trained on '{env_id}', which is not a registered id here: import the module that "
                         f"registers it first (rlspeed eval --gym-packages MODULE), or, for an env you built, pass one: "
