@@ -471,3 +471,18 @@ def test_an_export_never_writes_through_a_link_planted_beside_its_file(tmp_path)
     obs = np.random.default_rng(5).normal(size=(8, 4)).astype(np.float32)
     np.testing.assert_array_equal(_runner("torchscript", path)(obs), model.predict(obs, deterministic=True)[0])
     assert path.stat().st_mode & 0o777 == 0o666 & ~_UMASK
+
+
+@pytest.mark.parametrize("format", ["torchscript", "exported_program"])
+def test_normalisation_of_features_with_a_large_mean_against_their_spread_matches_predict(format, tmp_path):
+    """Trained MuJoCo statistics (PPO on Humanoid-v5 with RL-Zoo's preset) hold features whose spread is a ten
+    thousandth of their mean; the model normalises in float64, so a graph that subtracted the mean rounded to float32
+    disagreed with predict by more than 1e-5 and export refused it."""
+    model = rlspeed.PPO("Pendulum-v1", seed=0, num_envs=2, num_steps=16, normalize_obs=True, net_arch=(64, 64))
+    model.learn(32, progress_bar=False)
+    _randomise(model, seed=7)
+    with torch.no_grad():
+        model.obs_rms.mean.copy_(torch.tensor([1.2056820298125925, -30.123456789, 0.7123456789], dtype=torch.float64))
+        model.obs_rms.var.copy_(torch.tensor([1.2e-7, 3e-6, 1e-4], dtype=torch.float64))
+    path = export(model, tmp_path / f"policy{FORMATS[format]}", format=format)
+    _assert_same_actions(model, _runner(format, path), seed=7)

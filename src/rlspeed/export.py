@@ -48,7 +48,7 @@ from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
 from rlspeed.device import major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
-from rlspeed.envs.wrappers import observation_statistics
+from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
 from rlspeed.errors import UserError
 from rlspeed.files import write_atomic
 from rlspeed.nn import (
@@ -67,6 +67,43 @@ from rlspeed.sde import SDESquashedGaussianActor
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2"}
 _SIDECAR_IN_ARCHIVE = "rlspeed.json"  # the sidecar's name inside TorchScript and torch.export archives
 _EXPORT_PACKAGES = ("onnx", "onnxscript")
+
+
+class FrozenStatistics(nn.Module):
+    """`RunningMeanStd.normalize` with frozen statistics as float32 constants (the graph's input dtype) that give
+    what the model computes in the statistics' float64: the mean as its float32 value plus the float32 remainder,
+    subtracted one after the other (the mean rounded to float32 alone is off by up to 6e-8 of it, which a feature
+    whose spread is far below its mean magnifies past export's 1e-5 check), and the spread `sqrt(var + 1e-8)`
+    rounded once."""
+
+    def __init__(self, stats: RunningMeanStd):
+        super().__init__()
+        mean = stats.mean.detach().cpu().double()
+        high = mean.float()
+        self.register_buffer("mean", high)
+        self.register_buffer("mean_residual", (mean - high.double()).float())
+        self.register_buffer("std", torch.sqrt(stats.var.detach().cpu().double() + 1e-8).float())
+
+    def normalize(self, x: torch.Tensor, clip: float = 10.0) -> torch.Tensor:
+        return (((x - self.mean) - self.mean_residual) / self.std).clamp(-clip, clip)
+
+
+class FrozenDictStatistics(nn.Module):
+    """`DictRunningMeanStd.normalize` with each float key's `FrozenStatistics`; the other keys pass through."""
+
+    def __init__(self, stats: DictRunningMeanStd):
+        super().__init__()
+        self.stats = nn.ModuleDict({key: FrozenStatistics(rms) for key, rms in stats.stats.items()})
+
+    def normalize(self, obs: dict[str, torch.Tensor], clip: float = 10.0) -> dict[str, torch.Tensor]:
+        return {key: self.stats[key].normalize(value, clip) if key in self.stats else value
+                for key, value in obs.items()}
+
+
+def frozen_statistics(stats: nn.Module) -> nn.Module:
+    """The model's observation statistics as the graph's constants, on the CPU (a copy: the model's may be tied to
+    a training env or a process group)."""
+    return FrozenDictStatistics(stats) if isinstance(stats, DictRunningMeanStd) else FrozenStatistics(stats)
 
 
 class PolicyExport(nn.Module):
@@ -98,10 +135,8 @@ class PolicyExport(nn.Module):
         self.observation_clip = observation_clip
         self.action_mask = False  # whether the graph takes an `action_mask` input (`with_action_mask`)
         self.obs_rms: nn.Module | None = None
-        if model.obs_rms is not None:  # a fresh copy: the model's may be tied to a training env or a process group
-            self.obs_rms = observation_statistics(self.observation_space)
-            self.obs_rms.load_state_dict({k: v.detach().cpu() for k, v in model.obs_rms.state_dict().items()})
-            self.obs_rms.float()  # float32 constants in the graph: its input's dtype, what every runtime computes in
+        if model.obs_rms is not None:  # float32 constants in the graph: its input's dtype, what runtimes compute in
+            self.obs_rms = frozen_statistics(model.obs_rms)
 
     def with_action_mask(self, enabled: bool = True) -> PolicyExport:
         """Add (or drop) the `action_mask` input: bool `[B, n]` (MultiDiscrete: the components' flags
@@ -443,7 +478,7 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
     obs = random_observations(module.observation_space, batch, generator)
     if module.obs_rms is not None and isinstance(obs, torch.Tensor):
         # observations at the model's scale, so normalisation does not clip them all
-        obs = module.obs_rms.mean + obs * torch.sqrt(module.obs_rms.var)
+        obs = module.obs_rms.mean + obs * module.obs_rms.std
     with torch.no_grad():
         inputs, expected = module.check_inputs(model, obs, generator)
         got = module(*inputs)
