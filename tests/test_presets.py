@@ -604,3 +604,16 @@ def test_a_named_preset_loads_without_torch():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+@requires_zoo
+def test_set_over_rl_zoo_v4_entry_for_a_mujoco_v5_id_names_the_preset_whole():
+    """The note on what a preset keeps named RL-Zoo's v4 entry for Humanoid-v5 cut at the ';' inside its parentheses
+    ('RL-Zoo's preset for sac Humanoid-v5 (rl_zoo3 2.9.2 also sets ...'); it keeps them whole."""
+    from rlspeed import SAC, cli
+
+    preset = load_preset("sac", "Humanoid-v5", "zoo")
+    hyper = split_run_settings(preset)[1] | {"learning_starts": 500}
+    (note,) = cli._preset_values_kept(preset, SAC, {"learning_starts": 500}, hyper)
+    assert note.startswith(f"rlspeed: note: {preset.origin} also sets ")
+    assert "its Humanoid-v4 entry" in note and note.count("(") == note.count(")")

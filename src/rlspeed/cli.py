@@ -932,6 +932,17 @@ def _annealed_override_notes(overrides: dict, config, from_preset: set, algo: st
             if key in overrides and flag not in overrides and getattr(config, flag, False) is True]
 
 
+def _origin_name(origin: str) -> str:
+    """A preset's origin without the notes it adds after a ';' (one inside parentheses stays: RL-Zoo's v4 entry for a
+    MuJoCo v5 id is said in them)."""
+    depth = 0
+    for index, char in enumerate(origin):
+        depth += (char == "(") - (char == ")")
+        if char == ";" and depth == 0:
+            return origin[:index]
+    return origin
+
+
 def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) -> list[str]:
     """With `--set` values over a shipped or RL-Zoo preset, the preset's hyperparameters that stay (as `hyper`, the
     values that train, has them): someone giving a peer's whole configuration with --set (CleanRL's, a paper's)
@@ -943,7 +954,7 @@ def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) ->
     if not kept:
         return []
     values = ", ".join(f"{key}={value}" for key, value in kept.items())
-    return [f"rlspeed: note: {preset.origin.split(';')[0]} also sets {values} (--preset none: "
+    return [f"rlspeed: note: {_origin_name(preset.origin)} also sets {values} (--preset none: "
             f"{algo_cls.__name__}'s defaults and your --set values alone)."]
 
 
