@@ -3,6 +3,10 @@ picked by id. Skipped without mujoco."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -43,6 +47,19 @@ def test_making_a_mujoco_env_leaves_no_log_file_in_the_working_directory(tmp_pat
     make_env("HalfCheetah-v5", num_envs=1, seed=0, backend="gymnasium", device="cpu").close()
     assert mujoco.get_mju_user_warning() is not None
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_a_mujoco_gl_that_fails_to_load_is_one_sentence(tmp_path):
+    """MuJoCo loads the OpenGL platform MUJOCO_GL names when it is imported: a value it does not know, or osmesa
+    without its library (set on a cluster for another program's videos), made rlspeed train end in a traceback."""
+    env = {**os.environ, "MUJOCO_GL": "no-such-platform", "RLSPEED_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "sac", "Hopper-v5", "--total-timesteps", "600",
+                           "--no-progress", "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "rlspeed: error: MuJoCo cannot be imported with MUJOCO_GL=no-such-platform (RuntimeError: ")
+    assert "unset MUJOCO_GL" in done.stderr
 
 
 def _finite(module: torch.nn.Module) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import re
 import sys
 import warnings
@@ -91,7 +92,17 @@ def route_mujoco_messages(env_id: str) -> None:
     entry = spec.entry_point if spec is not None and isinstance(spec.entry_point, str) else ""
     if _mujoco_routed or not entry.startswith("gymnasium.envs.mujoco") or importlib.util.find_spec("mujoco") is None:
         return
-    import mujoco
+    try:
+        import mujoco
+    except Exception as error:  # noqa: BLE001 (PyOpenGL's AttributeError, MuJoCo's RuntimeError, ImportError)
+        platform = os.environ.get("MUJOCO_GL")
+        if not platform:
+            raise
+        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        raise UserError(f"MuJoCo cannot be imported with MUJOCO_GL={platform} ({type(error).__name__}: {detail}): "
+                        "MuJoCo loads that OpenGL platform on import, and training needs none; unset MUJOCO_GL, or "
+                        "set it to egl (or osmesa where its library, OSMesa, is installed) for videos on a machine "
+                        "without a display.") from None
 
     _mujoco_routed = True
     if mujoco.get_mju_user_warning() is None:
