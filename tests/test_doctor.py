@@ -245,3 +245,17 @@ def test_an_intel_gpu_build_of_torch_is_named_as_such(monkeypatch):
     monkeypatch.setattr(torch.version, "xpu", "20250201", raising=False)
     (_, torch_check) = doctor.check_python_torch()
     assert "XPU 20250201 build" in torch_check.detail
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mujoco") is None, reason="mujoco is not installed")
+def test_a_mujoco_gl_that_fails_to_load_is_named_with_its_fix_not_an_install_line():
+    """MuJoCo loads the OpenGL platform MUJOCO_GL names on import; where it does not load, MuJoCo is installed, and
+    the advice was 'pip install "rlspeed[mujoco]"'."""
+    script = ("from rlspeed.diagnostics import doctor\n"
+              "check = {c.name: c for c in doctor.check_env_families()}['env mujoco']\n"
+              "print(check.status, check.detail, '|', check.advice, sep='\\n')")
+    env = {**os.environ, "MUJOCO_GL": "no-such-platform"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    status, detail, _, advice = done.stdout.strip().splitlines()[-4:]
+    assert status == doctor.WARN and "MuJoCo cannot be imported with MUJOCO_GL=no-such-platform" in detail
+    assert advice.startswith("unset MUJOCO_GL") and "pip install" not in advice

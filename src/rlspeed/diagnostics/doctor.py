@@ -426,6 +426,10 @@ _MADE_BY_RLSPEED = {"atari": "gymnasium", "envpool": "envpool"}
 def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[str, str]:
     """(what is wrong, what to do) for an env family whose env could not be made. A missing module other than the
     family's own (imageio for MuJoCo's rendering, say) is named, with its own install command."""
+    from rlspeed.envs.packages import MUJOCO_GL_ADVICE, MujocoGLError
+
+    if isinstance(error, MujocoGLError):  # installed: the OpenGL platform MUJOCO_GL names does not load
+        return f"MuJoCo cannot be imported with MUJOCO_GL={error.platform}", MUJOCO_GL_ADVICE
     if type(error).__name__ == "DependencyNotInstalled" and isinstance(error.__cause__, ImportError) \
             and error.__cause__.name:
         error = error.__cause__  # the import that failed names the module

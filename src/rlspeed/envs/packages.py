@@ -79,6 +79,19 @@ def register_family(env_id: str) -> None:
 
 
 _mujoco_routed = False
+#: what to do where MuJoCo cannot be imported with the MUJOCO_GL set
+MUJOCO_GL_ADVICE = ("unset MUJOCO_GL (training renders nothing), or set it to egl (or osmesa where its library, "
+                    "OSMesa, is installed) for videos on a machine without a display")
+
+
+class MujocoGLError(UserError):
+    """`import mujoco` failed with MUJOCO_GL set: MuJoCo loads the OpenGL platform it names on import."""
+
+    def __init__(self, platform: str, error: BaseException):
+        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
+        self.platform = platform
+        super().__init__(f"MuJoCo cannot be imported with MUJOCO_GL={platform} ({type(error).__name__}: {detail}): "
+                         f"MuJoCo loads that OpenGL platform on import; {MUJOCO_GL_ADVICE}.")
 
 
 def route_mujoco_messages(env_id: str) -> None:
@@ -98,11 +111,7 @@ def route_mujoco_messages(env_id: str) -> None:
         platform = os.environ.get("MUJOCO_GL")
         if not platform:
             raise
-        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else ""
-        raise UserError(f"MuJoCo cannot be imported with MUJOCO_GL={platform} ({type(error).__name__}: {detail}): "
-                        "MuJoCo loads that OpenGL platform on import, and training needs none; unset MUJOCO_GL, or "
-                        "set it to egl (or osmesa where its library, OSMesa, is installed) for videos on a machine "
-                        "without a display.") from None
+        raise MujocoGLError(platform, error) from None
 
     _mujoco_routed = True
     if mujoco.get_mju_user_warning() is None:
