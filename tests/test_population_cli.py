@@ -217,3 +217,27 @@ def test_the_population_plot_of_an_env_id_the_font_cannot_draw_warns_nothing(tmp
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_a_population_killed_before_its_plot_is_finished_by_resume_with_the_plot(tmp_path, monkeypatch):
+    """learning_curves.png was drawn after the summary.json that ends the run: a kill in between left a finished run
+    without its plot, which --resume refused to touch ("holds a finished population run"). The plot comes first now,
+    so the run the kill leaves is one --resume finishes."""
+    import rlspeed.population.plot as plot
+
+    class Killed(BaseException):  # (a SIGKILL: nothing after it runs)
+        pass
+
+    def killed(summary, path):
+        raise Killed
+
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,1", *SMALL, "--checkpoint-freq", "128", "--out", str(out)]
+    with monkeypatch.context() as patch:
+        patch.setattr(plot, "plot_learning_curves", killed)
+        with pytest.raises(Killed):
+            cli.main(argv)
+    assert json.loads((out / "summary.json").read_text())["member_models"] is None  # (no finished run)
+    assert not (out / "learning_curves.png").exists()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert (out / "learning_curves.png").read_bytes().startswith(b"\x89PNG")

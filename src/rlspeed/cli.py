@@ -678,12 +678,12 @@ def _train_population(args: argparse.Namespace) -> int:
         summary["member_models"] = None
         _write_summary(run_dir, summary)
         summary["member_models"] = _save_member_models(population, summary, run_dir)
-        _write_summary(run_dir, summary)
-        try:
+        try:  # (before the summary that ends the run: a kill before it leaves a run --resume finishes, plot included)
             plot_learning_curves(summary, run_dir / "learning_curves.png")
         except OSError as error:  # (the run is saved whole: the plot is the one thing missing)
             print(f"rlspeed: cannot write '{run_dir / 'learning_curves.png'}' ({error.strerror or error}); the run "
                   "is saved (summary.json and the member models hold its results).", file=sys.stderr, flush=True)
+        _write_summary(run_dir, summary)
     if signals:  # (a stop that came as the last iteration ended: the training is saved, its final evaluation skipped)
         name = _signal_name(signals[0])
         skipped = summary["aggregate"]["final_eval"] is None
