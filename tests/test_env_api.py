@@ -713,7 +713,7 @@ def test_a_wrapped_vector_env_is_not_evaluated_as_the_registered_one(wrap):
         assert model.env_id == "Pendulum-v1"
         return
     assert model.env_id.startswith("user-")
-    with pytest.raises(rlspeed.UserError, match=r"trained on 'user-.*"
+    with pytest.raises(rlspeed.UserError, match=r"trained on a vector env you built, which has no id.*"
                                                  r"rlspeed.evaluate\(model, env, episodes=env.num_envs\)"):
         model.evaluate(episodes=2)
     assert rlspeed.evaluate(model, vector_env, episodes=2)["episodes"] == 2  # (the env itself, as it was built)
