@@ -210,13 +210,20 @@ def test_the_key_can_come_from_a_file(tmp_path, monkeypatch, form):
     assert torch.equal(load_checkpoint(path)[0]["policy.weight"], MARKER)
 
 
-def test_a_key_file_of_typed_characters_is_refused_as_a_password(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("text", "typed"), [
+    (b"passwordpassword", 16),  # (printf 'passwordpassword' > key)
+    (b"passwordpasswor\n", 15),  # (echo passwordpasswor > key: 16 bytes with its line end)
+    (b"passwordpassword\n", 16),
+    (b"a passphrase of 31 characters..\n", 31),  # (32 bytes with its line end)
+])
+def test_a_key_file_of_typed_characters_is_refused_as_a_password(tmp_path, monkeypatch, text, typed):
     """`printf 'passwordpassword' > key`: 16 typed characters were taken as the raw key bytes (the variable refuses
-    them); a random key's bytes are all typed characters with odds of about 1e-8 (16 bytes) or 1e-14 (32)."""
+    them), and so were 15 or 31 typed by `echo`, whose line end made them 16 or 32 bytes; a random key's bytes are
+    all typed characters (or line ends) with odds of about 2e-7 (16 bytes) or 5e-14 (32)."""
     key_file = tmp_path / "key"
-    key_file.write_bytes(b"passwordpassword")
+    key_file.write_bytes(text)
     monkeypatch.setenv(ckpt.KEY_FILE_ENV, str(key_file))
-    with pytest.raises(UserError, match="holds 16 typed characters, a password rather than a key"):
+    with pytest.raises(UserError, match=f"holds {typed} typed characters, a password rather than a key"):
         ckpt.encryption_key()
 
 

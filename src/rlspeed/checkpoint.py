@@ -161,16 +161,17 @@ def _parse_key(text: bytes, source: str, raw: bool = False) -> bytes:
         candidates.append(bytes.fromhex(stripped.decode("ascii")))
     with contextlib.suppress(binascii.Error, ValueError):
         candidates.append(base64.b64decode(stripped, validate=True))
-    typed = all(32 <= byte < 127 for byte in text)
-    if raw and not typed:  # (16 or 32 typed characters are a password, which random bytes all but never look like)
+    # (typed characters and the line end `echo` adds are a password, which random bytes all but never look like)
+    typed = all(32 <= byte < 127 or byte in b"\t\n\r" for byte in text)
+    if raw and not typed:
         candidates.append(text)  # raw bytes, as `head -c 32 /dev/urandom > key` writes them
     for key in candidates:
         if len(key) in (16, 32):
             return key
-    if raw and typed and len(text) in (16, 32):
-        raise UserError(f"{source} holds {len(text)} typed characters, a password rather than a key: write a random "
-                        "key there (`head -c 32 /dev/urandom > FILE`, or the output of `python -c \"import secrets; "
-                        "print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
+    if raw and typed and (len(text) in (16, 32) or len(stripped) in (16, 32)):
+        raise UserError(f"{source} holds {len(stripped)} typed characters, a password rather than a key: write a "
+                        "random key there (`head -c 32 /dev/urandom > FILE`, or the output of `python -c "
+                        "\"import secrets; print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
     raise UserError(f"{source} is not a 16- or 32-byte key in hex or base64 (e.g. the output of "
                     "`python -c \"import secrets; print(secrets.token_hex(32))\"`; 16 bytes for sm4-gcm).")
 
