@@ -1286,6 +1286,37 @@ def test_an_overwrite_killed_mid_run_is_settled_by_the_next_command_there(tmp_pa
         assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == 0
 
 
+def test_a_replaced_run_whose_deletion_was_cut_short_is_never_moved_back_over_the_new_run(tmp_path, monkeypatch):
+    """An --overwrite command whose new run finished deletes the run it replaced at its end; a Ctrl-C (or a kill, or a
+    file that cannot be deleted) during that deletion left the replaced run's remaining files in its hidden folder,
+    which the deletion had just changed: the next command in the directory took the folder for one older than the
+    new run's model and moved the old files back over the finished run."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    aside = run_dir / ".rlspeed-overwritten-cut"
+    aside.mkdir()
+    for name in ("config.yaml", "model.safetensors"):
+        (aside / name).write_text(f"old {name}")
+    (run_dir / "model.safetensors").write_text("new model")
+    an_hour_ago = time.time() - 3600
+    os.utime(aside, (an_hour_ago, an_hour_ago))  # (filled when the command started, before its run saved)
+    real_rmtree = shutil.rmtree
+
+    def cut_short(path, *args, **kwargs):  # (the first file deleted, then Ctrl-C)
+        first = sorted(Path(path).iterdir())[0]
+        first.unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli._OVERWRITTEN, run_dir, aside)
+    monkeypatch.setattr(cli.shutil, "rmtree", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        cli._settle_overwrites(succeeded=True)
+    monkeypatch.setattr(cli.shutil, "rmtree", real_rmtree)
+    cli._settle_killed_overwrites(run_dir)  # (the next command to lock the directory)
+    assert (run_dir / "model.safetensors").read_text() == "new model"
+    assert sorted(path.name for path in run_dir.iterdir()) == ["model.safetensors"]
+
+
 def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(tmp_path, monkeypatch, capsys):
     """--overwrite deleted the run first; a failure found after that (W&B refusing the run, an env failing to start)
     left the directory with neither run."""

@@ -1117,7 +1117,7 @@ def _settle_overwrites(succeeded: bool) -> None:
         run_dir, aside = _OVERWRITTEN.popitem()
         saved = any((run_dir / name).exists() for name in ("model.safetensors", "checkpoint.safetensors"))
         if succeeded or saved:
-            shutil.rmtree(aside, ignore_errors=True)
+            _delete_aside(aside)
             continue
         try:
             for name in RUN_FILES:
@@ -1138,6 +1138,22 @@ def _settle_overwrites(succeeded: bool) -> None:
               f"'{run_dir}' keeps the run it held.", file=sys.stderr)
 
 
+#: the prefix a replaced run's folder is renamed to before it is deleted (`_delete_aside`)
+_DELETING_PREFIX = ".rlspeed-deleting-"
+
+
+def _delete_aside(aside: Path) -> None:
+    """Delete the folder `aside` of a replaced run, renamed first out of `.rlspeed-overwritten-*`: a deletion cut short
+    (Ctrl-C, a kill, a file that cannot be deleted) leaves a folder that `_settle_killed_overwrites` deletes, never
+    one it would move back over the new run."""
+    doomed = aside.with_name(_DELETING_PREFIX + aside.name.removeprefix(".rlspeed-overwritten-"))
+    try:
+        os.rename(aside, doomed)
+    except OSError:
+        doomed = aside
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _settle_killed_overwrites(run_dir: Path) -> None:
     """The `.rlspeed-overwritten-*` folder an `--overwrite` command left in `run_dir` when it was killed before its end
     (SIGKILL, the OOM killer, a power loss), settled as that command would have settled it (`_settle_overwrites`):
@@ -1147,6 +1163,9 @@ def _settle_killed_overwrites(run_dir: Path) -> None:
     try:
         asides = [path for path in run_dir.glob(".rlspeed-overwritten-*")
                   if path.is_dir() and not path.is_symlink() and path not in _OVERWRITTEN.values()]
+        for doomed in run_dir.glob(f"{_DELETING_PREFIX}*"):  # (a deletion cut short)
+            if doomed.is_dir() and not doomed.is_symlink():
+                shutil.rmtree(doomed, ignore_errors=True)
     except OSError:
         return
     for aside in asides:
@@ -1155,7 +1174,7 @@ def _settle_killed_overwrites(run_dir: Path) -> None:
             saved = any(path.is_file() and path.stat().st_mtime >= made
                         for path in (run_dir / "model.safetensors", run_dir / "checkpoint.safetensors"))
             if saved:
-                shutil.rmtree(aside)
+                _delete_aside(aside)
                 continue
             if len(asides) > 1:  # (which one the files came from is unknown: left as they are)
                 continue
