@@ -233,6 +233,17 @@ def test_user_errors_exit_2_with_one_line(case, capsys, monkeypatch, tmp_path):
     assert_one_line_error(code, captured.out, captured.err, expected)
 
 
+@pytest.mark.parametrize("choices", ["'train', 'tune', 'eval'", "train, tune, eval"])
+def test_a_misspelled_choice_is_named_whichever_way_python_quotes_the_choices(choices):
+    """Python 3.12.8 and later releases give argparse's choices bare ("choose from train, tune, eval"), earlier ones
+    quoted: the closest choice was named only where they were quoted."""
+    parser = cli._Parser(prog="rlspeed")
+    with pytest.raises(UserError) as raised:
+        parser.error(f"argument command: invalid choice: 'trian' (choose from {choices})")
+    assert str(raised.value) == ("unknown command 'trian': did you mean 'train'? choose from 'train', 'tune', 'eval' "
+                                 "(see 'rlspeed --help').")
+
+
 def test_eval_a_run_directory(runs, capsys):
     """`rlspeed eval RUN_DIR` (the directory `train` prints) evaluates RUN_DIR/model.safetensors."""
     assert_succeeded(runs.result("train"))

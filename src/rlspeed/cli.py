@@ -95,14 +95,16 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
 
     def error(self, message: str):
-        # argparse's "argument command: invalid choice: 'trian' (choose from ...)": the closest choice named first
+        # argparse's "argument command: invalid choice: 'trian' (choose from ...)": the closest choice named first (its
+        # choices quoted, or bare as Python 3.12.8 and later releases give them: "choose from train, tune")
         choice = re.match(r"^argument ([^:]+): invalid choice: '(.*)' \(choose from (.*)\)$", message)
         if choice:
             name, given, choices = choice.groups()
-            close = difflib.get_close_matches(given, re.findall(r"'([^']*)'", choices), n=1, cutoff=0.6)
+            names = re.findall(r"'([^']*)'", choices) or choices.split(", ")
+            close = difflib.get_close_matches(given, names, n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'? " if close else ""
             what = "command" if name == "command" else name
-            message = f"unknown {what} '{given}': {hint}choose from {choices}"
+            message = f"unknown {what} '{given}': {hint}choose from {', '.join(repr(each) for each in names)}"
         # "argument --steps: must be positive" reads better as "--steps must be positive"
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
         raise UserError(f"{message} (see '{self.prog} --help').")
