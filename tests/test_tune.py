@@ -523,3 +523,17 @@ def test_a_storage_password_is_never_printed_or_written(tmp_path, capsys):
          confirm_seeds=0, out=tmp_path / "best.yaml", command=command, say=lambda *a, **k: None)
     preset = (tmp_path / "best.yaml").read_text()
     assert "hunter2" not in preset and "# Command: " + without_password(command) in preset
+
+
+
+def test_a_preset_naming_its_storage_with_the_password_is_the_same_study_s(tmp_path, capsys):
+    """A preset written before passwords were shown as *** names the storage URL with its password: the same study
+    given again was refused as another study's, in an error that printed the password from the file."""
+    url = "postgresql+psycopg2://tuner:hunter2@127.0.0.1:1/optuna"
+    preset = tmp_path / "best.yaml"
+    preset.write_text(f"# Tuned by rlspeed tune (2026-01-01 00:00 UTC): study 'pw' in {url}.\nppo:\n  gamma: 0.99\n")
+    code = cli.main(["tune", "ppo", "CartPole-v1", "--storage", url, "--study-name", "pw", "--trials", "2", "--out",
+                     str(preset)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot open it as an Optuna storage" in err  # (the study's own error: no server there)
+    assert "hunter2" not in err

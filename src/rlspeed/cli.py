@@ -812,9 +812,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         written_by = preset_study(Path(out).read_text(encoding="utf-8", errors="surrogateescape"))
         shown = without_password(storage_url(args.storage))  # (as the preset names it)
+        # (an older rlspeed's preset names it with its password)
+        written_in = without_password(written_by[1]) if written_by is not None else None
         if written_by is not None and (written_by[0] != utf8_text(study_name)
-                                       or not same_storage(written_by[1], utf8_text(shown))):
-            raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_by[1]}, not of "
+                                       or not same_storage(written_in, utf8_text(shown))):
+            raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_in}, not of "
                             f"'{study_name}' in {shown}: give another --out.")
     device = resolve_device(args.device)
     configure_threads(args.threads)
