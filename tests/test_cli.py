@@ -1328,6 +1328,22 @@ def test_a_replaced_run_whose_deletion_was_cut_short_is_never_moved_back_over_th
     assert sorted(path.name for path in run_dir.iterdir()) == ["model.safetensors"]
 
 
+def test_replaced_runs_left_by_several_killed_overwrites_are_said(tmp_path, capsys):
+    """Several `.rlspeed-overwritten-*` folders (killed --overwrite commands, an older rlspeed's among them) whose new
+    run saved nothing: which one the directory held is unknown, so they stay, and were left without a word."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    asides = [run_dir / f".rlspeed-overwritten-{n}" for n in (1, 2)]
+    for aside in asides:
+        aside.mkdir()
+        (aside / "model.safetensors").write_text(aside.name)
+    cli._settle_killed_overwrites(run_dir)
+    err = capsys.readouterr().err
+    assert all(aside.is_dir() for aside in asides) and not (run_dir / "model.safetensors").exists()
+    for aside in asides:
+        assert f"'{aside}' holds a run that a killed --overwrite command replaced" in err
+
+
 def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(tmp_path, monkeypatch, capsys):
     """--overwrite deleted the run first; a failure found after that (W&B refusing the run, an env failing to start)
     left the directory with neither run."""

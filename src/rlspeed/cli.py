@@ -1180,7 +1180,10 @@ def _settle_killed_overwrites(run_dir: Path) -> None:
             if saved:
                 _delete_aside(aside)
                 continue
-            if len(asides) > 1:  # (which one the files came from is unknown: left as they are)
+            if len(asides) > 1:  # (which one the files came from is unknown: left as they are, and said)
+                print(f"rlspeed: '{aside}' holds a run that a killed --overwrite command replaced in '{run_dir}', one "
+                      f"of {len(asides)} such folders there: move back the one you want, or delete them.",
+                      file=sys.stderr, flush=True)
                 continue
             for item in aside.iterdir():
                 target = run_dir / item.name
