@@ -1328,6 +1328,42 @@ def test_a_replaced_run_whose_deletion_was_cut_short_is_never_moved_back_over_th
     assert sorted(path.name for path in run_dir.iterdir()) == ["model.safetensors"]
 
 
+def test_a_population_killed_after_saving_its_member_models_keeps_them(tmp_path):
+    """A population run by --overwrite without a checkpoint (--checkpoint-freq above its budget) saves its member
+    models and summary.json only: killed after writing them, before its end, the next command took it for a run that
+    saved nothing and moved the replaced run back over its member models."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    aside = run_dir / ".rlspeed-overwritten-pop"
+    (aside / "members").mkdir(parents=True)
+    for name in ("summary.json", "members/seed_0.safetensors"):
+        (aside / name).write_text(f"old {name}")
+    an_hour_ago = time.time() - 3600
+    os.utime(aside, (an_hour_ago, an_hour_ago))
+    (run_dir / "members").mkdir()
+    for name in ("summary.json", "members/seed_0.safetensors"):
+        (run_dir / name).write_text(f"new {name}")
+    cli._settle_killed_overwrites(run_dir)
+    assert not aside.exists()
+    assert (run_dir / "members" / "seed_0.safetensors").read_text() == "new members/seed_0.safetensors"
+    assert (run_dir / "summary.json").read_text() == "new summary.json"
+
+
+def test_a_population_failing_after_saving_its_member_models_keeps_them(tmp_path, monkeypatch):
+    """--overwrite of a population that ended before its first checkpoint (its target reached at the first
+    evaluation) and failed after saving its member models (summary.json on a full disk): the replaced run was moved
+    back, deleting the member models, as if the new run had saved nothing."""
+    run_dir = tmp_path / "run"
+    aside = run_dir / ".rlspeed-overwritten-pop"
+    (aside / "members").mkdir(parents=True)
+    (aside / "members" / "seed_0.safetensors").write_text("old")
+    (run_dir / "members").mkdir()
+    (run_dir / "members" / "seed_0.safetensors").write_text("new")
+    monkeypatch.setitem(cli._OVERWRITTEN, run_dir, aside)
+    cli._settle_overwrites(succeeded=False)
+    assert not aside.exists() and (run_dir / "members" / "seed_0.safetensors").read_text() == "new"
+
+
 def test_replaced_runs_left_by_several_killed_overwrites_are_said(tmp_path, capsys):
     """Several `.rlspeed-overwritten-*` folders (killed --overwrite commands, an older rlspeed's among them) whose new
     run saved nothing: which one the directory held is unknown, so they stay, and were left without a word."""

@@ -1119,8 +1119,7 @@ def _settle_overwrites(succeeded: bool) -> None:
     then the new run's files go and the replaced run comes back, said in one line."""
     while _OVERWRITTEN:
         run_dir, aside = _OVERWRITTEN.popitem()
-        saved = any((run_dir / name).exists() for name in ("model.safetensors", "checkpoint.safetensors"))
-        if succeeded or saved:
+        if succeeded or _saved_models(run_dir):
             _delete_aside(aside)
             continue
         try:
@@ -1142,6 +1141,16 @@ def _settle_overwrites(succeeded: bool) -> None:
               f"'{run_dir}' keeps the run it held.", file=sys.stderr)
 
 
+def _saved_models(run_dir: Path) -> list[Path]:
+    """The model files a run has saved in `run_dir`: its model, its checkpoint, a population's member models (which a
+    population that ended before its first checkpoint has alone)."""
+    try:
+        return [path for path in (run_dir / "model.safetensors", run_dir / "checkpoint.safetensors",
+                                  *(run_dir / "members").glob("*.safetensors")) if path.is_file()]
+    except OSError:
+        return []
+
+
 #: the prefix a replaced run's folder is renamed to before it is deleted (`_delete_aside`)
 _DELETING_PREFIX = ".rlspeed-deleting-"
 
@@ -1161,9 +1170,9 @@ def _delete_aside(aside: Path) -> None:
 def _settle_killed_overwrites(run_dir: Path) -> None:
     """The `.rlspeed-overwritten-*` folder an `--overwrite` command left in `run_dir` when it was killed before its end
     (SIGKILL, the OOM killer, a power loss), settled as that command would have settled it (`_settle_overwrites`):
-    deleted where the new run saved a model or a checkpoint after it was made, else its run moved back over the files
-    of the same names the new run wrote (said in one line). Call it holding the directory's lock, before this
-    command moves anything aside."""
+    deleted where the new run saved a model, a checkpoint or a population's member models after it was made, else its
+    run moved back over the files of the same names the new run wrote (said in one line). Call it holding the
+    directory's lock, before this command moves anything aside."""
     try:
         asides = [path for path in run_dir.glob(".rlspeed-overwritten-*")
                   if path.is_dir() and not path.is_symlink() and path not in _OVERWRITTEN.values()]
@@ -1175,8 +1184,7 @@ def _settle_killed_overwrites(run_dir: Path) -> None:
     for aside in asides:
         try:
             made = aside.stat().st_mtime  # (its last entry moved in: the new run's files are newer)
-            saved = any(path.is_file() and path.stat().st_mtime >= made
-                        for path in (run_dir / "model.safetensors", run_dir / "checkpoint.safetensors"))
+            saved = any(path.stat().st_mtime >= made for path in _saved_models(run_dir))
             if saved:
                 _delete_aside(aside)
                 continue
