@@ -906,6 +906,23 @@ def test_subprocess_envs_warnings_are_the_commands_lines_each_said_once(tmp_path
                 if path.stat().st_mtime >= (tmp_path / "warning_env.py").stat().st_mtime]  # (removed at the end)
 
 
+def test_the_warnings_folder_of_a_killed_command_is_removed_by_the_next_one():
+    """A command killed with SIGKILL never reached the end that removes its folder of shown warnings (subprocess
+    envs), and each such kill left one in the temp directory for good; the next command that makes one removes those
+    of commands no longer running, and keeps a running one's."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = Path(tempfile.mkdtemp(prefix=f"rlspeed-warnings-{int(ended.stdout)}-"))
+    running = Path(tempfile.mkdtemp(prefix=f"rlspeed-warnings-{os.getppid()}-"))
+    (killed / "0123").touch()
+    try:
+        cli._workers_show_warnings()
+        assert not killed.exists() and running.exists()
+    finally:
+        cli._forget_worker_warnings()
+        shutil.rmtree(killed, ignore_errors=True)
+        shutil.rmtree(running, ignore_errors=True)
+
+
 def test_an_envs_own_error_in_subprocess_envs_is_one_line_without_gymnasiums_log(tmp_path):
     """An env that raises in a gymnasium-async worker: four `rlspeed: warning: ERROR: ...` lines of Gymnasium's log
     (one the worker's whole traceback with its line breaks escaped, over a thousand characters) came before the error

@@ -2628,6 +2628,25 @@ def _first_among_processes(text: str) -> bool:
     return True
 
 
+#: the name of a command's warnings directory starts with this, then the command's process id and a dash
+_WARNINGS_PREFIX = "rlspeed-warnings-"
+
+
+def _forget_killed_commands_warnings() -> None:
+    """Remove the warnings directories (`_workers_show_warnings`) of commands that were killed before they could
+    (SIGKILL: their `main` never reached its end), found by their process ids no longer running."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_WARNINGS_PREFIX}*-*"):
+        pid = path.name[len(_WARNINGS_PREFIX):].partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir() or path.is_symlink():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # (gone; PermissionError: another user's process runs: left alone)
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _workers_show_warnings():
     """What each worker process of subprocess envs runs first (GymnasiumEnv asks `warnings.showwarning` for it,
     so only where this display is in place): there warnings are the command's one line too, and each is shown once
@@ -2635,7 +2654,8 @@ def _workers_show_warnings():
     3.14's forkserver) as Python's multi-line warning."""
     global _warnings_dir
     if _warnings_dir is None:
-        _warnings_dir = tempfile.mkdtemp(prefix="rlspeed-warnings-")
+        _forget_killed_commands_warnings()
+        _warnings_dir = tempfile.mkdtemp(prefix=f"{_WARNINGS_PREFIX}{os.getpid()}-")
         for text in _SHOWN_WARNINGS:  # (what the command said before: not again in a worker)
             _first_among_processes(text)
     return functools.partial(_show_warnings_in_worker, _warnings_dir)
