@@ -3,7 +3,7 @@
 Loading never unpickles. Tensors are saved from CPU copies and load onto any device. Each checkpoint carries a digest
 of its tensors and metadata (SHA-256 by default, SM3 on request), checked on load; a checkpoint holding NaN or
 infinite values is refused unless asked for. A write interrupted by a kill leaves only a temporary file, which the
-next save or load of that path removes.
+next save of that path removes (a load deletes nothing).
 
 Encryption at rest is opt-in: with a key in `RLSPEED_CHECKPOINT_KEY` or a file named by `RLSPEED_CHECKPOINT_KEY_FILE`,
 checkpoints are written encrypted and authenticated (AES-GCM, or SM4-GCM with `RLSPEED_CHECKPOINT_CIPHER=sm4-gcm`);
