@@ -1439,6 +1439,16 @@ def test_gymnasium_normalisation_in_a_vector_env_and_the_same_option_is_warned_a
     assert not [w for w in caught if "normalise again" in str(w.message)]
 
 
+def test_an_id_whose_envs_normalise_and_the_same_option_is_warned_about():
+    """normalize_obs=True on a registered id whose entry point wraps its envs in Gymnasium's NormalizeObservation
+    normalised twice without the warning a vector env passed in gets."""
+    with pytest.warns(UserWarning, match="SelfNormalisingCartPole-v0's Gymnasium NormalizeObservation already "
+                                         "normalises what normalize_obs=True would normalise again"):
+        model = rlspeed.PPO("SelfNormalisingCartPole-v0", device="cpu", env_backend="gymnasium", num_envs=2,
+                            num_steps=16, batch_size=32, normalize_obs=True)
+        model.learn(32, progress_bar=False)
+
+
 def test_envs_normalising_their_own_observations_say_the_statistics_are_not_the_models(monkeypatch):
     """Gymnasium's NormalizeObservation inside the envs (a registered id's entry point, or the envs of a vector env one
     built) keeps statistics each env starts afresh: evaluation, videos and a loaded model's env see observations

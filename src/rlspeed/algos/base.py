@@ -919,10 +919,10 @@ def _warn_borrowed_id(env: BatchedEnv, name: str) -> None:
                        f"yours; give your env an id of its own (EnvSpec('my-{env_id}', ...)).", UserWarning)
 
 
-def _warn_double_normalisation(vector_env, config) -> None:
-    """Warn where a vector env passed in normalises what the config asks rlspeed to normalise too: a
-    Stable-Baselines3 VecEnv's VecNormalize, or Gymnasium's NormalizeObservation and NormalizeReward around a
-    Gymnasium vector env or its envs."""
+def _warn_double_normalisation(vector_env, config, whose: str = "this vector env's") -> None:
+    """Warn where a vector env (passed in, or made from an id whose entry point wraps its envs: `whose` names it)
+    normalises what the config asks rlspeed to normalise too: a Stable-Baselines3 VecEnv's VecNormalize, or
+    Gymnasium's NormalizeObservation and NormalizeReward around a Gymnasium vector env or its envs."""
     asked = [name for name in ("normalize_obs", "normalize_reward") if getattr(config, name, False)]
     if not asked:
         return
@@ -943,7 +943,7 @@ def _warn_double_normalisation(vector_env, config) -> None:
             if present and ours in asked]
     if both:
         ours, theirs = (" and ".join(names) for names in zip(*both))
-        warn_at_caller(f"this vector env's Gymnasium {theirs} already normalises what {ours}=True would normalise "
+        warn_at_caller(f"{whose} Gymnasium {theirs} already normalises what {ours}=True would normalise "
                        f"again: set {ours} to False, or leave the wrapper out.", UserWarning)
 
 
@@ -1587,6 +1587,9 @@ class Algorithm:
                                  backend=self.env_backend, normalize_obs=normalize_obs,
                                  normalize_reward=normalize_reward,
                                  gamma=getattr(cfg, "gamma", 0.99), **self.spec.env_kwargs)
+            inner = getattr(getattr(self._env, "unwrapped", None), "vector_env", None)  # (Gymnasium's envs)
+            if inner is not None:  # (an id whose entry point wraps its envs in Gymnasium's normalisation)
+                _warn_double_normalisation(inner, cfg, whose=f"{self.env_id}'s")
             made = self._env.spec.observation_space
             if type(made) is not type(self.spec.observation_space) or made.shape != self.spec.observation_space.shape:
                 self._env.close()
