@@ -477,47 +477,42 @@ class OffPolicyAlgorithm(Algorithm):
 
     def _resumed_replay(self) -> tuple[dict[str, torch.Tensor], dict] | None:
         """The replay buffer saved with the checkpoint this model was resumed from (its tensors and `replay_buffer`
-        metadata, as `ReplayBuffer.state_dict` gave them), or None where the checkpoint names none; a file that
-        cannot be read or does not belong to it is a warning, and None."""
-        saved = self._resume["meta"].get("replay_buffer")
+        metadata, as `ReplayBuffer.state_dict` gave them), or None where there is none to give (`_saved_replay`)."""
+        found = self._saved_replay(self._resume, "cpu", "the model is saved without a replay buffer")
+        return None if found is None else (found[1], {key: value for key, value in found[2].items() if key != "token"})
+
+    def _saved_replay(self, resume: dict, device, outcome: str) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
+        """(file, tensors, `replay_buffer` metadata) of the replay buffer saved with the checkpoint `resume` describes,
+        on `device`; None where the checkpoint names none, and, with a warning ending in `outcome`, where the file it
+        names cannot be read or does not belong to it (a later save wrote it)."""
+        saved = resume["meta"].get("replay_buffer")
         if not isinstance(saved, dict):
             return None
-        file = beside(self._resume["path"], saved.get("file"))
-        if file is None:  # (no plain file name: no file of this checkpoint's)
-            return None
-        try:
-            tensors, meta = load_paired(file, saved.get("token"))
-        except UserError as error:
-            warnings.warn(f"The replay buffer saved with '{self._resume['path']}' cannot be read ({error}): the "
-                          "model is saved without one.", stacklevel=4)
-            return None
-        info = meta.get("replay_buffer") or {}
-        if info.get("token") != saved.get("token"):
-            warnings.warn(f"'{file}' does not belong to '{self._resume['path']}' (a later save wrote it): the model "
-                          "is saved without a replay buffer.", stacklevel=4)
-            return None
-        return tensors, {key: value for key, value in info.items() if key != "token"}
-
-    def _load_replay(self, resume: dict) -> bool:
-        """Fill the new replay buffer from the file the checkpoint names, when it was saved with one; a missing or
-        mismatched file is a warning (the buffer then fills from empty). Returns whether it was restored."""
-        saved = resume["meta"].get("replay_buffer")
-        if not isinstance(saved, dict) or self.strategy.enabled:
-            return False
         file = beside(resume["path"], saved.get("file"))
         try:
             if file is None:  # (an edited file's)
                 raise UserError(f"it names {str(saved.get('file'))!r}, no file beside it")
-            tensors, meta = load_paired(file, saved.get("token"), device=self.buffer.storage_device)
+            tensors, meta = load_paired(file, saved.get("token"), device=device)
         except UserError as error:
-            warnings.warn(f"The replay buffer saved with '{resume['path']}' cannot be read ({error}); it refills from "
-                          "empty.", stacklevel=4)
-            return False
+            warnings.warn(f"The replay buffer saved with '{resume['path']}' cannot be read ({error}); {outcome}.",
+                          stacklevel=5)
+            return None
         info = meta.get("replay_buffer") or {}
         if info.get("token") != saved.get("token"):
-            warnings.warn(f"'{file}' does not belong to '{resume['path']}' (a later save wrote it); the replay buffer "
-                          "refills from empty.", stacklevel=4)
+            warnings.warn(f"'{file}' does not belong to '{resume['path']}' (a later save wrote it); {outcome}.",
+                          stacklevel=5)
+            return None
+        return file, tensors, info
+
+    def _load_replay(self, resume: dict) -> bool:
+        """Fill the new replay buffer from the file the checkpoint names, when it was saved with one; a missing or
+        mismatched file is a warning (the buffer then fills from empty). Returns whether it was restored."""
+        if self.strategy.enabled:
             return False
+        found = self._saved_replay(resume, self.buffer.storage_device, "the replay buffer refills from empty")
+        if found is None:
+            return False
+        file, tensors, info = found
         reason = self.buffer.load_state_dict(tensors, info)
         if reason is not None:
             warnings.warn(f"'{file}' cannot fill this model's replay buffer: {reason}; it refills from empty.",
