@@ -1123,15 +1123,7 @@ def _settle_overwrites(succeeded: bool) -> None:
             _delete_aside(aside)
             continue
         try:
-            for name in RUN_FILES:
-                target = run_dir / name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-            for item in aside.iterdir():
-                os.replace(item, run_dir / item.name)
-            aside.rmdir()
+            _move_back(aside, run_dir)
         except OSError as error:
             print(f"rlspeed: --overwrite: the command failed before the new run saved a model or a checkpoint, and "
                   f"the run it replaced could not be moved back ({error.strerror or error}): it is in '{aside}'.",
@@ -1139,6 +1131,21 @@ def _settle_overwrites(succeeded: bool) -> None:
             continue
         print(f"rlspeed: --overwrite: the command failed before the new run saved a model or a checkpoint, so "
               f"'{run_dir}' keeps the run it held.", file=sys.stderr)
+
+
+def _move_back(aside: Path, run_dir: Path) -> None:
+    """Put the run `--overwrite` moved into `aside` back in `run_dir`, in place of what the new run wrote there (its
+    run files, and whatever has the name of one of the old run's); OSError where something cannot be moved."""
+    items = list(aside.iterdir())
+    for name in {*RUN_FILES, *(item.name for item in items)}:
+        target = run_dir / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.exists() or target.is_symlink():
+            target.unlink()
+    for item in items:
+        os.replace(item, run_dir / item.name)
+    aside.rmdir()
 
 
 def _saved_models(run_dir: Path) -> list[Path]:
@@ -1193,14 +1200,7 @@ def _settle_killed_overwrites(run_dir: Path) -> None:
                       f"of {len(asides)} such folders there: move back the one you want, or delete them.",
                       file=sys.stderr, flush=True)
                 continue
-            for item in aside.iterdir():
-                target = run_dir / item.name
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif target.exists() or target.is_symlink():
-                    target.unlink()
-                os.replace(item, target)
-            aside.rmdir()
+            _move_back(aside, run_dir)
         except OSError as error:
             print(f"rlspeed: an --overwrite command killed in '{run_dir}' left the run it replaced in '{aside}', "
                   f"which cannot be settled ({error.strerror or error}): move it back or delete it.",
