@@ -1282,17 +1282,22 @@ def test_an_env_breaking_gymnasiums_contract_is_told_what_it_returned(fault, mes
                        "one bool each per step (True or False), and a string or None would be taken as its truth"),
     ("truncated_none", "'ContractBreaking-v0'.step() returned truncated=None (NoneType): terminated and truncated "
                        "are one bool each")])
-def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message):
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, backend):
     """A `terminated` of "False" (a string) was stored as True: every episode ended after one step and training went
     on without a word (Gymnasium's checker only warns); None was stored as False. One sentence now, at the first
-    step."""
+    step, with subprocess envs too (where Gymnasium stacks the flags into a bool array before rlspeed sees them)."""
     from rlspeed import PPO
 
-    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend=backend, num_envs=2, num_steps=8,
                 batch_size=16, env_kwargs={"fault": fault})
-    with pytest.raises(rlspeed.UserError) as raised:
-        model.learn(16, progress_bar=False)
+    try:
+        with pytest.raises(rlspeed.UserError) as raised:
+            model.learn(16, progress_bar=False)
+    finally:
+        model.close()
     assert message in str(raised.value), str(raised.value)
+    assert "\n" not in str(raised.value)
     assert model.num_timesteps == 0
 
 

@@ -411,6 +411,26 @@ def flags_problem(name: str, terminated, truncated) -> str | None:
     return None
 
 
+class FirstStepFlags(gym.Wrapper):
+    """A subprocess env's check of its first step's `terminated` and `truncated` (`flags_problem`), made in its own
+    process: Gymnasium's AsyncVectorEnv stacks them into a bool array in the parent, where a string or None is
+    already its truth value ("False" ends every episode). UserError there; later steps go through unchecked."""
+
+    def __init__(self, env: gym.Env, env_id: str):
+        super().__init__(env)
+        self._env_id, self._checked = env_id, False
+
+    def step(self, action):
+        stepped = self.env.step(action)
+        if not self._checked:
+            self._checked = True
+            if isinstance(stepped, tuple) and len(stepped) == 5:  # (other breaches: found where they are stored)
+                problem = flags_problem(f"'{self._env_id}'.step()", stepped[2], stepped[3])
+                if problem:
+                    raise UserError(problem)
+        return stepped
+
+
 def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...] | None) -> str | None:
     """One sentence saying what breaks Gymnasium's contract in what `env_id`'s `call` ("reset" or "step")
     returned, or None where nothing is found. Only asked after storing the value raised (the step loop stays as it
@@ -818,12 +838,14 @@ class GymnasiumEnv(BatchedEnv):
                 raise UserError(f"Unknown vectorization '{vectorization}': use sync or async.")
             # copy=False: every observation is copied here anyway (`_obs`, `step`)
             vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False}
+            wrappers = None
             if vectorization == "async":
                 vector_kwargs.update(_worker_warnings())
+                wrappers = [functools.partial(FirstStepFlags, env_id=env_id)]
             try:
                 try:
                     vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
-                                              vector_kwargs=vector_kwargs, **(env_kwargs or {}))
+                                              vector_kwargs=vector_kwargs, wrappers=wrappers, **(env_kwargs or {}))
                 except ValueError as error:
                     # subprocess envs whose observation space has a part without shared memory (MiniGrid's mission
                     # text): their observations travel through the pipes instead
@@ -831,7 +853,7 @@ class GymnasiumEnv(BatchedEnv):
                         raise
                     vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
                                               vector_kwargs={**vector_kwargs, "shared_memory": False},
-                                              **(env_kwargs or {}))
+                                              wrappers=wrappers, **(env_kwargs or {}))
             except gym.error.DependencyNotInstalled as error:
                 raise UserError(f"Env '{env_id}' needs an optional dependency: {error}") from None
             except (*REJECTED_VALUE_ERRORS, pickle.PicklingError) as error:
@@ -1153,9 +1175,14 @@ class GymnasiumEnv(BatchedEnv):
         Either way the subprocesses are ended first (their workers that failed have stopped; a run cannot go on with
         them: `disrupted` says so). Nothing for other vector envs."""
         inner = getattr(self.vector_env, "unwrapped", self.vector_env)
-        if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed or isinstance(error, UserError):
+        if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
             return
         held, self._worker_errors[:] = list(self._worker_errors), []
+        if isinstance(error, UserError):  # (told as it is; a worker's own (`FirstStepFlags`) ended its process)
+            if held and held[0] is error:
+                self.close()
+                self._failed = f"their {call} failed"
+            return
         worker, logged = None, []
         if held and held[0] is error:
             logged = held[1]
