@@ -97,6 +97,23 @@ def test_returning_false_stops_training_at_the_end_of_that_iteration(hook):
     assert recorder.events[-1] == ("end", 2 * STEPS_PER_ITERATION)  # training end still runs after a stop
 
 
+@pytest.mark.parametrize("stop_at_call", [3, 4])  # (3: a stop between two checkpoints; 4: at a checkpoint's step)
+def test_a_callback_stop_leaves_the_runs_checkpoint_where_training_stopped(tmp_path, stop_at_call):
+    """As a run that spent its budget or reached its target: `resume` goes on from where the callback stopped it,
+    not from the last periodic checkpoint, and the resumed run's metrics.csv goes on from there."""
+    model = _ppo()
+    model.learn(20 * STEPS_PER_ITERATION, callback=Recorder(stop_at_call=stop_at_call, hook="_on_step"),
+                progress_bar=False, run_dir=tmp_path, checkpoint_freq=2 * STEPS_PER_ITERATION)
+    assert model.num_timesteps == stop_at_call * STEPS_PER_ITERATION
+    assert PPO.load(tmp_path / "checkpoint.safetensors", device="cpu").num_timesteps == model.num_timesteps
+    resumed = _ppo()
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    resumed.learn(STEPS_PER_ITERATION, progress_bar=False, run_dir=tmp_path, checkpoint_freq=2 * STEPS_PER_ITERATION)
+    with open(tmp_path / "metrics.csv") as file:
+        steps = [int(row["timesteps"]) for row in csv.DictReader(file)]
+    assert steps == sorted(set(steps)) and steps[-1] == (stop_at_call + 1) * STEPS_PER_ITERATION
+
+
 def test_old_plain_callable_still_works_and_can_stop():
     seen = []
 
@@ -365,6 +382,7 @@ def test_stop_on_reward_threshold_where_no_evaluation_reaches_it_is_refused_at_t
     assert model.num_timesteps == 0
     with pytest.raises(UserError, match="reward_threshold is a finite number, got nan"):  # (never reached)
         StopTrainingOnRewardThreshold(float("nan"))
+
 
 
 def test_a_callback_that_refuses_at_the_start_leaves_the_process_float_settings_alone():

@@ -1728,10 +1728,11 @@ class Algorithm:
         next evaluation and checkpoint steps; `steps_to_target` and `time_to_target_s` count from that run's start.
         The numerics guard (`rlspeed.numerics`) checks once per log interval and before every checkpoint.
 
-        With `run_dir`, `run_dir/checkpoint.safetensors` is written every `checkpoint_freq` env steps (and at the
-        end), and, with `checkpoint_interval_s` (one process), also once that many seconds have passed since the
-        last one, or 20 times the last save's duration if that is longer (saving then takes at most 5% of the time):
-        what a crash loses is bounded in time whatever the budget.
+        With `run_dir`, `run_dir/checkpoint.safetensors` is written every `checkpoint_freq` env steps and at the
+        end (the budget spent, the target reached or a callback's stop), and, with `checkpoint_interval_s` (one
+        process), also once that many seconds have passed since the last one, or 20 times the last save's duration
+        if that is longer (saving then takes at most 5% of the time): what a crash loses is bounded in time
+        whatever the budget.
         """
         # (the caller's, given back wherever an interrupt lands, a notebook's stop button included: one inside a
         # `torch.no_grad()` block would leave grad mode off for the process)
@@ -1856,6 +1857,7 @@ class Algorithm:
         closing = False
         closing_row = None  # (that pass's row: callbacks get it at training end)
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
+        checkpointed = None  # (the step count of this call's last checkpoint)
         flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         raising = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
@@ -1983,6 +1985,7 @@ class Algorithm:
                         saving = time.perf_counter()
                         self.save(Path(run_dir) / "checkpoint.safetensors")
                         checkpoint_cost = time.perf_counter() - saving
+                        checkpointed = self.num_timesteps
                     last_checkpoint_time = time.perf_counter()
                 if callbacks is not None or self.stop_requested is not None:
                     paused = time.perf_counter()
@@ -2000,6 +2003,15 @@ class Algorithm:
                     clock_start += paused
                     last_log_time += paused
                     closing = stop and iterations > 0  # (iterations since the last row)
+            # A callback's stop ends the run as its budget or target does, with a checkpoint of where it stopped (its
+            # stop came after that iteration's checkpoint point): a resume goes on from there, not from the last
+            # periodic one. (A stop a signal asked for too is saved by the caller: the CLI's interrupted run.)
+            at_end = next_checkpoint is not None or (timed_checkpoints and checkpoint_cost > 0)
+            if (callback_stop and not result.stop_requested and main and at_end and run_dir is not None
+                    and checkpointed != self.num_timesteps):
+                self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                                  train_wall_s=clock_offset + train_clock, **result.reached())
+                self.save(Path(run_dir) / "checkpoint.safetensors")
         except BaseException as error:
             raising = True  # (a failure closing the logs then must not hide this one)
             # (a signal to the process group, Jupyter's stop button, reaches subprocess envs' workers too)
