@@ -384,6 +384,16 @@ def test_stop_on_reward_threshold_where_no_evaluation_reaches_it_is_refused_at_t
         StopTrainingOnRewardThreshold(float("nan"))
 
 
+@pytest.mark.parametrize("where, words", [("alone", "is alone"), ("every", "is inside a EveryNTimesteps")])
+def test_stop_on_no_model_improvement_outside_an_eval_callback_is_refused_at_the_start(where, words):
+    """No evaluation ever reaches it there: one sentence before the first iteration (not after it, nor a bare
+    AttributeError mid-run)."""
+    stop = StopTrainingOnNoModelImprovement(3)
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
+    with pytest.raises(UserError, match=f"{words}: pass it as EvalCallback\\(callback_after_eval=...\\)"):
+        model.learn(256, progress_bar=False, callback=stop if where == "alone" else EveryNTimesteps(64, stop))
+    assert model.num_timesteps == 0
+
 
 def test_a_callback_that_refuses_at_the_start_leaves_the_process_float_settings_alone():
     """learn flushes denormal floats while it trains and must restore the setting however it ends (a callback

@@ -479,6 +479,14 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
         self.last_best_mean_reward = -math.inf
         self.no_improvement_evals = 0
 
+    def _on_training_start(self) -> None:
+        # (an EvalCallback does not start its children: this runs only where it is alone, in a CallbackList learn
+        # got, or in another callback, where no evaluation ever reaches it; said now, not after the first iteration)
+        if self.parent is None or not hasattr(self.parent, "best_mean_reward"):
+            where = "alone" if self.parent is None else f"inside a {type(self.parent).__name__}"
+            raise UserError(f"StopTrainingOnNoModelImprovement counts an EvalCallback's evaluations and is {where}: "
+                            "pass it as EvalCallback(callback_after_eval=...).")
+
     def _on_step(self) -> bool:
         if self.parent is None:
             raise UserError("StopTrainingOnNoModelImprovement must be an EvalCallback's callback_after_eval.")
