@@ -806,5 +806,7 @@ def test_population_mistakes_are_one_sentence_each():
         population.learn(32, gamma=0.9)
     with pytest.raises(UserError, match="learn takes no 'totl_timesteps'; did you mean total_timesteps"):
         population.learn(32, totl_timesteps=64)
+    with pytest.raises(UserError, match=r"population's learn takes no callback .*on_eval=fn\(num_timesteps, means\)"):
+        population.learn(32, callback=lambda local_vars: True)  # (a model's learn takes one)
     with pytest.raises(UserError, match="save takes a file's path"):
         population.save(5)
