@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import types
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -208,6 +209,8 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: EvalCallback("CartPole-v1", eval_freq="32"), "eval_freq must be a whole number >= 1, got '32'"),
     (lambda: EvalCallback("CartPole-v1", n_eval_episodes=0), "n_eval_episodes must be a whole number >= 1, got 0"),
     (lambda: CheckpointCallback(save_freq=32, save_path=None), "save_path is a directory's path"),
+    # (one env, as Stable-Baselines3 takes it: its id is what rlspeed takes)
+    (lambda: EvalCallback(gym.make("CartPole-v1")), r"a TimeLimit: pass its id, EvalCallback\('CartPole-v1', ...\)"),
 ])
 def test_callbacks_made_with_bad_values_are_one_sentence(make, words):
     with pytest.raises(UserError, match=words):

@@ -530,8 +530,12 @@ class EvalCallback(BaseCallback):
                             "--video FILE.mp4) to watch the policy.")
         size = None if eval_env is None or isinstance(eval_env, str) else getattr(eval_env, "num_envs", None)
         if eval_env is not None and not isinstance(eval_env, str) and size is None:
+            # (Stable-Baselines3 takes one env, gym.make(id) or Monitor(gym.make(id)): its id is what to pass here)
+            env_id = getattr(getattr(eval_env, "spec", None), "id", None)
+            instead = (f": pass its id, EvalCallback({env_id!r}, ...), which makes fresh envs for each evaluation"
+                       if isinstance(env_id, str) else "")
             raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or "
-                            f"Stable-Baselines3's), not a {type(eval_env).__name__}.")
+                            f"Stable-Baselines3's), not a {type(eval_env).__name__}{instead}.")
         if size is not None and n_eval_episodes not in (None, size):
             raise UserError(f"EvalCallback evaluates one episode per env of a vector env: this one has {size} envs, so "
                             f"n_eval_episodes is {size} (leave it out), not {n_eval_episodes}.")
