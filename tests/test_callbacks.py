@@ -593,6 +593,35 @@ def test_stable_baselines3_callbacks_rlspeed_lacks_say_what_to_use_instead():
     assert not hasattr(rlspeed.callbacks, "ConvertCallback") and not hasattr(rlspeed.callbacks, "NoSuchCallback")
 
 
+@pytest.mark.parametrize("algo", ["PPO", "DQN"])
+def test_the_advice_for_stop_training_on_max_episodes_works_in_every_algorithm(algo):
+    """What the ImportError of StopTrainingOnMaxEpisodes (and self.locals['dones']'s KeyError) says to read exists
+    on- and off-policy (it named PPO's rollout buffer only, which a DQN's replay buffer lacks), and a callback
+    written from it stops where Stable-Baselines3's would: after max_episodes per env."""
+    import rlspeed.callbacks
+
+    with pytest.raises(ImportError) as refusal:
+        from rlspeed.callbacks import StopTrainingOnMaxEpisodes  # noqa: F401
+    assert "self.locals['metrics']['episode_count']" in str(refusal.value)
+    assert "self.locals['metrics']['episode_count']" in rlspeed.callbacks.SB3_LOCALS["dones"]
+
+    class MaxEpisodes(BaseCallback):
+        def __init__(self, max_episodes):
+            super().__init__()
+            self.max_episodes, self.n_episodes = max_episodes, 0
+
+        def _on_step(self):
+            self.n_episodes += int(self.locals["metrics"]["episode_count"])
+            return self.n_episodes < self.max_episodes * self.training_env.num_envs
+
+    model = (_ppo() if algo == "PPO" else
+             DQN("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, learning_starts=64))
+    callback = MaxEpisodes(3)
+    model.learn(100 * model.steps_per_iteration, callback=callback, progress_bar=False)
+    assert callback.n_episodes >= 3 * model.config.num_envs
+    assert model.num_timesteps < 100 * model.steps_per_iteration  # (CartPole's first episodes are short)
+
+
 def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
     """`self.locals["infos"]` / `["rewards"]` (SB3's per-step locals) and `self.training_env.get_attr(...)` /
     `env_method(...)` (SB3's VecEnv's): errors naming what rlspeed has instead; `get`, `in` and hasattr as before."""

@@ -77,6 +77,8 @@ SB3_LOCALS = {
                     _STEPS),
     "env": "the training env is self.training_env",
 }
+SB3_LOCALS["dones"] = ("callbacks run once per iteration: the episodes that ended in it are "
+                       "self.locals['metrics']['episode_count'] (every algorithm), and " + _STEPS)
 
 
 class LearnLocals(dict):
@@ -766,8 +768,10 @@ __all__ = ["BaseCallback", "CallbackList", "FunctionCallback", "EveryNTimesteps"
 _SB3_CALLBACKS = {
     "ProgressBarCallback": "learn(progress_bar=True) shows the progress bar (the default)",
     "StopTrainingOnMaxEpisodes": "learn(total_timesteps=...) bounds a run in env steps, and a BaseCallback of your "
-                                 "own whose _on_step returns False stops it after N episodes (PPO's and A2C's "
-                                 "self.model.buffer.episode_ends marks those that ended in the iteration)",
+                                 "own whose _on_step returns False stops it after N episodes: in every algorithm, "
+                                 "self.locals['metrics']['episode_count'] is the number that ended in the iteration "
+                                 "(a tensor: reading it is a host sync each iteration), and Stable-Baselines3's "
+                                 "max_episodes counts per env (max_episodes * self.training_env.num_envs in all)",
     "LogEveryNTimesteps": "learn(log_interval_s=...) sets how often (in seconds) metrics are logged, and "
                           "EveryNTimesteps(n, callback) calls a callback every n env steps",
     "ConvertCallback": "learn(callback=fn) takes a plain function fn(locals_) or fn(locals_, globals_) as it is",
