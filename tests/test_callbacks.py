@@ -635,6 +635,10 @@ def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
             for key in ("infos", "rewards"):
                 with pytest.raises(KeyError, match=rf"self.locals\['{key}'\] is Stable-Baselines3's; .*model.buffer"):
                     self.locals[key]  # noqa: B018
+            # (SB3's _on_rollout_end edits the rollout before the update: here a change to it would do nothing)
+            with pytest.raises(KeyError, match=r"'rollout_buffer'\] is Stable-Baselines3's; callbacks run after each "
+                                               r"iteration's update, .* reaches no update"):
+                self.locals["rollout_buffer"]  # noqa: B018
             with pytest.raises(KeyError, match="^'no_such_local'$"):
                 self.locals["no_such_local"]  # noqa: B018
             seen["get"], seen["in"] = self.locals.get("infos"), "infos" in self.locals

@@ -72,13 +72,16 @@ _STEPS = "the iteration's steps (rewards, dones, actions, ...) are tensors in se
 SB3_LOCALS = {
     "infos": "rlspeed keeps no per-step infos: the metrics row of a log interval is self.metrics (episode_return, "
              "success_rate, ...), and " + _STEPS,
-    **dict.fromkeys(("rewards", "dones", "actions", "values", "log_probs", "new_obs", "obs_tensor", "clipped_actions",
-                     "buffer_actions", "rollout_buffer", "replay_buffer"), "callbacks run once per iteration, and " +
-                    _STEPS),
+    **dict.fromkeys(("rewards", "actions", "values", "log_probs", "new_obs", "obs_tensor", "clipped_actions",
+                     "buffer_actions", "replay_buffer"), "callbacks run once per iteration, and " + _STEPS),
+    "dones": "callbacks run once per iteration: the episodes that ended in it are "
+             "self.locals['metrics']['episode_count'] (every algorithm), and " + _STEPS,
+    # (SB3's _on_rollout_end edits the rollout before its update, e.g. to add intrinsic rewards: here it is too late)
+    "rollout_buffer": "callbacks run after each iteration's update, so the rollout in self.model.buffer is one that "
+                      "update has used and a change to it reaches no update (Stable-Baselines3's _on_rollout_end "
+                      "runs before its update): change rewards in the env (a Gymnasium wrapper)",
     "env": "the training env is self.training_env",
 }
-SB3_LOCALS["dones"] = ("callbacks run once per iteration: the episodes that ended in it are "
-                       "self.locals['metrics']['episode_count'] (every algorithm), and " + _STEPS)
 
 
 class LearnLocals(dict):
