@@ -6,7 +6,7 @@ target) and `on_training_end`. There is no per-env-step hook: one step of the lo
 the device, and a Python call per step, reading anything, would force a host sync per step and break graph capture.
 A callback gets the metrics row (`self.metrics`) only in iterations that ended a log interval, where the loop has
 read it already; in other iterations `self.metrics` is None, so a callback adds no device reads of its own.
-Returning False from a hook stops training at the end of that iteration.
+Returning False from `_on_rollout_end`, `_on_step` or `_on_evaluation` stops training at the end of that iteration.
 """
 
 from __future__ import annotations
