@@ -204,6 +204,16 @@ def test_a_stable_baselines3_zip_is_named(tmp_path):
         PPO.load(tmp_path / "ppo_cartpole")
 
 
+def test_a_stable_baselines3_zip_name_of_an_rlspeed_file_names_the_file(tmp_path):
+    """A ported script's PPO.load("best/best_model.zip") (SB3's EvalCallback file): where rlspeed's
+    best_model.safetensors is there, the error names it."""
+    PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=8).save(tmp_path / "best_model.safetensors")
+    with pytest.raises(rlspeed.UserError, match=r"does not exist: rlspeed saves '.*best_model\.safetensors' there, "
+                                                r"not Stable-Baselines3's \.zip"):
+        PPO.load(tmp_path / "best_model.zip")
+    assert PPO.load(tmp_path / "best_model", device="cpu").num_timesteps == 0
+
+
 def test_action_space_metadata_keeps_the_box_dtype():
     import gymnasium as gym
     import numpy as np

@@ -638,6 +638,10 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         zipped = path.with_name(path.name + ".zip")  # (Stable-Baselines3's save("name") writes name.zip)
         path = zipped if zipped.is_file() and not checkpoint_path(path).exists() else checkpoint_path(path)
     if not path.exists():
+        ours = Path(given).expanduser().with_suffix(".safetensors")
+        if str(given).endswith(".zip") and ours.is_file():  # (a ported SB3 script's load("best_model.zip"))
+            raise UserError(f"Checkpoint '{given}' does not exist: rlspeed saves '{ours}' there, not "
+                            "Stable-Baselines3's .zip; load that (or the name without an extension).")
         also = f" (nor '{path}')" if str(path) != str(given) and not str(given).endswith(("/", os.sep)) else ""
         raise UserError(f"Checkpoint '{given}' does not exist{also}.")
     if not path.is_file():  # (a FIFO would block the read, a device such as /dev/zero never end it)
