@@ -452,6 +452,21 @@ def test_a_callback_list_as_a_child_runs_each_of_its_callbacks():
     assert model.num_timesteps == STEPS_PER_ITERATION  # (stopped at the first evaluation)
 
 
+def test_an_eval_callbacks_children_start_and_end_with_it():
+    """A callback_after_eval (callback_on_new_best) of one's own that sets itself up in `_on_training_start`, as
+    Stable-Baselines3 calls it there, and `_on_training_end`, as EveryNTimesteps' callback gets it: both run once,
+    around its evaluations (they never ran, so its setup was silently skipped); inside a CallbackList too."""
+    after_eval, on_new_best, listed = Recorder(), Recorder(), Recorder()
+    evaluator = EvalCallback(n_eval_episodes=1, eval_freq=STEPS_PER_ITERATION, verbose=0,
+                             callback_after_eval=after_eval, callback_on_new_best=CallbackList([on_new_best, listed]))
+    _ppo().learn(2 * STEPS_PER_ITERATION, progress_bar=False, callback=evaluator)
+    for child in (after_eval, on_new_best, listed):
+        kinds = [event[0] for event in child.events]
+        assert kinds[0] == "start" and kinds[-1] == "end", kinds
+        assert kinds.count("start") == kinds.count("end") == 1
+    assert after_eval.n_calls == 2  # (and each evaluation still runs it once)
+
+
 def test_eval_callback_refuses_a_next_step_vector_env_before_training():
     """Gymnasium's default vector env (NEXT_STEP autoreset) as eval_env: one sentence naming EvalCallback and the
     fix, before any step is trained (it came at the first evaluation)."""

@@ -593,11 +593,21 @@ class EvalCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         self._period.start(self.num_timesteps)
+        # (its children start and end with it, as EveryNTimesteps' callback does; Stable-Baselines3 starts its
+        # callback_after_eval)
+        for child in (self.callback_on_new_best, self.callback_after_eval):
+            if child is not None:
+                child.on_training_start(self.locals)
 
     def _on_rollout_end(self) -> bool:
         if not self._period.due(self.num_timesteps):
             return True
         return self.evaluate_now()
+
+    def _on_training_end(self) -> None:
+        for child in (self.callback_on_new_best, self.callback_after_eval):
+            if child is not None:
+                child.on_training_end()
 
     def evaluate_now(self) -> bool:
         """Evaluate now (what every `eval_freq` steps does); False when a child callback stops training."""
