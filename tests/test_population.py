@@ -808,5 +808,6 @@ def test_population_mistakes_are_one_sentence_each():
         population.learn(32, totl_timesteps=64)
     with pytest.raises(UserError, match=r"population's learn takes no callback .*on_eval=fn\(num_timesteps, means\)"):
         population.learn(32, callback=lambda local_vars: True)  # (a model's learn takes one)
+    assert population.learn(32, callback=None, progress_bar=False)["members"]  # (no callback: as a model's learn)
     with pytest.raises(UserError, match="save takes a file's path"):
         population.save(5)

@@ -1238,6 +1238,8 @@ class PopulationBase:
         Returns the summary dict (`write_summary` writes it as summary.json): per-member time and steps to target,
         final evaluation and `"curve"` (`[[steps, eval_mean], ...]`, every evaluation of it), and the aggregates
         (median, IQM and their 95% bootstrap intervals, `rlspeed.stats`)."""
+        if "callback" in unknown and unknown["callback"] is None:  # (no callback, as a model's learn takes it)
+            del unknown["callback"]
         if "callback" in unknown:  # (a model's learn takes one: a ported single-model script passes it here too)
             raise UserError("A population's learn takes no callback (a model's learn does): on_eval=fn(num_timesteps, "
                             "means) runs after each evaluation (it returns the members to prune), run_dir with "
