@@ -87,6 +87,18 @@ class RecurrentPPO(PPO):
     config: RecurrentPPOConfig
 
     # --- the network and its state -------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg, world = self.config, self.strategy.world_size
+        # Each rank takes batch_size / num_steps / world whole columns per minibatch from its share of the envs: a
+        # number of sequences that does not split evenly would round each rank's share up to one column (or down),
+        # changing the minibatch size and the number of updates without a word.
+        sequences = cfg.batch_size // cfg.num_steps
+        require(world == 1 or cfg.batch_size >= cfg.num_envs * cfg.num_steps or sequences % world == 0,
+                f"batch_size ({cfg.batch_size}) holds {sequences} sequence{'s' if sequences != 1 else ''} of num_steps "
+                f"({cfg.num_steps}), which must be a multiple of the number of processes ({world}): each process "
+                f"takes an equal share of every minibatch's sequences (batch_size={cfg.num_steps * world} would do).")
+        super()._setup()
+
     def _build_policy(self) -> RecurrentActorCritic:
         cfg, spec = self.config, self.spec
         return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
