@@ -317,6 +317,16 @@ def test_bad_options_are_one_sentence_naming_the_option(options, named):
     assert named in message and "\n" not in message
 
 
+@pytest.mark.parametrize("option", [{"n_lstm_layers": 2}, {"enable_critic_lstm": False}, {"shared_lstm": True}])
+def test_sb3_contribs_lstm_layout_options_say_which_layout_this_is(option):
+    """sb3-contrib's LSTM layout keywords were 'Unknown hyperparameter' with the list of all the others: they now say
+    which layout rlspeed's RecurrentPPO has."""
+    with pytest.raises(UserError, match=rf"'{next(iter(option))}' is not an option of RecurrentPPOConfig: .*one LSTM "
+                                        r"layer for the actor and one for the critic") as raised:
+        RecurrentPPO(ENV_ID, device="cpu", **option)
+    assert "Valid:" not in str(raised.value)
+
+
 def test_bad_option_from_the_command_line_exits_2(capsys, monkeypatch, tmp_path):
     from rlspeed import cli
 

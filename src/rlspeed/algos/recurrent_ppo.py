@@ -38,6 +38,11 @@ REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_step
                   "target_policy_noise", "target_noise_clip", "action_noise", "optimize_memory_usage")
 _REPLAY_FIX = ("it is an option of the replay-based algorithms (dqn, sac, td3, ddpg); RecurrentPPO learns from "
                "rollouts of num_envs x num_steps steps: remove it, and size the rollout with num_envs and num_steps")
+#: sb3-contrib's LSTM layout options: rlspeed's RecurrentPPO has one of its layouts, the default one.
+LSTM_LAYOUT_OPTIONS = ("n_lstm_layers", "enable_critic_lstm", "shared_lstm")
+_LSTM_LAYOUT_FIX = ("rlspeed's RecurrentPPO has one LSTM layer for the actor and one for the critic (sb3-contrib's "
+                    "defaults n_lstm_layers=1, enable_critic_lstm=True, shared_lstm=False): remove it; "
+                    "lstm_hidden_size sets the LSTMs' size")
 
 
 @dataclass
@@ -54,7 +59,8 @@ class RecurrentPPOConfig(PPOConfig):
     batch_size: int = 128
     lstm_hidden_size: int = 256
 
-    refused: ClassVar[dict[str, str]] = dict.fromkeys(REPLAY_OPTIONS, _REPLAY_FIX)
+    refused: ClassVar[dict[str, str]] = {**dict.fromkeys(REPLAY_OPTIONS, _REPLAY_FIX),
+                                         **dict.fromkeys(LSTM_LAYOUT_OPTIONS, _LSTM_LAYOUT_FIX)}
 
     def validate(self) -> None:
         """PPO's checks, plus: an LSTM state of at least one unit, and minibatches of whole sequences."""
