@@ -76,7 +76,8 @@ class RecurrentPPOConfig(PPOConfig):
 
 
 class RecurrentPPO(PPO):
-    """PPO with LSTM actor and critic for Discrete and Box action spaces.
+    """PPO with LSTM actor and critic for Discrete, Box, MultiDiscrete and MultiBinary action spaces (action masks as
+    PPO takes them).
 
     >>> import numpy as np
     >>> from rlspeed import RecurrentPPO, make_env
