@@ -3,6 +3,8 @@ episodes started, so that the update can re-run the LSTM over whole sequences (e
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from rlspeed.buffers.rollout import RolloutBuffer
@@ -19,7 +21,12 @@ class RecurrentRolloutBuffer(RolloutBuffer):
     def __init__(self, num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
                  action_dtype: torch.dtype, device: torch.device, state_shape: tuple[int, ...],
                  mask_size: int | None = None):
-        super().__init__(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size)
+        # the states a step started from and produced (float32 [S, H] per env each) and the episode-start flag count in
+        # the memory check: with an LSTM of 256 they are 8 KiB per step and env, against some 60 bytes for
+        # CartPole's other fields
+        state_nbytes = 2 * 4 * math.prod(state_shape) // num_envs + 1
+        super().__init__(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size,
+                         extra_nbytes=state_nbytes)
         self.states = torch.zeros(num_steps, *state_shape, device=device)
         self.next_states = torch.zeros(num_steps, *state_shape, device=device)
         self.episode_starts = torch.zeros(num_steps, num_envs, device=device, dtype=torch.bool)

@@ -83,15 +83,17 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, 
 
 def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape: tuple[int, ...],
                         action_dtype: torch.dtype, device: torch.device, mask_size: int | None,
-                        store_next_obs: bool) -> None:
+                        store_next_obs: bool, extra_nbytes: int = 0) -> None:
     """UserError, before anything is allocated, when a rollout's storage would take more than the share of the
     device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`): num_steps=1e9 failed inside the
-    allocator, 1e30 inside torch."""
+    allocator, 1e30 inside torch. `extra_nbytes`: what a subclass stores per step and env besides (a recurrent
+    policy's states)."""
     layout = observation_layout(observation) if isinstance(observation, gym.Space) else (tuple(observation),
                                                                                          torch.float32)
     action_bytes = torch.empty((), dtype=action_dtype).element_size() * math.prod(action_shape)
     # observations (twice with next_obs), actions, 5 float32 and 3 bool fields per step and env, the masks
-    per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 5 * 4 + 3 + (mask_size or 0))
+    per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 5 * 4 + 3 + (mask_size or 0)
+                + extra_nbytes)
     needed = num_steps * num_envs * per_step
     free = available_memory_bytes(torch.device(device))
     if free is not None and needed > REPLAY_MEMORY_SHARE * free:
@@ -111,17 +113,18 @@ class RolloutBuffer:
     GAE bootstraps every step from V of the observation its action led to. `store_next_obs` keeps those observations
     (`next_obs`, `info["final_obs"]`; V of all of them in one pass after the rollout: the fewest kernels, for small
     vectors); without it, the algorithm writes V of the finished rows' last observations into `final_values` during
-    the rollout, and the other rows' are the next step's values: images are stored once, not twice.
+    the rollout, and the other rows' are the next step's values: images are stored once, not twice. `extra_nbytes`:
+    what a subclass stores per step and env besides, counted when checking that the rollout fits in memory.
     """
 
     def __init__(self, num_steps: int, num_envs: int, observation: gym.Space | tuple[int, ...],
                  action_shape: tuple[int, ...], action_dtype: torch.dtype, device: torch.device,
-                 mask_size: int | None = None, store_next_obs: bool = True):
+                 mask_size: int | None = None, store_next_obs: bool = True, extra_nbytes: int = 0):
         def zeros(*shape, dtype=torch.float32):
             return torch.zeros(num_steps, num_envs, *shape, device=device, dtype=dtype)
 
         _check_rollout_fits(num_steps, num_envs, observation, action_shape, action_dtype, device, mask_size,
-                            store_next_obs)
+                            store_next_obs, extra_nbytes)
         self.num_steps, self.num_envs = num_steps, num_envs
         self.obs = allocate_observations(observation, (num_steps, num_envs), device)
         # info["final_obs"], or the bootstrap values of finished rows (see the class docstring)
