@@ -361,6 +361,7 @@ def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_erro
     assert ended.value.__cause__ is error
     monkeypatch.setenv("RANK", "2")
     tell_launcher(1)  # (rank 2 of this attempt said why it ends: exit code 1)
+    (tmp_path / "999999").write_text("0 1 1 follows")  # (rank 1 ended because another did: not named)
     with pytest.raises(PeerEnded, match=r"^Process 0 of 3 stopped: process 2 ended with exit code 1 \(its message"):
         strategy.max_over_ranks(1)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # (a restarted attempt: the earlier attempt's end is old)
@@ -372,6 +373,25 @@ def test_a_collective_broken_by_a_peers_end_is_one_line_naming_it_and_other_erro
     with pytest.raises(RuntimeError, match="must be contiguous") as other:
         strategy.all_reduce_sum(torch.zeros(2))
     assert not isinstance(other.value, PeerEnded)
+
+
+def test_a_peer_ending_while_the_group_forms_is_one_line(monkeypatch):
+    """A bad input one process found while another was still forming the process group (a loaded machine) ended that
+    other in gloo's "Connection closed by peer" traceback, and the launcher with its exit code 1 instead of 2."""
+    import torch.distributed as dist
+
+    from rlspeed.errors import PeerEnded
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Gloo connectFullMesh failed with [../gloo/transport/tcp/pair.cc:553] Connection closed by "
+                           "peer [127.0.0.1]:16618.")
+
+    monkeypatch.setattr(dist, "init_process_group", broken)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(PeerEnded, match="^Process 0 of 2 stopped: another process of the run ended"):
+        DistributedStrategy(device="cpu")
 
 
 def test_the_launcher_keeps_torchruns_report_unless_every_failed_worker_said_why():
@@ -391,8 +411,12 @@ def test_the_launcher_keeps_torchruns_report_unless_every_failed_worker_said_why
         def get_first_failure(self):
             return 0, self.failures[0]
 
-    said = {101: ("0", 1, 1), 102: ("0", 0, 1)}
+    said = {101: ("0", 1, 1, False), 102: ("0", 0, 1, False)}
     assert _quiet_code(ChildFailedError(Failure(101, 1), Failure(102, 1)), said) == 1
+    # (a worker whose group broke because another ended gives way to that one, whichever torchrun saw first: a bad
+    # input found by process 1 while process 0 still formed the group was exit code 1)
+    followed = {101: ("0", 0, 1, True), 105: ("0", 1, 2, False)}
+    assert _quiet_code(ChildFailedError(Failure(101, 1), Failure(105, 2)), followed) == 2
     assert _quiet_code(ChildFailedError(Failure(101, -6), Failure(102, -15)), said) == 1  # (aborted at teardown)
     assert _quiet_code(ChildFailedError(Failure(103, 2), Failure(102, 1)), said) == 2
     assert _quiet_code(ChildFailedError(Failure(103, -9), Failure(102, 1)), said) is None  # (killed: report stays)

@@ -24,11 +24,12 @@ SAID_CODES = (2, 130, 143)
 _ENDED_BY_TORCHRUN = tuple(-int(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL))
 
 
-def _quiet_code(error: Exception, said: dict[int, tuple[str, int, int]] | None = None) -> int | None:
+def _quiet_code(error: Exception, said: dict[int, tuple[str, int, int, bool]] | None = None) -> int | None:
     """The exit code for `error` where it is torchrun's report of a stop, or of workers whose first failure said why it
-    ended (`said`, process id -> (attempt, rank, code), from `workers_said`; or one of `SAID_CODES`: a bad input found
-    by the workers is exit code 2, as without --nproc), the others saying why too or ending by torchrun's signal; else
-    None: torchrun's report stays (its classes' modules are internal: read by name)."""
+    ended (`said`, process id -> (attempt, rank, code, follows), from `workers_said`; or one of `SAID_CODES`: a bad
+    input found by the workers is exit code 2, as without --nproc), the others saying why too or ending by torchrun's
+    signal; else None: torchrun's report stays (its classes' modules are internal: read by name). A worker that ended
+    because another did (`follows`: its group broken) gives way to one that said why it ended itself."""
     said = said or {}
     if type(error).__name__ == "SignalException" and getattr(error, "sigval", None) is not None:
         return 128 + int(error.sigval)
@@ -40,8 +41,13 @@ def _quiet_code(error: Exception, said: dict[int, tuple[str, int, int]] | None =
             code = getattr(failure, "exitcode", None)
             return code if code in SAID_CODES else None
 
-        first = told(error.get_first_failure()[1])
+        def follows(failure) -> bool:
+            return said.get(getattr(failure, "pid", None), ())[3:] == (True,)
+
         failures = getattr(error, "failures", {}).values()
+        first = error.get_first_failure()[1]
+        causes = [failure for failure in failures if told(failure) is not None and not follows(failure)]
+        first = told(causes[0] if causes and follows(first) else first)
         if first is not None and all(told(failure) is not None or getattr(failure, "exitcode", None)
                                      in _ENDED_BY_TORCHRUN for failure in failures):
             return first

@@ -2753,6 +2753,9 @@ def _main(argv: list[str]) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"rlspeed: {_one_line(str(error))}", file=sys.stderr)
+        from rlspeed.distributed import tell_launcher
+
+        tell_launcher(1, follows=True)  # (the run's exit code is the process's that ended first)
         return 1
     except (MemoryError, RuntimeError) as error:  # (torch's OutOfMemoryError is a RuntimeError)
         text = str(error)

@@ -51,7 +51,8 @@ class DistributedStrategy:
                 store = _restart_scoped_store(timeout)
                 if store is not None:
                     kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
-                dist.init_process_group(self.backend, timeout=timeout, **kwargs)
+                with self._peers_answer():  # (a peer that ended while the group forms: one line, not gloo's)
+                    dist.init_process_group(self.backend, timeout=timeout, **kwargs)
 
     @property
     def enabled(self) -> bool:
@@ -189,33 +190,37 @@ def _attempt() -> str:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
-def tell_launcher(code: int) -> None:
+def tell_launcher(code: int, follows: bool = False) -> None:
     """Where this worker of `python -m rlspeed._torchrun` ends with `code` (not 0) after saying why in its own line:
     leave that in the launcher's folder (`SAID_FOLDER_VARIABLE`), as `ATTEMPT RANK CODE` in a file named after this
-    process's id, which torchrun's failure report gives. Elsewhere nothing."""
+    process's id, which torchrun's failure report gives; `follows`: it ended because another process did
+    (`PeerEnded`), whose code is the run's. The first word of a process stands. Elsewhere nothing."""
     folder = os.environ.get(SAID_FOLDER_VARIABLE)
     if code and folder:
-        with contextlib.suppress(OSError):
-            Path(folder, str(os.getpid())).write_text(f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}")
+        with contextlib.suppress(OSError), Path(folder, str(os.getpid())).open("x") as file:
+            file.write(f"{_attempt()} {os.environ.get('RANK', '0')} {int(code)}" + (" follows" if follows else ""))
 
 
-def workers_said(folder: str | os.PathLike) -> dict[int, tuple[str, int, int]]:
-    """What `tell_launcher` left in `folder`: process id -> (attempt, rank, exit code)."""
+def workers_said(folder: str | os.PathLike) -> dict[int, tuple[str, int, int, bool]]:
+    """What `tell_launcher` left in `folder`: process id -> (attempt, rank, exit code, whether it followed another's
+    end)."""
     said = {}
     with contextlib.suppress(OSError):
         for path in Path(folder).iterdir():
             with contextlib.suppress(OSError, ValueError):
-                attempt, rank, code = path.read_text().split()
-                said[int(path.name)] = (attempt, int(rank), int(code))
+                attempt, rank, code, *follows = path.read_text().split()
+                said[int(path.name)] = (attempt, int(rank), int(code), follows == ["follows"])
     return said
 
 
 def peers_said() -> dict[int, int]:
-    """The processes of this attempt that have ended saying why (`tell_launcher`): rank -> exit code."""
+    """The processes of this attempt that have ended saying why (`tell_launcher`), not because another did: rank ->
+    exit code."""
     folder = os.environ.get(SAID_FOLDER_VARIABLE)
     if not folder:
         return {}
-    return {rank: code for attempt, rank, code in workers_said(folder).values() if attempt == _attempt()}
+    return {rank: code for attempt, rank, code, follows in workers_said(folder).values()
+            if attempt == _attempt() and not follows}
 
 
 def _restart_scoped_store(timeout: datetime.timedelta) -> dist.Store | None:
