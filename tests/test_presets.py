@@ -189,6 +189,24 @@ def test_schedules():
         assert translated(algo, {"learning_rate": 1e-3}).hyperparameters.get("anneal_lr", False) is False
     assert refused(translated("sac", {"clip_range": "lin_0.2"})) == {"clip_range"}  # (SAC has no clip range)
     assert refused(translated("ppo", {"learning_rate": "exp_1e-3"})) == {"learning_rate"}
+    # RL-Zoo's other spelling, and a number YAML 1.1 read as text (`3e-4`): RL-Zoo's values, not rlspeed's defaults
+    linear = translated("ppo", {"learning_rate": "linear_1e-3", "clip_range": "3e-4"})
+    assert linear.status == "full"
+    assert (linear.hyperparameters["learning_rate"], linear.hyperparameters["anneal_lr"]) == (1e-3, True)
+    assert (linear.hyperparameters["clip_range"], linear.hyperparameters["anneal_clip"]) == (3e-4, False)
+    # RL-Zoo anneals clip_range_vf too; rlspeed holds it at the start, and says so
+    vf = translated("ppo", {"clip_range_vf": "lin_0.2"})
+    assert refused(vf) == {"clip_range_vf"} and vf.hyperparameters["clip_range_vf"] == 0.2
+
+
+def test_on_policy_schedules_say_where_their_progress_is_taken():
+    """rlspeed's on-policy updates take the annealed value at the step count before the rollout, SB3's after it: a
+    translated lin_X says so among the differences (off-policy algorithms take SB3's)."""
+    ppo = translated("ppo", {"learning_rate": "lin_3e-4", "clip_range": "lin_0.2"})
+    assert [line.split(" ")[0] for line in ppo.differences] == ["learning_rate", "clip_range"]
+    assert all("before its rollout" in line for line in ppo.differences)
+    assert not translated("sac", {"learning_rate": "lin_7.3e-4"}).differences
+    assert not translated("ppo", {"learning_rate": 3e-4}).differences
 
 
 def test_meaning_differences():
@@ -419,6 +437,9 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     assert "RL-Zoo's format" in preset.message()
     assert (preset["num_envs"], preset["num_steps"], preset["total_timesteps"]) == (8, 32, 100_000)
     assert (preset["learning_rate"], preset["anneal_lr"], preset["net_arch"]) == (1e-3, True, [32])
+    path.write_text("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  learning_rate: linear_1e-3\n")
+    preset = load_preset("ppo", "CartPole-v1", str(path))
+    assert (preset["learning_rate"], preset["anneal_lr"]) == (1e-3, True)
     path.write_text("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  frame_stack: 4\n")
     with pytest.raises(UserError, match="frame_stack"):
         load_preset("ppo", "CartPole-v1", str(path))
@@ -427,6 +448,10 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
 @pytest.mark.parametrize("text, match", [
     ("CartPole-v1:\n  num_envz: 4\n", "num_envz"),  # rlspeed's format: unknown key named
     ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  n_stepz: 4\n", "n_stepz"),  # RL-Zoo's format
+    # a schedule or value rlspeed cannot follow in RL-Zoo's format: refused, not trained with another value
+    ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  learning_rate: exp_1e-3\n", "learning_rate"),
+    ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  clip_range_vf: lin_0.2\n", "clip_range_vf"),
+    ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  gamma: 2.0\n", "gamma"),
     ("CartPole-v1:\n  gamma: 2.0\n", "gamma"),
     ("CartPole-v1:\n  total_timesteps: abc\n", "total_timesteps"),  # (a run setting)
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),

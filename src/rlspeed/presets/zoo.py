@@ -375,10 +375,11 @@ class _Translator:
                                  "HerReplayBuffer (her=True)")
         elif key == "replay_buffer_kwargs":
             self.replay_buffer_kwargs(value)
-        elif key == "clip_range_vf" and not isinstance(value, str):
-            self.set(key, value, key)
-            self.differ("clip_range_vf: rlspeed's PPO takes the larger of the clipped and unclipped value errors "
-                        "(SB3 the clipped one)")
+        elif key == "clip_range_vf":
+            self.schedule(key, value)
+            if self.hyper.get(key) is not None:  # (None: no value clipping, as SB3's)
+                self.differ("clip_range_vf: rlspeed's PPO takes the larger of the clipped and unclipped value "
+                            "errors (SB3 the clipped one)")
         elif key in SAME_NAME:
             self.set(key, value, key)
         elif key in SDE_KEYS:
@@ -453,25 +454,37 @@ class _Translator:
                                                    "1e-8 and has no other options")
 
     def schedule(self, key: str, value) -> None:
-        """A number, or `lin_X` (linear from X to 0 over the run): the value plus rlspeed's annealing flag."""
-        flag = {"learning_rate": "anneal_lr", "clip_range": "anneal_clip"}[key]
-        # every algorithm anneals its learning rate (`anneal_lr`); PPO's clip range too
-        has_flag = flag == "anneal_lr" or self.algo in ("ppo", "recurrent_ppo")
+        """A number, or `lin_X` / `linear_X` (linear from X to 0 over the run, RL-Zoo's schedules): the value plus
+        rlspeed's annealing flag. A number written as text (YAML 1.1 reads `3e-4` so) is that number, held constant.
+        A schedule rlspeed cannot follow is refused, and in a user's own file (`strict`) the entry with it: trained
+        with another value, the run would not be the one the file describes."""
+        flag = {"learning_rate": "anneal_lr", "clip_range": "anneal_clip"}.get(key)
+        # every algorithm anneals its learning rate (`anneal_lr`); PPO's clip range too; clip_range_vf never
+        has_flag = flag == "anneal_lr" or flag is not None and self.algo in ("ppo", "recurrent_ppo")
+        if isinstance(value, str):
+            try:
+                value = float(value)  # (text that is a number: a constant, as rlspeed's own format reads it)
+            except ValueError:
+                pass
         if isinstance(value, str):
             kind, _, start = value.partition("_")
             try:
                 number = float(start)
             except ValueError:
                 number = None
-            if kind != "lin" or number is None:
-                self.refuse(key, f"{value!r}: rlspeed reads constant values and lin_X (linear decay to 0) schedules")
+            if kind not in ("lin", "linear") or number is None:
+                self.refuse(key, f"{value!r}: rlspeed reads constant values and lin_X or linear_X (linear decay to 0) "
+                                 "schedules", blocking=self.strict)
                 return
             self.set(key, number, key)
             if has_flag:
                 self.set(flag, True, key)
+                if self.algo in ON_POLICY:
+                    self.differ(f"{key} {value}: rlspeed takes each update's {key} at the step count before its "
+                                "rollout, SB3 after it (one update's worth lower, 0 in the last update)")
             else:
-                self.refuse(key, f"{value!r}: rlspeed's {self.algo} has no {key} schedule; {number:g} is held "
-                                 "constant")
+                held = "" if self.strict else f"; {number:g} is held constant"  # (strict: the entry is refused)
+                self.refuse(key, f"{value!r}: rlspeed's {self.algo} has no {key} schedule{held}", blocking=self.strict)
         else:
             self.set(key, value, key)
             if has_flag:
@@ -617,8 +630,8 @@ class _Translator:
                 continue
             try:
                 coerce(key, hyper[key], hints[key])
-            except UserError as error:
-                self.refuse(self.origin[key], str(error))
+            except UserError as error:  # (a bad value: in a user's own file, the entry is refused, as for a typo)
+                self.refuse(self.origin[key], str(error), blocking=self.strict)
                 hyper.pop(key)
         for origin, keys in missing.items():
             self.refuse(origin, f"rlspeed's {self.algo} has no {' or '.join(keys)}")
