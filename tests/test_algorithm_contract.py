@@ -467,6 +467,26 @@ def test_a_hyperparameter_set_on_the_model_is_refused_and_one_set_on_its_config_
     assert sac.target_entropy == -2.0
 
 
+def test_stable_baselines3_schedule_attributes_set_on_a_model_are_refused():
+    """SB3's recipes change a loaded model's schedules by setting `model.lr_schedule`, `model.exploration_schedule`
+    or `model.exploration_rate`: on an rlspeed model each was a new attribute nothing read (training and
+    predict went on with the config's values). Setting one is refused, naming model.config; reading one says where it
+    is."""
+    from rlspeed import DQN, PPO
+
+    ppo = PPO("CartPole-v1", device="cpu", num_envs=2, num_steps=16)
+    with pytest.raises(UserError, match=r"model.lr_schedule = \.\.\. changes nothing: .*model.config.anneal_lr"):
+        ppo.lr_schedule = lambda progress_remaining: 1e-4
+    with pytest.raises(AttributeError, match=r"PPO.lr_schedule is Stable-Baselines3's; .*model.config.learning_rate"):
+        _ = ppo.lr_schedule
+    dqn = DQN("CartPole-v1", device="cpu")
+    for name in ("exploration_rate", "exploration_schedule"):
+        with pytest.raises(UserError, match=rf"model.{name} = \.\.\. changes nothing: .*exploration_final_eps"):
+            setattr(dqn, name, 0.0)
+        with pytest.raises(AttributeError, match=rf"DQN.{name} is Stable-Baselines3's; .*model.epsilon"):
+            getattr(dqn, name)
+
+
 @pytest.mark.parametrize("algo, env_id, options", [
     ("PPO", "CartPole-v1", {"num_envs": 4, "num_steps": 16, "batch_size": 32, "n_epochs": 2}),
     ("A2C", "CartPole-v1", {"num_envs": 2, "num_steps": 8}),

@@ -168,7 +168,12 @@ SB3_ATTRIBUTES = {
     "get_vec_normalize_env": "normalize_obs=True / normalize_reward=True keep the statistics in the model",
     "q_net": "DQN's network is model.q_network (its target: model.q_target)",
     "q_net_target": "DQN's target network is model.q_target",
-    "exploration_rate": "DQN's exploration rate at a step is model.epsilon(timesteps)",
+    **dict.fromkeys(("exploration_rate", "exploration_schedule"),
+                    "DQN's exploration rate at a step is model.epsilon(timesteps): linear from "
+                    "model.config.exploration_initial_eps to exploration_final_eps over exploration_fraction of each "
+                    "learn call (predict(deterministic=False) explores with exploration_final_eps)"),
+    "lr_schedule": "the learning rate is model.config.learning_rate, decayed linearly to 0 over each learn call "
+                   "where model.config.anneal_lr is True (rlspeed takes no schedule callables)",
     **dict.fromkeys(("logger", "set_logger"), "learn(run_dir=DIR) writes the metrics (metrics.csv, and TensorBoard "
                                               "logs where the tensorboard package is installed) in DIR, and a "
                                               "callback's self.logger.record(key, value) adds a column of its own "
@@ -184,6 +189,12 @@ SB3_ATTRIBUTES = {
     "ent_coef_optimizer": "SAC trains its entropy coefficient (model.log_alpha, with ent_coef=None) with the actor "
                           "and critics, in model.optimizer",
 }
+
+
+#: Stable-Baselines3's schedule attributes, which its users set on a model between learn calls: set on an rlspeed
+#: model, each would be a new attribute nothing reads (`Algorithm.__setattr__` refuses it with `SB3_ATTRIBUTES`'
+#: advice)
+SB3_SCHEDULE_ATTRIBUTES = ("exploration_rate", "exploration_schedule", "lr_schedule")
 
 
 #: Hyperparameters whose None means "tuned automatically", which Stable-Baselines3 spells "auto", each with the
@@ -1530,6 +1541,9 @@ class Algorithm:
                 raise UserError(f"model.{name} = ... changes nothing: {type(self).__name__} reads its "
                                 f"hyperparameters from model.config; set model.config.{name} (docs/callbacks.md says "
                                 "which take effect once the model is built).")
+            if name in SB3_SCHEDULE_ATTRIBUTES and name not in self.__dict__ and not hasattr(type(self), name):
+                raise UserError(f"model.{name} = ... changes nothing: it is Stable-Baselines3's; "
+                                f"{SB3_ATTRIBUTES[name]}.")
             # (a network put in place of one the model's optimisers train: they and the update steps hold the first
             # one's parameters, so the new one would act but not train, or neither; a wrapper of the same parameters,
             # torch.compile's, and networks of the user's own that no optimiser holds are taken)
