@@ -223,6 +223,10 @@ def test_stable_baselines3_option_spellings_port_or_say_what_to_do():
     ppo = rlspeed.PPO("CartPole-v1", device="cpu", net_arch=dict(pi=[32, 32], vf=[32, 32]), activation="ReLU")
     assert (ppo.config.net_arch, ppo.config.activation) == ((32, 32), "relu")
     assert rlspeed.DQN("CartPole-v1", device="cpu", train_freq=(4, "step")).config.train_freq == 4
+    # the tuple written as text (`--set "train_freq=(1, episode)"`, a YAML file): read as the tuple, not as an int
+    assert rlspeed.DQN("CartPole-v1", device="cpu", train_freq="(4, 'step')").config.train_freq == 4
+    with pytest.raises(UserError, match="no per-episode training frequency"):
+        rlspeed.DQN("CartPole-v1", device="cpu", train_freq="(1, episode)")
     assert rlspeed.SAC("Pendulum-v1", device="cpu", net_arch={"pi": [64], "qf": [64]}).config.net_arch == (64,)
     refusals = [(rlspeed.PPO, "CartPole-v1", {"net_arch": dict(pi=[64], vf=[32])}, "one list of layer widths"),
                 (rlspeed.DQN, "CartPole-v1", {"train_freq": (1, "episode")}, "no per-episode training frequency"),

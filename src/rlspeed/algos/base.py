@@ -265,6 +265,10 @@ _RUN_KEYWORDS = ("total_timesteps", "target_return", "eval_freq", "eval_episodes
 _POPULATION_KEYS = ("population", "population_size", "seeds", "n_seeds", "num_seeds", "n_agents", "num_agents")
 
 
+#: SB3's `train_freq=(n, "step")` / `(n, "episode")` written as text (`--set "train_freq=(1, episode)"`)
+_TRAIN_FREQ_TUPLE = re.compile(r"[(\[]\s*(\d+)\s*,\s*['\"]?(\w+)['\"]?\s*[)\]]")
+
+
 def build_config(config_cls: type, overrides: dict) -> typing.Any:
     """A config dataclass from defaults + overrides; one clear sentence for unknown keys or bad values."""
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
@@ -318,6 +322,9 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                     raise UserError(f"Hyperparameter '{key}' got {value!r}: expected auto, auto_X with a number X "
                                     "(auto_0.1), or a number.") from None
             continue
+        written = _TRAIN_FREQ_TUPLE.fullmatch(value.strip()) if key == "train_freq" and isinstance(value, str) else None
+        if written:  # (SB3's tuple as text, from --set or a YAML file: "(1, 'episode')" is read as that tuple)
+            value = (int(written[1]), written[2])
         if key == "train_freq" and isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], str):
             if value[1] == "episode":  # SB3's (n, "step") / (n, "episode")
                 raise UserError(f"train_freq={tuple(value)!r}: rlspeed's train_freq counts env steps (per env); "
