@@ -281,6 +281,29 @@ def test_resume_with_a_bigger_budget_stretches_the_schedule(tmp_path):
     assert rates[0] < restarted.config.learning_rate  # continued from the checkpoint's place, not from the top
 
 
+def test_resume_from_a_save_between_learn_calls_starts_the_schedules_as_the_next_learn_would(tmp_path):
+    """A model saved after its learn call returned, resumed and trained on: its annealed learning rate and clip range
+    start afresh over the new call, as the saved model's own next learn call (and a population's resume from a save
+    between calls) does. They continued the finished call's schedule from its start, stretched to the new end: the
+    rate began at half the rate. A checkpoint written during learn still continues its run (the test above)."""
+    settings = dict(seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32, n_epochs=1, anneal_clip=True)
+
+    def schedule(model, steps):
+        seen = []
+        model.learn(steps, progress_bar=False, callback=lambda local: seen.append(
+            (float(model.optimizer.param_groups[0]["lr"]), model.config.clip_range * model._progress_remaining()))
+            or True)
+        return seen
+
+    first = PPO("CartPole-v1", **settings).learn(128, progress_bar=False)
+    path = first.save(tmp_path / "between")
+    resumed = PPO("CartPole-v1", **settings)
+    resumed.resume(path)
+    expected = schedule(first, 128)
+    assert expected[0][0] == first.config.learning_rate
+    assert schedule(resumed, 128) == expected
+
+
 def test_a_model_trained_on_a_normalising_env_rebuilds_one_after_load(tmp_path):
     env = rlspeed.make_env("Pendulum-v1", num_envs=4, device="cpu", seed=0, normalize_obs=True)
     model = PPO(env, seed=0, device="cpu", **TINY).learn(256, progress_bar=False)

@@ -1220,6 +1220,10 @@ class Algorithm:
         # the schedules' span (`_progress_remaining`): set by learn, or by `load` to where the saved run's stood
         self._learn_start: int | None = None
         self._schedule_end: int | None = None
+        # whether a `resume` from a save now continues the schedules: during a learn call and after one cut short (an
+        # interrupt, a signal's stop request, an error), not after one that ran to its end (its budget, its target, a
+        # callback's stop), whose next call would start them afresh
+        self._schedule_open = False
         self._saved_with_action_masks = False  # (`load`: the file's run trained with action masks)
         self.result = LearnResult()
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
@@ -1822,6 +1826,7 @@ class Algorithm:
         resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
         if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
             self._learn_start, self._schedule_end = resumed_schedule[0], max(resumed_schedule[1], self._total_timesteps)
+        self._schedule_open = True
         saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
         # evaluations every eval_freq steps: for a target, or because eval_freq was asked for (a resumed run keeps
         # its own choice)
@@ -2060,6 +2065,9 @@ class Algorithm:
             result.total_timesteps = self.num_timesteps - (run_start if resume is not None else start_steps)
             result.train_wall_s = clock_offset + train_clock
             result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
+        # (this call returned: a further one, or a resume from a save now, starts anew; unless a signal's stop request
+        # cut it short, whose run the CLI saves to go on with --resume, as after an interrupt)
+        self._schedule_open = result.stop_requested
         self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
         if callbacks is not None and main:
             if closing_row is not None:
@@ -2327,6 +2335,8 @@ class Algorithm:
                     "reward_threshold": self.spec.reward_threshold, "optimizers": optim_meta,
                     "schedule": ([self._learn_start, self._schedule_end] if self._schedule_end is not None
                                  else None),
+                    # (whether `resume` continues that schedule: saved during learn or after one cut short)
+                    "schedule_continues": self._schedule_open,
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
                     "action_masks": self.trained_with_action_masks}
@@ -2522,8 +2532,12 @@ class Algorithm:
         self._run_dir = Path(path).resolve().parent
         self.num_timesteps = int(meta.get("num_timesteps", 0))
         schedule = meta.get("schedule")
-        # the next learn() continues the schedules where the checkpoint's run left them (see `learn`)
-        self._resumed_schedule = None if schedule is None else (int(schedule[0]), int(schedule[1]))
+        # the next learn() continues the schedules where the checkpoint's run left them (see `learn`); from a save
+        # between learn calls it starts them afresh, as the next learn call of the saved model would have (older
+        # checkpoints, without the flag, continue)
+        continues = schedule is not None and meta.get("schedule_continues", True)
+        self._resumed_schedule = (int(schedule[0]), int(schedule[1])) if continues else None
+        self._schedule_open = bool(continues)
         if self._env is not None:
             self._adopt_statistics()
         state = meta.get("resume")
