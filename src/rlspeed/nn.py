@@ -12,8 +12,9 @@ to a few kernels, free of argument validation and Python objects, and compilable
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -79,6 +80,49 @@ def default_init_(module: nn.Module) -> nn.Module:
                         bound = 1 / math.sqrt(weight.shape[1])
                         nn.init.uniform_(bias[k], -bound, bound)
     return module
+
+
+#: torch.nn layers whose forward is the same in train and eval mode (exact types: a subclass may read `training`)
+_MODE_FREE_LAYERS = frozenset({
+    nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Sequential,
+    nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict, nn.LayerNorm, nn.GroupNorm, nn.Embedding,
+    nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.AdaptiveMaxPool2d, nn.ReLU, nn.ReLU6, nn.Tanh, nn.ELU, nn.SELU, nn.CELU, nn.SiLU, nn.GELU, nn.Mish,
+    nn.LeakyReLU, nn.PReLU, nn.Sigmoid, nn.Softplus, nn.Softsign, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid,
+    nn.Softmax, nn.LogSoftmax, nn.Tanhshrink,
+})
+
+
+def mode_dependent(module: nn.Module) -> bool:
+    """Whether `module` holds a layer whose forward may differ between train and eval mode: Dropout, BatchNorm, a
+    multi-layer LSTM's dropout, or any module of the user's own (its forward may read `self.training`); rlspeed's own
+    networks and the plain torch.nn layers (`_MODE_FREE_LAYERS`) do not."""
+    for layer in module.modules():
+        kind = type(layer)
+        if kind in _MODE_FREE_LAYERS or kind.__module__.startswith("rlspeed."):
+            continue
+        if kind in (nn.LSTM, nn.GRU, nn.RNN) and not layer.dropout:
+            continue
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def acting_mode(module: nn.Module) -> Iterator[None]:
+    """`module` in eval mode inside the block (acting: rollouts, collection, `predict`, evaluation; export's copy is in
+    eval mode too), each layer's own mode put back after it (updates train in the modes the layers hold, train mode
+    unless the user set another), as Stable-Baselines3 switches its policies. Only where the mode can change the
+    output (`mode_dependent`): rlspeed's default networks are left alone, at no cost but the check."""
+    if not mode_dependent(module):
+        yield
+        return
+    modes = [(layer, layer.training) for layer in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for layer, training in modes:
+            layer.training = training
 
 
 # --- encoders: observations -> features ------------------------------------------------------------------------

@@ -79,7 +79,7 @@ from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive
 from rlspeed.export import default_export_module
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
-from rlspeed.nn import image_channels_first
+from rlspeed.nn import acting_mode, image_channels_first
 from rlspeed.numerics import NumericsGuard
 
 if typing.TYPE_CHECKING:
@@ -1675,7 +1675,7 @@ class Algorithm:
             obs = {key: value.to(self.device) for key, value in obs.items()}
         elif obs.device != self.device:
             obs = obs.to(self.device)
-        with torch.no_grad():
+        with torch.no_grad(), acting_mode(self.policy):
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
             if action_masks is None:

@@ -54,7 +54,7 @@ from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, integer_range, observation_layout
 from rlspeed.errors import UserError
-from rlspeed.nn import ENCODERS, QEnsemble, default_init_, encoder_from_config, to_device
+from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, encoder_from_config, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -623,7 +623,7 @@ class OffPolicyAlgorithm(Algorithm):
                  and cfg.train_freq * num_envs * buffer.bytes_per_transition <= _STAGE_BYTES)
         staged: list[tuple[torch.Tensor, ...]] | None = [] if stage else None
         masking = buffer.next_action_masks is not None
-        with torch.no_grad():
+        with torch.no_grad(), acting_mode(self.policy):  # (Dropout off, BatchNorm's running statistics; SB3's modes)
             for step in range(cfg.train_freq):
                 timesteps = self.num_timesteps + step * global_envs
                 masks = self._action_mask if masking else None  # the mask valid for `obs`

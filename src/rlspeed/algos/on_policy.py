@@ -29,6 +29,7 @@ from rlspeed.envs.base import map_obs
 from rlspeed.nn import (
     ENCODERS,
     ActorCritic,
+    acting_mode,
     action_kind,
     default_init_,
     encoder_from_config,
@@ -274,7 +275,7 @@ class OnPolicyAlgorithm(Algorithm):
         self._mid_rollout = True  # (until `_obs` is the envs' observation again: a learn cut short here resets)
         masking = self._masking
         successes: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step, where the env reports is_success
-        with torch.no_grad():
+        with torch.no_grad(), acting_mode(self.policy):  # (Dropout off, BatchNorm's running statistics; SB3's modes)
             for step in range(cfg.num_steps):
                 # the mask valid for `obs` (from the reset or the step that returned it)
                 masks = self._action_mask if masking else None

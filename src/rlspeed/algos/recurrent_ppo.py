@@ -30,7 +30,13 @@ from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
 from rlspeed.errors import UserError
-from rlspeed.nn import RecurrentActorCritic, SequenceLayout, encoder_from_config, reset_at_episode_starts
+from rlspeed.nn import (
+    RecurrentActorCritic,
+    SequenceLayout,
+    acting_mode,
+    encoder_from_config,
+    reset_at_episode_starts,
+)
 
 #: Options of the replay-based (off-policy) algorithms, which an on-policy algorithm has no use for.
 REPLAY_OPTIONS = ("buffer_size", "learning_starts", "train_freq", "gradient_steps", "tau", "target_update_interval",
@@ -140,7 +146,7 @@ class RecurrentPPO(PPO):
         if episode_start is not None:
             episode_start = torch.as_tensor(episode_start, device=self.device).bool()
             h, c = reset_at_episode_starts(h, episode_start), reset_at_episode_starts(c, episode_start)
-        with torch.no_grad():
+        with torch.no_grad(), acting_mode(self.policy):
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)
             masks = action_masks.to(self.device, torch.bool) if action_masks is not None else None

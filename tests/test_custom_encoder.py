@@ -1,0 +1,79 @@
+"""A user's own encoder (docs/algorithms.md, "Your own encoder": a subclass's `_build_policy`): the networks act in
+eval mode and update in train mode, as Stable-Baselines3's do, so Dropout and BatchNorm behave as their users
+expect."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rlspeed import PPO
+from rlspeed.nn import ActorCritic, Encoder, acting_mode, mode_dependent
+
+
+class NoisyNormed(Encoder):
+    """A linear layer, BatchNorm and Dropout: its output depends on the mode."""
+
+    kind = "noisy encoder"
+
+    def __init__(self, obs_dim: int, features_dim: int = 16):
+        super().__init__()
+        self.features_dim = features_dim
+        self.net = nn.Sequential(nn.Linear(obs_dim, features_dim), nn.BatchNorm1d(features_dim), nn.ReLU(),
+                                 nn.Dropout(0.5))
+
+    def forward(self, obs):
+        return self.net(obs.flatten(1).float())
+
+
+class NoisyPPO(PPO):
+    def _build_policy(self):
+        cfg, spec = self.config, self.spec
+        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
+                           cfg.log_std_init, encoder=NoisyNormed(spec.obs_dim), action_space=spec.action_space)
+
+
+def test_networks_act_in_eval_mode_and_update_in_train_mode(tmp_path):
+    """One env (a BatchNorm in train mode refuses a batch of one), deterministic `predict` repeatable with Dropout,
+    BatchNorm's statistics moved by the updates only, and the export (eval mode) giving predict's actions."""
+    model = NoisyPPO("CartPole-v1", device="cpu", seed=0, num_envs=1, num_steps=32, batch_size=32, n_epochs=2)
+    norm = model.policy.encoder.net[1]
+    model.learn(64, progress_bar=False)  # (acting on batches of one: eval mode)
+    assert norm.num_batches_tracked.item() == 2 * 2  # two rollouts, two epochs of one minibatch: the updates only
+    assert model.policy.training and norm.training  # (put back after acting)
+    obs = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    first, _ = model.predict(obs)
+    for _ in range(3):
+        assert np.array_equal(model.predict(obs)[0], first)
+    assert norm.num_batches_tracked.item() == 4  # (predict does not move the statistics)
+    model.predict(obs[0])
+    loaded = NoisyPPO.load(model.save(tmp_path / "noisy"))
+    assert np.array_equal(loaded.predict(obs)[0], first)
+    model.export(tmp_path / "noisy.pt")  # (refused where the eval-mode graph disagreed with predict)
+    # a layer the user put in eval mode stays so for the updates
+    norm.eval()
+    model.learn(32, progress_bar=False)
+    assert not norm.training and model.policy.training and norm.num_batches_tracked.item() == 4
+
+
+def test_rlspeeds_own_networks_are_left_alone():
+    """The default networks' output does not depend on the mode: acting does not walk them into eval mode."""
+    model = PPO("CartPole-v1", device="cpu", seed=0)
+    assert not mode_dependent(model.policy)
+    assert mode_dependent(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1)))
+    own = nn.Sequential(nn.Linear(2, 2), NoisyNormed(2))
+    with acting_mode(own):
+        assert not own.training and not own[1].net[3].training
+    assert own.training and own[1].net[3].training
+
+
+@pytest.mark.parametrize("mode", [True, False])
+def test_acting_mode_puts_back_each_layers_mode(mode):
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5), nn.BatchNorm1d(2))
+    net.train(mode)
+    net[2].eval()
+    with acting_mode(net), torch.no_grad():
+        assert not any(layer.training for layer in net.modules())
+    assert [layer.training for layer in net.modules()] == [mode, mode, mode, False]
