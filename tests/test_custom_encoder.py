@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from rlspeed import PPO
+from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic, Encoder, acting_mode, mode_dependent
 
 
@@ -77,3 +78,43 @@ def test_acting_mode_puts_back_each_layers_mode(mode):
     with acting_mode(net), torch.no_grad():
         assert not any(layer.training for layer in net.modules())
     assert [layer.training for layer in net.modules()] == [mode, mode, mode, False]
+
+
+class Widened(Encoder):
+    """A linear layer to `features_dim` features (the heads then take another width than the observation's)."""
+
+    kind = "widening encoder"
+
+    def __init__(self, obs_dim: int, features_dim: int):
+        super().__init__()
+        self.features_dim = features_dim
+        self.linear = nn.Linear(obs_dim, features_dim)
+
+    def forward(self, obs):
+        return torch.tanh(self.linear(obs.flatten(1).float()))
+
+
+class WidePPO(PPO):
+    def __init__(self, env, features_dim: int = 8, **kwargs):
+        self.features_dim = features_dim
+        super().__init__(env, **kwargs)
+
+    def _build_policy(self):
+        cfg, spec = self.config, self.spec
+        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
+                           cfg.log_std_init, encoder=Widened(spec.obs_dim, self.features_dim),
+                           action_space=spec.action_space)
+
+
+@pytest.mark.parametrize("features_dim", [8, 4])
+def test_loading_a_subclass_file_with_rlspeeds_class_names_the_subclass(tmp_path, features_dim):
+    """PPO.load of a file a subclass with its own encoder saved: one sentence naming the class to load it with, not
+    a hint at net_arch (heads of another width) or load_state_dict's RuntimeError (heads of the same width, the
+    encoder's tensors left over)."""
+    path = WidePPO("CartPole-v1", device="cpu", seed=0, features_dim=features_dim).save(tmp_path / "wide")
+    with pytest.warns(UserWarning, match="a subclass of rlspeed's ppo"), \
+            pytest.raises(UserError, match=rf"was saved by {__name__}\.WidePPO, whose networks PPO\.load does not "
+                                           rf"build \(the checkpoint.*policy\..*\): load it with WidePPO\.load, with "
+                                           rf"WidePPO imported from {__name__}\.$"):
+        PPO.load(path)
+    assert WidePPO.load(path).policy.encoder.features_dim == features_dim

@@ -870,12 +870,30 @@ _UNSAVED_ARGUMENTS_SAID: set[tuple[type, str]] = set()
 def _warn_other_class(meta: dict, cls: type, path, call: str) -> None:
     """A warning when the checkpoint at `path` was saved by a subclass of rlspeed's algorithm (a user's own loss,
     network or update) and `cls`, another class, `call`s it (load, resume): the model it builds may act otherwise."""
-    saved = meta.get("class")
-    if not saved or saved == _class_name(cls) or saved.startswith("rlspeed."):
+    saved = _other_class(meta, cls)
+    if saved is None:
         return
     warnings.warn(f"'{path}' was saved by {saved}, a subclass of rlspeed's {meta.get('algo')}; {cls.__name__}.{call} "
                   f"makes it a {cls.__name__}, whose networks, losses or actions may differ from it: use "
-                  f"{saved.rpartition('.')[2]}.{call} (with its module imported).", stacklevel=3)
+                  f"{_saved_class_call(saved, call)}.", stacklevel=3)
+
+
+def _other_class(meta: dict, cls: type) -> str | None:
+    """The class (`module.QualName`) that saved the checkpoint of `meta` where it is a user's subclass other than
+    `cls`, else None."""
+    saved = meta.get("class")
+    if not saved or saved == _class_name(cls) or saved.startswith("rlspeed."):
+        return None
+    return saved
+
+
+def _saved_class_call(saved: str, call: str) -> str:
+    """How to call `call` (load, resume) on the class `saved` (`module.QualName`): the class imported from its module,
+    or, for a script's own class (`__main__`), defined again where the loading code runs."""
+    module, _, name = saved.rpartition(".")
+    if module == "__main__":
+        return f"{name}.{call}, with {name} defined in this script as in the one that saved it"
+    return f"{name}.{call}, with {name} imported from {module}"
 
 
 def _algorithm_classes() -> dict[str, type]:
@@ -2477,7 +2495,17 @@ class Algorithm:
         model.num_timesteps = meta.get("num_timesteps", 0)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
-        model._restore(tensors, meta, path)
+        try:
+            model._restore(tensors, meta, path)
+        except UserError as error:
+            other = _other_class(meta, algo)
+            if other is None:
+                raise
+            # (the networks are the subclass's: net_arch, which the error would suggest, is not the cause)
+            detail = str(error).removeprefix(f"'{path}': ").split(":")[0].rstrip(".")
+            raise UserError(f"'{path}' was saved by {other}, whose networks {algo.__name__}.load does not build "
+                            f"({detail[:1].lower() + detail[1:]}): load it with {_saved_class_call(other, 'load')}."
+                            ) from None
         model._run_dir = Path(path).resolve().parent  # (its run directory, where its learn may continue)
         # (its training clock so far: metrics.csv's train_wall_s goes on where the saved model's ended, as its steps)
         loop = meta["resume"].get("loop") if isinstance(meta.get("resume"), dict) else None
@@ -2579,6 +2607,10 @@ class Algorithm:
                 for key, value in saved.items():
                     if key in expected:
                         _check_shape(f"{name}.{key}", value.shape, expected[key].shape)
+                extra = sorted(set(saved) - set(expected))
+                if extra:  # (load_state_dict's RuntimeError otherwise: a network with more layers saved it)
+                    raise UserError(f"The checkpoint holds '{name}.{extra[0]}' ({len(extra)} tensors this model does "
+                                    f"not have): it is not a {self.name} model of this architecture.")
                 module.load_state_dict(saved)
         for name, flag in _STATISTICS:
             rms_state = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}.")}
