@@ -118,3 +118,57 @@ def test_loading_a_subclass_file_with_rlspeeds_class_names_the_subclass(tmp_path
                                            rf"WidePPO imported from {__name__}\.$"):
         PPO.load(path)
     assert WidePPO.load(path).policy.encoder.features_dim == features_dim
+
+
+class Misshapen(Encoder):
+    """Features that do not fit the heads: another width, a tuple, float64 or one value per observation."""
+
+    kind = "misshapen encoder"
+
+    def __init__(self, obs_dim: int, fault: str):
+        super().__init__()
+        self.features_dim, self.fault = 16, fault
+        self.linear = nn.Linear(obs_dim, 12 if fault == "width" else 16)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, obs):
+        self.calls += 1
+        x = self.linear(obs.flatten(1).float())
+        return {"width": x, "tuple": (x, None), "float64": x.double(), "flat": x.sum(1), "fine": x}[self.fault]
+
+
+class MisshapenPPO(PPO):
+    def __init__(self, env, fault: str = "fine", **kwargs):
+        self.fault = fault
+        super().__init__(env, **kwargs)
+
+    def _build_policy(self):
+        cfg, spec = self.config, self.spec
+        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
+                           cfg.log_std_init, encoder=Misshapen(spec.obs_dim, self.fault),
+                           action_space=spec.action_space)
+
+
+@pytest.mark.parametrize(("fault", "words"), [
+    ("width", r"returned features of shape \[2, 12\] for a batch of 2 observations, and the heads were built for its "
+              r"features_dim 16: return \[batch, 16\], or set features_dim"),
+    ("flat", r"returned features of shape \[2\] for a batch"),
+    ("tuple", r"returned a tuple, and the heads take its features as one tensor \[batch, features_dim\]"),
+    ("float64", r"returned torch.float64 features on cpu, and the heads take float32 on cpu"),
+])
+def test_an_encoder_whose_features_do_not_fit_the_heads_is_refused_when_made(fault, words, monkeypatch):
+    """One sentence naming the encoder when the model is made, not torch's error from the heads' matrix products at
+    the first rollout; a fitting encoder is run once for it without moving its buffers or the random streams."""
+    with pytest.raises(UserError, match=rf"^Misshapen \(the policy's encoder\) {words}"):
+        MisshapenPPO("CartPole-v1", device="cpu", seed=0, fault=fault)
+
+    def made_and_drawn():
+        torch.manual_seed(5)
+        model = MisshapenPPO("CartPole-v1", device="cpu", seed=None)
+        return model.policy.encoder.calls.item(), torch.rand(3)
+
+    checked = made_and_drawn()
+    monkeypatch.setattr(MisshapenPPO, "_check_own_encoders", lambda self: None)
+    unchecked = made_and_drawn()
+    assert checked[0] == unchecked[0] == 0 and torch.equal(checked[1], unchecked[1])
+

@@ -76,7 +76,7 @@ from rlspeed.envs.gymnasium_env import check_action_masks, is_registered_env, no
 from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole, warn_at_caller
-from rlspeed.export import default_export_module
+from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import acting_mode, image_channels_first
@@ -1249,6 +1249,7 @@ class Algorithm:
         threads_before = set_training_threads(self.num_threads)
         try:
             self._setup()
+            self._check_own_encoders()
         finally:
             torch.set_num_threads(threads_before)
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
@@ -1454,6 +1455,47 @@ class Algorithm:
         """`anneal_lr`: every optimizer's learning rate set to config.learning_rate times the progress remaining at
         `timesteps` (linear decay to 0, SB3's and RL-Zoo's `lin_X`)."""
         self._set_learning_rate(self.config.learning_rate * self._progress_remaining(timesteps))
+
+    def _check_own_encoders(self) -> None:
+        """UserError in one sentence, when the model is made, for an encoder of the user's own (a subclass's
+        `_build_policy` or `_setup`; rlspeed's own are not run) whose features the heads cannot take: not one float32
+        tensor `[batch, features_dim]` on the model's device (else the first rollout or predict fails deep in the
+        heads' matrix products). It runs once on two random observations, in eval mode, without gradients, moving
+        neither the global random streams nor its buffers."""
+        seen: set[int] = set()
+        for name, network in self._modules().items():
+            for attribute in ("encoder", "obs_encoder"):
+                encoder = getattr(network, attribute, None)
+                if (not isinstance(encoder, torch.nn.Module) or id(encoder) in seen
+                        or type(encoder).__module__.startswith("rlspeed.")):
+                    continue
+                seen.add(id(encoder))
+                self._check_encoder(encoder, f"{type(encoder).__name__} (the {name}'s {attribute})")
+
+    def _check_encoder(self, encoder: torch.nn.Module, who: str) -> None:
+        obs = random_observations(self.spec.observation_space, 2, torch.Generator().manual_seed(0))
+        obs = {key: value.to(self.device) for key, value in obs.items()} if isinstance(obs, dict) else obs.to(
+            self.device)
+        buffers = [(buffer, buffer.clone()) for buffer in encoder.buffers()]
+        forked = {"devices": [self.device], "device_type": self.device.type} if self.device.type != "cpu" else {
+            "devices": []}
+        with torch.random.fork_rng(**forked), torch.no_grad(), acting_mode(encoder):
+            features = encoder(obs)
+        with torch.no_grad():
+            for buffer, value in buffers:
+                buffer.copy_(value)
+        width = getattr(encoder, "features_dim", None)
+        if not isinstance(features, torch.Tensor):
+            raise UserError(f"{who} returned a {type(features).__name__}, and the heads take its features as one "
+                            f"tensor [batch, features_dim]: return that tensor alone.")
+        if tuple(features.shape) != (2, width):
+            raise UserError(f"{who} returned features of shape {list(features.shape)} for a batch of 2 observations, "
+                            f"and the heads were built for its features_dim {width}: return [batch, {width}], or set "
+                            "features_dim to the width it returns.")
+        if features.dtype != torch.float32 or features.device != self.device:
+            raise UserError(f"{who} returned {features.dtype} features on {features.device}, and the heads take "
+                            f"float32 on {self.device}, the model's device: return them so (x.float(); tensors it "
+                            "makes with device=obs.device).")
 
     def _modules(self) -> dict[str, torch.nn.Module | torch.Tensor]:
         """What a checkpoint holds besides optimisers: name -> module, or a lone tensor (e.g. SAC's log_alpha).
