@@ -4,6 +4,8 @@ expect."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -172,3 +174,28 @@ def test_an_encoder_whose_features_do_not_fit_the_heads_is_refused_when_made(fau
     unchecked = made_and_drawn()
     assert checked[0] == unchecked[0] == 0 and torch.equal(checked[1], unchecked[1])
 
+
+def test_rlspeed_eval_builds_a_subclass_whose_module_gym_packages_imports(tmp_path, monkeypatch, capsys):
+    """`rlspeed eval` of a model a subclass with its own encoder saved: with `--gym-packages MODULE` it loads with
+    that class; without, one error line saying so (not PPO.load's error and warning)."""
+    import sys
+
+    from conftest import cli_error
+
+    from rlspeed import cli
+
+    (tmp_path / "my_encoders.py").write_text("from test_custom_encoder import WidePPO\n\n\n"
+                                             "class MinePPO(WidePPO):\n"
+                                             "    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "my_encoders", raising=False)
+    import my_encoders
+
+    path = my_encoders.MinePPO("CartPole-v1", device="cpu", seed=0).save(tmp_path / "mine")
+    monkeypatch.delitem(sys.modules, "my_encoders")
+    error = cli_error(capsys, ["eval", str(path), "--episodes", "1", "--seed", "0", "--no-progress"])
+    assert error.endswith("was saved by my_encoders.MinePPO, whose networks rlspeed eval builds with its module "
+                          "imported: add --gym-packages my_encoders (importable from here: PYTHONPATH).")
+    assert cli.main(["eval", str(path), "--episodes", "1", "--seed", "0", "--no-progress", "--json",
+                     "--gym-packages", "my_encoders"]) == 0
+    assert json.loads(capsys.readouterr().out)["episodes"] == 1

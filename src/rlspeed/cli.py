@@ -2149,8 +2149,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     configure_threads(threads if isinstance(threads, int) and threads >= 1
                       and not os.environ.get("RLSPEED_NUM_THREADS", "").strip() else None)
     device = resolve_device(args.device)  # (a bad --device is the flag's error, not the file's)
-    model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
-                  "metadata describes")
+    from rlspeed.algos.base import _other_class, imported_saved_class
+
+    algo_cls = imported_saved_class(meta, algo_cls)  # (a subclass with networks of its own: --gym-packages MODULE)
+    other = _other_class(meta, algo_cls)  # (a subclass not imported: load builds rlspeed's class, with a warning)
+    try:
+        with warnings.catch_warnings(record=other is not None) as said:
+            model = _fits(lambda: algo_cls.load(path, device=device), path, f"the {algo_cls.__name__} model its "
+                          "metadata describes")
+        for warning in said or ():  # (said where the load worked; where it failed, the error below says it)
+            warnings.warn(warning.message, warning.category, stacklevel=1)
+    except UserError:
+        if other is None:
+            raise
+        module, _, name = other.rpartition(".")
+        if module == "__main__":
+            raise UserError(f"'{path}' was saved by {name}, a class of the script that trained it, whose networks "
+                            f"rlspeed eval cannot build: evaluate it in Python ({name}.load(path).evaluate()), or "
+                            f"move {name} into a module and pass --gym-packages MODULE.") from None
+        raise UserError(f"'{path}' was saved by {other}, whose networks rlspeed eval builds with its module "
+                        f"imported: add --gym-packages {module} (importable from here: PYTHONPATH).") from None
     env_id = args.env or model.env_id
     if args.env is None and ":" in env_id:  # (importing runs a module's code: said, as config.yaml's modules are)
         print(f"rlspeed: importing {env_id.split(':', 1)[0]}, which the model's env id {env_id} names",

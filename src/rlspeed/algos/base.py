@@ -17,6 +17,7 @@ import pickle
 import random
 import re
 import secrets
+import sys
 import threading
 import time
 import typing
@@ -885,6 +886,17 @@ def _other_class(meta: dict, cls: type) -> str | None:
     if not saved or saved == _class_name(cls) or saved.startswith("rlspeed."):
         return None
     return saved
+
+
+def imported_saved_class(meta: dict, algo_cls: type) -> type:
+    """The user's subclass of `algo_cls` that saved the checkpoint of `meta` where its module is imported already
+    (`rlspeed eval --gym-packages MODULE`), else `algo_cls`. Nothing is imported here: a file does not choose code to
+    run."""
+    saved = _other_class(meta, algo_cls)
+    module_name, _, qualname = (saved or "").rpartition(".")
+    module = sys.modules.get(module_name) if module_name not in ("", "__main__") else None
+    found = getattr(module, qualname, None) if module is not None else None
+    return found if isinstance(found, type) and issubclass(found, algo_cls) else algo_cls
 
 
 def _saved_class_call(saved: str, call: str) -> str:
