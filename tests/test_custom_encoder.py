@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from rlspeed import PPO
+from rlspeed import DQN, PPO, SAC
 from rlspeed.errors import UserError
 from rlspeed.nn import ActorCritic, Encoder, acting_mode, mode_dependent
 
@@ -199,3 +199,31 @@ def test_rlspeed_eval_builds_a_subclass_whose_module_gym_packages_imports(tmp_pa
     assert cli.main(["eval", str(path), "--episodes", "1", "--seed", "0", "--no-progress", "--json",
                      "--gym-packages", "my_encoders"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 1
+
+
+class WideDQN(DQN):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, 8)
+
+
+class WideSAC(SAC):
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, 6 if network == "actor" else 10)
+
+
+@pytest.mark.parametrize(("algo", "env_id", "widths"), [(WideDQN, "CartPole-v1", {"q_network": 8, "q_target": 8}),
+                                                        (WideSAC, "Pendulum-v1", {"actor": 6, "critic": 10,
+                                                                                  "critic_target": 10})])
+def test_make_encoder_gives_every_network_its_own_encoder(tmp_path, algo, env_id, widths):
+    """`_make_encoder(network)`: an encoder of the user's own for the off-policy algorithms, whose networks `_setup`
+    builds (no `_build_policy` to override); each network a new one, the targets a copy of theirs; it trains, and a
+    load rebuilds it with the same actions."""
+    model = algo(env_id, device="cpu", seed=0, learning_starts=64, batch_size=32).learn(128, progress_bar=False)
+    modules = model._modules()
+    encoders = {name: modules[name].encoder for name in widths}
+    assert {name: encoder.features_dim for name, encoder in encoders.items()} == widths
+    assert all(type(encoder) is Widened for encoder in encoders.values())
+    assert len({id(encoder) for encoder in encoders.values()}) == len(widths)
+    obs = np.random.default_rng(0).normal(size=(16, *model.spec.observation_shape)).astype(np.float32)
+    loaded = algo.load(model.save(tmp_path / "wide"))
+    assert np.array_equal(loaded.predict(obs)[0], model.predict(obs)[0])

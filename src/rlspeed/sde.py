@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from rlspeed.errors import UserError
-from rlspeed.nn import ActorCritic, Encoder, _encode, encoder_from_config, mlp
+from rlspeed.nn import ActorCritic, Encoder, _encode, mlp
 
 #: SB3's epsilon: added to the variance (and to expln's argument above 0) so that sigma is never 0
 SDE_EPSILON = 1e-6
@@ -261,7 +261,7 @@ def build_sde_actor_critic(algo) -> SDEActorCritic:
     cfg, spec = algo.config, algo.spec
     check_sde_action_space(spec.action_space, algo.name)
     return SDEActorCritic(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.log_std_init,
-                          encoder=encoder_from_config(spec.observation_space, cfg), action_space=spec.action_space,
+                          encoder=algo._make_encoder("policy"), action_space=spec.action_space,
                           full_std=cfg.full_std, use_expln=cfg.use_expln)
 
 

@@ -80,7 +80,7 @@ from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
-from rlspeed.nn import acting_mode, image_channels_first
+from rlspeed.nn import acting_mode, encoder_from_config, image_channels_first
 from rlspeed.numerics import NumericsGuard
 
 if typing.TYPE_CHECKING:
@@ -113,8 +113,8 @@ SB3_KEYWORDS = {
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
                          "(learn(log_interval_s=...))",
     "features_extractor_class": "rlspeed picks the encoder from the observation space (encoder='auto', or 'cnn' or "
-                                "'mlp'), and an encoder of your own goes in a subclass's _build_policy override "
-                                "(docs/algorithms.md)",
+                                "'mlp'), and an encoder of your own is what a subclass's _make_encoder returns (or "
+                                "part of its _build_policy override, for a whole network; docs/algorithms.md)",
     "features_extractor_kwargs": "the CNN's features_dim is cnn_features_dim=N, and an encoder of your own takes "
                                  "its options in a subclass's _build_policy override (docs/algorithms.md)",
     "share_features_extractor": "PPO's, A2C's and RecurrentPPO's actor and critic share one encoder, and SAC's, "
@@ -1321,6 +1321,13 @@ class Algorithm:
     def _modules_to_sync(self) -> list[torch.nn.Module]:
         """Modules whose initial state rank 0 broadcasts (networks and their target copies)."""
         return [self.policy]
+
+    def _make_encoder(self, network: str) -> torch.nn.Module | None:
+        """The encoder of one network (`network`: "policy" for PPO, A2C and RecurrentPPO, "q_network" for DQN,
+        "actor" and "critic" for SAC, TD3 and DDPG), a new one at every call: `encoder="auto"`'s (None for float
+        vectors). A subclass returns its own (an `rlspeed.nn.Encoder`, docs/algorithms.md), for every algorithm
+        without rewriting `_build_policy` or `_setup`; the targets copy their network's."""
+        return encoder_from_config(self.spec.observation_space, self.config)
 
     # --- algorithm-specific -------------------------------------------------------------------------------
     supports_discrete = True

@@ -36,7 +36,7 @@ from rlspeed.device import rules
 from rlspeed.diagnostics.phases import phase
 from rlspeed.fused.dqn import FusedDQNUpdate, unsupported_reason
 from rlspeed.fused.flat import sequential_linears
-from rlspeed.nn import QNetwork, default_init_, encoder_from_config, make_adam, masked_logits, to_device
+from rlspeed.nn import QNetwork, default_init_, make_adam, masked_logits, to_device
 
 _PREPARE_FIELDS = ("actions", "rewards", "next_obs", "terminated", "discounts")  # FusedDQNUpdate.prepare's
 
@@ -108,7 +108,7 @@ class DQN(OffPolicyAlgorithm):
         self._masking = False  # whether this run applies the env's action masks (decided in `_start_masking`)
         cfg, spec = self.config, self.spec
         q_network = QNetwork(spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation, cfg.dueling,
-                             encoder=encoder_from_config(spec.observation_space, cfg))
+                             encoder=self._make_encoder("q_network"))
         if not cfg.ortho_init:
             default_init_(q_network)
         self.q_network = to_device(q_network, self.device)

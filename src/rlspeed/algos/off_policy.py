@@ -54,7 +54,7 @@ from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, integer_range, observation_layout
 from rlspeed.errors import UserError
-from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, encoder_from_config, to_device
+from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -299,7 +299,7 @@ class OffPolicyAlgorithm(Algorithm):
         frozen target (`self.critic_target`)."""
         cfg, spec = self.config, self.spec
         critic = QEnsemble(cfg.n_critics, spec.obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                           encoder=encoder_from_config(spec.observation_space, cfg))
+                           encoder=self._make_encoder("critic"))
         if not cfg.ortho_init:  # (PyTorch's default initialisation, SB3's for its off-policy networks)
             default_init_(actor)
             default_init_(critic)

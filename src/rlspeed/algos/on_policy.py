@@ -32,7 +32,6 @@ from rlspeed.nn import (
     acting_mode,
     action_kind,
     default_init_,
-    encoder_from_config,
     env_actions,
     make_adam,
     to_device,
@@ -104,7 +103,7 @@ class OnPolicyAlgorithm(Algorithm):
         if cfg.use_sde:
             return build_sde_actor_critic(self)
         return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init, encoder=encoder_from_config(spec.observation_space, cfg),
+                           cfg.log_std_init, encoder=self._make_encoder("policy"),
                            action_space=spec.action_space)
 
     def _make_optimizer(self, params: list[torch.Tensor]) -> torch.optim.Optimizer:

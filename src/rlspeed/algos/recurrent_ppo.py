@@ -34,7 +34,6 @@ from rlspeed.nn import (
     RecurrentActorCritic,
     SequenceLayout,
     acting_mode,
-    encoder_from_config,
     reset_at_episode_starts,
 )
 
@@ -116,7 +115,7 @@ class RecurrentPPO(PPO):
         cfg, spec = self.config, self.spec
         return RecurrentActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.lstm_hidden_size, cfg.net_arch,
                                     cfg.activation, cfg.log_std_init,
-                                    encoder=encoder_from_config(spec.observation_space, cfg),
+                                    encoder=self._make_encoder("policy"),
                                     action_space=spec.action_space)
 
     def _make_update_step(self):

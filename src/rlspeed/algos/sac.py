@@ -31,7 +31,6 @@ from rlspeed.nn import (
     LOG_STD_MAX,
     LOG_STD_MIN,
     SquashedGaussianActor,
-    encoder_from_config,
     make_adam,
 )
 from rlspeed.sde import SDEConfig, SDESquashedGaussianActor, resample_due
@@ -94,12 +93,12 @@ class SAC(OffPolicyAlgorithm):
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for SAC)
         if cfg.use_sde:
             actor = SDESquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                             encoder=encoder_from_config(spec.observation_space, cfg),
+                                             encoder=self._make_encoder("actor"),
                                              log_std_init=cfg.log_std_init, full_std=cfg.full_std,
                                              use_expln=cfg.use_expln)
         else:
             actor = SquashedGaussianActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                          encoder=encoder_from_config(spec.observation_space, cfg))
+                                          encoder=self._make_encoder("actor"))
         self._place_actor_and_critics(actor)
         self.policy = self.actor
         self.autotune = cfg.ent_coef is None

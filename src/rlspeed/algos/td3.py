@@ -25,7 +25,7 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import DeterministicActor, encoder_from_config, make_adam
+from rlspeed.nn import DeterministicActor, make_adam
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -83,7 +83,7 @@ class TD3(OffPolicyAlgorithm):
         obs_dim = spec.obs_dim
         # actor and critics each with their own encoder (SB3's share_features_extractor=False for TD3)
         self._place_actor_and_critics(DeterministicActor(obs_dim, spec.action_dim, cfg.net_arch, cfg.activation,
-                                                         encoder=encoder_from_config(spec.observation_space, cfg)))
+                                                         encoder=self._make_encoder("actor")))
         self.actor_target = frozen_copy(self.actor, self, ("actor", "actor_target"))
         self.policy = self.actor
         self._critic_params = list(self.critic.parameters())
