@@ -227,3 +227,16 @@ def test_make_encoder_gives_every_network_its_own_encoder(tmp_path, algo, env_id
     obs = np.random.default_rng(0).normal(size=(16, *model.spec.observation_shape)).astype(np.float32)
     loaded = algo.load(model.save(tmp_path / "wide"))
     assert np.array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
+
+
+def test_overlapping_acting_blocks_put_the_modes_back_when_the_last_ends():
+    """Threads predicting at once (a server) overlap their blocks: the first to end must not put train mode back
+    under the others, nor the last leave eval mode for the updates."""
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+    first, second = acting_mode(net), acting_mode(net)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not net[1].training  # (the second block still acts)
+    second.__exit__(None, None, None)
+    assert net.training and net[1].training

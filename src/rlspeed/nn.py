@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 from collections.abc import Iterator, Sequence
 
 import gymnasium as gym
@@ -115,22 +116,39 @@ def mode_dependent(module: nn.Module) -> bool:
 _MODE_FREE: dict[type, bool] = {}
 
 
+#: the networks in `acting_mode` now: id -> (blocks inside it, each layer's mode before the first), under the lock
+#: (a server's threads predict at once: the last to leave puts the modes back, not the first)
+_ACTING: dict[int, tuple[int, list[tuple[nn.Module, bool]]]] = {}
+_ACTING_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def acting_mode(module: nn.Module) -> Iterator[None]:
     """`module` in eval mode inside the block (acting: rollouts, collection, `predict`, evaluation; export's copy is in
-    eval mode too), each layer's own mode put back after it (updates train in the modes the layers hold, train mode
-    unless the user set another), as Stable-Baselines3 switches its policies. Only where the mode can change the
-    output (`mode_dependent`): rlspeed's default networks are left alone, at no cost but the check."""
+    eval mode too), each layer's own mode put back when the last block on it (of any thread) ends (updates train in
+    the modes the layers hold, train mode unless the user set another), as Stable-Baselines3 switches its policies.
+    Only where the mode can change the output (`mode_dependent`): rlspeed's default networks are left alone, at no
+    cost but the check."""
     if not mode_dependent(module):
         yield
         return
-    modes = [(layer, layer.training) for layer in module.modules()]
-    module.eval()
+    key = id(module)
+    with _ACTING_LOCK:
+        depth, modes = _ACTING.get(key, (0, []))
+        if depth == 0:
+            modes = [(layer, layer.training) for layer in module.modules()]
+            module.eval()
+        _ACTING[key] = (depth + 1, modes)
     try:
         yield
     finally:
-        for layer, training in modes:
-            layer.training = training
+        with _ACTING_LOCK:
+            depth, modes = _ACTING.pop(key)
+            if depth > 1:
+                _ACTING[key] = (depth - 1, modes)
+            else:
+                for layer, training in modes:
+                    layer.training = training
 
 
 # --- encoders: observations -> features ------------------------------------------------------------------------
