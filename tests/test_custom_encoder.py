@@ -5,6 +5,7 @@ expect."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -240,3 +241,50 @@ def test_overlapping_acting_blocks_put_the_modes_back_when_the_last_ends():
     assert not net[1].training  # (the second block still acts)
     second.__exit__(None, None, None)
     assert net.training and net[1].training
+
+
+class ChosenPPO(PPO):
+    """The encoder's class an argument (SB3's features_extractor_class): a file keeps no class."""
+
+    def __init__(self, env, encoder_class=Widened, **kwargs):
+        self.encoder_class = encoder_class
+        super().__init__(env, **kwargs)
+
+    def _make_encoder(self, network):
+        return self.encoder_class(self.spec.obs_dim, 8)
+
+
+class RequiredPPO(ChosenPPO):
+    def __init__(self, env, encoder_class=None, **kwargs):
+        super().__init__(env, encoder_class=encoder_class, **kwargs)
+
+
+class Narrowed(Widened):
+    kind = "narrowing encoder"
+
+
+def test_an_unsaved_encoder_class_argument_is_asked_for_again_at_load(tmp_path, monkeypatch):
+    """A subclass's `__init__` argument a file cannot keep (a class) and load is not given: its default builds the
+    model with a warning naming it (another network may act otherwise) in a process that was not told so when it
+    saved, and where the subclass fails on the default, one sentence naming it instead of the subclass's TypeError."""
+    from rlspeed.algos import base
+
+    with pytest.warns(UserWarning, match="encoder_class is not saved"):
+        path = ChosenPPO("CartPole-v1", device="cpu", seed=0, encoder_class=Narrowed).save(tmp_path / "chosen")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (this process was told when it saved)
+        assert type(ChosenPPO.load(path).policy.encoder) is Widened
+    monkeypatch.setattr(base, "_UNSAVED_ARGUMENTS_SAID", set())  # (another process)
+    with pytest.warns(UserWarning, match=r"saved by a ChosenPPO made with encoder_class \(a type\), which its file "
+                                         r"does not keep: this model has the default; pass it again "
+                                         r"\(ChosenPPO.load\(path, encoder_class=\.\.\.\)\)"):
+        assert type(ChosenPPO.load(path).policy.encoder) is Widened
+    assert type(ChosenPPO.load(path, encoder_class=Narrowed).policy.encoder) is Narrowed
+    with pytest.warns(UserWarning, match="encoder_class is not saved"):
+        path = RequiredPPO("CartPole-v1", device="cpu", seed=0, encoder_class=Narrowed).save(tmp_path / "required")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserError, match=r"^RequiredPPO.load could not build the model of '.*' without "
+                                            r"encoder_class, a type its file does not keep \(TypeError: .*\): pass it "
+                                            r"again \(RequiredPPO.load\(path, encoder_class=\.\.\.\)\)\.$"):
+            RequiredPPO.load(path)

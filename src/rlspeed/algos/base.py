@@ -2422,6 +2422,9 @@ class Algorithm:
         arguments = self._own_init_arguments()
         if arguments:
             metadata["init_arguments"] = arguments
+        unsaved = (self.__dict__.get("_init_arguments") or ({}, {}))[1]
+        if unsaved:  # (their names and types: load says which to pass again)
+            metadata["unsaved_init_arguments"] = dict(unsaved)
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path), digest)
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
         written = save_checkpoint(path, tensors, metadata, digest=digest)
@@ -2542,9 +2545,26 @@ class Algorithm:
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
         # move the caller's random streams
         forked = {"devices": [device], "device_type": device.type} if device.type != "cpu" else {"devices": []}
-        with torch.random.fork_rng(**forked), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
-            model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
+        unsaved = meta.get("unsaved_init_arguments") if isinstance(meta.get("unsaved_init_arguments"), dict) else {}
+        missing = {name: kind for name, kind in unsaved.items() if name in own and name not in overrides}
+        again = f"{algo.__name__}.load(path, {', '.join(f'{name}=...' for name in missing)})"
+        try:
+            with torch.random.fork_rng(**forked), warnings.catch_warnings():
+                warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
+                model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
+        except Exception as error:
+            if not missing or isinstance(error, UserError):
+                raise
+            # (the subclass's code failed on the default it got: say which argument the file could not give it)
+            raise UserError(f"{algo.__name__}.load could not build the model of '{path}' without "
+                            f"{', '.join(missing)}, a {', a '.join(missing.values())} its file does not keep "
+                            f"({type(error).__name__}: {first_line(error)[:200]}): pass it again ({again}).") from error
+        unsaid = [name for name in missing if (algo, name) not in _UNSAVED_ARGUMENTS_SAID]
+        if unsaid:  # (built with the default, which may act otherwise; said once a process, as save says it)
+            _UNSAVED_ARGUMENTS_SAID.update((algo, name) for name in unsaid)
+            warnings.warn(f"'{path}' was saved by a {algo.__name__} made with {', '.join(missing)} (a "
+                          f"{', a '.join(missing.values())}), which its file does not keep: this model has the "
+                          f"default; pass it again ({again}).", stacklevel=2)
         model._env_given = env is not None and not made  # (an env load made from an id is made again after close)
         for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
             if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
