@@ -288,3 +288,13 @@ def test_an_unsaved_encoder_class_argument_is_asked_for_again_at_load(tmp_path, 
                                             r"encoder_class, a type its file does not keep \(TypeError: .*\): pass it "
                                             r"again \(RequiredPPO.load\(path, encoder_class=\.\.\.\)\)\.$"):
             RequiredPPO.load(path)
+
+
+def test_a_population_of_a_subclass_is_refused_as_a_subclass():
+    """Populations batch rlspeed's own networks: a subclass with its own encoder is refused saying so (it was told
+    that populations do not cover "WidePPO", as if it were an algorithm of its own)."""
+    from rlspeed.population import Population
+
+    with pytest.raises(UserError, match=r"^Populations train rlspeed's own PPO, not WidePPO, a subclass of it: .*"
+                                        r"train WidePPO solo, one model per seed\.$"):
+        Population(WidePPO, "CartPole-v1", seeds=[0, 1])

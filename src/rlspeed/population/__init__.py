@@ -45,6 +45,12 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
     name = algo_cls.__name__
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:
+        base = next((klass.__name__ for klass in algo_cls.__mro__[1:] if klass.__module__.startswith("rlspeed.")
+                     and klass.__name__ in IMPLEMENTATIONS), None)
+        if base is not None:  # (a user's subclass: its own loss, encoder or networks)
+            raise UserError(f"Populations train rlspeed's own {base}, not {name}, a subclass of it: the batched "
+                            "members run rlspeed's networks and update, not the subclass's overrides (its encoder, "
+                            f"loss or networks); train {name} solo, one model per seed.")
         raise UserError(f"Populations cover {', '.join(sorted(IMPLEMENTATIONS))} so far, not {name}.")
     if "seed" in kwargs:
         raise UserError("A population's members take their seeds from seeds=[...] (one per member), not seed=.")
