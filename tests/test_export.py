@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 import types
 
 import gymnasium as gym
@@ -452,6 +453,24 @@ def test_an_export_the_file_system_refuses_is_one_sentence_and_writes_nothing(fo
     (tmp_path / "a-file").write_text("")  # a write the file system refuses (torch.jit.save raised a RuntimeError)
     with pytest.raises(UserError, match=r"Cannot write .*a-file.*nothing was written"):
         export(model, tmp_path / "a-file" / f"policy{FORMATS[format]}", format=format)
+
+
+@needs_torch_export
+@pytest.mark.skipif(sys.platform == "win32", reason="a file-size limit (RLIMIT_FSIZE) is POSIX")
+def test_an_exported_program_the_disk_cannot_hold_is_one_sentence_not_an_abort(tmp_path):
+    """A full disk while a .pt2 was written: torch's archive writer wrote again as it closed and its destructor aborted
+    the process (exit code 134, a C++ backtrace, no sentence). A file-size limit makes the same short write."""
+    import subprocess
+
+    code = ("import resource, signal\nimport rlspeed\nfrom rlspeed.errors import UserError\n"
+            "model = rlspeed.DQN('CartPole-v1', seed=0, net_arch=(16,))\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"  # (the write fails with EFBIG, as a full disk's would)
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))\n"
+            "try:\n    model.export('policy.pt2')\nexcept UserError as error:\n    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("Cannot write 'policy.pt2' (File too large): nothing was written there")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_an_export_never_writes_through_a_link_planted_beside_its_file(tmp_path):

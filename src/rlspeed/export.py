@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -636,11 +637,17 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
 
 
 def _save_program(program, text: str, file: Path) -> None:
-    with open(file, "wb") as stream, warnings.catch_warnings():
+    # The archive is made in memory, then written: torch's archive writer that meets a write error (a full disk)
+    # writes again as it closes, and its C++ destructor then aborted the process (exit 134, no sentence); a policy's
+    # program is small.
+    archive = io.BytesIO()
+    with warnings.catch_warnings():
         # (a stream: torch.export.save warns about a file name not ending in .pt2; tensors sharing storage, as an
         # LSTM's, make it warn about weights off the CPU, and an export's weights are on the CPU)
         warnings.filterwarnings("ignore", message="No complete tensor found in the group")
-        torch.export.save(program, stream, extra_files={_SIDECAR_IN_ARCHIVE: text})
+        torch.export.save(program, archive, extra_files={_SIDECAR_IN_ARCHIVE: text})
+    with open(file, "wb") as stream:
+        stream.write(archive.getbuffer())
 
 
 def _save_onnx(program, module: PolicyExport, sidecar: dict, file: Path) -> None:
