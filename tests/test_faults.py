@@ -6,6 +6,7 @@ it had written, never in a traceback or in silently wrong results. Fast: `pytest
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -429,6 +430,47 @@ def test_a_full_disk_is_a_user_error_and_keeps_the_old_checkpoint(tmp_path):
     assert path.read_bytes() == before
     assert load_checkpoint(path)[1]["run"] == "first"
     assert list(tmp_path.glob("*.tmp")) + list(tmp_path.glob(".*.tmp")) == []
+
+
+def _full_disk_for(monkeypatch, name: str) -> None:
+    """Writes that would put a file named `name` in place fail as on a full disk (the rename of its temporary file)."""
+    replace = os.replace
+
+    def full(source, target, *args, **kwargs):
+        if Path(target).name == name:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.os, "replace", full)
+
+
+def _replay_saver(kind: str, run: Path):
+    """A model (`solo`) or population of DQN with `save_replay_buffer`, trained with checkpoints in `run`."""
+    from rlspeed import DQN
+    from rlspeed.population import Population
+
+    settings = dict(learning_starts=32, batch_size=16, buffer_size=400, net_arch=(8,), save_replay_buffer=True)
+    model = (DQN("CartPole-v1", seed=0, device="cpu", **settings) if kind == "solo"
+             else Population(DQN, "CartPole-v1", seeds=[0, 1], device="cpu", **settings))
+    model.learn(128, run_dir=run, checkpoint_freq=64)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["solo", "population"])
+def test_a_checkpoint_the_disk_cannot_hold_leaves_no_staged_replay_buffer(tmp_path, monkeypatch, kind):
+    """The replay buffer is written (to its staged name) before its checkpoint: where the checkpoint then did not fit,
+    the staged file, a whole buffer's size that pairs with no checkpoint, stayed on the full disk. The previous
+    checkpoint and its replay buffer stay as they were."""
+    run = tmp_path / "run"
+    model = _replay_saver(kind, run)
+    before = {path.name: path.read_bytes() for path in run.glob("*.safetensors")}
+    assert sorted(before) == ["checkpoint.replay.safetensors", "checkpoint.safetensors"]
+    _full_disk_for(monkeypatch, "checkpoint.safetensors")
+    with pytest.raises(UserError, match=r"Cannot write the checkpoint .*checkpoint.safetensors' \(No space left on "
+                                        r"device\); an earlier checkpoint there is unchanged"):
+        model.save(run / "checkpoint.safetensors")
+    assert {path.name: path.read_bytes() for path in run.glob("*.safetensors")} == before
+    assert [path.name for path in run.iterdir() if path.name.startswith(".") and path.suffix == ".tmp"] == []
 
 
 CUT_PLOT = textwrap.dedent("""

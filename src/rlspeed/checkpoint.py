@@ -710,6 +710,13 @@ def staged_path(file: str | os.PathLike) -> Path:
     return file.with_name(file.name[:-len(SUFFIX)] + ".next" + SUFFIX)
 
 
+def discard_staged(file: str | os.PathLike) -> None:
+    """Remove `staged_path(file)` where the checkpoint it was written for could not be written (a full disk): it
+    pairs with no checkpoint, and it is as large as the replay buffer, on a disk that has no room."""
+    with contextlib.suppress(OSError):
+        staged_path(file).unlink(missing_ok=True)
+
+
 def beside(path: str | os.PathLike, name) -> Path | None:
     """The file `name` in the directory of `path`, as a checkpoint's metadata names a file written beside it (its
     replay buffer); None where `name` is no plain file name (a path, `..`, empty): a file's metadata never names a

@@ -34,6 +34,7 @@ from rlspeed.checkpoint import (
     beside,
     checkpoint_path,
     commit_staged,
+    discard_staged,
     load_checkpoint,
     refuse_non_model,
     save_checkpoint,
@@ -2427,8 +2428,13 @@ class Algorithm:
             metadata["unsaved_init_arguments"] = dict(unsaved)
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path), digest)
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
-        written = save_checkpoint(path, tensors, metadata, digest=digest)
         replay = metadata["resume"].get("replay_buffer")
+        try:
+            written = save_checkpoint(path, tensors, metadata, digest=digest)
+        except Exception:  # (a full disk: the staged replay buffer pairs with no checkpoint; a kill leaves it)
+            if replay is not None:
+                discard_staged(checkpoint_path(path).with_name(replay["file"]))
+            raise
         if replay is not None:  # (written to its staged name first: into place now that the checkpoint names it)
             commit_staged(written.with_name(replay["file"]))
         return written
