@@ -473,6 +473,21 @@ def test_a_checkpoint_the_disk_cannot_hold_leaves_no_staged_replay_buffer(tmp_pa
     assert [path.name for path in run.iterdir() if path.name.startswith(".") and path.suffix == ".tmp"] == []
 
 
+def test_a_replay_buffer_the_disk_cannot_hold_is_named_as_the_file_it_is_written_for(tmp_path, monkeypatch):
+    """The replay buffer's failed write named its staged file (`checkpoint.replay.next.safetensors`) and said that no
+    earlier file of that name existed, as if nothing had been kept: it names the replay buffer's file, kept as it was
+    with its checkpoint."""
+    run = tmp_path / "run"
+    model = _replay_saver("solo", run)
+    before = {path.name: path.read_bytes() for path in run.glob("*.safetensors")}
+    _full_disk_for(monkeypatch, "checkpoint.replay.next.safetensors")
+    with pytest.raises(UserError) as raised:
+        model.save(run / "checkpoint.safetensors")
+    assert str(raised.value) == (f"Cannot write the checkpoint '{run / 'checkpoint.replay.safetensors'}' (No space "
+                                 "left on device); an earlier checkpoint there is unchanged.")
+    assert {path.name: path.read_bytes() for path in run.glob("*.safetensors")} == before
+
+
 CUT_PLOT = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path

@@ -601,9 +601,12 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
         os.replace(tmp, path)
         tmp = None
     except OSError as error:
-        kept = ("an earlier checkpoint there is unchanged" if path.exists()
+        # (a file staged beside a checkpoint, its replay buffer, is named as the file it is written for: the staged
+        # name is an inner detail, and the file in place with its checkpoint is what stays as it was)
+        shown = _unstaged(path)
+        kept = ("an earlier checkpoint there is unchanged" if shown.exists()
                 else "nothing was written there (no earlier file of that name exists)")
-        raise UserError(f"Cannot write the checkpoint '{path}' ({error.strerror or error}); {kept}.") from None
+        raise UserError(f"Cannot write the checkpoint '{shown}' ({error.strerror or error}); {kept}.") from None
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
@@ -708,6 +711,12 @@ def staged_path(file: str | os.PathLike) -> Path:
     checkpoint's write."""
     file = Path(file)
     return file.with_name(file.name[:-len(SUFFIX)] + ".next" + SUFFIX)
+
+
+def _unstaged(path: Path) -> Path:
+    """The file that `path` is the staged name of (`staged_path`), else `path`."""
+    staged = ".next" + SUFFIX
+    return path.with_name(path.name[:-len(staged)] + SUFFIX) if path.name.endswith(staged) else path
 
 
 def discard_staged(file: str | os.PathLike) -> None:
