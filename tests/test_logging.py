@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import os
@@ -545,6 +546,41 @@ def test_a_full_disk_while_logging_is_one_sentence_and_close_only_lets_go(tmp_pa
                      "--set", "batch_size=64"])
     err = capsys.readouterr().err
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
+@pytest.mark.parametrize("when", ["start", "row", "row-bytes-name"])
+def test_tensorboard_that_cannot_write_is_one_sentence_naming_its_files(tmp_path, capsys, monkeypatch, when):
+    """TensorBoard writes its events in a thread of its own: on a full disk that thread printed a traceback, its error
+    then reached training at the next row named as metrics.csv (the error names no file) or as `'b'/path''` (a bytes
+    name: a directory gone or made read-only), and one at the last row was never said; at the start (its first event
+    is written at once) it was a bare OSError. Each is one sentence naming TensorBoard's file."""
+    import errno
+
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    from rlspeed import UserError
+
+    events = tmp_path / "run" / "tensorboard" / "events.out.tfevents.x"
+
+    def full(self, path, content, mode):
+        raise OSError(errno.ENOSPC, "No space left on device", *([os.fsencode(events)] if "name" in when else []))
+
+    where = events if "name" in when else tmp_path / "run" / "tensorboard"
+    if when == "start":
+        monkeypatch.setattr(gfile.LocalFileSystem, "_write", full)
+        with pytest.raises(UserError) as raised:
+            RunLogger(tmp_path / "run", tensorboard=True)
+        assert str(raised.value) == f"Cannot write '{where}' (No space left on device)."
+    else:
+        logger = RunLogger(tmp_path / "run", tensorboard=True)
+        monkeypatch.setattr(gfile.LocalFileSystem, "_write", full)
+        logger.log({"timesteps": 1, "episode_return": 1.0})
+        with pytest.raises(UserError) as raised:
+            logger.close()
+        assert str(raised.value) == (f"Cannot write '{where}' (No space left on device): the run's metrics and plot "
+                                     "are incomplete.")
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_metrics_csv_is_replaced_whole_so_a_kill_in_its_rewrite_keeps_the_old_rows(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -157,6 +158,28 @@ class ProgressBar:
             self._null = None
 
 
+def _quiet_tensorboard_threads() -> None:
+    """TensorBoard's writer thread that cannot write (a full disk, a directory gone) printed its traceback, and then
+    the same error reached the training thread at the next write or flush, where it is one sentence
+    (`RunLogger._writing`): an OSError ending a thread of TensorBoard's is left to that sentence. Every other thread's
+    error goes to the hook as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args) -> None:
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard.")):
+            previous(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
+
+
+def _named(path) -> str:
+    """An OSError's file name as text (TensorBoard's are bytes, shown as `b'...'` otherwise)."""
+    return os.fsdecode(path) if isinstance(path, bytes) else str(path)
+
+
 def holds_metrics(run_dir: str | os.PathLike) -> bool:
     """Whether `run_dir/metrics.csv` holds a run's metrics: a row under its header. The empty file a learn call leaves
     when an error or an interrupt (a notebook's stop button) stopped it before its first row holds none, and another
@@ -226,8 +249,15 @@ class RunLogger:
                 else:
                     # (a continued run's events after its checkpoint's step are dropped, as its metrics.csv rows are)
                     self._flat = continue_from is not None and flat_tags(self.run_dir)
-                    self._writer = SummaryWriter(str(self.run_dir / "tensorboard"),
-                                                 purge_step=None if continue_from is None else continue_from + 1)
+                    _quiet_tensorboard_threads()
+                    try:  # (its first event is written at once: a full disk is said here)
+                        with self._tensorboard_errors():
+                            self._writer = SummaryWriter(
+                                str(self.run_dir / "tensorboard"),
+                                purge_step=None if continue_from is None else continue_from + 1)
+                    except OSError as error:
+                        reason = error.strerror or error
+                        raise UserError(f"Cannot write '{_named(error.filename)}' ({reason}).") from None
             else:  # (TensorBoard encodes its file names as UTF-8, and failed on a directory named otherwise)
                 warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', whose name is not UTF-8: this run has "
                               "no TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
@@ -285,7 +315,7 @@ class RunLogger:
             yield
         except OSError as error:
             self._failed = True
-            where = getattr(error, "filename", None) or self.run_dir / "metrics.csv"
+            where = _named(getattr(error, "filename", None) or self.run_dir / "metrics.csv")
             then = ("the run's metrics and plot are incomplete" if closing
                     else "training stopped there (its last checkpoint, if it wrote one, is kept)")
             raise UserError(f"Cannot write '{where}' ({error.strerror or error}): {then}.") from None
@@ -294,9 +324,21 @@ class RunLogger:
         """`values`' finite numbers (but the step count) to TensorBoard at `step`, where it is installed."""
         if self._writer is None:
             return
-        for key, value in values.items():
-            if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
-                self._writer.add_scalar(key if self._flat else tensorboard_tag(key), value, step)
+        with self._tensorboard_errors():
+            for key, value in values.items():
+                if key != "timesteps" and isinstance(value, (int, float)) and math.isfinite(float(value)):
+                    self._writer.add_scalar(key if self._flat else tensorboard_tag(key), value, step)
+
+    @contextlib.contextmanager
+    def _tensorboard_errors(self):
+        """TensorBoard's writer thread that could not write (a full disk) raises its error here, at the next write or
+        the flush: one without a file name (a failed flush) is TensorBoard's directory's, not metrics.csv's."""
+        try:
+            yield
+        except OSError as error:
+            if not error.filename:
+                error.filename = str(self.run_dir / "tensorboard")
+            raise
 
     def amend_last(self, values: dict) -> None:
         """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row
@@ -341,7 +383,9 @@ class RunLogger:
                 self._rewrite_csv()  # a header-only file when nothing was logged
             self._csv[0].close()
             if self._writer is not None:
-                self._writer.close()
+                with self._tensorboard_errors():
+                    self._writer.flush()  # (raises what the writer thread could not write; close says nothing)
+                    self._writer.close()
             if self._plot:
                 self.plot()
 
