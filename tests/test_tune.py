@@ -537,3 +537,31 @@ def test_a_preset_naming_its_storage_with_the_password_is_the_same_study_s(tmp_p
     err = capsys.readouterr().err
     assert code == 2 and "cannot open it as an Optuna storage" in err  # (the study's own error: no server there)
     assert "hunter2" not in err
+
+
+def test_a_storage_that_fills_up_while_the_study_runs_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """A full disk under the study's SQLite file while trials report ("database or disk is full") was a traceback of
+    Optuna's and SQLAlchemy's (exit code 1), the batch's handler failing again as it marked the trials failed. It is
+    one sentence with exit code 2; the trials stay in the storage, and the same command goes on once there is room."""
+    import sqlalchemy.exc
+    from optuna.exceptions import StorageInternalError
+    from optuna.storages import RDBStorage
+
+    def full(*args, **kwargs):
+        cause = sqlalchemy.exc.OperationalError("UPDATE trials", {}, Exception("database or disk is full"))
+        raise StorageInternalError("An exception is raised during the commit.") from cause
+
+    command = _command(tmp_path, "--trials", "2", "--confirm-seeds", "0")
+    monkeypatch.setattr(RDBStorage, "set_trial_intermediate_value", full)  # (a trial's report)
+    monkeypatch.setattr(RDBStorage, "set_trial_state_values", full)  # (and marking it failed)
+    assert cli.main(command) == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    assert captured.err.strip().splitlines()[-1] == (
+        f"rlspeed: error: The study's storage sqlite:///{tmp_path / 'study.db'} cannot be written "
+        "((builtins.Exception) database or disk is full): the trials it holds are kept; run the same command again "
+        "once it can be written (a full disk: free some space) to go on with the study.")
+    assert "left running in the storage (the next run marks them failed)" in captured.err
+    monkeypatch.undo()
+    assert cli.main(command) == 0
+    assert set(_states(tmp_path).values()) <= {"FAIL", "COMPLETE", "PRUNED"}

@@ -456,7 +456,40 @@ def require_optuna() -> None:
         raise UserError('rlspeed tune needs Optuna: pip install optuna (or "rlspeed[tune]").') from None
 
 
+def _storage_errors() -> tuple[type[BaseException], ...]:
+    """The errors of an Optuna storage that cannot be written or read (SQLAlchemy's database errors, Optuna's wrapping
+    of a failed commit), of the modules imported so far."""
+    kinds = []
+    optuna, sqlalchemy = sys.modules.get("optuna"), sys.modules.get("sqlalchemy")  # (None: made unimportable)
+    if optuna is not None:
+        kinds.append(optuna.exceptions.StorageInternalError)
+    if sqlalchemy is not None:
+        kinds.append(sqlalchemy.exc.DBAPIError)
+    return tuple(kinds)
+
+
+def _says_storage_errors(function: Callable) -> Callable:
+    """`function` (`tune`), where the study's storage fails while the study runs (a full disk, "database or disk is
+    full"; a database server gone) says so in one sentence: the trials it holds are kept, and the command run again
+    goes on with the study."""
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:
+            if not isinstance(error, _storage_errors()):
+                raise
+            cause = error.__cause__ if isinstance(error.__cause__, _storage_errors()) else error
+            text = str(cause).strip().splitlines()
+            reason = text[0] if text else type(cause).__name__
+            raise UserError(f"The study's storage {without_password(storage_url(kwargs['storage']))} cannot be written "
+                            f"({without_password(reason)}): the trials it holds are kept; run the same command again "
+                            "once it can be written (a full disk: free some space) to go on with the study.") from None
+    return wrapper
+
+
 @_gives_back_process_state
+@_says_storage_errors
 def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: str, study_name: str,
          hyperparameters: dict, budget: int, target_return: float | None, eval_freq: int | None,
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
@@ -527,10 +560,14 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         try:
             counts = _run_batch(setup, study, asked, told)
         except BaseException:  # Ctrl-C, SIGTERM or an error: the batch's trials are failed, not left running
-            for trial in asked:
-                if trial.number not in told:
-                    study.tell(trial, state=TrialState.FAIL)
-            say(f"rlspeed: batch {batch} stopped; its {size} trial(s) marked failed (rerun the command to redo them)",
+            try:
+                for trial in asked:
+                    if trial.number not in told:
+                        study.tell(trial, state=TrialState.FAIL)
+                marked = "marked failed"
+            except _storage_errors():  # (the storage failed, a full disk: the error that stopped the batch is said)
+                marked = "left running in the storage (the next run marks them failed)"
+            say(f"rlspeed: batch {batch} stopped; its {size} trial(s) {marked} (rerun the command to redo them)",
                 file=sys.stderr, flush=True)
             raise
         finished += counts["complete"] + counts["pruned"]
