@@ -488,6 +488,33 @@ def test_a_replay_buffer_the_disk_cannot_hold_is_named_as_the_file_it_is_written
     assert {path.name: path.read_bytes() for path in run.glob("*.safetensors")} == before
 
 
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_run_directory_gone_while_training_stops_the_run_rather_than_make_it_anew(tmp_path, how):
+    """The run directory deleted, moved aside or unmounted during training (a lazy unmount, a network share gone): the
+    next checkpoint's save made the directory anew at its path (under the mount point, on the local disk) and the run
+    wrote its checkpoint, model and summary there, beside neither its config nor its metrics, and ended as if nothing
+    had happened. It stops with one sentence, and nothing is written at that path."""
+    import shutil
+
+    run = tmp_path / "run"
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", **TINY)
+
+    def away(local) -> bool:
+        if model.num_timesteps >= 256 and run.exists() and not (tmp_path / "moved").exists():
+            shutil.move(run, tmp_path / "moved")
+            if how == "replaced":  # (another directory at its path: the empty mount point under an unmounted share)
+                run.mkdir()
+        return True
+
+    with pytest.raises(UserError, match=r"The run directory '.*run' is gone or another is in its place"):
+        model.learn(4096, progress_bar=False, run_dir=run, checkpoint_freq=128, callback=away)
+    assert (tmp_path / "moved" / "checkpoint.safetensors").is_file()
+    if how == "replaced":
+        assert list(run.iterdir()) == []
+    else:
+        assert not run.exists()
+
+
 CUT_PLOT = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path

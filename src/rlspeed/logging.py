@@ -175,6 +175,15 @@ def _quiet_tensorboard_threads() -> None:
     threading.excepthook = hook
 
 
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """The directory's device and inode (None where it is gone): another directory at its path has others."""
+    try:
+        status = os.stat(directory)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 def _named(path) -> str:
     """An OSError's file name as text (TensorBoard's are bytes, shown as `b'...'` otherwise)."""
     return os.fsdecode(path) if isinstance(path, bytes) else str(path)
@@ -228,6 +237,7 @@ class RunLogger:
         self.run_dir = Path(run_dir)
         self._plot = plot  # (learning_curve.png at close; a population plots its members itself)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._identity = _identity(self.run_dir)  # (`_check_directory`)
         self.rows: list[dict] = []
         self._fields: list[str] = []
         self._columns = tuple(columns)
@@ -292,6 +302,7 @@ class RunLogger:
 
         The row is appended to `metrics.csv` at once; a new key becomes a new column (the file is rewritten).
         """
+        self._check_directory()
         self.rows.append(dict(row))
         new_fields = [key for key in dict.fromkeys((*row, *self._columns)) if key not in self._fields]
         self._fields.extend(new_fields)
@@ -306,6 +317,19 @@ class RunLogger:
                 writer.writerow(_csv_row(row))
                 handle.flush()
             self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
+
+    def _check_directory(self, closing: bool = False) -> None:
+        """UserError where the run directory is gone or another is in its place (deleted, moved, its filesystem
+        unmounted under a run): the run's files were written on into a directory made anew at its path (the next
+        checkpoint's, the model's), beside none of its others, on another disk where a mount went away, and the run
+        ended as if nothing had happened."""
+        if _identity(self.run_dir) == self._identity:
+            return
+        self._failed = True
+        then = ("the run's metrics and plot are incomplete" if closing
+                else "training stopped there, and nothing more is written at that path")
+        raise UserError(f"The run directory '{self.run_dir}' is gone or another is in its place (deleted, moved, or "
+                        f"its filesystem unmounted while the run trained): {then}.")
 
     @contextlib.contextmanager
     def _writing(self, closing: bool = False):
@@ -372,11 +396,14 @@ class RunLogger:
     def close(self) -> None:
         """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot;
         after a failed write, only close the files."""
+        if not self._failed:
+            try:
+                self._check_directory(closing=True)
+            except UserError:
+                self._let_go()
+                raise
         if self._failed:
-            for handle in (self._csv[0] if self._csv is not None else None, self._writer):
-                if handle is not None:
-                    with contextlib.suppress(OSError):
-                        handle.close()
+            self._let_go()
             return
         with self._writing(closing=True):
             if self._csv is None:
@@ -388,6 +415,13 @@ class RunLogger:
                     self._writer.close()
             if self._plot:
                 self.plot()
+
+    def _let_go(self) -> None:
+        """Close metrics.csv and TensorBoard's writer, writing nothing more (after a failed write)."""
+        for handle in (self._csv[0] if self._csv is not None else None, self._writer):
+            if handle is not None:
+                with contextlib.suppress(OSError):
+                    handle.close()
 
     def plot(self) -> None:
         """Save `learning_curve.png`: training episode return and evaluation mean against env steps."""
