@@ -515,6 +515,36 @@ def test_a_run_directory_gone_while_training_stops_the_run_rather_than_make_it_a
         assert not run.exists()
 
 
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluation(tmp_path, monkeypatch, capsys,
+                                                                                     checkpoints):
+    """summary.json that did not fit on the disk at the end of a run was "Cannot write 'run/summary.json': No space
+    left on device." and no more: the final evaluation just made was lost, and nothing said that the trained model
+    was saved, nor how to get its summary (a run without a checkpoint cannot be finished by --resume)."""
+    import re
+
+    from rlspeed import files
+
+    write = files.write_atomic
+
+    def full(path, text):
+        if path.name == "summary.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, text)
+
+    monkeypatch.setattr(files, "write_atomic", full)
+    run = tmp_path / "run"
+    code = cli.main([*TRAIN, "--total-timesteps", "256", "--out", str(run), "--set", "num_envs=4", "--set",
+                     "batch_size=64", *(["--checkpoint-freq", "128"] if checkpoints else [])])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and (run / "model.safetensors").is_file() and not (run / "summary.json").exists()
+    then = ("--resume writes it, evaluating the model again, once there is room" if checkpoints
+            else f"rlspeed eval {run} --seed 1000000 repeats the evaluation")
+    assert re.fullmatch(re.escape(f"rlspeed: error: Cannot write '{run / 'summary.json'}': No space left on device; "
+                                  f"the trained model is saved in {run / 'model.safetensors'} (final evaluation ")
+                        + r"[-0-9.]+ \+/- [-0-9.]+" + re.escape(f"), and {then}."), error), error
+
+
 CUT_PLOT = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path

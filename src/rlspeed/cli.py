@@ -1866,7 +1866,14 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
                              "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
-    _write_summary(run_dir, summary)
+    try:
+        _write_summary(run_dir, summary)
+    except UserError as error:  # (a full disk: the trained model is saved, and its evaluation is not lost with it)
+        then = ("--resume writes it, evaluating the model again, once there is room"
+                if (run_dir / "checkpoint.safetensors").is_file()
+                else f"rlspeed eval {run_dir} --seed {eval_seed} repeats the evaluation")
+        raise UserError(f"{str(error).rstrip('.')}; the trained model is saved in {run_dir / 'model.safetensors'} "
+                        f"(final evaluation {_score(final['mean'])} +/- {_score(final['std'])}), and {then}.") from None
     if tracker is not None:
         tracker.finish(summary)
     reached = ""
