@@ -1035,6 +1035,43 @@ def test_sigterm_stops_a_run_at_the_end_of_its_iteration_and_the_resume_is_the_u
     assert want.keys() == got.keys() and all(torch.equal(want[key], got[key]) for key in want)
 
 
+def test_a_second_sigterm_while_learn_closes_its_logs_keeps_the_runs_clock_in_summary_and_checkpoint(tmp_path,
+                                                                                                      monkeypatch):
+    """A scheduler's SIGTERM comes twice (SLURM signals every process of the job, and a batch script's trap passes it
+    on): the second one, while learn drew its learning curve after the first one's iteration, cut learn's bookkeeping
+    short, and summary.json and the checkpoint held the training clock of the previous checkpoint (0.0 s and sps 0
+    before the first one) while metrics.csv went on to the step where it stopped."""
+    import csv
+
+    from rlspeed.logging import RunLogger
+
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--env-backend", "torch",
+            "--set", "num_envs=4", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "4096",
+            "--checkpoint-freq", "1024", "--out", str(tmp_path / "run")]
+    learn, plot = PPO.learn, RunLogger.plot
+
+    def terminated_learn(self, *args, callback=None, **kwargs):
+        def terminate_at_384(_locals):
+            if self.num_timesteps == 384:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return learn(self, *args, callback=[terminate_at_384, *(callback or [])], **kwargs)
+
+    def plot_terminated_again(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # (the second signal, while the curve is drawn)
+        return plot(self)
+
+    monkeypatch.setattr(PPO, "learn", terminated_learn)
+    monkeypatch.setattr(RunLogger, "plot", plot_terminated_again)
+    assert cli.main(argv) == 143
+    rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv", encoding="utf-8")))
+    clock = round(float(rows[-1]["train_wall_s"]), 4)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["total_timesteps"] == int(rows[-1]["timesteps"]) == 384
+    assert summary["train_wall_s"] == clock > 0 and summary["sps"] > 0
+    loop = load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")[1]["resume"]["loop"]
+    assert round(loop["train_wall_s"], 4) == clock
+
+
 class _CrashesOnceAtItsStep200(gym.Env):
     """CartPole-like spaces; the 200th step of the first env made raises (a simulator that crashes mid-run)."""
 

@@ -2125,6 +2125,16 @@ class Algorithm:
             raise
         finally:
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
+            # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got; first,
+            # before the slow closing below (the learning curve's plot), which a second Ctrl-C or SIGTERM cuts short:
+            # the checkpoint and summary.json an interruption writes then still hold the run's clock and schedule)
+            self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                              train_wall_s=clock_offset + train_clock, **result.reached())
+            # (this call's; right after `resume`, the resumed run's from its start, as steps_to_target and
+            # time_to_target_s count and summary.json says)
+            result.total_timesteps = self.num_timesteps - (run_start if resume is not None else start_steps)
+            result.train_wall_s = clock_offset + train_clock
+            result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
             set_flush_denormal(flushed_before)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
@@ -2137,14 +2147,6 @@ class Algorithm:
                 if pending:
                     logger.amend_last(pending)
                 _close_logger(logger, raising)
-            # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got)
-            self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                              train_wall_s=clock_offset + train_clock, **result.reached())
-            # (this call's; right after `resume`, the resumed run's from its start, as steps_to_target and
-            # time_to_target_s count and summary.json says)
-            result.total_timesteps = self.num_timesteps - (run_start if resume is not None else start_steps)
-            result.train_wall_s = clock_offset + train_clock
-            result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
         # (this call returned: a further one, or a resume from a save now, starts anew; unless a signal's stop request
         # cut it short, whose run the CLI saves to go on with --resume, as after an interrupt)
         self._schedule_open = result.stop_requested
