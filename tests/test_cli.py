@@ -1969,6 +1969,25 @@ def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_p
     assert cli.main([*base[:5], "--total-timesteps", "2048", "--no-progress", "--out", "target", "--resume"]) == 0
     assert evaluations("target") == (["512", "1024", "1536", "2048"], 512)
 
+def test_resume_in_a_directory_without_a_run_evaluates_as_the_command_without_it(tmp_path, monkeypatch):
+    """A requeued job passes --resume always (it starts afresh where there is no checkpoint yet): without a target,
+    that first attempt recorded the shipped preset's eval_freq in config.yaml, though it ran no evaluation, and every
+    resume of it then evaluated at that frequency, which the run without --resume never does."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--out", "run", "--resume",
+            "--set", "num_steps=32"]
+
+    def evaluations() -> tuple[list[str], object]:
+        rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv", encoding="utf-8")))
+        return ([row["timesteps"] for row in rows if row.get("eval_mean")],
+                yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))["eval_freq"])
+
+    assert cli.main([*argv, "--total-timesteps", "1024"]) == 0
+    assert evaluations() == ([], None)
+    assert cli.main([*argv, "--total-timesteps", "4096"]) == 0
+    assert evaluations() == ([], None)
+
+
 def test_eval_repeats_the_final_evaluation_of_a_run_on_several_threads_exactly(tmp_path, monkeypatch, capsys):
     """`rlspeed eval RUN --seed S` evaluated on one thread whatever the run used: for a `--threads 2` run the returns
     differed from summary.json's final_eval in their last digits (a CPU's sums depend on the thread count). It takes

@@ -1515,7 +1515,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     recorded_eval_freq = eval_freq  # (config.yaml's: a resumed run keeps its own, which its checkpoint follows)
     if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
         eval_freq = None  # (a shipped preset's eval_freq serves its target: no evaluations; config.yaml says so)
-        recorded_eval_freq = recorded_eval_freq if args.resume else None
+        # (a resumed run's comes from its config.yaml; `--resume` in a directory without a run starts one afresh,
+        # which records that none ran, as the same command without it does: else its resume evaluated at the preset's)
+        recorded_eval_freq = recorded_eval_freq if "eval_freq" in getattr(args, "resume_run_settings", {}) else None
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
