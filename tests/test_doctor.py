@@ -97,10 +97,30 @@ def test_more_threads_than_cores_warns(monkeypatch):
     assert doctor.check_threads().status == doctor.PASS
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_training_threads_are_capped_at_the_cores_the_process_may_run_on(monkeypatch):
+    """A SLURM job (or `taskset`, a container's cpuset) may use a few of the machine's cores: --threads and
+    RLSPEED_NUM_THREADS were capped at os.cpu_count(), the whole machine's, so `--threads 8` on a 2-CPU allocation of
+    a 64-core node ran 8 threads on 2 cores, which doctor's line (the affinity's cores) warned about."""
+    from rlspeed import device
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv("RLSPEED_NUM_THREADS", "8")
+    before = torch.get_num_threads()
+    try:
+        assert device.default_num_threads() == 2
+        assert device.configure_threads(8) == 2 and torch.get_num_threads() == 2
+        assert doctor.usable_cores() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_threads_line_reports_what_training_uses(monkeypatch):
     """Training sets RLSPEED_NUM_THREADS or 1 thread (`device.configure_threads`), whatever torch's default is."""
     monkeypatch.setattr(doctor, "usable_cores", lambda: 4)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)  # (training's cap)
     monkeypatch.setattr(doctor.torch, "get_num_threads", lambda: 4)
     monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
     check = doctor.check_threads()

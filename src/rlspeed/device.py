@@ -265,7 +265,15 @@ def default_num_threads() -> int:
 
 
 def _within_cores(num_threads: int) -> int:
-    return max(1, min(num_threads, os.cpu_count() or 1))
+    return max(1, min(num_threads, usable_cores()))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask where the OS has one (a SLURM job's or a container's
+    CPUs, `taskset`; os.cpu_count() counts the whole machine's), else os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def flush_denormal_enabled() -> bool:

@@ -487,9 +487,7 @@ def check_env_families() -> list[Check]:
 
 def usable_cores() -> int:
     """Cores this process may run on (the affinity mask in containers), falling back to os.cpu_count()."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return devices.usable_cores()
 
 
 def check_threads() -> Check:
@@ -506,9 +504,11 @@ def check_threads() -> Check:
     except UserError as error:
         return Check(FAIL, "threads", f"{error} ({facts})", "set RLSPEED_NUM_THREADS to a number, or unset it")
     detail = f"training uses {threads} torch thread{'s' if threads != 1 else ''} (--threads N to change); {facts}"
-    if threads > cores:
-        return Check(WARN, "threads", detail, f"oversubscribed: set RLSPEED_NUM_THREADS={cores} (or train --threads "
-                     f"{cores})")
+    # (training caps the count at the usable cores: a larger RLSPEED_NUM_THREADS is said, not oversubscribed)
+    asked = int(os.environ.get("RLSPEED_NUM_THREADS", "").strip() or threads)
+    if max(threads, asked) > cores:
+        return Check(WARN, "threads", detail, f"more threads than usable cores: set RLSPEED_NUM_THREADS={cores} (or "
+                     f"train --threads {cores})")
     return Check(PASS, "threads", detail)
 
 
