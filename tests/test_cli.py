@@ -1969,6 +1969,18 @@ def test_an_eval_freq_from_set_or_a_preset_file_evaluates_without_a_target(tmp_p
     assert cli.main([*base[:5], "--total-timesteps", "2048", "--no-progress", "--out", "target", "--resume"]) == 0
     assert evaluations("target") == (["512", "1024", "1536", "2048"], 512)
 
+@pytest.mark.parametrize("extra", [[], ["--seeds", "0-1"]])
+def test_resume_without_out_is_refused_rather_than_starting_afresh_in_a_new_directory(tmp_path, monkeypatch, capsys,
+                                                                                      extra):
+    """A requeued job's `rlspeed train ... --resume` without --out made a new runs/<algo>-<env>-<seed>-<time> every
+    time and trained from scratch there ("no checkpoint yet"), exit code 0: nothing could ever be resumed."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--target-return", "none", "--no-progress",
+            "--resume", *extra]
+    assert "--resume continues the run in --out DIR: give --out" in cli_error(capsys, argv)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_resume_in_a_directory_without_a_run_evaluates_as_the_command_without_it(tmp_path, monkeypatch):
     """A requeued job passes --resume always (it starts afresh where there is no checkpoint yet): without a target,
     that first attempt recorded the shipped preset's eval_freq in config.yaml, though it ran no evaluation, and every

@@ -336,6 +336,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                                ("--wandb-entity", args.wandb_entity is not None and not args.track, "--track")):
         if given:
             raise UserError(f"{flag} applies only with {needs}: add it, or drop {flag}.")
+    if args.resume and args.out is None:
+        # (the default directory is a new one on every command: a requeued job would start afresh each time, saying
+        # only that there was no checkpoint yet)
+        raise UserError("--resume continues the run in --out DIR: give --out (without it every command makes a new "
+                        "directory under runs/, where there is nothing to resume).")
     if args.resume:
         _resume_settings(args)
     if args.seeds is not None:
