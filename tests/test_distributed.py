@@ -292,8 +292,14 @@ def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
     many = str((os.cpu_count() or 1) * 32)
     crowded = subprocess.run([*base[:7], many, *base[8:]], env=clean_env(), capture_output=True, text=True,
                              timeout=120)
-    assert crowded.returncode == 2 and f"--nproc {many} is more processes than this machine's" in crowded.stderr
+    assert crowded.returncode == 2 and f"--nproc {many} is more processes than the" in crowded.stderr
     assert not (tmp_path / "run").exists()
+    if hasattr(os, "sched_setaffinity"):  # (a SLURM job of 1 CPU on a larger machine: its CPUs count)
+        pinned = subprocess.run(base, env=clean_env(), capture_output=True, text=True, timeout=120,
+                                preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+        assert pinned.returncode == 2, pinned.stderr[-2000:]
+        assert "--nproc 2 is more processes than the 1 CPU core this command may run on" in pinned.stderr
+        assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("command", [["tune", "ppo", "CartPole-v1"], ["profile", "ppo", "CartPole-v1"]])

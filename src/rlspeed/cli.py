@@ -2038,12 +2038,14 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
         raise UserError("--accelerate auto is not supported with several processes yet; use --accelerate off "
                         "with --nproc.")
     _algo_cls, _run_settings, _hyper, config = _settings(args)
-    from rlspeed.device import device_count, resolve_device
+    from rlspeed.device import device_count, resolve_device, usable_cores
 
     device = resolve_device(args.device)
-    if device.type == "cpu" and args.nproc > (os.cpu_count() or 1):
-        raise UserError(f"--nproc {args.nproc} is more processes than this machine's {os.cpu_count() or 1} CPU cores "
-                        "(on the CPU each process trains on a core of its own); start at most that many.")
+    cores = usable_cores()  # (a SLURM job's or a container's CPUs, not the whole machine's)
+    if device.type == "cpu" and args.nproc > cores:
+        raise UserError(f"--nproc {args.nproc} is more processes than the {cores} CPU core{'s' * (cores != 1)} this "
+                        "command may run on (on the CPU each process trains on a core of its own); start at most that "
+                        "many.")
     num_envs = getattr(config, "num_envs", None)
     if num_envs is not None and num_envs % args.nproc:
         raise UserError(f"num_envs ({num_envs}) must be a multiple of --nproc ({args.nproc}) so that every process "
