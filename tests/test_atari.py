@@ -69,6 +69,23 @@ def test_v5_ids_skip_frames_in_the_wrapper_and_keep_sticky_actions():
         atari.make_atari_env("ALE/Breakout-v5", frameskip=4)
 
 
+@pytest.mark.parametrize("env_id", ["BreakoutNoFrameskip-v4", "ALE/Breakout-v5"])
+def test_a_max_episode_steps_option_counts_agent_steps(env_id):
+    """`max_episode_steps=N` ends a game after N agent steps, as the spec (and so evaluation) says; gym.make's time
+    limit sat on the emulator, which steps single frames under the preprocessing: games ended after about N / 4."""
+    env = make_env(env_id, num_envs=1, seed=0, backend="gymnasium", evaluation=True, device="cpu",
+                   max_episode_steps=40)
+    assert env.spec.max_episode_steps == 40
+    env.reset()
+    for step in range(1, 41):
+        _, _, terminated, truncated, info = env.step(torch.tensor([0]))  # NOOP: Breakout waits, no life is lost
+        assert bool(truncated[0]) == (step == 40) and not bool(terminated[0]), step
+    assert int(info["episode_length"][0]) == 40
+    env.close()
+    # ALE's own limit in frames, as an option: its agent steps (a quarter) are the spec's
+    assert env_spec(env_id, {"max_num_frames_per_episode": 4000}).max_episode_steps == 1000
+
+
 def test_training_variant_ends_episodes_at_lost_lives_and_clips_rewards_but_reports_whole_games():
     """Same seed and actions: the training env sees the evaluation env's frames, rewards clipped to their sign,
     `terminated` also where a life was lost, and the same whole-game raw episode returns."""

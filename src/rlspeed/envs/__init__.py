@@ -198,7 +198,7 @@ def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
         raise _make_error(env_id, "gymnasium", error) from error
     try:
         if atari_game:
-            made = atari.atari_spec(env_id, env)
+            made = atari.atari_spec(env_id, env, env_kwargs)
         else:
             made = EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, spec.max_episode_steps,
                                        spec.reward_threshold)

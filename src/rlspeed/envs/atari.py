@@ -79,10 +79,16 @@ def preprocessed(env_id: str, env_kwargs: dict) -> bool:
     return is_atari(env_id) and env_kwargs.get("obs_type", "rgb") != "ram"
 
 
-def max_episode_steps(env_id: str) -> int:
-    """Agent steps per game at most: ALE truncates a game after `max_num_frames_per_episode` frames (108,000 for
-    the registered ids, 30 minutes of play), and each agent step is `FRAME_SKIP` frames."""
-    frames = (gym.spec(env_id).kwargs or {}).get("max_num_frames_per_episode") or 108_000
+def max_episode_steps(env_id: str, env_kwargs: dict | None = None) -> int:
+    """Agent steps per game at most, for `env_id` made with the options `env_kwargs`: a `max_episode_steps` option
+    (agent steps, as `make_atari_env` applies it), else ALE's truncation after `max_num_frames_per_episode` frames
+    (the option's, else the id's: 108,000 for the registered ids, 30 minutes of play), each agent step being
+    `FRAME_SKIP` frames."""
+    env_kwargs = env_kwargs or {}
+    if env_kwargs.get("max_episode_steps") is not None:
+        return int(env_kwargs["max_episode_steps"])
+    frames = (env_kwargs.get("max_num_frames_per_episode")
+              or (gym.spec(env_id).kwargs or {}).get("max_num_frames_per_episode") or 108_000)
     return int(frames) // FRAME_SKIP
 
 
@@ -96,6 +102,9 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
                         f"last two), so the env must not: leave frameskip out (got {env_kwargs['frameskip']!r}).")
     if registered.get("frameskip", 1) != 1:
         env_kwargs.setdefault("frameskip", 1)  # AtariPreprocessing skips frames itself and refuses an env that does
+    # A time limit counts agent steps, as every step count of rlspeed's does (the spec's, evaluation's max_steps):
+    # gym.make's would wrap the emulator, whose steps are single frames here
+    limit = env_kwargs.pop("max_episode_steps", None)
     env = gym.make(env_id, **env_kwargs)
     try:
         env = gym.wrappers.AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP,
@@ -105,12 +114,15 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
         env.close()
         raise UserError(f"Atari preprocessing needs OpenCV ({error}): pip install opencv-python-headless "
                         "(or \"rlspeed[atari]\").") from None
+    if limit is not None:
+        env = gym.wrappers.TimeLimit(env, int(limit))
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
 
 
-def atari_spec(env_id: str, env: gym.Env) -> EnvSpec:
-    """The EnvSpec of a preprocessed Atari env (`make_atari_env`'s) of `env_id`."""
-    return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, max_episode_steps(env_id),
+def atari_spec(env_id: str, env: gym.Env, env_kwargs: dict | None = None) -> EnvSpec:
+    """The EnvSpec of a preprocessed Atari env (`make_atari_env`'s) of `env_id`, made with the options
+    `env_kwargs`."""
+    return EnvSpec.from_spaces(env_id, env.observation_space, env.action_space, max_episode_steps(env_id, env_kwargs),
                                gym.spec(env_id).reward_threshold)
 
 
@@ -157,12 +169,12 @@ class AtariGymnasiumEnv(GymnasiumEnv):
         env_kwargs = dict(env_kwargs or {})
         vector_kwargs = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "copy": False}
         if envs is not None:
-            spec = atari_spec(env_id, envs[0])
+            spec = atari_spec(env_id, envs[0], env_kwargs)
             vector_env = gym.vector.SyncVectorEnv([lambda env=env: env for env in envs], **vector_kwargs)
         else:
             probe = make_atari_env(env_id, **env_kwargs)  # fails here, in this process, on a bad option
             try:
-                spec = atari_spec(env_id, probe)
+                spec = atari_spec(env_id, probe, env_kwargs)
             finally:
                 probe.close()
             factories = [lambda: make_atari_env(env_id, **env_kwargs)] * num_envs
