@@ -159,6 +159,25 @@ def test_ram_observations_are_not_preprocessed_as_images():
         make_env("ALE/Pong-ram-v5")
 
 
+def test_a_vector_env_of_raw_atari_frames_is_not_taken_for_its_id():
+    """A vector env of the registered game unchanged gives its raw RGB frames, where the id names rlspeed's
+    preprocessed frame stacks: the model kept the id, and its evaluation made the id's env and refused it as another
+    env of the same id ("BreakoutNoFrameskip-v4 (observations (4, 84, 84)) does not fit this model, trained on
+    BreakoutNoFrameskip-v4 (observations (210, 160, 3))"). It is the user's env, evaluated on one built the same way."""
+    from rlspeed import PPO
+    from rlspeed.envs.gymnasium_env import USER_VECTOR_ENV
+
+    def raw_frames():
+        return gym.make_vec("BreakoutNoFrameskip-v4", num_envs=1, vectorization_mode="sync",
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+
+    model = PPO(raw_frames(), device="cpu", seed=0, num_envs=1, num_steps=8, batch_size=8, encoder="mlp")
+    assert model.spec.observation_shape == (210, 160, 3) and model.env_id == USER_VECTOR_ENV
+    with pytest.raises(UserError, match="vector env you built"):
+        model.evaluate(episodes=1, max_steps=5)
+    model.close()
+
+
 @pytest.mark.parametrize("algo_name", ["ppo", "dqn"])
 def test_preset_settings_train_a_cnn_on_uint8_frame_stacks(algo_name):
     """The Atari preset's network (the CNN encoder) on the preprocessed frames, shrunk to a few hundred steps: the

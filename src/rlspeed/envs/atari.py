@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper
-from rlspeed.envs.gymnasium_env import GymnasiumEnv
+from rlspeed.envs.gymnasium_env import GymnasiumEnv, is_atari_image_spec
 from rlspeed.errors import UserError
 
 #: The standard preprocessing (Mnih et al. 2015; Machado et al. 2018 for the v5 ids' sticky actions).
@@ -34,7 +34,6 @@ FRAME_SKIP = 4
 SCREEN_SIZE = 84
 FRAME_STACK = 4
 
-_ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
 _registered = False
 
 
@@ -62,8 +61,7 @@ def is_atari(env_id: str) -> bool:
     """Whether `env_id` is a registered Atari game with image observations (not a `-ram` id), once ale-py's envs
     are registered (`register_atari`)."""
     spec = gym.registry.get(env_id)
-    return (spec is not None and spec.entry_point == _ALE_ENTRY_POINT
-            and (spec.kwargs or {}).get("obs_type", "rgb") in ("rgb", "grayscale"))
+    return spec is not None and is_atari_image_spec(spec)
 
 
 def atari_image_id(env_id: str) -> bool:

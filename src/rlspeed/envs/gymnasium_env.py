@@ -256,12 +256,23 @@ def vector_wrappers(vector_env) -> list[str]:
             return names
 
 
+#: the entry point of ale-py's Atari games
+ALE_ENTRY_POINT = "ale_py.env:AtariEnv"
+
+
+def is_atari_image_spec(spec: gym.envs.registration.EnvSpec) -> bool:
+    """Whether `spec` is an Atari game (ale-py's) with image observations (not its RAM): the envs `make_env` makes
+    preprocessed, as frame stacks (`rlspeed.envs.atari`)."""
+    return spec.entry_point == ALE_ENTRY_POINT and (spec.kwargs or {}).get("obs_type", "rgb") in ("rgb", "grayscale")
+
+
 def registered_vector_env_id(vector_env) -> str | None:
     """The registered id a user's vector env is, where `make_env(id)` rebuilds the same env (as evaluation and a
     training target do): its envs' spec is the registered env's (`is_registered_env`) and no wrapper around the vector
-    env changes what it gives (recording ones only); else None (the user's own env or a variant)."""
+    env changes what it gives (recording ones only); else None (the user's own env or a variant). An Atari game's
+    raw frames are never its id's env: `make_env` makes that id's envs preprocessed (frame stacks)."""
     spec = _vector_env_spec(vector_env)
-    if spec is None or not is_registered_env(spec):
+    if spec is None or not is_registered_env(spec) or is_atari_image_spec(spec):
         return None
     if any(name not in _RECORDING_VECTOR_WRAPPERS for name in vector_wrappers(vector_env)):
         return None
