@@ -92,6 +92,9 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     algo, env_id, _, _, _ = trained
     with pytest.raises(UserError, match=rf"no policy name.*write {algo.__name__}\('{env_id}', \.\.\.\)"):
         algo("MlpPolicy", env_id, device="cpu")
+    # (the env by name after it, as SB3's examples write it too: Python's "got multiple values for argument 'env'")
+    with pytest.raises(UserError, match=rf"no policy name.*write {algo.__name__}\('{env_id}', \.\.\.\)"):
+        algo("CnnPolicy", env=env_id, device="cpu")
     with pytest.raises(UserError, match="takes one positional argument, the env"):
         algo(env_id, "cpu")
     # (an env object after the policy name: the example writes it as it is, or a single env by its id)

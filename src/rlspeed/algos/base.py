@@ -1028,6 +1028,27 @@ def _env_example(env) -> str:
     return "env"
 
 
+def _refuse_policy(cls: type, first, rest: tuple) -> None:
+    """UserError in one sentence where a model's first argument `first` is a Stable-Baselines3 policy (its name or
+    class) before the env (`rest`: the arguments after it, the env first where given), as SB3's `PPO("CnnPolicy",
+    env)` and `PPO("CnnPolicy", env=env)` write it."""
+    name = cls.__name__
+    if isinstance(first, str) and first in SB3_POLICY_NAMES:
+        example = _env_example(rest[0]) if rest else "'CartPole-v1'"
+        if "Lstm" in first and not hasattr(cls, "act_with_state"):
+            raise UserError(f"{first!r} is sb3-contrib's RecurrentPPO policy: rlspeed's recurrent PPO is "
+                            f"rlspeed.RecurrentPPO({example}, ...), which takes the env first and no policy name.")
+        raise UserError(f"{name} takes the env first and no policy name ({first!r} is Stable-Baselines3's): the "
+                        f"networks follow from the env's spaces (net_arch=, encoder= change them), so write "
+                        f"{name}({example}, ...).")
+    if isinstance(first, type) and (issubclass(first, torch.nn.Module) or first.__name__.endswith("Policy")):
+        example = _env_example(rest[0]) if rest else "env"
+        raise UserError(f"{name} takes the env first and no policy class ({first.__name__}, as Stable-Baselines3's "
+                        f"policies): the networks follow from the env's spaces (net_arch=, activation=, encoder= "
+                        f"shape them; a network of your own: override _build_policy, docs/algorithms.md), so write "
+                        f"{name}({example}, ...).")
+
+
 class ReplayBufferSaving:
     """What `model.save_replay_buffer` is: whether the model's checkpoints also write its replay buffer (its truth
     value, set by assigning a bool or by the `save_replay_buffer=` keyword), and, called with a path,
@@ -1087,6 +1108,8 @@ class Algorithm:
     def __new__(cls, *args: typing.Any, **kwargs: typing.Any) -> Self:
         """A new model, with a subclass's own `__init__` arguments recorded as it was called (`_own_init_arguments`:
         what `save` keeps of them, whatever its `__init__` then makes of them)."""
+        if args and "env" in kwargs:  # (SB3's `PPO("CnnPolicy", env=env)`: Python's TypeError of two envs else)
+            _refuse_policy(cls, args[0], (kwargs["env"], *args[1:]))
         self = super().__new__(cls)
         own = _own_init_parameters(cls) if args or kwargs else ()
         if own:
@@ -1146,21 +1169,7 @@ class Algorithm:
         from `make_env(env_id, **options)` carries its options the same way.
         """
         name = type(self).__name__
-        if isinstance(env, str) and env in SB3_POLICY_NAMES:
-            example = _env_example(policy_and_env[0]) if policy_and_env else "'CartPole-v1'"
-            if "Lstm" in env and not hasattr(self, "act_with_state"):
-                raise UserError(f"{env!r} is sb3-contrib's RecurrentPPO policy: rlspeed's recurrent PPO is "
-                                f"rlspeed.RecurrentPPO({example}, ...), which takes the env first and no policy "
-                                "name.")
-            raise UserError(f"{name} takes the env first and no policy name ({env!r} is Stable-Baselines3's): the "
-                            f"networks follow from the env's spaces (net_arch=, encoder= change them), so write "
-                            f"{name}({example}, ...).")
-        if isinstance(env, type) and (issubclass(env, torch.nn.Module) or env.__name__.endswith("Policy")):
-            example = _env_example(policy_and_env[0]) if policy_and_env else "env"
-            raise UserError(f"{name} takes the env first and no policy class ({env.__name__}, as Stable-Baselines3's "
-                            f"policies): the networks follow from the env's spaces (net_arch=, activation=, encoder= "
-                            f"shape them; a network of your own: override _build_policy, docs/algorithms.md), so write "
-                            f"{name}({example}, ...).")
+        _refuse_policy(type(self), env, policy_and_env)
         if policy_and_env:
             raise UserError(f"{name} takes one positional argument, the env; give the others by name (got "
                             f"{len(policy_and_env)} more: {', '.join(repr(a)[:40] for a in policy_and_env)}).")
