@@ -178,6 +178,40 @@ def test_a_vector_env_of_raw_atari_frames_is_not_taken_for_its_id():
     model.close()
 
 
+def test_sb3_make_atari_env_reports_whole_games_with_raw_scores_as_sb3_does(tmp_path):
+    """SB3's `make_atari_env` ends the learner's episode at a lost life and clips rewards, outside the `Monitor` that
+    SB3 reports its episodes from (`ep_rew_mean`, `evaluate_policy`): whole games, raw scores. rlspeed summed the
+    VecEnv's own episodes: metrics.csv showed each life's clipped rewards (SpaceInvaders: 2, 4, 5 for games of 55 to
+    125 points) and `evaluate` stopped at the first lost life."""
+    pytest.importorskip("stable_baselines3")
+    import csv
+    import warnings
+
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import VecFrameStack
+
+    import rlspeed
+
+    def monitored(vec_env):
+        return [r for env in vec_env.venv.envs for r in env.get_wrapper_attr("get_episode_rewards")()]
+
+    train_env = VecFrameStack(make_atari_env("SpaceInvadersNoFrameskip-v4", n_envs=2, seed=0), 4)
+    model = rlspeed.PPO(train_env, device="cpu", seed=0, num_steps=128, batch_size=128, n_epochs=1)
+    model.learn(1536, run_dir=tmp_path / "run", log_interval_s=0, progress_bar=False)
+    with open(tmp_path / "run" / "metrics.csv") as f:
+        logged = [float(row["episode_return"]) for row in csv.DictReader(f) if row["episode_return"]]
+    games = monitored(train_env)
+    assert games and logged and min(logged) >= min(games) - 1e-3 and max(logged) <= max(games) + 1e-3
+    eval_env = VecFrameStack(make_atari_env("SpaceInvadersNoFrameskip-v4", n_envs=1, seed=1), 4)
+    with warnings.catch_warnings(record=True) as caught:  # (the ClipRewardEnv over the Monitor changes no return)
+        warnings.simplefilter("always")
+        result = rlspeed.evaluate(model, eval_env, episodes=1, max_steps=5000)
+    assert result["unfinished"] == 0 and result["returns"] == monitored(eval_env)  # the whole game, raw
+    assert not [w for w in caught if "ClipRewardEnv" in str(w.message)]
+    model.close()
+    eval_env.close()
+
+
 @pytest.mark.parametrize("algo_name", ["ppo", "dqn"])
 def test_preset_settings_train_a_cnn_on_uint8_frame_stacks(algo_name):
     """The Atari preset's network (the CNN encoder) on the preprocessed frames, shrunk to a few hundred steps: the

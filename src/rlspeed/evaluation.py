@@ -16,6 +16,7 @@ from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, reward_wrappers
+from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.logging import ProgressBar
 
@@ -171,8 +172,9 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
                                                           **masks)
                 else:
                     actions = model.act(obs, deterministic=deterministic, **masks)
-                obs, _reward, _terminated, _truncated, info = env.step(actions.to(env.device))
-                episode_start = info["done"]
+                obs, _reward, terminated, truncated, info = env.step(actions.to(env.device))
+                # (the learner's episodes reset the state, as in training: an SB3 env's Monitor may count whole games)
+                episode_start = terminated | truncated
                 newly_done = info["done"] & ~finished
                 returns = torch.where(newly_done, info["episode_return"], returns)
                 lengths = torch.where(newly_done, info["episode_length"], lengths)
@@ -256,7 +258,7 @@ def _warn_reward_wrappers(env) -> None:
     """A warning where a vector env the caller built changes its rewards (Gymnasium's NormalizeReward, ...), or the
     envs inside it do (a `SyncVectorEnv` of wrapped envs): the returns evaluate reports are then the changed rewards',
     not the env's own."""
-    changers = reward_wrappers(env)
+    changers = reward_wrappers(env, below_monitor=is_sb3_vec_env(env) and monitored(env))
     if changers:
         warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
                       "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",

@@ -615,6 +615,12 @@ class EpisodeStatistics(EnvWrapper):
     """Adds `info["episode_return"]`, `info["episode_length"]` (valid where `info["done"]`) from raw rewards (the
     inner env's `info["raw_reward"]` where it gives them: SB3 VecEnvs under a reward-normalising VecNormalize).
 
+    An inner env that knows its whole episodes gives `info["episode_ends"]`, (ended: bool `[N]`, their returns:
+    float32 `[N]`), on every step: SB3 VecEnvs whose envs are in SB3's `Monitor`, under wrappers that may end the
+    learner's episode earlier or change its rewards (`make_atari_env`'s episodic life and clipped rewards). The
+    episodes counted are then those (`info["done"]`), with those returns, as SB3 reports them; lengths are the
+    steps taken here.
+
     Applied innermost by `make_env`, so returns are the env's own, before any reward normalisation. The numerics
     guard of the model training on it (`rlspeed.numerics.EnvValueGuard`, set as `numerics`) checks the env's values
     here, before anything else sees them. Everything stays on the device; nothing is read back to the host.
@@ -651,6 +657,10 @@ class EpisodeStatistics(EnvWrapper):
         # Fresh tensors each step (no copies): the returned totals stay valid after later steps. An env that
         # normalises its rewards itself (SB3's VecNormalize) gives the original ones as `raw_reward`.
         episode_return, episode_length = self._return + info.get("raw_reward", reward), self._length + 1.0
+        ends = info.pop("episode_ends", None)
+        if ends is not None:  # (whole episodes the inner env knows: those, and their returns, count)
+            done, ended_returns = ends
+            episode_return = torch.where(done, ended_returns, episode_return)
         self._return, self._length = episode_return.masked_fill(done, 0.0), episode_length.masked_fill(done, 0.0)
         info["done"] = done
         info["episode_return"], info["episode_length"] = episode_return, episode_length

@@ -327,12 +327,17 @@ def _wrapper_layers(env) -> list[tuple[str, object | None]]:
     return layers
 
 
-def reward_wrappers(env) -> list[str]:
+def reward_wrappers(env, below_monitor: bool = False) -> list[str]:
     """The names of the reward-changing wrappers around a vector env and around the envs inside it
     (`REWARD_WRAPPERS`, and any Gymnasium `RewardWrapper` or `VectorRewardWrapper` of the caller's own, where the
-    wrapper itself is at hand: not inside subprocess envs), outermost first, each once."""
+    wrapper itself is at hand: not inside subprocess envs), outermost first, each once. `below_monitor`: only those
+    inside each env's SB3 `Monitor` (an SB3 VecEnv whose Monitors' episodes are reported: the wrappers over them
+    change no reported return)."""
     changers = []
     for name, wrapper in _wrapper_layers(env):
+        if below_monitor and name == "Monitor":
+            changers = []  # (the layers so far were over this env's Monitor; each env's chain comes whole)
+            continue
         changing = name in REWARD_WRAPPERS or isinstance(wrapper, (gym.RewardWrapper, gym.vector.VectorRewardWrapper))
         if changing and name not in changers:
             changers.append(name)

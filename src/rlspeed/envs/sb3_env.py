@@ -55,6 +55,19 @@ def vec_normalize_of(env, normalising: str | None = None):
     return normalizer if normalizer is not None and (normalising is None or getattr(normalizer, normalising)) else None
 
 
+def monitored(vec_env) -> bool:
+    """Whether every env of an SB3 VecEnv is wrapped in SB3's `Monitor` (`make_vec_env` and `make_atari_env` wrap
+    them), as SB3 asks it (`env_is_wrapped`); False without Stable-Baselines3 or for a VecEnv that cannot say."""
+    try:
+        from stable_baselines3.common.monitor import Monitor
+    except ImportError:
+        return False
+    try:
+        return bool(all(vec_env.env_is_wrapped(Monitor)))
+    except Exception:  # (a VecEnv of another package with SB3's interface, without env_is_wrapped)
+        return False
+
+
 class SB3VecEnv(BatchedEnv):
     """N envs of a Stable-Baselines3 VecEnv behind the batched contract (tensors on `device`)."""
 
@@ -84,6 +97,8 @@ class SB3VecEnv(BatchedEnv):
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         #: the VecEnv's VecNormalize where it normalises rewards (its original rewards go to `info["raw_reward"]`)
         self._normalizer = vec_normalize_of(vec_env, "norm_reward")
+        #: whether each env is in SB3's Monitor, whose episodes and returns are the ones counted (`EpisodeStatistics`)
+        self._monitored = monitored(vec_env)
 
     def _masks(self, infos=None, finished=()) -> dict:
         """{"action_mask": bool [N, n] on the device} for the current observations, from the envs' `action_masks()`
@@ -161,6 +176,14 @@ class SB3VecEnv(BatchedEnv):
         info = {"final_obs": final_t, "final_rows": finished, **self._masks(infos, finished)}
         if self._normalizer is not None:  # episode returns are the env's own rewards', as SB3's Monitor records them
             info["raw_reward"] = host_tensor(self._normalizer.get_original_reward(), self.device).reshape(-1)
+        if self._monitored:
+            # the Monitor's episodes, as SB3 reports them (`make_atari_env`: whole games, raw scores, where a lost
+            # life ends the learner's episode and its rewards are clipped)
+            ended = np.array([isinstance(row.get("episode"), dict) for row in infos], dtype=bool)
+            returns = np.array([float(row["episode"]["r"]) if end else 0.0 for row, end in zip(infos, ended)],
+                               dtype=np.float32)
+            info["episode_ends"] = (torch.as_tensor(ended, device=self.device),
+                                    torch.as_tensor(returns, device=self.device))
         add_success(self, info, {int(row): infos[row]["is_success"] for row in finished if "is_success" in infos[row]})
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
