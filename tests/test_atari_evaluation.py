@@ -56,6 +56,26 @@ def test_a_policy_that_never_fires_ends_breakout_games_only_with_fire_to_start()
     assert (torch.stack(pressed)[~fires] == actions.expand(len(pressed), 2)[~fires]).all()
 
 
+def test_under_sticky_actions_fire_is_pressed_long_enough_to_serve():
+    """ALE/Breakout-v5 repeats the previous action in a frame with probability 0.25: one FIRE step then left the
+    ball unserved in about 1 game in 7 (1 of these 16), and a policy that never fires stood still in them until ALE
+    ended the game after 27,000 steps (an untrained model's `rlspeed eval`: minutes per game). Two steps serve it."""
+    assert atari.fire_steps("ALE/Breakout-v5") == 2 and atari.fire_steps("BreakoutNoFrameskip-v4") == 1
+    assert atari.fire_steps("ALE/Breakout-v5", {"repeat_action_probability": 0.0}) == 1
+    rows = 16
+    env = atari.for_evaluation(make_env("ALE/Breakout-v5", num_envs=rows, seed=5, backend="gymnasium",
+                                        evaluation=True, device="cpu"))
+    env.reset()
+    ended = torch.zeros(rows, dtype=torch.bool)
+    right = torch.full((rows,), 2)
+    for _ in range(1500):  # (RIGHT alone loses a served ball at once: a whole game takes a few hundred steps)
+        ended |= env.step(right)[4]["done"]
+        if bool(ended.all()):
+            break
+    env.close()
+    assert bool(ended.all()), f"{int((~ended).sum())} of {rows} games stood still, the ball never served"
+
+
 def test_a_deterministic_untrained_breakout_evaluation_ends_its_games():
     model = rlspeed.DQN("BreakoutNoFrameskip-v4", seed=0, device="cpu", env_backend="gymnasium", encoder="cnn",
                         net_arch=(), buffer_size=64)

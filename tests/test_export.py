@@ -427,6 +427,10 @@ def test_an_atari_policys_sidecar_says_how_its_frames_are_made(tmp_path):
     assert sidecar["preprocessing"]["kind"] == "atari" and sidecar["preprocessing"]["frame_stack"] == 4
     assert sidecar["preprocessing"]["frame_skip"] == 4 and sidecar["preprocessing"]["screen_size"] == 84
     assert sidecar["preprocessing"]["fire_action_on_start_and_after_life_loss"] == 1
+    assert sidecar["preprocessing"]["fire_steps"] == 1  # (two under sticky actions, as rlspeed's evaluation presses)
+    from rlspeed.export import _preprocessing
+
+    assert _preprocessing("ALE/Breakout-v5", {})["fire_steps"] == 2
 
 
 @pytest.mark.parametrize("format", ["torchscript", "exported_program"])

@@ -506,12 +506,13 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
             # (the masking clause only where the graph takes an action_mask input)
             "action_mapping": (module.action_mapping if module.action_mask
                                else re.sub(r" \(masked [^)]*\)", "", module.action_mapping)),
-            "preprocessing": _preprocessing(model.env_id)}
+            "preprocessing": _preprocessing(model.env_id, model.spec.env_kwargs)}
 
 
-def _preprocessing(env_id: str) -> dict | None:
-    """What the env does to the game's frames before the policy sees them, where the policy needs it repeated
-    outside rlspeed (an Atari game: `rlspeed.envs.atari`); None for envs whose observations are the env's own."""
+def _preprocessing(env_id: str, env_kwargs: dict | None = None) -> dict | None:
+    """What the env (made with the options `env_kwargs`) does to the game's frames before the policy sees them, where
+    the policy needs it repeated outside rlspeed (an Atari game: `rlspeed.envs.atari`, with the steps FIRE is pressed
+    for where the game waits for it); None for envs whose observations are the env's own."""
     from rlspeed.envs import atari
 
     if not atari.atari_image_id(env_id):
@@ -520,6 +521,7 @@ def _preprocessing(env_id: str) -> dict | None:
             "max_pool_last_two_frames": True, "grayscale": True, "screen_size": atari.SCREEN_SIZE,
             "frame_stack": atari.FRAME_STACK, "stack_axis": 0,
             "fire_action_on_start_and_after_life_loss": atari.fire_action(env_id),
+            "fire_steps": atari.fire_steps(env_id, env_kwargs),
             "reference": "gymnasium.wrappers.AtariPreprocessing + FrameStackObservation (rlspeed.envs.atari)"}
 
 

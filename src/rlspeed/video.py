@@ -106,15 +106,17 @@ class _AtariGame:
     frame_skip: int
     max_steps: int
     fire: int | None  # FIRE's action index where the game waits for it (`atari.fire_action`)
+    fire_steps: int  # steps FIRE is pressed for at a start and after a lost life (`atari.fire_steps`)
 
 
-def _atari_game(env_id: str) -> _AtariGame | None:
-    """How a video plays an Atari image id (None for other envs)."""
+def _atari_game(env_id: str, env_kwargs: dict | None = None) -> _AtariGame | None:
+    """How a video plays an Atari image id made with the options `env_kwargs` (None for other envs)."""
     from rlspeed.envs import atari
 
     if not atari.atari_image_id(env_id):
         return None
-    return _AtariGame(atari.FRAME_SKIP, atari.max_episode_steps(env_id), atari.fire_action(env_id))
+    return _AtariGame(atari.FRAME_SKIP, atari.max_episode_steps(env_id), atari.fire_action(env_id),
+                      atari.fire_steps(env_id, env_kwargs))
 
 
 @_headless_rendering()
@@ -264,7 +266,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise UserError(f"'{env_id or model.env_id}' gives {' and '.join(wrong)} other than this model trained on "
                         f"(observations {model.spec.observation_space}, actions {model.spec.action_space}): it cannot "
                         "be filmed on that env.")
-    game = _atari_game(env_id or model.env_id)
+    game = _atari_game(env_id or model.env_id, env_options(model, env_id, env_kwargs))
     # (an Atari step is FRAME_SKIP of the game's 60 frames a second: the video plays at the game's speed)
     fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)
     limit = max_steps or (game.max_steps if game else None) or (
@@ -292,7 +294,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                 obs, info = env.reset(seed=None if seed is None else seed + episode)
                 state, start, total = None, np.ones(1, dtype=bool), 0.0
                 # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
-                fire_next, lives = game is not None and game.fire is not None, info.get("lives")
+                fire_left = game.fire_steps if game is not None and game.fire is not None else 0
+                lives = info.get("lives")
                 frame = _frame(env, env_id or model.env_id)
                 size = size or frame.shape[:2]
                 _append(writer, frame)
@@ -307,12 +310,14 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                         start = np.zeros(1, dtype=bool)
                     else:
                         action, _ = model.predict(obs, deterministic=deterministic, action_masks=masks)
-                    if fire_next:
+                    if fire_left > 0:
                         action = np.asarray(game.fire).reshape(np.shape(action))
                     if discrete:  # (a plain int: envs that look the action up in a table (Taxi) refuse a 0-d array)
                         action = int(action)
                     obs, reward, terminated, truncated, info = env.step(action)
-                    fire_next = game is not None and game.fire is not None and info.get("lives", lives) < lives
+                    lost = info.get("lives", lives) < lives if lives is not None else False
+                    fire_left = (game.fire_steps if game is not None and game.fire is not None and lost
+                                 else max(fire_left - 1, 0))
                     lives = info.get("lives", lives)
                     total += float(reward)
                     _append(writer, _frame(env, env_id or model.env_id))

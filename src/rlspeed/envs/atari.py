@@ -254,6 +254,21 @@ def fire_action(env_id: str) -> int | None:
     return 1 if len(meanings) >= 3 and meanings[1] == "FIRE" else None
 
 
+#: steps FIRE is pressed for at a game's start and after a lost life where actions are sticky (`fire_steps`)
+STICKY_FIRE_STEPS = 2
+
+
+def fire_steps(env_id: str, env_kwargs: dict | None = None) -> int:
+    """How many steps `FireToStart` presses FIRE for at a game's start and after a lost life in `env_id` made with
+    the options `env_kwargs`: `STICKY_FIRE_STEPS` where actions are sticky (`repeat_action_probability` above 0: the
+    v5 ids), else 1. Under sticky actions one FIRE step did not serve Breakout's ball in 7 of 48 games (measured:
+    ALE/Breakout-v5, a policy that never fires; two steps: 0 of 32), and such a policy then stood still until ALE ended
+    the game after 27,000 steps."""
+    registered = gym.spec(env_id).kwargs or {}
+    sticky = (env_kwargs or {}).get("repeat_action_probability", registered.get("repeat_action_probability", 0.0))
+    return STICKY_FIRE_STEPS if float(sticky or 0.0) > 0 else 1
+
+
 class FireToStart(EnvWrapper):
     """For evaluation: the first action of every game and the first after every lost life is FIRE, in place of the
     policy's, in games whose second action is FIRE (`fire_action`). Some games (Breakout) wait for FIRE to serve the
@@ -264,27 +279,29 @@ class FireToStart(EnvWrapper):
     wraps its env in this (`for_evaluation`).
 
     The FIRE is a step of the game the policy sees, with its reward (none in these games) counted in the episode.
+    `steps`: how many steps FIRE is pressed for each time (`fire_steps`: 2 where actions are sticky).
     """
 
-    def __init__(self, env: BatchedEnv, fire: int):
+    def __init__(self, env: BatchedEnv, fire: int, steps: int = 1):
         super().__init__(env)
-        self.fire = fire
-        self._waiting = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self.fire, self.steps = fire, steps
+        self._pending = torch.full((self.num_envs,), steps, dtype=torch.int32, device=self.device)
         self._lives = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
 
     def reset(self, seed: int | None = None):
-        """Reset the games; each one's next action is FIRE."""
+        """Reset the games; each one's next actions are FIRE."""
         obs, info = self.env.reset(seed=seed)
-        self._waiting = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self._pending = torch.full((self.num_envs,), self.steps, dtype=torch.int32, device=self.device)
         self._lives = info["lives"]
         return obs, info
 
     def step(self, actions: torch.Tensor):
         """Step with FIRE in the rows whose game just started or lost a life, the given actions elsewhere."""
-        actions = torch.where(self._waiting, torch.full_like(actions, self.fire), actions)
+        actions = torch.where(self._pending > 0, torch.full_like(actions, self.fire), actions)
         obs, reward, terminated, truncated, info = self.env.step(actions)
         lives = info["lives"]
-        self._waiting = terminated | truncated | (lives < self._lives)
+        restarted = terminated | truncated | (lives < self._lives)
+        self._pending = torch.where(restarted, self.steps, (self._pending - 1).clamp(min=0)).to(torch.int32)
         self._lives = lives
         return obs, reward, terminated, truncated, info
 
@@ -294,9 +311,10 @@ def for_evaluation(env: BatchedEnv) -> BatchedEnv:
     if stacked_frames(env) is None:
         return env
     fire = fire_action(env.spec.env_id)
-    return env if fire is None else FireToStart(env, fire)
+    return env if fire is None else FireToStart(env, fire, fire_steps(env.spec.env_id, env.spec.env_kwargs))
 
 
 __all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec",
-           "max_episode_steps", "AtariGymnasiumEnv", "AtariTraining", "stacked_frames", "fire_action", "FireToStart",
-           "for_evaluation", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK"]
+           "max_episode_steps", "AtariGymnasiumEnv", "AtariTraining", "stacked_frames", "fire_action", "fire_steps",
+           "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK",
+           "STICKY_FIRE_STEPS"]
