@@ -811,3 +811,38 @@ def test_population_mistakes_are_one_sentence_each():
     assert population.learn(32, callback=None, progress_bar=False)["members"]  # (no callback: as a model's learn)
     with pytest.raises(UserError, match="save takes a file's path"):
         population.save(5)
+
+
+def test_a_stop_request_during_the_final_evaluation_ends_it_without_waiting_for_its_episodes():
+    """A signal that came while a population's final evaluation ran (Atari games: minutes) waited for every game to
+    end, where a solo run's stops at once: the request is asked during the evaluation too, which is then skipped,
+    as one that came as the last iteration ended."""
+    population = Population(PPO, "Pendulum-v1", seeds=[0, 1], **SMALL)
+    stepped = []
+    asked = {"final": False}
+
+    def stop_requested():
+        # (False through training and the check after it; the evaluation that follows asks again: stop there)
+        if asked["final"]:
+            return True
+        asked["final"] = population.num_timesteps >= 256
+        return False
+
+    make = population._make_env
+
+    def counting_env(*args, **kwargs):  # (the env's steps, training's and the evaluation's)
+        env = make(*args, **kwargs)
+        step = env.step
+
+        def counted(actions):
+            stepped.append(1)
+            return step(actions)
+
+        env.step = counted
+        return env
+
+    population._make_env = counting_env
+    summary = population.learn(256, progress_bar=False, stop_requested=stop_requested)
+    assert summary["aggregate"]["final_eval"] is None and all(m["final_eval"] is None for m in summary["members"])
+    # (32 training steps of 8 envs, then the evaluation's, stopped at its first check: not after Pendulum's 200)
+    assert len(stepped) <= 32 + 64

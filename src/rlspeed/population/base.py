@@ -493,13 +493,19 @@ def unpack_observations(rows: torch.Tensor, layout: dict[str, tuple]) -> dict[st
             for (key, (shape, dtype)), part in zip(layout.items(), rows.split(sizes, dim=-1))}
 
 
-def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None
+class EvaluationStopped(Exception):
+    """An evaluation left unfinished for a stop request (`first_episode_returns`' `stop`)."""
+
+
+def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch.Tensor | None = None,
+                          stop: Callable[[], bool] | None = None
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(return, finished, succeeded) of each env row's first episode, `[rows]` each (a row still running at the step
     limit: its return so far, not finished; succeeded: its last info's `is_success`, None where the env reports no
     success), stepping `env` (episode statistics in `info`) with `policy(obs)` from observations `obs`; with the
     first action `masks`, `policy(obs, masks)` with each step's `info["action_mask"]`. Evaluation, outside the
-    training clock: a host read every 64 steps ends the loop once every row has finished."""
+    training clock: a host read every 64 steps ends the loop once every row has finished. `stop()`, where given, is
+    asked as often: EvaluationStopped where it says to stop (a signal during a final evaluation)."""
     limit = env.spec.max_episode_steps or 10_000
     returns = torch.zeros(obs.shape[0], device=obs.device)
     finished = torch.zeros(obs.shape[0], dtype=torch.bool, device=obs.device)
@@ -513,8 +519,11 @@ def first_episode_returns(env, obs: torch.Tensor, policy: Callable, masks: torch
             succeeded = (torch.zeros_like(finished) if succeeded is None else succeeded) | (
                 newly_done & info["is_success"])
         finished |= info["done"]
-        if step % 64 == 0 and bool(finished.all()):  # ok-sync: evaluation, outside the training clock
-            break
+        if step % 64 == 0:
+            if bool(finished.all()):  # ok-sync: evaluation, outside the training clock
+                break
+            if stop is not None and stop():
+                raise EvaluationStopped
     return torch.where(finished, returns, info["episode_return"]), finished, succeeded
 
 
@@ -787,7 +796,7 @@ class PopulationBase:
             # (where the members apply the env's action masks, the policy takes (obs, masks))
             applies = self.supports_action_masks and getattr(self.config, "use_masking", False)
             masks = info.get("action_mask") if applies else None
-            returns, finished, succeeded = first_episode_returns(env, obs, policy, masks)
+            returns, finished, succeeded = first_episode_returns(env, obs, policy, masks, self._evaluation_stop)
         finally:
             if env is not None:
                 env.close()
@@ -1148,6 +1157,8 @@ class PopulationBase:
     _resumed = False
     _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_interrupted_env`)
     last_success_rates: list[float | None] | None = None  # (`_mean_returns`)
+    #: a stop request that ends an evaluation unfinished (`learn`'s final one: a signal need not wait for its games)
+    _evaluation_stop: Callable[[], bool] | None = None
     last_return_stds: list[float] | None = None  # (`_mean_returns`)
 
     #: the training env's `rlspeed.numerics.EnvValueGuard` (`raise` policy: steps checked a block at a time), on the
@@ -1292,7 +1303,13 @@ class PopulationBase:
         self.progress = None
         # (a stop asked for as the last iteration ended: the training is done, its final evaluation skipped)
         skip_final = stop_requested is not None and stop_requested()
-        self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
+        self._evaluation_stop = stop_requested  # (one that comes during the final evaluation skips it too)
+        try:
+            self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
+        except EvaluationStopped:
+            self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=False)
+        finally:
+            self._evaluation_stop = None
         return self.summary
 
     def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:
