@@ -7,6 +7,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 
 import pytest
 
@@ -426,6 +427,35 @@ def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(mon
     quick.update(1000, sps=10)
     quick.close()
     assert capsys.readouterr().err == "" and quick.bar.n == 1000
+
+
+def test_a_drawn_bar_keeps_its_elapsed_time_moving_between_episodes(monkeypatch):
+    """After its first finished episode an evaluation's bar was not redrawn until the next (tqdm waits for as many
+    steps again as the last redraw took): an Atari game's minutes showed one frozen elapsed time, as if hung."""
+    import io
+    import time
+
+    from rlspeed import logging as run_logging
+    from rlspeed.logging import ProgressBar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: True)
+    monkeypatch.setattr(ProgressBar, "REDRAW_S", 0.05)
+    bar = ProgressBar(4, desc="evaluate X", unit="episode")
+    bar.update(0)
+    bar.update(1)  # (the first episode ends)
+    drawn = terminal.getvalue().count("\r")
+    ends = time.monotonic() + 0.6
+    while time.monotonic() < ends:  # (the next episode's steps: no episode finishes)
+        bar.update(0)
+        time.sleep(0.01)
+    assert terminal.getvalue().count("\r") - drawn >= 4
+    bar.close()
 
 
 @pytest.mark.parametrize("backend", ["torch", "gymnasium"])

@@ -105,6 +105,8 @@ class ProgressBar:
 
     #: seconds between status lines where stderr is not a terminal
     LINE_INTERVAL_S = 30.0
+    #: the longest a drawn bar goes without a redraw while `update` is called (its elapsed time moves on)
+    REDRAW_S = 1.0
 
     def __init__(self, total: int, enabled: bool = True, desc: str = "train", initial: int = 0, unit: str = "step"):
         # (a notebook's stderr is no terminal either, but tqdm.auto draws its bars as widgets there)
@@ -129,6 +131,7 @@ class ProgressBar:
         self._last_line = time.monotonic()
         self._wrote_line = False
         self._lined = initial  # the step count the last status line showed
+        self._redrawn = 0.0  # (time.time() of the last redraw `update` asked for)
 
     def update(self, steps: int, **postfix) -> None:
         """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
@@ -138,8 +141,14 @@ class ProgressBar:
             self.bar.set_postfix(shown, refresh=False)
             self._shown = shown
         self.bar.update(steps)
-        if self.lines and time.monotonic() - self._last_line >= self.LINE_INTERVAL_S:
-            self._line()
+        if self.lines:
+            if time.monotonic() - self._last_line >= self.LINE_INTERVAL_S:
+                self._line()
+        elif not self.bar.disable and time.time() - max(self.bar.last_print_t, self._redrawn) >= self.REDRAW_S:
+            # (tqdm skips redraws until as many more steps as the last ones took come: with none between episodes,
+            # its elapsed time stood still, as if hung)
+            self.bar.refresh()
+            self._redrawn = time.time()
 
     def _line(self) -> None:
         total = self.bar.total or 0
