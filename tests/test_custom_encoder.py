@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -174,6 +175,55 @@ def test_an_encoder_whose_features_do_not_fit_the_heads_is_refused_when_made(fau
     monkeypatch.setattr(MisshapenPPO, "_check_own_encoders", lambda self: None)
     unchecked = made_and_drawn()
     assert checked[0] == unchecked[0] == 0 and torch.equal(checked[1], unchecked[1])
+
+
+class GridCell(gym.Env):
+    """A cell on a 5x5 grid as two ids 0..4 in a uint8 Box of 0..255 (as MiniGrid's object ids): random values of the
+    space are outside what the env gives."""
+
+    observation_space = gym.spaces.Box(0, 255, (2,), np.uint8)
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cell = np.zeros(2, np.uint8)
+        return self.cell.copy(), {}
+
+    def step(self, action):
+        self.cell = np.clip(self.cell + [(1, 0), (0, 1), (-1, 0), (0, -1)][action], 0, 4).astype(np.uint8)
+        reached = bool((self.cell == 4).all())
+        return self.cell.copy(), float(reached), reached, False, {}
+
+
+class CellIds(Encoder):
+    """An embedding of the ids the env gives (0..4): it raises on other values."""
+
+    kind = "id embedding"
+
+    def __init__(self):
+        super().__init__()
+        self.features_dim = 16
+        self.embed = nn.Embedding(5, 8)
+
+    def forward(self, obs):
+        return self.embed(obs.long()).flatten(1)
+
+
+class CellPPO(PPO):
+    def _build_policy(self):
+        cfg, spec = self.config, self.spec
+        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
+                           cfg.log_std_init, encoder=CellIds(), action_space=spec.action_space)
+
+
+def test_an_encoder_that_raises_on_random_observations_is_not_checked():
+    """The check's random observations may lie outside what the env gives (ids 0..4 in a uint8 Box): an encoder that
+    raises on them is made and trains as before the check, not refused with its IndexError."""
+    if "rlspeed-test/GridCell-v0" not in gym.registry:
+        gym.register("rlspeed-test/GridCell-v0", entry_point=GridCell, max_episode_steps=20)
+    model = CellPPO("rlspeed-test/GridCell-v0", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False)
+    assert model.num_timesteps == 32
 
 
 def test_rlspeed_eval_builds_a_subclass_whose_module_gym_packages_imports(tmp_path, monkeypatch, capsys):

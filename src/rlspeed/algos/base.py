@@ -1490,7 +1490,8 @@ class Algorithm:
         `_build_policy` or `_setup`; rlspeed's own are not run) whose features the heads cannot take: not one float32
         tensor `[batch, features_dim]` on the model's device (else the first rollout or predict fails deep in the
         heads' matrix products). It runs once on two random observations, in eval mode, without gradients, moving
-        neither the global random streams nor its buffers."""
+        neither the global random streams nor its buffers; an encoder that raises on them (random values outside the
+        range its env gives) is not checked."""
         seen: set[int] = set()
         for name, network in self._modules().items():
             for attribute in ("encoder", "obs_encoder"):
@@ -1508,11 +1509,15 @@ class Algorithm:
         buffers = [(buffer, buffer.clone()) for buffer in encoder.buffers()]
         forked = {"devices": [self.device], "device_type": self.device.type} if self.device.type != "cpu" else {
             "devices": []}
-        with torch.random.fork_rng(**forked), torch.no_grad(), acting_mode(encoder):
-            features = encoder(obs)
-        with torch.no_grad():
-            for buffer, value in buffers:
-                buffer.copy_(value)
+        try:
+            with torch.random.fork_rng(**forked), torch.no_grad(), acting_mode(encoder):
+                features = encoder(obs)
+        except Exception:  # (values the env never gives, out of its range: an embedding of ids; not checked)
+            return
+        finally:
+            with torch.no_grad():
+                for buffer, value in buffers:
+                    buffer.copy_(value)
         width = getattr(encoder, "features_dim", None)
         if not isinstance(features, torch.Tensor):
             raise UserError(f"{who} returned a {type(features).__name__}, and the heads take its features as one "
