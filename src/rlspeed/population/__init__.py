@@ -45,9 +45,11 @@ def Population(algo_cls: type[Algorithm], env_id: str, seeds: Iterable[int],  # 
     name = algo_cls.__name__
     implementation = IMPLEMENTATIONS.get(name)
     if implementation is None:
-        base = next((klass.__name__ for klass in algo_cls.__mro__[1:] if klass.__module__.startswith("rlspeed.")
-                     and klass.__name__ in IMPLEMENTATIONS), None)
-        if base is not None:  # (a user's subclass: its own loss, encoder or networks)
+        # (a user's subclass, its own loss, encoder or networks; rlspeed's own subclasses, RecurrentPPO's, are not)
+        base = None if algo_cls.__module__.startswith("rlspeed.") else next(
+            (klass.__name__ for klass in algo_cls.__mro__[1:] if klass.__module__.startswith("rlspeed.")
+             and klass.__name__ in IMPLEMENTATIONS), None)
+        if base is not None:
             raise UserError(f"Populations train rlspeed's own {base}, not {name}, a subclass of it: the batched "
                             "members run rlspeed's networks and update, not the subclass's overrides (its encoder, "
                             f"loss or networks); train {name} solo, one model per seed.")
