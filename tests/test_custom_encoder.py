@@ -74,6 +74,15 @@ def test_rlspeeds_own_networks_are_left_alone():
     assert own.training and own[1].net[3].training
 
 
+def test_a_compiled_network_is_as_mode_dependent_as_the_network_it_wraps():
+    """`model.policy = torch.compile(model.policy)` (a wrapper of the same parameters, which the model takes): its
+    wrapper is no layer of the user's own, so acting leaves rlspeed's network alone as uncompiled (no mode switch,
+    which would make torch.compile trace it again in eval mode)."""
+    model = PPO("CartPole-v1", device="cpu", seed=0)
+    assert not mode_dependent(torch.compile(model.policy))
+    assert mode_dependent(torch.compile(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.1))))
+
+
 @pytest.mark.parametrize("mode", [True, False])
 def test_acting_mode_puts_back_each_layers_mode(mode):
     net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5), nn.BatchNorm1d(2))

@@ -97,20 +97,24 @@ _MODE_FREE_LAYERS = frozenset({
 def mode_dependent(module: nn.Module) -> bool:
     """Whether `module` holds a layer whose forward may differ between train and eval mode: Dropout, BatchNorm, a
     multi-layer LSTM's dropout, or any module of the user's own (its forward may read `self.training`); rlspeed's own
-    networks and the plain torch.nn layers (`_MODE_FREE_LAYERS`) do not. (A walk of the `_modules` dicts: it runs at
-    every `predict`, where `modules()`'s generator costs several times as much.)"""
+    networks, the plain torch.nn layers (`_MODE_FREE_LAYERS`) and torch.compile's wrapper of them do not. (A walk of
+    the `_modules` dicts: it runs at every `predict`, where `modules()`'s generator costs several times as much.)"""
     todo = [module]
     while todo:
         layer = todo.pop()
         kind = type(layer)
         free = _MODE_FREE.get(kind)
         if free is None:
-            free = _MODE_FREE[kind] = kind in _MODE_FREE_LAYERS or kind.__module__.startswith("rlspeed.")
+            free = _MODE_FREE[kind] = (kind in _MODE_FREE_LAYERS or kind.__module__.startswith("rlspeed.")
+                                       or (kind.__module__, kind.__qualname__) == _COMPILED_WRAPPER)
         if not free and (kind not in (nn.LSTM, nn.GRU, nn.RNN) or layer.dropout):
             return True
         todo.extend(child for child in layer._modules.values() if child is not None)
     return False
 
+
+#: torch.compile's wrapper (`OptimizedModule`), whose forward is its `_orig_mod`'s (a child, walked as the others)
+_COMPILED_WRAPPER = ("torch._dynamo.eval_frame", "OptimizedModule")
 
 #: each layer class seen, whether it is mode-free (`mode_dependent`'s cache)
 _MODE_FREE: dict[type, bool] = {}
