@@ -279,6 +279,14 @@ def test_resume_with_a_bigger_budget_stretches_the_schedule(tmp_path):
                     callback=lambda local: rates.append(restarted.optimizer.param_groups[0]["lr"]) or True)
     assert min(rates) > 0 and rates == sorted(rates, reverse=True)
     assert rates[0] < restarted.config.learning_rate  # continued from the checkpoint's place, not from the top
+    # a copy of the checkpoint saved by a loaded model (moved, re-encrypted) resumes as the checkpoint does
+    copy = PPO.load(tmp_path / "run" / "checkpoint.safetensors", device="cpu").save(tmp_path / "copy")
+    from_copy = PPO("CartPole-v1", **settings)
+    from_copy.resume(copy)
+    copied = []
+    from_copy.learn(512, progress_bar=False,
+                    callback=lambda local: copied.append(from_copy.optimizer.param_groups[0]["lr"]) or True)
+    assert copied == rates
 
 
 def test_resume_from_a_save_between_learn_calls_starts_the_schedules_as_the_next_learn_would(tmp_path):

@@ -2598,6 +2598,8 @@ class Algorithm:
         model.num_timesteps = meta.get("num_timesteps", 0)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
+            # (kept as the file has it: a copy saved from this model resumes as the file would)
+            model._schedule_open = bool(meta.get("schedule_continues", True))
         try:
             model._restore(tensors, meta, path)
         except UserError as error:
