@@ -398,6 +398,17 @@ def test_a_peer_ending_while_the_group_forms_is_one_line(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     with pytest.raises(PeerEnded, match="^Process 0 of 2 stopped: another process of the run ended"):
         DistributedStrategy(device="cpu")
+    refused = RuntimeError("The client socket has failed to connect to [10.0.0.9]:29500 (errno: 111 - Connection "
+                           "refused).")
+
+    def unreachable(*args, **kwargs):
+        raise refused
+
+    # (no peer ever reached: a wrong MASTER_ADDR, a launch without torchrun's rendezvous; its own error stays)
+    monkeypatch.setattr(dist, "init_process_group", unreachable)
+    with pytest.raises(RuntimeError) as raised:
+        DistributedStrategy(device="cpu")
+    assert raised.value is refused
 
 
 def test_the_launcher_keeps_torchruns_report_unless_every_failed_worker_said_why():

@@ -30,6 +30,9 @@ SAID_FOLDER_VARIABLE = "RLSPEED_WORKERS_SAID"
 #: what a broken collective's error says where a peer process ended or stopped answering (gloo, NCCL, the store)
 _PEER_GONE = ("closed by peer", "reset by peer", "broken pipe", "connection refused", "timed out",
               "communicator was aborted")
+#: what the backend's error says where a peer that was connected ended (`_PEER_GONE` also holds the errors of a peer
+#: never reached, which a wrong address gives too)
+_PEER_ENDED = ("closed by peer", "reset by peer", "broken pipe")
 
 
 class DistributedStrategy:
@@ -51,7 +54,9 @@ class DistributedStrategy:
                 store = _restart_scoped_store(timeout)
                 if store is not None:
                     kwargs.update(store=store, rank=self.rank, world_size=self.world_size)
-                with self._peers_answer():  # (a peer that ended while the group forms: one line, not gloo's)
+                # (a peer that ended while the group forms: one line, not gloo's; an address nobody answers at, a
+                # launch without torchrun's rendezvous, keeps its own error)
+                with self._peers_answer(_PEER_ENDED):
                     dist.init_process_group(self.backend, timeout=timeout, **kwargs)
 
     @property
@@ -166,14 +171,14 @@ class DistributedStrategy:
         return code
 
     @contextlib.contextmanager
-    def _peers_answer(self) -> Iterator[None]:
+    def _peers_answer(self, gone: tuple[str, ...] = _PEER_GONE) -> Iterator[None]:
         """Within the block, a collective that fails because another process of the run ended or stopped answering
-        (`_PEER_GONE`) raises `PeerEnded`, one line naming that process where it said why (`peers_said`), instead
-        of the backend's traceback under that process's own error."""
+        (its error says one of `gone`) raises `PeerEnded`, one line naming that process where it said why
+        (`peers_said`), instead of the backend's traceback under that process's own error."""
         try:
             yield
         except RuntimeError as error:
-            if isinstance(error, PeerEnded) or not any(gone in str(error).lower() for gone in _PEER_GONE):
+            if isinstance(error, PeerEnded) or not any(said in str(error).lower() for said in gone):
                 raise
             said = {rank: code for rank, code in peers_said().items() if rank != self.rank}
             here = f"Process {self.rank} of {self.world_size}"

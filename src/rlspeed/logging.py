@@ -168,10 +168,9 @@ class ProgressBar:
 
 
 def _quiet_tensorboard_threads() -> None:
-    """TensorBoard's writer thread that cannot write (a full disk, a directory gone) printed its traceback, and then
-    the same error reached the training thread at the next write or flush, where it is one sentence
-    (`RunLogger._writing`): an OSError ending a thread of TensorBoard's is left to that sentence. Every other thread's
-    error goes to the hook as before."""
+    """An OSError ending a TensorBoard writer thread (a full disk, a directory gone) is not printed: it reaches the
+    training thread at the next write or flush, as one sentence (`RunLogger._writing`). Every other thread's error
+    goes to the hook as before."""
     previous = threading.excepthook
     if getattr(previous, "quiets_tensorboard", False):
         return
@@ -328,10 +327,9 @@ class RunLogger:
             self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
 
     def _check_directory(self, closing: bool = False) -> None:
-        """UserError where the run directory is gone or another is in its place (deleted, moved, its filesystem
-        unmounted under a run): the run's files were written on into a directory made anew at its path (the next
-        checkpoint's, the model's), beside none of its others, on another disk where a mount went away, and the run
-        ended as if nothing had happened."""
+        """A run writes only into the directory it started in (the same device and inode): UserError where it is gone
+        or another is in its place (deleted, moved, its filesystem unmounted under the run), whose files would
+        otherwise go on into a directory made anew at its path (on the local disk, under a mount point)."""
         if _identity(self.run_dir) == self._identity:
             return
         self._failed = True
