@@ -256,6 +256,16 @@ def test_rlspeed_eval_builds_a_subclass_whose_module_gym_packages_imports(tmp_pa
     error = cli_error(capsys, ["eval", str(path), "--episodes", "1", "--seed", "0", "--no-progress"])
     assert error.endswith("was saved by my_encoders.MinePPO, whose networks rlspeed eval builds with its module "
                           "imported: add --gym-packages my_encoders (importable from here: PYTHONPATH).")
+    from rlspeed import PPO
+    from rlspeed.errors import UserError
+
+    def short_of_memory(*args, **kwargs):
+        raise UserError(f"'{path}' needs 9 GiB of memory, more than the 2 GiB free.")
+
+    with monkeypatch.context() as patched:  # (another failure of the load is said as it is, not as the class's)
+        patched.setattr(PPO, "load", short_of_memory)
+        error = cli_error(capsys, ["eval", str(path), "--episodes", "1", "--seed", "0", "--no-progress"])
+    assert error.endswith("needs 9 GiB of memory, more than the 2 GiB free."), error
     assert cli.main(["eval", str(path), "--episodes", "1", "--seed", "0", "--no-progress", "--json",
                      "--gym-packages", "my_encoders"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 1

@@ -2175,8 +2175,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           "metadata describes")
         for warning in said or ():  # (said where the load worked; where it failed, the error below says it)
             warnings.warn(warning.message, warning.category, stacklevel=1)
-    except UserError:
-        if other is None:
+    except UserError as error:
+        if other is None or f"was saved by {other}," not in str(error):  # (another failure: memory, a bad file)
             raise
         module, _, name = other.rpartition(".")
         if module == "__main__":
