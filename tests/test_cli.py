@@ -1696,7 +1696,7 @@ def test_a_second_process_training_in_the_same_out_is_refused(tmp_path, monkeypa
     with open(tmp_path / "run" / cli.RUN_LOCK, "w") as held:  # (another process's lock: another open file)
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         for extra in ([], ["--overwrite"], ["--resume"], ["--seeds", "0-1"]):
-            assert cli.main([*argv, "--out", "run", *extra]) == 2
+            assert cli.main([*argv, "--out", "run", *extra]) == 75  # (EX_TEMPFAIL: again later, not a bad input)
             assert "Another rlspeed process is training in 'run'" in capsys.readouterr().err
     assert sorted(path.name for path in (tmp_path / "run").iterdir()) == [cli.RUN_LOCK]
     assert cli.main([*argv, "--out", "run"]) == 0  # (released: the run goes ahead)

@@ -315,7 +315,7 @@ def test_a_second_process_on_a_running_study_and_another_studys_preset_are_refus
         "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        assert cli.main(_command(tmp_path, "--trials", "2")) == 2
+        assert cli.main(_command(tmp_path, "--trials", "2")) == 75
         assert "Another rlspeed tune is running the study 'ppo-CartPole-v1'" in capsys.readouterr().err
     finally:
         holder.kill()

@@ -33,7 +33,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed._version import __version__
-from rlspeed.errors import EnvStepError, PeerEnded, UserError, peer_algorithm_advice
+from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, peer_algorithm_advice
 from rlspeed.files import remove_stale_temporaries
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
@@ -2770,7 +2770,7 @@ def _main(argv: list[str]) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"rlspeed: error: {_one_line(str(error))}", file=sys.stderr)
-        return 2
+        return 75 if isinstance(error, Busy) else 2  # (75: another process holds the run or study; again later)
     except EnvStepError as error:
         if getattr(args, "debug", False):
             raise

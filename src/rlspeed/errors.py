@@ -1,6 +1,7 @@
-"""Errors a user can cause (`UserError`: the CLI prints its message as one sentence and exits with code 2), an env's
-own failure (`EnvStepError`: one sentence, exit code 1) and the end of a distributed run's process whose peer ended
-(`PeerEnded`: one line, exit code 1). No torch import here: the CLI handles them before it imports torch."""
+"""Errors a user can cause (`UserError`: the CLI prints its message as one sentence and exits with code 2; `Busy`,
+another process holding what the command needs: code 75), an env's own failure (`EnvStepError`: one sentence, exit
+code 1) and the end of a distributed run's process whose peer ended (`PeerEnded`: one line, exit code 1). No torch
+import here: the CLI handles them before it imports torch."""
 
 from __future__ import annotations
 
@@ -20,6 +21,13 @@ class UserError(Exception):
         if cause is not None:
             lines.append(f"(raised from {type(cause).__name__}: {cause})")
         return lines
+
+
+class Busy(UserError):
+    """Another process holds what the command needs (a run directory it trains in, a tune study it runs): nothing is
+    wrong with the command, which may succeed once that process ends. The CLI prints its message as one sentence and
+    exits with code 75 (EX_TEMPFAIL of sysexits.h: try again later), so that a batch script can tell it from a bad
+    input (2)."""
 
 
 class UnusedSettingWarning(UserWarning):

@@ -8,15 +8,15 @@ import os
 import warnings
 from pathlib import Path
 
-from rlspeed.errors import UserError
+from rlspeed.errors import Busy
 
 
 def hold_lock(path: Path, held: dict, busy: str) -> None:
     """Take an exclusive lock (`flock`) on the file `path` and keep its handle in `held` (keyed by the resolved path:
     the lock lasts while the handle stays open, at most the process's life); nothing when this process holds it
-    already. UserError `busy` when another process holds it. Without fcntl (Windows), where the file cannot be opened
-    (the caller's own checks say why), or on a filesystem without locks (Lustre mounted without flock, some NFS: a
-    warning says so), nothing is locked."""
+    already. `Busy` (a UserError) saying `busy` when another process holds it. Without fcntl (Windows), where the
+    file cannot be opened (the caller's own checks say why), or on a filesystem without locks (Lustre mounted without
+    flock, some NFS: a warning says so), nothing is locked."""
     key = str(Path(path).resolve())
     if key in held:
         return
@@ -38,7 +38,7 @@ def hold_lock(path: Path, held: dict, busy: str) -> None:
     except OSError as error:
         handle.close()
         if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise UserError(busy) from None
+            raise Busy(busy) from None
         warnings.warn(f"cannot lock '{path}' ({error.strerror or error}: the filesystem has no file locks): nothing "
                       "stops another rlspeed process from using the same directory at the same time.", stacklevel=2)
         return
