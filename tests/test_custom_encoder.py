@@ -1,4 +1,4 @@
-"""A user's own encoder (docs/algorithms.md, "Your own encoder": a subclass's `_build_policy`): the networks act in
+"""A user's own encoder (docs/algorithms.md, "Your own encoder": a subclass's `_make_encoder`): the networks act in
 eval mode and update in train mode, as Stable-Baselines3's do, so Dropout and BatchNorm behave as their users
 expect."""
 
@@ -15,7 +15,7 @@ from torch import nn
 
 from rlspeed import DQN, PPO, SAC
 from rlspeed.errors import UserError
-from rlspeed.nn import ActorCritic, Encoder, acting_mode, mode_dependent
+from rlspeed.nn import Encoder, acting_mode, mode_dependent
 
 
 class NoisyNormed(Encoder):
@@ -34,10 +34,8 @@ class NoisyNormed(Encoder):
 
 
 class NoisyPPO(PPO):
-    def _build_policy(self):
-        cfg, spec = self.config, self.spec
-        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init, encoder=NoisyNormed(spec.obs_dim), action_space=spec.action_space)
+    def _make_encoder(self, network):
+        return NoisyNormed(self.spec.obs_dim)
 
 
 def test_networks_act_in_eval_mode_and_update_in_train_mode(tmp_path):
@@ -112,11 +110,8 @@ class WidePPO(PPO):
         self.features_dim = features_dim
         super().__init__(env, **kwargs)
 
-    def _build_policy(self):
-        cfg, spec = self.config, self.spec
-        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init, encoder=Widened(spec.obs_dim, self.features_dim),
-                           action_space=spec.action_space)
+    def _make_encoder(self, network):
+        return Widened(self.spec.obs_dim, self.features_dim)
 
 
 @pytest.mark.parametrize("features_dim", [8, 4])
@@ -155,11 +150,8 @@ class MisshapenPPO(PPO):
         self.fault = fault
         super().__init__(env, **kwargs)
 
-    def _build_policy(self):
-        cfg, spec = self.config, self.spec
-        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init, encoder=Misshapen(spec.obs_dim, self.fault),
-                           action_space=spec.action_space)
+    def _make_encoder(self, network):
+        return Misshapen(self.spec.obs_dim, self.fault)
 
 
 @pytest.mark.parametrize(("fault", "words"), [
@@ -219,10 +211,8 @@ class CellIds(Encoder):
 
 
 class CellPPO(PPO):
-    def _build_policy(self):
-        cfg, spec = self.config, self.spec
-        return ActorCritic(spec.obs_dim, spec.action_dim, spec.discrete, cfg.net_arch, cfg.activation,
-                           cfg.log_std_init, encoder=CellIds(), action_space=spec.action_space)
+    def _make_encoder(self, network):
+        return CellIds()
 
 
 def test_an_encoder_that_raises_on_random_observations_is_not_checked():
