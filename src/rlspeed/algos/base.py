@@ -1028,6 +1028,14 @@ def _env_example(env) -> str:
     return "env"
 
 
+def _forked_random(device: torch.device):
+    """`torch.random.fork_rng` over the CPU's generator and `device`'s: what the block draws leaves the caller's
+    random streams as they were."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)
+
+
 def _refuse_policy(cls: type, first, rest: tuple) -> None:
     """UserError in one sentence where a model's first argument `first` is a Stable-Baselines3 policy (its name or
     class) before the env (`rest`: the arguments after it, the env first where given), as SB3's `PPO("CnnPolicy",
@@ -1507,10 +1515,8 @@ class Algorithm:
         obs = {key: value.to(self.device) for key, value in obs.items()} if isinstance(obs, dict) else obs.to(
             self.device)
         buffers = [(buffer, buffer.clone()) for buffer in encoder.buffers()]
-        forked = {"devices": [self.device], "device_type": self.device.type} if self.device.type != "cpu" else {
-            "devices": []}
         try:
-            with torch.random.fork_rng(**forked), torch.no_grad(), acting_mode(encoder):
+            with _forked_random(self.device), torch.no_grad(), acting_mode(encoder):
                 features = encoder(obs)
         except Exception:  # (values the env never gives, out of its range: an embedding of ids; not checked)
             return
@@ -1978,6 +1984,11 @@ class Algorithm:
         closing_row = None  # (that pass's row: callbacks get it at training end)
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
         checkpointed = None  # (the step count of this call's last checkpoint)
+
+        def record_loop() -> None:  # (where the run stands, for the checkpoint a save writes and for the result)
+            self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                              train_wall_s=clock_offset + train_clock, **result.reached())
+
         flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         raising = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
@@ -2099,8 +2110,7 @@ class Algorithm:
                 if checkpoint_due or (at_end and run_dir is not None and (finished or stop)):
                     if checkpoint_freq:
                         next_checkpoint = self.num_timesteps + checkpoint_freq
-                    self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                                      train_wall_s=clock_offset + train_clock, **result.reached())
+                    record_loop()
                     if main:
                         saving = time.perf_counter()
                         self.save(Path(run_dir) / "checkpoint.safetensors")
@@ -2129,8 +2139,7 @@ class Algorithm:
             at_end = next_checkpoint is not None or (timed_checkpoints and checkpoint_cost > 0)
             if (callback_stop and not result.stop_requested and main and at_end and run_dir is not None
                     and checkpointed != self.num_timesteps):
-                self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                                  train_wall_s=clock_offset + train_clock, **result.reached())
+                record_loop()
                 self.save(Path(run_dir) / "checkpoint.safetensors")
         except BaseException as error:
             raising = True  # (a failure closing the logs then must not hide this one)
@@ -2142,8 +2151,7 @@ class Algorithm:
             # (also when learn raises, KeyboardInterrupt included: the model and its result say how far it got; first,
             # before the slow closing below (the learning curve's plot), which a second Ctrl-C or SIGTERM cuts short:
             # the checkpoint and summary.json an interruption writes then still hold the run's clock and schedule)
-            self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                              train_wall_s=clock_offset + train_clock, **result.reached())
+            record_loop()
             # (this call's; right after `resume`, the resumed run's from its start, as steps_to_target and
             # time_to_target_s count and summary.json says)
             result.total_timesteps = self.num_timesteps - (run_start if resume is not None else start_steps)
@@ -2566,12 +2574,11 @@ class Algorithm:
                 config["num_envs"] = env.num_envs
         # built as any model is, then given the saved state; the initial weights it draws and overwrites must not
         # move the caller's random streams
-        forked = {"devices": [device], "device_type": device.type} if device.type != "cpu" else {"devices": []}
         unsaved = meta.get("unsaved_init_arguments") if isinstance(meta.get("unsaved_init_arguments"), dict) else {}
         missing = {name: kind for name, kind in unsaved.items() if name in own and name not in overrides}
         again = f"{algo.__name__}.load(path, {', '.join(f'{name}=...' for name in missing)})"
         try:
-            with torch.random.fork_rng(**forked), warnings.catch_warnings():
+            with _forked_random(device), warnings.catch_warnings():
                 warnings.simplefilter("ignore", UnusedSettingWarning)  # (said when the model was made)
                 model = algo(env if env is not None else spec, device=device, env_backend=env_backend, **config)
         except Exception as error:
