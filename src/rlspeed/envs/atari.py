@@ -261,9 +261,9 @@ STICKY_FIRE_STEPS = 2
 def fire_steps(env_id: str, env_kwargs: dict | None = None) -> int:
     """How many steps `FireToStart` presses FIRE for at a game's start and after a lost life in `env_id` made with
     the options `env_kwargs`: `STICKY_FIRE_STEPS` where actions are sticky (`repeat_action_probability` above 0: the
-    v5 ids), else 1. Under sticky actions one FIRE step did not serve Breakout's ball in 7 of 48 games (measured:
-    ALE/Breakout-v5, a policy that never fires; two steps: 0 of 32), and such a policy then stood still until ALE ended
-    the game after 27,000 steps."""
+    v5 ids), else 1. A sticky action may repeat the previous one in place of FIRE, leaving the ball unserved, and a
+    policy that never fires would then stand still until ALE ends the game (tests/test_atari_evaluation.py counts the
+    unserved games)."""
     registered = gym.spec(env_id).kwargs or {}
     sticky = (env_kwargs or {}).get("repeat_action_probability", registered.get("repeat_action_probability", 0.0))
     return STICKY_FIRE_STEPS if float(sticky or 0.0) > 0 else 1
