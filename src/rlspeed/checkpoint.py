@@ -719,11 +719,22 @@ def _unstaged(path: Path) -> Path:
     return path.with_name(path.name[:-len(staged)] + SUFFIX) if path.name.endswith(staged) else path
 
 
-def discard_staged(file: str | os.PathLike) -> None:
-    """Remove `staged_path(file)` where the checkpoint it was written for could not be written (a full disk): it
-    pairs with no checkpoint, and it is as large as the replay buffer, on a disk that has no room."""
-    with contextlib.suppress(OSError):
-        staged_path(file).unlink(missing_ok=True)
+def save_with_staged(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict,
+                     staged: str | None, digest: str | None = None) -> Path:
+    """`save_checkpoint`, with the file `staged` (a name beside the checkpoint, its replay buffer's, written to its
+    staged name first; None: none) moved into place once the checkpoint naming it is written, or removed where the
+    checkpoint could not be written (a full disk: it pairs with no checkpoint, and it is as large as the replay
+    buffer, on a disk without room; a kill leaves it, which `load_paired` takes where its token matches)."""
+    try:
+        written = save_checkpoint(path, tensors, metadata, digest=digest)
+    except Exception:
+        if staged is not None:
+            with contextlib.suppress(OSError):
+                staged_path(checkpoint_path(path).with_name(staged)).unlink(missing_ok=True)
+        raise
+    if staged is not None:
+        commit_staged(written.with_name(staged))
+    return written
 
 
 def beside(path: str | os.PathLike, name) -> Path | None:

@@ -33,11 +33,9 @@ from rlspeed._version import __version__
 from rlspeed.checkpoint import (
     beside,
     checkpoint_path,
-    commit_staged,
-    discard_staged,
     load_checkpoint,
     refuse_non_model,
-    save_checkpoint,
+    save_with_staged,
 )
 from rlspeed.device import (
     check_num_threads,
@@ -2453,15 +2451,8 @@ class Algorithm:
         resume_tensors, metadata["resume"] = self._resume_state(checkpoint_path(path), digest)
         tensors.update({f"resume.{key}": value for key, value in resume_tensors.items()})
         replay = metadata["resume"].get("replay_buffer")
-        try:
-            written = save_checkpoint(path, tensors, metadata, digest=digest)
-        except Exception:  # (a full disk: the staged replay buffer pairs with no checkpoint; a kill leaves it)
-            if replay is not None:
-                discard_staged(checkpoint_path(path).with_name(replay["file"]))
-            raise
-        if replay is not None:  # (written to its staged name first: into place now that the checkpoint names it)
-            commit_staged(written.with_name(replay["file"]))
-        return written
+        return save_with_staged(path, tensors, metadata, replay["file"] if replay is not None else None,
+                                digest=digest)
 
     def _own_init_arguments(self) -> dict:
         """A subclass's own `__init__` arguments (`_own_init_parameters`) as it was called (`__new__` records them),

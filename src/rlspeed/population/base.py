@@ -22,7 +22,7 @@ import torch
 
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
-from rlspeed.checkpoint import checkpoint_path, commit_staged, discard_staged, load_checkpoint, save_checkpoint
+from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import set_training_threads
 from rlspeed.envs import atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
@@ -1050,15 +1050,7 @@ class PopulationBase:
             "replay_buffer": self._save_replay(checkpoint_path(path)),
             "rlspeed_version": __version__, "torch_version": torch.__version__}}
         replay = metadata["population"]["replay_buffer"]
-        try:
-            written = save_checkpoint(path, tensors, metadata)
-        except Exception:  # (as a solo run's: the staged replay buffer pairs with no checkpoint)
-            if replay is not None:
-                discard_staged(checkpoint_path(path).with_name(replay["file"]))
-            raise
-        if replay is not None:  # (written to its staged name first, as a solo run's: into place now)
-            commit_staged(written.with_name(replay["file"]))
-        return written
+        return save_with_staged(path, tensors, metadata, replay["file"] if replay is not None else None)
 
     def resume(self, path: str | Path, verify: bool = True) -> None:
         """Continue the run a checkpoint (`save`, or `learn(run_dir=...)`'s) was written from, on this newly built
