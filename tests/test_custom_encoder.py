@@ -357,3 +357,32 @@ def test_a_population_of_a_subclass_is_refused_as_a_subclass():
     with pytest.raises(UserError, match=r"^Populations train rlspeed's own PPO, not WidePPO, a subclass of it: .*"
                                         r"train WidePPO solo, one model per seed\.$"):
         Population(WidePPO, "CartPole-v1", seeds=[0, 1])
+
+
+class NoisyDQN(DQN):
+    def _make_encoder(self, network):
+        return NoisyNormed(self.spec.obs_dim)
+
+
+class NoisySAC(SAC):
+    def _make_encoder(self, network):
+        return NoisyNormed(self.spec.obs_dim)
+
+
+@pytest.mark.parametrize(("algo", "env_id", "pairs", "options"), [
+    (NoisyDQN, "CartPole-v1", [("q_target", "q_network")], {"target_update_interval": 1}),
+    (NoisySAC, "Pendulum-v1", [("critic_target", "critic")], {})])
+def test_targets_compute_in_eval_mode_with_the_online_statistics(algo, env_id, pairs, options):
+    """Target networks stayed in train mode (Dropout's noise in every TD target, BatchNorm normalising by the
+    batch) and BatchNorm's running statistics were never copied to them (Polyak moves parameters). As SB3's: the
+    targets are in eval mode and each target update copies the statistics whole."""
+    model = algo(env_id, device="cpu", seed=0, learning_starts=64, batch_size=32, train_freq=1, gradient_steps=1,
+                 **options).learn(160, progress_bar=False)
+    modules = model._modules()
+    for target_name, online_name in pairs:
+        target, online = modules[target_name], modules[online_name]
+        assert not any(layer.training for layer in target.modules())
+        assert online.training  # (the online network updates in train mode)
+        statistics = {name: value for name, value in online.named_buffers()}
+        assert statistics and all(torch.equal(value, statistics[name]) for name, value in target.named_buffers())
+        assert statistics["encoder.net.1.num_batches_tracked"].item() > 0

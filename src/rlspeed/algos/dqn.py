@@ -28,8 +28,10 @@ from rlspeed.algos.off_policy import (
     OffPolicyAlgorithm,
     OffPolicyConfig,
     allowed_uniform,
+    copy_statistics,
     frozen_copy,
     polyak_update,
+    statistics_pairs,
 )
 from rlspeed.algos.update import select_update
 from rlspeed.device import rules
@@ -116,6 +118,7 @@ class DQN(OffPolicyAlgorithm):
         self.policy = self.q_network
         self._params = list(self.q_network.parameters())
         self._target_params = list(self.q_target.parameters())
+        self._target_statistics = statistics_pairs((self.q_target, self.q_network))
         self.optimizer = make_adam(self._params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
         self._update_step = self._make_update_step()
         self._index_dtype = rules(self.device).index_dtype
@@ -232,6 +235,7 @@ class DQN(OffPolicyAlgorithm):
         if due > 0:
             with phase("update"):
                 polyak_update(self._target_params, self._params, 1.0 - (1.0 - self.config.tau) ** due)
+                copy_statistics(self._target_statistics)
         metrics["epsilon"] = torch.full((), self.epsilon(before + global_steps), device=self.device)
         return steps, metrics
 

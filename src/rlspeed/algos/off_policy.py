@@ -54,7 +54,7 @@ from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
 from rlspeed.envs.base import check_steps_held, integer_range, observation_layout
 from rlspeed.errors import UserError
-from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, to_device
+from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dependent, to_device
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
@@ -167,6 +167,26 @@ def polyak_update(target_params: list[torch.Tensor], online_params: list[torch.T
             torch._foreach_lerp_(target_params, online_params, tau)
 
 
+def statistics_pairs(*pairs: tuple[torch.nn.Module, torch.nn.Module]) -> tuple[list, list]:
+    """(target buffers, online buffers) of (target, online) network pairs whose networks hold a mode-dependent layer
+    of the user's (`mode_dependent`: BatchNorm's running statistics): every target update copies them whole, as
+    Stable-Baselines3 does (Polyak averaging is for parameters; a target in eval mode normalises with these). Empty
+    lists for rlspeed's own networks."""
+    targets, online = [], []
+    for target, network in pairs:
+        if mode_dependent(network):
+            targets += list(target.buffers())
+            online += list(network.buffers())
+    return targets, online
+
+
+def copy_statistics(statistics: tuple[list, list]) -> None:
+    """`statistics_pairs`' target buffers set to their online networks' (nothing where there are none)."""
+    if statistics[0]:
+        with torch.no_grad():
+            torch._foreach_copy_(*statistics)
+
+
 def frozen_copy(module: torch.nn.Module, owner=None, names: tuple[str, str] | None = None) -> torch.nn.Module:
     """A target network: a deep copy of `module` that takes no gradients. Given the model that holds both (`owner`)
     and their attribute names (`names`: online, target), the target also takes a copy of whatever is loaded into the
@@ -174,6 +194,8 @@ def frozen_copy(module: torch.nn.Module, owner=None, names: tuple[str, str] | No
     and loads both; without it the target would bootstrap from its initial weights until its next update). A
     checkpoint loads the target after its network, so the target it saved is the one kept."""
     target = copy.deepcopy(module).requires_grad_(False)
+    if mode_dependent(target):  # (a user's Dropout or BatchNorm: targets compute in eval mode, as SB3's do)
+        target.eval()
     if owner is not None and names is not None:
         module.register_load_state_dict_post_hook(_TargetFollower(owner, *names))
     return target

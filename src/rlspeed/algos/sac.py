@@ -21,7 +21,9 @@ from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
     OffPolicyConfig,
+    copy_statistics,
     polyak_update,
+    statistics_pairs,
 )
 from rlspeed.algos.update import loss_owner, select_update
 from rlspeed.errors import UserError
@@ -108,6 +110,7 @@ class SAC(OffPolicyAlgorithm):
         self.target_entropy = -float(spec.action_dim) if cfg.target_entropy is None else cfg.target_entropy
         self._critic_params = list(self.critic.parameters())
         self._target_params = list(self.critic_target.parameters())
+        self._target_statistics = statistics_pairs((self.critic_target, self.critic))
         # One Adam for actor, critics and temperature: their losses share no parameters (see `_update`); in each
         # step, the parameters without a gradient are left alone.
         self._params = [*self.actor.parameters(), *self._critic_params, *([self.log_alpha] if self.autotune else [])]
@@ -187,6 +190,7 @@ class SAC(OffPolicyAlgorithm):
             metrics = {**metrics, **self._actor_step(fields[0], *standard)[1]}
         if not self._update_step.updates_targets:
             polyak_update(self._target_params, self._critic_params, self.config.tau)
+        copy_statistics(self._target_statistics)
         return metrics
 
     def _critic_loss(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,

@@ -20,8 +20,10 @@ from rlspeed.algos.off_policy import (
     BATCH_FIELDS,
     OffPolicyAlgorithm,
     OffPolicyConfig,
+    copy_statistics,
     frozen_copy,
     polyak_update,
+    statistics_pairs,
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
@@ -90,6 +92,7 @@ class TD3(OffPolicyAlgorithm):
         # Actor and critic targets move together: one fused Polyak update for both.
         self._online_params = [*self.actor.parameters(), *self._critic_params]
         self._target_params = [*self.actor_target.parameters(), *self.critic_target.parameters()]
+        self._target_statistics = statistics_pairs((self.actor_target, self.actor), (self.critic_target, self.critic))
         # One Adam for actor and critics: their losses share no parameters (see `_update`); in the critics' step
         # the actor has no gradients and Adam leaves it (and its moment estimates) alone, and the other way round.
         self.optimizer = make_adam(self._online_params, cfg.learning_rate, self.device, eps=cfg.adam_eps)
@@ -180,6 +183,7 @@ class TD3(OffPolicyAlgorithm):
         if self._critic_updates % self.config.policy_delay == 0:
             actor_metrics = self._actor_step(obs)[1]
             polyak_update(self._target_params, self._online_params, self.config.tau)
+            copy_statistics(self._target_statistics)
             return {**metrics, "actor_loss": actor_metrics["actor_loss"]}
         return metrics  # (actor_loss only from the updates that moved the actor: averaged over those)
 
