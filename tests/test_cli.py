@@ -34,7 +34,7 @@ SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_b
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
                   "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
                   "accelerate": dict, "update": dict, "numerics": dict, "preset": dict,
-                  "checkpoint_encryption": (dict, None), "interrupted": bool}
+                  "checkpoint_encryption": (dict, None), "interrupted": bool, "error": (str, None)}
 
 
 def _mismatch_algorithm() -> tuple[str, str] | None:
@@ -1912,6 +1912,8 @@ def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path
     assert done.returncode == code and "after training finished" in done.stderr, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 512 and summary["final_eval"] is None
+    # (the line closing the training is said, as after an uninterrupted run)
+    assert f"rlspeed: {summary['total_timesteps']:,} steps in " in done.stdout, done.stdout
     assert PPO.load(tmp_path / "run" / "model.safetensors").num_timesteps == summary["total_timesteps"]
     # a population likewise (it said nothing at all, and evaluated every member)
     done = signalled_train(tmp_path, "_learn_loop:after", name, "--out", "population", "--seeds", "0-1")
@@ -2098,3 +2100,53 @@ def test_resume_with_nothing_left_to_train_keeps_the_replay_entry_of_summary_jso
     after = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert after["interrupted"] is False and after["final_eval"]["episodes"] == 10
     assert after["replay"] == before["replay"]
+
+
+CRASHING_ENV = """import os
+import gymnasium as gym
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class CrashingEnv(CartPoleEnv):
+    steps = 0
+
+    def step(self, action):
+        CrashingEnv.steps += 1  # (the process's steps over all its envs)
+        if CrashingEnv.steps == int(os.environ.get("CRASH_AT", "1000000")):
+            raise RuntimeError("sensor cable unplugged")
+        return super().step(action)
+
+
+gym.register("CrashingEnv-v0", entry_point="crashing_env:CrashingEnv", max_episode_steps=200)
+"""
+
+
+@pytest.mark.parametrize("seeds", [(), ("--seeds", "0-1")], ids=["single", "population"])
+def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds):
+    """A run an env's error ended (exit 1) left no summary.json: a script collecting runs could not tell it from one
+    still running. Now its summary.json holds `"error"` (and a finished run's `"error": null`), and --resume goes on
+    from its checkpoint. A population's env error was a 20-line traceback; now it is the single run's one line."""
+    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+
+    def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
+                               "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
+                               "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
+                               "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run",
+                               *seeds, *more], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": path, "CRASH_AT": str(crash_at)})
+
+    done = train(300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines()[-1] == ("rlspeed: error: The env 'CrashingEnv-v0' (gymnasium backend) raised "
+                                            "RuntimeError in step(): sensor cable unplugged (--debug shows the env's "
+                                            "traceback).")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["error"] == ("EnvStepError: The env 'CrashingEnv-v0' (gymnasium backend) raised RuntimeError in "
+                                "step(): sensor cable unplugged")
+    assert summary["interrupted"] is False and 0 < summary["total_timesteps"] < 512
+    done = train(1_000_000, "--resume")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["error"] is None and summary["total_timesteps"] >= 512

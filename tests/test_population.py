@@ -24,7 +24,7 @@ from gymnasium.envs.classic_control import CartPoleEnv
 from rlspeed import PPO
 from rlspeed.algos import ALGORITHMS
 from rlspeed.envs.cartpole import CartPole
-from rlspeed.errors import UserError
+from rlspeed.errors import EnvStepError, UserError
 from rlspeed.population import PER_MEMBER, Population
 
 # small and quick: 8 envs x 16 steps, minibatches of 64 (so minibatch order is drawn), 2 epochs
@@ -627,12 +627,13 @@ gym.register("PopulationFailingCartPole-v0", entry_point=_FailingCartPole, max_e
 def test_subprocess_envs_closed_after_a_failed_step_are_made_again_by_the_next_learn():
     """Subprocess envs whose step failed are closed with the error (their worker has stopped): the population's next
     learn stepped them again and failed with Gymnasium's "Trying to operate on `AsyncVectorEnv`, after a call to
-    `close()`" where a single model makes its envs again; the population does too (here: the env's error again)."""
+    `close()`" where a single model makes its envs again; the population does too (here: the env's error again,
+    named as a single model's is)."""
     population = Population(PPO, "PopulationFailingCartPole-v0", seeds=[0, 1], env_backend="gymnasium-async",
                             num_envs=2, num_steps=8, batch_size=16)
     try:
         for _ in range(2):
-            with pytest.warns(UserWarning, match="Worker"), pytest.raises(ValueError, match="sensor glitch"):
+            with pytest.warns(UserWarning, match="Worker"), pytest.raises(EnvStepError, match="sensor glitch"):
                 population.learn(64, progress_bar=False)
     finally:
         population.close()

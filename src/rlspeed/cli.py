@@ -635,6 +635,14 @@ def _train_population(args: argparse.Namespace) -> int:
             summary = (population.finish_resumed(target) if finishing else
                        population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                         stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs))
+    except Exception as error:  # (as a single run's: summary.json says the run ended by an error, and which)
+        if not _no_rows(run_dir / "metrics.csv") or checkpoint.exists():
+            ended = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds,
+                     "total_timesteps": population.num_timesteps, "preset": args.preset_info, "interrupted": False,
+                     "error": _error_text(error)}
+            with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
+                _write_summary(run_dir, ended)
+        raise
     except KeyboardInterrupt as stop:
         terminated = isinstance(stop, Terminated) or bool(signals[:1]) and signals[0] != signal.SIGINT
         name = stop.name if isinstance(stop, Terminated) else _signal_name(signals[0]) if terminated else "Ctrl-C"
@@ -650,9 +658,9 @@ def _train_population(args: argparse.Namespace) -> int:
         if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
             # (the loop's own: a finished run's keys, null where nothing was measured yet)
             partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
-                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption}
+                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "error": None}
         else:  # (stopped before the training loop began)
-            partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True,
+            partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True, "error": None,
                        "total_timesteps": population.num_timesteps, "preset": args.preset_info,
                        "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
                                     "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
@@ -677,6 +685,7 @@ def _train_population(args: argparse.Namespace) -> int:
               f"each member's evaluations so far; {kept} ({run_dir})", file=sys.stderr, flush=True)
         return code
     summary["preset"], summary["interrupted"] = args.preset_info, False  # (as a single run's summary says it)
+    summary["error"] = None
     summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
     with _signals_ignored():  # (a Ctrl-C or SIGTERM now must not cut the final save short)
@@ -1271,9 +1280,10 @@ def _export_sidecar(path: Path) -> bool:
 
 def _ended_summary(path: Path) -> dict | None:
     """The summary.json at `path` of a run that ended, or None: none there, one an interruption wrote (`"interrupted":
-    true`), or an unreadable one (the summary is written last, so a damaged one did not end a run)."""
+    true`) or an error (`"error"`, `_write_ended_by_error`), or an unreadable one (the summary is written last, so a
+    damaged one did not end a run)."""
     summary = _run_summary(path)
-    if summary is None or summary.get("interrupted") is True:
+    if summary is None or summary.get("interrupted") is True or summary.get("error") is not None:
         return None
     # (a population's summary with member_models null: killed before its member models were written, which
     # --resume finishes)
@@ -1829,6 +1839,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     # it); a second stops at once.
     if main and model.keeps_replay_buffer:  # (the replay buffer's footprint, said once it is made)
         callbacks = [*callbacks, _replay_footprint(say)]
+    run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
+           "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
+           "tracker": tracker, "run_dir": run_dir}
     signals: list[int] = []
     with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
         model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
@@ -1841,15 +1854,16 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                             callback=callbacks or None)
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
             interrupted = stop
+        except Exception as error:
+            if main:
+                _write_ended_by_error(run, run_dir, error)
+            raise
     finished = (trained or model.num_timesteps - steps_before >= total
                 or model.result.steps_to_target is not None)
     if interrupted is None and (signals or model.result.stop_requested) and not finished:
         # (stopped at the end of an iteration, for a signal to this process or, under torchrun, to another rank)
         interrupted = (KeyboardInterrupt() if signals and signals[0] == signal.SIGINT
                        else Terminated(_signal_name(signals[0]) if signals else "SIGTERM"))
-    run = {"args": args, "algo": algo_cls.name, "model": model, "target": target, "strategy": strategy,
-           "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
-           "tracker": tracker, "run_dir": run_dir}
     if interrupted is not None:
         return _save_interrupted(run, run_dir, interrupted)
     if not main:
@@ -1865,7 +1879,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                 raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
-        _write_summary(run_dir, _summary(run, None))
+        summary = _summary(run, None)
+        _write_summary(run_dir, summary)
+        say(_steps_line(summary, model.result, target, resumed_from))
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(rlspeed eval {run_dir} --seed {eval_seed} evaluates it)", file=sys.stderr, flush=True)
@@ -1883,13 +1899,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                         f"(final evaluation {_score(final['mean'])} +/- {_score(final['std'])}), and {then}.") from None
     if tracker is not None:
         tracker.finish(summary)
-    reached = ""
-    if target is not None:
-        reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
-                   f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
-                   else f"; target {target:g} not reached")
-    say(f"rlspeed: {summary['total_timesteps']:,} steps in {summary['train_wall_s']:.2f} s ({summary['sps']:,.0f} "
-        f"steps/s)" + (" over the whole run" if resumed_from is not None else "") + reached)
+    say(_steps_line(summary, result, target, resumed_from))
     numerics = summary["numerics"]
     if numerics.get("rollbacks"):  # (the warnings scrolled by: the closing lines say what the model holds)
         say(f"rlspeed: note: {numerics['rollbacks']} rollback(s) of non-finite updates (see summary.json's "
@@ -1912,6 +1922,40 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         f"{_score(final['std'])}{success}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
+
+
+def _steps_line(summary: dict, result, target, resumed_from) -> str:
+    """The line that closes a run's training: its steps, training time and speed, and whether it reached `target`."""
+    reached = ""
+    if target is not None:
+        reached = (f"; target {target:g} reached after {result.steps_to_target:,} steps in "
+                   f"{result.time_to_target_s:.2f} s" if result.time_to_target_s is not None
+                   else f"; target {target:g} not reached")
+    return (f"rlspeed: {summary['total_timesteps']:,} steps in {summary['train_wall_s']:.2f} s ({summary['sps']:,.0f} "
+            f"steps/s)" + (" over the whole run" if resumed_from is not None else "") + reached)
+
+
+def _write_ended_by_error(run: dict, run_dir: Path, error: Exception) -> None:
+    """Where an error (an env's, a bad value found mid-run, a bug) ends a run that logged or checkpointed something:
+    summary.json with `"error"` (its type and message) and the steps trained so far, so that a script collecting
+    runs tells it from one still running (which has none) or one that finished (`"error": null`); `--resume` continues
+    from its checkpoint as after an interruption (`_ended_summary`). A run that wrote nothing yet is left to
+    `_left_clean_if_not_started`, which removes what it made."""
+    if _no_rows(run_dir / "metrics.csv") and not (run_dir / "checkpoint.safetensors").exists():
+        return
+    try:
+        summary = _summary(run, None)
+    except Exception:  # (the model as the error left it may not describe itself: the run's names still do)
+        summary = {"algo": run["algo"], "env_id": run["args"].env_id, "seed": run["args"].seed, "final_eval": None,
+                   "interrupted": False}
+    summary["error"] = _error_text(error)
+    with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
+        _write_summary(run_dir, summary)
+
+
+def _error_text(error: Exception) -> str:
+    """summary.json's `"error"` for a run `error` ended: its type and message, on one line."""
+    return f"{type(error).__name__}: {_one_line(str(error))[:500] or '(no message)'}"
 
 
 def _redraw_learning_curve(run_dir: Path, steps: int) -> None:
@@ -1944,7 +1988,8 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                "steps_to_target": result.steps_to_target, "final_eval": final_eval,
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
                "numerics": model.numerics_report(), "preset": args.preset_info,
-               "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted}
+               "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted,
+               "error": None}
     if hasattr(model, "replay_summary"):  # off-policy: the replay buffer's layout and bytes per transition
         replay = model.replay_summary()
         if replay is None and run["resumed_from"] is not None and run.get("run_dir") is not None:

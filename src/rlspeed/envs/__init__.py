@@ -379,7 +379,31 @@ def _backend_name(env: BatchedEnv) -> str:
     """`env`'s backend as users name it (`GymnasiumEnv.backend_name`: gymnasium-async for subprocess envs)."""
     return getattr(env.unwrapped, "backend_name", env.backend)
 
-class SeedOnFirstReset(EnvWrapper):
+class NamesEnvErrors(EnvWrapper):
+    """Turns an exception raised from inside the env's `reset` or `step` into an `EnvStepError` naming the env, the
+    call and the options it was made with (one line from the CLI, exit 1; the env's traceback chained). rlspeed's own
+    `UserError`s (a broken contract, a bad mask) pass as they are."""
+
+    def reset(self, seed: int | None = None):
+        try:
+            return self.env.reset(seed=seed)
+        except (UserError, EnvStepError):
+            raise
+        except Exception as error:
+            raise EnvStepError(self.spec.env_id, _backend_name(self), "reset", error,
+                               self.spec.env_kwargs or ()) from error
+
+    def step(self, actions: torch.Tensor):
+        try:
+            return self.env.step(actions)
+        except (UserError, EnvStepError):
+            raise
+        except Exception as error:
+            raise EnvStepError(self.spec.env_id, _backend_name(self), "step", error,
+                               self.spec.env_kwargs or ()) from error
+
+
+class SeedOnFirstReset(NamesEnvErrors):
     """Applies the seed given to `make_env` on the first `reset()`, unless that reset passes a seed itself.
 
     Any reset uses up the pending seed: after `reset(seed=1)`, a plain `reset()` continues the streams of seed 1
@@ -400,28 +424,12 @@ class SeedOnFirstReset(EnvWrapper):
         if seed is None:
             seed = self._pending_seed
         self._pending_seed = None
-        try:
-            return self.env.reset(seed=seed)
-        except (UserError, EnvStepError):
-            raise
-        except Exception as error:
-            raise EnvStepError(self.spec.env_id, _backend_name(self), "reset", error,
-                               self.spec.env_kwargs or ()) from error
-
-    def step(self, actions: torch.Tensor):
-        # the outermost wrapper of every env make_env returns: an exception from inside the env names the env
-        try:
-            return self.env.step(actions)
-        except (UserError, EnvStepError):
-            raise
-        except Exception as error:
-            raise EnvStepError(self.spec.env_id, _backend_name(self), "step", error,
-                               self.spec.env_kwargs or ()) from error
+        return super().reset(seed=seed)
 
 
 __all__ = ["BatchedEnv", "EnvSpec", "EnvWrapper", "GymnasiumEnv", "SB3VecEnv", "NativeEnv", "NativeGymEnv",
            "CartPole", "Pendulum", "Acrobot", "MountainCar", "MountainCarContinuous", "NormalizeObservation",
            "NormalizeReward", "RunningMeanStd", "EnvPoolEnv", "NATIVE_ENVS", "CPU_NATIVE_MIN_ENVS", "make_env",
-           "SeedOnFirstReset", "env_spec", "resolve_backend", "import_env_module", "import_gym_packages",
-           "check_env_kwargs", "backend_for_options", "missing_dependency", "EnvStepError", "PACKAGE_FAMILIES",
-           "register_family"]
+           "NamesEnvErrors", "SeedOnFirstReset", "env_spec", "resolve_backend", "import_env_module",
+           "import_gym_packages", "check_env_kwargs", "backend_for_options", "missing_dependency", "EnvStepError",
+           "PACKAGE_FAMILIES", "register_family"]

@@ -24,7 +24,7 @@ from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
 from rlspeed.device import set_training_threads
-from rlspeed.envs import atari
+from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
 from rlspeed.files import write_atomic
@@ -850,8 +850,9 @@ class PopulationBase:
             native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)
             env = EpisodeStatistics(native)
-        return self._normalized_env(self._packed_env(self._atari_env(env, members is not None)), rows_per_member,
-                                    members)
+        # (outermost: an exception from inside the env names it, as a single run's envs do)
+        return NamesEnvErrors(self._normalized_env(self._packed_env(self._atari_env(env, members is not None)),
+                                                   rows_per_member, members))
 
     def _atari_env(self, env, evaluation: bool):
         """An Atari game's env (under its episode statistics) as a solo run has it (`rlspeed.envs.make_env`,
@@ -969,7 +970,7 @@ class PopulationBase:
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
 
-        outer = self._env
+        outer = self._env.env  # (under `_make_env`'s NamesEnvErrors)
         old, lives = outer, None
         while not isinstance(old, EpisodeStatistics):  # (under the normalisation wrapper, where there is one)
             if isinstance(old, atari.AtariTraining):
@@ -1001,7 +1002,7 @@ class PopulationBase:
         wrapped = self._normalized_env(packed, self.config.num_envs, None)
         if wrapped is not packed:  # (the wrapper's running returns, per env row)
             wrapped._returns.copy_(outer._returns[rows])
-        return wrapped
+        return NamesEnvErrors(wrapped)
 
     # --- checkpoints -------------------------------------------------------------------------------------------
     def _state(self) -> tuple[dict[str, torch.Tensor], dict]:
