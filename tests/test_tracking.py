@@ -23,7 +23,7 @@ def offline(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(directory))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID"):
+    for name in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID", "WANDB_NAME", "WANDB_RUN_GROUP", "WANDB_TAGS"):
         monkeypatch.delenv(name, raising=False)
     import wandb
 
@@ -122,6 +122,23 @@ def test_a_tracker_for_the_same_run_directory_continues_its_wandb_run(tmp_path, 
     other = WandbTracker({"algo": "ppo"}, run_dir=tmp_path / "other")
     assert other.run.id != run_id
     other.finish()
+
+
+def test_wandbs_environment_variables_name_group_and_tag_the_run(tmp_path, offline, monkeypatch):
+    """WANDB_NAME (a job script's name for its run) was replaced by the run directory's name."""
+    from rlspeed.tracking import WandbTracker
+
+    monkeypatch.setenv("WANDB_NAME", "cartpole-lr3e-4")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep-7")
+    monkeypatch.setenv("WANDB_TAGS", "ppo,baseline")
+    tracker = WandbTracker({"algo": "ppo"}, run_dir=tmp_path / "run")
+    assert (tracker.run.name, tracker.run.group, set(tracker.run.tags)) == ("cartpole-lr3e-4", "sweep-7",
+                                                                            {"ppo", "baseline"})
+    tracker.finish()
+    monkeypatch.delenv("WANDB_NAME")
+    tracker = WandbTracker({"algo": "ppo"}, run_dir=tmp_path / "other")
+    assert tracker.run.name == "other"  # (without WANDB_NAME: the run directory's name)
+    tracker.finish()
 
 
 def test_the_row_after_a_stop_between_log_points_reaches_the_wandb_run(tmp_path, offline):

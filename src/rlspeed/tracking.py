@@ -1,8 +1,9 @@
 """Experiment tracking with Weights & Biases (`pip install "rlspeed[track]"`): the run's config, its metrics rows
 (one per log interval, as metrics.csv has them), evaluation videos and summary.json.
 
-wandb reads its own settings from the environment as usual: WANDB_PROJECT, WANDB_ENTITY, WANDB_MODE=offline (no
-network; `wandb sync` uploads later), WANDB_DIR. Without WANDB_DIR the wandb files go into the run directory.
+wandb reads its own settings from the environment as usual: WANDB_PROJECT, WANDB_ENTITY, WANDB_NAME, WANDB_RUN_GROUP,
+WANDB_TAGS, WANDB_MODE=offline (no network; `wandb sync` uploads later), WANDB_DIR. Without WANDB_DIR the wandb files
+go into the run directory.
 TensorBoard (metrics.csv's twin, when installed) is written either way.
 """
 
@@ -45,10 +46,10 @@ class WandbTracker:
     """One Weights & Biases run: `log` metrics rows, `log_video` files, `finish` with the summary.
 
     `project` (default: WANDB_PROJECT, else "rlspeed"), `entity` (default: WANDB_ENTITY, else the account's),
-    `name` (default: the run directory's name), `config`: the run's resolved config. With `run_dir`, the W&B run's id
-    is kept in `run_dir/wandb/run-id`, and a later tracker for the same directory (`--resume`, a restart) continues
-    that W&B run instead of starting another (W&B keeps the steps it had: rows of steps a resume trains again after
-    a crash are dropped by W&B, as its steps only increase).
+    `name` (default: WANDB_NAME, else the run directory's name), `config`: the run's resolved config. With `run_dir`,
+    the W&B run's id is kept in `run_dir/wandb/run-id`, and a later tracker for the same directory (`--resume`, a
+    restart) continues that W&B run instead of starting another (W&B keeps the steps it had: rows of steps a resume
+    trains again after a crash are dropped by W&B, as its steps only increase).
     """
 
     def __init__(self, config: dict | None = None, run_dir: str | Path | None = None, project: str | None = None,
@@ -69,11 +70,12 @@ class WandbTracker:
 
         # (a continued run an earlier rlspeed began with metrics.csv's names keeps them: its curves stay whole)
         self._flat = run_id is not None and flat_tags(run_dir)
+        # (wandb.init's name wins over WANDB_NAME, so the variable is read here)
+        name = name or os.environ.get("WANDB_NAME") or (Path(run_dir).name if run_dir else None)
         try:
             self.run = wandb.init(project=project or os.environ.get("WANDB_PROJECT") or "rlspeed",
-                                  entity=entity or None, name=name or (Path(run_dir).name if run_dir else None),
-                                  config=config or {}, dir=directory, tags=tags, id=run_id,
-                                  resume="allow" if run_id else None)
+                                  entity=entity or None, name=name, config=config or {}, dir=directory, tags=tags,
+                                  id=run_id, resume="allow" if run_id else None)
         except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
             reason = first_line(error)
             raise UserError(f"Weights & Biases refused the run ({reason}): {_wandb_fix(reason)}.") from None
