@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,21 @@ def test_track_without_wandb_is_one_sentence_before_training(tmp_path, monkeypat
         from rlspeed.tracking import WandbTracker
 
         WandbTracker({})
+
+
+def test_a_wandb_that_cannot_be_imported_is_one_sentence_before_training(tmp_path, monkeypatch, capsys):
+    """An installed wandb whose import fails (a protobuf it does not fit) was a traceback and exit code 1."""
+    broken = tmp_path / "site" / "wandb"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise TypeError('Descriptors cannot be created directly.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "wandb", raising=False)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--out", str(tmp_path / "run"),
+                     "--track", "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "wandb is installed but cannot be imported (TypeError: Descriptors cannot be created directly.)" in err
+    assert "Traceback" not in err and not (tmp_path / "run" / "model.safetensors").exists()
 
 
 def test_a_wandb_setting_wandb_refuses_is_one_sentence(offline, tmp_path, monkeypatch, capsys):

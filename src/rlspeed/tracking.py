@@ -57,7 +57,11 @@ class WandbTracker:
         if importlib.util.find_spec("wandb") is None:
             raise UserError(f"Tracking with Weights & Biases (--track) needs wandb, which is not installed: {INSTALL} "
                             "(or drop --track).")
-        import wandb
+        try:
+            import wandb
+        except Exception as error:  # noqa: BLE001 (an installed wandb whose import fails: a protobuf it does not fit)
+            raise UserError(f"wandb is installed but cannot be imported ({type(error).__name__}: {first_line(error)}): "
+                            f'pip install --force-reinstall "rlspeed[track]" (or drop --track).') from None
 
         self._wandb = wandb
         # (read here at each run: wandb reads its environment once per process)
