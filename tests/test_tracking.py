@@ -34,7 +34,8 @@ def offline(tmp_path, monkeypatch):
 
 
 def read_offline_run(directory: Path) -> dict:
-    """The records of the one offline run under `directory`: {"history": [rows], "summary": {...}, "config": {...}}.
+    """The records of the one offline run under `directory`: {"history": [rows], "summary": {...}, "config": {...},
+    "exit_code": the code it finished with (None: not finished)}.
 
     A `.wandb` file is a LevelDB-style log (a 7-byte file header, then 32 KiB blocks of records with a 7-byte header
     each: crc, length, type full/first/middle/last) of wandb's protobuf `Record`s."""
@@ -59,7 +60,7 @@ def read_offline_run(directory: Path) -> dict:
             pending = b""
         else:
             pending += chunk
-    run = {"history": [], "summary": {}, "config": {}}
+    run = {"history": [], "summary": {}, "config": {}, "exit_code": None}
     for raw in chunks:
         record = pb.Record.FromString(raw)
         kind = record.WhichOneof("record_type")
@@ -71,6 +72,8 @@ def read_offline_run(directory: Path) -> dict:
                                    for item in record.summary.update})
         elif kind == "run":
             run["config"].update({item.key: json.loads(item.value_json) for item in record.run.config.update})
+        elif kind == "exit":
+            run["exit_code"] = record.exit.exit_code
     return run, path.parent
 
 
@@ -108,6 +111,28 @@ def test_wandb_callback_on_its_own_starts_and_finishes_a_run(tmp_path, offline):
     assert run["summary"]["total_timesteps"] == 1024
     assert [row["timesteps"] for row in run["history"]] == [512, 1024]  # one row per log interval
     assert run["config"]["algo"] == "ppo"
+
+
+def test_a_wandb_callbacks_run_ends_as_failed_where_learn_raises(tmp_path, offline, monkeypatch):
+    """A loop over seeds whose first learn raised: its W&B run was left open, and the next seed's WandbCallback logged
+    into it (wandb.init returns the open run) and finished it as a success, under the first seed's config."""
+    from rlspeed.tracking import WandbCallback
+
+    def fails(local):
+        raise RuntimeError("a bug in the user's callback")
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128)
+    with pytest.raises(RuntimeError, match="a bug in the user's callback"):
+        model.learn(512, callback=[WandbCallback(project="rlspeed-tests"), fails], progress_bar=False)
+    failed, _ = read_offline_run(offline)
+    assert failed["exit_code"] == 1 and failed["config"]["seed"] == 0
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "second"))
+    (tmp_path / "second").mkdir()
+    model = PPO("CartPole-v1", seed=1, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128)
+    model.learn(512, callback=WandbCallback(project="rlspeed-tests"), progress_bar=False, log_interval_s=0)
+    second, _ = read_offline_run(tmp_path / "second")
+    assert second["exit_code"] == 0 and second["config"]["seed"] == 1
+    assert [row["timesteps"] for row in second["history"]] == [128, 256, 384, 512]
 
 
 def test_a_tracker_for_the_same_run_directory_continues_its_wandb_run(tmp_path, offline):

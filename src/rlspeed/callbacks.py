@@ -221,11 +221,18 @@ class BaseCallback:
         return self._on_evaluation() is not False
 
     def on_training_end(self) -> None:
-        """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error).
+        """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error:
+        `on_training_error` then).
         Where a stop between log points (asked for by a callback or a signal) made learn write one more row after
         the last iteration's callbacks ran, `self.metrics` holds that row here."""
         self.num_timesteps = self.model.num_timesteps
         self._on_training_end()
+
+    def on_training_error(self, error: BaseException) -> None:
+        """Called once when learn raises `error` (an exception, Ctrl-C: KeyboardInterrupt) after training started,
+        before learn lets it go on."""
+        self.num_timesteps = self.model.num_timesteps
+        self._on_training_error(error)
 
     def set_final_metrics(self, metrics: dict) -> None:
         """(learn) The row written after the last iteration's callbacks ran, for `on_training_end` (and a wrapped
@@ -258,6 +265,9 @@ class BaseCallback:
         return None
 
     def _on_training_end(self) -> None:
+        pass
+
+    def _on_training_error(self, error: BaseException) -> None:
         pass
 
     def _child_event(self, callback: BaseCallback | None) -> bool:
@@ -319,6 +329,10 @@ class CallbackList(BaseCallback):
     def on_training_end(self) -> None:
         for callback in self.callbacks:
             callback.on_training_end()
+
+    def on_training_error(self, error: BaseException) -> None:
+        for callback in self.callbacks:
+            callback.on_training_error(error)
 
 
 class FunctionCallback(BaseCallback):

@@ -131,7 +131,7 @@ class WandbCallback(BaseCallback):
 
     With `tracker` given (the CLI's), the caller finishes it; otherwise this callback starts a run at training start
     (`project`, `entity`, `run_dir`; the config is the model's hyperparameters) and finishes it at training end with
-    what `model.result` measured.
+    what `model.result` measured, or as failed (exit code 1, 130 for Ctrl-C) where learn raises.
     """
 
     def __init__(self, tracker: WandbTracker | None = None, project: str | None = None, entity: str | None = None,
@@ -165,4 +165,9 @@ class WandbCallback(BaseCallback):
             self.tracker.finish({"total_timesteps": result.total_timesteps, "train_wall_s": result.train_wall_s,
                                  "sps": result.sps, "time_to_target_s": result.time_to_target_s,
                                  "steps_to_target": result.steps_to_target})
+            self.tracker = None
+
+    def _on_training_error(self, error: BaseException) -> None:
+        if self._own and self.tracker is not None:  # (the run it began fails with learn: a later one is another run)
+            self.tracker.finish(exit_code=130 if isinstance(error, KeyboardInterrupt) else 1)
             self.tracker = None

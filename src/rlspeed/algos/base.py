@@ -1982,6 +1982,7 @@ class Algorithm:
         closing_row = None  # (that pass's row: callbacks get it at training end)
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
         checkpointed = None  # (the step count of this call's last checkpoint)
+        callbacks_started = False  # (an error from then on reaches them: `on_training_error`)
 
         def record_loop() -> None:  # (where the run stands, for the checkpoint a save writes and for the result)
             self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
@@ -1999,6 +2000,7 @@ class Algorithm:
                 from rlspeed.callbacks import LearnLocals
 
                 callbacks.init_callback(self)
+                callbacks_started = True
                 callbacks.on_training_start(LearnLocals(locals()))
                 self._follow_frozen_parameters()  # (a layer a callback froze)
             while closing or (self.num_timesteps < self._total_timesteps and not stop):
@@ -2143,6 +2145,11 @@ class Algorithm:
             raising = True  # (a failure closing the logs then must not hide this one)
             # (a signal to the process group, Jupyter's stop button, reaches subprocess envs' workers too)
             self._learn_interrupted = isinstance(error, KeyboardInterrupt)
+            if callbacks_started:  # (a W&B run they began ends as failed, not left open for the next run to join)
+                try:
+                    callbacks.on_training_error(error)
+                except Exception:  # noqa: BLE001, S110 (the error that ended training is the one raised)
+                    pass
             raise
         finally:
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
