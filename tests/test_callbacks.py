@@ -136,11 +136,13 @@ def test_stable_baselines3_callback_code_runs(tmp_path):
 
     class Logging(BaseCallback):
         starts = 0
+        rows = []
 
         def _on_rollout_start(self):
             self.starts += 1
 
         def _on_step(self):
+            self.rows.append(self.metrics)
             self.logger.record("custom/calls", self.n_calls)
             self.logger.record("custom/tensor", torch.tensor(0.5))
             return True
@@ -149,7 +151,8 @@ def test_stable_baselines3_callback_code_runs(tmp_path):
     callback = Logging()
     _ppo().learn(3 * STEPS_PER_ITERATION, callback=[callback, lambda _locals, _globals: seen.append(
         ("PPO" in _globals, _locals["self"].num_timesteps))], progress_bar=False, log_interval_s=0, run_dir=tmp_path)
-    assert callback.starts == 3 and callback.metrics["custom/calls"] == 2  # (recorded in call 2, written in row 3)
+    assert callback.starts == 3 and callback.rows[2]["custom/calls"] == 2  # (recorded in call 2, written in row 3)
+    assert callback.metrics["custom/calls"] == 3  # (at training end: the last row as metrics.csv has it)
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     # (each iteration's value in the next row; the last iteration's joins its own row when learn ends)
     assert [float(row["custom/calls"]) if row["custom/calls"] else None for row in rows] == [None, 1.0, 3.0]

@@ -113,6 +113,29 @@ def test_wandb_callback_on_its_own_starts_and_finishes_a_run(tmp_path, offline):
     assert run["config"]["algo"] == "ppo"
 
 
+def test_values_recorded_in_the_last_iteration_reach_the_wandb_run_as_metrics_csv_has_them(tmp_path, offline):
+    """A callback's `logger.record` in the last iteration joins the last row of metrics.csv when learn ends; the W&B
+    run kept that row without them (an older value of the key, or none)."""
+    import csv
+
+    from rlspeed.callbacks import BaseCallback
+    from rlspeed.tracking import WandbCallback
+
+    class Count(BaseCallback):
+        def _on_rollout_end(self):
+            self.logger.record("custom/iterations", self.n_calls)
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128)
+    model.learn(512, callback=[WandbCallback(project="rlspeed-tests"), Count()], progress_bar=False,
+                log_interval_s=0, run_dir=tmp_path / "run")
+    with open(tmp_path / "run" / "metrics.csv", newline="") as handle:
+        last = list(csv.DictReader(handle))[-1]
+    run, _ = read_offline_run(offline)
+    assert float(last["custom/iterations"]) == 4
+    assert [row["timesteps"] for row in run["history"]] == [128, 256, 384, 512]  # (its last row amended, not twice)
+    assert run["history"][-1]["custom/iterations"] == 4
+
+
 def test_a_wandb_callbacks_run_ends_as_failed_where_learn_raises(tmp_path, offline, monkeypatch):
     """A loop over seeds whose first learn raised: its W&B run was left open, and the next seed's WandbCallback logged
     into it (wandb.init returns the open run) and finished it as a success, under the first seed's config."""

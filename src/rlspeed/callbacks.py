@@ -224,7 +224,8 @@ class BaseCallback:
         """Called once when training ends (budget spent, target reached or a callback stopped it; not on an error:
         `on_training_error` then).
         Where a stop between log points (asked for by a callback or a signal) made learn write one more row after
-        the last iteration's callbacks ran, `self.metrics` holds that row here."""
+        the last iteration's callbacks ran, `self.metrics` holds that row here, and where values those callbacks
+        recorded joined the last row, that row with them (as metrics.csv has it)."""
         self.num_timesteps = self.model.num_timesteps
         self._on_training_end()
 

@@ -1979,7 +1979,9 @@ class Algorithm:
         # after a stop that no row followed (a callback's, a signal's): one more pass through the logging, without
         # training, so that the steps since the last row are in metrics.csv
         closing = False
-        closing_row = None  # (that pass's row: callbacks get it at training end)
+        # (that pass's row, or the last row as values the last iteration's callbacks recorded joined it: callbacks get
+        # it at training end, a tracker's as metrics.csv has it)
+        closing_row = None
         callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
         checkpointed = None  # (the step count of this call's last checkpoint)
         callbacks_started = False  # (an error from then on reaches them: `on_training_error`)
@@ -2173,6 +2175,7 @@ class Algorithm:
                 pending = self.recorder.take(logger.rows[-1] if logger.rows else ())
                 if pending:
                     logger.amend_last(pending)
+                    closing_row = dict(logger.rows[-1])
                 _close_logger(logger, raising)
         # (this call returned: a further one, or a resume from a save now, starts anew; unless a signal's stop request
         # cut it short, whose run the CLI saves to go on with --resume, as after an interrupt)
