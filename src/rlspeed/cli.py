@@ -2757,6 +2757,13 @@ _CLEANRL_FLAGS = {"update_epochs": "n_epochs", "train_frequency": "train_freq", 
                   "exploration_noise": "action_noise_std"}
 
 
+#: W&B's settings `--track` takes from wandb's environment variables (no flag of their own), by the `--wandb-X` flag
+#: a user may try
+_WANDB_VARIABLES = {**dict.fromkeys(("group", "run_group"), "WANDB_RUN_GROUP"),
+                    **dict.fromkeys(("name", "run_name"), "WANDB_NAME"), "tags": "WANDB_TAGS", "notes": "WANDB_NOTES",
+                    "job_type": "WANDB_JOB_TYPE", "mode": "WANDB_MODE", "dir": "WANDB_DIR"}
+
+
 def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
     `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
@@ -2779,6 +2786,10 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     algo_cls = next((ALGORITHMS[word.lower()] for word in after if word.lower() in ALGORITHMS), None)
     fields = [field.name for field in dataclasses.fields(algo_cls.config_cls)] if algo_cls is not None else []
     given = " ".join(unknown)
+    variable = _WANDB_VARIABLES.get(name.removeprefix("wandb_")) if name.startswith("wandb_") else None
+    if variable is not None and command == "train":
+        return (f"unrecognized arguments: {given}; --track takes this W&B setting from its environment variable: "
+                f"{variable}={value} rlspeed train ... --track (--wandb-project and --wandb-entity are flags).")
     # (--lr: learning_rate; CleanRL's names of rlspeed's settings; close names are not guessed at: --steps is no n_step)
     key = {**_SHORT_NAMES, **_CLEANRL_FLAGS}.get(name, name)
     if key in fields:
