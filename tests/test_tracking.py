@@ -158,6 +158,18 @@ def test_a_wandb_callbacks_run_ends_as_failed_where_learn_raises(tmp_path, offli
     assert [row["timesteps"] for row in second["history"]] == [128, 256, 384, 512]
 
 
+def test_a_signal_after_training_finishes_the_wandb_run_with_its_exit_code_and_the_summary(tmp_path, offline):
+    """SIGTERM (or Ctrl-C) after training, before the final evaluation: summary.json was written and the command
+    exited 143, while the W&B run ended with exit code 1 and none of summary.json's fields."""
+    from test_cli import signalled_train
+
+    done = signalled_train(tmp_path, "save", "SIGTERM", "--out", "run", "--track")
+    assert done.returncode == 143 and "after training finished" in done.stderr, done.stderr
+    run, _ = read_offline_run(offline)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert run["exit_code"] == 143 and run["summary"]["total_timesteps"] == summary["total_timesteps"] >= 512
+
+
 def test_a_tracker_for_the_same_run_directory_continues_its_wandb_run(tmp_path, offline):
     """`--resume --track` (or a restart) logs to the run's W&B run, not to a second one."""
     from rlspeed.tracking import WandbTracker

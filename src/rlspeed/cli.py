@@ -1879,13 +1879,17 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                 raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
+        code = 143 if isinstance(stop, Terminated) else 130
         summary = _summary(run, None)
         _write_summary(run_dir, summary)
         say(_steps_line(summary, model.result, target, resumed_from))
+        if tracker is not None:  # (the W&B run too, with the signal's exit code)
+            with _signals_ignored():
+                tracker.finish(summary, exit_code=code)
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(rlspeed eval {run_dir} --seed {eval_seed} evaluates it)", file=sys.stderr, flush=True)
-        return 143 if isinstance(stop, Terminated) else 130
+        return code
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
                              "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
