@@ -674,3 +674,25 @@ def test_stable_baselines3_locals_and_vec_env_methods_say_what_works():
     with pytest.raises(AttributeError, match=r"the Gymnasium vector env this one adapts is env.unwrapped.vector_env"):
         env.get_attr("spec")
     env.close()
+
+
+def test_wrapped_callbacks_hear_of_an_error_that_ends_training():
+    """`on_training_error` (a WandbCallback finishing its run as failed) reached the callbacks given to learn, not
+    those held by EveryNTimesteps or EvalCallback: a child's W&B run stayed open."""
+
+    class Heard(BaseCallback):
+        errors: list = []
+
+        def _on_training_error(self, error):
+            Heard.errors.append(str(error))
+
+    def fails(local):
+        if local["self"].num_timesteps >= 256:
+            raise RuntimeError("a bug in the user's callback")
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128)
+    wrappers = [EveryNTimesteps(128, Heard()), EvalCallback(callback_after_eval=Heard(), eval_freq=128,
+                                                            n_eval_episodes=1)]
+    with pytest.raises(RuntimeError, match="a bug"):
+        model.learn(1024, callback=[*wrappers, fails], progress_bar=False)
+    assert Heard.errors == ["a bug in the user's callback"] * 2

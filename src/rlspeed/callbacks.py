@@ -447,6 +447,9 @@ class EveryNTimesteps(BaseCallback):
     def _on_training_end(self) -> None:
         self.callback.on_training_end()
 
+    def _on_training_error(self, error: BaseException) -> None:
+        self.callback.on_training_error(error)
+
 
 class StopTrainingOnRewardThreshold(BaseCallback):
     """Stop when an evaluation's mean return reaches `reward_threshold`.
@@ -623,6 +626,11 @@ class EvalCallback(BaseCallback):
         for child in (self.callback_on_new_best, self.callback_after_eval):
             if child is not None:
                 child.on_training_end()
+
+    def _on_training_error(self, error: BaseException) -> None:
+        for child in (self.callback_on_new_best, self.callback_after_eval):
+            if child is not None:
+                child.on_training_error(error)
 
     def evaluate_now(self) -> bool:
         """Evaluate now (what every `eval_freq` steps does); False when a child callback stops training."""
