@@ -247,3 +247,20 @@ def test_a_model_of_a_vector_env_one_built_says_how_to_evaluate_it_from_the_cli_
     with pytest.raises(rlspeed.UserError, match=r"a vector env you built, which has no id .*eval MODEL --env ID"):
         PPO.load(tmp_path / "model.safetensors").evaluate(episodes=2)
     assert cli.main(["eval", str(tmp_path / "model.safetensors"), "--env", "CartPole-v1", "--episodes", "2"]) == 0
+
+
+def test_an_evaluation_leaves_the_statistics_of_a_vec_normalize_as_they_were():
+    """An SB3 VecNormalize made with its default training=True (EvalCallback(eval_env) copies the training statistics
+    into it) counted the evaluation's observations and returns into its statistics; they are frozen while it runs,
+    and its `training` flag is the caller's again after it."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    model = PPO("Pendulum-v1", device="cpu", seed=0, num_envs=2, env_backend="gymnasium")
+    env = VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), norm_obs=True, norm_reward=True)
+    counts = env.obs_rms.count, env.ret_rms.count
+    result = rlspeed.evaluate(model, env, episodes=2, seed=0, max_steps=20)
+    assert result["lengths"] == [20, 20]
+    assert (env.obs_rms.count, env.ret_rms.count) == counts and env.training
+    env.close()

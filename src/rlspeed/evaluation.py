@@ -16,7 +16,7 @@ from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, reward_wrappers
-from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored
+from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.logging import ProgressBar
 
@@ -76,7 +76,8 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     as the training env was, not the training env itself, and without rlspeed's normalisation (the model normalises
     observations with its own frozen statistics; an env made with `normalize_obs=True` is refused); a model training
     on Stable-Baselines3's `VecNormalize` is evaluated on a `VecNormalize(eval_env, training=False,
-    norm_reward=False)` holding its statistics (an env id is refused for it).
+    norm_reward=False)` holding its statistics (an env id is refused for it); a VecNormalize in an env you pass is
+    not updated by the evaluation, `training=True` or not.
     `env_kwargs` are options of the env an id names (`gymnasium.make(env_id, **env_kwargs)`): on the model's own id
     they replace those of its recorded options they name (evaluating a variant of the training env).
     Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
@@ -155,7 +156,13 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     sampling = (_own_random_stream(model, env.device, seed, env.num_envs) if not deterministic
                 else contextlib.nullcontext())
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env.spec.env_id}", unit="episode")
+    # an SB3 VecNormalize in a VecEnv the caller passed keeps its statistics as they were: an evaluation's
+    # observations and rewards are not training data (`training` is put back after it)
+    normalizer = vec_normalize_of(env_id) if not isinstance(env_id, str) else None
+    was_training = getattr(normalizer, "training", None)
     try:
+        if normalizer is not None:
+            normalizer.training = False
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
         with sampling:
@@ -194,6 +201,8 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
             bar.update(int(finished.sum()) - bar.bar.n)
     finally:
         bar.close()
+        if normalizer is not None:
+            normalizer.training = was_training
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             env.close()
     unfinished = int((~finished).sum())
