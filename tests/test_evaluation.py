@@ -264,3 +264,28 @@ def test_an_evaluation_leaves_the_statistics_of_a_vec_normalize_as_they_were():
     assert result["lengths"] == [20, 20]
     assert (env.obs_rms.count, env.ret_rms.count) == counts and env.training
     env.close()
+
+
+def test_a_loaded_model_that_trained_on_a_normalising_vec_normalize_refuses_an_env_from_an_id(tmp_path, capsys):
+    """The file holds no VecNormalize statistics: evaluating the loaded model on an env made from an id (rlspeed eval
+    MODEL --env ID, which the refusal of its own unnamed env suggests) showed the policy raw observations, silently,
+    where the model that trained refuses it; one whose VecNormalize normalised only rewards evaluates there."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from rlspeed.cli import main
+
+    for norm_obs in (True, False):
+        model = PPO(VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), norm_obs=norm_obs), device="cpu",
+                    seed=0)
+        model.save(tmp_path / f"{norm_obs}.safetensors")
+        loaded = PPO.load(tmp_path / f"{norm_obs}.safetensors", device="cpu")
+        if norm_obs:
+            with pytest.raises(rlspeed.UserError, match="trains on a Stable-Baselines3 VecNormalize that normalises"):
+                rlspeed.evaluate(loaded, "Pendulum-v1", episodes=1, max_steps=5)
+            assert main(["eval", str(tmp_path / "True.safetensors"), "--env", "Pendulum-v1", "--no-progress"]) == 2
+            assert "VecNormalize" in capsys.readouterr().err
+        else:
+            with pytest.warns(UserWarning, match="still running after 5 steps"):
+                assert rlspeed.evaluate(loaded, "Pendulum-v1", episodes=1, max_steps=5)["lengths"] == [5]

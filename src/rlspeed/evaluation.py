@@ -290,14 +290,13 @@ def check_evaluation_env(model, env) -> None:
     training on a Stable-Baselines3 VecNormalize that normalises observations (the env would give raw ones)."""
     from rlspeed.envs import NormalizeObservation
     from rlspeed.envs.base import find_wrapper
-    from rlspeed.envs.sb3_env import vec_normalize_of
 
     if isinstance(env, BatchedEnv) and find_wrapper(env, NormalizeObservation) is not None:
         why = ("the model normalises them again with its own statistics (frozen for evaluation)"
                if getattr(model, "obs_rms", None) is not None else "the model trained on raw observations")
         raise UserError(f"This evaluation env normalises its observations itself (make_env(..., normalize_obs=True)), "
                         f"and {why}: evaluate on an env made without normalize_obs (or by its id).")
-    if isinstance(env, str) and vec_normalize_of(getattr(model, "_env", None), "norm_obs") is not None:
+    if isinstance(env, str) and getattr(model, "trained_on_vec_normalize_obs", False):
         raise UserError(f"This model trains on a Stable-Baselines3 VecNormalize that normalises its observations, "
                         f"which an env made from '{env}' does not: evaluate on VecNormalize(eval_env, training=False, "
                         "norm_reward=False) holding the training statistics (EvalCallback(eval_env) copies them at "

@@ -1271,6 +1271,7 @@ class Algorithm:
         # callback's stop), whose next call would start them afresh
         self._schedule_open = False
         self._saved_with_action_masks = False  # (`load`: the file's run trained with action masks)
+        self._saved_on_vec_normalize_obs = False  # (`load`: the file's run trained on an observation VecNormalize)
         self.result = LearnResult()
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
         # thread count, and the same seed must give the same model on any machine
@@ -2451,7 +2452,10 @@ class Algorithm:
                     "schedule_continues": self._schedule_open,
                     "rlspeed_version": __version__, "torch_version": torch.__version__,
                     # (whether it trained with the env's action masks: what `export` adds a mask input for)
-                    "action_masks": self.trained_with_action_masks}
+                    "action_masks": self.trained_with_action_masks,
+                    # (whether its observations came through an SB3 VecNormalize, which the file does not hold: an
+                    # env made from an id gives the loaded model raw ones)
+                    "vec_normalize_obs": self.trained_on_vec_normalize_obs}
         arguments = self._own_init_arguments()
         if arguments:
             metadata["init_arguments"] = arguments
@@ -2629,6 +2633,7 @@ class Algorithm:
         if left is not None and left.is_file():
             model._replay_left = left  # (said when learn starts)
         model._saved_with_action_masks = bool(meta.get("action_masks", False))
+        model._saved_on_vec_normalize_obs = bool(meta.get("vec_normalize_obs", False))
         # (the saved config's use_masking is no request of the caller's: only one given to load now is)
         model._asked_for_masks = overrides.get("use_masking") is True
         return model
@@ -2638,6 +2643,13 @@ class Algorithm:
         """Whether this model trained with its env's action masks (in this process, or in the run it was saved
         from): `export` then adds an `action_mask` input by default."""
         return bool(getattr(self, "_masking", False) or getattr(self, "_saved_with_action_masks", False))
+
+    @property
+    def trained_on_vec_normalize_obs(self) -> bool:
+        """Whether this model trains (or the run it was saved from trained) on a Stable-Baselines3 VecNormalize that
+        normalises observations: an env made from an id gives raw ones, which `evaluate` refuses."""
+        return (vec_normalize_of(getattr(self, "_env", None), "norm_obs") is not None
+                or bool(getattr(self, "_saved_on_vec_normalize_obs", False)))
 
     def resume(self, path: str | Path, verify: bool = True, allow_nonfinite: bool = False) -> None:
         """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps, and
