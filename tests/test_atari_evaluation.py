@@ -112,3 +112,34 @@ def test_evaluation_plays_whole_games_with_raw_rewards(monkeypatch):
         layers.append(type(inner))
         inner = inner.env
     assert atari.AtariTraining not in layers and isinstance(inner, atari.AtariGymnasiumEnv)
+
+
+def test_a_vector_env_that_ends_episodes_at_each_lost_life_is_said_to_report_lives():
+    """A VecEnv of SB3's AtariWrapper without Monitor (or Gymnasium's AtariPreprocessing(terminal_on_life_loss=True))
+    ends an episode at each lost life, so evaluate reported lives as if they were games, silently (SB3's
+    evaluate_policy warns of an env without Monitor); with SB3's Monitor under the wrapper (make_atari_env) its whole
+    games are counted, and nothing is said."""
+    pytest.importorskip("stable_baselines3")
+    import warnings
+
+    import gymnasium as gym
+    from stable_baselines3.common.atari_wrappers import AtariWrapper
+    from stable_baselines3.common.env_util import make_atari_env
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    def said(env) -> list[str]:
+        model = rlspeed.PPO(env, seed=0, device="cpu", num_steps=16, batch_size=16)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rlspeed.evaluate(model, env, episodes=1, seed=0, max_steps=3)
+        env.close()
+        return [str(warning.message) for warning in caught if "lost life" in str(warning.message)]
+
+    life = "each episode reported is one life, not a whole game"
+    assert life in said(DummyVecEnv([lambda: AtariWrapper(gym.make("BreakoutNoFrameskip-v4"))]))[0]
+    assert not said(make_atari_env("BreakoutNoFrameskip-v4", n_envs=1, seed=0))
+    preprocessed = gym.vector.SyncVectorEnv(
+        [lambda: gym.wrappers.AtariPreprocessing(gym.make("BreakoutNoFrameskip-v4"), terminal_on_life_loss=True,
+                                                   grayscale_newaxis=True)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    assert "AtariPreprocessing" in said(preprocessed)[0]

@@ -15,7 +15,7 @@ import torch
 from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
-from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, reward_wrappers
+from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.logging import ProgressBar
@@ -165,6 +165,7 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
             normalizer.training = False
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
+        _warn_life_episodes(env_id)
         with sampling:
             obs, info = env.reset()
             masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
@@ -271,6 +272,18 @@ def _warn_reward_wrappers(env) -> None:
     if changers:
         warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
                       "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",
+                      stacklevel=3)
+
+
+def _warn_life_episodes(env) -> None:
+    """A warning where a vector env the caller built ends an episode at each lost life and no SB3 Monitor under that
+    wrapper counts whole games: the episodes evaluate reports are then lives, not games (as Stable-Baselines3's
+    `evaluate_policy` warns of an env without Monitor)."""
+    enders = life_loss_wrappers(env, below_monitor=is_sb3_vec_env(env) and monitored(env))
+    if enders:
+        warnings.warn(f"evaluate: this vector env ends an episode at each lost life ({', '.join(enders)}), so each "
+                      "episode reported is one life, not a whole game: evaluate on an env without it, or with SB3's "
+                      "Monitor inside it around each env (make_atari_env puts it there), whose games are counted.",
                       stacklevel=3)
 
 

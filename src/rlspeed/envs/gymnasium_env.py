@@ -344,6 +344,22 @@ def reward_wrappers(env, below_monitor: bool = False) -> list[str]:
     return changers
 
 
+def life_loss_wrappers(env, below_monitor: bool = False) -> list[str]:
+    """The names of the wrappers around a vector env or the envs inside it that end an episode at each lost life
+    (SB3's `EpisodicLifeEnv`, Gymnasium's `AtariPreprocessing(terminal_on_life_loss=True)`), each once; with
+    `below_monitor`, only those inside each env's SB3 `Monitor` (whose episodes, whole games then, are counted)."""
+    found = []
+    for name, wrapper in _wrapper_layers(env):
+        if below_monitor and name == "Monitor":
+            found = []  # (the layers so far were over this env's Monitor)
+            continue
+        ending = name == "EpisodicLifeEnv" or (name == "AtariPreprocessing"
+                                               and getattr(wrapper, "terminal_on_life_loss", False))
+        if ending and name not in found:
+            found.append(name)
+    return found
+
+
 def normalising_wrappers(env) -> tuple[bool, bool]:
     """Whether Gymnasium's running-statistics wrappers are around a vector env or the envs inside it:
     (`NormalizeObservation` there, `NormalizeReward` there)."""
