@@ -40,6 +40,8 @@ SB3_EVALUATE_KEYWORDS = {
     "render": "rlspeed.record_video(model, path) records episodes to a video file (rlspeed eval --video)",
     "reward_threshold": "compare the result's 'mean' with it",
     "callback": "evaluate plays the episodes on the device in one loop, with no per-step call",
+    "warn": "evaluate counts the env's own episodes (an SB3 VecEnv's Monitor's, where each env has one) and warns "
+            "only where a wrapper changes their rewards or ends them at a lost life: leave it out",
 }
 
 
