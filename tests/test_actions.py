@@ -198,6 +198,24 @@ def test_every_box_action_the_env_receives_is_in_its_space(algo, bounds):
         assert (extremes.numpy() <= high).all() and (extremes.numpy() >= low).all()
 
 
+@pytest.mark.parametrize("algo", [rlspeed.PPO, rlspeed.SAC, rlspeed.TD3, rlspeed.RecurrentPPO])
+def test_predict_gives_members_of_a_float64_box_at_its_bounds(algo):
+    """predict's actions go to the env as they are (`env.step(model.predict(obs)[0])`): a float32 action clipped to
+    float32 bounds was past float64 ones (0.1 as float32 is above 0.1), outside the space."""
+    vector = gym.vector.SyncVectorEnv([lambda: _CheckedBox([-0.1], [0.1], np.float64)],
+                                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    options = {} if algo in (rlspeed.SAC, rlspeed.TD3) else {"num_steps": 16, "batch_size": 16}
+    model = algo(vector, seed=0, device="cpu", **options)
+    with torch.no_grad():  # (the policy at its upper bound: every output is its bias, 50)
+        for name, parameter in model.policy.named_parameters():
+            parameter.fill_(50.0 if "bias" in name else 0.0)
+    obs = np.zeros((2, 3), np.float32)
+    for deterministic in (True, False):
+        actions = model.predict(obs, deterministic=deterministic)[0]
+        assert actions.dtype == np.float64 and all(model.action_space.contains(action) for action in actions)
+    assert model.action_space.contains(model.predict(obs[0])[0])
+
+
 def test_box_actions_beyond_float32_or_of_integers_are_refused_in_one_sentence():
     wide = gym.vector.SyncVectorEnv([lambda: _CheckedBox([-1e300], [1e300], np.float64)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -1809,7 +1809,16 @@ class Algorithm:
         actions = self.act(obs, deterministic=deterministic, action_masks=masks)
         if single:
             actions = actions[0]
-        return (actions.cpu().numpy() if as_numpy else actions), None  # ok-sync: predict returns to the host
+        return (self._host_actions(actions) if as_numpy else actions), None
+
+    def _host_actions(self, actions: torch.Tensor) -> np.ndarray:
+        """`predict`'s actions as numpy, members of the action space: Box actions in the space's dtype, clipped in
+        it, as the env receives them (float32 actions clipped to float32 bounds can lie just past float64 ones: 0.1
+        as float32 is above 0.1)."""
+        array, space = actions.cpu().numpy(), self.spec.action_space  # ok-sync: predict returns to the host
+        if isinstance(space, gym.spaces.Box) and array.dtype != space.dtype:
+            array = np.clip(array.astype(space.dtype), space.low, space.high)
+        return array
 
     def _check_masks(self, action_masks, num: int) -> torch.Tensor | None:
         """`predict`'s action masks as a bool tensor `[num, n]` on the model's device (None stays None); UserError in

@@ -179,7 +179,7 @@ class RecurrentPPO(PPO):
         if single:
             actions = actions[0]
         if as_numpy:
-            return actions.cpu().numpy(), (h.cpu().numpy(), c.cpu().numpy())  # ok-sync: predict returns to the host
+            return self._host_actions(actions), (h.cpu().numpy(), c.cpu().numpy())  # ok-sync: to the host
         return actions, (h, c)
 
     def _check_state(self, state, num: int, as_numpy: bool) -> tuple[torch.Tensor, torch.Tensor]:
