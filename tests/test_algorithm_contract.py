@@ -356,9 +356,15 @@ def test_sb3_contrib_names_say_what_rlspeed_offers_in_their_place(capsys):
         from rlspeed import HerReplayBuffer  # noqa: F401
     with pytest.raises(ImportError, match="action_noise='normal' or 'ornstein-uhlenbeck' with action_noise_std"):
         from rlspeed import NormalActionNoise  # noqa: F401
+    with pytest.raises(ImportError, match="action_noise='normal' or 'ornstein-uhlenbeck' with action_noise_std"):
+        from rlspeed import VectorizedActionNoise  # noqa: F401
     noise = pytest.importorskip("stable_baselines3.common.noise")  # (SB3's object passed in: the setting named)
     with pytest.raises(UserError, match="not Stable-Baselines3's NormalActionNoise object: action_noise='normal'"):
         rlspeed.TD3("Pendulum-v1", action_noise=noise.NormalActionNoise(np.zeros(1), 0.1 * np.ones(1)))
+    with pytest.raises(UserError, match="not Stable-Baselines3's VectorizedActionNoise object: action_noise='normal'"
+                                        ".*every env draws its own noise"):  # (SB3's way to give n_envs > 1 noise)
+        rlspeed.DDPG("Pendulum-v1", action_noise=noise.VectorizedActionNoise(
+            noise.OrnsteinUhlenbeckActionNoise(np.zeros(1), 0.1 * np.ones(1)), n_envs=2))
     with pytest.raises(AttributeError, match="use rlspeed.EvalCallback"):
         rlspeed.MaskableEvalCallback  # noqa: B018
     # (attribute lookups keep their AttributeError: hasattr and getattr with a default work as for any name)

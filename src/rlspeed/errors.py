@@ -78,7 +78,7 @@ _PEER_ALGORITHMS = {
     "herreplaybuffer": "rlspeed has no top-level HerReplayBuffer: Hindsight Experience Replay is a setting of its "
                        "DQN, SAC, TD3 and DDPG, her=True (with n_sampled_goal and goal_selection_strategy), e.g. "
                        "rlspeed.SAC(env, her=True), which then use rlspeed.buffers.HerReplayBuffer",
-    **dict.fromkeys(("normalactionnoise", "ornsteinuhlenbeckactionnoise"),
+    **dict.fromkeys(("normalactionnoise", "ornsteinuhlenbeckactionnoise", "vectorizedactionnoise"),
                     "rlspeed's action noise is a setting: action_noise='normal' or 'ornstein-uhlenbeck' with "
                     "action_noise_std=sigma (TD3, DDPG)"),
 }

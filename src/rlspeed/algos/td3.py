@@ -56,9 +56,12 @@ class TD3Config(OffPolicyConfig):
         require(self.target_policy_noise >= 0, f"target_policy_noise must be >= 0, got {self.target_policy_noise}.")
         require(self.target_noise_clip >= 0, f"target_noise_clip must be >= 0, got {self.target_noise_clip}.")
         noise = str(self.action_noise).partition("(")[0]  # (a Stable-Baselines3 noise object, as its repr)
-        require(not noise.endswith("ActionNoise"),
-                f"action_noise takes a name, not Stable-Baselines3's {noise} object: action_noise='normal' (or "
-                f"'ornstein-uhlenbeck') with action_noise_std=its sigma (one value for every action dimension).")
+        vectorized = noise == "VecNoise"  # (VectorizedActionNoise's repr)
+        require(not (vectorized or noise.endswith("ActionNoise")),
+                f"action_noise takes a name, not Stable-Baselines3's "
+                f"{'VectorizedActionNoise' if vectorized else noise} object: action_noise='normal' (or "
+                f"'ornstein-uhlenbeck') with action_noise_std=its sigma (one value for every action dimension)"
+                + ("; every env draws its own noise." if vectorized else "."))
         require(self.action_noise in ACTION_NOISES,
                 f"action_noise must be one of {', '.join(ACTION_NOISES)}, got '{self.action_noise}'.")
         require(self.action_noise_std >= 0, f"action_noise_std must be >= 0, got {self.action_noise_std}.")
