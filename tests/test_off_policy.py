@@ -440,8 +440,14 @@ class UnboundedActions(gym.Env):
 @pytest.mark.parametrize("algo", CONTINUOUS)
 def test_unbounded_box_actions_are_a_user_error(algo):
     vector_env = gym.vector.SyncVectorEnv([UnboundedActions], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    with pytest.raises(UserError, match="unbounded actions"):
+    with pytest.raises(UserError, match=r"unbounded actions .*gymnasium.wrappers.TransformAction\(env, lambda a: a, "
+                                        r"gymnasium.spaces.Box\(low, high\)\)"):
         algo(vector_env, device="cpu")
+    # the advice, followed, trains (RescaleAction, named before, raises a ValueError on unbounded actions)
+    bounded = gym.vector.SyncVectorEnv([lambda: gym.wrappers.TransformAction(
+        UnboundedActions(), lambda a: a, gym.spaces.Box(-2.0, 2.0, (1,)))],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    algo(bounded, device="cpu", **TINY).learn(128, progress_bar=False)
 
 
 def test_exploring_predict_leaves_the_training_noise_process_alone():

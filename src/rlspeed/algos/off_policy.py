@@ -342,8 +342,9 @@ class OffPolicyAlgorithm(Algorithm):
             if not (np.isfinite(box.low).all() and np.isfinite(box.high).all()):
                 raise UserError(f"{type(self).__name__} maps its actions in [-1, 1] onto the action space's bounds, "
                                 f"but {self.spec.env_id} has unbounded actions (low {box.low}, high {box.high}); give "
-                                "the env finite bounds (e.g. gymnasium.wrappers.RescaleAction; ClipAction makes them "
-                                "infinite).")
+                                "the env the range its actions should take, e.g. gymnasium.wrappers.TransformAction("
+                                "env, lambda a: a, gymnasium.spaces.Box(low, high)) (RescaleAction refuses unbounded "
+                                "actions, ClipAction makes them so).")
             self._action_center, self._action_half_range, self._action_low, self._action_high = action_scaling(
                 box, self.device, f"{type(self).__name__} on {self.spec.env_id}")
 
