@@ -450,6 +450,19 @@ def test_unbounded_box_actions_are_a_user_error(algo):
     algo(bounded, device="cpu", **TINY).learn(128, progress_bar=False)
 
 
+def test_learn_checks_a_setting_changed_on_model_config():
+    """`model.action_noise = ...` (SB3's way to change a model's noise) points to model.config.action_noise; a value
+    there that the constructor refuses (SB3's noise object, a misspelt name) trained with no noise at all."""
+    model = TD3("Pendulum-v1", seed=0, num_envs=1, **TINY)
+    model.config.action_noise = "gaussian"
+    with pytest.raises(UserError, match="action_noise must be one of normal, ornstein-uhlenbeck, none, got 'gaussian'"):
+        model.learn(64, progress_bar=False)
+    assert model.num_timesteps == 0
+    model.config.action_noise = "ornstein-uhlenbeck"
+    model.learn(128, progress_bar=False)
+    assert model.num_timesteps == 128
+
+
 def test_exploring_predict_leaves_the_training_noise_process_alone():
     """predict(deterministic=False) from a callback, on another batch size, neither advances nor reshapes the
     Ornstein-Uhlenbeck noise of the training envs."""

@@ -1905,6 +1905,9 @@ class Algorithm:
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model ({which}) would "
                             "replace: give another run_dir, or delete the file first.")
         self._check_parameters_held()
+        # values set on model.config since the model was built, checked as the constructor checks them (an SB3 noise
+        # object or a misspelt choice for TD3's action_noise trained with no noise)
+        self.config.validate()
         if run_dir is not None:
             self._run_dir = Path(run_dir).resolve()
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)
