@@ -823,6 +823,33 @@ def test_export_command_adds_the_action_mask_input_of_a_masked_run(tmp_path, mon
         assert ("action_mask" in json.dumps(sidecar["inputs"])) == expected, sidecar["inputs"]
 
 
+def _cartpole_or_index(discrete: bool = False, **kwargs):
+    """CartPole, whose observations become one index (Discrete(2): whether the cart is right of the centre) where
+    its option `discrete` says so (as a course's env options switch tabular and vector observations)."""
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1", **kwargs)
+    if not discrete:
+        return env
+    return gym.wrappers.TransformObservation(env, lambda o: int(o[0] > 0), gym.spaces.Discrete(2))
+
+
+def test_the_default_preset_fits_the_observations_the_env_options_make(tmp_path, monkeypatch, capsys):
+    """The shipped default PPO preset's normalize_obs is left out for index observations; it was decided on the env
+    as registered, without --env-kwargs: an option that makes the observations Discrete failed with "drop
+    normalize_obs", a setting the user never gave."""
+    import gymnasium as gym
+
+    monkeypatch.chdir(tmp_path)
+    if "BoxOrIndex-v0" not in gym.registry:
+        gym.register("BoxOrIndex-v0", entry_point=_cartpole_or_index, max_episode_steps=500)
+    assert cli.main(["train", "ppo", "BoxOrIndex-v0", "--env-kwargs", "discrete=true", "--total-timesteps", "64",
+                     "--num-envs", "2", "--set", "num_steps=32", "--set", "batch_size=64", "--no-progress",
+                     "--out", "run"]) == 0, capsys.readouterr().err
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["hyperparameters"]["normalize_obs"] is False and config["env_kwargs"] == {"discrete": True}
+
+
 def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "not a key")

@@ -878,7 +878,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         from rlspeed.envs.wrappers import normalizable
         from rlspeed.nn import make_encoder
 
-        space = env_spec(args.env_id).observation_space
+        # (the space the run's env options make: an option may turn float vectors into indices, or back)
+        space = env_spec(args.env_id, _env_kwargs(args)).observation_space
         if not normalizable(space):
             hyper["normalize_obs"] = False
         elif getattr(args, "seeds", None) is not None and make_encoder(space, hyper.get("encoder", "auto")) is not None:
