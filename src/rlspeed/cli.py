@@ -249,7 +249,7 @@ def _total_timesteps(run_settings: dict, flag: int | None = None) -> int:
 
 def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) -> tuple[float | None, int | None]:
     """A run's target return and evaluation frequency: each flag, else the preset's run setting, else the env's
-    reward_threshold (`spec`'s) and None (the algorithm's own frequency)."""
+    reward_threshold (`spec`'s: none for a variant made with env options) and None (the algorithm's own frequency)."""
     if args.target_return is not None:
         target = _target(args.target_return, spec)
     else:
@@ -550,7 +550,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.population.plot import plot_learning_curves
 
     total = _total_timesteps(run_settings, args.total_timesteps)
-    target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id))
+    target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id, _env_kwargs(args)))
     device = resolve_device(args.device)
     # built before the run directory: a population that cannot train must not replace or leave behind a run
     options = {"env_backend": args.env_backend} if args.env_backend not in (None, "auto") else {}
@@ -808,7 +808,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rlspeed.tune import tune
 
     algo_cls, run_settings, hyper, _config = _settings(args)
-    target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id))
+    target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id, _env_kwargs(args)))
     train_timesteps = _total_timesteps(run_settings)
     # a search needs to rank configurations, not train one: a trial that has not reached the target in a third of a
     # training run's budget is not one it is after
