@@ -850,6 +850,48 @@ def test_the_default_preset_fits_the_observations_the_env_options_make(tmp_path,
     assert config["hyperparameters"]["normalize_obs"] is False and config["env_kwargs"] == {"discrete": True}
 
 
+def _endless_env():
+    """An env whose episodes never end and which has no time limit (as CliffWalking-v1 under a policy that loops)."""
+    import gymnasium as gym
+
+    class Endless(gym.Env):
+        observation_space, action_space = gym.spaces.Discrete(2), gym.spaces.Discrete(2)
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            return 0, {}
+
+        def step(self, action):
+            return int(action), -1.0, False, False, {}
+
+    return Endless()
+
+
+def test_eval_of_episodes_without_end_advises_what_the_command_line_takes(tmp_path, capsys):
+    """Episodes still running at evaluate's step limit count with a warning, whose advice (`max_steps=`) `rlspeed
+    eval` has no flag for; the command-line advice it gives now works: the episodes end at the limit it sets."""
+    import warnings
+
+    import gymnasium as gym
+
+    import rlspeed
+
+    if "Endless-v0" not in gym.registry:
+        gym.register("Endless-v0", entry_point=_endless_env)
+    rlspeed.DQN("Endless-v0", device="cpu", seed=0).save(tmp_path / "model")
+    argv = ["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--seed", "0", "--json"]
+    with pytest.warns(UserWarning, match="1 of 1 episodes were still running after 10000 steps") as caught:
+        assert cli.main(argv) == 0
+    warning = str(caught[0].message)
+    advice = re.search(r"(--env-kwargs) (\w+)=N\b", warning)
+    assert advice is not None, warning
+    capsys.readouterr()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cli.main([*argv, advice.group(1), f"{advice.group(2)}=7"]) == 0
+    assert json.loads(capsys.readouterr().out)["lengths"] == [7]
+
+
 def test_a_bad_encryption_setting_is_refused_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RLSPEED_CHECKPOINT_KEY", "not a key")

@@ -213,7 +213,8 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
         returns = torch.where(finished, returns, running)
         lengths = torch.where(finished, lengths, running_lengths)
         warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; "
-                      "they count with the return collected so far (pass max_steps= to run longer).", stacklevel=2)
+                      "they count with the return collected so far (pass max_steps= to run longer; on the command "
+                      "line, --env-kwargs max_episode_steps=N gives the env a time limit of N steps).", stacklevel=2)
     values = returns.cpu().tolist()
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))

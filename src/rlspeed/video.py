@@ -353,6 +353,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     if cut:  # (as `evaluate` says it; stacklevel 3: past the _headless_rendering wrapper, the caller's line)
         warnings.warn(f"record_video: {cut} of {episodes} episodes were still running after {limit} steps; the video "
                       "ends them there and they count with the return collected so far (pass max_steps= to run "
-                      "longer).", stacklevel=3)
+                      "longer; on the command line, --env-kwargs max_episode_steps=N gives the env a time limit of N "
+                      "steps).", stacklevel=3)
     return {"path": str(path), "episodes": episodes, "frames": frames, "returns": returns,
             "size": tuple(int(v) for v in size), "fps": fps, "mean": math.fsum(returns) / len(returns)}
