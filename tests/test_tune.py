@@ -348,6 +348,7 @@ def test_env_options_reach_every_trial_and_the_preset_names_them(tmp_path, capsy
                                          "sutton_barto_reward=true") if item != "1000"]
     command[command.index("--target-return") + 1:command.index("--target-return") + 1] = ["none"]
     assert cli.main(command) == 0
+    assert "reached the target" not in capsys.readouterr().out  # (there is none: no count of trials reaching it)
     study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
     assert study.user_attrs["rlspeed"]["env_kwargs"] == {"sutton_barto_reward": True}
     finals = [trial.user_attrs["final_eval"] for trial in study.get_trials(deepcopy=False)]

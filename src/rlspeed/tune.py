@@ -576,7 +576,9 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         if best is not None:
             _write_preset(setup, study, best, None, context)
         say(f"rlspeed: batch {batch}/{batches}: trials {asked[0].number}-{asked[-1].number}: "
-            f"{counts['complete']} complete ({counts['reached']} reached the target), {counts['pruned']} pruned"
+            f"{counts['complete']} complete"
+            + (f" ({counts['reached']} reached the target)" if target_return is not None else "")
+            + f", {counts['pruned']} pruned"
             + (f", {counts['failed']} failed" if counts["failed"] else "")
             + f" in {time.perf_counter() - batch_started:.1f} s; {_best_line(best, target_return)}", flush=True)
     best = _best_trial(study)
