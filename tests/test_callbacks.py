@@ -214,10 +214,27 @@ def test_learn_refuses_a_callback_of_another_kind(callback, words):
     (lambda: CheckpointCallback(save_freq=32, save_path=None), "save_path is a directory's path"),
     # (one env, as Stable-Baselines3 takes it: its id is what rlspeed takes)
     (lambda: EvalCallback(gym.make("CartPole-v1")), r"a TimeLimit: pass its id, EvalCallback\('CartPole-v1', ...\)"),
+    (lambda: EvalCallback(gym.make("CartPole-v1", render_mode="rgb_array")), r"pass its id, EvalCallback\("),
 ])
 def test_callbacks_made_with_bad_values_are_one_sentence(make, words):
     with pytest.raises(UserError, match=words):
         make()
+
+
+def test_eval_callback_of_one_env_made_with_options_advises_an_env_that_keeps_them():
+    """Stable-Baselines3's EvalCallback(gym.make("FrozenLake-v1", is_slippery=False)) was refused with "pass its id",
+    whose envs are made without the options: a model trained on the slippery lake was then evaluated on it too, with
+    no word. The advice is an env made with the options, and following it evaluates on the env the user built."""
+    from rlspeed import make_env
+
+    with pytest.raises(UserError, match=r"made with options \(is_slippery=False\)") as refused:
+        EvalCallback(gym.make("FrozenLake-v1", is_slippery=False))
+    assert "make_env('FrozenLake-v1', num_envs=N, is_slippery=False)" in str(refused.value)
+    model = PPO("FrozenLake-v1", device="cpu", seed=0, num_envs=2, num_steps=32, batch_size=64)
+    callback = EvalCallback(make_env("FrozenLake-v1", num_envs=2, is_slippery=False), eval_freq=64, verbose=0)
+    model.learn(64, callback=callback, progress_bar=False)
+    # the lake it evaluated on has no slips: the deterministic policy's episodes are all the same there
+    assert len(callback.evaluations_length) == 1 and len(set(callback.evaluations_length[0])) == 1
 
 
 def test_eval_callback_saves_the_best_model_and_it_reproduces_its_score(tmp_path):

@@ -524,6 +524,31 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
         return True
 
 
+def _options_given(spec) -> dict:
+    """The options a Gymnasium env was made with beyond its registered id's (`gymnasium.make(id, **options)`: its
+    `spec.kwargs` and time limit against the registry's; its render_mode aside, which evaluations do not use); {} for
+    an id that is not registered."""
+    import gymnasium as gym
+
+    registered = gym.registry.get(spec.id)
+    if registered is None:
+        return {}
+    options = {key: value for key, value in spec.kwargs.items()
+               if key != "render_mode" and (key not in registered.kwargs or _differs(registered.kwargs[key], value))}
+    if spec.max_episode_steps != registered.max_episode_steps:
+        options["max_episode_steps"] = spec.max_episode_steps
+    return options
+
+
+def _differs(registered, value) -> bool:
+    """Whether an option's value is not its registered one (an array, whose == is not one bool, where it is not the
+    same object)."""
+    try:
+        return bool(registered != value)
+    except (TypeError, ValueError):
+        return registered is not value
+
+
 class EvalCallback(BaseCallback):
     """Evaluate the deterministic policy every `eval_freq` env steps on a separate env for `n_eval_episodes` episodes;
     keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or a vector env you
@@ -554,9 +579,16 @@ class EvalCallback(BaseCallback):
         size = None if eval_env is None or isinstance(eval_env, str) else getattr(eval_env, "num_envs", None)
         if eval_env is not None and not isinstance(eval_env, str) and size is None:
             # (Stable-Baselines3 takes one env, gym.make(id) or Monitor(gym.make(id)): its id is what to pass here)
-            env_id = getattr(getattr(eval_env, "spec", None), "id", None)
-            instead = (f": pass its id, EvalCallback({env_id!r}, ...), which makes fresh envs for each evaluation"
-                       if isinstance(env_id, str) else "")
+            spec = getattr(eval_env, "spec", None)
+            env_id = getattr(spec, "id", None)
+            options = _options_given(spec) if isinstance(env_id, str) else {}
+            if options:  # (an id alone makes the env without them: the evaluations would run on another env)
+                given = ", ".join(f"{key}={value!r}" for key, value in options.items())
+                instead = (f": it was made with options ({given}), which its id does not carry, so pass "
+                           f"rlspeed.make_env({env_id!r}, num_envs=N, {given}), N envs for N episodes")
+            else:
+                instead = (f": pass its id, EvalCallback({env_id!r}, ...), which makes fresh envs for each evaluation"
+                           if isinstance(env_id, str) else "")
             raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or "
                             f"Stable-Baselines3's), not a {type(eval_env).__name__}{instead}.")
         if size is not None and n_eval_episodes not in (None, size):
