@@ -67,11 +67,24 @@ def test_box_predict_shapes_and_bounds(pendulum_model, deterministic):
 def test_discrete_predict_shapes():
     model = PPO("CartPole-v1", seed=0, device="cpu")
     single, _ = model.predict(np.zeros(4, dtype=np.float32))
-    assert isinstance(single, np.ndarray) and single.shape == () and int(single) in (0, 1)
+    assert isinstance(single, np.integer) and single.shape == () and int(single) in (0, 1)
     batch, _ = model.predict([[0.0, 0.0, 0.1, 0.0]] * 3)
     assert isinstance(batch, np.ndarray) and batch.shape == (3,)
     tensor, _ = model.predict(torch.zeros(5, 4))
     assert isinstance(tensor, torch.Tensor) and tensor.shape == (5,)
+
+
+def test_an_action_predicted_for_one_observation_steps_a_table_env():
+    """predict for one observation gave a 0-d array, which FrozenLake's and CliffWalking's step (`P[s][a]`) cannot
+    hash: `env.step(model.predict(obs)[0])`, SB3's loop, raised "unhashable type: 'numpy.ndarray'"."""
+    model = PPO("FrozenLake-v1", seed=0, device="cpu", num_envs=2, num_steps=16, batch_size=32)
+    env = gym.make("FrozenLake-v1")
+    obs, _ = env.reset(seed=0)
+    for _ in range(5):
+        action, _ = model.predict(obs)
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            obs, _ = env.reset()
 
 
 def test_bad_hyperparameters_are_user_errors():

@@ -414,7 +414,7 @@ def test_predict_takes_a_numpy_dict_as_the_env_returns_it(minigrid_id):
     env = gym.make(minigrid_id)
     obs, _ = env.reset(seed=0)  # with its text mission, which the model ignores
     action, _ = model.predict(obs)
-    assert isinstance(action, np.ndarray) and action.shape == () and 0 <= int(action) < 7
+    assert isinstance(action, np.integer) and action.shape == () and 0 <= int(action) < 7
     batch = {key: np.stack([obs[key]] * 3) for key in ("image", "direction")}
     actions, _ = model.predict(batch)
     assert actions.shape == (3,) and len(set(actions.tolist())) == 1  # deterministic: the same obs, the same action

@@ -1795,7 +1795,8 @@ class Algorithm:
         return self.spec.action_space
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
-        """SB3-style: actions for one observation or a batch. Returns (actions, None).
+        """SB3-style: actions for one observation or a batch. Returns (actions, None): for one observation with
+        Discrete actions a numpy integer (SB3: a 0-d array), which any env's `step` takes.
 
         Accepts numpy arrays, lists or tensors (for Dict observations, a dict of them per key, as the env gives them);
         numpy in gives numpy out, a tensor in gives a tensor out. `deterministic` (True by default, where SB3's is
@@ -1814,11 +1815,12 @@ class Algorithm:
     def _host_actions(self, actions: torch.Tensor) -> np.ndarray:
         """`predict`'s actions as numpy, members of the action space: Box actions in the space's dtype, clipped in
         it, as the env receives them (float32 actions clipped to float32 bounds can lie just past float64 ones: 0.1
-        as float32 is above 0.1)."""
+        as float32 is above 0.1); a Discrete action for one observation as a numpy integer, not a 0-d array, which
+        envs that index a table with it (FrozenLake, CliffWalking: `P[s][a]`) cannot hash."""
         array, space = actions.cpu().numpy(), self.spec.action_space  # ok-sync: predict returns to the host
         if isinstance(space, gym.spaces.Box) and array.dtype != space.dtype:
             array = np.clip(array.astype(space.dtype), space.low, space.high)
-        return array
+        return array[()] if array.ndim == 0 else array
 
     def _check_masks(self, action_masks, num: int) -> torch.Tensor | None:
         """`predict`'s action masks as a bool tensor `[num, n]` on the model's device (None stays None); UserError in
