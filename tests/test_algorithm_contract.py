@@ -309,6 +309,23 @@ def test_an_off_policy_run_that_cannot_update_says_so():
         rlspeed.DQN("CartPole-v1", device="cpu", num_envs=8, learning_starts=100).learn(100, progress_bar=False)
 
 
+def test_an_n_step_window_longer_than_the_run_says_no_update_will_run():
+    """n_step=1000 on a 256-step learn stored no transition (each waits for the n_step steps after it) and trained
+    nothing, without a word; an n_step that each env's steps reach stores and trains, and warns nothing."""
+    import rlspeed
+
+    model = rlspeed.DQN("CartPole-v1", device="cpu", n_step=1000, learning_starts=10, batch_size=8)
+    with pytest.warns(UserWarning, match=r"n_step \(1,000\) is above the steps each env takes .*\(256\).*no gradient "
+                                         r"update will run"):
+        model.learn(256, progress_bar=False)
+    assert len(model.buffer) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = rlspeed.DQN("CartPole-v1", device="cpu", num_envs=4, n_step=64, learning_starts=0, batch_size=8)
+        model.learn(256, progress_bar=False)  # (64 steps of each of the 4 envs: one transition each)
+        assert len(model.buffer) == 4
+
+
 def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monkeypatch):
     """A sampled batch's bytes are checked against the memory available, as the replay buffer's are: a batch_size
     that does not fit is one sentence before training."""

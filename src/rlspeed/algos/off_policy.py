@@ -433,11 +433,20 @@ class OffPolicyAlgorithm(Algorithm):
                             f"more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may take: lower "
                             "batch_size.")
         per_iteration = self.steps_per_iteration  # (learn trains whole iterations, updating after each collection)
-        stored = self.num_timesteps - self._buffer_start + -(-total_timesteps // per_iteration) * per_iteration
+        iterations = -(-total_timesteps // per_iteration)
+        stored = self.num_timesteps - self._buffer_start + iterations * per_iteration
+        # (an n-step transition is stored once the n_step steps after it are taken: an env's first one after n_step
+        # steps, whether or not its episode ended before)
+        each_env = iterations * cfg.train_freq
         if stored <= cfg.learning_starts:
             warnings.warn(f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call "
                           f"stores ({stored:,}): no gradient update will run; lower learning_starts or train "
                           "longer.", stacklevel=3)
+        elif len(self.buffer) == 0 and each_env < cfg.n_step:
+            warnings.warn(f"n_step ({cfg.n_step:,}) is above the steps each env takes in this learn call "
+                          f"({each_env:,}): a transition is stored once the n_step steps after it are taken, so the "
+                          "replay buffer stays empty and no gradient update will run; lower n_step or train longer.",
+                          stacklevel=3)
 
     def _own_modules(self) -> None:
         """`Algorithm._own_modules`: the unpickled target followers (inert, `_TargetFollower.__reduce__`) follow this
