@@ -181,3 +181,18 @@ def test_an_alias_of_another_algorithms_setting_suggests_the_close_name_this_one
 
     with pytest.raises(UserError, match="Did you mean n_step"):
         DQN("CartPole-v1", n_steps=3)
+
+
+def test_none_written_as_text_switches_an_optional_setting_off():
+    """`--set target_kl=None` (Python's spelling) or `none` (the CLI's, as --target-return none) was refused as "not a
+    valid float"; it is the setting off, as None. SAC's ent_coef, whose None is the tuned value, still takes auto."""
+    from rlspeed.algos import PPOConfig, SACConfig
+    from rlspeed.algos.base import build_config
+
+    for text in ("None", "none", "null", " NULL "):
+        config = build_config(PPOConfig, {"target_kl": text, "clip_range_vf": text})
+        assert (config.target_kl, config.clip_range_vf) == (None, None)
+    with pytest.raises(UserError, match="Give auto for the automatically tuned value, or a number"):
+        build_config(SACConfig, {"ent_coef": "none"})
+    with pytest.raises(UserError, match="not a valid float"):
+        build_config(PPOConfig, {"target_kl": "nope"})

@@ -413,6 +413,11 @@ def coerce(key: str, value, hint):
     args = typing.get_args(hint)
     if value is None and type(None) in args:
         return None
+    # (none or null as text, `--set target_kl=None` or a file's 'none': the option off, as Python's None; not where
+    # None is the automatic value, SAC's ent_coef, which 'none' could be read as switching off)
+    if (isinstance(value, str) and value.strip().lower() in ("none", "null") and type(None) in args
+            and key not in AUTO_VALUES):
+        return None
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
         hint = next(a for a in args if a is not type(None))
         origin = typing.get_origin(hint)
@@ -468,6 +473,8 @@ def coerce(key: str, value, hint):
                 "clip range"}.get(key, "only learning_rate (anneal_lr=True) and clip_range (anneal_clip=True) decay,")
     advice = (f" A schedule is not a hyperparameter value here: give the starting value, and {annealed} linearly to 0 "
               "(Stable-Baselines3's linear schedule)." if schedule else "")
+    if key in AUTO_VALUES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
+        advice = " Give auto for the automatically tuned value, or a number."
     raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid "
                     f"{getattr(hint, '__name__', hint)}.{advice}")
 
