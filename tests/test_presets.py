@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
+import re
 import subprocess
 import sys
 
@@ -472,6 +473,8 @@ def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text
     with pytest.raises(UserError, match=match) as error:
         load_preset("ppo", "CartPole-v1", str(path))
     assert str(path) in str(error.value)
+    # (one sentence: the reasons joined, a reason's own full stop dropped: "got 2.0.." was printed)
+    assert not re.search(r"\.[.;]", str(error.value).replace(str(path), "FILE")), str(error.value)
 
 
 def test_a_missing_preset_file_names_the_choices(tmp_path):

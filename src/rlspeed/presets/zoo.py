@@ -288,8 +288,10 @@ class _Translator:
         self.origin[key] = origin
 
     def refuse(self, key: str, why: str, blocking: bool = False) -> None:
-        """`key` not honoured; `blocking` (or a key in BLOCKING): the entry cannot be used without it."""
-        line = f"{key}: {why}"
+        """`key` not honoured; `blocking` (or a key in BLOCKING): the entry cannot be used without it. The lines are
+        joined with '; ' into one sentence: a reason that is a sentence of its own (a config's error) loses its
+        full stop."""
+        line = f"{key}: {why.removesuffix('.')}"
         self.unsupported.append(line)
         if blocking or key.split(".")[0] in BLOCKING:
             self.blocking.append(line)
