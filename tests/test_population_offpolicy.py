@@ -326,3 +326,16 @@ def test_a_replay_growth_interrupted_midway_leaves_the_population_trainable(monk
     before = population.num_timesteps
     population.learn(1000, progress_bar=False)
     assert population.num_timesteps >= before + 1000
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"learning_starts": 1000}, r"learning_starts \(1,000\) is not below the env steps this learn call stores \(256\)"),
+    ({"n_step": 1000}, r"n_step \(1,000\) is above the steps each env takes in this learn call \(256\)"),
+])
+def test_a_population_that_cannot_update_says_so_as_a_solo_run_does(options, message):
+    """A sweep's learning_starts or n_step beyond a learn call's steps trained no member and said nothing (a solo run
+    warns): the same sentence, shown where learn is called."""
+    population = Population(DQN, "CartPole-v1", seeds=[0, 1], device="cpu", net_arch=[8], **options)
+    with pytest.warns(UserWarning, match=message) as caught:
+        population.learn(256, progress_bar=False)
+    assert [w.filename for w in caught if "no gradient update" in str(w.message)] == [__file__]

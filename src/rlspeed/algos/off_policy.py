@@ -130,6 +130,22 @@ class OffPolicyConfig:
                 f"and n_step is {self.n_step}: leave one of them out.")
 
 
+def no_update_reason(cfg: OffPolicyConfig, stored: int, each_env: int, empty: bool) -> str | None:
+    """Why a learn call runs no gradient update, one sentence (None where it runs some): `stored` env steps in its
+    replay buffer by its end, counted since the buffer started (all envs, whole iterations), `each_env` steps of each
+    env in this call, `empty` where the buffer holds no transition at its start. Updates start once past
+    `learning_starts` stored steps with a transition in the buffer; an n-step transition is stored once the n_step
+    steps after it are taken (an env's first one after n_step steps, whether or not its episode ended before)."""
+    if stored <= cfg.learning_starts:
+        return (f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call stores "
+                f"({stored:,}): no gradient update will run; lower learning_starts or train longer.")
+    if empty and each_env < cfg.n_step:
+        return (f"n_step ({cfg.n_step:,}) is above the steps each env takes in this learn call ({each_env:,}): a "
+                "transition is stored once the n_step steps after it are taken, so the replay buffer stays empty and "
+                "no gradient update will run; lower n_step or train longer.")
+    return None
+
+
 def _stack(values: tuple) -> torch.Tensor | dict[str, torch.Tensor]:
     """torch.stack of per-step tensors, per key for Dict observations."""
     if isinstance(values[0], dict):
@@ -435,18 +451,9 @@ class OffPolicyAlgorithm(Algorithm):
         per_iteration = self.steps_per_iteration  # (learn trains whole iterations, updating after each collection)
         iterations = -(-total_timesteps // per_iteration)
         stored = self.num_timesteps - self._buffer_start + iterations * per_iteration
-        # (an n-step transition is stored once the n_step steps after it are taken: an env's first one after n_step
-        # steps, whether or not its episode ended before)
-        each_env = iterations * cfg.train_freq
-        if stored <= cfg.learning_starts:
-            warnings.warn(f"learning_starts ({cfg.learning_starts:,}) is not below the env steps this learn call "
-                          f"stores ({stored:,}): no gradient update will run; lower learning_starts or train "
-                          "longer.", stacklevel=3)
-        elif len(self.buffer) == 0 and each_env < cfg.n_step:
-            warnings.warn(f"n_step ({cfg.n_step:,}) is above the steps each env takes in this learn call "
-                          f"({each_env:,}): a transition is stored once the n_step steps after it are taken, so the "
-                          "replay buffer stays empty and no gradient update will run; lower n_step or train longer.",
-                          stacklevel=3)
+        reason = no_update_reason(cfg, stored, iterations * cfg.train_freq, len(self.buffer) == 0)
+        if reason is not None:
+            warnings.warn(reason, stacklevel=3)
 
     def _own_modules(self) -> None:
         """`Algorithm._own_modules`: the unpickled target followers (inert, `_TargetFollower.__reduce__`) follow this

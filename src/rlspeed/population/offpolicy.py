@@ -65,7 +65,7 @@ import torch.nn.functional as F
 
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.dqn import TD_LOSSES
-from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks
+from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks, no_update_reason
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
 from rlspeed.device import rules
@@ -744,6 +744,13 @@ class OffPolicyPopulation(PopulationBase):
                 return
             self._buffer_start = self.num_timesteps
             self.buffer = self._new_replay(capacity, self._masking)
+            # (as a solo run's learn: a warning where no member will update, the population's loop taking whole
+            # iterations of train_freq steps of every env)
+            iterations = -(-total_timesteps // (cfg.train_freq * cfg.num_envs))
+            reason = no_update_reason(cfg, iterations * cfg.train_freq * cfg.num_envs, iterations * cfg.train_freq,
+                                      True)
+            if reason is not None:
+                warnings.warn(reason, stacklevel=4)
         else:
             self.buffer.grow(capacity)
 
