@@ -196,3 +196,15 @@ def test_none_written_as_text_switches_an_optional_setting_off():
         build_config(SACConfig, {"ent_coef": "none"})
     with pytest.raises(UserError, match="not a valid float"):
         build_config(PPOConfig, {"target_kl": "nope"})
+
+
+def test_exploration_fraction_zero_says_how_to_hold_epsilon_constant():
+    """exploration_fraction=0 (Stable-Baselines3: epsilon at its final value from the start) was refused without a
+    way on; the sentence names it, and equal epsilons hold epsilon there for the whole run."""
+    with pytest.raises(UserError, match=r"got 0\.0: for a constant epsilon .*give exploration_initial_eps equal to "
+                                        r"exploration_final_eps\.$"):
+        rlspeed.DQN("CartPole-v1", device="cpu", exploration_fraction=0)
+    model = rlspeed.DQN("CartPole-v1", device="cpu", exploration_initial_eps=0.05, exploration_final_eps=0.05,
+                        learning_starts=0, batch_size=8)
+    model.learn(64, progress_bar=False)
+    assert model.epsilon(0) == model.epsilon(63) == 0.05

@@ -76,8 +76,11 @@ class DQNConfig(OffPolicyConfig):
         super().validate()
         require(self.target_update_interval >= 1,
                 f"target_update_interval must be >= 1, got {self.target_update_interval}.")
+        # (0: Stable-Baselines3's epsilon at its final value from the start, which equal epsilons give here)
+        constant = (": for a constant epsilon (Stable-Baselines3's 0), give exploration_initial_eps equal to "
+                    "exploration_final_eps" if self.exploration_fraction == 0 else "")
         require(0 < self.exploration_fraction <= 1,
-                f"exploration_fraction must be in (0, 1], got {self.exploration_fraction}.")
+                f"exploration_fraction must be in (0, 1], got {self.exploration_fraction}{constant}.")
         require(0 <= self.exploration_final_eps <= self.exploration_initial_eps <= 1,
                 "exploration epsilons must satisfy 0 <= exploration_final_eps <= exploration_initial_eps <= 1.")
         require(self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}.")
