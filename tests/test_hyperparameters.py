@@ -148,6 +148,19 @@ def test_an_on_off_setting_takes_only_on_off_values():
         assert build_config(PPOConfig, {"anneal_lr": value}).anneal_lr is expected
 
 
+def test_an_on_off_setting_takes_as_text_what_yaml_reads_as_on_or_off():
+    """`--set anneal_lr=off` (YAML reads it as false) trained, while `anneal_lr="off"` in Python or a quoted 'off'
+    in a file was "not a valid bool"; the refusal of other text names the words taken."""
+    from rlspeed.algos import PPOConfig
+    from rlspeed.algos.base import build_config
+
+    for text, expected in (("off", False), ("On", True), ("OFF", False), (" true ", True), ("No", False)):
+        assert build_config(PPOConfig, {"anneal_lr": text}).anneal_lr is expected
+    with pytest.raises(UserError, match=r"got 'maybe', which is not a valid bool\. Give true or false \(yes or no, "
+                                        r"on or off, 1 or 0\)\.$"):
+        build_config(PPOConfig, {"anneal_lr": "maybe"})
+
+
 def test_a_rollout_that_would_not_fit_in_memory_is_refused_before_it_is_allocated():
     """num_steps=1e9 failed inside the allocator, 1e30 inside torch: one sentence naming the settings instead."""
     model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=1, num_steps=10**12, batch_size=64)

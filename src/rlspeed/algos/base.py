@@ -384,6 +384,9 @@ def _other_owners(key: str, config_cls: type) -> str:
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: on/off words a bool hyperparameter takes as text: what YAML 1.1 reads as a bool unquoted (so a quoted 'off' in a
+#: file, or anneal_lr="off" in Python, is what --set anneal_lr=off is), and 1 or 0; any case, spaces around ignored
+_BOOL_TEXT = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
 
 
 def _shared_widths(net_arch: dict, config_cls: type):
@@ -424,9 +427,9 @@ def coerce(key: str, value, hint):
     try:
         if hint is bool:
             if isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                if value.strip().lower() not in _BOOL_TEXT:
                     raise ValueError
-                return value.lower() in ("true", "1", "yes")
+                return _BOOL_TEXT[value.strip().lower()]
             # (a list, a mapping or 2.5 is no on/off value: bool() would take it as one)
             if isinstance(value, (bool, np.bool_)) or (isinstance(value, numbers.Real) and value in (0, 1)):
                 return bool(value)
@@ -475,6 +478,8 @@ def coerce(key: str, value, hint):
               "(Stable-Baselines3's linear schedule)." if schedule else "")
     if key in AUTO_VALUES and isinstance(value, str) and value.strip().lower() in ("none", "null"):
         advice = " Give auto for the automatically tuned value, or a number."
+    if hint is bool:
+        advice = " Give true or false (yes or no, on or off, 1 or 0)."
     raise UserError(f"Hyperparameter '{key}' got {value!r}, which is not a valid "
                     f"{getattr(hint, '__name__', hint)}.{advice}")
 
