@@ -9,6 +9,7 @@ import warnings
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import needs_minatar
 
 import rlspeed
@@ -221,3 +222,21 @@ def test_exploration_fraction_zero_says_how_to_hold_epsilon_constant():
                         learning_starts=0, batch_size=8)
     model.learn(64, progress_bar=False)
     assert model.epsilon(0) == model.epsilon(63) == 0.05
+
+
+def test_an_infinite_max_grad_norm_says_how_to_not_clip(tmp_path, capsys):
+    """max_grad_norm=inf (Stable-Baselines3's way to not clip gradients) was refused as not finite, with no way on:
+    the sentence names a large value, in Python and from --set; a large value trains."""
+    from rlspeed import cli
+
+    advice = r"no gradient clipping \(Stable-Baselines3's inf\) is a large value here, such as 1e9\.$"
+    with pytest.raises(UserError, match=r"it must be a finite number .*; " + advice):
+        rlspeed.PPO("CartPole-v1", device="cpu", max_grad_norm=float("inf"))
+    assert cli.main(["train", "dqn", "CartPole-v1", "--preset", "none", "--set", "max_grad_norm=.inf", "--out",
+                     str(tmp_path / "run"), "--no-progress"]) == 2
+    assert re.search(r"max_grad_norm=inf: values must be finite numbers; " + advice, capsys.readouterr().err.strip())
+    model = rlspeed.PPO("CartPole-v1", device="cpu", num_envs=1, num_steps=64, batch_size=64, max_grad_norm=1e9)
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    model.learn(64, progress_bar=False)
+    assert all(bool(torch.isfinite(p).all()) for p in model.policy.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))

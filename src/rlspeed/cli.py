@@ -33,7 +33,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed._version import __version__
-from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, peer_algorithm_advice
+from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
 from rlspeed.files import remove_stale_temporaries
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
@@ -164,7 +164,7 @@ def _finite_values(key: str, value, flag: str = "--set") -> None:
             except ValueError:
                 continue
         if isinstance(number, float) and not math.isfinite(number):
-            raise UserError(f"{flag} {key}={value}: values must be finite numbers.")
+            raise UserError(f"{flag} {key}={value}: values must be finite numbers{infinite_advice(key)}.")
 
 
 def _parse_set(pairs: list[str], flag: str = "--set") -> dict:

@@ -90,6 +90,14 @@ def peer_algorithm_advice(name: str) -> str | None:
     return _PEER_ALGORITHMS.get(name.lower().replace("_", "").replace("-", ""))
 
 
+def infinite_advice(key: str) -> str:
+    """How to write here what an infinite `key` means in Stable-Baselines3, for the refusal of it (hyperparameters
+    are finite numbers); '' for keys where infinity means nothing."""
+    if key == "max_grad_norm":
+        return "; no gradient clipping (Stable-Baselines3's inf) is a large value here, such as 1e9"
+    return ""
+
+
 def positive_whole(name: str, value, needed_by: str | None = None):
     """`value` (None, or a whole number >= 1, e.g. 1e4) as an int; UserError naming `name` otherwise (a bool, a
     string, 2.5, NaN or infinity), and for None where `needed_by` (what needs the value, "evaluate") is given."""

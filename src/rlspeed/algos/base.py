@@ -75,7 +75,14 @@ from rlspeed.envs.base import (
 from rlspeed.envs.gymnasium_env import check_action_masks, is_registered_env, normalising_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
-from rlspeed.errors import UnusedSettingWarning, UserError, first_line, positive_whole, warn_at_caller
+from rlspeed.errors import (
+    UnusedSettingWarning,
+    UserError,
+    first_line,
+    infinite_advice,
+    positive_whole,
+    warn_at_caller,
+)
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
@@ -449,7 +456,7 @@ def coerce(key: str, value, hint):
             number = float(value)
             if not abs(number) <= _FLOAT32_MAX:  # (NaN, infinities and values float32 tensors cannot hold)
                 raise UserError(f"Hyperparameter '{key}' got {value!r}: it must be a finite number within float32's "
-                                f"range (at most {_FLOAT32_MAX:.3g} in size).")
+                                f"range (at most {_FLOAT32_MAX:.3g} in size){infinite_advice(key)}.")
             return number
         if origin in (tuple, list):  # layer widths: a list of whole numbers (one number: one layer)
             items = [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else value
