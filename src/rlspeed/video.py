@@ -236,10 +236,12 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     (as `evaluate` warns); every step is one frame, plus the first observation's. A stochastic policy's samples come
     from a random stream of the video's own seeded by `seed`, as `evaluate`'s do (torch's generators are left as they
     were). Where the env gives action masks (`info["action_mask"]`) and the model takes them, the policy is masked as
-    in `evaluate`. `fps` defaults to the env's `render_fps`. `env_kwargs` replace options of the env (those recorded
-    with the model, on its own id), as in `evaluate`. Returns {"path", "episodes", "frames", "returns",
-    "size": (height, width)}. UserError when imageio, ffmpeg or the env's renderer is missing. A call that does not
-    return (interrupted, or an error of the env or the model) leaves no file at `path`.
+    in `evaluate`. `fps` defaults to the env's `render_fps`. `env_id` is the env to film (default: the id the model
+    trained on; a model trained on a vector env you built needs one, as that env cannot be made again). `env_kwargs`
+    replace options of the env (those recorded with the model, on its own id), as in `evaluate`. Returns {"path",
+    "episodes", "frames", "fps", "returns", "mean" (of the returns), "size": (height, width)}. UserError when
+    imageio, ffmpeg or the env's renderer is missing. A call that does not return (interrupted, or an error of the
+    env or the model) leaves no file at `path`.
     """
     path = Path(path)
     _require_writer(path)
