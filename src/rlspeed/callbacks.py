@@ -159,6 +159,10 @@ class BaseCallback:
     log interval that ended in this iteration, else None) and, in `_on_evaluation`, `evaluation` (learn's evaluation
     result: mean, std, episodes, returns). Under torch.distributed callbacks run on rank 0 only, and their decision
     to stop reaches every rank.
+
+    `verbose` (every callback class takes it): 1 prints a line on stdout for each thing the callback does (an
+    evaluation's result, a file saved, a video written, training stopped), 0 prints none; the default is 0, but
+    `EvalCallback`'s is 1, as in Stable-Baselines3.
     """
 
     def __init__(self, verbose: int = 0):

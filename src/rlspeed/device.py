@@ -72,7 +72,9 @@ def device_count(kind: str) -> int:
 
 
 def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
-    """Turn ``auto|cpu|cuda[:i]|npu[:i]|xpu[:i]|mps`` (or a torch.device) into a usable torch.device.
+    """Turn `spec`, ``auto|cpu|cuda[:i]|npu[:i]|xpu[:i]|mps`` (or a torch.device; None is ``auto``), into a usable
+    torch.device, which it returns. ``auto`` is ``$RLSPEED_DEVICE`` where that is set, else the first accelerator
+    available (NPU, CUDA, XPU, MPS, with its current index), else the CPU.
 
     Raises UserError with one sentence when the device is not there.
     """
