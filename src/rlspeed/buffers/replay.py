@@ -175,7 +175,12 @@ class ReplayBuffer:
     observations. Buffers made with `mask_size` add `next_action_masks` (bool `[B, n]`).
 
     `observation`: the observation space (`EnvSpec.observation_space`; each key stored in its dtype), or a shape
-    stored as `obs_dtype`.
+    stored as `obs_dtype`. `num_envs`: the rows of one step, `[num_envs, ...]` tensors in `add` (`capacity` is at
+    least that); `action_shape` and `action_dtype`: one env's action; `device`: where samples are returned;
+    `storage_device`: where transitions are kept (default `device`, or pinned host memory, with a warning, where the
+    buffer would take more of the device's free memory than it can spare); `n_step` and `gamma`: n-step returns
+    (1: one-step transitions); `mask_size`: the number of actions whose masks are stored (None: no masks).
+    ValueError for a `capacity` below `num_envs` or an `n_step` below 1.
     """
 
     def __init__(self, capacity: int, num_envs: int, observation: gym.Space | tuple[int, ...],
@@ -525,7 +530,9 @@ class ReplayBuffer:
         return batch
 
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """A uniform batch of stored transitions, as tensors on the training device."""
+        """`batch_size` stored transitions drawn uniformly (with replacement; from `generator` where given, else
+        torch's global generator), as a dict of tensors on `device` (the fields in the class docstring).
+        RuntimeError when the buffer is empty."""
         return self.sample_batches(1, batch_size, generator)[0]
 
     def sample_batches(self, count: int, batch_size: int, generator: torch.Generator | None = None,
