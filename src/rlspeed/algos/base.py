@@ -1786,9 +1786,9 @@ class Algorithm:
 
     def act(self, obs: torch.Tensor, deterministic: bool = True,
             action_masks: torch.Tensor | None = None) -> torch.Tensor:
-        """Actions for raw observations (a tensor; moved to the model's device if it is elsewhere), as the env expects
-        them, on the model's device. `action_masks`: bool `[N, n]` (an env's `info["action_mask"]`); a masked action
-        is never chosen."""
+        """Actions for raw observations `obs` (a tensor; moved to the model's device if it is elsewhere), as the env
+        expects them, on the model's device; `deterministic=False` samples the policy. `action_masks`: bool `[N, n]`
+        (an env's `info["action_mask"]`); a masked action is never chosen."""
         if isinstance(obs, dict):
             obs = {key: value.to(self.device) for key, value in obs.items()}
         elif obs.device != self.device:
@@ -2275,11 +2275,12 @@ class Algorithm:
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
                  max_steps: int | None = None, deterministic: bool = True, env_kwargs: dict | None = None,
                  progress_bar: bool = False, **stable_baselines3: typing.Any) -> dict:
-        """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`; `max_steps` caps each
-        episode; `deterministic=False` samples the policy, from a random stream `seed` seeds; `env_kwargs` replace
-        options of the env, the recorded ones on the model's own id; `progress_bar`: a bar over the episodes). Runs
-        on the model's `num_threads`, as `learn` and its evaluations do (a CPU's sums depend on the thread count:
-        the same seed gives the same returns as the run's own evaluation); the caller's count is given back."""
+        """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`, whose dict it returns;
+        `env_id`: the env to evaluate on, default the model's own; `max_steps` caps each episode; `deterministic=False`
+        samples the policy, from a random stream `seed` seeds; `env_kwargs` replace options of the env, the recorded
+        ones on the model's own id; `progress_bar`: a bar over the episodes). Runs on the model's `num_threads`, as
+        `learn` and its evaluations do (a CPU's sums depend on the thread count: the same seed gives the same returns as
+        the run's own evaluation); the caller's count is given back."""
         from rlspeed.evaluation import evaluate, refuse_evaluate_keywords
 
         refuse_evaluate_keywords(stable_baselines3, type(self).evaluate)
@@ -2339,14 +2340,19 @@ class Algorithm:
     def write_replay_buffer(self, path: str | os.PathLike, digest: str | None = None) -> Path:
         """Off-policy algorithms: write the replay buffer (its stored transitions, write position and the steps
         waiting for their n-step return) to the safetensors file `path` (`.safetensors` added when it has no
-        suffix), for `load_replay_buffer`; returns the path written. `model.save_replay_buffer(path)` (as in
-        Stable-Baselines3) calls it."""
+        suffix), for `load_replay_buffer`; returns the path written. `digest`: the algorithm of the integrity digest
+        the file records, "sha256" or "sm3" (None: `RLSPEED_CHECKPOINT_DIGEST`'s, else "sha256").
+        `model.save_replay_buffer(path)` (as in Stable-Baselines3) calls it. UserError for a model that keeps no
+        replay buffer (PPO, A2C, RecurrentPPO)."""
         raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
                         "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
 
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
         """Off-policy algorithms: fill the replay buffer from a file `save_replay_buffer(path)` wrote (or a
-        checkpoint's `.replay.safetensors`), or from an `rlspeed.buffers.ReplayBuffer` given in place of the path."""
+        checkpoint's `.replay.safetensors`), or from an `rlspeed.buffers.ReplayBuffer` given in place of the path.
+        `truncate_last_traj` is Stable-Baselines3's, and only True is taken: steps still waiting for their n-step
+        return are stored as shorter ones, their episodes truncated there (False, which would continue them in this
+        model's envs, is refused). UserError for a model that keeps no replay buffer (PPO, A2C, RecurrentPPO)."""
         raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
                         "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
 

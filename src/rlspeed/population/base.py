@@ -1216,7 +1216,7 @@ class PopulationBase:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
-        `Algorithm.learn` confirms one).
+        `Algorithm.learn` confirms one, unless `confirm_target=False`).
 
         `stop="each"`: a member that reached its target leaves the computation and stops being counted;
         `stop="all"`: it keeps training with the others until all have reached.
@@ -1336,7 +1336,9 @@ class PopulationBase:
         """The summary `learn` ends with (a final evaluation of every member that did not diverge, each member's
         entry, the aggregates), without training: for a population `resume`d from a checkpoint that holds its whole
         budget (a run stopped as its last iteration ended, or killed before its summary was written). The loop's
-        measurements (curves, steps and time to target) are the checkpoint's."""
+        measurements (curves, steps and time to target) are the checkpoint's. `target_return`, `eval_episodes` and
+        `stop` are `learn`'s (give those of the run being finished). Returns the summary dict, as `learn` does;
+        UserError for a population that was not resumed."""
         if not self._resumed:
             raise UserError("finish_resumed ends a population resumed from a checkpoint (resume(path)): this one was "
                             "not; learn trains it.")
