@@ -64,7 +64,10 @@ def _batched(statistic: Callable) -> Callable[[np.ndarray], np.ndarray]:
 def bootstrap_ci(scores, statistic: Callable = iqm, reps: int = 50_000, confidence: float = 0.95,
                  seed: int = 0) -> tuple[float, float]:
     """(low, high): the percentile-bootstrap `confidence` interval of `statistic` over runs, stratified over tasks,
-    with rliable's resampling (see the module docstring). `statistic` takes an array `[runs, tasks]`."""
+    with rliable's resampling (see the module docstring). `scores`: an array `[runs]` or `[runs, tasks]`;
+    `statistic` takes an array `[runs, tasks]`; `reps` bootstrap replicates drawn from `np.random.RandomState(seed)`
+    (the same `seed` and `reps` give the same interval). UserError for empty or non-finite scores, a `confidence`
+    outside (0, 1) or `reps` below 1."""
     array = _as_scores(scores)
     if not 0 < confidence < 1:
         raise UserError(f"confidence must be in (0, 1), got {confidence}.")
@@ -89,7 +92,8 @@ def bootstrap_ci(scores, statistic: Callable = iqm, reps: int = 50_000, confiden
 
 def aggregate(scores, reps: int = 50_000, seed: int = 0) -> dict:
     """Median and IQM of `scores`, each with its 95% percentile-bootstrap interval, as summary.json stores them:
-    ``{"runs", "median", "median_ci", "iqm", "iqm_ci"}`` (intervals as [low, high])."""
+    ``{"runs", "median", "median_ci", "iqm", "iqm_ci"}`` (intervals as [low, high]; `reps` and `seed` as
+    `bootstrap_ci`'s)."""
     array = _as_scores(scores)
     return {"runs": int(array.shape[0]), "median": median(array),
             "median_ci": list(bootstrap_ci(array, median, reps=reps, seed=seed)),

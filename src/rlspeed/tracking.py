@@ -46,7 +46,8 @@ class WandbTracker:
     """One Weights & Biases run: `log` metrics rows, `log_video` files, `finish` with the summary.
 
     `project` (default: WANDB_PROJECT, else "rlspeed"), `entity` (default: WANDB_ENTITY, else the account's),
-    `name` (default: WANDB_NAME, else the run directory's name), `config`: the run's resolved config. With `run_dir`,
+    `name` (default: WANDB_NAME, else the run directory's name), `tags`: a list of W&B tags for the run,
+    `config`: the run's resolved config. With `run_dir`,
     the W&B run's id is kept in `run_dir/wandb/run-id`, and a later tracker for the same directory (`--resume`, a
     restart) continues that W&B run instead of starting another (W&B keeps the steps it had: rows of steps a resume
     trains again after a crash are dropped by W&B, as its steps only increase).
