@@ -5,6 +5,10 @@ may use what an earlier one defined), in a temporary directory. A block is left 
 CI does not install (Stable-Baselines3, torch_npu, ...), marked either by an info string with attributes
 (```python title="sb3_ppo.py"```, shown as a file) or by a `<!-- skip: reason -->` line right before it; the test
 checks that such a block names one of `NOT_IN_CI`, so the mark cannot hide a broken example.
+
+The API reference covers the public API: every name in the `__all__` of `PUBLIC_MODULES` has a docstring and is named
+in docs/, the top-level names' docstrings name each argument, and every `rlspeed.x.y` and `Name(keyword=...)` the
+docs' prose gives exists.
 """
 
 from __future__ import annotations
@@ -183,3 +187,164 @@ def test_link_check_sees_links():
     targets = [target for _, target in relative_links(ROOT / "README.md")]
     assert "docs/getting-started.md" in targets and "benchmarks/README.md" in targets
 
+
+
+# --- the API reference: every public name documented, every documented name real ------------------------------------
+
+#: the public modules whose `__all__` the docs must cover (their submodules' own `__all__`s are internal)
+PUBLIC_MODULES = ("rlspeed", "rlspeed.algos", "rlspeed.accel", "rlspeed.buffers", "rlspeed.callbacks", "rlspeed.envs",
+                  "rlspeed.population")
+#: inline code spans that look like dotted names but are files a run writes
+FILE_NAMES = {"rlspeed.json", "rlspeed.lock"}
+#: calls the docs show to say a keyword is refused (with advice): (span, keyword); the test checks it stays refused
+REFUSED_KEYWORDS = {("A2C(..., batch_size=64)", "batch_size")}
+_DOTTED = re.compile(r"(?<![\w/.])rlspeed(?:\.[A-Za-z_]\w*)+")
+_DIRECTIVE = re.compile(r"^::: (?P<name>[\w.]+)\s*$", re.MULTILINE)
+_CALL = re.compile(r"(?:\b(?P<owner>\w+)\.)?(?P<name>\w+)\((?P<args>[^()]*)\)")
+_KEYWORD = re.compile(r"(?<![\w.])(\w+)\s*=(?!=)")
+
+
+def docs_prose(page: Path) -> str:
+    """A page's text outside its fenced code blocks (those run: `test_python_blocks_run`)."""
+    fenced = set()
+    for block in code_blocks(page):
+        fenced.update(range(block.line, block.line + block.code.count("\n") + 2))
+    return "\n".join(line for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1)
+                     if number not in fenced)
+
+
+def inline_code(page: Path) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", docs_prose(page))
+
+
+def resolve(dotted: str):
+    """The object a dotted name names: its longest importable module prefix, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+            break
+        except ModuleNotFoundError:
+            continue
+    for part in parts[cut:]:
+        value = getattr(value, part)
+    return value
+
+
+def public_names() -> list[tuple[str, str]]:
+    import importlib
+
+    return [(module, name) for module in PUBLIC_MODULES for name in importlib.import_module(module).__all__]
+
+
+def test_public_names_are_documented():
+    """Every name in a public module's `__all__` has a docstring of its own (classes and functions) and is named in the
+    docs (docs/api.md or its topic's page)."""
+    import inspect
+
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES if page.parent.name == "docs")
+    undocumented, unnamed = [], []
+    for module, name in public_names():
+        value = resolve(f"{module}.{name}")
+        if (inspect.isclass(value) or inspect.isfunction(value)) and not (value.__doc__ or "").strip():
+            undocumented.append(f"{module}.{name}")
+        if not re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text):
+            unnamed.append(f"{module}.{name}")
+    assert not undocumented, "public names without a docstring: " + ", ".join(undocumented)
+    assert not unnamed, "public names the docs never name (add them to docs/api.md): " + ", ".join(unnamed)
+
+
+def test_top_level_docstrings_name_every_argument():
+    """The docstring of each class and function in `rlspeed.__all__` (a class's: its own, its bases' or `__init__`'s)
+    names each of its arguments."""
+    import inspect
+
+    import rlspeed
+
+    missing = []
+    for name in rlspeed.__all__:
+        value = getattr(rlspeed, name)
+        if not (inspect.isclass(value) or inspect.isfunction(value)):
+            continue
+        doc = "\n".join(klass.__doc__ or "" for klass in getattr(value, "__mro__", (value,)))
+        if inspect.isclass(value):
+            doc += "\n" + (value.__init__.__doc__ or "")
+        function = value.__init__ if inspect.isclass(value) else value
+        for parameter in inspect.signature(function).parameters.values():
+            if parameter.name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) \
+                    and not re.search(rf"\b{parameter.name}\b", doc):
+                missing.append(f"{name}({parameter.name})")
+    assert not missing, "arguments their docstring does not name: " + ", ".join(missing)
+
+
+def test_documented_names_exist():
+    """Each `rlspeed.x.y` in the docs' prose and each `::: rlspeed.x.y` of the API reference imports."""
+    broken = []
+    for page in PAGES:
+        names = {dotted for span in inline_code(page) for dotted in _DOTTED.findall(span)} - FILE_NAMES
+        names |= set(_DIRECTIVE.findall(page.read_text(encoding="utf-8")))
+        for dotted in sorted(names):
+            try:
+                resolve(dotted)
+            except (ImportError, AttributeError) as error:
+                broken.append(f"{page.relative_to(ROOT)}: {dotted} ({type(error).__name__}: {error})")
+    assert not broken, "names the docs give that do not exist:\n" + "\n".join(broken)
+
+
+def documented_calls() -> list[tuple[Path, str, object, list[str]]]:
+    """(page, span, callable, keywords) for each call with keywords in the docs' inline code whose callable is a name
+    of `rlspeed.__all__` (`PPO(...)`, `rlspeed.evaluate(...)`) or a model's method (`model.learn(...)`)."""
+    import rlspeed
+    from rlspeed.algos.base import Algorithm
+
+    calls = []
+    for page in PAGES:
+        for span in inline_code(page):
+            for call in _CALL.finditer(span):
+                owner, name = call["owner"], call["name"]
+                keywords = _KEYWORD.findall(call["args"])
+                if not keywords:
+                    continue
+                if owner in (None, "rlspeed") and name in rlspeed.__all__:
+                    calls.append((page, span, getattr(rlspeed, name), keywords))
+                elif owner == "model" and not name.startswith("_") and callable(getattr(Algorithm, name, None)):
+                    calls.append((page, span, getattr(Algorithm, name), keywords))
+    return calls
+
+
+def test_documented_keywords_exist():
+    """A keyword the docs pass (`PPO(env_id, n_epochs=...)`, `model.learn(..., target_return=...)`) is one the
+    callable takes: a parameter, or for an algorithm a hyperparameter of its config (but those of
+    `REFUSED_KEYWORDS`, shown as refused, which must stay so)."""
+    import dataclasses
+    import inspect
+
+    from rlspeed.algos.base import Algorithm
+
+    wrong = []
+    for page, span, value, keywords in documented_calls():
+        is_algorithm = inspect.isclass(value) and issubclass(value, Algorithm)
+        function = value.__init__ if inspect.isclass(value) else value
+        parameters = inspect.signature(function).parameters
+        taken = set(parameters)
+        if is_algorithm:
+            taken |= {field.name for field in dataclasses.fields(value.config_cls)}
+        elif any(parameter.kind == parameter.VAR_KEYWORD for parameter in parameters.values()):
+            continue  # (passed on: make_env's env options, ...)
+        for keyword in keywords:
+            if (keyword in taken) == ((span, keyword) in REFUSED_KEYWORDS):
+                wrong.append(f"{page.relative_to(ROOT)}: `{span}`: {keyword}=")
+    assert not wrong, "keywords the docs pass that the callable does not take:\n" + "\n".join(wrong)
+
+
+def test_api_checks_see_names_and_calls():
+    """The checks above find what they check (so they cannot pass by finding nothing)."""
+    api = ROOT / "docs" / "api.md"
+    assert "rlspeed.buffers.ReplayBuffer" in _DIRECTIVE.findall(api.read_text(encoding="utf-8"))
+    assert "rlspeed.stats.median" in {name for span in inline_code(ROOT / "docs" / "population.md")
+                                      for name in _DOTTED.findall(span)}
+    spans = [span for _, span, _, _ in documented_calls()]
+    assert any(span.startswith("PPO(") for span in spans) and any(span.startswith("model.learn(") for span in spans)
+    assert ("rlspeed.population", "PER_MEMBER") in public_names()
