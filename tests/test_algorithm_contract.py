@@ -672,3 +672,20 @@ def test_an_interrupted_learn_gives_back_grad_mode_threads_and_denormals(monkeyp
     finally:
         torch.set_grad_enabled(True)
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_class_shows_its_constructors_arguments(name):
+    """`help(PPO)`, a notebook's signature tip and `inspect.signature(PPO)` showed `(*args, **kwargs)` (the
+    recording `__new__`'s) for every algorithm: they show its `__init__`'s, a subclass's own included."""
+    import inspect
+
+    algo = ALGORITHMS[name]
+    parameters = inspect.signature(algo).parameters
+    assert list(parameters)[0] == "env" and {"device", "seed", "env_kwargs"} <= set(parameters)
+
+    class Own(algo):
+        def __init__(self, env, width: int = 3, **kwargs):
+            super().__init__(env, **kwargs)
+
+    assert list(inspect.signature(Own).parameters) == ["env", "width", "kwargs"]

@@ -1130,6 +1130,13 @@ class Algorithm:
     _episodes_restored: bool = False
     _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_disrupted_env`)
 
+    def __init_subclass__(cls, **kwargs: typing.Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # `help(PPO)`, notebooks and editors show the constructor's arguments (`inspect.signature` reads this), not
+        # `__new__`'s (*args, **kwargs)
+        init = inspect.signature(cls.__init__)
+        cls.__signature__ = init.replace(parameters=list(init.parameters.values())[1:])
+
     def __new__(cls, *args: typing.Any, **kwargs: typing.Any) -> Self:
         """A new model, with a subclass's own `__init__` arguments recorded as it was called (`_own_init_arguments`:
         what `save` keeps of them, whatever its `__init__` then makes of them)."""
