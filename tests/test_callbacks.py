@@ -713,3 +713,28 @@ def test_wrapped_callbacks_hear_of_an_error_that_ends_training():
     with pytest.raises(RuntimeError, match="a bug"):
         model.learn(1024, callback=[*wrappers, fails], progress_bar=False)
     assert Heard.errors == ["a bug in the user's callback"] * 2
+
+
+def test_callbacks_hear_of_a_training_whose_every_update_was_rolled_back():
+    """learn raises DivergedError at its end where every update was non-finite and rolled back; callbacks heard
+    neither on_training_end nor on_training_error then, so a WandbCallback's own W&B run stayed open for the next
+    learn to join."""
+    from rlspeed.numerics import DivergedError
+
+    class Heard(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def _on_training_error(self, error):
+            self.events.append(type(error).__name__)
+
+        def _on_training_end(self):
+            self.events.append("end")
+
+    heard = Heard()
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128,
+                learning_rate=1e30, max_grad_norm=1e30)
+    with pytest.warns(RuntimeWarning, match="non-finite"), pytest.raises(DivergedError, match="Every update"):
+        model.learn(512, callback=heard, progress_bar=False)
+    assert heard.events == ["DivergedError"]

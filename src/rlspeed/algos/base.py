@@ -87,7 +87,7 @@ from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import acting_mode, encoder_from_config, image_channels_first
-from rlspeed.numerics import NumericsGuard
+from rlspeed.numerics import DivergedError, NumericsGuard
 
 if typing.TYPE_CHECKING:
     from typing_extensions import Self  # (typing's from Python 3.11)
@@ -880,6 +880,15 @@ def _close_logger(logger: RunLogger, raising: bool) -> None:
         if not raising:
             raise
         warnings.warn(f"{error} (after the error below, which stopped training)", stacklevel=3)
+
+
+def _tell_training_error(callbacks, error: BaseException) -> None:
+    """`callbacks.on_training_error(error)` for an error `learn` raises (a W&B run a callback began ends as failed, not
+    left open for the next run to join); a failure there is dropped: the error that ended training is the one raised."""
+    try:
+        callbacks.on_training_error(error)
+    except Exception:  # noqa: BLE001, S110
+        pass
 
 
 #: (class, argument) pairs whose not being saved was said (once per process)
@@ -2189,10 +2198,7 @@ class Algorithm:
             # (a signal to the process group, Jupyter's stop button, reaches subprocess envs' workers too)
             self._learn_interrupted = isinstance(error, KeyboardInterrupt)
             if callbacks_started:  # (a W&B run they began ends as failed, not left open for the next run to join)
-                try:
-                    callbacks.on_training_error(error)
-                except Exception:  # noqa: BLE001, S110 (the error that ended training is the one raised)
-                    pass
+                _tell_training_error(callbacks, error)
             raise
         finally:
             train_clock += time.perf_counter() - clock_start if iterations else 0.0
@@ -2221,7 +2227,12 @@ class Algorithm:
         # (this call returned: a further one, or a resume from a save now, starts anew; unless a signal's stop request
         # cut it short, whose run the CLI saves to go on with --resume, as after an interrupt)
         self._schedule_open = result.stop_requested
-        self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept at all: not a silent success)
+        try:
+            self._numerics.check_kept(start_steps, self.num_timesteps)  # (no update kept: not a silent success)
+        except DivergedError as error:  # (learn raises after all: the callbacks hear of it, as of an error above)
+            if callbacks_started:
+                _tell_training_error(callbacks, error)
+            raise
         if callbacks is not None and main:
             if closing_row is not None:
                 callbacks.set_final_metrics(closing_row)
