@@ -463,6 +463,20 @@ def test_learn_checks_a_setting_changed_on_model_config():
     assert model.num_timesteps == 128
 
 
+def test_learn_takes_a_setting_changed_on_model_config_as_the_constructor_does():
+    """learn's check of model.config compared the values as set: action_noise=None, which the constructor takes as
+    "none" (SB3's default), was refused ("got 'None'"), and a number given as text ("3e-4", a YAML value) raised
+    TypeError; both are taken as the constructor takes them."""
+    model = TD3("Pendulum-v1", seed=0, num_envs=1, **TINY)
+    model.config.action_noise, model.config.learning_rate = None, "3e-4"
+    model.learn(128, progress_bar=False)
+    assert model.num_timesteps == 128
+    assert (model.config.action_noise, model.config.learning_rate) == ("none", 3e-4)
+    model.config.learning_rate = "fast"
+    with pytest.raises(UserError, match="^Hyperparameter 'learning_rate' got 'fast'"):
+        model.learn(64, progress_bar=False)
+
+
 def test_exploring_predict_leaves_the_training_noise_process_alone():
     """predict(deterministic=False) from a callback, on another batch size, neither advances nor reshapes the
     Ornstein-Uhlenbeck noise of the training envs."""

@@ -355,6 +355,19 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
     return config
 
 
+def coerce_in_place(config) -> None:
+    """`config`'s values as `build_config` takes them (`coerce`: None for a named choice is its "none", "3e-4" a
+    number), set in place; UserError naming the hyperparameter for a value of the wrong kind. For values set on
+    `model.config` after the model was built, which `validate` then compares as the constructor's (it raised
+    TypeError on a string, and refused TD3's action_noise=None, which the constructor takes as "none")."""
+    hints = typing.get_type_hints(type(config))
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        taken = coerce(field.name, value, hints[field.name])
+        if taken is not value:
+            setattr(config, field.name, taken)
+
+
 def _close_names(key: str, names: list[str]) -> list[str]:
     """Up to three of `names` that `key` looks like a misspelling of: close as a whole (difflib), and each of its
     words (split at "_") close to a word of the name, or, for a key without "_", close to the name without them. A
@@ -1942,8 +1955,9 @@ class Algorithm:
             raise UserError(f"'{run_dir}' holds the metrics.csv of another run, which this model ({which}) would "
                             "replace: give another run_dir, or delete the file first.")
         self._check_parameters_held()
-        # values set on model.config since the model was built, checked as the constructor checks them (an SB3 noise
-        # object or a misspelt choice for TD3's action_noise trained with no noise)
+        # values set on model.config since the model was built, taken and checked as the constructor takes and checks
+        # them (an SB3 noise object or a misspelt choice for TD3's action_noise trained with no noise)
+        coerce_in_place(self.config)
         self.config.validate()
         if run_dir is not None:
             self._run_dir = Path(run_dir).resolve()
