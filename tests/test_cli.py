@@ -2221,3 +2221,30 @@ def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds)
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["error"] is None and summary["total_timesteps"] >= 512
+
+
+def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_path):
+    """An env's error in the final evaluation, after training and its model were saved, left no summary.json (a
+    script collecting runs took it for one still running); now its summary holds `"error"`, and --resume evaluates
+    it again."""
+    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+
+    def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
+                               "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
+                               "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
+                               "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run",
+                               *more], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": path, "CRASH_AT": str(crash_at)})
+
+    done = train(700)  # (the process's env steps: 512 in training, then the final evaluation's)
+    assert done.returncode == 1 and "sensor cable unplugged" in done.stderr, done.stderr
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["error"].startswith("EnvStepError: ") and summary["final_eval"] is None
+    assert summary["total_timesteps"] == 512
+    done = train(1_000_000, "--resume")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["error"] is None and summary["final_eval"]["episodes"] == 10

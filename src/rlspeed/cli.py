@@ -1891,6 +1891,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(rlspeed eval {run_dir} --seed {eval_seed} evaluates it)", file=sys.stderr, flush=True)
         return code
+    except Exception as error:  # (an env's error in the final evaluation ends the run as one in training does)
+        _write_ended_by_error(run, run_dir, error)
+        raise
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
                              "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
