@@ -318,6 +318,7 @@ def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     (["train", "ppo", "CartPole-v1", "--capture-video"], "--video-every N"),
     (["train", "ppo", "CartPole-v1", "--track", "--wandb-group", "sweep-7"], "variable: WANDB_RUN_GROUP=sweep-7 "),
     (["train", "ppo", "CartPole-v1", "--track", "--wandb-name=lr3e-4"], "variable: WANDB_NAME=lr3e-4 rlspeed train"),
+    (["train", "ppo", "CartPole-v1", "--track", "--wandb-notes", "a b"], "variable: WANDB_NOTES='a b' rlspeed train"),
     (["train", "ppo", "CartPole-v1", "--set", "num_minibatches=4"], "batch_size = num_envs * num_steps / num_minib"),
     (["train", "sac", "Pendulum-v1", "--set", "q_lr=1e-3"], "one learning_rate trains the actor, the critics"),
     (["train", "td3", "Pendulum-v1", "--set", "policy_frequency=2"], "updates per actor update are policy_delay"),

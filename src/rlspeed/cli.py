@@ -1598,6 +1598,12 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             callbacks, tracker = _run_callbacks(args, config, run_dir) if main else ([], None)
             return _learn_and_save(args, algo_cls, strategy, model, run_dir, target, eval_freq, total, checkpoint,
                                    checkpoint_freq, restarts, resumed_from, callbacks, tracker)
+    except Exception as error:
+        if tracker is not None:  # (the W&B run ends as the command does: its exit code, summary.json's "error")
+            ended = _run_summary(run_dir / "summary.json") if main else None
+            code = 75 if isinstance(error, Busy) else 2 if isinstance(error, UserError) else 1
+            tracker.finish(ended if ended and ended.get("error") else None, exit_code=code)
+        raise
     finally:
         if tracker is not None:
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
@@ -2797,7 +2803,8 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     variable = _WANDB_VARIABLES.get(name.removeprefix("wandb_")) if name.startswith("wandb_") else None
     if variable is not None and command == "train":
         return (f"unrecognized arguments: {given}; --track takes this W&B setting from its environment variable: "
-                f"{variable}={value} rlspeed train ... --track (--wandb-project and --wandb-entity are flags).")
+                f"{variable}={shlex.quote(value)} rlspeed train ... --track (--wandb-project and --wandb-entity are "
+                "flags).")
     # (--lr: learning_rate; CleanRL's names of rlspeed's settings; close names are not guessed at: --steps is no n_step)
     key = {**_SHORT_NAMES, **_CLEANRL_FLAGS}.get(name, name)
     if key in fields:
