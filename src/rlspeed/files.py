@@ -39,7 +39,8 @@ def write_atomic(path: Path, text: str | bytes) -> None:
     try:
         with (os.fdopen(fd, "wb") if isinstance(text, bytes) else
               os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="")) as stream:
-            os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
+            if hasattr(os, "fchmod"):  # (Windows before Python 3.13 has none; its files have no such mode bits)
+                os.fchmod(stream.fileno(), 0o666 & ~_UMASK)
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())  # (on disk before the rename: a power loss leaves the old file, not an empty one)
