@@ -3,9 +3,14 @@ signals, float64 on Apple's MPS) degrades instead of failing. Simulated on Linux
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
+import tempfile
 
-from rlspeed import files
+import torch
+
+from rlspeed import checkpoint, cli, files
 
 
 def test_run_files_are_written_without_fchmod(tmp_path, monkeypatch):
@@ -14,3 +19,36 @@ def test_run_files_are_written_without_fchmod(tmp_path, monkeypatch):
     files.write_text_atomic(tmp_path / "summary.json", "{}")
     assert (tmp_path / "summary.json").read_text(encoding="utf-8") == "{}"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def _windows_kill(calls):
+    """os.kill as on Windows, where signal 0 is CTRL_C_EVENT: a Ctrl-C sent to the console's processes, or an error
+    for an id that is no process group."""
+    def kill(pid, signum):
+        calls.append((pid, signum))
+        raise OSError(errno.EINVAL, "The parameter is incorrect")
+
+    return kill
+
+
+def test_checkpoint_save_asks_no_process_with_a_signal_on_windows(tmp_path, monkeypatch):
+    # a killed earlier writer's temporary file (another process id) beside the checkpoint: on Windows os.kill(pid, 0)
+    # failed the save (or sent Ctrl-C to the console); the file is left there, the save goes on
+    stale = tmp_path / ".model.safetensors.999999.abcdef.tmp"
+    stale.write_bytes(b"partial")
+    calls = []
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(os, "kill", _windows_kill(calls))
+    checkpoint.save_checkpoint(tmp_path / "model", {"w": torch.zeros(2)}, {})
+    assert calls == []
+    assert (tmp_path / "model.safetensors").is_file() and stale.exists()
+
+
+def test_killed_commands_warnings_ask_no_process_with_a_signal_on_windows(tmp_path, monkeypatch):
+    (tmp_path / f"{cli._WARNINGS_PREFIX}999999-abc").mkdir()
+    calls = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.setattr(os, "kill", _windows_kill(calls))
+    cli._forget_killed_commands_warnings()
+    assert calls == []

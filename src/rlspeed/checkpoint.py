@@ -33,6 +33,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from rlspeed.errors import UserError
+from rlspeed.files import process_running
 
 FORMAT = "rlspeed-checkpoint"
 #: 2: the metadata carries a digest. Format-1 files (no digest) still load, with a warning.
@@ -518,13 +519,8 @@ def _temporary_files(path: Path) -> list[Path]:
             continue  # (not a name save_checkpoint makes: someone else's file)
         pid = int(parts[0])
         if pid != os.getpid():
-            try:
-                os.kill(pid, 0)
-                continue  # that process still runs: it may be writing this file now
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                continue
+            if process_running(pid):
+                continue  # that process still runs (or may): it may be writing this file now
         elif pid == os.getpid() and _modified_since_start(tmp):
             continue
         stale.append(tmp)

@@ -34,7 +34,7 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
-from rlspeed.files import remove_stale_temporaries
+from rlspeed.files import process_running, remove_stale_temporaries
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
 
@@ -2732,12 +2732,8 @@ def _forget_killed_commands_warnings() -> None:
         pid = path.name[len(_WARNINGS_PREFIX):].partition("-")[0]
         if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir() or path.is_symlink():
             continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:  # (gone; PermissionError: another user's process runs: left alone)
+        if not process_running(int(pid)):  # (gone; another user's process, or any on Windows: left alone)
             shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
 
 
 def _workers_show_warnings():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -20,6 +21,21 @@ def _process_umask() -> int:
 
 
 _UMASK = _process_umask()
+
+
+def process_running(pid: int) -> bool:
+    """Whether the process `pid` may still run: False only where it is known to be gone. Always True on Windows, where
+    `os.kill(pid, 0)` does not ask (signal 0 is CTRL_C_EVENT there: it sends Ctrl-C to the console's processes, the
+    asking one among them, or fails)."""
+    if sys.platform == "win32":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (PermissionError: another user's process runs)
+        return True
+    return True
 
 
 def _temporaries(path: Path) -> list[Path]:
