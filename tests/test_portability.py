@@ -52,3 +52,31 @@ def test_killed_commands_warnings_ask_no_process_with_a_signal_on_windows(tmp_pa
     monkeypatch.setattr(os, "kill", _windows_kill(calls))
     cli._forget_killed_commands_warnings()
     assert calls == []
+
+
+class _MPSLike(torch.Tensor):
+    """A tensor that refuses float64 as one on Apple's MPS does (its `.cpu()` is a plain host tensor)."""
+
+    def double(self):
+        raise TypeError("Cannot convert a MPS Tensor to float64 dtype as the MPS framework doesn't support float64.")
+
+    def cpu(self):
+        return self.as_subclass(torch.Tensor).clone()
+
+
+def test_population_evaluation_takes_no_float64_on_the_device(monkeypatch):
+    # a population on MPS: evaluating it (every --seeds run's evaluations) computed the members' return stds in
+    # float64 on the device, a TypeError there
+    from rlspeed import PPO
+    from rlspeed.population import Population, base
+
+    played = base.first_episode_returns
+
+    def on_mps(*args, **kwargs):
+        returns, finished, succeeded = played(*args, **kwargs)
+        return returns.as_subclass(_MPSLike), finished, succeeded
+
+    monkeypatch.setattr(base, "first_episode_returns", on_mps)
+    population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=2, num_steps=8, batch_size=16)
+    means = population.evaluate(episodes=2)
+    assert means.shape == (2,) and len(population.last_return_stds) == 2

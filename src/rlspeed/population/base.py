@@ -809,7 +809,8 @@ class PopulationBase:
             self.last_success_rates = [float(w) / float(d) if d > 0 else None for w, d in zip(wins, done)]
         #: each evaluated member's standard deviation of its episodes' returns (population, as `rlspeed.evaluate`'s
         #: `std`), the last `evaluate`'s, by position
-        self.last_return_stds = returns.view(len(seeds), episodes).double().std(1, unbiased=False).tolist()
+        # (in float64 on the host: MPS has no float64)
+        self.last_return_stds = returns.view(len(seeds), episodes).cpu().double().std(1, unbiased=False).tolist()
         return returns.view(len(seeds), episodes).mean(1).cpu()  # ok-sync: evaluation
 
     def _make_env(self, rows_per_member: int, seeds: Sequence[int], members: Sequence[int] | None = None):
