@@ -4,7 +4,9 @@ signals, float64 on Apple's MPS) degrades instead of failing. Simulated on Linux
 from __future__ import annotations
 
 import errno
+import importlib
 import os
+import signal
 import sys
 import tempfile
 
@@ -80,3 +82,12 @@ def test_population_evaluation_takes_no_float64_on_the_device(monkeypatch):
     population = Population(PPO, "CartPole-v1", seeds=[0, 1], num_envs=2, num_steps=8, batch_size=16)
     means = population.evaluate(episodes=2)
     assert means.shape == (2,) and len(population.last_return_stds) == 2
+
+
+def test_the_torchrun_wrapper_imports_without_sigkill(monkeypatch):
+    # `rlspeed train --nproc N` runs `python -m rlspeed._torchrun`: on Windows (no SIGKILL) its import failed
+    importlib.import_module("torch.distributed.run")  # (torch's own modules ask sys.platform)
+    monkeypatch.delattr(signal, "SIGKILL")
+    monkeypatch.delitem(sys.modules, "rlspeed._torchrun", raising=False)
+    torchrun = importlib.import_module("rlspeed._torchrun")
+    assert -int(signal.SIGTERM) in torchrun._ENDED_BY_TORCHRUN

@@ -20,8 +20,10 @@ from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
 #: (130) or SIGTERM (143) after saving (read where a worker left no file in the launcher's folder: one that ended
 #: before its command could write it, or workers started by another launcher)
 SAID_CODES = (2, 130, 143)
-#: how torchrun ends the other workers once one has ended (their exit codes: minus the signal's number)
-_ENDED_BY_TORCHRUN = tuple(-int(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGKILL))
+#: how torchrun ends the other workers once one has ended (their exit codes: minus the signal's number; Windows has
+#: no SIGKILL)
+_ENDED_BY_TORCHRUN = tuple(-int(getattr(signal, name)) for name in ("SIGTERM", "SIGINT", "SIGKILL")
+                           if hasattr(signal, name))
 
 
 def _quiet_code(error: Exception, said: dict[int, tuple[str, int, int, bool]] | None = None) -> int | None:
