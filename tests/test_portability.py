@@ -91,3 +91,30 @@ def test_the_torchrun_wrapper_imports_without_sigkill(monkeypatch):
     monkeypatch.delitem(sys.modules, "rlspeed._torchrun", raising=False)
     torchrun = importlib.import_module("rlspeed._torchrun")
     assert -int(signal.SIGTERM) in torchrun._ENDED_BY_TORCHRUN
+
+
+def test_ctrl_c_of_an_nproc_run_on_windows_is_not_forwarded_to_torchrun(monkeypatch, tmp_path):
+    # Windows: torchrun shares the launcher's console (no session of its own), so Ctrl-C reaches it directly, and
+    # Popen.send_signal takes SIGTERM and the CTRL_* events only; forwarding SIGINT was a ValueError traceback
+    import subprocess
+
+    sent = []
+
+    class Torchrun:
+        def __init__(self, command, env, start_new_session):
+            pass
+
+        def send_signal(self, signum):
+            if signum != signal.SIGTERM:
+                raise ValueError(f"Unsupported signal: {signum}")
+            sent.append(signum)
+
+        def wait(self):
+            signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # (the console's Ctrl-C, while torchrun runs)
+            return 1
+
+    monkeypatch.setattr(subprocess, "Popen", Torchrun)
+    monkeypatch.setattr(sys, "platform", "win32")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress"]) == 130
+    assert sent == []

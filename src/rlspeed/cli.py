@@ -2149,8 +2149,9 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
                   if args.nproc != 1 else "rlspeed: stopping the process (it saves where it is)", file=sys.stderr,
                   flush=True)
         received.append(signum)
-        # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more)
-        if len(received) <= 2:
+        # (a third signal in torchrun's own shutdown makes it give up its workers: two reach it, no more. On Windows
+        # torchrun shares this console, whose Ctrl-C reached it already, and Popen sends no SIGINT there)
+        if len(received) <= 2 and not (signum == signal.SIGINT and sys.platform == "win32"):
             process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     # (SIGHUP: a closed terminal or a dropped ssh session, which no longer reaches torchrun's own session; SIGUSR1 or
