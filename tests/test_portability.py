@@ -118,3 +118,24 @@ def test_ctrl_c_of_an_nproc_run_on_windows_is_not_forwarded_to_torchrun(monkeypa
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "ppo", "CartPole-v1", "--nproc", "2", "--no-progress"]) == 130
     assert sent == []
+
+
+def _windows_open(real):
+    """os.open as on Windows, which opens no directory (PermissionError)."""
+    def open_(path, flags, *args, **kwargs):
+        if os.path.isdir(path):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
+
+    return open_
+
+
+def test_a_model_is_saved_where_directories_cannot_be_opened(tmp_path, monkeypatch):
+    # the directory's fsync after the rename: on Windows os.open(directory) failed every save (the file written)
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", num_envs=2, num_steps=8, batch_size=16)
+    monkeypatch.setattr(os, "open", _windows_open(os.open))
+    model.save(tmp_path / "model")
+    monkeypatch.undo()
+    assert PPO.load(tmp_path / "model").num_timesteps == 0

@@ -606,12 +606,14 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:  # (the rename on disk too; some filesystems refuse a directory's fsync, EINVAL: the file's was done)
-        with contextlib.suppress(OSError):
+    # (the rename on disk too; Windows opens no directory, and some filesystems refuse a directory's fsync, EINVAL:
+    # the file's was done)
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
             os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        finally:
+            os.close(dir_fd)
     return path
 
 
