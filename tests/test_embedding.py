@@ -223,3 +223,22 @@ def test_a_notebook_without_ipywidgets_gets_no_tqdm_warning():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_training_without_a_progress_bar_leaves_no_thread_and_the_start_method_unset():
+    """learn and evaluate with progress_bar=False leave no thread running (tqdm's monitor) and the multiprocessing
+    start method unset, so the caller can still choose one (`multiprocessing.set_start_method("spawn")`)."""
+    script = textwrap.dedent("""
+        import multiprocessing, threading
+        from rlspeed import PPO, evaluate
+
+        model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=16,
+                    batch_size=32, n_epochs=1)
+        model.learn(64, progress_bar=False)
+        evaluate(model, "CartPole-v1", episodes=1, backend="torch")
+        print(multiprocessing.get_start_method(allow_none=True), sorted(t.name for t in threading.enumerate()))
+        multiprocessing.set_start_method("spawn")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "None ['MainThread']"

@@ -123,9 +123,13 @@ class ProgressBar:
         # postfix, the returns, before the times: a line wider than the terminal is cut at its end, and at 80
         # columns tqdm's layout cut the returns off)
         counts = "{n}/{total}" if total < 1000 else "{n_fmt}/{total_fmt}"
-        self.bar = tqdm(total=total, initial=initial, unit=unit, unit_scale=True, desc=desc, disable=not enabled,
+        # (no tqdm where no bar shows, progress_bar=False: even a disabled tqdm starts its monitor thread, left
+        # running, and makes a multiprocessing lock, which fixes the process's start method, so that the caller's
+        # later `multiprocessing.set_start_method` raises "context has already been set")
+        self.bar = tqdm(total=total, initial=initial, unit=unit, unit_scale=True, desc=desc,
                         dynamic_ncols=True, leave=True, file=self._null,
-                        bar_format="{l_bar}{bar}| " + counts + "{postfix} [{elapsed}<{remaining}, {rate_fmt}]")
+                        bar_format="{l_bar}{bar}| " + counts + "{postfix} [{elapsed}<{remaining}, {rate_fmt}]"
+                        ) if enabled else _Count(total, initial)
         self.desc, self.unit = desc, unit
         self._shown: dict = {}
         self._last_line = time.monotonic()
@@ -165,6 +169,29 @@ class ProgressBar:
         if self._null is not None:
             self._null.close()
             self._null = None
+
+
+class _Count:
+    """A hidden bar's counts (`ProgressBar.bar` where no bar shows): tqdm's attributes and methods that
+    `ProgressBar` and its callers use, without tqdm."""
+
+    disable = True
+    last_print_t = 0.0
+
+    def __init__(self, total: int, initial: int = 0):
+        self.total, self.n = total, initial
+
+    def update(self, steps: int) -> None:
+        self.n += steps
+
+    def set_postfix(self, *args, **kwargs) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _quiet_tensorboard_threads() -> None:
