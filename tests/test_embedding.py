@@ -242,3 +242,23 @@ def test_training_without_a_progress_bar_leaves_no_thread_and_the_start_method_u
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "None ['MainThread']"
+
+
+def test_exporting_a_model_of_another_env_leaves_ale_py_unimported(tmp_path):
+    """Exporting a CartPole model does not import ale-py, which would add its Atari ids to the caller's Gymnasium
+    registry and its own warning filter to the caller's."""
+    pytest.importorskip("ale_py")
+    script = textwrap.dedent(f"""
+        import sys, warnings
+        import gymnasium as gym
+        from rlspeed import PPO
+
+        model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=16,
+                    batch_size=32, n_epochs=1)
+        filters, ids = list(warnings.filters), set(gym.registry)
+        model.export({str(tmp_path / "policy.pt")!r})
+        print("ale_py" in sys.modules, set(gym.registry) - ids, list(warnings.filters) == filters)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False set() True"

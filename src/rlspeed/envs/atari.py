@@ -66,7 +66,10 @@ def is_atari(env_id: str) -> bool:
 
 def atari_image_id(env_id: str) -> bool:
     """Whether `env_id` is an Atari game with image observations, ale-py's ids registered first (`register_atari`;
-    False without ale-py)."""
+    False without ale-py). An id registered already is answered from its spec: importing ale-py to ask about
+    CartPole-v1 (an export's description) would add ale-py's ids to the caller's registry, and its warning filter."""
+    if env_id in gym.registry:
+        return is_atari(env_id)
     return register_atari() and is_atari(env_id)
 
 
