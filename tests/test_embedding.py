@@ -293,3 +293,20 @@ def test_a_callers_float64_default_dtype_trains_the_same_float32_model(caller_fl
     assert torch.get_default_dtype() == caller_float64
     torch.set_default_dtype(torch.float32)
     assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(weights, trained()))
+
+
+def test_the_command_run_from_python_leaves_the_start_method_unset(tmp_path):
+    """`rlspeed.cli.main([...])` without a progress bar prints its lines without tqdm, whose lock would fix the
+    process's multiprocessing start method (the caller's later `set_start_method` raising)."""
+    script = textwrap.dedent(f"""
+        import multiprocessing
+        from rlspeed.cli import main
+
+        code = main(["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "4", "--env-backend",
+                     "torch", "--set", "num_steps=16", "--set", "batch_size=32", "--set", "n_epochs=1",
+                     "--no-progress", "--out", {str(tmp_path / "run")!r}])
+        print(code, multiprocessing.get_start_method(allow_none=True))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "0 None"

@@ -1765,7 +1765,10 @@ def _print_beside_bars(*values, file=None, flush: bool = False) -> None:
     from tqdm import tqdm
 
     stream = file or sys.stdout
-    tqdm.write(" ".join(map(str, values)), file=stream)
+    if tqdm._instances:  # (a bar is open)
+        tqdm.write(" ".join(map(str, values)), file=stream)
+    else:  # (tqdm's write would make its multiprocessing lock, fixing the start method of a caller of `main(argv)`)
+        print(*values, file=stream)
     if flush:
         stream.flush()
 
