@@ -738,3 +738,26 @@ def test_callbacks_hear_of_a_training_whose_every_update_was_rolled_back():
     with pytest.warns(RuntimeWarning, match="non-finite"), pytest.raises(DivergedError, match="Every update"):
         model.learn(512, callback=heard, progress_bar=False)
     assert heard.events == ["DivergedError"]
+
+
+def test_every_callback_hears_of_the_error_after_one_that_failed_to():
+    """A callback whose own `_on_training_error` raised stopped the list there: a WandbCallback after it never
+    finished its run."""
+
+    class Broken(BaseCallback):
+        def _on_training_error(self, error):
+            raise ValueError("the callback's own bug")
+
+    class Heard(BaseCallback):
+        errors: list = []
+
+        def _on_training_error(self, error):
+            Heard.errors.append(str(error))
+
+    def fails(local):
+        raise RuntimeError("training failed")
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128)
+    with pytest.raises(RuntimeError, match="training failed"):  # (the error that ended training, not the callback's)
+        model.learn(256, callback=[Broken(), Heard(), fails], progress_bar=False)
+    assert Heard.errors == ["training failed"]

@@ -336,8 +336,16 @@ class CallbackList(BaseCallback):
             callback.on_training_end()
 
     def on_training_error(self, error: BaseException) -> None:
+        # every child hears of it, also after one that failed (a later WandbCallback's run must not stay open); the
+        # first failure is raised after them
+        failure = None
         for callback in self.callbacks:
-            callback.on_training_error(error)
+            try:
+                callback.on_training_error(error)
+            except Exception as raised:  # noqa: BLE001
+                failure = failure or raised
+        if failure is not None:
+            raise failure
 
 
 class FunctionCallback(BaseCallback):
