@@ -75,9 +75,30 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+def git_commit() -> str:
+    """The checkout's commit (short hash), with a note when src/ or the benchmark scripts differ from it, so that a
+    section names the code it measured; "unknown" outside a git checkout."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(BENCHMARKS_DIR), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        root = git("rev-parse", "--show-toplevel")
+        # (the README and results/ are what a run writes: not a change to the code measured)
+        changed = git("-C", root, "status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks",
+                      ":!benchmarks/README.md", ":!benchmarks/results")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit} with uncommitted changes" if changed else commit
+
+
 def machine_description(packages: Iterable[str] = ("rlspeed", "torch", "gymnasium", "numpy",
                                                       "stable-baselines3")) -> dict:
-    """What a reader needs to judge the numbers: CPU, cores, OS, Python, library versions, torch threads."""
+    """What a reader needs to judge the numbers: CPU, cores, OS, Python, library versions, torch threads, and the
+    commit measured."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
         "cpu": cpu_model(),
@@ -91,6 +112,7 @@ def machine_description(packages: Iterable[str] = ("rlspeed", "torch", "gymnasiu
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "commit": git_commit(),
     }
 
 
@@ -105,6 +127,8 @@ def machine_block(machine: dict) -> str:
         "CUDA:     " + ((machine.get("cuda_device") or "available") if machine["cuda_available"] else "not available"),
         f"Run:      {machine['command']} on {machine['date_utc']}",
     ]
+    if machine.get("commit"):  # (results written before the commit was recorded have none)
+        lines.append(f"Commit:   {machine['commit']}")
     return "```\n" + "\n".join(lines) + "\n```"
 
 
