@@ -41,7 +41,8 @@ How to run (from the repository root, with `pip install -e .[bench]`):
 
 ```
 python benchmarks/ppo_cartpole.py            # full run (a few minutes per seed on one core)
-python benchmarks/ppo_cartpole.py --quick    # smoke run: tiny settings, numbers mean nothing
+python benchmarks/ppo_cartpole.py --quick --no-write  # smoke run: tiny settings, numbers mean nothing, printed
+                                             # only (without --no-write it replaces the published section)
 python benchmarks/ppo_cartpole.py --help     # --seeds, --steps, --budget, --threads, --skip-sb3, ...
 ```
 """
