@@ -106,8 +106,19 @@ def run(name: str, seed: int) -> dict:
 
 
 def write_results() -> None:
-    """results/a2c_preset_sweep.json: every finished run of every candidate, with per-candidate counts."""
-    runs = [record for name in CANDIDATES for seed in range(100) if (record := finished(name, seed))]
+    """results/a2c_preset_sweep.json: every finished run of every candidate, with per-candidate counts. The runs
+    already in the file stay unless a run here replaces them (runs/ is not committed: a checkout has only some runs,
+    or none) or their candidate's command has changed since."""
+    path = common.RESULTS_DIR / "a2c_preset_sweep.json"
+    stored = json.loads(path.read_text())["runs"] if path.exists() else []
+    found = {(name, seed): record for name in CANDIDATES for seed in range(100)
+             if (record := finished(name, seed))}
+    for record in stored:
+        key = (record["candidate"], record["seed"])
+        if key not in found and key[0] in CANDIDATES and record["command"] == (
+                "rlspeed " + " ".join(command_for(*key)[0][1:])):
+            found[key] = record
+    runs = [found[key] for key in sorted(found, key=lambda key: (list(CANDIDATES).index(key[0]), key[1]))]
     counts = {name: f"{sum(r['reached'] for r in runs if r['candidate'] == name)}/"
                     f"{sum(r['candidate'] == name for r in runs)}" for name in CANDIDATES
               if any(r["candidate"] == name for r in runs)}
