@@ -40,13 +40,14 @@ def worker(side: str, steps: int, warmup: int, threads: int, seed: int, device: 
     common.set_threads(threads)
     marks: list[tuple[float, int]] = []
     total = LEARNING_STARTS + warmup + steps
+    window = (LEARNING_STARTS + warmup, total)  # marked whatever --warmup and --steps are (not only every 100 steps)
     if side == "sb3":
         from stable_baselines3 import SAC
         from stable_baselines3.common.callbacks import BaseCallback
 
         class Marks(BaseCallback):
             def _on_step(self) -> bool:
-                if self.num_timesteps % 100 == 0:
+                if self.num_timesteps % 100 == 0 or self.num_timesteps in window:
                     marks.append((time.perf_counter(), self.num_timesteps))
                 return True
 
@@ -60,7 +61,7 @@ def worker(side: str, steps: int, warmup: int, threads: int, seed: int, device: 
 
         def mark(local_vars) -> bool:
             step = local_vars["self"].num_timesteps
-            if step % 100 == 0:
+            if step % 100 == 0 or step in window:
                 marks.append((time.perf_counter(), step))
             return True
 
