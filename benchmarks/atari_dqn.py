@@ -75,7 +75,8 @@ def rlspeed_learn(args) -> dict:
     uptime_before = common.uptime()
     usage_before = child_usage()
     started = time.perf_counter()
-    completed = subprocess.run(command)
+    # (this interpreter's rlspeed, as `rlspeed` on PATH may be another environment's or missing)
+    completed = subprocess.run([sys.executable, "-m", "rlspeed", *command[1:]])
     wall_s = time.perf_counter() - started
     usage = child_usage()
     if completed.returncode != 0:
