@@ -172,6 +172,7 @@ def sb3_learn(args) -> dict:
               "process_wall_s": time.perf_counter() - started, "process_cpu_s": time.process_time() - cpu_started,
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "threads": args.threads,
               "settings": {**settings, "optimize_memory_usage": False, "adam_eps": args.adam_eps},
+              "learning_starts": settings["learning_starts"],  # (where publish reads it, as from rlspeed's runs)
               "uptime_before": uptime_before, "uptime_after": common.uptime(),
               "final_eval": {"mean": float(statistics.fmean(returns)), "std": float(statistics.pstdev(returns)),
                              "episodes": len(returns), "seed": args.seed + EVAL_SEED_OFFSET,
