@@ -204,8 +204,9 @@ def main() -> None:
              f"RL-Zoo's settings for both (see the script's docstring), seed(s) {', '.join(map(str, seeds))} per "
              "algorithm, each run a "
              "fresh process, the sides alternating; training seconds exclude evaluations; a run stops at the first "
-             f"deterministic 10-episode evaluation with mean >= {TARGET_RETURN:g} ({every}); the budget is RL-Zoo's "
-             f"n_timesteps ({budgets}). The process CPU time counts training and evaluations and leaves out waiting "
+             f"deterministic 10-episode evaluation with mean >= {TARGET_RETURN:g} ({every}); the budget is "
+             + ("--budget's, not RL-Zoo's" if BUDGET_OVERRIDE else "RL-Zoo's n_timesteps")
+             + f" ({budgets}). The process CPU time counts training and evaluations and leaves out waiting "
              "for a core.", "", table(runs)]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "rl_zoo3"))
     machine["torch_threads"] = args.threads
