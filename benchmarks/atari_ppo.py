@@ -194,10 +194,11 @@ def rlspeed_eval_fire_once(args) -> dict:
     from rlspeed.envs.atari import FireToStart, fire_action
 
     class FireAtGameStart(FireToStart):
-        def step(self, actions):
-            actions = torch.where(self._waiting, torch.full_like(actions, self.fire), actions)
+        def step(self, actions):  # FireToStart's, without its press after a lost life
+            actions = torch.where(self._pending > 0, torch.full_like(actions, self.fire), actions)
             obs, reward, terminated, truncated, info = self.env.step(actions)
-            self._waiting = terminated | truncated
+            self._pending = torch.where(terminated | truncated, self.steps,
+                                        (self._pending - 1).clamp(min=0)).to(torch.int32)
             return obs, reward, terminated, truncated, info
 
     common.set_threads(args.threads)
