@@ -264,37 +264,6 @@ def test_exporting_a_model_of_another_env_leaves_ale_py_unimported(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "False set() True"
 
 
-@pytest.fixture
-def caller_float64():
-    """The caller made float64 torch's default dtype (scientific code does) during the test."""
-    torch.set_default_dtype(torch.float64)
-    yield torch.float64
-    torch.set_default_dtype(torch.float32)
-
-
-def test_a_callers_float64_default_dtype_trains_the_same_float32_model(caller_float64, tmp_path):
-    """Under a caller's `torch.set_default_dtype(torch.float64)` a model is built, trains, predicts, exports and
-    trains in a population as under the float32 default (the same seed gives the same weights), and the caller's
-    default dtype holds again afterwards."""
-    import numpy as np
-
-    def trained() -> list[torch.Tensor]:
-        model = _model()
-        model.learn(64, progress_bar=False)
-        return [p.detach().clone() for p in model.policy.parameters()]
-
-    weights = trained()
-    assert torch.get_default_dtype() == caller_float64
-    model = PPO.load(_model().save(tmp_path / "model"), device="cpu")
-    model.predict(np.zeros((1, 4), dtype=np.float32))
-    model.export(tmp_path / "policy.pt")
-    Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", env_backend="torch", **SMALL).learn(
-        64, progress_bar=False)
-    assert torch.get_default_dtype() == caller_float64
-    torch.set_default_dtype(torch.float32)
-    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(weights, trained()))
-
-
 def test_the_command_run_from_python_leaves_the_start_method_unset(tmp_path):
     """`rlspeed.cli.main([...])` without a progress bar prints its lines without tqdm, whose lock would fix the
     process's multiprocessing start method (the caller's later `set_start_method` raising)."""

@@ -47,7 +47,7 @@ from torch import nn
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
-from rlspeed.device import float32_default, major_minor
+from rlspeed.device import major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
 from rlspeed.errors import UserError
@@ -594,7 +594,6 @@ def export_format(path: str | Path, format: str | None) -> str:
     return format
 
 
-@float32_default()  # (the graph's inputs and constants float32, whatever the caller's default dtype)
 def export(model, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
     """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program";
     None: the one the path's suffix names, `export_format`), with a sidecar `path + ".json"`; returns the path.

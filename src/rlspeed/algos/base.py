@@ -39,7 +39,6 @@ from rlspeed.checkpoint import (
 )
 from rlspeed.device import (
     check_num_threads,
-    float32_default,
     flush_denormal_enabled,
     resolve_device,
     rules,
@@ -1326,9 +1325,8 @@ class Algorithm:
         # thread count, and the same seed must give the same model on any machine
         threads_before = set_training_threads(self.num_threads)
         try:
-            with float32_default():  # (float32 networks also where the caller made float64 torch's default)
-                self._setup()
-                self._check_own_encoders()
+            self._setup()
+            self._check_own_encoders()
         finally:
             torch.set_num_threads(threads_before)
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
@@ -1882,7 +1880,6 @@ class Algorithm:
         return torch.as_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
                                device=self.device)
 
-    @float32_default()  # (float32 tensors while it trains, also under a caller's float64 default dtype)
     def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,

@@ -23,7 +23,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
-from rlspeed.device import float32_default, set_training_threads
+from rlspeed.device import set_training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
@@ -1209,7 +1209,6 @@ class PopulationBase:
         callers that must know before (the CLI, before it makes a run directory). Populations without a replay
         buffer have nothing to check."""
 
-    @float32_default()  # (float32 tensors while it trains, also under a caller's float64 default dtype)
     def learn(self, total_timesteps: int, target_return: float | None = None, eval_freq: int | None = None,
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
@@ -1334,7 +1333,6 @@ class PopulationBase:
                 "sps": (loop.member_steps - steps) / max(loop.train_wall_s - wall, 1e-9), "members": len(self.alive),
                 **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}}
 
-    @float32_default()
     def finish_resumed(self, target_return: float | None = None, eval_episodes: int = 10, stop: str = "each") -> dict:
         """The summary `learn` ends with (a final evaluation of every member that did not diverge, each member's
         entry, the aggregates), without training: for a population `resume`d from a checkpoint that holds its whole

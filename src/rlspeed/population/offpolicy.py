@@ -68,7 +68,7 @@ from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks, no_update_reason
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
-from rlspeed.device import float32_default, rules
+from rlspeed.device import rules
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
@@ -579,7 +579,6 @@ class OffPolicyPopulation(PopulationBase):
     #: else they take the networks' inputs, which the loop computes (`_inputs`)
     encodes_inside = False
 
-    @float32_default()  # (float32 batched networks, also under a caller's float64 default dtype)
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):

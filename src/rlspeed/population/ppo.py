@@ -51,7 +51,6 @@ import torch
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
-from rlspeed.device import float32_default
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
@@ -102,7 +101,6 @@ class PPOPopulation(PopulationBase):
     supports_action_masks = True  # (sb3-contrib's MaskablePPO, as the solo PPO: categorical actions)
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
-    @float32_default()  # (float32 batched networks, also under a caller's float64 default dtype)
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
         solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
