@@ -2193,21 +2193,26 @@ gym.register("CrashingEnv-v0", entry_point="crashing_env:CrashingEnv", max_episo
 """
 
 
+def train_crashing(tmp_path, crash_at: int, *more: str) -> subprocess.CompletedProcess:
+    """`rlspeed train ppo` (512 steps, checkpoints every 128) in `tmp_path/run` on CRASHING_ENV, whose process raises
+    at its `crash_at`-th env step."""
+    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
+                           "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
+                           "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512", "--checkpoint-freq",
+                           "128", "--target-return", "none", "--no-progress", "--out", "run", *more], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": path, "CRASH_AT": str(crash_at)})
+
+
 @pytest.mark.parametrize("seeds", [(), ("--seeds", "0-1")], ids=["single", "population"])
 def test_a_run_an_error_ends_says_so_in_its_summary_and_resumes(tmp_path, seeds):
     """A run an env's error ended (exit 1) left no summary.json: a script collecting runs could not tell it from one
     still running. Now its summary.json holds `"error"` (and a finished run's `"error": null`), and --resume goes on
     from its checkpoint. A population's env error was a 20-line traceback; now it is the single run's one line."""
-    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-
     def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
-                               "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
-                               "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
-                               "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run",
-                               *seeds, *more], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": path, "CRASH_AT": str(crash_at)})
+        return train_crashing(tmp_path, crash_at, *seeds, *more)
 
     done = train(300)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
@@ -2228,16 +2233,8 @@ def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_
     """An env's error in the final evaluation, after training and its model were saved, left no summary.json (a
     script collecting runs took it for one still running); now its summary holds `"error"`, and --resume evaluates
     it again."""
-    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-
     def train(crash_at: int, *more: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
-                               "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
-                               "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
-                               "--checkpoint-freq", "128", "--target-return", "none", "--no-progress", "--out", "run",
-                               *more], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "PYTHONPATH": path, "CRASH_AT": str(crash_at)})
+        return train_crashing(tmp_path, crash_at, *more)
 
     done = train(700)  # (the process's env steps: 512 in training, then the final evaluation's)
     assert done.returncode == 1 and "sensor cable unplugged" in done.stderr, done.stderr

@@ -173,20 +173,9 @@ def test_a_signal_after_training_finishes_the_wandb_run_with_its_exit_code_and_t
 def test_a_run_an_error_ends_finishes_its_wandb_run_as_the_command_ends(tmp_path, offline):
     """An env's error mid-run: the W&B run ended with exit code 1 and none of summary.json's fields, where
     summary.json holds the error; it now has them. (A UserError's run ends with the command's exit code 2.)"""
-    import os
-    import subprocess
-    import sys
+    from test_cli import train_crashing
 
-    from test_cli import CRASHING_ENV
-
-    (tmp_path / "crashing_env.py").write_text(CRASHING_ENV)
-    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "crashing_env:CrashingEnv-v0",
-                           "--env-backend", "gymnasium", "--num-envs", "2", "--preset", "none", "--set",
-                           "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512", "--checkpoint-freq",
-                           "128", "--target-return", "none", "--no-progress", "--out", "run", "--track"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": path, "CRASH_AT": "300"})
+    done = train_crashing(tmp_path, 300, "--track")
     assert done.returncode == 1, done.stderr
     run, _ = read_offline_run(offline)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
