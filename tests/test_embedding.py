@@ -279,3 +279,58 @@ def test_the_command_run_from_python_leaves_the_start_method_unset(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "0 None"
+
+
+@pytest.fixture
+def caller_float64():
+    """The caller made float64 torch's default dtype (scientific code does) during the test."""
+    torch.set_default_dtype(torch.float64)
+    yield torch.float64
+    torch.set_default_dtype(torch.float32)
+
+
+def test_a_callers_float64_default_dtype_trains_the_same_float32_model(caller_float64, tmp_path):
+    """Under a caller's `torch.set_default_dtype(torch.float64)` a model is built, trains, predicts, exports and
+    trains in a population as under the float32 default (the same seed gives the same weights), and the caller's
+    default dtype holds again afterwards."""
+    import numpy as np
+
+    from rlspeed import SAC, RecurrentPPO
+
+    def trained() -> list[torch.Tensor]:
+        model = _model()
+        model.learn(64, progress_bar=False)
+        return [p.detach().clone() for p in model.policy.parameters()]
+
+    weights = trained()
+    assert torch.get_default_dtype() == caller_float64
+    model = PPO.load(_model().save(tmp_path / "model"), device="cpu")
+    model.predict(np.zeros((1, 4), dtype=np.float32))
+    model.export(tmp_path / "policy.pt")
+    RecurrentPPO("CartPole-v1", seed=0, device="cpu", **SMALL).learn(64, progress_bar=False)  # (its LSTM state)
+    Population(PPO, "CartPole-v1", seeds=[0, 1], device="cpu", env_backend="torch", **SMALL).learn(
+        64, progress_bar=False)
+    Population(SAC, "Pendulum-v1", seeds=[0, 1], device="cpu", env_backend="torch", learning_starts=16,
+               batch_size=16).learn(32, progress_bar=False)
+    assert torch.get_default_dtype() == caller_float64
+    torch.set_default_dtype(torch.float32)
+    assert all(a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(weights, trained()))
+
+
+def test_learn_gives_the_callers_default_dtype_back_when_it_raises(caller_float64):
+    """learn sets float32 for its own work only: a callback's error, or a reset that fails before training, leaves
+    the caller's default dtype as it was."""
+    from rlspeed.callbacks import BaseCallback
+
+    class Fails(BaseCallback):
+        def _on_step(self) -> bool:
+            raise RuntimeError("the callback's own error")
+
+    with pytest.raises(RuntimeError, match="the callback's own error"):
+        _model().learn(64, callback=Fails(), progress_bar=False)
+    assert torch.get_default_dtype() == caller_float64
+    model = _model()
+    model.make_training_env = lambda: (_ for _ in ()).throw(RuntimeError("no env today"))
+    with pytest.raises(RuntimeError, match="no env today"):
+        model.learn(64, progress_bar=False)
+    assert torch.get_default_dtype() == caller_float64

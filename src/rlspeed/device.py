@@ -7,11 +7,13 @@ branching on the device type itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import numbers
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -253,6 +255,22 @@ def set_training_threads(num_threads: int | None = None) -> int:
     if count != previous:
         torch.set_num_threads(count)
     return previous
+
+
+@contextlib.contextmanager
+def float32_default() -> Iterator[None]:
+    """torch's default dtype float32 for the block, the caller's again after it (also on error): rlspeed's networks
+    and the tensors it makes without a dtype are float32, also in a program that set `torch.set_default_dtype(
+    torch.float64)` (whose float64 weights met float32 observations in the first forward pass)."""
+    before = torch.get_default_dtype()
+    if before == torch.float32:
+        yield
+        return
+    torch.set_default_dtype(torch.float32)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def default_num_threads() -> int:

@@ -47,7 +47,7 @@ from torch import nn
 
 from rlspeed._version import __version__
 from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_model, run_model
-from rlspeed.device import major_minor
+from rlspeed.device import float32_default, major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
 from rlspeed.errors import UserError
@@ -615,20 +615,21 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise _unwritable(path, error) from None
-    module = export_module(model, action_mask)
-    sidecar = describe(model, module, format, path)
-    text = json.dumps(sidecar, indent=2)
-    example = module.example_inputs()
-    with torch.no_grad():
-        if format == "torchscript":
-            traced = torch.jit.trace(module, example)
-            _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
-        else:
-            program = torch.export.export(module, example, dynamic_shapes=module.dynamic_shapes(), strict=False)
-            if format == "exported_program":
-                _replace_atomically(lambda f: _save_program(program, text, f), path)
+    with float32_default():  # (the graph's inputs and constants float32, whatever the caller's default dtype)
+        module = export_module(model, action_mask)
+        sidecar = describe(model, module, format, path)
+        text = json.dumps(sidecar, indent=2)
+        example = module.example_inputs()
+        with torch.no_grad():
+            if format == "torchscript":
+                traced = torch.jit.trace(module, example)
+                _replace_atomically(lambda f: _save_torchscript(traced, text, f), path)
             else:
-                _replace_atomically(lambda f: _save_onnx(program, module, sidecar, f), path)
+                program = torch.export.export(module, example, dynamic_shapes=module.dynamic_shapes(), strict=False)
+                if format == "exported_program":
+                    _replace_atomically(lambda f: _save_program(program, text, f), path)
+                else:
+                    _replace_atomically(lambda f: _save_onnx(program, module, sidecar, f), path)
     sidecar_path = path.with_name(path.name + ".json")
     try:
         # (readable: non-ASCII as it is, UTF-8; the archives' copy stays ASCII)

@@ -39,6 +39,7 @@ from rlspeed.checkpoint import (
 )
 from rlspeed.device import (
     check_num_threads,
+    float32_default,
     flush_denormal_enabled,
     resolve_device,
     rules,
@@ -1325,8 +1326,9 @@ class Algorithm:
         # thread count, and the same seed must give the same model on any machine
         threads_before = set_training_threads(self.num_threads)
         try:
-            self._setup()
-            self._check_own_encoders()
+            with float32_default():  # (float32 networks also where the caller made float64 torch's default)
+                self._setup()
+                self._check_own_encoders()
         finally:
             torch.set_num_threads(threads_before)
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
@@ -1920,6 +1922,7 @@ class Algorithm:
         # (the caller's, given back wherever an interrupt lands, a notebook's stop button included: one inside a
         # `torch.no_grad()` block would leave grad mode off for the process)
         threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()
+        dtype_before = torch.get_default_dtype()
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
             total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
@@ -1963,98 +1966,107 @@ class Algorithm:
             self._run_dir = Path(run_dir).resolve()
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)
         result = self.result = LearnResult(target_return=target_return)
-        env = self.make_training_env()
-        # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
-        columns = (("eval_mean",) if target_return is not None or eval_freq is not None else ()) + (
-            ("eval_confirm_mean",) if target_return is not None and confirm_target else ())
-        logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None,
-                            columns=columns) if run_dir is not None and main else None)
-        self._total_timesteps = self.num_timesteps + int(total_timesteps)
-        resume = self._resume
-        self._follow_frozen_parameters(learn_start=True)
+        # float32 tensors while it trains, also where the caller made float64 torch's default dtype (set here, in
+        # learn's own frame: a wrapper's frame would be where learn's warnings point), the caller's given back on
+        # every way out
+        torch.set_default_dtype(torch.float32)
         try:
-            self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
-        except BaseException as error:  # (an env whose reset raises, an interrupt)
-            if isinstance(error, KeyboardInterrupt):
-                self._learn_interrupted = True
-            torch.set_grad_enabled(grad_before)
-            if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
-                _close_logger(logger, raising=True)
+            env = self.make_training_env()
+            # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
+            columns = (("eval_mean",) if target_return is not None or eval_freq is not None else ()) + (
+                ("eval_confirm_mean",) if target_return is not None and confirm_target else ())
+            logger = (RunLogger(run_dir, continue_from=self.num_timesteps if self.num_timesteps else None,
+                                columns=columns) if run_dir is not None and main else None)
+            self._total_timesteps = self.num_timesteps + int(total_timesteps)
+            resume = self._resume
+            self._follow_frozen_parameters(learn_start=True)
+            try:
+                self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
+            except BaseException as error:  # (an env whose reset raises, an interrupt)
+                if isinstance(error, KeyboardInterrupt):
+                    self._learn_interrupted = True
+                torch.set_grad_enabled(grad_before)
+                if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
+                    _close_logger(logger, raising=True)
+                raise
+            self._follow_learning_rate()
+            # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
+            # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
+            self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
+            resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
+            if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
+                self._learn_start = resumed_schedule[0]
+                self._schedule_end = max(resumed_schedule[1], self._total_timesteps)
+            self._schedule_open = True
+            saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
+            # evaluations every eval_freq steps: for a target, or because eval_freq was asked for (a resumed run keeps
+            # its own choice)
+            evaluating = target_return is not None or eval_freq is not None or bool(saved_loop.get("evaluating"))
+            if eval_freq is None:
+                eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
+            per_iteration = self.steps_per_iteration  # (learn trains whole iterations: the bar counts what they add to)
+            # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's (whose steps
+            # so far the bar starts from: it counts the whole run, as metrics.csv does)
+            run_start = int(saved_loop.get("run_start", self.num_timesteps))
+            so_far = self.num_timesteps - run_start if resume is not None else 0
+            bar = ProgressBar(so_far + -(-int(total_timesteps) // per_iteration) * per_iteration,
+                              enabled=progress_bar and main, desc=f"{self.name} {self.env_id}", initial=so_far)
+            global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
+            pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
+            iterations = 0
+            clock_offset = float(saved_loop.get("train_wall_s", 0.0)) if resume is not None else 0.0
+            # metrics.csv's clock column goes on over further learn() calls of one model, as its step count does (their
+            # training time before this call's run_start; the clock of summary.json and time_to_target_s is the run's)
+            earlier = (saved_loop if resume is not None else self._loop) if self.num_timesteps else {}
+            clock_before = float(earlier.get("clock_before", 0.0)) + (
+                float(earlier.get("train_wall_s", 0.0)) if resume is None else 0.0)
+            start_steps = self.num_timesteps
+            # the resumed run's next evaluation and checkpoint, where they follow the same frequencies
+            next_eval = self.num_timesteps + eval_freq
+            if saved_loop.get("next_eval") and saved_loop.get("eval_freq") == eval_freq:
+                next_eval = int(saved_loop["next_eval"])
+            next_checkpoint = None
+            if checkpoint_freq:
+                next_checkpoint = self.num_timesteps + checkpoint_freq
+                if saved_loop.get("next_checkpoint") and saved_loop.get("checkpoint_freq") == checkpoint_freq:
+                    next_checkpoint = int(saved_loop["next_checkpoint"])
+            self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
+                          "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
+                          "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None,
+                          "clock_before": clock_before}
+            guarded = self._guarded_tensors() if self._numerics.enabled else {}
+            if self._numerics.enabled:
+                self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
+            last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
+            last_check_time = last_log_time
+            # a metrics row every `log_interval_s` seconds; by default every second and, with a run_dir, at least
+            # ROWS_PER_LEARN rows over a call of that many iterations or more (a short run's curve in metrics.csv)
+            row_iterations = (max(1, -(-int(total_timesteps) // self.steps_per_iteration) // ROWS_PER_LEARN)
+                              if log_interval_s is None and run_dir is not None else math.inf)
+            log_interval_s = 1.0 if log_interval_s is None else log_interval_s
+            last_checkpoint_time, checkpoint_cost = last_log_time, 0.0  # (`checkpoint_interval_s`)
+            timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
+            train_clock = 0.0
+            clock_start = time.perf_counter()
+            stop = False
+            # after a stop that no row followed (a callback's, a signal's): one more pass through the logging, without
+            # training, so that the steps since the last row are in metrics.csv
+            closing = False
+            # (that pass's row, or the last row as values the last iteration's callbacks recorded joined it: callbacks
+            # get it at training end, a tracker's as metrics.csv has it)
+            closing_row = None
+            callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
+            checkpointed = None  # (the step count of this call's last checkpoint)
+            callbacks_started = False  # (an error from then on reaches them: `on_training_error`)
+
+            def record_loop() -> None:  # (where the run stands, for the checkpoint a save writes and for the result)
+                self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
+                                  train_wall_s=clock_offset + train_clock, **result.reached())
+
+            flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
+        except BaseException:
+            torch.set_default_dtype(dtype_before)
             raise
-        self._follow_learning_rate()
-        # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
-        # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
-        self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
-        resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
-        if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
-            self._learn_start, self._schedule_end = resumed_schedule[0], max(resumed_schedule[1], self._total_timesteps)
-        self._schedule_open = True
-        saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
-        # evaluations every eval_freq steps: for a target, or because eval_freq was asked for (a resumed run keeps
-        # its own choice)
-        evaluating = target_return is not None or eval_freq is not None or bool(saved_loop.get("evaluating"))
-        if eval_freq is None:
-            eval_freq = saved_loop.get("eval_freq") or max(2048, int(total_timesteps) // 40)
-        per_iteration = self.steps_per_iteration  # (learn trains whole iterations: the bar counts what they add to)
-        # the run's start, for steps_to_target and time_to_target_s: this call's, or the resumed run's (whose steps
-        # so far the bar starts from: it counts the whole run, as metrics.csv does)
-        run_start = int(saved_loop.get("run_start", self.num_timesteps))
-        so_far = self.num_timesteps - run_start if resume is not None else 0
-        bar = ProgressBar(so_far + -(-int(total_timesteps) // per_iteration) * per_iteration,
-                          enabled=progress_bar and main, desc=f"{self.name} {self.env_id}", initial=so_far)
-        global_steps: dict[int, int] = {}  # env steps of one iteration summed over ranks, per local count
-        pending: dict[str, list[torch.Tensor]] = {}  # each metric's device values since the last log, summed then
-        iterations = 0
-        clock_offset = float(saved_loop.get("train_wall_s", 0.0)) if resume is not None else 0.0
-        # metrics.csv's clock column goes on over further learn() calls of one model, as its step count does (their
-        # training time before this call's run_start; the clock of summary.json and time_to_target_s is the run's)
-        earlier = (saved_loop if resume is not None else self._loop) if self.num_timesteps else {}
-        clock_before = float(earlier.get("clock_before", 0.0)) + (
-            float(earlier.get("train_wall_s", 0.0)) if resume is None else 0.0)
-        start_steps = self.num_timesteps
-        # the resumed run's next evaluation and checkpoint, where they follow the same frequencies
-        next_eval = self.num_timesteps + eval_freq
-        if saved_loop.get("next_eval") and saved_loop.get("eval_freq") == eval_freq:
-            next_eval = int(saved_loop["next_eval"])
-        next_checkpoint = None
-        if checkpoint_freq:
-            next_checkpoint = self.num_timesteps + checkpoint_freq
-            if saved_loop.get("next_checkpoint") and saved_loop.get("checkpoint_freq") == checkpoint_freq:
-                next_checkpoint = int(saved_loop["next_checkpoint"])
-        self._loop = {"run_start": run_start, "eval_freq": eval_freq, "next_eval": next_eval,
-                      "checkpoint_freq": checkpoint_freq, "next_checkpoint": next_checkpoint,
-                      "train_wall_s": clock_offset, "evaluating": evaluating and target_return is None,
-                      "clock_before": clock_before}
-        guarded = self._guarded_tensors() if self._numerics.enabled else {}
-        if self._numerics.enabled:
-            self._numerics.snapshot(guarded, self.num_timesteps)  # the first "last good" state
-        last_log_time, last_log_steps = time.perf_counter(), self.num_timesteps
-        last_check_time = last_log_time
-        # a metrics row every `log_interval_s` seconds; by default every second and, with a run_dir, at least
-        # ROWS_PER_LEARN rows over a call of that many iterations or more (a short run's curve in metrics.csv)
-        row_iterations = (max(1, -(-int(total_timesteps) // self.steps_per_iteration) // ROWS_PER_LEARN)
-                          if log_interval_s is None and run_dir is not None else math.inf)
-        log_interval_s = 1.0 if log_interval_s is None else log_interval_s
-        last_checkpoint_time, checkpoint_cost = last_log_time, 0.0  # (`checkpoint_interval_s`)
-        timed_checkpoints = checkpoint_interval_s is not None and run_dir is not None and not self.strategy.enabled
-        train_clock = 0.0
-        clock_start = time.perf_counter()
-        stop = False
-        # after a stop that no row followed (a callback's, a signal's): one more pass through the logging, without
-        # training, so that the steps since the last row are in metrics.csv
-        closing = False
-        # (that pass's row, or the last row as values the last iteration's callbacks recorded joined it: callbacks get
-        # it at training end, a tracker's as metrics.csv has it)
-        closing_row = None
-        callback_stop = False  # a callback's on_evaluation asked to stop (acted on at the end of the iteration)
-        checkpointed = None  # (the step count of this call's last checkpoint)
-        callbacks_started = False  # (an error from then on reaches them: `on_training_error`)
-
-        def record_loop() -> None:  # (where the run stands, for the checkpoint a save writes and for the result)
-            self._loop.update(next_eval=next_eval, next_checkpoint=next_checkpoint,
-                              train_wall_s=clock_offset + train_clock, **result.reached())
-
-        flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         raising = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
             set_training_threads(self.num_threads)  # (the model's, evaluations included)
@@ -2228,6 +2240,7 @@ class Algorithm:
             set_flush_denormal(flushed_before)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
+            torch.set_default_dtype(dtype_before)
             if self.num_timesteps > last_log_steps:  # (a call an exception ended: its bar shows where it stopped,
                 bar.update(self.num_timesteps - last_log_steps)  # not the last metrics row, up to a second before)
             bar.close()

@@ -23,7 +23,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
-from rlspeed.device import set_training_threads
+from rlspeed.device import float32_default, set_training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
@@ -1265,46 +1265,47 @@ class PopulationBase:
         eval_freq = 10_000 if eval_freq is None else eval_freq
         if checkpoint_freq is not None and run_dir is None:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
-        logger = self._metrics_logger(run_dir, evaluating)
-        saved = self.progress if self._resumed else None
-        self._resumed, self.progress = False, None
-        self._drop_interrupted_env()
-        self._begin(int(total_timesteps))
-        end = self.num_timesteps + int(total_timesteps)
-        loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
-                _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
-        self._metrics_since = (loop.member_steps, loop.train_wall_s)  # (a resumed loop's counts go on from there)
-        bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
-                          desc=f"{self.algo_name} {self.env_id} x{self.size}")
-        threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()  # (given back, as a model's)
-        try:
-            set_training_threads(self.num_threads)  # (as a solo model's learn)
-            self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
-                             on_eval, run_dir, stop_requested, bar, logger)
-        except KeyboardInterrupt:
-            self._learn_interrupted = True
-            # (what the members reached so far, in the finished summary's form, without its final evaluation)
-            self.summary = self._summary(loop, target_return, eval_episodes, stop, final=False)
-            raise
-        finally:
-            torch.set_num_threads(threads_before)
-            torch.set_grad_enabled(grad_before)
-            bar.close()
-            if logger is not None:
-                if not logger.rows or logger.rows[-1]["timesteps"] != self.num_timesteps:
-                    logger.log(self._metrics_row(loop))  # (where training ended or stopped, between evaluations)
-                logger.close()
-        self.progress = None
-        # (a stop asked for as the last iteration ended: the training is done, its final evaluation skipped)
-        skip_final = stop_requested is not None and stop_requested()
-        self._evaluation_stop = stop_requested  # (one that comes during the final evaluation skips it too)
-        try:
-            self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
-        except EvaluationStopped:
-            self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=False)
-        finally:
-            self._evaluation_stop = None
-        return self.summary
+        with float32_default():  # (float32 tensors while it trains, also under a caller's float64 default dtype)
+            logger = self._metrics_logger(run_dir, evaluating)
+            saved = self.progress if self._resumed else None
+            self._resumed, self.progress = False, None
+            self._drop_interrupted_env()
+            self._begin(int(total_timesteps))
+            end = self.num_timesteps + int(total_timesteps)
+            loop = (_LoopProgress.start(self.size, self.num_timesteps, eval_freq, checkpoint_freq) if saved is None else
+                    _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, eval_freq, checkpoint_freq))
+            self._metrics_since = (loop.member_steps, loop.train_wall_s)  # (a resumed loop's counts go on from there)
+            bar = ProgressBar(end - self.num_timesteps, enabled=progress_bar,
+                              desc=f"{self.algo_name} {self.env_id} x{self.size}")
+            threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()  # (given back, as a model's)
+            try:
+                set_training_threads(self.num_threads)  # (as a solo model's learn)
+                self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
+                                 on_eval, run_dir, stop_requested, bar, logger)
+            except KeyboardInterrupt:
+                self._learn_interrupted = True
+                # (what the members reached so far, in the finished summary's form, without its final evaluation)
+                self.summary = self._summary(loop, target_return, eval_episodes, stop, final=False)
+                raise
+            finally:
+                torch.set_num_threads(threads_before)
+                torch.set_grad_enabled(grad_before)
+                bar.close()
+                if logger is not None:
+                    if not logger.rows or logger.rows[-1]["timesteps"] != self.num_timesteps:
+                        logger.log(self._metrics_row(loop))  # (where training ended or stopped, between evaluations)
+                    logger.close()
+            self.progress = None
+            # (a stop asked for as the last iteration ended: the training is done, its final evaluation skipped)
+            skip_final = stop_requested is not None and stop_requested()
+            self._evaluation_stop = stop_requested  # (one that comes during the final evaluation skips it too)
+            try:
+                self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
+            except EvaluationStopped:
+                self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=False)
+            finally:
+                self._evaluation_stop = None
+            return self.summary
 
     def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:
         """`learn`'s metrics.csv (and TensorBoard events) in `run_dir`: a row per evaluation, each member's mean in a
@@ -1352,7 +1353,8 @@ class PopulationBase:
         threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()
         try:
             set_training_threads(self.num_threads)
-            self.summary = self._summary(loop, target_return, eval_episodes, stop)
+            with float32_default():
+                self.summary = self._summary(loop, target_return, eval_episodes, stop)
         finally:
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
@@ -1455,7 +1457,7 @@ class PopulationBase:
                      "steps_to_target": loop.steps_to_target[k],
                      # (the seed: `rlspeed eval MEMBER --seed S` repeats the evaluation)
                      "final_eval": ({"mean": finals_by_member[k], "std": stds.get(k), "episodes": eval_episodes,
-                                     "seed": final_seeds[k],
+                                     "seed": final_seeds[k], "deterministic": True,
                                      **({"success_rate": rates[k]} if rates.get(k) is not None else {})}
                                     if k in finals_by_member else None),
                      "curve": loop.curves[k], "confirmations": loop.confirmations[k]}

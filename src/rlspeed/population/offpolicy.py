@@ -68,7 +68,7 @@ from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks, no_update_reason
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
-from rlspeed.device import rules
+from rlspeed.device import float32_default, rules
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
@@ -582,41 +582,42 @@ class OffPolicyPopulation(PopulationBase):
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):
-        solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
-        encoder = getattr(solos[0].policy, "encoder", None)
-        if has_parameters(encoder) and not self.member_encoders:
-            raise UserError(f"{algo_cls.__name__} populations cover encoders without parameters so far (float, "
-                            f"one-hot Discrete, MultiBinary or integer vectors, and Dict or Tuple observations of "
-                            f"those); {env_id} needs a {encoder.kind} (DQN, PPO and A2C members have their own).")
-        #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
-        self._encoder = None if has_parameters(encoder) else encoder
-        #: each member's own encoder where it has parameters (DQN's CNN: `_build` makes it), else None
-        self._member_encoder: MemberEncoder | None = None
-        self.spec = solos[0].spec
-        self.discrete = self.spec.discrete
-        self.action_dim = self.spec.action_dim
-        #: a stored observation's length (Dict observations: the packed row's, `PackedObservations`)
-        self.obs_dim = packed_width(self._packed) if self._packed is not None else self.spec.obs_dim
-        self._action_tail = () if self.discrete else (self.action_dim,)  # an action's shape as the env takes it
-        if not self.discrete:
-            self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
-            self._action_low, self._action_high = solos[0]._action_low, solos[0]._action_high
-        self._index_dtype = rules(self.device).index_dtype
-        self.activation = ACTIVATIONS[self.config.activation]()
-        self.hyper = config_tensors(solos, ("learning_rate", "gamma", "tau"), self.device)
-        #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd", and why
-        self.update_path, self.update_reason = "autograd", "populations have a hand-derived update for SAC only"
-        self._build(solos)
-        del solos
-        #: original indices of the members still in the computation; every stacked tensor follows this order
-        self.alive = list(range(self.size))
-        self.num_timesteps = 0  # env steps per member
-        self._env = None
-        self.buffer: MemberReplay | None = None
-        #: members that left: their rows (`_member_rows`) as they left, for evaluation and `member_state`
-        self._left: dict[int, dict[str, list[torch.Tensor]]] = {}
-        #: checkpoints also write the replay buffer, beside them (`<name>.replay.safetensors`), for exact resume
-        self.save_replay_buffer = bool(save_replay_buffer)
+        with float32_default():  # (float32 batched networks, also under a caller's float64 default dtype)
+            solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
+            encoder = getattr(solos[0].policy, "encoder", None)
+            if has_parameters(encoder) and not self.member_encoders:
+                raise UserError(f"{algo_cls.__name__} populations cover encoders without parameters so far (float, "
+                                f"one-hot Discrete, MultiBinary or integer vectors, and Dict or Tuple observations of "
+                                f"those); {env_id} needs a {encoder.kind} (DQN, PPO and A2C members have their own).")
+            #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
+            self._encoder = None if has_parameters(encoder) else encoder
+            #: each member's own encoder where it has parameters (DQN's CNN: `_build` makes it), else None
+            self._member_encoder: MemberEncoder | None = None
+            self.spec = solos[0].spec
+            self.discrete = self.spec.discrete
+            self.action_dim = self.spec.action_dim
+            #: a stored observation's length (Dict observations: the packed row's, `PackedObservations`)
+            self.obs_dim = packed_width(self._packed) if self._packed is not None else self.spec.obs_dim
+            self._action_tail = () if self.discrete else (self.action_dim,)  # an action's shape as the env takes it
+            if not self.discrete:
+                self._action_center, self._action_half_range = solos[0]._action_center, solos[0]._action_half_range
+                self._action_low, self._action_high = solos[0]._action_low, solos[0]._action_high
+            self._index_dtype = rules(self.device).index_dtype
+            self.activation = ACTIVATIONS[self.config.activation]()
+            self.hyper = config_tensors(solos, ("learning_rate", "gamma", "tau"), self.device)
+            #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd", and why
+            self.update_path, self.update_reason = "autograd", "populations have a hand-derived update for SAC only"
+            self._build(solos)
+            del solos
+            #: original indices of the members still in the computation; every stacked tensor follows this order
+            self.alive = list(range(self.size))
+            self.num_timesteps = 0  # env steps per member
+            self._env = None
+            self.buffer: MemberReplay | None = None
+            #: members that left: their rows (`_member_rows`) as they left, for evaluation and `member_state`
+            self._left: dict[int, dict[str, list[torch.Tensor]]] = {}
+            #: checkpoints also write the replay buffer, beside them (`<name>.replay.safetensors`), for exact resume
+            self.save_replay_buffer = bool(save_replay_buffer)
 
     # --- what an algorithm provides --------------------------------------------------------------------------
     def _build(self, solos: list) -> None:

@@ -51,6 +51,7 @@ import torch
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
+from rlspeed.device import float32_default
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
@@ -103,81 +104,84 @@ class PPOPopulation(PopulationBase):
 
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
-        solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
-        cfg, size = self.config, self.size
-        policy = solos[0].policy
-        self.kind = policy.kind
-        self._action_low = self._action_high = None  # (bounds only for the Gaussian's clipping)
-        if self.kind == "gaussian":  # the Box's bounds, made once (a host-to-device copy each step otherwise)
-            box = solos[0].spec.action_space
-            self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
-            self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
-        encoder = policy.encoder
-        if self.kind not in ("categorical", "gaussian"):
-            raise UserError(f"Populations cover policies with Discrete or Box actions so far; {env_id} needs a "
-                            f"{policy.kind} policy.")
-        if encoder is not None and cfg.normalize_obs:
-            raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
-                            f"{encoder.kind}: drop normalize_obs.")
-        #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
-        self._encoder = None if has_parameters(encoder) else encoder
-        #: each member's own encoder where it has parameters (a CNN): `MemberEncoder`, its stacked parameters in
-        #: `params` after the MLP's weights and biases
-        self._member_encoder = MemberEncoder([s.policy.encoder for s in solos]) if has_parameters(encoder) else None
-        self.activation = policy.body.activation
-        self.spec = solos[0].spec
-        self.action_dim = policy.action_dim
-        # stacked parameters: weights [K, 2, in, out] and biases [K, 2, 1, out] (member's actor, critic), log_std [K, A]
-        self.weights = [stack_leaf([s.policy.body.weights[i] for s in solos]) for i in range(len(policy.body.weights))]
-        self.biases = [stack_leaf([s.policy.body.biases[i] for s in solos]) for i in range(len(policy.body.biases))]
-        self.encoder_params = ([] if self._member_encoder is None
-                               else self._member_encoder.stack([s.policy.encoder for s in solos]))
-        self.params = [*self.weights, *self.biases, *self.encoder_params]
-        if self.kind == "gaussian":
-            self.log_std = stack_leaf([s.policy.log_std for s in solos])
-            self.params.append(self.log_std)
-        # Adam's moments (RMSprop's mean square: `_exp_avg_sq`) of every parameter as one flat [K, P] buffer per
-        # moment: the optimiser is a handful of kernels
-        self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
-        self._exp_avg_sq = torch.zeros_like(self._exp_avg)
-        self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
-        #: whether Adam steps through torch's fused kernel (`_fused_steps`) where `rlspeed.nn.make_adam` takes it: PPO's
-        #: flat formula makes more passes than `_FlatMemberAdam`'s, and the fused step is the faster at every preset
-        #: size benchmarks/member_adam.py measures
-        self._fused_adam = self.device.type in ("cpu", "cuda")
-        # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
-        # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
-        # tests/test_population.py checks the two agree
-        # (a run that finds action masks when its env starts switches to autograd then: `_start_masking`)
-        unsupported = "fused_update=False" if not self.config.fused_update else unsupported_reason(policy)
-        #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd", and why
-        self.update_path = "autograd" if unsupported else "hand-derived"
-        self.update_reason = unsupported or "default (the network is one rlspeed.fused covers)"
-        self._tanh = isinstance(self.activation, torch.nn.Tanh)
-        # the activation as a function where it is one (a module call costs as much as the kernel on a few rows)
-        self._activate = {torch.nn.Tanh: torch.tanh, torch.nn.ReLU: torch.relu}.get(type(self.activation),
-                                                                                  self.activation)
-        self._workspace = Workspace()
+        with float32_default():  # (float32 batched networks, also under a caller's float64 default dtype)
+            solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
+            cfg, size = self.config, self.size
+            policy = solos[0].policy
+            self.kind = policy.kind
+            self._action_low = self._action_high = None  # (bounds only for the Gaussian's clipping)
+            if self.kind == "gaussian":  # the Box's bounds, made once (a host-to-device copy each step otherwise)
+                box = solos[0].spec.action_space
+                self._action_low = torch.as_tensor(box.low, device=self.device, dtype=torch.float32).flatten()
+                self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
+            encoder = policy.encoder
+            if self.kind not in ("categorical", "gaussian"):
+                raise UserError(f"Populations cover policies with Discrete or Box actions so far; {env_id} needs a "
+                                f"{policy.kind} policy.")
+            if encoder is not None and cfg.normalize_obs:
+                raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
+                                f"{encoder.kind}: drop normalize_obs.")
+            #: the members' observation encoder where it has no parameters (one-hot, flatten), else None
+            self._encoder = None if has_parameters(encoder) else encoder
+            #: each member's own encoder where it has parameters (a CNN): `MemberEncoder`, its stacked parameters in
+            #: `params` after the MLP's weights and biases
+            self._member_encoder = MemberEncoder([s.policy.encoder for s in solos]) if has_parameters(encoder) else None
+            self.activation = policy.body.activation
+            self.spec = solos[0].spec
+            self.action_dim = policy.action_dim
+            # stacked parameters: weights [K, 2, in, out] and biases [K, 2, 1, out] (member's actor, critic),
+            # log_std [K, A]
+            layers = range(len(policy.body.weights))
+            self.weights = [stack_leaf([s.policy.body.weights[i] for s in solos]) for i in layers]
+            self.biases = [stack_leaf([s.policy.body.biases[i] for s in solos]) for i in layers]
+            self.encoder_params = ([] if self._member_encoder is None
+                                   else self._member_encoder.stack([s.policy.encoder for s in solos]))
+            self.params = [*self.weights, *self.biases, *self.encoder_params]
+            if self.kind == "gaussian":
+                self.log_std = stack_leaf([s.policy.log_std for s in solos])
+                self.params.append(self.log_std)
+            # Adam's moments (RMSprop's mean square: `_exp_avg_sq`) of every parameter as one flat [K, P] buffer per
+            # moment: the optimiser is a handful of kernels
+            self._exp_avg = torch.zeros(size, sum(p[0].numel() for p in self.params), device=self.device)
+            self._exp_avg_sq = torch.zeros_like(self._exp_avg)
+            self._adam_steps = 0  # the same for every member in the computation: each is updated at every step
+            #: whether Adam steps through torch's fused kernel (`_fused_steps`) where `rlspeed.nn.make_adam` takes
+            #: it: PPO's flat formula makes more passes than `_FlatMemberAdam`'s, and the fused step is the faster at
+            #: every preset size benchmarks/member_adam.py measures
+            self._fused_adam = self.device.type in ("cpu", "cuda")
+            # the update: PPO's loss differentiated by hand (`_hand_gradients`) where `rlspeed.fused` covers the
+            # network and `fused_update` is on (as the solo algorithms choose), else autograd of `_loss`;
+            # tests/test_population.py checks the two agree
+            # (a run that finds action masks when its env starts switches to autograd then: `_start_masking`)
+            unsupported = "fused_update=False" if not self.config.fused_update else unsupported_reason(policy)
+            #: which update trains the members (summary.json's `update`): "hand-derived" or "autograd", and why
+            self.update_path = "autograd" if unsupported else "hand-derived"
+            self.update_reason = unsupported or "default (the network is one rlspeed.fused covers)"
+            self._tanh = isinstance(self.activation, torch.nn.Tanh)
+            # the activation as a function where it is one (a module call costs as much as the kernel on a few rows)
+            self._activate = {torch.nn.Tanh: torch.tanh, torch.nn.ReLU: torch.relu}.get(type(self.activation),
+                                                                                      self.activation)
+            self._workspace = Workspace()
 
-        self.hyper = config_tensors(solos, self.per_member, self.device)
-        self._adopt_solos(solos)
-        self._param_sizes = [p[0].numel() for p in self.params]
-        #: original indices of the members still in the computation, one per row of every stacked tensor
-        self.alive: list[int] = list(range(size))
-        # every member's parameters as they were when it left (rows of members still training are stale)
-        self._final_params = [p.detach().clone() for p in self.params]
-        # observation / reward normalisation statistics of the members in the computation (`MemberNormalize`), and
-        # every member's as it left (rows of members still training are stale): None without normalisation
-        self._normalization = self._final_normalization = None
-        if cfg.normalize_obs or cfg.normalize_reward:
-            self._normalization = MemberStatistics.fresh(size, tuple(self.spec.observation_shape), cfg.normalize_obs,
-                                                         cfg.normalize_reward, self.device)
-            self._final_normalization = self._normalization.rows(torch.arange(size, device=self.device))
-        self.num_timesteps = 0  # env steps per member
-        self._env = None
-        self._storage_key = None  # (the rollout storage is made at the first iteration)
-        self._masks: torch.Tensor | None = None  # the rollout's action masks, where the run applies them
-        del solos
+            self.hyper = config_tensors(solos, self.per_member, self.device)
+            self._adopt_solos(solos)
+            self._param_sizes = [p[0].numel() for p in self.params]
+            #: original indices of the members still in the computation, one per row of every stacked tensor
+            self.alive: list[int] = list(range(size))
+            # every member's parameters as they were when it left (rows of members still training are stale)
+            self._final_params = [p.detach().clone() for p in self.params]
+            # observation / reward normalisation statistics of the members in the computation (`MemberNormalize`), and
+            # every member's as it left (rows of members still training are stale): None without normalisation
+            self._normalization = self._final_normalization = None
+            if cfg.normalize_obs or cfg.normalize_reward:
+                self._normalization = MemberStatistics.fresh(size, tuple(self.spec.observation_shape),
+                                                             cfg.normalize_obs, cfg.normalize_reward, self.device)
+                self._final_normalization = self._normalization.rows(torch.arange(size, device=self.device))
+            self.num_timesteps = 0  # env steps per member
+            self._env = None
+            self._storage_key = None  # (the rollout storage is made at the first iteration)
+            self._masks: torch.Tensor | None = None  # the rollout's action masks, where the run applies them
+            del solos
 
     # --- the batched network ------------------------------------------------------------------------------------
     def forward(self, obs: torch.Tensor, params: Sequence[torch.Tensor] | None = None
