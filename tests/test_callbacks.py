@@ -715,29 +715,48 @@ def test_wrapped_callbacks_hear_of_an_error_that_ends_training():
     assert Heard.errors == ["a bug in the user's callback"] * 2
 
 
+class HeardEndings(BaseCallback):
+    """Records how training ended for it: "end", or the type name of the error `on_training_error` got."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def _on_training_error(self, error):
+        self.events.append(type(error).__name__)
+
+    def _on_training_end(self):
+        self.events.append("end")
+
+
 def test_callbacks_hear_of_a_training_whose_every_update_was_rolled_back():
     """learn raises DivergedError at its end where every update was non-finite and rolled back; callbacks heard
     neither on_training_end nor on_training_error then, so a WandbCallback's own W&B run stayed open for the next
     learn to join."""
     from rlspeed.numerics import DivergedError
 
-    class Heard(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.events = []
-
-        def _on_training_error(self, error):
-            self.events.append(type(error).__name__)
-
-        def _on_training_end(self):
-            self.events.append("end")
-
-    heard = Heard()
+    heard = HeardEndings()
     model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=128,
                 learning_rate=1e30, max_grad_norm=1e30)
     with pytest.warns(RuntimeWarning, match="non-finite"), pytest.raises(DivergedError, match="Every update"):
         model.learn(512, callback=heard, progress_bar=False)
     assert heard.events == ["DivergedError"]
+
+
+def test_callbacks_hear_of_an_error_writing_the_last_logs_at_a_normal_end(tmp_path, monkeypatch):
+    """Training done, learn raised where its logs' last write failed (a full disk as metrics.csv's plot was written):
+    callbacks heard neither on_training_end nor on_training_error, so a WandbCallback's run stayed open."""
+    from rlspeed.logging import RunLogger
+
+    def plot(self):
+        raise OSError(28, "No space left on device", str(self.run_dir / "learning_curve.png"))
+
+    monkeypatch.setattr(RunLogger, "plot", plot)
+    heard = HeardEndings()
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=2, num_steps=16)
+    with pytest.raises(UserError, match="learning_curve.png"):
+        model.learn(64, callback=heard, progress_bar=False, run_dir=tmp_path / "run")
+    assert heard.events == ["UserError"]
 
 
 def test_every_callback_hears_of_the_error_after_one_that_failed_to():

@@ -2250,7 +2250,12 @@ class Algorithm:
                 if pending:
                     logger.amend_last(pending)
                     closing_row = dict(logger.rows[-1])
-                _close_logger(logger, raising)
+                try:
+                    _close_logger(logger, raising)
+                except BaseException as error:  # (training done, its last rows unwritten: an error all the same)
+                    if callbacks_started and not raising:
+                        _tell_training_error(callbacks, error)
+                    raise
         # (this call returned: a further one, or a resume from a save now, starts anew; unless a signal's stop request
         # cut it short, whose run the CLI saves to go on with --resume, as after an interrupt)
         self._schedule_open = result.stop_requested
