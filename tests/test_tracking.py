@@ -102,6 +102,25 @@ def test_train_track_writes_an_offline_run_with_config_metrics_video_and_summary
         assert list((run_path / "files" / "media" / "videos").rglob("*.mp4"))
 
 
+def test_wandb_failing_to_finish_its_run_is_a_warning_not_the_commands_failure(tmp_path, offline, monkeypatch):
+    """W&B raising as its run finishes (its service gone, a network error at upload) made a trained, saved run exit
+    1 with a traceback (and, as a signal's handler finished it, lost the interrupted run's message): the command
+    ends as its training did, with one warning."""
+    import wandb
+
+    def broken(self, *args, **kwargs):
+        raise ConnectionError("wandb service went away")
+
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "finish", broken)
+    run_dir = tmp_path / "run"
+    with pytest.warns(RuntimeWarning, match=r"could not finish its run \(ConnectionError: wandb service went away"):
+        code = cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "4", "--set",
+                         "num_steps=16", "--set", "batch_size=64", "--total-timesteps", "128", "--no-progress", "--out",
+                         str(run_dir), "--track"])
+    assert code == 0
+    assert json.loads((run_dir / "summary.json").read_text())["final_eval"] is not None
+
+
 def test_wandb_callback_on_its_own_starts_and_finishes_a_run(tmp_path, offline):
     from rlspeed.tracking import WandbCallback
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from rlspeed.callbacks import BaseCallback
-from rlspeed.errors import UserError, first_line
+from rlspeed.errors import UserError, first_line, warn_at_caller
 
 INSTALL = 'pip install "rlspeed[track]"'
 
@@ -120,11 +120,16 @@ class WandbTracker:
         do nothing)."""
         if self.run is None:
             return
-        if summary:
-            self.run.log({}, commit=True)  # (the last row first: flushed at finish, it would overwrite the summary)
-            self.run.summary.update({key: value for key, value in _flat(summary).items() if value is not None})
-        self.run.finish(exit_code=exit_code)
-        self.run = None
+        run, self.run = self.run, None
+        try:
+            if summary:
+                run.log({}, commit=True)  # (the last row first: flushed at finish, it would overwrite the summary)
+                run.summary.update({key: value for key, value in _flat(summary).items() if value is not None})
+            run.finish(exit_code=exit_code)
+        except Exception as error:  # noqa: BLE001 (the run's own files are written: W&B's failure is a warning)
+            warn_at_caller(f"Weights & Biases could not finish its run ({type(error).__name__}: "
+                           f"{first_line(error)}); rlspeed's own records of it (metrics.csv, summary.json) do not "
+                           "depend on W&B.", RuntimeWarning)
 
 
 class WandbCallback(BaseCallback):
