@@ -155,7 +155,9 @@ def test_train_writes_the_run_directory(runs):
     assert summary["target_return"] is None
     assert summary["time_to_target_s"] is None and summary["steps_to_target"] is None
     final_eval = summary["final_eval"]
-    assert set(final_eval) == {"mean", "std", "episodes", "seed"} and final_eval["episodes"] == 10
+    # (the policy's mode named, as `rlspeed eval --json` names it)
+    assert set(final_eval) == {"mean", "std", "episodes", "seed", "deterministic"} and final_eval["episodes"] == 10
+    assert final_eval["deterministic"] is True
     assert_type(final_eval["mean"], NUMBER)
     assert_type(final_eval["std"], NUMBER)
     assert 0 < final_eval["mean"] <= 500

@@ -699,6 +699,7 @@ def test_an_eval_freq_without_a_target_evaluates_the_members():
     summary = population.learn(256, eval_freq=128, eval_episodes=2, progress_bar=False)
     assert all(len(member["curve"]) == 2 for member in summary["members"])
     assert all(member["final_eval"]["seed"] == member["seed"] + 200_000 + 256 for member in summary["members"])
+    assert all(member["final_eval"]["deterministic"] is True for member in summary["members"])  # (the mode named)
 
 
 def test_each_members_confirming_evaluations_are_in_its_entry():

@@ -1905,7 +1905,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         raise
     result = model.result
     summary = _summary(run, {"mean": final["mean"], "std": final["std"], "episodes": final["episodes"],
-                             "seed": eval_seed, **{key: final[key] for key in ("success_rate",) if key in final}})
+                             "seed": eval_seed, "deterministic": True,
+                             **{key: final[key] for key in ("success_rate",) if key in final}})
     try:
         _write_summary(run_dir, summary)
     except UserError as error:  # (a full disk: the trained model is saved, and its evaluation is not lost with it)
