@@ -124,12 +124,43 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
     with pytest.raises(UserError, match="episodes must be a whole number >= 1, got 0"):
         model.evaluate(episodes=0)
     assert model.evaluate(episodes=2.0, seed=0)["episodes"] == 2  # (a whole number written as a float, as the CLI)
-    for keyword, words in (("reset_num_timesteps", "always continues the model's step count"),
-                           ("log_interval", "log_interval_s"), ("progres_bar", "did you mean progress_bar")):
+    for keyword, value, words in (("reset_num_timesteps", True, "always continues the model's step count"),
+                                  ("log_interval", 10, "log_interval_s"),
+                                  ("progres_bar", False, "did you mean progress_bar")):
         with pytest.raises(UserError, match=words):
-            model.learn(64, **{keyword: False})
+            model.learn(64, **{keyword: value})
     with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
         model.learn(1.5)
+
+
+def test_reset_num_timesteps_false_runs_the_schedules_over_the_whole_step_count_as_sb3():
+    """SB3's way to continue a model (`learn(N, reset_num_timesteps=False)`, its docs' example) was refused: it is
+    taken, and the schedules then span the model's whole step count from 0, as SB3's `progress_remaining` does
+    (PPO's annealed learning rate starts the second call of N steps halfway, DQN's exploration goes on where it
+    was); without it each call's schedules start again."""
+    import rlspeed
+
+    ppo = rlspeed.PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32,
+                      batch_size=128, n_epochs=1, learning_rate=1e-3)
+    ppo.learn(256, progress_bar=False)
+    progress = []
+    ppo.learn(256, progress_bar=False, reset_num_timesteps=False,
+              callback=lambda local: progress.append(ppo._progress_remaining()))
+    # (SB3: 1 - num_timesteps / (256 + 256) after each iteration of 128 steps)
+    assert progress == pytest.approx([1 - 384 / 512, 1 - 512 / 512])
+    again = []
+    ppo.learn(256, progress_bar=False, callback=lambda local: again.append(ppo._progress_remaining()))
+    assert again == pytest.approx([0.5, 0.0])  # (rlspeed's own default: over the call's steps)
+    dqn = rlspeed.DQN("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, learning_starts=64,
+                      exploration_fraction=0.5, exploration_initial_eps=1.0, exploration_final_eps=0.0)
+    dqn.learn(256, progress_bar=False)
+    rates = []
+    dqn.learn(256, progress_bar=False, reset_num_timesteps=False,
+              callback=lambda local: rates.append(dqn.epsilon(dqn.num_timesteps)))
+    assert rates[0] == pytest.approx(0.0)  # (past half of 512 steps: SB3's epsilon has reached its end)
+    again = []
+    dqn.learn(256, progress_bar=False, callback=lambda local: again.append(dqn.epsilon(dqn.num_timesteps)))
+    assert again[0] > 0.5  # (rlspeed's own default: explores again from the start of the call)
 
 
 def test_stable_baselines3_hyperparameter_spellings_are_taken_or_explained():

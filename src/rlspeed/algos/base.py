@@ -964,9 +964,9 @@ def _algorithm_classes() -> dict[str, type]:
 #: Stable-Baselines3's `learn` keywords rlspeed's `learn` has no counterpart of, and what to write instead
 SB3_LEARN_KEYWORDS = {
     "reset_num_timesteps": "a further learn call here always continues the model's step count (a new model starts "
-                           "from 0), while its schedules (DQN's exploration, anneal_lr, anneal_clip) run again over "
-                           "that call's steps: for one schedule over several calls, give the whole budget to one "
-                           "learn call and stop it from a callback",
+                           "from 0), so a model's learn takes only reset_num_timesteps=False (SB3's way to continue: "
+                           "the schedules of DQN's exploration, anneal_lr and anneal_clip then span the model's whole "
+                           "step count, as SB3's do, where by default they run again over each call's steps)",
     "log_interval": "learn(log_interval_s=...) sets how often (in seconds) metrics are read and logged",
     "tb_log_name": "learn(run_dir=DIR) writes metrics.csv in DIR, and TensorBoard logs where the tensorboard package "
                    "is installed",
@@ -1901,7 +1901,9 @@ class Algorithm:
         `eval_freq` given evaluates as often (an evaluation curve; nothing stops). Results land in `self.result`,
         also when learn raises (KeyboardInterrupt included): it then holds the steps and training time so far. A
         further learn() call goes on from where the last one stopped: its step count, the envs' episodes in progress
-        (after a call cut short inside a rollout, from a reset) and, off-policy, the replay buffer.
+        (after a call cut short inside a rollout, from a reset) and, off-policy, the replay buffer; its schedules
+        (`anneal_lr`, `anneal_clip`, DQN's exploration) run again over its own steps, or, with Stable-Baselines3's
+        `reset_num_timesteps=False`, over the model's whole step count from 0 as SB3's do.
 
         Metrics (steps/s, episode returns, losses) are read once per `log_interval_s` seconds; by default every
         second and, with `run_dir`, also at least 50 times over a call of 50 iterations or more. With `run_dir` each
@@ -1923,6 +1925,11 @@ class Algorithm:
         # `torch.no_grad()` block would leave grad mode off for the process)
         threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()
         dtype_before = torch.get_default_dtype()
+        # SB3's way to continue a model's run (the step count goes on here anyway): its schedules then span the
+        # model's whole step count, from 0, as SB3's progress_remaining does
+        whole_count_schedules = stable_baselines3.get("reset_num_timesteps", True) is False
+        if whole_count_schedules:
+            del stable_baselines3["reset_num_timesteps"]
         refuse_learn_keywords(stable_baselines3, self.config_cls, f"{type(self).__name__}(env", Algorithm.learn)
         total_timesteps, eval_freq, eval_episodes, checkpoint_freq = checked_learn_values(
             total_timesteps, target_return, eval_freq, eval_episodes, checkpoint_freq)
@@ -1991,12 +1998,15 @@ class Algorithm:
                 raise
             self._follow_learning_rate()
             # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
-            # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from.
+            # `_schedule_end`: over this call, or, right after `resume`, over the run the checkpoint was saved from,
+            # or, with reset_num_timesteps=False, over the model's whole step count.
             self._learn_start, self._schedule_end = self.num_timesteps, self._total_timesteps
             resumed_schedule, self._resumed_schedule = getattr(self, "_resumed_schedule", None), None
             if resumed_schedule is not None:  # (a bigger budget than the interrupted run's stretches it to the new end)
                 self._learn_start = resumed_schedule[0]
                 self._schedule_end = max(resumed_schedule[1], self._total_timesteps)
+            if whole_count_schedules:
+                self._learn_start, self._schedule_end = 0, self._total_timesteps
             self._schedule_open = True
             saved_loop = resume["meta"].get("loop", {}) if resume is not None else {}
             # evaluations every eval_freq steps: for a target, or because eval_freq was asked for (a resumed run keeps
