@@ -898,6 +898,64 @@ def test_a_vector_env_that_does_not_say_how_it_autoresets_is_refused():
         rlspeed.PPO(MyVector(), device="cpu")
 
 
+class _HandWrittenSameStep(gym.vector.VectorEnv):
+    """A vector env of one's own with SAME_STEP autoreset: 2 envs, obs [episode, t], every episode truncated after
+    3 steps. `final` says what its step info gives for finished rows: "with mask" (Gymnasium's `final_obs` and
+    `_final_obs`), "no mask" (`final_obs` only) or "none"."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, final: str):
+        self.num_envs, self.final = 2, final
+        self.single_observation_space = gym.spaces.Box(-1e3, 1e3, (2,), np.float32)
+        self.single_action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, 2)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, 2)
+        self.state = np.zeros((2, 2), np.float32)
+
+    def reset(self, seed=None, options=None):
+        self.state[:] = 0.0
+        return self.state.copy(), {}
+
+    def step(self, actions):
+        self.state[:, 1] += 1
+        final_obs, truncated = self.state.copy(), self.state[:, 1] >= 3
+        self.state[truncated] = [[self.state[0, 0] + 1, 0.0]]
+        info = {} if self.final == "none" else {"final_obs": final_obs}
+        if self.final == "with mask":
+            info["_final_obs"] = truncated
+        return self.state.copy(), np.ones(2, np.float32), np.zeros(2, bool), truncated, info
+
+
+@pytest.mark.parametrize("final", ["with mask", "no mask"])
+def test_a_hand_written_same_step_vector_env_bootstraps_from_its_final_obs(final):
+    """A truncated episode's final_obs is the env's own last observation (what a truncated row bootstraps from),
+    whether the vector env marks the finished rows in info['_final_obs'] (Gymnasium's) or gives only
+    info['final_obs'], as the refusal of a vector env without autoreset_mode tells one to: not the next episode's
+    first observation (a wrong bootstrap state, with nothing said)."""
+    env = rlspeed.make_env(_HandWrittenSameStep(final), device="cpu")
+    env.reset(seed=0)
+    actions = torch.zeros(2, dtype=torch.int64)
+    env.step(actions)
+    env.step(actions)
+    obs, _, _, truncated, info = env.step(actions)
+    assert truncated.all()
+    assert info["final_obs"].tolist() == [[0.0, 3.0], [0.0, 3.0]]  # episode 0's third step
+    assert obs.tolist() == [[1.0, 0.0], [1.0, 0.0]]  # episode 1's first observation
+
+
+def test_a_same_step_vector_env_that_ends_an_episode_without_final_obs_is_refused():
+    """A SAME_STEP vector env that ends an episode without info['final_obs'] is one sentence naming it: its
+    returned observation is the next episode's first, which a truncated episode would otherwise bootstrap from."""
+    env = rlspeed.make_env(_HandWrittenSameStep("none"), device="cpu")
+    env.reset(seed=0)
+    actions = torch.zeros(2, dtype=torch.int64)
+    env.step(actions)
+    env.step(actions)
+    with pytest.raises(rlspeed.UserError, match=r"ended an episode without info\['final_obs'\]"):
+        env.step(actions)
+
+
 class _Counter(BatchedEnv):
     """A batched env of a user's own: obs [t, 1, 1, 1], episodes of 5 steps; `breaks` names a contract break."""
 

@@ -1166,10 +1166,18 @@ class GymnasiumEnv(BatchedEnv):
             if isinstance(error, Exception):
                 self._subprocess_failure("step", error)
             raise
+        reward, terminated, truncated = (np.asarray(reward, dtype=np.float32), np.asarray(terminated, dtype=bool),
+                                         np.asarray(truncated, dtype=bool))
+        for field, value in (("rewards", reward), ("terminated", terminated), ("truncated", truncated)):
+            if value.shape != (self.num_envs,):  # (an env's reward of shape (1,) batches to [N, 1], not [N])
+                self._subprocess_failure("step")  # (subprocess envs: one env's answer named, as with one process)
+                raise UserError(f"'{self.spec.env_id}' (its vector env) returned {field} of shape {value.shape} for "
+                                f"{self.num_envs} envs: each env's step returns one number (a reward) and one bool "
+                                "(terminated, truncated), not an array.")
         source = f"{self.spec.env_id}'s info['action_mask']"
         # a copy, as in `host_tensor`: the vector env may reuse its buffer
         obs_np = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
-        finished = np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool)) if "_final_obs" in info else ()
+        finished = self._finished_rows(info, terminated | truncated)
         obs_t, final_t = obs_and_final(obs_np, finished, self.device, lambda row: info["final_obs"][row],
                                        None if self._float_vector else self._host)
         out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
@@ -1188,16 +1196,24 @@ class GymnasiumEnv(BatchedEnv):
         reported = np.asarray(final_info.get("_is_success", ()), dtype=bool)
         add_success(self, out_info, {int(row): final_info["is_success"][row] for row in finished
                                      if "is_success" in final_info and (not reported.size or reported[row])})
-        reward, terminated, truncated = (np.asarray(reward, dtype=np.float32), np.asarray(terminated, dtype=bool),
-                                         np.asarray(truncated, dtype=bool))
-        for field, value in (("rewards", reward), ("terminated", terminated), ("truncated", truncated)):
-            if value.shape != (self.num_envs,):  # (an env's reward of shape (1,) batches to [N, 1], not [N])
-                self._subprocess_failure("step")  # (subprocess envs: one env's answer named, as with one process)
-                raise UserError(f"'{self.spec.env_id}' (its vector env) returned {field} of shape {value.shape} for "
-                                f"{self.num_envs} envs: each env's step returns one number (a reward) and one bool "
-                                "(terminated, truncated), not an array.")
         return (obs_t, host_to(reward, self.device), host_to(terminated, self.device), host_to(truncated, self.device),
                 out_info)
+
+    def _finished_rows(self, info: dict, done: np.ndarray) -> np.ndarray:
+        """The rows whose episode ended in this step (host int64 indices), whose true last observation is
+        `info["final_obs"][row]`. Gymnasium's vector envs mark them in `info["_final_obs"]`; a vector env of one's own
+        that gives `final_obs` without that mask has them where `terminated | truncated`. A finished row without
+        `final_obs` is refused: its returned observation is the next episode's first, and a truncated episode
+        bootstrapped from it would learn from the wrong state."""
+        if "_final_obs" in info:
+            return np.flatnonzero(np.asarray(info["_final_obs"], dtype=bool))
+        if not done.any():
+            return _NO_ROWS
+        if "final_obs" not in info:
+            raise UserError(f"'{self.spec.env_id}' (its vector env) ended an episode without info['final_obs']: a "
+                            "vector env with SAME_STEP autoreset gives each finished env's last observation there "
+                            "(and info['_final_obs'], a bool mask of those envs), as Gymnasium's do.")
+        return np.flatnonzero(done)
 
     def _subprocess_failure(self, call: str, error: Exception | None = None) -> None:
         """After subprocess envs (Gymnasium's AsyncVectorEnv) failed in a `call` ("step" or "reset"; `error`: what
