@@ -403,6 +403,21 @@ def test_make_env_rejects_a_vector_env_without_same_step_autoreset():
         vector_env.close()
 
 
+@pytest.mark.parametrize("wrap", ["NormalizeObservation", "FlattenObservation"])
+def test_a_next_step_vector_env_under_a_vector_observation_wrapper_is_told_to_wrap_each_env(wrap):
+    """Gymnasium's vector observation wrappers refuse SAME_STEP autoreset, so the refusal of their NEXT_STEP vector
+    env says to give the wrapper to each env (and, for NormalizeObservation, normalize_obs=True): remaking the vector
+    env with SAME_STEP alone, under the same wrapper, ends in Gymnasium's own error."""
+    vector_env = getattr(gym.wrappers.vector, wrap)(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"))
+    try:
+        each_env = rf"\({wrap}\) refuse: .*wrappers=\[gymnasium\.wrappers\.{wrap}\]\)"
+        with pytest.raises(rlspeed.UserError, match=each_env) as refused:
+            rlspeed.PPO(vector_env, device="cpu")
+        assert ("normalize_obs=True" in str(refused.value)) == (wrap == "NormalizeObservation")
+    finally:
+        vector_env.close()
+
+
 def test_auto_backend_takes_gymnasium_for_few_envs_on_a_cpu_and_native_otherwise():
     from rlspeed.envs import CPU_NATIVE_MIN_ENVS, resolve_backend
 

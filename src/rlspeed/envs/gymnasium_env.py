@@ -175,10 +175,32 @@ def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> Non
                         "'autoreset_mode'): reset them within step() and give their last observation as "
                         "info['final_obs'], and set metadata['autoreset_mode'] = "
                         "gymnasium.vector.AutoresetMode.SAME_STEP.")
+    if mode != gym.vector.AutoresetMode.SAME_STEP and _observation_wrappers(vector_env):
+        # (the fix below alone would end in Gymnasium's own refusal of SAME_STEP by the wrapper)
+        names = _observation_wrappers(vector_env)
+        instead = (", or pass normalize_obs=True to the model in place of NormalizeObservation"
+                   if "NormalizeObservation" in names else "")
+        raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP (this one uses {mode}), which "
+                        f"Gymnasium's vector observation wrappers ({', '.join(names)}) refuse: make it with "
+                        "vector_kwargs={'autoreset_mode': gymnasium.vector.AutoresetMode.SAME_STEP} and give the "
+                        f"wrapper to each env instead, gymnasium.make_vec(id, n, vectorization_mode='sync', "
+                        f"vector_kwargs=..., wrappers=[gymnasium.wrappers.{names[0]}]){instead}.")
     if mode != gym.vector.AutoresetMode.SAME_STEP:
         raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP (this one uses {mode}): "
                         "gymnasium.make_vec(id, n, vectorization_mode='sync', vector_kwargs={'autoreset_mode': "
                         "gymnasium.vector.AutoresetMode.SAME_STEP}) (or 'async').")
+
+
+def _observation_wrappers(vector_env) -> list[str]:
+    """The class names of the Gymnasium vector observation wrappers (`gymnasium.wrappers.vector.NormalizeObservation`,
+    `FlattenObservation`, ...: subclasses of `VectorObservationWrapper`, which take no SAME_STEP autoreset) around a
+    vector env, outermost first."""
+    names, env = [], vector_env
+    while isinstance(env, gym.vector.VectorWrapper):
+        if isinstance(env, gym.vector.VectorObservationWrapper):
+            names.append(type(env).__name__)
+        env = env.env
+    return names
 
 
 def add_success(adapter, out_info: dict, successes: dict) -> None:
