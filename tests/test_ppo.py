@@ -411,3 +411,17 @@ def test_a_time_limit_is_stored_as_a_truncation_not_a_termination():
     model.learn(32, progress_bar=False)
     buffer = model.buffer
     assert buffer.dones.any() and not buffer.terminated.any()
+
+
+def test_a_batch_size_that_does_not_divide_the_rollout_names_the_sizes_that_do():
+    """The default batch_size (256) with a vector env of 3 envs (a rollout of 384 steps) is refused with the batch
+    sizes nearest it that divide the rollout, and the smaller one builds."""
+    same_step = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+    vector_env = gym.make_vec("CartPole-v1", num_envs=3, vectorization_mode="sync", vector_kwargs=same_step)
+    try:
+        with pytest.raises(rlspeed.UserError, match=r"\(384\): the nearest sizes that do are 192 and 384 "
+                                                    r"\(batch_size=192, on the command line --set batch_size=192\)\.$"):
+            PPO(vector_env, device="cpu")
+        assert PPO(vector_env, device="cpu", batch_size=192).config.batch_size == 192
+    finally:
+        vector_env.close()

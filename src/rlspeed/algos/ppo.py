@@ -16,6 +16,7 @@ from rlspeed.algos.on_policy import OnPolicyAlgorithm, OnPolicyConfig
 from rlspeed.algos.update import select_update
 from rlspeed.buffers import RolloutBuffer
 from rlspeed.envs.base import map_obs
+from rlspeed.errors import UserError
 from rlspeed.fused.ppo import FusedPPOUpdate, unsupported_reason
 
 
@@ -49,8 +50,13 @@ class PPOConfig(OnPolicyConfig):
         require(self.clip_range_vf is None or self.clip_range_vf > 0, "clip_range_vf must be > 0 or null.")
         require(self.target_kl is None or self.target_kl > 0, "target_kl must be > 0 or null.")
         rollout = self.num_envs * self.num_steps
-        require(rollout % self.batch_size == 0 or self.batch_size >= rollout,
-                f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}).")
+        if rollout % self.batch_size and self.batch_size < rollout:
+            # (the default 256 with a vector env of 3, 5 or 7 envs: the sentence names the sizes that fit)
+            below = next(size for size in range(self.batch_size - 1, 0, -1) if rollout % size == 0)
+            above = next(size for size in range(self.batch_size + 1, rollout + 1) if rollout % size == 0)
+            raise UserError(f"batch_size ({self.batch_size}) must divide num_envs * num_steps ({rollout}): the nearest "
+                            f"sizes that do are {below} and {above} (batch_size={below}, on the command line --set "
+                            f"batch_size={below}).")
 
 
 class PPO(OnPolicyAlgorithm):
