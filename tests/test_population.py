@@ -790,6 +790,21 @@ def test_env_options_reach_every_members_env_its_evaluation_and_its_model():
         Population(PPO, "Pendulum-v1", seeds=[0, 1], env_kwargs={"g": 2.0}, env_backend="torch", **SMALL)
 
 
+def test_an_env_id_naming_its_module_trains_a_population_as_it_trains_a_solo_run(tmp_path, monkeypatch):
+    """`module:EnvId` (the module registers the env), which solo runs take, makes the members' training and evaluation
+    envs too (it once reached Gymnasium's registry whole: learn stopped with "Unknown env id" and suggested the
+    `MODULE:EnvId` form it had been given)."""
+    (tmp_path / "my_population_envs.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('MyPopulationCartPole-v0', "
+        "entry_point='gymnasium.envs.classic_control.cartpole:CartPoleEnv', max_episode_steps=50)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    population = Population(PPO, "my_population_envs:MyPopulationCartPole-v0", seeds=[0, 1], device="cpu", **SMALL)
+    summary = population.learn(256, eval_freq=128, eval_episodes=2)
+    assert population.num_timesteps == 256 and [len(m["curve"]) for m in summary["members"]] == [2, 2]
+    assert all(0 < m["final_eval"]["mean"] <= 50 for m in summary["members"])  # (the registered 50-step episodes)
+
+
 def test_population_mistakes_are_one_sentence_each():
     """A name for the class said populations do not cover PPO; a bad device, episodes=0, an unknown learn keyword and
     a non-path save raised torch's RuntimeError, a reshape error or Python's TypeError."""

@@ -817,25 +817,28 @@ class PopulationBase:
         """An env of `rows_per_member` rows per seed whose block k is an env seeded `seeds[k]` (not reset yet), in
         the population's normalisation (`_normalized_env`: `members` None for the training env, else the members an
         evaluation env serves)."""
+        from rlspeed.envs import import_env_module
         from rlspeed.envs.base import EpisodeStatistics
         from rlspeed.envs.gymnasium_env import GymnasiumEnv
         from rlspeed.envs.registry import NATIVE_ENVS
         from rlspeed.evaluation import evaluation_backend
+
+        env_id = import_env_module(self.env_id)  # (`module:EnvId`, as the solo runs' make_env takes it: Gymnasium's id)
 
         # (an evaluation env: on the backend the solo model's evaluation takes)
         backend = self.env_backend if members is None else evaluation_backend(self.env_id, self.env_backend,
                                                                              rows_per_member, self.device)
         if backend == "gymnasium":
             kind = atari.AtariGymnasiumEnv if self._atari else GymnasiumEnv
-            env = EpisodeStatistics(kind(self.env_id, num_envs=len(seeds) * rows_per_member, device=self.device,
+            env = EpisodeStatistics(kind(env_id, num_envs=len(seeds) * rows_per_member, device=self.device,
                                          env_kwargs=self.env_kwargs))
         elif backend in ("envpool", "gymnasium-async"):
             from rlspeed.envs.envpool_env import EnvPoolEnv
 
             def member_env(seed: int) -> BatchedEnv:  # (Gymnasium's envs take their seeds at reset: `_reset`)
                 if backend == "envpool":
-                    return EnvPoolEnv(self.env_id, num_envs=rows_per_member, device=self.device, seed=seed)
-                return GymnasiumEnv(self.env_id, num_envs=rows_per_member, device=self.device, vectorization="async",
+                    return EnvPoolEnv(env_id, num_envs=rows_per_member, device=self.device, seed=seed)
+                return GymnasiumEnv(env_id, num_envs=rows_per_member, device=self.device, vectorization="async",
                                     env_kwargs=self.env_kwargs)
 
             parts: list = []
@@ -848,7 +851,7 @@ class PopulationBase:
                 raise
             env = EpisodeStatistics(MemberEnvs(parts))
         else:
-            native = NATIVE_ENVS[self.env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
+            native = NATIVE_ENVS[env_id](num_envs=len(seeds) * rows_per_member, device=self.device, seed=0)
             native.seed_row_blocks(seeds)
             env = EpisodeStatistics(native)
         # (outermost: an exception from inside the env names it, as a single run's envs do)
