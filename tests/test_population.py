@@ -385,6 +385,20 @@ def test_other_algorithms_and_envs_are_refused():
         Population(PPO, "CartPole-v1", seeds=[0], env_backend="bogus")
 
 
+@pytest.mark.parametrize("space", [gym.spaces.MultiDiscrete([2, 3]), gym.spaces.MultiBinary(2)])
+def test_multi_discrete_and_multi_binary_actions_are_refused_naming_the_space(space):
+    """The refusal names the env's action space, which the user knows (it said "needs a multi_categorical policy",
+    rlspeed's internal name for it)."""
+    name = type(space).__name__
+    env_id = f"CartPoleWith{name}Actions-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, max_episode_steps=50, entry_point=lambda: gym.wrappers.TransformAction(
+            gym.make("CartPole-v1").unwrapped, lambda action: int(action[0]), space))
+    with pytest.raises(UserError, match=rf"^Populations cover policies with Discrete or Box actions so far; {env_id} "
+                                        rf"has {name} actions: train them with solo runs, one seed each\.$"):
+        Population(PPO, env_id, seeds=[0, 1], device="cpu", **SMALL)
+
+
 @needs_atari
 @pytest.mark.parametrize("backend", ["gymnasium", pytest.param("envpool", marks=needs_envpool)])
 def test_atari_members_step_their_solo_runs_training_envs(backend):

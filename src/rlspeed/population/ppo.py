@@ -116,8 +116,9 @@ class PPOPopulation(PopulationBase):
                 self._action_high = torch.as_tensor(box.high, device=self.device, dtype=torch.float32).flatten()
             encoder = policy.encoder
             if self.kind not in ("categorical", "gaussian"):
-                raise UserError(f"Populations cover policies with Discrete or Box actions so far; {env_id} needs a "
-                                f"{policy.kind} policy.")
+                raise UserError(f"Populations cover policies with Discrete or Box actions so far; {env_id} has "
+                                f"{type(solos[0].spec.action_space).__name__} actions: train them with solo runs, "
+                                "one seed each.")
             if encoder is not None and cfg.normalize_obs:
                 raise UserError(f"normalize_obs applies to float vector observations, and {env_id}'s go through a "
                                 f"{encoder.kind}: drop normalize_obs.")
