@@ -619,6 +619,20 @@ def test_predict_refuses_a_discrete_observation_outside_its_space():
             model.predict(cut)
 
 
+def test_predict_refuses_a_multi_discrete_observation_of_another_length_in_one_sentence():
+    """The shape is checked before the values: MultiDiscrete([3, 3, 3])'s per-component bounds broadcast against a
+    7-vector, which failed inside torch ("The size of tensor a (7) must match the size of tensor b (3)")."""
+    space = gym.spaces.MultiDiscrete([3, 3, 3])
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", wrappers=[
+        lambda env: gym.wrappers.TransformObservation(env, lambda o: (o[:3] > 0).astype(np.int64), space)],
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = rlspeed.PPO(env, seed=0, num_envs=2, num_steps=8, batch_size=16, net_arch=(16,))
+    assert model.predict(np.array([2, 0, 1]))[0] in range(2)
+    for wrong in (np.zeros(7, np.int64), torch.zeros(2, 4, dtype=torch.int64), [[0, 1]]):
+        with pytest.raises(UserError, match=r"^This model takes observations of shape \(3,\) \(one\) or \(N, 3\) "):
+            model.predict(wrong)
+
+
 def test_predict_refuses_observations_it_would_change_silently():
     """A NaN observation (a policy's argmax of NaN is action 0), a float image in [0, 1] as a tensor (the uint8 cast
     would make it black), an image value past 255 (the cast would wrap it to 0) and a fractional Discrete tensor (cut

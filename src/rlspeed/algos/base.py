@@ -714,6 +714,13 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
     # (a tensor's: after the cast, which makes a float64 1e300 infinite; one sum, one sync, where it is finite)
     if not as_numpy and obs.numel() and dtype.is_floating_point and not math.isfinite(obs.sum().item()):  # ok-sync
         _refuse_non_finite(obs, space)
+    # the shape first: a MultiDiscrete's per-component bounds below broadcast against the observation
+    dims = observation.shape if as_numpy else obs.shape  # (a numpy array's is a tuple: no torch.Size made)
+    single = len(dims) == len(shape)
+    if dims[1 - single:] != shape:
+        batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
+        raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
+                        f"not {tuple(obs.shape)}.")
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and obs.numel():
         low, high = (torch.as_tensor(bound, device=device) for bound in integer_range(space))
         outside = (obs < low) | (obs >= high)
@@ -724,12 +731,6 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         outside = (obs != 0) & (obs != 1)
         if bool(outside.any()):  # ok-sync: predict returns to the host
             raise UserError(f"An observation holds {_first_value(obs, outside)}, outside {space} (values 0 and 1).")
-    dims = observation.shape if as_numpy else obs.shape  # (a numpy array's is a tuple: no torch.Size made)
-    single = len(dims) == len(shape)
-    if dims[1 - single:] != shape:
-        batch = "(" + ", ".join(["N", *map(str, shape)]) + ("," if not shape else "") + ")"
-        raise UserError(f"This model takes observations of shape {tuple(shape)} (one) or {batch} (a batch of N), "
-                        f"not {tuple(obs.shape)}.")
     return (obs.unsqueeze(0) if single else obs), as_numpy, single
 
 
