@@ -679,6 +679,32 @@ def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():
             model.predict(np.array(wrong))
 
 
+@pytest.mark.parametrize("space", [
+    gym.spaces.MultiBinary(4), gym.spaces.Box(-1.0, 1.0, (4,)),
+    gym.spaces.Dict({"bits": gym.spaces.MultiBinary(4), "index": gym.spaces.Discrete(3)})])
+def test_predict_on_an_empty_batch_gives_an_empty_batch_of_actions(space):
+    """A batch of 0 observations (a server's empty request) gives 0 actions whatever the encoder: the flatten encoder's
+    reshape to [0, -1] failed inside torch ("cannot reshape tensor of 0 elements")."""
+    def observe(o):
+        bits = (o > 0).astype(np.int8)
+        if isinstance(space, gym.spaces.Dict):
+            return {"bits": bits, "index": int(bits[:2].sum())}
+        return bits if isinstance(space, gym.spaces.MultiBinary) else np.tanh(o).astype(np.float32)
+
+    env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync", wrappers=[
+        lambda env: gym.wrappers.TransformObservation(env, observe, space)],
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = rlspeed.PPO(env, seed=0, num_envs=2, num_steps=8, batch_size=16, net_arch=(16,))
+    one = space.sample()
+    empty = ({key: np.zeros((0, *np.shape(value)), np.asarray(value).dtype) for key, value in one.items()}
+             if isinstance(one, dict) else np.zeros((0, 4), space.dtype))
+    actions, _ = model.predict(empty)
+    assert actions.shape == (0,) and actions.dtype == np.int64
+    tensors = ({key: torch.from_numpy(value) for key, value in empty.items()} if isinstance(empty, dict)
+               else torch.from_numpy(empty))
+    assert model.predict(tensors)[0].shape == (0,)
+
+
 def test_load_and_resume_keep_the_image_scale_and_take_gsde_options_without_gsde(tmp_path):
     """normalize_images decides the scale a CNN's weights were trained on (same shapes, another input): load and
     resume refuse another value, as they refuse another activation. gSDE's full_std with use_sde off builds nothing:

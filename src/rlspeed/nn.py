@@ -303,7 +303,7 @@ class FlattenEncoder(Encoder):
         self.scale = 1.0 / 255.0 if image and normalize_images else 1.0
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.reshape(obs.shape[0], -1).to(torch.float32)
+        x = obs.reshape(obs.shape[0], self.features_dim).to(torch.float32)  # (-1 is ambiguous for a batch of 0)
         return x * self.scale if self.scale != 1.0 else x
 
 
