@@ -960,6 +960,26 @@ def test_host_memory_is_no_more_than_a_containers_memory_limit_leaves(monkeypatc
     assert replay.available_memory_bytes(torch.device("cpu")) > 2**30 - (2**29 - 2**27)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_a_replay_buffer_past_the_processs_ulimit_is_refused_with_what_fits(monkeypatch):
+    """Under `ulimit -v` (RLIMIT_AS) the buffer was sized against the machine's free memory: its allocation failed
+    with torch's "DefaultCPUAllocator: can't allocate memory" instead of the sentence naming the size that fits."""
+    import resource
+
+    from rlspeed.buffers import replay
+
+    with open("/proc/self/status") as handle:
+        size = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmSize:"))
+    real = resource.getrlimit
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (size + 64 * 2**20, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else real(which))  # (64 MiB of address space left)
+    assert replay.available_memory_bytes(torch.device("cpu")) <= 64 * 2**20
+    with pytest.raises(UserError, match=r"ulimit \(-v or -d\).*largest replay buffer that fits is") as info:
+        ReplayBuffer(100_000, 1, (40, 60, 3), (), torch.int64, "cpu")  # (2.1 GiB)
+    fits = int(info.value.args[0].split("fits is ")[1].split(" ")[0].replace(",", ""))
+    assert 0 < fits * (2 * 40 * 60 * 3 * 4 + 20) <= 0.8 * 64 * 2**20  # (float32 observations twice, 20 bytes more)
+
+
 def test_models_and_runs_take_sm3_digests_from_save_or_the_environment(monkeypatch, tmp_path, capsys):
     """SM3 was reachable through the low-level save_checkpoint only (`model.save(path, digest="sm3")` was called
     "Stable-Baselines3's keywords"): `save` takes digest=, and `RLSPEED_CHECKPOINT_DIGEST=sm3` gives a run's files

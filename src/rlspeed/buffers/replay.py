@@ -48,7 +48,8 @@ def available_memory_bytes(device: torch.device) -> int | None:
     """Memory that `device` can still give, in bytes, or None when it cannot tell: the device's free memory
     (`torch.cuda.mem_get_info` and its kin), and for the host Linux's MemAvailable (free memory plus what the kernel
     can reclaim: page cache), else the free physical pages; on the host, no more than this process's memory cgroup
-    (a container's limit: Docker's --memory, Kubernetes' limits) has left."""
+    (a container's limit: Docker's --memory, Kubernetes' limits) has left, nor than its own limits on address space
+    and data (`ulimit -v`, `ulimit -d`: an allocation past them fails however much memory is free)."""
     if device.type == "cpu":
         available = None
         try:
@@ -61,9 +62,34 @@ def available_memory_bytes(device: torch.device) -> int | None:
             pass
         if available is None:
             available = free_memory_bytes(device)
-        limited = _cgroup_available_bytes()
-        return limited if available is None else available if limited is None else min(available, limited)
+        limits = [value for value in (available, _cgroup_available_bytes(), _rlimit_available_bytes())
+                  if value is not None]
+        return min(limits) if limits else None
     return free_memory_bytes(device)
+
+
+def _rlimit_available_bytes() -> int | None:
+    """What this process's soft limits leave for a new allocation, or None without one: RLIMIT_AS (`ulimit -v`) less
+    its virtual size, and RLIMIT_DATA (`ulimit -d`, which counts private writable mappings since Linux 4.7: every
+    large allocation) less its data size (`/proc/self/status`'s VmSize and VmData)."""
+    try:
+        import resource
+    except ImportError:  # (Windows)
+        return None
+    try:
+        with open("/proc/self/status") as handle:
+            status = dict(line.split(":", 1) for line in handle if ":" in line)
+    except OSError:
+        return None
+    left = []
+    for name, used in (("RLIMIT_AS", "VmSize"), ("RLIMIT_DATA", "VmData")):
+        try:
+            limit = resource.getrlimit(getattr(resource, name))[0]
+            if limit != resource.RLIM_INFINITY and limit >= 0 and used in status:
+                left.append(max(int(limit) - int(status[used].split()[0]) * 1024, 0))
+        except (AttributeError, OSError, ValueError, IndexError):
+            continue
+    return min(left) if left else None
 
 
 #: where Linux mounts the cgroup hierarchies (a test points it elsewhere)
@@ -276,6 +302,9 @@ class ReplayBuffer:
         while fits >= self.num_envs and self._nbytes_at(fits) > budget:  # (a whole number of frames: round down)
             fits -= self.num_envs
         where = "host memory" if self.storage_device.type == "cpu" else f"{self.storage_device}'s free memory"
+        limited = _rlimit_available_bytes() if self.storage_device.type == "cpu" else None
+        if limited is not None and limited <= free:  # (not the machine's memory: the process's limit, named)
+            where = "memory that this process's ulimit (-v or -d) leaves"
         advice = (f"the largest replay buffer that fits is {fits:,} transitions (buffer_size={fits}, on the command "
                   f"line --set buffer_size={fits})" if fits >= self.num_envs
                   else "not even one transition per env fits: free memory or use smaller observations")
