@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -685,3 +687,43 @@ def test_a_replay_file_named_outside_the_checkpoints_directory_is_never_read(tmp
 
     assert [beside(path, name) for name in ("..", ".", "", "a/b", "/etc/passwd")] == [None] * 5
     assert beside(path, "x.safetensors") == path.with_name("x.safetensors")
+
+
+
+BOUNDED_SAVE = """
+import resource, sys, torch
+from rlspeed.checkpoint import save_checkpoint
+size = 64 * 2**20
+storage = torch.zeros(2 * size, dtype=torch.uint8)
+frames = storage[:size]  # (the written rows of a replay buffer's storage, as its state_dict gives them)
+with open("/proc/self/status") as handle:
+    used = next(int(line.split()[1]) * 1024 for line in handle if line.startswith("VmData:"))
+resource.setrlimit(resource.RLIMIT_DATA, (used + size // 2, resource.RLIM_INFINITY))  # (half the frames' size)
+save_checkpoint(sys.argv[1], {"frames": frames, "rewards": torch.ones(10)}, {"replay_buffer": {"rows": 1}})
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux counts every large allocation in RLIMIT_DATA")
+def test_a_replay_buffers_checkpoint_is_saved_and_loaded_without_copies_of_it(tmp_path):
+    """Saving a replay buffer took twice its size in memory besides it (a copy of each tensor, then the file as one
+    bytes object), and loading it twice the file's size (the bytes read, then the tensors made from them): on a
+    machine whose memory the buffer filled, a checkpoint with save_replay_buffer was killed for memory. Writing
+    takes no copy now (it runs in half the buffer's size), reading only the tensors' own (the bytes read are never
+    held whole)."""
+    import tracemalloc
+
+    from rlspeed.checkpoint import load_checkpoint
+
+    path = tmp_path / "replay.safetensors"
+    completed = subprocess.run([sys.executable, "-c", BOUNDED_SAVE, str(path)], capture_output=True, text=True,
+                               timeout=120)
+    assert completed.returncode == 0 and completed.stdout.strip() == "ok", completed.stderr[-2000:]
+    tracemalloc.start()
+    try:
+        tensors, meta = load_checkpoint(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert tensors["frames"].shape == (64 * 2**20,) and not tensors["frames"].any()
+    assert meta["replay_buffer"] == {"rows": 1} and peak < 2**20

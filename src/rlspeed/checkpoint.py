@@ -21,6 +21,7 @@ import hmac
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
@@ -547,6 +548,38 @@ def remove_stale_temporary_files(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+#: safetensors' names of the dtypes `_streamed_safetensors` writes (a checkpoint of another goes through its `save`),
+#: in the order its files hold them
+_SAFETENSORS_DTYPES = {torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.int32: "I32",
+                       torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+_DTYPE_ORDER = {dtype: rank for rank, dtype in enumerate(_SAFETENSORS_DTYPES)}
+
+
+def _streamed_safetensors(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list | None:
+    """The safetensors file of `tensors` (contiguous, on the CPU) and `metadata` as the pieces to write one after the
+    other: its header, then each tensor's bytes as a view of its own memory (no copy). The same bytes as
+    `safetensors.torch.save` (tensors in its order: by dtype, then by name; the header's compact JSON padded with
+    spaces to a multiple of 8 bytes). None for a dtype it does not name, or on a big-endian machine (safetensors
+    stores little-endian values): `save` writes those."""
+    if sys.byteorder != "little" or any(tensor.dtype not in _SAFETENSORS_DTYPES for tensor in tensors.values()):
+        return None
+    names = sorted(tensors, key=lambda name: (_DTYPE_ORDER[tensors[name].dtype], name))
+    entries, offset = {"__metadata__": metadata}, 0
+    for name in names:
+        tensor = tensors[name]
+        entries[name] = {"dtype": _SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                         "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    pieces = [len(text).to_bytes(8, "little") + text]
+    for name in names:
+        if tensors[name].numel():
+            pieces.append(tensors[name].reshape(-1).view(torch.uint8).numpy())
+    return pieces
+
+
 def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict,
                     digest: str | None = None, key: bytes | str | None = None, cipher: str | None = None) -> Path:
     """Write `tensors` and JSON-serialisable `metadata` to `checkpoint_path(path)` atomically (temp file, fsync,
@@ -572,25 +605,29 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     except OSError as error:
         raise UserError(f"Cannot write the checkpoint '{path}': {error.strerror or error}.") from None
     remove_stale_temporary_files(path)
-    cpu = {}
-    seen: set[int] = set()
-    for name, tensor in tensors.items():
-        tensor = tensor.detach().to("cpu").contiguous()
-        # safetensors refuses tensors that share memory: views of one flat buffer, one tensor under two names.
-        if tensor.untyped_storage().data_ptr() in seen or tensor.untyped_storage().nbytes() != tensor.nbytes:
-            tensor = tensor.clone()
-        seen.add(tensor.untyped_storage().data_ptr())
-        cpu[name] = tensor
+    cpu = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
     header = json.loads(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **metadata}))  # as load reads it
     header["digest"] = {"algorithm": digest, "value": tensor_digest(cpu, header, digest)}
-    payload = st_save(cpu, metadata={"rlspeed": json.dumps(header)})
-    if encryption is not None:
-        payload = _encrypt(payload, encryption, cipher, path)
+    # A file in clear is written tensor by tensor from their own memory: a replay buffer's checkpoint took twice the
+    # buffer's size in memory besides it (a copy of each tensor, then the whole file as one bytes object).
+    streamed = _streamed_safetensors(cpu, {"rlspeed": json.dumps(header)}) if encryption is None else None
+    payload = None
+    if streamed is None:
+        seen: set[int] = set()
+        for name, tensor in cpu.items():
+            # safetensors refuses tensors that share memory: views of one flat buffer, one tensor under two names.
+            if tensor.untyped_storage().data_ptr() in seen or tensor.untyped_storage().nbytes() != tensor.nbytes:
+                cpu[name] = tensor = tensor.clone()
+            seen.add(tensor.untyped_storage().data_ptr())
+        payload = st_save(cpu, metadata={"rlspeed": json.dumps(header)})
+        if encryption is not None:
+            payload = _encrypt(payload, encryption, cipher, path)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
+            for part in [payload] if streamed is None else streamed:
+                handle.write(part)
             handle.flush()
             os.fsync(handle.fileno())
         plain_file_mode(tmp)
@@ -647,25 +684,31 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         raise UserError(f"Checkpoint '{given}' does not exist{also}.")
     if not path.is_file():  # (a FIFO would block the read, a device such as /dev/zero never end it)
         raise UserError(f"'{path}' is not a regular file (a directory, pipe or device): give a checkpoint file.")
-    try:
-        data = path.read_bytes()
-    except OSError as error:
-        raise UserError(f"Cannot read the checkpoint '{path}': {error.strerror or error}.") from None
-    if data.startswith(MAGIC):
-        data = _decrypt(path, data, encryption_key(key))
-    if data.startswith(b"PK\x03\x04"):  # (a zip archive: what Stable-Baselines3's and PyTorch's save() write)
-        raise UserError(f"'{path}' is a zip archive (a Stable-Baselines3 model or a torch.save file), not an rlspeed "
-                        "checkpoint; rlspeed reads the .safetensors files its own save() writes.")
-    try:
-        tensors = st_load(data)
-        header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8:8 + header_len])
-        metadata = json.loads(header.get("__metadata__", {}).get("rlspeed", "{}"))
-    except (SafetensorError, ValueError, AttributeError, json.JSONDecodeError) as error:
-        raise UserError(f"'{path}' is not an rlspeed checkpoint (its contents are not safetensors: {error}): give "
-                        "a model file (.safetensors) that rlspeed wrote, or its run directory.") from None
-    except RecursionError:
-        metadata = None
+    # A file in clear is read tensor by tensor (`_read_mapped`): read whole, then parsed, it took twice its size in
+    # memory (a replay buffer's: besides the buffer it fills). Anything it does not read goes the way that names why.
+    read = _read_mapped(path)
+    if read is not None:
+        tensors, metadata = read
+    else:
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise UserError(f"Cannot read the checkpoint '{path}': {error.strerror or error}.") from None
+        if data.startswith(MAGIC):
+            data = _decrypt(path, data, encryption_key(key))
+        if data.startswith(b"PK\x03\x04"):  # (a zip archive: what Stable-Baselines3's and PyTorch's save() write)
+            raise UserError(f"'{path}' is a zip archive (a Stable-Baselines3 model or a torch.save file), not an "
+                            "rlspeed checkpoint; rlspeed reads the .safetensors files its own save() writes.")
+        try:
+            tensors = st_load(data)
+            header_len = int.from_bytes(data[:8], "little")
+            header = json.loads(data[8:8 + header_len])
+            metadata = json.loads(header.get("__metadata__", {}).get("rlspeed", "{}"))
+        except (SafetensorError, ValueError, AttributeError, json.JSONDecodeError) as error:
+            raise UserError(f"'{path}' is not an rlspeed checkpoint (its contents are not safetensors: {error}): "
+                            "give a model file (.safetensors) that rlspeed wrote, or its run directory.") from None
+        except RecursionError:
+            metadata = None
     # (before anything walks it recursively: the digest, the checks, a load)
     if metadata is None or _nesting(metadata) > _MAX_NESTING:
         raise UserError(f"'{path}' has metadata nested deeper than any rlspeed writes: the file was edited or "
@@ -684,6 +727,27 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if not allow_nonfinite:
         _check_finite(path, tensors)
     return {name: t.to(device) for name, t in tensors.items()}, metadata
+
+
+def _read_mapped(path: Path) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """(tensors, rlspeed metadata) of a safetensors file in clear, each tensor copied out of the file mapped in memory
+    (safetensors' `safe_open`) into memory of its own (nothing stays tied to the file, which a later save replaces);
+    None where it is not one that reads so (encrypted, a zip archive, damaged, metadata that is no JSON object)."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(len(MAGIC))
+        if start.startswith((MAGIC, b"PK\x03\x04")):
+            return None
+        tensors = {}
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = json.loads((handle.metadata() or {}).get("rlspeed", "{}"))
+            if not isinstance(metadata, dict):
+                return None
+            for name in handle.keys():
+                tensors[name] = handle.get_tensor(name).clone()
+    except (OSError, SafetensorError, ValueError, RecursionError, AttributeError, RuntimeError):
+        return None
+    return tensors, metadata
 
 
 #: Deeper than any metadata rlspeed writes nests its lists and objects (a Dict space of Box spaces with bounds of
