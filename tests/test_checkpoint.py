@@ -727,3 +727,52 @@ def test_a_replay_buffers_checkpoint_is_saved_and_loaded_without_copies_of_it(tm
         tracemalloc.stop()
     assert tensors["frames"].shape == (64 * 2**20,) and not tensors["frames"].any()
     assert meta["replay_buffer"] == {"rows": 1} and peak < 2**20
+
+
+def _anonymous_mib() -> float:
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("RssAnon:")) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
+def test_a_mapped_load_takes_no_memory_of_its_own_and_leaves_the_file_as_it_was(tmp_path):
+    """A resumed run's replay buffer was filled from a copy of its whole file besides it: with a buffer that took
+    most of the memory (80% may), the resume was killed for memory. `mapped=True` (the resume's) reads the tensors
+    as views of the file, copied only where written to."""
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    frames = torch.arange(64 * 2**20, dtype=torch.int64).to(torch.uint8)
+    path = save_checkpoint(tmp_path / "replay", {"frames": frames}, {"replay_buffer": {"rows": 1}})
+    before = _anonymous_mib()
+    tensors, meta = load_checkpoint(path, mapped=True)
+    assert torch.equal(tensors["frames"], frames) and meta["replay_buffer"] == {"rows": 1}
+    assert _anonymous_mib() - before < 16  # (the 64 MiB were read, and none of them copied)
+    tensors["frames"][:10] = 255  # (a write copies its page: the file keeps its bytes)
+    del tensors
+    assert torch.equal(load_checkpoint(path)[0]["frames"], frames)
+
+
+def test_a_resumed_replay_buffer_is_read_mapped(tmp_path, monkeypatch):
+    """The resume reads the replay file mapped (`load_checkpoint(mapped=True)`, above), fills the buffer from it and
+    keeps nothing of it: the buffer holds the saved rows, and its n-step window copies of its own."""
+    from pathlib import Path
+
+    from rlspeed import DQN, checkpoint
+
+    settings = dict(seed=0, device="cpu", env_backend="torch", learning_starts=16, batch_size=8, n_step=3,
+                    buffer_size=300, net_arch=(8,), save_replay_buffer=True)
+    saved = DQN("CartPole-v1", **settings)
+    saved.learn(64, progress_bar=False, run_dir=tmp_path, checkpoint_freq=64)
+    rows = saved.buffer.state_dict()[0]["obs"].clone()
+    calls, load = [], checkpoint.load_checkpoint
+
+    def spy(path, *args, **kwargs):
+        calls.append((Path(path).name, kwargs.get("mapped", False)))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", spy)
+    resumed = DQN("CartPole-v1", **settings)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    resumed.learn(128, progress_bar=False)
+    assert ("checkpoint.replay.safetensors", True) in calls
+    assert torch.equal(resumed.buffer.obs[:len(rows)], rows)

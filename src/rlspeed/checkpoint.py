@@ -655,8 +655,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
 
 
 def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu", verify: bool = True,
-                    allow_nonfinite: bool = False, key: bytes | str | None = None) -> tuple[dict[str, torch.Tensor],
-                                                                                            dict]:
+                    allow_nonfinite: bool = False, key: bytes | str | None = None,
+                    mapped: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """Read a checkpoint written by `save_checkpoint` (`path` as given, or `checkpoint_path(path)` when `path` does
     not exist); returns (tensors on `device`, metadata).
 
@@ -667,6 +667,10 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     An encrypted checkpoint is decrypted with `key`, else the environment's (see `encryption_key`), and authenticated
     whatever `verify` says; without a key, with another key, or when authentication fails: a UserError naming the
     file. Checkpoints in clear load whether or not a key is set.
+
+    `mapped`: tensors on the CPU of a file in clear are views of the file mapped in memory (copied where written to),
+    which take no memory of their own: for a caller that copies them elsewhere at once (a replay buffer that its
+    checkpoint fills) and drops them before the file is replaced (Windows refuses to replace a mapped file).
     """
     if not isinstance(path, (str, os.PathLike)):
         raise UserError(f"A checkpoint is read from a file: give its path (a str or pathlib.Path), not {path!r}.")
@@ -686,7 +690,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         raise UserError(f"'{path}' is not a regular file (a directory, pipe or device): give a checkpoint file.")
     # A file in clear is read tensor by tensor (`_read_mapped`): read whole, then parsed, it took twice its size in
     # memory (a replay buffer's: besides the buffer it fills). Anything it does not read goes the way that names why.
-    read = _read_mapped(path)
+    # (tensors for another device are copied there from the mapping: their own memory, none of the host's)
+    read = _read_mapped(path, copy=not mapped and torch.device(device).type == "cpu")
     if read is not None:
         tensors, metadata = read
     else:
@@ -729,10 +734,11 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     return {name: t.to(device) for name, t in tensors.items()}, metadata
 
 
-def _read_mapped(path: Path) -> tuple[dict[str, torch.Tensor], dict] | None:
-    """(tensors, rlspeed metadata) of a safetensors file in clear, each tensor copied out of the file mapped in memory
-    (safetensors' `safe_open`) into memory of its own (nothing stays tied to the file, which a later save replaces);
-    None where it is not one that reads so (encrypted, a zip archive, damaged, metadata that is no JSON object)."""
+def _read_mapped(path: Path, copy: bool = True) -> tuple[dict[str, torch.Tensor], dict] | None:
+    """(tensors, rlspeed metadata) of a safetensors file in clear, read from the file mapped in memory (safetensors'
+    `safe_open`), each tensor with `copy` copied into memory of its own (nothing stays tied to the file, which a later
+    save replaces), else a view of the mapping; None where it is not one that reads so (encrypted, a zip archive,
+    damaged, metadata that is no JSON object)."""
     try:
         with open(path, "rb") as handle:
             start = handle.read(len(MAGIC))
@@ -744,7 +750,8 @@ def _read_mapped(path: Path) -> tuple[dict[str, torch.Tensor], dict] | None:
             if not isinstance(metadata, dict):
                 return None
             for name in handle.keys():
-                tensors[name] = handle.get_tensor(name).clone()
+                tensor = handle.get_tensor(name)
+                tensors[name] = tensor.clone() if copy else tensor
     except (OSError, SafetensorError, ValueError, RecursionError, AttributeError, RuntimeError):
         return None
     return tensors, metadata
@@ -818,22 +825,23 @@ def commit_staged(file: str | os.PathLike) -> None:
 
 
 def load_paired(file: str | os.PathLike, token: str | None, device: torch.device | str = "cpu",
-                allow_nonfinite: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
+                allow_nonfinite: bool = False, mapped: bool = False) -> tuple[dict[str, torch.Tensor], dict]:
     """`load_checkpoint(file)` for the file a checkpoint names with its `replay_buffer` `token`: where `file` is
     missing or holds another token and the staged one (`staged_path`) holds this token (a kill between the
     checkpoint's write and `commit_staged`), the staged one, moved into place first. The caller compares the tokens
-    of what it gets."""
+    of what it gets; `mapped` as `load_checkpoint`'s."""
     file = Path(file)
     staged = staged_path(file)
     if not file.exists() and staged.is_file():
         commit_staged(file)
-    tensors, meta = load_checkpoint(file, device=device, allow_nonfinite=allow_nonfinite)
+    tensors, meta = load_checkpoint(file, device=device, allow_nonfinite=allow_nonfinite, mapped=mapped)
     if (meta.get("replay_buffer") or {}).get("token") != token and staged.is_file():
         try:
-            other = load_checkpoint(staged, device=device, allow_nonfinite=allow_nonfinite)
+            other = load_checkpoint(staged, device=device, allow_nonfinite=allow_nonfinite, mapped=mapped)
         except UserError:
             return tensors, meta
         if (other[1].get("replay_buffer") or {}).get("token") == token:
+            del tensors  # (`file`'s, maybe mapped: replaced next)
             commit_staged(file)
             return other
     return tensors, meta

@@ -520,7 +520,8 @@ class OffPolicyAlgorithm(Algorithm):
         found = self._saved_replay(self._resume, "cpu", "the model is saved without a replay buffer")
         return None if found is None else (found[1], {key: value for key, value in found[2].items() if key != "token"})
 
-    def _saved_replay(self, resume: dict, device, outcome: str) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
+    def _saved_replay(self, resume: dict, device, outcome: str,
+                      mapped: bool = False) -> tuple[Path, dict[str, torch.Tensor], dict] | None:
         """(file, tensors, `replay_buffer` metadata) of the replay buffer saved with the checkpoint `resume` describes,
         on `device`; None where the checkpoint names none, and, with a warning ending in `outcome`, where the file it
         names cannot be read or does not belong to it (a later save wrote it)."""
@@ -531,7 +532,7 @@ class OffPolicyAlgorithm(Algorithm):
         try:
             if file is None:  # (an edited file's)
                 raise UserError(f"it names {str(saved.get('file'))!r}, no file beside it")
-            tensors, meta = load_paired(file, saved.get("token"), device=device)
+            tensors, meta = load_paired(file, saved.get("token"), device=device, mapped=mapped)
         except UserError as error:
             warnings.warn(f"The replay buffer saved with '{resume['path']}' cannot be read ({error}); {outcome}.",
                           stacklevel=5)
@@ -548,7 +549,10 @@ class OffPolicyAlgorithm(Algorithm):
         mismatched file is a warning (the buffer then fills from empty). Returns whether it was restored."""
         if self.strategy.enabled:
             return False
-        found = self._saved_replay(resume, self.buffer.storage_device, "the replay buffer refills from empty")
+        # (the file's tensors read as views of it mapped in memory, copied into the buffer and dropped: a copy of them
+        # besides the buffer it fills, as large as the buffer when full, would not fit where the buffer fills memory)
+        found = self._saved_replay(resume, self.buffer.storage_device, "the replay buffer refills from empty",
+                                   mapped=True)
         if found is None:
             return False
         file, tensors, info = found

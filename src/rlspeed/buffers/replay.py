@@ -479,9 +479,9 @@ class ReplayBuffer:
 
         def entry(step: int, i: int):
             name = f"window.{step}.{i}"
-            if name in tensors:
-                return tensors[name].to(self.device)
-            return {key[len(name) + 1:]: value.to(self.device) for key, value in tensors.items()
+            if name in tensors:  # (copies: the tensors given may be views of a file, `load_checkpoint(mapped=True)`)
+                return tensors[name].to(self.device, copy=True)
+            return {key[len(name) + 1:]: value.to(self.device, copy=True) for key, value in tensors.items()
                     if key.startswith(name + ".")}
 
         width = 6 if self.next_action_masks is None else 7  # (masked runs: the next mask last)
