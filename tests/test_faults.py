@@ -934,6 +934,25 @@ def test_the_frame_layouts_largest_buffer_that_fits_is_accepted(monkeypatch):
         replay.FrameStackReplayBuffer(fits + 8, 8, frames, (), torch.int64, "cpu", n_step=3)
 
 
+def test_an_allocation_torch_refuses_is_one_line_that_keeps_its_reason(monkeypatch, tmp_path, capsys):
+    """torch's allocator message begins with its source line ("[enforce fail at alloc_cpu.cpp:127] err == 0."), and
+    the line cut it at 160 characters, mid-reason: "... Error code 12 (Cannot allocate): use fewer envs"."""
+    from rlspeed.buffers import replay
+
+    def refused(self, layout):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 1500001600 bytes. Error code 12 (Cannot allocate memory)")
+
+    monkeypatch.setattr(replay.ReplayBuffer, "_allocate_observations", refused)
+    code = cli.main(["train", "dqn", "CartPole-v1", "--total-timesteps", "200", "--no-progress", "--out",
+                     str(tmp_path / "run")])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and last == (
+        "rlspeed: error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate 1500001600 "
+        "bytes. Error code 12 (Cannot allocate memory)): use fewer envs, episodes or a smaller buffer (--device cpu "
+        "when a device is full)."), last
+
+
 def test_host_memory_is_read_from_the_system():
     from rlspeed.buffers.replay import available_memory_bytes
 

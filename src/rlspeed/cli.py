@@ -2868,8 +2868,12 @@ def _main(argv: list[str]) -> int:
         if getattr(args, "debug", False) or not (isinstance(error, MemoryError) or "allocate memory" in text
                                                   or "out of memory" in text.lower()):
             raise
-        print(f"rlspeed: error: out of memory ({_one_line(text or type(error).__name__)[:160]}): use fewer envs, "
-              "episodes or a smaller buffer (--device cpu when a device is full).", file=sys.stderr)
+        # (torch's allocator prefixes its source line, "[enforce fail at alloc_cpu.cpp:127] err == 0. ", which cut
+        # the reason at its end, "(Cannot allocate memory)", to "(Cannot allocate")
+        text = re.sub(r"^\[enforce fail at [^\]]*\]\s*(err == 0\.\s*)?", "", _one_line(text or type(error).__name__))
+        text = text if len(text) <= 160 else text[:157] + "..."
+        print(f"rlspeed: error: out of memory ({text}): use fewer envs, episodes or a smaller buffer (--device cpu "
+              "when a device is full).", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
         terminated = isinstance(stop, Terminated)
