@@ -403,3 +403,14 @@ def test_add_says_what_it_takes_for_numpy_arrays_and_for_another_number_of_rows(
         add_ids(buffer, [1, 2, 3])
     assert len(buffer) == 0
 
+
+
+def test_optimize_memory_usage_is_refused_saying_which_observations_are_stored_once():
+    """The refusal said rlspeed stored "large images once per transition by itself": a MinAtar buffer of 1,000,000
+    (800 MB twice) stays dense at 820 bytes per transition, where SB3's optimize_memory_usage takes 420."""
+    from rlspeed import DQN
+    from rlspeed.errors import UserError
+
+    with pytest.raises(UserError, match=r"where storing them twice would take 1 GiB or more.*vector observations are "
+                                        r"stored whole \(model.report\(\) says which\)"):
+        DQN("CartPole-v1", device="cpu", optimize_memory_usage=True)

@@ -115,8 +115,10 @@ SB3_KEYWORDS = {
     "replay_buffer_kwargs": "rlspeed's replay buffer takes buffer_size, n_step and frame_dedup as hyperparameters, "
                             "and HerReplayBuffer's options as her=True, n_sampled_goal=4, "
                             "goal_selection_strategy='future'",
-    "optimize_memory_usage": "rlspeed's replay stores frame stacks and large images once per transition by itself "
-                             "(frame_dedup=True, the default), exactly across episode ends",
+    "optimize_memory_usage": "rlspeed's replay stores frame stacks one frame per transition, and other uint8 or bool "
+                             "images once per transition where storing them twice would take 1 GiB or more, by "
+                             "itself (frame_dedup=True, the default), exactly across episode ends; smaller image "
+                             "buffers and vector observations are stored whole (model.report() says which)",
     "stats_window_size": "metrics.csv and the progress bar average the episodes that finished in each log interval "
                          "(learn(log_interval_s=...))",
     "features_extractor_class": "rlspeed picks the encoder from the observation space (encoder='auto', or 'cnn' or "
