@@ -629,3 +629,22 @@ def test_a_checkpoint_with_float32_normalisation_statistics_resumes(tmp_path):
     resumed.resume(path)
     assert torch.equal(resumed._normalization.obs_var, tensors["state.norm.obs_var"].float().double())
     resumed.learn(128)
+
+
+def test_a_resumed_populations_replay_buffer_is_read_mapped(tmp_path, monkeypatch):
+    """As the solo resume (tests/test_checkpoint.py): the replay file is read as views of it mapped in memory and
+    copied into the new buffer, not copied whole besides it first (its n-step window: copies of its own)."""
+    from rlspeed import SAC, checkpoint
+
+    _offpolicy(SAC, "Pendulum-v1", save_replay_buffer=True).learn(256, run_dir=tmp_path, checkpoint_freq=128)
+    calls, load = [], checkpoint.load_checkpoint
+
+    def spy(path, *args, **kwargs):
+        calls.append((Path(path).name, kwargs.get("mapped", False)))
+        return load(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "load_checkpoint", spy)
+    resumed = _offpolicy(SAC, "Pendulum-v1", save_replay_buffer=True)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert ("checkpoint.replay.safetensors", True) in calls
+    assert len(resumed.buffer) > 0

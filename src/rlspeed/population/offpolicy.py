@@ -435,7 +435,9 @@ class MemberReplay:
         for name in self.fields:
             getattr(self, name)[:tensors[name].shape[0]] = tensors[name]
         entries = 7 if self.next_action_masks is not None else 6
-        self._window = [tuple(tensors[f"window.{i}.{j}"] for j in range(entries)) for i in range(int(meta["window"]))]
+        # (copies: the tensors given may be views of the file, `load_checkpoint(mapped=True)`)
+        self._window = [tuple(tensors[f"window.{i}.{j}"].clone() for j in range(entries))
+                        for i in range(int(meta["window"]))]
         self.written = int(meta["written"])
 
     def sample(self, index: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -975,7 +977,9 @@ class OffPolicyPopulation(PopulationBase):
             if file is None:  # (an edited file's)
                 raise UserError(f"it names {str(saved.get('file'))!r}, no file beside it")
             # (non-finite rows are a diverging member's, as its parameters are: dropped when the loop finds it)
-            tensors, meta = load_paired(file, saved.get("token"), device=self.device, allow_nonfinite=True)
+            # (read mapped: copied into the new buffer, no copy of the whole file besides it, `_load_replay`'s)
+            tensors, meta = load_paired(file, saved.get("token"), device=self.device, allow_nonfinite=True,
+                                        mapped=True)
         except UserError as error:
             warnings.warn(f"The replay buffer saved with '{path}' cannot be read ({error}); {empty}.", stacklevel=3)
             return
