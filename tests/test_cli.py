@@ -1082,6 +1082,30 @@ def test_a_closed_output_stream_changes_neither_the_exit_code_nor_the_other_stre
             assert json.loads(done.stdout)["episodes"] == 1
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
+def test_an_output_that_cannot_be_written_is_one_sentence_and_a_lost_result_a_failure(tmp_path):
+    """`rlspeed ... > LOG` on a full disk: `rlspeed train` stopped before training with a Python traceback (exit code
+    120), and `rlspeed eval --json` and `--version`, whose output was lost, printed "Exception ignored" tracebacks and
+    exited 120. A run goes on (its lines going nowhere, said once on stderr) and keeps its exit code; a command whose
+    output is all it does fails with one sentence and exit code 1, as Unix tools do on a write error."""
+    run = tmp_path / "run"
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16, batch_size=32)
+    model.learn(32, progress_bar=False).save(run / "model.safetensors")
+    environment = {**os.environ, "PYTHONUNBUFFERED": ""}  # (stdout to a file is buffered, as it is by default)
+    for argv, code in ((["eval", str(run), "--episodes", "1", "--seed", "0", "--json"], 1), (["--version"], 1),
+                       (["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--set",
+                         "num_steps=16", "--target-return", "none", "--out", str(tmp_path / "trained")], 0)):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "rlspeed", *argv], stdout=full, stderr=subprocess.PIPE,
+                                  text=True, timeout=300, env=environment)
+        assert done.returncode == code, done.stderr
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+        said = [line for line in done.stderr.splitlines() if "standard output" in line]
+        assert len(said) == 1 and "No space left on device" in said[0], done.stderr
+        assert said[0].startswith("rlspeed: error: " if code else "rlspeed: warning: ")
+    assert json.loads((tmp_path / "trained" / "summary.json").read_text())["total_timesteps"] >= 64
+
+
 def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(tmp_path):
     """A directory named in another encoding (a GBK zip unpacked here) was printed as backslash escapes, a path that
     cannot be copied back into the shell."""

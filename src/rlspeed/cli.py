@@ -2569,8 +2569,8 @@ def main(argv: list[str] | None = None) -> int:
                 stream.reconfigure(errors=_OUTPUT_ERRORS)
         # (a closed stream, `>&-` or `2>&-`, is None in Python: its lines go nowhere, as Python's own do)
         sys.stdout, sys.stderr = (stream if isinstance(stream, _ReaderMayLeave) else _ReaderMayLeave(
-            stream if stream is not None else open(os.devnull, "w", encoding="utf-8"))  # noqa: SIM115 (for the run)
-            for stream in (sys.stdout, sys.stderr))
+            stream if stream is not None else open(os.devnull, "w", encoding="utf-8"), name)  # noqa: SIM115
+            for stream, name in ((sys.stdout, "standard output"), (sys.stderr, "")))
     # (a caller in the same process keeps its torch thread count, and its later models their default one: the
     # command sets both for itself, `configure_threads`)
     threads_before = None if console or "torch" not in sys.modules else sys.modules["torch"].get_num_threads()
@@ -2583,6 +2583,8 @@ def main(argv: list[str] | None = None) -> int:
         code = None
         try:
             code = _main(argv)
+            if console:
+                code = _flushed(code)
             return code
         except UserError:  # (raised only with --debug: the command prints its traceback, with the same exit code)
             if not console:
@@ -2592,8 +2594,15 @@ def main(argv: list[str] | None = None) -> int:
         except _ReaderLeft:  # (a command whose output is all it does, its reader gone: 128 + SIGPIPE, as Unix tools)
             code = 141
             return code
+        except _OutputFailed as failed:  # (a command whose output is all it does, which could not be written)
+            print(failed.sentence(), file=sys.stderr, flush=True)
+            code = 1
+            return code
         except SystemExit as leaving:  # (--help, --version: argparse exits; a caller passing argv gets the code)
             if console:
+                flushed = _flushed(0, stop=True) if leaving.code in (None, 0) else 0  # (their output is all they do)
+                if flushed:
+                    raise SystemExit(flushed) from None
                 raise
             code = leaving.code if isinstance(leaving.code, int) else 0 if leaving.code is None else 1
             return code
@@ -2637,38 +2646,66 @@ def _path_bytes_else_escaped(error: UnicodeError) -> tuple[str | bytes, int]:
 class _ReaderMayLeave:
     """An output stream of the `rlspeed` command whose reader may leave (`rlspeed train ... | head -1`, `| grep -m1`):
     from then on its lines go to os.devnull and the command goes on with the exit code it would have had (a training
-    run is not stopped, nor its success turned into a BrokenPipeError traceback, by the program reading its log)."""
+    run is not stopped, nor its success turned into a BrokenPipeError traceback, by the program reading its log).
+    A stream that cannot be written otherwise (a log on a full disk, an I/O error) goes to os.devnull too: standard
+    output's failure is said once on stderr, and a command whose output is all it does stops (`_OutputFailed`)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, name: str = ""):
         self._stream = stream
+        self._name = name  # ("standard output": its failure is said on stderr; stderr's cannot be said anywhere)
         #: raise `_ReaderLeft` once the reader has left (a command whose output is all it does: `main` sets it)
         self.stop_when_gone = False
+        self._failure_said = False
 
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
             self._reader_left()
-            return len(text)
+        except BlockingIOError:  # (a non-blocking pipe that is full: the caller may write again)
+            raise
+        except OSError as error:  # (a full disk, an I/O error)
+            self._cannot_write(error)
+        return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
             self._reader_left()
+        except BlockingIOError:
+            raise
+        except OSError as error:
+            self._cannot_write(error)
 
-    def _reader_left(self) -> None:
-        """Point the stream's file descriptor at os.devnull (what is still buffered, and Python's flush at exit, then
-        write nowhere instead of failing again); then `_ReaderLeft` where the command should stop."""
+    def _to_devnull(self) -> None:
+        """Point the stream's file descriptor at os.devnull: what is still buffered, and Python's flush at exit, then
+        write nowhere instead of failing again."""
         with contextlib.suppress(OSError, ValueError):
             devnull = os.open(os.devnull, os.O_WRONLY)
             try:
                 os.dup2(devnull, self._stream.fileno())
             finally:
                 os.close(devnull)
+
+    def _reader_left(self) -> None:
+        """The stream to os.devnull; then `_ReaderLeft` where the command should stop."""
+        self._to_devnull()
         if self.stop_when_gone:
             self.stop_when_gone = False  # (once: the command's own clean-up may still write)
             raise _ReaderLeft
+
+    def _cannot_write(self, error: OSError) -> None:
+        """A write that failed other than for a reader gone: the stream to os.devnull; then `_OutputFailed` where the
+        command should stop (its output is lost: `main` says so), else, for standard output, a warning on stderr."""
+        self._to_devnull()
+        if self.stop_when_gone:
+            self.stop_when_gone = False
+            raise _OutputFailed(self._name, error)
+        if self._name and not self._failure_said:
+            self._failure_said = True
+            print(f"rlspeed: warning: cannot write {self._name} ({error.strerror or error}): its lines go nowhere "
+                  "from here on; the command goes on.", file=sys.stderr, flush=True)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
@@ -2676,6 +2713,34 @@ class _ReaderMayLeave:
 
 class _ReaderLeft(BaseException):  # noqa: N818 (a stop, like KeyboardInterrupt: past `except Exception`)
     """The reader of a command's output left, and the command's output is all it does (`_ReaderMayLeave`)."""
+
+
+class _OutputFailed(BaseException):  # noqa: N818 (a stop, as `_ReaderLeft`)
+    """A command's output could not be written (a full disk, an I/O error), and the output is all the command does
+    (`_ReaderMayLeave`): its args are the stream's name and the OSError."""
+
+    def sentence(self) -> str:
+        name, error = self.args
+        return f"rlspeed: error: cannot write {name} ({error.strerror or error}): the command's output is lost."
+
+
+def _flushed(code: int, stop: bool = False) -> int:
+    """`code`, once standard output's buffered lines are written (a failure at Python's exit was an "Exception
+    ignored" traceback and exit code 120): 141 where its reader left, 1 where it could not be written, for a command
+    whose output is all it does (`stop`: --help and --version, whose parse did not set it)."""
+    stream = sys.stdout
+    if not isinstance(stream, _ReaderMayLeave):
+        return code
+    if stop:
+        stream.stop_when_gone = True
+    try:
+        stream.flush()
+    except _ReaderLeft:
+        return 141
+    except _OutputFailed as failed:
+        print(failed.sentence(), file=sys.stderr, flush=True)
+        return 1
+    return code
 
 
 #: the warnings this command has shown (`_show_warning`: each once)
