@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +59,21 @@ def test_cli_doctor_exits_zero_on_cpu():
     assert result.returncode == 0, result.stdout + result.stderr
     assert "tensor on cpu" in result.stdout
     assert result.stdout.splitlines()[-1].endswith(" 0 failed")
+
+
+def test_cli_doctor_json_is_the_only_output_on_stdout():
+    """`rlspeed doctor --json | jq`: a CI job's preflight reads the checks from stdout (rlspeed doctor had only its
+    aligned lines, and `--json` was refused with exit code 2); the lines go to stderr."""
+    env = dict(os.environ, **{doctor.SKIP_COMPILE_ENV: "1"})
+    result = subprocess.run([sys.executable, "-m", "rlspeed", "doctor", "--device", "cpu", "--json"],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    statuses = {check["name"]: check["status"] for check in report["checks"]}
+    assert statuses["device"] == "PASS" and statuses["torch"] == "PASS"
+    assert set(report["checks"][0]) == {"status", "name", "detail", "advice"}
+    assert report["failed"] == 0 and report["passed"] == list(statuses.values()).count("PASS")
+    assert "tensor on cpu" in result.stderr and result.stderr.splitlines()[-1].endswith(" 0 failed")
 
 
 @pytest.mark.skipif(bool(torch.version.cuda), reason="torch here has a CUDA build")

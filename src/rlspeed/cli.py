@@ -2358,7 +2358,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             except (RuntimeError, ValueError):
                 raise UserError(f"--device '{args.device}' is not a device name (auto, cpu, cuda, cuda:1, xpu, mps, "
                                 "npu, ...).") from None
-    return run_doctor(device=args.device)
+    return run_doctor(device=args.device, json_output=args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -2525,6 +2525,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
     doctor.add_argument("--device", default="auto", help="the device to check (default auto)")
+    doctor.add_argument("--json", action="store_true",
+                        help="print the checks as JSON on stdout (the lines go to stderr)")
     doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show full tracebacks on errors")
     doctor.set_defaults(func=cmd_doctor)

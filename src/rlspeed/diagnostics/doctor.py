@@ -578,15 +578,18 @@ def _guarded(name: str, check: Callable[[], Check | Iterable[Check]]) -> list[Ch
     return [result] if isinstance(result, Check) else list(result)
 
 
-def run_doctor(device: str = "auto") -> int:
-    """Run every check, print one line each and a summary; return 1 if any check failed, else 0."""
+def run_doctor(device: str = "auto", json_output: bool = False) -> int:
+    """Run every check, print one line each and a summary; return 1 if any check failed, else 0. `json_output`: the
+    lines go to stderr, and stdout gets only the result as one JSON object (`rlspeed doctor --json`: rlspeed's
+    version, the platform, each check's status, name, detail and advice, and the counts)."""
     version = _version("rlspeed") or "unknown version"
-    print(f"rlspeed doctor (rlspeed {version}, {platform.system()} {platform.machine()})", flush=True)
+    stream = sys.stderr if json_output else sys.stdout  # (read at the call: the CLI's wrapped streams)
+    print(f"rlspeed doctor (rlspeed {version}, {platform.system()} {platform.machine()})", file=stream, flush=True)
     results: list[Check] = []
 
     def report(checks: list[Check]) -> None:
         for check in checks:
-            print(check.line(), flush=True)
+            print(check.line(), file=stream, flush=True)
         results.extend(checks)
 
     report(_guarded("python", check_python_torch))
@@ -601,5 +604,11 @@ def run_doctor(device: str = "auto") -> int:
     report(_guarded("packages", check_packages))
 
     counts = {status: sum(check.status == status for check in results) for status in (PASS, WARN, FAIL)}
-    print(f"{counts[PASS]} passed, {counts[WARN]} warnings, {counts[FAIL]} failed", flush=True)
+    print(f"{counts[PASS]} passed, {counts[WARN]} warnings, {counts[FAIL]} failed", file=stream, flush=True)
+    if json_output:
+        print(json.dumps({"rlspeed": version, "system": platform.system(), "machine": platform.machine(),
+                          "checks": [{"status": check.status, "name": check.name, "detail": check.detail,
+                                      "advice": check.advice} for check in results],
+                          "passed": counts[PASS], "warnings": counts[WARN], "failed": counts[FAIL]},
+                         ensure_ascii=False), flush=True)
     return 1 if counts[FAIL] else 0
