@@ -290,3 +290,41 @@ def test_a_loaded_model_that_trained_on_a_normalising_vec_normalize_refuses_an_e
         else:
             with pytest.warns(UserWarning, match="still running after 5 steps"):
                 assert rlspeed.evaluate(loaded, "Pendulum-v1", episodes=1, max_steps=5)["lengths"] == [5]
+
+
+def test_a_vector_env_shares_the_episodes_among_its_envs_as_sb3s_evaluate_policy(ppo):
+    """`evaluate(model, vec_env, episodes=N)` was refused unless N was the env's size (a ported
+    `evaluate_policy(model, DummyVecEnv([...]), n_eval_episodes=5)`, EvalCallback's default of 5 on one env): its
+    envs now share the episodes as SB3's evaluate_policy spreads them, each env counting its first ones, so the same
+    envs give SB3's episodes."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from rlspeed.callbacks import EvalCallback
+
+    def made() -> DummyVecEnv:
+        env = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1", max_episode_steps=60))] * 2)
+        env.seed(3)
+        return env
+
+    env = made()
+    result = rlspeed.evaluate(ppo, env, episodes=5)
+    env.close()
+    env = made()
+    returns, lengths = evaluate_policy(ppo, env, n_eval_episodes=5, return_episode_rewards=True)
+    env.close()
+    assert result["episodes"] == 5 and result["unfinished"] == 0
+    assert sorted(result["returns"]) == sorted(returns) and sorted(result["lengths"]) == sorted(lengths)
+    one = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1", max_episode_steps=60))])
+    assert rlspeed.evaluate(ppo, one, episodes=3)["episodes"] == 3  # (one env, episode after episode)
+    with pytest.warns(UserWarning, match="1 of 3 episodes were still running after 5 steps per episode; they count "
+                                         "with the return collected so far, and 2 never started"):
+        cut = rlspeed.evaluate(ppo, one, episodes=3, max_steps=5)
+    assert (cut["episodes"], cut["unfinished"], cut["returns"]) == (1, 1, [15.0])
+    callback = EvalCallback(one, n_eval_episodes=3, eval_freq=128, verbose=0)
+    PPO(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4), seed=0, device="cpu", num_steps=32,
+        batch_size=128).learn(128, callback=callback, progress_bar=False)
+    assert [len(returns) for returns in callback.evaluations_results] == [3]
+    one.close()

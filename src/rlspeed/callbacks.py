@@ -565,7 +565,8 @@ class EvalCallback(BaseCallback):
     """Evaluate the deterministic policy every `eval_freq` env steps on a separate env for `n_eval_episodes` episodes;
     keep the best model. `eval_env`: an env id (default the model's; fresh envs each time), or a vector env you
     built (Gymnasium's or Stable-Baselines3's, a separate instance from the training env, kept open and reset for
-    each evaluation: one episode per env, so `n_eval_episodes` is its size), for envs that have no registered id.
+    each evaluation: its envs share the `n_eval_episodes` episodes as `rlspeed.evaluate` spreads them, by default one
+    each), for envs that have no registered id.
 
     With `best_model_save_path`, each new best is saved there as `best_model.safetensors` (load it with the algorithm's
     `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation; either
@@ -603,9 +604,6 @@ class EvalCallback(BaseCallback):
                            if isinstance(env_id, str) else "")
             raise UserError("EvalCallback's eval_env is an env id or a vector env (Gymnasium's or "
                             f"Stable-Baselines3's), not a {type(eval_env).__name__}{instead}.")
-        if size is not None and n_eval_episodes not in (None, size):
-            raise UserError(f"EvalCallback evaluates one episode per env of a vector env: this one has {size} envs, so "
-                            f"n_eval_episodes is {size} (leave it out), not {n_eval_episodes}.")
         if n_eval_episodes is None:  # (a vector env: its size; an env id: 5)
             n_eval_episodes = size if size is not None else 5
         eval_freq = positive_whole("EvalCallback's eval_freq", eval_freq)

@@ -67,14 +67,16 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
              max_steps: int | None = None, env_kwargs: dict | None = None, progress_bar: bool = False,
              **stable_baselines3: typing.Any) -> dict:
-    """Run `episodes` episodes of `model` (one per env row, in parallel) and return their returns.
+    """Run `episodes` episodes of `model` (in parallel, one per env row of an env this call makes) and return their
+    returns.
 
     Returns ``{"mean", "std", "episodes", "returns", "lengths", "unfinished"}`` (`lengths`: each episode's env steps),
     and ``"successes"`` (per episode, whether its last info said ``is_success``) with ``"success_rate"`` (their share of
     the finished episodes) where the env reports ``info["is_success"]``. The env is new (seeded with `seed`; for the
     model's own env id made with the options its env had, `model.spec.env_kwargs`), not the training env, and rewards
     are the env's own (no normalisation). `env_id` may also be a vector env you built, or an env `rlspeed.make_env` made
-    (one episode per env: `episodes` its size), which this call resets and leaves open: give a separate instance built
+    (its envs share the episodes as Stable-Baselines3's `evaluate_policy` spreads them: row i counts its first
+    `(episodes + i) // num_envs`), which this call resets and leaves open: give a separate instance built
     as the training env was, not the training env itself, and without rlspeed's normalisation (the model normalises
     observations with its own frozen statistics; an env made with `normalize_obs=True` is refused); a model training
     on Stable-Baselines3's `VecNormalize` is evaluated on a `VecNormalize(eval_env, training=False,
@@ -101,10 +103,11 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)
-    size = getattr(env_id, "num_envs", None)  # (a vector env the user built: one episode per env, in parallel)
-    if size is not None and episodes != size:
-        raise UserError(f"evaluate runs one episode per env, and this vector env has {size} envs: pass "
-                        f"episodes={size}, or an env id (which makes `episodes` envs).")
+    size = getattr(env_id, "num_envs", None)  # (a vector env the user built: its envs run the episodes in parallel)
+    # Episodes each env row counts, as Stable-Baselines3's evaluate_policy spreads them ((episodes + i) // size for
+    # row i: every row's first episodes, so that short episodes are not over-counted); one each where `episodes` is
+    # the env's size, the only case of an env this call makes.
+    quotas = [(episodes + row) // size for row in range(size)] if size is not None else [1] * episodes
     own_env = env_id in (None, model.env_id)
     if env_kwargs is not None and not isinstance(env_id or model.env_id, str):
         raise UserError("evaluate takes env_kwargs with an env id; this env is already built, so give its options "
@@ -145,9 +148,10 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
                                 f"backend='gymnasium' (--env-backend gymnasium on the command line), not "
                                 f"'{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
-        env = atari.for_evaluation(make_env(env_id, num_envs=episodes, device=device, seed=seed, backend=backend,
-                                            evaluation=True, **options))
+        env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
+                                            seed=seed, backend=backend, evaluation=True, **options))
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
+    spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
     returns = torch.zeros(episodes, device=env.device)
     lengths = torch.zeros(episodes, device=env.device)
     finished = torch.zeros(episodes, dtype=torch.bool, device=env.device)
@@ -169,6 +173,9 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
         _warn_reward_wrappers(env_id)
         _warn_life_episodes(env_id)
         with sampling:
+            if spread:
+                spread = _spread_episodes(model, env, quotas, limit, deterministic, bar)
+                return _spread_result(spread, episodes, limit, seed)
             obs, info = env.reset()
             masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
             check_every = 64 if env.backend == "torch" else 1
@@ -224,6 +231,66 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
         result["successes"] = succeeded.cpu().tolist()
         if unfinished < episodes:
             result["success_rate"] = sum(result["successes"]) / (episodes - unfinished)
+    return result
+
+
+def _spread_episodes(model, env, quotas: list[int], limit: int, deterministic: bool, bar) -> dict:
+    """Run `model` on `env` (a vector env of the caller's, reset here) until each row i finished `quotas[i]` episodes
+    (its first ones; later ones are not counted), or until `limit` steps per episode of the largest quota have passed.
+    Returns {"returns", "lengths", "successes" (None where the env never reported is_success), "unfinished"}: the
+    episodes in row order, each row's first ones, a row short of its quota adding its running episode (unfinished)."""
+    masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
+    recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
+    rows: list[list[tuple[float, int, bool | None]]] = [[] for _ in quotas]
+    reported = False
+    obs, info = env.reset()
+    for _ in range(limit * max(quotas)):
+        masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
+        if recurrent:
+            actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic, **masks)
+        else:
+            actions = model.act(obs, deterministic=deterministic, **masks)
+        obs, _reward, terminated, truncated, info = env.step(actions.to(env.device))
+        episode_start = terminated | truncated
+        done = info["done"].cpu()  # (one host read per step: a caller's vector env steps on the host anyway)
+        if done.any():
+            ended = done.nonzero().flatten().tolist()
+            returns, lengths = info["episode_return"].cpu().tolist(), info["episode_length"].cpu().tolist()
+            success = info["is_success"].cpu().tolist() if "is_success" in info else None
+            reported = reported or success is not None
+            for row in ended:
+                if len(rows[row]) < quotas[row]:
+                    rows[row].append((returns[row], int(lengths[row]), None if success is None else bool(success[row])))
+                    bar.update(1)
+            if all(len(kept) >= quota for kept, quota in zip(rows, quotas)):
+                break
+    unfinished = 0
+    returns, lengths = info["episode_return"].cpu().tolist(), info["episode_length"].cpu().tolist()
+    for row, quota in enumerate(quotas):
+        if len(rows[row]) < quota:  # (the running episode counts with the return it collected so far)
+            rows[row].append((returns[row], int(lengths[row]), None))
+            unfinished += 1
+    episodes = [episode for kept in rows for episode in kept]
+    return {"returns": [float(r) for r, _, _ in episodes], "lengths": [n for _, n, _ in episodes],
+            "successes": [bool(s) for _, _, s in episodes] if reported else None, "unfinished": unfinished}
+
+
+def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) -> dict:
+    """`evaluate`'s result from `_spread_episodes`' episodes (with its warning for unfinished ones)."""
+    values, unfinished = spread["returns"], spread["unfinished"]
+    if unfinished or len(values) < episodes:
+        warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps per "
+                      "episode; they count with the return collected so far" + (
+                          f", and {episodes - len(values)} never started" if len(values) < episodes else "")
+                      + " (pass max_steps= to run longer).", stacklevel=3)
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    result = {"mean": mean, "std": std, "episodes": len(values), "returns": values, "lengths": spread["lengths"],
+              "unfinished": unfinished, "seed": seed}
+    if spread["successes"] is not None:
+        result["successes"] = spread["successes"]
+        if unfinished < len(values):
+            result["success_rate"] = sum(result["successes"]) / (len(values) - unfinished)
     return result
 
 
