@@ -645,3 +645,41 @@ def test_set_over_rl_zoo_v4_entry_for_a_mujoco_v5_id_names_the_preset_whole():
     (note,) = cli._preset_values_kept(preset, SAC, {"learning_starts": 500}, hyper)
     assert note.startswith(f"rlspeed: note: {preset.origin} also sets ")
     assert "its Humanoid-v4 entry" in note and note.count("(") == note.count(")")
+
+
+def test_env_options_that_make_another_registered_id_train_its_task(tmp_path, capsys):
+    """`--env-kwargs` options with which Gymnasium registers another id (LunarLander-v3 with continuous=True is
+    LunarLanderContinuous-v3) train that id's task: its preset, where it has one, and its reward threshold as the
+    target. Before, the preset was the id's as registered (A2C's for discrete LunarLander on continuous actions; SAC,
+    without one, rlspeed's default where RL-Zoo has LunarLanderContinuous-v3's) and the run had no target."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed import cli
+    from rlspeed.envs.base import registered_variant
+
+    # (the registry only: no Box2D needed)
+    assert registered_variant("LunarLander-v3", {"continuous": True}) == "LunarLanderContinuous-v3"
+    # BipedalWalkerHardcore-v3 is hardcore=True with a time limit of 2,000 steps, not the 1,600 the options keep
+    assert registered_variant("BipedalWalker-v3", {"hardcore": True}) is None
+    assert registered_variant("BipedalWalker-v3", {"hardcore": True, "max_episode_steps": 2000}) == (
+        "BipedalWalkerHardcore-v3")
+    assert registered_variant("LunarLander-v3", {"enable_wind": True}) is None
+    assert registered_variant("LunarLander-v3", {"continuous": np.array([1, 1])}) is None  # (no bool to compare)
+    assert registered_variant("LunarLander-v3", None) is None
+
+    short = "rlspeed-test/ShortCartPole-v0"  # (CartPole-v1 with 50 steps: CartPole-v1 again with 500)
+    if short not in gym.registry:
+        gym.register(short, entry_point=gym.spec("CartPole-v1").entry_point, max_episode_steps=50)
+    assert registered_variant(short, {"max_episode_steps": 500}) == "CartPole-v1"
+    argv = ["train", "ppo", short, "--env-kwargs", "max_episode_steps=500", "--total-timesteps", "64",
+            "--no-progress", "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert (f"rlspeed: note: {short} with max_episode_steps=500 is CartPole-v1 as Gymnasium registers it: the preset "
+            "and reward threshold are CartPole-v1's") in err
+    assert "may not fit" not in err
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["preset"]["origin"] == "rlspeed's preset for ppo CartPole-v1"
+    assert config["hyperparameters"]["num_steps"] == load_preset("ppo", "CartPole-v1")["num_steps"]
+    assert config["target_return"] == 475 and config["env_kwargs"] == {"max_episode_steps": 500}

@@ -249,12 +249,15 @@ def _total_timesteps(run_settings: dict, flag: int | None = None) -> int:
 
 def _target_and_eval_freq(args: argparse.Namespace, run_settings: dict, spec) -> tuple[float | None, int | None]:
     """A run's target return and evaluation frequency: each flag, else the preset's run setting, else the env's
-    reward_threshold (`spec`'s: none for a variant made with env options) and None (the algorithm's own frequency)."""
+    reward_threshold (`spec`'s: none for a variant made with env options, unless they make another registered id)
+    and None (the algorithm's own frequency)."""
     if args.target_return is not None:
         target = _target(args.target_return, spec)
     else:
         target = run_settings.get("target_return", spec.reward_threshold)
-        if target is not None and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None)):
+        # (a threshold `spec` keeps with options is that of the registered id they make, as is `env_variant`'s preset)
+        if (run_settings.get("target_return") is not None and not getattr(args, "env_variant", None)
+                and (getattr(args, "env_kwargs", None) or getattr(args, "resume_env_kwargs", None))):
             print(f"rlspeed: note: the target {target:g} is the preset's for {args.env_id} as registered; with env "
                   "options it may not fit: give --target-return R (or none)", file=sys.stderr, flush=True)
     eval_freq = args.eval_freq if args.eval_freq is not None else run_settings.get("eval_freq")
@@ -859,7 +862,11 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     from rlspeed.presets import load_preset, split_run_settings
 
     algo_cls = _algorithm(args.algo)
-    preset = load_preset(algo_cls.name, args.env_id, getattr(args, "preset", "auto"), _env_kwargs(args))
+    source = getattr(args, "preset", "auto")
+    preset_id, preset = _variant_preset(args, algo_cls.name, source)
+    if preset is None:
+        preset_id, preset = args.env_id, load_preset(algo_cls.name, args.env_id, source, _env_kwargs(args))
+    args.env_variant = preset_id if preset_id != args.env_id else None
     args.preset_message = preset.message()  # None for rlspeed's own preset for the pair
     # (`requested`: the --preset value as given, which a --resume naming the same preset is compared with)
     args.preset_info = {"source": preset.source, "origin": preset.origin, "not_honoured": preset.unsupported,
@@ -926,6 +933,10 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
                                                   algo_cls.__name__)
     if dropped_note is not None and not hyper_overrides.get("normalize_obs"):
         args.setting_notes.append(dropped_note)
+    if args.env_variant and not resumed:
+        options = ", ".join(f"{key}={value!r}" for key, value in _env_kwargs(args).items())
+        args.setting_notes.append(f"rlspeed: note: {args.env_id} with {options} is {preset_id} as Gymnasium "
+                                  f"registers it: the preset and reward threshold are {preset_id}'s")
     given = {**hyper_overrides, **({"num_envs": args.num_envs} if args.num_envs is not None else {}),
              **dict.fromkeys(getattr(args, "member_keys", ()))}  # (a population's per-member --set values)
     if (hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none"):
@@ -987,6 +998,28 @@ def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None)
                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
                     nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
                     env_kwargs=_env_kwargs(args), **hyper)
+
+
+def _variant_preset(args: argparse.Namespace, algo: str, source: str):
+    """(id, preset) where the command's env options make another registered id (`registered_variant`:
+    LunarLander-v3 with continuous=True is LunarLanderContinuous-v3) with a preset of its own from `source` (auto,
+    rlspeed or zoo): that task's, not the one tuned for the id as registered (discrete actions); else (None, None),
+    and the id's own preset applies (a variant without one of its own, as before)."""
+    env_kwargs = _env_kwargs(args)
+    if not env_kwargs or source not in ("auto", "rlspeed", "zoo"):
+        return None, None
+    from rlspeed.envs import import_env_module
+    from rlspeed.envs.base import registered_variant
+    from rlspeed.presets import load_preset
+
+    variant = registered_variant(import_env_module(args.env_id), env_kwargs)
+    if variant is None:
+        return None, None
+    try:
+        preset = load_preset(algo, variant, source, env_kwargs)
+    except UserError:  # (RL-Zoo has no entry for the variant, or one rlspeed cannot honour: the id's own, then)
+        return None, None
+    return (variant, preset) if preset.source in ("rlspeed", "zoo") else (None, None)
 
 
 def _env_kwargs(args: argparse.Namespace) -> dict | None:

@@ -245,6 +245,33 @@ def recorded_env_kwargs(spec: EnvSpec) -> dict:
     return kept
 
 
+def registered_variant(env_id: str, env_kwargs: dict | None) -> str | None:
+    """The other id Gymnasium registers as `gymnasium.make(env_id, **env_kwargs)`: the same entry point, kwargs and
+    time limit (LunarLander-v3 with continuous=True is LunarLanderContinuous-v3, whose presets and reward threshold
+    are then the task's), else None (no options, an id Gymnasium does not register, or a variant it has no id for:
+    BipedalWalker-v3 with hardcore=True keeps a time limit of 1,600 steps where BipedalWalkerHardcore-v3 has 2,000)."""
+    if not env_kwargs:
+        return None
+    try:
+        spec = gym.spec(env_id)
+    except Exception:  # (not a registered id: a user's vector env, a module:EnvId not imported)
+        return None
+    options = dict(env_kwargs)
+    # (gymnasium.make's own keyword, not the env's; None keeps the registered limit, as make does)
+    max_steps = options.pop("max_episode_steps", None) or spec.max_episode_steps
+    kwargs = {**(spec.kwargs or {}), **options}
+    for other_id, other in gym.registry.items():
+        try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
+            same = (other_id != spec.id and other.entry_point == spec.entry_point
+                    and other.max_episode_steps == max_steps and dict(other.kwargs or {}) == kwargs
+                    and tuple(other.additional_wrappers or ()) == tuple(spec.additional_wrappers or ()))
+        except (ValueError, TypeError):
+            same = False
+        if same:
+            return other_id
+    return None
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What algorithms need to know about an env, independent of its backend.
@@ -281,10 +308,13 @@ class EnvSpec:
     def with_options(self, env_kwargs: dict | None) -> EnvSpec:
         """This spec for the env made with the Gymnasium options `env_kwargs` (itself without any): the options
         recorded, the time limit a `max_episode_steps` option sets, and no reward threshold (the registered env's
-        says nothing of a variant)."""
+        says nothing of a variant), unless the options make another registered id (`registered_variant`), whose
+        threshold is the task's."""
         if not env_kwargs:
             return self
-        return dataclasses.replace(self, env_kwargs=dict(env_kwargs), reward_threshold=None,
+        variant = registered_variant(self.env_id, env_kwargs)
+        return dataclasses.replace(self, env_kwargs=dict(env_kwargs),
+                                   reward_threshold=gym.spec(variant).reward_threshold if variant else None,
                                    max_episode_steps=env_kwargs.get("max_episode_steps", self.max_episode_steps))
 
     @property
