@@ -362,6 +362,21 @@ def test_a_key_given_twice_with_two_values_is_refused(flag, capsys, monkeypatch,
     assert cli._parse_set(["g=2.0", "g=2.0"], flag) == {"g": 2.0}  # the same value twice is the same command
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "ppo", "Pendulum-v1", "--env-kwargs", "g=2.0", "m=1.5", "--seed", "3"],
+     "unrecognized arguments: m=1.5; --env-kwargs takes one KEY=VALUE each: --env-kwargs g=2.0 --env-kwargs m=1.5."),
+    (["train", "ppo", "Pendulum-v1", "--set", "n_epochs=4", "batch_size=32", "ent_coef=0.01"],
+     "--set takes one KEY=VALUE each: --set n_epochs=4 --set batch_size=32 --set ent_coef=0.01."),
+    (["eval", "run", "--env-kwargs", "g=2.0", "l=2"], "--env-kwargs g=2.0 --env-kwargs l=2."),
+    (["train", "ppo", "Pendulum-v1", "--env-kwargs", "g:2.0"],
+     "--env-kwargs expects key=value, got 'g:2.0' (RL-Zoo's key:value is --env-kwargs g=2.0 here)."),
+])
+def test_rl_zoo_style_env_kwargs_name_the_command_line_that_works(argv, hint, capsys):
+    """RL-Zoo's `--env-kwargs a:1 b:2` (several pairs after one flag, written key:value) was "unrecognized arguments:
+    b=2 (see 'rlspeed train --help')", or "expects key=value, got 'a:1'": the error writes the command line out."""
+    assert cli_error(capsys, argv).endswith(hint)
+
+
 @pytest.mark.parametrize("value, match", [("010", "octal number 8"), ("{a: 1, a: 2}", "a twice")])
 def test_a_set_value_yaml_would_read_as_another_value_is_refused(value, match):
     """`--set num_steps=010` was 8 (YAML 1.1 octal); a mapping with one key twice kept the last value."""

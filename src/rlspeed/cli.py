@@ -172,7 +172,10 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
     out, written = {}, {}
     for pair in pairs:
         if "=" not in pair:
-            raise UserError(f"{flag} expects key=value, got '{pair}'.")
+            key, colon, value = pair.partition(":")
+            # (RL-Zoo's --env-kwargs and --hyperparams write key:value)
+            zoo = f" (RL-Zoo's key:value is {flag} {key.strip()}={value.strip()} here)" if colon and key.strip() else ""
+            raise UserError(f"{flag} expects key=value, got '{pair}'{zoo}.")
         key, value = pair.split("=", 1)
         key = key.strip()
         if not key:
@@ -2879,6 +2882,23 @@ _WANDB_VARIABLES = {**dict.fromkeys(("group", "run_group"), "WANDB_RUN_GROUP"),
                     "job_type": "WANDB_JOB_TYPE", "mode": "WANDB_MODE", "dir": "WANDB_DIR"}
 
 
+def _pairs_after_flag(unknown: list[str], argv: list[str]) -> tuple[str, list[str]] | None:
+    """(flag, its KEY=VALUE and the ones after it) where the first unrecognized argument is a KEY=VALUE that follows
+    `--set KEY=VALUE` or `--env-kwargs KEY=VALUE` with only such pairs between (`--env-kwargs a=1 b=2`), else None."""
+    if not unknown or unknown[0].startswith("-") or "=" not in unknown[0] or unknown[0] not in argv:
+        return None
+    at = argv.index(unknown[0])
+    start = at
+    while start > 0 and not argv[start - 1].startswith("-") and "=" in argv[start - 1]:
+        start -= 1
+    if start == at or start == 0 or argv[start - 1] not in ("--set", "--env-kwargs"):
+        return None
+    end = at
+    while end < len(argv) and not argv[end].startswith("-") and "=" in argv[end]:
+        end += 1
+    return argv[start - 1], argv[start:end]
+
+
 def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     """An unrecognized `--num-steps 128` (a hyperparameter written as a flag, as CleanRL's scripts take them) or
     `--capture-video` (CleanRL's argument): the error names `--set num_steps=128`, or the setting that does it."""
@@ -2886,6 +2906,11 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     from rlspeed.algos.base import _SHORT_NAMES, CLEANRL_NAMES
 
     unknown = text.removeprefix("unrecognized arguments:").split(" (see ")[0].split()
+    pairs = _pairs_after_flag(unknown, argv)
+    if pairs is not None:  # (RL-Zoo's --env-kwargs and --hyperparams take several after one flag)
+        flag, given = pairs
+        return (f"unrecognized arguments: {' '.join(unknown)}; {flag} takes one KEY=VALUE each: "
+                + " ".join(f"{flag} {shlex.quote(pair)}" for pair in given) + ".")
     flag = next((item for item in unknown if item.startswith("--")), None)
     if flag is None or command not in ("train", "profile", "tune"):
         return text
