@@ -168,6 +168,28 @@ def test_evaluating_on_an_env_that_does_not_fit_the_model_is_a_user_error():
         rlspeed.evaluate(model, "Acrobot-v1", episodes=2)
 
 
+def test_a_space_mismatch_names_what_differs_on_one_line():
+    """`rlspeed eval` of a LunarLander-v3 model on LunarLanderContinuous-v3 printed both envs' spaces whole, their
+    per-component observation bounds as NumPy wraps them ("Box([ -2.5 ... -10.\\n  -0. ...]"), where only the
+    actions differ: the error names the spaces that differ, each on one line."""
+    import gymnasium as gym
+    import numpy as np
+
+    from rlspeed.envs.base import space_text
+
+    low = np.array([-2.5, -2.5, -10.0, -10.0, -6.2831855, -10.0, -0.0, -0.0], np.float32)
+    eight = gym.spaces.Box(low, -low + 1, dtype=np.float32)
+    assert "\n" in str(eight) and "\n" not in space_text(eight)
+    assert space_text(gym.spaces.Box(np.arange(24.0), np.arange(24.0) + 1)) == (
+        "Box((24,), float32, bounds per component)")
+    assert space_text(gym.spaces.Box(-1, 1, (24,))) == "Box(-1.0, 1.0, (24,), float32)"
+    model = PPO("MountainCar-v0", seed=0, device="cpu", num_envs=1, num_steps=8, batch_size=8)
+    with pytest.raises(rlspeed.UserError) as refused:
+        rlspeed.evaluate(model, "MountainCarContinuous-v0", episodes=1)
+    assert str(refused.value) == ("MountainCarContinuous-v0 does not fit this model, trained on MountainCar-v0: its "
+                                  "actions are Box(-1.0, 1.0, (1,), float32), the model's Discrete(3).")
+
+
 class MatrixActions(OffsetActions):
     action_space = gym.spaces.Box(-1.0, 1.0, (2, 2))
 

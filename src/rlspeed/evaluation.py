@@ -14,7 +14,7 @@ import torch
 
 from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
-from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_to_json
+from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_text, space_to_json
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
 from rlspeed.errors import UserError, positive_whole
@@ -390,7 +390,8 @@ def _check_compatible(model, env) -> None:
     """UserError unless `env` has the observations (shapes and dtypes, per key) and action space `model` was trained
     on."""
     trained, given = model.spec, env.spec
-    if not space_mismatch(trained, given):
+    differ = space_mismatch(trained, given)
+    if not differ:
         if _other_bounds(trained.action_space, given.action_space):  # (the same shapes; other Box bounds)
             warnings.warn(f"evaluate: {given.env_id}'s action bounds (low {given.action_space.low}, high "
                           f"{given.action_space.high}) differ from those this model trained with (low "
@@ -398,9 +399,11 @@ def _check_compatible(model, env) -> None:
                           "scaled or clipped: the returns are those of another task (evaluate on an env made as the "
                           "training env was, e.g. with the same RescaleAction).", stacklevel=3)
         return
-    raise UserError(f"{given.env_id} (observations {given.observation_space}, actions {given.action_space}) "
-                    f"does not fit this model, trained on {trained.env_id} (observations "
-                    f"{trained.observation_space}, actions {trained.action_space}).")
+    spaces = {what: (space_text(getattr(given, f"{space}_space")), space_text(getattr(trained, f"{space}_space")))
+              for what, space in (("observations", "observation"), ("actions", "action"))}
+    raise UserError(f"{given.env_id} does not fit this model, trained on {trained.env_id}: "
+                    + "; ".join(f"its {what} are {spaces[what][0]}, the model's {spaces[what][1]}" for what in differ)
+                    + ".")
 
 
 def _other_bounds(trained, given) -> bool:

@@ -254,7 +254,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     import imageio.v2 as imageio
 
     env = _render_env(model, env_id, env_kwargs)
-    from rlspeed.envs.base import EnvSpec
+    from rlspeed.envs.base import EnvSpec, space_text
     from rlspeed.evaluation import space_mismatch
 
     try:  # (observations and actions of the kinds the model trained on, as `evaluate` checks them)
@@ -266,8 +266,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     if wrong:
         env.close()
         raise UserError(f"'{env_id or model.env_id}' gives {' and '.join(wrong)} other than this model trained on "
-                        f"(observations {model.spec.observation_space}, actions {model.spec.action_space}): it cannot "
-                        "be filmed on that env.")
+                        f"(observations {space_text(model.spec.observation_space)}, actions "
+                        f"{space_text(model.spec.action_space)}): it cannot be filmed on that env.")
     game = _atari_game(env_id or model.env_id, env_options(model, env_id, env_kwargs))
     # (an Atari step is FRAME_SKIP of the game's 60 frames a second: the video plays at the game's speed)
     fps = fps or (60 // game.frame_skip if game else env.metadata.get("render_fps") or 30)

@@ -71,6 +71,7 @@ from rlspeed.envs.base import (
     observation_layout,
     recorded_env_kwargs,
     space_from_json,
+    space_text,
     space_to_json,
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, is_registered_env, normalising_wrappers, reward_wrappers
@@ -1048,10 +1049,11 @@ def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
     if not differ:
         return
     what = " and ".join(differ)
-    raise UserError(f"The env given to load ({given.env_id}: observations {given.observation_space}, actions "
-                    f"{given.action_space}) does not fit the model in '{path}', trained on {saved.env_id} "
-                    f"(observations {saved.observation_space}, actions {saved.action_space}): its {what} differ; give "
-                    "an env with the spaces the model was trained on.")
+    raise UserError(f"The env given to load ({given.env_id}: observations {space_text(given.observation_space)}, "
+                    f"actions {space_text(given.action_space)}) does not fit the model in '{path}', trained on "
+                    f"{saved.env_id} (observations {space_text(saved.observation_space)}, actions "
+                    f"{space_text(saved.action_space)}): its {what} differ; give an env with the spaces the model was "
+                    "trained on.")
 
 
 #: Stable-Baselines3's (and sb3-contrib's) policy names, which its algorithms take before the env

@@ -245,6 +245,16 @@ def recorded_env_kwargs(spec: EnvSpec) -> dict:
     return kept
 
 
+def space_text(space: gym.Space) -> str:
+    """A space as one line for a message: Gymnasium's repr, whose per-component bounds NumPy wraps over lines
+    (shown as literal '\\n' in the command line's one-line errors); a Box of more than 8 components with bounds per
+    component says so instead of listing them (BipedalWalker's 24 observations)."""
+    if (isinstance(space, gym.spaces.Box) and space.low.size > 8
+            and not (np.all(space.low == space.low.flat[0]) and np.all(space.high == space.high.flat[0]))):
+        return f"Box({space.shape}, {space.dtype}, bounds per component)"
+    return " ".join(str(space).split())
+
+
 def registered_variant(env_id: str, env_kwargs: dict | None) -> str | None:
     """The other id Gymnasium registers as `gymnasium.make(env_id, **env_kwargs)`: the same entry point, kwargs and
     time limit (LunarLander-v3 with continuous=True is LunarLanderContinuous-v3, whose presets and reward threshold
