@@ -15,7 +15,7 @@ from conftest import first_ou_noise, needs_box2d, network_layers
 from rlspeed import DDPG, DQN, SAC, TD3
 from rlspeed.algos.off_policy import polyak_update
 from rlspeed.cli import main
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EpisodeStatistics
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EpisodeStatistics, registered_variant
 from rlspeed.errors import UserError
 from rlspeed.presets import load_preset, split_run_settings
 
@@ -341,6 +341,58 @@ def test_cli_trains_sac_end_to_end(tmp_path, capsys):
 def test_cli_rejects_the_wrong_action_space(tmp_path, capsys, algo, env_id, hint):
     assert main(["train", algo, env_id, "--out", str(tmp_path / "run"), "--no-progress"]) == 2
     assert hint in capsys.readouterr().err
+
+
+class _Switch(gym.Env):
+    """An env whose option `continuous` picks its actions, as Gymnasium's LunarLander and CarRacing take it."""
+
+    def __init__(self, continuous: bool = False):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, True, False, {}
+
+
+class _Racing(_Switch):
+    """Continuous unless told otherwise, as CarRacing is (and one id only)."""
+
+    def __init__(self, continuous: bool = True):
+        super().__init__(continuous)
+
+
+def test_the_wrong_action_space_names_the_envs_option_for_the_other_one():
+    """SAC on LunarLander-v3 said "use ppo or dqn", DQN on CarRacing-v3 "use ppo, sac, td3 or ddpg": both envs give
+    the other kind of actions with their option `continuous`, which the error now names (or the id Gymnasium
+    registers with it: LunarLanderContinuous-v3)."""
+    for env_id, kwargs in (("rlspeed-test/Switch-v0", {}), ("rlspeed-test/SwitchContinuous-v0", {"continuous": True}),
+                           ("rlspeed-test/Racing-v0", {})):
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=_Racing if "Racing" in env_id else _Switch, max_episode_steps=10,
+                         kwargs=kwargs)
+    with pytest.raises(UserError, match=r"use ppo or dqn, or rlspeed-test/SwitchContinuous-v0, the same env with "
+                                        r"continuous actions\.$"):
+        SAC("rlspeed-test/Switch-v0")
+    with pytest.raises(UserError, match=r"use ppo, sac, td3 or ddpg, or rlspeed-test/Switch-v0, the same env with "
+                                        r"discrete actions\.$"):
+        DQN("rlspeed-test/SwitchContinuous-v0")
+    with pytest.raises(UserError, match=r"or rlspeed-test/Switch-v0 without the option continuous=True\.$"):
+        DQN("rlspeed-test/Switch-v0", env_kwargs={"continuous": True})
+    with pytest.raises(UserError, match=r"or rlspeed-test/Racing-v0 without the option continuous=False\.$"):
+        SAC("rlspeed-test/Racing-v0", env_kwargs={"continuous": False})
+    with pytest.raises(UserError, match=r"or the env's option continuous=False \(--env-kwargs continuous=false; "
+                                        r"env_kwargs=\{'continuous': False\} in Python\)\.$"):
+        DQN("rlspeed-test/Racing-v0")
+    # (an option at its constructor's default is none: SwitchContinuous-v0 with continuous=False is Switch-v0)
+    assert registered_variant("rlspeed-test/SwitchContinuous-v0", {"continuous": False}) == "rlspeed-test/Switch-v0"
+    assert registered_variant("rlspeed-test/Switch-v0", {"continuous": False}) is None  # (itself)
+    with pytest.raises(UserError, match=r"needs continuous \(Box\) actions, but CartPole-v1 has discrete actions; "
+                                        r"use ppo or dqn\.$"):  # (no such option)
+        SAC("CartPole-v1")
 
 
 # --- load / resume ---------------------------------------------------------------------------------------------

@@ -64,12 +64,14 @@ from rlspeed.envs import (
 from rlspeed.envs.base import (
     EnvSpec,
     check_seed,
+    constructor_defaults,
     counted,
     integer_range,
     numpy_dtype,
     obs_batch_size,
     observation_layout,
     recorded_env_kwargs,
+    registered_variant,
     space_from_json,
     space_text,
     space_to_json,
@@ -1040,6 +1042,25 @@ def _warn_double_normalisation(vector_env, config, whose: str = "this vector env
                        f"again: set {ours} to False, or leave the wrapper out.", UserWarning)
 
 
+def _continuous_option_hint(spec: EnvSpec, continuous: bool) -> str:
+    """', or ...': the env's other kind of actions where its constructor takes `continuous` (Gymnasium's LunarLander
+    and CarRacing): the id registered with it (LunarLanderContinuous-v3), else the option; '' for other envs."""
+    try:
+        registered = gym.spec(spec.env_id)
+    except Exception:  # (a user's vector env)
+        return ""
+    defaults = constructor_defaults(registered.entry_point)
+    if not isinstance(defaults.get("continuous"), bool):
+        return ""
+    variant = registered_variant(spec.env_id, {**spec.env_kwargs, "continuous": continuous})
+    if variant is not None:
+        return f", or {variant}, the same env with {'continuous' if continuous else 'discrete'} actions"
+    if {**defaults, **(registered.kwargs or {})}["continuous"] == continuous:
+        return f", or {spec.env_id} without the option continuous={not continuous}"
+    return (f", or the env's option continuous={continuous} (--env-kwargs continuous={str(continuous).lower()}; "
+            f"env_kwargs={{'continuous': {continuous}}} in Python)")
+
+
 def _check_env_fits(given: EnvSpec, saved: EnvSpec, path) -> None:
     """UserError unless an env given to `load` has the saved model's spaces: the observations' shapes and dtypes
     (per key), and the same action space (a Box's bounds too: actions are scaled to them)."""
@@ -1608,10 +1629,10 @@ class Algorithm:
         space = spec.action_space
         if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
             raise UserError(f"{type(self).__name__} needs continuous (Box) actions, but {spec.env_id} has discrete "
-                            "actions; use ppo or dqn.")
+                            f"actions; use ppo or dqn{_continuous_option_hint(spec, True)}.")
         if isinstance(space, gym.spaces.Box) and not self.supports_continuous:
             raise UserError(f"{type(self).__name__} needs discrete actions, but {spec.env_id} has continuous "
-                            "actions; use ppo, sac, td3 or ddpg.")
+                            f"actions; use ppo, sac, td3 or ddpg{_continuous_option_hint(spec, False)}.")
         if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
             # the policies act in real numbers: an integer cast of them would truncate, and predict's values would
             # not be members of the space

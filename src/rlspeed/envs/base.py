@@ -20,6 +20,7 @@ input (`rlspeed.nn.make_encoder`), so an image costs one byte per pixel from the
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import numbers
 import warnings
@@ -256,10 +257,12 @@ def space_text(space: gym.Space) -> str:
 
 
 def registered_variant(env_id: str, env_kwargs: dict | None) -> str | None:
-    """The other id Gymnasium registers as `gymnasium.make(env_id, **env_kwargs)`: the same entry point, kwargs and
-    time limit (LunarLander-v3 with continuous=True is LunarLanderContinuous-v3, whose presets and reward threshold
-    are then the task's), else None (no options, an id Gymnasium does not register, or a variant it has no id for:
-    BipedalWalker-v3 with hardcore=True keeps a time limit of 1,600 steps where BipedalWalkerHardcore-v3 has 2,000)."""
+    """The other id Gymnasium registers as `gymnasium.make(env_id, **env_kwargs)`: the same entry point, kwargs (an
+    option at its constructor's default is the same as none) and time limit (LunarLander-v3 with continuous=True is
+    LunarLanderContinuous-v3, whose presets and reward threshold are then the task's; LunarLanderContinuous-v3 with
+    continuous=False is LunarLander-v3), else None (no options, an id Gymnasium does not register, or a variant it
+    has no id for: BipedalWalker-v3 with hardcore=True keeps a time limit of 1,600 steps where
+    BipedalWalkerHardcore-v3 has 2,000)."""
     if not env_kwargs:
         return None
     try:
@@ -269,17 +272,29 @@ def registered_variant(env_id: str, env_kwargs: dict | None) -> str | None:
     options = dict(env_kwargs)
     # (gymnasium.make's own keyword, not the env's; None keeps the registered limit, as make does)
     max_steps = options.pop("max_episode_steps", None) or spec.max_episode_steps
-    kwargs = {**(spec.kwargs or {}), **options}
+    defaults = constructor_defaults(spec.entry_point)
+    kwargs = {**defaults, **(spec.kwargs or {}), **options}
     for other_id, other in gym.registry.items():
         try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
             same = (other_id != spec.id and other.entry_point == spec.entry_point
-                    and other.max_episode_steps == max_steps and dict(other.kwargs or {}) == kwargs
+                    and other.max_episode_steps == max_steps and {**defaults, **(other.kwargs or {})} == kwargs
                     and tuple(other.additional_wrappers or ()) == tuple(spec.additional_wrappers or ()))
         except (ValueError, TypeError):
             same = False
         if same:
             return other_id
     return None
+
+
+def constructor_defaults(entry_point) -> dict:
+    """The keyword defaults of a registered env's constructor (`gym.spec(id).entry_point`); {} where it cannot be
+    loaded or inspected (its package missing: Box2D's envs without box2d)."""
+    try:
+        creator = gym.envs.registration.load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+        parameters = inspect.signature(creator).parameters.values()
+    except Exception:
+        return {}
+    return {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
 
 
 @dataclass(frozen=True)
