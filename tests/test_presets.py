@@ -683,3 +683,26 @@ def test_env_options_that_make_another_registered_id_train_its_task(tmp_path, ca
     assert config["preset"]["origin"] == "rlspeed's preset for ppo CartPole-v1"
     assert config["hyperparameters"]["num_steps"] == load_preset("ppo", "CartPole-v1")["num_steps"]
     assert config["target_return"] == 475 and config["env_kwargs"] == {"max_episode_steps": 500}
+
+
+def test_env_options_that_make_another_registered_id_but_for_its_time_limit_say_so():
+    """`--env-kwargs hardcore=true` on BipedalWalker-v3 keeps its 1,600-step episodes, where
+    BipedalWalkerHardcore-v3 has 2,000: not that id's task (its preset and threshold do not apply), which the run
+    now says with the option that makes it; an id that differs in its time limit alone (CartPole-v0) is not named."""
+    import argparse
+
+    from rlspeed import cli
+    from rlspeed.envs.base import registered_variant
+
+    assert registered_variant("BipedalWalker-v3", {"hardcore": True}, time_limit=False) == "BipedalWalkerHardcore-v3"
+    assert registered_variant("CartPole-v1", {"render_mode": None}, time_limit=False) is None
+    args = argparse.Namespace(env_id="BipedalWalker-v3", env_kwargs=["hardcore=true"])
+    assert cli._variant_preset(args, "ppo", "auto") == (None, None)
+    assert args.variant_note == (
+        "rlspeed: note: BipedalWalker-v3 with hardcore=True is BipedalWalkerHardcore-v3 but for its time limit (1,600 "
+        "steps here, 2,000 there): BipedalWalkerHardcore-v3's preset and reward threshold do not apply; --env-kwargs "
+        "max_episode_steps=2000 (or BipedalWalkerHardcore-v3) trains its task")
+    for given in (["hardcore=true", "max_episode_steps=1600"], ["render_mode=null"]):  # (a limit the user set)
+        args = argparse.Namespace(env_id="BipedalWalker-v3" if "hardcore=true" in given else "CartPole-v1",
+                                  env_kwargs=given)
+        assert cli._variant_preset(args, "ppo", "auto") == (None, None) and not hasattr(args, "variant_note")

@@ -936,6 +936,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
                                                   algo_cls.__name__)
     if dropped_note is not None and not hyper_overrides.get("normalize_obs"):
         args.setting_notes.append(dropped_note)
+    if getattr(args, "variant_note", None) and not resumed:
+        args.setting_notes.append(args.variant_note)
     if args.env_variant and not resumed:
         options = ", ".join(f"{key}={value!r}" for key, value in _env_kwargs(args).items())
         args.setting_notes.append(f"rlspeed: note: {args.env_id} with {options} is {preset_id} as Gymnasium "
@@ -1011,12 +1013,24 @@ def _variant_preset(args: argparse.Namespace, algo: str, source: str):
     env_kwargs = _env_kwargs(args)
     if not env_kwargs or source not in ("auto", "rlspeed", "zoo"):
         return None, None
+    import gymnasium as gym
+
     from rlspeed.envs import import_env_module
     from rlspeed.envs.base import registered_variant
     from rlspeed.presets import load_preset
 
-    variant = registered_variant(import_env_module(args.env_id), env_kwargs)
+    env_id = import_env_module(args.env_id)
+    variant = registered_variant(env_id, env_kwargs)
     if variant is None:
+        # (options that make another id but for its time limit, which the user did not set)
+        near = None if "max_episode_steps" in env_kwargs else registered_variant(env_id, env_kwargs, False)
+        limits = [gym.spec(name).max_episode_steps for name in (env_id, near)] if near else [None]
+        if None not in limits:  # (said when training starts, after the preset's line)
+            options = ", ".join(f"{key}={value!r}" for key, value in env_kwargs.items())
+            args.variant_note = (f"rlspeed: note: {args.env_id} with {options} is {near} but for its time limit "
+                                 f"({limits[0]:,} steps here, {limits[1]:,} there): {near}'s preset and reward "
+                                 f"threshold do not apply; --env-kwargs max_episode_steps={limits[1]} (or {near}) "
+                                 f"trains its task")
         return None, None
     try:
         preset = load_preset(algo, variant, source, env_kwargs)

@@ -256,13 +256,14 @@ def space_text(space: gym.Space) -> str:
     return " ".join(str(space).split())
 
 
-def registered_variant(env_id: str, env_kwargs: dict | None) -> str | None:
+def registered_variant(env_id: str, env_kwargs: dict | None, time_limit: bool = True) -> str | None:
     """The other id Gymnasium registers as `gymnasium.make(env_id, **env_kwargs)`: the same entry point, kwargs (an
     option at its constructor's default is the same as none) and time limit (LunarLander-v3 with continuous=True is
     LunarLanderContinuous-v3, whose presets and reward threshold are then the task's; LunarLanderContinuous-v3 with
     continuous=False is LunarLander-v3), else None (no options, an id Gymnasium does not register, or a variant it
     has no id for: BipedalWalker-v3 with hardcore=True keeps a time limit of 1,600 steps where
-    BipedalWalkerHardcore-v3 has 2,000)."""
+    BipedalWalkerHardcore-v3 has 2,000, which `time_limit` False does not compare: it finds an id the options make but
+    for the time limit, not one that differs from `env_id` in its time limit only, as CartPole-v0 from CartPole-v1)."""
     if not env_kwargs:
         return None
     try:
@@ -274,10 +275,13 @@ def registered_variant(env_id: str, env_kwargs: dict | None) -> str | None:
     max_steps = options.pop("max_episode_steps", None) or spec.max_episode_steps
     defaults = constructor_defaults(spec.entry_point)
     kwargs = {**defaults, **(spec.kwargs or {}), **options}
+    own = {**defaults, **(spec.kwargs or {})}
     for other_id, other in gym.registry.items():
         try:  # (an option's value may not compare to a bool, as a NumPy array's does not)
             same = (other_id != spec.id and other.entry_point == spec.entry_point
-                    and other.max_episode_steps == max_steps and {**defaults, **(other.kwargs or {})} == kwargs
+                    and (other.max_episode_steps == max_steps
+                         or not (time_limit or {**defaults, **(other.kwargs or {})} == own))
+                    and {**defaults, **(other.kwargs or {})} == kwargs
                     and tuple(other.additional_wrappers or ()) == tuple(spec.additional_wrappers or ()))
         except (ValueError, TypeError):
             same = False
