@@ -177,7 +177,11 @@ SB3_ATTRIBUTES = {
     **dict.fromkeys(("get_parameters", "set_parameters"),
                     "model.policy.state_dict() and model.policy.load_state_dict(...) hold the policy's weights, "
                     "model.save(path) and Algo.load(path) the whole model"),
-    **dict.fromkeys(("replay_buffer", "rollout_buffer"), "the model's storage is model.buffer (once learn made it)"),
+    "replay_buffer": "the model's storage is model.buffer (once learn made it): len(model.buffer) transitions (SB3's "
+                     "size()), model.buffer.sample(n) a dict of obs, actions, rewards, next_obs, terminated and "
+                     "discounts tensors (SB3's observations, ..., dones fields), model.buffer.storage_tensors() "
+                     "the storage by field",
+    "rollout_buffer": "the model's storage is model.buffer (once learn made it)",
     "get_vec_normalize_env": "normalize_obs=True / normalize_reward=True keep the statistics in the model",
     "q_net": "DQN's network is model.q_network (its target: model.q_target)",
     "q_net_target": "DQN's target network is model.q_target",
@@ -201,6 +205,11 @@ SB3_ATTRIBUTES = {
                      "model.config.activation, ...)",
     "ent_coef_optimizer": "SAC trains its entropy coefficient (model.log_alpha, with ent_coef=None) with the actor "
                           "and critics, in model.optimizer",
+    **dict.fromkeys(("log_ent_coef", "ent_coef_tensor"),
+                    "SAC's entropy coefficient is model.log_alpha.exp() (learnt with ent_coef=None, else fixed at "
+                    "model.config.ent_coef)"),
+    "ep_info_buffer": "a callback's self.metrics['episode_return'] is the mean return of the training episodes that "
+                      "ended since the previous metrics row (metrics.csv's episode_return column)",
 }
 
 
