@@ -308,6 +308,45 @@ def test_stable_baselines3_model_attributes_say_what_to_use_instead(trained):
     assert not hasattr(model, "no_such_attribute") and getattr(model, "replay_buffer", None) is None
 
 
+#: per algorithm, an attribute of Stable-Baselines3's `model.policy` that rlspeed's lacks, the advice its error gives
+#: and that advice run (it must work as the message says)
+_SB3_POLICY_NAMES = {
+    "ppo": ("predict_values", r"model.policy.value\(obs\), of shape \[B\]", lambda m, obs: m.policy.value(obs)),
+    "a2c": ("evaluate_actions", r"model.policy.evaluate\(obs, actions\) returns \(log_probs, entropy, values\)",
+            lambda m, obs: m.policy.evaluate(obs, torch.zeros(len(obs)))[2]),
+    "recurrent_ppo": ("predict_values", r"model.policy.value_step\(obs, state\)",
+                      lambda m, obs: m.policy.value_step(obs, m.policy.initial_state(len(obs)))),
+    "dqn": ("q_net", r"model.q_network.*Q-values \[B, n\]", lambda m, obs: m.policy(obs).amax(-1)),
+    "sac": ("action_log_prob", r"model.actor.sample\(obs\) returns \(actions in \[-1, 1\], log_probs\)",
+            lambda m, obs: m.actor.sample(obs)[1]),
+    "td3": ("actor_target", "model.actor_target", lambda m, obs: m.actor_target(obs)[:, 0]),
+    "ddpg": ("critic_target", "model.critic_target", lambda m, obs: m.critic_target(obs, m.actor(obs))[0]),
+}
+
+
+def test_stable_baselines3_policy_attributes_say_what_to_use_instead(trained):
+    """`model.policy.predict_values(obs)`, `model.policy.optimizer`, `model.actor.action_log_prob(obs)`, ...: an
+    attribute of Stable-Baselines3's policies that rlspeed's networks lack raises an AttributeError naming rlspeed's
+    way, which works as it says (torch's error said only "object has no attribute"); other missing attributes stay
+    plain AttributeErrors (hasattr and getattr defaults work)."""
+    algo, env_id, _, model, _ = trained
+    networks = [model.policy, *(getattr(model, name) for name in ("critic", "critic_target") if hasattr(model, name))]
+    for network in networks:
+        for attribute, advice in (("optimizer", "model.optimizer"), ("set_training_mode", r"train\(mode\)"),
+                                  ("obs_to_tensor", "model.device"), ("features_extractor", "encoder"),
+                                  ("predict", r"model.predict\(obs\)")):
+            with pytest.raises(AttributeError, match=rf"^{type(network).__name__}.{attribute} is Stable-Baselines3's; "
+                                                     rf".*{advice}"):
+                getattr(network, attribute)
+        assert not hasattr(network, "no_such_attribute") and getattr(network, "no_such_attribute", None) is None
+    attribute, advice, advised = _SB3_POLICY_NAMES[algo.name]
+    with pytest.raises(AttributeError, match=rf"^{type(model.policy).__name__}.{attribute} is Stable-Baselines3's; "
+                                             rf".*{advice}"):
+        getattr(model.policy, attribute)
+    obs = torch.zeros((3, *model.observation_space.shape))
+    with torch.no_grad():
+        assert advised(model, obs).shape == (3,)
+
 def test_the_buffer_before_the_first_learn_says_learn_makes_it(tmp_path):
     """`model.buffer` (where the `replay_buffer` hint sends people) before any learn: learn makes it, and the
     transitions `load_replay_buffer` read wait for it."""

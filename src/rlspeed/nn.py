@@ -16,6 +16,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Iterator, Sequence
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -179,6 +180,109 @@ def image_channels_first(space: gym.Space) -> bool | None:
     if space.shape[0] == space.shape[-1]:
         return False
     return int(np.argmin(space.shape)) == 0
+
+
+#: Stable-Baselines3 policy attributes every network a model exposes (`model.policy`, `model.actor`, `model.critic`,
+#: ...) lacks, with what to use instead (`SB3Names`)
+SB3_NETWORK_ATTRIBUTES = {
+    "predict": "model.predict(obs) acts on observations as the env gives them (normalised where normalize_obs is on); "
+               "the networks take tensors",
+    "obs_to_tensor": "the networks take a batch of tensors on model.device in the observations' own dtypes (float32 "
+                     "vectors, uint8 images, int64 indices), normalised by model.obs_rms.normalize(obs) where "
+                     "normalize_obs is on, and model.predict(obs) takes numpy as the env gives it",
+    "set_training_mode": "the network's train(mode) sets it (eval() for train(False)), as on any torch module",
+    "optimizer": "one optimizer trains all of the model's networks: model.optimizer (a new rate between learn calls: "
+                 "model.config.learning_rate)",
+    **dict.fromkeys(("features_extractor", "pi_features_extractor", "vf_features_extractor", "extract_features"),
+                    "the observation encoder is the network's encoder attribute (None for vector observations, "
+                    "which the layers take flattened as they are)"),
+    "device": "the model's device is model.device",
+    **dict.fromkeys(("observation_space", "action_space"), "the spaces are model.observation_space and "
+                                                             "model.action_space"),
+}
+
+#: ... of PPO's and A2C's `model.policy` (`ActorCritic`)
+SB3_ACTOR_CRITIC_ATTRIBUTES = {
+    **SB3_NETWORK_ATTRIBUTES,
+    "predict_values": "V(obs) is model.policy.value(obs), of shape [B] (SB3's is [B, 1])",
+    "evaluate_actions": "model.policy.evaluate(obs, actions) returns (log_probs, entropy, values) in that order "
+                        "(SB3's: values, log_prob, entropy)",
+    **dict.fromkeys(("get_distribution", "action_dist"),
+                    "model.policy(obs) returns (actor output, values): the logits of Discrete actions "
+                    "(torch.softmax(logits, -1) their probabilities) or the Gaussian mean of Box ones (std: "
+                    "model.policy.log_std.exp()), and model.policy.sample(output) draws (actions, log_probs) from it"),
+    **dict.fromkeys(("mlp_extractor", "action_net", "value_net"),
+                    "the actor's and the critic's MLPs, output layers included, are the two members of "
+                    "model.policy.body (0: the actor, 1: the critic), and model.policy(obs) returns (actor output, "
+                    "values)"),
+}
+
+#: ... of RecurrentPPO's `model.policy` (`RecurrentActorCritic`; sb3-contrib's `RecurrentActorCriticPolicy`)
+SB3_RECURRENT_ATTRIBUTES = {
+    **SB3_ACTOR_CRITIC_ATTRIBUTES,
+    "predict_values": "V(obs) is model.policy.value_step(obs, state) for the LSTM state [4, N, H] "
+                      "(model.policy.initial_state(N) at episode starts), of shape [N]",
+    **dict.fromkeys(("get_distribution", "evaluate_actions"),
+                    "model.policy.act_step(obs, state) steps both LSTMs and returns (actions, log_probs, values, next "
+                    "state), and model.policy.evaluate(model.policy.sequence_features(obs, state, episode_starts), "
+                    "actions) evaluates stored sequences"),
+    **dict.fromkeys(("features_extractor", "pi_features_extractor", "vf_features_extractor", "extract_features"),
+                    "the observation encoder is model.policy.obs_encoder (None for vector observations, which the "
+                    "LSTMs take flattened as they are)"),
+}
+
+#: ... of DQN's `model.policy` (`QNetwork`)
+SB3_Q_NETWORK_ATTRIBUTES = {
+    **SB3_NETWORK_ATTRIBUTES,
+    "q_net": "DQN's model.policy is the Q-network itself (model.q_network), and model.policy(obs) returns the "
+             "Q-values [B, n]",
+    "q_net_target": "DQN's target network is model.q_target",
+}
+
+#: ... of SAC's `model.policy` (its actor, `SquashedGaussianActor`)
+SB3_SAC_ACTOR_ATTRIBUTES = {
+    **SB3_NETWORK_ATTRIBUTES,
+    **dict.fromkeys(("actor", "critic", "critic_target"),
+                    "SAC's model.policy is the actor itself (model.actor), and the critics are model.critic and "
+                    "model.critic_target"),
+    "action_log_prob": "model.actor.sample(obs) returns (actions in [-1, 1], log_probs)",
+    "get_action_dist_params": "model.actor(obs) returns the Gaussian's (mean, log_std) before the tanh",
+}
+
+#: ... of TD3's and DDPG's `model.policy` (their actor, `DeterministicActor`)
+SB3_DETERMINISTIC_ACTOR_ATTRIBUTES = {
+    **SB3_NETWORK_ATTRIBUTES,
+    **dict.fromkeys(("actor", "actor_target", "critic", "critic_target"),
+                    "TD3's and DDPG's model.policy is the actor itself (model.actor, its target model.actor_target), "
+                    "and the critics are model.critic and model.critic_target"),
+}
+
+#: ... of SAC's, TD3's and DDPG's `model.critic` (`QEnsemble`)
+SB3_CRITIC_ATTRIBUTES = {
+    **SB3_NETWORK_ATTRIBUTES,
+    **dict.fromkeys(("q1_forward", "q_networks"),
+                    "model.critic(obs, actions) returns every critic's Q-values as one tensor [n_critics, B], the "
+                    "first critic's at [0] (SB3's: a tuple of [B, 1] tensors)"),
+}
+
+
+class SB3Names:
+    """Mixin of the networks a model exposes: an attribute of Stable-Baselines3's policies that the network lacks
+    (`sb3_names`) raises an AttributeError saying what to use instead, where torch's says only "no attribute"; any
+    other missing attribute stays torch's (hasattr and getattr defaults work)."""
+
+    sb3_names: ClassVar[dict[str, str]] = SB3_NETWORK_ATTRIBUTES
+
+    def __getattr__(self, name: str):
+        # (only for names that are neither in the instance's nor the class's dict: submodules and parameters, then
+        # Stable-Baselines3's names)
+        try:
+            return nn.Module.__getattr__(self, name)
+        except AttributeError:
+            advice = type(self).sb3_names.get(name)
+            if advice is None:
+                raise
+        raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
 
 
 class Encoder(nn.Module):
@@ -467,13 +571,15 @@ class EnsembleMLP(nn.Module):
         return (x, hidden) if with_hidden else x
 
 
-class QEnsemble(nn.Module):
+class QEnsemble(SB3Names, nn.Module):
     """K state-action value networks Q_k(s, a) held as one `EnsembleMLP`: all K evaluated in one batched pass.
 
     Used for the twin critics of SAC and TD3 (K=2) and DDPG's single critic (K=1). `forward(obs, actions)`
     takes observations `[B, ...]` and actions `[B, action_dim]` and returns Q-values `[K, B]`. With an `encoder`
     (images, Dict observations), the K members share it (SB3's critics share one features extractor).
     """
+
+    sb3_names = SB3_CRITIC_ATTRIBUTES
 
     def __init__(self, num_members: int, obs_dim: int, action_dim: int, hidden: Sequence[int] = (256, 256),
                  activation: str = "relu", encoder: Encoder | None = None):
@@ -565,7 +671,7 @@ def categorical_entropy(log_p: torch.Tensor, action_masks: torch.Tensor | None) 
     return -terms.sum(-1)
 
 
-class ActorCritic(nn.Module):
+class ActorCritic(SB3Names, nn.Module):
     """Actor and critic MLPs (same hidden sizes, separate weights) evaluated as one two-member ensemble.
 
     The actor's output parameterises the action distribution (`action_kind` of the action space): logits of a
@@ -579,6 +685,8 @@ class ActorCritic(nn.Module):
     The MLPs take the observation's features: with an `encoder` (images, Dict, Discrete observations; `make_encoder`)
     its output, shared by actor and critic (SB3's `share_features_extractor`), else the flattened float observation.
     """
+
+    sb3_names = SB3_ACTOR_CRITIC_ATTRIBUTES
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden: Sequence[int] = (64, 64),
                  activation: str = "tanh", log_std_init: float = 0.0, encoder: Encoder | None = None,
@@ -723,8 +831,10 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     return total
 
 
-class SquashedGaussianActor(nn.Module):
+class SquashedGaussianActor(SB3Names, nn.Module):
     """pi(a|s): a = tanh(u), u ~ N(mu(s), sigma(s)); actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    sb3_names = SB3_SAC_ACTOR_ATTRIBUTES
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu",
                  encoder: Encoder | None = None):
@@ -755,8 +865,10 @@ class SquashedGaussianActor(nn.Module):
         return torch.tanh(self(obs)[0])
 
 
-class DeterministicActor(nn.Module):
+class DeterministicActor(SB3Names, nn.Module):
     """mu(s) = tanh(MLP(s)): actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    sb3_names = SB3_DETERMINISTIC_ACTOR_ATTRIBUTES
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int], activation: str = "relu",
                  encoder: Encoder | None = None):
@@ -769,8 +881,10 @@ class DeterministicActor(nn.Module):
         return torch.tanh(self.net(_encode(self.encoder, obs)))
 
 
-class QNetwork(nn.Module):
+class QNetwork(SB3Names, nn.Module):
     """Q(s, .) for all actions. Dueling (Wang et al., 2016): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a')."""
+
+    sb3_names = SB3_Q_NETWORK_ATTRIBUTES
 
     def __init__(self, obs_dim: int, num_actions: int, hidden: Sequence[int], activation: str = "relu",
                  dueling: bool = False, encoder: Encoder | None = None):
@@ -851,6 +965,8 @@ class RecurrentActorCritic(ActorCritic):
     Dict, Discrete observations), both LSTMs take its features (one encoder, shared); the observations the methods
     below take are then in their stored layout (`encode` turns them into the LSTMs' input).
     """
+
+    sb3_names = SB3_RECURRENT_ATTRIBUTES
 
     def __init__(self, obs_dim: int, action_dim: int, discrete: bool, lstm_hidden_size: int = 64,
                  hidden: Sequence[int] = (64,), activation: str = "relu", log_std_init: float = 0.0,

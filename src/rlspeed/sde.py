@@ -31,11 +31,36 @@ import torch
 from torch import nn
 
 from rlspeed.errors import UserError
-from rlspeed.nn import ActorCritic, Encoder, _encode, mlp
+from rlspeed.nn import (
+    SB3_ACTOR_CRITIC_ATTRIBUTES,
+    SB3_SAC_ACTOR_ATTRIBUTES,
+    ActorCritic,
+    Encoder,
+    SB3Names,
+    _encode,
+    mlp,
+)
 
 #: SB3's epsilon: added to the variance (and to expln's argument above 0) so that sigma is never 0
 SDE_EPSILON = 1e-6
 LOG_2PI = math.log(2 * math.pi)
+
+
+#: Stable-Baselines3 policy attributes gSDE's networks lack, with what to use instead (`rlspeed.nn.SB3Names`)
+SB3_SDE_ACTOR_CRITIC_ATTRIBUTES = {
+    **SB3_ACTOR_CRITIC_ATTRIBUTES,
+    **dict.fromkeys(("get_distribution", "action_dist"),
+                    "with gSDE, model.policy.act(obs) returns (actions, log_probs, values) and "
+                    "model.policy.forward_latent(obs) the Gaussian mean, values and the latent features the noise "
+                    "takes"),
+    "reset_noise": "gSDE's exploration matrices are drawn anew by model.policy.resample(num_envs)",
+}
+SB3_SDE_SAC_ACTOR_ATTRIBUTES = {
+    **{name: advice for name, advice in SB3_SAC_ACTOR_ATTRIBUTES.items() if name != "get_action_dist_params"},
+    "get_action_dist_params": "with gSDE, model.actor(obs) returns (mean, latent features), the noise being "
+                              "model.actor.sde.noise(latent)",
+    "reset_noise": "gSDE's exploration matrices are drawn anew by model.actor.sde.resample(num_envs)",
+}
 
 
 @dataclass
@@ -173,6 +198,8 @@ class SDEActorCritic(ActorCritic):
     `act` samples mean + noise with the current matrices (`resample` draws new ones); `evaluate` gives the
     log-probability and entropy of stored actions under the state-dependent variance; `mode` is the mean."""
 
+    sb3_names = SB3_SDE_ACTOR_CRITIC_ATTRIBUTES
+
     def __init__(self, obs_dim: int, action_dim: int, hidden: Sequence[int] = (64, 64), activation: str = "tanh",
                  log_std_init: float = 0.0, encoder: Encoder | None = None, action_space: gym.Space | None = None,
                  full_std: bool = True, use_expln: bool = False):
@@ -217,12 +244,14 @@ class SDEActorCritic(ActorCritic):
         raise TypeError("SDEActorCritic evaluates from observations (evaluate), not from the actor's output alone.")
 
 
-class SDESquashedGaussianActor(nn.Module):
+class SDESquashedGaussianActor(SB3Names, nn.Module):
     """SAC's actor with gSDE (SB3's `Actor` with `use_sde`): an MLP to latent features z(s), the mean
     mu(s) = hardtanh(Linear(z), -2, 2) (SB3's `clip_mean` 2), and a = tanh(mu(s) + z(s) @ E). Unlike PPO's, the
     features learn through the noise (SB3's `learn_features` for SAC). log pi(a|s) = log N(u; mu, var(s)) -
     sum log(1 - tanh(u)^2 + 1e-6) for u = mu + z @ E (SB3 recovers u as atanh(a); the same value, without the round
     trip). Actions in [-1, 1] (the algorithm rescales them to the Box)."""
+
+    sb3_names = SB3_SDE_SAC_ACTOR_ATTRIBUTES
 
     CLIP_MEAN = 2.0
 
