@@ -181,7 +181,9 @@ SB3_ATTRIBUTES = {
                      "size()), model.buffer.sample(n) a dict of obs, actions, rewards, next_obs, terminated and "
                      "discounts tensors (SB3's observations, ..., dones fields), model.buffer.storage_tensors() "
                      "the storage by field",
-    "rollout_buffer": "the model's storage is model.buffer (once learn made it)",
+    "rollout_buffer": "the model's storage is model.buffer (once learn made it): the last rollout's [num_steps, "
+                      "num_envs] tensors obs, actions, log_probs, values, rewards, terminated and dones (SB3's "
+                      "advantages and returns are computed in the update and not kept)",
     "get_vec_normalize_env": "normalize_obs=True / normalize_reward=True keep the statistics in the model",
     "q_net": "DQN's network is model.q_network (its target: model.q_target)",
     "q_net_target": "DQN's target network is model.q_target",
