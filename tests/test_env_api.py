@@ -732,8 +732,8 @@ def test_a_wrapped_vector_env_is_not_evaluated_as_the_registered_one(wrap):
                                                  r"rlspeed.evaluate\(model, env, episodes=env.num_envs\)"):
         model.evaluate(episodes=2)
     assert rlspeed.evaluate(model, vector_env, episodes=2)["episodes"] == 2  # (the env itself, as it was built)
-    with pytest.raises(rlspeed.UserError, match="this vector env has 2 envs: pass episodes=2"):
-        rlspeed.evaluate(model, vector_env, episodes=3)
+    # (its envs share other numbers of episodes, as SB3's evaluate_policy spreads them)
+    assert rlspeed.evaluate(model, vector_env, episodes=3)["episodes"] == 3
     model.learn(64, progress_bar=False)  # (evaluate left the env it was given open)
 
 
