@@ -124,6 +124,11 @@ def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
                   if isinstance(error, (ImportError, gym.error.DependencyNotInstalled)) else None)
     if dependency is not None:
         return dependency
+    if backend == "gymnasium-async" and _in_daemonic_process(error):
+        return UserError("The env subprocesses of backend 'gymnasium-async' cannot start in a daemonic process (a "
+                         "multiprocessing.Pool worker, whose processes may not have children): use "
+                         "env_backend='gymnasium' (one process) or 'torch' there, or run the sweep's workers with "
+                         "concurrent.futures.ProcessPoolExecutor, whose processes may.")
     if backend == "gymnasium-async" and _unguarded_spawn(error):
         return UserError(f"The env subprocesses of backend 'gymnasium-async' could not start ({type(error).__name__}: "
                          f"{first_line(error)}): with the 'spawn' start method (the "
@@ -131,6 +136,14 @@ def _make_error(env_id: str, backend: str, error: BaseException) -> Exception:
                          "under `if __name__ == \"__main__\":`; or use env_backend='gymnasium' (one process). (An "
                          "env that crashed while being made breaks the pipe too: its own error is printed above.)")
     return EnvStepError(env_id, backend, "make", error)
+
+
+def _in_daemonic_process(error: BaseException) -> bool:
+    """Whether making async envs failed because this process is daemonic (multiprocessing refuses it children with an
+    AssertionError): the env is not at fault, so the error does not name it."""
+    import multiprocessing
+
+    return isinstance(error, AssertionError) and bool(multiprocessing.current_process().daemon)
 
 
 def _unguarded_spawn(error: BaseException) -> bool:
