@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -1371,6 +1372,44 @@ def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
     assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out",
                      str(tmp_path / "run")]) == 0
     assert held == [True]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
+def test_commands_in_threads_at_once_each_keep_their_run_directory_locked(tmp_path, monkeypatch):
+    """A sweep calling `cli.main([...])` in two threads: the first command to end released the second's run directory
+    lock too, while that one still trained there (another process could then train into it); and a second command
+    into a directory this process held went ahead. Each command holds its own directory until it ends."""
+    from rlspeed.errors import Busy
+    from rlspeed.locks import hold_lock
+
+    learn_and_save, training, finish = cli._learn_and_save, threading.Event(), threading.Event()
+
+    def held_in_the_sweep_thread(*args, **kwargs):
+        if threading.current_thread().name == "sweep":
+            training.set()
+            finish.wait(120)
+        return learn_and_save(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_learn_and_save", held_in_the_sweep_thread)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--set", "num_steps=16", "--set",
+            "batch_size=32", "--target-return", "none", "--no-progress", "--out"]
+    codes = []
+    sweep = threading.Thread(target=lambda: codes.append(cli.main([*argv, str(tmp_path / "b")])), name="sweep")
+    sweep.start()
+    try:
+        while sweep.is_alive() and not training.wait(0.1):
+            pass
+        assert training.is_set(), codes  # (its command trains, holding its directory)
+        assert cli.main([*argv, str(tmp_path / "a")]) == 0  # (ends while the other thread's command trains)
+        with pytest.raises(Busy):  # (as another process would be)
+            hold_lock(tmp_path / "b" / cli.RUN_LOCK, {}, "busy")
+        assert cli.main([*argv, str(tmp_path / "b"), "--overwrite"]) == 75
+    finally:
+        finish.set()
+        sweep.join(120)
+    assert codes == [0]
+    hold_lock(tmp_path / "b" / cli.RUN_LOCK, held := {}, "busy")  # (released at its end)
+    held.popitem()[1].close()
 
 
 def test_overwrite_keeps_a_new_run_that_saved_a_checkpoint_before_it_failed(tmp_path, monkeypatch, capsys):

@@ -24,6 +24,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -1283,7 +1284,17 @@ CHECKPOINT_INTERVAL_S = 60.0
 RUN_LOCK = ".rlspeed.lock"
 #: Set by `rlspeed train --nproc` for the workers it starts: the run directory the launcher holds the lock of
 RUN_LOCKED_BY_LAUNCHER = "RLSPEED_RUN_LOCKED_BY_LAUNCHER"
-_RUN_LOCKS: dict[str, object] = {}  # run directory -> its lock file's open handle (held for the process's life)
+#: per thread, as a command runs in one: the run directories its command locked (`_run_locks`); commands that run in
+#: threads at once (a sweep's `main([...])` calls) each hold and release their own
+_COMMAND = threading.local()
+
+
+def _run_locks() -> dict[str, object]:
+    """This thread's command's run directories -> their lock files' open handles (held until the command ends). A
+    thread's lock is its own open file: another thread's command is refused the directory as another process is."""
+    if not hasattr(_COMMAND, "run_locks"):
+        _COMMAND.run_locks = {}
+    return _COMMAND.run_locks
 
 
 def _lock_run_dir(run_dir: Path) -> None:
@@ -1294,10 +1305,11 @@ def _lock_run_dir(run_dir: Path) -> None:
 
     if os.environ.get(RUN_LOCKED_BY_LAUNCHER) == str(run_dir.resolve()):  # (its launcher holds it)
         return
-    held_before = len(_RUN_LOCKS)
-    hold_lock(run_dir / RUN_LOCK, _RUN_LOCKS, f"Another rlspeed process is training in '{run_dir}': wait for it to "
+    locks = _run_locks()
+    held_before = len(locks)
+    hold_lock(run_dir / RUN_LOCK, locks, f"Another rlspeed process is training in '{run_dir}': wait for it to "
               "finish (or stop it), or give another --out.")
-    if len(_RUN_LOCKS) > held_before:  # (taken now, not already held: no other process works here)
+    if len(locks) > held_before:  # (taken now, not already held: no other process works here)
         _settle_killed_overwrites(run_dir)
     # (what a killed writer left between a temporary file's write and its rename: no other process writes here now)
     remove_stale_temporaries(run_dir, ("config.yaml", "summary.json", "metrics.csv", "learning_curve.png",
@@ -1305,9 +1317,11 @@ def _lock_run_dir(run_dir: Path) -> None:
 
 
 def _release_run_locks() -> None:
-    """Release the run directories this process locked (`_lock_run_dir`)."""
-    while _RUN_LOCKS:
-        _RUN_LOCKS.popitem()[1].close()
+    """Release the run directories this thread's command locked (`_lock_run_dir`); another thread's command, still
+    training, keeps its own."""
+    locks = _run_locks()
+    while locks:
+        locks.popitem()[1].close()
 
 
 def _write_summary(run_dir: Path, summary: dict) -> None:
