@@ -688,8 +688,12 @@ def test_a_model_holding_a_gymnasium_env_that_cannot_pickle_says_to_send_a_file(
     model.learn(32, progress_bar=False)
     with pytest.raises(UserError, match=r"This PPO holds the gymnasium env it trained on, which cannot be pickled "
                                         r"\(.*\): send the model as a file instead \(model.save\(path\) here, "
-                                        r"PPO.load\(path\) in the other process\)"):
+                                        r"PPO.load\(path\) in the other process\), close\(\) it first"):
         pickle.dumps(model)
+    model.close()  # (a sweep's worker returning its trained model: the env goes, and learn makes it again)
+    copy = pickle.loads(pickle.dumps(model))
+    assert torch.equal(next(copy.policy.parameters()), next(model.policy.parameters()))
+    assert copy.learn(32, progress_bar=False).num_timesteps == 64
 
 
 def test_a_loaded_recurrent_model_pickles_for_multiprocessing(tmp_path):

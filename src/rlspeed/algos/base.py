@@ -1701,10 +1701,14 @@ class Algorithm:
                 raise
             # (Gymnasium's vector envs hold their env constructor, a local function: under the spawn start method,
             # macOS's and Windows' default, every model that trained on one met this in mp.Process(args=(model,)))
+            # (a worker returning its trained model, a sweep's: closing drops the env, which learn makes again from
+            # the id; an env passed in is not made again, so that advice is left out for it)
+            closing = ("" if self.__dict__.get("_env_given", True) else
+                       f", close() it first (the envs go; a later learn makes new ones from '{self.env_id}')")
             raise UserError(f"This {type(self).__name__} holds the {env.backend} env it trained on, which cannot be "
                             f"pickled ({first_line(error) or type(error).__name__}): send the model as a file instead "
-                            f"(model.save(path) here, {type(self).__name__}.load(path) in the other process), or "
-                            "pickle it before learn builds its env.") from None
+                            f"(model.save(path) here, {type(self).__name__}.load(path) in the other process){closing}, "
+                            "or pickle it before learn builds its env.") from None
         finally:
             _TORCH_PICKLING.active = False
         return _unpickle_model, (buffer.getvalue(),)
