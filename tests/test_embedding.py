@@ -4,6 +4,7 @@ rlspeed's internal frames, a model's repr)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -121,6 +122,62 @@ def test_a_population_trains_with_its_members_threads(caller_threads):
     population.learn(64, progress_bar=False)
     assert seen and set(seen) == {1}
     assert torch.get_num_threads() == caller_threads
+
+
+@needs_two_cores
+def test_setting_up_off_policy_training_and_populations_run_on_the_members_threads(caller_threads):
+    """A replay buffer's allocation (learn's setup), a population's stacking of its members' weights and its final
+    evaluation ran on the caller's thread count, outside the model's: they started torch's OpenMP threads, on which a
+    process forked afterwards (a sweep's multiprocessing.Pool worker) hangs."""
+    from rlspeed import SAC
+    from rlspeed.population import SACPopulation
+
+    model, seen = SAC("Pendulum-v1", seed=0, num_threads=1, learning_starts=32, batch_size=16), []
+    start = model._start
+    model._start = lambda *args: seen.append(("setup", torch.get_num_threads())) or start(*args)
+    model.learn(64, progress_bar=False)
+    build, summary = SACPopulation._build, SACPopulation._summary
+
+    def building(self, solos):
+        seen.append(("stacking", torch.get_num_threads()))
+        return build(self, solos)
+
+    def summarising(self, *args, **kwargs):
+        seen.append(("summary", torch.get_num_threads()))
+        return summary(self, *args, **kwargs)
+
+    SACPopulation._build, SACPopulation._summary = building, summarising
+    try:
+        population = Population(SAC, "Pendulum-v1", seeds=[0, 1], num_threads=1, learning_starts=32, batch_size=16)
+        assert torch.get_num_threads() == caller_threads
+        population.learn(64, progress_bar=False, eval_episodes=1)
+    finally:
+        SACPopulation._build, SACPopulation._summary = build, summary
+    assert {what for what, _ in seen} == {"setup", "stacking", "summary"} and {n for _, n in seen} == {1}, seen
+    assert torch.get_num_threads() == caller_threads
+
+
+def _train_sac_in_a_worker() -> int:
+    from rlspeed import SAC
+
+    return SAC("Pendulum-v1", seed=1, learning_starts=32, batch_size=16).learn(64, progress_bar=False).num_timesteps
+
+
+@needs_two_cores
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
+def test_a_pool_worker_forked_after_off_policy_training_trains_too(caller_threads):
+    """A sweep that trained a SAC model in the parent (on torch's default thread count), then trained others in a
+    fork-started multiprocessing.Pool, hung for ever: the parent's learn had started torch's OpenMP threads outside
+    the model's one thread, and each worker's learn waited on them at its replay buffer's allocation."""
+    from rlspeed import SAC
+
+    SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16).learn(64, progress_bar=False)
+    pool = multiprocessing.get_context("fork").Pool(1)
+    try:
+        assert pool.apply_async(_train_sac_in_a_worker).get(timeout=120) == 64
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 @pytest.mark.parametrize("call, name", [

@@ -2029,10 +2029,15 @@ class Algorithm:
             resume = self._resume
             self._follow_frozen_parameters(learn_start=True)
             try:
+                # Setting up runs on the model's threads too: a replay buffer's allocation (a large fill) on the
+                # caller's count started torch's OpenMP threads, and a process forked after that (a sweep's Pool
+                # worker) hung at its first parallel operation.
+                set_training_threads(self.num_threads)
                 self._start(env, int(total_timesteps))  # (after `resume`: `_first_obs` continues the saved episodes)
             except BaseException as error:  # (an env whose reset raises, an interrupt)
                 if isinstance(error, KeyboardInterrupt):
                     self._learn_interrupted = True
+                torch.set_num_threads(threads_before)
                 torch.set_grad_enabled(grad_before)
                 if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
                     _close_logger(logger, raising=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
-from rlspeed.device import float32_default, set_training_threads
+from rlspeed.device import check_num_threads, float32_default, set_training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
@@ -238,6 +239,22 @@ def generator_like_global(device: torch.device) -> torch.Generator:
     else:
         generator.set_state(getattr(torch, device.type).get_rng_state(device))
     return generator
+
+
+def on_training_threads(init):
+    """A population class's `__init__`, run on the members' torch threads (`num_threads`), as a solo model is built:
+    stacking the members' weights on the caller's count started torch's OpenMP threads, and a process forked after
+    that (a sweep's Pool worker) hung at its first parallel operation. The caller's count is given back."""
+
+    @functools.wraps(init)
+    def on_threads(self, *args, **kwargs):
+        before = set_training_threads(check_num_threads(kwargs.get("num_threads")))
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    return on_threads
 
 
 def stack_leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -1302,12 +1319,16 @@ class PopulationBase:
             # (a stop asked for as the last iteration ended: the training is done, its final evaluation skipped)
             skip_final = stop_requested is not None and stop_requested()
             self._evaluation_stop = stop_requested  # (one that comes during the final evaluation skips it too)
+            # (the final evaluation on the members' threads too, as `summarize`'s: on the caller's count it started
+            # torch's OpenMP threads, which a process forked after it (a sweep's Pool worker) hung on)
+            set_training_threads(self.num_threads)
             try:
                 self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=not skip_final)
             except EvaluationStopped:
                 self.summary = self._summary(loop, target_return, eval_episodes, stop, evaluate=False)
             finally:
                 self._evaluation_stop = None
+                torch.set_num_threads(threads_before)
             return self.summary
 
     def _metrics_logger(self, run_dir: str | Path | None, evaluating: bool) -> RunLogger | None:

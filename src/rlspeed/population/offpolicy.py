@@ -89,6 +89,7 @@ from rlspeed.population.base import (
     has_parameters,
     member_features,
     member_grad_norms,
+    on_training_threads,
     packed_width,
     saved_like,
     stack_leaf,
@@ -581,6 +582,7 @@ class OffPolicyPopulation(PopulationBase):
     #: else they take the networks' inputs, which the loop computes (`_inputs`)
     encodes_inside = False
 
+    @on_training_threads
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):

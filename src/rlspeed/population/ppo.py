@@ -64,6 +64,7 @@ from rlspeed.population.base import (
     has_parameters,
     member_features,
     member_grad_norms,
+    on_training_threads,
     saved_like,
     stack_leaf,
 )
@@ -102,6 +103,7 @@ class PPOPopulation(PopulationBase):
     supports_action_masks = True  # (sb3-contrib's MaskablePPO, as the solo PPO: categorical actions)
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
+    @on_training_threads
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
         with float32_default():  # (float32 batched networks, also under a caller's float64 default dtype)
