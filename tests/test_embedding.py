@@ -180,6 +180,35 @@ def test_a_pool_worker_forked_after_off_policy_training_trains_too(caller_thread
         pool.join()
 
 
+def _load_in_a_worker(path: str) -> int:
+    from rlspeed import SAC
+
+    model = SAC.load(path)
+    model.resume(path)
+    return model.num_timesteps
+
+
+@needs_two_cores
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
+def test_a_pool_worker_forked_after_saving_and_loading_loads_too(caller_threads, tmp_path):
+    """Passing a saved model's path to fork-started Pool workers, which load it, hung for ever where the parent had
+    saved or loaded a model itself (on torch's default thread count): a checkpoint's copies and checks and the
+    weights' restoring ran on the caller's threads and started torch's OpenMP threads, and each worker's load waited
+    on them. They run on the model's threads now, as training does."""
+    from rlspeed import SAC
+
+    model = SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16)
+    model.learn(64, progress_bar=False)
+    path = str(model.save(tmp_path / "model"))
+    SAC.load(path).resume(path)
+    pool = multiprocessing.get_context("fork").Pool(1)
+    try:
+        assert pool.apply_async(_load_in_a_worker, (path,)).get(timeout=60) == 64
+    finally:
+        pool.terminate()
+        pool.join()
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda: PPO("CartPole-v1", device=5), "device"),
     (lambda: PPO("CartPole-v1", num_threads="two"), "num_threads"),

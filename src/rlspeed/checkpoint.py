@@ -33,6 +33,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from rlspeed.device import training_threads
 from rlspeed.errors import UserError
 from rlspeed.files import process_running
 
@@ -605,7 +606,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
     except OSError as error:
         raise UserError(f"Cannot write the checkpoint '{path}': {error.strerror or error}.") from None
     remove_stale_temporary_files(path)
-    cpu = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
+    with training_threads():  # (the copies: not on torch's threads, which a process forked later would hang on)
+        cpu = {name: tensor.detach().to("cpu").contiguous() for name, tensor in tensors.items()}
     header = json.loads(json.dumps({"format": FORMAT, "version": FORMAT_VERSION, **metadata}))  # as load reads it
     header["digest"] = {"algorithm": digest, "value": tensor_digest(cpu, header, digest)}
     # A file in clear is written tensor by tensor from their own memory: a replay buffer's checkpoint took twice the
@@ -617,7 +619,8 @@ def save_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], m
         for name, tensor in cpu.items():
             # safetensors refuses tensors that share memory: views of one flat buffer, one tensor under two names.
             if tensor.untyped_storage().data_ptr() in seen or tensor.untyped_storage().nbytes() != tensor.nbytes:
-                cpu[name] = tensor = tensor.clone()
+                with training_threads():
+                    cpu[name] = tensor = tensor.clone()
             seen.add(tensor.untyped_storage().data_ptr())
         payload = st_save(cpu, metadata={"rlspeed": json.dumps(header)})
         if encryption is not None:
@@ -877,8 +880,9 @@ def _unverified(metadata: dict) -> str:
 
 
 def _check_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    bad = [name for name, tensor in tensors.items()
-           if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all())]
+    with training_threads():  # (as save's copies)
+        bad = [name for name, tensor in tensors.items()
+               if (tensor.is_floating_point() or tensor.is_complex()) and not bool(torch.isfinite(tensor).all())]
     if bad:
         shown = ", ".join(sorted(bad)[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
         raise UserError(f"'{path}' holds NaN or infinite values (in {shown}): the run it comes from diverged; "

@@ -273,6 +273,19 @@ def float32_default() -> Iterator[None]:
         torch.set_default_dtype(before)
 
 
+@contextlib.contextmanager
+def training_threads(num_threads: int | None = None):
+    """`set_training_threads` for the block, the caller's count given back after it. Work rlspeed does outside
+    training on large tensors (a checkpoint's copies and checks) runs in one: on the caller's count (torch's default,
+    every core) it started torch's OpenMP threads, on which a process forked afterwards (a sweep's
+    multiprocessing.Pool worker) hangs at its first parallel operation."""
+    previous = set_training_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def default_num_threads() -> int:
     """The thread count `configure_threads()` sets when none is given: ``RLSPEED_NUM_THREADS`` or 1, at least 1 and
     at most the cores visible. Raises UserError when the variable is not a whole number."""

@@ -45,6 +45,7 @@ from rlspeed.device import (
     rules,
     set_flush_denormal,
     set_training_threads,
+    training_threads,
 )
 from rlspeed.diagnostics.phases import phase
 from rlspeed.distributed import DistributedStrategy, single_process
@@ -2852,9 +2853,10 @@ class Algorithm:
 
     def _restore(self, tensors: dict[str, torch.Tensor], meta: dict, path: str | Path | None = None) -> None:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors (of the file `path`,
-        which a tensor that does not fit names)."""
+        which a tensor that does not fit names). On the model's threads (`training_threads`), as training."""
         try:
-            self._restore_tensors(tensors, meta)
+            with training_threads(self.num_threads):
+                self._restore_tensors(tensors, meta)
         except UserError as error:
             if path is None or str(path) in str(error):
                 raise

@@ -48,7 +48,7 @@ from rlspeed.buffers import (
 from rlspeed.buffers.her import GOAL_STRATEGIES, env_compute_reward, goal_space_problem
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, available_memory_bytes, layout_nbytes
 from rlspeed.checkpoint import beside, load_checkpoint, load_paired, save_checkpoint, staged_path
-from rlspeed.device import rules
+from rlspeed.device import rules, training_threads
 from rlspeed.diagnostics.phases import phase
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.atari import stacked_frames
@@ -615,7 +615,8 @@ class OffPolicyAlgorithm(Algorithm):
         """Fill the buffer learn made from `load_replay_buffer`'s source; a UserError naming it when it does not
         fit (the source stays, for the next learn to say it again rather than train without it)."""
         tensors, meta, name = self._replay_source
-        reason = self.buffer.load_state_dict(tensors, meta)
+        with training_threads(self.num_threads):  # (a large fill: on the model's threads, as training)
+            reason = self.buffer.load_state_dict(tensors, meta)
         if reason is not None:
             raise UserError(f"{name} cannot fill this model's replay buffer: {reason}.")
         self._replay_source = None
