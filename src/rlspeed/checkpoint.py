@@ -708,7 +708,8 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
             raise UserError(f"'{path}' is a zip archive (a Stable-Baselines3 model or a torch.save file), not an "
                             "rlspeed checkpoint; rlspeed reads the .safetensors files its own save() writes.")
         try:
-            tensors = st_load(data)
+            with training_threads():  # (the copies, as save's)
+                tensors = st_load(data)
             header_len = int.from_bytes(data[:8], "little")
             header = json.loads(data[8:8 + header_len])
             metadata = json.loads(header.get("__metadata__", {}).get("rlspeed", "{}"))
@@ -752,9 +753,10 @@ def _read_mapped(path: Path, copy: bool = True) -> tuple[dict[str, torch.Tensor]
             metadata = json.loads((handle.metadata() or {}).get("rlspeed", "{}"))
             if not isinstance(metadata, dict):
                 return None
-            for name in handle.keys():
-                tensor = handle.get_tensor(name)
-                tensors[name] = tensor.clone() if copy else tensor
+            with training_threads():  # (the copies, as save's)
+                for name in handle.keys():
+                    tensor = handle.get_tensor(name)
+                    tensors[name] = tensor.clone() if copy else tensor
     except (OSError, SafetensorError, ValueError, RecursionError, AttributeError, RuntimeError):
         return None
     return tensors, metadata

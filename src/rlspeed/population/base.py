@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -24,7 +23,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
-from rlspeed.device import check_num_threads, float32_default, set_training_threads
+from rlspeed.device import float32_default, set_training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
@@ -239,22 +238,6 @@ def generator_like_global(device: torch.device) -> torch.Generator:
     else:
         generator.set_state(getattr(torch, device.type).get_rng_state(device))
     return generator
-
-
-def on_training_threads(init):
-    """A population class's `__init__`, run on the members' torch threads (`num_threads`), as a solo model is built:
-    stacking the members' weights on the caller's count started torch's OpenMP threads, and a process forked after
-    that (a sweep's Pool worker) hung at its first parallel operation. The caller's count is given back."""
-
-    @functools.wraps(init)
-    def on_threads(self, *args, **kwargs):
-        before = set_training_threads(check_num_threads(kwargs.get("num_threads")))
-        try:
-            init(self, *args, **kwargs)
-        finally:
-            torch.set_num_threads(before)
-
-    return on_threads
 
 
 def stack_leaf(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

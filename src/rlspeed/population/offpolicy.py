@@ -68,7 +68,7 @@ from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks, no_update_reason
 from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
 from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
-from rlspeed.device import float32_default, rules
+from rlspeed.device import check_num_threads, float32_default, rules, training_threads
 from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward, ensemble_input_grad
@@ -89,7 +89,6 @@ from rlspeed.population.base import (
     has_parameters,
     member_features,
     member_grad_norms,
-    on_training_threads,
     packed_width,
     saved_like,
     stack_leaf,
@@ -582,11 +581,13 @@ class OffPolicyPopulation(PopulationBase):
     #: else they take the networks' inputs, which the loop computes (`_inputs`)
     encodes_inside = False
 
-    @on_training_threads
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
                  **hyperparameters):
-        with float32_default():  # (float32 batched networks, also under a caller's float64 default dtype)
+        # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
+        # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
+        # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
+        with float32_default(), training_threads(check_num_threads(hyperparameters.get("num_threads"))):
             solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
             encoder = getattr(solos[0].policy, "encoder", None)
             if has_parameters(encoder) and not self.member_encoders:

@@ -51,7 +51,7 @@ import torch
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
-from rlspeed.device import float32_default
+from rlspeed.device import check_num_threads, float32_default, training_threads
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
@@ -64,7 +64,6 @@ from rlspeed.population.base import (
     has_parameters,
     member_features,
     member_grad_norms,
-    on_training_threads,
     saved_like,
     stack_leaf,
 )
@@ -103,10 +102,12 @@ class PPOPopulation(PopulationBase):
     supports_action_masks = True  # (sb3-contrib's MaskablePPO, as the solo PPO: categorical actions)
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
-    @on_training_threads
     def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
-        with float32_default():  # (float32 batched networks, also under a caller's float64 default dtype)
+        # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
+        # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
+        # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
+        with float32_default(), training_threads(check_num_threads(hyperparameters.get("num_threads"))):
             solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
             cfg, size = self.config, self.size
             policy = solos[0].policy
