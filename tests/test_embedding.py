@@ -61,6 +61,21 @@ def test_learn_trains_with_the_models_threads_and_gives_the_callers_back(caller_
 
 
 @needs_two_cores
+def test_learn_gives_the_callers_threads_back_when_it_stops_right_after_its_setup(caller_threads):
+    """An interrupt (a notebook's stop button) landing in learn between its setup, which runs on the model's threads,
+    and its training loop gives the caller's thread count back too."""
+    model = _model(num_threads=1)
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    model._follow_learning_rate = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        model.learn(64, progress_bar=False)
+    assert torch.get_num_threads() == caller_threads
+
+
+@needs_two_cores
 def test_building_loading_and_predicting_leave_the_callers_threads(caller_threads, tmp_path):
     """Making a model (also one whose constructor refuses an argument), loading one and predicting with it leave
     torch's thread count as the caller set it."""

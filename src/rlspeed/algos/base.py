@@ -2121,7 +2121,9 @@ class Algorithm:
                                   train_wall_s=clock_offset + train_clock, **result.reached())
 
             flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
-        except BaseException:
+        except BaseException:  # (also after `_start`, which left the model's thread count set)
+            torch.set_num_threads(threads_before)
+            torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)
             raise
         raising = False
