@@ -1122,6 +1122,20 @@ def test_an_output_that_cannot_be_written_is_one_sentence_and_a_lost_result_a_fa
     assert json.loads((tmp_path / "trained" / "summary.json").read_text())["total_timesteps"] >= 64
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["eval", "--help"]])
+def test_help_and_version_that_cannot_be_written_fail_unbuffered_too(argv):
+    """Under PYTHONUNBUFFERED=1 (or python -u, as many containers run), `rlspeed --version > LOG` on a full disk
+    failed inside the parse, before the command had said its output is all it does: it printed "the command goes on"
+    and exited 0 with its output lost."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "rlspeed", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                              timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert done.returncode == 1, done.stderr
+    said = [line for line in done.stderr.splitlines() if "standard output" in line]
+    assert len(said) == 1 and said[0].startswith("rlspeed: error: cannot write standard output"), done.stderr
+
+
 def test_a_run_directory_whose_name_is_not_utf8_is_printed_as_its_bytes(tmp_path):
     """A directory named in another encoding (a GBK zip unpacked here) was printed as backslash escapes, a path that
     cannot be copied back into the shell."""

@@ -2970,9 +2970,14 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
 
 
 def _main(argv: list[str]) -> int:
+    stdout = sys.stdout if isinstance(sys.stdout, _ReaderMayLeave) else None  # (the `rlspeed` command's, `main`)
+    if stdout is not None:  # --help and --version write while parsing: their output is all they do
+        stdout.stop_when_gone = True
     try:
         args = build_parser().parse_args(argv)
     except UserError as error:
+        if stdout is not None:
+            stdout.stop_when_gone = False
         if "--debug" in argv:
             raise
         text = _one_line(str(error))
@@ -2984,11 +2989,11 @@ def _main(argv: list[str]) -> int:
         print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
-    if isinstance(sys.stdout, _ReaderMayLeave):  # (the `rlspeed` command's stdout, `main`)
+    if stdout is not None:
         # a command whose output is all it does stops when the reader of its output leaves (`rlspeed doctor | head`),
         # as Unix tools do; training, tuning, exporting and filming go on
-        sys.stdout.stop_when_gone = args.func in (cmd_doctor, cmd_profile) or (args.func is cmd_eval
-                                                                                and args.video is None)
+        stdout.stop_when_gone = args.func in (cmd_doctor, cmd_profile) or (args.func is cmd_eval
+                                                                            and args.video is None)
     try:
         return int(args.func(args) or 0)
     except UserError as error:
