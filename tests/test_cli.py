@@ -542,7 +542,7 @@ def test_overwrite_that_cannot_move_the_old_run_aside_is_one_sentence_and_moves_
     with pytest.raises(UserError, match=r"--overwrite cannot move the run in .* aside .*Permission denied.*nothing "
                                         r"was trained"):
         cli._move_run_aside(run, ["tensorboard", "metrics.csv"])
-    assert (run / "tensorboard").is_dir() and (run / "metrics.csv").is_file() and not cli._OVERWRITTEN
+    assert (run / "tensorboard").is_dir() and (run / "metrics.csv").is_file() and not cli._overwritten()
     assert sorted(p.name for p in run.iterdir()) == ["metrics.csv", "tensorboard"]
 
 
@@ -1426,6 +1426,41 @@ def test_commands_in_threads_at_once_each_keep_their_run_directory_locked(tmp_pa
     held.popitem()[1].close()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
+def test_a_command_in_another_thread_leaves_an_overwriting_run_alone(tmp_path, monkeypatch, capsys):
+    """A sweep calling `cli.main([...])` in two threads: a command that failed in one thread settled the other
+    thread's --overwrite too, moving the replaced run back into the directory where that command was still training
+    (and one that succeeded deleted it before the new run had saved anything). Each command settles its own."""
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--set", "num_steps=16", "--set",
+            "batch_size=32", "--target-return", "none", "--no-progress", "--out", str(tmp_path / "b")]
+    assert cli.main(argv) == 0  # (the run --overwrite replaces)
+    learn_and_save, training, finish = cli._learn_and_save, threading.Event(), threading.Event()
+
+    def held_in_the_sweep_thread(*args, **kwargs):
+        if threading.current_thread().name == "sweep":
+            training.set()
+            finish.wait(120)
+        return learn_and_save(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "_learn_and_save", held_in_the_sweep_thread)
+    codes = []
+    sweep = threading.Thread(target=lambda: codes.append(cli.main([*argv, "--overwrite"])), name="sweep")
+    sweep.start()
+    try:
+        while sweep.is_alive() and not training.wait(0.1):
+            pass
+        assert training.is_set(), codes
+        capsys.readouterr()
+        assert cli.main(["train", "ppo", "CartPole-v1", "--set", "nope=1", "--out", str(tmp_path / "a")]) == 2
+        assert "--overwrite" not in capsys.readouterr().err
+        assert list((tmp_path / "b").glob(".rlspeed-overwritten-*"))  # (still aside while the new run trains)
+    finally:
+        finish.set()
+        sweep.join(120)
+    assert codes == [0]
+    assert not list((tmp_path / "b").glob(".rlspeed-overwritten-*"))  # (deleted at its command's end)
+
+
 def test_overwrite_keeps_a_new_run_that_saved_a_checkpoint_before_it_failed(tmp_path, monkeypatch, capsys):
     """A new run that wrote its checkpoint and then failed keeps it (--resume continues it); the replaced run is gone
     for good then, not brought back over it."""
@@ -1501,7 +1536,7 @@ def test_a_replaced_run_whose_deletion_was_cut_short_is_never_moved_back_over_th
         first.unlink()
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli._OVERWRITTEN, run_dir, aside)
+    monkeypatch.setitem(cli._overwritten(), run_dir, aside)
     monkeypatch.setattr(cli.shutil, "rmtree", cut_short)
     with pytest.raises(KeyboardInterrupt):
         cli._settle_overwrites(succeeded=True)
@@ -1542,7 +1577,7 @@ def test_a_population_failing_after_saving_its_member_models_keeps_them(tmp_path
     (aside / "members" / "seed_0.safetensors").write_text("old")
     (run_dir / "members").mkdir()
     (run_dir / "members" / "seed_0.safetensors").write_text("new")
-    monkeypatch.setitem(cli._OVERWRITTEN, run_dir, aside)
+    monkeypatch.setitem(cli._overwritten(), run_dir, aside)
     cli._settle_overwrites(succeeded=False)
     assert not aside.exists() and (run_dir / "members" / "seed_0.safetensors").read_text() == "new"
 

@@ -1172,19 +1172,25 @@ def _move_run_aside(run_dir: Path, held: list[str]) -> None:
                 aside.rmdir()
         raise UserError(f"--overwrite cannot move the run in '{run_dir}' aside ({error.strerror or error}"
                         f"{f': {error.filename}' if error.filename else ''}); nothing was trained.") from None
-    _OVERWRITTEN[run_dir] = aside
+    _overwritten()[run_dir] = aside
 
 
-#: `--overwrite`: run directory -> the hidden directory its replaced run was moved to, until the command ends
-_OVERWRITTEN: dict[Path, Path] = {}
+def _overwritten() -> dict[Path, Path]:
+    """`--overwrite`: run directory -> the hidden directory its replaced run was moved to, until the command ends;
+    per thread, as the run directories' locks (`_run_locks`): a command in another thread that ends first settles
+    only its own, not a run still training in this one's directory."""
+    if not hasattr(_COMMAND, "overwritten"):
+        _COMMAND.overwritten = {}
+    return _COMMAND.overwritten
 
 
 def _settle_overwrites(succeeded: bool) -> None:
     """At the end of a command: delete the runs `--overwrite` moved aside, unless the command failed before the new run
     saved a model or a checkpoint (a wrong flag found late, a tracker that refused, an env that failed to start):
     then the new run's files go and the replaced run comes back, said in one line."""
-    while _OVERWRITTEN:
-        run_dir, aside = _OVERWRITTEN.popitem()
+    overwritten = _overwritten()
+    while overwritten:
+        run_dir, aside = overwritten.popitem()
         if succeeded or _saved_models(run_dir):
             _delete_aside(aside)
             continue
@@ -1248,7 +1254,7 @@ def _settle_killed_overwrites(run_dir: Path) -> None:
     directory's lock, before this command moves anything aside."""
     try:
         asides = [path for path in run_dir.glob(".rlspeed-overwritten-*")
-                  if path.is_dir() and not path.is_symlink() and path not in _OVERWRITTEN.values()]
+                  if path.is_dir() and not path.is_symlink() and path not in _overwritten().values()]
         for doomed in run_dir.glob(f"{_DELETING_PREFIX}*"):  # (a deletion cut short)
             if doomed.is_dir() and not doomed.is_symlink():
                 shutil.rmtree(doomed, ignore_errors=True)
@@ -1393,7 +1399,7 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
                 (run_dir / RUN_LOCK).unlink(missing_ok=True)  # (the command ends here: nothing trains there)
                 if created and not any(run_dir.iterdir()):
                     run_dir.rmdir()
-        elif (fresh and isinstance(error, UserError) and run_dir not in _OVERWRITTEN  # (which puts the old run back)
+        elif (fresh and isinstance(error, UserError) and run_dir not in _overwritten()  # (which puts the old run back)
               and not {"checkpoint.safetensors", "model.safetensors"} & set(held)):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
             raise UserError(f"{str(error).rstrip('.')}. '{run_dir}' keeps what the run wrote ({', '.join(held)}): "
