@@ -319,10 +319,15 @@ def test_a_vector_env_shares_the_episodes_among_its_envs_as_sb3s_evaluate_policy
     assert sorted(result["returns"]) == sorted(returns) and sorted(result["lengths"]) == sorted(lengths)
     one = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1", max_episode_steps=60))])
     assert rlspeed.evaluate(ppo, one, episodes=3)["episodes"] == 3  # (one env, episode after episode)
-    with pytest.warns(UserWarning, match="1 of 3 episodes were still running after 5 steps per episode; they count "
-                                         "with the return collected so far, and 2 never started"):
+    # (an episode still running at max_steps counts then, as evaluate's others: its env plays it out uncounted)
+    with pytest.warns(UserWarning, match="1 of 3 episodes were still running after 5 steps; they count with the "
+                                         "return collected so far, and 2 did not start within"):
         cut = rlspeed.evaluate(ppo, one, episodes=3, max_steps=5)
-    assert (cut["episodes"], cut["unfinished"], cut["returns"]) == (1, 1, [15.0])
+    assert (cut["episodes"], cut["unfinished"], cut["returns"], cut["lengths"]) == (1, 1, [5.0], [5])
+    two = DummyVecEnv([lambda: Monitor(gym.make("CartPole-v1", max_episode_steps=60))] * 2)
+    with pytest.warns(UserWarning, match="2 of 3 episodes were still running after 5 steps.*1 did not start"):
+        assert rlspeed.evaluate(ppo, two, episodes=3, max_steps=5)["lengths"] == [5, 5]  # (none longer than 5)
+    two.close()
     callback = EvalCallback(one, n_eval_episodes=3, eval_freq=128, verbose=0)
     PPO(DummyVecEnv([lambda: gym.make("CartPole-v1")] * 4), seed=0, device="cpu", num_steps=32,
         batch_size=128).learn(128, callback=callback, progress_bar=False)

@@ -237,12 +237,15 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
 def _spread_episodes(model, env, quotas: list[int], limit: int, deterministic: bool, bar) -> dict:
     """Run `model` on `env` (a vector env of the caller's, reset here) until each row i finished `quotas[i]` episodes
     (its first ones; later ones are not counted), or until `limit` steps per episode of the largest quota have passed.
+    An episode still running at `limit` steps counts then, unfinished, with the return it collected so far (as
+    `evaluate` counts one; the row's env plays it out uncounted, as one row of a vector env cannot be reset alone).
     Returns {"returns", "lengths", "successes" (None where the env never reported is_success), "unfinished"}: the
-    episodes in row order, each row's first ones, a row short of its quota adding its running episode (unfinished)."""
+    episodes in row order, each row's first ones."""
     masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
     recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
     rows: list[list[tuple[float, int, bool | None]]] = [[] for _ in quotas]
-    reported = False
+    counted = [False] * len(quotas)  # (the row's running episode was counted, unfinished, at `limit` steps)
+    reported, unfinished = False, 0
     obs, info = env.reset()
     for _ in range(limit * max(quotas)):
         masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
@@ -252,24 +255,27 @@ def _spread_episodes(model, env, quotas: list[int], limit: int, deterministic: b
             actions = model.act(obs, deterministic=deterministic, **masks)
         obs, _reward, terminated, truncated, info = env.step(actions.to(env.device))
         episode_start = terminated | truncated
-        done = info["done"].cpu()  # (one host read per step: a caller's vector env steps on the host anyway)
-        if done.any():
-            ended = done.nonzero().flatten().tolist()
-            returns, lengths = info["episode_return"].cpu().tolist(), info["episode_length"].cpu().tolist()
-            success = info["is_success"].cpu().tolist() if "is_success" in info else None
-            reported = reported or success is not None
-            for row in ended:
-                if len(rows[row]) < quotas[row]:
-                    rows[row].append((returns[row], int(lengths[row]), None if success is None else bool(success[row])))
-                    bar.update(1)
-            if all(len(kept) >= quota for kept, quota in zip(rows, quotas)):
-                break
-    unfinished = 0
-    returns, lengths = info["episode_return"].cpu().tolist(), info["episode_length"].cpu().tolist()
-    for row, quota in enumerate(quotas):
-        if len(rows[row]) < quota:  # (the running episode counts with the return it collected so far)
-            rows[row].append((returns[row], int(lengths[row]), None))
-            unfinished += 1
+        # (host reads each step: a caller's vector env steps on the host anyway)
+        done = info["done"].cpu()
+        at_limit = (info["episode_length"].cpu() >= limit) & ~done
+        if not done.any() and not at_limit.any():
+            continue
+        returns, lengths = info["episode_return"].cpu().tolist(), info["episode_length"].cpu().tolist()
+        success = info["is_success"].cpu().tolist() if "is_success" in info else None
+        reported = reported or success is not None
+        for row in done.nonzero().flatten().tolist():
+            if counted[row]:  # (its end, played out after it was counted)
+                counted[row] = False
+            elif len(rows[row]) < quotas[row]:
+                rows[row].append((returns[row], int(lengths[row]), None if success is None else bool(success[row])))
+                bar.update(1)
+        for row in at_limit.nonzero().flatten().tolist():
+            if not counted[row] and len(rows[row]) < quotas[row]:
+                rows[row].append((returns[row], int(lengths[row]), False))
+                counted[row], unfinished = True, unfinished + 1
+                bar.update(1)
+        if all(len(kept) >= quota for kept, quota in zip(rows, quotas)):
+            break
     episodes = [episode for kept in rows for episode in kept]
     return {"returns": [float(r) for r, _, _ in episodes], "lengths": [n for _, n, _ in episodes],
             "successes": [bool(s) for _, _, s in episodes] if reported else None, "unfinished": unfinished}
@@ -279,9 +285,10 @@ def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) ->
     """`evaluate`'s result from `_spread_episodes`' episodes (with its warning for unfinished ones)."""
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
-        warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps per "
-                      "episode; they count with the return collected so far" + (
-                          f", and {episodes - len(values)} never started" if len(values) < episodes else "")
+        warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they "
+                      "count with the return collected so far" + (
+                          f", and {episodes - len(values)} did not start within the {limit} steps per episode "
+                          "the evaluation runs" if len(values) < episodes else "")
                       + " (pass max_steps= to run longer).", stacklevel=3)
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
