@@ -1079,7 +1079,8 @@ def test_a_second_sigterm_while_learn_closes_its_logs_keeps_the_runs_clock_in_su
     """A scheduler's SIGTERM comes twice (SLURM signals every process of the job, and a batch script's trap passes it
     on): the second one, while learn drew its learning curve after the first one's iteration, cut learn's bookkeeping
     short, and summary.json and the checkpoint held the training clock of the previous checkpoint (0.0 s and sps 0
-    before the first one) while metrics.csv went on to the step where it stopped."""
+    before the first one) while metrics.csv went on to the step where it stopped. (The curve is drawn after the save
+    now: the second signal comes while learn closes its logs.)"""
     import csv
 
     from rlspeed.logging import RunLogger
@@ -1087,7 +1088,7 @@ def test_a_second_sigterm_while_learn_closes_its_logs_keeps_the_runs_clock_in_su
     argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--env-backend", "torch",
             "--set", "num_envs=4", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "4096",
             "--checkpoint-freq", "1024", "--out", str(tmp_path / "run")]
-    learn, plot = PPO.learn, RunLogger.plot
+    learn, close = PPO.learn, RunLogger.close
 
     def terminated_learn(self, *args, callback=None, **kwargs):
         def terminate_at_384(_locals):
@@ -1095,12 +1096,12 @@ def test_a_second_sigterm_while_learn_closes_its_logs_keeps_the_runs_clock_in_su
                 os.kill(os.getpid(), signal.SIGTERM)
         return learn(self, *args, callback=[terminate_at_384, *(callback or [])], **kwargs)
 
-    def plot_terminated_again(self):
-        os.kill(os.getpid(), signal.SIGTERM)  # (the second signal, while the curve is drawn)
-        return plot(self)
+    def close_terminated_again(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # (the second signal, while learn closes its logs)
+        return close(self, *args, **kwargs)
 
     monkeypatch.setattr(PPO, "learn", terminated_learn)
-    monkeypatch.setattr(RunLogger, "plot", plot_terminated_again)
+    monkeypatch.setattr(RunLogger, "close", close_terminated_again)
     assert cli.main(argv) == 143
     rows = list(csv.DictReader(open(tmp_path / "run" / "metrics.csv", encoding="utf-8")))
     clock = round(float(rows[-1]["train_wall_s"]), 4)
@@ -1109,6 +1110,43 @@ def test_a_second_sigterm_while_learn_closes_its_logs_keeps_the_runs_clock_in_su
     assert summary["train_wall_s"] == clock > 0 and summary["sps"] > 0
     loop = load_checkpoint(tmp_path / "run" / "checkpoint.safetensors")[1]["resume"]["loop"]
     assert round(loop["train_wall_s"], 4) == clock
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("at", [384, 512])
+def test_a_run_a_signal_stopped_is_saved_before_its_learning_curve_is_drawn(tmp_path, monkeypatch, sig, code, at):
+    """A run niced on a loaded machine was still drawing learning_curve.png minutes after a SIGTERM (matplotlib's
+    import alone is seconds of CPU time), and learn drew it before the model, the checkpoint and summary.json were
+    saved: the kill that follows a scheduler's grace period left a directory with none of them, and no exit code
+    143. The run is saved first, the curve drawn last (once, also for a signal in the last iteration)."""
+    from rlspeed.logging import RunLogger
+
+    run = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--env-backend", "torch",
+            "--set", "num_envs=4", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "512",
+            "--out", str(run)]
+    learn, plot = PPO.learn, RunLogger.plot
+    held_when_drawn = []  # (the run directory's files each time the curve is drawn: what a kill then would leave)
+
+    def signalled_learn(self, *args, callback=None, **kwargs):
+        def signal_at(_locals):
+            if self.num_timesteps == at:
+                os.kill(os.getpid(), sig)
+        return learn(self, *args, callback=[signal_at, *(callback or [])], **kwargs)
+
+    def slow_plot(self):
+        held_when_drawn.append({path.name for path in self.run_dir.iterdir()})
+        return plot(self)
+
+    monkeypatch.setattr(PPO, "learn", signalled_learn)
+    monkeypatch.setattr(RunLogger, "plot", slow_plot)
+    assert cli.main(argv) == code
+    assert len(held_when_drawn) == 1 and {"model.safetensors", "summary.json"} <= held_when_drawn[0]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["total_timesteps"] == at and summary["final_eval"] is None
+    if at < 512:  # (stopped mid-run: its checkpoint too; at the end, training finished and only the evaluation is cut)
+        assert summary["interrupted"] is True and "checkpoint.safetensors" in held_when_drawn[0]
+    assert (run / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 class _CrashesOnceAtItsStep200(gym.Env):

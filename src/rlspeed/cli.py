@@ -1923,6 +1923,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
            "restarts": restarts, "resumed_from": resumed_from, "checkpoint_freq": checkpoint_freq,
            "tracker": tracker, "run_dir": run_dir}
     signals: list[int] = []
+    # (a run a signal stopped gets its learning_curve.png last, after the files `_save_interrupted` writes: learn drew
+    # it first, and on a loaded machine the plot outlasted a scheduler's grace period, whose kill left none of them)
+    model._curve_on_stop = False
     with contextlib.nullcontext(signals) if trained else _stopping(model.env_backend) as signals:
         model.stop_requested = lambda: bool(signals)  # (under torch.distributed: a signal to any rank stops all)
         try:
@@ -1949,12 +1952,16 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     if not main:
         return 0
     eval_seed = args.seed + 1_000_000
+    # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended; drawn after the model,
+    # or, where a signal skips the evaluation, after the summary)
+    undrawn = trained or model.result.stop_requested
     try:
         with _sigterm_raises():  # (a scheduler's signal too: the summary is written, without the evaluation)
             with _signals_deferred():  # (the finished training is saved whole, then a signal stops the rest)
                 model.save(run_dir / "model.safetensors")
-                if trained:
-                    _redraw_learning_curve(run_dir, model.num_timesteps)
+                if undrawn and not signals:
+                    _draw_learning_curve(run_dir, model.num_timesteps)
+                    undrawn = False
             if signals:  # (one that came as the last iteration ended: the training is done, the evaluation skipped)
                 raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
             final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
@@ -1969,6 +1976,9 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
               f"(rlspeed eval {run_dir} --seed {eval_seed} evaluates it)", file=sys.stderr, flush=True)
+        if undrawn:
+            with contextlib.suppress(KeyboardInterrupt):  # (as after a stop mid-run: last, a second signal cuts it)
+                _draw_learning_curve(run_dir, model.num_timesteps)
         return code
     except Exception as error:  # (an env's error in the final evaluation ends the run as one in training does)
         _write_ended_by_error(run, run_dir, error)
@@ -2046,11 +2056,11 @@ def _error_text(error: Exception) -> str:
     return f"{type(error).__name__}: {_one_line(str(error))[:500] or '(no message)'}"
 
 
-def _redraw_learning_curve(run_dir: Path, steps: int) -> None:
-    """A run finished by --resume with nothing left to train (killed after its last checkpoint, before its learn
-    ended) has no learn to draw `learning_curve.png` at its end: drawn here from metrics.csv's rows up to `steps`
-    where it is missing, as the uninterrupted run's."""
-    if (run_dir / "learning_curve.png").exists() or _no_rows(run_dir / "metrics.csv"):
+def _draw_learning_curve(run_dir: Path, steps: int) -> None:
+    """`learning_curve.png` from metrics.csv's rows up to `steps`, as learn draws it, where learn did not: a run a
+    signal stopped (drawn after its saved files, `Algorithm._curve_on_stop`), or one finished by --resume with nothing
+    left to train (killed after its last checkpoint, before its learn ended)."""
+    if not (run_dir / "metrics.csv").is_file():
         return
     from rlspeed.logging import RunLogger
 
@@ -2097,7 +2107,7 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
 
 def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
     """After Ctrl-C or SIGTERM: save the model, a checkpoint (`--resume` continues from it) and summary.json
-    (`"interrupted": true`, no final evaluation); return 130 or 143."""
+    (`"interrupted": true`, no final evaluation), then draw learning_curve.png; return 130 or 143."""
     code, name = (143, stop.name) if isinstance(stop, Terminated) else (130, "Ctrl-C")
     if not run["strategy"].is_main:
         return code
@@ -2118,6 +2128,9 @@ def _save_interrupted(run: dict, run_dir: Path, stop: KeyboardInterrupt) -> int:
              "before training resumed; kept checkpoint.safetensors, the one it resumed from (--resume continues from "
              "it), and saved summary.json")
     print(f"rlspeed: interrupted ({name}) after {steps:,} steps: {saved} in {run_dir}", file=sys.stderr, flush=True)
+    # (last: the slow part, which a second signal cuts short, the run saved)
+    with contextlib.suppress(KeyboardInterrupt):
+        _draw_learning_curve(run_dir, run["model"].num_timesteps)
     return code
 
 

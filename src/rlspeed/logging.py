@@ -427,9 +427,9 @@ class RunLogger:
         handle = open(self.run_dir / "metrics.csv", "a", newline="", encoding="utf-8")  # noqa: SIM115
         self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
 
-    def close(self) -> None:
-        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot;
-        after a failed write, only close the files."""
+    def close(self, plot: bool = True) -> None:
+        """Finish `metrics.csv` (every logged row, columns in first-seen order), close TensorBoard, save the plot
+        (unless `plot` is False: the caller draws it later); after a failed write, only close the files."""
         if not self._failed:
             try:
                 self._check_directory(closing=True)
@@ -447,7 +447,7 @@ class RunLogger:
                 with self._tensorboard_errors():
                     self._writer.flush()  # (raises what the writer thread could not write; close says nothing)
                     self._writer.close()
-            if self._plot:
+            if self._plot and plot:
                 self.plot()
 
     def _let_go(self) -> None:

@@ -903,11 +903,12 @@ def _own_init_parameters(cls: type) -> list[str]:
             if parameter.kind in plain and name not in taken]
 
 
-def _close_logger(logger: RunLogger, raising: bool) -> None:
-    """Close a `learn` call's logger: a failure to write its last rows raises, unless learn is raising already (the
-    error that stopped training is the one to see), where it is a warning at learn's caller."""
+def _close_logger(logger: RunLogger, raising: bool, plot: bool = True) -> None:
+    """Close a `learn` call's logger (`plot`: drawing learning_curve.png): a failure to write its last rows raises,
+    unless learn is raising already (the error that stopped training is the one to see), where it is a warning at
+    learn's caller."""
     try:
-        logger.close()
+        logger.close(plot=plot)
     except UserError as error:
         if not raising:
             raise
@@ -1190,6 +1191,11 @@ class Algorithm:
     #: whether the last `resume` restored the checkpoint's episodes in progress (`_first_obs` sets it per learn call)
     _episodes_restored: bool = False
     _learn_interrupted = False  # a KeyboardInterrupt left the last learn (`_drop_disrupted_env`)
+    #: whether learn draws `run_dir/learning_curve.png` as it ends where a signal's stop (`stop_requested`) or an
+    #: interrupt ended it. The CLI, which saves such a run, draws it itself after the model, checkpoint and
+    #: summary.json: the plot (matplotlib's import) takes seconds of CPU time, which a loaded machine stretches past a
+    #: scheduler's grace period before its kill
+    _curve_on_stop = True
 
     def __init_subclass__(cls, **kwargs: typing.Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -2041,7 +2047,8 @@ class Algorithm:
                 torch.set_num_threads(threads_before)
                 torch.set_grad_enabled(grad_before)
                 if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
-                    _close_logger(logger, raising=True)
+                    _close_logger(logger, raising=True,
+                                  plot=self._curve_on_stop or not isinstance(error, KeyboardInterrupt))
                 raise
             self._follow_learning_rate()
             # Schedules (PPO's learning-rate and clip annealing, DQN's epsilon) run from `_learn_start` to
@@ -2126,7 +2133,7 @@ class Algorithm:
             torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)
             raise
-        raising = False
+        raising = interrupted = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
             set_training_threads(self.num_threads)  # (the model's, evaluations included)
             set_flush_denormal(True)  # CPU arithmetic on denormal floats is tens of times slower
@@ -2281,7 +2288,7 @@ class Algorithm:
         except BaseException as error:
             raising = True  # (a failure closing the logs then must not hide this one)
             # (a signal to the process group, Jupyter's stop button, reaches subprocess envs' workers too)
-            self._learn_interrupted = isinstance(error, KeyboardInterrupt)
+            self._learn_interrupted = interrupted = isinstance(error, KeyboardInterrupt)
             if callbacks_started:  # (a W&B run they began ends as failed, not left open for the next run to join)
                 _tell_training_error(callbacks, error)
             raise
@@ -2310,7 +2317,8 @@ class Algorithm:
                     logger.amend_last(pending)
                     closing_row = dict(logger.rows[-1])
                 try:
-                    _close_logger(logger, raising)
+                    _close_logger(logger, raising,
+                                  plot=self._curve_on_stop or not (interrupted or result.stop_requested))
                 except BaseException as error:  # (training done, its last rows unwritten: an error all the same)
                     if callbacks_started and not raising:
                         _tell_training_error(callbacks, error)
