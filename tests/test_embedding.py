@@ -172,56 +172,56 @@ def test_setting_up_off_policy_training_and_populations_run_on_the_members_threa
     assert torch.get_num_threads() == caller_threads
 
 
-def _train_sac_in_a_worker() -> int:
-    from rlspeed import SAC
+def _forking_script(body: str, tmp_path) -> subprocess.CompletedProcess:
+    """`body` run in a fresh Python whose torch uses 2 threads (a caller's count): a process forked from the test
+    suite's own would find OpenMP threads of earlier tests, which no rlspeed change controls."""
+    script = textwrap.dedent("""
+        import multiprocessing, sys, torch
+        torch.set_num_threads(2)
+        from rlspeed import SAC
 
-    return SAC("Pendulum-v1", seed=1, learning_starts=32, batch_size=16).learn(64, progress_bar=False).num_timesteps
+        def train_in_a_worker():
+            return SAC("Pendulum-v1", seed=1, learning_starts=32, batch_size=16).learn(
+                64, progress_bar=False).num_timesteps
+
+        def load_in_a_worker(path):
+            model = SAC.load(path)
+            model.resume(path)
+            return model.num_timesteps
+        """) + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
 
 @needs_two_cores
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
-def test_a_pool_worker_forked_after_off_policy_training_trains_too(caller_threads):
+def test_a_pool_worker_forked_after_off_policy_training_trains_too(tmp_path):
     """A sweep that trained a SAC model in the parent (on torch's default thread count), then trained others in a
     fork-started multiprocessing.Pool, hung for ever: the parent's learn had started torch's OpenMP threads outside
     the model's one thread, and each worker's learn waited on them at its replay buffer's allocation."""
-    from rlspeed import SAC
-
-    SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16).learn(64, progress_bar=False)
-    pool = multiprocessing.get_context("fork").Pool(1)
-    try:
-        assert pool.apply_async(_train_sac_in_a_worker).get(timeout=120) == 64
-    finally:
-        pool.terminate()
-        pool.join()
-
-
-def _load_in_a_worker(path: str) -> int:
-    from rlspeed import SAC
-
-    model = SAC.load(path)
-    model.resume(path)
-    return model.num_timesteps
+    done = _forking_script("""
+        SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16).learn(64, progress_bar=False)
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            print(pool.apply_async(train_in_a_worker).get(timeout=120))
+        """, tmp_path)
+    assert done.returncode == 0 and done.stdout.split() == ["64"], done.stderr[-2000:]
 
 
 @needs_two_cores
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
-def test_a_pool_worker_forked_after_saving_and_loading_loads_too(caller_threads, tmp_path):
+def test_a_pool_worker_forked_after_saving_and_loading_loads_too(tmp_path):
     """Passing a saved model's path to fork-started Pool workers, which load it, hung for ever where the parent had
     saved or loaded a model itself (on torch's default thread count): a checkpoint's copies and checks and the
     weights' restoring ran on the caller's threads and started torch's OpenMP threads, and each worker's load waited
     on them. They run on the model's threads now, as training does."""
-    from rlspeed import SAC
-
-    model = SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16)
-    model.learn(64, progress_bar=False)
-    path = str(model.save(tmp_path / "model"))
-    SAC.load(path).resume(path)
-    pool = multiprocessing.get_context("fork").Pool(1)
-    try:
-        assert pool.apply_async(_load_in_a_worker, (path,)).get(timeout=60) == 64
-    finally:
-        pool.terminate()
-        pool.join()
+    done = _forking_script("""
+        model = SAC("Pendulum-v1", seed=0, learning_starts=32, batch_size=16)
+        model.learn(64, progress_bar=False)
+        path = str(model.save("model"))
+        SAC.load(path).resume(path)
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            print(pool.apply_async(load_in_a_worker, (path,)).get(timeout=120))
+        """, tmp_path)
+    assert done.returncode == 0 and done.stdout.split() == ["64"], done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("call, name", [

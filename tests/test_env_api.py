@@ -1111,22 +1111,34 @@ def test_async_envs_from_a_script_without_the_main_guard_under_spawn_say_so(tmp_
     assert 'under `if __name__ == "__main__":`' in last
 
 
-def _async_envs_in_a_pool_worker() -> str:
-    try:
-        model = rlspeed.PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16, batch_size=32)
-        model.learn(32, progress_bar=False)
-    except Exception as error:  # noqa: BLE001 (what the sweep's worker would see, sent back as text)
-        return f"{type(error).__name__}: {error}"
-    return "trained"
-
-
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs the fork start method")
-def test_async_envs_in_a_multiprocessing_pool_worker_say_why_they_cannot_start():
+def test_async_envs_in_a_multiprocessing_pool_worker_say_why_they_cannot_start(tmp_path):
     """A seed sweep with multiprocessing.Pool whose workers train on gymnasium-async envs ended each in 'The env
     CartPole-v1 (gymnasium-async backend) raised AssertionError in make(): daemonic processes are not allowed to have
-    children', blaming the env: a Pool's workers may start no processes."""
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        said = pool.apply_async(_async_envs_in_a_pool_worker).get(timeout=120)
+    children', blaming the env: a Pool's workers may start no processes. (Forked from a fresh Python: the test
+    suite's own process may hold OpenMP threads of earlier tests, which a forked child hangs on.)"""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import multiprocessing
+        import rlspeed
+
+        def worker():
+            try:
+                rlspeed.PPO("CartPole-v1", env_backend="gymnasium-async", num_envs=2, num_steps=16,
+                            batch_size=32).learn(32, progress_bar=False)
+            except Exception as error:  # (what the sweep's worker would see, sent back as text)
+                return f"{type(error).__name__}: {error}"
+            return "trained"
+
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            print(pool.apply_async(worker).get(timeout=120))
+        """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    said = done.stdout.strip()
+    assert done.returncode == 0, done.stderr[-2000:]
     assert said.startswith("UserError: The env subprocesses of backend 'gymnasium-async' cannot start in a daemonic "
                            "process"), said
     assert "env_backend='gymnasium'" in said and "ProcessPoolExecutor" in said
