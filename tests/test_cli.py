@@ -5,6 +5,7 @@ The runs are started together (each is mostly interpreter and torch start-up) an
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
@@ -1388,14 +1389,15 @@ def test_the_run_directory_is_locked_while_it_trains(tmp_path, monkeypatch):
     assert held == [True]
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
-def test_commands_in_threads_at_once_each_keep_their_run_directory_locked(tmp_path, monkeypatch):
-    """A sweep calling `cli.main([...])` in two threads: the first command to end released the second's run directory
-    lock too, while that one still trained there (another process could then train into it); and a second command
-    into a directory this process held went ahead. Each command holds its own directory until it ends."""
-    from rlspeed.errors import Busy
-    from rlspeed.locks import hold_lock
+#: a tiny `rlspeed train` command line (its --out to add)
+TINY_TRAIN = ["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--set", "num_steps=16", "--set",
+              "batch_size=32", "--target-return", "none", "--no-progress"]
 
+
+@contextlib.contextmanager
+def _training_in_another_thread(monkeypatch, argv: list[str]):
+    """`cli.main(argv)` in a thread of its own (a sweep's), held in its training (its run directory locked) while the
+    block runs; yields the list its exit code lands in once the block ends and the thread finishes."""
     learn_and_save, training, finish = cli._learn_and_save, threading.Event(), threading.Event()
 
     def held_in_the_sweep_thread(*args, **kwargs):
@@ -1405,22 +1407,33 @@ def test_commands_in_threads_at_once_each_keep_their_run_directory_locked(tmp_pa
         return learn_and_save(*args, **kwargs)
 
     monkeypatch.setattr(cli, "_learn_and_save", held_in_the_sweep_thread)
-    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--set", "num_steps=16", "--set",
-            "batch_size=32", "--target-return", "none", "--no-progress", "--out"]
-    codes = []
-    sweep = threading.Thread(target=lambda: codes.append(cli.main([*argv, str(tmp_path / "b")])), name="sweep")
+    codes: list[int] = []
+    sweep = threading.Thread(target=lambda: codes.append(cli.main(argv)), name="sweep")
     sweep.start()
     try:
         while sweep.is_alive() and not training.wait(0.1):
             pass
         assert training.is_set(), codes  # (its command trains, holding its directory)
+        yield codes
+    finally:
+        finish.set()
+        sweep.join(120)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="file locks are fcntl's")
+def test_commands_in_threads_at_once_each_keep_their_run_directory_locked(tmp_path, monkeypatch):
+    """A sweep calling `cli.main([...])` in two threads: the first command to end released the second's run directory
+    lock too, while that one still trained there (another process could then train into it); and a second command
+    into a directory this process held went ahead. Each command holds its own directory until it ends."""
+    from rlspeed.errors import Busy
+    from rlspeed.locks import hold_lock
+
+    argv = [*TINY_TRAIN, "--out"]
+    with _training_in_another_thread(monkeypatch, [*argv, str(tmp_path / "b")]) as codes:
         assert cli.main([*argv, str(tmp_path / "a")]) == 0  # (ends while the other thread's command trains)
         with pytest.raises(Busy):  # (as another process would be)
             hold_lock(tmp_path / "b" / cli.RUN_LOCK, {}, "busy")
         assert cli.main([*argv, str(tmp_path / "b"), "--overwrite"]) == 75
-    finally:
-        finish.set()
-        sweep.join(120)
     assert codes == [0]
     hold_lock(tmp_path / "b" / cli.RUN_LOCK, held := {}, "busy")  # (released at its end)
     held.popitem()[1].close()
@@ -1431,32 +1444,13 @@ def test_a_command_in_another_thread_leaves_an_overwriting_run_alone(tmp_path, m
     """A sweep calling `cli.main([...])` in two threads: a command that failed in one thread settled the other
     thread's --overwrite too, moving the replaced run back into the directory where that command was still training
     (and one that succeeded deleted it before the new run had saved anything). Each command settles its own."""
-    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--set", "num_steps=16", "--set",
-            "batch_size=32", "--target-return", "none", "--no-progress", "--out", str(tmp_path / "b")]
+    argv = [*TINY_TRAIN, "--out", str(tmp_path / "b")]
     assert cli.main(argv) == 0  # (the run --overwrite replaces)
-    learn_and_save, training, finish = cli._learn_and_save, threading.Event(), threading.Event()
-
-    def held_in_the_sweep_thread(*args, **kwargs):
-        if threading.current_thread().name == "sweep":
-            training.set()
-            finish.wait(120)
-        return learn_and_save(*args, **kwargs)
-
-    monkeypatch.setattr(cli, "_learn_and_save", held_in_the_sweep_thread)
-    codes = []
-    sweep = threading.Thread(target=lambda: codes.append(cli.main([*argv, "--overwrite"])), name="sweep")
-    sweep.start()
-    try:
-        while sweep.is_alive() and not training.wait(0.1):
-            pass
-        assert training.is_set(), codes
+    with _training_in_another_thread(monkeypatch, [*argv, "--overwrite"]) as codes:
         capsys.readouterr()
         assert cli.main(["train", "ppo", "CartPole-v1", "--set", "nope=1", "--out", str(tmp_path / "a")]) == 2
         assert "--overwrite" not in capsys.readouterr().err
         assert list((tmp_path / "b").glob(".rlspeed-overwritten-*"))  # (still aside while the new run trains)
-    finally:
-        finish.set()
-        sweep.join(120)
     assert codes == [0]
     assert not list((tmp_path / "b").glob(".rlspeed-overwritten-*"))  # (deleted at its command's end)
 
