@@ -177,21 +177,10 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
                 spread = _spread_episodes(model, env, quotas, limit, deterministic, bar)
                 return _spread_result(spread, episodes, limit, seed)
             obs, info = env.reset()
-            masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
             check_every = 64 if env.backend == "torch" else 1
-            # a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts
-            recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
+            acting = _Acting(model, env, deterministic)
             for step in range(1, limit + 1):
-                # the env may live on another device than the model (`device=`; act moves obs): a no-op when they share
-                masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
-                if recurrent:
-                    actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic,
-                                                          **masks)
-                else:
-                    actions = model.act(obs, deterministic=deterministic, **masks)
-                obs, _reward, terminated, truncated, info = env.step(actions.to(env.device))
-                # (the learner's episodes reset the state, as in training: an SB3 env's Monitor may count whole games)
-                episode_start = terminated | truncated
+                obs, info = acting.step(obs, info)
                 newly_done = info["done"] & ~finished
                 returns = torch.where(newly_done, info["episode_return"], returns)
                 lengths = torch.where(newly_done, info["episode_length"], lengths)
@@ -234,6 +223,30 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     return result
 
 
+class _Acting:
+    """`model`'s policy stepping `env` in an evaluation: masked where the env gives action masks and the model takes
+    them; a recurrent policy (RecurrentPPO) carries its state from step to step, reset where an episode starts (the
+    learner's episodes, as in training: an SB3 env's Monitor may count whole games)."""
+
+    def __init__(self, model, env, deterministic: bool):
+        self.model, self.env, self.deterministic = model, env, deterministic
+        self.masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
+        self.recurrent, self.state, self.episode_start = hasattr(model, "act_with_state"), None, None
+
+    def step(self, obs, info: dict) -> tuple:
+        """(obs, info) after one step of every env row from `obs` and the last step's `info`."""
+        masks = {"action_masks": info["action_mask"]} if self.masking and "action_mask" in info else {}
+        if self.recurrent:
+            actions, self.state = self.model.act_with_state(obs, self.state, self.episode_start,
+                                                            deterministic=self.deterministic, **masks)
+        else:
+            actions = self.model.act(obs, deterministic=self.deterministic, **masks)
+        # (the env may live on another device than the model (`device=`; act moves obs): a no-op when they share)
+        obs, _reward, terminated, truncated, info = self.env.step(actions.to(self.env.device))
+        self.episode_start = terminated | truncated
+        return obs, info
+
+
 def _spread_episodes(model, env, quotas: list[int], limit: int, deterministic: bool, bar) -> dict:
     """Run `model` on `env` (a vector env of the caller's, reset here) until each row i finished `quotas[i]` episodes
     (its first ones; later ones are not counted), or until `limit` steps per episode of the largest quota have passed.
@@ -241,23 +254,16 @@ def _spread_episodes(model, env, quotas: list[int], limit: int, deterministic: b
     `evaluate` counts one; the row's env plays it out uncounted, as one row of a vector env cannot be reset alone).
     Returns {"returns", "lengths", "successes" (None where the env never reported is_success), "unfinished"}: the
     episodes in row order, each row's first ones."""
-    masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
-    recurrent, state, episode_start = hasattr(model, "act_with_state"), None, None
+    acting = _Acting(model, env, deterministic)
     rows: list[list[tuple[float, int, bool | None]]] = [[] for _ in quotas]
     counted = [False] * len(quotas)  # (the row's running episode was counted, unfinished, at `limit` steps)
     reported, unfinished = False, 0
     obs, info = env.reset()
     for _ in range(limit * max(quotas)):
-        masks = {"action_masks": info["action_mask"]} if masking and "action_mask" in info else {}
-        if recurrent:
-            actions, state = model.act_with_state(obs, state, episode_start, deterministic=deterministic, **masks)
-        else:
-            actions = model.act(obs, deterministic=deterministic, **masks)
-        obs, _reward, terminated, truncated, info = env.step(actions.to(env.device))
-        episode_start = terminated | truncated
-        # (host reads each step: a caller's vector env steps on the host anyway)
-        done = info["done"].cpu()
-        at_limit = (info["episode_length"].cpu() >= limit) & ~done
+        obs, info = acting.step(obs, info)
+        # (one host read each step: a caller's vector env steps on the host anyway)
+        done, at_limit = torch.stack((info["done"], info["episode_length"] >= limit)).cpu()
+        at_limit &= ~done
         if not done.any() and not at_limit.any():
             continue
         returns, lengths = info["episode_return"].cpu().tolist(), info["episode_length"].cpu().tolist()
