@@ -1175,12 +1175,24 @@ def _move_run_aside(run_dir: Path, held: list[str]) -> None:
     _overwritten()[run_dir] = aside
 
 
+class _CommandState(threading.local):
+    """What a command holds until it ends, per thread, as a command runs in one: commands that run in threads at once
+    (a sweep's `main([...])` calls) each hold and settle their own."""
+
+    def __init__(self):
+        #: run directory -> its lock file's open handle (`_lock_run_dir`). A thread's lock is its own open file:
+        #: another thread's command is refused the directory as another process is
+        self.run_locks: dict[str, object] = {}
+        #: `--overwrite`: run directory -> the hidden directory its replaced run was moved to; a command in another
+        #: thread that ends first settles only its own, not a run still training in this one's directory
+        self.overwritten: dict[Path, Path] = {}
+
+
+_COMMAND = _CommandState()
+
+
 def _overwritten() -> dict[Path, Path]:
-    """`--overwrite`: run directory -> the hidden directory its replaced run was moved to, until the command ends;
-    per thread, as the run directories' locks (`_run_locks`): a command in another thread that ends first settles
-    only its own, not a run still training in this one's directory."""
-    if not hasattr(_COMMAND, "overwritten"):
-        _COMMAND.overwritten = {}
+    """This thread's command's `--overwrite` moves (`_CommandState.overwritten`)."""
     return _COMMAND.overwritten
 
 
@@ -1290,16 +1302,10 @@ CHECKPOINT_INTERVAL_S = 60.0
 RUN_LOCK = ".rlspeed.lock"
 #: Set by `rlspeed train --nproc` for the workers it starts: the run directory the launcher holds the lock of
 RUN_LOCKED_BY_LAUNCHER = "RLSPEED_RUN_LOCKED_BY_LAUNCHER"
-#: per thread, as a command runs in one: the run directories its command locked (`_run_locks`); commands that run in
-#: threads at once (a sweep's `main([...])` calls) each hold and release their own
-_COMMAND = threading.local()
 
 
 def _run_locks() -> dict[str, object]:
-    """This thread's command's run directories -> their lock files' open handles (held until the command ends). A
-    thread's lock is its own open file: another thread's command is refused the directory as another process is."""
-    if not hasattr(_COMMAND, "run_locks"):
-        _COMMAND.run_locks = {}
+    """This thread's command's locked run directories (`_CommandState.run_locks`)."""
     return _COMMAND.run_locks
 
 
