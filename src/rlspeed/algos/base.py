@@ -1368,13 +1368,10 @@ class Algorithm:
         self.result = LearnResult()
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
         # thread count, and the same seed must give the same model on any machine
-        threads_before = set_training_threads(self.num_threads)
-        try:
-            with float32_default():  # (float32 networks also where the caller made float64 torch's default)
-                self._setup()
-                self._check_own_encoders()
-        finally:
-            torch.set_num_threads(threads_before)
+        # (float32 networks also where the caller made float64 torch's default)
+        with training_threads(self.num_threads), float32_default():
+            self._setup()
+            self._check_own_encoders()
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
             warn_unused_settings(self.config, self.spec)
         if self.strategy.enabled:  # same initial weights everywhere, then rank-specific randomness
@@ -2401,12 +2398,9 @@ class Algorithm:
         from rlspeed.evaluation import evaluate, refuse_evaluate_keywords
 
         refuse_evaluate_keywords(stable_baselines3, type(self).evaluate)
-        threads_before = set_training_threads(self.num_threads)
-        try:
+        with training_threads(self.num_threads):
             return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
                             deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=progress_bar)
-        finally:
-            torch.set_num_threads(threads_before)
 
     def _guarded_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors training changes, which the numerics guard checks and restores: module state (parameters,

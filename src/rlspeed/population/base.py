@@ -23,7 +23,7 @@ import torch
 from rlspeed._version import __version__
 from rlspeed.algos.base import checked_learn_values, refuse_learn_keywords
 from rlspeed.checkpoint import checkpoint_path, load_checkpoint, save_with_staged
-from rlspeed.device import float32_default, set_training_threads
+from rlspeed.device import float32_default, set_training_threads, training_threads
 from rlspeed.envs import NamesEnvErrors, atari
 from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, observation_layout
 from rlspeed.errors import UnusedSettingWarning, UserError, positive_whole
@@ -1357,13 +1357,11 @@ class PopulationBase:
         saved, self._resumed, self.progress = self.progress, False, None
         loop = (_LoopProgress.start(self.size, self.num_timesteps, 10_000, None) if saved is None else
                 _LoopProgress.from_checkpoint(saved, self.size, self.num_timesteps, 10_000, None))
-        threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()
+        grad_before = torch.is_grad_enabled()
         try:
-            set_training_threads(self.num_threads)
-            with float32_default():
+            with training_threads(self.num_threads), float32_default():
                 self.summary = self._summary(loop, target_return, eval_episodes, stop)
         finally:
-            torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
         return self.summary
 
