@@ -1233,3 +1233,24 @@ def test_symlinks_planted_in_a_run_directory_are_not_written_through(tmp_path):
     with pytest.warns(UserWarning, match="rlspeed.lock' is a symlink: it is not followed"):
         assert cli.main([*TRAIN, "--total-timesteps", "64", "--out", str(out)]) == 0
     assert all(victim.read_text() == "keep me" for victim in victims.values())
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("failing", ["_start", "_follow_learning_rate"])
+def test_an_error_before_training_begins_closes_the_runs_logs(tmp_path, monkeypatch, failing):
+    """An error raised as learn sets up (in `_start`, or right after it, before the first iteration) closes the
+    run's logger, TensorBoard writer included: each such call left a writer's thread running and its file open."""
+    from rlspeed.logging import RunLogger
+
+    closed = []
+    close = RunLogger.close
+    monkeypatch.setattr(RunLogger, "close", lambda self, *a, **k: (closed.append(self), close(self, *a, **k))[1])
+    model = PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32, seed=0)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("set-up failed")
+
+    monkeypatch.setattr(model, failing, fail)
+    with pytest.raises(RuntimeError, match="set-up failed"):
+        model.learn(64, progress_bar=False, run_dir=tmp_path / "run")
+    assert len(closed) == 1

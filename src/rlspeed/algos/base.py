@@ -2022,6 +2022,7 @@ class Algorithm:
         # learn's own frame: a wrapper's frame would be where learn's warnings point), the caller's given back on
         # every way out
         torch.set_default_dtype(torch.float32)
+        logger = None
         try:
             env = self.make_training_env()
             # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
@@ -2044,7 +2045,8 @@ class Algorithm:
                 torch.set_num_threads(threads_before)
                 torch.set_grad_enabled(grad_before)
                 if logger is not None:  # (its TensorBoard writer's thread, which each such call left running)
-                    _close_logger(logger, raising=True,
+                    logger, closed = None, logger
+                    _close_logger(closed, raising=True,
                                   plot=self._curve_on_stop or not isinstance(error, KeyboardInterrupt))
                 raise
             self._follow_learning_rate()
@@ -2125,10 +2127,13 @@ class Algorithm:
                                   train_wall_s=clock_offset + train_clock, **result.reached())
 
             flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
-        except BaseException:  # (also after `_start`, which left the model's thread count set)
+        except BaseException as error:  # (also after `_start`, which left the model's thread count set)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)
+            if logger is not None:  # (an error between `_start` and training: the logger `_start`'s own errors close)
+                _close_logger(logger, raising=True,
+                              plot=self._curve_on_stop or not isinstance(error, KeyboardInterrupt))
             raise
         raising = interrupted = False
         try:  # (everything from here on restores the process's denormal setting and closes the logger, even on error)
