@@ -639,6 +639,25 @@ def test_a_stable_baselines3_vec_env_meets_the_contract():
     assert finals[1][0] == 2.0 and finals[2][1] == 3.0 and obs[:, 0].tolist() == [0.0, 0.0]  # reset in place
 
 
+def test_a_vec_env_whose_has_attr_raises_attribute_error_trains_unmasked():
+    """SuperSuit's `concat_vec_envs_v1(..., base_class="stable_baselines3")` (PettingZoo agents as envs) inherits
+    SB3's `has_attr`, which asks the vector env inside, and that has none: looking for `action_masks()` raised
+    AttributeError out of the model's constructor, where SB3's PPO trains on it."""
+
+    class Inner:  # (a vector env without has_attr, as SuperSuit's ConcatVecEnv)
+        pass
+
+    class Wrapped(FakeSB3VecEnv):
+        venv = Inner()
+
+        def has_attr(self, name):
+            return self.venv.has_attr(name)
+
+    model = rlspeed.PPO(Wrapped(), device="cpu", seed=0, num_steps=8, batch_size=16, n_epochs=1)
+    model.learn(16, progress_bar=False)
+    assert model.num_timesteps == 16
+
+
 def test_algorithms_train_on_a_stable_baselines3_vec_env():
     vec_env_util = pytest.importorskip("stable_baselines3.common.env_util")
     vec_env = vec_env_util.make_vec_env("CartPole-v1", n_envs=2, seed=0)

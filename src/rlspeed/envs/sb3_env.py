@@ -55,6 +55,18 @@ def vec_normalize_of(env, normalising: str | None = None):
     return normalizer if normalizer is not None and (normalising is None or getattr(normalizer, normalising)) else None
 
 
+def _has_attr(vec_env, name: str) -> bool:
+    """Whether the envs of an SB3 VecEnv have attribute `name` (its `has_attr`). False for a VecEnv without
+    `has_attr`, and for one whose `has_attr` raises AttributeError: SuperSuit's `concat_vec_envs_v1(...,
+    base_class="stable_baselines3")` inherits SB3's, which asks the vector env inside, and that has none (SB3's own
+    VecEnvs answer False where `get_attr` raises AttributeError)."""
+    has_attr = getattr(vec_env, "has_attr", None)
+    try:
+        return callable(has_attr) and bool(has_attr(name))
+    except AttributeError:
+        return False
+
+
 def monitored(vec_env) -> bool:
     """Whether every env of an SB3 VecEnv is wrapped in SB3's `Monitor` (`make_vec_env` and `make_atari_env` wrap
     them), as SB3 asks it (`env_is_wrapped`); False without Stable-Baselines3 or for a VecEnv that cannot say."""
@@ -88,8 +100,7 @@ class SB3VecEnv(BatchedEnv):
         # Action masks as sb3-contrib's MaskablePPO reads them, the envs' `action_masks()` method, or (Gymnasium's
         # Taxi) their infos' "action_mask" (a reset's in the innermost VecEnv's `reset_infos`: SB3's VecEnv wrappers
         # keep lists of their own that stay empty; seen at the first reset)
-        has_attr = getattr(vec_env, "has_attr", None)
-        self._mask_method = callable(has_attr) and bool(has_attr("action_masks"))
+        self._mask_method = _has_attr(vec_env, "action_masks")
         self._maskable = mask_size(self.spec.action_space) is not None
         self.has_action_masks = self._maskable and self._mask_method
         if self._mask_method and not self.has_action_masks:
