@@ -426,6 +426,41 @@ def test_use_masking_asked_for_on_an_env_without_masks_is_said_once(algo, option
         assert cli.main([*run, "--total-timesteps", "128", "--resume"]) == 0
 
 
+class _MaskInObservation(gym.Env):
+    """PettingZoo's classic games' convention: the mask is a key of a Dict observation (no info["action_mask"], no
+    action_masks()); only action 2 of 3 is allowed."""
+
+    observation_space = gym.spaces.Dict({"observation": gym.spaces.Box(0, 1, (4,), np.int8),
+                                         "action_mask": gym.spaces.Box(0, 1, (3,), np.int8)})
+    action_space = gym.spaces.Discrete(3)
+
+    def _obs(self):
+        return {"observation": np.zeros(4, np.int8), "action_mask": np.array([0, 0, 1], np.int8)}
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        return self._obs(), 1.0 if action == 2 else -1.0, True, False, {}
+
+
+@pytest.mark.parametrize("algo, options", [(rlspeed.PPO, {"num_steps": 8, "batch_size": 16}),
+                                           (rlspeed.DQN, {"learning_starts": 8})])
+def test_a_mask_held_only_in_the_observation_is_said_to_mask_nothing(algo, options):
+    """A PettingZoo classic game's Dict observation with an 'action_mask' key trained with illegal actions allowed
+    and no word (the key is one more input): one warning per model; use_masking=False silences it."""
+    vector_env = gym.vector.SyncVectorEnv([_MaskInObservation] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    model = algo(vector_env, seed=0, device="cpu", **options)
+    with pytest.warns(UserWarning, match=r"observations hold an 'action_mask' key, which the policy reads as an input "
+                                         r"but which masks no action"):
+        model.learn(16, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.learn(16, progress_bar=False)  # (said once)
+        algo(vector_env, seed=0, device="cpu", use_masking=False, **options).learn(16, progress_bar=False)
+
+
 def test_a_population_members_model_asks_for_no_masks():
     """member_model builds a solo model from the population's whole config (use_masking's default included): its
     learn says nothing about masks the env lacks."""

@@ -1458,6 +1458,17 @@ class Algorithm:
             warn_at_caller(f"use_masking=True has no effect: {self.env_id} gives no action masks (rlspeed reads "
                            "info['action_mask'] or an action_masks() method; an env whose mask method has another "
                            "name can be wrapped in sb3-contrib's ActionMasker(env, mask_fn)).", UnusedSettingWarning)
+        # PettingZoo's classic games (and RLlib's convention) put the mask in the observation: a Dict key that the
+        # policy encodes as an input but that masks nothing, so illegal actions stay allowed (said once per model)
+        space = self.spec.observation_space
+        if (self.supports_action_masks and getattr(self.config, "use_masking", False) and self._action_mask is None
+                and isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces
+                and not getattr(self, "_said_mask_key", False)):
+            self._said_mask_key = True
+            warn_at_caller(f"{self.env_id}'s observations hold an 'action_mask' key, which the policy reads as an "
+                           "input but which masks no action: rlspeed reads masks from info['action_mask'] or an "
+                           "action_masks() method, so give the mask there too (use_masking=False trains unmasked "
+                           "without this warning).", UserWarning)
         if masking != getattr(self, "_masking", False):
             self._masking = masking
             hand_derived = getattr(getattr(self, "_update_step", None), "hand_derived", None)
