@@ -658,6 +658,30 @@ def test_a_vec_env_whose_has_attr_raises_attribute_error_trains_unmasked():
     assert model.num_timesteps == 16
 
 
+def test_a_vec_env_that_cannot_be_seeded_runs_unseeded_with_one_warning():
+    """SuperSuit's SB3 wrapper inherits SB3's seed(), which asks the vector env inside, and that has none: a model
+    with seed= and every evaluation (EvalCallback seeds each) stopped with "raised AttributeError in reset()"."""
+    from rlspeed.envs import sb3_env
+
+    class Inner:  # (a vector env without seed, as SuperSuit's ConcatVecEnv)
+        pass
+
+    class Unseedable(FakeSB3VecEnv):
+        venv = Inner()
+
+        def seed(self, seed=None):
+            return self.venv.seed(seed)
+
+    sb3_env._WARNED_UNSEEDED.discard("Unseedable")
+    with pytest.warns(UserWarning, match=r"This Unseedable cannot be seeded \(its seed\(\) raised AttributeError: "
+                                         r"'Inner' object has no attribute 'seed'\)"):
+        model = rlspeed.PPO(Unseedable(), device="cpu", seed=0, num_steps=8, batch_size=16, n_epochs=1)
+        model.learn(16, progress_bar=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (said once)
+        assert len(rlspeed.evaluate(model, Unseedable(), episodes=2, seed=3)["returns"]) == 2
+
+
 def test_algorithms_train_on_a_stable_baselines3_vec_env():
     vec_env_util = pytest.importorskip("stable_baselines3.common.env_util")
     vec_env = vec_env_util.make_vec_env("CartPole-v1", n_envs=2, seed=0)

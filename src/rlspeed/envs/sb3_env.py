@@ -9,6 +9,8 @@ with SB3's VecEnv methods is accepted.
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -53,6 +55,19 @@ def vec_normalize_of(env, normalising: str | None = None):
         return None
     normalizer = unwrap_vec_normalize(vec_env)
     return normalizer if normalizer is not None and (normalising is None or getattr(normalizer, normalising)) else None
+
+
+_WARNED_UNSEEDED: set[str] = set()
+
+
+def _warn_unseeded(vec_env, error: AttributeError) -> None:
+    """Warn once per VecEnv class that it cannot be seeded (its `seed()` raised `error`)."""
+    name = type(vec_env).__name__
+    if name in _WARNED_UNSEEDED:
+        return
+    _WARNED_UNSEEDED.add(name)
+    warnings.warn(f"This {name} cannot be seeded (its seed() raised AttributeError: {error}), so its episodes start "
+                  "unseeded: training and evaluation on it are not reproducible.", UserWarning, stacklevel=4)
 
 
 def _has_attr(vec_env, name: str) -> bool:
@@ -151,7 +166,14 @@ class SB3VecEnv(BatchedEnv):
         """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, info); info holds
         `action_mask` where the envs give masks (an `action_masks()` method, or `info["action_mask"]`)."""
         if seed is not None:
-            self.vec_env.seed(seed)
+            try:
+                self.vec_env.seed(seed)
+            except AttributeError as error:
+                # SuperSuit's concat_vec_envs_v1(..., base_class="stable_baselines3") inherits SB3's seed(), which
+                # asks the vector env inside, and that has none (its own reset(seed=...) calls the same seed()):
+                # such a VecEnv runs unseeded, said once per VecEnv class, rather than stop every seeded model and
+                # every evaluation (EvalCallback always seeds)
+                _warn_unseeded(self.vec_env, error)
         obs = self.vec_env.reset()
         self._masks_in_reset_infos()
         if self._float_vector:
