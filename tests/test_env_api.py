@@ -956,6 +956,27 @@ def test_a_vector_env_that_does_not_say_how_it_autoresets_is_refused():
         rlspeed.PPO(MyVector(), device="cpu")
 
 
+def test_a_vector_env_without_gymnasium_1s_single_spaces_is_refused_in_one_sentence():
+    """A gymnasium.vector.VectorEnv subclass with only the older `observation_space` (one env's), as SuperSuit's
+    `pettingzoo_env_to_vec_env_v1` and `concat_vec_envs_v1(..., base_class="gymnasium")` are: the autoreset refusal
+    told the user to set metadata['autoreset_mode'], after which the constructor raised AttributeError."""
+
+    class OlderVector(gym.vector.VectorEnv):
+        metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+        def __init__(self):
+            self.num_envs = 2
+            self.observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+            self.action_space = gym.spaces.Discrete(2)
+
+    with pytest.raises(rlspeed.UserError, match=r"^This vector env \(OlderVector\) has no single_observation_space: it "
+                                                r"is not a Gymnasium 1.x vector env"):
+        rlspeed.PPO(OlderVector(), device="cpu", batch_size=64)
+    del OlderVector.metadata
+    with pytest.raises(rlspeed.UserError, match=r"has no single_observation_space"):  # (before the autoreset advice)
+        rlspeed.PPO(OlderVector(), device="cpu", batch_size=64)
+
+
 class _HandWrittenSameStep(gym.vector.VectorEnv):
     """A vector env of one's own with SAME_STEP autoreset: 2 envs, obs [episode, t], every episode truncated after
     3 steps. `final` says what its step info gives for finished rows: "with mask" (Gymnasium's `final_obs` and

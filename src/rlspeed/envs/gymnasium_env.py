@@ -166,6 +166,20 @@ def success_flags(successes: dict, num_envs: int, device: torch.device) -> torch
     return host_to(flags, device)
 
 
+def check_vector_api(vector_env) -> None:
+    """UserError where a `gymnasium.vector.VectorEnv` subclass lacks Gymnasium 1.x's vector API that rlspeed reads
+    (`single_observation_space`, `single_action_space`): SuperSuit's `concat_vec_envs_v1(..., base_class="gymnasium")`
+    is one, whose `observation_space` is one agent's and whose infos are a list of dicts."""
+    missing = [name for name in ("single_observation_space", "single_action_space") if not hasattr(vector_env, name)]
+    if missing:
+        name = type(vector_env).__name__
+        hint = (" (SuperSuit's concat_vec_envs_v1 gives one with base_class=\"stable_baselines3\")"
+                if type(vector_env).__module__.startswith("supersuit") else "")
+        raise UserError(f"This vector env ({name}) has no {missing[0]}: it is not a Gymnasium 1.x vector env, whose "
+                        "single env's spaces and step infos rlspeed reads; give one that is, or a Stable-Baselines3 "
+                        f"VecEnv{hint}.")
+
+
 def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> None:
     """UserError unless a Gymnasium vector env resets finished envs in the same step (`who`: the sentence's start)."""
     mode = (getattr(vector_env, "metadata", None) or {}).get("autoreset_mode")
@@ -925,6 +939,7 @@ class GymnasiumEnv(BatchedEnv):
                 raise rejected_options(env_id, env_kwargs, error) from None
             max_steps, threshold = spec.max_episode_steps, spec.reward_threshold
         else:
+            check_vector_api(vector_env)
             check_same_step(vector_env)
             spec = _vector_env_spec(vector_env)
             # the id only when make_env(id) gives the same env back (evaluation and targets rebuild it from the id)
