@@ -267,6 +267,29 @@ def test_an_evaluation_leaves_the_statistics_of_a_vec_normalize_as_they_were():
     env.close()
 
 
+def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_statistics_as_they_were():
+    """A training env made with make_env(..., normalize_reward=True) holds the model's own reward statistics:
+    evaluating on it folded the evaluation's returns into them (4 episodes of Pendulum: count 64 -> 464, variance
+    x20), changing the scale the model trains on. They are frozen while it runs, its returns are the env's own, and
+    the env's `training` flags are the caller's again after it."""
+    env = rlspeed.make_env("Pendulum-v1", num_envs=2, seed=0, normalize_reward=True)
+    model = PPO(env, device="cpu", seed=0, num_steps=16, batch_size=32, n_epochs=1)
+    model.learn(64, progress_bar=False)
+    assert model.return_rms is env.return_rms
+    before = {key: value.clone() for key, value in model.return_rms.state_dict().items()}
+    result = rlspeed.evaluate(model, env, episodes=2, seed=3)
+    for key, value in model.return_rms.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert env.training and env.env.training
+    raw = rlspeed.evaluate(model, rlspeed.make_env("Pendulum-v1", num_envs=2, seed=3), episodes=2)
+    assert result["returns"] == raw["returns"]
+    # a flag the caller set on an inner wrapper stays theirs
+    env._training, env.env._training = True, False
+    rlspeed.evaluate(model, env, episodes=2, seed=3)
+    assert env._training and not env.env._training and "_training" not in env.env.env.__dict__
+    env.close()
+
+
 def test_a_loaded_model_that_trained_on_a_normalising_vec_normalize_refuses_an_env_from_an_id(tmp_path, capsys):
     """The file holds no VecNormalize statistics: evaluating the loaded model on an env made from an id (rlspeed eval
     MODEL --env ID, which the refusal of its own unnamed env suggests) showed the policy raw observations, silently,

@@ -14,7 +14,7 @@ import torch
 
 from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
-from rlspeed.envs.base import BatchedEnv, check_seed, counted, observation_layout, space_text, space_to_json
+from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, counted, observation_layout, space_text, space_to_json
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
 from rlspeed.errors import UserError, positive_whole
@@ -80,8 +80,9 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     as the training env was, not the training env itself, and without rlspeed's normalisation (the model normalises
     observations with its own frozen statistics; an env made with `normalize_obs=True` is refused); a model training
     on Stable-Baselines3's `VecNormalize` is evaluated on a `VecNormalize(eval_env, training=False,
-    norm_reward=False)` holding its statistics (an env id is refused for it); a VecNormalize in an env you pass is
-    not updated by the evaluation, `training=True` or not.
+    norm_reward=False)` holding its statistics (an env id is refused for it); a VecNormalize in an env you pass, or
+    rlspeed's reward normalisation (`make_env(..., normalize_reward=True)`), is not updated by the evaluation,
+    `training=True` or not.
     `env_kwargs` are options of the env an id names (`gymnasium.make(env_id, **env_kwargs)`): on the model's own id
     they replace those of its recorded options they name (evaluating a variant of the training env).
     Observations are normalised by the model's frozen statistics when it was trained with observation normalisation.
@@ -162,13 +163,9 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     sampling = (_own_random_stream(model, env.device, seed, env.num_envs) if not deterministic
                 else contextlib.nullcontext())
     bar = ProgressBar(episodes, enabled=progress_bar, desc=f"evaluate {env.spec.env_id}", unit="episode")
-    # an SB3 VecNormalize in a VecEnv the caller passed keeps its statistics as they were: an evaluation's
-    # observations and rewards are not training data (`training` is put back after it)
-    normalizer = vec_normalize_of(env_id) if not isinstance(env_id, str) else None
-    was_training = getattr(normalizer, "training", None)
+    # the normalisation statistics of an env the caller passed stay as they were (`_frozen_normalization`)
+    thaw = _frozen_normalization(env_id) if not isinstance(env_id, str) else None
     try:
-        if normalizer is not None:
-            normalizer.training = False
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
         _warn_life_episodes(env_id)
@@ -200,8 +197,8 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
             bar.update(int(finished.sum()) - bar.bar.n)
     finally:
         bar.close()
-        if normalizer is not None:
-            normalizer.training = was_training
+        if thaw is not None:
+            thaw()
         if isinstance(env_id, str):  # (an env the caller passed in stays open: it is theirs, reset by this call)
             env.close()
     unfinished = int((~finished).sum())
@@ -377,6 +374,31 @@ def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str 
     if trained_on in ("torch", "gymnasium"):
         return trained_on
     return resolve_backend(env_id, "auto", episodes, resolve_device(device))
+
+
+def _frozen_normalization(env) -> typing.Callable[[], None]:
+    """Freeze the running statistics of the normalisation in `env`, an env the caller passed to an evaluation (an SB3
+    VecNormalize; rlspeed's `NormalizeReward`, whose statistics are the model's own where `env` is its training env):
+    an evaluation's observations and returns are not training data. Returns what puts every `training` flag back as
+    it was."""
+    restore = []
+    normalizer = vec_normalize_of(env)
+    if normalizer is not None:
+        restore.append(lambda training=normalizer.training: setattr(normalizer, "training", training))
+        normalizer.training = False
+    wrapper = env
+    while isinstance(wrapper, EnvWrapper):  # (each wrapper's own flag: `training` would set those inside too)
+        own = wrapper.__dict__.get("_training")
+        restore.append(lambda wrapper=wrapper, own=own: wrapper.__dict__.pop("_training") if own is None
+                       else setattr(wrapper, "_training", own))
+        wrapper._training = False
+        wrapper = wrapper.__dict__.get("env")
+
+    def thaw() -> None:
+        for undo in restore:
+            undo()
+
+    return thaw
 
 
 def check_evaluation_env(model, env) -> None:
