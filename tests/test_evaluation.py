@@ -5,6 +5,7 @@ returned, seeds of any integer type work on every backend, and rewards a wrapper
 from __future__ import annotations
 
 import json
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -288,6 +289,21 @@ def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_s
     rlspeed.evaluate(model, env, episodes=2, seed=3)
     assert env._training and not env.env._training and "_training" not in env.env.env.__dict__
     env.close()
+
+
+def test_rlspeeds_reward_normalisation_over_an_envs_episode_counts_is_not_said_to_change_the_returns():
+    """make_env(..., normalize_reward=True) counts the episodes under its NormalizeReward, so the returns evaluate
+    reports are the env's own: it warned that they were 'the changed rewards' sums' (the wrapper shares Gymnasium's
+    name)."""
+    model = PPO("Pendulum-v1", device="cpu", seed=0, num_envs=2, env_backend="gymnasium")
+    with rlspeed.make_env("Pendulum-v1", num_envs=2, seed=3, normalize_reward=True) as env:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            normalised = rlspeed.evaluate(model, env, episodes=2, max_steps=20)
+    assert not [str(warning.message) for warning in caught if "pass through" in str(warning.message)]
+    with pytest.warns(UserWarning, match="still running"):
+        raw = rlspeed.evaluate(model, rlspeed.make_env("Pendulum-v1", num_envs=2, seed=3), episodes=2, max_steps=20)
+    assert normalised["returns"] == raw["returns"]
 
 
 def test_a_loaded_model_that_trained_on_a_normalising_vec_normalize_refuses_an_env_from_an_id(tmp_path, capsys):

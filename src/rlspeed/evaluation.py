@@ -14,7 +14,16 @@ import torch
 
 from rlspeed.device import _current_index, resolve_device
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
-from rlspeed.envs.base import BatchedEnv, EnvWrapper, check_seed, counted, observation_layout, space_text, space_to_json
+from rlspeed.envs.base import (
+    BatchedEnv,
+    EnvWrapper,
+    check_seed,
+    counted,
+    find_episode_statistics,
+    observation_layout,
+    space_text,
+    space_to_json,
+)
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
 from rlspeed.errors import UserError, positive_whole
@@ -347,7 +356,10 @@ def _own_random_stream(model, env_device: torch.device, seed: int | None, num_en
 def _warn_reward_wrappers(env) -> None:
     """A warning where a vector env the caller built changes its rewards (Gymnasium's NormalizeReward, ...), or the
     envs inside it do (a `SyncVectorEnv` of wrapped envs): the returns evaluate reports are then the changed rewards',
-    not the env's own."""
+    not the env's own. In a batched env the layers over its `EpisodeStatistics` (rlspeed's reward normalisation, as
+    `make_env(..., normalize_reward=True)` puts it there) change no reported return."""
+    if isinstance(env, BatchedEnv):
+        env = find_episode_statistics(env) or env
     changers = reward_wrappers(env, below_monitor=is_sb3_vec_env(env) and monitored(env))
     if changers:
         warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
