@@ -351,6 +351,29 @@ def test_normalize_observation_tracks_the_data_statistics():
     assert torch.equal(env.obs_rms.mean, frozen)
 
 
+def test_rlspeeds_normalisation_around_an_env_of_ones_own_counts_the_envs_own_returns(tmp_path):
+    """NormalizeReward(MyEnv()) given to a model or to evaluate: the episodes were counted over the wrapper, so the
+    returns in metrics.csv, a target_return and evaluate's were the normalised rewards' sums (Pendulum: -30 where
+    the env's was -1765). They are counted under it, as make_env(..., normalize_reward=True) counts them."""
+    from rlspeed.envs.pendulum import Pendulum
+
+    def returns(env) -> list[str]:
+        model = rlspeed.PPO(env, device="cpu", seed=0, num_steps=100, batch_size=100, n_epochs=1)
+        run = tmp_path / str(len(list(tmp_path.iterdir())))
+        model.learn(400, progress_bar=False, run_dir=run)
+        with open(run / "metrics.csv") as file:
+            logged = [row["episode_return"] for row in csv.DictReader(file) if row["episode_return"]]
+        evaluated = rlspeed.evaluate(model, NormalizeReward(Pendulum(num_envs=2, device="cpu")), episodes=2,
+                                     seed=5)["returns"]
+        return logged + evaluated
+
+    wrapped = NormalizeReward(NormalizeObservation(Pendulum(num_envs=2, device="cpu")))
+    expected = returns(rlspeed.make_env("Pendulum-v1", num_envs=2, backend="torch", normalize_obs=True,
+                                        normalize_reward=True))
+    assert returns(wrapped) == expected and float(expected[0]) < -500
+    assert wrapped.return_rms.count.item() == pytest.approx(400, abs=1e-3)  # (the wrapper's, as the model's)
+
+
 def test_normalize_reward_scales_returns_to_unit_variance():
     """Scaled rewards do not depend on the reward scale, and their returns have about unit std."""
     steps, num_envs, gamma = 400, 64, 0.99

@@ -744,8 +744,22 @@ def find_episode_statistics(env):
 def counted(env: BatchedEnv) -> BatchedEnv:
     """`env` as training and evaluation take it: as it is where it counts its episodes (every env `make_env`
     builds), else (a batched env of the user's own) checked against the contract and counted
-    (`EpisodeStatistics(ContractCheck(env))`)."""
-    return env if find_episode_statistics(env) is not None else EpisodeStatistics(ContractCheck(env))
+    (`EpisodeStatistics(ContractCheck(env))`). rlspeed's normalisation wrappers the caller put around such an env
+    (`NormalizeReward(MyEnv())`) stay outermost, as `make_env` puts them: the episodes are counted under them (their
+    returns the env's own, not the normalised rewards' sums) and the values checked before they reach the
+    statistics. Those wrappers then wrap the counted env (their `env` is set to it)."""
+    if find_episode_statistics(env) is not None:
+        return env
+    from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
+
+    lowest, inner = None, env
+    while isinstance(inner, (NormalizeObservation, NormalizeReward)):
+        lowest, inner = inner, inner.env
+    checked = EpisodeStatistics(ContractCheck(inner))
+    if lowest is None:
+        return checked
+    lowest.env = checked
+    return env
 
 
 def _checked(numerics, obs: Observation, reward=None, final_obs: Observation | None = None, actions=None):
