@@ -162,6 +162,40 @@ def test_model_export_method(tmp_path):
     _assert_same_actions(model, _runner("exported_program", path), seed=6)
 
 
+def test_a_policy_trained_on_an_observation_vec_normalize_says_the_caller_normalises_first(tmp_path):
+    """The statistics of an SB3 VecNormalize are not the model's: its graph, as its predict, takes the VecNormalize's
+    normalised observations. The export said 'raw observations as the env returns them' and no normalisation;
+    it warns, and the sidecar says the caller applies VecNormalize.normalize_obs first (also from a saved file)."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    def exported(model, norm_obs: bool, loaded: bool):
+        if not loaded:
+            return export(model, tmp_path / f"{norm_obs}.pt", format="torchscript")
+        return export_checkpoint(tmp_path / f"{norm_obs}.safetensors", "torchscript",
+                                 out=tmp_path / f"{norm_obs}-loaded.pt", algorithms=ALGORITHMS)
+
+    for norm_obs in (True, False):
+        model = rlspeed.PPO(VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), norm_obs=norm_obs),
+                            device="cpu", seed=0, net_arch=(16,))
+        model.save(tmp_path / f"{norm_obs}.safetensors")
+        for loaded in (False, True):
+            if norm_obs:
+                with pytest.warns(UserWarning, match="takes observations that VecNormalize normalised"):
+                    path = exported(model, norm_obs, loaded)
+            else:
+                path = exported(model, norm_obs, loaded)
+            sidecar = json.loads(path.with_name(path.name + ".json").read_text())
+            if norm_obs:
+                assert sidecar["observation_normalization"]["in_graph"] is False
+                assert "VecNormalize.normalize_obs" in sidecar["observation_normalization"]["by_caller_first"]
+                assert "not raw ones" in sidecar["inputs"][0]["description"]
+            else:
+                assert sidecar["observation_normalization"] is None
+                assert sidecar["inputs"][0]["description"].startswith("raw observations as the env returns them")
+
+
 def test_torch_export_formats_on_a_torch_whose_programs_fail_are_one_sentence(tmp_path, monkeypatch):
     """On torch 2.9 exported programs of several inputs failed when called (NameError in a guard) and loaded with
     parameters that require grad; ONNX export failed on 2.6: both formats name the torch they need, TorchScript

@@ -50,7 +50,7 @@ from rlspeed.checkpoint import load_checkpoint, plain_file_mode, refuse_non_mode
 from rlspeed.device import float32_default, major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, warn_at_caller
 from rlspeed.files import write_atomic
 from rlspeed.nn import (
     ActorCritic,
@@ -138,6 +138,9 @@ class PolicyExport(nn.Module):
         self.obs_rms: nn.Module | None = None
         if model.obs_rms is not None:  # float32 constants in the graph: its input's dtype, what runtimes compute in
             self.obs_rms = frozen_statistics(model.obs_rms)
+        #: whether the policy takes observations a Stable-Baselines3 VecNormalize normalised (the model trained on
+        #: one, whose statistics it does not hold): the caller normalises them before the graph, as for `predict`
+        self.vec_normalized = bool(getattr(model, "trained_on_vec_normalize_obs", False))
 
     def with_action_mask(self, enabled: bool = True) -> PolicyExport:
         """Add (or drop) the `action_mask` input: bool `[B, n]` (MultiDiscrete: the components' flags
@@ -212,9 +215,14 @@ class PolicyExport(nn.Module):
     def inputs(self) -> list[dict]:
         """The graph's inputs, in order: name, dtype, shape (`"batch"` for the dynamic dimension), meaning."""
         normalised = "normalised inside the graph" if self.obs_rms is not None else "not normalised"
+        if self.vec_normalized:
+            normalised = f"{normalised} again" if self.obs_rms is not None else "not normalised again"
         items = []
         for name, shape, dtype in self.observation_inputs:
-            what = f"raw observations{f' (key {name!r})' if self.keyed else ''} as the env returns them"
+            what = (f"observations{f' (key {name!r})' if self.keyed else ''} as the Stable-Baselines3 VecNormalize the "
+                    "model trained on returns them (VecNormalize.normalize_obs of the env's, with its saved "
+                    "statistics), not raw ones" if self.vec_normalized else
+                    f"raw observations{f' (key {name!r})' if self.keyed else ''} as the env returns them")
             how = normalised if dtype == torch.float32 else "converted, scaled and encoded inside the graph"
             items.append({"name": name, "dtype": _dtype_name(dtype), "shape": ["batch", *shape],
                           "description": f"{what} ({how})"})
@@ -491,6 +499,22 @@ def check_matches_model(model, module: PolicyExport, batch: int = 64) -> None:
                         "`_policy_actions`.")
 
 
+def _observation_normalization(module: PolicyExport) -> dict | None:
+    """The sidecar's `observation_normalization`: the model's own, inside the graph, and (`vec_normalized`) the
+    Stable-Baselines3 VecNormalize's, which the caller applies first with that VecNormalize's saved statistics."""
+    described = None
+    if module.obs_rms is not None:
+        described = {"formula": "clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)", "clip": module.observation_clip,
+                     "in_graph": True}
+    if module.vec_normalized:
+        described = {**(described or {"in_graph": False}),
+                     "by_caller_first": "Stable-Baselines3 VecNormalize.normalize_obs, with the statistics of the "
+                                        "VecNormalize the model trained on (VecNormalize.save; the model's file does "
+                                        "not hold them): clip((obs - obs_rms.mean) / sqrt(obs_rms.var + epsilon), "
+                                        "-clip_obs, clip_obs)"}
+    return described
+
+
 def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
     """The sidecar's content: what the exported file takes and gives, and where it came from."""
     return {"format": format, "file": file.name, "algo": model.name, "env_id": model.env_id,
@@ -500,9 +524,7 @@ def describe(model, module: PolicyExport, format: str, file: Path) -> dict:
             "inputs": module.inputs(), "outputs": module.outputs(),
             "observation_space": space_to_json(module.observation_space),
             "action_space": space_to_json(module.action_space),
-            "observation_normalization": (None if module.obs_rms is None else
-                                          {"formula": "clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)",
-                                           "clip": module.observation_clip, "in_graph": True}),
+            "observation_normalization": _observation_normalization(module),
             # (the masking clause only where the graph takes an action_mask input)
             "action_mapping": (module.action_mapping if module.action_mask
                                else re.sub(r" \(masked [^)]*\)", "", module.action_mapping)),
@@ -617,6 +639,12 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
         raise _unwritable(path, error) from None
     with float32_default():  # (the graph's inputs and constants float32, whatever the caller's default dtype)
         module = export_module(model, action_mask)
+        if module.vec_normalized:
+            warn_at_caller(f"{type(model).__name__} trained on a Stable-Baselines3 VecNormalize that normalises its "
+                           "observations, whose statistics the model does not hold: the exported policy takes "
+                           "observations that VecNormalize normalised (VecNormalize.normalize_obs with its saved "
+                           "statistics), as model.predict does, not raw ones (the sidecar says so); "
+                           "normalize_obs=True in its place keeps the statistics inside the graph.", UserWarning)
         sidecar = describe(model, module, format, path)
         text = json.dumps(sidecar, indent=2)
         example = module.example_inputs()
