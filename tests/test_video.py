@@ -197,6 +197,26 @@ def test_a_model_of_a_vector_env_one_built_is_filmed_on_an_id_given_not_said_unr
     assert video.record_video(model, tmp_path / "x.gif", env_id="CartPole-v1", max_steps=5)["frames"] == 6
 
 
+def test_a_model_of_an_observation_vec_normalize_is_not_filmed_on_raw_observations(tmp_path):
+    """A model trained on an SB3 VecNormalize that normalises observations acts on normalised ones, whose statistics
+    it does not hold: a video on an env made from an id showed it raw observations, silently (evaluate refuses an id
+    for it); it is refused in one sentence. One whose VecNormalize normalised only rewards is filmed."""
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    for norm_obs in (True, False):
+        model = PPO(VecNormalize(make_vec_env("Pendulum-v1", n_envs=2, seed=0), norm_obs=norm_obs), device="cpu",
+                    seed=0, num_steps=16, batch_size=32)
+        path = tmp_path / f"{norm_obs}.gif"
+        if norm_obs:
+            with pytest.raises(UserError, match="trains on a Stable-Baselines3 VecNormalize that normalises"):
+                video.record_video(model, path, env_id="Pendulum-v1", max_steps=3)
+            assert not path.exists()
+        else:
+            assert video.record_video(model, path, env_id="Pendulum-v1", max_steps=3)["frames"] == 4
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
 def test_an_atari_policy_is_filmed_in_the_games_frames_with_fire_to_start(tmp_path):
     """An Atari model acts on its preprocessed frame stacks while the video shows the game's RGB frames at the game's

@@ -71,6 +71,11 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
         raise UserError(f"This model trained on a vector env you built ('{env_id}'), which a video cannot make again "
                         "from an id: film a registered env with the same spaces, record_video(model, path, "
                         "env_id=ID) (gymnasium.register gives an env of yours an id).")
+    if getattr(model_or_id, "trained_on_vec_normalize_obs", False):  # (as `evaluate` refuses an id for it)
+        raise UserError(f"This model trains on a Stable-Baselines3 VecNormalize that normalises its observations, "
+                        f"which the env a video makes from '{env_id}' does not (the policy would act on raw ones): "
+                        "film it with SB3's VecVideoRecorder over a VecNormalize(training=False) holding the "
+                        "statistics, or train with normalize_obs=True, whose statistics the model keeps.")
     env_kwargs = dict(env_kwargs or {})
     env_kwargs.pop("render_mode", None)  # (a video renders frames: its own render_mode replaces the run's)
     env_id = import_env_module(env_id)
