@@ -374,6 +374,20 @@ def test_rlspeeds_normalisation_around_an_env_of_ones_own_counts_the_envs_own_re
     assert wrapped.return_rms.count.item() == pytest.approx(400, abs=1e-3)  # (the wrapper's, as the model's)
 
 
+def test_an_envs_reward_normalisation_discounting_with_another_gamma_than_the_models_is_said():
+    """normalize_reward scales rewards by the std of the return at the algorithm's gamma; a make_env(...,
+    normalize_reward=True) env passed in discounts with its own (0.99 by default), and a model with gamma 0.9 trained
+    on rewards scaled another way than its own envs (a loaded model's learn) scale them, silently: it is said."""
+    with pytest.warns(UserWarning, match=r"discounts its running return with gamma 0.99, and the model's gamma is "
+                                         r"0.9: make the env with make_env\(..., normalize_reward=True, gamma=0.9\)"):
+        rlspeed.PPO(rlspeed.make_env("Pendulum-v1", num_envs=2, normalize_reward=True), gamma=0.9, device="cpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rlspeed.SAC(rlspeed.make_env("Pendulum-v1", num_envs=2, normalize_reward=True, gamma=0.98), gamma=0.98,
+                    device="cpu")
+    assert not [warning for warning in caught if "gamma" in str(warning.message)]
+
+
 def test_normalize_reward_scales_returns_to_unit_variance():
     """Scaled rewards do not depend on the reward scale, and their returns have about unit std."""
     steps, num_envs, gamma = 400, 64, 0.99

@@ -52,6 +52,7 @@ from rlspeed.distributed import DistributedStrategy, single_process
 from rlspeed.envs import (
     BACKENDS,
     BatchedEnv,
+    NormalizeReward,
     RunningMeanStd,
     _check_env_id,
     backend_for_options,
@@ -67,6 +68,7 @@ from rlspeed.envs.base import (
     check_seed,
     constructor_defaults,
     counted,
+    find_wrapper,
     integer_range,
     numpy_dtype,
     obs_batch_size,
@@ -1055,6 +1057,20 @@ def _warn_double_normalisation(vector_env, config, whose: str = "this vector env
                        f"again: set {ours} to False, or leave the wrapper out.", UserWarning)
 
 
+def _warn_other_discount(env: BatchedEnv, config) -> None:
+    """Warn where rlspeed's reward normalisation in an env passed in (`make_env(..., normalize_reward=True)`, whose
+    gamma defaults to 0.99) discounts its running return with another gamma than the algorithm's: `normalize_reward`
+    scales rewards by the std of the return at the algorithm's gamma, and a model that makes its env from the id (a
+    loaded model's learn) goes on with that one."""
+    wrapper = find_wrapper(env, NormalizeReward)
+    gamma = getattr(config, "gamma", None)
+    if wrapper is not None and gamma is not None and wrapper.gamma != gamma:
+        warn_at_caller(f"this env's reward normalisation discounts its running return with gamma {wrapper.gamma}, and "
+                       f"the model's gamma is {gamma}: make the env with make_env(..., normalize_reward=True, "
+                       f"gamma={gamma}), as the model makes its own envs (after load, learn without an env "
+                       f"normalises with gamma {gamma}).", UserWarning)
+
+
 def _continuous_option_hint(spec: EnvSpec, continuous: bool) -> str:
     """', or ...': the env's other kind of actions where its constructor takes `continuous` (Gymnasium's LunarLander
     and CarRacing): the id registered with it (LunarLanderContinuous-v3), else the option; '' for other envs."""
@@ -1345,6 +1361,7 @@ class Algorithm:
             # (the normalisation the config asks for and the env lacks: a vector env passed in has none of rlspeed's)
             self._env = normalised(env, getattr(self.config, "normalize_obs", False),
                                    getattr(self.config, "normalize_reward", False), getattr(self.config, "gamma", 0.99))
+            _warn_other_discount(self._env, self.config)
             self.env_id = env.spec.env_id
             self.spec = env.spec
             self.env_backend = env.backend
