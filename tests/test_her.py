@@ -195,6 +195,33 @@ def test_her_behind_sb3s_vec_normalize_is_refused():
         model.learn(8, progress_bar=False)
 
 
+def test_her_on_rlspeeds_normalisation_is_refused():
+    """make_env(..., normalize_obs=True) hands out normalised goals, and normalize_reward=True stores scaled rewards
+    beside compute_reward's raw ones for relabelled goals: both trained silently (the check looked through the
+    wrappers to the adapter's vector env and never saw them)."""
+
+    class Goal(gym.Env):  # float goals (normalisable) and a compute_reward
+        observation_space = SPACE
+        action_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            return SPACE.sample(), {}
+
+        def step(self, action):
+            return SPACE.sample(), 0.0, False, False, {}
+
+        def compute_reward(self, achieved, desired, infos):
+            return _distance_reward(achieved, desired, infos)
+
+    for option, refusal in (("normalize_obs", "cannot run on normalised observations"),
+                            ("normalize_reward", "reward normalisation scales the rewards")):
+        vector_env = gym.vector.SyncVectorEnv([Goal], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        model = rlspeed.SAC(rlspeed.make_env(vector_env, **{option: True}), her=True, learning_starts=4,
+                            batch_size=4, net_arch=(8,))
+        with pytest.raises(UserError, match=refusal):
+            model.learn(8, progress_bar=False)
+
+
 def test_a_her_replay_of_another_number_of_envs_refills_and_reward_wrappers_are_refused(tmp_path):
     """The rows of env e at step t are t * N + e: a replay saved by N envs cannot be read by M (it crashed, or
     relabelled with goals of other episodes); a reward wrapper's rewards would be mixed with compute_reward's."""

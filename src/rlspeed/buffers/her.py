@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from rlspeed.buffers.replay import ReplayBuffer
+from rlspeed.envs.base import EnvWrapper
 from rlspeed.errors import UserError
 
 #: How a relabelled transition's goal is chosen (SB3's goal_selection_strategy)
@@ -75,11 +76,16 @@ def env_compute_reward(env) -> Callable:
     vector env or a Stable-Baselines3 VecEnv, and wrappers around them): the first env's, for a subprocess vector env
     that of a probe env made by the same constructor in this process (a method cannot be called across the pipe as
     a batch). UserError when there is none, or when a wrapper normalises observations (their goals would not be the
-    env's)."""
-    while hasattr(env, "env") and not hasattr(env, "vector_env"):  # (rlspeed's EnvWrappers)
-        if getattr(env, "obs_rms", None) is not None:
+    env's) or rewards (relabelled rewards would be the env's own among scaled ones)."""
+    # (rlspeed's EnvWrappers, down to the adapter; each wrapper's own attributes: `getattr` would look inside it)
+    while isinstance(env, EnvWrapper):
+        if env.__dict__.get("obs_rms") is not None:
             raise UserError("Hindsight Experience Replay relabels goals with the env's compute_reward, which takes the "
                             "env's own goals: it cannot run on normalised observations (leave normalize_obs off).")
+        if env.__dict__.get("return_rms") is not None:  # (stored rewards scaled, relabelled ones the env's own)
+            raise UserError("Hindsight Experience Replay recomputes relabelled rewards with the env's compute_reward, "
+                            "and reward normalisation scales the rewards the env returns: the two would be mixed in "
+                            "training (leave normalize_reward off).")
         env = env.env
     vector_env = getattr(env, "vector_env", None)
     if vector_env is not None:
