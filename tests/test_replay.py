@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -414,3 +415,18 @@ def test_optimize_memory_usage_is_refused_saying_which_observations_are_stored_o
     with pytest.raises(UserError, match=r"where storing them twice would take 1 GiB or more.*vector observations are "
                                         r"stored whole \(model.report\(\) says which\)"):
         DQN("CartPole-v1", device="cpu", optimize_memory_usage=True)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set size from /proc")
+def test_a_large_host_buffer_takes_memory_as_it_fills_not_its_capacity_up_front():
+    def resident_mib():
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    before = resident_mib()
+    buffer = ReplayBuffer(400_000, 2, (128,), (), torch.int64, "cpu")  # 2 x 400,000 x 128 float32: 391 MiB of obs
+    assert buffer.nbytes > 390 * 2**20
+    buffer.add(torch.ones(2, 128), torch.ones(2, dtype=torch.int64), torch.ones(2), torch.ones(2, 128),
+               torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool))
+    assert resident_mib() - before < 100  # (Stable-Baselines3's numpy buffers grow the same way)
+    assert buffer.obs[:2].eq(1).all() and not buffer.obs[2:].any() and not buffer.rewards[2:].any()

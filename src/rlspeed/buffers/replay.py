@@ -28,6 +28,7 @@ fit in the host's available memory either, it refuses with the largest capacity 
 from __future__ import annotations
 
 import collections
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -140,6 +141,16 @@ def _observation_fields(name: str, storage, value) -> list[tuple[str, torch.Tens
     if isinstance(storage, dict):
         return [(f"{name}.{key}", part, value[key]) for key, part in storage.items()]
     return [(name, storage, value)]
+
+
+def host_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed host tensor whose pages the OS commits when they are first written: numpy's zeros (calloc: fresh
+    pages read as zeros untouched), where torch.zeros writes every byte at once. A replay buffer of a million rows then
+    takes the memory of the rows it holds, not its capacity, until it fills."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
 
 
 class _HostStaging:
@@ -268,9 +279,12 @@ class ReplayBuffer:
 
     def _zeros(self, *shape, dtype=torch.float32, rows: int | None = None) -> torch.Tensor:
         """Zeroed storage of `rows` (default: capacity) rows, allocated pinned where it is host memory feeding an
-        accelerator (pin_memory() on a made tensor would hold a second copy while it copies)."""
-        return torch.zeros(self.capacity if rows is None else rows, *shape, dtype=dtype, device=self.storage_device,
-                           pin_memory=self._pin)
+        accelerator (pin_memory() on a made tensor would hold a second copy while it copies). Unpinned host storage
+        is memory the OS commits as rows are written (`host_zeros`), as Stable-Baselines3's numpy buffers are."""
+        rows = self.capacity if rows is None else rows
+        if self.storage_device.type == "cpu" and not self._pin:
+            return host_zeros((rows, *shape), dtype)
+        return torch.zeros(rows, *shape, dtype=dtype, device=self.storage_device, pin_memory=self._pin)
 
     def _allocate_observations(self, layout) -> None:
         """`obs` and `next_obs` storage: one tensor each, or one per key of Dict observations."""

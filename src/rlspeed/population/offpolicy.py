@@ -66,7 +66,13 @@ import torch.nn.functional as F
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.dqn import TD_LOSSES
 from rlspeed.algos.off_policy import allowed_uniform, clamped, next_masks, no_update_reason
-from rlspeed.buffers.replay import REPLAY_MEMORY_SHARE, FrameStackReplayBuffer, available_memory_bytes, frame_stacks
+from rlspeed.buffers.replay import (
+    REPLAY_MEMORY_SHARE,
+    FrameStackReplayBuffer,
+    available_memory_bytes,
+    frame_stacks,
+    host_zeros,
+)
 from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
 from rlspeed.device import check_num_threads, float32_default, rules, training_threads
 from rlspeed.envs.base import observation_layout
@@ -279,7 +285,9 @@ class MemberReplay:
         self.row_bytes = self.bytes_per_row(obs_dim, action_dim, mask_size, obs_dtype)
         self._check_fits(capacity_steps)
 
-        def zeros(*shape, dtype=torch.float32):
+        def zeros(*shape, dtype=torch.float32):  # (host memory: committed as rows are written, `host_zeros`)
+            if torch.device(device).type == "cpu":
+                return host_zeros((capacity_steps, size, num_envs, *shape), dtype)
             return torch.zeros(capacity_steps, size, num_envs, *shape, device=device, dtype=dtype)
 
         self.obs, self.next_obs = zeros(obs_dim, dtype=obs_dtype), zeros(obs_dim, dtype=obs_dtype)
@@ -332,7 +340,9 @@ class MemberReplay:
         grown = {}
         for name in self.fields:
             old = getattr(self, name)
-            grown[name] = torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype)
+            grown[name] = (host_zeros((capacity_steps, *old.shape[1:]), old.dtype)
+                           if torch.device(self.device).type == "cpu" else
+                           torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype))
             grown[name][:self.written] = old[:self.written]
         # every field at once (one call: an interrupt, a notebook's stop, lands before or after it, never between two
         # fields of different sizes, which every later learn would fail on)
