@@ -455,6 +455,12 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  gamma: 2.0\n", "gamma"),
     ("CartPole-v1:\n  gamma: 2.0\n", "gamma"),
     ("CartPole-v1:\n  total_timesteps: abc\n", "total_timesteps"),  # (a run setting)
+    # RL-Zoo's run setting and vf_coef (doubled for PPO): checked as rlspeed's, never truncated or a traceback
+    ("CartPole-v1:\n  n_envs: 2\n  n_timesteps: abc\n", "n_timesteps: .*'abc'"),
+    ("CartPole-v1:\n  n_envs: 2\n  n_timesteps: 2048.7\n", "n_timesteps: .*2048.7"),
+    ("CartPole-v1:\n  n_envs: 2\n  n_timesteps: 0\n", "n_timesteps: .*positive"),
+    ("CartPole-v1:\n  n_envs: 2\n  vf_coef: abc\n", "vf_coef: .*'abc'"),
+    ("CartPole-v1:\n  n_envs: 2\n  vf_coef: null\n", "vf_coef: .*None"),
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
     ("CartPole-v1: 5\n", "entry CartPole-v1 holds 5, not hyperparameters"),  # an env's entry must be a mapping
@@ -475,6 +481,19 @@ def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text
     assert str(path) in str(error.value)
     # (one sentence: the reasons joined, a reason's own full stop dropped: "got 2.0.." was printed)
     assert not re.search(r"\.[.;]", str(error.value).replace(str(path), "FILE")), str(error.value)
+
+
+def test_a_users_rl_zoo_file_takes_yaml_11_numbers(tmp_path):
+    """`1e6` (text to YAML 1.1), `!!float 1e6` and `1e2` are those numbers (RecurrentPPO's batch_size, rounded up to
+    whole sequences, was a traceback as text)."""
+    path = tmp_path / "zoo.yml"
+    path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: !!float 1e6\nbatch_size: 1e2\n")
+    assert load_preset("recurrent_ppo", "CartPole-v1", str(path))["batch_size"] == 128
+    path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: 1e6\nbatch_size: 1.28e2\nvf_coef: 2.5e-1\n")
+    preset = load_preset("recurrent_ppo", "CartPole-v1", str(path))
+    assert preset["total_timesteps"] == 1_000_000 and type(preset["total_timesteps"]) is int
+    assert preset["vf_coef"] == 0.5
+    assert build_config(ALGORITHMS["recurrent_ppo"].config_cls, split_run_settings(preset)[1]).batch_size == 128
 
 
 def test_a_missing_preset_file_names_the_choices(tmp_path):

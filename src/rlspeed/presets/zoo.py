@@ -318,8 +318,8 @@ class _Translator:
     # --- one RL-Zoo key ------------------------------------------------------------------------------------------
     def entry(self, key: str, value) -> None:  # noqa: C901 (one branch per RL-Zoo key reads best as a table)
         algo = self.algo
-        if key == "n_timesteps":
-            self.run["total_timesteps"] = int(float(value))
+        if key == "n_timesteps":  # (checked in `finish`, as rlspeed's own total_timesteps)
+            self.run["total_timesteps"] = value
             self.origin["total_timesteps"] = key
         elif key == "policy":
             self.policy(value)
@@ -333,9 +333,15 @@ class _Translator:
             self.schedule(key, value)
         elif key == "vf_coef":
             if algo in HALF_VALUE_LOSS:
-                self.set("vf_coef", 2 * float(value), key)
-                self.notes.append(f"vf_coef {value} -> {2 * float(value):g} (rlspeed's {algo} value loss is "
-                                  "0.5 * MSE)")
+                from rlspeed.algos.base import coerce  # (late: presets load without torch)
+
+                try:
+                    number = coerce(key, value, float)
+                except UserError as error:  # (a bad value: as `finish` refuses one)
+                    self.refuse(key, str(error), blocking=self.strict)
+                    return
+                self.set("vf_coef", 2 * number, key)
+                self.notes.append(f"vf_coef {value} -> {2 * number:g} (rlspeed's {algo} value loss is 0.5 * MSE)")
             else:
                 self.set("vf_coef", value, key)
         elif key == "ent_coef" and algo == "sac":
@@ -609,7 +615,13 @@ class _Translator:
         lacks or a value of the wrong kind is refused; values that fail together refuse the whole entry."""
         from rlspeed.algos import ALGORITHMS
         from rlspeed.algos.base import build_config, coerce
+        from rlspeed.presets import coerce_run_settings
 
+        try:  # (n_timesteps: a whole number of steps >= 1, 1e6 or !!float 1e6 too, never truncated)
+            self.run = coerce_run_settings(self.run)
+        except UserError as error:
+            self.refuse("n_timesteps", str(error), blocking=self.strict)
+            self.run.pop("total_timesteps")
         steps = self.hyper.get("gradient_steps", 1)  # (SB3's default)
         if self.episode_train_freq is not None and steps != -1:
             # (SB3: that many updates per collected episode; here per env step: an episode's length times as many)
@@ -655,10 +667,12 @@ class _Translator:
         """sb3-contrib's RecurrentPPO cuts minibatches of `batch_size` steps out of the sequences; rlspeed's takes
         whole env columns of `num_steps` steps: round batch_size up to the next count of columns that divides the
         rollout, and say so."""
+        from rlspeed.algos.base import coerce
+
         defaults = config_cls()
-        batch_size = int(hyper.get("batch_size", defaults.batch_size))
-        num_steps = int(hyper.get("num_steps", defaults.num_steps))
-        num_envs = int(hyper.get("num_envs", defaults.num_envs))
+        # (values `finish` has checked, still as written: "1e2" is YAML 1.1's text for 100)
+        batch_size, num_steps, num_envs = (coerce(key, hyper.get(key, getattr(defaults, key)), int)
+                                           for key in ("batch_size", "num_steps", "num_envs"))
         if batch_size % num_steps == 0 or batch_size >= num_envs * num_steps or min(batch_size, num_steps) < 1:
             return
         columns = next(k for k in range(1, num_envs + 1) if num_envs % k == 0 and k * num_steps >= batch_size)
