@@ -461,6 +461,11 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  n_envs: 2\n  n_timesteps: 0\n", "n_timesteps: .*positive"),
     ("CartPole-v1:\n  n_envs: 2\n  vf_coef: abc\n", "vf_coef: .*'abc'"),
     ("CartPole-v1:\n  n_envs: 2\n  vf_coef: null\n", "vf_coef: .*None"),
+    # what rlspeed cannot honour in a user's own file: refused, not trained without it (rlspeed's format refuses
+    # another algorithm's key too)
+    ("CartPole-v1:\n  n_envs: 2\n  buffer_size: 100000\n", "buffer_size: rlspeed's ppo has no buffer_size"),
+    ("CartPole-v1:\n  n_envs: 2\n  policy_kwargs: 'dict(activation_fn=nn.GELU)'\n", "activation_fn: nn.GELU"),
+    ("CartPole-v1:\n  normalize: \"{'norm_obs': True, 'clip_obs': 5.0}\"\n", "normalize.clip_obs"),
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
     ("CartPole-v1: 5\n", "entry CartPole-v1 holds 5, not hyperparameters"),  # an env's entry must be a mapping
@@ -483,12 +488,13 @@ def test_a_bad_users_file_is_one_sentence_naming_the_file_and_key(tmp_path, text
     assert not re.search(r"\.[.;]", str(error.value).replace(str(path), "FILE")), str(error.value)
 
 
-def test_a_users_rl_zoo_file_takes_yaml_11_numbers(tmp_path):
-    """`1e6` (text to YAML 1.1), `!!float 1e6` and `1e2` are those numbers (RecurrentPPO's batch_size, rounded up to
-    whole sequences, was a traceback as text)."""
+def test_a_users_rl_zoo_file_takes_yaml_11_numbers_and_refuses_a_minibatch_it_would_change(tmp_path):
+    """`1e6` (text to YAML 1.1), `!!float 1e6` and `1e2` are those numbers; RecurrentPPO's batch_size, which
+    `--preset zoo` rounds up to whole sequences, is refused in a user's own file, naming the size to give."""
     path = tmp_path / "zoo.yml"
     path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: !!float 1e6\nbatch_size: 1e2\n")
-    assert load_preset("recurrent_ppo", "CartPole-v1", str(path))["batch_size"] == 128
+    with pytest.raises(UserError, match=f"{path} .*batch_size: 100: .*give 128"):
+        load_preset("recurrent_ppo", "CartPole-v1", str(path))
     path.write_text("n_envs: 8\nn_steps: 32\nn_timesteps: 1e6\nbatch_size: 1.28e2\nvf_coef: 2.5e-1\n")
     preset = load_preset("recurrent_ppo", "CartPole-v1", str(path))
     assert preset["total_timesteps"] == 1_000_000 and type(preset["total_timesteps"]) is int

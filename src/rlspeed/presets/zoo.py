@@ -293,7 +293,9 @@ class _Translator:
         full stop."""
         line = f"{key}: {why.removesuffix('.')}"
         self.unsupported.append(line)
-        if blocking or key.split(".")[0] in BLOCKING:
+        # (in a user's own file, `strict`, every value is honoured or the entry refused: the run would not be the one
+        # the file describes, as a key of another algorithm's is refused in rlspeed's own format)
+        if blocking or self.strict or key.split(".")[0] in BLOCKING:
             self.blocking.append(line)
 
     def policy(self, value) -> None:
@@ -677,5 +679,6 @@ class _Translator:
             return
         columns = next(k for k in range(1, num_envs + 1) if num_envs % k == 0 and k * num_steps >= batch_size)
         hyper["batch_size"] = columns * num_steps
-        self.refuse("batch_size", f"{batch_size} -> {columns * num_steps}: rlspeed's RecurrentPPO minibatches are "
-                                  f"whole env columns of num_steps ({num_steps}) steps")
+        rounded = f"give {columns * num_steps}" if self.strict else f"{columns * num_steps} is used"
+        self.refuse("batch_size", f"{batch_size}: rlspeed's RecurrentPPO minibatches are whole env columns of "
+                                  f"num_steps ({num_steps}) steps; {rounded}")
