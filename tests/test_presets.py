@@ -129,6 +129,10 @@ def test_policy_kwargs_net_arch_and_activation():
     for name, expected in [("th.nn.Tanh", "tanh"), ("torch.nn.ELU", "elu"), ("nn.SiLU", "silu")]:
         assert translated("a2c", {"policy_kwargs": f"dict(activation_fn={name})"}).hyperparameters[
             "activation"] == expected
+    # policy_kwargs written as a YAML mapping: its activation_fn is text (it read "nn.ReLU: rlspeed's activations are
+    # nn.Tanh, nn.ReLU, ...")
+    assert translated("ppo", {"policy_kwargs": {"activation_fn": "nn.ReLU", "net_arch": [32]}},
+                      strict=True).hyperparameters["activation"] == "relu"
     assert refused(translated("ppo", {"policy_kwargs": "dict(activation_fn=nn.GELU)"})) == {
         "policy_kwargs.activation_fn"}
     for algo in ("ppo", "a2c", "recurrent_ppo", "sac", "td3", "ddpg", "dqn"):  # (every rlspeed algorithm has it)

@@ -535,9 +535,11 @@ class _Translator:
             if name == "net_arch":
                 self.net_arch(key, item)
             elif name == "activation_fn":
-                short = str(item)
+                # (a name: nn.ReLU in a policy_kwargs string, or text in one written as a YAML mapping, where no
+                # name can be written otherwise)
+                short = item if isinstance(item, str) else ""
                 for prefix in _TORCH_PREFIXES:
-                    if isinstance(item, Symbol) and short.startswith(prefix) and short[len(prefix):] in ACTIVATIONS:
+                    if short.startswith(prefix) and short[len(prefix):] in ACTIVATIONS:
                         self.set("activation", ACTIVATIONS[short[len(prefix):]], key)
                         break
                 else:
