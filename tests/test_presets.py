@@ -506,6 +506,21 @@ def test_a_users_rl_zoo_file_takes_yaml_11_numbers_and_refuses_a_minibatch_it_wo
     assert build_config(ALGORITHMS["recurrent_ppo"].config_cls, split_run_settings(preset)[1]).batch_size == 128
 
 
+@pytest.mark.parametrize("text, match", [
+    ("n_envs: 4\nnum_steps: 32\n", "num_steps: rlspeed's name, .*RL-Zoo's format: write n_steps there"),
+    ("n_timesteps: 1e4\nlearning_rate: 1e-3\nanneal_lr: true\n", "anneal_lr: .*write learning_rate: lin_X there"),
+    ("policy: MlpPolicy\nnet_arch: [64, 64]\n", "net_arch: .*policy_kwargs: \"dict\\(net_arch"),
+    ("n_envs: 4\nent_coeff: 0.01\n", "ent_coeff: not a key .*did you mean ent_coef\\?"),
+])
+def test_a_users_entry_mixing_the_two_formats_is_told_rl_zoos_name(tmp_path, text, match):
+    """rlspeed's names in an entry that RL-Zoo's keys make RL-Zoo's format (copied from two places): the sentence
+    names what RL-Zoo writes instead (it said only "not a key of RL-Zoo's format that rlspeed knows")."""
+    path = tmp_path / "mixed.yml"
+    path.write_text(text)
+    with pytest.raises(UserError, match=match):
+        load_preset("ppo", "CartPole-v1", str(path))
+
+
 def test_a_missing_preset_file_names_the_choices(tmp_path):
     with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
         load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import importlib.metadata
 import importlib.util
 import typing
@@ -68,6 +69,25 @@ SDE_ALGORITHMS = ("ppo", "a2c", "sac")
 
 #: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
 BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
+
+#: RL-Zoo's way to write what rlspeed names otherwise: a user's entry in RL-Zoo's format that uses rlspeed's name is
+#: told which to write (a copy from a blog post mixes the two formats)
+ZOO_SPELLING = {"num_envs": "n_envs", "num_steps": "n_steps", "n_step": "n_steps", "total_timesteps": "n_timesteps",
+                "anneal_lr": "learning_rate: lin_X", "anneal_clip": "clip_range: lin_X",
+                "net_arch": "policy_kwargs: \"dict(net_arch=[...])\"",
+                "activation": "policy_kwargs: \"dict(activation_fn=nn.ReLU)\"",
+                "log_std_init": "policy_kwargs: \"dict(log_std_init=...)\"",
+                "ortho_init": "policy_kwargs: \"dict(ortho_init=False)\"",
+                "normalize_obs": "normalize: \"{'norm_obs': True, 'norm_reward': False}\"",
+                "normalize_reward": "normalize: \"{'norm_obs': False, 'norm_reward': True}\"",
+                "action_noise": "noise_type", "action_noise_std": "noise_std",
+                "her": "replay_buffer_class: HerReplayBuffer",
+                "encoder": "policy (CnnPolicy, MultiInputPolicy)"}
+
+#: the keys of RL-Zoo's format that `_Translator.entry` reads (for the likeliest one a misspelt key meant)
+ZOO_NAMED = ("n_timesteps", "policy", "n_envs", "n_steps", "normalize", "learning_rate", "clip_range", "vf_coef",
+             "ent_coef", "target_entropy", "train_freq", "noise_type", "noise_std", "frame_stack", "env_wrapper",
+             "policy_kwargs", "replay_buffer_class", "replay_buffer_kwargs", *SAME_NAME, *SDE_KEYS, *NO_COUNTERPART)
 
 #: torch.nn activation class names -> rlspeed's activation names (rlspeed.nn.ACTIVATIONS)
 ACTIVATIONS = {"Tanh": "tanh", "ReLU": "relu", "ELU": "elu", "SiLU": "silu"}
@@ -406,10 +426,24 @@ class _Translator:
             else:
                 self.refuse(key, f"{value!r}: {why}")
         elif self.strict:
-            self.unsupported.append(f"{key}: not a key of RL-Zoo's format that rlspeed knows")
+            self.unsupported.append(f"{key}: {self.unknown(key)}")
             self.blocking.append(self.unsupported[-1])
         else:
             self.refuse(key, f"{value!r}: not a key rlspeed knows how to translate")
+
+    def unknown(self, key: str) -> str:
+        """Why a user's entry in RL-Zoo's format cannot hold `key`: rlspeed's own name for something (where RL-Zoo
+        writes it otherwise: which), or no name of either format (a typo)."""
+        from rlspeed.algos import ALGORITHMS  # (late: presets load without torch)
+        from rlspeed.presets import RUN_KEYS
+
+        own = {field.name for field in dataclasses.fields(ALGORITHMS[self.algo].config_cls)} | set(RUN_KEYS)
+        if key not in own:
+            close = difflib.get_close_matches(key, ZOO_NAMED, n=1)
+            return "not a key of RL-Zoo's format that rlspeed knows" + (f" (did you mean {close[0]}?)" if close else "")
+        instead = f"write {ZOO_SPELLING[key]} there" if key in ZOO_SPELLING else "RL-Zoo's format has no such key"
+        return (f"rlspeed's name, in an entry that RL-Zoo's keys make RL-Zoo's format: {instead} (or write the whole "
+                "entry in rlspeed's names)")
 
     def options(self, key: str, value, expected: str) -> dict:
         """An RL-Zoo value of keyword arguments (a dict, or its Python text) as a dict; an empty one, with `key`
