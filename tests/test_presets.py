@@ -521,6 +521,14 @@ def test_a_users_entry_mixing_the_two_formats_is_told_rl_zoos_name(tmp_path, tex
         load_preset("ppo", "CartPole-v1", str(path))
 
 
+def test_a_users_train_freq_in_episodes_is_refused_saying_what_to_write_not_what_would_be_used(tmp_path):
+    path = tmp_path / "sac.yml"
+    path.write_text("n_envs: 1\ntrain_freq: [1, episode]\ngradient_steps: -1\n")
+    with pytest.raises(UserError, match="train_freq: .*give train_freq in steps") as error:
+        load_preset("sac", "Pendulum-v1", str(path))
+    assert "is used" not in str(error.value)
+
+
 def test_a_missing_preset_file_names_the_choices(tmp_path):
     with pytest.raises(UserError, match="no such file.*auto, rlspeed, zoo"):
         load_preset("ppo", "CartPole-v1", str(tmp_path / "missing.yaml"))

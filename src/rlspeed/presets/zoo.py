@@ -553,7 +553,12 @@ class _Translator:
         """An int (steps of every env), `[n, "step"]`, or `[n, "episode"]` (not in rlspeed)."""
         if isinstance(value, (list, tuple)) and len(value) == 2 and value[1] == "step":
             value = value[0]
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, (list, tuple)) and self.strict:  # (a user's own file: refused, saying what to write)
+            self.refuse("train_freq", f"{list(value)}: rlspeed collects a fixed number of steps per iteration, not "
+                                      "whole episodes: give train_freq in steps (the env's episode length, e.g. 200, "
+                                      "with the entry's gradient_steps; or 1 with gradient_steps -1, one update per "
+                                      "env step collected, as SB3's -1)")
+        elif isinstance(value, (list, tuple)):
             self.refuse("train_freq", f"{list(value)}: rlspeed collects a fixed number of steps per iteration, not "
                                       "whole episodes; its train_freq 1 (with the entry's gradient_steps) is used")
             self.episode_train_freq = list(value)
