@@ -521,6 +521,18 @@ def test_a_users_entry_mixing_the_two_formats_is_told_rl_zoos_name(tmp_path, tex
         load_preset("ppo", "CartPole-v1", str(path))
 
 
+def test_a_users_rl_zoo_file_takes_rlspeeds_run_settings_which_rl_zoo_has_not(tmp_path):
+    """eval_freq and target_return beside RL-Zoo's keys (its format has none): the run's (they were refused as keys
+    RL-Zoo's format has not, leaving only the command line's flags)."""
+    path = tmp_path / "zoo.yml"
+    path.write_text("CartPole-v1:\n  n_envs: 4\n  n_timesteps: 1e4\n  eval_freq: 2e3\n  target_return: 200\n")
+    preset = load_preset("ppo", "CartPole-v1", str(path))
+    assert split_run_settings(preset)[0] == {"total_timesteps": 10_000, "eval_freq": 2000, "target_return": 200.0}
+    path.write_text("CartPole-v1:\n  n_envs: 4\n  target_return: high\n")
+    with pytest.raises(UserError, match=f"{path} .*target_return: target_return must be a number"):
+        load_preset("ppo", "CartPole-v1", str(path))
+
+
 def test_a_users_train_freq_in_episodes_is_refused_saying_what_to_write_not_what_would_be_used(tmp_path):
     path = tmp_path / "sac.yml"
     path.write_text("n_envs: 1\ntrain_freq: [1, episode]\ngradient_steps: -1\n")

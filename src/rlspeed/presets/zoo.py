@@ -343,6 +343,9 @@ class _Translator:
         if key == "n_timesteps":  # (checked in `finish`, as rlspeed's own total_timesteps)
             self.run["total_timesteps"] = value
             self.origin["total_timesteps"] = key
+        elif key in ("eval_freq", "target_return"):  # (rlspeed's run settings, which RL-Zoo's format has not)
+            self.run[key] = value
+            self.origin[key] = key
         elif key == "policy":
             self.policy(value)
         elif key == "n_envs":
@@ -660,11 +663,12 @@ class _Translator:
         from rlspeed.algos.base import build_config, coerce
         from rlspeed.presets import coerce_run_settings
 
-        try:  # (n_timesteps: a whole number of steps >= 1, 1e6 or !!float 1e6 too, never truncated)
-            self.run = coerce_run_settings(self.run)
-        except UserError as error:
-            self.refuse("n_timesteps", str(error), blocking=self.strict)
-            self.run.pop("total_timesteps")
+        for key in list(self.run):  # (n_timesteps: a whole number of steps >= 1, 1e6 or !!float 1e6 too, not truncated)
+            try:
+                self.run.update(coerce_run_settings({key: self.run[key]}))
+            except UserError as error:
+                self.refuse(self.origin[key], str(error), blocking=self.strict)
+                self.run.pop(key)
         steps = self.hyper.get("gradient_steps", 1)  # (SB3's default)
         if self.episode_train_freq is not None and steps != -1:
             # (SB3: that many updates per collected episode; here per env step: an episode's length times as many)
