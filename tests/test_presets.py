@@ -389,6 +389,30 @@ def test_an_atari_game_s_ram_variant_is_not_given_the_image_preset(algo):
 
 
 @requires_zoo
+@pytest.mark.skipif(importlib.util.find_spec("ale_py") is None, reason="Atari needs ale-py")
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "a2c"])
+def test_rl_zoos_atari_entry_copied_into_a_users_file_serves_every_game_as_preset_zoo_does(tmp_path, algo):
+    """RL-Zoo's file layout with its `atari` entry (AtariWrapper, frame_stack 4) copied into one's own file: the
+    values `--preset zoo` takes, for every Atari image id (the entry was not looked up, and under the game's own id
+    its AtariWrapper and frame stack were refused as for a non-Atari env); not for a game's RAM."""
+    entry = zoo.zoo_entries(algo)["atari"]
+    entry = {key: value for key, value in entry.items() if key != "policy_kwargs" or algo != "a2c"}  # (RMSpropTFLike)
+    for env_id in ("PongNoFrameskip-v4", "ALE/Breakout-v5"):
+        for key in ("atari", env_id):
+            path = tmp_path / f"{algo}.yml"
+            path.write_text(yaml.safe_dump({key: entry, "CartPole-v1": {"n_envs": 2}}))
+            mine = load_preset(algo, env_id, str(path))
+            assert dict(mine) == {**zoo.translate_entry(algo, entry, "RL-Zoo", atari=True).run,
+                                  **zoo.translate_entry(algo, entry, "RL-Zoo", atari=True).hyperparameters}
+            assert mine["encoder"] == "cnn"
+    if algo != "a2c":
+        assert dict(mine) == dict(load_preset(algo, "ALE/Breakout-v5", "zoo"))
+    with pytest.raises(UserError, match="no entry for ALE/Pong-v5"):  # (RAM: 128 bytes, not the images it is for)
+        path.write_text(yaml.safe_dump({"atari": entry}))
+        load_preset(algo, "ALE/Pong-v5", str(path), {"obs_type": "ram"})
+
+
+@requires_zoo
 def test_rl_zoos_atari_entry_serves_every_game_id_and_a_mujoco_v5_id_its_v4_entry_said():
     """RL-Zoo gives every id ale-py makes its `atari` entry (Pong-v4 too, not only NoFrameskip and ALE/ ids: those
     got rlspeed's default with "RL-Zoo has none either"); a MuJoCo v5 id RL-Zoo lacks takes its v4 entry (DDPG

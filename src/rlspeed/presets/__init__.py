@@ -81,7 +81,7 @@ def load_preset(algo: str, env_id: str, source: str = "rlspeed", env_kwargs: dic
         return _zoo(algo, env_id)
     if source == "auto":
         return _auto(algo, env_id, images)
-    return load_preset_file(source, algo, env_id)
+    return load_preset_file(source, algo, env_id, images)
 
 
 def atari_image_id(env_id: str) -> bool:
@@ -154,10 +154,12 @@ def _auto(algo: str, env_id: str, images: bool = True) -> Preset:
     return _from_translation(translation, "zoo")
 
 
-def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
-    """The entry for `env_id` (else `default`) of the user's YAML file at `path`, or the file itself when it is one
-    flat entry; an entry in RL-Zoo's format is translated. UserError for a missing or unreadable file, no entry for
-    the env, unknown keys or bad values (naming the file and the key)."""
+def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = True) -> Preset:
+    """The entry for `env_id` (else `atari` for an Atari game's images, as in rlspeed's and RL-Zoo's files; else
+    `default`) of the user's YAML file at `path`, or the file itself when it is one flat entry; an entry in RL-Zoo's
+    format is translated (for an Atari game's images, its AtariWrapper and frame_stack 4 are what rlspeed's Atari envs
+    do). UserError for a missing or unreadable file, no entry for the env, unknown keys or bad values (naming the
+    file and the key). `images` False: the env is made with obs_type="ram", which no Atari entry is for."""
     from rlspeed.algos import ALGORITHMS
     from rlspeed.algos.base import build_config
 
@@ -182,7 +184,8 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     if isinstance(data.get("hyperparameters"), dict) and "algo" in data and "env_id" in data:
         entry, where = _from_run_config(path, data, algo, env_id)  # (checked below as any entry)
     elif all(nested):  # env id -> entry
-        key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), "default") if k in data), None)
+        atari = ATARI_KEY if ATARI_KEY in data and images and atari_image_id(env_id) else None
+        key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), atari, "default") if k in data), None)
         if key is None:
             raise UserError(f"{path} has no entry for {env_id} and no default entry (it has "
                             f"{', '.join(map(str, data))}).")
@@ -200,7 +203,8 @@ def load_preset_file(path: str | Path, algo: str, env_id: str) -> Preset:
     if any(k in entry for k in ZOO_KEYS):
         from rlspeed.presets import zoo
 
-        translation = zoo.translate_entry(algo, entry, f"{where}, RL-Zoo's format", strict=True)
+        translation = zoo.translate_entry(algo, entry, f"{where}, RL-Zoo's format", strict=True,
+                                          atari=images and atari_image_id(env_id))
         if translation.blocking:
             raise UserError(f"{where} (RL-Zoo's format) cannot be used: {'; '.join(translation.blocking)}.")
         return _from_translation(translation, "file")
