@@ -498,6 +498,10 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
     ("CartPole-v1: 5\n", "entry CartPole-v1 holds 5, not hyperparameters"),  # an env's entry must be a mapping
     ("default: lin_3e-4\n", "entry default holds"),
+    # an env's entry left empty (its lines commented out) beside others: named (it read "mixes env entries and
+    # hyperparameters at the top level")
+    ("CartPole-v1:\n#  num_envs: 4\ndefault:\n  num_envs: 8\n", "entry CartPole-v1 holds nothing, not hyper"),
+    ("Pendulum-v1:\n  num_envs: 4\nAcrobot-v1: 8\n", "entry Acrobot-v1 holds 8, not hyper"),
     ("- 1\n- 2\n", "must map env ids"),
     ("CartPole-v1: [\n", "not valid YAML"),
     # YAML reads these as something else than what was written: refused, not used

@@ -190,11 +190,13 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
             raise UserError(f"{path} has no entry for {env_id} and no default entry (it has "
                             f"{', '.join(map(str, data))}).")
         entry, where = data[key], f"{path} ({key} entry)"
+    elif env_like := [key for key, is_entry in zip(data, nested) if not is_entry and isinstance(key, str)
+                      and (key in (env_id, "default", ATARI_KEY) or re.search(r"-v\d+$", key))]:
+        # (an env's entry that is not a mapping: its lines left unindented, or all commented out)
+        held = "nothing" if data[env_like[0]] is None else repr(data[env_like[0]])
+        raise UserError(f"{path}: the entry {env_like[0]} holds {held}, not hyperparameters; write them under it as "
+                        f"`name: value` lines, indented.")
     elif not any(nested):  # one entry for any env
-        env_like = [k for k in map(str, data) if k in (env_id, "default") or re.search(r"-v\d+$", k)]
-        if env_like:
-            raise UserError(f"{path}: the entry {env_like[0]} holds {data[env_like[0]]!r}, not hyperparameters; "
-                            f"write them under it as `name: value` lines, indented.")
         entry, where = data, f"{path}"
     else:
         raise UserError(f"{path} mixes env entries and hyperparameters at the top level: put every hyperparameter "
