@@ -504,6 +504,9 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("Pendulum-v1:\n  num_envs: 4\nAcrobot-v1: 8\n", "entry Acrobot-v1 holds 8, not hyper"),
     ("- 1\n- 2\n", "must map env ids"),
     ("CartPole-v1: [\n", "not valid YAML"),
+    # what is wrong, not what PyYAML was doing ("while scanning for the next token")
+    ("CartPole-v1:\n\tnum_envs: 4\n", "line 2, column 1\\): found character .* not a tab"),
+    ("num_envs: 4\n---\nnum_envs: 8\n", "line 2, column 1\\): expected a single document .* found another"),
     # YAML reads these as something else than what was written: refused, not used
     ("CartPole-v1:\n  num_envs: 4\n  num_envs: 8\n", "num_envs twice \\(lines 2 and 3\\)"),
     ("num_steps: 4\nnum_steps: 8\n", "num_steps twice"),

@@ -67,7 +67,14 @@ def read(text: str, where: str):
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise InvalidYAML(f"{where} is not valid YAML{at}: {str(error).splitlines()[0]}.") from None
+        # (what is wrong there, "found character '\t' that cannot start any token", rather than what PyYAML was
+        # doing, "while scanning for the next token")
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        if problem.startswith("but ") and getattr(error, "context", None):  # ("expected a single document ...")
+            problem = f"{error.context} {problem}"
+        if "'\\t'" in problem:
+            problem += ": write spaces there, not a tab"
+        raise InvalidYAML(f"{where} is not valid YAML{at}: {problem}.") from None
 
 
 def read_file(path: Path) -> tuple[str, object]:
