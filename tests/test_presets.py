@@ -495,6 +495,8 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  n_envs: 2\n  policy_kwargs: 'dict(activation_fn=nn.GELU)'\n", "activation_fn: nn.GELU"),
     ("CartPole-v1:\n  normalize: \"{'norm_obs': True, 'clip_obs': 5.0}\"\n", "normalize.clip_obs"),
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
+    ("CartPole-v0:\n  num_envs: 4\n", "no entry for CartPole-v1 .*: CartPole-v0 is another version of the env"),
+    ("ppo:\n  CartPole-v1:\n    num_envs: 4\n", "no entry for CartPole-v1 .*: ppo names an algorithm; a preset file"),
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
     ("CartPole-v1: 5\n", "entry CartPole-v1 holds 5, not hyperparameters"),  # an env's entry must be a mapping
     ("default: lin_3e-4\n", "entry default holds"),

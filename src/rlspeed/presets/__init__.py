@@ -187,8 +187,18 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
         atari = ATARI_KEY if ATARI_KEY in data and images and atari_image_id(env_id) else None
         key = next((k for k in (env_id, env_id.removeprefix("rlspeed/"), atari, "default") if k in data), None)
         if key is None:
+            name = re.sub(r"-v\d+$", "", env_id.removeprefix("rlspeed/"))
+            versions = [str(k) for k in data if re.fullmatch(rf"{re.escape(name)}-v\d+", str(k))]
+            hint = (f": {versions[0]} is another version of the env (rename the entry to {env_id} if its values suit "
+                    "it)" if versions else "")
+            algorithms = [str(k) for k in data if str(k) in ALGORITHMS]
+            if algorithms and not hint:  # (several algorithms' presets in one file: rlspeed takes one's)
+                named = f"{algorithms[0]} names an algorithm" if len(algorithms) == 1 else \
+                    f"{', '.join(algorithms)} name algorithms"
+                hint = (f": {named}; a preset file holds one algorithm's entries by env id (give {algo}'s as a file "
+                        "of its own)")
             raise UserError(f"{path} has no entry for {env_id} and no default entry (it has "
-                            f"{', '.join(map(str, data))}).")
+                            f"{', '.join(map(str, data))}){hint}.")
         entry, where = data[key], f"{path} ({key} entry)"
     elif env_like := [key for key, is_entry in zip(data, nested) if not is_entry and isinstance(key, str)
                       and (key in (env_id, "default", ATARI_KEY) or re.search(r"-v\d+$", key))]:
