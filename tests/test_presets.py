@@ -496,6 +496,11 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     ("CartPole-v1:\n  normalize: \"{'norm_obs': True, 'clip_obs': 5.0}\"\n", "normalize.clip_obs"),
     ("Pendulum-v1:\n  num_envs: 4\n", "no entry for CartPole-v1"),
     ("CartPole-v0:\n  num_envs: 4\n", "no entry for CartPole-v1 .*: CartPole-v0 is another version of the env"),
+    # the model's arguments, not hyperparameters: the flag to give (it read "Unknown hyperparameter 'seed' ... Valid:
+    # ...", and a mapping of env options "mixes env entries and hyperparameters")
+    ("num_envs: 4\nseed: 42\n", "'seed' is an argument of the model, .*--seed N on rlspeed train's command line"),
+    ("num_envs: 4\nenv_kwargs: {sutton_barto_reward: true}\n", "'env_kwargs' is an argument .*--env-kwargs KEY="),
+    ("CartPole-v1:\n  device: cuda\n", "'device' is an argument of the model, .*--device"),
     ("ppo:\n  CartPole-v1:\n    num_envs: 4\n", "no entry for CartPole-v1 .*: ppo names an algorithm; a preset file"),
     ("CartPole-v1:\n  num_envs: 4\nnum_steps: 8\n", "mixes"),
     ("CartPole-v1: 5\n", "entry CartPole-v1 holds 5, not hyperparameters"),  # an env's entry must be a mapping

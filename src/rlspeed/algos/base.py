@@ -285,6 +285,12 @@ _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs",
                 "n_steps": "num_steps", "n_envs": "num_envs"}  # (and Stable-Baselines3's names for rlspeed's)
 
 
+#: the constructor's arguments that are no hyperparameters, with the `rlspeed train` flag for each (a preset file or
+#: `--set` naming one is told where it goes)
+MODEL_ARGUMENTS = {"seed": "--seed N", "device": "--device cuda", "env_backend": "--env-backend NAME",
+                   "env_kwargs": "--env-kwargs KEY=VALUE", "num_threads": "--threads N",
+                   "accelerate": "--accelerate auto", "nan_policy": "--nan-policy mask",
+                   "save_replay_buffer": "--save-replay-buffer"}
 #: `learn`'s arguments that presets and the command line hold beside the hyperparameters (`split_run_settings`)
 _RUN_KEYWORDS = ("total_timesteps", "target_return", "eval_freq", "eval_episodes", "checkpoint_freq", "run_dir")
 
@@ -314,6 +320,10 @@ def build_config(config_cls: type, overrides: dict) -> typing.Any:
                                 "(docs/population.md; rlspeed train ... --seeds 0-31).")
             if key in SB3_KEYWORDS:
                 raise UserError(f"'{key}' is Stable-Baselines3's keyword; {SB3_KEYWORDS[key]}.")
+            if key in MODEL_ARGUMENTS:
+                owner = config_cls.__name__.removesuffix("Config") or config_cls.__name__
+                raise UserError(f"'{key}' is an argument of the model, not a hyperparameter: {owner}(env, {key}=X) "
+                                f"in Python, {MODEL_ARGUMENTS[key]} on rlspeed train's command line.")
             if key in _RUN_KEYWORDS:  # (a preset's run settings, or the CLI's flags: learn's arguments here)
                 call = "total_timesteps=..." if key == "total_timesteps" else f"total_timesteps, {key}=..."
                 raise UserError(f"'{key}' is a setting of the run, not of the model: give it to learn "

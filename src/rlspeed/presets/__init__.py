@@ -161,7 +161,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
     do). UserError for a missing or unreadable file, no entry for the env, unknown keys or bad values (naming the
     file and the key). `images` False: the env is made with obs_type="ram", which no Atari entry is for."""
     from rlspeed.algos import ALGORITHMS
-    from rlspeed.algos.base import build_config
+    from rlspeed.algos.base import MODEL_ARGUMENTS, build_config
 
     path = Path(path).expanduser()
     if path.is_dir():
@@ -177,7 +177,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
         holds = "nothing" if data is None or data == {} else f"a {type(data).__name__}"
         raise UserError(f"{path} must map env ids to presets (or hyperparameter names to values); it holds "
                         f"{holds}.")
-    names = set(RUN_KEYS) | set(ZOO_KEYS) | {field.name for cls in ALGORITHMS.values()
+    names = set(RUN_KEYS) | set(ZOO_KEYS) | set(MODEL_ARGUMENTS) | {field.name for cls in ALGORITHMS.values()
                                              for field in dataclasses.fields(cls.config_cls)}
     # (a hyperparameter may hold a mapping too, net_arch: {pi: [...], vf: [...]}: not an env entry)
     nested = [isinstance(value, dict) and str(key) not in names for key, value in data.items()]

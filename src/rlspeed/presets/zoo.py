@@ -59,7 +59,7 @@ NO_COUNTERPART: dict[str, tuple[object, str]] = {
     "callback": (None, "RL-Zoo callbacks do not apply to rlspeed"),
     "monitor_kwargs": (None, "rlspeed records episodes itself"),
     "vec_env_wrapper": (None, "rlspeed has no RL-Zoo vector-env wrappers"),
-    "env_kwargs": (None, "rlspeed builds envs from the id alone"),
+    "env_kwargs": (None, "the env's options are rlspeed train's --env-kwargs KEY=VALUE, not a preset's"),
 }
 
 #: gSDE's keys (rlspeed.sde) with SB3's defaults, and the algorithms that have gSDE (`finish` refuses a key that an
