@@ -472,6 +472,10 @@ def test_a_users_file_in_rl_zoos_format_is_detected_and_translated(tmp_path):
     path.write_text("CartPole-v1:\n  n_timesteps: 1000\n  policy: MlpPolicy\n  frame_stack: 4\n")
     with pytest.raises(UserError, match="frame_stack"):
         load_preset("ppo", "CartPole-v1", str(path))
+    # keys about SB3's own logging change nothing rlspeed trains: noted, not refused as values it cannot honour are
+    path.write_text("CartPole-v1:\n  n_envs: 2\n  stats_window_size: 10\n  monitor_kwargs: {}\n")
+    preset = load_preset("ppo", "CartPole-v1", str(path))
+    assert preset["num_envs"] == 2 and "stats_window_size" in preset.message()
 
 
 @pytest.mark.parametrize("text, match", [

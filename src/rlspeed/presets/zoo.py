@@ -70,6 +70,9 @@ SDE_ALGORITHMS = ("ppo", "a2c", "sac")
 #: keys that change what the agent observes or learns from: refusing one makes the entry unusable as a preset
 BLOCKING = ("policy", "frame_stack", "env_wrapper", "vec_env_wrapper", "env_kwargs", "replay_buffer_class", "config")
 
+#: keys about SB3's own logging only: a user's file that holds them trains as it says (noted, not refused)
+BOOKKEEPING = ("stats_window_size", "monitor_kwargs")
+
 #: RL-Zoo's way to write what rlspeed names otherwise: a user's entry in RL-Zoo's format that uses rlspeed's name is
 #: told which to write (a copy from a blog post mixes the two formats)
 ZOO_SPELLING = {"num_envs": "n_envs", "num_steps": "n_steps", "n_step": "n_steps", "total_timesteps": "n_timesteps",
@@ -315,7 +318,7 @@ class _Translator:
         self.unsupported.append(line)
         # (in a user's own file, `strict`, every value is honoured or the entry refused: the run would not be the one
         # the file describes, as a key of another algorithm's is refused in rlspeed's own format)
-        if blocking or self.strict or key.split(".")[0] in BLOCKING:
+        if blocking or key.split(".")[0] in BLOCKING or (self.strict and key.split(".")[0] not in BOOKKEEPING):
             self.blocking.append(line)
 
     def policy(self, value) -> None:
