@@ -706,3 +706,59 @@ def test_an_update_step_follows_its_model_converted_to_float64(searched, when, r
         assert all(torch.allclose(a, b, rtol=0.05, atol=1e-3) for a, b in zip(plain, accelerated))
     else:
         assert all(torch.equal(a, b) for a, b in zip(plain, accelerated))
+
+
+# --- 14. the random generators a searched call draws from ---------------------------------------------------------
+class _NoisyNet(nn.Module):
+    """A model drawing its noise from a generator of its own (seeded for a reproducible run)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 2)
+        self.noise = torch.Generator().manual_seed(1)
+
+    def forward(self, x):
+        return self.linear(x) + 0.1 * torch.randn(x.shape[0], 2, generator=self.noise)
+
+
+def test_a_module_search_leaves_the_models_own_generator_where_it_was(two_candidates):
+    x = torch.randn(8, 4)
+    plain = _NoisyNet()
+    expected = [plain(x) for _ in range(2)]
+    model = auto_accelerate(_NoisyNet(), example_inputs=(x,))
+    assert model.accel_report.decisions[-1].source == "search"
+    assert all(torch.equal(model(x), y) for y in expected)
+
+
+@pytest.mark.parametrize("where", ["named", "argument", "module"])
+def test_a_step_search_leaves_the_generators_its_loss_draws_from_where_they_were(two_candidates, where):
+    """The search runs the loss function many times: a seeded generator it draws from (by name, as an argument, or
+    inside a model it calls) continues after the search as in the plain loop, as the default RNG does."""
+
+    def run(accelerated):
+        model = _NoisyNet()
+        generator = torch.Generator().manual_seed(2)
+
+        def loss(x, g=None):
+            noise = torch.randn(x.shape, generator=generator if where == "named" else g) if where != "module" else 0
+            return model(x + noise).square().mean()
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(3))
+        extra = (generator,) if where == "argument" else ()
+        if accelerated:
+            step = accelerate_step(loss, optimizer, example_inputs=(x, *extra))
+            assert step.report.decisions[-1].source == "search"
+        else:
+            def step(*args):
+                optimizer.zero_grad()
+                loss(*args).backward()
+                optimizer.step()
+        for _ in range(3):
+            step(x, *extra)
+        return model.linear.weight.detach().clone(), torch.rand(2, generator=generator), torch.rand(2,
+                                                                                                  generator=model.noise)
+
+    for plain, accelerated in zip(run(False), run(True)):
+        assert torch.equal(plain, accelerated)

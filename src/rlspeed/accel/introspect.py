@@ -147,5 +147,28 @@ def named_tensors_and_modules(fn: Any) -> list[Callable[[], Any]]:
     return _named_readers(fn, lambda value: isinstance(value, (torch.Tensor, nn.Module)))
 
 
+def own_generators(modules: Any) -> list[torch.Generator]:
+    """The `torch.Generator` objects `modules` hold as attributes (``self.gen``, a NoisyNet's noise source)."""
+    return [value for module in modules for value in module.__dict__.values() if isinstance(value, torch.Generator)]
+
+
+def generators_in(value: Any) -> list[torch.Generator]:
+    """The `torch.Generator` objects in call arguments (nested in tuples, lists and dicts)."""
+    if isinstance(value, torch.Generator):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [g for item in value for g in generators_in(item)]
+    if isinstance(value, dict):
+        return [g for item in value.values() for g in generators_in(item)]
+    return []
+
+
+def named_generators(fn: Any) -> list[torch.Generator]:
+    """The `torch.Generator` objects `fn` draws from by name (see `_named_readers`), and those held by the modules
+    it reaches (`reachable_submodules`): what a search running `fn` many times advances, and puts back."""
+    found = [read() for read in _named_readers(fn, lambda value: isinstance(value, torch.Generator))]
+    return [*found, *own_generators(reachable_submodules(fn))]
+
+
 __all__ = ["owner_and_function", "code_names", "reachable_modules", "reachable_submodules", "named_numbers",
-           "named_tensors_and_modules"]
+           "named_tensors_and_modules", "own_generators", "generators_in", "named_generators"]

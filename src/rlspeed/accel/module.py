@@ -40,7 +40,7 @@ from rlspeed.accel.compile import (
     graph_safe,
 )
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, opaque_leaf, tensors_in, to_float32
-from rlspeed.accel.introspect import made_as
+from rlspeed.accel.introspect import generators_in, made_as, own_generators
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import expected_search_s, run_search, store_choice
 from rlspeed.accel.strategy import (
@@ -504,7 +504,9 @@ class ModuleAccelerator:
 
         try:
             with contextlib.nullcontext() if grad else torch.no_grad():
-                chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers)
+                chosen, trials, reason = run_search(candidate_list, build, params, self.device, buffers,
+                                                    generators=[*own_generators(module.modules()),
+                                                                *generators_in((args, kwargs))])
         except _OpaqueOutputs as opaque:
             # The accuracy check would compare nothing (every candidate would pass) and a reduced precision would
             # leak out inside the object, where to_float32 does not reach: stay in eager fp32.

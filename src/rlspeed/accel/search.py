@@ -9,8 +9,9 @@ For every candidate the search
 3. picks the fastest candidate that passed, if it beats the simplest allowed candidate (normally eager fp32) by at
    least `MARGIN`; otherwise the simplest one. Small models therefore stay in eager fp32 and pay nothing.
 
-The search leaves no trace in the caller's state: RNG streams are forked, parameter gradients and module buffers
-are restored afterwards.
+The search leaves no trace in the caller's state: RNG streams are forked (the default ones, and the states of the
+`torch.Generator` objects the caller hands in: those a model or loss function draws from), parameter gradients and
+module buffers are restored afterwards.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ Runner = Callable[[], tuple[object, float]]
 
 @contextlib.contextmanager
 def preserved_state(device: torch.device, params: Sequence[torch.Tensor],
-                    buffers: Sequence[torch.Tensor] = ()) -> Iterator[None]:
-    """Fork the RNG streams and put gradients and buffers back afterwards."""
+                    buffers: Sequence[torch.Tensor] = (),
+                    generators: Sequence[torch.Generator] = ()) -> Iterator[None]:
+    """Fork the RNG streams (the default ones and `generators`) and put gradients and buffers back afterwards."""
     saved_grads = [p.grad for p in params]
     saved_buffers = [b.detach().clone() for b in buffers]
+    saved_generators = [(g, g.get_state()) for g in generators]
     devices = [] if device.type == "cpu" else [device]
     try:
         rng = torch.random.fork_rng(devices=devices, device_type=device.type if device.type != "cpu" else "cuda")
@@ -97,6 +100,8 @@ def preserved_state(device: torch.device, params: Sequence[torch.Tensor],
             with torch.no_grad():
                 for b, saved in zip(buffers, saved_buffers):
                     b.copy_(saved)
+            for generator, state in saved_generators:
+                generator.set_state(state)
 
 
 def probe(runner: Runner, params: Sequence[torch.Tensor], device: torch.device) -> tuple[Probe, float]:
@@ -232,20 +237,22 @@ def expected_search_s(per_call_s: float, eager: int, compiled: int = 0) -> float
 
 def run_search(candidates: Sequence[Strategy], build: Callable[[Strategy], Runner], params: Sequence[torch.Tensor],
                device: torch.device, buffers: Sequence[torch.Tensor] = (),
-               budget_s: float | None = None) -> tuple[Strategy, list[Trial], str]:
+               budget_s: float | None = None,
+               generators: Sequence[torch.Generator] = ()) -> tuple[Strategy, list[Trial], str]:
     """Check and time every candidate; return (chosen strategy, trials, reason).
 
     `build(strategy)` returns a runner for the strategy; `params` are the tensors whose `.grad` is compared with
-    the reference's; `budget_s` is the timed rounds' budget (default `TIMING_BUDGET_S`). The simplest candidate
-    (`candidates[0]`) is the fallback; the fp32 eager reference is run even when it is not a candidate. Two stages,
-    because compiling costs tens of seconds: eager candidates first; then compiled candidates only in the precision
-    that won eagerly, timed against that winner and the simplest candidate.
+    the reference's; `buffers` and `generators` (the explicit RNGs the runs draw from) are put back afterwards, as
+    the default RNG streams are; `budget_s` is the timed rounds' budget (default `TIMING_BUDGET_S`). The simplest
+    candidate (`candidates[0]`) is the fallback; the fp32 eager reference is run even when it is not a candidate.
+    Two stages, because compiling costs tens of seconds: eager candidates first; then compiled candidates only in
+    the precision that won eagerly, timed against that winner and the simplest candidate.
     """
     budget_s = TIMING_BUDGET_S if budget_s is None else budget_s
     eager = [s for s in candidates if s.compile == "off"]
     compiled = [s for s in candidates if s.compile != "off"]
     trials: dict[Strategy, Trial] = {}
-    with preserved_state(device, params, buffers):
+    with preserved_state(device, params, buffers, generators):
         reference_runner = build(EAGER_FP32)
         reference, _ = probe(reference_runner, params, device)
 

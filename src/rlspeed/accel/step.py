@@ -44,7 +44,7 @@ from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
 from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
-from rlspeed.accel.introspect import reachable_submodules
+from rlspeed.accel.introspect import generators_in, named_generators, own_generators, reachable_submodules
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
@@ -404,7 +404,7 @@ class AcceleratedStep:
         """Search the candidates on these inputs (the optimizer is not stepped), cache the choice and return it."""
         key = self._cache_key(args, kwargs)
         started = time.perf_counter()
-        buffers = _BufferSnapshot()
+        buffers = _BufferSnapshot([*named_generators(self.loss_fn), *generators_in((args, kwargs))])
         try:
             strategy, trials, reason = run_search(self._candidates,
                                                   lambda s: self._probe_runner(s, args, kwargs, buffers),
@@ -633,13 +633,23 @@ class _BufferSnapshot:
     The search runs `loss_fn` dozens of times; a train-mode BatchNorm inside it would update its running statistics
     (and num_batches_tracked) on each run. The modules are found by a global forward pre-hook active during one
     call (`watch`), the first, fp32 eager, dry run: every module called inside `loss_fn` is covered however it is
-    reached. Not covered: tensors `loss_fn` changes outside a module's forward (it should have no side effects).
+    reached. So are the states of the random generators `loss_fn` draws from (`torch.randn(..., generator=g)`): those
+    given (the ones it names, and its arguments'), saved now, and those the modules it calls hold as attributes,
+    saved before their first forward. Not covered: tensors `loss_fn` changes outside a module's forward (it should
+    have no side effects).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, generators: Iterable[torch.Generator] = ()) -> None:
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
+        for generator in generators:
+            self._save_generator(generator)
         self.watched = False
         self.thread = threading.get_ident()
+
+    def _save_generator(self, generator: torch.Generator) -> None:
+        if id(generator) not in self.generators:
+            self.generators[id(generator)] = (generator, generator.get_state())
 
     def _see(self, module: nn.Module, args: Any) -> None:
         if threading.get_ident() != self.thread:  # the hook is global: leave other threads' modules alone
@@ -647,6 +657,8 @@ class _BufferSnapshot:
         for buffer in module.buffers():  # recursive: a parent's pre-hook runs before its children change anything
             if id(buffer) not in self.saved:
                 self.saved[id(buffer)] = (buffer, buffer.detach().clone())
+        for generator in own_generators(module.modules()):
+            self._save_generator(generator)
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
@@ -661,3 +673,5 @@ class _BufferSnapshot:
         with torch.no_grad():
             for buffer, saved in self.saved.values():
                 buffer.copy_(saved)
+        for generator, state in self.generators.values():
+            generator.set_state(state)
