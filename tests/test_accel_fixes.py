@@ -762,3 +762,50 @@ def test_a_step_search_leaves_the_generators_its_loss_draws_from_where_they_were
 
     for plain, accelerated in zip(run(False), run(True)):
         assert torch.equal(plain, accelerated)
+
+
+# --- 15. inputs changed in place by the searched call -------------------------------------------------------------
+class _HalvesItsInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x /= 2.0  # (in place: the caller's tensor too, once per call)
+        return self.linear(x)
+
+
+def test_a_searched_module_call_changes_its_input_in_place_once(two_candidates):
+    x, expected = torch.ones(8, 4), torch.ones(8, 4)
+    plain = _HalvesItsInput()
+    y = plain(expected)
+    model = auto_accelerate(_HalvesItsInput())
+    assert torch.equal(model(x), y)
+    assert model.accel_report.decisions[-1].source == "search"
+    assert torch.equal(x, expected)
+
+
+def test_a_searched_step_changes_its_input_in_place_once(two_candidates):
+    def run(accelerated):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def loss(x):
+            x *= 2.0  # (in place, once per call)
+            return model(x).square().mean()
+
+        x = torch.ones(8, 4)
+        if accelerated:
+            step = accelerate_step(loss, optimizer)
+            step(x)
+            assert step.report.decisions[-1].source == "search"
+        else:
+            optimizer.zero_grad()
+            loss(x).backward()
+            optimizer.step()
+        return x, model.weight.detach().clone()
+
+    for plain, accelerated in zip(run(False), run(True)):
+        assert torch.equal(plain, accelerated)

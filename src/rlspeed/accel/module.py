@@ -474,7 +474,9 @@ class ModuleAccelerator:
         # The dry runs take detached inputs: an input attached to a graph (critic(cat(obs, actor(obs)))) would have
         # that graph freed by the first dry backward (the caller's own backward then fails) and its parameters and
         # leaf inputs would collect gradients nobody asked for. requires_grad is kept, so the outputs depend on the
-        # inputs as in the real call; the backward below reaches this module's parameters only.
+        # inputs as in the real call; the backward below reaches this module's parameters only. They are copies: a
+        # forward that changes its input in place (`x /= 255`) changes the caller's tensor once, in the real call, as
+        # in the plain loop, not once per dry run.
         args, kwargs = map_tensors((args, kwargs), _detached_like)
         candidate_list = list(self._candidates)
         weights: dict[int, torch.Tensor] = {}
@@ -585,8 +587,8 @@ def _check_outputs_visible(outputs: Any) -> None:
 
 
 def _detached_like(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of an input cut from its graph (same storage), requiring grad when the input did."""
-    detached = tensor.detach()
+    """A copy of an input cut from its graph (its own storage), requiring grad when the input did."""
+    detached = tensor.detach().clone()
     return detached.requires_grad_() if tensor.requires_grad else detached
 
 

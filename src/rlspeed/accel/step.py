@@ -405,6 +405,9 @@ class AcceleratedStep:
         key = self._cache_key(args, kwargs)
         started = time.perf_counter()
         buffers = _BufferSnapshot([*named_generators(self.loss_fn), *generators_in((args, kwargs))])
+        # (on copies of the inputs: a loss function that changes an input in place, `obs -= obs.mean(0)`, changes the
+        # caller's tensor once, in the real call, as in the plain loop, not once per dry run)
+        args, kwargs = map_tensors((args, kwargs), torch.Tensor.clone)
         try:
             strategy, trials, reason = run_search(self._candidates,
                                                   lambda s: self._probe_runner(s, args, kwargs, buffers),
