@@ -809,3 +809,60 @@ def test_a_searched_step_changes_its_input_in_place_once(two_candidates):
 
     for plain, accelerated in zip(run(False), run(True)):
         assert torch.equal(plain, accelerated)
+
+
+# --- 16. tensors the loss function changes in place by name -----------------------------------------------------
+class _ReturnNorm(nn.Module):
+    """A running scale of the returns, updated by a method (not forward) from inside the loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.ones(()))
+
+    def update(self, returns):
+        self.scale.mul_(0.9).add_(0.1 * returns.abs().mean())
+
+
+@pytest.mark.parametrize("kept_in", ["module buffer", "tensor"])
+def test_a_step_search_puts_back_what_the_loss_updates_in_place_by_name(two_candidates, kept_in):
+    def run(accelerated):
+        torch.manual_seed(0)
+        model, norm, scale = nn.Linear(4, 1), _ReturnNorm(), torch.ones(())
+
+        def loss(x, returns):
+            if kept_in == "module buffer":
+                norm.update(returns)
+            else:
+                scale.mul_(0.9).add_(0.1 * returns.abs().mean())
+            return ((model(x).squeeze(-1) - returns) / (norm.scale * scale)).square().mean()
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, returns = torch.randn(16, 4), torch.randn(16)
+        if accelerated:
+            step = accelerate_step(loss, optimizer, example_inputs=(x, returns))
+            assert step.report.decisions[-1].source == "search"
+        else:
+            def step(*args):
+                optimizer.zero_grad()
+                loss(*args).backward()
+                optimizer.step()
+        for _ in range(2):
+            step(x, returns)
+        return norm.scale.clone(), scale.clone(), model.weight.detach().clone()
+
+    for plain, accelerated in zip(run(False), run(True)):
+        assert torch.equal(plain, accelerated)
+
+
+def test_a_large_tensor_the_loss_changes_in_place_is_reported(two_candidates, monkeypatch):
+    monkeypatch.setattr("rlspeed.accel.step.NAMED_SNAPSHOT_BYTES", 8)
+    torch.manual_seed(0)
+    model, counts = nn.Linear(4, 1), torch.zeros(16)
+
+    def loss(x):
+        counts.add_(1.0)
+        return model(x).square().mean()
+
+    with pytest.warns(RuntimeWarning, match="changed tensors it reads by name in place"):
+        step = accelerate_step(loss, torch.optim.SGD(model.parameters(), lr=0.1), example_inputs=(torch.randn(8, 4),))
+    assert any("too large to put back" in note for note in step.report.notes)

@@ -44,7 +44,13 @@ from rlspeed.accel import module as module_policy  # (its SEARCH_COST_SHARE rule
 from rlspeed.accel.compile import CompileCounter, compile_function, graph_safe
 from rlspeed.accel.graphs import StepGraphs, capture_blocker, make_capturable
 from rlspeed.accel.inputs import InputConverter, floating_dtype, map_tensors, tensors_in, to_float32
-from rlspeed.accel.introspect import generators_in, named_generators, own_generators, reachable_submodules
+from rlspeed.accel.introspect import (
+    generators_in,
+    named_generators,
+    named_tensors_and_modules,
+    own_generators,
+    reachable_submodules,
+)
 from rlspeed.accel.report import AccelReport, Decision, Trial
 from rlspeed.accel.search import run_search, store_choice
 from rlspeed.accel.strategy import (
@@ -65,6 +71,9 @@ GUARD_MAX_SKIPS_FIRST = 16  # the first window also calibrates the loss scale (i
 FP16_PROBE_SCALE = 1024.0  # loss scale used when checking an fp16 candidate's gradients during the search
 FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 FUSED_DEVICES = ("cpu", "cuda")  # where torch ships fused Adam kernels (as rlspeed.nn.make_adam assumes)
+# A tensor the loss function names (not a parameter) up to this size is copied before a search and put back if the
+# search's runs changed it in place; a larger one (a replay buffer) is only watched, and a change is reported.
+NAMED_SNAPSHOT_BYTES = 16 << 20
 
 
 def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
@@ -404,7 +413,9 @@ class AcceleratedStep:
         """Search the candidates on these inputs (the optimizer is not stepped), cache the choice and return it."""
         key = self._cache_key(args, kwargs)
         started = time.perf_counter()
-        buffers = _BufferSnapshot([*named_generators(self.loss_fn), *generators_in((args, kwargs))])
+        named = [t for read in named_tensors_and_modules(self.loss_fn) if isinstance(t := read(), torch.Tensor)]
+        named += [b for m in reachable_submodules(self.loss_fn) for b in m.buffers(recurse=False)]
+        buffers = _BufferSnapshot([*named_generators(self.loss_fn), *generators_in((args, kwargs))], named)
         # (on copies of the inputs: a loss function that changes an input in place, `obs -= obs.mean(0)`, changes the
         # caller's tensor once, in the real call, as in the plain loop, not once per dry run)
         args, kwargs = map_tensors((args, kwargs), torch.Tensor.clone)
@@ -413,7 +424,13 @@ class AcceleratedStep:
                                                   lambda s: self._probe_runner(s, args, kwargs, buffers),
                                                   self.params, self.device)
         finally:
-            buffers.restore()
+            lost = buffers.restore()
+        if lost:
+            message = (f"{self.name} changed tensors it reads by name in place (shapes {', '.join(lost)}) while the "
+                       "search ran it many times; too large to put back, they now differ from the plain loop's: keep "
+                       "such updates outside the step.")
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
+            self.report.note(message)
         decision = Decision("all calls", strategy, "search", reason, trials, time.perf_counter() - started)
         self.report.decisions.append(decision)
         store_choice(key, decision, self.report, self.name)
@@ -631,22 +648,32 @@ def _unique(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class _BufferSnapshot:
-    """The buffers of every module a loss function runs, saved before it first runs them and put back afterwards.
+    """What a loss function may change besides autograd, saved before the search runs it and put back afterwards.
 
     The search runs `loss_fn` dozens of times; a train-mode BatchNorm inside it would update its running statistics
-    (and num_batches_tracked) on each run. The modules are found by a global forward pre-hook active during one
-    call (`watch`), the first, fp32 eager, dry run: every module called inside `loss_fn` is covered however it is
-    reached. So are the states of the random generators `loss_fn` draws from (`torch.randn(..., generator=g)`): those
-    given (the ones it names, and its arguments'), saved now, and those the modules it calls hold as attributes,
-    saved before their first forward. Not covered: tensors `loss_fn` changes outside a module's forward (it should
-    have no side effects).
+    (and num_batches_tracked) on each run. The buffers of every module it runs are found by a global forward pre-hook
+    active during one call (`watch`), the first, fp32 eager, dry run: every module called inside `loss_fn` is covered
+    however it is reached. The tensors it reaches by name (`named_tensors_and_modules`: a running normaliser in its
+    closure or on `self`) and the buffers of the modules it names, which it may change outside a forward
+    (`self.return_norm.update(returns)`), are put back when their version counter says they changed in place; one
+    larger than `NAMED_SNAPSHOT_BYTES` (a replay buffer the loss indexes) is not copied, and a change to it is
+    reported (`restore`). So are the states of the random generators `loss_fn` draws from
+    (`torch.randn(..., generator=g)`): those given (the ones it names, and its arguments'), saved now, and those the
+    modules it calls hold as attributes, saved before their first forward. Not covered: tensors reached otherwise
+    (deeper attributes, helper functions), which `loss_fn` should not change.
     """
 
-    def __init__(self, generators: Iterable[torch.Generator] = ()) -> None:
+    def __init__(self, generators: Iterable[torch.Generator] = (), named: Iterable[torch.Tensor] = ()) -> None:
         self.saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.generators: dict[int, tuple[torch.Generator, torch.Tensor]] = {}
         for generator in generators:
             self._save_generator(generator)
+        self.named: dict[int, tuple[torch.Tensor, int, torch.Tensor | None]] = {}
+        for tensor in named:
+            # (parameters only the optimizer changes; an inference tensor cannot be changed outside inference_mode)
+            if id(tensor) not in self.named and not tensor.requires_grad and not tensor.is_inference():
+                small = tensor.numel() * tensor.element_size() <= NAMED_SNAPSHOT_BYTES
+                self.named[id(tensor)] = (tensor, tensor._version, tensor.detach().clone() if small else None)
         self.watched = False
         self.thread = threading.get_ident()
 
@@ -672,9 +699,19 @@ class _BufferSnapshot:
         finally:
             handle.remove()
 
-    def restore(self) -> None:
+    def restore(self) -> list[str]:
+        """Put everything back; returns the shapes of the named tensors changed in place that were too large to
+        copy (they now hold what the search's runs left)."""
+        lost = []
         with torch.no_grad():
+            for tensor, version, saved in self.named.values():
+                if tensor._version != version and id(tensor) not in self.saved:
+                    if saved is None:
+                        lost.append(str(tuple(tensor.shape)))
+                    else:
+                        tensor.copy_(saved)
             for buffer, saved in self.saved.values():
                 buffer.copy_(saved)
         for generator, state in self.generators.values():
             generator.set_state(state)
+        return lost
