@@ -866,3 +866,38 @@ def test_a_large_tensor_the_loss_changes_in_place_is_reported(two_candidates, mo
     with pytest.warns(RuntimeWarning, match="changed tensors it reads by name in place"):
         step = accelerate_step(loss, torch.optim.SGD(model.parameters(), lr=0.1), example_inputs=(torch.randn(8, 4),))
     assert any("too large to put back" in note for note in step.report.notes)
+
+
+# --- 17. the per-call cost of a kind of call waiting for its search -----------------------------------------------
+class _Critic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(6, 1)
+
+    def forward(self, obs, action):
+        return self.linear(torch.cat([obs, action], -1))
+
+
+@pytest.mark.parametrize("inputs", ["two tensors", "numpy array"])
+def test_a_waiting_kind_of_call_reestimates_its_search_threshold_only_when_reached(monkeypatch, inputs):
+    """A call of several tensors (critic(obs, action)) or of a numpy observation pays a comparison per call while its
+    kind waits for its search, as one tensor does, not the estimate of the search's cost."""
+    import numpy as np
+
+    from rlspeed.accel.module import _Waiting
+
+    estimates = []
+    original = _Waiting.search_due
+    monkeypatch.setattr(_Waiting, "search_due", lambda self, *a, **k: estimates.append(1) or original(self, *a, **k))
+    if inputs == "two tensors":
+        model, args = auto_accelerate(_Critic()), (torch.randn(1, 4), torch.randn(1, 2))
+        expected = unaccelerate(_Critic())(*args)
+    else:
+        model, args = auto_accelerate(_mlp(4, 2)), (np.ones((1, 4)),)
+        expected = _mlp(4, 2)(torch.ones(1, 4))
+    with torch.no_grad():
+        for _ in range(50):
+            assert torch.equal(model(*args), expected)
+    assert model.accel_report.decisions[-1].source == "waiting"
+    assert len(estimates) <= 2

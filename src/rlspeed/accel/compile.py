@@ -79,6 +79,14 @@ def bucket_size(batch: int) -> int:
 
 def batch_size_of(args: tuple, kwargs: dict) -> int | None:
     """The leading dimension of the first tensor argument with at least two dimensions (None when there is none)."""
+    for value in (*args, *kwargs.values()) if kwargs else args:  # (flat arguments, the common case: no walk)
+        if type(value) is torch.Tensor:
+            if value.dim() >= 2:
+                return int(value.shape[0])
+        elif not isinstance(value, (bool, int, float, str, type(None))):
+            break  # a nested structure or a tensor subclass: the general walk below
+    else:
+        return None
     for tensor in tensors_in((args, kwargs)):
         if tensor.dim() >= 2:
             return int(tensor.shape[0])

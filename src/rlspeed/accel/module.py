@@ -308,16 +308,21 @@ class ModuleAccelerator:
         # (the fast path's checks are what every call of a small model pays: each is the cheapest form of itself)
         if self._local.__dict__.get("depth"):  # a nested call (a method calling self() inside an accelerated call)
             return self.base_forward(module, *args, **kwargs)
-        if len(args) == 1 and not kwargs:  # fast path: one tensor already in place, a plain or a waiting kind of call
-            x = args[0]
-            if type(x) is torch.Tensor and x.device == self.device and x.dtype not in self.converter.convert_dtypes:
-                size = x.shape[0] if x.ndim >= 2 else None
+        if args and not kwargs:  # fast path: tensors already in place (policy(obs), critic(obs, action)), a plain
+            # or a waiting kind of call; the batch size is the first one of at least two dimensions (`batch_size_of`)
+            device, convert, size = self.device, self.converter.convert_dtypes, None
+            for x in args:
+                if type(x) is not torch.Tensor or x.device != device or x.dtype in convert:
+                    break
+                if size is None and x.ndim >= 2:
+                    size = x.shape[0]
+            else:
                 if size is not None and type(size) is not int:  # (torch.jit.trace: shapes are traced values)
-                    return self.base_forward(module, x)
+                    return self.base_forward(module, *args)
                 key = (1 << (size - 1).bit_length() if size is not None else None, torch.is_grad_enabled(),
                        module.training)
                 if key in self._plain_keys:
-                    return self.base_forward(module, x)
+                    return self.base_forward(module, *args)
                 waiting = self._waiting.get(key)
                 if waiting is not None and waiting.spent_s < waiting.threshold_s:
                     return self._timed(waiting, module, args, kwargs)
@@ -338,7 +343,9 @@ class ModuleAccelerator:
                             strategy = self._known(module, args, kwargs, signature)
                             waiting = self._waiting.get(signature)
                 if strategy is None:
-                    if waiting is None or not self._search_due(waiting):
+                    # (the threshold is re-estimated only once the calls reach it, as on the fast path above: a
+                    # call of several arguments or of a numpy array pays a comparison, not the estimate)
+                    if waiting is None or waiting.spent_s < waiting.threshold_s or not self._search_due(waiting):
                         return self._timed(waiting, module, args, kwargs)
                     if not self._search_lock.acquire(blocking=False):  # another thread searches: eager fp32 meanwhile
                         return self.base_forward(module, *args, **kwargs)
