@@ -901,3 +901,40 @@ def test_a_waiting_kind_of_call_reestimates_its_search_threshold_only_when_reach
             assert torch.equal(model(*args), expected)
     assert model.accel_report.decisions[-1].source == "waiting"
     assert len(estimates) <= 2
+
+
+class _UpdatedThenApplied(nn.Module):
+    """A normaliser the loss updates by a method and then applies through its forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(4))
+
+    def update(self, x):
+        self.mean.lerp_(x.mean(0), 0.5)
+
+    def forward(self, x):
+        return x - self.mean
+
+
+def test_a_buffer_the_loss_changes_before_its_modules_forward_is_put_back_from_before_the_search(two_candidates):
+    def run(accelerated):
+        torch.manual_seed(0)
+        model, norm = nn.Linear(4, 1), _UpdatedThenApplied()
+
+        def loss(x):
+            norm.update(x)
+            return model(norm(x)).square().mean()
+
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(16, 4) + 3.0
+        if accelerated:
+            accelerate_step(loss, optimizer, example_inputs=(x,))(x)
+        else:
+            optimizer.zero_grad()
+            loss(x).backward()
+            optimizer.step()
+        return norm.mean.clone(), model.weight.detach().clone()
+
+    for plain, accelerated in zip(run(False), run(True)):
+        assert torch.equal(plain, accelerated)

@@ -72,7 +72,8 @@ FP16_PROBE_SCALE = 1024.0  # loss scale used when checking an fp16 candidate's g
 FUSED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 FUSED_DEVICES = ("cpu", "cuda")  # where torch ships fused Adam kernels (as rlspeed.nn.make_adam assumes)
 # A tensor the loss function names (not a parameter) up to this size is copied before a search and put back if the
-# search's runs changed it in place; a larger one (a replay buffer) is only watched, and a change is reported.
+# search's runs changed it; a larger one (a replay buffer) is only watched (its version counter), and a change is
+# reported.
 NAMED_SNAPSHOT_BYTES = 16 << 20
 
 
@@ -655,9 +656,9 @@ class _BufferSnapshot:
     active during one call (`watch`), the first, fp32 eager, dry run: every module called inside `loss_fn` is covered
     however it is reached. The tensors it reaches by name (`named_tensors_and_modules`: a running normaliser in its
     closure or on `self`) and the buffers of the modules it names, which it may change outside a forward
-    (`self.return_norm.update(returns)`), are put back when their version counter says they changed in place; one
-    larger than `NAMED_SNAPSHOT_BYTES` (a replay buffer the loss indexes) is not copied, and a change to it is
-    reported (`restore`). So are the states of the random generators `loss_fn` draws from
+    (`self.return_norm.update(returns)`), are put back where they changed; one larger than `NAMED_SNAPSHOT_BYTES`
+    (a replay buffer the loss indexes) is not copied, and a change to it that its version counter shows is reported
+    (`restore`). So are the states of the random generators `loss_fn` draws from
     (`torch.randn(..., generator=g)`): those given (the ones it names, and its arguments'), saved now, and those the
     modules it calls hold as attributes, saved before their first forward. Not covered: tensors reached otherwise
     (deeper attributes, helper functions), which `loss_fn` should not change.
@@ -685,7 +686,10 @@ class _BufferSnapshot:
         if threading.get_ident() != self.thread:  # the hook is global: leave other threads' modules alone
             return
         for buffer in module.buffers():  # recursive: a parent's pre-hook runs before its children change anything
-            if id(buffer) not in self.saved:
+            # (a named one copied before the search is put back from that copy: the loss function may have changed
+            # it before this forward, `norm.update(x)` then `norm(x)`)
+            named = self.named.get(id(buffer))
+            if id(buffer) not in self.saved and (named is None or named[2] is None):
                 self.saved[id(buffer)] = (buffer, buffer.detach().clone())
         for generator in own_generators(module.modules()):
             self._save_generator(generator)
@@ -705,11 +709,13 @@ class _BufferSnapshot:
         lost = []
         with torch.no_grad():
             for tensor, version, saved in self.named.values():
-                if tensor._version != version and id(tensor) not in self.saved:
-                    if saved is None:
-                        lost.append(str(tuple(tensor.shape)))
-                    else:
+                # (compared by value where copied: kernels such as batch_norm's update running statistics without
+                # counting a version; a tensor left as it was is not written, which would count one)
+                if saved is not None:
+                    if not torch.equal(tensor, saved):
                         tensor.copy_(saved)
+                elif tensor._version != version and id(tensor) not in self.saved:
+                    lost.append(str(tuple(tensor.shape)))
             for buffer, saved in self.saved.values():
                 buffer.copy_(saved)
         for generator, state in self.generators.values():
