@@ -430,3 +430,34 @@ def test_a_large_host_buffer_takes_memory_as_it_fills_not_its_capacity_up_front(
                torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool))
     assert resident_mib() - before < 100  # (Stable-Baselines3's numpy buffers grow the same way)
     assert buffer.obs[:2].eq(1).all() and not buffer.obs[2:].any() and not buffer.rewards[2:].any()
+
+
+def test_loaded_transitions_end_the_uniform_warm_up_as_they_start_the_updates():
+    """Demonstrations loaded before the first learn count towards `learning_starts` for the uniform random actions
+    too, not only for the updates: with as many loaded as learning_starts, the run's own steps follow the policy (they
+    were uniform for learning_starts steps while the updates already ran on them)."""
+    from rlspeed import DQN, SAC
+
+    demos = make_buffer(100, 1, obs_dim=4)
+    for _ in range(100):
+        add_ids(demos, [0])
+    dqn = DQN("CartPole-v1", seed=0, learning_starts=100, train_freq=40, batch_size=8, net_arch=(8,),
+              exploration_initial_eps=0.0, exploration_final_eps=0.0, env_backend="gymnasium")
+    with torch.no_grad():  # (greedy: always action 1)
+        dqn.q_network.body[2].weight.zero_()
+        dqn.q_network.body[2].bias.copy_(torch.tensor([0.0, 1.0]))
+    dqn.load_replay_buffer(demos)
+    dqn.learn(40, progress_bar=False)
+    assert len(dqn.buffer) == 140 and dqn.buffer.actions[100:140].tolist() == [1] * 40
+    box = ReplayBuffer(100, 1, (3,), (1,), torch.float32, "cpu")
+    for _ in range(100):
+        box.add(torch.zeros(1, 3), torch.zeros(1, 1), torch.ones(1), torch.zeros(1, 3), torch.tensor([False]),
+                torch.tensor([False]))
+    sac = SAC("Pendulum-v1", seed=0, learning_starts=100, train_freq=40, batch_size=8, net_arch=(8,),
+              env_backend="gymnasium")
+    with torch.no_grad():  # (the policy's actions: tanh(0.5), give or take e^-20)
+        sac.actor.net[2].weight.zero_()
+        sac.actor.net[2].bias.copy_(torch.tensor([0.5, -20.0]))
+    sac.load_replay_buffer(box)
+    sac.learn(40, progress_bar=False)
+    assert torch.allclose(sac.buffer.actions[100:140], torch.full((40, 1), math.tanh(0.5)), atol=0.02)

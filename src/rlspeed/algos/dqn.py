@@ -225,7 +225,7 @@ class DQN(OffPolicyAlgorithm):
     def _train_iteration(self) -> tuple[int, dict[str, torch.Tensor]]:
         before = self.num_timesteps
         global_steps = self.config.train_freq * self._envs_all_ranks  # (`steps` below: this rank's)
-        if before + global_steps > self.config.learning_starts:
+        if before + global_steps > self._uniform_until:
             with phase("act"):  # (before learning_starts, actions are uniform: nothing to prepare)
                 self._prepare_collection(before)
         steps, metrics = super()._train_iteration()

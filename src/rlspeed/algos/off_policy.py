@@ -372,6 +372,15 @@ class OffPolicyAlgorithm(Algorithm):
         return clamped(torch.addcmul(self._action_center, self._action_half_range, actions), self._action_low,
                        self._action_high)
 
+    @property
+    def _uniform_until(self) -> int:
+        """The env step count before which actions are uniform random (unless `_policy_at_warmup`): learning_starts,
+        brought forward by the transitions `load_replay_buffer` put in the buffer before the run's own
+        (demonstrations, a previous stage's experience), which count towards learning_starts for the updates too;
+        a loaded or resumed model's new empty buffer never brings it back."""
+        cfg = self.config
+        return min(cfg.learning_starts, getattr(self, "_buffer_start", 0) + cfg.learning_starts)
+
     def _random_actions(self, num: int, action_masks: torch.Tensor | None = None) -> torch.Tensor:
         """Uniform random policy-space actions for `num` envs, drawn on the device; with `action_masks` (bool
         `[num, n]`), uniform over each row's allowed actions."""
@@ -579,13 +588,13 @@ class OffPolicyAlgorithm(Algorithm):
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
         """`Algorithm.load_replay_buffer`: the transitions of the file (or of the `ReplayBuffer` given) go into this
         model's replay buffer, now if learn made it, else when the next learn makes it (where they do not fit, that
-        learn refuses them, and the next one again); updates may start as soon as it holds `learning_starts`
-        transitions, the loaded ones counted. The stored rows must match this model's observation and action shapes,
-        its n_step (n-step rows: also its gamma) and its action space's values (Discrete actions below n; Box
-        actions in the policy's scale, [-1, 1]); a buffer of another capacity gives its newest transitions. Steps
-        still waiting for their n-step return are stored as shorter ones, their episodes truncated there
-        (Stable-Baselines3's `truncate_last_traj=True`; False, which continues them in the model's envs, is
-        refused: the envs' episodes are not theirs)."""
+        learn refuses them, and the next one again); updates may start, and the uniform random actions of the
+        warm-up end, as soon as it holds `learning_starts` transitions, the loaded ones counted. The stored rows
+        must match this model's observation and action shapes, its n_step (n-step rows: also its gamma) and its
+        action space's values (Discrete actions below n; Box actions in the policy's scale, [-1, 1]); a buffer of
+        another capacity gives its newest transitions. Steps still waiting for their n-step return are stored as
+        shorter ones, their episodes truncated there (Stable-Baselines3's `truncate_last_traj=True`; False, which
+        continues them in the model's envs, is refused: the envs' episodes are not theirs)."""
         if truncate_last_traj is not True:
             raise UserError("load_replay_buffer(..., truncate_last_traj=False) would continue the saved episodes in "
                             "this model's envs, whose episodes are not theirs: leave it True (the steps of unfinished "
@@ -672,7 +681,7 @@ class OffPolicyAlgorithm(Algorithm):
                 timesteps = self.num_timesteps + step * global_envs
                 masks = self._action_mask if masking else None  # the mask valid for `obs`
                 with phase("act"):
-                    if timesteps < cfg.learning_starts and not self._policy_at_warmup:
+                    if timesteps < self._uniform_until and not self._policy_at_warmup:
                         actions = self._random_actions(num_envs, masks)
                     elif masking:
                         actions = self._explore(obs, timesteps, masks)

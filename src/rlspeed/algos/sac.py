@@ -166,7 +166,7 @@ class SAC(OffPolicyAlgorithm):
             # and where exploring starts after uniform warm-up steps of this collection (SB3 drew them at its start)
             cfg, global_envs = self.config, self._envs_all_ranks
             step = (timesteps - self.num_timesteps) // global_envs
-            after_uniform = timesteps - global_envs < cfg.learning_starts and not self._policy_at_warmup
+            after_uniform = timesteps - global_envs < self._uniform_until and not self._policy_at_warmup
             if resample_due(step, cfg.sde_sample_freq) or after_uniform:
                 self.actor.sde.resample(self._env.num_envs)
             mean, latent = self.actor(obs)
