@@ -766,3 +766,48 @@ def test_the_class_shows_its_constructors_arguments(name):
             super().__init__(env, **kwargs)
 
     assert list(inspect.signature(Own).parameters) == ["env", "width", "kwargs"]
+
+
+def test_a_setting_taken_only_when_the_model_is_built_and_changed_on_its_config_is_refused_by_learn():
+    """The way to change a hyperparameter between stages is `model.config.<name> = ...` (the model's own attribute
+    is refused, pointing there), but the settings the model takes only when it is built were then ignored in
+    silence: SAC's `ent_coef` (fine-tuning with less entropy trained with the learnt one), `max_grad_norm`, the
+    networks' shape, and, once an earlier learn made the replay buffer, `gamma` (its rows' discounts). learn refuses
+    them in one sentence with the way that works; SAC takes a fixed temperature and the target entropy in place."""
+    import math
+
+    from rlspeed import DQN, PPO, SAC
+
+    tiny = {"device": "cpu", "seed": 0, "net_arch": (8,)}
+    sac = SAC("Pendulum-v1", learning_starts=8, batch_size=8, **tiny)
+    sac.config.gamma = 0.5  # (before the learn that makes the buffer: taken)
+    sac.learn(16, progress_bar=False)
+    assert sac.buffer.discounts[:16].unique().tolist() == [0.5]
+    log_alpha = sac.log_alpha.clone()
+    sac.config.ent_coef = 0.1
+    with pytest.raises(UserError, match=r"model.config.ent_coef is 0.1, but SAC takes ent_coef only when the model is "
+                                        r"built, with None, .* SAC.load\(path, ent_coef=0.1\)"):
+        sac.learn(16, progress_bar=False)
+    assert torch.equal(sac.log_alpha, log_alpha)
+    sac.config.ent_coef, sac.config.gamma = None, 0.9
+    with pytest.raises(UserError, match=r"model.config.gamma is 0.9, but the replay buffer an earlier learn made holds "
+                                        r"transitions for 0.5, .* SAC.load\(path, gamma=0.9\)"):
+        sac.learn(16, progress_bar=False)
+    sac.config.gamma, sac.config.net_arch = 0.5, (16,)
+    with pytest.raises(UserError, match=r"net_arch is \(16,\), but SAC takes net_arch only when the model is built, "
+                                        r"with \(8,\), .* a new model takes another"):
+        sac.learn(16, progress_bar=False)
+    sac.config.net_arch = (8,)
+    sac.learn(16, progress_bar=False)
+    fixed = SAC("Pendulum-v1", learning_starts=8, batch_size=8, ent_coef=0.2, **tiny)
+    fixed.learn(16, progress_bar=False)
+    fixed.config.ent_coef, fixed.config.target_entropy = 0.05, -3.0
+    fixed.learn(16, progress_bar=False)
+    assert math.isclose(float(fixed.log_alpha.exp()), 0.05, rel_tol=1e-6) and fixed.target_entropy == -3.0
+    for model in (DQN("CartPole-v1", learning_starts=8, batch_size=8, **tiny),
+                  PPO("CartPole-v1", num_envs=2, num_steps=8, batch_size=16, **tiny)):
+        model.learn(16, progress_bar=False)
+        model.config.max_grad_norm = 0.123
+        with pytest.raises(UserError, match=rf"model.config.max_grad_norm is 0.123, but {type(model).__name__} takes "
+                                            "max_grad_norm only when the model is built"):
+            model.learn(16, progress_bar=False)

@@ -232,6 +232,9 @@ AUTO_VALUES = {"ent_coef": "ent_coef_init", "target_entropy": None}
 #: hyperparameters that shape the networks a checkpoint's weights belong to: `load` refuses another value for them
 _ARCHITECTURE_KEYS = ("net_arch", "activation", "dueling", "n_critics", "use_sde", "full_std", "use_expln", "encoder",
                       "cnn_features_dim", "lstm_hidden_size", "n_lstm_layers", "shared_lstm", "enable_critic_lstm")
+#: hyperparameters every algorithm takes only when the model is built, besides those (its optimiser and its update
+#: step are made then): `learn` refuses a value set on `model.config` since (`Algorithm._check_built_settings`)
+_BUILT_KEYS = ("max_grad_norm", "adam_eps", "rms_prop_eps", "use_rms_prop")
 
 
 def _trained_parameters(model) -> set[int]:
@@ -1222,6 +1225,9 @@ class Algorithm:
     #: summary.json: the plot (matplotlib's import) takes seconds of CPU time, which a loaded machine stretches past a
     #: scheduler's grace period before its kill
     _curve_on_stop = True
+    #: an algorithm's own hyperparameters that it takes only when the model is built (SAC's entropy coefficient),
+    #: besides `_ARCHITECTURE_KEYS` and `_BUILT_KEYS`: `learn` refuses a value set on `model.config` since
+    _built_settings: tuple[str, ...] = ()
 
     def __init_subclass__(cls, **kwargs: typing.Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -1409,6 +1415,10 @@ class Algorithm:
             torch.manual_seed(self.strategy.seed_for_rank(seed) if seed is not None else secrets.randbits(63))
         self._learning_rate_given = getattr(self.config, "learning_rate", None)  # (what the optimisers were built
         # with: `_follow_learning_rate` passes on a change)
+        # (the values the model was built with, of the hyperparameters read only then: `_check_built_settings`)
+        self._built_values = {name: copy.deepcopy(getattr(self.config, name))
+                              for name in (*_ARCHITECTURE_KEYS, *_BUILT_KEYS, *self._built_settings)
+                              if hasattr(self.config, name)}
         self._built = True  # (from here, a hyperparameter's name set on the model is refused: `__setattr__`)
 
     @property
@@ -1598,6 +1608,32 @@ class Algorithm:
             for group in optimizer.param_groups:
                 if not isinstance(group["lr"], torch.Tensor):
                     group["lr"] = torch.tensor(float(group["lr"]), device=self.device)
+
+    def _check_built_settings(self) -> None:
+        """UserError in one sentence for a hyperparameter the model takes only when it is built (its networks, its
+        optimiser, its update step; SAC's entropy coefficient) set to another value on `model.config` since, unless
+        the algorithm takes the new value now (`_take_built_setting`): the learn would train with the built one and
+        ignore it."""
+        built = self.__dict__.get("_built_values", {})
+        for name, value in built.items():
+            now = getattr(self.config, name, value)
+            if now == value:
+                continue
+            if self._take_built_setting(name, value, now):
+                built[name] = copy.deepcopy(now)
+                continue
+            algo = type(self).__name__
+            if name in _ARCHITECTURE_KEYS:
+                remedy = "a new model takes another (the weights belong to the networks built)"
+            else:
+                remedy = f"save the model and load it with the new value, {algo}.load(path, {name}={now!r})"
+            raise UserError(f"model.config.{name} is {now!r}, but {algo} takes {name} only when the model is built, "
+                            f"with {value!r}, and this learn would ignore the change: set it back, or {remedy}.")
+
+    def _take_built_setting(self, name: str, built, now) -> bool:
+        """Whether the model took `now`, the value set on `model.config.<name>` since it was built with `built`, for
+        one of `_built_settings` it can change in place (SAC's fixed entropy coefficient); none by default."""
+        return False
 
     def _follow_learning_rate(self) -> None:
         """A `config.learning_rate` changed since the optimisers last took it (between learn calls) reaches them;
@@ -2052,6 +2088,7 @@ class Algorithm:
         # them (an SB3 noise object or a misspelt choice for TD3's action_noise trained with no noise)
         coerce_in_place(self.config)
         self.config.validate()
+        self._check_built_settings()
         if run_dir is not None:
             self._run_dir = Path(run_dir).resolve()
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)

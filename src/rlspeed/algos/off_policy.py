@@ -58,6 +58,9 @@ from rlspeed.nn import ENCODERS, QEnsemble, acting_mode, default_init_, mode_dep
 
 #: The fields of a replay batch, in the order the algorithms' loss functions take them.
 BATCH_FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated", "discounts")
+#: The settings learn makes the replay buffer with (its rows' discounts and n-step returns, capacity and layout): a
+#: further learn, which keeps the buffer, refuses another value set on `model.config` (`_check_buffer_settings`)
+_BUFFER_KEYS = ("gamma", "n_step", "buffer_size", "her", "n_sampled_goal", "goal_selection_strategy", "frame_dedup")
 #: The replay buffer's file beside a checkpoint `name.safetensors`: `name.replay.safetensors`.
 REPLAY_SUFFIX = ".replay.safetensors"
 
@@ -406,6 +409,7 @@ class OffPolicyAlgorithm(Algorithm):
         elif buffer is not None and buffer.num_envs == env.num_envs and self._resume is None:
             # a further learn() call continues the same episodes with the same replay data (after a call cut short
             # during collection, the envs are past the stored observation: they start afresh)
+            self._check_buffer_settings()
             if getattr(self, "_mid_rollout", False):
                 self._obs, self._mid_rollout = self._first_obs(env), False
                 self._on_env_reset()  # (pending n-step steps stored as shorter ones, frame stacks restarted)
@@ -447,6 +451,7 @@ class OffPolicyAlgorithm(Algorithm):
             if not self._episodes_restored:  # (the envs start fresh episodes: steps waiting for their n-step
                 self.buffer.restart_episodes()  # return, saved with the buffer, belong to the ended ones)
         self._made_buffer = self.buffer
+        self._buffer_settings = {name: getattr(cfg, name) for name in _BUFFER_KEYS}
         if getattr(self, "_replay_source", None) is not None:  # (`load_replay_buffer` before this learn)
             self._fill_replay()
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
@@ -463,6 +468,20 @@ class OffPolicyAlgorithm(Algorithm):
         reason = no_update_reason(cfg, stored, iterations * cfg.train_freq, len(self.buffer) == 0)
         if reason is not None:
             warnings.warn(reason, stacklevel=3)
+
+    def _check_buffer_settings(self) -> None:
+        """UserError in one sentence for a setting the replay buffer was made with (`_BUFFER_KEYS`: its rows'
+        discounts, their n-step returns, its capacity and layout) set to another value on `model.config` since: the
+        further learn that keeps the buffer would ignore it."""
+        for name, value in getattr(self, "_buffer_settings", {}).items():
+            now = getattr(self.config, name, value)
+            if now != value:
+                algo = type(self).__name__
+                raise UserError(f"model.config.{name} is {now!r}, but the replay buffer an earlier learn made holds "
+                                f"transitions for {value!r}, and this learn would keep it and ignore the change: set "
+                                f"it back, or save the model and load it with the new value, {algo}.load(path, "
+                                f"{name}={now!r}) (its save_replay_buffer(path) file can fill the new buffer, "
+                                "load_replay_buffer).")
 
     def _own_modules(self) -> None:
         """`Algorithm._own_modules`: the unpickled target followers (inert, `_TargetFollower.__reduce__`) follow this

@@ -84,6 +84,8 @@ class SAC(OffPolicyAlgorithm):
     name = "sac"
     config_cls = SACConfig
     config: SACConfig
+    #: (`_setup` makes the temperature from them: learnt or fixed, its start and its target)
+    _built_settings = ("ent_coef", "ent_coef_init", "target_entropy")
     supports_discrete = False
 
     def _setup(self) -> None:
@@ -124,6 +126,19 @@ class SAC(OffPolicyAlgorithm):
         self._actor_linears = None if found is None else (
             [layer.weight for layer in found[0]], [layer.bias for layer in found[0]], found[1])
         self._actor_linears_of = self.actor
+
+    def _take_built_setting(self, name: str, built, now) -> bool:
+        # A fixed temperature set to another fixed value, and the target entropy, are taken in place (the update reads
+        # log_alpha's memory and target_entropy at each step); a learnt temperature's start, or a switch between
+        # learnt and fixed (another optimiser), only by a new or loaded model.
+        if name == "ent_coef" and built is not None and now is not None:
+            with torch.no_grad():
+                self.log_alpha.fill_(_log(now))
+            return True
+        if name == "target_entropy":
+            self.target_entropy = -float(self.spec.action_dim) if now is None else now
+            return True
+        return False
 
     def _make_update_step(self):
         """The critics' step (the hand-derived update: the whole update, both steps and the Polyak step); with
