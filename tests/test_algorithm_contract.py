@@ -811,3 +811,19 @@ def test_a_setting_taken_only_when_the_model_is_built_and_changed_on_its_config_
         with pytest.raises(UserError, match=rf"model.config.max_grad_norm is 0.123, but {type(model).__name__} takes "
                                             "max_grad_norm only when the model is built"):
             model.learn(16, progress_bar=False)
+
+
+def test_setting_the_env_on_a_model_is_refused_naming_load_with_env():
+    """Fine-tuning on a changed env the Stable-Baselines3 way, `model.env = venv`, made an attribute nothing read;
+    `model.env_id = other` was taken by a learn that made new envs but ignored by one that kept the last learn's,
+    and saved either way as the env the weights trained on. Both are refused, naming load(path, env=...)."""
+    from rlspeed import DQN
+
+    model = DQN("CartPole-v1", device="cpu", learning_starts=8, batch_size=8, net_arch=(8,))
+    model.learn(16, progress_bar=False)
+    for name in ("env", "env_id"):
+        with pytest.raises(UserError, match=rf"model.{name} = \.\.\. does not change the env DQN trains on: .* "
+                                            r"Algo.load\(path, env=\.\.\.\)"):
+            setattr(model, name, "Acrobot-v1")
+    model.env_id = "CartPole-v1"  # (its own id: nothing changes)
+    assert model.env_id == "CartPole-v1"

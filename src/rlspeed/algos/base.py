@@ -1823,6 +1823,14 @@ class Algorithm:
             if name in SB3_SCHEDULE_ATTRIBUTES and name not in self.__dict__ and not hasattr(type(self), name):
                 raise UserError(f"model.{name} = ... changes nothing: it is Stable-Baselines3's; "
                                 f"{SB3_ATTRIBUTES[name]}.")
+            # (Stable-Baselines3's `model.env = venv` was a new attribute nothing reads; another `env_id` was taken by
+            # a learn that made new envs, ignored by one that kept the last learn's, and saved either way as the env
+            # the weights were trained on)
+            if ((name == "env" and name not in self.__dict__ and not hasattr(type(self), name))
+                    or (name == "env_id" and value != self.__dict__.get("env_id"))):
+                raise UserError(f"model.{name} = ... does not change the env {type(self).__name__} trains on: give "
+                                "the env when making or loading the model; to go on training on another env with the "
+                                "same spaces, save the model and load it with that env, Algo.load(path, env=...).")
             # (a network put in place of one the model's optimisers train: they and the update steps hold the first
             # one's parameters, so the new one would act but not train, or neither; a wrapper of the same parameters,
             # torch.compile's, and networks of the user's own that no optimiser holds are taken)
