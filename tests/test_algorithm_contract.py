@@ -355,6 +355,11 @@ def test_the_buffer_before_the_first_learn_says_learn_makes_it(tmp_path):
 
     with pytest.raises(AttributeError, match=r"^PPO.buffer is made by learn, .* no learn has made it yet\.$"):
         _ = PPO("CartPole-v1", device="cpu").buffer
+    # (SB3 users pre-fill `model.replay_buffer.add(...)` before learning: both names say how it is done here)
+    for name in ("buffer", "replay_buffer"):
+        with pytest.raises(AttributeError, match=r"demonstrations.* rlspeed.buffers.ReplayBuffer you fill and give to "
+                                                 r"model.load_replay_buffer\(buffer\)"):
+            getattr(DQN("CartPole-v1", device="cpu"), name)
     model = DQN("CartPole-v1", device="cpu", num_envs=2, learning_starts=0, batch_size=8).learn(32, progress_bar=False)
     path = model.save_replay_buffer(tmp_path / "replay")
     fresh = DQN("CartPole-v1", device="cpu", num_envs=2)

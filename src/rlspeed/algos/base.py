@@ -183,7 +183,8 @@ SB3_ATTRIBUTES = {
     "replay_buffer": "the model's storage is model.buffer (once learn made it): len(model.buffer) transitions (SB3's "
                      "size()), model.buffer.sample(n) a dict of obs, actions, rewards, next_obs, terminated and "
                      "discounts tensors (SB3's observations, ..., dones fields), model.buffer.storage_tensors() "
-                     "the storage by field",
+                     "the storage by field; transitions of your own (demonstrations, before the first learn too) go "
+                     "in through an rlspeed.buffers.ReplayBuffer you fill and give to model.load_replay_buffer(buffer)",
     "rollout_buffer": "the model's storage is model.buffer (once learn made it): the last rollout's [num_steps, "
                       "num_envs] tensors obs, actions, log_probs, values, rewards, terminated and dones (SB3's "
                       "advantages and returns are computed in the update and not kept)",
@@ -1750,7 +1751,10 @@ class Algorithm:
         advice = SB3_ATTRIBUTES.get(name)
         if name == "buffer":  # (rlspeed's own: a rollout or replay buffer, made by learn for its envs)
             pending = (" (the transitions load_replay_buffer read go into it then)"
-                       if self.__dict__.get("_replay_source") is not None else "")
+                       if self.__dict__.get("_replay_source") is not None else
+                       " (transitions of your own, demonstrations, go into it through an rlspeed.buffers.ReplayBuffer "
+                       "you fill and give to model.load_replay_buffer(buffer))"
+                       if getattr(type(self), "keeps_replay_buffer", False) else "")
             raise AttributeError(f"{type(self).__name__}.buffer is made by learn, for the envs it trains on, and no "
                                  f"learn has made it yet{pending}.")
         if name in _config_names(type(self)):
