@@ -832,3 +832,19 @@ def test_setting_the_env_on_a_model_is_refused_naming_load_with_env():
             setattr(model, name, "Acrobot-v1")
     model.env_id = "CartPole-v1"  # (its own id: nothing changes)
     assert model.env_id == "CartPole-v1"
+
+
+def test_learn_refuses_a_misspelt_name_set_on_the_config_and_takes_sacs_auto_there():
+    """`model.config.learnig_rate = 1e-5` between stages made an attribute nothing read (training went on at the old
+    rate), and SAC's `model.config.ent_coef = "auto"`, which the constructor takes, was refused as no float."""
+    from rlspeed import DQN, SAC
+
+    dqn = DQN("CartPole-v1", device="cpu", learning_starts=4, batch_size=4, net_arch=(8,))
+    dqn.config.learnig_rate = 1e-5
+    with pytest.raises(UserError, match=r"^model.config.learnig_rate = \.\.\. changes nothing: Unknown hyperparameter "
+                                        r"'learnig_rate' for DQN. Did you mean learning_rate\?$"):
+        dqn.learn(8, progress_bar=False)
+    sac = SAC("Pendulum-v1", device="cpu", learning_starts=4, batch_size=4, net_arch=(8,))
+    sac.config.ent_coef = "auto"
+    sac.learn(8, progress_bar=False)
+    assert sac.config.ent_coef is None and sac.config.ent_coef_init == 1.0

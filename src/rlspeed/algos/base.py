@@ -393,10 +393,25 @@ def coerce_in_place(config) -> None:
     """`config`'s values as `build_config` takes them (`coerce`: None for a named choice is its "none", "3e-4" a
     number), set in place; UserError naming the hyperparameter for a value of the wrong kind. For values set on
     `model.config` after the model was built, which `validate` then compares as the constructor's (it raised
-    TypeError on a string, and refused TD3's action_noise=None, which the constructor takes as "none")."""
+    TypeError on a string, and refused TD3's action_noise=None, which the constructor takes as "none"). A name set
+    there that is no hyperparameter (a misspelling: nothing would read it) is refused with the constructor's
+    sentence, and SAC's "auto" and "auto_X" are taken as the constructor takes them."""
     hints = typing.get_type_hints(type(config))
+    names = {field.name for field in dataclasses.fields(config)}
+    for key, value in list(vars(config).items()):
+        if key not in names and not key.startswith("_"):
+            try:
+                build_config(type(config), {key: value})  # (it refuses every name it does not have)
+            except UserError as error:
+                raise UserError(f"model.config.{key} = ... changes nothing: {error}") from None
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
+        if field.name in AUTO_VALUES and isinstance(value, str) and value.strip().lower().startswith("auto"):
+            taken = build_config(type(config), {field.name: value.strip()})
+            for name in (field.name, AUTO_VALUES[field.name]):
+                if name is not None and name in vars(taken) and (name == field.name or value.strip()[4:]):
+                    setattr(config, name, getattr(taken, name))
+            continue
         taken = coerce(field.name, value, hints[field.name])
         if taken is not value:
             setattr(config, field.name, taken)
