@@ -938,3 +938,28 @@ def test_a_buffer_the_loss_changes_before_its_modules_forward_is_put_back_from_b
 
     for plain, accelerated in zip(run(False), run(True)):
         assert torch.equal(plain, accelerated)
+
+
+@pytest.mark.parametrize("clip", [0.05, math.inf])
+def test_an_update_step_gives_the_gradient_norm_its_clipping_measured(clip):
+    """A loop that logs the gradient norm (`clip_grad_norm_`'s return value) had no way to read it from the step:
+    `step.grad_norm` is the last call's norm before clipping, as the plain loop's, and `max_grad_norm=math.inf`
+    measures it without clipping (the parameters then follow the unclipped loop)."""
+    torch.manual_seed(0)
+    plain_net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1))
+    net = copy.deepcopy(plain_net)
+    plain_opt, opt = torch.optim.SGD(plain_net.parameters(), lr=0.1), torch.optim.SGD(net.parameters(), lr=0.1)
+    step = accelerate_step(lambda x: net(x).pow(2).mean(), opt, max_grad_norm=clip, precision="fp32", compile=False)
+    assert step.grad_norm is None  # (before a call)
+    for _ in range(3):
+        x = torch.randn(16, 3)
+        plain_opt.zero_grad()
+        plain_net(x).pow(2).mean().backward()
+        norm = torch.nn.utils.clip_grad_norm_(plain_net.parameters(), clip)
+        plain_opt.step()
+        step(x)
+        assert torch.allclose(step.grad_norm, norm, rtol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(plain_net.parameters(), net.parameters()))
+    unclipped = accelerate_step(lambda x: net(x).pow(2).mean(), opt, precision="fp32", compile=False)
+    unclipped(torch.randn(16, 3))
+    assert unclipped.grad_norm is None

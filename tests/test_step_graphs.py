@@ -7,6 +7,7 @@ request gets, the input signature, the values a graph watches) is checked here t
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import pytest
@@ -517,6 +518,26 @@ def test_graphed_step_outputs_are_not_overwritten_by_later_replays(isolated_acce
     kept = [step(x, y) for x, y in batches]
     values = [(loss.item(), metrics["mean_prediction"].item()) for loss, metrics in kept]
     assert len(set(values)) == len(values)  # every call's outputs are its own
+
+
+@cuda
+def test_graphed_step_gives_each_replays_gradient_norm(isolated_accel):
+    """`grad_norm` after a replay is that replay's norm (the graph rewrites the captured norm), as the eager step's."""
+    batches = _batches(CALLS)
+    plain, graphed = _net(), _net()
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-3)
+    step = accelerate_step(_regression(graphed), torch.optim.Adam(graphed.parameters(), lr=1e-3), precision="fp32",
+                           max_grad_norm=math.inf)
+    norms, plain_norms = [], []
+    for x, y in batches:
+        step(x, y)
+        norms.append(step.grad_norm)
+        plain_opt.zero_grad()
+        _regression(plain)(x, y)[0].backward()
+        plain_norms.append(torch.nn.utils.clip_grad_norm_(plain.parameters(), math.inf))
+        plain_opt.step()
+    assert step.graph_replays == CALLS - WARMUP_CALLS
+    torch.testing.assert_close(torch.stack(norms), torch.stack(plain_norms), rtol=1e-4, atol=1e-6)
 
 
 @cuda

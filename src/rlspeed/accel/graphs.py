@@ -113,8 +113,9 @@ class _Captured:
     """One captured step: the graph, its static inputs and outputs, and the gradients it writes."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs: list[torch.Tensor], outputs: Any,
-                 grads: list[torch.Tensor | None]):
+                 grads: list[torch.Tensor | None], grad_norm: torch.Tensor | None = None):
         self.graph, self.inputs, self.outputs, self.grads = graph, inputs, outputs, grads
+        self.grad_norm = grad_norm  # (the norm the clipping computes, rewritten by every replay)
 
     # (the lists bound as defaults: at interpreter exit the module's globals may already be gone)
     def __del__(self, _under_way: list = _CAPTURES_UNDER_WAY, _dropped: list = _DROPPED_DURING_CAPTURE) -> None:
@@ -276,7 +277,7 @@ class StepGraphs:
             outputs = self.update(static_args, static_kwargs)
         self.captures += 1
         return _Captured(graph, tensors_in((static_args, static_kwargs)), outputs,
-                         [p.grad for p in self.step.params])
+                         [p.grad for p in self.step.params], self.step._grad_norm)
 
     def _replay(self, captured: _Captured, args: tuple, kwargs: dict) -> Any:
         for static, given in zip(captured.inputs, tensors_in((args, kwargs))):
@@ -285,6 +286,7 @@ class StepGraphs:
         self.replays += 1
         for p, grad in zip(self.step.params, captured.grads):
             p.grad = grad  # the gradients of this step stay readable, as after an eager step
+        self.step._grad_norm = captured.grad_norm  # (`grad_norm` reads a copy)
         return map_tensors(captured.outputs, torch.Tensor.clone)
 
     def _discard_failed_capture(self) -> None:

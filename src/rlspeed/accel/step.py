@@ -178,6 +178,7 @@ class AcceleratedStep:
         self._graphs: StepGraphs | None = None
         self._waiting = None  # (a `module_policy._Waiting` while the step runs its simplest candidate, unsearched)
         self._first_key: str | None = None  # (the cache key of the call that started the wait)
+        self._grad_norm: torch.Tensor | None = None  # (`grad_norm`: the last update's, on the device)
         if example_inputs is not None:
             args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
             self.prepare(*args)
@@ -203,6 +204,14 @@ class AcceleratedStep:
         if self._graphs is not None:
             return self._graphs(args, kwargs)
         return self._update(args, kwargs)
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The global gradient norm of the trained parameters at the last call, before clipping: a 0-d tensor on the
+        step's device (reading its value waits for the step, as `.item()` on any device tensor does), or None without
+        `max_grad_norm` or before a call. `max_grad_norm=math.inf` measures it without clipping. With fp16 it is the
+        norm of the unscaled gradients, which is inf or NaN for a step the scaler skipped."""
+        return None if self._grad_norm is None else self._grad_norm.detach().clone()
 
     def _trained_params(self) -> list[torch.Tensor]:
         """The parameters a call trains: `params` where given, else the optimizers' (their param groups as they are
@@ -265,7 +274,7 @@ class AcceleratedStep:
                 raise UserError("The loss does not reach any parameter of the optimizer given to accelerate_step: "
                                 "pass the optimizer of the networks the loss is computed from (or params=...).")
             if self.max_grad_norm is not None:
-                clip_grad_norm(self.params, self.max_grad_norm)
+                self._grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
             for optimizer in self.optimizers:
                 optimizer.step()
         else:
@@ -517,7 +526,7 @@ class AcceleratedStep:
         if self.max_grad_norm is not None:
             for optimizer in self.optimizers:
                 scaler.unscale_(optimizer)
-            clip_grad_norm(self.params, self.max_grad_norm)
+            self._grad_norm = clip_grad_norm(self.params, self.max_grad_norm)
         scale_before = scaler._scale.clone()
         for optimizer in self.optimizers:
             scaler.step(optimizer)
