@@ -42,6 +42,10 @@ from rlspeed.logging import strict_json
 # Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
 MAX_SEED = 2**32 - 1
 
+#: episodes of each evaluation of a run, during training and the final one, without --eval-episodes (`learn`'s
+#: eval_episodes default, and rlspeed eval's --episodes)
+EVAL_EPISODES = 10
+
 # What a run directory holds (`rlspeed train` writes these); a directory with any of them holds a run.
 RUN_FILES = ("config.yaml", "summary.json", "metrics.csv", "model.safetensors", "checkpoint.safetensors",
              "model.replay.safetensors", "checkpoint.replay.safetensors",
@@ -109,6 +113,23 @@ class _Parser(argparse.ArgumentParser):
         # "argument --steps: must be positive" reads better as "--steps must be positive"
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
         raise UserError(f"{message} (see '{self.prog} --help').")
+
+
+def _eval_episodes(args: argparse.Namespace) -> int:
+    """Episodes of each of a run's evaluations, during training and the final one: `--eval-episodes` (on `--resume`,
+    the run's config.yaml's where the flag is not given: `_resume_settings`), else `EVAL_EPISODES`."""
+    return getattr(args, "eval_episodes", None) or EVAL_EPISODES
+
+
+def _episodes(number: int) -> str:
+    """'1 episode', '10 episodes'."""
+    return f"{number} episode{'' if number == 1 else 's'}"
+
+
+def _eval_command(path, seed: int, episodes: int) -> str:
+    """The `rlspeed eval` command that repeats a final evaluation of `episodes` episodes from `seed` (`--episodes`
+    only where it is not rlspeed eval's default)."""
+    return f"rlspeed eval {path} --seed {seed}" + (f" --episodes {episodes}" if episodes != EVAL_EPISODES else "")
 
 
 def _whole(minimum: int):
@@ -214,7 +235,7 @@ _FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads"
               "accelerate": "--accelerate", "env": "the ENV_ID argument", "strategy": "--nproc (or torchrun)",
               "env_kwargs": "--env-kwargs KEY=VALUE", "nan_policy": "--nan-policy",
               "checkpoint_freq": "--checkpoint-freq", "save_replay_buffer": "--save-replay-buffer",
-              "progress_bar": "--no-progress"}
+              "progress_bar": "--no-progress", "eval_episodes": "--eval-episodes N"}
 
 
 def _check_set_keys(overrides: dict) -> None:
@@ -596,7 +617,8 @@ def _train_population(args: argparse.Namespace) -> int:
     checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
               "env_backend": population.env_backend, "total_timesteps": total,
-              "target_return": target, "eval_freq": eval_freq, "checkpoint_freq": checkpoint_freq,
+              "target_return": target, "eval_freq": eval_freq, "eval_episodes": _eval_episodes(args),
+              "checkpoint_freq": checkpoint_freq,
               "save_replay_buffer": bool(args.save_replay_buffer), "gym_packages": args.gym_packages,
               "preset": args.preset_info, "env_kwargs": env_kwargs or None,
               "hyperparameters": {**_plain(_config), **per_member}}
@@ -612,7 +634,7 @@ def _train_population(args: argparse.Namespace) -> int:
               f"(device {device}), up to {total:,} steps each"
               + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     _warn_idle_accelerator(args, device)
-    learn_kwargs = {"target_return": target}
+    learn_kwargs = {"target_return": target, "eval_episodes": _eval_episodes(args)}
     if eval_freq is not None:
         learn_kwargs["eval_freq"] = eval_freq
     learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq)
@@ -639,7 +661,7 @@ def _train_population(args: argparse.Namespace) -> int:
     try:
         with (_stopping(population.env_backend) as signals,
               _left_clean_if_not_started(run_dir, created, not args.resume)):
-            summary = (population.finish_resumed(target) if finishing else
+            summary = (population.finish_resumed(target, _eval_episodes(args)) if finishing else
                        population.learn(total - (resumed_from or 0), on_eval=progress,  # (a line per evaluation)
                                         stop_requested=lambda: bool(signals), progress_bar=False, **learn_kwargs))
     except Exception as error:  # (as a single run's: summary.json says the run ended by an error, and which)
@@ -723,7 +745,8 @@ def _train_population(args: argparse.Namespace) -> int:
                      f"{steps['iqm_ci'][0]:,.0f} to {steps['iqm_ci'][1]:,.0f})")
         print(f"rlspeed: {line}")
     if final is not None:
-        print(f"rlspeed: final evaluation (deterministic, 10 episodes each): median {_score(final['median'])}, IQM "
+        print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each): median "
+              f"{_score(final['median'])}, IQM "
               f"{_score(final['iqm'])} (95% CI {_score(final['iqm_ci'][0])} to {_score(final['iqm_ci'][1])}); training "
               f"{summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
@@ -1656,7 +1679,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                                      "its final evaluation and model")
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
-              "eval_freq": recorded_eval_freq, "accelerate": args.accelerate, "gym_packages": args.gym_packages,
+              "eval_freq": recorded_eval_freq, "eval_episodes": _eval_episodes(args), "accelerate": args.accelerate,
+              "gym_packages": args.gym_packages,
               "preset": args.preset_info, "nan_policy": args.nan_policy, "env_kwargs": model.spec.env_kwargs or None,
               # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
               "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
@@ -1747,6 +1771,9 @@ def _resume_settings(args: argparse.Namespace) -> None:
     freq = config.get("checkpoint_freq")  # (the checkpoint interval the run was given, or a population's)
     if "checkpoint_freq" not in given and isinstance(freq, int) and not isinstance(freq, bool) and freq >= 1:
         args.checkpoint_freq = freq
+    episodes = config.get("eval_episodes")  # (the run's evaluations; a config.yaml without it: EVAL_EPISODES)
+    if "eval_episodes" not in given and isinstance(episodes, int) and not isinstance(episodes, bool) and episodes >= 1:
+        args.eval_episodes = episodes
     if "save_replay_buffer" not in given and config.get("save_replay_buffer") is True:  # (else its replay file
         args.save_replay_buffer = True  # would stay at the rows of the first attempt)
     threads = config.get("threads")
@@ -1803,7 +1830,8 @@ def _say_changed_settings(path: Path, config: dict, at_steps: int) -> None:
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
     changed = {key: [old[key], new[key]] for key in new if key in old and old[key] != new[key]}
     changed.update({key: [before.get(key), config.get(key)]
-                    for key in ("total_timesteps", "target_return", "eval_freq", "env_kwargs", *RESUMED_RUN_SETTINGS)
+                    for key in ("total_timesteps", "target_return", "eval_freq", "eval_episodes", "env_kwargs",
+                                *RESUMED_RUN_SETTINGS)
                     if (key in before or key == "env_kwargs") and key in config and before.get(key) != config[key]})
     history = before.get("changes") if isinstance(before.get("changes"), list) else []
     if changed:
@@ -1937,7 +1965,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         try:
             if not trained:
                 model.learn(total, progress_bar=not args.no_progress, target_return=target, eval_freq=eval_freq,
-                            run_dir=run_dir, checkpoint_freq=checkpoint_freq,
+                            eval_episodes=_eval_episodes(args), run_dir=run_dir, checkpoint_freq=checkpoint_freq,
                             # (without a step frequency, a crash still loses at most about this much training)
                             checkpoint_interval_s=CHECKPOINT_INTERVAL_S if checkpoint_freq is None else None,
                             callback=callbacks or None)
@@ -1957,7 +1985,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
         return _save_interrupted(run, run_dir, interrupted)
     if not main:
         return 0
-    eval_seed = args.seed + 1_000_000
+    eval_seed, episodes = args.seed + 1_000_000, _eval_episodes(args)
     # (learn drew no learning_curve.png: there was none, or a signal's stop came as it ended; drawn after the model,
     # or, where a signal skips the evaluation, after the summary)
     undrawn = trained or model.result.stop_requested
@@ -1970,7 +1998,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                     undrawn = False
             if signals:  # (one that came as the last iteration ended: the training is done, the evaluation skipped)
                 raise (KeyboardInterrupt() if signals[0] == signal.SIGINT else Terminated(_signal_name(signals[0])))
-            final = model.evaluate(episodes=10, seed=eval_seed, progress_bar=not args.no_progress)
+            final = model.evaluate(episodes=episodes, seed=eval_seed, progress_bar=not args.no_progress)
     except KeyboardInterrupt as stop:  # (training is done and saved: the summary says so, without the evaluation)
         code = 143 if isinstance(stop, Terminated) else 130
         summary = _summary(run, None)
@@ -1981,7 +2009,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
                 tracker.finish(summary, exit_code=code)
         print(f"rlspeed: interrupted ({stop.name if isinstance(stop, Terminated) else 'Ctrl-C'}) after training "
               f"finished: model.safetensors and summary.json are saved in {run_dir}, without the final evaluation "
-              f"(rlspeed eval {run_dir} --seed {eval_seed} evaluates it)", file=sys.stderr, flush=True)
+              f"({_eval_command(run_dir, eval_seed, episodes)} evaluates it)", file=sys.stderr, flush=True)
         if undrawn:
             with contextlib.suppress(KeyboardInterrupt):  # (as after a stop mid-run: last, a second signal cuts it)
                 _draw_learning_curve(run_dir, model.num_timesteps)
@@ -1998,7 +2026,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     except UserError as error:  # (a full disk: the trained model is saved, and its evaluation is not lost with it)
         then = ("--resume writes it, evaluating the model again, once there is room"
                 if (run_dir / "checkpoint.safetensors").is_file()
-                else f"rlspeed eval {run_dir} --seed {eval_seed} repeats the evaluation")
+                else f"{_eval_command(run_dir, eval_seed, episodes)} repeats the evaluation")
         raise UserError(f"{str(error).rstrip('.')}; the trained model is saved in {run_dir / 'model.safetensors'} "
                         f"(final evaluation {_score(final['mean'])} +/- {_score(final['std'])}), and {then}.") from None
     if tracker is not None:
@@ -2022,7 +2050,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
-    say(f"rlspeed: final evaluation (deterministic, 10 episodes, seed {eval_seed}): {_score(final['mean'])} +/- "
+    say(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}, seed {eval_seed}): {_score(final['mean'])} "
+        f"+/- "
         f"{_score(final['std'])}{success}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
@@ -2503,6 +2532,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; 'none' = off)")
     train.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations")
+    train.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
+                       help=f"episodes of each evaluation, during training and the final one (default {EVAL_EPISODES})")
     train.add_argument("--checkpoint-freq", type=_whole(1), default=None, help="env steps between checkpoints")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     train.add_argument("--nproc", type=_whole(1), default=None,
