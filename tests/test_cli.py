@@ -64,6 +64,12 @@ ERROR_CASES = {
     "set-total-timesteps-text": (["train", "ppo", "CartPole-v1", "--set", "total_timesteps=lots"], "total_timesteps"),
     "set-eval-freq-fraction": (["train", "ppo", "CartPole-v1", "--set", "eval_freq=0.5"], "eval_freq"),
     "set-target-return-text": (["train", "ppo", "CartPole-v1", "--set", "target_return=high"], "target_return"),
+    # (--eval-episodes is a whole number >= 1; --set names the flag, as for the other run flags)
+    "eval-episodes-zero": (["train", "ppo", "CartPole-v1", "--eval-episodes", "0"],
+                           "--eval-episodes must be positive, got 0"),
+    "eval-episodes-fraction": (["train", "ppo", "CartPole-v1", "--eval-episodes", "2.5"],
+                               "--eval-episodes must be a whole number, got '2.5'"),
+    "set-eval-episodes": (["train", "ppo", "CartPole-v1", "--set", "eval_episodes=3"], "use --eval-episodes N"),
     "set-seed": (["train", "ppo", "CartPole-v1", "--set", "seed=1"], "--seed"),
     "set-device": (["train", "ppo", "CartPole-v1", "--set", "device=cpu"], "--device"),
     "set-num-threads": (["train", "ppo", "CartPole-v1", "--set", "num_threads=2"], "--threads"),
@@ -1253,6 +1259,42 @@ def test_eval_freq_without_a_target_gives_an_evaluation_curve(tmp_path, monkeypa
     assert len(means) == 2
     assert cli.main([*argv, "--out", "plain"]) == 0
     assert "eval_mean" not in (tmp_path / "plain" / "metrics.csv").read_text().splitlines()[0]
+
+
+def test_eval_episodes_sets_every_evaluation_of_a_run_and_resume_keeps_it(tmp_path, monkeypatch, capsys):
+    """`--eval-episodes N` (RL-Zoo's flag; every evaluation played 10 episodes, 3 minutes for CarRacing's final one):
+    the evaluations during training and the final one (summary.json's final_eval) play N episodes; config.yaml
+    records N, a --resume without the flag keeps it and one with another N names the change."""
+    from rlspeed.algos.base import Algorithm
+
+    monkeypatch.chdir(tmp_path)
+    played: list[int] = []  # (the episodes of each evaluation, as the returns it gave count them)
+    evaluate = Algorithm.evaluate
+
+    def counting(self, *args, **kwargs):
+        result = evaluate(self, *args, **kwargs)
+        played.append(len(result["returns"]))
+        return result
+
+    monkeypatch.setattr(Algorithm, "evaluate", counting)
+    start = ["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--target-return", "none", "--eval-freq", "256",
+             "--checkpoint-freq", "256", "--num-envs", "4", "--set", "num_steps=16", "--no-progress", "--out", "run"]
+    assert cli.main([*start, "--total-timesteps", "512", "--eval-episodes", "3"]) == 0
+    assert played == [3, 3, 3]  # (at 256 and 512 steps, then the final evaluation)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["final_eval"]["episodes"] == 3
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["eval_episodes"] == 3
+    assert "final evaluation (deterministic, 3 episodes, seed 1000000)" in capsys.readouterr().out
+    played.clear()
+    assert cli.main([*start, "--total-timesteps", "768", "--resume"]) == 0
+    assert played == [3, 3]  # (at 768 steps, then the final evaluation)
+    assert "eval_episodes" not in capsys.readouterr().err
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["eval_episodes"] == 3
+    played.clear()
+    assert cli.main([*start, "--total-timesteps", "1024", "--resume", "--eval-episodes", "2"]) == 0
+    assert played == [2, 2]
+    assert "eval_episodes 3 -> 2" in capsys.readouterr().err
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert config["eval_episodes"] == 2 and config["changes"][-1]["settings"]["eval_episodes"] == [3, 2]
 
 
 def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkeypatch, capsys):

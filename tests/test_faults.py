@@ -545,6 +545,33 @@ def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluati
                         + r"[-0-9.]+ \+/- [-0-9.]+" + re.escape(f"), and {then}."), error), error
 
 
+def test_the_evaluation_a_full_disk_lost_is_repeated_with_the_runs_eval_episodes(tmp_path, monkeypatch, capsys):
+    """With `--eval-episodes 3`, the `rlspeed eval` command the full disk's error gives plays the final evaluation's
+    3 episodes (`--episodes 3`: without it, rlspeed eval's 10 gave another result) and repeats its mean."""
+    import re
+
+    from rlspeed import files
+
+    write = files.write_atomic
+
+    def full(path, text):
+        if path.name == "summary.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(path, text)
+
+    monkeypatch.setattr(files, "write_atomic", full)
+    run = tmp_path / "run"
+    code = cli.main([*TRAIN, "--total-timesteps", "256", "--out", str(run), "--set", "num_envs=4", "--set",
+                     "batch_size=64", "--eval-episodes", "3"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2, error
+    found = re.search(r"\(final evaluation ([-0-9.]+) \+/- [-0-9.]+\), and (rlspeed eval .*) repeats the evaluation\.$",
+                      error)
+    assert found and found[2] == f"rlspeed eval {run} --seed 1000000 --episodes 3", error
+    assert cli.main([*found[2].split()[1:], "--json"]) == 0
+    assert cli._score(json.loads(capsys.readouterr().out)["mean"]) == found[1]
+
+
 CUT_PLOT = textwrap.dedent("""
     import resource, signal, sys
     from pathlib import Path

@@ -36,6 +36,53 @@ def test_a_members_final_evaluation_is_what_rlspeed_eval_gives_for_it(tmp_path, 
         assert evaluated["std"] == pytest.approx(final["std"], rel=1e-6, abs=1e-6)
 
 
+def test_a_population_plays_eval_episodes_in_every_evaluation_and_resume_keeps_it(tmp_path, capsys, monkeypatch):
+    """`--eval-episodes N` with --seeds: the members' evaluations during training and their final ones play N
+    episodes (summary.json's final_eval says N), config.yaml records it and a --resume without the flag keeps it."""
+    from rlspeed.population.ppo import PPOPopulation
+
+    played: list[int] = []  # (the episodes each evaluation of the members played)
+    evaluate = PPOPopulation.evaluate
+
+    def counting(self, seeds=None, episodes=10, members=None):
+        played.append(episodes)
+        return evaluate(self, seeds, episodes, members)
+
+    monkeypatch.setattr(PPOPopulation, "evaluate", counting)
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,1", "--env-backend", "torch", *SMALL, "--checkpoint-freq",
+            "128", "--out", str(out)]
+    assert cli.main([*argv, "--eval-episodes", "2"]) == 0
+    assert played == [2, 2, 2]  # (at 128 and 256 steps, then the final evaluation)
+    assert [member["final_eval"]["episodes"] for member in json.loads((out / "summary.json").read_text())["members"]
+            ] == [2, 2]
+    assert "eval_episodes: 2\n" in (out / "config.yaml").read_text()
+    assert "final evaluation (deterministic, 2 episodes each)" in capsys.readouterr().out
+    # the same run killed after its checkpoint at 128 steps, then resumed without the flag
+    from rlspeed.population import base
+
+    class Killed(BaseException):
+        pass
+
+    save = base.PopulationBase.save
+
+    def killed_after_saving(self, path):
+        save(self, path)
+        raise Killed
+
+    monkeypatch.setattr(base.PopulationBase, "save", killed_after_saving)
+    with pytest.raises(Killed):
+        cli.main([*argv, "--overwrite", "--eval-episodes", "2"])
+    monkeypatch.setattr(base.PopulationBase, "save", save)
+    played.clear()
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert played == [2, 2]  # (at 256 steps, then the final evaluation)
+    assert "eval_episodes" not in capsys.readouterr().err
+    assert [member["final_eval"]["episodes"] for member in json.loads((out / "summary.json").read_text())["members"]
+            ] == [2, 2]
+
+
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",
