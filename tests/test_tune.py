@@ -361,6 +361,29 @@ def test_env_options_reach_every_trial_and_the_preset_names_them(tmp_path, capsy
     assert "was made with another env_kwargs" in capsys.readouterr().err
 
 
+def test_eval_episodes_sets_every_evaluation_of_the_trials_and_the_study_records_it(tmp_path, capsys, monkeypatch):
+    """`--eval-episodes N`, as for train: every evaluation of the trials, their final ones included, plays N episodes
+    (10 before), and the study records N, so that resuming it with another number is refused as for its other
+    settings."""
+    from rlspeed.population.ppo import PPOPopulation
+
+    played: list[int] = []
+    evaluate = PPOPopulation.evaluate
+
+    def counting(self, seeds=None, episodes=10, members=None):
+        played.append(episodes)
+        return evaluate(self, seeds, episodes, members)
+
+    monkeypatch.setattr(PPOPopulation, "evaluate", counting)
+    command = _command(tmp_path, "--trials", "2", "--confirm-seeds", "0")
+    assert cli.main([*command, "--eval-episodes", "2"]) == 0
+    assert played == [2, 2, 2]  # (at 128 and 256 steps, then the final evaluation)
+    study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    assert study.user_attrs["rlspeed"]["eval_episodes"] == 2
+    capsys.readouterr()
+    assert "was made with another eval_episodes" in cli_error(capsys, [*command, "--trials", "4"])
+
+
 def test_the_preset_names_its_study_when_the_storage_path_has_a_space():
     """A storage path with a space was not read back from a preset's first line, so another study's preset at --out
     was rewritten without a word."""

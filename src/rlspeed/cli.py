@@ -875,7 +875,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  confirm_seeds=args.confirm_seeds, out=out, total_timesteps=train_timesteps, seed=args.seed,
                  device=device, command=command, progress_bar=not args.no_progress,
                  env_kwargs=_parse_set(args.env_kwargs, "--env-kwargs") if args.env_kwargs else None,
-                 gym_packages=tuple(args.gym_packages or ()))
+                 gym_packages=tuple(args.gym_packages or ()), eval_episodes=_eval_episodes(args))
         except Terminated as stop:
             print(f"rlspeed: terminated ({stop.name})", file=sys.stderr)
             return 143
@@ -2585,6 +2585,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the objective's target (default: the preset's, else the env's reward_threshold; 'none' = "
                           "maximise the final evaluation)")
     tun.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations (and reports)")
+    tun.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
+                     help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
     tun.add_argument("--seed", type=_seed, default=0, help="sampler seed; trial n trains with seed SEED + n")
     tun.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     tun.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")

@@ -15,7 +15,8 @@ the shape-changing ones (net_arch, num_envs, num_steps, batch_size, n_epochs, ..
 Objective (minimised): with a target return, the env steps (per member) to reach it in evaluation, confirmed as
 `rlspeed train` confirms a target; a trial that does not reach it within the budget scores
 `budget * (1 + max(target - final_eval, 0) / max(|target|, 1))`, which is above any reaching trial's and falls as its
-final evaluation rises. Without a target: minus the final evaluation (10 deterministic episodes).
+final evaluation rises. Without a target: minus the final evaluation (deterministic; `eval_episodes` episodes, as
+every evaluation of the trials: 10 by default).
 
 Resume: the same command (same storage and study name) continues the study until `trials` trials have finished
 (complete or pruned). Trials of a batch that was interrupted (Ctrl-C, SIGTERM, an error) are marked failed before the
@@ -47,7 +48,7 @@ from typing import Protocol
 import yaml
 
 from rlspeed import yamlfile
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, positive_whole
 from rlspeed.files import write_atomic
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
@@ -288,6 +289,7 @@ class _Setup:
     progress_bar: bool = True  # a bar over each batch's training (and the confirmation's)
     env_kwargs: dict = dataclasses.field(default_factory=dict)  # the env's options, every trial's
     annealed: tuple[str, ...] = ()  # the settings whose schedules decay over a learn call's steps (the budget)
+    eval_episodes: int = 10  # the episodes of every evaluation of a trial, the final one included
 
     def population(self, seeds: list[int], per_member: dict):
         from rlspeed.population import Population
@@ -297,7 +299,7 @@ class _Setup:
 
     def learn(self, members, on_eval=None) -> dict:
         kwargs = {"target_return": self.target_return, "stop": "each", "on_eval": on_eval,
-                  "progress_bar": self.progress_bar}
+                  "progress_bar": self.progress_bar, "eval_episodes": self.eval_episodes}
         if self.eval_freq is not None:
             kwargs["eval_freq"] = self.eval_freq
         return members.learn(self.budget, **kwargs)
@@ -495,14 +497,15 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
          search_space: str | Path | None = None, fixed: tuple[str, ...] = (), confirm_seeds: int = 16,
          confirm_top: int = 4, out: str | Path, total_timesteps: int | None = None, seed: int = 0, device="cpu",
          command: str | None = None, say: Callable[..., None] = print, progress_bar: bool = True,
-         env_kwargs: dict | None = None, gym_packages: tuple[str, ...] = ()) -> dict:
+         env_kwargs: dict | None = None, gym_packages: tuple[str, ...] = (), eval_episodes: int = 10) -> dict:
     """Run (or continue) the study until `trials` trials have finished, `population` at a time; then confirm the
     `confirm_top` best trials and the starting configuration on `confirm_seeds` new seeds each (one population) and
     write the one with the best median objective as a preset YAML at `out` (`confirm_seeds=0`: the best trial,
     unconfirmed). Returns `{"finished", "best": {...} or None, "out", "wall_s"}`. `progress_bar`: a bar over each
     population while it trains. `env_kwargs`: the env's options, for every trial (recorded with the study; the preset
     file names them, since `rlspeed train` needs them given again). `gym_packages`: the modules that register the env
-    (for the `rlspeed train` command the last line suggests).
+    (for the `rlspeed train` command the last line suggests). `eval_episodes`: the episodes of every evaluation of
+    the trials (and of the confirmation), the final ones included (recorded with the study where it is not 10).
 
     `hyperparameters`: the values (the preset's and --set's) every trial starts from; the search space
     (`search_space` file or the algorithm's default, less the names in `fixed`) is sampled on top. `budget`: env
@@ -512,6 +515,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     call's steps, which in the trials were `budget`), the preset gets `budget`. See the module docstring for the
     objective, pruning and resume."""
     require_optuna()
+    eval_episodes = positive_whole("eval_episodes", eval_episodes, needed_by="tune")  # (before the study records)
     from optuna.trial import TrialState
 
     from rlspeed.population import Population
@@ -530,11 +534,13 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
     preset_timesteps = (int(total_timesteps or budget) if target_return is not None and not annealed
                         else int(budget))
     setup = _Setup(algo_cls, env_id, hyperparameters, space, int(budget), target_return, eval_freq, seed, device,
-                   preset_timesteps, progress_bar, env_kwargs, tuple(annealed))
+                   preset_timesteps, progress_bar, env_kwargs, tuple(annealed), eval_episodes)
     record = {"algo": algo_cls.name, "env_id": env_id, "budget": int(budget), "target_return": target_return,
               "eval_freq": eval_freq, "hyperparameters": _plain(hyperparameters), "search_space": _plain(space)}
     if env_kwargs:  # (a study made without options records none: it resumes as before)
         record["env_kwargs"] = env_kwargs
+    if eval_episodes != 10:  # (likewise: a study made with the default records none)
+        record["eval_episodes"] = eval_episodes
     _lock_study(storage, study_name)  # (before marking "stale" trials failed: they may be another process's)
     study = _open_study(storage, study_name, seed, population, budget, record)
     stale = _fail_stale(study)
