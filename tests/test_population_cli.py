@@ -58,7 +58,8 @@ def test_a_population_plays_eval_episodes_in_every_evaluation_and_resume_keeps_i
             ] == [2, 2]
     assert "eval_episodes: 2\n" in (out / "config.yaml").read_text()
     assert "final evaluation (deterministic, 2 episodes each)" in capsys.readouterr().out
-    # the same run killed after its checkpoint at 128 steps, then resumed without the flag
+    # the same run killed after its checkpoint at 128 steps, then resumed without the flag: trained on (an evaluation
+    # at 256 steps, then the final one), or ended there (`--total-timesteps 128`: the final evaluation alone)
     from rlspeed.population import base
 
     class Killed(BaseException):
@@ -70,18 +71,18 @@ def test_a_population_plays_eval_episodes_in_every_evaluation_and_resume_keeps_i
         save(self, path)
         raise Killed
 
-    monkeypatch.setattr(base.PopulationBase, "save", killed_after_saving)
-    with pytest.raises(Killed):
-        cli.main([*argv, "--overwrite", "--eval-episodes", "2"])
-    monkeypatch.setattr(base.PopulationBase, "save", save)
-    played.clear()
-    capsys.readouterr()
-    assert cli.main([*argv, "--resume"]) == 0
-    assert played == [2, 2]  # (at 256 steps, then the final evaluation)
-    assert "eval_episodes" not in capsys.readouterr().err
-    assert [member["final_eval"]["episodes"] for member in json.loads((out / "summary.json").read_text())["members"]
-            ] == [2, 2]
-
+    for budget, evaluations in ((256, [2, 2]), (128, [2])):
+        monkeypatch.setattr(base.PopulationBase, "save", killed_after_saving)
+        with pytest.raises(Killed):
+            cli.main([*argv, "--overwrite", "--eval-episodes", "2"])
+        monkeypatch.setattr(base.PopulationBase, "save", save)
+        played.clear()
+        capsys.readouterr()
+        assert cli.main([*argv, "--resume", "--total-timesteps", str(budget)]) == 0  # (the last one given counts)
+        assert played == evaluations
+        assert "eval_episodes" not in capsys.readouterr().err
+        assert [member["final_eval"]["episodes"]
+                for member in json.loads((out / "summary.json").read_text())["members"]] == [2, 2]
 
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
