@@ -1262,7 +1262,7 @@ def test_eval_freq_without_a_target_gives_an_evaluation_curve(tmp_path, monkeypa
 
 
 def test_eval_episodes_sets_every_evaluation_of_a_run_and_resume_keeps_it(tmp_path, monkeypatch, capsys):
-    """`--eval-episodes N` (RL-Zoo's flag; every evaluation played 10 episodes, 3 minutes for CarRacing's final one):
+    """`--eval-episodes N` (RL-Zoo's flag; every evaluation played 10 episodes, minutes on long-episode envs):
     the evaluations during training and the final one (summary.json's final_eval) play N episodes; config.yaml
     records N, a --resume without the flag keeps it and one with another N names the change."""
     from rlspeed.algos.base import Algorithm

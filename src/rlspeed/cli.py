@@ -746,9 +746,8 @@ def _train_population(args: argparse.Namespace) -> int:
         print(f"rlspeed: {line}")
     if final is not None:
         print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each): median "
-              f"{_score(final['median'])}, IQM "
-              f"{_score(final['iqm'])} (95% CI {_score(final['iqm_ci'][0])} to {_score(final['iqm_ci'][1])}); training "
-              f"{summary['train_wall_s']:.2f} s")
+              f"{_score(final['median'])}, IQM {_score(final['iqm'])} (95% CI {_score(final['iqm_ci'][0])} to "
+              f"{_score(final['iqm_ci'][1])}); training {summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
     if saved:
         from rlspeed.checkpoint import MEMBERS_DIR
@@ -1680,8 +1679,8 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
               "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
               "eval_freq": recorded_eval_freq, "eval_episodes": _eval_episodes(args), "accelerate": args.accelerate,
-              "gym_packages": args.gym_packages,
-              "preset": args.preset_info, "nan_policy": args.nan_policy, "env_kwargs": model.spec.env_kwargs or None,
+              "gym_packages": args.gym_packages, "preset": args.preset_info, "nan_policy": args.nan_policy,
+              "env_kwargs": model.spec.env_kwargs or None,
               # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
               "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
               # (a CPU's results depend on the thread count: the order of its sums)
@@ -2050,9 +2049,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
-    say(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}, seed {eval_seed}): {_score(final['mean'])} "
-        f"+/- "
-        f"{_score(final['std'])}{success}")
+    say(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}, seed {eval_seed}): "
+        f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")
     say(f"rlspeed: run directory {run_dir}")
     return 0
 
