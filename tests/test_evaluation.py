@@ -234,6 +234,32 @@ def test_model_evaluate_runs_on_the_models_threads_and_gives_the_callers_back(mo
         torch.set_num_threads(before)
 
 
+def test_rlspeed_evaluate_acts_on_the_models_threads_in_float32_and_gives_the_callers_back(monkeypatch):
+    """rlspeed.evaluate(model, ...) (SB3's evaluate_policy's place) acted on the caller's thread count, where
+    model.evaluate and learn's evaluations act on the model's (the same seed could give other returns in their last
+    digits), and in a caller's float64 default dtype."""
+    import torch
+
+    import rlspeed.evaluation
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", device="cpu", num_threads=1, num_envs=2, num_steps=16, batch_size=32)
+    seen = []
+    real = rlspeed.evaluation._Acting.step
+    monkeypatch.setattr(rlspeed.evaluation._Acting, "step", lambda self, *args: seen.append(
+        (torch.get_num_threads(), torch.get_default_dtype())) or real(self, *args))
+    before, dtype = torch.get_num_threads(), torch.get_default_dtype()
+    try:
+        torch.set_num_threads(2)
+        torch.set_default_dtype(torch.float64)
+        rlspeed.evaluate(model, episodes=2, seed=0)
+        assert set(seen) == {(1, torch.float32)}
+        assert (torch.get_num_threads(), torch.get_default_dtype()) == (2, torch.float64)
+    finally:
+        torch.set_num_threads(before)
+        torch.set_default_dtype(dtype)
+
+
 def test_a_model_of_a_vector_env_one_built_says_how_to_evaluate_it_from_the_cli_too(tmp_path, capsys):
     """`rlspeed eval` of a model trained on a vector env of the user's own (no id) answered 'not a registered id
     here: import the module that registers it (--gym-packages)', which no module does, and Python advice only;

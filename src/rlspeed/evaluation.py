@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.device import _current_index, resolve_device
+from rlspeed.device import _current_index, float32_default, resolve_device, training_threads
 from rlspeed.envs import SeedOnFirstReset, atari, make_env, remakeable, resolve_backend
 from rlspeed.envs.base import (
     BatchedEnv,
@@ -103,6 +103,8 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     (default: the env's time limit, else 10,000) count with the return they had collected by then, with a warning.
     `device`: where the evaluation env and the policy's inputs live (default: the model's device). `progress_bar`:
     a bar over the episodes finished (long evaluations: Atari games, many episodes), as `learn`'s over its steps.
+    The policy acts on the model's `num_threads`, as in `learn`'s evaluations (a CPU's sums depend on the thread count),
+    and the caller's count is given back.
 
     `seed` also seeds a stochastic policy's samples (`deterministic=False`), drawn from a random stream of the
     evaluation's own: the same seed gives the same returns, and an evaluation leaves torch's random generators (and
@@ -178,7 +180,10 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
         _check_compatible(model, env)
         _warn_reward_wrappers(env_id)
         _warn_life_episodes(env_id)
-        with sampling:
+        # (on the model's thread count, as `model.evaluate` and learn's evaluations: a CPU's sums depend on it, and
+        # torch's default count starts OpenMP threads a process forked afterwards hangs on; float32 tensors where
+        # the caller made float64 torch's default dtype)
+        with sampling, training_threads(getattr(model, "num_threads", None)), float32_default():
             if spread:
                 spread = _spread_episodes(model, env, quotas, limit, deterministic, bar)
                 return _spread_result(spread, episodes, limit, seed)
