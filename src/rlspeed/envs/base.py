@@ -456,6 +456,9 @@ class EnvWrapper(BatchedEnv):
     """A batched env that forwards to an inner one; subclasses change obs, reward or info."""
 
     _training = True  # this wrapper's own flag behind `training`
+    #: an env of the user's own wrapped in this class is counted (`counted`) under it, not around it: rlspeed's
+    #: normalisation wrappers, whose changed rewards are not the episodes' returns
+    counted_beneath = False
 
     def __init__(self, env: BatchedEnv):
         self.env = env
@@ -750,10 +753,8 @@ def counted(env: BatchedEnv) -> BatchedEnv:
     statistics. Those wrappers then wrap the counted env (their `env` is set to it)."""
     if find_episode_statistics(env) is not None:
         return env
-    from rlspeed.envs.wrappers import NormalizeObservation, NormalizeReward
-
     lowest, inner = None, env
-    while isinstance(inner, (NormalizeObservation, NormalizeReward)):
+    while isinstance(inner, EnvWrapper) and type(inner).counted_beneath:
         lowest, inner = inner, inner.env
     checked = EpisodeStatistics(ContractCheck(inner))
     if lowest is None:

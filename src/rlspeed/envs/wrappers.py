@@ -168,6 +168,8 @@ class NormalizeObservation(EnvWrapper):
     evaluation; set on an outer wrapper, it reaches this one too). `obs_rms` is the statistics module.
     """
 
+    counted_beneath = True
+
     def __init__(self, env: BatchedEnv, clip: float = 10.0, obs_rms: nn.Module | None = None):
         super().__init__(env)
         self.obs_rms = obs_rms or observation_statistics(env.spec.observation_space, device=env.device)
@@ -197,6 +199,8 @@ class NormalizeObservation(EnvWrapper):
 
 class NormalizeReward(EnvWrapper):
     """Scales rewards by the running standard deviation of the discounted return (as SB3's VecNormalize)."""
+
+    counted_beneath = True
 
     def __init__(self, env: BatchedEnv, gamma: float = 0.99, clip: float = 10.0):
         super().__init__(env)

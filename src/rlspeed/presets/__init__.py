@@ -9,7 +9,6 @@ mapping of hyperparameters), or be in RL-Zoo's format (SB3 names, n_timesteps, p
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from importlib import resources
 from pathlib import Path
@@ -18,8 +17,8 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed.errors import UserError
+from rlspeed.presets.run_settings import RUN_KEYS, coerce_run_settings
 
-RUN_KEYS = ("total_timesteps", "eval_freq", "target_return")
 #: A preset file's entry for every Atari image id without an entry of its own (RL-Zoo's name for it)
 ATARI_KEY = "atari"
 SOURCES = ("auto", "rlspeed", "zoo", "none")
@@ -268,28 +267,3 @@ def split_run_settings(preset: dict) -> tuple[dict, dict]:
     run = coerce_run_settings({k: preset[k] for k in RUN_KEYS if k in preset})
     hyper = {k: v for k, v in preset.items() if k not in RUN_KEYS}
     return run, hyper
-
-
-def coerce_run_settings(run_settings: dict) -> dict:
-    """total_timesteps and eval_freq as whole numbers of steps >= 1 (also 1e5, which YAML reads as a string),
-    target_return as a float or None (none, off or null in a file); UserError naming the key otherwise."""
-    from rlspeed.algos.base import coerce  # (torch, for the callers that train)
-
-    out = dict(run_settings)
-    for key in ("total_timesteps", "eval_freq"):
-        if out.get(key) is not None:
-            out[key] = coerce(key, out[key], int)
-            if out[key] < 1:
-                raise UserError(f"{key} must be a positive whole number of steps, got {out[key]}.")
-    target = out.get("target_return")
-    if isinstance(target, str) and target.strip().lower() in ("none", "off", "null"):
-        out["target_return"] = None
-    elif target is not None:
-        try:
-            value = float(target)
-        except (TypeError, ValueError):
-            value = math.nan
-        if isinstance(target, bool) or not math.isfinite(value):
-            raise UserError(f"target_return must be a number or 'none', got '{target}'.")
-        out["target_return"] = value
-    return out

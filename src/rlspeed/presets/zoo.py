@@ -441,7 +441,7 @@ class _Translator:
         """Why a user's entry in RL-Zoo's format cannot hold `key`: rlspeed's own name for something (where RL-Zoo
         writes it otherwise: which), or no name of either format (a typo)."""
         from rlspeed.algos import ALGORITHMS  # (late: presets load without torch)
-        from rlspeed.presets import RUN_KEYS
+        from rlspeed.presets.run_settings import RUN_KEYS
 
         own = {field.name for field in dataclasses.fields(ALGORITHMS[self.algo].config_cls)} | set(RUN_KEYS)
         if key not in own:
@@ -664,7 +664,7 @@ class _Translator:
         lacks or a value of the wrong kind is refused; values that fail together refuse the whole entry."""
         from rlspeed.algos import ALGORITHMS
         from rlspeed.algos.base import build_config, coerce
-        from rlspeed.presets import coerce_run_settings
+        from rlspeed.presets.run_settings import coerce_run_settings
 
         for key in list(self.run):  # (n_timesteps: a whole number of steps >= 1, 1e6 or !!float 1e6 too, not truncated)
             try:
