@@ -161,7 +161,7 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
                                 f"'{asked}'.")
             backend = "gymnasium"  # (env options exist only for Gymnasium's envs: `auto` may pick another)
         env = atari.for_evaluation(make_env(env_id, num_envs=episodes if size is None else size, device=device,
-                                            seed=seed, backend=backend, evaluation=True, **options))
+                                            seed=seed, backend=backend, evaluation=True, env_kwargs=options))
     limit = max_steps if max_steps is not None else (env.spec.max_episode_steps or 10_000)
     spread = max(quotas) > 1 or min(quotas) < 1  # (a vector env of the caller's, other than one episode per env)
     returns = torch.zeros(episodes, device=env.device)

@@ -1906,7 +1906,7 @@ class Algorithm:
                                  seed=self.strategy.seed_for_rank(self.seed),
                                  backend=self.env_backend, normalize_obs=normalize_obs,
                                  normalize_reward=normalize_reward,
-                                 gamma=getattr(cfg, "gamma", 0.99), **self.spec.env_kwargs)
+                                 gamma=getattr(cfg, "gamma", 0.99), env_kwargs=self.spec.env_kwargs)
             inner = getattr(getattr(self._env, "unwrapped", None), "vector_env", None)  # (Gymnasium's envs)
             if inner is not None:  # (an id whose entry point wraps its envs in Gymnasium's normalisation)
                 _warn_double_normalisation(inner, cfg, whose=f"{self.env_id}'s")
@@ -2812,7 +2812,7 @@ class Algorithm:
                               f"load(env={env!r}) makes that env without them (pass them again: "
                               "load(path, env=env_id, env_kwargs=options)).", stacklevel=2)
             if made:  # as many envs as the run trained with (as load without an env, whose learn makes them)
-                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device, **(env_kwargs or {}))
+                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device, env_kwargs=env_kwargs)
             elif not isinstance(env, BatchedEnv):
                 env = make_env(env, device=device)
             else:

@@ -246,9 +246,10 @@ def check_env_kwargs(env_kwargs) -> dict:
 NATIVE_OPTIONS = ("state_dtype", "compile")
 
 
-def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str | torch.device = "auto",
-             seed: int | None = None, backend: str = "auto", normalize_obs: bool = False,
-             normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False, **kwargs) -> BatchedEnv:
+def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int = 1,
+             device: str | torch.device = "auto", seed: int | None = None, backend: str = "auto",
+             normalize_obs: bool = False, normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False,
+             env_kwargs: dict | None = None, **kwargs) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (docs/envs.md, "The batched env contract").
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3
@@ -267,14 +268,25 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
     Other keywords: `state_dtype=` and `compile=` are native-env options (`NativeEnv`) and make `auto` pick the
     native env; any other keyword is an option of the Gymnasium env (`gymnasium.make(env_id, **kwargs)`, e.g.
     `g=9.81` for Pendulum-v1) and makes `auto` pick Gymnasium, since native envs take no env options. Asking for
-    both kinds at once, or for a kind the chosen backend does not take, is a UserError.
+    both kinds at once, or for a kind the chosen backend does not take, is a UserError. The id is given first: a
+    keyword `env_id=` after it is the env's option (Shimmy's `make_env("GymV26Environment-v0", env_id="CartPole-v1")`,
+    as `gymnasium.make` takes it), and alone it is the id. `env_kwargs` gives Gymnasium env options as a dict,
+    whatever their names (an env may take `seed` or `device`, which as keywords are `make_env`'s own); models and
+    evaluation pass their recorded options there.
     """
+    if env_id is None and "env_id" in kwargs:  # (make_env(env_id="CartPole-v1"): the id by name)
+        env_id = kwargs.pop("env_id")
     if isinstance(num_envs, bool) or not isinstance(num_envs, numbers.Integral) or num_envs < 1:
         raise UserError(f"num_envs is a whole number of envs, at least 1, got {num_envs!r}.")
     num_envs = int(num_envs)
     device = resolve_device(device)
     atari_game = False
+    options = check_env_kwargs(env_kwargs)
+    both = sorted(set(options) & set(kwargs))
+    if both:
+        raise UserError(f"make_env got the env option {both[0]} both as a keyword and in env_kwargs: give it once.")
     if isinstance(env_id, gym.vector.VectorEnv) or is_sb3_vec_env(env_id):
+        kwargs = {**kwargs, **options}
         if num_envs not in (1, env_id.num_envs):  # (1: the default, whatever the vector env's size)
             raise UserError(f"make_env got a vector env of {env_id.num_envs} envs and num_envs={num_envs}: a vector "
                             "env is used as it is built (leave num_envs out, or build it with that many envs).")
@@ -288,7 +300,7 @@ def make_env(env_id: str | gym.vector.VectorEnv, num_envs: int = 1, device: str 
         env_id = import_env_module(env_id)
         _check_registered(env_id)
         native_kwargs = {name: value for name, value in kwargs.items() if name in NATIVE_OPTIONS}
-        env_kwargs = {name: value for name, value in kwargs.items() if name not in NATIVE_OPTIONS}
+        env_kwargs = {**{name: value for name, value in kwargs.items() if name not in NATIVE_OPTIONS}, **options}
         if native_kwargs and env_kwargs:
             raise UserError(f"make_env got native-env options ({', '.join(native_kwargs)}) and Gymnasium env "
                             f"options ({', '.join(env_kwargs)}): native envs take no env options, and Gymnasium "

@@ -1,0 +1,96 @@
+"""Envs written for the old gym API (step: obs, reward, done, info with info["TimeLimit.truncated"]; reset: obs), the
+gym package's spaces and registry, and Shimmy's adapters of them, reproduced with hand-written classes: neither gym
+nor Shimmy needs to be installed."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import rlspeed
+
+
+class OldApiCounter:
+    """An env of the old gym API: float64 observations [position, time]; action 1 steps right, 0 left. Reaching
+    position 3 ends the episode (reward 1); its time limit, `limit` steps, ends it with done=True and
+    info["TimeLimit.truncated"]=True, as gym's TimeLimit said it."""
+
+    def __init__(self, limit: int = 6):
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, (2,), np.float64)
+        self.action_space = gym.spaces.Discrete(2)
+        self.limit, self.position, self.t = limit, 0, 0
+
+    def seed(self, seed=None):
+        return [seed]
+
+    def reset(self):
+        self.position = self.t = 0
+        return np.array([self.position, self.t], dtype=np.float64)
+
+    def step(self, action):
+        self.position += 1 if int(action) == 1 else -1
+        self.t += 1
+        obs = np.array([self.position, self.t], dtype=np.float64)
+        if self.position >= 3:
+            return obs, 1.0, True, {}
+        if self.t >= self.limit:
+            return obs, 0.0, True, {"TimeLimit.truncated": True}
+        return obs, 0.0, False, {}
+
+    def render(self, mode="human"):
+        return np.zeros((4, 4, 3), np.uint8)
+
+    def close(self):
+        pass
+
+
+class OldApiAdapter(gym.Env):
+    """What Shimmy's `GymV26Environment-v0` / `GymV21Environment-v0` are to Gymnasium: an env that makes the old env
+    its `env_id` option names and converts its API (done with TimeLimit.truncated becomes truncated)."""
+
+    def __init__(self, env_id: str = "counter", limit: int = 6):
+        assert env_id == "counter", env_id
+        self.old = OldApiCounter(limit)
+        self.observation_space, self.action_space = self.old.observation_space, self.old.action_space
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.old.reset(), {}
+
+    def step(self, action):
+        obs, reward, done, info = self.old.step(action)
+        truncated = bool(info.pop("TimeLimit.truncated", False))
+        return obs, reward, done and not truncated, truncated, info
+
+
+gym.register("LegacyAdapter-v0", entry_point=OldApiAdapter, disable_env_checker=True)
+
+
+def test_an_env_option_named_env_id_reaches_the_env(tmp_path):
+    """Shimmy's documented route for an env registered with old gym, `GymV26Environment-v0` with its option
+    `env_id`, failed as `PPO("GymV26Environment-v0", env_kwargs={"env_id": ...})` with Python's TypeError
+    "make_env() got multiple values for argument 'env_id'" (the options were passed as make_env's keywords); an option
+    named `env_id` now reaches the env, in training, evaluation and a loaded model, and `make_env` takes it after the
+    id as `gymnasium.make` does."""
+    model = rlspeed.PPO("LegacyAdapter-v0", env_kwargs={"env_id": "counter"}, seed=0, device="cpu",
+                        env_backend="gymnasium", num_envs=2, num_steps=8, batch_size=16)
+    model.learn(16, progress_bar=False)
+    assert model.spec.env_kwargs == {"env_id": "counter"}
+    assert model.evaluate(episodes=2)["episodes"] == 2
+    model.save(tmp_path / "model.pt")
+    loaded = rlspeed.PPO.load(tmp_path / "model.pt", device="cpu")
+    loaded.learn(16, progress_bar=False)
+    assert rlspeed.evaluate(loaded, "LegacyAdapter-v0", episodes=2, env_kwargs={"env_id": "counter"})["episodes"] == 2
+
+    env = rlspeed.make_env("LegacyAdapter-v0", env_id="counter", num_envs=2, device="cpu")
+    assert env.spec.env_kwargs == {"env_id": "counter"}
+    env.close()
+    env = rlspeed.make_env("LegacyAdapter-v0", env_kwargs={"env_id": "counter", "limit": 4}, device="cpu")
+    assert env.spec.env_kwargs == {"env_id": "counter", "limit": 4}
+    env.close()
+    env = rlspeed.make_env(env_id="CartPole-v1", num_envs=2, device="cpu")  # (alone, env_id= is the id)
+    assert env.spec.env_id == "CartPole-v1"
+    env.close()
+    with pytest.raises(rlspeed.UserError, match="both as a keyword and in env_kwargs"):
+        rlspeed.make_env("LegacyAdapter-v0", env_id="counter", env_kwargs={"env_id": "counter"})
