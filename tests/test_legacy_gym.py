@@ -4,6 +4,10 @@ nor Shimmy needs to be installed."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from importlib.util import find_spec
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -94,3 +98,35 @@ def test_an_env_option_named_env_id_reaches_the_env(tmp_path):
     env.close()
     with pytest.raises(rlspeed.UserError, match="both as a keyword and in env_kwargs"):
         rlspeed.make_env("LegacyAdapter-v0", env_id="counter", env_kwargs={"env_id": "counter"})
+
+
+@pytest.mark.filterwarnings("ignore:.*Overriding environment")
+def test_shimmys_ids_import_shimmy(tmp_path, monkeypatch):
+    """Gymnasium registers `GymV26Environment-v0` with a stand-in that raises ImportError until `import shimmy`: a
+    model of that id said "Cannot make 'GymV26Environment-v0': To use the gym compatibility environments, run `pip
+    install "shimmy[gym-v21]"`" with Shimmy installed (an install that would move numpy below 2). rlspeed imports
+    Shimmy for its ids now, as it imports MiniGrid for MiniGrid's, and says what to install where it is missing."""
+    from gymnasium.envs import _raise_shimmy_error
+
+    monkeypatch.setitem(gym.registry, "GymV26Environment-v0",
+                        gym.envs.registration.EnvSpec("GymV26Environment-v0", entry_point=_raise_shimmy_error))
+    monkeypatch.delitem(sys.modules, "shimmy", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "shimmy" else find_spec(name))
+    with pytest.raises(rlspeed.UserError, match=r"needs Shimmy and gym: pip install shimmy gym\.$"):
+        rlspeed.PPO("GymV26Environment-v0", env_kwargs={"env_id": "counter"}, device="cpu")
+    monkeypatch.undo()
+
+    # a Shimmy of its own: a package that registers the id on import, as Shimmy does
+    (tmp_path / "shimmy").mkdir()
+    (tmp_path / "shimmy" / "__init__.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register('GymV26Environment-v0', entry_point='test_legacy_gym:OldApiAdapter')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "shimmy", raising=False)
+    monkeypatch.setitem(gym.registry, "GymV26Environment-v0",
+                        gym.envs.registration.EnvSpec("GymV26Environment-v0", entry_point=_raise_shimmy_error))
+    model = rlspeed.PPO("GymV26Environment-v0", env_kwargs={"env_id": "counter"}, seed=0, device="cpu",
+                        env_backend="gymnasium", num_envs=2, num_steps=8, batch_size=16)
+    model.learn(16, progress_bar=False)
+    assert sys.modules["shimmy"].__file__.startswith(str(tmp_path))
+    model.close()

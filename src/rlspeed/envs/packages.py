@@ -64,9 +64,31 @@ PACKAGE_FAMILIES = {"MinAtar/": ("MinAtar", "minatar.gym", "minatar"),
                     "MiniGrid-": ("MiniGrid", "minigrid", "minigrid"), "BabyAI-": ("BabyAI", "minigrid", "minigrid")}
 
 
+#: Shimmy's adapters of envs of the old gym package. Gymnasium registers these ids itself with a stand-in entry point
+#: that raises ImportError ("pip install shimmy[gym-v21]", whose gym pins numpy below 2) until `import shimmy`
+#: registers Shimmy's own, also where Shimmy is installed.
+SHIMMY_GYM_IDS = ("GymV21Environment-v0", "GymV26Environment-v0")
+
+
+def _register_shimmy(env_id: str) -> None:
+    """For one of `SHIMMY_GYM_IDS` not registered by Shimmy yet: import Shimmy, which registers it; UserError with the
+    pip command when Shimmy is not installed."""
+    spec = gym.registry.get(env_id)
+    if spec is not None and isinstance(spec.entry_point, str) and spec.entry_point.startswith("shimmy"):
+        return
+    if importlib.util.find_spec("shimmy") is None:
+        raise UserError(f"'{env_id}' is Shimmy's adapter of envs written for the old gym package, and needs Shimmy and "
+                        "gym: pip install shimmy gym.")
+    import_gym_packages(["shimmy"], "(which registers Shimmy's adapters of gym envs)")
+
+
 def register_family(env_id: str) -> None:
     """For an unregistered id of a family in `PACKAGE_FAMILIES`: import its package, which registers it (as
-    `--gym-packages` would); UserError with the pip command when the package is not installed."""
+    `--gym-packages` would); UserError with the pip command when the package is not installed. Shimmy's ids
+    (`SHIMMY_GYM_IDS`) import Shimmy the same way."""
+    if env_id in SHIMMY_GYM_IDS:
+        _register_shimmy(env_id)
+        return
     if env_id in gym.registry:
         return
     for prefix, (family, module, package) in PACKAGE_FAMILIES.items():
