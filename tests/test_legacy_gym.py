@@ -5,6 +5,7 @@ nor Shimmy needs to be installed."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from importlib.util import find_spec
 
@@ -130,3 +131,51 @@ def test_shimmys_ids_import_shimmy(tmp_path, monkeypatch):
     model.learn(16, progress_bar=False)
     assert sys.modules["shimmy"].__file__.startswith(str(tmp_path))
     model.close()
+
+
+def _gym_package_space(space: gym.spaces.Space):
+    """A space of the old gym package, without gym: a class of the same name from module gym.spaces (what gym's
+    spaces are to Gymnasium: no gymnasium.spaces.Space), holding Gymnasium's space for its attributes."""
+    kind = type(type(space).__name__, (), {"__module__": f"gym.spaces.{type(space).__name__.lower()}",
+                                           "__getattr__": lambda self, name: getattr(space, name)})
+    return kind()
+
+
+class NewApiOldSpaces(gym.Env):
+    """An env of Gymnasium's API whose spaces are the gym package's (`which`: "observation", "action", or "key", a
+    gym Box inside Gymnasium's Dict)."""
+
+    def __init__(self, which: str = "observation"):
+        box, discrete = gym.spaces.Box(-1.0, 1.0, (2,), np.float64), gym.spaces.Discrete(2)
+        self.observation_space = _gym_package_space(box) if which == "observation" else box
+        if which == "key":
+            self.observation_space = gym.spaces.Dict({"position": box})
+            self.observation_space.spaces["position"] = _gym_package_space(box)
+        self.action_space = _gym_package_space(discrete) if which == "action" else discrete
+
+    def reset(self, seed=None, options=None):
+        return np.zeros(2), {}
+
+    def step(self, action):
+        return np.zeros(2), 0.0, False, False, {}
+
+
+gym.register("NewApiOldSpaces-v0", entry_point=NewApiOldSpaces, disable_env_checker=True)
+
+
+@pytest.mark.parametrize("which, message", [
+    ("observation", "has an observation space of the old gym package (gym.spaces.box.Box), not of Gymnasium"),
+    ("action", "has an action space of the old gym package (gym.spaces.discrete.Discrete), not of Gymnasium"),
+    ("key", "has an observation space inside its Dict of the old gym package (gym.spaces.box.Box)")])
+def test_spaces_of_the_gym_package_are_named(which, message):
+    """An env whose spaces are the old gym package's (gym.spaces.Box: no Gymnasium space) was refused with messages
+    contradicting themselves: "has a Box observation space, which no rlspeed encoder handles; convert it to Box,
+    ...", "has a Discrete action space; rlspeed supports Discrete, ...". One sentence now names gym's space and the
+    fix, for an id and for a Stable-Baselines3 VecEnv alike."""
+    with pytest.raises(rlspeed.UserError) as raised:
+        rlspeed.PPO("NewApiOldSpaces-v0", env_kwargs={"which": which}, device="cpu")
+    assert message in str(raised.value) and "gymnasium.spaces" in str(raised.value)
+    assert "GymV26CompatibilityV0" in str(raised.value) and "\n" not in str(raised.value)
+    DummyVecEnv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv
+    with pytest.raises(rlspeed.UserError, match=re.escape(message)):
+        rlspeed.PPO(DummyVecEnv([lambda: NewApiOldSpaces(which)]), device="cpu")

@@ -69,6 +69,7 @@ from rlspeed.envs.base import (
     constructor_defaults,
     counted,
     find_wrapper,
+    foreign_space_problem,
     integer_range,
     numpy_dtype,
     obs_batch_size,
@@ -1732,6 +1733,9 @@ class Algorithm:
         """UserError, when the model is made, for an action space (or, in subclasses, an observation space for what
         the config asks) this algorithm cannot train on."""
         space = spec.action_space
+        problem = foreign_space_problem(space, spec.env_id, "an action")
+        if problem:
+            raise UserError(problem)
         if isinstance(space, gym.spaces.Discrete) and not self.supports_discrete:
             raise UserError(f"{type(self).__name__} needs continuous (Box) actions, but {spec.env_id} has discrete "
                             f"actions; use ppo or dqn{_continuous_option_hint(spec, True)}.")

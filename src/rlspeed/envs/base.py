@@ -94,6 +94,32 @@ def _describe(space: gym.Space) -> str:
     return type(space).__name__
 
 
+def foreign_space_problem(space, env_id: str, what: str) -> str | None:
+    """One sentence where `space` (an env's `what`, "observation" or "action" space), or a part of a Dict or Tuple of
+    Gymnasium's, is no Gymnasium space; None where it is one. The gym package's spaces (research code written for the
+    old gym API) are told apart: they look the same and have the same names, so an isinstance check of Gymnasium's
+    refuses them with a message naming their own class ("a Box space ... convert it to Box")."""
+    parts = [space]
+    if isinstance(space, gym.spaces.Dict):
+        parts += list(space.spaces.values())
+    elif isinstance(space, gym.spaces.Tuple):
+        parts += list(space.spaces)
+    foreign = next((part for part in parts if not isinstance(part, gym.spaces.Space)), None)
+    if foreign is None:
+        return None
+    kind = type(foreign)
+    where = "" if foreign is space else f" inside its {type(space).__name__}"
+    if kind.__module__.split(".")[0] == "gym":
+        return (f"'{env_id}' has {what} space{where} of the old gym package ({kind.__module__}."
+                f"{kind.__name__}), not of Gymnasium: build it with gymnasium.spaces (the same classes and "
+                "arguments), or, where all its spaces are gym's, wrap the env in Shimmy's "
+                "GymV26CompatibilityV0(env=env), which converts them (GymV21CompatibilityV0 for an env whose step "
+                "returns (obs, reward, done, info)).")
+    return (f"'{env_id}' has {what} space{where} of type {kind.__module__}.{kind.__name__}, which is no Gymnasium "
+            "space: give the env spaces of gymnasium.spaces (Box, Discrete, MultiDiscrete, MultiBinary, Dict, "
+            "Tuple).")
+
+
 _WARNED_DROPPED: set[tuple[str, tuple[str, ...]]] = set()  # (env id, dropped keys) warned about in this process
 
 
@@ -105,8 +131,12 @@ def check_observation_space(space: gym.Space, env_id: str) -> gym.Space:
     must hold those spaces; a key holding anything else that cannot be encoded as numbers (MiniGrid's `mission`
     text, a Text, Graph or Sequence space) is dropped, with one warning naming the keys (once per env id and
     process). A Tuple becomes a Dict with
-    keys "0", "1", ... A Dict or Tuple inside a Dict or Tuple, and Text, Graph or Sequence spaces alone, are refused.
+    keys "0", "1", ... A Dict or Tuple inside a Dict or Tuple, and Text, Graph or Sequence spaces alone, are refused,
+    and so is a space that is no Gymnasium space (the old gym package's: `foreign_space_problem`).
     """
+    problem = foreign_space_problem(space, env_id, "an observation")
+    if problem:
+        raise UserError(problem)
     if isinstance(space, _LEAF_SPACES):
         if isinstance(space, gym.spaces.Box) and space.shape is not None and 0 in space.shape:
             raise UserError(f"'{env_id}' has an empty Box observation space {space.shape}: nothing to learn from.")
