@@ -179,3 +179,26 @@ def test_spaces_of_the_gym_package_are_named(which, message):
     DummyVecEnv = pytest.importorskip("stable_baselines3.common.vec_env").DummyVecEnv
     with pytest.raises(rlspeed.UserError, match=re.escape(message)):
         rlspeed.PPO(DummyVecEnv([lambda: NewApiOldSpaces(which)]), device="cpu")
+
+
+@pytest.mark.parametrize("version, adapter", [("0.26.2", "GymV26Environment-v0"), ("0.21.0", "GymV21Environment-v0")])
+def test_an_id_of_the_old_gym_registry_names_shimmys_adapter(version, adapter, monkeypatch):
+    """An id research code registers with old gym (`gym.register(...)` on import, `module:EnvId`) was "Unknown env
+    id ... If a package registers it, import that package first": the package was imported, into gym's registry. One
+    sentence now says so and names Shimmy's id that makes it a Gymnasium env, with its options."""
+    import types
+
+    gym_module = types.ModuleType("gym")
+    gym_module.__version__ = version
+    specs = {"LegacyCounter-v0": object()}
+    # (gym 0.26 keeps a dict as gym.envs.registry; gym 0.21 an EnvRegistry whose env_specs is the dict)
+    registry = specs if version.startswith("0.26") else types.SimpleNamespace(env_specs=specs)
+    gym_module.envs = types.SimpleNamespace(registry=registry)
+    monkeypatch.setitem(sys.modules, "gym", gym_module)
+    with pytest.raises(rlspeed.UserError) as raised:
+        rlspeed.PPO("LegacyCounter-v0", device="cpu")
+    message = str(raised.value)
+    assert message.startswith(f"'LegacyCounter-v0' is registered with the old gym package (gym {version}), not with "
+                              f"Gymnasium: Shimmy's {adapter} makes it a Gymnasium env"), message
+    assert "'env_id': 'LegacyCounter-v0'" in message and "\n" not in message
+    assert ("apply_api_compatibility" in message) == version.startswith("0.26")

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import pickle
 import re
+import sys
 import time
 import warnings
 import weakref
@@ -57,11 +58,41 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
             raise UserError(f"Unknown env id '{env_id}': ale-py gives the RAM of {ram.group(1)}{ram.group(2)} with the "
                             f"env option obs_type=\"ram\" (make_env(..., obs_type=\"ram\"), env_kwargs={{\"obs_type\": "
                             "\"ram\"}, or --env-kwargs obs_type=ram).") from None
+        old_gym = old_gym_registered(env_id)
+        if old_gym:
+            raise UserError(old_gym) from None
         hint = (f" Did you mean {', '.join(close)}?" if close else "") + (
             " If a package registers it, import that package first, or name it in the id (`MODULE:EnvId`; the CLI "
             "also takes `--gym-packages MODULE`); `python -c \"import gymnasium; print(list(gymnasium.registry))\"` "
             "lists the registered ids.")
         raise UserError(f"Unknown env id '{env_id}'.{hint}") from None
+
+
+def old_gym_registered(env_id: str) -> str | None:
+    """One sentence where `env_id`, unknown to Gymnasium, is registered with the old gym package (which a script or its
+    `module:EnvId` module imported: rlspeed never imports gym), naming Shimmy's id that makes it a Gymnasium env and
+    the options it needs; else None."""
+    old = sys.modules.get("gym")
+    registry = getattr(getattr(old, "envs", None), "registry", None)
+    specs = getattr(registry, "env_specs", registry)  # (gym below 0.26 keeps its specs in registry.env_specs)
+    try:
+        if not isinstance(specs, dict) or env_id not in specs:
+            return None
+    except Exception:  # noqa: BLE001 (a module named gym that is no gym: nothing to say)
+        return None
+    version = str(getattr(old, "__version__", ""))
+    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if numbers and numbers < (0, 26):  # (gym.make gives its envs in the old API, which Shimmy's V21 adapter converts)
+        return (f"'{env_id}' is registered with the old gym package (gym {version}), not with Gymnasium: Shimmy's "
+                f"GymV21Environment-v0 makes it a Gymnasium env, that id with env_kwargs={{'env_id': '{env_id}'}} "
+                "(pip install shimmy; --env-kwargs env_id=... on the command line).")
+    checker = int(np.__version__.split(".")[0]) >= 2  # (gym 0.26's env checker uses np.bool8, gone in numpy 2)
+    make_kwargs = ", 'make_kwargs': {'disable_env_checker': True}" if checker else ""
+    why = "; gym 0.26 checks envs with np.bool8, which numpy 2 lacks" if checker else ""
+    return (f"'{env_id}' is registered with the old gym package (gym {version or '0.26'}), not with Gymnasium: "
+            f"Shimmy's GymV26Environment-v0 makes it a Gymnasium env, that id with env_kwargs={{'env_id': "
+            f"'{env_id}'{make_kwargs}}} (pip install shimmy{why}), and 'apply_api_compatibility': True in its "
+            "make_kwargs for an env whose step returns (obs, reward, done, info).")
 
 
 _NO_ROWS = np.empty(0, dtype=np.int64)  # info["final_rows"] of a step where no env finished
