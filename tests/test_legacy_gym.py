@@ -202,3 +202,38 @@ def test_an_id_of_the_old_gym_registry_names_shimmys_adapter(version, adapter, m
                               f"Gymnasium: Shimmy's {adapter} makes it a Gymnasium env"), message
     assert "'env_id': 'LegacyCounter-v0'" in message and "\n" not in message
     assert ("apply_api_compatibility" in message) == version.startswith("0.26")
+
+
+class OldApiCounterOfGymSpaces(OldApiCounter):
+    """`OldApiCounter` with the gym package's spaces, as an env written for old gym has them."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = _gym_package_space(self.observation_space)
+        self.action_space = _gym_package_space(self.action_space)
+
+
+class Gym26Counter(OldApiCounterOfGymSpaces):
+    """An env of gym 0.26's API (reset(seed=...)), with gym's spaces."""
+
+    def reset(self, seed=None, options=None):
+        return super().reset(), {}
+
+
+@pytest.mark.parametrize("env, advice", [
+    (OldApiCounterOfGymSpaces(), "wrap it as shimmy.GymV21CompatibilityV0(env=env) (pip install shimmy gym), then as "
+                                 "Stable-Baselines3's DummyVecEnv([lambda: adapted])"),
+    (Gym26Counter(), "wrap it as shimmy.GymV26CompatibilityV0(env=env)"),
+    (OldApiCounter(), "its spaces are Gymnasium's already, so make it a gymnasium.Env whose reset returns "
+                      "(obs, info)")])
+def test_a_single_env_of_the_old_gym_api_names_its_adapter(env, advice):
+    """A single env of the old gym API (or the gym package's) passed to a model was refused with "...; got a
+    OldApiCounter.", naming no way to train on it. One sentence now names Shimmy's adapter for its API (or, where
+    its spaces are Gymnasium's, which Shimmy does not convert, what to change)."""
+    for call in (lambda: rlspeed.PPO(env, device="cpu"), lambda: rlspeed.DQN(env, device="cpu"),
+                 lambda: rlspeed.make_env(env)):
+        with pytest.raises(rlspeed.UserError) as raised:
+            call()
+        message = str(raised.value)
+        assert f"not a single env ({type(env).__name__}) of the gym package or the old gym API: {advice}" in message
+        assert "\n" not in message and message.endswith(".")

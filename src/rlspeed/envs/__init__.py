@@ -391,6 +391,9 @@ def _check_env_id(env_id) -> None:
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): {by_id}wrap it as Stable-Baselines3's "
                         "DummyVecEnv([lambda: env]) or gymnasium.vector.SyncVectorEnv([lambda: env], "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
+    if _env_like(env_id):  # (reset, step and spaces, no gymnasium.Env: the gym package's, or the old gym API's)
+        raise UserError(f"{accepted}, not a single env ({kind}) of the gym package or the old gym API: "
+                        f"{_old_env_adapter(env_id)}.")
     if callable(env_id):  # (an env factory, as SB3's make_vec_env and Gymnasium's vector envs take)
         what = "class" if isinstance(env_id, type) else "function"
         raise UserError(f"{accepted}, not a {what} ({getattr(env_id, '__name__', kind)}): give the vector env of the "
@@ -398,6 +401,34 @@ def _check_env_id(env_id) -> None:
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
     raise UserError(f"{accepted}; got a {kind}.")
 
+
+
+def _env_like(env) -> bool:
+    """Whether `env` (no gymnasium.Env) has an env's methods and spaces: an env of the gym package or written for the
+    old gym API, which Shimmy adapts."""
+    return (not isinstance(env, type) and callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
+            and hasattr(env, "observation_space") and hasattr(env, "action_space"))
+
+
+def _old_env_adapter(env) -> str:
+    """How to adapt a single env of the gym package or the old gym API (`_env_like`) into a vector env rlspeed takes:
+    Shimmy's adapter by its reset's signature (a `seed` parameter: gym 0.26's API; else the old one, as
+    Stable-Baselines3 decides), which converts only gym's spaces."""
+    import inspect
+
+    try:
+        new_api = "seed" in inspect.signature(env.reset).parameters
+    except (TypeError, ValueError):
+        new_api = False
+    adapter = "GymV26CompatibilityV0" if new_api else "GymV21CompatibilityV0"
+    spaces = (env.observation_space, env.action_space)
+    if any(isinstance(space, gym.spaces.Space) for space in spaces):  # (Shimmy converts gym's spaces, no others)
+        return ("its spaces are Gymnasium's already, so make it a gymnasium.Env whose reset returns (obs, info) and "
+                "step (obs, reward, terminated, truncated, info) (Shimmy's GymV21CompatibilityV0 adapts only envs "
+                "whose spaces are gym's), then wrap it as Stable-Baselines3's DummyVecEnv([lambda: env])")
+    return (f"wrap it as shimmy.{adapter}(env=env) (pip install shimmy gym), then as Stable-Baselines3's "
+            f"DummyVecEnv([lambda: adapted]) or gymnasium.vector.SyncVectorEnv([lambda: adapted], "
+            "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP)")
 
 
 def _backend_name(env: BatchedEnv) -> str:

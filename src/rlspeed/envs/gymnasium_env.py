@@ -480,9 +480,12 @@ def check_shape(observation, shape: tuple[int, ...], where: str = "", source: st
                         "declare the shape they return.")
 
 
-# what an env written for the old gym API (step: obs, reward, done, info; reset: obs) is wrapped in, in Gymnasium 1.x
-OLD_GYM_API = ('Shimmy\'s compatibility env adapts envs of the old gym API: pip install "shimmy[gym-v21]", then '
-               'gymnasium.make("GymV21Environment-v0", env=YourEnv())')
+# what an env written for the old gym API (step: obs, reward, done, info; reset: obs) is wrapped in, in Gymnasium 1.x:
+# Shimmy's adapter, which needs gym importable (any version: "shimmy[gym-v21]" pins gym below 0.26 and numpy below 2)
+# and converts only gym's spaces; gymnasium.make("GymV21Environment-v0") finds it only after `import shimmy`
+OLD_GYM_API = ("Shimmy's GymV21CompatibilityV0 adapts an env of the old gym API whose spaces are gym's: pip install "
+               "shimmy gym, then shimmy.GymV21CompatibilityV0(env=YourEnv()) (an env with spaces of gymnasium.spaces "
+               "returns Gymnasium's reset and step itself)")
 _NOT_CALLED = object()  # (`contract_problem`: no value returned yet)
 
 
