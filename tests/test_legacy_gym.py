@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import rlspeed
+from rlspeed.errors import EnvStepError
 
 
 class OldApiCounter:
@@ -237,3 +238,56 @@ def test_a_single_env_of_the_old_gym_api_names_its_adapter(env, advice):
         message = str(raised.value)
         assert f"not a single env ({type(env).__name__}) of the gym package or the old gym API: {advice}" in message
         assert "\n" not in message and message.endswith(".")
+
+
+class OldApiGymnasiumEnv(OldApiCounter, gym.Env):
+    """An env moved to Gymnasium by `import gymnasium as gym` alone: a gymnasium.Env whose reset and step are still the
+    old API's (`reset_ok`: its reset already Gymnasium's, its step not)."""
+
+    reset_ok = False
+
+    def reset(self, seed=None, options=None):
+        return (OldApiCounter.reset(self), {}) if self.reset_ok else OldApiCounter.reset(self)
+
+
+class OldStepGymnasiumEnv(OldApiGymnasiumEnv):
+    reset_ok = True
+
+
+@pytest.mark.parametrize("env_class, message", [
+    (OldApiGymnasiumEnv, "'user-sb3-vec-env'.reset() returned a ndarray of shape (2,): Gymnasium's reset returns "
+                         "(obs, info)"),
+    (OldStepGymnasiumEnv, "'user-sb3-vec-env'.step() returned 4 values: Gymnasium's step returns (obs, reward, "
+                          "terminated, truncated, info), and (obs, reward, done, info) is the old gym API's step")])
+@pytest.mark.parametrize("monitored", [False, True])
+def test_an_old_api_env_in_a_dummy_vec_env_is_named(env_class, message, monitored):
+    """An env of the old gym API in Stable-Baselines3's DummyVecEnv (or make_vec_env, whose Monitor unpacks steps
+    itself) failed with SB3's own errors: "raised TypeError in reset(): reset() got an unexpected keyword argument
+    'seed'", "raised ValueError in step(): not enough values to unpack (expected 5, got 4)". One sentence now says what
+    the env returned and names Shimmy's adapter, as for Gymnasium's vector envs; an error inside the env stays its
+    own."""
+    vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+    if monitored:
+        from stable_baselines3.common.env_util import make_vec_env
+
+        env = make_vec_env(env_class, n_envs=2)
+    else:
+        env = vec_env.DummyVecEnv([env_class] * 2)
+    model = rlspeed.PPO(env, seed=0, device="cpu", num_steps=8, batch_size=16)
+    with pytest.raises(rlspeed.UserError) as raised:
+        model.learn(16, progress_bar=False)
+    assert str(raised.value).startswith(message) and "shimmy.GymV21CompatibilityV0(env=YourEnv())" in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_error_inside_an_env_of_a_dummy_vec_env_stays_its_own():
+    """The env's own error, raised inside its step, is not taken for SB3's unpacking of what it returned."""
+    vec_env = pytest.importorskip("stable_baselines3.common.vec_env")
+
+    class Failing(OldStepGymnasiumEnv):
+        def step(self, action):
+            raise ValueError("not enough values to unpack (expected 5, got 4)")
+
+    model = rlspeed.PPO(vec_env.DummyVecEnv([Failing]), seed=0, device="cpu", num_steps=8, batch_size=8)
+    with pytest.raises(EnvStepError, match="raised ValueError in step"):
+        model.learn(8, progress_bar=False)

@@ -17,6 +17,7 @@ import torch
 
 from rlspeed.envs.base import BatchedEnv, EnvSpec
 from rlspeed.envs.gymnasium_env import (
+    _NUMPY_DIR,
     USER_SB3_VEC_ENV,
     HostObservations,
     _to_numpy_actions,
@@ -26,6 +27,7 @@ from rlspeed.envs.gymnasium_env import (
     host_tensor,
     mask_size,
     obs_and_final,
+    probe_contract,
     registered_vector_env_id,
     to_device,
     warn_unapplied_masks,
@@ -93,6 +95,19 @@ def monitored(vec_env) -> bool:
         return bool(all(vec_env.env_is_wrapped(Monitor)))
     except Exception:  # (a VecEnv of another package with SB3's interface, without env_is_wrapped)
         return False
+
+
+def _raised_by(error: BaseException, owner) -> bool:
+    """Whether `error` was raised in a method of `owner` or of a Gymnasium wrapper (its innermost frame outside numpy):
+    where SB3's DummyVecEnv, or a wrapper around its envs (SB3's Monitor), calls an env and unpacks what it returns,
+    not inside an env."""
+    frame, tb = None, error.__traceback__
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(_NUMPY_DIR):
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    return frame is not None and (frame.f_locals.get("self") is owner or isinstance(frame.f_locals.get("self"),
+                                                                                  gym.Wrapper))
 
 
 class SB3VecEnv(BatchedEnv):
@@ -174,7 +189,16 @@ class SB3VecEnv(BatchedEnv):
                 # such a VecEnv runs unseeded, said once per VecEnv class, rather than stop every seeded model and
                 # every evaluation (EvalCallback always seeds)
                 _warn_unseeded(self.vec_env, error)
-        obs = self.vec_env.reset()
+        try:
+            obs = self.vec_env.reset()
+        except Exception as error:
+            self._name_contract_breach("reset", error)
+            raise
+        infos = self._reset_infos() or []
+        bad = next((i for i, info in enumerate(infos) if not isinstance(info, dict)), None)
+        if bad is not None:  # (SB3 unpacked an old-API reset's observation of 2 values as (obs, info))
+            raise UserError(self._probe("reset") or f"Env {bad} of this VecEnv gave a reset info of type "
+                            f"{type(infos[bad]).__name__}: Gymnasium's reset returns (obs, info), info a dict.")
         self._masks_in_reset_infos()
         if self._float_vector:
             return host_tensor(obs, self.device), self._masks()
@@ -184,8 +208,13 @@ class SB3VecEnv(BatchedEnv):
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` (and `action_mask`,
         for the returned observations, where the envs give masks; `is_success` once an episode's info
         has it, as for Gymnasium envs)."""
-        self.vec_env.step_async(_to_numpy_actions(actions, self.spec.action_space))
-        obs, rewards, dones, infos = self.vec_env.step_wait()
+        numpy_actions = _to_numpy_actions(actions, self.spec.action_space)
+        self.vec_env.step_async(numpy_actions)
+        try:
+            obs, rewards, dones, infos = self.vec_env.step_wait()
+        except Exception as error:
+            self._name_contract_breach("step", error, numpy_actions)
+            raise
         obs = np.array(obs, dtype=np.float32) if self._float_vector else self._host.batch(obs)
         dones = np.asarray(dones, dtype=bool).reshape(-1)
         finished = np.flatnonzero(dones)
@@ -221,6 +250,26 @@ class SB3VecEnv(BatchedEnv):
         return (obs_t, host_tensor(rewards, self.device).reshape(-1),
                 torch.as_tensor(dones & ~truncated, device=self.device), torch.as_tensor(truncated, device=self.device),
                 info)
+
+    def _name_contract_breach(self, call: str, error: Exception, actions=None) -> None:
+        """UserError naming what an env inside a DummyVecEnv returned against Gymnasium's contract, where the VecEnv
+        raised calling or unpacking it (an env of the old gym API: SB3's "not enough values to unpack (expected 5,
+        got 4)", "reset() got an unexpected keyword argument 'seed'"), found by calling its first env once more
+        (`probe_contract`: the run fails anyway); nothing where the error came from inside an env."""
+        inner = getattr(self.vec_env, "unwrapped", self.vec_env)
+        if isinstance(error, UserError) or not _raised_by(error, inner):
+            return
+        problem = self._probe(call, actions)
+        if problem:
+            raise UserError(problem) from error
+
+    def _probe(self, call: str, actions=None) -> str | None:
+        """`probe_contract` of the first env inside a DummyVecEnv (None for a VecEnv whose envs are elsewhere)."""
+        envs = getattr(getattr(self.vec_env, "unwrapped", self.vec_env), "envs", None)
+        if not envs:
+            return None
+        shape = self.spec.observation_shape if self._float_vector else None
+        return probe_contract(self.spec.env_id, call, envs[0], shape, None if actions is None else actions[0])
 
     def close(self) -> None:
         """Close the VecEnv (for SubprocVecEnv, its worker processes too)."""
