@@ -291,3 +291,36 @@ def test_an_error_inside_an_env_of_a_dummy_vec_env_stays_its_own():
     model = rlspeed.PPO(vec_env.DummyVecEnv([Failing]), seed=0, device="cpu", num_steps=8, batch_size=8)
     with pytest.raises(EnvStepError, match="raised ValueError in step"):
         model.learn(8, progress_bar=False)
+
+
+class Gym26Adapter(OldApiAdapter):
+    """What Shimmy's `GymV26Environment-v0` is to Gymnasium: its constructor takes no render_mode; gym.make's options,
+    render_mode among them, go in `make_kwargs`."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, env_id: str = "counter", make_kwargs: dict | None = None):
+        super().__init__(env_id)
+        self.render_mode = (make_kwargs or {}).get("render_mode")
+
+    def render(self):
+        return self.old.render(mode=self.render_mode) if self.render_mode == "rgb_array" else None
+
+
+def test_a_video_of_shimmys_gym26_adapter_asks_for_frames_in_make_kwargs(monkeypatch):
+    """A video of a model trained on `GymV26Environment-v0` (a gym 0.26 env through Shimmy) was refused: "its
+    constructor takes no render_mode (give it render_mode=None and a render() that returns an RGB array)": Shimmy's
+    adapter takes gym.make's render_mode in make_kwargs, where the video's env now asks for frames."""
+    from rlspeed.video import _render_env
+
+    monkeypatch.setitem(gym.registry, "GymV26Environment-v0",
+                        gym.envs.registration.EnvSpec("GymV26Environment-v0", entry_point=Gym26Adapter,
+                                                      disable_env_checker=True))
+    model = rlspeed.PPO("GymV26Environment-v0", env_kwargs={"env_id": "counter", "make_kwargs": {"render_mode": None}},
+                        seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8, batch_size=16)
+    env = _render_env(model)
+    env.reset(seed=0)
+    assert env.render().shape == (4, 4, 3)
+    assert model.spec.env_kwargs["make_kwargs"] == {"render_mode": None}  # (the model's own options stay as given)
+    env.close()
+    model.close()

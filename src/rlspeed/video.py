@@ -84,11 +84,15 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     atari_game = atari.preprocessed(env_id, env_kwargs)
     native = env_id in NATIVE_ENVS and backend in ("torch", "auto") and not env_kwargs
     make_id = f"rlspeed/{env_id}" if native else env_id
+    render_mode = {"render_mode": "rgb_array"}
+    if env_id == "GymV26Environment-v0":  # (Shimmy's adapter of a gym 0.26 env takes gym.make's options as make_kwargs)
+        env_kwargs["make_kwargs"] = {**(env_kwargs.get("make_kwargs") or {}), **render_mode}
+        render_mode = {}
     try:
         with warnings.catch_warnings():  # (gymnasium warns of a mode the env lacks; the check below says it once)
             warnings.simplefilter("ignore", UserWarning)
             env = (atari.make_atari_env(env_id, render_mode="rgb_array", **env_kwargs) if atari_game
-                   else gym.make(make_id, render_mode="rgb_array", **env_kwargs))
+                   else gym.make(make_id, **render_mode, **env_kwargs))
     except TypeError as error:
         if "argument 'render_mode'" not in str(error):
             raise UserError(f"'{env_id}' could not be made for a video: {error}.") from None

@@ -71,11 +71,11 @@ SHIMMY_GYM_IDS = ("GymV21Environment-v0", "GymV26Environment-v0")
 
 
 def _register_shimmy(env_id: str) -> None:
-    """For one of `SHIMMY_GYM_IDS` not registered by Shimmy yet: import Shimmy, which registers it; UserError with the
-    pip command when Shimmy is not installed."""
+    """For one of `SHIMMY_GYM_IDS` registered with Gymnasium's stand-in (or not at all): import Shimmy, which registers
+    it; UserError with the pip command when Shimmy is not installed."""
     spec = gym.registry.get(env_id)
-    if spec is not None and isinstance(spec.entry_point, str) and spec.entry_point.startswith("shimmy"):
-        return
+    if spec is not None and getattr(spec.entry_point, "__name__", None) != "_raise_shimmy_error":
+        return  # (Shimmy's own, or one the user registered)
     if importlib.util.find_spec("shimmy") is None:
         raise UserError(f"'{env_id}' is Shimmy's adapter of envs written for the old gym package, and needs Shimmy and "
                         "gym: pip install shimmy gym.")
