@@ -191,7 +191,8 @@ def test_an_id_of_the_old_gym_registry_names_shimmys_adapter(version, adapter, m
 
     gym_module = types.ModuleType("gym")
     gym_module.__version__ = version
-    specs = {"LegacyCounter-v0": object()}
+    specs = {"LegacyCounter-v0": types.SimpleNamespace(entry_point="research.envs:Counter"),
+             "LunarLander-v2": types.SimpleNamespace(entry_point="gym.envs.box2d.lunar_lander:LunarLander")}
     # (gym 0.26 keeps a dict as gym.envs.registry; gym 0.21 an EnvRegistry whose env_specs is the dict)
     registry = specs if version.startswith("0.26") else types.SimpleNamespace(env_specs=specs)
     gym_module.envs = types.SimpleNamespace(registry=registry)
@@ -203,6 +204,9 @@ def test_an_id_of_the_old_gym_registry_names_shimmys_adapter(version, adapter, m
                               f"Gymnasium: Shimmy's {adapter} makes it a Gymnasium env"), message
     assert "'env_id': 'LegacyCounter-v0'" in message and "\n" not in message
     assert ("apply_api_compatibility" in message) == version.startswith("0.26")
+    # gym's own envs (which Stable-Baselines3 registers by importing gym): Gymnasium's successor is the advice
+    with pytest.raises(rlspeed.UserError, match=r"Unknown env id 'LunarLander-v2'\. Did you mean LunarLander-v3"):
+        rlspeed.PPO("LunarLander-v2", device="cpu")
 
 
 class OldApiCounterOfGymSpaces(OldApiCounter):

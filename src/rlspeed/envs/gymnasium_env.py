@@ -70,16 +70,20 @@ def gym_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 def old_gym_registered(env_id: str) -> str | None:
     """One sentence where `env_id`, unknown to Gymnasium, is registered with the old gym package (which a script or its
-    `module:EnvId` module imported: rlspeed never imports gym), naming Shimmy's id that makes it a Gymnasium env and
-    the options it needs; else None."""
+    `module:EnvId` module imported, or Stable-Baselines3, which imports gym where it is installed: rlspeed never
+    imports it), by other code than gym's own envs, naming Shimmy's id that makes it a Gymnasium env and the options
+    it needs; else None."""
     old = sys.modules.get("gym")
     registry = getattr(getattr(old, "envs", None), "registry", None)
     specs = getattr(registry, "env_specs", registry)  # (gym below 0.26 keeps its specs in registry.env_specs)
     try:
         if not isinstance(specs, dict) or env_id not in specs:
             return None
+        entry_point = getattr(specs[env_id], "entry_point", None)
     except Exception:  # noqa: BLE001 (a module named gym that is no gym: nothing to say)
         return None
+    if isinstance(entry_point, str) and entry_point.startswith("gym.envs."):
+        return None  # (gym's own envs, LunarLander-v2: Gymnasium has their successors, which the unknown id names)
     version = str(getattr(old, "__version__", ""))
     numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
     if numbers and numbers < (0, 26):  # (gym.make gives its envs in the old API, which Shimmy's V21 adapter converts)
