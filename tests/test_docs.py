@@ -256,27 +256,72 @@ def test_public_names_are_documented():
     assert not unnamed, "public names the docs never name (add them to docs/api.md): " + ", ".join(unnamed)
 
 
-def test_top_level_docstrings_name_every_argument():
-    """The docstring of each class and function in `rlspeed.__all__` (a class's: its own, its bases' or `__init__`'s)
-    names each of its arguments."""
+def undocumented_arguments(value, doc: str | None = None) -> list[str]:
+    """The arguments of a class or function (a class's: its `__init__`'s) that `doc` does not name; `doc` is by default
+    its docstrings: a function's, or a class's own, its bases' and its `__init__`'s. `self` and `*args`/`**kwargs`
+    need no mention; a value that is neither a class nor a function (a constant, a property) has none to name."""
     import inspect
 
-    import rlspeed
-
-    missing = []
-    for name in rlspeed.__all__:
-        value = getattr(rlspeed, name)
-        if not (inspect.isclass(value) or inspect.isfunction(value)):
-            continue
+    if not (inspect.isclass(value) or inspect.isroutine(value)):
+        return []
+    if doc is None:
         doc = "\n".join(klass.__doc__ or "" for klass in getattr(value, "__mro__", (value,)))
         if inspect.isclass(value):
             doc += "\n" + (value.__init__.__doc__ or "")
-        function = value.__init__ if inspect.isclass(value) else value
-        for parameter in inspect.signature(function).parameters.values():
-            if parameter.name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD) \
-                    and not re.search(rf"\b{parameter.name}\b", doc):
-                missing.append(f"{name}({parameter.name})")
+    function = value.__init__ if inspect.isclass(value) else value
+    return [parameter.name for parameter in inspect.signature(function).parameters.values()
+            if parameter.name != "self" and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+            and not re.search(rf"\b{parameter.name}\b", doc)]
+
+
+def test_top_level_docstrings_name_every_argument():
+    """The docstring of each class and function in `rlspeed.__all__` (a class's: its own, its bases' or `__init__`'s)
+    names each of its arguments."""
+    import rlspeed
+
+    missing = [f"{name}({argument})" for name in rlspeed.__all__
+               for argument in undocumented_arguments(getattr(rlspeed, name))]
     assert not missing, "arguments their docstring does not name: " + ", ".join(missing)
+
+
+_IMPORT = re.compile(r"^\s*from (?P<module>rlspeed(?:\.\w+)+) import (?P<names>\([^)]*\)|.*)$", re.MULTILINE)
+_MEMBERS = re.compile(r"^::: (?P<name>[\w.]+)\s*\n(?:[ \t]+\S.*\n)*?[ \t]+members: \[(?P<members>[^\]]*)\]",
+                      re.MULTILINE)
+#: classes whose arguments a page documents instead of their docstring: the configs, whose fields are the
+#: hyperparameters docs/algorithms.md tabulates (default, Stable-Baselines3's name, meaning)
+ARGUMENTS_ON_PAGE = {
+    f"rlspeed.algos.{name}": ROOT / "docs" / "algorithms.md"
+    for name in ("on_policy.OnPolicyConfig", "ppo.PPOConfig", "a2c.A2CConfig", "recurrent_ppo.RecurrentPPOConfig",
+                 "off_policy.OffPolicyConfig", "dqn.DQNConfig", "sac.SACConfig", "td3.TD3Config", "ddpg.DDPGConfig")}
+
+
+def directed_names() -> set[str]:
+    """The names of submodules the docs direct users to, as `rlspeed.x.y`: each imported by a page
+    (`from rlspeed.buffers import ReplayBuffer`), given dotted (`rlspeed.envs.NormalizeReward`, in prose, code or a
+    `:::` directive), or listed as a directive's `members:` (`rlspeed.buffers.ReplayBuffer.add`). The top-level names
+    (`rlspeed.PPO`) are `test_top_level_docstrings_name_every_argument`'s."""
+    names = set()
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for match in _IMPORT.finditer(text):
+            for imported in match["names"].strip("()").split(","):
+                if imported.strip():
+                    names.add(f"{match['module']}.{imported.split()[0]}")
+        names |= {dotted for dotted in _DOTTED.findall(text) if dotted.count(".") >= 2}
+        for match in _MEMBERS.finditer(text):
+            names |= {f"{match['name']}.{member.strip()}" for member in match["members"].split(",") if member.strip()}
+    return names - FILE_NAMES
+
+
+def test_directed_names_name_every_argument():
+    """Each class and function of a submodule the docs direct users to (`directed_names`) names each of its arguments
+    in its docstring, as the top-level names do (a config's: docs/algorithms.md, `ARGUMENTS_ON_PAGE`)."""
+    missing = []
+    for dotted in sorted(directed_names()):
+        page = ARGUMENTS_ON_PAGE.get(dotted)
+        doc = " ".join(f"`{span}`" for span in inline_code(page)) if page else None
+        missing += [f"{dotted}({argument})" for argument in undocumented_arguments(resolve(dotted), doc)]
+    assert not missing, "arguments their documentation does not name: " + ", ".join(missing)
 
 
 def test_documented_names_exist():
@@ -348,3 +393,7 @@ def test_api_checks_see_names_and_calls():
     spans = [span for _, span, _, _ in documented_calls()]
     assert any(span.startswith("PPO(") for span in spans) and any(span.startswith("model.learn(") for span in spans)
     assert ("rlspeed.population", "PER_MEMBER") in public_names()
+    directed = directed_names()
+    assert {"rlspeed.checkpoint.is_encrypted", "rlspeed.envs.NormalizeReward", "rlspeed.buffers.ReplayBuffer.add",
+            "rlspeed.algos.update.UpdateStep"} <= directed and set(ARGUMENTS_ON_PAGE) <= directed
+    assert undocumented_arguments(lambda env_id, *args, seed=0, **kwargs: None, "the `seed`") == ["env_id"]
