@@ -13,7 +13,16 @@ from rlspeed.accel.strategy import Strategy
 
 @dataclass
 class Trial:
-    """One candidate strategy run on the example inputs."""
+    """One candidate strategy run on the example inputs.
+
+    strategy: the candidate. ms_per_call: its best timed round, in milliseconds (forward and backward, or forward
+    under no_grad). speedup: over the simplest candidate, the median of round-paired time ratios. first_call_s: the
+    first call in seconds, compilation included. output_rel_err: ``||y - y_fp32|| / ||y_fp32||`` of its worst output;
+    grad_cosine: ``cosine(grad, grad_fp32)`` of its worst parameter; grad_norm_rel_err:
+    ``| ||grad|| - ||grad_fp32|| | / ||grad_fp32||`` of its worst parameter (each None where not measured).
+    passed: it ran within the tolerances; error: why not (an exception's first line or the tolerance it missed).
+    reference: the fp32 eager run the others are compared with.
+    """
 
     strategy: Strategy
     ms_per_call: float | None = None  # best of the timed rounds (forward+backward, or forward under no_grad)
@@ -43,7 +52,13 @@ class Trial:
 
 @dataclass
 class Decision:
-    """The strategy chosen for one kind of call (an input signature such as "batch<=256, training")."""
+    """The strategy chosen for one kind of call (an input signature such as "batch<=256, training").
+
+    signature: that kind of call ("all calls" for an update step). chosen: the strategy it runs. source: how it was
+    chosen: ``search``, ``cache``, ``forced`` (``RLSPEED_ACCELERATE`` or fixed arguments), ``only candidate``,
+    ``fallback``, or ``waiting`` (eager fp32 until its search runs). reason: why, in words. trials: the candidates
+    the search ran (empty without a search). search_s: the search's time in seconds (None without one).
+    """
 
     signature: str
     chosen: Strategy
@@ -61,7 +76,12 @@ class Decision:
 
 @dataclass
 class AccelReport:
-    """Everything `auto_accelerate` / `accelerate_step` decided for one model or step function."""
+    """Everything `auto_accelerate` / `accelerate_step` decided for one model or step function.
+
+    target: what was accelerated ("module ActorCritic", "step critic_loss"). device: the device it runs on. requested:
+    the caller's request after ``RLSPEED_ACCELERATE`` (precision, compile, graphs and ``env``, the forcing value or
+    None). decisions: one `Decision` per kind of call, in order. notes: remarks for the reader, each once.
+    """
 
     target: str  # "module ActorCritic" or "step critic_loss"
     device: str

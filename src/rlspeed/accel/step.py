@@ -118,7 +118,11 @@ def accelerate_step(loss_fn: Callable[..., Any], optimizer: torch.optim.Optimize
 
 
 class AcceleratedStep:
-    """A callable update step; made by `accelerate_step`. Call it with `loss_fn`'s arguments."""
+    """A callable update step; made by `accelerate_step`. Call it with `loss_fn`'s arguments.
+
+    Its arguments are `accelerate_step`'s, with the same meanings and defaults: `loss_fn`, `optimizer`, `params`,
+    `max_grad_norm`, `device`, `precision`, `compile`, `graphs`, `example_inputs`, `fused_optimizer` and `name`.
+    """
 
     def __init__(self, loss_fn: Callable[..., Any],
                  optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer], *,
