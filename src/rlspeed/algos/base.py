@@ -871,7 +871,15 @@ ROWS_PER_LEARN = 50
 class LearnResult:
     """What `learn` measured; `summary.json` is built from it. Its steps and clocks (`total_timesteps`, `train_wall_s`,
     `sps`, the target's, and each evaluation's `(steps, clock, mean)`: steps counted as `num_timesteps` is) cover the
-    call, or, for the first call after `resume`, the resumed run from its start, as summary.json does."""
+    call, or, for the first call after `resume`, the resumed run from its start, as summary.json does.
+
+    total_timesteps: env steps trained; train_wall_s: training time in seconds; sps: their ratio. target_return:
+    learn's `target_return` (None: no target); steps_to_target and time_to_target_s: the env steps and seconds from
+    the run's start to the evaluation that reached it (None until one does). evaluations: one
+    `(steps, clock, mean return)` per evaluation; confirmations: `(steps, mean return)` of each confirming evaluation
+    (fresh episodes run where an evaluation reached the target). stop_requested: training stopped because a rank was
+    asked to (`Algorithm.stop_requested`: a signal).
+    """
 
     total_timesteps: int = 0
     train_wall_s: float = 0.0
@@ -2491,8 +2499,8 @@ class Algorithm:
         return default_export_module(self)
 
     def export(self, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
-        """Write the deterministic policy as "onnx", "torchscript" or "exported_program" (None: the one the path's
-        suffix names: .onnx, .pt, .pt2), with a sidecar
+        """Write the deterministic policy to `path` in `format`, "onnx", "torchscript" or "exported_program" (None:
+        the one the path's suffix names: .onnx, .pt, .pt2), with a sidecar
         `path + ".json"` naming inputs, outputs and spaces (docs/export.md); returns the path. `action_mask`: add an
         `action_mask` input (None: when this model trained with the env's action masks)."""
         return export_policy(self, path, format=format, action_mask=action_mask)
@@ -2677,9 +2685,10 @@ class Algorithm:
 
     # --- checkpoints ------------------------------------------------------------------------------------------
     def save(self, path: str | Path, digest: str | None = None, **stable_baselines3) -> Path:
-        """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON), and what exact
-        resume needs (`resume`; `Algorithm.load` ignores it): random generators, native envs' state, the learn
-        loop's position, and with `save_replay_buffer` the replay buffer in a second file beside this one.
+        """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON) to `path` (with
+        `.safetensors` appended unless it ends so; returns the file written), and what exact resume needs (`resume`;
+        `Algorithm.load` ignores it): random generators, native envs' state, the learn loop's position, and with
+        `save_replay_buffer` the replay buffer in a second file beside this one.
         `digest`: the file's integrity digest, "sha256" or "sm3" (default: `RLSPEED_CHECKPOINT_DIGEST`, else
         sha256; the checkpoints a run writes take the variable's)."""
         if stable_baselines3:
@@ -2746,7 +2755,8 @@ class Algorithm:
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
              allow_nonfinite: bool = False, **overrides: typing.Any) -> Self:
-        """Rebuild a saved model on `device` (no unpickling). `env` is optional: without it, `learn` builds one.
+        """Rebuild the model saved at `path` (as given, or with `.safetensors` appended where that does not exist) on
+        `device` (no unpickling). `env` is optional: without it, `learn` builds one.
         `Algorithm.load` (rlspeed.algos.base) rebuilds whichever algorithm the file holds; `PPO.load` and the others
         refuse another's.
 
@@ -2913,10 +2923,10 @@ class Algorithm:
                 or bool(getattr(self, "_saved_on_vec_normalize_obs", False)))
 
     def resume(self, path: str | Path, verify: bool = True, allow_nonfinite: bool = False) -> None:
-        """Continue from a checkpoint of this same run (after a restart): weights, optimisers, statistics, steps, and
-        for the next learn() the rest of the run's state: random generators, native envs' states and episodes in
-        progress, the learn loop's position (next evaluation and checkpoint, the run's start for
-        `steps_to_target`), the replay buffer where it was saved (`save_replay_buffer`).
+        """Continue from the checkpoint at `path` (as for `load`), of this same run (after a restart): weights,
+        optimisers, statistics, steps, and for the next learn() the rest of the run's state: random generators, native
+        envs' states and episodes in progress, the learn loop's position (next evaluation and checkpoint, the run's
+        start for `steps_to_target`), the replay buffer where it was saved (`save_replay_buffer`).
 
         Exact: on the CPU with native envs in one process, a run resumed from a checkpoint continues bitwise as the
         uninterrupted run would have (tests/test_resume.py). Not exact: Gymnasium and Stable-Baselines3 envs cannot

@@ -49,7 +49,12 @@ HAND_DERIVED, AUTOGRAD, GRAPHS = "hand-derived", "autograd", "autograd+graphs"
 
 @dataclasses.dataclass(frozen=True)
 class UpdateChoice:
-    """Which update implementation runs (`HAND_DERIVED`, `AUTOGRAD` or `GRAPHS`) and the rule that chose it."""
+    """Which update implementation runs (`HAND_DERIVED`, `AUTOGRAD` or `GRAPHS`) and the rule that chose it.
+
+    implementation: one of those three names; reason: the rule, in words (as summary.json's `update` gives it);
+    by_frozen_parameters: the rule that decided was frozen parameters (a model whose parameters are all trained again
+    chooses anew).
+    """
 
     implementation: str
     reason: str
@@ -64,8 +69,11 @@ class UpdateStep:
     """One gradient update behind one call: `step(*batch, **hints) -> (loss, metrics)`.
 
     `hints` are optional shortcuts an implementation may take (PPO's `normalized`, `with_stats`); others ignore them,
-    so a caller never needs to know which implementation runs. `updates_targets`: the implementation also moves the
-    target networks (the hand-derived SAC update does its Polyak step itself).
+    so a caller never needs to know which implementation runs. `fn`: the implementation, called with the batch (and
+    the hints where `accepts_hints`); `choice`: the `UpdateChoice` that picked it. `updates_targets`: the
+    implementation also moves the target networks (the hand-derived SAC update does its Polyak step itself).
+    `report`: the acceleration layer's report, when it chose anything (None otherwise); `hand_derived`: the bare
+    hand-derived update object, for algorithm-specific fast paths (None for the other implementations).
     """
 
     def __init__(self, fn: Callable[..., tuple[torch.Tensor, Any]], choice: UpdateChoice, *,
@@ -153,6 +161,9 @@ def select_update(algo, *, loss_fn: Callable, optimizer: torch.optim.Optimizer, 
                   optimizers: tuple[type, ...] = (torch.optim.Adam,)) -> UpdateStep:
     """The update step `algo` trains with (the rules are in this module's docstring).
 
+    `loss_fn(*batch) -> (loss, metrics)`: the reference loss, which the autograd implementations differentiate;
+    `optimizer` steps `params`, the trained tensors; `max_grad_norm`: the global gradient norm they are clipped to
+    (None: no clipping); `name`: the update's name in the acceleration reports.
     `reference_cls`: the class whose loss methods (`reference_methods`, default `_loss`) the hand-derived update
     implements; `hand_derived`: builds it (None: the algorithm has none); `unsupported`: why this model's networks
     are outside what it covers (None: covered); `updates_targets`: the hand-derived update also does the target
