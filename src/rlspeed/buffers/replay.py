@@ -344,10 +344,12 @@ class ReplayBuffer:
     def add(self, obs: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor, next_obs: torch.Tensor,
             terminated: torch.Tensor, truncated: torch.Tensor, next_action_masks: torch.Tensor | None = None,
             reset_rows=None) -> None:
-        """Store one step of all N envs. `next_obs` is `info["final_obs"]` (the true last obs of finished rows);
-        `next_action_masks` (bool `[N, n]`, buffers made with `mask_size` only) the actions allowed there.
-        `reset_rows` (the adapters' host `info["final_rows"]`: the rows the env restarted) matters to the frame
-        layout only (`FrameStackReplayBuffer`)."""
+        """Store one step of all N envs: `obs`, `actions`, `rewards` and `next_obs` as `[N, ...]` tensors, with
+        `terminated` (the episode ended in a terminal state: no bootstrap from `next_obs`) and `truncated` (it ended
+        otherwise, a time limit: bootstrapped) `[N]` bool or 0/1; an n-step return stops at either. `next_obs` is
+        `info["final_obs"]` (the true last obs of finished rows); `next_action_masks` (bool `[N, n]`, buffers made
+        with `mask_size` only) the actions allowed there. `reset_rows` (the adapters' host `info["final_rows"]`: the
+        rows the env restarted) matters to the frame layout only (`FrameStackReplayBuffer`)."""
         self._check_step(actions, rewards)
         self._check_masks(next_action_masks)
         if self.n_step == 1:
@@ -451,9 +453,10 @@ class ReplayBuffer:
                          "num_envs": self.num_envs}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> str | None:
-        """Restore `state_dict`'s output (tensors on any device); returns why it cannot (another layout, other
-        observation keys, shapes or dtypes that do not convert without loss), else None. The dense layout takes a
-        buffer of another capacity too: its newest transitions, oldest first from row 0 (as many as fit)."""
+        """Restore `state_dict`'s output (`tensors` on any device, and `meta`, its JSON values); returns why it
+        cannot (another layout, other observation keys, shapes or dtypes that do not convert without loss), else None.
+        The dense layout takes a buffer of another capacity too: its newest transitions, oldest first from row 0 (as
+        many as fit)."""
         storage = self.storage_tensors()
         missing = set(storage) - set(tensors)
         if meta.get("layout", "dense") == self.layout and missing == {"next_action_masks"}:

@@ -16,7 +16,8 @@ from rlspeed.errors import UserError
 def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int, ...],
                           device: torch.device | str) -> Observation:
     """Zeroed storage for observations of `space` (an `EnvSpec.observation_space`; a shape tuple means float32
-    vectors) with leading dimensions `leading`: one tensor in the observation's dtype, or one per key of a Dict."""
+    vectors) with leading dimensions `leading`, on `device`: one tensor in the observation's dtype, or one per key of
+    a Dict."""
     layout = observation_layout(space) if isinstance(space, gym.Space) else (tuple(space), torch.float32)
     if isinstance(layout, dict):
         return {key: torch.zeros(*leading, *shape, dtype=dtype, device=device)
@@ -26,7 +27,7 @@ def allocate_observations(space: gym.Space | tuple[int, ...], leading: tuple[int
 
 
 def observation_nbytes(obs: Observation) -> int:
-    """Bytes an observation storage takes (all keys)."""
+    """Bytes an observation storage `obs` (a tensor, or a dict of them) takes (all keys)."""
     tensors = obs.values() if isinstance(obs, dict) else (obs,)
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -46,8 +47,9 @@ def _triangles(steps: int, ndim: int, device: torch.device) -> tuple[torch.Tenso
 def gae(rewards: torch.Tensor, values: torch.Tensor, next_values: torch.Tensor, terminated: torch.Tensor,
         dones: torch.Tensor, gamma: float | torch.Tensor, gae_lambda: float | torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation over `[T, N]` tensors (`terminated`, `dones` bool; `gamma` and `gae_lambda`
-    numbers, or `[N]` tensors of one value per env column). Returns (advantages, returns).
+    """Generalised advantage estimation over `[T, N]` tensors (`rewards`; `values[t]`, V of the observation step t
+    acted on; `terminated`, `dones` bool; `gamma` and `gae_lambda` numbers, or `[N]` tensors of one value per env
+    column). Returns (advantages, returns).
 
     `next_values[t]` is V of the observation step t led to (`info["final_obs"]`), so a truncated episode is
     bootstrapped from its true last observation and a terminated one is not bootstrapped at all:
@@ -105,6 +107,8 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
 class RolloutBuffer:
     """Fixed-shape `[T, N, ...]` tensors for one rollout; written in place, one row of N envs per step.
 
+    `num_steps` (T) steps of `num_envs` (N) envs, on `device`; actions of shape `action_shape` per env, stored as
+    `action_dtype`.
     `observation` is the observation space (`EnvSpec.observation_space`): observations are stored in their own dtype
     (uint8 images as uint8, indices as int64), a dict of such tensors for Dict spaces; a shape tuple stores float32
     vectors of that shape. With `mask_size`, `action_masks` `[T, N, mask_size]` (bool) holds the action mask that was
