@@ -46,8 +46,8 @@ CPU_NATIVE_MIN_ENVS = 16
 
 
 def import_env_module(env_id: str) -> str:
-    """For an id written `module:EnvId` (as `gymnasium.make` takes it), import `module`, which registers the env,
-    and return `EnvId`; any other id is returned as it is. UserError when the module cannot be imported."""
+    """For an `env_id` written `module:EnvId` (as `gymnasium.make` takes it), import `module`, which registers the
+    env, and return `EnvId`; any other id is returned as it is. UserError when the module cannot be imported."""
     if ":" not in env_id:
         return env_id
     module, name = env_id.split(":", 1)
@@ -161,10 +161,10 @@ def _unguarded_spawn(error: BaseException) -> bool:
 
 def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = None,
                     device: str | torch.device | None = None) -> str:
-    """Which backend `make_env` will use. `auto` picks the native env when one exists for the id, except on a
-    CPU with fewer than `CPU_NATIVE_MIN_ENVS` envs (when `num_envs` and `device` are given), where Gymnasium's
-    are faster; EnvPool for Atari ids when it is installed; else Gymnasium. `envpool`
-    without EnvPool, or for an id it lacks, is a UserError naming what to do."""
+    """Which backend `make_env` will use for `env_id` with `backend` (one of `BACKENDS`). `auto` picks the native
+    env when one exists for the id, except on a CPU with fewer than `CPU_NATIVE_MIN_ENVS` envs (when `num_envs` and
+    `device` are given), where Gymnasium's are faster; EnvPool for Atari ids when it is installed; else Gymnasium.
+    `envpool` without EnvPool, or for an id it lacks, is a UserError naming what to do."""
     env_id = import_env_module(env_id)
     if backend not in BACKENDS:
         raise UserError(f"Unknown env backend '{backend}': use one of {', '.join(BACKENDS)}.")
@@ -190,7 +190,7 @@ def resolve_backend(env_id: str, backend: str = "auto", num_envs: int | None = N
 
 
 def env_spec(env_id: str, env_kwargs: dict | None = None) -> EnvSpec:
-    """The EnvSpec of an id without building N envs (validates the id; `module:EnvId` imports `module` first), made
+    """The EnvSpec of `env_id` without building N envs (validates the id; `module:EnvId` imports `module` first), made
     with the Gymnasium env options `env_kwargs` (recorded in the spec)."""
     env_id = import_env_module(env_id)
     env_kwargs = check_env_kwargs(env_kwargs)

@@ -282,7 +282,8 @@ class FireToStart(EnvWrapper):
     wraps its env in this (`for_evaluation`).
 
     The FIRE is a step of the game the policy sees, with its reward (none in these games) counted in the episode.
-    `steps`: how many steps FIRE is pressed for each time (`fire_steps`: 2 where actions are sticky).
+    `fire`: the FIRE action's index; `steps`: how many steps FIRE is pressed for each time (`fire_steps`: 2 where
+    actions are sticky).
     """
 
     def __init__(self, env: BatchedEnv, fire: int, steps: int = 1):

@@ -335,9 +335,13 @@ def constructor_defaults(entry_point) -> dict:
 class EnvSpec:
     """What algorithms need to know about an env, independent of its backend.
 
-    `observation_space` is the space the networks and storage are built for (`check_observation_space`'s result);
-    without one, a float32 Box of `observation_shape` (the native envs). `observation_shape` is the shape of one
-    observation of a Box or MultiDiscrete/MultiBinary space, () for Discrete and Dict ones.
+    `env_id`: the env's id (what `make_env` makes it from again). `observation_space` is the space the networks and
+    storage are built for (`check_observation_space`'s result); without one, a float32 Box of `observation_shape`
+    (the native envs). `observation_shape` is the shape of one observation of a Box or MultiDiscrete/MultiBinary
+    space, () for Discrete and Dict ones. `action_space`: one env's action space. `max_episode_steps`: the time
+    limit (None: none); `reward_threshold`: the registered task's solved return (None: none). `env_kwargs`: the
+    options the env was made with (`make_env(env_id, **env_kwargs)`, `PPO(env_id, env_kwargs=...)`), what
+    evaluation, videos and a loaded model make the env with again.
     """
 
     env_id: str

@@ -70,6 +70,8 @@ def _float32(space: gym.Space) -> gym.Space:
 class EnvPoolEnv(BatchedEnv):
     """`num_envs` EnvPool envs of one task, stepped together (EnvPool's sync mode), SAME_STEP autoreset.
 
+    `env_id`: the Gymnasium id of a task EnvPool has (UserError otherwise); `num_threads`: EnvPool's, the threads
+    that step the envs (0: EnvPool's default).
     `seed` seeds the pool when it is made (EnvPool seeds env i with `seed + i`); `reset(seed=s)` with another seed
     makes the pool afresh with `s`, since EnvPool cannot reseed a pool. Atari ids add `info["lives"]`.
     """

@@ -18,7 +18,12 @@ from rlspeed.envs.registry import NATIVE_ENVS
 
 
 class NativeGymEnv(gym.Env):
-    """One native env as a `gymnasium.Env`; the native env's own time limit is switched off (TimeLimit does it)."""
+    """One native env as a `gymnasium.Env`; the native env's own time limit is switched off (TimeLimit does it).
+
+    `native_id`: the Gymnasium id of the native env (a key of `NATIVE_ENVS`); `state_dtype`: its state's torch dtype,
+    by name (float64, as Gymnasium's numpy arithmetic; observations are float32 all the same); `render_mode`: None,
+    "human" or "rgb_array", drawn by Gymnasium's env of the same id (which needs pygame).
+    """
 
     # Rendering is Gymnasium's own: the registered env of the same id, made with the render mode, draws this state.
     # It needs pygame (gymnasium[classic-control]); without it no render mode is advertised (check_env then skips

@@ -927,7 +927,13 @@ PENDING_ANSWER_TIMEOUT_S = 10.0
 
 
 class GymnasiumEnv(BatchedEnv):
-    """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset."""
+    """N Gymnasium envs in a Sync or Async (subprocess) vector env with SAME_STEP autoreset.
+
+    Either `env_id`, a registered Gymnasium id made `num_envs` times (`env_kwargs`: options for its constructor),
+    with `vectorization` "sync" (one process) or "async" (one subprocess per env); or `vector_env`, a Gymnasium
+    vector env of your own with SAME_STEP autoreset, whose envs are taken as they are (`env_id`, where given, names
+    it; `env_kwargs` are then only recorded as its options).
+    """
 
     backend = "gymnasium"
 

@@ -64,9 +64,13 @@ def _seed_words(seed: int) -> tuple[int, int, int]:
 class NativeEnv(BatchedEnv):
     """Base of torch-native batched envs. `state` is settable, `[N, k]`, in gymnasium's `unwrapped.state` layout.
 
+    `num_envs` envs on `device`. `seed` seeds each env's own random stream (env i's draws depend only on `seed` and
+    i, for any `num_envs` and device; None: a seed drawn from the OS, torch's global generator untouched).
     `state_dtype=torch.float64` follows Gymnasium's float64 numpy arithmetic to ~1e-14 (torch's and numpy's
     sin/cos differ in the last digit now and then), for parity checks; the float32 default is faster.
-    Observations are always float32.
+    Observations are always float32. `compile=True` fuses the whole transition (dynamics, time limit, autoreset,
+    observations) and the random draws with torch.compile: opt-in, since compiling takes seconds and whether it
+    beats eager depends on the env and `num_envs` (benchmarks/native_envs.py).
     """
 
     backend = "torch"

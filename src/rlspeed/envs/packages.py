@@ -20,9 +20,10 @@ _REGISTERED_BY_CALL: set[str] = set()  # modules whose register_envs() import_gy
 
 
 def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> None:
-    """Import each module, which registers its envs with Gymnasium (RL-Zoo's `--gym-packages`), and call its
-    `register_envs()` where it has one and registers nothing on import (`minatar.gym`); UserError naming the module
-    that cannot be imported."""
+    """Import each module of `modules` (dotted names), which registers its envs with Gymnasium (RL-Zoo's
+    `--gym-packages`), and call its `register_envs()` where it has one and registers nothing on import
+    (`minatar.gym`); UserError naming the module that cannot be imported, with `why` (where the name came from) after
+    it."""
     for module in modules:
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise UserError(f"'{module}' {why} is not a Python module name.")
@@ -83,7 +84,7 @@ def _register_shimmy(env_id: str) -> None:
 
 
 def register_family(env_id: str) -> None:
-    """For an unregistered id of a family in `PACKAGE_FAMILIES`: import its package, which registers it (as
+    """For an unregistered `env_id` of a family in `PACKAGE_FAMILIES`: import its package, which registers it (as
     `--gym-packages` would); UserError with the pip command when the package is not installed. Shimmy's ids
     (`SHIMMY_GYM_IDS`) import Shimmy the same way."""
     if env_id in SHIMMY_GYM_IDS:

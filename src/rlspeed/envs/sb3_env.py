@@ -111,7 +111,11 @@ def _raised_by(error: BaseException, owner) -> bool:
 
 
 class SB3VecEnv(BatchedEnv):
-    """N envs of a Stable-Baselines3 VecEnv behind the batched contract (tensors on `device`)."""
+    """N envs of a Stable-Baselines3 VecEnv behind the batched contract (tensors on `device`).
+
+    `vec_env`: the VecEnv, its wrappers included (a VecNormalize that normalises rewards gives its original ones in
+    `info["raw_reward"]`); N is its `num_envs`.
+    """
 
     backend = "sb3"
 

@@ -22,7 +22,8 @@ def statistics_dtype(device: torch.device | str) -> torch.dtype:
 
 class RunningMeanStd(nn.Module):
     """Running mean and variance (parallel Welford update) as module buffers, so checkpoints carry them; kept in
-    `statistics_dtype` (float64 where the device has it)."""
+    `statistics_dtype` (float64 where the device has it), on `device`. `shape`: one sample's shape (() for scalars);
+    `epsilon`: the count the statistics start from, with mean 0 and variance 1 (as SB3's)."""
 
     def __init__(self, shape: tuple[int, ...] = (), epsilon: float = 1e-4, device: torch.device | str = "cpu"):
         super().__init__()
@@ -165,7 +166,8 @@ class NormalizeObservation(EnvWrapper):
 
     Only float vectors are normalised: for Dict observations, the float keys (images and indices pass through); other
     observations are refused (`observation_statistics`). Set `training = False` to freeze the statistics (for
-    evaluation; set on an outer wrapper, it reaches this one too). `obs_rms` is the statistics module.
+    evaluation; set on an outer wrapper, it reaches this one too). `obs_rms` is the statistics module (default: new
+    statistics for the env's observation space). Normalised values are clipped to [-`clip`, `clip`].
     """
 
     counted_beneath = True
@@ -198,7 +200,10 @@ class NormalizeObservation(EnvWrapper):
 
 
 class NormalizeReward(EnvWrapper):
-    """Scales rewards by the running standard deviation of the discounted return (as SB3's VecNormalize)."""
+    """Scales rewards by the running standard deviation of the discounted return (as SB3's VecNormalize).
+
+    `gamma`: the discount of that return (the algorithm's); scaled rewards are clipped to [-`clip`, `clip`].
+    """
 
     counted_beneath = True
 
