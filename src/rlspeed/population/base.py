@@ -1058,13 +1058,14 @@ class PopulationBase:
         return save_with_staged(path, tensors, metadata, replay["file"] if replay is not None else None)
 
     def resume(self, path: str | Path, verify: bool = True) -> None:
-        """Continue the run a checkpoint (`save`, or `learn(run_dir=...)`'s) was written from, on this newly built
-        population (same algorithm, env, seeds and hyperparameters: anything else is a UserError): parameters,
-        optimiser state, generators, the members in the computation, `num_timesteps`, the envs' episodes in progress
-        where the backend can restore them (native envs; Gymnasium envs start fresh episodes, with a warning), and for
-        the next `learn` the loop's progress. That `learn`'s `total_timesteps` counts from the checkpoint's
-        `num_timesteps`: pass what is left of the run's budget. On the CPU with native envs a resumed run ends bitwise
-        as the uninterrupted run (tests/test_population_resume.py). `verify=False` skips the digest check.
+        """Continue the run the checkpoint at `path` (`save`, or `learn(run_dir=...)`'s) was written from, on this
+        newly built population (same algorithm, env, seeds and hyperparameters: anything else is a UserError):
+        parameters, optimiser state, generators, the members in the computation, `num_timesteps`, the envs' episodes
+        in progress where the backend can restore them (native envs; Gymnasium envs start fresh episodes, with a
+        warning), and for the next `learn` the loop's progress. That `learn`'s `total_timesteps` counts from the
+        checkpoint's `num_timesteps`: pass what is left of the run's budget. On the CPU with native envs a resumed run
+        ends bitwise as the uninterrupted run (tests/test_population_resume.py). `verify=False` skips the digest
+        check.
 
         Non-finite values are accepted: a member that diverged keeps its last parameters (it is never evaluated)."""
         tensors, meta = load_checkpoint(path, device=self.device, verify=verify, allow_nonfinite=True)

@@ -579,7 +579,11 @@ class MemberFrameReplay:
 class OffPolicyPopulation(PopulationBase):
     """What the SAC, TD3, DDPG and DQN populations share: members, env rows, replay, the collect-then-update loop,
     evaluation, `learn` and its summary. Subclasses provide the networks (`_build`), exploration (`_explore`), the
-    deterministic policy (`_deterministic`) and one gradient step for all members (`_update`)."""
+    deterministic policy (`_deterministic`) and one gradient step for all members (`_update`).
+
+    `member_overrides`: a list of K dicts of hyperparameters for single members (as a list of K values would set
+    them); `save_replay_buffer=True`: checkpoints write the replay buffer beside them
+    (`<name>.replay.safetensors`), else a resumed population's replay buffer starts empty."""
 
     #: the flat Adams (attribute names) a checkpoint holds
     _adams: tuple[str, ...] = ("_adam",)
