@@ -266,7 +266,7 @@ def encryption_settings(path: str | os.PathLike = "checkpoint") -> dict | None:
     """What `save_checkpoint` will do under the environment's settings: None (files in clear), or
     {"cipher", "key_id", "key_source"}. UserError now for what would fail at the first save (a malformed or unreadable
     key, an unknown cipher, a cipher without a key or without its package, an unknown `RLSPEED_CHECKPOINT_DIGEST`), so
-    a run can check before it trains."""
+    a run can check before it trains. `path`: the checkpoint those errors name (nothing is written)."""
     checkpoint_digest()
     key = encryption_key()
     if key is None:

@@ -134,8 +134,8 @@ class DeviceRules:
 
 @functools.cache  # called on hot paths (per env step); the answer depends on the device only
 def rules(device: torch.device) -> DeviceRules:
-    """Per-backend rules. On NPU, AI Core kernels lack int64 maths: indices and discrete actions use int32 there
-    (bool masks are converted to float before any arithmetic everywhere, e.g. in `gae`)."""
+    """Per-backend rules: those of `device`'s type. On NPU, AI Core kernels lack int64 maths: indices and discrete
+    actions use int32 there (bool masks are converted to float before any arithmetic everywhere, e.g. in `gae`)."""
     if device.type == "npu":
         return DeviceRules(torch.int32, supports_compile=True, supports_graphs=False, float64=False)
     if device.type == "mps":

@@ -36,7 +36,13 @@ _PEER_ENDED = ("closed by peer", "reset by peer", "broken pipe")
 
 
 class DistributedStrategy:
-    """How a run is spread over processes. Single process (no WORLD_SIZE in the environment): a no-op."""
+    """How a run is spread over processes. Single process (no WORLD_SIZE in the environment): a no-op.
+
+    `backend`: torch.distributed's backend ("auto": nccl on CUDA, hccl on NPU, xccl on XPU, else gloo); `device`:
+    as `resolve_device` takes it, each process taking the accelerator of its LOCAL_RANK where "auto" or a bare type
+    is given; `timeout_s`: the process group's `timeout` in seconds (how long its collectives wait for the other
+    processes).
+    """
 
     def __init__(self, backend: str = "auto", device: str = "auto", timeout_s: float = 300.0):
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -116,6 +116,9 @@ class PolicyExport(nn.Module):
     state) and says what it outputs in `outputs` and `action_mapping`.
 
     The graph's inputs are the observation inputs (one per Dict key, in key order), then `extra_inputs()`.
+
+    `model`: the trained model it copies from; `observation_clip`: where the model normalises observations, the
+    normalised values are clipped to [-`observation_clip`, `observation_clip`] (10, as in training).
     """
 
     #: how the network's output becomes the env's action (written to the sidecar)

@@ -453,7 +453,8 @@ def make_encoder(space: gym.Space, encoder: str = "auto", cnn_features_dim: int 
     else a small 3x3 one), Discrete and MultiDiscrete observations a one-hot encoding, MultiBinary, bool and integer
     vectors a float flattening, Dict observations one encoder per key (`MultiInputEncoder`). `mlp`: images flattened
     too (scaled to [0, 1]). `cnn`: a CNN, which needs images (or a Dict with image keys). UserError for spaces no
-    encoder handles.
+    encoder handles. `cnn_features_dim`: the output width of each CNN (SB3's `features_dim`); `normalize_images`:
+    uint8 images scaled to [0, 1] on the device (False: their raw values, as floats).
     """
     if encoder not in ENCODERS:
         raise UserError(f"Unknown encoder '{encoder}': use one of {', '.join(ENCODERS)}.")

@@ -44,10 +44,10 @@ class NumericsError(UserError, RuntimeError):
 class NonFiniteEnvError(NumericsError):
     """The env returned a NaN or infinite observation or reward (with `nan_policy="raise"`).
 
-    `env_index` is the env's row in the batch, `step` the env's step at which it happened (0 is the first reset),
-    `rows` how many envs returned such values by the time it was noticed. A population's (`member`: its index and
-    seed) names the member instead, `step` being the population's step count when it was noticed (populations do not
-    mask such values).
+    `env_id` names the env; `env_index` is the env's row in the batch, `step` the env's step at which it happened (0
+    is the first reset), `rows` how many envs returned such values by the time it was noticed. A population's
+    (`member`: its index and seed) names the member instead, `step` being the population's step count when it was
+    noticed (populations do not mask such values).
     """
 
     def __init__(self, env_id: str, env_index: int, step: int, rows: int, member: tuple[int, int] | None = None):

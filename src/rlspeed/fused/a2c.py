@@ -41,7 +41,7 @@ class FlatRMSprop(FlatAdam):
     The flat buffers, views, all-reduce and clipping are `FlatAdam`'s; the running mean of squared gradients lives
     in its second-moment buffer (`square_avg`), and the optimizer's per-parameter state (`step`, `square_avg`) is
     views of it, so checkpoints are those of `torch.optim.RMSprop`. lr, alpha and eps are read from the optimizer's
-    param group on every step.
+    param group on every step. `max_grad_norm` and `strategy`: as for `FlatAdam`.
     """
 
     def __init__(self, params, optimizer: torch.optim.Optimizer, *, max_grad_norm: float | None = None,

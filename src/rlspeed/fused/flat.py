@@ -76,6 +76,8 @@ class FlatAdam:
     After construction, `params[i].data` and `params[i].grad` are views of `self.flat` and `self.grad`; a gradient
     written into `self.grad` (or `grad_views[i]`) is what `step()` uses. The learning rate, betas, eps and weight
     decay are read from the optimizer's first param group on every step, so schedules that set `group["lr"]` work.
+    `max_grad_norm`: each step first clips the global gradient norm to it (None: no clipping); `strategy`: a
+    `DistributedStrategy` over whose processes the gradient is averaged first (None, or a single process: none).
     """
 
     def __init__(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer, *,

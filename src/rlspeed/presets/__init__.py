@@ -262,8 +262,9 @@ def _tuned_algorithm(text: str) -> str | None:
 
 
 def split_run_settings(preset: dict) -> tuple[dict, dict]:
-    """Separate run settings (total_timesteps, eval_freq, target_return) from algorithm hyperparameters; the run
-    settings as `learn` takes them (`coerce_run_settings`), so that `model.learn(**run)` runs what the CLI would."""
+    """Separate the run settings of `preset` (a preset's dict: total_timesteps, eval_freq, target_return) from its
+    algorithm hyperparameters, returning (run settings, hyperparameters); the run settings as `learn` takes them
+    (`coerce_run_settings`), so that `model.learn(**run)` runs what the CLI would."""
     run = coerce_run_settings({k: preset[k] for k in RUN_KEYS if k in preset})
     hyper = {k: v for k, v in preset.items() if k not in RUN_KEYS}
     return run, hyper
