@@ -304,7 +304,7 @@ def directed_names() -> set[str]:
     for page in PAGES:
         text = page.read_text(encoding="utf-8")
         for match in _IMPORT.finditer(text):
-            for imported in match["names"].strip("()").split(","):
+            for imported in re.sub(r"#.*", "", match["names"]).strip("() \n").split(","):
                 if imported.strip():
                     names.add(f"{match['module']}.{imported.split()[0]}")
         names |= {dotted for dotted in _DOTTED.findall(text) if dotted.count(".") >= 2}
