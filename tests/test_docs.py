@@ -7,8 +7,9 @@ CI does not install (Stable-Baselines3, torch_npu, ...), marked either by an inf
 checks that such a block names one of `NOT_IN_CI`, so the mark cannot hide a broken example.
 
 The API reference covers the public API: every name in the `__all__` of `PUBLIC_MODULES` has a docstring and is named
-in docs/, the top-level names' docstrings name each argument, and every `rlspeed.x.y` and `Name(keyword=...)` the
-docs' prose gives exists.
+in docs/, the docstrings of the top-level names and of the submodules' names the docs point to name each argument
+(the configs' fields: docs/algorithms.md), and every `rlspeed.x.y` and `Name(keyword=...)` the docs' prose gives
+exists.
 """
 
 from __future__ import annotations
