@@ -1568,6 +1568,44 @@ def test_a_contract_breach_in_subprocess_envs_is_the_same_sentence(fault, messag
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.parametrize("fault, message", [f for f in _BREACHES if f[0] in ("reset_text", "reset_shape")])
+def test_a_contract_breach_is_told_under_numpy_before_1_25(monkeypatch, fault, message):
+    """numpy before 1.25 (rlspeed's floor is 1.24) runs each of its functions in a frame of the file
+    "<__array_function__ internals>": an observation Gymnasium's batching (np.stack) could not store was taken for
+    the env's own error ("The env 'X' raised TypeError in reset(): Cannot cast array data from dtype('<U1')",
+    EnvStepError). Emulated here with np.stack called through such a frame."""
+    from rlspeed import PPO
+
+    dispatch = {}
+    exec(compile("def stack(*args, **kwargs):\n    return numpy_stack(*args, **kwargs)\n",  # noqa: S102
+                 "<__array_function__ internals>", "exec"), {"numpy_stack": np.stack}, dispatch)
+    monkeypatch.setattr(np, "stack", dispatch["stack"])
+    model = PPO("ContractBreaking-v0", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"fault": fault})
+    with pytest.raises(rlspeed.UserError) as raised:
+        model.learn(16, progress_bar=False)
+    assert message in str(raised.value), str(raised.value)
+
+
+def test_a_subprocess_envs_breach_is_told_from_a_worker_trace_of_numpy_before_1_25():
+    """A worker's traceback under numpy before 1.25 ends in a frame of "<__array_function__ internals>" with no
+    source line: Gymnasium's write of the answer into shared memory is where it failed, not the env."""
+    from rlspeed.envs.gymnasium_env import _worker_raised_storing
+
+    gym_dir = Path(gym.__file__).parent
+    trace = (
+        "Traceback (most recent call last):\n"
+        f'  File "{gym_dir / "vector" / "async_vector_env.py"}", line 796, in _async_worker\n'
+        "    write_to_shared_memory(\n"
+        f'  File "{gym_dir / "vector" / "utils" / "shared_memory.py"}", line 248, in _write_base_to_shared_memory\n'
+        "    np.copyto(\n"
+        '  File "<__array_function__ internals>", line 200, in copyto\n'
+        "ValueError: could not broadcast input array from shape (3,) into shape (4,)\n")
+    assert _worker_raised_storing(trace)
+    own = trace.replace(str(gym_dir / "vector" / "utils" / "shared_memory.py"), "/home/user/my_env.py")
+    assert not _worker_raised_storing(own)  # (numpy raising in the env's own code: the env's error)
+
+
 def test_an_envs_own_error_in_subprocess_envs_is_still_its_own(recwarn):
     """An env's own error in a worker is not taken for a breach (nothing probed breaks the contract): EnvStepError
     with Gymnasium's log of the worker's traceback as before, the traceback also chained; workers ended."""

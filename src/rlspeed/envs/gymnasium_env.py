@@ -592,6 +592,14 @@ def contract_problem(env_id: str, call: str, returned, obs_shape: tuple[int, ...
 _GYMNASIUM_DIR = os.path.dirname(gym.__file__) + os.sep
 _GYMNASIUM_ENVS_DIR = os.path.join(_GYMNASIUM_DIR, "envs") + os.sep
 _NUMPY_DIR = os.path.dirname(np.__file__) + os.sep
+#: the file name of the frame numpy before 1.25 put around each of its functions (np.copyto, np.stack, ...): numpy's
+#: own, as its directory's frames are
+_NUMPY_DISPATCH_FILE = "<__array_function__ internals>"
+
+
+def _in_numpy(filename: str) -> bool:
+    """Whether a frame of `filename` is numpy's own code (its directory, or its dispatch frames before 1.25)."""
+    return filename.startswith(_NUMPY_DIR) or filename == _NUMPY_DISPATCH_FILE
 
 
 def _raised_storing(error: BaseException) -> bool:
@@ -601,7 +609,7 @@ def _raised_storing(error: BaseException) -> bool:
     outside its envs; not inside the env (nor a built-in one)."""
     frame, tb = None, error.__traceback__
     while tb is not None:  # (the innermost frame outside numpy)
-        if not tb.tb_frame.f_code.co_filename.startswith(_NUMPY_DIR):
+        if not _in_numpy(tb.tb_frame.f_code.co_filename):
             frame = tb.tb_frame
         tb = tb.tb_next
     if frame is None:
@@ -698,8 +706,9 @@ class WorkerTraceback(Exception):
         return "\n" + self.trace.rstrip()
 
 
-#: a frame of a traceback's text: its file and the source line shown under it
-_TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in [^\n]*\n\s*([^\n]*)', re.MULTILINE)
+#: a frame of a traceback's text: its file and the source line shown under it ("" where none is: the next frame's
+#: line, or the error's, is no source line of it)
+_TRACE_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in [^\n]*(?:\n(?!\s*File ")\s*([^\n]*))?', re.MULTILINE)
 #: a wrapper's line unpacking its inner env's answer (Gymnasium's convention, kept by other packages' wrappers:
 #: rl_zoo3 replaces Gymnasium's TimeLimit with a subclass of its own file when it is imported)
 _UNPACKS_INNER_ENV = re.compile(r"=\s*self\.env\.(step|reset)\(")
@@ -709,7 +718,7 @@ def _worker_raised_storing(trace: str) -> bool:
     """`_raised_storing` for a subprocess env's error, from its worker's traceback text: whether its innermost frame
     outside numpy is in Gymnasium outside its envs, or a wrapper's line unpacking its inner env's answer (the worker
     or a wrapper unpacking or writing what the env returned)."""
-    frames = [(name, line) for name, line in _TRACE_FRAME.findall(trace) if not name.startswith(_NUMPY_DIR)]
+    frames = [(name, line) for name, line in _TRACE_FRAME.findall(trace) if not _in_numpy(name)]
     if not frames:
         return False
     name, line = frames[-1]
