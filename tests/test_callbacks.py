@@ -500,6 +500,28 @@ def test_eval_callback_refuses_a_next_step_vector_env_before_training():
     envs.close()
 
 
+@pytest.mark.parametrize("use", ["EvalCallback", "evaluate"])
+def test_a_next_step_vector_env_is_refused_after_a_same_step_one_of_its_env_was_made(use):
+    """Gymnasium 1.1 to 1.3 (rlspeed's floor is 1.1) write a vector env's autoreset mode into the metadata dict of
+    the env class it vectorises, which all of that env's vector envs share: once the model made its own SAME_STEP
+    envs of CartPole, the user's NEXT_STEP one said SAME_STEP too, was taken, and its episodes were counted as if
+    finished envs reset within the step. Emulated here on any Gymnasium by writing that metadata as they do."""
+    from rlspeed.callbacks import EvalCallback
+
+    envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
+    model = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=32, batch_size=64, env_backend="gymnasium")
+    envs.metadata["autoreset_mode"] = gym.vector.AutoresetMode.SAME_STEP  # (what Gymnasium 1.1 to 1.3 left there)
+    with pytest.raises(UserError, match=r"made with autoreset_mode=AutoresetMode\.SAME_STEP \(this one uses "
+                                        r"AutoresetMode\.NEXT_STEP\)"):
+        if use == "EvalCallback":
+            model.learn(1024, callback=EvalCallback(envs, eval_freq=512), progress_bar=False)
+        else:
+            evaluate(model, envs, episodes=2)
+    assert model.num_timesteps == 0
+    envs.close()
+    model.close()
+
+
 def test_stable_baselines3_callback_examples_run_as_written(tmp_path):
     """SB3's documented keyword sets are taken (`warn`, `render=False`, `save_vecnormalize`); the checkpoint of a run
     with observation normalisation holds its statistics; `render=True` is refused in one sentence."""

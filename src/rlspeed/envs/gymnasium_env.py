@@ -215,9 +215,22 @@ def check_vector_api(vector_env) -> None:
                         f"VecEnv{hint}.")
 
 
+def autoreset_mode(vector_env):
+    """How a Gymnasium vector env resets finished envs: the mode Gymnasium's SyncVectorEnv or AsyncVectorEnv (under
+    any wrappers) was made with, else its metadata's "autoreset_mode" (None where it has none). Not the metadata
+    first: Gymnasium before 1.4 writes the mode into the metadata dict of the env class it vectorises, which every
+    vector env of that env shares, so a NEXT_STEP env read as SAME_STEP once a SAME_STEP one (rlspeed's own) was
+    made after it."""
+    inner = getattr(vector_env, "unwrapped", vector_env)
+    mode = getattr(inner, "autoreset_mode", None)
+    if isinstance(inner, (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv)) and mode is not None:
+        return mode
+    return (getattr(vector_env, "metadata", None) or {}).get("autoreset_mode")
+
+
 def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> None:
     """UserError unless a Gymnasium vector env resets finished envs in the same step (`who`: the sentence's start)."""
-    mode = (getattr(vector_env, "metadata", None) or {}).get("autoreset_mode")
+    mode = autoreset_mode(vector_env)
     if mode is None:  # (Gymnasium takes a vector env that does not say for NEXT_STEP, its default)
         raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP; this one ("
                         f"{type(vector_env).__name__}) does not say how it resets finished envs (its metadata has no "
@@ -1019,7 +1032,7 @@ class GymnasiumEnv(BatchedEnv):
         self._float_vector = self.spec.float_vector_obs
         # A SyncVectorEnv with SAME_STEP autoreset is stepped env by env here, as it would step them, without its
         # per-step info merging and batching (for CartPole those cost more than the physics).
-        same_step = vector_env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP
+        same_step = autoreset_mode(vector_env) == gym.vector.AutoresetMode.SAME_STEP
         self._sync_envs = list(vector_env.envs) if type(vector_env) is gym.vector.SyncVectorEnv and same_step else None
         self._first_step = True
         # Action masks: info["action_mask"] (Gymnasium's Taxi) or an `action_masks()` method (sb3-contrib's
