@@ -9,6 +9,7 @@ import shutil
 import signal
 import tempfile
 
+import gymnasium as gym
 import pytest
 import torch
 
@@ -28,6 +29,10 @@ os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.environ["XDG_CACHE_HOME"],
 os.environ.setdefault("WANDB_CACHE_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb"))
 os.environ.setdefault("WANDB_CONFIG_DIR", os.path.join(os.environ["XDG_CACHE_HOME"], "wandb-config"))
 os.environ.pop("RLSPEED_CACHE_DIR", None)  # (a test that wants one sets it: isolated_accel)
+# Gymnasium before 1.3 (rlspeed's floor is 1.1) names its Taxi "Taxi-v3": the tests' and the docs' "Taxi-v4" is that
+# env there (the same TaxiEnv, time limit and threshold)
+if "Taxi-v4" not in gym.registry and "Taxi-v3" in gym.registry:
+    gym.register("Taxi-v4", entry_point=gym.spec("Taxi-v3").entry_point, max_episode_steps=200, reward_threshold=8)
 # The tests that Ctrl-C a run expect Python's SIGINT handling, in this process and in those it starts; a shell's
 # background job (`pytest &`, `nohup ... &`) starts with SIGINT ignored, which every process started from it inherits
 # (rlspeed keeps a signal ignored at start ignored, by design): the tests run as from a terminal, wherever started.
