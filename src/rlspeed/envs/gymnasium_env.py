@@ -15,6 +15,7 @@ import pickle
 import re
 import sys
 import time
+import types
 import warnings
 import weakref
 
@@ -1013,6 +1014,12 @@ class GymnasiumEnv(BatchedEnv):
             env_id = env_id or (spec.id if registered else USER_VECTOR_ENV)
             max_steps = _envs_time_limit(vector_env, getattr(spec, "max_episode_steps", None))
             threshold = getattr(spec, "reward_threshold", None) if registered else None
+        inner = vector_env.unwrapped
+        if isinstance(getattr(inner, "env_fns", None), types.GeneratorType):
+            # Gymnasium 1.1 to 1.3's make_vec gives SyncVectorEnv its env constructors as a generator, which it keeps,
+            # used up, as env_fns: a deep copy of the model (copy.deepcopy) failed on it ("cannot pickle 'generator'
+            # object"). What is left of it: nothing.
+            inner.env_fns = list(inner.env_fns)
         self.vector_env = vector_env
         self.num_envs = vector_env.num_envs
         warn_env_statistics(vector_env, env_id)
