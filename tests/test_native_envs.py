@@ -43,6 +43,9 @@ NUM_PARITY = 2000
 #: NumPy 2 keeps float32 * Python float in float32 (NEP 50), and the native envs copy that for Pendulum's and
 #: MountainCarContinuous's float32 actions; NumPy 1 computed those terms in float64, up to ~1e-8 apart.
 PARITY_ATOL = 1e-9 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 1e-7
+#: ... and so their float32 observations: the same value within float32 rounding with NumPy 2, a few float32 ulps
+#: apart (up to ~5e-7 in Pendulum's angular velocity) with NumPy 1
+OBS_ATOL = 1e-12 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 1e-6
 
 
 # --- one-step parity ------------------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ def test_one_step_parity_with_gymnasium(env_id):
     np.testing.assert_array_equal(terminated.numpy(), gym_terminated)
     assert obs.dtype == torch.float32
     # Float64 states agree to ~1e-14; their float32 observations may round one ulp apart.
-    np.testing.assert_allclose(obs.numpy(), gym_obs, rtol=2**-23, atol=1e-12)
+    np.testing.assert_allclose(obs.numpy(), gym_obs, rtol=2**-23, atol=OBS_ATOL)
     if env_id != "Pendulum-v1":
         # The boundary rows must really straddle the termination rule, or they test nothing.
         assert 0 < gym_terminated[edge].mean() < 1
@@ -231,6 +234,9 @@ def _gymnasium_episode(env_id: str, start: np.ndarray, first_obs: np.ndarray, po
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_episodes_match_gymnasium_with_autoreset_and_time_limit(env_id):
+    if _dynamics_id(env_id) == "CartPole-v1" and np.lib.NumpyVersion(np.__version__) < "1.25.0":
+        pytest.skip("NumPy before 1.25 computes float64 sin and cos with SVML where the CPU has AVX-512, an ulp or so "
+                    "from libm's; a 500-step balanced CartPole episode grows that to ~3e-3 in its last observation")
     policies, overrides = EPISODES[_dynamics_id(env_id)]
     env_class = NATIVE_ENVS[env_id]
     max_steps = env_class.spec.max_episode_steps
