@@ -695,6 +695,47 @@ def test_a_vec_env_whose_has_attr_raises_attribute_error_trains_unmasked():
     assert model.num_timesteps == 16
 
 
+class _ParallelGame:
+    """The shape of a PettingZoo parallel env: reset, step, and spaces per agent (methods)."""
+
+    possible_agents = ["player_0", "player_1"]
+
+    def reset(self, seed=None, options=None):
+        return {agent: np.zeros(2, np.float32) for agent in self.possible_agents}, {}
+
+    def step(self, actions):
+        raise AssertionError("not stepped")
+
+    def observation_space(self, agent):
+        return gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return gym.spaces.Discrete(2)
+
+
+class _TurnGame(_ParallelGame):
+    """The shape of a PettingZoo AEC env: one agent acts at a time (`agent_iter`)."""
+
+    def agent_iter(self):
+        return iter(self.possible_agents)
+
+
+@pytest.mark.parametrize("game, conversion", [(_ParallelGame(), False), (_TurnGame(), True)])
+def test_a_pettingzoo_env_given_alone_names_supersuits_route_not_shimmys(game, conversion):
+    """A PettingZoo env has an env's reset, step and spaces: given to a model as it is, it was told it was an env of
+    the old gym API and to wrap it in Shimmy's GymV26CompatibilityV0, which cannot train agents. It names SuperSuit's
+    vector env of one row per agent (docs/envs.md), an AEC env's conversion to a parallel one first."""
+    for call in (lambda: rlspeed.PPO(game, device="cpu"), lambda: rlspeed.make_env(game)):
+        with pytest.raises(rlspeed.UserError) as raised:
+            call()
+        message = str(raised.value)
+        assert f"not a PettingZoo env ({type(game).__name__}): SuperSuit makes a parallel env a Stable-Baselines3 " \
+               "VecEnv of one row per agent, supersuit.concat_vec_envs_v1(supersuit.pettingzoo_env_to_vec_env_v1(" \
+               "env), 1, base_class=\"stable_baselines3\")" in message, message
+        assert ("aec_to_parallel" in message) == conversion and "shimmy" not in message.lower()
+        assert "\n" not in message and message.endswith(".")
+
+
 def test_a_vec_env_that_cannot_be_seeded_runs_unseeded_with_one_warning():
     """SuperSuit's SB3 wrapper inherits SB3's seed(), which asks the vector env inside, and that has none: a model
     with seed= and every evaluation (EvalCallback seeds each) stopped with "raised AttributeError in reset()"."""

@@ -391,6 +391,13 @@ def _check_env_id(env_id) -> None:
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): {by_id}wrap it as Stable-Baselines3's "
                         "DummyVecEnv([lambda: env]) or gymnasium.vector.SyncVectorEnv([lambda: env], "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP).")
+    if _multi_agent(env_id):  # (reset, step and spaces too, but one per agent: SuperSuit's route, not Shimmy's)
+        convert = (", an AEC env first made a parallel one by pettingzoo.utils.aec_to_parallel(env)"
+                   if callable(getattr(env_id, "agent_iter", None)) else "")
+        raise UserError(f"{accepted}, not a PettingZoo env ({kind}): SuperSuit makes a parallel env a "
+                        "Stable-Baselines3 VecEnv of one row per agent, supersuit.concat_vec_envs_v1("
+                        f"supersuit.pettingzoo_env_to_vec_env_v1(env), 1, base_class=\"stable_baselines3\"){convert} "
+                        "(docs/envs.md, PettingZoo).")
     if _env_like(env_id):  # (reset, step and spaces, no gymnasium.Env: the gym package's, or the old gym API's)
         raise UserError(f"{accepted}, not a single env ({kind}) of the gym package or the old gym API: "
                         f"{_old_env_adapter(env_id)}.")
@@ -408,6 +415,13 @@ def _env_like(env) -> bool:
     old gym API, which Shimmy adapts."""
     return (not isinstance(env, type) and callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
             and hasattr(env, "observation_space") and hasattr(env, "action_space"))
+
+
+def _multi_agent(env) -> bool:
+    """Whether `env` is a PettingZoo env (parallel or AEC, or a wrapper of one): its agents' names in
+    `possible_agents`, or a class of PettingZoo's among its bases."""
+    return (not isinstance(env, type) and (hasattr(env, "possible_agents") or any(
+        klass.__module__.split(".")[0] == "pettingzoo" for klass in type(env).__mro__)))
 
 
 def _old_env_adapter(env) -> str:
