@@ -815,7 +815,7 @@ def test_a_setting_taken_only_when_the_model_is_built_and_changed_on_its_config_
     log_alpha = sac.log_alpha.clone()
     sac.config.ent_coef = 0.1
     with pytest.raises(UserError, match=r"model.config.ent_coef is 0.1, but SAC takes ent_coef only when the model is "
-                                        r"built, with None, .* SAC.load\(path, ent_coef=0.1\)"):
+                                        r"built, with 'auto', .* SAC.load\(path, ent_coef=0.1\)"):
         sac.learn(16, progress_bar=False)
     assert torch.equal(sac.log_alpha, log_alpha)
     sac.config.ent_coef, sac.config.gamma = None, 0.9
@@ -833,6 +833,10 @@ def test_a_setting_taken_only_when_the_model_is_built_and_changed_on_its_config_
     fixed.config.ent_coef, fixed.config.target_entropy = 0.05, -3.0
     fixed.learn(16, progress_bar=False)
     assert math.isclose(float(fixed.log_alpha.exp()), 0.05, rel_tol=1e-6) and fixed.target_entropy == -3.0
+    fixed.config.ent_coef = "auto"  # (the learnt temperature, as the user writes it: not Python's None)
+    with pytest.raises(UserError, match=r"^model.config.ent_coef is 'auto', but SAC takes ent_coef only when the model "
+                                        r"is built, with 0.05, .* SAC.load\(path, ent_coef='auto'\)\.$"):
+        fixed.learn(16, progress_bar=False)
     for model in (DQN("CartPole-v1", learning_starts=8, batch_size=8, **tiny),
                   PPO("CartPole-v1", num_envs=2, num_steps=8, batch_size=16, **tiny)):
         model.learn(16, progress_bar=False)

@@ -1648,12 +1648,16 @@ class Algorithm:
                 built[name] = copy.deepcopy(now)
                 continue
             algo = type(self).__name__
+            # (None of an automatic value as the user writes it: SAC's ent_coef "auto")
+            now_text, built_text = ("'auto'" if held is None and name in AUTO_VALUES else repr(held)
+                                    for held in (now, value))
             if name in _ARCHITECTURE_KEYS:
                 remedy = "a new model takes another (the weights belong to the networks built)"
             else:
-                remedy = f"save the model and load it with the new value, {algo}.load(path, {name}={now!r})"
-            raise UserError(f"model.config.{name} is {now!r}, but {algo} takes {name} only when the model is built, "
-                            f"with {value!r}, and this learn would ignore the change: set it back, or {remedy}.")
+                remedy = f"save the model and load it with the new value, {algo}.load(path, {name}={now_text})"
+            raise UserError(f"model.config.{name} is {now_text}, but {algo} takes {name} only when the model is "
+                            f"built, with {built_text}, and this learn would ignore the change: set it back, or "
+                            f"{remedy}.")
 
     def _take_built_setting(self, name: str, built, now) -> bool:
         """Whether the model took `now`, the value set on `model.config.<name>` since it was built with `built`, for
