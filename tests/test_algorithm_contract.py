@@ -410,7 +410,7 @@ def test_an_off_policy_batch_too_big_for_memory_is_refused_before_training(monke
     import rlspeed
     from rlspeed.algos import off_policy
 
-    monkeypatch.setattr(off_policy, "available_memory_bytes", lambda device: 2**20)
+    monkeypatch.setattr(off_policy, "available_memory_bytes", lambda device, needed=None: 2**20)
     model = rlspeed.DQN("CartPole-v1", device="cpu", buffer_size=1000, batch_size=100_000)
     with pytest.raises(UserError, match=r"batch_size=100,000 takes .* GiB per sampled batch.*lower batch_size"):
         model.learn(256, progress_bar=False)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 from pathlib import Path
 
 import gymnasium as gym
@@ -933,7 +934,7 @@ def test_a_replay_buffer_too_big_for_memory_is_refused_with_what_fits(monkeypatc
     from rlspeed.buffers import replay
 
     budget = 64 * 2**20  # a fake 64 MiB of available host memory
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device: budget)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
     shape = (40, 60, 3)  # the image env of the report: 57.6 kB per transition as float32 observations
     with pytest.raises(UserError, match=r"largest replay buffer that fits is ([\d,]+) transitions") as info:
         ReplayBuffer(500_000, 4, shape, (), torch.int64, "cpu")
@@ -950,7 +951,7 @@ def test_the_frame_layouts_largest_buffer_that_fits_is_accepted(monkeypatch):
     from rlspeed.buffers import replay
 
     budget = 64 * 2**20
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda device: budget)
+    monkeypatch.setattr(replay, "available_memory_bytes", lambda device, needed=None: budget)
     frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     with pytest.raises(UserError, match=r"largest replay buffer that fits is ([\d,]+) transitions") as info:
         replay.FrameStackReplayBuffer(1_000_000, 8, frames, (), torch.int64, "cpu", n_step=3)
@@ -1001,6 +1002,7 @@ def test_host_memory_is_no_more_than_a_containers_memory_limit_leaves(monkeypatc
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     monkeypatch.setattr(replay, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(replay, "_HOST_BUFFERS", weakref.WeakSet())  # (no other test's buffer still alive counted)
     assert replay.available_memory_bytes(torch.device("cpu")) == 2**30 - (2**29 - 2**27)  # (page cache reclaimable)
     (tmp_path / next(iter(files))).write_text("max" if version == 2 else str(2**63 - 4096))  # no limit
     assert replay.available_memory_bytes(torch.device("cpu")) > 2**30 - (2**29 - 2**27)

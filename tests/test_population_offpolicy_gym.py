@@ -287,7 +287,7 @@ def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_siz
     from rlspeed.population import offpolicy
 
     budget = 2 * 2**30  # a fake 2 GiB of available host memory
-    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device: budget)
+    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device, needed=None: budget)
     population = Population(DQN, "BreakoutNoFrameskip-v4", seeds=[0, 1, 2, 3], buffer_size=100_000, num_envs=2)
     with pytest.raises(UserError, match=r"4 members \(100,000 transitions each, 7,[0-9]{3} bytes per transition\) "
                                         r".* the largest buffer_size that fits is ([\d,]+)") as info:
@@ -302,7 +302,7 @@ def test_frame_member_replays_too_big_for_memory_are_refused_with_the_buffer_siz
 def test_cli_refuses_a_member_replay_too_big_before_making_the_run_directory(tmp_path, monkeypatch, capsys):
     from rlspeed.population import offpolicy
 
-    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device: 2**14)  # (a fake 16 KiB)
+    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device, needed=None: 2**14)  # (a fake 16 KiB)
     out = tmp_path / "run"
     argv = ["train", "dqn", "CartPole-v1", "--seeds", "0-1", "--total-timesteps", "5000", "--no-progress",
             "--out", str(out)]
@@ -317,7 +317,7 @@ def test_member_replay_too_big_for_memory_is_refused_with_the_buffer_size_that_f
     from rlspeed.population import offpolicy
 
     budget = 64 * 2**20  # a fake 64 MiB of available host memory
-    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device: budget)
+    monkeypatch.setattr(offpolicy, "available_memory_bytes", lambda device, needed=None: budget)
     gammas = torch.tensor([0.99, 0.99, 0.99])
     image = 4 * 84 * 84  # (a uint8 stack of four Atari frames, stored whole)
     with pytest.raises(UserError, match=r"3 members .* the largest buffer_size that fits is ([\d,]+)") as info:

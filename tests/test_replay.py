@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import weakref
 
 import numpy as np
 import pytest
@@ -461,3 +462,28 @@ def test_loaded_transitions_end_the_uniform_warm_up_as_they_start_the_updates():
     sac.load_replay_buffer(box)
     sac.learn(40, progress_bar=False)
     assert torch.allclose(sac.buffer.actions[100:140], torch.full((40, 1), math.tanh(0.5)), atol=0.02)
+
+
+def test_rows_a_host_buffer_has_yet_to_fill_count_as_taken_for_the_next_buffer(monkeypatch):
+    """Host buffers commit memory as they fill, so the memory check of a second buffer counts what the first has yet
+    to fill: two buffers that each fit alone were both accepted, to fill the memory together later. The buffer of a
+    model no longer referenced (kept by a reference cycle until a collection, as a sweep's earlier models) does not
+    count."""
+    import gc
+
+    from rlspeed import UserError
+    from rlspeed.buffers import replay
+
+    monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: 100 * 2**20)  # (a container's 100 MiB left)
+    monkeypatch.setattr(replay, "_HOST_BUFFERS", weakref.WeakSet())  # (no other test's buffer still alive counted)
+
+    def buffer():  # (2 x 1,000 float32 per row: 57 MiB at 7,500 rows, below 80% of 100 MiB alone)
+        return ReplayBuffer(7_500, 1, (1_000,), (), torch.int64, "cpu")
+
+    first = buffer()
+    with pytest.raises(UserError, match="largest replay buffer that fits"):
+        buffer()
+    first.cycle = first  # (garbage only a collection frees)
+    del first
+    assert buffer().capacity == 7_500
+    gc.collect()

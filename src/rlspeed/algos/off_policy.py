@@ -456,8 +456,8 @@ class OffPolicyAlgorithm(Algorithm):
             self._fill_replay()
         # each sampled batch holds its rows whole on the training device (frame stacks and shared observations
         # rebuilt): observation and next observation, and the row's other fields
-        free = available_memory_bytes(self.device)
         batch_bytes = cfg.batch_size * (2 * obs_bytes + self.buffer._row_bytes)
+        free = available_memory_bytes(self.device, needed=batch_bytes)
         if free is not None and batch_bytes > REPLAY_MEMORY_SHARE * free:
             raise UserError(f"batch_size={cfg.batch_size:,} takes {batch_bytes / 2**30:.1f} GiB per sampled batch, "
                             f"more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may take: lower "

@@ -1,4 +1,5 @@
-"""Replay buffer for off-policy algorithms: preallocated circular storage on the training device.
+"""Replay buffer for off-policy algorithms: circular storage of a fixed capacity on the training device (in host
+memory, pages are committed as rows are first written, as numpy's buffers are: `host_zeros`).
 
 One `add` writes the transitions of all N envs with one copy per field; `sample` draws uniform indices on
 the device. Observations are stored in their own dtype (uint8 images as uint8: a quarter of float32's bytes), one
@@ -22,15 +23,19 @@ The buffer sizes itself against the memory available before allocating: when the
 device's free memory, it lives in pinned host memory instead (it says so): sampled batches are gathered into host
 staging tensors reused from one sample to the next (pinned: no per-sample `pin_memory()`) and copied to the device
 with non-blocking transfers, and new frames of the frame layout come back through the same staging; when it would not
-fit in the host's available memory either, it refuses with the largest capacity that fits.
+fit in the host's available memory either, it refuses with the largest capacity that fits. The host's available
+memory counts the rows the live host buffers have yet to fill as taken, so that two buffers of one process that each
+fit alone are not both accepted to fill the memory together.
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import math
 import os
 import warnings
+import weakref
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -45,12 +50,25 @@ from rlspeed.errors import UserError
 REPLAY_MEMORY_SHARE = 0.8
 
 
-def available_memory_bytes(device: torch.device) -> int | None:
+def available_memory_bytes(device: torch.device, needed: int | None = None) -> int | None:
     """Memory that `device` can still give, in bytes, or None when it cannot tell: the device's free memory
     (`torch.cuda.mem_get_info` and its kin), and for the host Linux's MemAvailable (free memory plus what the kernel
-    can reclaim: page cache), else the free physical pages; on the host, no more than this process's memory cgroup
-    (a container's limit: Docker's --memory, Kubernetes' limits) has left, nor than its own limits on address space
-    and data (`ulimit -v`, `ulimit -d`: an allocation past them fails however much memory is free)."""
+    can reclaim: page cache), else the free physical pages, less what the live host replay buffers have yet to fill;
+    on the host, no more than this process's memory cgroup (a container's limit: Docker's --memory, Kubernetes'
+    limits) has left, nor than its own limits on address space and data (`ulimit -v`, `ulimit -d`: an allocation past
+    them fails however much memory is free). Where `needed` bytes would not fit in `REPLAY_MEMORY_SHARE` of it, the
+    buffers of models no longer referenced (which reference cycles keep until a collection: a sweep's earlier
+    models) are collected first and the memory measured again."""
+    available = _available_memory_bytes(device)
+    if (needed is not None and available is not None and needed > REPLAY_MEMORY_SHARE * available
+            and device.type == "cpu" and len(_HOST_BUFFERS)):
+        gc.collect()
+        available = _available_memory_bytes(device)
+    return available
+
+
+def _available_memory_bytes(device: torch.device) -> int | None:
+    """`available_memory_bytes` as it stands, without a collection."""
     if device.type == "cpu":
         available = None
         try:
@@ -63,10 +81,29 @@ def available_memory_bytes(device: torch.device) -> int | None:
             pass
         if available is None:
             available = free_memory_bytes(device)
-        limits = [value for value in (available, _cgroup_available_bytes(), _rlimit_available_bytes())
-                  if value is not None]
-        return min(limits) if limits else None
+        # (the rows live host buffers have yet to write: their pages are committed as they fill, `host_zeros`, so the
+        # machine's free memory and the cgroup's count them only later; the address-space limit counts them now)
+        promised = _unwritten_host_bytes()
+        limits = [value for value in (None if available is None else available - promised,
+                                      _cgroup_minus(promised), _rlimit_available_bytes()) if value is not None]
+        return max(min(limits), 0) if limits else None
     return free_memory_bytes(device)
+
+
+#: live replay buffers in unpinned host memory (`host_zeros`): what they have yet to fill is memory promised to them
+_HOST_BUFFERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _unwritten_host_bytes() -> int:
+    """Bytes the live host replay buffers (`_HOST_BUFFERS`) will commit as they fill the rows they have not written."""
+    return int(sum(buffer.nbytes * (1 - min(buffer.size, buffer.capacity) / buffer.capacity)
+                   for buffer in list(_HOST_BUFFERS)))
+
+
+def _cgroup_minus(promised: int) -> int | None:
+    """What the memory cgroup leaves (`_cgroup_available_bytes`) less `promised` bytes, or None without a limit."""
+    left = _cgroup_available_bytes()
+    return None if left is None else left - promised
 
 
 def _rlimit_available_bytes() -> int | None:
@@ -255,6 +292,8 @@ class ReplayBuffer:
         self._staging = (_HostStaging(self.device, self._pin)
                          if self.storage_device.type == "cpu" and self.device.type != "cpu" else None)
         self._allocate_observations(layout)
+        if self.storage_device.type == "cpu" and not self._pin:
+            _HOST_BUFFERS.add(self)  # (its memory is committed as it fills: counted against later buffers' checks)
         self.actions = self._zeros(*action_shape, dtype=action_dtype)
         self.rewards = self._zeros()
         self.terminated = self._zeros()
@@ -305,7 +344,7 @@ class ReplayBuffer:
     def _check_fits(self) -> None:
         """UserError, with the largest capacity that fits, when the storage needs more than the share of the storage
         device's available memory that a buffer may take (allocating it anyway fails later, or is killed)."""
-        free = available_memory_bytes(self.storage_device)
+        free = available_memory_bytes(self.storage_device, needed=self.nbytes)
         if free is None or self.nbytes <= REPLAY_MEMORY_SHARE * free:
             return
         budget = int(REPLAY_MEMORY_SHARE * free)

@@ -97,7 +97,7 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 5 * 4 + 3 + (mask_size or 0)
                 + extra_nbytes)
     needed = num_steps * num_envs * per_step
-    free = available_memory_bytes(torch.device(device))
+    free = available_memory_bytes(torch.device(device), needed=needed)
     if free is not None and needed > REPLAY_MEMORY_SHARE * free:
         raise UserError(f"A rollout of num_steps {num_steps:,} x num_envs {num_envs:,} steps needs "
                         f"{needed / 2**30:,.1f} GiB, more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may "

@@ -250,8 +250,8 @@ def check_member_replay_fits(rows: int, size: int, num_envs: int, row_bytes: flo
     available memory a replay buffer may take (the share the solo `ReplayBuffer` takes; where a solo buffer on an
     accelerator would move to host memory, the population's stays on its device): the allocation would fail later,
     or the process be killed."""
-    free = available_memory_bytes(device)
     needed = size * (rows * row_bytes + fixed_bytes)
+    free = available_memory_bytes(device, needed=needed)
     if free is None or needed <= REPLAY_MEMORY_SHARE * free:
         return
     budget = int(REPLAY_MEMORY_SHARE * free)
