@@ -302,21 +302,27 @@ def test_a_replay_growth_interrupted_midway_leaves_the_population_trainable(monk
 
     population = Population(DQN, "CartPole-v1", seeds=[0, 1], device="cpu", learning_starts=32, batch_size=32)
     population.learn(64, progress_bar=False)
-    replay_type, real_zeros, calls = type(population.buffer), torch.zeros, [0]
-    real_grow = replay_type.grow
+    from rlspeed.population import offpolicy
 
-    def zeros(*args, **kwargs):
-        calls[0] += 1
-        if calls[0] == 2:  # (after the first field was made)
-            raise KeyboardInterrupt
-        return real_zeros(*args, **kwargs)
+    replay_type, calls = type(population.buffer), [0]
+    real_grow, allocators = replay_type.grow, {torch: torch.zeros, offpolicy: offpolicy.host_zeros}
+
+    def interrupting(real):  # (host memory's allocator or the device's)
+        def zeros(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == 2:  # (after the first field was made)
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+        return zeros
 
     def grow(self, capacity):
-        monkeypatch.setattr(torch, "zeros", zeros)
+        for module, real in allocators.items():
+            monkeypatch.setattr(module, real.__name__, interrupting(real))
         try:
             return real_grow(self, capacity)
         finally:
-            monkeypatch.setattr(torch, "zeros", real_zeros)
+            for module, real in allocators.items():
+                monkeypatch.setattr(module, real.__name__, real)
 
     monkeypatch.setattr(replay_type, "grow", grow)
     with pytest.raises(KeyboardInterrupt):
