@@ -296,9 +296,9 @@ def test_an_evaluation_leaves_the_statistics_of_a_vec_normalize_as_they_were():
 
 def test_an_evaluation_on_an_env_with_rlspeeds_reward_normalisation_leaves_its_statistics_as_they_were():
     """A training env made with make_env(..., normalize_reward=True) holds the model's own reward statistics:
-    evaluating on it folded the evaluation's returns into them (4 episodes of Pendulum: count 64 -> 464, variance
-    x20), changing the scale the model trains on. They are frozen while it runs, its returns are the env's own, and
-    the env's `training` flags are the caller's again after it."""
+    evaluating on it folded the evaluation's returns into them, changing the scale the model trains on. They are
+    frozen while it runs, its returns are the env's own, and the env's `training` flags are the caller's again after
+    it."""
     env = rlspeed.make_env("Pendulum-v1", num_envs=2, seed=0, normalize_reward=True)
     model = PPO(env, device="cpu", seed=0, num_steps=16, batch_size=32, n_epochs=1)
     model.learn(64, progress_bar=False)
