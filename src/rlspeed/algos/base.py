@@ -1858,9 +1858,8 @@ class Algorithm:
             if name in SB3_SCHEDULE_ATTRIBUTES and name not in self.__dict__ and not hasattr(type(self), name):
                 raise UserError(f"model.{name} = ... changes nothing: it is Stable-Baselines3's; "
                                 f"{SB3_ATTRIBUTES[name]}.")
-            # (Stable-Baselines3's `model.env = venv` was a new attribute nothing reads; another `env_id` was taken by
-            # a learn that made new envs, ignored by one that kept the last learn's, and saved either way as the env
-            # the weights were trained on)
+            # (the env is given when the model is made or loaded: nothing reads a `model.env` set later, Stable-
+            # Baselines3's way to change it, and `env_id` must stay the env the weights trained on, which save records)
             if ((name == "env" and name not in self.__dict__ and not hasattr(type(self), name))
                     or (name == "env_id" and value != self.__dict__.get("env_id"))):
                 raise UserError(f"model.{name} = ... does not change the env {type(self).__name__} trains on: give "

@@ -114,7 +114,9 @@ def env_compute_reward(env) -> Callable:
                                 "the env's own goals and rewards: it cannot run behind SB3's VecNormalize (leave it "
                                 "out).")
             wrapper = getattr(wrapper, "venv", None)
-        has = vec_env.has_attr("compute_reward") if hasattr(vec_env, "has_attr") else False
+        from rlspeed.envs.sb3_env import vec_env_has_attr
+
+        has = vec_env_has_attr(vec_env, "compute_reward")
 
         def method(achieved, desired, infos):
             return vec_env.env_method("compute_reward", achieved, desired, infos, indices=[0])[0]

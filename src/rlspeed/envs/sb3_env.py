@@ -72,7 +72,7 @@ def _warn_unseeded(vec_env, error: AttributeError) -> None:
                   "unseeded: training and evaluation on it are not reproducible.", UserWarning, stacklevel=4)
 
 
-def _has_attr(vec_env, name: str) -> bool:
+def vec_env_has_attr(vec_env, name: str) -> bool:
     """Whether the envs of an SB3 VecEnv have attribute `name` (its `has_attr`). False for a VecEnv without
     `has_attr`, and for one whose `has_attr` raises AttributeError: SuperSuit's `concat_vec_envs_v1(...,
     base_class="stable_baselines3")` inherits SB3's, which asks the vector env inside, and that has none (SB3's own
@@ -134,7 +134,7 @@ class SB3VecEnv(BatchedEnv):
         # Action masks as sb3-contrib's MaskablePPO reads them, the envs' `action_masks()` method, or (Gymnasium's
         # Taxi) their infos' "action_mask" (a reset's in the innermost VecEnv's `reset_infos`: SB3's VecEnv wrappers
         # keep lists of their own that stay empty; seen at the first reset)
-        self._mask_method = _has_attr(vec_env, "action_masks")
+        self._mask_method = vec_env_has_attr(vec_env, "action_masks")
         self._maskable = mask_size(self.spec.action_space) is not None
         self.has_action_masks = self._maskable and self._mask_method
         if self._mask_method and not self.has_action_masks:

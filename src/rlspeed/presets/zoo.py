@@ -562,7 +562,7 @@ class _Translator:
         if isinstance(value, (list, tuple)) and self.strict:  # (a user's own file: refused, saying what to write)
             self.refuse("train_freq", f"{list(value)}: rlspeed collects a fixed number of steps per iteration, not "
                                       "whole episodes: give train_freq in steps (the env's episode length, e.g. 200, "
-                                      "with the entry's gradient_steps; or 1 with gradient_steps -1, one update per "
+                                      "with the entry's gradient_steps, or 1 with gradient_steps -1, one update per "
                                       "env step collected, as SB3's -1)")
         elif isinstance(value, (list, tuple)):
             self.refuse("train_freq", f"{list(value)}: rlspeed collects a fixed number of steps per iteration, not "
