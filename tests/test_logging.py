@@ -765,3 +765,30 @@ def test_a_continued_run_begun_with_flat_tensorboard_tags_keeps_them(tmp_path):
     tags = {value.tag for path in (tmp_path / "tensorboard").iterdir()
             for event in EventFileLoader(str(path)).Load() for value in event.summary.value}
     assert tags == {"episode_return", "train_wall_s"}
+
+
+def test_checkpoints_are_not_training_time(tmp_path, monkeypatch):
+    """train_wall_s and sps leave out the time spent writing checkpoints, as they leave out evaluations and callbacks
+    (docs/cli.md): a periodic checkpoint's save counted in the next row's clock and lowered its steps/s."""
+    import time
+    import types
+
+    from rlspeed import PPO
+    from rlspeed.algos import base
+
+    offset = [0.0]  # seconds the fake clock runs ahead of the real one: each save takes an hour on it
+    monkeypatch.setattr(base, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + offset[0]))
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64, n_epochs=1)
+    save = model.save
+
+    def slow_save(path, *args, **kwargs):
+        offset[0] += 3600.0
+        return save(path, *args, **kwargs)
+
+    monkeypatch.setattr(model, "save", slow_save)
+    model.learn(128 * 6, progress_bar=False, run_dir=tmp_path, checkpoint_freq=128, log_interval_s=0.0)
+    assert offset[0] >= 5 * 3600.0  # (a checkpoint after each of the first rows: they fell within the run)
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert len(rows) == 6 and float(rows[-1]["train_wall_s"]) < 3600.0
+    assert all(float(row["sps"]) > 128 / 3600.0 for row in rows)
+    assert model.result.train_wall_s < 3600.0 and model.result.sps > 128 * 6 / 3600.0

@@ -2379,6 +2379,9 @@ class Algorithm:
                         self.save(Path(run_dir) / "checkpoint.safetensors")
                         checkpoint_cost = time.perf_counter() - saving
                         checkpointed = self.num_timesteps
+                        # a checkpoint is not training time (train_wall_s, sps), as an evaluation or a callback is not
+                        clock_start += checkpoint_cost
+                        last_log_time += checkpoint_cost
                     last_checkpoint_time = time.perf_counter()
                 if callbacks is not None or self.stop_requested is not None:
                     paused = time.perf_counter()
