@@ -735,3 +735,17 @@ class _ThreeActions(gym.Env):
 
     def step(self, action):
         return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def test_dqn_metrics_row_gives_the_exploration_rate_at_its_step(tmp_path):
+    """A metrics row's epsilon is the exploration rate at the row's step, as SB3's rollout/exploration_rate: it was
+    the mean over the row's iterations (a row over the whole decay, from 1 to 0.05, gave 0.29)."""
+    import csv
+
+    model = DQN("CartPole-v1", device="cpu", seed=0, learning_starts=100, exploration_fraction=0.5,
+                net_arch=(16,), batch_size=16)
+    model.learn(2000, progress_bar=False, run_dir=tmp_path, log_interval_s=3600.0)  # (one row, at the end)
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    assert float(row["epsilon"]) == pytest.approx(model.epsilon(int(row["timesteps"])), abs=1e-6)
+    assert float(row["epsilon"]) == pytest.approx(model.config.exploration_final_eps)

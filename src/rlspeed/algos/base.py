@@ -1507,6 +1507,9 @@ class Algorithm:
     supports_action_masks = False
     #: whether the algorithm learns from a replay buffer (which `save_replay_buffer` saves with checkpoints)
     keeps_replay_buffer = False
+    #: metrics that are a schedule's value at the iteration's end (DQN's epsilon), not a statistic of its updates: a
+    #: metrics row gives its last iteration's, the value at the row's step (as SB3's `rollout/exploration_rate`)
+    current_metrics: tuple[str, ...] = ()
     policy: torch.nn.Module
 
     def _start_masking(self) -> int | None:
@@ -2301,9 +2304,10 @@ class Algorithm:
                     check = self._numerics.enabled and (now - last_check_time >= log_interval_s or eval_due
                                                         or finished or checkpoint_due or closing)
                     with phase("metrics"):
-                        sums = {key: values[0] if len(values) == 1 else torch.stack(values).sum(0)
-                                for key, values in pending.items()}
-                        counts = {key: len(values) for key, values in pending.items()}
+                        sums = {key: values[-1] if len(values) == 1 or key in self.current_metrics
+                                else torch.stack(values).sum(0) for key, values in pending.items()}
+                        counts = {key: 1 if key in self.current_metrics else len(values)
+                                  for key, values in pending.items()}
                         if check:
                             guarded = self._guarded_tensors()
                         extra = self._numerics.device_values(guarded, self.device) if check else None

@@ -108,6 +108,7 @@ class DQN(OffPolicyAlgorithm):
     config: DQNConfig
     supports_continuous = False
     supports_action_masks = True
+    current_metrics = ("epsilon",)  # (a metrics row's epsilon is the exploration rate at its step)
 
     def _setup(self) -> None:
         self._masking = False  # whether this run applies the env's action masks (decided in `_start_masking`)
