@@ -1432,7 +1432,8 @@ def _left_clean_if_not_started(run_dir: Path, created: bool, fresh: bool):
             # (what it wrote, its metrics, helps to see why it failed: kept, and the way to rerun there said)
             raise UserError(f"{str(error).rstrip('.')}. '{run_dir}' keeps what the run wrote ({', '.join(held)}): "
                             "give --overwrite to train there again.") from None
-        elif "checkpoint.safetensors" in held:  # (what the crash did not lose, and how to go on from it)
+        elif "checkpoint.safetensors" in held and isinstance(error, Exception):
+            # (what the crash did not lose, and how to go on from it; an interruption's handler says that itself)
             print(f"rlspeed: {run_dir / 'checkpoint.safetensors'} is kept: --resume --out {run_dir} continues from it "
                   "(once the cause is fixed)", file=sys.stderr, flush=True)
         raise
