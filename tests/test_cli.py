@@ -2163,6 +2163,10 @@ def test_a_signal_as_the_last_iteration_ends_skips_the_final_evaluation(tmp_path
     summary = json.loads((tmp_path / "population" / "summary.json").read_text())
     assert summary["total_timesteps"] >= 512 and summary["aggregate"]["final_eval"] is None
     assert all(member["final_eval"] is None for member in summary["members"])
+    # (the line names the command that runs a member's skipped final evaluation, seeded as the finished run seeds it)
+    offset = 200_000 + summary["total_timesteps"]
+    assert (f"rlspeed eval population/members/seed_0.safetensors --seed {offset} runs seed 0's, and seed S's takes "
+            f"--seed S+{offset}") in done.stderr, done.stderr
     assert sorted(path.name for path in (tmp_path / "population" / "members").iterdir()) == [
         "seed_0.safetensors", "seed_1.safetensors"]
 

@@ -732,9 +732,17 @@ def _train_population(args: argparse.Namespace) -> int:
     if signals:  # (a stop that came as the last iteration ended: the training is saved, its final evaluation skipped)
         name = _signal_name(signals[0])
         skipped = summary["aggregate"]["final_eval"] is None
+        # (the command that runs a member's skipped final evaluation: its seed is the member's seed + 200,000 + the
+        # steps each member trained, as the finished run seeds it, with the run's episodes)
+        offset = 200_000 + population.num_timesteps
+        first = next((seeds[int(k)] for k in summary.get("member_models") or {}), None)
+        member = f"{run_dir}/members/seed_{first}.safetensors"
+        command = (f"{_eval_command(member, first + offset, _eval_episodes(args))} runs seed {first}'s, and seed "
+                   f"S's takes --seed S+{offset}" if first is not None else
+                   f"rlspeed eval {run_dir}/members/seed_<S>.safetensors evaluates a member")
         print(f"rlspeed: interrupted ({name}) after training finished: summary.json and the member models are saved "
-              f"in {run_dir}" + (f", without the final evaluation (rlspeed eval {run_dir}/members/seed_<S>.safetensors "
-                                 "evaluates a member)" if skipped else ""), file=sys.stderr, flush=True)
+              f"in {run_dir}" + (f", without the final evaluation ({command})" if skipped else ""), file=sys.stderr,
+              flush=True)
         return 130 if signals[0] == signal.SIGINT else 143
     steps = summary["aggregate"]["steps_to_target"]
     final = summary["aggregate"]["final_eval"]
