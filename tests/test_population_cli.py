@@ -222,7 +222,7 @@ def test_a_single_run_resume_of_a_population_names_the_population_command(tmp_pa
     capsys.readouterr()
     code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--out", "pop", "--resume"])
     assert code == 2
-    assert "holds a finished population run (seeds 0,1, its summary.json): give --overwrite" in capsys.readouterr().err
+    assert "holds a finished population run (seeds 0,1, its summary.json)" in capsys.readouterr().err
     (tmp_path / "pop" / "summary.json").unlink()  # (as a population killed before its end leaves it)
     code = cli.main(["train", "ppo", "CartPole-v1", "--no-progress", "--out", "pop", "--resume"])
     assert code == 2

@@ -396,14 +396,22 @@ def test_without_the_replay_buffer_a_resumed_population_says_its_replay_starts_e
     assert len(resumed.buffer) == (64 - 2) * 2
 
 
-def test_resume_refuses_a_finished_run_and_finishes_one_killed_in_its_final_save(tmp_path, capsys, monkeypatch):
-    """A finished run is refused; one killed after its first summary but before its member models were written
-    (its summary's member_models null) was refused too, for ever: --resume finishes it from its last checkpoint."""
+def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_in_its_final_save(tmp_path, capsys,
+                                                                                                     monkeypatch):
+    """A batch job's requeue (the same command with --resume) of a population that finished exits 0 with nothing
+    left to train, as a single run's does: it was refused with exit 2, which a requeue script reads as a failure;
+    another budget is refused (a population writes no checkpoint at its end to train on from). One killed after its
+    first summary but before its member models were written (its summary's member_models null) was refused too, for
+    ever: --resume finishes it from its last checkpoint."""
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0-1", *CLI, "--out", str(out)]
     assert cli.main(argv) == 0
+    summary = (out / "summary.json").read_bytes()
     capsys.readouterr()
-    assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume"])
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "nothing left to train: the population run finished" in capsys.readouterr().out
+    assert (out / "summary.json").read_bytes() == summary  # (the run as it was)
+    assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume", "--total-timesteps", "1024"])
 
     def killed(*args):
         raise Killed

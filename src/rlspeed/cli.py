@@ -604,7 +604,11 @@ def _train_population(args: argparse.Namespace) -> int:
     resumed_from = None
     finishing = False  # (a checkpoint of the whole budget, of a run that did not finish: evaluated, not trained)
     if args.resume:
-        _same_population_run(run_dir, algo_cls.name, args.env_id, seeds)
+        if _same_population_run(run_dir, algo_cls.name, args.env_id, seeds, total, target):
+            population.close()
+            print("rlspeed: nothing left to train: the population run finished (its summary.json); --overwrite "
+                  "trains it again", flush=True)
+            return 0
         if checkpoint.exists():
             _fits(lambda: population.resume(checkpoint), checkpoint, "this population")
             resumed_from = population.num_timesteps
@@ -1551,16 +1555,19 @@ def _stopping(backend: str):
     return _stop_after_iteration()
 
 
-def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]) -> None:
+def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int], total: int,
+                         target: float | None) -> bool:
     """UserError unless the run `run_dir/config.yaml` describes (where there is one) is a population of `algo` on
-    `env_id` with `seeds` that has not finished: --resume continues the same, unfinished run only."""
+    `env_id` with `seeds`: --resume continues the same run only. True where that run finished with the budget and
+    target given (a batch job's requeue that finds it finished: nothing left to train); a finished run asked for
+    another budget or target is refused (a population writes no checkpoint at its end to go on from)."""
     path = run_dir / "config.yaml"
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None
     except (OSError, yaml.YAMLError) as error:
         raise UserError(f"--resume: cannot read '{path}' ({error}).") from None
     if not isinstance(config, dict):
-        return
+        return False
     if "seeds" not in config:
         raise UserError(f"--resume: '{run_dir}' holds a single {config.get('algo')} run (seed {config.get('seed')}), "
                         "not a population: resume it without --seeds, or give another --out.")
@@ -1573,13 +1580,17 @@ def _same_population_run(run_dir: Path, algo: str, env_id: str, seeds: list[int]
                         f"{seed_text}, not {algo} on {env_id} with these seeds: give the same {differ}, or another "
                         "--out.")
     if _finished_summary(run_dir / "summary.json"):
+        if config.get("total_timesteps") == total and config.get("target_return") == target:
+            return True
         raise _finished_population(run_dir)
+    return False
 
 
 def _finished_population(run_dir, seeds: str = "") -> UserError:
     """The refusal of `--resume` on a population run that finished (`seeds`: "seeds 0,1, " where they are said)."""
-    return UserError(f"--resume: '{run_dir}' holds a finished population run ({seeds}its summary.json): give "
-                     "--overwrite to train it again, or another --out.")
+    return UserError(f"--resume: '{run_dir}' holds a finished population run ({seeds}its summary.json), which writes "
+                     "no checkpoint at its end to train on from: give --overwrite to train it again, or another "
+                     "--out.")
 
 
 @contextlib.contextmanager
