@@ -471,3 +471,31 @@ def test_a_population_members_model_asks_for_no_masks():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnusedSettingWarning)
         population.member_model(0).learn(32, progress_bar=False)
+
+
+class _StepOnlyMasks(gym.Env):
+    """Masks in its steps' infos but none at reset (where rlspeed learns that an env gives masks)."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, False, self.t >= 5, {"action_mask": np.array([1, 0, 1], np.int8)}
+
+
+@pytest.mark.parametrize("vector", [gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv])
+def test_masks_given_on_steps_but_not_at_reset_are_said_to_be_unapplied(monkeypatch, vector):
+    """An env whose steps' infos hold "action_mask" but whose reset's does not trained with every action allowed,
+    without a word: the masks are learnt of at reset. It warns now."""
+    from rlspeed.envs import gymnasium_env
+
+    monkeypatch.setattr(gymnasium_env, "_WARNED_STEP_MASKS", set())
+    venv = vector([_StepOnlyMasks, _StepOnlyMasks], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with pytest.warns(UserWarning, match=r"info\['action_mask'\] on its steps but not at reset"):
+        rlspeed.PPO(venv, num_steps=8, batch_size=16).learn(32, progress_bar=False)

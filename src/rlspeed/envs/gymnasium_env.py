@@ -276,6 +276,7 @@ def add_success(adapter, out_info: dict, successes: dict) -> None:
 
 
 _WARNED_MASKS: set[str] = set()
+_WARNED_STEP_MASKS: set[str] = set()  # (`warn_step_only_masks`)
 
 
 def warn_unapplied_masks(spec: EnvSpec) -> None:
@@ -287,6 +288,17 @@ def warn_unapplied_masks(spec: EnvSpec) -> None:
     warnings.warn(f"{spec.env_id} gives action masks for its {type(spec.action_space).__name__} actions, which rlspeed "
                   "does not apply (it masks Discrete and MultiDiscrete actions): every action stays allowed.",
                   stacklevel=3)
+
+
+def warn_step_only_masks(spec: EnvSpec) -> None:
+    """Warn once per env id that the action masks its steps' infos give are not applied, its reset's info having none:
+    rlspeed learns at reset that an env gives masks (the first observation's mask is needed too)."""
+    if spec.env_id in _WARNED_STEP_MASKS:
+        return
+    _WARNED_STEP_MASKS.add(spec.env_id)
+    warnings.warn(f"{spec.env_id} gives info['action_mask'] on its steps but not at reset, which is where rlspeed "
+                  "learns that an env gives masks: they are not applied (every action stays allowed); give the mask "
+                  "in reset's info too.", stacklevel=2)
 
 
 def _has_mask_method(env) -> bool:
@@ -1063,6 +1075,7 @@ class GymnasiumEnv(BatchedEnv):
                     finally:
                         probe.close()
         self.has_action_masks = self._mask_method  # (also True once a reset's info shows "action_mask")
+        self._step_masks_checked = False  # (`_check_step_masks` on the first step outside the SyncVectorEnv loop)
         self.reports_success = False  # (True once a finished episode's info has "is_success")
         # set where a call to the vector env raised (a KeyboardInterrupt say) part-way: `disrupted`
         self._interrupted_call: str | None = None
@@ -1124,6 +1137,12 @@ class GymnasiumEnv(BatchedEnv):
         """One env's mask for its current observation: its `action_masks()` or its step's `info["action_mask"]`."""
         return env.get_wrapper_attr("action_masks")() if self._mask_method else info.get("action_mask")
 
+    def _check_step_masks(self, info: dict) -> None:
+        """Warn (once per env id) where a step's info has "action_mask" but the reset's had none: rlspeed learns at
+        reset that an env gives masks, so these are not applied."""
+        if self._mask_width is not None and not self.has_action_masks and "action_mask" in info:
+            warn_step_only_masks(self.spec)
+
     def _check_flags(self, stepped: tuple) -> None:
         """UserError where one env's first step returned a `terminated` or `truncated` that is no bool (`flags_problem`:
         a string or None would be taken as its truth value on every later step)."""
@@ -1156,6 +1175,7 @@ class GymnasiumEnv(BatchedEnv):
                     observation, reward[i], terminated[i], truncated[i], info = stepped
                     if first:
                         self._check_flags(stepped)
+                        self._check_step_masks(info)
                     check_shape(observation, shape)
                     if terminated[i] or truncated[i]:
                         if final is None:
@@ -1182,6 +1202,7 @@ class GymnasiumEnv(BatchedEnv):
                 observation, reward[i], terminated[i], truncated[i], info = stepped
                 if first:
                     self._check_flags(stepped)
+                    self._check_step_masks(info)
                 if terminated[i] or truncated[i]:
                     if final is None:
                         final = host.empty(n)
@@ -1292,6 +1313,9 @@ class GymnasiumEnv(BatchedEnv):
                                        None if self._float_vector else self._host)
         out_info = {"final_obs": final_t, "final_rows": np.asarray(finished, dtype=np.int64)}
         final_info = info.get("final_info") or {}  # (the finished envs' last infos, before their reset)
+        if not self._step_masks_checked:
+            self._check_step_masks(info)
+            self._step_masks_checked = True
         if self.has_action_masks:
             if not self._mask_method and "action_mask" not in info:
                 raise UserError(f"{self.spec.env_id} gave info['action_mask'] at reset but not on this step: give it "
