@@ -248,3 +248,21 @@ def test_a_kill_between_a_replay_file_and_its_checkpoint_leaves_a_whole_pair(tmp
         resumed.learn(8, progress_bar=False)
     expected = rows if kill == "before the checkpoint" else model.buffer.size
     assert resumed.buffer.size == expected + 8
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_resume_from_a_checkpoint_without_its_replay_buffer_says_the_buffer_refills(tmp_path, saved):
+    """A single off-policy run resumed from a checkpoint saved without its replay buffer refilled it from empty, and
+    waited learning_starts steps for updates, without a word (a population's resume says it): it warns now."""
+    import warnings
+
+    options = {"env_backend": "torch", "learning_starts": 32, "seed": 0, "save_replay_buffer": saved}
+    DQN("CartPole-v1", **options).learn(128, progress_bar=False, run_dir=tmp_path, checkpoint_freq=64)
+    resumed = DQN("CartPole-v1", **options)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.learn(64, progress_bar=False)
+    said = [str(warning.message) for warning in caught if "holds no replay buffer" in str(warning.message)]
+    assert len(said) == (0 if saved else 1)
+    assert saved or "refills from empty and updates wait for learning_starts" in said[0]

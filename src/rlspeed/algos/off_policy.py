@@ -577,6 +577,12 @@ class OffPolicyAlgorithm(Algorithm):
         mismatched file is a warning (the buffer then fills from empty). Returns whether it was restored."""
         if self.strategy.enabled:
             return False
+        if not isinstance(resume["meta"].get("replay_buffer"), dict):  # (as a population's resume says it)
+            warnings.warn(f"Resuming from '{resume['path']}': it holds no replay buffer (save_replay_buffer=True, or "
+                          "--save-replay-buffer, saves one with each checkpoint), so the replay buffer refills from "
+                          "empty and updates wait for learning_starts new transitions: training is not identical to "
+                          "the uninterrupted run.", stacklevel=4)
+            return False
         # (the file's tensors read as views of it mapped in memory, copied into the buffer and dropped: a copy of them
         # besides the buffer it fills, as large as the buffer when full, would not fit where the buffer fills memory)
         found = self._saved_replay(resume, self.buffer.storage_device, "the replay buffer refills from empty",
