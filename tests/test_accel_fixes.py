@@ -731,6 +731,20 @@ def test_a_module_search_leaves_the_models_own_generator_where_it_was(two_candid
     assert all(torch.equal(model(x), y) for y in expected)
 
 
+def _searched_or_plain_step(loss, optimizer, example_inputs: tuple, accelerated: bool):
+    """An update step of `loss`: accelerate_step's, searched on `example_inputs`, or the plain loop's."""
+    if accelerated:
+        step = accelerate_step(loss, optimizer, example_inputs=example_inputs)
+        assert step.report.decisions[-1].source == "search"
+        return step
+
+    def step(*args):
+        optimizer.zero_grad()
+        loss(*args).backward()
+        optimizer.step()
+    return step
+
+
 @pytest.mark.parametrize("where", ["named", "argument", "module"])
 def test_a_step_search_leaves_the_generators_its_loss_draws_from_where_they_were(two_candidates, where):
     """The search runs the loss function many times: a seeded generator it draws from (by name, as an argument, or
@@ -747,14 +761,7 @@ def test_a_step_search_leaves_the_generators_its_loss_draws_from_where_they_were
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(8, 4, generator=torch.Generator().manual_seed(3))
         extra = (generator,) if where == "argument" else ()
-        if accelerated:
-            step = accelerate_step(loss, optimizer, example_inputs=(x, *extra))
-            assert step.report.decisions[-1].source == "search"
-        else:
-            def step(*args):
-                optimizer.zero_grad()
-                loss(*args).backward()
-                optimizer.step()
+        step = _searched_or_plain_step(loss, optimizer, (x, *extra), accelerated)
         for _ in range(3):
             step(x, *extra)
         return model.linear.weight.detach().clone(), torch.rand(2, generator=generator), torch.rand(2,
@@ -838,14 +845,7 @@ def test_a_step_search_puts_back_what_the_loss_updates_in_place_by_name(two_cand
 
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         x, returns = torch.randn(16, 4), torch.randn(16)
-        if accelerated:
-            step = accelerate_step(loss, optimizer, example_inputs=(x, returns))
-            assert step.report.decisions[-1].source == "search"
-        else:
-            def step(*args):
-                optimizer.zero_grad()
-                loss(*args).backward()
-                optimizer.step()
+        step = _searched_or_plain_step(loss, optimizer, (x, returns), accelerated)
         for _ in range(2):
             step(x, returns)
         return norm.scale.clone(), scale.clone(), model.weight.detach().clone()

@@ -489,6 +489,17 @@ def test_save_replay_buffer_is_refused_where_there_is_no_replay_buffer(name):
             algo(env_id, device="cpu", save_replay_buffer=True)
 
 
+def _assert_a_deep_copy_trains_apart(model, steps: int) -> None:
+    """`copy.deepcopy(model)` trains `steps` steps, and neither it nor the original moves the other's weights."""
+    import copy
+
+    snapshot = copy.deepcopy(model)
+    before = {k: v.clone() for k, v in model._state_tensors().items()}
+    snapshot.learn(steps, progress_bar=False)
+    assert all(torch.equal(v, before[k]) for k, v in model._state_tensors().items())
+    assert any(not torch.equal(v, before[k]) for k, v in snapshot._state_tensors().items())
+
+
 @pytest.mark.parametrize("algo, env_id, options", [
     ("PPO", "CartPole-v1", {"num_envs": 4, "num_steps": 16, "batch_size": 32, "n_epochs": 1}),
     ("A2C", "CartPole-v1", {"num_envs": 2, "num_steps": 8}),
@@ -499,17 +510,12 @@ def test_a_deep_copy_of_a_trained_model_trains_on_its_own(algo, env_id, options,
     """A snapshot (`copy.deepcopy(model)`) predicted but failed its first update: a Parameter's deepcopy clones its
     data, and the hand-derived updates' flat buffers no longer held the copy's parameters. The copy trains now, and
     neither it nor the original moves the other's weights."""
-    import copy
 
     import rlspeed
 
     model = getattr(rlspeed, algo)(env_id, seed=0, device="cpu", **options)
     model.learn(64, progress_bar=False)
-    snapshot = copy.deepcopy(model)
-    before = {k: v.clone() for k, v in model._state_tensors().items()}
-    snapshot.learn(64, progress_bar=False)
-    assert all(torch.equal(v, before[k]) for k, v in model._state_tensors().items())
-    assert any(not torch.equal(v, before[k]) for k, v in snapshot._state_tensors().items())
+    _assert_a_deep_copy_trains_apart(model, 64)
     model.learn(64, progress_bar=False)
 
 
@@ -517,7 +523,6 @@ def test_a_deep_copy_of_a_model_on_a_vector_env_made_from_a_generator_trains_on_
     """Gymnasium 1.1 to 1.3 (rlspeed's floor is 1.1) give SyncVectorEnv its env constructors as a generator
     (`make_vec`), which it keeps, used up: `copy.deepcopy(model)` of a model on Gymnasium envs raised "cannot pickle
     'generator' object". A vector env made so by hand shows it on any Gymnasium."""
-    import copy
 
     import rlspeed
 
@@ -525,11 +530,7 @@ def test_a_deep_copy_of_a_model_on_a_vector_env_made_from_a_generator_trains_on_
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     model = rlspeed.PPO(envs, seed=0, device="cpu", num_steps=16, batch_size=32, n_epochs=1)
     model.learn(32, progress_bar=False)
-    snapshot = copy.deepcopy(model)
-    before = {k: v.clone() for k, v in model._state_tensors().items()}
-    snapshot.learn(32, progress_bar=False)
-    assert all(torch.equal(v, before[k]) for k, v in model._state_tensors().items())
-    assert any(not torch.equal(v, before[k]) for k, v in snapshot._state_tensors().items())
+    _assert_a_deep_copy_trains_apart(model, 32)
 
 
 @pytest.mark.parametrize("algo, env_id, options", [

@@ -516,14 +516,8 @@ def test_a_run_directory_gone_while_training_stops_the_run_rather_than_make_it_a
         assert not run.exists()
 
 
-@pytest.mark.parametrize("checkpoints", [False, True])
-def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluation(tmp_path, monkeypatch, capsys,
-                                                                                     checkpoints):
-    """summary.json that did not fit on the disk at the end of a run was "Cannot write 'run/summary.json': No space
-    left on device." and no more: the final evaluation just made was lost, and nothing said that the trained model
-    was saved, nor how to get its summary (a run without a checkpoint cannot be finished by --resume)."""
-    import re
-
+def _summary_json_does_not_fit(monkeypatch) -> None:
+    """A full disk for summary.json only (the model and checkpoints are written)."""
     from rlspeed import files
 
     write = files.write_atomic
@@ -534,6 +528,17 @@ def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluati
         write(path, text)
 
     monkeypatch.setattr(files, "write_atomic", full)
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_a_summary_the_disk_cannot_hold_says_the_model_is_saved_and_its_evaluation(tmp_path, monkeypatch, capsys,
+                                                                                     checkpoints):
+    """summary.json that did not fit on the disk at the end of a run was "Cannot write 'run/summary.json': No space
+    left on device." and no more: the final evaluation just made was lost, and nothing said that the trained model
+    was saved, nor how to get its summary (a run without a checkpoint cannot be finished by --resume)."""
+    import re
+
+    _summary_json_does_not_fit(monkeypatch)
     run = tmp_path / "run"
     code = cli.main([*TRAIN, "--total-timesteps", "256", "--out", str(run), "--set", "num_envs=4", "--set",
                      "batch_size=64", *(["--checkpoint-freq", "128"] if checkpoints else [])])
@@ -551,16 +556,7 @@ def test_the_evaluation_a_full_disk_lost_is_repeated_with_the_runs_eval_episodes
     3 episodes (`--episodes 3`: without it, rlspeed eval's 10 gave another result) and repeats its mean."""
     import re
 
-    from rlspeed import files
-
-    write = files.write_atomic
-
-    def full(path, text):
-        if path.name == "summary.json":
-            raise OSError(errno.ENOSPC, "No space left on device")
-        write(path, text)
-
-    monkeypatch.setattr(files, "write_atomic", full)
+    _summary_json_does_not_fit(monkeypatch)
     run = tmp_path / "run"
     code = cli.main([*TRAIN, "--total-timesteps", "256", "--out", str(run), "--set", "num_envs=4", "--set",
                      "batch_size=64", "--eval-episodes", "3"])
