@@ -305,7 +305,7 @@ def test_a_replay_growth_interrupted_midway_leaves_the_population_trainable(monk
     from rlspeed.population import offpolicy
 
     replay_type, calls = type(population.buffer), [0]
-    real_grow, allocators = replay_type.grow, {torch: torch.zeros, offpolicy: offpolicy.host_zeros}
+    real_grow, allocators = replay_type.grow, {torch: torch.zeros, offpolicy: offpolicy.storage_zeros}
 
     def interrupting(real):  # (host memory's allocator or the device's)
         def zeros(*args, **kwargs):

@@ -190,6 +190,15 @@ def host_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
 
 
+def storage_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+                  pin: bool = False) -> torch.Tensor:
+    """Zeroed replay storage on `device`: `host_zeros` in unpinned host memory (committed as rows are written), else
+    torch.zeros (device memory, or pinned host memory feeding an accelerator)."""
+    if torch.device(device).type == "cpu" and not pin:
+        return host_zeros(shape, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device, pin_memory=pin)
+
+
 class _HostStaging:
     """Host tensors, one per name, that host storage feeding an accelerator moves data through, reused from call to
     call: `take` gathers storage rows into one, `receive` copies device data into one, `to_device` copies gathered
@@ -320,10 +329,7 @@ class ReplayBuffer:
         """Zeroed storage of `rows` (default: capacity) rows, allocated pinned where it is host memory feeding an
         accelerator (pin_memory() on a made tensor would hold a second copy while it copies). Unpinned host storage
         is memory the OS commits as rows are written (`host_zeros`), as Stable-Baselines3's numpy buffers are."""
-        rows = self.capacity if rows is None else rows
-        if self.storage_device.type == "cpu" and not self._pin:
-            return host_zeros((rows, *shape), dtype)
-        return torch.zeros(rows, *shape, dtype=dtype, device=self.storage_device, pin_memory=self._pin)
+        return storage_zeros((self.capacity if rows is None else rows, *shape), dtype, self.storage_device, self._pin)
 
     def _allocate_observations(self, layout) -> None:
         """`obs` and `next_obs` storage: one tensor each, or one per key of Dict observations."""

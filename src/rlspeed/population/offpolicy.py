@@ -71,7 +71,7 @@ from rlspeed.buffers.replay import (
     FrameStackReplayBuffer,
     available_memory_bytes,
     frame_stacks,
-    host_zeros,
+    storage_zeros,
 )
 from rlspeed.checkpoint import beside, load_paired, save_checkpoint, staged_path
 from rlspeed.device import check_num_threads, float32_default, rules, training_threads
@@ -285,10 +285,8 @@ class MemberReplay:
         self.row_bytes = self.bytes_per_row(obs_dim, action_dim, mask_size, obs_dtype)
         self._check_fits(capacity_steps)
 
-        def zeros(*shape, dtype=torch.float32):  # (host memory: committed as rows are written, `host_zeros`)
-            if torch.device(device).type == "cpu":
-                return host_zeros((capacity_steps, size, num_envs, *shape), dtype)
-            return torch.zeros(capacity_steps, size, num_envs, *shape, device=device, dtype=dtype)
+        def zeros(*shape, dtype=torch.float32):
+            return storage_zeros((capacity_steps, size, num_envs, *shape), dtype, device)
 
         self.obs, self.next_obs = zeros(obs_dim, dtype=obs_dtype), zeros(obs_dim, dtype=obs_dtype)
         self.actions, self.rewards = zeros(action_dim), zeros()
@@ -340,9 +338,7 @@ class MemberReplay:
         grown = {}
         for name in self.fields:
             old = getattr(self, name)
-            grown[name] = (host_zeros((capacity_steps, *old.shape[1:]), old.dtype)
-                           if torch.device(self.device).type == "cpu" else
-                           torch.zeros(capacity_steps, *old.shape[1:], device=self.device, dtype=old.dtype))
+            grown[name] = storage_zeros((capacity_steps, *old.shape[1:]), old.dtype, self.device)
             grown[name][:self.written] = old[:self.written]
         # every field at once (one call: an interrupt, a notebook's stop, lands before or after it, never between two
         # fields of different sizes, which every later learn would fail on)
