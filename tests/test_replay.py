@@ -464,6 +464,23 @@ def test_loaded_transitions_end_the_uniform_warm_up_as_they_start_the_updates():
     assert torch.allclose(sac.buffer.actions[100:140], torch.full((40, 1), math.tanh(0.5)), atol=0.02)
 
 
+def test_steps_a_populations_host_replay_has_yet_to_fill_count_as_taken_for_the_next_buffer(monkeypatch):
+    """A population's replay on the host is committed as it fills, as a solo buffer's: a solo buffer made beside it
+    (a sweep's next model) counts the steps it has yet to write, and not those it has written."""
+    from rlspeed import UserError
+    from rlspeed.buffers import replay
+    from rlspeed.population.offpolicy import MemberReplay
+
+    monkeypatch.setattr(replay, "_cgroup_available_bytes", lambda: 100 * 2**20)  # (a container's 100 MiB left)
+    monkeypatch.setattr(replay, "_HOST_BUFFERS", weakref.WeakSet())  # (no other test's buffer still alive counted)
+    # (4 members x 1,875 steps of 1 env, 8,016 bytes per row: 57 MiB, below 80% of 100 MiB alone, as the solo buffer)
+    members = MemberReplay(1_875, 4, 1, 1_000, 1, torch.full((4,), 0.99), 1, torch.device("cpu"))
+    with pytest.raises(UserError, match="largest replay buffer that fits"):
+        ReplayBuffer(7_500, 1, (1_000,), (), torch.int64, "cpu")
+    members.written = 1_500  # (4/5 of its steps written: what it takes is in the container's usage from then on)
+    assert ReplayBuffer(7_500, 1, (1_000,), (), torch.int64, "cpu").capacity == 7_500
+
+
 def test_rows_a_host_buffer_has_yet_to_fill_count_as_taken_for_the_next_buffer(monkeypatch):
     """Host buffers commit memory as they fill, so the memory check of a second buffer counts what the first has yet
     to fill: two buffers that each fit alone were both accepted, to fill the memory together later. The buffer of a

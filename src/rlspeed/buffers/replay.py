@@ -90,14 +90,20 @@ def _available_memory_bytes(device: torch.device) -> int | None:
     return free_memory_bytes(device)
 
 
-#: live replay buffers in unpinned host memory (`host_zeros`): what they have yet to fill is memory promised to them
+#: live replay storage in unpinned host memory (`host_zeros`): a solo `ReplayBuffer`, a population's `MemberReplay`;
+#: what each has yet to fill (its `unwritten_bytes()`) is memory promised to it
 _HOST_BUFFERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def count_unwritten_host_storage(owner) -> None:
+    """Count what `owner` (replay storage made by `host_zeros`) has yet to write, its `unwritten_bytes()`, as taken in
+    later memory checks (`available_memory_bytes`), for as long as `owner` lives."""
+    _HOST_BUFFERS.add(owner)
 
 
 def _unwritten_host_bytes() -> int:
     """Bytes the live host replay buffers (`_HOST_BUFFERS`) will commit as they fill the rows they have not written."""
-    return int(sum(buffer.nbytes * (1 - min(buffer.size, buffer.capacity) / buffer.capacity)
-                   for buffer in list(_HOST_BUFFERS)))
+    return int(sum(buffer.unwritten_bytes() for buffer in list(_HOST_BUFFERS)))
 
 
 def _cgroup_minus(promised: int) -> int | None:
@@ -302,7 +308,7 @@ class ReplayBuffer:
                          if self.storage_device.type == "cpu" and self.device.type != "cpu" else None)
         self._allocate_observations(layout)
         if self.storage_device.type == "cpu" and not self._pin:
-            _HOST_BUFFERS.add(self)  # (its memory is committed as it fills: counted against later buffers' checks)
+            count_unwritten_host_storage(self)  # (its memory is committed as it fills)
         self.actions = self._zeros(*action_shape, dtype=action_dtype)
         self.rewards = self._zeros()
         self.terminated = self._zeros()
@@ -342,6 +348,10 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return self.size
+
+    def unwritten_bytes(self) -> int:
+        """Bytes of host storage this buffer has yet to write (its pages not committed yet: `host_zeros`)."""
+        return int(self.nbytes * (1 - min(self.size, self.capacity) / self.capacity))
 
     def _nbytes_at(self, capacity: int) -> int:
         """The bytes this layout would take at another `capacity` (the dense layout: the same bytes per row)."""

@@ -70,6 +70,7 @@ from rlspeed.buffers.replay import (
     REPLAY_MEMORY_SHARE,
     FrameStackReplayBuffer,
     available_memory_bytes,
+    count_unwritten_host_storage,
     frame_stacks,
     storage_zeros,
 )
@@ -292,8 +293,20 @@ class MemberReplay:
         self.actions, self.rewards = zeros(action_dim), zeros()
         self.terminated, self.discounts = zeros(), zeros()
         self.next_action_masks = zeros(mask_size, dtype=torch.bool) if mask_size else None
+        self._committed_as_written()
         self._window: list[tuple[torch.Tensor, ...]] = []
         self._set_gammas(gammas)
+
+    def _committed_as_written(self) -> None:
+        """The storage was just made by `storage_zeros`: on the host its pages are committed as steps are written, so
+        the steps not written yet count as taken in later memory checks (a solo buffer's, another population's)."""
+        self._lazy_host = self.device.type == "cpu"
+        if self._lazy_host:
+            count_unwritten_host_storage(self)
+
+    def unwritten_bytes(self) -> int:
+        """Bytes of host storage the members have yet to write (0 on a device, and once `keep` copied the storage)."""
+        return max(self.capacity_steps - self.written, 0) * self.step_bytes if self._lazy_host else 0
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -343,6 +356,7 @@ class MemberReplay:
         # every field at once (one call: an interrupt, a notebook's stop, lands before or after it, never between two
         # fields of different sizes, which every later learn would fail on)
         self.__dict__.update(grown)
+        self._committed_as_written()
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only the members at `index`."""
@@ -354,6 +368,7 @@ class MemberReplay:
         self._discount_table = self._discount_table[rows]
         self._gammas = self._gammas[index]
         self.size = int(index.numel())
+        self._lazy_host = False  # (the copies wrote every step)
 
     def add(self, obs, actions, rewards, next_obs, terminated, truncated, next_action_masks=None,
             reset_rows=None) -> None:
