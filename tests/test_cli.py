@@ -2270,6 +2270,8 @@ def test_run_options_given_to_set_name_their_flags(capsys):
                       ("save_replay_buffer=true", "--save-replay-buffer")):
         error = cli_error(capsys, ["train", "dqn", "CartPole-v1", "--set", key])
         assert error.endswith(f"is not a hyperparameter: use {flag}.")
+    # (RL-Zoo's name for the run's length: "Unknown hyperparameter" with thirty names, none of them the flag)
+    assert "use --total-timesteps N" in cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "n_timesteps=1e4"])
 
 
 def test_eval_takes_the_seed_of_a_final_evaluation_past_the_training_seeds_limit(tmp_path, capsys):

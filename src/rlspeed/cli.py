@@ -242,6 +242,9 @@ def _check_set_keys(overrides: dict) -> None:
     for key in overrides:
         if key in _FLAG_KEYS:
             raise UserError(f"--set {key}=... is not a hyperparameter: use {_FLAG_KEYS[key]}.")
+        if key == "n_timesteps":  # (RL-Zoo's name, in its files and its --n-timesteps flag)
+            raise UserError("--set n_timesteps=... is RL-Zoo's name for the run's length: use --total-timesteps N "
+                            "(or --set total_timesteps=N).")
 
 
 def _coerce_run_settings(run_settings: dict) -> dict:
