@@ -792,3 +792,20 @@ def test_checkpoints_are_not_training_time(tmp_path, monkeypatch):
     assert len(rows) == 6 and float(rows[-1]["train_wall_s"]) < 3600.0
     assert all(float(row["sps"]) > 128 / 3600.0 for row in rows)
     assert model.result.train_wall_s < 3600.0 and model.result.sps > 128 * 6 / 3600.0
+
+
+def test_metrics_rows_give_the_learning_rate_each_rows_last_update_took(tmp_path):
+    """metrics.csv's learning_rate is the rate of the row's last update (SB3's train/learning_rate): with anneal_lr,
+    the configured rate times the share of the run left before that update's rollout (docs/algorithms.md), falling
+    row by row; without, the configured rate."""
+    from rlspeed import PPO, SAC
+
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64, n_epochs=1,
+                learning_rate=1e-3, anneal_lr=True)
+    model.learn(128 * 4, progress_bar=False, run_dir=tmp_path / "ppo", log_interval_s=0.0)
+    rates = [float(row["learning_rate"]) for row in read_rows(tmp_path / "ppo" / "metrics.csv")]
+    assert rates == pytest.approx([1e-3 * (1 - k / 4) for k in range(4)])
+    sac = SAC("Pendulum-v1", device="cpu", seed=0, learning_rate=7e-4, learning_starts=16, batch_size=16)
+    sac.learn(48, progress_bar=False, run_dir=tmp_path / "sac", log_interval_s=0.0)
+    rows = read_rows(tmp_path / "sac" / "metrics.csv")
+    assert rows and all(float(row["learning_rate"]) == pytest.approx(7e-4) for row in rows)

@@ -1675,6 +1675,14 @@ class Algorithm:
             self._set_learning_rate(learning_rate)
         self._learning_rate_given = learning_rate
 
+    def _current_learning_rate(self) -> float | None:
+        """The learning rate the optimizers hold now, which their last step took (every optimizer of a model takes the
+        same: `_set_learning_rate`), as metrics.csv's `learning_rate`; None for a model without an optimizer."""
+        for optimizer in self._optimizers().values():
+            for group in optimizer.param_groups:
+                return float(group["lr"])
+        return None
+
     def _set_learning_rate(self, learning_rate: float) -> None:
         """Every optimizer's learning rate (in place where it is a device tensor, as a captured step reads it)."""
         for optimizer in self._optimizers().values():
@@ -2330,6 +2338,8 @@ class Algorithm:
                     # (a resumed run's rows go on from the interrupted run's training clock, as its step count does)
                     row.update(timesteps=self.num_timesteps, train_wall_s=clock_before + clock_offset + train_clock,
                                sps=sps)
+                    if (rate := self._current_learning_rate()) is not None:
+                        row["learning_rate"] = rate
                     row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
