@@ -1776,6 +1776,17 @@ def test_every_option_of_every_command_says_what_it_does():
     assert not silent, f"options without help text: {sorted(silent)}"
 
 
+@pytest.mark.parametrize("command", [["train", "ppo", "MyEnv-v0"], ["profile", "ppo", "MyEnv-v0"], ["eval", "run"]])
+def test_gym_packages_given_twice_imports_both(command):
+    """`--gym-packages a --gym-packages b c` imports a, b and c, as `--set` and `--env-kwargs` add up (it kept b and c
+    alone, and the env a registers was then an unknown id); a flag of one value given twice keeps the last one."""
+    parser = cli.build_parser()
+    args = parser.parse_args([*command, "--gym-packages", "a", "--gym-packages", "b", "c",
+                              "--seed", "1", "--seed", "2"])
+    assert args.gym_packages == ["a", "b", "c"] and args.seed == 2
+    assert parser.parse_args(command).gym_packages == []  # (the default list is not the one the first parse filled)
+
+
 def test_replay_buffer_files_are_part_of_the_run(tmp_path, monkeypatch, capsys):
     """--save-replay-buffer writes the replay beside the checkpoint and the model; a replay file given to eval is
     named as such; --overwrite removes the replays with the rest of the run; an on-policy run refuses the flag."""

@@ -2539,8 +2539,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--nan-policy", default="raise", choices=["raise", "mask"],
                        help="a NaN or infinite observation or reward from the env: stop naming it (raise), or zero it "
                             "and count it (mask)")
-    model.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
-                       help="modules to import first (they register the env ids they provide)")
+    # (--gym-packages a --gym-packages b imports both, as --set and --env-kwargs add up: a list flag given again
+    # adds to it where a last-wins store dropped the first module without a word)
+    model.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
+                       help="modules to import first (they register the env ids they provide; repeatable)")
     model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show full tracebacks on errors")
 
@@ -2629,8 +2631,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
     ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],
                     help="(default: the one the model was trained with, on its own env)")
-    ev.add_argument("--gym-packages", nargs="+", default=[], metavar="MODULE",
-                    help="modules to import first (they register the env ids they provide)")
+    ev.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
+                    help="modules to import first (they register the env ids they provide; repeatable)")
     ev.add_argument("--stochastic", action="store_true",
                     help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones, "
                          "in the evaluation and in --video")
