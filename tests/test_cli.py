@@ -1835,6 +1835,22 @@ def test_flags_that_conflict_or_act_only_with_another_are_refused(tmp_path, monk
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "ppo", "CartPole-v1", "--total-timestpes", "256"],
+     "--total-timestpes 256: did you mean --total-timesteps?"),
+    (["train", "ppo", "CartPole-v1", "--eval_freq=512"], "--eval_freq=512: did you mean --eval-freq?"),
+    (["tune", "ppo", "CartPole-v1", "--trails", "8"], "--trails 8: did you mean --trials?"),
+    (["eval", "run", "--epsiodes", "3"], "--epsiodes 3: did you mean --episodes?"),
+    (["doctor", "--jsn"], "--jsn: did you mean --json?"),
+])
+def test_a_misspelled_option_names_the_closest_one(argv, hint, capsys):
+    """A typo'd option is one sentence naming the command's option it is closest to, as an unknown command or choice
+    names the closest one (it was "unrecognized arguments: --total-timestpes 256" alone); a name close to none is not
+    guessed at."""
+    assert cli_error(capsys, argv).endswith(f"{hint} (see 'rlspeed {argv[0]} --help').")
+    assert "did you mean" not in cli_error(capsys, ["eval", "run", "--colour"])
+
+
 def test_an_env_module_in_the_current_directory_is_found(tmp_path):
     """`rlspeed train ppo myenvs:Line-v0` finds `myenvs.py` in the current directory, as `python -m` would (the
     console script does not put the directory on sys.path: `-I` runs the module the same way)."""

@@ -3021,8 +3021,10 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
         return (f"unrecognized arguments: {' '.join(unknown)}; {flag} takes one KEY=VALUE each: "
                 + " ".join(f"{flag} {shlex.quote(pair)}" for pair in given) + ".")
     flag = next((item for item in unknown if item.startswith("--")), None)
-    if flag is None or command not in ("train", "profile", "tune"):
+    if flag is None:
         return text
+    if command not in ("train", "profile", "tune"):
+        return _close_option_hint(text, flag, command)
     name, _, value = flag[2:].partition("=")
     name = name.replace("-", "_")
     if not value:
@@ -3047,7 +3049,22 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     if name in CLEANRL_NAMES:
         return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "
                 "(hyperparameters are given with --set KEY=VALUE).")
-    return text
+    return _close_option_hint(text, flag, command)
+
+
+def _close_option_hint(text: str, flag: str, command: str) -> str:
+    """A misspelled `--total-timestpes` (or `--jsn`): the error names the command's closest option, as an unknown
+    command or choice names its closest one; `text` as it is where none is close."""
+    sub = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    if command not in sub.choices:
+        return text
+    options = [option for action in sub.choices[command]._actions for option in action.option_strings
+               if option.startswith("--")]
+    close = difflib.get_close_matches(flag.split("=")[0], options, n=1, cutoff=0.8)
+    if not close:
+        return text
+    given, see = text.rstrip(".").rsplit(" (see ", 1) if " (see " in text else (text.rstrip("."), None)
+    return f"{given}: did you mean {close[0]}?" + (f" (see {see}." if see else "")
 
 
 def _main(argv: list[str]) -> int:
