@@ -110,6 +110,12 @@ class _Parser(argparse.ArgumentParser):
             hint = f"did you mean '{close[0]}'? " if close else ""
             what = "command" if name == "command" else name
             message = f"unknown {what} '{given}': {hint}choose from {', '.join(repr(each) for each in names)}"
+        # `rlspeed` alone: "the following arguments are required: command" names argparse's dest, not the commands
+        commands = next((action.choices for action in self._actions if isinstance(action, argparse._SubParsersAction)),
+                        None)
+        if commands and message == "the following arguments are required: command":
+            *first, last = commands
+            message = f"a command is required: {', '.join(first)} or {last}"
         # "argument --steps: must be positive" reads better as "--steps must be positive"
         message = re.sub(r"^argument ([^:]+): ", r"\1 ", message)
         raise UserError(f"{message} (see '{self.prog} --help').")
