@@ -1783,6 +1783,25 @@ def test_every_option_of_every_command_says_what_it_does():
     assert not silent, f"options without help text: {sorted(silent)}"
 
 
+def test_every_commands_help_fits_80_columns_and_states_its_defaults(monkeypatch):
+    """`rlspeed COMMAND --help` in an 80-column terminal has no line wider than it (train's usage line listed the env
+    backends, 83 columns), and an option with a default value says it (--device auto, --nan-policy raise, tune's
+    --trials 64 were not stated as defaults)."""
+    import argparse
+
+    monkeypatch.setenv("COLUMNS", "80")
+    parser = cli.build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+    wide = [f"{name}: {line}" for name, command in [("rlspeed", parser), *commands.items()]
+            for line in command.format_help().splitlines() if len(line) > 80]
+    assert not wide, f"help lines wider than 80 columns: {wide}"
+    unstated = [f"{name} {action.option_strings[0]}" for name, command in commands.items()
+                for action in command._actions if action.option_strings and action.nargs != 0
+                and action.default not in (None, [], argparse.SUPPRESS)
+                and not ("default" in action.help and str(action.default) in action.help)]
+    assert not unstated, f"options whose help does not state their default: {unstated}"
+
+
 @pytest.mark.parametrize("command", [["train", "ppo", "MyEnv-v0"], ["profile", "ppo", "MyEnv-v0"], ["eval", "run"]])
 def test_gym_packages_given_twice_imports_both(command):
     """`--gym-packages a --gym-packages b c` imports a, b and c, as `--set` and `--env-kwargs` add up (it kept b and c

@@ -2506,6 +2506,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(device=args.device, json_output=args.json)
 
 
+#: `--device`'s help: the names it takes, and what `auto` picks
+DEVICE_HELP = "auto, cpu, cuda[:i], npu[:i], xpu or mps (default auto: the first accelerator there is, else cpu)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `rlspeed` argument parser: subcommands train, eval, export, profile, doctor and tune, each setting `func`
     to its command.
@@ -2521,30 +2525,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     # what builds the model, shared by train and profile
     model = _Parser(add_help=False)
-    model.add_argument("algo", help="ppo, a2c, recurrent_ppo, dqn, sac, td3 or ddpg")
-    model.add_argument("env_id", help="a Gymnasium id, e.g. CartPole-v1, or module:EnvId (the module registers it)")
-    model.add_argument("--num-envs", type=_whole(1), default=None, help="parallel envs (default: preset)")
-    model.add_argument("--seed", type=_seed, default=0, help="seed of the weights, envs and sampling (default 0)")
-    model.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
-    model.add_argument("--env-backend", default="auto",
+    model.add_argument("algo", metavar="ALGO", help="ppo, a2c, recurrent_ppo, dqn, sac, td3 or ddpg")
+    model.add_argument("env_id", metavar="ENV_ID",
+                       help="a Gymnasium id, e.g. CartPole-v1, or module:EnvId (the module registers it)")
+    model.add_argument("--num-envs", type=_whole(1), default=None, metavar="N",
+                       help="parallel envs (default: the preset's)")
+    model.add_argument("--seed", type=_seed, default=0, metavar="N",
+                       help="seed of the weights, envs and sampling (default 0)")
+    model.add_argument("--device", default="auto", help=DEVICE_HELP)
+    # (the choices are in the help: listed in the usage line they made it wider than a terminal's 80 columns)
+    model.add_argument("--env-backend", default="auto", metavar="BACKEND",
                        choices=["auto", "torch", "gymnasium", "gymnasium-async", "envpool"],
-                       help="auto: rlspeed's native env where it has one (Gymnasium's for few envs on a CPU), EnvPool "
-                            "for Atari ids where installed, else Gymnasium's")
+                       help="what steps the envs: torch (rlspeed's native envs), gymnasium, gymnasium-async "
+                            "(Gymnasium's, in subprocesses), envpool, or auto (the default): the native env where "
+                            "there is one (Gymnasium's for few envs on a CPU), EnvPool for Atari ids where installed, "
+                            "else Gymnasium's")
     model.add_argument("--accelerate", default="off", choices=["auto", "off"],
                        help="auto: measure precision, compilation and graph capture and keep what is faster and "
                             "accurate (default off)")
-    model.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
-    model.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a hyperparameter")
+    model.add_argument("--threads", type=_whole(1), default=None, metavar="N",
+                       help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")
+    model.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a hyperparameter, VALUE read as YAML, e.g. --set learning_rate=3e-4 "
+                            "(repeatable)")
     model.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
-                       help="an option of the Gymnasium env (gymnasium.make(env_id, KEY=VALUE)); recorded with the "
-                            "run, so evaluation and rlspeed eval make the same env")
+                       help="an option of the Gymnasium env, as in gymnasium.make(ENV_ID, KEY=VALUE), VALUE read as "
+                            "YAML (repeatable); recorded with the run, so its evaluations and rlspeed eval make the "
+                            "same env")
     model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|none|FILE",
-                       help="hyperparameter source: auto (rlspeed's preset for the pair, else RL-Zoo's if rl_zoo3 is "
-                            "installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated), none (the "
-                            "algorithm's own defaults) or a YAML file")
+                       help="hyperparameter source: auto (the default: rlspeed's preset for the pair, else RL-Zoo's "
+                            "if rl_zoo3 is installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated), "
+                            "none (the algorithm's own defaults) or a YAML file")
     model.add_argument("--nan-policy", default="raise", choices=["raise", "mask"],
-                       help="a NaN or infinite observation or reward from the env: stop naming it (raise), or zero it "
-                            "and count it (mask)")
+                       help="a NaN or infinite observation or reward from the env: stop with an error naming it "
+                            "(raise, the default), or zero it and count it (mask)")
     # (--gym-packages a --gym-packages b imports both, as --set and --env-kwargs add up: a list flag given again
     # adds to it where a last-wins store dropped the first module without a word)
     model.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
@@ -2553,90 +2567,111 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show full tracebacks on errors")
 
     train = sub.add_parser("train", parents=[model], help="train an agent (presets per algorithm and env)")
-    train.add_argument("--total-timesteps", type=_whole(1), default=None, help="env steps, e.g. 1e5 (default: preset)")
-    train.add_argument("--out", default=None, help="run directory (default runs/<algo>-<env>-<seed>-<time>, with a "
-                       "numbered suffix if that exists)")
+    train.add_argument("--total-timesteps", type=_whole(1), default=None, metavar="N",
+                       help="env steps, e.g. 1e5 (default: the preset's)")
+    train.add_argument("--out", default=None, metavar="DIR",
+                       help="run directory (default runs/<algo>-<env>-<seed>-<time>, with a numbered suffix if that "
+                            "exists)")
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
-    train.add_argument("--target-return", type=_target_text, default=None,
+    train.add_argument("--target-return", type=_target_text, default=None, metavar="R|none",
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
-                            "reward_threshold; 'none' = off)")
-    train.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations")
+                            "reward_threshold; none: train the whole budget)")
+    train.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
+                       help="env steps between evaluations (default: the preset's with a target; without one, no "
+                            "evaluations before the final one)")
     train.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                        help=f"episodes of each evaluation, during training and the final one (default {EVAL_EPISODES})")
-    train.add_argument("--checkpoint-freq", type=_whole(1), default=None, help="env steps between checkpoints")
+    train.add_argument("--checkpoint-freq", type=_whole(1), default=None, metavar="N",
+                       help="env steps between checkpoints (default: a twentieth of the budget with --seeds, --resume "
+                            "or --max-restarts, else once a minute of training)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
-    train.add_argument("--nproc", type=_whole(1), default=None,
-                       help="data-parallel processes on this machine (starts torchrun for you)")
-    train.add_argument("--max-restarts", type=_whole(0), default=0,
-                       help="with --nproc: restarts torchrun may do after a failure (resuming from the checkpoint)")
+    train.add_argument("--nproc", type=_whole(1), default=None, metavar="N",
+                       help="data-parallel processes on this machine (starts torchrun for you; default: this process "
+                            "alone)")
+    train.add_argument("--max-restarts", type=_whole(0), default=0, metavar="N",
+                       help="with --nproc: restarts torchrun may do after a failure, each resuming from the checkpoint "
+                            "(default 0)")
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
     train.add_argument("--save-replay-buffer", action=argparse.BooleanOptionalAction, default=False,
-                       help="off-policy checkpoints also hold the replay buffer (exact resume; a second file); "
-                            "--resume keeps the run's choice unless --no-save-replay-buffer or this is given")
+                       help="off-policy checkpoints also hold the replay buffer (exact resume; a second file; "
+                            "default off); --resume keeps the run's choice unless --no-save-replay-buffer or this is "
+                            "given")
     train.add_argument("--video-every", type=_whole(1), default=None, metavar="N",
                        help="record one deterministic evaluation episode every N env steps into OUT/videos/ "
                             '(pip install "rlspeed[video]")')
     train.add_argument("--track", action="store_true",
                        help='log config, metrics, videos and the summary to Weights & Biases (pip install '
                             '"rlspeed[track]"; WANDB_MODE=offline logs locally)')
-    train.add_argument("--wandb-project", default=None, help="with --track (default: WANDB_PROJECT, else rlspeed)")
-    train.add_argument("--wandb-entity", default=None, help="with --track (default: WANDB_ENTITY, else your account)")
+    train.add_argument("--wandb-project", default=None, metavar="NAME",
+                       help="with --track: the W&B project (default: WANDB_PROJECT, else rlspeed)")
+    train.add_argument("--wandb-entity", default=None, metavar="NAME",
+                       help="with --track: the W&B team or user (default: WANDB_ENTITY, else your account)")
     train.add_argument("--seeds", default=None, metavar="SEEDS",
                        help="train one member per seed as one population (e.g. 0-31 or 0,3,5); per-member values: "
-                            "--set learning_rate=1e-3,2e-3,... (see docs/population.md)")
+                            "--set learning_rate=1e-3,2e-3,... (see Populations in the docs)")
     train.set_defaults(func=cmd_train)
 
     tun = sub.add_parser("tune", help="search hyperparameters with Optuna, a population of trials at a time")
-    tun.add_argument("algo", help="an algorithm with populations: ppo, a2c, sac, td3, ddpg, dqn")
-    tun.add_argument("env_id", help="a native or Gymnasium env id, e.g. CartPole-v1")
-    tun.add_argument("--trials", type=_whole(1), default=64, help="trials the study should hold when done (64)")
-    tun.add_argument("--population", type=_whole(1), default=16, help="trials trained at once as one population (16)")
-    tun.add_argument("--storage", default="rlspeed-tune.db",
+    tun.add_argument("algo", metavar="ALGO", help="an algorithm with populations: ppo, a2c, sac, td3, ddpg or dqn")
+    tun.add_argument("env_id", metavar="ENV_ID", help="a native or Gymnasium env id, e.g. CartPole-v1")
+    tun.add_argument("--trials", type=_whole(1), default=64, metavar="N",
+                     help="trials the study should hold when done (default 64)")
+    tun.add_argument("--population", type=_whole(1), default=16, metavar="N",
+                     help="trials trained at once as one population (default 16)")
+    tun.add_argument("--storage", default="rlspeed-tune.db", metavar="FILE|URL",
                      help="Optuna storage: a SQLite file or a URL such as sqlite:///PATH.db (default rlspeed-tune.db)")
-    tun.add_argument("--study-name", default=None, help="(default ALGO-ENV_ID); the same name resumes the study")
+    tun.add_argument("--study-name", default=None, metavar="NAME",
+                     help="the study's name (default ALGO-ENV_ID); the same name resumes the study")
     tun.add_argument("--search-space", default=None, metavar="FILE",
                      help="YAML: hyperparameter -> {low, high[, log, one_minus]} | {choices: [...]} | value "
                           "(default: RL-Zoo's space, per-member hyperparameters only)")
-    tun.add_argument("--budget", type=_whole(1), default=None, help="env steps per trial (default: a third of the "
-                     "preset's total_timesteps)")
+    tun.add_argument("--budget", type=_whole(1), default=None, metavar="N",
+                     help="env steps per trial (default: a third of the preset's total_timesteps)")
     tun.add_argument("--confirm-seeds", type=_whole(0), default=16, metavar="N",
                      help="train the 4 best trials and the starting configuration again on N new seeds each and write "
                           "the best median (default 16; 0 = write the best trial unconfirmed)")
     tun.add_argument("--out", default=None, metavar="FILE",
                      help="the best configuration as a preset YAML (default tuned-ALGO-ENV_ID.yaml)")
     tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|none|FILE",
-                     help="the fixed hyperparameters every trial starts from (as for train)")
-    tun.add_argument("--set", action="append", metavar="KEY=VALUE", help="fix a hyperparameter (leaves the search)")
+                     help="the fixed hyperparameters every trial starts from, as for train (default auto)")
+    tun.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="fix a hyperparameter, which leaves the search; VALUE read as YAML (repeatable)")
     tun.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
-                     help="an option of the Gymnasium env for every trial (gymnasium.make(env_id, KEY=VALUE))")
-    tun.add_argument("--num-envs", type=_whole(1), default=None, help="envs per trial (default: preset)")
-    tun.add_argument("--target-return", type=_target_text, default=None,
-                     help="the objective's target (default: the preset's, else the env's reward_threshold; 'none' = "
+                     help="an option of the Gymnasium env for every trial, as in gymnasium.make(ENV_ID, KEY=VALUE), "
+                          "VALUE read as YAML (repeatable)")
+    tun.add_argument("--num-envs", type=_whole(1), default=None, metavar="N",
+                     help="envs per trial (default: the preset's)")
+    tun.add_argument("--target-return", type=_target_text, default=None, metavar="R|none",
+                     help="the objective's target (default: the preset's, else the env's reward_threshold; none: "
                           "maximise the final evaluation)")
-    tun.add_argument("--eval-freq", type=_whole(1), default=None, help="env steps between evaluations (and reports)")
+    tun.add_argument("--eval-freq", type=_whole(1), default=None, metavar="N",
+                     help="env steps between evaluations, each a report to the pruner (default: the preset's, else "
+                          "10,000)")
     tun.add_argument("--eval-episodes", type=_whole(1), default=None, metavar="N",
                      help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
-    tun.add_argument("--seed", type=_seed, default=0, help="sampler seed; trial n trains with seed SEED + n")
-    tun.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
-    tun.add_argument("--threads", type=_whole(1), default=None, help="torch CPU threads (default 1)")
+    tun.add_argument("--seed", type=_seed, default=0, metavar="N",
+                     help="the sampler's seed; trial n trains with seed N + n (default 0)")
+    tun.add_argument("--device", default="auto", help=DEVICE_HELP)
+    tun.add_argument("--threads", type=_whole(1), default=None, metavar="N",
+                     help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")
     tun.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of trials trains")
     tun.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                      help="show full tracebacks on errors")
     tun.set_defaults(func=cmd_tune)
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic; --stochastic samples)")
-    ev.add_argument("checkpoint", help="a model file or a run directory")
-    ev.add_argument("--env", default=None, help="env id (default: the one it was trained on, with the options its run "
-                                                "recorded)")
+    ev.add_argument("checkpoint", metavar="CHECKPOINT", help="a model file or a run directory")
+    ev.add_argument("--env", default=None, metavar="ENV_ID",
+                    help="env id (default: the one it was trained on, with the options its run recorded)")
     ev.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
-                    help="an option of the Gymnasium env (gymnasium.make(env_id, KEY=VALUE)), over those the run "
-                         "recorded")
-    ev.add_argument("--episodes", type=_whole(1), default=10, help="episodes to evaluate (default 10)")
-    ev.add_argument("--seed", type=_evaluation_seed, default=None,
+                    help="an option of the Gymnasium env, as in gymnasium.make(ENV_ID, KEY=VALUE), VALUE read as "
+                         "YAML, over those the run recorded (repeatable)")
+    ev.add_argument("--episodes", type=_whole(1), default=10, metavar="N", help="episodes to evaluate (default 10)")
+    ev.add_argument("--seed", type=_evaluation_seed, default=None, metavar="N",
                     help="seed of the episodes (default: one drawn and printed, so that --seed repeats them)")
-    ev.add_argument("--device", default="auto", help="auto|cpu|cuda[:i]|npu[:i]|xpu|mps")
+    ev.add_argument("--device", default="auto", help=DEVICE_HELP)
     ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],
-                    help="(default: the one the model was trained with, on its own env)")
+                    help="what steps the env (default: the backend the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide; repeatable)")
     ev.add_argument("--stochastic", action="store_true",
@@ -2646,26 +2681,31 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--no-progress", action="store_true", help="no progress bar over the episodes")
     ev.add_argument("--video", default=None, metavar="FILE",
                     help='also record episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
-    ev.add_argument("--video-episodes", type=_whole(1), default=1, help="episodes in the --video file (default 1)")
+    ev.add_argument("--video-episodes", type=_whole(1), default=1, metavar="N",
+                    help="episodes in the --video file (default 1)")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --video file")
     ev.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                     help="show full tracebacks on errors")
     ev.set_defaults(func=cmd_eval)
 
     prof = sub.add_parser("profile", parents=[model], help="where the time of a training run goes, and what to change")
-    prof.add_argument("--steps", type=_whole(1), default=None, help="env steps of the unprofiled timed run, rounded "
+    prof.add_argument("--steps", type=_whole(1), default=None, metavar="N",
+                      help="env steps of the unprofiled timed run, rounded "
                       "up to whole iterations (default: 10 iterations, at least 2,000); the profiled run records at "
                       "most 2,048 of them (at least one iteration): the profiler keeps every operation in memory")
-    prof.add_argument("--trace", default=None, metavar="FILE", help="also write a Chrome/Perfetto trace")
+    prof.add_argument("--trace", default=None, metavar="FILE",
+                      help="also write a trace of the profiled run, for chrome://tracing or ui.perfetto.dev")
     prof.add_argument("--json", action="store_true",
                       help="print the result as JSON on stdout (the report goes to stderr)")
     prof.set_defaults(func=cmd_profile)
 
     exp = sub.add_parser("export", help="export a saved model's deterministic policy (ONNX, TorchScript, torch.export)")
-    exp.add_argument("checkpoint", help="a model file or a run directory")
+    exp.add_argument("checkpoint", metavar="CHECKPOINT", help="a model file or a run directory")
     exp.add_argument("--format", default=None, choices=["onnx", "torchscript", "exported_program"],
-                     help="(default: the one --out's suffix names, .onnx, .pt or .pt2; onnx without --out)")
-    exp.add_argument("--out", default=None, metavar="FILE", help="(default: the model file with .onnx, .pt or .pt2)")
+                     help="the export format (default: the one --out's suffix names, .onnx, .pt or .pt2; onnx "
+                          "without --out)")
+    exp.add_argument("--out", default=None, metavar="FILE",
+                     help="the export file (default: the model file with .onnx, .pt or .pt2)")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing export file")
     exp.add_argument("--action-mask", action=argparse.BooleanOptionalAction, default=None,
                      help="add (or leave out) an action_mask input, bool [batch, actions] (default: when the model "
@@ -2675,7 +2715,8 @@ def build_parser() -> argparse.ArgumentParser:
     exp.set_defaults(func=cmd_export)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
-    doctor.add_argument("--device", default="auto", help="the device to check (default auto)")
+    doctor.add_argument("--device", default="auto",
+                        help="the device to check: auto, cpu, cuda[:i], npu[:i], xpu or mps (default auto)")
     doctor.add_argument("--json", action="store_true",
                         help="print the checks as JSON on stdout (the lines go to stderr)")
     doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
