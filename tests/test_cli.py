@@ -1802,6 +1802,16 @@ def test_every_commands_help_fits_80_columns_and_states_its_defaults(monkeypatch
     assert not unstated, f"options whose help does not state their default: {unstated}"
 
 
+def test_the_examples_of_rlspeed_help_are_command_lines_it_takes(capsys):
+    """`rlspeed --help` closes with example commands: each parses (the run directory's TIME stands for a run's own)."""
+    assert cli.main(["--help"]) == 0
+    shown = capsys.readouterr().out.split("examples:\n", 1)[1].splitlines()
+    examples = [line.split("   ")[0].split()[1:] for line in shown if "COMMAND" not in line]
+    assert len(examples) >= 4 and {argv[0] for argv in examples} >= {"train", "eval", "export"}
+    for argv in examples:
+        cli.build_parser().parse_args(argv)
+
+
 @pytest.mark.parametrize("command", [["train", "ppo", "MyEnv-v0"], ["profile", "ppo", "MyEnv-v0"], ["eval", "run"]])
 def test_gym_packages_given_twice_imports_both(command):
     """`--gym-packages a --gym-packages b c` imports a, b and c, as `--set` and `--env-kwargs` add up (it kept b and c

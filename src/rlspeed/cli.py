@@ -2506,6 +2506,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return run_doctor(device=args.device, json_output=args.json)
 
 
+#: `rlspeed --help`'s closing lines: a command of each kind to start from (tests parse each)
+EXAMPLES = """examples:
+  rlspeed train ppo CartPole-v1                  train until the preset's target
+  rlspeed train sac Pendulum-v1 --seeds 0-7      8 seeds as one population
+  rlspeed eval runs/ppo-CartPole-v1-0-TIME       evaluate the run's model
+  rlspeed export runs/ppo-CartPole-v1-0-TIME     its policy as ONNX
+  rlspeed doctor                                 what runs on this machine
+  rlspeed COMMAND --help                         that command's options"""
+
 #: `--device`'s help: the names it takes, and what `auto` picks
 DEVICE_HELP = "auto, cpu, cuda[:i], npu[:i], xpu or mps (default auto: the first accelerator there is, else cpu)"
 
@@ -2517,7 +2526,8 @@ def build_parser() -> argparse.ArgumentParser:
     Every number is range-checked here; a bad argument raises UserError (one sentence, exit code 2 in `main`).
     `--debug` is accepted before or after the subcommand.
     """
-    parser = _Parser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.")
+    parser = _Parser(prog="rlspeed", description="Fast reinforcement learning in PyTorch.", epilog=EXAMPLES,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     parser.add_argument("-V", "--version", action="version", version=f"rlspeed {__version__}",
                         help="print rlspeed's version and exit")
