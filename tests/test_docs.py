@@ -398,3 +398,60 @@ def test_api_checks_see_names_and_calls():
     assert {"rlspeed.checkpoint.is_encrypted", "rlspeed.envs.NormalizeReward", "rlspeed.buffers.ReplayBuffer.add",
             "rlspeed.algos.update.UpdateStep"} <= directed and set(ARGUMENTS_ON_PAGE) <= directed
     assert undocumented_arguments(lambda env_id, *args, seed=0, **kwargs: None, "the `seed`") == ["env_id"]
+
+
+# --- docs/cli.md's synopsis and the command line's parser agree ------------------------------------------------------
+
+_SYNOPSIS_OPTION = re.compile(r"--(?P<no>\[no-\])?(?P<name>[a-z][\w-]*)(?: (?P<value>[^\s\]\[]+))?")
+
+
+def cli_synopsis() -> dict[str, str]:
+    """docs/cli.md's first code block, the text of each `rlspeed COMMAND ...` entry (its continuation lines
+    included) by command; `rlspeed --version` is the entry of "rlspeed"."""
+    block = next(block for block in code_blocks(ROOT / "docs" / "cli.md") if not block.language)
+    entries: dict[str, str] = {}
+    command = None
+    for line in block.code.splitlines():
+        start = re.match(r"rlspeed (\w+|--[\w-]+)", line)
+        if start:
+            command = start[1] if not start[1].startswith("--") else "rlspeed"
+        entries[command] = entries.get(command, "") + " " + line.split("#")[0]
+    return entries
+
+
+def test_the_cli_synopsis_names_every_option_with_the_parsers_choices_and_defaults():
+    """docs/cli.md's synopsis gives each command's every option and no other (it lacked eval's --no-progress and
+    tune's, eval's, export's and doctor's --debug); where it shows choices (`auto|off`) they are the parser's, and
+    where it shows a number (`--trials 64`) that is the option's default, as `--help` states it."""
+    import argparse
+
+    from rlspeed import cli
+
+    parser = cli.build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+    synopsis = cli_synopsis()
+    problems = []
+    for name, command in [("rlspeed", parser), *commands.items()]:
+        label = name if name == "rlspeed" else f"rlspeed {name}"
+        shown = {}
+        for match in _SYNOPSIS_OPTION.finditer(synopsis.get(name, "")):
+            shown.setdefault(f"--{match['name']}", match["value"])
+            if match["no"]:
+                shown.setdefault(f"--no-{match['name']}", None)
+        actions = {option: action for action in command._actions for option in action.option_strings
+                   if option.startswith("--") and option != "--help"}
+        if name == "rlspeed":  # (its --debug is each command's too: the synopsis gives it there)
+            actions = {option: action for option, action in actions.items() if option != "--debug"}
+        problems += [f"{label}: {option} not in docs/cli.md" for option in sorted(set(actions) - set(shown))]
+        problems += [f"{label}: docs/cli.md's {option} is no option"
+                     for option in sorted(set(shown) - set(actions))]
+        for option, value in shown.items():
+            action = actions.get(option)
+            if action is None or value is None:
+                continue
+            if action.choices and "|" in value and value.split("|") != list(action.choices):
+                problems.append(f"{label} {option}: docs/cli.md shows {value}, the parser takes "
+                                f"{'|'.join(action.choices)}")
+            if re.fullmatch(r"\d+", value) and str(action.default) != value and f"default {value}" not in action.help:
+                problems.append(f"{label} {option}: docs/cli.md shows {value}, the default is {action.default}")
+    assert not problems, "\n".join(problems)
