@@ -2601,13 +2601,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-restarts", type=_whole(0), default=0, metavar="N",
                        help="with --nproc: restarts torchrun may do after a failure, each resuming from the checkpoint "
                             "(default 0)")
-    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.safetensors if present")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --out from its checkpoint.safetensors if present")
     train.add_argument("--save-replay-buffer", action=argparse.BooleanOptionalAction, default=False,
                        help="off-policy checkpoints also hold the replay buffer (exact resume; a second file; "
                             "default off); --resume keeps the run's choice unless --no-save-replay-buffer or this is "
                             "given")
     train.add_argument("--video-every", type=_whole(1), default=None, metavar="N",
-                       help="record one deterministic evaluation episode every N env steps into OUT/videos/ "
+                       help="record one deterministic evaluation episode every N env steps into the run's videos/ "
                             '(pip install "rlspeed[video]")')
     train.add_argument("--track", action="store_true",
                        help='log config, metrics, videos and the summary to Weights & Biases (pip install '
@@ -2732,6 +2733,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show full tracebacks on errors")
     doctor.set_defaults(func=cmd_doctor)
+    for line in sub._choices_actions:  # each command's --help opens with what it does, its line in `rlspeed --help`
+        sub.choices[line.dest].description = line.help[0].upper() + line.help[1:] + "."
     return parser
 
 
