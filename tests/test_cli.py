@@ -1885,6 +1885,8 @@ def test_a_misspelled_option_names_the_closest_one(argv, hint, capsys):
     guessed at."""
     assert cli_error(capsys, argv).endswith(f"{hint} (see 'rlspeed {argv[0]} --help').")
     assert "did you mean" not in cli_error(capsys, ["eval", "run", "--colour"])
+    # (before any command: it was "a command is required", the typo unnamed)
+    assert cli_error(capsys, ["--verison"]).endswith("--verison: did you mean --version? (see 'rlspeed --help').")
 
 
 def test_an_env_module_in_the_current_directory_is_found(tmp_path):

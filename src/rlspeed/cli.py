@@ -3112,14 +3112,16 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     return _close_option_hint(text, flag, command)
 
 
-def _close_option_hint(text: str, flag: str, command: str) -> str:
-    """A misspelled `--total-timestpes` (or `--jsn`): the error names the command's closest option, as an unknown
-    command or choice names its closest one; `text` as it is where none is close."""
-    sub = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
-    if command not in sub.choices:
+def _close_option_hint(text: str, flag: str, command: str | None) -> str:
+    """A misspelled `--total-timestpes` (or `--jsn`; `rlspeed --verison`, `command` None): the error names the
+    command's closest option, as an unknown command or choice names its closest one; `text` as it is where none is
+    close."""
+    parser = build_parser()
+    sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    if command is not None and command not in sub.choices:
         return text
-    options = [option for action in sub.choices[command]._actions for option in action.option_strings
-               if option.startswith("--")]
+    options = [option for action in (sub.choices[command] if command else parser)._actions
+               for option in action.option_strings if option.startswith("--")]
     close = difflib.get_close_matches(flag.split("=")[0], options, n=1, cutoff=0.8)
     if not close:
         return text
@@ -3144,6 +3146,11 @@ def _main(argv: list[str]) -> int:
             # (options after the command are checked by the top parser: point to the command's own help)
             text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
             text = _unrecognized_hint(text, argv, command)
+        elif command is None and text.startswith("a command is required") and set(argv) - {"--debug"}:
+            # (`rlspeed --verison`: argparse names the missing command first, where the option is what went wrong)
+            unknown = [arg for arg in argv if arg != "--debug"]
+            text = _close_option_hint(f"unrecognized arguments: {' '.join(unknown)} (see 'rlspeed --help').",
+                                      unknown[0], None)
         print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
