@@ -1783,6 +1783,21 @@ def test_every_option_of_every_command_says_what_it_does():
     assert not silent, f"options without help text: {sorted(silent)}"
 
 
+def test_the_flags_named_for_model_arguments_are_train_options():
+    """A model argument given where a hyperparameter goes is refused with the flag that takes it, from two tables (the
+    Python API's MODEL_ARGUMENTS, the CLI's --set check): both name the same flag, and rlspeed train has it."""
+    import argparse
+
+    from rlspeed.algos.base import MODEL_ARGUMENTS
+
+    train = next(action for action in cli.build_parser()._actions
+                 if isinstance(action, argparse._SubParsersAction)).choices["train"]
+    options = {option for action in train._actions for option in action.option_strings}
+    for key, usage in MODEL_ARGUMENTS.items():
+        assert usage.split()[0] == cli._FLAG_KEYS[key].split()[0] and usage.split()[0] in options, key
+    assert {flag.split()[0] for flag in cli._FLAG_KEYS.values() if flag.startswith("--")} <= options
+
+
 def test_every_commands_help_fits_80_columns_and_states_its_defaults(monkeypatch):
     """`rlspeed COMMAND --help` in an 80-column terminal has no line wider than it (train's usage line listed the env
     backends, 83 columns), and an option with a default value says it (--device auto, --nan-policy raise, tune's
