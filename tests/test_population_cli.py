@@ -115,6 +115,9 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     assert cli.main(["eval", str(out / "members" / "seed_3.safetensors"), "--episodes", "2"]) == 0
     assert "PPO on CartPole-v1" in capsys.readouterr().out
     assert "population's run directory: give one member's model" in cli_error(capsys, ["eval", str(out)])
+    # (its members/ folder named the file it lacked, model.safetensors, not one of the members' it holds)
+    first = out / "members" / "seed_0.safetensors"
+    assert cli_error(capsys, ["eval", str(out / "members")]).endswith(f"e.g. '{first}'.")
     config = (out / "config.yaml").read_text()
     assert "seeds:" in config
     # the run is kept unless --overwrite is given

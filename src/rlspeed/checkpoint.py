@@ -79,6 +79,9 @@ def run_model(path: str | os.PathLike) -> Path:
                      key=lambda member: (len(member.stem), member.stem))  # (seed_2 before seed_10)
     if members:
         raise UserError(f"'{path}' is a population's run directory: give one member's model, e.g. '{members[0]}'.")
+    members = sorted(path.glob("seed_*.safetensors"), key=lambda member: (len(member.stem), member.stem))
+    if path.name == MEMBERS_DIR and members:
+        raise UserError(f"'{path}' holds a population's members' models: give one, e.g. '{members[0]}'.")
     if (path / "checkpoint.safetensors").is_file():
         raise UserError(f"'{path}' holds a run that did not finish (a checkpoint, no model yet): `rlspeed train ... "
                         f"--resume --out {path}` finishes it, or give a model file.")
