@@ -153,7 +153,7 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
             other.resume(path)
     with pytest.raises(UserError, match="same algorithm"):
         Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=16, net_arch=(8,)).resume(path)
-    with pytest.raises(UserError, match="resume with env_backend='torch'"):
+    with pytest.raises(UserError, match=r"resume with env_backend='torch' \(rlspeed train's --env-backend torch\)\.$"):
         Population(PPO, "CartPole-v1", seeds=[0, 1], env_backend="gymnasium", num_envs=4, num_steps=16,
                    net_arch=(8,)).resume(path)
     solo = PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16, net_arch=(8,)).save(tmp_path / "solo")

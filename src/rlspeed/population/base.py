@@ -1133,7 +1133,8 @@ class PopulationBase:
                             f"population has {self.env_kwargs}: resume with the same env_kwargs.")
         if saved.get("env_backend") != self.env_backend:
             raise UserError(f"'{path}' was trained on env_backend={saved.get('env_backend')!r}, this population runs "
-                            f"on {self.env_backend!r}: resume with env_backend={saved.get('env_backend')!r}.")
+                            f"on {self.env_backend!r}: resume with env_backend={saved.get('env_backend')!r} "
+                            f"(rlspeed train's --env-backend {saved.get('env_backend')}).")
         config = json.loads(json.dumps(dataclasses.asdict(self.config)))
         members = json.loads(json.dumps([self._member_hyperparameters(k) for k in range(self.size)]))
         shared = sorted(key for key in set(config) | set(saved.get("config") or {})
