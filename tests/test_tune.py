@@ -403,10 +403,11 @@ def test_the_commands_a_study_suggests_give_back_its_env_and_options(tmp_path):
     from rlspeed.tune import _env_kwargs_arguments, _train_command
 
     options = {"模式": "困难 模式", "size": 3, "flags": [1, 2]}
-    command = _train_command(PPO, "中文/平衡杆-v0", tmp_path / "预设 文件.yaml", options, ("中文环境",))
+    command = _train_command(PPO, "中文/平衡杆-v0", tmp_path / "预设 文件.yaml", options, ("中文环境",), 3)
     args = cli.build_parser().parse_args(shlex.split(command)[1:])
     assert (args.env_id, args.preset, args.gym_packages) == ("中文/平衡杆-v0", str(tmp_path / "预设 文件.yaml"),
                                                              ["中文环境"])
+    assert args.eval_episodes == 3  # (tune's --eval-episodes: the command dropped it, and trained evaluating 10)
     assert cli._parse_set(args.env_kwargs, "--env-kwargs") == options
     assert "\\u" not in shlex.join(_env_kwargs_arguments(options))
 

@@ -555,7 +555,7 @@ def tune(algo_cls: type, env_id: str, *, trials: int, population: int, storage: 
         + (f", objective: steps to eval return >= {target_return:g}" if target_return is not None
            else ", objective: final evaluation"), flush=True)
     context = {"out": out, "command": command, "storage": storage, "study_name": study_name,
-               "train": _train_command(algo_cls, env_id, out, env_kwargs, gym_packages)}
+               "train": _train_command(algo_cls, env_id, out, env_kwargs, gym_packages, eval_episodes)}
     batch = 0
     while finished < trials:
         batch += 1
@@ -863,12 +863,15 @@ def _env_kwargs_arguments(env_kwargs: dict) -> list[str]:
 
 
 def _train_command(algo_cls: type, env_id: str, out: str | Path, env_kwargs: dict | None,
-                   gym_packages: tuple[str, ...]) -> str:
+                   gym_packages: tuple[str, ...], eval_episodes: int = 10) -> str:
     """The `rlspeed train` command that trains with the preset a study writes, quoted for a POSIX shell (with the
-    modules registering the env and the env's options, which a preset does not hold)."""
+    modules registering the env, the episodes of the trials' evaluations and the env's options, which a preset does
+    not hold)."""
     arguments = ["rlspeed", "train", algo_cls.name, env_id, "--preset", str(out)]
     if gym_packages:
         arguments += ["--gym-packages", *gym_packages]
+    if eval_episodes != 10:  # (the trials' evaluations, which the preset's target was reached under)
+        arguments += ["--eval-episodes", str(eval_episodes)]
     return shlex.join(arguments + _env_kwargs_arguments(env_kwargs or {}))
 
 
