@@ -1306,6 +1306,11 @@ def test_eval_episodes_sets_every_evaluation_of_a_run_and_resume_keeps_it(tmp_pa
     assert "eval_episodes 3 -> 2" in capsys.readouterr().err
     config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert config["eval_episodes"] == 2 and config["changes"][-1]["settings"]["eval_episodes"] == [3, 2]
+    # a run whose config.yaml an rlspeed before --eval-episodes wrote evaluated 10 episodes: a change is named as one
+    del config["eval_episodes"]
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main([*start, "--total-timesteps", "1280", "--resume", "--eval-episodes", "2"]) == 0
+    assert "eval_episodes 10 -> 2" in capsys.readouterr().err
 
 
 def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkeypatch, capsys):

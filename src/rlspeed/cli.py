@@ -1857,6 +1857,8 @@ def _say_changed_settings(path: Path, config: dict, at_steps: int) -> None:
         return
     old, new = before.get("hyperparameters") or {}, config["hyperparameters"]
     changed = {key: [old[key], new[key]] for key in new if key in old and old[key] != new[key]}
+    # (a config.yaml an rlspeed before --eval-episodes wrote: its run evaluated EVAL_EPISODES episodes)
+    before = {"eval_episodes": EVAL_EPISODES, **before}
     changed.update({key: [before.get(key), config.get(key)]
                     for key in ("total_timesteps", "target_return", "eval_freq", "eval_episodes", "env_kwargs",
                                 *RESUMED_RUN_SETTINGS)
