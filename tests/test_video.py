@@ -468,3 +468,44 @@ def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(
     with pytest.warns(UserWarning, match="still running after 20 steps"):  # (the same call again: no refusal)
         video.record_video(model, tmp_path / name, seed=0, max_steps=20)
     assert _read(tmp_path / name)[1] == (400, 600)
+
+
+class _Sized(gym.Env):
+    """An env whose constructor needs an option (`size`: its episodes' length, and its frames' side / 64)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, size, render_mode=None):
+        self.size, self.render_mode, self.t = size, render_mode, 0
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(2, np.float32), 1.0, self.t >= self.size, False, {}
+
+    def render(self):
+        return np.zeros((64 * self.size, 64 * self.size, 3), np.uint8)
+
+
+def test_a_video_callback_checks_the_env_made_with_the_models_options(tmp_path, monkeypatch):
+    """VideoRecorderCallback checked the env made from its bare id before training, so an env whose constructor
+    needs an option the model was made with (`env_kwargs`, `--env-kwargs`) was refused ("missing 1 required
+    positional argument"), though its videos, made with those options, film it."""
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    monkeypatch.setitem(gym.registry, "rlspeed-test/Sized-v0",
+                        gym.envs.registration.EnvSpec("rlspeed-test/Sized-v0", entry_point=_Sized,
+                                                      disable_env_checker=True))
+    model = PPO("rlspeed-test/Sized-v0", env_kwargs={"size": 3}, seed=0, device="cpu", num_envs=2, num_steps=8,
+                batch_size=16)
+    callback = VideoRecorderCallback(16, tmp_path / "videos")
+    model.learn(16, callback=callback, progress_bar=False)
+    model.close()
+    assert [path.name for path in callback.videos] == ["step-000000016.mp4"]
+    assert _read(callback.videos[0]) == (4, (192, 192))  # (3 steps and the first frame, at the option's size)

@@ -800,9 +800,12 @@ class VideoRecorderCallback(BaseCallback):
         self._period = _Period(self.video_every)
 
     def _init_callback(self) -> None:
+        from rlspeed.evaluation import env_options
         from rlspeed.video import check_video_support
 
-        check_video_support(self.model.env_id)  # before training, not at the first video
+        # (before training, not at the first video; on the env the videos film: made with the model's env options,
+        # which an env that needs one of them cannot be made without)
+        check_video_support(self.model.env_id, env_kwargs=env_options(self.model, None))
         self.video_folder.mkdir(parents=True, exist_ok=True)
 
     def _on_training_start(self) -> None:
