@@ -509,3 +509,45 @@ def test_a_video_callback_checks_the_env_made_with_the_models_options(tmp_path, 
     model.close()
     assert [path.name for path in callback.videos] == ["step-000000016.mp4"]
     assert _read(callback.videos[0]) == (4, (192, 192))  # (3 steps and the first frame, at the option's size)
+
+
+def test_envs_wrapped_in_record_video_keep_their_id(tmp_path):
+    """A model trained on envs one films with Gymnasium's RecordVideo (or SB3's VecVideoRecorder) kept no id: it was
+    'user-vector-env', so `evaluate(model)`, `record_video(model, path)` and `rlspeed eval` refused it, though these
+    wrappers only record, as RecordEpisodeStatistics (which keeps the id) does. The user's videos are still written."""
+    import functools
+
+    pytest.importorskip("moviepy", reason="Gymnasium's RecordVideo needs moviepy")
+    same_step = gym.vector.AutoresetMode.SAME_STEP
+
+    def filmed():
+        return gym.wrappers.RecordVideo(gym.make("CartPole-v1", render_mode="rgb_array"), str(tmp_path / "mine"),
+                                        episode_trigger=lambda episode: episode == 0, disable_logger=True)
+
+    vector_env = gym.vector.SyncVectorEnv([filmed], autoreset_mode=same_step)
+    model = PPO(vector_env, seed=0, device="cpu", num_steps=32, batch_size=32)
+    assert model.env_id == "CartPole-v1"
+    model.learn(64, progress_bar=False)
+    vector_env.close()
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["rl-video-episode-0.mp4"]
+    assert model.evaluate(episodes=1, seed=0)["episodes"] == 1
+    with pytest.warns(UserWarning, match="still running after 3 steps"):
+        assert video.record_video(model, tmp_path / "x.gif", seed=0, max_steps=3)["frames"] == 4
+    # (gym.make_vec's wrappers=, where RecordVideo comes as a partial with its folder; Gymnasium's vector RecordVideo)
+    partial = functools.partial(gym.wrappers.RecordVideo, video_folder=str(tmp_path / "each"), disable_logger=True)
+    made = gym.make_vec("CartPole-v1", 1, vectorization_mode="sync", render_mode="rgb_array", wrappers=[partial],
+                        vector_kwargs={"autoreset_mode": same_step})
+    assert PPO(made, seed=0, device="cpu", num_steps=32, batch_size=32).env_id == "CartPole-v1"
+    made.close()
+    with warnings.catch_warnings():  # (Gymnasium's: its videos of same-step envs lack the episodes' last frames)
+        warnings.simplefilter("ignore", UserWarning)
+        whole = gym.wrappers.vector.RecordVideo(
+            gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", render_mode="rgb_array",
+                         vector_kwargs={"autoreset_mode": same_step}), str(tmp_path / "whole"))
+    assert PPO(whole, seed=0, device="cpu", num_steps=32, batch_size=64).env_id == "CartPole-v1"
+    whole.close()
+    sb3 = pytest.importorskip("stable_baselines3.common.vec_env")
+    recorder = sb3.VecVideoRecorder(sb3.DummyVecEnv([lambda: gym.make("CartPole-v1", render_mode="rgb_array")]),
+                                    str(tmp_path / "sb3"), record_video_trigger=lambda step: step == 0)
+    assert PPO(recorder, seed=0, device="cpu", num_steps=32, batch_size=32).env_id == "CartPole-v1"
+    recorder.close()

@@ -310,10 +310,10 @@ def _has_mask_method(env) -> bool:
 
 
 # Keys gym.make_vec adds to a vector env's spec kwargs (and render_mode, which SB3's make_vec_env sets, and
-# disable_env_checker, which only skips Gymnasium's checks), and wrappers that only record: none of them changes an
-# observation, reward or time limit
+# disable_env_checker, which only skips Gymnasium's checks), and wrappers that only record or show the episodes
+# (statistics, videos, a window): none of them changes an observation, reward or time limit
 _VECTOR_KEYS = ("num_envs", "vectorization_mode", "vector_kwargs", "wrappers", "render_mode", "disable_env_checker")
-_RECORDING_WRAPPERS = ("Monitor", "RecordEpisodeStatistics")
+_RECORDING_WRAPPERS = ("Monitor", "RecordEpisodeStatistics", "RecordVideo", "HumanRendering")
 
 
 def is_registered_env(spec) -> bool:
@@ -326,7 +326,9 @@ def is_registered_env(spec) -> bool:
         return False
     kwargs = dict(getattr(spec, "kwargs", None) or {})
     # (gym.make_vec's `wrappers=`: only recording wrapper classes keep the env as registered)
-    if any(getattr(wrapper, "__name__", None) not in _RECORDING_WRAPPERS for wrapper in kwargs.get("wrappers") or ()):
+    # (a functools.partial names its class: partial(RecordVideo, video_folder=...), as RecordVideo needs its folder)
+    if any(getattr(wrapper.func if isinstance(wrapper, functools.partial) else wrapper, "__name__", None)
+           not in _RECORDING_WRAPPERS for wrapper in kwargs.get("wrappers") or ()):
         return False
     kwargs = {key: value for key, value in kwargs.items() if key not in _VECTOR_KEYS}
     wrappers = [w.name for w in getattr(spec, "additional_wrappers", ()) or ()]
@@ -334,8 +336,10 @@ def is_registered_env(spec) -> bool:
             and all(name in _RECORDING_WRAPPERS for name in wrappers))
 
 
-#: vector-level wrappers that only record (Gymnasium's vector RecordEpisodeStatistics, SB3's VecMonitor)
-_RECORDING_VECTOR_WRAPPERS = ("RecordEpisodeStatistics", "VecMonitor")
+#: vector-level wrappers that only record or show (Gymnasium's vector RecordEpisodeStatistics, RecordVideo and
+#: HumanRendering, SB3's VecMonitor and VecVideoRecorder)
+_RECORDING_VECTOR_WRAPPERS = ("RecordEpisodeStatistics", "RecordVideo", "HumanRendering", "VecMonitor",
+                              "VecVideoRecorder")
 
 
 def vector_wrappers(vector_env) -> list[str]:
