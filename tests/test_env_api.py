@@ -589,6 +589,24 @@ def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
         rlspeed.make_env(42, device="cpu")
 
 
+def test_a_single_env_that_renders_is_not_answered_with_an_id_that_shows_nothing(tmp_path):
+    """A single env made to be watched (render_mode="human") or filmed (RecordVideo around an rgb_array env) was
+    answered "give its id ('CartPole-v1')": the id's env renders nothing, so the window or the videos were dropped
+    without a word; the refusal says to wrap the env itself in a vector env."""
+    pytest.importorskip("moviepy", reason="Gymnasium's RecordVideo needs moviepy")
+    watched = gym.make("CartPole-v1", render_mode="human")
+    filmed = gym.wrappers.RecordVideo(gym.make("CartPole-v1", render_mode="rgb_array"), str(tmp_path),
+                                      disable_logger=True)
+    for env in (watched, filmed):
+        with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(\w+\): wrap it as ") as refused:
+            rlspeed.PPO(env, device="cpu")
+        assert "give its id" not in str(refused.value)
+        with pytest.raises(rlspeed.UserError, match=r"so write PPO\(env, \.\.\.\)"):
+            rlspeed.PPO("MlpPolicy", env, device="cpu")
+    filmed.close()
+    watched.close()
+
+
 def test_a_wrapped_single_env_or_an_env_factory_is_not_answered_with_an_id_that_drops_its_wrappers():
     """A single env with wrappers or a time limit of its own is not the env its id makes: the refusal says to wrap it
     in a vector env, not to give the id (which would train on the unwrapped env); an env factory (SB3's habit) is told

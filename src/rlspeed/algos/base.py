@@ -80,7 +80,7 @@ from rlspeed.envs.base import (
     space_text,
     space_to_json,
 )
-from rlspeed.envs.gymnasium_env import check_action_masks, is_registered_env, normalising_wrappers, reward_wrappers
+from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
 from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import (
@@ -1151,14 +1151,12 @@ SB3_POLICY_NAMES = ("MlpPolicy", "CnnPolicy", "MultiInputPolicy", "MlpLstmPolicy
 
 def _env_example(env) -> str:
     """How to write `env` as a model's first argument, for a refusal's example: an id as it is, a single Gymnasium env
-    (which the model refuses) by its registered id where it is that env unchanged (no wrapper, option or time limit
-    of its own, which the id would drop), another env object as `env`."""
+    (which the model refuses) by its registered id where it is that env unchanged (`single_env_id`: no wrapper,
+    option or time limit of its own, nor rendering, which the id would drop), another env object as `env`."""
     if isinstance(env, str):
         return repr(env)
-    spec = getattr(env, "spec", None)
-    if isinstance(env, gym.Env) and isinstance(getattr(spec, "id", None), str) and is_registered_env(spec):
-        return repr(spec.id)
-    return "env"
+    registered = single_env_id(env) if isinstance(env, gym.Env) else None
+    return repr(registered) if registered is not None else "env"
 
 
 def _forked_random(device: torch.device):

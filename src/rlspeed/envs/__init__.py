@@ -20,8 +20,8 @@ from rlspeed.envs.gymnasium_env import (
     REJECTED_VALUE_ERRORS,
     GymnasiumEnv,
     gym_spec,
-    is_registered_env,
     rejected_options,
+    single_env_id,
 )
 from rlspeed.envs.mountain_car import MountainCar
 from rlspeed.envs.mountain_car_continuous import MountainCarContinuous
@@ -385,8 +385,7 @@ def _check_env_id(env_id) -> None:
         raise UserError(f"{accepted}; this env ({kind}) is a batched env already (one make_env made, or your own "
                         "BatchedEnv): give it to the algorithm as it is (Algo(env)).")
     if isinstance(env_id, gym.Env):
-        # (its id only where the id makes this env: not one with wrappers, options or a time limit of its own)
-        registered = getattr(env_id.spec, "id", None) if is_registered_env(env_id.spec) else None
+        registered = single_env_id(env_id)  # (its id only where the id makes this env, rendering nothing)
         by_id = f"give its id ('{registered}'), or " if isinstance(registered, str) else ""
         raise UserError(f"{accepted}, not a single gymnasium.Env ({kind}): {by_id}wrap it as Stable-Baselines3's "
                         "DummyVecEnv([lambda: env]) or gymnasium.vector.SyncVectorEnv([lambda: env], "

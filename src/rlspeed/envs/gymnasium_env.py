@@ -336,6 +336,17 @@ def is_registered_env(spec) -> bool:
             and all(name in _RECORDING_WRAPPERS for name in wrappers))
 
 
+def single_env_id(env) -> str | None:
+    """The registered id that makes the single Gymnasium env `env` again, for a refusal's advice to give the id
+    instead: only where `env` is that env unchanged (no wrapper, option or time limit of its own, which the id would
+    drop) and renders nothing (a window the user watches, frames a RecordVideo films: the id's env shows none)."""
+    spec = getattr(env, "spec", None)
+    if (isinstance(getattr(spec, "id", None), str) and is_registered_env(spec)
+            and getattr(env, "render_mode", None) is None):
+        return spec.id
+    return None
+
+
 #: vector-level wrappers that only record or show (Gymnasium's vector RecordEpisodeStatistics, RecordVideo and
 #: HumanRendering, SB3's VecMonitor and VecVideoRecorder)
 _RECORDING_VECTOR_WRAPPERS = ("RecordEpisodeStatistics", "RecordVideo", "HumanRendering", "VecMonitor",
