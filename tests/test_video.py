@@ -551,3 +551,31 @@ def test_envs_wrapped_in_record_video_keep_their_id(tmp_path):
                                     str(tmp_path / "sb3"), record_video_trigger=lambda step: step == 0)
     assert PPO(recorder, seed=0, device="cpu", num_steps=32, batch_size=32).env_id == "CartPole-v1"
     recorder.close()
+
+
+
+def test_a_native_models_video_films_the_episodes_its_evaluation_of_the_seed_plays(tmp_path):
+    """A model of a native env is filmed on its Gymnasium view: each episode was reset with seed + i, so only the
+    first was an episode `evaluate` (and `rlspeed eval --seed S --video`) played with that seed (its episode i is row
+    i of a native env seeded with S), and the view's float64 states were not the float32 ones evaluated. Episode i of
+    the video is now the evaluation's episode i, as on Gymnasium's envs."""
+    from rlspeed import make_env
+
+    model = PPO("Pendulum-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=16, batch_size=64)
+    with pytest.warns(UserWarning, match="still running after 5 steps"):  # (Pendulum's 5 first steps are enough)
+        evaluated = model.evaluate(episodes=4, seed=21, max_steps=5)
+    with pytest.warns(UserWarning, match="still running after 5 steps"):
+        filmed = video.record_video(model, tmp_path / "x.mp4", episodes=4, seed=21, max_steps=5)
+    assert filmed["returns"] == pytest.approx(evaluated["returns"], rel=1e-5)
+    # (the view named as the env is a Gymnasium env like any other: evaluated on Gymnasium's vector env, seed + i)
+    with pytest.warns(UserWarning, match="still running after 5 steps"):
+        evaluated = model.evaluate(episodes=2, seed=21, max_steps=5, env_id="rlspeed/Pendulum-v1")
+    with pytest.warns(UserWarning, match="still running after 5 steps"):
+        filmed = video.record_video(model, tmp_path / "y.mp4", episodes=2, seed=21, max_steps=5,
+                                    env_id="rlspeed/Pendulum-v1")
+    assert filmed["returns"] == pytest.approx(evaluated["returns"], rel=1e-5)
+    # (the view's row option: the first observation of each row of a native env of that seed)
+    rows = make_env("CartPole-v1", num_envs=3, seed=21, backend="torch", device="cpu").reset()[0].numpy()
+    view = gym.make("rlspeed/CartPole-v1", state_dtype="float32")
+    assert np.array_equal(np.stack([view.reset(seed=21, options={"row": i})[0] for i in range(3)]), rows)
+    view.close()

@@ -84,6 +84,8 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     atari_game = atari.preprocessed(env_id, env_kwargs)
     native = env_id in NATIVE_ENVS and backend in ("torch", "auto") and not env_kwargs
     make_id = f"rlspeed/{env_id}" if native else env_id
+    if native:  # (in float32, as the native envs train and evaluate: the same states, so the same episodes)
+        env_kwargs["state_dtype"] = "float32"
     render_mode = {"render_mode": "rgb_array"}
     if env_id == "GymV26Environment-v0":  # (Shimmy's adapter of a gym 0.26 env takes gym.make's options as make_kwargs)
         env_kwargs["make_kwargs"] = {**(env_kwargs.get("make_kwargs") or {}), **render_mode}
@@ -284,6 +286,12 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         env.spec.max_episode_steps if env.spec is not None else None) or 10_000
     options = {"fps": fps, "macro_block_size": 1} if path.suffix.lower() == ".mp4" else {"duration": 1000 / fps}
     recurrent = hasattr(model, "act_with_state")
+    from rlspeed.envs import NATIVE_ENVS
+    from rlspeed.envs.gym_view import NativeGymEnv
+
+    # (the native env's view in place of its id, where its evaluation runs natively; `rlspeed/<id>` named as the env
+    # is a Gymnasium env like any other, evaluated on Gymnasium's vector envs)
+    native_view = isinstance(env.unwrapped, NativeGymEnv) and (env_id or model.env_id) in NATIVE_ENVS
     discrete = isinstance(env.action_space, gym.spaces.Discrete)
     masking = getattr(model, "supports_action_masks", False) and getattr(model.config, "use_masking", False)
     try:
@@ -302,7 +310,10 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     try:
         with sampling:
             for episode in range(episodes):
-                obs, info = env.reset(seed=None if seed is None else seed + episode)
+                # (episode i is the evaluation's episode i of the same seed: Gymnasium's vector env seeds its env i
+                # with seed + i; a native env's row i draws from seed's stream i, as the native view's row option)
+                obs, info = (env.reset(seed=seed, options={"row": episode}) if native_view and seed is not None
+                             else env.reset(seed=None if seed is None else seed + episode))
                 state, start, total = None, np.ones(1, dtype=bool), 0.0
                 # Atari games that wait for FIRE get it first, and after every lost life, as `evaluate` gives it
                 fire_left = game.fire_steps if game is not None and game.fire is not None else 0

@@ -58,10 +58,16 @@ class NativeGymEnv(gym.Env):
         self._env.state = torch.as_tensor(np.asarray(value), dtype=self._env.state_dtype).reshape(1, -1)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        """Gymnasium's reset. With a seed, `options={"row": i}` starts from the state row i of the native env of
+        many rows seeded with `seed` starts from: the episode `evaluate(model, seed=seed)` plays as its episode i."""
         super().reset(seed=seed)
+        row = int((options or {}).get("row", 0))
         if seed is None and not hasattr(self, "_seeded"):
             seed = int(self.np_random.integers(2**31))
         self._seeded = True
+        if seed is not None and row:
+            self._env.seed_row_blocks([seed], first_row=row)
+            seed = None
         obs, _ = self._env.reset(seed=seed)
         if self.render_mode == "human":
             self.render()

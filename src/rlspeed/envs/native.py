@@ -141,11 +141,13 @@ class NativeEnv(BatchedEnv):
     def _seed_streams(self, seed: int) -> None:
         self.seed_row_blocks([seed])  # one block: every row from the one seed
 
-    def seed_row_blocks(self, seeds) -> None:
+    def seed_row_blocks(self, seeds, first_row: int = 0) -> None:
         """Restart the random streams with one seed per block of rows: rows `k * B .. (k + 1) * B - 1`
         (`B = num_envs // len(seeds)`) draw exactly what a `B`-env instance seeded with `seeds[k]` draws, so K x B
         envs stepped together reproduce K separate runs' envs (`rlspeed.population`). A later `reset(seed=...)`
-        returns to one seed for all rows; `reset()` without one keeps these streams."""
+        returns to one seed for all rows; `reset()` without one keeps these streams. `first_row`: each block draws
+        what rows `first_row ..` of such an instance draw instead (a 1-env instance, row `first_row` of a larger one:
+        a video's episode as the evaluation of that seed played it)."""
         seeds = [int(seed) for seed in seeds]
         if not seeds or self.num_envs % len(seeds):
             raise ValueError(f"seed_row_blocks: {self.num_envs} envs do not split into {len(seeds)} equal blocks.")
@@ -153,7 +155,7 @@ class NativeEnv(BatchedEnv):
         keys, keys_low = [], []
         for seed in seeds:
             first, second, third = _seed_words(seed)
-            env_index = torch.arange(block, device=self.device, dtype=torch.int32)
+            env_index = torch.arange(first_row, first_row + block, device=self.device, dtype=torch.int32)
             block_keys = _mix32_(_mix32_(env_index.mul_(_GOLDEN).add_(first)).bitwise_xor_(second))  # [B]
             keys.append(block_keys)
             keys_low.append(_mix32_(block_keys ^ third))  # a second word per draw for float64's 53 bits
