@@ -579,3 +579,23 @@ def test_a_native_models_video_films_the_episodes_its_evaluation_of_the_seed_pla
     view = gym.make("rlspeed/CartPole-v1", state_dtype="float32")
     assert np.array_equal(np.stack([view.reset(seed=21, options={"row": i})[0] for i in range(3)]), rows)
     view.close()
+
+
+@pytest.mark.parametrize("trained_on, evaluated_on", [("gymnasium", "torch"), ("torch", "gymnasium")])
+def test_cli_eval_video_films_the_episodes_evaluated_on_the_backend_asked(tmp_path, capsys, trained_on, evaluated_on):
+    """`rlspeed eval --env-backend B --seed S --video` evaluated on B but filmed on the backend the model trained
+    with, so the video's episodes (and the mean return its line gives) were other than the evaluated ones."""
+    import json
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", env_backend=trained_on, num_envs=2, num_steps=16, batch_size=32)
+    model.save(tmp_path / "model.safetensors")
+    model.close()
+    code = cli.main(["eval", str(tmp_path / "model.safetensors"), "--env-backend", evaluated_on, "--episodes", "2",
+                     "--seed", "4", "--json", "--no-progress", "--video", str(tmp_path / "x.mp4"), "--video-episodes",
+                     "2"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    evaluated = json.loads(out)["returns"]
+    assert f", {2 + sum(int(r) for r in evaluated)} frames, mean return" in err  # (CartPole: a return is a length)
+    with pytest.raises(UserError, match="backend='tensor' is not one of"):
+        video.record_video(model, tmp_path / "y.mp4", backend="tensor")

@@ -2438,8 +2438,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.video is not None:
         from rlspeed.video import record_video
 
+        # (on the backend evaluated on: with the same seed, the video's episodes are the evaluated ones)
         video = record_video(model, args.video, episodes=args.video_episodes, seed=args.seed, env_id=env_id,
-                             deterministic=deterministic, env_kwargs=env_kwargs, overwrite=args.overwrite)
+                             deterministic=deterministic, env_kwargs=env_kwargs, overwrite=args.overwrite,
+                             backend=args.env_backend if args.env_backend != "auto" else None)
         episodes = f"{video['episodes']} episode{'s' if video['episodes'] != 1 else ''}"
         returns = "return" if video["episodes"] == 1 else "mean return"
         print(f"rlspeed: wrote {video['path']} ({episodes}, {video['frames']} frames, {returns} "

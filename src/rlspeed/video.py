@@ -55,16 +55,18 @@ def _headless_rendering() -> Iterator[None]:
         os.environ.pop("SDL_VIDEODRIVER", None)
 
 
-def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
+def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None,
+                backend: str | None = None) -> gym.Env:
     """The single Gymnasium env a video of `model_or_id` (a model, or an env id) is filmed on, with rgb_array: made
-    with the options the model's own env was made with (`spec.env_kwargs`, on its own id) and `env_kwargs` over them."""
+    with the options the model's own env was made with (`spec.env_kwargs`, on its own id) and `env_kwargs` over them,
+    as the evaluation on `backend` (default: the model's) plays it (a native env's view for 'torch')."""
     from rlspeed.envs import NATIVE_ENVS, _check_registered, atari, import_env_module
     from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV
 
     if isinstance(model_or_id, str):
         env_id, backend = model_or_id, "auto"
     else:
-        backend = model_or_id.env_backend
+        backend = backend or model_or_id.env_backend
         env_kwargs = env_options(model_or_id, env_id, env_kwargs)
         env_id = env_id or model_or_id.env_id
     if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
@@ -238,24 +240,32 @@ def _close_writer(writer, discard: bool = False) -> None:
 @_headless_rendering()
 def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
                  fps: int | None = None, max_steps: int | None = None, deterministic: bool = True,
-                 env_kwargs: dict | None = None, overwrite: bool = False) -> dict:
+                 env_kwargs: dict | None = None, overwrite: bool = False, backend: str | None = None) -> dict:
     """Record `episodes` episodes of `model`'s policy (deterministic; `deterministic=False` samples) into one video
     file (`.mp4` or `.gif`); a file already at `path` is refused unless `overwrite`.
 
-    Each episode starts from `env.reset(seed=seed + i)` (unseeded when `seed` is None) and runs until it ends or
+    Episode i starts from `env.reset(seed=seed + i)` (a native env's view: the state row i of a native env seeded
+    with `seed` starts from; unseeded when `seed` is None) and runs until it ends or
     reaches `max_steps` (default: the env's time limit, else 10,000), with a warning where that limit cut one short
     (as `evaluate` warns); every step is one frame, plus the first observation's. A stochastic policy's samples come
     from a random stream of the video's own seeded by `seed`, as `evaluate`'s do (torch's generators are left as they
     were). Where the env gives action masks (`info["action_mask"]`) and the model takes them, the policy is masked as
     in `evaluate`. `fps` defaults to the env's `render_fps`. `env_id` is the env to film (default: the id the model
     trained on; a model trained on a vector env you built needs one, as that env cannot be made again). `env_kwargs`
-    replace options of the env (those recorded with the model, on its own id), as in `evaluate`. Returns {"path",
+    replace options of the env (those recorded with the model, on its own id), as in `evaluate`. With the same
+    `seed`, episode i is `evaluate`'s episode i (deterministic; not on EnvPool, which draws no frames) on the backend
+    the model trained with, or on `backend` where given: 'torch' films the native env's view (`rlspeed/<id>`),
+    'gymnasium' Gymnasium's env (`rlspeed eval --env-backend` passes its own). Returns {"path",
     "episodes", "frames", "fps", "returns", "mean" (of the returns), "size": (height, width)}. UserError when
     imageio, ffmpeg or the env's renderer is missing. A call that does not return (interrupted, or an error of the
     env or the model) leaves no file at `path`.
     """
     path = Path(path)
     _require_writer(path)
+    from rlspeed.envs import BACKENDS
+
+    if backend is not None and backend not in BACKENDS:
+        raise UserError(f"record_video's backend={backend!r} is not one of {', '.join(BACKENDS)}.")
     if episodes < 1:
         raise UserError(f"A video needs at least one episode, got {episodes}.")
     if not path.parent.is_dir():
@@ -264,7 +274,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
     import imageio.v2 as imageio
 
-    env = _render_env(model, env_id, env_kwargs)
+    env = _render_env(model, env_id, env_kwargs, backend)
     from rlspeed.envs.base import EnvSpec, space_text
     from rlspeed.evaluation import space_mismatch
 
