@@ -73,7 +73,12 @@ def test_render_modes_as_gymnasium_code_passes_them(env_id):
     view.reset(seed=0)
     original.reset(seed=0)
     original.unwrapped.state = view.unwrapped.state
-    original.unwrapped.last_u = None  # (Pendulum's renderer reads it; the view draws no torque arrow)
+    assert np.array_equal(view.render(), original.render())
+    # after a step, the same frame: Pendulum's shows the torque applied, clipped to 2 (an arrow the view did not draw)
+    action = view.action_space.sample() if env_id == "CartPole-v1" else np.array([3.0], dtype=np.float32)
+    view.step(action)
+    original.step(action)
+    original.unwrapped.state = view.unwrapped.state
     assert np.array_equal(view.render(), original.render())
     view.close()
     original.close()

@@ -65,6 +65,7 @@ class NativeGymEnv(gym.Env):
         if seed is None and not hasattr(self, "_seeded"):
             seed = int(self.np_random.integers(2**31))
         self._seeded = True
+        self._last_u = None  # (no torque yet: Gymnasium's Pendulum draws none after a reset)
         if seed is not None and row:
             self._env.seed_row_blocks([seed], first_row=row)
             seed = None
@@ -78,6 +79,8 @@ class NativeGymEnv(gym.Env):
             actions = torch.as_tensor([int(action)])
         else:
             actions = torch.as_tensor(np.asarray(action, dtype=np.float32)).reshape(1, -1)
+            # (the torque Gymnasium's Pendulum keeps to draw: the action clipped to its bounds)
+            self._last_u = float(np.clip(actions[0, 0].item(), self.action_space.low[0], self.action_space.high[0]))
         next_state, reward, terminated = self._env.dynamics(self._env.state, actions)
         self._env.state = next_state
         obs = self._env.observe_kept(next_state)[0].numpy()
@@ -90,7 +93,7 @@ class NativeGymEnv(gym.Env):
         if self._renderer is None:
             return None
         self._renderer.state = self.state
-        self._renderer.last_u = None  # Pendulum draws the last torque, which the native step does not keep
+        self._renderer.last_u = getattr(self, "_last_u", None)  # (Pendulum draws the last torque as an arrow)
         return self._renderer.render()
 
     def close(self) -> None:
