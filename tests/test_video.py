@@ -599,3 +599,20 @@ def test_cli_eval_video_films_the_episodes_evaluated_on_the_backend_asked(tmp_pa
     assert f", {2 + sum(int(r) for r in evaluated)} frames, mean return" in err  # (CartPole: a return is a length)
     with pytest.raises(UserError, match="backend='tensor' is not one of"):
         video.record_video(model, tmp_path / "y.mp4", backend="tensor")
+
+
+def test_a_video_callback_films_the_env_id_given_for_a_model_of_a_vector_env_one_built(tmp_path):
+    """The refusal of a video of a model trained on a vector env of one's own says to film a registered env with its
+    spaces (env_id=ID), which VideoRecorderCallback did not take: training with videos was refused before it began."""
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    vector_env = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
+                              wrappers=[lambda env: gym.wrappers.TimeLimit(env, 30)],
+                              vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = PPO(vector_env, seed=0, device="cpu", num_steps=16, batch_size=32)
+    with pytest.raises(UserError, match=r"VideoRecorderCallback\(\.\.\., env_id=ID\)"):
+        model.learn(32, callback=VideoRecorderCallback(32, tmp_path / "refused"), progress_bar=False)
+    callback = VideoRecorderCallback(32, tmp_path / "videos", env_id="CartPole-v1")
+    model.learn(32, callback=callback, progress_bar=False)
+    vector_env.close()
+    assert [path.name for path in callback.videos] == ["step-000000032.mp4"]

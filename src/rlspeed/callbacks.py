@@ -778,11 +778,14 @@ class VideoRecorderCallback(BaseCallback):
     render_fps). A file already of that name (another run's in the folder) is kept: the video goes beside it, as
     `step-000020000-1.mp4`, with a warning; `overwrite=True` replaces it instead (a folder of the run's own, which
     a resumed run films again from its checkpoint on: `rlspeed train --video-every`). `on_video(path, steps)`,
-    when given, receives each file (the W&B tracker uploads it)."""
+    when given, receives each file (the W&B tracker uploads it). `env_id`: the registered env to film (default: the
+    model's own; a model trained on a vector env you built, which cannot be made again, needs one with its spaces)."""
 
     def __init__(self, video_every: int, video_folder: str | Path, episodes: int = 1, fps: int | None = None,
-                 on_video: Callable[[Path, int], None] | None = None, verbose: int = 0, overwrite: bool = False):
+                 on_video: Callable[[Path, int], None] | None = None, verbose: int = 0, overwrite: bool = False,
+                 env_id: str | None = None):
         super().__init__(verbose)
+        self.env_id = env_id
         if video_every < 1:
             raise UserError(f"--video-every must be at least 1 step, got {video_every}.")
         # (checked here, not at the first video)
@@ -805,7 +808,7 @@ class VideoRecorderCallback(BaseCallback):
 
         # (before training, not at the first video; on the env the videos film: made with the model's env options,
         # which an env that needs one of them cannot be made without)
-        check_video_support(self.model.env_id, env_kwargs=env_options(self.model, None))
+        check_video_support(self.env_id or self.model.env_id, env_kwargs=env_options(self.model, self.env_id))
         self.video_folder.mkdir(parents=True, exist_ok=True)
 
     def _on_training_start(self) -> None:
@@ -828,7 +831,7 @@ class VideoRecorderCallback(BaseCallback):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # (an episode cut at the step limit is still a video)
                 record_video(self.model, path, episodes=self.episodes, seed=seed, fps=self.fps,
-                             overwrite=self.overwrite)
+                             overwrite=self.overwrite, env_id=self.env_id)
         except VideoWriteError as error:  # (a video is not worth the run: training goes on without it)
             warnings.warn(f"rlspeed: {error} Training goes on; the next video is due in {self._period.every:,} steps.",
                           RuntimeWarning, stacklevel=2)

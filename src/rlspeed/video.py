@@ -72,7 +72,8 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
         raise UserError(f"This model trained on a vector env you built ('{env_id}'), which a video cannot make again "
                         "from an id: film a registered env with the same spaces, record_video(model, path, "
-                        "env_id=ID) (gymnasium.register gives an env of yours an id).")
+                        "env_id=ID) or VideoRecorderCallback(..., env_id=ID) (gymnasium.register gives an env of "
+                        "yours an id).")
     if getattr(model_or_id, "trained_on_vec_normalize_obs", False):  # (as `evaluate` refuses an id for it)
         raise UserError(f"This model trains on a Stable-Baselines3 VecNormalize that normalises its observations, "
                         f"which the env a video makes from '{env_id}' does not (the policy would act on raw ones): "
