@@ -616,3 +616,12 @@ def test_a_video_callback_films_the_env_id_given_for_a_model_of_a_vector_env_one
     model.learn(32, callback=callback, progress_bar=False)
     vector_env.close()
     assert [path.name for path in callback.videos] == ["step-000000032.mp4"]
+
+
+def test_a_population_refuses_video_every_saying_how_to_film_a_member(tmp_path, capsys):
+    """`--video-every` with `--seeds` was refused with "drop it" alone: a member is filmed after training."""
+    code = cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", "--video-every", "512", "--out",
+                     str(tmp_path / "run"), "--no-progress"])
+    assert code == 2
+    assert "drop it (film a member after training: rlspeed eval OUT/members/seed_<S>.safetensors --video" in \
+        capsys.readouterr().err

@@ -551,7 +551,10 @@ def _train_population(args: argparse.Namespace) -> int:
     if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
         refused.insert(0, "--seed")
     if refused:
-        raise UserError(f"{refused[0]} does not apply to a population (--seeds): drop it.")
+        # (videos: each member is a model of its own after training, which `rlspeed eval --video` films)
+        film = (" (film a member after training: rlspeed eval OUT/members/seed_<S>.safetensors --video FILE.mp4)"
+                if refused[0] == "--video-every" else "")
+        raise UserError(f"{refused[0]} does not apply to a population (--seeds): drop it{film}.")
     algo_cls = _algorithm(args.algo)
     member_keys = per_member_keys(algo_cls)  # UserError when the algorithm has no population
     per_member = _member_sets(args, member_keys)
