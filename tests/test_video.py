@@ -75,14 +75,16 @@ def test_cli_eval_video(tmp_path, capsys):
 
 def test_cli_train_video_every_keeps_videos_in_the_run_directory(tmp_path):
     run = tmp_path / "run"
-    code = cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set",
-                     "num_steps=32", "--total-timesteps", "2048", "--target-return", "none", "--no-progress",
-                     "--out", str(run), "--video-every", "1000"])
-    assert code == 0
+    argv = ["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set", "num_steps=32",
+            "--target-return", "none", "--no-progress", "--out", str(run), "--checkpoint-freq", "1024"]
+    assert cli.main([*argv, "--total-timesteps", "2048", "--video-every", "1000"]) == 0
     # one video at the end of the first iteration (512 steps each) after every 1000 steps, named with the step
     # zero-padded (step-1024.mp4 sorted after step-10240.mp4)
     assert sorted(p.name for p in (run / "videos").iterdir()) == ["step-000001024.mp4", "step-000002048.mp4"]
     assert _read(run / "videos" / "step-000001024.mp4")[1] == (400, 600)
+    # a --resume goes on filming at the run's interval, as it keeps its other settings (it filmed nothing)
+    assert cli.main([*argv, "--total-timesteps", "3072", "--resume"]) == 0
+    assert sorted(p.name for p in (run / "videos").iterdir())[-1] == "step-000003072.mp4"
 
 
 def _disk_fills_after(monkeypatch, frames: int) -> None:

@@ -1715,6 +1715,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "env_kwargs": model.spec.env_kwargs or None,
               # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
               "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
+              "video_every": args.video_every,  # (the videos asked for, which --resume keeps filming)
               # (a CPU's results depend on the thread count: the order of its sums)
               "threads": _torch_threads(), "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
@@ -1805,6 +1806,10 @@ def _resume_settings(args: argparse.Namespace) -> None:
     episodes = config.get("eval_episodes")  # (the run's evaluations; a config.yaml without it: EVAL_EPISODES)
     if "eval_episodes" not in given and isinstance(episodes, int) and not isinstance(episodes, bool) and episodes >= 1:
         args.eval_episodes = episodes
+    video_every = config.get("video_every")  # (a run that filmed goes on filming at its interval)
+    if ("video_every" not in given and isinstance(video_every, int) and not isinstance(video_every, bool)
+            and video_every >= 1):
+        args.video_every = video_every
     if "save_replay_buffer" not in given and config.get("save_replay_buffer") is True:  # (else its replay file
         args.save_replay_buffer = True  # would stay at the rows of the first attempt)
     threads = config.get("threads")
@@ -1846,7 +1851,7 @@ def _keep_run_seed(args, model, path: Path) -> None:
 
 #: config.yaml's settings of how a run trains (not what it learns) that a --resume may change, named when it does
 RESUMED_RUN_SETTINGS = ("device", "env_backend", "accelerate", "nan_policy", "checkpoint_freq", "save_replay_buffer",
-                        "threads")
+                        "threads", "video_every")
 
 
 def _say_changed_settings(path: Path, config: dict, at_steps: int) -> None:
