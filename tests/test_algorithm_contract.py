@@ -877,3 +877,24 @@ def test_learn_refuses_a_misspelt_name_set_on_the_config_and_takes_sacs_auto_the
     sac.config.ent_coef = "auto"
     sac.learn(8, progress_bar=False)
     assert sac.config.ent_coef is None and sac.config.ent_coef_init == 1.0
+
+
+@pytest.mark.parametrize("block", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_learn_trains_inside_a_callers_no_grad_or_inference_mode(name, block):
+    """A learn called from a helper wrapped in `torch.no_grad()` or `torch.inference_mode()` failed with torch's
+    "element 0 of tensors does not require grad" where the update takes its gradients with autograd (TD3, DDPG,
+    RecurrentPPO on a CPU; every algorithm's graphed step on CUDA), and one inside inference_mode left inference
+    tensors that a later learn outside it could not update: learn trains as outside the block, and the block's mode
+    holds again when it returns."""
+    algo = ALGORITHMS[name]
+    env_id, config = _env_and_config(algo)
+    model = algo(env_id, device="cpu", seed=0, **config)
+    before = [p.detach().clone() for p in model.policy.parameters()]
+    with getattr(torch, block)():
+        model.learn(256, progress_bar=False)
+        assert not torch.is_grad_enabled()
+        assert torch.is_inference_mode_enabled() == (block == "inference_mode")
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+    model.learn(128, progress_bar=False)  # (outside the block: what the first learn made trains on)
+    assert model.num_timesteps >= 384 and torch.is_grad_enabled()

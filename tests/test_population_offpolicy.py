@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from rlspeed import DDPG, DQN, SAC, TD3, RecurrentPPO
+from rlspeed import DDPG, DQN, PPO, SAC, TD3, RecurrentPPO
 from rlspeed.errors import UserError
 from rlspeed.population import DQNPopulation, Population
 
@@ -345,3 +345,21 @@ def test_a_population_that_cannot_update_says_so_as_a_solo_run_does(options, mes
     with pytest.warns(UserWarning, match=message) as caught:
         population.learn(256, progress_bar=False)
     assert [w.filename for w in caught if "no gradient update" in str(w.message)] == [__file__]
+
+
+@pytest.mark.parametrize("block", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("algo, env_id, hyper", [
+    (PPO, "CartPole-v1", {"num_envs": 2, "num_steps": 16, "batch_size": 32}),
+    (TD3, "Pendulum-v1", {"learning_starts": 32, "batch_size": 16}),
+    (DQN, "CartPole-v1", {"learning_starts": 32, "batch_size": 16})])
+def test_a_population_trains_inside_a_callers_no_grad_or_inference_mode(algo, env_id, hyper, block):
+    """A population's learn inside a caller's `torch.no_grad()` failed with torch's "element 0 of tensors does not
+    require grad" (TD3's and DQN's autograd updates), and inside `torch.inference_mode()` it left inference tensors
+    that its next update could not change in place: it trains as outside the block, whose mode holds again after."""
+    population = Population(algo, env_id, seeds=[0, 1], **hyper)
+    with getattr(torch, block)():
+        population.learn(128, progress_bar=False)
+        assert not torch.is_grad_enabled()
+        assert torch.is_inference_mode_enabled() == (block == "inference_mode")
+    population.learn(64, progress_bar=False)  # (outside the block: what the first learn made trains on)
+    assert torch.is_grad_enabled() and population.num_timesteps >= 192

@@ -2144,10 +2144,15 @@ class Algorithm:
             self._run_dir = Path(run_dir).resolve()
         # (from here on, also when interrupted before training began: this call's result, not the previous one's)
         result = self.result = LearnResult(target_return=target_return)
-        # float32 tensors while it trains, also where the caller made float64 torch's default dtype (set here, in
-        # learn's own frame: a wrapper's frame would be where learn's warnings point), the caller's given back on
-        # every way out
+        # float32 tensors while it trains, also where the caller made float64 torch's default dtype, and gradients
+        # with tensors autograd can train, also inside the caller's torch.no_grad() or torch.inference_mode() (a
+        # helper wrapped in one; the updates that take gradients with autograd failed there, the others trained);
+        # set here, in learn's own frame (a wrapper's frame would be where learn's warnings point), the caller's
+        # given back on every way out
         torch.set_default_dtype(torch.float32)
+        inference_off = torch.inference_mode(False)  # (first: leaving it gives back the grad mode it found too)
+        inference_off.__enter__()
+        torch.set_grad_enabled(True)
         logger = None
         try:
             env = self.make_training_env()
@@ -2254,6 +2259,7 @@ class Algorithm:
 
             flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         except BaseException as error:  # (also after `_start`, which left the model's thread count set)
+            inference_off.__exit__(None, None, None)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)
@@ -2438,6 +2444,7 @@ class Algorithm:
             result.train_wall_s = clock_offset + train_clock
             result.sps = result.total_timesteps / max(result.train_wall_s, 1e-9)
             set_flush_denormal(flushed_before)
+            inference_off.__exit__(None, None, None)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
             torch.set_default_dtype(dtype_before)

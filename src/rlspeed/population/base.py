@@ -1270,7 +1270,9 @@ class PopulationBase:
         eval_freq = 10_000 if eval_freq is None else eval_freq
         if checkpoint_freq is not None and run_dir is None:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
-        with float32_default():  # (float32 tensors while it trains, also under a caller's float64 default dtype)
+        # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
+        # also inside a caller's torch.inference_mode(), whose grad mode is given back with it)
+        with float32_default(), torch.inference_mode(False):
             logger = self._metrics_logger(run_dir, evaluating)
             saved = self.progress if self._resumed else None
             self._resumed, self.progress = False, None
@@ -1285,6 +1287,7 @@ class PopulationBase:
             threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()  # (given back, as a model's)
             try:
                 set_training_threads(self.num_threads)  # (as a solo model's learn)
+                torch.set_grad_enabled(True)  # (also inside a caller's torch.no_grad(): the updates take gradients)
                 self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                                  on_eval, run_dir, stop_requested, bar, logger)
             except KeyboardInterrupt:
