@@ -898,3 +898,18 @@ def test_learn_trains_inside_a_callers_no_grad_or_inference_mode(name, block):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
     model.learn(128, progress_bar=False)  # (outside the block: what the first learn made trains on)
     assert model.num_timesteps >= 384 and torch.is_grad_enabled()
+
+
+def test_a_model_built_or_loaded_inside_inference_mode_trains_outside_it(trained):
+    """A model built, or loaded, inside a caller's `torch.inference_mode()` (an evaluation notebook's cell) held
+    inference tensors (its parameters, a loaded optimizer's moments) that its learn outside the block then failed on:
+    torch's "Inplace update to inference tensor outside InferenceMode" or "Inference tensors cannot be saved for
+    backward". Both train as one made outside it."""
+    algo, env_id, config, _, path = trained
+    with torch.inference_mode():
+        built = algo(env_id, device="cpu", seed=0, **config)
+        loaded = algo.load(path, device="cpu")
+    for model in (built, loaded):
+        before = [p.detach().clone() for p in model.policy.parameters()]
+        model.learn(256, progress_bar=False)
+        assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))

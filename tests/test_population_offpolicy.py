@@ -363,3 +363,15 @@ def test_a_population_trains_inside_a_callers_no_grad_or_inference_mode(algo, en
         assert torch.is_inference_mode_enabled() == (block == "inference_mode")
     population.learn(64, progress_bar=False)  # (outside the block: what the first learn made trains on)
     assert torch.is_grad_enabled() and population.num_timesteps >= 192
+
+
+@pytest.mark.parametrize("algo, env_id", [(TD3, "Pendulum-v1"), (SAC, "Pendulum-v1"), (DQN, "CartPole-v1")])
+def test_a_population_built_inside_inference_mode_trains_outside_it(algo, env_id):
+    """A population built inside a caller's `torch.inference_mode()` held inference tensors as its members'
+    parameters, which its learn outside the block then failed on (torch's "element 0 of tensors does not require
+    grad" or its in-place update of an inference tensor): it trains as one built outside it."""
+    hyper = {"learning_starts": 32, "batch_size": 16}
+    with torch.inference_mode():
+        population = Population(algo, env_id, seeds=[0, 1], **hyper)
+    population.learn(128, progress_bar=False)
+    assert population.num_timesteps >= 128

@@ -738,6 +738,11 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
         check_model_metadata(path, metadata)
     if not allow_nonfinite:
         _check_finite(path, tensors)
+    if torch.is_inference_mode_enabled():
+        # (read inside a caller's torch.inference_mode() they are inference tensors, which the optimizer state and
+        # statistics a model takes from them are: no learn outside the block could update them in place)
+        with torch.inference_mode(False):
+            return {name: t.to(device).clone() for name, t in tensors.items()}, metadata
     return {name: t.to(device) for name, t in tensors.items()}, metadata
 
 

@@ -1424,8 +1424,9 @@ class Algorithm:
         self.result = LearnResult()
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
         # thread count, and the same seed must give the same model on any machine
-        # (float32 networks also where the caller made float64 torch's default)
-        with training_threads(self.num_threads), float32_default():
+        # (float32 networks also where the caller made float64 torch's default; trainable ones also inside a caller's
+        # torch.inference_mode(), whose inference tensors no later learn could update)
+        with training_threads(self.num_threads), float32_default(), torch.inference_mode(False):
             self._setup()
             self._check_own_encoders()
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)
@@ -3005,7 +3006,8 @@ class Algorithm:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors (of the file `path`,
         which a tensor that does not fit names). On the model's threads (`training_threads`), as training."""
         try:
-            with training_threads(self.num_threads):
+            # (statistics it makes are trainable tensors also inside a caller's torch.inference_mode(), as __init__'s)
+            with training_threads(self.num_threads), torch.inference_mode(False):
                 self._restore_tensors(tensors, meta)
         except UserError as error:
             if path is None or str(path) in str(error):
