@@ -35,7 +35,7 @@ def two_candidates(monkeypatch):
     """Modules and steps made after this search fp32 eager against bf16 autocast, modules on each kind's first
     call."""
 
-    def fake_candidates(request, device, *, allow_fp16, whole_step_graphs=False):
+    def fake_candidates(request, device, *, allow_fp16, whole_step_graphs=False, float_dtype=torch.float32):
         return [EAGER_FP32, BF16], []
 
     monkeypatch.setattr("rlspeed.accel.module.candidates", fake_candidates)
@@ -317,6 +317,26 @@ def test_float64_model_keeps_float64_inputs(two_candidates):
     assert float32_model(x).dtype == torch.float32  # a float32 model still gets float32
 
 
+def test_a_float64_model_is_not_searched_over_precisions_that_leave_it_as_it_is(monkeypatch):
+    """A program that made float64 torch's default (or called `.double()`) got float64 models whose search timed
+    bf16 autocast (and bf16-matmul, tf32) against fp32: none of them changes float64 arithmetic (out err 0.0, the
+    same kernels), so the search spent seconds timing fp32 against itself and could choose "bf16" on the noise of a
+    busy machine. Reduced precisions are tried for float32 parameters only, and the report says why."""
+    import rlspeed.accel.strategy as strategy
+
+    monkeypatch.setattr(strategy, "bf16_supported", lambda device: True)  # (bf16 tried on any CPU)
+    model = auto_accelerate(_mlp(4, 2).double(), device="cpu")
+    model(torch.randn(8, 4, dtype=torch.float64))
+    step = accelerate_step(lambda a: model(a).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1),
+                           example_inputs=torch.randn(8, 4, dtype=torch.float64))
+    for report in (model.accel_report, step.report):
+        assert [(d.chosen, d.source) for d in report.decisions] == [(EAGER_FP32, "only candidate")]
+        assert any("parameters are float64" in note for note in report.notes)
+    float32_model = _mlp(4, 2)
+    float32 = accelerate_step(lambda a: float32_model(a).sum(), torch.optim.SGD(float32_model.parameters(), lr=0.1))
+    assert BF16 in float32._candidates  # (a float32 model's search still tries it)
+
+
 # --- lower priority: train and eval calls ------------------------------------------------------------------------
 def test_train_and_eval_calls_are_decided_separately(two_candidates):
     model = auto_accelerate(nn.Sequential(_mlp(4, 2), nn.Dropout(0.5)), device="cpu")
@@ -468,7 +488,7 @@ def test_first_calls_of_one_kind_from_several_threads_wait_for_one_decision(monk
         return real_load(key)
 
     monkeypatch.setattr(module_policy.cache, "load", slow_load)
-    monkeypatch.setattr(module_policy, "candidates", lambda request, device, *, allow_fp16: ([EAGER_FP32, BF16], []))
+    monkeypatch.setattr(module_policy, "candidates", lambda *args, **kwargs: ([EAGER_FP32, BF16], []))
     accelerated = auto_accelerate(_mlp(8, 4), device="cpu")
     x = torch.randn(4, 8)
     start = threading.Barrier(4)

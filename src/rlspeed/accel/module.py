@@ -257,7 +257,7 @@ class ModuleAccelerator:
         self.searches = 0  # searches run (each times every candidate)
         self._local = threading.local()  # (per thread: a nested call in one thread is no nested call in another)
         self._make_locks()
-        self._candidates, notes = candidates(request, device, allow_fp16=False)
+        self._candidates, notes = candidates(request, device, allow_fp16=False, float_dtype=float_dtype)
         compiled = sum(s.compile != "off" for s in self._candidates)
         self._candidate_counts = (len(self._candidates) - compiled, compiled)
         for note in notes:

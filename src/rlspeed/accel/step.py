@@ -168,7 +168,8 @@ class AcceleratedStep:
         if self._graph_blocker is not None and self.request.graphs == "on" and self.request.forced_by_env is None:
             raise UserError(f"graphs=True, but this step cannot be captured as a CUDA graph: {self._graph_blocker}.")
         self._candidates, notes = candidates(self.request, self.device, allow_fp16=True,
-                                             whole_step_graphs=self._graph_blocker is None)
+                                             whole_step_graphs=self._graph_blocker is None,
+                                             float_dtype=self.converter.float_dtype)
         for note in notes:
             self.report.note(note)
         self._fused_request = _fused_request(fused_optimizer)
@@ -257,6 +258,11 @@ class AcceleratedStep:
         takes them, and the strategy, decided for the old dtype, is decided anew from this call."""
         dtype, old = floating_dtype(self.params), self.converter.float_dtype
         self.converter = InputConverter(self.device, dtype)
+        # (the candidates for that dtype: reduced precisions for float32 parameters only)
+        self._candidates, notes = candidates(self.request, self.device, allow_fp16=True,
+                                             whole_step_graphs=self._graph_blocker is None, float_dtype=dtype)
+        for note in notes:
+            self.report.note(note)
         if self._forward is None:  # (nothing decided yet)
             return
         if self._waiting is not None:

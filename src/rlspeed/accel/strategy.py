@@ -412,8 +412,8 @@ def with_precision(fn: Callable, device: torch.device, precision: str) -> Callab
     return precision_region
 
 
-def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
-               whole_step_graphs: bool = False) -> tuple[list[Strategy], list[str]]:
+def candidates(request: Request, device: torch.device, *, allow_fp16: bool, whole_step_graphs: bool = False,
+               float_dtype: torch.dtype = torch.float32) -> tuple[list[Strategy], list[str]]:
     """The strategies to consider for a request on a device, simplest first, and notes on what was left out.
 
     The first entry is the one a search falls back to. With ``auto`` fields the list has several entries and is
@@ -423,12 +423,21 @@ def candidates(request: Request, device: torch.device, *, allow_fp16: bool,
     (`rlspeed.accel.graphs`), so on CUDA graphs do not need torch.compile, and compile="auto" leaves compiled
     candidates out there (their graphs would cover the forward and backward passes only, after tens of seconds of
     compilation per candidate).
+
+    `float_dtype`: the parameters' floating dtype. The reduced precisions change float32 arithmetic only (autocast
+    and the fp32 matmul settings leave float64 and half tensors as they are), so `auto` tries them for float32
+    parameters only: for others they would time the same kernels as fp32 and could be chosen on noise.
     """
     notes: list[str] = []
     graph_support = rules(device).supports_graphs
     step_graphs = whole_step_graphs and graph_support and device.type == "cuda" and request.graphs in ("auto", "on")
     # precision
-    if request.precision == "auto":
+    if request.precision == "auto" and float_dtype != torch.float32:
+        notes.append(f"reduced precisions not tried: the parameters are {str(float_dtype).removeprefix('torch.')}, "
+                     "which autocast and the matmul precision settings (changing float32 arithmetic only) leave as "
+                     "they are.")
+        precisions = ["fp32"]
+    elif request.precision == "auto":
         precisions = ["fp32"]
         for reduced in ("bf16-matmul", "tf32"):
             if reduced_matmul_supported(device, reduced):
