@@ -913,3 +913,15 @@ def test_a_model_built_or_loaded_inside_inference_mode_trains_outside_it(trained
         before = [p.detach().clone() for p in model.policy.parameters()]
         model.learn(256, progress_bar=False)
         assert any(not torch.equal(a, b) for a, b in zip(before, model.policy.parameters()))
+
+
+def test_act_takes_a_float64_observation_tensor(trained):
+    """`act` on a float64 tensor (one made under `torch.set_default_dtype(torch.float64)`, or from an env's float64
+    array) failed in the first layer with torch's "mat1 and mat2 must have the same dtype": it acts as on the float32
+    tensor, as `predict` does on float64 input."""
+    _, _, _, model, _ = trained
+    obs = torch.randn(5, *model.spec.observation_shape, dtype=torch.float64)
+    if hasattr(model, "act_with_state"):  # (RecurrentPPO's act: from its LSTM state)
+        assert torch.equal(model.act_with_state(obs, None, None)[0], model.act_with_state(obs.float(), None, None)[0])
+    else:
+        assert torch.equal(model.act(obs), model.act(obs.float()))

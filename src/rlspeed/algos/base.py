@@ -71,6 +71,7 @@ from rlspeed.envs.base import (
     find_wrapper,
     foreign_space_problem,
     integer_range,
+    map_obs,
     numpy_dtype,
     obs_batch_size,
     observation_layout,
@@ -688,6 +689,15 @@ def require(condition: bool, message: str) -> None:
     """Raise UserError(message) unless condition holds (for config validation)."""
     if not condition:
         raise UserError(message)
+
+
+def acting_input(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """An observation tensor given to `act` on `device`, float64 as float32 (the networks'; `predict` converts its
+    inputs so too): a float64 tensor, made under `torch.set_default_dtype(torch.float64)` or from an env's float64
+    array, failed in the first layer with torch's "mat1 and mat2 must have the same dtype"."""
+    if value.dtype == torch.float64:
+        return value.to(device, torch.float32)
+    return value if value.device == device else value.to(device)
 
 
 def as_observation_batch(observation, space: gym.Space, device: torch.device):
@@ -1991,10 +2001,7 @@ class Algorithm:
         """Actions for raw observations `obs` (a tensor; moved to the model's device if it is elsewhere), as the env
         expects them, on the model's device; `deterministic=False` samples the policy. `action_masks`: bool `[N, n]`
         (an env's `info["action_mask"]`); a masked action is never chosen."""
-        if isinstance(obs, dict):
-            obs = {key: value.to(self.device) for key, value in obs.items()}
-        elif obs.device != self.device:
-            obs = obs.to(self.device)
+        obs = map_obs(lambda value: acting_input(value, self.device), obs)
         with torch.no_grad(), acting_mode(self.policy):
             if self.obs_rms is not None:
                 obs = self.obs_rms.normalize(obs)

@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from rlspeed.algos.base import as_observation_batch, require
+from rlspeed.algos.base import acting_input, as_observation_batch, require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
@@ -138,7 +138,7 @@ class RecurrentPPO(PPO):
         """Actions for raw observations `[N, ...]` (tensors) from the actor's state (h, c) `[1, N, H]` (None: an
         episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state).
         `action_masks` (bool `[N, n]`): a masked action is never chosen."""
-        obs = map_obs(lambda v: v.to(self.device), obs)
+        obs = map_obs(lambda v: acting_input(v, self.device), obs)
         num = obs_batch_size(obs)
         h, c = state if state is not None else self.initial_state(num)
         h, c = h.to(self.device)[0], c.to(self.device)[0]
