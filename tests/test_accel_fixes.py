@@ -317,6 +317,19 @@ def test_float64_model_keeps_float64_inputs(two_candidates):
     assert float32_model(x).dtype == torch.float32  # a float32 model still gets float32
 
 
+@pytest.mark.parametrize("how", ["fp32 asked for", "float64"])
+def test_example_inputs_of_a_module_with_plain_fp32_as_its_only_candidate_run_no_search(how):
+    """`auto_accelerate(model, example_inputs=...)` where plain fp32 is the only candidate (precision="fp32",
+    compile=False; a float64 model) searched it all the same: seconds timing fp32 alone, and a second decision in
+    the report beside "only candidate". It is decided when the module is made, as its calls are."""
+    model, x = (_mlp(4, 2), torch.randn(8, 4)) if how == "fp32 asked for" else (
+        _mlp(4, 2).double(), torch.randn(8, 4, dtype=torch.float64))
+    options = {"precision": "fp32", "compile": False} if how == "fp32 asked for" else {}
+    model = auto_accelerate(model, device="cpu", example_inputs=x, **options)
+    assert [(d.chosen, d.source) for d in model.accel_report.decisions] == [(EAGER_FP32, "only candidate")]
+    assert model._rlspeed_accelerator.searches == 0
+
+
 def test_a_float64_model_is_not_searched_over_precisions_that_leave_it_as_it_is(monkeypatch):
     """A program that made float64 torch's default (or called `.double()`) got float64 models whose search timed
     bf16 autocast (and bf16-matmul, tf32) against fp32: none of them changes float64 arithmetic (out err 0.0, the
