@@ -925,3 +925,20 @@ def test_act_takes_a_float64_observation_tensor(trained):
         assert torch.equal(model.act_with_state(obs, None, None)[0], model.act_with_state(obs.float(), None, None)[0])
     else:
         assert torch.equal(model.act(obs), model.act(obs.float()))
+
+
+def test_a_copy_made_inside_inference_mode_trains_outside_it(trained):
+    """`copy.deepcopy(model)` (or unpickling it) inside a caller's `torch.inference_mode()` (an evaluation helper
+    keeping the best model so far) made inference tensors of the copy's parameters and optimizer state, and its learn
+    outside the block failed with torch's "Inplace update to inference tensor outside InferenceMode"."""
+    import copy
+    import pickle
+
+    algo, env_id, config, _, path = trained
+    model = algo.load(path, device="cpu")  # (holding no env yet: it pickles)
+    with torch.inference_mode():
+        copies = [copy.deepcopy(model), pickle.loads(pickle.dumps(model))]
+    for twin in copies:
+        before = [p.detach().clone() for p in twin.policy.parameters()]
+        twin.learn(256, progress_bar=False)
+        assert any(not torch.equal(a, b) for a, b in zip(before, twin.policy.parameters()))

@@ -268,7 +268,8 @@ def _picklable(value) -> bool:
 
 def _unpickle_model(data: bytes) -> Algorithm:
     """A model `Algorithm.__reduce_ex__` pickled, whose networks' followers then follow it (`_own_modules`)."""
-    model = torch.load(io.BytesIO(data), weights_only=False)
+    with torch.inference_mode(False):  # (trainable tensors, also unpickled inside a caller's inference_mode)
+        model = torch.load(io.BytesIO(data), weights_only=False)
     model._own_modules()
     return model
 
@@ -1851,7 +1852,10 @@ class Algorithm:
         # storages shared within the model stay shared in the copy)
         new = type(self).__new__(type(self))
         memo[id(self)] = new
-        state = copy.deepcopy(self.__getstate__(), memo)
+        # (a copy that trains, also one made inside a caller's torch.inference_mode(): an evaluation helper's
+        # snapshot of the best model, whose inference tensors no learn outside it could update)
+        with torch.inference_mode(False):
+            state = copy.deepcopy(self.__getstate__(), memo)
         if hasattr(new, "__setstate__"):
             new.__setstate__(state)
         else:
