@@ -942,3 +942,31 @@ def test_a_copy_made_inside_inference_mode_trains_outside_it(trained):
         before = [p.detach().clone() for p in twin.policy.parameters()]
         twin.learn(256, progress_bar=False)
         assert any(not torch.equal(a, b) for a, b in zip(before, twin.policy.parameters()))
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_another_default_device_of_the_caller_leaves_a_cpu_model_as_without_it(name, monkeypatch):
+    """A program that made another device torch's default (`torch.set_default_device("cuda")`; "meta" stands in for
+    it here) got a CPU model built on that device (its initial weights drawn by that device's generator), `predict`
+    failed converting a probe tensor made there to numpy, and `learn` read that device's denormal flushing (never
+    on), then turned off the caller's CPU flushing as it ended. Built, trained and acting as without it."""
+    import rlspeed.envs.base as env_base
+    from rlspeed.device import flush_denormal_enabled
+
+    algo = ALGORITHMS[name]
+    env_id, config = _env_and_config(algo)
+    expected = algo(env_id, device="cpu", seed=0, **config)
+    monkeypatch.setattr(env_base, "_NUMPY_DTYPES", {})  # (as in a fresh process: none looked up yet)
+    flushing = flush_denormal_enabled()
+    torch.set_flush_denormal(True)
+    try:
+        with torch.device("meta"):
+            model = algo(env_id, device="cpu", seed=0, **config)
+            for a, b in zip(model.policy.state_dict().values(), expected.policy.state_dict().values()):
+                assert a.device.type == "cpu" and torch.equal(a, b)
+            model.learn(128, progress_bar=False)
+            obs = np.zeros(model.spec.observation_shape, dtype=np.float32)
+            model.predict(obs)
+            assert flush_denormal_enabled()
+    finally:
+        torch.set_flush_denormal(flushing)

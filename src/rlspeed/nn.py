@@ -924,7 +924,8 @@ class SequenceLayout:
     segment s's step l from the `T * B` steps (padding repeats a valid step; its output is never read), `columns`
     and `continues` give each segment's column and whether it continues the column's stored initial state (it
     starts at t = 0) rather than a fresh episode, and `inverse` `[T * B]` puts the `L * S` outputs back in step
-    order. Built on the host from the episode starts (one transfer per layout, not per step).
+    order. Built on the host from the episode starts (one transfer per layout, not per step), its tensors made there
+    by name (not on torch's default device, which a caller may have made another: `torch.set_default_device`).
     """
 
     def __init__(self, episode_starts: torch.Tensor, device: torch.device):
@@ -933,15 +934,15 @@ class SequenceLayout:
         begins = starts.clone()
         begins[0] = True
         column, first = begins.T.nonzero(as_tuple=True)  # segments sorted by column, then by start
-        same_column = torch.cat((column[1:] == column[:-1], torch.tensor([False])))
+        same_column = torch.cat((column[1:] == column[:-1], column.new_zeros(1, dtype=torch.bool)))
         end = torch.where(same_column, torch.cat((first[1:], first.new_tensor([steps]))), steps)
         length = end - first
         self.num_segments, self.max_length = int(column.numel()), int(length.max())
-        offset = torch.arange(self.max_length).view(-1, 1)
+        offset = torch.arange(self.max_length, device="cpu").view(-1, 1)
         valid = offset < length.view(1, -1)
         rows = (first.view(1, -1) + torch.minimum(offset, length.view(1, -1) - 1)) * columns + column.view(1, -1)
-        inverse = torch.empty(steps * columns, dtype=torch.long)
-        inverse[rows[valid]] = torch.arange(rows.numel()).view_as(rows)[valid]
+        inverse = torch.empty(steps * columns, dtype=torch.long, device="cpu")
+        inverse[rows[valid]] = torch.arange(rows.numel(), device="cpu").view_as(rows)[valid]
         self.rows = rows.to(device)
         self.inverse = inverse.to(device)
         self.columns = column.to(device)

@@ -1436,8 +1436,9 @@ class Algorithm:
         # built under the model's threads, as it trains: initial weights (an orthogonal init's QR) depend on the
         # thread count, and the same seed must give the same model on any machine
         # (float32 networks also where the caller made float64 torch's default; trainable ones also inside a caller's
-        # torch.inference_mode(), whose inference tensors no later learn could update)
-        with training_threads(self.num_threads), float32_default(), torch.inference_mode(False):
+        # torch.inference_mode(), whose inference tensors no later learn could update; built on the CPU and moved,
+        # also where the caller made another device torch's default, whose generator drew other initial weights)
+        with training_threads(self.num_threads), float32_default(), torch.inference_mode(False), torch.device("cpu"):
             self._setup()
             self._check_own_encoders()
         if self.strategy.is_main:  # (every algorithm's, once: load, members and other ranks leave it out)

@@ -281,7 +281,7 @@ class RecurrentPPO(PPO):
                 updates = 0
             # one minibatch holding every column needs no shuffle: its gradient does not depend on the order; the
             # segmented path cuts sequences on the host (`SequenceLayout`), the graphed one keeps indices on the device
-            order = (None if columns == num_envs else torch.randperm(num_envs) if segmented
+            order = (None if columns == num_envs else torch.randperm(num_envs, device="cpu") if segmented
                      else torch.randperm(num_envs, device=self.device))
             for start in range(0, num_envs - columns + 1, columns):
                 if order is None:

@@ -190,7 +190,7 @@ def host_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A zeroed host tensor whose pages the OS commits when they are first written: numpy's zeros (calloc: fresh
     pages read as zeros untouched), where torch.zeros writes every byte at once. A replay buffer of a million rows then
     takes the memory of the rows it holds, not its capacity, until it fills."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype, device="cpu").element_size()
     if nbytes == 0:
         return torch.zeros(shape, dtype=dtype)
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).reshape(shape)
@@ -975,7 +975,7 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
 
 
 def _bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+    return int(np.prod(shape)) * torch.empty((), dtype=dtype, device="cpu").element_size()
 
 
 def layout_nbytes(layout) -> int:

@@ -86,7 +86,7 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype of a torch dtype (for the host arrays the env adapters fill)."""
     found = _NUMPY_DTYPES.get(dtype)
     if found is None:  # (a dtype numpy has no match for, bfloat16, raises here every time)
-        found = _NUMPY_DTYPES[dtype] = torch.empty((), dtype=dtype).numpy().dtype
+        found = _NUMPY_DTYPES[dtype] = torch.empty((), dtype=dtype, device="cpu").numpy().dtype
     return found
 
 
