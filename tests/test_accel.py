@@ -663,11 +663,21 @@ def test_second_model_reuses_the_cached_choice_without_measuring(monkeypatch):
 
 
 def test_step_cache(monkeypatch):
-    _, step, _ = _train("auto", steps=1)
-    if step.report.decisions[0].source != "search":
-        pytest.skip("only one candidate on this machine")
+    """A step decided by a search (example_inputs: decided when it is made) caches its choice: a later step of the
+    same loss code takes it at its first call without measuring. (A step's first call runs plain, waiting for its
+    calls to pay for a search: one call alone never searched, and this test skipped on every machine.)"""
+    monkeypatch.setattr("rlspeed.accel.step.candidates", lambda *a, **k: ([EAGER_FP32, Strategy("bf16")], []))
+
+    def searched_step():
+        model, loss_fn, inputs, targets = _regression_problem()
+        return accelerate_step(loss_fn, torch.optim.Adam(model.parameters(), lr=1e-2), compile=False,
+                               example_inputs=(inputs, targets)), inputs, targets
+
+    step, _, _ = searched_step()
+    assert step.report.decisions[0].source == "search"
     monkeypatch.setattr("rlspeed.accel.step.run_search", lambda *a, **k: (_ for _ in ()).throw(AssertionError()))
-    _, again, _ = _train("auto", steps=1)
+    again, inputs, targets = searched_step()
+    again(inputs, targets)
     assert again.report.decisions[0].source == "cache"
     assert again.strategy == step.strategy
 
