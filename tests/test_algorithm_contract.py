@@ -696,7 +696,7 @@ def test_replaced_parameters_are_refused_not_left_untrained(algo, env_id, networ
     model = made(0)
     getattr(model, network).load_state_dict(getattr(made(1), network).state_dict())
     before = [p.detach().clone() for p in getattr(model, network).parameters()]
-    model.learn(256, progress_bar=False)
+    model.learn(32, progress_bar=False)  # (a few updates move the weights)
     assert any(not torch.equal(a, b) for a, b in zip(before, getattr(model, network).parameters()))
 
 
