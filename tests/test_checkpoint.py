@@ -162,7 +162,7 @@ def test_non_checkpoint_file_is_a_user_error(tmp_path, content):
         save_file({"weight": torch.zeros(3)}, str(path), metadata={"format": "pt"})
     else:
         torch.save({"weight": torch.zeros(3)}, path)
-    with pytest.raises(rlspeed.UserError):
+    with pytest.raises(rlspeed.UserError, match=r"model\.safetensors' .*not an rlspeed checkpoint"):
         PPO.load(path, device="cpu")
 
 
@@ -344,11 +344,11 @@ def test_load_and_resume_pass_the_integrity_switches_on(tmp_path):
     data = bytearray(path.read_bytes())
     data[-8] ^= 0xFF  # a flipped byte in the tensor data
     path.write_bytes(bytes(data))
-    with pytest.raises(UserError, match="m.safetensors"):
+    with pytest.raises(UserError, match=r"m\.safetensors' does not match its SHA256 digest"):
         PPO.load(path, device="cpu")
     assert PPO.load(path, device="cpu", verify=False).num_timesteps == 0
     model = PPO("CartPole-v1", device="cpu", seed=0)
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match=r"m\.safetensors' does not match its SHA256 digest"):
         model.resume(path)
     model.resume(path, verify=False)
 
