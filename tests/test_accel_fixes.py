@@ -609,7 +609,7 @@ def test_a_refused_auto_accelerate_leaves_the_module_as_it_was(monkeypatch):
     with pytest.raises(UserError, match="tf32"):
         auto_accelerate(module, precision="tf32", device="cpu")
     assert type(module) is nn.Linear and torch.equal(module(torch.ones(2, 3)), expected)
-    with pytest.raises(RuntimeError):  # (example inputs the module refuses)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):  # (example inputs the module refuses)
         auto_accelerate(module, device="cpu", example_inputs=torch.ones(2, 5))
     assert type(module) is nn.Linear and torch.equal(module(torch.ones(2, 3)), expected)
 

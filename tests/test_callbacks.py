@@ -426,7 +426,7 @@ def test_a_callback_that_refuses_at_the_start_leaves_the_process_float_settings_
     tiny = torch.tensor(1e-40, dtype=torch.float32)
     assert tiny * 1 != 0  # denormals are kept here
     model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64)
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="needs evaluations"):  # (refused in learn, after it set its float settings)
         model.learn(256, progress_bar=False, callback=StopTrainingOnRewardThreshold(10))
     assert tiny * 1 != 0
 

@@ -79,7 +79,7 @@ def test_learn_gives_the_callers_threads_back_when_it_stops_right_after_its_setu
 def test_building_loading_and_predicting_leave_the_callers_threads(caller_threads, tmp_path):
     """Making a model (also one whose constructor refuses an argument), loading one and predicting with it leave
     torch's thread count as the caller set it."""
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="Unknown hyperparameter 'learning_rat'"):
         PPO("CartPole-v1", num_threads=1, learning_rat=3e-4)
     assert torch.get_num_threads() == caller_threads
     model = _model(num_threads=1)
