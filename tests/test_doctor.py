@@ -52,13 +52,15 @@ def test_doctor_on_missing_cuda_fails_with_one_line(capsys):
     assert captured.out.splitlines()[-1].endswith(" 1 failed")
 
 
-def test_cli_doctor_exits_zero_on_cpu():
-    env = dict(os.environ, **{doctor.SKIP_COMPILE_ENV: "1"})
-    result = subprocess.run([sys.executable, "-m", "rlspeed", "doctor", "--device", "cpu"],
-                            capture_output=True, text=True, env=env, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "tensor on cpu" in result.stdout
-    assert result.stdout.splitlines()[-1].endswith(" 0 failed")
+def test_cli_doctor_exits_zero_on_cpu(capsys):
+    """`rlspeed doctor` prints its lines on stdout and exits 0 (`cli.main` in this process: `python -m rlspeed doctor`
+    itself runs in the --json test below and in test_cli.py's reader test)."""
+    from rlspeed import cli
+
+    assert cli.main(["doctor", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "tensor on cpu" in captured.out
+    assert captured.out.splitlines()[-1].endswith(" 0 failed")
 
 
 def test_cli_doctor_json_is_the_only_output_on_stdout():
