@@ -87,8 +87,12 @@ def test_fused_dqn_save_load_continues_identically(tmp_path):
 
 def test_dueling_uses_autograd():
     model = DQN("CartPole-v1", device="cpu", seed=0, dueling=True, learning_starts=32, train_freq=8, batch_size=16)
-    assert not isinstance(model._update_step, FusedDQNUpdate)
+    assert model._update_step.hand_derived is None
+    choice = model.update_summary()
+    assert choice["implementation"] == "autograd" and "dueling=true" in choice["reason"]
+    before = [p.detach().clone() for p in model.q_network.parameters()]
     model.learn(128, progress_bar=False)
+    assert any(not torch.equal(p, b) for p, b in zip(model.q_network.parameters(), before)), "nothing was learned"
 
 
 def test_td_loss_mse_is_the_mean_squared_td_error_and_huber_the_smooth_l1():
