@@ -54,7 +54,10 @@ def test_auto_measures_then_keeps_its_choice_and_leaves_no_trace(monkeypatch):
 def test_environment_variable_forcing_autocast_uses_autograd(monkeypatch):
     monkeypatch.setenv("RLSPEED_ACCELERATE", "bf16")
     model = DQN("CartPole-v1", device="cpu", seed=0, accelerate="auto")
-    assert not isinstance(model._update_step.fn, AutoMatmulPrecision)
+    assert not isinstance(model._update_step.fn, AutoMatmulPrecision) and model._update_step.hand_derived is None
+    choice = model.update_summary()
+    assert choice == {"implementation": "autograd",
+                      "reason": "RLSPEED_ACCELERATE forces a strategy the hand-derived update cannot run"}
 
 
 def test_off_means_fp32_without_measuring(monkeypatch):
