@@ -102,7 +102,8 @@ def test_large_finite_values_are_no_nan(algo):
 def test_masked_nan_and_inf_are_counted_and_the_weights_stay_finite(algo):
     vector_env = _vector_env(ENV_OF[algo], faulty_env=0, probability=0.01, seed=1)
     model = algo(vector_env, seed=0, device="cpu", nan_policy="mask", **SMALL[algo])
-    model.learn(1500, progress_bar=False)
+    # (250 steps of the faulty env, two injections: without the mask each algorithm rolls back or diverges)
+    model.learn(500, progress_bar=False)
     injected = vector_env.envs[0].injected
     report = model.numerics_report()
     assert injected > 0
