@@ -744,7 +744,7 @@ def test_dqn_metrics_row_gives_the_exploration_rate_at_its_step(tmp_path):
 
     model = DQN("CartPole-v1", device="cpu", seed=0, learning_starts=100, exploration_fraction=0.5,
                 net_arch=(16,), batch_size=16)
-    model.learn(2000, progress_bar=False, run_dir=tmp_path, log_interval_s=3600.0)  # (one row, at the end)
+    model.learn(400, progress_bar=False, run_dir=tmp_path, log_interval_s=3600.0)  # (one row, at the end)
     with open(tmp_path / "metrics.csv", newline="") as handle:
         (row,) = list(csv.DictReader(handle))
     assert float(row["epsilon"]) == pytest.approx(model.epsilon(int(row["timesteps"])), abs=1e-6)
