@@ -79,11 +79,11 @@ def read_offline_run(directory: Path) -> dict:
 
 def test_train_track_writes_an_offline_run_with_config_metrics_video_and_summary(tmp_path, offline):
     run_dir = tmp_path / "run"
+    videos = bool(importlib.util.find_spec("imageio_ffmpeg") and importlib.util.find_spec("pygame"))
     code = cli.main(["train", "ppo", "CartPole-v1", "--env-backend", "torch", "--num-envs", "16", "--set",
                      "num_steps=32", "--total-timesteps", "2048", "--eval-freq", "1024", "--target-return", "1e9",
                      "--no-progress", "--out", str(run_dir), "--track", "--wandb-project", "rlspeed-tests"]
-                    + (["--video-every", "1024"] if importlib.util.find_spec("imageio_ffmpeg")
-                       and importlib.util.find_spec("pygame") else []))
+                    + (["--video-every", "1024"] if videos else []))
     assert code == 0
     run, run_path = read_offline_run(offline)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -98,7 +98,8 @@ def test_train_track_writes_an_offline_run_with_config_metrics_video_and_summary
     # (named as TensorBoard's tags: W&B groups its panels by the section before the slash)
     assert {"rollout/episode_return", "train/policy_loss", "time/sps"} <= set().union(*rows)
     assert [row["eval/eval_mean"] for row in rows if "eval/eval_mean" in row]  # learn's evaluations reach the run
-    if (run_dir / "videos").is_dir():
+    if videos:  # (--video-every asked for videos: the run directory's reach the W&B run)
+        assert list((run_dir / "videos").glob("*.mp4"))
         assert list((run_path / "files" / "media" / "videos").rglob("*.mp4"))
 
 
