@@ -258,11 +258,12 @@ def test_a_headless_video_leaves_sdl_videodriver_as_it_was(tmp_path, monkeypatch
 def test_stochastic_video_repeats_with_its_seed_and_leaves_torch_generators_alone(tmp_path):
     model = _cartpole()
     before = torch.get_rng_state()
-    runs = [video.record_video(model, tmp_path / f"{name}.gif", episodes=3, seed=5, max_steps=60,
+    # (mp4, not GIF: the returns are what is compared, and GIF's palette quantisation took 7x as long a video)
+    runs = [video.record_video(model, tmp_path / f"{name}.mp4", episodes=3, seed=5, max_steps=60,
                                deterministic=False) for name in ("a", "b")]
     assert torch.equal(torch.get_rng_state(), before)  # (training after the video draws what it would have)
     assert runs[0]["returns"] == runs[1]["returns"]
-    greedy = video.record_video(model, tmp_path / "c.gif", episodes=3, seed=5, max_steps=60)
+    greedy = video.record_video(model, tmp_path / "c.mp4", episodes=3, seed=5, max_steps=60)
     assert greedy["returns"] != runs[0]["returns"]  # (it sampled: the untrained policy's samples differ from its mode)
 
 
