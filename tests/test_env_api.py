@@ -1196,6 +1196,40 @@ def test_a_batched_env_of_ones_own_trains_and_its_contract_breaks_are_named():
                     n_step=5).learn(16, progress_bar=False)
 
 
+class _WritesBack(_Counter):
+    """_Counter returning fresh tensors, which from `write_at` steps on writes into the observation it returned on
+    its first step (not returned again)."""
+
+    def __init__(self, write_at: int | None = None):
+        super().__init__()
+        self.write_at, self.first = write_at, None
+
+    def step(self, actions):
+        stepped = super().step(actions)
+        self.first = stepped[0] if self.first is None else self.first
+        if self.write_at is not None and self.steps >= self.write_at:
+            self.first[:, 1] = -1.0
+        return stepped
+
+
+def test_the_contract_check_of_a_long_collection_compares_each_held_tensor_a_few_times(monkeypatch):
+    """The written-over check compared every tensor of every earlier step on each step of DQN's first collection
+    (train_freq + n_step steps held): quadratic, 13 s at train_freq=1024 where the steps took 0.1 s. A tensor written
+    over without being returned again is still found, within the collection."""
+    import rlspeed.envs.base as base
+
+    compared = []
+    unchanged = base._unchanged
+    monkeypatch.setattr(base, "_unchanged", lambda tensor, then: compared.append(1) or unchanged(tensor, then))
+    steps = 256
+    model = rlspeed.DQN(_WritesBack(), device="cpu", train_freq=steps, learning_starts=steps)
+    model.learn(2 * steps, progress_bar=False)
+    assert 0 < len(compared) < 20 * steps  # (every held tensor on every step: over 100,000 comparisons)
+    with pytest.raises(rlspeed.UserError, match=r"_WritesBack \(a batched env of your own\) wrote over observations"):
+        rlspeed.DQN(_WritesBack(write_at=100), device="cpu", train_freq=steps,
+                    learning_starts=steps).learn(2 * steps, progress_bar=False)
+
+
 class _Noisy(_Counter):
     """_Counter whose observations carry noise from its own generator, seeded by reset(seed) (else from entropy)."""
 
