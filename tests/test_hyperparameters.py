@@ -170,6 +170,29 @@ def test_a_rollout_that_would_not_fit_in_memory_is_refused_before_it_is_allocate
         model.learn(100, progress_bar=False)
 
 
+def test_a_rollout_refused_for_its_memory_names_the_size_that_fits(monkeypatch):
+    """The refusal said "lower num_steps or num_envs" without a number, where the replay buffer's names the largest
+    buffer_size that fits: it names the num_steps that fits at the given num_envs, else the num_envs one step fits."""
+    from rlspeed.buffers import rollout
+
+    monkeypatch.setattr(rollout, "available_memory_bytes", lambda device, needed=None: 2**24)  # (13.4 MB may go)
+    space, cpu = gym.make("CartPole-v1").observation_space, torch.device("cpu")
+    with pytest.raises(UserError, match=r"lower num_steps or num_envs; with num_envs 4, num_steps up to [\d,]+ fits "
+                                        r"\(num_steps=(\d+), on the command line --set num_steps=\1\)\.$") as refused:
+        rollout.RolloutBuffer(10**9, 4, space, (), torch.int64, cpu)
+    steps = int(re.search(r"num_steps=(\d+)", str(refused.value)).group(1))
+    rollout.RolloutBuffer(steps, 4, space, (), torch.int64, cpu)
+    with pytest.raises(UserError, match="lower num_steps or num_envs"):
+        rollout.RolloutBuffer(steps + 1, 4, space, (), torch.int64, cpu)
+    with pytest.raises(UserError, match=r"lower num_envs: one step each of at most [\d,]+ envs fits \(num_envs=(\d+), "
+                                        r"on the command line --num-envs \1\)\.$") as refused:
+        rollout.RolloutBuffer(1, 10**9, space, (), torch.int64, cpu)
+    envs = int(re.search(r"num_envs=(\d+)", str(refused.value)).group(1))
+    rollout.RolloutBuffer(1, envs, space, (), torch.int64, cpu)
+    with pytest.raises(UserError, match="lower num_envs"):
+        rollout.RolloutBuffer(1, envs + 1, space, (), torch.int64, cpu)
+
+
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])
 def test_gamma_zero_is_a_bandit_and_outside_zero_to_one_is_refused(algo):
     """gamma=0 (each action judged by its own reward, as Stable-Baselines3 accepts) was refused; the n-step buffer's

@@ -99,9 +99,17 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     needed = num_steps * num_envs * per_step
     free = available_memory_bytes(torch.device(device), needed=needed)
     if free is not None and needed > REPLAY_MEMORY_SHARE * free:
+        budget = int(REPLAY_MEMORY_SHARE * free)
+        # (the size that fits named, as the replay buffer's refusal names its: the steps per env at these envs, else
+        # the envs that one step each fits)
+        steps, envs = budget // (num_envs * per_step), budget // per_step
+        advice = (f"lower num_steps or num_envs; with num_envs {num_envs:,}, num_steps up to {steps:,} fits "
+                  f"(num_steps={steps}, on the command line --set num_steps={steps})" if steps >= 1 else
+                  f"lower num_envs: one step each of at most {envs:,} envs fits (num_envs={envs}, on the command "
+                  f"line --num-envs {envs})" if envs >= 1 else
+                  "not even one step of one env fits: free memory or use smaller observations")
         raise UserError(f"A rollout of num_steps {num_steps:,} x num_envs {num_envs:,} steps needs "
-                        f"{needed / 2**30:,.1f} GiB, more than the {REPLAY_MEMORY_SHARE * free / 2**30:.1f} GiB it may "
-                        "take: lower num_steps or num_envs.")
+                        f"{needed / 2**30:,.1f} GiB, more than the {budget / 2**30:.1f} GiB it may take: {advice}.")
 
 
 class RolloutBuffer:
