@@ -192,3 +192,27 @@ def test_cli_trains_an_a2c_population(tmp_path):
     assert summary["update"]["implementation"] == "hand-derived" and "default" in summary["update"]["reason"]
     assert [m["hyperparameters"]["rms_prop_eps"] for m in summary["members"]] == pytest.approx([1e-5, 1e-3, 1e-2])
     assert [[step for step, _ in m["curve"]] for m in summary["members"]] == [[40, 80]] * 3
+
+
+def test_a_population_rollout_that_would_not_fit_is_refused_naming_the_num_steps_that_fits(monkeypatch):
+    """A population's rollout went to the allocator whatever its size (num_steps=1e6 x num_envs 1,024 for 4 members:
+    a RuntimeError from torch's allocator, or the kernel's OOM killer where each tensor alone fitted), where a solo
+    rollout is refused in one sentence: the members' rollout is too, naming the num_steps that fits."""
+    import re
+
+    from rlspeed.buffers import rollout
+
+    monkeypatch.setattr(rollout, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    population = Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=10**9, env_backend="torch")
+    with pytest.raises(UserError, match=r"^The rollout of 2 members of num_steps 1,000,000,000 x num_envs 4 steps "
+                                        r"needs .* GiB, more than the 0\.0 GiB it may take: lower num_steps or "
+                                        r"num_envs, or train fewer members at once; with num_envs 4 and 2 members, "
+                                        r"num_steps up to [\d,]+ fits \(num_steps=(\d+), on the command line --set "
+                                        r"num_steps=\1\)\.$") as refused:
+        population.learn(10**9, progress_bar=False)
+    steps = int(re.search(r"num_steps=(\d+)", str(refused.value)).group(1))
+    with pytest.raises(UserError, match="lower num_steps or num_envs"):
+        Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=steps + 1,
+                   env_backend="torch").learn(4 * (steps + 1), progress_bar=False)
+    fitting = Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=steps, env_backend="torch")
+    assert fitting.learn(4 * steps, eval_episodes=1, progress_bar=False)["total_timesteps"] == 4 * steps

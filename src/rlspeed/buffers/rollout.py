@@ -96,20 +96,33 @@ def _check_rollout_fits(num_steps: int, num_envs: int, observation, action_shape
     # observations (twice with next_obs), actions, 5 float32 and 3 bool fields per step and env, the masks
     per_step = (layout_nbytes(layout) * (2 if store_next_obs else 1) + action_bytes + 5 * 4 + 3 + (mask_size or 0)
                 + extra_nbytes)
-    needed = num_steps * num_envs * per_step
+    check_rollout_bytes(num_steps, num_envs, per_step, device)
+
+
+def check_rollout_bytes(num_steps: int, num_envs: int, per_step: int, device: torch.device, members: int = 1) -> None:
+    """UserError, naming the num_steps that fits (else the num_envs), when a rollout of `num_steps` steps of
+    `num_envs` envs for each of `members` (a population's), `per_step` bytes per step and env row, needs more than
+    the share of the device's available memory a replay buffer may take (`REPLAY_MEMORY_SHARE`)."""
+    rows = num_envs * members
+    needed = num_steps * rows * per_step
     free = available_memory_bytes(torch.device(device), needed=needed)
-    if free is not None and needed > REPLAY_MEMORY_SHARE * free:
-        budget = int(REPLAY_MEMORY_SHARE * free)
-        # (the size that fits named, as the replay buffer's refusal names its: the steps per env at these envs, else
-        # the envs that one step each fits)
-        steps, envs = budget // (num_envs * per_step), budget // per_step
-        advice = (f"lower num_steps or num_envs; with num_envs {num_envs:,}, num_steps up to {steps:,} fits "
-                  f"(num_steps={steps}, on the command line --set num_steps={steps})" if steps >= 1 else
-                  f"lower num_envs: one step each of at most {envs:,} envs fits (num_envs={envs}, on the command "
-                  f"line --num-envs {envs})" if envs >= 1 else
-                  "not even one step of one env fits: free memory or use smaller observations")
-        raise UserError(f"A rollout of num_steps {num_steps:,} x num_envs {num_envs:,} steps needs "
-                        f"{needed / 2**30:,.1f} GiB, more than the {budget / 2**30:.1f} GiB it may take: {advice}.")
+    if free is None or needed <= REPLAY_MEMORY_SHARE * free:
+        return
+    budget = int(REPLAY_MEMORY_SHARE * free)
+    # (the size that fits named, as the replay buffer's refusal names its: the steps per env at these envs, else
+    # the envs that one step each fits)
+    steps, envs = budget // (rows * per_step), budget // (members * per_step)
+    solo = members == 1
+    fewer, of_members = ("", "") if solo else (", or train fewer members at once", f" and {members} members")
+    advice = (f"lower num_steps or num_envs{fewer}; with num_envs {num_envs:,}{of_members}, num_steps up to "
+              f"{steps:,} fits (num_steps={steps}, on the command line --set num_steps={steps})" if steps >= 1 else
+              f"lower num_envs{fewer}: one step each of at most {envs:,} envs{'' if solo else ' per member'} fits "
+              f"(num_envs={envs}, on the command line --num-envs {envs})" if envs >= 1 else
+              "not even one step of one env fits: free memory or use smaller observations" if solo else
+              "not even one step of one env per member fits: train fewer members at once, or free memory")
+    what = "A rollout" if solo else f"The rollout of {members} members"
+    raise UserError(f"{what} of num_steps {num_steps:,} x num_envs {num_envs:,} steps needs "
+                    f"{needed / 2**30:,.1f} GiB, more than the {budget / 2**30:.1f} GiB it may take: {advice}.")
 
 
 class RolloutBuffer:

@@ -51,6 +51,7 @@ import torch
 from rlspeed.algos.base import progress_remaining
 from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
+from rlspeed.buffers.rollout import check_rollout_bytes
 from rlspeed.device import check_num_threads, float32_default, training_threads
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
@@ -273,6 +274,13 @@ class PPOPopulation(PopulationBase):
             steps, rows, device = self.config.num_steps, size * self.config.num_envs, self.device
             # obs, next obs: images in their own dtype (uint8 or bool: the encoder makes them float), else float32
             obs_dtype = self._obs.dtype if self._member_encoder is not None else torch.float32
+            # refused in one sentence naming the num_steps that fits, as a solo rollout is, before the allocator
+            # fails (a RuntimeError) or the process is killed; the storage made before goes first
+            self._storage = self._storage_key = None
+            action_bytes = (8 if self.kind == "categorical" else 4) * math.prod(action_shape)
+            mask_bytes = self._action_mask.shape[-1] if self._masking else 0
+            check_rollout_bytes(steps, self.config.num_envs, 2 * obs_dim * obs_dtype.itemsize + action_bytes + 3 * 4
+                                + 2 + mask_bytes, device, members=size)
             observations = [torch.empty(steps, rows, obs_dim, device=device, dtype=obs_dtype) for _ in range(2)]
             actions = torch.empty(steps, size, self.config.num_envs, *action_shape, device=device,
                                   dtype=torch.long if self.kind == "categorical" else torch.float32)
