@@ -282,6 +282,21 @@ def test_the_population_plot_of_an_env_id_the_font_cannot_draw_warns_nothing(tmp
         assert plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_the_population_plot_of_one_evaluation_shows_it(tmp_path, monkeypatch):
+    """A run as long as its eval_freq (`--seeds 0-255 --total-timesteps 1024`) has one evaluation per member: each
+    curve, and the IQM, were lines of no length, and learning_curves.png showed empty axes. They are dots now."""
+    from rlspeed.population import plot
+
+    figures = []
+    made = plot.agg_figure
+    monkeypatch.setattr(plot, "agg_figure", lambda *args, **kw: figures.append(made(*args, **kw)) or figures[-1])
+    summary = {"algo": "ppo", "env_id": "CartPole-v1", "target_return": None,
+               "members": [{"curve": [[1024, 40.0 + k]]} for k in range(8)]}
+    assert plot.plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0
+    lines = figures[0].axes[0].lines
+    assert len(lines) == 9 and all(line.get_marker() not in (None, "None", "", " ") for line in lines)
+
+
 def test_a_population_killed_before_its_plot_is_finished_by_resume_with_the_plot(tmp_path, monkeypatch):
     """learning_curves.png was drawn after the summary.json that ends the run: a kill in between left a finished run
     without its plot, which --resume refused to touch ("holds a finished population run"). The plot comes first now,

@@ -56,14 +56,21 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
     curves = [[(int(step), float(value)) for step, value in member.get("curve") or []]
               for member in summary.get("members", [])]
     ax = fig.add_subplot()
+    # (a curve of one evaluation, a run as long as its eval_freq, is a line of no length: drawn as a dot, its band as
+    # a bar, or the picture showed nothing)
     for curve in curves:
         if curve:
-            ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, linewidth=0.8)
+            ax.plot(*zip(*curve), color="tab:blue", alpha=0.25, linewidth=0.8, marker="o" if len(curve) == 1 else None,
+                    markersize=3)
     drawn = [curve for curve in curves if curve]
     if drawn:
         steps, centre, low, high = iqm_band(drawn)
-        ax.fill_between(steps, low, high, color="tab:orange", alpha=0.3, label="IQM 95% bootstrap CI")
-        ax.plot(steps, centre, color="tab:orange", linewidth=2.2, label=f"IQM over {len(drawn)} members")
+        if len(steps) == 1:
+            ax.vlines(steps, low, high, color="tab:orange", alpha=0.3, linewidth=8, label="IQM 95% bootstrap CI")
+        else:
+            ax.fill_between(steps, low, high, color="tab:orange", alpha=0.3, label="IQM 95% bootstrap CI")
+        ax.plot(steps, centre, color="tab:orange", linewidth=2.2, marker="o" if len(steps) == 1 else None,
+                label=f"IQM over {len(drawn)} members")
     if summary.get("target_return") is not None:
         ax.axhline(summary["target_return"], color="grey", linestyle="--", linewidth=1, label="target")
     env_id = str(summary.get("env_id") or "")
