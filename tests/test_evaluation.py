@@ -73,6 +73,10 @@ def test_stable_baselines3_evaluate_policy_keywords_say_what_to_write_instead(pp
         ppo.evaluate(backend="gymnasium")
     with pytest.raises(rlspeed.UserError, match="evaluate takes no 'devic'; did you mean device"):
         rlspeed.evaluate(ppo, "CartPole-v1", devic="cpu")
+    # (an env given first, as rlspeed.evaluate and SB3's evaluate_policy take one: "episodes must be a whole number")
+    for env in ("CartPole-v1", gym.make_vec("CartPole-v1", 2)):
+        with pytest.raises(rlspeed.UserError, match=r"rlspeed.evaluate\(model, env, episodes=N\) on an env of your"):
+            ppo.evaluate(env)
 
 
 @pytest.mark.parametrize("seed", [np.int64(5), np.uint32(5), torch.tensor(5)])

@@ -2555,6 +2555,10 @@ class Algorithm:
         from rlspeed.evaluation import evaluate, refuse_evaluate_keywords
 
         refuse_evaluate_keywords(stable_baselines3, type(self).evaluate)
+        if isinstance(episodes, str) or hasattr(episodes, "reset"):  # (an env where rlspeed.evaluate takes one)
+            raise UserError(f"model.evaluate takes the number of episodes first, got {episodes!r}: "
+                            "model.evaluate(episodes=N, env_id=ID) evaluates on a registered env, "
+                            "rlspeed.evaluate(model, env, episodes=N) on an env of your own.")
         with training_threads(self.num_threads):
             return evaluate(self, env_id or self.env_id, episodes=episodes, seed=seed, max_steps=max_steps,
                             deterministic=deterministic, env_kwargs=env_kwargs, progress_bar=progress_bar)
