@@ -216,3 +216,17 @@ def test_a_population_rollout_that_would_not_fit_is_refused_naming_the_num_steps
                    env_backend="torch").learn(4 * (steps + 1), progress_bar=False)
     fitting = Population(A2C, "CartPole-v1", seeds=[0, 1], num_envs=4, num_steps=steps, env_backend="torch")
     assert fitting.learn(4 * steps, eval_episodes=1, progress_bar=False)["total_timesteps"] == 4 * steps
+
+
+def test_a_population_rollout_that_would_not_fit_is_refused_before_the_run_directory(monkeypatch, tmp_path, capsys):
+    """rlspeed train --seeds checks what a population allocates when it starts before it makes the run directory
+    (`check_fits`): a rollout refused for its memory left config.yaml behind, and the next try was told --overwrite."""
+    from rlspeed import cli
+    from rlspeed.buffers import rollout
+
+    monkeypatch.setattr(rollout, "available_memory_bytes", lambda device, needed=None: 2**20)  # (0.8 MiB may go)
+    out = tmp_path / "run"
+    for algo in ("ppo", "a2c"):
+        assert cli.main(["train", algo, "CartPole-v1", "--seeds", "0-1", "--env-backend", "torch", "--num-envs", "4",
+                         "--set", "num_steps=102400", "--out", str(out), "--no-progress"]) == 2
+        assert "num_steps up to" in capsys.readouterr().err and not out.exists()

@@ -53,6 +53,7 @@ from rlspeed.algos.ppo import PPO
 from rlspeed.buffers import gae
 from rlspeed.buffers.rollout import check_rollout_bytes
 from rlspeed.device import check_num_threads, float32_default, training_threads
+from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
@@ -263,6 +264,26 @@ class PPOPopulation(PopulationBase):
     def _progress_remaining(self) -> float:
         return progress_remaining(self.num_timesteps, getattr(self, "_schedule_start", 0), self._total_timesteps)
 
+    def _rollout_row_bytes(self, obs_dim: int, obs_dtype: torch.dtype, mask_bytes: int) -> int:
+        """Bytes one env row's step takes in the rollout (`_rollout_storage`): observation and next observation,
+        action, log-probability, value, reward, the two flags and the action mask."""
+        action_bytes = 8 if self.kind == "categorical" else 4 * self.action_dim
+        return 2 * obs_dim * obs_dtype.itemsize + action_bytes + 3 * 4 + 2 + mask_bytes
+
+    def check_fits(self, total_timesteps: int) -> None:
+        """UserError (`check_rollout_bytes`) where the rollout `learn` allocates when it starts does not fit in memory
+        (see `PopulationBase.check_fits`). Counts action masks wherever the actions are discrete and `use_masking` is
+        on (the env says whether it gives masks only when it starts)."""
+        layout = observation_layout(self.spec.observation_space)
+        if isinstance(layout, dict):  # (refused when the env starts: populations take no Dict observations)
+            return
+        shape, dtype = layout
+        obs_dtype = dtype if self._member_encoder is not None else torch.float32
+        mask_bytes = self.action_dim if self.kind == "categorical" and self.config.use_masking else 0
+        check_rollout_bytes(self.config.num_steps, self.config.num_envs,
+                            self._rollout_row_bytes(math.prod(shape), obs_dtype, mask_bytes), self.device,
+                            members=len(self.alive))
+
     def _rollout_storage(self, size: int, obs_dim: int, action_shape: tuple[int, ...]
                          ) -> tuple[list[torch.Tensor], list[list[torch.Tensor]]]:
         """The rollout's buffers `[T, K * N, ...]` (observations, next observations, actions `[T, K, N, ...]`,
@@ -277,10 +298,9 @@ class PPOPopulation(PopulationBase):
             # refused in one sentence naming the num_steps that fits, as a solo rollout is, before the allocator
             # fails (a RuntimeError) or the process is killed; the storage made before goes first
             self._storage = self._storage_key = None
-            action_bytes = (8 if self.kind == "categorical" else 4) * math.prod(action_shape)
             mask_bytes = self._action_mask.shape[-1] if self._masking else 0
-            check_rollout_bytes(steps, self.config.num_envs, 2 * obs_dim * obs_dtype.itemsize + action_bytes + 3 * 4
-                                + 2 + mask_bytes, device, members=size)
+            check_rollout_bytes(steps, self.config.num_envs, self._rollout_row_bytes(obs_dim, obs_dtype, mask_bytes),
+                                device, members=size)
             observations = [torch.empty(steps, rows, obs_dim, device=device, dtype=obs_dtype) for _ in range(2)]
             actions = torch.empty(steps, size, self.config.num_envs, *action_shape, device=device,
                                   dtype=torch.long if self.kind == "categorical" else torch.float32)
