@@ -2581,8 +2581,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--nan-policy", default="raise", choices=["raise", "mask"],
                        help="a NaN or infinite observation or reward from the env: stop with an error naming it "
                             "(raise, the default), or zero it and count it (mask)")
-    # (--gym-packages a --gym-packages b imports both, as --set and --env-kwargs add up: a list flag given again
-    # adds to it where a last-wins store dropped the first module without a word)
+    # (--gym-packages a --gym-packages b imports both: a list flag given again adds to it, as --set and --env-kwargs
+    # add up)
     model.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
                        help="modules to import first (they register the env ids they provide; repeatable)")
     model.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -3159,7 +3159,7 @@ def _main(argv: list[str]) -> int:
             text = text.replace("(see 'rlspeed --help')", f"(see 'rlspeed {command} --help')")
             text = _unrecognized_hint(text, argv, command)
         elif command is None and text.startswith("a command is required") and set(argv) - {"--debug"}:
-            # (`rlspeed --verison`: argparse names the missing command first, where the option is what went wrong)
+            # (`rlspeed --verison`: the unknown option is named, and its closest one, not the missing command)
             unknown = [arg for arg in argv if arg != "--debug"]
             text = _close_option_hint(f"unrecognized arguments: {' '.join(unknown)} (see 'rlspeed --help').",
                                       unknown[0], None)

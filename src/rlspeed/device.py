@@ -311,8 +311,8 @@ def usable_cores() -> int:
 
 def flush_denormal_enabled() -> bool:
     """Whether the CPU currently flushes denormal floats to zero (torch has a setter but no getter). Measured on the
-    CPU also where the caller made another device torch's default (`torch.set_default_device("cuda")`): there it read
-    that device's arithmetic, which never flushes, and learn then turned off the caller's flushing as it ended."""
+    CPU by name, also where the caller made another device torch's default (`torch.set_default_device("cuda")`),
+    whose arithmetic the setting does not reach."""
     return bool((torch.tensor([1e-39], dtype=torch.float32, device="cpu") * 1.0)[0] == 0)  # ok-sync: CPU scalar
 
 

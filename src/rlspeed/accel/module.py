@@ -397,8 +397,8 @@ class ModuleAccelerator:
             # An empty batch (model(obs[done]) with nothing done) has nothing to measure or to verify rows with, and
             # padding it is impossible: eager fp32 for this call, nothing decided.
             return EAGER_FP32
-        if self._single is not None and self._single.is_plain:  # (decided when made: nothing to measure; a search
-            # of it timed plain fp32 alone for seconds and reported a second decision)
+        if self._single is not None and self._single.is_plain:  # (decided when made: one plain candidate, nothing
+            # to measure and no second decision)
             return self._single
         signature = self._signature(module, args, kwargs)
         with self._first_call_lock:

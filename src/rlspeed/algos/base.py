@@ -693,9 +693,8 @@ def require(condition: bool, message: str) -> None:
 
 
 def acting_input(value: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """An observation tensor given to `act` on `device`, float64 as float32 (the networks'; `predict` converts its
-    inputs so too): a float64 tensor, made under `torch.set_default_dtype(torch.float64)` or from an env's float64
-    array, failed in the first layer with torch's "mat1 and mat2 must have the same dtype"."""
+    """An observation tensor given to `act` on `device`, float64 as float32 (the networks' dtype; `predict` converts
+    its inputs so too): one made under `torch.set_default_dtype(torch.float64)` or from an env's float64 array."""
     if value.dtype == torch.float64:
         return value.to(device, torch.float32)
     return value if value.device == device else value.to(device)
@@ -2159,9 +2158,8 @@ class Algorithm:
         result = self.result = LearnResult(target_return=target_return)
         # float32 tensors while it trains, also where the caller made float64 torch's default dtype, and gradients
         # with tensors autograd can train, also inside the caller's torch.no_grad() or torch.inference_mode() (a
-        # helper wrapped in one; the updates that take gradients with autograd failed there, the others trained);
-        # set here, in learn's own frame (a wrapper's frame would be where learn's warnings point), the caller's
-        # given back on every way out
+        # helper wrapped in one); set here, in learn's own frame (a wrapper's frame would be where learn's warnings
+        # point), the caller's given back on every way out
         torch.set_default_dtype(torch.float32)
         inference_off = torch.inference_mode(False)  # (first: leaving it gives back the grad mode it found too)
         inference_off.__enter__()
