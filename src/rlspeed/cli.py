@@ -96,6 +96,11 @@ def _quiet_closed_terminal(signum: int) -> None:
                 pass
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s commands by name (none where it has no commands)."""
+    return next((action.choices for action in parser._actions if isinstance(action, argparse._SubParsersAction)), {})
+
+
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are UserErrors: one sentence, exit code 2 (see `main`)."""
 
@@ -111,8 +116,7 @@ class _Parser(argparse.ArgumentParser):
             what = "command" if name == "command" else name
             message = f"unknown {what} '{given}': {hint}choose from {', '.join(repr(each) for each in names)}"
         # `rlspeed` alone: "the following arguments are required: command" names argparse's dest, not the commands
-        commands = next((action.choices for action in self._actions if isinstance(action, argparse._SubParsersAction)),
-                        None)
+        commands = _commands(self)
         if commands and message == "the following arguments are required: command":
             *first, last = commands
             message = f"a command is required: {', '.join(first)} or {last}"
@@ -1745,8 +1749,7 @@ def _given_options(argv: list[str], command: str) -> set[str]:
     """The `dest` names of the options this command line gives (abbreviated ones included), found by parsing it
     again with every default of `command` suppressed."""
     parser = build_parser()
-    sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
-    for action in sub.choices[command]._actions:
+    for action in _commands(parser)[command]._actions:
         if action.option_strings:
             action.default = argparse.SUPPRESS
     return set(vars(parser.parse_args(argv)))
@@ -3129,10 +3132,10 @@ def _close_option_hint(text: str, flag: str, command: str | None) -> str:
     command's closest option, as an unknown command or choice names its closest one; `text` as it is where none is
     close."""
     parser = build_parser()
-    sub = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
-    if command is not None and command not in sub.choices:
+    commands = _commands(parser)
+    if command is not None and command not in commands:
         return text
-    options = [option for action in (sub.choices[command] if command else parser)._actions
+    options = [option for action in (commands[command] if command else parser)._actions
                for option in action.option_strings if option.startswith("--")]
     close = difflib.get_close_matches(flag.split("=")[0], options, n=1, cutoff=0.8)
     if not close:
