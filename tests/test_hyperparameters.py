@@ -191,6 +191,13 @@ def test_a_rollout_refused_for_its_memory_names_the_size_that_fits(monkeypatch):
     rollout.RolloutBuffer(1, envs, space, (), torch.int64, cpu)
     with pytest.raises(UserError, match="lower num_envs"):
         rollout.RolloutBuffer(1, envs + 1, space, (), torch.int64, cpu)
+    # (num_envs too large for one step at a rollout of several: the num_envs named fits at its num_steps, where it
+    # named the one that fits at one step, refused again at 5)
+    with pytest.raises(UserError, match=r"lower num_envs: 5 steps each of at most [\d,]+ envs fits \(num_envs=(\d+), "
+                                        r"on the command line --num-envs \1\)\.$") as refused:
+        rollout.RolloutBuffer(5, 10**9, space, (), torch.int64, cpu)
+    envs = int(re.search(r"num_envs=(\d+)", str(refused.value)).group(1))
+    rollout.RolloutBuffer(5, envs, space, (), torch.int64, cpu)
 
 
 @pytest.mark.parametrize("algo", ["PPO", "DQN"])

@@ -110,13 +110,18 @@ def check_rollout_bytes(num_steps: int, num_envs: int, per_step: int, device: to
         return
     budget = int(REPLAY_MEMORY_SHARE * free)
     # (the size that fits named, as the replay buffer's refusal names its: the steps per env at these envs, else
-    # the envs that one step each fits)
-    steps, envs = budget // (rows * per_step), budget // (members * per_step)
+    # the envs that fit at these steps, else the envs that fit at one step each)
+    steps = budget // (rows * per_step)
+    envs, at_steps = budget // (members * per_step * num_steps), num_steps
+    if steps < 1 and envs < 1:
+        envs, at_steps = budget // (members * per_step), 1
     solo = members == 1
     fewer, of_members = ("", "") if solo else (", or train fewer members at once", f" and {members} members")
+    lower = "num_envs" if at_steps == num_steps else "num_steps and num_envs"
+    each = "one step" if at_steps == 1 else f"{at_steps:,} steps"
     advice = (f"lower num_steps or num_envs{fewer}; with num_envs {num_envs:,}{of_members}, num_steps up to "
               f"{steps:,} fits (num_steps={steps}, on the command line --set num_steps={steps})" if steps >= 1 else
-              f"lower num_envs{fewer}: one step each of at most {envs:,} envs{'' if solo else ' per member'} fits "
+              f"lower {lower}{fewer}: {each} each of at most {envs:,} envs{'' if solo else ' per member'} fits "
               f"(num_envs={envs}, on the command line --num-envs {envs})" if envs >= 1 else
               "not even one step of one env fits: free memory or use smaller observations" if solo else
               "not even one step of one env per member fits: train fewer members at once, or free memory")
