@@ -67,6 +67,11 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
 MEMBERS_DIR = "members"
 
 
+def _member_models(folder: Path) -> list[Path]:
+    """The members' models (`seed_<S>.safetensors`) in `folder`, by seed (seed_2 before seed_10)."""
+    return sorted(folder.glob("seed_*.safetensors"), key=lambda member: (len(member.stem), member.stem))
+
+
 def run_model(path: str | os.PathLike) -> Path:
     """The model file `path` names: `path` itself, or a run directory's `model.safetensors`. UserError for a
     directory without one, naming a member's model where it is a population's run directory."""
@@ -75,12 +80,11 @@ def run_model(path: str | os.PathLike) -> Path:
         return path
     if (path / "model.safetensors").is_file():
         return path / "model.safetensors"
-    members = sorted((path / MEMBERS_DIR).glob("seed_*.safetensors"),
-                     key=lambda member: (len(member.stem), member.stem))  # (seed_2 before seed_10)
+    members = _member_models(path / MEMBERS_DIR)
     if members:
         raise UserError(f"'{path}' is a population's run directory: give one member's model, e.g. '{members[0]}'.")
-    members = sorted(path.glob("seed_*.safetensors"), key=lambda member: (len(member.stem), member.stem))
-    if path.name == MEMBERS_DIR and members:
+    members = _member_models(path) if path.name == MEMBERS_DIR else []
+    if members:
         raise UserError(f"'{path}' holds a population's members' models: give one, e.g. '{members[0]}'.")
     if (path / "checkpoint.safetensors").is_file():
         raise UserError(f"'{path}' holds a run that did not finish (a checkpoint, no model yet): `rlspeed train ... "
