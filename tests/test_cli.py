@@ -2357,6 +2357,10 @@ def test_run_options_given_to_set_name_their_flags(capsys):
         assert error.endswith(f"is not a hyperparameter: use {flag}.")
     # (RL-Zoo's name for the run's length: "Unknown hyperparameter" with thirty names, none of them the flag)
     assert "use --total-timesteps N" in cli_error(capsys, ["train", "ppo", "CartPole-v1", "--set", "n_timesteps=1e4"])
+    # (tune's length is each trial's --budget, profile's its --steps: neither takes --total-timesteps)
+    for command, option in (("tune", "--budget N"), ("profile", "--steps N")):
+        error = cli_error(capsys, [command, "ppo", "CartPole-v1", "--set", "n_timesteps=1e4"])
+        assert error.endswith(f"RL-Zoo's name for the run's length: use {option}.")
 
 
 def test_eval_takes_the_seed_of_a_final_evaluation_past_the_training_seeds_limit(tmp_path, capsys):

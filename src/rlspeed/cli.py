@@ -248,13 +248,19 @@ _FLAG_KEYS = {"seed": "--seed", "device": "--device", "num_threads": "--threads"
               "progress_bar": "--no-progress", "eval_episodes": "--eval-episodes N"}
 
 
-def _check_set_keys(overrides: dict) -> None:
+#: the option of each command with --set that gives the length RL-Zoo names n_timesteps (in its files and its
+#: --n-timesteps flag, which with --optimize is each trial's budget)
+_LENGTH_OPTIONS = {"train": "--total-timesteps N (or --set total_timesteps=N)", "tune": "--budget N",
+                   "profile": "--steps N"}
+
+
+def _check_set_keys(overrides: dict, command: str = "train") -> None:
     for key in overrides:
         if key in _FLAG_KEYS:
             raise UserError(f"--set {key}=... is not a hyperparameter: use {_FLAG_KEYS[key]}.")
-        if key == "n_timesteps":  # (RL-Zoo's name, in its files and its --n-timesteps flag)
-            raise UserError("--set n_timesteps=... is RL-Zoo's name for the run's length: use --total-timesteps N "
-                            "(or --set total_timesteps=N).")
+        if key == "n_timesteps":
+            raise UserError(f"--set n_timesteps=... is RL-Zoo's name for the run's length: use "
+                            f"{_LENGTH_OPTIONS.get(command, _LENGTH_OPTIONS['train'])}.")
 
 
 def _coerce_run_settings(run_settings: dict) -> dict:
@@ -964,7 +970,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         if isinstance(getattr(args, "resume_preset", None), dict):
             args.preset_info, args.preset_message = args.resume_preset, None
     overrides = _parse_set(args.set or [])
-    _check_set_keys(overrides)
+    _check_set_keys(overrides, getattr(getattr(args, "func", None), "__name__", "cmd_train").removeprefix("cmd_"))
     run_overrides, hyper_overrides = split_run_settings(overrides)
     for key in run_overrides:  # (a flag would win silently: the two say different things, or the same twice)
         flag = f"--{key.replace('_', '-')}"
