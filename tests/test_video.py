@@ -604,6 +604,18 @@ def test_cli_eval_video_films_the_episodes_evaluated_on_the_backend_asked(tmp_pa
         video.record_video(model, tmp_path / "y.mp4", backend="tensor")
 
 
+def test_record_video_on_backend_auto_films_what_evaluate_on_auto_plays(tmp_path):
+    """`record_video(model, path, seed=S, backend="auto")` of a model trained on Gymnasium's envs filmed the native
+    env's view (its rows' episodes), while `evaluate` on "auto" (the model's own env) plays Gymnasium's: the filmed
+    returns were not the evaluated ones. "auto" is the model's own backend, as for evaluate."""
+    model = PPO("Pendulum-v1", seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=16, batch_size=32)
+    with pytest.warns(UserWarning, match="still running after 5 steps"):  # (Pendulum's 5 first steps are enough)
+        evaluated = model.evaluate(episodes=2, seed=21, max_steps=5)
+    with pytest.warns(UserWarning, match="still running after 5 steps"):
+        filmed = video.record_video(model, tmp_path / "x.mp4", episodes=2, seed=21, max_steps=5, backend="auto")
+    assert filmed["returns"] == pytest.approx(evaluated["returns"], rel=1e-5)
+
+
 def test_a_video_callback_films_the_env_id_given_for_a_model_of_a_vector_env_one_built(tmp_path):
     """The refusal of a video of a model trained on a vector env of one's own says to film a registered env with its
     spaces (env_id=ID), which VideoRecorderCallback did not take: training with videos was refused before it began."""

@@ -66,7 +66,8 @@ def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None 
     if isinstance(model_or_id, str):
         env_id, backend = model_or_id, "auto"
     else:
-        backend = backend or model_or_id.env_backend
+        # ('auto' is the model's own, as `evaluate`'s auto on the model's env takes the backend it trained with)
+        backend = model_or_id.env_backend if backend in (None, "auto") else backend
         env_kwargs = env_options(model_or_id, env_id, env_kwargs)
         env_id = env_id or model_or_id.env_id
     if env_id in (USER_VECTOR_ENV, USER_SB3_VEC_ENV):
@@ -255,11 +256,11 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
     trained on; a model trained on a vector env you built needs one, as that env cannot be made again). `env_kwargs`
     replace options of the env (those recorded with the model, on its own id), as in `evaluate`. With the same
     `seed`, episode i is `evaluate`'s episode i (deterministic; not on EnvPool, which draws no frames) on the backend
-    the model trained with, or on `backend` where given: 'torch' films the native env's view (`rlspeed/<id>`),
-    'gymnasium' Gymnasium's env (`rlspeed eval --env-backend` passes its own). Returns {"path",
-    "episodes", "frames", "fps", "returns", "mean" (of the returns), "size": (height, width)}. UserError when
-    imageio, ffmpeg or the env's renderer is missing. A call that does not return (interrupted, or an error of the
-    env or the model) leaves no file at `path`.
+    the model trained with (also for `backend='auto'`, as `evaluate` takes it), or on `backend` where given: 'torch'
+    films the native env's view (`rlspeed/<id>`), 'gymnasium' Gymnasium's env (`rlspeed eval --env-backend` passes
+    its own). Returns {"path", "episodes", "frames", "fps", "returns", "mean" (of the returns), "size": (height,
+    width)}. UserError when imageio, ffmpeg or the env's renderer is missing. A call that does not return
+    (interrupted, or an error of the env or the model) leaves no file at `path`.
     """
     path = Path(path)
     _require_writer(path)
