@@ -2002,9 +2002,9 @@ class Algorithm:
 
     def act(self, obs: torch.Tensor, deterministic: bool = True,
             action_masks: torch.Tensor | None = None) -> torch.Tensor:
-        """Actions for raw observations `obs` (a tensor; moved to the model's device if it is elsewhere), as the env
-        expects them, on the model's device; `deterministic=False` samples the policy. `action_masks`: bool `[N, n]`
-        (an env's `info["action_mask"]`); a masked action is never chosen."""
+        """Actions for raw observations `obs` (a tensor; moved to the model's device if it is elsewhere, float64 taken
+        as float32), as the env expects them, on the model's device; `deterministic=False` samples the policy.
+        `action_masks`: bool `[N, n]` (an env's `info["action_mask"]`); a masked action is never chosen."""
         obs = map_obs(lambda value: acting_input(value, self.device), obs)
         with torch.no_grad(), acting_mode(self.policy):
             if self.obs_rms is not None:
