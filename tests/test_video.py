@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from rlspeed import PPO, SAC, UserError, cli, video
 from rlspeed.envs.gym_view import NativeGymEnv
@@ -85,6 +86,10 @@ def test_cli_train_video_every_keeps_videos_in_the_run_directory(tmp_path):
     # a --resume goes on filming at the run's interval, as it keeps its other settings (it filmed nothing)
     assert cli.main([*argv, "--total-timesteps", "3072", "--resume"]) == 0
     assert sorted(p.name for p in (run / "videos").iterdir())[-1] == "step-000003072.mp4"
+    # (--video-every 0 stops it, as where this machine cannot record videos: the run's N would be taken again)
+    assert cli.main([*argv, "--total-timesteps", "4096", "--resume", "--video-every", "0"]) == 0
+    assert sorted(p.name for p in (run / "videos").iterdir())[-1] == "step-000003072.mp4"
+    assert yaml.safe_load((run / "config.yaml").read_text())["video_every"] is None
 
 
 def _disk_fills_after(monkeypatch, frames: int) -> None:

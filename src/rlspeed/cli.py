@@ -390,6 +390,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                         "directory under runs/, where there is nothing to resume).")
     if args.resume:
         _resume_settings(args)
+    if args.video_every == 0:  # (no videos, also where the resumed run recorded some)
+        args.video_every = None
     if args.seeds is not None:
         return _train_population(args)
     _refuse_member_values_without_seeds(args)
@@ -2628,9 +2630,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="off-policy checkpoints also hold the replay buffer (exact resume; a second file; "
                             "default off); --resume keeps the run's choice unless --no-save-replay-buffer or this is "
                             "given")
-    train.add_argument("--video-every", type=_whole(1), default=None, metavar="N",
+    train.add_argument("--video-every", type=_whole(0), default=None, metavar="N",
                        help="record one deterministic evaluation episode every N env steps into the run's videos/ "
-                            '(pip install "rlspeed[video]")')
+                            '(pip install "rlspeed[video]"); --resume keeps the run\'s N, and 0 records none')
     train.add_argument("--track", action="store_true",
                        help='log config, metrics, videos and the summary to Weights & Biases (pip install '
                             '"rlspeed[track]"; WANDB_MODE=offline logs locally)')
