@@ -589,6 +589,16 @@ def test_make_env_names_what_it_accepts_for_other_kinds_of_env():
         rlspeed.make_env(42, device="cpu")
 
 
+def _refused_as_a_single_env_to_wrap(env) -> None:
+    """`PPO(env)` and SB3's `PPO("MlpPolicy", env)` refuse the single env `env` saying to wrap it in a vector env (not
+    to give its id, whose env lacks what the user set up on this one)."""
+    with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(\w+\): wrap it as ") as refused:
+        rlspeed.PPO(env, device="cpu")
+    assert "give its id" not in str(refused.value)
+    with pytest.raises(rlspeed.UserError, match=r"so write PPO\(env, \.\.\.\)"):
+        rlspeed.PPO("MlpPolicy", env, device="cpu")
+
+
 def test_a_single_env_that_renders_is_not_answered_with_an_id_that_shows_nothing(tmp_path):
     """A single env made to be watched (render_mode="human") or filmed (RecordVideo around an rgb_array env) was
     answered "give its id ('CartPole-v1')": the id's env renders nothing, so the window or the videos were dropped
@@ -598,11 +608,7 @@ def test_a_single_env_that_renders_is_not_answered_with_an_id_that_shows_nothing
     filmed = gym.wrappers.RecordVideo(gym.make("CartPole-v1", render_mode="rgb_array"), str(tmp_path),
                                       disable_logger=True)
     for env in (watched, filmed):
-        with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(\w+\): wrap it as ") as refused:
-            rlspeed.PPO(env, device="cpu")
-        assert "give its id" not in str(refused.value)
-        with pytest.raises(rlspeed.UserError, match=r"so write PPO\(env, \.\.\.\)"):
-            rlspeed.PPO("MlpPolicy", env, device="cpu")
+        _refused_as_a_single_env_to_wrap(env)
     filmed.close()
     watched.close()
 
@@ -614,11 +620,7 @@ def test_a_wrapped_single_env_or_an_env_factory_is_not_answered_with_an_id_that_
     wrapped = gym.wrappers.NormalizeObservation(gym.make("CartPole-v1"))
     limited = gym.make("CartPole-v1", max_episode_steps=20)
     for env in (wrapped, limited):
-        with pytest.raises(rlspeed.UserError, match=r"not a single gymnasium.Env \(\w+\): wrap it as ") as refused:
-            rlspeed.PPO(env, device="cpu")
-        assert "give its id" not in str(refused.value)
-        with pytest.raises(rlspeed.UserError, match=r"so write PPO\(env, \.\.\.\)"):
-            rlspeed.PPO("MlpPolicy", env, device="cpu")
+        _refused_as_a_single_env_to_wrap(env)
     with pytest.raises(rlspeed.UserError, match=r"so write PPO\('CartPole-v1', \.\.\.\)"):
         rlspeed.PPO("MlpPolicy", gym.make("CartPole-v1", disable_env_checker=True), device="cpu")
     with pytest.raises(rlspeed.UserError, match=r"not a function \(<lambda>\): give the vector env of the envs it "
