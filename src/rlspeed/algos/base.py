@@ -2161,9 +2161,9 @@ class Algorithm:
         # helper wrapped in one); set here, in learn's own frame (a wrapper's frame would be where learn's warnings
         # point), the caller's given back on every way out
         torch.set_default_dtype(torch.float32)
-        inference_off = torch.inference_mode(False)  # (first: leaving it gives back the grad mode it found too)
+        # (inference_mode(False) turns gradients on, also inside no_grad; its exit gives back the grad mode it found)
+        inference_off = torch.inference_mode(False)
         inference_off.__enter__()
-        torch.set_grad_enabled(True)
         logger = None
         try:
             env = self.make_training_env()

@@ -1271,7 +1271,8 @@ class PopulationBase:
         if checkpoint_freq is not None and run_dir is None:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to.")
         # (float32 tensors while it trains, also under a caller's float64 default dtype; tensors autograd can train,
-        # also inside a caller's torch.inference_mode(), whose grad mode is given back with it)
+        # with gradients on, also inside a caller's torch.no_grad() or torch.inference_mode(), whose modes its exit
+        # gives back)
         with float32_default(), torch.inference_mode(False):
             logger = self._metrics_logger(run_dir, evaluating)
             saved = self.progress if self._resumed else None
@@ -1287,7 +1288,6 @@ class PopulationBase:
             threads_before, grad_before = torch.get_num_threads(), torch.is_grad_enabled()  # (given back, as a model's)
             try:
                 set_training_threads(self.num_threads)  # (as a solo model's learn)
-                torch.set_grad_enabled(True)  # (also inside a caller's torch.no_grad(): the updates take gradients)
                 self._learn_loop(loop, end, eval_freq, evaluating, target_return, eval_episodes, stop, confirm_target,
                                  on_eval, run_dir, stop_requested, bar, logger)
             except KeyboardInterrupt:
