@@ -972,7 +972,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         if isinstance(getattr(args, "resume_preset", None), dict):
             args.preset_info, args.preset_message = args.resume_preset, None
     overrides = _parse_set(args.set or [])
-    _check_set_keys(overrides, getattr(getattr(args, "func", None), "__name__", "cmd_train").removeprefix("cmd_"))
+    _check_set_keys(overrides, getattr(args, "command", "train"))
     run_overrides, hyper_overrides = split_run_settings(overrides)
     for key in run_overrides:  # (a flag would win silently: the two say different things, or the same twice)
         flag = f"--{key.replace('_', '-')}"
