@@ -1690,7 +1690,7 @@ class Algorithm:
         same: `_set_learning_rate`), as metrics.csv's `learning_rate`; None for a model without an optimizer."""
         for optimizer in self._optimizers().values():
             for group in optimizer.param_groups:
-                return float(group["lr"])
+                return float(group["lr"])  # ok-sync: once per metrics row, after the row's own read
         return None
 
     def _set_learning_rate(self, learning_rate: float) -> None:
