@@ -1803,6 +1803,37 @@ def test_the_flags_named_for_model_arguments_are_train_options():
     assert {flag.split()[0] for flag in cli._FLAG_KEYS.values() if flag.startswith("--")} <= options
 
 
+def test_every_default_evaluation_length_is_the_clis():
+    """The episodes of an evaluation where the user names none are the same in the CLI (`--eval-episodes`, `rlspeed
+    eval --episodes`) and in each Python entry point that evaluates (model and population `evaluate`, `learn`'s and
+    `train_until`'s evaluations, `rlspeed.evaluate`, tune): a run's score is comparable whichever way it was made.
+    The Python signatures keep the literal a reader sees in `help()`; this checks they agree with cli.EVAL_EPISODES."""
+    import dataclasses
+    import inspect
+
+    from rlspeed import evaluation, tune
+    from rlspeed.algos.base import Algorithm
+    from rlspeed.population.base import PopulationBase
+    from rlspeed.population.offpolicy import OffPolicyPopulation
+    from rlspeed.population.ppo import PPOPopulation
+
+    defaults = {
+        "rlspeed.evaluate episodes": inspect.signature(evaluation.evaluate).parameters["episodes"].default,
+        "Algorithm.evaluate episodes": inspect.signature(Algorithm.evaluate).parameters["episodes"].default,
+        "Algorithm.learn eval_episodes": inspect.signature(Algorithm.learn).parameters["eval_episodes"].default,
+        "tune's _Setup eval_episodes": next(field.default for field in dataclasses.fields(tune._Setup)
+                                            if field.name == "eval_episodes"),
+    }
+    for cls in (PopulationBase, PPOPopulation, OffPolicyPopulation):
+        defaults[f"{cls.__name__}.evaluate episodes"] = inspect.signature(cls.evaluate).parameters["episodes"].default
+    for name, function in [*inspect.getmembers(PopulationBase, inspect.isfunction),
+                           *inspect.getmembers(tune, inspect.isfunction)]:
+        parameter = inspect.signature(function).parameters.get("eval_episodes")
+        if parameter is not None and parameter.default is not inspect.Parameter.empty:
+            defaults[f"{name} eval_episodes"] = parameter.default
+    assert len(defaults) >= 9, defaults  # (the entry points are still found where this test looks)
+    assert {name: value for name, value in defaults.items() if value != cli.EVAL_EPISODES} == {}
+
 def test_every_commands_help_fits_80_columns_and_states_its_defaults(monkeypatch):
     """`rlspeed COMMAND --help` in an 80-column terminal has no line wider than it (train's usage line listed the env
     backends, 83 columns), and an option with a default value says it (--device auto, --nan-policy raise, tune's
