@@ -640,7 +640,9 @@ def export(model, path: str | Path, format: str | None = None, action_mask: bool
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise _unwritable(path, error) from None
-    with float32_default():  # (the graph's inputs and constants float32, whatever the caller's default dtype)
+    # (the graph's inputs and constants float32 and on the CPU, the export's device, whatever the caller's default
+    # dtype and device)
+    with float32_default(), torch.device("cpu"):
         module = export_module(model, action_mask)
         if module.vec_normalized:
             warn_at_caller(f"{type(model).__name__} trained on a Stable-Baselines3 VecNormalize that normalises its "

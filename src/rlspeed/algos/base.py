@@ -2744,7 +2744,9 @@ class Algorithm:
             state = optimizer.state_dict()
             for index, entries in state["state"].items():
                 for key, value in entries.items():
-                    tensors[f"optim.{name}.{index}.{key}"] = torch.as_tensor(value)
+                    # (a tensor as it is: torch.as_tensor would move it to the caller's default device)
+                    tensors[f"optim.{name}.{index}.{key}"] = (value if isinstance(value, torch.Tensor)
+                                                              else torch.tensor(value, device="cpu"))
             # (a tensor learning rate, as annealed on graph devices, is saved as its value)
             optim_meta[name] = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in group.items()}
                                 for group in state["param_groups"]]

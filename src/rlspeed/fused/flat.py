@@ -139,7 +139,9 @@ class FlatAdam:
                 for key, key_views in views.items():
                     for p, view in zip(self.params, key_views):
                         view.copy_(state[p][key])
-                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32))
+                # (on the buffer's device: as_tensor alone makes it on the caller's default device)
+                self.step_count.copy_(torch.as_tensor(loaded["step"], dtype=torch.float32,
+                                                      device=self.step_count.device))
             else:
                 self.exp_avg.zero_()
                 self.exp_avg_sq.zero_()
