@@ -225,6 +225,35 @@ def test_member_model_is_a_solo_model_that_acts_as_the_member(tmp_path, algo_nam
         population.member_model(2)
 
 
+@pytest.mark.parametrize("algo_name,env_id,hyper", [
+    ("PPO", "CartPole-v1", {"num_envs": 2, "num_steps": 16, "net_arch": [16, 16]}),
+    ("SAC", "Pendulum-v1", {"learning_starts": 32, "batch_size": 16, "net_arch": [16, 16]}),
+])
+def test_another_default_device_of_the_caller_leaves_a_cpu_population_as_without_it(tmp_path, algo_name, env_id,
+                                                                                  hyper):
+    """A program that made another device torch's default (`torch.set_default_device("cuda")`; "meta" stands in for
+    it here) got a CPU population's batched networks built on that device (on "meta" they trained on nothing, no
+    error), and its checkpoints failed writing a native env's stream position made there. Built, trained with
+    checkpoints and resumed as without it."""
+    import rlspeed
+
+    algo = getattr(rlspeed, algo_name)
+    expected = Population(algo, env_id, seeds=[0, 1], device="cpu", **hyper)
+    expected.learn(128, run_dir=tmp_path / "expected", checkpoint_freq=64)
+    with torch.device("meta"):
+        population = Population(algo, env_id, seeds=[0, 1], device="cpu", **hyper)
+        assert all(tensor.device.type == "cpu" for tensor in population._state()[0].values())
+        population.learn(128, run_dir=tmp_path / "run", checkpoint_freq=64)
+        resumed = Population(algo, env_id, seeds=[0, 1], device="cpu", **hyper)
+        resumed.resume(tmp_path / "run" / "checkpoint.safetensors")
+    expected_resumed = Population(algo, env_id, seeds=[0, 1], device="cpu", **hyper)
+    expected_resumed.resume(tmp_path / "expected" / "checkpoint.safetensors")
+    for got, want in ((population, expected), (resumed, expected_resumed)):
+        assert got.num_timesteps == want.num_timesteps
+        for key, tensor in want._state()[0].items():
+            assert torch.equal(got._state()[0][key], tensor), key
+
+
 def test_native_row_blocks_reproduce_separate_envs():
     together = CartPole(num_envs=6)
     together.seed_row_blocks([4, 9])

@@ -186,7 +186,7 @@ class NativeEnv(BatchedEnv):
         """Everything a resumed run needs to continue these envs exactly: states, episode step counters and the
         per-env random streams (their keys and how far they have been drawn)."""
         position = torch.tensor([self._draws, self._block_pos, 0 if self._block is None else self._block.shape[0]],
-                                dtype=torch.int64)
+                                dtype=torch.int64, device="cpu")
         return {"native.state": self.state, "native.elapsed_steps": self.elapsed_steps, "native.keys": self._keys,
                 "native.keys_low": self._keys_low, "native.draws": position}
 

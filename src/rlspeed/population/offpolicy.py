@@ -612,9 +612,10 @@ class OffPolicyPopulation(PopulationBase):
         # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
         # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)
-        # (and trainable ones, also inside a caller's torch.inference_mode(), as a solo model's)
+        # (and trainable ones, also inside a caller's torch.inference_mode(), and built on the CPU, also where the
+        # caller made another device torch's default, as a solo model's)
         threads = check_num_threads(hyperparameters.get("num_threads"))
-        with float32_default(), training_threads(threads), torch.inference_mode(False):
+        with float32_default(), training_threads(threads), torch.inference_mode(False), torch.device("cpu"):
             solos = self._solo_members(algo_cls, env_id, seeds, member_overrides, device, env_backend, hyperparameters)
             encoder = getattr(solos[0].policy, "encoder", None)
             if has_parameters(encoder) and not self.member_encoders:
