@@ -196,6 +196,18 @@ def test_a_compile_failing_for_a_missing_python_package_names_that_package(monke
     assert check.status == doctor.WARN and "pip install tqdm" in check.advice and "g++" not in check.advice
 
 
+def test_a_compile_failing_to_write_its_cache_names_torchinductor_cache_dir(monkeypatch):
+    """inductor failing on a read-only cache directory (a read-only HOME or /tmp, TORCHINDUCTOR_CACHE_DIR elsewhere)
+    was advised a C++ compiler (its traceback's paths say 'compile')."""
+    err = ("Traceback ...\n  File \".../torch/_inductor/codecache.py\", line 1, in write\n"
+           "OSError: [Errno 30] Read-only file system: '/ro/inductor'\n")
+    monkeypatch.setattr(doctor, "_run_child", lambda args, timeout_s: (1, "", err))
+    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV, raising=False)
+    check = doctor.check_compile(torch.device("cpu"))
+    assert check.status == doctor.WARN and "TORCHINDUCTOR_CACHE_DIR" in check.advice and "g++" not in check.advice
+    assert "/ro/inductor" in check.advice
+
+
 def test_env_families_one_line_each():
     checks = doctor.check_env_families()
     assert [check.name for check in checks] == ["env classic", "env box2d", "env mujoco", "env atari", "env envpool"]

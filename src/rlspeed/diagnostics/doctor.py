@@ -385,6 +385,8 @@ def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) ->
         lines = [line for line in err.strip().splitlines() if line.strip()]
         reason = _first_line(lines[-1] if lines else f"exit code {rc}", 110)
         missing = re.search(r"No module named '([\w.]+)'", err)
+        # (permission denied, read-only file system, no space left, disk quota exceeded)
+        unwritable = re.search(r"\[Errno (?:13|28|30|122)\] [^'\n]*: '([^'\n]+)'", err)
         if device.type == "npu" and "torchair" in err:
             advice = f"install torchair for this torch_npu to compile on NPU; {eager_advice}"
         elif missing:  # (a Python package inductor imports, not the C++ toolchain)
@@ -392,6 +394,9 @@ def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) ->
             install = ("reinstall torch (its own module is missing)" if top == "torch" else
                        f"pip install {_PIP_NAMES.get(top, top)}")
             advice = f"the compiler needs the Python module '{top}': {install}; {eager_advice}"
+        elif unwritable:  # (its cache, TORCHINDUCTOR_CACHE_DIR or /tmp/torchinductor_USER: not the C++ toolchain)
+            advice = (f"inductor could not write its cache at {unwritable.group(1)}: set TORCHINDUCTOR_CACHE_DIR to a "
+                      f"writable directory; {eager_advice}")
         elif re.search(r"c\+\+|cxx|compiler|gcc|Python\.h", err, re.IGNORECASE):
             advice = f"inductor needs a C++ compiler and Python headers (e.g. apt-get install g++ python3-dev); " \
                      f"{eager_advice}"
