@@ -130,6 +130,28 @@ def test_a_full_disk_is_one_sentence_and_training_goes_on_without_its_video(tmp_
     assert (run / "model.safetensors").exists() and not list((run / "videos").iterdir())
 
 
+def test_a_directory_that_cannot_be_written_is_one_sentence_before_filming(tmp_path, monkeypatch, capsys):
+    """`rlspeed eval --video v.gif` in a read-only directory evaluated, filmed, then ended in an OSError traceback
+    (removing the partial GIF failed too: unlink says EROFS there); an .mp4 ended with ffmpeg's command line in the
+    message. Now: one sentence before evaluating, from the API before filming."""
+    model = _cartpole()
+    model.save(tmp_path / "model.safetensors")
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.path.samefile(path, read_only) and
+                        mode & os.W_OK else real_access(path, mode, **kw))
+    for name in ("v.gif", "v.mp4"):
+        code = cli.main(["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--no-progress", "--video",
+                         str(read_only / name)])
+        captured = capsys.readouterr()
+        assert code == 2 and "cannot be written here" in captured.err and "Traceback" not in captured.err
+        assert "deterministic" not in captured.out  # (refused before evaluating)
+        with pytest.raises(UserError, match="cannot be written here"):
+            video.record_video(model, read_only / name)
+    assert not list(read_only.iterdir())
+
+
 def test_missing_imageio_is_one_sentence_with_the_fix(tmp_path, monkeypatch, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "imageio" else real(name, *a))

@@ -150,6 +150,17 @@ def check_video_support(env_id: str, path: str | Path = "video.mp4", env_kwargs:
         raise UserError(f"'{env_id}' rendered no RGB frame (got {type(frame).__name__}); it cannot be recorded.")
 
 
+def require_writable_directory(path: str | Path) -> None:
+    """UserError in one sentence where the directory of `path` (which exists) cannot be written (a read-only file
+    system, a directory of another user): said before filming, where it was said after the episodes, by the encoder
+    (ffmpeg's command line in the message) or as a traceback (Pillow's GIF writer, whose partial file could not be
+    removed either)."""
+    parent = Path(path).parent
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"Cannot write '{path}': the directory '{parent}' cannot be written here (read-only, or "
+                        "another user's); give a file in a directory you can write to.")
+
+
 def _rendered(env: gym.Env, env_id: str):
     """`env.render()`, or UserError in one sentence where the env cannot render here (MuJoCo without an OpenGL
     platform on a machine without a display: MUJOCO_GL)."""
@@ -272,6 +283,7 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         raise UserError(f"A video needs at least one episode, got {episodes}.")
     if not path.parent.is_dir():
         raise UserError(f"Cannot write '{path}': the directory '{path.parent}' does not exist.")
+    require_writable_directory(path)
     if not overwrite and (path.exists() or path.is_symlink()):  # (a user's file: replaced only when asked)
         raise UserError(f"'{path}' exists: pass overwrite=True to replace it, or give another file.")
     import imageio.v2 as imageio
