@@ -206,6 +206,10 @@ def test_a_compile_failing_to_write_its_cache_names_torchinductor_cache_dir(monk
     check = doctor.check_compile(torch.device("cpu"))
     assert check.status == doctor.WARN and "TORCHINDUCTOR_CACHE_DIR" in check.advice and "g++" not in check.advice
     assert "/ro/inductor" in check.advice
+    err = ("Traceback ...\n  File \".../torch/_inductor/compile_fx.py\", line 1\n"
+           "FileNotFoundError: [Errno 2] No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp']\n")
+    check = doctor.check_compile(torch.device("cpu"))
+    assert "set TMPDIR to a directory you can write to" in check.advice and "g++" not in check.advice
 
 
 def test_env_families_one_line_each():

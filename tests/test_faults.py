@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import weakref
@@ -956,6 +957,29 @@ def test_the_frame_layouts_largest_buffer_that_fits_is_accepted(monkeypatch):
     assert 0.75 * budget < buffer.nbytes <= 0.8 * budget
     with pytest.raises(UserError, match="needs"):
         replay.FrameStackReplayBuffer(fits + 8, 8, frames, (), torch.int64, "cpu", n_step=3)
+
+
+def test_no_usable_temporary_directory_is_one_sentence_naming_tmpdir(monkeypatch, tmp_path, capsys):
+    """Where /tmp, /var/tmp and the working directory are read-only (a container's read-only root) and TMPDIR names
+    no writable directory, torch's modules fail loading with Python's tempfile error: that was a traceback."""
+
+    def no_temporary_directory(*args, **kwargs):
+        raise FileNotFoundError(errno.ENOENT, "No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp']")
+
+    monkeypatch.setattr(cli, "_model", no_temporary_directory)
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "200", "--no-progress", "--out",
+                     str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == ("rlspeed: error: No usable temporary directory found in ['/tmp', "
+                                            "'/var/tmp', '/usr/tmp']: set TMPDIR to a directory you can write to.")
+    # --nproc: said before torchrun starts (its launcher's mkdtemp was a traceback) and before the run directory
+    monkeypatch.setattr(tempfile, "gettempdir", no_temporary_directory)
+    monkeypatch.setattr(subprocess, "Popen", lambda *args, **kwargs: pytest.fail("torchrun was started"))
+    code = cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "200", "--no-progress", "--nproc", "1",
+                     "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "set TMPDIR to a directory you can write to" in err and not (tmp_path / "run").exists()
 
 
 def test_an_allocation_torch_refuses_is_one_line_that_keeps_its_reason(monkeypatch, tmp_path, capsys):

@@ -2282,6 +2282,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     if device.type != "cpu" and args.nproc > device_count(device.type):
         raise UserError(f"--nproc {args.nproc} needs one {device.type} device per process, but "
                         f"{device_count(device.type)} are visible; start at most that many, or use --device cpu.")
+    tempfile.gettempdir()  # (torchrun's launcher needs one: none writable is one sentence now, not its traceback)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, _algo_cls.name, checked_before=False)
     rest: list[str] = []
@@ -3221,6 +3222,14 @@ def _main(argv: list[str]) -> int:
         text = text if len(text) <= 160 else text[:157] + "..."
         print(f"rlspeed: error: out of memory ({text}): use fewer envs, episodes or a smaller buffer (--device cpu "
               "when a device is full).", file=sys.stderr)
+        return 2
+    except FileNotFoundError as error:
+        # (Python's tempfile where /tmp, /var/tmp and the working directory are all read-only, and TMPDIR names none
+        # that is writable: torch's own modules ask it for a directory as they load)
+        if getattr(args, "debug", False) or not str(error.strerror).startswith("No usable temporary directory"):
+            raise
+        print(f"rlspeed: error: {_one_line(error.strerror).rstrip('.')}: set TMPDIR to a directory you can write to.",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:  # (Ctrl-C, or `Terminated` where a command turns SIGTERM into it)
         terminated = isinstance(stop, Terminated)

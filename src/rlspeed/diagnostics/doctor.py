@@ -394,6 +394,9 @@ def check_compile(device: torch.device, timeout_s: float = COMPILE_TIMEOUT_S) ->
             install = ("reinstall torch (its own module is missing)" if top == "torch" else
                        f"pip install {_PIP_NAMES.get(top, top)}")
             advice = f"the compiler needs the Python module '{top}': {install}; {eager_advice}"
+        elif "No usable temporary directory" in err:  # (Python's tempfile: /tmp and the others read-only)
+            advice = f"no temporary directory can be written: set TMPDIR to a directory you can write to; " \
+                     f"{eager_advice}"
         elif unwritable:  # (its cache, TORCHINDUCTOR_CACHE_DIR or /tmp/torchinductor_USER: not the C++ toolchain)
             advice = (f"inductor could not write its cache at {unwritable.group(1)}: set TORCHINDUCTOR_CACHE_DIR to a "
                       f"writable directory; {eager_advice}")
