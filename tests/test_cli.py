@@ -943,6 +943,30 @@ def _rlspeed(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "PYTHONWARNINGS": ""})
 
 
+def test_a_torch_that_cannot_be_imported_is_one_sentence_saying_why(tmp_path, monkeypatch):
+    """A torch.py in the working directory (`python -m` puts it first on the path), or torch's libraries that a batch
+    job's `ulimit -v` leaves no room to map: `rlspeed doctor` and every command were torch's traceback."""
+    (tmp_path / "torch.py").write_text("import torch.nn as nn\n")  # (a user's script of that name)
+    done = _rlspeed("doctor", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == (
+        "rlspeed: error: torch cannot be imported (ModuleNotFoundError: No module named 'torch.nn'; 'torch' is not a "
+        f"package): '{tmp_path / 'torch.py'}' hides the installed torch: rename it, or run rlspeed from another "
+        "directory.")
+    # (the memory limit's reason, as the dynamic loader gives it, raised in torch's __init__)
+    code = compile("raise ImportError('libtorch_cpu.so: failed to map segment from shared object')", "torch", "exec")
+    try:
+        exec(code, {"__name__": "torch"})
+    except ImportError as error:
+        failed = error
+    monkeypatch.delitem(sys.modules, "torch")
+    sentence = cli._torch_import_failure(failed)
+    assert sentence.startswith("torch cannot be imported (ImportError: libtorch_cpu.so: failed to map segment from "
+                               "shared object): the process's memory limit leaves no room for torch's libraries")
+    monkeypatch.undo()
+    assert cli._torch_import_failure(failed) is None  # (torch imported: a failure of something else)
+
+
 def test_a_warning_made_an_error_by_python_w_error_is_one_line_without_a_traceback(tmp_path):
     """`python -W error -m rlspeed train ...` (a CI job that lets no warning pass): rlspeed's warning about a setting
     raised as an exception with a 20-line traceback; now it is one `rlspeed: error:` line naming the warning, exit

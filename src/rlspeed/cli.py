@@ -2769,6 +2769,39 @@ def _score(value: float) -> str:
     return f"{value:.1f}" if not math.isfinite(value) or abs(value) >= 10 else f"{value:.3g}"
 
 
+def _torch_import_failure(error: ImportError) -> str | None:
+    """The sentence for `import torch` itself failing in a command (a frame of torch's own modules in the traceback,
+    torch not imported after it), else None: torch's libraries that a batch job's memory limit (`ulimit -v`) leaves no
+    room to map, a torch.py in the working directory hiding the installed torch (`python -m` puts the directory
+    first on the path), a build that does not match the machine. Those were torch's traceback, also `rlspeed
+    doctor`'s, which is there to say what is wrong here."""
+    if "torch" in sys.modules or not any(frame.f_globals.get("__name__", "").partition(".")[0] == "torch"
+                                         for frame, _ in traceback.walk_tb(error.__traceback__)):
+        return None
+    import importlib.util
+
+    reason = _one_line(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+    try:
+        found = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        found = None
+    origin = Path(found.origin) if found is not None and found.origin else None
+    if origin is not None and origin.name == "torch.py":
+        advice = f"'{origin}' hides the installed torch: rename it, or run rlspeed from another directory"
+    elif "failed to map segment" in reason or "Cannot allocate memory" in reason:
+        limit = None
+        with contextlib.suppress(ImportError, AttributeError, OSError, ValueError):
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+            limit = None if limit == resource.RLIM_INFINITY or limit < 0 else limit
+        advice = ("the process's memory limit leaves no room for torch's libraries: raise it"
+                  + (f" (ulimit -v is {limit // 1024} here, in KiB)" if limit is not None else ""))
+    else:
+        advice = "check `python -c \"import torch\"` and reinstall the torch build for this machine"
+    return f"torch cannot be imported ({type(error).__name__}: {reason}): {advice}."
+
+
 def _one_line(message: str) -> str:
     """`message` without terminal colour codes (Gymnasium colours its warnings) and with every other unprintable
     character escaped: a user's text echoed in it cannot break the line."""
@@ -3222,6 +3255,12 @@ def _main(argv: list[str]) -> int:
         text = text if len(text) <= 160 else text[:157] + "..."
         print(f"rlspeed: error: out of memory ({text}): use fewer envs, episodes or a smaller buffer (--device cpu "
               "when a device is full).", file=sys.stderr)
+        return 2
+    except ImportError as error:
+        sentence = _torch_import_failure(error)
+        if getattr(args, "debug", False) or sentence is None:
+            raise
+        print(f"rlspeed: error: {sentence}", file=sys.stderr)
         return 2
     except FileNotFoundError as error:
         # (Python's tempfile where /tmp, /var/tmp and the working directory are all read-only, and TMPDIR names none
