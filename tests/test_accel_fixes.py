@@ -675,6 +675,23 @@ def test_a_choice_that_cannot_be_cached_says_so(tmp_path, monkeypatch, two_candi
     assert any("could not be written" in note for note in model.accel_report.notes)
 
 
+def test_a_user_without_a_home_directory_searches_uncached_and_is_told(monkeypatch, two_candidates):
+    """HOME unset and no passwd entry (a container's user of an arbitrary id): Path.home() raised RuntimeError out of
+    the first call of every accelerated module and step."""
+    pwd = pytest.importorskip("pwd")  # (POSIX: where Python looks the home up when HOME is unset)
+    monkeypatch.delenv("RLSPEED_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HOME", raising=False)
+
+    def no_entry(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    model = auto_accelerate(nn.Linear(4, 2), device="cpu", example_inputs=torch.ones(8, 4))
+    assert model(torch.ones(8, 4)).shape == (8, 2)
+    assert any("no home directory" in note for note in model.accel_report.notes)
+
+
 def test_the_reference_is_timed_in_every_round_even_after_one_slow_round(monkeypatch):
     """A candidate at twice the leader's time stops being timed; the fp32 reference did too, after a single round a
     disturbance had slowed: every speed-up then rested on one pair of timings (reports read "7.8 ms/call against

@@ -30,7 +30,8 @@ SEARCH_VERSION = 3
 
 
 def cache_dir() -> Path | None:
-    """Where choices are stored, or None when caching is off."""
+    """Where choices are stored, or None when caching is off: RLSPEED_CACHE_DIR=off, or no home directory to keep
+    them under (`no_home`)."""
     configured = os.environ.get("RLSPEED_CACHE_DIR")
     if configured is not None and configured.strip().lower() in ("off", "none", "0", ""):
         return None
@@ -38,8 +39,23 @@ def cache_dir() -> Path | None:
         root = Path(configured).expanduser()
     else:
         base = os.environ.get("XDG_CACHE_HOME")
+        if no_home():
+            return None
         root = (Path(base) if base else Path.home() / ".cache") / "rlspeed"
     return root / "accel"
+
+
+def no_home() -> bool:
+    """Whether caching is off for want of a home directory: neither RLSPEED_CACHE_DIR nor XDG_CACHE_HOME set, and
+    Python cannot name this user's home (HOME unset, no passwd entry: a container's user of an arbitrary id), where
+    Path.home() raised RuntimeError out of every search."""
+    if os.environ.get("RLSPEED_CACHE_DIR") is not None or os.environ.get("XDG_CACHE_HOME"):
+        return False
+    try:
+        Path.home()
+    except RuntimeError:
+        return True
+    return False
 
 
 def environment_key(device: torch.device) -> dict[str, Any]:

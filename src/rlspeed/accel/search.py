@@ -376,9 +376,14 @@ def store_choice(key: str, decision: Decision, report: AccelReport, what: str, *
     if none_ran(decision.trials):
         report.note(f"{what}: every candidate failed to run ({decision.reason}); fp32 eager for now, not cached.")
     elif not cache.store(key, {"chosen": decision.chosen.to_dict(), "reason": decision.reason,
-                               "trials": [t.to_dict() for t in decision.trials], **extra}) and cache.cache_dir():
-        report.note(f"{what}: the choice could not be written to {cache.cache_dir()}, so the next run searches "
-                    "again (RLSPEED_CACHE_DIR names a writable directory, or off).")
+                               "trials": [t.to_dict() for t in decision.trials], **extra}):
+        if cache.cache_dir():
+            report.note(f"{what}: the choice could not be written to {cache.cache_dir()}, so the next run searches "
+                        "again (RLSPEED_CACHE_DIR names a writable directory, or off).")
+        elif cache.no_home():
+            report.note(f"{what}: the choice is not cached: this user has no home directory (HOME unset, no passwd "
+                        "entry), so the next run searches again (RLSPEED_CACHE_DIR names a writable directory, or "
+                        "off).")
 
 
 def _first_line(error: BaseException) -> str:
