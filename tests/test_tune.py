@@ -4,6 +4,7 @@ documented, and bad input is one sentence with exit code 2."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -207,6 +208,19 @@ def test_bad_tune_input_is_one_sentence(tmp_path, capsys, extra, space, names):
         (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     assert names in cli_error(capsys, command)
     assert not (tmp_path / "best.yaml").exists()
+
+
+def test_a_storage_in_a_directory_that_cannot_be_written_is_said_so(tmp_path, capsys, monkeypatch):
+    """`rlspeed tune` run where the working directory is read-only (its default --storage rlspeed-tune.db) said only
+    SQLite's "unable to open database file"."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.path.samefile(path, read_only) and
+                        mode & os.W_OK else real_access(path, mode, **kw))
+    message = cli_error(capsys, _command(tmp_path, "--trials", "2", "--storage", str(read_only / "study.db")))
+    assert "cannot be made in" in message and "a directory you can write to" in message
+    assert not (read_only / "study.db").exists()
 
 
 def test_tune_refuses_what_it_cannot_do(tmp_path, capsys):

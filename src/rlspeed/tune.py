@@ -380,9 +380,13 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # rlspeed prints one line per batch instead
     url = storage_url(storage)
     if url.startswith("sqlite:///"):
-        parent = Path(url[len("sqlite:///"):]).expanduser().parent
+        file = Path(url[len("sqlite:///"):]).expanduser()
+        parent = file.parent
         if not parent.is_dir():
             raise UserError(f"--storage {storage}: the directory '{parent}' does not exist.")
+        if not file.exists() and not os.access(parent, os.W_OK):  # (SQLite said "unable to open database file")
+            raise UserError(f"--storage {storage}: the study's file cannot be made in '{parent}' (read-only, or "
+                            "another user's directory); give --storage a file in a directory you can write to.")
     try:
         rdb = optuna.storages.RDBStorage(url)
     except Exception as error:  # SQLAlchemy's errors for a bad URL or an unreadable file
