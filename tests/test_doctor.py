@@ -116,12 +116,13 @@ def test_more_threads_than_cores_warns(monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
-def test_training_threads_are_capped_at_the_cores_the_process_may_run_on(monkeypatch):
+def test_training_threads_are_capped_at_the_cores_the_process_may_run_on(monkeypatch, tmp_path):
     """A SLURM job (or `taskset`, a container's cpuset) may use a few of the machine's cores: --threads and
     RLSPEED_NUM_THREADS were capped at os.cpu_count(), the whole machine's, so `--threads 8` on a 2-CPU allocation of
     a 64-core node ran 8 threads on 2 cores, which doctor's line (the affinity's cores) warned about."""
     from rlspeed import device
 
+    monkeypatch.setattr(device, "CGROUP_ROOT", str(tmp_path))  # (no CPU quota: the affinity alone, on any machine)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setenv("RLSPEED_NUM_THREADS", "8")
@@ -132,6 +133,29 @@ def test_training_threads_are_capped_at_the_cores_the_process_may_run_on(monkeyp
         assert doctor.usable_cores() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_a_containers_cpu_quota_caps_the_usable_cores(monkeypatch, tmp_path, capsys):
+    """`docker run --cpus=1` (a Kubernetes CPU limit) leaves the affinity mask at every core of the host: threads,
+    doctor's count and the --nproc check took the host's cores, and `--nproc 64` passed in a 1-CPU container."""
+    from rlspeed import cli, device
+
+    monkeypatch.setattr(device, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    (tmp_path / "cpu.max").write_text("max 100000\n")  # (cgroup v2 without a quota)
+    assert device.usable_cores() == 64
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # (--cpus=1.5: two threads may run, each a share)
+    assert device.usable_cores() == doctor.usable_cores() == 2
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()  # (cgroup v1)
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert device.usable_cores() == 64
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    assert device.usable_cores() == 1
+    code = cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--nproc", "2", "--out", str(tmp_path / "run")])
+    assert code == 2 and "--nproc 2 is more processes than the 1 CPU core" in capsys.readouterr().err
 
 
 def test_threads_line_reports_what_training_uses(monkeypatch):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import math
 import numbers
 import os
 import re
@@ -303,10 +304,38 @@ def _within_cores(num_threads: int) -> int:
 
 def usable_cores() -> int:
     """The cores this process may run on: its affinity mask where the OS has one (a SLURM job's or a container's
-    CPUs, `taskset`; os.cpu_count() counts the whole machine's), else os.cpu_count()."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
+    CPUs, `taskset`; os.cpu_count() counts the whole machine's), else os.cpu_count(); at most its cgroup's CPU quota
+    in whole cores, rounded up (`docker run --cpus=2`, a Kubernetes CPU limit: the affinity mask shows every core of
+    the host there, so `--nproc 64` passed on a 64-core host where the container has 2)."""
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()) or 1
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+#: where Linux mounts the cgroup hierarchies (a test points it elsewhere; `rlspeed.buffers.replay` reads the memory
+#: limit there)
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def cgroup_cpu_quota() -> float | None:
+    """The CPU time this process's cgroup may use, in cores (quota / period), or None without a quota: cgroup v2's
+    cpu.max ("max 100000" or "200000 100000"), else v1's cpu.cfs_quota_us (-1 without one) / cpu.cfs_period_us."""
+    try:
+        with open(os.path.join(CGROUP_ROOT, "cpu.max")) as handle:
+            quota, _, period = handle.read().strip().partition(" ")
+        if quota != "max" and int(quota) > 0:
+            return int(quota) / int(period or 100_000)
+        return None
+    except (OSError, ValueError, ZeroDivisionError):
+        pass
+    try:
+        with open(os.path.join(CGROUP_ROOT, "cpu", "cpu.cfs_quota_us")) as handle:
+            quota = int(handle.read().strip())
+        with open(os.path.join(CGROUP_ROOT, "cpu", "cpu.cfs_period_us")) as handle:
+            period = int(handle.read().strip())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def flush_denormal_enabled() -> bool:
