@@ -141,18 +141,21 @@ def test_a_containers_cpu_quota_caps_the_usable_cores(monkeypatch, tmp_path, cap
     doctor's count and the --nproc check took the host's cores, and `--nproc 64` passed in a 1-CPU container."""
     from rlspeed import cli, device
 
-    monkeypatch.setattr(device, "CGROUP_ROOT", str(tmp_path))
+    def cgroup(name: str, files: dict[str, str]) -> None:  # (a fresh root each: the quota is read once per root)
+        root = tmp_path / name
+        for path, text in files.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(text)
+        monkeypatch.setattr(device, "CGROUP_ROOT", str(root))
+
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
-    (tmp_path / "cpu.max").write_text("max 100000\n")  # (cgroup v2 without a quota)
+    cgroup("v2-max", {"cpu.max": "max 100000\n"})  # (cgroup v2 without a quota)
     assert device.usable_cores() == 64
-    (tmp_path / "cpu.max").write_text("150000 100000\n")  # (--cpus=1.5: two threads may run, each a share)
+    cgroup("v2-1.5", {"cpu.max": "150000 100000\n"})  # (--cpus=1.5: two threads may run, each a share)
     assert device.usable_cores() == doctor.usable_cores() == 2
-    (tmp_path / "cpu.max").unlink()
-    (tmp_path / "cpu").mkdir()  # (cgroup v1)
-    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    cgroup("v1-none", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"})  # (cgroup v1)
     assert device.usable_cores() == 64
-    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    cgroup("v1-1", {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"})
     assert device.usable_cores() == 1
     code = cli.main(["train", "ppo", "CartPole-v1", "--device", "cpu", "--nproc", "2", "--out", str(tmp_path / "run")])
     assert code == 2 and "--nproc 2 is more processes than the 1 CPU core" in capsys.readouterr().err

@@ -319,9 +319,16 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 
 def cgroup_cpu_quota() -> float | None:
     """The CPU time this process's cgroup may use, in cores (quota / period), or None without a quota: cgroup v2's
-    cpu.max ("max 100000" or "200000 100000"), else v1's cpu.cfs_quota_us (-1 without one) / cpu.cfs_period_us."""
+    cpu.max ("max 100000" or "200000 100000"), else v1's cpu.cfs_quota_us (-1 without one) / cpu.cfs_period_us.
+    Read once per process and root (a thread count is looked up on every evaluation and checkpoint; the files took
+    tens of microseconds each time)."""
+    return _cgroup_cpu_quota(CGROUP_ROOT)
+
+
+@functools.lru_cache(maxsize=8)
+def _cgroup_cpu_quota(root: str) -> float | None:
     try:
-        with open(os.path.join(CGROUP_ROOT, "cpu.max")) as handle:
+        with open(os.path.join(root, "cpu.max")) as handle:
             quota, _, period = handle.read().strip().partition(" ")
         if quota != "max" and int(quota) > 0:
             return int(quota) / int(period or 100_000)
@@ -329,9 +336,9 @@ def cgroup_cpu_quota() -> float | None:
     except (OSError, ValueError, ZeroDivisionError):
         pass
     try:
-        with open(os.path.join(CGROUP_ROOT, "cpu", "cpu.cfs_quota_us")) as handle:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as handle:
             quota = int(handle.read().strip())
-        with open(os.path.join(CGROUP_ROOT, "cpu", "cpu.cfs_period_us")) as handle:
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as handle:
             period = int(handle.read().strip())
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):
