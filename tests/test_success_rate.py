@@ -100,14 +100,19 @@ def test_a_stable_baselines3_vec_env_passes_is_success_on():
 
 @pytest.mark.parametrize("algorithm", [rlspeed.PPO, rlspeed.DQN])
 def test_training_logs_the_success_rate_and_evaluate_reports_it(algorithm, tmp_path):
-    """On LineGoal success == return, so the logged `success_rate` equals the logged mean episode return, and
-    `evaluate`'s success rate equals its mean return; an env without `is_success` logs and reports none."""
+    """On LineGoal success == return, so the logged `success_rate` equals the logged mean episode return, the
+    evaluations' `eval_success_rate` their `eval_mean`, and `evaluate`'s success rate equals its mean return; an env
+    without `is_success` logs and reports none."""
     settings = {"num_steps": 32, "batch_size": 32} if algorithm is rlspeed.PPO else {"learning_starts": 64}
     model = algorithm(GOAL_ID, num_envs=2, seed=0, device="cpu", **settings)
-    model.learn(512, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0)
+    model.learn(512, progress_bar=False, run_dir=tmp_path, log_interval_s=0.0, eval_freq=256, eval_episodes=4)
     with open(tmp_path / "metrics.csv") as stream:
-        rows = [row for row in csv.DictReader(stream) if row["success_rate"] not in ("", "nan")]
+        logged = list(csv.DictReader(stream))
+    rows = [row for row in logged if row["success_rate"] not in ("", "nan")]
     assert rows and all(float(row["success_rate"]) == pytest.approx(float(row["episode_return"])) for row in rows)
+    evaluated = [row for row in logged if row["eval_mean"] not in ("", "nan")]
+    assert len(evaluated) == 2
+    assert all(float(row["eval_success_rate"]) == pytest.approx(float(row["eval_mean"])) for row in evaluated)
     result = model.evaluate(episodes=6, seed=5)
     assert result["success_rate"] == pytest.approx(result["mean"])
     plain = algorithm("CartPole-v1", num_envs=2, seed=0, device="cpu", **settings)
