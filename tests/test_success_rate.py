@@ -146,6 +146,21 @@ def test_eval_callback_keeps_each_evaluations_successes(tmp_path):
     assert callback.last_success_rate == pytest.approx(saved["successes"][-1].mean())
 
 
+def test_evaluate_on_a_callers_env_reports_each_episodes_success():
+    """An env of the caller's whose rows share the episodes (7 on 2 rows: 4 and 3, as SB3's evaluate_policy spreads
+    them) reports each counted episode's own `is_success`, in the order of its returns (success == return here), and
+    their share."""
+    model = rlspeed.PPO(GOAL_ID, num_envs=2, seed=0, device="cpu")  # (untrained: a stochastic policy's mixed results)
+    env = rlspeed.make_env(GOAL_ID, num_envs=2, seed=0)
+    try:
+        result = rlspeed.evaluate(model, env, episodes=7, seed=0, deterministic=False)
+    finally:
+        env.close()
+    assert result["episodes"] == 7 and result["successes"] == [ret == 1.0 for ret in result["returns"]]
+    assert 0 < sum(result["successes"]) < 7  # (both kinds)
+    assert result["success_rate"] == pytest.approx(result["mean"])
+
+
 class SeededLength(LineGoal):
     """LineGoal whose episodes last 2 + (its reset seed mod 5) steps: envs seeded differently finish (and first
     report `is_success`) at different steps."""
