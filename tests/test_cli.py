@@ -1207,6 +1207,20 @@ def test_warnings_are_one_rlspeed_line_and_a_diverged_run_says_how_to_rerun(tmp_
     assert "give --overwrite to train there again" in lines[-1]
 
 
+def test_resume_without_seed_keeps_the_runs_own_seed(tmp_path, monkeypatch):
+    """A run started with --seed 7 and resumed without --seed goes on with seed 7: config.yaml and summary.json keep
+    it, and the final evaluation's episodes are seed 7's (not the default seed 0's)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--checkpoint-freq", "200", "--no-progress",
+            "--set", "num_steps=16", "--out", "run"]
+    assert cli.main([*argv, "--total-timesteps", "400", "--seed", "7"]) == 0
+    assert cli.main([*argv, "--total-timesteps", "800", "--resume"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["total_timesteps"] >= 800
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["seed"] == summary["seed"] == 7
+    assert summary["final_eval"]["seed"] == 1_000_007
+
+
 def test_resume_continues_from_the_end_of_a_finished_run_and_says_what_changed(tmp_path, monkeypatch, capsys):
     from rlspeed.checkpoint import load_checkpoint
 
