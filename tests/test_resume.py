@@ -6,6 +6,7 @@ import contextlib
 import csv
 import os
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -248,6 +249,29 @@ def test_a_kill_between_a_replay_file_and_its_checkpoint_leaves_a_whole_pair(tmp
         resumed.learn(8, progress_bar=False)
     expected = rows if kill == "before the checkpoint" else model.buffer.size
     assert resumed.buffer.size == expected + 8
+
+
+def test_a_copy_of_an_older_checkpoint_does_not_take_the_replay_buffer_a_later_save_wrote(tmp_path):
+    """A checkpoint copied aside names the replay file beside it (`checkpoint.replay.safetensors`), which the next
+    save rewrites: resumed from the copy, the model says that file belongs to a later save and refills its buffer
+    from empty, rather than taking the later rows (the file's token is not the copy's)."""
+    settings = dict(seed=0, device="cpu", env_backend="torch", learning_starts=16, batch_size=8, buffer_size=500,
+                    net_arch=(8,), save_replay_buffer=True)
+    model = DQN("CartPole-v1", **settings)
+    model.learn(64, progress_bar=False)
+    shutil.copy(model.save(tmp_path / "checkpoint"), tmp_path / "older.safetensors")
+    model.learn(64, progress_bar=False)
+    model.save(tmp_path / "checkpoint")
+    resumed = DQN("CartPole-v1", **settings)
+    resumed.resume(tmp_path / "older.safetensors")
+    with pytest.warns(UserWarning, match="checkpoint.replay.safetensors' does not belong to .*older.safetensors' "
+                                         r"\(a later save wrote it\); the replay buffer refills from empty"):
+        resumed.learn(8, progress_bar=False)
+    assert resumed.buffer.size == 8
+    again = DQN("CartPole-v1", **settings)  # (the later checkpoint takes its own)
+    again.resume(tmp_path / "checkpoint.safetensors")
+    again.learn(8, progress_bar=False)
+    assert again.buffer.size == model.buffer.size + 8
 
 
 @pytest.mark.parametrize("saved", [False, True])
