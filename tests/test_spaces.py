@@ -246,6 +246,35 @@ def test_replay_buffer_stores_dict_observations_per_key_and_samples_them_back():
     assert torch.equal(batch["actions"].float(), torch.div(ids, 2, rounding_mode="floor"))
 
 
+def test_n_step_steps_of_dict_observations_waiting_for_their_return_survive_save_and_load():
+    """A 3-step buffer of Dict observations saved with two steps still waiting for their n-step return (each
+    observation key a tensor of the checkpoint's) gives them back on load, per key: the transitions they complete
+    are those of the buffer that kept going."""
+    space = gym.spaces.Dict({"image": _box((2, 2, 1)), "id": gym.spaces.Box(-np.inf, np.inf, (1,))})
+
+    def step(buffer, t):
+        ids = torch.tensor([[2.0 * t], [2.0 * t + 1]])
+        obs = {"image": ids.view(2, 1, 1, 1).expand(2, 2, 2, 1).to(torch.uint8), "id": ids}
+        buffer.add(obs, torch.tensor([t, t]), ids.view(-1), {"image": obs["image"] + 100, "id": ids + 100},
+                   torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool))
+
+    kept = ReplayBuffer(16, 2, space, (), torch.int64, "cpu", n_step=3, gamma=0.5)
+    for t in range(4):
+        step(kept, t)
+    tensors, meta = kept.state_dict()
+    assert meta["window"] == 2 and {"window.0.0.image", "window.0.0.id", "window.1.3.id"} <= set(tensors)
+    loaded = ReplayBuffer(16, 2, space, (), torch.int64, "cpu", n_step=3, gamma=0.5)
+    assert loaded.load_state_dict({name: value.clone() for name, value in tensors.items()}, meta) is None
+    for t in range(4, 6):
+        step(kept, t)
+        step(loaded, t)
+    assert len(loaded) == len(kept) == 8
+    for key in ("image", "id"):
+        assert torch.equal(loaded.obs[key][:8], kept.obs[key][:8]) and torch.equal(loaded.next_obs[key][:8],
+                                                                                kept.next_obs[key][:8])
+    assert torch.equal(loaded.rewards[:8], kept.rewards[:8]) and torch.equal(loaded.actions[:8], kept.actions[:8])
+
+
 def test_rollout_buffer_stores_dict_observations_per_key():
     space = gym.spaces.Dict({"image": _box((3, 3, 1)), "direction": gym.spaces.Discrete(4)})
     buffer = RolloutBuffer(2, 3, space, (), torch.int64, torch.device("cpu"))
