@@ -561,6 +561,20 @@ def test_a_seed_given_to_load_seeds_what_the_loaded_model_draws(tmp_path):
     assert not torch.equal(fine_tuned(1, caller_state=5), fine_tuned(2, caller_state=5))
 
 
+def test_resume_refuses_a_checkpoint_of_another_algorithm_or_env(tmp_path):
+    """A PPO CartPole-v1 checkpoint holds tensors an A2C model or a CartPole-v0 one would take (same networks): resume
+    continues the same run only, so both are refused in one sentence; the run's own model resumes from it."""
+    from rlspeed import A2C, PPO, UserError
+
+    path = PPO("CartPole-v1", seed=0, num_envs=2, num_steps=16).save(tmp_path / "model")
+    for other, words in ((A2C("CartPole-v1", num_envs=2), "ppo CartPole-v1 checkpoint; cannot resume a2c CartPole-v1"),
+                         (PPO("CartPole-v0", num_envs=2, num_steps=16),
+                          "ppo CartPole-v1 checkpoint; cannot resume ppo CartPole-v0")):
+        with pytest.raises(UserError, match=words):
+            other.resume(path)
+    PPO("CartPole-v1", num_envs=2, num_steps=16).resume(path)
+
+
 @pytest.mark.parametrize(("key", "value"), [("activation", "relu"), ("net_arch", [32])])
 def test_load_and_resume_refuse_other_networks_for_the_saved_weights(tmp_path, key, value):
     """`load(path, activation="relu")` ran tanh-trained weights through ReLUs silently (same shapes), and so did a
