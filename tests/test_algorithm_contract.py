@@ -131,6 +131,9 @@ def test_stable_baselines3_calls_and_bad_seeds_are_one_sentence(trained):
             model.learn(64, **{keyword: value})
     with pytest.raises(UserError, match="total_timesteps is a whole number of env steps, got 1.5"):
         model.learn(1.5)
+    for steps in (0, -64):
+        with pytest.raises(UserError, match=f"total_timesteps must be positive, got {steps}"):
+            model.learn(steps)
 
 
 def test_reset_num_timesteps_false_runs_the_schedules_over_the_whole_step_count_as_sb3():
