@@ -166,6 +166,18 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16, net_arch=(8,)).resume(path)
 
 
+def test_a_checkpoint_of_other_env_options_is_refused(tmp_path):
+    """Pendulum with g=2 and Pendulum as registered have the same spaces, so the checkpoint's tensors fit either: a
+    resume with other env_kwargs than the run's is refused (it would go on in another env); the same ones resume."""
+    options = dict(seeds=[0, 1], env_backend="gymnasium", num_envs=2, num_steps=16, batch_size=32, net_arch=(8,))
+    path = Population(PPO, "Pendulum-v1", env_kwargs={"g": 2.0}, **options).save(tmp_path / "population")
+    for env_kwargs in (None, {"g": 3.0}):
+        with pytest.raises(UserError, match=r"trained with the env options \{'g': 2\.0\}, this population has .*resume "
+                                            "with the same env_kwargs"):
+            Population(PPO, "Pendulum-v1", env_kwargs=env_kwargs, **options).resume(path)
+    Population(PPO, "Pendulum-v1", env_kwargs={"g": 2.0}, **options).resume(path)
+
+
 # CLI runs: 2 members, 8 envs x 16 steps per iteration, an evaluation every 128 steps against a target never reached,
 # a checkpoint every 256 steps
 CLI = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=2",
