@@ -5,6 +5,7 @@ summary.json, and a run directory of another run is refused in one sentence."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -370,6 +371,33 @@ def _offpolicy(algo, env_id, **extra):
     else:
         settings.update(num_envs=4, train_freq=2, target_update_interval=128, exploration_fraction=[0.5, 0.3, 0.2])
     return Population(algo, env_id, seeds=[3, 5, 8], env_backend="torch", **settings, **extra)
+
+
+def test_a_populations_checkpoint_apart_from_its_replay_file_resumes_with_an_empty_replay(tmp_path):
+    """A copy of an older checkpoint names the replay file beside it, which a later save rewrote; a checkpoint copied
+    to another directory has none beside it: each resumes with a warning and an empty replay buffer (not the later
+    rows), and the checkpoint with its own file takes its rows."""
+    from rlspeed import DQN
+
+    population = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
+    population.learn(128)
+    older = population.save(tmp_path / "checkpoint")
+    shutil.copy(older, tmp_path / "older.safetensors")
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(older, tmp_path / "elsewhere" / "checkpoint.safetensors")
+    population.learn(64)
+    population.save(tmp_path / "checkpoint")
+    for path, words in ((tmp_path / "older.safetensors", "checkpoint.replay.safetensors' does not belong to .*older"),
+                        (tmp_path / "elsewhere" / "checkpoint.safetensors", "cannot be read")):
+        resumed = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
+        with pytest.warns(UserWarning, match=words + ".*the replay buffer starts empty"):
+            resumed.resume(path)
+        assert resumed.num_timesteps == 128
+        resumed.learn(32)
+        assert len(resumed.buffer) == 32  # (each member's rows collected since the resume only)
+    resumed = _offpolicy(DQN, "CartPole-v1", save_replay_buffer=True)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    assert len(resumed.buffer) == len(population.buffer)
 
 
 @pytest.mark.parametrize(("algo_name", "env_id"), [("SAC", "Pendulum-v1"), ("TD3", "Pendulum-v1"),
