@@ -6,6 +6,7 @@ import math
 import os
 import weakref
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -342,8 +343,9 @@ def test_restart_episodes_stores_the_steps_waiting_for_their_n_step_return_as_sh
 
 def test_load_replay_buffer_refuses_values_the_spaces_do_not_have_and_keeps_refusing_until_they_fit():
     """Demonstrations whose actions a Discrete space does not have (they failed in the update's indexing, or a
-    device assert), Box actions in the env's units, and SB3's truncate_last_traj=False are refused in one sentence;
-    a buffer a learn refuses (another n_step) is refused again by the next learn, which trained without it."""
+    device assert) or whose states a Discrete observation space does not have, Box actions in the env's units, and
+    SB3's truncate_last_traj=False are refused in one sentence; a buffer a learn refuses (another n_step) is refused
+    again by the next learn, which trained without it."""
     from rlspeed import DQN, SAC
     from rlspeed.errors import UserError
 
@@ -360,6 +362,13 @@ def test_load_replay_buffer_refuses_values_the_spaces_do_not_have_and_keeps_refu
             torch.tensor([False]))
     with pytest.raises(UserError, match=r"its actions reach 2: the buffer holds actions in the policy's scale"):
         SAC("Pendulum-v1", device="cpu").load_replay_buffer(box)
+    # (FrozenLake8x8's states in FrozenLake's 16: the update's one-hot encoding failed on them)
+    states = ReplayBuffer(10, 1, gym.spaces.Discrete(64), (), torch.int64, "cpu")
+    states.add(torch.tensor([8]), torch.tensor([0]), torch.ones(1), torch.tensor([29]), torch.tensor([False]),
+               torch.tensor([False]))
+    with pytest.raises(UserError, match=r"its next_obs hold values outside FrozenLake-v1's observation space "
+                                        r"Discrete\(16\)"):
+        DQN("FrozenLake-v1", device="cpu").load_replay_buffer(states)
     three = make_buffer(10, 1, n_step=3, obs_dim=4)
     model = DQN("CartPole-v1", device="cpu", learning_starts=0, batch_size=4)
     model.buffer = three
