@@ -112,6 +112,36 @@ def test_masked_nan_and_inf_are_counted_and_the_weights_stay_finite(algo):
     assert _weights_finite(model)
 
 
+def test_masked_nan_and_inf_in_dict_observations_are_counted_and_replaced_by_zero():
+    """Dict observations (a float key beside an integer one): the float key's non-finite values are masked as a Box
+    observation's are (counted, replaced by 0: none reaches the replay buffer, the weights stay finite); under the
+    default policy they raise."""
+    space = gym.spaces.Dict({"state": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+                             "sign": gym.spaces.Discrete(2)})
+
+    def dict_env(probability: float) -> gym.vector.SyncVectorEnv:
+        def make(index):
+            def env():
+                inner = gym.make("Pendulum-v1")
+                inner = InjectNonFinite(inner, probability=probability, seed=1) if index == 0 else inner
+                return gym.wrappers.TransformObservation(inner, lambda o: {"state": o, "sign": int(o[0] > 0)}, space)
+            return env
+        return gym.vector.SyncVectorEnv([make(0), make(1)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    vector_env = dict_env(0.01)
+    model = SAC(vector_env, seed=0, device="cpu", nan_policy="mask", **SMALL[SAC])
+    model.learn(500, progress_bar=False)
+    injected = vector_env.envs[0].env.injected
+    report = model.numerics_report()
+    assert injected > 0 and report["nonfinite_env_rows_masked"] == injected and report["rollbacks"] == 0
+    stored = len(model.buffer)  # (every step's observations: the replay buffer holds them all)
+    assert stored == 500 and _weights_finite(model)
+    for obs in (model.buffer.obs, model.buffer.next_obs):
+        assert bool(torch.isfinite(obs["state"][:stored]).all()) and obs["sign"].dtype != torch.float32
+    with pytest.raises(NonFiniteEnvError, match="in env 0 at its step"):
+        PPO(dict_env(0.05), seed=0, device="cpu", **SMALL[PPO]).learn(512, progress_bar=False)
+
+
 def test_normalisation_statistics_never_see_masked_values():
     """The guard sits inside the normalising wrappers: masked values are replaced before the running statistics
     fold them in."""
