@@ -112,6 +112,33 @@ def test_exported_policy_matches_predict(model, format, tmp_path):
         assert np.any(np.isclose(actions, high, atol=1e-3) | np.isclose(actions, low, atol=1e-3))
 
 
+def _odd_bounds_pendulum():
+    from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+    return gym.wrappers.RescaleAction(PendulumEnv(), np.float32(-1.38), np.float32(0.82))
+
+
+ODD_BOUNDS_ID = "RlspeedTestOddBoundsPendulum-v0"
+gym.register(ODD_BOUNDS_ID, entry_point=_odd_bounds_pendulum, max_episode_steps=200)
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.parametrize("format", list(FORMATS))
+def test_exported_actions_stay_inside_bounds_the_rescaling_rounds_past(algo, format, tmp_path):
+    """On a Box of [-1.38, 0.82] float32's center + half_range * 1 rounds past 0.82 (the model clamps, as the env's
+    `action_space.contains` asks): the exported graph clamps too, so saturated actions are 0.82 exactly, not a step
+    above it."""
+    if format == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnxscript")
+    model = ALGORITHMS[algo](ODD_BOUNDS_ID, seed=0, net_arch=(32, 32))
+    _randomise(model, seed=3)
+    path = export(model, tmp_path / f"policy{FORMATS[format]}", format=format)
+    actions = _runner(format, path)(_observations(model, 256, seed=2))
+    low, high = model.spec.action_space.low, model.spec.action_space.high
+    assert np.all(actions >= low) and np.all(actions <= high) and np.any(actions == high)
+
+
 def test_sidecar_and_onnx_metadata_describe_the_policy(tmp_path):
     pytest.importorskip("onnxscript")
     onnx = pytest.importorskip("onnx")
