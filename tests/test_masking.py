@@ -92,8 +92,10 @@ def test_check_action_masks_refuses_wrong_shapes_and_rows_without_an_allowed_act
         check_action_masks([[1, 1]], gym.spaces.Box(-1, 1, (2,)), 1, "test")
 
 
-def test_taxi_masks_follow_every_observation_including_after_autoreset():
-    env = rlspeed.make_env("Taxi-v4", num_envs=4, seed=0, backend="gymnasium")
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_taxi_masks_follow_every_observation_including_after_autoreset(backend):
+    """In-process envs (stepped env by env) and subprocess envs (stepped through the vector env) alike."""
+    env = rlspeed.make_env("Taxi-v4", num_envs=4, seed=0, backend=backend)
     reference = gym.make("Taxi-v4").unwrapped
     obs, info = env.reset()
     generator = torch.Generator().manual_seed(0)
@@ -107,6 +109,9 @@ def test_taxi_masks_follow_every_observation_including_after_autoreset():
         choice = torch.multinomial(masks.float(), 1, generator=generator)[:, 0]
         obs, _, terminated, truncated, info = env.step(choice)
         finished += int((terminated | truncated).sum())
+        # (the masks of the finished episodes' last observations, before the reset: a DQN target's next actions)
+        expected = np.stack([reference.action_mask(int(state)) for state in info["final_obs"]])
+        np.testing.assert_array_equal(info["final_action_mask"].numpy(), expected.astype(bool))
     env.close()
     assert finished > 0  # the loop crossed autoresets
 
