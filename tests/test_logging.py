@@ -78,6 +78,21 @@ def test_a_continued_run_drops_a_last_line_a_crash_cut_short(tmp_path, cut, cont
     assert all(len(line) == 3 for line in lines)
 
 
+def test_a_continued_run_drops_rows_whose_cells_do_not_match_the_header(tmp_path):
+    """Rows of another width than the header (a cut line an older rlspeed appended to: more cells; a line cut short
+    in the middle of the file: fewer) are damaged: a continued run drops them and writes the file whole again, every
+    line as wide as the header."""
+    (tmp_path / "metrics.csv").write_text("sps,timesteps,train_wall_s\n150.0,100,1.0\n250.0,2,350.0,200,2.0\n"
+                                          "350.0,300\n450.0,400,4.0\n", newline="")
+    continued = RunLogger(tmp_path, tensorboard=False, continue_from=400)
+    continued.log({"sps": 1.0, "timesteps": 512, "train_wall_s": 5.0})
+    continued.close()
+    with open(tmp_path / "metrics.csv", newline="") as handle:
+        lines = list(csv.reader(handle))
+    assert lines == [["sps", "timesteps", "train_wall_s"], ["150.0", "100", "1.0"], ["450.0", "400", "4.0"],
+                     ["1.0", "512", "5.0"]]
+
+
 def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
     from rlspeed import PPO
 
