@@ -36,12 +36,3 @@ class RecurrentRolloutBuffer(RolloutBuffer):
         self.states[step].copy_(state)
         self.next_states[step].copy_(next_state)
         self.episode_starts[step].copy_(episode_starts)
-
-    def columns(self, index: torch.Tensor | slice) -> dict[str, torch.Tensor]:
-        """The sequences of the env columns `index`: `obs` `[T, B, ...]`, `state` `[S, B, H]` (the state stored at
-        t = 0) and `episode_starts` `[T, B]`, with the per-step fields flattened t-major to `[T * B, ...]`."""
-        obs = ({key: value[:, index] for key, value in self.obs.items()} if isinstance(self.obs, dict)
-               else self.obs[:, index])
-        return {"obs": obs, "state": self.states[0][:, index],
-                "episode_starts": self.episode_starts[:, index], "actions": self.actions[:, index].flatten(0, 1),
-                "log_probs": self.log_probs[:, index].flatten(), "values": self.values[:, index].flatten()}
