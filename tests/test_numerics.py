@@ -182,6 +182,29 @@ def test_non_finite_weights_are_rolled_back_to_the_last_finite_ones(fused_update
     assert _weights_finite(model) and model.num_timesteps == 640
 
 
+def test_a_recurrent_policys_rollback_starts_its_lstm_state_afresh():
+    """RecurrentPPO's LSTM state, computed by NaN weights before the guard saw them, is NaN too: the rollback restarts
+    the episodes and zeroes the state, so one rollback suffices (a NaN state kept would make every later update
+    NaN: six rollbacks in this run, and a NaN state at its end)."""
+    from rlspeed import RecurrentPPO
+
+    model = RecurrentPPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, lstm_hidden_size=8,
+                         **SMALL[PPO])
+    poisoned = []
+
+    def poison_once(local):
+        if model.num_timesteps >= 256 and not poisoned:
+            with torch.no_grad():
+                for param in model.policy.parameters():
+                    param.fill_(math.nan)
+            poisoned.append(model.num_timesteps)
+
+    with pytest.warns(RuntimeWarning, match="restored those of step"):
+        model.learn(640, progress_bar=False, log_interval_s=0.0, callback=poison_once)
+    assert model.numerics_report()["rollbacks"] == 1 and model.num_timesteps == 640
+    assert _weights_finite(model) and bool(torch.isfinite(model._state).all())
+
+
 def test_training_that_keeps_diverging_stops_with_a_clear_error():
     """... naming the run's settings that differ from the defaults beside the advice (a huge ent_coef or vf_coef
     diverges too)."""
