@@ -548,6 +548,22 @@ def test_exploring_predict_without_action_noise_is_the_actor():
     assert torch.equal(model.predict(obs, deterministic=False)[0], model.predict(obs, deterministic=True)[0])
 
 
+def test_dqns_exploring_predict_is_epsilon_greedy_at_the_final_epsilon():
+    """DQN's predict(deterministic=False) explores as a trained model's schedule ends (SB3: its exploration_rate):
+    with exploration_final_eps 0 it is the greedy action, with 1 a uniform random one, masked actions never."""
+    obs = np.random.default_rng(0).normal(size=(512, 4)).astype(np.float32)
+    greedy = DQN("CartPole-v1", seed=0, exploration_final_eps=0.0).predict(obs, deterministic=True)[0]
+    assert np.array_equal(DQN("CartPole-v1", seed=0, exploration_final_eps=0.0).predict(obs, deterministic=False)[0],
+                          greedy)
+    model = DQN("CartPole-v1", seed=0, exploration_final_eps=1.0)
+    explored = model.predict(obs, deterministic=False)[0]
+    assert np.array_equal(model.predict(obs, deterministic=True)[0], greedy)
+    assert 0.3 < float(np.mean(explored != greedy)) < 0.7  # (half the uniform draws are the greedy action)
+    masks = np.zeros((512, 2), dtype=bool)
+    masks[np.arange(512), 1 - greedy] = True  # (only the other action allowed)
+    assert np.array_equal(model.predict(obs, deterministic=False, action_masks=masks)[0], 1 - greedy)
+
+
 @pytest.mark.parametrize(("backend", "continues"), [("torch", True), ("gymnasium", False)])
 def test_a_resume_continues_the_ou_noise_only_with_its_episodes(tmp_path, backend, continues):
     """The Ornstein-Uhlenbeck noise belongs to the episodes in progress: a resume that restores them (native envs)
