@@ -144,6 +144,33 @@ def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
     assert "target_return" in written and written["target_return"] is None
 
 
+def test_a_trial_that_left_with_the_target_keeps_reporting_the_return_it_reached(tmp_path, monkeypatch):
+    """A member that reached the target leaves the population (stop="each"); its trial goes on reporting that return
+    at each later evaluation of the batch, so the pruner compares the slower trials with it too (the population's
+    evaluation means are made up here: member 0 at 600 at its first evaluation, then gone, as a member that reached
+    a target of 500 is)."""
+    pruner = _PruneOdd()
+    pruner.prune = lambda study, trial: False
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
+    learn = rlspeed.tune._Setup.learn
+
+    def reached_by_member_0(self, members, on_eval=None):
+        def told(num_timesteps, means):
+            means = {k: (600.0 if k == 0 else min(mean, 400.0)) for k, mean in means.items()
+                     if k != 0 or num_timesteps <= 128}
+            return on_eval(num_timesteps, means)
+        return learn(self, members, told)
+
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", reached_by_member_0)
+    tune(PPO, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"), study_name="left",
+         hyperparameters=dict(FIXED), budget=384, target_return=500.0, eval_freq=128, search_space=None,
+         confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    study = optuna.load_study(study_name="left", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    first = study.get_trials(deepcopy=False)[0]
+    assert first.intermediate_values == {128: -600.0, 256: -600.0, 384: -600.0}
+    assert pruner.reports[0] == pruner.reports[1] == [128, 256, 384]
+
+
 def test_objective_orders_reached_before_unreached():
     def member(steps, final):
         return {"steps_to_target": steps, "final_eval": {"mean": final}}
