@@ -171,6 +171,33 @@ def test_a_trial_that_left_with_the_target_keeps_reporting_the_return_it_reached
     assert pruner.reports[0] == pruner.reports[1] == [128, 256, 384]
 
 
+def test_a_trial_whose_member_diverged_fails_and_its_reports_are_forgotten(tmp_path, monkeypatch):
+    """A member dropped for non-finite parameters has no final evaluation: its trial is told FAIL (not a result, not
+    the best), with the step it diverged at, the pruner forgets its reports, and a further trial takes its place
+    (the study runs until `trials` trials finished; the population's summary is made up here: member 1 of the first
+    batch diverged at 256 steps)."""
+    pruner = _PruneOdd()
+    pruner.prune = lambda study, trial: False
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
+    learn = rlspeed.tune._Setup.learn
+
+    def member_1_diverged(self, members, on_eval=None):
+        summary = learn(self, members, on_eval)
+        if len(summary["members"]) == 2:  # (the first batch's)
+            summary["members"][1].update(final_eval=None, diverged_at=256)
+        return summary
+
+    monkeypatch.setattr(rlspeed.tune._Setup, "learn", member_1_diverged)
+    result = tune(PPO, "CartPole-v1", trials=2, population=2, storage=str(tmp_path / "study.db"),
+                  study_name="diverged", hyperparameters=dict(FIXED), budget=256, target_return=None, eval_freq=128,
+                  search_space=None, confirm_seeds=0, out=tmp_path / "best.yaml", say=lambda *a, **k: None)
+    study = optuna.load_study(study_name="diverged", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    trials = study.get_trials(deepcopy=False)
+    assert [trial.state.name for trial in trials] == ["COMPLETE", "FAIL", "COMPLETE"]
+    assert trials[1].user_attrs["diverged_at"] == 256 and pruner.forgotten == {1}
+    assert result["finished"] == 2 and result["best"]["number"] != 1
+
+
 def test_objective_orders_reached_before_unreached():
     def member(steps, final):
         return {"steps_to_target": steps, "final_eval": {"mean": final}}
