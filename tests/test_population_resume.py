@@ -167,6 +167,23 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
         PPO("CartPole-v1", seed=0, num_envs=4, num_steps=16, net_arch=(8,)).resume(path)
 
 
+def test_finishing_or_checkpointing_what_cannot_be_is_one_sentence(tmp_path):
+    """finish_resumed on a population that was not resumed (it would report an untrained population as the run's
+    end), with an unknown stop, and learn's checkpoint_freq without a run_dir to write to, are refused."""
+    options = dict(seeds=[0, 1], num_envs=4, num_steps=16, batch_size=64, net_arch=(8,))
+    population = Population(PPO, "CartPole-v1", **options)
+    with pytest.raises(UserError, match="finish_resumed ends a population resumed .*this one was not"):
+        population.finish_resumed()
+    with pytest.raises(UserError, match="checkpoint_freq=64 needs a run_dir"):
+        population.learn(128, checkpoint_freq=64)
+    path = population.save(tmp_path / "population")
+    resumed = Population(PPO, "CartPole-v1", **options)
+    resumed.resume(path)
+    with pytest.raises(UserError, match="stop must be 'each' or 'all', got 'any'"):
+        resumed.finish_resumed(stop="any")
+    assert len(resumed.finish_resumed(eval_episodes=2)["members"]) == 2
+
+
 def test_a_checkpoint_of_other_env_options_is_refused(tmp_path):
     """Pendulum with g=2 and Pendulum as registered have the same spaces, so the checkpoint's tensors fit either: a
     resume with other env_kwargs than the run's is refused (it would go on in another env); the same ones resume."""
