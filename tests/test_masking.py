@@ -212,6 +212,11 @@ def test_predict_and_evaluate_use_masks():
         model.predict(obs, action_masks=masks[:, :5])
     with pytest.raises(UserError, match="allows no action"):
         model.predict(obs, action_masks=np.zeros((3, 6), dtype=bool))
+    # an algorithm without masks names those that take them, DQN among them
+    with pytest.raises(UserError, match="^SAC does not take action masks: drop action_masks, or use ppo, a2c, "
+                                        "recurrent_ppo or dqn.$"):
+        rlspeed.SAC("Pendulum-v1").act(torch.zeros(2, 3), action_masks=torch.ones(2, 2, dtype=torch.bool))
+    assert (rlspeed.DQN("Taxi-v4").act(torch.tensor([0, 1, 2]), action_masks=torch.as_tensor(masks)) == 4).all()
     # deterministic evaluation on Taxi never takes an illegal move: one would leave the state unchanged, so the
     # deterministic policy would repeat it (-10 a step) to the 200-step limit, far below -200
     returns = model.evaluate(episodes=4, seed=0)["returns"]

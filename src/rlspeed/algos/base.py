@@ -2012,8 +2012,8 @@ class Algorithm:
             if action_masks is None:
                 return self._policy_actions(obs, deterministic)
             if not self.supports_action_masks:
-                raise UserError(f"{type(self).__name__} does not take action masks: drop action_masks, or use ppo, a2c "
-                                "or recurrent_ppo.")
+                raise UserError(f"{type(self).__name__} does not take action masks: drop action_masks, or use ppo, "
+                                "a2c, recurrent_ppo or dqn.")
             return self._policy_actions(obs, deterministic, action_masks=action_masks.to(self.device, torch.bool))
 
     @property
