@@ -522,6 +522,18 @@ def test_an_option_value_the_env_cannot_use_is_named():
     env.close()
 
 
+def test_a_model_given_an_env_and_another_num_envs_is_refused():
+    """The env passed in decides how many envs train: another num_envs (which the rollout and replay sizes would
+    follow) is one sentence; the env's own number, or none, is taken."""
+    env = rlspeed.make_env("CartPole-v1", num_envs=4, device="cpu")
+    try:
+        with pytest.raises(rlspeed.UserError, match="^num_envs=8 does not match the env passed in, which has 4 envs.$"):
+            rlspeed.PPO(env, num_envs=8)
+        assert rlspeed.PPO(env, num_envs=4).config.num_envs == rlspeed.DQN(env).config.num_envs == 4
+    finally:
+        env.close()
+
+
 def test_make_env_rejects_env_options_for_a_built_vector_env():
     vector_env = gym.make_vec("Pendulum-v1", num_envs=2, vectorization_mode="sync",
                               vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
