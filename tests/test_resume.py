@@ -251,6 +251,32 @@ def test_a_kill_between_a_replay_file_and_its_checkpoint_leaves_a_whole_pair(tmp
     assert resumed.buffer.size == expected + 8
 
 
+def test_a_kill_before_the_first_replay_file_was_moved_into_place_resumes_with_it(tmp_path, monkeypatch):
+    """The first checkpoint of a run written, its replay file still under its staged name (a kill before
+    `commit_staged`; no earlier replay file beside it): the resume moves the staged file into place and takes its
+    rows, rather than refilling the buffer from empty."""
+    import warnings
+
+    from rlspeed import checkpoint as checkpoint_module
+
+    settings = dict(seed=0, device="cpu", env_backend="torch", learning_starts=16, batch_size=8, buffer_size=500,
+                    net_arch=(8,), save_replay_buffer=True)
+    model = DQN("CartPole-v1", **settings)
+    model.learn(64, progress_bar=False)
+    monkeypatch.setattr(checkpoint_module, "commit_staged", lambda file: None)
+    model.save(tmp_path / "checkpoint")
+    monkeypatch.undo()
+    replay = tmp_path / "checkpoint.replay.safetensors"
+    assert not replay.exists() and checkpoint_module.staged_path(replay).is_file()
+    resumed = DQN("CartPole-v1", **settings)
+    resumed.resume(tmp_path / "checkpoint.safetensors")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*refills from empty")
+        resumed.learn(8, progress_bar=False)
+    assert resumed.buffer.size == model.buffer.size + 8
+    assert replay.is_file() and not checkpoint_module.staged_path(replay).exists()
+
+
 def test_a_copy_of_an_older_checkpoint_does_not_take_the_replay_buffer_a_later_save_wrote(tmp_path):
     """A checkpoint copied aside names the replay file beside it (`checkpoint.replay.safetensors`), which the next
     save rewrites: resumed from the copy, the model says that file belongs to a later save and refills its buffer
