@@ -166,6 +166,22 @@ def test_non_checkpoint_file_is_a_user_error(tmp_path, content):
         PPO.load(path, device="cpu")
 
 
+@pytest.mark.parametrize(("version", "words"), [
+    (10**6, r"written by a newer rlspeed \(format 1000000\); upgrade rlspeed"),
+    ("2", "unreadable format version '2': the file is damaged")])
+def test_a_checkpoint_of_a_newer_or_unreadable_format_version_is_refused(tmp_path, cartpole_model, version, words):
+    """A file of a format this rlspeed does not know (a newer rlspeed's) is refused in one sentence that says to
+    upgrade, before its contents are read as this version's; a version that is no number is a damaged file."""
+    path = cartpole_model.save(tmp_path / "model.safetensors")
+    with safetensors.safe_open(str(path), framework="pt") as handle:
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+        header = json.loads(handle.metadata()["rlspeed"])
+    save_file(tensors, str(path), metadata={"rlspeed": json.dumps({**header, "version": version})})
+    for read in (lambda: PPO.load(path, device="cpu"), lambda: rlspeed.checkpoint.load_checkpoint(path)):
+        with pytest.raises(rlspeed.UserError, match=words):
+            read()
+
+
 def test_a_pipe_or_device_given_as_a_checkpoint_is_refused_without_reading_it(tmp_path, monkeypatch):
     # (reading a FIFO blocks until a writer comes, /dev/zero never ends: neither may be read)
     fifo = tmp_path / "model.safetensors"
