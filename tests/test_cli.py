@@ -2580,3 +2580,25 @@ def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["error"] is None and summary["final_eval"]["episodes"] == 10
+
+
+def test_threads_beyond_the_usable_cores_are_capped_with_a_note(tmp_path, monkeypatch, capsys):
+    """`--threads 8` where the process may use 2 cores (a SLURM allocation, `taskset`, `docker --cpus=2`) runs 2
+    threads, as config.yaml records; it used to say nothing of it. Asking for no more than the cores: no note."""
+    import yaml
+
+    from rlspeed import device
+
+    monkeypatch.setattr(device, "usable_cores", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        argv = ["train", "ppo", "CartPole-v1", "--num-envs", "2", "--total-timesteps", "32", "--no-progress",
+                "--eval-episodes", "1", "--set", "batch_size=16"]
+        assert cli.main([*argv, "--threads", "8", "--out", str(tmp_path / "capped")]) == 0
+        assert ("rlspeed: note: --threads 8 is more than the 2 cores this process may use (its CPU affinity or "
+                "container quota): training runs 2 threads.") in capsys.readouterr().err
+        assert yaml.safe_load((tmp_path / "capped" / "config.yaml").read_text())["threads"] == 2
+        assert cli.main([*argv, "--threads", "2", "--out", str(tmp_path / "fits")]) == 0
+        assert "--threads" not in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)

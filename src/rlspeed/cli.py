@@ -594,7 +594,7 @@ def _train_population(args: argparse.Namespace) -> int:
                 build_config(algo_cls.config_cls, {**hyper, key: value})
             except UserError as error:
                 raise UserError(f"--set {key}, the value for seed {seed}: {error}") from None
-    from rlspeed.device import configure_threads, resolve_device
+    from rlspeed.device import resolve_device
     from rlspeed.envs import env_spec
     from rlspeed.population import IMPLEMENTATIONS, Population
     from rlspeed.population.base import CHECKPOINT_NAME
@@ -615,7 +615,7 @@ def _train_population(args: argparse.Namespace) -> int:
     env_kwargs = _env_kwargs(args)
     if env_kwargs:
         options["env_kwargs"] = env_kwargs
-    configure_threads(args.threads)
+    _configure_threads(args.threads)
     from rlspeed.checkpoint import encryption_settings
 
     # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
@@ -868,7 +868,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _one_process_only("tune", "its trials train as one population; each process would run the study on its own")
     require_optuna()
     _import_env_modules(args, "env_id")
-    from rlspeed.device import configure_threads, resolve_device
+    from rlspeed.device import resolve_device
     from rlspeed.envs import env_spec
     from rlspeed.tune import tune
 
@@ -898,7 +898,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_in}, not of "
                             f"'{study_name}' in {shown}: give another --out.")
     device = resolve_device(args.device)
-    configure_threads(args.threads)
+    _configure_threads(args.threads)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
         print(args.preset_message)
     command = shlex.join(["rlspeed", *getattr(args, "argv", [])])
@@ -1052,12 +1052,23 @@ def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) ->
             f"{algo_cls.__name__}'s defaults and your --set values alone)."]
 
 
+def _configure_threads(threads: int | None) -> int:
+    """`configure_threads(--threads)`, with a note where the cores this process may use (its CPU affinity, a
+    container's CPU quota) hold the count below the one asked for: it used to be capped without a word."""
+    from rlspeed.device import configure_threads
+
+    used = configure_threads(threads)
+    if threads is not None and used < threads:
+        print(f"rlspeed: note: --threads {threads} is more than the {used} core{'s' * (used != 1)} this process may "
+              f"use (its CPU affinity or container quota): training runs {used} thread{'s' * (used != 1)}.",
+              file=sys.stderr)
+    return used
+
+
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
     """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent); the
     process's torch threads set from `--threads` first (the final evaluation and videos run outside `learn`)."""
-    from rlspeed.device import configure_threads
-
-    configure_threads(args.threads)
+    _configure_threads(args.threads)
     return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
                     nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
