@@ -196,6 +196,22 @@ def test_export_checkpoint_from_a_run_directory(tmp_path):
     _assert_same_actions(model, _runner("exported_program", out), seed=5)
 
 
+@pytest.mark.parametrize("out", [".", "/", "{tmp}"])
+def test_export_to_a_directory_with_a_format_is_one_sentence(out, tmp_path, monkeypatch, capsys):
+    """`rlspeed export RUN --format onnx --out .` (or "/"): a directory, refused as one; "." and "/" were a ValueError
+    traceback (exit 1: no file name to name the sidecar after), another directory "exists: pass --overwrite"."""
+    from rlspeed import cli
+
+    monkeypatch.chdir(tmp_path)
+    rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,)).save(tmp_path / "model.safetensors")
+    out = out.format(tmp=tmp_path)
+    for overwrite in ([], ["--overwrite"]):
+        assert cli.main(["export", str(tmp_path), "--format", "onnx", "--out", out, *overwrite]) == 2
+        err = capsys.readouterr().err
+        assert f"'{out}' is a directory; give the file to write" in err and "Traceback" not in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model.safetensors"]
+
+
 def test_model_export_method(tmp_path):
     model = rlspeed.DQN("CartPole-v1", seed=0, net_arch=(16,))
     _randomise(model, seed=6)

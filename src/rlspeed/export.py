@@ -735,6 +735,9 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
     target = Path(out).expanduser() if out is not None else path.with_suffix(FORMATS[format])
+    if target.is_dir() or not target.name:  # (".", "/" or "" name no file: said before the sidecar's name is made)
+        raise UserError(f"'{out}' is a directory; give the file to write, e.g. "
+                        f"{target / ('policy' + FORMATS[format])}.")
     if target.exists() and target.resolve() == path.resolve():
         raise UserError(f"The export would replace the model it is made from ('{path}'): give another --out.")
     sidecar = target.with_name(target.name + ".json")
