@@ -1732,6 +1732,29 @@ def test_flags_that_need_another_flag_are_refused_not_ignored(tmp_path, monkeypa
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "ppo", "CartPole-v1", "--track"], "--device"), (["train", "ppo", "CartPole-v1"], "--preset"),
+    (["train", "ppo", "CartPole-v1", "--track"], "--wandb-project"),
+    (["train", "ppo", "CartPole-v1", "--track"], "--wandb-entity"), (["profile", "ppo", "CartPole-v1"], "--trace"),
+    (["tune", "ppo", "CartPole-v1"], "--storage"), (["tune", "ppo", "CartPole-v1"], "--study-name"),
+    (["tune", "ppo", "CartPole-v1"], "--search-space"), (["tune", "ppo", "CartPole-v1"], "--out"),
+    (["eval", "run"], "--env"), (["eval", "run"], "--device"), (["eval", "run"], "--video"),
+    (["export", "run"], "--out"),
+])
+@pytest.mark.parametrize("empty", ["", " "])
+def test_an_empty_option_value_is_refused_not_read_as_the_option_left_out(argv, flag, empty, tmp_path, monkeypatch,
+                                                                           capsys):
+    """`--env "$ENV"` with ENV unset: eval evaluated on the model's own env, tune wrote its default --out and study,
+    --storage '' kept the study in memory, --device '' was auto, --trace '' wrote no trace (all exit 0), and
+    --video '' was "'' exists", --preset '' "'.' is a directory": each is the flag's one sentence now."""
+    monkeypatch.chdir(tmp_path)
+    for command in ("cmd_train", "cmd_tune", "cmd_eval", "cmd_profile", "cmd_export"):  # (a parser's refusal: no run)
+        monkeypatch.setattr(cli, command, lambda args: 0)
+    error = cli_error(capsys, [*argv, flag, empty])
+    assert f"{flag} is empty (an unset variable?): give " in error and "leave the option out" in error
+    assert not list(tmp_path.iterdir())
+
+
 def test_eval_without_a_seed_prints_the_one_it_drew_which_repeats_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]) == 0

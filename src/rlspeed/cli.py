@@ -176,6 +176,19 @@ def _evaluation_seed(text: str) -> int:
     return _seed(text, 2**63 - 1)
 
 
+def _given(what: str):
+    """An argparse type: text as given, refused where it is empty or blanks, as an unset shell variable gives it (an
+    empty path was read as '.', an empty name or device as the option left out: both without a word)."""
+
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty (an unset variable?): give {what}, or leave the option out")
+        return text
+
+    parse.__name__ = what
+    return parse
+
+
 def _target_text(text: str) -> str:
     """An argparse type: a finite number or none/off/null, kept as text (`_target` reads it)."""
     try:
@@ -2578,7 +2591,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="parallel envs (default: the preset's)")
     model.add_argument("--seed", type=_seed, default=0, metavar="N",
                        help="seed of the weights, envs and sampling (default 0)")
-    model.add_argument("--device", default="auto", help=DEVICE_HELP)
+    model.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     # (the choices are in the help: listed in the usage line they made it wider than a terminal's 80 columns)
     model.add_argument("--env-backend", default="auto", metavar="BACKEND",
                        choices=["auto", "torch", "gymnasium", "gymnasium-async", "envpool"],
@@ -2598,7 +2611,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="an option of the Gymnasium env, as in gymnasium.make(ENV_ID, KEY=VALUE), VALUE read as "
                             "YAML (repeatable); recorded with the run, so its evaluations and rlspeed eval make the "
                             "same env")
-    model.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|none|FILE",
+    model.add_argument("--preset", default="auto", type=_given("a preset"), metavar="auto|rlspeed|zoo|none|FILE",
                        help="hyperparameter source: auto (the default: rlspeed's preset for the pair, else RL-Zoo's "
                             "if rl_zoo3 is installed, else rlspeed's default), rlspeed, zoo (RL-Zoo's, translated), "
                             "none (the algorithm's own defaults) or a YAML file")
@@ -2649,9 +2662,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--track", action="store_true",
                        help='log config, metrics, videos and the summary to Weights & Biases (pip install '
                             '"rlspeed[track]"; WANDB_MODE=offline logs locally)')
-    train.add_argument("--wandb-project", default=None, metavar="NAME",
+    train.add_argument("--wandb-project", default=None, type=_given("a project name"), metavar="NAME",
                        help="with --track: the W&B project (default: WANDB_PROJECT, else rlspeed)")
-    train.add_argument("--wandb-entity", default=None, metavar="NAME",
+    train.add_argument("--wandb-entity", default=None, type=_given("a team or user name"), metavar="NAME",
                        help="with --track: the W&B team or user (default: WANDB_ENTITY, else your account)")
     train.add_argument("--seeds", default=None, metavar="SEEDS",
                        help="train one member per seed as one population (e.g. 0-31 or 0,3,5); per-member values: "
@@ -2665,11 +2678,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="trials the study should hold when done (default 64)")
     tun.add_argument("--population", type=_whole(1), default=16, metavar="N",
                      help="trials trained at once as one population (default 16)")
-    tun.add_argument("--storage", default="rlspeed-tune.db", metavar="FILE|URL",
+    tun.add_argument("--storage", default="rlspeed-tune.db", type=_given("a file or URL"), metavar="FILE|URL",
                      help="Optuna storage: a SQLite file or a URL such as sqlite:///PATH.db (default rlspeed-tune.db)")
-    tun.add_argument("--study-name", default=None, metavar="NAME",
+    tun.add_argument("--study-name", default=None, type=_given("a name"), metavar="NAME",
                      help="the study's name (default ALGO-ENV_ID); the same name resumes the study")
-    tun.add_argument("--search-space", default=None, metavar="FILE",
+    tun.add_argument("--search-space", default=None, type=_given("a YAML file"), metavar="FILE",
                      help="YAML: hyperparameter -> {low, high[, log, one_minus]} | {choices: [...]} | value "
                           "(default: RL-Zoo's space, per-member hyperparameters only)")
     tun.add_argument("--budget", type=_whole(1), default=None, metavar="N",
@@ -2677,9 +2690,9 @@ def build_parser() -> argparse.ArgumentParser:
     tun.add_argument("--confirm-seeds", type=_whole(0), default=16, metavar="N",
                      help="train the 4 best trials and the starting configuration again on N new seeds each and write "
                           "the best median (default 16; 0 = write the best trial unconfirmed)")
-    tun.add_argument("--out", default=None, metavar="FILE",
+    tun.add_argument("--out", default=None, type=_given("the file to write"), metavar="FILE",
                      help="the best configuration as a preset YAML (default tuned-ALGO-ENV_ID.yaml)")
-    tun.add_argument("--preset", default="auto", metavar="auto|rlspeed|zoo|none|FILE",
+    tun.add_argument("--preset", default="auto", type=_given("a preset"), metavar="auto|rlspeed|zoo|none|FILE",
                      help="the fixed hyperparameters every trial starts from, as for train (default auto)")
     tun.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="fix a hyperparameter, which leaves the search; VALUE read as YAML (repeatable)")
@@ -2698,7 +2711,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"episodes of each evaluation of a trial, the final one included (default {EVAL_EPISODES})")
     tun.add_argument("--seed", type=_seed, default=0, metavar="N",
                      help="the sampler's seed; trial n trains with seed N + n (default 0)")
-    tun.add_argument("--device", default="auto", help=DEVICE_HELP)
+    tun.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     tun.add_argument("--threads", type=_whole(1), default=None, metavar="N",
                      help="torch CPU threads (default 1, or RLSPEED_NUM_THREADS)")
     tun.add_argument("--no-progress", action="store_true", help="no progress bar while a batch of trials trains")
@@ -2708,7 +2721,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ev = sub.add_parser("eval", help="evaluate a saved model (deterministic; --stochastic samples)")
     ev.add_argument("checkpoint", metavar="CHECKPOINT", help="a model file or a run directory")
-    ev.add_argument("--env", default=None, metavar="ENV_ID",
+    ev.add_argument("--env", default=None, type=_given("an env id"), metavar="ENV_ID",
                     help="env id (default: the one it was trained on, with the options its run recorded)")
     ev.add_argument("--env-kwargs", action="append", metavar="KEY=VALUE",
                     help="an option of the Gymnasium env, as in gymnasium.make(ENV_ID, KEY=VALUE), VALUE read as "
@@ -2716,7 +2729,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--episodes", type=_whole(1), default=10, metavar="N", help="episodes to evaluate (default 10)")
     ev.add_argument("--seed", type=_evaluation_seed, default=None, metavar="N",
                     help="seed of the episodes (default: one drawn and printed, so that --seed repeats them)")
-    ev.add_argument("--device", default="auto", help=DEVICE_HELP)
+    ev.add_argument("--device", default="auto", type=_given("a device"), help=DEVICE_HELP)
     ev.add_argument("--env-backend", default=None, choices=["auto", "torch", "gymnasium", "envpool"],
                     help="what steps the env (default: the backend the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
@@ -2726,7 +2739,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "in the evaluation and in --video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar over the episodes")
-    ev.add_argument("--video", default=None, metavar="FILE",
+    ev.add_argument("--video", default=None, type=_given("the video file"), metavar="FILE",
                     help='also record episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
     ev.add_argument("--video-episodes", type=_whole(1), default=1, metavar="N",
                     help="episodes in the --video file (default 1)")
@@ -2740,7 +2753,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="env steps of the unprofiled timed run, rounded "
                       "up to whole iterations (default: 10 iterations, at least 2,000); the profiled run records at "
                       "most 2,048 of them (at least one iteration): the profiler keeps every operation in memory")
-    prof.add_argument("--trace", default=None, metavar="FILE",
+    prof.add_argument("--trace", default=None, type=_given("the trace file"), metavar="FILE",
                       help="also write a trace of the profiled run, for chrome://tracing or ui.perfetto.dev")
     prof.add_argument("--json", action="store_true",
                       help="print the result as JSON on stdout (the report goes to stderr)")
@@ -2751,7 +2764,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--format", default=None, choices=["onnx", "torchscript", "exported_program"],
                      help="the export format (default: the one --out's suffix names, .onnx, .pt or .pt2; onnx "
                           "without --out)")
-    exp.add_argument("--out", default=None, metavar="FILE",
+    exp.add_argument("--out", default=None, type=_given("the export file"), metavar="FILE",
                      help="the export file (default: the model file with .onnx, .pt or .pt2)")
     exp.add_argument("--overwrite", action="store_true", help="replace an existing export file")
     exp.add_argument("--action-mask", action=argparse.BooleanOptionalAction, default=None,
