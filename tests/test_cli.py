@@ -1755,6 +1755,26 @@ def test_an_empty_option_value_is_refused_not_read_as_the_option_left_out(argv, 
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv, flag, meant", [
+    (["tune", "ppo", "CartPole-v1", "--env", "CartPole-v1"], "--env", "the env is ENV_ID"),
+    (["train", "ppo", "CartPole-v1", "--env=Pendulum-v1"], "--env", "the env is ENV_ID"),
+    (["profile", "ppo", "CartPole-v1", "--env", "Pendulum-v1"], "--env", "the env is ENV_ID"),
+    (["train", "ppo", "CartPole-v1", "--video", "ppo.mp4"], "--video", "train films with --video-every N"),
+])
+def test_another_commands_option_is_named_as_such_not_as_the_option_it_abbreviates(argv, flag, meant, monkeypatch,
+                                                                                    capsys):
+    """eval's --env given to tune was "--env-kwargs expects key=value, got 'CartPole-v1'" (argparse read it as an
+    abbreviation of --env-kwargs), and --video given to train "--video-every must be a whole number": an error about
+    an option the command line does not hold."""
+    for command in ("cmd_train", "cmd_tune", "cmd_profile"):  # (a parser's refusal: nothing runs)
+        monkeypatch.setattr(cli, command, lambda args: 0)
+    error = cli_error(capsys, argv)
+    assert f"{flag} is an option of rlspeed eval, not of rlspeed {argv[0]}; {meant}" in error
+    assert "--env-kwargs expects" not in error and "--video-every must" not in error
+    # (an abbreviation of the command's own option is still taken as that option)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--env-back", "torch", "--video-ev", "0"]) == 0
+
+
 def test_eval_without_a_seed_prints_the_one_it_drew_which_repeats_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--no-progress", "--out", "run"]) == 0

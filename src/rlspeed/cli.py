@@ -3211,12 +3211,41 @@ def _close_option_hint(text: str, flag: str, command: str | None) -> str:
     return f"{given}: did you mean {close[0]}?" + (f" (see {see}." if see else "")
 
 
+#: eval's options that train, profile or tune would take for an abbreviation of their own: what does it there
+_OTHER_COMMANDS_OPTIONS = {"--env": "; the env is ENV_ID (its options: --env-kwargs KEY=VALUE)",
+                           "--video": "; train films with --video-every N"}
+
+
+def _refuse_other_commands_option(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """UserError where an option of another command is given to a command with options it abbreviates: argparse took
+    `rlspeed tune ... --env CartPole-v1` (eval's --env) for --env-kwargs and `rlspeed train ... --video F` for
+    --video-every, and refused the value as theirs, naming an option the user did not give."""
+    commands = _commands(parser)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if command not in commands:
+        return
+    own = {option for action in commands[command]._actions for option in action.option_strings}
+    for item in argv[argv.index(command) + 1:]:
+        if item == "--":  # (what follows is positional)
+            return
+        flag = item.split("=", 1)[0]
+        if not flag.startswith("--") or flag in own or not any(option.startswith(flag) for option in own):
+            continue
+        other = next((name for name, sub in commands.items() if name != command
+                      and any(flag in action.option_strings for action in sub._actions)), None)
+        if other is not None:
+            raise UserError(f"{flag} is an option of rlspeed {other}, not of rlspeed {command}"
+                            f"{_OTHER_COMMANDS_OPTIONS.get(flag, '')} (see 'rlspeed {command} --help').")
+
+
 def _main(argv: list[str]) -> int:
     stdout = sys.stdout if isinstance(sys.stdout, _ReaderMayLeave) else None  # (the `rlspeed` command's, `main`)
     if stdout is not None:  # --help and --version write while parsing: their output is all they do
         stdout.stop_when_gone = True
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        _refuse_other_commands_option(parser, argv)
+        args = parser.parse_args(argv)
     except UserError as error:
         if stdout is not None:
             stdout.stop_when_gone = False
