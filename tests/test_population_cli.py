@@ -84,6 +84,44 @@ def test_a_population_plays_eval_episodes_in_every_evaluation_and_resume_keeps_i
         assert [member["final_eval"]["episodes"]
                 for member in json.loads((out / "summary.json").read_text())["members"]] == [2, 2]
 
+def test_a_population_records_its_thread_count_and_a_resume_keeps_it(tmp_path, monkeypatch):
+    """`--seeds ... --threads 3`: config.yaml records the count, as a solo run's does, so that --resume without
+    --threads trains on it (the population's config.yaml recorded none, and a resume fell back to one thread)."""
+    import torch
+
+    from rlspeed import device
+
+    monkeypatch.delenv("RLSPEED_NUM_THREADS", raising=False)
+    monkeypatch.setattr(device, "usable_cores", lambda: 4)  # (3 threads also on a smaller machine)
+    configured = []  # (the counts the commands set; the caller's own is given back when main returns)
+    real = device.configure_threads
+    monkeypatch.setattr(device, "configure_threads", lambda count=None: configured.append(real(count)) or
+                        configured[-1])
+    from rlspeed.population import base
+
+    class Killed(BaseException):
+        pass
+
+    save = base.PopulationBase.save
+
+    def killed_after_saving(self, path):  # (the run killed after its checkpoint at 128 steps)
+        save(self, path)
+        raise Killed
+
+    argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,1", "--env-backend", "torch", *SMALL, "--checkpoint-freq",
+            "128", "--no-progress", "--out", str(tmp_path / "run")]
+    try:
+        monkeypatch.setattr(base.PopulationBase, "save", killed_after_saving)
+        with pytest.raises(Killed):
+            cli.main([*argv, "--threads", "3"])
+        assert (tmp_path / "run" / "config.yaml").read_text().count("\nthreads: 3\n") == 1
+        monkeypatch.setattr(base.PopulationBase, "save", save)
+        assert cli.main([*argv, "--resume"]) == 0
+        assert configured == [3, 3]
+    finally:
+        torch.set_num_threads(1)
+
+
 def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "ppo", "CartPole-v1", "--seeds", "0,3,5-6", "--set", "learning_rate=1e-3,2e-3,3e-3,4e-3",

@@ -662,7 +662,8 @@ def _train_population(args: argparse.Namespace) -> int:
               "checkpoint_freq": checkpoint_freq,
               "save_replay_buffer": bool(args.save_replay_buffer), "gym_packages": args.gym_packages,
               "preset": args.preset_info, "env_kwargs": env_kwargs or None,
-              "hyperparameters": {**_plain(_config), **per_member}}
+              # (a CPU's results depend on the thread count, as a solo run's: --resume keeps the run's)
+              "threads": _torch_threads(), "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     _write_config(run_dir, config)
