@@ -187,6 +187,28 @@ def test_profile_command_refuses_bad_arguments_before_training(args, message, ca
     assert message in captured.err and "profiling" not in captured.err + captured.out
 
 
+def test_profile_trace_replaces_a_trace_but_not_another_file(tmp_path, monkeypatch, capsys):
+    """`--trace notes.json` profiled over the user's file without a word (profile has no --overwrite): a file that is
+    not a profiler trace is refused before training; an earlier trace (or an empty file) is rewritten, as a rerun of
+    the same command does."""
+    from rlspeed import UserError
+
+    def past_the_trace_check(args):  # (where the command builds the model: no training in this test)
+        raise UserError("past the trace check.")
+
+    monkeypatch.setattr(cli, "_settings", past_the_trace_check)
+    argv = ["profile", "ppo", "CartPole-v1", "--device", "cpu", "--steps", "256", "--trace"]
+    (tmp_path / "notes.json").write_text('{"mine": 1}\n')
+    assert cli.main([*argv, str(tmp_path / "notes.json")]) == 2
+    assert "notes.json exists and is not a trace the profiler wrote" in capsys.readouterr().err
+    assert (tmp_path / "notes.json").read_text() == '{"mine": 1}\n'
+    (tmp_path / "trace.json").write_text('  {\n    "schemaVersion": 1,\n  "traceEvents": []\n}')  # (as torch writes)
+    (tmp_path / "empty.json").touch()
+    for name in ("trace.json", "empty.json", "new.json"):
+        assert cli.main([*argv, str(tmp_path / name)]) == 2
+        assert "past the trace check" in capsys.readouterr().err
+
+
 def test_update_advice_names_the_setting_that_changes_gradient_steps_per_env_step():
     """'Fewer, larger minibatches' cannot help where each epoch is already one minibatch (batch_size above the
     rollout is cut to it): the advice names the setting that would change something under this config."""

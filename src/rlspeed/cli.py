@@ -2252,6 +2252,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     trace = Path(args.trace) if args.trace else None
     if trace is not None and (trace.is_dir() or not trace.parent.is_dir()):
         raise UserError(f"--trace {args.trace}: give a file in an existing directory.")
+    if trace is not None and trace.is_file() and not _profiler_trace(trace):  # (a trace it wrote is its to rewrite)
+        raise UserError(f"--trace {args.trace} exists and is not a trace the profiler wrote; give another --trace, or "
+                        "move it away first.")
     if trace is not None:  # (a place it cannot be written to is said now, not after profiling)
         existed = trace.exists()
         try:
@@ -2505,6 +2508,17 @@ def _check_parent_directory(flag: str, given: str) -> None:
     what = (f"'{blocking}' is a file, not a directory" if blocking is not None and not blocking.resolve().is_dir()
             else f"'{parent}' does not exist; create it first")
     raise UserError(f"{flag} '{given}': {what} (give a file in an existing directory).")
+
+
+def _profiler_trace(path: Path) -> bool:
+    """Whether the file at `path` is a trace `rlspeed profile --trace` wrote (torch's Chrome trace: a JSON object that
+    opens with its schemaVersion), or empty."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as stream:
+            head = stream.read(256)
+    except OSError:
+        return False
+    return not head.strip() or re.match(r'\s*\{\s*"schemaVersion"\s*:', head) is not None
 
 
 def _tune_preset(path: Path) -> bool:
