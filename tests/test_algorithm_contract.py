@@ -985,3 +985,42 @@ def test_another_default_device_of_the_caller_leaves_a_cpu_model_as_without_it(n
             np.testing.assert_allclose(actions.numpy(), loaded.predict(batch, deterministic=True)[0], atol=1e-5)
     finally:
         torch.set_flush_denormal(flushing)
+
+
+def test_another_default_device_of_the_caller_leaves_recurrent_states_and_a_smaller_replay_on_the_cpu(tmp_path):
+    """Under a caller's other default device ("meta" standing in for "cuda"), RecurrentPPO's `predict` made the state
+    and episode_start passed back to it there (torch.as_tensor follows the default device), and a replay buffer
+    loaded into a model of a smaller buffer_size took its rows in an order made there. Both act and load as
+    without it."""
+    from rlspeed import DQN, RecurrentPPO
+
+    recurrent = RecurrentPPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16)
+    obs = np.random.default_rng(0).normal(size=(2, 4)).astype(np.float32)
+    first, state = recurrent.predict(obs)
+    expected = recurrent.predict(obs, state=state, episode_start=np.array([True, False]))
+    with torch.device("meta"):
+        for given in (state, tuple(torch.from_numpy(part) for part in state)):  # (numpy back, or tensors)
+            actions, (h, c) = recurrent.predict(obs, state=given, episode_start=np.array([True, False]))
+            np.testing.assert_array_equal(actions, expected[0])
+            np.testing.assert_array_equal(h, expected[1][0])
+    dqn = DQN("CartPole-v1", device="cpu", seed=0, learning_starts=32, batch_size=16, buffer_size=300,
+              net_arch=[16]).learn(400, progress_bar=False)
+    dqn.save_replay_buffer(tmp_path / "replay.pkl")
+    smaller = {"device": "cpu", "seed": 0, "learning_starts": 32, "batch_size": 16, "buffer_size": 100,
+               "net_arch": [16]}
+    without = DQN("CartPole-v1", **smaller)
+    without.load_replay_buffer(tmp_path / "replay.pkl")
+    without.learn(16, progress_bar=False)  # (the file's rows are taken at learn's start)
+    with torch.device("meta"):
+        model = DQN("CartPole-v1", **smaller)
+        model.load_replay_buffer(tmp_path / "replay.pkl")
+        model.learn(16, progress_bar=False)
+    got, want = model.buffer.state_dict()[0], without.buffer.state_dict()[0]
+    assert got.keys() == want.keys() and all(torch.equal(got[name], want[name]) for name in want)
+    # (a device model's host replay moves its samples through host staging tensors, made on the host also there)
+    from rlspeed.buffers.replay import _HostStaging
+
+    storage = torch.arange(12.0).reshape(6, 2)
+    with torch.device("meta"):
+        taken = _HostStaging(torch.device("cpu"), pin=False).take("obs", storage, torch.tensor([4, 1], device="cpu"))
+    assert torch.equal(taken, storage[[4, 1]])

@@ -171,7 +171,8 @@ class RecurrentPPO(PPO):
             if isinstance(flags, np.ndarray) and flags.dtype.kind not in "biuf":  # (strings, objects: no flags)
                 raise UserError(f"predict(episode_start=...) takes one flag (bool or 0/1) per observation, got "
                                 f"{episode_start!r}"[:160] + ".")
-            episode_start = torch.as_tensor(flags).reshape(-1)
+            # (on the model's device: as_tensor alone makes it on the caller's default device, or moves a tensor there)
+            episode_start = torch.as_tensor(flags, device=self.device).reshape(-1)
             if episode_start.numel() != num:
                 raise UserError(f"predict(episode_start=...) has {episode_start.numel()} entries for {num} "
                                 f"observation{'s' if num != 1 else ''}: give one flag per observation.")
@@ -190,7 +191,8 @@ class RecurrentPPO(PPO):
             raise UserError(f"predict(state=...) takes the (h, c) pair the previous call returned, each of shape "
                             f"{list(expected)}; got {type(state).__name__}"
                             f"{f' of {len(state)} items' if isinstance(state, (tuple, list)) else ''}.")
-        state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32) for s in state)
+        state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32, device=self.device)
+                      for s in state)
         for name, part in zip("hc", state):
             if tuple(part.shape) != expected:
                 raise UserError(f"predict(state=...)'s {name} has shape {list(part.shape)}, and this model needs "

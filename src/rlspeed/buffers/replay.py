@@ -222,7 +222,8 @@ class _HostStaging:
         row shape or dtype."""
         held = self.tensors.get(name)
         if held is None or held.shape[0] < shape[0] or held.shape[1:] != shape[1:] or held.dtype != dtype:
-            held = self.tensors[name] = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            # (on the host by name: the caller's default device may be another, `torch.set_default_device("cuda")`)
+            held = self.tensors[name] = torch.empty(shape, dtype=dtype, device="cpu", pin_memory=self.pin)
         return held[:shape[0]]
 
     def take(self, name: str, storage: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -538,7 +539,7 @@ class ReplayBuffer:
         order = None
         if capacity != self.capacity:  # (the newest rows that fit, oldest first: a full ring's oldest is at pos)
             kept = min(size, self.capacity)
-            order = (torch.arange(size - kept, size) + pos - size) % capacity
+            order = (torch.arange(size - kept, size, device="cpu") + pos - size) % capacity  # (not the default device)
             rows = size = kept
             pos = size % self.capacity
         with torch.no_grad():
