@@ -161,8 +161,11 @@ def test_a_containers_cpu_quota_caps_the_usable_cores(monkeypatch, tmp_path, cap
     assert code == 2 and "--nproc 2 is more processes than the 1 CPU core" in capsys.readouterr().err
 
 
-def test_threads_line_reports_what_training_uses(monkeypatch):
+def test_threads_line_reports_what_training_uses(monkeypatch, tmp_path):
     """Training sets RLSPEED_NUM_THREADS or 1 thread (`device.configure_threads`), whatever torch's default is."""
+    from rlspeed import device
+
+    monkeypatch.setattr(device, "CGROUP_ROOT", str(tmp_path))  # (no CPU quota: 4 cores also in a CI container)
     monkeypatch.setattr(doctor, "usable_cores", lambda: 4)
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)  # (training's cap)
