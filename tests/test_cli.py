@@ -967,6 +967,21 @@ def test_a_torch_that_cannot_be_imported_is_one_sentence_saying_why(tmp_path, mo
     assert cli._torch_import_failure(failed) is None  # (torch imported: a failure of something else)
 
 
+@pytest.mark.parametrize("script", ["import torch\nprint(torch.cuda.is_available())\n", "x = 1\n"])
+def test_a_torch_py_that_imports_or_fails_otherwise_is_named_too(tmp_path, script):
+    """A user's torch.py is most often a script that imports torch and uses it (an AttributeError as it imports
+    itself), or one that imports cleanly and lacks torch's names: both were tracebacks (train: `torch.Tensor` missing
+    in rlspeed's own modules), and doctor printed a crash of every check as "a doctor bug"."""
+    (tmp_path / "torch.py").write_text(script)
+    for command in (["doctor"], ["train", "ppo", "CartPole-v1", "--total-timesteps", "64", "--out", "run"]):
+        done = _rlspeed(*command, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("rlspeed: error: torch cannot be imported")
+        assert lines[0].endswith(f"'{tmp_path / 'torch.py'}' hides the installed torch: rename it, or run rlspeed "
+                                 "from another directory.")
+
+
 def test_a_warning_made_an_error_by_python_w_error_is_one_line_without_a_traceback(tmp_path):
     """`python -W error -m rlspeed train ...` (a CI job that lets no warning pass): rlspeed's warning about a setting
     raised as an exception with a 20-line traceback; now it is one `rlspeed: error:` line naming the warning, exit

@@ -2553,6 +2553,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """`rlspeed doctor`: check the device stack and print what runs here; returns 1 if a check failed, else 0."""
     import torch
 
+    shadow = _shadowing_torch()
+    if shadow is not None:  # (one that imports: every check would crash on it, each "a doctor bug")
+        raise UserError(_shadowed_torch_sentence(shadow))
     from rlspeed.diagnostics.doctor import run_doctor
 
     if args.device not in (None, "auto"):  # (a device that is not there is the doctor's to report; a typo is not)
@@ -2808,26 +2811,48 @@ def _score(value: float) -> str:
     return f"{value:.1f}" if not math.isfinite(value) or abs(value) >= 10 else f"{value:.3g}"
 
 
-def _torch_import_failure(error: ImportError) -> str | None:
+def _shadowing_torch() -> Path | None:
+    """A torch.py that `import torch` takes (or took) in place of the installed package (`python -m` puts the working
+    directory first on the path), else None."""
+    import importlib.util
+
+    module = sys.modules.get("torch")
+    origin = getattr(module, "__file__", None) if module is not None else None
+    if module is None:
+        try:
+            found = importlib.util.find_spec("torch")
+        except (ImportError, ValueError):
+            found = None
+        origin = found.origin if found is not None else None
+    return Path(origin) if origin and Path(origin).name == "torch.py" else None
+
+
+def _shadowed_torch_sentence(shadow: Path, error: BaseException | None = None) -> str:
+    failure = "" if error is None else f" ({type(error).__name__}: {_first_line(error)})"
+    return (f"torch cannot be imported{failure}: '{shadow}' hides the installed torch: rename it, or run rlspeed from "
+            "another directory.")
+
+
+def _first_line(error: BaseException) -> str:
+    return _one_line(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
+
+
+def _torch_import_failure(error: ImportError | AttributeError) -> str | None:
     """The sentence for `import torch` itself failing in a command (a frame of torch's own modules in the traceback,
     torch not imported after it), else None: torch's libraries that a batch job's memory limit (`ulimit -v`) leaves no
     room to map, a torch.py in the working directory hiding the installed torch (`python -m` puts the directory
-    first on the path), a build that does not match the machine. Those were torch's traceback, also `rlspeed
-    doctor`'s, which is there to say what is wrong here."""
-    if "torch" in sys.modules or not any(frame.f_globals.get("__name__", "").partition(".")[0] == "torch"
-                                         for frame, _ in traceback.walk_tb(error.__traceback__)):
+    first on the path; whatever it holds: one that imports fails later, on the names torch has and it lacks), a
+    build that does not match the machine. Those were torch's traceback, also `rlspeed doctor`'s, which is there to
+    say what is wrong here."""
+    shadow = _shadowing_torch()
+    if shadow is not None:
+        return _shadowed_torch_sentence(shadow, error)
+    if isinstance(error, AttributeError) or "torch" in sys.modules or not any(
+            frame.f_globals.get("__name__", "").partition(".")[0] == "torch"
+            for frame, _ in traceback.walk_tb(error.__traceback__)):
         return None
-    import importlib.util
-
-    reason = _one_line(str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__)
-    try:
-        found = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        found = None
-    origin = Path(found.origin) if found is not None and found.origin else None
-    if origin is not None and origin.name == "torch.py":
-        advice = f"'{origin}' hides the installed torch: rename it, or run rlspeed from another directory"
-    elif "failed to map segment" in reason or "Cannot allocate memory" in reason:
+    reason = _first_line(error)
+    if "failed to map segment" in reason or "Cannot allocate memory" in reason:
         limit = None
         with contextlib.suppress(ImportError, AttributeError, OSError, ValueError):
             import resource
@@ -3324,7 +3349,7 @@ def _main(argv: list[str]) -> int:
         print(f"rlspeed: error: out of memory ({text}): use fewer envs, episodes or a smaller buffer (--device cpu "
               "when a device is full).", file=sys.stderr)
         return 2
-    except ImportError as error:
+    except (ImportError, AttributeError) as error:  # (AttributeError: a torch.py that imports, lacking torch's names)
         sentence = _torch_import_failure(error)
         if getattr(args, "debug", False) or sentence is None:
             raise
