@@ -264,6 +264,31 @@ def test_bad_tune_input_is_one_sentence(tmp_path, capsys, extra, space, names):
     assert not (tmp_path / "best.yaml").exists()
 
 
+def test_an_out_in_a_directory_that_cannot_be_written_is_said_before_the_search(tmp_path, capsys, monkeypatch):
+    """`rlspeed tune` in a read-only working directory (its default --out tuned-ALGO-ENV.yaml) with the study stored
+    elsewhere ran every trial and then said "Cannot write the preset"; a --out whose directories do not exist yet is
+    tried at the nearest one that does (they are made when the preset is written)."""
+    import errno
+    import tempfile
+
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    real = tempfile.TemporaryFile
+
+    def temporary_file(*args, dir=None, **kwargs):  # (a read-only file system: also root cannot write there)
+        if dir is not None and os.path.samefile(dir, read_only):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    command = _command(tmp_path, "--trials", "2")
+    command[command.index("--out") + 1] = str(read_only / "presets" / "best.yaml")
+    message = cli_error(capsys, command)
+    assert message == (f"rlspeed: error: --out {read_only / 'presets' / 'best.yaml'}: nothing can be written in "
+                       f"'{read_only}' (Read-only file system); give --out a file in a directory you can write to.")
+    assert not (tmp_path / "study.db").exists()  # (no trial ran)
+
+
 def test_a_storage_in_a_directory_that_cannot_be_written_is_said_so(tmp_path, capsys, monkeypatch):
     """`rlspeed tune` run where the working directory is read-only (its default --storage rlspeed-tune.db) said only
     SQLite's "unable to open database file"."""

@@ -911,6 +911,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                        or not same_storage(written_in, utf8_text(shown))):
             raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_in}, not of "
                             f"'{study_name}' in {shown}: give another --out.")
+    # (a place the preset cannot be written is said now, not after the search: its directories are made then, so the
+    # nearest one that exists is tried, with a file of its own that leaves nothing behind)
+    folder = next(folder for folder in Path(out).absolute().parents if folder.exists())
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UserError(f"--out {out}: nothing can be written in '{folder}' ({error.strerror or error}); give --out a "
+                        "file in a directory you can write to.") from None
     device = resolve_device(args.device)
     _configure_threads(args.threads)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
