@@ -230,3 +230,28 @@ def test_an_envpool_env_whose_observations_differ_from_gymnasiums_is_refused_in_
     with pytest.raises(UserError, match=r"envpool backend's Blackjack-v1 gives its observations as Box.*"
                                         r"--env-backend gymnasium"):
         model.learn(32, progress_bar=False)
+
+
+def test_an_envpool_that_cannot_write_as_it_loads_is_one_sentence(tmp_path, monkeypatch):
+    """envpool makes matplotlib's config directory under /tmp as it is imported, whatever TMPDIR says: in a container
+    of a read-only /tmp, --env-backend envpool was an OSError traceback, and doctor advised installing envpool."""
+    import sys
+
+    from rlspeed.diagnostics import doctor
+
+    fake = tmp_path / "envpool"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import errno\nraise OSError(errno.EROFS, 'Read-only file system', "
+                                      "'/tmp/envpool-jumanji-matplotlib')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [name for name in sys.modules if name == "envpool" or name.startswith("envpool.")]:
+        monkeypatch.delitem(sys.modules, name)
+    expected = ("envpool cannot be imported: it writes '/tmp/envpool-jumanji-matplotlib' as it loads (Read-only file "
+                "system): set MPLCONFIGDIR (matplotlib's config directory, which envpool makes there otherwise) to a "
+                "directory you can write to.")
+    with pytest.raises(UserError) as refused:
+        make_env("CartPole-v1", num_envs=2, backend="envpool")
+    assert str(refused.value) == expected
+    check = {check.name: check for check in doctor.check_env_families()}["env envpool"]
+    assert "/tmp/envpool-jumanji-matplotlib" in check.detail and "MPLCONFIGDIR" in check.advice
+    assert "pip install" not in check.advice

@@ -438,6 +438,12 @@ def _env_family_problem(error: BaseException, needs: str, advice: str) -> tuple[
 
     if isinstance(error, MujocoGLError):  # installed: the OpenGL platform MUJOCO_GL names does not load
         return f"MuJoCo cannot be imported with MUJOCO_GL={error.platform}", MUJOCO_GL_ADVICE
+    if needs == "envpool":  # (installed: it could not write a directory it makes as it loads, a read-only /tmp's)
+        from rlspeed.envs.envpool_env import unwritable_at_import
+
+        unwritable = unwritable_at_import(error.__cause__ if isinstance(error, UserError) else error)
+        if unwritable is not None:
+            return unwritable
     if type(error).__name__ == "DependencyNotInstalled" and isinstance(error.__cause__, ImportError) \
             and error.__cause__.name:
         error = error.__cause__  # the import that failed names the module

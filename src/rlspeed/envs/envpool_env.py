@@ -35,10 +35,32 @@ def envpool_installed() -> bool:
     return importlib.util.find_spec("envpool") is not None
 
 
-def _all_envpool_ids() -> frozenset[str]:
-    import envpool
+def unwritable_at_import(error: BaseException) -> tuple[str, str] | None:
+    """(what is wrong, what to do) where importing envpool failed writing a directory it makes as it loads
+    (envpool 1.2 makes matplotlib's config directory /tmp/envpool-jumanji-matplotlib whatever TMPDIR says: a
+    read-only /tmp, a container's), else None."""
+    if not isinstance(error, OSError) or error.filename is None:
+        return None
+    where = str(error.filename)
+    fix = ("set MPLCONFIGDIR (matplotlib's config directory, which envpool makes there otherwise) to a directory you "
+           "can write to" if "matplotlib" in where else f"make '{where}' writable")
+    return f"envpool cannot be imported: it writes '{where}' as it loads ({error.strerror or error})", fix
 
-    return frozenset(envpool.list_all_envs())
+
+def import_envpool():
+    """`import envpool`; UserError in one sentence where it fails writing as it loads (`unwritable_at_import`)."""
+    try:
+        import envpool
+    except OSError as error:
+        problem = unwritable_at_import(error)
+        if problem is None:
+            raise
+        raise UserError(f"{problem[0]}: {problem[1]}.") from error
+    return envpool
+
+
+def _all_envpool_ids() -> frozenset[str]:
+    return frozenset(import_envpool().list_all_envs())
 
 
 def envpool_task(env_id: str) -> str | None:
@@ -117,8 +139,7 @@ class EnvPoolEnv(BatchedEnv):
                               else np.asarray(self.pool.action_space.sample()).dtype)
 
     def _make_pool(self, seed: int):
-        import envpool
-
+        envpool = import_envpool()
         with warnings.catch_warnings():
             # EnvPool builds float32 Boxes from float64 bounds, and Gymnasium warns about the cast on every make
             warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
