@@ -93,6 +93,20 @@ def test_a_continued_run_drops_rows_whose_cells_do_not_match_the_header(tmp_path
                      ["1.0", "512", "5.0"]]
 
 
+def test_a_run_directory_that_cannot_be_made_is_one_sentence(tmp_path):
+    """`learn(run_dir=...)` where the directory cannot be made (a read-only working directory or file system, a file
+    in the way) ended in mkdir's OSError traceback (a file in the way: said to hold another run's metrics.csv); a
+    read-only directory that exists was one sentence already."""
+    from rlspeed import PPO, UserError
+
+    (tmp_path / "file").write_text("")
+    run_dir = tmp_path / "file" / "run"
+    with pytest.raises(UserError) as refused:
+        PPO("CartPole-v1", num_envs=2, num_steps=16, batch_size=32).learn(64, progress_bar=False, run_dir=run_dir)
+    assert str(refused.value) == (f"Cannot create the run directory '{run_dir}' (Not a directory); give run_dir a "
+                                  "directory you can write to.")
+
+
 def test_learn_twice_into_one_run_directory_keeps_both_parts(tmp_path):
     from rlspeed import PPO
 

@@ -233,7 +233,7 @@ def holds_metrics(run_dir: str | os.PathLike) -> bool:
         with open(path, newline="", encoding="utf-8") as handle:
             handle.readline()  # (the header)
             return bool(handle.readline().strip())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (no file, or no directory: a file where one would be made)
         return False
     except (OSError, UnicodeDecodeError):
         return True
@@ -271,7 +271,11 @@ class RunLogger:
                  columns: tuple[str, ...] = (), plot: bool = True):
         self.run_dir = Path(run_dir)
         self._plot = plot  # (learning_curve.png at close; a population plots its members itself)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:  # (a read-only file system, another user's directory, a file in the way)
+            raise UserError(f"Cannot create the run directory '{self.run_dir}' ({error.strerror or error}); give "
+                            "run_dir a directory you can write to.") from None
         self._identity = _identity(self.run_dir)  # (`_check_directory`)
         self.rows: list[dict] = []
         self._fields: list[str] = []
