@@ -708,6 +708,25 @@ def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():
             model.predict(np.array(wrong))
 
 
+def test_predict_refuses_a_bool_observation_other_than_zeros_and_ones():
+    """A bool Box observation (MinAtar's grid) takes 0 and 1: the cast to bool made 0.5, 2, -1 and NaN True, and the
+    policy acted on a grid the caller never gave."""
+    space = gym.spaces.Box(0, 1, (4,), bool)
+    env = gym.make_vec("CartPole-v1", num_envs=4, vectorization_mode="sync", wrappers=[
+        lambda env: gym.wrappers.TransformObservation(env, lambda o: o > 0, space)],
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    model = rlspeed.PPO(env, seed=0, num_envs=4, num_steps=8, batch_size=16, net_arch=(16,))
+    bits = np.array([[True, False, True, True], [False, False, True, False]])
+    expected = model.predict(bits)[0]
+    for same in (bits.astype(np.float32), bits.astype(np.uint8), torch.from_numpy(bits).double()):
+        assert np.array_equal(np.asarray(model.predict(same)[0]), expected)
+    for wrong, value in ((bits * 0.5, r"0\.5"), (np.where(bits, np.nan, 0.0), "nan"), (bits * 2, "2"),
+                         (torch.from_numpy(bits).long() - 2, "-1")):
+        with pytest.raises(UserError, match=rf"^predict takes 0 and 1 \(False and True\) for Box\(False, True, "
+                                            rf"\(4,\), bool\); an observation holds {value} at position \[0, 0\]"):
+            model.predict(wrong)
+
+
 @pytest.mark.parametrize("space", [
     gym.spaces.MultiBinary(4), gym.spaces.Box(-1.0, 1.0, (4,)),
     gym.spaces.Dict({"bits": gym.spaces.MultiBinary(4), "index": gym.spaces.Discrete(3)})])

@@ -822,8 +822,16 @@ def _refuse_non_finite(values: torch.Tensor, space: gym.Space) -> None:
 def _check_whole(raw: torch.Tensor | np.ndarray, space: gym.Space, dtype: torch.dtype) -> None:
     """UserError for an observation a whole-number `dtype` (indices, uint8 images) cannot hold as it is: a fraction,
     NaN or infinity, or a value outside the dtype's range. Integers whose dtype fits in `dtype` (uint8 in uint8,
-    int32 in int64) are not looked at; numpy arrays are checked as numpy, and as a tensor only to say where."""
+    int32 in int64) are not looked at; numpy arrays are checked as numpy, and as a tensor only to say where. A bool
+    observation (MinAtar's grid) takes 0 and 1 only: the cast makes any other value, NaN included, True."""
     if dtype == torch.bool:
+        if raw.dtype in (np.bool_, torch.bool):
+            return
+        bad = (raw != 0) & (raw != 1)
+        if bool(bad.any()):  # ok-sync: predict returns to the host
+            values = raw if isinstance(raw, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(raw))
+            raise UserError(f"predict takes 0 and 1 (False and True) for {space}; an observation holds "
+                            f"{_first_value(values, torch.as_tensor(bad))}.")
         return
     info = torch.iinfo(dtype)
     if isinstance(raw, np.ndarray):
