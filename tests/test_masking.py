@@ -92,6 +92,25 @@ def test_check_action_masks_refuses_wrong_shapes_and_rows_without_an_allowed_act
         check_action_masks([[1, 1]], gym.spaces.Box(-1, 1, (2,)), 1, "test")
 
 
+def test_a_transposed_mask_is_refused_not_reshaped_into_other_rows_flags():
+    """A mask [n, N] holds the N * n flags of [N, n]: reshaped, each row took flags of other rows, and predict chose
+    actions the caller's mask forbade. Masks of the rows' flags in order ([1, N, n], a flat [N * n], a
+    MultiDiscrete's [N, k, m]) are still taken."""
+    space = gym.spaces.Discrete(6)
+    mask = np.zeros((2, 6), bool)
+    mask[0, 4] = mask[1, 1] = True
+    with pytest.raises(UserError, match=r"has shape \[6, 2\], but Discrete\(6\) needs \[2, 6\]"):
+        check_action_masks(mask.T, space, 2, "test")
+    for same in (mask[None], mask.ravel(), mask.T.T):
+        assert np.array_equal(check_action_masks(same, space, 2, "test"), mask)
+    components = np.ones((3, 2, 3), bool)  # MultiDiscrete([3, 3]): 3 rows of 2 components of 3 flags
+    assert check_action_masks(components, gym.spaces.MultiDiscrete([3, 3]), 3, "test").shape == (3, 6)
+    taxi = rlspeed.PPO("Taxi-v4", seed=0, num_envs=2, num_steps=8, device="cpu")
+    assert taxi.predict(np.array([0, 1]), action_masks=mask)[0].tolist() == [4, 1]
+    with pytest.raises(UserError, match=r"has shape \[6, 2\]"):
+        taxi.predict(np.array([0, 1]), action_masks=mask.T)
+
+
 @pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
 def test_taxi_masks_follow_every_observation_including_after_autoreset(backend):
     """In-process envs (stepped env by env) and subprocess envs (stepped through the vector env) alike."""

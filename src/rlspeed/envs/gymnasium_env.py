@@ -136,7 +136,10 @@ def check_action_masks(masks, space: gym.Space, num: int, source: str) -> np.nda
         array = np.asarray(masks)
         if array.dtype == object:
             array = np.stack([np.asarray(row) for row in masks])
-        array = array.reshape(num, -1) if array.size == num * width else array
+        # (flat, or rows split further, [1, N, n] or a MultiDiscrete's [N, k, m]: each row's flags stay together; a
+        # transposed [n, N] holds as many flags, and its reshape would give each row other rows' flags)
+        if array.size == num * width and (array.ndim <= 1 or num in np.cumprod((1, *array.shape))):
+            array = array.reshape(num, -1)
     except (ValueError, TypeError) as error:
         raise UserError(f"The action mask from {source} cannot be read as an array ({error}); give one bool flag "
                         f"per action, shape [{num}, {width}].") from None
