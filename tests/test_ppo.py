@@ -74,6 +74,26 @@ def test_discrete_predict_shapes():
     assert isinstance(tensor, torch.Tensor) and tensor.shape == (5,)
 
 
+def test_deterministic_other_than_true_or_false_is_refused_not_taken_by_its_truth_value():
+    """deterministic="False" (read from a config file or a command line) was true and None false: predict and
+    evaluate acted otherwise than asked, without a word. numpy's bools and the integers 0 and 1 are taken."""
+    from rlspeed.callbacks import EvalCallback
+    from rlspeed.errors import UserError
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    obs = np.zeros((3, 4), np.float32)
+    assert model.predict(obs, deterministic=np.True_)[0].tolist() == model.predict(obs, deterministic=1)[0].tolist()
+    for wrong in ("False", None, 0.5, [True]):
+        for call in (lambda: model.predict(obs, deterministic=wrong),  # noqa: B023 (called within this iteration)
+                     lambda: model.act(torch.from_numpy(obs), deterministic=wrong),  # noqa: B023
+                     lambda: recurrent.predict(obs, deterministic=wrong),  # noqa: B023
+                     lambda: rlspeed.evaluate(model, episodes=1, seed=0, deterministic=wrong),  # noqa: B023
+                     lambda: EvalCallback("CartPole-v1", deterministic=wrong)):  # noqa: B023
+            with pytest.raises(UserError, match=r"deterministic(=\.\.\.\))? is True or False, got "):
+                call()
+
+
 def test_an_action_predicted_for_one_observation_steps_a_table_env():
     """predict for one observation gave a 0-d array, which FrozenLake's and CliffWalking's step (`P[s][a]`) cannot
     hash: `env.step(model.predict(obs)[0])`, SB3's loop, raised "unhashable type: 'numpy.ndarray'"."""

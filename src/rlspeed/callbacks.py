@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlspeed.errors import UserError, positive_whole
+from rlspeed.errors import UserError, positive_whole, true_or_false
 
 if typing.TYPE_CHECKING:
     from rlspeed.algos.base import Algorithm
@@ -618,7 +618,7 @@ class EvalCallback(BaseCallback):
         self.eval_freq = int(eval_freq)
         self.log_path = Path(log_path) if log_path is not None else None
         self.best_model_save_path = Path(best_model_save_path) if best_model_save_path is not None else None
-        self.deterministic = deterministic
+        self.deterministic = true_or_false("EvalCallback(deterministic=...)", deterministic)
         self.seed = seed
         self.best_mean_reward = -math.inf
         self.last_mean_reward = -math.inf

@@ -115,6 +115,15 @@ def positive_whole(name: str, value, needed_by: str | None = None):
     return int(value)
 
 
+def true_or_false(name: str, value) -> bool:
+    """`value` (True or False: a bool, numpy's, or the integer 0 or 1) as a bool; UserError naming `name` otherwise
+    (a string, None, a float, a list), whose truth value would be taken silently: "False" is true, None false."""
+    numpy_bool = type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")  # (no numpy import)
+    if isinstance(value, bool) or numpy_bool or (isinstance(value, numbers.Integral) and value in (0, 1)):
+        return bool(value)
+    raise UserError(f"{name} is True or False, got {value!r}"[:200] + ".")
+
+
 def warn_at_caller(sentence: str, category: type[Warning]) -> None:
     """A warning shown at the first frame outside rlspeed (the user's line that led to it)."""
     frame, level = inspect.currentframe(), 1

@@ -26,7 +26,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
-from rlspeed.errors import UserError, positive_whole
+from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.logging import ProgressBar
 
 if typing.TYPE_CHECKING:
@@ -112,6 +112,7 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     (None for a vector env you built, which this call does not seed then).
     """
     refuse_evaluate_keywords(stable_baselines3)
+    deterministic = true_or_false("evaluate(deterministic=...)", deterministic)
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
     episodes = positive_whole("episodes", episodes, needed_by="evaluate")  # (10.0 and 1e1 too, as the CLI takes)

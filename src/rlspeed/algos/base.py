@@ -90,6 +90,7 @@ from rlspeed.errors import (
     first_line,
     infinite_advice,
     positive_whole,
+    true_or_false,
     warn_at_caller,
 )
 from rlspeed.export import default_export_module, random_observations
@@ -2013,6 +2014,7 @@ class Algorithm:
         """Actions for raw observations `obs` (a tensor; moved to the model's device if it is elsewhere, float64 taken
         as float32), as the env expects them, on the model's device; `deterministic=False` samples the policy.
         `action_masks`: bool `[N, n]` (an env's `info["action_mask"]`); a masked action is never chosen."""
+        deterministic = true_or_false("deterministic", deterministic)
         obs = map_obs(lambda value: acting_input(value, self.device), obs)
         with torch.no_grad(), acting_mode(self.policy):
             if self.obs_rms is not None:
@@ -2045,6 +2047,7 @@ class Algorithm:
         `MaskablePPO`): one bool flag per action, `[n]` or `[N, n]` (MultiDiscrete: the components' flags
         concatenated); a masked action is never chosen.
         """
+        deterministic = true_or_false("predict(deterministic=...)", deterministic)
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
         masks = self._check_masks(action_masks, obs_batch_size(obs))
         actions = self.act(obs, deterministic=deterministic, action_masks=masks)

@@ -29,7 +29,7 @@ from rlspeed.algos.update import GRAPHS
 from rlspeed.buffers.recurrent import RecurrentRolloutBuffer
 from rlspeed.envs import BatchedEnv
 from rlspeed.envs.base import map_obs, obs_batch_size
-from rlspeed.errors import UserError
+from rlspeed.errors import UserError, true_or_false
 from rlspeed.nn import (
     RecurrentActorCritic,
     SequenceLayout,
@@ -138,6 +138,7 @@ class RecurrentPPO(PPO):
         """Actions for raw observations `[N, ...]` (tensors) from the actor's state (h, c) `[1, N, H]` (None: an
         episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state).
         `action_masks` (bool `[N, n]`): a masked action is never chosen."""
+        deterministic = true_or_false("deterministic", deterministic)
         obs = map_obs(lambda v: acting_input(v, self.device), obs)
         num = obs_batch_size(obs)
         h, c = state if state is not None else self.initial_state(num)
@@ -161,6 +162,7 @@ class RecurrentPPO(PPO):
         tensors out). `state` is the previous call's (None at the start: zeros); `episode_start` (bool `[N]`) zeroes
         the state of envs whose observation starts an episode (None: none does); `action_masks` as `Algorithm.predict`
         takes them."""
+        deterministic = true_or_false("predict(deterministic=...)", deterministic)
         obs, as_numpy, single = as_observation_batch(observation, self.spec.observation_space, self.device)
         num = obs_batch_size(obs)
         masks = self._check_masks(action_masks, num)
