@@ -198,6 +198,22 @@ def test_predict_refuses_a_state_or_episode_start_of_another_shape(trained):
         trained.predict(obs, episode_start="yes")  # (torch's "can't convert np.ndarray of type numpy.str_")
 
 
+def test_predict_refuses_a_state_of_no_numbers_and_episode_start_values_other_than_0_and_1(trained):
+    """A state (None, None) was torch's "can't convert np.ndarray of type numpy.object_"; an episode_start of 0.5, 2,
+    -1 or NaN reset the state by its truth value, without a word. 0/1 numbers and bools are flags as before."""
+    obs = np.zeros((3, 4), dtype=np.float32)
+    _, state = trained.predict(obs)
+    with pytest.raises(UserError, match=r"takes the \(h, c\) pair .* of numbers; got \(NoneType, NoneType\)"):
+        trained.predict(obs, state=(None, None))
+    for starts in (np.full(3, 0.5), np.array([0, 2, 1]), np.array([0, -1, 0]), np.full(3, np.nan),
+                   torch.tensor([0.0, 0.5, 1.0])):
+        with pytest.raises(UserError, match=r"takes one flag \(bool or 0/1\) per observation, got \["):
+            trained.predict(obs, state=state, episode_start=starts)
+    fresh = trained.predict(obs)[0]
+    for starts in (np.ones(3, dtype=bool), np.ones(3), [1, 1, 1], torch.ones(3)):
+        assert trained.predict(obs, state=state, episode_start=starts)[0].tolist() == fresh.tolist()
+
+
 def test_act_without_a_state_is_a_clear_error(trained):
     with pytest.raises(UserError, match="predict"):
         trained.act(torch.zeros(1, 4))

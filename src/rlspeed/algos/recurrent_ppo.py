@@ -175,6 +175,10 @@ class RecurrentPPO(PPO):
                                 f"{episode_start!r}"[:160] + ".")
             # (on the model's device: as_tensor alone makes it on the caller's default device, or moves a tensor there)
             episode_start = torch.as_tensor(flags, device=self.device).reshape(-1)
+            if episode_start.dtype != torch.bool and bool(((episode_start != 0) & (episode_start != 1)).any()):
+                # (0.5, 2, -1 or NaN: their truth value would reset the state, without a word)
+                raise UserError(f"predict(episode_start=...) takes one flag (bool or 0/1) per observation, got "
+                                f"{episode_start.tolist()!r}"[:160] + ".")
             if episode_start.numel() != num:
                 raise UserError(f"predict(episode_start=...) has {episode_start.numel()} entries for {num} "
                                 f"observation{'s' if num != 1 else ''}: give one flag per observation.")
@@ -193,8 +197,13 @@ class RecurrentPPO(PPO):
             raise UserError(f"predict(state=...) takes the (h, c) pair the previous call returned, each of shape "
                             f"{list(expected)}; got {type(state).__name__}"
                             f"{f' of {len(state)} items' if isinstance(state, (tuple, list)) else ''}.")
-        state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32, device=self.device)
-                      for s in state)
+        try:
+            state = tuple(torch.as_tensor(np.asarray(s) if as_numpy else s, dtype=torch.float32, device=self.device)
+                          for s in state)
+        except (TypeError, ValueError, RuntimeError):  # ((None, None), strings: no numbers)
+            got = ", ".join(type(part).__name__ for part in state)
+            raise UserError(f"predict(state=...) takes the (h, c) pair the previous call returned, each of shape "
+                            f"{list(expected)} of numbers; got ({got}).") from None
         for name, part in zip("hc", state):
             if tuple(part.shape) != expected:
                 raise UserError(f"predict(state=...)'s {name} has shape {list(part.shape)}, and this model needs "
