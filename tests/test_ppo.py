@@ -94,6 +94,28 @@ def test_deterministic_other_than_true_or_false_is_refused_not_taken_by_its_trut
                 call()
 
 
+def test_act_refuses_what_is_not_a_batch_of_observation_tensors_in_one_sentence():
+    """`act` on a numpy array, on one observation without its batch dimension or on another shape failed deep in the
+    networks (AttributeError "'numpy.ndarray' object has no attribute 'to'", IndexError "Dimension out of range",
+    torch's matrix-shape RuntimeError), as did a list of action masks."""
+    from rlspeed.errors import UserError
+
+    model = PPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    batch = torch.zeros(3, 4)
+    assert model.act(batch).shape == (3,)
+    for wrong, match in ((batch.numpy(), r"tensor of shape \(N, 4\), not a ndarray"),
+                         (batch[0], r"tensor of shape \(N, 4\), not \(4,\)"),
+                         (torch.zeros(3, 5), r"tensor of shape \(N, 4\), not \(3, 5\)"),
+                         (torch.zeros(1, 3, 4), r"tensor of shape \(N, 4\), not \(1, 3, 4\)")):
+        with pytest.raises(UserError, match=rf"^act takes a batch of observations as a {match}"):
+            model.act(wrong)
+    with pytest.raises(UserError, match=r"^act takes action_masks as a bool tensor \[N, n\], not a list"):
+        model.act(batch, action_masks=[[True, False]] * 3)
+    recurrent = rlspeed.RecurrentPPO("CartPole-v1", seed=0, device="cpu", num_envs=2, num_steps=16)
+    with pytest.raises(UserError, match=r"^act_with_state takes a batch of observations .* not \(4,\)"):
+        recurrent.act_with_state(batch[0], None, None)
+
+
 def test_an_action_predicted_for_one_observation_steps_a_table_env():
     """predict for one observation gave a 0-d array, which FrozenLake's and CliffWalking's step (`P[s][a]`) cannot
     hash: `env.step(model.predict(obs)[0])`, SB3's loop, raised "unhashable type: 'numpy.ndarray'"."""

@@ -701,6 +701,28 @@ def acting_input(value: torch.Tensor, device: torch.device) -> torch.Tensor:
     return value if value.device == device else value.to(device)
 
 
+def check_acting_batch(obs, space: gym.Space, call: str) -> None:
+    """UserError in one sentence where `act`'s observations (`call`: the method, "act") are not a batch of tensors
+    of the space's layout, `[N, *shape]` (a dict of them per key for a Dict space): a numpy array, one observation
+    without its batch dimension or another shape failed deep in the networks (torch's shape or attribute errors).
+    Shapes only: nothing is read from the device."""
+    parts = space.spaces if isinstance(space, gym.spaces.Dict) else {None: space}
+    if isinstance(space, gym.spaces.Dict) and not isinstance(obs, dict):
+        raise UserError(f"{call} takes a dict of tensors, one per key ({', '.join(parts)}), each a batch [N, ...], "
+                        f"not a {type(obs).__name__}; predict takes observations as the env returns them.")
+    for key, sub in parts.items():
+        shape = sub.shape  # (a leaf's, as observation_layout gives it: () for a Discrete index)
+        value = obs if key is None else obs.get(key)
+        tensor = isinstance(value, torch.Tensor)
+        if tensor and value.dim() == len(shape) + 1 and value.shape[1:] == shape:
+            continue
+        where = "" if key is None else f" for key '{key}'"
+        expected = "(" + ", ".join(["N", *map(str, shape)]) + ")"
+        got = f"{tuple(value.shape)}; predict also takes one observation" if tensor else (
+            f"a {type(value).__name__}; predict takes numpy arrays, lists and one observation")
+        raise UserError(f"{call} takes a batch of observations as a tensor of shape {expected}{where}, not {got}.")
+
+
 def as_observation_batch(observation, space: gym.Space, device: torch.device):
     """`predict`'s input as a batch on `device`: (obs, given as numpy, was a single observation). Numpy arrays and
     lists become tensors in the observation's dtype (float32 vectors, uint8 images, int64 indices); Dict
@@ -2015,6 +2037,10 @@ class Algorithm:
         as float32), as the env expects them, on the model's device; `deterministic=False` samples the policy.
         `action_masks`: bool `[N, n]` (an env's `info["action_mask"]`); a masked action is never chosen."""
         deterministic = true_or_false("deterministic", deterministic)
+        check_acting_batch(obs, self.spec.observation_space, "act")
+        if action_masks is not None and not isinstance(action_masks, torch.Tensor):
+            raise UserError(f"act takes action_masks as a bool tensor [N, n], not a {type(action_masks).__name__}; "
+                            "predict(obs, action_masks=...) takes numpy arrays and lists.")
         obs = map_obs(lambda value: acting_input(value, self.device), obs)
         with torch.no_grad(), acting_mode(self.policy):
             if self.obs_rms is not None:

@@ -22,7 +22,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from rlspeed.algos.base import acting_input, as_observation_batch, require
+from rlspeed.algos.base import acting_input, as_observation_batch, check_acting_batch, require
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
@@ -139,6 +139,7 @@ class RecurrentPPO(PPO):
         episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state).
         `action_masks` (bool `[N, n]`): a masked action is never chosen."""
         deterministic = true_or_false("deterministic", deterministic)
+        check_acting_batch(obs, self.spec.observation_space, "act_with_state")
         obs = map_obs(lambda v: acting_input(v, self.device), obs)
         num = obs_batch_size(obs)
         h, c = state if state is not None else self.initial_state(num)
