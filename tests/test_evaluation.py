@@ -5,6 +5,7 @@ returned, seeds of any integer type work on every backend, and rewards a wrapper
 from __future__ import annotations
 
 import json
+import pathlib
 import warnings
 
 import gymnasium as gym
@@ -402,3 +403,14 @@ def test_a_vector_env_shares_the_episodes_among_its_envs_as_sb3s_evaluate_policy
         batch_size=128).learn(128, callback=callback, progress_bar=False)
     assert [len(returns) for returns in callback.evaluations_results] == [3]
     one.close()
+
+
+def test_evaluate_refuses_what_is_no_rlspeed_model_in_one_sentence():
+    """A checkpoint's path (what `rlspeed eval` takes), None or Stable-Baselines3's model failed at its first
+    attribute, an AttributeError about `env_id`."""
+    for wrong, match in (("model.safetensors", r"^evaluate takes a model, not a path \('model.safetensors'\): load it "
+                                               r"first"),
+                         (pathlib.Path("run/model.safetensors"), "not a path"),
+                         (None, r"^evaluate takes an rlspeed model \(PPO\(\.\.\.\), .*not a NoneType\.$")):
+        with pytest.raises(rlspeed.UserError, match=match):
+            rlspeed.evaluate(wrong, "CartPole-v1", episodes=1)

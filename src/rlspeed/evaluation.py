@@ -71,6 +71,21 @@ def refuse_evaluate_keywords(keywords: dict, function: typing.Callable | None = 
         raise UserError(f"evaluate takes no '{key}'" + (f"; did you mean {', '.join(close)}?" if close else "."))
 
 
+def check_evaluated_model(model) -> None:
+    """UserError in one sentence where `evaluate`'s model is no rlspeed model (each failed at its first attribute, an
+    AttributeError about `env_id`): a checkpoint's path, which the command line's `rlspeed eval` takes, or a
+    Stable-Baselines3 model."""
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        raise UserError(f"evaluate takes a model, not a path ({str(model)[:80]!r}): load it first, "
+                        "rlspeed.evaluate(PPO.load(path), ...) with the model's class (rlspeed eval PATH on the "
+                        "command line).")
+    if not hasattr(type(model), "act") or not hasattr(model, "spec") or not hasattr(model, "env_id"):
+        sb3 = " (Stable-Baselines3's models: their own evaluate_policy)" if type(model).__module__.startswith(
+            ("stable_baselines3", "sb3_contrib")) else ""
+        raise UserError(f"evaluate takes an rlspeed model (PPO(...), PPO.load(path), ...), not a "
+                        f"{type(model).__name__}{sb3}.")
+
+
 def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
@@ -112,6 +127,7 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     (None for a vector env you built, which this call does not seed then).
     """
     refuse_evaluate_keywords(stable_baselines3)
+    check_evaluated_model(model)
     deterministic = true_or_false("evaluate(deterministic=...)", deterministic)
     seed = None if seed is None else check_seed(seed, limit_bits=63)  # (a model's seed plus evaluation offsets)
     max_steps = positive_whole("max_steps", max_steps)
