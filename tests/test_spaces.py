@@ -708,6 +708,20 @@ def test_predict_refuses_a_multibinary_observation_other_than_zeros_and_ones():
             model.predict(np.array(wrong))
 
 
+def test_predict_refuses_an_observation_of_no_numbers_not_converting_it():
+    """None was NaN (refused as "an observation holds nan ... find where the env produced it"), the string "3" the
+    index 3 and a complex observation its real part, silently; numbers of mixed types are still taken."""
+    cartpole = rlspeed.PPO("CartPole-v1", seed=0, device="cpu")
+    frozen = rlspeed.DQN("FrozenLake-v1", device="cpu", seed=0)
+    for model, wrong in ((cartpole, None), (cartpole, [0.1, None, 0.2, 0.3]), (cartpole, np.zeros(4, np.complex64)),
+                         (frozen, "3"), (frozen, np.array(["1", "2"]))):
+        with pytest.raises(UserError, match=r"^predict takes observations of shape \((4,)?\) \(or a batch of them\) "
+                                            r"as numbers, got "):
+            model.predict(wrong)
+    mixed = [np.float32(0.1), 0, 0.2, np.int8(1)]
+    assert cartpole.predict(mixed)[0] == cartpole.predict(np.array(mixed, np.float32))[0]
+
+
 def test_predict_refuses_a_bool_observation_other_than_zeros_and_ones():
     """A bool Box observation (MinAtar's grid) takes 0 and 1: the cast to bool made 0.5, 2, -1 and NaN True, and the
     policy acted on a grid the caller never gave."""

@@ -776,6 +776,9 @@ def as_observation_batch(observation, space: gym.Space, device: torch.device):
         try:
             raw = np.asarray(observation)
             if raw.dtype.kind not in "biuf":  # (lists of mixed types: numbers, or the error below)
+                # (None would be NaN, "3" the number 3 and a complex number its real part: no numbers here)
+                if raw.dtype.kind != "O" or any(item is None for item in raw.flat):
+                    raise TypeError
                 raw = raw.astype(np.float64)
         except (TypeError, ValueError):
             raise UserError(f"predict takes observations of shape {tuple(shape)} (or a batch of them) as numbers, "
