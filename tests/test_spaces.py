@@ -722,6 +722,17 @@ def test_predict_refuses_an_observation_of_no_numbers_not_converting_it():
     assert cartpole.predict(mixed)[0] == cartpole.predict(np.array(mixed, np.float32))[0]
 
 
+def test_a_uint64_observation_past_int64_is_refused_naming_the_value_given():
+    """A uint64 index past int64's range was refused as the negative number its cast made of it ("holds -1" for
+    2**64 - 1): the value named is the one given."""
+    frozen = rlspeed.DQN("FrozenLake-v1", device="cpu", seed=0)
+    with pytest.raises(UserError, match=r"^An observation holds 18446744073709551615, outside what Discrete\(16\)"):
+        frozen.predict(np.uint64(2**64 - 1))
+    with pytest.raises(UserError, match=r"^An observation holds 9223372036854775808 at position \[1\], outside"):
+        frozen.predict(np.array([3, 2**63], np.uint64))
+    assert frozen.predict(np.array([3], np.uint64))[0].tolist() == [int(frozen.predict(3)[0])]
+
+
 def test_predict_refuses_a_bool_observation_other_than_zeros_and_ones():
     """A bool Box observation (MinAtar's grid) takes 0 and 1: the cast to bool made 0.5, 2, -1 and NaN True, and the
     policy acted on a grid the caller never gave."""

@@ -866,6 +866,10 @@ def _check_whole(raw: torch.Tensor | np.ndarray, space: gym.Space, dtype: torch.
             return
         # (NaN is unequal to itself: a fraction here)
         if (floating and not np.array_equal(raw, np.trunc(raw))) or raw.min() < info.min or raw.max() > info.max:
+            if raw.dtype == np.uint64 and raw.max() > info.max:  # (as int64 it wrapped to a negative number, the
+                index = tuple(int(i) for i in np.argwhere(raw > info.max)[0])  # one named: said here, on the host)
+                raise UserError(f"An observation holds {raw[index]}{f' at position {list(index)}' if index else ''}, "
+                                f"outside what {space} stores ({dtype}: {info.min} to {info.max}).")
             _check_whole(torch.from_numpy(raw.astype(np.float64 if floating else np.int64)), space, dtype)
         return
     if raw.is_floating_point():
