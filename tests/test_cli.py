@@ -482,7 +482,7 @@ def test_a_fresh_run_in_a_reused_out_dir_drops_the_old_checkpoint_and_resume_use
     # Under torchrun the launcher checked the directory (the workers skip that) and a fresh run's workers find the
     # old checkpoint: they delete it, so that a restart before this run's first checkpoint cannot resume from it.
     (out / "checkpoint.safetensors").write_bytes(saved)
-    monkeypatch.setattr(cli, "_prepare_run_dir", lambda args, algo, checked_before: out)
+    monkeypatch.setattr(cli, "_prepare_run_dir", lambda args, algo, checked_before, **_: out)
     assert cli.main(args) == 0
     assert not (out / "checkpoint.safetensors").exists()
 
@@ -1399,6 +1399,24 @@ def test_resume_keeps_the_runs_own_settings_for_flags_not_given(tmp_path, monkey
     assert "checkpoint_freq 256 -> 512" in err and "nan_policy raise -> mask" in err
     after = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert after["changes"][-1]["settings"]["checkpoint_freq"] == [256, 512]
+
+
+def test_resume_of_a_finished_run_without_a_checkpoint_has_nothing_left_to_train(tmp_path, monkeypatch, capsys):
+    """A run shorter than a timed checkpoint's interval finishes without checkpoint.safetensors: the same command with
+    --resume (a batch job's requeue) was refused, exit 2, where a finished run's requeue exits 0; a larger budget,
+    which needs a checkpoint to train on from, is still refused."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress", "--target-return", "none",
+            "--num-envs", "4", "--set", "num_steps=16", "--total-timesteps", "256"]
+    assert cli.main(argv) == 0
+    assert not (tmp_path / "run" / "checkpoint.safetensors").exists()
+    before = {name: (tmp_path / "run" / name).read_bytes() for name in ("config.yaml", "summary.json")}
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "nothing left to train" in capsys.readouterr().out
+    assert {name: (tmp_path / "run" / name).read_bytes() for name in before} == before
+    error = cli_error(capsys, [*argv[:-1], "512", "--resume"])
+    assert "holds a finished run" in error and "no checkpoint.safetensors" in error
 
 
 def test_resume_with_a_budget_below_the_steps_trained_is_refused(tmp_path, monkeypatch, capsys):

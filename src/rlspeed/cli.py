@@ -1163,11 +1163,13 @@ def _default_run_dir(args: argparse.Namespace, algo: str, seeds: list[int] | Non
 
 
 def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
-                     seeds: list[int] | None = None) -> Path:
+                     seeds: list[int] | None = None, finished_enough=None) -> Path:
     """The run directory, created and writable. A directory that already holds a run is refused unless `--resume`
     (which continues it) or `--overwrite` (which deletes its run files first) is given; the default directory (named
     after `seeds` for a population) gets a numbered suffix instead. `checked_before`: under torchrun the `--nproc`
-    launcher did these checks (the ranks would otherwise see each other's new files)."""
+    launcher did these checks (the ranks would otherwise see each other's new files). `finished_enough(summary)`:
+    whether a finished run (its summary.json's dict) already holds what this command asks for, so that `--resume`
+    without a checkpoint has nothing left to train rather than a run to refuse."""
     if args.overwrite and args.resume:
         raise UserError("--overwrite starts the run in --out afresh and --resume continues it: give one of them.")
     if args.out is None:
@@ -1193,7 +1195,9 @@ def _prepare_run_dir(args: argparse.Namespace, algo: str, checked_before: bool,
         elif held and not args.resume:
             raise UserError(f"'{run_dir}' already holds a run ({', '.join(held)}): give another --out, --resume to "
                             "continue it, or --overwrite to replace it.")
-        elif finished and not (run_dir / "checkpoint.safetensors").exists():
+        elif (finished and not (run_dir / "checkpoint.safetensors").exists()
+              and not (finished_enough is not None and "model.safetensors" in finished
+                       and finished_enough(_ended_summary(run_dir / "summary.json") or {}))):
             raise UserError(f"--resume: '{run_dir}' holds a finished run ({', '.join(finished)}) but no "
                             "checkpoint.safetensors to continue from; give --overwrite to train it again from scratch.")
     try:
@@ -1702,8 +1706,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     # --overwrite deletes the run it would replace, and must leave no empty run directory behind
     model = _model(args, algo_cls, hyper, strategy)
     created = args.out is None or not Path(args.out).exists()
-    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled)
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
+    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled,
+                               finished_enough=lambda ended: _trained_enough(ended, total, target))
     recorded_eval_freq = eval_freq  # (config.yaml's: a resumed run keeps its own, which its checkpoint follows)
     if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
         eval_freq = None  # (a shipped preset's eval_freq serves its target: no evaluations; config.yaml says so)
@@ -1720,6 +1725,14 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         # A fresh run under torchrun in a reused --out: a restart before this run's first checkpoint must not resume
         # from the checkpoint of an earlier run.
         checkpoint.unlink()
+    ended = _ended_summary(run_dir / "summary.json") if args.resume and not checkpoint.exists() else None
+    if (ended is not None and restarts == 0 and (run_dir / "model.safetensors").exists()
+            and _trained_enough(ended, total, target)):
+        # (a finished run whose checkpoint was never written, as a run shorter than a timed checkpoint's interval
+        # writes none: a requeue of its command finds it finished, as it does with one)
+        if main:
+            _say_nothing_left(ended, target, checkpoint=False)
+        return 0
     if args.resume and restarts == 0 and not checkpoint.exists() and main:
         print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
               "--checkpoint-freq steps, by default 1/20 of the budget with --resume or --max-restarts)", flush=True)
@@ -1746,10 +1759,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if (ended is not None and (total <= 0 or reached)
             and (run_dir / "model.safetensors").exists()):  # (a finished run: left as it is, config.yaml too)
         if main:
-            print(f"rlspeed: nothing left to train: the run reached its target {target:g} (its summary.json); "
-                  "--target-return none or a higher target trains on" if reached else
-                  "rlspeed: nothing left to train: the run finished its budget (its summary.json); a larger "
-                  "--total-timesteps continues it", flush=True)
+            _say_nothing_left(ended, target, reached)
         return 0
     if resumed_from is not None:
         _refuse_budget_below_trained(run_dir, run_total, resumed_from, "steps the run has trained",
@@ -1785,6 +1795,31 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     finally:
         if tracker is not None:
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
+
+
+def _trained_enough(ended: dict, total: int, target) -> bool:
+    """Whether the finished run `ended` (its summary.json) trained the budget `total` or reached `target`."""
+    steps = ended.get("total_timesteps")
+    return (isinstance(steps, int) and steps >= total) or _summary_reached(ended, target)
+
+
+def _summary_reached(ended: dict, target) -> bool:
+    """Whether the finished run `ended` (its summary.json) reached `target`."""
+    return target is not None and ended.get("steps_to_target") is not None and ended.get("target_return") == target
+
+
+def _say_nothing_left(ended: dict, target, reached: bool | None = None, checkpoint: bool = True) -> None:
+    """The line of a `--resume` that finds its run finished (`reached`: its target; None: as its summary says;
+    `checkpoint`: whether one is there to train on from)."""
+    reached = _summary_reached(ended, target) if reached is None else reached
+    if not checkpoint:
+        print("rlspeed: nothing left to train: the run finished (its summary.json); it has no checkpoint.safetensors "
+              "to train on from, so --overwrite trains it again", flush=True)
+        return
+    print(f"rlspeed: nothing left to train: the run reached its target {target:g} (its summary.json); "
+          "--target-return none or a higher target trains on" if reached else
+          "rlspeed: nothing left to train: the run finished its budget (its summary.json); a larger "
+          "--total-timesteps continues it", flush=True)
 
 
 def _given_options(argv: list[str], command: str) -> set[str]:
