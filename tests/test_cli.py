@@ -1419,6 +1419,25 @@ def test_resume_of_a_finished_run_without_a_checkpoint_has_nothing_left_to_train
     assert "holds a finished run" in error and "no checkpoint.safetensors" in error
 
 
+def test_resume_of_a_finished_run_names_the_settings_it_leaves_unused(tmp_path, monkeypatch, capsys):
+    """--resume of a finished run with other hyperparameters or evaluation episodes said only "nothing left to train"
+    (exit 0): the --set value and --eval-episodes given went unused without a word."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--out", "run", "--no-progress", "--target-return", "none",
+            "--num-envs", "4", "--set", "num_steps=16", "--total-timesteps", "256", "--checkpoint-freq", "128"]
+    assert cli.main(argv) == 0
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0  # (a requeue of its own command: nothing to name)
+    out = capsys.readouterr()
+    assert "nothing left to train" in out.out and "unused" not in out.err
+    assert cli.main([*argv, "--resume", "--set", "n_epochs=3", "--eval-episodes", "2", "--checkpoint-freq", "64"]) == 0
+    err = capsys.readouterr().err
+    assert "these settings go unused: n_epochs " in err
+    assert "-> 3, eval_episodes 10 -> 2, checkpoint_freq 128 -> 64 (config.yaml keeps the run's)" in err
+    assert (tmp_path / "run" / "config.yaml").read_text() == config
+
+
 def test_resume_with_a_budget_below_the_steps_trained_is_refused(tmp_path, monkeypatch, capsys):
     """A resumed budget below the steps already trained said config.yaml recorded it (it did not), wrote a finished
     summary, and a later plain --resume trained on to the old budget: refused, naming the budget that ends the run."""

@@ -1732,6 +1732,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         # writes none: a requeue of its command finds it finished, as it does with one)
         if main:
             _say_nothing_left(ended, target, checkpoint=False)
+            _say_unapplied_settings(run_dir / "config.yaml", model, args)
         return 0
     if args.resume and restarts == 0 and not checkpoint.exists() and main:
         print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
@@ -1760,6 +1761,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
             and (run_dir / "model.safetensors").exists()):  # (a finished run: left as it is, config.yaml too)
         if main:
             _say_nothing_left(ended, target, reached)
+            _say_unapplied_settings(run_dir / "config.yaml", model, args)
         return 0
     if resumed_from is not None:
         _refuse_budget_below_trained(run_dir, run_total, resumed_from, "steps the run has trained",
@@ -1806,6 +1808,25 @@ def _trained_enough(ended: dict, total: int, target) -> bool:
 def _summary_reached(ended: dict, target) -> bool:
     """Whether the finished run `ended` (its summary.json) reached `target`."""
     return target is not None and ended.get("steps_to_target") is not None and ended.get("target_return") == target
+
+
+def _say_unapplied_settings(path: Path, model, args: argparse.Namespace) -> None:
+    """After a `--resume` that finds its run finished: one line naming the hyperparameters, evaluation episodes and
+    run settings given that differ from the run's config.yaml, which nothing applies (no step trains, the final
+    evaluation is not run again), rather than leaving them unsaid."""
+    before = _run_config(path)
+    if not before:
+        return
+    old, new = before.get("hyperparameters") or {}, _plain(model.config)
+    changed = {key: (old[key], new[key]) for key in new if key in old and old[key] != new[key]}
+    given = {"eval_episodes": _eval_episodes(args), "checkpoint_freq": args.checkpoint_freq,
+             "threads": args.threads, "env_backend": model.env_backend, "device": str(model.device)}
+    changed.update({key: (before[key], value) for key, value in given.items()
+                    if before.get(key) is not None and value is not None and before[key] != value})
+    if changed:
+        print(f"rlspeed: note: nothing trains, so these settings go unused: "
+              f"{', '.join(f'{key} {a} -> {b}' for key, (a, b) in changed.items())} (config.yaml keeps the run's)",
+              file=sys.stderr, flush=True)
 
 
 def _say_nothing_left(ended: dict, target, reached: bool | None = None, checkpoint: bool = True) -> None:
