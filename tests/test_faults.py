@@ -1163,6 +1163,42 @@ def test_a_second_sigterm_while_learn_closes_its_logs_keeps_the_runs_clock_in_su
     assert round(loop["train_wall_s"], 4) == clock
 
 
+def test_resume_runs_the_final_evaluation_a_signal_at_the_runs_end_skipped(tmp_path, monkeypatch, capsys):
+    """A SIGTERM as the last iteration ended saves the model and a summary.json without final_eval (exit 143); the
+    batch job's requeue, the same command with --resume, said "nothing left to train" and exited 0, so the run never got
+    its final evaluation: the resume evaluates the model, as the uninterrupted run did, and writes it into the
+    summary."""
+    run = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--target-return", "none", "--no-progress", "--env-backend", "torch",
+            "--set", "num_envs=4", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "256",
+            "--checkpoint-freq", "128", "--eval-episodes", "2", "--out", str(run)]
+    learn = PPO.learn
+
+    def signalled_learn(self, *args, callback=None, **kwargs):
+        def signal_at(_locals):
+            if self.num_timesteps == 256:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return learn(self, *args, callback=[signal_at, *(callback or [])], **kwargs)
+
+    monkeypatch.setattr(PPO, "learn", signalled_learn)
+    assert cli.main(argv) == 143
+    monkeypatch.setattr(PPO, "learn", learn)
+    assert json.loads((run / "summary.json").read_text())["final_eval"] is None
+    capsys.readouterr()
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "final evaluation (deterministic, 2 episodes" in capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval"]["episodes"] == 2 and summary["total_timesteps"] == 256
+    assert cli.main([*argv, "--resume"]) == 0 and "nothing left to train" in capsys.readouterr().out
+    # (without a checkpoint to resume from, the command that runs it is named)
+    (run / "checkpoint.safetensors").unlink()
+    summary["final_eval"] = None
+    (run / "summary.json").write_text(json.dumps(summary))
+    assert cli.main([*argv, "--resume"]) == 0
+    assert f"no final evaluation (a signal skipped it): rlspeed eval {run} --seed 1000000 --episodes 2 runs it" in (
+        capsys.readouterr().out)
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 @pytest.mark.parametrize("at", [384, 512])
 def test_a_run_a_signal_stopped_is_saved_before_its_learning_curve_is_drawn(tmp_path, monkeypatch, sig, code, at):

@@ -1733,6 +1733,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         if main:
             _say_nothing_left(ended, target, checkpoint=False)
             _say_unapplied_settings(run_dir / "config.yaml", model, args)
+            if ended.get("final_eval") is None:  # (a signal skipped it; without a checkpoint, no resume runs it)
+                seed = ended.get("seed") if isinstance(ended.get("seed"), int) else args.seed
+                print(f"rlspeed: its summary.json has no final evaluation (a signal skipped it): "
+                      f"{_eval_command(run_dir, seed + 1_000_000, _eval_episodes(args))} runs it", flush=True)
         return 0
     if args.resume and restarts == 0 and not checkpoint.exists() and main:
         print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
@@ -1757,8 +1761,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     # (reached: as the checkpoint records it, or, for an rlspeed whose checkpoints did not, as the run's summary does)
     reached = resumed_from is not None and target is not None and (_reached_before(model, target) or (
         ended is not None and ended.get("steps_to_target") is not None and ended.get("target_return") == target))
-    if (ended is not None and (total <= 0 or reached)
-            and (run_dir / "model.safetensors").exists()):  # (a finished run: left as it is, config.yaml too)
+    # (a finished run: left as it is, config.yaml too; one whose final evaluation a signal skipped or cut short, its
+    # summary.json without final_eval, goes on below: nothing trains, and the model is evaluated, as it would have been)
+    if (ended is not None and (total <= 0 or reached) and ended.get("final_eval") is not None
+            and (run_dir / "model.safetensors").exists()):
         if main:
             _say_nothing_left(ended, target, reached)
             _say_unapplied_settings(run_dir / "config.yaml", model, args)
