@@ -1753,7 +1753,7 @@ def test_overwrite_keeps_the_run_when_the_new_one_fails_before_saving_anything(t
         raise UserError("a check after the run directory was prepared failed.")
 
     with monkeypatch.context() as patch:
-        patch.setattr(cli, "_target_and_eval_freq", refuse)
+        patch.setattr(cli, "_write_config", refuse)
         assert cli.main([*argv, "--overwrite", "--seed", "1"]) == 2
     assert "keeps the run it held" in capsys.readouterr().err
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
