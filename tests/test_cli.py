@@ -2691,7 +2691,13 @@ def test_threads_beyond_the_usable_cores_are_capped_with_a_note(tmp_path, monkey
         assert ("rlspeed: note: --threads 8 is more than the 2 cores this process may use (its CPU affinity or "
                 "container quota): training runs 2 threads.") in capsys.readouterr().err
         assert yaml.safe_load((tmp_path / "capped" / "config.yaml").read_text())["threads"] == 2
-        assert cli.main([*argv, "--threads", "2", "--out", str(tmp_path / "fits")]) == 0
+        assert cli.main([*argv, "--threads", "2", "--checkpoint-freq", "16", "--out", str(tmp_path / "fits")]) == 0
         assert "--threads" not in capsys.readouterr().err
+        # (a resume keeps the run's count, where the flag is not given: the note names where the count came from)
+        monkeypatch.setattr(device, "usable_cores", lambda: 1)
+        resume = [arg if arg != "32" else "64" for arg in argv]
+        assert cli.main([*resume, "--resume", "--out", str(tmp_path / "fits")]) == 0
+        assert ("rlspeed: note: the run's 2 threads (its config.yaml) are more than the 1 core this process may use "
+                "(its CPU affinity or container quota): training runs 1 thread.") in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)

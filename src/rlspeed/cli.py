@@ -628,7 +628,7 @@ def _train_population(args: argparse.Namespace) -> int:
     env_kwargs = _env_kwargs(args)
     if env_kwargs:
         options["env_kwargs"] = env_kwargs
-    _configure_threads(args.threads)
+    _configure_threads(args)
     from rlspeed.checkpoint import encryption_settings
 
     # (a bad key, cipher or digest setting is refused now, not at the first checkpoint)
@@ -921,7 +921,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(f"--out {out}: nothing can be written in '{folder}' ({error.strerror or error}); give --out a "
                         "file in a directory you can write to.") from None
     device = resolve_device(args.device)
-    _configure_threads(args.threads)
+    _configure_threads(args)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
         print(args.preset_message)
     command = shlex.join(["rlspeed", *getattr(args, "argv", [])])
@@ -1075,23 +1075,26 @@ def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) ->
             f"{algo_cls.__name__}'s defaults and your --set values alone)."]
 
 
-def _configure_threads(threads: int | None) -> int:
-    """`configure_threads(--threads)`, with a note where the cores this process may use (its CPU affinity, a
-    container's CPU quota) hold the count below the one asked for: it used to be capped without a word."""
+def _configure_threads(args: argparse.Namespace) -> int:
+    """`configure_threads(--threads)` (a resumed run's own count where the flag is not given), with a note on stderr
+    where the cores this process may use (its CPU affinity, a container's CPU quota) hold the count below it."""
     from rlspeed.device import configure_threads
 
+    threads = args.threads
     used = configure_threads(threads)
     if threads is not None and used < threads:
-        print(f"rlspeed: note: --threads {threads} is more than the {used} core{'s' * (used != 1)} this process may "
-              f"use (its CPU affinity or container quota): training runs {used} thread{'s' * (used != 1)}.",
-              file=sys.stderr)
+        asked = (f"the run's {threads} threads (its config.yaml)" if getattr(args, "threads_from_run", False)
+                 else f"--threads {threads}")
+        print(f"rlspeed: note: {asked} {'are' if asked.startswith('the') else 'is'} more than the {used} "
+              f"core{'s' * (used != 1)} this process may use (its CPU affinity or container quota): training runs "
+              f"{used} thread{'s' * (used != 1)}.", file=sys.stderr)
     return used
 
 
 def _model(args: argparse.Namespace, algo_cls: type, hyper: dict, strategy=None):
     """The algorithm built from the model flags train and profile share (`build_parser`'s `model` parent); the
     process's torch threads set from `--threads` first (the final evaluation and videos run outside `learn`)."""
-    _configure_threads(args.threads)
+    _configure_threads(args)
     return algo_cls(args.env_id, device=args.device, seed=args.seed, env_backend=args.env_backend,
                     accelerate=args.accelerate, num_threads=args.threads, strategy=strategy,
                     nan_policy=args.nan_policy, save_replay_buffer=getattr(args, "save_replay_buffer", False),
@@ -1922,6 +1925,7 @@ def _resume_settings(args: argparse.Namespace) -> None:
     threads = config.get("threads")
     if "threads" not in given and isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1:
         args.threads = threads  # (the thread count changes a CPU's sums: a resume keeps the run's)
+        args.threads_from_run = True
     recorded = config.get("hyperparameters")
     # (--preset naming the preset the run already used changes nothing: the recorded values, --set's included, stay)
     requested = config["preset"].get("requested") if isinstance(config.get("preset"), dict) else None
