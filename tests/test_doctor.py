@@ -216,13 +216,18 @@ def test_a_dependency_that_cannot_be_imported_is_named_with_its_pip_line(monkeyp
                if other != name and other in {"safetensors", "pyyaml", "tqdm", "matplotlib"})
 
 
+def _compile_check_failing_with(monkeypatch, err: str):
+    """doctor's compile check on the CPU where its child process fails with the traceback `err`."""
+    monkeypatch.setattr(doctor, "_run_child", lambda args, timeout_s: (1, "", err))
+    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV, raising=False)
+    return doctor.check_compile(torch.device("cpu"))
+
+
 def test_a_compile_failing_for_a_missing_python_package_names_that_package(monkeypatch):
     """inductor failing to import tqdm was advised a C++ compiler (its traceback's paths say 'compile')."""
     err = ("Traceback ...\n  File \".../torch/_inductor/compile_fx.py\", line 1\n"
            "ModuleNotFoundError: No module named 'tqdm'\n")
-    monkeypatch.setattr(doctor, "_run_child", lambda args, timeout_s: (1, "", err))
-    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV, raising=False)
-    check = doctor.check_compile(torch.device("cpu"))
+    check = _compile_check_failing_with(monkeypatch, err)
     assert check.status == doctor.WARN and "pip install tqdm" in check.advice and "g++" not in check.advice
 
 
@@ -231,14 +236,12 @@ def test_a_compile_failing_to_write_its_cache_names_torchinductor_cache_dir(monk
     was advised a C++ compiler (its traceback's paths say 'compile')."""
     err = ("Traceback ...\n  File \".../torch/_inductor/codecache.py\", line 1, in write\n"
            "OSError: [Errno 30] Read-only file system: '/ro/inductor'\n")
-    monkeypatch.setattr(doctor, "_run_child", lambda args, timeout_s: (1, "", err))
-    monkeypatch.delenv(doctor.SKIP_COMPILE_ENV, raising=False)
-    check = doctor.check_compile(torch.device("cpu"))
+    check = _compile_check_failing_with(monkeypatch, err)
     assert check.status == doctor.WARN and "TORCHINDUCTOR_CACHE_DIR" in check.advice and "g++" not in check.advice
     assert "/ro/inductor" in check.advice
     err = ("Traceback ...\n  File \".../torch/_inductor/compile_fx.py\", line 1\n"
            "FileNotFoundError: [Errno 2] No usable temporary directory found in ['/tmp', '/var/tmp', '/usr/tmp']\n")
-    check = doctor.check_compile(torch.device("cpu"))
+    check = _compile_check_failing_with(monkeypatch, err)
     assert "set TMPDIR to a directory you can write to" in check.advice and "g++" not in check.advice
 
 

@@ -1095,6 +1095,19 @@ def test_sm3_from_gmssl_equals_openssl_s(monkeypatch, tmp_path):
     assert tensor_digest(tensors, {"x": 1}, "sm3") == expected
 
 
+def _sigterm_at(monkeypatch, steps: int) -> None:
+    """PPO.learn, patched: SIGTERM to this process once the model has trained `steps` env steps (a callback)."""
+    learn = PPO.learn
+
+    def signalled_learn(self, *args, callback=None, **kwargs):
+        def signal_at(_locals):
+            if self.num_timesteps == steps:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return learn(self, *args, callback=[signal_at, *(callback or [])], **kwargs)
+
+    monkeypatch.setattr(PPO, "learn", signalled_learn)
+
+
 def test_sigterm_stops_a_run_at_the_end_of_its_iteration_and_the_resume_is_the_uninterrupted_run(tmp_path, monkeypatch,
                                                                                                    capsys):
     """The first SIGTERM (or Ctrl-C) lets the iteration finish, so the checkpoint written then holds a whole state:
@@ -1107,14 +1120,7 @@ def test_sigterm_stops_a_run_at_the_end_of_its_iteration_and_the_resume_is_the_u
             "--checkpoint-freq", "256"]
     assert cli.main([*argv, "--out", str(tmp_path / "a")]) == 0
     learn = PPO.learn
-
-    def terminated_learn(self, *args, callback=None, **kwargs):
-        def terminate_at_384(_locals):
-            if self.num_timesteps == 384:
-                os.kill(os.getpid(), signal.SIGTERM)
-        return learn(self, *args, callback=[terminate_at_384, *(callback or [])], **kwargs)
-
-    monkeypatch.setattr(PPO, "learn", terminated_learn)
+    _sigterm_at(monkeypatch, 384)
     assert cli.main([*argv, "--out", str(tmp_path / "b")]) == 143
     assert "stopping after this iteration" in capsys.readouterr().err
     assert load_checkpoint(tmp_path / "b" / "checkpoint.safetensors")[1]["num_timesteps"] == 384
@@ -1173,14 +1179,7 @@ def test_resume_runs_the_final_evaluation_a_signal_at_the_runs_end_skipped(tmp_p
             "--set", "num_envs=4", "--set", "num_steps=32", "--set", "batch_size=64", "--total-timesteps", "256",
             "--checkpoint-freq", "128", "--eval-episodes", "2", "--out", str(run)]
     learn = PPO.learn
-
-    def signalled_learn(self, *args, callback=None, **kwargs):
-        def signal_at(_locals):
-            if self.num_timesteps == 256:
-                os.kill(os.getpid(), signal.SIGTERM)
-        return learn(self, *args, callback=[signal_at, *(callback or [])], **kwargs)
-
-    monkeypatch.setattr(PPO, "learn", signalled_learn)
+    _sigterm_at(monkeypatch, 256)
     assert cli.main(argv) == 143
     monkeypatch.setattr(PPO, "learn", learn)
     assert json.loads((run / "summary.json").read_text())["final_eval"] is None

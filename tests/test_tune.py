@@ -121,6 +121,14 @@ class _PruneOdd(optuna.pruners.BasePruner):
         self.forgotten |= numbers
 
 
+def _never_pruning(monkeypatch) -> _PruneOdd:
+    """A pruner that records reports and prunes nothing, made the study's."""
+    pruner = _PruneOdd()
+    pruner.prune = lambda study, trial: False
+    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
+    return pruner
+
+
 def test_pruned_trials_leave_the_population(tmp_path, monkeypatch):
     pruner = _PruneOdd()
     monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
@@ -149,9 +157,7 @@ def test_a_trial_that_left_with_the_target_keeps_reporting_the_return_it_reached
     at each later evaluation of the batch, so the pruner compares the slower trials with it too (the population's
     evaluation means are made up here: member 0 at 600 at its first evaluation, then gone, as a member that reached
     a target of 500 is)."""
-    pruner = _PruneOdd()
-    pruner.prune = lambda study, trial: False
-    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
+    pruner = _never_pruning(monkeypatch)
     learn = rlspeed.tune._Setup.learn
 
     def reached_by_member_0(self, members, on_eval=None):
@@ -176,9 +182,7 @@ def test_a_trial_whose_member_diverged_fails_and_its_reports_are_forgotten(tmp_p
     the best), with the step it diverged at, the pruner forgets its reports, and a further trial takes its place
     (the study runs until `trials` trials finished; the population's summary is made up here: member 1 of the first
     batch diverged at 256 steps)."""
-    pruner = _PruneOdd()
-    pruner.prune = lambda study, trial: False
-    monkeypatch.setattr(rlspeed.tune, "_make_pruner", lambda **kwargs: pruner)
+    pruner = _never_pruning(monkeypatch)
     learn = rlspeed.tune._Setup.learn
 
     def member_1_diverged(self, members, on_eval=None):

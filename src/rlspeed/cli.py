@@ -1083,9 +1083,9 @@ def _configure_threads(args: argparse.Namespace) -> int:
     threads = args.threads
     used = configure_threads(threads)
     if threads is not None and used < threads:
-        asked = (f"the run's {threads} threads (its config.yaml)" if getattr(args, "threads_from_run", False)
-                 else f"--threads {threads}")
-        print(f"rlspeed: note: {asked} {'are' if asked.startswith('the') else 'is'} more than the {used} "
+        asked = (f"the run's {threads} threads (its config.yaml) are" if getattr(args, "threads_from_run", False)
+                 else f"--threads {threads} is")
+        print(f"rlspeed: note: {asked} more than the {used} "
               f"core{'s' * (used != 1)} this process may use (its CPU affinity or container quota): training runs "
               f"{used} thread{'s' * (used != 1)}.", file=sys.stderr)
     return used
