@@ -109,6 +109,21 @@ def cli_error(capsys, argv: list[str]) -> str:
     return lines[0]
 
 
+def read_only_directory(monkeypatch, directory) -> None:
+    """Make `directory` behave as on a read-only file system for rlspeed's writability check (`rlspeed.files.
+    unwritable`, a temporary file made there), also where the tests run as root, whom permissions do not stop."""
+    import errno
+
+    real = tempfile.TemporaryFile
+
+    def temporary_file(*args, dir=None, **kwargs):
+        if dir is not None and os.path.samefile(dir, directory):
+            raise OSError(errno.EROFS, "Read-only file system")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     """A fresh, not yet existing run directory under pytest's tmp_path."""

@@ -9,7 +9,7 @@ import re
 
 import pytest
 import yaml
-from conftest import cli_error
+from conftest import cli_error, read_only_directory
 
 optuna = pytest.importorskip("optuna")
 
@@ -272,19 +272,9 @@ def test_an_out_in_a_directory_that_cannot_be_written_is_said_before_the_search(
     """`rlspeed tune` in a read-only working directory (its default --out tuned-ALGO-ENV.yaml) with the study stored
     elsewhere ran every trial and then said "Cannot write the preset"; a --out whose directories do not exist yet is
     tried at the nearest one that does (they are made when the preset is written)."""
-    import errno
-    import tempfile
-
     read_only = tmp_path / "read-only"
     read_only.mkdir()
-    real = tempfile.TemporaryFile
-
-    def temporary_file(*args, dir=None, **kwargs):  # (a read-only file system: also root cannot write there)
-        if dir is not None and os.path.samefile(dir, read_only):
-            raise OSError(errno.EROFS, "Read-only file system")
-        return real(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+    read_only_directory(monkeypatch, read_only)
     command = _command(tmp_path, "--trials", "2")
     command[command.index("--out") + 1] = str(read_only / "presets" / "best.yaml")
     message = cli_error(capsys, command)
@@ -298,9 +288,7 @@ def test_a_storage_in_a_directory_that_cannot_be_written_is_said_so(tmp_path, ca
     SQLite's "unable to open database file"."""
     read_only = tmp_path / "read-only"
     read_only.mkdir()
-    real_access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.path.samefile(path, read_only) and
-                        mode & os.W_OK else real_access(path, mode, **kw))
+    read_only_directory(monkeypatch, read_only)
     message = cli_error(capsys, _command(tmp_path, "--trials", "2", "--storage", str(read_only / "study.db")))
     assert "cannot be made in" in message and "a directory you can write to" in message
     assert not (read_only / "study.db").exists()
@@ -512,7 +500,6 @@ def test_the_commands_a_study_suggests_give_back_its_env_and_options(tmp_path):
 def test_a_preset_from_a_directory_whose_name_is_not_utf8_is_utf8():
     """The header of a study stored under a directory named in another encoding held the raw byte, and `rlspeed
     train --preset` (which reads UTF-8) refused the file tune had just written."""
-    import os
 
     from rlspeed.tune import utf8_text
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import read_only_directory
 
 from rlspeed import PPO, SAC, UserError, cli, video
 from rlspeed.envs.gym_view import NativeGymEnv
@@ -138,9 +139,7 @@ def test_a_directory_that_cannot_be_written_is_one_sentence_before_filming(tmp_p
     model.save(tmp_path / "model.safetensors")
     read_only = tmp_path / "read-only"
     read_only.mkdir()
-    real_access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode, **kw: False if os.path.samefile(path, read_only) and
-                        mode & os.W_OK else real_access(path, mode, **kw))
+    read_only_directory(monkeypatch, read_only)
     for name in ("v.gif", "v.mp4"):
         code = cli.main(["eval", str(tmp_path / "model.safetensors"), "--episodes", "1", "--no-progress", "--video",
                          str(read_only / name)])

@@ -35,7 +35,7 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
-from rlspeed.files import process_running, remove_stale_temporaries
+from rlspeed.files import process_running, remove_stale_temporaries, unwritable
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
 
@@ -914,12 +914,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # (a place the preset cannot be written is said now, not after the search: its directories are made then, so the
     # nearest one that exists is tried, with a file of its own that leaves nothing behind)
     folder = next(folder for folder in Path(out).absolute().parents if folder.exists())
-    try:
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as error:
-        raise UserError(f"--out {out}: nothing can be written in '{folder}' ({error.strerror or error}); give --out a "
-                        "file in a directory you can write to.") from None
+    reason = unwritable(folder)
+    if reason is not None:
+        raise UserError(f"--out {out}: nothing can be written in '{folder}' ({reason}); give --out a file in a "
+                        "directory you can write to.")
     device = resolve_device(args.device)
     _configure_threads(args)
     if getattr(args, "preset_message", None):  # (the search replaces preset values: no note on those kept)
@@ -1236,11 +1234,9 @@ def _holds_rlspeed_run(run_dir: Path) -> bool:
 
 def _check_writable(run_dir: Path) -> None:
     """UserError unless a file can be made in `run_dir`."""
-    try:
-        with tempfile.TemporaryFile(dir=run_dir):
-            pass
-    except OSError as error:
-        raise UserError(f"Cannot write to the run directory '{run_dir}': {error.strerror or error}.") from None
+    reason = unwritable(run_dir)
+    if reason is not None:
+        raise UserError(f"Cannot write to the run directory '{run_dir}': {reason}.")
 
 
 def _move_run_aside(run_dir: Path, held: list[str]) -> None:

@@ -43,6 +43,17 @@ def _temporaries(path: Path) -> list[Path]:
     return list(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
 
 
+def unwritable(directory: str | os.PathLike) -> str | None:
+    """Why no file can be made in `directory` (the OS's reason), or None where one can: found by making a temporary
+    file there, which leaves nothing behind. A real write, not `os.access`, which a read-only file system, NFS
+    root-squash or ACLs can make answer wrongly."""
+    try:
+        with tempfile.TemporaryFile(dir=directory):
+            return None
+    except OSError as error:
+        return error.strerror or str(error)
+
+
 def write_atomic(path: Path, text: str | bytes) -> None:
     """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
     at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written.

@@ -49,7 +49,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed.errors import UserError, positive_whole
-from rlspeed.files import write_atomic
+from rlspeed.files import unwritable, write_atomic
 
 #: The default search space of each algorithm with a population (`rlspeed.population.IMPLEMENTATIONS`): RL-Zoo's
 #: (rl_zoo3's hyperparams_opt.py) restricted to hyperparameters that may differ across members of a population. Ranges
@@ -384,7 +384,7 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
         parent = file.parent
         if not parent.is_dir():
             raise UserError(f"--storage {storage}: the directory '{parent}' does not exist.")
-        if not file.exists() and not os.access(parent, os.W_OK):  # (SQLite said "unable to open database file")
+        if not file.exists() and unwritable(parent) is not None:  # (SQLite said "unable to open database file")
             raise UserError(f"--storage {storage}: the study's file cannot be made in '{parent}' (read-only, or "
                             "another user's directory); give --storage a file in a directory you can write to.")
     try:

@@ -155,8 +155,10 @@ def require_writable_directory(path: str | Path) -> None:
     system, a directory of another user): said before filming, where it was said after the episodes, by the encoder
     (ffmpeg's command line in the message) or as a traceback (Pillow's GIF writer, whose partial file could not be
     removed either)."""
+    from rlspeed.files import unwritable
+
     parent = Path(path).parent
-    if not os.access(parent, os.W_OK):
+    if unwritable(parent) is not None:
         raise UserError(f"Cannot write '{path}': the directory '{parent}' cannot be written here (read-only, or "
                         "another user's); give a file in a directory you can write to.")
 
