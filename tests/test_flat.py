@@ -15,6 +15,7 @@ from rlspeed.fused.flat import (
     ensemble_rows_input_grad,
     linear_backward,
     linear_forward,
+    tanh_,
 )
 
 
@@ -29,6 +30,19 @@ def test_parameters_and_gradients_become_views_of_the_flat_buffers():
     adam.step()
     # clipped to norm 1, then Adam's first step moves every weight by lr against the gradient's sign
     assert all(torch.allclose(p, b - 0.1, atol=1e-6) for p, b in zip(net.parameters(), before))
+
+
+def test_the_hidden_layers_tanh_is_torchs_tanh_to_within_four_float32_steps_at_one():
+    special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-8, 44.0, -44.0, 1e30, -1e30, 3.4e38, -3.4e38, float("inf"),
+                            -float("inf")])
+    x = torch.cat([torch.linspace(-20, 20, 400_001), torch.randn(100_000) * 3, special])
+    got = tanh_(x.clone())
+    exact = torch.tanh(x.double())
+    assert (got.double() - exact).abs().max().item() <= 2.4e-7
+    assert got.abs().max().item() <= 1.0  # bounded as tanh is: the backward's 1 - out^2 stays >= 0
+    assert tanh_(torch.tensor([float("nan")])).isnan().all()
+    half = torch.linspace(-5, 5, 101, dtype=torch.float64)  # other dtypes: torch's own tanh
+    assert torch.equal(tanh_(half.clone()), torch.tanh(half))
 
 
 def test_refuses_adam_variants_it_does_not_implement():
