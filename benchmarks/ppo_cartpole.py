@@ -1,9 +1,10 @@
 """PPO on CartPole-v1: rlspeed against Stable-Baselines3, side by side in one process, seeds interleaved.
 
 (a) Throughput: env steps per second of training at identical RL-Zoo hyperparameters (8 envs, n_steps 32, batch
-    256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip linear from 1e-3 and 0.2, ent_coef 0, [64, 64] tanh,
-    separate actor and critic, orthogonal init) for a fixed budget without evaluation. Gymnasium envs for both
-    (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native torch CartPole.
+    256, 20 epochs, gamma 0.98, gae_lambda 0.8, lr and clip linear from 1e-3 and 0.2, ent_coef 0, value loss
+    weight SB3 0.5 (= rlspeed 1.0), [64, 64] tanh, separate actor and critic, orthogonal init) for a fixed budget
+    without evaluation. Gymnasium envs for both (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on
+    its device-native torch CartPole.
 (b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches a mean
     return of 475, each library at its own best settings (rlspeed: its shipped CartPole preset, env backend auto;
     SB3: the RL-Zoo CartPole settings above), both evaluated every `eval_freq` env steps, evaluation time excluded
@@ -28,9 +29,10 @@ TARGET_RETURN = 475.0
 EVAL_EPISODES = 10
 EVAL_SEED_OFFSET = 100_000  # evaluation envs are seeded apart from the training envs (as rlspeed does)
 
-# RL-Zoo's PPO CartPole-v1 hyperparameters (rl-baselines3-zoo hyperparams/ppo.yml), in each library's names.
+# RL-Zoo's PPO CartPole-v1 hyperparameters (rl-baselines3-zoo hyperparams/ppo.yml), in each library's names: SB3's
+# default vf_coef 0.5 is rlspeed's 1.0 (rlspeed's PPO value loss is 0.5 * MSE).
 ZOO_RLSPEED = dict(num_envs=8, num_steps=32, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8,
-                   learning_rate=1e-3, anneal_lr=True, clip_range=0.2, anneal_clip=True, ent_coef=0.0,
+                   learning_rate=1e-3, anneal_lr=True, clip_range=0.2, anneal_clip=True, ent_coef=0.0, vf_coef=1.0,
                    net_arch=(64, 64), activation="tanh")
 ZOO_NUM_ENVS = 8
 
