@@ -85,13 +85,22 @@ def auto_choice(model) -> str:
 
 
 # --- (a) throughput ----------------------------------------------------------------------------------------------
+def timed_learn(model, steps: int) -> float:
+    """Env steps per second of an rlspeed model's whole `learn(steps)` call, its envs built before (as SB3's are by
+    `make_vec_env`): the same clock as the SB3 runs below, whose count includes the start of `learn`."""
+    model.make_training_env()
+    started = time.perf_counter()
+    model.learn(steps, progress_bar=False)
+    return model.result.total_timesteps / (time.perf_counter() - started)
+
+
 def rlspeed_ppo(steps: int, seed: int, accelerate: str = "off") -> float:
     model = rlspeed.PPO(ENV_ID, seed=seed, num_envs=NUM_ENVS, env_backend="gymnasium", anneal_lr=False, vf_coef=1.0,
                         net_arch=(), cnn_features_dim=FEATURES, accelerate=accelerate, **PPO_SETTINGS)
-    model.learn(steps, progress_bar=False)
+    sps = timed_learn(model, steps)
     if accelerate == "auto":
         AUTO_CHOICE["ppo"] = auto_choice(model)
-    return model.result.sps
+    return sps
 
 
 def sb3_ppo(steps: int, seed: int) -> float:
@@ -110,10 +119,10 @@ def sb3_ppo(steps: int, seed: int) -> float:
 def rlspeed_dqn(steps: int, seed: int, accelerate: str = "off") -> float:
     model = rlspeed.DQN(ENV_ID, seed=seed, num_envs=1, env_backend="gymnasium", double_q=False, net_arch=(),
                         cnn_features_dim=FEATURES, accelerate=accelerate, **DQN_SETTINGS)
-    model.learn(steps, progress_bar=False)
+    sps = timed_learn(model, steps)
     if accelerate == "auto":
         AUTO_CHOICE["dqn"] = auto_choice(model)
-    return model.result.sps
+    return sps
 
 
 def sb3_dqn(steps: int, seed: int) -> float:

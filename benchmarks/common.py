@@ -356,11 +356,15 @@ def peer_defaults(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def rlspeed_throughput_record(model, learn_wall_s: float, **extra) -> dict:
-    """What a throughput run (a) of an rlspeed model records: its env backend, device, steps/s and wall time."""
+    """What a throughput run (a) of an rlspeed model records: its env backend, device, steps/s and wall time.
+
+    `sps` is steps over the wall time of the whole `learn` call, as `sb3_throughput_record` times SB3's: rlspeed's own
+    training clock (`train_wall_s`, its `train_sps`) leaves out the start of `learn`, which SB3's count includes."""
     result = model.result
     return {"library": "rlspeed", "env_backend": model.env_backend, "device": str(model.device), **extra,
-            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "sps": result.sps,
-            "learn_wall_s": learn_wall_s, "threads": torch.get_num_threads()}
+            "steps": result.total_timesteps, "train_wall_s": result.train_wall_s, "train_sps": result.sps,
+            "sps": result.total_timesteps / learn_wall_s, "learn_wall_s": learn_wall_s,
+            "threads": torch.get_num_threads()}
 
 
 def sb3_throughput_record(model, env, steps: int, threads: int, library: str = "stable-baselines3") -> dict:
