@@ -8,7 +8,8 @@ one process, seeds interleaved.
     10 steps, epsilon 1 -> 0.04 over 16% of the run, plain (not double) DQN targets as SB3's DQN computes them.
     Gymnasium envs for both (rlspeed env_backend="gymnasium", SB3 DummyVecEnv), plus rlspeed on its device-native
     torch env, both in fp32 eager, and rlspeed with `accelerate="auto"` (the acceleration layer's measured choice of
-    precision/compilation for the update step) on env_backend="auto", as the CLI runs it.
+    precision/compilation for the update step) on env_backend="auto", as the CLI runs it; its search runs in the
+    untimed warm-up run and is cached, so the timed runs leave it out (a first CLI run on a machine pays it once).
 (b) Time to target: training seconds until a deterministic 10-episode evaluation on a separate env reaches the target
     (SAC Pendulum-v1: -200; DQN CartPole-v1: 475), each library at its own best settings (rlspeed: its shipped preset,
     env backend auto; SB3: the RL-Zoo settings above), both evaluated every `eval_freq` env steps, evaluation time
@@ -154,8 +155,9 @@ def report_case(case: Case, summary: dict, settings: dict) -> str:
              f"{case.zoo_description} for both, {seeds} seeds interleaved, torch.set_num_threads({threads}), rlspeed "
              f"on device `{settings['device']}` (fp32 eager, and with the acceleration layer's measured choice: "
              f"{settings['accelerated'].get(case.key, 'not run')}), SB3 on `{settings['sb3_device']}`. Env steps "
-             "per second of `learn` "
-             "(the acceleration layer's one-off search, cached after the warm-up run, included).", ""]
+             "per second of `learn` (for the accelerate=auto runs `chosen_by` says how the choice was made: where "
+             "the acceleration layer searches, it does so once, in the untimed warm-up run, and caches its choice, "
+             "so the search is not in their time).", ""]
     rows = []
     labels = throughput_rows(case, settings["device"])
     for name, stats in summary["throughput"].items():
