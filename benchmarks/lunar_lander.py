@@ -155,6 +155,22 @@ def table(runs: list[dict]) -> str:
                                   "1-min load before / after each run", "SB3 / rlspeed (time)"], rows)
 
 
+def separate_calls(runs: list[dict]) -> list[str]:
+    """A note naming the seeds whose two sides came from separate calls of the script (`--add`), so were not run
+    one after the other; runs stored before calls were recorded count as one earlier call."""
+    pairs = []
+    for algo in dict.fromkeys(r["algo"] for r in runs):
+        for seed in sorted({r["seed"] for r in runs if r["algo"] == algo}):
+            calls = {r["name"]: r.get("call", "an earlier call") for r in runs
+                     if r["algo"] == algo and r["seed"] == seed}
+            if len(calls) == 2 and calls["rlspeed"] != calls["sb3"]:
+                pairs.append(f"{algo.upper()} seed {seed} (rlspeed: {calls['rlspeed']}; SB3: {calls['sb3']})")
+    if not pairs:
+        return []
+    return ["", "Not side by side: the two sides of " + ", ".join(pairs) + " came from separate calls of this script "
+            "(`--add`), so the machine's load may have differed between them (see the load column)."]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=1, help="seeds per algorithm: first-seed .. first-seed + N - 1")
@@ -180,11 +196,12 @@ def main() -> None:
         raise SystemExit("--algos takes the discrete pairs (ppo, dqn) or the continuous ones (sac, td3), not both: "
                          "each env has its own section.")
     runs = []
+    call = common.machine_description()["date_utc"]  # (which call of the script made a run: --add merges calls)
     for algo in algos:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             order = ("rlspeed", "sb3") if seed % 2 == 0 else ("sb3", "rlspeed")
             for side in (side for side in order if side in args.sides.split(",")):
-                runs.append(fresh_process(algo, side, seed, args))
+                runs.append({**fresh_process(algo, side, seed, args), "call": call})
                 r = runs[-1]
                 print(f"  {algo} {side} seed {seed}: "
                       + (f"200 after {r['steps_to_target']:,} steps, {r['time_to_target_s']:.1f} s" if r["reached"]
@@ -207,7 +224,7 @@ def main() -> None:
              f"deterministic 10-episode evaluation with mean >= {TARGET_RETURN:g} ({every}); the budget is "
              + ("--budget's, not RL-Zoo's" if BUDGET_OVERRIDE else "RL-Zoo's n_timesteps")
              + f" ({budgets}). The process CPU time counts training and evaluations and leaves out waiting "
-             "for a core.", "", table(runs)]
+             "for a core.", "", table(runs), *separate_calls(runs)]
     machine = common.machine_description(("rlspeed", "torch", "gymnasium", "numpy", "stable-baselines3", "rl_zoo3"))
     machine["torch_threads"] = args.threads
     common.publish(name, lines, {"settings": {"seeds": seeds, "eval_freq": {a: EVAL_FREQ[a] for a in algos},
