@@ -235,7 +235,8 @@ def publish(args) -> None:
     data = json.loads(Path(args.throughput).read_text())
     data["machine"]["torch_threads"] = data["threads"]  # what every worker set (the parent process sets none)
     labels = {"rlspeed-gym": ("rlspeed", "Gymnasium AtariPreprocessing + FrameStack, 8 envs in one process"),
-              "rlspeed-envpool": ("rlspeed", "EnvPool (`--env-backend envpool`), 8 envs"),
+              "rlspeed-envpool": ("rlspeed", "EnvPool (`--env-backend envpool`), 8 envs stepped in EnvPool's own "
+                                  "threads (not limited to one core)"),
               "sb3": ("Stable-Baselines3 `CnnPolicy`", "`make_atari_env` + `VecFrameStack(4)`, DummyVecEnv, 8 envs")}
     targets = {"rlspeed-gym": 2.0, "rlspeed-envpool": 3.0}
     summary: dict = {}
