@@ -120,6 +120,43 @@ def test_narrow_outputs_written_column_major_match_autograd(workspace):
             torch.testing.assert_close(grad_b, layer.bias.grad)
 
 
+@pytest.mark.parametrize("workspace", [False, True])
+@pytest.mark.parametrize(("in_dim", "out_dim"), [(1, 1), (3, 2), (4, 4), (2, 5)])
+def test_ensembles_thin_products_match_autograd(in_dim, out_dim, workspace):
+    """Ensembles whose input or output has 1-5 columns (value and Q heads, CartPole's 2 logits, Pendulum's 1-wide
+    actions) at 96 rows: the forward, the weight and bias gradients and the gradient of the input (all of it, and
+    one column of it, as SAC's actor loss takes) agree with autograd on `baddbmm`, also on reused buffers."""
+    torch.manual_seed(0)
+    members, rows = 3, 96
+    weights = [torch.randn(members, in_dim, 32), torch.randn(members, 32, 32) / 6,
+               torch.randn(members, 32, out_dim) / 6]
+    biases = [torch.randn(members, 1, 32) / 4, torch.randn(members, 1, 32) / 4, torch.randn(members, 1, out_dim)]
+    params = [p.clone().requires_grad_() for p in (*weights, *biases)]
+    x = torch.randn(members, rows, in_dim, requires_grad=True)
+    grad_out = torch.randn(members, rows, out_dim)
+    y = x
+    for layer in range(3):
+        y = torch.baddbmm(params[3 + layer], y, params[layer])
+        y = torch.tanh(y) if layer < 2 else y
+    expected = torch.autograd.grad(y, [x, *params], grad_out)
+    ws = Workspace() if workspace else None
+    for _ in range(2):
+        weight_grads = [torch.full_like(w, float("nan")) for w in weights]
+        bias_grads = [torch.full_like(b, float("nan")) for b in biases]
+        outputs = ensemble_forward(x.detach(), weights, biases, True, ws, "ens")
+        torch.testing.assert_close(outputs[-1], y.detach())
+        if 2 <= out_dim <= 4:
+            assert outputs[-1].stride() == (out_dim * rows, 1, rows)  # column-major
+        ensemble_backward(grad_out, outputs, weights, weight_grads, bias_grads, True, ws, "ens")
+        for got, want in zip([*weight_grads, *bias_grads], expected[1:]):
+            torch.testing.assert_close(got, want)
+        torch.testing.assert_close(ensemble_input_grad(grad_out, outputs, weights, True, workspace=ws, tag="in"),
+                                   expected[0])
+        torch.testing.assert_close(
+            ensemble_input_grad(grad_out, outputs, weights, True, slice(0, 1), workspace=ws, tag="in"),
+            expected[0][..., :1])
+
+
 @pytest.mark.skipif(not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul"),
                     reason="this CPU has no bf16 matmul")
 def test_bf16_matmul_region_keeps_thin_products_in_fp32_and_wide_ensembles_close():

@@ -335,6 +335,45 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: t
             _MKLDNN_MATMUL.fp32_precision = "bf16"
 
 
+# MKL's batched product (`bmm`, an ensemble's layer on a CPU) runs far below its arithmetic where one side has one to
+# four columns: a 1-wide value or Q head costs about as much as a 64-wide hidden layer, at every ensemble size. Such
+# products take forms that are faster at every ensemble size benchmarks/fused_updates.py measures: one output column
+# as a multiply and a sum over the inner dimension, one inner column (the outer product of a 1-wide head's gradient)
+# as a broadcast multiply, a weight gradient of 1-4 columns as the product of its transpose, and 2-4 output columns
+# written column-major (from `COLUMN_MAJOR_MIN_ROWS` rows, as for the plain products above).
+THIN_COLUMNS = 4
+
+
+def _ensemble_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: torch.Tensor | None = None,
+                      workspace: Workspace | None = None, key: object = None) -> torch.Tensor:
+    """`bias + a @ b` (or `a @ b`) of `[K, B, n] @ [K, n, m]` into `out` (None: a new tensor); on a CPU one output
+    or inner column in the faster form above (a multiply into the workspace's buffer under (`key`, "thin") and a
+    sum, or a broadcast multiply)."""
+    if a.device.type == "cpu" and (b.shape[2] == 1 or b.shape[1] == 1):
+        if b.shape[2] == 1:
+            scratch = _out(workspace, (key, "thin"), a.shape, a, needed=True)
+            torch.mul(a, b.transpose(1, 2), out=scratch)
+            out = scratch.sum(2, keepdim=True) if out is None else torch.sum(scratch, 2, keepdim=True, out=out)
+        else:
+            out = torch.mul(a, b) if out is None else torch.mul(a, b, out=out)
+        return out if bias is None else out.add_(bias)
+    if bias is None:
+        return torch.bmm(a, b) if out is None else torch.bmm(a, b, out=out)
+    return torch.baddbmm(bias, a, b) if out is None else torch.baddbmm(bias, a, b, out=out)
+
+
+def _ensemble_out(workspace: Workspace | None, key: object, shape: Sequence[int], like: torch.Tensor,
+                  needed: bool = False) -> torch.Tensor | None:
+    """The output `[K, B, m]` of an ensemble product, as `_out`, column-major (the transpose of a `[K, m, B]` buffer)
+    where 2-4 columns are written faster that way (above)."""
+    members, rows, cols = shape
+    if 2 <= cols <= THIN_COLUMNS and rows >= COLUMN_MAJOR_MIN_ROWS and like.device.type == "cpu":
+        if workspace is None:
+            return torch.empty((members, cols, rows), dtype=like.dtype, device=like.device).transpose(1, 2)
+        return workspace.get(key, (members, cols, rows), like).transpose(1, 2)
+    return _out(workspace, key, shape, like, needed)
+
+
 def _product_out(workspace: Workspace | None, key: object, rows: int, cols: int,
                  like: torch.Tensor) -> torch.Tensor | None:
     """The output of a `[rows, cols]` product: the workspace's buffer under `key`, column-major (the transpose of a
@@ -370,15 +409,14 @@ def _forward(x: torch.Tensor, weights, biases, tanh: bool, workspace: Workspace 
         fold_bias = layer != last and add_relu
         if ensemble:
             shape = (*x.shape[:2], weight.shape[2])
-            out = _out(workspace, (tag, "forward", layer), shape, x, needed=per_member)
+            out = _ensemble_out(workspace, (tag, "forward", layer), shape, x, needed=per_member)
             if per_member:
                 for k in range(weight.shape[0]):
                     _product(inputs[k], weight[k], out[k], None if fold_bias else bias[k], reduced)
                 z = out
-            elif fold_bias:
-                z = torch.bmm(inputs, weight, out=out)
             else:
-                z = torch.baddbmm(bias, inputs, weight, out=out)
+                z = _ensemble_product(inputs, weight, out, None if fold_bias else bias, workspace,
+                                      (tag, "forward", layer))
         else:
             out = _product_out(workspace, (tag, "forward", layer), x.shape[0], weight.shape[0], x)
             z = _product(inputs, weight.t(), out, None if fold_bias else bias, reduced)
@@ -434,6 +472,10 @@ def ensemble_backward(grad: torch.Tensor, outputs: list[torch.Tensor], weights, 
         if per_member:
             for k in range(weights[0].shape[0]):
                 _product(inputs[k].t(), grad[k], weight_grads[layer][k], reduced=reduced)
+        elif grad.shape[2] <= THIN_COLUMNS and grad.device.type == "cpu":  # via dW^T = g^T x (see THIN_COLUMNS)
+            transposed = _out(workspace, (tag, "weight grad", layer), (grad.shape[0], grad.shape[2], inputs.shape[2]),
+                              inputs, needed=True)
+            weight_grads[layer].copy_(torch.bmm(grad.transpose(1, 2), inputs, out=transposed).transpose(1, 2))
         else:
             torch.bmm(inputs.transpose(1, 2), grad, out=weight_grads[layer])
         torch.sum(grad, dim=1, keepdim=True, out=bias_grads[layer])
@@ -458,7 +500,7 @@ def ensemble_input_grad(grad: torch.Tensor, outputs: list[torch.Tensor], weights
     first = weights[0][:, columns]
     if per_member:
         return torch.stack([_product(grad[k], first[k].t(), None, reduced=reduced) for k in range(first.shape[0])])
-    return torch.bmm(grad, first.transpose(1, 2))
+    return _ensemble_product(grad, first.transpose(1, 2), None, workspace=workspace, key=(tag, 0))
 
 
 def _ensemble_layer_input_grad(grad: torch.Tensor, weight: torch.Tensor, inputs: torch.Tensor, tanh: bool,
@@ -469,7 +511,7 @@ def _ensemble_layer_input_grad(grad: torch.Tensor, weight: torch.Tensor, inputs:
         for k in range(weight.shape[0]):
             _product(grad[k], weight[k].t(), out[k], reduced=reduced)
     else:
-        out = torch.bmm(grad, weight.transpose(1, 2), out=out)
+        out = _ensemble_product(grad, weight.transpose(1, 2), out)
     return activation_backward(out, inputs, tanh)
 
 
