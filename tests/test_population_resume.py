@@ -466,8 +466,15 @@ def test_resume_of_a_finished_run_has_nothing_to_train_and_finishes_one_killed_i
     summary = (out / "summary.json").read_bytes()
     capsys.readouterr()
     assert cli.main([*argv, "--resume"]) == 0
-    assert "nothing left to train: the population run finished" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "nothing left to train: the population run finished" in said.out and "unused" not in said.err
     assert (out / "summary.json").read_bytes() == summary  # (the run as it was)
+    config = (out / "config.yaml").read_bytes()
+    # other settings given to the requeue go unused, and it says which (they went unsaid)
+    assert cli.main([*argv, "--resume", "--set", "learning_rate=0.1,0.2", "--eval-episodes", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "these settings go unused: learning_rate " in err and "-> [0.1, 0.2], eval_episodes " in err
+    assert (out / "config.yaml").read_bytes() == config
     assert "holds a finished population run" in cli_error(capsys, [*argv, "--resume", "--total-timesteps", "1024"])
 
     def killed(*args):

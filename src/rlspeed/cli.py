@@ -645,6 +645,7 @@ def _train_population(args: argparse.Namespace) -> int:
             population.close()
             print("rlspeed: nothing left to train: the population run finished (its summary.json); --overwrite "
                   "trains it again", flush=True)
+            _say_unapplied_settings(run_dir / "config.yaml", population, args, {**_plain(_config), **per_member})
             return 0
         if checkpoint.exists():
             _fits(lambda: population.resume(checkpoint), checkpoint, "this population")
@@ -1815,14 +1816,15 @@ def _summary_reached(ended: dict, target) -> bool:
     return target is not None and ended.get("steps_to_target") is not None and ended.get("target_return") == target
 
 
-def _say_unapplied_settings(path: Path, model, args: argparse.Namespace) -> None:
-    """After a `--resume` that finds its run finished: one line naming the hyperparameters, evaluation episodes and
-    run settings given that differ from the run's config.yaml, which nothing applies (no step trains, the final
-    evaluation is not run again), rather than leaving them unsaid."""
+def _say_unapplied_settings(path: Path, model, args: argparse.Namespace, hyperparameters: dict | None = None) -> None:
+    """After a `--resume` that finds its run (solo `model` or population) finished: one line naming the
+    hyperparameters (default: the model's), evaluation episodes and run settings given that differ from the run's
+    config.yaml, which nothing applies (no step trains, the final evaluation is not run again), rather than leaving
+    them unsaid."""
     before = _run_config(path)
     if not before:
         return
-    old, new = before.get("hyperparameters") or {}, _plain(model.config)
+    old, new = before.get("hyperparameters") or {}, _plain(model.config) if hyperparameters is None else hyperparameters
     changed = {key: (old[key], new[key]) for key in new if key in old and old[key] != new[key]}
     given = {"eval_episodes": _eval_episodes(args), "checkpoint_freq": args.checkpoint_freq,
              "threads": args.threads, "env_backend": model.env_backend, "device": str(model.device)}
