@@ -420,6 +420,15 @@ def test_debug_before_the_subcommand_shows_the_traceback(monkeypatch, tmp_path):
         cli.main(["--debug", "train", "ppo", "CartPol-v1"])
 
 
+def test_debug_keeps_the_sentence_of_an_unknown_option(monkeypatch, tmp_path):
+    """With --debug an unknown option's sentence pointed to 'rlspeed --help' where without it names the command's
+    own help and the closest option: the traceback carries the same sentence."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match="did you mean --eval-episodes") as raised:
+        cli.main(["train", "ppo", "CartPole-v1", "--eval-episods", "3", "--debug"])
+    assert "(see 'rlspeed train --help')" in str(raised.value)
+
+
 def test_debug_keeps_the_commands_exit_code_2(tmp_path):
     """As the `rlspeed` command, --debug adds the traceback and keeps exit code 2 (a raised error would exit 1)."""
     done = subprocess.run([sys.executable, "-c", "import sys\nfrom rlspeed.cli import main\nsys.exit(main())",

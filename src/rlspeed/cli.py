@@ -3362,8 +3362,6 @@ def _main(argv: list[str]) -> int:
     except UserError as error:
         if stdout is not None:
             stdout.stop_when_gone = False
-        if "--debug" in argv:
-            raise
         text = _one_line(str(error))
         command = next((arg for arg in argv if not arg.startswith("-")), None)
         if text.startswith("unrecognized arguments") and command is not None:
@@ -3375,6 +3373,8 @@ def _main(argv: list[str]) -> int:
             unknown = [arg for arg in argv if arg != "--debug"]
             text = _close_option_hint(f"unrecognized arguments: {' '.join(unknown)} (see 'rlspeed --help').",
                                       unknown[0], None)
+        if "--debug" in argv:  # (the traceback, with the same sentence)
+            raise UserError(text) from error
         print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
