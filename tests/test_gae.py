@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import rlspeed
 from rlspeed.buffers import gae
 from rlspeed.buffers import rollout as rollout_module
 
@@ -119,3 +120,44 @@ def test_float64_rollouts_get_float64_advantages(monkeypatch, path):
     expected_advantages, expected_returns = reference_gae(*(x.numpy() for x in rollout), 0.5, 0.9)
     np.testing.assert_allclose(advantages.numpy(), expected_advantages, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(returns.numpy(), expected_returns, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("algo", ["PPO", "A2C"])
+@pytest.mark.parametrize("env_id", [
+    "CartPole-v1",  # float vectors: the rollout stores the next observations, valued after it
+    "FrozenLake-v1",  # encoded (index) observations: the finished rows' last observations are valued during it
+])
+def test_a_rollouts_advantages_bootstrap_truncations_from_their_last_observation(algo, env_id):
+    """What a learn() rollout hands the update is GAE over what the env returned: a truncated episode (a 3-step time
+    limit) is bootstrapped from V of its true last observation (`info["final_obs"]`, not the next episode's first),
+    a terminated one not at all."""
+    env = rlspeed.make_env(env_id, num_envs=2, device="cpu", seed=0, backend="gymnasium",
+                           env_kwargs={"max_episode_steps": 3})
+    model = getattr(rlspeed, algo)(env, device="cpu", seed=0, num_steps=12, gamma=0.9, gae_lambda=0.8,
+                                   **({"batch_size": 24} if algo == "PPO" else {}))
+    steps = []
+    inner_step = env.step
+
+    def recorded(actions):
+        result = inner_step(actions)
+        steps.append((result[1].clone(), result[2].clone(), result[3].clone(), result[4]["final_obs"].clone()))
+        return result
+
+    env.step = recorded
+    handed = {}
+
+    def capture(buf, advantages, returns):  # (before any update: the policy that valued the rollout)
+        with torch.no_grad():
+            final_values = torch.stack([model.policy.value(final) for *_, final in steps])
+        handed.update(advantages=advantages.clone(), values=buf.values.clone(), final_values=final_values)
+        return {}
+
+    model._update_rollout = capture
+    model._start(env, 24)
+    model._learn_start, model._schedule_end = 0, 24
+    model._train_iteration()
+    rewards, terminated, truncated = (torch.stack([step[i] for step in steps]) for i in range(3))
+    assert (truncated & ~terminated).any()
+    expected, _ = reference_gae(rewards.numpy(), handed["values"].numpy(), handed["final_values"].numpy(),
+                                terminated.numpy(), (terminated | truncated).numpy(), 0.9, 0.8)
+    np.testing.assert_allclose(handed["advantages"].numpy(), expected, rtol=0, atol=1e-5)
