@@ -489,3 +489,21 @@ def test_a_batch_size_that_does_not_divide_the_rollout_names_the_sizes_that_do()
         assert PPO(vector_env, device="cpu", batch_size=192).config.batch_size == 192
     finally:
         vector_env.close()
+
+
+def test_anneal_clip_decays_the_clip_range_to_zero_at_anneal_lrs_progress():
+    """With anneal_clip, each update clips at clip_range times the share of the run left before its rollout
+    (docs/algorithms.md): 0.2, 0.15, 0.1, 0.05 over four rollouts; without, 0.2 throughout."""
+    for anneal, expected in ((True, [0.2 * (1 - k / 4) for k in range(4)]), (False, [0.2] * 4)):
+        model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=8, batch_size=16, n_epochs=1,
+                    clip_range=0.2, anneal_clip=anneal)
+        clip_ranges = []
+        update_epochs = model._update_epochs
+
+        def record(buf, advantages, returns, clip_range, update_epochs=update_epochs, clip_ranges=clip_ranges):
+            clip_ranges.append(clip_range)
+            return update_epochs(buf, advantages, returns, clip_range)
+
+        model._update_epochs = record
+        model.learn(64, progress_bar=False)
+        assert clip_ranges == pytest.approx(expected)
