@@ -765,3 +765,35 @@ def test_dqn_metrics_row_gives_the_exploration_rate_at_its_step(tmp_path):
         (row,) = list(csv.DictReader(handle))
     assert float(row["epsilon"]) == pytest.approx(model.epsilon(int(row["timesteps"])), abs=1e-6)
     assert float(row["epsilon"]) == pytest.approx(model.config.exploration_final_eps)
+
+
+def test_td3_target_actions_are_the_target_actors_with_noise_clipped_to_target_noise_clip():
+    """TD3's target actions are a' = clip(mu_target(s') + clip(eps, -c, c), -1, 1): from the target actor (not the
+    online one, moved away from it here), and with a noise std (5) far above its clip c (0.1), every a' lies within
+    c of mu_target(s') and the noise reaches that bound; without noise, a' is mu_target(s')."""
+    model = TD3("Pendulum-v1", device="cpu", seed=0, target_policy_noise=5.0, target_noise_clip=0.1)
+    with torch.no_grad():
+        for parameter in model.actor.parameters():
+            parameter.add_(0.5)
+    generator = torch.Generator().manual_seed(0)
+    obs, next_obs = torch.randn(2, 64, 3, generator=generator)
+    actions = torch.rand(64, 1, generator=generator) * 2 - 1
+    target_actions = []
+    critic_target = model.critic_target.forward
+
+    def record(observations, actions):
+        target_actions.append(actions.clone())
+        return critic_target(observations, actions)
+
+    model.critic_target.forward = record
+    batch = (obs, actions, torch.zeros(64), next_obs, torch.zeros(64), torch.full((64,), 0.99))
+    model._critic_loss(*batch)
+    model.config.target_policy_noise = 0.0
+    model._critic_loss(*batch)
+    with torch.no_grad():
+        mean = model.actor_target(next_obs)
+        assert not torch.allclose(model.actor(next_obs), mean, atol=0.1)
+    smoothed, plain = target_actions
+    assert (smoothed - mean).abs().max() <= 0.1 + 1e-6
+    assert (smoothed - mean).abs().max() >= 0.1 - 1e-6
+    torch.testing.assert_close(plain, mean)
