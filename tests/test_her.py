@@ -80,6 +80,21 @@ def test_relabelled_goals_come_from_the_same_episode_as_the_strategy_says(strate
         assert any(t < g < episode[e, t][1] for e, t, g in chosen[strategy] if episode[e, t][1] is not None)
 
 
+def test_future_goals_are_drawn_uniformly_from_the_rows_step_to_its_episodes_last_step():
+    """`future`, as SB3's: a relabelled row at step t of an episode that ended at step `last` takes the achieved goal
+    of each step t..last (both included) with probability 1 / (last - t + 1); the episode's last goal among them."""
+    buffer, _ = _filled([[4], [4]])  # one finished episode of steps 0..3 per env
+    batch = buffer.sample(20_000, generator=torch.Generator().manual_seed(0))
+    step = batch["next_obs"]["achieved_goal"][:, 1].long()
+    goal = batch["obs"]["desired_goal"]
+    relabelled = goal[:, 0] != -7
+    for t in range(4):
+        goal_steps = goal[relabelled & (step == t), 1].long()
+        shares = torch.bincount(goal_steps, minlength=4).float() / len(goal_steps)
+        expected = torch.tensor([0.0 if g < t else 1 / (4 - t) for g in range(4)])
+        torch.testing.assert_close(shares, expected, rtol=0, atol=0.05)
+
+
 def test_the_replay_state_round_trips_and_samples_the_same_goals():
     buffer, _ = _filled([[4, 6, 30], [5, 5, 30]], steps=17)
     tensors, meta = buffer.state_dict()
