@@ -797,3 +797,17 @@ def test_td3_target_actions_are_the_target_actors_with_noise_clipped_to_target_n
     assert (smoothed - mean).abs().max() <= 0.1 + 1e-6
     assert (smoothed - mean).abs().max() >= 0.1 - 1e-6
     torch.testing.assert_close(plain, mean)
+
+
+def test_dueling_q_values_are_the_value_plus_each_advantage_less_their_mean():
+    """dueling=True (Wang et al., 2016, the mean form): Q(s, a) = V(s) + A(s, a) - mean_a' A(s, a'), V and A the
+    head's columns over the shared body's features."""
+    model = DQN("CartPole-v1", device="cpu", seed=0, dueling=True, net_arch=(16, 16))
+    q_network = model.q_network
+    with torch.no_grad():
+        q_network.head.bias.copy_(torch.tensor([0.5, 3.0, -1.0]))  # (advantages far apart: mean and max differ)
+        obs = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+        out = q_network.head(q_network.body(obs))
+        value, advantages = out[:, 0], out[:, 1:]
+        expected = value.unsqueeze(1) + advantages - (advantages[:, :1] + advantages[:, 1:]) / 2
+        torch.testing.assert_close(q_network(obs), expected)
