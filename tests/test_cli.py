@@ -5,6 +5,7 @@ The runs are started together (each is mostly interpreter and torch start-up) an
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import importlib.util
@@ -2682,6 +2683,31 @@ def test_a_run_an_error_ends_in_its_final_evaluation_says_so_in_its_summary(tmp_
     assert done.returncode == 0, done.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["error"] is None and summary["final_eval"]["episodes"] == 10
+
+
+def test_threads_of_several_processes_on_one_machine_share_its_cores(monkeypatch, capsys):
+    """`--nproc 2 --threads 2` on 2 cores ran 2 threads in each process, 4 on 2 cores, and trained ten times slower
+    than with 1 thread each: each process's count is capped at its share of the cores (torchrun's LOCAL_WORLD_SIZE),
+    with the note said once, by the first process."""
+    from rlspeed import device
+
+    monkeypatch.setattr(device, "usable_cores", lambda: 2)
+    monkeypatch.setattr(device, "_process_threads", device._process_threads)  # (restored after the test)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    before = torch.get_num_threads()
+    try:
+        for rank, said in (("0", True), ("1", False)):
+            monkeypatch.setenv("RANK", rank)
+            assert cli._configure_threads(argparse.Namespace(threads=2)) == 1 == torch.get_num_threads()
+            err = capsys.readouterr().err
+            assert ("--threads 2 is more than the 1 core this process may use (its CPU affinity or container quota, "
+                    "shared by the 2 processes on this machine): training runs 1 thread in each." in err) is said
+        assert device.set_training_threads(2) == 1 and torch.get_num_threads() == 1  # (a model's num_threads alike)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        assert cli._configure_threads(argparse.Namespace(threads=2)) == 2
+        assert capsys.readouterr().err == ""
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_threads_beyond_the_usable_cores_are_capped_with_a_note(tmp_path, monkeypatch, capsys):

@@ -299,7 +299,23 @@ def default_num_threads() -> int:
 
 
 def _within_cores(num_threads: int) -> int:
-    return max(1, min(num_threads, usable_cores()))
+    return max(1, min(num_threads, cores_per_process()))
+
+
+def local_processes() -> int:
+    """How many processes a launcher started on this machine for the run (torchrun's ``LOCAL_WORLD_SIZE``; 1
+    outside one, or where the variable is not a whole number)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def cores_per_process() -> int:
+    """This process's share of `usable_cores`: the cores divided among the launcher's processes on this machine
+    (`local_processes`), at least 1. Torch's threads of several processes beyond the cores they share wait for each
+    other's cores at every kernel: `--nproc 2 --threads 2` on 2 cores trained ten times slower than with 1 thread."""
+    return max(1, usable_cores() // local_processes())
 
 
 def usable_cores() -> int:
