@@ -455,6 +455,21 @@ def test_the_launcher_keeps_torchruns_log_where_loglevel_asks_for_it(tmp_path):
     assert "Rendezvous complete" in done.stderr, done.stderr[-3000:]
 
 
+def test_the_launcher_leaves_nothing_in_the_temp_directory(tmp_path):
+    """`python -m rlspeed._torchrun` (`rlspeed train --nproc`) gives torchrun a log directory of its own, removed as
+    it ends: torchrun made a torchelastic_* directory in the temp directory at each launch and never removed it
+    (hundreds of them after a CI day)."""
+    script, temp = tmp_path / "worker.py", tmp_path / "temp"
+    script.write_text("print('worker ran')\n")
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=1",
+                           str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "worker ran" in done.stdout
+    assert sorted(path.name for path in temp.iterdir()) == []
+
+
 def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
     """RecurrentPPO's minibatches are whole env columns, batch_size / num_steps of them, shared among the ranks: one
     sequence per minibatch on 2 ranks gave each rank one column, minibatches of twice batch_size and half the

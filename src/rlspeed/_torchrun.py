@@ -70,6 +70,11 @@ def _quiet_torchrun_logs() -> None:
 if __name__ == "__main__":
     folder = tempfile.mkdtemp(prefix="rlspeed-workers-")
     os.environ[SAID_FOLDER_VARIABLE] = folder  # (the workers inherit it)
+    # torchrun's log directory goes into this folder, removed with it: without one torchrun made a torchelastic_*
+    # directory in the temp directory at each launch and left it there (a --log-dir or PET_LOG_DIR given stands)
+    if not os.environ.get("PET_LOG_DIR") and not any(arg.startswith(("--log-dir", "--log_dir"))
+                                                     for arg in sys.argv[1:]):
+        sys.argv[1:1] = ["--log-dir", os.path.join(folder, "torchelastic")]
     _quiet_torchrun_logs()
     try:
         main()
