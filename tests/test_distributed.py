@@ -470,6 +470,23 @@ def test_the_launcher_leaves_nothing_in_the_temp_directory(tmp_path):
     assert sorted(path.name for path in temp.iterdir()) == []
 
 
+def test_workers_leaving_at_once_still_run_the_exit_handlers(tmp_path):
+    """A worker leaves with `os._exit` (`DistributedStrategy.leave`, after the work is written): the interpreter's
+    exit handlers, which remove the temporary directories libraries made (W&B makes two as it is imported), run
+    first; each `rlspeed train --nproc 2 --track` left W&B's tmp*wandb-media and tmp*wandb-artifacts behind."""
+    script, temp = tmp_path / "worker.py", tmp_path / "temp"
+    script.write_text("import tempfile\n"
+                      "from rlspeed.distributed import DistributedStrategy\n"
+                      "LIBRARY_TMP = tempfile.TemporaryDirectory('-library-media')  # (as wandb's at import)\n"
+                      "DistributedStrategy(device='cpu').leave(0)\n")
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=2",
+                           str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [path.name for path in temp.iterdir() if path.name.endswith("-library-media")] == []
+
+
 def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
     """RecurrentPPO's minibatches are whole env columns, batch_size / num_steps of them, shared among the ranks: one
     sequence per minibatch on 2 ranks gave each rank one column, minibatches of twice batch_size and half the

@@ -9,6 +9,7 @@ no-op and the algorithms run exactly the same code path.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -167,10 +168,14 @@ class DistributedStrategy:
         """The end of a worker whose work is done and written: `shutdown`, then, under torchrun, exit at once with
         `code` (without the interpreter's teardown, where a gloo rank was seen to abort now and then after
         `destroy_process_group`: about one run in 10-25 of the two-rank tests, reported by torchrun as a failure).
-        In a single process it only returns `code`."""
+        The exit handlers run first, as at a normal exit (the libraries' temporary directories, W&B's among them, are
+        removed by them: each --nproc --track run left two in the temp directory). In a single process it only
+        returns `code`."""
         self.shutdown(wait=True)
         if self.enabled:
             tell_launcher(code)
+            with contextlib.suppress(Exception):
+                atexit._run_exitfuncs()  # (it reports a handler's error itself, and goes on with the others)
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
