@@ -487,6 +487,21 @@ def test_workers_leaving_at_once_still_run_the_exit_handlers(tmp_path):
     assert [path.name for path in temp.iterdir() if path.name.endswith("-library-media")] == []
 
 
+def test_an_nproc_run_with_subprocess_envs_leaves_nothing_in_the_temp_directory(tmp_path):
+    """`rlspeed train --nproc 2` with subprocess envs: each worker's warnings directory (shared with its env
+    processes) is removed as the worker leaves (with os._exit, never reaching the end of its command), as is
+    torchrun's log directory; each such run left them in the temp directory."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    done = subprocess.run([sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--nproc", "2",
+                           "--env-backend", "gymnasium-async", "--num-envs", "4", "--total-timesteps", "256",
+                           "--target-return", "none", "--eval-episodes", "1", "--no-progress", "--out",
+                           str(tmp_path / "run")], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(path.name for path in temp.iterdir() if not path.name.startswith("torchinductor_")) == []
+
+
 def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
     """RecurrentPPO's minibatches are whole env columns, batch_size / num_steps of them, shared among the ranks: one
     sequence per minibatch on 2 ranks gave each rank one column, minibatches of twice batch_size and half the

@@ -6,6 +6,7 @@ Errors the user can cause print one sentence and exit with code 2 (`--debug` sho
 from __future__ import annotations
 
 import argparse
+import atexit
 import codecs
 import collections
 import contextlib
@@ -3220,6 +3221,10 @@ def _workers_show_warnings():
     if _warnings_dir is None:
         _forget_killed_commands_warnings()
         _warnings_dir = tempfile.mkdtemp(prefix=f"{_WARNINGS_PREFIX}{os.getpid()}-")
+        # (also at the process's exit: a torchrun worker leaves with os._exit after the exit handlers, never reaching
+        # the end of `main`, and left its directory behind at each --nproc run with subprocess envs)
+        atexit.unregister(_forget_worker_warnings)
+        atexit.register(_forget_worker_warnings)
         for text in _SHOWN_WARNINGS:  # (what the command said before: not again in a worker)
             _first_among_processes(text)
     return functools.partial(_show_warnings_in_worker, _warnings_dir)
