@@ -17,9 +17,11 @@ from rlspeed.distributed import DistributedStrategy
 HELPERS = Path(__file__).parent / "helpers"
 
 
-def torchrun(*args: str, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+def torchrun(*args: str, logs: Path, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+    """torchrun's command line, its log directory `logs` (a test's tmp_path: without one torchrun leaves a
+    torchelastic_* directory in the temp directory at each launch)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            f"--max-restarts={max_restarts}", *args]
+            f"--max-restarts={max_restarts}", "--log-dir", str(logs), *args]
 
 
 def clean_env() -> dict:
@@ -57,8 +59,8 @@ def test_more_processes_than_gpus_is_a_clear_error(monkeypatch):
 
 
 def test_ranks_hold_bitwise_identical_parameters_and_count_all_steps(tmp_path):
-    result = subprocess.run(torchrun(str(HELPERS / "dist_worker.py"), str(tmp_path)), env=clean_env(),
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(torchrun(str(HELPERS / "dist_worker.py"), str(tmp_path), logs=tmp_path / "logs"),
+                            env=clean_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1))
     assert rank0.keys() == rank1.keys()
@@ -73,8 +75,8 @@ def test_ranks_hold_bitwise_identical_parameters_and_count_all_steps(tmp_path):
 def test_two_rank_ppo_solves_cartpole(tmp_path):
     out = tmp_path / "run"
     result = subprocess.run(torchrun("-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress",
-                                     "--out", str(out)), env=clean_env(), capture_output=True, text=True,
-                            timeout=600)
+                                     "--out", str(out), logs=tmp_path / "logs"), env=clean_env(),
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["distributed"]["world_size"] == 2
@@ -86,7 +88,7 @@ def test_killed_rank_restarts_group_and_resumes_from_checkpoint(tmp_path):
     out = tmp_path / "run"
     command = torchrun("-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress", "--out", str(out),
                        "--target-return", "none", "--total-timesteps", "24576", "--checkpoint-freq", "4096",
-                       max_restarts=1)
+                       logs=tmp_path / "logs", max_restarts=1)
     # Output goes to files, not pipes: a full pipe would block the workers while the test waits for a checkpoint.
     stdout_path, stderr_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(stdout_path, "w") as stdout_file, open(stderr_path, "w") as stderr_file:
