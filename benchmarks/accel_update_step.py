@@ -28,7 +28,6 @@ import copy
 import math
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
@@ -388,7 +387,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     args.threads = common.set_threads(args.threads)
-    os.environ["RLSPEED_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlspeed-accel-bench-")  # search every run
+    os.environ["RLSPEED_CACHE_DIR"] = common.temporary_directory("rlspeed-accel-bench-")  # search every run
     os.environ.pop("RLSPEED_ACCELERATE", None)
     device = resolve_device(args.device)
     settings = {"batch": args.batch, "hidden": args.hidden, "obs_dim": args.obs_dim, "action_dim": args.action_dim,

@@ -8,6 +8,7 @@ with min-max ranges.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import gc
 import importlib.metadata
@@ -15,8 +16,10 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,6 +27,20 @@ from pathlib import Path
 import torch
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
+
+
+def temporary_directory(prefix: str) -> str:
+    """A new directory in the temp directory, removed as this process ends."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+# Stable-Baselines3's learn() makes a log folder, <temp dir>/SB3-<date and time>, at each call unless SB3_LOGDIR names
+# one (its stdout logger writes nothing there): the benchmarks' share one, removed as the script ends (its worker
+# processes inherit it)
+if not os.environ.get("SB3_LOGDIR"):
+    os.environ["SB3_LOGDIR"] = temporary_directory("rlspeed-bench-sb3-")
 RESULTS_DIR = BENCHMARKS_DIR / "results"
 README = BENCHMARKS_DIR / "README.md"
 
