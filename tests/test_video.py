@@ -264,21 +264,21 @@ def test_an_atari_policy_is_filmed_in_the_games_frames_with_fire_to_start(tmp_pa
 def test_a_headless_video_leaves_sdl_videodriver_as_it_was(tmp_path, monkeypatch, before):
     """Without a display, a video is drawn with pygame's dummy driver for the call only: SDL_VIDEODRIVER is as it was
     afterwards (unset stays unset), and a driver the user chose is used as it is."""
-    for name in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER"):
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER", "SDL_NO_SIGNAL_HANDLERS"):
         monkeypatch.delenv(name, raising=False)
     if before is not None:
         monkeypatch.setenv("SDL_VIDEODRIVER", before)
     render_env, seen = video._render_env, []
 
     def render_env_and_record(*args, **kwargs):
-        seen.append(os.environ.get("SDL_VIDEODRIVER"))
+        seen.append((os.environ.get("SDL_VIDEODRIVER"), os.environ.get("SDL_NO_SIGNAL_HANDLERS")))
         return render_env(*args, **kwargs)
 
     monkeypatch.setattr(video, "_render_env", render_env_and_record)
     video.record_video(_cartpole(), tmp_path / "cartpole.gif", seed=0, max_steps=5)
     video.check_video_support("CartPole-v1", tmp_path / "cartpole.gif")
-    assert seen == [before or "dummy"] * 2
-    assert os.environ.get("SDL_VIDEODRIVER") == before
+    assert seen == [(before or "dummy", "1")] * 2  # (SDL leaves SIGTERM to Python: see _headless_rendering)
+    assert os.environ.get("SDL_VIDEODRIVER") == before and "SDL_NO_SIGNAL_HANDLERS" not in os.environ
 
 
 def test_stochastic_video_repeats_with_its_seed_and_leaves_torch_generators_alone(tmp_path):
@@ -520,6 +520,34 @@ class _Sized(gym.Env):
 
     def render(self):
         return np.zeros((64 * self.size, 64 * self.size, 3), np.uint8)
+
+
+def test_sigterm_stops_rlspeed_eval_video_and_leaves_no_partial_file(tmp_path):
+    """A SIGTERM (a scheduler's, `timeout`'s) while `rlspeed eval --video` films: SDL, started by pygame's renderer,
+    took SIGTERM and dropped it, so the command filmed on until a SIGKILL, which left the broken partial video. Now it
+    stops as Ctrl-C does: exit code 143, one line, no file."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _cartpole().save(tmp_path / "model.safetensors")
+    out = tmp_path / "eval.mp4"
+    env = {key: value for key, value in os.environ.items() if key != "SDL_NO_SIGNAL_HANDLERS"}
+    process = subprocess.Popen([sys.executable, "-m", "rlspeed", "eval", str(tmp_path / "model.safetensors"),
+                                "--episodes", "1", "--video", str(out), "--video-episodes", "100000"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (out.exists() and out.stat().st_size) and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert out.exists(), process.stderr.read() if process.poll() is not None else "no video after 120 s"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 143
+    finally:
+        process.kill()
+    assert process.stderr.read().strip().splitlines()[-1] == "rlspeed: interrupted (SIGTERM)"
+    assert not out.exists()
 
 
 def test_a_video_callback_checks_the_env_made_with_the_models_options(tmp_path, monkeypatch):

@@ -2453,6 +2453,7 @@ def _plain(config) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
 
 
+@_signals_stop_cleanly  # (a SIGTERM while a --video is filmed: its partial file is removed, exit code 143)
 def cmd_eval(args: argparse.Namespace) -> int:
     """`rlspeed eval`: load a checkpoint and print its deterministic evaluation (mean +/- std); returns 0.
 

@@ -43,16 +43,22 @@ def _require_writer(path: Path) -> None:
 @contextlib.contextmanager
 def _headless_rendering() -> Iterator[None]:
     """Where no display exists (no window is possible), pygame's dummy video driver for the block: it draws the same
-    frames without SDL's errors. SDL_VIDEODRIVER is as it was afterwards (absent stays absent; a value the user set
-    is kept throughout)."""
-    if os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or "SDL_VIDEODRIVER" in os.environ:
-        yield
-        return
-    os.environ["SDL_VIDEODRIVER"] = "dummy"
+    frames without SDL's errors. And SDL_NO_SIGNAL_HANDLERS=1: SDL, started by pygame's renderer, otherwise takes
+    SIGINT and SIGTERM wherever Python left them at their default (SIGTERM, outside training) and turns them into
+    quit events no one reads, so a SIGTERM (a scheduler's, `timeout`'s) never stopped a video until a SIGKILL left its
+    broken partial file. The variables are as they were afterwards (absent stays absent; a value the user set is kept
+    throughout)."""
+    added = {}
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or "SDL_VIDEODRIVER" in os.environ):
+        added["SDL_VIDEODRIVER"] = "dummy"
+    if "SDL_NO_SIGNAL_HANDLERS" not in os.environ:
+        added["SDL_NO_SIGNAL_HANDLERS"] = "1"
+    os.environ.update(added)
     try:
         yield
     finally:
-        os.environ.pop("SDL_VIDEODRIVER", None)
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def _render_env(model_or_id, env_id: str | None = None, env_kwargs: dict | None = None,
