@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import tempfile
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -15,14 +16,30 @@ import torch
 
 from rlspeed.device import major_minor
 from rlspeed.export import EXPORT_MIN_TORCH
+from rlspeed.files import process_running
 
 # Small RL networks are fastest on one thread, and the test machine is shared: no oversubscription.
 torch.set_num_threads(1)
 os.environ.setdefault("RLSPEED_NUM_THREADS", "1")
+#: a session's cache directory is <temp dir>/rlspeed-tests-cache-<the session's process id>-<random>
+TESTS_CACHE_PREFIX = "rlspeed-tests-cache-"
+
+
+def forget_killed_sessions_caches(directory: str) -> None:
+    """Remove the cache directories in `directory` of test sessions that were killed before their end (`timeout`'s
+    SIGTERM, a cancelled CI job: no exit handler ran), found by their process ids no longer running."""
+    for path in Path(directory).glob(f"{TESTS_CACHE_PREFIX}*-*"):
+        pid = path.name[len(TESTS_CACHE_PREFIX):].partition("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and path.is_dir() and not path.is_symlink() \
+                and not process_running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 # The tests' caches are their own (rlspeed's accel decisions, matplotlib's fonts, W&B's logs): a test that searches a
 # precision must not find what an earlier run on this machine decided, nor leave anything in the user's home (or in
-# the temp directory: removed when the tests end).
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="rlspeed-tests-cache-")
+# the temp directory: removed when the tests end, or by the next session where they were killed).
+forget_killed_sessions_caches(tempfile.gettempdir())
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix=f"{TESTS_CACHE_PREFIX}{os.getpid()}-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 os.environ.setdefault("SB3_LOGDIR", os.path.join(os.environ["XDG_CACHE_HOME"], "sb3"))  # (else a /tmp/SB3-* per learn)
 os.environ.setdefault("MPLCONFIGDIR", os.path.join(os.environ["XDG_CACHE_HOME"], "matplotlib"))

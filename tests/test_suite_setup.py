@@ -1,0 +1,21 @@
+"""The test suite's own setup (conftest.py): what a session leaves in the temp directory."""
+
+import os
+import subprocess
+import sys
+
+from conftest import TESTS_CACHE_PREFIX, forget_killed_sessions_caches
+
+
+def test_a_killed_sessions_cache_directory_is_removed_by_the_next_session(tmp_path):
+    """A session's cache directory (XDG_CACHE_HOME: matplotlib's fonts, W&B's logs, SB3's log folder) is removed by
+    an exit handler, which a killed session (`timeout`'s SIGTERM) never ran: the next session removes those of
+    processes no longer running, and leaves a running session's alone."""
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = tmp_path / f"{TESTS_CACHE_PREFIX}{int(ended.stdout)}-abc123"
+    running = tmp_path / f"{TESTS_CACHE_PREFIX}{os.getppid()}-def456"
+    for directory in (killed, running):
+        (directory / "matplotlib").mkdir(parents=True)
+        (directory / "matplotlib" / "fontlist.json").write_text("{}")
+    forget_killed_sessions_caches(str(tmp_path))
+    assert not killed.exists() and running.exists()
