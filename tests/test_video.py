@@ -63,6 +63,22 @@ def test_same_seed_gives_the_same_episode(tmp_path):
     assert np.array_equal(*frames)
 
 
+def test_a_gif_beyond_its_memory_budget_stops_in_one_sentence_and_an_mp4_does_not(tmp_path, monkeypatch, capsys):
+    """Pillow's GIF writer holds every frame until the file is closed: `rlspeed eval --video x.gif` of many episodes
+    grew until the machine's memory ran out (15 CartPole episodes held 2.4 GB). Past `GIF_MAX_BYTES` of frames it
+    stops with one sentence naming the mp4, and leaves no file; an mp4 of the same frames streams to disk."""
+    model = _cartpole()
+    model.save(tmp_path / "model.safetensors")
+    monkeypatch.setattr(video, "GIF_MAX_BYTES", 20 * 400 * 600 * 3)  # (20 CartPole frames)
+    argv = ["eval", str(tmp_path / "model.safetensors"), "--episodes", "3", "--seed", "1", "--video"]
+    assert cli.main([*argv, str(tmp_path / "many.gif")]) == 2
+    error = capsys.readouterr().err
+    assert "a GIF is written from every frame held in memory" in error and "write an .mp4" in error
+    assert error.count("\n") == 1 and not (tmp_path / "many.gif").exists()
+    assert cli.main([*argv, str(tmp_path / "many.mp4")]) == 0
+    assert _read(tmp_path / "many.mp4")[0] > 20
+
+
 def test_cli_eval_video(tmp_path, capsys):
     model = _cartpole()
     model.save(tmp_path / "model.safetensors")

@@ -28,6 +28,9 @@ from rlspeed.evaluation import _own_random_stream, env_options
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
 FORMATS = (".mp4", ".gif")
+#: The most frame bytes a GIF may hold: Pillow's writer keeps every frame in memory until the file is closed (an mp4
+#: streams to disk), and 15 CartPole episodes held 2.4 GB.
+GIF_MAX_BYTES = 1 << 30
 
 
 def _require_writer(path: Path) -> None:
@@ -219,6 +222,15 @@ def _append(writer, frame) -> None:
         raise _WriteFailed(error) from None
 
 
+def _check_gif_memory(path: Path, frames: int, frame: np.ndarray, episode: int, episodes: int) -> None:
+    """UserError in one sentence where a GIF's frames, all held in memory until it is written, pass
+    `GIF_MAX_BYTES` (the partial file is removed by the caller)."""
+    if path.suffix.lower() == ".gif" and frames * frame.nbytes > GIF_MAX_BYTES:
+        raise UserError(f"'{path}': a GIF is written from every frame held in memory, and {frames:,} frames of "
+                        f"{frame.shape[1]} x {frame.shape[0]} (episode {episode + 1} of {episodes}) passed "
+                        f"{GIF_MAX_BYTES >> 30} GiB; write an .mp4 (streamed to disk) or film fewer episodes.")
+
+
 def _complete_mp4(path: Path) -> bool:
     """Whether an MP4 file is whole: its top-level boxes fill the file exactly and one is the index (`moov`)."""
     try:
@@ -374,8 +386,10 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
                                  else max(fire_left - 1, 0))
                     lives = info.get("lives", lives)
                     total += float(reward)
-                    _append(writer, _frame(env, env_id or model.env_id))
+                    frame = _frame(env, env_id or model.env_id)
+                    _append(writer, frame)
                     frames += 1
+                    _check_gif_memory(path, frames, frame, episode, episodes)
                     if terminated or truncated:
                         break
                 else:
