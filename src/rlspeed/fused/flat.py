@@ -229,8 +229,8 @@ def tanh_(z: torch.Tensor) -> torch.Tensor:
     """tanh in place. On a CPU in float32 as 2 sigmoid(2z) - 1, the same function to within 2.4e-7 (absolute;
     tests/test_flat.py checks it over the whole float range): torch's CPU tanh kernel costs several times its sigmoid
     kernel plus the three scaling passes, and the hidden layers' tanh is the hand-derived updates' largest cost after
-    the matrix products (benchmarks/fused_updates.py and benchmarks/population.py re-measure the updates). Elsewhere
-    (other dtypes, accelerators) torch's own tanh."""
+    the matrix products (benchmarks/thin_products.py re-measures the two). Elsewhere (other dtypes, accelerators)
+    torch's own tanh."""
     if z.device.type != "cpu" or z.dtype != torch.float32:
         return z.tanh_()
     return z.mul_(2.0).sigmoid_().mul_(2.0).sub_(1.0)
@@ -336,11 +336,11 @@ def _product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, bias: t
 
 
 # MKL's batched product (`bmm`, an ensemble's layer on a CPU) runs far below its arithmetic where one side has one to
-# four columns: a 1-wide value or Q head costs about as much as a 64-wide hidden layer, at every ensemble size. Such
-# products take forms that are faster at every ensemble size benchmarks/fused_updates.py measures: one output column
-# as a multiply and a sum over the inner dimension, one inner column (the outer product of a 1-wide head's gradient)
-# as a broadcast multiply, a weight gradient of 1-4 columns as the product of its transpose, and 2-4 output columns
-# written column-major (from `COLUMN_MAJOR_MIN_ROWS` rows, as for the plain products above).
+# four columns: a 1-wide value or Q head costs about as much as a 64-wide hidden layer. Such products take forms that
+# are faster at every ensemble shape benchmarks/thin_products.py measures (2-64 members, 10-256 rows, 64-256 wide):
+# one output column as a multiply and a sum over the inner dimension, one inner column (the outer product of a
+# 1-wide head's gradient) as a broadcast multiply, a weight gradient of 1-4 columns as the product of its transpose,
+# and 2-4 output columns written column-major (from `COLUMN_MAJOR_MIN_ROWS` rows, as for the plain products above).
 THIN_COLUMNS = 4
 
 
