@@ -76,6 +76,15 @@ def test_bad_scores_are_one_sentence(bad):
         iqm(bad)
 
 
+def test_tasks_with_different_numbers_of_runs_are_one_sentence():
+    """Scores of 2 tasks whose second lost a run (a member that diverged there) were numpy's ValueError about an
+    inhomogeneous shape, from every function."""
+    ragged = [[0.5, 0.2], [0.7, 0.3], [0.9]]
+    for call in (iqm, median, bootstrap_ci, aggregate):
+        with pytest.raises(UserError, match="same number of runs"):
+            call(ragged)
+
+
 def test_matches_rliable_on_fixed_data():
     try:
         from rliable import library as rly

@@ -23,8 +23,13 @@ from rlspeed.errors import UserError
 
 
 def _as_scores(scores) -> np.ndarray:
-    """Scores as a float64 array `[runs, tasks]`; UserError for an empty or non-finite array or more than 2 dims."""
-    array = np.asarray(scores, dtype=np.float64)
+    """Scores as a float64 array `[runs, tasks]`; UserError for an empty, ragged or non-finite array or more than 2
+    dims."""
+    try:
+        array = np.asarray(scores, dtype=np.float64)
+    except ValueError:  # (numpy's "inhomogeneous shape": a task with fewer runs, a run dropped from one task)
+        raise UserError("Scores must be a rectangular array [runs, tasks]: every task needs the same number of runs "
+                        "(a run dropped from one task must be dropped from all, or given a score).") from None
     if array.ndim == 1:
         array = array[:, None]
     if array.ndim != 2 or array.size == 0:
