@@ -214,6 +214,25 @@ def test_iqm_band_holds_a_finished_curve_at_its_last_value():
     assert all(lo <= c <= hi for lo, c, hi in zip(low, centre, high))
 
 
+def test_the_plots_iqm_leaves_a_member_out_from_the_step_it_diverged_at(tmp_path, monkeypatch):
+    """A member that diverged after its first evaluations held its last finite evaluation in the IQM to the end of
+    the plot, while summary.json's final-evaluation aggregate leaves it out: a policy with NaN weights drawn as one
+    scoring 500. It counts before it diverged, as the others, and not from there on."""
+    from rlspeed.population import plot
+
+    figures = []
+    made = plot.agg_figure
+    monkeypatch.setattr(plot, "agg_figure", lambda *args, **kw: figures.append(made(*args, **kw)) or figures[-1])
+    members = [{"curve": [[100, 10.0 * k], [200, 20.0 * k], [300, 30.0 * k]]} for k in range(1, 4)]
+    members.append({"curve": [[100, 500.0]], "diverged_at": 150, "final_eval": None})
+    summary = {"algo": "ppo", "env_id": "CartPole-v1", "target_return": None, "members": members}
+    assert plot.plot_learning_curves(summary, tmp_path / "curves.png").stat().st_size > 0
+    centre = next(line for line in figures[0].axes[0].lines if line.get_linewidth() > 2)
+    assert list(centre.get_xdata()) == [100, 200, 300]
+    assert list(centre.get_ydata()) == pytest.approx([iqm([10.0, 20.0, 30.0, 500.0]), iqm([20.0, 40.0, 60.0]),
+                                                     iqm([30.0, 60.0, 90.0])])
+
+
 def test_seeds_print_each_evaluation_and_ctrl_c_keeps_the_evaluations(tmp_path, capsys, monkeypatch):
     """A line per evaluation while it trains; Ctrl-C after the second evaluation exits 130 with summary.json holding
     each member's evaluations so far (`--resume` continues from the checkpoint: tests/test_population_resume.py)."""

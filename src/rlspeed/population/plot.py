@@ -2,8 +2,9 @@
 across members with its 95% bootstrap band (`rlspeed.stats`), against env steps per member.
 
 A member's curve ends where it stopped training (target reached with `stop="each"`, or pruned); from there on it
-counts in the IQM with its last evaluation, since its weights no longer change. Members without a curve are left
-out of the picture and the IQM.
+counts in the IQM with its last evaluation, since its weights no longer change. A member that diverged counts up to
+the step it diverged at and not from there on, as summary.json's final-evaluation aggregate leaves it out. Members
+without a curve are left out of the picture and the IQM.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ from rlspeed.stats import bootstrap_ci, iqm
 BAND_REPS = 2_000
 
 
-def iqm_band(curves: list[list[tuple[int, float]]], reps: int = BAND_REPS) -> tuple[list[int], list[float],
-                                                                                     list[float], list[float]]:
+def iqm_band(curves: list[list[tuple[int, float]]], reps: int = BAND_REPS, ends: list[int | None] | None = None
+             ) -> tuple[list[int], list[float], list[float], list[float]]:
     """(steps, IQM, band low, band high) across `curves` (each a list of `(steps, eval_mean)` pairs, steps rising) at
     every step where any curve has an evaluation; a curve that ended holds its last value, a curve that has not
-    started yet (or holds no finite value) is not counted at that step."""
+    started yet (or holds no finite value) is not counted at that step. `ends[i]`, where given and not None: curve
+    i is not counted at that step and after (the step its member diverged at)."""
+    ends = [None] * len(curves) if ends is None else ends
     steps = sorted({int(step) for curve in curves for step, _ in curve})
     out_steps, centre, low, high = [], [], [], []
     for step in steps:
         values = []
-        for curve in curves:
+        for curve, end in zip(curves, ends):
+            if end is not None and step >= end:
+                continue
             seen = [value for at, value in curve if at <= step and value is not None and math.isfinite(value)]
             if seen:
                 values.append(seen[-1])
@@ -53,8 +58,10 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
     fig = agg_figure(path, figsize=(7, 4.5))
     if fig is None:  # (matplotlib cannot be imported: warned, no plot)
         return None
-    curves = [[(int(step), float(value)) for step, value in member.get("curve") or []]
-              for member in summary.get("members", [])]
+    members = summary.get("members", [])
+    curves = [[(int(step), float(value)) for step, value in member.get("curve") or []] for member in members]
+    # (a diverged member's parameters are not finite from `diverged_at` on: it stops counting there)
+    ends = [member.get("diverged_at") for member in members]
     ax = fig.add_subplot()
     # (a curve of one evaluation, a run as long as its eval_freq, is a line of no length: drawn as a dot, its band as
     # a bar, or the picture showed nothing)
@@ -64,7 +71,7 @@ def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:
                     markersize=3)
     drawn = [curve for curve in curves if curve]
     if drawn:
-        steps, centre, low, high = iqm_band(drawn)
+        steps, centre, low, high = iqm_band(drawn, ends=[end for curve, end in zip(curves, ends) if curve])
         if len(steps) == 1:
             ax.vlines(steps, low, high, color="tab:orange", alpha=0.3, linewidth=8, label="IQM 95% bootstrap CI")
         else:
