@@ -164,6 +164,18 @@ def test_seeds_write_summary_with_every_member_and_the_plot(tmp_path, capsys):
     assert cli.main([*argv, "--overwrite"]) == 0
 
 
+def test_a_one_member_population_prints_no_interval_of_no_width(tmp_path, capsys):
+    """`--seeds 5` printed "IQM 49.3 (95% CI 49.3 to 49.3)": a bootstrap over one run resamples it alone, an interval
+    of no width that reads as certainty. The line says there is none; summary.json keeps rlspeed.stats' numbers."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "5", *SMALL, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    final = json.loads((out / "summary.json").read_text())["aggregate"]["final_eval"]
+    assert final["runs"] == 1 and final["iqm_ci"] == [final["iqm"], final["iqm"]]
+    line = next(line for line in printed.splitlines() if line.startswith("rlspeed: final evaluation"))
+    assert "(one member: no interval)" in line and "95% CI" not in line
+
+
 @pytest.mark.parametrize("argv, names", [
     (["--seeds", ""], "at least one member"),
     (["--seeds", "5-3"], "empty"),

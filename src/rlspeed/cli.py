@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -793,13 +794,13 @@ def _train_population(args: argparse.Namespace) -> int:
     if target is not None:
         line = f"{summary['reached']} of {len(seeds)} members reached {target:g}"
         if steps is not None:
-            line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} (95% CI "
-                     f"{steps['iqm_ci'][0]:,.0f} to {steps['iqm_ci'][1]:,.0f})")
+            line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} "
+                     f"{_interval(steps, lambda value: f'{value:,.0f}')}")
         print(f"rlspeed: {line}")
     if final is not None:
         print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each): median "
-              f"{_score(final['median'])}, IQM {_score(final['iqm'])} (95% CI {_score(final['iqm_ci'][0])} to "
-              f"{_score(final['iqm_ci'][1])}); training {summary['train_wall_s']:.2f} s")
+              f"{_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}; training "
+              f"{summary['train_wall_s']:.2f} s")
     saved = summary["member_models"]
     if saved:
         from rlspeed.checkpoint import MEMBERS_DIR
@@ -2881,6 +2882,16 @@ def build_parser() -> argparse.ArgumentParser:
     for line in sub._choices_actions:  # each command's --help opens with what it does, its line in `rlspeed --help`
         sub.choices[line.dest].description = line.help[0].upper() + line.help[1:] + "."
     return parser
+
+
+def _interval(aggregate: dict, number: Callable[[float], str]) -> str:
+    """A population aggregate's IQM interval as printed: "(95% CI low to high)", or, for one member, that there is
+    none (a bootstrap over one run resamples that run alone: an interval of no width, which says nothing of the
+    spread of runs)."""
+    if aggregate["runs"] < 2:
+        return "(one member: no interval)"
+    low, high = aggregate["iqm_ci"]
+    return f"(95% CI {number(low)} to {number(high)})"
 
 
 def _score(value: float) -> str:
