@@ -433,6 +433,21 @@ def test_eval_freq_without_a_target_evaluates_and_the_header_has_the_column_from
     assert model.result.evaluations == []  # (no target, no eval_freq: no evaluations)
 
 
+def test_declared_columns_keep_their_order_where_the_first_row_lacks_one(tmp_path):
+    """A population's metrics.csv declares a column per member in seed order; a member that diverged before the first
+    evaluation has no value in the first row, and its column came last (seed_0, seed_2, seed_3, seed_1): a script
+    reading the members' columns by position read another member's curve."""
+    columns = ("members", "eval_mean/seed_0", "eval_mean/seed_1", "eval_mean/seed_2", "eval_mean/seed_3")
+    logger = RunLogger(tmp_path, columns=columns, plot=False)
+    logger.log({"timesteps": 512, "train_wall_s": 0.1, "sps": 100.0, "members": 3, "eval_mean/seed_0": 47.9,
+                "eval_mean/seed_2": 9.6, "eval_mean/seed_3": 45.0})
+    logger.close()
+    with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["timesteps", "train_wall_s", "sps", *columns]
+    assert rows[1][3:] == ["3", "47.9", "", "9.6", "45.0"]
+
+
 def test_the_progress_bar_writes_status_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     """Where stderr is not a terminal (nohup, a batch job) a status line is written every LINE_INTERVAL_S seconds
     (never a redrawn bar, which piles up as one line), and a last one at the end where it shows more; a short run

@@ -343,7 +343,12 @@ class RunLogger:
         """
         self._check_directory()
         self.rows.append(dict(row))
-        new_fields = [key for key in dict.fromkeys((*row, *self._columns)) if key not in self._fields]
+        keys = list(dict.fromkeys((*row, *self._columns)))
+        # the declared columns keep their declared order among themselves, also where the first row lacks some (a
+        # population's member that left before the first evaluation: its column came last, out of seed order)
+        for slot, key in zip([i for i, key in enumerate(keys) if key in self._columns], self._columns):
+            keys[slot] = key
+        new_fields = [key for key in keys if key not in self._fields]
         self._fields.extend(new_fields)
         with self._writing():
             if new_fields or (self._csv is None and not self._appendable):
