@@ -85,6 +85,15 @@ def test_tasks_with_different_numbers_of_runs_are_one_sentence():
             call(ragged)
 
 
+def test_a_score_that_is_no_number_is_named_not_called_a_ragged_array():
+    """A blank cell of metrics.csv read as a string ('' for a member without an evaluation) is no number: the sentence
+    says so, where it read as tasks with different numbers of runs."""
+    for call in (iqm, aggregate):
+        with pytest.raises(UserError, match="Scores must be numbers: could not convert string to float: ''") as raised:
+            call([["47.9", ""], ["9.6", "45.0"]])
+        assert "same number of runs" not in str(raised.value)
+
+
 def test_matches_rliable_on_fixed_data():
     try:
         from rliable import library as rly

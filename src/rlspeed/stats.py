@@ -27,7 +27,10 @@ def _as_scores(scores) -> np.ndarray:
     dims."""
     try:
         array = np.asarray(scores, dtype=np.float64)
-    except ValueError:  # (numpy's "inhomogeneous shape": a task with fewer runs, a run dropped from one task)
+    except ValueError as error:
+        if "sequence" not in str(error):  # (a value that is no number: a CSV file's blank or text cell, as a string)
+            raise UserError(f"Scores must be numbers: {str(error).rstrip('.')}.") from None
+        # (numpy's "setting an array element with a sequence": a task with fewer runs, a run dropped from one task)
         raise UserError("Scores must be a rectangular array [runs, tasks]: every task needs the same number of runs "
                         "(a run dropped from one task must be dropped from all, or given a score).") from None
     if array.ndim == 1:
