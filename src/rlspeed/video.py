@@ -28,9 +28,12 @@ from rlspeed.evaluation import _own_random_stream, env_options
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
 FORMATS = (".mp4", ".gif")
-#: The most frame bytes a GIF may hold: Pillow's writer keeps every frame in memory until the file is closed (an mp4
-#: streams to disk), and 15 CartPole episodes held 2.4 GB.
+#: The most memory a GIF's frames may take: Pillow's writer keeps every frame in memory until the file is closed (an
+#: mp4 streams to disk), as an image of 4 bytes a pixel (`GIF_BYTES_PER_PIXEL`: about 1 MB a CartPole frame of 600 x
+#: 400), and 15 CartPole episodes held 2.4 GB.
 GIF_MAX_BYTES = 1 << 30
+#: What Pillow holds per pixel of a colour frame (its RGB images are 32 bits a pixel, not the frame's 3 bytes)
+GIF_BYTES_PER_PIXEL = 4
 
 
 def _require_writer(path: Path) -> None:
@@ -225,7 +228,7 @@ def _append(writer, frame) -> None:
 def _check_gif_memory(path: Path, frames: int, frame: np.ndarray, episode: int, episodes: int) -> None:
     """UserError in one sentence where a GIF's frames, all held in memory until it is written, pass
     `GIF_MAX_BYTES` (the partial file is removed by the caller)."""
-    if path.suffix.lower() == ".gif" and frames * frame.nbytes > GIF_MAX_BYTES:
+    if path.suffix.lower() == ".gif" and frames * frame.shape[0] * frame.shape[1] * GIF_BYTES_PER_PIXEL > GIF_MAX_BYTES:
         raise UserError(f"'{path}': a GIF is written from every frame held in memory, and {frames:,} frames of "
                         f"{frame.shape[1]} x {frame.shape[0]} (episode {episode + 1} of {episodes}) passed "
                         f"{GIF_MAX_BYTES >> 30} GiB; write an .mp4 (streamed to disk) or film fewer episodes.")
