@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from conftest import TESTS_CACHE_PREFIX, forget_killed_sessions_caches
 
 
@@ -26,3 +28,9 @@ def test_a_passed_tests_tmp_path_is_removed_as_it_ends(pytestconfig):
     test files) are kept only for failed tests: pytest kept every test's for the last 3 sessions (2.4 GB on the CI
     machine)."""
     assert pytestconfig.getini("tmp_path_retention_policy") == "failed"
+    # (the option came with pytest 7.3: under an older one it is an unknown option, and every tmp_path stays)
+    tomllib = pytest.importorskip("tomllib")
+    with open(Path(__file__).parents[1] / "pyproject.toml", "rb") as handle:
+        test_extra = tomllib.load(handle)["project"]["optional-dependencies"]["test"]
+    floor = next(requirement for requirement in test_extra if requirement.startswith("pytest>="))
+    assert tuple(map(int, floor.removeprefix("pytest>=").split("."))) >= (7, 3)
