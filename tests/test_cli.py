@@ -2692,6 +2692,7 @@ def test_threads_of_several_processes_on_one_machine_share_its_cores(monkeypatch
     from rlspeed import device
 
     monkeypatch.setattr(device, "usable_cores", lambda: 2)
+    monkeypatch.setattr(device, "bound_by_launcher", lambda: False)  # (pytest started by `taskset` would be)
     monkeypatch.setattr(device, "_process_threads", device._process_threads)  # (restored after the test)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     before = torch.get_num_threads()
@@ -2708,6 +2709,22 @@ def test_threads_of_several_processes_on_one_machine_share_its_cores(monkeypatch
         assert capsys.readouterr().err == ""
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_process_the_launcher_bound_to_cores_of_its_own_keeps_them(monkeypatch):
+    """`torchrun --numa-binding=exclusive --nproc-per-node 8` gives each process cores of its own (16 of its parent's
+    128 here): those are its share, not a further eighth of them (2 threads where 16 were asked). Processes that share
+    their launcher's cores divide them."""
+    from rlspeed import device
+
+    monkeypatch.setattr(device, "cgroup_cpu_quota", lambda: None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    parent = os.getppid()
+    own = set(range(16, 32))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)) if pid == parent else own, raising=False)
+    assert device.cores_per_process() == 16 and device._within_cores(16) == 16
+    own = set(range(128))  # (not bound: the launcher's 128 cores, shared by its 8 processes)
+    assert device.cores_per_process() == 16 and device._within_cores(32) == 16
 
 
 def test_threads_beyond_the_usable_cores_are_capped_with_a_note(tmp_path, monkeypatch, capsys):

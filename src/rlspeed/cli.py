@@ -1079,7 +1079,7 @@ def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) ->
 def _configure_threads(args: argparse.Namespace) -> int:
     """`configure_threads(--threads)` (a resumed run's own count where the flag is not given), with a note on stderr
     where the cores this process may use (its CPU affinity, a container's CPU quota) hold the count below it."""
-    from rlspeed.device import configure_threads, local_processes
+    from rlspeed.device import bound_by_launcher, configure_threads, local_processes
 
     threads = args.threads
     used = configure_threads(threads)
@@ -1087,7 +1087,7 @@ def _configure_threads(args: argparse.Namespace) -> int:
     if threads is not None and used < threads and os.environ.get("RANK", "0") == "0":
         asked = (f"the run's {threads} threads (its config.yaml) are" if getattr(args, "threads_from_run", False)
                  else f"--threads {threads} is")
-        processes = local_processes()
+        processes = 1 if bound_by_launcher() else local_processes()  # (the cores they share, where they do)
         share = (f", shared by the {processes} processes on this machine" if processes > 1 else "")
         print(f"rlspeed: note: {asked} more than the {used} "
               f"core{'s' * (used != 1)} this process may use (its CPU affinity or container quota{share}): training "

@@ -314,8 +314,25 @@ def local_processes() -> int:
 def cores_per_process() -> int:
     """This process's share of `usable_cores`: the cores divided among the launcher's processes on this machine
     (`local_processes`), at least 1. Torch's threads of several processes beyond the cores they share wait for each
-    other's cores at every kernel: `--nproc 2 --threads 2` on 2 cores trained ten times slower than with 1 thread."""
-    return max(1, usable_cores() // local_processes())
+    other's cores at every kernel: `--nproc 2 --threads 2` on 2 cores trained ten times slower than with 1 thread.
+    A process the launcher bound to cores of its own (`bound_by_launcher`: `torchrun --numa-binding`) has them all:
+    they already are its share."""
+    processes = local_processes()
+    if processes == 1 or bound_by_launcher():
+        return usable_cores()
+    return max(1, usable_cores() // processes)
+
+
+def bound_by_launcher() -> bool:
+    """Whether this process may run on fewer cores than the process that started it (its CPU affinity a strict subset
+    of its parent's: a launcher that gave each of its processes cores of their own); False where the OS keeps no
+    affinity or the parent's cannot be read."""
+    if not hasattr(os, "sched_getaffinity"):
+        return False
+    try:
+        return os.sched_getaffinity(0) < os.sched_getaffinity(os.getppid())
+    except OSError:
+        return False
 
 
 def usable_cores() -> int:
