@@ -174,8 +174,10 @@ class DistributedStrategy:
         self.shutdown(wait=True)
         if self.enabled:
             tell_launcher(code)
-            with contextlib.suppress(Exception):
-                atexit._run_exitfuncs()  # (it reports a handler's error itself, and goes on with the others)
+            # (it reports a handler's error itself and goes on with the others; Python 3.10 re-raises the last one,
+            # a SIGTERM's SystemExit included: the worker still leaves here, with its code)
+            with contextlib.suppress(BaseException):
+                atexit._run_exitfuncs()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
