@@ -114,6 +114,8 @@ def main() -> None:
     load["after"] = common.uptime()
 
     lines = [
+        "## The MLP populations' arithmetic against this CPU's (`benchmarks/population_flops.py`)",
+        "",
         "The MLP populations' update arithmetic against this CPU's (`benchmarks/population_flops.py`): shipped "
         "presets, native envs, torch.set_num_threads(1), matrix-product operations counted by torch's "
         "FlopCounterMode, CPU time of the best of "

@@ -87,6 +87,8 @@ def main() -> None:
     load["after"] = common.uptime()
     names = list(next(iter(results.values())))
     lines = [
+        "## Thin batched products and tanh on a CPU (`benchmarks/thin_products.py`)",
+        "",
         "The ensembles' thin batched products and the hidden layers' tanh on a CPU (`benchmarks/thin_products.py`): "
         "torch's `bmm`/`baddbmm`/`tanh_` (old) against the forms `rlspeed.fused.flat` uses (new), "
         f"torch.set_num_threads({args.threads}), best of {args.repeats} loops; old / new per ensemble shape "
