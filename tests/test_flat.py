@@ -157,6 +157,24 @@ def test_ensembles_thin_products_match_autograd(in_dim, out_dim, workspace):
             expected[0][..., :1])
 
 
+@pytest.mark.parametrize("out_dim", [1, 3])
+def test_the_autograd_ensembles_layer_is_baddbmm_with_its_gradients(out_dim):
+    """`rlspeed.nn.ensemble_linear` (the TD3/DDPG/DQN populations' and `EnsembleMLP`'s layer) writes a 1-wide head
+    as a multiply and a sum: the same values and gradients as `baddbmm`."""
+    from rlspeed.nn import ensemble_linear
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 40, 8, requires_grad=True)
+    weight = torch.randn(3, 8, out_dim, requires_grad=True)
+    bias = torch.randn(3, 1, out_dim, requires_grad=True)
+    grad = torch.randn(3, 40, out_dim)
+    got, want = ensemble_linear(x, weight, bias), torch.baddbmm(bias, x, weight)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(torch.autograd.grad(got, (x, weight, bias), grad),
+                    torch.autograd.grad(want, (x, weight, bias), grad)):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.skipif(not reduced_matmul_supported(torch.device("cpu"), "bf16-matmul"),
                     reason="this CPU has no bf16 matmul")
 def test_bf16_matmul_region_keeps_thin_products_in_fp32_and_wide_ensembles_close():

@@ -566,10 +566,19 @@ class EnsembleMLP(nn.Module):
             if detached:
                 weight, bias = weight.detach(), bias.detach()
             hidden = x
-            x = torch.baddbmm(bias, x, weight)
+            x = ensemble_linear(x, weight, bias)
             if layer < last:
                 x = self.activation(x)
         return (x, hidden) if with_hidden else x
+
+
+def ensemble_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """`bias + x @ weight` for every member (`x` `[K, B, in]`, `weight` `[K, in, out]`, `bias` `[K, 1, out]`), as
+    autograd differentiates it; on a CPU a 1-wide output (a Q head) as a multiply and a sum, which MKL's batched
+    product runs several times slower (see `rlspeed.fused.flat.THIN_COLUMNS`; benchmarks/thin_products.py)."""
+    if weight.shape[-1] == 1 and x.device.type == "cpu":
+        return (x * weight.transpose(-1, -2)).sum(-1, keepdim=True) + bias
+    return torch.baddbmm(bias, x, weight)
 
 
 class QEnsemble(SB3Names, nn.Module):

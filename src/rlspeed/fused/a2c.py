@@ -29,7 +29,7 @@ from torch import nn
 
 from rlspeed.fused.flat import FlatAdam, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import head_grad, head_log_prob_entropy, unsupported_reason
-from rlspeed.nn import ActorCritic
+from rlspeed.nn import ActorCritic, ensemble_linear
 
 
 class FlatRMSprop(FlatAdam):
@@ -119,7 +119,7 @@ class FusedA2CUpdate:
         x = obs.expand(2, -1, -1)
         last = len(self.weights) - 1
         for layer, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(bias, x, weight)
+            x = ensemble_linear(x, weight, bias)
             if layer != last:
                 x = x.tanh_() if self.tanh else x.relu_()
         return x

@@ -86,6 +86,7 @@ from rlspeed.nn import (
     LOG_STD_MAX,
     LOG_STD_MIN,
     dueling_q_values,
+    ensemble_linear,
     masked_logits,
 )
 from rlspeed.population.base import (
@@ -722,7 +723,7 @@ class OffPolicyPopulation(PopulationBase):
         """One MLP per leading index: `x` `[M, B, in]`, weights `[M, in, out]`, biases `[M, 1, out]`."""
         last = len(weights) - 1
         for layer, (weight, bias) in enumerate(zip(weights, biases)):
-            x = torch.baddbmm(bias, x, weight)
+            x = ensemble_linear(x, weight, bias)
             if layer < last:
                 x = self.activation(x)
         return x

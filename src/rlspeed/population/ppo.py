@@ -57,7 +57,7 @@ from rlspeed.envs.base import observation_layout
 from rlspeed.errors import UserError, positive_whole
 from rlspeed.fused.flat import Workspace, ensemble_backward, ensemble_forward
 from rlspeed.fused.ppo import unsupported_reason
-from rlspeed.nn import categorical_entropy, env_actions, gaussian_log_prob, masked_logits
+from rlspeed.nn import categorical_entropy, ensemble_linear, env_actions, gaussian_log_prob, masked_logits
 from rlspeed.population.base import (
     MemberEncoder,
     PopulationBase,
@@ -205,7 +205,7 @@ class PPOPopulation(PopulationBase):
         x = self._features(obs, params).unsqueeze(1).expand(size, 2, batch, -1).reshape(2 * size, batch, -1)
         last = layers - 1
         for layer, (weight, bias) in enumerate(zip(weights, biases)):
-            x = torch.baddbmm(bias.flatten(0, 1), x, weight.flatten(0, 1))
+            x = ensemble_linear(x, weight.flatten(0, 1), bias.flatten(0, 1))
             if layer < last:
                 x = self._activate(x)
         x = x.view(size, 2, batch, -1)
