@@ -76,6 +76,15 @@ def test_bad_scores_are_one_sentence(bad):
         iqm(bad)
 
 
+def test_non_finite_scores_are_named():
+    """An infinite score (a diverging return) was refused as 'diverged (NaN)', which it is not: the sentence names
+    the values it found."""
+    with pytest.raises(UserError, match=r"got 2 that are not \(-inf, inf\)"):
+        iqm([1.0, float("inf"), 2.0, float("-inf")])
+    with pytest.raises(UserError, match=r"got 1 that is not \(nan\)"):
+        iqm([1.0, float("nan")])
+
+
 def test_tasks_with_different_numbers_of_runs_are_one_sentence():
     """Scores of 2 tasks whose second lost a run (a member that diverged there) were numpy's ValueError about an
     inhomogeneous shape, from every function."""

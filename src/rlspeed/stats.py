@@ -38,7 +38,11 @@ def _as_scores(scores) -> np.ndarray:
     if array.ndim != 2 or array.size == 0:
         raise UserError(f"Scores must be a non-empty array [runs] or [runs, tasks], got shape {array.shape}.")
     if not np.isfinite(array).all():
-        raise UserError("Scores must be finite: drop the runs that diverged (NaN) before aggregating.")
+        bad = array[~np.isfinite(array)]
+        what = ", ".join(sorted({str(value) for value in bad.tolist()}))
+        raise UserError(f"Scores must be finite, got {bad.size} that {'is' if bad.size == 1 else 'are'} not ({what}): "
+                        "drop the runs that diverged before aggregating (rliable's IQM would trim an infinite score "
+                        "away, and its interval would be NaN).")
     return array
 
 
