@@ -351,23 +351,20 @@ def _ensemble_product(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None
     sum, or a broadcast multiply)."""
     if a.device.type == "cpu" and (b.shape[2] == 1 or b.shape[1] == 1):
         if b.shape[2] == 1:
-            scratch = _out(workspace, (key, "thin"), a.shape, a, needed=True)
-            torch.mul(a, b.transpose(1, 2), out=scratch)
-            out = scratch.sum(2, keepdim=True) if out is None else torch.sum(scratch, 2, keepdim=True, out=out)
+            scratch = torch.mul(a, b.transpose(1, 2), out=_out(workspace, (key, "thin"), a.shape, a, needed=True))
+            out = torch.sum(scratch, 2, keepdim=True, out=out)
         else:
-            out = torch.mul(a, b) if out is None else torch.mul(a, b, out=out)
+            out = torch.mul(a, b, out=out)
         return out if bias is None else out.add_(bias)
-    if bias is None:
-        return torch.bmm(a, b) if out is None else torch.bmm(a, b, out=out)
-    return torch.baddbmm(bias, a, b) if out is None else torch.baddbmm(bias, a, b, out=out)
+    return torch.bmm(a, b, out=out) if bias is None else torch.baddbmm(bias, a, b, out=out)
 
 
 def _ensemble_out(workspace: Workspace | None, key: object, shape: Sequence[int], like: torch.Tensor,
                   needed: bool = False) -> torch.Tensor | None:
     """The output `[K, B, m]` of an ensemble product, as `_out`, column-major (the transpose of a `[K, m, B]` buffer)
-    where 2-4 columns are written faster that way (above)."""
+    where `column_major` says each member's output is written faster that way (above)."""
     members, rows, cols = shape
-    if 2 <= cols <= THIN_COLUMNS and rows >= COLUMN_MAJOR_MIN_ROWS and like.device.type == "cpu":
+    if column_major(rows, cols, like.device):
         if workspace is None:
             return torch.empty((members, cols, rows), dtype=like.dtype, device=like.device).transpose(1, 2)
         return workspace.get(key, (members, cols, rows), like).transpose(1, 2)
