@@ -146,7 +146,7 @@ def main() -> None:
         f"Load (`uptime`): before: `{load['before']}`; after: `{load['after']}`.",
     ]
     publish("population_flops", lines, {"results": results, "load": load,
-                                         "settings": {k: v for k, v in vars(args).items()}}, write=not args.no_write)
+                                         "settings": vars(args)}, write=not args.no_write)
 
 
 if __name__ == "__main__":

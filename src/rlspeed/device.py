@@ -313,10 +313,9 @@ def local_processes() -> int:
 
 def cores_per_process() -> int:
     """This process's share of `usable_cores`: the cores divided among the launcher's processes on this machine
-    (`local_processes`), at least 1. Torch's threads of several processes beyond the cores they share wait for each
-    other's cores at every kernel: `--nproc 2 --threads 2` on 2 cores trained ten times slower than with 1 thread.
-    A process the launcher bound to cores of its own (`bound_by_launcher`: `torchrun --numa-binding`) has them all:
-    they already are its share."""
+    (`local_processes`), at least 1: torch's threads of several processes beyond the cores they share wait for each
+    other's cores at every kernel. A process the launcher bound to cores of its own (`bound_by_launcher`: `torchrun
+    --numa-binding`) has them all: they already are its share."""
     processes = local_processes()
     if processes == 1 or bound_by_launcher():
         return usable_cores()
