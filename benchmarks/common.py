@@ -48,8 +48,8 @@ README_INTRO = """# rlspeed benchmarks
 
 Each script runs rlspeed and a reference library (Stable-Baselines3) side by side, interleaving the runs seed by
 seed (seed 0 rlspeed, seed 0 reference, seed 1 rlspeed, ...) so that both see the same machine: in one process, or
-(a2c_cartpole, atari_ppo, mujoco_offpolicy, population_offpolicy) each run in a fresh process, the sides
-alternating.
+(a2c_cartpole, atari_ppo, lunar_lander, mujoco_offpolicy) each run in a fresh process, the sides alternating
+(population_offpolicy too: solo run and population in fresh processes, the order reversed every other pair).
 It prints a Markdown table, writes raw per-seed results to `benchmarks/results/<name>.json` and rewrites its own
 section of this file. The numbers in a section come from one run on one machine, described in that section;
 compare the columns of one table with each other (as ratios), not with numbers from another machine.
@@ -61,6 +61,24 @@ python benchmarks/ppo_cartpole.py            # full run (a few minutes per seed 
 python benchmarks/ppo_cartpole.py --quick --no-write  # smoke run: tiny settings, numbers mean nothing, printed
                                              # only (without --no-write it replaces the published section)
 python benchmarks/ppo_cartpole.py --help     # --seeds, --steps, --budget, --threads, --skip-sb3, ...
+bash benchmarks/cuda_check.sh                # on a CUDA machine: the GPU tests, accel_update_step.py on CUDA,
+                                             # training runs with --accelerate auto, rlspeed profile, the suite
+                                             # (QUICK=1: fewer; SB3=1: also SB3's SAC on the GPU beside rlspeed's)
+```
+
+`[bench]` installs Stable-Baselines3 only; the other scripts need their envs and peers too: `sb3-contrib`
+(recurrent_ppo, action_spaces), `.[box2d,zoo]` (lunar_lander, learning_table), `minatar` (cnn_encoder,
+replay_layouts, population_cnn), `.[atari,envpool]` (atari_ppo, atari_dqn, conv_layout's end-to-end
+pairs, population_cnn on Atari ids), `.[mujoco]` (mujoco_offpolicy), `.[export]` (export_parity; its MinAtar and
+MiniGrid cases are skipped without `minatar` and `minigrid`) and `.[video]` (videos).
+
+`cuda_check.sh` installs the wheels it finds in `.whl/` first, for GPU machines without network access. For a
+machine with Python 3.12 (add `stable-baselines3==2.9.2 cloudpickle` for `SB3=1`; SB3 needs nothing else beyond
+torch and numpy):
+
+```
+python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl gymnasium==1.4.0 farama-notifications==0.0.6
 ```
 """
 

@@ -27,3 +27,16 @@ def test_a_benchmarks_reference_runs_leave_nothing_in_the_temp_directory(tmp_pat
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(path.name for path in temp.iterdir() if not path.name.startswith("torchinductor_")) == []
+
+
+def test_a_benchmarks_readme_made_afresh_starts_with_the_published_introduction(tmp_path):
+    """`publish` writes benchmarks/README.md from `common.README_INTRO` where the file is missing (a fork that
+    deleted it, a new results directory): that text is the published README's introduction, not an older one (it
+    had fallen behind by a paragraph on the scripts' extras and the CUDA check)."""
+    script = ("import common\n"
+              "print(common.README_INTRO, end='')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=BENCHMARKS, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    published = (BENCHMARKS / "README.md").read_text().split("<!-- ", 1)[0]
+    assert done.stdout.rstrip() == published.rstrip()
