@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rlspeed.errors import UserError
-from rlspeed.stats import aggregate, bootstrap_ci, iqm, median
+from rlspeed.stats import aggregate, bootstrap_ci, iqm, median, performance_profile, probability_of_improvement
 
 
 def test_iqm_is_the_mean_of_the_middle_half():
@@ -129,3 +129,72 @@ def test_bootstrap_draws_what_rliables_replicate_loop_draws():
               for _ in range(reps)]
     expected = np.percentile(values, [2.5, 97.5])
     np.testing.assert_allclose(bootstrap_ci(scores, iqm, reps=reps, seed=11), expected, rtol=0, atol=1e-12)
+
+
+def _rliable():
+    try:
+        from rliable import library as rly
+        from rliable import metrics
+    except Exception as error:  # noqa: BLE001 - arch fails with a TypeError under pandas 3
+        pytest.skip(f"rliable does not import here: {error}")
+    return rly, metrics
+
+
+@pytest.mark.parametrize("runs_y", [12, 7])
+def test_probability_of_improvement_matches_rliable(runs_y):
+    """The point estimate and the interval of rliable's probability of improvement, to the last digit, with runs of
+    Y as many as X's (the draws batched) and fewer (drawn replicate by replicate)."""
+    rly, metrics = _rliable()
+    generator = np.random.default_rng(4)
+    x = generator.normal(size=(12, 2)).round(1) + [0.3, 0.0]  # (rounded: ties, which count half)
+    y = generator.normal(size=(runs_y, 2)).round(1)
+    np.random.seed(5)  # rliable's StratifiedIndependentBootstrap resamples with numpy's global generator
+    points, intervals = rly.get_interval_estimates({"xy": [x, y]}, lambda a, b: np.array(
+        [metrics.probability_of_improvement(a, b)]), reps=500)
+    result = probability_of_improvement(x, y, reps=500, seed=5)
+    assert result["probability"] == pytest.approx(points["xy"][0], abs=1e-12)
+    assert result["ci"] == pytest.approx(list(intervals["xy"][:, 0]), abs=1e-12)
+    assert result["runs"] == [12, runs_y]
+
+
+def test_performance_profile_matches_rliable():
+    rly, _ = _rliable()
+    scores = np.random.default_rng(6).normal(size=(10, 3))
+    taus = np.linspace(-1.5, 1.5, 7)
+    np.random.seed(8)
+    points, intervals = rly.create_performance_profile({"x": scores}, taus, reps=400)
+    result = performance_profile(scores, taus, reps=400, seed=8)
+    np.testing.assert_allclose(result["fraction"], points["x"], rtol=0, atol=1e-12)
+    np.testing.assert_allclose([result["ci_low"], result["ci_high"]], intervals["x"], rtol=0, atol=1e-12)
+    assert result["thresholds"] == pytest.approx(list(taus))
+
+
+def test_probability_of_improvement_hand_values():
+    """Every run of X above every run of Y: 1, and so is every resample; the same scores: one half (ties count
+    half); one tie among four pairs: 3.5 / 4."""
+    better = probability_of_improvement([5.0, 6.0, 7.0], [1.0, 2.0], reps=200)
+    assert better["probability"] == 1.0 and better["ci"] == [1.0, 1.0]
+    worse = probability_of_improvement([1.0, 2.0], [5.0, 6.0, 7.0], reps=200)
+    assert worse["probability"] == 0.0 and worse["ci"] == [0.0, 0.0]
+    assert probability_of_improvement([3.0, 1.0, 2.0], [1.0, 2.0, 3.0], reps=50)["probability"] == 0.5
+    assert probability_of_improvement([2.0, 3.0], [2.0, 1.0], reps=50)["probability"] == pytest.approx(3.5 / 4)
+
+
+def test_performance_profile_hand_values():
+    profile = performance_profile(np.arange(1.0, 9.0), [0.0, 4.0, 8.0], reps=300)
+    assert profile["fraction"] == [1.0, 0.5, 0.0]  # above each threshold, strictly (rliable's `scores > tau`)
+    assert profile["ci_low"][0] == profile["ci_high"][0] == 1.0  # (every resample is above 0)
+    assert profile["ci_low"][2] == profile["ci_high"][2] == 0.0
+    assert 0.0 < profile["ci_low"][1] < 0.5 < profile["ci_high"][1] < 1.0
+
+
+def test_comparison_inputs_are_one_sentence():
+    with pytest.raises(UserError, match="same tasks .columns.: got 2 and 3"):
+        probability_of_improvement(np.zeros((4, 2)), np.zeros((4, 3)))
+    with pytest.raises(UserError, match="Scores must be finite"):
+        probability_of_improvement([1.0, float("nan")], [1.0, 2.0])
+    with pytest.raises(UserError, match="confidence must be in"):
+        performance_profile([1.0, 2.0], [1.0], confidence=1.5)
+    for bad in ([], [float("inf")], "high", [[1.0], [2.0, 3.0]]):
+        with pytest.raises(UserError, match="thresholds must be"):
+            performance_profile([1.0, 2.0], bad)

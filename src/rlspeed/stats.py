@@ -9,6 +9,10 @@ percentiles of the statistic over the replicates (numpy's linear interpolation, 
 draws the same indices as rliable's `StratifiedBootstrap` after `np.random.seed(seed)`, so with the same seed and
 number of replicates the intervals are the same numbers.
 
+`probability_of_improvement` and `performance_profile` are rliable's `metrics.probability_of_improvement` and
+`library.create_performance_profile` (score distributions), their intervals drawn as rliable draws them (for two
+arrays, `StratifiedIndependentBootstrap`: each replicate resamples the first array's runs, then the second's).
+
 `median` here is the median of all scores. rliable's `aggregate_median` is the median over tasks of each task's
 mean score, which for one task is the mean; pass `statistic=median` to rliable to compare the two.
 """
@@ -73,6 +77,38 @@ def _batched(statistic: Callable) -> Callable[[np.ndarray], np.ndarray]:
     return lambda batch: np.array([statistic(replicate) for replicate in batch])
 
 
+def _check_interval(confidence: float, reps: int) -> None:
+    if not 0 < confidence < 1:
+        raise UserError(f"confidence must be in (0, 1), got {confidence}.")
+    if reps < 1:
+        raise UserError(f"reps must be >= 1, got {reps}.")
+
+
+def _percentiles(values: np.ndarray, confidence: float) -> tuple[np.ndarray, np.ndarray]:
+    """The percentile interval of bootstrap `values` `[reps, ...]` at `confidence`: (low, high), each `[...]`."""
+    alpha = 100 * (1 - confidence) / 2
+    low, high = np.percentile(values, [alpha, 100 - alpha], axis=0)
+    return low, high
+
+
+def _replicates(array: np.ndarray, batched: Callable[[np.ndarray], np.ndarray], reps: int,
+                seed: int) -> np.ndarray:
+    """`batched` (a statistic of `[count, runs, tasks]` -> `[count, ...]`) over `reps` stratified resamples of
+    `array`, drawn as rliable's StratifiedBootstrap draws them from `np.random.RandomState(seed)`."""
+    runs, tasks = array.shape
+    # rliable's StratifiedBootstrap.update_indices: np.random.choice(runs, (runs, tasks)) per replicate, run indices
+    # drawn independently for each task column; one call for all replicates draws the same numbers
+    random_state = np.random.RandomState(seed)
+    values = []
+    chunk = max(1, (1 << 22) // array.size)  # replicates resampled at once (bounded memory)
+    columns = np.arange(tasks)
+    for start in range(0, reps, chunk):
+        count = min(chunk, reps - start)
+        indices = random_state.choice(runs, (count, runs, tasks), replace=True)
+        values.append(batched(array[indices, columns]))
+    return np.concatenate(values)
+
+
 def bootstrap_ci(scores, statistic: Callable = iqm, reps: int = 50_000, confidence: float = 0.95,
                  seed: int = 0) -> tuple[float, float]:
     """(low, high): the percentile-bootstrap `confidence` interval of `statistic` over runs, stratified over tasks,
@@ -81,24 +117,8 @@ def bootstrap_ci(scores, statistic: Callable = iqm, reps: int = 50_000, confiden
     (the same `seed` and `reps` give the same interval). UserError for empty or non-finite scores, a `confidence`
     outside (0, 1) or `reps` below 1."""
     array = _as_scores(scores)
-    if not 0 < confidence < 1:
-        raise UserError(f"confidence must be in (0, 1), got {confidence}.")
-    if reps < 1:
-        raise UserError(f"reps must be >= 1, got {reps}.")
-    runs, tasks = array.shape
-    # rliable's StratifiedBootstrap.update_indices: np.random.choice(runs, (runs, tasks)) per replicate, run indices
-    # drawn independently for each task column; one call for all replicates draws the same numbers
-    random_state = np.random.RandomState(seed)
-    values = np.empty(reps)
-    batched = _batched(statistic)
-    chunk = max(1, (1 << 22) // array.size)  # replicates resampled at once (bounded memory)
-    columns = np.arange(tasks)
-    for start in range(0, reps, chunk):
-        count = min(chunk, reps - start)
-        indices = random_state.choice(runs, (count, runs, tasks), replace=True)
-        values[start:start + count] = batched(array[indices, columns])
-    alpha = 100 * (1 - confidence) / 2
-    low, high = np.percentile(values, [alpha, 100 - alpha])
+    _check_interval(confidence, reps)
+    low, high = _percentiles(_replicates(array, _batched(statistic), reps, seed), confidence)
     return float(low), float(high)
 
 
@@ -110,3 +130,71 @@ def aggregate(scores, reps: int = 50_000, seed: int = 0) -> dict:
     return {"runs": int(array.shape[0]), "median": median(array),
             "median_ci": list(bootstrap_ci(array, median, reps=reps, seed=seed)),
             "iqm": iqm(array), "iqm_ci": list(bootstrap_ci(array, iqm, reps=reps, seed=seed))}
+
+
+def _improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P(X > Y) + P(X = Y) / 2 per batch row, averaged over tasks: `[count, runs_x, tasks]` and `[count, runs_y,
+    tasks]` -> `[count]` (the Mann-Whitney U statistic over runs_x * runs_y, as rliable computes it per task)."""
+    left, right = x[:, :, None, :], y[:, None, :, :]
+    wins = (left > right).mean(axis=(1, 2)) + 0.5 * (left == right).mean(axis=(1, 2))  # [count, tasks]
+    return wins.mean(axis=1)
+
+
+def probability_of_improvement(scores_x, scores_y, reps: int = 50_000, confidence: float = 0.95,
+                               seed: int = 0) -> dict:
+    """The probability that a run of X scores higher than a run of Y on the same task (ties count half), averaged
+    over tasks, with its percentile-bootstrap `confidence` interval: ``{"probability", "ci", "runs"}`` (`ci` as
+    [low, high], `runs` as [runs of X, runs of Y]). Agarwal et al.'s measure of whether X improves on Y (rliable's
+    `metrics.probability_of_improvement`): above 0.5 X tends to score higher, and an interval whose low end is above
+    0.5 says so with that confidence. `scores_x` `[runs_x]` or `[runs_x, tasks]`, `scores_y` the same tasks with any
+    number of runs; each replicate resamples X's runs, then Y's, independently per task, from
+    `np.random.RandomState(seed)`, as rliable's `StratifiedIndependentBootstrap` draws them (the same `seed` and
+    `reps` give the same interval)."""
+    x, y = _as_scores(scores_x), _as_scores(scores_y)
+    if x.shape[1] != y.shape[1]:
+        raise UserError(f"Both score arrays need the same tasks (columns): got {x.shape[1]} and {y.shape[1]}.")
+    _check_interval(confidence, reps)
+    (runs_x, tasks), runs_y = x.shape, y.shape[0]
+    random_state = np.random.RandomState(seed)
+    columns = np.arange(tasks)
+    values = []
+    chunk = max(1, (1 << 22) // (runs_x * runs_y * tasks))  # replicates compared at once (bounded memory)
+    for start in range(0, reps, chunk):
+        count = min(chunk, reps - start)
+        if runs_x == runs_y:  # (the draws alternate X, Y with one bound: one call draws the same numbers)
+            both = random_state.choice(runs_x, (count, 2, runs_x, tasks), replace=True)
+            index_x, index_y = both[:, 0], both[:, 1]
+        else:
+            draws = [(random_state.choice(runs_x, (runs_x, tasks), replace=True),
+                      random_state.choice(runs_y, (runs_y, tasks), replace=True)) for _ in range(count)]
+            index_x, index_y = np.stack([d[0] for d in draws]), np.stack([d[1] for d in draws])
+        values.append(_improvement(x[index_x, columns], y[index_y, columns]))
+    low, high = _percentiles(np.concatenate(values), confidence)
+    return {"probability": float(_improvement(x[None], y[None])[0]), "ci": [float(low), float(high)],
+            "runs": [int(runs_x), int(runs_y)]}
+
+
+def performance_profile(scores, thresholds, reps: int = 50_000, confidence: float = 0.95, seed: int = 0) -> dict:
+    """The fraction of runs (all runs of all tasks) that score above each threshold, with its percentile-bootstrap
+    `confidence` band: ``{"thresholds", "fraction", "ci_low", "ci_high"}``, lists as long as `thresholds`. A
+    performance profile (Agarwal et al.; rliable's `create_performance_profile` with score distributions): plot
+    `fraction` against `thresholds` with the band between `ci_low` and `ci_high`; one profile above another at every
+    threshold scores higher whatever the threshold. `thresholds`: numbers, in the scores' units (normalise several
+    tasks first: docs/population.md); intervals resample the runs as `bootstrap_ci` does (same `seed` and `reps`,
+    same numbers as rliable)."""
+    array = _as_scores(scores)
+    _check_interval(confidence, reps)
+    try:
+        taus = np.asarray(thresholds, dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        raise UserError(f"thresholds must be numbers, got {thresholds!r}.") from None
+    if taus.size == 0 or not np.isfinite(taus).all():
+        raise UserError(f"thresholds must be one or more finite numbers, got {thresholds!r}.")
+
+    def fractions(batch: np.ndarray) -> np.ndarray:  # [count, runs, tasks] -> [count, thresholds]
+        flat = batch.reshape(batch.shape[0], -1, 1)
+        return (flat > taus).mean(axis=1)
+
+    low, high = _percentiles(_replicates(array, fractions, reps, seed), confidence)
+    return {"thresholds": taus.tolist(), "fraction": fractions(array[None])[0].tolist(), "ci_low": low.tolist(),
+            "ci_high": high.tolist()}
