@@ -472,6 +472,25 @@ def test_the_launcher_leaves_nothing_in_the_temp_directory(tmp_path):
     assert sorted(path.name for path in temp.iterdir()) == []
 
 
+def test_the_launcher_removes_the_folders_of_killed_launchers(tmp_path):
+    """A launcher killed with SIGKILL (an out-of-memory kill, a scheduler's hard stop) could not remove its folder of
+    workers' notes and torchrun's logs: the next launcher removes the folders of launchers that no longer run, and
+    leaves those of running ones."""
+    script, temp = tmp_path / "worker.py", tmp_path / "temp"
+    script.write_text("print('worker ran')\n")
+    temp.mkdir()
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                           check=True, timeout=60)
+    killed, running = temp / f"rlspeed-workers-{ended.stdout.strip()}-abc", temp / f"rlspeed-workers-{os.getpid()}-d"
+    (killed / "torchelastic").mkdir(parents=True)
+    running.mkdir()
+    done = subprocess.run([sys.executable, "-m", "rlspeed._torchrun", "--standalone", "--nproc_per_node=1",
+                           str(script)], env={**clean_env(), "TMPDIR": str(temp)}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(path.name for path in temp.iterdir()) == [running.name]
+
+
 def test_workers_leaving_at_once_still_run_the_exit_handlers(tmp_path):
     """A worker leaves with `os._exit` (`DistributedStrategy.leave`, after the work is written): the interpreter's
     exit handlers, which remove the temporary directories libraries made (W&B makes two as it is imported), run

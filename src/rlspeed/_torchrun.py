@@ -15,6 +15,7 @@ import tempfile
 from torch.distributed.run import main
 
 from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
+from rlspeed.files import forget_ended_processes_folders
 
 #: the exit codes of an rlspeed command that said why it ended, in one line: a bad input (2), a run stopped by Ctrl-C
 #: (130) or SIGTERM (143) after saving (read where a worker left no file in the launcher's folder: one that ended
@@ -67,8 +68,19 @@ def _quiet_torchrun_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+#: the name of a launcher's folder starts with this, then its process id and a dash
+FOLDER_PREFIX = "rlspeed-workers-"
+
+
+def launcher_folder() -> str:
+    """A new folder in the temp directory for this launcher's workers (what they said, torchrun's logs), removed
+    as the launcher ends; the folders of launchers killed before they could remove theirs (SIGKILL) go first."""
+    forget_ended_processes_folders(FOLDER_PREFIX)
+    return tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
+
+
 if __name__ == "__main__":
-    folder = tempfile.mkdtemp(prefix="rlspeed-workers-")
+    folder = launcher_folder()
     os.environ[SAID_FOLDER_VARIABLE] = folder  # (the workers inherit it)
     # torchrun's log directory goes into this folder, removed with it: without one torchrun made a torchelastic_*
     # directory in the temp directory at each launch and left it there (a --log-dir or PET_LOG_DIR given stands)

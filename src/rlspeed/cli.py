@@ -37,7 +37,7 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
-from rlspeed.files import process_running, remove_stale_temporaries, unwritable
+from rlspeed.files import forget_ended_processes_folders, remove_stale_temporaries, unwritable
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import strict_json
 
@@ -3216,12 +3216,7 @@ _WARNINGS_PREFIX = "rlspeed-warnings-"
 def _forget_killed_commands_warnings() -> None:
     """Remove the warnings directories (`_workers_show_warnings`) of commands that were killed before they could
     (SIGKILL: their `main` never reached its end), found by their process ids no longer running."""
-    for path in Path(tempfile.gettempdir()).glob(f"{_WARNINGS_PREFIX}*-*"):
-        pid = path.name[len(_WARNINGS_PREFIX):].partition("-")[0]
-        if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir() or path.is_symlink():
-            continue
-        if not process_running(int(pid)):  # (gone; another user's process, or any on Windows: left alone)
-            shutil.rmtree(path, ignore_errors=True)
+    forget_ended_processes_folders(_WARNINGS_PREFIX)
 
 
 def _workers_show_warnings():

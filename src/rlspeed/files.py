@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -36,6 +37,18 @@ def process_running(pid: int) -> bool:
     except OSError:  # (PermissionError: another user's process runs)
         return True
     return True
+
+
+def forget_ended_processes_folders(prefix: str) -> None:
+    """Remove the folders named `<prefix><pid>-...` in the temp directory whose process `pid` (not this one) is known
+    to be gone: what a command killed with SIGKILL (its exit handlers never ran) left there. Others' (another user's
+    process, any on Windows: `process_running`) are left alone, as are links and files."""
+    for path in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*-*"):
+        pid = path.name[len(prefix):].partition("-")[0]
+        if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir() or path.is_symlink():
+            continue
+        if not process_running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _temporaries(path: Path) -> list[Path]:
