@@ -143,3 +143,37 @@ def test_a_vector_env_that_ends_episodes_at_each_lost_life_is_said_to_report_liv
                                                    grayscale_newaxis=True)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     assert "AtariPreprocessing" in said(preprocessed)[0]
+
+
+def test_fire_reset_serves_the_ball_in_hidden_steps_as_sb3s_atari_wrapper():
+    """`env_kwargs={"fire_reset": True}`: FIRE is pressed for the agent after every reset and lost life in steps it
+    never sees (Stable-Baselines3's `AtariWrapper` and CleanRL's ppo_atari train so): a policy that never fires
+    loses its lives and ends its training games (episodic life: a lost life ends the learner's episode), each
+    counted episode's length counts the agent's own steps only, and evaluation adds no FIRE of its own (the env
+    presses it). The option is recorded with the env, so evaluation envs remade from the spec press it too."""
+    actions = torch.tensor([0, 3])
+    env = make_env("BreakoutNoFrameskip-v4", num_envs=2, seed=0, backend="gymnasium", device="cpu",
+                   env_kwargs={"fire_reset": True})
+    assert env.spec.env_kwargs == {"fire_reset": True}
+    assert atari.for_evaluation(env) is env
+    _, info = env.reset()
+    assert info["lives"].tolist() == [5, 5]
+    terminations, first_games = 0, {}
+    for step in range(1, 1501):
+        _, _, terminated, _, info = env.step(actions)
+        terminations += int(terminated.sum())
+        for row in info["done"].nonzero().flatten().tolist():
+            first_games.setdefault(row, (step, int(info["episode_length"][row])))
+        if len(first_games) == 2:
+            break
+    env.close()
+    assert len(first_games) == 2 and terminations >= 2 * 5 - 1  # games served and lost, a learner's episode a life
+    for ended_at, length in first_games.values():  # (hidden FIRE steps are not the agent's: not counted)
+        assert length == ended_at
+
+
+def test_fire_reset_is_refused_where_it_cannot_apply():
+    with pytest.raises(rlspeed.UserError, match="MsPacmanNoFrameskip-v4 has no FIRE"):
+        make_env("MsPacmanNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": True})
+    with pytest.raises(rlspeed.UserError, match="fire_reset is true or false, got 'yes'"):
+        make_env("BreakoutNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": "yes"})

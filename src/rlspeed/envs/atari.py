@@ -93,11 +93,65 @@ def max_episode_steps(env_id: str, env_kwargs: dict | None = None) -> int:
     return int(frames) // FRAME_SKIP
 
 
+class FireReset(gym.Wrapper):
+    """FIRE pressed for the agent in hidden steps, as Stable-Baselines3's `AtariWrapper` (`EpisodicLifeEnv` +
+    `FireResetEnv`) and CleanRL's `ppo_atari` train: FIRE then action 2 after every reset, and no-op, FIRE, action 2
+    right after a lost life (the `fire_reset` option of `make_atari_env`). The agent never sees these steps (no
+    transition, no step counted); their rewards are added to the step's reward. `fire`: the FIRE action's index
+    (`fire_action`)."""
+
+    def __init__(self, env: gym.Env, fire: int):
+        super().__init__(env)
+        self.fire = fire
+        self._lives = 0
+
+    def _press(self, actions: tuple[int, ...], reward: float = 0.0):
+        result = None
+        for action in actions:
+            result = self.env.step(action)
+            reward += float(result[1])
+            if result[2] or result[3]:
+                break
+        obs, _, terminated, truncated, info = result
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self._press((self.fire, 2))
+        if terminated or truncated:  # (as FireResetEnv: a game that ended in those steps starts again)
+            obs, info = self.env.reset(**kwargs)
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if lives < self._lives and not (terminated or truncated):
+            obs, reward, terminated, truncated, info = self._press((0, self.fire, 2), float(reward))
+            lives = self.env.unwrapped.ale.lives()
+        self._lives = lives
+        return obs, reward, terminated, truncated, info
+
+
+def fire_reset_option(env_id: str, env_kwargs: dict) -> bool:
+    """The `fire_reset` option of `env_kwargs` (False without one); UserError unless it is a bool, or for a game
+    without FIRE as its second action."""
+    value = env_kwargs.get("fire_reset", False)
+    if not isinstance(value, (bool, np.bool_)):
+        raise UserError(f"The Atari option fire_reset is true or false, got {value!r}.")
+    if value and fire_action(env_id) is None:
+        raise UserError(f"{env_id} has no FIRE as its second action, so fire_reset does not apply: leave it out.")
+    return bool(value)
+
+
 def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
     """One Atari env with the standard preprocessing (module docstring): what each row of the Gymnasium backend
     is, and what the EnvPool backend reproduces. `env_kwargs` go to `gymnasium.make` (e.g.
-    `repeat_action_probability=0.0`)."""
+    `repeat_action_probability=0.0`), but for rlspeed's own two: `max_episode_steps` (agent steps per game) and
+    `fire_reset=True` (FIRE pressed for the agent after every reset and lost life, in hidden steps: `FireReset`)."""
     registered = gym.spec(env_id).kwargs or {}
+    fire = fire_reset_option(env_id, env_kwargs)
+    env_kwargs.pop("fire_reset", None)
     if env_kwargs.get("frameskip", 1) != 1:
         raise UserError(f"{env_id}: rlspeed's Atari preprocessing skips {FRAME_SKIP} frames itself (max-pooling the "
                         f"last two), so the env must not: leave frameskip out (got {env_kwargs['frameskip']!r}).")
@@ -115,6 +169,8 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
         env.close()
         raise UserError(f"Atari preprocessing needs OpenCV ({error}): pip install opencv-python-headless "
                         "(or \"rlspeed[atari]\").") from None
+    if fire:
+        env = FireReset(env, fire_action(env_id))
     if limit is not None:
         env = gym.wrappers.TimeLimit(env, int(limit))
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
@@ -278,8 +334,9 @@ class FireToStart(EnvWrapper):
     ball, and a deterministic policy that never chooses it (an untrained one, often) would stand still until ALE
     ends the game after 27,000 steps; peers press it for the policy the same way (Stable-Baselines3's and CleanRL's
     `FireResetEnv` after every reset, which their episodic-life wrapper makes after every lost life too; EnvPool's
-    `use_fire_reset`). Training envs are left as Gymnasium's wrappers make them (`make_env`); `rlspeed.evaluate`
-    wraps its env in this (`for_evaluation`).
+    `use_fire_reset`). Training envs are left as Gymnasium's wrappers make them (`make_env`), unless made with the
+    `fire_reset` option (`FireReset`, in hidden steps, then also for evaluation); `rlspeed.evaluate` wraps its env
+    in this (`for_evaluation`) where the env does not press FIRE itself.
 
     The FIRE is a step of the game the policy sees, with its reward (none in these games) counted in the episode.
     `fire`: the FIRE action's index; `steps`: how many steps FIRE is pressed for each time (`fire_steps`: 2 where
@@ -311,14 +368,15 @@ class FireToStart(EnvWrapper):
 
 
 def for_evaluation(env: BatchedEnv) -> BatchedEnv:
-    """`env` wrapped in `FireToStart` when it is a preprocessed Atari game that waits for FIRE, else `env`."""
-    if stacked_frames(env) is None:
+    """`env` wrapped in `FireToStart` when it is a preprocessed Atari game that waits for FIRE, else `env` (also for
+    envs made with `fire_reset`, which press it themselves)."""
+    if stacked_frames(env) is None or (env.spec.env_kwargs or {}).get("fire_reset"):
         return env
     fire = fire_action(env.spec.env_id)
     return env if fire is None else FireToStart(env, fire, fire_steps(env.spec.env_id, env.spec.env_kwargs))
 
 
 __all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec",
-           "max_episode_steps", "AtariGymnasiumEnv", "AtariTraining", "stacked_frames", "fire_action", "fire_steps",
-           "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP", "SCREEN_SIZE", "FRAME_STACK",
-           "STICKY_FIRE_STEPS"]
+           "max_episode_steps", "FireReset", "fire_reset_option", "AtariGymnasiumEnv", "AtariTraining",
+           "stacked_frames", "fire_action", "fire_steps", "FireToStart", "for_evaluation", "NOOP_MAX", "FRAME_SKIP",
+           "SCREEN_SIZE", "FRAME_STACK", "STICKY_FIRE_STEPS"]

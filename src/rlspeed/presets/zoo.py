@@ -389,7 +389,8 @@ class _Translator:
             self.notes.append("frame_stack 4: rlspeed's Atari envs stack 4 frames")
         elif key == "env_wrapper" and self.atari and value in (ATARI_WRAPPER, [ATARI_WRAPPER]):
             self.differ("AtariWrapper: rlspeed's Atari envs apply its preprocessing (no-op reset, frame skip 4, "
-                        "84x84 grey, episodic life, clipped rewards), except FIRE after each reset")
+                        "84x84 grey, episodic life, clipped rewards), except FIRE after each reset (the env option "
+                        "fire_reset=true adds it)")
         elif key == "frame_stack":
             self.refuse(key, f"{value}: rlspeed stacks frames only in its Atari envs (rlspeed.envs.atari, which its "
                              "own Atari presets use), not for other env ids yet")
