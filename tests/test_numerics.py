@@ -87,6 +87,34 @@ class Scaled(gym.Wrapper):
         return (np.abs(obs) * 1e36).astype(np.float32), reward * 1e36, terminated, truncated, info
 
 
+class Float64Beyond32(gym.Env):
+    """A float64 Box whose values (1e300) are finite in float64 and past float32's range."""
+
+    observation_space = gym.spaces.Box(-1e301, 1e301, (2,), np.float64)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(2, 1e300), {}
+
+    def step(self, action):
+        return np.full(2, 1e300), 0.0, False, False, {}
+
+
+def test_a_float64_observation_past_float32s_range_is_named_as_such():
+    """The adapters store a float64 Box as float32, where 1e300 is infinite: the refusal said the env 'returned a NaN
+    or infinite observation' of an env that returned none, with nothing about float32."""
+    env = gym.vector.SyncVectorEnv([Float64Beyond32] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (numpy's "overflow encountered in cast")
+        with pytest.raises(NonFiniteEnvError, match=r"float64 observations past float32's range"):
+            PPO(env, seed=0, device="cpu", **SMALL[PPO]).learn(64, progress_bar=False)
+    with pytest.raises(NonFiniteEnvError) as caught:  # (an env of float32 observations is told nothing about float64)
+        PPO(_vector_env("CartPole-v1", faulty_env=1, at_step=3), seed=0, device="cpu",
+            **SMALL[PPO]).learn(64, progress_bar=False)
+    assert "float64" not in str(caught.value)
+
+
 @pytest.mark.parametrize("algo", [PPO, DQN], ids=lambda a: a.__name__)
 def test_large_finite_values_are_no_nan(algo):
     """The guard folded every value into one float32 running sum over the run, which overflowed after a few hundred

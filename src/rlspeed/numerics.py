@@ -47,22 +47,36 @@ class NonFiniteEnvError(NumericsError):
     `env_id` names the env; `env_index` is the env's row in the batch, `step` the env's step at which it happened (0
     is the first reset), `rows` how many envs returned such values by the time it was noticed. A population's
     (`member`: its index and seed) names the member instead, `step` being the population's step count when it was
-    noticed (populations do not mask such values).
+    noticed (populations do not mask such values). `wide_floats`: the observation space has float64 parts, whose
+    finite values beyond float32's range became infinite in the float32 the adapters store (said, as the env may
+    have returned no NaN or infinity itself).
     """
 
-    def __init__(self, env_id: str, env_index: int, step: int, rows: int, member: tuple[int, int] | None = None):
+    def __init__(self, env_id: str, env_index: int, step: int, rows: int, member: tuple[int, int] | None = None,
+                 wide_floats: bool = False):
         self.env_index, self.step, self.rows = env_index, step, rows
+        wide = (" (float64 observations past float32's range, about 3.4e38, count too: rlspeed keeps observations "
+                "in float32)" if wide_floats else "")
         if member is not None:
             others = f" ({rows - 1} other env rows too)" if rows > 1 else ""
-            super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward to population "
-                             f"member {member[0]} (seed {member[1]}) by step {step:,}{others}; fix the env "
+            super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward{wide} to "
+                             f"population member {member[0]} (seed {member[1]}) by step {step:,}{others}; fix the env "
                              "(populations do not mask such values).")
             return
         others = f" ({rows - 1} other envs too)" if rows > 1 else ""
         where = "at its first reset" if step == 0 else f"at its step {step:,}"
-        super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward in env {env_index} "
-                         f"{where}{others}; fix the env, or pass nan_policy='mask' (CLI: --nan-policy mask) to replace "
-                         "such values by 0 and count them.")
+        super().__init__(f"The env '{env_id}' returned a NaN or infinite observation or reward{wide} in env "
+                         f"{env_index} {where}{others}; fix the env, or pass nan_policy='mask' (CLI: --nan-policy "
+                         "mask) to replace such values by 0 and count them.")
+
+
+def has_wide_floats(space) -> bool:
+    """Whether an observation space (a Dict or Tuple's parts too) holds a float Box wider than float32, whose values
+    the env adapters store as float32 (`rlspeed.envs.base.observation_layout`)."""
+    parts = getattr(space, "spaces", None)
+    parts = list(parts.values()) if isinstance(parts, dict) else list(parts or [space])
+    dtypes = [getattr(part, "dtype", None) for part in parts]
+    return any(dtype is not None and dtype.kind == "f" and dtype.itemsize > 4 for dtype in dtypes)
 
 
 class DivergedError(NumericsError):
@@ -209,6 +223,7 @@ class NumericsGuard:
         self.enabled, self.nan_policy, self.max_rollbacks = bool(enabled), nan_policy, int(max_rollbacks)
         self.env_guard: EnvValueGuard | None = None
         self.env_checked = False
+        self.wide_floats = False  # (the watched env's observation space has float64 parts: `attach`)
         self.rollbacks = 0
         self.consecutive_rollbacks = 0
         self.rolled_back_timesteps = 0
@@ -238,6 +253,7 @@ class NumericsGuard:
         if stats.numerics is None or stats.numerics.policy != self.nan_policy:
             stats.numerics = EnvValueGuard(stats.num_envs, stats.device, self.nan_policy)
         self.env_guard = stats.numerics
+        self.wide_floats = has_wide_floats(getattr(getattr(env, "spec", None), "observation_space", None))
 
     def device_values(self, tensors: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor | None:
         """What the next host read needs, as one device vector: [all tensors finite, env summary...]; None when the
@@ -277,7 +293,7 @@ class NumericsGuard:
                 self.first_env_index, self.first_env_step = first_env, first_step
             self.masked_env_rows = self._masked_before + masked
             if rows and self.nan_policy == "raise":
-                raise NonFiniteEnvError(env_id, first_env, first_step, rows)
+                raise NonFiniteEnvError(env_id, first_env, first_step, rows, wide_floats=self.wide_floats)
             finite = finite and not caused  # non-finite actions went to the env: the policy diverged
         if finite:
             self.consecutive_rollbacks = 0

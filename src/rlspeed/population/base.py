@@ -1180,10 +1180,12 @@ class PopulationBase:
         reward (`own` env rows did, the first one `first`): a population stops, as a single run with
         `nan_policy="raise"` does (a member trained on such values would only show up as diverged). Rows a diverged
         policy sent non-finite actions first are not the env's doing (the guard tells them apart)."""
-        from rlspeed.numerics import NonFiniteEnvError
+        from rlspeed.numerics import NonFiniteEnvError, has_wide_floats
 
         member = self.alive[first // self.config.num_envs]
-        raise NonFiniteEnvError(self.env_id, first, self.num_timesteps, own, member=(member, self.seeds[member]))
+        space = getattr(getattr(self._env, "spec", None), "observation_space", None)
+        raise NonFiniteEnvError(self.env_id, first, self.num_timesteps, own, member=(member, self.seeds[member]),
+                                wide_floats=has_wide_floats(space))
 
     def _env_value_flags(self) -> torch.Tensor | None:
         """[env rows whose own observation or reward was NaN or infinite, the first such row] on the device, since the
