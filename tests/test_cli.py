@@ -733,6 +733,16 @@ def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch,
     capsys.readouterr()
     assert cli.main(["eval", "api_model.safetensors", "--episodes", "2", "--json"]) == 0
     assert "importing my_rl_envs, which the model's env id my_rl_envs:MyCartPole-v0 names" in capsys.readouterr().err
+    # (evaluated from a directory where the module is not found: the sentence says where the name came from and where
+    # Python looks, not '--gym-packages', which the user never gave)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setattr(sys, "path", [entry for entry in sys.path if entry not in (str(tmp_path), "")])
+    monkeypatch.delitem(sys.modules, "my_rl_envs", raising=False)
+    assert cli.main(["eval", "../run", "--episodes", "2"]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert "Cannot import the module 'my_rl_envs' (recorded in ../run/config.yaml)" in error, error
+    assert "PYTHONPATH" in error and "--gym-packages" not in error
 
 
 def test_a_nan_final_evaluation_is_null_in_summary_json(monkeypatch, tmp_path, capsys):

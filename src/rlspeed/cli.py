@@ -2488,6 +2488,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if recorded:  # (importing runs a module's code: said, for a run directory from elsewhere)
                 print(f"rlspeed: importing {', '.join(map(str, recorded))}, which {config_file} records "
                       "(gym_packages: the modules that register its env)", file=sys.stderr, flush=True)
+                from rlspeed.envs import import_gym_packages
+
+                import_gym_packages(list(map(str, recorded)), why=f"(recorded in {config_file})")
             args.gym_packages = [*recorded, *(args.gym_packages or [])]
     _import_env_modules(args, "env")
     _, meta = load_checkpoint(path)

@@ -30,8 +30,11 @@ def import_gym_packages(modules: list[str], why: str = "(--gym-packages)") -> No
         try:
             imported = _import_here_too(module)
         except ImportError as error:
+            # a module not found: where Python looked (a run evaluated from another directory misses its env's file)
+            where = (" (modules are found on PYTHONPATH and in the current directory)"
+                     if isinstance(error, ModuleNotFoundError) and error.name == module.split(".")[0] else "")
             raise UserError(f"Cannot import the module '{module}' {why}, which should register the env: "
-                            f"{error}.") from None
+                            f"{error}{where}.") from None
         register = getattr(imported, "register_envs", None)
         if callable(register) and module not in _REGISTERED_BY_CALL:
             _REGISTERED_BY_CALL.add(module)
