@@ -1630,6 +1630,52 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
     assert model.num_timesteps == 0
 
 
+class _OwnBufferEnv(gym.Env):
+    """Writes its observations (the step count, as a Box and a Dict) into one array of its own and returns it each
+    time (Gymnasium's checker warns, "share an object"); episodes truncated after 3 steps."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, keyed: bool = False):
+        self.keyed, self.buffer, self.t = keyed, np.zeros(2, np.float32), 0
+        box = gym.spaces.Box(0, 10, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"x": box}) if keyed else box
+
+    def _observation(self):
+        self.buffer[:] = self.t
+        return {"x": self.buffer} if self.keyed else self.buffer
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observation(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._observation(), 0.0, False, self.t >= 3, {}
+
+
+gym.register("OwnBuffer-v0", entry_point=_OwnBufferEnv, disable_env_checker=True)
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["box", "dict"])
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_final_obs_is_the_last_observation_of_an_env_that_reuses_its_array(backend, keyed):
+    """Gymnasium's subprocess worker keeps the array an env's last step returned as info["final_obs"] and resets the
+    env before sending it: an env writing into one array of its own had final_obs equal to the next episode's first
+    observation, and truncated episodes bootstrapped from it, without a word (subprocess envs only)."""
+    env = rlspeed.make_env("OwnBuffer-v0", num_envs=2, backend=backend, seed=0, env_kwargs={"keyed": keyed})
+    try:
+        env.reset()
+        for _ in range(3):
+            obs, _, _, truncated, info = env.step(torch.zeros(2, dtype=torch.long))
+    finally:
+        env.close()
+    final, obs = (info["final_obs"]["x"], obs["x"]) if keyed else (info["final_obs"], obs)
+    assert truncated.all()
+    assert (final == 3).all() and (obs == 0).all(), (final, obs)
+
+
 def test_a_contract_breach_is_told_under_a_time_limit_another_package_put_in_place(monkeypatch):
     """rl_zoo3 (rlspeed's `--preset zoo`) replaces Gymnasium's TimeLimit with a subclass of its own when imported: the
     old API's 4-value step then failed in that subclass's file, not Gymnasium's, and was taken for the env's own

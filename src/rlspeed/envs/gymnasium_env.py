@@ -7,6 +7,7 @@ observation's own dtype (`rlspeed.envs.base`): a uint8 image is copied to the de
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import multiprocessing
@@ -561,10 +562,17 @@ def flags_problem(name: str, terminated, truncated) -> str | None:
     return None
 
 
-class FirstStepFlags(gym.Wrapper):
-    """A subprocess env's check of its first step's `terminated` and `truncated` (`flags_problem`), made in its own
-    process: Gymnasium's AsyncVectorEnv stacks them into a bool array in the parent, where a string or None is
-    already its truth value ("False" ends every episode). UserError there; later steps go through unchecked."""
+class SubprocessEnv(gym.Wrapper):
+    """What each subprocess env is wrapped in, in its own process:
+
+    - its first step's `terminated` and `truncated` are checked (`flags_problem`): Gymnasium's AsyncVectorEnv stacks
+      them into a bool array in the parent, where a string or None is already its truth value ("False" ends every
+      episode). UserError there; later steps go through unchecked.
+    - an episode's last observation is a copy: Gymnasium's worker keeps the object the env returned as
+      `info["final_obs"]` and sends it after resetting the env, so an env that writes its observations into one array
+      of its own (Gymnasium's checker warns: "share an object") sent the next episode's first observation as the last
+      one, and truncated episodes bootstrapped from it (the in-process backend copies each observation as it comes).
+    """
 
     def __init__(self, env: gym.Env, env_id: str):
         super().__init__(env)
@@ -572,12 +580,15 @@ class FirstStepFlags(gym.Wrapper):
 
     def step(self, action):
         stepped = self.env.step(action)
+        if not isinstance(stepped, tuple) or len(stepped) != 5:  # (other breaches: found where they are stored)
+            return stepped
         if not self._checked:
             self._checked = True
-            if isinstance(stepped, tuple) and len(stepped) == 5:  # (other breaches: found where they are stored)
-                problem = flags_problem(f"'{self._env_id}'.step()", stepped[2], stepped[3])
-                if problem:
-                    raise UserError(problem)
+            problem = flags_problem(f"'{self._env_id}'.step()", stepped[2], stepped[3])
+            if problem:
+                raise UserError(problem)
+        if stepped[2] or stepped[3]:  # (the worker resets the env next; once an episode: a copy of any size is cheap)
+            return (copy.deepcopy(stepped[0]), *stepped[1:])
         return stepped
 
 
@@ -1006,7 +1017,7 @@ class GymnasiumEnv(BatchedEnv):
             wrappers = None
             if vectorization == "async":
                 vector_kwargs.update(_worker_warnings())
-                wrappers = [functools.partial(FirstStepFlags, env_id=env_id)]
+                wrappers = [functools.partial(SubprocessEnv, env_id=env_id)]
             try:
                 try:
                     vector_env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode=vectorization,
@@ -1378,7 +1389,7 @@ class GymnasiumEnv(BatchedEnv):
         if not isinstance(inner, gym.vector.AsyncVectorEnv) or inner.closed:
             return
         held, self._worker_errors[:] = list(self._worker_errors), []
-        if isinstance(error, UserError):  # (told as it is; a worker's own (`FirstStepFlags`) ended its process)
+        if isinstance(error, UserError):  # (told as it is; a worker's own (`SubprocessEnv`) ended its process)
             if held and held[0] is error:
                 self.close()
                 self._failed = f"their {call} failed"
