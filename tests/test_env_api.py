@@ -1630,6 +1630,45 @@ def test_flags_that_are_no_bools_are_refused_at_the_first_step(fault, message, b
     assert model.num_timesteps == 0
 
 
+class _ResetWithoutSeed(gym.Env):
+    """A reset written without Gymnasium's keyword arguments (`def reset(self)`), or with `seed` alone."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, takes_seed: bool = False):
+        self.takes_seed = takes_seed
+
+    def reset(self, *args, **kwargs):
+        allowed = {"seed"} if self.takes_seed else set()
+        for name in [name for name in kwargs if name not in allowed]:  # (what Python says of such a signature)
+            raise TypeError(f"_ResetWithoutSeed.reset() got an unexpected keyword argument '{name}'")
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+gym.register("ResetWithoutSeed-v0", entry_point=_ResetWithoutSeed, disable_env_checker=True, max_episode_steps=5)
+
+
+@pytest.mark.parametrize("takes_seed, missing", [(False, "seed"), (True, "options")])
+@pytest.mark.parametrize("backend", ["gymnasium", "gymnasium-async"])
+def test_a_reset_without_gymnasiums_arguments_is_one_sentence(backend, takes_seed, missing):
+    """`def reset(self):` (returning Gymnasium's (obs, info)) failed as the env's own error, "The env raised
+    TypeError in reset()" (EnvStepError, exit 1): a breach of Gymnasium's API the user fixes in the signature."""
+    from rlspeed import PPO
+
+    model = PPO("ResetWithoutSeed-v0", seed=0, device="cpu", env_backend=backend, num_envs=2, num_steps=8,
+                batch_size=16, env_kwargs={"takes_seed": takes_seed})
+    try:
+        with pytest.raises(rlspeed.UserError, match=rf"'ResetWithoutSeed-v0'.reset\(\) takes no {missing} argument: "
+                                                    r"Gymnasium's reset is reset\(self, seed=None, options=None\)"):
+            model.learn(16, progress_bar=False)
+    finally:
+        model.close()
+
+
 class _OwnBufferEnv(gym.Env):
     """Writes its observations (the step count, as a Box and a Dict) into one array of its own and returns it each
     time (Gymnasium's checker warns, "share an object"); episodes truncated after 3 steps."""

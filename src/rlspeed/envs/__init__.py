@@ -448,10 +448,15 @@ def _backend_name(env: BatchedEnv) -> str:
     """`env`'s backend as users name it (`GymnasiumEnv.backend_name`: gymnasium-async for subprocess envs)."""
     return getattr(env.unwrapped, "backend_name", env.backend)
 
+#: Python's TypeError for a `reset` without Gymnasium's keyword arguments (`def reset(self):`)
+_RESET_WITHOUT = re.compile(r"reset\(\) got an unexpected keyword argument '(seed|options)'")
+
+
 class NamesEnvErrors(EnvWrapper):
     """Turns an exception raised from inside the env's `reset` or `step` into an `EnvStepError` naming the env, the
     call and the options it was made with (one line from the CLI, exit 1; the env's traceback chained). rlspeed's own
-    `UserError`s (a broken contract, a bad mask) pass as they are."""
+    `UserError`s (a broken contract, a bad mask) pass as they are, and so does a reset that does not take Gymnasium's
+    `seed` or `options` as a UserError: the env's signature breaks Gymnasium's API, which the user can fix."""
 
     def reset(self, seed: int | None = None):
         try:
@@ -459,6 +464,11 @@ class NamesEnvErrors(EnvWrapper):
         except (UserError, EnvStepError):
             raise
         except Exception as error:
+            missing = _RESET_WITHOUT.search(str(error)) if isinstance(error, TypeError) else None
+            if missing:
+                raise UserError(f"'{self.spec.env_id}'.reset() takes no {missing[1]} argument: Gymnasium's reset is "
+                                "reset(self, seed=None, options=None), calling super().reset(seed=seed) (which seeds "
+                                "self.np_random).") from error
             raise EnvStepError(self.spec.env_id, _backend_name(self), "reset", error,
                                self.spec.env_kwargs or ()) from error
 
