@@ -856,3 +856,61 @@ def test_metrics_rows_give_the_learning_rate_each_rows_last_update_took(tmp_path
     sac.learn(48, progress_bar=False, run_dir=tmp_path / "sac", log_interval_s=0.0)
     rows = read_rows(tmp_path / "sac" / "metrics.csv")
     assert rows and all(float(row["learning_rate"]) == pytest.approx(7e-4) for row in rows)
+
+
+BESIDE_THE_BAR = """
+import warnings
+
+from rlspeed import PPO
+from rlspeed.callbacks import BaseCallback, EvalCallback
+
+
+class Warns(BaseCallback):
+    def _on_step(self):
+        if self.num_timesteps >= 256 and not getattr(self, "said", False):
+            self.said = True
+            warnings.warn("a warning while training")
+        return True
+
+
+model = PPO("CartPole-v1", seed=0, device="cpu", env_backend="torch", num_envs=4, num_steps=32, batch_size=64)
+model.learn(512, callback=[EvalCallback(eval_freq=128, n_eval_episodes=1, verbose=1), Warns()])
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal (pty)")
+def test_lines_said_while_a_bar_is_drawn_in_a_terminal_start_lines_of_their_own():
+    """In a terminal, a callback's line (EvalCallback's "rlspeed: eval at ...", verbose=1) and a warning shown while
+    learn's bar was drawn were written at the end of the bar's line ("... 0.00/512 [00:00<?, ?step/s]rlspeed: eval
+    at 128 steps"). Now the bar's line is cleared first and the bar drawn again below them, as tqdm's write does."""
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # (a bar needs the columns)
+    try:
+        child = subprocess.Popen([sys.executable, "-c", BESIDE_THE_BAR], stdin=subprocess.DEVNULL, stdout=follower,
+                                 stderr=follower, env={**os.environ, "PYTHONWARNINGS": ""})
+        os.close(follower)
+        output = bytearray()
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # (EIO: the child closed its end)
+                break
+            if not chunk:
+                break
+            output += chunk
+        assert child.wait(timeout=300) == 0, output.decode(errors="replace")
+    finally:
+        os.close(leader)
+    segments = output.decode(errors="replace").replace("\r", "\n").split("\n")
+    assert any(segment.startswith("ppo CartPole-v1: ") for segment in segments)  # (the bar was drawn)
+    evals = [segment for segment in segments if "rlspeed: eval at" in segment]
+    warned = [segment for segment in segments if "UserWarning: a warning while training" in segment]
+    assert evals and warned
+    assert all(segment.startswith("rlspeed: eval at") for segment in evals), evals
+    assert all(segment.startswith("<string>:") for segment in warned), warned

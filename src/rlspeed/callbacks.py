@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from rlspeed.errors import UserError, positive_whole, true_or_false
+from rlspeed.logging import print_beside_bars
 
 if typing.TYPE_CHECKING:
     from rlspeed.algos.base import Algorithm
@@ -491,7 +492,8 @@ class StopTrainingOnRewardThreshold(BaseCallback):
     def _check(self, mean: float) -> bool:
         keep_going = not mean >= self.reward_threshold
         if not keep_going and self.verbose:
-            print(f"rlspeed: stopping: mean evaluation return {mean:.2f} >= threshold {self.reward_threshold:g}")
+            print_beside_bars(f"rlspeed: stopping: mean evaluation return {mean:.2f} >= threshold "
+                              f"{self.reward_threshold:g}")
         return keep_going
 
     def _on_step(self) -> bool:
@@ -531,7 +533,8 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
         self.last_best_mean_reward = best
         if self.no_improvement_evals > self.max_no_improvement_evals:
             if self.verbose:
-                print(f"rlspeed: stopping: no better evaluation in the last {self.no_improvement_evals} evaluations")
+                print_beside_bars(f"rlspeed: stopping: no better evaluation in the last {self.no_improvement_evals} "
+                                  "evaluations")
             return False
         return True
 
@@ -705,8 +708,8 @@ class EvalCallback(BaseCallback):
                      results=np.array(self.evaluations_results), ep_lengths=np.array(self.evaluations_length),
                      **successes)
         if self.verbose:
-            print(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- {result['std']:.2f}"
-                  f"{success}")
+            print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- "
+                              f"{result['std']:.2f}{success}")
         keep_going = True
         if result["mean"] > self.best_mean_reward:
             self.best_mean_reward = result["mean"]
@@ -765,9 +768,9 @@ class CheckpointCallback(BaseCallback):
             vec_normalize.save(str(statistics))
             self.saved.append(statistics)
             if self.verbose:
-                print(f"rlspeed: saved {statistics}")
+                print_beside_bars(f"rlspeed: saved {statistics}")
         if self.verbose:
-            print(f"rlspeed: saved {path}")
+            print_beside_bars(f"rlspeed: saved {path}")
         return True
 
 
@@ -838,7 +841,7 @@ class VideoRecorderCallback(BaseCallback):
             return True
         self.videos.append(path)
         if self.verbose:
-            print(f"rlspeed: video {path}")
+            print_beside_bars(f"rlspeed: video {path}")
         if self.on_video is not None:
             self.on_video(path, self.num_timesteps)
         return True

@@ -97,6 +97,50 @@ def _csv_row(row: dict) -> dict:
             for key, value in row.items()}
 
 
+#: rlspeed's bars drawn in place now (a terminal's, a notebook's), whose line a warning or a callback's line shown
+#: meanwhile would be written onto
+_DRAWN_BARS: set[int] = set()
+_DRAWN_LOCK = threading.Lock()
+
+
+def _show_warning_beside_bars(message, category, filename, lineno, file=None, line=None) -> None:
+    """Python's display of a warning, on lines of its own above a drawn bar (the bar's line cleared first and drawn
+    again after, as tqdm's `write` does), not glued to the end of the bar's line."""
+    from tqdm import tqdm
+
+    with tqdm.external_write_mode(file=file if file is not None else sys.stderr):
+        warnings._showwarning_orig(message, category, filename, lineno, file, line)
+
+
+def _drawing(key: int, drawn: bool) -> None:
+    """Record bar `key` as drawn (or no longer): while any is, warnings show beside bars, where Python's own display
+    of warnings is in place (a display of the caller's or of the `rlspeed` command, which draws its lines beside the
+    bars itself, is left alone; one shown through catch_warnings(record=True) is recorded as before)."""
+    original = getattr(warnings, "_showwarning_orig", None)
+    with _DRAWN_LOCK:
+        if drawn:
+            if not _DRAWN_BARS and original is not None and warnings.showwarning is original:
+                warnings.showwarning = _show_warning_beside_bars
+            _DRAWN_BARS.add(key)
+        elif key in _DRAWN_BARS:
+            _DRAWN_BARS.discard(key)
+            if not _DRAWN_BARS and warnings.showwarning is _show_warning_beside_bars:
+                warnings.showwarning = original
+
+
+def print_beside_bars(*values, file=None) -> None:
+    """`print` for a line said while training runs (a callback's): in a terminal where a bar is drawn, on a line of
+    its own above the bar (tqdm's `write`), not at the end of the bar's line. Elsewhere (a notebook's output, a file)
+    as `print` writes it."""
+    stream = file if file is not None else sys.stdout
+    if _DRAWN_BARS and _is_terminal(stream):
+        from tqdm import tqdm
+
+        tqdm.write(" ".join(map(str, values)), file=stream)
+    else:
+        print(*values, file=stream)
+
+
 class ProgressBar:
     """A tqdm bar over env steps (or another `unit`: evaluation episodes) showing steps/s and the recent episode
     return. Where stderr is not a terminal (a log file, a batch job's output), a bar redrawn in place would pile up as
@@ -136,6 +180,8 @@ class ProgressBar:
         self._wrote_line = False
         self._lined = initial  # the step count the last status line showed
         self._redrawn = 0.0  # (time.time() of the last redraw `update` asked for)
+        if enabled and not self.lines:
+            _drawing(id(self), True)
 
     def update(self, steps: int, **postfix) -> None:
         """Advance the bar by `steps` env steps and show `postfix` (floats to one decimal; None and NaN left out)."""
@@ -165,6 +211,7 @@ class ProgressBar:
         """Finish the bar (it stays on screen; in line mode, a last line where any was written)."""
         if self.lines and self._wrote_line and self.bar.n != self._lined:
             self._line()
+        _drawing(id(self), False)
         self.bar.close()
         if self._null is not None:
             self._null.close()
