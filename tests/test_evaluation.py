@@ -414,3 +414,16 @@ def test_evaluate_refuses_what_is_no_rlspeed_model_in_one_sentence():
                          (None, r"^evaluate takes an rlspeed model \(PPO\(\.\.\.\), .*not a NoneType\.$")):
         with pytest.raises(rlspeed.UserError, match=match):
             rlspeed.evaluate(wrong, "CartPole-v1", episodes=1)
+
+
+def test_evaluates_warnings_point_at_the_callers_line_through_the_models_method_too():
+    """`model.evaluate(...)` (the method the docs show) warned at rlspeed's own line inside that method, so the
+    warning named no line of the caller's, and Python showed it once per process: the same cell of a notebook, run
+    again on the same problem, said nothing. Now it names the caller's line, as `rlspeed.evaluate(model, ...)` did."""
+    model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=2, num_steps=16)
+    for evaluate in (model.evaluate, lambda **options: rlspeed.evaluate(model, "CartPole-v1", **options)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            evaluate(episodes=2, max_steps=5)
+        said = [warning for warning in caught if "still running" in str(warning.message)]
+        assert said and all(warning.filename == __file__ for warning in said), [w.filename for w in said]

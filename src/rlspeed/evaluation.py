@@ -6,7 +6,6 @@ import contextlib
 import math
 import secrets
 import typing
-import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -26,7 +25,7 @@ from rlspeed.envs.base import (
 )
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
 from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
-from rlspeed.errors import UserError, positive_whole, true_or_false
+from rlspeed.errors import UserError, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
 
 if typing.TYPE_CHECKING:
@@ -236,9 +235,9 @@ def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv |
     if unfinished:
         returns = torch.where(finished, returns, running)
         lengths = torch.where(finished, lengths, running_lengths)
-        warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; "
-                      "they count with the return collected so far (pass max_steps= to run longer; on the command "
-                      "line, --env-kwargs max_episode_steps=N gives the env a time limit of N steps).", stacklevel=2)
+        warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; "
+                       "they count with the return collected so far (pass max_steps= to run longer; on the command "
+                       "line, --env-kwargs max_episode_steps=N gives the env a time limit of N steps).", UserWarning)
     values = returns.cpu().tolist()
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
@@ -319,11 +318,11 @@ def _spread_result(spread: dict, episodes: int, limit: int, seed: int | None) ->
     """`evaluate`'s result from `_spread_episodes`' episodes (with its warning for unfinished ones)."""
     values, unfinished = spread["returns"], spread["unfinished"]
     if unfinished or len(values) < episodes:
-        warnings.warn(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they "
-                      "count with the return collected so far" + (
-                          f", and {episodes - len(values)} did not start within the {limit} steps per episode "
-                          "the evaluation runs" if len(values) < episodes else "")
-                      + " (pass max_steps= to run longer).", stacklevel=3)
+        warn_at_caller(f"evaluate: {unfinished} of {episodes} episodes were still running after {limit} steps; they "
+                       "count with the return collected so far" + (
+                           f", and {episodes - len(values)} did not start within the {limit} steps per episode "
+                           "the evaluation runs" if len(values) < episodes else "")
+                       + " (pass max_steps= to run longer).", UserWarning)
     mean = sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
     result = {"mean": mean, "std": std, "episodes": len(values), "returns": values, "lengths": spread["lengths"],
@@ -384,9 +383,9 @@ def _warn_reward_wrappers(env) -> None:
         env = find_episode_statistics(env) or env
     changers = reward_wrappers(env, below_monitor=is_sb3_vec_env(env) and monitored(env))
     if changers:
-        warnings.warn(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
-                      "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",
-                      stacklevel=3)
+        warn_at_caller(f"evaluate: this vector env's rewards pass through {', '.join(changers)}, so the returns "
+                       "reported are the changed rewards' sums, not the env's own: evaluate on an env without it.",
+                       UserWarning)
 
 
 def _warn_life_episodes(env) -> None:
@@ -395,10 +394,10 @@ def _warn_life_episodes(env) -> None:
     `evaluate_policy` warns of an env without Monitor)."""
     enders = life_loss_wrappers(env, below_monitor=is_sb3_vec_env(env) and monitored(env))
     if enders:
-        warnings.warn(f"evaluate: this vector env ends an episode at each lost life ({', '.join(enders)}), so each "
-                      "episode reported is one life, not a whole game: evaluate on an env without it, or with SB3's "
-                      "Monitor inside it around each env (make_atari_env puts it there), whose games are counted.",
-                      stacklevel=3)
+        warn_at_caller(f"evaluate: this vector env ends an episode at each lost life ({', '.join(enders)}), so each "
+                       "episode reported is one life, not a whole game: evaluate on an env without it, or with SB3's "
+                       "Monitor inside it around each env (make_atari_env puts it there), whose games are counted.",
+                       UserWarning)
 
 
 def evaluation_backend(env_id: str, trained_on: str, episodes: int, device: str | torch.device) -> str:
@@ -462,11 +461,11 @@ def _check_compatible(model, env) -> None:
     differ = space_mismatch(trained, given)
     if not differ:
         if _other_bounds(trained.action_space, given.action_space):  # (the same shapes; other Box bounds)
-            warnings.warn(f"evaluate: {given.env_id}'s action bounds (low {given.action_space.low}, high "
-                          f"{given.action_space.high}) differ from those this model trained with (low "
-                          f"{trained.action_space.low}, high {trained.action_space.high}), to which its actions are "
-                          "scaled or clipped: the returns are those of another task (evaluate on an env made as the "
-                          "training env was, e.g. with the same RescaleAction).", stacklevel=3)
+            warn_at_caller(f"evaluate: {given.env_id}'s action bounds (low {given.action_space.low}, high "
+                           f"{given.action_space.high}) differ from those this model trained with (low "
+                           f"{trained.action_space.low}, high {trained.action_space.high}), to which its actions are "
+                           "scaled or clipped: the returns are those of another task (evaluate on an env made as the "
+                           "training env was, e.g. with the same RescaleAction).", UserWarning)
         return
     spaces = {what: (space_text(getattr(given, f"{space}_space")), space_text(getattr(trained, f"{space}_space")))
               for what, space in (("observations", "observation"), ("actions", "action"))}
