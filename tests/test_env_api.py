@@ -440,6 +440,23 @@ def test_make_env_rejects_a_vector_env_without_same_step_autoreset():
         vector_env.close()
 
 
+def test_the_refusal_of_a_next_step_vector_env_of_unregistered_envs_gives_a_way_that_makes_one():
+    """A vector env built from an env class of the user's (a notebook's, no id registered) with Gymnasium's default
+    NEXT_STEP autoreset was refused with only `gymnasium.make_vec(id, ...)` as the way, which takes a registered id;
+    the refusal now also names the constructor's `autoreset_mode=`, and what it names is taken."""
+    from gymnasium.envs.classic_control import CartPoleEnv
+
+    vector_env = gym.vector.SyncVectorEnv([CartPoleEnv] * 2)
+    try:
+        with pytest.raises(rlspeed.UserError, match=r"gymnasium\.vector\.SyncVectorEnv\(env_fns, autoreset_mode="
+                                                    r"gymnasium\.vector\.AutoresetMode\.SAME_STEP\)"):
+            rlspeed.make_env(vector_env, device="cpu")
+    finally:
+        vector_env.close()
+    fixed = gym.vector.SyncVectorEnv([CartPoleEnv] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    rlspeed.make_env(fixed, device="cpu").close()
+
+
 @pytest.mark.parametrize("wrap", ["NormalizeObservation", "FlattenObservation"])
 def test_a_next_step_vector_env_under_a_vector_observation_wrapper_is_told_to_wrap_each_env(wrap):
     """Gymnasium's vector observation wrappers refuse SAME_STEP autoreset, so the refusal of their NEXT_STEP vector

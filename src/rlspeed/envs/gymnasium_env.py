@@ -253,8 +253,11 @@ def check_same_step(vector_env, who: str = "Pass a Gymnasium vector env") -> Non
                         f"wrapper to each env instead, gymnasium.make_vec(id, n, vectorization_mode='sync', "
                         f"vector_kwargs=..., wrappers=[gymnasium.wrappers.{names[0]}]){instead}.")
     if mode != gym.vector.AutoresetMode.SAME_STEP:
+        # (the constructor's form too: an env class of the caller's that no id names has no make_vec)
         raise UserError(f"{who} made with autoreset_mode=AutoresetMode.SAME_STEP (this one uses {mode}): "
-                        "gymnasium.make_vec(id, n, vectorization_mode='sync', vector_kwargs={'autoreset_mode': "
+                        "gymnasium.vector.SyncVectorEnv(env_fns, autoreset_mode=gymnasium.vector.AutoresetMode."
+                        "SAME_STEP) (or AsyncVectorEnv), or from a registered id gymnasium.make_vec(id, n, "
+                        "vectorization_mode='sync', vector_kwargs={'autoreset_mode': "
                         "gymnasium.vector.AutoresetMode.SAME_STEP}) (or 'async').")
 
 
