@@ -427,3 +427,25 @@ def test_evaluates_warnings_point_at_the_callers_line_through_the_models_method_
             evaluate(episodes=2, max_steps=5)
         said = [warning for warning in caught if "still running" in str(warning.message)]
         assert said and all(warning.filename == __file__ for warning in said), [w.filename for w in said]
+
+
+def test_looking_at_a_model_between_making_and_training_it_leaves_its_run_as_it_is(tmp_path):
+    """docs/algorithms.md: a run repeats when nothing draws from torch's global generator between making the model
+    and its learn; evaluating it, saving it, loading another model and a deterministic predict (a notebook's cells
+    between the two) draw nothing, and a sampled action (predict(deterministic=False)) does, as the page says."""
+    PPO("CartPole-v1", device="cpu", seed=1, num_envs=4, num_steps=16).save(tmp_path / "other")
+    observation = np.zeros(4, dtype=np.float32)
+
+    def trained(look) -> torch.Tensor:
+        model = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=16, batch_size=32)
+        look(model)
+        model.learn(128, progress_bar=False)
+        return torch.cat([p.detach().flatten() for p in model.policy.parameters()])
+
+    alone = trained(lambda model: None)
+    looks = (lambda model: model.evaluate(episodes=2), lambda model: model.evaluate(episodes=2, deterministic=False),
+             lambda model: model.save(tmp_path / "model"), lambda model: PPO.load(tmp_path / "other.safetensors"),
+             lambda model: model.predict(observation))
+    for look in looks:
+        assert torch.equal(trained(look), alone)
+    assert not torch.equal(trained(lambda model: model.predict(observation, deterministic=False)), alone)
