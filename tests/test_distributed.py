@@ -544,3 +544,30 @@ def test_recurrent_ppo_minibatch_sequences_must_split_evenly():
     assert shapes == [(8, 1), (8, 1)]
     # a minibatch of the whole rollout splits whatever the number of sequences
     RecurrentPPO("CartPoleNoVel-v1", strategy=TwinRanks(), batch_size=32, **small)
+
+
+def test_config_yaml_records_the_process_count_and_a_resume_under_another_names_it(tmp_path):
+    """The number of processes changes a run's results (each steps its share of the envs with a seed of its own), and
+    a checkpoint resumes under another number: config.yaml recorded the thread count but not the process count, and
+    a 2-process run resumed in one process said nothing of it (summary.json then said world_size 1). Now config.yaml
+    records `processes`, and a resume under another count names the change and lists it in config.yaml's changes."""
+    out = tmp_path / "run"
+    base = [sys.executable, "-m", "rlspeed", "train", "ppo", "CartPole-v1", "--no-progress", "--target-return", "none",
+            "--num-envs", "4", "--set", "num_steps=16", "--set", "batch_size=32", "--set", "n_epochs=1",
+            "--eval-episodes", "1", "--checkpoint-freq", "64", "--out", str(out)]
+    first = subprocess.run([*base, "--nproc", "2", "--total-timesteps", "128"], env=clean_env(), capture_output=True,
+                           text=True, timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert yaml_config(out)["processes"] == 2
+    resumed = subprocess.run([*base, "--total-timesteps", "192", "--resume"], env=clean_env(), capture_output=True,
+                             text=True, timeout=240)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "processes 2 -> 1" in resumed.stderr
+    config = yaml_config(out)
+    assert config["processes"] == 1 and config["changes"][-1]["settings"]["processes"] == [2, 1]
+
+
+def yaml_config(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))

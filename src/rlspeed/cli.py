@@ -1786,7 +1786,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
               "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
               "video_every": args.video_every,  # (the videos asked for, which --resume keeps filming)
               # (a CPU's results depend on the thread count: the order of its sums)
-              "threads": _torch_threads(), "hyperparameters": _plain(model.config)}
+              "threads": _torch_threads(),
+              # (so do the processes': each steps its share of the envs with a seed of its own, and the gradients are
+              # averaged over them)
+              "processes": model.strategy.world_size, "hyperparameters": _plain(model.config)}
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     if main:
@@ -1965,7 +1968,7 @@ def _keep_run_seed(args, model, path: Path) -> None:
 
 #: config.yaml's settings of how a run trains (not what it learns) that a --resume may change, named when it does
 RESUMED_RUN_SETTINGS = ("device", "env_backend", "accelerate", "nan_policy", "checkpoint_freq", "save_replay_buffer",
-                        "threads", "video_every")
+                        "threads", "processes", "video_every")
 
 
 def _say_changed_settings(path: Path, config: dict, at_steps: int) -> None:
