@@ -2763,3 +2763,41 @@ def test_threads_beyond_the_usable_cores_are_capped_with_a_note(tmp_path, monkey
                 "(its CPU affinity or container quota): training runs 1 thread.") in capsys.readouterr().err
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("algo, env_id, backend, settings, target", [
+    ("ppo", "CartPole-v1", "torch", ["num_envs=4", "num_steps=16", "batch_size=32", "n_epochs=2"],
+     ["--target-return", "25", "--eval-freq", "64", "--total-timesteps", "1024"]),
+    ("sac", "Pendulum-v1", "gymnasium", ["learning_starts=32", "batch_size=16", "net_arch=[16,16]"],
+     ["--target-return", "none", "--total-timesteps", "128"])])
+def test_a_command_line_run_is_the_same_run_from_python_with_its_config_yaml(algo, env_id, backend, settings, target,
+                                                                             tmp_path, monkeypatch):
+    """What getting-started.md promises a researcher rerunning a run in Python: the algorithm built with config.yaml's
+    seed, env backend, thread count and hyperparameters, trained for its budget, ends with the command line's weights
+    bit for bit, and evaluating it from summary.json's final_eval seed gives that evaluation."""
+    import warnings
+
+    import rlspeed
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", algo, env_id, "--seed", "3", "--env-backend", backend, *target, "--eval-episodes", "2",
+            "--no-progress", "--out", "run"]
+    for item in settings:
+        argv += ["--set", item]
+    assert cli.main(argv) == 0
+    config = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text(encoding="utf-8"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    algo_cls = ALGORITHMS[algo]
+    with warnings.catch_warnings():  # (use_masking=True, recorded as every run's setting, has no masks to apply here)
+        warnings.simplefilter("ignore", rlspeed.errors.UnusedSettingWarning)
+        model = algo_cls(env_id, seed=config["seed"], env_backend=config["env_backend"], device=config["device"],
+                         num_threads=config["threads"], **config["hyperparameters"])
+        model.learn(config["total_timesteps"], target_return=config["target_return"], eval_freq=config["eval_freq"],
+                    eval_episodes=config["eval_episodes"], progress_bar=False)
+    assert model.num_timesteps == summary["total_timesteps"]
+    saved = algo_cls.load(tmp_path / "run" / "model.safetensors", device="cpu")
+    for (name, ours), (_, theirs) in zip(model.policy.state_dict().items(), saved.policy.state_dict().items(),
+                                         strict=True):
+        assert torch.equal(ours, theirs), name
+    final = summary["final_eval"]
+    assert rlspeed.evaluate(model, env_id, episodes=final["episodes"], seed=final["seed"])["mean"] == final["mean"]
