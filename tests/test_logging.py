@@ -914,3 +914,38 @@ def test_lines_said_while_a_bar_is_drawn_in_a_terminal_start_lines_of_their_own(
     assert evals and warned
     assert all(segment.startswith("rlspeed: eval at") for segment in evals), evals
     assert all(segment.startswith("<string>:") for segment in warned), warned
+
+
+def test_metrics_rows_count_the_gradient_steps_so_far_and_give_the_gaussians_std(tmp_path):
+    """metrics.csv's n_updates (SB3's train/n_updates) is the gradient steps taken so far, from the first update on
+    (PPO: one per minibatch; A2C: one per rollout; off-policy: gradient_steps per iteration past learning_starts),
+    going on over a save and load; std (SB3's train/std) is the PPO/A2C Gaussian's mean exp(log_std) after the
+    row's last update, a column only for Box actions. Both are TensorBoard's train/n_updates and train/std."""
+    from rlspeed import A2C, PPO, SAC
+    from rlspeed.logging import tensorboard_tag
+
+    assert (tensorboard_tag("n_updates"), tensorboard_tag("std")) == ("train/n_updates", "train/std")
+    ppo = PPO("Pendulum-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=32, n_epochs=3)
+    ppo.learn(128 * 3, progress_bar=False, run_dir=tmp_path / "ppo", log_interval_s=0.0)
+    rows = read_rows(tmp_path / "ppo" / "metrics.csv")
+    assert [int(row["n_updates"]) for row in rows] == [12, 24, 36]  # (3 epochs of 4 minibatches per rollout)
+    assert float(rows[-1]["std"]) == pytest.approx(float(ppo.policy.log_std.exp().mean()), rel=1e-6)
+    assert len({row["std"] for row in rows}) == 3  # (the policy's at each row: it moves with the updates)
+    a2c = A2C("Pendulum-v1", device="cpu", seed=0, num_envs=4, num_steps=8)
+    a2c.learn(32 * 3, progress_bar=False, run_dir=tmp_path / "a2c", log_interval_s=0.0)
+    rows = read_rows(tmp_path / "a2c" / "metrics.csv")
+    assert [int(row["n_updates"]) for row in rows] == [1, 2, 3]
+    assert float(rows[-1]["std"]) == pytest.approx(float(a2c.policy.log_std.exp().mean()), rel=1e-6)
+    discrete = PPO("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=32, batch_size=64, n_epochs=1)
+    discrete.learn(128, progress_bar=False, run_dir=tmp_path / "discrete", log_interval_s=0.0)
+    row, = read_rows(tmp_path / "discrete" / "metrics.csv")
+    assert int(row["n_updates"]) == 2 and "std" not in row
+    sac = SAC("Pendulum-v1", device="cpu", seed=0, learning_starts=16, batch_size=16, gradient_steps=2)
+    sac.learn(48, progress_bar=False, run_dir=tmp_path / "sac", log_interval_s=0.0)
+    rows = read_rows(tmp_path / "sac" / "metrics.csv")
+    assert all(row["n_updates"] == "" for row in rows[:16]) and "std" not in rows[0]  # (none before learning_starts)
+    assert [int(row["n_updates"]) for row in rows[16:]] == list(range(2, 2 * 32 + 1, 2))
+    sac.save(tmp_path / "sac.safetensors")
+    again = SAC.load(tmp_path / "sac.safetensors", device="cpu")
+    again.learn(18, progress_bar=False, run_dir=tmp_path / "loaded", log_interval_s=0.0)  # (its buffer starts empty)
+    assert [int(row["n_updates"]) for row in read_rows(tmp_path / "loaded" / "metrics.csv")] == [64] * 16 + [66, 68]

@@ -56,7 +56,7 @@ class _Period:
 LOOP_COLUMNS = frozenset({
     "timesteps", "train_wall_s", "sps", "episode_return", "success_rate", "eval_mean", "eval_success_rate",
     "eval_confirm_mean", "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance", "loss",
-    "q_values", "epsilon", "critic_loss", "actor_loss", "alpha", "learning_rate"})
+    "q_values", "epsilon", "critic_loss", "actor_loss", "alpha", "learning_rate", "n_updates", "std"})
 
 
 _PRINT = "print, or Python's logging module, writes text (rlspeed's logger holds a metrics row's numbers)"

@@ -988,7 +988,7 @@ def check_model_metadata(path: str | os.PathLike, metadata: dict) -> None:
             problem = f"'{key}' is not a {kind.__name__}"
             break
     if problem is None:
-        optional = {"num_timesteps": _is_int, "seed": lambda v: v is None or _is_int(v),
+        optional = {"num_timesteps": _is_int, "n_updates": _is_int, "seed": lambda v: v is None or _is_int(v),
                     "env_backend": lambda v: isinstance(v, str), "optimizers": lambda v: isinstance(v, dict),
                     "max_episode_steps": lambda v: v is None or _is_int(v),
                     "env_kwargs": lambda v: v is None or isinstance(v, dict),

@@ -132,6 +132,7 @@ class A2C(OnPolicyAlgorithm):
             hand_derived.follow(self.config)  # (coefficients a callback may have changed)
         _, stats = self._update_step(obs, buf.actions.flatten(0, 1),
                                      advantages.flatten(), returns.flatten(), *masks)
+        self._n_updates += 1
         return {"policy_loss": stats[0], "value_loss": stats[1], "entropy": stats[2]}
 
     def _loss(self, obs, actions, advantages, returns, action_masks=None):

@@ -1460,6 +1460,7 @@ class Algorithm:
         self.obs_rms: RunningMeanStd | None = None
         self.return_rms: RunningMeanStd | None = None  # reward normalisation's statistics (saved, for resuming)
         self.num_timesteps = 0
+        self._n_updates = 0
         # the schedules' span (`_progress_remaining`): set by learn, or by `load` to where the saved run's stood
         self._learn_start: int | None = None
         self._schedule_end: int | None = None
@@ -1558,6 +1559,10 @@ class Algorithm:
     #: metrics that are a schedule's value at the iteration's end (DQN's epsilon), not a statistic of its updates: a
     #: metrics row gives its last iteration's, the value at the row's step (as SB3's `rollout/exploration_rate`)
     current_metrics: tuple[str, ...] = ()
+    #: gradient steps taken so far, over every learn call (SB3's `_n_updates`, metrics.csv's `n_updates`): each
+    #: algorithm's update loop counts its steps; saved with the model and its checkpoints (here: 0 for a model an
+    #: older rlspeed pickled)
+    _n_updates: int = 0
     policy: torch.nn.Module
 
     def _start_masking(self) -> int | None:
@@ -2399,6 +2404,8 @@ class Algorithm:
                                sps=sps)
                     if (rate := self._current_learning_rate()) is not None:
                         row["learning_rate"] = rate
+                    if self._n_updates:  # (from the first update on: none before an off-policy learning_starts)
+                        row["n_updates"] = self._n_updates
                     row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
                         next_eval = self.num_timesteps + eval_freq
@@ -2797,7 +2804,8 @@ class Algorithm:
         metadata = {"algo": self.name, "class": _class_name(type(self)), "env_id": self.env_id,
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
-                    "seed": self.seed, "observation_shape": list(self.spec.observation_shape),
+                    "n_updates": self._n_updates, "seed": self.seed,
+                    "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
                     "max_episode_steps": self.spec.max_episode_steps, "env_kwargs": recorded_env_kwargs(self.spec),
@@ -2965,6 +2973,7 @@ class Algorithm:
             seed = overrides["seed"]  # a model made with it; the weights are the file's)
             torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
         model.num_timesteps = meta.get("num_timesteps", 0)
+        model._n_updates = int(meta.get("n_updates", 0))  # (a file an older rlspeed wrote: counted from 0)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
             # (kept as the file has it: a copy saved from this model resumes as the file would)
@@ -3041,6 +3050,7 @@ class Algorithm:
         self._restore(tensors, meta, path)
         self._run_dir = Path(path).resolve().parent
         self.num_timesteps = int(meta.get("num_timesteps", 0))
+        self._n_updates = int(meta.get("n_updates", 0))
         schedule = meta.get("schedule")
         # the next learn() continues the schedules where the checkpoint's run left them (see `learn`); from a save
         # between learn calls it starts them afresh, as the next learn call of the saved model would have (older

@@ -767,4 +767,5 @@ class OffPolicyAlgorithm(Algorithm):
                 for key, value in self._update(batch).items():
                     totals[key] = totals[key] + value if key in totals else value
                     counts[key] = counts.get(key, 0) + 1
+                self._n_updates += 1
         return {key: value / counts[key] if counts[key] > 1 else value for key, value in totals.items()}

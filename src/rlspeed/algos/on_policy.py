@@ -89,6 +89,7 @@ class OnPolicyAlgorithm(Algorithm):
     config: OnPolicyConfig
     supports_multi_actions = True
     supports_action_masks = True
+    current_metrics = ("std",)  # (a row's std is the policy's at its step, after the row's last update, as SB3's)
 
     @property
     def steps_per_iteration(self) -> int:
@@ -178,6 +179,17 @@ class OnPolicyAlgorithm(Algorithm):
 
     def _optimizers(self):
         return {"optimizer": self.optimizer}
+
+    def _action_std(self) -> torch.Tensor | None:
+        """metrics.csv's `std` (SB3's `train/std`), as the update left the policy: the mean standard deviation of its
+        Gaussian over the action's components (exp(log_std)), with gSDE the mean of its sigma matrix; None for actions
+        that are not a Gaussian's (Discrete, MultiDiscrete, MultiBinary)."""
+        with torch.no_grad():
+            sde = getattr(self.policy, "sde", None)
+            if sde is not None:
+                return sde.std().mean()
+            log_std = getattr(self.policy, "log_std", None)
+            return log_std.exp().mean() if isinstance(log_std, torch.Tensor) else None
 
     def _warn_off_center_bounds(self) -> None:
         """A warning (once per process, at learn) for Box actions whose bounds are not centred on 0: the policy's
@@ -307,6 +319,9 @@ class OnPolicyAlgorithm(Algorithm):
         with phase("update"):
             metrics = self._update_rollout(buf, advantages, returns)
             metrics["explained_variance"] = explained_variance(buf.values, returns)
+            std = self._action_std()
+            if std is not None:
+                metrics["std"] = std
         episode_return_sum, episode_count = buf.episode_totals()
         metrics.update(episode_return_sum=episode_return_sum, episode_count=episode_count,
                        **success_totals(successes, self.strategy.enabled, self.device))

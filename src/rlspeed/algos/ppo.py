@@ -152,6 +152,7 @@ class PPO(OnPolicyAlgorithm):
                 _, minibatch_stats = self._update_step(minibatch_obs, batch_actions[index], batch_log_probs[index],
                                                        batch_values[index], batch_advantages[index],
                                                        batch_returns[index], clip, *masks, **hints)
+                self._n_updates += 1
                 if minibatch_stats is not None and last_epoch:
                     stats += minibatch_stats
                     updates += 1

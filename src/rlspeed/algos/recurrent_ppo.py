@@ -315,6 +315,7 @@ class RecurrentPPO(PPO):
                     buf.actions[:, index].flatten(0, 1), buf.log_probs[:, index].flatten(),
                     buf.values[:, index].flatten(), advantages[:, index].flatten(), returns[:, index].flatten(), clip,
                     *masks)
+                self._n_updates += 1
                 if epoch == cfg.n_epochs - 1 or cfg.target_kl is not None:  # the last epoch's, as PPO logs them
                     stats += minibatch_stats
                     updates += 1
