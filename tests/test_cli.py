@@ -2801,3 +2801,37 @@ def test_a_command_line_run_is_the_same_run_from_python_with_its_config_yaml(alg
         assert torch.equal(ours, theirs), name
     final = summary["final_eval"]
     assert rlspeed.evaluate(model, env_id, episodes=final["episodes"], seed=final["seed"])["mean"] == final["mean"]
+
+
+@pytest.mark.parametrize("seeds", [None, "0-1"])
+def test_quiet_train_and_eval_print_their_result_line_and_what_goes_to_stderr_only(tmp_path, monkeypatch, capsys,
+                                                                                     seeds):
+    """`--quiet`: no progress bar or status lines and none of the lines of what the run is doing (the run directory,
+    what trains, a population's line per evaluation), only the final evaluation's line on stdout; a note (on stderr)
+    is still printed. `rlspeed eval --quiet` prints its result line without the progress bar."""
+    from rlspeed import logging as run_logging
+    from rlspeed.logging import ProgressBar
+
+    monkeypatch.setattr(run_logging, "_is_terminal", lambda stream: False)  # (status lines, also under pytest -s)
+    monkeypatch.setattr(ProgressBar, "LINE_INTERVAL_S", 0.0)  # (a status line at every update)
+    out = tmp_path / "run"
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "512", "--set", "num_envs=4", "--set", "num_steps=32",
+            "--set", "batch_size=64", "--eval-freq", "256", "--threads", "100000", "--out", str(out)]
+    argv += ["--seeds", seeds, "--target-return", "none"] if seeds else []
+    assert cli.main(argv) == 0
+    loud = capsys.readouterr()
+    assert len(loud.out.splitlines()) > 1 and "run directory" in loud.out
+    assert "steps (" in loud.err if seeds is None else "members evaluated" in loud.out
+    shutil.rmtree(out)
+    assert cli.main([*argv, "--quiet"]) == 0
+    captured = capsys.readouterr()
+    line, = captured.out.splitlines()
+    assert line.startswith("rlspeed: final evaluation (deterministic")
+    assert "--threads 100000 is more than the" in captured.err  # (a note: still said)
+    assert "steps (" not in captured.err and "episodes (" not in captured.err  # (no status lines)
+    if seeds is None:
+        assert cli.main(["eval", str(out), "--seed", "1", "--quiet"]) == 0
+        captured = capsys.readouterr()
+        line, = captured.out.splitlines()
+        assert line.startswith("rlspeed: PPO on CartPole-v1, deterministic, 10 episodes, seed 1: ")
+        assert captured.err == ""

@@ -569,6 +569,7 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.tune import per_member_keys
 
     seeds = parse_seeds(args.seeds)
+    say = _say_for(args)  # (its lines of what it is doing: none with --quiet)
     refused = [flag for flag, given in (("--nproc", args.nproc is not None),
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
@@ -656,7 +657,7 @@ def _train_population(args: argparse.Namespace) -> int:
                                          "trained", "its final evaluation and member models")
             finishing = resumed_from >= total  # (a finished run was refused: `_prepare_run_dir`)
         else:
-            print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
+            say(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
     # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
     checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)
     config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
@@ -670,14 +671,14 @@ def _train_population(args: argparse.Namespace) -> int:
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     _write_config(run_dir, config)
-    _say_preset(args)
+    _say_preset(args, say)
     if finishing:
-        print(f"rlspeed: the checkpoint holds the whole budget ({resumed_from:,} steps per member): nothing left to "
-              "train; evaluating the members and saving them", flush=True)
+        say(f"rlspeed: the checkpoint holds the whole budget ({resumed_from:,} steps per member): nothing left to "
+            "train; evaluating the members and saving them", flush=True)
     else:
-        print(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
-              f"(device {device}), up to {total:,} steps each"
-              + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
+        say(f"rlspeed: training {len(seeds)} {algo_cls.__name__} members on {args.env_id} as one population "
+            f"(device {device}), up to {total:,} steps each"
+            + (f", each stopping at eval return >= {target:g}" if target is not None else ""), flush=True)
     _warn_idle_accelerator(args, device)
     learn_kwargs = {"target_return": target, "eval_episodes": _eval_episodes(args)}
     if eval_freq is not None:
@@ -685,7 +686,7 @@ def _train_population(args: argparse.Namespace) -> int:
     learn_kwargs.update(run_dir=run_dir, checkpoint_freq=checkpoint_freq)
     curves: dict[int, list] = {k: [] for k in range(len(seeds))}
     if resumed_from is not None:
-        print(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps per member", flush=True)
+        say(f"rlspeed: resumed from {checkpoint} at {resumed_from:,} steps per member", flush=True)
         for k, curve in enumerate((population.progress or {}).get("curves", [])):
             curves[k] = [list(point) for point in curve]
     started = time.perf_counter()
@@ -695,9 +696,9 @@ def _train_population(args: argparse.Namespace) -> int:
         for member, mean in means.items():
             curves[member].append([steps, mean])
         values = sorted(means.values())
-        print(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated: median "
-              f"{statistics.median(values):.1f}, range {values[0]:.1f} to {values[-1]:.1f} "
-              f"({time.perf_counter() - started:.0f} s)", flush=True)
+        say(f"rlspeed: {steps:,} steps per member, {len(means)} of {len(seeds)} members evaluated: median "
+            f"{statistics.median(values):.1f}, range {values[0]:.1f} to {values[-1]:.1f} "
+            f"({time.perf_counter() - started:.0f} s)", flush=True)
         return []
 
     if resumed_from is None:
@@ -796,8 +797,8 @@ def _train_population(args: argparse.Namespace) -> int:
         if steps is not None:
             line += (f"; steps to target: median {steps['median']:,.0f}, IQM {steps['iqm']:,.0f} "
                      f"{_interval(steps, lambda value: f'{value:,.0f}')}")
-        print(f"rlspeed: {line}")
-    if final is not None:
+        say(f"rlspeed: {line}")
+    if final is not None:  # (the result: --quiet too)
         print(f"rlspeed: final evaluation (deterministic, {_episodes(_eval_episodes(args))} each): median "
               f"{_score(final['median'])}, IQM {_score(final['iqm'])} {_interval(final, _score)}; training "
               f"{summary['train_wall_s']:.2f} s")
@@ -805,9 +806,9 @@ def _train_population(args: argparse.Namespace) -> int:
     if saved:
         from rlspeed.checkpoint import MEMBERS_DIR
 
-        print(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
-              f"{run_dir / MEMBERS_DIR}/seed_<S>.safetensors, {len(saved)} of {len(seeds)} members")
-    print(f"rlspeed: run directory {run_dir}")
+        say(f"rlspeed: each member as a model of its own (rlspeed eval / export take them): "
+            f"{run_dir / MEMBERS_DIR}/seed_<S>.safetensors, {len(saved)} of {len(seeds)} members")
+    say(f"rlspeed: run directory {run_dir}")
     if summary["diverged"] == len(seeds):  # (nothing usable was trained: not a success)
         print("rlspeed: error: every member diverged (non-finite parameters or env values; summary.json's members "
               "say at which step): lower learning_rate, clip gradients (max_grad_norm) or check the env's rewards.",
@@ -1744,8 +1745,9 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
                       f"{_eval_command(run_dir, seed + 1_000_000, _eval_episodes(args))} runs it", flush=True)
         return 0
     if args.resume and restarts == 0 and not checkpoint.exists() and main:
-        print(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written every "
-              "--checkpoint-freq steps, by default 1/20 of the budget with --resume or --max-restarts)", flush=True)
+        _say_for(args)(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch (it is written "
+                       "every --checkpoint-freq steps, by default 1/20 of the budget with --resume or "
+                       "--max-restarts)", flush=True)
     if (args.resume or restarts > 0) and checkpoint.exists():
         _keep_run_seed(args, model, run_dir / "config.yaml")
         model.make_training_env()
@@ -2032,6 +2034,23 @@ def _print_beside_bars(*values, file=None, flush: bool = False) -> None:
         stream.flush()
 
 
+def _say_for(args: argparse.Namespace, main: bool = True):
+    """How `train` prints what it is doing: `_print_beside_bars` on the first process (`main`), nothing on the
+    others; under `--quiet`, only the lines that go to stderr (notes and warnings; errors are the command's own). The
+    result line is printed with `_print_beside_bars` itself; `--quiet` turns the progress bar off as `--no-progress`
+    does (`_main`)."""
+    if not main:
+        return lambda *values, **kwargs: None
+    if not getattr(args, "quiet", False):
+        return _print_beside_bars
+
+    def say(*values, file=None, flush: bool = False) -> None:
+        if file is not None and file is not sys.stdout:
+            _print_beside_bars(*values, file=file, flush=flush)
+
+    return say
+
+
 def _replay_footprint(say):
     """A callback saying the replay buffer's footprint when training starts (the buffer is made by learn)."""
     from rlspeed.callbacks import BaseCallback
@@ -2069,7 +2088,7 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
     """`_train`'s second half: learn (with `callbacks`), then save the model, evaluate and write summary.json (also
     to the W&B `tracker`); returns the exit code."""
     main = strategy.is_main
-    say = _print_beside_bars if main else (lambda *a, **k: None)
+    say = _say_for(args, main)
     if strategy.enabled:
         say(f"rlspeed: {strategy.world_size} processes ({strategy.backend}), "
             f"{_count(model.config.num_envs // strategy.world_size, 'env')} each")
@@ -2205,8 +2224,8 @@ def _learn_and_save(args, algo_cls, strategy, model, run_dir: Path, target, eval
             f"{numerics['first_nonfinite_env']} at its step {numerics['first_nonfinite_env_step']}).",
             file=sys.stderr)
     success = f", success rate {final['success_rate']:.0%}" if "success_rate" in final else ""
-    say(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}, seed {eval_seed}): "
-        f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")
+    _print_beside_bars(f"rlspeed: final evaluation (deterministic, {_episodes(episodes)}, seed {eval_seed}): "
+                       f"{_score(final['mean'])} +/- {_score(final['std'])}{success}")  # (the result: --quiet too)
     say(f"rlspeed: run directory {run_dir}")
     return 0
 
@@ -2411,7 +2430,7 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     torchrun = ["--standalone", f"--nproc_per_node={args.nproc}", f"--max-restarts={args.max_restarts}", "-m",
                 "rlspeed", *rest]
     command = [sys.executable, "-m", "rlspeed._torchrun", *torchrun]  # (torch.distributed.run, quiet when stopped)
-    print("rlspeed: " + shlex.join(["torch.distributed.run", *torchrun]), flush=True)
+    _say_for(args)("rlspeed: " + shlex.join(["torch.distributed.run", *torchrun]), flush=True)
     # The workers train under this command's lock of the run directory (they must not take it again), so this
     # command lives as long as torchrun does: a Ctrl-C, SIGTERM or SIGHUP to it (or to its process group: torchrun
     # runs in a session of its own, so that it gets one signal, this one) goes to torchrun, which stops its workers
@@ -2747,6 +2766,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="env steps between checkpoints (default: a twentieth of the budget with --seeds, --resume "
                             "or --max-restarts, else once a minute of training)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--quiet", action="store_true",
+                       help="no progress bar or lines of what the run is doing: only notes, warnings and errors (on "
+                            "stderr) and the final evaluation's line")
     train.add_argument("--nproc", type=_whole(1), default=None, metavar="N",
                        help="data-parallel processes on this machine (starts torchrun for you; default: this process "
                             "alone)")
@@ -2842,6 +2864,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "in the evaluation and in --video")
     ev.add_argument("--json", action="store_true", help="print the result as JSON (the human line goes to stderr)")
     ev.add_argument("--no-progress", action="store_true", help="no progress bar over the episodes")
+    ev.add_argument("--quiet", action="store_true",
+                    help="no progress bar: only the result line (and notes, warnings and errors on stderr)")
     ev.add_argument("--video", default=None, type=_given("the video file"), metavar="FILE",
                     help='also record episodes into FILE (.mp4 or .gif; pip install "rlspeed[video]")')
     ev.add_argument("--video-episodes", type=_whole(1), default=1, metavar="N",
@@ -3399,6 +3423,8 @@ def _main(argv: list[str]) -> int:
         print(f"rlspeed: error: {text}", file=sys.stderr)
         return 2
     args.argv = argv  # what `--nproc` hands each torchrun worker (less its own options)
+    if getattr(args, "quiet", False):  # (no bar nor status lines; `_say_for` leaves out the rest of them)
+        args.no_progress = True
     if stdout is not None:
         # a command whose output is all it does stops when the reader of its output leaves (`rlspeed doctor | head`),
         # as Unix tools do; training, tuning, exporting and filming go on
