@@ -304,10 +304,13 @@ def test_nproc_refuses_what_its_workers_would_before_starting_them(tmp_path):
         assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("command", [["tune", "ppo", "CartPole-v1"], ["profile", "ppo", "CartPole-v1"]])
-def test_tune_and_profile_under_torchrun_are_refused_in_one_sentence(command, capsys, monkeypatch):
+@pytest.mark.parametrize("command", [["tune", "ppo", "CartPole-v1"], ["profile", "ppo", "CartPole-v1"],
+                                     ["train", "ppo", "CartPole-v1", "--seeds", "0-1"]])
+def test_tune_and_profile_under_torchrun_are_refused_in_one_sentence(command, capsys, monkeypatch, tmp_path):
     """Under torchrun every rank ran its own study (one killed the other over the study's lock) or profiled a run of
-    its own, printing and writing the same files twice: they run in one process."""
+    its own, printing and writing the same files twice, or trained a population into one run directory (the other
+    ranks failed on its lock, exit 75, and torchrun printed its failure report): they run in one process."""
+    command = [*command, "--out", str(tmp_path / "run")] if command[0] == "train" else command
     from conftest import cli_error
 
     monkeypatch.setenv("WORLD_SIZE", "2")

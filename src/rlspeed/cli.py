@@ -568,6 +568,8 @@ def _train_population(args: argparse.Namespace) -> int:
     from rlspeed.algos.base import build_config
     from rlspeed.tune import per_member_keys
 
+    _one_process_only("train --seeds", "a population trains all its members in one process; under torchrun every "
+                      "process would train it into the same run directory")
     seeds = parse_seeds(args.seeds)
     say = _say_for(args)  # (its lines of what it is doing: none with --quiet)
     refused = [flag for flag, given in (("--nproc", args.nproc is not None),
