@@ -198,3 +198,22 @@ def test_comparison_inputs_are_one_sentence():
     for bad in ([], [float("inf")], "high", [[1.0], [2.0, 3.0]]):
         with pytest.raises(UserError, match="thresholds must be"):
             performance_profile([1.0, 2.0], bad)
+
+
+def test_a_performance_profile_of_many_thresholds_takes_little_memory():
+    """A smooth profile's many thresholds: each replicate's comparisons of every score with every threshold were made
+    for all replicates of a chunk sized by the scores alone (32 runs and 501 thresholds took 1 GB at the default
+    50,000 replicates); chunks are sized by both, and the interval stays the same numbers."""
+    import tracemalloc
+
+    scores = np.random.default_rng(0).normal(size=(32, 1))
+    thresholds = np.linspace(-3.0, 3.0, 501)
+    tracemalloc.start()
+    try:
+        profile = performance_profile(scores, thresholds, reps=3000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 * 2**20, f"{peak / 2**20:.0f} MiB"  # (most of it the replicates: reps x thresholds floats)
+    few = performance_profile(scores, thresholds[::100], reps=3000)
+    assert few["ci_low"] == profile["ci_low"][::100] and few["ci_high"] == profile["ci_high"][::100]

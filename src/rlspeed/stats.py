@@ -92,15 +92,17 @@ def _percentiles(values: np.ndarray, confidence: float) -> tuple[np.ndarray, np.
 
 
 def _replicates(array: np.ndarray, batched: Callable[[np.ndarray], np.ndarray], reps: int,
-                seed: int) -> np.ndarray:
+                seed: int, width: int = 1) -> np.ndarray:
     """`batched` (a statistic of `[count, runs, tasks]` -> `[count, ...]`) over `reps` stratified resamples of
-    `array`, drawn as rliable's StratifiedBootstrap draws them from `np.random.RandomState(seed)`."""
+    `array`, drawn as rliable's StratifiedBootstrap draws them from `np.random.RandomState(seed)`. `width`: the
+    values `batched` makes per score of a replicate (a performance profile's thresholds), which bound the replicates
+    resampled at once with the scores' count."""
     runs, tasks = array.shape
     # rliable's StratifiedBootstrap.update_indices: np.random.choice(runs, (runs, tasks)) per replicate, run indices
     # drawn independently for each task column; one call for all replicates draws the same numbers
     random_state = np.random.RandomState(seed)
     values = []
-    chunk = max(1, (1 << 22) // array.size)  # replicates resampled at once (bounded memory)
+    chunk = max(1, (1 << 22) // (array.size * width))  # replicates resampled at once (bounded memory)
     columns = np.arange(tasks)
     for start in range(0, reps, chunk):
         count = min(chunk, reps - start)
@@ -195,6 +197,6 @@ def performance_profile(scores, thresholds, reps: int = 50_000, confidence: floa
         flat = batch.reshape(batch.shape[0], -1, 1)
         return (flat > taus).mean(axis=1)
 
-    low, high = _percentiles(_replicates(array, fractions, reps, seed), confidence)
+    low, high = _percentiles(_replicates(array, fractions, reps, seed, width=taus.size), confidence)
     return {"thresholds": taus.tolist(), "fraction": fractions(array[None])[0].tolist(), "ci_low": low.tolist(),
             "ci_high": high.tolist()}
