@@ -949,3 +949,22 @@ def test_metrics_rows_count_the_gradient_steps_so_far_and_give_the_gaussians_std
     again = SAC.load(tmp_path / "sac.safetensors", device="cpu")
     again.learn(18, progress_bar=False, run_dir=tmp_path / "loaded", log_interval_s=0.0)  # (its buffer starts empty)
     assert [int(row["n_updates"]) for row in read_rows(tmp_path / "loaded" / "metrics.csv")] == [64] * 16 + [66, 68]
+
+
+def test_a_learn_that_fails_as_it_sets_up_closes_its_bar(monkeypatch):
+    """An error in learn after its bar was drawn and before training (the numerics guard's first snapshot here)
+    closed nothing: the bar stayed registered as drawn, and with it the display of warnings beside bars, for the
+    rest of the process."""
+    import rlspeed.logging
+    from rlspeed import PPO
+
+    model = PPO("CartPole-v1", num_envs=2, num_steps=8, batch_size=16, n_epochs=1, seed=0)
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("snapshot failed")
+
+    monkeypatch.setattr(rlspeed.logging, "_is_terminal", lambda stream: True)  # (a bar drawn in place)
+    monkeypatch.setattr(type(model._numerics), "snapshot", failing)
+    with pytest.raises(RuntimeError, match="snapshot failed"):
+        model.learn(64, progress_bar=True)
+    assert not rlspeed.logging._DRAWN_BARS

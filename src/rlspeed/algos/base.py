@@ -2213,7 +2213,7 @@ class Algorithm:
         # (inference_mode(False) turns gradients on, also inside no_grad; its exit gives back the grad mode it found)
         inference_off = torch.inference_mode(False)
         inference_off.__enter__()
-        logger = None
+        logger = bar = None
         try:
             env = self.make_training_env()
             # a model that has trained before (resume, a restart, a further learn) continues its run's metrics.csv
@@ -2319,6 +2319,8 @@ class Algorithm:
 
             flushed_before = flush_denormal_enabled()  # (the caller's, given back in the finally below)
         except BaseException as error:  # (also after `_start`, which left the model's thread count set)
+            if bar is not None:  # (drawn: closed, which also gives back Python's display of warnings)
+                bar.close()
             inference_off.__exit__(None, None, None)
             torch.set_num_threads(threads_before)
             torch.set_grad_enabled(grad_before)
