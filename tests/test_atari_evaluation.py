@@ -177,3 +177,16 @@ def test_fire_reset_is_refused_where_it_cannot_apply():
         make_env("MsPacmanNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": True})
     with pytest.raises(rlspeed.UserError, match="fire_reset is true or false, got 'yes'"):
         make_env("BreakoutNoFrameskip-v4", backend="gymnasium", device="cpu", env_kwargs={"fire_reset": "yes"})
+
+
+def test_fire_reset_under_sticky_actions_still_gets_fire_to_start_in_evaluation():
+    """fire_reset presses FIRE once after a reset or a lost life, as the peers' FireResetEnv; under sticky actions
+    (the v5 ids) that can leave Breakout's ball unserved, so evaluation adds FireToStart's presses there."""
+    sticky = make_env("ALE/Breakout-v5", num_envs=1, seed=0, backend="gymnasium", device="cpu", evaluation=True,
+                      env_kwargs={"fire_reset": True})
+    plain = make_env("ALE/Breakout-v5", num_envs=1, seed=0, backend="gymnasium", device="cpu", evaluation=True,
+                     env_kwargs={"fire_reset": True, "repeat_action_probability": 0.0})
+    assert isinstance(atari.for_evaluation(sticky), atari.FireToStart)
+    assert atari.for_evaluation(plain) is plain
+    sticky.close()
+    plain.close()

@@ -369,8 +369,11 @@ class FireToStart(EnvWrapper):
 
 def for_evaluation(env: BatchedEnv) -> BatchedEnv:
     """`env` wrapped in `FireToStart` when it is a preprocessed Atari game that waits for FIRE, else `env` (also for
-    envs made with `fire_reset`, which press it themselves)."""
-    if stacked_frames(env) is None or (env.spec.env_kwargs or {}).get("fire_reset"):
+    envs made with `fire_reset` without sticky actions, which press it themselves)."""
+    options = env.spec.env_kwargs or {}
+    # (fire_reset presses FIRE once, as the peers' FireResetEnv: where actions are sticky that can leave the ball
+    # unserved, and FireToStart's presses go on top)
+    if stacked_frames(env) is None or (options.get("fire_reset") and fire_steps(env.spec.env_id, options) == 1):
         return env
     fire = fire_action(env.spec.env_id)
     return env if fire is None else FireToStart(env, fire, fire_steps(env.spec.env_id, env.spec.env_kwargs))
