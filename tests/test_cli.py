@@ -1456,6 +1456,10 @@ def test_resume_of_a_finished_run_names_the_settings_it_leaves_unused(tmp_path, 
     assert "these settings go unused: n_epochs " in err
     assert "-> 3, eval_episodes 10 -> 2, checkpoint_freq 128 -> 64 (config.yaml keeps the run's)" in err
     assert (tmp_path / "run" / "config.yaml").read_text() == config
+    # a run of 2 processes (--nproc 2: its config.yaml's processes) requeued in one: named too (it went unsaid)
+    (tmp_path / "run" / "config.yaml").write_text(config.replace("processes: 1\n", "processes: 2\n"))
+    assert cli.main([*argv, "--resume"]) == 0
+    assert "these settings go unused: processes 2 -> 1 (config.yaml keeps the run's)" in capsys.readouterr().err
 
 
 def test_resume_with_a_budget_below_the_steps_trained_is_refused(tmp_path, monkeypatch, capsys):
