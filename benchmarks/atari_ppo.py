@@ -18,6 +18,8 @@ background:
   directory (`eval_fire_once.json`), which `publish` shows beside rlspeed's own evaluation (FIRE after every lost
   life too: `rlspeed.envs.atari.FireToStart`).
 - `publish`: the README section and results/atari_ppo.json.
+- `publish-fire-reset`: the section of rlspeed runs trained with `--env-kwargs fire_reset=true` (FIRE pressed for
+  the agent as SB3's and CleanRL's training envs do), beside the runs `publish` tabled at the same budget.
 
 torch.set_num_threads(--threads, default 1) for every run of both libraries.
 """
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import common
+import yaml
 
 ENV_ID = "BreakoutNoFrameskip-v4"
 NUM_ENVS = 8
@@ -312,6 +315,48 @@ def publish(args) -> None:
                    write=not args.no_write, machine=data["machine"])
 
 
+def publish_fire_reset(args) -> None:
+    """The README section of rlspeed runs trained with `--env-kwargs fire_reset=true` (FIRE pressed in hidden steps
+    after every reset and lost life, as SB3's and CleanRL's training envs do), beside the 500k-step runs of
+    `publish`'s section read from results/atari_ppo.json (rlspeed without it, and SB3)."""
+    earlier = json.loads((Path(__file__).resolve().parent / "results" / "atari_ppo.json").read_text())["learning"]
+    runs = [common.rlspeed_run_record(d) for d in args.rlspeed_runs]
+    rows, means = [], {}
+    for run, fire in ([(r, "yes (`fire_reset`)") for r in runs]
+                      + [(r, "no" if r["library"] == "rlspeed" else "yes (`FireResetEnv`)") for r in earlier
+                         if r["total_timesteps"] == args.budget]):
+        if run in runs and ((yaml.safe_load((Path(run["run_dir"]) / "config.yaml").read_text()).get("env_kwargs")
+                             or {}).get("fire_reset") is not True):
+            raise SystemExit(f"{run['run_dir']} did not train with fire_reset=true")
+        every = run.get("final_eval") if run["library"] == "rlspeed" else run.get("eval_fire_every_life")
+        means.setdefault((run["library"], fire), []).append(every["mean"])
+        rows.append([run["library"], fire, run.get("env_backend") or "gymnasium (SB3 make_atari_env)",
+                     run.get("seed"), f"{run['total_timesteps']:,}", f"{every['mean']:.1f} +/- {every['std']:.1f}"])
+    summary = "; ".join(f"{library}, FIRE in training {fire.split(' ')[0]}: {statistics.mean(values):.1f} "
+                        f"({len(values)} seed{'s' * (len(values) != 1)})" for (library, fire), values in means.items())
+    lines = [
+        "## PPO on Atari Breakout with FIRE pressed in training (`benchmarks/atari_ppo.py publish-fire-reset`)",
+        "",
+        f"rlspeed runs at the shipped preset (the section above's settings) for {args.budget:,} env steps with "
+        "`--env-kwargs fire_reset=true`: FIRE, then action 2, after every reset, and no-op, FIRE, action 2 right "
+        "after every lost life, in steps hidden from the agent, as SB3's `AtariWrapper` (`EpisodicLifeEnv` + "
+        "`FireResetEnv`) and CleanRL's ppo_atari train; beside the runs of the section above at the same budget "
+        "(results/atari_ppo.json: rlspeed without it, SB3 with it). Final evaluation: deterministic policy, 10 full "
+        "games with raw scores, FIRE pressed after every lost life too (the fire_reset runs' envs press it "
+        "themselves; the others' `FireToStart`, or the script's press for SB3). One run per seed.",
+        "",
+        common.markdown_table(["Library", "FIRE in training", "Envs", "Seed", "Env steps",
+                               "Eval, FIRE after every lost life too"], rows),
+        "",
+        f"Means over seeds: {summary}.",
+    ]
+    lines += common.section_notes(args.notes, args.commit)
+    common.set_threads(1)  # (`rlspeed train`'s default, which the runs trained with: the machine block says so)
+    machine = common.machine_description(("rlspeed", "torch", "gymnasium", "ale-py", "stable-baselines3"))
+    common.publish("atari_ppo_fire_reset", lines, {"runs": runs, "budget": args.budget}, write=not args.no_write,
+                   machine=machine)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -339,12 +384,18 @@ def main() -> None:
     p = common.add_publish_parser(sub, "write the README section and results JSON")
     p.add_argument("--throughput", default=common.default_pairs_json("atari_throughput.json"))
     p.add_argument("--profile", default="", help="a Markdown file: where rlspeed's time goes (`rlspeed profile`)")
+    f = sub.add_parser("publish-fire-reset", help="the section of rlspeed runs trained with fire_reset=true")
+    f.add_argument("--rlspeed-runs", nargs="+", required=True, help="rlspeed run directories (fire_reset=true)")
+    f.add_argument("--budget", type=int, default=500_736, help="env steps of the earlier runs to show beside them")
+    f.add_argument("--notes", default="")
+    f.add_argument("--commit", default="")
+    f.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.command == "worker":
         print(json.dumps(worker(args.side, args.iterations, args.warmup, args.threads, args.seed), default=str))
     else:
         {"throughput": throughput, "sb3-learn": sb3_learn, "rlspeed-eval-fire-once": rlspeed_eval_fire_once,
-         "publish": publish}[args.command](args)
+         "publish": publish, "publish-fire-reset": publish_fire_reset}[args.command](args)
 
 
 if __name__ == "__main__":
