@@ -39,6 +39,7 @@ from rlspeed._version import __version__
 from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
 from rlspeed.files import forget_ended_processes_folders, remove_stale_temporaries, unwritable
 from rlspeed.files import write_text_atomic as _write_text
+from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
 
 # Seeds go to torch, numpy and Gymnasium: numpy and Gymnasium refuse negative ones.
@@ -1082,7 +1083,7 @@ def _preset_values_kept(preset, algo_cls: type, overrides: dict, hyper: dict) ->
 def _configure_threads(args: argparse.Namespace) -> int:
     """`configure_threads(--threads)` (a resumed run's own count where the flag is not given), with a note on stderr
     where the cores this process may use (its CPU affinity, a container's CPU quota) hold the count below it."""
-    from rlspeed.device import bound_by_launcher, configure_threads, local_processes
+    from rlspeed.device import configure_threads, processes_sharing_cores
 
     threads = args.threads
     used = configure_threads(threads)
@@ -1090,7 +1091,7 @@ def _configure_threads(args: argparse.Namespace) -> int:
     if threads is not None and used < threads and os.environ.get("RANK", "0") == "0":
         asked = (f"the run's {threads} threads (its config.yaml) are" if getattr(args, "threads_from_run", False)
                  else f"--threads {threads} is")
-        processes = 1 if bound_by_launcher() else local_processes()  # (the cores they share, where they do)
+        processes = processes_sharing_cores()
         share = (f", shared by the {processes} processes on this machine" if processes > 1 else "")
         print(f"rlspeed: note: {asked} more than the {used} "
               f"core{'s' * (used != 1)} this process may use (its CPU affinity or container quota{share}): training "
@@ -2022,19 +2023,6 @@ def _run_callbacks(args, config: dict, run_dir: Path) -> tuple[list, object]:
         callbacks.append(VideoRecorderCallback(args.video_every, run_dir / "videos", overwrite=True,  # (the run's own)
                                                on_video=tracker.log_video if tracker is not None else None))
     return callbacks, tracker
-
-
-def _print_beside_bars(*values, file=None, flush: bool = False) -> None:
-    """`print`, drawn above a progress bar running in the same terminal (tqdm's write) instead of into its line."""
-    from tqdm import tqdm
-
-    stream = file or sys.stdout
-    if tqdm._instances:  # (a bar is open)
-        tqdm.write(" ".join(map(str, values)), file=stream)
-    else:  # (tqdm's write would make its multiprocessing lock, fixing the start method of a caller of `main(argv)`)
-        print(*values, file=stream)
-    if flush:
-        stream.flush()
 
 
 def _say_for(args: argparse.Namespace, main: bool = True):
@@ -3220,11 +3208,9 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     _SHOWN_WARNINGS.add(text)
     if not _first_among_processes(text):  # (a subprocess env's worker, or the command, said it already)
         return
-    if "tqdm" in sys.modules and not _in_worker:  # (a progress bar may be drawn on this terminal: the line goes above
-        # it, not into it; a worker of subprocess envs draws none, and tqdm's lock would be a semaphore left behind)
-        _print_beside_bars(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
-    else:
-        print(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
+    # (above a progress bar drawn on this terminal, not into its line; a worker of subprocess envs draws none, though
+    # a forked one inherits the parent's record of its bars, and tqdm's lock would be a semaphore left behind there)
+    (print if _in_worker else _print_beside_bars)(f"rlspeed: warning: {text}", file=file or sys.stderr, flush=True)
 
 
 def _first_among_processes(text: str) -> bool:

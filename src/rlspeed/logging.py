@@ -128,10 +128,11 @@ def _drawing(key: int, drawn: bool) -> None:
                 warnings.showwarning = original
 
 
-def print_beside_bars(*values, file=None) -> None:
-    """`print` for a line said while training runs (a callback's): in a terminal where a bar is drawn, on a line of
-    its own above the bar (tqdm's `write`), not at the end of the bar's line. Elsewhere (a notebook's output, a file)
-    as `print` writes it."""
+def print_beside_bars(*values, file=None, flush: bool = False) -> None:
+    """`print` for a line said while training runs (a callback's, the command line's): in a terminal where a bar is
+    drawn, on a line of its own above the bar (tqdm's `write`), not at the end of the bar's line. Elsewhere (a
+    notebook's output, a file) as `print` writes it (and without touching tqdm, whose `write` makes its
+    multiprocessing lock: that would fix the start method of a caller of `rlspeed.cli.main(argv)`)."""
     stream = file if file is not None else sys.stdout
     if _DRAWN_BARS and _is_terminal(stream):
         from tqdm import tqdm
@@ -139,6 +140,8 @@ def print_beside_bars(*values, file=None) -> None:
         tqdm.write(" ".join(map(str, values)), file=stream)
     else:
         print(*values, file=stream)
+    if flush:
+        stream.flush()
 
 
 class ProgressBar:
