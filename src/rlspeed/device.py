@@ -311,15 +311,18 @@ def local_processes() -> int:
         return 1
 
 
-def cores_per_process() -> int:
-    """This process's share of `usable_cores`: the cores divided among the launcher's processes on this machine
-    (`local_processes`), at least 1: torch's threads of several processes beyond the cores they share wait for each
-    other's cores at every kernel. A process the launcher bound to cores of its own (`bound_by_launcher`: `torchrun
-    --numa-binding`) has them all: they already are its share."""
+def processes_sharing_cores() -> int:
+    """How many processes share this process's `usable_cores`: the launcher's processes on this machine
+    (`local_processes`), or 1 where the launcher bound each to cores of its own (`bound_by_launcher`: `torchrun
+    --numa-binding`: its cores already are its share)."""
     processes = local_processes()
-    if processes == 1 or bound_by_launcher():
-        return usable_cores()
-    return max(1, usable_cores() // processes)
+    return 1 if processes == 1 or bound_by_launcher() else processes
+
+
+def cores_per_process() -> int:
+    """This process's share of `usable_cores` (divided among `processes_sharing_cores`), at least 1: torch's threads
+    of several processes beyond the cores they share wait for each other's cores at every kernel."""
+    return max(1, usable_cores() // processes_sharing_cores())
 
 
 def bound_by_launcher() -> bool:
