@@ -133,10 +133,9 @@ class FireReset(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def fire_reset_option(env_id: str, env_kwargs: dict) -> bool:
-    """The `fire_reset` option of `env_kwargs` (False without one); UserError unless it is a bool, or for a game
-    without FIRE as its second action."""
-    value = env_kwargs.get("fire_reset", False)
+def fire_reset_option(env_id: str, value) -> bool:
+    """The `fire_reset` option's `value` as a bool; UserError unless it is one, or for a game without FIRE as its
+    second action."""
     if not isinstance(value, (bool, np.bool_)):
         raise UserError(f"The Atari option fire_reset is true or false, got {value!r}.")
     if value and fire_action(env_id) is None:
@@ -150,8 +149,7 @@ def make_atari_env(env_id: str, **env_kwargs) -> gym.Env:
     `repeat_action_probability=0.0`), but for rlspeed's own two: `max_episode_steps` (agent steps per game) and
     `fire_reset=True` (FIRE pressed for the agent after every reset and lost life, in hidden steps: `FireReset`)."""
     registered = gym.spec(env_id).kwargs or {}
-    fire = fire_reset_option(env_id, env_kwargs)
-    env_kwargs.pop("fire_reset", None)
+    fire = fire_reset_option(env_id, env_kwargs.pop("fire_reset", False))
     if env_kwargs.get("frameskip", 1) != 1:
         raise UserError(f"{env_id}: rlspeed's Atari preprocessing skips {FRAME_SKIP} frames itself (max-pooling the "
                         f"last two), so the env must not: leave frameskip out (got {env_kwargs['frameskip']!r}).")
@@ -370,13 +368,13 @@ class FireToStart(EnvWrapper):
 def for_evaluation(env: BatchedEnv) -> BatchedEnv:
     """`env` wrapped in `FireToStart` when it is a preprocessed Atari game that waits for FIRE, else `env` (also for
     envs made with `fire_reset` without sticky actions, which press it themselves)."""
+    if stacked_frames(env) is None or (fire := fire_action(env.spec.env_id)) is None:
+        return env
     options = env.spec.env_kwargs or {}
+    steps = fire_steps(env.spec.env_id, options)
     # (fire_reset presses FIRE once, as the peers' FireResetEnv: where actions are sticky that can leave the ball
     # unserved, and FireToStart's presses go on top)
-    if stacked_frames(env) is None or (options.get("fire_reset") and fire_steps(env.spec.env_id, options) == 1):
-        return env
-    fire = fire_action(env.spec.env_id)
-    return env if fire is None else FireToStart(env, fire, fire_steps(env.spec.env_id, env.spec.env_kwargs))
+    return env if options.get("fire_reset") and steps == 1 else FireToStart(env, fire, steps)
 
 
 __all__ = ["register_atari", "is_atari", "atari_image_id", "preprocessed", "make_atari_env", "atari_spec",
