@@ -195,6 +195,20 @@ def alternate(runners: dict[str, Callable[[], float]], repeats: int) -> dict[str
     return results
 
 
+def best_seconds_per_call(call: Callable[[], object], repeats: int, calls: int, warmup: int = 3) -> float:
+    """The fastest of `repeats` timings of `calls` calls of `call`, in seconds per call, after `warmup` untimed calls
+    (the least disturbed measure of a kernel on a shared machine)."""
+    for _ in range(warmup):
+        call()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - started) / calls)
+    return best
+
+
 def steps_per_second(step: Callable, actions: Callable, num_envs: int, seconds: float, warmup: int) -> float:
     """Env steps per second of `step(actions())` (each call steps `num_envs` envs), over about `seconds`, after
     `warmup` untimed calls (compilation, if any, happens there)."""

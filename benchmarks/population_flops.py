@@ -72,13 +72,8 @@ def peak_gflops(batch: int, members: int, width: int, repeats: int) -> float:
     a, b = torch.randn(members, batch, width), torch.randn(members, width, width)
     out = torch.empty(members, batch, width)
     calls = max(1, int(2e9 // (2 * members * batch * width * width)))  # about 2 GFLOP a timing
-    best = float("inf")
-    for _ in range(repeats + 1):  # (the first warms up)
-        started = time.perf_counter()
-        for _ in range(calls):
-            torch.bmm(a, b, out=out)
-        best = min(best, time.perf_counter() - started)
-    return 2 * members * batch * width * width * calls / best / 1e9
+    per_call = common.best_seconds_per_call(lambda: torch.bmm(a, b, out=out), repeats, calls, warmup=calls)
+    return 2 * members * batch * width * width / per_call / 1e9
 
 
 def main() -> None:

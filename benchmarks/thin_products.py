@@ -16,8 +16,6 @@ faster). The rule in flat.py holds where every ratio of its row is above 1.
 
 from __future__ import annotations
 
-import time
-
 import common
 import torch
 from common import publish
@@ -28,15 +26,7 @@ SHAPES = [(2, 64, 64), (2, 256, 64), (2, 256, 256), (16, 128, 64), (32, 10, 64),
 
 
 def best_us(call, repeats: int, loops: int) -> float:
-    for _ in range(3):
-        call()
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(loops):
-            call()
-        best = min(best, (time.perf_counter() - started) / loops)
-    return best * 1e6
+    return common.best_seconds_per_call(call, repeats, loops) * 1e6
 
 
 def measure(members: int, rows: int, width: int, repeats: int) -> dict:
