@@ -800,3 +800,32 @@ def test_every_callback_hears_of_the_error_after_one_that_failed_to():
     with pytest.raises(RuntimeError, match="training failed"):  # (the error that ended training, not the callback's)
         model.learn(256, callback=[Broken(), Heard(), fails], progress_bar=False)
     assert Heard.errors == ["training failed"]
+
+
+def test_eval_callback_continuing_a_run_keeps_its_evaluations_and_best(tmp_path):
+    """A model that goes on from a step count (a resume, a further learn) with an EvalCallback on the same log_path
+    keeps the evaluations logged up to that step and their best mean: best_model.safetensors is replaced only by a
+    better evaluation (a fresh callback started from -inf and replaced it at the first one), and evaluations.npz
+    keeps the earlier rows (those after the step, which the run trains again, are dropped)."""
+    model = _ppo()
+    model.learn(2 * STEPS_PER_ITERATION, progress_bar=False)
+    logs, best = tmp_path / "logs", tmp_path / "best"
+    logs.mkdir()
+    best.mkdir()
+    (best / "best_model.safetensors").write_bytes(b"the earlier best")
+    earlier = [STEPS_PER_ITERATION, 2 * STEPS_PER_ITERATION, 3 * STEPS_PER_ITERATION]  # (the last one: after the step)
+    np.savez(logs / "evaluations.npz", timesteps=np.array(earlier),
+             results=np.array([[5.0, 7.0], [1e6, 1e6], [1e7] * 2]),
+             ep_lengths=np.array([[5, 7], [500, 500], [500, 500]]), seeds=np.array([11, 12, 13]))
+    callback = EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, log_path=logs,
+                            best_model_save_path=best, verbose=0)
+    model.learn(2 * STEPS_PER_ITERATION, callback=callback, progress_bar=False)
+    assert callback.best_mean_reward == 1e6 and callback.best_eval_seed == 12
+    assert (best / "best_model.safetensors").read_bytes() == b"the earlier best"
+    logged = np.load(logs / "evaluations.npz")
+    assert logged["timesteps"].tolist() == earlier[:2] + [3 * STEPS_PER_ITERATION, 4 * STEPS_PER_ITERATION]
+    assert logged["results"][:2].tolist() == [[5.0, 7.0], [1e6, 1e6]] and logged["seeds"][:2].tolist() == [11, 12]
+    # another number of episodes cannot continue those rows: refused before training, the file as it was
+    with pytest.raises(UserError, match="n_eval_episodes=2 to continue"):
+        model.learn(STEPS_PER_ITERATION, callback=EvalCallback(n_eval_episodes=3, log_path=logs), progress_bar=False)
+    assert np.load(logs / "evaluations.npz")["timesteps"].tolist() == logged["timesteps"].tolist()

@@ -575,11 +575,14 @@ class EvalCallback(BaseCallback):
     `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation; either
     returning False stops training. With `log_path`, `evaluations.npz` holds `timesteps`, `results` and `ep_lengths`
     (the episode returns and lengths per evaluation), and `successes` (per episode) where the env reports
-    `info["is_success"]`, as SB3's; `last_success_rate` is the last evaluation's share of successes. Each evaluation is
-    seeded (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the saved best
-    model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps of all envs,
-    not calls. Stable-Baselines3's `warn` is taken and has nothing to do (an eval env whose spaces differ from the
-    model's is refused in one sentence); `render=True` is refused (`VideoRecorderCallback` records the policy).
+    `info["is_success"]`, as SB3's, and each evaluation's `seeds`; `last_success_rate` is the last evaluation's share
+    of successes. A model that goes on from a step count (`resume`, a further `learn`) keeps that file's evaluations
+    up to its step and their best mean, so `best_model.safetensors` is replaced only by a better evaluation. Each
+    evaluation is seeded (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the
+    saved best model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps
+    of all envs, not calls. Stable-Baselines3's `warn` is taken and has nothing to do (an eval env whose spaces differ
+    from the model's is refused in one sentence); `render=True` is refused (`VideoRecorderCallback` records the
+    policy).
     """
 
     def __init__(self, eval_env=None, callback_on_new_best: BaseCallback | None = None,
@@ -630,6 +633,7 @@ class EvalCallback(BaseCallback):
         self.evaluations_results: list[list[float]] = []
         self.evaluations_length: list[list[int]] = []
         self.evaluations_successes: list[list[bool]] = []  # (envs that report info["is_success"])
+        self._seeds: list[int] = []  # (each evaluation's seed, as evaluations.npz keeps them)
         self.last_success_rate: float | None = None
         self._period = _Period(self.eval_freq)
 
@@ -656,6 +660,8 @@ class EvalCallback(BaseCallback):
 
     def _on_training_start(self) -> None:
         self._period.start(self.num_timesteps)
+        if self.num_timesteps > 0 and not self.evaluations_timesteps:
+            self._continue_log()
         # (its children start and end with it, as EveryNTimesteps' callback does; Stable-Baselines3 starts its
         # callback_after_eval)
         for child in (self.callback_on_new_best, self.callback_after_eval):
@@ -677,6 +683,41 @@ class EvalCallback(BaseCallback):
             if child is not None:
                 child.on_training_error(error)
 
+    def _continue_log(self) -> None:
+        """A model that goes on from a step count (`resume`, a further `learn`) keeps the evaluations
+        `log_path/evaluations.npz` holds up to that step, and its best mean return: an evaluation after a resume
+        replaces `best_model.safetensors` only where it beats the best before it (a fresh callback would start from
+        -inf and replace it at once), and the file keeps the earlier evaluations (Stable-Baselines3's starts anew)."""
+        file = self.log_path / "evaluations.npz" if self.log_path is not None else None
+        if file is None or not file.is_file():
+            return
+        try:
+            with np.load(file) as saved:
+                logged = {key: saved[key] for key in saved.files}
+            timesteps, results, lengths = logged["timesteps"], logged["results"], logged["ep_lengths"]
+        except (OSError, ValueError, KeyError) as error:
+            raise UserError(f"EvalCallback's log_path holds '{file}', which cannot be read as the evaluations of an "
+                            f"earlier run ({error}); move it away or give another log_path.") from None
+        kept = timesteps <= self.num_timesteps
+        if not kept.any():
+            return
+        if results.ndim != 2 or results.shape[1] != self.n_eval_episodes:
+            raise UserError(f"EvalCallback's '{file}' holds evaluations of {results.shape[-1]} episodes each and "
+                            f"this one runs {self.n_eval_episodes}: give n_eval_episodes={results.shape[-1]} to "
+                            "continue them, or another log_path.")
+        self.evaluations_timesteps = timesteps[kept].tolist()
+        self.evaluations_results = results[kept].tolist()
+        self.evaluations_length = lengths[kept].tolist()
+        if "successes" in logged and len(logged["successes"]) == len(timesteps):
+            self.evaluations_successes = logged["successes"][kept].tolist()
+        means = results[kept].mean(axis=1)
+        best = int(np.argmax(means))
+        self.best_mean_reward, self.last_mean_reward = float(means[best]), float(means[-1])
+        seeds = logged.get("seeds")
+        # (a file of rlspeed's; Stable-Baselines3's has none: -1, no seed known)
+        self._seeds = seeds[kept].tolist() if seeds is not None and len(seeds) == len(timesteps) else [-1] * len(means)
+        self.best_eval_seed = self._seeds[best] if self._seeds[best] >= 0 else None
+
     def evaluate_now(self) -> bool:
         """Evaluate now (what every `eval_freq` steps does); False when a child callback stops training."""
         from rlspeed.evaluation import evaluate
@@ -690,6 +731,7 @@ class EvalCallback(BaseCallback):
                           backend=model.env_backend if same_env else "auto")
         self.last_mean_reward = result["mean"]
         self.evaluations_timesteps.append(self.num_timesteps)
+        self._seeds.append(seed)
         self.evaluations_results.append(result["returns"])
         self.evaluations_length.append(result["lengths"])
         # (as Stable-Baselines3's EvalCallback logs them: columns of the next metrics row, and of W&B's)
@@ -706,7 +748,7 @@ class EvalCallback(BaseCallback):
             successes = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
             np.savez(self.log_path / "evaluations.npz", timesteps=np.array(self.evaluations_timesteps),
                      results=np.array(self.evaluations_results), ep_lengths=np.array(self.evaluations_length),
-                     **successes)
+                     seeds=np.array(self._seeds), **successes)
         if self.verbose:
             print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- "
                               f"{result['std']:.2f}{success}")
