@@ -161,6 +161,28 @@ def test_a_containers_cpu_quota_caps_the_usable_cores(monkeypatch, tmp_path, cap
     assert code == 2 and "--nproc 2 is more processes than the 1 CPU core" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this OS")
+def test_a_cpu_quota_on_the_processs_own_cgroup_below_the_root_caps_the_usable_cores(monkeypatch, tmp_path):
+    """`systemd-run -p CPUQuota=200%` or a batch job's cgroup puts the quota on the process's own cgroup, below the
+    hierarchy's root, where the affinity mask still shows every core: only the root's cpu.max was read."""
+    from rlspeed import device
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    for version, files in ((2, {"cpu.max": "max 100000\n", "user.slice/run-1.scope/cpu.max": "200000 100000\n"}),
+                           (1, {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n",
+                                "cpu/user.slice/run-1.scope/cpu.cfs_quota_us": "300000\n",
+                                "cpu/user.slice/run-1.scope/cpu.cfs_period_us": "100000\n"})):
+        root = tmp_path / f"v{version}"
+        for path, text in files.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_text(text)
+        (root / "cgroup").write_text("0::/user.slice/run-1.scope\n" if version == 2 else
+                                     "3:cpu,cpuacct:/user.slice/run-1.scope\n0::/\n")
+        monkeypatch.setattr(device, "CGROUP_ROOT", str(root))
+        monkeypatch.setattr(device, "PROC_CGROUP", str(root / "cgroup"))
+        assert device.usable_cores() == (2 if version == 2 else 3)
+
+
 def test_threads_line_reports_what_training_uses(monkeypatch, tmp_path):
     """Training sets RLSPEED_NUM_THREADS or 1 thread (`device.configure_threads`), whatever torch's default is."""
     from rlspeed import device

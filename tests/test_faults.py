@@ -1028,6 +1028,33 @@ def test_host_memory_is_no_more_than_a_containers_memory_limit_leaves(monkeypatc
     assert replay.available_memory_bytes(torch.device("cpu")) > 2**30 - (2**29 - 2**27)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_memory_limit_on_the_processs_own_cgroup_below_the_root_is_read(monkeypatch, tmp_path, version):
+    """A SLURM job's memory limit (`--mem`) or a systemd slice's sits on the process's own cgroup, below the
+    hierarchy's root: only the root's files were read, so a replay buffer was sized against the whole node's memory
+    and the job was OOM-killed. The least that any cgroup from the process's own up to the root leaves counts."""
+    from rlspeed import device
+    from rlspeed.buffers import replay
+
+    job = "system.slice/slurmstepd.scope/job_7/step_0"
+    base = tmp_path if version == 2 else tmp_path / "memory"
+    names = (("memory.max", "memory.current") if version == 2 else
+             ("memory.limit_in_bytes", "memory.usage_in_bytes"))
+    for directory, limit, usage in ((base, "max" if version == 2 else str(2**63 - 4096), "0"),
+                                    (base / "system.slice/slurmstepd.scope/job_7", str(2**30), str(2**28)),
+                                    (base / job, "max" if version == 2 else str(2**63 - 4096), str(2**27))):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / names[0]).write_text(limit)
+        (directory / names[1]).write_text(usage)
+    (tmp_path / "cgroup").write_text(f"0::/{job}\n" if version == 2 else f"4:memory:/{job}\n1:cpu,cpuacct:/\n")
+    monkeypatch.setattr(replay, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(device, "PROC_CGROUP", str(tmp_path / "cgroup"))
+    assert replay._cgroup_available_bytes() == 2**30 - 2**28  # (the job's limit, two levels above the step)
+    # a path the process's view names that does not exist here (a container's own root): the root alone
+    (tmp_path / "cgroup").write_text("0::/elsewhere/job\n4:memory:/elsewhere/job\n")
+    assert replay._cgroup_available_bytes() is None
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads Linux's /proc/self/status")
 def test_a_replay_buffer_past_the_processs_ulimit_is_refused_with_what_fits(monkeypatch):
     """Under `ulimit -v` (RLIMIT_AS) the buffer was sized against the machine's free memory: its allocation failed

@@ -350,30 +350,63 @@ def usable_cores() -> int:
 #: where Linux mounts the cgroup hierarchies (a test points it elsewhere; `rlspeed.buffers.replay` reads the memory
 #: limit there)
 CGROUP_ROOT = "/sys/fs/cgroup"
+#: which cgroup this process is in, per hierarchy (a test points it elsewhere)
+PROC_CGROUP = "/proc/self/cgroup"
+
+
+def cgroup_directories(root: str, controller: str | None) -> list[str]:
+    """The directories of this process's cgroup under `root` and of each cgroup above it, its own first, that exist
+    here: cgroup v2's (`controller` None; the "0::/path" line of /proc/self/cgroup) or v1's hierarchy of
+    `controller` ("cpu", "memory": `root/controller/path`). A limit set on any of them holds for this process (a
+    SLURM job's or a systemd slice's memory.max sits on a cgroup below the root; in a container the process's own
+    cgroup is the root it sees, and a path from the host's view that does not exist there is skipped)."""
+    base = os.path.join(root, controller) if controller else root
+    path = "/"
+    try:
+        with open(PROC_CGROUP) as handle:
+            for line in handle:
+                _, controllers, found = line.rstrip("\n").split(":", 2)
+                if (controllers == "" if controller is None else controller in controllers.split(",")):
+                    path = found
+                    break
+    except (OSError, ValueError):
+        pass
+    parts = [part for part in path.split("/") if part and part not in (".", "..")]
+    directories = [os.path.join(base, *parts[:depth]) for depth in range(len(parts), 0, -1)]
+    return [directory for directory in directories if os.path.isdir(directory)] + [base]
 
 
 def cgroup_cpu_quota() -> float | None:
-    """The CPU time this process's cgroup may use, in cores (quota / period), or None without a quota: cgroup v2's
-    cpu.max ("max 100000" or "200000 100000"), else v1's cpu.cfs_quota_us (-1 without one) / cpu.cfs_period_us.
+    """The CPU time this process's cgroup may use, in cores (quota / period), or None without a quota: the smallest
+    over its cgroup and those above it (`cgroup_directories`) of cgroup v2's cpu.max ("max 100000" or "200000
+    100000"), else v1's cpu.cfs_quota_us (-1 without one) / cpu.cfs_period_us.
     Read once per process and root (a thread count is looked up on every evaluation and checkpoint; the files took
     tens of microseconds each time)."""
-    return _cgroup_cpu_quota(CGROUP_ROOT)
+    return _cgroup_cpu_quota(CGROUP_ROOT, PROC_CGROUP)
 
 
 @functools.lru_cache(maxsize=8)
-def _cgroup_cpu_quota(root: str) -> float | None:
+def _cgroup_cpu_quota(root: str, _proc_cgroup: str) -> float | None:
+    quotas = [quota for directory in cgroup_directories(root, None) if (quota := _v2_quota(directory)) is not None]
+    if not quotas:
+        quotas = [quota for directory in cgroup_directories(root, "cpu") if (quota := _v1_quota(directory)) is not None]
+    return min(quotas) if quotas else None
+
+
+def _v2_quota(directory: str) -> float | None:
     try:
-        with open(os.path.join(root, "cpu.max")) as handle:
+        with open(os.path.join(directory, "cpu.max")) as handle:
             quota, _, period = handle.read().strip().partition(" ")
-        if quota != "max" and int(quota) > 0:
-            return int(quota) / int(period or 100_000)
-        return None
+        return int(quota) / int(period or 100_000) if quota != "max" and int(quota) > 0 else None
     except (OSError, ValueError, ZeroDivisionError):
-        pass
+        return None
+
+
+def _v1_quota(directory: str) -> float | None:
     try:
-        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as handle:
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as handle:
             quota = int(handle.read().strip())
-        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as handle:
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as handle:
             period = int(handle.read().strip())
         return quota / period if quota > 0 and period > 0 else None
     except (OSError, ValueError):

@@ -42,7 +42,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.device import free_memory_bytes, synchronize
+from rlspeed.device import cgroup_directories, free_memory_bytes, synchronize
 from rlspeed.envs.base import map_obs, obs_batch_size, observation_layout
 from rlspeed.errors import UserError
 
@@ -142,30 +142,39 @@ _NO_LIMIT = 2**60  # (cgroup v1 writes "no limit" as a page-rounded 2**63 - 1)
 
 
 def _cgroup_available_bytes() -> int | None:
-    """What the memory cgroup's limit leaves (limit - usage, page cache it can reclaim not counted as used), or None
-    without a limit: cgroup v2's memory.max / memory.current, else v1's memory.limit_in_bytes / usage_in_bytes."""
-    for limit_file, usage_file, stat_file, reclaimable in (
-            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
-            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
-             "total_inactive_file")):
-        try:
-            with open(os.path.join(CGROUP_ROOT, limit_file)) as handle:
-                text = handle.read().strip()
-            if text == "max" or int(text) >= _NO_LIMIT:
-                return None
-            limit = int(text)
-            with open(os.path.join(CGROUP_ROOT, usage_file)) as handle:
-                usage = int(handle.read().strip())
-        except (OSError, ValueError):
-            continue
-        try:
-            with open(os.path.join(CGROUP_ROOT, stat_file)) as handle:
-                stats = dict(line.split() for line in handle if line.strip())
-            usage -= int(stats.get(reclaimable, 0))
-        except (OSError, ValueError):
-            pass
-        return max(limit - usage, 0)
+    """What the memory cgroups' limits leave (limit - usage, page cache it can reclaim not counted as used), or None
+    without a limit: the least over this process's cgroup and those above it (`rlspeed.device.cgroup_directories`: a
+    SLURM job's limit is on a cgroup below the root) of cgroup v2's memory.max / memory.current, else v1's
+    memory.limit_in_bytes / usage_in_bytes."""
+    for controller, limit_file, usage_file, reclaimable in (
+            (None, "memory.max", "memory.current", "inactive_file"),
+            ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")):
+        left = [value for directory in cgroup_directories(CGROUP_ROOT, controller)
+                if (value := _memory_left(directory, limit_file, usage_file, reclaimable)) is not None]
+        if left:
+            return min(left)
     return None
+
+
+def _memory_left(directory: str, limit_file: str, usage_file: str, reclaimable: str) -> int | None:
+    """One memory cgroup's limit less its usage (less the page cache it can reclaim), or None without a limit."""
+    try:
+        with open(os.path.join(directory, limit_file)) as handle:
+            text = handle.read().strip()
+        if text == "max" or int(text) >= _NO_LIMIT:
+            return None
+        limit = int(text)
+        with open(os.path.join(directory, usage_file)) as handle:
+            usage = int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        with open(os.path.join(directory, "memory.stat")) as handle:
+            stats = dict(line.split() for line in handle if line.strip())
+        usage -= int(stats.get(reclaimable, 0))
+    except (OSError, ValueError):
+        pass
+    return max(limit - usage, 0)
 
 
 def _split(value: torch.Tensor | tuple[torch.Tensor, ...] | dict[str, torch.Tensor], size: int) -> list:
