@@ -2915,14 +2915,18 @@ class Algorithm:
         if env_kwargs is not None:  # (made here, where its spaces are checked against the model's)
             env = spec.env_id if env is None else env
             env_kwargs = {**spec.env_kwargs, **env_kwargs} if env == spec.env_id else env_kwargs
+        made = isinstance(env, str)  # (an id: this call makes the env)
         if env is not None:
-            made = isinstance(env, str)  # (an id: this call makes the env)
             if made and meta.get("env_kwargs") and env_kwargs is None:
                 warnings.warn(f"'{path}' was trained on {spec.env_id} made with the options {spec.env_kwargs}; "
                               f"load(env={env!r}) makes that env without them (pass them again: "
                               "load(path, env=env_id, env_kwargs=options)).", stacklevel=2)
-            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them)
-                env = make_env(env, num_envs=int(config.get("num_envs", 1)), device=device, env_kwargs=env_kwargs)
+            if made:  # as many envs as the run trained with (as load without an env, whose learn makes them), on
+                # the backend given to load (else the one that fits the id and options, as a new model's)
+                num_envs = int(config.get("num_envs", 1))
+                env_backend = resolve_backend(env, backend_for_options(
+                    env_kwargs or {}, env_backend if "env_backend" in overrides else "auto"), num_envs, device)
+                env = make_env(env, num_envs=num_envs, device=device, backend=env_backend, env_kwargs=env_kwargs)
             elif not isinstance(env, BatchedEnv):
                 env = make_env(env, device=device)
             else:
@@ -2966,7 +2970,9 @@ class Algorithm:
             warnings.warn(f"'{path}' was saved by a {algo.__name__} made with {', '.join(missing)} (a "
                           f"{', a '.join(missing.values())}), which its file does not keep: this model has the "
                           f"default; pass it again ({again}).", stacklevel=2)
-        model._env_given = env is not None and not made  # (an env load made from an id is made again after close)
+        model._env_given = env is not None and not made  # (an env load made from an id is made again after close,
+        if made:  # on the same backend)
+            model.env_backend = env_backend
         for sentence in unused_settings(model.config, model.spec):  # (but for a value given to load now)
             if re.split(r"[= ]", sentence, maxsplit=1)[0] in overrides:
                 warnings.warn(sentence, UnusedSettingWarning, stacklevel=2)
