@@ -405,7 +405,7 @@ class EnvSpec:
 
 #: Stable-Baselines3 VecEnv members a batched env lacks (`BatchedEnv.__getattr__` says where the env adapted has them)
 _SB3_VEC_ENV_MEMBERS = frozenset({"get_attr", "set_attr", "env_method", "envs", "step_async", "step_wait",
-                                  "get_images", "env_is_wrapped"})
+                                  "get_images", "env_is_wrapped", "set_options"})
 
 
 class BatchedEnv:
@@ -415,6 +415,9 @@ class BatchedEnv:
     num_envs: int
     device: torch.device
     backend: str
+    #: What this env has in place of a Stable-Baselines3 VecEnv's env objects (`__getattr__` says it), where it adapts
+    #: none (no `vec_env` or `vector_env`)
+    without_env_objects = "this one has no env objects of its own to reach"
 
     def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
         """Start new episodes in all N envs (reseeding them first when `seed` is given).
@@ -475,7 +478,7 @@ class BatchedEnv:
         where = next((f"the {kind} this one adapts is env.unwrapped.{field} (a callback's "
                       f"self.training_env.unwrapped.{field})" for field, kind in
                       (("vec_env", "Stable-Baselines3 VecEnv"), ("vector_env", "Gymnasium vector env"))
-                      if field in own), "this one has no env objects of its own to reach")
+                      if field in own), self.without_env_objects)
         raise AttributeError(f"{name} is Stable-Baselines3's VecEnv's; an rlspeed env is batched (tensors in and "
                              f"out), and {where}.")
 

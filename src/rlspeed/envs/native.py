@@ -75,6 +75,10 @@ class NativeEnv(BatchedEnv):
 
     backend = "torch"
     spec: EnvSpec
+    without_env_objects = ("a native env's dynamics are constants (its state is settable): to change the env as "
+                           "training goes, train on Gymnasium's (env_backend='gymnasium') and change its envs through "
+                           "self.training_env.unwrapped.vector_env, or go on with other options between learn calls "
+                           "with Algo.load(path, env_kwargs=...) (docs/callbacks.md, Curricula)")
     state_size: int
 
     def __init__(self, num_envs: int = 1, device: torch.device | str = "cpu", seed: int | None = None,
