@@ -137,6 +137,22 @@ def test_resuming_gymnasium_envs_says_what_cannot_be_restored(tmp_path):
         resumed.learn(32, progress_bar=False)
 
 
+def test_resuming_into_a_model_of_other_env_options_says_so(tmp_path):
+    """`resume` continues a run after a restart: a model made without the run's env options (or with others) went on
+    training on another env without a word; the same options resume in silence."""
+    import warnings
+
+    settings = dict(seed=0, device="cpu", env_backend="gymnasium", num_envs=2, batch_size=32, learning_starts=32,
+                    net_arch=(8,))
+    SAC("Pendulum-v1", env_kwargs={"g": 6.0}, **settings).learn(64, progress_bar=False, run_dir=tmp_path,
+                                                               checkpoint_freq=32)
+    with pytest.warns(UserWarning, match=r"made with the options \{'g': 6.0\} and this model's env has \{\}"):
+        SAC("Pendulum-v1", **settings).resume(tmp_path / "checkpoint.safetensors")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SAC("Pendulum-v1", env_kwargs={"g": 6.0}, **settings).resume(tmp_path / "checkpoint.safetensors")
+
+
 @pytest.mark.parametrize("num_envs", [2, 3])
 def test_steps_waiting_for_their_n_step_return_are_not_joined_to_the_fresh_episodes_of_a_resume(tmp_path, num_envs):
     """A checkpoint of Gymnasium envs holds the replay buffer's steps still waiting for their n-step return; the

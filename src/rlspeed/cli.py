@@ -1755,8 +1755,10 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         _keep_run_seed(args, model, run_dir / "config.yaml")
         model.make_training_env()
         try:
-            _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set change "
-                  "its networks since the checkpoint was written?)")
+            with warnings.catch_warnings():  # (--env-kwargs with --resume changes the options: the run says so)
+                warnings.filterwarnings("ignore", message=r".* was trained on .* made with the options ")
+                _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set "
+                      "change its networks since the checkpoint was written?)")
         except UserError as error:
             if not (run_dir / "model.safetensors").exists():
                 raise

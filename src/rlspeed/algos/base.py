@@ -10,6 +10,7 @@ import difflib
 import functools
 import inspect
 import io
+import json
 import math
 import numbers
 import os
@@ -3044,6 +3045,13 @@ class Algorithm:
             raise UserError(f"'{path}' is a {meta.get('algo')} {meta.get('env_id')} checkpoint; cannot resume "
                             f"{self.name} {self.env_id} from it.")
         _warn_other_class(meta, type(self), path, "resume")
+        with warnings.catch_warnings():  # (an option no checkpoint can hold was said when this model was made)
+            warnings.simplefilter("ignore")
+            options = json.loads(json.dumps(recorded_env_kwargs(self.spec)))  # (as the file holds them)
+        if isinstance(meta.get("env_kwargs") or {}, dict) and (meta.get("env_kwargs") or {}) != options:
+            warnings.warn(f"'{path}' was trained on {self.env_id} made with the options {meta.get('env_kwargs') or {}}"
+                          f" and this model's env has {options}: the run goes on on this model's env (make the model "
+                          "with the run's env_kwargs to go on as it was).", stacklevel=2)
         fields = {field.name for field in dataclasses.fields(self.config_cls)}
         try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
             saved = build_config(self.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
