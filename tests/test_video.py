@@ -494,6 +494,24 @@ def test_an_existing_video_file_is_replaced_only_when_asked(tmp_path, capsys):
     assert callback.videos == [folder / "step-000000512.mp4"] and _read(callback.videos[0])[1] == (400, 600)
 
 
+@pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="symlinks")
+def test_a_video_overwritten_in_a_run_folder_replaces_a_symlink_there_rather_than_writing_through_it(tmp_path):
+    """`rlspeed train --resume` films again into the run's videos/ with overwrite (and keeps the run's --video-every
+    from its config.yaml): a run directory from elsewhere holding `videos/step-000000512.mp4 -> ~/somefile` had that
+    file truncated and written with the video. Now the link is replaced, and the file it pointed at stays as it was."""
+    from rlspeed.callbacks import VideoRecorderCallback
+
+    theirs = tmp_path / "precious.txt"
+    theirs.write_text("the user's own")
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    (folder / "step-000000512.mp4").symlink_to(theirs)
+    callback = VideoRecorderCallback(512, folder, overwrite=True)
+    _cartpole().learn(512, callback=callback, progress_bar=False)
+    assert theirs.read_text() == "the user's own"
+    assert not (folder / "step-000000512.mp4").is_symlink() and _read(folder / "step-000000512.mp4")[1] == (400, 600)
+
+
 @pytest.mark.parametrize("name", ["cut.mp4", "cut.gif"])
 def test_a_video_cut_short_by_an_interrupt_leaves_no_file_and_can_be_made_again(tmp_path, monkeypatch, name):
     """A notebook's stop button (KeyboardInterrupt) during `record_video` left the half-made file behind (a broken

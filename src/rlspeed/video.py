@@ -347,6 +347,8 @@ def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = 
         mask_method = None
     mask_method = mask_method if callable(mask_method) else None
     returns, frames, size, cut = [], 0, None, 0
+    if path.is_symlink():  # (the link is replaced, never written through: a run directory from elsewhere may hold
+        path.unlink()  # one to a file of the user's, which an overwrite would destroy)
     try:
         writer = imageio.get_writer(path, **options)
     except Exception as error:  # imageio reports a missing or broken backend with its own exception types
