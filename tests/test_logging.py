@@ -191,6 +191,23 @@ def test_metrics_csv_with_a_non_ascii_column_is_read_and_appended_as_utf8_whatev
     assert [row["奖励/récompense"] for row in rows] == ["1.5", "2.5"]
 
 
+@pytest.mark.skipif(os.name == "nt", reason="symlinks")
+def test_a_continued_run_never_appends_through_a_metrics_csv_symlink(tmp_path):
+    """A run directory from elsewhere whose metrics.csv was a symlink to a file of the user's: `--resume` appended
+    its rows to that file. Now the link is replaced by the run's own file, and the file it pointed at is unchanged."""
+    theirs = tmp_path / "theirs.csv"
+    theirs.write_text("timesteps,loss\n1,0.5\n", encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.csv").symlink_to(theirs)
+    logger = RunLogger(run, tensorboard=False, continue_from=1)
+    logger.log({"timesteps": 2, "loss": 0.25})
+    logger.close(plot=False)
+    assert theirs.read_text(encoding="utf-8") == "timesteps,loss\n1,0.5\n"
+    assert not (run / "metrics.csv").is_symlink()
+    assert (run / "metrics.csv").read_text(encoding="utf-8").splitlines()[-1] == "2,0.25"
+
+
 def test_no_episode_is_an_empty_cell_and_a_diverged_loss_is_nan(tmp_path):
     """An interval in which no episode finished has no episode_return (empty); a loss that diverged is written as
     nan or inf, not an empty cell that looks like "no update in this row"."""

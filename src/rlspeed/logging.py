@@ -383,8 +383,9 @@ class RunLogger:
                 self.rows.append(parsed)
             else:
                 dropped = True
-        # a further learn() keeps every row: append to the file rather than write it all again on each call
-        self._appendable = bool(self._fields) and not dropped
+        # a further learn() keeps every row: append to the file rather than write it all again on each call (not
+        # through a symlink, which a run directory from elsewhere may hold: the file is then written anew in its place)
+        self._appendable = bool(self._fields) and not dropped and not path.is_symlink()
 
     def log(self, row: dict) -> None:
         """Record one metrics row and send its numeric values to TensorBoard at step `row["timesteps"]`.
