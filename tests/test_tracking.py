@@ -217,6 +217,26 @@ def test_a_tracker_for_the_same_run_directory_continues_its_wandb_run(tmp_path, 
     other.finish()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="symlinks")
+def test_a_run_id_symlink_in_a_run_directory_is_neither_read_nor_written_through(tmp_path, offline):
+    """A run directory from elsewhere whose wandb/run-id was a symlink: `--resume --track` sent the first line of the
+    file it pointed at to W&B as the run's id, or (a link to no file yet) made that file. Now the link is replaced by
+    the run's own id file, and the file it pointed at is neither read nor made."""
+    from rlspeed.tracking import WandbTracker
+
+    secret, nowhere = tmp_path / "secret.txt", tmp_path / "made-elsewhere"
+    secret.write_text("tokenvalue\n")
+    for target in (secret, nowhere):
+        run = tmp_path / f"run-{target.name}"
+        (run / "wandb").mkdir(parents=True)
+        (run / "wandb" / "run-id").symlink_to(target)
+        tracker = WandbTracker({"algo": "ppo"}, run_dir=run)
+        tracker.finish()
+        assert tracker.run is None and not (run / "wandb" / "run-id").is_symlink()
+        assert (run / "wandb" / "run-id").read_text().strip() not in ("", "tokenvalue")
+    assert secret.read_text() == "tokenvalue\n" and not nowhere.exists()
+
+
 def test_wandbs_environment_variables_name_group_and_tag_the_run(tmp_path, offline, monkeypatch):
     """WANDB_NAME (a job script's name for its run) was replaced by the run directory's name."""
     from rlspeed.tracking import WandbTracker

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from rlspeed.callbacks import BaseCallback
 from rlspeed.errors import UserError, first_line, warn_at_caller
+from rlspeed.files import write_atomic
 
 INSTALL = 'pip install "rlspeed[track]"'
 
@@ -69,7 +70,9 @@ class WandbTracker:
         directory = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
         id_file = Path(run_dir) / "wandb" / "run-id" if run_dir is not None else None
         run_id = None
-        if id_file is not None and id_file.is_file():
+        # (never through a symlink, which a run directory from elsewhere may hold: the file it points at would be
+        # sent to W&B as the run's id, or written over)
+        if id_file is not None and id_file.is_file() and not id_file.is_symlink():
             run_id = id_file.read_text(encoding="utf-8").strip() or None
         from rlspeed.logging import flat_tags
 
@@ -91,7 +94,7 @@ class WandbTracker:
             raise UserError(f"Weights & Biases refused its settings ({reason}): {fix}.") from None
         if id_file is not None and run_id is None:
             id_file.parent.mkdir(parents=True, exist_ok=True)
-            id_file.write_text(self.run.id + "\n")
+            write_atomic(id_file, self.run.id + "\n")
 
     @property
     def run_path(self) -> Path:
