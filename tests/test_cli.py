@@ -745,6 +745,44 @@ def test_an_env_registered_by_a_module_trains_and_evaluates(capsys, monkeypatch,
     assert "PYTHONPATH" in error and "--gym-packages" not in error
 
 
+def test_eval_no_imports_runs_no_module_that_a_run_directory_or_model_names(capsys, monkeypatch, tmp_path):
+    """A run directory from elsewhere, evaluated from inside it, ran the code of a module it shipped (config.yaml's
+    gym_packages, or a model's `module:EnvId` id, found in the current directory) with no way to refuse it.
+    `--no-imports` imports neither: the recorded modules are said and skipped, and a `module:EnvId` model needs
+    --env."""
+    import sys
+
+    import gymnasium
+
+    from rlspeed import PPO
+
+    (tmp_path / "shipped.py").write_text("import pathlib\npathlib.Path('RAN').write_text('x')\n"
+                                         "import gymnasium\ngymnasium.register('Shipped-v0', "
+                                         "entry_point='gymnasium.envs.classic_control.cartpole:CartPoleEnv')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = PPO("shipped:Shipped-v0", num_envs=4, num_steps=32, batch_size=64, device="cpu")
+    model.save(tmp_path / "run" / "model")
+    model.save(tmp_path / "loose")
+    (tmp_path / "run" / "config.yaml").write_text("algo: ppo\nenv_id: CartPole-v1\ngym_packages: [shipped]\n")
+    for given in (["run", "--env", "CartPole-v1"], ["loose.safetensors", "--env", "CartPole-v1"]):
+        (tmp_path / "RAN").unlink(missing_ok=True)
+        monkeypatch.delitem(sys.modules, "shipped", raising=False)
+        capsys.readouterr()
+        assert cli.main(["eval", *given, "--episodes", "1", "--no-progress", "--no-imports"]) == 0
+        assert not (tmp_path / "RAN").exists()
+        said = "not importing shipped, which run/config.yaml records" in capsys.readouterr().err
+        assert said == (given[0] == "run")
+    assert cli.main(["eval", "loose.safetensors", "--episodes", "1", "--no-imports"]) == 2
+    assert ("was trained on shipped:Shipped-v0, whose module shipped --no-imports does not import: give --env "
+            "ENV_ID") in capsys.readouterr().err
+    assert not (tmp_path / "RAN").exists()
+    gymnasium.registry.pop("Shipped-v0")  # (as in a fresh process: without --no-imports, imported as before)
+    assert cli.main(["eval", "run", "--env", "CartPole-v1", "--episodes", "1", "--no-progress"]) == 0
+    assert (tmp_path / "RAN").exists()
+    gymnasium.registry.pop("Shipped-v0")
+
+
 def test_a_nan_final_evaluation_is_null_in_summary_json(monkeypatch, tmp_path, capsys):
     from rlspeed.algos.base import Algorithm
 

@@ -2499,7 +2499,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             recorded = run_config.get("gym_packages") or []
         except (yaml.YAMLError, AttributeError, OSError):
             run_config, recorded = {}, []
-        if isinstance(recorded, list):
+        if isinstance(recorded, list) and recorded and args.no_imports:
+            print(f"rlspeed: --no-imports: not importing {', '.join(map(str, recorded))}, which {config_file} records "
+                  "(gym_packages)", file=sys.stderr, flush=True)
+        elif isinstance(recorded, list):
             if recorded:  # (importing runs a module's code: said, for a run directory from elsewhere)
                 print(f"rlspeed: importing {', '.join(map(str, recorded))}, which {config_file} records "
                       "(gym_packages: the modules that register its env)", file=sys.stderr, flush=True)
@@ -2542,6 +2545,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise UserError(f"'{path}' was saved by {other}, whose networks rlspeed eval builds with its module "
                         f"imported: add --gym-packages {module} (importable from here: PYTHONPATH).") from None
     env_id = args.env or model.env_id
+    if args.env is None and ":" in env_id and args.no_imports:
+        raise UserError(f"'{path}' was trained on {env_id}, whose module {env_id.split(':', 1)[0]} --no-imports does "
+                        "not import: give --env ENV_ID (and --gym-packages MODULE, a module you trust that registers "
+                        "it).")
     if args.env is None and ":" in env_id:  # (importing runs a module's code: said, as config.yaml's modules are)
         print(f"rlspeed: importing {env_id.split(':', 1)[0]}, which the model's env id {env_id} names",
               file=sys.stderr, flush=True)
@@ -2852,6 +2859,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="what steps the env (default: the backend the model was trained with, on its own env)")
     ev.add_argument("--gym-packages", action="extend", nargs="+", default=[], metavar="MODULE",
                     help="modules to import first (they register the env ids they provide; repeatable)")
+    ev.add_argument("--no-imports", action="store_true",
+                    help="import no module that the files name (config.yaml's gym_packages, a module:EnvId env id), "
+                         "for files from others; --gym-packages are still imported")
     ev.add_argument("--stochastic", action="store_true",
                     help="sample the policy's actions (from a stream --seed seeds) instead of its deterministic ones, "
                          "in the evaluation and in --video")
