@@ -304,6 +304,16 @@ def test_a_wandb_setting_wandb_refuses_is_one_sentence(offline, tmp_path, monkey
     assert "Weights & Biases refused its settings" in capsys.readouterr().err
 
 
+def test_a_wandb_setting_wandb_refuses_is_said_without_a_urls_password(offline, monkeypatch):
+    """wandb's settings check quotes the value it refuses: WANDB_BASE_URL's password was printed in the sentence."""
+    from rlspeed.tracking import WandbTracker
+
+    monkeypatch.setenv("WANDB_BASE_URL", "https://user:hunter2@bad host")
+    with pytest.raises(UserError, match="Weights & Biases refused its settings") as raised:
+        WandbTracker({})
+    assert "hunter2" not in str(raised.value) and "user:***@bad host" in str(raised.value)
+
+
 def test_a_project_name_wandb_refuses_names_the_flag_not_the_login(offline, tmp_path, monkeypatch, capsys):
     """`--wandb-project a/b` under WANDB_MODE=offline said to run `wandb login` or set WANDB_MODE=offline."""
     monkeypatch.chdir(tmp_path)

@@ -66,6 +66,8 @@ class WandbTracker:
                             f'pip install --force-reinstall "rlspeed[track]" (or drop --track).') from None
 
         self._wandb = wandb
+        from rlspeed.tune import without_password
+
         # (read here at each run: wandb reads its environment once per process)
         directory = os.environ.get("WANDB_DIR") or (str(run_dir) if run_dir is not None else None)
         id_file = Path(run_dir) / "wandb" / "run-id" if run_dir is not None else None
@@ -85,10 +87,11 @@ class WandbTracker:
                                   entity=entity or None, name=name, config=config or {}, dir=directory, tags=tags,
                                   id=run_id, resume="allow" if run_id else None)
         except wandb.errors.Error as error:  # not logged in, no network, a bad entity: the fix is the user's
-            reason = first_line(error)
+            reason = without_password(first_line(error))
             raise UserError(f"Weights & Biases refused the run ({reason}): {_wandb_fix(reason)}.") from None
         except ValueError as error:  # (wandb's settings check: WANDB_MODE= empty or misspelt, a bad WANDB_* value)
-            reason = " ".join(str(error).strip().splitlines()[:3]).strip()
+            # (pydantic's message quotes the value: a URL's password, WANDB_BASE_URL's, is not printed)
+            reason = without_password(" ".join(str(error).strip().splitlines()[:3]).strip())
             fix = _wandb_fix(reason, "check the WANDB_* environment variables (WANDB_MODE is online, offline or "
                                      "disabled)")
             raise UserError(f"Weights & Biases refused its settings ({reason}): {fix}.") from None
