@@ -17,7 +17,7 @@ import numbers
 import os
 import typing
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,11 @@ from rlspeed.errors import UserError, positive_whole, true_or_false
 from rlspeed.logging import print_beside_bars
 
 if typing.TYPE_CHECKING:
+    import gymnasium as gym
+
     from rlspeed.algos.base import Algorithm
+    from rlspeed.envs.base import BatchedEnv
+    from rlspeed.envs.sb3_env import VecEnvLike
 
 
 class _Period:
@@ -111,7 +115,8 @@ class MetricsRecorder:
         self._warned: set[str] = set()
         self._given: set[str] = set()  # the columns `take` has returned
 
-    def record(self, key: str, value, exclude=None) -> None:
+    def record(self, key: str, value: float | typing.SupportsFloat | np.generic | typing.Any,
+               exclude: str | tuple[str, ...] | None = None) -> None:
         """Keep `value` (a number or a one-element tensor) for the next metrics row, as column `key`."""
         try:
             self.values[str(key)] = float(value.item() if hasattr(value, "item") else value)
@@ -121,21 +126,22 @@ class MetricsRecorder:
                 warnings.warn(f"logger.record('{key}', ...): rlspeed's metrics hold numbers only, so this "
                               f"{type(value).__name__} is left out.", stacklevel=2)
 
-    def record_mean(self, key: str, value, exclude=None) -> None:
+    def record_mean(self, key: str, value: float | typing.SupportsFloat | np.generic | typing.Any,
+                    exclude: str | tuple[str, ...] | None = None) -> None:
         """As `record` (Stable-Baselines3's running mean over a dump interval: here the last value)."""
         self.record(key, value, exclude)
 
     def dump(self, step: int = 0) -> None:
         """Nothing: the loop writes recorded values with its next metrics row."""
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> typing.NoReturn:
         # (only for names not found: Stable-Baselines3's Logger members say what rlspeed has instead)
         advice = _SB3_LOGGER_MEMBERS.get(name)
         if advice is None:
             raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         raise AttributeError(f"logger.{name} is Stable-Baselines3's; {advice}.")
 
-    def take(self, columns=()) -> dict[str, float]:
+    def take(self, columns: typing.Container[str] = ()) -> dict[str, float]:
         """The recorded values, cleared (the loop calls this when it writes a row); a key the loop writes
         (`LOOP_COLUMNS`, or one of the row's own `columns` that no callback gave) comes back as `custom/<key>`, with
         a warning once per key, so a callback's value never replaces the loop's."""
@@ -169,20 +175,20 @@ class BaseCallback:
     def __init__(self, verbose: int = 0):
         self.verbose = verbose
         self.model: Algorithm = None  # type: ignore[assignment]  # (set by `init_callback` before any hook runs)
-        self.num_timesteps = 0
-        self.n_calls = 0
-        self.locals: dict = {}
-        self.metrics: dict | None = None
-        self.evaluation: dict | None = None
+        self.num_timesteps: int = 0
+        self.n_calls: int = 0
+        self.locals: dict[str, typing.Any] = {}
+        self.metrics: dict[str, typing.Any] | None = None
+        self.evaluation: dict[str, typing.Any] | None = None
         self.parent: BaseCallback | None = None
 
     @property
-    def training_env(self):
+    def training_env(self) -> BatchedEnv | None:
         """The model's training env (a `BatchedEnv`)."""
         return getattr(self.model, "_env", None)
 
     @property
-    def globals(self) -> dict:
+    def globals(self) -> dict[str, typing.Any]:
         """Stable-Baselines3's `self.globals`: the module globals of the model's algorithm (what a function callback
         `fn(locals, globals)` gets); {} before `init_callback`."""
         return {} if self.model is None else vars(inspect.getmodule(type(self.model)))
@@ -193,12 +199,12 @@ class BaseCallback:
         return self.model.recorder
 
     # --- what learn calls ---------------------------------------------------------------------------------------
-    def init_callback(self, model) -> None:
+    def init_callback(self, model: Algorithm) -> None:
         """Attach to `model` (called by learn before training starts)."""
         self.model = model
         self._init_callback()
 
-    def on_training_start(self, locals_: dict) -> None:
+    def on_training_start(self, locals_: dict[str, typing.Any]) -> None:
         """Called once before the first iteration."""
         self.locals = locals_
         self.num_timesteps = self.model.num_timesteps
@@ -209,7 +215,7 @@ class BaseCallback:
         self.num_timesteps = self.model.num_timesteps
         self._on_rollout_start()
 
-    def on_rollout_end(self, locals_: dict, metrics: dict | None = None) -> bool:
+    def on_rollout_end(self, locals_: dict[str, typing.Any], metrics: dict[str, typing.Any] | None = None) -> bool:
         """Called after every iteration; False stops training. Runs `_on_rollout_end`, then `_on_step` (so a callback
         written for Stable-Baselines3's `_on_step` runs once per iteration, not per env step)."""
         self.n_calls += 1
@@ -219,7 +225,7 @@ class BaseCallback:
         keep_going = self._on_rollout_end() is not False
         return self._on_step() is not False and keep_going
 
-    def on_evaluation(self, evaluation: dict) -> bool:
+    def on_evaluation(self, evaluation: dict[str, typing.Any]) -> bool:
         """Called after each of learn's own evaluations (with a target); False stops training."""
         self.evaluation = evaluation
         self.num_timesteps = self.model.num_timesteps
@@ -240,7 +246,7 @@ class BaseCallback:
         self.num_timesteps = self.model.num_timesteps
         self._on_training_error(error)
 
-    def set_final_metrics(self, metrics: dict) -> None:
+    def set_final_metrics(self, metrics: dict[str, typing.Any]) -> None:
         """(learn) The row written after the last iteration's callbacks ran, for `on_training_end` (and a wrapped
         child's: EveryNTimesteps' callback)."""
         self.metrics = metrics
@@ -292,11 +298,12 @@ class BaseCallback:
 class CallbackList(BaseCallback):
     """Several callbacks called in order; training stops when any returns False (all still run at that point)."""
 
-    def __init__(self, callbacks: Iterable[BaseCallback]):
+    def __init__(self, callbacks: Iterable[BaseCallback | Callable[..., bool | None]]):
         super().__init__()
-        self.callbacks = [as_callback(callback) for callback in callbacks]
-        if None in self.callbacks:
+        given = [as_callback(callback) for callback in callbacks]
+        if None in given:
             raise UserError("A list of callbacks holds None: leave it out (learn(callback=None) is no callback).")
+        self.callbacks: list[BaseCallback] = [callback for callback in given if callback is not None]
 
     def _init_callback(self) -> None:
         for callback in self.callbacks:
@@ -306,7 +313,7 @@ class CallbackList(BaseCallback):
                 callback.parent = self.parent
             callback.init_callback(self.model)
 
-    def on_training_start(self, locals_: dict) -> None:
+    def on_training_start(self, locals_: dict[str, typing.Any]) -> None:
         super().on_training_start(locals_)
         for callback in self.callbacks:
             callback.on_training_start(locals_)
@@ -315,11 +322,11 @@ class CallbackList(BaseCallback):
         for callback in self.callbacks:
             callback.on_rollout_start()
 
-    def on_rollout_end(self, locals_: dict, metrics: dict | None = None) -> bool:
+    def on_rollout_end(self, locals_: dict[str, typing.Any], metrics: dict[str, typing.Any] | None = None) -> bool:
         self.n_calls += 1
         return all([callback.on_rollout_end(locals_, metrics) for callback in self.callbacks])
 
-    def on_evaluation(self, evaluation: dict) -> bool:
+    def on_evaluation(self, evaluation: dict[str, typing.Any]) -> bool:
         return all([callback.on_evaluation(evaluation) for callback in self.callbacks])
 
     def _on_rollout_end(self) -> bool:
@@ -327,7 +334,7 @@ class CallbackList(BaseCallback):
         # each of its callbacks runs as an event of it
         return all([self._child_event(callback) for callback in self.callbacks])
 
-    def set_final_metrics(self, metrics: dict) -> None:
+    def set_final_metrics(self, metrics: dict[str, typing.Any]) -> None:
         super().set_final_metrics(metrics)
         for callback in self.callbacks:
             callback.set_final_metrics(metrics)
@@ -416,7 +423,7 @@ def _sync_normalization(training_env, eval_env) -> None:
         sync_envs_normalization(*pair)
 
 
-def as_callback(callback) -> BaseCallback | None:
+def as_callback(callback: CallbackLike) -> BaseCallback | None:
     """What `learn(callback=...)` accepts as one `BaseCallback`: None, a BaseCallback, a list of them, or a plain
     function of learn's locals; UserError for anything else."""
     if callback is None or isinstance(callback, BaseCallback):
@@ -513,7 +520,7 @@ class StopTrainingOnNoModelImprovement(BaseCallback):
         super().__init__(verbose)
         self.max_no_improvement_evals = int(max_no_improvement_evals)
         self.min_evals = int(min_evals)
-        self.last_best_mean_reward = -math.inf
+        self.last_best_mean_reward: float = -math.inf
         self.no_improvement_evals = 0
 
     def _on_training_start(self) -> None:
@@ -585,9 +592,9 @@ class EvalCallback(BaseCallback):
     policy).
     """
 
-    def __init__(self, eval_env=None, callback_on_new_best: BaseCallback | None = None,
-                 callback_after_eval: BaseCallback | None = None, n_eval_episodes: int | None = None,
-                 eval_freq: int = 10_000,
+    def __init__(self, eval_env: str | gym.vector.VectorEnv | VecEnvLike | None = None,
+                 callback_on_new_best: BaseCallback | None = None, callback_after_eval: BaseCallback | None = None,
+                 n_eval_episodes: int | None = None, eval_freq: int = 10_000,
                  log_path: str | Path | None = None, best_model_save_path: str | Path | None = None,
                  deterministic: bool = True, seed: int | None = None, verbose: int = 1, render: bool = False,
                  warn: bool = True):
@@ -626,8 +633,8 @@ class EvalCallback(BaseCallback):
         self.best_model_save_path = Path(best_model_save_path) if best_model_save_path is not None else None
         self.deterministic = true_or_false("EvalCallback(deterministic=...)", deterministic)
         self.seed = seed
-        self.best_mean_reward = -math.inf
-        self.last_mean_reward = -math.inf
+        self.best_mean_reward: float = -math.inf
+        self.last_mean_reward: float = -math.inf
         self.best_eval_seed: int | None = None
         self.evaluations_timesteps: list[int] = []
         self.evaluations_results: list[list[float]] = []
@@ -905,6 +912,12 @@ _SB3_CALLBACKS = {
                           "EveryNTimesteps(n, callback) calls a callback every n env steps",
     "ConvertCallback": "learn(callback=fn) takes a plain function fn(locals_) or fn(locals_, globals_) as it is",
 }
+
+
+#: what `learn(callback=...)` takes: a callback, a list of them, a function `fn(locals_)` or `fn(locals_, globals_)`
+#: (returning False stops training), or None
+CallbackFunction: typing.TypeAlias = Callable[..., bool | None]
+CallbackLike: typing.TypeAlias = BaseCallback | Sequence[BaseCallback | CallbackFunction] | CallbackFunction | None
 
 
 def _missing_callback(name: str):

@@ -24,14 +24,12 @@ from rlspeed.envs.base import (
     space_to_json,
 )
 from rlspeed.envs.gymnasium_env import USER_SB3_VEC_ENV, USER_VECTOR_ENV, life_loss_wrappers, reward_wrappers
-from rlspeed.envs.sb3_env import is_sb3_vec_env, monitored, vec_normalize_of
+from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, monitored, vec_normalize_of
 from rlspeed.errors import UserError, positive_whole, true_or_false, warn_at_caller
 from rlspeed.logging import ProgressBar
 
 if typing.TYPE_CHECKING:
     from rlspeed.algos.base import Algorithm
-
-    VecEnvLike = typing.Any  # (a Stable-Baselines3 VecEnv: step_async, step_wait, reset, close)
 
 
 def env_options(model, env_id: str | None, env_kwargs: dict | None = None) -> dict:
@@ -88,8 +86,8 @@ def check_evaluated_model(model) -> None:
 def evaluate(model: Algorithm, env_id: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None,
              episodes: int = 10, seed: int | None = None,
              deterministic: bool = True, backend: str = "auto", device: str | torch.device | None = None,
-             max_steps: int | None = None, env_kwargs: dict | None = None, progress_bar: bool = False,
-             **stable_baselines3: typing.Any) -> dict:
+             max_steps: int | None = None, env_kwargs: dict[str, typing.Any] | None = None,
+             progress_bar: bool = False, **stable_baselines3: typing.Any) -> dict[str, typing.Any]:
     """Run `episodes` episodes of `model` (in parallel, one per env row of an env this call makes) and return their
     returns.
 

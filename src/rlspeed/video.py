@@ -14,6 +14,7 @@ import errno
 import importlib.util
 import math
 import os
+import typing
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ import numpy as np
 
 from rlspeed.errors import UserError
 from rlspeed.evaluation import _own_random_stream, env_options
+
+if typing.TYPE_CHECKING:
+    from rlspeed.algos.base import Algorithm
 
 INSTALL = 'pip install "rlspeed[video]"'
 #: Formats imageio writes here: mp4 (ffmpeg, H.264) and gif (Pillow).
@@ -274,9 +278,10 @@ def _close_writer(writer, discard: bool = False) -> None:
 
 
 @_headless_rendering()
-def record_video(model, path: str | Path, episodes: int = 1, seed: int | None = None, env_id: str | None = None,
-                 fps: int | None = None, max_steps: int | None = None, deterministic: bool = True,
-                 env_kwargs: dict | None = None, overwrite: bool = False, backend: str | None = None) -> dict:
+def record_video(model: Algorithm, path: str | Path, episodes: int = 1, seed: int | None = None,
+                 env_id: str | None = None, fps: int | None = None, max_steps: int | None = None,
+                 deterministic: bool = True, env_kwargs: dict[str, typing.Any] | None = None, overwrite: bool = False,
+                 backend: str | None = None) -> dict[str, typing.Any]:
     """Record `episodes` episodes of `model`'s policy (deterministic; `deterministic=False` samples) into one video
     file (`.mp4` or `.gif`); a file already at `path` is refused unless `overwrite`.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import typing
 
 import gymnasium as gym
 import torch
@@ -249,7 +250,7 @@ NATIVE_OPTIONS = ("state_dtype", "compile")
 def make_env(env_id: str | gym.vector.VectorEnv | None = None, /, num_envs: int = 1,
              device: str | torch.device = "auto", seed: int | None = None, backend: str = "auto",
              normalize_obs: bool = False, normalize_reward: bool = False, gamma: float = 0.99, evaluation: bool = False,
-             env_kwargs: dict | None = None, **kwargs) -> BatchedEnv:
+             env_kwargs: dict[str, typing.Any] | None = None, **kwargs: typing.Any) -> BatchedEnv:
     """Make `num_envs` copies of an env as one batched env on `device` (docs/envs.md, "The batched env contract").
 
     `env_id` may also be a Gymnasium vector env built by the user with SAME_STEP autoreset, or a Stable-Baselines3

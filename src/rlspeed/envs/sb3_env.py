@@ -9,6 +9,7 @@ with SB3's VecEnv methods is accepted.
 
 from __future__ import annotations
 
+import typing
 import warnings
 
 import gymnasium as gym
@@ -35,6 +36,11 @@ from rlspeed.envs.gymnasium_env import (
 from rlspeed.errors import UserError
 
 _VEC_ENV_METHODS = ("reset", "step_async", "step_wait", "get_attr", "close")
+
+
+#: a Stable-Baselines3 VecEnv (step_async, step_wait, reset, close) where rlspeed takes one: Any, since
+#: Stable-Baselines3 is an optional dependency that type checkers may not find
+VecEnvLike: typing.TypeAlias = typing.Any
 
 
 def is_sb3_vec_env(env: object) -> bool:
