@@ -16,7 +16,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -55,7 +55,10 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
-def to_device(module: nn.Module, device: torch.device) -> nn.Module:
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def to_device(module: _M, device: torch.device) -> _M:
     """`module` moved to `device`, its CNN encoders' convolutions in channels-last memory where
     `DeviceRules.channels_last_convs` says so (the CPU). Every algorithm places its networks with this."""
     module = module.to(device)

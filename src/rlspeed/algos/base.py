@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from rlspeed._version import __version__
+from rlspeed.buffers.replay import ReplayBuffer
+from rlspeed.callbacks import CallbackLike
 from rlspeed.checkpoint import (
     beside,
     checkpoint_path,
@@ -83,7 +85,7 @@ from rlspeed.envs.base import (
     space_to_json,
 )
 from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers, reward_wrappers, single_env_id
-from rlspeed.envs.sb3_env import is_sb3_vec_env, vec_normalize_of
+from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import (
     UnusedSettingWarning,
@@ -100,8 +102,16 @@ from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import acting_mode, encoder_from_config, image_channels_first
 from rlspeed.numerics import DivergedError, NumericsGuard
 
-if typing.TYPE_CHECKING:
-    from typing_extensions import Self  # (typing's from Python 3.11)
+# (imported when the module runs, not only for type checkers: `typing.get_type_hints(PPO.learn)` resolves it)
+if sys.version_info >= (3, 11):
+    from typing import Self
+else:
+    from typing_extensions import Self  # (installed with torch)
+
+#: what `predict` takes as observations and action masks: numpy arrays, (nested) lists or tuples of numbers, numbers,
+#: tensors, or a dict of them per key (Dict observations); numpy in gives numpy out, tensors in give tensors out
+ArrayLike: typing.TypeAlias = np.ndarray | np.generic | typing.Sequence[typing.Any] | float
+ObservationLike: typing.TypeAlias = ArrayLike | torch.Tensor | typing.Mapping[str, typing.Any]
 
 # The normalisation statistics a model holds, each with the config flag that turns it on
 _STATISTICS = (("obs_rms", "normalize_obs"), ("return_rms", "normalize_reward"))
@@ -936,13 +946,13 @@ class LearnResult:
     target_return: float | None = None
     time_to_target_s: float | None = None
     steps_to_target: int | None = None
-    evaluations: list = dataclasses.field(default_factory=list)
+    evaluations: list[tuple[int, float, float]] = dataclasses.field(default_factory=list)
     #: (env steps, confirming evaluation's mean) each time an evaluation reached the target
-    confirmations: list = dataclasses.field(default_factory=list)
+    confirmations: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     #: whether training stopped because a rank was asked to (`Algorithm.stop_requested`: a signal)
     stop_requested: bool = False
 
-    def reached(self) -> dict:
+    def reached(self) -> dict[str, typing.Any]:
         """The target's steps and clock once reached ({} before): a checkpoint keeps them with the loop's position,
         so a run stopped after training still reports them when `--resume` finishes it."""
         if self.steps_to_target is None:
@@ -1334,11 +1344,11 @@ class Algorithm:
                 self.__dict__["_init_arguments"] = (plain, unsaved)
         return self
 
-    def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv, *policy_and_env,
+    def __init__(self, env: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike, *policy_and_env: typing.Any,
                  device: str | torch.device = "auto", seed: int | None = None, env_backend: str = "auto",
                  num_threads: int | None = None, accelerate: str = "off", strategy: DistributedStrategy | None = None,
                  nan_policy: str = "raise", numerics_guard: bool = True, save_replay_buffer: bool = False,
-                 env_kwargs: dict | None = None, **hyperparameters):
+                 env_kwargs: dict[str, typing.Any] | None = None, **hyperparameters: typing.Any) -> None:
         """`env`: a registered env id, a `BatchedEnv`, or a Gymnasium or Stable-Baselines3 vector env (an
         `EnvSpec` too: the env a checkpoint describes, as `load` passes it). No policy name comes before it, as in
         Stable-Baselines3 (`PPO("MlpPolicy", env)` is refused in one sentence): the networks follow from the env's
@@ -1411,8 +1421,8 @@ class Algorithm:
         self._asked_for_masks = hyperparameters.get("use_masking") is True and not from_spec
         self.config = build_config(self.config_cls, hyperparameters)
         self._numerics.settings = changed_settings(self.config)  # (named when training diverges)
-        self.strategy = strategy or single_process()
-        self.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
+        self.strategy: DistributedStrategy = strategy or single_process()
+        self.device: torch.device = self.strategy.device if self.strategy.enabled else resolve_device(device)
         self.seed = seed
         self.accelerate = accelerate
         if accelerate not in ("auto", "off"):
@@ -1423,6 +1433,9 @@ class Algorithm:
         self._env: BatchedEnv | None = None
         self._closed_given_env = False  # (`close` closed an env the caller passed: learn cannot make it again)
         self._env_given = not (from_spec or isinstance(env, str))  # (else made from the env id: made again)
+        self.env_id: str
+        self.spec: EnvSpec
+        self.env_backend: str
         if from_spec:
             self.env_id, self.spec, self.env_backend = env.env_id, env, env_backend
         elif isinstance(env, str):
@@ -1460,7 +1473,7 @@ class Algorithm:
             torch.manual_seed(seed)
         self.obs_rms: RunningMeanStd | None = None
         self.return_rms: RunningMeanStd | None = None  # reward normalisation's statistics (saved, for resuming)
-        self.num_timesteps = 0
+        self.num_timesteps: int = 0
         self._n_updates = 0
         # the schedules' span (`_progress_remaining`): set by learn, or by `load` to where the saved run's stood
         self._learn_start: int | None = None
@@ -2075,7 +2088,20 @@ class Algorithm:
         """The env's action space, as `predict` returns actions (Stable-Baselines3's attribute)."""
         return self.spec.action_space
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
+    @typing.overload
+    def predict(self, observation: torch.Tensor | typing.Mapping[str, torch.Tensor],
+                state: tuple[np.ndarray | torch.Tensor, ...] | None = None,
+                episode_start: ArrayLike | torch.Tensor | None = None, deterministic: bool = True,
+                action_masks: ArrayLike | torch.Tensor | None = None) -> tuple[torch.Tensor, None]: ...
+
+    @typing.overload
+    def predict(self, observation: ObservationLike, state: tuple[np.ndarray | torch.Tensor, ...] | None = None,
+                episode_start: ArrayLike | torch.Tensor | None = None, deterministic: bool = True,
+                action_masks: ArrayLike | torch.Tensor | None = None) -> tuple[np.ndarray, None]: ...
+
+    def predict(self, observation: ObservationLike, state: tuple[np.ndarray | torch.Tensor, ...] | None = None,
+                episode_start: ArrayLike | torch.Tensor | None = None, deterministic: bool = True,
+                action_masks: ArrayLike | torch.Tensor | None = None) -> tuple[np.ndarray | torch.Tensor, None]:
         """SB3-style: actions for one observation or a batch. Returns (actions, None): for one observation with
         Discrete actions a numpy integer (SB3: a 0-d array), which any env's `step` takes.
 
@@ -2114,7 +2140,7 @@ class Algorithm:
         return torch.as_tensor(check_action_masks(host, self.spec.action_space, num, "predict(action_masks=...)"),
                                device=self.device)
 
-    def learn(self, total_timesteps: int, callback=None, progress_bar: bool = True,
+    def learn(self, total_timesteps: int, callback: CallbackLike = None, progress_bar: bool = True,
               target_return: float | None = None, eval_freq: int | None = None, eval_episodes: int = 10,
               run_dir: str | Path | None = None, log_interval_s: float | None = None,
               checkpoint_freq: int | None = None,
@@ -2596,8 +2622,9 @@ class Algorithm:
         return export_policy(self, path, format=format, action_mask=action_mask)
 
     def evaluate(self, episodes: int = 10, seed: int | None = None, env_id: str | None = None,
-                 max_steps: int | None = None, deterministic: bool = True, env_kwargs: dict | None = None,
-                 progress_bar: bool = False, **stable_baselines3: typing.Any) -> dict:
+                 max_steps: int | None = None, deterministic: bool = True,
+                 env_kwargs: dict[str, typing.Any] | None = None, progress_bar: bool = False,
+                 **stable_baselines3: typing.Any) -> dict[str, typing.Any]:
         """Evaluation on a separate env, deterministic by default (see `rlspeed.evaluate`, whose dict it returns;
         `env_id`: the env to evaluate on, default the model's own; `max_steps` caps each episode; `deterministic=False`
         samples the policy, from a random stream `seed` seeds; `env_kwargs` replace options of the env, the recorded
@@ -2661,7 +2688,7 @@ class Algorithm:
         its `digest`) and return what the checkpoint records about it; None: nothing written."""
         return None
 
-    def write_replay_buffer(self, path: str | os.PathLike, digest: str | None = None) -> Path:
+    def write_replay_buffer(self, path: str | os.PathLike[str], digest: str | None = None) -> Path:
         """Off-policy algorithms: write the replay buffer (its stored transitions, write position and the steps
         waiting for their n-step return) to the safetensors file `path` (`.safetensors` added when it has no
         suffix), for `load_replay_buffer`; returns the path written. `digest`: the algorithm of the integrity digest
@@ -2671,7 +2698,7 @@ class Algorithm:
         raise UserError(f"{type(self).__name__} keeps no replay buffer: save_replay_buffer(path) and "
                         "load_replay_buffer(path) are for the off-policy algorithms (DQN, SAC, TD3, DDPG).")
 
-    def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
+    def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True) -> None:
         """Off-policy algorithms: fill the replay buffer from a file `save_replay_buffer(path)` wrote (or a
         checkpoint's `.replay.safetensors`), or from an `rlspeed.buffers.ReplayBuffer` given in place of the path.
         `truncate_last_traj` is Stable-Baselines3's, and only True is taken: steps still waiting for their n-step
@@ -2778,7 +2805,7 @@ class Algorithm:
                             "edited or damaged.") from None
 
     # --- checkpoints ------------------------------------------------------------------------------------------
-    def save(self, path: str | Path, digest: str | None = None, **stable_baselines3) -> Path:
+    def save(self, path: str | Path, digest: str | None = None, **stable_baselines3: typing.Any) -> Path:
         """Save networks, optimiser state, normalisation statistics and config (safetensors + JSON) to `path` (with
         `.safetensors` appended unless it ends so; returns the file written), and what exact resume needs (`resume`;
         `Algorithm.load` ignores it): random generators, native envs' state, the learn loop's position, and with
@@ -2850,7 +2877,8 @@ class Algorithm:
         return dict(plain)
 
     @classmethod
-    def load(cls, path: str | Path, device: str | torch.device = "auto", env=None, verify: bool = True,
+    def load(cls, path: str | Path, device: str | torch.device = "auto",
+             env: str | BatchedEnv | gym.vector.VectorEnv | VecEnvLike | None = None, verify: bool = True,
              allow_nonfinite: bool = False, **overrides: typing.Any) -> Self:
         """Rebuild the model saved at `path` (as given, or with `.safetensors` appended where that does not exist) on
         `device` (no unpickling). `env` is optional: without it, `learn` builds one.

@@ -597,7 +597,7 @@ class OffPolicyAlgorithm(Algorithm):
             return False
         return True
 
-    def write_replay_buffer(self, path, digest: str | None = None) -> Path:
+    def write_replay_buffer(self, path: str | os.PathLike[str], digest: str | None = None) -> Path:
         """`Algorithm.write_replay_buffer`: the replay buffer learn made, written to `path` (a checkpoint file of
         its own, `rlspeed.checkpoint`: digest, atomic write, encryption where a key is set)."""
         if not isinstance(path, (str, os.PathLike)):
@@ -610,7 +610,7 @@ class OffPolicyAlgorithm(Algorithm):
         return save_checkpoint(path, tensors, {"replay_buffer": {**meta, "algo": self.name, "env_id": self.env_id}},
                                digest=digest)
 
-    def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
+    def load_replay_buffer(self, path: str | os.PathLike[str] | ReplayBuffer, truncate_last_traj: bool = True) -> None:
         """`Algorithm.load_replay_buffer`: the transitions of the file (or of the `ReplayBuffer` given) go into this
         model's replay buffer, now if learn made it, else when the next learn makes it (where they do not fit, that
         learn refuses them, and the next one again); updates may start, and the uniform random actions of the

@@ -15,6 +15,7 @@ What differs from PPO, and nothing else:
 
 from __future__ import annotations
 
+import typing
 import warnings
 from dataclasses import dataclass
 from typing import ClassVar
@@ -22,7 +23,14 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from rlspeed.algos.base import acting_input, as_observation_batch, check_acting_batch, require
+from rlspeed.algos.base import (
+    ArrayLike,
+    ObservationLike,
+    acting_input,
+    as_observation_batch,
+    check_acting_batch,
+    require,
+)
 from rlspeed.algos.on_policy import OnPolicyAlgorithm
 from rlspeed.algos.ppo import PPO, PPOConfig
 from rlspeed.algos.update import GRAPHS
@@ -134,7 +142,8 @@ class RecurrentPPO(PPO):
 
     def act_with_state(self, obs: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor] | None,
                        episode_start: torch.Tensor | None, deterministic: bool = True,
-                       action_masks: torch.Tensor | None = None):
+                       action_masks: torch.Tensor | None = None,
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Actions for raw observations `[N, ...]` (tensors) from the actor's state (h, c) `[1, N, H]` (None: an
         episode start for all), zeroed first where `episode_start` (bool `[N]`) is set; returns (actions, state).
         `action_masks` (bool `[N, n]`): a masked action is never chosen."""
@@ -158,7 +167,25 @@ class RecurrentPPO(PPO):
         raise UserError("RecurrentPPO's actions depend on its LSTM state: use model.predict(obs, state, "
                         "episode_start) and pass the returned state back (or act_with_state with tensors).")
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = True, action_masks=None):
+    @typing.overload  # type: ignore[override]  # (its state is the LSTM's (h, c), where the others' is None)
+    def predict(self, observation: torch.Tensor | typing.Mapping[str, torch.Tensor],
+                state: tuple[torch.Tensor, torch.Tensor] | None = None,
+                episode_start: torch.Tensor | ArrayLike | None = None, deterministic: bool = True,
+                action_masks: ArrayLike | torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]: ...
+
+    @typing.overload
+    def predict(self, observation: ObservationLike,
+                state: tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor] | None = None,
+                episode_start: torch.Tensor | ArrayLike | None = None, deterministic: bool = True,
+                action_masks: ArrayLike | torch.Tensor | None = None,
+                ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]: ...
+
+    def predict(self, observation: ObservationLike,  # type: ignore[override]
+                state: tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor] | None = None,
+                episode_start: torch.Tensor | ArrayLike | None = None, deterministic: bool = True,
+                action_masks: ArrayLike | torch.Tensor | None = None,
+                ) -> tuple[np.ndarray | torch.Tensor, tuple[np.ndarray | torch.Tensor, np.ndarray | torch.Tensor]]:
         """SB3-style: (actions, state) for a batch of N observations (or one), numpy in and out (tensors in give
         tensors out). `state` is the previous call's (None at the start: zeros); `episode_start` (bool `[N]`) zeroes
         the state of envs whose observation starts an episode (None: none does); `action_masks` as `Algorithm.predict`

@@ -32,6 +32,7 @@ from rlspeed.fused.sac import FusedSACUpdate, unsupported_reason
 from rlspeed.nn import (
     LOG_STD_MAX,
     LOG_STD_MIN,
+    QEnsemble,
     SquashedGaussianActor,
     make_adam,
 )
@@ -84,6 +85,8 @@ class SAC(OffPolicyAlgorithm):
     name = "sac"
     config_cls = SACConfig
     config: SACConfig
+    actor: SquashedGaussianActor | SDESquashedGaussianActor
+    critic: QEnsemble
     #: (`_setup` makes the temperature from them: learnt or fixed, its start and its target)
     _built_settings = ("ent_coef", "ent_coef_init", "target_entropy")
     supports_discrete = False

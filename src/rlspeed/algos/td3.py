@@ -27,7 +27,7 @@ from rlspeed.algos.off_policy import (
 )
 from rlspeed.algos.update import select_update
 from rlspeed.envs import BatchedEnv
-from rlspeed.nn import DeterministicActor, make_adam
+from rlspeed.nn import DeterministicActor, QEnsemble, make_adam
 
 ACTION_NOISES = ("normal", "ornstein-uhlenbeck", "none")
 
@@ -81,6 +81,8 @@ class TD3(OffPolicyAlgorithm):
     name = "td3"
     config_cls = TD3Config
     config: TD3Config
+    actor: DeterministicActor
+    critic: QEnsemble
     supports_discrete = False
 
     def _setup(self) -> None:
