@@ -19,14 +19,16 @@ mean score, which for one task is the mean; pass `statistic=median` to rliable t
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 from rlspeed.errors import UserError
 
 
-def _as_scores(scores) -> np.ndarray:
+def _as_scores(scores: npt.ArrayLike) -> np.ndarray:
     """Scores as a float64 array `[runs, tasks]`; UserError for an empty, ragged or non-finite array or more than 2
     dims."""
     try:
@@ -50,7 +52,7 @@ def _as_scores(scores) -> np.ndarray:
     return array
 
 
-def median(scores) -> float:
+def median(scores: npt.ArrayLike) -> float:
     """The median of all scores."""
     return float(np.median(_as_scores(scores)))
 
@@ -62,7 +64,7 @@ def _iqm_rows(rows: np.ndarray) -> np.ndarray:
     return flat[:, cut:flat.shape[1] - cut].mean(axis=1)
 
 
-def iqm(scores) -> float:
+def iqm(scores: npt.ArrayLike) -> float:
     """The interquartile mean: the mean of the scores left after cutting int(0.25 n) from each end of the sorted
     scores (`scipy.stats.trim_mean(scores, 0.25, axis=None)`, rliable's `aggregate_iqm`)."""
     return float(_iqm_rows(_as_scores(scores).reshape(1, -1))[0])
@@ -111,8 +113,8 @@ def _replicates(array: np.ndarray, batched: Callable[[np.ndarray], np.ndarray], 
     return np.concatenate(values)
 
 
-def bootstrap_ci(scores, statistic: Callable = iqm, reps: int = 50_000, confidence: float = 0.95,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(scores: npt.ArrayLike, statistic: Callable[[np.ndarray], typing.SupportsFloat] = iqm,
+                 reps: int = 50_000, confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """(low, high): the percentile-bootstrap `confidence` interval of `statistic` over runs, stratified over tasks,
     with rliable's resampling (see the module docstring). `scores`: an array `[runs]` or `[runs, tasks]`;
     `statistic` takes an array `[runs, tasks]`; `reps` bootstrap replicates drawn from `np.random.RandomState(seed)`
@@ -124,7 +126,7 @@ def bootstrap_ci(scores, statistic: Callable = iqm, reps: int = 50_000, confiden
     return float(low), float(high)
 
 
-def aggregate(scores, reps: int = 50_000, seed: int = 0) -> dict:
+def aggregate(scores: npt.ArrayLike, reps: int = 50_000, seed: int = 0) -> dict[str, typing.Any]:
     """Median and IQM of `scores`, each with its 95% percentile-bootstrap interval, as summary.json stores them:
     ``{"runs", "median", "median_ci", "iqm", "iqm_ci"}`` (intervals as [low, high]; `reps` and `seed` as
     `bootstrap_ci`'s)."""
@@ -142,8 +144,8 @@ def _improvement(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return wins.mean(axis=1)
 
 
-def probability_of_improvement(scores_x, scores_y, reps: int = 50_000, confidence: float = 0.95,
-                               seed: int = 0) -> dict:
+def probability_of_improvement(scores_x: npt.ArrayLike, scores_y: npt.ArrayLike, reps: int = 50_000,
+                               confidence: float = 0.95, seed: int = 0) -> dict[str, typing.Any]:
     """The probability that a run of X scores higher than a run of Y on the same task (ties count half), averaged
     over tasks, with its percentile-bootstrap `confidence` interval: ``{"probability", "ci", "runs"}`` (`ci` as
     [low, high], `runs` as [runs of X, runs of Y]). Agarwal et al.'s measure of whether X improves on Y (rliable's
@@ -176,7 +178,8 @@ def probability_of_improvement(scores_x, scores_y, reps: int = 50_000, confidenc
             "runs": [int(runs_x), int(runs_y)]}
 
 
-def performance_profile(scores, thresholds, reps: int = 50_000, confidence: float = 0.95, seed: int = 0) -> dict:
+def performance_profile(scores: npt.ArrayLike, thresholds: npt.ArrayLike, reps: int = 50_000,
+                        confidence: float = 0.95, seed: int = 0) -> dict[str, typing.Any]:
     """The fraction of runs (all runs of all tasks) that score above each threshold, with its percentile-bootstrap
     `confidence` band: ``{"thresholds", "fraction", "ci_low", "ci_high"}``, lists as long as `thresholds`. A
     performance profile (Agarwal et al.; rliable's `create_performance_profile` with score distributions): plot

@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from rlspeed.files import write_atomic
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import CNNEncoder, OneHotEncoder
 from rlspeed.stats import aggregate
+
+if TYPE_CHECKING:
+    from rlspeed.algos.base import Algorithm
 
 #: the file in a run directory that `learn(run_dir=...)` writes and `rlspeed train --seeds ... --resume` reads
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -633,6 +636,12 @@ class PopulationBase:
     #: torch's threads while `learn` runs (the members' `num_threads`; None: `rlspeed.device.set_training_threads`'
     #: default)
     num_threads: int | None = None
+    #: the members still in the computation (original indices, in their rows' order)
+    alive: list[int]
+    #: env steps each member has trained
+    num_timesteps: int
+    #: what the last `learn` returned
+    summary: dict[str, Any]
 
     def __repr__(self) -> str:
         # (what a notebook shows for a population, as a solo model's repr: the members' seeds (a long range shortened),
@@ -680,7 +689,7 @@ class PopulationBase:
         those are the checkpoint's)."""
         return self.member_state(k)
 
-    def member_model(self, k: int):
+    def member_model(self, k: int) -> Algorithm:
         """Member k (original index) as a solo model of `algo_cls`: built with its seed and hyperparameters, holding
         its parameters (now, or as it left) and normalisation statistics, so `predict`, `evaluate`, `save` and the
         export methods work as on any solo model (its optimiser state starts afresh; `num_timesteps` is 0).
@@ -1220,7 +1229,8 @@ class PopulationBase:
               eval_episodes: int = 10, stop: str = "each", confirm_target: bool = True,
               on_eval: Callable[[int, dict[int, float]], Iterable[int] | None] | None = None,
               run_dir: str | Path | None = None, checkpoint_freq: int | None = None,
-              stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True, **unknown: Any) -> dict:
+              stop_requested: Callable[[], bool] | None = None, progress_bar: bool = True,
+              **unknown: Any) -> dict[str, Any]:
         """Train every member for `total_timesteps` env steps each, or until every member has reached
         `target_return` in evaluation (deterministic, `eval_episodes` episodes, every `eval_freq` steps per member,
         default 10,000, excluded from the training clock; a reaching evaluation is confirmed on fresh episode seeds as
@@ -1348,7 +1358,8 @@ class PopulationBase:
                 "sps": (loop.member_steps - steps) / max(loop.train_wall_s - wall, 1e-9), "members": len(self.alive),
                 **{f"eval_mean/seed_{self.seeds[k]}": mean for k, mean in (means or {}).items()}}
 
-    def finish_resumed(self, target_return: float | None = None, eval_episodes: int = 10, stop: str = "each") -> dict:
+    def finish_resumed(self, target_return: float | None = None, eval_episodes: int = 10,
+                       stop: str = "each") -> dict[str, Any]:
         """The summary `learn` ends with (a final evaluation of every member that did not diverge, each member's
         entry, the aggregates), without training: for a population `resume`d from a checkpoint that holds its whole
         budget (a run stopped as its last iteration ended, or killed before its summary was written). The loop's

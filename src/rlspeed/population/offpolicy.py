@@ -58,6 +58,7 @@ import secrets
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -607,9 +608,10 @@ class OffPolicyPopulation(PopulationBase):
     #: else they take the networks' inputs, which the loop computes (`_inputs`)
     encodes_inside = False
 
-    def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
+    def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *,
+                 member_overrides: Sequence[dict[str, Any] | None] | None = None,
                  device: str | torch.device = "cpu", env_backend: str = "auto", save_replay_buffer: bool = False,
-                 **hyperparameters):
+                 **hyperparameters: Any) -> None:
         # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
         # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -104,8 +105,10 @@ class PPOPopulation(PopulationBase):
     supports_action_masks = True  # (sb3-contrib's MaskablePPO, as the solo PPO: categorical actions)
     check_divergence_every_iteration = True  # (one host read of K flags per rollout of num_envs x num_steps steps)
 
-    def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *, member_overrides=None,
-                 device: str | torch.device = "cpu", env_backend: str = "auto", **hyperparameters):
+    def __init__(self, algo_cls: type, env_id: str, seeds: Sequence[int], *,
+                 member_overrides: Sequence[dict[str, Any] | None] | None = None,
+                 device: str | torch.device = "cpu", env_backend: str = "auto",
+                 **hyperparameters: Any) -> None:
         # float32 batched networks, also under a caller's float64 default dtype; built on the members' threads, as
         # a solo model is (stacking their weights on the caller's count started torch's OpenMP threads, and a
         # process forked after that, a sweep's Pool worker, hung at its first parallel operation)

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -27,7 +28,7 @@ ZOO_KEYS = ("n_timesteps", "policy", "n_envs", "n_steps", "policy_kwargs", "norm
             "frame_stack", "env_wrapper")
 
 
-class Preset(dict):
+class Preset(dict[str, Any]):
     """A preset's values (a dict: hyperparameters and run settings) plus where they came from.
 
     `source`: 'rlspeed' (its own entry for the env), 'rlspeed-default' (its `default` entry, or {} where no file
@@ -56,7 +57,8 @@ class Preset(dict):
         return line + "."
 
 
-def load_preset(algo: str, env_id: str, source: str = "rlspeed", env_kwargs: dict | None = None) -> Preset:
+def load_preset(algo: str, env_id: str, source: str = "rlspeed",
+                env_kwargs: dict[str, Any] | None = None) -> Preset:
     """The preset of (`algo`, `env_id`) from `source` (`env_kwargs`: the env's options; an Atari id made with
     `obs_type="ram"` is a task of 128 bytes, not of images: the Atari presets, rlspeed's and RL-Zoo's, are not its):
 
@@ -261,7 +263,7 @@ def _tuned_algorithm(text: str) -> str | None:
     return preset_algorithm(text) if text.startswith(PRESET_HEADER) else None
 
 
-def split_run_settings(preset: dict) -> tuple[dict, dict]:
+def split_run_settings(preset: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate the run settings of `preset` (a preset's dict: total_timesteps, eval_freq, target_return) from its
     algorithm hyperparameters, returning (run settings, hyperparameters); the run settings as `learn` takes them
     (`coerce_run_settings`), so that `model.learn(**run)` runs what the CLI would."""
