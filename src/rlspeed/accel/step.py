@@ -133,21 +133,22 @@ class AcceleratedStep:
         if not callable(loss_fn):
             raise UserError("accelerate_step needs a loss function as its first argument.")
         self.loss_fn = loss_fn
-        self.optimizers = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer) else
+        self.optimizers: list[torch.optim.Optimizer] = ([optimizer] if isinstance(optimizer, torch.optim.Optimizer) else
                            [] if isinstance(optimizer, nn.Module) or not hasattr(optimizer, "__iter__") else
                            list(optimizer))
         if not self.optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in self.optimizers):
             raise UserError("accelerate_step needs a torch.optim.Optimizer (or a list of them) as its second "
                             "argument.")
         self._given_params = list(params) if params is not None else None
-        self.params = self._trained_params()
+        self.params: list[torch.Tensor] = self._trained_params()
         if not self.params:
             raise UserError("accelerate_step found no parameters that require grad in the optimizer.")
         if max_grad_norm is not None and (isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, Real)
                                           or not max_grad_norm > 0):  # (NaN too: it would turn every weight NaN)
             raise UserError(f"max_grad_norm must be a number > 0 or None, got {max_grad_norm!r}.")
-        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.max_grad_norm: float | None = None if max_grad_norm is None else float(max_grad_norm)
         params_device = self.params[0].device
+        self.device: torch.device
         if device is None or (isinstance(device, str) and device.strip().lower() == "auto"):
             self.device = params_device
         else:
@@ -156,10 +157,10 @@ class AcceleratedStep:
                 raise UserError(f"accelerate_step was given device {self.device} but the optimizer's parameters "
                                 f"are on {params_device}: move the model first (or use auto_accelerate on it).")
         self.request: Request = normalise_request(precision, compile, graphs)
-        self.name = name or getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
+        self.name: str = name or getattr(loss_fn, "__qualname__", None) or type(loss_fn).__name__
         self.converter = InputConverter(self.device, floating_dtype(self.params))
         self.counter = CompileCounter()
-        self.report = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
+        self.report: AccelReport = AccelReport(f"step {self.name}", describe(self.device), self.request.to_dict(),
                                   notes=list(self.request.notes))
         # Whole-step CUDA graphs need a step that can be captured, known now (the optimizers, a forced fp16): a step
         # that cannot be keeps the compiled candidates, whose graphs then cover its forward and backward passes.
