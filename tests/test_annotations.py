@@ -145,3 +145,20 @@ def test_the_model_methods_annotations_resolve_in_a_plain_program(name: str) -> 
     signatures at run time (jsonargparse, typer, pydantic's validate_call) call it."""
     hints = typing.get_type_hints(_resolve(f"rlspeed.{name}"))
     assert "return" in hints
+
+
+#: classes whose `__getattr__` hands on an inner object's attributes, which type checkers rightly see as Any
+FORWARDING = {"EnvWrapper", "_ReaderMayLeave"}
+
+
+def test_a_misspelt_attribute_of_a_model_env_or_network_is_a_type_error() -> None:
+    """A `__getattr__` that only raises (the AttributeError naming Stable-Baselines3's counterpart) is defined where
+    type checkers do not see it: one they see makes every attribute access type-check, `model.lern(...)` as Any."""
+    seen_by_checkers = []
+    for path in sorted((ROOT / "src" / "rlspeed").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name not in FORWARDING:
+                seen_by_checkers += [f"{path.relative_to(ROOT)}: {node.name}" for item in node.body
+                                     if isinstance(item, ast.FunctionDef) and item.name == "__getattr__"]
+    assert not seen_by_checkers, "classes whose __getattr__ type checkers see (put it under `if not " \
+                                 "TYPE_CHECKING:`): " + ", ".join(seen_by_checkers)

@@ -134,12 +134,13 @@ class MetricsRecorder:
     def dump(self, step: int = 0) -> None:
         """Nothing: the loop writes recorded values with its next metrics row."""
 
-    def __getattr__(self, name: str) -> typing.NoReturn:
-        # (only for names not found: Stable-Baselines3's Logger members say what rlspeed has instead)
-        advice = _SB3_LOGGER_MEMBERS.get(name)
-        if advice is None:
-            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        raise AttributeError(f"logger.{name} is Stable-Baselines3's; {advice}.")
+    if not typing.TYPE_CHECKING:  # (else type checkers type a misspelt attribute as Any instead of reporting it)
+        def __getattr__(self, name: str):
+            # (only for names not found: Stable-Baselines3's Logger members say what rlspeed has instead)
+            advice = _SB3_LOGGER_MEMBERS.get(name)
+            if advice is None:
+                raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+            raise AttributeError(f"logger.{name} is Stable-Baselines3's; {advice}.")
 
     def take(self, columns: typing.Container[str] = ()) -> dict[str, float]:
         """The recorded values, cleared (the loop calls this when it writes a row); a key the loop writes

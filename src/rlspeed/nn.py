@@ -16,7 +16,7 @@ import contextlib
 import math
 import threading
 from collections.abc import Iterator, Sequence
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -276,16 +276,17 @@ class SB3Names:
 
     sb3_names: ClassVar[dict[str, str]] = SB3_NETWORK_ATTRIBUTES
 
-    def __getattr__(self, name: str):
-        # (only for names that are neither in the instance's nor the class's dict: submodules and parameters, then
-        # Stable-Baselines3's names)
-        try:
-            return nn.Module.__getattr__(self, name)
-        except AttributeError:
-            advice = type(self).sb3_names.get(name)
-            if advice is None:
-                raise
-        raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
+    if not TYPE_CHECKING:  # (type checkers see nn.Module's __getattr__: submodules and parameters)
+        def __getattr__(self, name: str):
+            # (only for names that are neither in the instance's nor the class's dict: submodules and parameters, then
+            # Stable-Baselines3's names)
+            try:
+                return nn.Module.__getattr__(self, name)
+            except AttributeError:
+                advice = type(self).sb3_names.get(name)
+                if advice is None:
+                    raise
+            raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
 
 
 class Encoder(nn.Module):

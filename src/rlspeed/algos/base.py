@@ -1516,7 +1516,7 @@ class Algorithm:
         `train_freq` steps of every env off-policy: the two bases define it)."""
         raise NotImplementedError
 
-    def acceleration_summary(self) -> dict:
+    def acceleration_summary(self) -> dict[str, typing.Any]:
         """What the acceleration layer chose for the update step (summary.json's `accelerate` field); for an update
         in two steps (SAC's and TD3's critics, then actor, by autograd), the second's choice under `actor_step`."""
         report = getattr(getattr(self, "_update_step", None), "report", None)
@@ -1536,7 +1536,7 @@ class Algorithm:
         `rlspeed.algos.update`)."""
         return self._update_step.choice.as_dict()
 
-    def numerics_report(self) -> dict:
+    def numerics_report(self) -> dict[str, typing.Any]:
         """What the numerics guard saw and did (summary.json's `numerics`): non-finite env values (masked rows, the
         first env index and step), rollbacks of non-finite parameters and the env steps whose updates they undid."""
         return self._numerics.report()
@@ -1855,25 +1855,26 @@ class Algorithm:
             raise UserError(f"{spec.env_id} has a {type(space).__name__} action space; rlspeed supports Discrete, "
                             "Box, MultiDiscrete and MultiBinary (wrap others in a gymnasium.ActionWrapper).")
 
-    def __getattr__(self, name: str):
-        # (only for attributes that do not exist: Stable-Baselines3's model attributes say what to use instead)
-        advice = SB3_ATTRIBUTES.get(name)
-        if name == "buffer":  # (rlspeed's own: a rollout or replay buffer, made by learn for its envs)
-            pending = (" (the transitions load_replay_buffer read go into it then)"
-                       if self.__dict__.get("_replay_source") is not None else
-                       " (transitions of your own, demonstrations, go into it through an rlspeed.buffers.ReplayBuffer "
-                       "you fill and give to model.load_replay_buffer(buffer))"
-                       if getattr(type(self), "keeps_replay_buffer", False) else "")
-            raise AttributeError(f"{type(self).__name__}.buffer is made by learn, for the envs it trains on, and no "
-                                 f"learn has made it yet{pending}.")
-        if name in _config_names(type(self)):
-            raise AttributeError(f"{type(self).__name__} keeps its hyperparameters in model.config: "
-                                 f"model.config.{name}.")
-        if advice is None:
-            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
+    if not typing.TYPE_CHECKING:  # (else type checkers type a misspelt attribute as Any instead of reporting it)
+        def __getattr__(self, name: str):
+            # (only for attributes that do not exist: Stable-Baselines3's model attributes say what to use instead)
+            advice = SB3_ATTRIBUTES.get(name)
+            if name == "buffer":  # (rlspeed's own: a rollout or replay buffer, made by learn for its envs)
+                pending = (" (the transitions load_replay_buffer read go into it then)"
+                           if self.__dict__.get("_replay_source") is not None else
+                           " (transitions of your own, demonstrations, go into it through an "
+                           "rlspeed.buffers.ReplayBuffer you fill and give to model.load_replay_buffer(buffer))"
+                           if getattr(type(self), "keeps_replay_buffer", False) else "")
+                raise AttributeError(f"{type(self).__name__}.buffer is made by learn, for the envs it trains on, and "
+                                     f"no learn has made it yet{pending}.")
+            if name in _config_names(type(self)):
+                raise AttributeError(f"{type(self).__name__} keeps its hyperparameters in model.config: "
+                                     f"model.config.{name}.")
+            if advice is None:
+                raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+            raise AttributeError(f"{type(self).__name__}.{name} is Stable-Baselines3's; {advice}.")
 
-    def __reduce_ex__(self, protocol):
+    def __reduce_ex__(self, protocol: typing.SupportsIndex) -> str | tuple[typing.Any, ...]:
         # Pickled by torch's pickler, which writes each storage once: the views a model holds (a hand-derived
         # update's parameters and gradients in its flat buffers, storage fields of one allocation) stay views; plain
         # pickle copies each view on its own, and the copy would train on gradients its optimizer never reads. Inside
@@ -1904,7 +1905,7 @@ class Algorithm:
             _TORCH_PICKLING.active = False
         return _unpickle_model, (buffer.getvalue(),)
 
-    def __deepcopy__(self, memo: dict) -> Algorithm:
+    def __deepcopy__(self, memo: dict[int, typing.Any]) -> Algorithm:
         # (the default deep copy, attribute by attribute, a subclass's __getstate__ and __setstate__ honoured:
         # storages shared within the model stay shared in the copy)
         new = type(self).__new__(type(self))
@@ -1929,7 +1930,7 @@ class Algorithm:
         """After unpickling: what follows this model's networks (a target network following a `load_state_dict` of
         its online one, `rlspeed.algos.off_policy.frozen_copy`) follows this copy's, not nothing."""
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: typing.Any) -> None:
         if self.__dict__.get("_built"):
             # (a hyperparameter set on the model, as on Stable-Baselines3's, would be a new attribute nothing reads)
             if name not in self.__dict__ and not hasattr(type(self), name) and name in _config_names(type(self)):
@@ -1980,7 +1981,7 @@ class Algorithm:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def make_training_env(self) -> BatchedEnv:

@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import json
 import numbers
+import typing
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -352,9 +353,9 @@ class EnvSpec:
     observation_space: gym.Space | None = None
     #: the options the env was made with (`make_env(env_id, **env_kwargs)`, `PPO(env_id, env_kwargs=...)`): what
     #: evaluation, videos and a loaded model make the env with again
-    env_kwargs: dict = field(default_factory=dict, compare=False)
+    env_kwargs: dict[str, typing.Any] = field(default_factory=dict, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.observation_space is None:
             space = gym.spaces.Box(-np.inf, np.inf, tuple(self.observation_shape), np.float32)
             object.__setattr__(self, "observation_space", space)
@@ -368,7 +369,7 @@ class EnvSpec:
         shape = () if isinstance(space, (gym.spaces.Dict, gym.spaces.Discrete)) else tuple(space.shape)
         return cls(env_id, shape, action_space, max_episode_steps, reward_threshold, space)
 
-    def with_options(self, env_kwargs: dict | None) -> EnvSpec:
+    def with_options(self, env_kwargs: dict[str, typing.Any] | None) -> EnvSpec:
         """This spec for the env made with the Gymnasium options `env_kwargs` (itself without any): the options
         recorded, the time limit a `max_episode_steps` option sets, and no reward threshold (the registered env's
         says nothing of a variant), unless the options make another registered id (`registered_variant`), whose
@@ -419,7 +420,7 @@ class BatchedEnv:
     #: none (no `vec_env` or `vector_env`)
     without_env_objects = "this one has no env objects of its own to reach"
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict[str, typing.Any]]:
         """Start new episodes in all N envs (reseeding them first when `seed` is given).
 
         Returns (obs, info): obs `[N, ...]` on `device` in the observation's dtype (module docstring), info a dict
@@ -427,7 +428,8 @@ class BatchedEnv:
         """
         raise NotImplementedError
 
-    def step(self, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    def step(self, actions: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, typing.Any]]:
         """Step all N envs with one action per env (`[N]` for Discrete, `[N, *shape]` for Box).
 
         Returns (obs, reward, terminated, truncated, info), tensors on `device`: obs `[N, ...]` (in its dtype), reward
@@ -470,22 +472,24 @@ class BatchedEnv:
     def unwrapped(self) -> BatchedEnv:
         return self
 
-    def __getattr__(self, name: str):
-        # (only for names not found, here innermost: SB3's VecEnv members say where the env this one adapts has them)
-        if name not in _SB3_VEC_ENV_MEMBERS:
-            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
-        own = object.__getattribute__(self, "__dict__")
-        where = next((f"the {kind} this one adapts is env.unwrapped.{field} (a callback's "
-                      f"self.training_env.unwrapped.{field})" for field, kind in
-                      (("vec_env", "Stable-Baselines3 VecEnv"), ("vector_env", "Gymnasium vector env"))
-                      if field in own), self.without_env_objects)
-        raise AttributeError(f"{name} is Stable-Baselines3's VecEnv's; an rlspeed env is batched (tensors in and "
-                             f"out), and {where}.")
+    if not typing.TYPE_CHECKING:  # (else type checkers type a misspelt attribute as Any instead of reporting it)
+        def __getattr__(self, name: str):
+            # (only for names not found, here innermost: SB3's VecEnv members say where the env this one adapts has
+            # them)
+            if name not in _SB3_VEC_ENV_MEMBERS:
+                raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+            own = object.__getattribute__(self, "__dict__")
+            where = next((f"the {kind} this one adapts is env.unwrapped.{field} (a callback's "
+                          f"self.training_env.unwrapped.{field})" for field, kind in
+                          (("vec_env", "Stable-Baselines3 VecEnv"), ("vector_env", "Gymnasium vector env"))
+                          if field in own), self.without_env_objects)
+            raise AttributeError(f"{name} is Stable-Baselines3's VecEnv's; an rlspeed env is batched (tensors in and "
+                                 f"out), and {where}.")
 
     def __enter__(self) -> BatchedEnv:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -572,7 +576,7 @@ class EnvWrapper(BatchedEnv):
     def state(self, value) -> None:
         self.env.state = value
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> typing.Any:
         # Only called when normal lookup fails: expose the inner env's extras (e.g. `state`).
         if name == "env":
             raise AttributeError(name)
