@@ -14,6 +14,7 @@ Nothing is read back to the host: metrics are device tensors summed until the le
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass
 
 import torch
@@ -208,7 +209,7 @@ class OnPolicyAlgorithm(Algorithm):
                 "to [-1, 1] with gymnasium.wrappers.RescaleAction (as Stable-Baselines3's env checker advises).",
                 UserWarning)
 
-    def acceleration_summary(self) -> dict:
+    def acceleration_summary(self) -> dict[str, typing.Any]:
         """The update step's choice (`Algorithm.acceleration_summary`) and, under `accelerate="auto"`, the rollout
         policy's under `rollout_policy` (its own measurement: the two may differ)."""
         summary = super().acceleration_summary()

@@ -34,6 +34,7 @@ import collections
 import gc
 import math
 import os
+import typing
 import warnings
 import weakref
 from collections.abc import Callable
@@ -401,7 +402,7 @@ class ReplayBuffer:
     def _layout_text(self) -> str:
         return "dense: observation and next observation stored whole"
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, typing.Any]:
         """The replay buffer's layout and footprint as JSON-ready values (for summary.json)."""
         return {"layout": self.layout, "capacity": self.capacity, "bytes_per_transition": self.bytes_per_transition,
                 "nbytes": self.nbytes, "storage_device": str(self.storage_device)}
@@ -781,7 +782,7 @@ class FrameStackReplayBuffer(ReplayBuffer):
     def _stored_text(self) -> str:
         return f"frames: each frame stored once, stacks of {self.stack} rebuilt at sampling"
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, typing.Any]:
         return {**super().summary(), "frames_per_stack": self.stack, "pool_frames": self.pool_size,
                 "evicted": self.evicted}
 
@@ -974,7 +975,7 @@ class SharedObservationReplayBuffer(FrameStackReplayBuffer):
     def _stored_text(self) -> str:
         return "observations: each stored once, a next observation being the next step's observation"
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, typing.Any]:
         summary = super().summary()
         del summary["frames_per_stack"]
         return summary
