@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import warnings
+from collections.abc import Sequence
 
 
 class UserError(Exception):
@@ -50,7 +51,8 @@ class EnvStepError(RuntimeError):
     (empty: none).
     """
 
-    def __init__(self, env_id: str, backend: str, call: str, error: BaseException, options=()):
+    def __init__(self, env_id: str, backend: str, call: str, error: BaseException,
+                 options: Sequence[str] = ()) -> None:
         self.env_id, self.call, self.error = env_id, call, error
         detail = first_line(error)
         # (`options`: the env options it was made with, which may hold the value it could not use)

@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import tempfile
+import typing
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -63,6 +64,9 @@ from rlspeed.nn import (
     reset_at_episode_starts,
 )
 from rlspeed.sde import SDESquashedGaussianActor
+
+if typing.TYPE_CHECKING:
+    from rlspeed.algos.base import Algorithm
 
 # format -> the file suffix `export_checkpoint` gives a file when no --out names one
 FORMATS = {"onnx": ".onnx", "torchscript": ".pt", "exported_program": ".pt2"}
@@ -126,7 +130,7 @@ class PolicyExport(nn.Module):
     #: whether the policy can take an action mask (`with_action_mask`)
     takes_action_mask = False
 
-    def __init__(self, model, observation_clip: float = 10.0):
+    def __init__(self, model: Algorithm, observation_clip: float = 10.0) -> None:
         super().__init__()
         self.observation_space = model.spec.observation_space
         self.observation_shape = tuple(model.spec.observation_shape)
@@ -619,7 +623,7 @@ def export_format(path: str | Path, format: str | None) -> str:
     return format
 
 
-def export(model, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
+def export(model: Algorithm, path: str | Path, format: str | None = None, action_mask: bool | None = None) -> Path:
     """Write `model`'s deterministic policy to `path` as `format` ("onnx", "torchscript" or "exported_program";
     None: the one the path's suffix names, `export_format`), with a sidecar `path + ".json"`; returns the path.
 

@@ -12,7 +12,7 @@ import torch
 from rlspeed.device import resolve_device
 from rlspeed.envs import atari
 from rlspeed.envs.acrobot import Acrobot
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics, find_wrapper
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, EpisodeStatistics, ResetResult, StepResult, find_wrapper
 from rlspeed.envs.cartpole import CartPole
 from rlspeed.envs.envpool_env import INSTALL as ENVPOOL_INSTALL
 from rlspeed.envs.envpool_env import EnvPoolEnv, envpool_installed, envpool_task
@@ -232,7 +232,7 @@ def backend_for_options(env_kwargs: dict, backend: str) -> str:
                     f"--env-backend gymnasium on the command line), not '{backend}'.")
 
 
-def check_env_kwargs(env_kwargs) -> dict:
+def check_env_kwargs(env_kwargs: object) -> dict[str, typing.Any]:
     """`env_kwargs` as a dict of Gymnasium env options keyed by name ({} for None); UserError for anything else."""
     if env_kwargs is None:
         return {}
@@ -459,7 +459,7 @@ class NamesEnvErrors(EnvWrapper):
     `UserError`s (a broken contract, a bad mask) pass as they are, and so does a reset that does not take Gymnasium's
     `seed` or `options` as a UserError: the env's signature breaks Gymnasium's API, which the user can fix."""
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         try:
             return self.env.reset(seed=seed)
         except (UserError, EnvStepError):
@@ -473,7 +473,7 @@ class NamesEnvErrors(EnvWrapper):
             raise EnvStepError(self.spec.env_id, _backend_name(self), "reset", error,
                                self.spec.env_kwargs or ()) from error
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         try:
             return self.env.step(actions)
         except (UserError, EnvStepError):
@@ -500,7 +500,7 @@ class SeedOnFirstReset(NamesEnvErrors):
         if not self._seed_given:
             self._pending_seed = seed
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         if seed is None:
             seed = self._pending_seed
         self._pending_seed = None

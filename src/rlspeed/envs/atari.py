@@ -24,7 +24,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper
+from rlspeed.envs.base import BatchedEnv, EnvSpec, EnvWrapper, ResetResult, StepResult
 from rlspeed.envs.gymnasium_env import GymnasiumEnv, is_atari_image_spec
 from rlspeed.errors import UserError
 
@@ -252,12 +252,12 @@ class AtariGymnasiumEnv(GymnasiumEnv):
             lives = self.vector_env.lives
         return torch.as_tensor(lives, device=self.device)
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the N games (env i seeded with `seed + i`); info holds their lives."""
         obs, info = super().reset(seed=seed)
         return obs, {**info, "lives": self._lives()}
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the N games (finished ones restart in the same step); info adds their lives."""
         obs, reward, terminated, truncated, info = super().step(actions)
         info["lives"] = self._lives()
@@ -277,13 +277,13 @@ class AtariTraining(EnvWrapper):
         self.episodic_life, self.clip_rewards = episodic_life, clip_rewards
         self._lives = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the inner env and note each game's lives."""
         obs, info = self.env.reset(seed=seed)
         self._lives = info["lives"]
         return obs, info
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env; a life lost (fewer lives, same game) sets `terminated`; rewards become their sign."""
         obs, reward, terminated, truncated, info = self.env.step(actions)
         lives = info["lives"]
@@ -347,14 +347,14 @@ class FireToStart(EnvWrapper):
         self._pending = torch.full((self.num_envs,), steps, dtype=torch.int32, device=self.device)
         self._lives = torch.zeros(self.num_envs, dtype=torch.int32, device=self.device)
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the games; each one's next actions are FIRE."""
         obs, info = self.env.reset(seed=seed)
         self._pending = torch.full((self.num_envs,), self.steps, dtype=torch.int32, device=self.device)
         self._lives = info["lives"]
         return obs, info
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step with FIRE in the rows whose game just started or lost a life, the given actions elsewhere."""
         actions = torch.where(self._pending > 0, torch.full_like(actions, self.fire), actions)
         obs, reward, terminated, truncated, info = self.env.step(actions)

@@ -409,6 +409,12 @@ _SB3_VEC_ENV_MEMBERS = frozenset({"get_attr", "set_attr", "env_method", "envs", 
                                   "get_images", "env_is_wrapped", "set_options"})
 
 
+#: what a batched env's `reset` returns: (obs, info)
+ResetResult: typing.TypeAlias = tuple[torch.Tensor, dict[str, typing.Any]]
+#: what a batched env's `step` returns: (obs, reward, terminated, truncated, info)
+StepResult: typing.TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, typing.Any]]
+
+
 class BatchedEnv:
     """Base class of batched envs: N copies of one task stepped together, tensors in and out on `device`."""
 
@@ -508,11 +514,11 @@ class EnvWrapper(BatchedEnv):
         self.device = env.device
         self.backend = env.backend
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the inner env (unchanged here; subclasses add their own work)."""
         return self.env.reset(seed=seed)
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env (unchanged here; subclasses change obs, reward or info)."""
         return self.env.step(actions)
 
@@ -642,7 +648,7 @@ class ContractCheck(EnvWrapper):
                    else type(value).__name__)
             self._refuse(f"returned {name} as {got}, not {dtype} [{self.num_envs}] on {self.device}")
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the inner env; its first reset is checked."""
         obs, info = self.env.reset(seed=seed)
         if self._steps == 0:
@@ -651,7 +657,7 @@ class ContractCheck(EnvWrapper):
             self._hold({"observations": obs})
         return obs, info
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env; its first `checked_steps` steps are checked."""
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self._steps < self.checked_steps:
@@ -744,7 +750,7 @@ class EpisodeStatistics(EnvWrapper):
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
         self.numerics = None  # an EnvValueGuard, set by the model that trains on this env
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Zero the running episode totals, then reset the inner env."""
         self._return = torch.zeros_like(self._return)
         self._length = torch.zeros_like(self._length)
@@ -756,7 +762,7 @@ class EpisodeStatistics(EnvWrapper):
     def _own_state(self) -> dict[str, torch.Tensor]:
         return {"_return": self._return, "_length": self._length}
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env and add `info["done"]`, `info["episode_return"]` and `info["episode_length"]`.
 
         The totals (float32 `[N]`) are the finished episodes' where `info["done"]` is True; elsewhere they are the

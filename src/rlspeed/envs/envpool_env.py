@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rlspeed.envs import atari
-from rlspeed.envs.base import BatchedEnv, EnvSpec, numpy_dtype, observation_layout
+from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult, numpy_dtype, observation_layout
 from rlspeed.errors import UserError
 
 INSTALL = "pip install envpool"
@@ -161,7 +161,7 @@ class EnvPoolEnv(BatchedEnv):
     def _lives(self, info: dict) -> np.ndarray:
         return np.asarray(info["lives"], dtype=np.int32)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset every env (a `seed` makes the pool afresh with it, so the same seed gives the same episodes, as
         Gymnasium's reset does); Atari ids put lives in info."""
         if seed is not None:
@@ -175,7 +175,7 @@ class EnvPoolEnv(BatchedEnv):
         (obs,) = self._in_order((obs,), info["env_id"])
         return torch.as_tensor(self._obs(obs), device=self.device), {}
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step every env; finished ones are reset in the same step (module docstring)."""
         actions_np = actions.detach().cpu().numpy().astype(self._action_dtype, copy=False)
         if isinstance(self.spec.action_space, gym.spaces.Discrete):

@@ -29,6 +29,8 @@ from rlspeed.envs.base import (
     BatchedEnv,
     EnvSpec,
     Observation,
+    ResetResult,
+    StepResult,
     integer_range,
     mask_size,
     numpy_dtype,
@@ -1133,7 +1135,7 @@ class GymnasiumEnv(BatchedEnv):
         return torch.as_tensor(check_action_masks(info_masks, self.spec.action_space, self.num_envs, source),
                                device=self.device)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the vector env (Gymnasium seeds env i with `seed + i`); returns (obs, info).
 
         info holds `action_mask` (bool `[N, n]`) where the env gives masks; the rest of Gymnasium's reset info is
@@ -1264,7 +1266,7 @@ class GymnasiumEnv(BatchedEnv):
                 raise
             raise UserError(problem) from error
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the Gymnasium envs (actions go to the host once) and return the batched contract's tensors.
 
         `info` holds `final_obs`, `final_rows` (the finished rows, a host array) and, where the env gives masks,
@@ -1319,7 +1321,7 @@ class GymnasiumEnv(BatchedEnv):
                 self._subprocess_failure("step", error)  # (a user's AsyncVectorEnv inside wrappers)
                 raise
 
-    def step_receive(self):
+    def step_receive(self) -> StepResult:
         """The second half of `step` (after `step_send`): the step's tensors and info, as `step` returns them."""
         sent, self._sent = self._sent, None
         try:

@@ -11,7 +11,7 @@ import secrets
 
 import torch
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult
 
 _MAX_BLOCK_STEPS = 64  # per-env draws made at once (fewer kernels per step at small N) ...
 _BLOCK_ELEMENTS = 1 << 18  # ... holding at most this many numbers
@@ -209,7 +209,7 @@ class NativeEnv(BatchedEnv):
         # the block being drawn from, recomputed: its first draw is `block_pos` draws back
         self._block = None if block_steps == 0 else self._draw_block(draws - block_pos, block_steps)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Draw fresh states for every env and return (obs, {}); zero the episode step counters.
 
         With `seed`, the per-env random streams restart from it first; without one, they continue where they are.
@@ -220,7 +220,7 @@ class NativeEnv(BatchedEnv):
         self.elapsed_steps.zero_()
         return self.observe_kept(self.state), {}
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Advance every env one step with batched tensor ops (`transition`), no host sync.
 
         Fresh initial states are drawn on every call and used for the rows that finish (SAME_STEP autoreset, time limit

@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rlspeed.envs.base import BatchedEnv, EnvSpec
+from rlspeed.envs.base import BatchedEnv, EnvSpec, ResetResult, StepResult
 from rlspeed.envs.gymnasium_env import (
     _NUMPY_DIR,
     USER_SB3_VEC_ENV,
@@ -187,7 +187,7 @@ class SB3VecEnv(BatchedEnv):
         if not self._maskable:
             warn_unapplied_masks(self.spec)
 
-    def reset(self, seed: int | None = None) -> tuple[torch.Tensor, dict]:
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset every env (SB3 seeds env i with `seed + i` when a seed is given) and return (obs, info); info holds
         `action_mask` where the envs give masks (an `action_masks()` method, or `info["action_mask"]`)."""
         if seed is not None:
@@ -214,7 +214,7 @@ class SB3VecEnv(BatchedEnv):
             return host_tensor(obs, self.device), self._masks()
         return to_device(self._host.batch(obs), self.device), self._masks()
 
-    def step(self, actions: torch.Tensor):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the VecEnv and return the batched contract's tensors; `info` holds `final_obs` (and `action_mask`,
         for the returned observations, where the envs give masks; `is_success` once an episode's info
         has it, as for Gymnasium envs)."""

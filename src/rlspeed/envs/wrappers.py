@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from rlspeed.device import rules
-from rlspeed.envs.base import BatchedEnv, EnvWrapper, observation_layout
+from rlspeed.envs.base import BatchedEnv, EnvWrapper, ResetResult, StepResult, observation_layout
 from rlspeed.errors import UserError
 
 
@@ -177,14 +177,14 @@ class NormalizeObservation(EnvWrapper):
         self.obs_rms = obs_rms or observation_statistics(env.spec.observation_space, device=env.device)
         self.clip = clip
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Reset the inner env and return normalised obs (folded into the statistics first while `training`)."""
         obs, info = self.env.reset(seed=seed)
         if self._training:  # this wrapper's own flag: `training` also looks inside
             self.obs_rms.update(obs)
         return self.obs_rms.normalize(obs, self.clip), info
 
-    def step(self, actions):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env, then normalise `obs` and `info["final_obs"]` with the running statistics.
 
         While `training`, the statistics are first updated with the returned `obs` (not with `final_obs`).
@@ -217,12 +217,12 @@ class NormalizeReward(EnvWrapper):
     def _own_state(self) -> dict[str, torch.Tensor]:
         return {"_returns": self._returns}
 
-    def reset(self, seed: int | None = None):
+    def reset(self, seed: int | None = None) -> ResetResult:
         """Zero the running discounted returns, then reset the inner env (observations unchanged)."""
         self._returns.zero_()
         return self.env.reset(seed=seed)
 
-    def step(self, actions):
+    def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env and divide the reward by the running std of the discounted return, clipped.
 
         While `training`, each env's discounted return and its statistics are updated first; a return restarts from 0
