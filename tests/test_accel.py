@@ -626,7 +626,8 @@ def test_hand_derived_updates_are_checked_and_timed_by_the_same_search():
     assert isinstance(candidate, Trial) and reference.reference and candidate.strategy.precision == "bf16-matmul"
     assert not candidate.passed and "gradient cosine" in candidate.error  # the shared tolerances rejected it
     torch.testing.assert_close(update.adam.grad, (x.T @ x).sum(0))
-    assert auto.summary() == {"precision": "fp32", "compile": "off"} and "bf16-matmul" in str(auto)
+    assert auto.summary() == {"precision": "fp32", "compile": "off", "chosen_by": "search"}
+    assert "bf16-matmul" in str(auto)
 
 
 def test_choose_needs_a_margin():
