@@ -38,6 +38,35 @@ def test_metrics_csv_is_written_as_rows_are_logged(tmp_path):
     assert (tmp_path / "learning_curve.png").exists()
 
 
+class _Tracked(float):
+    """A metric value whose survival a weak reference tells."""
+
+
+def test_the_logger_keeps_no_row_that_metrics_csv_holds(tmp_path):
+    """A row a second is 86,400 a day: rows written to metrics.csv are not also kept in memory (a days-long run grew
+    by every row it logged), and a new column or an amended last row still rewrites the file whole."""
+    import gc
+    import weakref
+
+    logger = RunLogger(tmp_path, tensorboard=False)
+    alive = []
+    for step in range(1, 201):
+        value = _Tracked(step / 2)
+        alive.append(weakref.ref(value))
+        logger.log({"timesteps": step, "loss": value, **({"eval_mean": 1.5} if step == 150 else {})})
+        del value
+    logger.amend_last({"custom": 7})
+    gc.collect()
+    assert sum(ref() is not None for ref in alive) <= 1  # (the last row, which amend_last changes)
+    logger.close()
+    rows = read_rows(tmp_path / "metrics.csv")
+    assert [float(row["loss"]) for row in rows] == [step / 2 for step in range(1, 201)]
+    assert [row["eval_mean"] for row in rows].count("1.5") == 1 and rows[149]["eval_mean"] == "1.5"
+    assert rows[-1]["custom"] == "7" and rows[-2]["custom"] == ""
+    assert RunLogger(tmp_path, tensorboard=False, continue_from=200).rows[-1] == {"timesteps": 200, "loss": 100.0,
+                                                                               "custom": 7}
+
+
 def test_a_continued_run_keeps_the_rows_before_it(tmp_path):
     """resume / a restart / a further learn() into the same run directory continue metrics.csv: the rows up to
     the step it continues from stay, later ones (logged after the checkpoint it resumed from) go."""

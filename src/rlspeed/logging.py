@@ -327,10 +327,13 @@ class RunLogger:
             raise UserError(f"Cannot create the run directory '{self.run_dir}' ({error.strerror or error}); give "
                             "run_dir a directory you can write to.") from None
         self._identity = _identity(self.run_dir)  # (`_check_directory`)
-        self.rows: list[dict] = []
+        self.last_row: dict | None = None  # the last row logged (or, continuing, the last one kept)
+        # Rows are not kept in memory once metrics.csv holds them (a row a second is 86,400 a day): `_held` is None
+        # where metrics.csv holds every row under `_fields` (new rows are appended to it), else the rows its next
+        # write writes (a continued run's kept rows, where some were dropped).
+        self._held: list[dict] | None = []
         self._fields: list[str] = []
         self._columns = tuple(columns)
-        self._appendable = False  # metrics.csv holds exactly `rows` under `_fields`: new rows can be appended to it
         if continue_from is not None:
             self._read_rows(continue_from)
         self._csv = None  # the open metrics.csv and its DictWriter, once a row is logged
@@ -378,14 +381,24 @@ class RunLogger:
             if None in row or None in row.values():  # (more cells than the header, or fewer)
                 dropped = True
                 continue
-            parsed = {key: _parse(value) for key, value in row.items() if value != ""}
+            parsed = _parsed_row(row)
             if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
-                self.rows.append(parsed)
+                self._held.append(parsed)
+                self.last_row = parsed
             else:
                 dropped = True
         # a further learn() keeps every row: append to the file rather than write it all again on each call (not
         # through a symlink, which a run directory from elsewhere may hold: the file is then written anew in its place)
-        self._appendable = bool(self._fields) and not dropped and not path.is_symlink()
+        if self._fields and not dropped and not path.is_symlink():
+            self._held = None
+
+    @property
+    def rows(self) -> list[dict]:
+        """Every row of the run so far (numbers parsed back), read from metrics.csv where it holds them."""
+        if self._held is not None:
+            return list(self._held)
+        with open(self.run_dir / "metrics.csv", newline="", encoding="utf-8", errors="replace") as handle:
+            return [_parsed_row(row) for row in csv.DictReader(handle)]
 
     def log(self, row: dict) -> None:
         """Record one metrics row and send its numeric values to TensorBoard at step `row["timesteps"]`.
@@ -393,7 +406,7 @@ class RunLogger:
         The row is appended to `metrics.csv` at once; a new key becomes a new column (the file is rewritten).
         """
         self._check_directory()
-        self.rows.append(dict(row))
+        self.last_row = dict(row)
         keys = list(dict.fromkeys((*row, *self._columns)))
         # the declared columns keep their declared order among themselves, also where the first row lacks some (a
         # population's member that left before the first evaluation: its column came last, out of seed order)
@@ -402,8 +415,8 @@ class RunLogger:
         new_fields = [key for key in keys if key not in self._fields]
         self._fields.extend(new_fields)
         with self._writing():
-            if new_fields or (self._csv is None and not self._appendable):
-                self._rewrite_csv()
+            if new_fields or (self._csv is None and self._held is not None):
+                self._rewrite_csv(new=self.last_row)
             else:
                 if self._csv is None:
                     handle = open(self.run_dir / "metrics.csv", "a", newline="", encoding="utf-8")
@@ -411,7 +424,7 @@ class RunLogger:
                 handle, writer = self._csv
                 writer.writerow(_csv_row(row))
                 handle.flush()
-            self._send_scalars(row, int(row.get("timesteps", len(self.rows))))
+            self._send_scalars(row, int(row.get("timesteps", 0)))
 
     def _check_directory(self, closing: bool = False) -> None:
         """A run writes only into the directory it started in (the same device and inode): UserError where it is gone
@@ -461,28 +474,39 @@ class RunLogger:
     def amend_last(self, values: dict) -> None:
         """Add `values` to the last row logged (metrics.csv rewritten, TensorBoard at that row's step); a new row
         where none was logged yet."""
-        if not self.rows:
+        if self.last_row is None:
             self.log(values)
             return
-        last = self.rows[-1]
+        last = self.last_row
         # (TensorBoard gets only what is new to the row: a value it has already at that step would be a second
         # point there)
         changed = {key: value for key, value in values.items() if key not in last or last[key] != value}
         last.update(values)
         self._fields.extend(key for key in values if key not in self._fields)
         with self._writing():
-            self._rewrite_csv()
-            self._send_scalars(changed, int(last.get("timesteps", len(self.rows))))
+            self._rewrite_csv(last=last)
+            self._send_scalars(changed, int(last.get("timesteps", 0)))
 
-    def _rewrite_csv(self) -> None:
-        """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append."""
+    def _rewrite_csv(self, new: dict | None = None, last: dict | None = None) -> None:
+        """(Re)write `metrics.csv` with every row so far under the current columns, and keep it open to append: the
+        rows it holds (as written), or the held ones, then `new`; `last` replaces the last row."""
         if self._csv is not None:
             self._csv[0].close()
+        if self._held is None:
+            with open(self.run_dir / "metrics.csv", newline="", encoding="utf-8", errors="replace") as handle:
+                rows = list(csv.DictReader(handle))
+        else:
+            rows = [_csv_row(row) for row in self._held]
+        if last is not None:
+            rows[-1] = _csv_row(last)
+        if new is not None:
+            rows.append(_csv_row(new))
         text = io.StringIO(newline="")  # (written whole, then renamed over the old file: a kill keeps the old rows)
         writer = csv.DictWriter(text, fieldnames=self._fields)
         writer.writeheader()
-        writer.writerows(_csv_row(row) for row in self.rows)
+        writer.writerows(rows)
         write_atomic(self.run_dir / "metrics.csv", text.getvalue())
+        self._held = None
         # (kept open to append rows)
         handle = open(self.run_dir / "metrics.csv", "a", newline="", encoding="utf-8")  # noqa: SIM115
         self._csv = (handle, csv.DictWriter(handle, fieldnames=self._fields))
@@ -549,6 +573,11 @@ def save_figure(fig, path: Path) -> None:
     except OSError as error:
         error.filename = str(path)
         raise
+
+
+def _parsed_row(row: dict) -> dict:
+    """A metrics.csv row as read by csv.DictReader, its numbers parsed back and its empty cells left out."""
+    return {key: _parse(value) for key, value in row.items() if value != ""}
 
 
 def _parse(text: str):

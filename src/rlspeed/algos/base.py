@@ -2545,10 +2545,10 @@ class Algorithm:
             bar.close()
             if logger is not None:
                 # (recorded by the last iteration's callbacks, after its row)
-                pending = self.recorder.take(logger.rows[-1] if logger.rows else ())
+                pending = self.recorder.take(logger.last_row or ())
                 if pending:
                     logger.amend_last(pending)
-                    closing_row = dict(logger.rows[-1])
+                    closing_row = dict(logger.last_row)
                 try:
                     _close_logger(logger, raising,
                                   plot=self._curve_on_stop or not (interrupted or result.stop_requested))

@@ -1312,7 +1312,7 @@ class PopulationBase:
                 torch.set_grad_enabled(grad_before)
                 bar.close()
                 if logger is not None:
-                    if not logger.rows or logger.rows[-1]["timesteps"] != self.num_timesteps:
+                    if logger.last_row is None or logger.last_row["timesteps"] != self.num_timesteps:
                         logger.log(self._metrics_row(loop))  # (where training ended or stopped, between evaluations)
                     logger.close()
             self.progress = None
