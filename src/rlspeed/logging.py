@@ -374,31 +374,40 @@ class RunLogger:
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
             text = handle.read()
         whole = text[:text.rfind("\n") + 1]  # (complete lines only)
-        reader = csv.DictReader(io.StringIO(whole, newline=""))
-        self._fields = list(reader.fieldnames or [])
         dropped = whole != text
-        for row in reader:
-            if None in row or None in row.values():  # (more cells than the header, or fewer)
-                dropped = True
-                continue
-            parsed = _parsed_row(row)
-            if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
-                self._held.append(parsed)
-                self.last_row = parsed
-            else:
-                dropped = True
-        # a further learn() keeps every row: append to the file rather than write it all again on each call (not
-        # through a symlink, which a run directory from elsewhere may hold: the file is then written anew in its place)
-        if self._fields and not dropped and not path.is_symlink():
-            self._held = None
+        # (a first reading keeps no row: a further learn() keeps every row, and appends to the file rather than write
+        # it all again; only where some are dropped are the others held, for the next write; also where the file is a
+        # symlink, which a run directory from elsewhere may hold: not appended through, written anew in its place)
+        for keep in (False, True):
+            reader = csv.DictReader(io.StringIO(whole, newline=""))
+            self._fields = list(reader.fieldnames or [])
+            for row in reader:
+                if None in row or None in row.values():  # (more cells than the header, or fewer)
+                    dropped = True
+                    continue
+                parsed = _parsed_row(row)
+                if isinstance(parsed.get("timesteps"), (int, float)) and parsed["timesteps"] <= up_to:
+                    self.last_row = parsed
+                    if keep:
+                        self._held.append(parsed)
+                else:
+                    dropped = True
+            if self._fields and not dropped and not path.is_symlink():
+                self._held = None
+                return
 
     @property
     def rows(self) -> list[dict]:
         """Every row of the run so far (numbers parsed back), read from metrics.csv where it holds them."""
+        return list(self._each_row())
+
+    def _each_row(self):
+        """`rows`, one at a time (a days-long run's file is not held whole)."""
         if self._held is not None:
-            return list(self._held)
+            yield from self._held
+            return
         with open(self.run_dir / "metrics.csv", newline="", encoding="utf-8", errors="replace") as handle:
-            return [_parsed_row(row) for row in csv.DictReader(handle)]
+            yield from (_parsed_row(row) for row in csv.DictReader(handle))
 
     def log(self, row: dict) -> None:
         """Record one metrics row and send its numeric values to TensorBoard at step `row["timesteps"]`.
@@ -492,19 +501,25 @@ class RunLogger:
         rows it holds (as written), or the held ones, then `new`; `last` replaces the last row."""
         if self._csv is not None:
             self._csv[0].close()
-        if self._held is None:
-            with open(self.run_dir / "metrics.csv", newline="", encoding="utf-8", errors="replace") as handle:
-                rows = list(csv.DictReader(handle))
-        else:
-            rows = [_csv_row(row) for row in self._held]
-        if last is not None:
-            rows[-1] = _csv_row(last)
-        if new is not None:
-            rows.append(_csv_row(new))
         text = io.StringIO(newline="")  # (written whole, then renamed over the old file: a kill keeps the old rows)
         writer = csv.DictWriter(text, fieldnames=self._fields)
         writer.writeheader()
-        writer.writerows(rows)
+        with contextlib.ExitStack() as stack:
+            if self._held is None:
+                handle = stack.enter_context(open(self.run_dir / "metrics.csv", newline="", encoding="utf-8",
+                                                  errors="replace"))
+                rows = csv.DictReader(handle)  # (its cells as written)
+            else:
+                rows = map(_csv_row, self._held)
+            previous = None
+            for row in rows:
+                if previous is not None:
+                    writer.writerow(previous)
+                previous = row
+        if previous is not None:
+            writer.writerow(previous if last is None else _csv_row(last))
+        if new is not None:
+            writer.writerow(_csv_row(new))
         write_atomic(self.run_dir / "metrics.csv", text.getvalue())
         self._held = None
         # (kept open to append rows)
@@ -548,9 +563,13 @@ class RunLogger:
         if fig is None:
             return
         ax = fig.add_subplot()
+        curves: dict[str, list] = {"episode_return": [], "eval_mean": []}
+        for row in self._each_row():
+            for key, points in curves.items():
+                if isinstance(row.get(key), (int, float)) and not math.isnan(row[key]):
+                    points.append((row["timesteps"], row[key]))
         for key, label in (("episode_return", "training episodes"), ("eval_mean", "evaluation (deterministic)")):
-            points = [(r["timesteps"], r[key]) for r in self.rows
-                      if isinstance(r.get(key), (int, float)) and not math.isnan(r[key])]
+            points = curves[key]
             if points:
                 ax.plot(*zip(*points), marker="o" if key == "eval_mean" else None, label=label)
         ax.set_xlabel("env steps")
