@@ -674,3 +674,29 @@ def test_a_storage_that_fills_up_while_the_study_runs_is_one_sentence(tmp_path, 
     monkeypatch.undo()
     assert cli.main(command) == 0
     assert set(_states(tmp_path).values()) <= {"FAIL", "COMPLETE", "PRUNED"}
+
+
+@pytest.mark.parametrize("made", ["during the search", "as it is written"])
+def test_a_preset_another_study_wrote_during_the_search_is_not_replaced(tmp_path, monkeypatch, capsys, made):
+    """Two studies started at once with the same --out (a job array on the tuned-ALGO-ENV.yaml default) both found
+    no file there: the one that writes second is refused in one sentence, the first one's preset stays, and the
+    study keeps its trials (the same command with another --out writes its preset)."""
+    other = ("# Tuned by rlspeed tune (2026-12-02 10:00 UTC): study 'other' in sqlite:///elsewhere.db.\n"
+             "CartPole-v1:\n  learning_rate: 0.001\n")
+    name = "_run_batch" if made == "during the search" else "write_atomic"
+    original = getattr(rlspeed.tune, name)
+
+    def another_study_writes_first(*args, **kwargs):
+        if not (tmp_path / "best.yaml").exists():
+            (tmp_path / "best.yaml").write_text(other)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rlspeed.tune, name, another_study_writes_first)
+    assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "0")) == 2
+    assert re.search(r"holds the preset of study 'other'.*the study keeps its trials", capsys.readouterr().err)
+    assert (tmp_path / "best.yaml").read_text() == other
+    assert [path.name for path in tmp_path.iterdir() if path.name.startswith(".")] == []  # (no temporary file)
+    assert set(_states(tmp_path).values()) <= {"COMPLETE", "PRUNED"}
+    monkeypatch.setattr(rlspeed.tune, name, original)
+    assert cli.main(_command(tmp_path, "--trials", "2", "--confirm-seeds", "0", "--out", str(tmp_path / "b.yaml"))) == 0
+    assert (tmp_path / "b.yaml").is_file() and (tmp_path / "best.yaml").read_text() == other

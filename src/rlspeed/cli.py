@@ -891,7 +891,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _import_env_modules(args, "env_id")
     from rlspeed.device import resolve_device
     from rlspeed.envs import env_spec
-    from rlspeed.tune import tune
+    from rlspeed.tune import refuse_others_file, tune
 
     algo_cls, run_settings, hyper, _config = _settings(args)
     target, eval_freq = _target_and_eval_freq(args, run_settings, env_spec(args.env_id, _env_kwargs(args)))
@@ -904,20 +904,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = args.out or f"tuned-{algo_cls.name}-{env_name}.yaml"
     if Path(out).is_dir():
         raise UserError(f"--out {out} is a directory; give the preset file to write.")
-    if Path(out).is_file() and not _tune_preset(Path(out)):  # (a preset tune wrote is its own to rewrite)
-        raise UserError(f"--out {out} exists and is not a preset rlspeed tune wrote; give another --out, or move it "
-                        "away first.")
-    if Path(out).is_file():  # (another study's preset is not this study's to rewrite)
-        from rlspeed.tune import preset_study, same_storage, storage_url, utf8_text, without_password
-
-        written_by = preset_study(Path(out).read_text(encoding="utf-8", errors="surrogateescape"))
-        shown = without_password(storage_url(args.storage))  # (as the preset names it)
-        # (an older rlspeed's preset names it with its password)
-        written_in = without_password(written_by[1]) if written_by is not None else None
-        if written_by is not None and (written_by[0] != utf8_text(study_name)
-                                       or not same_storage(written_in, utf8_text(shown))):
-            raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_in}, not of "
-                            f"'{study_name}' in {shown}: give another --out.")
+    refuse_others_file(out, study_name, args.storage)
     # (a place the preset cannot be written is said now, not after the search: its directories are made then, so the
     # nearest one that exists is tried, with a file of its own that leaves nothing behind)
     folder = next(folder for folder in Path(out).absolute().parents if folder.exists())
@@ -2623,17 +2610,6 @@ def _profiler_trace(path: Path) -> bool:
     except OSError:
         return False
     return not head.strip() or re.match(r'\s*\{\s*"schemaVersion"\s*:', head) is not None
-
-
-def _tune_preset(path: Path) -> bool:
-    """Whether the file at `path` is a preset `rlspeed tune` wrote (its first line says so)."""
-    from rlspeed.tune import PRESET_HEADER
-
-    try:
-        with path.open(encoding="utf-8", errors="replace") as stream:
-            return stream.readline().startswith(PRESET_HEADER)
-    except OSError:
-        return False
 
 
 def cmd_export(args: argparse.Namespace) -> int:

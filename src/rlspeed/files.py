@@ -67,9 +67,10 @@ def unwritable(directory: str | os.PathLike) -> str | None:
         return error.strerror or str(error)
 
 
-def write_atomic(path: Path, text: str | bytes) -> None:
+def write_atomic(path: Path, text: str | bytes, replace: bool = True) -> None:
     """Write `path` whole or not at all: a new temporary file of its own (never one a symlink in the directory points
-    at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written.
+    at), with a plain write's mode, synced to disk, renamed over `path`. OSError where it cannot be written; with
+    `replace=False`, FileExistsError where `path` exists (made by another process since the caller looked).
 
     Text is written as UTF-8 whatever the locale (so a reader passing encoding="utf-8" reads it back on any
     machine); a lone surrogate (a file name that was not UTF-8) is written as its `\\udcXX` escape, which a JSON
@@ -84,11 +85,29 @@ def write_atomic(path: Path, text: str | bytes) -> None:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())  # (on disk before the rename: a power loss leaves the old file, not an empty one)
-        temporary.replace(path)
+        if replace:
+            temporary.replace(path)
+        else:
+            _create_from(temporary, path)
         temporary = None
     finally:  # (also on Ctrl-C: no temporary file left behind)
         if temporary is not None:
             temporary.unlink(missing_ok=True)
+
+
+def _create_from(temporary: Path, path: Path) -> None:
+    """Give the written file `temporary` the name `path`, which must not exist (FileExistsError), and remove the
+    temporary name: a hard link (which, unlike a rename, fails where `path` exists); where the file system has none,
+    an exclusive empty file at `path`, then the rename over it."""
+    try:
+        os.link(temporary, path)
+    except FileExistsError:
+        raise
+    except OSError:  # (no hard links here: FAT, some network file systems)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o600))
+        temporary.replace(path)
+        return
+    temporary.unlink()
 
 
 def write_text_atomic(path: Path, text: str) -> None:

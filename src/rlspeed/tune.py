@@ -819,6 +819,9 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
     header.append(f"{_DIGEST_PREFIX}{_body_digest(body)}")
     text = "\n".join(header) + "\n" + body
     out = Path(context["out"])
+    # (checked again as it is written: another study, started at the same time with the same --out, may have
+    # written it since the search began)
+    refuse_others_file(out, context["study_name"], context["storage"], searched=True)
     try:
         # (UTF-8 whatever the locale, as presets are read; a path in the header that is not UTF-8 is escaped)
         if out.is_file() and not _as_written(out.read_text(encoding="utf-8", errors="surrogateescape")):
@@ -827,8 +830,13 @@ def _write_preset(setup: _Setup, study, best: dict, confirmation: dict | None, c
             warnings.warn(f"{out} was edited since rlspeed tune wrote it: the edited file is kept as {kept}.",
                           stacklevel=2)
         out.parent.mkdir(parents=True, exist_ok=True)
-        # (a temporary file of its own, never one a link planted at a predictable name points at)
-        write_atomic(out, utf8_text(text))
+        # (a temporary file of its own, never one a link planted at a predictable name points at; a new file only
+        # where there was none, so that another study's, made since the check, stays)
+        write_atomic(out, utf8_text(text), replace=out.exists())
+    except FileExistsError:
+        refuse_others_file(out, context["study_name"], context["storage"], searched=True)
+        raise UserError(f"Cannot write the preset '{out}': another process made it meanwhile; give another "
+                        f"--out{_TRIALS_KEPT}.") from None
     except OSError as error:
         raise UserError(f"Cannot write the preset '{out}': {error.strerror or error}.") from None
 
@@ -886,6 +894,35 @@ def preset_algorithm(text: str) -> str | None:
     """The algorithm (CLI name) a preset `rlspeed tune` wrote was tuned for (its `PRESET_ALGORITHM` line), or None."""
     return next((line[len(PRESET_ALGORITHM):].split()[0] for line in text.splitlines()
                  if line.startswith(PRESET_ALGORITHM) and line[len(PRESET_ALGORITHM):].strip()), None)
+
+
+#: what a refusal to write the preset after the search adds
+_TRIALS_KEPT = " (the study keeps its trials: the same command with another --out writes its preset)"
+
+
+def refuse_others_file(out: str | Path, study_name: str, storage: str, searched: bool = False) -> None:
+    """UserError where `out` holds a file this study may not write over: one that is not a preset rlspeed tune wrote,
+    or a preset of another study (a preset this study wrote is its own to rewrite). `searched`: the study has trials
+    by now, which the sentence says it keeps."""
+    out = Path(out)
+    kept = _TRIALS_KEPT if searched else ""
+    try:
+        text = out.read_text(encoding="utf-8", errors="surrogateescape")
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    except OSError as error:
+        raise UserError(f"Cannot read the preset '{out}': {error.strerror or error}.") from None
+    if not text.startswith(PRESET_HEADER):
+        raise UserError(f"--out {out} exists and is not a preset rlspeed tune wrote; give another --out, or move it "
+                        f"away first{kept}.")
+    written_by = preset_study(text)
+    shown = without_password(storage_url(storage))  # (as the preset names it)
+    # (an older rlspeed's preset names the storage with its password)
+    written_in = without_password(written_by[1]) if written_by is not None else None
+    if written_by is not None and (written_by[0] != utf8_text(study_name)
+                                   or not same_storage(written_in, utf8_text(shown))):
+        raise UserError(f"--out {out} holds the preset of study '{written_by[0]}' in {written_in}, not of "
+                        f"'{study_name}' in {shown}: give another --out{kept}.")
 
 
 def preset_study(text: str) -> tuple[str, str] | None:
