@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -2877,3 +2878,26 @@ def test_quiet_train_and_eval_print_their_result_line_and_what_goes_to_stderr_on
         line, = captured.out.splitlines()
         assert line.startswith("rlspeed: PPO on CartPole-v1, deterministic, 10 episodes, seed 1: ")
         assert captured.err == ""
+
+
+def test_a_folder_another_machine_made_in_a_shared_temp_directory_is_kept(tmp_path, monkeypatch):
+    """TMPDIR on storage several machines share (a cluster's job array): a command's warnings folder, made by a
+    process whose id runs on another machine only, is that process's, not a killed one's; this machine's killed
+    command's folder is removed as before."""
+    made = {}
+    for machine in ("other-node", socket.gethostname()):
+        script = (f"import os, socket; socket.gethostname = lambda: {machine!r}\n"
+                  "from rlspeed import cli\n"
+                  "cli._workers_show_warnings()\n"
+                  "print(cli._warnings_dir, flush=True)\n"
+                  "os._exit(0)\n")  # (as a kill: no exit handler removes it)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
+        made[machine] = Path(done.stdout.strip())
+        assert made[machine].is_dir(), done.stderr
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    try:
+        cli._workers_show_warnings()
+        assert made["other-node"].is_dir() and not made[socket.gethostname()].exists()
+    finally:
+        cli._forget_worker_warnings()

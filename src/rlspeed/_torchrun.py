@@ -15,7 +15,7 @@ import tempfile
 from torch.distributed.run import main
 
 from rlspeed.distributed import SAID_FOLDER_VARIABLE, workers_said
-from rlspeed.files import forget_ended_processes_folders
+from rlspeed.files import forget_ended_processes_folders, process_folder_prefix
 
 #: the exit codes of an rlspeed command that said why it ended, in one line: a bad input (2), a run stopped by Ctrl-C
 #: (130) or SIGTERM (143) after saving (read where a worker left no file in the launcher's folder: one that ended
@@ -68,7 +68,7 @@ def _quiet_torchrun_logs() -> None:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-#: the name of a launcher's folder starts with this, then its process id and a dash
+#: the name of a launcher's folder starts with this, then its process id and machine (`process_folder_prefix`)
 FOLDER_PREFIX = "rlspeed-workers-"
 
 
@@ -76,7 +76,7 @@ def launcher_folder() -> str:
     """A new folder in the temp directory for this launcher's workers (what they said, torchrun's logs), removed
     as the launcher ends; the folders of launchers killed before they could remove theirs (SIGKILL) go first."""
     forget_ended_processes_folders(FOLDER_PREFIX)
-    return tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
+    return tempfile.mkdtemp(prefix=process_folder_prefix(FOLDER_PREFIX))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import yaml
 from rlspeed import yamlfile
 from rlspeed._version import __version__
 from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
-from rlspeed.files import forget_ended_processes_folders, remove_stale_temporaries, unwritable
+from rlspeed.files import forget_ended_processes_folders, process_folder_prefix, remove_stale_temporaries, unwritable
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import print_beside_bars as _print_beside_bars
 from rlspeed.logging import strict_json
@@ -3216,7 +3216,8 @@ def _first_among_processes(text: str) -> bool:
     return True
 
 
-#: the name of a command's warnings directory starts with this, then the command's process id and a dash
+#: the name of a command's warnings directory starts with this, then its process id and machine
+#: (`process_folder_prefix`)
 _WARNINGS_PREFIX = "rlspeed-warnings-"
 
 
@@ -3234,7 +3235,7 @@ def _workers_show_warnings():
     global _warnings_dir
     if _warnings_dir is None:
         _forget_killed_commands_warnings()
-        _warnings_dir = tempfile.mkdtemp(prefix=f"{_WARNINGS_PREFIX}{os.getpid()}-")
+        _warnings_dir = tempfile.mkdtemp(prefix=process_folder_prefix(_WARNINGS_PREFIX))
         # (also at the process's exit: a torchrun worker leaves with os._exit after the exit handlers, never reaching
         # the end of `main`, and left its directory behind at each --nproc run with subprocess envs)
         atexit.unregister(_forget_worker_warnings)

@@ -6,8 +6,10 @@ here: the CLI writes them before it imports torch."""
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -39,13 +41,28 @@ def process_running(pid: int) -> bool:
     return True
 
 
+def _machine() -> str:
+    """This machine, as the names of `process_folder_prefix` give it: 8 hex digits of a hash of its host name."""
+    return hashlib.sha256(socket.gethostname().encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
+def process_folder_prefix(prefix: str) -> str:
+    """How the name of a folder this process makes in the temp directory begins: `prefix`, its process id, `@` and
+    this machine (`_machine`), and a dash. The machine, since the temp directory may be one that several machines
+    share (TMPDIR on a cluster's shared storage): another machine's process ids are not this one's to judge."""
+    return f"{prefix}{os.getpid()}@{_machine()}-"
+
+
 def forget_ended_processes_folders(prefix: str) -> None:
-    """Remove the folders named `<prefix><pid>-...` in the temp directory whose process `pid` (not this one) is known
-    to be gone: what a command killed with SIGKILL (its exit handlers never ran) left there. Others' (another user's
-    process, any on Windows: `process_running`) are left alone, as are links and files."""
+    """Remove the folders named `<prefix><pid>@<machine>-...` (`process_folder_prefix`; an older rlspeed's
+    `<prefix><pid>-...`) in the temp directory whose process `pid` (not this one) on this machine is known to be
+    gone: what a command killed with SIGKILL (its exit handlers never ran) left there. Others' (another machine's,
+    another user's process, any on Windows: `process_running`) are left alone, as are links and files."""
     for path in Path(tempfile.gettempdir()).glob(f"{glob.escape(prefix)}*-*"):
-        pid = path.name[len(prefix):].partition("-")[0]
+        pid, _, machine = path.name[len(prefix):].partition("-")[0].partition("@")
         if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir() or path.is_symlink():
+            continue
+        if machine and machine != _machine():
             continue
         if not process_running(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
