@@ -448,7 +448,7 @@ def test_nproc_runs_the_given_command_under_torchrun(monkeypatch, tmp_path):
     calls = []
 
     class Torchrun:  # (what the launcher starts and waits for)
-        def __init__(self, command, env, start_new_session):
+        def __init__(self, command, env, start_new_session, pass_fds):
             calls.append((command, env))
             assert start_new_session  # (a Ctrl-C reaches torchrun once: from the launcher)
 
@@ -2901,3 +2901,32 @@ def test_a_folder_another_machine_made_in_a_shared_temp_directory_is_kept(tmp_pa
         assert made["other-node"].is_dir() and not made[socket.gethostname()].exists()
     finally:
         cli._forget_worker_warnings()
+
+
+def test_the_run_directory_stays_locked_while_torchrun_outlives_a_killed_nproc_launcher(monkeypatch, tmp_path):
+    """`rlspeed train --nproc` killed with SIGKILL (its lock gone with it) leaves torchrun and the workers training:
+    they hold the run directory's lock too, so a requeued command there is refused (exit code 75) until they end
+    rather than training beside them."""
+    import subprocess as subprocess_module
+
+    start, seen = subprocess_module.Popen, {}
+    take_lock = ("import sys\nfrom rlspeed.errors import Busy\nfrom rlspeed.locks import hold_lock\n"
+                 "try:\n    hold_lock(sys.argv[1], {}, 'busy')\nexcept Busy:\n    print('busy')\nelse:\n"
+                 "    print('free')\n")
+
+    def torchrun(command, **kwargs):  # (a torchrun that runs until the launcher is gone and the lock tried)
+        process = start([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                        stdout=subprocess_module.PIPE, text=True, **kwargs)
+        try:
+            assert process.stdout.readline().strip() == "up"
+            cli._release_run_locks()  # (the launcher's own handle gone, as with its SIGKILL)
+            other = start([sys.executable, "-c", take_lock, str(tmp_path / "run" / cli.RUN_LOCK)],
+                          stdout=subprocess_module.PIPE, text=True)  # (another command's try, as a requeue's)
+            seen["lock"] = other.communicate(timeout=60)[0].strip()
+        finally:
+            process.kill()
+        return process
+
+    monkeypatch.setattr(subprocess_module, "Popen", torchrun)
+    cli.main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--out", str(tmp_path / "run"), "--no-progress"])
+    assert seen["lock"] == "busy"

@@ -2417,8 +2417,12 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     # (SIGTERM, SIGKILL after its grace period) and exits; only then is the directory unlocked.
     # (OMP_NUM_THREADS: torchrun's default, set for it so that it does not print a banner about it; rlspeed sets its
     # own thread count in each worker)
+    # torchrun holds the lock too (the same open file, inherited): a launcher killed with SIGKILL leaves torchrun and
+    # its workers training, and the directory stays locked until they end, not open to a requeued command's run
+    lock = _run_locks().get(str((run_dir / RUN_LOCK).resolve()))
     process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
-                                             RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())}, start_new_session=True)
+                                             RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())}, start_new_session=True,
+                               pass_fds=() if lock is None else (lock.fileno(),))
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
