@@ -832,3 +832,36 @@ def test_eval_callback_continuing_a_run_keeps_its_evaluations_and_best(tmp_path)
     with pytest.raises(UserError, match="n_eval_episodes=2 to continue"):
         model.learn(STEPS_PER_ITERATION, callback=EvalCallback(n_eval_episodes=3, log_path=logs), progress_bar=False)
     assert np.load(logs / "evaluations.npz")["timesteps"].tolist() == logged["timesteps"].tolist()
+
+
+@pytest.mark.parametrize("cut", [0, 100])
+def test_eval_callback_continuing_from_a_damaged_evaluations_file_says_so_in_one_sentence(tmp_path, cut):
+    """An empty or cut-short evaluations.npz (a run killed while writing it, by an rlspeed that wrote it in place) is
+    one sentence naming the file when a continuing run reads it back, not numpy's traceback."""
+    model = _ppo()
+    model.learn(STEPS_PER_ITERATION, progress_bar=False)
+    whole = tmp_path / "whole.npz"
+    np.savez(whole, timesteps=np.array([256]), results=np.array([[1.0, 2.0]]), ep_lengths=np.array([[3, 4]]))
+    (tmp_path / "evaluations.npz").write_bytes(whole.read_bytes()[:cut])
+    with pytest.raises(UserError, match=r"^EvalCallback's log_path holds '.*evaluations.npz', which cannot be read"):
+        model.learn(STEPS_PER_ITERATION, progress_bar=False,
+                    callback=EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, log_path=tmp_path))
+
+
+def test_eval_callback_writes_evaluations_whole_or_not_at_all(tmp_path, monkeypatch):
+    """evaluations.npz is read back by a run that continues: a write interrupted (a kill, Ctrl-C) keeps the earlier
+    file whole rather than a cut archive."""
+    import rlspeed.files
+
+    callback = EvalCallback(n_eval_episodes=2, eval_freq=STEPS_PER_ITERATION, log_path=tmp_path, verbose=0)
+    _ppo().learn(STEPS_PER_ITERATION, progress_bar=False, callback=callback)
+    before = (tmp_path / "evaluations.npz").read_bytes()
+
+    def interrupted(_fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rlspeed.files.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        callback.evaluate_now()
+    assert (tmp_path / "evaluations.npz").read_bytes() == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["evaluations.npz"]

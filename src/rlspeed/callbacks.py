@@ -12,17 +12,20 @@ Returning False from `_on_rollout_end`, `_on_step` or `_on_evaluation` stops tra
 from __future__ import annotations
 
 import inspect
+import io
 import math
 import numbers
 import os
 import typing
 import warnings
+import zipfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from rlspeed.errors import UserError, positive_whole, true_or_false
+from rlspeed.files import write_atomic
 from rlspeed.logging import print_beside_bars
 
 if typing.TYPE_CHECKING:
@@ -703,7 +706,8 @@ class EvalCallback(BaseCallback):
             with np.load(file) as saved:
                 logged = {key: saved[key] for key in saved.files}
             timesteps, results, lengths = logged["timesteps"], logged["results"], logged["ep_lengths"]
-        except (OSError, ValueError, KeyError) as error:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:  # (EOFError: an empty file;
+            # BadZipFile: one cut short)
             raise UserError(f"EvalCallback's log_path holds '{file}', which cannot be read as the evaluations of an "
                             f"earlier run ({error}); move it away or give another log_path.") from None
         kept = timesteps <= self.num_timesteps
@@ -754,9 +758,12 @@ class EvalCallback(BaseCallback):
                 self.logger.record("eval/success_rate", self.last_success_rate)
         if self.log_path is not None:
             successes = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
-            np.savez(self.log_path / "evaluations.npz", timesteps=np.array(self.evaluations_timesteps),
+            archive = io.BytesIO()
+            np.savez(archive, timesteps=np.array(self.evaluations_timesteps),
                      results=np.array(self.evaluations_results), ep_lengths=np.array(self.evaluations_length),
                      seeds=np.array(self._seeds), **successes)
+            # (whole or not at all: a run killed while writing it is resumed, and reads it back)
+            write_atomic(self.log_path / "evaluations.npz", archive.getvalue())
         if self.verbose:
             print_beside_bars(f"rlspeed: eval at {self.num_timesteps:,} steps: {result['mean']:.2f} +/- "
                               f"{result['std']:.2f}{success}")
