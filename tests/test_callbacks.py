@@ -865,3 +865,27 @@ def test_eval_callback_writes_evaluations_whole_or_not_at_all(tmp_path, monkeypa
         callback.evaluate_now()
     assert (tmp_path / "evaluations.npz").read_bytes() == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["evaluations.npz"]
+
+
+def test_eval_callback_of_a_curriculums_next_stage_does_not_continue_the_last_stages_evaluations(tmp_path):
+    """A curriculum's next stage (`Algo.load(path, env_kwargs=...)`, as docs/callbacks.md shows) keeps the step count:
+    an EvalCallback on the same log_path took over the easier stage's evaluations and best mean, so the harder
+    stage's best model was never saved unless it beat the easier env's score, and the file mixed two envs. The file
+    records the env it evaluated; another one is refused before training."""
+    settings = dict(seed=0, device="cpu", env_backend="gymnasium", num_envs=2, num_steps=16, batch_size=32,
+                    n_epochs=1, net_arch=(8,))
+    model = PPO("Pendulum-v1", env_kwargs={"g": 2.0}, **settings)
+    model.learn(64, callback=EvalCallback(n_eval_episodes=1, eval_freq=32, log_path=tmp_path, verbose=0),
+                progress_bar=False)
+    assert str(np.load(tmp_path / "evaluations.npz")["env"]) == "Pendulum-v1 (g=2.0)"
+    model.save(tmp_path / "stage1.safetensors")
+    harder = PPO.load(tmp_path / "stage1.safetensors", env_kwargs={"g": 6.0}, device="cpu")
+    with pytest.raises(UserError, match=r"evaluations on Pendulum-v1 \(g=2.0\) and this run evaluates on "
+                                        r"Pendulum-v1 \(g=6.0\): give this stage its own log_path"):
+        harder.learn(64, callback=EvalCallback(n_eval_episodes=1, eval_freq=32, log_path=tmp_path, verbose=0),
+                     progress_bar=False)
+    # the same env goes on with the stage's own evaluations
+    again = PPO.load(tmp_path / "stage1.safetensors", env_kwargs={"g": 2.0}, device="cpu")
+    callback = EvalCallback(n_eval_episodes=1, eval_freq=32, log_path=tmp_path, verbose=0)
+    again.learn(32, callback=callback, progress_bar=False)
+    assert callback.evaluations_timesteps[:2] == [32, 64] and len(callback.evaluations_timesteps) == 3

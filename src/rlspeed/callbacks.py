@@ -586,9 +586,10 @@ class EvalCallback(BaseCallback):
     `load`). `callback_on_new_best` runs on each new best, `callback_after_eval` after every evaluation; either
     returning False stops training. With `log_path`, `evaluations.npz` holds `timesteps`, `results` and `ep_lengths`
     (the episode returns and lengths per evaluation), and `successes` (per episode) where the env reports
-    `info["is_success"]`, as SB3's, and each evaluation's `seeds`; `last_success_rate` is the last evaluation's share
-    of successes. A model that goes on from a step count (`resume`, a further `learn`) keeps that file's evaluations
-    up to its step and their best mean, so `best_model.safetensors` is replaced only by a better evaluation. Each
+    `info["is_success"]`, as SB3's, each evaluation's `seeds` and the `env` evaluated on; `last_success_rate` is the
+    last evaluation's share of successes. A model that goes on from a step count (`resume`, a further `learn`) keeps
+    that file's evaluations up to its step and their best mean, so `best_model.safetensors` is replaced only by a
+    better evaluation (evaluations on another env, a curriculum's next stage, are refused: a log_path per stage). Each
     evaluation is seeded (`seed`, default the model's seed + 200,000 + the step count), so `evaluate(seed=...)` of the
     saved best model gives its score again (`best_eval_seed`). Unlike Stable-Baselines3, `eval_freq` counts env steps
     of all envs, not calls. Stable-Baselines3's `warn` is taken and has nothing to do (an eval env whose spaces differ
@@ -717,6 +718,11 @@ class EvalCallback(BaseCallback):
             raise UserError(f"EvalCallback's '{file}' holds evaluations of {results.shape[-1]} episodes each and "
                             f"this one runs {self.n_eval_episodes}: give n_eval_episodes={results.shape[-1]} to "
                             "continue them, or another log_path.")
+        env, before = self._evaluated_env(), str(logged["env"]) if "env" in logged else None
+        if env is not None and before is not None and env != before:  # (a curriculum's next stage: Algo.load with
+            # other env options keeps the step count; its evaluations and best are of another env)
+            raise UserError(f"EvalCallback's '{file}' holds evaluations on {before} and this run evaluates on {env}: "
+                            "give this stage its own log_path (and best_model_save_path).")
         self.evaluations_timesteps = timesteps[kept].tolist()
         self.evaluations_results = results[kept].tolist()
         self.evaluations_length = lengths[kept].tolist()
@@ -729,6 +735,18 @@ class EvalCallback(BaseCallback):
         # (a file of rlspeed's; Stable-Baselines3's has none: -1, no seed known)
         self._seeds = seeds[kept].tolist() if seeds is not None and len(seeds) == len(timesteps) else [-1] * len(means)
         self.best_eval_seed = self._seeds[best] if self._seeds[best] >= 0 else None
+
+    def _evaluated_env(self) -> str | None:
+        """The env the evaluations run on, as evaluations.npz records it (`env`: its id and options), or None for a
+        vector env the user built (nothing to name it by)."""
+        from rlspeed.evaluation import env_options
+
+        env_id = self.eval_env if self.eval_env is not None else self.model.env_id
+        if not isinstance(env_id, str):
+            return None
+        options = env_options(self.model, env_id)
+        return env_id + (f" ({', '.join(f'{key}={value!r}' for key, value in sorted(options.items()))})"
+                         if options else "")
 
     def evaluate_now(self) -> bool:
         """Evaluate now (what every `eval_freq` steps does); False when a child callback stops training."""
@@ -757,11 +775,14 @@ class EvalCallback(BaseCallback):
                 success = f", success rate {self.last_success_rate:.0%}"
                 self.logger.record("eval/success_rate", self.last_success_rate)
         if self.log_path is not None:
-            successes = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
+            extra = {"successes": np.array(self.evaluations_successes)} if self.evaluations_successes else {}
+            env = self._evaluated_env()
+            if env is not None:  # (what a continuing run checks it evaluates on)
+                extra["env"] = np.array(env)
             archive = io.BytesIO()
             np.savez(archive, timesteps=np.array(self.evaluations_timesteps),
                      results=np.array(self.evaluations_results), ep_lengths=np.array(self.evaluations_length),
-                     seeds=np.array(self._seeds), **successes)
+                     seeds=np.array(self._seeds), **extra)
             # (whole or not at all: a run killed while writing it is resumed, and reads it back)
             write_atomic(self.log_path / "evaluations.npz", archive.getvalue())
         if self.verbose:
