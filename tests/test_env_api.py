@@ -971,13 +971,14 @@ def test_load_makes_the_env_it_is_given_by_id_on_the_backend_given(tmp_path):
     the backend asked for, and again on it after `close`; a backend that cannot take the options is refused."""
     path = rlspeed.PPO("Pendulum-v1", device="cpu", num_envs=2, num_steps=8, batch_size=16,
                        env_backend="gymnasium").save(tmp_path / "model")
-    native = rlspeed.PPO.load(path, device="cpu", env="Pendulum-v1", env_backend="torch")
-    assert native.env_backend == "torch" and native.make_training_env().unwrapped.backend == "torch"
+    with rlspeed.PPO.load(path, device="cpu", env="Pendulum-v1", env_backend="torch") as native:
+        assert native.env_backend == "torch" and native.make_training_env().unwrapped.backend == "torch"
     with rlspeed.PPO.load(path, device="cpu", env_kwargs={"g": 5.0}, env_backend="gymnasium-async") as harder:
         assert harder.env_backend == "gymnasium-async"
         assert isinstance(harder.make_training_env().unwrapped.vector_env, gym.vector.AsyncVectorEnv)
     with pytest.raises(rlspeed.UserError, match="env_kwargs are options of Gymnasium's env: use env_backend="):
         rlspeed.PPO.load(path, device="cpu", env_kwargs={"g": 5.0}, env_backend="torch")
+
 
 def test_sb3_vec_normalize_returns_are_the_envs_own_and_eval_callback_syncs_its_statistics(tmp_path):
     """Stable-Baselines3's VecNormalize pattern: episode returns (metrics.csv, `evaluate`) are the env's own rewards',

@@ -230,7 +230,8 @@ def test_a_run_id_symlink_in_a_run_directory_is_neither_read_nor_written_through
         run = tmp_path / f"run-{target.name}"
         (run / "wandb").mkdir(parents=True)
         (run / "wandb" / "run-id").symlink_to(target)
-        tracker = WandbTracker({"algo": "ppo"}, run_dir=run)
+        with pytest.warns(UserWarning, match="is a symlink, which rlspeed does not follow .* starts a new W&B run"):
+            tracker = WandbTracker({"algo": "ppo"}, run_dir=run)
         tracker.finish()
         assert tracker.run is None and not (run / "wandb" / "run-id").is_symlink()
         assert (run / "wandb" / "run-id").read_text().strip() not in ("", "tokenvalue")

@@ -74,7 +74,11 @@ class WandbTracker:
         run_id = None
         # (never through a symlink, which a run directory from elsewhere may hold: the file it points at would be
         # sent to W&B as the run's id, or written over)
-        if id_file is not None and id_file.is_file() and not id_file.is_symlink():
+        if id_file is not None and id_file.is_symlink():
+            warn_at_caller(f"'{id_file}' is a symlink, which rlspeed does not follow (a run directory from elsewhere "
+                           "may point it at any file): this run starts a new W&B run rather than continue one.",
+                           UserWarning)
+        elif id_file is not None and id_file.is_file():
             run_id = id_file.read_text(encoding="utf-8").strip() or None
         from rlspeed.logging import flat_tags
 

@@ -106,7 +106,7 @@ from rlspeed.numerics import DivergedError, NumericsGuard
 if sys.version_info >= (3, 11):
     from typing import Self
 else:
-    from typing_extensions import Self  # (installed with torch)
+    from typing_extensions import Self
 
 #: what `predict` takes as observations and action masks: numpy arrays, (nested) lists or tuples of numbers, numbers,
 #: tensors, or a dict of them per key (Dict observations); numpy in gives numpy out, tensors in give tensors out
