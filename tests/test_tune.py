@@ -469,6 +469,22 @@ def test_eval_episodes_sets_every_evaluation_of_the_trials_and_the_study_records
     assert "was made with another eval_episodes" in cli_error(capsys, [*command, "--trials", "4"])
 
 
+def test_a_study_made_with_another_preset_names_the_values_it_was_made_with(tmp_path, capsys):
+    """A study an older rlspeed made, whose preset for the pair has changed since, is refused on the same command: the
+    refusal names the study's values (it said "resume it with the same command", which the user had given)."""
+    command = _command(tmp_path, "--confirm-seeds", "0")
+    assert cli.main([*command, "--trials", "2"]) == 0
+    study = optuna.load_study(study_name="ppo-CartPole-v1", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    made_for = study.user_attrs["rlspeed"]
+    made_for["hyperparameters"] = {**made_for["hyperparameters"], "n_epochs": 4, "gamma": 0.98}
+    del made_for["hyperparameters"]["batch_size"]
+    study.set_user_attr("rlspeed", {**made_for, "eval_freq": 64})  # (as an older preset would have it)
+    capsys.readouterr()
+    message = cli_error(capsys, [*command, "--trials", "4"])
+    assert all(part in message for part in ("n_epochs 4", "gamma 0.98", "batch_size unset",
+                                            "eval_freq (64 in the study)", "--preset FILE"))
+
+
 def test_the_preset_names_its_study_when_the_storage_path_has_a_space():
     """A storage path with a space was not read back from a preset's first line, so another study's preset at --out
     was rewritten without a word."""

@@ -371,6 +371,26 @@ def _lock_study(storage: str, study_name: str) -> None:
               f"{storage_url(storage)}: wait for it to finish (or stop it), or give another --study-name.")
 
 
+def _changed_setup(made_for: dict, record: dict) -> str:
+    """The settings of a study's record `made_for` that `record` changes, each with the study's value (a hyperparameter
+    the study did not fix: "unset"); rlspeed's preset for the pair is named, since an upgrade may have changed it."""
+    def study_values(old: dict, new: dict) -> str:
+        return ", ".join(f"{key} {old[key]!r}" if key in old else f"{key} unset"
+                         for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key))
+
+    changed = []
+    for key in dict.fromkeys([*record, *made_for]):
+        old, new = made_for.get(key), record.get(key)
+        if old == new:
+            continue
+        if key == "hyperparameters" and isinstance(old, dict) and isinstance(new, dict):
+            changed.append(f"hyperparameters (the study's {study_values(old, new)}: rlspeed's preset for the pair may "
+                           "have changed since; a --preset FILE holding them gives them back)")
+        else:
+            changed.append(f"{key} ({'unset' if old is None else repr(old)} in the study)")
+    return ", ".join(changed)
+
+
 def _open_study(storage: str, study_name: str, seed: int, population: int, budget: int, record: dict):
     """The study `study_name` in `storage`, created or loaded (its completed trials' reports given to the pruner);
     UserError when it was made for another setup."""
@@ -403,9 +423,9 @@ def _open_study(storage: str, study_name: str, seed: int, population: int, budge
             raise UserError(f"Study '{study_name}' in {without_password(storage)} was not made by rlspeed tune (its "
                             "trials and direction are another search's); give a new --study-name.")
         if made_for is not None and made_for != record:
-            changed = [key for key in dict.fromkeys([*record, *made_for]) if made_for.get(key) != record.get(key)]
             raise UserError(f"Study '{study_name}' in {without_password(storage)} was made with another "
-                            f"{', '.join(changed)}; resume it with the same command, or give a new --study-name.")
+                            f"{_changed_setup(made_for, record)}; resume it with the same command and those, or give "
+                            "a new --study-name.")
         previous = study.get_trials(deepcopy=False)
     finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in previous)
     # the sampler's seed moves on with the study, so a resumed study does not replay the draws it already made
