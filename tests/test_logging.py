@@ -997,6 +997,27 @@ def test_metrics_rows_count_the_gradient_steps_so_far_and_give_the_gaussians_std
     assert [int(row["n_updates"]) for row in read_rows(tmp_path / "loaded" / "metrics.csv")] == [64] * 16 + [66, 68]
 
 
+def test_a_file_an_older_rlspeed_wrote_after_training_leaves_n_updates_empty(tmp_path):
+    """A model or checkpoint saved after training by an rlspeed that did not count gradient steps (no n_updates in
+    its metadata) goes on with n_updates empty in its rows and left out of its saves: it counted from 0 there, 16
+    updates at step 2,000 where thousands had been taken."""
+    from rlspeed import A2C
+    from rlspeed.checkpoint import load_checkpoint, save_checkpoint
+
+    model = A2C("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=8, env_backend="torch")
+    model.learn(64, progress_bar=False)
+    tensors, meta = load_checkpoint(model.save(tmp_path / "old.safetensors"))
+    del meta["n_updates"], meta["digest"]  # (as an older rlspeed wrote it)
+    save_checkpoint(tmp_path / "old.safetensors", tensors, meta)
+    resumed = A2C("CartPole-v1", device="cpu", seed=0, num_envs=4, num_steps=8, env_backend="torch")
+    resumed.resume(tmp_path / "old.safetensors")
+    for name, again in (("loaded", A2C.load(tmp_path / "old.safetensors", device="cpu")), ("resumed", resumed)):
+        again.learn(64, progress_bar=False, run_dir=tmp_path / name, log_interval_s=0.0, reset_num_timesteps=False)
+        rows = read_rows(tmp_path / name / "metrics.csv")
+        assert rows and all(row.get("n_updates", "") == "" for row in rows)
+        assert "n_updates" not in load_checkpoint(again.save(tmp_path / "again.safetensors"))[1]
+
+
 def test_a_learn_that_fails_as_it_sets_up_closes_its_bar(monkeypatch):
     """An error in learn after its bar was drawn and before training (the numerics guard's first snapshot here)
     closed nothing: the bar stayed registered as drawn, and with it the display of warnings beside bars, for the

@@ -1577,6 +1577,9 @@ class Algorithm:
     #: algorithm's update loop counts its steps; saved with the model and its checkpoints (here: 0 for a model an
     #: older rlspeed pickled)
     _n_updates: int = 0
+    #: whether `_n_updates` counts from the model's first step: not for a file an older rlspeed wrote after training
+    #: (it did not count them), whose rows then leave `n_updates` empty and whose saves leave it out
+    _n_updates_known: bool = True
     policy: torch.nn.Module
 
     def _start_masking(self) -> int | None:
@@ -2434,7 +2437,7 @@ class Algorithm:
                                sps=sps)
                     if (rate := self._current_learning_rate()) is not None:
                         row["learning_rate"] = rate
-                    if self._n_updates:  # (from the first update on: none before an off-policy learning_starts)
+                    if self._n_updates and self._n_updates_known:  # (none before an off-policy learning_starts)
                         row["n_updates"] = self._n_updates
                     row.update(self.recorder.take(row))  # (callbacks' `logger.record` values since the last row)
                     if eval_due:
@@ -2835,7 +2838,7 @@ class Algorithm:
         metadata = {"algo": self.name, "class": _class_name(type(self)), "env_id": self.env_id,
                     "env_backend": self.env_backend,
                     "config": dataclasses.asdict(self.config), "num_timesteps": self.num_timesteps,
-                    "n_updates": self._n_updates, "seed": self.seed,
+                    **({"n_updates": self._n_updates} if self._n_updates_known else {}), "seed": self.seed,
                     "observation_shape": list(self.spec.observation_shape),
                     "observation_space": space_to_json(self.spec.observation_space),
                     "action_space": space_to_json(self.spec.action_space),
@@ -3011,7 +3014,8 @@ class Algorithm:
             seed = overrides["seed"]  # a model made with it; the weights are the file's)
             torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
         model.num_timesteps = meta.get("num_timesteps", 0)
-        model._n_updates = int(meta.get("n_updates", 0))  # (a file an older rlspeed wrote: counted from 0)
+        model._n_updates = int(meta.get("n_updates", 0))
+        model._n_updates_known = "n_updates" in meta or not model.num_timesteps  # (an older rlspeed's: unknown)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
             # (kept as the file has it: a copy saved from this model resumes as the file would)
@@ -3096,6 +3100,7 @@ class Algorithm:
         self._run_dir = Path(path).resolve().parent
         self.num_timesteps = int(meta.get("num_timesteps", 0))
         self._n_updates = int(meta.get("n_updates", 0))
+        self._n_updates_known = "n_updates" in meta or not self.num_timesteps  # (an older rlspeed's: unknown)
         schedule = meta.get("schedule")
         # the next learn() continues the schedules where the checkpoint's run left them (see `learn`); from a save
         # between learn calls it starts them afresh, as the next learn call of the saved model would have (older
