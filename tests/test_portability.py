@@ -101,8 +101,8 @@ def test_ctrl_c_of_an_nproc_run_on_windows_is_not_forwarded_to_torchrun(monkeypa
     sent = []
 
     class Torchrun:
-        def __init__(self, command, env, start_new_session):
-            pass
+        def __init__(self, command, env, start_new_session, pass_fds=()):
+            assert not pass_fds  # (Windows' Popen refuses them: "pass_fds not supported on Windows")
 
         def send_signal(self, signum):
             if signum != signal.SIGTERM:

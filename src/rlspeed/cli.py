@@ -2422,7 +2422,8 @@ def _launch_torchrun(args: argparse.Namespace) -> int:
     lock = _run_locks().get(str((run_dir / RUN_LOCK).resolve()))
     process = subprocess.Popen(command, env={"OMP_NUM_THREADS": "1", **os.environ,
                                              RUN_LOCKED_BY_LAUNCHER: str(run_dir.resolve())}, start_new_session=True,
-                               pass_fds=() if lock is None else (lock.fileno(),))
+                               # (Windows' Popen takes no pass_fds, and its lock is not a file lock)
+                               pass_fds=() if lock is None or sys.platform == "win32" else (lock.fileno(),))
     received: list[int] = []
 
     def forward(signum, _frame) -> None:
