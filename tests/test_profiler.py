@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -175,6 +176,16 @@ def test_profile_command_prints_the_report_json_and_a_trace(tmp_path, capsys):
     assert data["steps"] == 256 and {p["name"] for p in data["phases"]} >= {"env", "update", "other"}
     events = json.loads(trace.read_text())["traceEvents"]
     assert any(e.get("name") == PREFIX + "update" for e in events)
+
+
+def test_a_trace_is_written_under_a_name_that_is_not_utf8(tmp_path):
+    """torch takes the trace's path as UTF-8 text: a name of other bytes (a GBK-named directory, or any non-ASCII
+    name where the locale's encoding is ASCII and UTF-8 mode is off) was a TypeError traceback after profiling."""
+    trace = tmp_path / os.fsdecode(b"trace-\xff.json")
+    model = PPO("CartPole-v1", device="cpu", seed=0, env_backend="torch", **SMALL_PPO)
+    profile_run(model, steps=128, warmup_steps=0, trace=trace)
+    assert json.loads(trace.read_bytes())["traceEvents"]
+    assert os.listdir(tmp_path) == [trace.name]
 
 
 @pytest.mark.parametrize("args, message", [(["--steps", "0"], "--steps must be positive"),

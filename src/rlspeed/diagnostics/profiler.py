@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable
@@ -196,6 +197,21 @@ def planned_steps(model, steps: int | None = None) -> tuple[int, int, int]:
             min(steps, max(per_iteration, PROFILED_MAX_STEPS // per_iteration * per_iteration)))
 
 
+def _export_trace(prof, trace: Path) -> None:
+    """Write `prof`'s Chrome trace at `trace`. torch takes the path as UTF-8 text: a name whose bytes are not UTF-8
+    (os.fsdecode's surrogates: a GBK-named directory, any non-ASCII name where the locale's encoding is ASCII) is
+    written in a temporary directory and moved there."""
+    try:
+        str(trace).encode("utf-8")
+    except UnicodeEncodeError:
+        with tempfile.TemporaryDirectory() as folder:
+            written = os.path.join(folder, "trace.json")
+            prof.export_chrome_trace(written)
+            shutil.move(written, trace)
+        return
+    prof.export_chrome_trace(str(trace))
+
+
 def profile_run(model, steps: int | None = None, warmup_steps: int | None = None, top: int = 8,
                 trace: str | Path | None = None, say: Callable[[str], None] | None = None) -> Profile:
     """Warm `model` up, time `steps` env steps of `learn` unprofiled, then up to `PROFILED_MAX_STEPS` more (at least
@@ -241,7 +257,7 @@ def profile_run(model, steps: int | None = None, warmup_steps: int | None = None
         if quiet:  # (not passed on to processes started later)
             del os.environ["KINETO_LOG_LEVEL"]
     if trace is not None:
-        prof.export_chrome_trace(str(trace))
+        _export_trace(prof, Path(trace))
     steps_done = model.result.total_timesteps
     per_1k = 1000.0 / max(steps_done, 1)
 
