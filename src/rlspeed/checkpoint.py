@@ -35,7 +35,7 @@ from safetensors.torch import save as st_save
 
 from rlspeed.device import training_threads
 from rlspeed.errors import UserError
-from rlspeed.files import process_running
+from rlspeed.files import local_path, process_running
 
 FORMAT = "rlspeed-checkpoint"
 #: 2: the metadata carries a digest. Format-1 files (no digest) still load, with a warning.
@@ -59,7 +59,7 @@ def plain_file_mode(path: str | os.PathLike) -> None:
 def checkpoint_path(path: str | os.PathLike) -> Path:
     """The file a checkpoint path names: `path` itself if it ends in `.safetensors`, else `path` + `.safetensors`
     (appended, never replacing a suffix: `ppo_lr0.001` is `ppo_lr0.001.safetensors`); `~` is the home directory."""
-    path = Path(path).expanduser()
+    path = local_path(path)
     return path if path.suffix == SUFFIX else path.with_name(path.name + SUFFIX)
 
 
@@ -75,7 +75,7 @@ def _member_models(folder: Path) -> list[Path]:
 def run_model(path: str | os.PathLike) -> Path:
     """The model file `path` names: `path` itself, or a run directory's `model.safetensors`. UserError for a
     directory without one, naming a member's model where it is a population's run directory."""
-    path = Path(path).expanduser()
+    path = local_path(path)
     if not path.is_dir():
         return path
     if (path / "model.safetensors").is_file():
@@ -685,7 +685,7 @@ def load_checkpoint(path: str | os.PathLike, device: torch.device | str = "cpu",
     if not isinstance(path, (str, os.PathLike)):
         raise UserError(f"A checkpoint is read from a file: give its path (a str or pathlib.Path), not {path!r}.")
     given = path
-    path = Path(path).expanduser()
+    path = local_path(path)
     if not path.exists():
         zipped = path.with_name(path.name + ".zip")  # (Stable-Baselines3's save("name") writes name.zip)
         path = zipped if zipped.is_file() and not checkpoint_path(path).exists() else checkpoint_path(path)

@@ -52,7 +52,7 @@ from rlspeed.device import float32_default, major_minor
 from rlspeed.envs.base import mask_size, obs_batch_size, observation_layout, recorded_env_kwargs, space_to_json
 from rlspeed.envs.wrappers import DictRunningMeanStd, RunningMeanStd
 from rlspeed.errors import UserError, warn_at_caller
-from rlspeed.files import write_atomic
+from rlspeed.files import local_path, write_atomic
 from rlspeed.nn import (
     ActorCritic,
     DeterministicActor,
@@ -738,7 +738,7 @@ def export_checkpoint(checkpoint: str | Path, format: str | None = "onnx", out: 
     algo_cls = algorithms.get(meta.get("algo"))
     if algo_cls is None:
         raise UserError(f"'{path}' holds an unknown algorithm '{meta.get('algo')}'.")
-    target = Path(out).expanduser() if out is not None else path.with_suffix(FORMATS[format])
+    target = local_path(out) if out is not None else path.with_suffix(FORMATS[format])
     if target.is_dir() or not target.name:  # (".", "/" or "" name no file: said before the sidecar's name is made)
         raise UserError(f"'{out}' is a directory; give the file to write, e.g. "
                         f"{target / ('policy' + FORMATS[format])}.")

@@ -17,6 +17,20 @@ from pathlib import Path
 from rlspeed.errors import UserError
 
 
+def local_path(path: str | os.PathLike) -> Path:
+    """`path` as a Path, `~` expanded. UserError where this Python's file-name encoding (the locale's without UTF-8
+    mode: ASCII under LC_ALL=C with PYTHONUTF8=0) cannot hold its characters, which every use of it would be a
+    UnicodeEncodeError of."""
+    path = Path(path).expanduser()
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        raise UserError(f"'{path}' has characters that this Python's file-name encoding "
+                        f"({sys.getfilesystemencoding()}, the locale's) cannot hold: run Python in UTF-8 mode "
+                        "(PYTHONUTF8=1, or python -X utf8) or under a UTF-8 locale (LC_ALL=C.UTF-8).") from None
+    return path
+
+
 def _process_umask() -> int:
     mask = os.umask(0o022)  # (read once, at import: setting it back and forth is not thread-safe later)
     os.umask(mask)

@@ -98,6 +98,7 @@ from rlspeed.errors import (
 )
 from rlspeed.export import default_export_module, random_observations
 from rlspeed.export import export as export_policy
+from rlspeed.files import local_path
 from rlspeed.logging import ProgressBar, RunLogger, holds_metrics
 from rlspeed.nn import acting_mode, encoder_from_config, image_channels_first
 from rlspeed.numerics import DivergedError, NumericsGuard
@@ -2203,7 +2204,7 @@ class Algorithm:
             raise UserError(f"checkpoint_freq={checkpoint_freq} needs a run_dir to write the checkpoints to "
                             "(learn(..., run_dir=DIR)), or a CheckpointCallback.")
         if run_dir is not None:  # (absolute, "~" expanded: every file of the run in one directory, also after a
-            run_dir = Path(run_dir).expanduser().absolute()  # chdir during learn)
+            run_dir = local_path(run_dir).absolute()  # chdir during learn)
         if (target_return is not None or eval_freq is not None) and not remakeable(self.env_id):
             # (evaluation builds a fresh env from the id: found out now, not after the first rollout)
             asked = "target_return" if target_return is not None else "eval_freq"

@@ -18,6 +18,7 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed.errors import UserError
+from rlspeed.files import local_path
 from rlspeed.presets.run_settings import RUN_KEYS, coerce_run_settings
 
 #: A preset file's entry for every Atari image id without an entry of its own (RL-Zoo's name for it)
@@ -164,7 +165,7 @@ def load_preset_file(path: str | Path, algo: str, env_id: str, images: bool = Tr
     from rlspeed.algos import ALGORITHMS
     from rlspeed.algos.base import MODEL_ARGUMENTS, build_config
 
-    path = Path(path).expanduser()
+    path = local_path(path)
     if path.is_dir():
         raise UserError(f"--preset {path} is a directory; give a YAML file, or one of {', '.join(SOURCES)}.")
     if not path.is_file():
