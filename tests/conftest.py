@@ -126,6 +126,18 @@ def cli_error(capsys, argv: list[str]) -> str:
     return lines[0]
 
 
+def run_in_ascii_locale(script: str) -> str:
+    """Run the Python `script` in a process of an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0: the
+    file-name and text encodings ASCII); its stdout, asserting that it succeeded."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 def read_only_directory(monkeypatch, directory) -> None:
     """Make `directory` behave as on a read-only file system for rlspeed's writability check (`rlspeed.files.
     unwritable`, a temporary file made there), also where the tests run as root, whom permissions do not stop."""

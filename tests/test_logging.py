@@ -10,6 +10,7 @@ import os
 import sys
 
 import pytest
+from conftest import run_in_ascii_locale
 
 from rlspeed.logging import RunLogger
 
@@ -183,9 +184,6 @@ def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(
     """config.yaml and summary.json are UTF-8 under an ASCII locale too (LC_ALL=C without Python's UTF-8 mode: a
     Chinese value was a UnicodeEncodeError there), and a file name that was not UTF-8 (a lone surrogate) comes back
     from the JSON as the same string."""
-    import subprocess
-    import sys
-
     import yaml
 
     value = {"preset": "预设/我的.yaml", "bytes": "run-\udcff"}
@@ -193,9 +191,7 @@ def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(
               f"d = pathlib.Path({ascii(str(tmp_path))}); "
               "write_atomic(d / 'summary.json', json.dumps(value, ensure_ascii=False)); "
               "write_atomic(d / 'config.yaml', yaml.safe_dump(value, allow_unicode=True))")
-    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    run_in_ascii_locale(script)
     assert "预设/我的.yaml" in (tmp_path / "config.yaml").read_text(encoding="utf-8")
     assert json.loads((tmp_path / "summary.json").read_text(encoding="utf-8")) == value
     assert yaml.safe_load((tmp_path / "config.yaml").read_text(encoding="utf-8")) == value
@@ -204,17 +200,12 @@ def test_run_files_are_utf8_whatever_the_locale_and_a_non_utf8_name_round_trips(
 def test_metrics_csv_with_a_non_ascii_column_is_read_and_appended_as_utf8_whatever_the_locale(tmp_path):
     """A callback's `logger.record("custom/récompense", ...)`: under an ASCII locale the second learn (or a --resume)
     failed with UnicodeDecodeError reading metrics.csv back, and the rows it appended were in the locale's encoding."""
-    import subprocess
-    import sys
-
     script = (f"import pathlib; from rlspeed.logging import RunLogger; d = pathlib.Path({ascii(str(tmp_path))}); "
               "first = RunLogger(d, tensorboard=False); "
               "first.log({'timesteps': 1, '\\u5956\\u52b1/r\\u00e9compense': 1.5}); first.close(); "
               "later = RunLogger(d, tensorboard=False, continue_from=1); "
               "later.log({'timesteps': 2, '\\u5956\\u52b1/r\\u00e9compense': 2.5}); later.close()")
-    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    run_in_ascii_locale(script)
     with open(tmp_path / "metrics.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     assert [row["奖励/récompense"] for row in rows] == ["1.5", "2.5"]

@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 import torch
+from conftest import run_in_ascii_locale
 
 from rlspeed import checkpoint, cli, files
 
@@ -145,8 +146,6 @@ def test_paths_the_locale_cannot_encode_are_one_sentence(tmp_path):
     """Under an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0) a script's non-ASCII run_dir, save or load
     path cannot be a file name: a UserError that says how to run Python, where each was a UnicodeEncodeError
     traceback (learn's after the model was built, from deep in the run logger)."""
-    import subprocess
-
     script = ("import rlspeed, rlspeed.presets\n"
               "model = rlspeed.PPO('CartPole-v1', num_envs=2, num_steps=8, batch_size=16, env_backend='torch')\n"
               f"where = {ascii(str(tmp_path / '运行 é'))}\n"
@@ -155,9 +154,6 @@ def test_paths_the_locale_cannot_encode_are_one_sentence(tmp_path):
               "             lambda: rlspeed.presets.load_preset('ppo', 'CartPole-v1', where)):\n"
               "    try:\n        call()\n"
               "    except rlspeed.UserError as error:\n        print('UserError', ascii(str(error)))\n")
-    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
-    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", script], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    lines = run_in_ascii_locale(script).splitlines()
     assert len(lines) == 4 and all(line.startswith("UserError") and "PYTHONUTF8=1" in line for line in lines), lines
     assert os.listdir(tmp_path) == []
