@@ -211,6 +211,19 @@ def test_metrics_csv_with_a_non_ascii_column_is_read_and_appended_as_utf8_whatev
     assert [row["奖励/récompense"] for row in rows] == ["1.5", "2.5"]
 
 
+def test_tensorboards_warning_under_an_ascii_locale_says_how_to_write_there(tmp_path):
+    """A run directory of a UTF-8 non-ASCII name under LC_ALL=C without UTF-8 mode: TensorBoard cannot write there,
+    and the warning said the name was not UTF-8 (it is); it says how to run Python so that it can."""
+    pytest.importorskip("tensorboard")
+    script = ("import os, pathlib, warnings; from rlspeed.logging import RunLogger\n"
+              f"d = pathlib.Path(os.fsdecode({bytes(tmp_path) + '/运行'.encode()!r}))\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always'); RunLogger(d, tensorboard=True).close(plot=False)\n"
+              "print(ascii([str(w.message) for w in caught]))")
+    said = run_in_ascii_locale(script)
+    assert "TensorBoard cannot write" in said and "PYTHONUTF8=1" in said and "not UTF-8" not in said
+
+
 @pytest.mark.skipif(os.name == "nt", reason="symlinks")
 def test_a_continued_run_never_appends_through_a_metrics_csv_symlink(tmp_path):
     """A run directory from elsewhere whose metrics.csv was a symlink to a file of the user's: `--resume` appended

@@ -299,6 +299,17 @@ def _utf8_name(path: Path) -> bool:
     return True
 
 
+def _why_not_utf8(path: Path) -> str:
+    """Why `path` (not `_utf8_name`) is no UTF-8 text, said of it: its name's bytes are other than UTF-8, or they are
+    UTF-8 that this Python's file-name encoding (the locale's without UTF-8 mode: ASCII under LC_ALL=C) cannot read."""
+    try:
+        os.fsencode(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "whose name is not UTF-8"
+    return (f"whose name this Python's file-name encoding ({sys.getfilesystemencoding()}, the locale's) cannot hold "
+            "(PYTHONUTF8=1, or a UTF-8 locale such as LC_ALL=C.UTF-8, lets it write there)")
+
+
 def _is_terminal(stream) -> bool:
     try:
         return bool(stream.isatty())
@@ -361,8 +372,8 @@ class RunLogger:
                         reason = error.strerror or error
                         raise UserError(f"Cannot write '{_named(error.filename)}' ({reason}).") from None
             else:  # (TensorBoard encodes its file names as UTF-8, and failed on a directory named otherwise)
-                warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', whose name is not UTF-8: this run has "
-                              "no TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
+                warnings.warn(f"TensorBoard cannot write under '{self.run_dir}', {_why_not_utf8(self.run_dir)}: this "
+                              "run has no TensorBoard events (metrics.csv has its metrics).", stacklevel=2)
 
     def _read_rows(self, up_to: int) -> None:
         """The rows of an existing metrics.csv at env steps <= `up_to` (numbers parsed back), in its columns. A last
