@@ -143,17 +143,19 @@ def test_a_model_is_saved_where_directories_cannot_be_opened(tmp_path, monkeypat
 
 
 def test_paths_the_locale_cannot_encode_are_one_sentence(tmp_path):
-    """Under an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0) a script's non-ASCII run_dir, save or load
-    path cannot be a file name: a UserError that says how to run Python, where each was a UnicodeEncodeError
-    traceback (learn's after the model was built, from deep in the run logger)."""
+    """Under an ASCII locale without UTF-8 mode (LC_ALL=C, PYTHONUTF8=0) a script's non-ASCII run_dir, save, load,
+    preset or callback path cannot be a file name: a UserError that says how to run Python, where each was a
+    UnicodeEncodeError traceback (learn's after the model was built, from deep in the run logger)."""
     script = ("import rlspeed, rlspeed.presets\n"
               "model = rlspeed.PPO('CartPole-v1', num_envs=2, num_steps=8, batch_size=16, env_backend='torch')\n"
               f"where = {ascii(str(tmp_path / '运行 é'))}\n"
               "for call in (lambda: model.learn(16, run_dir=where), lambda: model.save(where + '/m'),\n"
               "             lambda: rlspeed.PPO.load(where + '/m'),\n"
-              "             lambda: rlspeed.presets.load_preset('ppo', 'CartPole-v1', where)):\n"
+              "             lambda: rlspeed.presets.load_preset('ppo', 'CartPole-v1', where),\n"
+              "             lambda: rlspeed.CheckpointCallback(8, where),\n"
+              "             lambda: rlspeed.EvalCallback(log_path=where)):\n"
               "    try:\n        call()\n"
               "    except rlspeed.UserError as error:\n        print('UserError', ascii(str(error)))\n")
     lines = run_in_ascii_locale(script).splitlines()
-    assert len(lines) == 4 and all(line.startswith("UserError") and "PYTHONUTF8=1" in line for line in lines), lines
+    assert len(lines) == 6 and all(line.startswith("UserError") and "PYTHONUTF8=1" in line for line in lines), lines
     assert os.listdir(tmp_path) == []

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from rlspeed.errors import UserError, positive_whole, true_or_false
-from rlspeed.files import write_atomic
+from rlspeed.files import local_path, write_atomic
 from rlspeed.logging import print_beside_bars
 
 if typing.TYPE_CHECKING:
@@ -634,8 +634,8 @@ class EvalCallback(BaseCallback):
                 child.parent = self
         self.n_eval_episodes = int(n_eval_episodes)
         self.eval_freq = int(eval_freq)
-        self.log_path = Path(log_path) if log_path is not None else None
-        self.best_model_save_path = Path(best_model_save_path) if best_model_save_path is not None else None
+        self.log_path = local_path(log_path) if log_path is not None else None
+        self.best_model_save_path = local_path(best_model_save_path) if best_model_save_path is not None else None
         self.deterministic = true_or_false("EvalCallback(deterministic=...)", deterministic)
         self.seed = seed
         self.best_mean_reward: float = -math.inf
@@ -814,7 +814,7 @@ class CheckpointCallback(BaseCallback):
         if not isinstance(save_path, (str, os.PathLike)):
             raise UserError(f"CheckpointCallback's save_path is a directory's path (a str or pathlib.Path), not "
                             f"{save_path!r}.")
-        self.save_path = Path(save_path)
+        self.save_path = local_path(save_path)
         self.name_prefix = name_prefix
         self.save_replay_buffer = save_replay_buffer
         self.save_vecnormalize = save_vecnormalize
