@@ -10,10 +10,11 @@ import signal
 import sys
 import tempfile
 
+import pytest
 import torch
 from conftest import run_in_ascii_locale
 
-from rlspeed import checkpoint, cli, files
+from rlspeed import UserError, checkpoint, cli, files
 
 
 def test_run_files_are_written_without_fchmod(tmp_path, monkeypatch):
@@ -159,3 +160,14 @@ def test_paths_the_locale_cannot_encode_are_one_sentence(tmp_path):
     lines = run_in_ascii_locale(script).splitlines()
     assert len(lines) == 6 and all(line.startswith("UserError") and "PYTHONUTF8=1" in line for line in lines), lines
     assert os.listdir(tmp_path) == []
+
+
+def test_a_set_value_whose_bytes_the_locale_cannot_read_says_how_to_run():
+    """`--set activation=中文` under LC_ALL=C without UTF-8 mode reaches Python as undecodable bytes: the refusal said
+    only that the value could not be read; it says why, and how to run so that it can."""
+    script = ("import os, sys; from rlspeed import cli; sys.stderr = sys.stdout\n"
+              "print(cli.main(['train', 'ppo', 'CartPole-v1', '--set', 'gamma=' + os.fsdecode(b'\\xe4\\xb8\\xad')]))")
+    said = run_in_ascii_locale(script)
+    assert "locale's encoding, ascii" in said and "LC_ALL=C.UTF-8" in said and said.splitlines()[-1] == "2"
+    with pytest.raises(UserError, match="cannot read value .* not UTF-8 text"):  # (UTF-8 mode: bytes of another code)
+        cli._parse_set(["gamma=" + os.fsdecode(b"\xff")])

@@ -234,7 +234,12 @@ def _parse_set(pairs: list[str], flag: str = "--set") -> dict:
         try:
             out[key] = _exponent_floats(yamlfile.read(value, f"{flag} {key}={value.strip()}"))
         except (yamlfile.InvalidYAML, ValueError, OverflowError):
-            raise UserError(f"{flag} {key}: cannot read value '{value}'.") from None
+            encoding, unread = sys.getfilesystemencoding(), ""
+            if re.search("[\udc80-\udcff]", value):  # (os.fsdecode's surrogates: bytes the encoding cannot read)
+                unread = (" (its bytes are not UTF-8 text)" if encoding == "utf-8" else
+                          f" (its bytes are no text in the locale's encoding, {encoding}: run under a UTF-8 locale, "
+                          "such as LC_ALL=C.UTF-8, or with PYTHONUTF8=1)")
+            raise UserError(f"{flag} {key}: cannot read value '{value}'{unread}.") from None
         if re.search(r"(?:^|\s)#", value) and "#" not in repr(out[key]):  # (YAML read " #..." as a comment)
             raise UserError(f"{flag} {key}={value.strip()}: YAML reads ' #' and what follows as a comment, which "
                             f"would be dropped; quote a text ({key}='\"{value.strip()}\"') or leave the comment out.")
