@@ -1475,7 +1475,7 @@ class Algorithm:
         self.obs_rms: RunningMeanStd | None = None
         self.return_rms: RunningMeanStd | None = None  # reward normalisation's statistics (saved, for resuming)
         self.num_timesteps: int = 0
-        self._n_updates = 0
+        self._n_updates, self._n_updates_known = 0, True
         # the schedules' span (`_progress_remaining`): set by learn, or by `load` to where the saved run's stood
         self._learn_start: int | None = None
         self._schedule_end: int | None = None
