@@ -36,7 +36,15 @@ import yaml
 
 from rlspeed import yamlfile
 from rlspeed._version import __version__
-from rlspeed.errors import Busy, EnvStepError, PeerEnded, UserError, infinite_advice, peer_algorithm_advice
+from rlspeed.errors import (
+    Busy,
+    EnvStepError,
+    OtherEnvOptionsWarning,
+    PeerEnded,
+    UserError,
+    infinite_advice,
+    peer_algorithm_advice,
+)
 from rlspeed.files import forget_ended_processes_folders, process_folder_prefix, remove_stale_temporaries, unwritable
 from rlspeed.files import write_text_atomic as _write_text
 from rlspeed.logging import print_beside_bars as _print_beside_bars
@@ -1748,7 +1756,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         model.make_training_env()
         try:
             with warnings.catch_warnings():  # (--env-kwargs with --resume changes the options: the run says so)
-                warnings.filterwarnings("ignore", message=r".* was trained on .* made with the options ")
+                warnings.simplefilter("ignore", OtherEnvOptionsWarning)
                 _fits(lambda: model.resume(checkpoint), checkpoint, f"this {algo_cls.__name__} model (did --set "
                       "change its networks since the checkpoint was written?)")
         except UserError as error:

@@ -31,6 +31,11 @@ class Busy(UserError):
     input (2)."""
 
 
+class OtherEnvOptionsWarning(UserWarning):
+    """A run resumed (`resume`) into a model whose env options differ from those the run was trained with: it goes
+    on on the model's env (the command line's `--resume --env-kwargs` changes them on purpose and says so)."""
+
+
 class UnusedSettingWarning(UserWarning):
     """A hyperparameter that changes nothing on the env it is given for (say `cnn_features_dim` without images):
     said when a model is made, not again when one is loaded or a population's member models are rebuilt."""

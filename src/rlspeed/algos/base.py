@@ -88,6 +88,7 @@ from rlspeed.envs.gymnasium_env import check_action_masks, normalising_wrappers,
 from rlspeed.envs.sb3_env import VecEnvLike, is_sb3_vec_env, vec_normalize_of
 from rlspeed.envs.wrappers import observation_statistics
 from rlspeed.errors import (
+    OtherEnvOptionsWarning,
     UnusedSettingWarning,
     UserError,
     first_line,
@@ -3014,9 +3015,7 @@ class Algorithm:
         if overrides.get("seed") is not None:  # (a seed given now: what the model draws from here on follows it, as
             seed = overrides["seed"]  # a model made with it; the weights are the file's)
             torch.manual_seed(model.strategy.seed_for_rank(seed) if model.strategy.enabled else seed)
-        model.num_timesteps = meta.get("num_timesteps", 0)
-        model._n_updates = int(meta.get("n_updates", 0))
-        model._n_updates_known = "n_updates" in meta or not model.num_timesteps  # (an older rlspeed's: unknown)
+        model._restore_counts(meta)
         if meta.get("schedule"):  # (where the saved run's schedules stood: DQN.epsilon(t) as the run had it; a
             model._learn_start, model._schedule_end = (int(step) for step in meta["schedule"])  # learn sets its own)
             # (kept as the file has it: a copy saved from this model resumes as the file would)
@@ -3082,10 +3081,11 @@ class Algorithm:
         with warnings.catch_warnings():  # (an option no checkpoint can hold was said when this model was made)
             warnings.simplefilter("ignore")
             options = json.loads(json.dumps(recorded_env_kwargs(self.spec)))  # (as the file holds them)
-        if isinstance(meta.get("env_kwargs") or {}, dict) and (meta.get("env_kwargs") or {}) != options:
-            warnings.warn(f"'{path}' was trained on {self.env_id} made with the options {meta.get('env_kwargs') or {}}"
-                          f" and this model's env has {options}: the run goes on on this model's env (make the model "
-                          "with the run's env_kwargs to go on as it was).", stacklevel=2)
+        saved_options = meta.get("env_kwargs") or {}
+        if isinstance(saved_options, dict) and saved_options != options:
+            warnings.warn(f"'{path}' was trained on {self.env_id} made with the options {saved_options} and this "
+                          f"model's env has {options}: the run goes on on this model's env (make the model with the "
+                          "run's env_kwargs to go on as it was).", OtherEnvOptionsWarning, stacklevel=2)
         fields = {field.name for field in dataclasses.fields(self.config_cls)}
         try:  # (a setting an older rlspeed had, or a value it took: the tensors' shapes still decide)
             saved = build_config(self.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
@@ -3099,9 +3099,7 @@ class Algorithm:
                                 "its networks).")
         self._restore(tensors, meta, path)
         self._run_dir = Path(path).resolve().parent
-        self.num_timesteps = int(meta.get("num_timesteps", 0))
-        self._n_updates = int(meta.get("n_updates", 0))
-        self._n_updates_known = "n_updates" in meta or not self.num_timesteps  # (an older rlspeed's: unknown)
+        self._restore_counts(meta)
         schedule = meta.get("schedule")
         # the next learn() continues the schedules where the checkpoint's run left them (see `learn`); from a save
         # between learn calls it starts them afresh, as the next learn call of the saved model would have (older
@@ -3122,6 +3120,13 @@ class Algorithm:
         file = Path(path) if Path(path).exists() else checkpoint_path(path)
         self._resume = {"meta": state or {}, "path": file,
                         "tensors": {key[7:]: value for key, value in tensors.items() if key.startswith("resume.")}}
+
+    def _restore_counts(self, meta: dict) -> None:
+        """The env steps and gradient steps a saved file holds (`load`, `resume`); a file an older rlspeed wrote after
+        training holds no gradient steps: unknown (`_n_updates_known`)."""
+        self.num_timesteps = int(meta.get("num_timesteps", 0))
+        self._n_updates = int(meta.get("n_updates", 0))
+        self._n_updates_known = "n_updates" in meta or not self.num_timesteps
 
     def _restore(self, tensors: dict[str, torch.Tensor], meta: dict, path: str | Path | None = None) -> None:
         """Load networks, normalisation statistics and optimiser state from checkpoint tensors (of the file `path`,
