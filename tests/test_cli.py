@@ -2930,3 +2930,43 @@ def test_the_run_directory_stays_locked_while_torchrun_outlives_a_killed_nproc_l
     monkeypatch.setattr(subprocess_module, "Popen", torchrun)
     cli.main(["train", "ppo", "CartPole-v1", "--nproc", "1", "--out", str(tmp_path / "run"), "--no-progress"])
     assert seen["lock"] == "busy"
+
+
+def test_dry_run_prints_the_config_the_run_writes_and_writes_nothing(capsys, monkeypatch, tmp_path):
+    """`--dry-run` shows the settings a command would train with (its config.yaml, exactly: a preset file too) on
+    stdout, trains nothing and makes no directory; the same command without it writes that config.yaml."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "ppo", "CartPole-v1", "--total-timesteps", "256", "--set", "learning_rate=1e-3",
+            "--target-return", "none", "--no-progress", "--out", "run"]
+    assert cli.main([*argv, "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "nothing was trained or written" in captured.err and "rlspeed:" not in captured.out
+    assert list(tmp_path.iterdir()) == []  # (no run directory, no runs/)
+    shown = yaml.safe_load(captured.out)
+    assert shown["hyperparameters"]["learning_rate"] == 1e-3 and shown["total_timesteps"] == 256
+    assert cli.main(argv) == 0
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text()) == shown
+    capsys.readouterr()
+    # (the file shown is a preset: a dry run from it shows the same hyperparameters and run settings)
+    (tmp_path / "shown.yaml").write_text(captured.out)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--preset", "shown.yaml", "--dry-run"]) == 0
+    again = yaml.safe_load(capsys.readouterr().out)
+    assert again["hyperparameters"] == shown["hyperparameters"] and again["total_timesteps"] == 256
+
+
+def test_dry_run_of_a_population_shows_its_per_member_values(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-2", "--set", "learning_rate=1e-3,2e-3,3e-3",
+                     "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    shown = yaml.safe_load(captured.out)
+    assert shown["seeds"] == [0, 1, 2] and shown["hyperparameters"]["learning_rate"] == [1e-3, 2e-3, 3e-3]
+    assert "which --preset does not take" in captured.err and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flag", [["--resume", "--out", "run"], ["--nproc", "2"], ["--overwrite"]])
+def test_dry_run_with_a_flag_it_cannot_show_is_refused(flag, capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--dry-run", *flag])
+    assert error.startswith(f"rlspeed: error: --dry-run does not apply with {flag[0]}")
+    assert list(tmp_path.iterdir()) == []

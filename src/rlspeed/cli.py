@@ -387,8 +387,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     Writes the run directory (config.yaml, metrics.csv, model.safetensors, summary.json, ...); under torchrun every rank
     trains and only rank 0 writes. With `--nproc N` it starts torchrun with N processes running this same command
     instead, and returns torchrun's exit code. Ctrl-C (SIGINT) or SIGTERM during training saves the model, a checkpoint
-    and summary.json (`"interrupted": true`) and returns 130 or 143.
+    and summary.json (`"interrupted": true`) and returns 130 or 143. With `--dry-run` it prints the config.yaml the
+    run would write and returns 0, having trained and written nothing (what it says while building goes to stderr).
     """
+    if args.dry_run and not hasattr(args, "dry_run_stdout"):
+        _refuse_with_dry_run(args)
+        args.dry_run_stdout = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return cmd_train(args)
     _import_env_modules(args, "env_id")
     if args.out is not None:  # (one path for every file of the run: the checkpoints' writer expands "~" too)
         if not args.out.strip():
@@ -654,6 +660,19 @@ def _train_population(args: argparse.Namespace) -> int:
     args.encryption = encryption_settings()
     population = Population(algo_cls, args.env_id, seeds=seeds, device=device, **options, **{**hyper, **per_member})
     population.check_fits(total)  # (a replay buffer is allocated when training starts, after the run directory)
+    # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
+    checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)
+    config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
+              "env_backend": population.env_backend, "total_timesteps": total,
+              "target_return": target, "eval_freq": eval_freq, "eval_episodes": _eval_episodes(args),
+              "checkpoint_freq": checkpoint_freq,
+              "save_replay_buffer": bool(args.save_replay_buffer), "gym_packages": args.gym_packages,
+              "preset": args.preset_info, "env_kwargs": env_kwargs or None,
+              # (a CPU's results depend on the thread count, as a solo run's: --resume keeps the run's)
+              "threads": _torch_threads(), "hyperparameters": {**_plain(_config), **per_member}}
+    if args.dry_run:
+        with contextlib.closing(population):
+            return _print_dry_run(args, config)
     created = args.out is None or not Path(args.out).exists()
     run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=False, seeds=seeds)
     checkpoint = run_dir / CHECKPOINT_NAME
@@ -674,16 +693,6 @@ def _train_population(args: argparse.Namespace) -> int:
             finishing = resumed_from >= total  # (a finished run was refused: `_prepare_run_dir`)
         else:
             say(f"rlspeed: --resume: no {checkpoint} yet, so training starts from scratch", flush=True)
-    # a crash or a kill loses at most this many steps per member (by default 1/20 of the budget)
-    checkpoint_freq = args.checkpoint_freq or max(total // 20, 1)
-    config = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "device": str(device),
-              "env_backend": population.env_backend, "total_timesteps": total,
-              "target_return": target, "eval_freq": eval_freq, "eval_episodes": _eval_episodes(args),
-              "checkpoint_freq": checkpoint_freq,
-              "save_replay_buffer": bool(args.save_replay_buffer), "gym_packages": args.gym_packages,
-              "preset": args.preset_info, "env_kwargs": env_kwargs or None,
-              # (a CPU's results depend on the thread count, as a solo run's: --resume keeps the run's)
-              "threads": _torch_threads(), "hyperparameters": {**_plain(_config), **per_member}}
     if resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     _write_config(run_dir, config)
@@ -1716,14 +1725,17 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     model = _model(args, algo_cls, hyper, strategy)
     created = args.out is None or not Path(args.out).exists()
     target, eval_freq = _target_and_eval_freq(args, run_settings, model.spec)
-    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled,
-                               finished_enough=lambda ended: _trained_enough(ended, total, target))
     recorded_eval_freq = eval_freq  # (config.yaml's: a resumed run keeps its own, which its checkpoint follows)
     if target is None and args.eval_freq is None and not getattr(args, "eval_freq_given", False):
         eval_freq = None  # (a shipped preset's eval_freq serves its target: no evaluations; config.yaml says so)
         # (a resumed run's comes from its config.yaml; `--resume` in a directory without a run starts one afresh,
         # which records that none ran, as the same command without it does: else its resume evaluated at the preset's)
         recorded_eval_freq = recorded_eval_freq if "eval_freq" in getattr(args, "resume_run_settings", {}) else None
+    if args.dry_run:
+        with contextlib.closing(model):
+            return _print_dry_run(args, _solo_config(args, algo_cls, model, total, target, recorded_eval_freq))
+    run_dir = _prepare_run_dir(args, algo_cls.name, checked_before=strategy.enabled,
+                               finished_enough=lambda ended: _trained_enough(ended, total, target))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     checkpoint_freq = args.checkpoint_freq
     if checkpoint_freq is None and (args.resume or int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
@@ -1784,19 +1796,7 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     if resumed_from is not None:
         _refuse_budget_below_trained(run_dir, run_total, resumed_from, "steps the run has trained",
                                      "its final evaluation and model")
-    config = {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
-              "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
-              "eval_freq": recorded_eval_freq, "eval_episodes": _eval_episodes(args), "accelerate": args.accelerate,
-              "gym_packages": args.gym_packages, "preset": args.preset_info, "nan_policy": args.nan_policy,
-              "env_kwargs": model.spec.env_kwargs or None,
-              # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
-              "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
-              "video_every": args.video_every,  # (the videos asked for, which --resume keeps filming)
-              # (a CPU's results depend on the thread count: the order of its sums)
-              "threads": _torch_threads(),
-              # (so do the processes': each steps its share of the envs with a seed of its own, and the gradients are
-              # averaged over them)
-              "processes": model.strategy.world_size, "hyperparameters": _plain(model.config)}
+    config = _solo_config(args, algo_cls, model, run_total, target, recorded_eval_freq)
     if main and resumed_from is not None:
         _say_changed_settings(run_dir / "config.yaml", config, resumed_from)
     if main:
@@ -1818,6 +1818,46 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
     finally:
         if tracker is not None:
             tracker.finish(exit_code=1)  # (a no-op when the run finished it with its summary)
+
+
+def _solo_config(args, algo_cls, model, run_total: int, target, eval_freq) -> dict:
+    """A single run's config.yaml: what it trains, with which settings and hyperparameters (a preset too)."""
+    return {"algo": algo_cls.name, "env_id": args.env_id, "seed": args.seed, "device": str(model.device),
+            "env_backend": model.env_backend, "total_timesteps": run_total, "target_return": target,
+            "eval_freq": eval_freq, "eval_episodes": _eval_episodes(args), "accelerate": args.accelerate,
+            "gym_packages": args.gym_packages, "preset": args.preset_info, "nan_policy": args.nan_policy,
+            "env_kwargs": model.spec.env_kwargs or None,
+            # (the checkpoint settings asked for, which --resume keeps; None: one every CHECKPOINT_INTERVAL_S)
+            "checkpoint_freq": args.checkpoint_freq, "save_replay_buffer": bool(args.save_replay_buffer),
+            "video_every": args.video_every,  # (the videos asked for, which --resume keeps filming)
+            # (a CPU's results depend on the thread count: the order of its sums)
+            "threads": _torch_threads(),
+            # (so do the processes': each steps its share of the envs with a seed of its own, and the gradients are
+            # averaged over them)
+            "processes": model.strategy.world_size, "hyperparameters": _plain(model.config)}
+
+
+def _refuse_with_dry_run(args: argparse.Namespace) -> None:
+    """UserError for a flag `--dry-run` cannot show: it builds the model of a new run in this process and trains
+    nothing."""
+    for flag, given, why in (("--resume", args.resume, "the run's config.yaml holds its settings"),
+                             ("--nproc", args.nproc is not None, "it shows one process's settings: drop --nproc"),
+                             ("--overwrite", args.overwrite, "a dry run writes nothing")):
+        if given:
+            raise UserError(f"--dry-run does not apply with {flag} ({why}): drop one of them.")
+
+
+def _print_dry_run(args: argparse.Namespace, config: dict) -> int:
+    """`--dry-run`: the config.yaml the command would write, on stdout (the notes of building the model went to
+    stderr), and a line on stderr saying nothing was trained or written; returns 0."""
+    stdout = getattr(args, "dry_run_stdout", sys.stdout)
+    stdout.write(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    stdout.flush()
+    kind = ("a population's, which --preset does not take" if "seeds" in config
+            else "a preset file too: --preset FILE trains with them")
+    print(f"rlspeed: dry run: the settings above are the config.yaml this command would write ({kind}); nothing was "
+          "trained or written", file=sys.stderr, flush=True)
+    return 0
 
 
 def _trained_enough(ended: dict, total: int, target) -> bool:
@@ -2748,6 +2788,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run directory (default runs/<algo>-<env>-<seed>-<time>, with a numbered suffix if that "
                             "exists)")
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    train.add_argument("--dry-run", action="store_true",
+                       help="print the settings the run would use (its config.yaml, a preset file) and exit: builds "
+                            "the model, trains and writes nothing")
     train.add_argument("--target-return", type=_target_text, default=None, metavar="R|none",
                        help="stop when evaluation reaches it (default: the preset's target_return, else the env's "
                             "reward_threshold; none: train the whole budget)")
