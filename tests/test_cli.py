@@ -341,6 +341,7 @@ def test_run_files_write_chinese_as_it_is(capsys, monkeypatch, tmp_path):
     (["train", "ppo", "CartPole-v1", "--set", "num_minibatches=4"], "batch_size = num_envs * num_steps / num_minib"),
     (["train", "sac", "Pendulum-v1", "--set", "q_lr=1e-3"], "one learning_rate trains the actor, the critics"),
     (["train", "td3", "Pendulum-v1", "--set", "policy_frequency=2"], "updates per actor update are policy_delay"),
+    (["train", "ppo", "CartPole-v1", "--trained-agent", "runs/x"], "is RL-Zoo's: --init-from runs/x starts from"),
 ])
 def test_cleanrl_arguments_and_hyperparameter_flags_name_the_setting_to_use(argv, expected, capsys):
     """CleanRL's script arguments (as flags or --set keys) and hyperparameters written as flags are one sentence
@@ -2970,3 +2971,50 @@ def test_dry_run_with_a_flag_it_cannot_show_is_refused(flag, capsys, monkeypatch
     error = cli_error(capsys, ["train", "ppo", "CartPole-v1", "--dry-run", *flag])
     assert error.startswith(f"rlspeed: error: --dry-run does not apply with {flag[0]}")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_init_from_starts_a_new_run_from_a_saved_models_networks(capsys, monkeypatch, tmp_path):
+    """`--init-from RUN_DIR` (RL-Zoo's --trained-agent): the new run's model starts from the file's networks, whose
+    shape (net_arch) it takes over the preset's, with its own hyperparameters, steps from 0 and its own run
+    directory; config.yaml records the file. A --set that changes the networks, another algorithm's file or a file
+    for other spaces is one sentence."""
+    monkeypatch.chdir(tmp_path)
+    common = ["--target-return", "none", "--no-progress", "--quiet"]
+    assert cli.main(["train", "ppo", "CartPole-v1", "--set", "net_arch=[16,16]", "--total-timesteps", "2048",
+                     "--out", "first", *common]) == 0
+    # (a learning rate too small to move the weights: the fine-tuned model acts as the file's)
+    assert cli.main(["train", "ppo", "CartPole-v1", "--init-from", "first", "--set", "learning_rate=1e-12",
+                     "--total-timesteps", "256", "--out", "second", *common]) == 0
+    assert "net_arch=[16, 16], as the networks of" in capsys.readouterr().err
+    config = yaml.safe_load((tmp_path / "second" / "config.yaml").read_text())
+    assert config["init_from"] == str((tmp_path / "first" / "model.safetensors").resolve())
+    assert config["hyperparameters"]["net_arch"] == [16, 16]
+    first = PPO.load(tmp_path / "first" / "model.safetensors", device="cpu")
+    second = PPO.load(tmp_path / "second" / "model.safetensors", device="cpu")
+    observations = torch.randn(256, 4)
+    assert torch.equal(first.predict(observations, deterministic=True)[0],
+                       second.predict(observations, deterministic=True)[0])
+    assert second.num_timesteps == 256
+    for argv, error in ((["ppo", "CartPole-v1", "--set", "net_arch=[64,64]"], "--set net_arch=[64, 64] and "),
+                        (["dqn", "CartPole-v1"], "holds a model of ppo, not of dqn"),
+                        (["ppo", "Acrobot-v1"], "whose observations and actions differ"),
+                        (["ppo", "CartPole-v1", "--seeds", "0-1"], "--init-from does not apply to a population")):
+        assert error in cli_error(capsys, ["train", *argv, "--init-from", "first", "--dry-run"])
+
+
+def test_set_parameters_takes_a_files_networks_and_nothing_else(tmp_path):
+    """`model.set_parameters(path)` (Stable-Baselines3's name): the networks (a DQN's target network too) of a model
+    of the same algorithm and shape; the model's own hyperparameters, optimiser and step count stay."""
+    from rlspeed import DQN
+
+    source = DQN("CartPole-v1", seed=0, num_envs=2, learning_starts=64, net_arch=[32, 32])
+    source.learn(512, progress_bar=False)
+    source.save(tmp_path / "dqn")
+    model = DQN("CartPole-v1", seed=1, num_envs=2, learning_starts=64, net_arch=[32, 32], learning_rate=1e-5)
+    model.set_parameters(tmp_path / "dqn.safetensors")
+    for name in ("q_network", "q_target"):
+        theirs, ours = getattr(source, name).state_dict(), getattr(model, name).state_dict()
+        assert all(torch.equal(theirs[key], ours[key]) for key in theirs)
+    assert model.num_timesteps == 0 and model.config.learning_rate == 1e-5
+    with pytest.raises(UserError, match=r"net_arch=\[32, 32\], this model's have net_arch=\[64, 64\]"):
+        DQN("CartPole-v1", net_arch=[64, 64]).set_parameters(tmp_path / "dqn.safetensors")

@@ -596,7 +596,8 @@ def _train_population(args: argparse.Namespace) -> int:
                                         ("--video-every", args.video_every is not None), ("--track", args.track),
                                         ("--accelerate auto", args.accelerate != "off"),
                                         ("--nan-policy mask", args.nan_policy != "raise"),
-                                        ("--max-restarts", bool(args.max_restarts)))
+                                        ("--max-restarts", bool(args.max_restarts)),
+                                        ("--init-from", args.init_from is not None))
                if given]
     if any(item == "--seed" or item.startswith("--seed=") for item in getattr(args, "argv", [])):
         refused.insert(0, "--seed")
@@ -1008,6 +1009,8 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
         run_settings.update(getattr(args, "resume_run_settings", {}))
         if isinstance(getattr(args, "resume_preset", None), dict):
             args.preset_info, args.preset_message = args.resume_preset, None
+    init_notes = (_networks_of_init_file(args, algo_cls, hyper)
+                  if getattr(args, "init_from", None) and not _resumes_checkpoint(args) else [])
     overrides = _parse_set(args.set or [])
     _check_set_keys(overrides, getattr(args, "command", "train"))
     run_overrides, hyper_overrides = split_run_settings(overrides)
@@ -1032,6 +1035,7 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
                                                   algo_cls.__name__)
     if dropped_note is not None and not hyper_overrides.get("normalize_obs"):
         args.setting_notes.append(dropped_note)
+    args.setting_notes += [note for key, note in init_notes if key not in hyper_overrides]
     if getattr(args, "variant_note", None) and not resumed:
         args.setting_notes.append(args.variant_note)
     if args.env_variant and not resumed:
@@ -1043,6 +1047,57 @@ def _settings(args: argparse.Namespace) -> tuple[type, dict, dict, object]:
     if (hyper_overrides or getattr(args, "member_keys", ())) and not resumed and preset.source not in ("file", "none"):
         args.setting_notes += _preset_values_kept(preset, algo_cls, given, hyper)
     return algo_cls, _coerce_run_settings(run_settings), hyper, config
+
+
+def _resumes_checkpoint(args: argparse.Namespace) -> bool:
+    """Whether this `--resume` finds a checkpoint in --out to go on from."""
+    return bool(getattr(args, "resume", False) and args.out and (Path(args.out) / "checkpoint.safetensors").exists())
+
+
+def _init_model_file(args: argparse.Namespace) -> Path:
+    """`--init-from`'s model file (a run directory's model.safetensors), checked to exist."""
+    from rlspeed.checkpoint import checkpoint_path, run_model
+
+    path = run_model(args.init_from)
+    path = path if path.is_file() else checkpoint_path(path)
+    if not path.is_file():
+        raise UserError(f"--init-from '{args.init_from}': no such model file (give a saved model or a run directory "
+                        "holding a model.safetensors).")
+    return path
+
+
+def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict) -> list[tuple[str, str]]:
+    """With `--init-from FILE`: the settings that decide the networks (net_arch, activation, encoder, ...) set in
+    `hyper` to the file's, whose weights the model takes; returns (key, note) for those that differ from the
+    preset's (a `--set` of the key replaces the file's value, and the weights are then refused in one sentence)."""
+    from rlspeed.algos.base import _network_keys, build_config
+    from rlspeed.checkpoint import load_checkpoint, refuse_non_model
+    from rlspeed.envs.base import space_from_json
+
+    path = _init_model_file(args)
+    _, meta = load_checkpoint(path, device="cpu")
+    refuse_non_model(path, meta, "load")
+    if meta.get("algo") != algo_cls.name:
+        raise UserError(f"--init-from '{path}' holds a model of {meta.get('algo')}, not of {algo_cls.name}: give a "
+                        f"{algo_cls.name} model (the networks it starts from).")
+    fields = {field.name for field in dataclasses.fields(algo_cls.config_cls)}
+    saved = build_config(algo_cls.config_cls, {k: v for k, v in meta["config"].items() if k in fields})
+    space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+    notes = []
+    before, given = _plain(build_config(algo_cls.config_cls, hyper)), _parse_set(args.set or [])
+    for key in _network_keys(saved, space):
+        if key not in fields:
+            continue
+        value = _plain(saved)[key]
+        if key in given and _plain(build_config(algo_cls.config_cls, {key: given[key]}))[key] != value:
+            raise UserError(f"--set {key}={given[key]} and --init-from '{path}' (networks with {key}={value}) "
+                            f"disagree: drop --set {key}, whose networks could not take the file's weights.")
+        if before[key] != value:
+            notes.append((key, f"rlspeed: note: --init-from: {key}={value}, as the networks of '{path}' (else "
+                               f"{before[key]})"))
+        hyper[key] = value
+    args.init_from = str(path.resolve())
+    return notes
 
 
 def _say_preset(args: argparse.Namespace, say=print) -> None:
@@ -1731,6 +1786,12 @@ def _train(args, algo_cls, strategy, run_settings: dict, hyper: dict, total: int
         # (a resumed run's comes from its config.yaml; `--resume` in a directory without a run starts one afresh,
         # which records that none ran, as the same command without it does: else its resume evaluated at the preset's)
         recorded_eval_freq = recorded_eval_freq if "eval_freq" in getattr(args, "resume_run_settings", {}) else None
+    if args.init_from is not None and not _resumes_checkpoint(args):
+        try:  # (a resumed run's checkpoint holds its weights: the file it started from may be gone since)
+            model.set_parameters(args.init_from)
+        except UserError as error:
+            model.close()
+            raise UserError(f"--init-from: {error}") from None
     if args.dry_run:
         with contextlib.closing(model):
             return _print_dry_run(args, _solo_config(args, algo_cls, model, total, target, recorded_eval_freq))
@@ -1834,7 +1895,9 @@ def _solo_config(args, algo_cls, model, run_total: int, target, eval_freq) -> di
             "threads": _torch_threads(),
             # (so do the processes': each steps its share of the envs with a seed of its own, and the gradients are
             # averaged over them)
-            "processes": model.strategy.world_size, "hyperparameters": _plain(model.config)}
+            "processes": model.strategy.world_size,
+            # (the model file whose networks the run started from: --resume before a checkpoint starts from it again)
+            "init_from": args.init_from, "hyperparameters": _plain(model.config)}
 
 
 def _refuse_with_dry_run(args: argparse.Namespace) -> None:
@@ -1974,6 +2037,8 @@ def _resume_settings(args: argparse.Namespace) -> None:
     if ("video_every" not in given and isinstance(video_every, int) and not isinstance(video_every, bool)
             and video_every >= 1):
         args.video_every = video_every
+    if "init_from" not in given and isinstance(config.get("init_from"), str):
+        args.init_from = config["init_from"]
     if "save_replay_buffer" not in given and config.get("save_replay_buffer") is True:  # (else its replay file
         args.save_replay_buffer = True  # would stay at the rows of the first attempt)
     threads = config.get("threads")
@@ -2788,6 +2853,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run directory (default runs/<algo>-<env>-<seed>-<time>, with a numbered suffix if that "
                             "exists)")
     train.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    train.add_argument("--init-from", default=None, type=_given("a model file"), metavar="MODEL|RUN_DIR",
+                       help="start from the networks (and normalisation statistics) of a saved model of this "
+                            "algorithm, a fine-tune: its net_arch, activation and encoder apply; fresh optimiser, "
+                            "steps counted from 0")
     train.add_argument("--dry-run", action="store_true",
                        help="print the settings the run would use (its config.yaml, a preset file) and exit: builds "
                             "the model, trains and writes nothing")
@@ -3388,6 +3457,9 @@ def _unrecognized_hint(text: str, argv: list[str], command: str) -> str:
     if name in CLEANRL_NAMES:
         return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is CleanRL's argument: {CLEANRL_NAMES[name]} "
                 "(hyperparameters are given with --set KEY=VALUE).")
+    if name == "trained_agent" and command == "train":
+        return (f"unrecognized arguments: {given}; {flag.split('=')[0]} is RL-Zoo's: --init-from {value} starts from "
+                "a saved model's networks.")
     return _close_option_hint(text, flag, command)
 
 

@@ -193,9 +193,8 @@ SB3_ATTRIBUTES = {
                                         "one like them, rlspeed.make_env(model.env_id) another, model.evaluate() "
                                         "plays episodes and model.close() closes them"),
     "set_env": "give the env when making or loading the model (Algo(env, ...), Algo.load(path, env=...))",
-    **dict.fromkeys(("get_parameters", "set_parameters"),
-                    "model.policy.state_dict() and model.policy.load_state_dict(...) hold the policy's weights, "
-                    "model.save(path) and Algo.load(path) the whole model"),
+    "get_parameters": "model.policy.state_dict() holds the policy's weights, model.save(path) the whole model (whose "
+                      "networks model.set_parameters(path) takes)",
     "replay_buffer": "the model's storage is model.buffer (once learn made it): len(model.buffer) transitions (SB3's "
                      "size()), model.buffer.sample(n) a dict of obs, actions, rewards, next_obs, terminated and "
                      "discounts tensors (SB3's observations, ..., dones fields), model.buffer.storage_tensors() "
@@ -2881,6 +2880,42 @@ class Algorithm:
                               f"it its default; pass it again ({type(self).__name__}.load(path, {name}=...)).",
                               stacklevel=3)
         return dict(plain)
+
+    def set_parameters(self, path: str | Path, verify: bool = True) -> None:
+        """Load the networks (and observation/reward normalisation statistics) of the model or checkpoint file `path`
+        into this model, as Stable-Baselines3's `set_parameters`: a warm start. The file must hold a model of this
+        algorithm with the same networks (`net_arch`, `activation`, encoder, ...) for the same observation and action
+        spaces; its optimiser state, step counts, schedules and random streams are not taken (this model's stay as
+        they are: a fine-tune starts with fresh optimiser moments). `verify=False` skips the file's digest check."""
+        if isinstance(path, dict):
+            raise UserError("set_parameters takes a saved model's path here (model.save(path) writes one); a dict of "
+                            "weights goes to model.policy.load_state_dict(weights).")
+        tensors, meta = load_checkpoint(path, device=self.device, verify=verify)
+        refuse_non_model(path, meta, "load")
+        if meta.get("algo") != self.name:
+            raise UserError(f"'{path}' holds a model of {meta.get('algo')!r}, not of {self.name!r}: set_parameters "
+                            f"takes the networks of a {type(self).__name__} model.")
+        observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
+        saved = build_config(type(self).config_cls, {key: value for key, value in meta["config"].items()
+                                                     if key in {f.name for f in dataclasses.fields(self.config)}})
+        for key in _network_keys(saved, observation_space):
+            if hasattr(self.config, key) and getattr(saved, key) != getattr(self.config, key):
+                theirs, ours = (list(v) if isinstance(v, tuple) else v
+                                for v in (getattr(saved, key), getattr(self.config, key)))
+                raise UserError(f"'{path}' holds networks built with {key}={theirs!r}, this model's have {key}="
+                                f"{ours!r}: make the model with {key}={theirs!r} to take its weights.")
+        spec = EnvSpec(meta["env_id"], tuple(meta["observation_shape"]), space_from_json(meta["action_space"]),
+                       None, None, observation_space, {})
+        from rlspeed.evaluation import space_mismatch
+
+        differ = space_mismatch(spec, self.spec, action_bounds=True)
+        if differ:
+            theirs, ours = ((f"{s.env_id}: observations {space_text(s.observation_space)}, actions "
+                             f"{space_text(s.action_space)}") for s in (spec, self.spec))
+            raise UserError(f"'{path}' holds a model of {theirs}, whose {' and '.join(differ)} differ from this "
+                            f"model's ({ours}).")
+        networks = {key: value for key, value in tensors.items() if not key.startswith("optim.")}
+        self._restore(networks, {**meta, "optimizers": {}}, path)
 
     @classmethod
     def load(cls, path: str | Path, device: str | torch.device = "auto",

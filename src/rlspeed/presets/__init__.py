@@ -250,7 +250,7 @@ def _from_run_config(path: Path, data: dict, algo: str, env_id: str) -> tuple[di
     if other_env:  # (its target is the other env's: this env's own threshold applies, or --target-return)
         entry.pop("target_return", None)
     entry.update(hyper)
-    given = {key: data[key] for key in ("seed", "env_backend", "env_kwargs") if data.get(key) is not None}
+    given = {key: data[key] for key in ("seed", "env_backend", "env_kwargs", "init_from") if data.get(key) is not None}
     note = f"; not taken from it: {', '.join(f'{k} {v}' for k, v in given.items())} (flags)" if given else ""
     if other_env:
         note += f"; its target_return is {data['env_id']}'s, not taken"
