@@ -3018,3 +3018,16 @@ def test_set_parameters_takes_a_files_networks_and_nothing_else(tmp_path):
     assert model.num_timesteps == 0 and model.config.learning_rate == 1e-5
     with pytest.raises(UserError, match=r"net_arch=\[32, 32\], this model's have net_arch=\[64, 64\]"):
         DQN("CartPole-v1", net_arch=[64, 64]).set_parameters(tmp_path / "dqn.safetensors")
+
+
+def test_set_parameters_refuses_weights_trained_on_another_observation_scale(tmp_path):
+    """Weights trained on normalised observations compute something else on raw ones: a model without the file's
+    normalize_obs is refused, naming it (a model with it takes the file's statistics too)."""
+    source = PPO("Pendulum-v1", seed=0, num_envs=2, num_steps=64, normalize_obs=True)
+    source.learn(256, progress_bar=False)
+    source.save(tmp_path / "ppo")
+    with pytest.raises(UserError, match="normalize_obs=True, this model's have normalize_obs=False"):
+        PPO("Pendulum-v1", num_envs=2, num_steps=64).set_parameters(tmp_path / "ppo.safetensors")
+    model = PPO("Pendulum-v1", num_envs=2, num_steps=64, normalize_obs=True)
+    model.set_parameters(tmp_path / "ppo.safetensors")
+    assert torch.equal(model.obs_rms.mean, source.obs_rms.mean) and torch.equal(model.obs_rms.var, source.obs_rms.var)

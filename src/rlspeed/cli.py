@@ -1070,7 +1070,7 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
     """With `--init-from FILE`: the settings that decide the networks (net_arch, activation, encoder, ...) set in
     `hyper` to the file's, whose weights the model takes; returns (key, note) for those that differ from the
     preset's (a `--set` of the key replaces the file's value, and the weights are then refused in one sentence)."""
-    from rlspeed.algos.base import _network_keys, build_config
+    from rlspeed.algos.base import _weights_keys, build_config
     from rlspeed.checkpoint import load_checkpoint, refuse_non_model
     from rlspeed.envs.base import space_from_json
 
@@ -1085,7 +1085,7 @@ def _networks_of_init_file(args: argparse.Namespace, algo_cls: type, hyper: dict
     space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
     notes = []
     before, given = _plain(build_config(algo_cls.config_cls, hyper)), _parse_set(args.set or [])
-    for key in _network_keys(saved, space):
+    for key in _weights_keys(saved, space):
         if key not in fields:
             continue
         value = _plain(saved)[key]

@@ -299,6 +299,12 @@ def _network_keys(config, observation_space: gym.Space | None) -> list[str]:
     return keys
 
 
+def _weights_keys(config, observation_space: gym.Space | None) -> list[str]:
+    """`_network_keys` plus normalize_obs: what another model's weights must share with a model's for it to take them
+    (`set_parameters`): weights trained on normalised observations compute other things on raw ones."""
+    return [*_network_keys(config, observation_space), *(["normalize_obs"] if hasattr(config, "normalize_obs") else [])]
+
+
 #: short names people type for a hyperparameter (`--set lr=...`): the one they mean, for the "did you mean" hint
 _SHORT_NAMES = {"lr": "learning_rate", "bs": "batch_size", "epochs": "n_epochs", "envs": "num_envs",
                 "lambda": "gae_lambda", "clip": "clip_range", "entropy": "ent_coef", "grad_clip": "max_grad_norm",
@@ -2898,7 +2904,7 @@ class Algorithm:
         observation_space = space_from_json(meta["observation_space"]) if "observation_space" in meta else None
         saved = build_config(type(self).config_cls, {key: value for key, value in meta["config"].items()
                                                      if key in {f.name for f in dataclasses.fields(self.config)}})
-        for key in _network_keys(saved, observation_space):
+        for key in _weights_keys(saved, observation_space):
             if hasattr(self.config, key) and getattr(saved, key) != getattr(self.config, key):
                 theirs, ours = (list(v) if isinstance(v, tuple) else v
                                 for v in (getattr(saved, key), getattr(self.config, key)))
