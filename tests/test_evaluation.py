@@ -449,3 +449,33 @@ def test_looking_at_a_model_between_making_and_training_it_leaves_its_run_as_it_
     for look in looks:
         assert torch.equal(trained(look), alone)
     assert not torch.equal(trained(lambda model: model.predict(observation, deterministic=False)), alone)
+
+
+class _TenthsEnv(gym.Env):
+    """A reward of 0.1 on each of 1,000 steps (a sum float32 accumulates off in the fourth digit)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self._t += 1
+        return np.zeros(2, np.float32), 0.1, self._t >= 1000, False, {}
+
+
+def test_episode_returns_are_summed_in_float64():
+    """Evaluation's (and training's) episode returns are the rewards' sum in float64, as Gymnasium's and SB3's
+    statistics sum Python floats: 1,000 rewards of 0.1 (float32 in the batched env, as its rewards are) make their
+    exact sum, 100.0000015, not a float32 running sum's 99.99905."""
+    gym.register("rlspeed_test/Tenths-v0", entry_point=_TenthsEnv)
+    try:
+        model = PPO("rlspeed_test/Tenths-v0", num_envs=2, num_steps=8, env_backend="gymnasium")
+        result = rlspeed.evaluate(model, "rlspeed_test/Tenths-v0", episodes=2)
+        assert result["returns"] == pytest.approx([float(np.float32(0.1)) * 1000] * 2, rel=0, abs=1e-9)
+        model.close()
+    finally:
+        gym.registry.pop("rlspeed_test/Tenths-v0", None)

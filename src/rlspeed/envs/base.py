@@ -746,7 +746,10 @@ class EpisodeStatistics(EnvWrapper):
 
     def __init__(self, env: BatchedEnv):
         super().__init__(env)
-        self._return = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
+        # (returns summed in float64, as Gymnasium's and SB3's episode statistics sum Python floats: a float32 sum of
+        # a thousand rewards is off in the fourth digit; MPS has no float64)
+        dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        self._return = torch.zeros(self.num_envs, device=self.device, dtype=dtype)
         self._length = torch.zeros(self.num_envs, device=self.device, dtype=torch.float32)
         self.numerics = None  # an EnvValueGuard, set by the model that trains on this env
 
@@ -765,8 +768,8 @@ class EpisodeStatistics(EnvWrapper):
     def step(self, actions: torch.Tensor) -> StepResult:
         """Step the inner env and add `info["done"]`, `info["episode_return"]` and `info["episode_length"]`.
 
-        The totals (float32 `[N]`) are the finished episodes' where `info["done"]` is True; elsewhere they are the
-        current episode's running totals, which callers should ignore.
+        The totals (`[N]`; returns float64, float32 on MPS; lengths float32) are the finished episodes' where
+        `info["done"]` is True; elsewhere they are the current episode's running totals, which callers should ignore.
         """
         obs, reward, terminated, truncated, info = self.env.step(actions)
         if self.numerics is not None:
