@@ -259,8 +259,8 @@ def test_a_misspelled_choice_is_named_whichever_way_python_quotes_the_choices(ch
 def test_rlspeed_alone_names_the_commands(capsys):
     """`rlspeed` without a command names the commands it takes (it said "the following arguments are required:
     command", argparse's name for the missing argument)."""
-    assert cli_error(capsys, []) == ("rlspeed: error: a command is required: train, tune, eval, profile, export or "
-                                     "doctor (see 'rlspeed --help').")
+    assert cli_error(capsys, []) == ("rlspeed: error: a command is required: train, tune, eval, profile, export, "
+                                     "report or doctor (see 'rlspeed --help').")
 
 
 def test_eval_a_run_directory(runs, capsys):

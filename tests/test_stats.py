@@ -5,7 +5,15 @@ import numpy as np
 import pytest
 
 from rlspeed.errors import UserError
-from rlspeed.stats import aggregate, bootstrap_ci, iqm, median, performance_profile, probability_of_improvement
+from rlspeed.stats import (
+    aggregate,
+    bootstrap_ci,
+    iqm,
+    iqm_curve,
+    median,
+    performance_profile,
+    probability_of_improvement,
+)
 
 
 def test_iqm_is_the_mean_of_the_middle_half():
@@ -217,3 +225,32 @@ def test_a_performance_profile_of_many_thresholds_takes_little_memory():
     assert peak < 40 * 2**20, f"{peak / 2**20:.0f} MiB"  # (most of it the replicates: reps x thresholds floats)
     few = performance_profile(scores, thresholds[::100], reps=3000)
     assert few["ci_low"] == profile["ci_low"][::100] and few["ci_high"] == profile["ci_high"][::100]
+
+
+def test_iqm_curve_is_rliables_interval_estimate_at_each_step():
+    """Learning curves with per-step intervals: at each step, rliable's get_interval_estimates of the runs' scores
+    there, the same numbers for the same seed."""
+    rly, metrics = _rliable()
+    scores = np.random.default_rng(4).normal(size=(9, 5)) * 10 + np.arange(5) * 20  # [runs, steps]
+    curves = [[(1000 * (step + 1), scores[run, step]) for step in range(5)] for run in range(9)]
+    band = iqm_curve(curves, reps=500, seed=3)
+    for step in range(5):
+        np.random.seed(3)  # (rliable draws from numpy's global generator; iqm_curve draws each step's from seed 3)
+        point, interval = rly.get_interval_estimates({"x": scores[:, step:step + 1]},
+                                                     lambda x: np.array([metrics.aggregate_iqm(x)]), reps=500)
+        assert band["iqm"][step] == pytest.approx(point["x"][0])
+        assert (band["ci_low"][step], band["ci_high"][step]) == pytest.approx(tuple(interval["x"][:, 0]))
+    assert band["iqm"][0] == pytest.approx(iqm(scores[:, 0]))
+
+
+def test_iqm_curve_counts_each_run_with_its_latest_score_until_its_end():
+    """Runs evaluated at other steps share one axis: each counts with its latest finite score at or before a step
+    (None is no score), not before its first, and not at or after its end (the step it diverged at)."""
+    band = iqm_curve([[(100, 1.0), (300, 3.0)], [(200, 2.0), (400, None)], [(100, 9.0), (200, 8.0)]],
+                     ends=[None, None, 300], reps=100)
+    assert band["steps"] == [100, 200, 300, 400]
+    assert band["runs"] == [2, 3, 2, 2]
+    assert band["iqm"] == pytest.approx([5.0, iqm([1.0, 2.0, 8.0]), 2.5, 2.5])
+    assert all(low <= centre <= high for low, centre, high in zip(band["ci_low"], band["iqm"], band["ci_high"]))
+    with pytest.raises(UserError, match="ends needs one entry per curve"):
+        iqm_curve([[(1, 1.0)]], ends=[None, None])

@@ -2752,6 +2752,44 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _normalization(pairs: list[str]) -> dict[str, tuple[float, float]]:
+    """`--normalize ENV_ID=LOW:HIGH ...` as {env_id: (low, high)}."""
+    normalize: dict[str, tuple[float, float]] = {}
+    for pair in pairs:
+        env_id, equals, scores = pair.partition("=")
+        low, colon, high = scores.partition(":")
+        try:
+            if not (equals and colon and env_id.strip()):
+                raise ValueError
+            bounds = float(low), float(high)
+        except ValueError:
+            raise UserError(f"--normalize '{pair}' is not ENV_ID=LOW:HIGH (e.g. CartPole-v1=0:500, Acrobot-v1=-500:0): "
+                            "the scores that become 0 and 1.") from None
+        if env_id.strip() in normalize and normalize[env_id.strip()] != bounds:
+            raise UserError(f"--normalize gives {env_id.strip()} twice, with different scores: give it once.")
+        normalize[env_id.strip()] = bounds
+    return normalize
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """`rlspeed report`: pool the seeds of finished runs into the final-score table (printed as Markdown) and, with
+    `--out`, write final_scores.csv, scores.csv, curves.csv and the curves' picture there; returns 0."""
+    from rlspeed.report import markdown_table, write_report
+
+    report = write_report(args.runs, args.out, normalize=_normalization(args.normalize), reps=args.reps,
+                          image_format=args.format, overwrite=args.overwrite)
+    seeds = len(report["results"])
+    runs = len({result.run_dir for result in report["results"]})
+    print(f"rlspeed: {seeds} seed{'s' if seeds != 1 else ''} from {runs} run director{'ies' if runs != 1 else 'y'}; "
+          "final evaluations (deterministic), IQM and median with 95% percentile-bootstrap intervals:")
+    print(markdown_table(report["final_scores"]))
+    for note in report["notes"]:
+        print(f"rlspeed: note: {note}", file=sys.stderr)
+    if report["files"]:
+        print(f"rlspeed: wrote {', '.join(path.name for path in report['files'])} in {args.out}")
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """`rlspeed doctor`: check the device stack and print what runs here; returns 1 if a check failed, else 0."""
     import torch
@@ -2782,6 +2820,7 @@ EXAMPLES = """examples:
   rlspeed train sac Pendulum-v1 --seeds 0-7      8 seeds as one population
   rlspeed eval runs/ppo-CartPole-v1-0-TIME       evaluate the run's model
   rlspeed export runs/ppo-CartPole-v1-0-TIME     its policy as ONNX
+  rlspeed report runs --out report               runs' final scores and curves
   rlspeed doctor                                 what runs on this machine
   rlspeed COMMAND --help                         that command's options"""
 
@@ -2790,8 +2829,8 @@ DEVICE_HELP = "auto, cpu, cuda[:i], npu[:i], xpu or mps (default auto: the first
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `rlspeed` argument parser: subcommands train, eval, export, profile, doctor and tune, each setting `func`
-    to its command.
+    """The `rlspeed` argument parser: subcommands train, eval, export, profile, report, doctor and tune, each setting
+    `func` to its command.
 
     Every number is range-checked here; a bad argument raises UserError (one sentence, exit code 2 in `main`).
     `--debug` is accepted before or after the subcommand.
@@ -3009,6 +3048,25 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                      help="show full tracebacks on errors")
     exp.set_defaults(func=cmd_export)
+
+    rep = sub.add_parser("report", help="pool the seeds of finished runs: final scores and learning curves, as IQM "
+                                        "with bootstrap CIs")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                     help="run directories (solo runs and populations), or folders holding them")
+    rep.add_argument("--out", default=None, type=_given("the report folder"), metavar="DIR",
+                     help="write final_scores.csv, scores.csv, curves.csv and curves.png into DIR (default: print "
+                          "the table only)")
+    rep.add_argument("--overwrite", action="store_true", help="replace the report files already in --out")
+    rep.add_argument("--normalize", action="append", default=[], metavar="ENV_ID=LOW:HIGH",
+                     help="score that env as (score - LOW) / (HIGH - LOW), e.g. Acrobot-v1=-500:0 (repeatable; with "
+                          "two or more, a row per algorithm over those envs together)")
+    rep.add_argument("--reps", type=_whole(1), default=50_000, metavar="N",
+                     help="bootstrap replicates of the final scores' intervals (default 50000)")
+    rep.add_argument("--format", default="png", choices=["png", "pdf", "svg"],
+                     help="the curves' picture format (default png)")
+    rep.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                     help="show full tracebacks on errors")
+    rep.set_defaults(func=cmd_report)
 
     doctor = sub.add_parser("doctor", help="check the device stack and what runs here")
     doctor.add_argument("--device", default="auto",

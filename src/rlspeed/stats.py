@@ -203,3 +203,53 @@ def performance_profile(scores: npt.ArrayLike, thresholds: npt.ArrayLike, reps: 
     low, high = _percentiles(_replicates(array, fractions, reps, seed, width=taus.size), confidence)
     return {"thresholds": taus.tolist(), "fraction": fractions(array[None])[0].tolist(), "ci_low": low.tolist(),
             "ci_high": high.tolist()}
+
+
+#: bootstrap replicates per step of `iqm_curve` (a band per evaluation step: fewer than a reported number's)
+CURVE_REPS = 2_000
+
+
+def iqm_curve(curves: typing.Sequence[typing.Sequence[tuple[float, float]]], ends: typing.Sequence | None = None,
+              reps: int = CURVE_REPS, confidence: float = 0.95, seed: int = 0) -> dict[str, list]:
+    """Learning curves of many runs as one: the IQM across runs at each step with its percentile-bootstrap
+    `confidence` interval (rliable's `get_interval_estimates` at every step, the same numbers for the same `seed`
+    and `reps`). `curves`: one sequence of `(steps, score)` pairs per run, steps rising. The steps are every step at
+    which any run has a score; at each, a run counts with its latest finite score at or before it (so runs evaluated
+    at other steps, or one that stopped early, count with their last evaluation; None is no score), a run with none
+    yet does not count, nor, where `ends[i]` is given and not None, run i at and after step `ends[i]` (a run that
+    diverged there). Returns ``{"steps", "iqm", "ci_low", "ci_high", "runs"}``, lists as long as the steps (`runs`:
+    how many counted at each step; one run's interval has no width)."""
+    _check_interval(confidence, reps)
+    ends = [None] * len(curves) if ends is None else list(ends)
+    if len(ends) != len(curves):
+        raise UserError(f"ends needs one entry per curve: got {len(ends)} for {len(curves)} curves.")
+    try:
+        pairs = [np.asarray([(float(step), np.nan if score is None else float(score)) for step, score in curve],
+                            dtype=np.float64).reshape(-1, 2) for curve in curves]
+    except (TypeError, ValueError):
+        raise UserError("Each curve must be a sequence of (steps, score) pairs of numbers.") from None
+    steps = np.unique(np.concatenate([pair[:, 0] for pair in pairs])) if pairs else np.empty(0)
+    # latest[i, j]: run i's latest finite score at or before steps[j] (NaN: none yet, or past its end)
+    latest = np.full((len(pairs), steps.size), np.nan)
+    for row, (pair, end) in enumerate(zip(pairs, ends)):
+        pair = pair[np.isfinite(pair[:, 1])]
+        if pair.size == 0:
+            continue
+        if (np.diff(pair[:, 0]) < 0).any():
+            raise UserError(f"Curve {row}'s steps must rise, got {pair[:, 0].tolist()}.")
+        index = np.searchsorted(pair[:, 0], steps, side="right") - 1
+        latest[row] = np.where(index >= 0, pair[np.maximum(index, 0), 1], np.nan)
+        if end is not None:
+            latest[row, steps >= end] = np.nan
+    out: dict[str, list] = {"steps": [], "iqm": [], "ci_low": [], "ci_high": [], "runs": []}
+    for column, step in enumerate(steps):
+        values = latest[:, column][np.isfinite(latest[:, column])]
+        if values.size == 0:
+            continue
+        low, high = bootstrap_ci(values, iqm, reps=reps, confidence=confidence, seed=seed)
+        out["steps"].append(int(step) if float(step).is_integer() else float(step))
+        out["iqm"].append(iqm(values))
+        out["ci_low"].append(low)
+        out["ci_high"].append(high)
+        out["runs"].append(int(values.size))
+    return out

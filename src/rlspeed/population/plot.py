@@ -9,44 +9,23 @@ without a curve are left out of the picture and the IQM.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
-import numpy as np
-
 from rlspeed.logging import agg_figure, save_figure
-from rlspeed.stats import bootstrap_ci, iqm
+from rlspeed.stats import CURVE_REPS, iqm_curve
 
 #: bootstrap replicates per evaluation step for the band (the band is a picture, not a reported number)
-BAND_REPS = 2_000
+BAND_REPS = CURVE_REPS
 
 
 def iqm_band(curves: list[list[tuple[int, float]]], reps: int = BAND_REPS, ends: list[int | None] | None = None
              ) -> tuple[list[int], list[float], list[float], list[float]]:
-    """(steps, IQM, band low, band high) across `curves` (each a list of `(steps, eval_mean)` pairs, steps rising) at
-    every step where any curve has an evaluation; a curve that ended holds its last value, a curve that has not
-    started yet (or holds no finite value) is not counted at that step. `ends[i]`, where given and not None: curve
-    i is not counted at that step and after (the step its member diverged at)."""
-    ends = [None] * len(curves) if ends is None else ends
-    steps = sorted({int(step) for curve in curves for step, _ in curve})
-    out_steps, centre, low, high = [], [], [], []
-    for step in steps:
-        values = []
-        for curve, end in zip(curves, ends):
-            if end is not None and step >= end:
-                continue
-            seen = [value for at, value in curve if at <= step and value is not None and math.isfinite(value)]
-            if seen:
-                values.append(seen[-1])
-        if not values:
-            continue
-        array = np.asarray(values, dtype=np.float64)
-        band = bootstrap_ci(array, iqm, reps=reps) if array.size > 1 else (float(array[0]), float(array[0]))
-        out_steps.append(step)
-        centre.append(iqm(array))
-        low.append(band[0])
-        high.append(band[1])
-    return out_steps, centre, low, high
+    """(steps, IQM, band low, band high) across `curves` (each a list of `(steps, eval_mean)` pairs, steps rising):
+    `rlspeed.stats.iqm_curve`'s, at every step where any curve has an evaluation; a curve that ended holds its last
+    value, a curve that has not started yet (or holds no finite value) is not counted at that step. `ends[i]`, where
+    given and not None: curve i is not counted at that step and after (the step its member diverged at)."""
+    band = iqm_curve(curves, ends=ends, reps=reps)
+    return band["steps"], band["iqm"], band["ci_low"], band["ci_high"]
 
 
 def plot_learning_curves(summary: dict, path: str | Path) -> Path | None:

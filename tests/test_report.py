@@ -1,0 +1,190 @@
+"""`rlspeed report`: the seeds of many run directories (solo runs and populations) pooled per experiment into the
+final-score table and the learning curves, with rlspeed.stats' IQM and bootstrap intervals; runs of other settings
+never pooled, a seed never counted twice, an unfinished run refused, and bad input one sentence with exit code 2."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import yaml
+from conftest import cli_error
+
+from rlspeed import cli
+from rlspeed.report import collect_runs, final_scores, learning_curves
+from rlspeed.stats import aggregate
+
+SMALL = ["--set", "num_envs=8", "--set", "num_steps=16", "--set", "batch_size=64", "--set", "n_epochs=2",
+         "--total-timesteps", "256", "--eval-freq", "128", "--target-return", "1000", "--eval-episodes", "2"]
+HYPER = {"learning_rate": 0.001, "gamma": 0.99}
+
+
+def fake_run(path, algo="ppo", env_id="CartPole-v1", seed=0, final=100.0, curve=((100, 10.0), (200, 20.0)),
+             hyper=None, total=256, **summary):
+    """A finished solo run directory as `rlspeed train` writes it (config.yaml, metrics.csv, summary.json)."""
+    path.mkdir(parents=True)
+    config = {"algo": algo, "env_id": env_id, "seed": seed, "total_timesteps": total, "target_return": None,
+              "env_kwargs": None, "hyperparameters": {**HYPER, **(hyper or {})}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    with open(path / "metrics.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["timesteps", "episode_return", "eval_mean"])
+        for step, value in curve:
+            writer.writerow([step - 50, 1.0, ""])
+            writer.writerow([step, 1.0, value])
+    (path / "summary.json").write_text(json.dumps({
+        "algo": algo, "env_id": env_id, "seed": seed, "total_timesteps": total, "target_return": None,
+        "steps_to_target": None, "final_eval": {"mean": final, "std": 0.0, "episodes": 10}, "interrupted": False,
+        "error": None, **summary}), encoding="utf-8")
+    return path
+
+
+def fake_population(path, seeds, finals, curves, algo="ppo", env_id="CartPole-v1", diverged=None, **summary):
+    path.mkdir(parents=True)
+    config = {"algo": algo, "env_id": env_id, "seeds": list(seeds), "total_timesteps": 256, "target_return": None,
+              "env_kwargs": None, "hyperparameters": dict(HYPER)}
+    (path / "config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    diverged = diverged or {}
+    members = [{"seed": seed, "hyperparameters": dict(HYPER), "steps_to_target": None,
+                "final_eval": None if seed in diverged else {"mean": final, "episodes": 10},
+                "curve": [list(point) for point in curve], **({"diverged_at": diverged[seed]} if seed in diverged
+                                                               else {})}
+               for seed, final, curve in zip(seeds, finals, curves)]
+    (path / "summary.json").write_text(json.dumps({
+        "algo": algo, "env_id": env_id, "population": len(seeds), "seeds": list(seeds), "target_return": None,
+        "members": members, "interrupted": False, "error": None, **summary}), encoding="utf-8")
+    return path
+
+
+def test_a_report_pools_a_population_and_solo_runs_of_the_same_settings(tmp_path, capsys):
+    """Seeds 0 and 1 as a population and seed 2 as a solo run, at the same settings, are one experiment of 3 runs:
+    its final-score row is rlspeed.stats.aggregate of the three final evaluations, and the population alone gives
+    what its summary.json's aggregate says, to the last digit."""
+    population, solo = tmp_path / "pop", tmp_path / "solo"
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seeds", "0-1", *SMALL, "--env-backend", "torch", "--quiet",
+                     "--out", str(population)]) == 0
+    assert cli.main(["train", "ppo", "CartPole-v1", "--seed", "2", *SMALL, "--env-backend", "torch", "--quiet",
+                     "--no-progress", "--out", str(solo)]) == 0
+    capsys.readouterr()
+    summary = json.loads((population / "summary.json").read_text(encoding="utf-8"))
+    finals = [member["final_eval"]["mean"] for member in summary["members"]]
+    finals.append(json.loads((solo / "summary.json").read_text(encoding="utf-8"))["final_eval"]["mean"])
+    out = tmp_path / "report"
+    assert cli.main(["report", str(population), str(solo), "--out", str(out), "--reps", "2000"]) == 0
+    assert "| PPO | CartPole-v1 | 3 |" in capsys.readouterr().out
+    with open(out / "final_scores.csv", newline="", encoding="utf-8") as handle:
+        (row,) = list(csv.DictReader(handle))
+    expected = aggregate(finals, reps=2000)
+    assert (int(row["runs"]), float(row["iqm"]), float(row["iqm_ci_low"]), float(row["iqm_ci_high"])) == (
+        3, pytest.approx(expected["iqm"]), pytest.approx(expected["iqm_ci"][0]), pytest.approx(expected["iqm_ci"][1]))
+    with open(out / "curves.csv", newline="", encoding="utf-8") as handle:
+        curve = list(csv.DictReader(handle))
+    assert [(int(row["timesteps"]), int(row["runs"])) for row in curve] == [(128, 3), (256, 3)]
+    assert (out / "curves.png").stat().st_size > 0
+    table, _ = final_scores(collect_runs([population]))
+    assert {key: table[0][key] for key in ("runs", "median", "median_ci", "iqm", "iqm_ci")} == \
+        summary["aggregate"]["final_eval"]
+
+
+def test_runs_of_other_hyperparameters_are_other_rows_named_by_what_differs(tmp_path):
+    for seed in range(3):
+        fake_run(tmp_path / "runs" / f"a{seed}", seed=seed, final=100.0 + seed)
+        fake_run(tmp_path / "runs" / f"b{seed}", seed=seed, final=200.0 + seed, hyper={"learning_rate": 0.01})
+    table, notes = final_scores(collect_runs([tmp_path / "runs"]), reps=100)
+    assert [(row["variant"], row["runs"], row["iqm"]) for row in table] == [
+        ("learning_rate=0.001", 3, 101.0), ("learning_rate=0.01", 3, 201.0)]
+    assert notes == []
+    summary = json.loads((tmp_path / "runs" / "a0" / "summary.json").read_text())
+    summary["final_eval"]["episodes"] = 3  # (another --eval-episodes does not split an experiment: a note says so)
+    (tmp_path / "runs" / "a0" / "summary.json").write_text(json.dumps(summary))
+    table, notes = final_scores(collect_runs([tmp_path / "runs"]), reps=100)
+    assert [row["runs"] for row in table] == [3, 3]
+    assert notes == ["ppo on CartPole-v1 (learning_rate=0.001): final evaluations of 3 and 10 episodes pooled "
+                     "(--eval-episodes differed)"]
+
+
+def test_curves_of_runs_evaluated_at_other_steps_share_one_axis_of_env_steps(tmp_path):
+    """Runs whose evaluations came at other steps (other eval_freq, other iteration sizes) count at each step with
+    their latest evaluation at or before it; a step before a run's first evaluation does not count it."""
+    fake_run(tmp_path / "a", seed=0, curve=((100, 10.0), (200, 20.0), (300, 30.0)))
+    fake_run(tmp_path / "b", seed=1, curve=((150, 15.0), (300, 35.0)))
+    (curve,) = learning_curves(collect_runs([tmp_path / "a", tmp_path / "b"]), reps=100)
+    assert curve["steps"] == [100, 150, 200, 300]
+    assert curve["runs"] == [1, 2, 2, 2]
+    assert curve["iqm"] == pytest.approx([10.0, 12.5, 17.5, 32.5])
+
+
+def test_a_diverged_member_is_left_out_of_the_final_scores_and_counts_in_the_curve_until_it_diverged(tmp_path):
+    fake_population(tmp_path / "pop", [0, 1, 2], [10.0, 20.0, None],
+                    [[(100, 1.0), (200, 2.0)], [(100, 3.0), (200, 4.0)], [(100, 500.0)]], diverged={2: 150})
+    results = collect_runs([tmp_path / "pop"])
+    table, notes = final_scores(results, reps=100)
+    assert table[0]["runs"] == 2 and table[0]["iqm"] == 15.0
+    assert notes and "1 of 3 members diverged" in notes[0]
+    (curve,) = learning_curves(results, reps=100)
+    assert curve["runs"] == [3, 2]
+    assert curve["iqm"][1] == pytest.approx(3.0)
+
+
+def test_normalized_scores_over_envs_are_one_row_per_algorithm_stratified_over_envs(tmp_path):
+    cartpole = [100.0, 300.0, 500.0, 250.0]
+    acrobot = [-500.0, -100.0, -250.0, -80.0]
+    for seed, (a, b) in enumerate(zip(cartpole, acrobot)):
+        fake_run(tmp_path / f"c{seed}", seed=seed, final=a)
+        fake_run(tmp_path / f"a{seed}", env_id="Acrobot-v1", seed=seed, final=b)
+    normalize = {"CartPole-v1": (0.0, 500.0), "Acrobot-v1": (-500.0, 0.0)}
+    table, notes = final_scores(collect_runs([tmp_path]), normalize=normalize, reps=500)
+    assert notes == []
+    overall = table[-1]
+    matrix = np.stack([np.array(cartpole) / 500.0, (np.array(acrobot) + 500.0) / 500.0], axis=1)
+    expected = aggregate(matrix, reps=500)
+    assert overall["env_id"] == "all normalized"
+    assert (overall["iqm"], overall["iqm_ci"]) == (pytest.approx(expected["iqm"]), pytest.approx(expected["iqm_ci"]))
+    fake_run(tmp_path / "a2c", algo="a2c", seed=0, final=50.0)  # (an algorithm without runs on Acrobot-v1)
+    table, notes = final_scores(collect_runs([tmp_path]), normalize=normalize, reps=500)
+    assert [row["algo"] for row in table if row["env_id"] == "all normalized"] == ["ppo"]
+    assert notes == ["a2c: no row over all normalized envs: it needs one experiment on each of CartPole-v1, "
+                     "Acrobot-v1 with the same number of scored runs (it has CartPole-v1: 1 run; Acrobot-v1: none)"]
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing", "is not a run directory or a folder of them"),
+    ("empty", "holds no run (no summary.json in it or under it)"),
+    ("interrupted", "was interrupted"),
+    ("error", "ended by an error (boom)"),
+    ("twice", "Seed 0 of ppo on CartPole-v1 is in two runs of the same settings"),
+    ("normalize", "is not ENV_ID=LOW:HIGH"),
+    ("normalize-unknown", "--normalize names Pendulum-v1, which none of the runs trained on"),
+    ("normalize-equal", "needs two different finite scores"),
+    ("held", "already holds a report (final_scores.csv)"),
+])
+def test_bad_input_is_one_sentence_and_exit_code_2(tmp_path, capsys, case, expected):
+    runs = tmp_path / "runs"
+    fake_run(runs / "a", seed=0)
+    argv = ["report", str(runs)]
+    if case == "missing":
+        argv = ["report", str(tmp_path / "nothing")]
+    elif case == "empty":
+        (tmp_path / "empty").mkdir()
+        argv = ["report", str(tmp_path / "empty")]
+    elif case in ("interrupted", "error"):
+        summary = json.loads((runs / "a" / "summary.json").read_text())
+        summary.update({"interrupted": True} if case == "interrupted" else {"error": {"type": "X", "message": "boom"}})
+        (runs / "a" / "summary.json").write_text(json.dumps(summary))
+    elif case == "twice":
+        fake_run(runs / "b", seed=0)
+    elif case == "normalize":
+        argv += ["--normalize", "CartPole-v1=0"]
+    elif case == "normalize-unknown":
+        argv += ["--normalize", "Pendulum-v1=-1600:0"]
+    elif case == "normalize-equal":
+        argv += ["--normalize", "CartPole-v1=5:5"]
+    elif case == "held":
+        (tmp_path / "out").mkdir()
+        (tmp_path / "out" / "final_scores.csv").write_text("mine")
+        argv += ["--out", str(tmp_path / "out")]
+    assert expected in cli_error(capsys, argv)
+    if case == "held":
+        assert (tmp_path / "out" / "final_scores.csv").read_text() == "mine"
