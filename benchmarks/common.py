@@ -11,7 +11,6 @@ import argparse
 import atexit
 import datetime
 import gc
-import importlib.metadata
 import json
 import math
 import os
@@ -25,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
+
+from rlspeed.provenance import cpu_model, package_version
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
 
@@ -93,24 +94,6 @@ def set_threads(num_threads: int) -> int:
     return torch.get_num_threads()
 
 
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else whatever `platform` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def git_commit() -> str:
     """The checkout's commit (short hash), with a note when src/ or the benchmark scripts differ from it, so that a
     section names the code it measured; "unknown" outside a git checkout."""
@@ -142,7 +125,7 @@ def machine_description(packages: Iterable[str] = ("rlspeed", "torch", "gymnasiu
         "usable_cores": usable,
         "os": platform.platform(),
         "python": platform.python_version(),
-        "versions": {name: _version(name) for name in packages},
+        "versions": {name: package_version(name) or "not installed" for name in packages},
         "torch_threads": torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
         "cuda_device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

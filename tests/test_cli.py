@@ -38,7 +38,8 @@ SUMMARY_FIELDS = {"algo": str, "env_id": str, "seed": int, "device": str, "env_b
                   "total_timesteps": int, "train_wall_s": NUMBER, "sps": NUMBER, "target_return": (NUMBER, None),
                   "time_to_target_s": (NUMBER, None), "steps_to_target": (int, None), "final_eval": dict,
                   "accelerate": dict, "update": dict, "numerics": dict, "preset": dict,
-                  "checkpoint_encryption": (dict, None), "interrupted": bool, "error": (str, None)}
+                  "checkpoint_encryption": (dict, None), "interrupted": bool, "error": (str, None),
+                  "provenance": dict}
 
 
 def _mismatch_algorithm() -> tuple[str, str] | None:

@@ -36,8 +36,9 @@ def _population(algo, env_id, **extra):
 
 
 def _without_times(summary: dict) -> dict:
-    """summary.json less what the clock measures (wall and CPU times, steps per second)."""
-    timed = ("train_wall_s", "train_cpu_s", "sps", "time_to_target_s")
+    """summary.json less what the clock measures (wall and CPU times, steps per second) and the command that wrote it
+    (`provenance`: a --resume's command and start time are its own)."""
+    timed = ("train_wall_s", "train_cpu_s", "sps", "time_to_target_s", "provenance")
     summary = {key: value for key, value in summary.items() if key not in timed}
     summary["members"] = [{key: value for key, value in member.items() if key not in timed}
                           for member in summary["members"]]

@@ -425,6 +425,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                         "directory under runs/, where there is nothing to resume).")
     if args.resume:
         _resume_settings(args)
+    from rlspeed.provenance import provenance
+
+    args.provenance = provenance(getattr(args, "argv", None))  # (summary.json's; the command as it starts)
     if args.video_every == 0:  # (no videos, also where the resumed run recorded some)
         args.video_every = None
     if args.seeds is not None:
@@ -740,7 +743,7 @@ def _train_population(args: argparse.Namespace) -> int:
         if not _no_rows(run_dir / "metrics.csv") or checkpoint.exists():
             ended = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds,
                      "total_timesteps": population.num_timesteps, "preset": args.preset_info, "interrupted": False,
-                     "error": _error_text(error)}
+                     "error": _error_text(error), "provenance": _provenance(args, device)}
             with contextlib.suppress(UserError, OSError):  # (the error itself is what the command reports)
                 _write_summary(run_dir, ended)
         raise
@@ -759,10 +762,12 @@ def _train_population(args: argparse.Namespace) -> int:
         if isinstance(so_far_summary, dict) and so_far_summary.get("interrupted"):
             # (the loop's own: a finished run's keys, null where nothing was measured yet)
             partial = {**so_far_summary, "preset": args.preset_info, "checkpoint_freq": checkpoint_freq,
-                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "error": None}
+                       "resumed_from": resumed_from, "checkpoint_encryption": args.encryption, "error": None,
+                       "provenance": _provenance(args, device)}
         else:  # (stopped before the training loop began)
             partial = {"algo": algo_cls.name, "env_id": args.env_id, "seeds": seeds, "interrupted": True, "error": None,
                        "total_timesteps": population.num_timesteps, "preset": args.preset_info,
+                       "provenance": _provenance(args, device),
                        "members": [{"seed": seed, "steps_to_target": so_far("steps_to_target", k),
                                     "time_to_target_s": so_far("time_to_target_s", k), "curve": curves[k],
                                     "confirmations": so_far("confirmations", k) or [], **left.get(k, {})}
@@ -789,6 +794,7 @@ def _train_population(args: argparse.Namespace) -> int:
     summary["error"] = None
     summary["checkpoint_encryption"] = args.encryption  # (what the checkpoints and member models were written with)
     summary["checkpoint_freq"], summary["resumed_from"] = checkpoint_freq, resumed_from
+    summary["provenance"] = _provenance(args, device)
     with _signals_ignored():  # (a Ctrl-C or SIGTERM now must not cut the final save short)
         # written before anything else can fail, its member_models null until they are: a run killed in between is
         # no finished one (`_ended_summary`: --resume finishes it)
@@ -1503,6 +1509,15 @@ def _release_run_locks() -> None:
     locks = _run_locks()
     while locks:
         locks.popitem()[1].close()
+
+
+def _provenance(args: argparse.Namespace, device) -> dict:
+    """summary.json's `provenance` (`rlspeed.provenance.provenance`, taken as the command started) with the name of
+    the accelerator the run trained on (None on a CPU)."""
+    from rlspeed.provenance import accelerator_name, provenance
+
+    recorded = getattr(args, "provenance", None) or provenance(getattr(args, "argv", None))
+    return {**recorded, "accelerator": accelerator_name(device)}
 
 
 def _write_summary(run_dir: Path, summary: dict) -> None:
@@ -2393,7 +2408,7 @@ def _summary(run: dict, final_eval: dict | None, interrupted: bool = False) -> d
                "accelerate": model.acceleration_summary(), "update": model.update_summary(),
                "numerics": model.numerics_report(), "preset": args.preset_info,
                "checkpoint_encryption": getattr(args, "encryption", None), "interrupted": interrupted,
-               "error": None}
+               "error": None, "provenance": _provenance(args, model.device)}
     if hasattr(model, "replay_summary"):  # off-policy: the replay buffer's layout and bytes per transition
         replay = model.replay_summary()
         if replay is None and run["resumed_from"] is not None and run.get("run_dir") is not None:
